@@ -1,0 +1,1 @@
+"""The authoring API: what users import to write Workflows."""

@@ -1,0 +1,137 @@
+"""Questions and confirmations: request shapes, answer shapes, and their validation (pure)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from intloom.errors import IntloomError
+
+__all__ = [
+    "Confirmation",
+    "Option",
+    "Question",
+    "QuestionAnswer",
+    "confirmation_request",
+    "questions_request",
+    "validate_answer",
+]
+
+
+class Option(msgspec.Struct, frozen=True, omit_defaults=True):
+    id: str
+    label: str
+    description: str | None = None
+
+
+class Question(msgspec.Struct, frozen=True, omit_defaults=True, rename={"skippable": "isSkippable"}):
+    """One question for a person. ``options`` are suggestions; the answer is free text."""
+
+    id: str
+    question: str
+    description: str | None = None
+    options: list[Option] | None = None
+    skippable: bool = False
+
+
+class Confirmation(
+    msgspec.Struct,
+    frozen=True,
+    omit_defaults=True,
+    forbid_unknown_fields=True,
+    rename={"confirmed": "isConfirmed"},
+):
+    """A person's answer to a confirmation: ``{"isConfirmed": bool, "feedback"?: str}``."""
+
+    confirmed: bool
+    feedback: str | None = None
+
+
+class QuestionAnswer(
+    msgspec.Struct,
+    frozen=True,
+    omit_defaults=True,
+    forbid_unknown_fields=True,
+    rename={"question_id": "questionId", "skipped": "isSkipped"},
+):
+    """One entry of a questions answer: skipped, or answered with non-blank text."""
+
+    question_id: str
+    skipped: bool
+    answer: str | None = None
+
+
+def confirmation_request(context: Any) -> dict[str, Any]:
+    """The wire request of a confirmation; ``context`` must be JSON-encodable."""
+    try:
+        msgspec.json.encode(context)
+    except (TypeError, msgspec.EncodeError) as exc:
+        raise IntloomError(
+            "STEP_INTERACTION_INVALID",
+            f"The confirmation context is not JSON-encodable ({exc}). Pass plain data.",
+        ) from None
+    return {"context": context}
+
+
+def questions_request(questions: list[Question]) -> list[Any]:
+    if not questions:
+        raise IntloomError("STEP_INTERACTION_INVALID", "ctx.ask needs at least one Question.")
+    ids = [q.id for q in questions]
+    if len(set(ids)) != len(ids):
+        raise IntloomError("STEP_INTERACTION_INVALID", f"Question ids must be unique: {ids}.")
+    for q in questions:
+        option_ids = [o.id for o in q.options or []]
+        if len(set(option_ids)) != len(option_ids):
+            raise IntloomError(
+                "STEP_INTERACTION_INVALID", f"Option ids of question {q.id!r} must be unique."
+            )
+    return msgspec.to_builtins(questions)  # type: ignore[no-any-return]
+
+
+def validate_answer(kind: str, request: Any, raw: Any) -> Confirmation | list[QuestionAnswer]:
+    """The typed answer, or INVALID_REQUEST naming what is wrong. ``raw`` is decoded JSON."""
+    if kind == "confirmation":
+        try:
+            return msgspec.convert(raw, Confirmation)
+        except msgspec.ValidationError as exc:
+            raise IntloomError(
+                "INVALID_REQUEST",
+                f"A confirmation answer is {{\"isConfirmed\": bool, \"feedback\"?: str}} ({exc}).",
+            ) from None
+    try:
+        answers = msgspec.convert(raw, list[QuestionAnswer])
+    except msgspec.ValidationError as exc:
+        raise IntloomError(
+            "INVALID_REQUEST",
+            "A questions answer is a list of {\"questionId\", \"isSkipped\", \"answer\"?} "
+            f"({exc}).",
+        ) from None
+    questions = {q["id"]: q for q in request}
+    seen: set[str] = set()
+    for item in answers:
+        q = questions.get(item.question_id)
+        if q is None:
+            raise IntloomError("INVALID_REQUEST", f"Unknown question id {item.question_id!r}.")
+        if item.question_id in seen:
+            raise IntloomError(
+                "INVALID_REQUEST", f"Question {item.question_id!r} is answered twice."
+            )
+        seen.add(item.question_id)
+        if item.skipped:
+            if not q.get("isSkippable", False):
+                raise IntloomError(
+                    "INVALID_REQUEST", f"Question {item.question_id!r} cannot be skipped."
+                )
+            if item.answer is not None:
+                raise IntloomError(
+                    "INVALID_REQUEST", f"Skipped question {item.question_id!r} has an answer."
+                )
+        elif item.answer is None or not item.answer.strip():
+            raise IntloomError(
+                "INVALID_REQUEST", f"Question {item.question_id!r} needs a non-blank answer."
+            )
+    missing = sorted(set(questions) - seen)
+    if missing:
+        raise IntloomError("INVALID_REQUEST", f"Questions not answered: {', '.join(missing)}.")
+    return answers

@@ -1,0 +1,136 @@
+"""Loading the project's Workflows from the paths ``intloom.toml`` names.
+
+Each entry is a Python file or a package directory, relative to the project root. Every
+``intloom.Workflow`` bound at the top level of the imported module is registered. A broken
+entry is reported with its path and the error, never a traceback; the others still load.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+
+from intloom.authoring.identity import workflow_identity
+from intloom.authoring.workflow import Workflow
+from intloom.errors import ErrorView, IntloomError
+from intloom.project import Config
+
+__all__ = ["LoadResult", "LoadedWorkflow", "load_workflows"]
+
+
+@dataclass(frozen=True)
+class LoadedWorkflow:
+    """A Workflow as the host knows it: the definition, where it came from, and its identity."""
+
+    workflow: Workflow
+    source: str
+    identity: str
+    schemas: dict[str, str]
+
+    @property
+    def name(self) -> str:
+        return self.workflow.name
+
+    @property
+    def version(self) -> str:
+        return self.workflow.version
+
+    def has_recover(self, stage: str, step: str | None) -> bool:
+        return self.workflow.has_recover(stage, step)
+
+
+@dataclass
+class LoadResult:
+    workflows: dict[str, LoadedWorkflow] = field(default_factory=dict)
+    problems: list[tuple[str, ErrorView]] = field(default_factory=list)
+
+
+def _import(root: Path, entry: Path) -> ModuleType:
+    digest = hashlib.sha256(str(entry).encode()).hexdigest()[:12]
+    if entry.is_dir():
+        init = entry / "__init__.py"
+        if not init.is_file():
+            raise IntloomError(
+                "WORKFLOW_LOAD_FAILED",
+                f"{entry} is a directory without __init__.py. Name a .py file or a package.",
+            )
+        module_name = f"_intloom_wf_{digest}"
+        spec = importlib.util.spec_from_file_location(
+            module_name, init, submodule_search_locations=[str(entry)]
+        )
+    else:
+        module_name = f"_intloom_wf_{digest}"
+        spec = importlib.util.spec_from_file_location(module_name, entry)
+    if spec is None or spec.loader is None:
+        raise IntloomError("WORKFLOW_LOAD_FAILED", f"{entry} cannot be imported as Python.")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except IntloomError:
+        sys.modules.pop(module_name, None)
+        raise
+    except Exception as exc:
+        sys.modules.pop(module_name, None)
+        where = ""
+        tb = exc.__traceback__
+        while tb is not None:
+            if Path(tb.tb_frame.f_code.co_filename).resolve().is_relative_to(root):
+                where = f" (line {tb.tb_lineno} of {tb.tb_frame.f_code.co_filename})"
+            tb = tb.tb_next
+        raise IntloomError(
+            "WORKFLOW_LOAD_FAILED",
+            f"Importing {entry} failed: {type(exc).__name__}: {exc}{where}. Fix the module and "
+            "restart the host.",
+        ) from None
+    return module
+
+
+def load_workflows(root: Path, config: Config) -> LoadResult:
+    """Import every entry and register its Workflows. Problems are collected, not raised."""
+    result = LoadResult()
+    if str(root) not in sys.path:
+        # Lets a Workflow import sibling modules of the project, as a script would.
+        sys.path.insert(0, str(root))
+    for rel in config.workflows:
+        entry = (root / rel)
+        try:
+            if not entry.exists() and not entry.is_symlink():
+                raise IntloomError(
+                    "WORKFLOW_LOAD_FAILED",
+                    f"{rel} (from intloom.toml) does not exist under {root}. Fix the path.",
+                )
+            if entry.is_symlink():
+                raise IntloomError(
+                    "WORKFLOW_LOAD_FAILED",
+                    f"{rel} is a symbolic link; name the real file or package instead.",
+                )
+            module = _import(root, entry)
+            found = [v for v in vars(module).values() if isinstance(v, Workflow)]
+            if not found:
+                raise IntloomError(
+                    "WORKFLOW_LOAD_FAILED",
+                    f"{rel} defines no intloom.Workflow at module level. Bind one to a name, "
+                    'e.g. wf = intloom.Workflow("name", version="1.0.0").',
+                )
+            for wf in dict.fromkeys(found):
+                wf.validate()
+                if wf.name in result.workflows:
+                    raise IntloomError(
+                        "WORKFLOW_DEFINITION_INVALID",
+                        f"Workflow {wf.name!r} is defined in both "
+                        f"{result.workflows[wf.name].source} and {rel}. Rename one.",
+                    )
+                result.workflows[wf.name] = LoadedWorkflow(
+                    workflow=wf,
+                    source=rel,
+                    identity=workflow_identity(wf.name, wf.version, entry),
+                    schemas=wf.schemas(),
+                )
+        except IntloomError as exc:
+            result.problems.append((rel, exc.view()))
+    return result

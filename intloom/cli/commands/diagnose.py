@@ -1,0 +1,68 @@
+"""``intloom status``, ``doctor`` and ``recover``: read-only diagnosis and explicit cleanup.
+
+All three go through ``intloom.diagnostics``; none of them starts a host or creates files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Any
+
+import typer
+
+from intloom.cli import exit_codes
+from intloom.cli.options import CliState, command
+from intloom.cli.render import diagnosis_lines, doctor_lines, plain, recover_lines
+
+__all__ = ["doctor", "recover", "status"]
+
+_DIAGNOSIS_KEYS = ("projectRoot", "status", "message", "owners")
+
+
+def _as_mapping(value: Any) -> Mapping[str, Any]:
+    data = plain(value)
+    return data if isinstance(data, Mapping) else {"result": data}
+
+
+@command
+def status(state: CliState) -> None:
+    """Say whether the host is running, offline, or what blocks it. Exits 0 when diagnosable."""
+    from intloom import diagnostics
+
+    diagnosis = diagnostics.diagnose(state.root())
+    data = _as_mapping(diagnosis)
+    service = getattr(diagnosis, "service", None)
+    if data.get("status") == "running" and service is not None:
+        doc: Mapping[str, Any] = {"service": service}
+    else:
+        doc = {key: data.get(key) for key in _DIAGNOSIS_KEYS}
+    state.renderer.result(doc, lambda: diagnosis_lines(data))
+
+
+@command
+def doctor(state: CliState) -> int:
+    """Check configuration, owners, Workflows and every journal; preview each restart.
+
+    Exit 0 healthy, 3 when something needs attention, 4 when blocked.
+    """
+    from intloom import diagnostics
+
+    report = diagnostics.run_doctor(state.root())
+    data = _as_mapping(report)
+    state.renderer.result(data, lambda: doctor_lines(data))
+    return exit_codes.for_doctor(data)
+
+
+@command
+def recover(
+    state: CliState,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the plan and its evidence; change nothing.")
+    ] = False,
+) -> None:
+    """Remove stale service files (service.json, service.lock) once their owner is gone."""
+    from intloom import diagnostics
+
+    result = diagnostics.recover(state.root(), dry_run=dry_run)
+    data = _as_mapping(result)
+    state.renderer.result(data, lambda: recover_lines(data))

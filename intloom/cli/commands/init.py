@@ -1,0 +1,48 @@
+"""``intloom init [DIR]``: scaffold a project. It starts nothing."""
+
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from intloom.cli.options import CliState, command
+from intloom.errors import IntloomError
+
+__all__ = ["init"]
+
+
+@command
+def init(
+    state: CliState,
+    directory: Annotated[
+        Path | None,
+        typer.Argument(help="A new or empty directory (default: the current one).", show_default=False),
+    ] = None,
+) -> None:
+    """Scaffold a project: intloom.toml, an example Workflow and a .gitignore."""
+    from intloom.scaffold import SCAFFOLD, scaffold
+
+    if directory is not None and state.project is not None:
+        if Path(os.path.abspath(directory)) != Path(os.path.abspath(state.project)):
+            raise IntloomError(
+                "INVALID_REQUEST",
+                f"intloom init got two targets, {directory} and --project {state.project}. "
+                "Pass the directory once.",
+            )
+    target = directory if directory is not None else state.project or Path.cwd()
+    root = scaffold(target)
+
+    def text() -> list[str]:
+        lines = [f"Scaffolded an intloom project in {root}", "  " + ", ".join(SCAFFOLD)]
+        lines.append("Next:")
+        if root != Path.cwd().resolve():
+            lines.append(f"  cd {shlex.quote(str(root))}")
+        lines.append("  intloom start")
+        lines.append('  intloom flow example --intent "Write release notes for 1.0"')
+        return lines
+
+    state.renderer.result({"projectRoot": str(root), "status": "scaffolded"}, text)

@@ -1,0 +1,90 @@
+"""``intloom start`` and ``intloom stop``: the host's lifecycle, via ``intloom.client.lifecycle``."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from intloom.cli.options import CliState, command
+from intloom.cli.render import plain, service_lines
+
+__all__ = ["start", "stop"]
+
+TimeoutOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--timeout", metavar="S", min=0.0, help="Give up after S seconds.", show_default=False
+    ),
+]
+
+
+@command
+def start(
+    state: CliState,
+    port: Annotated[
+        int | None,
+        typer.Option(
+            "--port", min=0, max=65535, help="Listen on this port (saved for later starts).",
+            show_default=False,
+        ),
+    ] = None,
+    foreground: Annotated[
+        bool, typer.Option("--foreground", help="Run the host in this terminal; Ctrl-C stops it.")
+    ] = False,
+    strict: Annotated[
+        bool,
+        typer.Option(
+            "--strict", help="Refuse to start when any journal is corrupt or incompatible."
+        ),
+    ] = False,
+    timeout: TimeoutOpt = None,
+) -> None:
+    """Start the project's host (or reuse the one running) and restore its Runs."""
+    from intloom.client import lifecycle
+
+    root = state.root()
+    renderer = state.renderer
+    kwargs: dict[str, Any] = {"port": port, "strict": strict, "foreground": foreground}
+    if timeout is not None:
+        kwargs["timeout"] = timeout
+    if foreground:
+        # The host owns the terminal; a spinner would fight its output.
+        result = lifecycle.start_service(root, progress=lambda _text: None, **kwargs)
+    else:
+        with renderer.spinner("Starting the intloom service...") as update:
+            result = lifecycle.start_service(root, progress=update, **kwargs)
+    if result is None:
+        return
+    service = getattr(result, "service", None)
+    reused = bool(getattr(result, "reused", False))
+
+    def text() -> list[str]:
+        title = "Reusing existing service" if reused else "Service started"
+        return service_lines(plain(service), title)
+
+    renderer.result({"service": service, "reused": reused}, text)
+
+
+@command
+def stop(state: CliState, timeout: TimeoutOpt = None) -> None:
+    """Ask the running host to stop, once, and wait until it has released its files."""
+    from intloom.client import lifecycle
+
+    root = state.root()
+    kwargs: dict[str, Any] = {}
+    if timeout is not None:
+        kwargs["timeout"] = timeout
+    with state.renderer.spinner("Stopping the intloom service...") as _update:
+        stopped = bool(lifecycle.stop_service(root, **kwargs))
+
+    def text() -> list[str]:
+        if stopped:
+            return [
+                "The original service instance stopped. Unfinished Runs were suspended at "
+                "their last checkpoint; committed data is retained. Run intloom start to "
+                "resume them."
+            ]
+        return ["The service is not running; no stop is needed."]
+
+    state.renderer.result({"projectRoot": str(root), "stopped": stopped}, text)

@@ -1,0 +1,109 @@
+"""Options every command takes (``--json``, ``--project``, ``--debug``), defined once.
+
+They are accepted both before the command (``intloom --json runs``) and after it
+(``intloom runs --json``): :func:`command` adds them to a command's signature, so command
+functions take a :class:`CliState` and only their own options.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from intloom.cli.render import Renderer
+
+if TYPE_CHECKING:
+    from intloom.client.client import Client
+
+__all__ = ["CliState", "DebugOpt", "JsonOpt", "ProjectOpt", "command"]
+
+JsonOpt = Annotated[
+    bool,
+    typer.Option(
+        "--json", help="Write exactly one JSON document to stdout; no prompts, no colour."
+    ),
+]
+ProjectOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--project",
+        metavar="DIR",
+        help="Use exactly this project root (no upward search for intloom.toml).",
+        show_default=False,
+    ),
+]
+DebugOpt = Annotated[
+    bool, typer.Option("--debug", help="Show a traceback when intloom itself fails.")
+]
+
+
+class CliState:
+    """What the shared options said, wherever on the command line they were given."""
+
+    def __init__(self, *, json_mode: bool = False) -> None:
+        self.json_mode = json_mode
+        self.project: Path | None = None
+        self.debug = False
+
+    def merge(self, *, json_mode: bool, project: Path | None, debug: bool) -> None:
+        self.json_mode = self.json_mode or json_mode
+        self.debug = self.debug or debug
+        if project is not None:
+            self.project = project
+
+    @property
+    def renderer(self) -> Renderer:
+        return Renderer(json_mode=self.json_mode)
+
+    def root(self) -> Path:
+        """The project root; CLI_PROJECT_INVALID (creating nothing) outside a project."""
+        from intloom.project import find_root
+
+        if self.project is not None:
+            return find_root(self.project, explicit=True)
+        return find_root(Path.cwd())
+
+    def client(self) -> Client:
+        """A verified connection to this project's live host."""
+        from intloom.client.client import Client
+
+        return Client.connect(self.root())
+
+
+_SHARED = (
+    inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context),
+    inspect.Parameter(
+        "json_mode", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=JsonOpt
+    ),
+    inspect.Parameter(
+        "project", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=ProjectOpt
+    ),
+    inspect.Parameter("debug", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=DebugOpt),
+)
+
+
+def command(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Give ``fn(state, ...)`` the shared options; Typer sees them in the signature."""
+    signature = inspect.signature(fn, eval_str=True)
+    own = [p for name, p in signature.parameters.items() if name != "state"]
+
+    @functools.wraps(fn)
+    def wrapper(
+        *args: Any, ctx: typer.Context, json_mode: bool, project: Path | None, debug: bool,
+        **kwargs: Any,
+    ) -> Any:
+        state = ctx.ensure_object(CliState)
+        state.merge(json_mode=json_mode, project=project, debug=debug)
+        return fn(state, *args, **kwargs)
+
+    parameters = [*own, *_SHARED]
+    # Typer reads __signature__ (and the evaluated annotations), not the wrapped function.
+    del wrapper.__wrapped__
+    wrapper.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in parameters}
+    return wrapper

@@ -1,0 +1,397 @@
+"""The one renderer: every byte the CLI writes goes through here.
+
+Business output goes to stdout, progress and errors (in text mode) to stderr. In JSON mode
+exactly one JSON document reaches stdout and nothing else does. Rich is used only for tables
+and spinners, only on a terminal, and only when ``NO_COLOR`` is unset; it is imported on
+first use so that commands that never draw a table do not pay for it.
+
+The text renderers take plain data (``plain(obj)``: camelCase dicts and lists, as on the
+wire), so they render what another component returns without depending on its classes.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any, TextIO
+
+import msgspec
+
+from intloom.errors import ErrorView
+
+__all__ = [
+    "Renderer",
+    "diagnosis_lines",
+    "doctor_lines",
+    "history_rows",
+    "log_line",
+    "plain",
+    "recover_lines",
+    "restore_lines",
+    "run_lines",
+    "run_row",
+    "run_title",
+    "service_lines",
+]
+
+_json_encoder = msgspec.json.Encoder()
+
+
+def plain(obj: Any) -> Any:
+    """``obj`` as JSON-shaped builtins, with the wire's field names."""
+    return msgspec.to_builtins(obj, str_keys=True)
+
+
+def _color_allowed(stream: TextIO) -> bool:
+    if "NO_COLOR" in os.environ:
+        return False
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+class Renderer:
+    """Writes documents, lines, tables, spinners and errors for one command invocation."""
+
+    def __init__(self, *, json_mode: bool = False) -> None:
+        self.json_mode = json_mode
+
+    # Streams are looked up at call time so that redirection (tests, pagers) is honoured.
+    @property
+    def out(self) -> TextIO:
+        return sys.stdout
+
+    @property
+    def err(self) -> TextIO:
+        return sys.stderr
+
+    @property
+    def rich_out(self) -> bool:
+        return not self.json_mode and _color_allowed(self.out)
+
+    @property
+    def rich_err(self) -> bool:
+        return not self.json_mode and _color_allowed(self.err)
+
+    def document(self, doc: Mapping[str, Any]) -> None:
+        """The single JSON document of a ``--json`` invocation."""
+        self.out.write(_json_encoder.encode(doc).decode("utf-8") + "\n")
+        self.out.flush()
+
+    def raw(self, text: str) -> None:
+        """Already-formatted output (a JSONL log record), written as is, flushed at once."""
+        self.out.write(text)
+        self.out.flush()
+
+    def lines(self, lines: Sequence[str]) -> None:
+        for text in lines:
+            self.out.write(text + "\n")
+        self.out.flush()
+
+    def note(self, text: str) -> None:
+        """Progress and hints for a person: stderr, never in JSON mode."""
+        if not self.json_mode:
+            self.err.write(text + "\n")
+            self.err.flush()
+
+    def result(self, doc: Mapping[str, Any], text: Callable[[], Sequence[str]]) -> None:
+        """``doc`` in JSON mode, else the lines ``text()`` builds."""
+        if self.json_mode:
+            self.document(doc)
+        else:
+            self.lines(text())
+
+    def error(self, view: ErrorView) -> None:
+        # retryable is always present: ErrorView omits defaults, the contract does not.
+        if self.json_mode:
+            self.document(
+                {"error": {"code": view.code, "message": view.message, "retryable": view.retryable}}
+            )
+        else:
+            self.err.write(f"Failure · {view.code}: {view.message}\n")
+            self.err.flush()
+
+    def table(self, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+        """A Rich table on a terminal; aligned plain lines (no header) when piped."""
+        if self.rich_out:
+            from rich.console import Console
+            from rich.table import Table
+
+            table = Table(*columns, box=None, header_style="bold", pad_edge=False)
+            for row in rows:
+                table.add_row(*row)
+            Console(file=self.out).print(table)
+            return
+        widths = [max((len(r[i]) for r in rows), default=0) for i in range(len(columns))]
+        for row in rows:
+            cells = [cell.ljust(widths[i]) for i, cell in enumerate(row)]
+            self.out.write("  ".join(cells).rstrip() + "\n")
+        self.out.flush()
+
+    @contextmanager
+    def spinner(self, text: str) -> Iterator[Callable[[str], None]]:
+        """A spinner on stderr (terminal only); yields a function that updates its text."""
+        if not self.rich_err:
+            yield lambda _text: None
+            return
+        from rich.console import Console
+
+        console = Console(file=self.err)
+        with console.status(text) as status:
+            yield lambda new: status.update(new)
+
+
+# ----- runs ------------------------------------------------------------------------------
+
+
+def _error_of(run: Mapping[str, Any]) -> Mapping[str, Any]:
+    err = run.get("lastError")
+    return err if isinstance(err, Mapping) else {}
+
+
+def run_title(run: Mapping[str, Any]) -> str:
+    status = run.get("status")
+    if status == "waiting":
+        if run.get("pendingAgentCall"):
+            return "Waiting for the client Agent"
+        return "Waiting for an answer"
+    if status == "completed":
+        return "Completed"
+    if status == "failed":
+        return "Stopped" if _error_of(run).get("code") == "RUN_STOPPED" else "Execution failed"
+    return "Running"
+
+
+def _cursor(run: Mapping[str, Any]) -> str:
+    cursor = run.get("cursor") or {}
+    return f"{cursor.get('stage', '-')} / {cursor.get('step') or '-'}"
+
+
+def run_lines(run: Mapping[str, Any]) -> list[str]:
+    """A Run view for a person: title, ids, where it stands, and what to do next."""
+    run_id = run.get("runId", "?")
+    lines = [
+        f"{run_title(run)} · {run.get('flowName', '?')}",
+        f"Run     {run_id}",
+        f"Cursor  {_cursor(run)}",
+    ]
+    action = run.get("pendingAction")
+    if run.get("status") == "waiting" and isinstance(action, Mapping):
+        lines.append(f"Action  {action.get('id')} ({action.get('kind')})")
+        lines.append(f"Resume  intloom attach {run_id}")
+    call = run.get("pendingAgentCall")
+    if run.get("status") == "waiting" and isinstance(call, Mapping):
+        lines.append(f"Agent   {call.get('agentId')} · task {call.get('id')} · {call.get('phase')}")
+    if run.get("status") == "failed":
+        err = _error_of(run)
+        if err.get("code") == "RUN_STOPPED":
+            lines.append("Committed data is retained.")
+        else:
+            lines.append(f"{err.get('code', 'UNKNOWN')}: {err.get('message', '')}")
+            lines.append(
+                "Failure does not undo committed data. Inspect the results before running again."
+            )
+    return lines
+
+
+def run_row(run: Mapping[str, Any]) -> list[str]:
+    status = str(run.get("status", "?"))
+    code = _error_of(run).get("code")
+    if code:
+        status = f"{status} ({code})"
+    return [
+        str(run.get("runId", "?")),
+        str(run.get("flowName", "?")),
+        status,
+        _cursor(run).replace(" / ", "/"),
+        str(run.get("updatedAt", "")),
+    ]
+
+
+# ----- service, diagnosis, doctor, recover -----------------------------------------------
+
+
+def _ids(value: Any) -> list[str]:
+    return [str(v) for v in value] if isinstance(value, list) else []
+
+
+def restore_lines(restore: Mapping[str, Any] | None) -> list[str]:
+    """What the last restore did, by restart-table outcome; nothing when there was nothing."""
+    if not restore:
+        return []
+    resumed = _ids(restore.get("resumed"))
+    waiting = _ids(restore.get("waiting"))
+    interrupted = _ids(restore.get("interrupted"))
+    attention = _ids(restore.get("needsAttention"))
+    if not (resumed or waiting or interrupted or attention):
+        return ["Restore  no unfinished Runs to restore"]
+    lines = [
+        f"Restore  resumed {len(resumed)} · waiting {len(waiting)} · "
+        f"interrupted {len(interrupted)} · needs attention {len(attention)}"
+    ]
+    if interrupted:
+        lines.append(
+            f"Interrupted (RUN_INTERRUPTED, nothing replayed): {', '.join(interrupted)}. "
+            "Run intloom inspect RUN to see what was in flight."
+        )
+    if attention:
+        lines.append(
+            f"Needs attention (journal kept as is, not loaded): {', '.join(attention)}. "
+            "Run intloom doctor."
+        )
+    return lines
+
+
+def service_lines(service: Mapping[str, Any], title: str = "Service running") -> list[str]:
+    lines = [
+        f"{title} · {service.get('projectRoot', '?')}",
+        f"127.0.0.1:{service.get('port', '?')} · PID {service.get('pid', '?')} · "
+        f"instance {service.get('instanceId', '?')}",
+    ]
+    if service.get("packageVersion"):
+        lines.append(
+            f"Started {service.get('startedAt', '?')} · intloom {service['packageVersion']}"
+        )
+    if "workflowCount" in service:
+        lines.append(f"Workflows {service['workflowCount']} loaded")
+    lines.append(
+        f"Runs running {service.get('runningRuns', 0)} · waiting {service.get('waitingRuns', 0)}"
+        f" · completed {service.get('completedRuns', 0)} · failed or stopped "
+        f"{service.get('failedRuns', 0)}"
+    )
+    if service.get("logFile"):
+        lines.append(f"Log {service['logFile']}")
+    restore = service.get("restore")
+    lines.extend(restore_lines(restore if isinstance(restore, Mapping) else None))
+    return lines
+
+
+_OWNER_STATUS = {
+    "alive": "Process still exists",
+    "gone": "Process has exited",
+    "absent": "Process has exited",
+    "unknown": "Unknown",
+}
+
+
+def diagnosis_lines(diagnosis: Mapping[str, Any]) -> list[str]:
+    service = diagnosis.get("service")
+    if diagnosis.get("status") == "running" and isinstance(service, Mapping):
+        return service_lines(service)
+    lines = [str(diagnosis.get("message", diagnosis.get("status", "?")))]
+    for owner in diagnosis.get("owners") or []:
+        if not isinstance(owner, Mapping):
+            continue
+        state = _OWNER_STATUS.get(str(owner.get("status")), str(owner.get("status")))
+        line = f"{owner.get('resource', '?')} · PID {owner.get('pid', '?')} · {state}"
+        evidence = owner.get("evidence")
+        if evidence:
+            line += f" ({evidence})"
+        lines.append(line)
+    if diagnosis.get("status") == "blocked":
+        lines.append("Run intloom doctor. Do not delete locks whose owners are still active.")
+    return lines
+
+
+def doctor_lines(report: Mapping[str, Any]) -> list[str]:
+    lines = diagnosis_lines(report)
+    for check in report.get("checks") or []:
+        if not isinstance(check, Mapping):
+            continue
+        name = check.get("id", check.get("name", "?"))
+        lines.append(f"{name} · {check.get('status', '?')}: {check.get('message', '')}")
+        step = check.get("next", check.get("nextStep"))
+        if step:
+            lines.append(f"  next: {step}")
+    previews = report.get("previews", report.get("runs")) or []
+    for preview in previews:
+        if not isinstance(preview, Mapping):
+            continue
+        reason = preview.get("reason", preview.get("message", ""))
+        lines.append(
+            f"{preview.get('runId', '?')} · on restart: {preview.get('row', '?')} · {reason}"
+        )
+    return lines
+
+
+def recover_lines(result: Mapping[str, Any]) -> list[str]:
+    paths = [str(p) for p in result.get("paths") or []]
+    if result.get("dryRun"):
+        plan = ", ".join(paths) if paths else "no stale resources"
+        return [f"Recovery plan: {plan}. No cleanup performed."]
+    if result.get("recovered"):
+        return [
+            f"Removed: {', '.join(paths)}." if paths else "Removed stale service resources.",
+            "Stale execution resources removed. Run intloom start; committed data is retained.",
+        ]
+    return ["There are no stale resources to clean up."]
+
+
+# ----- journal history and logs ----------------------------------------------------------
+
+_RECORD_KEYS = ("phase", "at")
+
+
+def _summary(record: Mapping[str, Any]) -> str:
+    """The fields of a record that say what happened, as ``key=value`` (states omitted)."""
+    parts = []
+    for key, value in record.items():
+        if key in _RECORD_KEYS or key == "state" or value is None:
+            continue
+        if isinstance(value, Mapping | list):
+            value = _json_encoder.encode(value).decode("utf-8")
+        text = str(value)
+        parts.append(f"{key}={text if len(text) <= 60 else text[:57] + '...'}")
+    return " ".join(parts)
+
+
+def history_rows(entries: Sequence[Mapping[str, Any]]) -> list[list[str]]:
+    """One row per journal entry: position, phase, time, what it says, its verification."""
+    rows = []
+    for index, entry in enumerate(entries):
+        record = entry.get("record")
+        record = record if isinstance(record, Mapping) else {}
+        where = entry.get("location", entry.get("offset", index))
+        verdict = entry.get("verdict", entry.get("checksum", ""))
+        rows.append(
+            [
+                str(where),
+                str(record.get("phase", entry.get("phase", "?"))),
+                str(record.get("at", "")),
+                _summary(record),
+                str(verdict),
+            ]
+        )
+    return rows
+
+
+_TIME_KEYS = ("time", "ts", "at", "timestamp")
+_LEVEL_KEYS = ("level", "lvl")
+_EVENT_KEYS = ("event", "msg", "message")
+
+
+def _first(record: Mapping[str, Any], keys: Sequence[str]) -> tuple[str | None, Any]:
+    for key in keys:
+        if key in record:
+            return key, record[key]
+    return None, None
+
+
+def log_line(record: Mapping[str, Any]) -> str:
+    """``time level event key=value ...`` for one structured log record."""
+    time_key, time = _first(record, _TIME_KEYS)
+    level_key, level = _first(record, _LEVEL_KEYS)
+    event_key, event = _first(record, _EVENT_KEYS)
+    used = {time_key, level_key, event_key}
+    rest = []
+    for key, value in record.items():
+        if key in used:
+            continue
+        if isinstance(value, Mapping | list):
+            value = _json_encoder.encode(value).decode("utf-8")
+        rest.append(f"{key}={value}")
+    head = f"{time or '-'} {level or 'info'!s:<5} {event or '-'}"
+    return f"{head} {' '.join(rest)}".rstrip()

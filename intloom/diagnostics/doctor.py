@@ -1,0 +1,251 @@
+"""``doctor``: the diagnosis, checks with stable ids, and a restart preview for every Run.
+
+Read-only: it reads the configuration, the metadata and the journals, and imports the
+Workflows to check their identity (without writing bytecode); it starts, changes and
+removes nothing. Invalid metadata does not abort the report: it becomes a ``blocked``
+diagnosis and an ``attention`` check naming the file. The token is never part of it.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Final, Literal
+
+import msgspec
+
+from intloom.diagnostics.checks import KEEP_IT, Check
+from intloom.diagnostics.observe import observe_file
+from intloom.diagnostics.owners import Diagnosis, DiagnosisStatus, Owner, diagnose
+from intloom.diagnostics.previews import RunPreview, preview_runs
+from intloom.errors import IntloomError
+from intloom.fsutil import PrivacyError, check_private_dir
+from intloom.host.metadata import (
+    Connection,
+    ServiceInfo,
+    ServiceLock,
+    read_connection,
+    read_lock,
+    read_service,
+)
+from intloom.project import Config, ProjectPaths, load_config
+from intloom.protocol.messages import ServiceView
+
+if TYPE_CHECKING:
+    from intloom.authoring.loader import LoadResult
+
+__all__ = ["SCHEMA_VERSION", "DoctorReport", "Health", "run_doctor"]
+
+SCHEMA_VERSION: Final = 1
+
+Health = Literal["healthy", "attention", "blocked"]
+
+class DoctorReport(msgspec.Struct, frozen=True, rename="camel", omit_defaults=True):
+    """``doctor --json``. Minus ``checks``, ``runs``, ``health`` and ``schemaVersion`` it is
+    exactly the ``status --json`` diagnosis of a project whose host is not running."""
+
+    schema_version: int
+    project_root: str
+    status: DiagnosisStatus
+    message: str
+    owners: list[Owner]
+    health: Health
+    checks: list[Check]
+    runs: list[RunPreview]
+    service: ServiceView | None = None
+
+    @property
+    def exit_class(self) -> Health:
+        """healthy / attention / blocked; ``intloom.cli.exit_codes`` maps it to a number."""
+        return self.health
+
+
+def _config_check(root: Path) -> tuple[Check, Config | None]:
+    try:
+        config = load_config(root)
+    except IntloomError as exc:
+        return Check("config", "attention", exc.message,
+                     "Correct intloom.toml, then restart any running host."), None
+    count = len(config.workflows)
+    return Check(
+        "config", "ok",
+        f"intloom.toml is valid ({count} Workflow source{'s' if count != 1 else ''}). A "
+        "running host keeps the configuration it started with.",
+        None,
+    ), config
+
+
+def _runtime_dir_check(paths: ProjectPaths) -> Check:
+    for path, absent in (
+        (paths.state, "No .intloom/ yet; intloom start creates it (mode 0700)."),
+        (paths.runtime, "No .intloom/runtime/ yet; no Run has been created."),
+    ):
+        try:
+            check_private_dir(path)
+        except PrivacyError as exc:
+            if exc.fact == "does not exist":
+                return Check("runtime_dir", "ok", absent, None)
+            return Check("runtime_dir", "attention", f"{exc.path} {exc.fact}.",
+                         f"Make it a private directory of yours (mode 0700). {KEEP_IT}")
+    return Check("runtime_dir", "ok",
+                 ".intloom/ and .intloom/runtime/ are private directories (0700) of yours.", None)
+
+
+def _file_problem(read: Callable[[], object]) -> str | None:
+    try:
+        read()
+    except IntloomError as exc:
+        return exc.message
+    return None
+
+
+def _owner_check(
+    check_id: str, name: str, owner: Owner | None, problem: str | None, running: bool
+) -> Check:
+    if problem is not None:
+        return Check(check_id, "attention", problem, KEEP_IT)
+    if owner is None:
+        return Check(check_id, "ok", f"No {name}: no host owns the project through it.", None)
+    pid = owner.pid
+    if owner.status == "alive" and running:
+        return Check(check_id, "ok", f"{name} belongs to the running host (pid {pid}).", None,
+                     owner.evidence)
+    if owner.status == "alive":
+        return Check(
+            check_id, "attention",
+            f"{name} names pid {pid}, which is alive but does not answer as this project's "
+            "host (it may be starting or stopping).",
+            "Wait a moment and run intloom doctor again. Do not delete locks whose owners are "
+            "still active.",
+            owner.evidence,
+        )
+    if owner.status == "unknown":
+        return Check(
+            check_id, "attention",
+            f"{name} names pid {pid}, and its exit cannot be verified.",
+            f"Do not delete it. Find who holds it (fuser -v {owner.path}) and let that process "
+            "exit, then run intloom doctor again.",
+            owner.evidence,
+        )
+    return Check(
+        check_id, "attention",
+        f"{name} is stale: its owner, pid {pid}, has exited.",
+        "Run intloom recover --dry-run to see the plan, then intloom recover, then intloom "
+        "start.",
+        owner.evidence,
+    )
+
+
+def _connection_check(root: Path, has_owners: bool) -> Check:
+    paths = ProjectPaths(root)
+    try:
+        conn: Connection | None = read_connection(paths.connection_json, root)
+    except IntloomError as exc:
+        return Check("connection", "attention", exc.message, KEEP_IT)
+    if conn is None and has_owners:
+        return Check(
+            "connection", "attention",
+            "connection.json is missing while host resources remain; recovery is unsafe.",
+            "Check the project metadata: intloom recover needs a valid connection.json.",
+        )
+    if conn is None:
+        return Check("connection", "ok",
+                     "No connection.json yet; the first intloom start creates it.", None)
+    return Check("connection", "ok",
+                 f"connection.json is valid: port {conn.port}; the token is not shown.", None)
+
+
+def _load(root: Path, config: Config) -> LoadResult:
+    from intloom.authoring.loader import load_workflows
+
+    # doctor is read-only: importing the Workflows must not leave __pycache__ behind.
+    saved = sys.dont_write_bytecode
+    sys.dont_write_bytecode = True
+    try:
+        return load_workflows(root, config)
+    finally:
+        sys.dont_write_bytecode = saved
+
+
+def _workflows_check(root: Path, config: Config | None) -> tuple[Check, LoadResult | None]:
+    if config is None:
+        return Check("workflows", "not_checked", "Not loaded: the configuration is invalid.",
+                     "Correct intloom.toml first."), None
+    try:
+        result = _load(root, config)
+    except IntloomError as exc:
+        return Check("workflows", "attention", exc.message,
+                     "Fix the Workflow sources, then run intloom doctor again."), None
+    loaded = ", ".join(
+        f"{wf.name} {wf.version} (identity {wf.identity[:12]})"
+        for wf in result.workflows.values()
+    )
+    if result.problems:
+        problems = "; ".join(f"{source}: {view.code}: {view.message}"
+                             for source, view in result.problems)
+        return Check(
+            "workflows", "attention",
+            f"{len(result.problems)} Workflow source(s) failed to load: {problems}"
+            + (f" Loaded: {loaded}." if loaded else ""),
+            "Fix the Workflow sources named above; the host refuses to start until they load.",
+        ), result
+    if not result.workflows:
+        return Check("workflows", "attention", "No Workflow is declared in intloom.toml.",
+                     'Add a source to intloom.toml, e.g. workflows = ["workflows/example.py"].'
+                     ), result
+    return Check("workflows", "ok", f"Loaded: {loaded}.", None), result
+
+
+def _blocked(status: DiagnosisStatus, checks: list[Check]) -> Health:
+    if status == "blocked":
+        return "blocked"
+    if status == "recovery_required" or any(c.status == "attention" for c in checks):
+        return "attention"
+    return "healthy"
+
+
+def run_doctor(root: Path) -> DoctorReport:
+    """Everything ``doctor`` checks, as one report. Read-only; never raises for metadata."""
+    root = root.resolve()
+    paths = ProjectPaths(root)
+    try:
+        diagnosis = diagnose(root, probe=True)
+    except IntloomError as exc:
+        diagnosis = Diagnosis(project_root=str(root), status="blocked", message=exc.message,
+                              owners=[])
+    running = diagnosis.status == "running"
+    by_resource = {owner.resource: owner for owner in diagnosis.owners}
+    lock_problem = _file_problem(
+        lambda: observe_file(paths.service_lock, ServiceLock, read_lock)
+    )
+    service_problem = _file_problem(
+        lambda: observe_file(paths.service_json, ServiceInfo, lambda p: read_service(p, root))
+    )
+
+    config_check, config = _config_check(root)
+    checks = [
+        config_check,
+        _runtime_dir_check(paths),
+        _owner_check("owner.service_lock", "service.lock", by_resource.get("service_lock"),
+                     lock_problem, running),
+        _owner_check("owner.service_json", "service.json", by_resource.get("service_info"),
+                     service_problem, running),
+        _connection_check(root, bool(diagnosis.owners) or lock_problem is not None
+                          or service_problem is not None),
+    ]
+    workflows_check, loaded = _workflows_check(root, config)
+    checks.append(workflows_check)
+    journals_check, runs = preview_runs(paths, loaded, host_running=running)
+    checks.append(journals_check)
+    return DoctorReport(
+        schema_version=SCHEMA_VERSION,
+        project_root=diagnosis.project_root,
+        status=diagnosis.status,
+        message=diagnosis.message,
+        owners=diagnosis.owners,
+        health=_blocked(diagnosis.status, checks),
+        checks=checks,
+        runs=runs,
+        service=diagnosis.service,
+    )

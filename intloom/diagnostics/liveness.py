@@ -1,0 +1,171 @@
+"""Is the owner recorded in the host's metadata still there? Evidence, not guesses.
+
+An owner is **gone** only when the OS lock on ``service.lock`` can be taken *and* the process
+is provably not the owner: no process has the pid, the pid belongs to a process with another
+create time, the boot id changed, or the process is a zombie. A process that matches is
+**alive**. Everything else -- the lock held, permission denied, an unreadable ``/proc`` -- is
+**unknown**, and unknown blocks every cleanup. A bare ``kill(pid, 0)`` is not enough: a
+reused pid would look alive and a lock held by a new owner would look free.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Final, Literal
+
+import msgspec
+import psutil
+
+__all__ = [
+    "CREATE_TIME_TOLERANCE",
+    "Evidence",
+    "LockProbe",
+    "OwnerStatus",
+    "ProcessProbe",
+    "judge",
+    "probe_lock",
+    "probe_process",
+]
+
+OwnerStatus = Literal["alive", "gone", "unknown"]
+
+# psutil derives create times from the boot time in /proc/stat, which is whole seconds and
+# can be re-derived a second apart; a real pid reuse never lands this close to the original.
+CREATE_TIME_TOLERANCE: Final = 1.0
+
+
+class Evidence(msgspec.Struct, frozen=True):
+    """One thing that was checked (a stable id) and what was found, in words."""
+
+    check: str
+    found: str
+
+
+class LockProbe(msgspec.Struct, frozen=True):
+    """The OS lock on ``service.lock``: ``free`` (taken and released at once), or not."""
+
+    state: Literal["free", "held", "unknown"]
+    evidence: Evidence
+
+
+class ProcessProbe(msgspec.Struct, frozen=True):
+    """What the process table says about one saved owner."""
+
+    state: OwnerStatus
+    evidence: list[Evidence]
+
+
+def probe_lock(path: Path) -> LockProbe:
+    """Try the OS lock on ``path`` without blocking, and release it at once.
+
+    Opens read-only and never follows a link, so the probe creates and changes nothing.
+    """
+    name = path.name
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return LockProbe(
+            "free", Evidence("os_lock", f"{name} does not exist, so no process holds its OS lock")
+        )
+    except OSError as exc:
+        return LockProbe(
+            "unknown", Evidence("os_lock", f"{name} could not be opened to probe its OS lock "
+                                f"({exc.strerror or exc})")
+        )
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                return LockProbe(
+                    "held", Evidence("os_lock", f"the OS lock on {name} is held by a live process")
+                )
+            return LockProbe(
+                "unknown",
+                Evidence("os_lock", f"the OS lock on {name} could not be probed "
+                         f"({exc.strerror or exc})"),
+            )
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return LockProbe(
+            "free", Evidence("os_lock", f"the OS lock on {name} was free (taken and released)")
+        )
+    finally:
+        os.close(fd)
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace(
+        "+00:00", "Z"
+    )
+
+
+def probe_process(
+    pid: int, create_time: float, saved_boot_id: str | None, current_boot_id: str
+) -> ProcessProbe:
+    """Judge the process side of one owner: ``gone`` only on proof, ``alive`` on a match.
+
+    ``saved_boot_id`` is ``None`` when the metadata does not record one (``service.json``).
+    """
+    evidence: list[Evidence] = []
+    if saved_boot_id is not None:
+        if saved_boot_id and current_boot_id and saved_boot_id != current_boot_id:
+            evidence.append(Evidence(
+                "boot_id",
+                f"the saved boot id {saved_boot_id[:8]}… differs from this boot's "
+                f"{current_boot_id[:8]}…: the machine restarted since the owner started",
+            ))
+            return ProcessProbe("gone", evidence)
+        if not saved_boot_id or not current_boot_id:
+            evidence.append(Evidence("boot_id", "the boot id is not available to compare"))
+        else:
+            evidence.append(Evidence("boot_id", "the saved boot id is this boot's"))
+    try:
+        proc = psutil.Process(pid)
+        status = proc.status()
+        if status == psutil.STATUS_ZOMBIE:
+            evidence.append(Evidence(
+                "process",
+                f"pid {pid} is a zombie (exited, not yet reaped); it holds no lock, port or file",
+            ))
+            return ProcessProbe("gone", evidence)
+        actual = proc.create_time()
+    except psutil.ZombieProcess:
+        evidence.append(Evidence(
+            "process",
+            f"pid {pid} is a zombie (exited, not yet reaped); it holds no lock, port or file",
+        ))
+        return ProcessProbe("gone", evidence)
+    except psutil.NoSuchProcess:
+        evidence.append(Evidence("process", f"no process has pid {pid}"))
+        return ProcessProbe("gone", evidence)
+    except psutil.AccessDenied:
+        evidence.append(Evidence("process", f"pid {pid} exists but cannot be inspected "
+                                 "(permission denied)"))
+        return ProcessProbe("unknown", evidence)
+    except (OSError, psutil.Error) as exc:
+        evidence.append(Evidence("process", f"pid {pid} could not be inspected ({exc})"))
+        return ProcessProbe("unknown", evidence)
+    if abs(actual - create_time) > CREATE_TIME_TOLERANCE:
+        evidence.append(Evidence(
+            "create_time",
+            f"pid {pid} now belongs to a process started at {_iso(actual)}, not the owner "
+            f"started at {_iso(create_time)}: the pid was reused",
+        ))
+        return ProcessProbe("gone", evidence)
+    evidence.append(Evidence(
+        "process", f"process {pid} exists with the owner's create time {_iso(create_time)}"
+    ))
+    return ProcessProbe("alive", evidence)
+
+
+def judge(lock: LockProbe, process: ProcessProbe) -> OwnerStatus:
+    """Combine both probes: gone needs the lock free *and* the process proved gone."""
+    if process.state == "alive":
+        return "alive"
+    if process.state == "gone" and lock.state == "free":
+        return "gone"
+    return "unknown"

@@ -1,0 +1,117 @@
+"""One consistent reading of the host's metadata: parsed values and the exact bytes behind them.
+
+Diagnosis judges the parsed values; ``recover`` later compares the bytes, so that it removes
+only the very files it judged. Reading never creates, changes or removes anything.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final, Generic, TypeVar
+
+import msgspec
+
+from intloom.errors import IntloomError
+from intloom.fsutil import PrivacyError, read_private
+from intloom.host.metadata import (
+    Connection,
+    ServiceInfo,
+    ServiceLock,
+    read_connection,
+    read_lock,
+    read_service,
+)
+from intloom.project import ProjectPaths
+
+__all__ = ["Observed", "Snapshot", "observe", "observe_file"]
+
+_M = TypeVar("_M", ServiceLock, ServiceInfo, Connection)
+_ATTEMPTS: Final = 3
+
+
+@dataclass(frozen=True)
+class Observed(Generic[_M]):
+    """A metadata file as read: ``value`` is None when the file does not exist."""
+
+    value: _M | None
+    raw: bytes | None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    paths: ProjectPaths
+    lock: Observed[ServiceLock]
+    service: Observed[ServiceInfo]
+    connection: Observed[Connection]
+
+
+def _invalid(path: Path, fact: str) -> IntloomError:
+    return IntloomError(
+        "CLI_SERVICE_METADATA_INVALID",
+        f"{path} {fact}. It was left as it is; run intloom doctor.",
+    )
+
+
+def observe_file(path: Path, kind: type[_M], read: Callable[[Path], _M | None]) -> Observed[_M]:
+    """Read ``path`` strictly, then its bytes, and make sure both saw the same file.
+
+    A file being replaced while it is read is read again; one that keeps changing is reported
+    rather than judged from a mixture of two versions.
+    """
+    for _ in range(_ATTEMPTS):
+        value = read(path)
+        try:
+            raw = read_private(path, max_bytes=64 * 1024)
+        except PrivacyError as exc:
+            raise _invalid(path, exc.fact) from None
+        if value is None and raw is None:
+            return Observed(None, None)
+        if value is None or raw is None:
+            continue
+        try:
+            again = msgspec.json.decode(raw, type=kind)
+        except msgspec.DecodeError:
+            continue
+        if again == value:
+            pid = getattr(value, "pid", 1)
+            if pid <= 0:
+                raise _invalid(path, f"names pid {pid}, which no process can have")
+            return Observed(value, raw)
+    raise _invalid(path, "changed every time it was read; no judgement was made from it")
+
+
+def _check_state_dir(path: Path) -> bool:
+    """True when ``.intloom/`` exists; a link or a non-directory there is invalid metadata."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if stat.S_ISLNK(st.st_mode):
+        raise _invalid(path, "is a symbolic link; intloom never follows links in its state")
+    if not stat.S_ISDIR(st.st_mode):
+        raise _invalid(path, "is not a directory")
+    if st.st_uid != os.getuid():
+        raise _invalid(path, f"is owned by uid {st.st_uid}, not by you (uid {os.getuid()})")
+    return True
+
+
+def observe(root: Path) -> Snapshot:
+    """Read ``service.lock``, ``service.json`` and ``connection.json``; raise on invalid ones."""
+    paths = ProjectPaths(root)
+    if not _check_state_dir(paths.state):
+        empty: Observed[ServiceLock] = Observed(None, None)
+        return Snapshot(paths, empty, Observed(None, None), Observed(None, None))
+    return Snapshot(
+        paths=paths,
+        lock=observe_file(paths.service_lock, ServiceLock, read_lock),
+        service=observe_file(
+            paths.service_json, ServiceInfo, lambda p: read_service(p, root)
+        ),
+        connection=observe_file(
+            paths.connection_json, Connection, lambda p: read_connection(p, root)
+        ),
+    )

@@ -1,0 +1,187 @@
+"""Diagnosis: who owns the project's host resources, and what may be done about them.
+
+Shared by ``status``, ``doctor`` and ``recover``. It reads, probes and judges; it starts
+nothing and creates no file. States, first match wins (DESIGN section 3, reference 4.1):
+``running`` · ``blocked`` (a problem, or an owner alive/unknown) · ``recovery_required``
+(only gone owners, and a valid ``connection.json``) · ``blocked`` (owners, no valid
+connection) · ``offline``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final, Literal
+
+import msgspec
+
+from intloom.diagnostics.liveness import (
+    Evidence,
+    LockProbe,
+    OwnerStatus,
+    judge,
+    probe_lock,
+    probe_process,
+)
+from intloom.diagnostics.observe import Snapshot, observe
+from intloom.errors import IntloomError
+from intloom.host.metadata import boot_id
+from intloom.protocol.messages import ServiceView
+
+__all__ = [
+    "MESSAGES",
+    "Diagnosis",
+    "DiagnosisStatus",
+    "Inspection",
+    "Owner",
+    "diagnose",
+    "inspect",
+    "judge_owners",
+]
+
+DiagnosisStatus = Literal["running", "blocked", "recovery_required", "offline"]
+
+# Exactly the wording of the IntLoom we match (reference section 4.1).
+MESSAGES: Final[dict[str, str]] = {
+    "running": "The service is running.",
+    "offline": "The service is offline. Run intloom start.",
+    "recovery_required": (
+        "Found stale resources from an exited process. Run intloom recover, then intloom start."
+    ),
+    "no_connection": (
+        "Valid connection configuration is missing; recovery is unsafe. "
+        "Check the project metadata."
+    ),
+    "owner_exists": (
+        "A resource owner still exists or its exit cannot be verified. No cleanup performed."
+    ),
+}
+
+
+class Owner(msgspec.Struct, frozen=True, rename="camel"):
+    """One recorded owner of a host resource, with what was checked to judge it."""
+
+    resource: str  # "service_info" (service.json) or "service_lock" (service.lock)
+    path: str
+    pid: int
+    status: OwnerStatus
+    evidence: list[Evidence]
+
+
+class Diagnosis(msgspec.Struct, frozen=True, rename="camel", omit_defaults=True):
+    """The shape ``status --json`` prints when the host is not running."""
+
+    project_root: str
+    status: DiagnosisStatus
+    message: str
+    owners: list[Owner]
+    service: ServiceView | None = None
+
+
+@dataclass(frozen=True)
+class Inspection:
+    """A diagnosis together with the exact reading it was made from (for ``recover``)."""
+
+    diagnosis: Diagnosis
+    snapshot: Snapshot
+    problem: str | None = None
+
+
+def judge_owners(snap: Snapshot, lock: LockProbe) -> list[Owner]:
+    """Judge every recorded owner against one probe of the OS lock."""
+    owners: list[Owner] = []
+    current_boot = boot_id()
+    state = snap.paths.state
+    info = snap.service.value
+    if info is not None:
+        proc = probe_process(info.pid, info.create_time, None, current_boot)
+        owners.append(Owner(
+            resource="service_info",
+            path=str(snap.paths.service_json.relative_to(state.parent)),
+            pid=info.pid,
+            status=judge(lock, proc),
+            evidence=[*proc.evidence, lock.evidence],
+        ))
+    held = snap.lock.value
+    if held is not None:
+        proc = probe_process(held.pid, held.create_time, held.boot_id, current_boot)
+        owners.append(Owner(
+            resource="service_lock",
+            path=str(snap.paths.service_lock.relative_to(state.parent)),
+            pid=held.pid,
+            status=judge(lock, proc),
+            evidence=[*proc.evidence, lock.evidence],
+        ))
+    return owners
+
+
+def _probe_host(root: Path, snap: Snapshot) -> tuple[ServiceView | None, str | None]:
+    """Ask a live host who it is. Returns (service, None), (None, problem) or (None, None).
+
+    Only ``CLI_SERVICE_OFFLINE`` means "no live host"; any other answer (closing, a mismatch,
+    a rejected token) is a problem that blocks cleanup.
+    """
+    # Imported here: the client pulls in the socket stack, which a lock-only diagnosis
+    # (and every offline status) does not need.
+    from intloom.client.client import Client
+
+    try:
+        with Client.connect(root) as client:
+            hello = client.hello
+            if snap.lock.value is not None and snap.lock.value.instance_id != hello.instance_id:
+                return None, (
+                    f"The live host (instance {hello.instance_id}, pid {hello.pid}) is not the "
+                    f"owner named by service.lock (instance {snap.lock.value.instance_id}). "
+                    "No cleanup performed; run intloom doctor."
+                )
+            return client.status(), None
+    except IntloomError as exc:
+        if exc.code == "CLI_SERVICE_OFFLINE":
+            return None, None
+        if exc.code == "CLI_SERVICE_METADATA_INVALID":
+            raise
+        return None, exc.message
+
+
+def _classify(
+    snap: Snapshot, owners: list[Owner], service: ServiceView | None, problem: str | None
+) -> tuple[DiagnosisStatus, str]:
+    if service is not None:
+        return "running", MESSAGES["running"]
+    has_connection = snap.connection.value is not None
+    if problem is not None:
+        return "blocked", problem
+    if any(owner.status != "gone" for owner in owners):
+        if not has_connection:
+            return "blocked", MESSAGES["no_connection"]
+        return "blocked", MESSAGES["owner_exists"]
+    if owners and has_connection:
+        return "recovery_required", MESSAGES["recovery_required"]
+    if owners:
+        return "blocked", MESSAGES["no_connection"]
+    return "offline", MESSAGES["offline"]
+
+
+def inspect(root: Path, *, probe: bool = True) -> Inspection:
+    """Diagnose and keep the reading behind it. Raises CLI_SERVICE_METADATA_INVALID."""
+    root = root.resolve()
+    snap = observe(root)
+    service: ServiceView | None = None
+    problem: str | None = None
+    if probe and snap.connection.value is not None and snap.service.value is not None:
+        service, problem = _probe_host(root, snap)
+    owners = judge_owners(snap, probe_lock(snap.paths.service_lock))
+    status, message = _classify(snap, owners, service, problem)
+    diagnosis = Diagnosis(
+        project_root=str(root), status=status, message=message, owners=owners, service=service
+    )
+    return Inspection(diagnosis=diagnosis, snapshot=snap, problem=problem)
+
+
+def diagnose(root: Path, *, probe: bool = True) -> Diagnosis:
+    """The project's host diagnosis. Read-only: starts nothing, creates no file.
+
+    ``probe=False`` skips asking a live host over the socket (the owners are still judged).
+    Raises ``CLI_SERVICE_METADATA_INVALID`` for invalid metadata, leaving the file untouched.
+    """
+    return inspect(root, probe=probe).diagnosis

@@ -1,0 +1,200 @@
+"""``recover``: remove the stale ``service.json`` and ``service.lock`` of a host that is gone.
+
+Nothing else is ever touched: not ``connection.json`` (the next start reuses its port and
+token), not ``runtime/`` (the Runs' journals), not the logs, not user data; nothing is
+replayed. The sequence (DESIGN section 3, reference section 5, with our stronger liveness):
+
+1. Diagnose with a probe; ``running`` or ``blocked`` refuses with CLI_RECOVERY_BLOCKED.
+2. A dry run returns the plan -- paths in order, each with its evidence -- and stops.
+3. Hold the saved port (no host can serve the project and no second ``recover`` can run),
+   then take the OS lock on ``service.lock`` (no host can be holding it).
+4. Read everything again: any byte changed, or an owner no longer provably gone, is
+   CLI_RECOVERY_CONFLICT. Then remove ``service.json``, then ``service.lock``, and make the
+   removals durable.
+
+A ``recover`` killed part-way leaves at most ``service.lock`` behind, still owned by the dead
+host; running ``recover`` again finishes the job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+from pathlib import Path
+
+import msgspec
+
+from intloom.diagnostics.liveness import Evidence, LockProbe
+from intloom.diagnostics.observe import Snapshot, observe
+from intloom.diagnostics.owners import Inspection, inspect, judge_owners
+from intloom.diagnostics.portguard import PortGuard
+from intloom.errors import ErrorView, IntloomError
+from intloom.fsutil import fsync_dir
+from intloom.protocol.framing import encode_frame
+from intloom.protocol.messages import ErrorReply
+
+__all__ = ["PlanItem", "RecoverResult", "recover"]
+
+_NO_CONNECTION = "Valid connection configuration is missing; recovery is unsafe."
+
+
+class PlanItem(msgspec.Struct, frozen=True):
+    """One path ``recover`` removes (or would), with the evidence that its owner is gone."""
+
+    path: str
+    evidence: list[Evidence]
+
+
+class RecoverResult(msgspec.Struct, frozen=True, rename="camel"):
+    """``recover --json``: IntLoom's ``{projectRoot, dryRun, recovered, paths}`` plus the plan."""
+
+    project_root: str
+    dry_run: bool
+    recovered: bool
+    paths: list[str]
+    plan: list[PlanItem]
+
+
+def _guard_reply(port: int) -> bytes:
+    """What a client that connects meanwhile reads instead of a hello reply."""
+    error = ErrorView(
+        code="CLI_SERVICE_UNAVAILABLE",
+        message=f"intloom recover is holding port {port} while it removes stale host "
+        "resources. Retry when it has finished.",
+        retryable=True,
+    )
+    return encode_frame(ErrorReply(error=error))
+
+
+def _plan(insp: Inspection) -> list[PlanItem]:
+    # service.json first: a recover killed in between leaves the lock, which still blocks a
+    # start and is still judged by the same evidence next time.
+    by_resource = {owner.resource: owner for owner in insp.diagnosis.owners}
+    items: list[PlanItem] = []
+    for resource in ("service_info", "service_lock"):
+        owner = by_resource.get(resource)
+        if owner is not None:
+            items.append(PlanItem(path=owner.path, evidence=owner.evidence))
+    return items
+
+
+def _conflict(fact: str, removed: list[str] | None = None) -> IntloomError:
+    done = f"Already removed: {', '.join(removed)}" if removed else "Nothing was removed"
+    return IntloomError(
+        "CLI_RECOVERY_CONFLICT",
+        f"Project state changed during recovery: {fact}. {done}. Run intloom doctor again.",
+    )
+
+
+def _take_lock(path: Path) -> int | None:
+    """The OS lock on ``service.lock``, held until closed; None when the file is gone."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise _conflict(f"{path.name} can no longer be opened ({exc.strerror})") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise _conflict(f"the OS lock on {path.name} is now held by a live process") from None
+        raise _conflict(f"the OS lock on {path.name} cannot be taken ({exc.strerror})") from None
+    return fd
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)
+
+
+def _recheck(before: Snapshot, lock_fd: int | None) -> Snapshot | None:
+    """Read everything again under the port and the lock; any change is a conflict.
+
+    None when both files are gone: another ``recover`` finished first.
+    """
+    root = before.paths.root
+    try:
+        now = observe(root)
+    except IntloomError as exc:
+        raise _conflict(exc.message.rstrip(".")) from None
+    if now.lock.value is None and now.service.value is None:
+        return None
+    for name, old, new in (
+        ("connection.json", before.connection.raw, now.connection.raw),
+        ("service.json", before.service.raw, now.service.raw),
+        ("service.lock", before.lock.raw, now.lock.raw),
+    ):
+        if old != new:
+            raise _conflict(f"{name} changed since it was inspected")
+    if lock_fd is not None and not _same_file(lock_fd, now.paths.service_lock):
+        raise _conflict("service.lock was replaced since it was inspected")
+    held = LockProbe("free", Evidence("os_lock", "recover holds the OS lock on service.lock"))
+    for owner in judge_owners(now, held):
+        if owner.status != "gone":
+            raise _conflict(f"the owner of {owner.path} (pid {owner.pid}) is no longer "
+                            "provably gone")
+    return now
+
+
+def _remove(path: Path, lock_fd: int | None, removed: list[str]) -> None:
+    if lock_fd is not None and not _same_file(lock_fd, path):
+        raise _conflict(f"{path.name} was replaced just before removal", removed)
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        raise _conflict(f"{path.name} was removed by someone else", removed) from None
+
+
+def recover(root: Path, *, dry_run: bool) -> RecoverResult:
+    """Remove stale host resources after their owner is verifiably gone (or plan it).
+
+    Raises CLI_RECOVERY_BLOCKED (nothing touched), CLI_RECOVERY_CONFLICT (something changed
+    while it worked) or CLI_SERVICE_METADATA_INVALID (the file is kept as it is).
+    """
+    root = root.resolve()
+    insp = inspect(root, probe=True)
+    diagnosis = insp.diagnosis
+    if diagnosis.status in ("running", "blocked"):
+        raise IntloomError("CLI_RECOVERY_BLOCKED", diagnosis.message)
+    plan = _plan(insp)
+    if dry_run or diagnosis.status == "offline":
+        return RecoverResult(
+            project_root=str(root),
+            dry_run=dry_run,
+            recovered=False,
+            paths=[item.path for item in plan],
+            plan=plan,
+        )
+    snap = insp.snapshot
+    connection = snap.connection.value
+    if connection is None:
+        raise IntloomError("CLI_RECOVERY_BLOCKED", _NO_CONNECTION)
+    ports = [connection.port]
+    if snap.service.value is not None and snap.service.value.port != connection.port:
+        ports.append(snap.service.value.port)
+
+    with contextlib.ExitStack() as stack:
+        for port in ports:
+            stack.enter_context(PortGuard(port, reply=_guard_reply(port)))
+        lock_fd = _take_lock(snap.paths.service_lock)
+        if lock_fd is not None:
+            stack.callback(os.close, lock_fd)
+        if _recheck(snap, lock_fd) is None:
+            return RecoverResult(str(root), dry_run=False, recovered=False, paths=[], plan=[])
+        removed: list[str] = []
+        for item in plan:
+            path = root / item.path
+            _remove(path, lock_fd if path == snap.paths.service_lock else None, removed)
+            removed.append(item.path)
+        fsync_dir(snap.paths.state)
+    return RecoverResult(
+        project_root=str(root), dry_run=False, recovered=True, paths=removed, plan=plan
+    )

@@ -1,0 +1,135 @@
+"""Errors with stable codes.
+
+Every error a user can see carries a stable ``code``, a ``message`` built from facts, and a
+``retryable`` flag. The projection that crosses the socket or reaches the terminal is always
+the flat :class:`ErrorView` -- never a cause, a stack or a secret.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import msgspec
+
+__all__ = ["CATALOGUE", "ErrorView", "IntloomError", "error_view"]
+
+
+class ErrorView(msgspec.Struct, frozen=True, omit_defaults=True):
+    """The only shape in which an error leaves the process."""
+
+    code: str
+    message: str
+    retryable: bool = False
+
+
+# code -> (default message, retryable). Messages follow the catalogue of the TypeScript
+# IntLoom we match, so scripts that grep for them keep working.
+CATALOGUE: Final[dict[str, tuple[str, bool]]] = {
+    # Runtime
+    "RUN_CHECKPOINT_FAILED": (
+        "The Run recovery checkpoint could not be saved. Execution cannot safely continue.",
+        False,
+    ),
+    "RUN_INTERRUPTED": (
+        "Execution was interrupted with an uncertain outcome. "
+        "Inspect committed effects before starting new work.",
+        False,
+    ),
+    "RUN_STOPPED": ("The Run was stopped.", False),
+    "RUN_STATE_INVALID": ("The Run state violates its invariants.", False),
+    "RUN_INITIALIZATION_FAILED": ("The Run initialization failed.", False),
+    "STAGE_STATE_INVALID": ("The Stage State must satisfy its Schema and JSON boundary.", False),
+    "INVALID_CURSOR": ("The cursor does not identify an executable step.", False),
+    "INVALID_TRANSITION": ("The transition does not identify a valid next target.", False),
+    "EXECUTION_OWNERSHIP_LOST": ("The result no longer belongs to the current execution.", False),
+    "STEP_OUTCOME_NOT_HANDLED": ("No transition handles the step outcome.", False),
+    "STEP_EXECUTION_FAILED": ("The step execution failed.", False),
+    "STEP_RESULT_INVALID": (
+        "The step returned an invalid result. Return only a non-empty outcome string.",
+        False,
+    ),
+    "STEP_INTERACTION_INVALID": ("The step violates the interaction protocol.", False),
+    "TOOL_EXECUTION_FAILED": (
+        "The Agent Tool execution failed. Check the Tool implementation and dependencies.",
+        False,
+    ),
+    "AGENT_TASK_FAILED": ("The client Agent reported that its task failed.", False),
+    "WORKFLOW_DEFINITION_INVALID": ("The Workflow definition is invalid.", False),
+    "WORKFLOW_LOAD_FAILED": ("The Workflow could not be loaded.", False),
+    "JOURNAL_CORRUPT": ("The Run journal is damaged.", False),
+    "JOURNAL_INCOMPATIBLE": ("The Run journal cannot be restored by this intloom.", False),
+    # Kernel
+    "INVALID_REQUEST": ("The request is invalid.", False),
+    "NOT_FOUND": ("The requested resource was not found.", False),
+    "CONFLICT": ("The request conflicts with the current state.", False),
+    "BUSY": ("The requested resource is busy.", True),
+    "STORAGE_ERROR": ("The storage operation failed.", False),
+    "KERNEL_UNAVAILABLE": ("The kernel is unavailable.", True),
+    # CLI and client
+    "CLI_PROJECT_INVALID": ("No intloom project was found.", False),
+    "CLI_SERVICE_OFFLINE": ("The project service is offline. Run intloom start.", False),
+    "CLI_SERVICE_BUSY": (
+        "The project service is locked. Run intloom doctor; "
+        "use intloom recover only after its owner has exited.",
+        False,
+    ),
+    "CLI_SERVICE_CONFLICT": (
+        "Stop the running service before changing its port.",
+        False,
+    ),
+    "CLI_SERVICE_METADATA_INVALID": ("Service metadata is invalid.", False),
+    "CLI_SERVICE_TIMEOUT": ("The service did not answer in time.", False),
+    "CLI_SERVICE_UNAVAILABLE": ("The local service is unavailable.", False),
+    "CLI_SERVICE_CLOSING": ("The service is shutting down.", False),
+    "CLI_RECOVERY_BLOCKED": ("Recovery is blocked. No cleanup performed.", False),
+    "CLI_RECOVERY_CONFLICT": ("Project state changed during recovery. Run intloom doctor again.", False),
+    "CLI_RUN_FAILED": ("The Run failed.", False),
+    "CLI_INTENT_FILE_INVALID": ("The intent file could not be read.", False),
+    "CLI_INIT_TARGET_NOT_EMPTY": ("The init target is not empty.", False),
+    "CLI_INIT_TARGET_INVALID": ("The init target is not a directory.", False),
+    "CLI_INTERNAL_ERROR": ("The local operation failed.", False),
+    "PROJECT_CONNECTION_FAILED": ("Could not connect to the project service.", True),
+    "PROJECT_REQUEST_FAILED": (
+        "The request did not complete; it was not replayed. Query the Run before retrying.",
+        False,
+    ),
+    "PROJECT_RESPONSE_INVALID": ("The project service sent an invalid response.", False),
+    "PROTOCOL_MISMATCH": ("The client and the host speak different protocol versions.", False),
+    "UNAUTHORIZED": ("The connection token was not accepted.", False),
+    "LOG_WRITE_FAILED": ("The host log could not be written.", False),
+}
+
+
+class IntloomError(Exception):
+    """An error with a stable code, a message built from facts, and a retry hint.
+
+    Construct with the code and, optionally, a message that names the thing, the fact and
+    the fix. Without a message the catalogue default is used.
+    """
+
+    def __init__(
+        self, code: str, message: str | None = None, *, retryable: bool | None = None
+    ) -> None:
+        default_message, default_retryable = CATALOGUE.get(code, ("The operation failed.", False))
+        self.code = code
+        self.message = message if message is not None else default_message
+        self.retryable = default_retryable if retryable is None else retryable
+        super().__init__(self.message)
+
+    def view(self) -> ErrorView:
+        """The flat projection that may leave the process."""
+        return ErrorView(code=self.code, message=self.message, retryable=self.retryable)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.code, self.message), {"retryable": self.retryable})
+
+    def __setstate__(self, state: dict[str, object] | None) -> None:
+        self.retryable = bool((state or {}).get("retryable", False))
+
+    def __repr__(self) -> str:
+        return f"IntloomError({self.code!r}, {self.message!r})"
+
+
+def error_view(code: str, message: str | None = None) -> ErrorView:
+    """A catalogue error view, optionally with a more specific message."""
+    return IntloomError(code, message).view()

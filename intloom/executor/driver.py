@@ -1,0 +1,502 @@
+"""Driving one Run: the loop that turns the machine's phase into the next piece of work.
+
+``RunSlot`` holds a live Run (its state, what is shown, its waiters and subscribers);
+``Driver`` runs user code for it and appends the records that bracket that code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import threading
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from intloom.authoring.context import StepContext
+from intloom.authoring.interaction import confirmation_request, questions_request
+from intloom.authoring.loader import LoadedWorkflow
+from intloom.authoring.workflow import Complete, Step, ToStage
+from intloom.errors import ErrorView, IntloomError, error_view
+from intloom.executor import clock
+from intloom.runtime.machine import RunState, apply, to_view
+from intloom.runtime.model import PendingAction, PendingAgentCall, RunView
+from intloom.runtime.records import (
+    EffectDone,
+    EffectStarted,
+    Executing,
+    Header,
+    Record,
+    StagePending,
+    StepReady,
+    StepResult,
+    Terminal,
+    Waiting,
+)
+
+if TYPE_CHECKING:
+    from intloom.executor.runtime import Runtime, RunUpdate
+
+__all__ = ["AgentClaim", "Driver", "RunSlot"]
+
+_HISTORY = 2000
+_QUIET = ("EXECUTION_OWNERSHIP_LOST", "RUN_CHECKPOINT_FAILED")
+
+
+class AgentClaim:
+    """The in-memory claim on a client Agent task. Never persisted: a restart interrupts it."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.claim_id: str | None = None
+        self.owner_token: str | None = None
+        self.receipts: dict[str, tuple[bytes, str, Any]] = {}
+        self.tool_busy = False
+
+
+class RunSlot:
+    """A live Run. ``state`` is everything appended; ``shown`` is what has been published
+    (durable and exposed) -- views are built from ``shown`` only."""
+
+    def __init__(self, state: RunState, lw: LoadedWorkflow) -> None:
+        self.state = state
+        self.shown = state
+        self.lw = lw
+        self.owned = True
+        self.suspended = False
+        self.restored_wait = False
+        self.override: ErrorView | None = None
+        self.waiter: asyncio.Future[Any] | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.agent = AgentClaim()
+        self.history: deque[RunUpdate] = deque(maxlen=_HISTORY)
+        self._events: list[tuple[str, Any]] = []
+        self._changed: asyncio.Event | None = None
+        self._subscribers: set[asyncio.Queue[RunUpdate]] = set()
+
+    @classmethod
+    def new(cls, header: Header, lw: LoadedWorkflow) -> RunSlot:
+        return cls(apply(None, header), lw)
+
+    @property
+    def run_id(self) -> str:
+        return self.state.run_id
+
+    def apply(self, record: Record) -> None:
+        self.state = apply(self.state, record)
+        detail: Any = None
+        if isinstance(record, (EffectStarted, EffectDone)):
+            detail = {"name": record.name, "key": record.key}
+        elif isinstance(record, StepResult):
+            detail = {"outcome": record.outcome}
+        self._events.append((self.state.phase, detail))
+
+    def view(self) -> RunView:
+        st = self.shown
+        if st.phase == "terminal":
+            view = to_view(st)
+            return msgspec.structs.replace(view, dismissed=True) if st.dismissed else view
+        if self.override is not None:
+            return to_view(st, status="failed", last_error=self.override)
+        if self.suspended:
+            return to_view(
+                st,
+                status="failed",
+                last_error=ErrorView(
+                    code="RUN_INTERRUPTED",
+                    message="The host stopped. The Run continues from its last saved boundary "
+                    "on the next start, as the restart table allows.",
+                ),
+            )
+        return to_view(st)
+
+    def publish(self, event: str | None = None, detail: Any = None) -> None:
+        """Show everything appended so far (it is durable) and tell subscribers."""
+        from intloom.executor.runtime import RunUpdate
+
+        self.shown = self.state
+        events = self._events
+        self._events = []
+        if event is not None:
+            events.append((event, detail))
+        view = self.view()
+        for name, info in events:
+            update = RunUpdate(event=name, run=view, detail=info)
+            self.history.append(update)
+            for queue in self._subscribers:
+                queue.put_nowait(update)
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
+
+    push = publish
+
+    async def changed(self) -> None:
+        if self._changed is None:
+            self._changed = asyncio.Event()
+        await self._changed.wait()
+
+    def deliver(self, answer: Any) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(answer)
+
+    def revoke(self, exc: BaseException) -> None:
+        self.owned = False
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_exception(exc)
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+
+    def suspend(self) -> None:
+        if self.shown.phase == "terminal" or self.override is not None:
+            return
+        self.suspended = True
+        self.revoke(IntloomError("EXECUTION_OWNERSHIP_LOST"))
+        self.publish("suspended")
+
+    async def follow(self) -> AsyncIterator[RunUpdate]:
+        queue: asyncio.Queue[RunUpdate] = asyncio.Queue()
+        self._subscribers.add(queue)
+        try:
+            for item in list(self.history):
+                yield msgspec.structs.replace(item, history=True)
+            view = self.view()
+            if view.status in ("completed", "failed"):
+                return
+            while True:
+                item = await queue.get()
+                yield item
+                if item.run.status in ("completed", "failed"):
+                    return
+        finally:
+            self._subscribers.discard(queue)
+
+
+def _encode_state(value: Any) -> bytes | None:
+    if value is None:
+        return None
+    try:
+        return msgspec.json.encode(value)
+    except (TypeError, msgspec.EncodeError) as exc:
+        raise IntloomError(
+            "STAGE_STATE_INVALID", f"The Stage State cannot be encoded as JSON ({exc})."
+        ) from None
+
+
+def _plain(value: Any) -> Any:
+    """A JSON/msgpack-safe copy of an effect's result, for the journal (evidence only)."""
+    try:
+        return msgspec.to_builtins(value)
+    except (TypeError, msgspec.EncodeError):
+        return {"repr": repr(value)[:1000]}
+
+
+class _Hooks:
+    """The executor side of ``StepContext``: journals effects and waits before they happen."""
+
+    def __init__(self, driver: Driver, slot: RunSlot, loop: asyncio.AbstractEventLoop) -> None:
+        self.driver = driver
+        self.slot = slot
+        self.loop = loop
+        self.loop_thread = driver.loop_thread
+
+    async def _begin(self, name: str, key: str) -> None:
+        rt = self.driver.rt
+        rt.append(self.slot, EffectStarted(at=clock.now(), name=name, key=key))
+        await rt.sync(self.slot)
+
+    async def _end(self, name: str, key: str, ok: bool, result: Any, error: str | None) -> None:
+        self.driver.rt.append(
+            self.slot,
+            EffectDone(at=clock.now(), name=name, key=key, ok=ok, result=result, error=error),
+        )
+
+    def effect_sync(self, name: str, key: str, call: Callable[[], Any]) -> Any:
+        asyncio.run_coroutine_threadsafe(self._begin(name, key), self.loop).result()
+        try:
+            value = call()
+        except Exception as exc:
+            asyncio.run_coroutine_threadsafe(
+                self._end(name, key, False, None, f"{type(exc).__name__}: {exc}"), self.loop
+            ).result()
+            raise
+        asyncio.run_coroutine_threadsafe(
+            self._end(name, key, True, _plain(value), None), self.loop
+        ).result()
+        return value
+
+    async def effect_async(self, name: str, key: str, call: Callable[[], Any]) -> Any:
+        await self._begin(name, key)
+        try:
+            value = call()
+            if inspect.isawaitable(value):
+                value = await value
+        except Exception as exc:
+            await self._end(name, key, False, None, f"{type(exc).__name__}: {exc}")
+            raise
+        await self._end(name, key, True, _plain(value), None)
+        return value
+
+    async def wait(self, kind: str, request: Any, state: Any) -> Any:
+        slot = self.slot
+        rt = self.driver.rt
+        if slot.waiter is not None:
+            raise IntloomError(
+                "STEP_INTERACTION_INVALID", "A Step has one unanswered question at a time."
+            )
+        wire = confirmation_request(request) if kind == "confirmation" else questions_request(request)
+        action = PendingAction(
+            id=clock.action_id(),
+            kind=kind,  # type: ignore[arg-type]
+            request=wire,
+            cursor=slot.state.cursor,
+            created_at=clock.now(),
+        )
+        rt.append(slot, Waiting(at=action.created_at, action=action, state=_encode_state(state)))
+        await rt.sync(slot)
+        # No await between the publish in sync() and this line: no answer can arrive first.
+        slot.waiter = self.loop.create_future()
+        try:
+            return await slot.waiter
+        finally:
+            slot.waiter = None
+
+
+class Driver:
+    """Runs Runs: one asyncio task per live Run, user code in daemon threads or on the loop."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self.stopping = False
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.loop_thread = threading.current_thread()
+
+    def launch(self, slot: RunSlot) -> None:
+        self.loop_thread = threading.current_thread()
+        task = asyncio.get_running_loop().create_task(self._drive(slot))
+        slot.task = task
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def drain(self, grace: float) -> None:
+        if self.tasks:
+            _done, pending = await asyncio.wait(set(self.tasks), timeout=grace)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending, timeout=1.0)
+
+    async def call_user(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Call user code: async on the loop; sync in a daemon thread (never blocks the loop,
+        and a hung Step cannot keep the host from exiting)."""
+        if inspect.iscoroutinefunction(fn):
+            return await fn(*args)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+
+        def settle(ok: bool, value: Any) -> None:
+            if future.done():
+                return
+            if ok:
+                future.set_result(value)
+            else:
+                future.set_exception(value)
+
+        def body() -> None:
+            try:
+                result = fn(*args)
+            except BaseException as exc:  # delivered to the awaiting driver
+                with contextlib.suppress(RuntimeError):  # loop already closed
+                    loop.call_soon_threadsafe(settle, False, exc)
+                return
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(settle, True, result)
+
+        threading.Thread(target=body, name="intloom-step", daemon=True).start()
+        result = await future
+        if inspect.isawaitable(result):
+            result = await result
+        return result
+
+    # ------------------------------------------------------------------ the loop
+
+    async def _drive(self, slot: RunSlot) -> None:
+        rt = self.rt
+        try:
+            while slot.owned:
+                phase = slot.state.phase
+                if phase in ("header", "stage_pending"):
+                    if not await self._enter_stage(slot):
+                        return
+                elif phase == "step_ready":
+                    if self.stopping:
+                        await rt.sync(slot)
+                        return
+                    await self._run_step(slot)
+                elif phase == "step_result":
+                    await self._route(slot)
+                elif phase == "answered":
+                    if self.stopping:
+                        return
+                    await self._run_recover(slot)
+                else:
+                    # waiting (exposed; answers drive it) or terminal: nothing to run.
+                    return
+        except asyncio.CancelledError:
+            return
+        except IntloomError as exc:
+            if exc.code in _QUIET or not slot.owned:
+                return
+            await self._fail(slot, exc.view())
+
+    async def _fail(self, slot: RunSlot, error: ErrorView) -> None:
+        rt = self.rt
+        if not slot.owned or slot.state.phase == "terminal":
+            return
+        rt.append(slot, Terminal(at=clock.now(), status="failed", error=error))
+        with contextlib.suppress(IntloomError):
+            await rt.sync(slot)
+
+    def _ctx(self, slot: RunSlot, step: str | None) -> StepContext[Any]:
+        st = slot.state
+        stage = slot.lw.workflow.stages[st.cursor.stage]
+        value: Any = None
+        if stage.state_type is not None and st.stage_state is not None:
+            value = msgspec.json.decode(st.stage_state, type=stage.state_type)
+        return StepContext(
+            run_id=st.run_id,
+            intent=st.intent,
+            stage=stage.name,
+            step=step,
+            state=value,
+            state_type=stage.state_type,
+            hooks=_Hooks(self, slot, asyncio.get_running_loop()),
+        )
+
+    async def _user(self, slot: RunSlot, where: str, fn: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return await self.call_user(fn, *args)
+        except IntloomError:
+            raise
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            raise IntloomError(
+                "STEP_EXECUTION_FAILED", f"{where} raised {type(exc).__name__}: {exc}"
+            ) from None
+
+    async def _enter_stage(self, slot: RunSlot) -> bool:
+        rt = self.rt
+        stage = slot.lw.workflow.stages[slot.state.cursor.stage]
+        value: Any = None
+        if stage.init_fn is not None:
+            if self.stopping:
+                await rt.sync(slot)
+                return False
+            rt.append(slot, Executing(at=clock.now(), stage=stage.name, step=None, kind="init"))
+            await rt.sync(slot)
+            ctx = self._ctx(slot, None)
+            value = await self._user(slot, f"Stage {stage.name!r} initialiser", stage.init_fn, ctx)
+            if stage.state_type is not None and not isinstance(value, stage.state_type):
+                raise IntloomError(
+                    "STAGE_STATE_INVALID",
+                    f"Stage {stage.name!r} initialiser returned {type(value).__name__}, not "
+                    f"{stage.state_type.__name__}.",
+                )
+        elif stage.state_type is not None:
+            value = stage.state_type()
+        rt.append(
+            slot,
+            StepReady(at=clock.now(), stage=stage.name, step=stage.entry.name,
+                      state=_encode_state(value)),
+        )
+        return True
+
+    def _step(self, slot: RunSlot) -> Step[Any]:
+        cursor = slot.state.cursor
+        return slot.lw.workflow.stages[cursor.stage].steps[cursor.step or ""]
+
+    async def _run_step(self, slot: RunSlot) -> None:
+        rt = self.rt
+        step = self._step(slot)
+        rt.append(slot, Executing(at=clock.now(), stage=step.stage.name, step=step.name))
+        await rt.sync(slot)
+        ctx = self._ctx(slot, step.name)
+        if step.kind == "agent":
+            request = await self._user(slot, step.where, step.fn, ctx)
+            call = PendingAgentCall(
+                id=clock.call_id(),
+                agent_id=getattr(step, "agent", "default"),
+                phase="available",
+                request=_plain(request),
+                tools=sorted(getattr(step, "tools", {})),
+                created_at=clock.now(),
+            )
+            rt.append(slot, Waiting(at=call.created_at, agent_call=call,
+                                    state=_encode_state(ctx.state)))
+            await rt.sync(slot)
+            return
+        outcome = await self._user(slot, step.where, step.fn, ctx)
+        self._record_outcome(slot, step, outcome, ctx)
+
+    def _record_outcome(self, slot: RunSlot, step: Step[Any], outcome: Any,
+                        ctx: StepContext[Any]) -> None:
+        if not isinstance(outcome, str) or not outcome:
+            raise IntloomError(
+                "STEP_RESULT_INVALID",
+                f"{step.where} returned {outcome!r}; return a non-empty outcome string, one of "
+                f"{sorted(step.routes)}.",
+            )
+        self.rt.append(
+            slot,
+            StepResult(at=clock.now(), stage=step.stage.name, step=step.name, outcome=outcome,
+                       state=_encode_state(ctx.state)),
+        )
+
+    async def _run_recover(self, slot: RunSlot) -> None:
+        rt = self.rt
+        step = self._step(slot)
+        recovery = rt.recovery_for(slot)
+        rt.append(
+            slot, Executing(at=clock.now(), stage=step.stage.name, step=step.name, kind="recover")
+        )
+        await rt.sync(slot)
+        ctx = self._ctx(slot, step.name)
+        assert step.recover_fn is not None
+        outcome = await self._user(slot, f"{step.where} recover", step.recover_fn, ctx, recovery)
+        self._record_outcome(slot, step, outcome, ctx)
+
+    async def _route(self, slot: RunSlot) -> None:
+        rt = self.rt
+        st = slot.state
+        step = self._step(slot)
+        outcome = st.outcome or ""
+        target = step.routes.get(outcome)
+        now = clock.now()
+        if target is None:
+            rt.append(
+                slot,
+                Terminal(
+                    at=now,
+                    status="failed",
+                    error=error_view(
+                        "STEP_OUTCOME_NOT_HANDLED",
+                        f"{step.where} returned outcome {outcome!r}, which its routes do not "
+                        f"handle ({sorted(step.routes)}). Add a route for it.",
+                    ),
+                ),
+            )
+            await rt.sync(slot)
+        elif isinstance(target, Complete):
+            rt.append(slot, Terminal(at=now, status="completed"))
+            await rt.sync(slot)
+        elif isinstance(target, ToStage):
+            rt.append(slot, StagePending(at=now, stage=target.stage))
+        else:
+            rt.append(slot, StepReady(at=now, stage=st.cursor.stage, step=target,
+                                      state=st.stage_state))

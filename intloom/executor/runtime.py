@@ -1,0 +1,525 @@
+"""The Runtime: owns every Run of a host, drives user code, and writes the journal.
+
+This is the I/O edge around the pure machine (``intloom.runtime.machine``): it calls user
+code (sync Steps in daemon threads, async Steps on the loop), appends records through a
+``JournalPort`` and makes them durable before anything observable happens:
+
+* ``executing`` is durable before user code starts (one flush per Step: the previous
+  Step's ``step_result`` and routing records go down in the same batch);
+* ``effect_started`` is durable before an effect is called;
+* ``waiting`` is durable before a wait is exposed, ``answered`` before an answer is delivered,
+  and ``terminal`` before a Run is reported ended.
+"""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import msgspec
+
+from intloom.authoring.context import Recovery
+from intloom.authoring.interaction import validate_answer
+from intloom.authoring.loader import LoadedWorkflow
+from intloom.errors import ErrorView, IntloomError, error_view
+from intloom.executor import clock
+from intloom.executor.driver import Driver, RunSlot
+from intloom.protocol.messages import RestoreSummary
+from intloom.runtime.machine import RunState, interrupted_message, restart_verdict
+from intloom.runtime.model import PendingAgentCall, RunView
+from intloom.runtime.ports import CheckpointFailed, JournalPort
+from intloom.runtime.records import (
+    PROTOCOL_VERSION,
+    Answered,
+    Executing,
+    Header,
+    StagePending,
+    StepResult,
+    Terminal,
+    Waiting,
+)
+
+__all__ = ["RestoredRun", "RunUpdate", "Runtime"]
+
+_MAX_RECEIPTS = 256
+
+
+class RestoredRun(msgspec.Struct, frozen=True):
+    """One Run as the store read it back: its folded state, or why it cannot be restored."""
+
+    run_id: str
+    state: RunState | None
+    problem: str | None = None  # corrupt / incompatible: reported, never loaded
+
+
+class RunUpdate(msgspec.Struct, frozen=True):
+    """One entry of a Run's history or a live change, for ``subscribe``."""
+
+    event: str
+    run: RunView
+    detail: Any = None
+    history: bool = False
+
+
+def _version_tuple(v: str) -> tuple[int, ...]:
+    parts: list[int] = []
+    for piece in v.split("."):
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+class Runtime:
+    """Facade used by the host. Every method raises ``IntloomError`` with a catalogue code."""
+
+    def __init__(
+        self,
+        workflows: Mapping[str, LoadedWorkflow],
+        journal: JournalPort,
+        *,
+        package_version: str,
+    ) -> None:
+        self.workflows = dict(workflows)
+        self.journal = journal
+        self.package_version = package_version
+        self.runs: dict[str, RunSlot] = {}
+        self.attention: list[tuple[str, str]] = []
+        self.closing = False
+        self._restored = False
+        self._to_start: list[RunSlot] = []
+        self.driver = Driver(self)
+
+    # ------------------------------------------------------------------ restore
+
+    def restore(self, runs: list[RestoredRun], *, strict: bool = False) -> RestoreSummary:
+        """Classify restored Runs by the restart table. Once, before any Run exists."""
+        if self._restored or self.runs:
+            raise IntloomError("CONFLICT", "restore runs once, before any Run is created.")
+        self._restored = True
+        resumed: list[str] = []
+        waiting: list[str] = []
+        interrupted: list[str] = []
+        attention: list[str] = []
+        terminal = 0
+        for item in runs:
+            state = item.state
+            if state is not None and state.phase == "terminal" and item.problem is None:
+                terminal += 1
+                continue
+            problem = item.problem or self._incompatibility(state)
+            if problem is not None or state is None:
+                message = problem or "nothing restorable was found in its journal"
+                self.attention.append((item.run_id, message))
+                attention.append(item.run_id)
+                continue
+            lw = self.workflows[state.workflow]
+            verdict = restart_verdict(state, lw.has_recover(state.cursor.stage, state.cursor.step))
+            slot = RunSlot(state=state, lw=lw)
+            self.runs[state.run_id] = slot
+            slot.publish("restored", {"row": verdict.row, "reason": verdict.reason})
+            if verdict.row == "interrupted":
+                slot.owned = False
+                slot.override = ErrorView(
+                    code="RUN_INTERRUPTED", message=interrupted_message(state), retryable=False
+                )
+                interrupted.append(state.run_id)
+            elif verdict.row == "restore_wait":
+                slot.restored_wait = True
+                waiting.append(state.run_id)
+            else:  # resume, route, recover
+                self._to_start.append(slot)
+                resumed.append(state.run_id)
+        if strict and attention:
+            first = self.attention[0]
+            raise IntloomError(
+                "JOURNAL_INCOMPATIBLE",
+                f"--strict: {len(attention)} Run(s) cannot be restored; first: Run {first[0]}: "
+                f"{first[1]}. Run intloom doctor; files were kept as they are.",
+            )
+        return RestoreSummary(
+            resumed=resumed,
+            waiting=waiting,
+            interrupted=interrupted,
+            needs_attention=attention,
+            terminal_skipped=terminal,
+        )
+
+    def _incompatibility(self, state: RunState | None) -> str | None:
+        """Why this Run's journal cannot be restored by what is loaded now, or None."""
+        if state is None:
+            return None
+        if state.protocol != PROTOCOL_VERSION:
+            return (
+                f"incompatible protocol: journal has {state.protocol}, this intloom speaks "
+                f"{PROTOCOL_VERSION}"
+            )
+        if state.package_version and _version_tuple(state.package_version) > _version_tuple(
+            self.package_version
+        ):
+            return (
+                f"incompatible package: written by intloom {state.package_version}, newer than "
+                f"this {self.package_version}; upgrade intloom"
+            )
+        lw = self.workflows.get(state.workflow)
+        if lw is None:
+            return (
+                f"incompatible workflow: Workflow {state.workflow!r} is not loaded; restore its "
+                "source and restart"
+            )
+        if lw.identity != state.identity:
+            return (
+                f"incompatible identity: Workflow {state.workflow!r} changed since the Run "
+                f"started (journal {state.identity[:12]}, loaded {lw.identity[:12]}); restore the "
+                "exact source the Run started with"
+            )
+        for stage, fingerprint in state.schemas.items():
+            if lw.schemas.get(stage) != fingerprint:
+                return (
+                    f"incompatible schema: Stage {stage!r} State schema changed since the Run "
+                    "started"
+                )
+        if state.stage_state is not None:
+            stage_def = lw.workflow.stages.get(state.cursor.stage)
+            st_type = stage_def.state_type if stage_def is not None else None
+            if st_type is not None:
+                try:
+                    again = msgspec.json.encode(
+                        msgspec.json.decode(state.stage_state, type=st_type)
+                    )
+                except msgspec.MsgspecError as exc:
+                    return f"incompatible schema: saved State no longer decodes ({exc})"
+                if again != state.stage_state:
+                    return "incompatible schema: saved State no longer matches its schema output"
+        return None
+
+    def start_restored(self) -> None:
+        """Launch the Runs that resume (needs a running event loop)."""
+        for slot in self._to_start:
+            self.driver.launch(slot)
+        self._to_start.clear()
+
+    # ------------------------------------------------------------------ records
+
+    def append(self, slot: RunSlot, record: Any, *, force: bool = False) -> None:
+        """Apply a record to the Run and hand it to the journal (not yet durable)."""
+        if not slot.owned and not force:
+            raise IntloomError(
+                "EXECUTION_OWNERSHIP_LOST",
+                f"Run {slot.run_id} no longer belongs to this execution (it was stopped, "
+                "cancelled or failed); its remaining work was discarded.",
+            )
+        slot.apply(record)
+        self.journal.append(slot.run_id, record)
+
+    async def sync(self, slot: RunSlot) -> None:
+        """Make everything appended durable; a failed batch fails exactly its Runs."""
+        try:
+            await self.journal.sync()
+            slot.publish()
+        except CheckpointFailed as exc:
+            for run_id in exc.run_ids:
+                other = self.runs.get(run_id)
+                if other is not None:
+                    self.fail_checkpoint(other, exc.cause)
+            if slot.run_id in exc.run_ids:
+                raise IntloomError("RUN_CHECKPOINT_FAILED") from None
+        except OSError as exc:
+            self.fail_checkpoint(slot, exc.strerror or str(exc))
+            raise IntloomError("RUN_CHECKPOINT_FAILED") from None
+
+    def fail_checkpoint(self, slot: RunSlot, cause: str) -> None:
+        """RUN_CHECKPOINT_FAILED: the Run stops; nothing more is written for it."""
+        if slot.view().status in ("completed", "failed"):
+            return
+        slot.owned = False
+        slot.override = ErrorView(
+            code="RUN_CHECKPOINT_FAILED",
+            message=f"{error_view('RUN_CHECKPOINT_FAILED').message} ({cause}) Earlier effects "
+            "are not rolled back.",
+        )
+        slot.revoke(IntloomError("RUN_CHECKPOINT_FAILED"))
+        slot.publish("failed", {"code": "RUN_CHECKPOINT_FAILED"})
+
+    # ------------------------------------------------------------------ requests
+
+    def _slot(self, run_id: str) -> RunSlot:
+        slot = self.runs.get(run_id)
+        if slot is None:
+            raise IntloomError(
+                "NOT_FOUND",
+                f"Run {run_id} is not known to this host. intloom runs lists the current Runs; "
+                "intloom inspect reads any Run's journal offline.",
+            )
+        return slot
+
+    def _admit(self) -> None:
+        if self.closing:
+            raise IntloomError("CLI_SERVICE_CLOSING", "The host is stopping; no new work.")
+
+    async def create_run(self, workflow: str, intent: str) -> RunView:
+        """Create a Run (durable ``stage_pending`` first) and start it; returns at once."""
+        self._admit()
+        lw = self.workflows.get(workflow)
+        if lw is None:
+            known = ", ".join(sorted(self.workflows)) or "none"
+            raise IntloomError(
+                "NOT_FOUND",
+                f"Workflow {workflow!r} is not loaded (loaded: {known}). Check intloom.toml and "
+                "intloom flows.",
+                retryable=False,
+            )
+        if not isinstance(intent, str) or not intent.strip():
+            raise IntloomError("INVALID_REQUEST", "The intent must be non-blank text.")
+        now = clock.now()
+        run_id = clock.run_id()
+        header = Header(
+            at=now,
+            run_id=run_id,
+            workflow=lw.name,
+            workflow_version=lw.version,
+            identity=lw.identity,
+            schemas=lw.schemas,
+            intent=intent,
+            package_version=self.package_version,
+        )
+        slot = RunSlot.new(header, lw)
+        self.journal.append(run_id, header)
+        self.append(slot, StagePending(at=now, stage=lw.workflow.entry.name))
+        await self.sync(slot)  # durable before the Run is visible
+        self.runs[run_id] = slot
+        slot.publish("created")
+        self.driver.launch(slot)
+        return slot.view()
+
+    async def wait_stable(self, run_id: str) -> RunView:
+        """The Run's view once it is waiting or terminal."""
+        slot = self._slot(run_id)
+        while True:
+            view = slot.view()
+            if view.status != "running":
+                return view
+            await slot.changed()
+
+    def get(self, run_id: str) -> RunView:
+        return self._slot(run_id).view()
+
+    def list(self, flow: str | None = None) -> list[RunView]:
+        return [s.view() for s in self.runs.values() if flow is None or s.state.workflow == flow]
+
+    async def answer(self, run_id: str, action_id: str, answer: Any) -> RunView:
+        """Accept an answer (CONFLICT / INVALID_REQUEST otherwise); returns the next stable view."""
+        self._admit()
+        slot = self._slot(run_id)
+        action = slot.state.pending_action
+        if slot.view().status != "waiting" or action is None or action.id != action_id:
+            raise IntloomError(
+                "CONFLICT",
+                f"Action {action_id} is no longer Run {run_id}'s current unanswered action.",
+            )
+        typed = validate_answer(action.kind, action.request, answer)
+        # From here to the append nothing awaits: the first valid answer wins.
+        now = clock.now()
+        self.append(slot, Answered(at=now, action_id=action_id, answer=msgspec.to_builtins(typed)))
+        if slot.restored_wait:
+            slot.restored_wait = False
+            self.driver.launch(slot)  # the driver continues through recover
+        else:
+            self.append(
+                slot, Executing(at=now, stage=slot.state.cursor.stage, step=slot.state.cursor.step)
+            )
+            await self.sync(slot)
+            slot.deliver(typed)
+        slot.publish("answered", {"actionId": action_id})
+        return await self.wait_stable(run_id)
+
+    async def cancel(self, run_id: str) -> tuple[RunView, bool]:
+        """Cancel: failed/RUN_STOPPED. Returns (view, already_ended)."""
+        slot = self._slot(run_id)
+        view = slot.view()
+        if slot.state.phase == "terminal":
+            return view, not slot.state.dismissed
+        if view.status in ("completed", "failed"):
+            if slot.override is not None and slot.override.code == "RUN_INTERRUPTED":
+                # Dismiss: record it so the Run stops coming back; its evidence stays.
+                self.append(
+                    slot,
+                    Terminal(at=clock.now(), status="failed", error=slot.override, dismissed=True),
+                    force=True,
+                )
+                await self.sync(slot)
+                slot.publish("dismissed", None)
+                return slot.view(), False
+            return view, True
+        slot.owned = False
+        self.append(
+            slot,
+            Terminal(at=clock.now(), status="failed", error=error_view("RUN_STOPPED")),
+            force=True,
+        )
+        slot.revoke(IntloomError("EXECUTION_OWNERSHIP_LOST"))
+        await self.sync(slot)
+        slot.publish("failed", {"code": "RUN_STOPPED"})
+        return slot.view(), False
+
+    def subscribe(self, run_id: str) -> AsyncIterator[RunUpdate]:
+        """History so far, then live updates until the Run is terminal."""
+        return self._slot(run_id).follow()
+
+    # ------------------------------------------------------------------ agent tasks
+
+    def _agent_slot(self, run_id: str, call_id: str) -> tuple[RunSlot, PendingAgentCall]:
+        slot = self._slot(run_id)
+        call = slot.state.pending_agent_call
+        if slot.view().status != "waiting" or call is None or call.id != call_id:
+            raise IntloomError(
+                "CONFLICT", f"Agent task {call_id} is not Run {run_id}'s current task."
+            )
+        return slot, call
+
+    def _check_owner(self, slot: RunSlot, owner_token: str) -> None:
+        token = slot.agent.owner_token
+        if token is None or not hmac.compare_digest(token, owner_token):
+            raise IntloomError("CONFLICT", "The owner token does not match the task's claim.")
+
+    async def claim_agent_call(
+        self, run_id: str, call_id: str, claim_id: str
+    ) -> tuple[str, PendingAgentCall]:
+        self._admit()
+        slot, call = self._agent_slot(run_id, call_id)
+        if slot.agent.claim_id is not None:
+            if slot.agent.claim_id != claim_id or slot.agent.owner_token is None:
+                raise IntloomError("CONFLICT", f"Agent task {call_id} is claimed by another claim.")
+            return slot.agent.owner_token, call
+        slot.agent.claim_id = claim_id
+        slot.agent.owner_token = secrets.token_urlsafe(32)
+        claimed = msgspec.structs.replace(call, phase="claimed")
+        self.append(slot, Waiting(at=clock.now(), agent_call=claimed, state=slot.state.stage_state))
+        await self.sync(slot)
+        slot.publish("claimed", {"callId": call_id})
+        return slot.agent.owner_token, claimed
+
+    async def call_tool(
+        self,
+        run_id: str,
+        call_id: str,
+        owner_token: str,
+        tool_call_id: str,
+        tool: str,
+        input: Any,
+    ) -> tuple[Any, bool]:
+        self._admit()
+        slot, _call = self._agent_slot(run_id, call_id)
+        self._check_owner(slot, owner_token)
+        encoded = msgspec.msgpack.encode(input)
+        receipt = slot.agent.receipts.get(tool_call_id)
+        if receipt is not None:
+            if receipt[0] != encoded or receipt[1] != tool:
+                raise IntloomError(
+                    "CONFLICT",
+                    f"Tool call {tool_call_id} was already made with other input; use a new id.",
+                )
+            return receipt[2], True
+        step = slot.lw.workflow.stages[slot.state.cursor.stage].steps[slot.state.cursor.step or ""]
+        tools = getattr(step, "tools", {})
+        if tool not in tools:
+            raise IntloomError(
+                "INVALID_REQUEST",
+                f"Tool {tool!r} is not declared on Step {step.where}; declared: {sorted(tools)}.",
+            )
+        if len(slot.agent.receipts) >= _MAX_RECEIPTS:
+            raise IntloomError("BUSY", f"Agent task {call_id} reached {_MAX_RECEIPTS} tool calls.")
+        if slot.agent.tool_busy:
+            raise IntloomError("BUSY", "Another Tool call of this task is running; retry.")
+        slot.agent.tool_busy = True
+        try:
+            output = await self.driver.call_user(tools[tool].fn, input)
+            msgspec.msgpack.encode(output)
+        except IntloomError:
+            raise
+        except Exception as exc:
+            raise IntloomError(
+                "TOOL_EXECUTION_FAILED", f"Tool {tool!r} raised {type(exc).__name__}: {exc}"
+            ) from None
+        finally:
+            slot.agent.tool_busy = False
+        slot.agent.receipts[tool_call_id] = (encoded, tool, output)
+        return output, False
+
+    async def complete_agent_call(
+        self, run_id: str, call_id: str, owner_token: str, outcome: str, output: Any
+    ) -> RunView:
+        self._admit()
+        slot, _call = self._agent_slot(run_id, call_id)
+        self._check_owner(slot, owner_token)
+        cursor = slot.state.cursor
+        step = slot.lw.workflow.stages[cursor.stage].steps[cursor.step or ""]
+        if outcome not in step.routes:
+            raise IntloomError(
+                "INVALID_REQUEST",
+                f"Outcome {outcome!r} is not routed by Step {step.where}; routed: "
+                f"{sorted(step.routes)}.",
+            )
+        now = clock.now()
+        self.append(slot, Executing(at=now, stage=cursor.stage, step=cursor.step, kind="agent"))
+        self.append(
+            slot,
+            StepResult(
+                at=now, stage=cursor.stage, step=cursor.step or "", outcome=outcome,
+                state=slot.state.stage_state, output=output,
+            ),
+        )
+        slot.agent.reset()
+        slot.publish("agent_completed", {"outcome": outcome})
+        self.driver.launch(slot)
+        return await self.wait_stable(run_id)
+
+    async def fail_agent_call(
+        self, run_id: str, call_id: str, owner_token: str, message: str
+    ) -> RunView:
+        slot, _call = self._agent_slot(run_id, call_id)
+        self._check_owner(slot, owner_token)
+        cursor = slot.state.cursor
+        now = clock.now()
+        self.append(slot, Executing(at=now, stage=cursor.stage, step=cursor.step, kind="agent"))
+        err = ErrorView(
+            code="AGENT_TASK_FAILED",
+            message=f"The client Agent failed task {call_id}: {message[:4096]}",
+        )
+        self.append(slot, Terminal(at=now, status="failed", error=err))
+        slot.agent.reset()
+        await self.sync(slot)
+        slot.publish("failed", {"code": "AGENT_TASK_FAILED"})
+        return slot.view()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def suspend(self, grace: float = 10.0) -> None:
+        """Host stop: Runs stop at their next boundary; checkpoints are kept; nothing is rewritten.
+
+        Steps already running get ``grace`` seconds to reach their boundary; what is still
+        running then is abandoned, and the next start reports it RUN_INTERRUPTED.
+        """
+        self.closing = True
+        self.driver.stopping = True
+        for slot in self.runs.values():
+            if slot.view().status == "waiting":
+                slot.suspend()
+        await self.driver.drain(grace)
+        for slot in self.runs.values():
+            if slot.view().status == "running":
+                slot.suspend()
+
+    def counts(self) -> dict[str, int]:
+        out = {"running": 0, "waiting": 0, "completed": 0, "failed": 0}
+        for slot in self.runs.values():
+            out[slot.view().status] += 1
+        return out
+
+    def recovery_for(self, slot: RunSlot) -> Recovery:
+        state = slot.state
+        assert state.answered_action is not None
+        action = state.answered_action
+        typed = validate_answer(action.kind, action.request, state.answer)
+        return Recovery(action=action, answer=typed)

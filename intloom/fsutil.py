@@ -1,0 +1,139 @@
+"""Private files: atomic writes, no-follow reads, and checks on the directories that hold them.
+
+Every file under ``.intloom/`` is 0600 in a 0700 directory, written atomically (temp file
+created exclusively, write, fsync, rename, fsync the directory), and read without following
+links. A file that breaks these rules is reported, never "fixed".
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import stat
+from pathlib import Path
+
+__all__ = [
+    "PrivacyError",
+    "atomic_write",
+    "check_private_dir",
+    "ensure_private_dir",
+    "fsync_dir",
+    "read_private",
+]
+
+
+class PrivacyError(Exception):
+    """A path is not the private, regular, user-owned thing it must be. ``fact`` says why."""
+
+    def __init__(self, path: Path, fact: str) -> None:
+        self.path = path
+        self.fact = fact
+        super().__init__(f"{path}: {fact}")
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename or create inside ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def check_private_dir(path: Path) -> None:
+    """Raise PrivacyError unless ``path`` is a real directory, ours, with no group/other bits."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        raise PrivacyError(path, "does not exist") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise PrivacyError(path, "is a symbolic link; intloom never follows links in its state")
+    if not stat.S_ISDIR(st.st_mode):
+        raise PrivacyError(path, "is not a directory")
+    if st.st_uid != os.getuid():
+        raise PrivacyError(path, f"is owned by uid {st.st_uid}, not by you (uid {os.getuid()})")
+    if st.st_mode & 0o077:
+        raise PrivacyError(
+            path, f"has mode {stat.S_IMODE(st.st_mode):04o}; it must be 0700 (chmod 700 it)"
+        )
+
+
+def ensure_private_dir(path: Path) -> None:
+    """Create ``path`` as 0700 if missing (parents too); then check it is private."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except FileNotFoundError:
+        ensure_private_dir(path.parent)
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+    check_private_dir(path)
+
+
+def read_private(path: Path, *, max_bytes: int = 1 << 20) -> bytes | None:
+    """Read a private regular file without following links. ``None`` when it does not exist.
+
+    Raises PrivacyError for a link, a non-regular file, group/other bits or another owner.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if os.path.islink(path):
+            raise PrivacyError(path, "is a symbolic link; intloom never follows links") from None
+        raise PrivacyError(path, f"cannot be opened: {exc.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise PrivacyError(path, "is not a regular file")
+        if st.st_uid != os.getuid():
+            raise PrivacyError(path, f"is owned by uid {st.st_uid}, not by you")
+        if st.st_mode & 0o077:
+            raise PrivacyError(
+                path, f"has mode {stat.S_IMODE(st.st_mode):04o}; private files must be 0600"
+            )
+        if st.st_size > max_bytes:
+            raise PrivacyError(path, f"is {st.st_size} bytes; at most {max_bytes} are expected")
+        chunks = []
+        while True:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, data: bytes, *, mode: int = 0o600) -> None:
+    """Replace ``path`` with ``data`` atomically and durably; never follows a link at ``path``.
+
+    The temp file is created exclusively beside the target; on any failure it is removed
+    and the previous file is left as it was.
+    """
+    directory = path.parent
+    if os.path.islink(path):
+        raise PrivacyError(path, "is a symbolic link; refusing to write through it")
+    tmp = directory / f".{path.name}.{secrets.token_hex(8)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    fsync_dir(directory)

@@ -1,0 +1,134 @@
+"""One handler per request: translate a protocol message into a ``Runtime`` call and back.
+
+No logic lives here beyond the translation; every rule (answers, cancel, agent tasks) is the
+Runtime's. Errors propagate as ``IntloomError`` and the server turns them into ``ErrorReply``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING
+
+from intloom.errors import IntloomError
+from intloom.protocol.messages import (
+    Answer,
+    CallTool,
+    Cancel,
+    ClaimAgentCall,
+    Claimed,
+    CompleteAgentCall,
+    CreateRun,
+    FailAgentCall,
+    GetRun,
+    ListRuns,
+    ListWorkflows,
+    Request,
+    Response,
+    RunEvent,
+    RunReply,
+    RunsReply,
+    ServiceView,
+    Status,
+    StatusReply,
+    Stop,
+    Stopping,
+    Subscribe,
+    ToolResult,
+    WaitRun,
+    WorkflowInfo,
+    WorkflowsReply,
+)
+
+if TYPE_CHECKING:
+    from intloom.executor.runtime import Runtime
+
+__all__ = ["Handlers"]
+
+_TERMINAL = frozenset({"completed", "failed"})
+
+
+class Handlers:
+    """The host's request table. ``service_view`` is read at each Status (counts change)."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        *,
+        instance_id: str,
+        service_view: Callable[[], ServiceView],
+        workflows: list[WorkflowInfo],
+    ) -> None:
+        self.runtime = runtime
+        self.instance_id = instance_id
+        self.service_view = service_view
+        self.workflows = workflows
+
+    async def handle(self, request: Request) -> Response:
+        rt = self.runtime
+        match request:
+            case Status():
+                return StatusReply(service=self.service_view())
+            case Stop(instance_id=instance_id):
+                if instance_id != self.instance_id:
+                    raise IntloomError(
+                        "CONFLICT",
+                        f"This host is instance {self.instance_id}, not {instance_id}; the stop "
+                        "request was refused. Check intloom status and retry.",
+                    )
+                return Stopping()
+            case ListWorkflows():
+                return WorkflowsReply(workflows=self.workflows)
+            case CreateRun(workflow=workflow, intent=intent, wait=wait):
+                view = await rt.create_run(workflow, intent)
+                if wait:
+                    view = await rt.wait_stable(view.run_id)
+                return RunReply(run=view)
+            case GetRun(run_id=run_id):
+                return RunReply(run=rt.get(run_id))
+            case WaitRun(run_id=run_id):
+                return RunReply(run=await rt.wait_stable(run_id))
+            case ListRuns(flow=flow):
+                return RunsReply(runs=rt.list(flow))
+            case Answer(run_id=run_id, action_id=action_id, answer=answer):
+                return RunReply(run=await rt.answer(run_id, action_id, answer))
+            case Cancel(run_id=run_id):
+                view, already_ended = await rt.cancel(run_id)
+                return RunReply(run=view, already_ended=already_ended)
+            case ClaimAgentCall(run_id=run_id, call_id=call_id, claim_id=claim_id):
+                owner_token, call = await rt.claim_agent_call(run_id, call_id, claim_id)
+                return Claimed(owner_token=owner_token, call=call)
+            case CallTool():
+                output, replayed = await rt.call_tool(
+                    request.run_id, request.call_id, request.owner_token,
+                    request.tool_call_id, request.tool, request.input,
+                )
+                return ToolResult(output=output, replayed=replayed)
+            case CompleteAgentCall():
+                return RunReply(run=await rt.complete_agent_call(
+                    request.run_id, request.call_id, request.owner_token, request.outcome,
+                    request.output,
+                ))
+            case FailAgentCall():
+                return RunReply(run=await rt.fail_agent_call(
+                    request.run_id, request.call_id, request.owner_token, request.message
+                ))
+            case Subscribe():
+                raise IntloomError("INVALID_REQUEST", "Subscribe is streamed, not answered once.")
+        raise IntloomError("INVALID_REQUEST", f"{type(request).__name__} is not a request.")
+
+    async def subscribe(self, run_id: str) -> AsyncIterator[RunEvent]:
+        """The Run's history, then live changes; the last event has ``final=True``."""
+        last = None
+        async for update in self.runtime.subscribe(run_id):
+            final = update.run.status in _TERMINAL and not update.history
+            last = update.run
+            yield RunEvent(
+                run=update.run, event=update.event, detail=update.detail,
+                history=update.history, final=final,
+            )
+            if final:
+                return
+        # The Runtime ended the stream (the Run ended while we replayed history, or the host
+        # is stopping): say so explicitly, so a follower never waits on a closed stream.
+        yield RunEvent(run=last if last is not None else self.runtime.get(run_id), event="end",
+                       final=True)

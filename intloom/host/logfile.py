@@ -1,0 +1,125 @@
+"""The host's structured log: one ``LOG-<UTC>.jsonl`` per host instance.
+
+Each line is a JSON object with ``time`` (ISO 8601 UTC, milliseconds), ``level`` (``debug``,
+``info``, ``warning``, ``error``, ``fatal``), ``event`` and context keys. ``log_opened`` is the
+first line; a clean stop writes ``log_closed`` last and seals the file read-only (0400); a
+fatal error writes ``process_failed`` and leaves the file unsealed, which is how a reader
+tells a crash from a stop. Logs are diagnostics, never recovery state: a failed write is
+remembered (``failed``) and never raised into the host.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Final, Literal
+
+import msgspec
+
+from intloom.fsutil import ensure_private_dir, fsync_dir
+
+__all__ = ["LOG_SCHEMA_VERSION", "HostLog", "Level", "utc_now"]
+
+LOG_SCHEMA_VERSION: Final = 1
+
+Level = Literal["debug", "info", "warning", "error", "fatal"]
+
+_encoder: Final = msgspec.json.Encoder(enc_hook=str)
+
+
+def utc_now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _log_name(moment: datetime) -> str:
+    return f"LOG-{moment.strftime('%Y%m%dT%H%M%S')}{moment.microsecond // 1000:03d}Z.jsonl"
+
+
+class HostLog:
+    """An open log file. ``write`` never raises; ``failed`` says whether a write was lost."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self._fd: int | None = fd
+        self.failed = False
+
+    @classmethod
+    def open(cls, logs_dir: Path, **context: Any) -> HostLog:
+        """Create a fresh log file (0600, exclusive) and write ``log_opened``."""
+        ensure_private_dir(logs_dir)
+        moment = datetime.now(UTC)
+        for _ in range(1000):
+            path = logs_dir / _log_name(moment)
+            try:
+                fd = os.open(
+                    path,
+                    os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOFOLLOW
+                    | os.O_CLOEXEC,
+                    0o600,
+                )
+            except FileExistsError:
+                # Another instance opened its log in the same millisecond; never share a file.
+                moment = moment.replace(microsecond=(moment.microsecond + 1000) % 1_000_000)
+                continue
+            log = cls(path, fd)
+            fsync_dir(logs_dir)
+            log.write("info", "log_opened", schemaVersion=LOG_SCHEMA_VERSION, pid=os.getpid(),
+                      **context)
+            return log
+        raise FileExistsError(f"no free log file name under {logs_dir}")
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def closed(self) -> bool:
+        return self._fd is None
+
+    def write(self, level: Level, event: str, **context: Any) -> None:
+        if self._fd is None:
+            return
+        line = _encoder.encode({"time": utc_now(), "level": level, "event": event, **context})
+        try:
+            # One write per line on an O_APPEND descriptor: a line is never interleaved.
+            os.write(self._fd, line + b"\n")
+        except OSError:
+            self.failed = True
+
+    def info(self, event: str, **context: Any) -> None:
+        self.write("info", event, **context)
+
+    def warning(self, event: str, **context: Any) -> None:
+        self.write("warning", event, **context)
+
+    def error(self, event: str, **context: Any) -> None:
+        self.write("error", event, **context)
+
+    def _finish(self, *, seal: bool) -> None:
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        try:
+            os.fsync(fd)
+            if seal:
+                # Through the descriptor, so a link swapped in at the path is never followed.
+                os.fchmod(fd, 0o400)
+        except OSError:
+            self.failed = True
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        """Clean close: ``log_closed``, flush, then seal the file read-only."""
+        if self._fd is None:
+            return
+        self.write("info", "log_closed")
+        self._finish(seal=True)
+
+    def fatal(self, event: str, **context: Any) -> None:
+        """A fatal error: record it durably and leave the file unsealed (no ``log_closed``)."""
+        if self._fd is None:
+            return
+        self.write("fatal", event, **context)
+        self._finish(seal=False)

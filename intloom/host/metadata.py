@@ -1,0 +1,165 @@
+"""The host's metadata files: ``service.lock``, ``service.json`` and ``connection.json``.
+
+Readers are strict (DESIGN section 2): a link, a non-regular file, group/other bits, an
+unknown key, a wrong type or another project's root is ``CLI_SERVICE_METADATA_INVALID``, and
+the file is left exactly as it is.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Final, TypeVar
+
+import msgspec
+import psutil
+
+from intloom.errors import IntloomError
+from intloom.fsutil import PrivacyError, atomic_write, fsync_dir, read_private
+
+__all__ = [
+    "METADATA_VERSION",
+    "Connection",
+    "OwnerIdentity",
+    "ServiceInfo",
+    "ServiceLock",
+    "boot_id",
+    "create_lock_file",
+    "current_identity",
+    "read_connection",
+    "read_lock",
+    "read_service",
+    "write_connection",
+    "write_service",
+]
+
+METADATA_VERSION: Final = 1
+
+
+class _Meta(msgspec.Struct, frozen=True, rename="camel", forbid_unknown_fields=True):
+    pass
+
+
+class ServiceLock(_Meta):
+    version: int
+    pid: int
+    create_time: float
+    boot_id: str
+    instance_id: str
+    started_at: str
+
+
+class ServiceInfo(_Meta):
+    version: int
+    project_root: str
+    pid: int
+    create_time: float
+    instance_id: str
+    port: int
+    started_at: str
+    package_version: str
+    protocol_version: int
+    log_file: str | None = None
+
+
+class Connection(_Meta):
+    version: int
+    project_root: str
+    port: int
+    token: str
+
+
+class OwnerIdentity(msgspec.Struct, frozen=True):
+    """Who a process is: pid alone is not enough once pids are reused."""
+
+    pid: int
+    create_time: float
+    boot_id: str
+
+
+def boot_id() -> str:
+    """This boot's id; a changed boot id proves every saved pid is gone."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
+def current_identity() -> OwnerIdentity:
+    proc = psutil.Process(os.getpid())
+    return OwnerIdentity(pid=proc.pid, create_time=proc.create_time(), boot_id=boot_id())
+
+
+_T = TypeVar("_T", bound=_Meta)
+_encoder = msgspec.json.Encoder()
+
+
+def _invalid(path: Path, fact: str) -> IntloomError:
+    return IntloomError(
+        "CLI_SERVICE_METADATA_INVALID",
+        f"{path} {fact}. It was left as it is; run intloom doctor.",
+    )
+
+
+def _read(path: Path, kind: type[_T], root: Path | None) -> _T | None:
+    try:
+        data = read_private(path, max_bytes=64 * 1024)
+    except PrivacyError as exc:
+        raise _invalid(path, exc.fact) from None
+    if data is None:
+        return None
+    try:
+        value = msgspec.json.decode(data, type=kind)
+    except msgspec.DecodeError as exc:
+        raise _invalid(path, f"is not valid metadata ({exc})") from None
+    if value.version != METADATA_VERSION:  # type: ignore[attr-defined]
+        raise _invalid(
+            path, f"has version {value.version}; this intloom reads {METADATA_VERSION}"  # type: ignore[attr-defined]
+        )
+    saved_root = getattr(value, "project_root", None)
+    if root is not None and saved_root is not None and saved_root != str(root):
+        raise _invalid(path, f"belongs to another project ({saved_root})")
+    return value
+
+
+def read_lock(path: Path) -> ServiceLock | None:
+    return _read(path, ServiceLock, None)
+
+
+def read_service(path: Path, root: Path) -> ServiceInfo | None:
+    return _read(path, ServiceInfo, root)
+
+
+def read_connection(path: Path, root: Path) -> Connection | None:
+    value = _read(path, Connection, root)
+    if value is not None and not 1 <= value.port <= 65535:
+        raise _invalid(path, f"names port {value.port}, outside 1..65535")
+    if value is not None and len(value.token) != 43:
+        raise _invalid(path, "holds a token of the wrong length")
+    return value
+
+
+def write_service(path: Path, info: ServiceInfo) -> None:
+    atomic_write(path, _encoder.encode(info))
+
+
+def write_connection(path: Path, conn: Connection) -> None:
+    atomic_write(path, _encoder.encode(conn))
+
+
+def create_lock_file(path: Path, lock: ServiceLock) -> int:
+    """Create ``service.lock`` exclusively and return its open descriptor (the caller flocks it).
+
+    Raises FileExistsError when any lock file exists -- live or stale, it is never removed here.
+    """
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, _encoder.encode(lock))
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        os.unlink(path)
+        raise
+    fsync_dir(path.parent)
+    return fd

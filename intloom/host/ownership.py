@@ -1,0 +1,171 @@
+"""What one host instance owns on disk: ``service.lock``, ``service.json`` and its connection.
+
+The lock is created exclusively and held under an OS lock (``flock``) for the host's life. A
+lock file that already exists -- live or stale -- fails the start with ``CLI_SERVICE_BUSY``
+and is never removed or touched here. On release, a file is removed only while it still
+names this instance: a replacement's files are never ours to delete.
+"""
+
+from __future__ import annotations
+
+import base64
+import errno
+import fcntl
+import os
+import secrets
+import time
+from typing import Final
+
+from intloom.errors import IntloomError
+from intloom.fsutil import PrivacyError, ensure_private_dir
+from intloom.host.metadata import (
+    METADATA_VERSION,
+    Connection,
+    OwnerIdentity,
+    ServiceInfo,
+    ServiceLock,
+    create_lock_file,
+    read_connection,
+    read_lock,
+    read_service,
+    write_connection,
+    write_service,
+)
+from intloom.project import ProjectPaths
+
+__all__ = ["BUSY_MESSAGE", "Ownership", "new_token"]
+
+BUSY_MESSAGE: Final = (
+    "The project service is locked ({path} exists). Run intloom doctor; use intloom recover "
+    "only after its owner has exited."
+)
+# A read-only probe (doctor, status) may hold the OS lock for an instant right after the file
+# appears; the file itself is ours by O_EXCL, so waiting briefly is safe.
+_FLOCK_PATIENCE: Final = 2.0
+
+
+def new_token() -> str:
+    """32 random bytes, base64url without padding: 43 characters."""
+    return base64.urlsafe_b64encode(secrets.token_bytes(32)).rstrip(b"=").decode("ascii")
+
+
+def _flock(fd: int) -> bool:
+    deadline = time.monotonic() + _FLOCK_PATIENCE
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)  # a short poll of the OS lock, bounded by the patience above
+
+
+class Ownership:
+    """The service files of one host instance, from taking the lock to releasing it."""
+
+    def __init__(self, paths: ProjectPaths, instance_id: str, identity: OwnerIdentity,
+                 started_at: str) -> None:
+        self.paths = paths
+        self.instance_id = instance_id
+        self.identity = identity
+        self.started_at = started_at
+        self._lock_fd: int | None = None
+        self._wrote_service = False
+
+    # ----- startup ------------------------------------------------------------------------
+
+    def take_lock(self) -> None:
+        """Create ``service.lock`` exclusively and hold its OS lock. BUSY if it exists."""
+        try:
+            ensure_private_dir(self.paths.state)
+        except PrivacyError as exc:
+            raise IntloomError(
+                "CLI_SERVICE_METADATA_INVALID",
+                f"{exc.path} {exc.fact}. It was left as it is; run intloom doctor.",
+            ) from None
+        record = ServiceLock(
+            version=METADATA_VERSION,
+            pid=self.identity.pid,
+            create_time=self.identity.create_time,
+            boot_id=self.identity.boot_id,
+            instance_id=self.instance_id,
+            started_at=self.started_at,
+        )
+        try:
+            fd = create_lock_file(self.paths.service_lock, record)
+        except FileExistsError:
+            raise IntloomError(
+                "CLI_SERVICE_BUSY", BUSY_MESSAGE.format(path=self.paths.service_lock)
+            ) from None
+        self._lock_fd = fd
+        if not _flock(fd):
+            raise IntloomError(
+                "CLI_SERVICE_BUSY",
+                f"Another process holds the OS lock on {self.paths.service_lock}. Run intloom "
+                "doctor to see who, then retry.",
+            )
+
+    def saved_connection(self) -> Connection | None:
+        """The previous ``connection.json`` (its port and token are reused). Strict."""
+        return read_connection(self.paths.connection_json, self.paths.root)
+
+    def check_service_file(self) -> None:
+        """A leftover ``service.json`` must at least be valid; an invalid one is kept as is."""
+        read_service(self.paths.service_json, self.paths.root)
+
+    def publish_connection(self, saved: Connection | None, port: int) -> Connection:
+        """Write ``connection.json`` when missing or when the port changed; keep the token."""
+        if saved is not None and saved.port == port:
+            return saved
+        conn = Connection(
+            version=METADATA_VERSION,
+            project_root=str(self.paths.root),
+            port=port,
+            token=saved.token if saved is not None else new_token(),
+        )
+        write_connection(self.paths.connection_json, conn)
+        return conn
+
+    def publish_service(self, info: ServiceInfo) -> None:
+        """Write ``service.json`` -- the last step before the host reports ready."""
+        write_service(self.paths.service_json, info)
+        self._wrote_service = True
+
+    # ----- release ------------------------------------------------------------------------
+
+    def _ours(self, value: ServiceLock | ServiceInfo | None) -> bool:
+        return (
+            value is not None
+            and value.instance_id == self.instance_id
+            and value.pid == self.identity.pid
+        )
+
+    def release(self) -> list[str]:
+        """Remove our ``service.json`` then our ``service.lock``; drop the OS lock last.
+
+        Every step is attempted; the problems are returned (for the log), never raised.
+        """
+        problems: list[str] = []
+        if self._wrote_service:
+            try:
+                if self._ours(read_service(self.paths.service_json, self.paths.root)):
+                    os.unlink(self.paths.service_json)
+            except FileNotFoundError:
+                pass
+            except (IntloomError, OSError) as exc:
+                problems.append(f"service.json kept: {exc}")
+        if self._lock_fd is not None:
+            try:
+                if self._ours(read_lock(self.paths.service_lock)):
+                    os.unlink(self.paths.service_lock)
+            except FileNotFoundError:
+                pass
+            except (IntloomError, OSError) as exc:
+                problems.append(f"service.lock kept: {exc}")
+            fd, self._lock_fd = self._lock_fd, None
+            # Closing drops the OS lock; only now may a probe see the lock free.
+            os.close(fd)
+        return problems

@@ -1,0 +1,302 @@
+"""The socket server: accept, authenticate, frame, decode, dispatch, encode. No business logic.
+
+Per connection: the first frame must be a :class:`Hello` with our protocol and token (compared
+in constant time) within ``hello_timeout``; anything else earns one ``ErrorReply`` and the
+connection is closed. Then each frame is one request answered by one response, except
+``Subscribe``, which streams ``RunEvent`` frames. Garbage, an oversized length, a slow or idle
+peer only ever cost that peer its connection: nothing here can disturb the host or a Run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+import msgspec
+
+from intloom.errors import IntloomError, error_view
+from intloom.host.handlers import Handlers
+from intloom.host.logfile import HostLog
+from intloom.protocol.framing import (
+    FrameClosed,
+    FrameError,
+    decode_first,
+    decode_request,
+    read_frame,
+    write_frame,
+)
+from intloom.protocol.messages import (
+    PROTOCOL,
+    ErrorReply,
+    Hello,
+    HelloOk,
+    Request,
+    Response,
+    Status,
+    Stop,
+    Stopping,
+    Subscribe,
+)
+
+__all__ = ["Limits", "Server"]
+
+LOCALHOST: Final = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on what one peer can cost the host."""
+
+    max_connections: int = 256
+    hello_timeout: float = 30.0  # from accept to a complete hello frame
+    idle_timeout: float = 600.0  # between two requests of an authenticated connection
+    write_timeout: float = 30.0  # a peer that stops reading loses its connection
+
+
+class _Refused(Exception):
+    """End this connection after sending ``reply`` (when there is one)."""
+
+    def __init__(self, reply: ErrorReply | None) -> None:
+        self.reply = reply
+
+
+def _error(code: str, message: str | None = None) -> ErrorReply:
+    return ErrorReply(error=error_view(code, message))
+
+
+class Server:
+    """Serves one host's socket. ``closing`` refuses new work while Runs are suspended."""
+
+    def __init__(
+        self,
+        handlers: Handlers,
+        log: HostLog,
+        *,
+        hello: HelloOk,
+        token: str,
+        on_stop: Callable[[], None],
+        limits: Limits | None = None,
+    ) -> None:
+        self.handlers = handlers
+        self.log = log
+        self.hello = hello
+        self._token = token.encode("ascii")
+        self.on_stop = on_stop
+        self.limits = limits or Limits()
+        self.closing = False
+        self._server: asyncio.Server | None = None
+        self._sessions: set[asyncio.Task[None]] = set()
+        self._busy: set[asyncio.Task[None]] = set()  # sessions inside a request
+
+    async def listen(self, port: int) -> int:
+        """Bind 127.0.0.1:``port`` (0 = any free port) and return the bound port."""
+        self._server = await asyncio.start_server(
+            self._accept, host=LOCALHOST, port=port, limit=64 * 1024, reuse_address=True
+        )
+        sock = self._server.sockets[0]
+        return int(sock.getsockname()[1])
+
+    @property
+    def connections(self) -> int:
+        return len(self._sessions)
+
+    # ----- per connection ------------------------------------------------------------------
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        if len(self._sessions) >= self.limits.max_connections:
+            self.log.warning("connection_refused", reason="too_many_connections",
+                             limit=self.limits.max_connections)
+            await self._send_quietly(writer, _error(
+                "BUSY",
+                f"The host already serves {self.limits.max_connections} connections. Close "
+                "idle clients and retry.",
+            ))
+            await self._close(writer)
+            return
+        self._sessions.add(task)
+        try:
+            await self._session(reader, writer, task)
+        except _Refused as refused:
+            if refused.reply is not None:
+                await self._send_quietly(writer, refused.reply)
+        except (FrameClosed, ConnectionError, TimeoutError, asyncio.IncompleteReadError):
+            pass
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug here must cost one connection, never the host
+            self.log.error("connection_failed", error=type(exc).__name__, detail=str(exc)[:500])
+        finally:
+            self._sessions.discard(task)
+            self._busy.discard(task)
+            await self._close(writer)
+
+    async def _read(self, reader: asyncio.StreamReader, timeout: float) -> bytes:
+        try:
+            async with asyncio.timeout(timeout):
+                return await read_frame(reader)
+        except TimeoutError:
+            raise _Refused(None) from None  # slow or idle: just close
+        except FrameError as exc:
+            raise _Refused(_error("INVALID_REQUEST", f"{exc}. The connection was closed.")) from None
+
+    async def _handshake(self, reader: asyncio.StreamReader) -> None:
+        body = await self._read(reader, self.limits.hello_timeout)
+        try:
+            first = decode_first(body)
+        except FrameError:
+            raise _Refused(_error(
+                "INVALID_REQUEST",
+                "The first frame must be a hello {op: hello, protocol, token}. The connection "
+                "was closed.",
+            )) from None
+        if not isinstance(first, Hello):
+            raise _Refused(_error(
+                "INVALID_REQUEST",
+                f"A {type(first).__name__} request arrived before the hello. Send the hello "
+                "first; the connection was closed.",
+            ))
+        if first.protocol != PROTOCOL:
+            raise _Refused(_error(
+                "PROTOCOL_MISMATCH",
+                f"The client speaks protocol {first.protocol}; this host speaks {PROTOCOL}. "
+                "Use the intloom client that matches the running host, or restart the host "
+                "with this version.",
+            ))
+        if not hmac.compare_digest(first.token.encode("utf-8", "replace"), self._token):
+            self.log.warning("connection_refused", reason="unauthorized", client=first.client[:80])
+            raise _Refused(_error(
+                "UNAUTHORIZED",
+                "The connection token was not accepted. Read it from this project's "
+                ".intloom/connection.json.",
+            ))
+        if self.closing:
+            raise _Refused(_error("CLI_SERVICE_CLOSING"))
+
+    async def _session(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, task: asyncio.Task[None]
+    ) -> None:
+        await self._handshake(reader)
+        await self._write(writer, self.hello)
+        while True:
+            try:
+                body = await self._read(reader, self.limits.idle_timeout)
+            except FrameClosed as closed:
+                if closed.clean:
+                    return
+                raise
+            try:
+                request = decode_request(body)
+            except FrameError as exc:
+                # The frame boundary is intact, so the connection can go on.
+                await self._write(writer, _error("INVALID_REQUEST", f"{exc}."))
+                continue
+            self._busy.add(task)
+            try:
+                if isinstance(request, Subscribe):
+                    await self._stream(reader, writer, request)
+                    continue
+                reply = await self._dispatch(request)
+                await self._write(writer, reply)
+            finally:
+                self._busy.discard(task)
+            if isinstance(request, Stop) and isinstance(reply, Stopping):
+                self.on_stop()
+
+    async def _dispatch(self, request: Request) -> Response:
+        if self.closing and not isinstance(request, Status):
+            return _error("CLI_SERVICE_CLOSING")
+        try:
+            return await self.handlers.handle(request)
+        except IntloomError as exc:
+            return ErrorReply(error=exc.view())
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.log.error("request_failed", request=type(request).__name__,
+                           error=type(exc).__name__, detail=str(exc)[:500])
+            return _error("CLI_INTERNAL_ERROR")
+
+    async def _stream(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: Subscribe
+    ) -> None:
+        if self.closing:
+            await self._write(writer, _error("CLI_SERVICE_CLOSING"))
+            return
+
+        async def pump() -> None:
+            try:
+                async for event in self.handlers.subscribe(request.run_id):
+                    await self._write(writer, event)
+            except IntloomError as exc:
+                await self._write(writer, ErrorReply(error=exc.view()))
+
+        # A follower that hangs up while the Run sits waiting must not pin the stream: any
+        # byte or end-of-file from the peer ends it.
+        pumping = asyncio.ensure_future(pump())
+        hangup = asyncio.ensure_future(reader.read(1))
+        try:
+            await asyncio.wait({pumping, hangup}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in (pumping, hangup):
+                t.cancel()
+            for t in (pumping, hangup):
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await t
+        if hangup.done() and not hangup.cancelled():
+            raise _Refused(None)
+        if pumping.done() and not pumping.cancelled() and pumping.exception() is not None:
+            raise pumping.exception()  # type: ignore[misc]
+
+    async def _write(self, writer: asyncio.StreamWriter, message: msgspec.Struct) -> None:
+        try:
+            async with asyncio.timeout(self.limits.write_timeout):
+                await write_frame(writer, message)
+        except FrameError as exc:
+            # The reply itself is too large to frame; say so instead of dropping it.
+            self.log.error("reply_too_large", detail=str(exc))
+            await write_frame(writer, _error("CLI_INTERNAL_ERROR"))
+
+    async def _send_quietly(self, writer: asyncio.StreamWriter, message: msgspec.Struct) -> None:
+        with contextlib.suppress(Exception):
+            await self._write(writer, message)
+
+    @staticmethod
+    async def _close(writer: asyncio.StreamWriter) -> None:
+        writer.close()
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(1.0):
+                await writer.wait_closed()
+
+    # ----- shutdown ------------------------------------------------------------------------
+
+    def stop_accepting(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+    async def close(self, grace: float) -> int:
+        """Close the listener, let requests in flight answer for ``grace`` s, then cancel.
+
+        Returns how many connections had to be cancelled.
+        """
+        self.closing = True
+        self.stop_accepting()
+        deadline = asyncio.get_running_loop().time() + grace
+        while self._busy and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.01)  # replies of requests in flight are being written
+        remaining = list(self._sessions)
+        cancelled = sum(1 for t in remaining if t in self._busy)
+        for t in remaining:
+            t.cancel()
+        if remaining:
+            await asyncio.wait(remaining, timeout=2.0)
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(2.0):
+                    await self._server.wait_closed()
+        return cancelled

@@ -1,0 +1,119 @@
+"""The project: where its root is, what ``intloom.toml`` says, and where its files live."""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from intloom.errors import IntloomError
+
+__all__ = ["CONFIG_NAME", "Config", "ProjectPaths", "find_root", "load_config"]
+
+CONFIG_NAME = "intloom.toml"
+_KNOWN_KEYS = {"workflows", "port"}
+
+
+@dataclass(frozen=True)
+class ProjectPaths:
+    """Every path under a project's ``.intloom/``, computed in one place."""
+
+    root: Path
+
+    @property
+    def config(self) -> Path:
+        return self.root / CONFIG_NAME
+
+    @property
+    def state(self) -> Path:
+        return self.root / ".intloom"
+
+    @property
+    def service_lock(self) -> Path:
+        return self.state / "service.lock"
+
+    @property
+    def service_json(self) -> Path:
+        return self.state / "service.json"
+
+    @property
+    def connection_json(self) -> Path:
+        return self.state / "connection.json"
+
+    @property
+    def logs(self) -> Path:
+        return self.state / "logs"
+
+    @property
+    def runtime(self) -> Path:
+        return self.state / "runtime"
+
+
+@dataclass(frozen=True)
+class Config:
+    """``intloom.toml``: where Workflows are loaded from, and the host's port (0 = pick one)."""
+
+    workflows: tuple[str, ...]
+    port: int | None
+
+
+def find_root(start: Path, *, explicit: bool = False) -> Path:
+    """The project root: ``start`` itself when explicit, else the nearest ancestor with a config.
+
+    Raises CLI_PROJECT_INVALID naming where it looked; creates nothing.
+    """
+    start = start.resolve()
+    if explicit:
+        if (start / CONFIG_NAME).is_file():
+            return start
+        raise IntloomError(
+            "CLI_PROJECT_INVALID",
+            f"{start} has no {CONFIG_NAME}. Pass the project's root to --project, "
+            "or run intloom init there.",
+        )
+    for candidate in (start, *start.parents):
+        if (candidate / CONFIG_NAME).is_file():
+            return candidate
+    raise IntloomError(
+        "CLI_PROJECT_INVALID",
+        f"No {CONFIG_NAME} in {start} or any parent directory. Run intloom init to create a "
+        "project, or pass --project DIR.",
+    )
+
+
+def load_config(root: Path) -> Config:
+    """Parse and check ``intloom.toml``. Errors name the key, never echo its value."""
+    path = root / CONFIG_NAME
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise IntloomError(
+            "CLI_PROJECT_INVALID", f"{path} is missing. Run intloom init to create it."
+        ) from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        # The parser's message names a line and column, not the file's contents.
+        raise IntloomError(
+            "INVALID_REQUEST", f"{path} is not valid TOML ({exc}). Fix the file and retry."
+        ) from None
+    unknown = sorted(set(raw) - _KNOWN_KEYS)
+    if unknown:
+        raise IntloomError(
+            "INVALID_REQUEST",
+            f"{path}: unknown key {unknown[0]!r}. Known keys: "
+            f"{', '.join(sorted(_KNOWN_KEYS))}. Remove or rename it.",
+        )
+    workflows = raw.get("workflows", [])
+    if not isinstance(workflows, list) or not all(isinstance(w, str) and w for w in workflows):
+        raise IntloomError(
+            "INVALID_REQUEST",
+            f"{path}: 'workflows' must be a list of paths (files or packages) relative to "
+            'the project root, e.g. workflows = ["workflows/example.py"].',
+        )
+    port = raw.get("port")
+    if port is not None and (
+        not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535
+    ):
+        raise IntloomError(
+            "INVALID_REQUEST", f"{path}: 'port' must be an integer from 0 to 65535."
+        )
+    return Config(workflows=tuple(workflows), port=port)

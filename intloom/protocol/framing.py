@@ -1,0 +1,151 @@
+"""Length-prefixed msgpack frames: a 4-byte big-endian length, then a msgspec-encoded body.
+
+The host reads with asyncio streams, the client with a blocking socket; both share the codecs
+below, which are built once. A length above ``MAX_FRAME`` (or zero) is refused before a single
+body byte is read, so a hostile prefix cannot make either side allocate.
+
+This module stays importable without asyncio: the CLI's start-up path imports it.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+from typing import TYPE_CHECKING, Final
+
+import msgspec
+
+from intloom.protocol.messages import MAX_FRAME, Hello, Request, Response
+
+if TYPE_CHECKING:
+    import asyncio
+
+__all__ = [
+    "HEADER_SIZE",
+    "FrameClosed",
+    "FrameError",
+    "decode_first",
+    "decode_request",
+    "decode_response",
+    "encode_frame",
+    "read_frame",
+    "recv_frame",
+    "send_frame",
+    "write_frame",
+]
+
+_HEADER: Final = struct.Struct(">I")
+HEADER_SIZE: Final = _HEADER.size
+
+_encoder: Final = msgspec.msgpack.Encoder()
+# The first frame is decoded against hello *and* requests so that a request sent before the
+# hello earns "send the hello first" instead of a bare decode error.
+_first_decoder: Final = msgspec.msgpack.Decoder(Hello | Request)  # type: ignore[arg-type]
+_request_decoder: Final = msgspec.msgpack.Decoder(Request)  # type: ignore[arg-type]
+_response_decoder: Final = msgspec.msgpack.Decoder(Response)  # type: ignore[arg-type]
+
+
+class FrameError(Exception):
+    """The peer sent something that is not a valid frame; ``fatal`` means the stream is lost.
+
+    A bad length prefix is fatal (the next frame boundary is unknown); a well-framed body that
+    does not decode is not.
+    """
+
+    def __init__(self, message: str, *, fatal: bool) -> None:
+        self.fatal = fatal
+        super().__init__(message)
+
+
+class FrameClosed(Exception):
+    """The peer closed the stream; ``clean`` when it did so between two frames."""
+
+    def __init__(self, *, clean: bool) -> None:
+        self.clean = clean
+        super().__init__("the connection was closed" + ("" if clean else " inside a frame"))
+
+
+def encode_frame(message: msgspec.Struct) -> bytes:
+    body = _encoder.encode(message)
+    if len(body) > MAX_FRAME:
+        raise FrameError(
+            f"a {type(message).__name__} of {len(body)} bytes exceeds the {MAX_FRAME}-byte "
+            "frame limit",
+            fatal=False,
+        )
+    return _HEADER.pack(len(body)) + body
+
+
+def _check_length(length: int, limit: int) -> None:
+    if length == 0:
+        raise FrameError("a frame of length 0 is not allowed", fatal=True)
+    if length > limit:
+        raise FrameError(
+            f"a frame of {length} bytes exceeds the {limit}-byte limit", fatal=True
+        )
+
+
+def _decode(decoder: msgspec.msgpack.Decoder[object], body: bytes, what: str) -> object:
+    try:
+        return decoder.decode(body)
+    except msgspec.DecodeError as exc:
+        raise FrameError(f"the frame is not a valid {what} ({exc})", fatal=False) from None
+
+
+def decode_first(body: bytes) -> Hello | Request:
+    return _decode(_first_decoder, body, "hello")  # type: ignore[return-value]
+
+
+def decode_request(body: bytes) -> Request:
+    return _decode(_request_decoder, body, "request")  # type: ignore[return-value]
+
+
+def decode_response(body: bytes) -> Response:
+    return _decode(_response_decoder, body, "response")  # type: ignore[return-value]
+
+
+# ----- asyncio (host) ------------------------------------------------------------------------
+
+
+async def read_frame(reader: asyncio.StreamReader, *, limit: int = MAX_FRAME) -> bytes:
+    """One frame body. Raises FrameClosed at EOF and FrameError for a bad length prefix."""
+    try:
+        header = await reader.readexactly(HEADER_SIZE)
+    except EOFError as exc:  # asyncio.IncompleteReadError is an EOFError
+        raise FrameClosed(clean=not getattr(exc, "partial", b"")) from None
+    (length,) = _HEADER.unpack(header)
+    _check_length(length, limit)
+    try:
+        return await reader.readexactly(length)
+    except EOFError:
+        raise FrameClosed(clean=False) from None
+
+
+async def write_frame(writer: asyncio.StreamWriter, message: msgspec.Struct) -> None:
+    writer.write(encode_frame(message))
+    await writer.drain()
+
+
+# ----- blocking (client) ---------------------------------------------------------------------
+
+
+def send_frame(sock: socket.socket, message: msgspec.Struct) -> None:
+    sock.sendall(encode_frame(message))
+
+
+def _recv_exactly(sock: socket.socket, size: int, *, at_boundary: bool) -> bytes:
+    buf = bytearray()
+    while len(buf) < size:
+        chunk = sock.recv(min(size - len(buf), 1 << 20))
+        if not chunk:
+            raise FrameClosed(clean=at_boundary and not buf)
+        buf += chunk
+    return bytes(buf)
+
+
+def recv_frame(sock: socket.socket, *, limit: int = MAX_FRAME) -> bytes:
+    """One frame body from a blocking socket (its timeout applies to each read)."""
+    header = _recv_exactly(sock, HEADER_SIZE, at_boundary=True)
+    (length,) = _HEADER.unpack(header)
+    _check_length(length, limit)
+    return _recv_exactly(sock, length, at_boundary=False)

@@ -1,0 +1,274 @@
+"""The socket protocol: msgspec tagged unions shared by the host and the client.
+
+Every connection opens with :class:`Hello`. After that each frame is one ``Request`` and the
+host answers with one ``Response`` -- except :class:`Subscribe`, after which the host sends
+:class:`RunEvent` frames until the Run is terminal or the client closes.
+
+New fields always get defaults; a field is never retyped; ``PROTOCOL`` changes on any
+incompatible change.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import msgspec
+
+from intloom.errors import ErrorView
+from intloom.runtime.model import PendingAgentCall, RunView
+
+__all__ = [
+    "MAX_FRAME",
+    "PROTOCOL",
+    "Answer",
+    "CallTool",
+    "Cancel",
+    "ClaimAgentCall",
+    "Claimed",
+    "CompleteAgentCall",
+    "CreateRun",
+    "ErrorReply",
+    "FailAgentCall",
+    "GetRun",
+    "Hello",
+    "HelloOk",
+    "ListRuns",
+    "ListWorkflows",
+    "Request",
+    "Response",
+    "RestoreSummary",
+    "RunEvent",
+    "RunReply",
+    "RunsReply",
+    "ServiceView",
+    "Status",
+    "StatusReply",
+    "Stop",
+    "Stopping",
+    "Subscribe",
+    "ToolResult",
+    "WaitRun",
+    "WorkflowInfo",
+    "WorkflowsReply",
+]
+
+PROTOCOL: Final = 1
+MAX_FRAME: Final = 4 * 1024 * 1024
+
+
+class _Msg(msgspec.Struct, frozen=True, tag_field="op", rename="camel", omit_defaults=True):
+    pass
+
+
+# ----- handshake ---------------------------------------------------------------------------
+
+
+class Hello(_Msg, tag="hello", frozen=True):
+    protocol: int
+    token: str
+    client: str = "intloom"
+
+
+class HelloOk(_Msg, tag="hello_ok", frozen=True):
+    instance_id: str
+    pid: int
+    project_root: str
+    protocol: int
+    package_version: str = ""
+
+
+# ----- requests ----------------------------------------------------------------------------
+
+
+class Status(_Msg, tag="status", frozen=True):
+    pass
+
+
+class Stop(_Msg, tag="stop", frozen=True):
+    instance_id: str
+
+
+class ListWorkflows(_Msg, tag="list_workflows", frozen=True):
+    pass
+
+
+class CreateRun(_Msg, tag="create_run", frozen=True):
+    workflow: str
+    intent: str
+    wait: bool = True  # reply at the first wait or terminal state, else at once
+
+
+class GetRun(_Msg, tag="get_run", frozen=True):
+    run_id: str
+
+
+class WaitRun(_Msg, tag="wait_run", frozen=True):
+    """Reply when the Run is waiting or terminal."""
+
+    run_id: str
+
+
+class ListRuns(_Msg, tag="list_runs", frozen=True):
+    flow: str | None = None
+
+
+class Answer(_Msg, tag="answer", frozen=True):
+    run_id: str
+    action_id: str
+    answer: Any
+
+
+class Cancel(_Msg, tag="cancel", frozen=True):
+    run_id: str
+
+
+class Subscribe(_Msg, tag="subscribe", frozen=True):
+    """History so far, then live events, as RunEvent frames."""
+
+    run_id: str
+
+
+class ClaimAgentCall(_Msg, tag="claim_agent_call", frozen=True):
+    run_id: str
+    call_id: str
+    claim_id: str
+
+
+class CallTool(_Msg, tag="call_tool", frozen=True):
+    run_id: str
+    call_id: str
+    owner_token: str
+    tool_call_id: str
+    tool: str
+    input: Any = None
+
+
+class CompleteAgentCall(_Msg, tag="complete_agent_call", frozen=True):
+    run_id: str
+    call_id: str
+    owner_token: str
+    outcome: str
+    output: Any = None
+
+
+class FailAgentCall(_Msg, tag="fail_agent_call", frozen=True):
+    run_id: str
+    call_id: str
+    owner_token: str
+    message: str
+
+
+Request = (
+    Status
+    | Stop
+    | ListWorkflows
+    | CreateRun
+    | GetRun
+    | WaitRun
+    | ListRuns
+    | Answer
+    | Cancel
+    | Subscribe
+    | ClaimAgentCall
+    | CallTool
+    | CompleteAgentCall
+    | FailAgentCall
+)
+
+# ----- responses ---------------------------------------------------------------------------
+
+
+class RestoreSummary(msgspec.Struct, frozen=True, rename="camel", omit_defaults=True):
+    """What the last restore did, by restart-table outcome."""
+
+    resumed: list[str] = msgspec.field(default_factory=list)
+    waiting: list[str] = msgspec.field(default_factory=list)
+    interrupted: list[str] = msgspec.field(default_factory=list)
+    needs_attention: list[str] = msgspec.field(default_factory=list)
+    terminal_skipped: int = 0
+
+
+class ServiceView(msgspec.Struct, frozen=True, rename="camel", omit_defaults=True):
+    project_root: str
+    pid: int
+    instance_id: str
+    port: int
+    started_at: str
+    package_version: str = ""
+    protocol_version: int = PROTOCOL
+    log_file: str | None = None
+    workflow_count: int = 0
+    running_runs: int = 0
+    waiting_runs: int = 0
+    completed_runs: int = 0
+    failed_runs: int = 0
+    restore: RestoreSummary | None = None
+
+
+class WorkflowInfo(msgspec.Struct, frozen=True, rename="camel", omit_defaults=True):
+    name: str
+    version: str
+    identity: str
+    source: str
+    stages: list[str]
+    ready: bool = True
+    problem: str | None = None
+
+
+class StatusReply(_Msg, tag="status_reply", frozen=True):
+    service: ServiceView
+
+
+class Stopping(_Msg, tag="stopping", frozen=True):
+    stopping: bool = True
+
+
+class WorkflowsReply(_Msg, tag="workflows", frozen=True):
+    workflows: list[WorkflowInfo]
+
+
+class RunReply(_Msg, tag="run", frozen=True):
+    run: RunView
+    already_ended: bool = False
+
+
+class RunsReply(_Msg, tag="runs", frozen=True):
+    runs: list[RunView]
+
+
+class Claimed(_Msg, tag="claimed", frozen=True):
+    owner_token: str
+    call: PendingAgentCall
+
+
+class ToolResult(_Msg, tag="tool_result", frozen=True):
+    output: Any = None
+    replayed: bool = False
+
+
+class RunEvent(_Msg, tag="run_event", frozen=True):
+    """One step of a Run's history (``history=True``) or a live change."""
+
+    run: RunView
+    event: str
+    detail: Any = None
+    history: bool = False
+    final: bool = False
+
+
+class ErrorReply(_Msg, tag="error", frozen=True):
+    error: ErrorView
+
+
+Response = (
+    HelloOk
+    | StatusReply
+    | Stopping
+    | WorkflowsReply
+    | RunReply
+    | RunsReply
+    | Claimed
+    | ToolResult
+    | RunEvent
+    | ErrorReply
+)

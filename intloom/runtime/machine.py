@@ -1,0 +1,432 @@
+"""The pure Run state machine.
+
+``apply(state, record)`` folds one journal record into a Run's state, refusing any
+transition the table forbids. ``restart_verdict`` says which row of the restart table
+(DESIGN section 6) applies to a Run whose journal ends where ``state`` stands. Nothing here
+touches a file, a socket, a clock or a thread: the executor and the store are the edges.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final, Literal
+
+import msgspec
+
+from intloom.errors import CATALOGUE, ErrorView
+from intloom.runtime.model import (
+    Cursor,
+    EffectRef,
+    PendingAction,
+    PendingAgentCall,
+    RunStatus,
+    RunView,
+)
+from intloom.runtime.records import (
+    Answered,
+    EffectDone,
+    EffectStarted,
+    Executing,
+    ExecutingKind,
+    Header,
+    Record,
+    StagePending,
+    StepReady,
+    StepResult,
+    Terminal,
+    Waiting,
+)
+
+__all__ = [
+    "ALLOWED",
+    "IllegalTransition",
+    "Phase",
+    "RestartRow",
+    "RunState",
+    "Verdict",
+    "apply",
+    "fold",
+    "interrupted_message",
+    "restart_verdict",
+    "to_view",
+]
+
+Phase = Literal[
+    "header",
+    "stage_pending",
+    "step_ready",
+    "executing",
+    "effect_started",
+    "effect_done",
+    "step_result",
+    "waiting",
+    "answered",
+    "terminal",
+]
+
+# phase of the last record -> phases that may follow it. Everything else is refused.
+ALLOWED: Final[dict[str | None, frozenset[str]]] = {
+    None: frozenset({"header"}),
+    "header": frozenset({"stage_pending"}),
+    "stage_pending": frozenset({"executing", "step_ready", "terminal"}),
+    "step_ready": frozenset({"executing", "terminal"}),
+    "executing": frozenset(
+        {"step_ready", "effect_started", "step_result", "waiting", "terminal"}
+    ),
+    "effect_started": frozenset({"effect_done", "terminal"}),
+    "effect_done": frozenset({"effect_started", "step_result", "waiting", "terminal"}),
+    "step_result": frozenset({"step_ready", "stage_pending", "terminal"}),
+    "waiting": frozenset({"answered", "waiting", "executing", "terminal"}),
+    "answered": frozenset({"executing", "terminal"}),
+    "terminal": frozenset(),
+}
+
+
+class IllegalTransition(Exception):
+    """A record that may not follow the Run's current phase (a damaged or foreign journal)."""
+
+    def __init__(self, run_id: str, seq: int, previous: str | None, got: str, why: str) -> None:
+        self.run_id = run_id
+        self.seq = seq
+        self.previous = previous
+        self.got = got
+        self.why = why
+        super().__init__(
+            f"Run {run_id or '?'}: record {seq} ({got}) cannot follow "
+            f"{previous or 'the start of the journal'}: {why}"
+        )
+
+
+class RunState(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Everything the journal says about one Run, as of its last applied record."""
+
+    run_id: str
+    workflow: str
+    workflow_version: str
+    identity: str
+    schemas: dict[str, str]
+    intent: str
+    format: int
+    package_version: str
+    protocol: str
+    created_at: str
+    updated_at: str
+    phase: str
+    seq: int
+    cursor: Cursor
+    status: RunStatus = "running"
+    executing_kind: str | None = None
+    stage_state: bytes | None = None
+    outcome: str | None = None
+    output: Any = None
+    pending_action: PendingAction | None = None
+    pending_agent_call: PendingAgentCall | None = None
+    answered_action: PendingAction | None = None
+    answer: Any = None
+    effect_in_flight: EffectRef | None = None
+    last_effect: EffectRef | None = None
+    last_error: ErrorView | None = None
+    dismissed: bool = False
+
+
+def _illegal(state: RunState | None, record: Record, why: str) -> IllegalTransition:
+    return IllegalTransition(
+        state.run_id if state else "",
+        (state.seq + 1) if state else 1,
+        state.phase if state else None,
+        _phase_of(record),
+        why,
+    )
+
+
+def _phase_of(record: Record) -> str:
+    return type(record).__struct_config__.tag  # type: ignore[return-value]
+
+
+def apply(state: RunState | None, record: Record) -> RunState:
+    """Fold one record into the Run's state; raise IllegalTransition when the table forbids it."""
+    phase = _phase_of(record)
+    previous = state.phase if state is not None else None
+    if phase not in ALLOWED[previous]:
+        raise _illegal(state, record, "the transition table forbids it")
+
+    if isinstance(record, Header):
+        return RunState(
+            run_id=record.run_id,
+            workflow=record.workflow,
+            workflow_version=record.workflow_version,
+            identity=record.identity,
+            schemas=dict(record.schemas),
+            intent=record.intent,
+            format=record.format,
+            package_version=record.package_version,
+            protocol=record.protocol,
+            created_at=record.at,
+            updated_at=record.at,
+            phase="header",
+            seq=1,
+            cursor=Cursor(stage=""),
+        )
+    assert state is not None  # ALLOWED[None] admits only a header
+    base = {"phase": phase, "seq": state.seq + 1, "updated_at": record.at}
+
+    if isinstance(record, StagePending):
+        return msgspec.structs.replace(
+            state,
+            **base,
+            cursor=Cursor(stage=record.stage),
+            status="running",
+            executing_kind=None,
+            stage_state=None,
+            outcome=None,
+            output=None,
+            answered_action=None,
+            answer=None,
+            effect_in_flight=None,
+        )
+    if isinstance(record, StepReady):
+        if state.phase == "executing" and state.executing_kind != "init":
+            raise _illegal(state, record, "only a Stage initialiser ends in step_ready")
+        if record.stage != state.cursor.stage:
+            raise _illegal(state, record, f"the Run is in Stage {state.cursor.stage!r}")
+        return msgspec.structs.replace(
+            state,
+            **base,
+            cursor=Cursor(stage=record.stage, step=record.step),
+            status="running",
+            executing_kind=None,
+            stage_state=record.state,
+            outcome=None,
+            output=None,
+            answered_action=None,
+            answer=None,
+        )
+    if isinstance(record, Executing):
+        return _apply_executing(state, record, base)
+    if isinstance(record, EffectStarted):
+        if state.executing_kind not in ("step", "recover", "init"):
+            raise _illegal(state, record, "effects run only inside user code")
+        ref = EffectRef(name=record.name, key=record.key, started_at=record.at)
+        return msgspec.structs.replace(state, **base, effect_in_flight=ref)
+    if isinstance(record, EffectDone):
+        open_ref = state.effect_in_flight
+        if open_ref is None or (open_ref.name, open_ref.key) != (record.name, record.key):
+            raise _illegal(state, record, "it does not close the effect that was started")
+        return msgspec.structs.replace(
+            state, **base, effect_in_flight=None, last_effect=open_ref
+        )
+    if isinstance(record, StepResult):
+        if state.executing_kind not in ("step", "recover", "agent"):
+            raise _illegal(state, record, "a Stage initialiser has no outcome")
+        return msgspec.structs.replace(
+            state,
+            **base,
+            cursor=Cursor(stage=record.stage, step=record.step),
+            status="running",
+            executing_kind=None,
+            stage_state=record.state,
+            outcome=record.outcome,
+            output=record.output,
+            pending_action=None,
+            pending_agent_call=None,
+            answered_action=None,
+            answer=None,
+            effect_in_flight=None,
+        )
+    if isinstance(record, Waiting):
+        return _apply_waiting(state, record, base)
+    if isinstance(record, Answered):
+        action = state.pending_action
+        if action is None or action.id != record.action_id:
+            raise _illegal(state, record, "it answers an action the Run is not waiting on")
+        return msgspec.structs.replace(
+            state,
+            **base,
+            status="running",
+            pending_action=None,
+            answered_action=action,
+            answer=record.answer,
+        )
+    assert isinstance(record, Terminal)
+    if record.status == "failed" and record.error is None:
+        raise _illegal(state, record, "a failed Run must carry its error")
+    return msgspec.structs.replace(
+        state,
+        **base,
+        status=record.status,
+        pending_action=None,
+        pending_agent_call=None,
+        last_error=record.error,
+        dismissed=record.dismissed,
+    )
+
+
+def _apply_executing(state: RunState, record: Executing, base: dict[str, Any]) -> RunState:
+    kind: ExecutingKind = record.kind
+    allowed_from: dict[str, tuple[str, ...]] = {
+        "init": ("stage_pending",),
+        "step": ("step_ready",),
+        "recover": ("answered",),
+        "agent": ("waiting",),
+    }
+    if state.phase not in allowed_from[kind] and not (
+        kind == "step" and state.phase == "answered"
+    ):
+        raise _illegal(state, record, f"{kind} cannot start after {state.phase}")
+    if state.phase == "waiting" and state.pending_agent_call is None:
+        raise _illegal(state, record, "only an Agent task resumes from a wait")
+    if record.stage != state.cursor.stage:
+        raise _illegal(state, record, f"the Run is in Stage {state.cursor.stage!r}")
+    return msgspec.structs.replace(
+        state,
+        **base,
+        cursor=Cursor(stage=record.stage, step=record.step),
+        status="running",
+        executing_kind=kind,
+        pending_agent_call=None if kind == "agent" else state.pending_agent_call,
+    )
+
+
+def _apply_waiting(state: RunState, record: Waiting, base: dict[str, Any]) -> RunState:
+    if (record.action is None) == (record.agent_call is None):
+        raise _illegal(state, record, "a wait carries exactly one action or Agent task")
+    if state.phase == "waiting":
+        # Only an Agent task changes phase (available -> claimed) while it waits.
+        if state.pending_agent_call is None or record.agent_call is None:
+            raise _illegal(state, record, "only an Agent task is re-published while waiting")
+    elif state.executing_kind not in ("step", "recover"):
+        raise _illegal(state, record, "only a running Step may wait")
+    if record.action is not None and (
+        record.action.cursor.stage != state.cursor.stage
+        or record.action.cursor.step != state.cursor.step
+    ):
+        raise _illegal(state, record, "the action's cursor is not the Run's cursor")
+    return msgspec.structs.replace(
+        state,
+        **base,
+        status="waiting",
+        pending_action=record.action,
+        pending_agent_call=record.agent_call,
+        stage_state=record.state if record.state is not None else state.stage_state,
+    )
+
+
+def fold(records: list[Record], start: RunState | None = None) -> RunState | None:
+    """Fold records in order; the state after the last one."""
+    state = start
+    for record in records:
+        state = apply(state, record)
+    return state
+
+
+# ---------------------------------------------------------------------------------------
+# The restart table.
+
+RestartRow = Literal[
+    "resume",  # stage_pending / step_ready: resume from that boundary
+    "route",  # step_result: apply routing with the saved outcome
+    "restore_wait",  # waiting on a person, Code has recover: the same wait again
+    "recover",  # answered, Code has recover: call recover with the saved answer
+    "interrupted",  # anything whose outcome is uncertain: RUN_INTERRUPTED
+    "terminal",  # kept for inspect, never loaded
+]
+
+
+class Verdict(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Which row of the restart table applies, and why, in words a user can act on."""
+
+    row: RestartRow
+    reason: str
+    effect: EffectRef | None = None
+
+
+def restart_verdict(state: RunState, has_recover: bool) -> Verdict:
+    """The row of DESIGN section 6 for a Run whose journal ends at ``state``.
+
+    ``has_recover`` says whether the Code at the Run's cursor declares a ``recover`` entry.
+    """
+    phase = state.phase
+    where = _where(state.cursor)
+    if phase == "terminal":
+        if state.dismissed:
+            return Verdict("terminal", "the Run was interrupted earlier and then dismissed")
+        return Verdict("terminal", f"the Run ended {state.status}; kept for inspect only")
+    if phase in ("header", "stage_pending"):
+        return Verdict("resume", f"safe boundary: entering {where}")
+    if phase == "step_ready":
+        return Verdict("resume", f"safe boundary: {where} is ready to run")
+    if phase == "step_result":
+        return Verdict(
+            "route", f"{where} finished with outcome {state.outcome!r}; routing resumes"
+        )
+    if phase in ("waiting", "answered") and state.pending_agent_call is not None:
+        call = state.pending_agent_call
+        return Verdict(
+            "interrupted",
+            f"{where} waits on client Agent task {call.id} ({call.phase}); claims, owner "
+            "tokens and Tool receipts are not restored",
+        )
+    if phase == "waiting":
+        assert state.pending_action is not None
+        action = state.pending_action
+        if has_recover:
+            return Verdict(
+                "restore_wait", f"{where} waits on {action.kind} {action.id}; the wait is restored"
+            )
+        return Verdict(
+            "interrupted",
+            f"{where} waits on {action.kind} {action.id} but its Step has no recover entry",
+        )
+    if phase == "answered":
+        action_id = state.answered_action.id if state.answered_action else "?"
+        if has_recover:
+            return Verdict(
+                "recover", f"the answer to {action_id} was accepted; {where} continues in recover"
+            )
+        return Verdict(
+            "interrupted",
+            f"the answer to {action_id} was accepted but {where} has no recover entry",
+        )
+    # executing, effect_started, effect_done: user code was running.
+    if state.effect_in_flight is not None:
+        eff = state.effect_in_flight
+        return Verdict(
+            "interrupted",
+            f"{where} was running effect {eff.name!r} (key {eff.key!r}, started {eff.started_at}) "
+            "and its outcome is unknown",
+            effect=eff,
+        )
+    kind = state.executing_kind or "step"
+    what = {"init": "the Stage initialiser", "recover": "the recover entry"}.get(kind, "the Step")
+    return Verdict("interrupted", f"{what} of {where} was running; no effect was in flight")
+
+
+def interrupted_message(state: RunState) -> str:
+    """The RUN_INTERRUPTED message for a Run restored from ``state``: names the effect, if any."""
+    default = CATALOGUE["RUN_INTERRUPTED"][0]
+    verdict = restart_verdict(state, has_recover=False)
+    return f"{default} Evidence: {verdict.reason}."
+
+
+def _where(cursor: Cursor) -> str:
+    if cursor.step is None:
+        return f"Stage {cursor.stage!r}"
+    return f"Step {cursor.stage}/{cursor.step}"
+
+
+def to_view(state: RunState, *, status: RunStatus | None = None,
+            last_error: ErrorView | None = None) -> RunView:
+    """The public view of a Run; the executor may override status/error for in-memory facts."""
+    final_status = status or state.status
+    return RunView(
+        run_id=state.run_id,
+        flow_name=state.workflow,
+        cursor=state.cursor,
+        status=final_status,
+        created_at=state.created_at,
+        updated_at=state.updated_at,
+        pending_action=state.pending_action if final_status == "waiting" else None,
+        pending_agent_call=state.pending_agent_call if final_status == "waiting" else None,
+        last_error=last_error or state.last_error,
+        phase=state.phase,
+        workflow_version=state.workflow_version,
+    )

@@ -1,0 +1,80 @@
+"""The Run model: what a Run is, and the views that leave the host.
+
+Views use camelCase on the wire so that scripts written for the TypeScript IntLoom read ours.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from intloom.errors import ErrorView
+
+__all__ = [
+    "ActionKind",
+    "AgentPhase",
+    "Cursor",
+    "EffectRef",
+    "PendingAction",
+    "PendingAgentCall",
+    "RunStatus",
+    "RunView",
+]
+
+RunStatus = Literal["running", "waiting", "completed", "failed"]
+ActionKind = Literal["confirmation", "questions"]
+AgentPhase = Literal["available", "claimed"]
+
+
+class Cursor(msgspec.Struct, frozen=True):
+    """Where a Run stands: a Stage and, once inside it, a Step."""
+
+    stage: str
+    step: str | None = None
+
+
+class PendingAction(msgspec.Struct, frozen=True, rename="camel"):
+    """A question or confirmation waiting for a person."""
+
+    id: str
+    kind: ActionKind
+    request: Any
+    cursor: Cursor
+    created_at: str
+
+
+class PendingAgentCall(msgspec.Struct, frozen=True, rename="camel"):
+    """A task published for a client Agent."""
+
+    id: str
+    agent_id: str
+    phase: AgentPhase
+    request: Any
+    tools: list[str]
+    created_at: str
+
+
+class EffectRef(msgspec.Struct, frozen=True, rename="camel"):
+    """An effect that was started; named in RUN_INTERRUPTED messages."""
+
+    name: str
+    key: str
+    started_at: str
+
+
+class RunView(msgspec.Struct, frozen=True, rename="camel", omit_defaults=True):
+    """The public projection of a Run. Fields are added, never renamed."""
+
+    run_id: str
+    flow_name: str
+    cursor: Cursor
+    status: RunStatus
+    created_at: str
+    updated_at: str
+    pending_action: PendingAction | None = None
+    pending_agent_call: PendingAgentCall | None = None
+    last_error: ErrorView | None = None
+    phase: str | None = None
+    workflow_version: str | None = None
+    dismissed: bool = False

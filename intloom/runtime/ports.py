@@ -1,0 +1,31 @@
+"""What the executor needs from the outside world, as protocols (the store implements them)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from intloom.runtime.records import Record
+
+__all__ = ["CheckpointFailed", "JournalPort"]
+
+
+class CheckpointFailed(Exception):
+    """A durable write failed. ``run_ids`` are the Runs whose records were in the failed batch."""
+
+    def __init__(self, run_ids: frozenset[str], cause: str) -> None:
+        self.run_ids = run_ids
+        self.cause = cause
+        super().__init__(f"checkpoint write failed for {len(run_ids)} Run(s): {cause}")
+
+
+class JournalPort(Protocol):
+    """The durability point. ``append`` buffers; ``sync`` makes every appended record durable.
+
+    One ``sync`` serves every Run that appended since the last flush (group commit). ``sync``
+    raises :class:`CheckpointFailed` if the batch holding the caller's records failed; a
+    record whose batch failed is never later read back as valid.
+    """
+
+    def append(self, run_id: str, record: Record) -> None: ...
+
+    async def sync(self) -> None: ...

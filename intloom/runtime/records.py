@@ -1,0 +1,162 @@
+"""Journal records: one per durable boundary of a Run (DESIGN section 5).
+
+A Run's journal is a ``Header`` followed by these records, in order. Records are the
+engine's events: :func:`intloom.runtime.machine.apply` folds them into a
+:class:`~intloom.runtime.machine.RunState`. Stage State travels as the exact JSON bytes the
+State encoded to, so a restore can re-decode them with today's schema and compare.
+
+Fields are only ever added with defaults; a tag is never reused for another meaning.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final, Literal
+
+import msgspec
+
+from intloom.errors import ErrorView
+from intloom.runtime.model import PendingAction, PendingAgentCall
+
+__all__ = [
+    "FORMAT_VERSION",
+    "PROTOCOL_VERSION",
+    "Answered",
+    "EffectDone",
+    "EffectStarted",
+    "Executing",
+    "ExecutingKind",
+    "Header",
+    "Record",
+    "StagePending",
+    "StepReady",
+    "StepResult",
+    "Terminal",
+    "Waiting",
+    "decode_record",
+    "encode_record",
+]
+
+# The on-disk journal format. Bump on any change a reader of the old version would
+# misread; docs/format.md and CHANGELOG.md say what changed.
+FORMAT_VERSION: Final = 1
+# The Workflow protocol version, hashed into every Workflow identity.
+PROTOCOL_VERSION: Final = "2026-11-30"
+
+ExecutingKind = Literal["init", "step", "recover", "agent"]
+
+
+class _Rec(msgspec.Struct, frozen=True, tag_field="phase", omit_defaults=True):
+    at: str
+
+
+class Header(_Rec, tag="header", frozen=True):
+    """First record of every Run: what it needs to be restored, and by what."""
+
+    run_id: str
+    workflow: str
+    workflow_version: str
+    identity: str
+    schemas: dict[str, str]
+    intent: str
+    format: int = FORMAT_VERSION
+    package_version: str = ""
+    protocol: str = PROTOCOL_VERSION
+
+
+class StagePending(_Rec, tag="stage_pending", frozen=True):
+    """Run created (before it is visible) or routing entered a new Stage."""
+
+    stage: str
+
+
+class StepReady(_Rec, tag="step_ready", frozen=True):
+    """Stage State initialised, or routing chose the next Step in the Stage."""
+
+    stage: str
+    step: str
+    state: bytes | None = None
+
+
+class Executing(_Rec, tag="executing", frozen=True):
+    """Durable before user code (a Step, a Stage initialiser, a recover handler) starts."""
+
+    stage: str
+    step: str | None
+    kind: ExecutingKind = "step"
+
+
+class EffectStarted(_Rec, tag="effect_started", frozen=True):
+    """Durable before an effect is called, so an interruption can name it."""
+
+    name: str
+    key: str
+
+
+class EffectDone(_Rec, tag="effect_done", frozen=True):
+    """The recorded result of an effect (evidence; never replayed into user code)."""
+
+    name: str
+    key: str
+    ok: bool = True
+    result: Any = None
+    error: str | None = None
+
+
+class StepResult(_Rec, tag="step_result", frozen=True):
+    """The Step returned an outcome; the new Stage State is saved with it."""
+
+    stage: str
+    step: str
+    outcome: str
+    state: bytes | None = None
+    output: Any = None
+
+
+class Waiting(_Rec, tag="waiting", frozen=True):
+    """Durable before a question, confirmation or Agent task is exposed."""
+
+    action: PendingAction | None = None
+    agent_call: PendingAgentCall | None = None
+    state: bytes | None = None
+
+
+class Answered(_Rec, tag="answered", frozen=True):
+    """An answer was accepted, before it is delivered."""
+
+    action_id: str
+    answer: Any = None
+
+
+class Terminal(_Rec, tag="terminal", frozen=True):
+    """Completed, failed or cancelled. ``dismissed`` marks a cancelled RUN_INTERRUPTED Run."""
+
+    status: Literal["completed", "failed"]
+    error: ErrorView | None = None
+    dismissed: bool = False
+
+
+Record = (
+    Header
+    | StagePending
+    | StepReady
+    | Executing
+    | EffectStarted
+    | EffectDone
+    | StepResult
+    | Waiting
+    | Answered
+    | Terminal
+)
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Record)
+
+
+def encode_record(record: Record) -> bytes:
+    """The record's canonical bytes (msgpack)."""
+    return _encoder.encode(record)
+
+
+def decode_record(data: bytes) -> Record:
+    """Decode one record; raises ``msgspec.DecodeError`` or ``msgspec.ValidationError``."""
+    return _decoder.decode(data)

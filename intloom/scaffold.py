@@ -1,0 +1,85 @@
+"""``intloom init``: write a new project into a new or empty directory, and nothing else.
+
+The files come from ``intloom/templates/`` (package data). Each is created exclusively, so
+a file that appears concurrently is never overwritten.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from importlib.resources import files
+from pathlib import Path
+from typing import Final
+
+from intloom.errors import IntloomError
+
+__all__ = ["SCAFFOLD", "scaffold"]
+
+# project-relative path -> template name
+SCAFFOLD: Final = {
+    "intloom.toml": "intloom.toml.tmpl",
+    "workflows/example.py": "example.py.tmpl",
+    ".gitignore": "gitignore.tmpl",
+}
+
+
+def _template(name: str) -> bytes:
+    return (files("intloom") / "templates" / name).read_bytes()
+
+
+def _check_target(target: Path) -> None:
+    try:
+        st = os.stat(target)
+    except FileNotFoundError:
+        return
+    except NotADirectoryError:
+        raise IntloomError(
+            "CLI_INIT_TARGET_INVALID",
+            f"{target} is inside a file, not a directory. Pass a new or empty directory.",
+        ) from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise IntloomError(
+            "CLI_INIT_TARGET_INVALID",
+            f"{target} is a file, not a directory. Pass a new or empty directory to intloom init.",
+        )
+    entries = sorted(os.listdir(target))
+    if entries:
+        shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+        raise IntloomError(
+            "CLI_INIT_TARGET_NOT_EMPTY",
+            f"{target} already contains {shown}. intloom init writes only into a new or empty "
+            "directory; choose another one, or write intloom.toml there by hand.",
+        )
+
+
+def scaffold(target: Path) -> Path:
+    """Create the project at ``target`` (new or empty directory); returns its absolute root."""
+    root = Path(os.path.abspath(target))
+    _check_target(root)
+    current = root / "."
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        for relative, template in SCAFFOLD.items():
+            current = root / relative
+            current.parent.mkdir(parents=True, exist_ok=True)
+            with open(current, "xb") as fh:
+                fh.write(_template(template))
+    except NotADirectoryError:
+        raise IntloomError(
+            "CLI_INIT_TARGET_INVALID",
+            f"{root} is inside a file, not a directory. Pass a new or empty directory.",
+        ) from None
+    except FileExistsError:
+        raise IntloomError(
+            "CLI_INIT_TARGET_NOT_EMPTY",
+            f"{current} appeared while intloom init was writing; it was left as it is. "
+            "Choose a new or empty directory.",
+        ) from None
+    except OSError as exc:
+        raise IntloomError(
+            "CLI_INIT_FAILED",
+            f"Could not write {current} ({exc.strerror}). Check the directory's permissions "
+            "and free space, then run intloom init again.",
+        ) from None
+    return root.resolve()

@@ -1,0 +1,133 @@
+"""Shared test helpers: polling with a deadline, running the real CLI, reaping processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = REPO / "fixtures"
+
+T = TypeVar("T")
+
+
+def eventually(fn: Callable[[], T | None], *, timeout: float = 10.0, what: str = "condition") -> T:
+    """Poll ``fn`` until it returns something truthy; fail with ``what`` at the deadline."""
+    deadline = time.monotonic() + timeout
+    delay = 0.005
+    while True:
+        value = fn()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(delay)  # a poll interval, not a wait for an event
+        delay = min(delay * 2, 0.1)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child still answers kill(0); reap it if it is ours.
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    except ChildProcessError:
+        pass
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+            return fh.read().split(") ")[-1][:1] != "Z"
+    except OSError:
+        return False
+
+
+@dataclass
+class CliResult:
+    code: int
+    stdout: str
+    stderr: str
+
+    @property
+    def json(self) -> Any:
+        return json.loads(self.stdout)
+
+
+@dataclass
+class Project:
+    """A throwaway project and every process started for it (reaped at teardown)."""
+
+    root: Path
+    pids: set[int] = field(default_factory=set)
+
+    @property
+    def state(self) -> Path:
+        return self.root / ".intloom"
+
+    def cli(self, *args: str, input: str | None = None, timeout: float = 60.0,
+            env: dict[str, str] | None = None) -> CliResult:
+        full_env = {**os.environ, "NO_COLOR": "1", **(env or {})}
+        proc = subprocess.run(
+            [sys.executable, "-m", "intloom", "--project", str(self.root), *args],
+            input=input, capture_output=True, text=True, timeout=timeout, env=full_env,
+        )
+        self.track_host()
+        return CliResult(proc.returncode, proc.stdout, proc.stderr)
+
+    def track_host(self) -> None:
+        """Remember the host's pid (from service.json/service.lock) so teardown can reap it."""
+        for name in ("service.json", "service.lock"):
+            try:
+                data = json.loads((self.state / name).read_text())
+                self.pids.add(int(data["pid"]))
+            except (OSError, ValueError, KeyError, TypeError):
+                pass
+
+    def host_pid(self) -> int:
+        return int(json.loads((self.state / "service.json").read_text())["pid"])
+
+    def kill_host(self) -> int:
+        pid = self.host_pid()
+        os.kill(pid, signal.SIGKILL)
+        eventually(lambda: not pid_alive(pid), timeout=10, what=f"pid {pid} to exit")
+        return pid
+
+    def reap(self) -> None:
+        for pid in self.pids:
+            if pid == os.getpid() or not pid_alive(pid):
+                continue
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+            deadline = time.monotonic() + 5
+            while pid_alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.01)
+
+
+def make_project(tmp_path: Path, name: str = "basic") -> Project:
+    root = tmp_path / "proj"
+    shutil.copytree(FIXTURES / "projects" / name, root)
+    return Project(root=root)
+
+
+def snapshot_files(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` with its bytes, for byte-identical checks."""
+    out: dict[str, bytes] = {}
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and not path.is_symlink():
+            out[str(path.relative_to(root))] = path.read_bytes()
+    return out

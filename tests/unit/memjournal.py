@@ -1,0 +1,33 @@
+"""An in-memory JournalPort for unit tests of the executor (the real store is tested apart,
+and every end-to-end test runs the real one)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from intloom.runtime.ports import CheckpointFailed
+from intloom.runtime.records import Record
+
+
+class MemoryJournal:
+    def __init__(self) -> None:
+        self.records: list[tuple[str, Record]] = []
+        self.pending: list[tuple[str, Record]] = []
+        self.flushes = 0
+        self.fail_at: set[int] = set()
+
+    def append(self, run_id: str, record: Record) -> None:
+        self.pending.append((run_id, record))
+
+    async def sync(self) -> None:
+        await asyncio.sleep(0)  # yield like a real flush would
+        if not self.pending:
+            return
+        self.flushes += 1
+        batch, self.pending = self.pending, []
+        if self.flushes in self.fail_at:
+            raise CheckpointFailed(frozenset(r for r, _ in batch), "injected EIO")
+        self.records.extend(batch)
+
+    def of(self, run_id: str) -> list[Record]:
+        return [r for rid, r in self.records if rid == run_id]
