@@ -82,11 +82,15 @@ CATALOGUE: Final[dict[str, tuple[str, bool]]] = {
     "CLI_SERVICE_UNAVAILABLE": ("The local service is unavailable.", False),
     "CLI_SERVICE_CLOSING": ("The service is shutting down.", False),
     "CLI_RECOVERY_BLOCKED": ("Recovery is blocked. No cleanup performed.", False),
-    "CLI_RECOVERY_CONFLICT": ("Project state changed during recovery. Run intloom doctor again.", False),
+    "CLI_RECOVERY_CONFLICT": (
+        "Project state changed during recovery. Run intloom doctor again.",
+        False,
+    ),
     "CLI_RUN_FAILED": ("The Run failed.", False),
     "CLI_INTENT_FILE_INVALID": ("The intent file could not be read.", False),
     "CLI_INIT_TARGET_NOT_EMPTY": ("The init target is not empty.", False),
     "CLI_INIT_TARGET_INVALID": ("The init target is not a directory.", False),
+    "CLI_INIT_FAILED": ("The project could not be scaffolded.", False),
     "CLI_INTERNAL_ERROR": ("The local operation failed.", False),
     "PROJECT_CONNECTION_FAILED": ("Could not connect to the project service.", True),
     "PROJECT_REQUEST_FAILED": (

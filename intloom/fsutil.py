@@ -7,8 +7,8 @@ links. A file that breaks these rules is reported, never "fixed".
 
 from __future__ import annotations
 
+import contextlib
 import os
-import secrets
 import stat
 from pathlib import Path
 
@@ -66,10 +66,8 @@ def ensure_private_dir(path: Path) -> None:
         pass
     except FileNotFoundError:
         ensure_private_dir(path.parent)
-        try:
+        with contextlib.suppress(FileExistsError):
             os.mkdir(path, 0o700)
-        except FileExistsError:
-            pass
     check_private_dir(path)
 
 
@@ -118,7 +116,8 @@ def atomic_write(path: Path, data: bytes, *, mode: int = 0o600) -> None:
     directory = path.parent
     if os.path.islink(path):
         raise PrivacyError(path, "is a symbolic link; refusing to write through it")
-    tmp = directory / f".{path.name}.{secrets.token_hex(8)}.tmp"
+    # os.urandom, not secrets: keeps hashlib/OpenSSL off the CLI start-up path.
+    tmp = directory / f".{path.name}.{os.urandom(8).hex()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:
         try:
@@ -131,9 +130,7 @@ def atomic_write(path: Path, data: bytes, *, mode: int = 0o600) -> None:
             os.close(fd)
         os.rename(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        except FileNotFoundError:
-            pass
         raise
     fsync_dir(directory)

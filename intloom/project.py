@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,6 +82,8 @@ def find_root(start: Path, *, explicit: bool = False) -> Path:
 
 def load_config(root: Path) -> Config:
     """Parse and check ``intloom.toml``. Errors name the key, never echo its value."""
+    import tomllib  # only commands that read the config pay for the TOML parser
+
     path = root / CONFIG_NAME
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))

@@ -105,7 +105,9 @@ class StepContext(Generic[S]):
     async def aeffect(self, name: str, fn: Callable[..., Any], *args: Any,
                       key: str | None = None, **kwargs: Any) -> Any:
         """Run an external call as a journaled effect (async Steps); ``fn`` may be async."""
-        return await self._hooks.effect_async(name, self._key(name, key), lambda: fn(*args, **kwargs))
+        return await self._hooks.effect_async(
+            name, self._key(name, key), lambda: fn(*args, **kwargs)
+        )
 
     async def confirm(self, context: Any) -> Confirmation:
         """Ask a person to confirm; the Run waits (durably) until they answer."""

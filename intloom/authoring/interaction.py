@@ -25,7 +25,9 @@ class Option(msgspec.Struct, frozen=True, omit_defaults=True):
     description: str | None = None
 
 
-class Question(msgspec.Struct, frozen=True, omit_defaults=True, rename={"skippable": "isSkippable"}):
+class Question(
+    msgspec.Struct, frozen=True, omit_defaults=True, rename={"skippable": "isSkippable"}
+):
     """One question for a person. ``options`` are suggestions; the answer is free text."""
 
     id: str

@@ -177,7 +177,9 @@ class Stage(Generic[S]):
                     'Route to a Step name, intloom.ToStage("name") or intloom.COMPLETE.',
                 )
 
-    def step(self, name: str, *, routes: Mapping[str, Target]) -> Callable[[Callable[..., Any]], Step[S]]:
+    def step(
+        self, name: str, *, routes: Mapping[str, Target]
+    ) -> Callable[[Callable[..., Any]], Step[S]]:
         """Declare a code Step. Its function returns an outcome string found in ``routes``."""
         _check_name(self.workflow.name, f"Stage {self.name!r}", "Step", name)
         self._check_routes(name, routes)
@@ -242,12 +244,13 @@ class Workflow:
         if name in self.stages:
             raise _bad(self.name, f"Stage {name!r}", "the Stage is defined twice",
                        "Give every Stage its own name.")
-        if state is not None:
-            if not (isinstance(state, type) and issubclass(state, msgspec.Struct)):
-                raise _bad(
-                    self.name, f"Stage {name!r}", f"state {state!r} is not a msgspec.Struct type",
-                    "Declare the State as `class MyState(msgspec.Struct): ...`.",
-                )
+        if state is not None and not (
+            isinstance(state, type) and issubclass(state, msgspec.Struct)
+        ):
+            raise _bad(
+                self.name, f"Stage {name!r}", f"state {state!r} is not a msgspec.Struct type",
+                "Declare the State as `class MyState(msgspec.Struct): ...`.",
+            )
         stage: Stage[S] = Stage(self, name, state)
         self.stages[name] = stage
         return stage
@@ -259,7 +262,9 @@ class Workflow:
     def validate(self) -> None:
         """Check the whole graph: every route names something that exists."""
         if not self.stages:
-            raise _bad(self.name, "definition", "it has no Stage", "Declare one with wf.stage(...).")
+            raise _bad(
+                self.name, "definition", "it has no Stage", "Declare one with wf.stage(...)."
+            )
         for stage in self.stages.values():
             if not stage.steps:
                 raise _bad(self.name, f"Stage {stage.name!r}", "the Stage has no Step",

@@ -11,12 +11,12 @@ import os
 import sys
 import traceback
 from collections.abc import Sequence
-from typing import Annotated
+from importlib import import_module
+from typing import Annotated, Final
 
 import typer
 
-from intloom.cli import exit_codes
-from intloom.cli.commands import attach, diagnose, init, inspect, logs, runs, service
+from intloom.cli import coercion, exit_codes
 from intloom.cli.options import CliState, DebugOpt, JsonOpt, ProjectOpt
 from intloom.errors import IntloomError, error_view
 
@@ -28,16 +28,27 @@ except ImportError:  # typer releases that still delegate to click
         NoArgsIsHelpError,
     )
 
-__all__ = ["app", "main"]
+__all__ = ["COMMANDS", "build_app", "main"]
 
-app = typer.Typer(
-    name="intloom",
-    help="Durable agent workflows on a local run host.",
-    add_completion=False,
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
+# command -> (module under intloom.cli.commands, function). Order is the order of --help.
+COMMANDS: Final[dict[str, tuple[str, str]]] = {
+    "init": ("init", "init"),
+    "start": ("service", "start"),
+    "stop": ("service", "stop"),
+    "status": ("diagnose", "status"),
+    "doctor": ("diagnose", "doctor"),
+    "recover": ("diagnose", "recover"),
+    "flow": ("runs", "flow"),
+    "flows": ("runs", "flows"),
+    "runs": ("runs", "runs"),
+    "answer": ("runs", "answer"),
+    "cancel": ("runs", "cancel"),
+    "attach": ("attach", "attach"),
+    "inspect": ("inspect", "inspect"),
+    "logs": ("logs", "logs"),
+}
+# Options of the root that take a value: the token after them is not a command name.
+_VALUE_OPTIONS: Final = frozenset({"--project"})
 
 
 def _version(value: bool) -> None:
@@ -48,7 +59,6 @@ def _version(value: bool) -> None:
         raise typer.Exit(exit_codes.OK)
 
 
-@app.callback()
 def _root(
     ctx: typer.Context,
     json_mode: JsonOpt = False,
@@ -65,20 +75,41 @@ def _root(
     ctx.ensure_object(CliState).merge(json_mode=json_mode, project=project, debug=debug)
 
 
-app.command("init")(init.init)
-app.command("start")(service.start)
-app.command("stop")(service.stop)
-app.command("status")(diagnose.status)
-app.command("doctor")(diagnose.doctor)
-app.command("recover")(diagnose.recover)
-app.command("flow")(runs.flow)
-app.command("flows")(runs.flows)
-app.command("runs")(runs.runs)
-app.command("answer")(runs.answer)
-app.command("cancel")(runs.cancel)
-app.command("attach")(attach.attach)
-app.command("inspect")(inspect.inspect)
-app.command("logs")(logs.logs)
+def build_app(only: str | None = None) -> typer.Typer:
+    """The Typer app with every command, or with ``only`` that one.
+
+    A command's module is imported only when it is registered, so ``intloom runs`` does not
+    pay for importing ``logs``, ``attach`` and the rest (start-up time is a requirement).
+    """
+    app = typer.Typer(
+        name="intloom",
+        help="Durable agent workflows on a local run host.",
+        add_completion=False,
+        no_args_is_help=True,
+        pretty_exceptions_enable=False,
+        context_settings={"help_option_names": ["-h", "--help"]},
+    )
+    app.callback()(_root)
+    for name, (module, function) in COMMANDS.items():
+        if only is None or name == only:
+            command = getattr(import_module(f"intloom.cli.commands.{module}"), function)
+            app.command(name)(command)
+    return app
+
+
+def _command_name(args: Sequence[str]) -> str | None:
+    """The command ``args`` invoke, when it is one of ours; None for help and unknowns."""
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg in _VALUE_OPTIONS:
+            skip = True
+        elif arg in ("-h", "--help", "--"):
+            return None
+        elif not arg.startswith("-"):
+            return arg if arg in COMMANDS else None
+    return None
 
 
 def _json_requested(args: Sequence[str]) -> bool:
@@ -87,12 +118,20 @@ def _json_requested(args: Sequence[str]) -> bool:
     return "--json" in options
 
 
+def _usage_message(exc: ClickException) -> str:
+    ctx = getattr(exc, "ctx", None)
+    where = ctx.command_path if ctx is not None else "intloom"
+    return f"{exc.format_message().rstrip('.')}. Run {where} --help for the usage."
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code (see ``intloom.cli.exit_codes``)."""
     args = list(sys.argv[1:] if argv is None else argv)
     state = CliState(json_mode=_json_requested(args))
-    command = typer.main.get_command(app)
+    state.debug = "--debug" in args
     try:
+        command = typer.main.get_command(build_app(_command_name(args)))
+        coercion.install(command)
         result = command.main(
             args=args, prog_name="intloom", standalone_mode=False, obj=state
         )
@@ -101,9 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.write(exc.format_message() + "\n")
         return exit_codes.OK
     except ClickException as exc:
-        state.renderer.error(
-            error_view("INVALID_REQUEST", f"{exc.format_message()} Run intloom --help.")
-        )
+        state.renderer.error(error_view("INVALID_REQUEST", _usage_message(exc)))
         return exit_codes.USAGE
     except IntloomError as exc:
         state.renderer.error(exc.view())

@@ -68,10 +68,16 @@ class CliState:
             return find_root(self.project, explicit=True)
         return find_root(Path.cwd())
 
-    def client(self) -> Client:
-        """A verified connection to this project's live host."""
+    def client(self, *, waits: bool = False) -> Client:
+        """A verified connection to this project's live host.
+
+        ``waits``: the request waits for a Run to reach a stable state, which may take as
+        long as its Steps do, so no reply deadline applies (Ctrl-C still works).
+        """
         from intloom.client.client import Client
 
+        if waits:
+            return Client.connect(self.root(), request_timeout=None)
         return Client.connect(self.root())
 
 

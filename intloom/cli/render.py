@@ -178,6 +178,8 @@ def run_lines(run: Mapping[str, Any]) -> list[str]:
         f"Run     {run_id}",
         f"Cursor  {_cursor(run)}",
     ]
+    if run.get("status") == "running":
+        lines.append(f"Follow  intloom attach {run_id}")
     action = run.get("pendingAction")
     if run.get("status") == "waiting" and isinstance(action, Mapping):
         lines.append(f"Action  {action.get('id')} ({action.get('kind')})")
@@ -277,6 +279,17 @@ _OWNER_STATUS = {
 }
 
 
+def _evidence_lines(evidence: Any, indent: str = "    ") -> list[str]:
+    """What was checked to reach a verdict, one ``check: found`` line each."""
+    if isinstance(evidence, str):
+        return [indent + evidence]
+    lines = []
+    for item in evidence if isinstance(evidence, list) else []:
+        if isinstance(item, Mapping):
+            lines.append(f"{indent}{item.get('check', '?')}: {item.get('found', '')}")
+    return lines
+
+
 def diagnosis_lines(diagnosis: Mapping[str, Any]) -> list[str]:
     service = diagnosis.get("service")
     if diagnosis.get("status") == "running" and isinstance(service, Mapping):
@@ -286,11 +299,8 @@ def diagnosis_lines(diagnosis: Mapping[str, Any]) -> list[str]:
         if not isinstance(owner, Mapping):
             continue
         state = _OWNER_STATUS.get(str(owner.get("status")), str(owner.get("status")))
-        line = f"{owner.get('resource', '?')} · PID {owner.get('pid', '?')} · {state}"
-        evidence = owner.get("evidence")
-        if evidence:
-            line += f" ({evidence})"
-        lines.append(line)
+        lines.append(f"{owner.get('resource', '?')} · PID {owner.get('pid', '?')} · {state}")
+        lines.extend(_evidence_lines(owner.get("evidence")))
     if diagnosis.get("status") == "blocked":
         lines.append("Run intloom doctor. Do not delete locks whose owners are still active.")
     return lines
@@ -306,14 +316,19 @@ def doctor_lines(report: Mapping[str, Any]) -> list[str]:
         step = check.get("next", check.get("nextStep"))
         if step:
             lines.append(f"  next: {step}")
-    previews = report.get("previews", report.get("runs")) or []
+    previews = [p for p in report.get("runs") or [] if isinstance(p, Mapping)]
+    if previews:
+        lines.append("Unfinished Runs, and what a restart would do:")
     for preview in previews:
-        if not isinstance(preview, Mapping):
-            continue
-        reason = preview.get("reason", preview.get("message", ""))
+        verdict = preview.get("verdict")
+        verdict = verdict if isinstance(verdict, Mapping) else {}
+        journal = f" · journal {preview['journal']}" if preview.get("journal") else ""
         lines.append(
-            f"{preview.get('runId', '?')} · on restart: {preview.get('row', '?')} · {reason}"
+            f"  {preview.get('runId', '?')}{journal} · {verdict.get('row', '?')}: "
+            f"{verdict.get('reason', '')}"
         )
+        if preview.get("problem"):
+            lines.append(f"    {preview['problem']}")
     return lines
 
 
@@ -321,7 +336,12 @@ def recover_lines(result: Mapping[str, Any]) -> list[str]:
     paths = [str(p) for p in result.get("paths") or []]
     if result.get("dryRun"):
         plan = ", ".join(paths) if paths else "no stale resources"
-        return [f"Recovery plan: {plan}. No cleanup performed."]
+        lines = [f"Recovery plan: {plan}. No cleanup performed."]
+        for item in result.get("plan") or []:
+            if isinstance(item, Mapping):
+                lines.append(f"  {item.get('path', '?')}")
+                lines.extend(_evidence_lines(item.get("evidence")))
+        return lines
     if result.get("recovered"):
         return [
             f"Removed: {', '.join(paths)}." if paths else "Removed stale service resources.",
@@ -332,37 +352,43 @@ def recover_lines(result: Mapping[str, Any]) -> list[str]:
 
 # ----- journal history and logs ----------------------------------------------------------
 
-_RECORD_KEYS = ("phase", "at")
+# Shown in their own columns, or too long to help in a table (--json has every field).
+_RECORD_SKIP = frozenset(
+    {"phase", "at", "state", "run_id", "identity", "schemas", "package_version", "protocol"}
+)
+_SUMMARY_MAX = 80
 
 
 def _summary(record: Mapping[str, Any]) -> str:
-    """The fields of a record that say what happened, as ``key=value`` (states omitted)."""
+    """The fields of a record that say what happened, as ``key=value``, kept short."""
     parts = []
     for key, value in record.items():
-        if key in _RECORD_KEYS or key == "state" or value is None:
+        if key in _RECORD_SKIP or value is None:
             continue
         if isinstance(value, Mapping | list):
             value = _json_encoder.encode(value).decode("utf-8")
-        text = str(value)
-        parts.append(f"{key}={text if len(text) <= 60 else text[:57] + '...'}")
-    return " ".join(parts)
+        parts.append(f"{key}={value}")
+    text = " ".join(parts)
+    return text if len(text) <= _SUMMARY_MAX else text[: _SUMMARY_MAX - 3] + "..."
 
 
 def history_rows(entries: Sequence[Mapping[str, Any]]) -> list[list[str]]:
-    """One row per journal entry: position, phase, time, what it says, its verification."""
+    """One row per journal entry: seq, phase, time, what it says, its checks, where it is."""
     rows = []
-    for index, entry in enumerate(entries):
+    for entry in entries:
         record = entry.get("record")
         record = record if isinstance(record, Mapping) else {}
-        where = entry.get("location", entry.get("offset", index))
-        verdict = entry.get("verdict", entry.get("checksum", ""))
+        what = _summary(record)
+        if entry.get("problem"):
+            what = f"{what} ({entry['problem']})".strip()
         rows.append(
             [
-                str(where),
-                str(record.get("phase", entry.get("phase", "?"))),
-                str(record.get("at", "")),
-                _summary(record),
-                str(verdict),
+                str(entry.get("seq", "?")),
+                str(entry.get("phase") or record.get("phase") or "?"),
+                str(entry.get("at") or record.get("at") or ""),
+                what,
+                f"{entry.get('checksum', '?')}/{entry.get('verdict', '?')}",
+                f"{entry.get('file', '?')}@{entry.get('offset', '?')}",
             ]
         )
     return rows

@@ -1,18 +1,77 @@
 """The Python client: one typed, blocking method per request of the socket protocol.
 
 The CLI is a thin adapter over this module; users import it to drive Runs and client Agents.
+It sits on the CLI's start-up path, so it imports no asyncio, rich or psutil.
 """
 
 from __future__ import annotations
 
+import os
+import socket
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Final, TypeVar
 
-from intloom.protocol.messages import HelloOk, RunEvent, ServiceView, WorkflowInfo
+from intloom.errors import IntloomError
+from intloom.fsutil import PrivacyError, check_private_dir
+from intloom.host.metadata import ServiceInfo, read_connection, read_service
+from intloom.project import ProjectPaths
+from intloom.protocol.framing import (
+    FrameClosed,
+    FrameError,
+    decode_response,
+    recv_frame,
+    send_frame,
+)
+from intloom.protocol.messages import (
+    PROTOCOL,
+    Answer,
+    CallTool,
+    Cancel,
+    ClaimAgentCall,
+    Claimed,
+    CompleteAgentCall,
+    CreateRun,
+    ErrorReply,
+    FailAgentCall,
+    GetRun,
+    Hello,
+    HelloOk,
+    ListRuns,
+    ListWorkflows,
+    Request,
+    Response,
+    RunEvent,
+    RunReply,
+    RunsReply,
+    ServiceView,
+    Status,
+    StatusReply,
+    Stop,
+    Stopping,
+    Subscribe,
+    ToolResult,
+    WaitRun,
+    WorkflowInfo,
+    WorkflowsReply,
+)
 from intloom.runtime.model import PendingAgentCall, RunView
 
-__all__ = ["Client"]
+__all__ = ["DEFAULT_REQUEST_TIMEOUT", "Client"]
+
+# A request that waits for a Run (flow, answer, wait) may legitimately take a while.
+DEFAULT_REQUEST_TIMEOUT: Final = 300.0
+
+_R = TypeVar("_R")
+
+
+def _metadata_invalid(message: str) -> IntloomError:
+    return IntloomError("CLI_SERVICE_METADATA_INVALID", message)
+
+
+def _raise_reply(reply: ErrorReply) -> IntloomError:
+    view = reply.error
+    return IntloomError(view.code, view.message, retryable=view.retryable)
 
 
 class Client:
@@ -22,16 +81,96 @@ class Client:
     to 127.0.0.1 at the saved port, sends the hello with the token and checks the reply's
     instanceId, pid and projectRoot against ``service.json``. Errors are ``IntloomError``s:
     CLI_SERVICE_OFFLINE, CLI_SERVICE_METADATA_INVALID, CLI_SERVICE_CLOSING, ...
+
+    A request whose connection breaks before its reply is ``PROJECT_REQUEST_FAILED`` and is
+    never sent again: the host may have acted on it, so query the Run before retrying.
     """
 
     hello: HelloOk
+    info: ServiceInfo
+
+    def __init__(self, sock: socket.socket, hello: HelloOk, info: ServiceInfo, root: Path,
+                 *, request_timeout: float | None) -> None:
+        self._sock: socket.socket | None = sock
+        self.hello = hello
+        self.info = info
+        self.root = root
+        self.request_timeout = request_timeout
 
     @classmethod
-    def connect(cls, root: Path, *, timeout: float = 5.0) -> Client:
-        raise NotImplementedError
+    def connect(
+        cls,
+        root: Path,
+        *,
+        timeout: float = 5.0,
+        request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT,
+    ) -> Client:
+        root = root.resolve()
+        paths = ProjectPaths(root)
+        if os.path.lexists(paths.state):
+            try:
+                check_private_dir(paths.state)  # never read metadata through a link
+            except PrivacyError as exc:
+                raise _metadata_invalid(
+                    f"{exc.path} {exc.fact}. It was left as it is; run intloom doctor."
+                ) from None
+        conn = read_connection(paths.connection_json, root)
+        if conn is None:
+            raise IntloomError(
+                "CLI_SERVICE_OFFLINE", "Run intloom start in this project first."
+            )
+        info = read_service(paths.service_json, root)
+        if info is None:
+            raise IntloomError("CLI_SERVICE_OFFLINE")
+        if info.port != conn.port:
+            raise _metadata_invalid(
+                f"{paths.service_json} names port {info.port} but {paths.connection_json} names "
+                f"{conn.port}. Nothing was sent; run intloom doctor."
+            )
+        try:
+            sock = socket.create_connection(("127.0.0.1", conn.port), timeout=timeout)
+        except OSError as exc:
+            raise IntloomError(
+                "CLI_SERVICE_OFFLINE",
+                f"The local service at 127.0.0.1:{conn.port} is unavailable "
+                f"({exc.strerror or type(exc).__name__}). Run intloom status.",
+            ) from None
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            send_frame(sock, Hello(protocol=PROTOCOL, token=conn.token, client="intloom-python"))
+            reply = decode_response(recv_frame(sock))
+        except (OSError, FrameClosed, FrameError) as exc:
+            sock.close()
+            raise IntloomError(
+                "CLI_SERVICE_UNAVAILABLE",
+                f"The service at 127.0.0.1:{conn.port} did not complete the hello ({exc}). "
+                "Run intloom status.",
+            ) from None
+        except BaseException:
+            sock.close()
+            raise
+        if isinstance(reply, ErrorReply):
+            sock.close()
+            raise _raise_reply(reply)
+        if not isinstance(reply, HelloOk):
+            sock.close()
+            raise IntloomError("PROJECT_RESPONSE_INVALID",
+                               f"The service answered the hello with {type(reply).__name__}.")
+        if (reply.instance_id, reply.pid, reply.project_root) != (
+            info.instance_id, info.pid, info.project_root
+        ):
+            sock.close()
+            raise _metadata_invalid(
+                "The listening service does not match the saved project identity "
+                f"(it is instance {reply.instance_id}, pid {reply.pid}; service.json names "
+                f"{info.instance_id}, pid {info.pid}). Run intloom doctor."
+            )
+        return cls(sock, reply, info, root, request_timeout=request_timeout)
 
     def close(self) -> None:
-        raise NotImplementedError
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close()
 
     def __enter__(self) -> Client:
         return self
@@ -39,53 +178,136 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    # ----- transport -----------------------------------------------------------------------
+
+    def _broken(self, request: Request, fact: str) -> IntloomError:
+        self.close()
+        return IntloomError(
+            "PROJECT_REQUEST_FAILED",
+            f"The {type(request).__name__} request did not complete ({fact}); it was not "
+            "replayed. Query the Run before retrying.",
+        )
+
+    def _send(self, request: Request) -> socket.socket:
+        sock = self._sock
+        if sock is None:
+            raise IntloomError("PROJECT_CONNECTION_FAILED",
+                               "This client is closed. Connect again.", retryable=False)
+        try:
+            sock.settimeout(self.request_timeout)
+            send_frame(sock, request)
+        except (OSError, FrameError) as exc:
+            raise self._broken(request, str(exc)) from None
+        return sock
+
+    def _receive(self, sock: socket.socket, request: Request) -> Response:
+        try:
+            reply = decode_response(recv_frame(sock))
+        except TimeoutError:
+            raise self._broken(request, f"no reply within {self.request_timeout} s") from None
+        except (OSError, FrameClosed) as exc:
+            raise self._broken(request, str(exc)) from None
+        except FrameError as exc:
+            self.close()
+            raise IntloomError("PROJECT_RESPONSE_INVALID", f"{exc}.") from None
+        if isinstance(reply, ErrorReply):
+            raise _raise_reply(reply)
+        return reply
+
+    def _call(self, request: Request, expect: type[_R]) -> _R:
+        reply = self._receive(self._send(request), request)
+        if not isinstance(reply, expect):
+            self.close()
+            raise IntloomError(
+                "PROJECT_RESPONSE_INVALID",
+                f"The service answered {type(request).__name__} with {type(reply).__name__}.",
+            )
+        return reply
+
+    # ----- requests ------------------------------------------------------------------------
+
     def status(self) -> ServiceView:
-        raise NotImplementedError
+        return self._call(Status(), StatusReply).service
 
     def stop(self, instance_id: str) -> bool:
-        raise NotImplementedError
+        return self._call(Stop(instance_id=instance_id), Stopping).stopping
 
     def workflows(self) -> list[WorkflowInfo]:
-        raise NotImplementedError
+        return self._call(ListWorkflows(), WorkflowsReply).workflows
 
     def create_run(self, workflow: str, intent: str, *, wait: bool = True) -> RunView:
-        raise NotImplementedError
+        return self._call(CreateRun(workflow=workflow, intent=intent, wait=wait), RunReply).run
 
     def get_run(self, run_id: str) -> RunView:
-        raise NotImplementedError
+        return self._call(GetRun(run_id=run_id), RunReply).run
 
     def wait_run(self, run_id: str) -> RunView:
-        raise NotImplementedError
+        return self._call(WaitRun(run_id=run_id), RunReply).run
 
     def runs(self, flow: str | None = None) -> list[RunView]:
-        raise NotImplementedError
+        return self._call(ListRuns(flow=flow), RunsReply).runs
 
     def answer(self, run_id: str, action_id: str, answer: Any) -> RunView:
-        raise NotImplementedError
+        return self._call(Answer(run_id=run_id, action_id=action_id, answer=answer), RunReply).run
 
     def cancel(self, run_id: str) -> tuple[RunView, bool]:
-        raise NotImplementedError
+        reply = self._call(Cancel(run_id=run_id), RunReply)
+        return reply.run, reply.already_ended
 
     def subscribe(self, run_id: str) -> Iterator[RunEvent]:
-        raise NotImplementedError
+        """History, then live events, until one has ``final=True``. No timeout between events.
+
+        Closing the iterator early closes the connection: a stream cannot be abandoned half
+        way and the connection reused.
+        """
+        request = Subscribe(run_id=run_id)
+        sock = self._send(request)
+        sock.settimeout(None)  # a Run may wait for a person for hours
+        try:
+            while True:
+                event = self._receive(sock, request)
+                if not isinstance(event, RunEvent):
+                    raise IntloomError("PROJECT_RESPONSE_INVALID",
+                                       f"The service streamed a {type(event).__name__}.")
+                yield event
+                if event.final:
+                    return
+        except GeneratorExit:
+            self.close()
+            raise
 
     def claim_agent_call(
         self, run_id: str, call_id: str, claim_id: str
     ) -> tuple[str, PendingAgentCall]:
-        raise NotImplementedError
+        reply = self._call(ClaimAgentCall(run_id=run_id, call_id=call_id, claim_id=claim_id),
+                           Claimed)
+        return reply.owner_token, reply.call
 
     def call_tool(
         self, run_id: str, call_id: str, owner_token: str, tool_call_id: str, tool: str,
         input: Any = None,
     ) -> tuple[Any, bool]:
-        raise NotImplementedError
+        reply = self._call(
+            CallTool(run_id=run_id, call_id=call_id, owner_token=owner_token,
+                     tool_call_id=tool_call_id, tool=tool, input=input),
+            ToolResult,
+        )
+        return reply.output, reply.replayed
 
     def complete_agent_call(
         self, run_id: str, call_id: str, owner_token: str, outcome: str, output: Any = None
     ) -> RunView:
-        raise NotImplementedError
+        return self._call(
+            CompleteAgentCall(run_id=run_id, call_id=call_id, owner_token=owner_token,
+                              outcome=outcome, output=output),
+            RunReply,
+        ).run
 
     def fail_agent_call(
         self, run_id: str, call_id: str, owner_token: str, message: str
     ) -> RunView:
-        raise NotImplementedError
+        return self._call(
+            FailAgentCall(run_id=run_id, call_id=call_id, owner_token=owner_token,
+                          message=message),
+            RunReply,
+        ).run

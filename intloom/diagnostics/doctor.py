@@ -41,6 +41,7 @@ SCHEMA_VERSION: Final = 1
 
 Health = Literal["healthy", "attention", "blocked"]
 
+
 class DoctorReport(msgspec.Struct, frozen=True, rename="camel", omit_defaults=True):
     """``doctor --json``. Minus ``checks``, ``runs``, ``health`` and ``schemaVersion`` it is
     exactly the ``status --json`` diagnosis of a project whose host is not running."""
@@ -124,8 +125,8 @@ def _owner_check(
         return Check(
             check_id, "attention",
             f"{name} names pid {pid}, and its exit cannot be verified.",
-            f"Do not delete it. Find who holds it (fuser -v {owner.path}) and let that process "
-            "exit, then run intloom doctor again.",
+            "Do not delete it. Find the process that holds the project's lock (fuser -v "
+            ".intloom/service.lock) and let it exit, then run intloom doctor again.",
             owner.evidence,
         )
     return Check(
@@ -197,7 +198,7 @@ def _workflows_check(root: Path, config: Config | None) -> tuple[Check, LoadResu
     return Check("workflows", "ok", f"Loaded: {loaded}.", None), result
 
 
-def _blocked(status: DiagnosisStatus, checks: list[Check]) -> Health:
+def _health(status: DiagnosisStatus, checks: list[Check]) -> Health:
     if status == "blocked":
         return "blocked"
     if status == "recovery_required" or any(c.status == "attention" for c in checks):
@@ -244,7 +245,7 @@ def run_doctor(root: Path) -> DoctorReport:
         status=diagnosis.status,
         message=diagnosis.message,
         owners=diagnosis.owners,
-        health=_blocked(diagnosis.status, checks),
+        health=_health(diagnosis.status, checks),
         checks=checks,
         runs=runs,
         service=diagnosis.service,

@@ -108,6 +108,9 @@ def probe_process(
 ) -> ProcessProbe:
     """Judge the process side of one owner: ``gone`` only on proof, ``alive`` on a match.
 
+    A zombie has exited, but its other threads may still be closing its files for a moment;
+    that is why ``judge`` also needs the OS lock to be free before it calls the owner gone.
+
     ``saved_boot_id`` is ``None`` when the metadata does not record one (``service.json``).
     """
     evidence: list[Evidence] = []
@@ -129,14 +132,14 @@ def probe_process(
         if status == psutil.STATUS_ZOMBIE:
             evidence.append(Evidence(
                 "process",
-                f"pid {pid} is a zombie (exited, not yet reaped); it holds no lock, port or file",
+                f"pid {pid} is a zombie: it has exited and waits to be reaped",
             ))
             return ProcessProbe("gone", evidence)
         actual = proc.create_time()
     except psutil.ZombieProcess:
         evidence.append(Evidence(
             "process",
-            f"pid {pid} is a zombie (exited, not yet reaped); it holds no lock, port or file",
+            f"pid {pid} is a zombie: it has exited and waits to be reaped",
         ))
         return ProcessProbe("gone", evidence)
     except psutil.NoSuchProcess:

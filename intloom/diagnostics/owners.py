@@ -118,8 +118,8 @@ def judge_owners(snap: Snapshot, lock: LockProbe) -> list[Owner]:
 def _probe_host(root: Path, snap: Snapshot) -> tuple[ServiceView | None, str | None]:
     """Ask a live host who it is. Returns (service, None), (None, problem) or (None, None).
 
-    Only ``CLI_SERVICE_OFFLINE`` means "no live host"; any other answer (closing, a mismatch,
-    a rejected token) is a problem that blocks cleanup.
+    Only ``CLI_SERVICE_OFFLINE`` means "no live host"; any other answer (closing, an identity
+    mismatch, a rejected token, a listener that is not ours) is a problem that blocks cleanup.
     """
     # Imported here: the client pulls in the socket stack, which a lock-only diagnosis
     # (and every offline status) does not need.
@@ -138,8 +138,8 @@ def _probe_host(root: Path, snap: Snapshot) -> tuple[ServiceView | None, str | N
     except IntloomError as exc:
         if exc.code == "CLI_SERVICE_OFFLINE":
             return None, None
-        if exc.code == "CLI_SERVICE_METADATA_INVALID":
-            raise
+        # The files themselves were already read strictly; what is left is a listener that
+        # is not the recorded host (a mismatch, a closing host, a foreign program).
         return None, exc.message
 
 

@@ -28,7 +28,7 @@ class PortGuard:
         self.port = port
         self._reply = reply
         self._sock: socket.socket | None = None
-        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake: tuple[socket.socket, socket.socket] | None = None
         self._thread: threading.Thread | None = None
 
     def open(self) -> None:
@@ -50,22 +50,24 @@ class PortGuard:
             ) from None
         sock.setblocking(False)
         self._sock = sock
+        self._wake = socket.socketpair()
         self._thread = threading.Thread(
             target=self._serve, name=f"intloom-port-guard-{self.port}", daemon=True
         )
         self._thread.start()
 
     def _serve(self) -> None:
-        assert self._sock is not None
+        assert self._sock is not None and self._wake is not None
         listener = self._sock
+        wake = self._wake[0]
         open_conns: list[socket.socket] = []
         with selectors.DefaultSelector() as sel:
             sel.register(listener, selectors.EVENT_READ)
-            sel.register(self._wake_r, selectors.EVENT_READ)
+            sel.register(wake, selectors.EVENT_READ)
             try:
                 while True:
                     for key, _ in sel.select():
-                        if key.fileobj is self._wake_r:
+                        if key.fileobj is wake:
                             return
                         if key.fileobj is listener:
                             self._turn_away(listener, sel, open_conns)
@@ -106,15 +108,19 @@ class PortGuard:
 
     def close(self) -> None:
         """Stop turning connections away and free the port."""
-        with contextlib.suppress(OSError):
-            self._wake_w.send(b"x")
+        if self._wake is not None:
+            with contextlib.suppress(OSError):
+                self._wake[1].send(b"x")
         if self._thread is not None:
             self._thread.join(timeout=5)
+            self._thread = None
         if self._sock is not None:
             self._sock.close()
             self._sock = None
-        self._wake_r.close()
-        self._wake_w.close()
+        if self._wake is not None:
+            for end in self._wake:
+                end.close()
+            self._wake = None
 
     def __enter__(self) -> PortGuard:
         self.open()

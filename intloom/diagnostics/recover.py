@@ -22,7 +22,9 @@ import contextlib
 import errno
 import fcntl
 import os
+import time
 from pathlib import Path
+from typing import Final
 
 import msgspec
 
@@ -37,6 +39,9 @@ from intloom.protocol.messages import ErrorReply
 
 __all__ = ["PlanItem", "RecoverResult", "recover"]
 
+# A diagnosis elsewhere (status, doctor, another recover) holds the OS lock for an instant
+# while it probes; only a holder that keeps it this long is a real owner.
+_FLOCK_PATIENCE: Final = 1.0
 _NO_CONNECTION = "Valid connection configuration is missing; recovery is unsafe."
 
 
@@ -96,14 +101,21 @@ def _take_lock(path: Path) -> int | None:
         return None
     except OSError as exc:
         raise _conflict(f"{path.name} can no longer be opened ({exc.strerror})") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        os.close(fd)
-        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-            raise _conflict(f"the OS lock on {path.name} is now held by a live process") from None
-        raise _conflict(f"the OS lock on {path.name} cannot be taken ({exc.strerror})") from None
-    return fd
+    deadline = time.monotonic() + _FLOCK_PATIENCE
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                os.close(fd)
+                raise _conflict(
+                    f"the OS lock on {path.name} cannot be taken ({exc.strerror})"
+                ) from None
+        if time.monotonic() > deadline:
+            os.close(fd)
+            raise _conflict(f"the OS lock on {path.name} is now held by a live process")
+        time.sleep(0.01)  # a short poll of the OS lock, bounded by the patience above
 
 
 def _same_file(fd: int, path: Path) -> bool:
@@ -162,7 +174,13 @@ def recover(root: Path, *, dry_run: bool) -> RecoverResult:
     root = root.resolve()
     insp = inspect(root, probe=True)
     diagnosis = insp.diagnosis
-    if diagnosis.status in ("running", "blocked"):
+    if diagnosis.status == "running":
+        raise IntloomError(
+            "CLI_RECOVERY_BLOCKED",
+            f"{diagnosis.message} recover only cleans up after a host that has exited; "
+            "stop it with intloom stop. No cleanup performed.",
+        )
+    if diagnosis.status == "blocked":
         raise IntloomError("CLI_RECOVERY_BLOCKED", diagnosis.message)
     plan = _plan(insp)
     if dry_run or diagnosis.status == "offline":

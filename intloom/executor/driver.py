@@ -249,7 +249,9 @@ class _Hooks:
             raise IntloomError(
                 "STEP_INTERACTION_INVALID", "A Step has one unanswered question at a time."
             )
-        wire = confirmation_request(request) if kind == "confirmation" else questions_request(request)
+        wire = (
+            confirmation_request(request) if kind == "confirmation" else questions_request(request)
+        )
         action = PendingAction(
             id=clock.action_id(),
             kind=kind,  # type: ignore[arg-type]

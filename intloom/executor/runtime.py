@@ -216,7 +216,7 @@ class Runtime:
     async def sync(self, slot: RunSlot) -> None:
         """Make everything appended durable; a failed batch fails exactly its Runs."""
         try:
-            await self.journal.sync()
+            await self.journal.sync(slot.run_id)
             slot.publish()
         except CheckpointFailed as exc:
             for run_id in exc.run_ids:

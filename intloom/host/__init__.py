@@ -1,0 +1,1 @@
+"""The host process: ``python -m intloom.host`` (see ``daemon`` for its lifecycle)."""

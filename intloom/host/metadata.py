@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Final, TypeVar
 
 import msgspec
-import psutil
 
 from intloom.errors import IntloomError
 from intloom.fsutil import PrivacyError, atomic_write, fsync_dir, read_private
@@ -40,7 +39,7 @@ class _Meta(msgspec.Struct, frozen=True, rename="camel", forbid_unknown_fields=T
     pass
 
 
-class ServiceLock(_Meta):
+class ServiceLock(_Meta, frozen=True):
     version: int
     pid: int
     create_time: float
@@ -49,7 +48,7 @@ class ServiceLock(_Meta):
     started_at: str
 
 
-class ServiceInfo(_Meta):
+class ServiceInfo(_Meta, frozen=True):
     version: int
     project_root: str
     pid: int
@@ -62,7 +61,7 @@ class ServiceInfo(_Meta):
     log_file: str | None = None
 
 
-class Connection(_Meta):
+class Connection(_Meta, frozen=True):
     version: int
     project_root: str
     port: int
@@ -87,6 +86,9 @@ def boot_id() -> str:
 
 
 def current_identity() -> OwnerIdentity:
+    # Imported here: clients read this module on every CLI command and never need psutil.
+    import psutil
+
     proc = psutil.Process(os.getpid())
     return OwnerIdentity(pid=proc.pid, create_time=proc.create_time(), boot_id=boot_id())
 

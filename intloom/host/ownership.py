@@ -116,15 +116,12 @@ class Ownership:
         """A leftover ``service.json`` must at least be valid; an invalid one is kept as is."""
         read_service(self.paths.service_json, self.paths.root)
 
-    def publish_connection(self, saved: Connection | None, port: int) -> Connection:
+    def publish_connection(self, saved: Connection | None, port: int, token: str) -> Connection:
         """Write ``connection.json`` when missing or when the port changed; keep the token."""
-        if saved is not None and saved.port == port:
+        if saved is not None and saved.port == port and saved.token == token:
             return saved
         conn = Connection(
-            version=METADATA_VERSION,
-            project_root=str(self.paths.root),
-            port=port,
-            token=saved.token if saved is not None else new_token(),
+            version=METADATA_VERSION, project_root=str(self.paths.root), port=port, token=token
         )
         write_connection(self.paths.connection_json, conn)
         return conn

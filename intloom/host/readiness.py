@@ -9,6 +9,7 @@ that sees end-of-file without either knows the host exited during initialisation
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from typing import Any, Final
@@ -32,10 +33,12 @@ class ReadyChannel:
         *,
         on_progress: Callable[[str], None] | None = None,
         on_ready: Callable[[ServiceView], None] | None = None,
+        on_failed: Callable[[ErrorView], None] | None = None,
     ) -> None:
         self._fd = fd
         self._on_progress = on_progress
         self._on_ready = on_ready
+        self._on_failed = on_failed
 
     def _send(self, line: dict[str, Any]) -> None:
         if self._fd is None:
@@ -61,13 +64,13 @@ class ReadyChannel:
         self.close()
 
     def failed(self, error: ErrorView) -> None:
+        if self._on_failed is not None:
+            self._on_failed(error)
         self._send({"event": "error", "error": error})
         self.close()
 
     def close(self) -> None:
         fd, self._fd = self._fd, None
         if fd is not None:
-            try:
+            with contextlib.suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass

@@ -91,6 +91,8 @@ class Server:
         self._server: asyncio.Server | None = None
         self._sessions: set[asyncio.Task[None]] = set()
         self._busy: set[asyncio.Task[None]] = set()  # sessions inside a request
+        self._idle = asyncio.Event()  # set whenever no session is inside a request
+        self._idle.set()
 
     async def listen(self, port: int) -> int:
         """Bind 127.0.0.1:``port`` (0 = any free port) and return the bound port."""
@@ -133,17 +135,19 @@ class Server:
             self.log.error("connection_failed", error=type(exc).__name__, detail=str(exc)[:500])
         finally:
             self._sessions.discard(task)
-            self._busy.discard(task)
+            self._leave(task)
             await self._close(writer)
 
-    async def _read(self, reader: asyncio.StreamReader, timeout: float) -> bytes:
+    async def _read(self, reader: asyncio.StreamReader, limit: float) -> bytes:
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(limit):
                 return await read_frame(reader)
         except TimeoutError:
             raise _Refused(None) from None  # slow or idle: just close
         except FrameError as exc:
-            raise _Refused(_error("INVALID_REQUEST", f"{exc}. The connection was closed.")) from None
+            raise _Refused(
+                _error("INVALID_REQUEST", f"{exc}. The connection was closed.")
+            ) from None
 
     async def _handshake(self, reader: asyncio.StreamReader) -> None:
         body = await self._read(reader, self.limits.hello_timeout)
@@ -197,6 +201,7 @@ class Server:
                 await self._write(writer, _error("INVALID_REQUEST", f"{exc}."))
                 continue
             self._busy.add(task)
+            self._idle.clear()
             try:
                 if isinstance(request, Subscribe):
                     await self._stream(reader, writer, request)
@@ -204,9 +209,14 @@ class Server:
                 reply = await self._dispatch(request)
                 await self._write(writer, reply)
             finally:
-                self._busy.discard(task)
+                self._leave(task)
             if isinstance(request, Stop) and isinstance(reply, Stopping):
                 self.on_stop()
+
+    def _leave(self, task: asyncio.Task[None]) -> None:
+        self._busy.discard(task)
+        if not self._busy:
+            self._idle.set()
 
     async def _dispatch(self, request: Request) -> Response:
         if self.closing and not isinstance(request, Status):
@@ -286,9 +296,9 @@ class Server:
         """
         self.closing = True
         self.stop_accepting()
-        deadline = asyncio.get_running_loop().time() + grace
-        while self._busy and asyncio.get_running_loop().time() < deadline:
-            await asyncio.sleep(0.01)  # replies of requests in flight are being written
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(grace):
+                await self._idle.wait()  # replies of requests in flight are being written
         remaining = list(self._sessions)
         cancelled = sum(1 for t in remaining if t in self._busy)
         for t in remaining:

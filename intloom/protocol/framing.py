@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import socket
 import struct
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, TypeVar
 
 import msgspec
 
@@ -34,15 +34,17 @@ __all__ = [
     "write_frame",
 ]
 
+_T = TypeVar("_T")
+
 _HEADER: Final = struct.Struct(">I")
 HEADER_SIZE: Final = _HEADER.size
 
 _encoder: Final = msgspec.msgpack.Encoder()
 # The first frame is decoded against hello *and* requests so that a request sent before the
 # hello earns "send the hello first" instead of a bare decode error.
-_first_decoder: Final = msgspec.msgpack.Decoder(Hello | Request)  # type: ignore[arg-type]
-_request_decoder: Final = msgspec.msgpack.Decoder(Request)  # type: ignore[arg-type]
-_response_decoder: Final = msgspec.msgpack.Decoder(Response)  # type: ignore[arg-type]
+_first_decoder: Final = msgspec.msgpack.Decoder(Hello | Request)
+_request_decoder: Final = msgspec.msgpack.Decoder(Request)
+_response_decoder: Final = msgspec.msgpack.Decoder(Response)
 
 
 class FrameError(Exception):
@@ -85,7 +87,7 @@ def _check_length(length: int, limit: int) -> None:
         )
 
 
-def _decode(decoder: msgspec.msgpack.Decoder[object], body: bytes, what: str) -> object:
+def _decode(decoder: msgspec.msgpack.Decoder[_T], body: bytes, what: str) -> _T:
     try:
         return decoder.decode(body)
     except msgspec.DecodeError as exc:
@@ -93,15 +95,15 @@ def _decode(decoder: msgspec.msgpack.Decoder[object], body: bytes, what: str) ->
 
 
 def decode_first(body: bytes) -> Hello | Request:
-    return _decode(_first_decoder, body, "hello")  # type: ignore[return-value]
+    return _decode(_first_decoder, body, "hello")
 
 
 def decode_request(body: bytes) -> Request:
-    return _decode(_request_decoder, body, "request")  # type: ignore[return-value]
+    return _decode(_request_decoder, body, "request")
 
 
 def decode_response(body: bytes) -> Response:
-    return _decode(_response_decoder, body, "response")  # type: ignore[return-value]
+    return _decode(_response_decoder, body, "response")
 
 
 # ----- asyncio (host) ------------------------------------------------------------------------

@@ -21,11 +21,12 @@ class CheckpointFailed(Exception):
 class JournalPort(Protocol):
     """The durability point. ``append`` buffers; ``sync`` makes every appended record durable.
 
-    One ``sync`` serves every Run that appended since the last flush (group commit). ``sync``
-    raises :class:`CheckpointFailed` if the batch holding the caller's records failed; a
-    record whose batch failed is never later read back as valid.
+    One ``sync`` serves every Run that appended since the last flush (group commit). With a
+    ``run_id``, ``sync`` raises :class:`CheckpointFailed` only if that Run's records were in a
+    failed batch (whoever flushed it); a record whose batch failed is never later read back as
+    valid.
     """
 
     def append(self, run_id: str, record: Record) -> None: ...
 
-    async def sync(self) -> None: ...
+    async def sync(self, run_id: str | None = None) -> None: ...

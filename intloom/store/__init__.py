@@ -1,0 +1,37 @@
+"""The checkpoint store: a host-wide append-only log with group commit, per-Run snapshots.
+
+The format is documented in docs/format.md. Writers go through :class:`Store`; everything
+else here is read-only.
+"""
+
+from __future__ import annotations
+
+from intloom.store.faults import FaultPlan
+from intloom.store.history import HistoryEntry, read_history
+from intloom.store.reader import (
+    FileProblem,
+    RunJournal,
+    ScanStats,
+    StoreReport,
+    read_runs,
+    read_runs_report,
+    verify,
+    verify_report,
+)
+from intloom.store.writer import DEFAULT_SEGMENT_BYTES, Store
+
+__all__ = [
+    "DEFAULT_SEGMENT_BYTES",
+    "FaultPlan",
+    "FileProblem",
+    "HistoryEntry",
+    "RunJournal",
+    "ScanStats",
+    "Store",
+    "StoreReport",
+    "read_history",
+    "read_runs",
+    "read_runs_report",
+    "verify",
+    "verify_report",
+]

@@ -19,7 +19,7 @@ class MemoryJournal:
     def append(self, run_id: str, record: Record) -> None:
         self.pending.append((run_id, record))
 
-    async def sync(self) -> None:
+    async def sync(self, run_id: str | None = None) -> None:
         await asyncio.sleep(0)  # yield like a real flush would
         if not self.pending:
             return

@@ -20,19 +20,24 @@ def init(
     state: CliState,
     directory: Annotated[
         Path | None,
-        typer.Argument(help="A new or empty directory (default: the current one).", show_default=False),
+        typer.Argument(
+            help="A new or empty directory (default: the current one).", show_default=False
+        ),
     ] = None,
 ) -> None:
     """Scaffold a project: intloom.toml, an example Workflow and a .gitignore."""
     from intloom.scaffold import SCAFFOLD, scaffold
 
-    if directory is not None and state.project is not None:
-        if Path(os.path.abspath(directory)) != Path(os.path.abspath(state.project)):
-            raise IntloomError(
-                "INVALID_REQUEST",
-                f"intloom init got two targets, {directory} and --project {state.project}. "
-                "Pass the directory once.",
-            )
+    if (
+        directory is not None
+        and state.project is not None
+        and os.path.abspath(directory) != os.path.abspath(state.project)
+    ):
+        raise IntloomError(
+            "INVALID_REQUEST",
+            f"intloom init got two targets, {directory} and --project {state.project}. "
+            "Pass the directory once.",
+        )
     target = directory if directory is not None else state.project or Path.cwd()
     root = scaffold(target)
 

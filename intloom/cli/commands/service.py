@@ -1,4 +1,4 @@
-"""``intloom start`` and ``intloom stop``: the host's lifecycle, via ``intloom.client.lifecycle``."""
+"""``intloom start`` and ``intloom stop``: the host's lifecycle (``intloom.client.lifecycle``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Annotated, Any
 import typer
 
 from intloom.cli.options import CliState, command
-from intloom.cli.render import plain, service_lines
+from intloom.cli.render import Renderer, plain, service_lines
 
 __all__ = ["start", "stop"]
 
@@ -49,15 +49,23 @@ def start(
     if timeout is not None:
         kwargs["timeout"] = timeout
     if foreground:
-        # The host owns the terminal; a spinner would fight its output.
-        result = lifecycle.start_service(root, progress=lambda _text: None, **kwargs)
-    else:
-        with renderer.spinner("Starting the intloom service...") as update:
-            result = lifecycle.start_service(root, progress=update, **kwargs)
-    if result is None:
+        # The host runs here until it stops: say so once it serves, not when it has gone.
+        def ready(result: Any) -> None:
+            _report(renderer, result)
+            renderer.note("Running in the foreground; Ctrl-C stops the host gracefully.")
+
+        lifecycle.start_service(root, progress=lambda _text: None, on_ready=ready, **kwargs)
+        renderer.note("The service stopped; checkpoints are kept for the next intloom start.")
         return
-    service = getattr(result, "service", None)
-    reused = bool(getattr(result, "reused", False))
+    with renderer.spinner("Starting the intloom service...") as update:
+        result = lifecycle.start_service(root, progress=update, **kwargs)
+    _report(renderer, result)
+
+
+def _report(renderer: Renderer, result: Any) -> None:
+    """``{service, reused}``, or the service's lines and what its restore did."""
+    service = result.service
+    reused = bool(result.reused)
 
     def text() -> list[str]:
         title = "Reusing existing service" if reused else "Service started"

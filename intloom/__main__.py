@@ -1,0 +1,7 @@
+"""``python -m intloom``: the ``intloom`` command."""
+
+from __future__ import annotations
+
+from intloom.cli.app import main
+
+raise SystemExit(main())

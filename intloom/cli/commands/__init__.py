@@ -1,0 +1,1 @@
+"""One module per group of commands; ``intloom.cli.app`` registers them."""

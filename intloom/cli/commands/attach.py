@@ -1,0 +1,158 @@
+"""``intloom attach RUN``: the Run's history, then its live events, answering on a terminal.
+
+Decisions come from the Run's own views (``get_run``, ``wait_run``, ``answer`` replies on one
+connection); the event stream, on a second connection, is only shown. Before each prompt and
+before the final view, the display is given a moment to catch up with the view it acts on,
+so the history is printed before the question it leads to.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Final
+
+import typer
+
+from intloom.cli import exit_codes
+from intloom.cli.commands.runs import RunArg, finish_run
+from intloom.cli.inputs import interactive
+from intloom.cli.options import CliState, command
+from intloom.cli.render import Renderer, plain
+from intloom.errors import IntloomError
+
+if TYPE_CHECKING:
+    from intloom.client.client import Client
+    from intloom.protocol.messages import RunEvent
+    from intloom.runtime.model import RunView
+
+__all__ = ["attach"]
+
+# How long the display may lag the Run before a prompt or the final view goes ahead anyway.
+_CATCH_UP: Final = 3.0
+# Answers that leave the Run waiting: say why, then look again.
+_RETRY_CODES: Final = frozenset({"INVALID_REQUEST", "CONFLICT"})
+
+
+def event_line(event: RunEvent) -> str:
+    run = plain(event.run)
+    cursor = run.get("cursor") or {}
+    where = f"{cursor.get('stage', '-')}/{cursor.get('step') or '-'}"
+    line = f"{run.get('updatedAt', '')}  {event.event:<16} {where:<24} {run.get('status', '')}"
+    if isinstance(event.detail, str) and event.detail:
+        line += f"  {event.detail}"
+    return line.rstrip()
+
+
+def _key(view: RunView) -> tuple[object, ...]:
+    action = view.pending_action.id if view.pending_action else None
+    call = view.pending_agent_call.id if view.pending_agent_call else None
+    error = view.last_error.code if view.last_error else None
+    return (view.status, view.updated_at, action, call, error)
+
+
+class _Follower(threading.Thread):
+    """Prints the Run's events as they arrive; remembers how far it has got."""
+
+    def __init__(self, root: Path, run_id: str, renderer: Renderer) -> None:
+        super().__init__(name=f"attach-{run_id}", daemon=True)
+        self._root = root
+        self._run_id = run_id
+        self._renderer = renderer
+        self._cond = threading.Condition()
+        self._seen: list[RunView] = []
+        self._done = False
+        self._client: Client | None = None
+
+    def run(self) -> None:
+        from intloom.client.client import Client
+
+        try:
+            with Client.connect(self._root) as client:
+                self._client = client
+                for event in client.subscribe(self._run_id):
+                    self._renderer.lines([event_line(event)])
+                    with self._cond:
+                        self._seen.append(event.run)
+                        self._cond.notify_all()
+                    if event.final:
+                        break
+        except Exception:
+            # The stream is a display only; the view on the main connection decides.
+            pass
+        finally:
+            with self._cond:
+                self._done = True
+                self._cond.notify_all()
+
+    def _reached(self, view: RunView) -> bool:
+        # Several records share a millisecond, so a timestamp alone does not say "caught up":
+        # the event must show this very state, or a later time.
+        if self._done:
+            return True
+        if view.status in ("completed", "failed"):
+            return False  # the stream ends after the terminal event: wait for that
+        key = _key(view)
+        return any(
+            seen.updated_at > view.updated_at or _key(seen) == key for seen in self._seen
+        )
+
+    def catch_up(self, view: RunView) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: self._reached(view), timeout=_CATCH_UP)
+
+    def close(self) -> None:
+        client = self._client
+        if client is not None:
+            with contextlib.suppress(Exception):
+                client.close()
+
+
+def _follow(state: CliState, client: Client, run_id: str, view: RunView) -> RunView:
+    """Wait, prompt and answer until the Run is terminal, or waits with no one to answer."""
+    from intloom.cli.prompts import prompt_answer
+
+    follower = _Follower(state.root(), run_id, state.renderer)
+    follower.start()
+    can_prompt = interactive(state.json_mode)
+    try:
+        while True:
+            if view.status == "running":
+                view = client.wait_run(run_id)
+                continue
+            follower.catch_up(view)
+            action = view.pending_action
+            if view.status != "waiting" or action is None or not can_prompt:
+                return view
+            value = prompt_answer(plain(action))
+            try:
+                view = client.answer(run_id, action.id, value)
+            except IntloomError as exc:
+                if exc.code not in _RETRY_CODES:
+                    raise
+                state.renderer.error(exc.view())
+                view = client.get_run(run_id)
+    finally:
+        follower.close()
+
+
+@command
+def attach(state: CliState, run_id: RunArg) -> int:
+    """Show a Run's history and live events; on a terminal, answer what it asks.
+
+    Ctrl-C detaches and leaves the Run as it is. Exit 0 when it completes or still waits,
+    1 when it fails or was stopped.
+    """
+    with state.client(waits=True) as client:
+        view = client.get_run(run_id)
+        if state.json_mode:
+            if view.status == "running":
+                view = client.wait_run(run_id)
+            return finish_run(state, view)
+        try:
+            view = _follow(state, client, run_id, view)
+        except (KeyboardInterrupt, typer.Abort):
+            state.renderer.note(f"Detached from {run_id}; the Run is left as it was.")
+            return exit_codes.OK
+    return finish_run(state, view)

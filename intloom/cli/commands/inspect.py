@@ -1,0 +1,97 @@
+"""``intloom inspect RUN``: one Run's journal, phase by phase, with its verification. Offline.
+
+It reads ``.intloom/runtime/`` through ``intloom.store`` and writes nothing; it needs no host
+and works the same whether one runs or not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from intloom.cli.commands.runs import RunArg
+from intloom.cli.options import CliState, command
+from intloom.cli.render import history_rows, plain
+from intloom.errors import IntloomError
+
+__all__ = ["inspect"]
+
+
+def _not_found(run_id: str, where: object) -> IntloomError:
+    return IntloomError(
+        "NOT_FOUND",
+        f"No journal for Run {run_id} under {where}. Check the Run id (intloom runs lists "
+        "the current host's Runs).",
+    )
+
+
+def _summary(run_id: str, journal: Any) -> dict[str, Any]:
+    """``{runId, status, verdict, problem?, ...}`` from the store's view of one journal."""
+    summary: dict[str, Any] = {"runId": run_id}
+    if journal is None:
+        summary["status"] = "unknown"
+        return summary
+    state = getattr(journal, "state", None)
+    verdict = getattr(journal, "status", None)
+    summary["status"] = getattr(state, "status", None) or verdict or "unknown"
+    if state is not None:
+        summary["workflow"] = state.workflow
+        summary["phase"] = state.phase
+        if state.last_error is not None:
+            summary["lastError"] = plain(state.last_error)
+        if state.effect_in_flight is not None:
+            summary["effectInFlight"] = plain(state.effect_in_flight)
+    if verdict is not None:
+        summary["verdict"] = verdict
+    if getattr(journal, "torn_tail", False):
+        summary["tornTail"] = True
+    problem = getattr(journal, "problem", None)
+    if problem:
+        summary["problem"] = problem
+    return summary
+
+
+def _text(run: Mapping[str, Any]) -> list[str]:
+    head = f"Run {run['runId']} · {run.get('status')}"
+    if run.get("workflow"):
+        head += f" · {run['workflow']}"
+    if run.get("verdict"):
+        head += f" · journal {run['verdict']}"
+    lines = [head]
+    if run.get("problem"):
+        lines.append(f"Problem: {run['problem']}")
+    effect = run.get("effectInFlight")
+    if isinstance(effect, Mapping):
+        lines.append(
+            f"In flight: effect {effect.get('name')} (key {effect.get('key')}), started "
+            f"{effect.get('startedAt')}; it was not replayed."
+        )
+    if run.get("tornTail"):
+        lines.append("The last record is torn (an unfinished write); it is ignored, not removed.")
+    return lines
+
+
+@command
+def inspect(state: CliState, run_id: RunArg) -> None:
+    """Show a Run's journal, phase by phase, with verification results. Works offline."""
+    from intloom import store
+    from intloom.project import ProjectPaths
+
+    runtime = ProjectPaths(state.root()).runtime
+    if not runtime.exists():
+        raise _not_found(run_id, runtime)
+    entries = store.read_history(runtime, run_id)
+    if not entries:
+        raise _not_found(run_id, runtime)
+    # verify (not read_runs) judges terminal Runs too, from the whole log: inspect is on demand.
+    journal = next((j for j in store.verify(runtime) if j.run_id == run_id), None)
+    run = _summary(run_id, journal)
+    records = [plain(entry) for entry in entries]
+    renderer = state.renderer
+    if renderer.json_mode:
+        renderer.document({"run": run, "records": records})
+        return
+    renderer.lines(_text(run))
+    renderer.table(
+        ["SEQ", "PHASE", "TIME", "RECORD", "CHECKSUM/VERDICT", "LOCATION"], history_rows(records)
+    )

@@ -1,0 +1,127 @@
+"""``intloom logs [RUN] [--follow]``: the host's structured log. Works offline.
+
+Text mode renders ``time level event key=value``; ``--json`` streams the raw JSONL lines (the
+one exception to "one JSON document": a stream of them). ``--follow`` keeps reading across
+host restarts, each of which starts a new log file, until Ctrl-C or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Annotated, Any, Final
+
+import msgspec
+import typer
+
+from intloom.cli.logtail import LogTail, log_files
+from intloom.cli.options import CliState, command
+from intloom.cli.render import Renderer, log_line
+
+__all__ = ["logs"]
+
+# A change notification can be missed in the gap before a watch starts; this is the
+# longest such a line waits before a periodic read shows it.
+_RESCAN_MS: Final = 1000
+
+
+def _printer(renderer: Renderer, run_id: str | None) -> tuple[Callable[[str], None], list[int]]:
+    """An ``emit`` for LogTail, and a one-item counter of the lines it printed."""
+    printed = [0]
+
+    def emit(line: str) -> None:
+        record: Any = None
+        try:
+            record = msgspec.json.decode(line)
+        except msgspec.DecodeError:
+            record = None
+        if run_id is not None:
+            if not isinstance(record, Mapping):
+                return
+            if record.get("runId", record.get("run_id")) != run_id:
+                return
+        printed[0] += 1
+        if renderer.json_mode:
+            renderer.raw(line + "\n")
+        elif isinstance(record, Mapping):
+            renderer.lines([log_line(record)])
+        else:
+            renderer.lines([f"- ????? unreadable log line: {line[:200]}"])
+
+    return emit, printed
+
+
+def _watch_target(root: Path, logs_dir: Path) -> tuple[Path, bool]:
+    """The nearest existing directory to watch, and whether to watch it recursively."""
+    if logs_dir.is_dir():
+        return logs_dir, False
+    state_dir = logs_dir.parent
+    if state_dir.is_dir():
+        return state_dir, False
+    return root, False
+
+
+def _follow(tail: LogTail, root: Path, logs_dir: Path) -> None:
+    import watchfiles
+
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda _signo, _frame: stop.set())
+    try:
+        while not stop.is_set():
+            target, recursive = _watch_target(root, logs_dir)
+            moved = False
+            for _changes in watchfiles.watch(
+                target,
+                recursive=recursive,
+                stop_event=stop,
+                raise_interrupt=False,
+                rust_timeout=_RESCAN_MS,
+                yield_on_timeout=True,
+                debounce=50,
+                step=25,
+            ):
+                tail.pump()
+                if _watch_target(root, logs_dir) != (target, recursive):
+                    moved = True
+                    break
+            if not moved:
+                return  # stopped by SIGTERM, or Ctrl-C inside the watcher
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@command
+def logs(
+    state: CliState,
+    run_id: Annotated[
+        str | None,
+        typer.Argument(metavar="[RUN]", help="Only records about this Run.", show_default=False),
+    ] = None,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing new records, across restarts.")
+    ] = False,
+    all_files: Annotated[
+        bool, typer.Option("--all", help="Every host's log, oldest first, not only the newest.")
+    ] = False,
+) -> None:
+    """Show the host log (structured), optionally for one Run. Works offline."""
+    from intloom.project import ProjectPaths
+
+    root = state.root()
+    logs_dir = ProjectPaths(root).logs
+    renderer = state.renderer
+    emit, printed = _printer(renderer, run_id)
+    tail = LogTail(logs_dir, emit, all_files=all_files)
+    tail.pump()
+    if follow:
+        with contextlib.suppress(KeyboardInterrupt):
+            _follow(tail, root, logs_dir)
+        return
+    if printed[0] == 0:
+        if not log_files(logs_dir):
+            renderer.note(f"No host log yet under {logs_dir}; intloom start writes one.")
+        elif run_id is not None:
+            renderer.note(f"No log records about {run_id} in the newest log (try --all).")

@@ -1,0 +1,146 @@
+"""Run commands against the live host: ``flow``, ``flows``, ``runs``, ``answer``, ``cancel``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from intloom.cli import exit_codes
+from intloom.cli.inputs import interactive, read_answer, read_intent
+from intloom.cli.options import CliState, command
+from intloom.cli.render import plain, run_lines, run_row
+from intloom.errors import error_view
+
+if TYPE_CHECKING:
+    from intloom.runtime.model import RunView
+
+__all__ = ["answer", "cancel", "finish_run", "flow", "flows", "runs"]
+
+RunArg = Annotated[str, typer.Argument(metavar="RUN", help="The Run's id (RUN-...).")]
+
+
+def finish_run(state: CliState, run: RunView, *, prefix: list[str] | None = None) -> int:
+    """Print ``{run}`` once; a failed Run also says CLI_RUN_FAILED (text mode) and exits 1."""
+    data = plain(run)
+    state.renderer.result({"run": run}, lambda: [*(prefix or []), *run_lines(data)])
+    code = exit_codes.for_run_status(run.status)
+    if code != exit_codes.OK and not state.json_mode:
+        err = data.get("lastError") or {}
+        state.renderer.error(
+            error_view(
+                "CLI_RUN_FAILED",
+                f"The Run {run.run_id} ended {run.status} with {err.get('code', 'an error')}. "
+                f"Run intloom inspect {run.run_id} for its journal.",
+            )
+        )
+    return code
+
+
+@command
+def flow(
+    state: CliState,
+    workflow: Annotated[str, typer.Argument(metavar="WORKFLOW", help="The Workflow's name.")],
+    intent: Annotated[
+        str | None, typer.Option("--intent", metavar="TEXT", help="What the Run is for.")
+    ] = None,
+    intent_file: Annotated[
+        str | None,
+        typer.Option(
+            "--intent-file", metavar="PATH", help="Read the intent from a file (- is stdin)."
+        ),
+    ] = None,
+    detach: Annotated[
+        bool, typer.Option("--detach", help="Return as soon as the Run is created.")
+    ] = False,
+) -> int:
+    """Create a Run and wait for its first question, confirmation or end.
+
+    Exit 0 when it waits or completes, 1 when it fails.
+    """
+    text = read_intent(intent, intent_file, prompt=interactive(state.json_mode))
+    with state.client(waits=not detach) as client, state.renderer.spinner(f"Running {workflow}..."):
+        run = client.create_run(workflow, text, wait=not detach)
+    return finish_run(state, run)
+
+
+@command
+def flows(state: CliState) -> None:
+    """List the Workflows the host loaded, with their identity and readiness."""
+    with state.client() as client:
+        workflows = client.workflows()
+    renderer = state.renderer
+    if renderer.json_mode:
+        renderer.document({"workflows": workflows})
+        return
+    if not workflows:
+        renderer.lines(["The current service has no Workflows. Add one to intloom.toml."])
+        return
+    rows = [
+        [
+            w.name,
+            w.version,
+            "ready" if w.ready else f"not ready: {w.problem or 'see intloom doctor'}",
+            w.identity[:12],
+            w.source,
+        ]
+        for w in workflows
+    ]
+    renderer.table(["WORKFLOW", "VERSION", "READINESS", "IDENTITY", "SOURCE"], rows)
+
+
+@command
+def runs(
+    state: CliState,
+    flow: Annotated[
+        str | None, typer.Option("--flow", metavar="WORKFLOW", help="Only this Workflow's Runs.")
+    ] = None,
+) -> None:
+    """List the Runs of the current host (new ones and restored unfinished ones)."""
+    with state.client() as client:
+        found = client.runs(flow)
+    renderer = state.renderer
+    if renderer.json_mode:
+        renderer.document({"runs": found})
+        return
+    if not found:
+        renderer.lines(["The current service has no Runs."])
+        return
+    renderer.table(
+        ["RUN", "WORKFLOW", "STATUS", "CURSOR", "UPDATED"], [run_row(plain(r)) for r in found]
+    )
+
+
+@command
+def answer(
+    state: CliState,
+    run_id: RunArg,
+    action_id: Annotated[
+        str, typer.Argument(metavar="ACTION", help="The pending action's id (from the Run).")
+    ],
+    answer_json: Annotated[
+        str, typer.Argument(metavar="ANSWER", help="The answer as JSON; - reads it from stdin.")
+    ],
+) -> int:
+    """Answer a pending question or confirmation, then wait for the next stable state.
+
+    Exit 0 unless the Run then fails.
+    """
+    value = read_answer(answer_json)
+    with state.client(waits=True) as client, state.renderer.spinner("Delivering the answer..."):
+        run = client.answer(run_id, action_id, value)
+    return finish_run(state, run)
+
+
+@command
+def cancel(state: CliState, run_id: RunArg) -> None:
+    """Stop a Run for good (failed/RUN_STOPPED). Repeating it returns the same snapshot."""
+    with state.client() as client:
+        run, already_ended = client.cancel(run_id)
+    prefix = []
+    if already_ended and not (
+        run.last_error is not None and run.last_error.code == "RUN_STOPPED"
+    ):
+        prefix.append("The Run has ended; no stop is needed.")
+    data = plain(run)
+    state.renderer.result({"run": run}, lambda: [*prefix, *run_lines(data)])

@@ -1,0 +1,95 @@
+"""What a person hands the CLI besides options: an intent, an answer, a terminal or not."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Final
+
+import msgspec
+
+from intloom.errors import IntloomError
+
+__all__ = ["MAX_INPUT", "interactive", "read_answer", "read_intent"]
+
+# Far above any real intent or answer, far below the protocol's frame cap, and it stops
+# ``--intent-file /dev/zero`` from reading forever.
+MAX_INPUT: Final = 1 << 20
+
+ANSWER_SHAPES: Final = (
+    'A confirmation answer is {"isConfirmed": true, "feedback": "optional text"}; a questions '
+    'answer is [{"questionId": "q1", "isSkipped": false, "answer": "text"}, ...].'
+)
+
+
+def interactive(json_mode: bool) -> bool:
+    """Prompts are allowed: not JSON mode, and both stdin and stderr are terminals."""
+    if json_mode:
+        return False
+    try:
+        return sys.stdin.isatty() and sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def _read_bytes(source: str, code: str, what: str) -> bytes:
+    if source == "-":
+        data = sys.stdin.buffer.read(MAX_INPUT + 1)
+        name = "stdin"
+    else:
+        name = source
+        try:
+            with open(source, "rb") as fh:
+                data = fh.read(MAX_INPUT + 1)
+        except OSError as exc:
+            raise IntloomError(
+                code, f"The {what} {source} could not be read ({exc.strerror}). Check the path."
+            ) from None
+    if len(data) > MAX_INPUT:
+        raise IntloomError(code, f"The {what} from {name} is larger than {MAX_INPUT} bytes.")
+    return data
+
+
+def read_intent(intent: str | None, intent_file: str | None, *, prompt: bool) -> str:
+    """The intent from --intent, --intent-file (``-`` is stdin) or, on a terminal, a prompt."""
+    if intent is not None and intent_file is not None:
+        raise IntloomError(
+            "INVALID_REQUEST", "--intent and --intent-file are mutually exclusive; pass one."
+        )
+    if intent_file is not None:
+        data = _read_bytes(intent_file, "CLI_INTENT_FILE_INVALID", "intent file")
+        try:
+            # The newline ``echo`` and editors add is not part of what was meant.
+            text = data.decode("utf-8").rstrip("\r\n")
+        except UnicodeDecodeError:
+            raise IntloomError(
+                "CLI_INTENT_FILE_INVALID",
+                f"The intent file {intent_file} is not UTF-8 text. Save it as UTF-8.",
+            ) from None
+    elif intent is not None:
+        text = intent
+    elif prompt:
+        import typer
+
+        text = str(typer.prompt("Intent", err=True))
+    else:
+        raise IntloomError(
+            "INVALID_REQUEST",
+            "A Run needs an intent: pass --intent TEXT or --intent-file PATH (- reads stdin).",
+        )
+    if not text.strip():
+        raise IntloomError("INVALID_REQUEST", "The intent is blank. Say what the Run is for.")
+    return text
+
+
+def read_answer(answer: str) -> Any:
+    """ANSWER as JSON (``-`` reads it from stdin); INVALID_REQUEST naming the shapes otherwise."""
+    if answer == "-":
+        data = _read_bytes("-", "INVALID_REQUEST", "answer")
+    else:
+        data = answer.encode("utf-8")
+    try:
+        return msgspec.json.decode(data)
+    except msgspec.DecodeError as exc:
+        raise IntloomError(
+            "INVALID_REQUEST", f"ANSWER is not valid JSON ({exc}). {ANSWER_SHAPES}"
+        ) from None

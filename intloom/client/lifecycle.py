@@ -1,0 +1,458 @@
+"""``start`` and ``stop``: launch a project's host, or ask it to stop, and verify the result.
+
+Neither ever deletes a file, kills a saved pid or signals a host it did not launch. ``start``
+reuses a live verified host; a leftover ``service.lock`` with no live host behind it is
+``CLI_SERVICE_BUSY`` (run ``intloom doctor``, then ``intloom recover``). ``stop`` sends the stop
+request at most once, to the instance it observed, then waits until that instance has
+released its files; a dead owner whose files remain is ``CLI_SERVICE_BUSY``, every file left
+byte-identical.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final, Literal
+
+import msgspec
+
+from intloom.client.client import Client
+from intloom.errors import ErrorView, IntloomError
+from intloom.host.metadata import ServiceInfo, ServiceLock, read_lock, read_service
+from intloom.project import ProjectPaths
+from intloom.protocol.messages import ServiceView
+
+__all__ = ["Progress", "StartResult", "start_service", "stop_service"]
+
+Progress = Callable[[str], None]  # receives a short human-readable line
+
+_POLL: Final = 0.05
+_TERMINATE_GRACE: Final = 3.0
+_MAX_LAUNCHES: Final = 3
+_LOCK_SETTLE: Final = 1.0
+# The host reports progress by step id (the readiness protocol); people read these.
+_STEPS: Final = {
+    "launched": "Launching the intloom service...",
+    "locking": "Taking the project's service lock...",
+    "log_opened": "Reading the configuration...",
+    "loading_workflows": "Loading Workflows and restoring Runs...",
+    "listening": "Opening the local socket...",
+}
+_STOP_UNVERIFIED: Final = (
+    "Cannot verify resource cleanup by the original instance. Run intloom doctor and "
+    "explicitly recover if needed."
+)
+
+
+@dataclass(frozen=True)
+class StartResult:
+    service: ServiceView
+    reused: bool
+
+
+# ----- shared --------------------------------------------------------------------------------
+
+
+def _owner_gone(paths: ProjectPaths, pid: int, create_time: float, boot: str | None) -> bool:
+    """True only on proof: the OS lock is free and the process is gone (pid, create time, boot)."""
+    from intloom.diagnostics.liveness import judge, probe_lock, probe_process
+    from intloom.host.metadata import boot_id
+
+    process = probe_process(pid, create_time, boot, boot_id())
+    if process.state != "gone":
+        return False
+    return judge(probe_lock(paths.service_lock), process) == "gone"
+
+
+def _owner_alive(pid: int, create_time: float, boot: str | None) -> bool:
+    from intloom.diagnostics.liveness import probe_process
+    from intloom.host.metadata import boot_id
+
+    return probe_process(pid, create_time, boot, boot_id()).state == "alive"
+
+
+def _live_service(root: Path) -> ServiceView | None:
+    """The verified live host's status, or None when it is offline. Other errors propagate."""
+    try:
+        with Client.connect(root) as client:
+            return client.status()
+    except IntloomError as exc:
+        if exc.code == "CLI_SERVICE_OFFLINE":
+            return None
+        raise
+
+
+def _fresh_status(root: Path) -> ServiceView | None:
+    """Counts as of now, when the host just launched still answers; its ready report else."""
+    try:
+        return _live_service(root)
+    except IntloomError:
+        return None
+
+
+# ----- start ---------------------------------------------------------------------------------
+
+
+def _busy(paths: ProjectPaths) -> IntloomError:
+    return IntloomError(
+        "CLI_SERVICE_BUSY",
+        f"The project service is locked ({paths.service_lock} exists, and no live host "
+        "answers). Run intloom doctor; use intloom recover only after its owner has exited.",
+    )
+
+
+def _reuse(service: ServiceView, port: int | None) -> StartResult:
+    if port is not None and port != service.port:
+        raise IntloomError(
+            "CLI_SERVICE_CONFLICT",
+            f"The host already runs on port {service.port} (pid {service.pid}). Stop the "
+            f"running service before changing its port to {port}.",
+        )
+    return StartResult(service=service, reused=True)
+
+
+def _lock_owner(paths: ProjectPaths) -> Literal["absent", "starting", "stale"]:
+    """Who holds ``service.lock``: nobody, a live process (a host still starting), or else.
+
+    A lock file is created empty and then written, so an unreadable one gets a moment to
+    become readable before it is judged.
+    """
+    deadline = time.monotonic() + _LOCK_SETTLE
+    while True:
+        if not (paths.service_lock.exists() or paths.service_lock.is_symlink()):
+            return "absent"
+        try:
+            lock = read_lock(paths.service_lock)
+        except IntloomError:
+            if time.monotonic() < deadline:
+                time.sleep(_POLL)  # a poll while the file is being written
+                continue
+            return "stale"
+        if lock is None:
+            return "absent"
+        return "starting" if _owner_alive(lock.pid, lock.create_time, lock.boot_id) else "stale"
+
+
+def start_service(
+    root: Path,
+    *,
+    port: int | None = None,
+    strict: bool = False,
+    timeout: float = 300.0,
+    foreground: bool = False,
+    progress: Progress | None = None,
+    on_ready: Callable[[StartResult], None] | None = None,
+) -> StartResult:
+    """Reuse the live host, or launch one and return once it has restored and listens.
+
+    ``foreground`` runs the host in this process until it stops (Ctrl-C is a graceful stop);
+    ``on_ready`` is then called once it serves, and the result is returned after it stopped.
+    """
+    root = root.resolve()
+    paths = ProjectPaths(root)
+    deadline = time.monotonic() + timeout
+    launches = 0
+    while True:
+        service = _live_service(root)
+        if service is not None:
+            if foreground:
+                raise IntloomError(
+                    "CLI_SERVICE_CONFLICT",
+                    f"The host already runs in the background (pid {service.pid}). Run intloom "
+                    "stop first to run it in the foreground.",
+                )
+            return _reuse(service, port)
+        owner = _lock_owner(paths)
+        if owner != "absent":
+            # A host that is starting right now (a concurrent start) will answer soon;
+            # anything else behind a lock file is for doctor and recover, never for us.
+            if owner == "starting" and time.monotonic() < deadline:
+                time.sleep(_POLL)  # a poll until the starting host answers
+                continue
+            raise _busy(paths)
+        if foreground:
+            return _run_foreground(root, port=port, strict=strict, progress=progress,
+                                   on_ready=on_ready)
+        if launches >= _MAX_LAUNCHES:
+            raise _busy(paths)
+        launches += 1
+        try:
+            service = _launch(root, port=port, strict=strict, deadline=deadline,
+                              progress=progress)
+        except IntloomError as exc:
+            if exc.code == "CLI_SERVICE_BUSY":
+                continue  # lost the race for the lock: the winner may be the one to reuse
+            raise
+        return StartResult(service=_fresh_status(root) or service, reused=False)
+
+
+def _host_command(root: Path, port: int | None, strict: bool, ready_fd: int) -> list[str]:
+    cmd = [sys.executable, "-P", "-m", "intloom.host", "--project", str(root),
+           "--ready-fd", str(ready_fd)]
+    if port is not None:
+        cmd += ["--port", str(port)]
+    if strict:
+        cmd.append("--strict")
+    return cmd
+
+
+def _host_env() -> dict[str, str]:
+    # The host runs with -P in the project directory, so it finds intloom where we found it.
+    here = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def _reap_later(proc: subprocess.Popen[bytes]) -> None:
+    """Collect the detached host's exit status whenever it comes, so it never lingers."""
+    threading.Thread(target=proc.wait, name=f"intloom-reap-{proc.pid}", daemon=True).start()
+
+
+def _launch(root: Path, *, port: int | None, strict: bool, deadline: float,
+            progress: Progress | None) -> ServiceView:
+    read_fd, write_fd = os.pipe()
+    try:
+        proc = subprocess.Popen(
+            _host_command(root, port, strict, write_fd),
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True, pass_fds=(write_fd,), cwd=str(root), env=_host_env(),
+        )
+    except OSError as exc:
+        os.close(read_fd)
+        raise IntloomError(
+            "CLI_SERVICE_UNAVAILABLE",
+            f"Could not launch the project host ({exc.strerror or exc}).",
+        ) from None
+    finally:
+        os.close(write_fd)  # only the child holds the write end now: EOF means it is gone
+    if progress is not None:
+        progress(_STEPS["launched"])
+    try:
+        service = _await_ready(proc, read_fd, deadline, progress)
+    except BaseException:
+        _stop_child(proc)
+        raise
+    finally:
+        os.close(read_fd)
+    _reap_later(proc)
+    return service
+
+
+def _await_ready(proc: subprocess.Popen[bytes], fd: int, deadline: float,
+                 progress: Progress | None) -> ServiceView:
+    buf = b""
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise IntloomError(
+                "CLI_SERVICE_TIMEOUT",
+                "The service did not finish initialization and Workflow restoration in time; "
+                "the host that was launched has been stopped. See .intloom/logs/.",
+            )
+        readable, _, _ = select.select([fd], [], [], min(remaining, 0.5))
+        if not readable:
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            raise IntloomError(
+                "CLI_SERVICE_UNAVAILABLE", "The service exited during initialization."
+            )
+        buf += chunk
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            outcome = _ready_line(line, progress)
+            if outcome is not None:
+                return outcome
+
+
+def _ready_line(line: bytes, progress: Progress | None) -> ServiceView | None:
+    try:
+        message = json.loads(line)
+        event = message["event"]
+        if event == "ready":
+            return msgspec.convert(message["service"], ServiceView)
+        if event == "error":
+            err = message["error"]
+            raise IntloomError(str(err["code"]), str(err["message"]),
+                               retryable=bool(err.get("retryable", False)))
+        if event == "progress" and progress is not None:
+            step = str(message["step"])
+            progress(_STEPS.get(step, step))
+        return None
+    except IntloomError:
+        raise
+    except (ValueError, KeyError, TypeError, msgspec.ValidationError):
+        raise IntloomError(
+            "CLI_SERVICE_UNAVAILABLE", "The service sent an invalid readiness report."
+        ) from None
+
+
+def _stop_child(proc: subprocess.Popen[bytes]) -> None:
+    """Terminate the host *we* launched (never a saved pid), then make sure it is reaped."""
+    if proc.poll() is not None:
+        return
+    try:
+        proc.terminate()
+        proc.wait(timeout=_TERMINATE_GRACE)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=_TERMINATE_GRACE)
+    except ProcessLookupError:
+        pass
+
+
+def _run_foreground(root: Path, *, port: int | None, strict: bool, progress: Progress | None,
+                    on_ready: Callable[[StartResult], None] | None) -> StartResult:
+    from intloom.host.daemon import Host, HostOptions
+    from intloom.host.readiness import ReadyChannel
+
+    ready: list[ServiceView] = []
+    failure: list[ErrorView] = []
+
+    def seen(service: ServiceView) -> None:
+        ready.append(service)
+        if on_ready is not None:
+            on_ready(StartResult(service=service, reused=False))
+
+    channel = ReadyChannel(on_progress=progress, on_ready=seen, on_failed=failure.append)
+    code = Host(HostOptions(root=root, port=port, strict=strict), channel).run()
+    if failure:
+        raise IntloomError(failure[0].code, failure[0].message, retryable=failure[0].retryable)
+    if not ready:
+        raise IntloomError("CLI_SERVICE_UNAVAILABLE", "The service exited during initialization.")
+    if code != 0:
+        raise IntloomError(
+            "CLI_INTERNAL_ERROR",
+            f"The host stopped after an error; see .intloom/logs/{ready[0].log_file}.",
+        )
+    return StartResult(service=ready[0], reused=False)
+
+
+# ----- stop ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Target:
+    instance_id: str
+    pid: int
+    create_time: float
+    boot_id: str | None
+
+
+def _released(paths: ProjectPaths, target: _Target) -> bool:
+    """Neither ``service.json`` nor ``service.lock`` still names the target instance."""
+    try:
+        info = read_service(paths.service_json, paths.root)
+        lock = read_lock(paths.service_lock)
+    except IntloomError:
+        return False  # unreadable is not proof of anything
+    return all(v is None or v.instance_id != target.instance_id for v in (info, lock))
+
+
+def _target(info: ServiceInfo | None, lock: ServiceLock | None) -> _Target:
+    if info is not None and lock is not None and (
+        info.instance_id != lock.instance_id or info.pid != lock.pid
+    ):
+        raise IntloomError(
+            "CLI_SERVICE_CONFLICT",
+            "Service identity changed during inspection (service.json and service.lock name "
+            "different instances). Check the status again.",
+        )
+    if lock is not None:
+        return _Target(lock.instance_id, lock.pid, lock.create_time, lock.boot_id)
+    assert info is not None
+    return _Target(info.instance_id, info.pid, info.create_time, None)
+
+
+def _request_stop(root: Path, paths: ProjectPaths, target: _Target) -> None:
+    """Send Stop to the target, at most once. Returns when the wait should begin."""
+    try:
+        client = Client.connect(root)
+    except IntloomError as exc:
+        if exc.code in ("CLI_SERVICE_OFFLINE", "CLI_SERVICE_CLOSING", "CLI_SERVICE_UNAVAILABLE"):
+            return  # gone, or another stop is under way: the wait decides
+        if exc.code == "CLI_SERVICE_METADATA_INVALID":
+            if _released(paths, target):
+                return
+            raise
+        raise IntloomError(
+            "CLI_SERVICE_UNAVAILABLE",
+            f"The service rejected shutdown ({exc.code}: {exc.message})",
+        ) from None
+    with client:
+        if client.hello.instance_id != target.instance_id:
+            return  # a replacement answers: the target is already gone, never stop the new one
+        try:
+            client.stop(target.instance_id)
+        except IntloomError as exc:
+            if exc.code in ("CLI_SERVICE_CLOSING", "PROJECT_REQUEST_FAILED"):
+                return  # stopping anyway, or the reply was lost: never resent
+            if exc.code == "CONFLICT":
+                if _released(paths, target):
+                    return
+                raise IntloomError(
+                    "CLI_SERVICE_CONFLICT", f"The service rejected shutdown ({exc.message})"
+                ) from None
+            raise IntloomError(
+                "CLI_SERVICE_UNAVAILABLE", f"The service rejected shutdown ({exc.code})."
+            ) from None
+
+
+def stop_service(root: Path, *, timeout: float = 10.0) -> bool:
+    """Stop the observed host instance. ``False`` when offline (nothing is created).
+
+    Never signals and never cleans up: crash leftovers are CLI_SERVICE_BUSY with every file
+    byte-identical; a host that does not release its files in time is CLI_SERVICE_TIMEOUT.
+    """
+    from intloom.diagnostics.observe import observe
+
+    root = root.resolve()
+    paths = ProjectPaths(root)
+    snap = observe(root)  # strict, consistent, read-only; invalid metadata raises here
+    info, lock, conn = snap.service.value, snap.lock.value, snap.connection.value
+    if info is None and lock is None:
+        return False
+    target = _target(info, lock)
+    if info is not None and (conn is None or conn.port != info.port):
+        raise IntloomError(
+            "CLI_SERVICE_METADATA_INVALID",
+            "Service identity does not match connection configuration. Shutdown was not "
+            "requested; run intloom doctor.",
+        )
+    deadline = time.monotonic() + timeout
+    sent = False
+    if info is not None:
+        _request_stop(root, paths, target)
+        sent = True
+    while True:
+        if _released(paths, target):
+            return True
+        if _owner_gone(paths, target.pid, target.create_time, target.boot_id):
+            if _released(paths, target):
+                return True
+            raise IntloomError("CLI_SERVICE_BUSY", _STOP_UNVERIFIED)
+        if not sent:
+            # Observed only by its lock (still starting): ask once it serves.
+            try:
+                now_info = read_service(paths.service_json, root)
+            except IntloomError:
+                now_info = None
+            if now_info is not None and now_info.instance_id == target.instance_id:
+                _request_stop(root, paths, target)
+                sent = True
+        if time.monotonic() > deadline:
+            raise IntloomError(
+                "CLI_SERVICE_TIMEOUT",
+                "Cannot verify resource cleanup by the original instance. Run intloom doctor. "
+                "The stop request was not resent.",
+            )
+        time.sleep(_POLL)  # a poll interval between two reads of the metadata

@@ -1,0 +1,174 @@
+"""The ``journals`` check and the restart preview: what a start would do with every Run.
+
+Each journal is judged as the host would judge it -- verified, corrupt, or incompatible with
+the loaded Workflow (identity or Stage schema) -- and every unfinished, verified Run gets the
+row of the restart table (DESIGN section 6) that will apply, with the reason. Reading only.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING, Literal
+
+import msgspec
+
+from intloom.diagnostics.checks import Check, CheckStatus
+from intloom.errors import IntloomError
+from intloom.project import ProjectPaths
+from intloom.runtime.machine import RunState, restart_verdict
+from intloom.runtime.model import EffectRef
+
+if TYPE_CHECKING:
+    from intloom.authoring.loader import LoadResult
+    from intloom.store.reader import RunJournal
+
+__all__ = ["PreviewVerdict", "RunPreview", "preview_runs"]
+
+JournalStatus = Literal["verified", "corrupt", "incompatible"]
+
+
+class PreviewVerdict(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A restart-table row (or ``needs_attention`` / ``unknown``) and why."""
+
+    row: str
+    reason: str
+    effect: EffectRef | None = None
+
+
+class RunPreview(msgspec.Struct, frozen=True, rename="camel", omit_defaults=True):
+    run_id: str
+    journal: JournalStatus
+    verdict: PreviewVerdict
+    workflow: str | None = None
+    phase: str | None = None
+    status: str | None = None
+    problem: str | None = None
+    torn_tail: bool = False
+
+
+def _incompatibility(state: RunState, loaded: LoadResult) -> str | None:
+    wf = loaded.workflows.get(state.workflow)
+    if wf is None:
+        return (f"Workflow {state.workflow!r} is not loaded, so the Run cannot be restored "
+                "(restore its source and its entry in intloom.toml)")
+    if wf.identity != state.identity:
+        return (f"Workflow {state.workflow!r} changed: the journal was written by identity "
+                f"{state.identity[:12]}…, the loaded code is {wf.identity[:12]}… (restore the "
+                "code the Run started with to resume it)")
+    changed = sorted(
+        stage for stage, fingerprint in state.schemas.items()
+        if wf.schemas.get(stage) != fingerprint
+    )
+    if changed:
+        return (f"the State schema of Stage(s) {', '.join(changed)} changed since the Run "
+                "started (restore the code the Run started with to resume it)")
+    return None
+
+
+def _verdict(state: RunState, loaded: LoadResult | None) -> PreviewVerdict:
+    if loaded is not None:
+        wf = loaded.workflows[state.workflow]
+        v = restart_verdict(state, wf.has_recover(state.cursor.stage, state.cursor.step))
+        return PreviewVerdict(v.row, v.reason, v.effect)
+    with_recover = restart_verdict(state, True)
+    without = restart_verdict(state, False)
+    if with_recover.row == without.row:
+        return PreviewVerdict(without.row, without.reason, without.effect)
+    return PreviewVerdict(
+        "unknown", "the row depends on whether the Step has a recover entry, and the "
+        "Workflows could not be loaded to tell",
+    )
+
+
+def _make(
+    journal: RunJournal, kind: JournalStatus, verdict: PreviewVerdict, problem: str | None
+) -> RunPreview:
+    state = journal.state
+    return RunPreview(
+        run_id=journal.run_id,
+        journal=kind,
+        verdict=verdict,
+        workflow=state.workflow if state else None,
+        phase=state.phase if state else None,
+        status=state.status if state else None,
+        problem=problem,
+        torn_tail=journal.torn_tail,
+    )
+
+
+def _preview(journal: RunJournal, loaded: LoadResult | None) -> RunPreview | None:
+    state = journal.state
+    if journal.status != "ok" or state is None:
+        kind: JournalStatus = "incompatible" if journal.status == "incompatible" else "corrupt"
+        return _make(
+            journal, kind,
+            PreviewVerdict(
+                "needs_attention",
+                f"the journal is {kind}; it is kept byte-identical and not restored",
+            ),
+            journal.problem or f"the journal is {kind}",
+        )
+    if state.phase == "terminal":
+        return None
+    problem = _incompatibility(state, loaded) if loaded is not None else None
+    if problem is not None:
+        return _make(
+            journal, "incompatible",
+            PreviewVerdict(
+                "needs_attention", "the journal is incompatible with the loaded Workflow; it "
+                "is kept byte-identical and not restored",
+            ),
+            problem,
+        )
+    return _make(journal, "verified", _verdict(state, loaded), None)
+
+
+def preview_runs(
+    paths: ProjectPaths, loaded: LoadResult | None, *, host_running: bool
+) -> tuple[Check, list[RunPreview]]:
+    """The ``journals`` check and one preview per unfinished or unrestorable Run.
+
+    The journals are read the way a restore reads them, so the preview is what ``start``
+    would do; terminal Runs are not part of a restore and are not listed.
+    """
+    from intloom.store.reader import load
+
+    if not paths.runtime.exists():
+        return Check("journals", "ok", "No Run journals yet.", None), []
+    try:
+        store = load(paths.runtime, "restore")
+    except IntloomError as exc:
+        return Check("journals", "attention", exc.message,
+                     "Fix the runtime directory; its files are kept as they are."), []
+    journals = list(store.journals.values())
+    previews = [p for p in (_preview(j, loaded) for j in journals) if p is not None]
+    by_journal = Counter(p.journal for p in previews)
+    rows = Counter(p.verdict.row for p in previews if p.journal == "verified")
+    torn = sum(1 for p in previews if p.torn_tail)
+    parts = [f"{len(previews)} unfinished Run(s): {by_journal['verified']} verified, "
+             f"{by_journal['corrupt']} corrupt, {by_journal['incompatible']} incompatible"]
+    if rows:
+        parts.append("on restart: " + ", ".join(f"{n} {row}" for row, n in sorted(rows.items())))
+    if torn:
+        parts.append(f"{torn} with a torn last record (an unfinished write, ignored)")
+    if loaded is None:
+        parts.append("identity and schemas not compared: the Workflows did not load")
+    parts.extend(f"{f.path} is {f.kind}: {f.problem}" for f in store.files)
+    message = "; ".join(parts) + "."
+    nexts: list[str] = []
+    # The host's store refuses to open over a damaged manifest or snapshot (it never guesses
+    # which copy is right); say so before a start fails on it.
+    refusing = [store.manifest_error, *store.snapshot_errors]
+    for err in refusing:
+        if err is not None:
+            nexts.append(f"intloom start refuses to open the store until {err.path} is moved "
+                         "out of the runtime directory; intloom then rebuilds from the log.")
+    if by_journal["corrupt"] or by_journal["incompatible"] or store.files:
+        nexts.append("Inspect each unrestorable Run with intloom inspect RUN; damaged and "
+                     "unexpected files are kept byte-identical and never restored or removed.")
+    interrupted = rows["interrupted"] if not host_running else 0
+    if interrupted:
+        nexts.append("After intloom start, check each interrupted Run's committed effects "
+                     "(intloom inspect RUN), then dismiss it with intloom cancel RUN.")
+    status: CheckStatus = "attention" if nexts else "ok"
+    return Check("journals", status, message, " ".join(nexts) or None), previews

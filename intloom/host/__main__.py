@@ -1,0 +1,80 @@
+"""``python -m intloom.host --project ROOT [--port N] [--strict] [--ready-fd FD]``.
+
+The launcher's contract (``intloom.client.lifecycle``): the host reports over ``--ready-fd``
+as described in ``intloom.host.readiness`` and exits 0 after a clean stop, 1 otherwise.
+Test-only knobs: ``INTLOOM_TEST_HELLO_TIMEOUT`` and ``INTLOOM_TEST_IDLE_TIMEOUT`` (seconds)
+shorten the connection timeouts, ``INTLOOM_TEST_MAX_CONNECTIONS`` lowers the connection cap,
+``INTLOOM_TEST_SUSPEND_GRACE`` shortens how long a stop waits for Steps in flight, and
+``INTLOOM_TEST_FATAL=1`` raises right after ready.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+
+import msgspec
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m intloom.host")
+    parser.add_argument("--project", required=True, help="the project root (holds intloom.toml)")
+    parser.add_argument("--port", type=int, default=None)
+    parser.add_argument("--strict", action="store_true")
+    parser.add_argument("--ready-fd", type=int, default=None)
+    return parser.parse_args(argv)
+
+
+def _report_early(fd: int | None, code: str, message: str) -> None:
+    """Before the host exists: tell the launcher why, in the readiness protocol's shape."""
+    if fd is None:
+        print(f"Failure · {code}: {message}", file=sys.stderr)
+        return
+    line = msgspec.json.encode(
+        {"event": "error", "error": {"code": code, "message": message, "retryable": False}}
+    )
+    with contextlib.suppress(OSError):
+        os.write(fd, line + b"\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(sys.argv[1:] if argv is None else argv)
+    try:
+        from dataclasses import replace
+        from pathlib import Path
+
+        from intloom.errors import IntloomError
+        from intloom.host.daemon import Host, HostOptions
+        from intloom.host.readiness import ReadyChannel
+        from intloom.host.server import Limits
+        from intloom.project import find_root
+    except Exception as exc:  # a broken install: say so instead of dying silently
+        _report_early(args.ready_fd, "CLI_INTERNAL_ERROR",
+                      f"The host could not import intloom ({type(exc).__name__}: {exc}).")
+        return 1
+    if args.port is not None and not 0 <= args.port <= 65535:
+        _report_early(args.ready_fd, "INVALID_REQUEST",
+                      f"--port {args.port} is outside 0..65535. Pick a valid port.")
+        return 1
+    try:
+        root = find_root(Path(args.project), explicit=True)
+    except IntloomError as exc:
+        _report_early(args.ready_fd, exc.code, exc.message)
+        return 1
+    limits = Limits()
+    if os.environ.get("INTLOOM_TEST_HELLO_TIMEOUT"):
+        limits = replace(limits, hello_timeout=float(os.environ["INTLOOM_TEST_HELLO_TIMEOUT"]))
+    if os.environ.get("INTLOOM_TEST_IDLE_TIMEOUT"):
+        limits = replace(limits, idle_timeout=float(os.environ["INTLOOM_TEST_IDLE_TIMEOUT"]))
+    if os.environ.get("INTLOOM_TEST_MAX_CONNECTIONS"):
+        limits = replace(limits, max_connections=int(os.environ["INTLOOM_TEST_MAX_CONNECTIONS"]))
+    options = HostOptions(root=root, port=args.port, strict=args.strict, limits=limits)
+    if os.environ.get("INTLOOM_TEST_SUSPEND_GRACE"):
+        options = replace(options, suspend_grace=float(os.environ["INTLOOM_TEST_SUSPEND_GRACE"]))
+    return Host(options, ReadyChannel(args.ready_fd)).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+"""The glue between the host's lifecycle and the engine: load Workflows, open the store, restore.
+
+Kept in one small module on purpose: it is the only place that knows how the loader, the store
+and the Runtime fit together, so a change in any of them touches the host here and nowhere else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from intloom.authoring.loader import load_workflows
+from intloom.errors import ErrorView, IntloomError
+from intloom.executor.runtime import RestoredRun, Runtime
+from intloom.fsutil import PrivacyError
+from intloom.host.logfile import HostLog
+from intloom.project import Config, ProjectPaths
+from intloom.protocol.messages import RestoreSummary, WorkflowInfo
+from intloom.store import Store
+
+__all__ = ["Booted", "boot", "check_error"]
+
+
+@dataclass
+class Booted:
+    """What startup produced: the Runtime, the open store, and what restore did."""
+
+    runtime: Runtime
+    store: Store
+    summary: RestoreSummary
+    workflows: list[WorkflowInfo] = field(default_factory=list)
+
+    async def close(self) -> None:
+        """Close the store: flush what was accepted, snapshot, seal the segment."""
+        await self.store.close()
+
+
+def _workflow_infos(loaded: dict[str, Any], problems: list[tuple[str, ErrorView]]) -> list[
+    WorkflowInfo
+]:
+    infos = [
+        WorkflowInfo(
+            name=lw.name,
+            version=lw.version,
+            identity=lw.identity,
+            source=lw.source,
+            stages=list(lw.workflow.stages),
+        )
+        for lw in loaded.values()
+    ]
+    # A broken entry is listed by its source path, so `intloom flows` shows why it is missing.
+    infos.extend(
+        WorkflowInfo(name=source, version="", identity="", source=source, stages=[], ready=False,
+                     problem=f"{view.code}: {view.message}")
+        for source, view in problems
+    )
+    return infos
+
+
+def _open_store(
+    paths: ProjectPaths, log: HostLog, *, instance_id: str, package_version: str, strict: bool
+) -> tuple[Store, list[RestoredRun]]:
+    """Open the journal store (it reads itself back once) and hand its Runs to restore."""
+    store = Store.open(paths.runtime, instance_id=instance_id, package_version=package_version)
+    report = store.restored
+    for problem in report.files:
+        log.warning("store_file_problem", path=problem.path, kind=problem.kind,
+                    problem=problem.problem)
+    if strict and report.files:
+        first = report.files[0]
+        store.close_blocking()
+        raise IntloomError(
+            "JOURNAL_CORRUPT",
+            f"--strict: {len(report.files)} file(s) under {paths.runtime} need attention; "
+            f"first: {first.path} ({first.kind}: {first.problem}). Run intloom doctor; files "
+            "were kept as they are.",
+        )
+    runs = [RestoredRun(run_id=j.run_id, state=j.state, problem=j.problem)
+            for j in report.runs]
+    return store, runs
+
+
+def boot(
+    root: Path,
+    config: Config,
+    log: HostLog,
+    *,
+    instance_id: str,
+    package_version: str,
+    strict: bool,
+) -> Booted:
+    """Load Workflows, open the store, restore every Run. Raises IntloomError on failure."""
+    paths = ProjectPaths(root)
+    result = load_workflows(root, config)
+    for source, view in result.problems:
+        log.error("workflow_load_failed", source=source, code=view.code, message=view.message)
+    for lw in result.workflows.values():
+        log.info("workflow_loaded", workflow=lw.name, version=lw.version, identity=lw.identity,
+                 source=lw.source)
+    store, restored = _open_store(paths, log, instance_id=instance_id,
+                                  package_version=package_version, strict=strict)
+    try:
+        runtime = Runtime(result.workflows, store, package_version=package_version)
+        summary = runtime.restore(restored, strict=strict)
+    except BaseException:
+        store.close_blocking()
+        raise
+    for run_id, problem in runtime.attention:
+        log.warning("run_needs_attention", runId=run_id, problem=problem)
+    log.info(
+        "restore_finished",
+        resumed=len(summary.resumed),
+        waiting=len(summary.waiting),
+        interrupted=len(summary.interrupted),
+        needsAttention=len(summary.needs_attention),
+        terminalSkipped=summary.terminal_skipped,
+    )
+    return Booted(
+        runtime=runtime,
+        store=store,
+        summary=summary,
+        workflows=_workflow_infos(result.workflows, result.problems),
+    )
+
+
+def check_error(exc: BaseException, log_name: str | None) -> IntloomError:
+    """The IntloomError to report for a startup failure; the details of others go to the log."""
+    if isinstance(exc, IntloomError):
+        return exc
+    if isinstance(exc, PrivacyError):
+        return IntloomError(
+            "CLI_SERVICE_METADATA_INVALID",
+            f"{exc.path} {exc.fact}. It was left as it is; run intloom doctor.",
+        )
+    where = f" The log .intloom/logs/{log_name} has the details." if log_name else ""
+    return IntloomError("CLI_INTERNAL_ERROR", f"The host failed while starting.{where}")

@@ -1,0 +1,317 @@
+"""The host process: ``startup()`` -> ``serve()`` -> ``shutdown()``, with signals as flags.
+
+Startup order (each step can fail the start, and a failed start releases what it took):
+take ``service.lock`` -> open the log -> read ``intloom.toml`` and the saved connection ->
+load Workflows, open the store, restore every Run -> listen on 127.0.0.1 -> write
+``connection.json`` (only when missing or its port changed) -> write ``service.json`` last ->
+report ready to the launcher.
+
+Shutdown order (a Stop request or SIGTERM/SIGINT/SIGHUP): refuse new work -> suspend Runs at
+their boundaries (checkpoints kept) -> close connections and the listener -> close the store ->
+``log_closed`` and seal the log -> remove our ``service.json`` and ``service.lock``. A second
+signal cuts the graceful waits short. An unexpected exception is fatal: it is logged as
+``process_failed`` and the files are left exactly as a crash would leave them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from intloom import __version__
+from intloom.errors import ErrorView, IntloomError
+from intloom.host.boot import Booted, boot, check_error
+from intloom.host.handlers import Handlers
+from intloom.host.logfile import HostLog, utc_now
+from intloom.host.metadata import METADATA_VERSION, ServiceInfo, current_identity
+from intloom.host.ownership import Ownership, new_token
+from intloom.host.readiness import ReadyChannel
+from intloom.host.server import Limits, Server
+from intloom.project import ProjectPaths, load_config
+from intloom.protocol.messages import PROTOCOL, HelloOk, ServiceView
+
+__all__ = ["Host", "HostOptions"]
+
+_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# Test hook: raise inside the host right after it reports ready, to exercise process_failed.
+FATAL_HOOK: Final = "INTLOOM_TEST_FATAL"
+
+
+@dataclass(frozen=True)
+class HostOptions:
+    root: Path
+    port: int | None = None  # None: intloom.toml's port, else the saved one, else any
+    strict: bool = False
+    limits: Limits = field(default_factory=Limits)
+    suspend_grace: float = 5.0  # Steps in flight get this long to reach a boundary
+    drain_grace: float = 1.0  # replies in flight get this long to be written
+
+
+class _Abort(Exception):
+    """Startup ended without a fault of its own (a signal arrived): report, then release."""
+
+    def __init__(self, error: IntloomError) -> None:
+        self.error = error
+
+
+class Host:
+    """One host instance for one project. ``run()`` returns the process exit code."""
+
+    def __init__(self, options: HostOptions, ready: ReadyChannel) -> None:
+        self.options = options
+        self.ready = ready
+        self.paths = ProjectPaths(options.root)
+        self.instance_id = str(uuid.uuid4())
+        self.identity = current_identity()
+        self.started_at = utc_now()
+        self.ownership = Ownership(self.paths, self.instance_id, self.identity, self.started_at)
+        self.log: HostLog | None = None
+        self.booted: Booted | None = None
+        self.server: Server | None = None
+        self.port = 0
+        self._stop: asyncio.Event | None = None
+        self._forced: asyncio.Event | None = None
+        self._stop_reason = ""
+        self.force_exit = False
+
+    # ----- entry ---------------------------------------------------------------------------
+
+    def run(self) -> int:
+        code = asyncio.run(self._main())
+        if self.force_exit:
+            # A second signal: do not wait for worker threads still inside user code.
+            os._exit(code)
+        return code
+
+    async def _main(self) -> int:
+        loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        self._forced = asyncio.Event()
+        installed = self._install_signals(loop)
+        loop.set_exception_handler(self._loop_error)
+        try:
+            try:
+                await self.startup()
+                if self._stop.is_set():
+                    raise _Abort(IntloomError(
+                        "CLI_SERVICE_CLOSING",
+                        "The host was asked to stop while it was starting; it did not start.",
+                    ))
+            except BaseException as exc:
+                log_name = self.log.name if self.log is not None else None
+                error = exc.error if isinstance(exc, _Abort) else check_error(exc, log_name)
+                if self.log is not None and not isinstance(exc, IntloomError | _Abort):
+                    self.log.error("startup_error", error=type(exc).__name__,
+                                   detail=str(exc)[:500])
+                await self._release(failed=error.view())
+                self.ready.failed(error.view())
+                if not isinstance(exc, Exception):
+                    raise
+                return 1
+            self.ready.ready(self.service_view())
+            try:
+                await self.serve()
+            except Exception as exc:
+                self._fatal(exc)
+                return 1
+            return await self.shutdown()
+        finally:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+
+    def _install_signals(self, loop: asyncio.AbstractEventLoop) -> list[signal.Signals]:
+        installed: list[signal.Signals] = []
+        for sig in _SIGNALS:
+            try:
+                loop.add_signal_handler(sig, self._on_signal, sig)
+            except (ValueError, RuntimeError):  # not the main thread: the caller owns signals
+                continue
+            installed.append(sig)
+        return installed
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        assert self._stop is not None and self._forced is not None
+        if self._stop.is_set():
+            self.force_exit = True
+            self._forced.set()
+            if self.log is not None:
+                self.log.warning("signal_received", signal=sig.name, action="force")
+            return
+        if self.log is not None:
+            self.log.info("signal_received", signal=sig.name, action="stop")
+        self.request_stop(f"signal {sig.name}")
+
+    def request_stop(self, reason: str) -> None:
+        assert self._stop is not None
+        if not self._stop.is_set():
+            self._stop_reason = reason
+            self._stop.set()
+            if self.server is not None:
+                # Refuse new work at once; the replies already under way still go out.
+                self.server.closing = True
+
+    def _loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        exc = context.get("exception")
+        if self.log is not None:
+            self.log.error("task_error", message=str(context.get("message", ""))[:500],
+                           error=type(exc).__name__ if exc is not None else None,
+                           detail=str(exc)[:500] if exc is not None else None)
+
+    # ----- startup -------------------------------------------------------------------------
+
+    async def startup(self) -> None:
+        opts = self.options
+        self.ready.progress("locking")
+        self.ownership.take_lock()
+        self.log = HostLog.open(
+            self.paths.logs, instanceId=self.instance_id, packageVersion=__version__,
+            projectRoot=str(self.paths.root),
+        )
+        self.ready.progress("log_opened")
+        log = self.log
+        log.info("service_starting", port=opts.port, strict=opts.strict)
+        config = load_config(self.paths.root)
+        saved = self.ownership.saved_connection()
+        self.ownership.check_service_file()
+        self.ready.progress("loading_workflows")
+        self.booted = boot(
+            self.paths.root, config, log, instance_id=self.instance_id,
+            package_version=__version__, strict=opts.strict,
+        )
+        self.ready.progress("listening")
+        port = opts.port
+        if port is None:
+            port = config.port if config.port is not None else (saved.port if saved else 0)
+        token = saved.token if saved is not None else new_token()
+        hello = HelloOk(instance_id=self.instance_id, pid=self.identity.pid,
+                        project_root=str(self.paths.root), protocol=PROTOCOL,
+                        package_version=__version__)
+        handlers = Handlers(self.booted.runtime, instance_id=self.instance_id,
+                            service_view=self.service_view, workflows=self.booted.workflows)
+        self.server = Server(handlers, log, hello=hello, token=token,
+                             on_stop=lambda: self.request_stop("stop request"),
+                             limits=opts.limits)
+        try:
+            self.port = await self.server.listen(port)
+        except OSError as exc:
+            raise IntloomError(
+                "CLI_SERVICE_UNAVAILABLE",
+                f"The host could not listen on 127.0.0.1:{port} ({exc.strerror or exc}). "
+                "Free the port, or run intloom start --port 0 to pick a new one "
+                "(connection.json is updated).",
+            ) from None
+        self.ownership.publish_connection(saved, self.port, token)
+        self.ownership.publish_service(ServiceInfo(
+            version=METADATA_VERSION,
+            project_root=str(self.paths.root),
+            pid=self.identity.pid,
+            create_time=self.identity.create_time,
+            instance_id=self.instance_id,
+            port=self.port,
+            started_at=self.started_at,
+            package_version=__version__,
+            protocol_version=PROTOCOL,
+            log_file=self.log.name,
+        ))
+        self.booted.runtime.start_restored()
+        log.info("service_ready", port=self.port, workflows=len(self.booted.workflows))
+
+    def service_view(self) -> ServiceView:
+        counts: dict[str, int] = {}
+        summary = None
+        workflow_count = 0
+        if self.booted is not None:
+            counts = self.booted.runtime.counts()
+            summary = self.booted.summary
+            workflow_count = sum(1 for w in self.booted.workflows if w.ready)
+        return ServiceView(
+            project_root=str(self.paths.root),
+            pid=self.identity.pid,
+            instance_id=self.instance_id,
+            port=self.port,
+            started_at=self.started_at,
+            package_version=__version__,
+            protocol_version=PROTOCOL,
+            log_file=self.log.name if self.log is not None else None,
+            workflow_count=workflow_count,
+            running_runs=counts.get("running", 0),
+            waiting_runs=counts.get("waiting", 0),
+            completed_runs=counts.get("completed", 0),
+            failed_runs=counts.get("failed", 0),
+            restore=summary,
+        )
+
+    # ----- serve ---------------------------------------------------------------------------
+
+    async def serve(self) -> None:
+        """Until a stop request or a signal. The fatal test hook raises here."""
+        assert self._stop is not None
+        if os.environ.get(FATAL_HOOK) == "1":
+            await asyncio.sleep(0)
+            raise RuntimeError(f"{FATAL_HOOK} is set: simulated fatal error after ready")
+        await self._stop.wait()
+
+    def _fatal(self, exc: BaseException) -> None:
+        if self.log is not None:
+            self.log.fatal("process_failed", origin="uncaught_exception",
+                           error=type(exc).__name__, detail=str(exc)[:500])
+
+    # ----- shutdown ------------------------------------------------------------------------
+
+    async def _bounded(self, what: str, awaitable: Any, limit: float) -> None:
+        """Await a graceful step for at most ``limit`` s, or until a second signal."""
+        assert self._forced is not None
+        step = asyncio.ensure_future(awaitable)
+        forced = asyncio.ensure_future(self._forced.wait())
+        try:
+            await asyncio.wait({step, forced}, timeout=limit,
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            forced.cancel()
+        if not step.done():
+            step.cancel()
+            with contextlib.suppress(BaseException):
+                await step
+            if self.log is not None:
+                self.log.warning("shutdown_step_cut_short", step=what, timeout=limit,
+                                 forced=self._forced.is_set())
+            return
+        exc = step.exception()
+        if exc is not None and self.log is not None:
+            self.log.error("shutdown_step_failed", step=what, error=type(exc).__name__,
+                           detail=str(exc)[:500])
+
+    async def shutdown(self) -> int:
+        if self.log is not None:
+            self.log.info("service_stopping", reason=self._stop_reason)
+        return await self._release(failed=None)
+
+    async def _release(self, failed: ErrorView | None) -> int:
+        """Undo startup, in reverse; every step is attempted. 0 when all went well."""
+        if self.server is not None:
+            self.server.closing = True
+            self.server.stop_accepting()
+        if self.booted is not None:
+            await self._bounded("suspend", self.booted.runtime.suspend(
+                grace=self.options.suspend_grace), self.options.suspend_grace + 1.0)
+        if self.server is not None:
+            cancelled = await self.server.close(self.options.drain_grace)
+            if cancelled and self.log is not None:
+                self.log.warning("connections_cancelled", count=cancelled)
+        if self.booted is not None:
+            await self._bounded("store_close", self.booted.close(), 10.0)
+        log = self.log
+        if log is not None:
+            if failed is not None:
+                log.error("service_start_failed", code=failed.code, message=failed.message)
+            else:
+                log.info("service_stopped")
+            log.close()
+        problems = self.ownership.release()
+        return 1 if problems or (log is not None and log.failed) else 0

@@ -1,0 +1,100 @@
+"""Snapshotting Runs and advancing the manifest: what keeps restores from growing with age.
+
+The order is what makes a crash at any point safe: snapshots first (terminal ones into
+``done/``, then their ``live/`` copy removed), the manifest last. A crash before the
+manifest moves leaves a restore reading more of the log than needed, never less.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from intloom.fsutil import fsync_dir
+from intloom.runtime.machine import IllegalTransition, RunState, apply
+from intloom.runtime.records import FORMAT_VERSION, Record
+from intloom.store.files import Layout, atomic_write_many
+from intloom.store.framing import VoidNotice
+from intloom.store.reader import Status
+from intloom.store.snapshots import (
+    Manifest,
+    Snapshot,
+    encode_manifest,
+    encode_snapshot,
+    snapshot_name,
+)
+
+__all__ = ["Track", "compact", "now"]
+
+
+def now() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+@dataclass(slots=True)
+class Track:
+    """What the writer knows of one Run: its last snapshot-able state and durable records since."""
+
+    base: RunState | None
+    seq: int  # last durable seq
+    status: Status = "ok"
+    problem: str | None = None
+    tail: list[Record] = field(default_factory=list)
+    dirty: bool = False
+
+    def folded(self) -> tuple[RunState | None, Status, str | None]:
+        """Fold the durable tail onto the base; a refused record makes the Run corrupt."""
+        if self.status != "ok":
+            return self.base, self.status, self.problem
+        state = self.base
+        for record in self.tail:
+            try:
+                state = apply(state, record)
+            except IllegalTransition as exc:
+                return state, "corrupt", f"Run: {exc}"
+        return state, "ok", None
+
+
+def compact(layout: Layout, tracks: dict[str, Track], *, start: int, pinned: list[int],
+            voids: list[VoidNotice], segment: int) -> None:
+    """Snapshot every dirty Run, then point the manifest at segment ``start``.
+
+    Tracks are updated only once everything is durable, so a failure part-way leaves them
+    able to try again. Terminal Runs leave ``tracks``: nothing more is written for them.
+    """
+    stamp = now()
+    live: list[tuple[str, bytes]] = []
+    done: list[tuple[str, bytes]] = []
+    folded: dict[str, tuple[RunState | None, Status, str | None]] = {}
+    for run_id, track in tracks.items():
+        if not track.dirty or track.status == "incompatible":
+            continue  # incompatible data stays in a pinned segment, read as it is
+        state, status, problem = track.folded()
+        folded[run_id] = (state, status, problem)
+        snap = Snapshot(run_id=run_id, seq=state.seq if state else 0, status=status,
+                        state=state, problem=problem, segment=segment, written_at=stamp)
+        item = (snapshot_name(run_id), encode_snapshot(snap))
+        terminal = status == "ok" and state is not None and state.phase == "terminal"
+        (done if terminal else live).append(item)
+    atomic_write_many(layout.done, done)
+    removed = False
+    for name, _ in done:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(layout.live / name)
+            removed = True
+    if removed:
+        fsync_dir(layout.live)
+    atomic_write_many(layout.live, live)
+    manifest = Manifest(format=FORMAT_VERSION, start=start, pinned=sorted(set(pinned)),
+                        voids=list(voids), updated_at=stamp)
+    atomic_write_many(layout.root, [("manifest.json", encode_manifest(manifest))])
+    for run_id, (state, status, problem) in folded.items():
+        if status == "ok" and state is not None and state.phase == "terminal":
+            del tracks[run_id]
+            continue
+        track = tracks[run_id]
+        track.base, track.status, track.problem = state, status, problem
+        track.tail = []
+        track.dirty = False

@@ -1,0 +1,68 @@
+"""Deliberate faults in the flush path, for unit tests and for crash tests in child processes.
+
+``INTLOOM_FAULT`` (read by ``Store.open``) is a comma list of ``name=N`` items; flushes (and
+segment creations) are counted from 1 per process. See docs/format.md, "Testing hooks".
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from typing import Final
+
+from intloom.errors import IntloomError
+
+__all__ = ["ENV", "FaultPlan"]
+
+ENV: Final = "INTLOOM_FAULT"
+
+
+@dataclass(frozen=True)
+class FaultPlan:
+    """Which flush numbers misbehave, and how.
+
+    - ``fail_sync``: the write succeeds, then the flush fails with EIO instead of fdatasync.
+    - ``enospc_sync``: half of the batch is written, then the write fails with ENOSPC.
+    - ``crash_before_sync``: the whole batch is written, then the process SIGKILLs itself.
+    - ``crash_after_sync``: the process SIGKILLs itself right after the batch's fdatasync.
+    - ``torn_write``: half of the batch is written, then the process SIGKILLs itself.
+    - ``fail_segment``: creating the N-th segment of this process fails with ENOSPC
+      (the first is the one ``Store.open`` creates).
+    """
+
+    fail_sync: frozenset[int] = field(default_factory=frozenset)
+    enospc_sync: frozenset[int] = field(default_factory=frozenset)
+    crash_before_sync: frozenset[int] = field(default_factory=frozenset)
+    crash_after_sync: frozenset[int] = field(default_factory=frozenset)
+    torn_write: frozenset[int] = field(default_factory=frozenset)
+    fail_segment: frozenset[int] = field(default_factory=frozenset)
+
+    @classmethod
+    def parse(cls, text: str) -> FaultPlan:
+        """Parse ``fail_sync=2,torn_write=5``; an unknown name or a bad number is an error."""
+        names = {f.name for f in fields(cls)}
+        found: dict[str, set[int]] = {}
+        for item in filter(None, (part.strip() for part in text.split(","))):
+            name, _, value = item.partition("=")
+            name = name.strip()
+            if name not in names or not value.strip().isdigit() or int(value) < 1:
+                raise IntloomError(
+                    "INVALID_REQUEST",
+                    f"{ENV} item {item!r} is not understood; use a comma list of NAME=N "
+                    f"(N >= 1) with NAME one of {', '.join(sorted(names))}",
+                )
+            found.setdefault(name, set()).add(int(value))
+        return cls(**{k: frozenset(v) for k, v in found.items()})
+
+    @classmethod
+    def from_env(cls) -> FaultPlan:
+        return cls.parse(os.environ.get(ENV, ""))
+
+    def merged(self, other: FaultPlan | None) -> FaultPlan:
+        if other is None:
+            return self
+        return FaultPlan(**{f.name: getattr(self, f.name) | getattr(other, f.name)
+                            for f in fields(self)})
+
+    def __bool__(self) -> bool:
+        return any(getattr(self, f.name) for f in fields(self))

@@ -1,0 +1,275 @@
+"""The byte layout of log segments: a versioned file header, then checksummed frames.
+
+A frame is ``FRAME_MAGIC | length u32 | crc32 u32 | body`` where the crc covers the length
+bytes and the body, and the body is ``kind u8 | seq u64 | run-id length u16 | run id |
+payload``. The magic lets a reader find the next frame after damaged bytes, so one flipped
+byte hides nothing but the frame it hit. docs/format.md is the prose version of this file.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass, field
+from typing import Final, Literal
+
+import msgspec
+
+from intloom.runtime.records import FORMAT_VERSION
+
+__all__ = [
+    "FRAME_MAGIC",
+    "KIND_RECORD",
+    "KIND_SEAL",
+    "KIND_VOID",
+    "SEGMENT_MAGIC",
+    "Candidate",
+    "Damage",
+    "Frame",
+    "SealNotice",
+    "SegmentHeader",
+    "SegmentScan",
+    "VoidNotice",
+    "encode_frame",
+    "encode_segment_header",
+    "scan_segment",
+    "segment_name",
+    "segment_number",
+]
+
+SEGMENT_MAGIC: Final = b"ILOOMWAL"
+# 0xc1 is the one byte msgpack never emits, so the marker is rare inside encoded records.
+FRAME_MAGIC: Final = b"\xc1\xa7IL"
+KIND_RECORD: Final = 1
+KIND_VOID: Final = 2
+KIND_SEAL: Final = 3
+_KINDS: Final = frozenset({KIND_RECORD, KIND_VOID, KIND_SEAL})
+MAX_BODY: Final = 64 << 20
+
+_SEG_PREFIX = struct.Struct(">8sHII")  # magic, format, header length, header crc
+_FRAME_HEAD = struct.Struct(">4sII")  # magic, body length, crc32(length bytes + body)
+_BODY_HEAD = struct.Struct(">BQH")  # kind, per-run seq, run-id length
+_LEN = struct.Struct(">I")
+
+SegmentStatus = Literal["ok", "empty", "torn_header", "foreign", "damaged_header", "incompatible"]
+
+
+class SegmentHeader(msgspec.Struct, frozen=True):
+    """Who wrote a segment, and in which format."""
+
+    number: int
+    instance_id: str
+    package_version: str
+    protocol: str
+    created_at: str
+    format: int = FORMAT_VERSION
+
+
+class VoidNotice(msgspec.Struct, frozen=True):
+    """Bytes of ``segment`` from ``offset`` on belong to a batch whose write or fsync failed."""
+
+    segment: int
+    offset: int
+    cause: str = ""
+
+
+class SealNotice(msgspec.Struct, frozen=True):
+    """The writer closed this segment cleanly; nothing follows."""
+
+    at: str
+    frames: int
+
+
+def segment_name(number: int) -> str:
+    return f"{number:010d}.seg"
+
+
+def segment_number(name: str) -> int | None:
+    """The number of a segment file name, or None for any other name."""
+    if len(name) == 14 and name.endswith(".seg") and name[:10].isdigit():
+        return int(name[:10])
+    return None
+
+
+def encode_segment_header(header: SegmentHeader) -> bytes:
+    body = msgspec.msgpack.encode(header)
+    return _SEG_PREFIX.pack(SEGMENT_MAGIC, header.format, len(body), zlib.crc32(body)) + body
+
+
+def encode_frame(kind: int, seq: int, run_id: bytes, payload: bytes) -> bytes:
+    body = b"".join((_BODY_HEAD.pack(kind, seq, len(run_id)), run_id, payload))
+    length = _LEN.pack(len(body))
+    crc = zlib.crc32(body, zlib.crc32(length))
+    return b"".join((FRAME_MAGIC, length, _LEN.pack(crc), body))
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One checksum-valid frame."""
+
+    kind: int
+    seq: int
+    run_id: str
+    payload: bytes
+    offset: int
+    end: int
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """What a damaged region's bytes claim (unverified): a record of ``run_id`` at ``seq``."""
+
+    run_id: str
+    seq: int
+    offset: int
+
+
+@dataclass(slots=True)
+class Damage:
+    """Bytes ``[start, end)`` that are no valid frame. ``at_tail``: nothing valid follows."""
+
+    start: int
+    end: int
+    at_tail: bool
+    after_seal: bool
+    candidates: list[Candidate] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class SegmentScan:
+    """Everything one segment's bytes say, judged without any other file."""
+
+    name: str
+    number: int
+    size: int
+    status: SegmentStatus
+    header: SegmentHeader | None = None
+    format_found: int | None = None
+    problem: str | None = None
+    frames: list[Frame] = field(default_factory=list)
+    damage: list[Damage] = field(default_factory=list)
+    sealed: bool = False
+
+    @property
+    def torn(self) -> Damage | None:
+        """The torn tail: damage running to the end of an unsealed segment (a crash mid-append)."""
+        if self.damage and self.damage[-1].at_tail and not self.damage[-1].after_seal:
+            return self.damage[-1]
+        return None
+
+
+def _frame_at(data: bytes, p: int, size: int) -> Frame | None:
+    if p + _FRAME_HEAD.size > size:
+        return None
+    magic, length, crc = _FRAME_HEAD.unpack_from(data, p)
+    if magic != FRAME_MAGIC or length < _BODY_HEAD.size or length > MAX_BODY:
+        return None
+    start = p + _FRAME_HEAD.size
+    end = start + length
+    if end > size:
+        return None
+    view = memoryview(data)
+    if zlib.crc32(view[start:end], zlib.crc32(view[p + 4 : p + 8])) != crc:
+        return None
+    kind, seq, rid_len = _BODY_HEAD.unpack_from(data, start)
+    rid_end = start + _BODY_HEAD.size + rid_len
+    if kind not in _KINDS or rid_end > end:
+        return None
+    try:
+        run_id = data[start + _BODY_HEAD.size : rid_end].decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return Frame(kind, seq, run_id, data[rid_end:end], p, end)
+
+
+def _candidates(data: bytes, start: int, end: int, size: int) -> list[Candidate]:
+    """Best-effort reading of frame headers inside damaged bytes, to say whose record was hit."""
+    found: list[Candidate] = []
+    # A frame was due where the damage starts, so read its header there even if the
+    # damage hit the magic itself; elsewhere only a magic marks where a frame may begin.
+    p = start
+    while p != -1:
+        body = p + _FRAME_HEAD.size
+        if body + _BODY_HEAD.size <= size:
+            kind, seq, rid_len = _BODY_HEAD.unpack_from(data, body)
+            rid_start = body + _BODY_HEAD.size
+            if kind == KIND_RECORD and 0 < rid_len <= 256 and rid_start + rid_len <= size:
+                try:
+                    run_id = data[rid_start : rid_start + rid_len].decode("utf-8")
+                except UnicodeDecodeError:
+                    run_id = ""
+                if run_id.isprintable() and run_id:
+                    found.append(Candidate(run_id, seq, p))
+        p = data.find(FRAME_MAGIC, max(p + 1, start + 1), end)
+    return found
+
+
+def _scan_frames(scan: SegmentScan, data: bytes, p: int) -> None:
+    size = len(data)
+    sealed_at: int | None = None
+    while p < size:
+        frame = _frame_at(data, p, size)
+        if frame is not None:
+            scan.frames.append(frame)
+            if frame.kind == KIND_SEAL and sealed_at is None:
+                sealed_at = frame.end
+            p = frame.end
+            continue
+        q = data.find(FRAME_MAGIC, p + 1)
+        while q != -1 and _frame_at(data, q, size) is None:
+            q = data.find(FRAME_MAGIC, q + 1)
+        end = size if q == -1 else q
+        scan.damage.append(
+            Damage(p, end, q == -1, sealed_at is not None, _candidates(data, p, end, size))
+        )
+        p = end
+    scan.sealed = sealed_at is not None
+
+
+def scan_segment(name: str, number: int, data: bytes) -> SegmentScan:
+    """Split a segment's bytes into valid frames and located damage; never raises."""
+    size = len(data)
+    scan = SegmentScan(name=name, number=number, size=size, status="ok")
+    if size == 0:
+        scan.status = "empty"
+        return scan
+    if size < _SEG_PREFIX.size:
+        if SEGMENT_MAGIC.startswith(data[: len(SEGMENT_MAGIC)]):
+            scan.status = "torn_header"
+        else:
+            scan.status = "foreign"
+            scan.problem = "does not start with the intloom segment marker"
+        return scan
+    magic, fmt, hlen, hcrc = _SEG_PREFIX.unpack_from(data, 0)
+    if magic != SEGMENT_MAGIC:
+        scan.status = "foreign"
+        scan.problem = "does not start with the intloom segment marker"
+        return scan
+    scan.format_found = fmt
+    body_end = _SEG_PREFIX.size + hlen
+    if fmt != FORMAT_VERSION:
+        scan.status = "incompatible"
+        scan.problem = f"is format {fmt}; this intloom reads {FORMAT_VERSION}"
+        # Best effort only: name the Runs it holds if the frame layout happens to match.
+        _scan_frames(scan, data, min(body_end, size))
+        return scan
+    if body_end > size:
+        scan.status = "torn_header"
+        return scan
+    body = data[_SEG_PREFIX.size : body_end]
+    header: SegmentHeader | None = None
+    if zlib.crc32(body) == hcrc:
+        try:
+            header = msgspec.msgpack.decode(body, type=SegmentHeader)
+        except msgspec.DecodeError:
+            header = None
+    if header is None:
+        scan.status = "damaged_header"
+        scan.problem = "has a damaged file header (checksum or content)"
+        _scan_frames(scan, data, body_end if hlen < 4096 else _SEG_PREFIX.size)
+        return scan
+    scan.header = header
+    if header.number != number:
+        scan.problem = f"calls itself segment {header.number}"
+    _scan_frames(scan, data, body_end)
+    return scan

@@ -1,0 +1,169 @@
+"""One Run's journal, phase by phase, with where each record lives and whether it checks out.
+
+This is what ``intloom inspect`` shows. It reads every segment (compacted ones too), so its
+cost grows with the log; it is for one Run on demand, never for startup. Read-only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+from intloom.runtime.machine import IllegalTransition, RunState, apply
+from intloom.runtime.records import Record, decode_record
+from intloom.store.files import Layout, check_dir, list_names, read_file
+from intloom.store.framing import KIND_RECORD, KIND_VOID, VoidNotice, scan_segment, segment_number
+from intloom.store.snapshots import SnapshotError, read_manifest, read_snapshot, snapshot_name
+
+__all__ = ["HistoryEntry", "read_history"]
+
+Verdict = Literal[
+    "ok",  # checksum valid, decodes, and follows the previous record
+    "void",  # written by a batch whose write or fsync failed: never part of the journal
+    "torn",  # damaged bytes at the end of a segment: a crash mid-append
+    "damaged",  # damaged bytes with valid frames after them: corruption
+    "undecodable",  # checksum valid but not a record this intloom understands
+    "out_of_order",  # a seq that is not the next one (a gap or a repeat)
+    "illegal",  # a record the state machine refuses after the previous one
+    "snapshot",  # records summarised by a snapshot whose log segments are gone
+]
+
+
+class HistoryEntry(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One record of a Run's journal as found on disk."""
+
+    seq: int
+    file: str  # relative to the runtime directory
+    offset: int
+    checksum: Literal["ok", "bad", "none"]
+    verdict: Verdict
+    phase: str | None = None
+    at: str | None = None
+    record: Record | None = None
+    problem: str | None = None
+
+
+def _phase(record: Record) -> str:
+    return str(type(record).__struct_config__.tag)
+
+
+def read_history(runtime_dir: Path, run_id: str) -> list[HistoryEntry]:
+    """Every record of ``run_id`` in log order, judged one by one. Read-only."""
+    layout = Layout(runtime_dir)
+    if not check_dir(runtime_dir) or not check_dir(layout.wal):
+        return []
+    scans = []
+    for name in list_names(layout.wal):
+        number = segment_number(name)
+        if number is None:
+            continue
+        data = read_file(layout.wal / name)
+        if data is not None:
+            scans.append(scan_segment(name, number, data))
+    scans.sort(key=lambda s: s.number)
+
+    voids: dict[int, int] = {}
+    notices: list[VoidNotice] = []
+    try:
+        manifest = read_manifest(layout)
+        notices.extend(manifest.voids if manifest else [])
+    except SnapshotError:
+        pass  # a damaged manifest only loses void notices the segments repeat
+    for scan in scans:
+        for frame in scan.frames:
+            if frame.kind == KIND_VOID:
+                try:
+                    notices.append(msgspec.msgpack.decode(frame.payload, type=VoidNotice))
+                except (msgspec.DecodeError, msgspec.ValidationError):
+                    continue
+    for notice in notices:
+        voids[notice.segment] = min(voids.get(notice.segment, notice.offset), notice.offset)
+
+    entries: list[HistoryEntry] = []
+    state: RunState | None = None
+    expected = 1
+    for scan in scans:
+        file = f"wal/{scan.name}"
+        cut = voids.get(scan.number)
+        found: list[tuple[int, HistoryEntry | None, bytes | None, int]] = []
+        for frame in scan.frames:
+            if frame.kind == KIND_RECORD and frame.run_id == run_id:
+                found.append((frame.offset, None, frame.payload, frame.seq))
+        for damage in scan.damage:
+            tail = damage.at_tail and not damage.after_seal
+            for cand in damage.candidates:
+                if cand.run_id == run_id:
+                    void = cut is not None and cand.offset >= cut
+                    verdict: Verdict = "void" if void else ("torn" if tail else "damaged")
+                    found.append((cand.offset, HistoryEntry(
+                        seq=cand.seq, file=file, offset=cand.offset, checksum="bad",
+                        verdict=verdict), None, cand.seq))
+        found.sort(key=lambda item: item[0])
+        for offset, ready, payload, seq in found:
+            if ready is not None:
+                entries.append(ready)
+                if ready.verdict != "void" and ready.seq == expected:
+                    # The record existed but cannot be read: later ones keep their places,
+                    # and their transitions can no longer be checked.
+                    expected, state = expected + 1, None
+                continue
+            assert payload is not None
+            try:
+                record: Record | None = decode_record(payload)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                entries.append(HistoryEntry(seq=seq, file=file, offset=offset, checksum="ok",
+                                            verdict="undecodable", problem=str(exc)))
+                continue
+            assert record is not None
+            base = HistoryEntry(seq=seq, file=file, offset=offset, checksum="ok",
+                                verdict="ok", phase=_phase(record), at=record.at, record=record)
+            if cut is not None and offset >= cut:
+                entries.append(msgspec.structs.replace(
+                    base, verdict="void", problem="its batch's write or fsync failed"))
+                continue
+            if seq != expected:
+                if not entries and seq > 1:
+                    summary, state = _from_snapshot(layout, run_id, seq - 1)
+                    entries.extend(summary)
+                    expected = seq
+                else:
+                    entries.append(msgspec.structs.replace(
+                        base, verdict="out_of_order", problem=f"expected record {expected}"))
+                    continue
+            if state is not None or seq == 1:
+                try:
+                    state = apply(state, record)
+                except IllegalTransition as exc:
+                    entries.append(msgspec.structs.replace(base, verdict="illegal",
+                                                          problem=exc.why))
+                    continue
+            else:
+                base = msgspec.structs.replace(
+                    base, problem="checksum valid; not checked against the state machine "
+                    "because an earlier record is unreadable")
+            entries.append(base)
+            expected = seq + 1
+    return entries
+
+
+def _from_snapshot(layout: Layout, run_id: str,
+                   seq: int) -> tuple[list[HistoryEntry], RunState | None]:
+    """The snapshot standing in for records 1..seq whose segments are gone, and its state."""
+    name = snapshot_name(run_id)
+    for directory in (layout.live, layout.done):
+        try:
+            snap = read_snapshot(directory / name)
+        except SnapshotError:
+            continue
+        if snap is not None:
+            entry = HistoryEntry(
+                seq=snap.seq, file=f"{directory.relative_to(layout.root)}/{name}", offset=0,
+                checksum="ok", verdict="snapshot",
+                phase=snap.state.phase if snap.state else None,
+                problem=f"records 1..{snap.seq} are only summarised by this snapshot")
+            return [entry], (snap.state if snap.seq == seq else None)
+    missing = HistoryEntry(seq=seq, file="", offset=0, checksum="none", verdict="out_of_order",
+                           problem=f"records 1..{seq} are missing from the log")
+    return [missing], None

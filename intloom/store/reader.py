@@ -1,0 +1,419 @@
+"""Read-only judgement of the store: every Run's folded state, or where and why it is damaged.
+
+Nothing here opens a file for writing or creates anything. A restore (``read_runs``) reads
+the live snapshots plus only the segments the manifest says are still needed, so its cost
+does not grow with a Run's age; ``verify`` reads every segment and cross-checks snapshots.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+from intloom.runtime.machine import IllegalTransition, RunState, apply
+from intloom.runtime.records import FORMAT_VERSION, Header, Record, decode_record
+from intloom.store.files import Layout, check_dir, list_names, read_file
+from intloom.store.framing import (
+    KIND_RECORD,
+    KIND_VOID,
+    Frame,
+    SegmentScan,
+    VoidNotice,
+    scan_segment,
+    segment_number,
+)
+from intloom.store.snapshots import (
+    Manifest,
+    Snapshot,
+    SnapshotError,
+    read_manifest,
+    read_snapshot,
+    snapshot_name,
+)
+
+__all__ = [
+    "FileProblem",
+    "Loaded",
+    "RunJournal",
+    "ScanStats",
+    "StoreReport",
+    "load",
+    "read_runs",
+    "read_runs_report",
+    "verify",
+    "verify_report",
+]
+
+Status = Literal["ok", "corrupt", "incompatible"]
+Mode = Literal["restore", "verify"]
+
+
+class RunJournal(msgspec.Struct):
+    """One Run as the store reads it back.
+
+    ``state`` is the fold of every usable record. For a corrupt Run it is the fold up to the
+    last good record (for display only: a corrupt Run is never resumed); for an incompatible
+    Run it is None. ``problem`` says where (file, offset, seq) and what.
+    """
+
+    run_id: str
+    state: RunState | None
+    status: Status
+    problem: str | None
+    torn_tail: bool = False
+
+
+class FileProblem(msgspec.Struct, frozen=True):
+    """A whole-file finding: damage no Run can be blamed for, foreign or unexpected files."""
+
+    path: str  # relative to the runtime directory
+    kind: Literal["corrupt", "incompatible", "foreign", "unexpected", "torn"]
+    problem: str
+
+
+class ScanStats(msgspec.Struct):
+    """What a read cost: lets tests assert that restores stay bounded without timing them."""
+
+    segments_read: int = 0
+    bytes_read: int = 0
+    frames_read: int = 0
+    records_decoded: int = 0
+    snapshots_read: int = 0
+    full: bool = False
+
+
+class StoreReport(msgspec.Struct):
+    runs: list[RunJournal]
+    files: list[FileProblem]
+    stats: ScanStats
+
+
+@dataclass
+class Loaded:
+    """Everything one read found; the writer builds on it at open."""
+
+    layout: Layout
+    exists: bool = False
+    journals: dict[str, RunJournal] = field(default_factory=dict)
+    dirty: set[str] = field(default_factory=set)  # Runs with frames in the segments read
+    segment_numbers: list[int] = field(default_factory=list)
+    segments_read: list[int] = field(default_factory=list)
+    incompatible_segments: list[int] = field(default_factory=list)
+    manifest: Manifest | None = None
+    manifest_error: SnapshotError | None = None
+    snapshot_errors: list[SnapshotError] = field(default_factory=list)
+    files: list[FileProblem] = field(default_factory=list)
+    stats: ScanStats = field(default_factory=ScanStats)
+
+
+@dataclass
+class _Hit:
+    """Damaged bytes that claim to be record ``seq`` of a Run."""
+
+    seq: int
+    where: str
+    at_tail: bool
+
+
+def _where(scan: SegmentScan, offset: int) -> str:
+    return f"wal/{scan.name} offset {offset}"
+
+
+def _rel(layout: Layout, path: Path) -> str:
+    try:
+        return str(path.relative_to(layout.root))
+    except ValueError:
+        return str(path)
+
+
+def _snapshots(layout: Layout, directory: Path, loaded: Loaded) -> dict[str, Snapshot]:
+    out: dict[str, Snapshot] = {}
+    if not check_dir(directory):
+        return out
+    for name in list_names(directory):
+        if name.startswith("."):
+            continue  # an atomic write's leftover temp file: evidence of a crash, not data
+        path = directory / name
+        if not name.endswith(".snap") or len(name) != 69:
+            loaded.files.append(FileProblem(_rel(layout, path), "unexpected",
+                                            "is not a file intloom writes; it was left alone"))
+            continue
+        try:
+            snap = read_snapshot(path)
+        except SnapshotError as exc:
+            loaded.snapshot_errors.append(exc)
+            kind: Literal["incompatible", "corrupt"] = (
+                "incompatible" if exc.incompatible else "corrupt"
+            )
+            loaded.files.append(FileProblem(_rel(layout, path), kind, exc.fact))
+            continue
+        loaded.stats.snapshots_read += 1
+        if snap is not None:
+            out[snap.run_id] = snap
+    return out
+
+
+def load(root: Path, mode: Mode = "restore") -> Loaded:
+    """Read the store at ``root`` (restore: bounded; verify: everything). Read-only."""
+    layout = Layout(root)
+    loaded = Loaded(layout=layout)
+    if not check_dir(root):
+        return loaded
+    loaded.exists = True
+    for directory in (layout.wal, layout.snap):
+        check_dir(directory)
+
+    full = mode == "verify"
+    try:
+        loaded.manifest = read_manifest(layout)
+    except SnapshotError as exc:
+        loaded.manifest_error = exc
+        kind: Literal["incompatible", "corrupt"] = (
+            "incompatible" if exc.incompatible else "corrupt"
+        )
+        loaded.files.append(FileProblem("manifest.json", kind,
+                                        f"{exc.fact}; every segment was read instead"))
+        full = True
+
+    live = _snapshots(layout, layout.live, loaded)
+    done = _snapshots(layout, layout.done, loaded) if mode == "verify" else {}
+    if loaded.snapshot_errors:
+        full = True  # without a trusted snapshot, only the whole log can rebuild that Run
+    loaded.stats.full = full
+
+    numbers: list[int] = []
+    if check_dir(layout.wal):
+        for name in list_names(layout.wal):
+            number = segment_number(name)
+            if number is None:
+                loaded.files.append(FileProblem(f"wal/{name}", "unexpected",
+                                                "is not a file intloom writes; it was left alone"))
+            else:
+                numbers.append(number)
+    numbers.sort()
+    loaded.segment_numbers = numbers
+    manifest = loaded.manifest
+    start = 0 if full or manifest is None else manifest.start
+    pinned = set() if manifest is None else set(manifest.pinned)
+
+    scans: list[SegmentScan] = []
+    for number in numbers:
+        if number < start and number not in pinned:
+            continue
+        name = f"{number:010d}.seg"
+        data = read_file(layout.wal / name)
+        if data is None:
+            continue
+        loaded.stats.segments_read += 1
+        loaded.stats.bytes_read += len(data)
+        scans.append(scan_segment(name, number, data))
+    loaded.segments_read = [s.number for s in scans]
+
+    _judge_all(loaded, scans, live, done, mode)
+    return loaded
+
+
+def _voids(loaded: Loaded, scans: list[SegmentScan]) -> dict[int, int]:
+    voids: dict[int, int] = {}
+    notices = list(loaded.manifest.voids) if loaded.manifest else []
+    for scan in scans:
+        for frame in scan.frames:
+            if frame.kind == KIND_VOID:
+                try:
+                    notices.append(msgspec.msgpack.decode(frame.payload, type=VoidNotice))
+                except (msgspec.DecodeError, msgspec.ValidationError):
+                    loaded.files.append(FileProblem(f"wal/{scan.name}", "corrupt",
+                                                    f"void notice at offset {frame.offset} "
+                                                    "does not decode"))
+    for notice in notices:
+        voids[notice.segment] = min(voids.get(notice.segment, notice.offset), notice.offset)
+    return voids
+
+
+def _judge_all(loaded: Loaded, scans: list[SegmentScan], live: dict[str, Snapshot],
+               done: dict[str, Snapshot], mode: Mode) -> None:
+    voids = _voids(loaded, scans)
+    frames: dict[str, list[tuple[SegmentScan, Frame]]] = defaultdict(list)
+    hits: dict[str, list[_Hit]] = defaultdict(list)
+    incompatible: dict[str, str] = {}
+
+    for scan in scans:
+        cut = voids.get(scan.number)
+        path = f"wal/{scan.name}"
+        if scan.status in ("empty", "torn_header"):
+            loaded.files.append(FileProblem(path, "torn", "ends inside its file header "
+                                            "(a crash while the segment was being created)"))
+            continue
+        if scan.status == "foreign":
+            loaded.files.append(FileProblem(path, "foreign", scan.problem or "is not a segment"))
+            continue
+        if scan.status == "incompatible":
+            loaded.incompatible_segments.append(scan.number)
+            names = {f.run_id for f in scan.frames if f.kind == KIND_RECORD}
+            names |= {c.run_id for d in scan.damage for c in d.candidates}
+            fmt = f"format {scan.format_found}; this intloom reads {FORMAT_VERSION}"
+            for run_id in names:
+                incompatible[run_id] = f"its records in {path} are {fmt}"
+            if not names:
+                incompatible[f"({path})"] = f"{path} {scan.problem}; its Runs cannot be listed"
+            loaded.files.append(FileProblem(path, "incompatible", scan.problem or ""))
+            continue
+        if scan.problem:
+            loaded.files.append(FileProblem(path, "corrupt", scan.problem))
+        for frame in scan.frames:
+            if frame.kind != KIND_RECORD or (cut is not None and frame.offset >= cut):
+                continue
+            loaded.stats.frames_read += 1
+            frames[frame.run_id].append((scan, frame))
+        for damage in scan.damage:
+            if cut is not None and damage.start >= cut:
+                continue
+            tail = damage.at_tail and not damage.after_seal
+            if tail:
+                loaded.files.append(FileProblem(
+                    path, "torn", f"ends with {damage.end - damage.start} bytes of an incomplete "
+                    f"frame at offset {damage.start} (a crash mid-append; not corruption)"))
+            else:
+                what = "after the segment's seal" if damage.after_seal else "between valid frames"
+                loaded.files.append(FileProblem(
+                    path, "corrupt",
+                    f"bytes {damage.start}..{damage.end} are damaged ({what})"))
+            for cand in damage.candidates:
+                if cut is not None and cand.offset >= cut:
+                    continue
+                hits[cand.run_id].append(_Hit(cand.seq, _where(scan, cand.offset), tail))
+
+    run_ids = set(frames) | set(live) | set(incompatible) | set(hits)
+    if mode == "verify":
+        run_ids |= set(done)
+    layout = loaded.layout
+    for run_id in sorted(run_ids):
+        if run_id in incompatible:
+            loaded.journals[run_id] = RunJournal(run_id, None, "incompatible",
+                                                 incompatible[run_id])
+            loaded.dirty.add(run_id)
+            continue
+        run_frames = frames.get(run_id, [])
+        snap = live.get(run_id) or done.get(run_id)
+        if snap is None and mode == "restore" and run_frames and run_frames[0][1].seq > 1:
+            try:
+                snap = read_snapshot(layout.done / snapshot_name(run_id))
+                loaded.stats.snapshots_read += snap is not None
+            except SnapshotError as exc:
+                loaded.files.append(FileProblem(_rel(layout, exc.path), "corrupt", exc.fact))
+        if run_frames or run_id in hits:
+            loaded.dirty.add(run_id)
+        journal = _judge(loaded, run_id, run_frames, snap, hits.get(run_id, []), mode)
+        if journal is not None:
+            loaded.journals[run_id] = journal
+
+
+def _judge(loaded: Loaded, run_id: str, frames: list[tuple[SegmentScan, Frame]],
+           snap: Snapshot | None, hits: list[_Hit], mode: Mode) -> RunJournal | None:
+    if snap is not None and snap.status != "ok" and not (
+        mode == "verify" and frames and frames[0][1].seq == 1
+    ):
+        return RunJournal(run_id, snap.state, snap.status, snap.problem)
+    from_scratch = snap is None or (mode == "verify" and bool(frames) and frames[0][1].seq == 1)
+    state: RunState | None = None if from_scratch or snap is None else snap.state
+    covered = 0 if snap is None else snap.seq
+    expected = 1 if from_scratch else covered + 1
+    problem: str | None = None
+    by_seq = {h.seq: h for h in hits if not h.at_tail}
+
+    for scan, frame in frames:
+        seq = frame.seq
+        where = f"{_where(scan, frame.offset)} seq {seq}"
+        if seq < expected:
+            if not from_scratch and seq <= covered:
+                continue  # already summarised by the snapshot
+            problem = f"record {seq} appears twice (again at {where})"
+            break
+        if seq > expected:
+            hit = by_seq.get(expected)
+            if hit is not None:
+                problem = (f"record {expected} at {hit.where} fails its checksum; "
+                           f"the Run continues at {where}")
+            else:
+                problem = (f"records {expected}..{seq - 1} are missing before {where} "
+                           f"(lost in damaged bytes or in a segment that is gone)")
+            break
+        loaded.stats.records_decoded += 1
+        try:
+            record: Record = decode_record(frame.payload)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            problem = f"record at {where} does not decode ({exc})"
+            break
+        if isinstance(record, Header) and record.run_id != run_id:
+            problem = f"record at {where} is the header of Run {record.run_id}"
+            break
+        if isinstance(record, Header) and record.format != FORMAT_VERSION:
+            return RunJournal(run_id, None, "incompatible",
+                              f"its header at {where} is format {record.format}; "
+                              f"this intloom reads {FORMAT_VERSION}")
+        try:
+            state = apply(state, record)
+        except IllegalTransition as exc:
+            problem = (f"record at {where} ({exc.got}) cannot follow "
+                       f"{exc.previous or 'the start of the journal'}: {exc.why}")
+            break
+        expected += 1
+        if from_scratch and snap is not None and seq == snap.seq and snap.state != state:
+            problem = f"its snapshot ({snapshot_name(run_id)}) disagrees with the log at {where}"
+            break
+
+    torn = False
+    if problem is None:
+        for hit in hits:
+            if hit.seq < expected:
+                continue  # a stale copy of a record already read (or summarised)
+            if hit.at_tail:
+                torn = True
+            else:
+                problem = (f"record {hit.seq} at {hit.where} fails its checksum; "
+                           "it is the last trace of this Run in the log")
+                break
+    if problem is None and state is None:
+        if torn and not frames:
+            return None  # its first records were torn by a crash: it never became visible
+        problem = "no usable record: the Run's first record is missing"
+    if problem is not None:
+        return RunJournal(run_id, state, "corrupt", f"Run {run_id}: {problem}")
+    return RunJournal(run_id, state, "ok", None, torn_tail=torn)
+
+
+def _report(loaded: Loaded, *, include_terminal: bool) -> StoreReport:
+    runs = [
+        j for j in loaded.journals.values()
+        if include_terminal or j.status != "ok" or j.state is None
+        or j.state.phase != "terminal"
+    ]
+    return StoreReport(runs=runs, files=list(loaded.files), stats=loaded.stats)
+
+
+def read_runs_report(runtime_dir: Path) -> StoreReport:
+    """``read_runs`` with file findings and read costs."""
+    return _report(load(runtime_dir, "restore"), include_terminal=False)
+
+
+def read_runs(runtime_dir: Path) -> list[RunJournal]:
+    """Every unfinished Run, and every corrupt or incompatible one. Read-only.
+
+    Terminal Runs are not returned (they are kept for ``inspect``, never restored); use
+    ``verify`` to see them.
+    """
+    return read_runs_report(runtime_dir).runs
+
+
+def verify_report(runtime_dir: Path) -> StoreReport:
+    """Every Run judged from the whole log, snapshots cross-checked, whole-file findings."""
+    return _report(load(runtime_dir, "verify"), include_terminal=True)
+
+
+def verify(runtime_dir: Path) -> list[RunJournal]:
+    """Every Run (terminal ones too) judged from the whole log. Read-only."""
+    return verify_report(runtime_dir).runs

@@ -1,0 +1,314 @@
+"""The real ``intloom`` CLI as a subprocess: scaffolding, errors, streams, logs, and a Run's life.
+
+Each test names the promise it checks. Hosts started here are reaped by the ``project``
+fixture; a ``logs --follow`` process is killed in ``finally``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import REPO, CliResult, Project, eventually, snapshot_files
+
+pytestmark = pytest.mark.e2e
+
+ANSI = re.compile(r"\x1b\[")
+
+
+def run_cli(*args: str, cwd: Path, input: str | None = None, **env: str) -> CliResult:
+    """The CLI with ``cwd`` as working directory and no --project (upward search applies)."""
+    full_env = {**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(REPO), **env}
+    proc = subprocess.run(
+        [sys.executable, "-m", "intloom", *args],
+        cwd=cwd, input=input, capture_output=True, text=True, timeout=30, env=full_env,
+    )
+    return CliResult(proc.returncode, proc.stdout, proc.stderr)
+
+
+def only_json(result: CliResult) -> Any:
+    """The single JSON document a --json invocation must print."""
+    assert len(result.stdout.splitlines()) == 1, result.stdout
+    return result.json
+
+
+# ----- init ----------------------------------------------------------------------------------
+
+
+def test_init_scaffolds_a_new_directory_that_a_host_can_load(tmp_path: Path) -> None:
+    result = run_cli("init", "fresh", "--json", cwd=tmp_path)
+    assert result.code == 0, result.stderr
+    root = tmp_path / "fresh"
+    assert only_json(result) == {"projectRoot": str(root), "status": "scaffolded"}
+    assert (root / ".gitignore").read_text().splitlines()[-1] == "/.intloom/"
+    assert 'workflows = ["workflows/example.py"]' in (root / "intloom.toml").read_text()
+    example = REPO / "fixtures" / "projects" / "basic" / "workflows" / "example.py"
+    assert (root / "workflows" / "example.py").read_bytes() == example.read_bytes()
+    assert not (root / ".intloom").exists()  # init starts nothing
+
+
+def test_init_text_names_the_next_two_commands(tmp_path: Path) -> None:
+    result = run_cli("init", cwd=tmp_path)
+    assert result.code == 0
+    assert "intloom start" in result.stdout
+    assert "intloom flow example --intent" in result.stdout
+    assert "cd " not in result.stdout  # already there
+
+
+def test_init_refuses_a_non_empty_directory_and_touches_nothing(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("mine")
+    before = snapshot_files(tmp_path)
+    result = run_cli("init", ".", "--json", cwd=tmp_path)
+    assert result.code == 1
+    assert only_json(result)["error"]["code"] == "CLI_INIT_TARGET_NOT_EMPTY"
+    assert snapshot_files(tmp_path) == before
+
+
+def test_init_refuses_a_file(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("x")
+    result = run_cli("init", "a-file", cwd=tmp_path)
+    assert result.code == 1 and result.stdout == ""
+    assert result.stderr.startswith("Failure · CLI_INIT_TARGET_INVALID: ")
+    assert (tmp_path / "a-file").read_text() == "x"
+
+
+# ----- errors and streams --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", [["runs"], ["status"], ["logs"], ["inspect", "RUN-x"]])
+def test_outside_a_project_nothing_is_created(tmp_path: Path, command: list[str]) -> None:
+    result = run_cli(*command, "--json", cwd=tmp_path)
+    assert result.code == 1
+    error = only_json(result)["error"]
+    assert error == {"code": "CLI_PROJECT_INVALID", "message": error["message"],
+                     "retryable": False}
+    assert str(tmp_path) in error["message"] and "intloom init" in error["message"]
+    assert list(tmp_path.iterdir()) == []
+    assert result.stderr == ""
+
+
+def test_json_error_shape_and_usage_errors(project: Project) -> None:
+    offline = project.cli("runs", "--json")
+    assert offline.code == 1 and offline.stderr == ""
+    assert set(only_json(offline)["error"]) == {"code", "message", "retryable"}
+    assert only_json(offline)["error"]["code"] == "CLI_SERVICE_OFFLINE"
+    usage = project.cli("flow", "--json")
+    assert usage.code == 2
+    assert only_json(usage)["error"]["code"] == "INVALID_REQUEST"
+    assert "Traceback" not in usage.stderr + offline.stderr
+    assert not project.state.exists()  # a failed query creates no host state
+
+
+def test_piped_and_no_color_output_has_no_escapes(project: Project) -> None:
+    for args in (["--help"], ["runs", "--help"], ["status"], ["runs"], ["doctor"],
+                 ["flow", "example", "--intent", "x"], ["flow"]):
+        result = project.cli(*args, env={"TERM": "xterm-256color", "FORCE_COLOR": ""})
+        assert not ANSI.search(result.stdout + result.stderr), args
+    plain = project.cli("status")
+    assert plain.code == 0 and plain.stdout.startswith("The service is offline.")
+
+
+# ----- logs (offline: synthetic host logs) ---------------------------------------------------
+
+
+def _write_log(logs: Path, name: str, *records: dict[str, Any], newline: bool = True) -> Path:
+    logs.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = logs / name
+    text = "\n".join(json.dumps(r) for r in records) + ("\n" if newline else "")
+    with open(path, "a") as fh:
+        fh.write(text)
+    os.chmod(path, 0o600)
+    return path
+
+
+def test_logs_render_filter_and_stream_raw_json(project: Project) -> None:
+    logs = project.state / "logs"
+    project.state.mkdir(mode=0o700)
+    _write_log(logs, "LOG-20260101T000000000Z.jsonl",
+               {"time": "T0", "level": "info", "event": "old_host"})
+    _write_log(logs, "LOG-20260102T000000000Z.jsonl",
+               {"time": "T1", "level": "info", "event": "log_opened", "pid": 1},
+               {"time": "T2", "level": "warning", "event": "run_x", "runId": "RUN-a"},
+               {"time": "T3", "level": "info", "event": "run_y", "runId": "RUN-b"})
+    text = project.cli("logs")
+    assert text.code == 0
+    assert text.stdout.splitlines() == [
+        "T1 info  log_opened pid=1", "T2 warning run_x runId=RUN-a", "T3 info  run_y runId=RUN-b",
+    ]
+    assert project.cli("logs", "--all").stdout.splitlines()[0] == "T0 info  old_host"
+    raw = project.cli("logs", "RUN-a", "--json")
+    assert [json.loads(line)["event"] for line in raw.stdout.splitlines()] == ["run_x"]
+
+
+class _Lines:
+    """Lines of a child's stdout, each awaited with a deadline (never a blind wait)."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdout is not None
+        self._fd = proc.stdout.fileno()
+        self._buffer = b""
+
+    def next(self, timeout: float = 10.0) -> str:
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buffer:
+            remaining = deadline - time.monotonic()
+            assert remaining > 0, f"no line within {timeout}s (got {self._buffer!r})"
+            ready, _, _ = select.select([self._fd], [], [], remaining)
+            if ready:
+                chunk = os.read(self._fd, 4096)
+                assert chunk, f"stdout closed (got {self._buffer!r})"
+                self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return line.decode()
+
+
+def test_logs_follow_survives_a_new_host_log_and_stops_on_sigterm(project: Project) -> None:
+    logs = project.state / "logs"
+    project.state.mkdir(mode=0o700)
+    _write_log(logs, "LOG-20260101T000000000Z.jsonl", {"time": "T1", "event": "first"})
+    env = {**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(REPO)}
+    with subprocess.Popen(
+        [sys.executable, "-m", "intloom", "--project", str(project.root), "logs", "--follow"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
+    ) as proc:
+        try:
+            lines = _Lines(proc)
+            assert "first" in lines.next()
+            _write_log(logs, "LOG-20260101T000000000Z.jsonl", {"time": "T2", "event": "appended"})
+            assert "appended" in lines.next()
+            # A restarted host writes a new file; following moves on to it.
+            _write_log(logs, "LOG-20260102T000000000Z.jsonl", {"time": "T3", "event": "new_host"})
+            assert "new_host" in lines.next()
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=10) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+
+
+# ----- a Run's life against a real host ------------------------------------------------------
+
+
+def _run_of(result: CliResult) -> dict[str, Any]:
+    assert result.code in (0, 1), result.stderr
+    run: dict[str, Any] = only_json(result)["run"]
+    return run
+
+
+def test_run_lifecycle_through_the_cli(project: Project) -> None:
+    started = project.cli("start", "--json")
+    assert started.code == 0, started.stderr
+    service = only_json(started)["service"]
+    assert only_json(started)["reused"] is False
+    assert {"projectRoot", "pid", "instanceId", "port", "startedAt"} <= set(service)
+    again = project.cli("start", "--json")
+    assert only_json(again)["reused"] is True
+    assert only_json(again)["service"]["instanceId"] == service["instanceId"]
+
+    assert only_json(project.cli("flows", "--json"))["workflows"][0]["name"] == "example"
+
+    run = _run_of(project.cli("flow", "example", "--intent", "release notes", "--json"))
+    assert run["status"] == "waiting"
+    first_action = run["pendingAction"]["id"]
+    run_id = run["runId"]
+    listed = only_json(project.cli("runs", "--json"))["runs"]
+    assert [r["runId"] for r in listed] == [run_id]
+    assert "waiting" in project.cli("runs").stdout
+
+    declined = _run_of(project.cli(
+        "answer", run_id, first_action, '{"isConfirmed": false, "feedback": "shorter"}', "--json"
+    ))
+    assert declined["status"] == "waiting"
+    assert declined["pendingAction"]["id"] != first_action
+
+    stale = project.cli("answer", run_id, first_action, '{"isConfirmed": true}', "--json")
+    assert stale.code == 1
+    assert only_json(stale)["error"]["code"] == "CONFLICT"
+
+    done = _run_of(project.cli(
+        "answer", run_id, declined["pendingAction"]["id"], "-", "--json",
+        input='{"isConfirmed": true}',
+    ))
+    assert done["status"] == "completed"
+
+    attached = project.cli("attach", run_id)
+    assert attached.code == 0, attached.stderr
+    assert "Completed · example" in attached.stdout
+    assert "waiting" in attached.stdout  # the history came first
+
+    second = _run_of(project.cli("flow", "example", "--intent", "to cancel", "--json"))
+    first_cancel = project.cli("cancel", second["runId"], "--json")
+    second_cancel = project.cli("cancel", second["runId"], "--json")
+    assert first_cancel.code == second_cancel.code == 0
+    assert first_cancel.stdout == second_cancel.stdout
+    assert _run_of(first_cancel)["lastError"]["code"] == "RUN_STOPPED"
+    stopped = project.cli("attach", second["runId"], "--json")
+    assert stopped.code == 1
+    assert _run_of(stopped)["status"] == "failed"
+    ended = project.cli("cancel", run_id)
+    assert ended.code == 0 and ended.stdout.startswith("The Run has ended; no stop is needed.")
+
+    missing = project.cli("attach", "RUN-missing", "--json")
+    assert missing.code == 1 and only_json(missing)["error"]["code"] == "NOT_FOUND"
+
+    inspected = project.cli("inspect", run_id, "--json")
+    assert inspected.code == 0, inspected.stdout + inspected.stderr
+    phases = [r.get("phase") for r in only_json(inspected)["records"]]
+    assert phases[0] == "header" and phases[-1] == "terminal"
+    assert "effect_started" in phases and "waiting" in phases
+    assert only_json(inspected)["run"]["status"] == "completed"
+
+    assert "log_opened" in project.cli("logs").stdout
+
+    stop = project.cli("stop", "--json")
+    assert only_json(stop) == {"projectRoot": str(project.root), "stopped": True}
+    assert project.cli("stop").stdout.startswith("The service is not running; no stop is needed.")
+    # inspect works offline
+    assert project.cli("inspect", run_id).code == 0
+
+
+def test_crash_diagnose_recover_and_restore_through_the_cli(project: Project) -> None:
+    assert project.cli("start").code == 0
+    run = _run_of(project.cli("flow", "example", "--intent", "survive", "--json"))
+    project.kill_host()
+
+    status = project.cli("status", "--json")
+    assert status.code == 0
+    assert only_json(status)["status"] == "recovery_required"
+    doctor = project.cli("doctor", "--json")
+    assert doctor.code == 3  # attention: stale resources
+    assert only_json(doctor)["health"] == "attention"
+    busy = project.cli("start", "--json")
+    assert busy.code == 1 and only_json(busy)["error"]["code"] == "CLI_SERVICE_BUSY"
+
+    plan = project.cli("recover", "--dry-run", "--json")
+    assert only_json(plan)["recovered"] is False and only_json(plan)["paths"]
+    assert only_json(project.cli("recover", "--json"))["recovered"] is True
+
+    restarted = project.cli("start")
+    assert restarted.code == 0
+    assert "Restore  resumed 0 · waiting 1" in restarted.stdout
+    restored = eventually(
+        lambda: only_json(project.cli("runs", "--json"))["runs"], timeout=10, what="runs"
+    )
+    assert restored[0]["runId"] == run["runId"]
+    assert restored[0]["pendingAction"]["id"] == run["pendingAction"]["id"]
+
+
+def test_status_and_runs_text_on_a_live_host(project: Project) -> None:
+    assert project.cli("start").code == 0
+    status = project.cli("status")
+    assert status.stdout.startswith(f"Service running · {project.root}")
+    assert project.cli("runs").stdout == "The current service has no Runs.\n"
+    assert only_json(project.cli("runs", "--json")) == {"runs": []}

@@ -1,0 +1,130 @@
+"""intloom start / stop through the real CLI: JSON shapes, reuse, offline stop, concurrent
+stops, crash leftovers, a waiting Run across a restart, and --foreground with Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from typing import Any
+
+import pytest
+
+from tests.helpers import REPO, CliResult, Project, eventually, snapshot_files
+
+pytestmark = pytest.mark.e2e
+
+
+def _ok(result: CliResult) -> Any:
+    assert result.code == 0, (result.code, result.stdout, result.stderr)
+    return result.json
+
+
+def _error(result: CliResult, code: str) -> dict[str, Any]:
+    assert result.code == 1, (result.code, result.stdout, result.stderr)
+    error: dict[str, Any] = result.json["error"]
+    assert error["code"] == code, error
+    assert set(error) == {"code", "message", "retryable"}
+    assert "Traceback" not in result.stderr
+    return error
+
+
+def test_stop_before_any_start_is_offline_and_creates_nothing(project: Project) -> None:
+    before = snapshot_files(project.root)
+    assert _ok(project.cli("--json", "stop")) == {
+        "projectRoot": str(project.root.resolve()), "stopped": False,
+    }
+    text = project.cli("stop")
+    assert text.code == 0
+    assert "not running" in text.stdout
+    assert snapshot_files(project.root) == before
+    assert not project.state.exists()
+
+
+def test_start_reuse_stop_and_restart_with_a_waiting_run(project: Project) -> None:
+    first = _ok(project.cli("--json", "start"))
+    assert first["reused"] is False
+    service = first["service"]
+    assert {"projectRoot", "pid", "instanceId", "port", "startedAt"} <= set(service)
+    again = _ok(project.cli("--json", "start"))
+    assert again["reused"] is True
+    assert again["service"]["instanceId"] == service["instanceId"]
+    other_port = service["port"] + 1 if service["port"] < 65535 else 1024
+    _error(project.cli("--json", "start", "--port", str(other_port)), "CLI_SERVICE_CONFLICT")
+
+    run = _ok(project.cli("--json", "flow", "example", "--intent", "notes"))["run"]
+    assert run["status"] == "waiting"
+    token = json.loads((project.state / "connection.json").read_text())["token"]
+
+    assert _ok(project.cli("--json", "stop"))["stopped"] is True
+    assert _ok(project.cli("--json", "stop"))["stopped"] is False
+
+    restarted = _ok(project.cli("--json", "start"))
+    assert restarted["reused"] is False
+    assert restarted["service"]["instanceId"] != service["instanceId"]
+    assert restarted["service"]["port"] == service["port"]
+    assert json.loads((project.state / "connection.json").read_text())["token"] == token
+    assert restarted["service"]["restore"]["waiting"] == [run["runId"]]
+    runs = _ok(project.cli("--json", "runs"))["runs"]
+    assert runs == [run]
+    assert _ok(project.cli("--json", "stop"))["stopped"] is True
+
+
+def test_concurrent_cli_stops_both_succeed(project: Project) -> None:
+    _ok(project.cli("--json", "start"))
+    results: list[CliResult] = []
+    lock = threading.Lock()
+
+    def stop() -> None:
+        result = project.cli("--json", "stop")
+        with lock:
+            results.append(result)
+
+    threads = [threading.Thread(target=stop) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=50)
+    assert [r.code for r in results] == [0, 0], [(r.stdout, r.stderr) for r in results]
+    assert any(r.json["stopped"] for r in results)
+    assert not (project.state / "service.json").exists()
+    assert not (project.state / "service.lock").exists()
+
+
+def test_sigkilled_host_makes_stop_busy_with_every_file_byte_identical(project: Project) -> None:
+    _ok(project.cli("--json", "start"))
+    _ok(project.cli("--json", "flow", "example", "--intent", "notes"))
+    project.kill_host()
+    before = snapshot_files(project.root)
+    error = _error(project.cli("--json", "stop"), "CLI_SERVICE_BUSY")
+    assert "intloom doctor" in error["message"]
+    _error(project.cli("--json", "start"), "CLI_SERVICE_BUSY")
+    assert snapshot_files(project.root) == before
+
+
+def test_start_foreground_serves_until_ctrl_c(project: Project) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "intloom", "--project", str(project.root), "start",
+         "--foreground"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
+    project.pids.add(proc.pid)
+    try:
+        eventually(lambda: (project.state / "service.json").exists(), timeout=20,
+                   what="the foreground host to serve")
+        status = _ok(project.cli("--json", "status"))
+        assert status["service"]["pid"] == proc.pid
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=20)
+        assert proc.returncode == 0, (out, err)
+        assert "Traceback" not in err
+        assert not (project.state / "service.json").exists()
+        assert not (project.state / "service.lock").exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)

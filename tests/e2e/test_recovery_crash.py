@@ -1,0 +1,201 @@
+"""The crash procedure a user follows, with the real CLI and a real SIGKILLed host.
+
+start → flow (waiting) → SIGKILL → status → stop / start refused → doctor → recover --dry-run
+→ recover → start with the same port and token → the waiting Run is back with the same action.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from typing import Any
+
+import pytest
+
+from intloom.diagnostics import diagnose
+from tests.helpers import CliResult, Project, eventually, snapshot_files
+
+pytestmark = pytest.mark.e2e
+
+SERVICE_FILES = {"service.json", "service.lock"}
+
+
+def _ok(result: CliResult) -> Any:
+    assert result.code == 0, (result.code, result.stdout, result.stderr)
+    return result.json
+
+
+def _error(result: CliResult, *codes: str) -> dict[str, Any]:
+    assert result.code != 0, (result.stdout, result.stderr)
+    error: dict[str, Any] = result.json["error"]
+    assert error["code"] in codes, error
+    assert "Traceback" not in result.stderr
+    return error
+
+
+def _kill_host(project: Project) -> int:
+    """SIGKILL the host and wait until it has fully exited.
+
+    The thread-group leader turns zombie before its other threads are gone, and those still
+    hold the lock and the port for a moment; the diagnosis only calls the owner gone once the
+    OS lock is free, so wait for that.
+    """
+    pid = project.kill_host()
+    port = json.loads((project.state / "connection.json").read_text())["port"]
+    eventually(
+        lambda: diagnose(project.root, probe=False).status == "recovery_required"
+        and _port_free(port),
+        timeout=10, what=f"host {pid} to release its lock and port",
+    )
+    return pid
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _crash(project: Project) -> int:
+    _ok(project.cli("start", "--json"))
+    return _kill_host(project)
+
+
+def _owners(doc: dict[str, Any]) -> list[tuple[str, int, str]]:
+    return [(o["resource"], o["pid"], o["status"]) for o in doc["owners"]]
+
+
+def test_crash_status_doctor_recover_start(project: Project) -> None:
+    started = _ok(project.cli("start", "--json"))["service"]
+
+    # recover refuses a live host and leaves its lock alone.
+    lock_before = (project.state / "service.lock").read_bytes()
+    _error(project.cli("recover", "--json"), "CLI_RECOVERY_BLOCKED")
+    assert (project.state / "service.lock").read_bytes() == lock_before
+
+    pid = _kill_host(project)
+    assert pid == started["pid"]
+    files = snapshot_files(project.state)
+    token = json.loads(files["connection.json"])["token"]
+
+    status = _ok(project.cli("status", "--json"))
+    assert status["status"] == "recovery_required"
+    assert _owners(status) == [("service_info", pid, "gone"), ("service_lock", pid, "gone")]
+
+    doctor = project.cli("doctor", "--json")
+    assert doctor.code == 3, doctor.stderr  # attention: recover is needed
+    assert token not in doctor.stdout
+    report = doctor.json
+    assert report["schemaVersion"] == 1 and report["health"] == "attention"
+    for key in ("projectRoot", "status", "message"):
+        assert report[key] == status[key]
+    assert _owners(report) == _owners(status)
+    checks = {c["id"]: c for c in report["checks"]}
+    assert checks["owner.service_lock"]["status"] == "attention"
+    assert checks["owner.service_lock"]["evidence"]
+    assert checks["connection"]["status"] == "ok"
+    assert set(checks) >= {"config", "runtime_dir", "owner.service_lock", "owner.service_json",
+                           "connection", "workflows", "journals"}
+
+    # Neither stop nor start cleans up after a crash; every file stays byte-identical.
+    _error(project.cli("stop", "--json"), "CLI_SERVICE_BUSY")
+    assert snapshot_files(project.state) == files
+    _error(project.cli("start", "--json"), "CLI_SERVICE_BUSY")
+    assert snapshot_files(project.state) == files
+
+    plan = _ok(project.cli("recover", "--dry-run", "--json"))
+    assert (plan["dryRun"], plan["recovered"]) == (True, False)
+    assert plan["paths"] == [".intloom/service.json", ".intloom/service.lock"]
+    assert all(item["evidence"] for item in plan["plan"])
+    assert snapshot_files(project.state) == files
+
+    done = _ok(project.cli("recover", "--json"))
+    assert (done["dryRun"], done["recovered"]) == (False, True)
+    assert done["paths"] == plan["paths"]
+    after = snapshot_files(project.state)
+    assert {k: v for k, v in files.items() if k not in SERVICE_FILES} == after
+
+    assert _ok(project.cli("status", "--json"))["status"] == "offline"
+    restarted = _ok(project.cli("start", "--json"))["service"]
+    assert restarted["port"] == started["port"]
+    assert restarted["instanceId"] != started["instanceId"]
+    assert json.loads((project.state / "connection.json").read_text())["token"] == token
+
+
+
+def test_waiting_run_is_restored_after_crash_and_recover(project: Project) -> None:
+    _ok(project.cli("start", "--json"))
+    waiting = _ok(project.cli("flow", "example", "--intent", "survive", "--json"))["run"]
+    action_id = waiting["pendingAction"]["id"]
+    _kill_host(project)
+
+    # doctor previews the restart: the wait comes back, because the Step has recover.
+    doctor = project.cli("doctor", "--json")
+    assert doctor.code == 3, doctor.stderr
+    [preview] = [p for p in doctor.json["runs"] if p["runId"] == waiting["runId"]]
+    assert (preview["journal"], preview["verdict"]["row"]) == ("verified", "restore_wait")
+    assert action_id in preview["verdict"]["reason"]
+
+    assert _ok(project.cli("recover", "--json"))["recovered"] is True
+    restore = _ok(project.cli("start", "--json"))["service"]["restore"]
+    assert waiting["runId"] in restore.get("waiting", [])
+
+    runs = _ok(project.cli("runs", "--json"))["runs"]
+    [run] = [r for r in runs if r["runId"] == waiting["runId"]]
+    assert run["status"] == "waiting"
+    assert run["pendingAction"] == waiting["pendingAction"]
+    answered = _ok(project.cli(
+        "answer", waiting["runId"], action_id, '{"isConfirmed": true}', "--json"
+    ))["run"]
+    assert answered["status"] == "completed"
+
+
+@contextmanager
+def _foreign_listener(port: int) -> Iterator[None]:
+    """Another program on the saved port: it answers every connection with junk and closes."""
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("127.0.0.1", port))
+    server.listen()
+    server.settimeout(0.05)  # so the loop sees the stop flag; not a wait for an event
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
+            with conn, suppress(OSError):  # a client may reset first; that is its business
+                conn.sendall(b"HTTP/1.1 503 Service Unavailable\r\n\r\n")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        server.close()
+
+
+def test_foreign_listener_on_the_saved_port_blocks_recover(project: Project) -> None:
+    _crash(project)
+    files = snapshot_files(project.state)
+    port = json.loads(files["connection.json"])["port"]
+    with _foreign_listener(port):
+        status = _ok(project.cli("status", "--json"))
+        assert status["status"] == "blocked"
+        error = _error(project.cli("recover", "--json"), "CLI_RECOVERY_BLOCKED")
+        assert "hello" in error["message"] or "port" in error["message"]
+        assert snapshot_files(project.state) == files
+    # With the port free again the same leftovers recover normally.
+    assert _ok(project.cli("recover", "--json"))["recovered"] is True
+    _ok(project.cli("start", "--json"))

@@ -1,0 +1,77 @@
+"""Helpers for the host tests: start a real host for a Project, and speak raw frames to it."""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from intloom.client.client import Client
+from intloom.client.lifecycle import StartResult, start_service
+from intloom.protocol.framing import FrameClosed, decode_response, recv_frame
+from intloom.protocol.messages import PROTOCOL, ErrorReply, Response
+from tests.helpers import Project
+
+
+def start(project: Project, **kwargs: Any) -> StartResult:
+    """start_service, remembering the host's pid so the fixture reaps it."""
+    result = start_service(project.root, **kwargs)
+    project.pids.add(result.service.pid)
+    return result
+
+
+def metadata(project: Project, name: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((project.state / name).read_bytes())
+    return data
+
+
+def frame(body: bytes) -> bytes:
+    return struct.pack(">I", len(body)) + body
+
+
+def encode(obj: Any) -> bytes:
+    return frame(msgspec.msgpack.encode(obj))
+
+
+def raw(port: int) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    return sock
+
+
+def hello_frame(token: str, protocol: int = PROTOCOL) -> bytes:
+    return encode({"op": "hello", "protocol": protocol, "token": token})
+
+
+def token_of(project: Project) -> str:
+    return str(metadata(project, "connection.json")["token"])
+
+
+def reply(sock: socket.socket) -> Response | None:
+    """The next response frame, or None when the host closed the connection."""
+    try:
+        return decode_response(recv_frame(sock))
+    except (FrameClosed, ConnectionResetError):
+        return None
+
+
+def error_code(response: Response | None) -> str:
+    assert isinstance(response, ErrorReply), response
+    return response.error.code
+
+
+def closed(sock: socket.socket) -> bool:
+    """True when the host closed its side (EOF or reset) within the socket timeout."""
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def serves(root: Path, instance_id: str) -> bool:
+    """The same host instance still answers a verified status."""
+    with Client.connect(root) as client:
+        return client.status().instance_id == instance_id

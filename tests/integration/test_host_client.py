@@ -1,0 +1,158 @@
+"""The client's verification of what it connects to, against a scripted fake host.
+
+A fake host lets each test break one thing on purpose (a lost reply, a wrong identity) over a
+real socket, with real metadata files written the way the host writes them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from intloom.client.client import Client
+from intloom.errors import IntloomError
+from intloom.fsutil import ensure_private_dir
+from intloom.host.metadata import Connection, ServiceInfo, write_connection, write_service
+from intloom.host.ownership import new_token
+from intloom.project import ProjectPaths
+from intloom.protocol.framing import decode_first, recv_frame, send_frame
+from intloom.protocol.messages import PROTOCOL, HelloOk
+from tests.helpers import Project, snapshot_files
+
+INSTANCE = "11111111-1111-4111-8111-111111111111"
+
+Script = Callable[[socket.socket, list[object]], None]
+
+
+class FakeHost:
+    """Accepts connections on 127.0.0.1 and runs ``script`` for each; records what it got."""
+
+    def __init__(self, script: Script) -> None:
+        self.script = script
+        self.received: list[object] = []
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self.listener.getsockname()[1])
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(10)
+                with contextlib.suppress(OSError):
+                    self.script(conn, self.received)
+
+    def close(self) -> None:
+        self.listener.close()
+        self._thread.join(timeout=5)
+
+
+def publish(root: Path, port: int, *, pid: int | None = None) -> str:
+    paths = ProjectPaths(root)
+    ensure_private_dir(paths.state)
+    token = new_token()
+    write_connection(paths.connection_json, Connection(
+        version=1, project_root=str(root), port=port, token=token))
+    write_service(paths.service_json, ServiceInfo(
+        version=1, project_root=str(root), pid=pid or os.getpid(), create_time=0.0,
+        instance_id=INSTANCE, port=port, started_at="2026-01-01T00:00:00.000Z",
+        package_version="0.1.0", protocol_version=PROTOCOL))
+    return token
+
+
+def hello_then(after: Callable[[socket.socket, list[object]], None]) -> Script:
+    def script(conn: socket.socket, received: list[object]) -> None:
+        received.append(decode_first(recv_frame(conn)))
+        send_frame(conn, HelloOk(instance_id=INSTANCE, pid=os.getpid(),
+                                 project_root=str(conn_root[0]), protocol=PROTOCOL))
+        after(conn, received)
+    return script
+
+
+conn_root: list[Path] = []
+
+
+@pytest.fixture
+def fake(project: Project) -> Iterator[Callable[[Script], FakeHost]]:
+    hosts: list[FakeHost] = []
+    conn_root[:] = [project.root.resolve()]
+
+    def make(script: Script) -> FakeHost:
+        host = FakeHost(script)
+        hosts.append(host)
+        return host
+
+    yield make
+    for host in hosts:
+        host.close()
+
+
+def test_reply_lost_mid_request_is_request_failed_and_never_resent(
+    project: Project, fake: Callable[[Script], FakeHost]
+) -> None:
+    def take_request_then_hang_up(conn: socket.socket, received: list[object]) -> None:
+        received.append(msgspec.msgpack.decode(recv_frame(conn)))
+
+    host = fake(hello_then(take_request_then_hang_up))
+    publish(project.root, host.port)
+    with Client.connect(project.root) as client, pytest.raises(IntloomError) as failed:
+        client.cancel("RUN-1")
+    assert failed.value.code == "PROJECT_REQUEST_FAILED"
+    assert "not replayed" in failed.value.message
+    requests = [r for r in host.received if isinstance(r, dict)]
+    assert requests == [{"op": "cancel", "runId": "RUN-1"}]
+
+
+def test_hello_from_another_instance_is_metadata_invalid(
+    project: Project, fake: Callable[[Script], FakeHost]
+) -> None:
+    def impostor(conn: socket.socket, received: list[object]) -> None:
+        recv_frame(conn)
+        send_frame(conn, HelloOk(instance_id="22222222-2222-4222-8222-222222222222",
+                                 pid=os.getpid(), project_root=str(project.root.resolve()),
+                                 protocol=PROTOCOL))
+
+    host = fake(impostor)
+    publish(project.root, host.port)
+    with pytest.raises(IntloomError) as refused:
+        Client.connect(project.root)
+    assert refused.value.code == "CLI_SERVICE_METADATA_INVALID"
+    assert "does not match the saved project identity" in refused.value.message
+
+
+def test_missing_connection_is_offline_and_creates_nothing(project: Project) -> None:
+    before = snapshot_files(project.root)
+    with pytest.raises(IntloomError) as offline:
+        Client.connect(project.root)
+    assert offline.value.code == "CLI_SERVICE_OFFLINE"
+    assert offline.value.message == "Run intloom start in this project first."
+    assert snapshot_files(project.root) == before
+    assert not project.state.exists()
+
+
+def test_missing_service_json_is_offline(project: Project) -> None:
+    publish(project.root, 1)
+    (project.state / "service.json").unlink()
+    with pytest.raises(IntloomError) as offline:
+        Client.connect(project.root)
+    assert offline.value.code == "CLI_SERVICE_OFFLINE"
+
+
+def test_refused_connection_is_offline(project: Project) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as placeholder:
+        free_port = int(placeholder.getsockname()[1])
+    publish(project.root, free_port)
+    with pytest.raises(IntloomError) as offline:
+        Client.connect(project.root)
+    assert offline.value.code == "CLI_SERVICE_OFFLINE"

@@ -1,0 +1,74 @@
+"""Crash leftovers: after a SIGKILL or a fatal error, nothing is cleaned up or killed behind
+the user's back. start and stop refuse with CLI_SERVICE_BUSY and leave every byte in place."""
+
+from __future__ import annotations
+
+import json
+import stat
+
+import pytest
+
+from intloom.client.lifecycle import start_service, stop_service
+from intloom.errors import IntloomError
+from intloom.fsutil import ensure_private_dir
+from tests.helpers import Project, eventually, pid_alive, snapshot_files
+from tests.integration.host_support import start
+
+
+def test_sigkill_then_stop_is_busy_and_every_file_is_byte_identical(project: Project) -> None:
+    start(project)
+    project.kill_host()
+    before = snapshot_files(project.root)
+    with pytest.raises(IntloomError) as busy:
+        stop_service(project.root)
+    assert busy.value.code == "CLI_SERVICE_BUSY"
+    assert "Cannot verify resource cleanup by the original instance" in busy.value.message
+    assert snapshot_files(project.root) == before
+    # start refuses too, and still touches nothing.
+    with pytest.raises(IntloomError) as again:
+        start_service(project.root)
+    assert again.value.code == "CLI_SERVICE_BUSY"
+    assert "intloom doctor" in again.value.message
+    assert snapshot_files(project.root) == before
+
+
+def test_stale_service_lock_blocks_start_and_is_left_untouched(project: Project) -> None:
+    ensure_private_dir(project.state)
+    lock = project.state / "service.lock"
+    lock.write_text(json.dumps({
+        "version": 1, "pid": 9999999, "createTime": 1.0, "bootId": "", "instanceId":
+        "33333333-3333-4333-8333-333333333333", "startedAt": "2026-01-01T00:00:00.000Z",
+    }))
+    lock.chmod(0o600)
+    before = snapshot_files(project.root)
+    with pytest.raises(IntloomError) as busy:
+        start_service(project.root)
+    assert busy.value.code == "CLI_SERVICE_BUSY"
+    assert "intloom recover only after its owner has exited" in busy.value.message
+    assert snapshot_files(project.root) == before
+    with pytest.raises(IntloomError) as stop_busy:
+        stop_service(project.root)
+    assert stop_busy.value.code == "CLI_SERVICE_BUSY"
+    assert snapshot_files(project.root) == before
+
+
+def test_fatal_error_logs_process_failed_and_leaves_the_log_unsealed(
+    project: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("INTLOOM_TEST_FATAL", "1")
+    service = start(project).service
+    eventually(lambda: not pid_alive(service.pid), timeout=10, what="the host to die")
+    assert service.log_file is not None
+    log = project.state / "logs" / service.log_file
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert lines[0]["event"] == "log_opened"
+    assert lines[-1]["event"] == "process_failed"
+    assert lines[-1]["level"] == "fatal"
+    assert "log_closed" not in {line["event"] for line in lines}
+    assert stat.S_IMODE(log.stat().st_mode) == 0o600
+    # What a crash leaves behind is for doctor and recover: stop refuses and touches nothing.
+    before = snapshot_files(project.root)
+    with pytest.raises(IntloomError) as busy:
+        stop_service(project.root)
+    assert busy.value.code == "CLI_SERVICE_BUSY"
+    assert snapshot_files(project.root) == before

@@ -1,0 +1,174 @@
+"""The socket's front door: hello, token, protocol, and hostile or broken input.
+
+Every test starts a real host (a detached subprocess) and talks to it over a real socket.
+Whatever a peer sends, it may cost that peer its connection -- never the host.
+"""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from intloom.client.client import Client
+from intloom.errors import IntloomError
+from intloom.protocol.messages import MAX_FRAME, PROTOCOL, HelloOk, StatusReply
+from tests.helpers import Project, eventually
+from tests.integration.host_support import (
+    closed,
+    encode,
+    error_code,
+    frame,
+    hello_frame,
+    raw,
+    reply,
+    serves,
+    start,
+    token_of,
+)
+
+
+def test_hello_ok_matches_service_json(project: Project) -> None:
+    service = start(project).service
+    with Client.connect(project.root) as client:
+        assert client.hello.instance_id == service.instance_id
+        assert client.hello.pid == service.pid
+        assert client.hello.project_root == str(project.root)
+        assert client.hello.protocol == PROTOCOL
+        status = client.status()
+    assert status.instance_id == service.instance_id
+    assert status.port == service.port
+
+
+def test_wrong_token_is_refused_and_closed_host_still_serves(project: Project) -> None:
+    service = start(project).service
+    with raw(service.port) as sock:
+        sock.sendall(hello_frame("x" * 43))
+        assert error_code(reply(sock)) == "UNAUTHORIZED"
+        assert closed(sock)
+    assert serves(project.root, service.instance_id)
+
+
+def test_wrong_protocol_is_refused(project: Project) -> None:
+    service = start(project).service
+    with raw(service.port) as sock:
+        sock.sendall(hello_frame(token_of(project), protocol=PROTOCOL + 1))
+        response = reply(sock)
+        assert error_code(response) == "PROTOCOL_MISMATCH"
+        assert closed(sock)
+    assert serves(project.root, service.instance_id)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        pytest.param(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", id="http"),
+        pytest.param(frame(b"\xc1\xc1\xc1garbage"), id="undecodable-body"),
+        pytest.param((MAX_FRAME + 1).to_bytes(4, "big"), id="oversized-length"),
+        pytest.param(b"\x00\x00\x00\x00", id="zero-length"),
+    ],
+)
+def test_garbage_first_frame_gets_an_error_and_close(project: Project, payload: bytes) -> None:
+    service = start(project).service
+    with raw(service.port) as sock:
+        sock.sendall(payload)
+        assert error_code(reply(sock)) == "INVALID_REQUEST"
+        assert closed(sock)
+    assert serves(project.root, service.instance_id)
+
+
+def test_request_before_hello_is_refused(project: Project) -> None:
+    service = start(project).service
+    with raw(service.port) as sock:
+        sock.sendall(encode({"op": "status"}))
+        response = reply(sock)
+        assert error_code(response) == "INVALID_REQUEST"
+        assert "hello" in response.error.message  # type: ignore[union-attr]
+        assert closed(sock)
+    assert serves(project.root, service.instance_id)
+
+
+def test_bad_request_after_hello_keeps_the_connection(project: Project) -> None:
+    service = start(project).service
+    with raw(service.port) as sock:
+        sock.sendall(hello_frame(token_of(project)))
+        assert isinstance(reply(sock), HelloOk)
+        sock.sendall(encode({"op": "no_such_request"}))
+        assert error_code(reply(sock)) == "INVALID_REQUEST"
+        sock.sendall(encode({"op": "status"}))
+        answer = reply(sock)
+        assert isinstance(answer, StatusReply)
+        assert answer.service.instance_id == service.instance_id
+
+
+def test_oversized_request_after_hello_closes_only_that_connection(project: Project) -> None:
+    service = start(project).service
+    with raw(service.port) as sock:
+        sock.sendall(hello_frame(token_of(project)))
+        assert isinstance(reply(sock), HelloOk)
+        sock.sendall((MAX_FRAME + 1).to_bytes(4, "big") + b"\x00" * 1024)
+        assert error_code(reply(sock)) == "INVALID_REQUEST"
+        assert closed(sock)
+    assert serves(project.root, service.instance_id)
+
+
+def test_silent_and_half_sent_connections_are_closed_after_the_hello_timeout(
+    project: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("INTLOOM_TEST_HELLO_TIMEOUT", "0.5")
+    service = start(project).service
+    with raw(service.port) as silent, raw(service.port) as partial:
+        partial.sendall(b"\x00\x00\x01\x00abc")  # a frame header that promises 256 bytes
+        assert closed(silent)
+        assert closed(partial)
+    assert serves(project.root, service.instance_id)
+
+
+def test_idle_authenticated_connection_is_closed(
+    project: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("INTLOOM_TEST_IDLE_TIMEOUT", "0.5")
+    service = start(project).service
+    with raw(service.port) as sock:
+        sock.sendall(hello_frame(token_of(project)))
+        assert isinstance(reply(sock), HelloOk)
+        assert closed(sock)
+    assert serves(project.root, service.instance_id)
+
+
+def test_connection_cap_refuses_the_extra_connection(
+    project: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("INTLOOM_TEST_MAX_CONNECTIONS", "3")
+    service = start(project).service
+    held: list[socket.socket] = []
+    try:
+        for _ in range(3):
+            sock = raw(service.port)
+            sock.sendall(hello_frame(token_of(project)))
+            assert isinstance(reply(sock), HelloOk)
+            held.append(sock)
+        with pytest.raises(IntloomError) as refused:
+            Client.connect(project.root)
+        assert refused.value.code == "BUSY"
+    finally:
+        for sock in held:
+            sock.close()
+    # Freed slots are usable again.
+    eventually(lambda: _serves_quietly(project, service.instance_id), timeout=10,
+               what="the host to accept connections again")
+
+
+def _serves_quietly(project: Project, instance_id: str) -> bool:
+    try:
+        return serves(project.root, instance_id)
+    except IntloomError:
+        return False
+
+
+def test_stop_with_a_foreign_instance_id_is_a_conflict(project: Project) -> None:
+    service = start(project).service
+    with Client.connect(project.root) as client, pytest.raises(IntloomError) as refused:
+        client.stop("00000000-0000-4000-8000-000000000000")
+    assert refused.value.code == "CONFLICT"
+    assert serves(project.root, service.instance_id)

@@ -1,0 +1,168 @@
+"""start and stop against real detached hosts: reuse, restart identity, races, offline, logs."""
+
+from __future__ import annotations
+
+import json
+import socket
+import stat
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from intloom.client.lifecycle import StartResult, start_service, stop_service
+from intloom.errors import IntloomError
+from tests.helpers import Project, eventually, pid_alive, snapshot_files
+from tests.integration.host_support import metadata, start
+
+
+def _log_lines(project: Project, name: str) -> list[dict[str, Any]]:
+    text = (project.state / "logs" / name).read_text()
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def test_start_writes_private_metadata_and_listens_on_localhost(project: Project) -> None:
+    service = start(project).service
+    assert stat.S_IMODE(project.state.stat().st_mode) == 0o700
+    for name in ("service.json", "service.lock", "connection.json"):
+        assert stat.S_IMODE((project.state / name).stat().st_mode) == 0o600, name
+    conn = metadata(project, "connection.json")
+    info = metadata(project, "service.json")
+    lock = metadata(project, "service.lock")
+    assert set(conn) == {"version", "projectRoot", "port", "token"}
+    assert len(conn["token"]) == 43
+    assert info["port"] == conn["port"] == service.port
+    assert info["instanceId"] == lock["instanceId"] == service.instance_id
+    assert info["pid"] == lock["pid"] == service.pid
+    assert info["logFile"] == service.log_file
+
+
+def test_start_twice_reuses_the_same_instance(project: Project) -> None:
+    first = start(project)
+    second = start(project)
+    assert first.reused is False
+    assert second.reused is True
+    assert second.service.instance_id == first.service.instance_id
+
+
+def test_start_with_another_port_while_running_is_a_conflict(project: Project) -> None:
+    service = start(project).service
+    before = snapshot_files(project.state)
+    with pytest.raises(IntloomError) as conflict:
+        start_service(project.root, port=service.port + 1 if service.port < 65535 else 1024)
+    assert conflict.value.code == "CLI_SERVICE_CONFLICT"
+    assert snapshot_files(project.state) == before
+    assert start(project, port=service.port).reused is True
+
+
+def test_stop_then_start_keeps_port_and_token_with_a_new_instance(project: Project) -> None:
+    first = start(project).service
+    conn_before = (project.state / "connection.json").read_bytes()
+    assert stop_service(project.root) is True
+    assert not (project.state / "service.json").exists()
+    assert not (project.state / "service.lock").exists()
+    assert (project.state / "connection.json").read_bytes() == conn_before
+    second = start(project).service
+    assert second.instance_id != first.instance_id
+    assert second.port == first.port
+    assert (project.state / "connection.json").read_bytes() == conn_before
+
+
+def test_clean_stop_seals_the_log(project: Project) -> None:
+    service = start(project).service
+    assert stop_service(project.root) is True
+    assert service.log_file is not None
+    path = project.state / "logs" / service.log_file
+    assert stat.S_IMODE(path.stat().st_mode) == 0o400
+    events = [line["event"] for line in _log_lines(project, service.log_file)]
+    assert events[0] == "log_opened"
+    assert events[-1] == "log_closed"
+    assert "service_ready" in events and "service_stopped" in events
+    for line in _log_lines(project, service.log_file):
+        assert {"time", "level", "event"} <= set(line)
+    # The token never reaches the log.
+    token = metadata(project, "connection.json")["token"]
+    assert token not in path.read_text()
+
+
+def test_stop_when_offline_creates_nothing(project: Project) -> None:
+    before = snapshot_files(project.root)
+    assert stop_service(project.root) is False
+    assert stop_service(project.root) is False
+    assert snapshot_files(project.root) == before
+    assert not project.state.exists()
+
+
+def test_stop_twice_is_offline_the_second_time(project: Project) -> None:
+    start(project)
+    assert stop_service(project.root) is True
+    assert stop_service(project.root) is False
+
+
+def _concurrently(fns: list[Callable[[], Any]]) -> list[Any]:
+    results: list[Any] = [None] * len(fns)
+    barrier = threading.Barrier(len(fns))
+
+    def run(i: int) -> None:
+        barrier.wait()
+        try:
+            results[i] = fns[i]()
+        except BaseException as exc:  # collected and asserted on by the caller
+            results[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(fns))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=50)
+    return results
+
+
+def test_concurrent_starts_make_one_host(project: Project) -> None:
+    results = _concurrently([lambda: start_service(project.root) for _ in range(3)])
+    for r in results:
+        assert isinstance(r, StartResult), r
+        project.pids.add(r.service.pid)
+    assert len({r.service.instance_id for r in results}) == 1
+    assert sorted(r.reused for r in results) == [False, True, True]
+    assert metadata(project, "service.lock")["instanceId"] == results[0].service.instance_id
+
+
+def test_concurrent_stops_both_succeed(project: Project) -> None:
+    service = start(project).service
+    results = _concurrently([lambda: stop_service(project.root) for _ in range(2)])
+    # Both succeed; one may find the host already gone (offline), never an error.
+    assert all(r is True or r is False for r in results), results
+    assert True in results
+    eventually(lambda: not pid_alive(service.pid), timeout=10, what="the host to exit")
+    assert not (project.state / "service.json").exists()
+    assert not (project.state / "service.lock").exists()
+
+
+def test_invalid_config_fails_start_and_leaves_no_lock(project: Project) -> None:
+    (project.root / "intloom.toml").write_text('workflows = []\nbogus = 1\n')
+    with pytest.raises(IntloomError) as failed:
+        start(project)
+    assert failed.value.code == "INVALID_REQUEST"
+    assert "bogus" in failed.value.message
+    assert not (project.state / "service.lock").exists()
+    assert not (project.state / "service.json").exists()
+
+
+def test_occupied_saved_port_fails_start_with_a_clear_error(project: Project) -> None:
+    service = start(project).service
+    assert stop_service(project.root) is True
+    with socket.create_server(("127.0.0.1", service.port)):
+        with pytest.raises(IntloomError) as failed:
+            start(project)
+        assert failed.value.code == "CLI_SERVICE_UNAVAILABLE"
+        assert str(service.port) in failed.value.message
+    assert not (project.state / "service.lock").exists()
+    # --port 0 picks a fresh port and records it, keeping the token.
+    token = metadata(project, "connection.json")["token"]
+    fresh = start(project, port=0).service
+    assert metadata(project, "connection.json") == {
+        "version": 1, "projectRoot": str(project.root.resolve()), "port": fresh.port,
+        "token": token,
+    }

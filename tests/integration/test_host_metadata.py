@@ -1,0 +1,102 @@
+"""Tampered or loose metadata is CLI_SERVICE_METADATA_INVALID: nothing is sent, nothing changes.
+
+The port always comes from the private connection.json, so a rewritten service.json cannot
+redirect the token; a file readable by others is refused rather than trusted.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from intloom.client.client import Client
+from intloom.client.lifecycle import start_service, stop_service
+from intloom.errors import IntloomError
+from tests.helpers import Project, pid_alive, snapshot_files
+from tests.integration.host_support import start
+
+
+def _rewrite(path: Path, **changes: object) -> None:
+    data = json.loads(path.read_bytes())
+    data.update(changes)
+    path.write_text(json.dumps(data))  # write_text keeps the file's 0600 mode
+
+
+def _all_refuse(project: Project) -> None:
+    calls: list[Callable[[], object]] = [
+        lambda: Client.connect(project.root),
+        lambda: start_service(project.root),
+        lambda: stop_service(project.root),
+    ]
+    for call in calls:
+        with pytest.raises(IntloomError) as invalid:
+            call()
+        assert invalid.value.code == "CLI_SERVICE_METADATA_INVALID"
+
+
+@pytest.mark.parametrize(
+    "tamper",
+    [
+        pytest.param(lambda p: _rewrite(p / "service.json", port=1), id="service-other-port"),
+        pytest.param(lambda p: _rewrite(p / "service.json", projectRoot="/elsewhere"),
+                     id="service-other-root"),
+        pytest.param(lambda p: _rewrite(p / "service.json", url="https://attacker.invalid/"),
+                     id="service-unknown-key"),
+        pytest.param(lambda p: (p / "service.json").chmod(0o644), id="service-0644"),
+        pytest.param(lambda p: (p / "connection.json").chmod(0o644), id="connection-0644"),
+        pytest.param(lambda p: (p / "connection.json").write_text("{not json"),
+                     id="connection-garbage"),
+    ],
+)
+def test_tampered_metadata_is_refused_and_left_untouched(
+    project: Project, tamper: Callable[[Path], None]
+) -> None:
+    service = start(project).service
+    tamper(project.state)
+    before = snapshot_files(project.root)
+    modes = {p.name: p.stat().st_mode for p in project.state.iterdir()}
+    _all_refuse(project)
+    assert snapshot_files(project.root) == before
+    assert {p.name: p.stat().st_mode for p in project.state.iterdir()} == modes
+    # Nothing was requested: the host still runs.
+    assert pid_alive(service.pid)
+
+
+def test_state_directory_that_is_a_link_is_refused(project: Project, tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    project.state.symlink_to(elsewhere)
+    before = snapshot_files(tmp_path)
+    _all_refuse(project)
+    assert snapshot_files(tmp_path) == before
+    assert project.state.is_symlink()
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_state_directory_open_to_others_is_refused(project: Project) -> None:
+    project.state.mkdir(mode=0o755)
+    project.state.chmod(0o755)
+    with pytest.raises(IntloomError) as invalid:
+        start_service(project.root)
+    assert invalid.value.code == "CLI_SERVICE_METADATA_INVALID"
+    assert "0755" in invalid.value.message
+    assert list(project.state.iterdir()) == []
+
+
+def test_stop_with_a_token_the_host_rejects_is_unavailable(project: Project) -> None:
+    service = start(project).service
+    _rewrite(project.state / "connection.json", token="B" * 43)
+    before = _metadata_files(project)
+    with pytest.raises(IntloomError) as rejected:
+        stop_service(project.root)
+    assert rejected.value.code == "CLI_SERVICE_UNAVAILABLE"
+    assert "UNAUTHORIZED" in rejected.value.message
+    assert _metadata_files(project) == before  # the live host's log may grow; nothing else
+    assert pid_alive(service.pid)
+
+
+def _metadata_files(project: Project) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in project.state.iterdir() if p.is_file()}

@@ -1,0 +1,182 @@
+"""Runs across the host's lifecycle: a wait survives stop/start, and hostile traffic on the
+socket never disturbs a Run in flight."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from intloom.client.client import Client
+from intloom.client.lifecycle import stop_service
+from intloom.protocol.messages import MAX_FRAME, RunEvent
+from tests.helpers import Project, eventually
+from tests.integration.host_support import (
+    closed,
+    encode,
+    error_code,
+    hello_frame,
+    raw,
+    reply,
+    start,
+)
+
+GATED = textwrap.dedent('''
+    """A Step that blocks on a gate file, so a test can hold a Run in flight."""
+
+    from __future__ import annotations
+
+    import time
+    from pathlib import Path
+
+    import msgspec
+
+    import intloom
+
+
+    class Box(msgspec.Struct):
+        value: str = ""
+
+
+    wf = intloom.Workflow("gated", version="1.0.0")
+    main = wf.stage("main", state=Box)
+    HERE = Path(__file__).resolve().parent.parent
+
+
+    def held_call(intent: str) -> str:
+        with open(HERE / "calls.log", "a") as fh:
+            fh.write(intent + "\\n")
+        while not (HERE / "gate").exists():
+            time.sleep(0.01)  # user code: an external call that takes a while
+        return intent.upper()
+
+
+    @main.step("work", routes={"done": "review"})
+    def work(ctx: intloom.StepContext[Box]) -> str:
+        ctx.state = Box(value=ctx.effect("held-call", held_call, ctx.intent))
+        return "done"
+
+
+    @main.step("review", routes={"ok": intloom.COMPLETE, "no": "work"})
+    async def review(ctx: intloom.StepContext[Box]) -> str:
+        answer = await ctx.confirm({"value": ctx.state.value})
+        return "ok" if answer.confirmed else "no"
+''')
+
+
+def test_waiting_run_survives_stop_and_start_then_completes(project: Project) -> None:
+    start(project)
+    with Client.connect(project.root) as client:
+        waiting = client.create_run("example", "release notes")
+    assert waiting.status == "waiting"
+    assert waiting.pending_action is not None
+    action_id = waiting.pending_action.id
+    assert stop_service(project.root) is True
+
+    restarted = start(project).service
+    assert restarted.restore is not None
+    assert restarted.restore.waiting == [waiting.run_id]
+    with Client.connect(project.root) as client:
+        assert client.get_run(waiting.run_id) == waiting
+        assert [r.run_id for r in client.runs()] == [waiting.run_id]
+        done = client.answer(waiting.run_id, action_id, {"isConfirmed": True})
+    assert done.status == "completed"
+
+    assert stop_service(project.root) is True
+    start(project)
+    with Client.connect(project.root) as client:
+        assert client.runs() == []  # terminal Runs of earlier hosts are never reloaded
+
+
+def test_hostile_traffic_never_disturbs_a_run_in_flight(project: Project) -> None:
+    (project.root / "workflows" / "gated.py").write_text(GATED)
+    (project.root / "intloom.toml").write_text(
+        'workflows = ["workflows/example.py", "workflows/gated.py"]\n'
+    )
+    service = start(project).service
+    with Client.connect(project.root) as client:
+        run = client.create_run("gated", "payload", wait=False)
+    eventually(lambda: (project.root / "calls.log").exists(), timeout=10,
+               what="the effect to start")
+
+    payloads = [
+        b"GET / HTTP/1.1\r\n\r\n",
+        (MAX_FRAME + 1).to_bytes(4, "big"),
+        hello_frame("A" * 43),
+        encode({"op": "cancel", "runId": run.run_id}),  # before the hello: refused
+    ]
+    for payload in payloads:
+        with raw(service.port) as sock:
+            sock.sendall(payload)
+            assert error_code(reply(sock)) in {"INVALID_REQUEST", "UNAUTHORIZED"}
+            assert closed(sock)
+    half_open = raw(service.port)
+    half_open.sendall(b"\x00\x00\x10")  # three bytes of a header, then silence
+    try:
+        with Client.connect(project.root) as client:
+            assert client.get_run(run.run_id).status == "running"
+        (project.root / "gate").touch()
+        with Client.connect(project.root) as client:
+            waiting = client.wait_run(run.run_id)
+            assert waiting.status == "waiting"
+            assert waiting.pending_action is not None
+            assert waiting.pending_action.request == {"context": {"value": "PAYLOAD"}}
+            done = client.answer(run.run_id, waiting.pending_action.id, {"isConfirmed": True})
+        assert done.status == "completed"
+    finally:
+        half_open.close()
+    assert (project.root / "calls.log").read_text() == "payload\n"  # the effect ran once
+
+
+def test_stop_while_a_step_runs_suspends_it_and_restart_reports_interrupted(
+    project: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("INTLOOM_TEST_SUSPEND_GRACE", "0.5")
+    (project.root / "workflows" / "gated.py").write_text(GATED)
+    (project.root / "intloom.toml").write_text('workflows = ["workflows/gated.py"]\n')
+    start(project)
+    with Client.connect(project.root) as client:
+        run = client.create_run("gated", "payload", wait=False)
+    eventually(lambda: (project.root / "calls.log").exists(), timeout=10,
+               what="the effect to start")
+    assert stop_service(project.root, timeout=20) is True
+    restarted = start(project).service
+    assert restarted.restore is not None
+    assert restarted.restore.interrupted == [run.run_id]
+    with Client.connect(project.root) as client:
+        view = client.get_run(run.run_id)
+    assert view.status == "failed"
+    assert view.last_error is not None and view.last_error.code == "RUN_INTERRUPTED"
+    assert "held-call" in view.last_error.message
+    # Never replayed: the effect was called once, by the first host.
+    (project.root / "gate").touch()
+    assert (project.root / "calls.log").read_text() == "payload\n"
+
+
+
+def test_subscribe_streams_history_then_live_events_until_final(project: Project) -> None:
+    start(project)
+    with Client.connect(project.root) as client:
+        waiting = client.create_run("example", "notes")
+    assert waiting.pending_action is not None
+    events: list[RunEvent] = []
+    follower = Client.connect(project.root)
+    stream = follower.subscribe(waiting.run_id)
+    try:
+        while True:  # the history, up to the wait
+            event = next(stream)
+            events.append(event)
+            if event.run.status == "waiting":
+                break
+        assert all(e.history for e in events)
+        assert events[0].event == "stage_pending"
+        with Client.connect(project.root) as client:
+            client.answer(waiting.run_id, waiting.pending_action.id, {"isConfirmed": True})
+        live = list(stream)
+    finally:
+        follower.close()
+    assert live, "no live events after the answer"
+    assert not any(e.history for e in live)
+    assert live[-1].final
+    assert live[-1].run.status == "completed"
+    assert all(not e.final for e in [*events, *live[:-1]])

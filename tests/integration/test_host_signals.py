@@ -1,0 +1,196 @@
+"""Signals are flags: SIGTERM/SIGINT stop the host gracefully, a second one cuts the waits
+short, a signal during startup aborts it cleanly, and --foreground stops on Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+import threading
+from typing import Any
+
+import pytest
+
+from intloom.client.client import Client
+from intloom.client.lifecycle import start_service
+from intloom.errors import IntloomError
+from tests.helpers import REPO, Project, eventually, pid_alive
+from tests.integration.host_support import metadata, start
+
+
+def _released(project: Project, pid: int) -> bool:
+    return (
+        not pid_alive(pid)
+        and not (project.state / "service.json").exists()
+        and not (project.state / "service.lock").exists()
+    )
+
+
+def _events(project: Project, log_file: str | None) -> list[str]:
+    assert log_file is not None
+    path = project.state / "logs" / log_file
+    return [json.loads(line)["event"] for line in path.read_text().splitlines()]
+
+
+def _sealed(project: Project, log_file: str | None) -> bool:
+    assert log_file is not None
+    return stat.S_IMODE((project.state / "logs" / log_file).stat().st_mode) == 0o400
+
+
+def test_sigterm_is_a_graceful_stop(project: Project) -> None:
+    service = start(project).service
+    os.kill(service.pid, signal.SIGTERM)
+    eventually(lambda: _released(project, service.pid), timeout=10,
+               what="the host to release its files")
+    events = _events(project, service.log_file)
+    assert "signal_received" in events
+    assert events[-1] == "log_closed"
+    assert _sealed(project, service.log_file)
+    assert (project.state / "connection.json").exists()
+
+
+GATE_STEP = textwrap.dedent('''
+    from __future__ import annotations
+
+    import time
+    from pathlib import Path
+
+    import msgspec
+
+    import intloom
+
+
+    class Box(msgspec.Struct):
+        value: str = ""
+
+
+    wf = intloom.Workflow("stuck", version="1.0.0")
+    main = wf.stage("main", state=Box)
+    HERE = Path(__file__).resolve().parent.parent
+
+
+    def wait_for_gate() -> str:
+        (HERE / "entered").touch()
+        while not (HERE / "gate").exists():
+            time.sleep(0.01)  # user code stuck in an external call
+        return "done"
+
+
+    @main.step("work", routes={"done": intloom.COMPLETE})
+    def work(ctx: intloom.StepContext[Box]) -> str:
+        return ctx.effect("wait", wait_for_gate)
+''')
+
+
+def test_second_signal_cuts_the_graceful_wait_short(
+    project: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (project.root / "workflows" / "stuck.py").write_text(GATE_STEP)
+    (project.root / "intloom.toml").write_text('workflows = ["workflows/stuck.py"]\n')
+    monkeypatch.setenv("INTLOOM_TEST_SUSPEND_GRACE", "45")
+    service = start(project).service
+    try:
+        with Client.connect(project.root) as client:
+            client.create_run("stuck", "go", wait=False)
+        eventually(lambda: (project.root / "entered").exists(), timeout=10,
+                   what="the Step to start")
+        os.kill(service.pid, signal.SIGTERM)
+        eventually(lambda: "service_stopping" in _events(project, service.log_file),
+                   timeout=10, what="the graceful stop to begin")
+        os.kill(service.pid, signal.SIGTERM)
+        # Far sooner than the 45 s grace: the second signal forced the exit.
+        eventually(lambda: _released(project, service.pid), timeout=10,
+                   what="the host to exit after the second signal")
+        events = _events(project, service.log_file)
+        assert "shutdown_step_cut_short" in events
+        assert events[-1] == "log_closed"
+    finally:
+        (project.root / "gate").touch()
+
+
+SLOW_IMPORT = textwrap.dedent('''
+    import time
+    from pathlib import Path
+
+    HERE = Path(__file__).resolve().parent.parent
+    (HERE / "importing").touch()
+    while not (HERE / "gate").exists():
+        time.sleep(0.01)  # a Workflow module that takes a while to import
+
+    from workflows.example import wf  # noqa: E402,F401
+''')
+
+
+def test_signal_during_startup_aborts_it_and_releases_everything(
+    project: Project,
+) -> None:
+    (project.root / "workflows" / "__init__.py").write_text("")
+    (project.root / "workflows" / "slow.py").write_text(SLOW_IMPORT)
+    (project.root / "intloom.toml").write_text('workflows = ["workflows/slow.py"]\n')
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append(start_service(project.root, timeout=40))
+        except IntloomError as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        eventually(lambda: (project.root / "importing").exists(), timeout=20,
+                   what="the host to load Workflows")
+        pid = int(metadata(project, "service.lock")["pid"])
+        project.pids.add(pid)
+        os.kill(pid, signal.SIGTERM)
+    finally:
+        (project.root / "gate").touch()
+        thread.join(timeout=45)
+    assert len(outcome) == 1
+    error = outcome[0]
+    assert isinstance(error, IntloomError), error
+    assert error.code == "CLI_SERVICE_CLOSING"
+    eventually(lambda: _released(project, pid), timeout=10, what="the host to release")
+
+
+FOREGROUND = textwrap.dedent('''
+    import json, sys
+    from pathlib import Path
+    from intloom.client.lifecycle import start_service
+
+    def ready(result):
+        print(json.dumps({"pid": result.service.pid, "log": result.service.log_file}),
+              flush=True)
+
+    result = start_service(Path(sys.argv[1]), foreground=True, on_ready=ready)
+    print(json.dumps({"stopped": result.service.instance_id}), flush=True)
+''')
+
+
+def test_foreground_host_stops_gracefully_on_ctrl_c(project: Project) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", FOREGROUND, str(project.root)], cwd=REPO,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    project.pids.add(proc.pid)
+    try:
+        assert proc.stdout is not None
+        first = json.loads(proc.stdout.readline())
+        assert first["pid"] == proc.pid  # the host runs in this very process
+        with Client.connect(project.root) as client:
+            assert client.status().pid == proc.pid
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=20)
+        assert proc.returncode == 0, err
+        assert "stopped" in json.loads(out.splitlines()[-1])
+        assert not (project.state / "service.json").exists()
+        assert not (project.state / "service.lock").exists()
+        assert _sealed(project, first["log"])
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)

@@ -1,0 +1,431 @@
+"""Argument -> call mapping of every command, against fakes (no host, no subprocess).
+
+``main(argv)`` is the real entry point: parsing, the shared options, the renderer and the
+exit-code map all run; only the client, lifecycle and diagnostics are replaced.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import intloom.client
+import intloom.client.client
+from intloom.cli.app import main
+from intloom.errors import ErrorView, IntloomError
+from intloom.protocol.messages import ServiceView, WorkflowInfo
+from intloom.runtime.model import Cursor, PendingAction, RunView
+
+T0 = "2026-01-01T00:00:00.000Z"
+
+
+def run_view(status: str = "waiting", code: str | None = None) -> RunView:
+    action = None
+    if status == "waiting":
+        action = PendingAction(
+            id="ACT-1", kind="confirmation", request={"context": {"draft": "d"}},
+            cursor=Cursor("draft", "review"), created_at=T0,
+        )
+    error = ErrorView(code=code, message=f"{code} message") if code else None
+    return RunView(
+        run_id="RUN-1", flow_name="example", cursor=Cursor("draft", "review"),
+        status=status, created_at=T0, updated_at=T0,  # type: ignore[arg-type]
+        pending_action=action, last_error=error,
+    )
+
+
+@dataclass
+class FakeClient:
+    calls: list[tuple[Any, ...]] = field(default_factory=list)
+    result: RunView = field(default_factory=run_view)
+    already_ended: bool = False
+    runs_found: list[RunView] = field(default_factory=list)
+
+    def __enter__(self) -> FakeClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.calls.append(("close",))
+
+    def create_run(self, workflow: str, intent: str, *, wait: bool = True) -> RunView:
+        self.calls.append(("create_run", workflow, intent, wait))
+        return self.result
+
+    def answer(self, run_id: str, action_id: str, answer: Any) -> RunView:
+        self.calls.append(("answer", run_id, action_id, answer))
+        return self.result
+
+    def cancel(self, run_id: str) -> tuple[RunView, bool]:
+        self.calls.append(("cancel", run_id))
+        return self.result, self.already_ended
+
+    def runs(self, flow: str | None = None) -> list[RunView]:
+        self.calls.append(("runs", flow))
+        return self.runs_found
+
+    def workflows(self) -> list[WorkflowInfo]:
+        self.calls.append(("workflows",))
+        return [WorkflowInfo("example", "1.0.0", "ab" * 32, "workflows/example.py", ["draft"])]
+
+    def get_run(self, run_id: str) -> RunView:
+        self.calls.append(("get_run", run_id))
+        return self.result
+
+    def wait_run(self, run_id: str) -> RunView:
+        self.calls.append(("wait_run", run_id))
+        return self.result
+
+
+@pytest.fixture
+def proj(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    (tmp_path / "intloom.toml").write_text('workflows = ["workflows/example.py"]\n')
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.fixture
+def client(monkeypatch: pytest.MonkeyPatch, proj: Path) -> FakeClient:
+    fake = FakeClient()
+    roots: list[Path] = []
+
+    def connect(root: Path, **_timeouts: float | None) -> FakeClient:
+        roots.append(root)
+        assert root == proj.resolve()
+        return fake
+
+    monkeypatch.setattr(intloom.client.client.Client, "connect", staticmethod(connect))
+    return fake
+
+
+def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# ----- shared options ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--json", "runs"], ["runs", "--json"], ["--project", ".", "runs", "--json"],
+     ["runs", "--project", ".", "--json"]],
+)
+def test_shared_options_work_before_and_after_the_command(
+    capsys: pytest.CaptureFixture[str], client: FakeClient, argv: list[str]
+) -> None:
+    code, out, err = cli(capsys, *argv)
+    assert (code, err) == (0, "")
+    assert json.loads(out) == {"runs": []}
+
+
+def test_project_option_selects_exactly_that_directory(
+    capsys: pytest.CaptureFixture[str], proj: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    elsewhere = tmp_path_factory.mktemp("empty")
+    code, out, _ = cli(capsys, "runs", "--json", "--project", str(elsewhere))
+    assert code == 1
+    assert json.loads(out)["error"]["code"] == "CLI_PROJECT_INVALID"
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_usage_error_is_invalid_request_in_json(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = cli(capsys, "flow", "--json")
+    assert code == 2
+    assert err == ""
+    doc = json.loads(out)
+    assert doc["error"]["code"] == "INVALID_REQUEST"
+    assert doc["error"]["retryable"] is False
+    assert "WORKFLOW" in doc["error"]["message"]
+
+
+def test_usage_error_in_text_mode(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = cli(capsys, "runs", "--nope")
+    assert (code, out) == (2, "")
+    assert err.startswith("Failure · INVALID_REQUEST: No such option: --nope.")
+
+
+def test_version_and_bare_help(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = cli(capsys, "--version")
+    assert code == 0 and out.startswith("intloom ")
+    code, out, _ = cli(capsys)
+    assert code == 0 and "Usage" in out
+
+
+def test_unknown_exception_is_internal_error_traceback_only_with_debug(
+    capsys: pytest.CaptureFixture[str], client: FakeClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def boom(flow: str | None = None) -> list[RunView]:
+        raise RuntimeError("secret cause")
+
+    monkeypatch.setattr(client, "runs", boom)
+    code, out, err = cli(capsys, "runs", "--json")
+    assert code == 70
+    assert json.loads(out)["error"]["code"] == "CLI_INTERNAL_ERROR"
+    assert "secret cause" not in out + err and "Traceback" not in err
+    code, out, err = cli(capsys, "runs", "--debug")
+    assert code == 70 and out == ""
+    assert "Traceback" in err and "Failure · CLI_INTERNAL_ERROR" in err
+
+
+def test_known_error_has_no_traceback(
+    capsys: pytest.CaptureFixture[str], client: FakeClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def missing(run_id: str) -> tuple[RunView, bool]:
+        raise IntloomError("NOT_FOUND", f"No Run {run_id}.")
+
+    monkeypatch.setattr(client, "cancel", missing)
+    code, out, err = cli(capsys, "cancel", "RUN-9", "--debug")
+    assert (code, out) == (1, "")
+    assert err == "Failure · NOT_FOUND: No Run RUN-9.\n"
+
+
+# ----- flow ----------------------------------------------------------------------------------
+
+
+def test_flow_waits_by_default_and_detach_does_not(
+    capsys: pytest.CaptureFixture[str], client: FakeClient
+) -> None:
+    code, out, _ = cli(capsys, "flow", "example", "--intent", "notes", "--json")
+    assert code == 0
+    assert json.loads(out)["run"]["pendingAction"]["id"] == "ACT-1"
+    cli(capsys, "flow", "example", "--intent", "notes", "--detach")
+    creates = [c for c in client.calls if c[0] == "create_run"]
+    assert creates == [("create_run", "example", "notes", True),
+                       ("create_run", "example", "notes", False)]
+
+
+def test_flow_intent_file_and_stdin(
+    capsys: pytest.CaptureFixture[str], client: FakeClient, proj: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    (proj / "intent.txt").write_text("from a file\n")
+    assert cli(capsys, "flow", "example", "--intent-file", "intent.txt")[0] == 0
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"from stdin\n")))
+    assert cli(capsys, "flow", "example", "--intent-file", "-")[0] == 0
+    intents = [c[2] for c in client.calls if c[0] == "create_run"]
+    assert intents == ["from a file", "from stdin"]
+
+
+@pytest.mark.parametrize(
+    ("args", "code"),
+    [
+        (["--intent", "   "], "INVALID_REQUEST"),
+        ([], "INVALID_REQUEST"),
+        (["--intent", "x", "--intent-file", "f"], "INVALID_REQUEST"),
+        (["--intent-file", "missing.txt"], "CLI_INTENT_FILE_INVALID"),
+        (["--intent-file", "."], "CLI_INTENT_FILE_INVALID"),
+    ],
+)
+def test_flow_bad_intent_never_connects(
+    capsys: pytest.CaptureFixture[str], client: FakeClient, args: list[str], code: str
+) -> None:
+    exit_code, out, _ = cli(capsys, "flow", "example", *args, "--json")
+    assert exit_code == 1
+    assert json.loads(out)["error"]["code"] == code
+    assert client.calls == []
+
+
+def test_flow_failed_run_prints_run_once_and_exits_1(
+    capsys: pytest.CaptureFixture[str], client: FakeClient
+) -> None:
+    client.result = run_view("failed", "STEP_EXECUTION_FAILED")
+    code, out, err = cli(capsys, "flow", "example", "--intent", "x", "--json")
+    assert code == 1 and err == ""
+    assert len(out.splitlines()) == 1
+    assert json.loads(out)["run"]["lastError"]["code"] == "STEP_EXECUTION_FAILED"
+    code, out, err = cli(capsys, "flow", "example", "--intent", "x")
+    assert code == 1
+    assert out.startswith("Execution failed · example")
+    assert err.startswith("Failure · CLI_RUN_FAILED:")
+
+
+# ----- answer, cancel, runs, flows, attach ----------------------------------------------------
+
+
+def test_answer_parses_json_and_reads_stdin(
+    capsys: pytest.CaptureFixture[str], client: FakeClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client.result = run_view("completed")
+    code, out, _ = cli(capsys, "answer", "RUN-1", "ACT-1", '{"isConfirmed": true}', "--json")
+    assert code == 0 and json.loads(out)["run"]["status"] == "completed"
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b'[{"questionId": "q"}]')))
+    assert cli(capsys, "answer", "RUN-1", "ACT-2", "-")[0] == 0
+    answers = [c[1:] for c in client.calls if c[0] == "answer"]
+    assert answers == [("RUN-1", "ACT-1", {"isConfirmed": True}),
+                       ("RUN-1", "ACT-2", [{"questionId": "q"}])]
+
+
+def test_answer_that_is_not_json(capsys: pytest.CaptureFixture[str], client: FakeClient) -> None:
+    code, out, _ = cli(capsys, "answer", "RUN-1", "ACT-1", "{yes", "--json")
+    assert code == 1
+    error = json.loads(out)["error"]
+    assert error["code"] == "INVALID_REQUEST" and "isConfirmed" in error["message"]
+    assert client.calls == []
+
+
+def test_cancel_is_identical_json_and_prefixes_an_ended_run(
+    capsys: pytest.CaptureFixture[str], client: FakeClient
+) -> None:
+    client.result = run_view("failed", "RUN_STOPPED")
+    first = cli(capsys, "cancel", "RUN-1", "--json")
+    client.already_ended = True
+    second = cli(capsys, "cancel", "RUN-1", "--json")
+    assert first == second and first[0] == 0
+    code, out, _ = cli(capsys, "cancel", "RUN-1")
+    assert code == 0 and out.startswith("Stopped · example")
+    client.result = run_view("completed")
+    code, out, _ = cli(capsys, "cancel", "RUN-1")
+    assert code == 0 and out.startswith("The Run has ended; no stop is needed.\nCompleted")
+
+
+def test_runs_text_and_flow_filter(capsys: pytest.CaptureFixture[str], client: FakeClient) -> None:
+    code, out, _ = cli(capsys, "runs", "--flow", "example")
+    assert (code, out) == (0, "The current service has no Runs.\n")
+    client.runs_found = [run_view("waiting"), run_view("failed", "RUN_INTERRUPTED")]
+    code, out, _ = cli(capsys, "runs")
+    lines = out.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("RUN-1  example  waiting")
+    assert "failed (RUN_INTERRUPTED)" in lines[1]
+    assert ("runs", "example") in client.calls and ("runs", None) in client.calls
+
+
+def test_flows(capsys: pytest.CaptureFixture[str], client: FakeClient) -> None:
+    code, out, _ = cli(capsys, "flows", "--json")
+    assert code == 0
+    assert json.loads(out)["workflows"][0]["name"] == "example"
+    code, out, _ = cli(capsys, "flows")
+    assert out.startswith("example  1.0.0  ready  abababababab")
+
+
+def test_attach_json_waits_for_a_stable_view(
+    capsys: pytest.CaptureFixture[str], client: FakeClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    views = iter([run_view("running"), run_view("failed", "RUN_STOPPED")])
+    monkeypatch.setattr(client, "get_run", lambda run_id: next(views))
+    monkeypatch.setattr(client, "wait_run", lambda run_id: next(views))
+    code, out, _ = cli(capsys, "attach", "RUN-1", "--json")
+    assert code == 1
+    assert json.loads(out)["run"]["lastError"]["code"] == "RUN_STOPPED"
+
+
+# ----- start / stop / status / doctor / recover (lifecycle and diagnostics faked) ------------
+
+SERVICE = ServiceView(project_root="/p", pid=42, instance_id="I-1", port=5000, started_at=T0)
+
+
+@dataclass
+class StartResult:
+    service: ServiceView
+    reused: bool
+
+
+@pytest.fixture
+def lifecycle(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
+    calls: list[tuple[Any, ...]] = []
+    fake = types.ModuleType("intloom.client.lifecycle")
+
+    def start_service(root: Path, **kwargs: Any) -> StartResult:
+        calls.append(("start", root, {k: v for k, v in kwargs.items() if k != "progress"}))
+        assert callable(kwargs["progress"])
+        return StartResult(SERVICE, reused=bool(kwargs.get("port") == 5000))
+
+    def stop_service(root: Path, **kwargs: Any) -> bool:
+        calls.append(("stop", root, kwargs))
+        return True
+
+    fake.start_service = start_service  # type: ignore[attr-defined]
+    fake.stop_service = stop_service  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "intloom.client.lifecycle", fake)
+    monkeypatch.setattr(intloom.client, "lifecycle", fake, raising=False)
+    return calls
+
+
+def test_start_passes_options_and_prints_service(
+    capsys: pytest.CaptureFixture[str], proj: Path, lifecycle: list[tuple[Any, ...]]
+) -> None:
+    code, out, _ = cli(capsys, "start", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["reused"] is False
+    assert {"projectRoot": "/p", "pid": 42, "instanceId": "I-1", "port": 5000}.items() <= doc[
+        "service"
+    ].items()
+    code, out, _ = cli(capsys, "start", "--port", "5000", "--strict", "--timeout", "9")
+    assert out.startswith("Reusing existing service · /p")
+    assert lifecycle[0] == ("start", proj.resolve(),
+                            {"port": None, "strict": False, "foreground": False})
+    assert lifecycle[1][2] == {"port": 5000, "strict": True, "foreground": False, "timeout": 9.0}
+
+
+def test_stop(capsys: pytest.CaptureFixture[str], proj: Path,
+              lifecycle: list[tuple[Any, ...]]) -> None:
+    code, out, _ = cli(capsys, "stop", "--json", "--timeout", "3")
+    assert code == 0
+    assert json.loads(out) == {"projectRoot": str(proj.resolve()), "stopped": True}
+    assert lifecycle == [("stop", proj.resolve(), {"timeout": 3.0})]
+
+
+@pytest.fixture
+def diagnostics(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    import intloom.diagnostics as real
+
+    answers: dict[str, Any] = {}
+    monkeypatch.setattr(real, "diagnose", lambda root: answers["diagnose"])
+    monkeypatch.setattr(real, "run_doctor", lambda root: answers["doctor"])
+    monkeypatch.setattr(
+        real, "recover", lambda root, dry_run: {**answers["recover"], "dryRun": dry_run}
+    )
+    return answers
+
+
+@dataclass
+class Diagnosis:
+    projectRoot: str  # the wire name, so plain() yields it as is
+    status: str
+    message: str
+    owners: list[Any]
+    service: ServiceView | None = None
+
+
+def test_status_running_is_service_only(
+    capsys: pytest.CaptureFixture[str], proj: Path, diagnostics: dict[str, Any]
+) -> None:
+    diagnostics["diagnose"] = Diagnosis("/p", "running", "The service is running.", [], SERVICE)
+    code, out, _ = cli(capsys, "status", "--json")
+    assert code == 0 and list(json.loads(out)) == ["service"]
+    diagnostics["diagnose"] = Diagnosis("/p", "blocked", "Blocked.", [])
+    code, out, _ = cli(capsys, "status", "--json")
+    assert code == 0
+    assert json.loads(out) == {"projectRoot": "/p", "status": "blocked", "message": "Blocked.",
+                               "owners": []}
+
+
+@pytest.mark.parametrize(("health", "code"), [("healthy", 0), ("attention", 3), ("blocked", 4)])
+def test_doctor_exit_code_follows_health(
+    capsys: pytest.CaptureFixture[str], proj: Path, diagnostics: dict[str, Any],
+    health: str, code: int,
+) -> None:
+    diagnostics["doctor"] = {"status": "offline", "message": "m", "owners": [], "health": health,
+                             "checks": [{"id": "config", "status": "ok", "message": "fine",
+                                         "next": None}], "runs": []}
+    exit_code, out, _ = cli(capsys, "doctor", "--json")
+    assert exit_code == code and json.loads(out)["health"] == health
+    exit_code, out, _ = cli(capsys, "doctor")
+    assert exit_code == code and "config · ok: fine" in out
+
+
+def test_recover_dry_run(
+    capsys: pytest.CaptureFixture[str], proj: Path, diagnostics: dict[str, Any]
+) -> None:
+    diagnostics["recover"] = {"projectRoot": "/p", "recovered": False,
+                              "paths": [".intloom/service.lock"]}
+    code, out, _ = cli(capsys, "recover", "--dry-run")
+    assert (code, out) == (0, "Recovery plan: .intloom/service.lock. No cleanup performed.\n")

@@ -1,0 +1,160 @@
+"""The renderer and the exit-code map: what the CLI prints and returns, without a host."""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+import pytest
+
+from intloom.cli import exit_codes, render
+from intloom.cli.render import Renderer
+from intloom.errors import IntloomError, error_view
+
+RUN: dict[str, Any] = {
+    "runId": "RUN-1",
+    "flowName": "example",
+    "cursor": {"stage": "draft", "step": "review"},
+    "status": "waiting",
+    "createdAt": "2026-01-01T00:00:00.000Z",
+    "updatedAt": "2026-01-01T00:00:01.000Z",
+    "pendingAction": {"id": "ACT-1", "kind": "confirmation", "request": {"context": {}}},
+}
+
+
+def test_every_known_error_exits_failure_and_the_rest_are_distinct() -> None:
+    assert exit_codes.for_exception(IntloomError("CONFLICT")) == exit_codes.FAILURE == 1
+    assert exit_codes.for_exception(RuntimeError("bug")) == exit_codes.INTERNAL
+    assert exit_codes.for_exception(KeyboardInterrupt()) == exit_codes.INTERRUPTED
+    codes = {
+        exit_codes.OK, exit_codes.FAILURE, exit_codes.USAGE, exit_codes.DOCTOR_ATTENTION,
+        exit_codes.DOCTOR_BLOCKED, exit_codes.INTERNAL, exit_codes.INTERRUPTED,
+    }
+    assert len(codes) == 7
+
+
+@pytest.mark.parametrize(
+    ("report", "code"),
+    [
+        ({"health": "healthy", "status": "blocked"}, exit_codes.OK),  # explicit health wins
+        ({"health": "attention"}, exit_codes.DOCTOR_ATTENTION),
+        ({"health": "blocked"}, exit_codes.DOCTOR_BLOCKED),
+        ({"status": "offline", "checks": [{"status": "ok"}, {"status": "not_checked"}]}, 0),
+        ({"status": "offline", "checks": [{"status": "attention"}]}, exit_codes.DOCTOR_ATTENTION),
+        ({"status": "recovery_required", "checks": []}, exit_codes.DOCTOR_ATTENTION),
+        ({"status": "blocked", "checks": []}, exit_codes.DOCTOR_BLOCKED),
+    ],
+)
+def test_doctor_exit_codes(report: dict[str, Any], code: int) -> None:
+    assert exit_codes.for_doctor(report) == code
+
+
+def test_run_status_exit_codes() -> None:
+    assert [exit_codes.for_run_status(s) for s in ("running", "waiting", "completed")] == [0] * 3
+    assert exit_codes.for_run_status("failed") == exit_codes.RUN_FAILED == 1
+
+
+def test_error_in_text_mode_is_one_line_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+    Renderer(json_mode=False).error(error_view("NOT_FOUND", "No Run RUN-9."))
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == "Failure · NOT_FOUND: No Run RUN-9.\n"
+
+
+def test_error_in_json_mode_always_carries_retryable(capsys: pytest.CaptureFixture[str]) -> None:
+    Renderer(json_mode=True).error(error_view("CONFLICT"))
+    out, err = capsys.readouterr()
+    assert err == ""
+    assert json.loads(out) == {
+        "error": {
+            "code": "CONFLICT",
+            "message": "The request conflicts with the current state.",
+            "retryable": False,
+        }
+    }
+
+
+def test_table_is_plain_aligned_text_when_not_a_terminal(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    Renderer().table(["A", "B"], [["x", "1"], ["long", "2"]])
+    out = capsys.readouterr().out
+    assert out == "x     1\nlong  2\n"
+    assert "\x1b" not in out
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_no_color_disables_rich_even_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("sys.stdout", _Tty())
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    assert Renderer().rich_out
+    assert not Renderer(json_mode=True).rich_out
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert not Renderer().rich_out
+
+
+def test_run_titles_follow_the_status() -> None:
+    assert render.run_title(RUN) == "Waiting for an answer"
+    assert render.run_title({**RUN, "status": "running"}) == "Running"
+    assert render.run_title({**RUN, "status": "completed"}) == "Completed"
+    stopped = {**RUN, "status": "failed", "lastError": {"code": "RUN_STOPPED", "message": ""}}
+    assert render.run_title(stopped) == "Stopped"
+    failed = {**RUN, "status": "failed", "lastError": {"code": "RUN_INTERRUPTED", "message": "m"}}
+    assert render.run_title(failed) == "Execution failed"
+    assert "RUN_INTERRUPTED: m" in render.run_lines(failed)
+    agent = {**RUN, "pendingAction": None, "pendingAgentCall": {"id": "C", "agentId": "a"}}
+    assert render.run_title(agent) == "Waiting for the client Agent"
+
+
+def test_waiting_run_says_how_to_resume() -> None:
+    lines = render.run_lines(RUN)
+    assert lines[0] == "Waiting for an answer · example"
+    assert "Action  ACT-1 (confirmation)" in lines
+    assert "Resume  intloom attach RUN-1" in lines
+
+
+def test_restore_lines_name_interrupted_runs() -> None:
+    lines = render.restore_lines({"resumed": ["RUN-a"], "interrupted": ["RUN-b"]})
+    assert lines[0] == "Restore  resumed 1 · waiting 0 · interrupted 1 · needs attention 0"
+    assert "RUN-b" in lines[1]
+    assert render.restore_lines(None) == []
+
+
+def test_recover_lines() -> None:
+    assert render.recover_lines({"dryRun": True, "paths": []}) == [
+        "Recovery plan: no stale resources. No cleanup performed."
+    ]
+    assert render.recover_lines({"dryRun": False, "recovered": False, "paths": []}) == [
+        "There are no stale resources to clean up."
+    ]
+    done = render.recover_lines({"dryRun": False, "recovered": True, "paths": ["a", "b"]})
+    assert done[-1].startswith("Stale execution resources removed.")
+
+
+def test_diagnosis_lines_show_owner_evidence_and_the_blocked_hint() -> None:
+    lines = render.diagnosis_lines(
+        {
+            "status": "blocked",
+            "message": "A resource owner still exists.",
+            "owners": [
+                {"resource": "service_lock", "pid": 7, "status": "alive",
+                 "evidence": [{"check": "os_lock", "found": "held"}]}
+            ],
+        }
+    )
+    assert lines == [
+        "A resource owner still exists.",
+        "service_lock · PID 7 · Process still exists",
+        "    os_lock: held",
+        "Run intloom doctor. Do not delete locks whose owners are still active.",
+    ]
+
+
+def test_log_line_is_time_level_event_then_context() -> None:
+    record = {"time": "T", "level": "info", "event": "run_created", "runId": "RUN-1", "n": [1]}
+    assert render.log_line(record) == "T info  run_created runId=RUN-1 n=[1]"

@@ -1,0 +1,141 @@
+"""The CLI's helpers: start-up imports, plain option conversion, the log tail, scaffolding."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from intloom.cli.app import COMMANDS, _command_name, main
+from intloom.cli.logtail import LogTail, log_files
+from intloom.errors import IntloomError
+from intloom.scaffold import SCAFFOLD, scaffold
+from tests.helpers import REPO
+
+# Heavy or unrelated modules a query against the host must not import (start-up budget).
+_NOT_ON_THE_QUERY_PATH = (
+    "pydantic", "rich", "watchfiles", "psutil", "intloom.diagnostics", "intloom.store",
+    "intloom.authoring", "intloom.executor", "intloom.host.daemon", "intloom.cli.commands.logs",
+    "intloom.cli.commands.attach",
+)
+
+
+def test_a_query_imports_only_what_it_needs(tmp_path: Path) -> None:
+    (tmp_path / "intloom.toml").write_text("workflows = []\n")
+    probe = (
+        "import sys, json\n"
+        "from intloom.cli.app import main\n"
+        f"code = main(['--project', {str(tmp_path)!r}, 'runs', '--json'])\n"
+        "print(json.dumps([code, sorted(sys.modules)]))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=30,
+        check=True,
+    ).stdout.splitlines()
+    assert json.loads(out[0])["error"]["code"] == "CLI_SERVICE_OFFLINE"
+    code, modules = json.loads(out[-1])
+    assert code == 1
+    loaded = [m for m in _NOT_ON_THE_QUERY_PATH if any(
+        name == m or name.startswith(m + ".") for name in modules)]
+    assert loaded == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "name"),
+    [
+        (["runs", "--json"], "runs"),
+        (["--json", "--project", "runs", "flows"], "flows"),  # a project dir named "runs"
+        (["--project=x", "start"], "start"),
+        (["runs", "--help"], "runs"),
+        (["--help", "runs"], None),
+        (["nope"], None),
+        ([], None),
+    ],
+)
+def test_only_the_invoked_command_is_built(argv: list[str], name: str | None) -> None:
+    assert _command_name(argv) == name
+    assert name is None or name in COMMANDS
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["start", "--port", "abc"], "'abc' is not an integer."),
+        (["start", "--port", "70000"], "70000 is not in the range 0<=x<=65535."),
+        (["stop", "--timeout", "-1"], "-1.0 is not in the range 0.0<=x."),
+        (["stop", "--timeout", "soon"], "'soon' is not a number."),
+    ],
+)
+def test_bad_option_values_are_usage_errors(
+    capsys: pytest.CaptureFixture[str], args: list[str], fragment: str
+) -> None:
+    assert main([*args, "--json"]) == 2
+    error = json.loads(capsys.readouterr().out)["error"]
+    assert error["code"] == "INVALID_REQUEST"
+    assert fragment in error["message"]
+
+
+# ----- log tail ------------------------------------------------------------------------------
+
+
+def test_log_tail_holds_back_partial_lines_and_follows_new_files(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "LOG-1.jsonl").write_text('{"a": 1}\n')
+    (logs / "LOG-2.jsonl").write_text('{"b": 1}\n{"b": 2')
+    (logs / "other.txt").write_text("ignored\n")
+    seen: list[str] = []
+    tail = LogTail(logs, seen.append, all_files=False)
+    tail.pump()
+    assert seen == ['{"b": 1}']  # newest file only; the torn line waits
+    with open(logs / "LOG-2.jsonl", "a") as fh:
+        fh.write('}\n')
+    tail.pump()
+    assert seen[-1] == '{"b": 2}'
+    (logs / "LOG-3.jsonl").write_text('{"c": 1}\n')
+    tail.pump()
+    assert seen == ['{"b": 1}', '{"b": 2}', '{"c": 1}']
+    everything: list[str] = []
+    LogTail(logs, everything.append, all_files=True).pump()
+    assert everything == ['{"a": 1}', '{"b": 1}', '{"b": 2}', '{"c": 1}']
+
+
+def test_log_files_skip_links(tmp_path: Path) -> None:
+    (tmp_path / "LOG-1.jsonl").write_text("")
+    (tmp_path / "LOG-2.jsonl").symlink_to(tmp_path / "LOG-1.jsonl")
+    assert log_files(tmp_path) == [tmp_path / "LOG-1.jsonl"]
+    assert log_files(tmp_path / "missing") == []
+
+
+# ----- scaffold ------------------------------------------------------------------------------
+
+
+def test_the_template_is_the_fixture_the_e2e_tests_run(tmp_path: Path) -> None:
+    root = scaffold(tmp_path / "p")
+    assert sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()) == sorted(
+        SCAFFOLD
+    )
+    fixture = REPO / "fixtures" / "projects" / "basic"
+    for name in ("workflows/example.py",):
+        assert (root / name).read_bytes() == (fixture / name).read_bytes()
+    from intloom.project import load_config
+
+    assert load_config(root).workflows == ("workflows/example.py",)
+
+
+def test_scaffold_refusals(tmp_path: Path) -> None:
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("")
+    (tmp_path / "file").write_text("")
+    for target, code in (("full", "CLI_INIT_TARGET_NOT_EMPTY"), ("file", "CLI_INIT_TARGET_INVALID"),
+                         ("file/below", "CLI_INIT_TARGET_INVALID")):
+        with pytest.raises(IntloomError) as caught:
+            scaffold(tmp_path / target)
+        assert caught.value.code == code
+        assert str(tmp_path / target) in caught.value.message
+    assert scaffold(tmp_path / "empty-ok") == (tmp_path / "empty-ok").resolve()

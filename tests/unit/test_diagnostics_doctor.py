@@ -1,0 +1,122 @@
+"""doctor: stable check ids, exit classes, and a report that never holds the token."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from intloom.diagnostics import diagnose, run_doctor
+from intloom.diagnostics.doctor import DoctorReport
+from intloom.project import ProjectPaths
+from tests.helpers import FIXTURES
+from tests.unit.diagnostics_support import (
+    crash_leftovers,
+    create_time,
+    dead_pid,
+    live_process,
+    tree,
+    write_connection_json,
+)
+
+CHECK_IDS = [
+    "config", "runtime_dir", "owner.service_lock", "owner.service_json", "connection",
+    "workflows", "journals",
+]
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    target = (tmp_path / "proj").resolve()
+    shutil.copytree(FIXTURES / "projects" / "basic", target)
+    return target
+
+
+def _checks(report: DoctorReport) -> dict[str, str]:
+    return {check.id: check.status for check in report.checks}
+
+
+def test_fresh_project_is_healthy_and_doctor_writes_nothing(root: Path) -> None:
+    before = tree(root)
+    report = run_doctor(root)
+    assert tree(root) == before  # not even __pycache__ from importing the Workflows
+    assert (report.status, report.health, report.exit_class) == ("offline", "healthy", "healthy")
+    assert [c.id for c in report.checks] == CHECK_IDS
+    assert set(_checks(report).values()) == {"ok"}
+    assert report.runs == []
+    doc = msgspec.to_builtins(report)
+    assert doc["schemaVersion"] == 1
+    assert all("next" in check for check in doc["checks"])
+
+
+def test_crash_leftovers_need_attention_and_the_token_never_shows(root: Path) -> None:
+    crash_leftovers(root, dead_pid(), 1_000_000.0)
+    token = msgspec.json.decode(ProjectPaths(root).connection_json.read_bytes())["token"]
+    before = tree(root)
+    report = run_doctor(root)
+    assert tree(root) == before
+    assert (report.status, report.health) == ("recovery_required", "attention")
+    checks = {c.id: c for c in report.checks}
+    assert checks["owner.service_lock"].status == "attention"
+    assert checks["owner.service_lock"].evidence
+    assert "intloom recover" in (checks["owner.service_lock"].next or "")
+    encoded = msgspec.json.encode(report)
+    assert token.encode() not in encoded
+    # Minus doctor's own fields, the report is exactly the status diagnosis.
+    doc = msgspec.to_builtins(report)
+    for key in ("schemaVersion", "health", "checks", "runs"):
+        doc.pop(key)
+    assert doc == msgspec.to_builtins(diagnose(root))
+
+
+def test_live_owner_is_blocked(root: Path) -> None:
+    with live_process() as proc:
+        crash_leftovers(root, proc.pid, create_time(proc.pid))
+        report = run_doctor(root)
+    assert (report.status, report.health) == ("blocked", "blocked")
+    assert _checks(report)["owner.service_lock"] == "attention"
+
+
+def test_invalid_metadata_is_a_blocked_report_not_a_crash(root: Path) -> None:
+    crash_leftovers(root, dead_pid(), 1_000_000.0)
+    lock = ProjectPaths(root).service_lock
+    lock.chmod(0o644)
+    before = tree(root)
+    report = run_doctor(root)
+    assert tree(root) == before
+    assert report.health == "blocked"
+    assert "service.lock" in report.message
+    checks = {c.id: c for c in report.checks}
+    assert checks["owner.service_lock"].status == "attention"
+    assert "0644" in checks["owner.service_lock"].message
+    assert checks["owner.service_json"].status == "ok"
+
+
+def test_invalid_config_skips_the_workflows(root: Path) -> None:
+    (root / "intloom.toml").write_text('workflows = ["workflows/example.py"]\nsecret = "x"\n')
+    report = run_doctor(root)
+    checks = _checks(report)
+    assert (checks["config"], checks["workflows"]) == ("attention", "not_checked")
+    assert report.health == "attention"
+
+
+def test_broken_workflow_is_attention(root: Path) -> None:
+    (root / "workflows" / "example.py").write_text("raise RuntimeError('boom')\n")
+    report = run_doctor(root)
+    workflows = {c.id: c for c in report.checks}["workflows"]
+    assert workflows.status == "attention"
+    assert "boom" in workflows.message
+
+
+def test_public_runtime_dir_is_attention(root: Path) -> None:
+    write_connection_json(root, 4242)
+    runtime = ProjectPaths(root).runtime
+    runtime.mkdir(mode=0o700)
+    runtime.chmod(0o755)
+    report = run_doctor(root)
+    check = {c.id: c for c in report.checks}["runtime_dir"]
+    assert check.status == "attention"
+    assert "0755" in check.message
+    assert runtime.stat().st_mode & 0o777 == 0o755  # reported, never "fixed"

@@ -1,0 +1,206 @@
+"""Owner liveness and diagnosis against real processes, real flocks and real files."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from intloom.diagnostics import diagnose
+from intloom.diagnostics.liveness import Evidence, probe_lock, probe_process
+from intloom.diagnostics.owners import MESSAGES
+from intloom.errors import IntloomError
+from intloom.host.metadata import boot_id
+from intloom.project import ProjectPaths
+from tests.helpers import eventually
+from tests.unit.diagnostics_support import (
+    crash_leftovers,
+    create_time,
+    dead_pid,
+    live_process,
+    lock_holder,
+    make_root,
+    tree,
+    write_connection_json,
+    write_lock,
+)
+
+
+def _checks(owner_evidence: list[Evidence]) -> set[str]:
+    return {e.check for e in owner_evidence}
+
+
+def test_reused_pid_with_another_create_time_is_gone(tmp_path: Path) -> None:
+    root = make_root(tmp_path)
+    with live_process() as proc:
+        # The saved owner started long before this unrelated process got its pid.
+        write_lock(root, proc.pid, create_time(proc.pid) - 1000)
+        write_connection_json(root, 4242)
+        diagnosis = diagnose(root, probe=False)
+    assert diagnosis.status == "recovery_required"
+    assert diagnosis.message == MESSAGES["recovery_required"]
+    [owner] = diagnosis.owners
+    assert (owner.resource, owner.pid, owner.status) == ("service_lock", proc.pid, "gone")
+    assert {"create_time", "os_lock", "boot_id"} <= _checks(owner.evidence)
+    assert any("reused" in e.found for e in owner.evidence)
+
+
+def test_live_pid_with_matching_create_time_is_alive(tmp_path: Path) -> None:
+    root = make_root(tmp_path)
+    with live_process() as proc:
+        write_lock(root, proc.pid, create_time(proc.pid))
+        write_connection_json(root, 4242)
+        diagnosis = diagnose(root, probe=False)
+    assert diagnosis.status == "blocked"
+    assert diagnosis.message == MESSAGES["owner_exists"]
+    assert [o.status for o in diagnosis.owners] == ["alive"]
+
+
+def test_alive_owner_without_connection_names_the_missing_connection(tmp_path: Path) -> None:
+    root = make_root(tmp_path)
+    with live_process() as proc:
+        write_lock(root, proc.pid, create_time(proc.pid))
+        diagnosis = diagnose(root, probe=False)
+    assert diagnosis.status == "blocked"
+    assert diagnosis.message == MESSAGES["no_connection"]
+
+
+def test_dead_owner_with_held_lock_is_unknown_and_blocks(tmp_path: Path) -> None:
+    root = make_root(tmp_path)
+    pid = dead_pid()
+    write_lock(root, pid, 1_000_000.0)
+    write_connection_json(root, 4242)
+    with lock_holder(ProjectPaths(root).service_lock):
+        diagnosis = diagnose(root, probe=False)
+    assert diagnosis.status == "blocked"
+    [owner] = diagnosis.owners
+    assert owner.status == "unknown"
+    assert any("held" in e.found for e in owner.evidence if e.check == "os_lock")
+    # Once the holder is gone the same leftovers are provably stale.
+    assert diagnose(root, probe=False).status == "recovery_required"
+
+
+def test_changed_boot_id_is_gone_even_for_a_matching_live_process(tmp_path: Path) -> None:
+    root = make_root(tmp_path)
+    other_boot = "00000000-0000-0000-0000-000000000000"
+    assert other_boot != boot_id()
+    with live_process() as proc:
+        write_lock(root, proc.pid, create_time(proc.pid), boot=other_boot)
+        write_connection_json(root, 4242)
+        diagnosis = diagnose(root, probe=False)
+    [owner] = diagnosis.owners
+    assert owner.status == "gone"
+    assert any(e.check == "boot_id" and "restarted" in e.found for e in owner.evidence)
+
+
+def test_zombie_owner_is_gone(tmp_path: Path) -> None:
+    root = make_root(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        eventually(lambda: psutil.Process(proc.pid).status() == psutil.STATUS_ZOMBIE,
+                   timeout=10, what="the child to become a zombie")
+        write_lock(root, proc.pid, create_time(proc.pid))
+        write_connection_json(root, 4242)
+        diagnosis = diagnose(root, probe=False)
+    finally:
+        proc.wait(timeout=10)
+    [owner] = diagnosis.owners
+    assert owner.status == "gone"
+    assert any("zombie" in e.found for e in owner.evidence)
+
+
+def test_no_such_pid_is_gone_and_both_owners_are_listed(tmp_path: Path) -> None:
+    root = make_root(tmp_path)
+    pid = dead_pid()
+    crash_leftovers(root, pid, 1_000_000.0)
+    diagnosis = diagnose(root, probe=False)
+    assert diagnosis.status == "recovery_required"
+    assert [(o.resource, o.path, o.status) for o in diagnosis.owners] == [
+        ("service_info", ".intloom/service.json", "gone"),
+        ("service_lock", ".intloom/service.lock", "gone"),
+    ]
+    assert any(f"no process has pid {pid}" in e.found for e in diagnosis.owners[0].evidence)
+
+
+def test_gone_owner_without_connection_is_blocked(tmp_path: Path) -> None:
+    root = make_root(tmp_path)
+    crash_leftovers(root, dead_pid(), 1_000_000.0, connection=False)
+    diagnosis = diagnose(root, probe=False)
+    assert diagnosis.status == "blocked"
+    assert diagnosis.message == MESSAGES["no_connection"]
+
+
+def test_connection_alone_is_the_normal_offline_state(tmp_path: Path) -> None:
+    root = make_root(tmp_path)
+    write_connection_json(root, 4242)
+    diagnosis = diagnose(root)
+    assert (diagnosis.status, diagnosis.message, diagnosis.owners) == (
+        "offline", MESSAGES["offline"], []
+    )
+
+
+def test_lock_probe_without_a_file_holds_and_creates_nothing(tmp_path: Path) -> None:
+    missing = tmp_path / "service.lock"
+    assert probe_lock(missing).state == "free"
+    assert not missing.exists()
+
+
+def test_process_probe_of_ourselves_is_alive() -> None:
+    me = os.getpid()
+    assert probe_process(me, create_time(me), boot_id(), boot_id()).state == "alive"
+
+
+@pytest.mark.parametrize("damage", ["symlink", "mode_0644", "malformed", "unknown_key"])
+def test_invalid_service_lock_is_reported_and_kept(tmp_path: Path, damage: str) -> None:
+    root = make_root(tmp_path)
+    write_connection_json(root, 4242)
+    lock = ProjectPaths(root).service_lock
+    if damage == "symlink":
+        target = tmp_path / "elsewhere.json"
+        target.write_text('{"pid": 1}')
+        target.chmod(0o600)
+        lock.symlink_to(target)
+    else:
+        write_lock(root, dead_pid(), 1_000_000.0)
+        if damage == "mode_0644":
+            lock.chmod(0o644)
+        elif damage == "malformed":
+            lock.write_bytes(b'{"version": 1, "pid": ')
+        else:
+            lock.write_bytes(lock.read_bytes()[:-1] + b', "extra": 1}')
+    before = tree(root)
+    with pytest.raises(IntloomError) as caught:
+        diagnose(root)
+    assert caught.value.code == "CLI_SERVICE_METADATA_INVALID"
+    assert "service.lock" in caught.value.message
+    assert tree(root) == before
+
+
+def test_symlinked_state_dir_is_invalid_metadata(tmp_path: Path) -> None:
+    root = make_root(tmp_path)
+    real = tmp_path / "real-state"
+    real.mkdir(mode=0o700)
+    (root / ".intloom").symlink_to(real)
+    with pytest.raises(IntloomError) as caught:
+        diagnose(root)
+    assert caught.value.code == "CLI_SERVICE_METADATA_INVALID"
+
+
+@pytest.mark.parametrize("leftovers", ["none", "connection", "crash", "live_owner"])
+def test_diagnose_creates_and_changes_nothing(tmp_path: Path, leftovers: str) -> None:
+    root = make_root(tmp_path)
+    with live_process() as proc:
+        if leftovers == "connection":
+            write_connection_json(root, 4242)
+        elif leftovers == "crash":
+            crash_leftovers(root, dead_pid(), 1_000_000.0)
+        elif leftovers == "live_owner":
+            crash_leftovers(root, proc.pid, create_time(proc.pid))
+        before = tree(tmp_path)
+        diagnose(root)
+        diagnose(root, probe=False)
+        assert tree(tmp_path) == before

@@ -1,0 +1,194 @@
+"""doctor's journals check and restart preview, over journals written by the real store."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgspec
+import pytest
+
+import tests.helpers
+from intloom.authoring.loader import load_workflows
+from intloom.diagnostics import run_doctor
+from intloom.diagnostics.doctor import DoctorReport
+from intloom.project import ProjectPaths, load_config
+from intloom.runtime.model import Cursor, PendingAction
+from intloom.runtime.records import (
+    EffectStarted,
+    Executing,
+    Header,
+    Record,
+    StagePending,
+    StepReady,
+    Terminal,
+    Waiting,
+    encode_record,
+)
+from intloom.store.writer import Store
+from tests.helpers import FIXTURES
+from tests.unit.diagnostics_support import tree, write_connection_json
+
+AT = "2026-11-30T00:00:00.000Z"
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Iterator[Path]:
+    target = (tmp_path / "proj").resolve()
+    shutil.copytree(FIXTURES / "projects" / "basic", target)
+    saved = sys.dont_write_bytecode
+    sys.dont_write_bytecode = True  # the fixture's own import must not leave __pycache__
+    try:
+        yield target
+    finally:
+        sys.dont_write_bytecode = saved
+
+
+def _header(root: Path, run_id: str, *, identity: str | None = None) -> Header:
+    wf = load_workflows(root, load_config(root)).workflows["example"]
+    return Header(at=AT, run_id=run_id, workflow="example", workflow_version=wf.version,
+                  identity=identity or wf.identity, schemas=dict(wf.schemas), intent="x")
+
+
+def _write(root: Path, runs: dict[str, list[Record]]) -> None:
+    store = Store.open(ProjectPaths(root).runtime, instance_id="test", package_version="0.1.0")
+    try:
+        for run_id, records in runs.items():
+            for record in records:
+                store.append(run_id, record)
+        store.sync_blocking()
+    finally:
+        store.close_blocking()
+
+
+def _action() -> PendingAction:
+    return PendingAction(id="ASK-1", kind="confirmation", request={"draft": "d"},
+                         cursor=Cursor("draft", "review"), created_at=AT)
+
+
+def _journals(root: Path) -> dict[str, list[Record]]:
+    start: list[Record] = [StagePending(at=AT, stage="draft"),
+                           StepReady(at=AT, stage="draft", step="write")]
+    return {
+        "RUN-ready": [_header(root, "RUN-ready"), *start],
+        "RUN-effect": [
+            _header(root, "RUN-effect"), *start,
+            Executing(at=AT, stage="draft", step="write"),
+            EffectStarted(at=AT, name="compose", key="compose-1"),
+        ],
+        "RUN-wait": [
+            _header(root, "RUN-wait"), StagePending(at=AT, stage="draft"),
+            StepReady(at=AT, stage="draft", step="review"),
+            Executing(at=AT, stage="draft", step="review"),
+            Waiting(at=AT, action=_action()),
+        ],
+        "RUN-changed": [_header(root, "RUN-changed", identity="f" * 64), *start],
+        "RUN-done": [_header(root, "RUN-done"), StagePending(at=AT, stage="draft"),
+                     Terminal(at=AT, status="completed")],
+    }
+
+
+def _previews(report: DoctorReport) -> dict[str, tuple[str, str]]:
+    return {p.run_id: (p.journal, p.verdict.row) for p in report.runs}
+
+
+def test_restart_preview_names_the_row_for_every_unfinished_run(root: Path) -> None:
+    write_connection_json(root, 4242)
+    _write(root, _journals(root))
+    before = tree(root)
+    report = run_doctor(root)
+    assert tree(root) == before
+
+    assert _previews(report) == {
+        "RUN-ready": ("verified", "resume"),
+        "RUN-effect": ("verified", "interrupted"),
+        "RUN-wait": ("verified", "restore_wait"),
+        "RUN-changed": ("incompatible", "needs_attention"),
+    }
+    by_id = {p.run_id: p for p in report.runs}
+    effect = by_id["RUN-effect"].verdict.effect
+    assert effect is not None and (effect.name, effect.key) == ("compose", "compose-1")
+    assert "compose" in by_id["RUN-effect"].verdict.reason
+    assert "changed" in (by_id["RUN-changed"].problem or "")
+
+    journals = {c.id: c for c in report.checks}["journals"]
+    assert journals.status == "attention"
+    assert "1 incompatible" in journals.message
+    assert "intloom cancel" in (journals.next or "")
+    assert report.health == "attention"
+
+
+def test_changed_stage_schema_is_incompatible(root: Path) -> None:
+    header = _header(root, "RUN-schema")
+    header = Header(at=AT, run_id="RUN-schema", workflow="example",
+                    workflow_version=header.workflow_version, identity=header.identity,
+                    schemas={stage: "0" * 16 for stage in header.schemas}, intent="x")
+    _write(root, {"RUN-schema": [header, StagePending(at=AT, stage="draft")]})
+    report = run_doctor(root)
+    [preview] = report.runs
+    assert preview.journal == "incompatible"
+    assert "schema" in (preview.problem or "")
+    assert "draft" in (preview.problem or "")
+
+
+_CRASHING_WRITER = """
+import os, signal, sys
+import msgspec
+from pathlib import Path
+from intloom.runtime.records import decode_record
+from intloom.store.writer import Store
+items = msgspec.msgpack.decode(Path(sys.argv[2]).read_bytes())
+store = Store.open(Path(sys.argv[1]), instance_id="crashing", package_version="0.1.0")
+for run_id, data in items:
+    store.append(run_id, decode_record(data))
+store.sync_blocking()
+os.kill(os.getpid(), signal.SIGKILL)  # a host killed right after its last checkpoint
+"""
+
+
+def _write_and_crash(root: Path, runs: dict[str, list[Record]], tmp_path: Path) -> None:
+    items = [(run_id, encode_record(r)) for run_id, records in runs.items() for r in records]
+    batch = tmp_path / "records.msgpack"
+    batch.write_bytes(msgspec.msgpack.encode(items))
+    proc = subprocess.run(
+        [sys.executable, "-c", _CRASHING_WRITER, str(ProjectPaths(root).runtime), str(batch)],
+        cwd=tests.helpers.REPO, timeout=30, capture_output=True,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+
+
+def test_damaged_log_is_reported_and_kept(root: Path, tmp_path: Path) -> None:
+    journals = _journals(root)
+    _write_and_crash(root, {k: journals[k] for k in ("RUN-ready", "RUN-effect")}, tmp_path)
+    [segment] = (ProjectPaths(root).runtime / "wal").iterdir()
+    data = bytearray(segment.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # inside some record of the crashed host's log
+    segment.write_bytes(bytes(data))
+    before = tree(root)
+    report = run_doctor(root)
+    assert tree(root) == before
+    journals_check = {c.id: c for c in report.checks}["journals"]
+    assert journals_check.status == "attention"
+    assert "1 corrupt" in journals_check.message
+    [corrupt] = [p for p in report.runs if p.journal == "corrupt"]
+    assert corrupt.verdict.row == "needs_attention"
+    assert corrupt.problem
+
+
+def test_damaged_snapshot_says_start_will_refuse(root: Path) -> None:
+    _write(root, {"RUN-ready": _journals(root)["RUN-ready"]})
+    [snap] = (ProjectPaths(root).runtime / "snap" / "live").iterdir()
+    data = bytearray(snap.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    snap.write_bytes(bytes(data))
+    before = tree(root)
+    report = run_doctor(root)
+    assert tree(root) == before
+    journals_check = {c.id: c for c in report.checks}["journals"]
+    assert journals_check.status == "attention"
+    assert "refuses to open the store" in (journals_check.next or "")
+    assert snap.name in (journals_check.next or "")

@@ -1,0 +1,223 @@
+"""recover against real leftovers: what it removes, what it refuses, and what it never touches."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import socket
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from intloom.diagnostics import recover
+from intloom.diagnostics.portguard import PortGuard
+from intloom.errors import IntloomError
+from intloom.project import ProjectPaths
+from intloom.protocol.framing import decode_response, recv_frame
+from intloom.protocol.messages import ErrorReply
+from tests.unit.diagnostics_support import (
+    crash_leftovers,
+    create_time,
+    dead_pid,
+    free_port,
+    live_process,
+    lock_holder,
+    make_root,
+    tree,
+    write_connection_json,
+    write_lock,
+)
+
+recover_module = importlib.import_module("intloom.diagnostics.recover")
+
+
+def _user_data(root: Path) -> None:
+    """Files recover must never touch: journals, logs, user files."""
+    paths = ProjectPaths(root)
+    for directory in (paths.runtime, paths.logs):
+        directory.mkdir(mode=0o700, exist_ok=True)
+    (paths.runtime / "journal.log").write_bytes(b"\x00journal bytes")
+    (paths.logs / "LOG-20261130T000000000Z.jsonl").write_text('{"event":"log_opened"}\n')
+    (root / "notes.md").write_text("user data\n")
+
+
+def _blocked(root: Path, *, dry_run: bool = False) -> IntloomError:
+    before = tree(root)
+    with pytest.raises(IntloomError) as caught:
+        recover(root, dry_run=dry_run)
+    assert caught.value.code == "CLI_RECOVERY_BLOCKED"
+    assert tree(root) == before
+    return caught.value
+
+
+def test_recover_removes_only_the_stale_service_files(tmp_path: Path) -> None:
+    root = make_root(tmp_path)
+    crash_leftovers(root, dead_pid(), 1_000_000.0)
+    _user_data(root)
+    before = tree(root)
+
+    plan = recover(root, dry_run=True)
+    assert (plan.dry_run, plan.recovered) == (True, False)
+    assert plan.paths == [".intloom/service.json", ".intloom/service.lock"]
+    assert all(item.evidence for item in plan.plan)
+    assert tree(root) == before
+
+    result = recover(root, dry_run=False)
+    assert (result.dry_run, result.recovered) == (False, True)
+    assert result.paths == [".intloom/service.json", ".intloom/service.lock"]
+    after = tree(root)
+    removed = set(before) - set(after)
+    assert removed == {".intloom/service.json", ".intloom/service.lock"}
+    assert {k: v for k, v in before.items() if k not in removed} == after
+
+    again = recover(root, dry_run=False)
+    assert (again.recovered, again.paths) == (False, [])
+
+
+def test_json_shape_matches_intloom(tmp_path: Path) -> None:
+    root = make_root(tmp_path)
+    crash_leftovers(root, dead_pid(), 1_000_000.0)
+    doc = msgspec.to_builtins(recover(root, dry_run=True))
+    assert {"projectRoot", "dryRun", "recovered", "paths", "plan"} == set(doc)
+    assert set(doc["plan"][0]) == {"path", "evidence"}
+    assert set(doc["plan"][0]["evidence"][0]) == {"check", "found"}
+
+
+def test_live_owner_blocks_and_nothing_is_touched(tmp_path: Path) -> None:
+    root = make_root(tmp_path)
+    with live_process() as proc:
+        crash_leftovers(root, proc.pid, create_time(proc.pid))
+        error = _blocked(root)
+        _blocked(root, dry_run=True)
+    assert "No cleanup performed" in error.message
+
+
+def test_held_lock_blocks(tmp_path: Path) -> None:
+    root = make_root(tmp_path)
+    crash_leftovers(root, dead_pid(), 1_000_000.0)
+    with lock_holder(ProjectPaths(root).service_lock):
+        _blocked(root)
+
+
+def test_missing_connection_blocks(tmp_path: Path) -> None:
+    root = make_root(tmp_path)
+    crash_leftovers(root, dead_pid(), 1_000_000.0, connection=False)
+    error = _blocked(root)
+    assert "Valid connection configuration is missing" in error.message
+
+
+def test_occupied_port_blocks(tmp_path: Path) -> None:
+    root = make_root(tmp_path)
+    port = free_port()
+    # Only the lock is left (no service.json), so no probe runs: the port guard decides.
+    write_lock(root, dead_pid(), 1_000_000.0)
+    write_connection_json(root, port)
+    with socket.socket() as foreign:
+        foreign.bind(("127.0.0.1", port))
+        foreign.listen()
+        error = _blocked(root)
+    assert error.message.startswith(
+        "The project port is in use or unavailable. No recovery performed."
+    )
+    assert str(port) in error.message
+
+
+def test_foreign_listener_on_the_saved_port_blocks(tmp_path: Path) -> None:
+    root = make_root(tmp_path)
+    port = free_port()
+    crash_leftovers(root, dead_pid(), 1_000_000.0, port=port)
+    # Something else answers on the port: it closes every connection without a hello.
+    with PortGuard(port):
+        error = _blocked(root)
+    assert "did not complete the hello" in error.message
+
+
+def test_recover_finishes_an_interrupted_recover(tmp_path: Path) -> None:
+    root = make_root(tmp_path)
+    write_lock(root, dead_pid(), 1_000_000.0)  # a killed recover removed service.json only
+    write_connection_json(root, free_port())
+    result = recover(root, dry_run=False)
+    assert (result.recovered, result.paths) == (True, [".intloom/service.lock"])
+    assert not ProjectPaths(root).service_lock.exists()
+    assert ProjectPaths(root).connection_json.exists()
+
+
+def test_offline_project_has_nothing_to_recover(tmp_path: Path) -> None:
+    root = make_root(tmp_path)
+    write_connection_json(root, free_port())
+    before = tree(root)
+    for dry_run in (True, False):
+        result = recover(root, dry_run=dry_run)
+        assert (result.recovered, result.paths) == (False, [])
+    assert tree(root) == before
+
+
+def test_change_during_recovery_is_a_conflict_and_removes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = make_root(tmp_path)
+    crash_leftovers(root, dead_pid(), 1_000_000.0)
+    paths = ProjectPaths(root)
+    real_take_lock = recover_module._take_lock
+
+    def take_lock_after_a_change(path: Path) -> int | None:
+        # Someone rewrites service.json between the diagnosis and the re-check.
+        data = paths.service_json.read_bytes().replace(b'"startedAt"', b'"startedAt" ')
+        fd = os.open(paths.service_json, os.O_WRONLY | os.O_TRUNC)
+        os.write(fd, data)
+        os.close(fd)
+        return real_take_lock(path)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(recover_module, "_take_lock", take_lock_after_a_change)
+    before = tree(root)
+    with pytest.raises(IntloomError) as caught:
+        recover(root, dry_run=False)
+    assert caught.value.code == "CLI_RECOVERY_CONFLICT"
+    assert "service.json" in caught.value.message
+    assert "Nothing was removed" in caught.value.message
+    assert set(tree(root)) == set(before)
+
+
+def test_lock_taken_during_recovery_is_a_conflict(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = make_root(tmp_path)
+    crash_leftovers(root, dead_pid(), 1_000_000.0)
+    paths = ProjectPaths(root)
+    real_take_lock = recover_module._take_lock
+    holders = []
+
+    def take_lock_while_held(path: Path) -> int | None:
+        holder = lock_holder(paths.service_lock)
+        holder.__enter__()
+        holders.append(holder)
+        return real_take_lock(path)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(recover_module, "_take_lock", take_lock_while_held)
+    before = tree(root)
+    try:
+        with pytest.raises(IntloomError) as caught:
+            recover(root, dry_run=False)
+    finally:
+        for holder in holders:
+            holder.__exit__(None, None, None)
+    assert caught.value.code == "CLI_RECOVERY_CONFLICT"
+    assert tree(root) == before
+
+
+def test_port_guard_turns_clients_away_with_an_error_frame() -> None:
+    port = free_port()
+    with PortGuard(port, reply=recover_module._guard_reply(port)):
+        with pytest.raises(IntloomError) as caught:
+            PortGuard(port).open()
+        assert caught.value.code == "CLI_RECOVERY_BLOCKED"
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as client:
+            client.sendall(b"\x00\x00\x00\x05hello")
+            reply = decode_response(recv_frame(client))
+        assert isinstance(reply, ErrorReply)
+        assert reply.error.code == "CLI_SERVICE_UNAVAILABLE"
+    # Closed: the port is free again.
+    with socket.socket() as again:
+        again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        again.bind(("127.0.0.1", port))

@@ -1,0 +1,345 @@
+"""The executor against an in-memory journal: routing, waits, answers, cancel, agents, failures."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+import pytest
+
+import intloom
+from intloom.authoring.loader import LoadedWorkflow
+from intloom.errors import IntloomError
+from intloom.executor.runtime import RestoredRun, Runtime
+from intloom.runtime.machine import fold
+from tests.unit.memjournal import MemoryJournal
+
+
+class Count(msgspec.Struct):
+    n: int = 0
+
+
+def loaded(wf: intloom.Workflow) -> dict[str, LoadedWorkflow]:
+    wf.validate()
+    return {wf.name: LoadedWorkflow(wf, "test.py", "id-" + wf.name, wf.schemas())}
+
+
+def run(coro_fn: Callable[[], Any]) -> Any:
+    return asyncio.run(asyncio.wait_for(coro_fn(), timeout=20))
+
+
+def make_confirm_wf(calls: list[str]) -> intloom.Workflow:
+    wf = intloom.Workflow("confirm", version="1")
+    st = wf.stage("main", state=Count)
+
+    @st.step("prep", routes={"ok": "ask"})
+    def prep(ctx: intloom.StepContext[Count]) -> str:
+        calls.append("prep")
+        ctx.effect("charge", lambda: calls.append("charge-effect"))
+        ctx.state = Count(n=ctx.state.n + 1)
+        return "ok"
+
+    @st.step("ask", routes={"yes": intloom.COMPLETE, "no": "prep"})
+    async def ask(ctx: intloom.StepContext[Count]) -> str:
+        calls.append("ask")
+        answer = await ctx.confirm({"n": ctx.state.n})
+        return "yes" if answer.confirmed else "no"
+
+    @ask.recover
+    def ask_recover(ctx: intloom.StepContext[Count], saved: intloom.Recovery) -> str:
+        calls.append("recover")
+        return "yes" if saved.answer.confirmed else "no"
+
+    return wf
+
+
+def test_definition_mistakes_name_workflow_stage_step_and_fix() -> None:
+    wf = intloom.Workflow("bad", version="1")
+    st = wf.stage("s")
+
+    @st.step("a", routes={"ok": "missing"})
+    def a(ctx: Any) -> str:
+        return "ok"
+
+    with pytest.raises(IntloomError) as info:
+        wf.validate()
+    assert info.value.code == "WORKFLOW_DEFINITION_INVALID"
+    assert "'bad'" in info.value.message and "'s'" in info.value.message
+    assert "'a'" in info.value.message and "missing" in info.value.message
+
+    with pytest.raises(IntloomError, match="defined twice"):
+        st.step("a", routes={"ok": intloom.COMPLETE})(a)
+    with pytest.raises(IntloomError, match=r"not a msgspec\.Struct"):
+        wf.stage("t", state=dict)  # type: ignore[arg-type]
+    with pytest.raises(IntloomError, match="non-empty mapping"):
+        st.step("b", routes={})
+
+
+def test_confirm_then_reject_then_approve_completes() -> None:
+    calls: list[str] = []
+    journal = MemoryJournal()
+
+    async def main() -> None:
+        rt = Runtime(loaded(make_confirm_wf(calls)), journal, package_version="0.1.0")
+        rt.restore([])
+        view = await rt.wait_stable((await rt.create_run("confirm", "go")).run_id)
+        assert view.status == "waiting" and view.pending_action is not None
+        first = view.pending_action
+        # An invalid answer leaves the wait untouched.
+        with pytest.raises(IntloomError) as bad:
+            await rt.answer(view.run_id, first.id, {"isConfirmed": "maybe"})
+        assert bad.value.code == "INVALID_REQUEST"
+        assert rt.get(view.run_id) == view
+        # A wrong action id is CONFLICT.
+        with pytest.raises(IntloomError) as wrong:
+            await rt.answer(view.run_id, "ASK-nope", {"isConfirmed": True})
+        assert wrong.value.code == "CONFLICT"
+        again = await rt.answer(view.run_id, first.id, {"isConfirmed": False})
+        assert again.pending_action is not None and again.pending_action.id != first.id
+        # The stale action id is now a CONFLICT.
+        with pytest.raises(IntloomError, match="no longer"):
+            await rt.answer(view.run_id, first.id, {"isConfirmed": True})
+        done = await rt.answer(view.run_id, again.pending_action.id, {"isConfirmed": True})
+        assert done.status == "completed"
+
+    run(main)
+    assert calls == ["prep", "charge-effect", "ask", "prep", "charge-effect", "ask"]
+
+
+def test_first_valid_answer_wins() -> None:
+    journal = MemoryJournal()
+
+    async def main() -> None:
+        rt = Runtime(loaded(make_confirm_wf([])), journal, package_version="0.1.0")
+        rt.restore([])
+        view = await rt.wait_stable((await rt.create_run("confirm", "go")).run_id)
+        assert view.pending_action is not None
+        results = await asyncio.gather(
+            *(rt.answer(view.run_id, view.pending_action.id, {"isConfirmed": True})
+              for _ in range(5)),
+            return_exceptions=True,
+        )
+        ok = [r for r in results if not isinstance(r, BaseException)]
+        errors = [r for r in results if isinstance(r, IntloomError)]
+        assert len(ok) == 1 and len(errors) == 4
+        assert {e.code for e in errors} == {"CONFLICT"}
+
+    run(main)
+
+
+def test_restored_wait_and_recover_after_restart() -> None:
+    calls: list[str] = []
+    journal = MemoryJournal()
+
+    async def first() -> tuple[str, Any]:
+        rt = Runtime(loaded(make_confirm_wf(calls)), journal, package_version="0.1.0")
+        rt.restore([])
+        view = await rt.wait_stable((await rt.create_run("confirm", "go")).run_id)
+        await rt.suspend(1)
+        return view.run_id, view
+
+    run_id, before = run(first)
+
+    async def second() -> None:
+        rt = Runtime(loaded(make_confirm_wf(calls)), journal, package_version="0.1.0")
+        summary = rt.restore([RestoredRun(run_id, fold(journal.of(run_id)))])
+        assert summary.waiting == [run_id]
+        rt.start_restored()
+        assert rt.get(run_id) == before
+        assert before.pending_action is not None
+        done = await rt.answer(run_id, before.pending_action.id, {"isConfirmed": True})
+        assert done.status == "completed"
+
+    run(second)
+    # The original Step was not called again: recover continued it.
+    assert calls == ["prep", "charge-effect", "ask", "recover"]
+
+
+def test_outcome_without_route_fails_the_run() -> None:
+    wf = intloom.Workflow("noroute", version="1")
+    st = wf.stage("s")
+
+    @st.step("a", routes={"ok": intloom.COMPLETE})
+    def a(ctx: Any) -> str:
+        return "surprise"
+
+    async def main() -> None:
+        rt = Runtime(loaded(wf), MemoryJournal(), package_version="0.1.0")
+        rt.restore([])
+        view = await rt.wait_stable((await rt.create_run("noroute", "go")).run_id)
+        assert view.status == "failed" and view.last_error is not None
+        assert view.last_error.code == "STEP_OUTCOME_NOT_HANDLED"
+        assert "surprise" in view.last_error.message
+
+    run(main)
+
+
+def test_step_exception_fails_with_its_type_but_no_traceback() -> None:
+    wf = intloom.Workflow("boom", version="1")
+    st = wf.stage("s")
+
+    @st.step("a", routes={"ok": intloom.COMPLETE})
+    def a(ctx: Any) -> str:
+        raise ValueError("bad input")
+
+    async def main() -> None:
+        rt = Runtime(loaded(wf), MemoryJournal(), package_version="0.1.0")
+        rt.restore([])
+        view = await rt.wait_stable((await rt.create_run("boom", "go")).run_id)
+        assert view.last_error is not None
+        assert view.last_error.code == "STEP_EXECUTION_FAILED"
+        assert "ValueError: bad input" in view.last_error.message
+        assert "Traceback" not in view.last_error.message
+
+    run(main)
+
+
+def test_cancel_is_terminal_and_idempotent() -> None:
+    journal = MemoryJournal()
+
+    async def main() -> None:
+        rt = Runtime(loaded(make_confirm_wf([])), journal, package_version="0.1.0")
+        rt.restore([])
+        view = await rt.wait_stable((await rt.create_run("confirm", "go")).run_id)
+        first, ended = await rt.cancel(view.run_id)
+        assert not ended
+        assert first.status == "failed" and first.last_error is not None
+        assert first.last_error.code == "RUN_STOPPED" and first.pending_action is None
+        second, ended = await rt.cancel(view.run_id)
+        assert ended and second == first
+        with pytest.raises(IntloomError) as missing:
+            await rt.cancel("RUN-missing")
+        assert missing.value.code == "NOT_FOUND"
+
+    run(main)
+    assert fold(journal.records and [r for _, r in journal.records]) is not None
+
+
+def test_checkpoint_failure_stops_the_run_but_keeps_the_effect() -> None:
+    calls: list[str] = []
+    journal = MemoryJournal()
+    # flush 1: create; 2: executing prep; 3: effect_started; 4: executing ask -> fail it.
+    journal.fail_at = {4}
+
+    async def main() -> None:
+        rt = Runtime(loaded(make_confirm_wf(calls)), journal, package_version="0.1.0")
+        rt.restore([])
+        view = await rt.wait_stable((await rt.create_run("confirm", "go")).run_id)
+        assert view.status == "failed" and view.last_error is not None
+        assert view.last_error.code == "RUN_CHECKPOINT_FAILED"
+        assert view.pending_action is None
+
+    run(main)
+    assert calls == ["prep", "charge-effect"]  # the effect ran once and is not undone
+
+
+def test_sync_steps_do_not_block_the_loop() -> None:
+    gate = threading.Event()
+    wf = intloom.Workflow("slow", version="1")
+    st = wf.stage("s")
+
+    @st.step("a", routes={"ok": intloom.COMPLETE})
+    def a(ctx: Any) -> str:
+        gate.wait(10)
+        return "ok"
+
+    async def main() -> None:
+        rt = Runtime(loaded(wf), MemoryJournal(), package_version="0.1.0")
+        rt.restore([])
+        view = await rt.create_run("slow", "go")
+        started = time.monotonic()
+        for _ in range(10):
+            await asyncio.sleep(0)  # the loop keeps turning while the Step blocks its thread
+        assert time.monotonic() - started < 1
+        assert rt.get(view.run_id).status == "running"
+        gate.set()
+        assert (await rt.wait_stable(view.run_id)).status == "completed"
+
+    run(main)
+
+
+def test_agent_step_claim_tools_and_complete() -> None:
+    tool_calls: list[Any] = []
+
+    def lookup(arg: Any) -> Any:
+        tool_calls.append(arg)
+        return {"found": arg}
+
+    wf = intloom.Workflow("agent", version="1")
+    st = wf.stage("s")
+
+    @st.agent_step("research", routes={"done": intloom.COMPLETE},
+                   tools=[intloom.Tool("lookup", lookup)])
+    def research(ctx: Any) -> Any:
+        return {"task": ctx.intent}
+
+    async def main() -> None:
+        rt = Runtime(loaded(wf), MemoryJournal(), package_version="0.1.0")
+        rt.restore([])
+        view = await rt.wait_stable((await rt.create_run("agent", "find x")).run_id)
+        call = view.pending_agent_call
+        assert view.status == "waiting" and call is not None and call.request == {"task": "find x"}
+        token, claimed = await rt.claim_agent_call(view.run_id, call.id, "c1")
+        assert claimed.phase == "claimed"
+        assert (await rt.claim_agent_call(view.run_id, call.id, "c1"))[0] == token
+        with pytest.raises(IntloomError, match="another claim"):
+            await rt.claim_agent_call(view.run_id, call.id, "c2")
+        out, replayed = await rt.call_tool(view.run_id, call.id, token, "t1", "lookup", 1)
+        assert out == {"found": 1} and not replayed
+        out, replayed = await rt.call_tool(view.run_id, call.id, token, "t1", "lookup", 1)
+        assert out == {"found": 1} and replayed
+        with pytest.raises(IntloomError) as conflict:
+            await rt.call_tool(view.run_id, call.id, token, "t1", "lookup", 2)
+        assert conflict.value.code == "CONFLICT"
+        with pytest.raises(IntloomError):
+            await rt.call_tool(view.run_id, call.id, "wrong-token", "t2", "lookup", 1)
+        with pytest.raises(IntloomError) as bad:
+            await rt.complete_agent_call(view.run_id, call.id, token, "unrouted", None)
+        assert bad.value.code == "INVALID_REQUEST"
+        done = await rt.complete_agent_call(view.run_id, call.id, token, "done", {"x": 1})
+        assert done.status == "completed"
+
+    run(main)
+    assert tool_calls == [1]
+
+
+def test_questions_are_validated() -> None:
+    wf = intloom.Workflow("q", version="1")
+    st = wf.stage("s")
+
+    @st.step("a", routes={"ok": intloom.COMPLETE})
+    async def a(ctx: Any) -> str:
+        answers = await ctx.ask([
+            intloom.Question(id="name", question="Name?"),
+            intloom.Question(id="note", question="Note?", skippable=True),
+        ])
+        assert answers[0].answer == "Ada" and answers[1].skipped
+        return "ok"
+
+    async def main() -> None:
+        rt = Runtime(loaded(wf), MemoryJournal(), package_version="0.1.0")
+        rt.restore([])
+        view = await rt.wait_stable((await rt.create_run("q", "go")).run_id)
+        assert view.pending_action is not None and view.pending_action.kind == "questions"
+        aid = view.pending_action.id
+        for bad in (
+            [{"questionId": "name", "isSkipped": True}, {"questionId": "note", "isSkipped": True}],
+            [{"questionId": "name", "isSkipped": False, "answer": " "}],
+            [{"questionId": "zzz", "isSkipped": True}],
+            {"isConfirmed": True},
+        ):
+            with pytest.raises(IntloomError) as info:
+                await rt.answer(view.run_id, aid, bad)
+            assert info.value.code == "INVALID_REQUEST"
+        assert rt.get(view.run_id) == view
+        done = await rt.answer(view.run_id, aid, [
+            {"questionId": "name", "isSkipped": False, "answer": "Ada"},
+            {"questionId": "note", "isSkipped": True},
+        ])
+        assert done.status == "completed"
+
+    run(main)

@@ -1,0 +1,204 @@
+"""The pure machine: transitions the table forbids are refused; any prefix replays the same."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from intloom.runtime.machine import (
+    ALLOWED,
+    IllegalTransition,
+    RunState,
+    apply,
+    fold,
+    restart_verdict,
+)
+from intloom.runtime.model import Cursor, PendingAction, PendingAgentCall
+from intloom.runtime.records import (
+    Answered,
+    EffectDone,
+    EffectStarted,
+    Executing,
+    Header,
+    Record,
+    StagePending,
+    StepReady,
+    StepResult,
+    Terminal,
+    Waiting,
+)
+
+STAGES = ["a", "b"]
+STEPS = ["s1", "s2"]
+
+
+def header(run_id: str = "RUN-1") -> Header:
+    return Header(
+        at="t0", run_id=run_id, workflow="wf", workflow_version="1", identity="i",
+        schemas={"a": "x"}, intent="go",
+    )
+
+
+def _action(stage: str, step: str | None, n: int) -> PendingAction:
+    return PendingAction(
+        id=f"ASK-{n}", kind="confirmation", request={"context": n},
+        cursor=Cursor(stage, step), created_at="t",
+    )
+
+
+def _agent(n: int, phase: str = "available") -> PendingAgentCall:
+    return PendingAgentCall(
+        id=f"CALL-{n}", agent_id="default", phase=phase,  # type: ignore[arg-type]
+        request=None, tools=[], created_at="t",
+    )
+
+
+@st.composite
+def any_record(draw: st.DrawFn) -> Record:
+    """Any record at all, with fields drawn from a small alphabet (mostly nonsense order)."""
+    stage = draw(st.sampled_from(STAGES))
+    step = draw(st.sampled_from([*STEPS, None]))
+    n = draw(st.integers(0, 2))
+    kind = draw(st.sampled_from(["init", "step", "recover", "agent"]))
+    choice = draw(st.integers(0, 9))
+    records: list[Record] = [
+        header(),
+        StagePending(at="t", stage=stage),
+        StepReady(at="t", stage=stage, step=step or "s1", state=b"{}"),
+        Executing(at="t", stage=stage, step=step, kind=kind),  # type: ignore[arg-type]
+        EffectStarted(at="t", name=f"e{n}", key=f"k{n}"),
+        EffectDone(at="t", name=f"e{n}", key=f"k{n}"),
+        StepResult(at="t", stage=stage, step=step or "s1", outcome="ok"),
+        Waiting(at="t", action=_action(stage, step, n))
+        if n
+        else Waiting(at="t", agent_call=_agent(n)),
+        Answered(at="t", action_id=f"ASK-{n}", answer={"isConfirmed": True}),
+        Terminal(at="t", status="completed") if n else Terminal(
+            at="t", status="failed", error=None
+        ),
+    ]
+    return records[choice]
+
+
+def _phase(record: Record) -> str:
+    return type(record).__struct_config__.tag  # type: ignore[return-value]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(any_record(), min_size=1, max_size=25))
+def test_no_sequence_reaches_a_forbidden_transition(records: list[Record]) -> None:
+    state: RunState | None = None
+    for record in records:
+        before = state.phase if state else None
+        try:
+            state = apply(state, record)
+        except IllegalTransition as exc:
+            assert exc.got == _phase(record)
+            continue
+        assert _phase(record) in ALLOWED[before], (before, _phase(record))
+        assert state.phase == _phase(record)
+        # Invariants of the Run model.
+        if state.status == "waiting":
+            assert (state.pending_action is None) != (state.pending_agent_call is None)
+        if state.status == "failed":
+            assert state.last_error is not None
+        if state.status in ("running", "completed"):
+            assert state.pending_action is None or state.phase == "answered"
+
+
+@st.composite
+def legal_journal(draw: st.DrawFn) -> list[Record]:
+    """A legal journal from a random walk over a two-Stage Workflow, cut at a random point."""
+    out: list[Record] = [header(), StagePending(at="t", stage="a")]
+    stage = "a"
+    asks = 0
+    for _ in range(draw(st.integers(0, 12))):
+        step = draw(st.sampled_from(STEPS))
+        out.append(StepReady(at="t", stage=stage, step=step, state=b'{"n":1}'))
+        out.append(Executing(at="t", stage=stage, step=step))
+        for i in range(draw(st.integers(0, 2))):
+            out.append(EffectStarted(at="t", name="e", key=f"e#{i}"))
+            out.append(EffectDone(at="t", name="e", key=f"e#{i}", result=i))
+        if draw(st.booleans()):
+            asks += 1
+            out.append(Waiting(at="t", action=_action(stage, step, asks), state=b'{"n":2}'))
+            out.append(Answered(at="t", action_id=f"ASK-{asks}", answer={"isConfirmed": True}))
+            out.append(Executing(at="t", stage=stage, step=step))
+        out.append(StepResult(at="t", stage=stage, step=step, outcome="ok", state=b'{"n":3}'))
+        if draw(st.booleans()):
+            stage = "b" if stage == "a" else "a"
+            out.append(StagePending(at="t", stage=stage))
+    if draw(st.booleans()):
+        out.append(Terminal(at="t", status="completed"))
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(legal_journal(), st.data())
+def test_replaying_any_prefix_rebuilds_the_same_state(records: list[Record], data: Any) -> None:
+    incremental: list[RunState | None] = [None]
+    state: RunState | None = None
+    for record in records:
+        state = apply(state, record)
+        incremental.append(state)
+    cut = data.draw(st.integers(0, len(records)))
+    assert fold(records[:cut]) == incremental[cut]
+    # Folding from a snapshot taken anywhere equals folding from the start.
+    mid = data.draw(st.integers(0, cut))
+    assert fold(records[mid:cut], incremental[mid]) == incremental[cut]
+    # Every prefix has exactly one restart verdict, consistent with where it ends.
+    final = incremental[cut]
+    if final is not None:
+        for has_recover in (False, True):
+            verdict = restart_verdict(final, has_recover)
+            expected = {
+                "header": {"resume"}, "stage_pending": {"resume"}, "step_ready": {"resume"},
+                "step_result": {"route"}, "executing": {"interrupted"},
+                "effect_started": {"interrupted"}, "effect_done": {"interrupted"},
+                "terminal": {"terminal"},
+                "waiting": {"restore_wait"} if has_recover else {"interrupted"},
+                "answered": {"recover"} if has_recover else {"interrupted"},
+            }[final.phase]
+            assert verdict.row in expected
+            if final.phase == "effect_started":
+                assert verdict.effect is not None and verdict.effect.name in verdict.reason
+
+
+def test_interrupted_effect_is_named() -> None:
+    state = fold([
+        header(), StagePending(at="t", stage="a"), StepReady(at="t", stage="a", step="s1"),
+        Executing(at="t", stage="a", step="s1"),
+        EffectStarted(at="t1", name="charge-card", key="order-7"),
+    ])
+    assert state is not None
+    verdict = restart_verdict(state, has_recover=True)
+    assert verdict.row == "interrupted"
+    assert "charge-card" in verdict.reason and "order-7" in verdict.reason
+
+
+def test_effect_done_must_close_the_started_effect() -> None:
+    start = fold([
+        header(), StagePending(at="t", stage="a"), StepReady(at="t", stage="a", step="s1"),
+        Executing(at="t", stage="a", step="s1"), EffectStarted(at="t", name="a", key="1"),
+    ])
+    with pytest.raises(IllegalTransition, match="does not close"):
+        apply(start, EffectDone(at="t", name="b", key="1"))
+
+
+def test_answer_must_match_the_pending_action() -> None:
+    start = fold([
+        header(), StagePending(at="t", stage="a"), StepReady(at="t", stage="a", step="s1"),
+        Executing(at="t", stage="a", step="s1"), Waiting(at="t", action=_action("a", "s1", 1)),
+    ])
+    with pytest.raises(IllegalTransition):
+        apply(start, Answered(at="t", action_id="ASK-9"))
+
+
+def test_terminal_is_final() -> None:
+    done = fold([header(), StagePending(at="t", stage="a"), Terminal(at="t", status="completed")])
+    for record in (StagePending(at="t", stage="a"), Terminal(at="t", status="completed")):
+        with pytest.raises(IllegalTransition):
+            apply(done, record)

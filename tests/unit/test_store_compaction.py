@@ -1,0 +1,145 @@
+"""Restores read snapshots plus a bounded tail of the log, whatever a Run's age; terminal Runs
+cost startup nothing. Costs are asserted from the reader's own counters, never from timing."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from intloom.runtime.machine import fold
+from intloom.store import read_history, read_runs, read_runs_report, verify
+from tests.unit.test_store_support import abandon, by_id, open_store, walk
+
+SEGMENT = 64 << 10
+
+
+def _write(root: Path, run_id: str, records: list, *, batch: int = 500,  # type: ignore[type-arg]
+           crash: bool = True) -> None:
+    store = open_store(root, segment_bytes=SEGMENT)
+    for start in range(0, len(records), batch):
+        for record in records[start : start + batch]:
+            store.append(run_id, record)
+        store.sync_blocking()
+    if crash:
+        abandon(store)
+    else:
+        store.close_blocking()
+
+
+def test_restoring_an_old_run_reads_a_bounded_tail(tmp_path: Path) -> None:
+    long = walk("RUN-LONG", 20_000, 7)
+    short = walk("RUN-SHORT", 100, 8)
+    _write(tmp_path / "long", "RUN-LONG", long, batch=300)  # leaves a 200-record tail
+    _write(tmp_path / "short", "RUN-SHORT", short)
+
+    long_report = read_runs_report(tmp_path / "long")
+    short_report = read_runs_report(tmp_path / "short")
+    [journal] = long_report.runs
+    assert journal.status == "ok" and journal.state == fold(long)
+    assert len(list((tmp_path / "long" / "wal").iterdir())) > 10  # it did rotate
+    # At most the segment the crash left open (plus one batch), never the Run's history.
+    records_per_segment = SEGMENT // 100
+    assert 0 < long_report.stats.records_decoded <= records_per_segment + 300
+    assert long_report.stats.segments_read <= 2 and long_report.stats.snapshots_read == 1
+    assert short_report.stats.records_decoded == 100
+
+    # The whole log still holds every record: verify and inspect agree with the snapshot.
+    [full] = verify(tmp_path / "long")
+    assert full.status == "ok" and full.state == journal.state
+    history = read_history(tmp_path / "long", "RUN-LONG")
+    assert len(history) == 20_000 and all(h.verdict == "ok" for h in history)
+
+
+def test_a_clean_close_leaves_nothing_to_replay(tmp_path: Path) -> None:
+    records = walk("RUN-A", 3_000, 2)
+    _write(tmp_path, "RUN-A", records, crash=False)
+    report = read_runs_report(tmp_path)
+    assert report.stats.segments_read == 0 and report.stats.records_decoded == 0
+    assert report.runs[0].state == fold(records)
+
+
+def test_repeated_crashes_do_not_grow_the_restore(tmp_path: Path) -> None:
+    records = walk("RUN-A", 400, 3)
+    for i in range(8):
+        store = open_store(tmp_path, instance_id=f"INST-{i}")
+        assert store.restored.stats.segments_read <= 1  # only the previous crash's segment
+        for record in records[i * 50 : (i + 1) * 50]:
+            store.append("RUN-A", record)
+        store.sync_blocking()
+        abandon(store)
+    report = read_runs_report(tmp_path)
+    assert report.stats.segments_read == 1 and report.stats.records_decoded == 50
+    assert report.runs[0].state == fold(records)
+
+
+def test_terminal_runs_cost_later_startups_nothing(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    for i in range(40):
+        for record in walk(f"RUN-T{i:02d}", 8, i, terminal=True):
+            store.append(f"RUN-T{i:02d}", record)
+    live = walk("RUN-LIVE", 8, 99)
+    for record in live:
+        store.append("RUN-LIVE", record)
+    store.sync_blocking()
+    store.close_blocking()
+    assert len(list((tmp_path / "snap" / "done").iterdir())) == 40
+    report = read_runs_report(tmp_path)
+    assert [j.run_id for j in report.runs] == ["RUN-LIVE"]  # terminal Runs are never restored
+    assert report.stats.snapshots_read == 1 and report.stats.segments_read == 0
+    assert report.runs[0].state == fold(live)
+    everything = by_id(verify(tmp_path))
+    assert len(everything) == 41
+    assert everything["RUN-T07"].state == fold(walk("RUN-T07", 8, 7, terminal=True))
+
+
+def test_a_run_ending_after_its_snapshot_moves_to_done(tmp_path: Path) -> None:
+    records = walk("RUN-A", 10, 5, terminal=True)
+    _write(tmp_path, "RUN-A", records[:6], crash=False)
+    assert len(list((tmp_path / "snap" / "live").iterdir())) == 1
+    store = open_store(tmp_path, instance_id="INST-2")
+    for record in records[6:]:
+        store.append("RUN-A", record)
+    store.sync_blocking()
+    store.close_blocking()
+    assert not list((tmp_path / "snap" / "live").iterdir())
+    assert read_runs(tmp_path) == []
+    assert by_id(verify(tmp_path))["RUN-A"].state == fold(records)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    n=st.integers(1, 60),
+    seed=st.integers(0, 10_000),
+    data=st.data(),
+)
+def test_replaying_any_prefix_equals_folding_it(n: int, seed: int, data: st.DataObject) -> None:
+    """Whatever the batching, rotation, crashes and host restarts, the store reads back the
+    fold of exactly the records made durable."""
+    records = walk("RUN-P", n, seed)
+    k = data.draw(st.integers(1, n), label="prefix")
+    segment = data.draw(st.sampled_from([400, 2_000, 1 << 20]), label="segment_bytes")
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "runtime"
+        i = 0
+        while i < k:
+            store = open_store(root, segment_bytes=segment)
+            hosts_share = data.draw(st.integers(1, k - i), label="host share")
+            end = i + hosts_share
+            while i < end:
+                size = data.draw(st.integers(1, end - i), label="batch")
+                for record in records[i : i + size]:
+                    store.append("RUN-P", record)
+                store.sync_blocking()
+                i += size
+            if data.draw(st.booleans(), label="crash"):
+                abandon(store)
+            else:
+                store.close_blocking()
+        expected = fold(records[:k])
+        [journal] = read_runs(root)
+        assert journal.status == "ok" and journal.state == expected
+        [full] = verify(root)
+        assert full.state == expected

@@ -1,0 +1,150 @@
+"""The store's files are private, written atomically, and never reached through a link."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from intloom.errors import IntloomError
+from intloom.store import read_history, read_runs, verify
+from tests.helpers import snapshot_files
+from tests.unit.test_store_support import abandon, open_store, walk
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(os.lstat(path).st_mode)
+
+
+def _fill(root: Path, runs: int = 3, n: int = 12, *, close: bool = True) -> None:
+    store = open_store(root)
+    for i in range(runs):
+        for record in walk(f"RUN-{i}", n, i):
+            store.append(f"RUN-{i}", record)
+        store.sync_blocking()
+    if close:
+        store.close_blocking()
+    else:
+        abandon(store)
+
+
+def test_every_directory_is_0700_and_every_file_0600(tmp_path: Path) -> None:
+    root = tmp_path / ".intloom" / "runtime"
+    _fill(root)
+    _fill(root, runs=2, n=20)  # a second host instance, terminal and live snapshots
+    dirs = [p for p in [root, *root.rglob("*")] if p.is_dir()]
+    files = [p for p in root.rglob("*") if p.is_file()]
+    assert {d.relative_to(root).as_posix() for d in dirs} == {
+        ".", "wal", "snap", "snap/live", "snap/done"}
+    assert all(_mode(d) == 0o700 for d in dirs), {str(d): oct(_mode(d)) for d in dirs}
+    assert files and all(_mode(f) == 0o600 for f in files), {str(f): oct(_mode(f)) for f in files}
+    assert not [f for f in files if f.name.startswith(".")], "a temp file was left behind"
+    assert len(list((root / "wal").iterdir())) == 2  # one new segment per host instance
+
+
+def test_snapshots_and_manifest_are_replaced_atomically(tmp_path: Path) -> None:
+    root = tmp_path / "runtime"
+    _fill(root)
+    before = {p.name: p.stat().st_ino for p in (root / "snap" / "live").iterdir()}
+    manifest_ino = (root / "manifest.json").stat().st_ino
+    store = open_store(root)
+    for record in walk("RUN-0", 14, 0)[12:]:
+        store.append("RUN-0", record)
+    store.sync_blocking()
+    store.close_blocking()
+    after = {p.name: p.stat().st_ino for p in (root / "snap" / "live").iterdir()}
+    # A new inode under the same name: written to a temp file, then renamed over.
+    changed = [name for name in before if after.get(name) != before[name]]
+    assert len(changed) == 1
+    assert (root / "manifest.json").stat().st_ino != manifest_ino
+    assert not [p for p in root.rglob(".*") if p.is_file()]
+
+
+def test_reading_a_missing_store_creates_nothing(tmp_path: Path) -> None:
+    root = tmp_path / "runtime"
+    assert read_runs(root) == []
+    assert verify(root) == []
+    assert read_history(root, "RUN-0") == []
+    assert not root.exists()
+
+
+def test_a_symlinked_runtime_dir_is_refused_and_its_target_untouched(tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere"
+    _fill(target)
+    before = snapshot_files(target)
+    link = tmp_path / "runtime"
+    link.symlink_to(target)
+    for action in (lambda: read_runs(link), lambda: verify(link), lambda: open_store(link)):
+        with pytest.raises(IntloomError) as info:
+            action()
+        assert info.value.code == "STORAGE_ERROR"
+        assert str(link) in info.value.message and "symbolic link" in info.value.message
+    assert snapshot_files(target) == before
+    assert not (target / "wal" / "0000000002.seg").exists()
+
+
+def test_a_symlinked_segment_is_refused_and_its_target_untouched(tmp_path: Path) -> None:
+    root = tmp_path / "runtime"
+    _fill(root, close=False)
+    outside = tmp_path / "outside.seg"
+    outside.write_bytes(b"not yours")
+    os.chmod(outside, 0o600)
+    (root / "wal" / "0000000002.seg").symlink_to(outside)
+    for action in (lambda: read_runs(root), lambda: verify(root), lambda: open_store(root)):
+        with pytest.raises(IntloomError) as info:
+            action()
+        assert info.value.code == "STORAGE_ERROR"
+        assert "0000000002.seg" in info.value.message
+    assert outside.read_bytes() == b"not yours"
+
+
+def test_a_symlinked_snapshot_is_refused_on_read_and_write(tmp_path: Path) -> None:
+    root = tmp_path / "runtime"
+    _fill(root)
+    live = root / "snap" / "live"
+    victim = sorted(live.iterdir())[0]
+    outside = tmp_path / "outside.snap"
+    outside.write_bytes(victim.read_bytes())
+    os.chmod(outside, 0o600)
+    victim.unlink()
+    victim.symlink_to(outside)
+    kept = outside.read_bytes()
+    with pytest.raises(IntloomError) as info:
+        read_runs(root)
+    assert info.value.code == "STORAGE_ERROR" and victim.name in info.value.message
+    with pytest.raises(IntloomError):
+        open_store(root)
+    assert outside.read_bytes() == kept and victim.is_symlink()
+
+
+def test_group_or_other_bits_are_refused(tmp_path: Path) -> None:
+    root = tmp_path / "runtime"
+    _fill(root)
+    os.chmod(root, 0o755)
+    with pytest.raises(IntloomError) as info:
+        read_runs(root)
+    assert info.value.code == "STORAGE_ERROR" and "0755" in info.value.message
+    os.chmod(root, 0o700)
+    segment = root / "wal" / "0000000001.seg"
+    os.chmod(segment, 0o644)
+    with pytest.raises(IntloomError) as info:
+        verify(root)
+    assert "0644" in info.value.message and "0000000001.seg" in info.value.message
+    assert _mode(segment) == 0o644  # reported, never "fixed"
+
+
+def test_unexpected_files_are_reported_and_left_alone(tmp_path: Path) -> None:
+    from intloom.store import verify_report
+
+    root = tmp_path / "runtime"
+    _fill(root)
+    stray = root / "wal" / "notes.txt"
+    stray.write_text("mine")
+    os.chmod(stray, 0o600)
+    report = verify_report(root)
+    assert [f.path for f in report.files if f.kind == "unexpected"] == ["wal/notes.txt"]
+    assert all(j.status == "ok" for j in report.runs)
+    open_store(root).close_blocking()
+    assert stray.read_text() == "mine"

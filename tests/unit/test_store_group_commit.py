@@ -1,0 +1,179 @@
+"""Group commit shares one flush among every Run that appended meanwhile; a failed write or
+fsync fails exactly its batch, and the failed bytes never read back as records."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from intloom.errors import IntloomError
+from intloom.runtime.machine import fold
+from intloom.runtime.ports import CheckpointFailed
+from intloom.store import FaultPlan, read_history, read_runs, verify
+from intloom.store.faults import ENV
+from tests.unit.test_store_support import abandon, by_id, frames_of, open_store, walk
+
+
+def test_concurrent_runs_share_flushes(tmp_path: Path) -> None:
+    runs, per = 48, 15
+    records = {f"RUN-{i:02d}": walk(f"RUN-{i:02d}", per, i) for i in range(runs)}
+
+    async def main() -> tuple[int, int]:
+        store = open_store(tmp_path / "runtime")
+
+        async def one(run_id: str) -> None:
+            for record in records[run_id]:
+                store.append(run_id, record)
+                await store.sync(run_id)
+
+        await asyncio.gather(*(one(r) for r in records))
+        flushes, flushed = store.flushes, store.records_flushed
+        await store.close()
+        return flushes, flushed
+
+    flushes, flushed = asyncio.run(main())
+    assert flushed == runs * per
+    assert flushes <= runs * per // 8, f"{flushes} flushes for {flushed} records"
+    journals = by_id(read_runs(tmp_path / "runtime"))
+    assert all(journals[r].state == fold(rs) for r, rs in records.items())
+
+
+def test_sync_returns_only_once_its_records_are_durable(tmp_path: Path) -> None:
+    root = tmp_path / "runtime"
+    records = walk("RUN-A", 6, 0)
+
+    async def main() -> None:
+        store = open_store(root)
+        for i, record in enumerate(records, 1):
+            store.append("RUN-A", record)
+            await store.sync("RUN-A")
+            # Another process's view (no store object) already has it.
+            assert by_id(read_runs(root))["RUN-A"].state == fold(records[:i])
+        await store.close()
+        await store.close()  # idempotent
+
+    asyncio.run(main())
+
+
+def test_a_failed_fsync_fails_exactly_its_batch(tmp_path: Path) -> None:
+    root = tmp_path / "runtime"
+    a, b, c = walk("RUN-A", 6, 1), walk("RUN-B", 6, 2), walk("RUN-C", 6, 3)
+
+    async def main() -> None:
+        store = open_store(root, faults=FaultPlan(fail_sync=frozenset({3})))
+        for run, recs in (("RUN-A", a), ("RUN-B", b), ("RUN-C", c)):
+            store.append(run, recs[0])
+        await store.sync()  # flush 1
+        store.append("RUN-A", a[1])
+        store.append("RUN-B", b[1])
+        await store.sync()  # flush 2
+        store.append("RUN-A", a[2])
+        store.append("RUN-C", c[1])
+        with pytest.raises(CheckpointFailed) as info:
+            await store.sync()  # flush 3: EIO instead of fdatasync
+        assert info.value.run_ids == frozenset({"RUN-A", "RUN-C"})
+        assert "fdatasync" in info.value.cause and "0000000001.seg" in info.value.cause
+        # Later batches carry on, in a fresh segment; RUN-A retries its record.
+        store.append("RUN-B", b[2])
+        await store.sync("RUN-B")
+        store.append("RUN-A", a[2])
+        await store.sync("RUN-A")
+        await store.close()
+
+    asyncio.run(main())
+    # The failed batch's bytes did reach the file...
+    seg1 = root / "wal" / "0000000001.seg"
+    assert [f.seq for f in frames_of(seg1, "RUN-C")] == [1, 2]
+    # ...but no reader treats them as records.
+    for journals in (read_runs(root), verify(root)):
+        got = by_id(journals)
+        assert got["RUN-A"].state == fold(a[:3])
+        assert got["RUN-B"].state == fold(b[:3])
+        assert got["RUN-C"].state == fold(c[:1])
+        assert all(j.status == "ok" for j in got.values())
+    verdicts = [(h.seq, h.verdict, h.file) for h in read_history(root, "RUN-C")]
+    assert verdicts == [(1, "ok", "wal/0000000001.seg"), (2, "void", "wal/0000000001.seg")]
+    a_hist = [(h.seq, h.verdict) for h in read_history(root, "RUN-A")]
+    assert a_hist == [(1, "ok"), (2, "ok"), (3, "void"), (3, "ok")]
+
+
+def test_enospc_mid_write_voids_the_half_written_batch(tmp_path: Path) -> None:
+    root = tmp_path / "runtime"
+    a = walk("RUN-A", 5, 1)
+    store = open_store(root, faults=FaultPlan(enospc_sync=frozenset({2})))
+    store.append("RUN-A", a[0])
+    store.sync_blocking()
+    store.append("RUN-A", a[1])
+    store.append("RUN-A", a[2])
+    with pytest.raises(CheckpointFailed) as info:
+        store.sync_blocking()
+    assert info.value.run_ids == {"RUN-A"} and "write" in info.value.cause
+    abandon(store)  # and then the host dies
+    journal = by_id(read_runs(root))["RUN-A"]
+    # Half a batch on disk is neither a torn tail nor corruption: it is void.
+    assert journal.status == "ok" and journal.state == fold(a[:1]) and not journal.torn_tail
+
+
+def test_sync_with_run_id_reports_a_failure_whoever_flushed_it(tmp_path: Path) -> None:
+    a, b = walk("RUN-A", 3, 1), walk("RUN-B", 3, 2)
+
+    async def main() -> None:
+        store = open_store(tmp_path / "runtime", faults=FaultPlan(fail_sync=frozenset({1})))
+        store.append("RUN-A", a[0])
+        store.append("RUN-B", b[0])
+        with pytest.raises(CheckpointFailed):
+            await store.sync("RUN-B")  # RUN-B's caller flushes RUN-A's record too
+        with pytest.raises(CheckpointFailed) as info:
+            await store.sync("RUN-A")  # nothing left to flush; RUN-A is still told
+        assert "RUN-A" in info.value.run_ids
+        await store.sync("RUN-A")  # told once
+        store.append("RUN-A", a[0])
+        await store.sync("RUN-A")
+        await store.close()
+
+    asyncio.run(main())
+    assert by_id(read_runs(tmp_path / "runtime"))["RUN-A"].state == fold(a[:1])
+
+
+def test_when_no_replacement_segment_can_be_made_every_later_sync_fails(tmp_path: Path) -> None:
+    root = tmp_path / "runtime"
+    a, b = walk("RUN-A", 4, 1), walk("RUN-B", 4, 2)
+    # Segment 1 is made by open; segment 2 (the replacement after flush 2 fails) cannot be.
+    store = open_store(root, faults=FaultPlan(fail_sync=frozenset({2}),
+                                              fail_segment=frozenset({2})))
+    store.append("RUN-A", a[0])
+    store.sync_blocking()
+    store.append("RUN-A", a[1])
+    with pytest.raises(CheckpointFailed):
+        store.sync_blocking()
+    store.append("RUN-B", b[0])
+    with pytest.raises(CheckpointFailed) as info:
+        store.sync_blocking()
+    assert info.value.run_ids == {"RUN-B"} and "no later checkpoint" in info.value.cause
+    store.close_blocking()  # close still snapshots what was durable and voids the rest
+    journals = by_id(read_runs(root))
+    assert journals["RUN-A"].state == fold(a[:1]) and "RUN-B" not in journals
+    assert by_id(verify(root))["RUN-A"].state == fold(a[:1])
+
+
+def test_append_after_close_is_refused(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "runtime")
+    store.close_blocking()
+    with pytest.raises(IntloomError) as info:
+        store.append("RUN-A", walk("RUN-A", 1)[0])
+    assert info.value.code == "STORAGE_ERROR"
+
+
+def test_fault_plan_parsing(monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = FaultPlan.parse("fail_sync=2, torn_write=5,fail_sync=7")
+    assert plan.fail_sync == {2, 7} and plan.torn_write == {5} and plan
+    assert not FaultPlan.parse("")
+    for bad in ("explode=1", "fail_sync=0", "fail_sync=x", "fail_sync"):
+        with pytest.raises(IntloomError) as info:
+            FaultPlan.parse(bad)
+        assert ENV in info.value.message
+    monkeypatch.setenv(ENV, "crash_after_sync=3")
+    assert FaultPlan.from_env().merged(FaultPlan(fail_sync=frozenset({1}))) == FaultPlan(
+        crash_after_sync=frozenset({3}), fail_sync=frozenset({1}))
