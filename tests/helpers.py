@@ -55,6 +55,23 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
+def lock_free(path: Path) -> bool:
+    """True when no process holds the OS lock on ``path`` (or it does not exist)."""
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)  # closing releases a lock we took
+    return True
+
+
 @dataclass
 class CliResult:
     code: int
@@ -100,9 +117,13 @@ class Project:
         return int(json.loads((self.state / "service.json").read_text())["pid"])
 
     def kill_host(self) -> int:
+        """SIGKILL the host and wait until it is gone *and* its OS lock is released (a zombie
+        leader can outlive threads that still hold the lock and the port for a moment)."""
         pid = self.host_pid()
         os.kill(pid, signal.SIGKILL)
         eventually(lambda: not pid_alive(pid), timeout=10, what=f"pid {pid} to exit")
+        eventually(lambda: lock_free(self.state / "service.lock"), timeout=10,
+                   what=f"pid {pid}'s lock on service.lock to be released")
         return pid
 
     def reap(self) -> None:

@@ -11,7 +11,7 @@ import contextlib
 import inspect
 import threading
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -216,18 +216,27 @@ class _Hooks:
             EffectDone(at=clock.now(), name=name, key=key, ok=ok, result=result, error=error),
         )
 
+    def _on_loop(self, make: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Run a journal coroutine on the host's loop from a Step's thread, and wait for it."""
+        coro = make()
+        try:
+            future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        except RuntimeError:  # the loop is gone: the host stopped under this Step
+            coro.close()
+            raise IntloomError(
+                "EXECUTION_OWNERSHIP_LOST", "The host stopped while this Step was running."
+            ) from None
+        future.result()
+
     def effect_sync(self, name: str, key: str, call: Callable[[], Any]) -> Any:
-        asyncio.run_coroutine_threadsafe(self._begin(name, key), self.loop).result()
+        self._on_loop(lambda: self._begin(name, key))
         try:
             value = call()
         except Exception as exc:
-            asyncio.run_coroutine_threadsafe(
-                self._end(name, key, False, None, f"{type(exc).__name__}: {exc}"), self.loop
-            ).result()
+            error = f"{type(exc).__name__}: {exc}"
+            self._on_loop(lambda: self._end(name, key, False, None, error))
             raise
-        asyncio.run_coroutine_threadsafe(
-            self._end(name, key, True, _plain(value), None), self.loop
-        ).result()
+        self._on_loop(lambda: self._end(name, key, True, _plain(value), None))
         return value
 
     async def effect_async(self, name: str, key: str, call: Callable[[], Any]) -> Any:

@@ -21,7 +21,8 @@ from tests.helpers import CliResult, Project, eventually
 
 pytestmark = pytest.mark.e2e
 
-ROUNDS = 20
+# The issue asks for fifty rounds; each costs about half a second of three CLI processes.
+ROUNDS = 50
 
 RECOVER_ERRORS = {"CLI_RECOVERY_BLOCKED", "CLI_RECOVERY_CONFLICT"}
 START_ERRORS = {"CLI_SERVICE_BUSY", "CLI_SERVICE_UNAVAILABLE", "CLI_SERVICE_CLOSING"}
@@ -85,6 +86,7 @@ def _ensure_running(project: Project) -> dict[str, Any]:
     return service
 
 
+@pytest.mark.timeout(150)
 def test_recover_recover_start_at_once_after_a_crash(project: Project) -> None:
     _ensure_running(project)
     outcomes: list[tuple[str, ...]] = []

@@ -343,3 +343,92 @@ def test_questions_are_validated() -> None:
         assert done.status == "completed"
 
     run(main)
+
+
+def test_changed_identity_or_schema_is_reported_and_not_loaded() -> None:
+    journal = MemoryJournal()
+
+    async def first() -> str:
+        rt = Runtime(loaded(make_confirm_wf([])), journal, package_version="0.1.0")
+        rt.restore([])
+        view = await rt.wait_stable((await rt.create_run("confirm", "go")).run_id)
+        await rt.suspend(1)
+        return view.run_id
+
+    run_id = run(first)
+    state = fold(journal.of(run_id))
+    assert state is not None
+
+    changed = loaded(make_confirm_wf([]))
+    lw = changed["confirm"]
+    other_identity = {"confirm": LoadedWorkflow(lw.workflow, lw.source, "id-edited", lw.schemas)}
+    rt = Runtime(other_identity, MemoryJournal(), package_version="0.1.0")
+    summary = rt.restore([RestoredRun(run_id, state)])
+    assert summary.needs_attention == [run_id] and run_id not in rt.runs
+    assert "incompatible identity" in rt.attention[0][1]
+
+    other_schema = {"confirm": LoadedWorkflow(lw.workflow, lw.source, lw.identity,
+                                              {"main": "f" * 64})}
+    rt = Runtime(other_schema, MemoryJournal(), package_version="0.1.0")
+    assert rt.restore([RestoredRun(run_id, state)]).needs_attention == [run_id]
+    assert "incompatible schema" in rt.attention[0][1]
+
+    # The saved State no longer round-trips through today's State type.
+    tampered = msgspec.structs.replace(state, stage_state=b'{"n":1,"extra":true}')
+    rt = Runtime(changed, MemoryJournal(), package_version="0.1.0")
+    assert rt.restore([RestoredRun(run_id, tampered)]).needs_attention == [run_id]
+    assert "no longer matches" in rt.attention[0][1]
+
+    newer = msgspec.structs.replace(state, package_version="99.0.0")
+    rt = Runtime(changed, MemoryJournal(), package_version="0.1.0")
+    assert rt.restore([RestoredRun(run_id, newer)]).needs_attention == [run_id]
+    assert "incompatible package" in rt.attention[0][1]
+
+    with pytest.raises(IntloomError) as strict:
+        Runtime(other_identity, MemoryJournal(), package_version="0.1.0").restore(
+            [RestoredRun(run_id, state)], strict=True
+        )
+    assert strict.value.code == "JOURNAL_INCOMPATIBLE"
+
+
+def test_interrupted_run_names_its_effect_and_cancel_dismisses_it() -> None:
+    journal = MemoryJournal()
+    gate = threading.Event()
+    wf = intloom.Workflow("effect", version="1")
+    st = wf.stage("s")
+
+    @st.step("a", routes={"ok": intloom.COMPLETE})
+    def a(ctx: Any) -> str:
+        ctx.effect("charge-card", gate.wait, 10, key="order-7")
+        return "ok"
+
+    async def first() -> str:
+        rt = Runtime(loaded(wf), journal, package_version="0.1.0")
+        rt.restore([])
+        view = await rt.create_run("effect", "go")
+        for _ in range(200):
+            if any(type(r).__name__ == "EffectStarted" for r in journal.of(view.run_id)):
+                break
+            await asyncio.sleep(0.01)  # poll interval while the effect blocks its thread
+        await rt.suspend(0.05)  # the effect is still running: it is abandoned, not replayed
+        return view.run_id
+
+    run_id = run(first)
+    gate.set()
+    state = fold(journal.of(run_id))
+    assert state is not None and state.effect_in_flight is not None
+
+    async def second() -> None:
+        rt = Runtime(loaded(wf), journal, package_version="0.1.0")
+        assert rt.restore([RestoredRun(run_id, state)]).interrupted == [run_id]
+        view = rt.get(run_id)
+        assert view.status == "failed" and view.last_error is not None
+        assert view.last_error.code == "RUN_INTERRUPTED"
+        assert "charge-card" in view.last_error.message and "order-7" in view.last_error.message
+        dismissed, ended = await rt.cancel(run_id)
+        assert not ended and dismissed.dismissed
+        assert (await rt.cancel(run_id))[0] == dismissed
+
+    run(second)
+    final = fold(journal.of(run_id))
+    assert final is not None and final.phase == "terminal" and final.dismissed
