@@ -22,22 +22,38 @@ def say(text: str) -> None:
     print(f"\n{BOLD}== {text}{RESET}", flush=True)
 
 
-def cli(project: Path | None, *args: str, check: bool = True, show: bool = True) -> Any:
-    """Run `intloom --json ARGS` in the project, echo it, and return its JSON."""
+def _run(project: Path | None, args: tuple[str, ...], json_mode: bool) -> tuple[int, str, str]:
     where = ["--project", str(project)] if project is not None else []
-    cmd = [*INTLOOM, *where, *args, "--json"]
-    if show:
-        print(f"$ intloom {' '.join(shlex.quote(a) for a in args)}", flush=True)
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    out = proc.stdout.strip()
-    data = json.loads(out) if out else None
-    if show:
-        print(json.dumps(data, indent=2)[:1500])
-    if check and proc.returncode != 0:
-        raise SystemExit(
-            f"intloom {' '.join(args)} failed ({proc.returncode}): {out} {proc.stderr}"
-        )
-    return data
+    cmd = [*INTLOOM, *where, *args, *(["--json"] if json_mode else [])]
+    env = {**os.environ, "NO_COLOR": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def show(project: Path | None, *args: str, ok: tuple[int, ...] = (0,)) -> None:
+    """Run `intloom ARGS` as a person would and print what it prints."""
+    print(f"$ intloom {' '.join(shlex.quote(a) for a in args)}", flush=True)
+    code, out, err = _run(project, args, json_mode=False)
+    text = (out + err).rstrip()
+    print("\n".join("  " + line for line in text.splitlines()), flush=True)
+    if code not in ok:
+        raise SystemExit(f"intloom {' '.join(args)} exited {code}")
+
+
+def data(project: Path | None, *args: str) -> Any:
+    """Run `intloom ARGS --json` quietly and return its JSON (for ids the narration needs)."""
+    code, out, err = _run(project, args, json_mode=True)
+    if code != 0:
+        raise SystemExit(f"intloom {' '.join(args)} failed ({code}): {out} {err}")
+    return json.loads(out)
+
+
+def cli(project: Path | None, *args: str) -> Any:
+    """Run `intloom ARGS --json`, print a one-line summary, and return the JSON."""
+    print(f"$ intloom {' '.join(shlex.quote(a) for a in args)} --json", flush=True)
+    result = data(project, *args)
+    print("  " + json.dumps(result)[:240] + ("…" if len(json.dumps(result)) > 240 else ""))
+    return result
 
 
 def pid_gone(pid: int) -> bool:
@@ -58,24 +74,25 @@ def main() -> None:
         host_pid: int | None = None
         try:
             say("1. Create a project: one Workflow (an effect, a routed outcome, a confirmation)")
-            cli(None, "init", str(project))
+            show(None, "init", str(project))
             say("2. Start the host in the background")
-            started = cli(project, "start")
-            host_pid = started["service"]["pid"]
-            port = started["service"]["port"]
+            show(project, "start")
+            service = data(project, "status")["service"]
+            host_pid, port = service["pid"], service["port"]
             say("3. Run the example Workflow; it stops at its confirmation")
             run = cli(project, "flow", "example", "--intent", "release notes for v1.2")["run"]
             run_id, action = run["runId"], run["pendingAction"]["id"]
             print(f"-> Run {run_id} waits on {action}")
             say("4. Stop the host gracefully, then start it again")
-            cli(project, "stop")
-            again = cli(project, "start")
-            host_pid = again["service"]["pid"]
-            assert again["service"]["port"] == port, "the port is kept across restarts"
-            view = cli(project, "runs")["runs"]
-            same = next(r for r in view if r["runId"] == run_id)
+            show(project, "stop")
+            show(project, "start")
+            service = data(project, "status")["service"]
+            host_pid = service["pid"]
+            assert service["port"] == port, "the port is kept across restarts"
+            show(project, "runs")
+            same = next(r for r in data(project, "runs")["runs"] if r["runId"] == run_id)
             assert same["pendingAction"]["id"] == action
-            print(f"-> same Run, same action id {action}, new host instance")
+            print(f"-> the same Run waits on the same action {action}, under a new host instance")
             say("5. Kill the host with SIGKILL while the Run waits")
             print(f"$ kill -9 {host_pid}")
             os.kill(host_pid, signal.SIGKILL)
@@ -83,25 +100,27 @@ def main() -> None:
             while not pid_gone(host_pid):
                 if time.monotonic() > deadline:
                     raise SystemExit("the host did not die")
-                time.sleep(0.02)
+                time.sleep(0.02)  # poll interval while the kernel tears the process down
             say("6. What is left? status, doctor, and the recovery plan")
-            cli(project, "status")
-            cli(project, "doctor", check=False)
-            cli(project, "recover", "--dry-run")
-            say("7. Recover (removes only the dead host's service.json and service.lock)")
-            cli(project, "recover")
+            show(project, "status")
+            show(project, "stop", ok=(1,))
+            show(project, "doctor", ok=(0, 3, 4))
+            show(project, "recover", "--dry-run")
+            say("7. Recover: removes only the dead host's service.json and service.lock")
+            show(project, "recover")
             say("8. Start again: same port and token, the Run back in its wait")
-            third = cli(project, "start")
-            host_pid = third["service"]["pid"]
-            runs = cli(project, "runs")["runs"]
-            same = next(r for r in runs if r["runId"] == run_id)
+            show(project, "start")
+            service = data(project, "status")["service"]
+            host_pid = service["pid"]
+            assert service["port"] == port
+            same = next(r for r in data(project, "runs")["runs"] if r["runId"] == run_id)
             assert same["pendingAction"]["id"] == action, same
             print(f"-> Run {run_id} still waits on {action}")
             say("9. Answer the confirmation: the Run completes")
-            done = cli(project, "answer", run_id, action, '{"isConfirmed": true}')["run"]
-            assert done["status"] == "completed", done
+            show(project, "answer", run_id, action, '{"isConfirmed": true}')
+            assert data(project, "runs")["runs"][0]["status"] == "completed"
             say("10. Stop")
-            cli(project, "stop")
+            show(project, "stop")
             host_pid = None
             print("\nDone: one Run survived a graceful stop and a SIGKILL, and nothing ran twice.")
         finally:
