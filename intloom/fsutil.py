@@ -8,6 +8,7 @@ links. A file that breaks these rules is reported, never "fixed".
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 from pathlib import Path
@@ -19,6 +20,8 @@ __all__ = [
     "ensure_private_dir",
     "fsync_dir",
     "read_private",
+    "replace_file",
+    "write_all",
 ]
 
 
@@ -71,17 +74,18 @@ def ensure_private_dir(path: Path) -> None:
     check_private_dir(path)
 
 
-def read_private(path: Path, *, max_bytes: int = 1 << 20) -> bytes | None:
+def read_private(path: Path, *, max_bytes: int | None = 1 << 20) -> bytes | None:
     """Read a private regular file without following links. ``None`` when it does not exist.
 
-    Raises PrivacyError for a link, a non-regular file, group/other bits or another owner.
+    Raises PrivacyError for a link, a non-regular file, group/other bits or another owner,
+    or a file larger than ``max_bytes`` (no limit when None).
     """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
     except OSError as exc:
-        if os.path.islink(path):
+        if exc.errno == errno.ELOOP or os.path.islink(path):
             raise PrivacyError(path, "is a symbolic link; intloom never follows links") from None
         raise PrivacyError(path, f"cannot be opened: {exc.strerror}") from None
     try:
@@ -94,11 +98,12 @@ def read_private(path: Path, *, max_bytes: int = 1 << 20) -> bytes | None:
             raise PrivacyError(
                 path, f"has mode {stat.S_IMODE(st.st_mode):04o}; private files must be 0600"
             )
-        if st.st_size > max_bytes:
+        if max_bytes is not None and st.st_size > max_bytes:
             raise PrivacyError(path, f"is {st.st_size} bytes; at most {max_bytes} are expected")
         chunks = []
+        want = max(st.st_size + 1, 1 << 16)
         while True:
-            chunk = os.read(fd, 65536)
+            chunk = os.read(fd, want)
             if not chunk:
                 break
             chunks.append(chunk)
@@ -107,24 +112,30 @@ def read_private(path: Path, *, max_bytes: int = 1 << 20) -> bytes | None:
         os.close(fd)
 
 
-def atomic_write(path: Path, data: bytes, *, mode: int = 0o600) -> None:
-    """Replace ``path`` with ``data`` atomically and durably; never follows a link at ``path``.
+def write_all(fd: int, data: bytes | memoryview) -> None:
+    """Write every byte (os.write may write fewer than asked)."""
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
 
-    The temp file is created exclusively beside the target; on any failure it is removed
-    and the previous file is left as it was.
+
+def replace_file(directory: Path, name: str, data: bytes, *, mode: int = 0o600) -> None:
+    """Replace ``directory/name`` atomically (not yet durable: the caller fsyncs the directory).
+
+    The temp file is created exclusively beside the target and fsynced before the rename; on
+    any failure it is removed and the previous file is left as it was. A link at the target
+    is refused: rename would replace the link itself, silently hiding what it pointed at.
     """
-    directory = path.parent
+    path = directory / name
     if os.path.islink(path):
         raise PrivacyError(path, "is a symbolic link; refusing to write through it")
     # os.urandom, not secrets: keeps hashlib/OpenSSL off the CLI start-up path.
-    tmp = directory / f".{path.name}.{os.urandom(8).hex()}.tmp"
+    tmp = directory / f".{name}.{os.urandom(8).hex()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:
         try:
-            view = memoryview(data)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
+            write_all(fd, data)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -133,4 +144,9 @@ def atomic_write(path: Path, data: bytes, *, mode: int = 0o600) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    fsync_dir(directory)
+
+
+def atomic_write(path: Path, data: bytes, *, mode: int = 0o600) -> None:
+    """Replace ``path`` with ``data`` atomically and durably; never follows a link at ``path``."""
+    replace_file(path.parent, path.name, data, mode=mode)
+    fsync_dir(path.parent)

@@ -26,6 +26,8 @@ class FaultPlan:
     - ``crash_before_sync``: the whole batch is written, then the process SIGKILLs itself.
     - ``crash_after_sync``: the process SIGKILLs itself right after the batch's fdatasync.
     - ``torn_write``: half of the batch is written, then the process SIGKILLs itself.
+    - ``stop_after_sync``: right after the batch's fdatasync the process sends itself SIGTERM,
+      so a host's graceful stop lands at exactly that boundary (conformance sweeps).
     - ``fail_segment``: creating the N-th segment of this process fails with ENOSPC
       (the first is the one ``Store.open`` creates).
     """
@@ -35,6 +37,7 @@ class FaultPlan:
     crash_before_sync: frozenset[int] = field(default_factory=frozenset)
     crash_after_sync: frozenset[int] = field(default_factory=frozenset)
     torn_write: frozenset[int] = field(default_factory=frozenset)
+    stop_after_sync: frozenset[int] = field(default_factory=frozenset)
     fail_segment: frozenset[int] = field(default_factory=frozenset)
 
     @classmethod

@@ -7,15 +7,19 @@ message naming the path, the fact and the fix; nothing is ever "repaired" in pla
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import os
-import secrets
-import stat
 from pathlib import Path
 
 from intloom.errors import IntloomError
-from intloom.fsutil import PrivacyError, check_private_dir, ensure_private_dir, fsync_dir
+from intloom.fsutil import (
+    PrivacyError,
+    check_private_dir,
+    ensure_private_dir,
+    fsync_dir,
+    read_private,
+    replace_file,
+    write_all,
+)
 
 __all__ = [
     "Layout",
@@ -95,33 +99,9 @@ def list_names(path: Path) -> list[str]:
 def read_file(path: Path) -> bytes | None:
     """Read a private regular file without following links; None when it does not exist."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP or os.path.islink(path):
-            raise storage_error(path, "is a symbolic link") from None
-        raise storage_error(path, f"cannot be opened ({exc.strerror})") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise storage_error(path, "is not a regular file")
-        if st.st_uid != os.getuid():
-            raise storage_error(path, f"is owned by uid {st.st_uid}, not by you")
-        if st.st_mode & 0o077:
-            raise storage_error(
-                path, f"has mode {stat.S_IMODE(st.st_mode):04o}; store files must be 0600"
-            )
-        chunks: list[bytes] = []
-        want = st.st_size + 1
-        while True:
-            chunk = os.read(fd, max(want, 1 << 16))
-            if not chunk:
-                break
-            chunks.append(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
+        return read_private(path, max_bytes=None)
+    except PrivacyError as exc:
+        raise _from_privacy(exc) from None
 
 
 def open_new(path: Path) -> int:
@@ -133,14 +113,6 @@ def open_new(path: Path) -> int:
     )
 
 
-def write_all(fd: int, data: bytes | memoryview) -> None:
-    """Write every byte (os.write may write fewer than asked)."""
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
-
-
 def atomic_write_many(directory: Path, items: list[tuple[str, bytes]]) -> None:
     """Replace each ``directory/name`` atomically; one directory fsync covers the batch.
 
@@ -150,28 +122,14 @@ def atomic_write_many(directory: Path, items: list[tuple[str, bytes]]) -> None:
     """
     if not items:
         return
-    done: list[Path] = []
+    wrote = False
     try:
         for name, data in items:
-            target = directory / name
-            if os.path.islink(target):
-                raise storage_error(target, "is a symbolic link")
-            tmp = directory / f".{name}.{secrets.token_hex(6)}.tmp"
-            fd = os.open(
-                tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
-            )
             try:
-                try:
-                    write_all(fd, data)
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-                os.rename(tmp, target)
-            except BaseException:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)  # our own temp file; the target is untouched
-                raise
-            done.append(target)
+                replace_file(directory, name, data)
+            except PrivacyError as exc:
+                raise _from_privacy(exc) from None
+            wrote = True
     finally:
-        if done:
+        if wrote:
             fsync_dir(directory)

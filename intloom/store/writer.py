@@ -397,6 +397,9 @@ class Store:
             self._last_sync_s = time.perf_counter() - began
             if n in plan.crash_after_sync:
                 _die()
+            if n in plan.stop_after_sync:
+                # The host's signal handler turns this into its ordinary graceful stop.
+                os.kill(os.getpid(), signal.SIGTERM)
         except OSError as exc:
             cause = f"{step} of {where} failed at offset {offset}: {exc.strerror or exc}"
             self._abandon(offset, cause)
