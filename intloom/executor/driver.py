@@ -40,7 +40,15 @@ from intloom.runtime.records import (
 if TYPE_CHECKING:
     from intloom.executor.runtime import Runtime, RunUpdate
 
-__all__ = ["AgentClaim", "Driver", "RunSlot"]
+__all__ = ["AgentClaim", "Driver", "RunObserver", "RunSlot"]
+
+# (event, run id, detail, status): told of a Run's milestones, e.g. to write the host log.
+RunObserver = Callable[[str, str, Any, str], None]
+# Milestones worth a log line; per-record phases (executing, effect_*) stay in the journal.
+_MILESTONES = frozenset({
+    "created", "restored", "waiting", "answered", "claimed", "agent_completed", "terminal",
+    "failed", "suspended", "dismissed",
+})
 
 _HISTORY = 2000
 _QUIET = ("EXECUTION_OWNERSHIP_LOST", "RUN_CHECKPOINT_FAILED")
@@ -63,7 +71,10 @@ class RunSlot:
     """A live Run. ``state`` is everything appended; ``shown`` is what has been published
     (durable and exposed) -- views are built from ``shown`` only."""
 
-    def __init__(self, state: RunState, lw: LoadedWorkflow) -> None:
+    def __init__(
+        self, state: RunState, lw: LoadedWorkflow, observer: RunObserver | None = None
+    ) -> None:
+        self.observer = observer
         self.state = state
         self.shown = state
         self.lw = lw
@@ -80,8 +91,8 @@ class RunSlot:
         self._subscribers: set[asyncio.Queue[RunUpdate]] = set()
 
     @classmethod
-    def new(cls, header: Header, lw: LoadedWorkflow) -> RunSlot:
-        return cls(apply(None, header), lw)
+    def new(cls, header: Header, lw: LoadedWorkflow, observer: RunObserver | None) -> RunSlot:
+        return cls(apply(None, header), lw, observer)
 
     @property
     def run_id(self) -> str:
@@ -130,6 +141,8 @@ class RunSlot:
             self.history.append(update)
             for queue in self._subscribers:
                 queue.put_nowait(update)
+            if self.observer is not None and name in _MILESTONES:
+                self.observer(name, self.run_id, info, view.status)
         if self._changed is not None:
             self._changed.set()
             self._changed = None

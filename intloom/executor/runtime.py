@@ -25,7 +25,7 @@ from intloom.authoring.interaction import validate_answer
 from intloom.authoring.loader import LoadedWorkflow
 from intloom.errors import ErrorView, IntloomError, error_view
 from intloom.executor import clock
-from intloom.executor.driver import Driver, RunSlot
+from intloom.executor.driver import Driver, RunObserver, RunSlot
 from intloom.protocol.messages import RestoreSummary
 from intloom.runtime.machine import RunState, interrupted_message, restart_verdict
 from intloom.runtime.model import PendingAgentCall, RunView
@@ -80,8 +80,10 @@ class Runtime:
         journal: JournalPort,
         *,
         package_version: str,
+        on_event: RunObserver | None = None,
     ) -> None:
         self.workflows = dict(workflows)
+        self.on_event = on_event
         self.journal = journal
         self.package_version = package_version
         self.runs: dict[str, RunSlot] = {}
@@ -116,7 +118,7 @@ class Runtime:
                 continue
             lw = self.workflows[state.workflow]
             verdict = restart_verdict(state, lw.has_recover(state.cursor.stage, state.cursor.step))
-            slot = RunSlot(state=state, lw=lw)
+            slot = RunSlot(state=state, lw=lw, observer=self.on_event)
             self.runs[state.run_id] = slot
             slot.publish("restored", {"row": verdict.row, "reason": verdict.reason})
             if verdict.row == "interrupted":
@@ -284,7 +286,7 @@ class Runtime:
             intent=intent,
             package_version=self.package_version,
         )
-        slot = RunSlot.new(header, lw)
+        slot = RunSlot.new(header, lw, self.on_event)
         self.journal.append(run_id, header)
         self.append(slot, StagePending(at=now, stage=lw.workflow.entry.name))
         await self.sync(slot)  # durable before the Run is visible

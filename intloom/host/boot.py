@@ -101,7 +101,12 @@ def boot(
     store, restored = _open_store(paths, log, instance_id=instance_id,
                                   package_version=package_version, strict=strict)
     try:
-        runtime = Runtime(result.workflows, store, package_version=package_version)
+        def on_event(event: str, run_id: str, detail: Any, status: str) -> None:
+            fields = detail if isinstance(detail, dict) else {}
+            log.info(f"run_{event}", runId=run_id, status=status, **fields)
+
+        runtime = Runtime(result.workflows, store, package_version=package_version,
+                          on_event=on_event)
         summary = runtime.restore(restored, strict=strict)
     except BaseException:
         store.close_blocking()
