@@ -22,9 +22,12 @@ from intloom.authoring.loader import LoadedWorkflow
 from intloom.authoring.workflow import Complete, Step, ToStage
 from intloom.errors import ErrorView, IntloomError, error_view
 from intloom.executor import clock
+from intloom.executor.updates import RunUpdate
+from intloom.executor.workers import Workers
 from intloom.runtime.machine import RunState, apply, to_view
 from intloom.runtime.model import PendingAction, PendingAgentCall, RunView
 from intloom.runtime.records import (
+    Answered,
     EffectDone,
     EffectStarted,
     Executing,
@@ -38,7 +41,7 @@ from intloom.runtime.records import (
 )
 
 if TYPE_CHECKING:
-    from intloom.executor.runtime import Runtime, RunUpdate
+    from intloom.executor.runtime import Runtime
 
 __all__ = ["AgentClaim", "Driver", "RunObserver", "RunSlot"]
 
@@ -52,6 +55,13 @@ _MILESTONES = frozenset({
 
 _HISTORY = 2000
 _QUIET = ("EXECUTION_OWNERSHIP_LOST", "RUN_CHECKPOINT_FAILED")
+
+
+def _contained(exc: BaseException) -> BaseException:
+    """User code's SystemExit/KeyboardInterrupt must fail its Run, not end the host."""
+    if isinstance(exc, (Exception, asyncio.CancelledError)):
+        return exc
+    return RuntimeError(f"{type(exc).__name__}({exc}) raised by user code")
 
 
 class AgentClaim:
@@ -80,13 +90,16 @@ class RunSlot:
         self.lw = lw
         self.owned = True
         self.suspended = False
+        self.suspend_reason: str | None = None  # why, when it is not a host stop
         self.restored_wait = False
+        self.recovering = False  # restored at the recover row while its journal says executing
         self.override: ErrorView | None = None
         self.waiter: asyncio.Future[Any] | None = None
         self.task: asyncio.Task[None] | None = None
         self.agent = AgentClaim()
         self.history: deque[RunUpdate] = deque(maxlen=_HISTORY)
         self._events: list[tuple[str, Any]] = []
+        self._events_published = 0
         self._changed: asyncio.Event | None = None
         self._subscribers: set[asyncio.Queue[RunUpdate]] = set()
 
@@ -105,6 +118,8 @@ class RunSlot:
             detail = {"name": record.name, "key": record.key}
         elif isinstance(record, StepResult):
             detail = {"outcome": record.outcome}
+        elif isinstance(record, Answered):
+            detail = {"actionId": record.action_id}
         self._events.append((self.state.phase, detail))
 
     def view(self) -> RunView:
@@ -120,19 +135,35 @@ class RunSlot:
                 status="failed",
                 last_error=ErrorView(
                     code="RUN_INTERRUPTED",
-                    message="The host stopped. The Run continues from its last saved boundary "
-                    "on the next start, as the restart table allows.",
+                    message=(self.suspend_reason or "The host stopped.") + " The Run continues "
+                    "from its last saved boundary on the next start, as the restart table allows.",
                 ),
             )
         return to_view(st)
 
-    def publish(self, event: str | None = None, detail: Any = None) -> None:
-        """Show everything appended so far (it is durable) and tell subscribers."""
-        from intloom.executor.runtime import RunUpdate
+    def mark(self) -> tuple[RunState, int]:
+        """What has been appended so far: publish up to here once it is durable."""
+        return self.state, self._events_published + len(self._events)
 
-        self.shown = self.state
-        events = self._events
-        self._events = []
+    def publish(
+        self, event: str | None = None, detail: Any = None,
+        upto: tuple[RunState, int] | None = None,
+    ) -> None:
+        """Tell subscribers: show what a flush made durable (up to ``upto``) and/or ``event``.
+
+        Only a flush advances what is shown. Records appended by other coroutines while a
+        flush was running are not covered by it: they stay unshown until their own flush.
+        """
+        events: list[tuple[str, Any]] = []
+        if upto is not None:
+            state, position = upto
+            if state.seq > self.shown.seq:  # flushes complete in order; never show less
+                self.shown = state
+            count = position - self._events_published
+            if count > 0:
+                events = self._events[:count]
+                self._events = self._events[count:]
+                self._events_published += count
         if event is not None:
             events.append((event, detail))
         view = self.view()
@@ -146,8 +177,6 @@ class RunSlot:
         if self._changed is not None:
             self._changed.set()
             self._changed = None
-
-    push = publish
 
     async def changed(self) -> None:
         if self._changed is None:
@@ -165,10 +194,11 @@ class RunSlot:
         if self.task is not None and not self.task.done():
             self.task.cancel()
 
-    def suspend(self) -> None:
+    def suspend(self, reason: str | None = None) -> None:
         if self.shown.phase == "terminal" or self.override is not None:
             return
         self.suspended = True
+        self.suspend_reason = reason
         self.revoke(IntloomError("EXECUTION_OWNERSHIP_LOST"))
         self.publish("suspended")
 
@@ -222,6 +252,10 @@ class _Hooks:
         rt = self.driver.rt
         rt.append(self.slot, EffectStarted(at=clock.now(), name=name, key=key))
         await rt.sync(self.slot)
+        if not self.slot.owned:  # cancelled or stopped while the start was being flushed
+            raise IntloomError(
+                "EXECUTION_OWNERSHIP_LOST", "The Run was stopped; the effect was not called."
+            )
 
     async def _end(self, name: str, key: str, ok: bool, result: Any, error: str | None) -> None:
         self.driver.rt.append(
@@ -283,6 +317,10 @@ class _Hooks:
         )
         rt.append(slot, Waiting(at=action.created_at, action=action, state=_encode_state(state)))
         await rt.sync(slot)
+        if self.driver.stopping:
+            # The wait is durable and restores on the next start; nobody can answer it now.
+            slot.suspend()
+            raise IntloomError("EXECUTION_OWNERSHIP_LOST", "The host is stopping.")
         # No await between the publish in sync() and this line: no answer can arrive first.
         slot.waiter = self.loop.create_future()
         try:
@@ -299,6 +337,7 @@ class Driver:
         self.stopping = False
         self.tasks: set[asyncio.Task[None]] = set()
         self.loop_thread = threading.current_thread()
+        self.workers = Workers()
 
     def launch(self, slot: RunSlot) -> None:
         self.loop_thread = threading.current_thread()
@@ -316,10 +355,13 @@ class Driver:
                 await asyncio.wait(pending, timeout=1.0)
 
     async def call_user(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Call user code: async on the loop; sync in a daemon thread (never blocks the loop,
-        and a hung Step cannot keep the host from exiting)."""
+        """Call user code: async on the loop; sync on a daemon worker thread (never blocks the
+        loop, and a hung Step cannot keep the host from exiting)."""
         if inspect.iscoroutinefunction(fn):
-            return await fn(*args)
+            try:
+                return await fn(*args)
+            except (SystemExit, KeyboardInterrupt, GeneratorExit) as exc:
+                raise _contained(exc) from None
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
 
@@ -336,12 +378,12 @@ class Driver:
                 result = fn(*args)
             except BaseException as exc:  # delivered to the awaiting driver
                 with contextlib.suppress(RuntimeError):  # loop already closed
-                    loop.call_soon_threadsafe(settle, False, exc)
+                    loop.call_soon_threadsafe(settle, False, _contained(exc))
                 return
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(settle, True, result)
 
-        threading.Thread(target=body, name="intloom-step", daemon=True).start()
+        self.workers.submit(body)
         result = await future
         if inspect.isawaitable(result):
             result = await result
@@ -354,7 +396,12 @@ class Driver:
         try:
             while slot.owned:
                 phase = slot.state.phase
-                if phase in ("header", "stage_pending"):
+                if phase == "header":
+                    # Restored from a journal that ends at its header (a torn creation batch):
+                    # nothing ran yet; entering the entry Stage is the boundary it stopped at.
+                    entry = slot.lw.workflow.entry.name
+                    rt.append(slot, StagePending(at=clock.now(), stage=entry))
+                elif phase == "stage_pending":
                     if not await self._enter_stage(slot):
                         return
                 elif phase == "step_ready":
@@ -364,9 +411,10 @@ class Driver:
                     await self._run_step(slot)
                 elif phase == "step_result":
                     await self._route(slot)
-                elif phase == "answered":
+                elif phase == "answered" or (phase == "executing" and slot.recovering):
                     if self.stopping:
                         return
+                    slot.recovering = False
                     await self._run_recover(slot)
                 else:
                     # waiting (exposed; answers drive it) or terminal: nothing to run.
@@ -377,6 +425,13 @@ class Driver:
             if exc.code in _QUIET or not slot.owned:
                 return
             await self._fail(slot, exc.view())
+        except Exception as exc:  # a bug of ours must fail the Run, not leave it "running"
+            if slot.owned:
+                await self._fail(slot, error_view(
+                    "CLI_INTERNAL_ERROR",
+                    f"The host failed while driving the Run ({type(exc).__name__}); the Run "
+                    "was stopped. Inspect it with intloom inspect.",
+                ))
 
     async def _fail(self, slot: RunSlot, error: ErrorView) -> None:
         rt = self.rt

@@ -26,6 +26,7 @@ from intloom.authoring.loader import LoadedWorkflow
 from intloom.errors import ErrorView, IntloomError, error_view
 from intloom.executor import clock
 from intloom.executor.driver import Driver, RunObserver, RunSlot
+from intloom.executor.updates import RunUpdate
 from intloom.protocol.messages import RestoreSummary
 from intloom.runtime.machine import RunState, interrupted_message, restart_verdict
 from intloom.runtime.model import PendingAgentCall, RunView
@@ -52,15 +53,6 @@ class RestoredRun(msgspec.Struct, frozen=True):
     run_id: str
     state: RunState | None
     problem: str | None = None  # corrupt / incompatible: reported, never loaded
-
-
-class RunUpdate(msgspec.Struct, frozen=True):
-    """One entry of a Run's history or a live change, for ``subscribe``."""
-
-    event: str
-    run: RunView
-    detail: Any = None
-    history: bool = False
 
 
 def _version_tuple(v: str) -> tuple[int, ...]:
@@ -131,6 +123,7 @@ class Runtime:
                 slot.restored_wait = True
                 waiting.append(state.run_id)
             else:  # resume, route, recover
+                slot.recovering = verdict.row == "recover" and state.phase == "executing"
                 self._to_start.append(slot)
                 resumed.append(state.run_id)
         if strict and attention:
@@ -218,8 +211,9 @@ class Runtime:
     async def sync(self, slot: RunSlot) -> None:
         """Make everything appended durable; a failed batch fails exactly its Runs."""
         try:
+            upto = slot.mark()
             await self.journal.sync(slot.run_id)
-            slot.publish()
+            slot.publish(upto=upto)
         except CheckpointFailed as exc:
             for run_id in exc.run_ids:
                 other = self.runs.get(run_id)
@@ -326,6 +320,7 @@ class Runtime:
         self.append(slot, Answered(at=now, action_id=action_id, answer=msgspec.to_builtins(typed)))
         if slot.restored_wait:
             slot.restored_wait = False
+            await self.sync(slot)  # `answered` is durable before recover sees the answer
             self.driver.launch(slot)  # the driver continues through recover
         else:
             self.append(
@@ -333,7 +328,6 @@ class Runtime:
             )
             await self.sync(slot)
             slot.deliver(typed)
-        slot.publish("answered", {"actionId": action_id})
         return await self.wait_stable(run_id)
 
     async def cancel(self, run_id: str) -> tuple[RunView, bool]:
@@ -473,7 +467,7 @@ class Runtime:
             ),
         )
         slot.agent.reset()
-        slot.publish("agent_completed", {"outcome": outcome})
+        await self.sync(slot)  # the outcome is durable before routing or reporting
         self.driver.launch(slot)
         return await self.wait_stable(run_id)
 
@@ -497,21 +491,23 @@ class Runtime:
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def suspend(self, grace: float = 10.0) -> None:
+    async def suspend(self, grace: float = 10.0, reason: str | None = None) -> None:
         """Host stop: Runs stop at their next boundary; checkpoints are kept; nothing is rewritten.
 
         Steps already running get ``grace`` seconds to reach their boundary; what is still
-        running then is abandoned, and the next start reports it RUN_INTERRUPTED.
+        running then is abandoned, and the next start reports it RUN_INTERRUPTED. ``reason``
+        replaces "The host stopped." in the Runs' views (the host may stay up, e.g. after its
+        log failed).
         """
         self.closing = True
         self.driver.stopping = True
         for slot in self.runs.values():
             if slot.view().status == "waiting":
-                slot.suspend()
+                slot.suspend(reason)
         await self.driver.drain(grace)
         for slot in self.runs.values():
             if slot.view().status == "running":
-                slot.suspend()
+                slot.suspend(reason)
 
     def counts(self) -> dict[str, int]:
         out = {"running": 0, "waiting": 0, "completed": 0, "failed": 0}

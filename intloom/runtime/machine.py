@@ -69,8 +69,9 @@ ALLOWED: Final[dict[str | None, frozenset[str]]] = {
     "header": frozenset({"stage_pending"}),
     "stage_pending": frozenset({"executing", "step_ready", "terminal"}),
     "step_ready": frozenset({"executing", "terminal"}),
+    # executing -> executing only for `recover` taking over an answer the Step never acted on.
     "executing": frozenset(
-        {"step_ready", "effect_started", "step_result", "waiting", "terminal"}
+        {"executing", "step_ready", "effect_started", "step_result", "waiting", "terminal"}
     ),
     "effect_started": frozenset({"effect_done", "terminal"}),
     "effect_done": frozenset({"effect_started", "step_result", "waiting", "terminal"}),
@@ -245,6 +246,7 @@ def apply(state: RunState | None, record: Record) -> RunState:
             pending_action=None,
             answered_action=action,
             answer=record.answer,
+            last_effect=None,  # from here on, an effect means the answer was acted on
         )
     assert isinstance(record, Terminal)
     if record.status == "failed" and record.error is None:
@@ -269,7 +271,8 @@ def _apply_executing(state: RunState, record: Executing, base: dict[str, Any]) -
         "agent": ("waiting",),
     }
     if state.phase not in allowed_from[kind] and not (
-        kind == "step" and state.phase == "answered"
+        (kind == "step" and state.phase == "answered")
+        or (kind == "recover" and _answer_untouched(state))
     ):
         raise _illegal(state, record, f"{kind} cannot start after {state.phase}")
     if state.phase == "waiting" and state.pending_agent_call is None:
@@ -307,6 +310,18 @@ def _apply_waiting(state: RunState, record: Waiting, base: dict[str, Any]) -> Ru
         pending_action=record.action,
         pending_agent_call=record.agent_call,
         stage_state=record.state if record.state is not None else state.stage_state,
+    )
+
+
+def _answer_untouched(state: RunState) -> bool:
+    """The Step resumed after an accepted answer and has not acted on it durably yet: its
+    journal ends at ``executing`` with the answer saved and no effect since."""
+    return (
+        state.phase == "executing"
+        and state.executing_kind == "step"
+        and state.answered_action is not None
+        and state.effect_in_flight is None
+        and state.last_effect is None
     )
 
 
@@ -350,7 +365,9 @@ def restart_verdict(state: RunState, has_recover: bool) -> Verdict:
         if state.dismissed:
             return Verdict("terminal", "the Run was interrupted earlier and then dismissed")
         return Verdict("terminal", f"the Run ended {state.status}; kept for inspect only")
-    if phase in ("header", "stage_pending"):
+    if phase == "header":
+        return Verdict("resume", "safe boundary: the Run was created and enters its first Stage")
+    if phase == "stage_pending":
         return Verdict("resume", f"safe boundary: entering {where}")
     if phase == "step_ready":
         return Verdict("resume", f"safe boundary: {where} is ready to run")
@@ -376,7 +393,7 @@ def restart_verdict(state: RunState, has_recover: bool) -> Verdict:
             "interrupted",
             f"{where} waits on {action.kind} {action.id} but its Step has no recover entry",
         )
-    if phase == "answered":
+    if phase == "answered" or _answer_untouched(state):
         action_id = state.answered_action.id if state.answered_action else "?"
         if has_recover:
             return Verdict(

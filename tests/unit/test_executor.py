@@ -432,3 +432,29 @@ def test_interrupted_run_names_its_effect_and_cancel_dismisses_it() -> None:
     run(second)
     final = fold(journal.of(run_id))
     assert final is not None and final.phase == "terminal" and final.dismissed
+
+
+@pytest.mark.parametrize("step_kind", ["sync", "async"])
+def test_a_step_calling_sys_exit_fails_its_run_not_the_host(step_kind: str) -> None:
+    import sys
+
+    wf = intloom.Workflow("exit", version="1")
+    st = wf.stage("s")
+    if step_kind == "sync":
+        @st.step("a", routes={"ok": intloom.COMPLETE})
+        def a(ctx: Any) -> str:
+            sys.exit(3)
+    else:
+        @st.step("a", routes={"ok": intloom.COMPLETE})
+        async def a_async(ctx: Any) -> str:
+            raise SystemExit(3)
+
+    async def main() -> None:
+        rt = Runtime(loaded(wf), MemoryJournal(), package_version="0.1.0")
+        rt.restore([])
+        view = await rt.wait_stable((await rt.create_run("exit", "go")).run_id)
+        assert view.status == "failed" and view.last_error is not None
+        assert view.last_error.code == "STEP_EXECUTION_FAILED"
+        assert "SystemExit" in view.last_error.message
+
+    run(main)

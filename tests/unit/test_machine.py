@@ -156,7 +156,8 @@ def test_replaying_any_prefix_rebuilds_the_same_state(records: list[Record], dat
             verdict = restart_verdict(final, has_recover)
             expected = {
                 "header": {"resume"}, "stage_pending": {"resume"}, "step_ready": {"resume"},
-                "step_result": {"route"}, "executing": {"interrupted"},
+                "step_result": {"route"},
+                "executing": {"interrupted", "recover"} if has_recover else {"interrupted"},
                 "effect_started": {"interrupted"}, "effect_done": {"interrupted"},
                 "terminal": {"terminal"},
                 "waiting": {"restore_wait"} if has_recover else {"interrupted"},
