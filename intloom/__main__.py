@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from intloom.cli.app import main
+from intloom.cli.entry import run
 
-raise SystemExit(main())
+run()

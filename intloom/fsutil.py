@@ -9,20 +9,29 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fnmatch
 import os
 import stat
 from pathlib import Path
+from typing import Final
 
 __all__ = [
+    "WRITE_FAULT_ENV",
     "PrivacyError",
     "atomic_write",
     "check_private_dir",
     "ensure_private_dir",
     "fsync_dir",
+    "injected_write_fault",
     "read_private",
     "replace_file",
     "write_all",
 ]
+
+# Test hook: ``NAME=ERRNO[,NAME=ERRNO...]`` makes every replacement of a private file whose
+# name matches the glob NAME fail with that errno (ENOSPC, EIO, ...) after half of its bytes
+# reached the temp file -- what a disk that fills up mid-write leaves behind.
+WRITE_FAULT_ENV: Final = "INTLOOM_TEST_WRITE_FAULT"
 
 
 class PrivacyError(Exception):
@@ -120,6 +129,24 @@ def write_all(fd: int, data: bytes | memoryview) -> None:
         view = view[written:]
 
 
+def injected_write_fault(name: str) -> OSError | None:
+    """The failure ``INTLOOM_TEST_WRITE_FAULT`` asks for when writing file ``name``, if any."""
+    spec = os.environ.get(WRITE_FAULT_ENV)
+    if not spec:
+        return None
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        pattern, _, code_name = item.partition("=")
+        code = getattr(errno, code_name.strip(), None)
+        if not isinstance(code, int):
+            raise ValueError(
+                f"{WRITE_FAULT_ENV} item {item!r} is not understood; use GLOB=ERRNO, e.g. "
+                "service.json=ENOSPC"
+            )
+        if fnmatch.fnmatchcase(name, pattern.strip()):
+            return OSError(code, f"{os.strerror(code)} (injected by {WRITE_FAULT_ENV})")
+    return None
+
+
 def replace_file(directory: Path, name: str, data: bytes, *, mode: int = 0o600) -> None:
     """Replace ``directory/name`` atomically (not yet durable: the caller fsyncs the directory).
 
@@ -135,6 +162,10 @@ def replace_file(directory: Path, name: str, data: bytes, *, mode: int = 0o600) 
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:
         try:
+            fault = injected_write_fault(name)
+            if fault is not None:
+                write_all(fd, data[: len(data) // 2])
+                raise fault
             write_all(fd, data)
             os.fsync(fd)
         finally:

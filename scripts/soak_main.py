@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+import msgspec
 import psutil
 
 from intloom.authoring.loader import LoadedWorkflow, load_workflows
@@ -51,8 +52,11 @@ from intloom.errors import IntloomError
 from intloom.project import ProjectPaths, load_config
 from intloom.runtime.machine import restart_verdict
 from intloom.runtime.model import RunView
-from intloom.runtime.records import EffectDone, EffectStarted, StepResult
-from intloom.store import read_history, verify_report
+from intloom.runtime.records import EffectDone, EffectStarted, Record, StepResult, decode_record
+from intloom.store import verify_report
+from intloom.store.files import Layout, list_names, read_file
+from intloom.store.framing import KIND_RECORD, KIND_VOID, VoidNotice, scan_segment, segment_number
+from intloom.store.snapshots import read_manifest
 
 REPO: Final = Path(__file__).resolve().parent.parent
 FIXTURE: Final = REPO / "fixtures" / "projects" / "soak"
@@ -86,6 +90,7 @@ class Config:
 @dataclass
 class HostSample:
     pid: int
+    create_time: float  # with the pid, who this host is: a reused pid is never ours
     cause: str  # first / graceful / kill / final-check
     ready_rss: int = 0
     ready_fds: int = 0
@@ -103,6 +108,7 @@ class RunInfo:
     epoch: int
     status: str = "running"
     view: RunView | None = None
+    seen_epoch: int = 0  # the host instance that last showed ``status``
 
 
 class Soak:
@@ -117,6 +123,7 @@ class Soak:
         self.up = threading.Event()
         self.loading = threading.Event()  # creators may add Runs
         self.quit = threading.Event()
+        self.cut = threading.Event()  # the hard deadline passed
         self.epoch = 0
         self.violations: list[str] = []
         self.stats: Counter[str] = Counter()
@@ -128,6 +135,8 @@ class Soak:
         self.dispatched: set[tuple[str, str]] = set()
         self.first_seen: dict[tuple[str, str], float] = {}
         self.threads: list[threading.Thread] = []
+        self.followers: set[Client] = set()  # closed at quit: a stream has no timeout
+        self.end_sample: HostSample | None = None  # the last soak host, idle, at the end
 
     # ----- bookkeeping ----------------------------------------------------------------------
 
@@ -141,26 +150,35 @@ class Soak:
         with self.lock:
             self.errors[exc.code] += 1
             restarted = epoch != self.epoch or not self.up.is_set()
-        if exc.code in TRANSIENT:
-            return
-        if exc.code in STALE and restarted:
+        # Only a stop, a kill or a start between seeing something and acting on it excuses an
+        # error; the same error while the host simply serves is a finding.
+        if restarted and (exc.code in TRANSIENT or exc.code in STALE):
             return
         self.violation(f"{where}: unexpected {exc.code}: {exc.message}")
+
+    def count(self, key: str, n: int = 1) -> None:
+        with self.lock:
+            self.stats[key] += n
 
     def host(self) -> HostSample | None:
         with self.lock:
             return self.hosts[-1] if self.hosts else None
 
-    def connect(self) -> Client | None:
-        """A client of the current host, or None while it is down or quitting."""
+    def connect(self) -> tuple[Client, int] | None:
+        """A client of the current host and that host's epoch; None once quitting.
+
+        The epoch is read before connecting: should a restart slip in between, the client
+        is labelled with the older host, which only ever excuses more.
+        """
         while not self.quit.is_set():
             if not self.up.wait(0.2):
                 continue
+            epoch = self.epoch
             try:
-                return Client.connect(self.root, request_timeout=60.0)
+                return Client.connect(self.root, request_timeout=60.0), epoch
             except IntloomError as exc:
-                self.note_error("connect", exc, self.epoch)
-                self.up.wait(0.05)
+                self.note_error("connect", exc, epoch)
+                self.quit.wait(0.05)
         return None
 
     def spawn(self, name: str, target: Any, *args: Any) -> None:
@@ -189,9 +207,11 @@ def _sockets(pid: int) -> tuple[list[str], list[str]]:
 
 
 def start_host(soak: Soak, cause: str) -> None:
+    if soak.cut.is_set():
+        raise CutShort("the soak was cut short before a host start")
     service = start_service(soak.root, timeout=120.0).service
-    sample = HostSample(pid=service.pid, cause=cause)
     proc = psutil.Process(service.pid)
+    sample = HostSample(pid=service.pid, create_time=proc.create_time(), cause=cause)
     sample.ready_rss, sample.ready_fds = _sample(proc)
     sample.peak_rss, sample.peak_fds = sample.ready_rss, sample.ready_fds
     sample.last_rss, sample.last_fds = sample.ready_rss, sample.ready_fds
@@ -222,6 +242,17 @@ def _port_free(port: int) -> bool:
     return True
 
 
+class CutShort(Exception):
+    """The hard deadline passed: stop driving, judge what there is."""
+
+
+def sleep_until(soak: Soak, moment: float) -> None:
+    """Wait for a scheduled moment of the soak (not for a condition), unless it is cut short."""
+    while time.monotonic() < moment:
+        if soak.quit.wait(min(0.05, max(0.0, moment - time.monotonic()))):
+            raise CutShort("the hard deadline passed")
+
+
 def poll(what: str, fn: Any, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while not fn():
@@ -234,7 +265,7 @@ def graceful_cycle(soak: Soak) -> None:
     soak.up.clear()
     if not stop_service(soak.root, timeout=60.0):
         soak.violation("graceful cycle: stop found no running host")
-    soak.stats["cycles.graceful"] += 1
+    soak.count("cycles.graceful", 1)
     start_host(soak, "graceful")
 
 
@@ -242,6 +273,8 @@ def kill_cycle(soak: Soak) -> None:
     sample = soak.host()
     assert sample is not None
     soak.up.clear()
+    if psutil.Process(sample.pid).create_time() != sample.create_time:
+        raise RuntimeError(f"host {sample.pid} is not the process this soak started")
     os.kill(sample.pid, signal.SIGKILL)
     port = json.loads((soak.root / ".intloom" / "connection.json").read_text())["port"]
     poll(f"host {sample.pid} to exit", lambda: _gone(sample.pid), 20.0)
@@ -252,7 +285,7 @@ def kill_cycle(soak: Soak) -> None:
     result = recover(soak.root, dry_run=False)
     if not result.recovered:
         soak.violation(f"kill cycle: recover did not recover ({result})")
-    soak.stats["cycles.kill"] += 1
+    soak.count("cycles.kill", 1)
     start_host(soak, "kill")
 
 
@@ -289,15 +322,16 @@ def _unfinished(soak: Soak) -> int:
 def creator(soak: Soak, index: int) -> None:
     rng = random.Random(soak.cfg.seed * 1000 + index)
     client: Client | None = None
+    epoch = 0  # the host ``client`` is connected to
     while soak.loading.is_set() and not soak.quit.is_set():
         if _unfinished(soak) >= soak.cfg.runs:
             soak.quit.wait(0.05)
             continue
         if client is None:
-            client = soak.connect()
-            if client is None:
+            got = soak.connect()
+            if got is None:
                 return
-        epoch = soak.epoch
+            client, epoch = got
         workflow = rng.choice(WORKFLOWS)
         try:
             view = client.create_run(workflow, _intent(rng, workflow, soak.cfg.max_goal),
@@ -308,7 +342,8 @@ def creator(soak: Soak, index: int) -> None:
             client = None
             continue
         with soak.lock:
-            soak.runs[view.run_id] = RunInfo(workflow=workflow, epoch=epoch, view=view)
+            soak.runs.setdefault(view.run_id, RunInfo(workflow=workflow, epoch=epoch, view=view,
+                                                      seen_epoch=epoch))
             soak.stats["runs.created"] += 1
     if client is not None:
         client.close()
@@ -332,13 +367,14 @@ def scanner(soak: Soak) -> None:
     """Lists the host's Runs, records what it shows, and queues the answers and Agent work."""
     rng = random.Random(soak.cfg.seed + 7)
     client: Client | None = None
+    epoch = 0  # the host ``client`` is connected to: the one whose listing this is
     seen_epoch = -1
     while not soak.quit.is_set():
         if client is None:
-            client = soak.connect()
-            if client is None:
+            got = soak.connect()
+            if got is None:
                 return
-        epoch = soak.epoch
+            client, epoch = got
         try:
             views = client.runs()
         except IntloomError as exc:
@@ -358,19 +394,24 @@ def scanner(soak: Soak) -> None:
             for view in views:
                 info = soak.runs.get(view.run_id)
                 if info is None:
-                    continue  # created a moment ago; the creator records it
-                info.status, info.view = view.status, view
+                    # Created by a request whose reply was lost to a stop or a kill (it is
+                    # never resent), or a moment ago: either way, drive it and judge it.
+                    info = soak.runs[view.run_id] = RunInfo(workflow=view.flow_name,
+                                                            epoch=epoch)
+                info.status, info.view, info.seen_epoch = view.status, view, epoch
         for view in views:
             if view.status != "waiting":
                 continue
             if view.pending_action is not None:
                 action = view.pending_action
                 _schedule(soak, (view.run_id, action.id),
-                          ("answer", view.run_id, action.id, action.kind, action.request), rng)
+                          ("answer", view.run_id, action.id, epoch, action.kind, action.request),
+                          rng)
             elif view.pending_agent_call is not None and view.pending_agent_call.phase == \
                     "available":
                 call = view.pending_agent_call
-                _schedule(soak, (view.run_id, call.id), ("agent", view.run_id, call.id), rng)
+                _schedule(soak, (view.run_id, call.id),
+                          ("agent", view.run_id, call.id, epoch), rng)
         soak.quit.wait(0.1)
     if client is not None:
         client.close()
@@ -388,14 +429,14 @@ def _answer_for(kind: str, request: Any, rng: random.Random) -> Any:
 
 def _do_job(soak: Soak, client: Client, job: tuple[Any, ...], rng: random.Random) -> None:
     if job[0] == "answer":
-        _, run_id, action_id, kind, request = job
+        _, run_id, action_id, _epoch, kind, request = job
         answer = _answer_for(kind, request, rng)
         client.answer(run_id, action_id, answer)
-        soak.stats["answers"] += 1
+        soak.count("answers", 1)
         if kind == "confirmation" and not answer["isConfirmed"]:
-            soak.stats["answers.declined"] += 1
+            soak.count("answers.declined", 1)
         return
-    _, run_id, call_id = job
+    _, run_id, call_id, _epoch = job
     owner, _call = client.claim_agent_call(run_id, call_id, f"claim-{uuid.uuid4()}")
     tool_call = f"{call_id}-lookup"
     payload = {"runId": run_id, "callKey": tool_call}
@@ -404,14 +445,31 @@ def _do_job(soak: Soak, client: Client, job: tuple[Any, ...], rng: random.Random
     if replayed or not replayed_again or again != first:
         soak.violation(f"Run {run_id}: Tool receipt {tool_call} was not replayed exactly "
                        f"({replayed}, {replayed_again}, {first!r}, {again!r})")
-    soak.stats["tool.calls"] += 2
+    soak.count("tool.calls", 2)
     client.complete_agent_call(run_id, call_id, owner, "solved", {"answer": first})
-    soak.stats["agent.tasks"] += 1
+    soak.count("agent.tasks", 1)
+
+
+def _check_conflict(soak: Soak, client: Client, job: tuple[Any, ...]) -> None:
+    """A CONFLICT is right only if the wait it answered is no longer the Run's current one."""
+    run_id, wait_id = job[1], job[2]
+    try:
+        view = client.get_run(run_id)
+    except IntloomError:
+        return  # the host went away meanwhile; nothing to compare with
+    current = view.pending_action.id if view.pending_action is not None else None
+    call = view.pending_agent_call
+    if call is not None and call.phase == "available":
+        current = call.id
+    if view.status == "waiting" and current == wait_id:
+        soak.violation(f"Run {run_id}: {job[0]} to {wait_id} got CONFLICT, yet the Run still "
+                       "waits on it")
 
 
 def worker(soak: Soak, index: int) -> None:
     rng = random.Random(soak.cfg.seed * 31 + index)
     client: Client | None = None
+    client_epoch = 0
     while not soak.quit.is_set():
         with soak.jobs_cv:
             while not soak.quit.is_set():
@@ -424,14 +482,19 @@ def worker(soak: Soak, index: int) -> None:
                 break
         key = (job[1], job[2])
         if client is None:
-            client = soak.connect()
-            if client is None:
+            got = soak.connect()
+            if got is None:
                 return
-        epoch = soak.epoch
+            client, client_epoch = got
+        # The older of the host that showed the wait and the one we talk to: a restart
+        # since either makes an error expected.
+        epoch = min(job[3], client_epoch)
         try:
             _do_job(soak, client, job, rng)
         except IntloomError as exc:
             soak.note_error(job[0], exc, epoch)
+            if exc.code == "CONFLICT":
+                _check_conflict(soak, client, job)
             if exc.code in TRANSIENT:
                 client.close()
                 client = None
@@ -447,19 +510,23 @@ def follower(soak: Soak, index: int) -> None:
     rng = random.Random(soak.cfg.seed * 97 + index)
     while not soak.quit.is_set():
         with soak.lock:
-            live = [r for r, i in soak.runs.items() if i.status in ("running", "waiting")]
+            live = {r: i.seen_epoch for r, i in soak.runs.items()
+                    if i.status in ("running", "waiting")}
         if not live:
             soak.quit.wait(0.1)
             continue
         run_id = rng.choice(sorted(live))
-        client = soak.connect()
-        if client is None:
+        got = soak.connect()
+        if got is None:
             return
-        epoch = soak.epoch
+        client, client_epoch = got
+        with soak.lock:
+            soak.followers.add(client)
+        epoch = min(live[run_id], client_epoch)  # what the choice was based on
         live_seen = False
         try:
             for event in client.subscribe(run_id):
-                soak.stats["subscribe.events"] += 1
+                soak.count("subscribe.events", 1)
                 if event.run.run_id != run_id:
                     soak.violation(f"subscribe {run_id} streamed Run {event.run.run_id}")
                 if event.history and live_seen:
@@ -468,10 +535,13 @@ def follower(soak: Soak, index: int) -> None:
                 if soak.quit.is_set():
                     break
             else:
-                soak.stats["subscribe.streams"] += 1
+                soak.count("subscribe.streams", 1)
         except IntloomError as exc:
-            soak.note_error("subscribe", exc, epoch)
+            if not soak.quit.is_set():
+                soak.note_error("subscribe", exc, epoch)
         finally:
+            with soak.lock:
+                soak.followers.discard(client)
             client.close()
 
 
@@ -505,28 +575,44 @@ def drive(soak: Soak, started: float) -> None:
         soak.spawn(f"follower-{i}", follower, soak, i)
     soak.stats["clients.attached"] = cfg.clients
     last_end = time.monotonic()
-    for moment, kind in _cycle_plan(soak):
-        at = max(started + moment, last_end + 0.5)
-        while time.monotonic() < at:
-            time.sleep(min(0.05, at - time.monotonic()))  # waiting for a scheduled moment
-        (graceful_cycle if kind == "graceful" else kill_cycle)(soak)
-        last_end = time.monotonic()
-    while time.monotonic() < started + cfg.window:
-        time.sleep(0.05)  # the rest of the load window
+    try:
+        for moment, kind in _cycle_plan(soak):
+            sleep_until(soak, max(started + moment, last_end + 0.5))
+            (graceful_cycle if kind == "graceful" else kill_cycle)(soak)
+            last_end = time.monotonic()
+        sleep_until(soak, started + cfg.window)  # the rest of the load window
+        soak.loading.clear()
+        settle_by = time.monotonic() + cfg.settle
+        while not _settled(soak):
+            if time.monotonic() > settle_by:
+                with soak.lock:
+                    left = [r for r, i in soak.runs.items() if i.status in ("running", "waiting")]
+                soak.violation(f"{len(left)} Run(s) did not settle within {cfg.settle}s: "
+                               f"{left[:5]}")
+                break
+            sleep_until(soak, time.monotonic() + 0.1)  # a poll of what the scanner saw
+    finally:
+        _unwind(soak)
+
+
+def _unwind(soak: Soak) -> None:
+    """Stop every driver thread; a follower blocked on a stream is unblocked by closing it."""
     soak.loading.clear()
-    settle_by = time.monotonic() + cfg.settle
-    while not _settled(soak):
-        if time.monotonic() > settle_by:
-            with soak.lock:
-                left = [r for r, i in soak.runs.items() if i.status in ("running", "waiting")]
-            soak.violation(f"{len(left)} Run(s) did not settle within {cfg.settle}s: {left[:5]}")
-            break
-        time.sleep(0.1)  # a poll of what the scanner saw
     soak.quit.set()
     with soak.jobs_cv:
         soak.jobs_cv.notify_all()
+        followers = list(soak.followers)
+    for client in followers:
+        # A stream has no timeout, and closing a socket does not wake a thread blocked in
+        # recv on it: shut it down first (a follower of a Run that never ended).
+        sock = getattr(client, "_sock", None)
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        client.close()
+    join_by = time.monotonic() + 30
     for thread in soak.threads:
-        thread.join(timeout=30)
+        thread.join(timeout=max(0.1, join_by - time.monotonic()))
         if thread.is_alive():
             soak.violation(f"thread {thread.name} did not finish")
 
@@ -541,14 +627,25 @@ def _final_host_check(soak: Soak) -> list[RunView]:
         poll("the host to release client sockets",
              lambda: proc.num_fds() <= soak.hosts[0].ready_fds + 2, 10.0)
     sample.last_rss, sample.last_fds = _sample(proc)
+    soak.end_sample = sample
     with Client.connect(soak.root) as client:
         return client.runs()
 
 
+def rss_limit(start: int) -> int:
+    """How far above its start an idle host may sit and still count as "back near it".
+
+    By design it keeps the 1,000 most recently ended Runs (~10 MB) and the decoded tail of
+    its current segment (bounded by rotation), and the allocator keeps its high-water mark;
+    a leak grows with every Run and crosses this in a full soak.
+    """
+    return start + max(32 * MIB, start // 2)
+
+
 def _memory_verdict(soak: Soak) -> None:
-    first, last = soak.hosts[0], soak.hosts[-1]
-    rss_limit = first.ready_rss + max(32 * MIB, first.ready_rss // 2)
-    if last.last_rss > rss_limit:
+    first, last = soak.hosts[0], soak.end_sample
+    assert last is not None
+    if last.last_rss > rss_limit(first.ready_rss):
         soak.violation(f"host memory did not come back: {last.last_rss // MIB} MiB at the end "
                        f"against {first.ready_rss // MIB} MiB at the start")
     if last.last_fds > first.ready_fds + 4:
@@ -566,16 +663,50 @@ def _counters(root: Path) -> Counter[tuple[str, str, str]]:
     return lines
 
 
-def judge(soak: Soak, last_views: list[RunView], restarted_views: list[RunView]) -> dict[str, Any]:
-    """The offline verdict: journals, counters, and what the hosts showed."""
+def _records(runtime: Path) -> dict[str, list[Record]]:
+    """Every durable record of every Run, in log order, in one pass over the segments.
+
+    (``read_history`` does this for one Run per pass.) Segments are never deleted, so the
+    log holds every record; bytes at or after a void notice's offset never count.
+    """
+    layout = Layout(runtime)
+    scans = []
+    for name in list_names(layout.wal):
+        number = segment_number(name)
+        data = read_file(layout.wal / name) if number is not None else None
+        if number is not None and data is not None:
+            scans.append(scan_segment(name, number, data))
+    manifest = read_manifest(layout)
+    notices = list(manifest.voids) if manifest else []
+    for scan in scans:
+        notices.extend(msgspec.msgpack.decode(f.payload, type=VoidNotice)
+                       for f in scan.frames if f.kind == KIND_VOID)
+    cuts: dict[int, int] = {}
+    for notice in notices:
+        cuts[notice.segment] = min(cuts.get(notice.segment, notice.offset), notice.offset)
+    out: dict[str, list[Record]] = {}
+    for scan in sorted(scans, key=lambda s: s.number):
+        cut = cuts.get(scan.number)
+        for frame in scan.frames:
+            if frame.kind == KIND_RECORD and (cut is None or frame.offset < cut):
+                out.setdefault(frame.run_id, []).append(decode_record(frame.payload))
+    return out
+
+
+def judge(soak: Soak, last_views: list[RunView] | None,
+          restarted_views: list[RunView] | None) -> dict[str, Any]:
+    """The offline verdict: journals, counters, and (when given) what the hosts showed."""
     runtime = ProjectPaths(soak.root).runtime
     report = verify_report(runtime)
+    records = _records(runtime)
     journals = {j.run_id: j for j in report.runs}
     counters = _counters(soak.root)
     workflows: dict[str, LoadedWorkflow] = load_workflows(
         soak.root, load_config(soak.root)).workflows
-    shown = {v.run_id: v for v in last_views}
-    restarted = {v.run_id: v for v in restarted_views}
+    shown = {v.run_id: v for v in last_views or []}
+    restarted = {v.run_id: v for v in restarted_views or []}
+    hosts = [] if last_views is None or restarted_views is None else [
+        (shown, "the last host"), (restarted, "a restarted host")]
     out: Counter[str] = Counter()
     for problem in report.files:
         if problem.kind == "torn":
@@ -585,7 +716,9 @@ def judge(soak: Soak, last_views: list[RunView], restarted_views: list[RunView])
     for (run_id, kind, key), n in counters.items():
         if n > 1:
             soak.violation(f"Run {run_id}: {kind} {key} ran {n} times")
-    for run_id in sorted(soak.runs):
+    # A Run whose create reply was lost and that ended before any listing showed it.
+    out["runs.unseen"] = len(set(journals) - set(soak.runs))
+    for run_id in sorted(set(soak.runs) | set(journals)):
         journal = journals.get(run_id)
         if journal is None or journal.state is None:
             soak.violation(f"Run {run_id}: no journal")
@@ -596,10 +729,7 @@ def judge(soak: Soak, last_views: list[RunView], restarted_views: list[RunView])
         state = journal.state
         started: set[str] = set()
         done: set[str] = set()
-        for entry in read_history(runtime, run_id):
-            if entry.verdict != "ok" and entry.verdict != "snapshot":
-                continue
-            record = entry.record
+        for record in records.get(run_id, []):
             if isinstance(record, EffectStarted):
                 started.add(record.key)
             elif isinstance(record, EffectDone):
@@ -635,7 +765,7 @@ def judge(soak: Soak, last_views: list[RunView], restarted_views: list[RunView])
             out["effects.inFlightAtCrash"] += 1
             if verdict.effect is None or verdict.effect.key not in in_flight:
                 soak.violation(f"Run {run_id}: effect {sorted(in_flight)} in flight, not named")
-        for views, who in ((shown, "the last host"), (restarted, "a restarted host")):
+        for views, who in hosts:
             view = views.get(run_id)
             code = view.last_error.code if view and view.last_error else None
             if view is None or view.status != "failed" or code != "RUN_INTERRUPTED":
@@ -645,9 +775,9 @@ def judge(soak: Soak, last_views: list[RunView], restarted_views: list[RunView])
                     and verdict.effect.key not in view.last_error.message:
                 soak.violation(f"Run {run_id}: RUN_INTERRUPTED does not name effect "
                                f"{verdict.effect.key}")
-    extra = set(restarted) - set(soak.runs)
+    extra = set(restarted) - set(journals)
     if extra:
-        soak.violation(f"a restarted host lists Runs nobody created: {sorted(extra)[:5]}")
+        soak.violation(f"a restarted host lists Runs without a journal: {sorted(extra)[:5]}")
     out["effects.ran"] = sum(1 for (_r, kind, _k) in counters if kind == "effect")
     out["steps.ran"] = sum(1 for (_r, kind, _k) in counters if kind in ("step", "init",
                                                                        "recover"))
@@ -655,6 +785,13 @@ def judge(soak: Soak, last_views: list[RunView], restarted_views: list[RunView])
     out["journal.runsVerified"] = len(report.runs)
     out["journal.segmentsRead"] = report.stats.segments_read
     return dict(out)
+
+
+def rejudge(root: Path) -> list[str]:
+    """The offline part of the verdict again, on a kept project (journals and counters)."""
+    soak = Soak(Config(), root.resolve())
+    judge(soak, None, None)
+    return soak.violations
 
 
 def run_soak(cfg: Config, workdir: Path | None = None) -> dict[str, Any]:
@@ -681,7 +818,11 @@ def run_soak(cfg: Config, workdir: Path | None = None) -> dict[str, Any]:
         verdict = judge(soak, last_views, restarted)
         _memory_verdict(soak)
     except Exception as exc:  # the summary must still come out, naming what broke
-        soak.violation(f"the soak itself failed: {type(exc).__name__}: {exc}")
+        if not isinstance(exc, CutShort) and not soak.cut.is_set():
+            soak.violation(f"the soak itself failed: {type(exc).__name__}: {exc}")
+        _reap(soak)
+        with contextlib.suppress(Exception):  # what is on disk can still be judged
+            verdict = judge(soak, None, None)
     finally:
         hard_stop.cancel()
         soak.quit.set()
@@ -695,34 +836,39 @@ def run_soak(cfg: Config, workdir: Path | None = None) -> dict[str, Any]:
 
 
 def _reap(soak: Soak) -> None:
-    """Kill any host this soak started that is still alive (only those, by pid)."""
-    for sample in soak.hosts:
-        with contextlib.suppress(psutil.Error):
+    """Kill any host this soak started that is still alive: by pid *and* create time."""
+    with soak.lock:
+        samples = list(soak.hosts)
+    for sample in samples:
+        with contextlib.suppress(Exception):
             proc = psutil.Process(sample.pid)
-            if proc.status() != psutil.STATUS_ZOMBIE and sample.cause != "reaped":
+            if proc.create_time() == sample.create_time and \
+                    proc.status() != psutil.STATUS_ZOMBIE:
                 proc.kill()
                 proc.wait(5)
 
 
 def _deadline(soak: Soak) -> None:
+    """The hard deadline: record it, stop the drivers, kill our hosts; the judge still runs."""
     soak.violation(f"hard deadline of {soak.cfg.deadline}s reached; the soak was cut short")
+    soak.cut.set()
     soak.quit.set()
     _reap(soak)
-    print(json.dumps(_summary(soak, {}, soak.cfg.deadline)), flush=True)
-    os._exit(2)
 
 
 def _summary(soak: Soak, verdict: dict[str, Any], elapsed: float) -> dict[str, Any]:
     cfg = soak.cfg
     hosts = soak.hosts
-    first = hosts[0] if hosts else HostSample(pid=0, cause="none")
-    last = hosts[-2] if len(hosts) > 1 else first  # the last soak host, not the final check
+    first = hosts[0] if hosts else HostSample(pid=0, create_time=0.0, cause="none")
+    last = soak.end_sample or first
     listen = sorted({a.split(":")[0] for h in hosts for a in h.listen})
     return {
         "seed": cfg.seed,
         "durationS": round(elapsed, 1),
         "runs": {
-            "created": soak.stats["runs.created"],
+            "created": len(soak.runs),
+            "replyLost": len(soak.runs) - soak.stats["runs.created"]
+            + verdict.get("runs.unseen", 0),
             "concurrent": cfg.runs,
             "completed": verdict.get("runs.completed", 0),
             "interrupted": verdict.get("runs.row.interrupted", 0),
@@ -749,6 +895,7 @@ def _summary(soak: Soak, verdict: dict[str, Any], elapsed: float) -> dict[str, A
             "peakFds": max((h.peak_fds for h in hosts), default=0),
             "endRssMiB": round(last.last_rss / MIB, 1),
             "endFds": last.last_fds,
+            "endRssLimitMiB": round(rss_limit(first.ready_rss) / MIB, 1),
             "listen": listen,
         },
         "journal": {"runsVerified": verdict.get("journal.runsVerified", 0),
@@ -770,9 +917,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the project directory")
     args = parser.parse_args(argv)
     cfg = Config(**{k: v for k, v in vars(args).items()})
+    # Last resort, should unwinding after the deadline itself hang: exit, never linger.
+    stuck = threading.Timer(cfg.deadline + 120.0, _stuck)
+    stuck.daemon = True
+    stuck.start()
     summary = run_soak(cfg)
+    stuck.cancel()
     print(json.dumps(summary, indent=2), flush=True)
     return 1 if summary["violations"] else 0
+
+
+def _stuck() -> None:
+    print(json.dumps({"violations": ["the soak did not unwind after its hard deadline"]}),
+          flush=True)
+    os._exit(2)
 
 
 if __name__ == "__main__":

@@ -17,3 +17,14 @@ def project(tmp_path: Path) -> Iterator[Project]:
     finally:
         proj.track_host()
         proj.reap()
+
+
+@pytest.fixture
+def soak_project(tmp_path: Path) -> Iterator[Project]:
+    """A copy of fixtures/projects/soak (Workflows that count what they run); reaped likewise."""
+    proj = make_project(tmp_path, "soak")
+    try:
+        yield proj
+    finally:
+        proj.track_host()
+        proj.reap()

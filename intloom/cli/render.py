@@ -266,6 +266,8 @@ def service_lines(service: Mapping[str, Any], title: str = "Service running") ->
     )
     if service.get("logFile"):
         lines.append(f"Log {service['logFile']}")
+    if service.get("logError"):
+        lines.append(f"Log error {service['logError']} New work is refused; run intloom stop.")
     restore = service.get("restore")
     lines.extend(restore_lines(restore if isinstance(restore, Mapping) else None))
     return lines

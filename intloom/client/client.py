@@ -69,6 +69,20 @@ def _metadata_invalid(message: str) -> IntloomError:
     return IntloomError("CLI_SERVICE_METADATA_INVALID", message)
 
 
+def _dial(port: int, timeout: float) -> socket.socket:
+    """A TCP connection to 127.0.0.1:``port``. A literal address needs no resolver, and
+    ``create_connection`` would run it through ``getaddrinfo``, which imports the idna codec
+    (~1 ms of every CLI command)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(timeout)
+        sock.connect(("127.0.0.1", port))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 def _raise_reply(reply: ErrorReply) -> IntloomError:
     view = reply.error
     return IntloomError(view.code, view.message, retryable=view.retryable)
@@ -128,7 +142,7 @@ class Client:
                 f"{conn.port}. Nothing was sent; run intloom doctor."
             )
         try:
-            sock = socket.create_connection(("127.0.0.1", conn.port), timeout=timeout)
+            sock = _dial(conn.port, timeout)
         except OSError as exc:
             raise IntloomError(
                 "CLI_SERVICE_OFFLINE",

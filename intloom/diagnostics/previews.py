@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from intloom.authoring.loader import LoadResult
     from intloom.store.reader import RunJournal
 
-__all__ = ["PreviewVerdict", "RunPreview", "preview_runs"]
+__all__ = ["PreviewVerdict", "RunPreview", "preview_run", "preview_runs"]
 
 JournalStatus = Literal["verified", "corrupt", "incompatible"]
 
@@ -123,6 +123,11 @@ def _preview(journal: RunJournal, loaded: LoadResult | None) -> RunPreview | Non
     return _make(journal, "verified", _verdict(state, loaded), None)
 
 
+def preview_run(journal: RunJournal, loaded: LoadResult | None) -> RunPreview | None:
+    """One Run's preview, judged as ``preview_runs`` judges it; None for a terminal Run."""
+    return _preview(journal, loaded)
+
+
 def preview_runs(
     paths: ProjectPaths, loaded: LoadResult | None, *, host_running: bool
 ) -> tuple[Check, list[RunPreview]]:
@@ -156,13 +161,14 @@ def preview_runs(
     parts.extend(f"{f.path} is {f.kind}: {f.problem}" for f in store.files)
     message = "; ".join(parts) + "."
     nexts: list[str] = []
-    # The host's store refuses to open over a damaged manifest or snapshot (it never guesses
-    # which copy is right); say so before a start fails on it.
-    refusing = [store.manifest_error, *store.snapshot_errors]
-    for err in refusing:
+    # The host's store keeps a damaged manifest or snapshot as it is and reads the whole log
+    # instead, at every start, until the file is moved out.
+    damaged = [store.manifest_error, *store.snapshot_errors]
+    for err in damaged:
         if err is not None:
-            nexts.append(f"intloom start refuses to open the store until {err.path} is moved "
-                         "out of the runtime directory; intloom then rebuilds from the log.")
+            nexts.append(f"intloom start keeps {err.path} as it is and reads the whole log "
+                         "instead, at every start; move the file out of the runtime directory "
+                         "to let intloom write it again.")
     if by_journal["corrupt"] or by_journal["incompatible"] or store.files:
         nexts.append("Inspect each unrestorable Run with intloom inspect RUN; damaged and "
                      "unexpected files are kept byte-identical and never restored or removed.")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hmac
 import secrets
 from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 
@@ -45,6 +45,7 @@ from intloom.runtime.records import (
 __all__ = ["RestoredRun", "RunUpdate", "Runtime"]
 
 _MAX_RECEIPTS = 256
+MAX_FINISHED: Final = 1000
 
 
 class RestoredRun(msgspec.Struct, frozen=True):
@@ -73,12 +74,18 @@ class Runtime:
         *,
         package_version: str,
         on_event: RunObserver | None = None,
+        max_finished: int = MAX_FINISHED,
     ) -> None:
         self.workflows = dict(workflows)
         self.on_event = on_event
         self.journal = journal
         self.package_version = package_version
         self.runs: dict[str, RunSlot] = {}
+        # Ended Runs stay listed for `runs` and `get`, the oldest dropped past the cap (their
+        # journal keeps them for inspect); without it a long-lived host grows ~10 KB per Run.
+        self.max_finished = max_finished
+        self._finished: dict[str, None] = {}  # ended Runs still held, oldest first
+        self._dropped: dict[str, int] = {}  # status counts of the ended Runs no longer held
         self.attention: list[tuple[str, str]] = []
         self.closing = False
         self._restored = False
@@ -214,6 +221,8 @@ class Runtime:
             upto = slot.mark()
             await self.journal.sync(slot.run_id)
             slot.publish(upto=upto)
+            if slot.shown.phase == "terminal":
+                self._retire(slot)
         except CheckpointFailed as exc:
             for run_id in exc.run_ids:
                 other = self.runs.get(run_id)
@@ -224,6 +233,17 @@ class Runtime:
         except OSError as exc:
             self.fail_checkpoint(slot, exc.strerror or str(exc))
             raise IntloomError("RUN_CHECKPOINT_FAILED") from None
+
+    def _retire(self, slot: RunSlot) -> None:
+        """An ended Run: keep it listed, and drop the oldest ended ones past ``max_finished``."""
+        self._finished[slot.run_id] = None
+        while len(self._finished) > self.max_finished:
+            oldest = next(iter(self._finished))
+            del self._finished[oldest]
+            gone = self.runs.pop(oldest, None)
+            if gone is not None:
+                status = gone.view().status
+                self._dropped[status] = self._dropped.get(status, 0) + 1
 
     def fail_checkpoint(self, slot: RunSlot, cause: str) -> None:
         """RUN_CHECKPOINT_FAILED: the Run stops; nothing more is written for it."""
@@ -511,6 +531,8 @@ class Runtime:
 
     def counts(self) -> dict[str, int]:
         out = {"running": 0, "waiting": 0, "completed": 0, "failed": 0}
+        for status, n in self._dropped.items():
+            out[status] += n
         for slot in self.runs.values():
             out[slot.view().status] += 1
         return out

@@ -2,10 +2,11 @@
 
 The launcher's contract (``intloom.client.lifecycle``): the host reports over ``--ready-fd``
 as described in ``intloom.host.readiness`` and exits 0 after a clean stop, 1 otherwise.
-Test-only knobs: ``INTLOOM_TEST_HELLO_TIMEOUT`` and ``INTLOOM_TEST_IDLE_TIMEOUT`` (seconds)
-shorten the connection timeouts, ``INTLOOM_TEST_MAX_CONNECTIONS`` lowers the connection cap,
-``INTLOOM_TEST_SUSPEND_GRACE`` shortens how long a stop waits for Steps in flight, and
-``INTLOOM_TEST_FATAL=1`` raises right after ready.
+Test-only knobs: ``INTLOOM_TEST_HELLO_TIMEOUT``, ``INTLOOM_TEST_IDLE_TIMEOUT`` and
+``INTLOOM_TEST_WRITE_TIMEOUT`` (seconds) shorten the connection timeouts,
+``INTLOOM_TEST_MAX_CONNECTIONS`` lowers the connection cap, ``INTLOOM_TEST_SUSPEND_GRACE``
+shortens how long a stop waits for Steps in flight, and ``INTLOOM_TEST_FATAL=1`` raises right
+after ready.
 """
 
 from __future__ import annotations
@@ -68,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         limits = replace(limits, hello_timeout=float(os.environ["INTLOOM_TEST_HELLO_TIMEOUT"]))
     if os.environ.get("INTLOOM_TEST_IDLE_TIMEOUT"):
         limits = replace(limits, idle_timeout=float(os.environ["INTLOOM_TEST_IDLE_TIMEOUT"]))
+    if os.environ.get("INTLOOM_TEST_WRITE_TIMEOUT"):
+        limits = replace(limits, write_timeout=float(os.environ["INTLOOM_TEST_WRITE_TIMEOUT"]))
     if os.environ.get("INTLOOM_TEST_MAX_CONNECTIONS"):
         limits = replace(limits, max_connections=int(os.environ["INTLOOM_TEST_MAX_CONNECTIONS"]))
     options = HostOptions(root=root, port=args.port, strict=args.strict, limits=limits)

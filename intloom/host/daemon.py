@@ -79,6 +79,9 @@ class Host:
         self._forced: asyncio.Event | None = None
         self._stop_reason = ""
         self.force_exit = False
+        self.log_error: str | None = None  # the host log failed: no new work (LOG_WRITE_FAILED)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._log_suspend: asyncio.Future[None] | None = None
 
     # ----- entry ---------------------------------------------------------------------------
 
@@ -91,6 +94,7 @@ class Host:
 
     async def _main(self) -> int:
         loop = asyncio.get_running_loop()
+        self._loop = loop
         self._stop = asyncio.Event()
         self._forced = asyncio.Event()
         installed = self._install_signals(loop)
@@ -173,6 +177,7 @@ class Host:
             self.paths.logs, instanceId=self.instance_id, packageVersion=__version__,
             projectRoot=str(self.paths.root),
         )
+        self.log.on_failure = self._log_failed
         self.ready.progress("log_opened")
         log = self.log
         log.info("service_starting", port=opts.port, strict=opts.strict)
@@ -206,6 +211,12 @@ class Host:
                 "Free the port, or run intloom start --port 0 to pick a new one "
                 "(connection.json is updated).",
             ) from None
+        if log.failed:
+            raise IntloomError(
+                "LOG_WRITE_FAILED",
+                f"The host log .intloom/logs/{log.name} could not be written ({log.failure}); the "
+                "host did not start. Free disk space (or fix .intloom/logs), then start again.",
+            )
         self.ownership.publish_connection(saved, self.port, token)
         self.ownership.publish_service(ServiceInfo(
             version=METADATA_VERSION,
@@ -245,6 +256,7 @@ class Host:
             completed_runs=counts.get("completed", 0),
             failed_runs=counts.get("failed", 0),
             restore=summary,
+            log_error=self.log_error,
         )
 
     # ----- serve ---------------------------------------------------------------------------
@@ -256,6 +268,40 @@ class Host:
             await asyncio.sleep(0)
             raise RuntimeError(f"{FATAL_HOOK} is set: simulated fatal error after ready")
         await self._stop.wait()
+
+    def _log_failed(self, cause: str) -> None:
+        """The first lost log line (from any thread): act on it on the loop, not inside a write."""
+        if self._loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is already closed
+                self._loop.call_soon_threadsafe(self._on_log_failed, cause)
+
+    def _on_log_failed(self, cause: str) -> None:
+        """A host whose log cannot be written does no more work it could not account for.
+
+        Unlike the TypeScript IntLoom, which cancels active Runs (RUN_STOPPED, terminal), the
+        Runs are suspended at their last saved boundaries, as a stop would: the journal -- not
+        the log -- is their record, so nothing unfinished is thrown away and the next start
+        resumes them by the restart table. New work is refused with LOG_WRITE_FAILED; status
+        and reads stay available; stop exits 1.
+        """
+        if self.log_error is not None or self.log is None:
+            return
+        self.log_error = (f"The host log .intloom/logs/{self.log.name} could not be written "
+                          f"({cause}).")
+        if self.server is None or self.booted is None or self._stop is None \
+                or self._stop.is_set():
+            return  # startup reports it before ready; a stop is already under way
+        self.server.refusal = ErrorView(
+            code="LOG_WRITE_FAILED",
+            message=f"{self.log_error} The host refuses new work and suspended its Runs at "
+            "their last saved boundaries. Run intloom stop, free disk space (or fix "
+            ".intloom/logs), then intloom start: the Runs resume as the restart table allows.",
+            retryable=False,
+        )
+        self._log_suspend = asyncio.ensure_future(self.booted.runtime.suspend(
+            grace=self.options.suspend_grace,
+            reason=f"{self.log_error} The host suspended the Run and refuses new work.",
+        ))
 
     def _fatal(self, exc: BaseException) -> None:
         if self.log is not None:

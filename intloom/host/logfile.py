@@ -5,12 +5,19 @@ Each line is a JSON object with ``time`` (ISO 8601 UTC, milliseconds), ``level``
 first line; a clean stop writes ``log_closed`` last and seals the file read-only (0400); a
 fatal error writes ``process_failed`` and leaves the file unsealed, which is how a reader
 tells a crash from a stop. Logs are diagnostics, never recovery state: a failed write is
-remembered (``failed``) and never raised into the host.
+remembered (``failed``, ``failure``) and never raised into the host; the first one is reported
+to ``on_failure``, and the host stops taking work (docs/lifecycle.md, "When a write
+fails").
+
+Test hook: ``INTLOOM_TEST_LOG_FAIL_AT=EVENT`` makes the first line whose event is EVENT, and
+every line after it, fail with ENOSPC.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -22,6 +29,7 @@ from intloom.fsutil import ensure_private_dir, fsync_dir
 __all__ = ["LOG_SCHEMA_VERSION", "HostLog", "Level", "utc_now"]
 
 LOG_SCHEMA_VERSION: Final = 1
+FAIL_HOOK: Final = "INTLOOM_TEST_LOG_FAIL_AT"
 
 Level = Literal["debug", "info", "warning", "error", "fatal"]
 
@@ -43,6 +51,10 @@ class HostLog:
         self.path = path
         self._fd: int | None = fd
         self.failed = False
+        self.failure: str | None = None  # why the first lost write failed
+        self.on_failure: Callable[[str], None] | None = None
+        self._fail_at = os.environ.get(FAIL_HOOK) or None
+        self._failing = False
 
     @classmethod
     def open(cls, logs_dir: Path, **context: Any) -> HostLog:
@@ -82,10 +94,21 @@ class HostLog:
             return
         line = _encoder.encode({"time": utc_now(), "level": level, "event": event, **context})
         try:
+            if self._fail_at is not None and (self._failing or event == self._fail_at):
+                self._failing = True
+                raise OSError(errno.ENOSPC, f"No space left on device (injected by {FAIL_HOOK})")
             # One write per line on an O_APPEND descriptor: a line is never interleaved.
             os.write(self._fd, line + b"\n")
-        except OSError:
-            self.failed = True
+        except OSError as exc:
+            self._lost(exc)
+
+    def _lost(self, exc: OSError) -> None:
+        first = not self.failed
+        self.failed = True
+        if first:
+            self.failure = exc.strerror or str(exc)
+            if self.on_failure is not None:
+                self.on_failure(self.failure)
 
     def info(self, event: str, **context: Any) -> None:
         self.write("info", event, **context)
@@ -105,8 +128,8 @@ class HostLog:
             if seal:
                 # Through the descriptor, so a link swapped in at the path is never followed.
                 os.fchmod(fd, 0o400)
-        except OSError:
-            self.failed = True
+        except OSError as exc:
+            self._lost(exc)
         finally:
             os.close(fd)
 

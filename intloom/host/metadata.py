@@ -7,6 +7,7 @@ the file is left exactly as it is.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Final, TypeVar
@@ -14,7 +15,14 @@ from typing import Final, TypeVar
 import msgspec
 
 from intloom.errors import IntloomError
-from intloom.fsutil import PrivacyError, atomic_write, fsync_dir, read_private
+from intloom.fsutil import (
+    PrivacyError,
+    atomic_write,
+    fsync_dir,
+    injected_write_fault,
+    read_private,
+    write_all,
+)
 
 __all__ = [
     "METADATA_VERSION",
@@ -142,12 +150,32 @@ def read_connection(path: Path, root: Path) -> Connection | None:
     return value
 
 
+_KEPT = "it holds its previous content or the complete new one, never part of a write"
+
+
+def _write_failed(path: Path, exc: OSError, left: str = _KEPT) -> IntloomError:
+    return IntloomError(
+        "STORAGE_ERROR",
+        f"{path} could not be written ({exc.strerror or exc}); {left}. Free disk space (or "
+        "fix the directory), then start again.",
+    )
+
+
+def _write(path: Path, data: bytes) -> None:
+    try:
+        atomic_write(path, data)
+    except PrivacyError:
+        raise
+    except OSError as exc:
+        raise _write_failed(path, exc) from None
+
+
 def write_service(path: Path, info: ServiceInfo) -> None:
-    atomic_write(path, _encoder.encode(info))
+    _write(path, _encoder.encode(info))
 
 
 def write_connection(path: Path, conn: Connection) -> None:
-    atomic_write(path, _encoder.encode(conn))
+    _write(path, _encoder.encode(conn))
 
 
 def create_lock_file(path: Path, lock: ServiceLock) -> int:
@@ -156,12 +184,20 @@ def create_lock_file(path: Path, lock: ServiceLock) -> int:
     Raises FileExistsError when any lock file exists -- live or stale, it is never removed here.
     """
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    data = _encoder.encode(lock)
     try:
-        os.write(fd, _encoder.encode(lock))
+        fault = injected_write_fault(path.name)
+        if fault is not None:
+            write_all(fd, data[: len(data) // 2])
+            raise fault
+        write_all(fd, data)
         os.fsync(fd)
-    except BaseException:
+        fsync_dir(path.parent)
+    except BaseException as exc:
         os.close(fd)
-        os.unlink(path)
+        with contextlib.suppress(OSError):
+            os.unlink(path)  # ours by O_EXCL, and not durably complete: nobody may judge it
+        if isinstance(exc, OSError):
+            raise _write_failed(path, exc, "it was removed: no partial lock remains") from None
         raise
-    fsync_dir(path.parent)
     return fd

@@ -128,8 +128,10 @@ class Ownership:
 
     def publish_service(self, info: ServiceInfo) -> None:
         """Write ``service.json`` -- the last step before the host reports ready."""
-        write_service(self.paths.service_json, info)
+        # Set first: a write that failed after its rename still left our file, and release
+        # removes it only while it names this instance.
         self._wrote_service = True
+        write_service(self.paths.service_json, info)
 
     # ----- release ------------------------------------------------------------------------
 

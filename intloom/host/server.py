@@ -18,7 +18,7 @@ from typing import Final
 
 import msgspec
 
-from intloom.errors import IntloomError, error_view
+from intloom.errors import ErrorView, IntloomError, error_view
 from intloom.host.handlers import Handlers
 from intloom.host.logfile import HostLog
 from intloom.protocol.framing import (
@@ -30,8 +30,16 @@ from intloom.protocol.framing import (
     write_frame,
 )
 from intloom.protocol.messages import (
+    MAX_FRAME,
     PROTOCOL,
+    Answer,
+    CallTool,
+    Cancel,
+    ClaimAgentCall,
+    CompleteAgentCall,
+    CreateRun,
     ErrorReply,
+    FailAgentCall,
     Hello,
     HelloOk,
     Request,
@@ -45,6 +53,9 @@ from intloom.protocol.messages import (
 __all__ = ["Limits", "Server"]
 
 LOCALHOST: Final = "127.0.0.1"
+# Requests that start or change work; the others only read (or stop the host).
+_WORK: Final = (CreateRun, Answer, Cancel, ClaimAgentCall, CallTool, CompleteAgentCall,
+                FailAgentCall)
 
 
 @dataclass(frozen=True)
@@ -53,6 +64,9 @@ class Limits:
 
     max_connections: int = 256
     hello_timeout: float = 30.0  # from accept to a complete hello frame
+    # A hello is ~100 bytes. Capping it far below MAX_FRAME keeps a peer that has not shown
+    # the token from making the host hold MAX_FRAME bytes per connection (256 x 4 MiB).
+    hello_frame: int = 16 * 1024
     idle_timeout: float = 600.0  # between two requests of an authenticated connection
     write_timeout: float = 30.0  # a peer that stops reading loses its connection
 
@@ -88,6 +102,7 @@ class Server:
         self.on_stop = on_stop
         self.limits = limits or Limits()
         self.closing = False
+        self.refusal: ErrorView | None = None  # set: new work gets this error, reads go on
         self._server: asyncio.Server | None = None
         self._sessions: set[asyncio.Task[None]] = set()
         self._busy: set[asyncio.Task[None]] = set()  # sessions inside a request
@@ -138,10 +153,11 @@ class Server:
             self._leave(task)
             await self._close(writer)
 
-    async def _read(self, reader: asyncio.StreamReader, limit: float) -> bytes:
+    async def _read(self, reader: asyncio.StreamReader, limit: float,
+                    size: int = MAX_FRAME) -> bytes:
         try:
             async with asyncio.timeout(limit):
-                return await read_frame(reader)
+                return await read_frame(reader, limit=size)
         except TimeoutError:
             raise _Refused(None) from None  # slow or idle: just close
         except FrameError as exc:
@@ -150,7 +166,7 @@ class Server:
             ) from None
 
     async def _handshake(self, reader: asyncio.StreamReader) -> None:
-        body = await self._read(reader, self.limits.hello_timeout)
+        body = await self._read(reader, self.limits.hello_timeout, self.limits.hello_frame)
         try:
             first = decode_first(body)
         except FrameError:
@@ -221,6 +237,8 @@ class Server:
     async def _dispatch(self, request: Request) -> Response:
         if self.closing and not isinstance(request, Status):
             return _error("CLI_SERVICE_CLOSING")
+        if self.refusal is not None and isinstance(request, _WORK):
+            return ErrorReply(error=self.refusal)
         try:
             return await self.handlers.handle(request)
         except IntloomError as exc:
@@ -279,9 +297,15 @@ class Server:
     @staticmethod
     async def _close(writer: asyncio.StreamWriter) -> None:
         writer.close()
-        with contextlib.suppress(Exception):
+        try:
             async with asyncio.timeout(1.0):
                 await writer.wait_closed()
+        except TimeoutError:
+            # close() waits for buffered bytes to be sent: a peer that stopped reading would
+            # keep the socket (and those bytes) forever. Drop them.
+            writer.transport.abort()
+        except Exception:
+            pass
 
     # ----- shutdown ------------------------------------------------------------------------
 

@@ -203,6 +203,8 @@ class ServiceView(msgspec.Struct, frozen=True, rename="camel", omit_defaults=Tru
     completed_runs: int = 0
     failed_runs: int = 0
     restore: RestoreSummary | None = None
+    # Set when the host log could not be written: the host refuses new work (LOG_WRITE_FAILED).
+    log_error: str | None = None
 
 
 class WorkflowInfo(msgspec.Struct, frozen=True, rename="camel", omit_defaults=True):

@@ -21,8 +21,10 @@ from intloom.store.reader import Status
 from intloom.store.snapshots import (
     Manifest,
     Snapshot,
+    SnapshotError,
     encode_manifest,
     encode_snapshot,
+    read_manifest,
     snapshot_name,
 )
 
@@ -63,6 +65,8 @@ def compact(layout: Layout, tracks: dict[str, Track], *, start: int, pinned: lis
 
     Tracks are updated only once everything is durable, so a failure part-way leaves them
     able to try again. Terminal Runs leave ``tracks``: nothing more is written for them.
+    A manifest that cannot be read is evidence and stays as it is: the manifest does not
+    move then, and every restore reads the whole log, which needs no snapshot to be fresh.
     """
     stamp = now()
     live: list[tuple[str, bytes]] = []
@@ -87,9 +91,10 @@ def compact(layout: Layout, tracks: dict[str, Track], *, start: int, pinned: lis
     if removed:
         fsync_dir(layout.live)
     atomic_write_many(layout.live, live)
-    manifest = Manifest(format=FORMAT_VERSION, start=start, pinned=sorted(set(pinned)),
-                        voids=list(voids), updated_at=stamp)
-    atomic_write_many(layout.root, [("manifest.json", encode_manifest(manifest))])
+    if _manifest_usable(layout):
+        manifest = Manifest(format=FORMAT_VERSION, start=start, pinned=sorted(set(pinned)),
+                            voids=list(voids), updated_at=stamp)
+        atomic_write_many(layout.root, [("manifest.json", encode_manifest(manifest))])
     for run_id, (state, status, problem) in folded.items():
         if status == "ok" and state is not None and state.phase == "terminal":
             del tracks[run_id]
@@ -98,3 +103,12 @@ def compact(layout: Layout, tracks: dict[str, Track], *, start: int, pinned: lis
         track.base, track.status, track.problem = state, status, problem
         track.tail = []
         track.dirty = False
+
+
+def _manifest_usable(layout: Layout) -> bool:
+    """True unless a manifest exists that this intloom cannot read (damaged or newer)."""
+    try:
+        read_manifest(layout)
+    except SnapshotError:
+        return False
+    return True

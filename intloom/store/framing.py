@@ -32,6 +32,7 @@ __all__ = [
     "VoidNotice",
     "encode_frame",
     "encode_segment_header",
+    "rebuilt_payload",
     "scan_segment",
     "segment_name",
     "segment_number",
@@ -45,6 +46,8 @@ KIND_VOID: Final = 2
 KIND_SEAL: Final = 3
 _KINDS: Final = frozenset({KIND_RECORD, KIND_VOID, KIND_SEAL})
 MAX_BODY: Final = 64 << 20
+# Damaged regions up to this size keep their bytes, so a reader can tell whose frame it was.
+_KEEP_DAMAGED: Final = 1 << 20
 
 _SEG_PREFIX = struct.Struct(">8sHII")  # magic, format, header length, header crc
 _FRAME_HEAD = struct.Struct(">4sII")  # magic, body length, crc32(length bytes + body)
@@ -122,6 +125,7 @@ class Candidate:
     run_id: str
     seq: int
     offset: int
+    claimed_end: int = 0  # where its length field says the frame ends
 
 
 @dataclass(slots=True)
@@ -133,6 +137,7 @@ class Damage:
     at_tail: bool
     after_seal: bool
     candidates: list[Candidate] = field(default_factory=list)
+    raw: bytes = b""  # the damaged bytes themselves (empty beyond _KEEP_DAMAGED)
 
 
 @dataclass(slots=True)
@@ -191,6 +196,7 @@ def _candidates(data: bytes, start: int, end: int, size: int) -> list[Candidate]
     while p != -1:
         body = p + _FRAME_HEAD.size
         if body + _BODY_HEAD.size <= size:
+            (length,) = _LEN.unpack_from(data, p + 4)
             kind, seq, rid_len = _BODY_HEAD.unpack_from(data, body)
             rid_start = body + _BODY_HEAD.size
             if kind == KIND_RECORD and 0 < rid_len <= 256 and rid_start + rid_len <= size:
@@ -199,9 +205,27 @@ def _candidates(data: bytes, start: int, end: int, size: int) -> list[Candidate]
                 except UnicodeDecodeError:
                     run_id = ""
                 if run_id.isprintable() and run_id:
-                    found.append(Candidate(run_id, seq, p))
+                    found.append(Candidate(run_id, seq, p, body + length))
         p = data.find(FRAME_MAGIC, max(p + 1, start + 1), end)
     return found
+
+
+def rebuilt_payload(raw: bytes, seq: int, run_id: str) -> bytes | None:
+    """The payload, if damaged bytes ``raw`` are exactly one record frame of ``run_id`` at
+    ``seq`` whose damage is confined to its header (marker, length, kind, seq, run id).
+
+    The header is rebuilt from those claims and checked against the frame's own crc, so a
+    match names the frame's owner with crc32 certainty; nothing on disk is touched.
+    """
+    rid = run_id.encode("utf-8")
+    head = _FRAME_HEAD.size + _BODY_HEAD.size + len(rid)
+    if len(raw) < head or len(raw) - _FRAME_HEAD.size > MAX_BODY:
+        return None
+    (crc,) = _LEN.unpack_from(raw, 8)
+    check = zlib.crc32(_LEN.pack(len(raw) - _FRAME_HEAD.size))
+    check = zlib.crc32(_BODY_HEAD.pack(KIND_RECORD, seq, len(rid)) + rid, check)
+    check = zlib.crc32(memoryview(raw)[head:], check)
+    return raw[head:] if check == crc else None
 
 
 def _scan_frames(scan: SegmentScan, data: bytes, p: int) -> None:
@@ -220,7 +244,8 @@ def _scan_frames(scan: SegmentScan, data: bytes, p: int) -> None:
             q = data.find(FRAME_MAGIC, q + 1)
         end = size if q == -1 else q
         scan.damage.append(
-            Damage(p, end, q == -1, sealed_at is not None, _candidates(data, p, end, size))
+            Damage(p, end, q == -1, sealed_at is not None, _candidates(data, p, end, size),
+                   data[p:end] if end - p <= _KEEP_DAMAGED else b"")
         )
         p = end
     scan.sealed = sealed_at is not None

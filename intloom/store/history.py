@@ -14,7 +14,14 @@ import msgspec
 from intloom.runtime.machine import IllegalTransition, RunState, apply
 from intloom.runtime.records import Record, decode_record
 from intloom.store.files import Layout, check_dir, list_names, read_file
-from intloom.store.framing import KIND_RECORD, KIND_VOID, VoidNotice, scan_segment, segment_number
+from intloom.store.framing import (
+    KIND_RECORD,
+    KIND_VOID,
+    VoidNotice,
+    rebuilt_payload,
+    scan_segment,
+    segment_number,
+)
 from intloom.store.snapshots import SnapshotError, read_manifest, read_snapshot, snapshot_name
 
 __all__ = ["HistoryEntry", "read_history"]
@@ -93,20 +100,28 @@ def read_history(runtime_dir: Path, run_id: str) -> list[HistoryEntry]:
                 found.append((frame.offset, None, frame.payload, frame.seq))
         for damage in scan.damage:
             tail = damage.at_tail and not damage.after_seal
-            for cand in damage.candidates:
-                if cand.run_id == run_id:
-                    void = cut is not None and cand.offset >= cut
-                    verdict: Verdict = "void" if void else ("torn" if tail else "damaged")
-                    found.append((cand.offset, HistoryEntry(
-                        seq=cand.seq, file=file, offset=cand.offset, checksum="bad",
-                        verdict=verdict), None, cand.seq))
+            claims = [(c.offset, c.seq) for c in damage.candidates if c.run_id == run_id]
+            if not claims and damage.raw:
+                # Its run id may be what was damaged: the frame's crc says whose it is.
+                before = [f.seq for f in scan.frames if f.kind == KIND_RECORD
+                          and f.run_id == run_id and f.offset < damage.start]
+                guess = max(before) + 1 if before else expected
+                if rebuilt_payload(damage.raw, guess, run_id) is not None:
+                    claims = [(damage.start, guess)]
+            for offset, seq in claims:
+                void = cut is not None and offset >= cut
+                verdict: Verdict = "void" if void else ("torn" if tail else "damaged")
+                found.append((offset, HistoryEntry(
+                    seq=seq, file=file, offset=offset, checksum="bad",
+                    verdict=verdict), None, seq))
         found.sort(key=lambda item: item[0])
         for offset, ready, payload, seq in found:
             if ready is not None:
                 entries.append(ready)
-                if ready.verdict != "void" and ready.seq == expected:
+                if ready.verdict == "damaged" and ready.seq == expected:
                     # The record existed but cannot be read: later ones keep their places,
-                    # and their transitions can no longer be checked.
+                    # and their transitions can no longer be checked. A torn or void one
+                    # never happened: the next host writes that seq again.
                     expected, state = expected + 1, None
                 continue
             assert payload is not None

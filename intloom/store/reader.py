@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 
 import msgspec
 
@@ -20,9 +20,11 @@ from intloom.store.files import Layout, check_dir, list_names, read_file
 from intloom.store.framing import (
     KIND_RECORD,
     KIND_VOID,
+    Damage,
     Frame,
     SegmentScan,
     VoidNotice,
+    rebuilt_payload,
     scan_segment,
     segment_number,
 )
@@ -49,6 +51,10 @@ __all__ = [
 ]
 
 Status = Literal["ok", "corrupt", "incompatible"]
+# Bytes checksummed when telling whose frame damaged bytes were (one try per Run): bounds a
+# restore over a large damaged region among many Runs to well under a second; beyond it the
+# owner is left unknown, which is the cautious answer.
+_MAX_CRC_TRIALS: Final = 256 << 20
 Mode = Literal["restore", "verify"]
 
 
@@ -103,6 +109,10 @@ class Loaded:
     segment_numbers: list[int] = field(default_factory=list)
     segments_read: list[int] = field(default_factory=list)
     incompatible_segments: list[int] = field(default_factory=list)
+    # Segments holding each Run's records, or damage that may have been its records.
+    evidence: dict[str, set[int]] = field(default_factory=dict)
+    # Runs whose snapshot file is damaged: nothing may write over it.
+    held: set[str] = field(default_factory=set)
     manifest: Manifest | None = None
     manifest_error: SnapshotError | None = None
     snapshot_errors: list[SnapshotError] = field(default_factory=list)
@@ -117,6 +127,17 @@ class _Hit:
     seq: int
     where: str
     at_tail: bool
+    number: int
+
+
+@dataclass
+class _Gap:
+    """Damaged bytes between valid frames: they may have held some Run's next record."""
+
+    number: int
+    offset: int
+    where: str  # file and offset, with the damaged byte range
+    place: str  # file and offset, as a hit names it
 
 
 def _where(scan: SegmentScan, offset: int) -> str:
@@ -149,7 +170,10 @@ def _snapshots(layout: Layout, directory: Path, loaded: Loaded) -> dict[str, Sna
             kind: Literal["incompatible", "corrupt"] = (
                 "incompatible" if exc.incompatible else "corrupt"
             )
-            loaded.files.append(FileProblem(_rel(layout, path), kind, exc.fact))
+            loaded.files.append(FileProblem(
+                _rel(layout, path), kind,
+                f"{exc.fact}; every segment was read instead and the file was left as it is "
+                "(move it out of the runtime directory to let intloom write it again)"))
             continue
         loaded.stats.snapshots_read += 1
         if snap is not None:
@@ -175,8 +199,10 @@ def load(root: Path, mode: Mode = "restore") -> Loaded:
         kind: Literal["incompatible", "corrupt"] = (
             "incompatible" if exc.incompatible else "corrupt"
         )
-        loaded.files.append(FileProblem("manifest.json", kind,
-                                        f"{exc.fact}; every segment was read instead"))
+        loaded.files.append(FileProblem(
+            "manifest.json", kind,
+            f"{exc.fact}; every segment was read instead and no new manifest is written over "
+            "it (move it out of the runtime directory to let intloom write a new one)"))
         full = True
 
     live = _snapshots(layout, layout.live, loaded)
@@ -199,6 +225,9 @@ def load(root: Path, mode: Mode = "restore") -> Loaded:
     manifest = loaded.manifest
     start = 0 if full or manifest is None else manifest.start
     pinned = set() if manifest is None else set(manifest.pinned)
+    # What a bounded restore reads: only records there can be newer than the snapshots.
+    unsummarised = {n for n in numbers if manifest is None or n >= manifest.start
+                    or n in pinned}
 
     scans: list[SegmentScan] = []
     for number in numbers:
@@ -213,7 +242,7 @@ def load(root: Path, mode: Mode = "restore") -> Loaded:
         scans.append(scan_segment(name, number, data))
     loaded.segments_read = [s.number for s in scans]
 
-    _judge_all(loaded, scans, live, done, mode)
+    _judge_all(loaded, scans, live, done, mode, unsummarised)
     return loaded
 
 
@@ -235,11 +264,13 @@ def _voids(loaded: Loaded, scans: list[SegmentScan]) -> dict[int, int]:
 
 
 def _judge_all(loaded: Loaded, scans: list[SegmentScan], live: dict[str, Snapshot],
-               done: dict[str, Snapshot], mode: Mode) -> None:
+               done: dict[str, Snapshot], mode: Mode, unsummarised: set[int]) -> None:
     voids = _voids(loaded, scans)
     frames: dict[str, list[tuple[SegmentScan, Frame]]] = defaultdict(list)
     hits: dict[str, list[_Hit]] = defaultdict(list)
+    gaps: list[tuple[_Gap, Damage]] = []  # in log order
     incompatible: dict[str, str] = {}
+    incompatible_in: dict[str, set[int]] = defaultdict(set)
 
     for scan in scans:
         cut = voids.get(scan.number)
@@ -258,6 +289,7 @@ def _judge_all(loaded: Loaded, scans: list[SegmentScan], live: dict[str, Snapsho
             fmt = f"format {scan.format_found}; this intloom reads {FORMAT_VERSION}"
             for run_id in names:
                 incompatible[run_id] = f"its records in {path} are {fmt}"
+                incompatible_in[run_id].add(scan.number)
             if not names:
                 incompatible[f"({path})"] = f"{path} {scan.problem}; its Runs cannot be listed"
             loaded.files.append(FileProblem(path, "incompatible", scan.problem or ""))
@@ -282,38 +314,131 @@ def _judge_all(loaded: Loaded, scans: list[SegmentScan], live: dict[str, Snapsho
                 loaded.files.append(FileProblem(
                     path, "corrupt",
                     f"bytes {damage.start}..{damage.end} are damaged ({what})"))
+                if not damage.after_seal:  # nothing is ever written after a seal
+                    place = _where(scan, damage.start)
+                    gaps.append((_Gap(scan.number, damage.start,
+                                      f"{place} ({damage.end - damage.start} bytes)", place),
+                                 damage))
             for cand in damage.candidates:
                 if cut is not None and cand.offset >= cut:
                     continue
-                hits[cand.run_id].append(_Hit(cand.seq, _where(scan, cand.offset), tail))
+                hits[cand.run_id].append(
+                    _Hit(cand.seq, _where(scan, cand.offset), tail, scan.number))
 
-    run_ids = set(frames) | set(live) | set(incompatible) | set(hits)
+    # The run id a damaged frame claims is unverified (the damage may be in it): only Runs
+    # known from valid frames or snapshots are judged; the damage itself is a file finding.
+    run_ids = set(frames) | set(live) | set(incompatible)
     if mode == "verify":
         run_ids |= set(done)
+    damaged_snaps = {exc.path.name: exc for exc in loaded.snapshot_errors}
+    unexplained: list[_Gap] = []
+    for gap, damage in gaps:
+        owner = _owner(gap, damage, frames, live | done, run_ids - set(incompatible))
+        if owner is None:
+            unexplained.append(gap)
+            continue
+        run_id, seq = owner
+        if not any(h.seq == seq and not h.at_tail for h in hits.get(run_id, [])):
+            hits[run_id].append(_Hit(seq, gap.place, False, gap.number))  # its id was hit
     layout = loaded.layout
     for run_id in sorted(run_ids):
         if run_id in incompatible:
             loaded.journals[run_id] = RunJournal(run_id, None, "incompatible",
                                                  incompatible[run_id])
             loaded.dirty.add(run_id)
+            loaded.evidence[run_id] = (incompatible_in[run_id]
+                                       | {scan.number for scan, _ in frames.get(run_id, [])})
             continue
         run_frames = frames.get(run_id, [])
         snap = live.get(run_id) or done.get(run_id)
+        snap_damage: str | None = None
+        bad = damaged_snaps.get(snapshot_name(run_id))
+        if bad is not None:
+            loaded.held.add(run_id)
+            snap_damage = f"{_rel(layout, bad.path)} {bad.fact}"
         if snap is None and mode == "restore" and run_frames and run_frames[0][1].seq > 1:
             try:
                 snap = read_snapshot(layout.done / snapshot_name(run_id))
                 loaded.stats.snapshots_read += snap is not None
             except SnapshotError as exc:
                 loaded.files.append(FileProblem(_rel(layout, exc.path), "corrupt", exc.fact))
-        if run_frames or run_id in hits:
+                loaded.held.add(run_id)
+                snap_damage = f"{_rel(layout, exc.path)} {exc.fact}"
+        run_hits = hits.get(run_id, [])
+        suspect = _gap_before(run_frames, snap, unexplained, loaded.manifest)
+        journal = _judge(loaded, run_id, run_frames, snap, run_hits, mode, suspect, snap_damage,
+                         unexplained)
+        if journal is None:
+            continue
+        loaded.journals[run_id] = journal
+        covered = snap.seq if snap is not None else 0
+        own_verdict = journal.status != "ok" and (snap is None or snap.status == "ok")
+        if own_verdict or any(scan.number in unsummarised and frame.seq > covered
+                              for scan, frame in run_frames):
             loaded.dirty.add(run_id)
-        journal = _judge(loaded, run_id, run_frames, snap, hits.get(run_id, []), mode)
-        if journal is not None:
-            loaded.journals[run_id] = journal
+        evidence = {scan.number for scan, _ in run_frames} | {h.number for h in run_hits}
+        if suspect is not None and journal.status != "ok":
+            evidence.add(suspect.number)
+        loaded.evidence[run_id] = evidence
+
+
+def _owner(gap: _Gap, damage: Damage, frames: dict[str, list[tuple[SegmentScan, Frame]]],
+           snaps: dict[str, Snapshot], run_ids: set[str]) -> tuple[str, int] | None:
+    """The Run and seq whose one frame the damaged bytes provably are, if any.
+
+    Either the frame's own crc checks out once its header is rebuilt for a Run's next
+    record (the damage is in the header: run id, seq, length...), or the header read there
+    is consistent: it claims Run R's next record, R has no valid copy of it, and its length
+    ends exactly where the damage does (the damage is in the payload). Anything less leaves
+    the owner unknown, and every Run that may have had a record there is suspect.
+    """
+    pos = (gap.number, gap.offset)
+
+    def next_seq(run_id: str) -> int:
+        snap = snaps.get(run_id)
+        seq = snap.seq if snap is not None else 0
+        for scan, frame in frames.get(run_id, []):
+            if (scan.number, frame.offset) < pos:
+                seq = max(seq, frame.seq)
+        return seq + 1
+
+    if damage.raw and len(damage.raw) * len(run_ids) <= _MAX_CRC_TRIALS:
+        for run_id in sorted(run_ids):
+            seq = next_seq(run_id)
+            if rebuilt_payload(damage.raw, seq, run_id) is not None:
+                return run_id, seq
+    if len(damage.candidates) == 1:
+        (cand,) = damage.candidates
+        if (cand.offset == damage.start and cand.claimed_end == damage.end
+                and cand.run_id in run_ids and cand.seq == next_seq(cand.run_id)
+                and all(f.seq != cand.seq for _, f in frames.get(cand.run_id, []))):
+            return cand.run_id, cand.seq
+    return None
+
+
+def _gap_before(frames: list[tuple[SegmentScan, Frame]], snap: Snapshot | None,
+                gaps: list[_Gap], manifest: Manifest | None) -> _Gap | None:
+    """The first damage that may hold this Run's next record, if any.
+
+    A Run with a valid frame after the damage would show a lost record as a seq gap. An ok
+    snapshot taken after the damaged segment was complete covers every record the Run had
+    in it (the damage may only hide a copy of one).
+    """
+    last = (frames[-1][0].number, frames[-1][1].offset) if frames else None
+    for gap in gaps:
+        if last is not None and (gap.number, gap.offset) < last:
+            continue
+        if snap is not None and snap.status == "ok" and (
+            snap.segment > gap.number or (manifest is not None and gap.number < manifest.start)
+        ):
+            continue
+        return gap
+    return None
 
 
 def _judge(loaded: Loaded, run_id: str, frames: list[tuple[SegmentScan, Frame]],
-           snap: Snapshot | None, hits: list[_Hit], mode: Mode) -> RunJournal | None:
+           snap: Snapshot | None, hits: list[_Hit], mode: Mode, gap: _Gap | None,
+           snap_damage: str | None, gaps: list[_Gap]) -> RunJournal | None:
     if snap is not None and snap.status != "ok" and not (
         mode == "verify" and frames and frames[0][1].seq == 1
     ):
@@ -324,6 +449,7 @@ def _judge(loaded: Loaded, run_id: str, frames: list[tuple[SegmentScan, Frame]],
     expected = 1 if from_scratch else covered + 1
     problem: str | None = None
     by_seq = {h.seq: h for h in hits if not h.at_tail}
+    previous = (-1, -1)
 
     for scan, frame in frames:
         seq = frame.seq
@@ -339,8 +465,11 @@ def _judge(loaded: Loaded, run_id: str, frames: list[tuple[SegmentScan, Frame]],
                 problem = (f"record {expected} at {hit.where} fails its checksum; "
                            f"the Run continues at {where}")
             else:
-                problem = (f"records {expected}..{seq - 1} are missing before {where} "
-                           f"(lost in damaged bytes or in a segment that is gone)")
+                pos = (scan.number, frame.offset)
+                between = [g.where for g in gaps if previous < (g.number, g.offset) < pos]
+                lost = (f"the damaged bytes at {between[0]} may have held them" if between
+                        else "they were lost in damaged bytes or in a segment that is gone")
+                problem = f"records {expected}..{seq - 1} are missing before {where}: {lost}"
             break
         loaded.stats.records_decoded += 1
         try:
@@ -362,6 +491,7 @@ def _judge(loaded: Loaded, run_id: str, frames: list[tuple[SegmentScan, Frame]],
                        f"{exc.previous or 'the start of the journal'}: {exc.why}")
             break
         expected += 1
+        previous = (scan.number, frame.offset)
         if from_scratch and snap is not None and seq == snap.seq and snap.state != state:
             problem = f"its snapshot ({snapshot_name(run_id)}) disagrees with the log at {where}"
             break
@@ -377,11 +507,22 @@ def _judge(loaded: Loaded, run_id: str, frames: list[tuple[SegmentScan, Frame]],
                 problem = (f"record {hit.seq} at {hit.where} fails its checksum; "
                            "it is the last trace of this Run in the log")
                 break
+    if (problem is None and from_scratch and snap is not None and snap.status == "ok"
+            and expected - 1 < snap.seq):
+        problem = (f"the log ends at record {expected - 1} but its snapshot "
+                   f"({snapshot_name(run_id)}) covers record {snap.seq}")
+    if (problem is None and gap is not None and state is not None
+            and state.phase != "terminal"):
+        problem = (f"the damaged bytes at {gap.where} may have held its record "
+                   f"{state.seq + 1}: no record of it follows them (its last readable record "
+                   f"is seq {state.seq}), so where it stopped cannot be known")
     if problem is None and state is None:
         if torn and not frames:
             return None  # its first records were torn by a crash: it never became visible
         problem = "no usable record: the Run's first record is missing"
     if problem is not None:
+        if snap_damage is not None:
+            problem = f"its snapshot {snap_damage}, and the log cannot stand in for it: {problem}"
         return RunJournal(run_id, state, "corrupt", f"Run {run_id}: {problem}")
     return RunJournal(run_id, state, "ok", None, torn_tail=torn)
 

@@ -27,6 +27,7 @@ import msgspec
 
 from intloom.errors import IntloomError
 from intloom.fsutil import fsync_dir
+from intloom.runtime.machine import IllegalTransition, apply
 from intloom.runtime.ports import CheckpointFailed, JournalPort
 from intloom.runtime.records import PROTOCOL_VERSION, Record, encode_record
 from intloom.store.compaction import Track, compact, now
@@ -55,6 +56,8 @@ DEFAULT_SEGMENT_BYTES: Final = 4 << 20
 # hand-off costs ~90 us against a ~160 us fdatasync, while a solo Run has nobody to wait for.
 _SOLO_BATCHES: Final = 8
 _INLINE_MAX_SYNC_S: Final = 0.002
+# From this many Runs per flush on, a flush starts once half of them wait again (see sync).
+_SPLIT_MIN: Final = 8
 
 
 @dataclass(slots=True)
@@ -103,8 +106,12 @@ class Store:
         self._taken = 0
         self._resolved = 0
         self._failures: deque[_Failure] = deque(maxlen=256)
-        self._run_failures: dict[str, _Failure] = {}  # not yet reported to sync(run_id)
-        self._inflight: asyncio.Future[None] | None = None
+        # Runs with a record in a failed batch: finished for this process (see _finish_batch).
+        self._failed_runs: dict[str, _Failure] = {}
+        self._inflight: _Batch | None = None  # the batch on the store's thread
+        self._kick: asyncio.Handle | None = None  # a flush scheduled for this loop iteration
+        self._waiters: list[tuple[int, asyncio.Future[None]]] = []  # (appended, future)
+        self._last_group = 0  # how many callers the last asynchronous flush woke
         self._closed = False
         self._recent: deque[str | None] = deque(maxlen=_SOLO_BATCHES)
         self._last_sync_s = 0.0
@@ -123,8 +130,10 @@ class Store:
         self._flush_no = 0
         self._segments_made = 0
         self._pinned: list[int] = []
+        self._held: frozenset[str] = frozenset()  # Runs whose snapshot file is damaged
         self._voids: list[VoidNotice] = []
         self._poisoned: str | None = None
+        self._compactor: threading.Thread | None = None  # snapshots behind the writer
         self._sealed = False
 
     # ------------------------------------------------------------------ opening
@@ -142,17 +151,12 @@ class Store:
         layout = Layout(runtime_dir)
         for directory in layout.dirs():
             ensure_dir(directory)
+        # A damaged manifest or snapshot is reported (restored.files) and kept as it is; the
+        # reader has read the whole log instead, so every other Run restores as usual.
         loaded = load(runtime_dir, "restore")
-        if loaded.manifest_error is not None:
-            err = loaded.manifest_error
-            raise storage_error(err.path, err.fact,
-                                "move it out of the runtime directory (intloom then reads "
-                                "every segment and writes a new manifest) and start again")
-        if loaded.snapshot_errors:
-            err = loaded.snapshot_errors[0]
-            raise storage_error(err.path, err.fact,
-                                "move it out of the runtime directory (intloom then rebuilds "
-                                "that Run from the log) and start again")
+        # While the manifest is unreadable every restore reads the whole log: snapshotting
+        # what that read found would rewrite every Run's snapshot at each start for nothing.
+        summarise = loaded.manifest_error is None
         restored = StoreReport(
             runs=[j for j in loaded.journals.values()
                   if j.status != "ok" or j.state is None or j.state.phase != "terminal"],
@@ -162,13 +166,22 @@ class Store:
                     faults=plan, segment_bytes=segment_bytes, restored=restored)
         for run_id, journal in loaded.journals.items():
             seq = journal.state.seq if journal.state else 0
+            # A held Run (its snapshot file is damaged) is never dirty: never snapshotted.
             store._tracks[run_id] = Track(base=journal.state, seq=seq, status=journal.status,
                                           problem=journal.problem,
-                                          dirty=run_id in loaded.dirty)
+                                          dirty=summarise and run_id in loaded.dirty
+                                          and run_id not in loaded.held)
             store._next_seq[run_id] = seq + 1
         manifest = loaded.manifest
-        store._pinned = sorted(set(manifest.pinned if manifest else [])
-                               | set(loaded.incompatible_segments))
+        # Pinned: segments a restore must keep reading whatever the manifest's start, so that
+        # what they hold keeps being reported (incompatible or corrupt Runs) or stays
+        # readable (held Runs: no snapshot of theirs can be written until theirs is moved out).
+        pinned = set(loaded.incompatible_segments)
+        for run_id, journal in loaded.journals.items():
+            if journal.status != "ok" or run_id in loaded.held:
+                pinned |= loaded.evidence.get(run_id, set())
+        store._pinned = sorted(pinned)
+        store._held = frozenset(loaded.held)
         store._voids = list(manifest.voids) if manifest else []
         store._next_number = max(loaded.segment_numbers, default=0) + 1
         try:
@@ -190,8 +203,9 @@ class Store:
                         os.close(fd)
             # On failure the manifest does not move: the next restore reads more, correctly.
             with contextlib.suppress(OSError, IntloomError):
-                compact(layout, store._tracks, start=store._number, pinned=store._pinned,
-                        voids=store._voids, segment=store._number)
+                if summarise:
+                    compact(layout, store._tracks, start=store._number,
+                            pinned=store._pinned, voids=store._voids, segment=store._number)
         return store
 
     def _new_segment(self, first: bytes) -> None:
@@ -229,6 +243,9 @@ class Store:
         if self._closed:
             raise IntloomError("STORAGE_ERROR", f"Checkpoint store {self.layout.root} is "
                                "closed; no record can be appended after the host stopped.")
+        failed = self._failed_runs.get(run_id)
+        if failed is not None:
+            raise CheckpointFailed(failed.run_ids, failed.cause)
         self._pending.append((run_id, record, encode_record(record)))
         self._appended += 1
 
@@ -239,14 +256,18 @@ class Store:
         frames: list[bytes] = []
         first: dict[str, int] = {}
         next_seq = self._next_seq
+        dropped = self._failed_runs
         for run_id, record, payload in self._pending:
+            if run_id in dropped:
+                continue  # appended before its Run's batch failed: it presumes that batch
             seq = next_seq.get(run_id, 1)
             next_seq[run_id] = seq + 1
             first.setdefault(run_id, seq)
             frames.append(encode_frame(KIND_RECORD, seq, run_id.encode("utf-8"), payload))
             entries.append((run_id, record, seq))
+        end = self._taken + len(self._pending)  # dropped records are resolved with the batch
         self._pending = []
-        batch = _Batch(entries, b"".join(frames), self._taken, self._taken + len(entries), first)
+        batch = _Batch(entries, b"".join(frames), self._taken, end, first)
         self._taken = batch.end
         return batch
 
@@ -257,25 +278,24 @@ class Store:
         if cause is None:
             self.records_flushed += len(batch.entries)
             return
-        failure = _Failure(batch.start, batch.end, frozenset(batch.first_seq), cause)
+        # The failed records never happened, but records of the same Runs appended while
+        # this batch was on disk presume they did (and would take seqs after them): those
+        # Runs are finished for this process. Their pending records are dropped (the failure
+        # covers them) and every later append or sync of theirs raises; on restart each is
+        # restored from its last durable record.
+        failure = _Failure(batch.start, self._appended, frozenset(batch.first_seq), cause)
         self._failures.append(failure)
         for run_id in batch.first_seq:
-            self._run_failures[run_id] = failure
-        # The failed records never happened: the Run's next record takes their seq.
-        for run_id, seq in batch.first_seq.items():
-            self._next_seq[run_id] = seq
+            self._failed_runs[run_id] = failure
 
     def _check(self, low: int, high: int, run_id: str | None) -> None:
         if run_id is not None:
-            mine = self._run_failures.pop(run_id, None)
+            mine = self._failed_runs.get(run_id)
             if mine is not None:
                 raise CheckpointFailed(mine.run_ids, mine.cause)
             return
         failed = [f for f in self._failures if f.start < high and f.end > low]
         if failed:
-            for f in failed:
-                for rid in f.run_ids:
-                    self._run_failures.pop(rid, None)
             run_ids = frozenset().union(*(f.run_ids for f in failed))
             raise CheckpointFailed(run_ids, failed[0].cause)
 
@@ -283,51 +303,89 @@ class Store:
         """Return once every record appended before the call is durable (group commit).
 
         With ``run_id`` (recommended): raises ``CheckpointFailed`` iff a record of that Run
-        was in a failed batch not yet reported, whichever caller flushed it. Without: raises
-        naming the Runs of every failed batch holding records that were not yet durable when
-        the call was made; a caller whose Run is not in ``run_ids`` may treat its own records
-        as durable. Each failure is reported once, to whichever of the two forms sees it first.
+        was in a failed batch, whichever caller flushed it; from then on every ``append`` and
+        ``sync`` of that Run raises too. Without: raises naming the Runs of every failed batch
+        holding records that were not yet durable when the call was made; a caller whose Run
+        is not in ``run_ids`` may treat its own records as durable.
         """
+        if run_id is not None and run_id in self._failed_runs:
+            self._check(0, 0, run_id)
         high = self._appended
         low = self._resolved
         while self._resolved < high:
-            if self._inflight is None:
-                batch = self._take_batch()
-                if batch is None:
-                    break
-                if self._solo(batch):
+            if self._inflight is None and self._kick is None:
+                if not self._pending:
+                    break  # nothing left to make durable (taken by sync_blocking)
+                if self._solo():
+                    batch = self._take_batch()
+                    assert batch is not None
                     self.inline_flushes += 1
                     self._finish_batch(batch, self._write_guarded(batch))
                     continue
-                self._inflight = self._submit(batch)
-            await asyncio.shield(self._inflight)
+                # Flush once every Run woken in this loop iteration has appended: the
+                # callback runs after the handles already queued, so one fdatasync serves
+                # them all instead of one for the first caller and one for the rest.
+                self._kick = asyncio.get_running_loop().call_soon(self._flush_next)
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiters.append((high, waiter))
+            if (self._kick is not None and self._last_group >= _SPLIT_MIN
+                    and 2 * len(self._waiters) >= self._last_group):
+                # Half of the Runs the last flush woke are waiting again: flush them now and
+                # let the other half compute meanwhile. Two alternating halves keep the loop
+                # busy while the disk syncs, instead of each waiting for the other.
+                self._kick.cancel()
+                self._flush_next()
+            await waiter
         self._check(low, high, run_id)
 
-    def _solo(self, batch: _Batch) -> bool:
-        """True when no other Run could have joined this flush: flush without a hand-off."""
-        if len(batch.first_seq) != 1 or self._last_sync_s > _INLINE_MAX_SYNC_S:
+    def _solo(self) -> bool:
+        """True when no other Run could join the next flush: flush without a hand-off."""
+        pending = self._pending
+        if not pending or self._last_sync_s > _INLINE_MAX_SYNC_S:
             return False
-        (run_id,) = batch.first_seq
+        run_id = pending[0][0]
         recent = self._recent
-        return len(recent) == recent.maxlen and all(r == run_id for r in recent)
+        return (len(recent) == recent.maxlen and all(r == run_id for r in recent)
+                and all(entry[0] == run_id for entry in pending))
 
-    def _submit(self, batch: _Batch) -> asyncio.Future[None]:
+    def _flush_next(self) -> None:
+        """Hand everything pending to the store's thread as one batch (loop thread)."""
+        self._kick = None
+        if self._inflight is not None:
+            return  # its completion starts the next batch
+        batch = self._take_batch()
+        if batch is not None:
+            self._inflight = batch
+            self._submit(batch)
+
+    def _submit(self, batch: _Batch) -> None:
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[None] = loop.create_future()
 
         def done(result: Any) -> None:
             cause = result if result is None or isinstance(result, str) else (
                 f"the checkpoint writer failed ({type(result).__name__})")
             self._finish_batch(batch, cause)
             self._inflight = None
-            if not future.done():
-                future.set_result(None)
+            resolved = self._resolved
+            later: list[tuple[int, asyncio.Future[None]]] = []
+            woken = 0
+            for entry in self._waiters:
+                high, waiter = entry
+                if high > resolved:
+                    later.append(entry)
+                elif not waiter.done():
+                    waiter.set_result(None)
+                    woken += 1
+            self._waiters = later
+            self._last_group = woken
+            if later and self._kick is None:
+                # Records appended while this batch was on disk: start their flush now.
+                self._flush_next()
 
         def deliver(cause: Any) -> None:
             loop.call_soon_threadsafe(done, cause)
 
         self._jobs.put((lambda: self._write_guarded(batch), deliver))
-        return future
 
     def _worker(self) -> None:
         """The store's own thread: runs flush and close jobs one at a time, in order."""
@@ -349,6 +407,7 @@ class Store:
         self._jobs.put(None)
         if threading.current_thread() is not self._thread:
             self._thread.join()
+            self._join_compaction()  # no snapshot may land after the store stopped
 
     def sync_blocking(self, run_id: str | None = None) -> None:
         """``sync`` for callers without an event loop (benchmarks, tests)."""
@@ -370,6 +429,8 @@ class Store:
             return self._poisoned
 
     def _write(self, batch: _Batch) -> str | None:
+        if not batch.entries:
+            return None  # every record in it was dropped (its Run's earlier batch failed)
         if self._poisoned is not None:
             return self._poisoned
         self._flush_no += 1
@@ -408,10 +469,22 @@ class Store:
         self._frames += len(batch.entries)
         tracks = self._tracks
         for run_id, record, seq in batch.entries:
+            if run_id in self._held:
+                # Never snapshotted while its snapshot file is damaged: a restore after that
+                # file is moved out must still find all of its records.
+                if self._number not in self._pinned:
+                    self._pinned.append(self._number)
+                continue
             track = tracks.get(run_id)
             if track is None:
                 track = tracks[run_id] = Track(base=None, seq=0)
-            track.tail.append(record)
+            if track.status == "ok":
+                # Folded now rather than at the next snapshot: the same work, spread over
+                # every flush instead of a pause of tens of ms at each rotation.
+                try:
+                    track.base = apply(track.base, record)
+                except IllegalTransition as exc:
+                    track.status, track.problem = "corrupt", f"Run: {exc}"
             track.seq = seq
             track.dirty = True
         if self._size >= self._segment_bytes:
@@ -457,10 +530,55 @@ class Store:
         self._fd, self._number, self._frames = old_fd, old_number, old_frames
         self._seal()
         self._fd, self._number, self._size, self._frames = new_fd, new_number, new_size, new_frames
-        self._compact(self._number)
+        self._compact_behind(self._number)
+
+    def _compact_behind(self, start: int) -> None:
+        """Snapshot on a thread of its own, so that flushes never wait for it.
+
+        Snapshots fsync one file per Run (tens of ms for dozens of Runs): done inline, every
+        rotation would hold up every Run's next flush that long. The compactor works on
+        copies of the tracks; the writer thread settles the originals afterwards, and only
+        where nothing was written since. Compactions run one at a time, in order, so a
+        snapshot is never overwritten by an older one and the manifest never moves back.
+        """
+        self._join_compaction()
+        copies = {run_id: Track(base=t.base, seq=t.seq, status=t.status, problem=t.problem,
+                                dirty=True)
+                  for run_id, t in self._tracks.items() if t.dirty}
+        seqs = {run_id: t.seq for run_id, t in copies.items()}
+        pinned, voids, segment = list(self._pinned), list(self._voids), self._number
+
+        def work() -> None:
+            try:
+                compact(self.layout, copies, start=start, pinned=pinned, voids=voids,
+                        segment=segment)
+            except (OSError, IntloomError):
+                return  # the manifest did not move: restores read more of the log, correctly
+            kept = set(copies)  # compact() drops the terminal Runs it moved to done/
+            self._jobs.put((lambda: self._settle(seqs, kept), lambda _: None))
+
+        self._compactor = threading.Thread(target=work, name="intloom-compact", daemon=True)
+        self._compactor.start()
+
+    def _join_compaction(self) -> None:
+        if self._compactor is not None:
+            self._compactor.join()
+            self._compactor = None
+
+    def _settle(self, seqs: dict[str, int], kept: set[str]) -> None:
+        """After a compaction: Runs with nothing new since their snapshot are clean again."""
+        for run_id, seq in seqs.items():
+            track = self._tracks.get(run_id)
+            if track is None or track.seq != seq:
+                continue
+            if run_id in kept:
+                track.dirty = False
+            else:
+                del self._tracks[run_id]  # terminal: its snapshot is in done/
 
     def _compact(self, start: int) -> None:
         # On failure the manifest does not move: restores read more of the log, correctly.
+        self._join_compaction()
         with contextlib.suppress(OSError, IntloomError):
             compact(self.layout, self._tracks, start=start, pinned=self._pinned,
                     voids=self._voids, segment=self._number)

@@ -7,11 +7,13 @@ Whatever a peer sends, it may cost that peer its connection -- never the host.
 from __future__ import annotations
 
 import socket
+import threading
 
 import pytest
 
 from intloom.client.client import Client
 from intloom.errors import IntloomError
+from intloom.host.server import Limits
 from intloom.protocol.messages import MAX_FRAME, PROTOCOL, HelloOk, StatusReply
 from tests.helpers import Project, eventually
 from tests.integration.host_support import (
@@ -65,6 +67,10 @@ def test_wrong_protocol_is_refused(project: Project) -> None:
         pytest.param(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", id="http"),
         pytest.param(frame(b"\xc1\xc1\xc1garbage"), id="undecodable-body"),
         pytest.param((MAX_FRAME + 1).to_bytes(4, "big"), id="oversized-length"),
+        # Before the hello, a frame may not be near MAX_FRAME: no unauthenticated peer can
+        # make the host buffer megabytes (refused at the prefix, no body needed).
+        pytest.param((Limits().hello_frame + 1).to_bytes(4, "big"), id="oversized-hello"),
+        pytest.param(MAX_FRAME.to_bytes(4, "big"), id="max-frame-before-hello"),
         pytest.param(b"\x00\x00\x00\x00", id="zero-length"),
     ],
 )
@@ -133,6 +139,39 @@ def test_idle_authenticated_connection_is_closed(
         sock.sendall(hello_frame(token_of(project)))
         assert isinstance(reply(sock), HelloOk)
         assert closed(sock)
+    assert serves(project.root, service.instance_id)
+
+
+def test_peer_that_stops_reading_is_closed_after_the_write_timeout(
+    project: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("INTLOOM_TEST_WRITE_TIMEOUT", "0.5")
+    service = start(project).service
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(10)
+    sock.connect(("127.0.0.1", service.port))
+    outcome: list[BaseException] = []
+
+    def flood() -> None:
+        # Pipeline requests and never read a reply: the host's send buffer fills, its write
+        # blocks, and only the write timeout can end the connection.
+        status = encode({"op": "status"})
+        try:
+            sock.sendall(hello_frame(token_of(project)))
+            while True:
+                sock.sendall(status * 64)
+        except OSError as exc:
+            outcome.append(exc)
+
+    with sock:
+        sender = threading.Thread(target=flood, daemon=True)
+        sender.start()
+        sender.join(timeout=20)
+        assert not sender.is_alive(), "the host never closed a peer that stopped reading"
+    # Reset or broken pipe: the host closed the connection (a send timeout would mean it
+    # kept it open, still blocked on the peer).
+    assert outcome and not isinstance(outcome[0], TimeoutError), outcome
     assert serves(project.root, service.instance_id)
 
 

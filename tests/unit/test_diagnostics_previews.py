@@ -179,7 +179,7 @@ def test_damaged_log_is_reported_and_kept(root: Path, tmp_path: Path) -> None:
     assert corrupt.problem
 
 
-def test_damaged_snapshot_says_start_will_refuse(root: Path) -> None:
+def test_damaged_snapshot_says_start_reads_the_whole_log(root: Path) -> None:
     _write(root, {"RUN-ready": _journals(root)["RUN-ready"]})
     [snap] = (ProjectPaths(root).runtime / "snap" / "live").iterdir()
     data = bytearray(snap.read_bytes())
@@ -190,5 +190,5 @@ def test_damaged_snapshot_says_start_will_refuse(root: Path) -> None:
     assert tree(root) == before
     journals_check = {c.id: c for c in report.checks}["journals"]
     assert journals_check.status == "attention"
-    assert "refuses to open the store" in (journals_check.next or "")
+    assert "reads the whole log" in (journals_check.next or "")
     assert snap.name in (journals_check.next or "")

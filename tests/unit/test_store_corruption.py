@@ -6,13 +6,14 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
+import msgspec
 import pytest
 
-from intloom.errors import IntloomError
 from intloom.runtime.machine import fold
 from intloom.runtime.records import StepReady
 from intloom.store import read_history, read_runs, read_runs_report, verify, verify_report
-from tests.unit.test_store_support import abandon, by_id, frames_of, open_store, walk
+from intloom.store.snapshots import snapshot_name
+from tests.unit.test_store_support import abandon, by_id, frames_of, header, open_store, walk
 
 RUNS = {"RUN-A": 1, "RUN-B": 2, "RUN-C": 3}
 N = 12
@@ -162,6 +163,23 @@ def test_a_sequence_the_machine_refuses_is_corrupt_with_its_seq(tmp_path: Path) 
     assert journal.state == fold(records)
 
 
+def _more(root: Path, instance: str, upto: int) -> None:
+    """A host that opens the store, writes every Run's next two records, and closes."""
+    store = open_store(root, instance_id=instance)
+    for i in range(upto - 2, upto):
+        for run, seed in RUNS.items():
+            store.append(run, walk(run, upto, seed)[i])
+        store.sync_blocking()
+    store.close_blocking()
+
+
+def _all_restore(root: Path, n: int) -> None:
+    runs = by_id(read_runs(root))
+    assert set(runs) == set(RUNS)
+    for run, seed in RUNS.items():
+        assert runs[run].status == "ok" and runs[run].state == fold(walk(run, n, seed))
+
+
 def test_a_damaged_manifest_is_read_around_but_never_overwritten(tmp_path: Path) -> None:
     root = tmp_path / "runtime"
     _crashed_host(root, close=True)
@@ -170,22 +188,197 @@ def test_a_damaged_manifest_is_read_around_but_never_overwritten(tmp_path: Path)
     runs = read_runs_report(root)
     assert runs.stats.full and all(j.status == "ok" for j in runs.runs)
     assert by_id(runs.runs)["RUN-B"].state == _expected("RUN-B")
-    with pytest.raises(IntloomError) as info:
-        open_store(root, instance_id="INST-2")
-    assert info.value.code == "STORAGE_ERROR" and "manifest.json" in info.value.message
+    # Every Run restores; the manifest is reported at each start and never written over,
+    # through appends, a clean close and a crash.
+    for i, upto in enumerate((N + 2, N + 4), 2):
+        store = open_store(root, instance_id=f"INST-{i}", segment_bytes=1024)  # rotates too
+        assert ("manifest.json", "corrupt") in {(f.path, f.kind) for f in store.restored.files}
+        assert all(j.status == "ok" for j in store.restored.runs)
+        store.close_blocking()
+        _more(root, f"INST-{i}b", upto)
+        assert manifest.read_bytes() == b'{"format": 1, "start": "two"}'
+        _all_restore(root, upto)
+    store = open_store(root, instance_id="INST-9")
+    store.append("RUN-A", walk("RUN-A", N + 5, RUNS["RUN-A"])[N + 4])
+    store.sync_blocking()
+    abandon(store)
     assert manifest.read_bytes() == b'{"format": 1, "start": "two"}'
+    assert by_id(read_runs(root))["RUN-A"].state == fold(walk("RUN-A", N + 5, RUNS["RUN-A"]))
+    # Moved out (what the report says to do), a new one is written and restores are bounded.
+    manifest.rename(tmp_path / "manifest.json.bad")
+    open_store(root, instance_id="INST-10").close_blocking()
+    report = read_runs_report(root)
+    assert not report.stats.full and report.stats.segments_read == 0
+    assert by_id(report.runs)["RUN-B"].state == fold(walk("RUN-B", N + 4, RUNS["RUN-B"]))
 
 
 def test_a_damaged_snapshot_falls_back_to_the_whole_log(tmp_path: Path) -> None:
+    """The log is the durability point and is never cut short, so a full read rebuilds the
+    Run behind a damaged snapshot exactly: it restores. Its file is never written over."""
     root = tmp_path / "runtime"
     _crashed_host(root, close=True)
-    victim = sorted((root / "snap" / "live").iterdir())[0]
+    victim = root / "snap" / "live" / snapshot_name("RUN-B")
     _flip(victim, 30)
     kept = victim.read_bytes()
     report = read_runs_report(root)
-    assert report.stats.full and {f.kind for f in report.files} == {"corrupt"}
+    assert report.stats.full
+    assert [(f.path, f.kind) for f in report.files] == [(f"snap/live/{victim.name}", "corrupt")]
     assert all(j.status == "ok" and j.state == _expected(j.run_id) for j in report.runs)
-    with pytest.raises(IntloomError) as info:
-        open_store(root, instance_id="INST-2")
-    assert victim.name in info.value.message
+    for i, upto in enumerate((N + 2, N + 4), 2):
+        store = open_store(root, instance_id=f"INST-{i}")
+        assert all(j.status == "ok" for j in store.restored.runs)
+        assert len(store.restored.runs) == len(RUNS) and store.restored.files
+        store.close_blocking()
+        _more(root, f"INST-{i}b", upto)  # RUN-B keeps running, and so do the others
+        assert victim.read_bytes() == kept
+        _all_restore(root, upto)
+    # Moved out (what the report says to do): its records are still read, from seq 1.
+    victim.rename(tmp_path / "bad.snap")
+    report = read_runs_report(root)
+    assert not report.stats.full and not report.files
+    assert by_id(report.runs)["RUN-B"].state == fold(walk("RUN-B", N + 4, RUNS["RUN-B"]))
+    open_store(root, instance_id="INST-9").close_blocking()  # RUN-B gets a snapshot again
+    assert victim.exists()
+    report = read_runs_report(root)
+    assert report.stats.segments_read == 0
+    _all_restore(root, N + 4)
+
+
+def test_a_damaged_snapshot_the_log_cannot_stand_in_for_needs_attention(tmp_path: Path) -> None:
+    root = tmp_path / "runtime"
+    _crashed_host(root, close=True)
+    _more(root, "INST-2", N + 2)
+    victim = root / "snap" / "live" / snapshot_name("RUN-B")
+    _flip(victim, 30)
+    kept = victim.read_bytes()
+    first = root / "wal" / "0000000001.seg"
+    first.rename(tmp_path / first.name)  # the log's beginning is gone (not intloom's doing)
+    store = open_store(root, instance_id="INST-3")
+    runs = by_id(store.restored.runs)
+    store.close_blocking()
+    b = runs["RUN-B"]
+    assert b.status == "corrupt" and b.problem is not None
+    assert f"snap/live/{victim.name} fails its checksum" in b.problem
+    assert "records 1..12 are missing" in b.problem
+    assert runs["RUN-A"].status == runs["RUN-C"].status == "ok"  # from their snapshots
     assert victim.read_bytes() == kept
+    assert by_id(read_runs(root))["RUN-B"].problem == b.problem
+
+
+def _two_runs_crashed(root: Path) -> tuple[Path, str, str]:
+    """RUN-A-0001's last record (an acknowledged `executing`) is followed by RUN-B's."""
+    a, b = "RUN-A-0001", "RUN-B-0001"
+    store = open_store(root)
+    for record in walk(a, 3, 5):
+        store.append(a, record)
+    store.append(b, walk(b, 1, 6)[0])
+    store.sync_blocking()
+    store.append(a, walk(a, 4, 5)[3])
+    store.sync_blocking()
+    store.append(b, walk(b, 2, 6)[1])
+    store.sync_blocking()
+    abandon(store)
+    return root / "wal" / "0000000001.seg", a, b
+
+
+@pytest.mark.parametrize("where", ["run_id", "length", "run_id+payload"])
+def test_damage_mid_segment_is_charged_to_every_run_that_may_own_it(
+    tmp_path: Path, where: str
+) -> None:
+    """A Run's last record (an acknowledged `executing`) is damaged: it must never read back
+    as a Run that stopped one record earlier (its Step would run again)."""
+    root = tmp_path / "runtime"
+    segment, a, b = _two_runs_crashed(root)
+    last = frames_of(segment, a)[-1]
+    assert walk(a, 4, 5)[3].__struct_config__.tag == "executing"
+    # A flipped run-id byte makes the frame claim Run RUN-A-0000, which never existed; the
+    # frame's crc still names its owner unless its payload is damaged too.
+    rid = last.offset + 23 + len(a) - 1
+    offsets = {"run_id": [rid], "length": [last.offset + 6], "run_id+payload": [rid, last.end - 2]}
+    data = bytearray(segment.read_bytes())
+    for offset in offsets[where]:
+        data[offset] ^= 0x01
+    segment.write_bytes(bytes(data))
+    damaged = segment.read_bytes()
+
+    report = read_runs_report(root)
+    runs = by_id(report.runs)
+    assert set(runs) == {a, b}  # no phantom Run from the damaged id
+    assert runs[a].status == "corrupt" and runs[a].state == fold(walk(a, 3, 5))
+    assert f"wal/0000000001.seg offset {last.offset}" in (runs[a].problem or "")
+    assert "record 4" in (runs[a].problem or "")
+    unknowable = "may have held its record 4" in (runs[a].problem or "")
+    assert unknowable == (where == "run_id+payload")
+    verdicts = [h.verdict for h in read_history(root, a)]
+    assert verdicts == ["ok"] * 3 + ([] if unknowable else ["damaged"])
+    assert runs[b].status == "ok" and runs[b].state == fold(walk(b, 2, 6))
+    assert [(f.path, f.kind) for f in report.files] == [("wal/0000000001.seg", "corrupt")]
+    assert by_id(verify(root))[a].status == "corrupt"
+
+    # Open-time compaction retires the verdict, never a healthy snapshot of RUN-A-0001.
+    for i in range(3):
+        store = open_store(root, instance_id=f"INST-{i}")
+        assert by_id(store.restored.runs)[a].status == "corrupt"
+        store.close_blocking()
+        again = by_id(read_runs(root))
+        assert again[a].status == "corrupt" and again[a].problem == runs[a].problem
+        assert again[b].status == "ok"
+        assert segment.read_bytes() == damaged
+
+
+@pytest.mark.parametrize("where", ["length", "payload", "run_id+payload"])
+def test_an_idle_run_known_only_from_its_snapshot_may_own_the_damage(
+    tmp_path: Path, where: str
+) -> None:
+    """Its next record (an answer, say) may be the damaged frame, unless the damaged bytes
+    are provably one frame of another Run (by its crc, or by a consistent header)."""
+    root = tmp_path / "runtime"
+    store = open_store(root)
+    for record in walk("RUN-IDLE", 5, 1):
+        store.append("RUN-IDLE", record)
+    store.sync_blocking()
+    abandon(store)
+    store = open_store(root, instance_id="INST-2")  # snapshots RUN-IDLE; segment 2 is new
+    for record in walk("RUN-X", 3, 2):
+        store.append("RUN-X", record)
+        store.sync_blocking()
+    abandon(store)
+    segment = root / "wal" / "0000000002.seg"
+    hit = frames_of(segment, "RUN-X")[1]
+    for offset in {"length": [hit.offset + 6], "payload": [hit.end - 2],
+                   "run_id+payload": [hit.offset + 24, hit.end - 2]}[where]:
+        _flip(segment, offset)
+    runs = by_id(read_runs(root))
+    x = runs["RUN-X"]  # its seqs show the gap whatever the damage
+    assert x.status == "corrupt" and f"offset {hit.offset}" in (x.problem or "")
+    idle = runs["RUN-IDLE"]
+    assert idle.state == fold(walk("RUN-IDLE", 5, 1))
+    if where == "run_id+payload":  # nothing says whose frame it was
+        assert idle.status == "corrupt" and "record 6" in (idle.problem or "")
+        assert f"offset {hit.offset}" in (idle.problem or "")
+        assert "records 2..2 are missing" in (x.problem or "")
+    else:
+        assert idle.status == "ok"
+        assert f"record 2 at wal/0000000002.seg offset {hit.offset} fails" in (x.problem or "")
+
+
+def test_a_run_incompatible_at_record_level_stays_reported(tmp_path: Path) -> None:
+    root = tmp_path / "runtime"
+    store = open_store(root)
+    store.append("RUN-A", msgspec.structs.replace(header("RUN-A"), format=2))
+    store.append("RUN-A", walk("RUN-A", 2, 0)[1])
+    for record in walk("RUN-B", 2, 0):
+        store.append("RUN-B", record)
+    store.sync_blocking()
+    abandon(store)
+    segment = root / "wal" / "0000000001.seg"
+    kept = segment.read_bytes()
+    for n in range(3):
+        store = open_store(root, instance_id=f"INST-{n}")
+        runs = by_id(store.restored.runs)
+        assert runs["RUN-A"].status == "incompatible"
+        assert "format 2" in (runs["RUN-A"].problem or "")
+        assert runs["RUN-B"].status == "ok" and runs["RUN-B"].state == fold(walk("RUN-B", 2, 0))
+        store.close_blocking()
+    assert by_id(read_runs(root))["RUN-A"].status == "incompatible"
+    assert segment.read_bytes() == kept

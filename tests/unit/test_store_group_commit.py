@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 
 from intloom.errors import IntloomError
-from intloom.runtime.machine import fold
+from intloom.runtime.machine import fold, interrupted_message, restart_verdict
 from intloom.runtime.ports import CheckpointFailed
+from intloom.runtime.records import EffectDone, EffectStarted, Executing, StagePending, StepReady
 from intloom.store import FaultPlan, read_history, read_runs, verify
 from intloom.store.faults import ENV
-from tests.unit.test_store_support import abandon, by_id, frames_of, open_store, walk
+from tests.unit.test_store_support import abandon, by_id, frames_of, header, open_store, walk
 
 
 def test_concurrent_runs_share_flushes(tmp_path: Path) -> None:
@@ -75,11 +76,14 @@ def test_a_failed_fsync_fails_exactly_its_batch(tmp_path: Path) -> None:
             await store.sync()  # flush 3: EIO instead of fdatasync
         assert info.value.run_ids == frozenset({"RUN-A", "RUN-C"})
         assert "fdatasync" in info.value.cause and "0000000001.seg" in info.value.cause
-        # Later batches carry on, in a fresh segment; RUN-A retries its record.
+        # Later batches carry on, in a fresh segment; RUN-A and RUN-C are finished here.
         store.append("RUN-B", b[2])
         await store.sync("RUN-B")
-        store.append("RUN-A", a[2])
-        await store.sync("RUN-A")
+        for run, rec in (("RUN-A", a[2]), ("RUN-C", c[1])):
+            with pytest.raises(CheckpointFailed):
+                store.append(run, rec)
+            with pytest.raises(CheckpointFailed):
+                await store.sync(run)
         await store.close()
 
     asyncio.run(main())
@@ -89,14 +93,14 @@ def test_a_failed_fsync_fails_exactly_its_batch(tmp_path: Path) -> None:
     # ...but no reader treats them as records.
     for journals in (read_runs(root), verify(root)):
         got = by_id(journals)
-        assert got["RUN-A"].state == fold(a[:3])
+        assert got["RUN-A"].state == fold(a[:2])
         assert got["RUN-B"].state == fold(b[:3])
         assert got["RUN-C"].state == fold(c[:1])
         assert all(j.status == "ok" for j in got.values())
     verdicts = [(h.seq, h.verdict, h.file) for h in read_history(root, "RUN-C")]
     assert verdicts == [(1, "ok", "wal/0000000001.seg"), (2, "void", "wal/0000000001.seg")]
     a_hist = [(h.seq, h.verdict) for h in read_history(root, "RUN-A")]
-    assert a_hist == [(1, "ok"), (2, "ok"), (3, "void"), (3, "ok")]
+    assert a_hist == [(1, "ok"), (2, "ok"), (3, "void")]
 
 
 def test_enospc_mid_write_voids_the_half_written_batch(tmp_path: Path) -> None:
@@ -128,13 +132,65 @@ def test_sync_with_run_id_reports_a_failure_whoever_flushed_it(tmp_path: Path) -
         with pytest.raises(CheckpointFailed) as info:
             await store.sync("RUN-A")  # nothing left to flush; RUN-A is still told
         assert "RUN-A" in info.value.run_ids
-        await store.sync("RUN-A")  # told once
-        store.append("RUN-A", a[0])
-        await store.sync("RUN-A")
+        with pytest.raises(CheckpointFailed):
+            await store.sync("RUN-A")  # and again: the Run is finished in this process
+        with pytest.raises(CheckpointFailed):
+            store.append("RUN-A", a[0])
         await store.close()
 
     asyncio.run(main())
-    assert by_id(read_runs(tmp_path / "runtime"))["RUN-A"].state == fold(a[:1])
+    assert read_runs(tmp_path / "runtime") == []  # neither Run ever had a durable record
+
+
+def test_records_appended_while_a_failing_batch_is_on_disk_are_dropped(tmp_path: Path) -> None:
+    """They presume the failed records exist: writing them (under the failed batch's seqs)
+    would make the Run read back corrupt. Its Run is finished here and restores from its
+    last durable record instead."""
+    root = tmp_path / "runtime"
+    a = [header("RUN-A"), StagePending(at="t", stage="draft"),
+         StepReady(at="t", stage="draft", step="s1", state=b"{}"),
+         Executing(at="t", stage="draft", step="s1"), EffectStarted(at="t", name="a", key="a#1")]
+    b, c = walk("RUN-B", 2, 2), walk("RUN-C", 2, 3)
+
+    async def main() -> None:
+        store = open_store(root, faults=FaultPlan(fail_sync=frozenset({2})))
+        for record in a:
+            store.append("RUN-A", record)
+        store.append("RUN-B", b[0])
+        store.append("RUN-C", c[0])
+        await store.sync()  # flush 1: RUN-A durable up to effect_started(a)
+        store.append("RUN-A", EffectDone(at="t", name="a", key="a#1"))
+        store.append("RUN-B", b[1])
+        failing = asyncio.ensure_future(store.sync("RUN-B"))  # flush 2 will fail
+        for _ in range(10_000):  # bounded: the batch leaves for the store's thread at once
+            if store._inflight is not None:
+                break
+            await asyncio.sleep(0)
+        assert store._inflight is not None
+        # While flush 2 is on disk: RUN-A's next effect begins, RUN-C carries on.
+        store.append("RUN-A", EffectStarted(at="t", name="b", key="b#1"))
+        store.append("RUN-C", c[1])
+        with pytest.raises(CheckpointFailed) as info:
+            await store.sync("RUN-A")
+        assert info.value.run_ids == frozenset({"RUN-A", "RUN-B"})
+        with pytest.raises(CheckpointFailed):
+            await failing
+        await store.sync("RUN-C")  # the batch after the failure holds RUN-C's record only
+        with pytest.raises(CheckpointFailed):
+            store.append("RUN-A", EffectStarted(at="t", name="b", key="b#1"))
+        await store.close()
+
+    asyncio.run(main())
+    assert [f.seq for f in frames_of(root / "wal" / "0000000002.seg", "RUN-A")] == []
+    for journals in (read_runs(root), verify(root)):
+        got = by_id(journals)
+        assert got["RUN-A"].status == "ok" and got["RUN-A"].state == fold(a)
+        assert got["RUN-B"].status == "ok" and got["RUN-B"].state == fold(b[:1])
+        assert got["RUN-C"].status == "ok" and got["RUN-C"].state == fold(c)
+    state = got["RUN-A"].state
+    assert restart_verdict(state, False).row == "interrupted"
+    assert "'a'" in interrupted_message(state)  # the effect that really started
+    assert [(h.seq, h.verdict) for h in read_history(root, "RUN-A")][-1] == (6, "void")
 
 
 def test_when_no_replacement_segment_can_be_made_every_later_sync_fails(tmp_path: Path) -> None:

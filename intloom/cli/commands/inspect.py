@@ -7,6 +7,7 @@ and works the same whether one runs or not.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from intloom.cli.commands.runs import RunArg
@@ -66,9 +67,36 @@ def _text(run: Mapping[str, Any]) -> list[str]:
             f"In flight: effect {effect.get('name')} (key {effect.get('key')}), started "
             f"{effect.get('startedAt')}; it was not replayed."
         )
+    restart = run.get("restart")
+    if isinstance(restart, Mapping):
+        lines.append(f"On restart: {restart.get('row')}: {restart.get('reason')}.")
     if run.get("tornTail"):
         lines.append("The last record is torn (an unfinished write); it is ignored, not removed.")
     return lines
+
+
+def _restart(root: Path, journal: Any) -> dict[str, Any] | None:
+    """What the next start does with this Run, judged as doctor judges it: against the
+    Workflows loadable now (identity, Stage schemas), so a change that strands the Run shows
+    here too. None for a terminal Run, or when there is no journal to judge."""
+    import sys
+
+    from intloom.authoring.loader import load_workflows
+    from intloom.diagnostics.previews import preview_run
+    from intloom.project import load_config
+
+    if journal is None:
+        return None
+    saved = sys.dont_write_bytecode
+    sys.dont_write_bytecode = True  # inspect writes nothing, not even bytecode
+    try:
+        loaded = load_workflows(root, load_config(root))
+    except IntloomError:
+        loaded = None  # the restart row is then judged without the Workflows
+    finally:
+        sys.dont_write_bytecode = saved
+    preview = preview_run(journal, loaded)
+    return None if preview is None else plain(preview)
 
 
 @command
@@ -86,6 +114,12 @@ def inspect(state: CliState, run_id: RunArg) -> None:
     # verify (not read_runs) judges terminal Runs too, from the whole log: inspect is on demand.
     journal = next((j for j in store.verify(runtime) if j.run_id == run_id), None)
     run = _summary(run_id, journal)
+    restart = _restart(state.root(), journal)
+    if restart is not None:
+        run["restart"] = restart["verdict"]
+        if restart["journal"] == "incompatible" and run.get("verdict") == "ok":
+            run["verdict"] = "incompatible"
+            run["problem"] = restart.get("problem")
     records = [plain(entry) for entry in entries]
     renderer = state.renderer
     if renderer.json_mode:

@@ -1,0 +1,102 @@
+"""``python -m scripts.bench_chart RESULTS.json OUT.png``: the chart of docs/performance.md.
+
+Left: µs per durable Step for intloom, its peers and the disk's floor (log scale). Right:
+every figure against its target, as "how far from the target" (1 = exactly on it; left of
+the line meets it). Needs matplotlib (the ``bench`` extra).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+# (figure, label, how to read its distance to the target: measured/target or target/measured)
+TARGETS: list[tuple[str, str, str]] = [
+    ("steps", "µs/Step vs floor (≤ 1.5×)", "ratio/1.5"),
+    ("peers", "faster peer ÷ intloom (≥ 5×)", "5/ratio"),
+    ("concurrency", "64 Runs vs 1, Steps/s (≥ 8×)", "8/ratio"),
+    ("restart", "start: 100k vs 1k records (≤ 1.5×)", "ratio/1.5"),
+    ("restore", "start: 1,000 vs 0 Runs (≤ 2×)", "ratio/2"),
+    ("cli", "runs --json vs import typer (≤ 1.3×)", "ratio/1.3"),
+    ("memory", "RSS: 1,000 Runs vs idle (≤ 2×)", "ratio/2"),
+    ("events", "event p99 in ms (≤ 10)", "p99/10"),
+]
+STEP_ROWS = [
+    ("raw_fdatasync", "raw write+fdatasync (floor)", "#999999"),
+    ("intloom_async", "intloom, async Step", "#1f6feb"),
+    ("intloom_sync", "intloom, sync Step", "#6ea8fe"),
+    ("langgraph_loop", "LangGraph, 1 node looped", "#d9822b"),
+    ("langgraph_chain", "LangGraph, chain of nodes", "#f0b67f"),
+    ("dbos_sqlite", "DBOS, SQLite system DB", "#c23b22"),
+]
+
+
+def distance(fig: dict[str, Any], how: str) -> float | None:
+    if "ratio" not in fig and "p99_ms" not in fig:
+        return None
+    if how == "p99/10":
+        return float(fig["p99_ms"]) / 10.0
+    top, bottom = how.split("/")
+    if top == "ratio":
+        return float(fig["ratio"]) / float(bottom)
+    return float(top) / float(fig["ratio"]) if fig["ratio"] else None
+
+
+def main() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    report = json.loads(Path(sys.argv[1]).read_text())
+    figures = report["figures"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8),
+                                      gridspec_kw={"width_ratios": [1, 1.15]})
+    peers = figures.get("peers", {}).get("variants", {})
+    rows = [(label, peers[key]["us_per_step"], color) for key, label, color in STEP_ROWS
+            if key in peers]
+    if rows:
+        labels, values, colors = zip(*rows, strict=True)
+        bars = left.barh(labels, values, color=colors)
+        left.set_xscale("log")
+        left.invert_yaxis()
+        left.set_xlabel("µs per durable Step (median; log scale; lower is better)")
+        left.set_title(f"One Run, {figures['peers']['steps']} trivial Steps, same disk")
+        for bar, value in zip(bars, values, strict=True):
+            left.text(value * 1.05, bar.get_y() + bar.get_height() / 2, f"{value:,.0f}",
+                      va="center", fontsize=9)
+        left.set_xlim(min(values) / 2, max(values) * 3)
+        left.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:,.0f}"))
+        left.xaxis.set_minor_formatter(NullFormatter())
+    else:
+        left.text(0.5, 0.5, "peers not measured in this run", ha="center", va="center")
+        left.set_axis_off()
+    names, dist, notes = [], [], []
+    for key, label, how in TARGETS:
+        if key in figures and (d := distance(figures[key], how)) is not None:
+            names.append(label)
+            dist.append(d)
+            notes.append(figures[key].get("verdict", ""))
+    shades = ["#2da44e" if d <= 1.0 else "#cf222e" for d in dist]
+    bars = right.barh(names, dist, color=shades)
+    right.axvline(1.0, color="black", linewidth=1)
+    right.invert_yaxis()
+    right.set_xlabel("distance to target (≤ 1 meets it)")
+    right.set_title("Each figure against its target, this run")
+    for bar, value, verdict in zip(bars, dist, notes, strict=True):
+        right.text(value + 0.02, bar.get_y() + bar.get_height() / 2, f"{value:.2f} ({verdict})",
+                   va="center", fontsize=9)
+    right.set_xlim(0, max([*dist, 1.0]) * 1.35)
+    disk = " ".join(str(report["machine"].get("filesystem", "")).split()[:2])
+    load = report["machine"].get("load_average", ["?"])[0]
+    fig.suptitle(f"intloom performance — {report['when']}, {report['machine'].get('cpus')} "
+                 f"CPUs, {disk}, load average {load} after the run", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(sys.argv[2], dpi=110)
+
+
+if __name__ == "__main__":
+    main()

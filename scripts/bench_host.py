@@ -1,0 +1,178 @@
+"""Real hosts: start to ready against history length and Run count, and resident memory.
+
+Everything goes through the real CLI (``intloom start`` / ``stop``) and the real client;
+journals are built by the real store, by a Run that loops through Steps. "Start to ready" is
+the wall time of ``intloom start --json``, from spawn to exit: the CLI returns only once the
+host has loaded Workflows, restored every Run and listens.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from scripts.bench_common import Host, median, note, project, rnd, rss_mib, scratch, verdict
+
+
+def _host_ms(host: Host) -> dict[str, float]:
+    """Milliseconds inside the newest host log: log opened -> restore finished -> ready."""
+    logs = sorted((host.root / ".intloom" / "logs").glob("LOG-*.jsonl"))
+    stamps: dict[str, datetime] = {}
+    for line in logs[-1].read_text().splitlines():
+        event = json.loads(line)
+        if event["event"] in ("log_opened", "restore_finished", "service_ready"):
+            stamps[event["event"]] = datetime.fromisoformat(event["time"].replace("Z", "+00:00"))
+    opened = stamps["log_opened"]
+    return {
+        "restore_ms": (stamps["restore_finished"] - opened).total_seconds() * 1e3,
+        "ready_ms": (stamps["service_ready"] - opened).total_seconds() * 1e3,
+    }
+
+
+def _records_of(host: Host) -> int:
+    """How many journal records the project's one unfinished Run has (offline read)."""
+    from intloom.store import read_runs
+
+    runs = read_runs(host.root / ".intloom" / "runtime")
+    (run,) = [r for r in runs if r.state is not None]
+    assert run.state is not None
+    return run.state.seq
+
+
+def _build_history(host: Host, records: int) -> int:
+    """One Run of ~``records`` records, left waiting on its confirmation. Returns the count."""
+    # header, stage_pending, step_ready; 3 per Step; then step_ready, executing, waiting.
+    steps = max(1, (records - 6) // 3 + 1)
+    host.start()
+    with host.client() as client:
+        view = client.create_run("loop", json.dumps({"target": steps}), wait=True)
+    assert view.status == "waiting", view
+    return steps
+
+
+def _starts(hosts: list[tuple[str, Host, Path | None]], repeats: int) -> dict[str, Any]:
+    """Interleaved ``intloom start`` / ``stop`` cycles; a saved runtime is put back first."""
+    walls: dict[str, list[float]] = {name: [] for name, _, _ in hosts}
+    inner: dict[str, list[dict[str, float]]] = {name: [] for name, _, _ in hosts}
+    for _ in range(repeats):
+        for name, host, saved in hosts:
+            if saved is not None:
+                runtime = host.root / ".intloom" / "runtime"
+                shutil.rmtree(runtime)
+                shutil.copytree(saved, runtime)
+            walls[name].append(host.start())
+            inner[name].append(_host_ms(host))
+            host.stop()
+    return {
+        name: {
+            "start_s": rnd(median(walls[name]), 3),
+            "runs_start_s": [rnd(w, 3) for w in walls[name]],
+            "host_restore_ms": rnd(median([i["restore_ms"] for i in inner[name]])),
+            "host_ready_ms": rnd(median([i["ready_ms"] for i in inner[name]])),
+        }
+        for name in walls
+    }
+
+
+def bench_restart(args: Any) -> dict[str, Any]:
+    """Start to ready with one Run of ``--records`` records vs ``--baseline-records``."""
+    out: dict[str, Any] = {"figure": "restart", "target": "ratio <= 1.5"}
+    with scratch(args.dir, "bench-restart-") as base, \
+            project(base, "big") as big, project(base, "small") as small:
+        for host, size in ((big, args.records), (small, args.baseline_records)):
+            note(f"restart: building a Run of ~{size} records")
+            _build_history(host, size)
+        # After a clean stop: the store snapshotted every Run on close.
+        for host in (big, small):
+            host.stop()
+        counts = {"big": _records_of(big), "small": _records_of(small)}
+        note(f"restart: records {counts}; timing starts after a clean stop")
+        clean = _starts([("big", big, None), ("small", small, None)], args.repeats)
+        # After SIGKILL: the next start reads what the last snapshot does not cover.
+        saved: dict[str, Path] = {}
+        for name, host in (("big", big), ("small", small)):
+            host.start()
+            host.kill()
+            host.cli("recover")
+            saved[name] = base / f"{name}-crashed-runtime"
+            shutil.copytree(host.root / ".intloom" / "runtime", saved[name])
+        note("restart: timing starts after SIGKILL (a copy of the crashed store each time)")
+        crashed = _starts([("big", big, saved["big"]), ("small", small, saved["small"])],
+                          args.repeats)
+    for mode, data in (("after_stop", clean), ("after_kill", crashed)):
+        ratio = data["big"]["start_s"] / data["small"]["start_s"]
+        out[mode] = {**data, "ratio": rnd(ratio, 3), "verdict": verdict(ratio, 1.5, at_most=True)}
+    out["records"] = counts["big"]
+    out["baseline_records"] = counts["small"]
+    worst = max(("after_stop", "after_kill"), key=lambda m: out[m]["ratio"])
+    out.update(start_s=out[worst]["big"]["start_s"],
+               baseline_start_s=out[worst]["small"]["start_s"],
+               ratio=out[worst]["ratio"], verdict=out[worst]["verdict"], headline_mode=worst)
+    return out
+
+
+def _hold_runs(host: Host, runs: int) -> None:
+    """``runs`` Runs, each waiting on its confirmation, created through one client."""
+    with host.client() as client:
+        for _ in range(runs):
+            view = client.create_run("loop", '{"target": 1}', wait=True)
+            assert view.status == "waiting", view
+
+
+def bench_restore(args: Any) -> dict[str, Any]:
+    """Start to ready with ``--runs`` unfinished (waiting) Runs vs none."""
+    out: dict[str, Any] = {"figure": "restore", "runs": args.runs, "target": "ratio <= 2"}
+    with scratch(args.dir, "bench-restore-") as base, \
+            project(base, "many") as many, project(base, "none") as none:
+        note(f"restore: creating {args.runs} waiting Runs")
+        many.start()
+        _hold_runs(many, args.runs)
+        many.stop()
+        none.start()
+        none.stop()
+        data = _starts([("many", many, None), ("none", none, None)], args.repeats)
+        many.start()
+        with many.client() as client:
+            restored = client.status().waiting_runs
+        many.stop()
+    ratio = data["many"]["start_s"] / data["none"]["start_s"]
+    out.update(data, restored_waiting=restored, start_s=data["many"]["start_s"],
+               baseline_start_s=data["none"]["start_s"], ratio=rnd(ratio, 3),
+               verdict=verdict(ratio, 2, at_most=True))
+    return out
+
+
+def bench_memory(args: Any) -> dict[str, Any]:
+    """Host RSS with ``--runs`` waiting Runs (created live, then restored) vs an idle host."""
+    out: dict[str, Any] = {"figure": "memory", "runs": args.runs, "target": "ratio <= 2"}
+    with scratch(args.dir, "bench-memory-") as base, \
+            project(base, "many") as many, project(base, "idle") as idle:
+        idle.start()
+        with idle.client() as client:
+            client.runs()
+        idle_rss, idle_hwm = rss_mib(idle.pid())
+        many.start()
+        _hold_runs(many, args.runs)
+        with many.client() as client:
+            assert len(client.runs()) == args.runs
+        live_rss, live_hwm = rss_mib(many.pid())
+        many.stop()
+        many.start()
+        with many.client() as client:
+            assert len(client.runs()) == args.runs
+        restored_rss, restored_hwm = rss_mib(many.pid())
+    ratio_live, ratio_restored = live_rss / idle_rss, restored_rss / idle_rss
+    ratio = max(ratio_live, ratio_restored)
+    out.update(
+        idle_rss_mib=rnd(idle_rss), idle_hwm_mib=rnd(idle_hwm),
+        live_rss_mib=rnd(live_rss), live_hwm_mib=rnd(live_hwm),
+        restored_rss_mib=rnd(restored_rss), restored_hwm_mib=rnd(restored_hwm),
+        kib_per_run=rnd((live_rss - idle_rss) * 1024 / args.runs),
+        ratio_live=rnd(ratio_live, 3), ratio_restored=rnd(ratio_restored, 3),
+        rss_mib=rnd(max(live_rss, restored_rss)), baseline_rss_mib=rnd(idle_rss),
+        ratio=rnd(ratio, 3), verdict=verdict(ratio, 2, at_most=True),
+    )
+    return out

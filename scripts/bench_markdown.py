@@ -1,0 +1,377 @@
+"""docs/performance.md from one ``scripts/bench all`` run (``render(report, chart)``).
+
+Everything quoted comes from that run's results; the prose around it says how each figure is
+measured, so a reader can tell what a number does and does not mean.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _fmt(value: Any, unit: str = "") -> str:
+    if isinstance(value, float):
+        text = f"{value:,.3f}" if abs(value) < 10 else f"{value:,.1f}"
+        text = text.rstrip("0").rstrip(".") if "." in text else text
+    elif isinstance(value, int):
+        text = f"{value:,}"
+    else:
+        text = str(value)
+    return f"{text}{unit}"
+
+
+def _summary(f: dict[str, Any]) -> list[list[str]]:
+    rows: list[list[str]] = []
+    if "steps" in f:
+        s = f["steps"]
+        for kind, k in s["kinds"].items():
+            floor = _fmt(k["floor_us_per_step"], " µs")
+            rows.append([f"µs per durable Step, 1 Run ({kind} Step)",
+                         _fmt(k["us_per_step"], " µs"),
+                         f"write+fdatasync of the same bytes: {floor}",
+                         f"{_fmt(k['ratio'])}×", "≤ 1.5×", k["verdict"]])
+    if "peers" in f and "faster_peer" in f["peers"]:
+        p = f["peers"]
+        v = p["variants"]
+        for kind in ("async", "sync"):
+            key = f"intloom_{kind}"
+            if key in v:
+                rows.append([f"µs per Step vs peers ({kind} Step)",
+                             _fmt(v[key]["us_per_step"], " µs"),
+                             f"faster peer ({p['faster_peer']}): "
+                             f"{_fmt(p['faster_peer_us_per_step'], ' µs')}",
+                             f"{_fmt(p[f'ratio_{kind}'])}× fewer", "≥ 5× fewer",
+                             p[f"verdict_{kind}"]])
+    if "concurrency" in f:
+        c = f["concurrency"]
+        for kind, k in c["kinds"].items():
+            rows.append([f"durable Steps/s, {c['runs']} concurrent Runs ({kind})",
+                         _fmt(k["steps_per_s"], "/s"),
+                         f"1 Run: {_fmt(k['solo_steps_per_s'], '/s')}",
+                         f"{_fmt(k['ratio'])}×", "≥ 8×", k["verdict"]])
+    if "restart" in f:
+        r = f["restart"]
+        for mode, label in (("after_stop", "after `stop`"), ("after_kill", "after SIGKILL")):
+            m = r[mode]
+            rows.append([f"`intloom start` to ready, {_fmt(r['records'])} records ({label})",
+                         _fmt(m["big"]["start_s"], " s"),
+                         f"{_fmt(r['baseline_records'])} records: "
+                         f"{_fmt(m['small']['start_s'], ' s')}",
+                         f"{_fmt(m['ratio'])}×", "≤ 1.5×", m["verdict"]])
+    if "restore" in f:
+        r = f["restore"]
+        rows.append([f"`intloom start` to ready, {_fmt(r['runs'])} unfinished Runs",
+                     _fmt(r["start_s"], " s"), f"0 Runs: {_fmt(r['baseline_start_s'], ' s')}",
+                     f"{_fmt(r['ratio'])}×", "≤ 2×", r["verdict"]])
+    if "cli" in f:
+        c = f["cli"]
+        rows.append(["`intloom runs --json`, live host", _fmt(c["wall_ms"], " ms"),
+                     f"`python -c \"import typer\"`: {_fmt(c['baseline_wall_ms'], ' ms')}",
+                     f"{_fmt(c['ratio'])}×", "≤ 1.3×", c["verdict"]])
+    if "memory" in f:
+        m = f["memory"]
+        rows.append([f"host RSS, {_fmt(m['runs'])} waiting Runs", _fmt(m["rss_mib"], " MiB"),
+                     f"idle host: {_fmt(m['baseline_rss_mib'], ' MiB')}", f"{_fmt(m['ratio'])}×",
+                     "≤ 2×", m["verdict"]])
+    if "events" in f:
+        e = f["events"]
+        rows.append([f"event to an attached client, {e['runs']} busy Runs (p99)",
+                     _fmt(e["p99_ms"], " ms"), f"p50 {_fmt(e['p50_ms'], ' ms')}, "
+                     f"max {_fmt(e['max_ms'], ' ms')} ({_fmt(e['events'])} events)", "—",
+                     "p99 ≤ 10 ms", e["verdict"]])
+    if "crash" in f and "times_in_flight_effect_ran" in f["crash"]:
+        t = f["crash"]["times_in_flight_effect_ran"]
+        rows.append(["in-flight effect after SIGKILL: times it ran",
+                     f"intloom {t.get('intloom', '?')} (RUN_INTERRUPTED)",
+                     ", ".join(f"{k} {v}" for k, v in t.items() if k != "intloom") or "—", "—",
+                     "intloom 1", f["crash"]["verdict"]])
+    return rows
+
+
+def _table(head: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _peers(f: dict[str, Any]) -> str:
+    if "peers" not in f:
+        return "_Not measured in this run._"
+    p = f["peers"]
+    rows = []
+    for name, v in p["variants"].items():
+        rows.append([name, _fmt(v["us_per_step"]), _fmt(v["cpu_us_per_step"]),
+                     ", ".join(_fmt(x) for x in v["runs_us_per_step"]),
+                     _fmt(v.get("x_floor", "—")), _fmt(v["peak_rss_mib"]),
+                     ", ".join(f"{k}={w}" for k, w in v["extra"].items())])
+    return _table(["variant", "µs/Step (median)", "CPU µs/Step", "each run", "× floor",
+                   "peak RSS MiB", "settings read back"], rows)
+
+
+def _crash(f: dict[str, Any]) -> str:
+    if "crash" not in f:
+        return "_Not measured in this run._"
+    fw = f["crash"]["frameworks"]
+    names = list(fw)
+    rows = [
+        ["executions of Steps 1..10"] + [", ".join(str(fw[n]["executions"][str(k)])
+                                                  for k in range(1, 11)) for n in names],
+        ["**the in-flight Step 6 ran**"] + [f"**{fw[n]['in_flight_step_ran']}×**" for n in names],
+        ["Steps run per process"] + ["; ".join(f"{p}: {s}" for p, s in fw[n]["by_process"].items())
+                                     for n in names],
+        ["state after recovery"] + [fw[n]["status_after_recovery"] for n in names],
+        ["a second restart"] + [str(fw[n]["second_restart"]) for n in names],
+        ["recovery wall time"] + [_fmt(fw[n]["recovery_s"], " s") for n in names],
+        ["recovery is"] + [fw[n]["recovery_is"] for n in names],
+    ]
+    table = _table(["", *names], rows)
+    message = fw.get("intloom", {}).get("message")
+    return table + (f"\n\nintloom's message for the Run: _{message}_" if message else "")
+
+
+def _unmet(f: dict[str, Any]) -> list[str]:
+    out = []
+    if "steps" in f:
+        for kind, k in f["steps"]["kinds"].items():
+            if k["verdict"] != "met":
+                over = k["us_per_step"] - 1.5 * k["floor_us_per_step"]
+                out.append(f"- **µs per Step ({kind})**: {_fmt(k['ratio'])}× the floor, "
+                           f"{_fmt(over, ' µs')} per Step over the 1.5× line. CPU per Step was "
+                           f"{_fmt(k['cpu_us_per_step'], ' µs')} against the floor's "
+                           f"{_fmt(k['floor_cpu_us_per_step'], ' µs')} (the fdatasync itself).")
+    if "peers" in f and "faster_peer" in f["peers"]:
+        p = f["peers"]
+        for kind in ("async", "sync"):
+            if p.get(f"verdict_{kind}") == "not met":
+                need = p["faster_peer_us_per_step"] / 5
+                have = p["variants"][f"intloom_{kind}"]["us_per_step"]
+                out.append(f"- **vs peers ({kind} Step)**: {_fmt(p[f'ratio_{kind}'])}× fewer µs "
+                           f"than {p['faster_peer']}; 5× needs ≤ {_fmt(need, ' µs')} per Step, "
+                           f"intloom took {_fmt(have, ' µs')} ({_fmt(have - need, ' µs')} over).")
+    if "concurrency" in f:
+        for kind, k in f["concurrency"]["kinds"].items():
+            if k["verdict"] != "met":
+                out.append(f"- **64 Runs ({kind})**: {_fmt(k['ratio'])}× one Run; 8× needs "
+                           f"{_fmt(8 * k['solo_steps_per_s'], '/s')}, measured "
+                           f"{_fmt(k['steps_per_s'], '/s')} at {_fmt(k['cpu_us_per_step'], ' µs')}"
+                           f" of CPU per Step ({_fmt(k['steps_per_flush'])} Steps per flush).")
+    for key, target in (("restore", 2), ("memory", 2), ("cli", 1.3)):
+        if key in f and f[key]["verdict"] != "met":
+            out.append(f"- **{key}**: {_fmt(f[key]['ratio'])}× against ≤ {target}×.")
+    if "restart" in f:
+        for mode in ("after_stop", "after_kill"):
+            if f["restart"][mode]["verdict"] != "met":
+                out.append(f"- **restart ({mode})**: {_fmt(f['restart'][mode]['ratio'])}× "
+                           "against ≤ 1.5×.")
+    if "events" in f and f["events"]["verdict"] != "met":
+        e = f["events"]
+        out.append(f"- **events**: p99 {_fmt(e['p99_ms'], ' ms')} against 10 ms "
+                   f"(p50 {_fmt(e['p50_ms'], ' ms')}, p90 {_fmt(e['p90_ms'], ' ms')}).")
+    return out
+
+
+def render(report: dict[str, Any], chart: str | None) -> str:
+    f = report["figures"]
+    m = report["machine"]
+    parts = [
+        "# Performance",
+        "",
+        "<!-- Generated by `scripts/bench all` (scripts/bench_markdown.py); edit the generator, "
+        "not this file. -->",
+        "",
+        f"Measured {report['when']} by `scripts/bench all` in {_fmt(report['total_seconds'])} s"
+        f"{' (quick sizes: a smoke run, not figures)' if report.get('quick') else ''}, on "
+        f"{m.get('cpus')} CPUs ({m.get('cpu', '?')}), {m.get('memory_gib', '?')} GiB, kernel "
+        f"{m.get('kernel')}, Python {m.get('python')}; scratch files on "
+        f"`{m.get('filesystem')}`. Load average (1/5/15 min) "
+        f"{report.get('load_before', '?')} before the run and {m.get('load_average', '?')} "
+        "after it (2 would mean both CPUs busy): other work on the machine moves every figure. "
+        "Raw results, with each figure's load average: `performance.json` beside this file.",
+        "",
+        "Every figure is a ratio against a baseline **measured in the same run, on the same "
+        "disk**, never a constant. Timed regions never include set-up; repetitions alternate "
+        "with their baseline, so that a noisy neighbour hits both sides; each figure is a "
+        "median. This is a shared 2-vCPU VM: repeated runs of the same figure move by "
+        "±15-30 %, so only differences larger than that mean anything.",
+        "",
+        "Run one figure with `scripts/bench FIGURE` (`scripts/bench --help` lists them; each "
+        "prints one JSON object), or all of them, rewriting this page, with `scripts/bench all`.",
+        "",
+        "## Summary",
+        "",
+        _table(["figure", "measured", "baseline (same run)", "ratio", "target", "verdict"],
+               _summary(f)),
+        "",
+    ]
+    if chart:
+        parts += [f"![intloom performance]({chart})", ""]
+    parts += [
+        "## µs per durable Step, and the peers",
+        "",
+        "`steps` drives the real `Runtime` over the real store (a host without its socket) "
+        "through one Run of trivial Steps: each bumps a counter and keeps a ~100-byte payload "
+        "in its State. One fdatasync per Step is the minimum the design allows (`executing` is "
+        "durable before user code starts). The floor appends and fdatasyncs to a file in the "
+        "same directory, warmed up once, as many times as the Run beside it flushed and as "
+        "many bytes per flush as it wrote on average. Runs (in one store, after a warm-up Run) "
+        "and floor chunks alternate (Run, floor, floor, Run, ...); the ratio is the median of "
+        "the neighbouring pairs' ratios, so that a change in the disk's latency during the "
+        "run hits both sides of each pair. An `async` Step runs on the host's event loop; a "
+        "`sync` Step runs on a worker thread (it must never block the loop), which costs a "
+        "thread hand-off each way.",
+        "",
+        "`concurrency` runs, in one warmed store, 1 Run of 3,000 Steps and 64 concurrent Runs "
+        "of 300 Steps each, alternating (1, 64, 64, 1, ...); aggregate Steps/s counts every "
+        "Step from the first Run's creation to the last Run's completion; the ratio is the "
+        "median of neighbouring pairs.",
+        "",
+        "`peers` runs the same workload in a fresh process per variant and repetition, with "
+        "the peers installed from the package index into their own virtual environment "
+        "(`.bench-venv/`): DBOS with its SQLite system database (its default; its docs "
+        "recommend Postgres for production, which is not measured here) and LangGraph with "
+        "`SqliteSaver` and `durability=\"sync\"`, as one node looped (the shape of intloom's "
+        "workflow) and as a chain of distinct nodes. Each Step returns a ~100-byte dict. "
+        "Imports, launch and compile are outside the timed region; CPU is the whole "
+        "process's. The ratio is against the faster peer.",
+        "",
+        _peers(f),
+        "",
+        "## The same kill under intloom, DBOS and LangGraph",
+        "",
+        "`crash`: 10 sequential Steps; Step k records `step-k pid=…` in a file when it starts "
+        "(in intloom, inside `ctx.effect`), and Step 6 then sleeps. The harness watches the "
+        "file, SIGKILLs the process as soon as Step 6 has started, recovers with each "
+        "framework's own mechanism, and recovers once more to check that nothing else runs.",
+        "",
+        _crash(f),
+        "",
+        "## Restart cost",
+        "",
+        "`restart` builds, with the real store, one Run that loops through Steps until it "
+        "holds ~100,000 journal records (and another of ~1,000), then waits on a "
+        "confirmation. Start to ready is the wall time of `intloom start --json`, spawn to "
+        "exit (the CLI returns once the host has restored and listens); `host_ready_ms` is "
+        "the same span inside the host's log. Measured after a clean `stop` (every Run "
+        "snapshotted) and after SIGKILL + `recover` (a copy of the crashed store is put back "
+        "before each start; the host reads the log written since the last snapshot, which "
+        "segment rotation bounds to ~4 MiB). `restore` does the same with 1,000 waiting Runs "
+        "against none.",
+        "",
+    ]
+    if "restart" in f:
+        r = f["restart"]
+        rows = []
+        for mode in ("after_stop", "after_kill"):
+            for size in ("big", "small"):
+                d = r[mode][size]
+                count = r["records"] if size == "big" else r["baseline_records"]
+                rows.append([mode, _fmt(count), _fmt(d["start_s"], " s"),
+                             ", ".join(_fmt(x) for x in d["runs_start_s"]),
+                             _fmt(d["host_restore_ms"], " ms"), _fmt(d["host_ready_ms"], " ms")])
+        parts += [_table(["after", "records", "start to ready", "each start", "host: restore",
+                          "host: ready"], rows), ""]
+    if "restore" in f:
+        r = f["restore"]
+        rows = [[name, _fmt(r[name]["start_s"], " s"), _fmt(r[name]["host_restore_ms"], " ms"),
+                 _fmt(r[name]["host_ready_ms"], " ms")] for name in ("many", "none")]
+        parts += [_table(["Runs", "start to ready", "host: restore", "host: ready"], rows), ""]
+    parts += ["## CLI start-up, memory, events", ""]
+    if "cli" in f:
+        c = f["cli"]
+        parts += [
+            "`cli` times whole processes from spawn to reap, interleaved, after warm-up rounds, "
+            "with **bytecode caches warm**: `PYTHONDONTWRITEBYTECODE` is removed from the "
+            "children's environment (the development shell sets it). "
+            + ", ".join(f"`{k}` {_fmt(v['wall_ms'], ' ms')} wall / "
+                        f"{_fmt(v['cpu_ms'], ' ms')} CPU" for k, v in c["commands"].items())
+            + f". CPU ratio {_fmt(c['ratio_cpu'])}×. Largest imports left (self time, one "
+            "`-X importtime` run): "
+            + ", ".join(f"`{r['module']}` {_fmt(r['self_ms'], ' ms')}"
+                        for r in c["import_profile"][:8])
+            + ".",
+            "",
+        ]
+    if "memory" in f:
+        mm = f["memory"]
+        parts += [
+            f"`memory`: VmRSS of the host process. Idle (no Run): "
+            f"{_fmt(mm['idle_rss_mib'], ' MiB')}; {_fmt(mm['runs'])} waiting Runs created live: "
+            f"{_fmt(mm['live_rss_mib'], ' MiB')}; the "
+            f"same Runs restored by a new host: {_fmt(mm['restored_rss_mib'], ' MiB')} "
+            f"(~{_fmt(mm['kib_per_run'], ' KiB')} per Run).",
+            "",
+        ]
+    if "events" in f:
+        e = f["events"]
+        parts += [
+            f"`events`: {e['runs']} Runs do nothing but trivial Steps as fast as the journal "
+            f"allows; {e['followers']} clients each follow one with `Client.subscribe` "
+            "(what `intloom attach` uses). Latency = the client's clock at arrival minus the "
+            "Run's `updatedAt` in the event: from the moment the newest record in it was "
+            "stamped, *before* its fdatasync, so it includes the group commit, the publish and "
+            "the socket. `updatedAt` is truncated to the millisecond, which can only overstate "
+            "a latency. "
+            f"p50 {_fmt(e['p50_ms'], ' ms')}, p90 {_fmt(e['p90_ms'], ' ms')}, "
+            f"p99 {_fmt(e['p99_ms'], ' ms')}, max {_fmt(e['max_ms'], ' ms')} over "
+            f"{_fmt(e['events'])} events.",
+            "",
+        ]
+    unmet = _unmet(f)
+    parts += ["## Where a target is not reached", ""]
+    parts += unmet or ["Every target was met in this run."]
+    parts += ["", ANALYSIS]
+    return "\n".join(parts) + "\n"
+
+
+ANALYSIS = """\
+## What was changed for these figures, and what the profiles show is left
+
+Changes (each measured before and after with the sub-command named):
+
+- **Group commit that groups** (`concurrency`, `events`): a flush used to start as soon as
+  the first Run woken by the previous one asked for it, so batches alternated between that
+  one Run and the other 63 (two fdatasyncs per round). A flush is now scheduled for the end of
+  the event loop's current iteration, after every Run woken with it has appended: ~1 flush
+  per round (`steps_per_flush` ≈ the number of Runs). Waiters wait on their own future
+  instead of `asyncio.shield` over a shared one (two fewer callbacks per Step).
+- **Snapshots off the flush path** (`events`, `concurrency`): a segment rotation used to
+  fold every record since the last snapshot and fsync one snapshot file per Run on the
+  writer thread, holding up every Run's next flush for tens of ms. Records are now folded as
+  their batch becomes durable, and the snapshot files are written by a compactor thread on
+  copies of the tracks, one compaction at a time, in order.
+- **Warm worker threads for sync Steps** (`steps --kind sync`, `peers`): a sync Step used to
+  start a new thread (~100-170 µs here); it now runs on a parked daemon worker.
+- **Cheaper time stamps** (every Step figure): each record's ISO time stamp came from
+  `datetime.isoformat` (~2.5 µs, three per Step); it is now formatted from a cached second.
+- **CLI start-up** (`cli`): the cyclic garbage collector is off while the command imports
+  and everything then alive is frozen (the collector's passes at import and at exit cost
+  ~15-25 ms and freed nothing); the client connects to 127.0.0.1 without `getaddrinfo`
+  (which imported the idna codec).
+
+What is left, from profiles taken while building this harness (`py-spy` from
+`.bench-venv`, `cProfile`, `-X importtime`; figures are from those sessions, not this run):
+
+- A lone Run is bound by the fdatasync. The Python work around it is ~25-35 µs of CPU per
+  Step on a quiet machine (with fdatasync made a no-op: ~28 µs per Step, ~21 µs of it in the
+  executor): three records folded by the pure machine (`machine.apply`, ~1.6 µs each),
+  encoded and framed, the flush hand-off, the Step's context, the publish. Interleaved with
+  real fdatasyncs the same code costs more (cold caches after each sleep in the kernel). A
+  sync Step adds a thread hand-off each way: ~55 µs for a bare round trip to a parked worker
+  on this VM (waking a thread on the other vCPU), against ~170 µs for a new thread.
+- With 64 Runs the event loop, not the disk, is the bottleneck: ~35-45 µs of CPU per Step on
+  a quiet machine, so ~25,000 Steps/s at best, where 8× one Run needs ~32,000. Per Step the
+  loop still folds three records, and the store folds them once more on its thread (to
+  validate what it snapshots); a Run's task is woken once per Step and publishes a view
+  with three events. Reaching 8× needs roughly a third less CPU per Step: handing the store
+  the state the executor already folded (a change to the `JournalPort` protocol), fewer
+  objects per publish, and fewer coroutine layers between a flush and the Step it releases.
+- An event's latency is about one round of all busy Runs (their CPU per Step × 64, plus
+  the fdatasync), so it follows the same CPU. In the host, a profile of the `events`
+  workload also showed ~25 % of the loop's time in `socket.send` of event frames, one send
+  per event per follower: coalescing the frames queued for a follower into one write
+  (`intloom/host/server.py`) is the next step there. On a machine where other work keeps
+  the disk busy, each fdatasync waits behind it, and the p99 follows the disk.
+- `intloom runs --json` pays, on top of `import typer`, for msgspec (~7 ms with the
+  `typing_extensions` it imports, which typer does not load), the protocol's Struct classes
+  and decoders, and the client module.
+"""

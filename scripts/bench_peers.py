@@ -1,0 +1,108 @@
+"""µs per durable Step: intloom next to DBOS and LangGraph, with the disk's floor beside them.
+
+The peers live in their own virtual environment, ``.bench-venv/``, created here from the
+package index on first use (never in the project's ``.venv``). Each variant runs in a fresh
+child process with a fresh database (``bench_peer_child.py``); repetitions are interleaved
+(variant A, B, C, ... then again), and each figure is the median.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Final
+
+from scripts.bench_common import REPO, VENV_PY, bench_env, median, note, rnd, scratch, verdict
+
+BENCH_VENV: Final = REPO / ".bench-venv"
+PEER_PY: Final = BENCH_VENV / "bin" / "python"
+# What the comparison installs, unpinned: the figures record the versions they measured.
+PEER_PACKAGES: Final = ("dbos", "langgraph", "langgraph-checkpoint-sqlite", "py-spy")
+CHILD: Final = Path(__file__).resolve().parent / "bench_peer_child.py"
+
+# variant -> which interpreter runs it
+VARIANTS: Final = {
+    "raw_fdatasync": "project",
+    "intloom_async": "project",
+    "intloom_sync": "project",
+    "dbos_sqlite": "peers",
+    "langgraph_loop": "peers",
+    "langgraph_chain": "peers",
+}
+PEERS: Final = ("dbos_sqlite", "langgraph_loop", "langgraph_chain")
+
+
+def ensure_peer_venv() -> Path:
+    """``.bench-venv`` with the peers installed; created with pip on first use."""
+    probe = [str(PEER_PY), "-c", "import dbos, langgraph.graph, langgraph.checkpoint.sqlite"]
+    if PEER_PY.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
+        return PEER_PY
+    note(f"creating {BENCH_VENV} with {', '.join(PEER_PACKAGES)} from the package index")
+    base = getattr(sys, "_base_executable", sys.executable)
+    subprocess.run([base, "-m", "venv", str(BENCH_VENV)], check=True)
+    subprocess.run([str(PEER_PY), "-m", "pip", "install", "--quiet", "--upgrade", "pip"],
+                   check=True)
+    subprocess.run([str(PEER_PY), "-m", "pip", "install", "--quiet", *PEER_PACKAGES], check=True)
+    subprocess.run(probe, check=True)
+    return PEER_PY
+
+
+def run_child(variant: str, steps: int, directory: Path) -> dict[str, Any]:
+    python = VENV_PY if VARIANTS[variant] == "project" else ensure_peer_venv()
+    proc = subprocess.run([str(python), str(CHILD), variant, str(steps), str(directory)],
+                          capture_output=True, text=True, timeout=900, env=bench_env(),
+                          cwd=directory)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"{variant} failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(lines[0][len("RESULT "):])
+    return result
+
+
+def bench_peers(args: Any) -> dict[str, Any]:
+    """µs per Step of each variant; intloom's ratio against the faster peer (target >= 5)."""
+    chosen = args.only.split(",") if args.only else list(VARIANTS)
+    unknown = [v for v in chosen if v not in VARIANTS]
+    if unknown:
+        raise SystemExit(f"unknown variant(s) {unknown}; known: {sorted(VARIANTS)}")
+    runs: dict[str, list[dict[str, Any]]] = {v: [] for v in chosen}
+    with scratch(args.dir, "bench-peers-") as base:
+        for rep in range(args.repeats):
+            for variant in chosen:
+                where = base / f"{variant}-{rep}"
+                where.mkdir()
+                result = run_child(variant, args.steps, where)
+                runs[variant].append(result)
+                note(f"peers rep {rep} {variant}: "
+                     f"{result['elapsed_s'] / args.steps * 1e6:.0f} µs/Step")
+    rows: dict[str, Any] = {}
+    for variant, results in runs.items():
+        us = median([r["elapsed_s"] for r in results]) / args.steps * 1e6
+        rows[variant] = {
+            "us_per_step": rnd(us),
+            "cpu_us_per_step": rnd(median([r["cpu_s"] for r in results]) / args.steps * 1e6),
+            "runs_us_per_step": [rnd(r["elapsed_s"] / args.steps * 1e6) for r in results],
+            "peak_rss_mib": rnd(median([r["peak_rss_mib"] for r in results])),
+            "extra": results[-1]["extra"],
+        }
+    out: dict[str, Any] = {"figure": "peers", "steps": args.steps, "repeats": args.repeats,
+                           "target": "faster peer / intloom >= 5", "variants": rows}
+    peers = [v for v in PEERS if v in rows]
+    if peers and "raw_fdatasync" in rows:
+        for v in rows:
+            rows[v]["x_floor"] = rnd(rows[v]["us_per_step"] / rows["raw_fdatasync"]["us_per_step"],
+                                     2)
+    if peers:
+        fastest = min(peers, key=lambda v: rows[v]["us_per_step"])
+        out["faster_peer"] = fastest
+        out["faster_peer_us_per_step"] = rows[fastest]["us_per_step"]
+        for ours in ("intloom_async", "intloom_sync"):
+            if ours in rows:
+                ratio = rows[fastest]["us_per_step"] / rows[ours]["us_per_step"]
+                out[f"ratio_{ours.split('_')[1]}"] = rnd(ratio, 2)
+                out[f"verdict_{ours.split('_')[1]}"] = verdict(ratio, 5, at_most=False)
+        if "ratio_async" in out:
+            out["ratio"], out["verdict"] = out["ratio_async"], out["verdict_async"]
+    return out

@@ -1,0 +1,83 @@
+"""``scripts/bench all``: every figure in one run, then docs/performance.md and its chart.
+
+The report quotes each figure with the baseline measured in the same run and their ratio;
+``docs/performance.json`` keeps the raw results. The chart needs matplotlib, which is in the
+``bench`` extra (``pip install -e '.[bench]'``); ``all`` installs it into ``.venv`` when it is
+missing (never into the runtime dependencies).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from scripts.bench_common import REPO, VENV_PY, load_average, machine, note
+
+Figure = Callable[[argparse.Namespace], dict[str, Any]]
+
+# Small sizes for a smoke run (``--quick``): each figure still runs end to end.
+QUICK: dict[str, dict[str, Any]] = {
+    "steps": {"steps": 100, "repeats": 1, "warmup": 10},
+    "concurrency": {"runs": 8, "steps": 20, "solo_steps": 100, "repeats": 1},
+    "peers": {"steps": 30, "repeats": 1},
+    "restart": {"records": 600, "baseline_records": 60, "repeats": 1},
+    "restore": {"runs": 20, "repeats": 1},
+    "cli": {"repeats": 2, "runs": 2},
+    "memory": {"runs": 20},
+    "events": {"runs": 4, "followers": 1, "seconds": 0.5},
+    "crash": {},
+}
+
+
+def _ensure_matplotlib() -> bool:
+    probe = [str(VENV_PY), "-c", "import matplotlib"]
+    if subprocess.run(probe, capture_output=True).returncode == 0:
+        return True
+    note("installing the bench extra (matplotlib) into .venv")
+    done = subprocess.run([str(VENV_PY), "-m", "pip", "install", "--quiet", "-e", ".[bench]"],
+                          cwd=REPO)
+    return done.returncode == 0
+
+
+def bench_all(args: argparse.Namespace, figures: dict[str, Figure],
+              defaults: Callable[[str], argparse.Namespace]) -> dict[str, Any]:
+    skip = {s for s in args.skip.split(",") if s}
+    out_dir = Path(args.out) if args.out else REPO / "docs"
+    results: dict[str, Any] = {}
+    load_before = load_average()
+    started = time.perf_counter()
+    for name, run in figures.items():
+        if name in skip:
+            continue
+        options = defaults(name)
+        if args.quick:
+            for key, value in QUICK[name].items():
+                setattr(options, key, value)
+        note(f"== {name}")
+        began = time.perf_counter()
+        results[name] = run(options)
+        results[name]["seconds"] = round(time.perf_counter() - began, 1)
+        results[name]["load_average"] = load_average()
+        print(json.dumps(results[name]), flush=True)
+    total = time.perf_counter() - started
+    report = {"machine": machine(), "load_before": load_before, "total_seconds": round(total, 1),
+              "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+              "quick": bool(args.quick), "figures": results}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "performance.json").write_text(json.dumps(report, indent=1) + "\n")
+    chart = None
+    if not getattr(args, "no_chart", False) and _ensure_matplotlib():
+        chart = out_dir / "performance.png"
+        subprocess.run([str(VENV_PY), "-m", "scripts.bench_chart",
+                        str(out_dir / "performance.json"), str(chart)], check=True, cwd=REPO)
+    from scripts.bench_markdown import render
+
+    (out_dir / "performance.md").write_text(render(report, chart.name if chart else None))
+    note(f"all: {total:.0f} s; wrote {out_dir / 'performance.md'}"
+         + (f" and {chart}" if chart else ""))
+    return report

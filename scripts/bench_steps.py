@@ -1,0 +1,218 @@
+"""µs per durable Step against the disk's floor, and aggregate Steps/s with concurrent Runs.
+
+Both drive the real ``Runtime`` over the real ``Store`` (a host without its socket): the
+same code a host runs for every Step. A Step here is trivial -- it bumps a counter and
+keeps a ~100-byte payload in its State, like the peers' Steps in ``bench_peers`` -- so the
+figure is the engine's and the journal's own cost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+import intloom
+from intloom.authoring.loader import LoadedWorkflow
+from intloom.executor.runtime import Runtime
+from intloom.store import Store
+from scripts.bench_common import median, rnd, scratch, verdict
+
+PAYLOAD = "x" * 64
+
+
+class Tick(msgspec.Struct):
+    n: int = 0
+    data: str = ""
+
+
+def tick_workflow(steps: int, kind: str, name: str = "bench") -> LoadedWorkflow:
+    """One Stage, one Step routed back to itself ``steps`` times; ``kind`` is sync or async."""
+    wf = intloom.Workflow(name, version="1")
+    stage = wf.stage("loop", state=Tick)
+    routes: dict[str, Any] = {"again": "tick", "done": intloom.COMPLETE}
+
+    if kind == "async":
+        async def tick(ctx: intloom.StepContext[Tick]) -> str:
+            ctx.state = Tick(n=ctx.state.n + 1, data=PAYLOAD)
+            return "done" if ctx.state.n >= steps else "again"
+    else:
+        def tick(ctx: intloom.StepContext[Tick]) -> str:  # type: ignore[misc]
+            ctx.state = Tick(n=ctx.state.n + 1, data=PAYLOAD)
+            return "done" if ctx.state.n >= steps else "again"
+
+    stage.step("tick", routes=routes)(tick)
+    wf.validate()
+    return LoadedWorkflow(wf, "bench", f"{name}-{kind}-{steps}", wf.schemas())
+
+
+def _segment_bytes(runtime_dir: Path) -> int:
+    return sum(p.stat().st_size for p in (runtime_dir / "wal").glob("*.seg"))
+
+
+async def _runs(rt: Runtime, lw: LoadedWorkflow, runs: int) -> None:
+    views = []
+    for _ in range(runs):
+        views.append(await rt.create_run(lw.name, "bench"))
+    finals = await asyncio.gather(*(rt.wait_stable(v.run_id) for v in views))
+    bad = [f for f in finals if f.status != "completed"]
+    if bad:
+        raise RuntimeError(f"a benchmark Run did not complete: {bad[0]}")
+
+
+class Floor:
+    """The disk's floor for a Step: ``write`` + ``fdatasync`` appended to one file, in the
+    benchmark's own directory, warmed up once, then timed in chunks between the Runs."""
+
+    def __init__(self, directory: Path, warmup: int = 50) -> None:
+        self.path = directory / f"floor-{uuid.uuid4().hex}.bin"
+        self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
+                          0o600)
+        self.chunk(warmup, 512)
+        os.fsync(self.fd)
+
+    def chunk(self, writes: int, size: int) -> tuple[float, float]:
+        """(wall s, CPU s) of ``writes`` appends of ``size`` bytes, each fdatasync'ed."""
+        payload = os.urandom(max(1, size))
+        started, cpu = time.perf_counter(), time.process_time()
+        for _ in range(writes):
+            os.write(self.fd, payload)
+            os.fdatasync(self.fd)
+        return time.perf_counter() - started, time.process_time() - cpu
+
+    def close(self) -> None:
+        os.close(self.fd)
+        self.path.unlink()
+
+
+async def _timed(store: Store, rt: Runtime, lw: LoadedWorkflow, runs: int,
+                 steps: int) -> dict[str, Any]:
+    """Time ``runs`` concurrent Runs of ``steps`` Steps each, in an open, warmed store."""
+    runtime_dir = store.layout.root
+    flushes, size = store.flushes, _segment_bytes(runtime_dir)
+    gc.collect()
+    started, cpu = time.perf_counter(), time.process_time()
+    await _runs(rt, lw, runs)
+    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
+    flushes, size = store.flushes - flushes, _segment_bytes(runtime_dir) - size
+    total = runs * steps
+    return {"elapsed_s": elapsed, "cpu_s": cpu, "steps": total, "flushes": flushes,
+            "bytes": size, "us_per_step": elapsed / total * 1e6,
+            "cpu_us_per_step": cpu / total * 1e6, "steps_per_s": total / elapsed}
+
+
+async def _session(directory: Path, kind: str, sizes: dict[str, tuple[int, int]],
+                   order: list[str], warmup: int) -> list[tuple[str, dict[str, Any]]]:
+    """One store, warmed up, then the measurements named in ``order`` (``floor`` included),
+    back to back: each pair of neighbours sees the same disk and the same neighbours."""
+    store = Store.open(directory / "runtime", instance_id=str(uuid.uuid4()),
+                       package_version="bench")
+    floor = Floor(directory)
+    out: list[tuple[str, dict[str, Any]]] = []
+    try:
+        flows = {name: tick_workflow(steps, kind, name) for name, (_, steps) in sizes.items()}
+        flows["warm"] = tick_workflow(warmup, kind, "warm")
+        rt = Runtime(flows, store, package_version=intloom.__version__)
+        rt.restore([])
+        await _runs(rt, flows["warm"], 1)
+        last: dict[str, Any] | None = None
+        for name in order:
+            if name == "floor":
+                # The flushes the last Run needed, each as large as they were on average.
+                assert last is not None, "a floor chunk follows a measured Run"
+                writes = last["flushes"]
+                wall, cpu = floor.chunk(writes, round(last["bytes"] / writes))
+                out.append(("floor", {"us_per_step": wall / last["steps"] * 1e6,
+                                      "cpu_us_per_step": cpu / last["steps"] * 1e6}))
+                continue
+            runs, steps = sizes[name]
+            last = await _timed(store, rt, flows[name], runs, steps)
+            out.append((name, last))
+    finally:
+        floor.close()
+        await store.close()
+    return out
+
+
+def bench_steps(args: Any) -> dict[str, Any]:
+    """µs per durable Step, 1 Run, against write+fdatasync of the same bytes per flush.
+
+    Repetitions alternate a Run and a floor chunk of the flushes that Run needed (Run, floor,
+    floor, Run, Run, floor, ...): the ratio is the median of the neighbours' ratios.
+    """
+    kinds = ["async", "sync"] if args.kind == "both" else [args.kind]
+    out: dict[str, Any] = {"figure": "steps", "steps": args.steps, "repeats": args.repeats,
+                           "target": "ratio <= 1.5", "kinds": {}}
+    order: list[str] = []
+    for rep in range(args.repeats):
+        order += ["main", "floor"] if rep % 2 == 0 else ["floor", "main"]
+    with scratch(args.dir, "bench-steps-") as base:
+        for kind in kinds:
+            items = asyncio.run(_session(base, kind, {"main": (1, args.steps)}, order,
+                                         args.warmup))
+            ours = [r for n, r in items if n == "main"]
+            floors = [r for n, r in items if n == "floor"]
+            ratios = [o["us_per_step"] / f["us_per_step"] for o, f in zip(ours, floors,
+                                                                            strict=True)]
+            ratio = median(ratios)
+            out["kinds"][kind] = {
+                "us_per_step": rnd(median([r["us_per_step"] for r in ours])),
+                "cpu_us_per_step": rnd(median([r["cpu_us_per_step"] for r in ours])),
+                "floor_us_per_step": rnd(median([f["us_per_step"] for f in floors])),
+                "floor_cpu_us_per_step": rnd(median([f["cpu_us_per_step"] for f in floors])),
+                "ratio": rnd(ratio, 3),
+                "pair_ratios": [rnd(x, 2) for x in ratios],
+                "verdict": verdict(ratio, 1.5, at_most=True),
+                "runs_us_per_step": [rnd(r["us_per_step"]) for r in ours],
+                "floor_runs_us_per_step": [rnd(f["us_per_step"]) for f in floors],
+                "flushes_per_step": rnd(ours[-1]["flushes"] / ours[-1]["steps"], 3),
+                "bytes_per_flush": round(ours[-1]["bytes"] / ours[-1]["flushes"]),
+            }
+    head = out["kinds"][kinds[0]]
+    out.update(us_per_step=head["us_per_step"], floor_us_per_step=head["floor_us_per_step"],
+               ratio=head["ratio"], verdict=head["verdict"], headline_kind=kinds[0])
+    return out
+
+
+def bench_concurrency(args: Any) -> dict[str, Any]:
+    """Aggregate durable Steps/s with N concurrent Runs against 1 Run (group commit).
+
+    Both run in one warmed store, alternating (1, N, N, 1, 1, N, ...); the ratio is the
+    median of neighbouring pairs' ratios.
+    """
+    kinds = ["async", "sync"] if args.kind == "both" else [args.kind]
+    out: dict[str, Any] = {"figure": "concurrency", "runs": args.runs,
+                           "steps_per_run": args.steps, "target": "ratio >= 8", "kinds": {}}
+    order: list[str] = []
+    for rep in range(args.repeats):
+        order += ["one", "many"] if rep % 2 == 0 else ["many", "one"]
+    sizes = {"one": (1, args.solo_steps), "many": (args.runs, args.steps)}
+    with scratch(args.dir, "bench-conc-") as base:
+        for kind in kinds:
+            items = asyncio.run(_session(base, kind, sizes, order, 20))
+            one = [r for n, r in items if n == "one"]
+            many = [r for n, r in items if n == "many"]
+            ratios = [m["steps_per_s"] / o["steps_per_s"] for o, m in zip(one, many,
+                                                                           strict=True)]
+            ratio = median(ratios)
+            out["kinds"][kind] = {
+                "steps_per_s": round(median([r["steps_per_s"] for r in many])),
+                "solo_steps_per_s": round(median([r["steps_per_s"] for r in one])),
+                "ratio": rnd(ratio, 2), "pair_ratios": [rnd(x, 2) for x in ratios],
+                "verdict": verdict(ratio, 8, at_most=False),
+                "runs_steps_per_s": [round(r["steps_per_s"]) for r in many],
+                "solo_runs_steps_per_s": [round(r["steps_per_s"]) for r in one],
+                "cpu_us_per_step": rnd(median([r["cpu_us_per_step"] for r in many])),
+                "solo_cpu_us_per_step": rnd(median([r["cpu_us_per_step"] for r in one])),
+                "steps_per_flush": rnd(median([r["steps"] / r["flushes"] for r in many]), 1),
+            }
+    head = out["kinds"][kinds[0]]
+    out.update(steps_per_s=head["steps_per_s"], solo_steps_per_s=head["solo_steps_per_s"],
+               ratio=head["ratio"], verdict=head["verdict"], headline_kind=kinds[0])
+    return out

@@ -1,0 +1,111 @@
+"""Cancelled and terminal Runs through restarts: never recovered, never listed again.
+
+A cancelled Run is terminal (failed/RUN_STOPPED) and no crash brings it back; a completed one
+neither. A Run restored as RUN_INTERRUPTED comes back at every start until it is cancelled,
+which records that the user dismissed it; from then on it stays away, and its evidence
+(including the effect that was in flight) stays readable with ``inspect``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.conformance_harness import new_project, wait_killed
+from tests.helpers import CliResult, Project, eventually
+
+pytestmark = pytest.mark.e2e
+
+YES = '{"isConfirmed": true}'
+
+
+@pytest.fixture
+def proj(tmp_path: Path) -> Iterator[Project]:
+    project = new_project(tmp_path, "proj")
+    try:
+        yield project
+    finally:
+        project.track_host()
+        project.reap()
+
+
+def ok(result: CliResult) -> Any:
+    assert result.code == 0, (result.code, result.stdout, result.stderr)
+    return result.json
+
+
+def listed(project: Project) -> dict[str, dict[str, Any]]:
+    return {r["runId"]: r for r in ok(project.cli("runs", "--json"))["runs"]}
+
+
+def crash_and_start(project: Project) -> dict[str, Any]:
+    pid = project.host_pid()
+    project.kill_host()
+    wait_killed(project, pid)
+    assert ok(project.cli("recover", "--json"))["recovered"] is True
+    return dict(ok(project.cli("start", "--json"))["service"]["restore"])
+
+
+def test_cancelled_and_terminal_runs_never_come_back(proj: Project) -> None:
+    ok(proj.cli("start", "--json"))
+    cancelled = ok(proj.cli("flow", "side", "--intent", "cancel me", "--json"))["run"]
+    stopped = ok(proj.cli("cancel", cancelled["runId"], "--json"))["run"]
+    assert (stopped["status"], stopped["lastError"]["code"]) == ("failed", "RUN_STOPPED")
+    assert ok(proj.cli("cancel", cancelled["runId"], "--json"))["run"] == stopped  # idempotent
+    finished = ok(proj.cli("flow", "side", "--intent", "finish me", "--json"))["run"]
+    action = finished["pendingAction"]["id"]
+    ok(proj.cli("answer", finished["runId"], action, YES, "--json"))
+    waiting = ok(proj.cli("flow", "side", "--intent", "keep me", "--json"))["run"]
+
+    gates = proj.root / "gates"
+    gates.mkdir()
+    (gates / "effect:download.hold").write_text("held")
+    stuck = ok(proj.cli("flow", "reference", "--intent", "interrupt me", "--detach",
+                        "--json"))["run"]
+    eventually((gates / "effect:download.entered").exists, timeout=15,
+               what="the download effect to start")
+
+    restore = crash_and_start(proj)
+    assert restore["waiting"] == [waiting["runId"]]
+    assert restore["interrupted"] == [stuck["runId"]]
+    named = {r for k in ("resumed", "waiting", "interrupted", "needsAttention")
+             for r in restore.get(k, [])}
+    assert not named & {cancelled["runId"], finished["runId"]}
+    assert set(listed(proj)) == {waiting["runId"], stuck["runId"]}
+
+    # Not dismissed: an interrupted Run comes back at every start.
+    ok(proj.cli("stop", "--json"))
+    restore = ok(proj.cli("start", "--json"))["service"]["restore"]
+    assert restore["interrupted"] == [stuck["runId"]]
+
+    dismissed = ok(proj.cli("cancel", stuck["runId"], "--json"))["run"]
+    assert dismissed["lastError"]["code"] == "RUN_INTERRUPTED" and dismissed["dismissed"]
+    again = ok(proj.cli("cancel", stuck["runId"], "--json"))["run"]
+    assert again == dismissed
+    restored = ok(proj.cli("cancel", waiting["runId"], "--json"))["run"]
+    assert restored["lastError"]["code"] == "RUN_STOPPED"  # a restored wait cancels too
+
+    # Neither a crash nor a clean restart brings any of them back.
+    restore = crash_and_start(proj)
+    assert not any(restore.get(k) for k in ("resumed", "waiting", "interrupted",
+                                           "needsAttention")), restore
+    assert listed(proj) == {}
+    doctor = proj.cli("doctor", "--json").json
+    assert doctor["runs"] == []
+    ok(proj.cli("stop", "--json"))
+    ok(proj.cli("start", "--json"))
+    assert listed(proj) == {}
+
+    # The evidence stays readable, offline or not.
+    ok(proj.cli("stop", "--json"))
+    evidence = ok(proj.cli("inspect", stuck["runId"], "--json"))
+    phases = [r["phase"] for r in evidence["records"]]
+    assert "effect_started" in phases and phases[-1] == "terminal"
+    assert evidence["records"][-1]["record"]["dismissed"] is True
+    assert evidence["run"]["effectInFlight"]["name"] == "download"
+    for run in (cancelled, finished):
+        records = ok(proj.cli("inspect", run["runId"], "--json"))["records"]
+        assert records[-1]["phase"] == "terminal"

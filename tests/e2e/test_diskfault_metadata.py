@@ -1,0 +1,207 @@
+"""Write failures at the host's metadata, the store's snapshots and manifest, and the log.
+
+* ``service.lock``, ``connection.json``, ``service.json``: the start fails with STORAGE_ERROR
+  naming the file; what is on disk is the previous file or nothing -- never part of a write,
+  never a leftover temp file -- and the next start works with the same token.
+* snapshots and the manifest (written at stop): the stop still completes; the next start
+  reads more of the log instead, and every Run comes back as it was.
+* the log: a host whose log fails suspends its Runs at their boundaries, refuses new work
+  with LOG_WRITE_FAILED and keeps answering status and reads; the next start resumes them.
+
+Faults come only from explicit hooks: ``INTLOOM_TEST_WRITE_FAULT=GLOB=ERRNO`` (every atomic
+replacement of a matching file fails after half its bytes) and
+``INTLOOM_TEST_LOG_FAIL_AT=EVENT`` (log lines from that event on fail with ENOSPC).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import socket
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from intloom.client.client import Client
+from intloom.client.lifecycle import start_service, stop_service
+from intloom.errors import IntloomError
+from intloom.host.metadata import read_connection
+from intloom.store import verify_report
+from tests.helpers import Project, snapshot_files
+from tests.integration.host_support import hello_frame, reply, start
+
+pytestmark = pytest.mark.e2e
+
+
+def _leftovers(state: Path) -> list[str]:
+    """Temp files of an interrupted atomic write, anywhere under .intloom/."""
+    return sorted(str(p.relative_to(state)) for p in state.rglob(".*.tmp"))
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _failed_start(project: Project, **kwargs: object) -> IntloomError:
+    with pytest.raises(IntloomError) as failed:
+        start_service(project.root, timeout=30, **kwargs)  # type: ignore[arg-type]
+    project.track_host()
+    error = failed.value
+    assert error.code == "STORAGE_ERROR", error
+    assert "Traceback" not in error.message
+    # Released on the way out: no lock, no service.json, no temp file.
+    assert not (project.state / "service.lock").exists()
+    assert not (project.state / "service.json").exists()
+    assert _leftovers(project.state) == []
+    return error
+
+
+@pytest.mark.parametrize("name", ["service.lock", "service.json"])
+def test_a_failed_service_file_write_fails_the_start_and_leaves_no_part_of_it(
+    project: Project, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    start(project)
+    assert stop_service(project.root)
+    connection = (project.state / "connection.json").read_bytes()
+    monkeypatch.setenv("INTLOOM_TEST_WRITE_FAULT", f"{name}=ENOSPC")
+    error = _failed_start(project)
+    assert name in error.message and "No space left on device" in error.message
+    assert (project.state / "connection.json").read_bytes() == connection
+    monkeypatch.delenv("INTLOOM_TEST_WRITE_FAULT")
+    service = start(project).service
+    with Client.connect(project.root) as client:
+        assert client.status().instance_id == service.instance_id
+
+
+def test_a_failed_connection_write_keeps_the_previous_file_byte_identical(
+    project: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = start(project).service
+    assert stop_service(project.root)
+    before = (project.state / "connection.json").read_bytes()
+    monkeypatch.setenv("INTLOOM_TEST_WRITE_FAULT", "connection.json=EIO")
+    # A new port makes the host rewrite connection.json; that write fails half-way.
+    error = _failed_start(project, port=_free_port())
+    assert "connection.json" in error.message and "Input/output error" in error.message
+    assert (project.state / "connection.json").read_bytes() == before
+    assert read_connection(project.state / "connection.json", project.root) is not None
+    monkeypatch.delenv("INTLOOM_TEST_WRITE_FAULT")
+    again = start(project).service
+    assert again.port == first.port  # the saved port and token still serve
+    assert json.loads(before)["token"] == json.loads(
+        (project.state / "connection.json").read_bytes())["token"]
+
+
+def test_a_first_start_whose_connection_write_fails_leaves_nothing_to_misread(
+    project: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("INTLOOM_TEST_WRITE_FAULT", "connection.json=ENOSPC")
+    _failed_start(project)
+    assert not (project.state / "connection.json").exists()
+    monkeypatch.delenv("INTLOOM_TEST_WRITE_FAULT")
+    start(project)
+    assert read_connection(project.state / "connection.json", project.root) is not None
+
+
+@pytest.mark.parametrize("glob", ["*.snap", "manifest.json"])
+def test_failed_snapshot_or_manifest_writes_at_stop_lose_nothing(
+    soak_project: Project, monkeypatch: pytest.MonkeyPatch, glob: str
+) -> None:
+    project = soak_project
+    monkeypatch.setenv("INTLOOM_TEST_WRITE_FAULT", f"{glob}=EIO")
+    start(project)
+    with Client.connect(project.root) as client:
+        waiting = client.create_run("soak-review", "disk delay=0")
+        done = client.create_run("soak-ticker", "disk goal=2 delay=0")
+        assert client.wait_run(done.run_id).status == "completed"
+    assert waiting.pending_action is not None
+    runtime = project.state / "runtime"
+
+    def hit() -> dict[str, bytes]:
+        return {k: v for k, v in snapshot_files(runtime).items()
+                if fnmatch.fnmatchcase(Path(k).name, glob)}
+
+    before = hit()
+    assert stop_service(project.root)  # the failed writes do not block the stop
+    assert hit() == before  # none was replaced, none appeared half-written
+    assert _leftovers(project.state) == []
+    monkeypatch.delenv("INTLOOM_TEST_WRITE_FAULT")
+    start(project)  # reads the log the snapshots would have summarised
+    with Client.connect(project.root) as client:
+        again = client.get_run(waiting.run_id)
+        assert again.status == "waiting" and again.pending_action == waiting.pending_action
+        assert done.run_id not in {r.run_id for r in client.runs()}
+        finished = client.answer(waiting.run_id, waiting.pending_action.id, {"isConfirmed": True})
+        assert finished.status == "completed"
+    report = verify_report(runtime)
+    assert [r for r in report.runs if r.status != "ok"] == [] and report.files == []
+    counts = Counter((project.root / "counters.log").read_text().splitlines())
+    assert max(counts.values()) == 1
+
+
+# ----- the log -------------------------------------------------------------------------------
+
+
+def test_a_log_that_cannot_be_written_suspends_runs_and_refuses_new_work(
+    soak_project: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    project = soak_project
+    # The first refused connection is the moment the log starts failing.
+    monkeypatch.setenv("INTLOOM_TEST_LOG_FAIL_AT", "connection_refused")
+    service = start(project).service
+    with Client.connect(project.root) as client:
+        waiting = client.create_run("soak-review", "log delay=0")
+        busy = client.create_run("soak-ticker", "log goal=100 delay=0.01", wait=False)
+    assert waiting.pending_action is not None
+    with socket.create_connection(("127.0.0.1", service.port), timeout=10) as sock:
+        sock.sendall(hello_frame("x" * 43))
+        reply(sock)  # UNAUTHORIZED, and the log line about it cannot be written
+
+    with Client.connect(project.root) as client:
+        status = client.status()  # still answered
+        assert status.instance_id == service.instance_id
+        assert status.log_error is not None and service.log_file in status.log_error
+        for attempt in (
+            lambda: client.create_run("soak-ticker", "log goal=1"),
+            lambda: client.answer(waiting.run_id, waiting.pending_action.id,  # type: ignore[union-attr]
+                                  {"isConfirmed": True}),
+        ):
+            with pytest.raises(IntloomError) as refused:
+                attempt()
+            assert refused.value.code == "LOG_WRITE_FAILED"
+            assert "intloom stop" in refused.value.message
+        # Reads go on; the Runs were suspended (not cancelled), naming the log.
+        for run_id in (waiting.run_id, busy.run_id):
+            view = client.wait_run(run_id)
+            assert view.status == "failed" and view.last_error is not None
+            assert view.last_error.code == "RUN_INTERRUPTED"
+            assert "log" in view.last_error.message
+    assert stop_service(project.root)
+    monkeypatch.delenv("INTLOOM_TEST_LOG_FAIL_AT")
+    restored = start(project).service.restore
+    assert restored is not None and waiting.run_id in restored.waiting
+    assert busy.run_id in restored.resumed + restored.interrupted
+    with Client.connect(project.root) as client:
+        again = client.get_run(waiting.run_id)
+        assert again.pending_action == waiting.pending_action  # the same wait, not a new one
+        done = client.answer(waiting.run_id, waiting.pending_action.id, {"isConfirmed": True})
+        assert done.status == "completed"
+        if busy.run_id in restored.resumed:
+            assert client.wait_run(busy.run_id).status == "completed"
+    counts = Counter((project.root / "counters.log").read_text().splitlines())
+    assert max(counts.values()) == 1  # suspended, resumed: nothing ran twice
+
+
+def test_a_log_that_fails_while_starting_fails_the_start(
+    project: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("INTLOOM_TEST_LOG_FAIL_AT", "service_starting")
+    with pytest.raises(IntloomError) as failed:
+        start_service(project.root, timeout=30)
+    project.track_host()
+    assert failed.value.code == "LOG_WRITE_FAILED"
+    assert not (project.state / "service.json").exists()
+    assert not (project.state / "service.lock").exists()

@@ -1,0 +1,222 @@
+"""Local security: the token stays in connection.json, state is private, links and foreign
+directories are refused, and only 127.0.0.1 is bound (docs/security.md maps each promise to
+the test here that checks it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import pytest
+
+from intloom.client.client import Client
+from intloom.client.lifecycle import stop_service
+from intloom.errors import IntloomError
+from intloom.store.snapshots import snapshot_name
+from tests.helpers import CliResult, Project, eventually, make_project, pid_alive
+from tests.integration.host_support import hello_frame, raw, reply, start
+
+pytestmark = pytest.mark.e2e
+
+NOBODY = 65534
+
+
+def _token(project: Project) -> str:
+    return str(json.loads((project.state / "connection.json").read_bytes())["token"])
+
+
+def _no_token(token: str, where: str, text: str | bytes) -> None:
+    data = text.encode() if isinstance(text, str) else text
+    assert token.encode() not in data, f"the token leaked into {where}"
+
+
+# ----- the token -----------------------------------------------------------------------------
+
+
+def test_the_token_never_leaves_connection_json(project: Project) -> None:
+    outputs: list[tuple[str, CliResult]] = []
+
+    def cli(*args: str) -> CliResult:
+        result = project.cli(*args)
+        outputs.append((" ".join(args), result))
+        return result
+
+    started = cli("start", "--json")
+    assert started.code == 0, started.stderr
+    token = _token(project)
+    pid = project.host_pid()
+    # The host's command line and environment: the token is read from the file, never passed.
+    for name in ("cmdline", "environ"):
+        _no_token(token, f"/proc/{pid}/{name}", Path(f"/proc/{pid}/{name}").read_bytes())
+    flow = cli("flow", "example", "--intent", "security", "--json")
+    run = flow.json["run"]
+    port = json.loads((project.state / "connection.json").read_bytes())["port"]
+    with raw(port) as sock:  # wrong tokens are refused and logged, never echoed
+        sock.sendall(hello_frame(token[::-1]))
+        refused = reply(sock)
+        _no_token(token, "an UNAUTHORIZED reply", repr(refused))
+    for args in (("status",), ("status", "--json"), ("doctor",), ("doctor", "--json"),
+                 ("runs",), ("flows", "--json"), ("logs",), ("logs", "--json"),
+                 ("inspect", run["runId"]), ("answer", run["runId"], "ASK-none", "{}"),
+                 ("flow", "nope", "--intent", "x", "--json"), ("recover", "--json"),
+                 ("start", "--port", "1", "--json")):
+        cli(*args)
+    os.kill(pid, signal.SIGKILL)
+    eventually(lambda: not pid_alive(pid), what="the host to exit")
+    for args in (("status", "--json"), ("doctor", "--json"), ("doctor",), ("stop", "--json"),
+                 ("start", "--json"), ("recover", "--dry-run")):
+        cli(*args)
+    assert any(result.code != 0 for _, result in outputs)  # error paths were exercised
+    for label, result in outputs:
+        _no_token(token, f"`intloom {label}` stdout", result.stdout)
+        _no_token(token, f"`intloom {label}` stderr", result.stderr)
+    # Every file of the state but connection.json: logs, service files, journal, snapshots.
+    for path in project.state.rglob("*"):
+        if path.is_file() and path.name != "connection.json":
+            _no_token(token, str(path.relative_to(project.root)), path.read_bytes())
+
+
+# ----- private state -------------------------------------------------------------------------
+
+
+def test_connection_json_and_all_state_are_private(project: Project) -> None:
+    start(project)
+    with Client.connect(project.root) as client:
+        client.create_run("example", "private")
+    assert stop_service(project.root)
+    start(project)  # a second instance: a second log, a second segment, snapshots
+    found = 0
+    for path in [project.state, *project.state.rglob("*")]:
+        st = os.lstat(path)
+        assert st.st_uid == os.getuid(), path
+        assert not stat.S_ISLNK(st.st_mode), path
+        if stat.S_ISDIR(st.st_mode):
+            assert stat.S_IMODE(st.st_mode) == 0o700, (path, oct(st.st_mode))
+        else:
+            assert stat.S_ISREG(st.st_mode), path
+            assert stat.S_IMODE(st.st_mode) & 0o077 == 0, (path, oct(st.st_mode))
+            found += 1
+    assert stat.S_IMODE(os.stat(project.state / "connection.json").st_mode) == 0o600
+    assert found >= 8  # connection, service json+lock, 2 logs, manifest, segments, snapshots
+
+
+# ----- directories that are not ours ---------------------------------------------------------
+
+
+def _symlink_to(victim: Path) -> Callable[[Path], None]:
+    def make(path: Path) -> None:
+        path.symlink_to(victim, target_is_directory=True)
+    return make
+
+
+def _foreign_owner(path: Path) -> None:
+    path.mkdir(mode=0o700)
+    os.chown(path, NOBODY, NOBODY)
+
+
+def _open_to_others(path: Path) -> None:
+    path.mkdir(mode=0o700)
+    os.chmod(path, 0o777)
+
+
+@pytest.mark.parametrize("where", [".intloom", ".intloom/runtime", ".intloom/logs"])
+@pytest.mark.parametrize("how", ["symlink", "foreign-owner", "writable-by-others"])
+def test_a_state_directory_that_is_not_private_is_refused(
+    tmp_path: Path, where: str, how: str
+) -> None:
+    if how == "foreign-owner" and os.getuid() != 0:
+        pytest.skip("chown to another user needs root")
+    project = make_project(tmp_path)
+    victim = tmp_path / "victim"
+    victim.mkdir(mode=0o700)
+    target = project.root / where
+    target.parent.mkdir(mode=0o700, exist_ok=True)
+    {"symlink": _symlink_to(victim), "foreign-owner": _foreign_owner,
+     "writable-by-others": _open_to_others}[how](target)
+    before = os.lstat(target)
+    try:
+        result = project.cli("start", "--json")
+    finally:
+        project.reap()
+    assert result.code != 0
+    error = result.json["error"]
+    assert error["code"] in ("CLI_SERVICE_METADATA_INVALID", "STORAGE_ERROR"), error
+    fact = {"symlink": "symbolic link", "foreign-owner": f"owned by uid {NOBODY}",
+            "writable-by-others": "mode 0777"}[how]
+    assert str(target) in error["message"] and fact in error["message"], error
+    after = os.lstat(target)  # refused, not "fixed"
+    assert (after.st_mode, after.st_uid) == (before.st_mode, before.st_uid)
+    assert list(victim.iterdir()) == []
+    assert not (project.state / "service.json").exists()
+
+
+# ----- links are never followed --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["connection.json", "service.json", "runtime/manifest.json",
+                                  "runtime/wal/0000000002.seg"])
+def test_a_link_planted_in_the_state_is_refused_and_its_target_untouched(
+    project: Project, name: str
+) -> None:
+    start(project)
+    assert stop_service(project.root)
+    victim = project.root.parent / "victim"
+    victim.write_bytes(b"precious")
+    link = project.state / name
+    saved = link.read_bytes() if link.exists() else None
+    if saved is not None:
+        link.unlink()
+    link.symlink_to(victim)
+    with pytest.raises(IntloomError) as refused:
+        start(project)
+    assert refused.value.code in ("CLI_SERVICE_METADATA_INVALID", "STORAGE_ERROR")
+    assert str(link) in refused.value.message and "symbolic link" in refused.value.message
+    assert victim.read_bytes() == b"precious" and link.is_symlink()
+    link.unlink()
+    if saved is not None:
+        link.write_bytes(saved)
+        link.chmod(0o600)
+    start(project)  # with the link moved aside, the project starts again
+
+
+def test_a_link_swapped_in_while_the_host_runs_is_not_written_through(project: Project) -> None:
+    start(project)
+    with Client.connect(project.root) as client:
+        waiting = client.create_run("example", "links")
+    assert waiting.status == "waiting"
+    victim = project.root.parent / "victim"
+    victim.write_bytes(b"precious")
+    # Where the stop will write this Run's snapshot.
+    link = project.state / "runtime" / "snap" / "live" / snapshot_name(waiting.run_id)
+    link.symlink_to(victim)
+    assert stop_service(project.root)  # the snapshot write is refused; the stop completes
+    assert victim.read_bytes() == b"precious" and link.is_symlink()
+    with pytest.raises(IntloomError) as refused:
+        start(project)  # reported, kept, not repaired
+    assert refused.value.code == "STORAGE_ERROR" and str(link) in refused.value.message
+    link.unlink()
+    start(project)  # the log still holds the Run: it comes back as it was
+    with Client.connect(project.root) as client:
+        assert client.get_run(waiting.run_id).pending_action == waiting.pending_action
+
+
+# ----- the network ---------------------------------------------------------------------------
+
+
+def test_only_127_0_0_1_is_bound(project: Project) -> None:
+    service = start(project).service
+    with Client.connect(project.root) as client:
+        client.create_run("example", "network")
+        sockets = psutil.Process(service.pid).net_connections(kind="inet")
+    listening = [c for c in sockets if c.status == psutil.CONN_LISTEN]
+    assert [(c.laddr.ip, c.laddr.port) for c in listening] == [("127.0.0.1", service.port)]
+    for conn in sockets:
+        assert conn.laddr.ip == "127.0.0.1", conn
+        if conn.raddr:
+            assert conn.raddr.ip == "127.0.0.1", conn

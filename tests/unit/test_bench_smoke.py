@@ -1,0 +1,100 @@
+"""Every ``scripts/bench`` sub-command runs end to end on a tiny size and prints one figure.
+
+No timing is asserted: on a tiny size and a shared machine the numbers mean nothing. What is
+checked is that each figure runs against real hosts and files, prints exactly one JSON object
+on stdout with its baseline and verdict, and that the report renders from those objects. The
+peers (DBOS, LangGraph) need their own virtual environment from the package index, so here
+the peer figures run only their intloom and floor sides.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import REPO
+
+TINY: dict[str, list[str]] = {
+    "steps": ["--steps", "40", "--repeats", "2", "--warmup", "5"],
+    "concurrency": ["--runs", "4", "--steps", "10", "--solo-steps", "40", "--repeats", "1"],
+    "peers": ["--steps", "20", "--repeats", "1",
+              "--only", "raw_fdatasync,intloom_async,intloom_sync"],
+    "restart": ["--records", "300", "--baseline-records", "30", "--repeats", "1"],
+    "restore": ["--runs", "5", "--repeats", "1"],
+    "cli": ["--repeats", "1", "--runs", "1"],
+    "memory": ["--runs", "5"],
+    "events": ["--runs", "3", "--followers", "1", "--seconds", "0.3"],
+    "crash": ["--only", "intloom"],
+}
+
+
+def _bench(figure: str, tmp: Path) -> dict[str, Any]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "scripts.benchmarks", figure, *TINY[figure], "--dir", str(tmp)],
+        cwd=REPO, capture_output=True, text=True, timeout=50,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
+    assert len(lines) == 1, proc.stdout  # one JSON object, progress goes to stderr
+    result: dict[str, Any] = json.loads(lines[0])
+    return result
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    return {figure: _bench(figure, tmp_path_factory.mktemp(figure)) for figure in TINY}
+
+
+@pytest.mark.parametrize("figure", [f for f in TINY if f not in ("crash", "peers")])
+def test_each_figure_prints_its_ratio_against_a_baseline(
+    results: dict[str, dict[str, Any]], figure: str
+) -> None:
+    result = results[figure]
+    assert result["figure"] == figure
+    assert result["verdict"] in ("met", "not met")
+    if figure == "events":
+        assert result["events"] > 0 and result["p99_ms"] >= result["p50_ms"] > 0
+    else:
+        assert result["ratio"] > 0
+
+
+def test_step_figures_report_both_sides(results: dict[str, dict[str, Any]]) -> None:
+    for kind in ("async", "sync"):
+        step = results["steps"]["kinds"][kind]
+        assert step["us_per_step"] > 0 and step["floor_us_per_step"] > 0
+        assert step["flushes_per_step"] >= 1  # one fdatasync per Step at least, never fewer
+    peers = results["peers"]["variants"]
+    assert set(peers) == {"raw_fdatasync", "intloom_async", "intloom_sync"}
+    assert "faster_peer" not in results["peers"]  # no peer was run, so no ratio is claimed
+
+
+def test_restart_figures_restore_what_they_built(results: dict[str, dict[str, Any]]) -> None:
+    assert results["restart"]["records"] > results["restart"]["baseline_records"] > 0
+    assert results["restore"]["restored_waiting"] == 5
+
+
+def test_crash_figure_shows_the_in_flight_effect_ran_once(
+    results: dict[str, dict[str, Any]]
+) -> None:
+    ours = results["crash"]["frameworks"]["intloom"]
+    assert ours["in_flight_step_ran"] == 1
+    assert ours["status_after_recovery"] == "failed/RUN_INTERRUPTED"
+    assert ours["lines_after_second_restart"] == ours["lines_after_first_recovery"]
+    assert results["crash"]["verdict"] == "met"
+
+
+def test_report_renders_from_the_figures(results: dict[str, dict[str, Any]]) -> None:
+    from scripts.bench_common import machine
+    from scripts.bench_markdown import render
+
+    report = {"machine": machine(), "total_seconds": 1.0, "when": "now", "quick": True,
+              "figures": results}
+    text = render(report, None)
+    assert text.startswith("# Performance")
+    assert "| µs per durable Step, 1 Run (async Step) |" in text
+    assert "The same kill under intloom, DBOS and LangGraph" in text
