@@ -82,26 +82,25 @@ def bench_restart(args: Any) -> dict[str, Any]:
     out: dict[str, Any] = {"figure": "restart", "target": "ratio <= 1.5"}
     with scratch(args.dir, "bench-restart-") as base, \
             project(base, "big") as big, project(base, "small") as small:
-        for host, size in ((big, args.records), (small, args.baseline_records)):
-            note(f"restart: building a Run of ~{size} records")
-            _build_history(host, size)
-        # After a clean stop: the store snapshotted every Run on close.
-        for host in (big, small):
-            host.stop()
-        counts = {"big": _records_of(big), "small": _records_of(small)}
-        note(f"restart: records {counts}; timing starts after a clean stop")
-        clean = _starts([("big", big, None), ("small", small, None)], args.repeats)
-        # After SIGKILL: the next start reads what the last snapshot does not cover.
         saved: dict[str, Path] = {}
-        for name, host in (("big", big), ("small", small)):
-            host.start()
+        for name, host, size in (("big", big, args.records),
+                                 ("small", small, args.baseline_records)):
+            note(f"restart: building a Run of ~{size} records, then SIGKILL")
+            _build_history(host, size)
+            # Killed right after the history was written: what the last rotation did not
+            # snapshot is still only in the log, and the next start has to read it.
             host.kill()
             host.cli("recover")
             saved[name] = base / f"{name}-crashed-runtime"
             shutil.copytree(host.root / ".intloom" / "runtime", saved[name])
-        note("restart: timing starts after SIGKILL (a copy of the crashed store each time)")
+        counts = {"big": _records_of(big), "small": _records_of(small)}
+        note(f"restart: records {counts}; timing starts after SIGKILL (the crashed store is "
+             "put back before each start)")
         crashed = _starts([("big", big, saved["big"]), ("small", small, saved["small"])],
                           args.repeats)
+        # Each of those starts ended with a clean stop: every Run is snapshotted now.
+        note("restart: timing starts after a clean stop")
+        clean = _starts([("big", big, None), ("small", small, None)], args.repeats)
     for mode, data in (("after_stop", clean), ("after_kill", crashed)):
         ratio = data["big"]["start_s"] / data["small"]["start_s"]
         out[mode] = {**data, "ratio": rnd(ratio, 3), "verdict": verdict(ratio, 1.5, at_most=True)}

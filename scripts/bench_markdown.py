@@ -254,7 +254,7 @@ def render(report: dict[str, Any], chart: str | None) -> str:
         "the same span inside the host's log. Measured after a clean `stop` (every Run "
         "snapshotted) and after SIGKILL + `recover` (a copy of the crashed store is put back "
         "before each start; the host reads the log written since the last snapshot, which "
-        "segment rotation bounds to ~4 MiB). `restore` does the same with 1,000 waiting Runs "
+        "segment rotation bounds to ~1 MiB). `restore` does the same with 1,000 waiting Runs "
         "against none.",
         "",
     ]

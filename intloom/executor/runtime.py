@@ -213,7 +213,11 @@ class Runtime:
                 "cancelled or failed); its remaining work was discarded.",
             )
         slot.apply(record)
-        self.journal.append(slot.run_id, record)
+        try:
+            self.journal.append(slot.run_id, record)
+        except CheckpointFailed as exc:  # an earlier batch of this Run failed: it cannot write
+            self.fail_checkpoint(slot, exc.cause)
+            raise IntloomError("RUN_CHECKPOINT_FAILED") from None
 
     async def sync(self, slot: RunSlot) -> None:
         """Make everything appended durable; a failed batch fails exactly its Runs."""

@@ -26,8 +26,8 @@ class FaultPlan:
     - ``crash_before_sync``: the whole batch is written, then the process SIGKILLs itself.
     - ``crash_after_sync``: the process SIGKILLs itself right after the batch's fdatasync.
     - ``torn_write``: half of the batch is written, then the process SIGKILLs itself.
-    - ``stop_after_sync``: right after the batch's fdatasync the process sends itself SIGTERM,
-      so a host's graceful stop lands at exactly that boundary (conformance sweeps).
+    - ``stop_after_sync``: right after the batch's fdatasync the process sends itself SIGTERM:
+      a host's graceful stop begins at that boundary (conformance sweeps).
     - ``fail_segment``: creating the N-th segment of this process fails with ENOSPC
       (the first is the one ``Store.open`` creates).
     """

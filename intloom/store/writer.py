@@ -48,9 +48,11 @@ from intloom.store.reader import StoreReport, load
 
 __all__ = ["DEFAULT_SEGMENT_BYTES", "Store"]
 
-# Rotation bounds what a restore after a crash decodes (~40k records of ~100 bytes, well
-# under a second) and costs one snapshot write per Run that wrote since the last rotation.
-DEFAULT_SEGMENT_BYTES: Final = 4 << 20
+# Rotation bounds what a restore after a crash decodes: ~7k records of ~150 bytes, ~35 ms on
+# a 2-vCPU VM (at 4 MiB, ~27k records took ~150 ms and made a start after a crash ~1.7x
+# slower than with a short history; scripts/bench restart). Each rotation snapshots every
+# Run that wrote since the last one, on the compactor thread, off the flush path.
+DEFAULT_SEGMENT_BYTES: Final = 1 << 20
 # A flush runs on the loop thread (no hand-off) only when one Run has been the only writer
 # for this many batches and the disk answers fast: measured on a 2-vCPU VM, the thread
 # hand-off costs ~90 us against a ~160 us fdatasync, while a solo Run has nobody to wait for.

@@ -4,9 +4,10 @@ A *point* is one way the host can end while it runs the ``reference`` Workflow
 (``fixtures/projects/conformance``): ``INTLOOM_FAULT`` (docs/format.md, "Testing hooks"),
 passed in the environment of ``intloom start``, makes the host's store SIGKILL the host at
 its N-th flush (``crash_after_sync``, ``crash_before_sync``, ``torn_write``) or send itself
-SIGTERM right after it (``stop_after_sync``: the host's ordinary graceful stop lands at that
-boundary). A ``crash_before_sync`` point may also cut the last records of the unsynced batch
-off the segment: every prefix of a batch that a torn write can leave. A plan chains points:
+SIGTERM right after it (``stop_after_sync``: the host's ordinary graceful stop begins there,
+and the Run stops at the next boundary it reaches). A ``crash_before_sync`` point may also
+cut the last records of the unsynced batch off the segment: every prefix of a batch that a
+torn write can leave. A plan chains points:
 the host that continues after a restart can be ended too. The Run is driven with the real
 CLI (``flow``, ``answer``) and, for its client Agent task, the Python client
 (``claim_agent_call``, ``call_tool``, ``complete_agent_call``).
@@ -515,12 +516,18 @@ def check_history(runtime: Path, acks: Acks, *, torn_ok: bool) -> list[str]:
 def _stopping(project: Project) -> bool:
     """After a stop point at the last flush the reply may beat the stop: is one under way?
 
-    The store sends the SIGTERM before the flush's waiters are woken, so by the time a reply
-    is out the host has logged the signal, or it never will.
+    The store sends the SIGTERM right after the flush, but the host handles it on a later
+    turn of its event loop, possibly after the reply went out: give it a moment to say so.
     """
-    logs = sorted((project.state / "logs").glob("LOG-*.jsonl"))
-    text = logs[-1].read_text() if logs else ""
-    return '"event":"signal_received"' in text
+    def logged() -> bool:
+        logs = sorted((project.state / "logs").glob("LOG-*.jsonl"))
+        return bool(logs) and '"event":"signal_received"' in logs[-1].read_text()
+
+    try:
+        eventually(logged, timeout=2.0, what="the host to log the signal")
+    except AssertionError:
+        return False
+    return True
 
 
 def _check_restored(run_id: str, preview: dict[str, Any] | None, view: dict[str, Any] | None,

@@ -40,13 +40,16 @@ pytestmark = pytest.mark.e2e
 
 CAB, CBS, TORN, STOP = "crash_after_sync", "crash_before_sync", "torn_write", "stop_after_sync"
 
-# (plan, the row doctor must preview at the last restart, words its reason must hold)
+# (plan, the row(s) doctor may preview at the last restart, words its reason must hold)
 Point = tuple[Plan, str, str]
+# A graceful stop lands at the next boundary the Run reaches after the signal is handled:
+# the Run may get one boundary further than the flush that sent it, so either row is right.
+AFTER_A_STOP = "resume|restore_wait"
 GROUPS: dict[str, list[Point]] = {
     "creation and safe boundaries": [
         ((Fault(TORN, 1),), "none", ""),  # the creation torn: the Run never became visible
         ((Fault(CBS, 1, cut=1),), "resume", "was created"),  # only its header made it
-        ((Fault(STOP, 3),), "resume", "safe boundary"),  # a graceful stop while Steps run
+        ((Fault(STOP, 3),), AFTER_A_STOP, ""),  # a graceful stop while Steps run
         ((Fault(CBS, 5, cut=2),), "route", "finished with outcome"),  # outcome saved, no more
         ((Fault(CBS, 10, cut=2),), "resume", "entering Stage 'review'"),  # routed to a Stage
     ],
@@ -67,7 +70,7 @@ GROUPS: dict[str, list[Point]] = {
     ],
     "the host that continues a restored wait": [
         ((RESTORED_WAIT, Fault(CAB, 1)), "recover", "continues in recover"),
-        ((RESTORED_WAIT, Fault(STOP, 2)), "resume", "safe boundary"),
+        ((RESTORED_WAIT, Fault(STOP, 2)), AFTER_A_STOP, ""),
         ((RESTORED_WAIT, Fault(TORN, 4)), "interrupted", ""),
         ((RESTORED_WAIT, Fault(CAB, CONTINUATION_GUESS)), "none", ""),  # its terminal record
     ],
@@ -90,7 +93,7 @@ def test_every_row_of_the_restart_table_through_the_real_host(group: str,
     for (plan, row, words), result in zip(points, results, strict=True):
         name = " then ".join(str(f) for f in plan)
         assert result.fired, f"{name}: nothing fired; the Run makes fewer flushes now"
-        assert result.rows[-1] == row, (
+        assert result.rows[-1] in row.split("|"), (
             f"{name} reached {result.rows[-1]} ({result.reasons[-1]}), not {row}: the "
             "executor's batching changed; scripts/crash-sweep shows which flush is which")
         assert words in result.reasons[-1], (name, result.reasons[-1])
@@ -111,8 +114,8 @@ def test_the_sweep_covers_every_durable_write(tmp_path: Path) -> None:
 
 def test_a_rotating_sample_of_the_other_points(tmp_path: Path) -> None:
     explicit = {plan for points in GROUPS.values() for plan, _, _ in points}
-    plans = [p for p in sample(with_modes((), FLUSHES_GUESS - 1, MODES), 8, OFFSET)
-             if p not in explicit]
+    plans = [p for p in sample(with_modes((), FLUSHES_GUESS, MODES), 8, OFFSET)
+             if p not in explicit and p[-1].n <= FLUSHES_GUESS]
     results = run_all(tmp_path, plans, jobs=2)
     check(Totals.of(results))
     assert all(r.fired for r in results)
