@@ -62,6 +62,9 @@ class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename="
     pinned: list[int] = msgspec.field(default_factory=list)
     voids: list[VoidNotice] = msgspec.field(default_factory=list)
     updated_at: str = ""
+    # crc32 (8 hex digits) of this manifest encoded with checksum "": a bit flip that still
+    # parses would otherwise move the restore's start and hide Runs silently.
+    checksum: str = ""
 
 
 class SnapshotError(Exception):
@@ -117,8 +120,14 @@ def read_snapshot(path: Path) -> Snapshot | None:
 _manifest_decoder = msgspec.json.Decoder(Manifest)
 
 
+def _manifest_crc(manifest: Manifest) -> str:
+    body = msgspec.json.encode(msgspec.structs.replace(manifest, checksum=""))
+    return f"{zlib.crc32(body):08x}"
+
+
 def encode_manifest(manifest: Manifest) -> bytes:
-    return msgspec.json.encode(manifest) + b"\n"
+    sealed = msgspec.structs.replace(manifest, checksum=_manifest_crc(manifest))
+    return msgspec.json.encode(sealed) + b"\n"
 
 
 def decode_manifest(path: Path, data: bytes) -> Manifest:
@@ -131,9 +140,12 @@ def decode_manifest(path: Path, data: bytes) -> Manifest:
             path, f"is format {fmt}; this intloom reads {FORMAT_VERSION}", incompatible=True
         )
     try:
-        return _manifest_decoder.decode(data)
+        manifest = _manifest_decoder.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise SnapshotError(path, f"is invalid ({exc})") from None
+    if manifest.checksum != _manifest_crc(manifest):
+        raise SnapshotError(path, "fails its checksum")
+    return manifest
 
 
 def read_manifest(layout: Layout) -> Manifest | None:

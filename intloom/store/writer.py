@@ -48,18 +48,21 @@ from intloom.store.reader import StoreReport, load
 
 __all__ = ["DEFAULT_SEGMENT_BYTES", "Store"]
 
-# Rotation bounds what a restore after a crash decodes: ~7k records of ~150 bytes, ~35 ms on
-# a 2-vCPU VM (at 4 MiB, ~27k records took ~150 ms and made a start after a crash ~1.7x
-# slower than with a short history; scripts/bench restart). Each rotation snapshots every
-# Run that wrote since the last one, on the compactor thread, off the flush path.
-DEFAULT_SEGMENT_BYTES: Final = 1 << 20
+# Rotation bounds what a restore after a crash decodes, and costs one snapshot file (an
+# fsync each) per Run that wrote since the last one, on the compactor thread. Measured on a
+# 2-vCPU VM (scripts/bench restart, concurrency): decoding ~7k records of ~150 bytes (1 MiB)
+# takes ~35 ms, ~27k (4 MiB) ~150 ms -- a start after a crash then 1.7x slower than with a
+# short history -- while snapshotting 64 Runs every 1 MiB cost 64 concurrent Runs a fifth of
+# their throughput. So a segment is rotated once it holds _ROTATE_PER_RUN bytes per Run that
+# wrote to it, at least _ROTATE_MIN, and at most ``segment_bytes``.
+DEFAULT_SEGMENT_BYTES: Final = 4 << 20
+_ROTATE_MIN: Final = 1 << 20
+_ROTATE_PER_RUN: Final = 64 << 10
 # A flush runs on the loop thread (no hand-off) only when one Run has been the only writer
 # for this many batches and the disk answers fast: measured on a 2-vCPU VM, the thread
 # hand-off costs ~90 us against a ~160 us fdatasync, while a solo Run has nobody to wait for.
 _SOLO_BATCHES: Final = 8
 _INLINE_MAX_SYNC_S: Final = 0.002
-# From this many Runs per flush on, a flush starts once half of them wait again (see sync).
-_SPLIT_MIN: Final = 8
 
 
 @dataclass(slots=True)
@@ -101,6 +104,7 @@ class Store:
         self.records_flushed = 0
         self._faults = faults
         self._segment_bytes = segment_bytes
+        self._writers: set[str] = set()  # Runs with records in the current segment
         # Loop-thread state.
         self._pending: list[tuple[str, Record, bytes]] = []
         self._next_seq: dict[str, int] = {}
@@ -113,7 +117,6 @@ class Store:
         self._inflight: _Batch | None = None  # the batch on the store's thread
         self._kick: asyncio.Handle | None = None  # a flush scheduled for this loop iteration
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []  # (appended, future)
-        self._last_group = 0  # how many callers the last asynchronous flush woke
         self._closed = False
         self._recent: deque[str | None] = deque(maxlen=_SOLO_BATCHES)
         self._last_sync_s = 0.0
@@ -235,6 +238,7 @@ class Store:
             self._next_number = number + 1
             raise
         self._fd, self._number, self._size = fd, number, len(header) + len(first)
+        self._writers = set()
         self._frames = 1 if first else 0
         self._next_number = number + 1
 
@@ -330,13 +334,6 @@ class Store:
                 self._kick = asyncio.get_running_loop().call_soon(self._flush_next)
             waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._waiters.append((high, waiter))
-            if (self._kick is not None and self._last_group >= _SPLIT_MIN
-                    and 2 * len(self._waiters) >= self._last_group):
-                # Half of the Runs the last flush woke are waiting again: flush them now and
-                # let the other half compute meanwhile. Two alternating halves keep the loop
-                # busy while the disk syncs, instead of each waiting for the other.
-                self._kick.cancel()
-                self._flush_next()
             await waiter
         self._check(low, high, run_id)
 
@@ -370,16 +367,14 @@ class Store:
             self._inflight = None
             resolved = self._resolved
             later: list[tuple[int, asyncio.Future[None]]] = []
-            woken = 0
             for entry in self._waiters:
                 high, waiter = entry
                 if high > resolved:
                     later.append(entry)
                 elif not waiter.done():
                     waiter.set_result(None)
-                    woken += 1
+
             self._waiters = later
-            self._last_group = woken
             if later and self._kick is None:
                 # Records appended while this batch was on disk: start their flush now.
                 self._flush_next()
@@ -489,7 +484,9 @@ class Store:
                     track.status, track.problem = "corrupt", f"Run: {exc}"
             track.seq = seq
             track.dirty = True
-        if self._size >= self._segment_bytes:
+        self._writers.update(batch.first_seq)
+        if self._size >= min(self._segment_bytes,
+                             max(_ROTATE_MIN, _ROTATE_PER_RUN * len(self._writers))):
             self._rotate()
         return None
 

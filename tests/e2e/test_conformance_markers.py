@@ -155,12 +155,14 @@ def test_stop_while_a_step_runs_lets_it_reach_its_boundary(proj: Project) -> Non
     assert json.loads(out)["stopped"] is True
     wait_stopped(proj, pid)
 
-    # The Step's outcome was saved; the stop landed at the next safe boundary.
+    # The Step's outcome was saved; the stop landed at the next safe boundary (normally the
+    # next Step's, unless that one started before the host began to suspend its Runs).
     seen = preview(proj, run_id)
-    assert (seen["phase"], seen["verdict"]["row"]) == ("step_ready", "resume")
-    assert "prepare/summarize" in seen["verdict"]["reason"]
+    assert seen["verdict"]["row"] in ("resume", "restore_wait"), seen
+    assert seen["phase"] in ("step_ready", "waiting")
     service = ok(proj.cli("start", "--json"))["service"]
-    assert service["restore"]["resumed"] == [run_id]
+    restore = service["restore"]
+    assert run_id in restore.get("resumed", []) + restore.get("waiting", [])
     final = drive(proj, listed(proj, run_id), Acks())
     assert final["status"] == "completed"
     counts = counters(proj.root)[run_id]

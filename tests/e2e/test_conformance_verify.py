@@ -289,8 +289,6 @@ def test_a_damaged_snapshot_is_kept_and_its_run_rebuilt_from_the_log(
     assert snap.read_bytes() == bytes(data)
 
 
-@pytest.mark.xfail(strict=True, reason="manifest.json has no checksum: a bit flip that stays "
-                   "valid JSON moves the restore's start segment and hides Runs silently")
 def test_a_bit_flip_in_the_manifest_never_hides_a_run(baseline: Baseline, tmp_path: Path,
                                                        reap: list[Project]) -> None:
     project = project_with_runtime(tmp_path, "manifest", baseline.runtime)
