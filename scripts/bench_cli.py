@@ -66,7 +66,6 @@ def bench_cli(args: Any) -> dict[str, Any]:
         name: {
             "wall_ms": rnd(median([s[0] for s in got]) * 1e3),
             "cpu_ms": rnd(median([s[1] for s in got]) * 1e3),
-            "peak_rss_mib": rnd(median([s[2] for s in got])),
             "runs_wall_ms": [rnd(s[0] * 1e3) for s in got],
         }
         for name, got in samples.items()
