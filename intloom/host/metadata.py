@@ -181,23 +181,30 @@ def write_connection(path: Path, conn: Connection) -> None:
 def create_lock_file(path: Path, lock: ServiceLock) -> int:
     """Create ``service.lock`` exclusively and return its open descriptor (the caller flocks it).
 
-    Raises FileExistsError when any lock file exists -- live or stale, it is never removed here.
+    The record is written to a private temp file and hard-linked into place, so the lock file
+    appears complete or not at all: a kill mid-write cannot leave an empty or partial
+    ``service.lock`` that no later command could judge. Raises FileExistsError when any lock
+    file exists -- live or stale, it is never removed here.
     """
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     data = _encoder.encode(lock)
+    tmp = path.parent / f".{path.name}.{os.urandom(8).hex()}.tmp"
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        fault = injected_write_fault(path.name)
-        if fault is not None:
-            write_all(fd, data[: len(data) // 2])
-            raise fault
-        write_all(fd, data)
-        os.fsync(fd)
+        try:
+            fault = injected_write_fault(path.name)
+            if fault is not None:
+                write_all(fd, data[: len(data) // 2])
+                raise fault
+            write_all(fd, data)
+            os.fsync(fd)
+            os.link(tmp, path)  # exclusive: EEXIST for any lock file, or a link, at ``path``
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
         fsync_dir(path.parent)
     except BaseException as exc:
         os.close(fd)
-        with contextlib.suppress(OSError):
-            os.unlink(path)  # ours by O_EXCL, and not durably complete: nobody may judge it
-        if isinstance(exc, OSError):
-            raise _write_failed(path, exc, "it was removed: no partial lock remains") from None
+        if isinstance(exc, OSError) and not isinstance(exc, FileExistsError):
+            raise _write_failed(path, exc, "no lock file was created") from None
         raise
     return fd
