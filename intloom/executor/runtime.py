@@ -214,7 +214,7 @@ class Runtime:
             )
         slot.apply(record)
         try:
-            self.journal.append(slot.run_id, record)
+            self.journal.append(slot.run_id, record, slot.state)
         except CheckpointFailed as exc:  # an earlier batch of this Run failed: it cannot write
             self.fail_checkpoint(slot, exc.cause)
             raise IntloomError("RUN_CHECKPOINT_FAILED") from None

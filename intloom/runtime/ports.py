@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from intloom.runtime.machine import RunState
 from intloom.runtime.records import Record
 
 __all__ = ["CheckpointFailed", "JournalPort"]
@@ -27,6 +28,6 @@ class JournalPort(Protocol):
     valid.
     """
 
-    def append(self, run_id: str, record: Record) -> None: ...
+    def append(self, run_id: str, record: Record, state: RunState | None = None) -> None: ...
 
     async def sync(self, run_id: str | None = None) -> None: ...

@@ -27,7 +27,7 @@ import msgspec
 
 from intloom.errors import IntloomError
 from intloom.fsutil import fsync_dir
-from intloom.runtime.machine import IllegalTransition, apply
+from intloom.runtime.machine import IllegalTransition, RunState, apply
 from intloom.runtime.ports import CheckpointFailed, JournalPort
 from intloom.runtime.records import PROTOCOL_VERSION, Record, encode_record
 from intloom.store.compaction import Track, compact, now
@@ -67,7 +67,7 @@ _INLINE_MAX_SYNC_S: Final = 0.002
 
 @dataclass(slots=True)
 class _Batch:
-    entries: list[tuple[str, Record, int]]  # run id, record, seq
+    entries: list[tuple[str, Record, int, RunState | None]]  # run id, record, seq, fold
     data: bytes
     start: int  # index of its first record among everything ever appended
     end: int
@@ -106,7 +106,7 @@ class Store:
         self._segment_bytes = segment_bytes
         self._writers: set[str] = set()  # Runs with records in the current segment
         # Loop-thread state.
-        self._pending: list[tuple[str, Record, bytes]] = []
+        self._pending: list[tuple[str, Record, bytes, RunState | None]] = []
         self._next_seq: dict[str, int] = {}
         self._appended = 0
         self._taken = 0
@@ -244,33 +244,38 @@ class Store:
 
     # ------------------------------------------------------------------ appending
 
-    def append(self, run_id: str, record: Record) -> None:
-        """Buffer one record of ``run_id``; durable once a later ``sync`` returns."""
+    def append(self, run_id: str, record: Record, state: RunState | None = None) -> None:
+        """Buffer one record of ``run_id``; durable once a later ``sync`` returns.
+
+        ``state`` is the Run's fold after ``record`` when the caller already has it (the
+        executor does): the store then keeps it for the next snapshot instead of folding the
+        record a second time.
+        """
         if self._closed:
             raise IntloomError("STORAGE_ERROR", f"Checkpoint store {self.layout.root} is "
                                "closed; no record can be appended after the host stopped.")
         failed = self._failed_runs.get(run_id)
         if failed is not None:
             raise CheckpointFailed(failed.run_ids, failed.cause)
-        self._pending.append((run_id, record, encode_record(record)))
+        self._pending.append((run_id, record, encode_record(record), state))
         self._appended += 1
 
     def _take_batch(self) -> _Batch | None:
         if not self._pending:
             return None
-        entries: list[tuple[str, Record, int]] = []
+        entries: list[tuple[str, Record, int, RunState | None]] = []
         frames: list[bytes] = []
         first: dict[str, int] = {}
         next_seq = self._next_seq
         dropped = self._failed_runs
-        for run_id, record, payload in self._pending:
+        for run_id, record, payload, state in self._pending:
             if run_id in dropped:
                 continue  # appended before its Run's batch failed: it presumes that batch
             seq = next_seq.get(run_id, 1)
             next_seq[run_id] = seq + 1
             first.setdefault(run_id, seq)
             frames.append(encode_frame(KIND_RECORD, seq, run_id.encode("utf-8"), payload))
-            entries.append((run_id, record, seq))
+            entries.append((run_id, record, seq, state))
         end = self._taken + len(self._pending)  # dropped records are resolved with the batch
         self._pending = []
         batch = _Batch(entries, b"".join(frames), self._taken, end, first)
@@ -465,7 +470,7 @@ class Store:
         self._size += len(data)
         self._frames += len(batch.entries)
         tracks = self._tracks
-        for run_id, record, seq in batch.entries:
+        for run_id, record, seq, state in batch.entries:
             if run_id in self._held:
                 # Never snapshotted while its snapshot file is damaged: a restore after that
                 # file is moved out must still find all of its records.
@@ -479,7 +484,7 @@ class Store:
                 # Folded now rather than at the next snapshot: the same work, spread over
                 # every flush instead of a pause of tens of ms at each rotation.
                 try:
-                    track.base = apply(track.base, record)
+                    track.base = state if state is not None else apply(track.base, record)
                 except IllegalTransition as exc:
                     track.status, track.problem = "corrupt", f"Run: {exc}"
             track.seq = seq

@@ -16,7 +16,7 @@ class MemoryJournal:
         self.flushes = 0
         self.fail_at: set[int] = set()
 
-    def append(self, run_id: str, record: Record) -> None:
+    def append(self, run_id: str, record: Record, state: object = None) -> None:
         self.pending.append((run_id, record))
 
     async def sync(self, run_id: str | None = None) -> None:
