@@ -88,6 +88,7 @@ def test_live_owner_blocks_and_nothing_is_touched(tmp_path: Path) -> None:
     root = make_root(tmp_path)
     with live_process() as proc:
         crash_leftovers(root, proc.pid, create_time(proc.pid))
+        _user_data(root)
         error = _blocked(root)
         _blocked(root, dry_run=True)
     assert "No cleanup performed" in error.message
@@ -221,3 +222,46 @@ def test_port_guard_turns_clients_away_with_an_error_frame() -> None:
     with socket.socket() as again:
         again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         again.bind(("127.0.0.1", port))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to start a process as another user")
+def test_owner_running_as_another_user_blocks_and_nothing_is_touched(tmp_path: Path) -> None:
+    """An owner we could not signal (another user's live process, pid and create time
+    matching) is alive: recover refuses and every file stays byte-identical."""
+    import subprocess
+
+    root = make_root(tmp_path)
+
+    proc = subprocess.Popen(["sleep", "60"], user=65534, group=65534, extra_groups=[])
+    try:
+        crash_leftovers(root, proc.pid, create_time(proc.pid))
+        _user_data(root)
+        error = _blocked(root)
+        assert "still exists" in error.message or "cannot be verified" in error.message
+        _blocked(root, dry_run=True)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_an_owner_whose_process_cannot_be_inspected_is_unknown_and_blocks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Permission denied while inspecting the owner (e.g. /proc mounted with hidepid) proves
+    nothing: the owner is unknown, and unknown blocks every cleanup."""
+    import psutil
+
+    root = make_root(tmp_path)
+    pid = dead_pid()
+    crash_leftovers(root, pid, 1_000_000.0)
+    _user_data(root)
+    real = psutil.Process
+
+    def denied(target: int | None = None) -> psutil.Process:
+        if target == pid:
+            raise psutil.AccessDenied(pid)
+        return real(target)
+
+    monkeypatch.setattr(psutil, "Process", denied)
+    _blocked(root)
+    _blocked(root, dry_run=True)
