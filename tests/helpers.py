@@ -72,6 +72,19 @@ def lock_free(path: Path) -> bool:
     return True
 
 
+def port_free(port: int) -> bool:
+    """True when 127.0.0.1:``port`` can be bound right now."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 @dataclass
 class CliResult:
     code: int
@@ -117,14 +130,21 @@ class Project:
         return int(json.loads((self.state / "service.json").read_text())["pid"])
 
     def kill_host(self) -> int:
-        """SIGKILL the host and wait until it is gone *and* its OS lock is released (a zombie
-        leader can outlive threads that still hold the lock and the port for a moment)."""
+        """SIGKILL the host and wait until it has let go of everything recover needs."""
         pid = self.host_pid()
         os.kill(pid, signal.SIGKILL)
-        eventually(lambda: not pid_alive(pid), timeout=10, what=f"pid {pid} to exit")
-        eventually(lambda: lock_free(self.state / "service.lock"), timeout=10,
-                   what=f"pid {pid}'s lock on service.lock to be released")
+        self.wait_released(pid)
         return pid
+
+    def wait_released(self, pid: int, timeout: float = 15.0) -> None:
+        """Until a killed host is gone *and* its OS lock and saved port are free: a zombie
+        leader can outlive threads that still hold the lock and the port for a moment."""
+        eventually(lambda: not pid_alive(pid), timeout=timeout, what=f"pid {pid} to exit")
+        port = json.loads((self.state / "connection.json").read_text())["port"]
+        eventually(
+            lambda: lock_free(self.state / "service.lock") and port_free(port),
+            timeout=timeout, what=f"pid {pid} to release its lock and port {port}",
+        )
 
     def reap(self) -> None:
         for pid in self.pids:

@@ -29,7 +29,6 @@ import collections
 import contextlib
 import json
 import shutil
-import socket
 import sys
 import tempfile
 import time
@@ -112,25 +111,12 @@ def error_code(result: CliResult) -> str | None:
     return None
 
 
-def port_free(port: int) -> bool:
-    with socket.socket() as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def wait_killed(project: Project, pid: int) -> None:
     """Until a SIGKILLed host has let go of its lock and port (recover needs both)."""
-    eventually(lambda: not pid_alive(pid), timeout=15, what=f"host {pid} to die")
-    port = json.loads((project.state / "connection.json").read_text())["port"]
-    eventually(
-        lambda: diagnose(project.root, probe=False).status == "recovery_required"
-        and port_free(port),
-        timeout=15, what=f"host {pid} to release its lock and port",
-    )
+    project.wait_released(pid)
+    assert diagnose(project.root, probe=False).status == "recovery_required"
 
 
 def wait_stopped(project: Project, pid: int) -> None:
