@@ -202,20 +202,26 @@ class RunSlot:
         self.revoke(IntloomError("EXECUTION_OWNERSHIP_LOST"))
         self.publish("suspended")
 
-    async def follow(self) -> AsyncIterator[RunUpdate]:
+    async def follow(self) -> AsyncIterator[list[RunUpdate]]:
+        """History so far, then live updates, in batches: everything queued since the
+        follower last woke goes out together (one socket write per wake-up, not per event)."""
         queue: asyncio.Queue[RunUpdate] = asyncio.Queue()
         self._subscribers.add(queue)
         try:
-            for item in list(self.history):
-                yield msgspec.structs.replace(item, history=True)
-            view = self.view()
-            if view.status in ("completed", "failed"):
+            history = [msgspec.structs.replace(item, history=True) for item in self.history]
+            if history:
+                yield history
+            if self.view().status in ("completed", "failed"):
                 return
             while True:
-                item = await queue.get()
-                yield item
-                if item.run.status in ("completed", "failed"):
-                    return
+                batch = [await queue.get()]
+                while not queue.empty():
+                    batch.append(queue.get_nowait())
+                for i, item in enumerate(batch):
+                    if item.run.status in ("completed", "failed"):
+                        yield batch[: i + 1]
+                        return
+                yield batch
         finally:
             self._subscribers.discard(queue)
 

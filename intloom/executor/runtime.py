@@ -13,6 +13,7 @@ code (sync Steps in daemon threads, async Steps on the loop), appends records th
 
 from __future__ import annotations
 
+import builtins
 import hmac
 import secrets
 from collections.abc import AsyncIterator, Mapping
@@ -383,8 +384,8 @@ class Runtime:
         slot.publish("failed", {"code": "RUN_STOPPED"})
         return slot.view(), False
 
-    def subscribe(self, run_id: str) -> AsyncIterator[RunUpdate]:
-        """History so far, then live updates until the Run is terminal."""
+    def subscribe(self, run_id: str) -> AsyncIterator[builtins.list[RunUpdate]]:
+        """History so far, then live updates until the Run is terminal, in batches."""
         return self._slot(run_id).follow()
 
     # ------------------------------------------------------------------ agent tasks

@@ -116,19 +116,23 @@ class Handlers:
                 raise IntloomError("INVALID_REQUEST", "Subscribe is streamed, not answered once.")
         raise IntloomError("INVALID_REQUEST", f"{type(request).__name__} is not a request.")
 
-    async def subscribe(self, run_id: str) -> AsyncIterator[RunEvent]:
-        """The Run's history, then live changes; the last event has ``final=True``."""
+    async def subscribe(self, run_id: str) -> AsyncIterator[list[RunEvent]]:
+        """The Run's history, then live changes, in batches; the last event has ``final``."""
         last = None
-        async for update in self.runtime.subscribe(run_id):
-            final = update.run.status in _TERMINAL and not update.history
-            last = update.run
-            yield RunEvent(
-                run=update.run, event=update.event, detail=update.detail,
-                history=update.history, final=final,
-            )
-            if final:
-                return
+        async for updates in self.runtime.subscribe(run_id):
+            events: list[RunEvent] = []
+            for update in updates:
+                final = update.run.status in _TERMINAL and not update.history
+                last = update.run
+                events.append(RunEvent(
+                    run=update.run, event=update.event, detail=update.detail,
+                    history=update.history, final=final,
+                ))
+                if final:
+                    yield events
+                    return
+            yield events
         # The Runtime ended the stream (the Run ended while we replayed history, or the host
         # is stopping): say so explicitly, so a follower never waits on a closed stream.
-        yield RunEvent(run=last if last is not None else self.runtime.get(run_id), event="end",
-                       final=True)
+        yield [RunEvent(run=last if last is not None else self.runtime.get(run_id),
+                        event="end", final=True)]

@@ -26,6 +26,7 @@ from intloom.protocol.framing import (
     FrameError,
     decode_first,
     decode_request,
+    encode_frame,
     read_frame,
     write_frame,
 )
@@ -44,6 +45,7 @@ from intloom.protocol.messages import (
     HelloOk,
     Request,
     Response,
+    RunEvent,
     Status,
     Stop,
     Stopping,
@@ -259,8 +261,8 @@ class Server:
 
         async def pump() -> None:
             try:
-                async for event in self.handlers.subscribe(request.run_id):
-                    await self._write(writer, event)
+                async for events in self.handlers.subscribe(request.run_id):
+                    await self._write_many(writer, events)
             except IntloomError as exc:
                 await self._write(writer, ErrorReply(error=exc.view()))
 
@@ -289,6 +291,19 @@ class Server:
             # The reply itself is too large to frame; say so instead of dropping it.
             self.log.error("reply_too_large", detail=str(exc))
             await write_frame(writer, _error("CLI_INTERNAL_ERROR"))
+
+    async def _write_many(self, writer: asyncio.StreamWriter, events: list[RunEvent]) -> None:
+        """A follower's queued events in one write: one send per wake-up, not per event."""
+        frames: list[bytes] = []
+        for event in events:
+            try:
+                frames.append(encode_frame(event))
+            except FrameError as exc:
+                self.log.error("reply_too_large", detail=str(exc))
+                frames.append(encode_frame(_error("CLI_INTERNAL_ERROR")))
+        async with asyncio.timeout(self.limits.write_timeout):
+            writer.write(b"".join(frames))
+            await writer.drain()
 
     async def _send_quietly(self, writer: asyncio.StreamWriter, message: msgspec.Struct) -> None:
         with contextlib.suppress(Exception):
