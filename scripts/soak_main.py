@@ -57,6 +57,7 @@ from intloom.store import verify_report
 from intloom.store.files import Layout, list_names, read_file
 from intloom.store.framing import KIND_RECORD, KIND_VOID, VoidNotice, scan_segment, segment_number
 from intloom.store.snapshots import read_manifest
+from tests.helpers import port_free
 
 REPO: Final = Path(__file__).resolve().parent.parent
 FIXTURE: Final = REPO / "fixtures" / "projects" / "soak"
@@ -232,16 +233,6 @@ def _gone(pid: int) -> bool:
         return True
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket() as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 class CutShort(Exception):
     """The hard deadline passed: stop driving, judge what there is."""
 
@@ -281,7 +272,7 @@ def kill_cycle(soak: Soak) -> None:
     # Its other threads hold the OS lock and the port a moment longer than the pid.
     poll("the lock and the port to be released",
          lambda: diagnose(soak.root, probe=False).status == "recovery_required"
-         and _port_free(port), 20.0)
+         and port_free(port), 20.0)
     result = recover(soak.root, dry_run=False)
     if not result.recovered:
         soak.violation(f"kill cycle: recover did not recover ({result})")

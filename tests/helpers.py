@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import shutil
@@ -157,6 +158,23 @@ class Project:
             deadline = time.monotonic() + 5
             while pid_alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.01)
+
+
+def ok(result: CliResult) -> Any:
+    """The JSON of a command that must have succeeded (the failure shows its output)."""
+    assert result.code == 0, (result.code, result.stdout, result.stderr)
+    return result.json
+
+
+def counters(root: Path) -> dict[str, collections.Counter[str]]:
+    """Executions per Run and label, from a fixture's ``counters.log`` (outside the journal)."""
+    out: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    log = root / "counters.log"
+    if log.exists():
+        for line in log.read_text().splitlines():
+            run_id, label = line.split(" ", 1)
+            out[run_id][label] += 1
+    return out
 
 
 def make_project(tmp_path: Path, name: str = "basic") -> Project:

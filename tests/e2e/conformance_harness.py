@@ -43,7 +43,7 @@ from intloom.client.client import Client
 from intloom.diagnostics import diagnose
 from intloom.errors import IntloomError
 from intloom.store import read_history, verify
-from tests.helpers import FIXTURES, CliResult, Project, eventually, pid_alive
+from tests.helpers import FIXTURES, CliResult, Project, counters, eventually, pid_alive
 
 FIXTURE: Final = FIXTURES / "projects" / "conformance"
 WORKFLOW: Final = "reference"
@@ -83,17 +83,6 @@ def new_project(parent: Path, name: str) -> Project:
     root = parent / name
     shutil.copytree(FIXTURE, root)
     return Project(root=root)
-
-
-def counters(root: Path) -> dict[str, collections.Counter[str]]:
-    """Executions per Run and label, from ``counters.log`` (outside the journal)."""
-    out: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
-    log = root / "counters.log"
-    if log.exists():
-        for line in log.read_text().splitlines():
-            run_id, label = line.split(" ", 1)
-            out[run_id][label] += 1
-    return out
 
 
 def doc(result: CliResult) -> Any:

@@ -8,33 +8,16 @@ which records that the user dismissed it; from then on it stays away, and its ev
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.e2e.conformance_harness import new_project, wait_killed
-from tests.helpers import CliResult, Project, eventually
+from tests.e2e.conformance_harness import wait_killed
+from tests.helpers import Project, eventually, ok
 
 pytestmark = pytest.mark.e2e
 
 YES = '{"isConfirmed": true}'
-
-
-@pytest.fixture
-def proj(tmp_path: Path) -> Iterator[Project]:
-    project = new_project(tmp_path, "proj")
-    try:
-        yield project
-    finally:
-        project.track_host()
-        project.reap()
-
-
-def ok(result: CliResult) -> Any:
-    assert result.code == 0, (result.code, result.stdout, result.stderr)
-    return result.json
 
 
 def listed(project: Project) -> dict[str, dict[str, Any]]:

@@ -9,14 +9,12 @@ the Run comes back from its last durable record, by the restart table (reference
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.e2e.conformance_harness import FULL_RUN, Acks, counters, drive, new_project
-from tests.helpers import CliResult, Project
+from tests.e2e.conformance_harness import FULL_RUN, Acks, counters, drive
+from tests.helpers import Project, ok
 
 pytestmark = pytest.mark.e2e
 
@@ -26,21 +24,6 @@ SIDE_FLUSHES = 3
 # the Step's outcome and the next Step's start); 9 makes the answer to approve durable.
 DOWNLOAD_DONE = 5
 APPROVE_ANSWERED = 9
-
-
-@pytest.fixture
-def proj(tmp_path: Path) -> Iterator[Project]:
-    project = new_project(tmp_path, "proj")
-    try:
-        yield project
-    finally:
-        project.track_host()
-        project.reap()
-
-
-def ok(result: CliResult) -> Any:
-    assert result.code == 0, (result.code, result.stdout, result.stderr)
-    return result.json
 
 
 def run_of(project: Project, run_id: str) -> dict[str, Any]:

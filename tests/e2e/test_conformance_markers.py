@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,28 +21,12 @@ from tests.e2e.conformance_harness import (
     Acks,
     counters,
     drive,
-    new_project,
     wait_killed,
     wait_stopped,
 )
-from tests.helpers import CliResult, Project, eventually
+from tests.helpers import Project, eventually, ok
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture
-def proj(tmp_path: Path) -> Iterator[Project]:
-    project = new_project(tmp_path, "proj")
-    try:
-        yield project
-    finally:
-        project.track_host()
-        project.reap()
-
-
-def ok(result: CliResult) -> Any:
-    assert result.code == 0, (result.code, result.stdout, result.stderr)
-    return result.json
 
 
 def hold(project: Project, label: str) -> Path:

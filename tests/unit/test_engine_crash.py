@@ -19,7 +19,7 @@ from intloom.authoring.loader import load_workflows
 from intloom.project import ProjectPaths, load_config
 from intloom.runtime.machine import restart_verdict
 from intloom.store import read_runs
-from tests.helpers import FIXTURES, REPO
+from tests.helpers import FIXTURES, REPO, counters
 
 
 def child(root: Path, *args: str, fault: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -31,16 +31,6 @@ def child(root: Path, *args: str, fault: str | None = None) -> subprocess.Comple
         [sys.executable, "-m", "tests.crash_child", str(root), *args],
         capture_output=True, text=True, timeout=60, env=env, cwd=REPO,
     )
-
-
-def counters(root: Path) -> dict[str, collections.Counter[str]]:
-    out: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
-    log = root / "counters.log"
-    if log.exists():
-        for line in log.read_text().splitlines():
-            run_id, label = line.split(" ", 1)
-            out[run_id][label] += 1
-    return out
 
 
 FULL_RUN = {

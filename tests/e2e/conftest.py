@@ -1,0 +1,20 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.conformance_harness import new_project
+from tests.helpers import Project
+
+
+@pytest.fixture
+def proj(tmp_path: Path) -> Iterator[Project]:
+    """A copy of the conformance fixture project; its hosts are reaped at teardown."""
+    project = new_project(tmp_path, "proj")
+    try:
+        yield project
+    finally:
+        project.track_host()
+        project.reap()
