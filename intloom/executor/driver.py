@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import inspect
 import threading
+import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
@@ -54,7 +55,19 @@ _MILESTONES = frozenset({
 })
 
 _HISTORY = 2000
+# Whether a user function is a coroutine function, asked once per function, not per call.
+_ASYNC: weakref.WeakKeyDictionary[Callable[..., Any], bool] = weakref.WeakKeyDictionary()
 _QUIET = ("EXECUTION_OWNERSHIP_LOST", "RUN_CHECKPOINT_FAILED")
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    try:
+        found = _ASYNC.get(fn)
+        if found is None:
+            found = _ASYNC[fn] = inspect.iscoroutinefunction(fn)
+        return found
+    except TypeError:  # not weakly referenceable: ask every time
+        return inspect.iscoroutinefunction(fn)
 
 
 def _contained(exc: BaseException) -> BaseException:
@@ -100,7 +113,10 @@ class RunSlot:
         self.history: deque[RunUpdate] = deque(maxlen=_HISTORY)
         self._events: list[tuple[str, Any]] = []
         self._events_published = 0
-        self._changed: asyncio.Event | None = None
+        # Woken only when a publish leaves the Run waiting or ended: a client waiting for
+        # that is not woken by every record of a busy Run (3 per Step).
+        self._stable_waiters: list[asyncio.Future[None]] = []
+        self.hooks: _Hooks | None = None  # the Driver's side of its Steps' contexts
         self._subscribers: set[asyncio.Queue[RunUpdate]] = set()
 
     @classmethod
@@ -174,14 +190,19 @@ class RunSlot:
                 queue.put_nowait(update)
             if self.observer is not None and name in _MILESTONES:
                 self.observer(name, self.run_id, info, view.status)
-        if self._changed is not None:
-            self._changed.set()
-            self._changed = None
+        if self._stable_waiters and view.status != "running":
+            for waiter in self._stable_waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+            self._stable_waiters = []
 
-    async def changed(self) -> None:
-        if self._changed is None:
-            self._changed = asyncio.Event()
-        await self._changed.wait()
+    async def until_stable(self) -> None:
+        """Return at the next publish that leaves the Run waiting or ended."""
+        waiter = asyncio.get_running_loop().create_future()
+        if len(self._stable_waiters) > 32:  # clients that gave up waiting
+            self._stable_waiters = [w for w in self._stable_waiters if not w.done()]
+        self._stable_waiters.append(waiter)
+        await waiter
 
     def deliver(self, answer: Any) -> None:
         if self.waiter is not None and not self.waiter.done():
@@ -363,7 +384,7 @@ class Driver:
     async def call_user(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Call user code: async on the loop; sync on a daemon worker thread (never blocks the
         loop, and a hung Step cannot keep the host from exiting)."""
-        if inspect.iscoroutinefunction(fn):
+        if _is_async(fn):
             try:
                 return await fn(*args)
             except (SystemExit, KeyboardInterrupt, GeneratorExit) as exc:
@@ -460,8 +481,15 @@ class Driver:
             step=step,
             state=value,
             state_type=stage.state_type,
-            hooks=_Hooks(self, slot, asyncio.get_running_loop()),
+            hooks=self._hooks(slot),
         )
+
+    def _hooks(self, slot: RunSlot) -> _Hooks:
+        hooks = slot.hooks
+        loop = asyncio.get_running_loop()
+        if hooks is None or hooks.loop is not loop:
+            hooks = slot.hooks = _Hooks(self, slot, loop)
+        return hooks
 
     async def _user(self, slot: RunSlot, where: str, fn: Callable[..., Any], *args: Any) -> Any:
         try:

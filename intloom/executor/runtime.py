@@ -321,7 +321,7 @@ class Runtime:
             view = slot.view()
             if view.status != "running":
                 return view
-            await slot.changed()
+            await slot.until_stable()
 
     def get(self, run_id: str) -> RunView:
         return self._slot(run_id).view()
