@@ -437,7 +437,8 @@ class Driver:
                         return
                     await self._run_step(slot)
                 elif phase == "step_result":
-                    await self._route(slot)
+                    if not await self._route(slot):
+                        return
                 elif phase == "answered" or (phase == "executing" and slot.recovering):
                     if self.stopping:
                         return
@@ -534,9 +535,10 @@ class Driver:
         cursor = slot.state.cursor
         return slot.lw.workflow.stages[cursor.stage].steps[cursor.step or ""]
 
-    async def _run_step(self, slot: RunSlot) -> None:
+    async def _run_step(self, slot: RunSlot, step: Step[Any] | None = None) -> None:
         rt = self.rt
-        step = self._step(slot)
+        if step is None:
+            step = self._step(slot)
         rt.append(slot, Executing(at=clock.now(), stage=step.stage.name, step=step.name))
         await rt.sync(slot)
         ctx = self._ctx(slot, step.name)
@@ -584,7 +586,8 @@ class Driver:
         outcome = await self._user(slot, f"{step.where} recover", step.recover_fn, ctx, recovery)
         self._record_outcome(slot, step, outcome, ctx)
 
-    async def _route(self, slot: RunSlot) -> None:
+    async def _route(self, slot: RunSlot) -> bool:
+        """Apply the saved outcome's route. False when the Run stops here (host stopping)."""
         rt = self.rt
         st = slot.state
         step = self._step(slot)
@@ -610,6 +613,11 @@ class Driver:
             await rt.sync(slot)
         elif isinstance(target, ToStage):
             rt.append(slot, StagePending(at=now, stage=target.stage))
+        elif self.stopping:
+            # The journal stays at step_result: the next start routes from there.
+            await rt.sync(slot)
+            return False
         else:
-            rt.append(slot, StepReady(at=now, stage=st.cursor.stage, step=target,
-                                      state=st.stage_state))
+            # The next Step's own `executing` record says where the route went.
+            await self._run_step(slot, slot.lw.workflow.stages[st.cursor.stage].steps[target])
+        return True

@@ -117,7 +117,10 @@ def legal_journal(draw: st.DrawFn) -> list[Record]:
     asks = 0
     for _ in range(draw(st.integers(0, 12))):
         step = draw(st.sampled_from(STEPS))
-        out.append(StepReady(at="t", stage=stage, step=step, state=b'{"n":1}'))
+        # Within a Stage the route is implied by the next Step's `executing`; a step_ready
+        # is written after entering a Stage (and is still legal between Steps).
+        if not isinstance(out[-1], StepResult) or draw(st.booleans()):
+            out.append(StepReady(at="t", stage=stage, step=step, state=b'{"n":1}'))
         out.append(Executing(at="t", stage=stage, step=step))
         for i in range(draw(st.integers(0, 2))):
             out.append(EffectStarted(at="t", name="e", key=f"e#{i}"))
@@ -203,3 +206,22 @@ def test_terminal_is_final() -> None:
     for record in (StagePending(at="t", stage="a"), Terminal(at="t", status="completed")):
         with pytest.raises(IllegalTransition):
             apply(done, record)
+
+
+def test_routing_within_a_stage_goes_from_step_result_straight_to_executing() -> None:
+    done = fold([
+        header(), StagePending(at="t", stage="a"), StepReady(at="t", stage="a", step="s1"),
+        Executing(at="t", stage="a", step="s1"),
+        StepResult(at="t", stage="a", step="s1", outcome="next", state=b'{"n":1}'),
+    ])
+    assert done is not None and done.outcome == "next"
+    moved = apply(done, Executing(at="t", stage="a", step="s2"))
+    assert (moved.phase, moved.cursor.step, moved.outcome) == ("executing", "s2", None)
+    assert moved.stage_state == b'{"n":1}'  # the State the first Step left
+    assert restart_verdict(moved, True).row == "interrupted"
+    # Another Stage is entered only through stage_pending.
+    with pytest.raises(IllegalTransition):
+        apply(done, Executing(at="t", stage="b", step="s1"))
+    # A Stage initialiser is not a route target.
+    with pytest.raises(IllegalTransition):
+        apply(done, Executing(at="t", stage="a", step=None, kind="init"))
