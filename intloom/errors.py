@@ -14,7 +14,7 @@ import msgspec
 __all__ = ["CATALOGUE", "ErrorView", "IntloomError", "error_view"]
 
 
-class ErrorView(msgspec.Struct, frozen=True, omit_defaults=True):
+class ErrorView(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     """The only shape in which an error leaves the process."""
 
     code: str

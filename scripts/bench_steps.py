@@ -120,6 +120,7 @@ async def _session(directory: Path, kind: str, sizes: dict[str, tuple[int, int]]
         flows["warm"] = tick_workflow(warmup, kind, "warm")
         rt = Runtime(flows, store, package_version=intloom.__version__)
         rt.restore([])
+        gc.freeze()  # as the host does once its imports are done (intloom/host/daemon.py)
         await _runs(rt, flows["warm"], 1)
         last: dict[str, Any] | None = None
         for name in order:

@@ -15,7 +15,7 @@ from intloom.runtime.model import RunView
 __all__ = ["RunUpdate"]
 
 
-class RunUpdate(msgspec.Struct, frozen=True):
+class RunUpdate(msgspec.Struct, frozen=True, gc=False):
     """One entry of a Run's history or a live change, for ``subscribe``."""
 
     event: str

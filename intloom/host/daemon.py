@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 import signal
 import uuid
@@ -185,6 +186,10 @@ class Host:
         saved = self.ownership.saved_connection()
         self.ownership.check_service_file()
         self.ready.progress("loading_workflows")
+        # Everything imported so far lives as long as the host: out of the cyclic collector's
+        # reach, a full collection walks only what Runs allocate (no Run exists yet, so no
+        # Run's garbage can be pinned by this).
+        gc.freeze()
         self.booted = boot(
             self.paths.root, config, log, instance_id=self.instance_id,
             package_version=__version__, strict=opts.strict,

@@ -99,7 +99,7 @@ class IllegalTransition(Exception):
         )
 
 
-class RunState(msgspec.Struct, frozen=True, omit_defaults=True):
+class RunState(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     """Everything the journal says about one Run, as of its last applied record."""
 
     run_id: str

@@ -1,6 +1,11 @@
 """The Run model: what a Run is, and the views that leave the host.
 
 Views use camelCase on the wire so that scripts written for the TypeScript IntLoom read ours.
+
+The Run's structs here, in ``records`` and ``machine`` are ``gc=False``: they only hold data
+and never take part in a reference cycle, so the cyclic collector need not walk the many a
+busy host keeps (each Run's states, views and recent history). Tracked, they made every
+full collection of a host with 128 finished Runs a ~40 ms pause of its event loop.
 """
 
 from __future__ import annotations
@@ -27,14 +32,14 @@ ActionKind = Literal["confirmation", "questions"]
 AgentPhase = Literal["available", "claimed"]
 
 
-class Cursor(msgspec.Struct, frozen=True):
+class Cursor(msgspec.Struct, frozen=True, gc=False):
     """Where a Run stands: a Stage and, once inside it, a Step."""
 
     stage: str
     step: str | None = None
 
 
-class PendingAction(msgspec.Struct, frozen=True, rename="camel"):
+class PendingAction(msgspec.Struct, frozen=True, rename="camel", gc=False):
     """A question or confirmation waiting for a person."""
 
     id: str
@@ -44,7 +49,7 @@ class PendingAction(msgspec.Struct, frozen=True, rename="camel"):
     created_at: str
 
 
-class PendingAgentCall(msgspec.Struct, frozen=True, rename="camel"):
+class PendingAgentCall(msgspec.Struct, frozen=True, rename="camel", gc=False):
     """A task published for a client Agent."""
 
     id: str
@@ -55,7 +60,7 @@ class PendingAgentCall(msgspec.Struct, frozen=True, rename="camel"):
     created_at: str
 
 
-class EffectRef(msgspec.Struct, frozen=True, rename="camel"):
+class EffectRef(msgspec.Struct, frozen=True, rename="camel", gc=False):
     """An effect that was started; named in RUN_INTERRUPTED messages."""
 
     name: str
@@ -63,7 +68,7 @@ class EffectRef(msgspec.Struct, frozen=True, rename="camel"):
     started_at: str
 
 
-class RunView(msgspec.Struct, frozen=True, rename="camel", omit_defaults=True):
+class RunView(msgspec.Struct, frozen=True, rename="camel", omit_defaults=True, gc=False):
     """The public projection of a Run. Fields are added, never renamed."""
 
     run_id: str

@@ -45,7 +45,7 @@ PROTOCOL_VERSION: Final = "2026-11-30"
 ExecutingKind = Literal["init", "step", "recover", "agent"]
 
 
-class _Rec(msgspec.Struct, frozen=True, tag_field="phase", omit_defaults=True):
+class _Rec(msgspec.Struct, frozen=True, tag_field="phase", omit_defaults=True, gc=False):
     at: str
 
 
