@@ -128,15 +128,15 @@ class RunSlot:
         return self.state.run_id
 
     def apply(self, record: Record) -> None:
-        self.state = apply(self.state, record)
+        state = self.state = apply(self.state, record)
         detail: Any = None
-        if isinstance(record, (EffectStarted, EffectDone)):
-            detail = {"name": record.name, "key": record.key}
-        elif isinstance(record, StepResult):
+        if isinstance(record, StepResult):
             detail = {"outcome": record.outcome}
+        elif isinstance(record, (EffectStarted, EffectDone)):
+            detail = {"name": record.name, "key": record.key}
         elif isinstance(record, Answered):
             detail = {"actionId": record.action_id}
-        self._events.append((self.state.phase, detail))
+        self._events.append((state.phase, detail))
 
     def view(self) -> RunView:
         st = self.shown
@@ -593,12 +593,11 @@ class Driver:
         step = self._step(slot)
         outcome = st.outcome or ""
         target = step.routes.get(outcome)
-        now = clock.now()
         if target is None:
             rt.append(
                 slot,
                 Terminal(
-                    at=now,
+                    at=clock.now(),
                     status="failed",
                     error=error_view(
                         "STEP_OUTCOME_NOT_HANDLED",
@@ -609,10 +608,10 @@ class Driver:
             )
             await rt.sync(slot)
         elif isinstance(target, Complete):
-            rt.append(slot, Terminal(at=now, status="completed"))
+            rt.append(slot, Terminal(at=clock.now(), status="completed"))
             await rt.sync(slot)
         elif isinstance(target, ToStage):
-            rt.append(slot, StagePending(at=now, stage=target.stage))
+            rt.append(slot, StagePending(at=clock.now(), stage=target.stage))
         elif self.stopping:
             # The journal stays at step_result: the next start routes from there.
             await rt.sync(slot)
