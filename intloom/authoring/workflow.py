@@ -7,6 +7,7 @@ the Stage, the Step and the fix; an outcome with no route fails the Run at run t
 
 from __future__ import annotations
 
+import functools
 import inspect
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -102,8 +103,8 @@ class Step(Generic[S]):
         self.recover_fn: Callable[..., Any] | None = None
         self.__doc__ = fn.__doc__
 
-    @property
-    def where(self) -> str:
+    @functools.cached_property
+    def where(self) -> str:  # asked on every run of the Step, used in its errors
         return f"Stage {self.stage.name!r}, Step {self.name!r}"
 
     def recover(self, fn: Callable[[StepContext[S], Recovery], Any]) -> Callable[..., Any]:

@@ -24,7 +24,7 @@ from intloom.authoring.workflow import Complete, Step, ToStage
 from intloom.errors import ErrorView, IntloomError, error_view
 from intloom.executor import clock
 from intloom.executor.updates import RunUpdate
-from intloom.executor.workers import Workers
+from intloom.executor.workers import Inbox, Workers
 from intloom.runtime.machine import RunState, apply, to_view
 from intloom.runtime.model import PendingAction, PendingAgentCall, RunView
 from intloom.runtime.records import (
@@ -177,19 +177,23 @@ class RunSlot:
                 self.shown = state
             count = position - self._events_published
             if count > 0:
-                events = self._events[:count]
-                self._events = self._events[count:]
+                if count == len(self._events):  # the usual case: everything appended
+                    events, self._events = self._events, []
+                else:
+                    events = self._events[:count]
+                    self._events = self._events[count:]
                 self._events_published += count
         if event is not None:
             events.append((event, detail))
         view = self.view()
+        history, subscribers, observer = self.history, self._subscribers, self.observer
         for name, info in events:
             update = RunUpdate(event=name, run=view, detail=info)
-            self.history.append(update)
-            for queue in self._subscribers:
+            history.append(update)
+            for queue in subscribers:
                 queue.put_nowait(update)
-            if self.observer is not None and name in _MILESTONES:
-                self.observer(name, self.run_id, info, view.status)
+            if observer is not None and name in _MILESTONES:
+                observer(name, self.run_id, info, view.status)
         if self._stable_waiters and view.status != "running":
             for waiter in self._stable_waiters:
                 if not waiter.done():
@@ -365,6 +369,7 @@ class Driver:
         self.tasks: set[asyncio.Task[None]] = set()
         self.loop_thread = threading.current_thread()
         self.workers = Workers()
+        self._inbox: Inbox | None = None
 
     def launch(self, slot: RunSlot) -> None:
         self.loop_thread = threading.current_thread()
@@ -390,25 +395,18 @@ class Driver:
             except (SystemExit, KeyboardInterrupt, GeneratorExit) as exc:
                 raise _contained(exc) from None
         loop = asyncio.get_running_loop()
+        inbox = self._inbox
+        if inbox is None or inbox.loop is not loop:
+            inbox = self._inbox = Inbox(loop)
         future: asyncio.Future[Any] = loop.create_future()
-
-        def settle(ok: bool, value: Any) -> None:
-            if future.done():
-                return
-            if ok:
-                future.set_result(value)
-            else:
-                future.set_exception(value)
 
         def body() -> None:
             try:
                 result = fn(*args)
             except BaseException as exc:  # delivered to the awaiting driver
-                with contextlib.suppress(RuntimeError):  # loop already closed
-                    loop.call_soon_threadsafe(settle, False, _contained(exc))
+                inbox.put(future, False, _contained(exc))
                 return
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(settle, True, result)
+            inbox.put(future, True, result)
 
         self.workers.submit(body)
         result = await future

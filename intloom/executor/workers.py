@@ -9,12 +9,14 @@ as it likes while its effects wait on the event loop. A worker parked for ``idle
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import queue
 import threading
 from collections.abc import Callable
-from typing import Final
+from typing import Any, Final
 
-__all__ = ["Workers"]
+__all__ = ["Inbox", "Workers"]
 
 _IDLE_S: Final = 30.0
 
@@ -54,3 +56,38 @@ class Workers:
             job()
             with self._lock:
                 self._unpromised += 1
+
+
+class Inbox:
+    """Results of sync user code, handed to the event loop in batches.
+
+    ``loop.call_soon_threadsafe`` writes to the loop's self-pipe on every call; with dozens of
+    sync Steps finishing within one loop iteration, that is one syscall (and one wake-up of
+    the loop) per Step. Here only the first result of a batch wakes the loop; the others
+    join the batch it drains.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._lock = threading.Lock()
+        self._items: list[tuple[asyncio.Future[Any], bool, Any]] = []
+
+    def put(self, future: asyncio.Future[Any], ok: bool, value: Any) -> None:
+        """From any thread: settle ``future`` on the loop (a result, or an exception)."""
+        with self._lock:
+            self._items.append((future, ok, value))
+            if len(self._items) > 1:
+                return  # the drain scheduled for the first item will take this one too
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+            self.loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        with self._lock:
+            items, self._items = self._items, []
+        for future, ok, value in items:
+            if future.done():
+                continue  # cancelled while the call ran
+            if ok:
+                future.set_result(value)
+            else:
+                future.set_exception(value)

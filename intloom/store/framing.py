@@ -100,10 +100,9 @@ def encode_segment_header(header: SegmentHeader) -> bytes:
 
 
 def encode_frame(kind: int, seq: int, run_id: bytes, payload: bytes) -> bytes:
-    body = b"".join((_BODY_HEAD.pack(kind, seq, len(run_id)), run_id, payload))
-    length = _LEN.pack(len(body))
-    crc = zlib.crc32(body, zlib.crc32(length))
-    return b"".join((FRAME_MAGIC, length, _LEN.pack(crc), body))
+    body = _BODY_HEAD.pack(kind, seq, len(run_id)) + run_id + payload
+    size = len(body)
+    return _FRAME_HEAD.pack(FRAME_MAGIC, size, zlib.crc32(body, zlib.crc32(_LEN.pack(size)))) + body
 
 
 @dataclass(frozen=True, slots=True)

@@ -371,18 +371,20 @@ class Store:
             self._finish_batch(batch, cause)
             self._inflight = None
             resolved = self._resolved
+            ready: list[asyncio.Future[None]] = []
             later: list[tuple[int, asyncio.Future[None]]] = []
             for entry in self._waiters:
-                high, waiter = entry
-                if high > resolved:
+                if entry[0] > resolved:
                     later.append(entry)
-                elif not waiter.done():
-                    waiter.set_result(None)
-
+                else:
+                    ready.append(entry[1])
             self._waiters = later
             if later and self._kick is None:
                 # Records appended while this batch was on disk: start their flush now.
                 self._flush_next()
+            for waiter in ready:
+                if not waiter.done():
+                    waiter.set_result(None)
 
         def deliver(cause: Any) -> None:
             loop.call_soon_threadsafe(done, cause)
