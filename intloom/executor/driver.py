@@ -98,6 +98,7 @@ class RunSlot:
         self, state: RunState, lw: LoadedWorkflow, observer: RunObserver | None = None
     ) -> None:
         self.observer = observer
+        self.run_id = state.run_id
         self.state = state
         self.shown = state
         self.lw = lw
@@ -122,10 +123,6 @@ class RunSlot:
     @classmethod
     def new(cls, header: Header, lw: LoadedWorkflow, observer: RunObserver | None) -> RunSlot:
         return cls(apply(None, header), lw, observer)
-
-    @property
-    def run_id(self) -> str:
-        return self.state.run_id
 
     def apply(self, record: Record) -> None:
         state = self.state = apply(self.state, record)

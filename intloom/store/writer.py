@@ -103,6 +103,7 @@ class Store:
         self.flushes = 0
         self.records_flushed = 0
         self._faults = faults
+        self._armed = any(faults.__dict__.values())  # a fault is injected at some flush
         self._segment_bytes = segment_bytes
         self._writers: set[str] = set()  # Runs with records in the current segment
         # Loop-thread state.
@@ -118,7 +119,9 @@ class Store:
         self._kick: asyncio.Handle | None = None  # a flush scheduled for this loop iteration
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []  # (appended, future)
         self._closed = False
-        self._recent: deque[str | None] = deque(maxlen=_SOLO_BATCHES)
+        # The Run that alone wrote the last ``_solo_count`` batches (None: several did).
+        self._solo_run: str | None = None
+        self._solo_count = 0
         self._last_sync_s = 0.0
         self.inline_flushes = 0
         self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Callable[[Any], None]] | None]
@@ -285,7 +288,11 @@ class Store:
     def _finish_batch(self, batch: _Batch, cause: str | None) -> None:
         self._resolved = batch.end
         self.flushes += 1
-        self._recent.append(next(iter(batch.first_seq)) if len(batch.first_seq) == 1 else None)
+        only = next(iter(batch.first_seq)) if len(batch.first_seq) == 1 else None
+        if only is not None and only == self._solo_run:
+            self._solo_count += 1
+        else:
+            self._solo_run, self._solo_count = only, int(only is not None)
         if cause is None:
             self.records_flushed += len(batch.entries)
             return
@@ -348,8 +355,7 @@ class Store:
         if not pending or self._last_sync_s > _INLINE_MAX_SYNC_S:
             return False
         run_id = pending[0][0]
-        recent = self._recent
-        return (len(recent) == recent.maxlen and all(r == run_id for r in recent)
+        return (self._solo_count >= _SOLO_BATCHES and run_id == self._solo_run
                 and all(entry[0] == run_id for entry in pending))
 
     def _flush_next(self) -> None:
@@ -442,30 +448,31 @@ class Store:
         plan = self._faults
         data = batch.data
         offset = self._size
-        where = f"wal/{segment_name(self._number)}"
+        armed = self._armed
         step = "write"
         try:
-            if n in plan.torn_write:
+            if armed and n in plan.torn_write:
                 write_all(self._fd, data[: len(data) // 2])
                 _die()
-            if n in plan.enospc_sync:
+            if armed and n in plan.enospc_sync:
                 write_all(self._fd, data[: len(data) // 2])
                 raise OSError(errno.ENOSPC, "No space left on device (injected)")
             write_all(self._fd, data)
-            if n in plan.crash_before_sync:
+            if armed and n in plan.crash_before_sync:
                 _die()
             step = "fdatasync"
-            if n in plan.fail_sync:
+            if armed and n in plan.fail_sync:
                 raise OSError(errno.EIO, "Input/output error (injected)")
             began = time.perf_counter()
             os.fdatasync(self._fd)
             self._last_sync_s = time.perf_counter() - began
-            if n in plan.crash_after_sync:
+            if armed and n in plan.crash_after_sync:
                 _die()
-            if n in plan.stop_after_sync:
+            if armed and n in plan.stop_after_sync:
                 # The host's signal handler turns this into its ordinary graceful stop.
                 os.kill(os.getpid(), signal.SIGTERM)
         except OSError as exc:
+            where = f"wal/{segment_name(self._number)}"
             cause = f"{step} of {where} failed at offset {offset}: {exc.strerror or exc}"
             self._abandon(offset, cause)
             return cause
