@@ -161,6 +161,8 @@ def run_title(run: Mapping[str, Any]) -> str:
     if status == "completed":
         return "Completed"
     if status == "failed":
+        if run.get("dismissed"):
+            return "Dismissed"
         return "Stopped" if _error_of(run).get("code") == "RUN_STOPPED" else "Execution failed"
     return "Running"
 
@@ -191,6 +193,12 @@ def run_lines(run: Mapping[str, Any]) -> list[str]:
         err = _error_of(run)
         if err.get("code") == "RUN_STOPPED":
             lines.append("Committed data is retained.")
+        elif run.get("dismissed"):
+            lines.append(f"{err.get('code', 'UNKNOWN')}: {err.get('message', '')}")
+            lines.append(
+                "You dismissed it: it does not come back on a restart. Its journal keeps the "
+                f"evidence: intloom inspect {run_id}"
+            )
         else:
             lines.append(f"{err.get('code', 'UNKNOWN')}: {err.get('message', '')}")
             lines.append(

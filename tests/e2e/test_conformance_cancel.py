@@ -68,6 +68,9 @@ def test_cancelled_and_terminal_runs_never_come_back(proj: Project) -> None:
     assert dismissed["lastError"]["code"] == "RUN_INTERRUPTED" and dismissed["dismissed"]
     again = ok(proj.cli("cancel", stuck["runId"], "--json"))["run"]
     assert again == dismissed
+    told = proj.cli("cancel", stuck["runId"])  # what a person reads
+    assert told.code == 0 and told.stdout.startswith("Dismissed"), told
+    assert "does not come back" in told.stdout and "Execution failed" not in told.stdout
     restored = ok(proj.cli("cancel", waiting["runId"], "--json"))["run"]
     assert restored["lastError"]["code"] == "RUN_STOPPED"  # a restored wait cancels too
 

@@ -107,6 +107,12 @@ def test_run_titles_follow_the_status() -> None:
     failed = {**RUN, "status": "failed", "lastError": {"code": "RUN_INTERRUPTED", "message": "m"}}
     assert render.run_title(failed) == "Execution failed"
     assert "RUN_INTERRUPTED: m" in render.run_lines(failed)
+    dismissed = {**failed, "dismissed": True}
+    assert render.run_title(dismissed) == "Dismissed"
+    lines = render.run_lines(dismissed)
+    assert "RUN_INTERRUPTED: m" in lines
+    assert any("does not come back" in x and "intloom inspect" in x for x in lines)
+    assert not any("Inspect the results before running again" in x for x in lines)
     agent = {**RUN, "pendingAction": None, "pendingAgentCall": {"id": "C", "agentId": "a"}}
     assert render.run_title(agent) == "Waiting for the client Agent"
 
