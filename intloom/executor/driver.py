@@ -366,11 +366,15 @@ class Driver:
         self.tasks: set[asyncio.Task[None]] = set()
         self.loop_thread = threading.current_thread()
         self.workers = Workers()
+        # The loop Runs are driven on (set by launch): asyncio.get_running_loop() costs a
+        # getpid() syscall per call, and the Step path would ask it for every Step.
+        self.loop: asyncio.AbstractEventLoop | None = None
         self._inbox: Inbox | None = None
 
     def launch(self, slot: RunSlot) -> None:
         self.loop_thread = threading.current_thread()
-        task = asyncio.get_running_loop().create_task(self._drive(slot))
+        loop = self.loop = asyncio.get_running_loop()
+        task = loop.create_task(self._drive(slot))
         slot.task = task
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
@@ -391,7 +395,9 @@ class Driver:
                 return await fn(*args)
             except (SystemExit, KeyboardInterrupt, GeneratorExit) as exc:
                 raise _contained(exc) from None
-        loop = asyncio.get_running_loop()
+        loop = self.loop
+        if loop is None or not loop.is_running():
+            loop = asyncio.get_running_loop()
         inbox = self._inbox
         if inbox is None or inbox.loop is not loop:
             inbox = self._inbox = Inbox(loop)
@@ -482,7 +488,9 @@ class Driver:
 
     def _hooks(self, slot: RunSlot) -> _Hooks:
         hooks = slot.hooks
-        loop = asyncio.get_running_loop()
+        loop = self.loop
+        if loop is None:
+            loop = asyncio.get_running_loop()
         if hooks is None or hooks.loop is not loop:
             hooks = slot.hooks = _Hooks(self, slot, loop)
         return hooks

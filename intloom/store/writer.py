@@ -103,6 +103,7 @@ class Store:
         self.flushes = 0
         self.records_flushed = 0
         self._faults = faults
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._armed = any(faults.__dict__.values())  # a fault is injected at some flush
         self._segment_bytes = segment_bytes
         self._writers: set[str] = set()  # Runs with records in the current segment
@@ -343,11 +344,19 @@ class Store:
                 # Flush once every Run woken in this loop iteration has appended: the
                 # callback runs after the handles already queued, so one fdatasync serves
                 # them all instead of one for the first caller and one for the rest.
-                self._kick = asyncio.get_running_loop().call_soon(self._flush_next)
-            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                self._kick = self._running_loop().call_soon(self._flush_next)
+            waiter: asyncio.Future[None] = self._running_loop().create_future()
             self._waiters.append((high, waiter))
             await waiter
         self._check(low, high, run_id)
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        """The loop the store is used from. ``asyncio.get_running_loop`` makes a getpid()
+        syscall on every call (its fork check); this is asked on every sync."""
+        loop = self._loop
+        if loop is None or not loop.is_running():
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
 
     def _solo(self) -> bool:
         """True when no other Run could join the next flush: flush without a hand-off."""
@@ -369,7 +378,7 @@ class Store:
             self._submit(batch)
 
     def _submit(self, batch: _Batch) -> None:
-        loop = asyncio.get_running_loop()
+        loop = self._running_loop()
 
         def done(result: Any) -> None:
             cause = result if result is None or isinstance(result, str) else (
