@@ -95,7 +95,8 @@ class Store:
     """
 
     def __init__(self, layout: Layout, *, instance_id: str, package_version: str,
-                 faults: FaultPlan, segment_bytes: int, restored: StoreReport) -> None:
+                 faults: FaultPlan, segment_bytes: int, restored: StoreReport,
+                 inline_max_sync_s: float = _INLINE_MAX_SYNC_S) -> None:
         self.layout = layout
         self.instance_id = instance_id
         self.package_version = package_version
@@ -104,8 +105,14 @@ class Store:
         self.records_flushed = 0
         self._faults = faults
         self._loop: asyncio.AbstractEventLoop | None = None
+        # Flushes run on the loop thread (inline) or the store's thread, and a compaction is
+        # settled on the store's thread: whoever changes the tracks holds this.
+        self._tracks_lock = threading.Lock()
         self._armed = any(faults.__dict__.values())  # a fault is injected at some flush
         self._segment_bytes = segment_bytes
+        # Flush on the loop thread only while an fdatasync takes at most this long
+        # (0: never, every flush goes through the store's thread).
+        self._inline_max_sync_s = inline_max_sync_s
         self._writers: set[str] = set()  # Runs with records in the current segment
         # Loop-thread state.
         self._pending: list[tuple[str, Record, bytes, RunState | None]] = []
@@ -150,7 +157,8 @@ class Store:
     @classmethod
     def open(cls, runtime_dir: Path, *, instance_id: str, package_version: str,
              faults: FaultPlan | None = None,
-             segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> Store:
+             segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+             inline_max_sync_s: float = _INLINE_MAX_SYNC_S) -> Store:
         """Open the store for one host instance: read it, then start a new segment.
 
         Leftovers of a crashed host (segments the manifest does not cover yet) are folded
@@ -172,7 +180,8 @@ class Store:
             files=list(loaded.files), stats=loaded.stats,
         )
         store = cls(layout, instance_id=instance_id, package_version=package_version,
-                    faults=plan, segment_bytes=segment_bytes, restored=restored)
+                    faults=plan, segment_bytes=segment_bytes, restored=restored,
+                    inline_max_sync_s=inline_max_sync_s)
         for run_id, journal in loaded.journals.items():
             seq = journal.state.seq if journal.state else 0
             # A held Run (its snapshot file is damaged) is never dirty: never snapshotted.
@@ -361,21 +370,53 @@ class Store:
     def _solo(self) -> bool:
         """True when no other Run could join the next flush: flush without a hand-off."""
         pending = self._pending
-        if not pending or self._last_sync_s > _INLINE_MAX_SYNC_S:
+        if not pending or self._last_sync_s >= self._inline_max_sync_s:
             return False
         run_id = pending[0][0]
         return (self._solo_count >= _SOLO_BATCHES and run_id == self._solo_run
                 and all(entry[0] == run_id for entry in pending))
 
     def _flush_next(self) -> None:
-        """Hand everything pending to the store's thread as one batch (loop thread)."""
+        """Flush everything pending as one batch (loop thread).
+
+        This runs once every Run woken in this loop iteration has appended and is waiting
+        for it. While the disk answers fast, the loop writes and fdatasyncs the batch itself:
+        handing it to the store's thread would leave the loop idle all the same, plus two
+        thread wake-ups (measured with 64 Runs on a 2-vCPU VM: ~400 us per flush through the
+        thread against ~230 us inline). A slow disk (``_INLINE_MAX_SYNC_S``) goes back to the
+        thread, so the loop never stalls for long.
+        """
         self._kick = None
         if self._inflight is not None:
             return  # its completion starts the next batch
         batch = self._take_batch()
-        if batch is not None:
-            self._inflight = batch
-            self._submit(batch)
+        if batch is None:
+            return
+        if self._last_sync_s < self._inline_max_sync_s:
+            self.inline_flushes += 1
+            self._finish_batch(batch, self._write_guarded(batch))
+            self._wake()
+            return
+        self._inflight = batch
+        self._submit(batch)
+
+    def _wake(self) -> None:
+        """Resume every waiter whose records are resolved; start the flush the others need."""
+        resolved = self._resolved
+        ready: list[asyncio.Future[None]] = []
+        later: list[tuple[int, asyncio.Future[None]]] = []
+        for entry in self._waiters:
+            if entry[0] > resolved:
+                later.append(entry)
+            else:
+                ready.append(entry[1])
+        self._waiters = later
+        if later and self._kick is None and self._inflight is None:
+            # Records appended while the last batch was on disk: start their flush now.
+            self._flush_next()
+        for waiter in ready:
+            if not waiter.done():
+                waiter.set_result(None)
 
     def _submit(self, batch: _Batch) -> None:
         loop = self._running_loop()
@@ -385,21 +426,7 @@ class Store:
                 f"the checkpoint writer failed ({type(result).__name__})")
             self._finish_batch(batch, cause)
             self._inflight = None
-            resolved = self._resolved
-            ready: list[asyncio.Future[None]] = []
-            later: list[tuple[int, asyncio.Future[None]]] = []
-            for entry in self._waiters:
-                if entry[0] > resolved:
-                    later.append(entry)
-                else:
-                    ready.append(entry[1])
-            self._waiters = later
-            if later and self._kick is None:
-                # Records appended while this batch was on disk: start their flush now.
-                self._flush_next()
-            for waiter in ready:
-                if not waiter.done():
-                    waiter.set_result(None)
+            self._wake()
 
         def deliver(cause: Any) -> None:
             loop.call_soon_threadsafe(done, cause)
@@ -487,6 +514,12 @@ class Store:
             return cause
         self._size += len(data)
         self._frames += len(batch.entries)
+        with self._tracks_lock:
+            self._track(batch)
+        return None
+
+    def _track(self, batch: _Batch) -> None:
+        """Fold a durable batch into the Runs' tracks (what the next snapshot summarises)."""
         tracks = self._tracks
         for run_id, record, seq, state in batch.entries:
             if run_id in self._held:
@@ -511,7 +544,6 @@ class Store:
         if self._size >= min(self._segment_bytes,
                              max(_ROTATE_MIN, _ROTATE_PER_RUN * len(self._writers))):
             self._rotate()
-        return None
 
     def _abandon(self, offset: int, cause: str) -> None:
         """Never write to this segment again; void its failed region in a fresh one."""
@@ -562,6 +594,9 @@ class Store:
         copies of the tracks; the writer thread settles the originals afterwards, and only
         where nothing was written since. Compactions run one at a time, in order, so a
         snapshot is never overwritten by an older one and the manifest never moves back.
+        The flush that rotates may run on the event loop (an inline flush): it waits for the
+        previous compaction only when that one took longer than filling a whole segment,
+        and inline flushes stop as soon as the disk is slow (``_INLINE_MAX_SYNC_S``).
         """
         self._join_compaction()
         copies = {run_id: Track(base=t.base, seq=t.seq, status=t.status, problem=t.problem,
@@ -589,6 +624,10 @@ class Store:
 
     def _settle(self, seqs: dict[str, int], kept: set[str]) -> None:
         """After a compaction: Runs with nothing new since their snapshot are clean again."""
+        with self._tracks_lock:
+            self._settle_locked(seqs, kept)
+
+    def _settle_locked(self, seqs: dict[str, int], kept: set[str]) -> None:
         for run_id, seq in seqs.items():
             track = self._tracks.get(run_id)
             if track is None or track.seq != seq:

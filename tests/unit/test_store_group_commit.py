@@ -153,7 +153,10 @@ def test_records_appended_while_a_failing_batch_is_on_disk_are_dropped(tmp_path:
     b, c = walk("RUN-B", 2, 2), walk("RUN-C", 2, 3)
 
     async def main() -> None:
-        store = open_store(root, faults=FaultPlan(fail_sync=frozenset({2})))
+        # A slow disk's path (never inline): the batch is on the store's thread, and the
+        # loop keeps appending meanwhile.
+        store = open_store(root, faults=FaultPlan(fail_sync=frozenset({2})),
+                           inline_max_sync_s=0.0)
         for record in a:
             store.append("RUN-A", record)
         store.append("RUN-B", b[0])
