@@ -111,7 +111,9 @@ class RunSlot:
         self.waiter: asyncio.Future[Any] | None = None
         self.task: asyncio.Task[None] | None = None
         self.agent = AgentClaim()
-        self.history: deque[RunUpdate] = deque(maxlen=_HISTORY)
+        # (event, detail, shown state, view): the view only when it is not the plain view
+        # of that state (an override or a suspension); otherwise built when a follower asks.
+        self.history: deque[tuple[str, Any, RunState, RunView | None]] = deque(maxlen=_HISTORY)
         self._events: list[tuple[str, Any]] = []
         self._events_published = 0
         # Woken only when a publish leaves the Run waiting or ended: a client waiting for
@@ -137,9 +139,8 @@ class RunSlot:
 
     def view(self) -> RunView:
         st = self.shown
-        if st.phase == "terminal":
-            view = to_view(st)
-            return msgspec.structs.replace(view, dismissed=True) if st.dismissed else view
+        if st.phase == "terminal" or not self._overridden():
+            return _plain_view(st)
         if self.override is not None:
             return to_view(st, status="failed", last_error=self.override)
         if self.suspended:
@@ -153,6 +154,10 @@ class RunSlot:
                 ),
             )
         return to_view(st)
+
+    def _overridden(self) -> bool:
+        """The view is not simply the shown state's (a failure or suspension outside it)."""
+        return self.override is not None or self.suspended
 
     def mark(self) -> tuple[RunState, int]:
         """What has been appended so far: publish up to here once it is durable."""
@@ -182,16 +187,28 @@ class RunSlot:
                 self._events_published += count
         if event is not None:
             events.append((event, detail))
-        view = self.view()
-        history, subscribers, observer = self.history, self._subscribers, self.observer
+        # Views are built only for whoever reads one now (a follower, the log, a waiter):
+        # a busy Run nobody follows publishes once per Step.
+        shown, subscribers, observer = self.shown, self._subscribers, self.observer
+        view = self.view() if subscribers or self._overridden() else None
+        kept = view if self._overridden() and shown.phase != "terminal" else None
+        history = self.history
         for name, info in events:
-            update = RunUpdate(event=name, run=view, detail=info)
-            history.append(update)
-            for queue in subscribers:
-                queue.put_nowait(update)
+            history.append((name, info, shown, kept))
+            if subscribers:
+                assert view is not None
+                update = RunUpdate(event=name, run=view, detail=info)
+                for queue in subscribers:
+                    queue.put_nowait(update)
             if observer is not None and name in _MILESTONES:
+                if view is None:
+                    view = self.view()
                 observer(name, self.run_id, info, view.status)
-        if self._stable_waiters and view.status != "running":
+        if not self._stable_waiters:
+            return
+        if view is None:
+            view = self.view()
+        if view.status != "running":
             for waiter in self._stable_waiters:
                 if not waiter.done():
                     waiter.set_result(None)
@@ -230,7 +247,10 @@ class RunSlot:
         queue: asyncio.Queue[RunUpdate] = asyncio.Queue()
         self._subscribers.add(queue)
         try:
-            history = [msgspec.structs.replace(item, history=True) for item in self.history]
+            history = [
+                RunUpdate(event=name, run=view or _plain_view(state), detail=info, history=True)
+                for name, info, state, view in self.history
+            ]
             if history:
                 yield history
             if self.view().status in ("completed", "failed"):
@@ -246,6 +266,12 @@ class RunSlot:
                 yield batch
         finally:
             self._subscribers.discard(queue)
+
+
+def _plain_view(state: RunState) -> RunView:
+    """A Run's view when nothing outside its journal (an override, a suspension) applies."""
+    view = to_view(state)
+    return msgspec.structs.replace(view, dismissed=True) if state.dismissed else view
 
 
 def _encode_state(value: Any) -> bytes | None:
