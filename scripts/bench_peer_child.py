@@ -68,6 +68,7 @@ def raw_fdatasync(n: int, d: Path) -> tuple[float, dict[str, Any]]:
 def _intloom(n: int, d: Path, kind: str) -> tuple[float, dict[str, Any]]:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     import asyncio
+    import gc
     import uuid
 
     import intloom
@@ -81,6 +82,7 @@ def _intloom(n: int, d: Path, kind: str) -> tuple[float, dict[str, Any]]:
             warm, real = tick_workflow(WARMUP, kind, "warm"), tick_workflow(n, kind, "main")
             rt = Runtime({"warm": warm, "main": real}, store, package_version=intloom.__version__)
             rt.restore([])
+            gc.freeze()  # as the host does once its imports are done (intloom/host/daemon.py)
             view = await rt.create_run("warm", "warm-up")
             await rt.wait_stable(view.run_id)
             started = _start()
