@@ -43,7 +43,7 @@ from intloom.runtime.records import (
     Waiting,
 )
 
-__all__ = ["RestoredRun", "RunUpdate", "Runtime"]
+__all__ = ["RestoredRun", "RunUpdate", "Runtime", "incompatibility", "strict_refusal"]
 
 _MAX_RECEIPTS = 256
 MAX_FINISHED: Final = 1000
@@ -63,6 +63,67 @@ def _version_tuple(v: str) -> tuple[int, ...]:
         digits = "".join(ch for ch in piece if ch.isdigit())
         parts.append(int(digits) if digits else 0)
     return tuple(parts)
+
+
+def incompatibility(
+    state: RunState | None, workflows: Mapping[str, LoadedWorkflow], package_version: str
+) -> str | None:
+    """Why this Run's journal cannot be restored by what is loaded now, or None."""
+    if state is None:
+        return None
+    if state.protocol != PROTOCOL_VERSION:
+        return (
+            f"incompatible protocol: journal has {state.protocol}, this intloom speaks "
+            f"{PROTOCOL_VERSION}"
+        )
+    if state.package_version and _version_tuple(state.package_version) > _version_tuple(
+        package_version
+    ):
+        return (
+            f"incompatible package: written by intloom {state.package_version}, newer than "
+            f"this {package_version}; upgrade intloom"
+        )
+    lw = workflows.get(state.workflow)
+    if lw is None:
+        return (
+            f"incompatible workflow: Workflow {state.workflow!r} is not loaded; restore its "
+            "source and restart"
+        )
+    if lw.identity != state.identity:
+        return (
+            f"incompatible identity: Workflow {state.workflow!r} changed since the Run "
+            f"started (journal {state.identity[:12]}, loaded {lw.identity[:12]}); restore the "
+            "exact source the Run started with"
+        )
+    for stage, fingerprint in state.schemas.items():
+        if lw.schemas.get(stage) != fingerprint:
+            return (
+                f"incompatible schema: Stage {stage!r} State schema changed since the Run "
+                "started"
+            )
+    if state.stage_state is not None:
+        stage_def = lw.workflow.stages.get(state.cursor.stage)
+        st_type = stage_def.state_type if stage_def is not None else None
+        if st_type is not None:
+            try:
+                again = msgspec.json.encode(
+                    msgspec.json.decode(state.stage_state, type=st_type)
+                )
+            except msgspec.MsgspecError as exc:
+                return f"incompatible schema: saved State no longer decodes ({exc})"
+            if again != state.stage_state:
+                return "incompatible schema: saved State no longer matches its schema output"
+    return None
+
+
+def strict_refusal(attention: list[tuple[str, str]]) -> IntloomError:
+    """``start --strict``'s error for Runs that cannot be restored: (run id, why) each."""
+    run_id, why = attention[0]
+    return IntloomError(
+        "JOURNAL_INCOMPATIBLE",
+        f"--strict: {len(attention)} Run(s) cannot be restored; first: Run {run_id}: {why}. "
+        "Run intloom doctor; files were kept as they are.",
+    )
 
 
 class Runtime:
@@ -135,12 +196,7 @@ class Runtime:
                 self._to_start.append(slot)
                 resumed.append(state.run_id)
         if strict and attention:
-            first = self.attention[0]
-            raise IntloomError(
-                "JOURNAL_INCOMPATIBLE",
-                f"--strict: {len(attention)} Run(s) cannot be restored; first: Run {first[0]}: "
-                f"{first[1]}. Run intloom doctor; files were kept as they are.",
-            )
+            raise strict_refusal(self.attention)
         return RestoreSummary(
             resumed=resumed,
             waiting=waiting,
@@ -150,52 +206,7 @@ class Runtime:
         )
 
     def _incompatibility(self, state: RunState | None) -> str | None:
-        """Why this Run's journal cannot be restored by what is loaded now, or None."""
-        if state is None:
-            return None
-        if state.protocol != PROTOCOL_VERSION:
-            return (
-                f"incompatible protocol: journal has {state.protocol}, this intloom speaks "
-                f"{PROTOCOL_VERSION}"
-            )
-        if state.package_version and _version_tuple(state.package_version) > _version_tuple(
-            self.package_version
-        ):
-            return (
-                f"incompatible package: written by intloom {state.package_version}, newer than "
-                f"this {self.package_version}; upgrade intloom"
-            )
-        lw = self.workflows.get(state.workflow)
-        if lw is None:
-            return (
-                f"incompatible workflow: Workflow {state.workflow!r} is not loaded; restore its "
-                "source and restart"
-            )
-        if lw.identity != state.identity:
-            return (
-                f"incompatible identity: Workflow {state.workflow!r} changed since the Run "
-                f"started (journal {state.identity[:12]}, loaded {lw.identity[:12]}); restore the "
-                "exact source the Run started with"
-            )
-        for stage, fingerprint in state.schemas.items():
-            if lw.schemas.get(stage) != fingerprint:
-                return (
-                    f"incompatible schema: Stage {stage!r} State schema changed since the Run "
-                    "started"
-                )
-        if state.stage_state is not None:
-            stage_def = lw.workflow.stages.get(state.cursor.stage)
-            st_type = stage_def.state_type if stage_def is not None else None
-            if st_type is not None:
-                try:
-                    again = msgspec.json.encode(
-                        msgspec.json.decode(state.stage_state, type=st_type)
-                    )
-                except msgspec.MsgspecError as exc:
-                    return f"incompatible schema: saved State no longer decodes ({exc})"
-                if again != state.stage_state:
-                    return "incompatible schema: saved State no longer matches its schema output"
-        return None
+        return incompatibility(state, self.workflows, self.package_version)
 
     def start_restored(self) -> None:
         """Launch the Runs that resume (needs a running event loop)."""

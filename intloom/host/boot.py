@@ -10,14 +10,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from intloom.authoring.loader import load_workflows
+from intloom.authoring.loader import LoadedWorkflow, load_workflows
 from intloom.errors import ErrorView, IntloomError
-from intloom.executor.runtime import RestoredRun, Runtime
+from intloom.executor.runtime import RestoredRun, Runtime, incompatibility, strict_refusal
 from intloom.fsutil import PrivacyError
 from intloom.host.logfile import HostLog
 from intloom.project import Config, ProjectPaths
 from intloom.protocol.messages import RestoreSummary, WorkflowInfo
-from intloom.store import Store
+from intloom.store import Store, StoreReport, read_runs_report
 
 __all__ = ["Booted", "boot", "check_error"]
 
@@ -58,6 +58,39 @@ def _workflow_infos(loaded: dict[str, Any], problems: list[tuple[str, ErrorView]
     return infos
 
 
+def _damaged(paths: ProjectPaths, report: StoreReport) -> IntloomError | None:
+    """``--strict``'s error for damaged files, if any."""
+    # A torn tail is what any crash mid-append leaves (docs/format.md): not corruption.
+    damaged = [f for f in report.files if f.kind != "torn"]
+    if not damaged:
+        return None
+    first = damaged[0]
+    return IntloomError(
+        "JOURNAL_CORRUPT",
+        f"--strict: {len(damaged)} file(s) under {paths.runtime} need attention; "
+        f"first: {first.path} ({first.kind}: {first.problem}). Run intloom doctor; files "
+        "were kept as they are.",
+    )
+
+
+def _refuse_before_writing(
+    paths: ProjectPaths, workflows: dict[str, LoadedWorkflow], package_version: str
+) -> None:
+    """``--strict`` decides on a read-only read, before opening the store writes anything
+    (its new segment, snapshots of a crashed host's leftovers)."""
+    report = read_runs_report(paths.runtime)
+    error = _damaged(paths, report)
+    if error is not None:
+        raise error
+    attention = []
+    for journal in report.runs:
+        why = journal.problem or incompatibility(journal.state, workflows, package_version)
+        if why is not None or journal.state is None:
+            attention.append((journal.run_id, why or "nothing restorable was found in its journal"))
+    if attention:
+        raise strict_refusal(attention)
+
+
 def _open_store(
     paths: ProjectPaths, log: HostLog, *, instance_id: str, package_version: str, strict: bool
 ) -> tuple[Store, list[RestoredRun]]:
@@ -67,17 +100,10 @@ def _open_store(
     for problem in report.files:
         log.warning("store_file_problem", path=problem.path, kind=problem.kind,
                     problem=problem.problem)
-    # A torn tail is what any crash mid-append leaves (docs/format.md): not corruption.
-    damaged = [f for f in report.files if f.kind != "torn"]
-    if strict and damaged:
-        first = damaged[0]
+    error = _damaged(paths, report) if strict else None
+    if error is not None:  # damaged between the read-only check and this read
         store.close_blocking()
-        raise IntloomError(
-            "JOURNAL_CORRUPT",
-            f"--strict: {len(damaged)} file(s) under {paths.runtime} need attention; "
-            f"first: {first.path} ({first.kind}: {first.problem}). Run intloom doctor; files "
-            "were kept as they are.",
-        )
+        raise error
     runs = [RestoredRun(run_id=j.run_id, state=j.state, problem=j.problem)
             for j in report.runs]
     return store, runs
@@ -100,6 +126,8 @@ def boot(
     for lw in result.workflows.values():
         log.info("workflow_loaded", workflow=lw.name, version=lw.version, identity=lw.identity,
                  source=lw.source)
+    if strict:
+        _refuse_before_writing(paths, result.workflows, package_version)
     store, restored = _open_store(paths, log, instance_id=instance_id,
                                   package_version=package_version, strict=strict)
     try:

@@ -101,6 +101,7 @@ def test_a_changed_workflow_or_schema_strands_only_its_own_runs(
 
     error = refused(project.cli("start", "--strict", "--json"), "JOURNAL_INCOMPATIBLE")
     assert "--strict" in error["message"]
+    assert snapshot_files(runtime) == journal  # refused before writing anything at all
     assert ok(project.cli("status", "--json"))["status"] == "offline"
 
     restore = ok(project.cli("start", "--json"))["service"]["restore"]
@@ -205,9 +206,11 @@ def test_a_damaged_journal_is_reported_kept_and_contained(
     if case in ("flipped byte", "bytes cut out"):
         assert any(r["verdict"] == "damaged" for r in inspected["records"])
 
+    before = snapshot_files(runtime)
     refused(project.cli("start", "--strict", "--json"), "JOURNAL_CORRUPT",
             "JOURNAL_INCOMPATIBLE")
     assert (runtime / path).read_bytes() == damaged
+    assert snapshot_files(runtime) == before  # no new segment, snapshot or manifest
     restore = ok(project.cli("start", "--json"))["service"]["restore"]
     assert sorted(restore["needsAttention"]) == sorted(held)
     assert sorted(restore["waiting"]) == sorted(baseline.waiting - held)
