@@ -1,0 +1,95 @@
+"""The package layout is the architecture: imports point inwards, and the engine is pure.
+
+Every import counts, at module level or inside a function (a lazy import is still a
+dependency). ``runtime`` is the pure Run state machine (no files, sockets, clocks, threads or
+randomness: the executor and the store are its edges); the layers around it never import
+the layers around them.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(60)
+
+PACKAGE = Path(__file__).resolve().parents[2] / "intloom"
+
+# What the pure engine may import: data modelling, nothing that touches the world.
+PURE_STDLIB = {"__future__", "typing", "collections", "dataclasses", "enum", "functools"}
+PURE_THIRD_PARTY = {"msgspec"}
+
+# Layer -> intloom packages it may import (besides itself). The outer layers (host, client,
+# cli, diagnostics) are free among themselves; nothing inner reaches out to them.
+INWARD = {
+    "runtime": {"errors"},
+    "store": {"errors", "fsutil", "runtime"},
+    "protocol": {"errors", "runtime"},
+    "authoring": {"errors", "project", "runtime"},
+    "executor": {"errors", "runtime", "authoring", "protocol"},
+}
+# The CLI is a thin adapter over the client: it never drives a host, a store or an executor
+# itself.
+CLI_NEVER = {"host", "executor", "store"}
+
+
+def _imports(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+    return found
+
+
+def _modules(layer: str) -> list[Path]:
+    return sorted((PACKAGE / layer).rglob("*.py"))
+
+
+def _intloom_layer(name: str) -> str | None:
+    parts = name.split(".")
+    return parts[1] if parts[0] == "intloom" and len(parts) > 1 else None
+
+
+def test_the_engine_imports_nothing_that_touches_the_world() -> None:
+    offending = {}
+    for path in _modules("runtime"):
+        for name in _imports(path):
+            top = name.split(".")[0]
+            layer = _intloom_layer(name)
+            allowed = (top in PURE_STDLIB or top in PURE_THIRD_PARTY
+                       or layer in ("runtime", "errors"))
+            if not allowed:
+                offending.setdefault(path.name, []).append(name)
+    assert offending == {}, f"intloom/runtime must stay pure: {offending}"
+
+
+@pytest.mark.parametrize("layer", sorted(INWARD))
+def test_inner_layers_never_import_outer_ones(layer: str) -> None:
+    offending = {}
+    for path in _modules(layer):
+        for name in _imports(path):
+            target = _intloom_layer(name)
+            if target is not None and target != layer and target not in INWARD[layer]:
+                offending.setdefault(str(path.relative_to(PACKAGE)), []).append(name)
+    assert offending == {}, f"intloom/{layer} may import only {sorted(INWARD[layer])}"
+
+
+def test_the_cli_is_a_thin_adapter_over_the_client() -> None:
+    offending = {
+        str(path.relative_to(PACKAGE)): sorted(hits)
+        for path in _modules("cli")
+        if (hits := {n for n in _imports(path) if _intloom_layer(n) in CLI_NEVER})
+    }
+    assert offending == {}, "the CLI goes through intloom.client (and diagnostics)"
+
+
+def test_the_rules_see_every_layer() -> None:
+    """A new package must be placed in the rules above (or be an outer one on purpose)."""
+    outer = {"host", "client", "cli", "diagnostics"}
+    packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    assert packages == set(INWARD) | outer
+    assert _imports(PACKAGE / "runtime" / "machine.py")  # the parser sees imports at all
