@@ -16,12 +16,12 @@ from intloom.runtime.records import Record, decode_record
 from intloom.store.files import Layout, check_dir, list_names, read_file
 from intloom.store.framing import (
     KIND_RECORD,
-    KIND_VOID,
     VoidNotice,
     rebuilt_payload,
     scan_segment,
     segment_number,
 )
+from intloom.store.reader import void_cuts
 from intloom.store.snapshots import SnapshotError, read_manifest, read_snapshot, snapshot_name
 
 __all__ = ["HistoryEntry", "read_history"]
@@ -71,22 +71,13 @@ def read_history(runtime_dir: Path, run_id: str) -> list[HistoryEntry]:
             scans.append(scan_segment(name, number, data))
     scans.sort(key=lambda s: s.number)
 
-    voids: dict[int, int] = {}
     notices: list[VoidNotice] = []
     try:
         manifest = read_manifest(layout)
         notices.extend(manifest.voids if manifest else [])
     except SnapshotError:
         pass  # a damaged manifest only loses void notices the segments repeat
-    for scan in scans:
-        for frame in scan.frames:
-            if frame.kind == KIND_VOID:
-                try:
-                    notices.append(msgspec.msgpack.decode(frame.payload, type=VoidNotice))
-                except (msgspec.DecodeError, msgspec.ValidationError):
-                    continue
-    for notice in notices:
-        voids[notice.segment] = min(voids.get(notice.segment, notice.offset), notice.offset)
+    voids = void_cuts(notices, scans)
 
     entries: list[HistoryEntry] = []
     state: RunState | None = None

@@ -8,6 +8,7 @@ does not grow with a Run's age; ``verify`` reads every segment and cross-checks 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Literal
@@ -246,21 +247,32 @@ def load(root: Path, mode: Mode = "restore") -> Loaded:
     return loaded
 
 
-def _voids(loaded: Loaded, scans: list[SegmentScan]) -> dict[int, int]:
-    voids: dict[int, int] = {}
-    notices = list(loaded.manifest.voids) if loaded.manifest else []
+def void_cuts(notices: list[VoidNotice], scans: list[SegmentScan],
+              bad: Callable[[SegmentScan, Frame], None] | None = None) -> dict[int, int]:
+    """Segment number -> the offset from which its bytes are void: the earliest of the
+    manifest's ``notices`` and the void notices the segments repeat. ``bad`` is told of a
+    notice that does not decode (it is skipped)."""
+    notices = list(notices)
     for scan in scans:
         for frame in scan.frames:
             if frame.kind == KIND_VOID:
                 try:
                     notices.append(msgspec.msgpack.decode(frame.payload, type=VoidNotice))
                 except (msgspec.DecodeError, msgspec.ValidationError):
-                    loaded.files.append(FileProblem(f"wal/{scan.name}", "corrupt",
-                                                    f"void notice at offset {frame.offset} "
-                                                    "does not decode"))
+                    if bad is not None:
+                        bad(scan, frame)
+    voids: dict[int, int] = {}
     for notice in notices:
         voids[notice.segment] = min(voids.get(notice.segment, notice.offset), notice.offset)
     return voids
+
+
+def _voids(loaded: Loaded, scans: list[SegmentScan]) -> dict[int, int]:
+    def bad(scan: SegmentScan, frame: Frame) -> None:
+        loaded.files.append(FileProblem(f"wal/{scan.name}", "corrupt",
+                                        f"void notice at offset {frame.offset} does not decode"))
+
+    return void_cuts(list(loaded.manifest.voids) if loaded.manifest else [], scans, bad)
 
 
 def _judge_all(loaded: Loaded, scans: list[SegmentScan], live: dict[str, Snapshot],
