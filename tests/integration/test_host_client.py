@@ -54,8 +54,13 @@ class FakeHost:
                     self.script(conn, self.received)
 
     def close(self) -> None:
+        # close() alone does not wake an accept() blocked in another thread on Linux;
+        # shutdown() does (it fails with EINVAL), so the thread ends at once.
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)
         self.listener.close()
         self._thread.join(timeout=5)
+        assert not self._thread.is_alive(), "the fake host's thread did not end"
 
 
 def publish(root: Path, port: int, *, pid: int | None = None) -> str:
