@@ -8,20 +8,24 @@ from datetime import UTC, datetime
 
 __all__ = ["action_id", "call_id", "now", "run_id"]
 
-# (whole second, its "YYYY-MM-DDTHH:MM:SS" text). Every record carries a stamp, and
-# datetime.isoformat costs ~2.5 us against ~0.4 us for this, on a path that runs three
-# times per Step. A tuple is replaced in one store, so threads never see half of it.
-_second: tuple[int, str] = (-1, "")
+# (whole millisecond since the epoch, its text). Every record carries a stamp, twice per
+# Step, and a busy host writes dozens per millisecond: formatting one costs ~0.8 us
+# (datetime.isoformat ~2.5 us), looking it up ~0.15 us. A tuple is replaced in one store,
+# so threads never see half of it.
+_milli: tuple[int, str] = (-1, "")
 
 
 def now() -> str:
     """UTC, ISO 8601 with milliseconds (truncated, as ``isoformat`` does) and a Z."""
-    global _second
-    sec, ns = divmod(time.time_ns(), 1_000_000_000)
-    cached = _second
-    if cached[0] != sec:
-        cached = _second = (sec, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(sec)))
-    return f"{cached[1]}.{ns // 1_000_000:03d}Z"
+    global _milli
+    ms = time.time_ns() // 1_000_000
+    cached = _milli
+    if cached[0] == ms:
+        return cached[1]
+    sec, milli = divmod(ms, 1000)
+    text = f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(sec))}.{milli:03d}Z"
+    _milli = (ms, text)
+    return text
 
 
 def _random(n: int = 21) -> str:

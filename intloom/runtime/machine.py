@@ -162,6 +162,15 @@ def apply(state: RunState | None, record: Record) -> RunState:
                                           "updated_at": record.at})
 
 
+def _cursor(state: RunState, stage: str, step: str | None) -> Cursor:
+    """The Run's cursor at (stage, step): the one it has when it does not move (a Step's
+    result, a recover), a new one otherwise."""
+    cursor = state.cursor
+    if cursor.stage == stage and cursor.step == step:
+        return cursor
+    return Cursor(stage=stage, step=step)
+
+
 def _apply_header(record: Header) -> RunState:
     return RunState(
         run_id=record.run_id,
@@ -237,7 +246,7 @@ def _apply_step_result(state: RunState, record: StepResult, base: dict[str, Any]
     return msgspec.structs.replace(
         state,
         **base,
-        cursor=Cursor(stage=record.stage, step=record.step),
+        cursor=_cursor(state, record.stage, record.step),
         status="running",
         executing_kind=None,
         stage_state=record.state,
@@ -302,7 +311,7 @@ def _apply_executing(state: RunState, record: Executing, base: dict[str, Any]) -
     return msgspec.structs.replace(
         state,
         **base,
-        cursor=Cursor(stage=record.stage, step=record.step),
+        cursor=_cursor(state, record.stage, record.step),
         status="running",
         executing_kind=kind,
         pending_agent_call=None if kind == "agent" else state.pending_agent_call,
