@@ -385,13 +385,18 @@ What is left, from profiles taken while building this harness (`py-spy`, `cProfi
   would leave ~85 µs for everything, and ~2.5-3× fewer µs than the faster peer, not 5×.
   That is the price of the guarantee, not of a known inefficiency; an async Step meets both
   targets.
-- A lone async Run is bound by the fdatasync; the Python around it is ~50 µs per Step
-  (~20 µs per Step that also costs with 64 Runs, ~30 µs per flush). Faster solo Steps move
-  the 64-Run ratio the other way (its baseline is one Run), so the two targets are held
-  together: both met here, and both within the machine's noise of their edge.
-- With 64 Runs the loop spends ~19-21 µs of CPU per Step (two records folded, encoded and
-  framed, a task wake-up, the Step's context, one publish) and is busy ~95 % of the time.
-  Further gains need fewer coroutine layers between a flush and the Step it releases.
+- A lone async Run is bound by the fdatasync. The Python around it is ~22 µs per Step with
+  fdatasync made a no-op, and ~50 µs interleaved with real ones (each Step then starts
+  with cold caches after the thread slept in the kernel; the floor's two-line loop hardly
+  notices). The peer ratio is wall time against LangGraph's ~1,000-1,200 µs per Step, so
+  ≥ 5× needs a Step within ~30-60 µs of a 150-250 µs fdatasync: it is met or missed by the
+  machine's noise (4.1-5.0× in the runs made on this tree).
+- Faster solo Steps move the 64-Run ratio the other way (its baseline is one Run). With 64
+  Runs the loop spends ~19-21 µs of CPU per Step on a quiet machine (two records folded,
+  encoded and framed, a task wake-up, the Step's context, one publish) and is busy ~95 % of
+  the time; ~8.5-9× then, ~7.5× when the VM's CPU is slower while its disk is not (the same
+  code, an hour apart). Further gains need fewer coroutine layers between a flush and the
+  Step it releases.
 - `intloom runs --json` pays, on top of `import typer`, for msgspec (~7 ms with the
   `typing_extensions` it imports, which typer does not load), the protocol's Struct classes
   and decoders, and the client module.
