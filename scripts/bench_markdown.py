@@ -186,6 +186,10 @@ def render(report: dict[str, Any], chart: str | None) -> str:
         f"`{m.get('filesystem')}`. Load average (1/5/15 min) "
         f"{report.get('load_before', '?')} before the run and {m.get('load_average', '?')} "
         "after it (2 would mean both CPUs busy): other work on the machine moves every figure. "
+        f"A fixed pure-Python loop (`cpu_calibration_ms`) took "
+        f"{_calibration(report)} ms before and after the run: the VM's CPU speed at the "
+        "time, which the load average does not show; the CPU-bound figures move with it, so "
+        "compare runs by it. "
         "Raw results, with each figure's load average: `performance.json` beside this file.",
         "",
         "Every figure is a ratio against a baseline **measured in the same run, on the same "
@@ -321,6 +325,11 @@ def render(report: dict[str, Any], chart: str | None) -> str:
     parts += unmet or ["Every target was met in this run."]
     parts += ["", ANALYSIS]
     return "\n".join(parts) + "\n"
+
+
+def _calibration(report: dict[str, Any]) -> str:
+    values = report.get("cpu_calibration_ms")
+    return " / ".join(_fmt(v) for v in values) if values else "?"
 
 
 ANALYSIS = """\

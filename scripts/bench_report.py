@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from scripts.bench_common import REPO, VENV_PY, load_average, machine, note
+from scripts.bench_common import REPO, VENV_PY, cpu_calibration_ms, load_average, machine, note
 
 Figure = Callable[[argparse.Namespace], dict[str, Any]]
 
@@ -50,6 +50,7 @@ def bench_all(args: argparse.Namespace, figures: dict[str, Figure],
     out_dir = Path(args.out) if args.out else REPO / "docs"
     results: dict[str, Any] = {}
     load_before = load_average()
+    calibration_before = cpu_calibration_ms()
     started = time.perf_counter()
     for name, run in figures.items():
         if name in skip:
@@ -65,7 +66,9 @@ def bench_all(args: argparse.Namespace, figures: dict[str, Figure],
         results[name]["load_average"] = load_average()
         print(json.dumps(results[name]), flush=True)
     total = time.perf_counter() - started
-    report = {"machine": machine(), "load_before": load_before, "total_seconds": round(total, 1),
+    report = {"machine": machine(), "load_before": load_before,
+              "cpu_calibration_ms": [calibration_before, cpu_calibration_ms()],
+              "total_seconds": round(total, 1),
               "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "quick": bool(args.quick), "figures": results}
     out_dir.mkdir(parents=True, exist_ok=True)
