@@ -44,9 +44,8 @@ def _records_of(host: Host) -> int:
 
 def _build_history(host: Host, records: int) -> int:
     """One Run of ~``records`` records, left waiting on its confirmation. Returns the count."""
-    # header, stage_pending, step_ready; executing and step_result per Step (the route to
-    # the next Step is its own `executing`); then executing and waiting for `hold`.
-    steps = max(1, (records - 5) // 2)
+    # header, stage_pending, step_ready; 3 per Step; then step_ready, executing, waiting.
+    steps = max(1, (records - 6) // 3 + 1)
     host.start()
     with host.client() as client:
         view = client.create_run("loop", json.dumps({"target": steps}), wait=True)

@@ -365,9 +365,6 @@ Changes (each measured before and after with the sub-command named):
 - **No syscall to find the event loop** (every Step figure): `asyncio.get_running_loop()`
   makes a `getpid()` syscall on each call (its fork check); the executor and the store asked
   it once or twice per Step. They now keep the loop they run on.
-- **One record fewer per Step** (every Step figure): a route to another Step of the same
-  Stage is the next Step's own `executing` record instead of a `step_ready` before it
-  (journal format 1 admits `step_result → executing` within a Stage; `docs/format.md`).
 - **Flushes on the loop while the disk is fast** (`concurrency`, `events`): once every Run
   woken by the last flush has appended, the loop would only wait for the next one; it now
   writes and fdatasyncs the batch itself instead of waking the store's thread and being
@@ -401,11 +398,13 @@ What is left, from profiles taken while building this harness (`py-spy`, `cProfi
   ≥ 5× needs a Step within ~30-60 µs of a 150-250 µs fdatasync: it is met or missed by the
   machine's noise (4.1-5.0× in the runs made on this tree).
 - Faster solo Steps move the 64-Run ratio the other way (its baseline is one Run). With 64
-  Runs the loop spends ~19-21 µs of CPU per Step on a quiet machine (two records folded,
+  Runs the loop spends ~22-25 µs of CPU per Step on a quiet machine (three records folded,
   encoded and framed, a task wake-up, the Step's context, one publish) and is busy ~95 % of
   the time; ~8.5-9× then, ~7.5× when the VM's CPU is slower while its disk is not (the same
   code, an hour apart). Further gains need fewer coroutine layers between a flush and the
-  Step it releases.
+  Step it releases. (Dropping the `step_ready` between two Steps of a Stage, the next
+  Step's `executing` naming it, saved ~15 % of that CPU and was measured at 8.5-9×, but
+  DESIGN §5 and the TypeScript IntLoom write that boundary, so the journal keeps it.)
 - `intloom runs --json` pays, on top of `import typer`, for msgspec (~7 ms with the
   `typing_extensions` it imports, which typer does not load), the protocol's Struct classes
   and decoders, and the client module.

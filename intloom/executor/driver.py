@@ -464,8 +464,7 @@ class Driver:
                         return
                     await self._run_step(slot)
                 elif phase == "step_result":
-                    if not await self._route(slot):
-                        return
+                    await self._route(slot)
                 elif phase == "answered" or (phase == "executing" and slot.recovering):
                     if self.stopping:
                         return
@@ -564,10 +563,9 @@ class Driver:
         cursor = slot.state.cursor
         return slot.lw.workflow.stages[cursor.stage].steps[cursor.step or ""]
 
-    async def _run_step(self, slot: RunSlot, step: Step[Any] | None = None) -> None:
+    async def _run_step(self, slot: RunSlot) -> None:
         rt = self.rt
-        if step is None:
-            step = self._step(slot)
+        step = self._step(slot)
         rt.append(slot, Executing(at=clock.now(), stage=step.stage.name, step=step.name))
         await rt.sync(slot)
         ctx = self._ctx(slot, step.name)
@@ -615,8 +613,7 @@ class Driver:
         outcome = await self._user(slot, f"{step.where} recover", step.recover_fn, ctx, recovery)
         self._record_outcome(slot, step, outcome, ctx)
 
-    async def _route(self, slot: RunSlot) -> bool:
-        """Apply the saved outcome's route. False when the Run stops here (host stopping)."""
+    async def _route(self, slot: RunSlot) -> None:
         rt = self.rt
         st = slot.state
         step = self._step(slot)
@@ -641,11 +638,7 @@ class Driver:
             await rt.sync(slot)
         elif isinstance(target, ToStage):
             rt.append(slot, StagePending(at=clock.now(), stage=target.stage))
-        elif self.stopping:
-            # The journal stays at step_result: the next start routes from there.
-            await rt.sync(slot)
-            return False
         else:
-            # The next Step's own `executing` record says where the route went.
-            await self._run_step(slot, slot.lw.workflow.stages[st.cursor.stage].steps[target])
-        return True
+            # DESIGN §5: routing to the next Step of the Stage is its own boundary.
+            rt.append(slot, StepReady(at=clock.now(), stage=st.cursor.stage, step=target,
+                                      state=st.stage_state))

@@ -76,9 +76,7 @@ ALLOWED: Final[dict[str | None, frozenset[str]]] = {
     ),
     "effect_started": frozenset({"effect_done", "terminal"}),
     "effect_done": frozenset({"effect_started", "step_result", "waiting", "terminal"}),
-    # step_result -> executing: routing to another Step of the same Stage is implied by the
-    # next Step's own `executing` record (one record per Step fewer than a step_ready).
-    "step_result": frozenset({"executing", "step_ready", "stage_pending", "terminal"}),
+    "step_result": frozenset({"step_ready", "stage_pending", "terminal"}),
     "waiting": frozenset({"answered", "waiting", "executing", "terminal"}),
     "answered": frozenset({"executing", "terminal"}),
     "terminal": frozenset(),
@@ -293,7 +291,7 @@ def _apply_executing(state: RunState, record: Executing, base: dict[str, Any]) -
     kind: ExecutingKind = record.kind
     allowed_from: dict[str, tuple[str, ...]] = {
         "init": ("stage_pending",),
-        "step": ("step_ready", "step_result"),
+        "step": ("step_ready",),
         "recover": ("answered",),
         "agent": ("waiting",),
     }
@@ -306,8 +304,6 @@ def _apply_executing(state: RunState, record: Executing, base: dict[str, Any]) -
         raise _illegal(state, record, "only an Agent task resumes from a wait")
     if record.stage != state.cursor.stage:
         raise _illegal(state, record, f"the Run is in Stage {state.cursor.stage!r}")
-    if state.phase == "step_result":  # routed within the Stage: the outcome is consumed
-        base = {**base, "outcome": None, "output": None}
     return msgspec.structs.replace(
         state,
         **base,

@@ -70,8 +70,7 @@ class StagePending(_Rec, tag="stage_pending", frozen=True):
 
 
 class StepReady(_Rec, tag="step_ready", frozen=True):
-    """A Stage was entered: its State initialised, its first Step chosen. (A route within
-    the Stage is the next Step's own ``executing``; a ``step_ready`` there is legal too.)"""
+    """Stage State initialised, or routing chose the next Step in the Stage."""
 
     stage: str
     step: str

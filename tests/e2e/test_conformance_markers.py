@@ -138,12 +138,11 @@ def test_stop_while_a_step_runs_lets_it_reach_its_boundary(proj: Project) -> Non
     assert json.loads(out)["stopped"] is True
     wait_stopped(proj, pid)
 
-    # The Step's outcome was saved; the stop landed at the next safe boundary: its own
-    # step_result (routing resumes on the next start), or a wait the next Step reached
-    # before the host began to suspend its Runs.
+    # The Step's outcome was saved; the stop landed at the next safe boundary (normally the
+    # next Step's, unless that one started before the host began to suspend its Runs).
     seen = preview(proj, run_id)
-    assert seen["verdict"]["row"] in ("route", "restore_wait"), seen
-    assert seen["phase"] in ("step_result", "waiting")
+    assert seen["verdict"]["row"] in ("resume", "restore_wait"), seen
+    assert seen["phase"] in ("step_ready", "waiting")
     service = ok(proj.cli("start", "--json"))["service"]
     restore = service["restore"]
     assert run_id in restore.get("resumed", []) + restore.get("waiting", [])

@@ -42,16 +42,15 @@ CAB, CBS, TORN, STOP = "crash_after_sync", "crash_before_sync", "torn_write", "s
 
 # (plan, the row(s) doctor may preview at the last restart, words its reason must hold)
 Point = tuple[Plan, str, str]
-# A graceful stop lands at the next boundary the Run reaches after the signal is handled (a
-# saved outcome within a Stage, a Stage entered, a wait): the Run may get one boundary
-# further than the flush that sent it, so any of these rows is right.
-AFTER_A_STOP = "route|resume|restore_wait"
+# A graceful stop lands at the next boundary the Run reaches after the signal is handled:
+# the Run may get one boundary further than the flush that sent it, so either row is right.
+AFTER_A_STOP = "resume|restore_wait"
 GROUPS: dict[str, list[Point]] = {
     "creation and safe boundaries": [
         ((Fault(TORN, 1),), "none", ""),  # the creation torn: the Run never became visible
         ((Fault(CBS, 1, cut=1),), "resume", "was created"),  # only its header made it
         ((Fault(STOP, 3),), AFTER_A_STOP, ""),  # a graceful stop while Steps run
-        ((Fault(CBS, 5, cut=1),), "route", "finished with outcome"),  # outcome saved, no more
+        ((Fault(CBS, 5, cut=2),), "route", "finished with outcome"),  # outcome saved, no more
         ((Fault(CBS, 10, cut=2),), "resume", "entering Stage 'review'"),  # routed to a Stage
     ],
     "effects and waits with recover": [

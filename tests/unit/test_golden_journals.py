@@ -26,7 +26,8 @@ PREFIX = "RUN-20261130T060000000Z-golden"
 EXPECTED = {
     "Done": ("terminal", 11, "terminal", "terminal"),
     "Dismis": ("terminal", 6, "terminal", "terminal"),
-    "Route": ("executing", 8, "interrupted", "interrupted"),  # the second host's record
+    "Route": ("step_ready", 9, "resume", "resume"),  # routed by the second host
+    "Saved": ("step_result", 5, "route", "route"),
     "Waits": ("waiting", 5, "restore_wait", "interrupted"),
     "Effect": ("effect_started", 5, "interrupted", "interrupted"),
     "Answer": ("answered", 6, "recover", "interrupted"),
@@ -67,12 +68,12 @@ def test_every_golden_run_reads_back_as_it_was_written(tmp_path: Path) -> None:
     assert effect.effect is not None and effect.effect.name == "send"
     # What a start restores: the unfinished Runs only, the same states.
     restored = {j.run_id.removeprefix(PREFIX): j.state for j in read_runs(runtime)}
-    assert set(restored) == {"Route", "Waits", "Effect", "Answer"}
+    assert set(restored) == {"Route", "Saved", "Waits", "Effect", "Answer"}
     assert all(restored[n] == found[n].state for n in restored)
     assert _digest(runtime) == before  # reading never writes
 
 
-def test_golden_histories_keep_both_forms_of_routing(tmp_path: Path) -> None:
+def test_golden_histories_read_record_by_record(tmp_path: Path) -> None:
     runtime = _private_copy(tmp_path)
     done = read_history(runtime, PREFIX + "Done")
     assert [e.phase for e in done] == [
@@ -81,11 +82,11 @@ def test_golden_histories_keep_both_forms_of_routing(tmp_path: Path) -> None:
     ]
     route = read_history(runtime, PREFIX + "Route")
     assert [e.phase for e in route] == [
-        "header", "stage_pending", "step_ready", "executing", "step_result", "executing",
-        "step_result", "executing",
+        "header", "stage_pending", "step_ready", "executing", "step_result", "step_ready",
+        "executing", "step_result", "step_ready",
     ]
     assert {e.checksum for e in done + route} == {"ok"}
-    assert [e.seq for e in route] == list(range(1, 9))
+    assert [e.seq for e in route] == list(range(1, 10))
     # The last record is the second host's: a segment of its own, never sealed.
     assert route[-1].file == "wal/0000000002.seg" and route[-2].file == "wal/0000000001.seg"
 
@@ -95,7 +96,7 @@ def test_a_new_host_continues_a_golden_journal(tmp_path: Path) -> None:
     store = Store.open(runtime, instance_id="golden-test", package_version="0.1.0")
     try:
         restored = {j.run_id.removeprefix(PREFIX): j for j in store.restored.runs}
-        assert set(restored) == {"Route", "Waits", "Effect", "Answer"}
+        assert set(restored) == {"Route", "Saved", "Waits", "Effect", "Answer"}
         waits = restored["Waits"].state
         assert waits is not None and waits.pending_action is not None
         store.append(PREFIX + "Waits", Answered(at="2026-11-30T07:00:00.000Z",
@@ -109,4 +110,5 @@ def test_a_new_host_continues_a_golden_journal(tmp_path: Path) -> None:
     assert after["Waits"].status == "ok" and state is not None
     assert (state.phase, state.seq, state.answer) == ("answered", 6, {"isConfirmed": True})
     assert restart_verdict(state, True).row == "recover"
-    assert all(after[n].state == restored[n].state for n in ("Route", "Effect", "Answer"))
+    assert all(after[n].state == restored[n].state
+               for n in ("Route", "Saved", "Effect", "Answer"))

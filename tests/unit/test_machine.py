@@ -117,10 +117,7 @@ def legal_journal(draw: st.DrawFn) -> list[Record]:
     asks = 0
     for _ in range(draw(st.integers(0, 12))):
         step = draw(st.sampled_from(STEPS))
-        # Within a Stage the route is implied by the next Step's `executing`; a step_ready
-        # is written after entering a Stage (and is still legal between Steps).
-        if not isinstance(out[-1], StepResult) or draw(st.booleans()):
-            out.append(StepReady(at="t", stage=stage, step=step, state=b'{"n":1}'))
+        out.append(StepReady(at="t", stage=stage, step=step, state=b'{"n":1}'))
         out.append(Executing(at="t", stage=stage, step=step))
         for i in range(draw(st.integers(0, 2))):
             out.append(EffectStarted(at="t", name="e", key=f"e#{i}"))
@@ -208,20 +205,18 @@ def test_terminal_is_final() -> None:
             apply(done, record)
 
 
-def test_routing_within_a_stage_goes_from_step_result_straight_to_executing() -> None:
+
+def test_routing_to_the_next_step_is_its_own_step_ready() -> None:
+    """DESIGN section 5: routing that chose the next Step of the Stage is a boundary of its
+    own (step_ready); a journal that skips it is refused, not guessed at."""
     done = fold([
         header(), StagePending(at="t", stage="a"), StepReady(at="t", stage="a", step="s1"),
         Executing(at="t", stage="a", step="s1"),
         StepResult(at="t", stage="a", step="s1", outcome="next", state=b'{"n":1}'),
     ])
-    assert done is not None and done.outcome == "next"
-    moved = apply(done, Executing(at="t", stage="a", step="s2"))
-    assert (moved.phase, moved.cursor.step, moved.outcome) == ("executing", "s2", None)
-    assert moved.stage_state == b'{"n":1}'  # the State the first Step left
-    assert restart_verdict(moved, True).row == "interrupted"
-    # Another Stage is entered only through stage_pending.
+    assert done is not None and restart_verdict(done, False).row == "route"
     with pytest.raises(IllegalTransition):
-        apply(done, Executing(at="t", stage="b", step="s1"))
-    # A Stage initialiser is not a route target.
-    with pytest.raises(IllegalTransition):
-        apply(done, Executing(at="t", stage="a", step=None, kind="init"))
+        apply(done, Executing(at="t", stage="a", step="s2"))
+    ready = apply(done, StepReady(at="t", stage="a", step="s2", state=done.stage_state))
+    assert (ready.phase, ready.cursor.step, ready.outcome) == ("step_ready", "s2", None)
+    assert restart_verdict(ready, False).row == "resume"
