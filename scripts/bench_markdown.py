@@ -400,11 +400,12 @@ What is left, from profiles taken while building this harness (`py-spy`, `cProfi
 - Faster solo Steps move the 64-Run ratio the other way (its baseline is one Run). With 64
   Runs the loop spends ~22-25 µs of CPU per Step on a quiet machine (three records folded,
   encoded and framed, a task wake-up, the Step's context, one publish) and is busy ~95 % of
-  the time; ~8.5-9× then, ~7.5× when the VM's CPU is slower while its disk is not (the same
-  code, an hour apart). Further gains need fewer coroutine layers between a flush and the
-  Step it releases. (Dropping the `step_ready` between two Steps of a Stage, the next
-  Step's `executing` naming it, saved ~15 % of that CPU and was measured at 8.5-9×, but
-  DESIGN §5 and the TypeScript IntLoom write that boundary, so the journal keeps it.)
+  the time: ~7-8× one Run, lower when the VM's CPU is slower while its disk is not (the
+  CPU calibration above tells such runs apart). Further gains need fewer coroutine layers
+  between a flush and the Step it releases, or cheaper records. (Dropping the `step_ready`
+  between two Steps of a Stage, the next Step's `executing` naming it, saved ~15 % of that
+  CPU and was measured at 8.5-9×, but DESIGN §5 and the TypeScript IntLoom write that
+  boundary, so the journal keeps it.)
 - `intloom runs --json` pays, on top of `import typer`, for msgspec (~7 ms with the
   `typing_extensions` it imports, which typer does not load), the protocol's Struct classes
   and decoders, and the client module.
