@@ -145,7 +145,11 @@ def _phase_of(record: Record) -> str:
 
 
 def apply(state: RunState | None, record: Record) -> RunState:
-    """Fold one record into the Run's state; raise IllegalTransition when the table forbids it."""
+    """Fold one record into the Run's state; raise IllegalTransition when the table forbids it.
+
+    Each fold passes its fields to ``msgspec.structs.replace`` as plain keywords: merging a
+    dict of common fields in (``**base``) made every record ~1 µs slower.
+    """
     fold_one = _FOLD.get(type(record))
     if fold_one is None:
         raise TypeError(f"not a journal record: {type(record).__name__}")
@@ -156,8 +160,7 @@ def apply(state: RunState | None, record: Record) -> RunState:
     if state is None:  # ALLOWED[None] admits only a header
         assert isinstance(record, Header)
         return _apply_header(record)
-    return fold_one.apply(state, record, {"phase": phase, "seq": state.seq + 1,
-                                          "updated_at": record.at})
+    return fold_one.apply(state, record, state.seq + 1)
 
 
 def _cursor(state: RunState, stage: str, step: str | None) -> Cursor:
@@ -188,10 +191,10 @@ def _apply_header(record: Header) -> RunState:
     )
 
 
-def _apply_stage_pending(state: RunState, record: StagePending, base: dict[str, Any]) -> RunState:
+def _apply_stage_pending(state: RunState, record: StagePending, seq: int) -> RunState:
     return msgspec.structs.replace(
         state,
-        **base,
+        phase="stage_pending", seq=seq, updated_at=record.at,
         cursor=Cursor(stage=record.stage),
         status="running",
         executing_kind=None,
@@ -204,14 +207,14 @@ def _apply_stage_pending(state: RunState, record: StagePending, base: dict[str, 
     )
 
 
-def _apply_step_ready(state: RunState, record: StepReady, base: dict[str, Any]) -> RunState:
+def _apply_step_ready(state: RunState, record: StepReady, seq: int) -> RunState:
     if state.phase == "executing" and state.executing_kind != "init":
         raise _illegal(state, record, "only a Stage initialiser ends in step_ready")
     if record.stage != state.cursor.stage:
         raise _illegal(state, record, f"the Run is in Stage {state.cursor.stage!r}")
     return msgspec.structs.replace(
         state,
-        **base,
+        phase="step_ready", seq=seq, updated_at=record.at,
         cursor=Cursor(stage=record.stage, step=record.step),
         status="running",
         executing_kind=None,
@@ -223,27 +226,28 @@ def _apply_step_ready(state: RunState, record: StepReady, base: dict[str, Any]) 
     )
 
 
-def _apply_effect_started(state: RunState, record: EffectStarted,
-                          base: dict[str, Any]) -> RunState:
+def _apply_effect_started(state: RunState, record: EffectStarted, seq: int) -> RunState:
     if state.executing_kind not in ("step", "recover", "init"):
         raise _illegal(state, record, "effects run only inside user code")
     ref = EffectRef(name=record.name, key=record.key, started_at=record.at)
-    return msgspec.structs.replace(state, **base, effect_in_flight=ref)
+    return msgspec.structs.replace(state, phase="effect_started", seq=seq, updated_at=record.at,
+                                   effect_in_flight=ref)
 
 
-def _apply_effect_done(state: RunState, record: EffectDone, base: dict[str, Any]) -> RunState:
+def _apply_effect_done(state: RunState, record: EffectDone, seq: int) -> RunState:
     open_ref = state.effect_in_flight
     if open_ref is None or (open_ref.name, open_ref.key) != (record.name, record.key):
         raise _illegal(state, record, "it does not close the effect that was started")
-    return msgspec.structs.replace(state, **base, effect_in_flight=None, last_effect=open_ref)
+    return msgspec.structs.replace(state, phase="effect_done", seq=seq, updated_at=record.at,
+                                   effect_in_flight=None, last_effect=open_ref)
 
 
-def _apply_step_result(state: RunState, record: StepResult, base: dict[str, Any]) -> RunState:
+def _apply_step_result(state: RunState, record: StepResult, seq: int) -> RunState:
     if state.executing_kind not in ("step", "recover", "agent"):
         raise _illegal(state, record, "a Stage initialiser has no outcome")
     return msgspec.structs.replace(
         state,
-        **base,
+        phase="step_result", seq=seq, updated_at=record.at,
         cursor=_cursor(state, record.stage, record.step),
         status="running",
         executing_kind=None,
@@ -258,13 +262,13 @@ def _apply_step_result(state: RunState, record: StepResult, base: dict[str, Any]
     )
 
 
-def _apply_answered(state: RunState, record: Answered, base: dict[str, Any]) -> RunState:
+def _apply_answered(state: RunState, record: Answered, seq: int) -> RunState:
     action = state.pending_action
     if action is None or action.id != record.action_id:
         raise _illegal(state, record, "it answers an action the Run is not waiting on")
     return msgspec.structs.replace(
         state,
-        **base,
+        phase="answered", seq=seq, updated_at=record.at,
         status="running",
         pending_action=None,
         answered_action=action,
@@ -273,12 +277,12 @@ def _apply_answered(state: RunState, record: Answered, base: dict[str, Any]) -> 
     )
 
 
-def _apply_terminal(state: RunState, record: Terminal, base: dict[str, Any]) -> RunState:
+def _apply_terminal(state: RunState, record: Terminal, seq: int) -> RunState:
     if record.status == "failed" and record.error is None:
         raise _illegal(state, record, "a failed Run must carry its error")
     return msgspec.structs.replace(
         state,
-        **base,
+        phase="terminal", seq=seq, updated_at=record.at,
         status=record.status,
         pending_action=None,
         pending_agent_call=None,
@@ -287,15 +291,18 @@ def _apply_terminal(state: RunState, record: Terminal, base: dict[str, Any]) -> 
     )
 
 
-def _apply_executing(state: RunState, record: Executing, base: dict[str, Any]) -> RunState:
+# What each kind of user code may start after.
+_EXECUTES_AFTER: Final[dict[str, tuple[str, ...]]] = {
+    "init": ("stage_pending",),
+    "step": ("step_ready",),
+    "recover": ("answered",),
+    "agent": ("waiting",),
+}
+
+
+def _apply_executing(state: RunState, record: Executing, seq: int) -> RunState:
     kind: ExecutingKind = record.kind
-    allowed_from: dict[str, tuple[str, ...]] = {
-        "init": ("stage_pending",),
-        "step": ("step_ready",),
-        "recover": ("answered",),
-        "agent": ("waiting",),
-    }
-    if state.phase not in allowed_from[kind] and not (
+    if state.phase not in _EXECUTES_AFTER[kind] and not (
         (kind == "step" and state.phase == "answered")
         or (kind == "recover" and _answer_untouched(state))
     ):
@@ -306,7 +313,7 @@ def _apply_executing(state: RunState, record: Executing, base: dict[str, Any]) -
         raise _illegal(state, record, f"the Run is in Stage {state.cursor.stage!r}")
     return msgspec.structs.replace(
         state,
-        **base,
+        phase="executing", seq=seq, updated_at=record.at,
         cursor=_cursor(state, record.stage, record.step),
         status="running",
         executing_kind=kind,
@@ -314,7 +321,7 @@ def _apply_executing(state: RunState, record: Executing, base: dict[str, Any]) -
     )
 
 
-def _apply_waiting(state: RunState, record: Waiting, base: dict[str, Any]) -> RunState:
+def _apply_waiting(state: RunState, record: Waiting, seq: int) -> RunState:
     if (record.action is None) == (record.agent_call is None):
         raise _illegal(state, record, "a wait carries exactly one action or Agent task")
     if state.phase == "waiting":
@@ -330,7 +337,7 @@ def _apply_waiting(state: RunState, record: Waiting, base: dict[str, Any]) -> Ru
         raise _illegal(state, record, "the action's cursor is not the Run's cursor")
     return msgspec.structs.replace(
         state,
-        **base,
+        phase="waiting", seq=seq, updated_at=record.at,
         status="waiting",
         pending_action=record.action,
         pending_agent_call=record.agent_call,
@@ -340,10 +347,10 @@ def _apply_waiting(state: RunState, record: Waiting, base: dict[str, Any]) -> Ru
 
 class _Fold(NamedTuple):
     phase: str
-    apply: Callable[[RunState, Any, dict[str, Any]], RunState]
+    apply: Callable[[RunState, Any, int], RunState]
 
 
-def _header_not_first(state: RunState, record: Header, base: dict[str, Any]) -> RunState:
+def _header_not_first(state: RunState, record: Header, seq: int) -> RunState:
     raise _illegal(state, record, "a header starts a journal")  # ALLOWED refuses it first
 
 

@@ -519,9 +519,18 @@ class Store:
         return None
 
     def _track(self, batch: _Batch) -> None:
-        """Fold a durable batch into the Runs' tracks (what the next snapshot summarises)."""
+        """Fold a durable batch into the Runs' tracks (what the next snapshot summarises).
+
+        Folded now rather than at the next snapshot: the same work, spread over every flush
+        instead of a pause of tens of ms at each rotation. Where the caller passed its fold
+        (the executor does), a Run's last record in the batch is all that is needed.
+        """
         tracks = self._tracks
-        for run_id, record, seq, state in batch.entries:
+        seen: set[str] = set()
+        for run_id, _record, seq, state in reversed(batch.entries):
+            if run_id in seen:
+                continue
+            seen.add(run_id)
             if run_id in self._held:
                 # Never snapshotted while its snapshot file is damaged: a restore after that
                 # file is moved out must still find all of its records.
@@ -532,18 +541,30 @@ class Store:
             if track is None:
                 track = tracks[run_id] = Track(base=None, seq=0)
             if track.status == "ok":
-                # Folded now rather than at the next snapshot: the same work, spread over
-                # every flush instead of a pause of tens of ms at each rotation.
-                try:
-                    track.base = state if state is not None else apply(track.base, record)
-                except IllegalTransition as exc:
-                    track.status, track.problem = "corrupt", f"Run: {exc}"
+                if state is None:  # no fold given: fold this Run's records in order
+                    state = self._fold_into(track.base, run_id, batch)
+                if state is None:
+                    track.status, track.problem = "corrupt", f"Run: {track.problem}"
+                else:
+                    track.base = state
             track.seq = seq
             track.dirty = True
         self._writers.update(batch.first_seq)
         if self._size >= min(self._segment_bytes,
                              max(_ROTATE_MIN, _ROTATE_PER_RUN * len(self._writers))):
             self._rotate()
+
+    def _fold_into(self, base: RunState | None, run_id: str, batch: _Batch) -> RunState | None:
+        state = base
+        for entry_run, record, _seq, _state in batch.entries:
+            if entry_run != run_id:
+                continue
+            try:
+                state = apply(state, record)
+            except IllegalTransition as exc:
+                self._tracks[run_id].problem = str(exc)
+                return None
+        return state
 
     def _abandon(self, offset: int, cause: str) -> None:
         """Never write to this segment again; void its failed region in a fresh one."""
