@@ -55,6 +55,7 @@ _MILESTONES = frozenset({
 })
 
 _HISTORY = 2000
+_DETAILED: frozenset[type] = frozenset({StepResult, EffectStarted, EffectDone, Answered})
 # Whether a user function is a coroutine function, asked once per function, not per call.
 _ASYNC: weakref.WeakKeyDictionary[Callable[..., Any], bool] = weakref.WeakKeyDictionary()
 _QUIET = ("EXECUTION_OWNERSHIP_LOST", "RUN_CHECKPOINT_FAILED")
@@ -129,12 +130,13 @@ class RunSlot:
     def apply(self, record: Record) -> None:
         state = self.state = apply(self.state, record)
         detail: Any = None
-        if isinstance(record, StepResult):
-            detail = {"outcome": record.outcome}
-        elif isinstance(record, (EffectStarted, EffectDone)):
-            detail = {"name": record.name, "key": record.key}
-        elif isinstance(record, Answered):
-            detail = {"actionId": record.action_id}
+        if type(record) in _DETAILED:  # most records carry no detail: one lookup for them
+            if isinstance(record, StepResult):
+                detail = {"outcome": record.outcome}
+            elif isinstance(record, (EffectStarted, EffectDone)):
+                detail = {"name": record.name, "key": record.key}
+            elif isinstance(record, Answered):
+                detail = {"actionId": record.action_id}
         self._events.append((state.phase, detail))
 
     def view(self) -> RunView:

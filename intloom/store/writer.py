@@ -267,9 +267,10 @@ class Store:
         if self._closed:
             raise IntloomError("STORAGE_ERROR", f"Checkpoint store {self.layout.root} is "
                                "closed; no record can be appended after the host stopped.")
-        failed = self._failed_runs.get(run_id)
-        if failed is not None:
-            raise CheckpointFailed(failed.run_ids, failed.cause)
+        if self._failed_runs:
+            failed = self._failed_runs.get(run_id)
+            if failed is not None:
+                raise CheckpointFailed(failed.run_ids, failed.cause)
         self._pending.append((run_id, record, encode_record(record), state))
         self._appended += 1
 
@@ -281,13 +282,15 @@ class Store:
         first: dict[str, int] = {}
         next_seq = self._next_seq
         dropped = self._failed_runs
+        frame = encode_frame  # this loop runs for every record a host writes
         for run_id, record, payload, state in self._pending:
-            if run_id in dropped:
+            if dropped and run_id in dropped:
                 continue  # appended before its Run's batch failed: it presumes that batch
             seq = next_seq.get(run_id, 1)
             next_seq[run_id] = seq + 1
-            first.setdefault(run_id, seq)
-            frames.append(encode_frame(KIND_RECORD, seq, run_id.encode("utf-8"), payload))
+            if run_id not in first:
+                first[run_id] = seq
+            frames.append(frame(KIND_RECORD, seq, run_id.encode(), payload))
             entries.append((run_id, record, seq, state))
         end = self._taken + len(self._pending)  # dropped records are resolved with the batch
         self._pending = []
