@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import inspect
 import threading
-import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
@@ -57,7 +56,9 @@ _MILESTONES = frozenset({
 _HISTORY = 2000
 _DETAILED: frozenset[type] = frozenset({StepResult, EffectStarted, EffectDone, Answered})
 # Whether a user function is a coroutine function, asked once per function, not per call.
-_ASYNC: weakref.WeakKeyDictionary[Callable[..., Any], bool] = weakref.WeakKeyDictionary()
+# Plain references: user functions live as long as their loaded Workflow (the host's life),
+# and a WeakKeyDictionary builds a weak reference on every lookup.
+_ASYNC: dict[Callable[..., Any], bool] = {}
 _QUIET = ("EXECUTION_OWNERSHIP_LOST", "RUN_CHECKPOINT_FAILED")
 
 
@@ -67,7 +68,7 @@ def _is_async(fn: Callable[..., Any]) -> bool:
         if found is None:
             found = _ASYNC[fn] = inspect.iscoroutinefunction(fn)
         return found
-    except TypeError:  # not weakly referenceable: ask every time
+    except TypeError:  # unhashable: ask every time
         return inspect.iscoroutinefunction(fn)
 
 
@@ -208,9 +209,9 @@ class RunSlot:
                 observer(name, self.run_id, info, view.status)
         if not self._stable_waiters:
             return
-        if view is None:
-            view = self.view()
-        if view.status != "running":
+        # Without an override the view's status is the shown state's: no view to build.
+        status = view.status if view is not None else shown.status
+        if status != "running":
             for waiter in self._stable_waiters:
                 if not waiter.done():
                     waiter.set_result(None)
