@@ -385,9 +385,9 @@ class Store:
         This runs once every Run woken in this loop iteration has appended and is waiting
         for it. While the disk answers fast, the loop writes and fdatasyncs the batch itself:
         handing it to the store's thread would leave the loop idle all the same, plus two
-        thread wake-ups (measured with 64 Runs on a 2-vCPU VM: ~400 us per flush through the
-        thread against ~230 us inline). A slow disk (``_INLINE_MAX_SYNC_S``) goes back to the
-        thread, so the loop never stalls for long.
+        thread wake-ups (measured with 64 Runs on a 2-vCPU VM: the loop's wait per Step fell
+        from ~7 us to ~4 us blocked in the fdatasync, and Steps/s rose ~10 %). A slow disk
+        (``_INLINE_MAX_SYNC_S``) goes back to the thread, so the loop never stalls for long.
         """
         self._kick = None
         if self._inflight is not None:
