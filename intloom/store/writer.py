@@ -395,13 +395,23 @@ class Store:
         batch = self._take_batch()
         if batch is None:
             return
-        if self._last_sync_s < self._inline_max_sync_s:
+        if self._last_sync_s < self._inline_max_sync_s and not self._may_wait_for_compaction(batch):
             self.inline_flushes += 1
             self._finish_batch(batch, self._write_guarded(batch))
             self._wake()
             return
         self._inflight = batch
         self._submit(batch)
+
+    def _may_wait_for_compaction(self, batch: _Batch) -> bool:
+        """True when this batch rotates the segment while the last compaction still runs:
+        the rotation would wait for it, and that wait belongs on the store's thread."""
+        compactor = self._compactor
+        if compactor is None or not compactor.is_alive():
+            return False
+        writers = len(self._writers | batch.first_seq.keys())
+        return self._size + len(batch.data) >= min(
+            self._segment_bytes, max(_ROTATE_MIN, _ROTATE_PER_RUN * writers))
 
     def _wake(self) -> None:
         """Resume every waiter whose records are resolved; start the flush the others need."""

@@ -4,6 +4,7 @@ fsync fails exactly its batch, and the failed bytes never read back as records."
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 
 import pytest
@@ -236,3 +237,37 @@ def test_fault_plan_parsing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ENV, "crash_after_sync=3")
     assert FaultPlan.from_env().merged(FaultPlan(fail_sync=frozenset({1}))) == FaultPlan(
         crash_after_sync=frozenset({3}), fail_sync=frozenset({1}))
+
+
+def test_a_flush_that_would_wait_for_a_running_compaction_leaves_the_loop(
+    tmp_path: Path,
+) -> None:
+    """Flushes normally run on the event loop (fast disk); one that rotates the segment
+    while the previous compaction still runs would wait for it there, so it goes to the
+    store's thread and the loop keeps turning."""
+    records = walk("RUN-R", 60, 5)
+
+    async def main() -> None:
+        store = open_store(tmp_path / "runtime", segment_bytes=2048)
+        gate = threading.Event()
+        store._compactor = threading.Thread(target=gate.wait, daemon=True)
+        store._compactor.start()  # stands for a compaction that takes long
+        try:
+            inline = store.inline_flushes
+            for record in records:
+                store.append("RUN-R", record)
+            flushing = asyncio.ensure_future(store.sync("RUN-R"))
+            for _ in range(10_000):  # bounded; the loop must keep turning meanwhile
+                if store._inflight is not None:
+                    break
+                await asyncio.sleep(0)
+            assert store._inflight is not None and store.inline_flushes == inline
+            assert not flushing.done()  # the rotation waits for the compaction, off the loop
+            gate.set()
+            await asyncio.wait_for(flushing, timeout=30)
+        finally:
+            gate.set()
+            await store.close()
+
+    asyncio.run(main())
+    assert [j.state.seq for j in read_runs(tmp_path / "runtime") if j.state] == [60]
