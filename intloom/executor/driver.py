@@ -146,17 +146,15 @@ class RunSlot:
             return _plain_view(st)
         if self.override is not None:
             return to_view(st, status="failed", last_error=self.override)
-        if self.suspended:
-            return to_view(
-                st,
-                status="failed",
-                last_error=ErrorView(
-                    code="RUN_INTERRUPTED",
-                    message=(self.suspend_reason or "The host stopped.") + " The Run continues "
-                    "from its last saved boundary on the next start, as the restart table allows.",
-                ),
-            )
-        return to_view(st)
+        return to_view(  # suspended
+            st,
+            status="failed",
+            last_error=ErrorView(
+                code="RUN_INTERRUPTED",
+                message=(self.suspend_reason or "The host stopped.") + " The Run continues "
+                "from its last saved boundary on the next start, as the restart table allows.",
+            ),
+        )
 
     def _overridden(self) -> bool:
         """The view is not simply the shown state's (a failure or suspension outside it)."""
