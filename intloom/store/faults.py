@@ -40,6 +40,10 @@ class FaultPlan:
     stop_after_sync: frozenset[int] = field(default_factory=frozenset)
     fail_segment: frozenset[int] = field(default_factory=frozenset)
 
+    def armed(self) -> bool:
+        """Whether any fault is planned at all (the writer skips every check otherwise)."""
+        return any(getattr(self, f.name) for f in fields(self))
+
     @classmethod
     def parse(cls, text: str) -> FaultPlan:
         """Parse ``fail_sync=2,torn_write=5``; an unknown name or a bad number is an error."""

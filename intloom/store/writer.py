@@ -108,7 +108,7 @@ class Store:
         # Flushes run on the loop thread (inline) or the store's thread, and a compaction is
         # settled on the store's thread: whoever changes the tracks holds this.
         self._tracks_lock = threading.Lock()
-        self._armed = any(faults.__dict__.values())  # a fault is injected at some flush
+        self._armed = faults.armed()  # a fault is injected at some flush
         self._segment_bytes = segment_bytes
         # Flush on the loop thread only while an fdatasync takes at most this long
         # (0: never, every flush goes through the store's thread).
