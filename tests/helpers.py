@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -175,6 +175,15 @@ def counters(root: Path) -> dict[str, collections.Counter[str]]:
             run_id, label = line.split(" ", 1)
             out[run_id][label] += 1
     return out
+
+
+def reaped(project: Project) -> Iterator[Project]:
+    """For fixtures: yield ``project``, then kill every host started for it, even on failure."""
+    try:
+        yield project
+    finally:
+        project.track_host()
+        project.reap()
 
 
 def make_project(tmp_path: Path, name: str = "basic") -> Project:

@@ -409,9 +409,12 @@ class Store:
         compactor = self._compactor
         if compactor is None or not compactor.is_alive():
             return False
-        writers = len(self._writers | batch.first_seq.keys())
-        return self._size + len(batch.data) >= min(
-            self._segment_bytes, max(_ROTATE_MIN, _ROTATE_PER_RUN * writers))
+        return self._rotation_due(self._size + len(batch.data),
+                                  len(self._writers | batch.first_seq.keys()))
+
+    def _rotation_due(self, size: int, writers: int) -> bool:
+        """A segment of ``size`` bytes written by ``writers`` Runs is full (see _ROTATE_MIN)."""
+        return size >= min(self._segment_bytes, max(_ROTATE_MIN, _ROTATE_PER_RUN * writers))
 
     def _wake(self) -> None:
         """Resume every waiter whose records are resolved; start the flush the others need."""
@@ -554,30 +557,31 @@ class Store:
             if track is None:
                 track = tracks[run_id] = Track(base=None, seq=0)
             if track.status == "ok":
+                problem = None
                 if state is None:  # no fold given: fold this Run's records in order
-                    state = self._fold_into(track.base, run_id, batch)
-                if state is None:
-                    track.status, track.problem = "corrupt", f"Run: {track.problem}"
+                    state, problem = self._fold_batch(track.base, run_id, batch)
+                if problem is not None:
+                    track.status, track.problem = "corrupt", f"Run: {problem}"
                 else:
                     track.base = state
             track.seq = seq
             track.dirty = True
         self._writers.update(batch.first_seq)
-        if self._size >= min(self._segment_bytes,
-                             max(_ROTATE_MIN, _ROTATE_PER_RUN * len(self._writers))):
+        if self._rotation_due(self._size, len(self._writers)):
             self._rotate()
 
-    def _fold_into(self, base: RunState | None, run_id: str, batch: _Batch) -> RunState | None:
+    @staticmethod
+    def _fold_batch(base: RunState | None, run_id: str,
+                    batch: _Batch) -> tuple[RunState | None, str | None]:
+        """``base`` with ``run_id``'s records in ``batch`` folded in, or why they do not fold."""
         state = base
         for entry_run, record, _seq, _state in batch.entries:
-            if entry_run != run_id:
-                continue
-            try:
-                state = apply(state, record)
-            except IllegalTransition as exc:
-                self._tracks[run_id].problem = str(exc)
-                return None
-        return state
+            if entry_run == run_id:
+                try:
+                    state = apply(state, record)
+                except IllegalTransition as exc:
+                    return None, str(exc)
+        return state, None
 
     def _abandon(self, offset: int, cause: str) -> None:
         """Never write to this segment again; void its failed region in a fresh one."""

@@ -6,15 +6,10 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.conformance_harness import new_project
-from tests.helpers import Project
+from tests.helpers import Project, reaped
 
 
 @pytest.fixture
 def proj(tmp_path: Path) -> Iterator[Project]:
     """A copy of the conformance fixture project; its hosts are reaped at teardown."""
-    project = new_project(tmp_path, "proj")
-    try:
-        yield project
-    finally:
-        project.track_host()
-        project.reap()
+    yield from reaped(new_project(tmp_path, "proj"))
