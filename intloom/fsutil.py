@@ -123,7 +123,10 @@ def read_private(path: Path, *, max_bytes: int | None = 1 << 20) -> bytes | None
 
 def write_all(fd: int, data: bytes | memoryview) -> None:
     """Write every byte (os.write may write fewer than asked)."""
-    view = memoryview(data)
+    written = os.write(fd, data)
+    if written == len(data):
+        return
+    view = memoryview(data)[written:]
     while view:
         written = os.write(fd, view)
         view = view[written:]

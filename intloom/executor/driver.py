@@ -19,7 +19,7 @@ import msgspec
 from intloom.authoring.context import StepContext
 from intloom.authoring.interaction import confirmation_request, questions_request
 from intloom.authoring.loader import LoadedWorkflow
-from intloom.authoring.workflow import Complete, Step, ToStage
+from intloom.authoring.workflow import Complete, Stage, Step, ToStage
 from intloom.errors import ErrorView, IntloomError, error_view
 from intloom.executor import clock
 from intloom.executor.updates import RunUpdate
@@ -70,6 +70,10 @@ def _is_async(fn: Callable[..., Any]) -> bool:
         return found
     except TypeError:  # unhashable: ask every time
         return inspect.iscoroutinefunction(fn)
+
+
+def _user_failed(where: str, exc: BaseException) -> IntloomError:
+    return IntloomError("STEP_EXECUTION_FAILED", f"{where} raised {type(exc).__name__}: {exc}")
 
 
 def _contained(exc: BaseException) -> BaseException:
@@ -451,7 +455,15 @@ class Driver:
         try:
             while slot.owned:
                 phase = slot.state.phase
-                if phase == "header":
+                if phase == "step_ready":  # the common phases first: this runs per Step
+                    if self.stopping:
+                        await rt.sync(slot)
+                        return
+                    await self._run_step(slot)
+                elif phase == "step_result":
+                    if self._route(slot, self._step(slot), clock.now()):
+                        await rt.sync(slot)
+                elif phase == "header":
                     # Restored from a journal that ends at its header (a torn creation batch):
                     # nothing ran yet; entering the entry Stage is the boundary it stopped at.
                     entry = slot.lw.workflow.entry.name
@@ -459,13 +471,6 @@ class Driver:
                 elif phase == "stage_pending":
                     if not await self._enter_stage(slot):
                         return
-                elif phase == "step_ready":
-                    if self.stopping:
-                        await rt.sync(slot)
-                        return
-                    await self._run_step(slot)
-                elif phase == "step_result":
-                    await self._route(slot)
                 elif phase == "answered" or (phase == "executing" and slot.recovering):
                     if self.stopping:
                         return
@@ -496,9 +501,11 @@ class Driver:
         with contextlib.suppress(IntloomError):
             await rt.sync(slot)
 
-    def _ctx(self, slot: RunSlot, step: str | None) -> StepContext[Any]:
+    def _ctx(self, slot: RunSlot, step: str | None, stage: Stage[Any] | None = None
+             ) -> StepContext[Any]:
         st = slot.state
-        stage = slot.lw.workflow.stages[st.cursor.stage]
+        if stage is None:
+            stage = slot.lw.workflow.stages[st.cursor.stage]
         value: Any = None
         if stage.state_type is not None and st.stage_state is not None:
             value = msgspec.json.decode(st.stage_state, type=stage.state_type)
@@ -529,9 +536,7 @@ class Driver:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            raise IntloomError(
-                "STEP_EXECUTION_FAILED", f"{where} raised {type(exc).__name__}: {exc}"
-            ) from None
+            raise _user_failed(where, exc) from None
 
     async def _enter_stage(self, slot: RunSlot) -> bool:
         rt = self.rt
@@ -569,7 +574,26 @@ class Driver:
         step = self._step(slot)
         rt.append(slot, Executing(at=clock.now(), stage=step.stage.name, step=step.name))
         await rt.sync(slot)
-        ctx = self._ctx(slot, step.name)
+        ctx = self._ctx(slot, step.name, step.stage)
+        fn = step.fn
+        if step.kind != "agent" and _is_async(fn):
+            # The usual Step, inline (no _user/call_user frames): this path runs per Step.
+            try:
+                outcome = await fn(ctx)
+            except IntloomError:
+                raise
+            except asyncio.CancelledError:
+                raise
+            except (SystemExit, KeyboardInterrupt, GeneratorExit) as exc:
+                raise _user_failed(step.where, _contained(exc)) from None
+            except Exception as exc:
+                raise _user_failed(step.where, exc) from None
+            at = self._record_outcome(slot, step, outcome, ctx)
+            # Routing is its own boundary (its own record), but nothing happens between the
+            # two: route here rather than through another turn of _drive.
+            if self._route(slot, step, at):
+                await rt.sync(slot)
+            return
         if step.kind == "agent":
             request = await self._user(slot, step.where, step.fn, ctx)
             call = PendingAgentCall(
@@ -588,18 +612,21 @@ class Driver:
         self._record_outcome(slot, step, outcome, ctx)
 
     def _record_outcome(self, slot: RunSlot, step: Step[Any], outcome: Any,
-                        ctx: StepContext[Any]) -> None:
+                        ctx: StepContext[Any]) -> str:
+        """Append the Step's ``step_result``; returns its time stamp."""
         if not isinstance(outcome, str) or not outcome:
             raise IntloomError(
                 "STEP_RESULT_INVALID",
                 f"{step.where} returned {outcome!r}; return a non-empty outcome string, one of "
                 f"{sorted(step.routes)}.",
             )
+        at = clock.now()
         self.rt.append(
             slot,
-            StepResult(at=clock.now(), stage=step.stage.name, step=step.name, outcome=outcome,
+            StepResult(at=at, stage=step.stage.name, step=step.name, outcome=outcome,
                        state=_encode_state(ctx.state)),
         )
+        return at
 
     async def _run_recover(self, slot: RunSlot) -> None:
         rt = self.rt
@@ -614,17 +641,19 @@ class Driver:
         outcome = await self._user(slot, f"{step.where} recover", step.recover_fn, ctx, recovery)
         self._record_outcome(slot, step, outcome, ctx)
 
-    async def _route(self, slot: RunSlot) -> None:
+    def _route(self, slot: RunSlot, step: Step[Any], at: str) -> bool:
+        """Append where the Step's outcome leads (stamped ``at``); True when that record
+        ends the Run and must be durable now (a new Stage or Step is made durable with its
+        own ``executing``: nothing is observable in between)."""
         rt = self.rt
         st = slot.state
-        step = self._step(slot)
         outcome = st.outcome or ""
         target = step.routes.get(outcome)
         if target is None:
             rt.append(
                 slot,
                 Terminal(
-                    at=clock.now(),
+                    at=at,
                     status="failed",
                     error=error_view(
                         "STEP_OUTCOME_NOT_HANDLED",
@@ -633,13 +662,14 @@ class Driver:
                     ),
                 ),
             )
-            await rt.sync(slot)
-        elif isinstance(target, Complete):
-            rt.append(slot, Terminal(at=clock.now(), status="completed"))
-            await rt.sync(slot)
-        elif isinstance(target, ToStage):
-            rt.append(slot, StagePending(at=clock.now(), stage=target.stage))
+            return True
+        if isinstance(target, Complete):
+            rt.append(slot, Terminal(at=at, status="completed"))
+            return True
+        if isinstance(target, ToStage):
+            rt.append(slot, StagePending(at=at, stage=target.stage))
         else:
             # DESIGN §5: routing to the next Step of the Stage is its own boundary.
-            rt.append(slot, StepReady(at=clock.now(), stage=st.cursor.stage, step=target,
+            rt.append(slot, StepReady(at=at, stage=st.cursor.stage, step=target,
                                       state=st.stage_state))
+        return False

@@ -115,7 +115,11 @@ class Store:
         self._inline_max_sync_s = inline_max_sync_s
         self._writers: set[str] = set()  # Runs with records in the current segment
         # Loop-thread state.
-        self._pending: list[tuple[str, Record, bytes, RunState | None]] = []
+        # Appended, not yet taken into a batch: (run id, record, seq, fold), their frames,
+        # and each Run's first seq among them. Frames are encoded as records are appended.
+        self._pending: list[tuple[str, Record, int, RunState | None]] = []
+        self._pending_frames: list[bytes] = []
+        self._pending_first: dict[str, int] = {}
         self._next_seq: dict[str, int] = {}
         self._appended = 0
         self._taken = 0
@@ -271,31 +275,33 @@ class Store:
             failed = self._failed_runs.get(run_id)
             if failed is not None:
                 raise CheckpointFailed(failed.run_ids, failed.cause)
-        self._pending.append((run_id, record, encode_record(record), state))
+        # The seq is taken now: if an earlier batch of this Run fails before this record is
+        # written, the record is dropped and the Run never writes again in this process.
+        seq = self._next_seq.get(run_id, 1)
+        self._next_seq[run_id] = seq + 1
+        if run_id not in self._pending_first:
+            self._pending_first[run_id] = seq
+        self._pending_frames.append(
+            encode_frame(KIND_RECORD, seq, run_id.encode(), encode_record(record)))
+        self._pending.append((run_id, record, seq, state))
         self._appended += 1
 
     def _take_batch(self) -> _Batch | None:
-        if not self._pending:
+        entries = self._pending
+        if not entries:
             return None
-        entries: list[tuple[str, Record, int, RunState | None]] = []
-        frames: list[bytes] = []
-        first: dict[str, int] = {}
-        next_seq = self._next_seq
+        frames, first = self._pending_frames, self._pending_first
+        end = self._taken + len(entries)  # dropped records are resolved with the batch
+        self._pending, self._pending_frames, self._pending_first = [], [], {}
         dropped = self._failed_runs
-        frame = encode_frame  # this loop runs for every record a host writes
-        for run_id, record, payload, state in self._pending:
-            if dropped and run_id in dropped:
-                continue  # appended before its Run's batch failed: it presumes that batch
-            seq = next_seq.get(run_id, 1)
-            next_seq[run_id] = seq + 1
-            if run_id not in first:
-                first[run_id] = seq
-            frames.append(frame(KIND_RECORD, seq, run_id.encode(), payload))
-            entries.append((run_id, record, seq, state))
-        end = self._taken + len(self._pending)  # dropped records are resolved with the batch
-        self._pending = []
+        if dropped and not dropped.keys().isdisjoint(first):
+            # Appended before their Run's batch failed: they presume that batch.
+            kept = [i for i, entry in enumerate(entries) if entry[0] not in dropped]
+            frames = [frames[i] for i in kept]
+            entries = [entries[i] for i in kept]
+            first = {run_id: seq for run_id, seq in first.items() if run_id not in dropped}
         batch = _Batch(entries, b"".join(frames), self._taken, end, first)
-        self._taken = batch.end
+        self._taken = end
         return batch
 
     def _finish_batch(self, batch: _Batch, cause: str | None) -> None:
@@ -372,12 +378,10 @@ class Store:
 
     def _solo(self) -> bool:
         """True when no other Run could join the next flush: flush without a hand-off."""
-        pending = self._pending
-        if not pending or self._last_sync_s >= self._inline_max_sync_s:
+        first = self._pending_first
+        if len(first) != 1 or self._last_sync_s >= self._inline_max_sync_s:
             return False
-        run_id = pending[0][0]
-        return (self._solo_count >= _SOLO_BATCHES and run_id == self._solo_run
-                and all(entry[0] == run_id for entry in pending))
+        return self._solo_count >= _SOLO_BATCHES and next(iter(first)) == self._solo_run
 
     def _flush_next(self) -> None:
         """Flush everything pending as one batch (loop thread).
