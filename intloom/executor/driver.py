@@ -53,7 +53,8 @@ _MILESTONES = frozenset({
     "failed", "suspended", "dismissed",
 })
 
-_HISTORY = 2000
+# A Run's history: the last publishes (each one flush's events; a Step is one flush).
+_HISTORY = 1000
 _DETAILED: frozenset[type] = frozenset({StepResult, EffectStarted, EffectDone, Answered})
 # Whether a user function is a coroutine function, asked once per function, not per call.
 # Plain references: user functions live as long as their loaded Workflow (the host's life),
@@ -117,9 +118,11 @@ class RunSlot:
         self.waiter: asyncio.Future[Any] | None = None
         self.task: asyncio.Task[None] | None = None
         self.agent = AgentClaim()
-        # (event, detail, shown state, view): the view only when it is not the plain view
-        # of that state (an override or a suspension); otherwise built when a follower asks.
-        self.history: deque[tuple[str, Any, RunState, RunView | None]] = deque(maxlen=_HISTORY)
+        # ([(event, detail), ...], shown state, view), one entry per publish: the view only
+        # when it is not the plain view of that state (an override or a suspension);
+        # otherwise built when a follower asks.
+        self.history: deque[tuple[list[tuple[str, Any]], RunState, RunView | None]] = deque(
+            maxlen=_HISTORY)
         self._events: list[tuple[str, Any]] = []
         self._events_published = 0
         # Woken only when a publish leaves the Run waiting or ended: a client waiting for
@@ -195,20 +198,22 @@ class RunSlot:
         # Views are built only for whoever reads one now (a follower, the log, a waiter):
         # a busy Run nobody follows publishes once per Step.
         shown, subscribers, observer = self.shown, self._subscribers, self.observer
-        view = self.view() if subscribers or self._overridden() else None
-        kept = view if self._overridden() and shown.phase != "terminal" else None
-        history = self.history
-        for name, info in events:
-            history.append((name, info, shown, kept))
-            if subscribers:
-                assert view is not None
-                update = RunUpdate(event=name, run=view, detail=info)
-                for queue in subscribers:
-                    queue.put_nowait(update)
-            if observer is not None and name in _MILESTONES:
-                if view is None:
-                    view = self.view()
-                observer(name, self.run_id, info, view.status)
+        overridden = self.override is not None or self.suspended  # as _overridden()
+        view = self.view() if subscribers or overridden else None
+        kept = view if overridden and shown.phase != "terminal" else None
+        if events:
+            self.history.append((events, shown, kept))
+            if subscribers or observer is not None:
+                for name, info in events:
+                    if subscribers:
+                        assert view is not None
+                        update = RunUpdate(event=name, run=view, detail=info)
+                        for queue in subscribers:
+                            queue.put_nowait(update)
+                    if observer is not None and name in _MILESTONES:
+                        if view is None:
+                            view = self.view()
+                        observer(name, self.run_id, info, view.status)
         if not self._stable_waiters:
             return
         # Without an override the view's status is the shown state's: no view to build.
@@ -253,8 +258,10 @@ class RunSlot:
         self._subscribers.add(queue)
         try:
             history = [
-                RunUpdate(event=name, run=view or _plain_view(state), detail=info, history=True)
-                for name, info, state, view in self.history
+                RunUpdate(event=name, run=shown, detail=info, history=True)
+                for events, state, view in self.history
+                for shown in (view or _plain_view(state),)
+                for name, info in events
             ]
             if history:
                 yield history
