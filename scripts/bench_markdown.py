@@ -398,17 +398,22 @@ What is left, from profiles taken while building this harness (`py-spy`, `cProfi
   would leave ~85 µs for everything, and ~2.5-3× fewer µs than the faster peer, not 5×.
   That is the price of the guarantee, not of a known inefficiency; an async Step meets both
   targets.
-- A lone async Run is bound by the fdatasync. The Python around it is ~22 µs per Step with
-  fdatasync made a no-op, and ~50 µs interleaved with real ones (each Step then starts
-  with cold caches after the thread slept in the kernel; the floor's two-line loop hardly
-  notices). The peer ratio is wall time against LangGraph's ~1,000-1,200 µs per Step, so
-  ≥ 5× needs a Step within ~30-60 µs of a 150-250 µs fdatasync: it is met or missed by the
-  machine's noise (4.1-5.0× in the runs made on this tree).
-- Faster solo Steps move the 64-Run ratio the other way (its baseline is one Run). With 64
-  Runs the loop spends ~22-25 µs of CPU per Step on a quiet machine (three records folded,
-  encoded and framed, a task wake-up, the Step's context, one publish) and is busy ~95 % of
-  the time: ~7-8× one Run, lower when the VM's CPU is slower while its disk is not (the
-  CPU calibration above tells such runs apart). Further gains need fewer coroutine layers
+- A lone async Run is bound by the fdatasync. The Python around it is ~18-22 µs per Step
+  with fdatasync made a no-op, and 1.6-1.9× that interleaved with real ones (measured on a
+  fixed piece of Python work: each Step starts with cold caches after the thread slept in
+  the kernel; the floor's two-line loop hardly notices). The peer ratio is wall time
+  against LangGraph's ~1,000-1,200 µs per Step, so ≥ 5× needs a Step within ~30-60 µs of a
+  150-250 µs fdatasync: it is met or missed by the machine's noise (4.1-5.0× in the runs
+  made on this tree).
+- Faster solo Steps move the 64-Run ratio the other way (its baseline is one Run): the
+  cuts above made one Run ~15 % faster (3,948 → 4,657 Steps/s between the last two runs
+  of `bench all`) while 64 Runs, bound by the loop's CPU, stayed at ~30,000 Steps/s, so
+  the ratio fell from 7.6× to 6.5×. With 64 Runs the loop spends ~20-25 µs of CPU per
+  Step on a quiet machine (three records folded, encoded and framed, a task wake-up with
+  asyncio's Python-level `call_soon` and `Handle`, the Step's context, one publish) and is
+  busy ~90 % of the time, the rest blocked in the batch's fdatasync; 8× one Run would need
+  ~37,000 Steps/s, i.e. ~25 % less CPU per Step. Group commit itself is doing its part
+  (`steps_per_flush` ≈ 50-60 of 64). Further gains need fewer coroutine layers
   between a flush and the Step it releases, or cheaper records. (Dropping the `step_ready`
   between two Steps of a Stage, the next Step's `executing` naming it, saved ~15 % of that
   CPU and was measured at 8.5-9×, but DESIGN §5 and the TypeScript IntLoom write that
