@@ -135,8 +135,9 @@ class RunSlot:
     def new(cls, header: Header, lw: LoadedWorkflow, observer: RunObserver | None) -> RunSlot:
         return cls(apply(None, header), lw, observer)
 
-    def apply(self, record: Record) -> None:
-        state = self.state = apply(self.state, record)
+    def apply(self, record: Record, state: RunState) -> None:
+        """Keep ``record``, whose fold onto the current state is ``state``."""
+        self.state = state
         detail: Any = None
         if type(record) in _DETAILED:  # most records carry no detail: one lookup for them
             if isinstance(record, StepResult):
@@ -300,9 +301,14 @@ def _encode_state(value: Any) -> bytes | None:
 def _plain(value: Any) -> Any:
     """A JSON/msgpack-safe copy of an effect's result, for the journal (evidence only)."""
     try:
-        return msgspec.to_builtins(value)
-    except (TypeError, msgspec.EncodeError):
+        plain = msgspec.to_builtins(value)
+        _msgpack_check(plain)  # to_builtins lets through what msgpack refuses (2**70)
+        return plain
+    except (OverflowError, TypeError, msgspec.EncodeError):
         return {"repr": repr(value)[:1000]}
+
+
+_msgpack_check = msgspec.msgpack.Encoder().encode
 
 
 class _Hooks:

@@ -29,7 +29,7 @@ from intloom.executor import clock
 from intloom.executor.driver import Driver, RunObserver, RunSlot
 from intloom.executor.updates import RunUpdate
 from intloom.protocol.messages import RestoreSummary
-from intloom.runtime.machine import RunState, interrupted_message, restart_verdict
+from intloom.runtime.machine import RunState, apply, interrupted_message, restart_verdict
 from intloom.runtime.model import PendingAgentCall, RunView
 from intloom.runtime.ports import CheckpointFailed, JournalPort
 from intloom.runtime.records import (
@@ -125,6 +125,23 @@ def strict_refusal(attention: list[tuple[str, str]]) -> IntloomError:
         "Run intloom doctor; files were kept as they are.",
     )
 
+
+
+_msgpack = msgspec.msgpack.Encoder()
+
+
+def _journalable(value: Any, what: str) -> Any:
+    """``value`` if the journal can hold it (msgpack: integers within 64 bits, plain types);
+    INVALID_REQUEST naming it otherwise, before anything is recorded."""
+    try:
+        _msgpack.encode(value)
+    except (OverflowError, TypeError, msgspec.EncodeError) as exc:
+        raise IntloomError(
+            "INVALID_REQUEST",
+            f"{what} cannot be kept in the Run's journal ({exc}); nothing was recorded. Send "
+            "JSON values whose integers fit in 64 bits.",
+        ) from None
+    return value
 
 class Runtime:
     """Facade used by the host. Every method raises ``IntloomError`` with a catalogue code."""
@@ -224,12 +241,22 @@ class Runtime:
                 f"Run {slot.run_id} no longer belongs to this execution (it was stopped, "
                 "cancelled or failed); its remaining work was discarded.",
             )
-        slot.apply(record)
+        # Folded, then journaled, then kept: a record the machine refuses or the journal
+        # cannot encode leaves the Run exactly as it was.
+        state = apply(slot.state, record)
         try:
-            self.journal.append(slot.run_id, record, slot.state)
+            self.journal.append(slot.run_id, record, state)
         except CheckpointFailed as exc:  # an earlier batch of this Run failed: it cannot write
             self.fail_checkpoint(slot, exc.cause)
             raise IntloomError("RUN_CHECKPOINT_FAILED") from None
+        except (OverflowError, TypeError, msgspec.EncodeError) as exc:
+            raise IntloomError(
+                "RUN_STATE_INVALID",
+                f"Run {slot.run_id}: its {type(record).__name__} record cannot be written to "
+                f"the journal ({type(exc).__name__}: {exc}); nothing was recorded. Values "
+                "kept in the journal must be msgpack-encodable (integers within 64 bits).",
+            ) from None
+        slot.apply(record, state)
 
     async def sync(self, slot: RunSlot) -> None:
         """Make everything appended durable; a failed batch fails exactly its Runs."""
@@ -353,7 +380,8 @@ class Runtime:
         typed = validate_answer(action.kind, action.request, answer)
         # From here to the append nothing awaits: the first valid answer wins.
         now = clock.now()
-        self.append(slot, Answered(at=now, action_id=action_id, answer=msgspec.to_builtins(typed)))
+        plain = _journalable(msgspec.to_builtins(typed), "The answer")
+        self.append(slot, Answered(at=now, action_id=action_id, answer=plain))
         if slot.restored_wait:
             slot.restored_wait = False
             await self.sync(slot)  # `answered` is durable before recover sees the answer
@@ -493,6 +521,7 @@ class Runtime:
                 f"Outcome {outcome!r} is not routed by Step {step.where}; routed: "
                 f"{sorted(step.routes)}.",
             )
+        _journalable(output, "The Agent task's output")  # checked before anything is appended
         now = clock.now()
         self.append(slot, Executing(at=now, stage=cursor.stage, step=cursor.step, kind="agent"))
         self.append(

@@ -275,14 +275,15 @@ class Store:
             failed = self._failed_runs.get(run_id)
             if failed is not None:
                 raise CheckpointFailed(failed.run_ids, failed.cause)
+        # Encoded first: a record that cannot be encoded raises and changes nothing.
+        payload = encode_record(record)
         # The seq is taken now: if an earlier batch of this Run fails before this record is
         # written, the record is dropped and the Run never writes again in this process.
         seq = self._next_seq.get(run_id, 1)
         self._next_seq[run_id] = seq + 1
         if run_id not in self._pending_first:
             self._pending_first[run_id] = seq
-        self._pending_frames.append(
-            encode_frame(KIND_RECORD, seq, run_id.encode(), encode_record(record)))
+        self._pending_frames.append(encode_frame(KIND_RECORD, seq, run_id.encode(), payload))
         self._pending.append((run_id, record, seq, state))
         self._appended += 1
 

@@ -271,3 +271,35 @@ def test_a_flush_that_would_wait_for_a_running_compaction_leaves_the_loop(
 
     asyncio.run(main())
     assert [j.state.seq for j in read_runs(tmp_path / "runtime") if j.state] == [60]
+
+
+def test_a_record_that_cannot_be_encoded_changes_nothing(tmp_path: Path) -> None:
+    """msgpack refuses integers beyond 64 bits: the append raises, and neither that Run's
+    seqs nor the next batch's Runs remember it (no gap, no Run blamed for a later failure)."""
+    root = tmp_path / "runtime"
+    a = [header("RUN-A"), StagePending(at="t", stage="draft"),
+         StepReady(at="t", stage="draft", step="s1", state=b"{}"),
+         Executing(at="t", stage="draft", step="s1"), EffectStarted(at="t", name="a", key="a#1")]
+    b = walk("RUN-B", 2, 2)
+
+    async def main() -> None:
+        store = open_store(root, faults=FaultPlan(fail_sync=frozenset({2})))
+        for record in a:
+            store.append("RUN-A", record)
+        store.append("RUN-B", b[0])
+        await store.sync()
+        with pytest.raises(OverflowError):
+            store.append("RUN-A", EffectDone(at="t", name="a", key="a#1", result=2**70))
+        store.append("RUN-B", b[1])
+        with pytest.raises(CheckpointFailed) as info:  # flush 2 fails: only RUN-B was in it
+            await store.sync("RUN-B")
+        assert info.value.run_ids == frozenset({"RUN-B"})
+        store.append("RUN-A", EffectDone(at="t", name="a", key="a#1", result="fits"))
+        await store.sync("RUN-A")
+        await store.close()
+
+    asyncio.run(main())
+    runs = by_id(verify(root))
+    assert runs["RUN-A"].status == "ok"
+    assert runs["RUN-A"].state is not None and runs["RUN-A"].state.seq == len(a) + 1
+    assert runs["RUN-A"].state.phase == "effect_done"
