@@ -439,6 +439,11 @@ class Driver:
                 return await fn(*args)
             except (SystemExit, KeyboardInterrupt, GeneratorExit) as exc:
                 raise _contained(exc) from None
+        return await self._call_sync(fn, *args)
+
+    async def _call_sync(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn`` (not a coroutine function) on a worker thread; its result, awaited if it is
+        awaitable."""
         loop = self.loop
         if loop is None or not loop.is_running():
             loop = asyncio.get_running_loop()
@@ -457,7 +462,7 @@ class Driver:
 
         self.workers.submit(body)
         result = await future
-        if inspect.isawaitable(result):
+        if type(result) is not str and inspect.isawaitable(result):  # an outcome is a str
             result = await result
         return result
 
@@ -588,25 +593,6 @@ class Driver:
         rt.append(slot, Executing(at=clock.now(), stage=step.stage.name, step=step.name))
         await rt.sync(slot)
         ctx = self._ctx(slot, step.name, step.stage)
-        fn = step.fn
-        if step.kind != "agent" and _is_async(fn):
-            # The usual Step, inline (no _user/call_user frames): this path runs per Step.
-            try:
-                outcome = await fn(ctx)
-            except IntloomError:
-                raise
-            except asyncio.CancelledError:
-                raise
-            except (SystemExit, KeyboardInterrupt, GeneratorExit) as exc:
-                raise _user_failed(step.where, _contained(exc)) from None
-            except Exception as exc:
-                raise _user_failed(step.where, exc) from None
-            at = self._record_outcome(slot, step, outcome, ctx)
-            # Routing is its own boundary (its own record), but nothing happens between the
-            # two: route here rather than through another turn of _drive.
-            if self._route(slot, step, at):
-                await rt.sync(slot)
-            return
         if step.kind == "agent":
             request = await self._user(slot, step.where, step.fn, ctx)
             call = PendingAgentCall(
@@ -621,8 +607,24 @@ class Driver:
                                     state=_encode_state(ctx.state)))
             await rt.sync(slot)
             return
-        outcome = await self._user(slot, step.where, step.fn, ctx)
-        self._record_outcome(slot, step, outcome, ctx)
+        # This runs per Step: no _user or call_user frame; errors are converted as _user
+        # converts them.
+        fn = step.fn
+        try:
+            outcome = await (fn(ctx) if _is_async(fn) else self._call_sync(fn, ctx))
+        except IntloomError:
+            raise
+        except asyncio.CancelledError:
+            raise
+        except (SystemExit, KeyboardInterrupt, GeneratorExit) as exc:
+            raise _user_failed(step.where, _contained(exc)) from None
+        except Exception as exc:
+            raise _user_failed(step.where, exc) from None
+        at = self._record_outcome(slot, step, outcome, ctx)
+        # Routing is its own boundary (its own record), but nothing happens between the two:
+        # route here rather than through another turn of _drive.
+        if self._route(slot, step, at):
+            await rt.sync(slot)
 
     def _record_outcome(self, slot: RunSlot, step: Step[Any], outcome: Any,
                         ctx: StepContext[Any]) -> str:
