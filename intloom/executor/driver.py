@@ -118,10 +118,11 @@ class RunSlot:
         self.waiter: asyncio.Future[Any] | None = None
         self.task: asyncio.Task[None] | None = None
         self.agent = AgentClaim()
-        # ([(event, detail), ...], shown state, view), one entry per publish: the view only
+        # ([(event, detail), ...], shown state, view), one entry per publish (a detail as
+        # _detail reads it): the view only
         # when it is not the plain view of that state (an override or a suspension);
         # otherwise built when a follower asks.
-        self.history: deque[tuple[list[tuple[str, Any]], RunState, RunView | None]] = deque(
+        self.history: deque[tuple[tuple[tuple[str, Any], ...], RunState, RunView | None]] = deque(
             maxlen=_HISTORY)
         self._events: list[tuple[str, Any]] = []
         self._events_published = 0
@@ -138,15 +139,10 @@ class RunSlot:
     def apply(self, record: Record, state: RunState) -> None:
         """Keep ``record``, whose fold onto the current state is ``state``."""
         self.state = state
-        detail: Any = None
-        if type(record) in _DETAILED:  # most records carry no detail: one lookup for them
-            if isinstance(record, StepResult):
-                detail = {"outcome": record.outcome}
-            elif isinstance(record, (EffectStarted, EffectDone)):
-                detail = {"name": record.name, "key": record.key}
-            elif isinstance(record, Answered):
-                detail = {"actionId": record.action_id}
-        self._events.append((state.phase, detail))
+        # The record itself stands for its detail until someone reads it (_detail): a tuple
+        # of a str and gc=False structs is untracked by the cyclic collector at its first
+        # pass, where one holding a dict would stay tracked in the history for a while.
+        self._events.append((state.phase, record if type(record) in _DETAILED else None))
 
     def view(self) -> RunView:
         st = self.shown
@@ -203,18 +199,21 @@ class RunSlot:
         view = self.view() if subscribers or overridden else None
         kept = view if overridden and shown.phase != "terminal" else None
         if events:
-            self.history.append((events, shown, kept))
+            # A tuple, not the list: an entry of str, None and gc=False structs is untracked
+            # by the cyclic collector after its first pass, so a long history costs full
+            # collections nothing (a list would stay tracked, two objects per flush).
+            self.history.append((tuple(events), shown, kept))
             if subscribers or observer is not None:
                 for name, info in events:
                     if subscribers:
                         assert view is not None
-                        update = RunUpdate(event=name, run=view, detail=info)
+                        update = RunUpdate(event=name, run=view, detail=_detail(info))
                         for queue in subscribers:
                             queue.put_nowait(update)
                     if observer is not None and name in _MILESTONES:
                         if view is None:
                             view = self.view()
-                        observer(name, self.run_id, info, view.status)
+                        observer(name, self.run_id, _detail(info), view.status)
         if not self._stable_waiters:
             return
         # Without an override the view's status is the shown state's: no view to build.
@@ -259,7 +258,7 @@ class RunSlot:
         self._subscribers.add(queue)
         try:
             history = [
-                RunUpdate(event=name, run=shown, detail=info, history=True)
+                RunUpdate(event=name, run=shown, detail=_detail(info), history=True)
                 for events, state, view in self.history
                 for shown in (view or _plain_view(state),)
                 for name, info in events
@@ -279,6 +278,17 @@ class RunSlot:
                 yield batch
         finally:
             self._subscribers.discard(queue)
+
+
+def _detail(info: Any) -> Any:
+    """An event's detail: given as is, or read off the record that carries it."""
+    if isinstance(info, StepResult):
+        return {"outcome": info.outcome}
+    if isinstance(info, (EffectStarted, EffectDone)):
+        return {"name": info.name, "key": info.key}
+    if isinstance(info, Answered):
+        return {"actionId": info.action_id}
+    return info
 
 
 def _plain_view(state: RunState) -> RunView:

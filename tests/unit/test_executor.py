@@ -458,3 +458,36 @@ def test_a_step_calling_sys_exit_fails_its_run_not_the_host(step_kind: str) -> N
         assert "SystemExit" in view.last_error.message
 
     run(main)
+
+
+def test_a_long_history_is_out_of_the_cyclic_collectors_way() -> None:
+    """A busy Run's history holds ~1,000 entries; once the collector has passed over them none
+    is tracked, so full collections do not walk them (they walked ~200k tuples with 64 Runs
+    while an event's detail was a dict)."""
+    import gc
+
+    wf = intloom.Workflow("loop", version="1")
+    st = wf.stage("s", state=Count)
+
+    @st.step("tick", routes={"again": "tick", "done": intloom.COMPLETE})
+    async def tick(ctx: intloom.StepContext[Count]) -> str:
+        ctx.state = Count(n=ctx.state.n + 1)
+        await ctx.aeffect("note", lambda: ctx.state.n)
+        return "again" if ctx.state.n < 50 else "done"
+
+    async def main() -> None:
+        rt = Runtime(loaded(wf), MemoryJournal(), package_version="0.1.0")
+        rt.restore([])
+        view = await rt.wait_stable((await rt.create_run("loop", "go")).run_id)
+        assert view.status == "completed"
+        history = rt.runs[view.run_id].history
+        assert len(history) > 100
+        for _ in range(3):  # a tuple is untracked at a pass after its items were (3 levels)
+            gc.collect()
+        tracked = [entry for entry in history if gc.is_tracked(entry)]
+        assert tracked == []
+        updates = [u for batch in [b async for b in rt.subscribe(view.run_id)] for u in batch]
+        details = [u.detail for u in updates if u.event in ("step_result", "effect_done")]
+        assert details[:2] == [{"name": "note", "key": "note#1"}, {"outcome": "again"}]
+
+    run(main)
