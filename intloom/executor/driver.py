@@ -544,7 +544,8 @@ class Driver:
             step=step,
             state=value,
             state_type=stage.state_type,
-            hooks=self._hooks(slot),
+            hooks=slot.hooks if slot.hooks is not None and slot.hooks.loop is self.loop
+            else self._hooks(slot),
         )
 
     def _hooks(self, slot: RunSlot) -> _Hooks:
@@ -599,7 +600,8 @@ class Driver:
 
     async def _run_step(self, slot: RunSlot) -> None:
         rt = self.rt
-        step = self._step(slot)
+        cursor = slot.state.cursor  # as _step(): this runs per Step
+        step = slot.lw.workflow.stages[cursor.stage].steps[cursor.step or ""]
         rt.append(slot, Executing(at=clock.now(), stage=step.stage.name, step=step.name))
         await rt.sync(slot)
         ctx = self._ctx(slot, step.name, step.stage)

@@ -99,10 +99,25 @@ def encode_segment_header(header: SegmentHeader) -> bytes:
     return _SEG_PREFIX.pack(SEGMENT_MAGIC, header.format, len(body), zlib.crc32(body)) + body
 
 
+# crc32 of a body length's 4 bytes, by length: the crc starts with them, and a host writes
+# the same few record sizes over and over (a pack and a crc call fewer per record).
+_LEN_CRC: dict[int, int] = {}
+
+
+def _len_crc(size: int) -> int:
+    crc = zlib.crc32(_LEN.pack(size))
+    if len(_LEN_CRC) < 4096:
+        _LEN_CRC[size] = crc
+    return crc
+
+
 def encode_frame(kind: int, seq: int, run_id: bytes, payload: bytes) -> bytes:
     body = _BODY_HEAD.pack(kind, seq, len(run_id)) + run_id + payload
     size = len(body)
-    return _FRAME_HEAD.pack(FRAME_MAGIC, size, zlib.crc32(body, zlib.crc32(_LEN.pack(size)))) + body
+    start = _LEN_CRC.get(size)
+    if start is None:
+        start = _len_crc(size)
+    return _FRAME_HEAD.pack(FRAME_MAGIC, size, zlib.crc32(body, start)) + body
 
 
 @dataclass(frozen=True, slots=True)

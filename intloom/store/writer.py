@@ -367,7 +367,8 @@ class Store:
             waiter: asyncio.Future[None] = self._running_loop().create_future()
             self._waiters.append((high, waiter))
             await waiter
-        self._check(low, high, run_id)
+        if self._failures or self._failed_runs:  # nothing has ever failed: nothing to check
+            self._check(low, high, run_id)
 
     def _running_loop(self) -> asyncio.AbstractEventLoop:
         """The loop the store is used from. ``asyncio.get_running_loop`` makes a getpid()
