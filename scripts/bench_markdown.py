@@ -379,13 +379,17 @@ Changes (each measured before and after with the sub-command named):
 - Smaller ones: a table of fold functions instead of a chain of `isinstance` tests, frames
   built with one `struct.pack`, the fault plan consulted only when armed, a Step's error
   location built once.
-- **Fewer frames per Step** (every Step figure): an async Step is awaited directly by the
-  driver, which then appends its routing record itself (no `_user`, `call_user` or `_route`
-  coroutines, no extra turn of the drive loop); the store frames a record and takes its
-  seq when it is appended, so a batch is one `join`; a Run's history keeps one entry per
-  flush, not per record. Counted with `valgrind --tool=callgrind` (deterministic, unlike
-  time on this VM), fdatasync a no-op, the clock fixed: 152k → 134k instructions per Step
-  for one Run, 139k → 125k with 64 Runs.
+- **Fewer frames per Step** (every Step figure): a Step, async or sync, is awaited directly
+  by the driver, which then appends its routing record itself (no `_user` or `_route`
+  coroutines, no extra turn of the drive loop; an async Step has no `call_user` frame
+  either, and a sync Step's outcome string skips `inspect.isawaitable`, an ABC check); the
+  store frames a record and takes its seq when it is appended, so a batch is one `join`,
+  and the crc of a body length's four bytes is cached; a Run's history keeps one entry per
+  flush, holding the record instead of a detail dict, so the cyclic collector untracks it
+  after one pass (64 Runs × 1,000 Steps had left ~193k tracked tuples for every full
+  collection to walk; now ~2k). Counted with `valgrind --tool=callgrind` (deterministic,
+  unlike time on this VM), fdatasync a no-op, the clock fixed, instructions per Step:
+  one async Run 152k → 126k, 64 async Runs 139k → 117k, 64 sync Runs 172k → 147k.
 
 What is left, from profiles taken while building this harness (`py-spy`, `cProfile`,
 `strace -c`, `-X importtime`; figures are from those sessions, not this run):
@@ -398,26 +402,25 @@ What is left, from profiles taken while building this harness (`py-spy`, `cProfi
   would leave ~85 µs for everything, and ~2.5-3× fewer µs than the faster peer, not 5×.
   That is the price of the guarantee, not of a known inefficiency; an async Step meets both
   targets.
-- A lone async Run is bound by the fdatasync. The Python around it is ~18-22 µs per Step
+- A lone async Run is bound by the fdatasync. The Python around it is ~15-20 µs per Step
   with fdatasync made a no-op, and 1.6-1.9× that interleaved with real ones (measured on a
   fixed piece of Python work: each Step starts with cold caches after the thread slept in
   the kernel; the floor's two-line loop hardly notices). The peer ratio is wall time
-  against LangGraph's ~1,000-1,200 µs per Step, so ≥ 5× needs a Step within ~30-60 µs of a
-  150-250 µs fdatasync: it is met or missed by the machine's noise (4.1-5.0× in the runs
-  made on this tree).
-- Faster solo Steps move the 64-Run ratio the other way (its baseline is one Run): the
-  cuts above made one Run ~15 % faster (3,948 → 4,657 Steps/s between the last two runs
-  of `bench all`) while 64 Runs, bound by the loop's CPU, stayed at ~30,000 Steps/s, so
-  the ratio fell from 7.6× to 6.5×. With 64 Runs the loop spends ~20-25 µs of CPU per
-  Step on a quiet machine (three records folded, encoded and framed, a task wake-up with
-  asyncio's Python-level `call_soon` and `Handle`, the Step's context, one publish) and is
-  busy ~90 % of the time, the rest blocked in the batch's fdatasync; 8× one Run would need
-  ~37,000 Steps/s, i.e. ~25 % less CPU per Step. Group commit itself is doing its part
-  (`steps_per_flush` ≈ 50-60 of 64). Further gains need fewer coroutine layers
-  between a flush and the Step it releases, or cheaper records. (Dropping the `step_ready`
-  between two Steps of a Stage, the next Step's `executing` naming it, saved ~15 % of that
+  against LangGraph's ~950-1,250 µs per Step, so ≥ 5× needs a Step within ~30-60 µs of a
+  130-250 µs fdatasync: it is met or missed by the machine's noise (4.2-5.5× in the runs
+  made this session).
+- Faster solo Steps move the 64-Run ratio the other way (its baseline is one Run, bound by
+  the fdatasync): only cuts in the loop's CPU per Step raise it. With 64 Runs the loop
+  spends ~20-25 µs of CPU per Step (three records folded, encoded and framed, a task
+  wake-up through asyncio's Python-level `call_soon` and `Handle`, the Step's context,
+  one publish) and is busy ~90 % of the time, the rest blocked in the batch's fdatasync;
+  the ratio was 6.5-7.8× in this session's runs. Group commit is doing its part
+  (`steps_per_flush` ≈ 50-60 of 64). What is left is spread thin: ~100 Python calls per
+  Step, a third of the instructions in the bytecode loop, framing ~15 % (crc32, struct
+  packing, bytes concatenation), `msgspec.structs.replace` ~4 %. Dropping the `step_ready`
+  between two Steps of a Stage (the next Step's `executing` naming it) saved ~15 % of the
   CPU and was measured at 8.5-9×, but DESIGN §5 and the TypeScript IntLoom write that
-  boundary, so the journal keeps it.)
+  boundary, so the journal keeps it.
 - The floor itself could be lower: on this ext4 volume an append changes the file's size,
   so every fdatasync also commits the filesystem journal. Overwriting a preallocated file
   (`posix_fallocate`, or zeros written once) cost 115-150 µs per write+fdatasync where an
