@@ -599,44 +599,50 @@ class Driver:
         return slot.lw.workflow.stages[cursor.stage].steps[cursor.step or ""]
 
     async def _run_step(self, slot: RunSlot) -> None:
+        """Run the Step at the cursor, and the Steps it routes to within its Stage, while
+        nothing else is due (a stop, a lost Run, a new Stage, a wait or the end go back to
+        _drive). This runs per Step: no _user or call_user frame, no turn of _drive."""
         rt = self.rt
-        cursor = slot.state.cursor  # as _step(): this runs per Step
-        step = slot.lw.workflow.stages[cursor.stage].steps[cursor.step or ""]
-        rt.append(slot, Executing(at=clock.now(), stage=step.stage.name, step=step.name))
-        await rt.sync(slot)
-        ctx = self._ctx(slot, step.name, step.stage)
-        if step.kind == "agent":
-            request = await self._user(slot, step.where, step.fn, ctx)
-            call = PendingAgentCall(
-                id=clock.call_id(),
-                agent_id=getattr(step, "agent", "default"),
-                phase="available",
-                request=_plain(request),
-                tools=sorted(getattr(step, "tools", {})),
-                created_at=clock.now(),
-            )
-            rt.append(slot, Waiting(at=call.created_at, agent_call=call,
-                                    state=_encode_state(ctx.state)))
+        stages = slot.lw.workflow.stages
+        while True:
+            cursor = slot.state.cursor
+            step = stages[cursor.stage].steps[cursor.step or ""]
+            rt.append(slot, Executing(at=clock.now(), stage=step.stage.name, step=step.name))
             await rt.sync(slot)
-            return
-        # This runs per Step: no _user or call_user frame; errors are converted as _user
-        # converts them.
-        fn = step.fn
-        try:
-            outcome = await (fn(ctx) if _is_async(fn) else self._call_sync(fn, ctx))
-        except IntloomError:
-            raise
-        except asyncio.CancelledError:
-            raise
-        except (SystemExit, KeyboardInterrupt, GeneratorExit) as exc:
-            raise _user_failed(step.where, _contained(exc)) from None
-        except Exception as exc:
-            raise _user_failed(step.where, exc) from None
-        at = self._record_outcome(slot, step, outcome, ctx)
-        # Routing is its own boundary (its own record), but nothing happens between the two:
-        # route here rather than through another turn of _drive.
-        if self._route(slot, step, at):
-            await rt.sync(slot)
+            ctx = self._ctx(slot, step.name, step.stage)
+            if step.kind == "agent":
+                request = await self._user(slot, step.where, step.fn, ctx)
+                call = PendingAgentCall(
+                    id=clock.call_id(),
+                    agent_id=getattr(step, "agent", "default"),
+                    phase="available",
+                    request=_plain(request),
+                    tools=sorted(getattr(step, "tools", {})),
+                    created_at=clock.now(),
+                )
+                rt.append(slot, Waiting(at=call.created_at, agent_call=call,
+                                        state=_encode_state(ctx.state)))
+                await rt.sync(slot)
+                return
+            fn = step.fn
+            try:  # errors converted as _user converts them
+                outcome = await (fn(ctx) if _is_async(fn) else self._call_sync(fn, ctx))
+            except IntloomError:
+                raise
+            except asyncio.CancelledError:
+                raise
+            except (SystemExit, KeyboardInterrupt, GeneratorExit) as exc:
+                raise _user_failed(step.where, _contained(exc)) from None
+            except Exception as exc:
+                raise _user_failed(step.where, exc) from None
+            at = self._record_outcome(slot, step, outcome, ctx)
+            # Routing is its own boundary (its own record), but nothing happens between the
+            # two: route here rather than through another turn of _drive.
+            if self._route(slot, step, at):
+                await rt.sync(slot)
+                return
+            if self.stopping or not slot.owned or slot.state.phase != "step_ready":
+                return
 
     def _record_outcome(self, slot: RunSlot, step: Step[Any], outcome: Any,
                         ctx: StepContext[Any]) -> str:
