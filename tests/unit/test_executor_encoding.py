@@ -14,10 +14,17 @@ from intloom.authoring.loader import LoadedWorkflow
 from intloom.errors import IntloomError
 from intloom.executor.runtime import Runtime
 from intloom.runtime.records import EffectDone
-from intloom.store import read_history, verify
+from intloom.store import Store, read_history, verify
 from tests.unit.test_store_support import open_store
 
 HUGE = 2**70
+
+
+def _runtime(store: Store, wf: intloom.Workflow) -> Runtime:
+    rt = Runtime({wf.name: LoadedWorkflow(wf, f"{wf.name}.py", f"id-{wf.name}", wf.schemas())},
+                 store, package_version="0.1.0")
+    rt.restore([])
+    return rt
 
 
 def _workflow() -> intloom.Workflow:
@@ -45,9 +52,7 @@ def test_unencodable_values_are_kept_as_repr_or_refused_and_nothing_is_lost(
 
     async def main() -> str:
         store = open_store(root)
-        rt = Runtime({wf.name: LoadedWorkflow(wf, "huge.py", "id-huge", wf.schemas())}, store,
-                     package_version="0.1.0")
-        rt.restore([])
+        rt = _runtime(store, wf)
         view = await rt.wait_stable((await rt.create_run("huge", "find x")).run_id)
         call = view.pending_agent_call
         assert view.status == "waiting" and call is not None
@@ -88,9 +93,7 @@ def test_a_step_asking_with_a_value_the_journal_cannot_hold_fails_cleanly(tmp_pa
 
     async def main() -> str:
         store = open_store(root)
-        rt = Runtime({wf.name: LoadedWorkflow(wf, "ask.py", "id-ask", wf.schemas())}, store,
-                     package_version="0.1.0")
-        rt.restore([])
+        rt = _runtime(store, wf)
         view = await rt.wait_stable((await rt.create_run("ask", "go")).run_id)
         assert view.status == "failed" and view.last_error is not None
         assert view.last_error.code == "RUN_STATE_INVALID"
