@@ -126,7 +126,6 @@ def strict_refusal(attention: list[tuple[str, str]]) -> IntloomError:
     )
 
 
-
 _msgpack = msgspec.msgpack.Encoder()
 
 
@@ -142,6 +141,7 @@ def _journalable(value: Any, what: str) -> Any:
             "JSON values whose integers fit in 64 bits.",
         ) from None
     return value
+
 
 class Runtime:
     """Facade used by the host. Every method raises ``IntloomError`` with a catalogue code."""
