@@ -118,10 +118,9 @@ class RunSlot:
         self.waiter: asyncio.Future[Any] | None = None
         self.task: asyncio.Task[None] | None = None
         self.agent = AgentClaim()
-        # ([(event, detail), ...], shown state, view), one entry per publish (a detail as
-        # _detail reads it): the view only
-        # when it is not the plain view of that state (an override or a suspension);
-        # otherwise built when a follower asks.
+        # (((event, detail), ...), shown state, view), one entry per publish (a detail as
+        # _detail reads it): the view only when it is not the plain view of that state (an
+        # override or a suspension); otherwise built when a follower asks.
         self.history: deque[tuple[tuple[tuple[str, Any], ...], RunState, RunView | None]] = deque(
             maxlen=_HISTORY)
         self._events: list[tuple[str, Any]] = []
