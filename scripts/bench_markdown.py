@@ -417,7 +417,11 @@ What is left, from profiles taken while building this harness (`py-spy`, `cProfi
   the ratio was 6.5-7.8× in this session's runs. Group commit is doing its part
   (`steps_per_flush` ≈ 50-60 of 64). What is left is spread thin: ~100 Python calls per
   Step, a third of the instructions in the bytecode loop, framing ~15 % (crc32, struct
-  packing, bytes concatenation), `msgspec.structs.replace` ~4 %. Dropping the `step_ready`
+  packing, bytes concatenation), `msgspec.structs.replace` ~4 %. Pipelining was tried: the
+  batch of the first half of a round's Runs went to the store's thread while the loop ran
+  the other half, so that each fdatasync overlapped Steps; the cohorts formed (~30 Steps per
+  flush instead of ~60) but Steps/s fell 15-25 % (thread hand-offs and GIL contention cost
+  more than the overlap saved on 2 vCPUs), so it was not kept. Dropping the `step_ready`
   between two Steps of a Stage (the next Step's `executing` naming it) saved ~15 % of the
   CPU and was measured at 8.5-9×, but DESIGN §5 and the TypeScript IntLoom write that
   boundary, so the journal keeps it.
