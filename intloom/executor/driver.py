@@ -27,6 +27,7 @@ from intloom.executor.workers import Inbox, Workers
 from intloom.runtime.machine import RunState, apply, to_view
 from intloom.runtime.model import PendingAction, PendingAgentCall, RunView
 from intloom.runtime.records import (
+    UNENCODABLE,
     Answered,
     EffectDone,
     EffectStarted,
@@ -38,6 +39,7 @@ from intloom.runtime.records import (
     StepResult,
     Terminal,
     Waiting,
+    check_encodable,
 )
 
 if TYPE_CHECKING:
@@ -311,13 +313,10 @@ def _plain(value: Any) -> Any:
     """A JSON/msgpack-safe copy of an effect's result, for the journal (evidence only)."""
     try:
         plain = msgspec.to_builtins(value)
-        _msgpack_check(plain)  # to_builtins lets through what msgpack refuses (2**70)
+        check_encodable(plain)  # to_builtins lets through what msgpack refuses (2**70)
         return plain
-    except (OverflowError, TypeError, msgspec.EncodeError):
+    except UNENCODABLE:
         return {"repr": repr(value)[:1000]}
-
-
-_msgpack_check = msgspec.msgpack.Encoder().encode
 
 
 class _Hooks:
@@ -543,8 +542,7 @@ class Driver:
             step=step,
             state=value,
             state_type=stage.state_type,
-            hooks=slot.hooks if slot.hooks is not None and slot.hooks.loop is self.loop
-            else self._hooks(slot),
+            hooks=self._hooks(slot),
         )
 
     def _hooks(self, slot: RunSlot) -> _Hooks:
@@ -602,10 +600,8 @@ class Driver:
         nothing else is due (a stop, a lost Run, a new Stage, a wait or the end go back to
         _drive). This runs per Step: no _user or call_user frame, no turn of _drive."""
         rt = self.rt
-        stages = slot.lw.workflow.stages
         while True:
-            cursor = slot.state.cursor
-            step = stages[cursor.stage].steps[cursor.step or ""]
+            step = self._step(slot)
             rt.append(slot, Executing(at=clock.now(), stage=step.stage.name, step=step.name))
             await rt.sync(slot)
             ctx = self._ctx(slot, step.name, step.stage)

@@ -34,6 +34,7 @@ from intloom.runtime.model import PendingAgentCall, RunView
 from intloom.runtime.ports import CheckpointFailed, JournalPort
 from intloom.runtime.records import (
     PROTOCOL_VERSION,
+    UNENCODABLE,
     Answered,
     Executing,
     Header,
@@ -41,6 +42,7 @@ from intloom.runtime.records import (
     StepResult,
     Terminal,
     Waiting,
+    check_encodable,
 )
 
 __all__ = ["RestoredRun", "RunUpdate", "Runtime", "incompatibility", "strict_refusal"]
@@ -126,15 +128,12 @@ def strict_refusal(attention: list[tuple[str, str]]) -> IntloomError:
     )
 
 
-_msgpack = msgspec.msgpack.Encoder()
-
-
 def _journalable(value: Any, what: str) -> Any:
     """``value`` if the journal can hold it (msgpack: integers within 64 bits, plain types);
     INVALID_REQUEST naming it otherwise, before anything is recorded."""
     try:
-        _msgpack.encode(value)
-    except (OverflowError, TypeError, msgspec.EncodeError) as exc:
+        check_encodable(value)
+    except UNENCODABLE as exc:
         raise IntloomError(
             "INVALID_REQUEST",
             f"{what} cannot be kept in the Run's journal ({exc}); nothing was recorded. Send "
@@ -249,7 +248,7 @@ class Runtime:
         except CheckpointFailed as exc:  # an earlier batch of this Run failed: it cannot write
             self.fail_checkpoint(slot, exc.cause)
             raise IntloomError("RUN_CHECKPOINT_FAILED") from None
-        except (OverflowError, TypeError, msgspec.EncodeError) as exc:
+        except UNENCODABLE as exc:
             raise IntloomError(
                 "RUN_STATE_INVALID",
                 f"Run {slot.run_id}: its {type(record).__name__} record cannot be written to "

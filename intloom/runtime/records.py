@@ -158,6 +158,16 @@ _decoder = msgspec.msgpack.Decoder(Record)
 encode_record: Callable[[Record], bytes] = _encoder.encode
 
 
+# What encoding a record raises for a value it cannot hold (an int beyond 64 bits, an object
+# that is not plain data).
+UNENCODABLE: Final = (OverflowError, TypeError, msgspec.EncodeError)
+
+
+def check_encodable(value: Any) -> None:
+    """Raise one of ``UNENCODABLE`` if a record could not hold ``value``."""
+    _encoder.encode(value)
+
+
 def decode_record(data: bytes) -> Record:
     """Decode one record; raises ``msgspec.DecodeError`` or ``msgspec.ValidationError``."""
     return _decoder.decode(data)
