@@ -63,7 +63,7 @@ class StartResult:
 
 def _owner_gone(paths: ProjectPaths, pid: int, create_time: float, boot: str | None) -> bool:
     """True only on proof: the OS lock is free and the process is gone (pid, create time, boot)."""
-    from intloom.diagnostics.liveness import judge, probe_lock, probe_process
+    from intloom.host.liveness import judge, probe_lock, probe_process
     from intloom.host.metadata import boot_id
 
     process = probe_process(pid, create_time, boot, boot_id())
@@ -73,7 +73,7 @@ def _owner_gone(paths: ProjectPaths, pid: int, create_time: float, boot: str | N
 
 
 def _owner_alive(pid: int, create_time: float, boot: str | None) -> bool:
-    from intloom.diagnostics.liveness import probe_process
+    from intloom.host.liveness import probe_process
     from intloom.host.metadata import boot_id
 
     return probe_process(pid, create_time, boot, boot_id()).state == "alive"
@@ -413,7 +413,7 @@ def stop_service(root: Path, *, timeout: float = 10.0) -> bool:
     Never signals and never cleans up: crash leftovers are CLI_SERVICE_BUSY with every file
     byte-identical; a host that does not release its files in time is CLI_SERVICE_TIMEOUT.
     """
-    from intloom.diagnostics.observe import observe
+    from intloom.host.observe import observe
 
     root = root.resolve()
     paths = ProjectPaths(root)

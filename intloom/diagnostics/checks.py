@@ -6,7 +6,7 @@ from typing import Final, Literal
 
 import msgspec
 
-from intloom.diagnostics.liveness import Evidence
+from intloom.host.liveness import Evidence
 
 __all__ = ["KEEP_IT", "Check", "CheckStatus"]
 

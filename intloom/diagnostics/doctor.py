@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Final, Literal
 import msgspec
 
 from intloom.diagnostics.checks import KEEP_IT, Check
-from intloom.diagnostics.observe import observe_file
 from intloom.diagnostics.owners import Diagnosis, DiagnosisStatus, Owner, diagnose
 from intloom.diagnostics.previews import RunPreview, preview_runs
 from intloom.errors import IntloomError
@@ -29,6 +28,7 @@ from intloom.host.metadata import (
     read_lock,
     read_service,
 )
+from intloom.host.observe import observe_file
 from intloom.project import Config, ProjectPaths, load_config
 from intloom.protocol.messages import ServiceView
 

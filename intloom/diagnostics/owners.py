@@ -15,7 +15,8 @@ from typing import Final, Literal
 
 import msgspec
 
-from intloom.diagnostics.liveness import (
+from intloom.errors import IntloomError
+from intloom.host.liveness import (
     Evidence,
     LockProbe,
     OwnerStatus,
@@ -23,9 +24,8 @@ from intloom.diagnostics.liveness import (
     probe_lock,
     probe_process,
 )
-from intloom.diagnostics.observe import Snapshot, observe
-from intloom.errors import IntloomError
 from intloom.host.metadata import boot_id
+from intloom.host.observe import Snapshot, observe
 from intloom.protocol.messages import ServiceView
 
 __all__ = [

@@ -28,12 +28,12 @@ from typing import Final
 
 import msgspec
 
-from intloom.diagnostics.liveness import Evidence, LockProbe
-from intloom.diagnostics.observe import Snapshot, observe
 from intloom.diagnostics.owners import Inspection, inspect, judge_owners
 from intloom.diagnostics.portguard import PortGuard
 from intloom.errors import ErrorView, IntloomError
 from intloom.fsutil import fsync_dir
+from intloom.host.liveness import Evidence, LockProbe
+from intloom.host.observe import Snapshot, observe
 from intloom.protocol.framing import encode_frame
 from intloom.protocol.messages import ErrorReply
 

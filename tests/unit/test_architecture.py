@@ -9,6 +9,7 @@ the layers around them.
 from __future__ import annotations
 
 import ast
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -21,8 +22,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "intloom"
 PURE_STDLIB = {"__future__", "typing", "collections", "dataclasses", "enum", "functools"}
 PURE_THIRD_PARTY = {"msgspec"}
 
-# Layer -> intloom packages it may import (besides itself). The outer layers (host, client,
-# cli, diagnostics) are free among themselves; nothing inner reaches out to them.
+# Layer -> intloom packages it may import (besides itself). Nothing inner reaches out to the
+# outer layers (host, client, cli, diagnostics), and those import each other one way.
 INWARD = {
     "runtime": {"errors"},
     "store": {"errors", "fsutil", "runtime"},
@@ -85,6 +86,52 @@ def test_the_cli_is_a_thin_adapter_over_the_client() -> None:
         if (hits := {n for n in _imports(path) if _intloom_layer(n) in CLI_NEVER})
     }
     assert offending == {}, "the CLI goes through intloom.client (and diagnostics)"
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle in ``graph`` (its first node repeated at the end), or None."""
+    done: set[str] = set()
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        if node in path:
+            return [*path[path.index(node):], node]
+        if node in done:
+            return None
+        path.append(node)
+        for target in sorted(graph.get(node, ())):
+            if found := visit(target):
+                return found
+        path.pop()
+        done.add(node)
+        return None
+
+    for node in sorted(graph):
+        if found := visit(node):
+            return found
+    return None
+
+
+def test_no_two_layers_import_each_other() -> None:
+    """Not even lazily: a cycle between layers (client <-> diagnostics, say) means one of
+    them holds something both need, which belongs in the lower one."""
+    graph: dict[str, set[str]] = {}
+    where: dict[tuple[str, str], set[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        layer = path.relative_to(PACKAGE).parts[0].removesuffix(".py")
+        for name in _imports(path):
+            target = _intloom_layer(name)
+            if target is not None and target != layer:
+                graph.setdefault(layer, set()).add(target)
+                where.setdefault((layer, target), set()).add(str(path.relative_to(PACKAGE)))
+    cycle = _cycle(graph)
+    assert cycle is None, "layers import each other: " + "; ".join(
+        f"{a} -> {b} ({', '.join(sorted(where[a, b]))})" for a, b in pairwise(cycle or []))
+
+
+def test_the_cycle_check_finds_a_cycle() -> None:
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
 
 
 def test_the_rules_see_every_layer() -> None:

@@ -73,6 +73,16 @@ def test_step_figures_report_both_sides(results: dict[str, dict[str, Any]]) -> N
     assert "faster_peer" not in results["peers"]  # no peer was run, so no ratio is claimed
 
 
+def test_concurrency_reports_runs_started_together_and_staggered(
+    results: dict[str, dict[str, Any]]
+) -> None:
+    for kind in ("async", "sync"):
+        k = results["concurrency"]["kinds"][kind]
+        assert k["steps_per_s"] > 0 and k["staggered"]["steps_per_s"] > 0
+        assert k["staggered"]["ratio"] > 0
+        assert k["steps_per_flush"] > 1  # 4 Runs share flushes: group commit groups
+
+
 def test_restart_figures_restore_what_they_built(results: dict[str, dict[str, Any]]) -> None:
     assert results["restart"]["records"] > results["restart"]["baseline_records"] > 0
     assert results["restore"]["restored_waiting"] == 5

@@ -11,9 +11,9 @@ import psutil
 import pytest
 
 from intloom.diagnostics import diagnose
-from intloom.diagnostics.liveness import Evidence, probe_lock, probe_process
 from intloom.diagnostics.owners import MESSAGES
 from intloom.errors import IntloomError
+from intloom.host.liveness import Evidence, probe_lock, probe_process
 from intloom.host.metadata import boot_id
 from intloom.project import ProjectPaths
 from tests.helpers import eventually
