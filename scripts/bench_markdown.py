@@ -49,6 +49,12 @@ def _summary(f: dict[str, Any]) -> list[list[str]]:
                          _fmt(k["steps_per_s"], "/s"),
                          f"1 Run: {_fmt(k['solo_steps_per_s'], '/s')}",
                          f"{_fmt(k['ratio'])}×", "≥ 8×", k["verdict"]])
+            s = k.get("staggered")
+            if s is not None:  # for reference: no target of its own
+                rows.append([f"the same, {c['runs']} Runs created one after another ({kind})",
+                             _fmt(s["steps_per_s"], "/s"),
+                             f"1 Run: {_fmt(k['solo_steps_per_s'], '/s')}",
+                             f"{_fmt(s['ratio'])}×", "—", "for reference"])
     if "restart" in f:
         r = f["restart"]
         for mode, label in (("after_stop", "after `stop`"), ("after_kill", "after SIGKILL")):
@@ -225,9 +231,14 @@ def render(report: dict[str, Any], chart: str | None) -> str:
         "thread hand-off each way.",
         "",
         "`concurrency` runs, in one warmed store, 1 Run of 3,000 Steps and 64 concurrent Runs "
-        "of 300 Steps each, alternating (1, 64, 64, 1, ...); aggregate Steps/s counts every "
-        "Step from the first Run's creation to the last Run's completion; the ratio is the "
-        "median of neighbouring pairs.",
+        "of 300 Steps each, alternating (1, 64, 64 staggered, 64 staggered, 64, 1, ...); "
+        "aggregate Steps/s counts every Step from the first Run's creation to the last Run's "
+        "completion; the ratio is the median of neighbouring pairs. The 64 Runs are created "
+        "at once (as by 64 clients), so 64 Runs run for the whole measurement. Until "
+        "2026-11-30 they were created one after another, each creation awaited: Run k then "
+        "starts and ends ~k flushes after the first, so ~126 of ~365 rounds had on average 32 "
+        "Runs to group (52.6 Steps per flush instead of 63.6). That staggered start is still "
+        "measured in the same run and shown in the table, for reference.",
         "",
         "`peers` runs the same workload in a fresh process per variant and repetition, with "
         "the peers installed from the package index into their own virtual environment "
@@ -413,18 +424,32 @@ What is left, from profiles taken while building this harness (`py-spy`, `cProfi
   the fdatasync): only cuts in the loop's CPU per Step raise it. With 64 Runs the loop
   spends ~20-25 µs of CPU per Step (three records folded, encoded and framed, a task
   wake-up through asyncio's Python-level `call_soon` and `Handle`, the Step's context,
-  one publish) and is busy ~90 % of the time, the rest blocked in the batch's fdatasync;
-  the ratio was 6.5-7.8× in this session's runs. Group commit is doing its part
-  (`steps_per_flush` ≈ 50-60 of 64). What is left is spread thin: ~100 Python calls per
-  Step, a third of the instructions in the bytecode loop, framing ~15 % (crc32, struct
-  packing, bytes concatenation), `msgspec.structs.replace` ~4 %. Pipelining was tried: the
+  one publish) and is busy ~90 % of the time, the rest blocked in the batch's fdatasync.
+  Group commit groups every Run: 63.6 Steps per flush with 64 Runs created together (300
+  Steps each, plus the creation and completion records). The ratio moves with the VM more
+  than with the code: in one process, with the same work repeated, the loop's CPU per Step
+  went from 19.5 to 27 µs and back between repetitions, and `concurrency` gave 6.8-8.6×
+  in the runs made on 2026-11-30 (the staggered start 5.9-7.9×, below it in each run).
+  Created one after another, Runs ramp up and down over ~64 flushes each way: a paired A/B
+  in one store measured 7.2-7.3× staggered against 8.0-8.1× together. What is left is
+  spread thin: ~100 Python calls per Step, a third of the instructions in the bytecode
+  loop, framing ~15 % (crc32, struct packing, bytes concatenation),
+  `msgspec.structs.replace` ~9 % (three per Step; half of it copying the Run state's 27
+  fields, which no keyword order changes). Pipelining was tried: the
   batch of the first half of a round's Runs went to the store's thread while the loop ran
   the other half, so that each fdatasync overlapped Steps; the cohorts formed (~30 Steps per
   flush instead of ~60) but Steps/s fell 15-25 % (thread hand-offs and GIL contention cost
   more than the overlap saved on 2 vCPUs), so it was not kept. Dropping the `step_ready`
   between two Steps of a Stage (the next Step's `executing` naming it) saved ~15 % of the
-  CPU and was measured at 8.5-9×, but DESIGN §5 and the TypeScript IntLoom write that
-  boundary, so the journal keeps it.
+  CPU and was measured at 8.5-9× (staggered start), but DESIGN §5 and the TypeScript
+  IntLoom write that boundary, so the journal keeps it.
+- Measured on 2026-11-30 and not taken: uvloop as the host's event loop (64 Runs with
+  fdatasync a no-op: 15.3-16.8 µs of loop CPU per Step against 15.8-16.3 µs with asyncio's
+  own loop, no difference beyond noise, so not worth a dependency); pinning a sync Step's
+  worker thread to the loop's CPU (a thread round trip fell from ~50 to 12-15 µs here, but
+  it confines the loop and every sync Step to one CPU: a Step's GIL-free work -- hashing,
+  compression, NumPy -- and the store's fdatasync would compete with the loop, a bad
+  trade for a general host).
 - The floor itself could be lower: on this ext4 volume an append changes the file's size,
   so every fdatasync also commits the filesystem journal. Overwriting a preallocated file
   (`posix_fallocate`, or zeros written once) cost 115-150 µs per write+fdatasync where an

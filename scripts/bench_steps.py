@@ -56,10 +56,19 @@ def _segment_bytes(runtime_dir: Path) -> int:
     return sum(p.stat().st_size for p in (runtime_dir / "wal").glob("*.seg"))
 
 
-async def _runs(rt: Runtime, lw: LoadedWorkflow, runs: int) -> None:
-    views = []
-    for _ in range(runs):
-        views.append(await rt.create_run(lw.name, "bench"))
+async def _runs(rt: Runtime, lw: LoadedWorkflow, runs: int, together: bool = True) -> None:
+    """Create ``runs`` Runs and wait for all of them to complete.
+
+    ``together``: created at once, as by that many clients, so all of them run for the
+    whole measurement. Otherwise one after another, each creation awaited, as by one
+    client: Run k starts about k flushes after the first and ends about k flushes after it,
+    so the first and last ~``runs`` rounds have fewer Runs to group.
+    """
+    if together:
+        views = list(await asyncio.gather(*(rt.create_run(lw.name, "bench")
+                                            for _ in range(runs))))
+    else:
+        views = [await rt.create_run(lw.name, "bench") for _ in range(runs)]
     finals = await asyncio.gather(*(rt.wait_stable(v.run_id) for v in views))
     bad = [f for f in finals if f.status != "completed"]
     if bad:
@@ -92,13 +101,13 @@ class Floor:
 
 
 async def _timed(store: Store, rt: Runtime, lw: LoadedWorkflow, runs: int,
-                 steps: int) -> dict[str, Any]:
+                 steps: int, together: bool) -> dict[str, Any]:
     """Time ``runs`` concurrent Runs of ``steps`` Steps each, in an open, warmed store."""
     runtime_dir = store.layout.root
     flushes, size = store.flushes, _segment_bytes(runtime_dir)
     gc.collect()
     started, cpu = time.perf_counter(), time.process_time()
-    await _runs(rt, lw, runs)
+    await _runs(rt, lw, runs, together)
     elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
     flushes, size = store.flushes - flushes, _segment_bytes(runtime_dir) - size
     total = runs * steps
@@ -107,7 +116,11 @@ async def _timed(store: Store, rt: Runtime, lw: LoadedWorkflow, runs: int,
             "cpu_us_per_step": cpu / total * 1e6, "steps_per_s": total / elapsed}
 
 
-async def _session(directory: Path, kind: str, sizes: dict[str, tuple[int, int]],
+# What one measurement runs: (Runs, Steps per Run, created together).
+Size = tuple[int, int, bool]
+
+
+async def _session(directory: Path, kind: str, sizes: dict[str, Size],
                    order: list[str], warmup: int) -> list[tuple[str, dict[str, Any]]]:
     """One store, warmed up, then the measurements named in ``order`` (``floor`` included),
     back to back: each pair of neighbours sees the same disk and the same neighbours."""
@@ -116,7 +129,7 @@ async def _session(directory: Path, kind: str, sizes: dict[str, tuple[int, int]]
     floor = Floor(directory)
     out: list[tuple[str, dict[str, Any]]] = []
     try:
-        flows = {name: tick_workflow(steps, kind, name) for name, (_, steps) in sizes.items()}
+        flows = {name: tick_workflow(steps, kind, name) for name, (_, steps, _) in sizes.items()}
         flows["warm"] = tick_workflow(warmup, kind, "warm")
         rt = Runtime(flows, store, package_version=intloom.__version__)
         rt.restore([])
@@ -132,8 +145,8 @@ async def _session(directory: Path, kind: str, sizes: dict[str, tuple[int, int]]
                 out.append(("floor", {"us_per_step": wall / last["steps"] * 1e6,
                                       "cpu_us_per_step": cpu / last["steps"] * 1e6}))
                 continue
-            runs, steps = sizes[name]
-            last = await _timed(store, rt, flows[name], runs, steps)
+            runs, steps, together = sizes[name]
+            last = await _timed(store, rt, flows[name], runs, steps, together)
             out.append((name, last))
     finally:
         floor.close()
@@ -155,7 +168,7 @@ def bench_steps(args: Any) -> dict[str, Any]:
         order += ["main", "floor"] if rep % 2 == 0 else ["floor", "main"]
     with scratch(args.dir, "bench-steps-") as base:
         for kind in kinds:
-            items = asyncio.run(_session(base, kind, {"main": (1, args.steps)}, order,
+            items = asyncio.run(_session(base, kind, {"main": (1, args.steps, True)}, order,
                                          args.warmup))
             ours = [r for n, r in items if n == "main"]
             floors = [r for n, r in items if n == "floor"]
@@ -184,24 +197,32 @@ def bench_steps(args: Any) -> dict[str, Any]:
 def bench_concurrency(args: Any) -> dict[str, Any]:
     """Aggregate durable Steps/s with N concurrent Runs against 1 Run (group commit).
 
-    Both run in one warmed store, alternating (1, N, N, 1, 1, N, ...); the ratio is the
-    median of neighbouring pairs' ratios.
+    All run in one warmed store, alternating (1, N, N staggered, N staggered, N, 1, ...);
+    the ratio is the median of neighbouring pairs' ratios. The N Runs are created together,
+    so N Runs run for the whole measurement. "Staggered" (created one after another, each
+    creation awaited) is reported beside it: its first and last ~N rounds have fewer Runs.
     """
     kinds = ["async", "sync"] if args.kind == "both" else [args.kind]
     out: dict[str, Any] = {"figure": "concurrency", "runs": args.runs,
                            "steps_per_run": args.steps, "target": "ratio >= 8", "kinds": {}}
     order: list[str] = []
     for rep in range(args.repeats):
-        order += ["one", "many"] if rep % 2 == 0 else ["many", "one"]
-    sizes = {"one": (1, args.solo_steps), "many": (args.runs, args.steps)}
+        trio = ["one", "many", "staggered"]
+        order += trio if rep % 2 == 0 else trio[::-1]
+    sizes: dict[str, Size] = {"one": (1, args.solo_steps, True),
+                              "many": (args.runs, args.steps, True),
+                              "staggered": (args.runs, args.steps, False)}
     with scratch(args.dir, "bench-conc-") as base:
         for kind in kinds:
             items = asyncio.run(_session(base, kind, sizes, order, 20))
             one = [r for n, r in items if n == "one"]
             many = [r for n, r in items if n == "many"]
+            staggered = [r for n, r in items if n == "staggered"]
             ratios = [m["steps_per_s"] / o["steps_per_s"] for o, m in zip(one, many,
                                                                            strict=True)]
             ratio = median(ratios)
+            staggered_ratio = median([s["steps_per_s"] / o["steps_per_s"]
+                                      for o, s in zip(one, staggered, strict=True)])
             out["kinds"][kind] = {
                 "steps_per_s": round(median([r["steps_per_s"] for r in many])),
                 "solo_steps_per_s": round(median([r["steps_per_s"] for r in one])),
@@ -212,6 +233,12 @@ def bench_concurrency(args: Any) -> dict[str, Any]:
                 "cpu_us_per_step": rnd(median([r["cpu_us_per_step"] for r in many])),
                 "solo_cpu_us_per_step": rnd(median([r["cpu_us_per_step"] for r in one])),
                 "steps_per_flush": rnd(median([r["steps"] / r["flushes"] for r in many]), 1),
+                "staggered": {
+                    "steps_per_s": round(median([r["steps_per_s"] for r in staggered])),
+                    "ratio": rnd(staggered_ratio, 2),
+                    "steps_per_flush": rnd(median([r["steps"] / r["flushes"]
+                                                   for r in staggered]), 1),
+                },
             }
     head = out["kinds"][kinds[0]]
     out.update(steps_per_s=head["steps_per_s"], solo_steps_per_s=head["solo_steps_per_s"],
