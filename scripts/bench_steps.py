@@ -197,8 +197,9 @@ def bench_steps(args: Any) -> dict[str, Any]:
 def bench_concurrency(args: Any) -> dict[str, Any]:
     """Aggregate durable Steps/s with N concurrent Runs against 1 Run (group commit).
 
-    All run in one warmed store, alternating (1, N, N staggered, N staggered, N, 1, ...);
-    the ratio is the median of neighbouring pairs' ratios. The N Runs are created together,
+    All run in one warmed store, alternating (N staggered, 1, N, N, 1, N staggered, ...), so
+    that each 1-Run measurement neighbours one of each; a ratio is the median of those
+    neighbouring pairs' ratios. The N Runs are created together,
     so N Runs run for the whole measurement. "Staggered" (created one after another, each
     creation awaited) is reported beside it: its first and last ~N rounds have fewer Runs.
     """
@@ -207,7 +208,7 @@ def bench_concurrency(args: Any) -> dict[str, Any]:
                            "steps_per_run": args.steps, "target": "ratio >= 8", "kinds": {}}
     order: list[str] = []
     for rep in range(args.repeats):
-        trio = ["one", "many", "staggered"]
+        trio = ["staggered", "one", "many"]
         order += trio if rep % 2 == 0 else trio[::-1]
     sizes: dict[str, Size] = {"one": (1, args.solo_steps, True),
                               "many": (args.runs, args.steps, True),
@@ -221,8 +222,8 @@ def bench_concurrency(args: Any) -> dict[str, Any]:
             ratios = [m["steps_per_s"] / o["steps_per_s"] for o, m in zip(one, many,
                                                                            strict=True)]
             ratio = median(ratios)
-            staggered_ratio = median([s["steps_per_s"] / o["steps_per_s"]
-                                      for o, s in zip(one, staggered, strict=True)])
+            staggered_ratios = [s["steps_per_s"] / o["steps_per_s"]
+                                for o, s in zip(one, staggered, strict=True)]
             out["kinds"][kind] = {
                 "steps_per_s": round(median([r["steps_per_s"] for r in many])),
                 "solo_steps_per_s": round(median([r["steps_per_s"] for r in one])),
@@ -235,7 +236,9 @@ def bench_concurrency(args: Any) -> dict[str, Any]:
                 "steps_per_flush": rnd(median([r["steps"] / r["flushes"] for r in many]), 1),
                 "staggered": {
                     "steps_per_s": round(median([r["steps_per_s"] for r in staggered])),
-                    "ratio": rnd(staggered_ratio, 2),
+                    "ratio": rnd(median(staggered_ratios), 2),
+                    "pair_ratios": [rnd(x, 2) for x in staggered_ratios],
+                    "runs_steps_per_s": [round(r["steps_per_s"]) for r in staggered],
                     "steps_per_flush": rnd(median([r["steps"] / r["flushes"]
                                                    for r in staggered]), 1),
                 },

@@ -120,7 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runs", type=int, default=64)
     p.add_argument("--steps", type=int, default=300, help="Steps per concurrent Run")
     p.add_argument("--solo-steps", type=int, default=3000, help="Steps of the lone Run")
-    p.add_argument("--repeats", type=int, default=4, help="pairs of (1 Run, N Runs)")
+    p.add_argument("--repeats", type=int, default=4,
+                   help="1-Run measurements, each beside one of N Runs created together and "
+                   "one of N created one after another")
     p.add_argument("--kind", choices=["async", "sync", "both"], default="both")
 
     p = add("peers", "µs per Step: intloom vs DBOS vs LangGraph (own venv) vs the floor")

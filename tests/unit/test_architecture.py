@@ -36,13 +36,24 @@ INWARD = {
 CLI_NEVER = {"host", "executor", "store"}
 
 
+def _is_part(name: str) -> bool:
+    return (PACKAGE / name / "__init__.py").exists() or (PACKAGE / f"{name}.py").exists()
+
+
 def _imports(path: Path) -> set[str]:
+    """Every module ``path`` imports; ``from intloom import X`` counts as ``intloom.X`` when X
+    is a part of the package, as the package root (``intloom``) otherwise."""
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{path}:{node.lineno}: intloom uses absolute imports only"
+            if node.module == "intloom":
+                found.update(f"intloom.{alias.name}" if _is_part(alias.name) else "intloom"
+                             for alias in node.names)
+            elif node.module:
+                found.add(node.module)
     return found
 
 
@@ -51,8 +62,11 @@ def _modules(layer: str) -> list[Path]:
 
 
 def _intloom_layer(name: str) -> str | None:
+    """``intloom.host.daemon`` -> ``host``; the package root -> ``intloom``; others None."""
     parts = name.split(".")
-    return parts[1] if parts[0] == "intloom" and len(parts) > 1 else None
+    if parts[0] != "intloom":
+        return None
+    return parts[1] if len(parts) > 1 else "intloom"
 
 
 def test_the_engine_imports_nothing_that_touches_the_world() -> None:
@@ -119,14 +133,30 @@ def test_no_two_layers_import_each_other() -> None:
     where: dict[tuple[str, str], set[str]] = {}
     for path in sorted(PACKAGE.rglob("*.py")):
         layer = path.relative_to(PACKAGE).parts[0].removesuffix(".py")
+        layer = "intloom" if layer == "__init__" else layer
         for name in _imports(path):
             target = _intloom_layer(name)
             if target is not None and target != layer:
                 graph.setdefault(layer, set()).add(target)
                 where.setdefault((layer, target), set()).add(str(path.relative_to(PACKAGE)))
+    assert "host" in graph["client"]  # a lazy import (client.lifecycle starts a host) is seen
     cycle = _cycle(graph)
     assert cycle is None, "layers import each other: " + "; ".join(
         f"{a} -> {b} ({', '.join(sorted(where[a, b]))})" for a, b in pairwise(cycle or []))
+
+
+def test_every_form_of_import_is_seen(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text(
+        "import intloom.errors\n"
+        "from intloom import __version__, store\n"
+        "def later():\n"
+        "    from intloom.host.daemon import Host\n"
+    )
+    assert _imports(module) == {"intloom.errors", "intloom", "intloom.store", "intloom.host.daemon"}
+    module.write_text("from . import sibling\n")
+    with pytest.raises(AssertionError, match="absolute imports only"):
+        _imports(module)
 
 
 def test_the_cycle_check_finds_a_cycle() -> None:

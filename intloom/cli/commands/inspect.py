@@ -1,7 +1,7 @@
 """``intloom inspect RUN``: one Run's journal, phase by phase, with its verification. Offline.
 
-It reads ``.intloom/runtime/`` through ``intloom.store`` and writes nothing; it needs no host
-and works the same whether one runs or not.
+It reads ``.intloom/runtime/`` through ``intloom.diagnostics.journal`` and writes nothing; it
+needs no host and works the same whether one runs or not.
 """
 
 from __future__ import annotations
@@ -102,17 +102,15 @@ def _restart(root: Path, journal: Any) -> dict[str, Any] | None:
 @command
 def inspect(state: CliState, run_id: RunArg) -> None:
     """Show a Run's journal, phase by phase, with verification results. Works offline."""
-    from intloom import store
+    from intloom.diagnostics.journal import read_journal
     from intloom.project import ProjectPaths
 
     runtime = ProjectPaths(state.root()).runtime
     if not runtime.exists():
         raise _not_found(run_id, runtime)
-    entries = store.read_history(runtime, run_id)
+    entries, journal = read_journal(runtime, run_id)
     if not entries:
         raise _not_found(run_id, runtime)
-    # verify (not read_runs) judges terminal Runs too, from the whole log: inspect is on demand.
-    journal = next((j for j in store.verify(runtime) if j.run_id == run_id), None)
     run = _summary(run_id, journal)
     restart = _restart(state.root(), journal)
     if restart is not None:

@@ -1,0 +1,22 @@
+"""One Run's journal as ``intloom inspect`` shows it: its records and the store's verdict.
+
+Read-only, and needs no host: the CLI reaches the store only through here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from intloom.store import HistoryEntry, RunJournal, read_history, verify
+
+__all__ = ["read_journal"]
+
+
+def read_journal(runtime: Path, run_id: str) -> tuple[list[HistoryEntry], RunJournal | None]:
+    """The Run's records in order (empty when it has none) and its journal as verified from
+    the whole log, terminal Runs included (``read_runs`` judges only the ones a start
+    restores)."""
+    entries = read_history(runtime, run_id)
+    if not entries:
+        return [], None
+    return entries, next((j for j in verify(runtime) if j.run_id == run_id), None)
