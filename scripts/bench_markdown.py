@@ -465,13 +465,15 @@ What is left, from profiles taken while building this harness (`py-spy`, `cProfi
   `executing` naming it) saved ~15 % of the CPU and was measured at 8.5-9× (staggered
   start), but DESIGN §5 and the TypeScript IntLoom write that boundary, so the journal keeps
   it.
-- Measured on 2026-11-30 and not taken: uvloop as the host's event loop (64 Runs with
-  fdatasync a no-op: 15.3-16.8 µs of loop CPU per Step against 15.8-16.3 µs with asyncio's
-  own loop, no difference beyond noise, so not worth a dependency); pinning a sync Step's
-  worker thread to the loop's CPU (a thread round trip fell from ~50 to 12-15 µs here, but
-  it confines the loop and every sync Step to one CPU: a Step's GIL-free work -- hashing,
-  compression, NumPy -- and the store's fdatasync would compete with the loop, a bad
-  trade for a general host).
+- Measured on 2026-11-30 and not taken: uvloop as the host's event loop (callgrind, 64 Runs:
+  115.8k → 108.3k instructions per Step, −6.5 %: what it replaces is asyncio's Python-level
+  scheduling, `call_soon`, `Handle` and `_run_once`; with fdatasync a no-op the loop's CPU
+  per Step was 15.3-16.8 µs against 15.8-16.3 µs, inside the VM's noise; a compiled event
+  loop is a new runtime dependency with its own signal, socket and thread semantics under
+  the host, for a gain the 1-Run figures do not see); pinning a sync Step's worker thread to
+  the loop's CPU (a thread round trip fell from ~50 to 12-15 µs here, but it confines the
+  loop and every sync Step to one CPU: a Step's GIL-free work -- hashing, compression, NumPy
+  -- and the store's fdatasync would compete with the loop, a bad trade for a general host).
 - The floor itself could be lower: on this ext4 volume an append changes the file's size,
   so every fdatasync also commits the filesystem journal. Overwriting a preallocated file
   (`posix_fallocate`, or zeros written once) cost 115-150 µs per write+fdatasync where an
