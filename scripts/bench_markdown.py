@@ -425,13 +425,19 @@ What is left, from profiles taken while building this harness (`py-spy`, `cProfi
 `strace -c`, `-X importtime`; figures are from those sessions, not this run):
 
 - A sync Step must not block the event loop, so it runs on a worker thread: one hand-off to
-  the thread and one back per Step. On this VM a bare Python thread round trip costs
-  ~47-50 µs (two threads ping-ponging a `threading.Lock`; each syscall costs a few µs and
-  each wake-up crosses vCPUs), and the real one ~60 µs plus the loop's extra iteration. A
-  sync Step therefore stays ~100-150 µs above an async one: ~2.0-2.3× the floor where 1.5×
-  would leave ~85 µs for everything, and ~2.5-3.4× fewer µs than the faster peer, not 5×.
-  That is the price of the guarantee, not of a known inefficiency; an async Step meets the
-  floor target in every run and the peer target in most (next item).
+  the thread and one back per Step. On this VM a bare Python thread round trip costs ~47-50
+  µs (two threads ping-ponging a `threading.Lock`; each syscall costs a few µs and each
+  wake-up crosses vCPUs), and the real one ~60 µs plus the loop's extra iteration. A sync
+  Step therefore stays ~100-150 µs above an async one: ~2.0-2.3× the floor where 1.5× would
+  leave ~85 µs for everything, and ~2.5-3.4× fewer µs than the faster peer, not 5×. That is
+  the price of the guarantee, not of a known inefficiency; an async Step meets the floor
+  target in every run and the peer target in some runs and not others (next item). Timed
+  inside one sync Run of 2,000 Steps on 2026-11-30 (the median Step of each of three runs):
+  submit to the worker running 28-49 µs, the Step plus handing its result back 13-30 µs (the
+  Step itself is ~2 µs when run hot), to the loop draining it 11-23 µs, and to the driver
+  resumed 17-19 µs (one more loop iteration): 71-122 µs in all, where an async Step has none
+  of it. Each wake-up lands on an idle vCPU; keeping one awake means spinning, and a
+  spinning Python thread holds the GIL the other one needs.
 - A lone async Run is bound by the fdatasync. The Python around it is ~15-20 µs per Step
   with fdatasync made a no-op, and 1.6-1.9× that interleaved with real ones (measured on a
   fixed piece of Python work: each Step starts with cold caches after the thread slept in
