@@ -437,7 +437,13 @@ What is left, from profiles taken while building this harness (`py-spy`, `cProfi
   Step itself is ~2 µs when run hot), to the loop draining it 11-23 µs, and to the driver
   resumed 17-19 µs (one more loop iteration): 71-122 µs in all, where an async Step has none
   of it. Each wake-up lands on an idle vCPU; keeping one awake means spinning, and a
-  spinning Python thread holds the GIL the other one needs.
+  spinning Python thread holds the GIL the other one needs. What would remove both hand-offs
+  is a different shape, not a faster one: drive a Run whose Steps are sync on its worker
+  thread -- fold and append its records there under a lock, and let that thread write and
+  fdatasync its own batch when no flush is running -- so that a chain of sync Steps never
+  returns to the loop, which would then only publish. That moves a Run's state off the
+  loop's single thread (every read of it from the loop would need the same lock) and is not
+  started.
 - A lone async Run is bound by the fdatasync. The Python around it is ~15-20 µs per Step
   with fdatasync made a no-op, and 1.6-1.9× that interleaved with real ones (measured on a
   fixed piece of Python work: each Step starts with cold caches after the thread slept in
