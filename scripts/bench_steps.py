@@ -199,9 +199,9 @@ def bench_concurrency(args: Any) -> dict[str, Any]:
 
     All run in one warmed store, alternating (N staggered, 1, N, N, 1, N staggered, ...), so
     that each 1-Run measurement neighbours one of each; a ratio is the median of those
-    neighbouring pairs' ratios. The N Runs are created together,
-    so N Runs run for the whole measurement. "Staggered" (created one after another, each
-    creation awaited) is reported beside it: its first and last ~N rounds have fewer Runs.
+    neighbouring pairs' ratios. The N Runs are created together, so N Runs run for the whole
+    measurement. "Staggered" (created one after another, each creation awaited) is reported
+    beside it: its first and last ~N rounds have fewer Runs.
     """
     kinds = ["async", "sync"] if args.kind == "both" else [args.kind]
     out: dict[str, Any] = {"figure": "concurrency", "runs": args.runs,
