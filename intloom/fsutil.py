@@ -20,6 +20,7 @@ __all__ = [
     "PrivacyError",
     "atomic_write",
     "check_private_dir",
+    "dir_problem",
     "ensure_private_dir",
     "fsync_dir",
     "injected_write_fault",
@@ -52,22 +53,29 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def dir_problem(st: os.stat_result, *, private: bool = True) -> str | None:
+    """Why an ``lstat`` result is not a real directory of ours (with ``private``: one with no
+    group/other bits), or None when it is."""
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symbolic link; intloom never follows links in its state"
+    if not stat.S_ISDIR(st.st_mode):
+        return "is not a directory"
+    if st.st_uid != os.getuid():
+        return f"is owned by uid {st.st_uid}, not by you (uid {os.getuid()})"
+    if private and st.st_mode & 0o077:
+        return f"has mode {stat.S_IMODE(st.st_mode):04o}; it must be 0700 (chmod 700 it)"
+    return None
+
+
 def check_private_dir(path: Path) -> None:
     """Raise PrivacyError unless ``path`` is a real directory, ours, with no group/other bits."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
         raise PrivacyError(path, "does not exist") from None
-    if stat.S_ISLNK(st.st_mode):
-        raise PrivacyError(path, "is a symbolic link; intloom never follows links in its state")
-    if not stat.S_ISDIR(st.st_mode):
-        raise PrivacyError(path, "is not a directory")
-    if st.st_uid != os.getuid():
-        raise PrivacyError(path, f"is owned by uid {st.st_uid}, not by you (uid {os.getuid()})")
-    if st.st_mode & 0o077:
-        raise PrivacyError(
-            path, f"has mode {stat.S_IMODE(st.st_mode):04o}; it must be 0700 (chmod 700 it)"
-        )
+    problem = dir_problem(st)
+    if problem is not None:
+        raise PrivacyError(path, problem)
 
 
 def ensure_private_dir(path: Path) -> None:

@@ -7,7 +7,6 @@ only the very files it judged. Reading never creates, changes or removes anythin
 from __future__ import annotations
 
 import os
-import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +15,7 @@ from typing import Final, Generic, TypeVar
 import msgspec
 
 from intloom.errors import IntloomError
-from intloom.fsutil import PrivacyError, read_private
+from intloom.fsutil import PrivacyError, dir_problem, read_private
 from intloom.host.metadata import (
     Connection,
     ServiceInfo,
@@ -90,12 +89,10 @@ def _check_state_dir(path: Path) -> bool:
         st = os.lstat(path)
     except FileNotFoundError:
         return False
-    if stat.S_ISLNK(st.st_mode):
-        raise _invalid(path, "is a symbolic link; intloom never follows links in its state")
-    if not stat.S_ISDIR(st.st_mode):
-        raise _invalid(path, "is not a directory")
-    if st.st_uid != os.getuid():
-        raise _invalid(path, f"is owned by uid {st.st_uid}, not by you (uid {os.getuid()})")
+    # Its mode is not judged here: doctor's runtime_dir check reports group/other bits.
+    problem = dir_problem(st, private=False)
+    if problem is not None:
+        raise _invalid(path, problem)
     return True
 
 
