@@ -14,8 +14,10 @@ code (sync Steps in daemon threads, async Steps on the loop), appends records th
 from __future__ import annotations
 
 import builtins
+import contextlib
 import hmac
 import secrets
+import threading
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Final
 
@@ -233,21 +235,31 @@ class Runtime:
     # ------------------------------------------------------------------ records
 
     def append(self, slot: RunSlot, record: Any, *, force: bool = False) -> None:
-        """Apply a record to the Run and hand it to the journal (not yet durable)."""
-        if not slot.owned and not force:
-            raise IntloomError(
-                "EXECUTION_OWNERSHIP_LOST",
-                f"Run {slot.run_id} no longer belongs to this execution (it was stopped, "
-                "cancelled or failed); its remaining work was discarded.",
-            )
-        # Folded, then journaled, then kept: a record the machine refuses or the journal
-        # cannot encode leaves the Run exactly as it was.
-        state = apply(slot.state, record)
+        """Apply a record to the Run and hand it to the journal (not yet durable).
+
+        Also called from the thread driving the Run's sync Steps: there a failed checkpoint
+        is raised as it is (``CheckpointFailed``), for the loop to settle (``settle``).
+        """
+        # Locked while a worker drives the Run: the loop may append (a cancel) meanwhile.
+        # Released before a failure is handled: fail_checkpoint publishes, which locks.
+        failed: CheckpointFailed | None = None
+        lock = slot.lock if slot.on_thread else None
+        if lock is not None:
+            lock.acquire()
         try:
+            if not slot.owned and not force:
+                raise IntloomError(
+                    "EXECUTION_OWNERSHIP_LOST",
+                    f"Run {slot.run_id} no longer belongs to this execution (it was "
+                    "stopped, cancelled or failed); its remaining work was discarded.",
+                )
+            # Folded, then journaled, then kept: a record the machine refuses or the journal
+            # cannot encode leaves the Run exactly as it was.
+            state = apply(slot.state, record)
             self.journal.append(slot.run_id, record, state)
+            slot.apply(record, state)
         except CheckpointFailed as exc:  # an earlier batch of this Run failed: it cannot write
-            self.fail_checkpoint(slot, exc.cause)
-            raise IntloomError("RUN_CHECKPOINT_FAILED") from None
+            failed = exc
         except UNENCODABLE as exc:
             raise IntloomError(
                 "RUN_STATE_INVALID",
@@ -255,7 +267,14 @@ class Runtime:
                 f"the journal ({type(exc).__name__}: {exc}); nothing was recorded. Values "
                 "kept in the journal must be msgpack-encodable (integers within 64 bits).",
             ) from None
-        slot.apply(record, state)
+        finally:
+            if lock is not None:
+                lock.release()
+        if failed is not None:
+            if threading.current_thread() is not self.driver.loop_thread:
+                raise failed
+            self.fail_checkpoint(slot, failed.cause)
+            raise IntloomError("RUN_CHECKPOINT_FAILED") from None
 
     async def sync(self, slot: RunSlot) -> None:
         """Make everything appended durable; a failed batch fails exactly its Runs."""
@@ -265,16 +284,35 @@ class Runtime:
             slot.publish(upto=upto)
             if slot.shown.phase == "terminal":
                 self._retire(slot)
-        except CheckpointFailed as exc:
+        except (CheckpointFailed, OSError) as exc:
+            self.settle(slot, exc)
+
+    def sync_here(self, slot: RunSlot) -> None:
+        """``sync`` from the thread driving the Run's sync Steps (not the loop's): blocks
+        until the Run's records are durable, then shows them -- on this thread when nobody
+        on the loop needs telling, else through the loop. A failed checkpoint is raised as
+        it is, for the loop to settle (``settle``)."""
+        upto = slot.mark()
+        self.journal.sync_threadsafe(slot.run_id)
+        if not slot.publish_here(upto):
+            loop = self.driver.loop
+            assert loop is not None, "a Run is driven on a thread only after launch()"
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is told
+                loop.call_soon_threadsafe(slot.publish, None, None, upto)
+
+    def settle(self, slot: RunSlot, exc: CheckpointFailed | OSError) -> None:
+        """A checkpoint failed: its Runs fail. Raises RUN_CHECKPOINT_FAILED when ``slot`` is
+        one of them (an OSError is ``slot``'s own); returns when its records are durable."""
+        if isinstance(exc, CheckpointFailed):
             for run_id in exc.run_ids:
                 other = self.runs.get(run_id)
                 if other is not None:
                     self.fail_checkpoint(other, exc.cause)
             if slot.run_id in exc.run_ids:
                 raise IntloomError("RUN_CHECKPOINT_FAILED") from None
-        except OSError as exc:
-            self.fail_checkpoint(slot, exc.strerror or str(exc))
-            raise IntloomError("RUN_CHECKPOINT_FAILED") from None
+            return
+        self.fail_checkpoint(slot, exc.strerror or str(exc))
+        raise IntloomError("RUN_CHECKPOINT_FAILED") from None
 
     def _retire(self, slot: RunSlot) -> None:
         """An ended Run: keep it listed, and drop the oldest ended ones past ``max_finished``."""
@@ -396,10 +434,17 @@ class Runtime:
     async def cancel(self, run_id: str) -> tuple[RunView, bool]:
         """Cancel: failed/RUN_STOPPED. Returns (view, already_ended)."""
         slot = self._slot(run_id)
-        view = slot.view()
-        if slot.state.phase == "terminal":
+        # A worker driving the Run appends under this lock: whether the Run has ended and
+        # taking it from that worker are decided at once (it may be appending its end).
+        with slot.lock:
+            view = slot.view()
+            ended = slot.state.phase == "terminal"
+            live = not ended and view.status not in ("completed", "failed")
+            if live:
+                slot.owned = False
+        if ended:
             return view, not slot.state.dismissed
-        if view.status in ("completed", "failed"):
+        if not live:
             if slot.override is not None and slot.override.code == "RUN_INTERRUPTED":
                 # Dismiss: record it so the Run stops coming back; its evidence stays.
                 self.append(
@@ -411,7 +456,6 @@ class Runtime:
                 slot.publish("dismissed", None)
                 return slot.view(), False
             return view, True
-        slot.owned = False
         self.append(
             slot,
             Terminal(at=clock.now(), status="failed", error=error_view("RUN_STOPPED")),

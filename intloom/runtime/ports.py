@@ -31,3 +31,19 @@ class JournalPort(Protocol):
     def append(self, run_id: str, record: Record, state: RunState | None = None) -> None: ...
 
     async def sync(self, run_id: str | None = None) -> None: ...
+
+    def share(self) -> None:
+        """Before a thread starts appending and syncing (``sync_threadsafe``): from the loop."""
+        ...
+
+    def unshare(self) -> None:
+        """From that thread, once it is done."""
+        ...
+
+    def alone(self, run_id: str) -> bool:
+        """True while only ``run_id`` has been writing lately (nobody joins its flushes)."""
+        ...
+
+    def sync_threadsafe(self, run_id: str) -> None:
+        """``sync`` for one Run, blocking, from a thread other than the event loop's."""
+        ...

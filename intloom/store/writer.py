@@ -88,7 +88,8 @@ def _die() -> NoReturn:
 
 
 class Store:
-    """The checkpoint store of one host instance. Loop-thread only (one event loop).
+    """The checkpoint store of one host instance, used from one event loop and, through
+    ``sync_threadsafe``, from the threads that drive sync Steps (see that method).
 
     Counters for tests and benchmarks: ``flushes`` (batches written), ``records_flushed``.
     ``restored`` is what the store read at open (the same as ``read_runs_report``).
@@ -105,6 +106,15 @@ class Store:
         self.records_flushed = 0
         self._faults = faults
         self._loop: asyncio.AbstractEventLoop | None = None
+        # Guards what appends and flushes share (the pending records, the counters, the
+        # batch being written) while a thread drives a Run (``share``): ``_shared`` counts
+        # those threads. Taken only then -- 0 means nobody but the loop is here, and only
+        # the loop raises it -- because a dozen lock round trips per Step cost 64 busy
+        # Runs ~10 % of their Steps/s. Held for bookkeeping only, never across a write.
+        # ``_flushed`` tells threads that a batch was written.
+        self._lock = threading.Lock()
+        self._flushed = threading.Condition(self._lock)
+        self._shared = 0
         # Flushes run on the loop thread (inline) or the store's thread, and a compaction is
         # settled on the store's thread: whoever changes the tracks holds this.
         self._tracks_lock = threading.Lock()
@@ -127,7 +137,9 @@ class Store:
         self._failures: deque[_Failure] = deque(maxlen=256)
         # Runs with a record in a failed batch: finished for this process (see _finish_batch).
         self._failed_runs: dict[str, _Failure] = {}
-        self._inflight: _Batch | None = None  # the batch on the store's thread
+        # The batch being written (by the store's thread, the loop or a Step's thread):
+        # batches are written one at a time, in the order they were taken.
+        self._inflight: _Batch | None = None
         self._kick: asyncio.Handle | None = None  # a flush scheduled for this loop iteration
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []  # (appended, future)
         self._closed = False
@@ -269,25 +281,39 @@ class Store:
         record a second time.
         """
         if self._closed:
-            raise IntloomError("STORAGE_ERROR", f"Checkpoint store {self.layout.root} is "
-                               "closed; no record can be appended after the host stopped.")
-        if self._failed_runs:
-            failed = self._failed_runs.get(run_id)
-            if failed is not None:
-                raise CheckpointFailed(failed.run_ids, failed.cause)
+            raise self._closed_error()
         # Encoded first: a record that cannot be encoded raises and changes nothing.
         payload = encode_record(record)
-        # The seq is taken now: if an earlier batch of this Run fails before this record is
-        # written, the record is dropped and the Run never writes again in this process.
-        seq = self._next_seq.get(run_id, 1)
-        self._next_seq[run_id] = seq + 1
-        if run_id not in self._pending_first:
-            self._pending_first[run_id] = seq
-        self._pending_frames.append(encode_frame(KIND_RECORD, seq, run_id.encode(), payload))
-        self._pending.append((run_id, record, seq, state))
-        self._appended += 1
+        lock = self._lock if self._shared else None
+        if lock is not None:
+            lock.acquire()
+        try:
+            if self._closed:  # again: a thread's append may race the loop's close
+                raise self._closed_error()
+            if self._failed_runs:
+                failed = self._failed_runs.get(run_id)
+                if failed is not None:
+                    raise CheckpointFailed(failed.run_ids, failed.cause)
+            # The seq is taken now: if an earlier batch of this Run fails before this record
+            # is written, it is dropped and the Run never writes again in this process.
+            seq = self._next_seq.get(run_id, 1)
+            self._next_seq[run_id] = seq + 1
+            if run_id not in self._pending_first:
+                self._pending_first[run_id] = seq
+            self._pending_frames.append(encode_frame(KIND_RECORD, seq, run_id.encode(),
+                                                     payload))
+            self._pending.append((run_id, record, seq, state))
+            self._appended += 1
+        finally:
+            if lock is not None:
+                lock.release()
+
+    def _closed_error(self) -> IntloomError:
+        return IntloomError("STORAGE_ERROR", f"Checkpoint store {self.layout.root} is closed; "
+                            "no record can be appended after the host stopped.")
 
     def _take_batch(self) -> _Batch | None:
+        """Everything pending, as the next batch to write (with the lock held)."""
         entries = self._pending
         if not entries:
             return None
@@ -347,28 +373,106 @@ class Store:
         is not in ``run_ids`` may treat its own records as durable.
         """
         if run_id is not None and run_id in self._failed_runs:
-            self._check(0, 0, run_id)
+            with self._lock:
+                self._check(0, 0, run_id)
+        # Two ints, each read atomically: a thread appending meanwhile only adds records
+        # this call need not wait for.
         high = self._appended
         low = self._resolved
         while self._resolved < high:
-            if self._inflight is None and self._kick is None:
-                if not self._pending:
-                    break  # nothing left to make durable (taken by sync_blocking)
-                if self._solo():
-                    batch = self._take_batch()
-                    assert batch is not None
-                    self.inline_flushes += 1
-                    self._finish_batch(batch, self._write_guarded(batch))
-                    continue
-                # Flush once every Run woken in this loop iteration has appended: the
-                # callback runs after the handles already queued, so one fdatasync serves
-                # them all instead of one for the first caller and one for the rest.
-                self._kick = self._running_loop().call_soon(self._flush_next)
-            waiter: asyncio.Future[None] = self._running_loop().create_future()
-            self._waiters.append((high, waiter))
+            inline: _Batch | None = None
+            waiter: asyncio.Future[None] | None = None
+            lock = self._lock if self._shared else None
+            if lock is not None:
+                lock.acquire()
+            try:
+                if self._resolved >= high:
+                    break
+                if self._inflight is None and self._kick is None:
+                    if not self._pending:
+                        break  # nothing left to make durable (taken by sync_blocking)
+                    if self._solo():
+                        inline = self._inflight = self._take_batch()
+                    else:
+                        # Flush once every Run woken in this loop iteration has appended:
+                        # the callback runs after the handles already queued, so one
+                        # fdatasync serves them all instead of one for the first caller and
+                        # one for the rest.
+                        self._kick = self._running_loop().call_soon(self._flush_next)
+                if inline is None:
+                    waiter = self._running_loop().create_future()
+                    self._waiters.append((high, waiter))
+            finally:
+                if lock is not None:
+                    lock.release()
+            if inline is not None:
+                self.inline_flushes += 1
+                self._write_out(inline)
+                if self._waiters:
+                    self._wake()
+                continue
+            assert waiter is not None
             await waiter
         if self._failures or self._failed_runs:  # nothing has ever failed: nothing to check
-            self._check(low, high, run_id)
+            with self._lock:
+                self._check(low, high, run_id)
+
+    def sync_threadsafe(self, run_id: str) -> None:
+        """``sync`` from a thread other than the loop's (one driving sync Steps): block until
+        every record appended before the call is durable.
+
+        The thread writes the batch itself when no other flush is under way -- no hand-off
+        to the loop or the store's thread, which would cost two thread wake-ups per flush --
+        and otherwise waits for the flush in progress, which may already hold its records.
+        Either way one write + fdatasync still serves every Run that appended meanwhile.
+        """
+        lock = self._lock
+        with lock:
+            if run_id in self._failed_runs:
+                self._check(0, 0, run_id)
+            high = self._appended
+            low = self._resolved
+            while self._resolved < high:
+                if self._inflight is not None:
+                    self._flushed.wait()
+                    continue
+                batch = self._inflight = self._take_batch()
+                if batch is None:
+                    break
+                lock.release()
+                try:
+                    cause = self._write_guarded(batch)
+                finally:
+                    lock.acquire()
+                self._finish_batch(batch, cause)
+                self._inflight = None
+                self._flushed.notify_all()
+                if self._waiters:  # coroutines on the loop wait for this batch, or after it
+                    with contextlib.suppress(RuntimeError):  # closed loop: nobody waits
+                        self._running_loop_from_thread().call_soon_threadsafe(self._wake)
+            if self._failures or self._failed_runs:
+                self._check(low, high, run_id)
+
+    def _running_loop_from_thread(self) -> asyncio.AbstractEventLoop:
+        loop = self._loop
+        if loop is None:
+            raise RuntimeError("no event loop has used this store")
+        return loop
+
+    def _settle_batch(self, batch: _Batch, cause: str | None) -> None:
+        """A batch was written (or failed): count it and let the next flush start."""
+        if not self._shared:
+            self._finish_batch(batch, cause)
+            self._inflight = None
+            return
+        with self._lock:
+            self._finish_batch(batch, cause)
+            self._inflight = None
+            self._flushed.notify_all()
+
+    def _write_out(self, batch: _Batch) -> None:
+        """Write the batch just taken (``_inflight``) on this thread."""
+        self._settle_batch(batch, self._write_guarded(batch))
 
     def _running_loop(self) -> asyncio.AbstractEventLoop:
         """The loop the store is used from. ``asyncio.get_running_loop`` makes a getpid()
@@ -377,6 +481,22 @@ class Store:
         if loop is None or not loop.is_running():
             loop = self._loop = asyncio.get_running_loop()
         return loop
+
+    def share(self) -> None:
+        """From the loop, before a thread starts appending and flushing (``sync_threadsafe``)
+        for a Run: from now on the loop locks what it shares with that thread."""
+        with self._lock:
+            self._shared += 1
+
+    def unshare(self) -> None:
+        """From that thread, once it will not touch the store again."""
+        with self._lock:
+            self._shared -= 1
+
+    def alone(self, run_id: str) -> bool:
+        """True while ``run_id`` has been the only Run writing (its last ``_SOLO_BATCHES``
+        batches held nobody else's records): nobody would join its flushes. Advisory."""
+        return self._solo_run == run_id and self._solo_count >= _SOLO_BATCHES
 
     def _solo(self) -> bool:
         """True when no other Run could join the next flush: flush without a hand-off."""
@@ -396,17 +516,25 @@ class Store:
         (``_INLINE_MAX_SYNC_S``) goes back to the thread, so the loop never stalls for long.
         """
         self._kick = None
-        if self._inflight is not None:
-            return  # its completion starts the next batch
-        batch = self._take_batch()
-        if batch is None:
-            return
-        if self._last_sync_s < self._inline_max_sync_s and not self._may_wait_for_compaction(batch):
+        lock = self._lock if self._shared else None
+        if lock is not None:
+            lock.acquire()
+        try:
+            if self._inflight is not None:
+                return  # its completion starts the next batch
+            batch = self._inflight = self._take_batch()
+            if batch is None:
+                return
+            inline = (self._last_sync_s < self._inline_max_sync_s
+                      and not self._may_wait_for_compaction(batch))
+        finally:
+            if lock is not None:
+                lock.release()
+        if inline:
             self.inline_flushes += 1
-            self._finish_batch(batch, self._write_guarded(batch))
+            self._write_out(batch)
             self._wake()
             return
-        self._inflight = batch
         self._submit(batch)
 
     def _may_wait_for_compaction(self, batch: _Batch) -> bool:
@@ -424,16 +552,24 @@ class Store:
 
     def _wake(self) -> None:
         """Resume every waiter whose records are resolved; start the flush the others need."""
-        resolved = self._resolved
         ready: list[asyncio.Future[None]] = []
         later: list[tuple[int, asyncio.Future[None]]] = []
-        for entry in self._waiters:
-            if entry[0] > resolved:
-                later.append(entry)
-            else:
-                ready.append(entry[1])
-        self._waiters = later
-        if later and self._kick is None and self._inflight is None:
+        lock = self._lock if self._shared else None
+        if lock is not None:
+            lock.acquire()
+        try:
+            resolved = self._resolved
+            for entry in self._waiters:
+                if entry[0] > resolved:
+                    later.append(entry)
+                else:
+                    ready.append(entry[1])
+            self._waiters = later
+            start = bool(later) and self._kick is None and self._inflight is None
+        finally:
+            if lock is not None:
+                lock.release()
+        if start:
             # Records appended while the last batch was on disk: start their flush now.
             self._flush_next()
         for waiter in ready:
@@ -446,8 +582,7 @@ class Store:
         def done(result: Any) -> None:
             cause = result if result is None or isinstance(result, str) else (
                 f"the checkpoint writer failed ({type(result).__name__})")
-            self._finish_batch(batch, cause)
-            self._inflight = None
+            self._settle_batch(batch, cause)
             self._wake()
 
         def deliver(cause: Any) -> None:
@@ -479,13 +614,15 @@ class Store:
 
     def sync_blocking(self, run_id: str | None = None) -> None:
         """``sync`` for callers without an event loop (benchmarks, tests)."""
-        if self._inflight is not None:
-            raise RuntimeError("sync_blocking() while an asynchronous flush is in flight")
-        low = self._resolved
-        batch = self._take_batch()
+        with self._lock:
+            if self._inflight is not None:
+                raise RuntimeError("sync_blocking() while an asynchronous flush is in flight")
+            low = self._resolved
+            batch = self._inflight = self._take_batch()
         if batch is not None:
-            self._finish_batch(batch, self._write_guarded(batch))
-        self._check(low, self._resolved, run_id)
+            self._write_out(batch)
+        with self._lock:
+            self._check(low, self._resolved, run_id)
 
     # ------------------------------------------------------------------ writer thread
 
@@ -700,9 +837,10 @@ class Store:
 
     async def close(self) -> None:
         """Flush, snapshot unfinished Runs, seal the segment. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
         # The failed batch's callers were told; closing still seals what is durable.
         with contextlib.suppress(CheckpointFailed):
             await self.sync()
@@ -718,9 +856,10 @@ class Store:
 
     def close_blocking(self) -> None:
         """``close`` for callers without an event loop."""
-        if self._closed:
-            return
-        self._closed = True
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
         with contextlib.suppress(CheckpointFailed):
             self.sync_blocking()
         self._stop_worker()

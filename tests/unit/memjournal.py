@@ -4,6 +4,7 @@ and every end-to-end test runs the real one)."""
 from __future__ import annotations
 
 import asyncio
+import threading
 
 from intloom.runtime.ports import CheckpointFailed
 from intloom.runtime.records import Record
@@ -15,19 +16,37 @@ class MemoryJournal:
         self.pending: list[tuple[str, Record]] = []
         self.flushes = 0
         self.fail_at: set[int] = set()
+        self._lock = threading.Lock()  # sync Steps append and flush from their threads
 
     def append(self, run_id: str, record: Record, state: object = None) -> None:
-        self.pending.append((run_id, record))
+        with self._lock:
+            self.pending.append((run_id, record))
 
     async def sync(self, run_id: str | None = None) -> None:
         await asyncio.sleep(0)  # yield like a real flush would
-        if not self.pending:
-            return
-        self.flushes += 1
-        batch, self.pending = self.pending, []
-        if self.flushes in self.fail_at:
-            raise CheckpointFailed(frozenset(r for r, _ in batch), "injected EIO")
-        self.records.extend(batch)
+        self._flush()
+
+    def share(self) -> None:
+        pass  # always locked
+
+    def unshare(self) -> None:
+        pass
+
+    def alone(self, run_id: str) -> bool:
+        return True  # sync Steps run on their own thread, as a lone Run's do on a host
+
+    def sync_threadsafe(self, run_id: str) -> None:
+        self._flush()
+
+    def _flush(self) -> None:
+        with self._lock:
+            if not self.pending:
+                return
+            self.flushes += 1
+            batch, self.pending = self.pending, []
+            if self.flushes in self.fail_at:
+                raise CheckpointFailed(frozenset(r for r, _ in batch), "injected EIO")
+            self.records.extend(batch)
 
     def of(self, run_id: str) -> list[Record]:
         return [r for rid, r in self.records if rid == run_id]

@@ -16,11 +16,21 @@ from intloom.authoring.loader import LoadedWorkflow
 from intloom.errors import IntloomError
 from intloom.executor.runtime import RestoredRun, Runtime
 from intloom.runtime.machine import fold
+from intloom.runtime.ports import CheckpointFailed
 from tests.unit.memjournal import MemoryJournal
 
 
 class Count(msgspec.Struct):
     n: int = 0
+
+
+@pytest.fixture(autouse=True, params=["on_thread", "from_loop"])
+def sync_step_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test both ways a sync Step can be run: a Run driven on a worker thread (what a
+    Run that writes alone gets, Store.alone) and each Step called from the loop."""
+    alone = request.param == "on_thread"
+    monkeypatch.setattr(MemoryJournal, "alone", lambda self, run_id: alone)
+    return str(request.param)
 
 
 def loaded(wf: intloom.Workflow) -> dict[str, LoadedWorkflow]:
@@ -489,5 +499,99 @@ def test_a_long_history_is_out_of_the_cyclic_collectors_way() -> None:
         updates = [u for batch in [b async for b in rt.subscribe(view.run_id)] for u in batch]
         details = [u.detail for u in updates if u.event in ("step_result", "effect_done")]
         assert details[:2] == [{"name": "note", "key": "note#1"}, {"outcome": "again"}]
+
+    run(main)
+
+
+def test_a_sync_step_raising_stopiteration_fails_its_run() -> None:
+    """A future refuses a StopIteration: carried raw, it broke the hand-back of every other
+    sync Step's result in the same batch, and this Run never ended."""
+    wf = intloom.Workflow("stop", version="1")
+    st = wf.stage("s")
+
+    @st.step("a", routes={"ok": intloom.COMPLETE})
+    def a(ctx: Any) -> str:
+        raise StopIteration("early")
+
+    async def main() -> None:
+        rt = Runtime(loaded(wf), MemoryJournal(), package_version="0.1.0")
+        rt.restore([])
+        view = await rt.wait_stable((await rt.create_run("stop", "go")).run_id)
+        assert view.status == "failed" and view.last_error is not None
+        assert view.last_error.code == "STEP_EXECUTION_FAILED"
+        assert "StopIteration(early)" in view.last_error.message
+
+    run(main)
+
+
+def test_a_sync_step_returning_an_awaitable_is_awaited_on_the_loop() -> None:
+    wf = intloom.Workflow("later", version="1")
+    st = wf.stage("s", state=Count)
+
+    async def decide(n: int) -> str:
+        await asyncio.sleep(0)
+        return "done" if n >= 3 else "again"
+
+    @st.step("a", routes={"again": "a", "done": intloom.COMPLETE})
+    def a(ctx: intloom.StepContext[Count]) -> Any:
+        ctx.state = Count(n=ctx.state.n + 1)
+        return decide(ctx.state.n)  # a coroutine: the loop awaits it for the outcome
+
+    journal = MemoryJournal()
+
+    async def main() -> str:
+        rt = Runtime(loaded(wf), journal, package_version="0.1.0")
+        rt.restore([])
+        view = await rt.wait_stable((await rt.create_run("later", "go")).run_id)
+        assert view.status == "completed", view.last_error
+        return view.run_id
+
+    run_id = run(main)
+    final = fold(journal.of(run_id))
+    assert final is not None and final.phase == "terminal"
+    assert msgspec.json.decode(final.stage_state or b"{}", type=Count).n == 3
+
+
+def test_a_cancel_while_a_failed_checkpoint_is_unsettled_does_not_hang_the_loop() -> None:
+    """The Run's journal refuses appends (an earlier batch failed) and the loop has not yet
+    heard it from the worker: cancel's own append meets that failure on the loop, while a
+    worker drives the Run. Handling it must not re-take the Run's lock it still held."""
+    gate = threading.Event()
+    wf = intloom.Workflow("stuck", version="1")
+    st = wf.stage("s")
+
+    @st.step("a", routes={"ok": intloom.COMPLETE})
+    def a(ctx: Any) -> str:
+        assert gate.wait(20)
+        return "ok"
+
+    class Refusing(MemoryJournal):
+        refuse = False
+
+        def append(self, run_id: str, record: Any, state: object = None) -> None:
+            if self.refuse:
+                raise CheckpointFailed(frozenset({run_id}), "injected: an earlier batch failed")
+            super().append(run_id, record, state)
+
+    journal = Refusing()
+
+    async def main() -> None:
+        rt = Runtime(loaded(wf), journal, package_version="0.1.0")
+        rt.restore([])
+        view = await rt.create_run("stuck", "go")
+        slot = rt.runs[view.run_id]
+        deadline = time.monotonic() + 10
+        while journal.flushes < 2:  # creation, then the Step's executing: it now runs
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.005)
+        journal.refuse = True
+        try:
+            with pytest.raises(IntloomError) as failed:
+                await asyncio.wait_for(rt.cancel(view.run_id), 5)
+            assert failed.value.code == "RUN_CHECKPOINT_FAILED"
+            error = slot.view().last_error
+            assert error is not None and error.code == "RUN_CHECKPOINT_FAILED"
+        finally:
+            gate.set()
 
     run(main)

@@ -1,0 +1,103 @@
+"""A lone Run's sync Steps are driven on a worker thread, which flushes the journal itself
+(intloom/executor/driver.py, ``_steps_here``). The real host dies or fails at a flush well
+inside such a stretch -- the thread's own flushes alternate with the loop's (each tick's
+effect is journaled through the loop) -- and the restart keeps every promise it keeps for
+the loop: the journal verifies, nothing ran twice, and the Run completes or is reported
+RUN_INTERRUPTED.
+
+Faults come only through ``INTLOOM_FAULT`` (docs/format.md, "Testing hooks"). A lone soak
+ticker is driven on a thread from its 9th flush on (once it has written alone for 8); from
+then on the thread writes the odd flushes (executing, with the last tick's result) and the
+loop the even ones (each tick's effect_started): 40 is the loop's, 41 the thread's.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from intloom.client.client import Client
+from intloom.client.lifecycle import stop_service
+from intloom.store import read_history, verify_report
+from tests.helpers import Project, ok
+from tests.integration.host_support import start
+
+pytestmark = pytest.mark.e2e
+
+GOAL = 60
+
+
+def _counters(project: Project) -> Counter[str]:
+    path = project.root / "counters.log"
+    return Counter(path.read_text().splitlines() if path.exists() else [])
+
+
+def _judge(project: Project, run_id: str, status: str, code: str | None) -> None:
+    runtime: Path = project.state / "runtime"
+    report = verify_report(runtime)
+    assert [r for r in report.runs if r.status != "ok"] == []
+    counts = _counters(project)
+    assert max(counts.values(), default=1) == 1, counts.most_common(3)  # nothing ran twice
+    ticks = [line for line in counts if line.startswith(f"{run_id} step tick-")]
+    verdicts = Counter(e.verdict for e in read_history(runtime, run_id))
+    assert set(verdicts) <= {"ok", "void", "torn", "snapshot"}, verdicts
+    if status == "completed":
+        assert len(ticks) == GOAL  # every tick exactly once, across the crash
+    else:
+        assert code in ("RUN_INTERRUPTED", "RUN_CHECKPOINT_FAILED"), code
+        assert 15 <= len(ticks) < GOAL  # stopped where the fault hit, nothing re-run
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "fault", ["crash_after_sync=40", "crash_after_sync=41", "crash_before_sync=41",
+              "torn_write=40", "torn_write=41"])
+def test_a_crash_while_a_thread_drives_sync_steps(
+    soak_project: Project, monkeypatch: pytest.MonkeyPatch, fault: str
+) -> None:
+    project = soak_project
+    monkeypatch.setenv("INTLOOM_FAULT", fault)
+    service = start(project).service
+    with Client.connect(project.root) as client:
+        run = client.create_run("soak-ticker", f"crash goal={GOAL} delay=0", wait=False)
+    project.wait_released(service.pid, timeout=60)  # the host SIGKILLed itself at that flush
+    monkeypatch.delenv("INTLOOM_FAULT")
+    ok(project.cli("--json", "recover"))
+    start(project)
+    with Client.connect(project.root) as client:
+        final = client.wait_run(run.run_id)
+    code = final.last_error.code if final.last_error else None
+    assert final.status == "completed" or code == "RUN_INTERRUPTED", (final.status, code)
+    _judge(project, run.run_id, final.status, code)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("fault", ["fail_sync=40", "fail_sync=41"])
+def test_a_failed_flush_while_a_thread_drives_sync_steps(
+    soak_project: Project, monkeypatch: pytest.MonkeyPatch, fault: str
+) -> None:
+    project = soak_project
+    monkeypatch.setenv("INTLOOM_FAULT", fault)
+    service = start(project).service
+    with Client.connect(project.root) as client:
+        run = client.create_run("soak-ticker", f"disk goal={GOAL} delay=0", wait=False)
+        failed = client.wait_run(run.run_id)
+        assert failed.status == "failed" and failed.last_error is not None
+        assert failed.last_error.code == "RUN_CHECKPOINT_FAILED"
+        # The host keeps serving, and a new lone Run is driven the same way to its end.
+        other = client.create_run("soak-ticker", f"disk goal={GOAL} delay=0")
+        assert client.wait_run(other.run_id).status == "completed"
+        assert client.status().instance_id == service.instance_id
+    assert stop_service(project.root)
+    monkeypatch.delenv("INTLOOM_FAULT")
+    start(project)
+    with Client.connect(project.root) as client:
+        again = client.get_run(run.run_id)
+    # Its journal ends at its last durable record; the Step in flight is not re-run.
+    assert again.status == "failed" and again.last_error is not None
+    assert again.last_error.code == "RUN_INTERRUPTED"
+    _judge(project, run.run_id, "failed", "RUN_INTERRUPTED")
+    verdicts = Counter(e.verdict for e in read_history(project.state / "runtime", run.run_id))
+    assert verdicts["void"] >= 1, verdicts  # the failed batch is on disk, never a record

@@ -1,0 +1,278 @@
+"""A lone Run's sync Steps are driven on one worker thread, Step after Step (against the real
+store): the same records in the same order as on the loop, followers still see every Step,
+a cancel still wins, and a second Run brings the first back to the loop's group commit."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+import intloom
+from intloom.authoring.loader import LoadedWorkflow
+from intloom.executor.runtime import Runtime
+from intloom.runtime.records import Executing, Record, StepReady, StepResult, Terminal
+from intloom.store import read_history
+from tests.unit.test_store_support import open_store
+
+
+class Tick(msgspec.Struct):
+    n: int = 0
+
+
+class Probe:
+    """What the Steps saw: the thread each ran on; ``hold_at`` parks that Step until set."""
+
+    def __init__(self, hold_at: int | None = None) -> None:
+        self.threads: list[int] = []
+        self.hold_at = hold_at
+        self.held = threading.Event()
+        self.release = threading.Event()
+        self.returned = threading.Event()
+
+
+def ticks(name: str, steps: int, probe: Probe) -> LoadedWorkflow:
+    wf = intloom.Workflow(name, version="1")
+    stage = wf.stage("loop", state=Tick)
+
+    @stage.step("tick", routes={"again": "tick", "done": intloom.COMPLETE})
+    def tick(ctx: intloom.StepContext[Tick]) -> str:
+        n = ctx.state.n + 1
+        probe.threads.append(threading.get_ident())
+        if n == probe.hold_at:
+            probe.held.set()
+            assert probe.release.wait(20), "the test never released the held Step"
+            probe.returned.set()
+        ctx.state = Tick(n=n)
+        return "done" if n >= steps else "again"
+
+    wf.validate()
+    return LoadedWorkflow(wf, "test.py", f"id-{name}", wf.schemas())
+
+
+async def _until(predicate: Any, what: str, limit_s: float = 20.0) -> None:
+    deadline = time.monotonic() + limit_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.005)
+
+
+def _records(root: Path, run_id: str) -> list[Record]:
+    """The Run's journal as read back from disk (before the store closes and compacts)."""
+    entries = read_history(root, run_id)
+    assert entries and all(e.verdict == "ok" for e in entries), [e.verdict for e in entries]
+    return [e.record for e in entries if e.record is not None]
+
+
+@pytest.mark.timeout(60)
+def test_a_lone_runs_sync_steps_run_on_one_thread_with_every_boundary(tmp_path: Path) -> None:
+    root = tmp_path / "runtime"
+    steps = 60
+    probe = Probe()
+    lw = ticks("solo", steps, probe)
+    seen: list[tuple[str, str]] = []
+
+    async def main() -> list[Record]:
+        store = open_store(root)
+        rt = Runtime({lw.name: lw}, store, package_version="0.1.0")
+        rt.restore([])
+        view = await rt.create_run(lw.name, "test")
+
+        async def follow() -> None:
+            async for batch in rt.subscribe(view.run_id):
+                seen.extend((u.event, u.run.status) for u in batch)
+
+        follower = asyncio.ensure_future(follow())
+        final = await asyncio.wait_for(rt.wait_stable(view.run_id), 30)
+        await asyncio.wait_for(follower, 10)
+        assert final.status == "completed"
+        # The first Steps went through the loop until the Run had written alone for a few
+        # flushes (Store.alone); every later one was driven on a thread.
+        assert rt.runs[view.run_id].steps_on_thread >= steps - 20
+        records = _records(root, view.run_id)
+        await store.close()
+        return records
+
+    records = asyncio.run(main())
+    loop_thread = threading.get_ident()  # asyncio.run ran its loop on this thread
+    assert len(probe.threads) == steps
+    assert loop_thread not in probe.threads
+    # Once the Run has been alone for a few flushes, one worker drives Step after Step.
+    tail = probe.threads[20:]
+    assert len(set(tail)) == 1, f"the later Steps ran on {len(set(tail))} threads"
+    # Exactly the boundaries the loop writes: executing, step_result, step_ready per Step.
+    kinds = [type(r).__name__ for r in records]
+    body = kinds[kinds.index("Executing"):]
+    assert body == ["Executing", "StepResult", "StepReady"] * (steps - 1) + [
+        "Executing", "StepResult", "Terminal"]
+    # The follower saw every Step, in order, though no publish woke the loop per Step.
+    events = [event for event, _ in seen]
+    assert events.count("executing") == steps and events.count("step_result") == steps
+    assert seen[-1][1] == "completed"
+
+
+@pytest.mark.timeout(60)
+def test_a_cancel_wins_over_a_step_running_on_a_thread(tmp_path: Path) -> None:
+    root = tmp_path / "runtime"
+    probe = Probe(hold_at=30)
+    lw = ticks("held", 100, probe)
+
+    async def main() -> list[Record]:
+        store = open_store(root)
+        rt = Runtime({lw.name: lw}, store, package_version="0.1.0")
+        rt.restore([])
+        view = await rt.create_run(lw.name, "test")
+        await asyncio.to_thread(probe.held.wait, 20)
+        slot = rt.runs[view.run_id]
+        assert slot.on_thread, "the held Step runs on a thread driving the Run"
+        cancelled, ended = await rt.cancel(view.run_id)
+        assert not ended and cancelled.status == "failed"
+        assert cancelled.last_error is not None
+        assert cancelled.last_error.code == "RUN_STOPPED"
+        probe.release.set()
+        # The Step returns into a Run that is no longer its own: the thread gives it up.
+        await _until(lambda: not slot.on_thread and store._shared == 0,
+                     "the thread to give the Run and the store up")
+        error = slot.view().last_error
+        assert error is not None and error.code == "RUN_STOPPED"
+        records = _records(root, view.run_id)
+        await store.close()
+        return records
+
+    records = asyncio.run(main())
+    assert probe.returned.is_set()
+    assert isinstance(records[-1], Terminal) and records[-1].error is not None
+    assert records[-1].error.code == "RUN_STOPPED"
+    # Nothing the held Step produced was recorded after the cancel.
+    assert isinstance(records[-2], Executing)
+    assert sum(isinstance(r, StepResult) for r in records) == 29
+    assert len(probe.threads) == 30
+
+
+@pytest.mark.timeout(60)
+def test_a_second_run_brings_a_threaded_run_back_to_group_commit(tmp_path: Path) -> None:
+    root = tmp_path / "runtime"
+    first, second = Probe(hold_at=30), Probe()
+    long_lw, other_lw = ticks("long", 200, first), ticks("other", 200, second)
+
+    async def main() -> tuple[dict[str, list[Record]], int, int]:
+        store = open_store(root)
+        rt = Runtime({long_lw.name: long_lw, other_lw.name: other_lw}, store,
+                     package_version="0.1.0")
+        rt.restore([])
+        a = await rt.create_run(long_lw.name, "test")
+        await asyncio.to_thread(first.held.wait, 20)
+        slot = rt.runs[a.run_id]
+        assert slot.on_thread
+        before = slot.steps_on_thread
+        b = await rt.create_run(other_lw.name, "test")
+        first.release.set()
+        finals = await asyncio.wait_for(
+            asyncio.gather(rt.wait_stable(a.run_id), rt.wait_stable(b.run_id)), 30)
+        assert [f.status for f in finals] == ["completed", "completed"]
+        journals = {run_id: _records(root, run_id) for run_id in (a.run_id, b.run_id)}
+        await store.close()
+        return journals, before, slot.steps_on_thread
+
+    journals, before, after = asyncio.run(main())
+    for history in journals.values():
+        steps = 200
+        assert sum(isinstance(r, StepResult) for r in history) == steps
+        assert sum(isinstance(r, StepReady) for r in history) == steps
+    # The held Step (the 30th) was driven on a thread, after the Run had been alone for a
+    # while; once the second Run wrote, the first went back to the loop within a Step or
+    # two, for its remaining 170 Steps (both write all along: neither is alone again).
+    assert 10 <= before <= 30
+    assert after - before <= 3, f"{after - before} more Steps were driven on a thread"
+
+
+@pytest.mark.timeout(60)
+def test_a_cancel_during_the_threads_flush_keeps_the_step_from_running(tmp_path: Path) -> None:
+    """On the loop, a cancel that lands while a Step's executing is being written ends the
+    task in its await: the Step is never called. A worker driving the Run must agree."""
+    root = tmp_path / "runtime"
+    probe = Probe()
+    lw = ticks("flushing", 100, probe)
+    writing, release = threading.Event(), threading.Event()
+
+    async def main() -> tuple[int, int, list[Record]]:
+        store = open_store(root)
+        real_write = store._write_guarded
+        seen = 0
+
+        def held_write(batch: Any) -> str | None:
+            nonlocal seen
+            if threading.current_thread().name == "intloom-step":
+                seen += 1
+                if seen == 5:  # an executing, written by the thread driving the Run
+                    writing.set()
+                    assert release.wait(20)
+            return real_write(batch)
+
+        store._write_guarded = held_write  # type: ignore[method-assign]
+        rt = Runtime({lw.name: lw}, store, package_version="0.1.0")
+        rt.restore([])
+        view = await rt.create_run(lw.name, "test")
+        await asyncio.to_thread(writing.wait, 20)
+        slot = rt.runs[view.run_id]
+        calls = len(probe.threads)
+        cancel = asyncio.ensure_future(rt.cancel(view.run_id))
+        await _until(lambda: not slot.owned, "the cancel to take the Run")
+        release.set()
+        cancelled, ended = await asyncio.wait_for(cancel, 20)
+        assert not ended and cancelled.last_error is not None
+        assert cancelled.last_error.code == "RUN_STOPPED"
+        await _until(lambda: not slot.on_thread and store._shared == 0,
+                     "the thread to give the Run up")
+        records = _records(root, view.run_id)
+        await store.close()
+        return calls, len(probe.threads), records
+
+    before, after, records = asyncio.run(main())
+    assert after == before, "the Step whose executing was being written ran after the cancel"
+    assert isinstance(records[-1], Terminal) and records[-1].error is not None
+    assert records[-1].error.code == "RUN_STOPPED"
+    assert isinstance(records[-2], Executing)
+
+
+@pytest.mark.timeout(60)
+def test_a_cancel_racing_the_threads_last_route_reports_the_end_it_lost_to(
+        tmp_path: Path) -> None:
+    """The worker appends the Run's end while cancel decides: cancel either takes the Run
+    first or sees it ended -- never a second terminal record (IllegalTransition)."""
+    root = tmp_path / "runtime"
+    probe = Probe()
+    lw = ticks("racing", 30, probe)
+    inside = threading.Event()
+
+    async def main() -> tuple[bool, str]:
+        store = open_store(root)
+        real_append = store.append
+
+        def slow_end(run_id: str, record: Any, state: Any = None) -> None:
+            if isinstance(record, Terminal) and threading.current_thread().name == "intloom-step":
+                inside.set()
+                # Holds the Run's lock a while (a GIL switch at the worst moment): the
+                # cancel below arrives inside this window. The outcome is checked either way.
+                threading.Event().wait(0.3)
+            real_append(run_id, record, state)
+
+        store.append = slow_end  # type: ignore[method-assign]
+        rt = Runtime({lw.name: lw}, store, package_version="0.1.0")
+        rt.restore([])
+        view = await rt.create_run(lw.name, "test")
+        await asyncio.to_thread(inside.wait, 20)
+        _view, ended = await asyncio.wait_for(rt.cancel(view.run_id), 20)
+        final = await asyncio.wait_for(rt.wait_stable(view.run_id), 20)
+        await store.close()
+        return ended, final.status
+
+    ended, status = asyncio.run(main())
+    assert ended, "the Run had ended: cancel reports it, and changes nothing"
+    assert status == "completed"
+    assert len(probe.threads) == 30
