@@ -245,8 +245,11 @@ def render(report: dict[str, Any], chart: str | None) -> str:
         "and floor chunks alternate (Run, floor, floor, Run, ...); the ratio is the median of "
         "the neighbouring pairs' ratios, so that a change in the disk's latency during the "
         "run hits both sides of each pair. An `async` Step runs on the host's event loop; a "
-        "`sync` Step runs on a worker thread (it must never block the loop), which costs a "
-        "thread hand-off each way.",
+        "`sync` Step runs on a worker thread (it must never block the loop). A Run that has "
+        "been the only one writing for 8 flushes (as here, after its first few Steps) is "
+        "driven on one worker thread, which journals and flushes its sync Steps itself; with "
+        "other Runs writing (the 64-Run figures), each sync Step is handed from the loop to a "
+        "worker thread and back.",
         "",
         "`concurrency` runs, in one warmed store, 1 Run of 3,000 Steps and 64 concurrent Runs "
         "of 300 Steps each, alternating (64 staggered, 1, 64, 64, 1, 64 staggered, ...), so "
@@ -401,6 +404,19 @@ Changes (each measured before and after with the sub-command named):
   woken back (64 Runs: the loop's wait per Step went from ~7 µs idle to ~4 µs blocked in
   the fdatasync itself, ~38,000 → ~41,000 Steps/s). A flush slower than 2 ms sends the next
   ones back to the thread, so a slow disk never stalls the loop.
+- **A lone Run's sync Steps driven on their thread** (`steps --kind sync`, `peers`): a sync
+  Step was handed from the loop to a worker thread and back, 71-122 µs per Step here (each
+  wake-up lands on an idle vCPU). A Run that has been the only writer for 8 flushes is now
+  handed to a worker thread once and driven there, Step after Step: the thread appends the
+  records, writes and fdatasyncs them itself (`Store.sync_threadsafe`, one batch at a time,
+  in order, group commit with the loop), and shows the Run's progress without waking the
+  loop unless a follower, a waiting client or the host log needs it (a wake-up per Step cost
+  ~60 µs of CPU). The same records in the same order; the Run goes back to the loop at a
+  Step that is not sync, a new Stage, its end, a stop, a cancel, or once another Run writes.
+  One sync Run: 2.0-2.35× the floor → 1.37-1.46× (`steps --kind sync`, the same day).
+  The store and the Run's slot lock what they share only while a thread drives a Run: locked
+  always, 64 async Runs had cost ~12 % more CPU per Step (callgrind: 115.5k → 140.2k
+  instructions per Step; 118.5k with the locks conditional).
 - **Sync Steps' results in batches** (`concurrency --kind sync`): each finishing sync Step
   used to write to the loop's self-pipe; now the first result of a batch wakes the loop and
   the others join it (64 sync Runs: ~16,000 → ~25,000 Steps/s).
@@ -424,26 +440,23 @@ Changes (each measured before and after with the sub-command named):
 What is left, from profiles taken while building this harness (`py-spy`, `cProfile`,
 `strace -c`, `-X importtime`; figures are from those sessions, not this run):
 
-- A sync Step must not block the event loop, so it runs on a worker thread: one hand-off to
-  the thread and one back per Step. On this VM a bare Python thread round trip costs ~47-50
-  µs (two threads ping-ponging a `threading.Lock`; each syscall costs a few µs and each
-  wake-up crosses vCPUs), and the real one ~60 µs plus the loop's extra iteration. A sync
-  Step therefore stays ~100-150 µs above an async one: ~2.0-2.3× the floor where 1.5× would
-  leave ~85 µs for everything, and ~2.5-3.4× fewer µs than the faster peer, not 5×. That is
-  the price of the guarantee, not of a known inefficiency; an async Step meets the floor
-  target in every run and the peer target in some runs and not others (next item). Timed
-  inside one sync Run of 2,000 Steps on 2026-11-30 (the median Step of each of three runs):
-  submit to the worker running 28-49 µs, the Step plus handing its result back 13-30 µs (the
-  Step itself is ~2 µs when run hot), to the loop draining it 11-23 µs, and to the driver
-  resumed 17-19 µs (one more loop iteration): 71-122 µs in all, where an async Step has none
-  of it. Each wake-up lands on an idle vCPU; keeping one awake means spinning, and a
-  spinning Python thread holds the GIL the other one needs. What would remove both hand-offs
-  is a different shape, not a faster one: drive a Run whose Steps are sync on its worker
-  thread -- fold and append its records there under a lock, and let that thread write and
-  fdatasync its own batch when no flush is running -- so that a chain of sync Steps never
-  returns to the loop, which would then only publish. That moves a Run's state off the
-  loop's single thread (every read of it from the loop would need the same lock) and is not
-  started.
+- A sync Step must not block the event loop, so it runs on a worker thread. A Run alone
+  is driven there (above); with other Runs writing, each sync Step goes from the loop to a
+  worker and back, and 64 sync Runs reach ~26,000 Steps/s against ~40,000 for async ones
+  (the loop's CPU per Step ~36 µs against ~23 µs: a future, one more task wake-up and the
+  hand-back per Step, and the GIL passed between the loop and the workers). Their ratio is
+  against one sync Run, which the thread-driven Run made ~1.6× faster, so it fell from
+  8.75× (2026-11-30 09:27 UTC) to ~5.3× while the 64 Runs' own Steps/s did not move. Two
+  ways of driving them were measured and not kept: all 64 Runs driven on their own threads
+  (~12,500 Steps/s: 64 threads contending for the GIL; 23 Steps per flush where the loop
+  grouped 47 in the same session -- it groups 30-50 from run to run, at the same Steps/s),
+  and the round's sync Steps handed over as one batch to one worker, so that it runs them
+  back to back on one GIL acquisition (25,000-27,000 Steps/s, unchanged). 8× would need a
+  sync Step to cost the loop what an async one does.
+- Thread-driven sync Steps are CPU-bound like async ones (~105-135 µs of CPU per Step with
+  the write and fdatasync, ~60 µs of it the floor's own); against the peers they measure
+  4.2-4.9× in `peers`, which starts a fresh process per repetition, where `steps` (one
+  warmed process) gives ~195 µs, ~5.4× LangGraph's ~1,050 µs.
 - A lone async Run is bound by the fdatasync. The Python around it is ~15-20 µs per Step
   with fdatasync made a no-op, and 1.6-1.9× that interleaved with real ones (measured on a
   fixed piece of Python work: each Step starts with cold caches after the thread slept in
