@@ -679,6 +679,7 @@ class Driver:
             step = self._step(slot)
             fn = step.fn
             is_async = _is_async(fn)
+            awaiting: Any = None  # what the Step returned, when a thread ran it
             if (not is_async and step.kind != "agent" and self.steps_on_threads
                     and rt.journal.alone(slot.run_id)):
                 how, pending = await self._on_thread(slot)
@@ -689,26 +690,11 @@ class Driver:
                     return
                 if how == _NEXT:
                     continue
-                step, ctx, awaitable = pending
-                try:  # errors converted as _user converts them
-                    outcome = await awaitable
-                except IntloomError:
-                    raise
-                except asyncio.CancelledError:
-                    raise
-                except (SystemExit, KeyboardInterrupt, GeneratorExit) as exc:
-                    raise _user_failed(step.where, _contained(exc)) from None
-                except Exception as exc:
-                    raise _user_failed(step.where, exc) from None
-                if self._after_outcome(slot, step, outcome, ctx):
-                    await rt.sync(slot)
-                    return
-                if self.stopping or not slot.owned or slot.state.phase != "step_ready":
-                    return
-                continue
-            rt.append(slot, Executing(at=clock.now(), stage=step.stage.name, step=step.name))
-            await rt.sync(slot)
-            ctx = self._ctx(slot, step.name, step.stage)
+                step, ctx, awaiting = pending  # _AWAIT: its outcome is awaited here
+            else:
+                rt.append(slot, Executing(at=clock.now(), stage=step.stage.name, step=step.name))
+                await rt.sync(slot)
+                ctx = self._ctx(slot, step.name, step.stage)
             if step.kind == "agent":
                 request = await self._user(slot, step.where, step.fn, ctx)
                 call = PendingAgentCall(
@@ -724,7 +710,9 @@ class Driver:
                 await rt.sync(slot)
                 return
             try:  # errors converted as _user converts them
-                outcome = await (fn(ctx) if is_async else self._call_sync(fn, ctx))
+                if awaiting is None:
+                    awaiting = fn(ctx) if is_async else self._call_sync(fn, ctx)
+                outcome = await awaiting
             except IntloomError:
                 raise
             except asyncio.CancelledError:
@@ -733,20 +721,14 @@ class Driver:
                 raise _user_failed(step.where, _contained(exc)) from None
             except Exception as exc:
                 raise _user_failed(step.where, exc) from None
-            at = self._record_outcome(slot, step, outcome, ctx)  # as _after_outcome: per Step
+            at = self._record_outcome(slot, step, outcome, ctx)
+            # Routing is its own boundary (its own record), but nothing happens between the
+            # two: route here rather than through another turn of _drive.
             if self._route(slot, step, at):
                 await rt.sync(slot)
                 return
             if self.stopping or not slot.owned or slot.state.phase != "step_ready":
                 return
-
-    def _after_outcome(self, slot: RunSlot, step: Step[Any], outcome: Any,
-                       ctx: StepContext[Any]) -> bool:
-        """Record the Step's outcome and route it; True when the Run must be durable now."""
-        at = self._record_outcome(slot, step, outcome, ctx)
-        # Routing is its own boundary (its own record), but nothing happens between the
-        # two: route here rather than through another turn of _drive.
-        return self._route(slot, step, at)
 
     async def _on_thread(self, slot: RunSlot) -> tuple[str, Any]:
         """Drive the Run's sync Steps on a worker thread (``_steps_here``) until it gives
@@ -825,7 +807,7 @@ class Driver:
                 raise _user_failed(step.where, _contained(exc)) from None
             if type(outcome) is not str and inspect.isawaitable(outcome):
                 return _AWAIT, (step, ctx, outcome)
-            if self._after_outcome(slot, step, outcome, ctx):
+            if self._route(slot, step, self._record_outcome(slot, step, outcome, ctx)):
                 return _SYNC, None
             if self.stopping or not slot.owned or slot.state.phase != "step_ready":
                 return _BACK, None

@@ -20,6 +20,7 @@ import pytest
 
 from intloom.client.client import Client
 from intloom.client.lifecycle import stop_service
+from intloom.protocol.messages import ServiceView
 from intloom.store import read_history, verify_report
 from tests.helpers import Project, ok
 from tests.integration.host_support import start
@@ -50,6 +51,16 @@ def _judge(project: Project, run_id: str, status: str, code: str | None) -> None
         assert 15 <= len(ticks) < GOAL  # stopped where the fault hit, nothing re-run
 
 
+def _ticker_under(project: Project, monkeypatch: pytest.MonkeyPatch, fault: str,
+                  intent: str) -> tuple[ServiceView, str]:
+    """A host started with ``fault`` armed, and a lone soak ticker of GOAL ticks created."""
+    monkeypatch.setenv("INTLOOM_FAULT", fault)
+    service = start(project).service
+    with Client.connect(project.root) as client:
+        run = client.create_run("soak-ticker", f"{intent} goal={GOAL} delay=0", wait=False)
+    return service, run.run_id
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
     "fault", ["crash_after_sync=40", "crash_after_sync=41", "crash_before_sync=41",
@@ -58,19 +69,16 @@ def test_a_crash_while_a_thread_drives_sync_steps(
     soak_project: Project, monkeypatch: pytest.MonkeyPatch, fault: str
 ) -> None:
     project = soak_project
-    monkeypatch.setenv("INTLOOM_FAULT", fault)
-    service = start(project).service
-    with Client.connect(project.root) as client:
-        run = client.create_run("soak-ticker", f"crash goal={GOAL} delay=0", wait=False)
+    service, run_id = _ticker_under(project, monkeypatch, fault, "crash")
     project.wait_released(service.pid, timeout=60)  # the host SIGKILLed itself at that flush
     monkeypatch.delenv("INTLOOM_FAULT")
     ok(project.cli("--json", "recover"))
     start(project)
     with Client.connect(project.root) as client:
-        final = client.wait_run(run.run_id)
+        final = client.wait_run(run_id)
     code = final.last_error.code if final.last_error else None
     assert final.status == "completed" or code == "RUN_INTERRUPTED", (final.status, code)
-    _judge(project, run.run_id, final.status, code)
+    _judge(project, run_id, final.status, code)
 
 
 @pytest.mark.timeout(120)
@@ -79,11 +87,9 @@ def test_a_failed_flush_while_a_thread_drives_sync_steps(
     soak_project: Project, monkeypatch: pytest.MonkeyPatch, fault: str
 ) -> None:
     project = soak_project
-    monkeypatch.setenv("INTLOOM_FAULT", fault)
-    service = start(project).service
+    service, run_id = _ticker_under(project, monkeypatch, fault, "disk")
     with Client.connect(project.root) as client:
-        run = client.create_run("soak-ticker", f"disk goal={GOAL} delay=0", wait=False)
-        failed = client.wait_run(run.run_id)
+        failed = client.wait_run(run_id)
         assert failed.status == "failed" and failed.last_error is not None
         assert failed.last_error.code == "RUN_CHECKPOINT_FAILED"
         # The host keeps serving, and a new lone Run is driven the same way to its end.
@@ -94,10 +100,10 @@ def test_a_failed_flush_while_a_thread_drives_sync_steps(
     monkeypatch.delenv("INTLOOM_FAULT")
     start(project)
     with Client.connect(project.root) as client:
-        again = client.get_run(run.run_id)
+        again = client.get_run(run_id)
     # Its journal ends at its last durable record; the Step in flight is not re-run.
     assert again.status == "failed" and again.last_error is not None
     assert again.last_error.code == "RUN_INTERRUPTED"
-    _judge(project, run.run_id, "failed", "RUN_INTERRUPTED")
-    verdicts = Counter(e.verdict for e in read_history(project.state / "runtime", run.run_id))
+    _judge(project, run_id, "failed", "RUN_INTERRUPTED")
+    verdicts = Counter(e.verdict for e in read_history(project.state / "runtime", run_id))
     assert verdicts["void"] >= 1, verdicts  # the failed batch is on disk, never a record
