@@ -266,8 +266,9 @@ class RunSlot:
                 return False
             if self._stable_waiters and state.status != "running":
                 return False
-            count = upto[1] - self._events_published
-            pending = self._events[:count] if count < len(self._events) else self._events
+            count = upto[1] - self._events_published  # <= 0: a later publish showed them
+            pending = self._events[:count] if 0 < count < len(self._events) else (
+                self._events if count > 0 else [])
             if self.observer is not None and any(name in _MILESTONES for name, _ in pending):
                 return False
             events = self._advance(upto)
