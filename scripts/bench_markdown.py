@@ -413,7 +413,7 @@ Changes (each measured before and after with the sub-command named):
   loop unless a follower, a waiting client or the host log needs it (a wake-up per Step cost
   ~60 µs of CPU). The same records in the same order; the Run goes back to the loop at a
   Step that is not sync, a new Stage, its end, a stop, a cancel, or once another Run writes.
-  One sync Run: 2.0-2.35× the floor → 1.37-1.46× (`steps --kind sync`, the same day).
+  One sync Run: 2.0-2.35× the floor → 1.26-1.46× (`steps --kind sync`, the same day).
   The store and the Run's slot lock what they share only while a thread drives a Run: locked
   always, 64 async Runs had cost ~12 % more CPU per Step (callgrind: 115.5k → 140.2k
   instructions per Step; 118.5k with the locks conditional).
@@ -446,17 +446,19 @@ What is left, from profiles taken while building this harness (`py-spy`, `cProfi
   (the loop's CPU per Step ~36 µs against ~23 µs: a future, one more task wake-up and the
   hand-back per Step, and the GIL passed between the loop and the workers). Their ratio is
   against one sync Run, which the thread-driven Run made ~1.6× faster, so it fell from
-  8.75× (2026-11-30 09:27 UTC) to ~5.3× while the 64 Runs' own Steps/s did not move. Two
+  8.75× (2026-11-30 09:27 UTC) to 5.3-5.9× while the 64 Runs' own Steps/s did not move. Two
   ways of driving them were measured and not kept: all 64 Runs driven on their own threads
   (~12,500 Steps/s: 64 threads contending for the GIL; 23 Steps per flush where the loop
   grouped 47 in the same session -- it groups 30-50 from run to run, at the same Steps/s),
   and the round's sync Steps handed over as one batch to one worker, so that it runs them
   back to back on one GIL acquisition (25,000-27,000 Steps/s, unchanged). 8× would need a
   sync Step to cost the loop what an async one does.
-- Thread-driven sync Steps are CPU-bound like async ones (~105-135 µs of CPU per Step with
-  the write and fdatasync, ~60 µs of it the floor's own); against the peers they measure
-  4.2-4.9× in `peers`, which starts a fresh process per repetition, where `steps` (one
-  warmed process) gives ~195 µs, ~5.4× LangGraph's ~1,050 µs.
+- Thread-driven sync Steps cost what async ones do (~105-135 µs of CPU per Step with the
+  write and fdatasync, ~60 µs of it the floor's own), so against the peers both sit on the
+  5× line and the VM decides: the two `peers` runs after the change gave 4.23× and 4.48×
+  for sync Steps, 4.93× and 5.0× for async ones; six alternating fresh processes of each
+  (the `peers` child, 500 Steps) gave medians of ~204 µs (sync) and ~213 µs (async), each
+  spread over 180-236 µs, where 5× needs ~205-212 µs against LangGraph's ~1,030-1,060 µs.
 - A lone async Run is bound by the fdatasync. The Python around it is ~15-20 µs per Step
   with fdatasync made a no-op, and 1.6-1.9× that interleaved with real ones (measured on a
   fixed piece of Python work: each Step starts with cold caches after the thread slept in
