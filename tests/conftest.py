@@ -18,3 +18,10 @@ def project(tmp_path: Path) -> Iterator[Project]:
 def soak_project(tmp_path: Path) -> Iterator[Project]:
     """A copy of fixtures/projects/soak (Workflows that count what they run); reaped likewise."""
     yield from reaped(make_project(tmp_path, "soak"))
+
+
+@pytest.fixture
+def threads_project(tmp_path: Path) -> Iterator[Project]:
+    """A copy of fixtures/projects/threads (a sync ticker that notes which way each Step
+    was driven); reaped likewise."""
+    yield from reaped(make_project(tmp_path, "threads"))

@@ -690,6 +690,8 @@ class Driver:
                 if how == _BACK:
                     return
                 if how == _NEXT:
+                    if self.stopping:  # as after a route below: _drive makes it durable
+                        return
                     continue
                 step, ctx, awaiting = pending  # _AWAIT: its outcome is awaited here
             else:
@@ -786,6 +788,8 @@ class Driver:
         rt = self.rt
         journal = rt.journal
         while True:
+            if self.stopping:  # a stop began while the loop handed the Run over
+                return _BACK, None
             step = self._step(slot)
             fn = step.fn
             if step.kind == "agent" or _is_async(fn) or not journal.alone(slot.run_id):

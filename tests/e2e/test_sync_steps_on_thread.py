@@ -5,10 +5,12 @@ effect is journaled through the loop) -- and the restart keeps every promise it 
 the loop: the journal verifies, nothing ran twice, and the Run completes or is reported
 RUN_INTERRUPTED.
 
-Faults come only through ``INTLOOM_FAULT`` (docs/format.md, "Testing hooks"). A lone soak
-ticker is driven on a thread from its 9th flush on (once it has written alone for 8); from
-then on the thread writes the odd flushes (executing, with the last tick's result) and the
-loop the even ones (each tick's effect_started): 40 is the loop's, 41 the thread's.
+Faults come only through ``INTLOOM_FAULT`` (docs/format.md, "Testing hooks"). A lone
+ticker (fixtures/projects/threads) is handed to a thread once it has written alone for 8
+flushes; from its 10th on, the thread writes the even flushes (executing, with the last
+tick's result) and the loop the odd ones (each tick's effect_started): 40 is the thread's,
+41 the loop's. Each tick notes which way it was driven, so the tests also prove that the
+thread path was the one taken.
 """
 
 from __future__ import annotations
@@ -36,6 +38,16 @@ def _counters(project: Project) -> Counter[str]:
     return Counter(path.read_text().splitlines() if path.exists() else [])
 
 
+def _driven(project: Project, run_id: str) -> dict[int, str]:
+    """Which way each tick ran (``thread`` or ``loop``), by tick number; the last wins."""
+    out: dict[int, str] = {}
+    for line in _counters(project):
+        who, kind, *rest = line.split()
+        if who == run_id and kind == "driven":
+            out[int(rest[0].rsplit("-", 1)[1])] = rest[1]
+    return out
+
+
 def _judge(project: Project, run_id: str, status: str, code: str | None) -> None:
     runtime: Path = project.state / "runtime"
     report = verify_report(runtime)
@@ -61,15 +73,15 @@ def _judge(project: Project, run_id: str, status: str, code: str | None) -> None
 
 def _ticker_under(project: Project, monkeypatch: pytest.MonkeyPatch, fault: str,
                   intent: str) -> tuple[ServiceView, str]:
-    """A host started with ``fault`` armed, and a lone soak ticker of GOAL ticks created."""
+    """A host started with ``fault`` armed, and a lone ticker of GOAL ticks created."""
     monkeypatch.setenv("INTLOOM_FAULT", fault)
     service = start(project).service
     with Client.connect(project.root) as client:
-        run = client.create_run("soak-ticker", f"{intent} goal={GOAL} delay=0", wait=False)
+        run = client.create_run("thread-ticker", f"{intent} goal={GOAL}", wait=False)
     return service, run.run_id
 
 
-# Every flush across the hand-over from the loop to the thread (the 9th) and a dozen ticks
+# Every flush across the hand-over from the loop to the thread (the 10th) and a dozen ticks
 # driven there, then each kind of crash on a flush of each side.
 _CRASHES = [f"crash_after_sync={n}" for n in range(5, 31)] + [
     "crash_after_sync=40", "crash_after_sync=41", "crash_before_sync=40",
@@ -79,11 +91,13 @@ _CRASHES = [f"crash_after_sync={n}" for n in range(5, 31)] + [
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("fault", _CRASHES)
 def test_a_crash_while_a_thread_drives_sync_steps(
-    soak_project: Project, monkeypatch: pytest.MonkeyPatch, fault: str
+    threads_project: Project, monkeypatch: pytest.MonkeyPatch, fault: str
 ) -> None:
-    project = soak_project
+    project = threads_project
     service, run_id = _ticker_under(project, monkeypatch, fault, "crash")
     project.wait_released(service.pid, timeout=60)  # the host SIGKILLed itself at that flush
+    if int(fault.split("=")[1]) >= 12:  # past the hand-over: the thread drove the ticks
+        assert "thread" in _driven(project, run_id).values()
     monkeypatch.delenv("INTLOOM_FAULT")
     ok(project.cli("--json", "recover"))
     start(project)
@@ -97,17 +111,21 @@ def test_a_crash_while_a_thread_drives_sync_steps(
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("fault", ["fail_sync=40", "fail_sync=41"])
 def test_a_failed_flush_while_a_thread_drives_sync_steps(
-    soak_project: Project, monkeypatch: pytest.MonkeyPatch, fault: str
+    threads_project: Project, monkeypatch: pytest.MonkeyPatch, fault: str
 ) -> None:
-    project = soak_project
+    project = threads_project
     service, run_id = _ticker_under(project, monkeypatch, fault, "disk")
     with Client.connect(project.root) as client:
         failed = client.wait_run(run_id)
         assert failed.status == "failed" and failed.last_error is not None
         assert failed.last_error.code == "RUN_CHECKPOINT_FAILED"
         # The host keeps serving, and a new lone Run is driven the same way to its end.
-        other = client.create_run("soak-ticker", f"disk goal={GOAL} delay=0")
+        other = client.create_run("thread-ticker", f"disk goal={GOAL}")
         assert client.wait_run(other.run_id).status == "completed"
+        # Both were driven on a thread once alone: the failed one until its flush failed.
+        assert "thread" in _driven(project, run_id).values()
+        driven = _driven(project, other.run_id)
+        assert [driven[n] for n in range(10, GOAL + 1)] == ["thread"] * (GOAL - 9), driven
         assert client.status().instance_id == service.instance_id
     assert stop_service(project.root)
     monkeypatch.delenv("INTLOOM_FAULT")

@@ -14,6 +14,7 @@ import pytest
 import intloom
 from intloom.authoring.loader import LoadedWorkflow
 from intloom.errors import IntloomError
+from intloom.executor.driver import Driver
 from intloom.executor.runtime import RestoredRun, Runtime
 from intloom.runtime.machine import fold
 from intloom.runtime.ports import CheckpointFailed
@@ -24,13 +25,36 @@ class Count(msgspec.Struct):
     n: int = 0
 
 
+class SyncPath:
+    """Which way this test runs sync Steps, and how many times a worker took a Run."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.handed = 0
+
+    def check(self) -> None:
+        """For a test whose Run reaches a sync Step: the path it names was the one taken."""
+        if self.name == "on_thread":
+            assert self.handed > 0, "no Run was driven on a worker thread"
+        else:
+            assert self.handed == 0, "a Run was driven on a worker thread"
+
+
 @pytest.fixture(autouse=True, params=["on_thread", "from_loop"])
-def sync_step_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+def sync_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> SyncPath:
     """Every test both ways a sync Step can be run: a Run driven on a worker thread (what a
     Run that writes alone gets, Store.alone) and each Step called from the loop."""
-    alone = request.param == "on_thread"
+    path = SyncPath(str(request.param))
+    alone = path.name == "on_thread"
     monkeypatch.setattr(MemoryJournal, "alone", lambda self, run_id: alone)
-    return str(request.param)
+    real = Driver._steps_here
+
+    def counted(self: Driver, slot: Any) -> Any:
+        path.handed += 1
+        return real(self, slot)
+
+    monkeypatch.setattr(Driver, "_steps_here", counted)
+    return path
 
 
 def loaded(wf: intloom.Workflow) -> dict[str, LoadedWorkflow]:
@@ -188,7 +212,7 @@ def test_outcome_without_route_fails_the_run() -> None:
     run(main)
 
 
-def test_step_exception_fails_with_its_type_but_no_traceback() -> None:
+def test_step_exception_fails_with_its_type_but_no_traceback(sync_path: SyncPath) -> None:
     wf = intloom.Workflow("boom", version="1")
     st = wf.stage("s")
 
@@ -206,6 +230,7 @@ def test_step_exception_fails_with_its_type_but_no_traceback() -> None:
         assert "Traceback" not in view.last_error.message
 
     run(main)
+    sync_path.check()
 
 
 def test_cancel_is_terminal_and_idempotent() -> None:
@@ -247,7 +272,7 @@ def test_checkpoint_failure_stops_the_run_but_keeps_the_effect() -> None:
     assert calls == ["prep", "charge-effect"]  # the effect ran once and is not undone
 
 
-def test_sync_steps_do_not_block_the_loop() -> None:
+def test_sync_steps_do_not_block_the_loop(sync_path: SyncPath) -> None:
     gate = threading.Event()
     wf = intloom.Workflow("slow", version="1")
     st = wf.stage("s")
@@ -270,6 +295,7 @@ def test_sync_steps_do_not_block_the_loop() -> None:
         assert (await rt.wait_stable(view.run_id)).status == "completed"
 
     run(main)
+    sync_path.check()
 
 
 def test_agent_step_claim_tools_and_complete() -> None:
@@ -503,7 +529,7 @@ def test_a_long_history_is_out_of_the_cyclic_collectors_way() -> None:
     run(main)
 
 
-def test_a_sync_step_raising_stopiteration_fails_its_run() -> None:
+def test_a_sync_step_raising_stopiteration_fails_its_run(sync_path: SyncPath) -> None:
     """A future refuses a StopIteration: carried raw, it broke the hand-back of every other
     sync Step's result in the same batch, and this Run never ended."""
     wf = intloom.Workflow("stop", version="1")
@@ -522,9 +548,10 @@ def test_a_sync_step_raising_stopiteration_fails_its_run() -> None:
         assert "StopIteration(early)" in view.last_error.message
 
     run(main)
+    sync_path.check()
 
 
-def test_a_sync_step_returning_an_awaitable_is_awaited_on_the_loop() -> None:
+def test_a_sync_step_returning_an_awaitable_is_awaited_on_the_loop(sync_path: SyncPath) -> None:
     wf = intloom.Workflow("later", version="1")
     st = wf.stage("s", state=Count)
 
@@ -547,6 +574,7 @@ def test_a_sync_step_returning_an_awaitable_is_awaited_on_the_loop() -> None:
         return view.run_id
 
     run_id = run(main)
+    sync_path.check()
     final = fold(journal.of(run_id))
     assert final is not None and final.phase == "terminal"
     assert msgspec.json.decode(final.stage_state or b"{}", type=Count).n == 3
@@ -556,12 +584,13 @@ def test_a_cancel_while_a_failed_checkpoint_is_unsettled_does_not_hang_the_loop(
     """The Run's journal refuses appends (an earlier batch failed) and the loop has not yet
     heard it from the worker: cancel's own append meets that failure on the loop, while a
     worker drives the Run. Handling it must not re-take the Run's lock it still held."""
-    gate = threading.Event()
+    gate, entered = threading.Event(), threading.Event()
     wf = intloom.Workflow("stuck", version="1")
     st = wf.stage("s")
 
     @st.step("a", routes={"ok": intloom.COMPLETE})
     def a(ctx: Any) -> str:
+        entered.set()
         assert gate.wait(20)
         return "ok"
 
@@ -580,10 +609,7 @@ def test_a_cancel_while_a_failed_checkpoint_is_unsettled_does_not_hang_the_loop(
         rt.restore([])
         view = await rt.create_run("stuck", "go")
         slot = rt.runs[view.run_id]
-        deadline = time.monotonic() + 10
-        while journal.flushes < 2:  # creation, then the Step's executing: it now runs
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.005)
+        assert await asyncio.to_thread(entered.wait, 10)  # the Step runs (on its thread)
         journal.refuse = True
         try:
             with pytest.raises(IntloomError) as failed:
@@ -595,3 +621,54 @@ def test_a_cancel_while_a_failed_checkpoint_is_unsettled_does_not_hang_the_loop(
             gate.set()
 
     run(main)
+
+
+def test_a_stop_during_the_hand_back_starts_no_new_step(sync_path: SyncPath) -> None:
+    """A sync Step hands the Run back for an async one while the host begins to stop: the
+    async Step must not start (as on the loop, where nothing lies between the stop check
+    and the next executing)."""
+    if sync_path.name != "on_thread":
+        pytest.skip("only a Run driven on a worker thread is handed back")
+    ran: list[str] = []
+    returned, go = threading.Event(), threading.Event()
+    wf = intloom.Workflow("handback", version="1")
+    st = wf.stage("s")
+
+    @st.step("a", routes={"ok": "b"})
+    def a(ctx: Any) -> str:
+        ran.append("a")
+        return "ok"
+
+    @st.step("b", routes={"ok": intloom.COMPLETE})
+    async def b(ctx: Any) -> str:
+        ran.append("b")
+        return "ok"
+
+    real = Driver._steps_here  # the fixture's counting wrapper
+
+    def widened(self: Driver, slot: Any) -> Any:
+        result = real(self, slot)
+        returned.set()
+        assert go.wait(10)  # the hop back to the loop, held open until the stop began
+        return result
+
+    journal = MemoryJournal()
+
+    async def main() -> str:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(Driver, "_steps_here", widened)
+            rt = Runtime(loaded(wf), journal, package_version="0.1.0")
+            rt.restore([])
+            view = await rt.create_run("handback", "go")
+            assert await asyncio.to_thread(returned.wait, 10)
+            stop = asyncio.ensure_future(rt.suspend(grace=5))
+            await asyncio.sleep(0)  # suspend() has set the stopping flag
+            go.set()
+            await asyncio.wait_for(stop, 10)
+            return view.run_id
+
+    run_id = run(main)
+    sync_path.check()
+    assert ran == ["a"]
+    last = journal.of(run_id)[-1]
+    assert type(last).__name__ == "StepReady" and last.step == "b"
