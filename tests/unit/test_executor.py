@@ -623,12 +623,11 @@ def test_a_cancel_while_a_failed_checkpoint_is_unsettled_does_not_hang_the_loop(
     run(main)
 
 
+@pytest.mark.parametrize("sync_path", ["on_thread"], indirect=True)  # only it hands back
 def test_a_stop_during_the_hand_back_starts_no_new_step(sync_path: SyncPath) -> None:
     """A sync Step hands the Run back for an async one while the host begins to stop: the
     async Step must not start (as on the loop, where nothing lies between the stop check
     and the next executing)."""
-    if sync_path.name != "on_thread":
-        pytest.skip("only a Run driven on a worker thread is handed back")
     ran: list[str] = []
     returned, go = threading.Event(), threading.Event()
     wf = intloom.Workflow("handback", version="1")
