@@ -525,16 +525,21 @@ class Driver:
                 raise _contained(exc) from None
         return await self._call_sync(fn, *args)
 
-    async def _call_sync(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """``fn`` (not a coroutine function) on a worker thread; its result, awaited if it is
-        awaitable."""
+    def _loop_inbox(self) -> Inbox:
+        """Where worker threads hand results to the running loop (one Inbox per loop)."""
         loop = self.loop
         if loop is None or not loop.is_running():
             loop = asyncio.get_running_loop()
         inbox = self._inbox
         if inbox is None or inbox.loop is not loop:
             inbox = self._inbox = Inbox(loop)
-        future: asyncio.Future[Any] = loop.create_future()
+        return inbox
+
+    async def _call_sync(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn`` (not a coroutine function) on a worker thread; its result, awaited if it is
+        awaitable."""
+        inbox = self._loop_inbox()
+        future: asyncio.Future[Any] = inbox.loop.create_future()
 
         def body() -> None:
             try:
@@ -736,14 +741,8 @@ class Driver:
     async def _on_thread(self, slot: RunSlot) -> tuple[str, Any]:
         """Drive the Run's sync Steps on a worker thread (``_steps_here``) until it gives
         the Run back; a failed checkpoint it met is settled here, on the loop."""
-        loop = self.loop
-        if loop is None or not loop.is_running():
-            loop = self.loop = asyncio.get_running_loop()
-        inbox = self._inbox
-        if inbox is None or inbox.loop is not loop:
-            inbox = self._inbox = Inbox(loop)
-        future: asyncio.Future[tuple[str, Any]] = loop.create_future()
-
+        inbox = self._loop_inbox()
+        future: asyncio.Future[tuple[str, Any]] = inbox.loop.create_future()
         journal = self.rt.journal
 
         def body() -> None:
@@ -788,7 +787,7 @@ class Driver:
         rt = self.rt
         journal = rt.journal
         while True:
-            if self.stopping:  # a stop began while the loop handed the Run over
+            if self.stopping:  # before each Step, and while the loop handed the Run over
                 return _BACK, None
             step = self._step(slot)
             fn = step.fn
@@ -814,8 +813,8 @@ class Driver:
                 return _AWAIT, (step, ctx, outcome)
             if self._route(slot, step, self._record_outcome(slot, step, outcome, ctx)):
                 return _SYNC, None
-            if self.stopping or not slot.owned or slot.state.phase != "step_ready":
-                return _BACK, None
+            if not slot.owned or slot.state.phase != "step_ready":
+                return _BACK, None  # (a stop is seen at the top of the next turn)
 
     def _record_outcome(self, slot: RunSlot, step: Step[Any], outcome: Any,
                         ctx: StepContext[Any]) -> str:

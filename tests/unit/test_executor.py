@@ -212,21 +212,28 @@ def test_outcome_without_route_fails_the_run() -> None:
     run(main)
 
 
-def test_step_exception_fails_with_its_type_but_no_traceback(sync_path: SyncPath) -> None:
+# StopIteration: a future refuses to carry one; carried raw, it broke the hand-back of every
+# other sync Step's result in the same batch, and its own Run never ended.
+@pytest.mark.parametrize(("raised", "shown"), [
+    (ValueError("bad input"), "ValueError: bad input"),
+    (StopIteration("early"), "StopIteration(early)"),
+])
+def test_step_exception_fails_with_its_type_but_no_traceback(
+        sync_path: SyncPath, raised: BaseException, shown: str) -> None:
     wf = intloom.Workflow("boom", version="1")
     st = wf.stage("s")
 
     @st.step("a", routes={"ok": intloom.COMPLETE})
     def a(ctx: Any) -> str:
-        raise ValueError("bad input")
+        raise raised
 
     async def main() -> None:
         rt = Runtime(loaded(wf), MemoryJournal(), package_version="0.1.0")
         rt.restore([])
         view = await rt.wait_stable((await rt.create_run("boom", "go")).run_id)
-        assert view.last_error is not None
+        assert view.status == "failed" and view.last_error is not None
         assert view.last_error.code == "STEP_EXECUTION_FAILED"
-        assert "ValueError: bad input" in view.last_error.message
+        assert shown in view.last_error.message
         assert "Traceback" not in view.last_error.message
 
     run(main)
@@ -527,28 +534,6 @@ def test_a_long_history_is_out_of_the_cyclic_collectors_way() -> None:
         assert details[:2] == [{"name": "note", "key": "note#1"}, {"outcome": "again"}]
 
     run(main)
-
-
-def test_a_sync_step_raising_stopiteration_fails_its_run(sync_path: SyncPath) -> None:
-    """A future refuses a StopIteration: carried raw, it broke the hand-back of every other
-    sync Step's result in the same batch, and this Run never ended."""
-    wf = intloom.Workflow("stop", version="1")
-    st = wf.stage("s")
-
-    @st.step("a", routes={"ok": intloom.COMPLETE})
-    def a(ctx: Any) -> str:
-        raise StopIteration("early")
-
-    async def main() -> None:
-        rt = Runtime(loaded(wf), MemoryJournal(), package_version="0.1.0")
-        rt.restore([])
-        view = await rt.wait_stable((await rt.create_run("stop", "go")).run_id)
-        assert view.status == "failed" and view.last_error is not None
-        assert view.last_error.code == "STEP_EXECUTION_FAILED"
-        assert "StopIteration(early)" in view.last_error.message
-
-    run(main)
-    sync_path.check()
 
 
 def test_a_sync_step_returning_an_awaitable_is_awaited_on_the_loop(sync_path: SyncPath) -> None:
