@@ -346,7 +346,12 @@ class RunSlot:
                     batch.append(queue.get_nowait())
                 for i, item in enumerate(batch):
                     if item.run.status in ("completed", "failed"):
-                        yield batch[: i + 1]
+                        # Every event of the publish that ended the Run shares its view:
+                        # the ones after the first (the ``terminal`` itself) go out too.
+                        end = i + 1
+                        while end < len(batch) and batch[end].run is item.run:
+                            end += 1
+                        yield batch[:end]
                         return
                 yield batch
         finally:

@@ -121,8 +121,11 @@ class Handlers:
         last = None
         async for updates in self.runtime.subscribe(run_id):
             events: list[RunEvent] = []
-            for update in updates:
-                final = update.run.status in _TERMINAL and not update.history
+            for i, update in enumerate(updates):
+                # The publish that ends the Run gives all its events the ended view: the
+                # last of them (its ``terminal``) is the final one.
+                final = (update.run.status in _TERMINAL and not update.history
+                         and (i + 1 == len(updates) or updates[i + 1].run is not update.run))
                 last = update.run
                 events.append(RunEvent(
                     run=update.run, event=update.event, detail=update.detail,

@@ -179,4 +179,7 @@ def test_subscribe_streams_history_then_live_events_until_final(project: Project
     assert not any(e.history for e in live)
     assert live[-1].final
     assert live[-1].run.status == "completed"
+    # The last flush holds the last step_result and the terminal, both with the ended view:
+    # the stream ends after the terminal, not at the first of them.
+    assert [e.event for e in live[-2:]] == ["step_result", "terminal"]
     assert all(not e.final for e in [*events, *live[:-1]])

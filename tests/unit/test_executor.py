@@ -656,3 +656,42 @@ def test_a_stop_during_the_hand_back_starts_no_new_step(sync_path: SyncPath) -> 
     assert ran == ["a"]
     last = journal.of(run_id)[-1]
     assert type(last).__name__ == "StepReady" and last.step == "b"
+
+
+@pytest.mark.parametrize("ending", ["completed", "failed"])
+def test_a_live_follower_sees_every_event_the_history_keeps(
+    sync_path: SyncPath, ending: str
+) -> None:
+    """The last flush of a Run holds its last ``step_result`` and its ``terminal``, and both
+    carry the ended view: a follower must get the ``terminal`` too (it stopped at the first)."""
+    wf = intloom.Workflow("short", version="1")
+    st = wf.stage("s", state=Count)
+
+    @st.step("tick", routes={"again": "tick", "done": intloom.COMPLETE})
+    def tick(ctx: intloom.StepContext[Count]) -> str:
+        ctx.state = Count(n=ctx.state.n + 1)
+        if ctx.state.n < 3:
+            return "again"
+        return "done" if ending == "completed" else "unrouted"
+
+    async def main() -> None:
+        rt = Runtime(loaded(wf), MemoryJournal(), package_version="0.1.0")
+        rt.restore([])
+        view = await rt.create_run("short", "go")
+        live: list[tuple[str, str]] = []
+
+        async def follow() -> None:
+            async for batch in rt.subscribe(view.run_id):
+                live.extend((u.event, u.run.status) for u in batch if not u.history)
+
+        follower = asyncio.ensure_future(follow())
+        final = await rt.wait_stable(view.run_id)
+        await asyncio.wait_for(follower, 10)
+        assert final.status == ending
+        replay = [(u.event, u.run.status)
+                  for batch in [b async for b in rt.subscribe(view.run_id)] for u in batch]
+        assert live[-2:] == [("step_result", ending), ("terminal", ending)]
+        assert replay[-len(live):] == live  # the same events, in the same order
+
+    run(main)
+    sync_path.check()
