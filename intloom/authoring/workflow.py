@@ -12,7 +12,7 @@ import inspect
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar, overload
 
 import msgspec
 
@@ -239,7 +239,12 @@ class Workflow:
         self.version = version
         self.stages: dict[str, Stage[Any]] = {}
 
-    def stage(self, name: str, *, state: type[S] | None = None) -> Stage[S]:
+    @overload
+    def stage(self, name: str, *, state: type[S]) -> Stage[S]: ...
+    @overload
+    def stage(self, name: str, *, state: None = None) -> Stage[None]: ...
+
+    def stage(self, name: str, *, state: type[S] | None = None) -> Stage[S] | Stage[None]:
         """Declare a Stage; ``state`` is a msgspec.Struct type with defaults for every field."""
         _check_name(self.name, "definition", "Stage", name)
         if name in self.stages:
