@@ -377,10 +377,10 @@ def scanner(soak: Soak) -> None:
         with soak.lock:
             if epoch != seen_epoch and epoch == soak.epoch:
                 # A new host lists only unfinished Runs: one not listed ended on disk.
-                for run_id, info in soak.runs.items():
-                    if run_id not in listed and info.status in ("running", "waiting") \
-                            and info.epoch < epoch:
-                        info.status = "ended-earlier"
+                for run_id, known in soak.runs.items():
+                    if run_id not in listed and known.status in ("running", "waiting") \
+                            and known.epoch < epoch:
+                        known.status = "ended-earlier"
                 seen_epoch = epoch
             for view in views:
                 info = soak.runs.get(view.run_id)

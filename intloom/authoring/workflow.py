@@ -33,6 +33,8 @@ __all__ = [
 ]
 
 S = TypeVar("S")
+# A Stage State: checked at run time too (stage()), for users without a type checker.
+StructT = TypeVar("StructT", bound=msgspec.Struct)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -240,7 +242,7 @@ class Workflow:
         self.stages: dict[str, Stage[Any]] = {}
 
     @overload
-    def stage(self, name: str, *, state: type[S]) -> Stage[S]: ...
+    def stage(self, name: str, *, state: type[StructT]) -> Stage[StructT]: ...
     @overload
     def stage(self, name: str, *, state: None = None) -> Stage[None]: ...
 

@@ -217,8 +217,8 @@ class HostGone(Exception):
 
 def _cli_view(project: Project, result: CliResult) -> dict[str, Any]:
     data = doc(result)
-    if isinstance(data, dict) and isinstance(data.get("run"), dict):
-        return data["run"]
+    if isinstance(data, dict) and isinstance(run := data.get("run"), dict):
+        return run
     code = error_code(result)
     if code in HOST_GONE_CODES:
         raise HostGone(code)

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conformance_harness import FULL_RUN, Acks, counters, drive
-from tests.helpers import Project, ok
+from tests.e2e.conformance_harness import FULL_RUN, Acks, drive
+from tests.helpers import Project, counters, ok
 
 pytestmark = pytest.mark.e2e
 

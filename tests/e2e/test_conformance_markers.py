@@ -19,12 +19,11 @@ import pytest
 from tests.e2e.conformance_harness import (
     FULL_RUN,
     Acks,
-    counters,
     drive,
     wait_killed,
     wait_stopped,
 )
-from tests.helpers import Project, eventually, ok
+from tests.helpers import Project, counters, eventually, ok
 
 pytestmark = pytest.mark.e2e
 

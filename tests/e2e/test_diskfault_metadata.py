@@ -19,6 +19,7 @@ import fnmatch
 import json
 import socket
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -163,12 +164,14 @@ def test_a_log_that_cannot_be_written_suspends_runs_and_refuses_new_work(
     with Client.connect(project.root) as client:
         status = client.status()  # still answered
         assert status.instance_id == service.instance_id
-        assert status.log_error is not None and service.log_file in status.log_error
-        for attempt in (
+        assert status.log_error is not None and service.log_file is not None
+        assert service.log_file in status.log_error
+        action_id = waiting.pending_action.id  # asserted not None above
+        attempts: tuple[Callable[[], object], ...] = (
             lambda: client.create_run("soak-ticker", "log goal=1"),
-            lambda: client.answer(waiting.run_id, waiting.pending_action.id,  # type: ignore[union-attr]
-                                  {"isConfirmed": True}),
-        ):
+            lambda: client.answer(waiting.run_id, action_id, {"isConfirmed": True}),
+        )
+        for attempt in attempts:
             with pytest.raises(IntloomError) as refused:
                 attempt()
             assert refused.value.code == "LOG_WRITE_FAILED"

@@ -70,7 +70,7 @@ def _intloom_layer(name: str) -> str | None:
 
 
 def test_the_engine_imports_nothing_that_touches_the_world() -> None:
-    offending = {}
+    offending: dict[str, list[str]] = {}
     for path in _modules("runtime"):
         for name in _imports(path):
             top = name.split(".")[0]
@@ -84,7 +84,7 @@ def test_the_engine_imports_nothing_that_touches_the_world() -> None:
 
 @pytest.mark.parametrize("layer", sorted(INWARD))
 def test_inner_layers_never_import_outer_ones(layer: str) -> None:
-    offending = {}
+    offending: dict[str, list[str]] = {}
     for path in _modules(layer):
         for name in _imports(path):
             target = _intloom_layer(name)

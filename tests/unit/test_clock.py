@@ -23,12 +23,13 @@ def _reference(ns: int) -> str:
 @given(instants=st.lists(st.integers(0, 4_102_444_800 * 10**9), min_size=1, max_size=5))
 def test_now_formats_every_instant_like_isoformat(instants: list[int]) -> None:
     for ns in instants + instants:  # the second pass is answered from the cache
-        with mock.patch.object(clock.time, "time_ns", return_value=ns):
+        with mock.patch("intloom.executor.clock.time.time_ns", return_value=ns):
             assert clock.now() == _reference(ns)
 
 
 def test_the_cache_never_serves_another_millisecond(monkeypatch: pytest.MonkeyPatch) -> None:
     base = 1_796_000_000_123_000_000  # 2026-12-01T...: .123
     for offset_ns, milli in ((0, "123"), (999_999, "123"), (1_000_000, "124"), (0, "123")):
-        monkeypatch.setattr(clock.time, "time_ns", lambda v=base + offset_ns: v)
+        monkeypatch.setattr("intloom.executor.clock.time.time_ns",
+                            lambda v=base + offset_ns: v)
         assert clock.now().endswith(f".{milli}Z")

@@ -18,6 +18,7 @@ from intloom.executor.driver import Driver
 from intloom.executor.runtime import RestoredRun, Runtime
 from intloom.runtime.machine import fold
 from intloom.runtime.ports import CheckpointFailed
+from intloom.runtime.records import StepReady
 from tests.unit.memjournal import MemoryJournal
 
 
@@ -108,7 +109,7 @@ def test_definition_mistakes_name_workflow_stage_step_and_fix() -> None:
     with pytest.raises(IntloomError, match="defined twice"):
         st.step("a", routes={"ok": intloom.COMPLETE})(a)
     with pytest.raises(IntloomError, match=r"not a msgspec\.Struct"):
-        wf.stage("t", state=dict)  # type: ignore[arg-type]
+        wf.stage("t", state=dict)  # type: ignore[type-var]  # mypy refuses it too
     with pytest.raises(IntloomError, match="non-empty mapping"):
         st.step("b", routes={})
 
@@ -258,7 +259,7 @@ def test_cancel_is_terminal_and_idempotent() -> None:
         assert missing.value.code == "NOT_FOUND"
 
     run(main)
-    assert fold(journal.records and [r for _, r in journal.records]) is not None
+    assert fold([r for _, r in journal.records]) is not None
 
 
 def test_checkpoint_failure_stops_the_run_but_keeps_the_effect() -> None:
@@ -655,7 +656,7 @@ def test_a_stop_during_the_hand_back_starts_no_new_step(sync_path: SyncPath) -> 
     sync_path.check()
     assert ran == ["a"]
     last = journal.of(run_id)[-1]
-    assert type(last).__name__ == "StepReady" and last.step == "b"
+    assert isinstance(last, StepReady) and last.step == "b"
 
 
 @pytest.mark.parametrize("ending", ["completed", "failed"])

@@ -12,7 +12,14 @@ import pytest
 from intloom.errors import IntloomError
 from intloom.runtime.machine import fold, interrupted_message, restart_verdict
 from intloom.runtime.ports import CheckpointFailed
-from intloom.runtime.records import EffectDone, EffectStarted, Executing, StagePending, StepReady
+from intloom.runtime.records import (
+    EffectDone,
+    EffectStarted,
+    Executing,
+    Record,
+    StagePending,
+    StepReady,
+)
 from intloom.store import FaultPlan, read_history, read_runs, verify
 from intloom.store.faults import ENV
 from tests.unit.test_store_support import abandon, by_id, frames_of, header, open_store, walk
@@ -148,9 +155,11 @@ def test_records_appended_while_a_failing_batch_is_on_disk_are_dropped(tmp_path:
     would make the Run read back corrupt. Its Run is finished here and restores from its
     last durable record instead."""
     root = tmp_path / "runtime"
-    a = [header("RUN-A"), StagePending(at="t", stage="draft"),
-         StepReady(at="t", stage="draft", step="s1", state=b"{}"),
-         Executing(at="t", stage="draft", step="s1"), EffectStarted(at="t", name="a", key="a#1")]
+    a: list[Record] = [
+        header("RUN-A"), StagePending(at="t", stage="draft"),
+        StepReady(at="t", stage="draft", step="s1", state=b"{}"),
+        Executing(at="t", stage="draft", step="s1"), EffectStarted(at="t", name="a", key="a#1"),
+    ]
     b, c = walk("RUN-B", 2, 2), walk("RUN-C", 2, 3)
 
     async def main() -> None:
@@ -277,9 +286,11 @@ def test_a_record_that_cannot_be_encoded_changes_nothing(tmp_path: Path) -> None
     """msgpack refuses integers beyond 64 bits: the append raises, and neither that Run's
     seqs nor the next batch's Runs remember it (no gap, no Run blamed for a later failure)."""
     root = tmp_path / "runtime"
-    a = [header("RUN-A"), StagePending(at="t", stage="draft"),
-         StepReady(at="t", stage="draft", step="s1", state=b"{}"),
-         Executing(at="t", stage="draft", step="s1"), EffectStarted(at="t", name="a", key="a#1")]
+    a: list[Record] = [
+        header("RUN-A"), StagePending(at="t", stage="draft"),
+        StepReady(at="t", stage="draft", step="s1", state=b"{}"),
+        Executing(at="t", stage="draft", step="s1"), EffectStarted(at="t", name="a", key="a#1"),
+    ]
     b = walk("RUN-B", 2, 2)
 
     async def main() -> None:
