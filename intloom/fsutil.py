@@ -26,6 +26,7 @@ __all__ = [
     "injected_write_fault",
     "read_private",
     "replace_file",
+    "replace_files",
     "write_all",
 ]
 
@@ -165,27 +166,52 @@ def replace_file(directory: Path, name: str, data: bytes, *, mode: int = 0o600) 
     any failure it is removed and the previous file is left as it was. A link at the target
     is refused: rename would replace the link itself, silently hiding what it pointed at.
     """
-    path = directory / name
-    if os.path.islink(path):
-        raise PrivacyError(path, "is a symbolic link; refusing to write through it")
-    # os.urandom, not secrets: keeps hashlib/OpenSSL off the CLI start-up path.
-    tmp = directory / f".{name}.{os.urandom(8).hex()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    replace_files(directory, [(name, data)], mode=mode)
+
+
+def replace_files(directory: Path, items: list[tuple[str, bytes]], *, mode: int = 0o600) -> None:
+    """``replace_file`` for each item, with every temp file written, then every one fsynced,
+    then every one renamed over its target (not yet durable: the caller fsyncs the directory).
+
+    Fsyncing each file right after writing it cost ~1.4x the CPU and the wall time on ext4
+    (measured on a 2-vCPU VM: 64 snapshot files, 8.9 against 6.5 ms of CPU); a compaction
+    writes one file per busy Run. Nothing is renamed until every file is durable: a failure
+    to write or fsync leaves every target as it was, and no failure leaves a temp file
+    behind (a crash may). Each item holds an open file until the renames: callers bound
+    ``len(items)``.
+    """
+    for name, _ in items:  # before anything is created: a refusal changes nothing
+        if os.path.islink(directory / name):
+            raise PrivacyError(directory / name,
+                               "is a symbolic link; refusing to write through it")
+    temps: list[tuple[Path, Path]] = []  # created and not (yet) renamed
+    fds: list[int] = []
     try:
-        try:
+        for name, data in items:
+            # os.urandom, not secrets: keeps hashlib/OpenSSL off the CLI start-up path.
+            tmp = directory / f".{name}.{os.urandom(8).hex()}.tmp"
+            fds.append(os.open(
+                tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode))
+            temps.append((tmp, directory / name))
             fault = injected_write_fault(name)
             if fault is not None:
-                write_all(fd, data[: len(data) // 2])
+                write_all(fds[-1], data[: len(data) // 2])
                 raise fault
-            write_all(fd, data)
+            write_all(fds[-1], data)
+        for fd in fds:
             os.fsync(fd)
-        finally:
+        while fds:
+            os.close(fds.pop())
+        while temps:
+            tmp, path = temps[0]
+            os.rename(tmp, path)
+            del temps[0]
+    finally:
+        for fd in fds:
             os.close(fd)
-        os.rename(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+        for tmp, _ in temps:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
 
 
 def atomic_write(path: Path, data: bytes, *, mode: int = 0o600) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Final
 
 from intloom.errors import IntloomError
 from intloom.fsutil import (
@@ -17,7 +18,7 @@ from intloom.fsutil import (
     ensure_private_dir,
     fsync_dir,
     read_private,
-    replace_file,
+    replace_files,
     write_all,
 )
 
@@ -32,6 +33,10 @@ __all__ = [
     "storage_error",
     "write_all",
 ]
+
+# Files written (and held open) together by atomic_write_many: a compaction writes one per
+# busy Run, and a host may have a low open-file limit (1,024 by default on Linux).
+_FILES_AT_ONCE: Final = 64
 
 _FIX = (
     "intloom keeps its checkpoints in a private directory it owns and never follows links; "
@@ -117,16 +122,17 @@ def atomic_write_many(directory: Path, items: list[tuple[str, bytes]]) -> None:
     """Replace each ``directory/name`` atomically; one directory fsync covers the batch.
 
     Each file goes to an exclusive temp file beside its target, is fsynced, then renamed
-    over the target. A symlinked target is refused (rename would replace the link itself,
-    silently hiding what it pointed at).
+    over the target -- up to ``_FILES_AT_ONCE`` files at a time, written and fsynced
+    together (``replace_files``). A symlinked target is refused (rename would replace the
+    link itself, silently hiding what it pointed at).
     """
     if not items:
         return
     wrote = False
     try:
-        for name, data in items:
+        for at in range(0, len(items), _FILES_AT_ONCE):
             try:
-                replace_file(directory, name, data)
+                replace_files(directory, items[at:at + _FILES_AT_ONCE])
             except PrivacyError as exc:
                 raise _from_privacy(exc) from None
             wrote = True

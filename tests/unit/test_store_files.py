@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
@@ -148,3 +149,29 @@ def test_unexpected_files_are_reported_and_left_alone(tmp_path: Path) -> None:
     assert all(j.status == "ok" for j in report.runs)
     open_store(root).close_blocking()
     assert stray.read_text() == "mine"
+
+
+def test_many_snapshot_files_are_written_in_bounded_groups(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A compaction writes one file per busy Run: more than are held open at once
+    (_FILES_AT_ONCE) all land; a fault in a later group keeps the earlier groups' files."""
+    from intloom.fsutil import WRITE_FAULT_ENV
+    from intloom.store.files import _FILES_AT_ONCE, atomic_write_many
+
+    count = 2 * _FILES_AT_ONCE + 3
+    items = [(f"RUN-{i:04d}.snap", f"state {i}".encode()) for i in range(count)]
+    atomic_write_many(tmp_path, items)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == dict(items)
+    newer = [(name, data + b" newer") for name, data in items]
+    failing = newer[_FILES_AT_ONCE + 1][0]  # in the second group
+    monkeypatch.setenv(WRITE_FAULT_ENV, f"{failing}=EIO")
+    with pytest.raises(OSError) as info:  # a compaction that fails leaves the manifest as is
+        atomic_write_many(tmp_path, newer)
+    assert info.value.errno == errno.EIO
+    after = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    assert sorted(after) == sorted(dict(items))  # no temp file left
+    assert [after[name] for name, _ in newer[:_FILES_AT_ONCE]] == [
+        data for _, data in newer[:_FILES_AT_ONCE]]
+    assert [after[name] for name, _ in items[_FILES_AT_ONCE:]] == [
+        data for _, data in items[_FILES_AT_ONCE:]]
