@@ -14,8 +14,9 @@ import msgspec
 __all__ = ["CATALOGUE", "ErrorView", "IntloomError", "error_view"]
 
 
-class ErrorView(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
-    """The only shape in which an error leaves the process."""
+class ErrorView(msgspec.Struct, frozen=True, gc=False):
+    """The only shape in which an error leaves the process: always all three fields (DESIGN
+    §3: `{code, message, retryable}`; scripts read ``retryable`` without a default)."""
 
     code: str
     message: str

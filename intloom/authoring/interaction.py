@@ -88,7 +88,12 @@ def questions_request(questions: list[Question]) -> list[Any]:
             raise IntloomError(
                 "STEP_INTERACTION_INVALID", f"Option ids of question {q.id!r} must be unique."
             )
-    return msgspec.to_builtins(questions)  # type: ignore[no-any-return]
+    wire: list[dict[str, Any]] = msgspec.to_builtins(questions)
+    for item, q in zip(wire, questions, strict=True):
+        # Always present (the request's shape is {id, question, description?, options?,
+        # isSkippable}); omit_defaults would drop it when false.
+        item["isSkippable"] = q.skippable
+    return wire
 
 
 def validate_answer(kind: str, request: Any, raw: Any) -> Confirmation | list[QuestionAnswer]:

@@ -178,8 +178,8 @@ Request = (
 # ----- responses ---------------------------------------------------------------------------
 
 
-class RestoreSummary(msgspec.Struct, frozen=True, rename="camel", omit_defaults=True):
-    """What the last restore did, by restart-table outcome."""
+class RestoreSummary(msgspec.Struct, frozen=True, rename="camel"):
+    """What the last restore did, by restart-table outcome (every key, even when empty)."""
 
     resumed: list[str] = msgspec.field(default_factory=list)
     waiting: list[str] = msgspec.field(default_factory=list)
@@ -188,7 +188,10 @@ class RestoreSummary(msgspec.Struct, frozen=True, rename="camel", omit_defaults=
     terminal_skipped: int = 0
 
 
-class ServiceView(msgspec.Struct, frozen=True, rename="camel", omit_defaults=True):
+class ServiceView(msgspec.Struct, frozen=True, rename="camel"):
+    """The host as ``start``/``status`` show it: every field, ``null`` when unknown (a count
+    of 0 is a fact scripts read, not an absence)."""
+
     project_root: str
     pid: int
     instance_id: str
@@ -207,7 +210,9 @@ class ServiceView(msgspec.Struct, frozen=True, rename="camel", omit_defaults=Tru
     log_error: str | None = None
 
 
-class WorkflowInfo(msgspec.Struct, frozen=True, rename="camel", omit_defaults=True):
+class WorkflowInfo(msgspec.Struct, frozen=True, rename="camel"):
+    """One loaded Workflow (every field; ``problem`` is null unless ``ready`` is false)."""
+
     name: str
     version: str
     identity: str
