@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from intloom.store import HistoryEntry, RunJournal, read_history, verify
+from intloom.store import HistoryEntry, RunJournal, read_history, read_runs, verify
 
-__all__ = ["read_journal"]
+__all__ = ["read_journal", "restored_journal"]
 
 
 def read_journal(runtime: Path, run_id: str) -> tuple[list[HistoryEntry], RunJournal | None]:
@@ -20,3 +20,10 @@ def read_journal(runtime: Path, run_id: str) -> tuple[list[HistoryEntry], RunJou
     if not entries:
         return [], None
     return entries, next((j for j in verify(runtime) if j.run_id == run_id), None)
+
+
+def restored_journal(runtime: Path, run_id: str) -> RunJournal | None:
+    """The Run as the next start reads it (its snapshot and the log after it: what doctor
+    judges), or None when a start does not load it (it ended). After a compaction this can
+    differ from ``read_journal``: damage in history that a snapshot covers stops nothing."""
+    return next((j for j in read_runs(runtime) if j.run_id == run_id), None)

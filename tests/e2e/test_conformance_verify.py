@@ -307,3 +307,43 @@ def test_a_bit_flip_in_the_manifest_never_hides_a_run(baseline: Baseline, tmp_pa
     # damaged manifest is reported.
     assert seen >= baseline.waiting
     assert "manifest.json" in journals["message"]
+
+
+# ----- damage in history that a snapshot already covers ----------------------------------------
+
+
+def test_damaged_history_behind_a_snapshot_is_reported_but_stops_nothing(
+    project: Project,
+) -> None:
+    """After a clean stop the Run's snapshot covers its records: a flipped byte in them is
+    history damage. ``inspect`` reports it and, like ``doctor`` and ``start``, knows that
+    the restore reads the snapshot (it used to predict needs_attention)."""
+    ok(project.cli("start", "--json"))
+    run = ok(project.cli("flow", "example", "--intent", "history", "--json"))["run"]
+    assert run["status"] == "waiting"
+    ok(project.cli("stop", "--json"))
+    records = ok(project.cli("inspect", run["runId"], "--json"))["records"]
+    third = next(r for r in records if r["seq"] == 3)
+    segment = project.state / "runtime" / third["file"]
+    data = bytearray(segment.read_bytes())
+    data[third["offset"] + 20] ^= 0xFF
+    segment.write_bytes(bytes(data))
+    damaged = snapshot_files(project.state / "runtime")
+
+    inspected = ok(project.cli("inspect", run["runId"], "--json"))["run"]
+    assert inspected["verdict"] == "corrupt" and "records 3..3" in inspected["problem"]
+    assert inspected["restoreVerdict"] == "ok" and inspected["restoreSeq"] >= 10
+    assert inspected["status"] == "waiting"
+    assert inspected["restart"]["row"] == "restore_wait"
+    text = project.cli("inspect", run["runId"]).stdout
+    assert "it restores the Run from its snapshot" in text
+    assert "On restart: restore_wait" in text
+
+    doctor = project.cli("doctor", "--json")
+    assert doctor.code == 0, doctor.stdout
+    assert {p["runId"]: p["verdict"]["row"] for p in doctor.json["runs"]} == {
+        run["runId"]: "restore_wait"}
+    restore = ok(project.cli("start", "--strict", "--json"))["service"]["restore"]
+    assert restore["waiting"] == [run["runId"]]
+    ok(project.cli("stop", "--json"))
+    assert snapshot_files(project.state / "runtime")[third["file"]] == damaged[third["file"]]

@@ -26,15 +26,19 @@ def _not_found(run_id: str, where: object) -> IntloomError:
     )
 
 
-def _summary(run_id: str, journal: Any) -> dict[str, Any]:
-    """``{runId, status, verdict, problem?, ...}`` from the store's view of one journal."""
+def _summary(run_id: str, journal: Any, restored: Any = None) -> dict[str, Any]:
+    """``{runId, status, verdict, problem?, ...}``: the verdict on the whole journal, the Run
+    as the next start reads it (``restored``, when that differs: a snapshot covers damaged
+    history)."""
     summary: dict[str, Any] = {"runId": run_id}
     if journal is None:
         summary["status"] = "unknown"
         return summary
-    state = getattr(journal, "state", None)
+    shown = restored if restored is not None else journal
+    state = getattr(shown, "state", None)
     verdict = getattr(journal, "status", None)
-    summary["status"] = getattr(state, "status", None) or verdict or "unknown"
+    summary["status"] = getattr(state, "status", None) or getattr(shown, "status", None) \
+        or "unknown"
     if state is not None:
         summary["workflow"] = state.workflow
         summary["phase"] = state.phase
@@ -49,6 +53,11 @@ def _summary(run_id: str, journal: Any) -> dict[str, Any]:
     problem = getattr(journal, "problem", None)
     if problem:
         summary["problem"] = problem
+    restore_verdict = getattr(restored, "status", None)
+    if restore_verdict is not None and restore_verdict != verdict:
+        summary["restoreVerdict"] = restore_verdict
+        if state is not None:
+            summary["restoreSeq"] = state.seq
     return summary
 
 
@@ -61,6 +70,12 @@ def _text(run: Mapping[str, Any]) -> list[str]:
     lines = [head]
     if run.get("problem"):
         lines.append(f"Problem: {run['problem']}")
+    if run.get("restoreVerdict") == "ok":
+        lines.append(
+            f"A start does not read the damaged records: it restores the Run from its snapshot "
+            f"(record {run.get('restoreSeq')}) and the log after it. The records shown are "
+            "kept byte-identical."
+        )
     effect = run.get("effectInFlight")
     if isinstance(effect, Mapping):
         lines.append(
@@ -102,7 +117,7 @@ def _restart(root: Path, journal: Any) -> dict[str, Any] | None:
 @command
 def inspect(state: CliState, run_id: RunArg) -> None:
     """Show a Run's journal, phase by phase, with verification results. Works offline."""
-    from intloom.diagnostics.journal import read_journal
+    from intloom.diagnostics.journal import read_journal, restored_journal
     from intloom.project import ProjectPaths
 
     runtime = ProjectPaths(state.root()).runtime
@@ -111,8 +126,10 @@ def inspect(state: CliState, run_id: RunArg) -> None:
     entries, journal = read_journal(runtime, run_id)
     if not entries:
         raise _not_found(run_id, runtime)
-    run = _summary(run_id, journal)
-    restart = _restart(state.root(), journal)
+    restored = restored_journal(runtime, run_id)
+    run = _summary(run_id, journal, restored)
+    # Judged on what a start reads, as doctor judges it; an ended Run is not loaded.
+    restart = _restart(state.root(), restored if restored is not None else journal)
     if restart is not None:
         run["restart"] = restart["verdict"]
         if restart["journal"] == "incompatible" and run.get("verdict") == "ok":
