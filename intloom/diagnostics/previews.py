@@ -172,9 +172,11 @@ def preview_runs(
     if by_journal["corrupt"] or by_journal["incompatible"] or store.files:
         nexts.append("Inspect each unrestorable Run with intloom inspect RUN; damaged and "
                      "unexpected files are kept byte-identical and never restored or removed.")
-    interrupted = rows["interrupted"] if not host_running else 0
-    if interrupted:
-        nexts.append("After intloom start, check each interrupted Run's committed effects "
-                     "(intloom inspect RUN), then dismiss it with intloom cancel RUN.")
+    # An interrupted Run needs a person until it is dismissed, whether or not a host has
+    # restored it meanwhile (as failed/RUN_INTERRUPTED): doctor's verdict is the same.
+    if rows["interrupted"]:
+        nexts.append(("Check" if host_running else "After intloom start, check")
+                     + " each interrupted Run's committed effects (intloom inspect RUN), "
+                     "then dismiss it with intloom cancel RUN.")
     status: CheckStatus = "attention" if nexts else "ok"
     return Check("journals", status, message, " ".join(nexts) or None), previews

@@ -1,0 +1,43 @@
+"""``doctor`` judges an interrupted Run the same whether or not a host has restored it:
+attention (exit 3) until a person dismisses it. Real host, SIGKILL, real CLI; reaped."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.helpers import Project
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+
+def _journals(project: Project) -> tuple[int, dict[str, Any]]:
+    doctor = project.cli("doctor", "--json")
+    assert doctor.code in (0, 3), (doctor.code, doctor.stdout, doctor.stderr)
+    check = next(c for c in doctor.json["checks"] if c["id"] == "journals")
+    return doctor.code, check
+
+
+def test_an_interrupted_run_needs_attention_until_it_is_dismissed(
+    soak_project: Project,
+) -> None:
+    project = soak_project
+    assert project.cli("start").code == 0
+    asked = project.cli("flow", "soak-ask", "--intent", "doctor", "--json").json["run"]
+    assert asked["status"] == "waiting"  # no recover entry: a restart interrupts it
+    project.kill_host()
+    assert project.cli("recover", "--json").code == 0
+
+    code, offline = _journals(project)
+    assert code == 3 and offline["status"] == "attention"
+    assert "After intloom start, check each interrupted Run" in offline["next"]
+
+    assert project.cli("start").code == 0
+    code, running = _journals(project)
+    assert code == 3 and running["status"] == "attention", running  # it was exit 0
+    assert running["next"].startswith("Check each interrupted Run")
+
+    assert project.cli("cancel", asked["runId"], "--json").code == 0  # dismissed
+    code, dismissed = _journals(project)
+    assert code == 0 and dismissed["status"] == "ok", dismissed
