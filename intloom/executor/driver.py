@@ -24,7 +24,7 @@ from intloom.errors import ErrorView, IntloomError, error_view
 from intloom.executor import clock
 from intloom.executor.updates import RunUpdate
 from intloom.executor.workers import Inbox, Workers
-from intloom.runtime.machine import RunState, apply, to_view
+from intloom.runtime.machine import IllegalTransition, RunState, apply, to_view
 from intloom.runtime.model import PendingAction, PendingAgentCall, RunView
 from intloom.runtime.ports import CheckpointFailed
 from intloom.runtime.records import (
@@ -134,6 +134,9 @@ class RunSlot:
         self.suspended = False
         self.suspend_reason: str | None = None  # why, when it is not a host stop
         self.restored_wait = False
+        # The seq the Run was restored at (None: created by this host). Its earlier records
+        # are read from the journal into the history when a follower first asks (_seed).
+        self.restored_seq: int | None = None
         self.recovering = False  # restored at the recover row while its journal says executing
         self.override: ErrorView | None = None
         self.waiter: asyncio.Future[Any] | None = None
@@ -294,6 +297,27 @@ class RunSlot:
         self._events_published += count
         return events
 
+    def _seed(self, records: list[Record]) -> None:
+        """Put a restored Run's earlier records in front of its history (once): one entry per
+        record, as each would have been published (flush boundaries are not recorded)."""
+        entries: list[tuple[tuple[tuple[str, Any], ...], RunState, RunView | None]] = []
+        state: RunState | None = None
+        for record in records:
+            try:
+                state = apply(state, record)
+            except IllegalTransition:
+                break  # the journal read back whole; a refusal is the restore's to report
+            if type(record) is not Header:
+                entries.append((((state.phase, record if type(record) in _DETAILED else None),),
+                                state, None))
+        with self.lock:
+            if self.restored_seq is None:  # another follower seeded it meanwhile
+                return
+            self.restored_seq = None
+            room = (self.history.maxlen or 0) - len(self.history)
+            if entries and room > 0:
+                self.history = deque([*entries[-room:], *self.history], maxlen=self.history.maxlen)
+
     async def until_stable(self) -> None:
         """Return at the next publish that leaves the Run waiting or ended."""
         waiter = asyncio.get_running_loop().create_future()
@@ -322,9 +346,17 @@ class RunSlot:
         self.revoke(IntloomError("EXECUTION_OWNERSHIP_LOST"))
         self.publish("suspended")
 
-    async def follow(self) -> AsyncIterator[list[RunUpdate]]:
+    async def follow(
+        self, earlier: Callable[[], list[Record]] | None = None
+    ) -> AsyncIterator[list[RunUpdate]]:
         """History so far, then live updates, in batches: everything queued since the
-        follower last woke goes out together (one socket write per wake-up, not per event)."""
+        follower last woke goes out together (one socket write per wake-up, not per event).
+
+        ``earlier``: for a restored Run, reads its records up to the restore from the journal
+        (blocking; run on a worker thread, once per Run): an earlier host's history.
+        """
+        if earlier is not None and self.restored_seq is not None:
+            self._seed(await asyncio.to_thread(_read_earlier, earlier))
         queue: asyncio.Queue[RunUpdate] = asyncio.Queue()
         with self.lock:  # no publish between the history read and the subscription
             self._subscribers.add(queue)
@@ -357,6 +389,15 @@ class RunSlot:
         finally:
             with self.lock:
                 self._subscribers.discard(queue)
+
+
+def _read_earlier(earlier: Callable[[], list[Record]]) -> list[Record]:
+    """``earlier()``, or nothing when the journal cannot be read now: the history is a
+    display; ``inspect`` reports what is wrong with the files."""
+    try:
+        return earlier()
+    except (IntloomError, OSError):
+        return []
 
 
 def _detail(info: Any) -> Any:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import functools
 import hmac
 import secrets
 import threading
@@ -198,6 +199,7 @@ class Runtime:
             lw = self.workflows[state.workflow]
             verdict = restart_verdict(state, lw.has_recover(state.cursor.stage, state.cursor.step))
             slot = RunSlot(state=state, lw=lw, observer=self.on_event)
+            slot.restored_seq = state.seq
             self.runs[state.run_id] = slot
             slot.publish("restored", {"row": verdict.row, "reason": verdict.reason})
             if verdict.row == "interrupted":
@@ -467,8 +469,12 @@ class Runtime:
         return slot.view(), False
 
     def subscribe(self, run_id: str) -> AsyncIterator[builtins.list[RunUpdate]]:
-        """History so far, then live updates until the Run is terminal, in batches."""
-        return self._slot(run_id).follow()
+        """History so far (an earlier host's too, for a restored Run), then live updates
+        until the Run is terminal, in batches."""
+        slot = self._slot(run_id)
+        if slot.restored_seq is None:
+            return slot.follow()
+        return slot.follow(functools.partial(self.journal.history, run_id, slot.restored_seq))
 
     # ------------------------------------------------------------------ agent tasks
 

@@ -47,3 +47,9 @@ class JournalPort(Protocol):
     def sync_threadsafe(self, run_id: str) -> None:
         """``sync`` for one Run, blocking, from a thread other than the event loop's."""
         ...
+
+    def history(self, run_id: str, upto_seq: int) -> list[Record]:
+        """The Run's durable records 1..``upto_seq``, in order, up to the first one that
+        does not read back whole (damage is ``inspect``'s to report). Blocking file I/O:
+        call it from a worker thread."""
+        ...

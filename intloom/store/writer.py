@@ -44,6 +44,7 @@ from intloom.store.framing import (
     encode_segment_header,
     segment_name,
 )
+from intloom.store.history import read_history
 from intloom.store.reader import StoreReport, load
 
 __all__ = ["DEFAULT_SEGMENT_BYTES", "Store"]
@@ -452,6 +453,21 @@ class Store:
                         self._running_loop_from_thread().call_soon_threadsafe(self._wake)
             if self._failures or self._failed_runs:
                 self._check(low, high, run_id)
+
+    def history(self, run_id: str, upto_seq: int) -> list[Record]:
+        """The Run's records 1..``upto_seq`` read back from the log (``JournalPort.history``).
+
+        Reads every segment (what ``inspect`` reads); a record being appended meanwhile is
+        past ``upto_seq`` or in a segment's tail, never a reason to stop early.
+        """
+        records: list[Record] = []
+        for entry in read_history(self.layout.root, run_id):
+            if entry.seq > upto_seq:
+                break
+            if entry.verdict != "ok" or entry.record is None or entry.seq != len(records) + 1:
+                break
+            records.append(entry.record)
+        return records
 
     def _running_loop_from_thread(self) -> asyncio.AbstractEventLoop:
         loop = self._loop

@@ -183,3 +183,51 @@ def test_subscribe_streams_history_then_live_events_until_final(project: Project
     # the stream ends after the terminal, not at the first of them.
     assert [e.event for e in live[-2:]] == ["step_result", "terminal"]
     assert all(not e.final for e in [*events, *live[:-1]])
+
+
+@pytest.mark.parametrize("how", ["stop", "kill"])
+def test_a_restored_runs_history_includes_what_the_earlier_host_did(
+    project: Project, how: str
+) -> None:
+    """attach shows "the Run's history so far": after a restart that is the earlier host's
+    records too (read from the journal), each event with the cursor of its own record,
+    then ``restored``. It used to start at ``restored``."""
+    start(project)
+    with Client.connect(project.root) as client:
+        waiting = client.create_run("example", "notes")
+    before: list[tuple[str, str]] = []
+    follower = Client.connect(project.root)
+    try:
+        for e in follower.subscribe(waiting.run_id):  # its history, up to the wait
+            if e.event != "created":  # an announcement, not a record
+                before.append((e.event, e.run.status))
+            if e.run.status == "waiting":
+                break
+    finally:
+        follower.close()
+    assert before and before[-1] == ("waiting", "waiting")
+    if how == "stop":
+        assert stop_service(project.root, timeout=20) is True
+    else:
+        project.kill_host()
+        assert project.cli("recover", "--json").code == 0
+    start(project)
+    follower = Client.connect(project.root)
+    stream = follower.subscribe(waiting.run_id)
+    try:
+        history = []
+        while True:
+            event = next(stream)
+            assert event.history, event
+            history.append(event)
+            if event.event == "restored":
+                break
+    finally:
+        follower.close()
+    assert [(e.event, e.run.status) for e in history[:-1]] == before
+    assert history[0].event == "stage_pending"
+    effect = next(e for e in history if e.event == "effect_done")
+    assert effect.run.cursor.step == "write" and effect.detail == {
+        "name": "compose", "key": "compose#1"}
+    assert history[-1].run.status == "waiting"
+    assert history[-1].run.pending_action == waiting.pending_action

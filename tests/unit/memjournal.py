@@ -50,5 +50,8 @@ class MemoryJournal:
                 raise CheckpointFailed(frozenset(r for r, _ in batch), "injected EIO")
             self.records.extend(batch)
 
+    def history(self, run_id: str, upto_seq: int) -> list[Record]:
+        return self.of(run_id)[:upto_seq]
+
     def of(self, run_id: str) -> list[Record]:
         return [r for rid, r in self.records if rid == run_id]

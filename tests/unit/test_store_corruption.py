@@ -382,3 +382,22 @@ def test_a_run_incompatible_at_record_level_stays_reported(tmp_path: Path) -> No
         store.close_blocking()
     assert by_id(read_runs(root))["RUN-A"].status == "incompatible"
     assert segment.read_bytes() == kept
+
+
+def test_store_history_reads_a_runs_records_up_to_a_seq_and_stops_at_damage(
+    tmp_path: Path,
+) -> None:
+    """``Store.history`` (an earlier host's records, for a restored Run's followers): the
+    Run's own records in order, cut at ``upto_seq``, and at the first damaged one."""
+    root = tmp_path / "runtime"
+    segment = _crashed_host(root, close=True)
+    store = open_store(root)
+    try:
+        assert store.history("RUN-A", N) == walk("RUN-A", N, RUNS["RUN-A"])
+        assert store.history("RUN-A", 4) == walk("RUN-A", N, RUNS["RUN-A"])[:4]
+        assert store.history("RUN-missing", N) == []
+        _flip(segment, frames_of(segment, "RUN-B")[5].end - 3)  # record 6 of RUN-B
+        assert store.history("RUN-B", N) == walk("RUN-B", N, RUNS["RUN-B"])[:5]
+        assert store.history("RUN-C", N) == walk("RUN-C", N, RUNS["RUN-C"])
+    finally:
+        store.close_blocking()
