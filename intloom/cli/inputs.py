@@ -93,3 +93,8 @@ def read_answer(answer: str) -> Any:
         raise IntloomError(
             "INVALID_REQUEST", f"ANSWER is not valid JSON ({exc}). {ANSWER_SHAPES}"
         ) from None
+    except RecursionError:
+        # msgspec's decoder recurses per level, so its depth limit is the interpreter's.
+        raise IntloomError(
+            "INVALID_REQUEST", f"ANSWER is nested too deeply to read. {ANSWER_SHAPES}"
+        ) from None

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
+from intloom.client.outgoing import frame_of
 from intloom.errors import IntloomError
 from intloom.fsutil import PrivacyError, check_private_dir
 from intloom.host.metadata import ServiceInfo, read_connection, read_service
@@ -97,7 +98,9 @@ class Client:
     CLI_SERVICE_OFFLINE, CLI_SERVICE_METADATA_INVALID, CLI_SERVICE_CLOSING, ...
 
     A request whose connection breaks before its reply is ``PROJECT_REQUEST_FAILED`` and is
-    never sent again: the host may have acted on it, so query the Run before retrying.
+    never sent again: the host may have acted on it, so query the Run before retrying. A
+    request it cannot encode (an integer beyond 64 bits, text that is not UTF-8, a value that
+    is not plain data, over 4 MiB) is ``INVALID_REQUEST`` naming the value; nothing is sent.
     """
 
     hello: HelloOk
@@ -207,10 +210,11 @@ class Client:
         if sock is None:
             raise IntloomError("PROJECT_CONNECTION_FAILED",
                                "This client is closed. Connect again.", retryable=False)
+        frame = frame_of(request)
         try:
             sock.settimeout(self.request_timeout)
-            send_frame(sock, request)
-        except (OSError, FrameError) as exc:
+            sock.sendall(frame)
+        except OSError as exc:
             raise self._broken(request, str(exc)) from None
         return sock
 

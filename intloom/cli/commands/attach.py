@@ -33,6 +33,8 @@ __all__ = ["attach"]
 _CATCH_UP: Final = 3.0
 # Answers that leave the Run waiting: say why, then look again.
 _RETRY_CODES: Final = frozenset({"INVALID_REQUEST", "CONFLICT"})
+# How long a detach (Ctrl-C with --json) may take to look at the Run once more.
+_DETACH_LOOK: Final = 2.0
 
 
 def event_line(event: RunEvent) -> str:
@@ -137,6 +139,38 @@ def _follow(state: CliState, client: Client, run_id: str, view: RunView) -> RunV
         follower.close()
 
 
+def _attach_json(state: CliState, run_id: str) -> int:
+    """Wait until the Run waits or ends, then print it; Ctrl-C detaches with the Run's view."""
+    seen: RunView | None = None
+    try:
+        with state.client(waits=True) as client:
+            seen = client.get_run(run_id)
+            view = client.wait_run(run_id) if seen.status == "running" else seen
+    except (KeyboardInterrupt, typer.Abort):
+        return _detach_json(state, run_id, seen)
+    return finish_run(state, view)
+
+
+def _detach_json(state: CliState, run_id: str, seen: RunView | None) -> int:
+    """The one JSON document of a detach: the Run as it is now, else as last seen.
+
+    The interrupted connection may hold half a reply, so a fresh one asks; a second Ctrl-C,
+    or a host that cannot answer within a moment, leaves the view already seen (``seen`` is
+    None only when Ctrl-C came before the first view, and then the fresh look must answer).
+    """
+    from intloom.client.client import Client
+
+    try:
+        with Client.connect(state.root(), timeout=_DETACH_LOOK,
+                            request_timeout=_DETACH_LOOK) as client:
+            seen = client.get_run(run_id)
+    except (IntloomError, KeyboardInterrupt, typer.Abort):
+        if seen is None:
+            raise
+    state.renderer.document({"run": seen})
+    return exit_codes.OK
+
+
 @command
 def attach(state: CliState, run_id: RunArg) -> int:
     """Show a Run's history and live events; on a terminal, answer what it asks.
@@ -144,12 +178,10 @@ def attach(state: CliState, run_id: RunArg) -> int:
     Ctrl-C detaches and leaves the Run as it is. Exit 0 when it completes or still waits,
     1 when it fails or was stopped.
     """
+    if state.json_mode:
+        return _attach_json(state, run_id)
     with state.client(waits=True) as client:
         view = client.get_run(run_id)
-        if state.json_mode:
-            if view.status == "running":
-                view = client.wait_run(run_id)
-            return finish_run(state, view)
         try:
             view = _follow(state, client, run_id, view)
         except (KeyboardInterrupt, typer.Abort):

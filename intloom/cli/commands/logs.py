@@ -77,7 +77,9 @@ def _follow(tail: LogTail, root: Path, logs_dir: Path) -> None:
                 target,
                 recursive=recursive,
                 stop_event=stop,
-                raise_interrupt=False,
+                # Ctrl-C inside the watcher raises, as anywhere else, and ``logs`` ends on it
+                # quietly; not raising makes watchfiles log a warning line to stderr instead.
+                raise_interrupt=True,
                 rust_timeout=_RESCAN_MS,
                 yield_on_timeout=True,
                 debounce=50,
@@ -88,7 +90,7 @@ def _follow(tail: LogTail, root: Path, logs_dir: Path) -> None:
                     moved = True
                     break
             if not moved:
-                return  # stopped by SIGTERM, or Ctrl-C inside the watcher
+                return  # stopped by SIGTERM
     finally:
         signal.signal(signal.SIGTERM, previous)
 

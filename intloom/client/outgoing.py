@@ -1,0 +1,121 @@
+"""A request as the client sends it, or INVALID_REQUEST before a byte is sent.
+
+The values a caller hands over (an answer, a Tool's input, an Agent's output, an intent) are
+theirs to fix: a value msgpack cannot hold is named by its path in the request, with the
+limit and what to send instead, and the connection stays usable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Final
+
+import msgspec
+
+from intloom.errors import IntloomError
+from intloom.protocol.framing import FrameError, encode_frame
+from intloom.protocol.messages import MAX_FRAME, Request
+
+__all__ = ["frame_of"]
+
+# What msgpack raises for a value it cannot hold: an integer beyond 64 bits, a str with a lone
+# surrogate (what bytes that are not UTF-8 decode to from argv), nesting deeper than the
+# stack, an object that is not plain data.
+_UNENCODABLE: Final = (OverflowError, UnicodeEncodeError, RecursionError, TypeError,
+                       msgspec.EncodeError)
+_INT_RANGE: Final = range(-(1 << 63), 1 << 64)
+_NOTHING_CHANGED: Final = "Nothing was sent, so nothing changed."
+
+
+def _big_int(value: object) -> bool:
+    return isinstance(value, int) and value not in _INT_RANGE
+
+
+def _not_utf8(value: object) -> bool:
+    if not isinstance(value, str):
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _label(key: object) -> str:
+    """A dict key as a path step that can itself be printed (no surrogates, bounded)."""
+    text = key if isinstance(key, str) else repr(key)
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _find(value: object, where: str, bad: Callable[[object], bool]) -> str | None:
+    """The path of the first item of ``value`` (or key) for which ``bad`` holds. Iterative,
+    so a tree nested as deep as the decoder allows cannot exhaust the stack here."""
+    stack: list[tuple[str, object]] = [(where, value)]
+    while stack:
+        path, item = stack.pop()
+        if bad(item):
+            return path
+        children: list[tuple[str, object]] = []
+        if isinstance(item, dict):
+            for key, child in item.items():
+                if bad(key):
+                    return f"{path} (the key {_label(key)})"
+                children.append((f"{path}.{_label(key)}", child))
+        elif isinstance(item, list | tuple):
+            children = [(f"{path}[{i}]", child) for i, child in enumerate(item)]
+        stack.extend(reversed(children))
+    return None
+
+
+def _culprit(request: Request, bad: Callable[[object], bool] | None = None) -> str:
+    """Where in ``request`` msgpack gave up: a wire-named path such as ``answer.feedback``,
+    found with ``bad``, else the first field that does not encode on its own."""
+    fields = msgspec.structs.fields(type(request))
+    for info in fields:
+        found = None if bad is None else _find(getattr(request, info.name), info.encode_name, bad)
+        if found is not None:
+            return found
+    for info in fields:
+        try:
+            msgspec.msgpack.encode(getattr(request, info.name))
+        except _UNENCODABLE:
+            return info.encode_name
+    return "a value"
+
+
+def _unsendable(request: Request, exc: BaseException) -> IntloomError:
+    """INVALID_REQUEST for a request msgpack cannot encode: which value, why, what to do."""
+    if isinstance(exc, OverflowError):
+        fact = (f"{_culprit(request, _big_int)} is an integer beyond 64 bits, which neither "
+                "the protocol nor a Run's journal can hold (msgpack: -2**63 to 2**64-1). Send "
+                "it as a string, or as a number in that range")
+    elif isinstance(exc, UnicodeEncodeError):
+        fact = (f"{_culprit(request, _not_utf8)} holds text that is not valid Unicode (a lone "
+                "surrogate, as bytes that are not UTF-8 decode to). Send UTF-8 text")
+    elif isinstance(exc, RecursionError):
+        fact = f"{_culprit(request)} is nested too deeply. Flatten it"
+    else:
+        fact = (f"{_culprit(request)} cannot be encoded ({exc}). Send "
+                "plain data: dict, list, str, int, float, bool or None")
+    return IntloomError(
+        "INVALID_REQUEST",
+        f"Cannot send the {type(request).__name__} request: {fact}. {_NOTHING_CHANGED}",
+    )
+
+
+def frame_of(request: Request) -> bytes:
+    """``request`` as a frame, or INVALID_REQUEST before a byte is sent: the values a caller
+    hands over (an answer, a Tool's input, an Agent's output, an intent) are theirs to fix,
+    and the connection stays usable."""
+    try:
+        return encode_frame(request)
+    except _UNENCODABLE as exc:
+        raise _unsendable(request, exc) from None
+    except FrameError:
+        size = len(msgspec.msgpack.encode(request))
+        raise IntloomError(
+            "INVALID_REQUEST",
+            f"Cannot send the {type(request).__name__} request: it is {size} bytes encoded, "
+            f"over the {MAX_FRAME}-byte frame limit. Send a smaller value. {_NOTHING_CHANGED}",
+        ) from None

@@ -1,0 +1,158 @@
+"""Ctrl-C (SIGINT) on the real CLI: ``attach --json`` detaches with exit 0 and one JSON
+document (the Run's view; the last one seen when the host cannot answer at that moment);
+``logs --follow`` stops quietly.
+
+Each test starts its CLI child with SIGINT at its default disposition (a test runner started
+in the background has it ignored, and an ignored SIGINT is inherited), and kills and waits
+for it in ``finally``; the hosts are reaped by the project fixtures.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import psutil
+import pytest
+
+from intloom.cli import exit_codes
+from intloom.cli.commands.attach import _detach_json
+from intloom.cli.options import CliState
+from intloom.client.client import Client
+from intloom.errors import IntloomError
+from tests.helpers import REPO, Project, eventually, ok
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
+
+
+@contextlib.contextmanager
+def cli_child(project: Project, *args: str) -> Iterator[subprocess.Popen[str]]:
+    """The real CLI as a child that Ctrl-C reaches; killed and reaped on the way out."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "intloom", "--project", str(project.root), *args],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(REPO)},
+        )
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=10)
+
+
+def connected(proc: subprocess.Popen[str], port: int) -> bool:
+    """``proc`` holds a connection to the host (it got past start-up and is attaching)."""
+    assert proc.poll() is None, proc.communicate(timeout=10)
+    try:
+        connections = psutil.Process(proc.pid).net_connections(kind="tcp")
+    except psutil.NoSuchProcess:
+        return False
+    return any(c.status == psutil.CONN_ESTABLISHED and c.raddr and c.raddr.port == port
+               for c in connections)
+
+
+def host_port(project: Project) -> int:
+    port: int = json.loads((project.state / "connection.json").read_text())["port"]
+    return port
+
+
+def running_run(project: Project) -> tuple[str, Path]:
+    """A Run of ``reference`` held inside its first Step, and the gate file that holds it."""
+    ok(project.cli("start", "--json"))
+    gates = project.root / "gates"
+    gates.mkdir()
+    hold = gates / "step:fetch.hold"
+    hold.write_text("held")
+    run = ok(project.cli("flow", "reference", "--intent", "stay running", "--detach", "--json"))
+    eventually((gates / "step:fetch.entered").exists, timeout=15, what="the Step to be held")
+    return str(run["run"]["runId"]), hold
+
+
+def one_document(out: str) -> Any:
+    assert len(out.splitlines()) == 1, out
+    return json.loads(out)
+
+
+def test_attach_json_detaches_on_ctrl_c_with_the_runs_view(proj: Project) -> None:
+    run_id, hold = running_run(proj)
+    port = host_port(proj)
+    with cli_child(proj, "attach", run_id, "--json") as proc:
+        eventually(lambda: connected(proc, port), timeout=20, what="attach to connect")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, (out, err)
+    assert err == ""
+    doc = one_document(out)
+    assert set(doc) == {"run"}
+    assert (doc["run"]["runId"], doc["run"]["status"]) == (run_id, "running")
+    # Detaching left the Run alone: released, it goes on to its first wait.
+    hold.unlink()
+    eventually(
+        lambda: ok(proj.cli("runs", "--json"))["runs"][0]["status"] == "waiting",
+        timeout=20, what="the Run to reach its first wait",
+    )
+
+
+def test_a_detach_prints_the_last_view_when_the_host_cannot_answer(
+    proj: Project, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What attach --json does after Ctrl-C, in this process against a host that accepts
+    connections (the kernel does) but never answers: one short look, then the view it has."""
+    run_id, hold = running_run(proj)
+    with Client.connect(proj.root) as client:
+        seen = client.get_run(run_id)
+    state = CliState(json_mode=True)
+    state.project = proj.root
+    host = proj.host_pid()
+    os.kill(host, signal.SIGSTOP)
+    try:
+        began = time.monotonic()
+        assert _detach_json(state, run_id, seen) == exit_codes.OK
+        took = time.monotonic() - began
+        # Before attach had a view there is nothing to print but why the look failed.
+        with pytest.raises(IntloomError) as unanswered:
+            _detach_json(state, run_id, None)
+    finally:
+        os.kill(host, signal.SIGCONT)
+    assert took < 10, took  # a short look, not a request's timeout
+    assert unanswered.value.code == "CLI_SERVICE_UNAVAILABLE"
+    doc = one_document(capsys.readouterr().out)
+    assert doc == {"run": json.loads(msgspec.json.encode(seen))}
+    assert (doc["run"]["runId"], doc["run"]["status"]) == (run_id, "running")
+    hold.unlink()
+
+
+def test_logs_follow_stops_on_ctrl_c_without_a_word(project: Project) -> None:
+    logs = project.state / "logs"
+    logs.mkdir(parents=True, mode=0o700)
+    os.chmod(project.state, 0o700)
+    log = logs / "LOG-20260101T000000000Z.jsonl"
+    log.write_text(json.dumps({"time": "T1", "level": "info", "event": "first"}) + "\n")
+    os.chmod(log, 0o600)
+    with cli_child(project, "logs", "--follow") as proc:
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], 20)
+        assert ready, "logs --follow printed nothing"
+        assert "first" in proc.stdout.readline()
+        # The watcher runs a thread of its own: with it, Ctrl-C lands inside the watch.
+        eventually(lambda: psutil.Process(proc.pid).num_threads() > 1, timeout=20,
+                   what="logs --follow to watch")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, (out, err)
+    assert err == "", err  # watchfiles' "KeyboardInterrupt caught, stopping watch" is gone

@@ -1,0 +1,54 @@
+"""Values the real CLI cannot send (an integer beyond 64 bits, text that is not UTF-8, JSON
+nested past the decoder's depth) are INVALID_REQUEST, exit 1 (a known error, docs/cli.md),
+never CLI_INTERNAL_ERROR; the wait is unchanged."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.helpers import CliResult, Project, ok
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
+
+HUGE = "123456789012345678901234567890"
+
+
+def refused(result: CliResult) -> str:
+    assert result.code == 1, (result.code, result.stdout, result.stderr)
+    assert len(result.stdout.splitlines()) == 1, result.stdout
+    error: dict[str, Any] = result.json["error"]
+    assert (error["code"], error["retryable"]) == ("INVALID_REQUEST", False), error
+    return str(error["message"])
+
+
+def test_answer_with_an_integer_beyond_64_bits_leaves_the_wait(project: Project) -> None:
+    ok(project.cli("start", "--json"))
+    run = ok(project.cli("flow", "example", "--intent", "notes", "--json"))["run"]
+    run_id, action = run["runId"], run["pendingAction"]["id"]
+    for answer, where in (
+        (f'{{"isConfirmed": true, "feedback": {HUGE}}}', "answer.feedback"),
+        (f'{{"isConfirmed": true, "unknown": [{HUGE}]}}', "answer.unknown[0]"),
+        (f'[{{"questionId": "q1", "isSkipped": false, "answer": -{HUGE}}}]', "answer[0].answer"),
+    ):
+        message = refused(project.cli("answer", run_id, action, answer, "--json"))
+        assert f"{where} is an integer beyond 64 bits" in message, message
+        assert "as a string" in message and "Nothing was sent" in message
+    text = project.cli("answer", run_id, action, "-", input=f'{{"isConfirmed": {HUGE}}}')
+    assert text.code == 1 and text.stdout == ""
+    assert text.stderr.startswith("Failure · INVALID_REQUEST: Cannot send the Answer request: "
+                                  "answer.isConfirmed is an integer beyond 64 bits")
+    deep = "[" * 5000 + "]" * 5000
+    assert "nested too deeply" in refused(project.cli("answer", run_id, action, deep, "--json"))
+    assert ok(project.cli("runs", "--json"))["runs"] == [run]  # the wait is unchanged
+    done = ok(project.cli("answer", run_id, action, '{"isConfirmed": true}', "--json"))["run"]
+    assert done["status"] == "completed"
+
+
+def test_an_intent_that_is_not_utf8_creates_no_run(project: Project) -> None:
+    ok(project.cli("start", "--json"))
+    # argv bytes that are not UTF-8 (here 0xff) reach Python as a lone surrogate.
+    message = refused(project.cli("flow", "example", "--intent", "notes \udcff", "--json"))
+    assert "intent holds text that is not valid Unicode" in message, message
+    assert ok(project.cli("runs", "--json"))["runs"] == []
