@@ -160,8 +160,9 @@ class Client:
             sock.close()
             raise IntloomError(
                 "CLI_SERVICE_UNAVAILABLE",
-                f"The service at 127.0.0.1:{conn.port} did not complete the hello ({exc}). "
-                "Run intloom status.",
+                f"The service at 127.0.0.1:{conn.port} did not complete the hello ({exc}): "
+                "the host accepted the connection but did not answer (hung, paused, or "
+                "busy). Run intloom doctor to see which process owns the project.",
             ) from None
         except BaseException:
             sock.close()

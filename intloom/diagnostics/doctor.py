@@ -101,6 +101,17 @@ def _file_problem(read: Callable[[], object]) -> str | None:
     return None
 
 
+def _paused(pid: int) -> bool:
+    """``pid`` is stopped by a signal: alive, and unable to answer until it is resumed."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() in (psutil.STATUS_STOPPED,
+                                                 psutil.STATUS_TRACING_STOP)
+    except psutil.Error:
+        return False
+
+
 def _owner_check(
     check_id: str, name: str, owner: Owner | None, problem: str | None, running: bool
 ) -> Check:
@@ -112,6 +123,15 @@ def _owner_check(
     if owner.status == "alive" and running:
         return Check(check_id, "ok", f"{name} belongs to the running host (pid {pid}).", None,
                      owner.evidence)
+    if owner.status == "alive" and _paused(pid):
+        return Check(
+            check_id, "attention",
+            f"{name} names pid {pid}, which is alive but paused (stopped by a signal: "
+            "SIGSTOP, Ctrl-Z or a debugger), so it holds the project and answers nobody.",
+            f"Resume it (kill -CONT {pid}, or fg in its terminal), then run intloom doctor "
+            "again. Do not delete locks whose owners are still active.",
+            owner.evidence,
+        )
     if owner.status == "alive":
         return Check(
             check_id, "attention",

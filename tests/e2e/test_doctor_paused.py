@@ -1,0 +1,33 @@
+"""A host paused by a signal (SIGSTOP, Ctrl-Z) is named as paused, not "starting or
+stopping": clients time out on it, and ``doctor`` says how to resume it. Real host; the
+host is resumed and reaped even when the test fails."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from tests.helpers import Project
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+
+def test_doctor_names_a_paused_host_and_how_to_resume_it(project: Project) -> None:
+    assert project.cli("start").code == 0
+    pid = project.host_pid()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        status = project.cli("status", "--json")
+        doctor = project.cli("doctor", "--json")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert status.json["status"] == "blocked", status.stdout
+    assert "did not answer" in status.json["message"]
+    assert "intloom doctor" in status.json["message"]
+    assert doctor.code == 4 and doctor.json["health"] == "blocked", doctor.stdout
+    owner = next(c for c in doctor.json["checks"] if c["id"] == "owner.service_lock")
+    assert owner["status"] == "attention"
+    assert "paused" in owner["message"] and f"kill -CONT {pid}" in owner["next"]
+    assert project.cli("status", "--json").json["status"] == "running"  # resumed, answers
