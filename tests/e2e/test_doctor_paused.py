@@ -30,4 +30,5 @@ def test_doctor_names_a_paused_host_and_how_to_resume_it(project: Project) -> No
     owner = next(c for c in doctor.json["checks"] if c["id"] == "owner.service_lock")
     assert owner["status"] == "attention"
     assert "paused" in owner["message"] and f"kill -CONT {pid}" in owner["next"]
-    assert project.cli("status", "--json").json["status"] == "running"  # resumed, answers
+    resumed = project.cli("status", "--json")  # resumed, it answers again
+    assert resumed.code == 0 and resumed.json["service"]["pid"] == pid, resumed.stdout
