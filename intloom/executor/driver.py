@@ -25,7 +25,7 @@ from intloom.executor import clock
 from intloom.executor.updates import RunUpdate
 from intloom.executor.workers import Inbox, Workers
 from intloom.runtime.machine import IllegalTransition, RunState, apply, to_view
-from intloom.runtime.model import PendingAction, PendingAgentCall, RunView
+from intloom.runtime.model import Cursor, PendingAction, PendingAgentCall, RunView
 from intloom.runtime.ports import CheckpointFailed
 from intloom.runtime.records import (
     UNENCODABLE,
@@ -58,6 +58,10 @@ _MILESTONES = frozenset({
 
 # A Run's history: the last publishes (each one flush's events; a Step is one flush).
 _HISTORY = 1000
+_ENDED = frozenset({"completed", "failed"})
+# An event: its name, its detail (as _detail reads it) and the cursor of the record behind it
+# (None: the cursor of the view it is published with).
+_Event = tuple[str, Any, Cursor | None]
 _DETAILED: frozenset[type] = frozenset({StepResult, EffectStarted, EffectDone, Answered})
 # Whether a user function is a coroutine function, asked once per function, not per call.
 # Plain references: user functions live as long as their loaded Workflow (the host's life),
@@ -142,12 +146,12 @@ class RunSlot:
         self.waiter: asyncio.Future[Any] | None = None
         self.task: asyncio.Task[None] | None = None
         self.agent = AgentClaim()
-        # (((event, detail), ...), shown state, view), one entry per publish (a detail as
-        # _detail reads it): the view only when it is not the plain view of that state (an
-        # override or a suspension); otherwise built when a follower asks.
-        self.history: deque[tuple[tuple[tuple[str, Any], ...], RunState, RunView | None]] = deque(
+        # ((event, ...), shown state, view), one entry per publish (_Event): the view only
+        # when it is not the plain view of that state (an override or a suspension);
+        # otherwise built when a follower asks.
+        self.history: deque[tuple[tuple[_Event, ...], RunState, RunView | None]] = deque(
             maxlen=_HISTORY)
-        self._events: list[tuple[str, Any]] = []
+        self._events: list[_Event] = []
         self._events_published = 0
         # Woken only when a publish leaves the Run waiting or ended: a client waiting for
         # that is not woken by every record of a busy Run (3 per Step).
@@ -164,8 +168,11 @@ class RunSlot:
         self.state = state
         # The record itself stands for its detail until someone reads it (_detail): a tuple
         # of a str and gc=False structs is untracked by the cyclic collector at its first
-        # pass, where one holding a dict would stay tracked in the history for a while.
-        self._events.append((state.phase, record if type(record) in _DETAILED else None))
+        # pass, where one holding a dict would stay tracked in the history for a while. The
+        # cursor is the record's own: a flush often holds one Step's result and the next
+        # Step's start, and its events must not all show where the last one left the Run.
+        self._events.append(
+            (state.phase, record if type(record) in _DETAILED else None, state.cursor))
 
     def view(self) -> RunView:
         st = self.shown
@@ -215,7 +222,7 @@ class RunSlot:
         try:
             events = self._advance(upto)
             if event is not None:
-                events.append((event, detail))
+                events.append((event, detail, None))  # where the shown state is
             # Views are built only for whoever reads one now (a follower, the log, a
             # waiter): a busy Run nobody follows publishes once per Step.
             shown, subscribers, observer = self.shown, self._subscribers, self.observer
@@ -233,10 +240,10 @@ class RunSlot:
             if lock is not None:
                 lock.release()
         if events and (subscribers or observer is not None):
-            for name, info in events:
+            for name, info, cursor in events:
                 if subscribers:
                     assert view is not None
-                    update = RunUpdate(event=name, run=view, detail=_detail(info))
+                    update = RunUpdate(event=name, run=_at(view, cursor), detail=_detail(info))
                     for queue in subscribers:
                         queue.put_nowait(update)
                 if observer is not None and name in _MILESTONES:
@@ -272,14 +279,14 @@ class RunSlot:
             count = upto[1] - self._events_published  # <= 0: a later publish showed them
             pending = self._events[:count] if 0 < count < len(self._events) else (
                 self._events if count > 0 else [])
-            if self.observer is not None and any(name in _MILESTONES for name, _ in pending):
+            if self.observer is not None and any(e[0] in _MILESTONES for e in pending):
                 return False
             events = self._advance(upto)
             if events:
                 self.history.append((tuple(events), self.shown, None))
         return True
 
-    def _advance(self, upto: tuple[RunState, int] | None) -> list[tuple[str, Any]]:
+    def _advance(self, upto: tuple[RunState, int] | None) -> list[_Event]:
         """Show the state ``upto`` and take its events off the unshown list (locked)."""
         if upto is None:
             return []
@@ -300,7 +307,7 @@ class RunSlot:
     def _seed(self, records: list[Record]) -> None:
         """Put a restored Run's earlier records in front of its history (once): one entry per
         record, as each would have been published (flush boundaries are not recorded)."""
-        entries: list[tuple[tuple[tuple[str, Any], ...], RunState, RunView | None]] = []
+        entries: list[tuple[tuple[_Event, ...], RunState, RunView | None]] = []
         state: RunState | None = None
         for record in records:
             try:
@@ -308,7 +315,8 @@ class RunSlot:
             except IllegalTransition:
                 break  # the journal read back whole; a refusal is the restore's to report
             if type(record) is not Header:
-                entries.append((((state.phase, record if type(record) in _DETAILED else None),),
+                entries.append((((state.phase, record if type(record) in _DETAILED else None,
+                                  state.cursor),),
                                 state, None))
         with self.lock:
             if self.restored_seq is None:  # another follower seeded it meanwhile
@@ -363,25 +371,25 @@ class RunSlot:
             entries = list(self.history)
         try:
             history = [
-                RunUpdate(event=name, run=shown, detail=_detail(info), history=True)
+                RunUpdate(event=name, run=_at(shown, cursor), detail=_detail(info), history=True)
                 for events, state, view in entries
                 for shown in (view or _plain_view(state),)
-                for name, info in events
+                for name, info, cursor in events
             ]
             if history:
                 yield history
-            if self.view().status in ("completed", "failed"):
+            if self.view().status in _ENDED:
                 return
             while True:
                 batch = [await queue.get()]
                 while not queue.empty():
                     batch.append(queue.get_nowait())
                 for i, item in enumerate(batch):
-                    if item.run.status in ("completed", "failed"):
-                        # Every event of the publish that ended the Run shares its view:
-                        # the ones after the first (the ``terminal`` itself) go out too.
+                    if item.run.status in _ENDED:
+                        # Every event of the publish that ended the Run shows it ended: the
+                        # ones after the first (the ``terminal`` itself) go out too.
                         end = i + 1
-                        while end < len(batch) and batch[end].run is item.run:
+                        while end < len(batch) and batch[end].run.status in _ENDED:
                             end += 1
                         yield batch[:end]
                         return
@@ -389,6 +397,13 @@ class RunSlot:
         finally:
             with self.lock:
                 self._subscribers.discard(queue)
+
+
+def _at(view: RunView, cursor: Cursor | None) -> RunView:
+    """``view`` as of an event: with the cursor of the record behind it (None: the view's)."""
+    if cursor is None or cursor is view.cursor or cursor == view.cursor:
+        return view
+    return msgspec.structs.replace(view, cursor=cursor)
 
 
 def _read_earlier(earlier: Callable[[], list[Record]]) -> list[Record]:

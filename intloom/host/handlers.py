@@ -122,10 +122,10 @@ class Handlers:
         async for updates in self.runtime.subscribe(run_id):
             events: list[RunEvent] = []
             for i, update in enumerate(updates):
-                # The publish that ends the Run gives all its events the ended view: the
-                # last of them (its ``terminal``) is the final one.
+                # Every event of the publish that ends the Run shows it ended: the last of
+                # them (its ``terminal``) is the final one.
                 final = (update.run.status in _TERMINAL and not update.history
-                         and (i + 1 == len(updates) or updates[i + 1].run is not update.run))
+                         and (i + 1 == len(updates) or updates[i + 1].run.status not in _TERMINAL))
                 last = update.run
                 events.append(RunEvent(
                     run=update.run, event=update.event, detail=update.detail,

@@ -195,17 +195,21 @@ def test_a_restored_runs_history_includes_what_the_earlier_host_did(
     start(project)
     with Client.connect(project.root) as client:
         waiting = client.create_run("example", "notes")
-    before: list[tuple[str, str]] = []
+    before: list[tuple[str, str | None, str]] = []
     follower = Client.connect(project.root)
     try:
         for e in follower.subscribe(waiting.run_id):  # its history, up to the wait
             if e.event != "created":  # an announcement, not a record
-                before.append((e.event, e.run.status))
+                before.append((e.event, e.run.cursor.step, e.run.status))
             if e.run.status == "waiting":
                 break
     finally:
         follower.close()
-    assert before and before[-1] == ("waiting", "waiting")
+    assert before and before[-1] == ("waiting", "review", "waiting")
+    # Each event shows its own record's Step, though one flush held write's end and
+    # review's start (they all showed review).
+    assert ("step_result", "write", "running") in before
+    assert ("effect_done", "write", "running") in before
     if how == "stop":
         assert stop_service(project.root, timeout=20) is True
     else:
@@ -224,7 +228,7 @@ def test_a_restored_runs_history_includes_what_the_earlier_host_did(
                 break
     finally:
         follower.close()
-    assert [(e.event, e.run.status) for e in history[:-1]] == before
+    assert [(e.event, e.run.cursor.step, e.run.status) for e in history[:-1]] == before
     assert history[0].event == "stage_pending"
     effect = next(e for e in history if e.event == "effect_done")
     assert effect.run.cursor.step == "write" and effect.detail == {
