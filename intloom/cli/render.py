@@ -105,11 +105,8 @@ class Renderer:
             self.lines(text())
 
     def error(self, view: ErrorView) -> None:
-        # retryable is always present: ErrorView omits defaults, the contract does not.
         if self.json_mode:
-            self.document(
-                {"error": {"code": view.code, "message": view.message, "retryable": view.retryable}}
-            )
+            self.document({"error": view})  # code, message and retryable, always all three
         else:
             self.err.write(f"Failure · {view.code}: {view.message}\n")
             self.err.flush()

@@ -50,12 +50,18 @@ def _label(key: object) -> str:
 
 def _find(value: object, where: str, bad: Callable[[object], bool]) -> str | None:
     """The path of the first item of ``value`` (or key) for which ``bad`` holds. Iterative,
-    so a tree nested as deep as the decoder allows cannot exhaust the stack here."""
+    so a tree nested as deep as the decoder allows cannot exhaust the stack here; each
+    container is walked once, so a value that contains itself cannot loop it."""
     stack: list[tuple[str, object]] = [(where, value)]
+    walked: set[int] = set()
     while stack:
         path, item = stack.pop()
         if bad(item):
             return path
+        if isinstance(item, dict | list | tuple):
+            if id(item) in walked:
+                continue
+            walked.add(id(item))
         children: list[tuple[str, object]] = []
         if isinstance(item, dict):
             for key, child in item.items():

@@ -257,7 +257,11 @@ def run_doctor(root: Path) -> DoctorReport:
     ]
     workflows_check, loaded = _workflows_check(root, config)
     checks.append(workflows_check)
-    journals_check, runs = preview_runs(paths, loaded, host_running=running)
+    restore = diagnosis.service.restore if diagnosis.service is not None else None
+    journals_check, runs = preview_runs(
+        paths, loaded, host_running=running,
+        interrupted_by_host=frozenset(restore.interrupted) if restore is not None else frozenset(),
+    )
     checks.append(journals_check)
     return DoctorReport(
         schema_version=SCHEMA_VERSION,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from intloom.store import HistoryEntry, RunJournal, read_history, read_runs, verify
+from intloom.store import HistoryEntry, RunJournal, read_ended, read_history, read_runs, verify
 
 __all__ = ["read_journal", "restored_journal"]
 
@@ -24,6 +24,8 @@ def read_journal(runtime: Path, run_id: str) -> tuple[list[HistoryEntry], RunJou
 
 def restored_journal(runtime: Path, run_id: str) -> RunJournal | None:
     """The Run as the next start reads it (its snapshot and the log after it: what doctor
-    judges), or None when a start does not load it (it ended). After a compaction this can
-    differ from ``read_journal``: damage in history that a snapshot covers stops nothing."""
-    return next((j for j in read_runs(runtime) if j.run_id == run_id), None)
+    judges); for an ended Run, its ``done/`` snapshot (a start does not load it). None when
+    neither exists. After a compaction this can differ from ``read_journal``: damage in
+    history that a snapshot covers stops nothing."""
+    found = next((j for j in read_runs(runtime) if j.run_id == run_id), None)
+    return found if found is not None else read_ended(runtime, run_id)

@@ -129,12 +129,16 @@ def preview_run(journal: RunJournal, loaded: LoadResult | None) -> RunPreview | 
 
 
 def preview_runs(
-    paths: ProjectPaths, loaded: LoadResult | None, *, host_running: bool
+    paths: ProjectPaths, loaded: LoadResult | None, *, host_running: bool,
+    interrupted_by_host: frozenset[str] = frozenset(),
 ) -> tuple[Check, list[RunPreview]]:
     """The ``journals`` check and one preview per unfinished or unrestorable Run.
 
     The journals are read the way a restore reads them, so the preview is what ``start``
     would do; terminal Runs are not part of a restore and are not listed.
+    ``interrupted_by_host``: with a host running, the Runs its start restored as
+    interrupted (its restore summary). Only those need a person now: a live Run whose
+    journal a restart would interrupt (a wait without recover, a Step running) is fine.
     """
     from intloom.store.reader import load
 
@@ -172,9 +176,14 @@ def preview_runs(
     if by_journal["corrupt"] or by_journal["incompatible"] or store.files:
         nexts.append("Inspect each unrestorable Run with intloom inspect RUN; damaged and "
                      "unexpected files are kept byte-identical and never restored or removed.")
-    # An interrupted Run needs a person until it is dismissed, whether or not a host has
-    # restored it meanwhile (as failed/RUN_INTERRUPTED): doctor's verdict is the same.
-    if rows["interrupted"]:
+    # An interrupted Run needs a person until it is dismissed (its journal then ends), whether
+    # or not a host has restored it meanwhile as failed/RUN_INTERRUPTED.
+    interrupted = sum(
+        1 for p in previews
+        if p.journal == "verified" and p.verdict.row == "interrupted"
+        and (not host_running or p.run_id in interrupted_by_host)
+    )
+    if interrupted:
         nexts.append(("Check" if host_running else "After intloom start, check")
                      + " each interrupted Run's committed effects (intloom inspect RUN), "
                      "then dismiss it with intloom cancel RUN.")

@@ -62,6 +62,9 @@ _ENDED = frozenset({"completed", "failed"})
 # An event: its name, its detail (as _detail reads it) and the cursor of the record behind it
 # (None: the cursor of the view it is published with).
 _Event = tuple[str, Any, Cursor | None]
+# A history entry: one publish's events, the state it showed, and its view when that is not
+# the plain view of the state.
+_Entry = tuple[tuple[_Event, ...], RunState, RunView | None]
 _DETAILED: frozenset[type] = frozenset({StepResult, EffectStarted, EffectDone, Answered})
 # Whether a user function is a coroutine function, asked once per function, not per call.
 # Plain references: user functions live as long as their loaded Workflow (the host's life),
@@ -149,7 +152,7 @@ class RunSlot:
         # ((event, ...), shown state, view), one entry per publish (_Event): the view only
         # when it is not the plain view of that state (an override or a suspension);
         # otherwise built when a follower asks.
-        self.history: deque[tuple[tuple[_Event, ...], RunState, RunView | None]] = deque(
+        self.history: deque[_Entry] = deque(
             maxlen=_HISTORY)
         self._events: list[_Event] = []
         self._events_published = 0
@@ -304,20 +307,9 @@ class RunSlot:
         self._events_published += count
         return events
 
-    def _seed(self, records: list[Record]) -> None:
-        """Put a restored Run's earlier records in front of its history (once): one entry per
-        record, as each would have been published (flush boundaries are not recorded)."""
-        entries: list[tuple[tuple[_Event, ...], RunState, RunView | None]] = []
-        state: RunState | None = None
-        for record in records:
-            try:
-                state = apply(state, record)
-            except IllegalTransition:
-                break  # the journal read back whole; a refusal is the restore's to report
-            if type(record) is not Header:
-                entries.append((((state.phase, record if type(record) in _DETAILED else None,
-                                  state.cursor),),
-                                state, None))
+    def _seed(self, entries: list[_Entry]) -> None:
+        """Put a restored Run's earlier entries (``_earlier_entries``) in front of its history,
+        once."""
         with self.lock:
             if self.restored_seq is None:  # another follower seeded it meanwhile
                 return
@@ -364,7 +356,7 @@ class RunSlot:
         (blocking; run on a worker thread, once per Run): an earlier host's history.
         """
         if earlier is not None and self.restored_seq is not None:
-            self._seed(await asyncio.to_thread(_read_earlier, earlier))
+            self._seed(await asyncio.to_thread(_earlier_entries, earlier))
         queue: asyncio.Queue[RunUpdate] = asyncio.Queue()
         with self.lock:  # no publish between the history read and the subscription
             self._subscribers.add(queue)
@@ -406,13 +398,27 @@ def _at(view: RunView, cursor: Cursor | None) -> RunView:
     return msgspec.structs.replace(view, cursor=cursor)
 
 
-def _read_earlier(earlier: Callable[[], list[Record]]) -> list[Record]:
-    """``earlier()``, or nothing when the journal cannot be read now: the history is a
-    display; ``inspect`` reports what is wrong with the files."""
+def _earlier_entries(earlier: Callable[[], list[Record]]) -> list[_Entry]:
+    """History entries for a restored Run's records (``earlier()``, read from its journal):
+    one per record, as each would have been published (flush boundaries are not recorded),
+    the last ``_HISTORY`` of them. On a worker thread: the read and the fold take as long as
+    the Run's journal is; the loop only splices the result in. Nothing when the journal
+    cannot be read now: the history is a display; ``inspect`` reports what is wrong."""
     try:
-        return earlier()
+        records = earlier()
     except (IntloomError, OSError):
         return []
+    entries: deque[_Entry] = deque(maxlen=_HISTORY)
+    state: RunState | None = None
+    for record in records:
+        try:
+            state = apply(state, record)
+        except IllegalTransition:
+            break  # the journal read back whole; a refusal is the restore's to report
+        if type(record) is not Header:
+            entries.append((((state.phase, record if type(record) in _DETAILED else None,
+                              state.cursor),), state, None))
+    return list(entries)
 
 
 def _detail(info: Any) -> Any:

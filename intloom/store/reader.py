@@ -562,6 +562,18 @@ def read_runs(runtime_dir: Path) -> list[RunJournal]:
     return read_runs_report(runtime_dir).runs
 
 
+def read_ended(runtime_dir: Path, run_id: str) -> RunJournal | None:
+    """An ended Run as its ``done/`` snapshot holds it: all a start knows of it (that it
+    ended; it is never loaded). None without a usable snapshot there. Read-only."""
+    try:
+        snap = read_snapshot(Layout(runtime_dir).done / snapshot_name(run_id))
+    except SnapshotError:
+        return None  # reported by verify; a start does not read it either
+    if snap is None or snap.run_id != run_id:
+        return None
+    return RunJournal(run_id=run_id, state=snap.state, status=snap.status, problem=snap.problem)
+
+
 def verify_report(runtime_dir: Path) -> StoreReport:
     """Every Run judged from the whole log, snapshots cross-checked, whole-file findings."""
     return _report(load(runtime_dir, "verify"), include_terminal=True)

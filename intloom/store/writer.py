@@ -154,6 +154,7 @@ class Store:
         self._thread = threading.Thread(target=self._worker, name="intloom-store", daemon=True)
         self._thread.start()
         # Writer-thread state (touched by one flush job at a time).
+        self._history_lock = threading.Lock()  # one whole-log read at a time (history)
         self._tracks: dict[str, Track] = {}
         self._fd = -1
         self._number = 0
@@ -457,13 +458,19 @@ class Store:
     def history(self, run_id: str, upto_seq: int) -> list[Record]:
         """The Run's records 1..``upto_seq`` read back from the log (``JournalPort.history``).
 
-        Reads every segment (what ``inspect`` reads); a record being appended meanwhile is
-        past ``upto_seq`` or in a segment's tail, never a reason to stop early.
+        Reads every segment (what ``inspect`` reads), one caller at a time: each read holds
+        the whole log in memory while it runs. A torn or void record never happened (the
+        next host wrote that seq again); a record being appended meanwhile is past
+        ``upto_seq``. Any other damage ends the list there.
         """
         records: list[Record] = []
-        for entry in read_history(self.layout.root, run_id):
+        with self._history_lock:
+            entries = read_history(self.layout.root, run_id)
+        for entry in entries:
             if entry.seq > upto_seq:
                 break
+            if entry.verdict in ("torn", "void"):
+                continue
             if entry.verdict != "ok" or entry.record is None or entry.seq != len(records) + 1:
                 break
             records.append(entry.record)

@@ -347,3 +347,28 @@ def test_damaged_history_behind_a_snapshot_is_reported_but_stops_nothing(
     assert restore["waiting"] == [run["runId"]]
     ok(project.cli("stop", "--json"))
     assert snapshot_files(project.state / "runtime")[third["file"]] == damaged[third["file"]]
+
+
+def test_damaged_history_of_an_ended_run_is_reported_as_history(project: Project) -> None:
+    """An ended Run's end is in its done/ snapshot: damage in its records is history, and
+    inspect shows it completed with no restart (it showed it running, needs_attention)."""
+    ok(project.cli("start", "--json"))
+    run = ok(project.cli("flow", "example", "--intent", "ended", "--json"))["run"]
+    action = run["pendingAction"]["id"]
+    done = ok(project.cli("answer", run["runId"], action, '{"isConfirmed": true}', "--json"))
+    assert done["run"]["status"] == "completed"
+    ok(project.cli("stop", "--json"))
+    records = ok(project.cli("inspect", run["runId"], "--json"))["records"]
+    third = next(r for r in records if r["seq"] == 3)
+    segment = project.state / "runtime" / third["file"]
+    data = bytearray(segment.read_bytes())
+    data[third["offset"] + 20] ^= 0xFF
+    segment.write_bytes(bytes(data))
+
+    inspected = ok(project.cli("inspect", run["runId"], "--json"))["run"]
+    assert inspected["verdict"] == "corrupt" and "records 3..3" in inspected["problem"]
+    assert (inspected["status"], inspected["phase"]) == ("completed", "terminal")
+    assert inspected["restoreVerdict"] == "ok" and "restart" not in inspected
+    assert inspected["restoreSeq"] == records[-1]["seq"]
+    text = project.cli("inspect", run["runId"]).stdout
+    assert "a start does not load an ended Run" in text and "On restart" not in text

@@ -38,6 +38,13 @@ def test_an_interrupted_run_needs_attention_until_it_is_dismissed(
     assert code == 3 and running["status"] == "attention", running  # it was exit 0
     assert running["next"].startswith("Check each interrupted Run")
 
+    # A live Run a restart would interrupt (it waits, with no recover entry) is not one.
+    live = project.cli("flow", "soak-ask", "--intent", "live", "--json").json["run"]
+    assert live["status"] == "waiting" and live.get("lastError") is None
+    code, still = _journals(project)
+    assert code == 3 and still["status"] == "attention", still  # the first one only
+
     assert project.cli("cancel", asked["runId"], "--json").code == 0  # dismissed
     code, dismissed = _journals(project)
     assert code == 0 and dismissed["status"] == "ok", dismissed
+    assert "2 unfinished" not in dismissed["message"] and "1 interrupted" in dismissed["message"]

@@ -401,3 +401,31 @@ def test_store_history_reads_a_runs_records_up_to_a_seq_and_stops_at_damage(
         assert store.history("RUN-C", N) == walk("RUN-C", N, RUNS["RUN-C"])
     finally:
         store.close_blocking()
+
+
+def test_store_history_passes_over_a_torn_record_the_next_host_wrote_again(
+    tmp_path: Path,
+) -> None:
+    """A torn record never happened: the next host writes that seq again, in a later
+    segment. ``Store.history`` reads on past the torn copy (it used to stop there)."""
+    root = tmp_path / "runtime"
+    records = walk("RUN-A", 8, 4)
+    first = open_store(root)
+    for record in records[:6]:
+        first.append("RUN-A", record)
+        first.sync_blocking()
+    abandon(first)
+    segment = root / "wal" / "0000000001.seg"
+    segment.write_bytes(segment.read_bytes()[:-10])  # a crash in the middle of record 6
+    second = open_store(root)
+    assert by_id(second.restored.runs)["RUN-A"].state.seq == 5
+    for record in records[5:]:
+        second.append("RUN-A", record)
+    second.sync_blocking()
+    second.close_blocking()
+    assert [h.verdict for h in read_history(root, "RUN-A")][5:7] == ["torn", "ok"]
+    third = open_store(root)
+    try:
+        assert third.history("RUN-A", 8) == records
+    finally:
+        third.close_blocking()

@@ -70,11 +70,17 @@ def _text(run: Mapping[str, Any]) -> list[str]:
     lines = [head]
     if run.get("problem"):
         lines.append(f"Problem: {run['problem']}")
-    if run.get("restoreVerdict") == "ok":
+    if run.get("restoreVerdict") == "ok" and run.get("phase") == "terminal":
         lines.append(
-            f"A start does not read the damaged records: it restores the Run from its snapshot "
-            f"(record {run.get('restoreSeq')}) and the log after it. The records shown are "
-            "kept byte-identical."
+            f"The damaged records are history: the Run's end (record {run.get('restoreSeq')})"
+            " is in its snapshot, and a start does not load an ended Run. The records shown "
+            "are kept byte-identical."
+        )
+    elif run.get("restoreVerdict") == "ok":
+        lines.append(
+            "A start does not read the damaged records: it restores the Run from its snapshot "
+            f"and the log after it (up to record {run.get('restoreSeq')}). The records shown "
+            "are kept byte-identical."
         )
     effect = run.get("effectInFlight")
     if isinstance(effect, Mapping):
