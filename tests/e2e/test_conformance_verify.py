@@ -312,6 +312,19 @@ def test_a_bit_flip_in_the_manifest_never_hides_a_run(baseline: Baseline, tmp_pa
 # ----- damage in history that a snapshot already covers ----------------------------------------
 
 
+def _stop_and_damage_record_3(project: Project, run_id: str) -> tuple[list[Any], Any]:
+    """A clean stop (every Run snapshotted), then one byte flipped inside the Run's record
+    3. Returns the records ``inspect`` listed before, and record 3's entry."""
+    ok(project.cli("stop", "--json"))
+    records = ok(project.cli("inspect", run_id, "--json"))["records"]
+    third = next(r for r in records if r["seq"] == 3)
+    segment = project.state / "runtime" / third["file"]
+    data = bytearray(segment.read_bytes())
+    data[third["offset"] + 20] ^= 0xFF
+    segment.write_bytes(bytes(data))
+    return records, third
+
+
 def test_damaged_history_behind_a_snapshot_is_reported_but_stops_nothing(
     project: Project,
 ) -> None:
@@ -321,13 +334,7 @@ def test_damaged_history_behind_a_snapshot_is_reported_but_stops_nothing(
     ok(project.cli("start", "--json"))
     run = ok(project.cli("flow", "example", "--intent", "history", "--json"))["run"]
     assert run["status"] == "waiting"
-    ok(project.cli("stop", "--json"))
-    records = ok(project.cli("inspect", run["runId"], "--json"))["records"]
-    third = next(r for r in records if r["seq"] == 3)
-    segment = project.state / "runtime" / third["file"]
-    data = bytearray(segment.read_bytes())
-    data[third["offset"] + 20] ^= 0xFF
-    segment.write_bytes(bytes(data))
+    _records, third = _stop_and_damage_record_3(project, run["runId"])
     damaged = snapshot_files(project.state / "runtime")
 
     inspected = ok(project.cli("inspect", run["runId"], "--json"))["run"]
@@ -357,13 +364,7 @@ def test_damaged_history_of_an_ended_run_is_reported_as_history(project: Project
     action = run["pendingAction"]["id"]
     done = ok(project.cli("answer", run["runId"], action, '{"isConfirmed": true}', "--json"))
     assert done["run"]["status"] == "completed"
-    ok(project.cli("stop", "--json"))
-    records = ok(project.cli("inspect", run["runId"], "--json"))["records"]
-    third = next(r for r in records if r["seq"] == 3)
-    segment = project.state / "runtime" / third["file"]
-    data = bytearray(segment.read_bytes())
-    data[third["offset"] + 20] ^= 0xFF
-    segment.write_bytes(bytes(data))
+    records, _third = _stop_and_damage_record_3(project, run["runId"])
 
     inspected = ok(project.cli("inspect", run["runId"], "--json"))["run"]
     assert inspected["verdict"] == "corrupt" and "records 3..3" in inspected["problem"]
