@@ -7,7 +7,10 @@ message naming the path, the fact and the fix; nothing is ever "repaired" in pla
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
+import stat
 from pathlib import Path
 from typing import Final
 
@@ -30,6 +33,7 @@ __all__ = [
     "list_names",
     "open_new",
     "read_file",
+    "remove_temps",
     "storage_error",
     "write_all",
 ]
@@ -37,6 +41,11 @@ __all__ = [
 # Files written (and held open) together by atomic_write_many: a compaction writes one per
 # busy Run, and a host may have a low open-file limit (1,024 by default on Linux).
 _FILES_AT_ONCE: Final = 64
+
+# The temp names replace_files gives the files the store writes: ``.{target}.{16 hex}.tmp``,
+# the target being a snapshot (snap/live, snap/done) or the manifest (the store's root).
+_SNAPSHOT_TEMP: Final = re.compile(r"\.[0-9a-f]{64}\.snap\.[0-9a-f]{16}\.tmp")
+_MANIFEST_TEMP: Final = re.compile(r"\.manifest\.json\.[0-9a-f]{16}\.tmp")
 
 _FIX = (
     "intloom keeps its checkpoints in a private directory it owns and never follows links; "
@@ -139,3 +148,32 @@ def atomic_write_many(directory: Path, items: list[tuple[str, bytes]]) -> None:
     finally:
         if wrote:
             fsync_dir(directory)
+
+
+def remove_temps(layout: Layout) -> int:
+    """Remove the temp files a killed atomic write left; the number removed.
+
+    Only the host that holds the project's lock calls this, so no write of ours is in
+    progress. A temp file never holds state of its own: it was not yet renamed over its
+    target, and what it summarised is still in the log the manifest points at. Only names
+    of exactly the form we create, and only regular files, are removed; anything else is
+    left as it is for the reader to report.
+    """
+    removed = 0
+    for directory, pattern in ((layout.live, _SNAPSHOT_TEMP), (layout.done, _SNAPSHOT_TEMP),
+                               (layout.root, _MANIFEST_TEMP)):
+        here = 0
+        for name in list_names(directory):
+            if not pattern.fullmatch(name):
+                continue
+            try:
+                if stat.S_ISREG(os.lstat(directory / name).st_mode):
+                    os.unlink(directory / name)
+                    here += 1
+            except OSError:
+                continue  # left in place: readers skip dot files, the next start retries
+        if here:
+            with contextlib.suppress(OSError):  # not durable yet: the next start retries
+                fsync_dir(directory)
+            removed += here
+    return removed

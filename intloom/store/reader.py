@@ -158,7 +158,7 @@ def _snapshots(layout: Layout, directory: Path, loaded: Loaded) -> dict[str, Sna
         return out
     for name in list_names(directory):
         if name.startswith("."):
-            continue  # an atomic write's leftover temp file: evidence of a crash, not data
+            continue  # an atomic write's leftover temp file (the next host removes it), not data
         path = directory / name
         if not name.endswith(".snap") or len(name) != 69:
             loaded.files.append(FileProblem(_rel(layout, path), "unexpected",

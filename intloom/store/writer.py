@@ -32,7 +32,14 @@ from intloom.runtime.ports import CheckpointFailed, JournalPort
 from intloom.runtime.records import PROTOCOL_VERSION, Record, encode_record
 from intloom.store.compaction import Track, compact, now
 from intloom.store.faults import FaultPlan
-from intloom.store.files import Layout, ensure_dir, open_new, storage_error, write_all
+from intloom.store.files import (
+    Layout,
+    ensure_dir,
+    open_new,
+    remove_temps,
+    storage_error,
+    write_all,
+)
 from intloom.store.framing import (
     KIND_RECORD,
     KIND_SEAL,
@@ -189,6 +196,7 @@ class Store:
         # A damaged manifest or snapshot is reported (restored.files) and kept as it is; the
         # reader has read the whole log instead, so every other Run restores as usual.
         loaded = load(runtime_dir, "restore")
+        remove_temps(layout)
         # While the manifest is unreadable every restore reads the whole log: snapshotting
         # what that read found would rewrite every Run's snapshot at each start for nothing.
         summarise = loaded.manifest_error is None

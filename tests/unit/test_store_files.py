@@ -12,7 +12,7 @@ import pytest
 from intloom.errors import IntloomError
 from intloom.store import read_history, read_runs, verify
 from tests.helpers import snapshot_files
-from tests.unit.test_store_support import abandon, open_store, walk
+from tests.unit.test_store_support import abandon, by_id, open_store, run_child, walk
 
 
 def _mode(path: Path) -> int:
@@ -175,3 +175,44 @@ def test_many_snapshot_files_are_written_in_bounded_groups(
         data for _, data in newer[:_FILES_AT_ONCE]]
     assert [after[name] for name, _ in items[_FILES_AT_ONCE:]] == [
         data for _, data in items[_FILES_AT_ONCE:]]
+
+
+def test_a_host_removes_the_temp_files_a_killed_compaction_left(tmp_path: Path) -> None:
+    root = tmp_path / "runtime"
+    # A real SIGKILL between the snapshot temps' fsync and their renames (close compacts).
+    child = run_child(root, """
+        import os, signal
+        store = open_store(root)
+        for i in range(3):
+            for record in walk(f"RUN-{i}", 12, i):
+                store.append(f"RUN-{i}", record)
+        store.sync_blocking()
+        real_rename = os.rename
+        def rename(src, dst, *args, **kwargs):
+            if str(src).endswith(".tmp"):
+                os.kill(os.getpid(), signal.SIGKILL)
+            return real_rename(src, dst, *args, **kwargs)
+        os.rename = rename
+        store.close_blocking()
+    """)
+    assert child.returncode == -9, child.stderr
+    live = root / "snap" / "live"
+    left = [p.name for p in live.iterdir() if p.name.endswith(".tmp")]
+    assert len(left) == 3, left
+    # Dot files that are not ours (by name or by kind) stay exactly as they are.
+    notes = live / ".notes.tmp"
+    notes.write_bytes(b"someone else's\x00bytes")
+    lookalike_dir = live / f".{'a' * 64}.snap.{'0' * 16}.tmp"
+    lookalike_dir.mkdir()
+    wanted = {run_id: j.state for run_id, j in by_id(read_runs(root)).items()}
+    assert sorted(wanted) == ["RUN-0", "RUN-1", "RUN-2"]
+
+    store = open_store(root)
+    try:
+        assert {r.run_id: r.state for r in store.restored.runs} == wanted
+        assert not [n for n in left if (live / n).exists()], "a leftover temp file was kept"
+        assert notes.read_bytes() == b"someone else's\x00bytes"
+        assert lookalike_dir.is_dir()
+    finally:
+        store.close_blocking()
+    assert {run_id: j.state for run_id, j in by_id(read_runs(root)).items()} == wanted
