@@ -1,7 +1,8 @@
 """One Run's journal, phase by phase, with where each record lives and whether it checks out.
 
 This is what ``intloom inspect`` shows. It reads every segment (compacted ones too), so its
-cost grows with the log; it is for one Run on demand, never for startup. Read-only.
+time grows with the log; its memory does not (one segment at a time, plus this Run's
+records). It is for one Run on demand, never for startup. Read-only.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from intloom.runtime.records import Record, decode_record
 from intloom.store.files import Layout, check_dir, list_names, read_file
 from intloom.store.framing import (
     KIND_RECORD,
+    KIND_VOID,
     VoidNotice,
     rebuilt_payload,
     scan_segment,
@@ -68,7 +70,13 @@ def read_history(runtime_dir: Path, run_id: str) -> list[HistoryEntry]:
             continue
         data = read_file(layout.wal / name)
         if data is not None:
-            scans.append(scan_segment(name, number, data))
+            scan = scan_segment(name, number, data)
+            # Keep only what this Run's history needs (its records and the void notices), so
+            # memory holds one segment at a time, not the whole log.
+            scan.frames = [f for f in scan.frames if f.kind == KIND_VOID
+                           or (f.kind == KIND_RECORD and f.run_id == run_id)]
+            scans.append(scan)
+            del data, scan
     scans.sort(key=lambda s: s.number)
 
     notices: list[VoidNotice] = []
