@@ -13,6 +13,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "COMPLETE",
+    "AgentResult",
     "AgentStep",
     "Confirmation",
     "IntloomError",
@@ -31,6 +32,7 @@ __all__ = [
 
 _WHERE = {
     "COMPLETE": "intloom.authoring.workflow",
+    "AgentResult": "intloom.authoring.agent",
     "AgentStep": "intloom.authoring.workflow",
     "Stage": "intloom.authoring.workflow",
     "Step": "intloom.authoring.workflow",
@@ -47,6 +49,7 @@ _WHERE = {
 }
 
 if TYPE_CHECKING:
+    from intloom.authoring.agent import AgentResult
     from intloom.authoring.context import Recovery, StepContext
     from intloom.authoring.interaction import Confirmation, Option, Question, QuestionAnswer
     from intloom.authoring.workflow import (

@@ -19,6 +19,7 @@ import msgspec
 from intloom.errors import IntloomError
 
 if TYPE_CHECKING:
+    from intloom.authoring.agent import AgentResult
     from intloom.authoring.context import Recovery, StepContext
 
 __all__ = [
@@ -140,6 +141,33 @@ class AgentStep(Step[S]):
         super().__init__(stage, name, fn, routes)
         self.agent = agent
         self.tools = {t.name: t for t in tools}
+        self.complete_fn: Callable[..., Any] | None = None
+
+    def recover(self, fn: Callable[[StepContext[S], Recovery], Any]) -> Callable[..., Any]:
+        """Refused: an Agent task is never restored (claims, owner tokens and Tool receipts
+        live only in the host's memory), so a ``recover`` here could never run."""
+        raise _bad(
+            self.stage.workflow.name, self.where,
+            "recover cannot be declared on an Agent Step: after a restart its task is "
+            "always reported RUN_INTERRUPTED (claims, owner tokens and Tool receipts are "
+            "not restored)",
+            "Remove the recover entry; keep what a new Run would need in the Stage State.",
+        )
+
+    def on_complete(self, fn: Callable[[StepContext[S], AgentResult], Any]
+                    ) -> Callable[..., Any]:
+        """Declare how the Agent's completion changes the State: ``fn(ctx, result) -> None``
+        may assign ``ctx.state``; that State is saved with the Agent's outcome. It runs
+        before anything is written: if it raises, the completion is refused (the task stays
+        claimed) and the Agent is told why."""
+        wf = self.stage.workflow.name
+        if self.complete_fn is not None:
+            raise _bad(wf, self.where, "on_complete is declared twice",
+                       "Keep one on_complete entry.")
+        if not callable(fn):
+            raise _bad(wf, self.where, "on_complete must decorate a function", "Decorate a def.")
+        self.complete_fn = fn
+        return fn
 
 
 class Stage(Generic[S]):

@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from intloom.authoring.context import StepContext
+from intloom.authoring.agent import AgentResult
+from intloom.authoring.context import ContextHooks, StepContext
 from intloom.authoring.interaction import confirmation_request, questions_request
 from intloom.authoring.loader import LoadedWorkflow
-from intloom.authoring.workflow import Complete, Stage, Step, ToStage
+from intloom.authoring.workflow import AgentStep, Complete, Stage, Step, ToStage
 from intloom.errors import ErrorView, IntloomError, error_view
 from intloom.executor import clock
 from intloom.executor.updates import RunUpdate
@@ -112,6 +113,7 @@ class AgentClaim:
         self.owner_token: str | None = None
         self.receipts: dict[str, tuple[bytes, str, Any]] = {}
         self.tool_busy = False
+        self.completing = False  # an on_complete handler is running for this task
 
 
 class RunSlot:
@@ -459,6 +461,31 @@ def _plain(value: Any) -> Any:
         return {"repr": repr(value)[:1000]}
 
 
+class _Refused:
+    """The hooks of an ``on_complete`` context: it only folds a result into the State, so
+    effects and waits are refused (no ``executing`` record stands before it)."""
+
+    def __init__(self, loop_thread: threading.Thread, where: str) -> None:
+        self.loop_thread = loop_thread
+        self._where = where
+
+    def _refuse(self, what: str) -> IntloomError:
+        return IntloomError(
+            "STEP_INTERACTION_INVALID",
+            f"{self._where} on_complete cannot {what}: it only folds the Agent's result into "
+            "ctx.state. Do that work in the Step the outcome routes to.",
+        )
+
+    def effect_sync(self, name: str, key: str, call: Callable[[], Any]) -> Any:
+        raise self._refuse(f"run effect {name!r}")
+
+    async def effect_async(self, name: str, key: str, call: Callable[[], Any]) -> Any:
+        raise self._refuse(f"run effect {name!r}")
+
+    async def wait(self, kind: str, request: Any, state: Any) -> Any:
+        raise self._refuse(f"wait for a {kind} answer")
+
+
 class _Hooks:
     """The executor side of ``StepContext``: journals effects and waits before they happen."""
 
@@ -675,8 +702,8 @@ class Driver:
         with contextlib.suppress(IntloomError):
             await rt.sync(slot)
 
-    def _ctx(self, slot: RunSlot, step: str | None, stage: Stage[Any] | None = None
-             ) -> StepContext[Any]:
+    def _ctx(self, slot: RunSlot, step: str | None, stage: Stage[Any] | None = None,
+             hooks: ContextHooks | None = None) -> StepContext[Any]:
         st = slot.state
         if stage is None:
             stage = slot.lw.workflow.stages[st.cursor.stage]
@@ -690,7 +717,7 @@ class Driver:
             step=step,
             state=value,
             state_type=stage.state_type,
-            hooks=self._hooks(slot),
+            hooks=self._hooks(slot) if hooks is None else hooks,
         )
 
     def _hooks(self, slot: RunSlot) -> _Hooks:
@@ -899,6 +926,36 @@ class Driver:
                        state=_encode_state(ctx.state)),
         )
         return at
+
+    async def absorb(self, slot: RunSlot, step: AgentStep[Any], result: AgentResult
+                     ) -> bytes | None:
+        """The Stage State after the Agent Step's ``on_complete`` saw the Agent's result
+        (the State unchanged without one). Nothing is written: the handler runs before the
+        completion's records, so a refusal leaves the task as it was."""
+        if step.complete_fn is None:
+            return slot.state.stage_state
+        ctx = self._ctx(slot, step.name, step.stage, _Refused(self.loop_thread, step.where))
+        where = f"{step.where} on_complete"
+        try:
+            returned = await self.call_user(step.complete_fn, ctx, result)
+        except IntloomError:
+            raise
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            raise IntloomError(
+                "INVALID_REQUEST",
+                f"{where} refused the Agent's result (outcome {result.outcome!r}): "
+                f"{type(exc).__name__}: {exc}. Nothing was recorded and the task stays "
+                "claimed: complete it again with a corrected output, or fail it.",
+            ) from None
+        if returned is not None:
+            raise IntloomError(
+                "STEP_RESULT_INVALID",
+                f"{where} returned {returned!r}; it must return None and assign ctx.state "
+                "instead. Nothing was recorded and the task stays claimed.",
+            )
+        return _encode_state(ctx.state)
 
     async def _run_recover(self, slot: RunSlot) -> None:
         rt = self.rt

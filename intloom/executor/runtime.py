@@ -24,9 +24,11 @@ from typing import Any, Final
 
 import msgspec
 
+from intloom.authoring.agent import AgentResult
 from intloom.authoring.context import Recovery
 from intloom.authoring.interaction import validate_answer
 from intloom.authoring.loader import LoadedWorkflow
+from intloom.authoring.workflow import AgentStep
 from intloom.errors import ErrorView, IntloomError, error_view
 from intloom.executor import clock
 from intloom.executor.driver import Driver, RunObserver, RunSlot
@@ -145,6 +147,32 @@ def _journalable(value: Any, what: str) -> Any:
     return value
 
 
+def _not_current(slot: RunSlot, action_id: str) -> str:
+    """Why ``action_id`` cannot be answered now, and what can be."""
+    fact = f"Action {action_id} is no longer Run {slot.run_id}'s current unanswered action"
+    call = slot.state.pending_agent_call
+    action = slot.state.pending_action
+    view = slot.view()
+    if call is not None and call.id == action_id:
+        return (f"{action_id} is Run {slot.run_id}'s Agent task, not a question or "
+                "confirmation: a client Agent claims and completes it through intloom.client "
+                "(Client.claim_agent_call, then Client.complete_agent_call).")
+    if view.status == "waiting" and action is not None:
+        return (f"{fact}; it waits on {action.id} ({action.kind}). Answer that one "
+                f"(intloom attach {slot.run_id} shows it).")
+    return f"{fact}; it is {view.status} with no question or confirmation pending."
+
+
+class _AgentEnd(msgspec.Struct, frozen=True):
+    """How an Agent task ended: what a retry must repeat to be answered as the first was."""
+
+    call_id: str
+    owner_token: str
+    verb: str  # "complete" or "fail"
+    outcome: str  # the outcome, or the failure message
+    output: bytes  # msgpack of the completion's output
+
+
 class Runtime:
     """Facade used by the host. Every method raises ``IntloomError`` with a catalogue code."""
 
@@ -162,6 +190,9 @@ class Runtime:
         self.journal = journal
         self.package_version = package_version
         self.runs: dict[str, RunSlot] = {}
+        # The last task each Run's Agent ended: a retry that repeats it gets the Run's view
+        # again instead of CONFLICT (its reply may have been lost). Memory only, like claims.
+        self._agent_ended: dict[str, _AgentEnd] = {}
         # Ended Runs stay listed for `runs` and `get`, the oldest dropped past the cap (their
         # journal keeps them for inspect); without it a long-lived host grows ~10 KB per Run.
         self.max_finished = max_finished
@@ -412,10 +443,7 @@ class Runtime:
         slot = self._slot(run_id)
         action = slot.state.pending_action
         if slot.view().status != "waiting" or action is None or action.id != action_id:
-            raise IntloomError(
-                "CONFLICT",
-                f"Action {action_id} is no longer Run {run_id}'s current unanswered action.",
-            )
+            raise IntloomError("CONFLICT", _not_current(slot, action_id))
         typed = validate_answer(action.kind, action.request, answer)
         # From here to the append nothing awaits: the first valid answer wins.
         now = clock.now()
@@ -488,9 +516,7 @@ class Runtime:
         return slot, call
 
     def _check_owner(self, slot: RunSlot, owner_token: str) -> None:
-        token = slot.agent.owner_token
-        if token is None or not hmac.compare_digest(token, owner_token):
-            raise IntloomError("CONFLICT", "The owner token does not match the task's claim.")
+        self._check_owner_of(slot.agent.owner_token, owner_token)
 
     async def claim_agent_call(
         self, run_id: str, call_id: str, claim_id: str
@@ -556,10 +582,40 @@ class Runtime:
         slot.agent.receipts[tool_call_id] = (encoded, tool, output)
         return output, False
 
+    async def _repeated(self, slot: RunSlot, call_id: str, owner_token: str,
+                        end: _AgentEnd) -> RunView | None:
+        """The Run's view when this request repeats how ``call_id`` already ended; None when
+        the task has not ended; CONFLICT when it ended otherwise."""
+        done = self._agent_ended.get(slot.run_id)
+        if done is None or done.call_id != call_id:
+            return None
+        self._check_owner_of(done.owner_token, owner_token)
+        if (done.verb, done.outcome, done.output) != (end.verb, end.outcome, end.output):
+            said = ("completed with outcome " if done.verb == "complete" else "failed: ")
+            raise IntloomError(
+                "CONFLICT",
+                f"Agent task {call_id} was already {said}{done.outcome!r}; a retry must "
+                "repeat the same request (the first one is what the Run recorded).",
+            )
+        if slot.view().status == "running":
+            return await self.wait_stable(slot.run_id)
+        return slot.view()
+
+    def _check_owner_of(self, token: str | None, owner_token: str) -> None:
+        if token is None or not hmac.compare_digest(token, owner_token):
+            raise IntloomError("CONFLICT", "The owner token does not match the task's claim.")
+
     async def complete_agent_call(
         self, run_id: str, call_id: str, owner_token: str, outcome: str, output: Any
     ) -> RunView:
         self._admit()
+        _journalable(output, "The Agent task's output")  # checked before anything is appended
+        slot = self._slot(run_id)
+        end = _AgentEnd(call_id, owner_token, "complete", outcome,
+                        msgspec.msgpack.encode(output))
+        repeated = await self._repeated(slot, call_id, owner_token, end)
+        if repeated is not None:
+            return repeated
         slot, _call = self._agent_slot(run_id, call_id)
         self._check_owner(slot, owner_token)
         cursor = slot.state.cursor
@@ -570,17 +626,32 @@ class Runtime:
                 f"Outcome {outcome!r} is not routed by Step {step.where}; routed: "
                 f"{sorted(step.routes)}.",
             )
-        _journalable(output, "The Agent task's output")  # checked before anything is appended
+        assert isinstance(step, AgentStep)
+        if slot.agent.completing:
+            raise IntloomError(
+                "BUSY", f"Agent task {call_id} is being completed by another request; retry "
+                "it to get the Run's view once that one has finished.",
+            )
+        slot.agent.completing = True
+        try:
+            state = await self.driver.absorb(slot, step, AgentResult(outcome, output))
+        finally:
+            slot.agent.completing = False
+        # The handler may have taken a while: a cancel or a stop may have come meanwhile.
+        self._admit()
+        slot, _call = self._agent_slot(run_id, call_id)
+        self._check_owner(slot, owner_token)
         now = clock.now()
         self.append(slot, Executing(at=now, stage=cursor.stage, step=cursor.step, kind="agent"))
         self.append(
             slot,
             StepResult(
                 at=now, stage=cursor.stage, step=cursor.step or "", outcome=outcome,
-                state=slot.state.stage_state, output=output,
+                state=state, output=output,
             ),
         )
         slot.agent.reset()
+        self._agent_ended[run_id] = end
         await self.sync(slot)  # the outcome is durable before routing or reporting
         self.driver.launch(slot)
         return await self.wait_stable(run_id)
@@ -588,8 +659,18 @@ class Runtime:
     async def fail_agent_call(
         self, run_id: str, call_id: str, owner_token: str, message: str
     ) -> RunView:
+        slot = self._slot(run_id)
+        end = _AgentEnd(call_id, owner_token, "fail", message[:4096], b"")
+        repeated = await self._repeated(slot, call_id, owner_token, end)
+        if repeated is not None:
+            return repeated
         slot, _call = self._agent_slot(run_id, call_id)
         self._check_owner(slot, owner_token)
+        if slot.agent.completing:
+            raise IntloomError(
+                "BUSY", f"Agent task {call_id} is being completed by another request; it "
+                "can no longer be failed unless that completion is refused.",
+            )
         cursor = slot.state.cursor
         now = clock.now()
         self.append(slot, Executing(at=now, stage=cursor.stage, step=cursor.step, kind="agent"))
@@ -599,6 +680,7 @@ class Runtime:
         )
         self.append(slot, Terminal(at=now, status="failed", error=err))
         slot.agent.reset()
+        self._agent_ended[run_id] = end
         await self.sync(slot)
         slot.publish("failed", {"code": "AGENT_TASK_FAILED"})
         return slot.view()

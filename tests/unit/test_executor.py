@@ -351,6 +351,117 @@ def test_agent_step_claim_tools_and_complete() -> None:
     assert tool_calls == [1]
 
 
+def test_recover_on_an_agent_step_is_a_definition_mistake() -> None:
+    wf = intloom.Workflow("agent", version="1")
+    st = wf.stage("s")
+
+    @st.agent_step("research", routes={"done": intloom.COMPLETE})
+    def research(ctx: Any) -> Any:
+        return {}
+
+    with pytest.raises(IntloomError) as info:
+        research.recover(lambda ctx, saved: "done")
+    assert info.value.code == "WORKFLOW_DEFINITION_INVALID"
+    assert info.value.message.startswith(
+        "Workflow 'agent', Stage 's', Step 'research': recover cannot be declared on an "
+        "Agent Step: after a restart its task is always reported RUN_INTERRUPTED")
+
+
+@pytest.mark.parametrize("handler", ["effect", "wait", "returns", "async"])
+def test_on_complete_folds_the_result_into_the_state_and_refuses_anything_else(
+        handler: str) -> None:
+    wf = intloom.Workflow("agent", version="1")
+    st = wf.stage("s", state=Count)
+    seen: list[Any] = []
+    misbehave = [True]
+
+    @st.agent_step("research", routes={"done": "after"})
+    def research(ctx: Any) -> Any:
+        return {}
+
+    if handler == "async":
+        @research.on_complete
+        async def absorb_async(ctx: Any, result: intloom.AgentResult) -> None:
+            ctx.state = Count(n=result.output["n"])
+    else:
+        @research.on_complete
+        def absorb(ctx: Any, result: intloom.AgentResult) -> Any:
+            if not misbehave:
+                return None
+            if handler == "effect":
+                ctx.effect("charge", lambda: seen.append("charged"))
+            if handler == "wait":
+                return asyncio.run(ctx.confirm({}))  # a sync handler cannot await anyway
+            return "done"
+
+    @st.step("after", routes={"ok": intloom.COMPLETE})
+    def after(ctx: Any) -> str:
+        seen.append(ctx.state.n)
+        return "ok"
+
+    async def main() -> None:
+        journal = MemoryJournal()
+        rt = Runtime(loaded(wf), journal, package_version="0.1.0")
+        rt.restore([])
+        view = await rt.wait_stable((await rt.create_run("agent", "x")).run_id)
+        assert view.pending_agent_call is not None
+        call_id = view.pending_agent_call.id
+        token, _ = await rt.claim_agent_call(view.run_id, call_id, "c1")
+        written = len(journal.records)
+        if handler == "async":
+            done = await rt.complete_agent_call(view.run_id, call_id, token, "done", {"n": 7})
+            assert done.status == "completed" and seen == [7]
+            return
+        with pytest.raises(IntloomError) as info:
+            await rt.complete_agent_call(view.run_id, call_id, token, "done", {"n": 7})
+        expected = {
+            "effect": ("STEP_INTERACTION_INVALID", "on_complete cannot run effect 'charge'"),
+            "wait": ("STEP_INTERACTION_INVALID",
+                     "on_complete cannot wait for a confirmation answer"),
+            "returns": ("STEP_RESULT_INVALID", "on_complete returned 'done'; it must return None"),
+        }[handler]
+        assert (info.value.code, expected[1] in info.value.message) == (expected[0], True), \
+            info.value.message
+        assert seen == [] and len(journal.records) == written  # nothing ran, nothing recorded
+        now = rt.get(view.run_id)
+        assert now.status == "waiting" and now.pending_agent_call is not None
+        assert now.pending_agent_call.phase == "claimed"  # still the Agent's to complete
+        misbehave.clear()
+        done = await rt.complete_agent_call(view.run_id, call_id, token, "done", {"n": 7})
+        assert done.status == "completed" and seen == [0]  # the State as it was
+
+    run(main)
+
+
+def test_a_failed_agent_task_retried_gets_the_same_view() -> None:
+    wf = intloom.Workflow("agent", version="1")
+    st = wf.stage("s")
+
+    @st.agent_step("research", routes={"done": intloom.COMPLETE})
+    def research(ctx: Any) -> Any:
+        return {}
+
+    async def main() -> None:
+        rt = Runtime(loaded(wf), MemoryJournal(), package_version="0.1.0")
+        rt.restore([])
+        view = await rt.wait_stable((await rt.create_run("agent", "x")).run_id)
+        assert view.pending_agent_call is not None
+        call_id = view.pending_agent_call.id
+        token, _ = await rt.claim_agent_call(view.run_id, call_id, "c1")
+        failed = await rt.fail_agent_call(view.run_id, call_id, token, "no sources")
+        assert failed.status == "failed"
+        assert await rt.fail_agent_call(view.run_id, call_id, token, "no sources") == failed
+        with pytest.raises(IntloomError) as other:
+            await rt.fail_agent_call(view.run_id, call_id, token, "something else")
+        assert other.value.code == "CONFLICT"
+        assert "was already failed: 'no sources'" in other.value.message
+        with pytest.raises(IntloomError) as completed:
+            await rt.complete_agent_call(view.run_id, call_id, token, "done", None)
+        assert completed.value.code == "CONFLICT"
+
+    run(main)
+
+
 def test_questions_are_validated() -> None:
     wf = intloom.Workflow("q", version="1")
     st = wf.stage("s")
