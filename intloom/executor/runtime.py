@@ -201,7 +201,6 @@ class Runtime:
             slot = RunSlot(state=state, lw=lw, observer=self.on_event)
             slot.restored_seq = state.seq
             self.runs[state.run_id] = slot
-            slot.publish("restored", {"row": verdict.row, "reason": verdict.reason})
             if verdict.row == "interrupted":
                 slot.owned = False
                 slot.override = ErrorView(
@@ -215,6 +214,9 @@ class Runtime:
                 slot.recovering = verdict.row == "recover" and state.phase == "executing"
                 self._to_start.append(slot)
                 resumed.append(state.run_id)
+            # Published once the row is applied: the event shows the Run as restored (an
+            # interrupted one failed), not as its last record left it.
+            slot.publish("restored", {"row": verdict.row, "reason": verdict.reason})
         if strict and attention:
             raise strict_refusal(self.attention)
         return RestoreSummary(
