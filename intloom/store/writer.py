@@ -467,9 +467,9 @@ class Store:
         """The Run's records 1..``upto_seq`` read back from the log (``JournalPort.history``).
 
         Reads every segment (what ``inspect`` reads), one caller at a time: each read holds
-        one segment and this Run's records in memory while it runs. A torn or void record never happened (the
-        next host wrote that seq again); a record being appended meanwhile is past
-        ``upto_seq``. Any other damage ends the list there.
+        one segment and this Run's records in memory while it runs. A torn or void record
+        never happened (the next host wrote that seq again); a record being appended
+        meanwhile is past ``upto_seq``. Any other damage ends the list there.
         """
         records: list[Record] = []
         with self._history_lock:
