@@ -37,6 +37,9 @@ __all__ = [
 ]
 
 _json_encoder = msgspec.json.Encoder()
+# Piped tables align a column only on cells up to this long: a record summary (inspect,
+# at most 80) still aligns, a Workflow's load error does not widen every row.
+_ALIGN_MAX = 80
 
 
 def plain(obj: Any) -> Any:
@@ -122,7 +125,12 @@ class Renderer:
                 table.add_row(*row)
             Console(file=self.out).print(table)
             return
-        widths = [max((len(r[i]) for r in rows), default=0) for i in range(len(columns))]
+        # A cell longer than _ALIGN_MAX (a load error, say) overflows its own row rather than
+        # padding every other row out to its width.
+        widths = [
+            max((len(r[i]) for r in rows if len(r[i]) <= _ALIGN_MAX), default=0)
+            for i in range(len(columns))
+        ]
         for row in rows:
             cells = [cell.ljust(widths[i]) for i, cell in enumerate(row)]
             self.out.write("  ".join(cells).rstrip() + "\n")

@@ -312,3 +312,23 @@ def test_status_and_runs_text_on_a_live_host(project: Project) -> None:
     assert status.stdout.startswith(f"Service running · {project.root}")
     assert project.cli("runs").stdout == "The current service has no Runs.\n"
     assert only_json(project.cli("runs", "--json")) == {"runs": []}
+
+
+def test_piped_tables_are_not_padded(project: Project) -> None:
+    """Piped text is as wide as what it says: no trailing spaces, and one long cell (a
+    broken Workflow's problem) does not pad the other rows out to its width."""
+    (project.root / "workflows" / "broken.py").write_text("import no_such_module_here\n")
+    (project.root / "intloom.toml").write_text(
+        'workflows = ["workflows/example.py", "workflows/broken.py"]\n')
+    assert project.cli("start").code == 0
+    assert project.cli("flow", "example", "--intent", "x").code == 0
+    for args in (["flows"], ["runs"], ["doctor"], ["status"]):
+        result = project.cli(*args, env={"COLUMNS": "250"})
+        assert result.stdout, args
+        for line in result.stdout.splitlines():
+            assert line == line.rstrip(), (args, line)
+    flows = project.cli("flows").stdout.splitlines()
+    ready = next(line for line in flows if line.startswith("example "))
+    broken = next(line for line in flows if line.startswith("workflows/broken.py "))
+    assert "No module named 'no_such_module_here'" in broken
+    assert len(ready) < 80, ready  # name, version, readiness, identity, source

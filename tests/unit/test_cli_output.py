@@ -164,3 +164,18 @@ def test_diagnosis_lines_show_owner_evidence_and_the_blocked_hint() -> None:
 def test_log_line_is_time_level_event_then_context() -> None:
     record = {"time": "T", "level": "info", "event": "run_created", "runId": "RUN-1", "n": [1]}
     assert render.log_line(record) == "T info  run_created runId=RUN-1 n=[1]"
+
+
+def test_a_long_cell_does_not_widen_every_row_of_a_piped_table(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A cell past the alignment limit overflows its own row; the other rows stay as wide
+    as their own cells (a long "not ready" problem used to pad every Workflow of ``flows``
+    to its width)."""
+    problem = "not ready: " + "x" * 200
+    Renderer().table(
+        ["WORKFLOW", "READINESS", "SOURCE"],
+        [["a", "ready", "a.py"], ["broken", problem, "broken.py"], ["bb", "ready", "bb.py"]],
+    )
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == ["a       ready  a.py", f"broken  {problem}  broken.py", "bb      ready  bb.py"]
