@@ -332,3 +332,43 @@ def test_piped_tables_are_not_padded(project: Project) -> None:
     broken = next(line for line in flows if line.startswith("workflows/broken.py "))
     assert "No module named 'no_such_module_here'" in broken
     assert len(ready) < 80, ready  # name, version, readiness, identity, source
+
+
+def _answer_command(text: str, prefix: str) -> list[str]:
+    """The ``intloom answer`` command a text output offers, as argv after ``intloom``."""
+    import shlex
+
+    line = next(x for x in text.splitlines() if x.lstrip().startswith(prefix))
+    command = line.lstrip()[len(prefix):].split("  (", 1)[0]
+    argv = shlex.split(command)
+    assert argv[:2] == ["intloom", "answer"], line
+    return argv[1:]
+
+
+def test_text_output_says_what_a_waiting_run_asks(asks_project: Project) -> None:
+    """Without a terminal (no prompts) and without --json, flow, runs and attach show the
+    questions (ids, text, options, skippable) or the confirmation's context, and an answer
+    command naming the action: enough to answer from the text alone."""
+    project = asks_project
+    assert project.cli("start").code == 0
+    flow = project.cli("flow", "triage", "--intent", "ticket 7")
+    assert flow.code == 0, flow.stderr
+    run = only_json(project.cli("runs", "--json"))["runs"][0]
+    run_id, action_id = run["runId"], run["pendingAction"]["id"]
+    for shown in (flow.stdout, project.cli("runs").stdout,
+                  project.cli("attach", run_id, input="").stdout):
+        assert "resolution: What should happen to this ticket?" in shown, shown
+        assert "options: fix (fix it) · wontfix (won't fix) · duplicate" in shown, shown
+        assert "note (skippable): A note for the reporter?" in shown, shown
+        assert f"intloom answer {run_id} {action_id} '[" in shown, shown
+
+    argv = _answer_command(flow.stdout, "Answer  ")
+    argv[-1] = (argv[-1].replace("<fix|wontfix|duplicate or text>", "fix")
+                .replace("<text>", "it's fixed"))
+    confirm = project.cli(*argv)
+    assert confirm.code == 0, confirm.stderr
+    assert 'Confirm {"fix":"ticket 7","note":"it\'s fixed"}' in confirm.stdout, confirm.stdout
+    listed = project.cli("runs").stdout
+    assert '  {"fix":"ticket 7","note":"it\'s fixed"}' in listed, listed
+    done = project.cli(*_answer_command(listed, "answer: "))
+    assert done.code == 0 and done.stdout.startswith("Completed · triage"), done

@@ -179,3 +179,24 @@ def test_a_long_cell_does_not_widen_every_row_of_a_piped_table(
     )
     lines = capsys.readouterr().out.splitlines()
     assert lines == ["a       ready  a.py", f"broken  {problem}  broken.py", "bb      ready  bb.py"]
+
+
+def test_a_waiting_run_says_what_it_asks_and_how_to_answer() -> None:
+    import shlex
+
+    long = {**RUN, "pendingAction": {"id": "ACT-1", "kind": "confirmation",
+                                     "request": {"context": {"draft": "y" * 1000}}}}
+    lines = render.run_lines(long)
+    context = next(x for x in lines if x.startswith("Confirm "))
+    assert len(context) < 400 and context.endswith("... (--json shows all of it)")
+    assert "Answer  intloom answer RUN-1 ACT-1 '{\"isConfirmed\":true}'" in "\n".join(lines)
+
+    odd = {**RUN, "pendingAction": {"id": "ACT-2", "kind": "questions", "request": [
+        {"id": "it's", "question": "Q?", "isSkippable": False}]}}
+    label, what, command = render.asked(odd) or ("", [], "")
+    assert (label, what) == ("Ask", ["it's: Q?"])
+    argv = shlex.split(command)  # one shell word, quotes and all
+    assert argv[:4] == ["intloom", "answer", "RUN-1", "ACT-2"]
+    assert json.loads(argv[4]) == [{"questionId": "it's", "isSkipped": False,
+                                    "answer": "<text>"}]
+    assert render.asked({**RUN, "status": "running"}) is None
