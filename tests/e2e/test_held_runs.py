@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from intloom.store.snapshots import snapshot_name
 from tests.helpers import CliResult, Project, ok
 
 pytestmark = pytest.mark.e2e
@@ -44,6 +45,8 @@ def test_a_run_held_for_a_changed_workflow_says_so_and_cancel_dismisses_it(
     source = project.root / "workflows" / "example.py"
     source.write_text(source.read_text() + "# changed while the Run waited\n")
     before_wal, before_records = wal(project), records(project, run_id)
+    snap, name = project.state / "runtime" / "snap", snapshot_name(run_id)
+    assert (snap / "live" / name).is_file()
 
     restore = ok(project.cli("start", "--json"))["service"]["restore"]
     assert restore["needsAttention"] == [run_id]
@@ -77,7 +80,12 @@ def test_a_run_held_for_a_changed_workflow_says_so_and_cancel_dismisses_it(
     last = after_records[-1]
     assert last["phase"] == "terminal" and last["verdict"] == "ok"
     assert last["record"]["error"]["code"] == "RUN_STOPPED"
-    assert last["file"] not in before_wal and last["file"].startswith("wal/")
+    assert last["file"].startswith("wal/"), last  # in the log, a segment of the later host
+    assert last["file"].removeprefix("wal/") not in before_wal, last
+
+    # Its snapshot is a summary of the log, not evidence: as for any Run that ends, the
+    # live one gives way to one in done/ (the log above holds every record).
+    assert not (snap / "live" / name).exists() and (snap / "done" / name).is_file()
 
     # Never held again: a restart does not load it, doctor does not report it.
     restore = ok(project.cli("start", "--json"))["service"]["restore"]
