@@ -59,7 +59,9 @@ def test_free_text_is_still_an_answer_when_a_question_has_options(
     run_id = ok(project.cli("flow", "triage", "--intent", "ticket 8", "--json"))["run"]["runId"]
     with Terminal(["--project", str(project.root), "attach", run_id], project.root) as term:
         term.expect("What should happen to this ticket?")
-        term.expect("]: ")
+        options = term.expect("]: ")
+        # Each option shows the id a typed answer would name (a label that is its id once).
+        assert "1. fix it [fix]" in options and "3. duplicate\r\n" in options, options
         term.type("duplicate")  # typed, not picked: sent as it is
         term.expect("A note for the reporter?")
         term.expect("]: ")
