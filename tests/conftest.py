@@ -25,3 +25,10 @@ def threads_project(tmp_path: Path) -> Iterator[Project]:
     """A copy of fixtures/projects/threads (a sync ticker that notes which way each Step
     was driven); reaped likewise."""
     yield from reaped(make_project(tmp_path, "threads"))
+
+
+@pytest.fixture
+def asks_project(tmp_path: Path) -> Iterator[Project]:
+    """A copy of fixtures/projects/asks (questions with options routed on their ids, then a
+    confirmation; neither wait has recover); reaped likewise."""
+    yield from reaped(make_project(tmp_path, "asks"))

@@ -34,7 +34,19 @@ def _confirmation(request: Any) -> dict[str, Any]:
     return answer
 
 
+def _option_line(number: int, option: Mapping[str, Any]) -> str:
+    """``  2. won't fix [wontfix] (close it as is)``: the id is what picking it answers."""
+    oid = str(option.get("id"))
+    label = str(option.get("label") or oid)
+    shown = label if label == oid else f"{label} [{oid}]"
+    extra = f" ({option['description']})" if option.get("description") else ""
+    return f"  {number}. {shown}{extra}"
+
+
 def _question(question: Mapping[str, Any]) -> dict[str, Any]:
+    """One question's answer entry. A number picks an option and answers with its id (the
+    stable identifier a Step routes on; the label is for people and may change); any other
+    text is the answer as typed (options are suggestions)."""
     qid = str(question.get("id"))
     skippable = bool(question.get("isSkippable", False))
     _show(f"{question.get('question', qid)}")
@@ -42,8 +54,7 @@ def _question(question: Mapping[str, Any]) -> dict[str, Any]:
         _show(f"  {question['description']}")
     options = [o for o in question.get("options") or [] if isinstance(o, Mapping)]
     for number, option in enumerate(options, start=1):
-        extra = f" ({option['description']})" if option.get("description") else ""
-        _show(f"  {number}. {option.get('label', option.get('id'))}{extra}")
+        _show(_option_line(number, option))
     hint = "a number or your own answer" if options else "your answer"
     if skippable:
         hint += "; Enter skips"
@@ -51,13 +62,20 @@ def _question(question: Mapping[str, Any]) -> dict[str, Any]:
         raw = str(typer.prompt(f"[{hint}]", default="", show_default=False, err=True)).strip()
         if not raw and skippable:
             return {"questionId": qid, "isSkipped": True}
-        if raw.isdigit() and 1 <= int(raw) <= len(options):
-            option = options[int(raw) - 1]
-            return {
-                "questionId": qid,
-                "isSkipped": False,
-                "answer": str(option.get("label", option.get("id"))),
-            }
+        # ASCII digits only: str.isdigit() also accepts "²", which int() refuses.
+        if options and raw.isascii() and raw.isdigit():
+            number = int(raw)
+            if 1 <= number <= len(options):
+                option = options[number - 1]
+                return {"questionId": qid, "isSkipped": False, "answer": str(option.get("id"))}
+            # A mistyped pick must not become the answer "7": a Step routing on option ids
+            # would fail on it.
+            _show(
+                f"There is no option {number}: type a number from 1 to {len(options)}, or "
+                "your own answer (a number alone always picks an option; to answer with a "
+                "number, use intloom answer)."
+            )
+            continue
         if raw:
             return {"questionId": qid, "isSkipped": False, "answer": raw}
         _show("This question needs an answer.")

@@ -12,6 +12,7 @@ wire), so they render what another component returns without depending on its cl
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -23,6 +24,8 @@ from intloom.errors import ErrorView
 
 __all__ = [
     "Renderer",
+    "asked",
+    "asked_lines",
     "diagnosis_lines",
     "doctor_lines",
     "history_rows",
@@ -37,6 +40,9 @@ __all__ = [
 ]
 
 _json_encoder = msgspec.json.Encoder()
+# Piped tables align a column only on cells up to this long: a record summary (inspect,
+# at most 80) still aligns, a Workflow's load error does not widen every row.
+_ALIGN_MAX = 80
 
 
 def plain(obj: Any) -> Any:
@@ -122,7 +128,12 @@ class Renderer:
                 table.add_row(*row)
             Console(file=self.out).print(table)
             return
-        widths = [max((len(r[i]) for r in rows), default=0) for i in range(len(columns))]
+        # A cell longer than _ALIGN_MAX (a load error, say) overflows its own row rather than
+        # padding every other row out to its width.
+        widths = [
+            max((len(r[i]) for r in rows if len(r[i]) <= _ALIGN_MAX), default=0)
+            for i in range(len(columns))
+        ]
         for row in rows:
             cells = [cell.ljust(widths[i]) for i, cell in enumerate(row)]
             self.out.write("  ".join(cells).rstrip() + "\n")
@@ -169,6 +180,75 @@ def _cursor(run: Mapping[str, Any]) -> str:
     return f"{cursor.get('stage', '-')} / {cursor.get('step') or '-'}"
 
 
+# A confirmation's context longer than this is cut in text (``--json`` has all of it).
+_CONTEXT_MAX = 300
+
+
+def _compact(value: Any) -> str:
+    return _json_encoder.encode(value).decode("utf-8")
+
+
+def _option_text(option: Mapping[str, Any]) -> str:
+    oid = str(option.get("id", "?"))
+    label = option.get("label")
+    return oid if not label or label == oid else f"{oid} ({label})"
+
+
+def _answer_command(run_id: str, action_id: str, answer: Any) -> str:
+    # JSON as one shell word: ids and texts may hold quotes.
+    return f"intloom answer {run_id} {action_id} {shlex.quote(_compact(answer))}"
+
+
+def asked(run: Mapping[str, Any]) -> tuple[str, list[str], str] | None:
+    """What a waiting Run asks a person: ("Confirm" or "Ask", lines saying what, and the
+    ``intloom answer`` command to send an answer, placeholders in ``<...>``); None when it
+    does not wait for a person."""
+    action = run.get("pendingAction")
+    if run.get("status") != "waiting" or not isinstance(action, Mapping):
+        return None
+    run_id, action_id = str(run.get("runId", "?")), str(action.get("id", "?"))
+    request = action.get("request")
+    if action.get("kind") == "confirmation":
+        context = request.get("context") if isinstance(request, Mapping) else request
+        text = _compact(context)
+        if len(text) > _CONTEXT_MAX:
+            text = f"{text[:_CONTEXT_MAX]}... (--json shows all of it)"
+        command = _answer_command(run_id, action_id, {"isConfirmed": True})
+        return "Confirm", [text], f'{command}  (false declines; "feedback" is optional)'
+    lines: list[str] = []
+    template: list[dict[str, Any]] = []
+    for question in request if isinstance(request, list) else []:
+        if not isinstance(question, Mapping):
+            continue
+        qid = str(question.get("id", "?"))
+        skip = " (skippable)" if question.get("isSkippable") else ""
+        lines.append(f"{qid}{skip}: {question.get('question', '')}")
+        options = [o for o in question.get("options") or [] if isinstance(o, Mapping)]
+        if options:
+            lines.append("  options: " + " · ".join(_option_text(o) for o in options))
+            ids = "|".join(str(o.get("id", "?")) for o in options)
+            placeholder = f"<{ids} or text>"
+        else:
+            placeholder = "<text>"
+        template.append({"questionId": qid, "isSkipped": False, "answer": placeholder})
+    return "Ask", lines, _answer_command(run_id, action_id, template)
+
+
+def asked_lines(run: Mapping[str, Any]) -> list[str]:
+    """``asked(run)`` for a list of Runs (``runs``): a header naming the Run, then indented."""
+    found = asked(run)
+    if found is None:
+        return []
+    action = run.get("pendingAction")
+    action = action if isinstance(action, Mapping) else {}
+    _label, what, command = found
+    return [
+        f"{run.get('runId', '?')} waits on {action.get('id', '?')} ({action.get('kind', '?')}):",
+        *(f"  {line}" for line in what),
+        f"  answer: {command}",
+    ]
+
+
 def run_lines(run: Mapping[str, Any]) -> list[str]:
     """A Run view for a person: title, ids, where it stands, and what to do next."""
     run_id = run.get("runId", "?")
@@ -182,6 +262,11 @@ def run_lines(run: Mapping[str, Any]) -> list[str]:
     action = run.get("pendingAction")
     if run.get("status") == "waiting" and isinstance(action, Mapping):
         lines.append(f"Action  {action.get('id')} ({action.get('kind')})")
+        found = asked(run)
+        if found is not None:
+            label, what, command = found
+            lines.extend(f"{label if i == 0 else '':<8}{line}" for i, line in enumerate(what))
+            lines.append(f"Answer  {command}")
         lines.append(f"Resume  intloom attach {run_id}")
     call = run.get("pendingAgentCall")
     if run.get("status") == "waiting" and isinstance(call, Mapping):

@@ -13,6 +13,7 @@ code (sync Steps in daemon threads, async Steps on the loop), appends records th
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import contextlib
 import functools
@@ -20,7 +21,7 @@ import hmac
 import secrets
 import threading
 from collections.abc import AsyncIterator, Mapping
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import msgspec
 
@@ -34,7 +35,14 @@ from intloom.executor import clock
 from intloom.executor.driver import Driver, RunObserver, RunSlot
 from intloom.executor.updates import RunUpdate
 from intloom.protocol.messages import RestoreSummary
-from intloom.runtime.machine import RunState, apply, interrupted_message, restart_verdict
+from intloom.runtime.machine import (
+    IllegalTransition,
+    RunState,
+    apply,
+    interrupted_message,
+    restart_verdict,
+    to_view,
+)
 from intloom.runtime.model import PendingAgentCall, RunView
 from intloom.runtime.ports import CheckpointFailed, JournalPort
 from intloom.runtime.records import (
@@ -50,7 +58,14 @@ from intloom.runtime.records import (
     check_encodable,
 )
 
-__all__ = ["RestoredRun", "RunUpdate", "Runtime", "incompatibility", "strict_refusal"]
+__all__ = [
+    "HeldRun",
+    "RestoredRun",
+    "RunUpdate",
+    "Runtime",
+    "incompatibility",
+    "strict_refusal",
+]
 
 _MAX_RECEIPTS = 256
 MAX_FINISHED: Final = 1000
@@ -62,6 +77,8 @@ class RestoredRun(msgspec.Struct, frozen=True):
     run_id: str
     state: RunState | None
     problem: str | None = None  # corrupt / incompatible: reported, never loaded
+    # The store's verdict on the journal itself (an "incompatible" one: a newer format).
+    status: Literal["ok", "corrupt", "incompatible"] = "ok"
 
 
 def _version_tuple(v: str) -> tuple[int, ...]:
@@ -72,12 +89,8 @@ def _version_tuple(v: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
-def incompatibility(
-    state: RunState | None, workflows: Mapping[str, LoadedWorkflow], package_version: str
-) -> str | None:
-    """Why this Run's journal cannot be restored by what is loaded now, or None."""
-    if state is None:
-        return None
+def _unreadable(state: RunState, package_version: str) -> str | None:
+    """Why this intloom cannot take the journal's records as they are, or None."""
     if state.protocol != PROTOCOL_VERSION:
         return (
             f"incompatible protocol: journal has {state.protocol}, this intloom speaks "
@@ -90,17 +103,18 @@ def incompatibility(
             f"incompatible package: written by intloom {state.package_version}, newer than "
             f"this {package_version}; upgrade intloom"
         )
+    return None
+
+
+def _mismatch(state: RunState, workflows: Mapping[str, LoadedWorkflow]) -> str | None:
+    """Why the loaded Workflows cannot continue this (readable) journal, or None."""
     lw = workflows.get(state.workflow)
     if lw is None:
-        return (
-            f"incompatible workflow: Workflow {state.workflow!r} is not loaded; restore its "
-            "source and restart"
-        )
+        return f"incompatible workflow: Workflow {state.workflow!r} is not loaded"
     if lw.identity != state.identity:
         return (
             f"incompatible identity: Workflow {state.workflow!r} changed since the Run "
-            f"started (journal {state.identity[:12]}, loaded {lw.identity[:12]}); restore the "
-            "exact source the Run started with"
+            f"started (journal {state.identity[:12]}, loaded {lw.identity[:12]})"
         )
     for stage, fingerprint in state.schemas.items():
         if lw.schemas.get(stage) != fingerprint:
@@ -121,6 +135,61 @@ def incompatibility(
             if again != state.stage_state:
                 return "incompatible schema: saved State no longer matches its schema output"
     return None
+
+
+def incompatibility(
+    state: RunState | None, workflows: Mapping[str, LoadedWorkflow], package_version: str
+) -> str | None:
+    """Why this Run's journal cannot be restored by what is loaded now, or None."""
+    if state is None:
+        return None
+    return _unreadable(state, package_version) or _mismatch(state, workflows)
+
+
+class HeldRun:
+    """A Run the restore did not load (DESIGN §6: reported, its journal kept as it is).
+
+    The host still knows it, so a request about it says why it is held and what to do
+    instead of "not known". ``dismissible``: its journal reads back whole, in a format and
+    protocol this intloom writes, and only the loaded Workflow (its source, a State schema)
+    keeps it from continuing -- ``cancel`` may then end it by appending a terminal record.
+    A damaged or foreign journal is never written to.
+    """
+
+    def __init__(self, run_id: str, state: RunState | None, problem: str, code: str,
+                 *, dismissible: bool) -> None:
+        self.run_id = run_id
+        self.state = state
+        self.problem = problem
+        self.code = code
+        self.dismissible = dismissible
+        self.ended: RunView | None = None  # cancelled by this host: its terminal view
+        self.lock = asyncio.Lock()  # one cancel appends; a concurrent one waits for it
+
+    def error(self) -> IntloomError:
+        rid = self.run_id
+        if self.ended is not None:
+            return IntloomError(
+                "CONFLICT",
+                f"Run {rid} was cancelled while it was held, so it has ended and takes no "
+                f"answer or Agent call. intloom inspect {rid} shows its journal.",
+            )
+        if self.dismissible:
+            fix = (
+                "Put back the exact Workflow source the Run started with (as intloom.toml "
+                "lists it) and restart the host (intloom stop, then intloom start) to "
+                f"continue it, or end it for good with intloom cancel {rid}."
+            )
+        else:
+            fix = (
+                "Its journal is kept untouched: the Run cannot be answered, and cannot be "
+                f"cancelled, since nothing is appended to such a journal. intloom inspect {rid} "
+                "shows what was found; intloom doctor says what to do."
+            )
+        return IntloomError(
+            self.code, f"Run {rid} is held, not restored (it needs attention): "
+            f"{self.problem}. {fix}",
+        )
 
 
 def strict_refusal(attention: list[tuple[str, str]]) -> IntloomError:
@@ -199,6 +268,7 @@ class Runtime:
         self._finished: dict[str, None] = {}  # ended Runs still held, oldest first
         self._dropped: dict[str, int] = {}  # status counts of the ended Runs no longer held
         self.attention: list[tuple[str, str]] = []
+        self.held: dict[str, HeldRun] = {}  # Runs the restore did not load, by id
         self.closing = False
         self._restored = False
         self._to_start: list[RunSlot] = []
@@ -226,13 +296,13 @@ class Runtime:
                 message = problem or "nothing restorable was found in its journal"
                 self.attention.append((item.run_id, message))
                 attention.append(item.run_id)
+                self.held[item.run_id] = self._held(item, message)
                 continue
             lw = self.workflows[state.workflow]
             verdict = restart_verdict(state, lw.has_recover(state.cursor.stage, state.cursor.step))
             slot = RunSlot(state=state, lw=lw, observer=self.on_event)
             slot.restored_seq = state.seq
             self.runs[state.run_id] = slot
-            slot.publish("restored", {"row": verdict.row, "reason": verdict.reason})
             if verdict.row == "interrupted":
                 slot.owned = False
                 slot.override = ErrorView(
@@ -246,6 +316,9 @@ class Runtime:
                 slot.recovering = verdict.row == "recover" and state.phase == "executing"
                 self._to_start.append(slot)
                 resumed.append(state.run_id)
+            # Published once the row is applied: the event shows the Run as restored (an
+            # interrupted one failed), not as its last record left it.
+            slot.publish("restored", {"row": verdict.row, "reason": verdict.reason})
         if strict and attention:
             raise strict_refusal(self.attention)
         return RestoreSummary(
@@ -258,6 +331,14 @@ class Runtime:
 
     def _incompatibility(self, state: RunState | None) -> str | None:
         return incompatibility(state, self.workflows, self.package_version)
+
+    def _held(self, item: RestoredRun, why: str) -> HeldRun:
+        state = item.state
+        if item.problem is not None or state is None:  # the journal itself is at fault
+            code = "JOURNAL_INCOMPATIBLE" if item.status == "incompatible" else "JOURNAL_CORRUPT"
+            return HeldRun(item.run_id, state, why, code, dismissible=False)
+        whole = _unreadable(state, self.package_version) is None
+        return HeldRun(item.run_id, state, why, "JOURNAL_INCOMPATIBLE", dismissible=whole)
 
     def start_restored(self) -> None:
         """Launch the Runs that resume (needs a running event loop)."""
@@ -376,6 +457,9 @@ class Runtime:
     def _slot(self, run_id: str) -> RunSlot:
         slot = self.runs.get(run_id)
         if slot is None:
+            held = self.held.get(run_id)
+            if held is not None:
+                raise held.error()
             raise IntloomError(
                 "NOT_FOUND",
                 f"Run {run_id} is not known to this host. intloom runs lists the current Runs; "
@@ -424,6 +508,9 @@ class Runtime:
 
     async def wait_stable(self, run_id: str) -> RunView:
         """The Run's view once it is waiting or terminal."""
+        ended = self._held_ended(run_id)
+        if ended is not None:
+            return ended
         slot = self._slot(run_id)
         while True:
             view = slot.view()
@@ -432,7 +519,15 @@ class Runtime:
             await slot.until_stable()
 
     def get(self, run_id: str) -> RunView:
+        ended = self._held_ended(run_id)
+        if ended is not None:
+            return ended
         return self._slot(run_id).view()
+
+    def _held_ended(self, run_id: str) -> RunView | None:
+        """The view of a held Run this host cancelled (None for any other Run)."""
+        held = self.held.get(run_id) if run_id not in self.runs else None
+        return held.ended if held is not None else None
 
     def list(self, flow: str | None = None) -> list[RunView]:
         return [s.view() for s in self.runs.values() if flow is None or s.state.workflow == flow]
@@ -463,6 +558,9 @@ class Runtime:
 
     async def cancel(self, run_id: str) -> tuple[RunView, bool]:
         """Cancel: failed/RUN_STOPPED. Returns (view, already_ended)."""
+        held = self.held.get(run_id) if run_id not in self.runs else None
+        if held is not None:
+            return await self._cancel_held(held)
         slot = self._slot(run_id)
         # A worker driving the Run appends under this lock: whether the Run has ended and
         # taking it from that worker are decided at once (it may be appending its end).
@@ -495,6 +593,50 @@ class Runtime:
         await self.sync(slot)
         slot.publish("failed", {"code": "RUN_STOPPED"})
         return slot.view(), False
+
+    async def _cancel_held(self, held: HeldRun) -> tuple[RunView, bool]:
+        """End a held Run for good: one terminal record appended to its journal, nothing
+        rewritten, so no start holds it again (DESIGN §6 keeps its records as they are).
+        Only a dismissible one (``HeldRun``); a damaged journal is never written to."""
+        run_id = held.run_id
+        async with held.lock:
+            if held.ended is not None:
+                return held.ended, True
+            if not held.dismissible or held.state is None:
+                raise held.error()
+            record = Terminal(
+                at=clock.now(), status="failed",
+                error=error_view(
+                    "RUN_STOPPED",
+                    f"The Run was stopped while it was held, not restored: {held.problem}.",
+                ),
+            )
+            try:
+                after = apply(held.state, record)
+            except IllegalTransition as exc:  # e.g. a journal that ends at its header
+                raise IntloomError(
+                    "JOURNAL_INCOMPATIBLE",
+                    f"Run {run_id} is held, and its journal cannot take a terminal record "
+                    f"where it ends ({exc}); it is kept untouched. intloom inspect {run_id} "
+                    "shows it.",
+                ) from None
+            try:
+                self.journal.append(run_id, record, after)
+                await self.journal.sync(run_id)
+            except (CheckpointFailed, OSError) as exc:
+                cause = exc.cause if isinstance(exc, CheckpointFailed) else (
+                    exc.strerror or str(exc))
+                raise IntloomError(
+                    "RUN_CHECKPOINT_FAILED",
+                    f"Run {run_id}: its cancel could not be written ({cause}), so it is "
+                    "still held. Its earlier records are unchanged; fix the disk and retry "
+                    "after a restart.",
+                ) from None
+            held.state = after
+            held.ended = to_view(after)
+        if self.on_event is not None:
+            self.on_event("failed", run_id, {"code": "RUN_STOPPED"}, "failed")
+        return held.ended, False
 
     def subscribe(self, run_id: str) -> AsyncIterator[builtins.list[RunUpdate]]:
         """History so far (an earlier host's too, for a restored Run), then live updates

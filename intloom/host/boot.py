@@ -104,7 +104,7 @@ def _open_store(
     if error is not None:  # damaged between the read-only check and this read
         store.close_blocking()
         raise error
-    runs = [RestoredRun(run_id=j.run_id, state=j.state, problem=j.problem)
+    runs = [RestoredRun(run_id=j.run_id, state=j.state, problem=j.problem, status=j.status)
             for j in report.runs]
     return store, runs
 

@@ -312,3 +312,63 @@ def test_status_and_runs_text_on_a_live_host(project: Project) -> None:
     assert status.stdout.startswith(f"Service running · {project.root}")
     assert project.cli("runs").stdout == "The current service has no Runs.\n"
     assert only_json(project.cli("runs", "--json")) == {"runs": []}
+
+
+def test_piped_tables_are_not_padded(project: Project) -> None:
+    """Piped text is as wide as what it says: no trailing spaces, and one long cell (a
+    broken Workflow's problem) does not pad the other rows out to its width."""
+    (project.root / "workflows" / "broken.py").write_text("import no_such_module_here\n")
+    (project.root / "intloom.toml").write_text(
+        'workflows = ["workflows/example.py", "workflows/broken.py"]\n')
+    assert project.cli("start").code == 0
+    assert project.cli("flow", "example", "--intent", "x").code == 0
+    for args in (["flows"], ["runs"], ["doctor"], ["status"]):
+        result = project.cli(*args, env={"COLUMNS": "250"})
+        assert result.stdout, args
+        for line in result.stdout.splitlines():
+            assert line == line.rstrip(), (args, line)
+    flows = project.cli("flows").stdout.splitlines()
+    ready = next(line for line in flows if line.startswith("example "))
+    broken = next(line for line in flows if line.startswith("workflows/broken.py "))
+    assert "No module named 'no_such_module_here'" in broken
+    assert len(ready) < 80, ready  # name, version, readiness, identity, source
+
+
+def _answer_command(text: str, prefix: str) -> list[str]:
+    """The ``intloom answer`` command a text output offers, as argv after ``intloom``."""
+    import shlex
+
+    line = next(x for x in text.splitlines() if x.lstrip().startswith(prefix))
+    command = line.lstrip()[len(prefix):].split("  (", 1)[0]
+    argv = shlex.split(command)
+    assert argv[:2] == ["intloom", "answer"], line
+    return argv[1:]
+
+
+def test_text_output_says_what_a_waiting_run_asks(asks_project: Project) -> None:
+    """Without a terminal (no prompts) and without --json, flow, runs and attach show the
+    questions (ids, text, options, skippable) or the confirmation's context, and an answer
+    command naming the action: enough to answer from the text alone."""
+    project = asks_project
+    assert project.cli("start").code == 0
+    flow = project.cli("flow", "triage", "--intent", "ticket 7")
+    assert flow.code == 0, flow.stderr
+    run = only_json(project.cli("runs", "--json"))["runs"][0]
+    run_id, action_id = run["runId"], run["pendingAction"]["id"]
+    for shown in (flow.stdout, project.cli("runs").stdout,
+                  project.cli("attach", run_id, input="").stdout):
+        assert "resolution: What should happen to this ticket?" in shown, shown
+        assert "options: fix (fix it) · wontfix (won't fix) · duplicate" in shown, shown
+        assert "note (skippable): A note for the reporter?" in shown, shown
+        assert f"intloom answer {run_id} {action_id} '[" in shown, shown
+
+    argv = _answer_command(flow.stdout, "Answer  ")
+    argv[-1] = (argv[-1].replace("<fix|wontfix|duplicate or text>", "fix")
+                .replace("<text>", "it's fixed"))
+    confirm = project.cli(*argv)
+    assert confirm.code == 0, confirm.stderr
+    assert 'Confirm {"fix":"ticket 7","note":"it\'s fixed"}' in confirm.stdout, confirm.stdout
+    listed = project.cli("runs").stdout
+    assert '  {"fix":"ticket 7","note":"it\'s fixed"}' in listed, listed
+    done = project.cli(*_answer_command(listed, "answer: "))
+    assert done.code == 0 and done.stdout.startswith("Completed · triage"), done

@@ -235,3 +235,37 @@ def test_a_restored_runs_history_includes_what_the_earlier_host_did(
         "name": "compose", "key": "compose#1"}
     assert history[-1].run.status == "waiting"
     assert history[-1].run.pending_action == waiting.pending_action
+
+
+@pytest.mark.parametrize("how", ["stop", "kill"])
+def test_a_restored_interrupted_runs_events_show_it_failed(
+    asks_project: Project, how: str
+) -> None:
+    """Each event shows the Run's status after it: from ``restored`` on, a Run restored as
+    RUN_INTERRUPTED is failed. ``restored`` and the closing ``end`` used to show the status
+    of its last record (waiting), as if the wait could still be answered."""
+    project = asks_project
+    start(project)
+    with Client.connect(project.root) as client:
+        waiting = client.create_run("triage", "ticket 7")
+    assert waiting.status == "waiting"
+    if how == "stop":
+        assert stop_service(project.root, timeout=20) is True
+    else:
+        project.kill_host()
+        assert project.cli("recover", "--json").code == 0
+    restored = start(project).service.restore
+    assert restored is not None and restored.interrupted == [waiting.run_id]
+    with Client.connect(project.root) as client:
+        events = list(client.subscribe(waiting.run_id))
+    names = [e.event for e in events]
+    assert "restored" in names and events[-1].final, names
+    at = names.index("restored")
+    earlier, after = events[:at], events[at:]
+    # What the earlier host did is shown as it was: the Run ran, then waited.
+    assert earlier[-1].event == "waiting" and earlier[-1].run.status == "waiting"
+    for event in after:
+        assert event.run.status == "failed", (event.event, event.run.status)
+        assert event.run.last_error is not None
+        assert event.run.last_error.code == "RUN_INTERRUPTED", event.event
+        assert event.run.pending_action is None, event.event

@@ -292,8 +292,14 @@ def test_runs_text_and_flow_filter(capsys: pytest.CaptureFixture[str], client: F
     client.runs_found = [run_view("waiting"), run_view("failed", "RUN_INTERRUPTED")]
     code, out, _ = cli(capsys, "runs")
     lines = out.splitlines()
-    assert len(lines) == 2 and lines[0].startswith("RUN-1  example  waiting")
+    assert lines[0].startswith("RUN-1  example  waiting")
     assert "failed (RUN_INTERRUPTED)" in lines[1]
+    # Then, after a blank line, what the waiting one asks (the failed one asks nothing).
+    assert lines[2:] == [
+        "", "RUN-1 waits on ACT-1 (confirmation):", '  {"draft":"d"}',
+        "  answer: intloom answer RUN-1 ACT-1 '{\"isConfirmed\":true}'  (false declines; "
+        '"feedback" is optional)',
+    ]
     assert ("runs", "example") in client.calls and ("runs", None) in client.calls
 
 

@@ -164,3 +164,39 @@ def test_diagnosis_lines_show_owner_evidence_and_the_blocked_hint() -> None:
 def test_log_line_is_time_level_event_then_context() -> None:
     record = {"time": "T", "level": "info", "event": "run_created", "runId": "RUN-1", "n": [1]}
     assert render.log_line(record) == "T info  run_created runId=RUN-1 n=[1]"
+
+
+def test_a_long_cell_does_not_widen_every_row_of_a_piped_table(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A cell past the alignment limit overflows its own row; the other rows stay as wide
+    as their own cells (a long "not ready" problem used to pad every Workflow of ``flows``
+    to its width)."""
+    problem = "not ready: " + "x" * 200
+    Renderer().table(
+        ["WORKFLOW", "READINESS", "SOURCE"],
+        [["a", "ready", "a.py"], ["broken", problem, "broken.py"], ["bb", "ready", "bb.py"]],
+    )
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == ["a       ready  a.py", f"broken  {problem}  broken.py", "bb      ready  bb.py"]
+
+
+def test_a_waiting_run_says_what_it_asks_and_how_to_answer() -> None:
+    import shlex
+
+    long = {**RUN, "pendingAction": {"id": "ACT-1", "kind": "confirmation",
+                                     "request": {"context": {"draft": "y" * 1000}}}}
+    lines = render.run_lines(long)
+    context = next(x for x in lines if x.startswith("Confirm "))
+    assert len(context) < 400 and context.endswith("... (--json shows all of it)")
+    assert "Answer  intloom answer RUN-1 ACT-1 '{\"isConfirmed\":true}'" in "\n".join(lines)
+
+    odd = {**RUN, "pendingAction": {"id": "ACT-2", "kind": "questions", "request": [
+        {"id": "it's", "question": "Q?", "isSkippable": False}]}}
+    label, what, command = render.asked(odd) or ("", [], "")
+    assert (label, what) == ("Ask", ["it's: Q?"])
+    argv = shlex.split(command)  # one shell word, quotes and all
+    assert argv[:4] == ["intloom", "answer", "RUN-1", "ACT-2"]
+    assert json.loads(argv[4]) == [{"questionId": "it's", "isSkipped": False,
+                                    "answer": "<text>"}]
+    assert render.asked({**RUN, "status": "running"}) is None

@@ -546,6 +546,66 @@ def test_changed_identity_or_schema_is_reported_and_not_loaded() -> None:
     assert strict.value.code == "JOURNAL_INCOMPATIBLE"
 
 
+def test_held_runs_say_why_and_only_a_whole_journal_can_be_cancelled() -> None:
+    """A Run the restore held is known: answering it says why it is held and what to do;
+    cancel appends one terminal record when only the loaded Workflow is at fault (two
+    cancels at once append one), and never writes to a damaged or newer journal."""
+    journal = MemoryJournal()
+
+    async def first() -> tuple[str, str]:
+        rt = Runtime(loaded(make_confirm_wf([])), journal, package_version="0.1.0")
+        rt.restore([])
+        view = await rt.wait_stable((await rt.create_run("confirm", "go")).run_id)
+        await rt.suspend(1)
+        assert view.pending_action is not None
+        return view.run_id, view.pending_action.id
+
+    run_id, action_id = run(first)
+    state = fold(journal.of(run_id))
+    assert state is not None
+    lw = loaded(make_confirm_wf([]))["confirm"]
+    edited = {"confirm": LoadedWorkflow(lw.workflow, lw.source, "id-edited", lw.schemas)}
+
+    async def changed() -> None:
+        written = MemoryJournal()
+        rt = Runtime(edited, written, package_version="0.1.0")
+        rt.restore([RestoredRun(run_id, state)])
+        with pytest.raises(IntloomError) as info:
+            await rt.answer(run_id, action_id, {"isConfirmed": True})
+        assert info.value.code == "JOURNAL_INCOMPATIBLE"
+        assert f"Run {run_id} is held" in info.value.message
+        assert "changed since the Run started" in info.value.message
+        assert f"intloom cancel {run_id}" in info.value.message
+        (one, first_ended), (two, _) = await asyncio.gather(rt.cancel(run_id), rt.cancel(run_id))
+        assert one == two and one.status == "failed" and not first_ended
+        assert one.last_error is not None and one.last_error.code == "RUN_STOPPED"
+        assert [type(r).__name__ for r in written.of(run_id)] == ["Terminal"]
+        assert rt.get(run_id) == one and await rt.cancel(run_id) == (one, True)
+        with pytest.raises(IntloomError) as info:
+            await rt.answer(run_id, action_id, {"isConfirmed": True})
+        assert info.value.code == "CONFLICT"
+
+    run(changed)
+
+    newer = msgspec.structs.replace(state, package_version="99.0.0")
+    for item, code in (
+        (RestoredRun(run_id, state, problem="wal/1.seg offset 9: bad checksum",
+                     status="corrupt"), "JOURNAL_CORRUPT"),
+        (RestoredRun(run_id, newer), "JOURNAL_INCOMPATIBLE"),
+    ):
+        async def untouched(item: RestoredRun = item, code: str = code) -> None:
+            written = MemoryJournal()
+            rt = Runtime(loaded(make_confirm_wf([])), written, package_version="0.1.0")
+            rt.restore([item])
+            with pytest.raises(IntloomError) as info:
+                await rt.cancel(run_id)
+            assert info.value.code == code
+            assert "kept untouched" in info.value.message and "cannot be" in info.value.message
+            assert written.records == [] and written.pending == []
+
+        run(untouched)
+
+
 def test_interrupted_run_names_its_effect_and_cancel_dismisses_it() -> None:
     journal = MemoryJournal()
     gate = threading.Event()

@@ -9,7 +9,7 @@ import typer
 from intloom.cli import exit_codes
 from intloom.cli.inputs import interactive, read_answer, read_intent
 from intloom.cli.options import CliState, command
-from intloom.cli.render import plain, run_lines, run_row
+from intloom.cli.render import asked_lines, plain, run_lines, run_row
 from intloom.errors import error_view
 
 if TYPE_CHECKING:
@@ -106,9 +106,16 @@ def runs(
     if not found:
         renderer.lines(["The current service has no Runs."])
         return
-    renderer.table(
-        ["RUN", "WORKFLOW", "STATUS", "CURSOR", "UPDATED"], [run_row(plain(r)) for r in found]
-    )
+    views = [plain(r) for r in found]
+    renderer.table(["RUN", "WORKFLOW", "STATUS", "CURSOR", "UPDATED"], [run_row(v) for v in views])
+    # What each waiting Run asks, so that an answer can be composed from this output alone.
+    asks: list[str] = []
+    for view in views:
+        block = asked_lines(view)
+        if block:
+            asks.extend(["", *block])  # a blank line: the table's rows end above
+    if asks:
+        renderer.lines(asks)
 
 
 @command

@@ -1,0 +1,93 @@
+"""The real CLI on a pseudo-terminal, driven like a person: read until a prompt, type."""
+
+from __future__ import annotations
+
+import errno
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+
+from tests.helpers import REPO
+
+__all__ = ["Terminal"]
+
+
+class Terminal:
+    """``intloom ARGS`` with stdin, stdout and stderr on one new pty (NO_COLOR set)."""
+
+    def __init__(self, args: list[str], cwd: Path, *, timeout: float = 30.0) -> None:
+        env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
+        env.update({"TERM": "xterm-256color", "COLUMNS": "100", "PYTHONPATH": str(REPO),
+                    "NO_COLOR": "1"})
+        self.timeout = timeout
+        self.output = b""
+        self._seen = 0  # how much of ``output`` an expect has consumed
+        self._leader, follower = pty.openpty()
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-m", "intloom", *args], cwd=cwd,
+                                         env=env, stdin=follower, stdout=follower,
+                                         stderr=follower)
+        finally:
+            os.close(follower)  # the child holds it: EOF on the leader once it is gone
+
+    def __enter__(self) -> Terminal:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        os.close(self._leader)
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+    def _read(self, deadline: float) -> bool:
+        """Read what is there (waiting until ``deadline``); False at EOF."""
+        remaining = deadline - time.monotonic()
+        assert remaining > 0, f"timed out; the terminal shows:\n{self.text()}"
+        ready, _, _ = select.select([self._leader], [], [], remaining)
+        if not ready:
+            return True
+        try:
+            chunk = os.read(self._leader, 65536)
+        except OSError as exc:  # Linux reports the closed follower as EIO
+            if exc.errno != errno.EIO:
+                raise
+            return False
+        self.output += chunk
+        return bool(chunk)
+
+    def expect(self, text: str) -> str:
+        """Wait until ``text`` appears after what earlier expects consumed; what came before
+        it (and it)."""
+        deadline = time.monotonic() + self.timeout
+        needle = text.encode()
+        while True:
+            at = self.output.find(needle, self._seen)
+            if at >= 0:
+                end = at + len(needle)
+                seen, self._seen = self.output[self._seen:end], end
+                return seen.decode(errors="replace")
+            if not self._read(deadline):
+                raise AssertionError(f"the CLI exited before {text!r}:\n{self.text()}")
+
+    def type(self, line: str) -> None:
+        os.write(self._leader, line.encode() + b"\r")
+
+    def finish(self) -> int:
+        """Read to the end; the exit code."""
+        deadline = time.monotonic() + self.timeout
+        while self._read(deadline):
+            pass
+        return self.proc.wait(timeout=10)
+
+    def text(self) -> str:
+        return self.output.decode(errors="replace").replace("\r\n", "\n")
+
+    def rest(self) -> str:
+        """What came after the last expect."""
+        return self.output[self._seen:].decode(errors="replace").replace("\r\n", "\n")

@@ -1,0 +1,93 @@
+"""A Run held at start (its Workflow changed while it waited) is known to the host: every
+request about it says why it is held and what to do, and ``cancel`` ends it for good by
+appending one terminal record -- nothing of its journal is rewritten or removed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from intloom.store.snapshots import snapshot_name
+from tests.helpers import CliResult, Project, ok
+
+pytestmark = pytest.mark.e2e
+
+YES = '{"isConfirmed": true}'
+
+
+def refused(result: CliResult, code: str) -> str:
+    assert result.code == 1, (result.code, result.stdout, result.stderr)
+    error = result.json["error"]
+    assert error["code"] == code, error
+    message: str = error["message"]
+    return message
+
+
+def wal(project: Project) -> dict[str, bytes]:
+    return {p.name: p.read_bytes()
+            for p in sorted((project.state / "runtime" / "wal").iterdir())}
+
+
+def records(project: Project, run_id: str) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = ok(project.cli("inspect", run_id, "--json"))["records"]
+    return found
+
+
+def test_a_run_held_for_a_changed_workflow_says_so_and_cancel_dismisses_it(
+    project: Project,
+) -> None:
+    ok(project.cli("start", "--json"))
+    run = ok(project.cli("flow", "example", "--intent", "notes", "--json"))["run"]
+    run_id, action = run["runId"], run["pendingAction"]["id"]
+    ok(project.cli("stop", "--json"))
+    source = project.root / "workflows" / "example.py"
+    source.write_text(source.read_text() + "# changed while the Run waited\n")
+    before_wal, before_records = wal(project), records(project, run_id)
+    snap, name = project.state / "runtime" / "snap", snapshot_name(run_id)
+    assert (snap / "live" / name).is_file()
+
+    restore = ok(project.cli("start", "--json"))["service"]["restore"]
+    assert restore["needsAttention"] == [run_id]
+    assert project.cli("doctor", "--json").code == 3
+
+    for args in (["answer", run_id, action, YES], ["attach", run_id]):
+        message = refused(project.cli(*args, "--json"), "JOURNAL_INCOMPATIBLE")
+        assert f"Run {run_id} is held" in message, message
+        assert "changed since the Run started" in message, message
+        assert "restart the host" in message and f"intloom cancel {run_id}" in message
+    text = project.cli("answer", run_id, action, YES)  # what a person reads
+    assert text.code == 1 and text.stderr.startswith("Failure · JOURNAL_INCOMPATIBLE: "), text
+
+    cancelled = ok(project.cli("cancel", run_id, "--json"))["run"]
+    assert (cancelled["status"], cancelled["lastError"]["code"]) == ("failed", "RUN_STOPPED")
+    assert "held" in cancelled["lastError"]["message"]
+    assert ok(project.cli("cancel", run_id, "--json"))["run"] == cancelled  # idempotent
+    attached = project.cli("attach", run_id, "--json")  # a stopped Run: exit 1, shown once
+    assert attached.code == 1 and attached.json["run"] == cancelled
+    assert refused(project.cli("answer", run_id, action, YES, "--json"), "CONFLICT")
+    doctor = project.cli("doctor", "--json")
+    assert doctor.code == 0, doctor.stdout
+    assert doctor.json["runs"] == []
+    ok(project.cli("stop", "--json"))
+
+    # One terminal record appended; every earlier byte of the journal as it was.
+    after_wal = wal(project)
+    assert {name: after_wal[name] for name in before_wal} == before_wal
+    after_records = records(project, run_id)
+    assert after_records[:-1] == before_records
+    last = after_records[-1]
+    assert last["phase"] == "terminal" and last["verdict"] == "ok"
+    assert last["record"]["error"]["code"] == "RUN_STOPPED"
+    assert last["file"].startswith("wal/"), last  # in the log, a segment of the later host
+    assert last["file"].removeprefix("wal/") not in before_wal, last
+
+    # Its snapshot is a summary of the log, not evidence: as for any Run that ends, the
+    # live one gives way to one in done/ (the log above holds every record).
+    assert not (snap / "live" / name).exists() and (snap / "done" / name).is_file()
+
+    # Never held again: a restart does not load it, doctor does not report it.
+    restore = ok(project.cli("start", "--json"))["service"]["restore"]
+    assert not any(restore[k] for k in ("resumed", "waiting", "interrupted", "needsAttention"))
+    assert project.cli("doctor", "--json").code == 0
