@@ -182,6 +182,29 @@ def _snapshots(layout: Layout, directory: Path, loaded: Loaded) -> dict[str, Sna
     return out
 
 
+_EXPECTED: Final = {"": {"wal", "snap", "manifest.json"}, "snap": {"live", "done"}}
+
+
+def _unexpected_names(layout: Layout, loaded: Loaded, *, done_read: bool) -> None:
+    """Report files intloom never writes where a restore does not otherwise look: the
+    store's root, ``snap/`` and (by name only: a restore does not read them) ``snap/done``.
+    ``wal/`` and ``snap/live`` are checked as they are read."""
+    for rel, allowed in _EXPECTED.items():
+        directory = layout.root / rel if rel else layout.root
+        for name in list_names(directory):
+            if name not in allowed and not name.startswith("."):
+                loaded.files.append(FileProblem(
+                    f"{rel}/{name}" if rel else name, "unexpected",
+                    "is not a file intloom writes; it was left alone"))
+    if done_read or not check_dir(layout.done):
+        return
+    for name in list_names(layout.done):
+        if not name.startswith(".") and (not name.endswith(".snap") or len(name) != 69):
+            loaded.files.append(FileProblem(
+                _rel(layout, layout.done / name), "unexpected",
+                "is not a file intloom writes; it was left alone"))
+
+
 def load(root: Path, mode: Mode = "restore") -> Loaded:
     """Read the store at ``root`` (restore: bounded; verify: everything). Read-only."""
     layout = Layout(root)
@@ -206,6 +229,7 @@ def load(root: Path, mode: Mode = "restore") -> Loaded:
             "it (move it out of the runtime directory to let intloom write a new one)"))
         full = True
 
+    _unexpected_names(layout, loaded, done_read=mode == "verify")
     live = _snapshots(layout, layout.live, loaded)
     done = _snapshots(layout, layout.done, loaded) if mode == "verify" else {}
     if loaded.snapshot_errors:

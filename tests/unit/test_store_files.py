@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from intloom.errors import IntloomError
-from intloom.store import read_history, read_runs, verify
+from intloom.store import read_history, read_runs, read_runs_report, verify, verify_report
 from tests.helpers import snapshot_files
 from tests.unit.test_store_support import abandon, by_id, open_store, run_child, walk
 
@@ -216,3 +216,20 @@ def test_a_host_removes_the_temp_files_a_killed_compaction_left(tmp_path: Path) 
     finally:
         store.close_blocking()
     assert {run_id: j.state for run_id, j in by_id(read_runs(root)).items()} == wanted
+
+
+def test_unexpected_files_anywhere_in_the_store_are_reported_by_a_restore_and_kept(
+        tmp_path: Path) -> None:
+    root = tmp_path / "runtime"
+    _fill(root, runs=2, n=20)
+    before = {j.run_id: j.state for j in read_runs(root)}
+    strays = {"junk.txt": b"root", "snap/notes": b"snap", "snap/done/old.snap": b"done",
+              "snap/live/x.txt": b"live", "wal/readme": b"wal"}
+    for rel, data in strays.items():
+        (root / rel).write_bytes(data)
+    restored = read_runs_report(root)
+    assert sorted(f.path for f in restored.files if f.kind == "unexpected") == sorted(strays)
+    verified = verify_report(root)
+    assert sorted(f.path for f in verified.files if f.kind == "unexpected") == sorted(strays)
+    assert {rel: (root / rel).read_bytes() for rel in strays} == strays
+    assert {j.run_id: j.state for j in restored.runs} == before  # nothing else changed
