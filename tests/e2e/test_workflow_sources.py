@@ -1,0 +1,90 @@
+"""What the host does with a Workflow's sources: its identity covers the sibling modules a
+single-file entry imports, and a source that fails to load is named by ``start``, ``doctor``
+and the error itself. Real host, real CLI subprocesses; every host is reaped."""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import Project, ok, reaped
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+# A single-file entry that imports a sibling module of its directory, as a script would.
+ACC = textwrap.dedent('''
+    """Waits at a confirmation whose context comes from a sibling helper module."""
+
+    from __future__ import annotations
+
+    from workflows.helpers import label
+
+    import intloom
+
+    wf = intloom.Workflow("acc", version="1.0.0")
+    check = wf.stage("check")
+
+
+    @check.step("confirm", routes={"yes": intloom.COMPLETE, "no": intloom.COMPLETE})
+    async def confirm(ctx: intloom.StepContext[None]) -> str:
+        answer = await ctx.confirm({"label": label()})
+        return "yes" if answer.confirmed else "no"
+
+
+    @confirm.recover
+    def confirm_recover(ctx: intloom.StepContext[None], saved: intloom.Recovery) -> str:
+        return "yes" if saved.answer.confirmed else "no"
+''')
+HELPERS = 'def label() -> str:\n    return "v1"\n'
+
+
+@pytest.fixture
+def acc(tmp_path: Path) -> Iterator[Project]:
+    """A project whose one Workflow, workflows/acc.py, imports workflows/helpers.py."""
+    root = tmp_path / "proj"
+    (root / "workflows").mkdir(parents=True)
+    (root / "intloom.toml").write_text('workflows = ["workflows/acc.py"]\n')
+    (root / "workflows" / "acc.py").write_text(ACC)
+    (root / "workflows" / "helpers.py").write_text(HELPERS)
+    yield from reaped(Project(root=root))
+
+
+def _restore(project: Project) -> dict[str, Any]:
+    restore: dict[str, Any] = ok(project.cli("start", "--json"))["service"]["restore"]
+    return restore
+
+
+def test_an_edited_sibling_module_holds_the_run_until_its_bytes_are_back(
+    acc: Project,
+) -> None:
+    ok(acc.cli("start", "--json"))
+    run = ok(acc.cli("flow", "acc", "--intent", "i", "--json"))["run"]
+    assert run["status"] == "waiting" and run["pendingAction"]["request"] == {
+        "context": {"label": "v1"}}
+    ok(acc.cli("stop", "--json"))
+
+    helpers = acc.root / "workflows" / "helpers.py"
+    helpers.write_text(HELPERS.replace('"v1"', '"v2"'))
+    doctor = acc.cli("doctor", "--json")
+    assert doctor.code == 3, (doctor.code, doctor.stdout)
+    [preview] = doctor.json["runs"]
+    assert (preview["journal"], preview["verdict"]["row"]) == ("incompatible", "needs_attention")
+    assert "Workflow 'acc' changed" in preview["problem"]
+
+    restore = _restore(acc)
+    assert restore["needsAttention"] == [run["runId"]]
+    assert restore["waiting"] == restore["resumed"] == []
+    assert ok(acc.cli("runs", "--json"))["runs"] == []  # held, not continued on new code
+    ok(acc.cli("stop", "--json"))
+
+    helpers.write_text(HELPERS)  # the bytes the Run started with
+    restore = _restore(acc)
+    assert restore["waiting"] == [run["runId"]] and restore["needsAttention"] == []
+    action = run["pendingAction"]["id"]
+    done = ok(acc.cli("answer", run["runId"], action, '{"isConfirmed": true}', "--json"))
+    assert done["run"]["status"] == "completed"
+    ok(acc.cli("stop", "--json"))
