@@ -88,3 +88,26 @@ def test_an_edited_sibling_module_holds_the_run_until_its_bytes_are_back(
     done = ok(acc.cli("answer", run["runId"], action, '{"isConfirmed": true}', "--json"))
     assert done["run"]["status"] == "completed"
     ok(acc.cli("stop", "--json"))
+
+
+BROKEN = "import intloom\n\ndef oops(:\n    pass\n"  # a SyntaxError on line 3
+
+
+@pytest.fixture
+def broken(acc: Project) -> Project:
+    """``acc`` plus a second source, in a directory of its own, that does not compile."""
+    (acc.root / "workflows" / "broken").mkdir()
+    (acc.root / "workflows" / "broken" / "broken_syntax.py").write_text(BROKEN)
+    (acc.root / "intloom.toml").write_text(
+        'workflows = ["workflows/acc.py", "workflows/broken/broken_syntax.py"]\n')
+    return acc
+
+
+def test_a_syntax_error_names_its_file_line_and_text(broken: Project) -> None:
+    ok(broken.cli("start", "--json"))
+    flows = ok(broken.cli("flows", "--json"))["workflows"]
+    [problem] = [w["problem"] for w in flows if not w["ready"]]
+    # The compiler's own location, not the importlib frame that re-raised it.
+    assert "SyntaxError: invalid syntax (workflows/broken/broken_syntax.py, line 3" in problem
+    assert "`def oops(:`" in problem and "<frozen" not in problem, problem
+    ok(broken.cli("stop", "--json"))
