@@ -111,3 +111,17 @@ def test_a_syntax_error_names_its_file_line_and_text(broken: Project) -> None:
     assert "SyntaxError: invalid syntax (workflows/broken/broken_syntax.py, line 3" in problem
     assert "`def oops(:`" in problem and "<frozen" not in problem, problem
     ok(broken.cli("stop", "--json"))
+
+
+def test_doctor_says_what_a_start_does_with_a_broken_source(broken: Project) -> None:
+    ok(broken.cli("start", "--json"))
+    run = ok(broken.cli("flow", "acc", "--intent", "i", "--json"))["run"]
+    assert run["status"] == "waiting"  # the host did start, and runs the other Workflow
+    doctor = broken.cli("doctor", "--json")
+    assert doctor.code == 3, (doctor.code, doctor.stdout)
+    [check] = [c for c in doctor.json["checks"] if c["id"] == "workflows"]
+    assert check["status"] == "attention" and "broken_syntax.py" in check["message"]
+    assert "refuses to start" not in check["next"], check["next"]
+    assert "The host runs the Workflows that load" in check["next"], check["next"]
+    assert "held" in check["next"]
+    ok(broken.cli("stop", "--json"))
