@@ -125,3 +125,31 @@ def test_doctor_says_what_a_start_does_with_a_broken_source(broken: Project) -> 
     assert "The host runs the Workflows that load" in check["next"], check["next"]
     assert "held" in check["next"]
     ok(broken.cli("stop", "--json"))
+
+
+def test_start_names_each_source_that_failed_to_load(broken: Project) -> None:
+    started = broken.cli("start")
+    assert started.code == 0, started.stderr
+    lines = started.stdout.splitlines()
+    assert "Workflows 1 loaded · 1 failed to load" in lines, started.stdout
+    [failed] = [line for line in lines if line.startswith("Failed to load ")]
+    assert failed.startswith(
+        "Failed to load workflows/broken/broken_syntax.py · WORKFLOW_LOAD_FAILED: "
+        "Importing "), failed
+    assert any("Runs of a Workflow that failed to load are held" in line for line in lines)
+
+    service = ok(broken.cli("start", "--json"))["service"]  # reused: the same facts
+    assert service["workflowCount"] == 1
+    [problem] = service["workflowProblems"]
+    assert (problem["source"], problem["code"]) == (
+        "workflows/broken/broken_syntax.py", "WORKFLOW_LOAD_FAILED")
+    assert "broken_syntax.py" in problem["message"]
+    assert ok(broken.cli("status", "--json"))["service"]["workflowProblems"] == [problem]
+    ok(broken.cli("stop", "--json"))
+
+
+def test_all_sources_loading_is_an_empty_list_not_a_missing_key(acc: Project) -> None:
+    service = ok(acc.cli("start", "--json"))["service"]
+    assert service["workflowProblems"] == [] and service["workflowCount"] == 1
+    assert "failed to load" not in acc.cli("start").stdout
+    ok(acc.cli("stop", "--json"))
