@@ -15,7 +15,7 @@ from pathlib import Path
 from types import ModuleType
 
 from intloom.authoring.identity import workflow_identity
-from intloom.authoring.workflow import Workflow
+from intloom.authoring.workflow import WORKFLOW_MODULE_PREFIX, Workflow
 from intloom.errors import ErrorView, IntloomError
 from intloom.project import Config
 
@@ -58,12 +58,12 @@ def _import(root: Path, entry: Path) -> ModuleType:
                 "WORKFLOW_LOAD_FAILED",
                 f"{entry} is a directory without __init__.py. Name a .py file or a package.",
             )
-        module_name = f"_intloom_wf_{digest}"
+        module_name = f"{WORKFLOW_MODULE_PREFIX}{digest}"
         spec = importlib.util.spec_from_file_location(
             module_name, init, submodule_search_locations=[str(entry)]
         )
     else:
-        module_name = f"_intloom_wf_{digest}"
+        module_name = f"{WORKFLOW_MODULE_PREFIX}{digest}"
         spec = importlib.util.spec_from_file_location(module_name, entry)
     if spec is None or spec.loader is None:
         raise IntloomError("WORKFLOW_LOAD_FAILED", f"{entry} cannot be imported as Python.")
