@@ -7,7 +7,7 @@ every effect and wait goes through it so it can be journaled before it happens.
 from __future__ import annotations
 
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterator
 from typing import Any, Generic, Protocol, TypeVar
 
 import msgspec
@@ -39,6 +39,9 @@ class ContextHooks(Protocol):
     def effect_async(self, name: str, key: str, call: Callable[[], Any]) -> Awaitable[Any]: ...
 
     def wait(self, kind: str, request: Any, state: Any) -> Awaitable[Any]: ...
+
+    def before_wait(self, kind: str) -> None:
+        """Raise when this context may not wait at all (whatever the Step's kind)."""
 
 
 class StepContext(Generic[S]):
@@ -109,14 +112,141 @@ class StepContext(Generic[S]):
             name, self._key(name, key), lambda: fn(*args, **kwargs)
         )
 
-    async def confirm(self, context: Any) -> Confirmation:
-        """Ask a person to confirm; the Run waits (durably) until they answer."""
+    @property
+    def where(self) -> str:
+        """The Step (or Stage initialiser) this context belongs to, as errors name it."""
+        if self.step is None:
+            return f"Stage {self.stage!r} initialiser"
+        return f"Stage {self.stage!r}, Step {self.step!r}"
+
+    def _async_only(self, call: str, example: str) -> None:
+        """confirm/ask wait for a person, which only an async Step can do: called from a sync
+        one (always on a worker thread) they would return a coroutine nobody awaits."""
+        if threading.current_thread() is not self._hooks.loop_thread:
+            raise IntloomError(
+                "STEP_INTERACTION_INVALID",
+                f"{self.where} is sync and called ctx.{call}, which waits for a person and "
+                f"works only in an async Step. Make the Step `async def` and write "
+                f"`{example}`.",
+            )
+
+    def confirm(self, context: Any) -> Coroutine[Any, Any, Confirmation]:
+        """Ask a person to confirm; the Run waits (durably) until they answer.
+
+        Await it in an async Step: ``answer = await ctx.confirm({...})``.
+        """
+        example = "answer = await ctx.confirm(...)"
+        self._hooks.before_wait("confirmation")
+        self._async_only("confirm", example)
+        return _Unawaited(self._confirm(context), self.where, "confirm", example)
+
+    async def _confirm(self, context: Any) -> Confirmation:
         answer = await self._hooks.wait("confirmation", context, self._state)
         assert isinstance(answer, Confirmation)
         return answer
 
-    async def ask(self, questions: list[Question]) -> list[QuestionAnswer]:
-        """Ask a person questions; returns one answer per question (possibly skipped)."""
+    def ask(self, questions: list[Question]) -> Coroutine[Any, Any, list[QuestionAnswer]]:
+        """Ask a person questions; returns one answer per question (possibly skipped).
+
+        Await it in an async Step: ``answers = await ctx.ask([intloom.Question(...)])``.
+        """
+        example = "answers = await ctx.ask([...])"
+        self._hooks.before_wait("questions")
+        self._async_only("ask", example)
+        _check_questions(self.where, questions)
+        return _Unawaited(self._ask(questions), self.where, "ask", example)
+
+    async def _ask(self, questions: list[Question]) -> list[QuestionAnswer]:
         answer = await self._hooks.wait("questions", questions, self._state)
         assert isinstance(answer, list)
         return answer
+
+
+def _check_questions(where: str, questions: Any) -> None:
+    """ctx.ask's argument is a list of intloom.Question: a dict or a bare string would fail
+    later, inside intloom, as an AttributeError that names neither the Step nor the fix."""
+    fix = ('Pass a list of intloom.Question, e.g. '
+           '[intloom.Question(id="topic", question="What is it about?")].')
+    if not isinstance(questions, (list, tuple)):
+        raise IntloomError(
+            "STEP_INTERACTION_INVALID",
+            f"{where}: ctx.ask was given {type(questions).__name__} "
+            f"{_short(questions)}, not a list of questions. {fix}",
+        )
+    for index, item in enumerate(questions):
+        if not isinstance(item, Question):
+            raise IntloomError(
+                "STEP_INTERACTION_INVALID",
+                f"{where}: question {index} given to ctx.ask is {type(item).__name__} "
+                f"{_short(item)}, not an intloom.Question. {fix}",
+            )
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# What a Step reads off an answer (Confirmation, QuestionAnswer): read off the un-awaited call
+# instead, they are the mistake _Unawaited names.
+_ANSWER_FIELDS = frozenset({"confirmed", "feedback", "question_id", "skipped", "answer"})
+
+
+class _Unawaited(Coroutine[Any, Any, T]):
+    """What ctx.confirm/ask return: a coroutine (it awaits, and asyncio.create_task takes
+    it, exactly like the ``async def`` it wraps), but used without ``await`` (``answer =
+    ctx.confirm(...)`` then ``answer.confirmed``) it raises an error naming the Step and the
+    fix, not "'coroutine' object has no attribute ..."."""
+
+    __slots__ = ("_call", "_coro", "_example", "_where")
+
+    def __init__(self, coro: Coroutine[Any, Any, T], where: str, call: str, example: str
+                 ) -> None:
+        self._coro = coro
+        self._where = where
+        self._call = call
+        self._example = example
+
+    def __await__(self) -> Generator[Any, None, T]:
+        return self._coro.__await__()
+
+    def send(self, value: Any) -> Any:
+        return self._coro.send(value)
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        if val is None and tb is None:  # the one-argument form: the others are deprecated
+            return self._coro.throw(typ)
+        return self._coro.throw(typ, val, tb)
+
+    def close(self) -> None:
+        self._coro.close()
+
+    def _misuse(self) -> IntloomError:
+        # It will not be awaited now; closing it spares a "never awaited" RuntimeWarning on
+        # top of this error. (Dropped unused, it gets Python's own warning, as a coroutine.)
+        self._coro.close()
+        return IntloomError(
+            "STEP_INTERACTION_INVALID",
+            f"{self._where} used the result of ctx.{self._call}(...) without awaiting it. "
+            f"Write `{self._example}` in an async Step.",
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _ANSWER_FIELDS:
+            raise self._misuse()
+        # Anything else is asked of the coroutine, as of the ``async def``'s own: asyncio
+        # probes cr_frame, gi_frame, __qualname__ (task reprs) and must get what it expects.
+        return getattr(self._coro, name)
+
+    def __iter__(self) -> Iterator[Any]:
+        raise self._misuse()
+
+    def __getitem__(self, key: Any) -> Any:
+        raise self._misuse()
+
+    def __len__(self) -> int:
+        raise self._misuse()
+
+    def __bool__(self) -> bool:
+        raise self._misuse()
+

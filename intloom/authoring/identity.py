@@ -4,9 +4,14 @@ identity = sha256( json([name, version, PROTOCOL_VERSION])
                    + for each file of the source tree, sorted by relative path:
                      json([relpath, size]) + the file's bytes )
 
-The source tree of a package entry is its directory (without ``__pycache__``, ``.git`` and
-``.intloom``); of a single-file entry, that file. Symlinks are refused: an identity must be
-over bytes we own, not wherever a link points today.
+The source tree is a directory: a package entry's own directory, or, for a single-file
+entry, the directory holding that file (as the TypeScript IntLoom hashes the directory
+holding its entry). A single file alone is not enough: the Workflow imports its sibling
+modules (``from workflows.helpers import label``), and a Run must not continue on changed
+code just because the change sits in a helper. Relative paths are taken from that
+directory. Caches, version-control and tool directories and virtualenvs are not part of it
+(see ``_SKIP`` and ``_is_virtualenv``). Symlinks are refused: an identity must be over bytes
+we own, not wherever a link points today.
 """
 
 from __future__ import annotations
@@ -15,46 +20,87 @@ import hashlib
 import json
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 from intloom.errors import IntloomError
 from intloom.runtime.records import PROTOCOL_VERSION
 
-__all__ = ["source_files", "workflow_identity"]
+__all__ = ["source_files", "source_root", "workflow_identity"]
 
-_SKIP = frozenset({"__pycache__", ".git", ".intloom", ".mypy_cache", ".pytest_cache"})
+# Directories that are never source: bytecode and tool caches (rewritten by merely running
+# or checking the code), version control, intloom's own state, JavaScript dependencies.
+_SKIP = frozenset({
+    "__pycache__", ".git", ".intloom", "node_modules", ".mypy_cache", ".pytest_cache",
+    ".ruff_cache",
+})
+_SKIP_SUFFIXES = (".pyc", ".pyo")
 
 
-def _refuse_link(path: Path) -> IntloomError:
+def _refuse_link(path: Path, root: Path) -> IntloomError:
     return IntloomError(
         "WORKFLOW_LOAD_FAILED",
-        f"{path} is a symbolic link. A Workflow's identity covers the bytes of its source "
-        "tree; replace the link with the file it points to.",
+        f"{path} is a symbolic link in the source tree {root}. A Workflow's identity covers "
+        "the bytes of every file of that directory; replace the link with the file it points "
+        "to, or keep the Workflow in a directory of its own.",
     )
+
+
+def _is_virtualenv(path: Path) -> bool:
+    """A virtualenv (``python -m venv``, virtualenv, uv) marks its root with ``pyvenv.cfg``:
+    an entry at the project root must not hash the installed packages of ``.venv``."""
+    return (path / "pyvenv.cfg").is_file()
+
+
+def _unreadable(root: Path) -> Callable[[OSError], None]:
+    """os.walk's error handler: a directory it cannot list would silently drop its files
+    from the identity, so it is an error that names the directory."""
+
+    def fail(exc: OSError) -> None:
+        raise IntloomError(
+            "WORKFLOW_LOAD_FAILED",
+            f"{exc.filename} in the source tree {root} cannot be listed "
+            f"({exc.strerror or exc}); the Workflow's identity covers every file there. "
+            "Make it readable, or move the Workflow into a directory of its own.",
+        ) from None
+
+    return fail
+
+
+def source_root(entry: Path) -> Path:
+    """The directory whose files make up the entry's source tree."""
+    return entry if entry.is_dir() else entry.parent
 
 
 def source_files(entry: Path) -> list[tuple[str, Path]]:
     """(relative path, path) of every file in the entry's source tree, sorted."""
     if entry.is_symlink():
-        raise _refuse_link(entry)
-    if entry.is_file():
-        return [(entry.name, entry)]
+        raise _refuse_link(entry, entry.parent)
+    root = source_root(entry)
     out: list[tuple[str, Path]] = []
-    for dirpath, dirnames, filenames in os.walk(entry, followlinks=False):
+    for dirpath, dirnames, filenames in os.walk(root, onerror=_unreadable(root),
+                                                followlinks=False):
         base = Path(dirpath)
         for d in list(dirnames):
             if d in _SKIP:
                 dirnames.remove(d)
             elif (base / d).is_symlink():
-                raise _refuse_link(base / d)
+                raise _refuse_link(base / d, root)
+            elif _is_virtualenv(base / d):
+                dirnames.remove(d)
         for name in filenames:
             path = base / name
-            st = os.lstat(path)
-            if stat.S_ISLNK(st.st_mode):
-                raise _refuse_link(path)
-            if name.endswith((".pyc", ".pyo")):
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:  # removed since the listing (a tool's temp file)
                 continue
-            out.append((path.relative_to(entry).as_posix(), path))
+            if stat.S_ISLNK(st.st_mode):
+                raise _refuse_link(path, root)
+            # A socket or FIFO (a tool's, in a project-root tree) has no bytes to hash, and
+            # reading a FIFO would block the host's start.
+            if not stat.S_ISREG(st.st_mode) or name.endswith(_SKIP_SUFFIXES):
+                continue
+            out.append((path.relative_to(root).as_posix(), path))
     out.sort()
     return out
 
@@ -63,7 +109,16 @@ def workflow_identity(name: str, version: str, entry: Path) -> str:
     h = hashlib.sha256()
     h.update(json.dumps([name, version, PROTOCOL_VERSION]).encode())
     for rel, path in source_files(entry):
-        data = path.read_bytes()
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            # The loader reports IntloomErrors per source; anything else would stop the host.
+            raise IntloomError(
+                "WORKFLOW_LOAD_FAILED",
+                f"{path} in the source tree {source_root(entry)} cannot be read "
+                f"({exc.strerror or exc}); the Workflow's identity covers every file there. "
+                "Make it readable, or move the Workflow into a directory of its own.",
+            ) from None
         h.update(json.dumps([rel, len(data)]).encode())
         h.update(data)
     return h.hexdigest()

@@ -64,29 +64,45 @@ class QuestionAnswer(
     answer: str | None = None
 
 
-def confirmation_request(context: Any) -> dict[str, Any]:
-    """The wire request of a confirmation; ``context`` must be JSON-encodable."""
+def confirmation_request(context: Any, where: str) -> dict[str, Any]:
+    """The wire request of a confirmation; ``context`` must be JSON-encodable. ``where``
+    names the Step asking (``Stage 'a', Step 'b'``), for the error."""
     try:
         msgspec.json.encode(context)
     except (TypeError, msgspec.EncodeError) as exc:
         raise IntloomError(
             "STEP_INTERACTION_INVALID",
-            f"The confirmation context is not JSON-encodable ({exc}). Pass plain data.",
+            f"{where}: the context given to ctx.confirm is not JSON-encodable ({exc}). Pass "
+            "plain data (str, numbers, bools, None, lists, dicts, msgspec Structs).",
         ) from None
     return {"context": context}
 
 
-def questions_request(questions: list[Question]) -> list[Any]:
+def _repeated(ids: list[str]) -> list[str]:
+    return sorted({i for i in ids if ids.count(i) > 1})
+
+
+def questions_request(questions: list[Question], where: str) -> list[Any]:
+    """The wire request of ``ctx.ask``; ``where`` names the Step asking, for the errors."""
     if not questions:
-        raise IntloomError("STEP_INTERACTION_INVALID", "ctx.ask needs at least one Question.")
+        raise IntloomError(
+            "STEP_INTERACTION_INVALID",
+            f"{where}: ctx.ask was given no questions. Pass at least one intloom.Question.",
+        )
     ids = [q.id for q in questions]
     if len(set(ids)) != len(ids):
-        raise IntloomError("STEP_INTERACTION_INVALID", f"Question ids must be unique: {ids}.")
+        raise IntloomError(
+            "STEP_INTERACTION_INVALID",
+            f"{where}: the question ids given to ctx.ask repeat {_repeated(ids)} (all ids: "
+            f"{ids}). Give every question of one ctx.ask its own id.",
+        )
     for q in questions:
         option_ids = [o.id for o in q.options or []]
         if len(set(option_ids)) != len(option_ids):
             raise IntloomError(
-                "STEP_INTERACTION_INVALID", f"Option ids of question {q.id!r} must be unique."
+                "STEP_INTERACTION_INVALID",
+                f"{where}: the options of question {q.id!r} repeat the ids "
+                f"{_repeated(option_ids)}. Give every option of a question its own id.",
             )
     wire: list[dict[str, Any]] = msgspec.to_builtins(questions)
     for item, q in zip(wire, questions, strict=True):

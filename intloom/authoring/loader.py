@@ -15,7 +15,7 @@ from pathlib import Path
 from types import ModuleType
 
 from intloom.authoring.identity import workflow_identity
-from intloom.authoring.workflow import Workflow
+from intloom.authoring.workflow import WORKFLOW_MODULE_PREFIX, Workflow
 from intloom.errors import ErrorView, IntloomError
 from intloom.project import Config
 
@@ -58,12 +58,12 @@ def _import(root: Path, entry: Path) -> ModuleType:
                 "WORKFLOW_LOAD_FAILED",
                 f"{entry} is a directory without __init__.py. Name a .py file or a package.",
             )
-        module_name = f"_intloom_wf_{digest}"
+        module_name = f"{WORKFLOW_MODULE_PREFIX}{digest}"
         spec = importlib.util.spec_from_file_location(
             module_name, init, submodule_search_locations=[str(entry)]
         )
     else:
-        module_name = f"_intloom_wf_{digest}"
+        module_name = f"{WORKFLOW_MODULE_PREFIX}{digest}"
         spec = importlib.util.spec_from_file_location(module_name, entry)
     if spec is None or spec.loader is None:
         raise IntloomError("WORKFLOW_LOAD_FAILED", f"{entry} cannot be imported as Python.")
@@ -76,18 +76,48 @@ def _import(root: Path, entry: Path) -> ModuleType:
         raise
     except Exception as exc:
         sys.modules.pop(module_name, None)
-        where = ""
-        tb = exc.__traceback__
-        while tb is not None:
-            if Path(tb.tb_frame.f_code.co_filename).resolve().is_relative_to(root):
-                where = f" (line {tb.tb_lineno} of {tb.tb_frame.f_code.co_filename})"
-            tb = tb.tb_next
         raise IntloomError(
             "WORKFLOW_LOAD_FAILED",
-            f"Importing {entry} failed: {type(exc).__name__}: {exc}{where}. Fix the module and "
-            "restart the host.",
+            f"Importing {entry} failed: {_failure(root, exc)}. Fix the module and restart "
+            "the host.",
         ) from None
     return module
+
+
+def _shown(root: Path, filename: str) -> str | None:
+    """``filename`` relative to the project, or None when it is not a project file: frames of
+    ``<frozen importlib._bootstrap>`` or ``<string>`` name no file (resolved, such a name
+    would pass as a relative path under the working directory)."""
+    if not filename or (filename.startswith("<") and filename.endswith(">")):
+        return None
+    path = Path(filename)
+    if not path.is_absolute():
+        return None
+    resolved = path.resolve()
+    return resolved.relative_to(root).as_posix() if resolved.is_relative_to(root) else None
+
+
+def _failure(root: Path, exc: Exception) -> str:
+    """The exception's type and message, and where in the project it was raised."""
+    root = root.resolve()
+    if isinstance(exc, SyntaxError):
+        # A SyntaxError is raised by the compiler, not from a frame of the bad file: its
+        # traceback ends in importlib. The file, line and text are on the exception itself.
+        where = _shown(root, exc.filename or "") or exc.filename or "the module"
+        at = f"{where}, line {exc.lineno}" if exc.lineno else where
+        if exc.lineno and exc.offset:
+            at += f", column {exc.offset}"
+        text = (exc.text or "").strip()
+        shown = f": `{text}`" if text else ""
+        return f"{type(exc).__name__}: {exc.msg} ({at}){shown}"
+    where = ""
+    tb = exc.__traceback__
+    while tb is not None:  # the innermost frame of a project file is the one to look at
+        shown_file = _shown(root, tb.tb_frame.f_code.co_filename)
+        if shown_file is not None:
+            where = f" (line {tb.tb_lineno} of {shown_file})"
+        tb = tb.tb_next
+    return f"{type(exc).__name__}: {exc}{where}"
 
 
 def load_workflows(root: Path, config: Config) -> LoadResult:

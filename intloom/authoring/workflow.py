@@ -37,6 +37,9 @@ S = TypeVar("S")
 # A Stage State: checked at run time too (stage()), for users without a type checker.
 StructT = TypeVar("StructT", bound=msgspec.Struct)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+# The loader imports each Workflow source under this prefix (+ a hash of its path), so two
+# sources may share a file name; errors show a user's class without it (_shown_type).
+WORKFLOW_MODULE_PREFIX: Final = "_intloom_wf_"
 
 
 class Complete:
@@ -73,6 +76,18 @@ class Tool:
     name: str
     fn: Callable[..., Any]
     description: str = ""
+
+
+def _shown_type(value: object) -> str:
+    """A class as its author wrote it: ``St``, ``probe_state.Notes``, ``dict``. A Workflow
+    module is imported under an internal name (``WORKFLOW_MODULE_PREFIX``), which means nothing
+    to its author; the class's own name is what they can find in their file."""
+    if not isinstance(value, type):
+        return f"{value!r} (a {type(value).__name__}, not a class)"
+    module = value.__module__
+    if module == "builtins" or module.startswith(WORKFLOW_MODULE_PREFIX):
+        return value.__qualname__
+    return f"{module}.{value.__qualname__}"
 
 
 def _bad(workflow: str, where: str, fact: str, fix: str) -> IntloomError:
@@ -284,7 +299,8 @@ class Workflow:
             isinstance(state, type) and issubclass(state, msgspec.Struct)
         ):
             raise _bad(
-                self.name, f"Stage {name!r}", f"state {state!r} is not a msgspec.Struct type",
+                self.name, f"Stage {name!r}",
+                f"state {_shown_type(state)} is not a msgspec.Struct type",
                 "Declare the State as `class MyState(msgspec.Struct): ...`.",
             )
         stage: Stage[S] = Stage(self, name, state)

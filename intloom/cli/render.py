@@ -337,6 +337,27 @@ def restore_lines(restore: Mapping[str, Any] | None) -> list[str]:
     return lines
 
 
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _workflow_problem_lines(problems: list[Mapping[str, Any]]) -> list[str]:
+    """One line per Workflow source that failed to load, then what it means: the host runs
+    the others, and holds the Runs of a broken one until it loads."""
+    if not problems:
+        return []
+    lines = [
+        f"Failed to load {p.get('source', '?')} · {p.get('code', '?')}: "
+        f"{_one_line(str(p.get('message', '')))}"
+        for p in problems
+    ]
+    lines.append(
+        "The other Workflows run. Runs of a Workflow that failed to load are held (not "
+        "restored) until it loads: fix the source, then intloom stop and intloom start."
+    )
+    return lines
+
+
 def service_lines(service: Mapping[str, Any], title: str = "Service running") -> list[str]:
     lines = [
         f"{title} · {service.get('projectRoot', '?')}",
@@ -347,8 +368,11 @@ def service_lines(service: Mapping[str, Any], title: str = "Service running") ->
         lines.append(
             f"Started {service.get('startedAt', '?')} · intloom {service['packageVersion']}"
         )
+    problems = [p for p in service.get("workflowProblems") or [] if isinstance(p, Mapping)]
     if "workflowCount" in service:
-        lines.append(f"Workflows {service['workflowCount']} loaded")
+        failed = f" · {len(problems)} failed to load" if problems else ""
+        lines.append(f"Workflows {service['workflowCount']} loaded{failed}")
+    lines.extend(_workflow_problem_lines(problems))
     lines.append(
         f"Runs running {service.get('runningRuns', 0)} · waiting {service.get('waitingRuns', 0)}"
         f" · completed {service.get('completedRuns', 0)} · failed or stopped "

@@ -209,7 +209,10 @@ def _workflows_check(root: Path, config: Config | None) -> tuple[Check, LoadResu
             "workflows", "attention",
             f"{len(result.problems)} Workflow source(s) failed to load: {problems}"
             + (f" Loaded: {loaded}." if loaded else ""),
-            "Fix the Workflow sources named above; the host refuses to start until they load.",
+            # A broken source does not stop the host (docs/lifecycle.md): say what it does.
+            "Fix the Workflow sources named above, then restart the host (intloom stop, "
+            "intloom start). The host runs the Workflows that load; the Runs of one that does "
+            "not are held (needs attention, journal kept) until it loads.",
         ), result
     if not result.workflows:
         return Check("workflows", "attention", "No Workflow is declared in intloom.toml.",

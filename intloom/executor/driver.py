@@ -440,14 +440,25 @@ def _plain_view(state: RunState) -> RunView:
     return msgspec.structs.replace(view, dismissed=True) if state.dismissed else view
 
 
-def _encode_state(value: Any) -> bytes | None:
+def _where(cursor: Cursor) -> str:
+    """The Step at ``cursor`` as errors name it (``Step.where``'s form)."""
+    if cursor.step is None:
+        return f"Stage {cursor.stage!r}"
+    return f"Stage {cursor.stage!r}, Step {cursor.step!r}"
+
+
+def _encode_state(value: Any, where: str) -> bytes | None:
+    """The State's journal bytes; ``where`` names the Step (or initialiser) that set it."""
     if value is None:
         return None
     try:
         return msgspec.json.encode(value)
     except (TypeError, msgspec.EncodeError) as exc:
         raise IntloomError(
-            "STAGE_STATE_INVALID", f"The Stage State cannot be encoded as JSON ({exc})."
+            "STAGE_STATE_INVALID",
+            f"{where}: the Stage State it left ({type(value).__name__}) cannot be encoded as "
+            f"JSON ({exc}). Keep its fields to plain data (str, numbers, bools, None, lists, "
+            "dicts, msgspec Structs).",
         ) from None
 
 
@@ -481,6 +492,10 @@ class _Refused:
 
     async def effect_async(self, name: str, key: str, call: Callable[[], Any]) -> Any:
         raise self._refuse(f"run effect {name!r}")
+
+    def before_wait(self, kind: str) -> None:
+        # At the call, so a sync on_complete hears this, not "make the Step async".
+        raise self._refuse(f"wait for a {kind} answer")
 
     async def wait(self, kind: str, request: Any, state: Any) -> Any:
         raise self._refuse(f"wait for a {kind} answer")
@@ -545,6 +560,9 @@ class _Hooks:
         await self._end(name, key, True, _plain(value), None)
         return value
 
+    def before_wait(self, kind: str) -> None:
+        """A Step may wait (whether it awaits properly is the context's to check)."""
+
     async def wait(self, kind: str, request: Any, state: Any) -> Any:
         slot = self.slot
         rt = self.driver.rt
@@ -552,8 +570,10 @@ class _Hooks:
             raise IntloomError(
                 "STEP_INTERACTION_INVALID", "A Step has one unanswered question at a time."
             )
+        where = _where(slot.state.cursor)
         wire = (
-            confirmation_request(request) if kind == "confirmation" else questions_request(request)
+            confirmation_request(request, where) if kind == "confirmation"
+            else questions_request(request, where)
         )
         action = PendingAction(
             id=clock.action_id(),
@@ -562,7 +582,8 @@ class _Hooks:
             cursor=slot.state.cursor,
             created_at=clock.now(),
         )
-        rt.append(slot, Waiting(at=action.created_at, action=action, state=_encode_state(state)))
+        rt.append(slot, Waiting(at=action.created_at, action=action,
+                                state=_encode_state(state, where)))
         await rt.sync(slot)
         if self.driver.stopping:
             # The wait is durable and restores on the next start; nobody can answer it now.
@@ -759,10 +780,11 @@ class Driver:
                 )
         elif stage.state_type is not None:
             value = stage.state_type()
+        made_by = "initialiser" if stage.init_fn is not None else "default State"
         rt.append(
             slot,
             StepReady(at=clock.now(), stage=stage.name, step=stage.entry.name,
-                      state=_encode_state(value)),
+                      state=_encode_state(value, f"Stage {stage.name!r} {made_by}")),
         )
         return True
 
@@ -808,7 +830,7 @@ class Driver:
                     created_at=clock.now(),
                 )
                 rt.append(slot, Waiting(at=call.created_at, agent_call=call,
-                                        state=_encode_state(ctx.state)))
+                                        state=_encode_state(ctx.state, step.where)))
                 await rt.sync(slot)
                 return
             try:  # errors converted as _user converts them
@@ -923,7 +945,7 @@ class Driver:
         self.rt.append(
             slot,
             StepResult(at=at, stage=step.stage.name, step=step.name, outcome=outcome,
-                       state=_encode_state(ctx.state)),
+                       state=_encode_state(ctx.state, step.where)),
         )
         return at
 
@@ -955,7 +977,7 @@ class Driver:
                 f"{where} returned {returned!r}; it must return None and assign ctx.state "
                 "instead. Nothing was recorded and the task stays claimed.",
             )
-        return _encode_state(ctx.state)
+        return _encode_state(ctx.state, where)
 
     async def _run_recover(self, slot: RunSlot) -> None:
         rt = self.rt

@@ -16,7 +16,7 @@ from intloom.executor.runtime import RestoredRun, Runtime, incompatibility, stri
 from intloom.fsutil import PrivacyError
 from intloom.host.logfile import HostLog
 from intloom.project import Config, ProjectPaths
-from intloom.protocol.messages import RestoreSummary, WorkflowInfo
+from intloom.protocol.messages import RestoreSummary, WorkflowInfo, WorkflowProblem
 from intloom.store import Store, StoreReport, read_runs_report
 
 __all__ = ["Booted", "boot", "check_error"]
@@ -30,6 +30,8 @@ class Booted:
     store: Store
     summary: RestoreSummary
     workflows: list[WorkflowInfo] = field(default_factory=list)
+    # The sources that failed to load: start and status name them (not only flows and the log).
+    problems: list[WorkflowProblem] = field(default_factory=list)
 
     async def close(self) -> None:
         """Close the store: flush what was accepted, snapshot, seal the segment."""
@@ -156,6 +158,8 @@ def boot(
         store=store,
         summary=summary,
         workflows=_workflow_infos(result.workflows, result.problems),
+        problems=[WorkflowProblem(source=source, code=view.code, message=view.message)
+                  for source, view in result.problems],
     )
 
 

@@ -35,7 +35,7 @@ from intloom.host.ownership import Ownership, new_token
 from intloom.host.readiness import ReadyChannel
 from intloom.host.server import Limits, Server
 from intloom.project import ProjectPaths, load_config
-from intloom.protocol.messages import PROTOCOL, HelloOk, ServiceView
+from intloom.protocol.messages import PROTOCOL, HelloOk, ServiceView, WorkflowProblem
 
 __all__ = ["Host", "HostOptions"]
 
@@ -242,10 +242,12 @@ class Host:
         counts: dict[str, int] = {}
         summary = None
         workflow_count = 0
+        problems: list[WorkflowProblem] = []
         if self.booted is not None:
             counts = self.booted.runtime.counts()
             summary = self.booted.summary
             workflow_count = sum(1 for w in self.booted.workflows if w.ready)
+            problems = self.booted.problems
         return ServiceView(
             project_root=str(self.paths.root),
             pid=self.identity.pid,
@@ -262,6 +264,7 @@ class Host:
             failed_runs=counts.get("failed", 0),
             restore=summary,
             log_error=self.log_error,
+            workflow_problems=problems,
         )
 
     # ----- serve ---------------------------------------------------------------------------

@@ -49,6 +49,7 @@ __all__ = [
     "ToolResult",
     "WaitRun",
     "WorkflowInfo",
+    "WorkflowProblem",
     "WorkflowsReply",
 ]
 
@@ -188,6 +189,14 @@ class RestoreSummary(msgspec.Struct, frozen=True, rename="camel"):
     terminal_skipped: int = 0
 
 
+class WorkflowProblem(msgspec.Struct, frozen=True, rename="camel"):
+    """A Workflow source (an ``intloom.toml`` entry) that failed to load, and why."""
+
+    source: str
+    code: str
+    message: str
+
+
 class ServiceView(msgspec.Struct, frozen=True, rename="camel"):
     """The host as ``start``/``status`` show it: every field, ``null`` when unknown (a count
     of 0 is a fact scripts read, not an absence)."""
@@ -208,6 +217,8 @@ class ServiceView(msgspec.Struct, frozen=True, rename="camel"):
     restore: RestoreSummary | None = None
     # Set when the host log could not be written: the host refuses new work (LOG_WRITE_FAILED).
     log_error: str | None = None
+    # The sources that failed to load (the others run; their Runs are held until they load).
+    workflow_problems: list[WorkflowProblem] = msgspec.field(default_factory=list)
 
 
 class WorkflowInfo(msgspec.Struct, frozen=True, rename="camel"):

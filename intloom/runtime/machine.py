@@ -473,8 +473,11 @@ def restart_verdict(state: RunState, has_recover: bool) -> Verdict:
             effect=eff,
         )
     kind = state.executing_kind or "step"
-    what = {"init": "the Stage initialiser", "recover": "the recover entry"}.get(kind, "the Step")
-    return Verdict("interrupted", f"{what} of {where} was running; no effect was in flight")
+    # ``where`` already names the Step ("Step a/b") or the Stage ("Stage 'a'"): only the
+    # initialiser and the recover entry need saying which part of it was running.
+    what = {"init": f"the initialiser of {where}",
+            "recover": f"the recover entry of {where}"}.get(kind, where)
+    return Verdict("interrupted", f"{what} was running; no effect was in flight")
 
 
 def interrupted_message(state: RunState) -> str:

@@ -80,7 +80,7 @@ def test_a_changed_workflow_or_schema_strands_only_its_own_runs(
     runtime = project.state / "runtime"
     journal = snapshot_files(runtime)
 
-    side_py = project.root / "workflows" / "side.py"
+    side_py = project.root / "workflows" / "side" / "side.py"
     state_py = project.root / "probe_state.py"
     originals = {side_py: side_py.read_text(), state_py: state_py.read_text()}
     side_py.write_text(originals[side_py] + "# one byte of difference is enough\n")

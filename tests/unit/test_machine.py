@@ -180,6 +180,21 @@ def test_interrupted_effect_is_named() -> None:
     assert "charge-card" in verdict.reason and "order-7" in verdict.reason
 
 
+def test_what_was_running_without_an_effect_is_named_once() -> None:
+    """The reason reads "Step a/s1 was running", not "the Step of Step a/s1 was running"."""
+    step = fold([
+        header(), StagePending(at="t", stage="a"), StepReady(at="t", stage="a", step="s1"),
+        Executing(at="t", stage="a", step="s1"),
+    ])
+    init = fold([header(), StagePending(at="t", stage="a"),
+                 Executing(at="t", stage="a", step=None, kind="init")])
+    assert step is not None and init is not None
+    assert restart_verdict(step, has_recover=True).reason == (
+        "Step a/s1 was running; no effect was in flight")
+    assert restart_verdict(init, has_recover=True).reason == (
+        "the initialiser of Stage 'a' was running; no effect was in flight")
+
+
 def test_effect_done_must_close_the_started_effect() -> None:
     start = fold([
         header(), StagePending(at="t", stage="a"), StepReady(at="t", stage="a", step="s1"),

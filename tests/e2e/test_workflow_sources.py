@@ -1,0 +1,155 @@
+"""What the host does with a Workflow's sources: its identity covers the sibling modules a
+single-file entry imports, and a source that fails to load is named by ``start``, ``doctor``
+and the error itself. Real host, real CLI subprocesses; every host is reaped."""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import Project, ok, reaped
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+# A single-file entry that imports a sibling module of its directory, as a script would.
+ACC = textwrap.dedent('''
+    """Waits at a confirmation whose context comes from a sibling helper module."""
+
+    from __future__ import annotations
+
+    from workflows.helpers import label
+
+    import intloom
+
+    wf = intloom.Workflow("acc", version="1.0.0")
+    check = wf.stage("check")
+
+
+    @check.step("confirm", routes={"yes": intloom.COMPLETE, "no": intloom.COMPLETE})
+    async def confirm(ctx: intloom.StepContext[None]) -> str:
+        answer = await ctx.confirm({"label": label()})
+        return "yes" if answer.confirmed else "no"
+
+
+    @confirm.recover
+    def confirm_recover(ctx: intloom.StepContext[None], saved: intloom.Recovery) -> str:
+        return "yes" if saved.answer.confirmed else "no"
+''')
+HELPERS = 'def label() -> str:\n    return "v1"\n'
+
+
+@pytest.fixture
+def acc(tmp_path: Path) -> Iterator[Project]:
+    """A project whose one Workflow, workflows/acc.py, imports workflows/helpers.py."""
+    root = tmp_path / "proj"
+    (root / "workflows").mkdir(parents=True)
+    (root / "intloom.toml").write_text('workflows = ["workflows/acc.py"]\n')
+    (root / "workflows" / "acc.py").write_text(ACC)
+    (root / "workflows" / "helpers.py").write_text(HELPERS)
+    yield from reaped(Project(root=root))
+
+
+def _restore(project: Project) -> dict[str, Any]:
+    restore: dict[str, Any] = ok(project.cli("start", "--json"))["service"]["restore"]
+    return restore
+
+
+def test_an_edited_sibling_module_holds_the_run_until_its_bytes_are_back(
+    acc: Project,
+) -> None:
+    ok(acc.cli("start", "--json"))
+    run = ok(acc.cli("flow", "acc", "--intent", "i", "--json"))["run"]
+    assert run["status"] == "waiting" and run["pendingAction"]["request"] == {
+        "context": {"label": "v1"}}
+    ok(acc.cli("stop", "--json"))
+
+    helpers = acc.root / "workflows" / "helpers.py"
+    helpers.write_text(HELPERS.replace('"v1"', '"v2"'))
+    doctor = acc.cli("doctor", "--json")
+    assert doctor.code == 3, (doctor.code, doctor.stdout)
+    [preview] = doctor.json["runs"]
+    assert (preview["journal"], preview["verdict"]["row"]) == ("incompatible", "needs_attention")
+    assert "Workflow 'acc' changed" in preview["problem"]
+
+    restore = _restore(acc)
+    assert restore["needsAttention"] == [run["runId"]]
+    assert restore["waiting"] == restore["resumed"] == []
+    assert ok(acc.cli("runs", "--json"))["runs"] == []  # held, not continued on new code
+    ok(acc.cli("stop", "--json"))
+
+    helpers.write_text(HELPERS)  # the bytes the Run started with
+    restore = _restore(acc)
+    assert restore["waiting"] == [run["runId"]] and restore["needsAttention"] == []
+    action = run["pendingAction"]["id"]
+    done = ok(acc.cli("answer", run["runId"], action, '{"isConfirmed": true}', "--json"))
+    assert done["run"]["status"] == "completed"
+    ok(acc.cli("stop", "--json"))
+
+
+BROKEN = "import intloom\n\ndef oops(:\n    pass\n"  # a SyntaxError on line 3
+
+
+@pytest.fixture
+def broken(acc: Project) -> Project:
+    """``acc`` plus a second source, in a directory of its own, that does not compile."""
+    (acc.root / "workflows" / "broken").mkdir()
+    (acc.root / "workflows" / "broken" / "broken_syntax.py").write_text(BROKEN)
+    (acc.root / "intloom.toml").write_text(
+        'workflows = ["workflows/acc.py", "workflows/broken/broken_syntax.py"]\n')
+    return acc
+
+
+def test_a_syntax_error_names_its_file_line_and_text(broken: Project) -> None:
+    ok(broken.cli("start", "--json"))
+    flows = ok(broken.cli("flows", "--json"))["workflows"]
+    [problem] = [w["problem"] for w in flows if not w["ready"]]
+    # The compiler's own location, not the importlib frame that re-raised it.
+    assert "SyntaxError: invalid syntax (workflows/broken/broken_syntax.py, line 3" in problem
+    assert "`def oops(:`" in problem and "<frozen" not in problem, problem
+    ok(broken.cli("stop", "--json"))
+
+
+def test_doctor_says_what_a_start_does_with_a_broken_source(broken: Project) -> None:
+    ok(broken.cli("start", "--json"))
+    run = ok(broken.cli("flow", "acc", "--intent", "i", "--json"))["run"]
+    assert run["status"] == "waiting"  # the host did start, and runs the other Workflow
+    doctor = broken.cli("doctor", "--json")
+    assert doctor.code == 3, (doctor.code, doctor.stdout)
+    [check] = [c for c in doctor.json["checks"] if c["id"] == "workflows"]
+    assert check["status"] == "attention" and "broken_syntax.py" in check["message"]
+    assert "refuses to start" not in check["next"], check["next"]
+    assert "The host runs the Workflows that load" in check["next"], check["next"]
+    assert "held" in check["next"]
+    ok(broken.cli("stop", "--json"))
+
+
+def test_start_names_each_source_that_failed_to_load(broken: Project) -> None:
+    started = broken.cli("start")
+    assert started.code == 0, started.stderr
+    lines = started.stdout.splitlines()
+    assert "Workflows 1 loaded · 1 failed to load" in lines, started.stdout
+    [failed] = [line for line in lines if line.startswith("Failed to load ")]
+    assert failed.startswith(
+        "Failed to load workflows/broken/broken_syntax.py · WORKFLOW_LOAD_FAILED: "
+        "Importing "), failed
+    assert any("Runs of a Workflow that failed to load are held" in line for line in lines)
+
+    service = ok(broken.cli("start", "--json"))["service"]  # reused: the same facts
+    assert service["workflowCount"] == 1
+    [problem] = service["workflowProblems"]
+    assert (problem["source"], problem["code"]) == (
+        "workflows/broken/broken_syntax.py", "WORKFLOW_LOAD_FAILED")
+    assert "broken_syntax.py" in problem["message"]
+    assert ok(broken.cli("status", "--json"))["service"]["workflowProblems"] == [problem]
+    ok(broken.cli("stop", "--json"))
+
+
+def test_all_sources_loading_is_an_empty_list_not_a_missing_key(acc: Project) -> None:
+    service = ok(acc.cli("start", "--json"))["service"]
+    assert service["workflowProblems"] == [] and service["workflowCount"] == 1
+    assert "failed to load" not in acc.cli("start").stdout
+    ok(acc.cli("stop", "--json"))

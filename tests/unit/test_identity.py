@@ -1,0 +1,65 @@
+"""Which files a Workflow's identity covers: the directory holding a single-file entry (or the
+package directory), without caches, tool directories and virtualenvs. Real files."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from intloom.authoring.identity import source_files, workflow_identity
+from intloom.errors import IntloomError
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def _write(path: Path, text: str = "x = 1\n") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_a_single_file_entry_covers_its_directory_with_paths_relative_to_it(
+    tmp_path: Path,
+) -> None:
+    entry = _write(tmp_path / "workflows" / "acc.py")
+    _write(tmp_path / "workflows" / "helpers.py")
+    _write(tmp_path / "workflows" / "lib" / "text.py")
+    _write(tmp_path / "outside.py")  # beside the directory, not in it
+    assert [rel for rel, _ in source_files(entry)] == ["acc.py", "helpers.py", "lib/text.py"]
+
+    before = workflow_identity("acc", "1.0.0", entry)
+    _write(tmp_path / "workflows" / "helpers.py", "x = 2\n")
+    assert workflow_identity("acc", "1.0.0", entry) != before
+    _write(tmp_path / "workflows" / "helpers.py")
+    assert workflow_identity("acc", "1.0.0", entry) == before  # the same bytes, the same id
+    _write(tmp_path / "outside.py", "x = 2\n")
+    assert workflow_identity("acc", "1.0.0", entry) == before
+
+
+def test_an_entry_at_the_project_root_skips_caches_tools_and_virtualenvs(
+    tmp_path: Path,
+) -> None:
+    entry = _write(tmp_path / "flow.py")
+    _write(tmp_path / "intloom.toml", 'workflows = ["flow.py"]\n')
+    for skipped in ("__pycache__/flow.cpython-311.pyc", ".git/HEAD", ".intloom/service.json",
+                    "node_modules/a/index.js", ".mypy_cache/x.json", ".pytest_cache/v",
+                    ".ruff_cache/x", "stray.pyc", "stray.pyo",
+                    ".venv/pyvenv.cfg", ".venv/lib/site.py", "env2/pyvenv.cfg",
+                    "env2/bin/python.py", "pkg/.venv/pyvenv.cfg", "pkg/.venv/a.py"):
+        _write(tmp_path / skipped)
+    _write(tmp_path / "pkg" / "mod.py")
+    assert [rel for rel, _ in source_files(entry)] == ["flow.py", "intloom.toml", "pkg/mod.py"]
+
+
+def test_a_symbolic_link_anywhere_in_the_tree_is_refused_by_name(tmp_path: Path) -> None:
+    entry = _write(tmp_path / "workflows" / "acc.py")
+    target = _write(tmp_path / "elsewhere.py")
+    link = tmp_path / "workflows" / "helpers.py"
+    os.symlink(target, link)
+    with pytest.raises(IntloomError) as refused:
+        source_files(entry)
+    assert refused.value.code == "WORKFLOW_LOAD_FAILED"
+    assert str(link) in refused.value.message
+    assert "directory of its own" in refused.value.message
