@@ -36,7 +36,8 @@ class ContextHooks(Protocol):
 
     def effect_sync(self, name: str, key: str, call: Callable[[], Any]) -> Any: ...
 
-    def effect_async(self, name: str, key: str, call: Callable[[], Any]) -> Awaitable[Any]: ...
+    def effect_async(self, name: str, key: str, call: Callable[[], Any]
+                     ) -> Coroutine[Any, Any, Any]: ...
 
     def wait(self, kind: str, request: Any, state: Any) -> Awaitable[Any]: ...
 
@@ -105,12 +106,21 @@ class StepContext(Generic[S]):
             name, self._key(name, key), lambda: fn(*args, **kwargs)
         )
 
-    async def aeffect(self, name: str, fn: Callable[..., Any], *args: Any,
-                      key: str | None = None, **kwargs: Any) -> Any:
-        """Run an external call as a journaled effect (async Steps); ``fn`` may be async."""
-        return await self._hooks.effect_async(
-            name, self._key(name, key), lambda: fn(*args, **kwargs)
-        )
+    def aeffect(self, name: str, fn: Callable[..., Any], *args: Any,
+                key: str | None = None, **kwargs: Any) -> Coroutine[Any, Any, Any]:
+        """Run an external call as a journaled effect (async Steps); ``fn`` may be async.
+
+        Refused at the call in a sync Step: there the coroutine would never be awaited and
+        the effect would silently never run.
+        """
+        if threading.current_thread() is not self._hooks.loop_thread:
+            raise IntloomError(
+                "STEP_INTERACTION_INVALID",
+                f"{self.where} is sync and called ctx.aeffect, whose effect runs only when "
+                "awaited in an async Step. Use `ctx.effect(...)` in a sync Step, or make the "
+                "Step `async def` and write `result = await ctx.aeffect(...)`.",
+            )
+        return self._hooks.effect_async(name, self._key(name, key), lambda: fn(*args, **kwargs))
 
     @property
     def where(self) -> str:

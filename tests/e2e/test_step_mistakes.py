@@ -31,7 +31,7 @@ MISTAKES = textwrap.dedent('''
         extra: Any = None
 
     KINDS = ["ask_dicts", "ask_text", "confirm_sync", "confirm_unawaited", "duplicate_ids",
-             "unencodable_state"]
+             "unencodable_state", "aeffect_sync"]
     wf = intloom.Workflow("mistakes", version="1.0.0")
     main = wf.stage("main", state=Box)
 
@@ -63,6 +63,12 @@ MISTAKES = textwrap.dedent('''
     async def confirm_unawaited(ctx: intloom.StepContext[Box]) -> str:
         answer = ctx.confirm({"n": 1})
         return "yes" if answer.confirmed else "no"
+
+
+    @main.step("aeffect_sync", routes={"done": intloom.COMPLETE})
+    def aeffect_sync(ctx: intloom.StepContext[Box]) -> str:
+        ctx.aeffect("charge", print, "charged")  # never awaited: the effect would never run
+        return "done"
 
 
     @main.step("duplicate_ids", routes={"done": intloom.COMPLETE})
@@ -123,6 +129,8 @@ FIX = "Pass a list of intloom.Question"
     ("confirm_unawaited", ["Stage 'main', Step 'confirm_unawaited'", "without awaiting",
                            "await ctx.confirm("]),
     ("duplicate_ids", ["Stage 'main', Step 'duplicate_ids'", "repeat ['a']", "its own id"]),
+    ("aeffect_sync", ["Stage 'main', Step 'aeffect_sync' is sync", "ctx.aeffect",
+                      "Use `ctx.effect(...)`", "await ctx.aeffect("]),
 ])
 def test_a_misused_interaction_names_the_step_and_the_fix(
     mistakes: Project, kind: str, facts: list[str]
