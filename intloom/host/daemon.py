@@ -61,6 +61,17 @@ class _Abort(Exception):
         self.error = error
 
 
+def _log_write_failed(path: Path, cause: str) -> IntloomError:
+    """The start fails when its log cannot be written (docs/lifecycle.md, "When a write
+    fails"): ``path`` is the log file, or the logs directory when no file could be created."""
+    return IntloomError(
+        "LOG_WRITE_FAILED",
+        f"The host log {path} could not be written ({cause}); the host did not start. Free "
+        f"disk space or make {path if path.is_dir() else path.parent} writable (check its "
+        "permissions and `lsattr -d` for the immutable flag), then start again.",
+    )
+
+
 class Host:
     """One host instance for one project. ``run()`` returns the process exit code."""
 
@@ -174,13 +185,19 @@ class Host:
         opts = self.options
         self.ready.progress("locking")
         self.ownership.take_lock()
-        self.log = HostLog.open(
-            self.paths.logs, instanceId=self.instance_id, packageVersion=__version__,
-            projectRoot=str(self.paths.root),
-        )
+        try:
+            self.log = HostLog.open(
+                self.paths.logs, instanceId=self.instance_id, packageVersion=__version__,
+                projectRoot=str(self.paths.root),
+            )
+        except OSError as exc:
+            raise _log_write_failed(self.paths.logs, exc.strerror or str(exc)) from None
         self.log.on_failure = self._log_failed
-        self.ready.progress("log_opened")
         log = self.log
+        if log.failed:
+            # Before any work: a host that cannot write its log cannot account for it.
+            raise _log_write_failed(log.path, log.failure or "unknown error")
+        self.ready.progress("log_opened")
         log.info("service_starting", port=opts.port, strict=opts.strict)
         config = load_config(self.paths.root)
         saved = self.ownership.saved_connection()
@@ -217,11 +234,7 @@ class Host:
                 "(connection.json is updated).",
             ) from None
         if log.failed:
-            raise IntloomError(
-                "LOG_WRITE_FAILED",
-                f"The host log .intloom/logs/{log.name} could not be written ({log.failure}); the "
-                "host did not start. Free disk space (or fix .intloom/logs), then start again.",
-            )
+            raise _log_write_failed(log.path, log.failure or "unknown error")
         self.ownership.publish_connection(saved, self.port, token)
         self.ownership.publish_service(ServiceInfo(
             version=METADATA_VERSION,
