@@ -21,6 +21,7 @@ import gc
 import os
 import signal
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -72,6 +73,18 @@ def _log_write_failed(path: Path, cause: str) -> IntloomError:
     )
 
 
+class _ImportInterrupted(BaseException):
+    """A stop signal arrived while Workflow modules were importing (see ``Host._importing``).
+
+    A BaseException so that the loader, which turns a module's Exception into a
+    WORKFLOW_LOAD_FAILED problem and goes on to the next entry, lets it through.
+    """
+
+    def __init__(self, sig: int) -> None:
+        super().__init__(sig)
+        self.sig = sig
+
+
 class Host:
     """One host instance for one project. ``run()`` returns the process exit code."""
 
@@ -94,6 +107,7 @@ class Host:
         self.log_error: str | None = None  # the host log failed: no new work (LOG_WRITE_FAILED)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._log_suspend: asyncio.Future[None] | None = None
+        self._signals: list[signal.Signals] = []  # the stop signals this host handles
 
     # ----- entry ---------------------------------------------------------------------------
 
@@ -110,6 +124,7 @@ class Host:
         self._stop = asyncio.Event()
         self._forced = asyncio.Event()
         installed = self._install_signals(loop)
+        self._signals = installed
         loop.set_exception_handler(self._loop_error)
         try:
             try:
@@ -150,6 +165,32 @@ class Host:
                 continue
             installed.append(sig)
         return installed
+
+    @contextlib.contextmanager
+    def _importing(self) -> Iterator[None]:
+        """While Workflow modules import, a stop signal interrupts the import.
+
+        The imports run user code synchronously on the loop's thread, so the loop's signal
+        handlers cannot run until they return: a module that sleeps or computes at import
+        time would hold off a stop (and the launcher's SIGTERM at ``start --timeout``, which
+        then ends in a SIGKILL that leaves ``service.lock`` behind). Interrupting is safe
+        here: nothing durable has happened since the log opened (the store opens after the
+        imports), and the module's own partial import is discarded with the host. The
+        signal still reaches the loop's handler too (the wakeup fd), which records the stop.
+        """
+        if not self._signals:  # not the main thread: whoever owns the signals decides
+            yield
+            return
+
+        def interrupt(signum: int, _frame: object) -> None:
+            raise _ImportInterrupted(signum)
+
+        previous = {sig: signal.signal(sig, interrupt) for sig in self._signals}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
     def _on_signal(self, sig: signal.Signals) -> None:
         assert self._stop is not None and self._forced is not None
@@ -207,10 +248,19 @@ class Host:
         # reach, a full collection walks only what Runs allocate (no Run exists yet, so no
         # Run's garbage can be pinned by this).
         gc.freeze()
-        self.booted = boot(
-            self.paths.root, config, log, instance_id=self.instance_id,
-            package_version=__version__, strict=opts.strict,
-        )
+        try:
+            self.booted = boot(
+                self.paths.root, config, log, instance_id=self.instance_id,
+                package_version=__version__, strict=opts.strict, importing=self._importing,
+            )
+        except _ImportInterrupted as exc:
+            name = signal.Signals(exc.sig).name
+            log.info("startup_interrupted", signal=name, step="loading_workflows")
+            raise _Abort(IntloomError(
+                "CLI_SERVICE_CLOSING",
+                f"The host was asked to stop ({name}) while it imported Workflows; it did not "
+                "start and released its files.",
+            )) from None
         self.ready.progress("listening")
         port = opts.port
         if port is None:
