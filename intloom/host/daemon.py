@@ -20,6 +20,7 @@ import contextlib
 import gc
 import os
 import signal
+import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -111,11 +112,41 @@ class Host:
 
     # ----- entry ---------------------------------------------------------------------------
 
-    def run(self) -> int:
-        code = asyncio.run(self._main())
-        if self.force_exit:
-            # A second signal: do not wait for worker threads still inside user code.
+    def run(self, *, own_process: bool = False) -> int:
+        """Start, serve, stop; the exit code. ``own_process``: this process is the host's
+        alone (``python -m intloom.host``), so it may end with ``os._exit``.
+
+        Not ``asyncio.run``: its shutdown cancels every task left and waits for them, and a
+        user Step that swallows CancelledError would keep a host alive -- for minutes, or
+        forever -- after its stop had released everything. Once ``_main`` returns, the stop
+        is complete: the store is closed (no Run's journal can change any more), the log
+        sealed and the service files removed; a task still running then is user code that
+        ignored its cancellation, and is never waited for.
+        """
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)  # as asyncio.run does, for user code that asks for it
+        abandoned: list[asyncio.Task[Any]] = []
+        try:
+            code = loop.run_until_complete(self._main())
+            abandoned = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            if not abandoned:
+                loop.run_until_complete(loop.shutdown_asyncgens())
+                loop.run_until_complete(loop.shutdown_default_executor())
+        finally:
+            asyncio.set_event_loop(None)
+            if not abandoned:
+                loop.close()
+        if self.force_exit or (abandoned and own_process):
+            # A second signal, or user code that ignored cancellation: do not wait for it, nor
+            # for worker threads still inside user code. Everything that matters is already
+            # durable (journal, log, metadata were fsynced by the stop); stdio is flushed for
+            # a foreground host's last words.
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):
+                    stream.flush()
             os._exit(code)
+        # A foreground host (inside the CLI) returns without waiting either: the abandoned
+        # tasks stay with their unclosed loop, and the CLI process exits after its output.
         return code
 
     async def _main(self) -> int:
@@ -421,6 +452,11 @@ class Host:
         if self.booted is not None:
             await self._bounded("store_close", self.booted.close(), 10.0)
         log = self.log
+        left = [t.get_name() for t in asyncio.all_tasks()
+                if t is not asyncio.current_task() and not t.done()]
+        if left and log is not None:
+            # User code that ignored its cancellation; the process will not wait for it.
+            log.warning("tasks_abandoned", count=len(left), tasks=left[:20])
         if log is not None:
             if failed is not None:
                 log.error("service_start_failed", code=failed.code, message=failed.message)
