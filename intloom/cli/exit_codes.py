@@ -3,6 +3,7 @@
 Scripts branch on these numbers, so they never change meaning; docs/cli.md lists them.
 Every known error exits FAILURE, as the TypeScript IntLoom does, so ``$? -ne 0`` checks
 written for it keep working; the distinct codes below only split what it lumps together.
+``CLI_INTERNAL_ERROR`` exits INTERNAL (70) wherever it was raised, as docs/cli.md says.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ USAGE: Final = 2
 DOCTOR_ATTENTION: Final = 3
 # doctor: an owner is alive or unknown, or metadata is invalid; nothing can be cleaned up.
 DOCTOR_BLOCKED: Final = 4
-# A bug in intloom rather than a fact about the project (sysexits EX_SOFTWARE).
+# A bug in intloom rather than a fact about the project (sysexits EX_SOFTWARE), including a
+# CLI_INTERNAL_ERROR that a host reported.
 INTERNAL: Final = 70
 # Ctrl-C outside attach (128 + SIGINT, as shells report it).
 INTERRUPTED: Final = 130
@@ -52,7 +54,9 @@ def for_exception(exc: BaseException) -> int:
     if isinstance(exc, KeyboardInterrupt):
         return INTERRUPTED
     if isinstance(exc, IntloomError):
-        return FAILURE
+        # CLI_INTERNAL_ERROR is a bug whichever side found it (this process, or a host that
+        # reported it over the socket or the readiness pipe): scripts see 70 for it, always.
+        return INTERNAL if exc.code == "CLI_INTERNAL_ERROR" else FAILURE
     return INTERNAL
 
 

@@ -46,6 +46,9 @@ _STEPS: Final = {
     "loading_workflows": "Loading Workflows and restoring Runs...",
     "listening": "Opening the local socket...",
 }
+_TIMEOUT: Final = (
+    "The service did not finish initialization and Workflow restoration within --timeout"
+)
 _STOP_UNVERIFIED: Final = (
     "Cannot verify resource cleanup by the original instance. Run intloom doctor and "
     "explicitly recover if needed."
@@ -238,6 +241,11 @@ def _launch(root: Path, *, port: int | None, strict: bool, deadline: float,
         progress(_STEPS["launched"])
     try:
         service = _await_ready(proc, read_fd, deadline, progress)
+    except IntloomError as exc:
+        killed = _stop_child(proc)
+        if exc.code == "CLI_SERVICE_TIMEOUT":
+            raise _start_timeout(ProjectPaths(root), proc.pid, killed) from None
+        raise
     except BaseException:
         _stop_child(proc)
         raise
@@ -253,11 +261,7 @@ def _await_ready(proc: subprocess.Popen[bytes], fd: int, deadline: float,
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise IntloomError(
-                "CLI_SERVICE_TIMEOUT",
-                "The service did not finish initialization and Workflow restoration in time; "
-                "the host that was launched has been stopped. See .intloom/logs/.",
-            )
+            raise IntloomError("CLI_SERVICE_TIMEOUT", _TIMEOUT)  # _launch completes the message
         readable, _, _ = select.select([fd], [], [], min(remaining, 0.5))
         if not readable:
             continue
@@ -296,18 +300,62 @@ def _ready_line(line: bytes, progress: Progress | None) -> ServiceView | None:
         ) from None
 
 
-def _stop_child(proc: subprocess.Popen[bytes]) -> None:
-    """Terminate the host *we* launched (never a saved pid), then make sure it is reaped."""
+def _stop_child(proc: subprocess.Popen[bytes]) -> bool:
+    """Terminate the host *we* launched (never a saved pid), then make sure it is reaped.
+
+    True when it had to be killed: it could not release its files, so they remain.
+    """
     if proc.poll() is not None:
-        return
+        return False
     try:
         proc.terminate()
         proc.wait(timeout=_TERMINATE_GRACE)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(timeout=_TERMINATE_GRACE)
+        return True
     except ProcessLookupError:
         pass
+    return False
+
+
+def _start_timeout(paths: ProjectPaths, pid: int, killed: bool) -> IntloomError:
+    """The start deadline passed: say what became of the host we launched, truthfully."""
+    if not killed:
+        return IntloomError(
+            "CLI_SERVICE_TIMEOUT",
+            f"{_TIMEOUT}; the host that was launched (pid {pid}) stopped and released its "
+            "files. Start again with a longer --timeout, or see .intloom/logs/ for the slow "
+            "step.",
+        )
+    try:
+        lock = read_lock(paths.service_lock)
+    except IntloomError:
+        lock = None
+    if lock is None or lock.pid != pid:
+        return IntloomError(
+            "CLI_SERVICE_TIMEOUT",
+            f"{_TIMEOUT}; the host that was launched (pid {pid}) did not stop within "
+            f"{_TERMINATE_GRACE:g} s of SIGTERM and was killed. Start again with a longer "
+            "--timeout, or see .intloom/logs/ for the slow step.",
+        )
+    # Startup never removes a lock (DESIGN section 3), not even our own child's: recover
+    # is the one command that does, after proving its owner gone.
+    if paths.connection_json.exists():
+        cleanup = "Run intloom doctor, then intloom recover to remove it"
+    else:
+        cleanup = (
+            "intloom recover cannot remove it, because this first start was killed before it "
+            "wrote connection.json: confirm with intloom doctor that pid "
+            f"{pid} has exited, then delete {paths.service_lock}"
+        )
+    return IntloomError(
+        "CLI_SERVICE_TIMEOUT",
+        f"{_TIMEOUT}; the host that was launched (pid {pid}) did not stop within "
+        f"{_TERMINATE_GRACE:g} s of SIGTERM and was killed, so its {paths.service_lock} "
+        f"remains and blocks the next start. {cleanup}; then start again with a longer "
+        "--timeout.",
+    )
 
 
 def _run_foreground(root: Path, *, port: int | None, strict: bool, progress: Progress | None,

@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     options = HostOptions(root=root, port=args.port, strict=args.strict, limits=limits)
     if os.environ.get("INTLOOM_TEST_SUSPEND_GRACE"):
         options = replace(options, suspend_grace=float(os.environ["INTLOOM_TEST_SUSPEND_GRACE"]))
-    return Host(options, ReadyChannel(args.ready_fd)).run()
+    return Host(options, ReadyChannel(args.ready_fd)).run(own_process=True)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,9 @@ and the Runtime fit together, so a change in any of them touches the host here a
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -119,10 +122,16 @@ def boot(
     instance_id: str,
     package_version: str,
     strict: bool,
+    importing: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext,
 ) -> Booted:
-    """Load Workflows, open the store, restore every Run. Raises IntloomError on failure."""
+    """Load Workflows, open the store, restore every Run. Raises IntloomError on failure.
+
+    ``importing`` wraps the import of the Workflow modules only (user code, before anything
+    is written): the host makes a stop signal interrupt it there.
+    """
     paths = ProjectPaths(root)
-    result = load_workflows(root, config)
+    with importing():
+        result = load_workflows(root, config)
     for source, view in result.problems:
         log.error("workflow_load_failed", source=source, code=view.code, message=view.message)
     for lw in result.workflows.values():

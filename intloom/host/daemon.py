@@ -20,7 +20,9 @@ import contextlib
 import gc
 import os
 import signal
+import sys
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -61,6 +63,29 @@ class _Abort(Exception):
         self.error = error
 
 
+def _log_write_failed(path: Path, cause: str) -> IntloomError:
+    """The start fails when its log cannot be written (docs/lifecycle.md, "When a write
+    fails"): ``path`` is the log file, or the logs directory when no file could be created."""
+    return IntloomError(
+        "LOG_WRITE_FAILED",
+        f"The host log {path} could not be written ({cause}); the host did not start. Free "
+        f"disk space or make {path if path.is_dir() else path.parent} writable (check its "
+        "permissions and `lsattr -d` for the immutable flag), then start again.",
+    )
+
+
+class _ImportInterrupted(BaseException):
+    """A stop signal arrived while Workflow modules were importing (see ``Host._importing``).
+
+    A BaseException so that the loader, which turns a module's Exception into a
+    WORKFLOW_LOAD_FAILED problem and goes on to the next entry, lets it through.
+    """
+
+    def __init__(self, sig: int) -> None:
+        super().__init__(sig)
+        self.sig = sig
+
+
 class Host:
     """One host instance for one project. ``run()`` returns the process exit code."""
 
@@ -83,14 +108,45 @@ class Host:
         self.log_error: str | None = None  # the host log failed: no new work (LOG_WRITE_FAILED)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._log_suspend: asyncio.Future[None] | None = None
+        self._signals: list[signal.Signals] = []  # the stop signals this host handles
 
     # ----- entry ---------------------------------------------------------------------------
 
-    def run(self) -> int:
-        code = asyncio.run(self._main())
-        if self.force_exit:
-            # A second signal: do not wait for worker threads still inside user code.
+    def run(self, *, own_process: bool = False) -> int:
+        """Start, serve, stop; the exit code. ``own_process``: this process is the host's
+        alone (``python -m intloom.host``), so it may end with ``os._exit``.
+
+        Not ``asyncio.run``: its shutdown cancels every task left and waits for them, and a
+        user Step that swallows CancelledError would keep a host alive -- for minutes, or
+        forever -- after its stop had released everything. Once ``_main`` returns, the stop
+        is complete: the store is closed (no Run's journal can change any more), the log
+        sealed and the service files removed; a task still running then is user code that
+        ignored its cancellation, and is never waited for.
+        """
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)  # as asyncio.run does, for user code that asks for it
+        abandoned: list[asyncio.Task[Any]] = []
+        try:
+            code = loop.run_until_complete(self._main())
+            abandoned = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            if not abandoned:
+                loop.run_until_complete(loop.shutdown_asyncgens())
+                loop.run_until_complete(loop.shutdown_default_executor())
+        finally:
+            asyncio.set_event_loop(None)
+            if not abandoned:
+                loop.close()
+        if self.force_exit or (abandoned and own_process):
+            # A second signal, or user code that ignored cancellation: do not wait for it, nor
+            # for worker threads still inside user code. Everything that matters is already
+            # durable (journal, log, metadata were fsynced by the stop); stdio is flushed for
+            # a foreground host's last words.
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):
+                    stream.flush()
             os._exit(code)
+        # A foreground host (inside the CLI) returns without waiting either: the abandoned
+        # tasks stay with their unclosed loop, and the CLI process exits after its output.
         return code
 
     async def _main(self) -> int:
@@ -99,6 +155,7 @@ class Host:
         self._stop = asyncio.Event()
         self._forced = asyncio.Event()
         installed = self._install_signals(loop)
+        self._signals = installed
         loop.set_exception_handler(self._loop_error)
         try:
             try:
@@ -140,6 +197,32 @@ class Host:
             installed.append(sig)
         return installed
 
+    @contextlib.contextmanager
+    def _importing(self) -> Iterator[None]:
+        """While Workflow modules import, a stop signal interrupts the import.
+
+        The imports run user code synchronously on the loop's thread, so the loop's signal
+        handlers cannot run until they return: a module that sleeps or computes at import
+        time would hold off a stop (and the launcher's SIGTERM at ``start --timeout``, which
+        then ends in a SIGKILL that leaves ``service.lock`` behind). Interrupting is safe
+        here: nothing durable has happened since the log opened (the store opens after the
+        imports), and the module's own partial import is discarded with the host. The
+        signal still reaches the loop's handler too (the wakeup fd), which records the stop.
+        """
+        if not self._signals:  # not the main thread: whoever owns the signals decides
+            yield
+            return
+
+        def interrupt(signum: int, _frame: object) -> None:
+            raise _ImportInterrupted(signum)
+
+        previous = {sig: signal.signal(sig, interrupt) for sig in self._signals}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
     def _on_signal(self, sig: signal.Signals) -> None:
         assert self._stop is not None and self._forced is not None
         if self._stop.is_set():
@@ -174,13 +257,19 @@ class Host:
         opts = self.options
         self.ready.progress("locking")
         self.ownership.take_lock()
-        self.log = HostLog.open(
-            self.paths.logs, instanceId=self.instance_id, packageVersion=__version__,
-            projectRoot=str(self.paths.root),
-        )
+        try:
+            self.log = HostLog.open(
+                self.paths.logs, instanceId=self.instance_id, packageVersion=__version__,
+                projectRoot=str(self.paths.root),
+            )
+        except OSError as exc:
+            raise _log_write_failed(self.paths.logs, exc.strerror or str(exc)) from None
         self.log.on_failure = self._log_failed
-        self.ready.progress("log_opened")
         log = self.log
+        if log.failed:
+            # Before any work: a host that cannot write its log cannot account for it.
+            raise _log_write_failed(log.path, log.failure or "unknown error")
+        self.ready.progress("log_opened")
         log.info("service_starting", port=opts.port, strict=opts.strict)
         config = load_config(self.paths.root)
         saved = self.ownership.saved_connection()
@@ -190,10 +279,19 @@ class Host:
         # reach, a full collection walks only what Runs allocate (no Run exists yet, so no
         # Run's garbage can be pinned by this).
         gc.freeze()
-        self.booted = boot(
-            self.paths.root, config, log, instance_id=self.instance_id,
-            package_version=__version__, strict=opts.strict,
-        )
+        try:
+            self.booted = boot(
+                self.paths.root, config, log, instance_id=self.instance_id,
+                package_version=__version__, strict=opts.strict, importing=self._importing,
+            )
+        except _ImportInterrupted as exc:
+            name = signal.Signals(exc.sig).name
+            log.info("startup_interrupted", signal=name, step="loading_workflows")
+            raise _Abort(IntloomError(
+                "CLI_SERVICE_CLOSING",
+                f"The host was asked to stop ({name}) while it imported Workflows; it did not "
+                "start and released its files.",
+            )) from None
         self.ready.progress("listening")
         port = opts.port
         if port is None:
@@ -217,11 +315,7 @@ class Host:
                 "(connection.json is updated).",
             ) from None
         if log.failed:
-            raise IntloomError(
-                "LOG_WRITE_FAILED",
-                f"The host log .intloom/logs/{log.name} could not be written ({log.failure}); the "
-                "host did not start. Free disk space (or fix .intloom/logs), then start again.",
-            )
+            raise _log_write_failed(log.path, log.failure or "unknown error")
         self.ownership.publish_connection(saved, self.port, token)
         self.ownership.publish_service(ServiceInfo(
             version=METADATA_VERSION,
@@ -361,6 +455,11 @@ class Host:
         if self.booted is not None:
             await self._bounded("store_close", self.booted.close(), 10.0)
         log = self.log
+        left = [t.get_name() for t in asyncio.all_tasks()
+                if t is not asyncio.current_task() and not t.done()]
+        if left and log is not None:
+            # User code that ignored its cancellation; the process will not wait for it.
+            log.warning("tasks_abandoned", count=len(left), tasks=left[:20])
         if log is not None:
             if failed is not None:
                 log.error("service_start_failed", code=failed.code, message=failed.message)

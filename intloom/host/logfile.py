@@ -15,6 +15,7 @@ every line after it, fail with ENOSPC.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 from collections.abc import Callable
@@ -58,7 +59,12 @@ class HostLog:
 
     @classmethod
     def open(cls, logs_dir: Path, **context: Any) -> HostLog:
-        """Create a fresh log file (0600, exclusive) and write ``log_opened``."""
+        """Create a fresh log file (0600, exclusive) and write ``log_opened``.
+
+        Raises OSError when the directory or the file cannot be created (the caller reports
+        it as LOG_WRITE_FAILED), PrivacyError when ``logs_dir`` is not ours; a lost
+        ``log_opened`` line is only recorded in ``failed``, like any other line.
+        """
         ensure_private_dir(logs_dir)
         moment = datetime.now(UTC)
         for _ in range(1000):
@@ -74,8 +80,16 @@ class HostLog:
                 # Another instance opened its log in the same millisecond; never share a file.
                 moment = moment.replace(microsecond=(moment.microsecond + 1000) % 1_000_000)
                 continue
+            try:
+                fsync_dir(logs_dir)
+            except BaseException:
+                # Not yet a log of anything: close it and take the empty file back, so a
+                # failed start leaves nothing behind.
+                os.close(fd)
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+                raise
             log = cls(path, fd)
-            fsync_dir(logs_dir)
             log.write("info", "log_opened", schemaVersion=LOG_SCHEMA_VERSION, pid=os.getpid(),
                       **context)
             return log

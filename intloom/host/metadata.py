@@ -8,6 +8,7 @@ the file is left exactly as it is.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from pathlib import Path
 from typing import Final, TypeVar
@@ -36,6 +37,7 @@ __all__ = [
     "read_connection",
     "read_lock",
     "read_service",
+    "storage_fix",
     "write_connection",
     "write_service",
 ]
@@ -153,11 +155,22 @@ def read_connection(path: Path, root: Path) -> Connection | None:
 _KEPT = "it holds its previous content or the complete new one, never part of a write"
 
 
+def storage_fix(exc: OSError, directory: Path) -> str:
+    """What to do about a failed write, by its errno: a full disk and a directory the user
+    may not write into are fixed differently."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"Free disk space (or quota) for {directory}, then start again."
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return (f"Make {directory} writable (check its permissions, `lsattr -d` for the "
+                "immutable flag, and whether the filesystem is read-only), then start again.")
+    return f"Check the disk and {directory}, then start again."
+
+
 def _write_failed(path: Path, exc: OSError, left: str = _KEPT) -> IntloomError:
     return IntloomError(
         "STORAGE_ERROR",
-        f"{path} could not be written ({exc.strerror or exc}); {left}. Free disk space (or "
-        "fix the directory), then start again.",
+        f"{path} could not be written ({exc.strerror or exc}); {left}. "
+        f"{storage_fix(exc, path.parent)}",
     )
 
 
@@ -188,7 +201,14 @@ def create_lock_file(path: Path, lock: ServiceLock) -> int:
     """
     data = _encoder.encode(lock)
     tmp = path.parent / f".{path.name}.{os.urandom(8).hex()}.tmp"
-    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        # Inside the try: a directory that refuses new files (EPERM, EROFS, ENOSPC) is a
+        # storage fault of this file like any failed write, not a bug of the host.
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
+    except OSError as exc:
+        raise _write_failed(path, exc, "no lock file was created") from None
+    linked = False
     try:
         try:
             fault = injected_write_fault(path.name)
@@ -198,12 +218,18 @@ def create_lock_file(path: Path, lock: ServiceLock) -> int:
             write_all(fd, data)
             os.fsync(fd)
             os.link(tmp, path)  # exclusive: EEXIST for any lock file, or a link, at ``path``
+            linked = True
         finally:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
         fsync_dir(path.parent)
     except BaseException as exc:
         os.close(fd)
+        if linked:
+            # The file is ours (we just linked it) and nobody holds it yet: left behind, it
+            # would block every later start as a stale lock.
+            with contextlib.suppress(OSError):
+                os.unlink(path)
         if isinstance(exc, OSError) and not isinstance(exc, FileExistsError):
             raise _write_failed(path, exc, "no lock file was created") from None
         raise

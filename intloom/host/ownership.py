@@ -28,6 +28,7 @@ from intloom.host.metadata import (
     read_connection,
     read_lock,
     read_service,
+    storage_fix,
     write_connection,
     write_service,
 )
@@ -85,6 +86,12 @@ class Ownership:
             raise IntloomError(
                 "CLI_SERVICE_METADATA_INVALID",
                 f"{exc.path} {exc.fact}. It was left as it is; run intloom doctor.",
+            ) from None
+        except OSError as exc:  # the project directory refuses .intloom/ (EPERM, EROFS, ...)
+            raise IntloomError(
+                "STORAGE_ERROR",
+                f"{self.paths.state} could not be created ({exc.strerror or exc}); nothing was "
+                f"written. {storage_fix(exc, self.paths.root)}",
             ) from None
         record = ServiceLock(
             version=METADATA_VERSION,

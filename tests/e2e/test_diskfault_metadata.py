@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import os
+import shutil
 import socket
+import subprocess
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -208,3 +211,73 @@ def test_a_log_that_fails_while_starting_fails_the_start(
     assert failed.value.code == "LOG_WRITE_FAILED"
     assert not (project.state / "service.json").exists()
     assert not (project.state / "service.lock").exists()
+
+
+# ----- directories that refuse new files (chattr +i: root ignores permission bits) -----------
+
+
+def _chattr(path: Path, flag: str) -> bool:
+    return subprocess.run(["chattr", flag, str(path)], capture_output=True).returncode == 0
+
+
+@pytest.fixture
+def immutable(tmp_path: Path) -> Iterator[Callable[[Path], None]]:
+    """Make a directory immutable (EPERM for every new entry), undone at teardown so the
+    temporary tree can be removed; skips where chattr cannot set the flag."""
+    if shutil.which("chattr") is None:
+        pytest.skip("chattr is not installed: cannot make a directory refuse new files")
+    probe = tmp_path / "chattr-probe"
+    probe.mkdir()
+    if not _chattr(probe, "+i"):
+        pytest.skip("chattr +i is not supported here (needs CAP_LINUX_IMMUTABLE and a "
+                    "filesystem with the immutable flag)")
+    _chattr(probe, "-i")
+    frozen: list[Path] = []
+
+    def freeze(path: Path) -> None:
+        assert _chattr(path, "+i"), path
+        frozen.append(path)
+
+    try:
+        yield freeze
+    finally:
+        for path in frozen:
+            _chattr(path, "-i")
+
+
+def test_a_state_directory_that_refuses_the_lock_fails_the_start_with_storage_error(
+    project: Project, immutable: Callable[[Path], None]
+) -> None:
+    project.state.mkdir(mode=0o700)
+    immutable(project.state)
+    result = project.cli("--json", "start", "--timeout", "30")
+    assert result.code == 1, result
+    error = result.json["error"]
+    assert error["code"] == "STORAGE_ERROR", error
+    # The thing, the fact and the fix.
+    assert "service.lock" in error["message"]
+    assert "Operation not permitted" in error["message"]
+    assert "writable" in error["message"] and "lsattr" in error["message"]
+    assert sorted(p.name for p in project.state.iterdir()) == []
+    subprocess.run(["chattr", "-i", str(project.state)], check=True)
+    start(project)
+
+
+def test_a_log_directory_that_refuses_the_log_fails_the_start_with_log_write_failed(
+    project: Project, immutable: Callable[[Path], None]
+) -> None:
+    (project.state / "logs").mkdir(mode=0o700, parents=True)
+    os.chmod(project.state, 0o700)
+    immutable(project.state / "logs")
+    with pytest.raises(IntloomError) as failed:
+        start_service(project.root, timeout=30)
+    project.track_host()
+    error = failed.value
+    assert error.code == "LOG_WRITE_FAILED", error
+    assert str(project.state / "logs") in error.message
+    assert "Operation not permitted" in error.message and "writable" in error.message
+    # Released on the way out: no lock, no service.json, no temp file, no log.
+    assert sorted(p.name for p in project.state.iterdir()) == ["logs"]
+    assert list((project.state / "logs").iterdir()) == []
+    subprocess.run(["chattr", "-i", str(project.state / "logs")], check=True)
+    start(project)

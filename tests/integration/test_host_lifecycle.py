@@ -166,3 +166,58 @@ def test_occupied_saved_port_fails_start_with_a_clear_error(project: Project) ->
         "version": 1, "projectRoot": str(project.root.resolve()), "port": fresh.port,
         "token": token,
     }
+
+
+def _slow_import(project: Project, line: str) -> bytes:
+    """Make the example Workflow run ``line`` at import time; returns the original source."""
+    path = project.root / "workflows" / "example.py"
+    original = path.read_bytes()
+    path.write_bytes(original.replace(b"import msgspec\n", b"import msgspec\n" + line.encode()
+                                      + b"\n", 1))
+    return original
+
+
+def test_a_start_deadline_during_a_slow_workflow_import_leaves_no_lock(
+    project: Project,
+) -> None:
+    original = _slow_import(project, "import time; time.sleep(30)")
+    with pytest.raises(IntloomError) as timed_out:
+        start_service(project.root, timeout=2)
+    project.track_host()
+    error = timed_out.value
+    assert error.code == "CLI_SERVICE_TIMEOUT"
+    assert "stopped and released its files" in error.message
+    # The SIGTERM interrupted the import: the host released everything itself.
+    assert not (project.state / "service.lock").exists()
+    assert not (project.state / "service.json").exists()
+    (log,) = (project.state / "logs").iterdir()
+    events = [line["event"] for line in _log_lines(project, log.name)]
+    assert "startup_interrupted" in events and events[-1] == "log_closed"
+    (project.root / "workflows" / "example.py").write_bytes(original)
+    assert start(project).reused is False  # not CLI_SERVICE_BUSY
+
+
+def test_a_host_killed_at_the_start_deadline_is_reported_with_its_lock_and_recover(
+    project: Project,
+) -> None:
+    start(project)
+    assert stop_service(project.root)  # connection.json exists, so recover can clean up
+    # A module that ignores SIGTERM: only the launcher's SIGKILL ends this host.
+    original = _slow_import(
+        project, "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "time.sleep(30)")
+    with pytest.raises(IntloomError) as timed_out:
+        start_service(project.root, timeout=2)
+    project.track_host()
+    error = timed_out.value
+    assert error.code == "CLI_SERVICE_TIMEOUT"
+    assert "was killed" in error.message and "has been stopped" not in error.message
+    assert str(project.state / "service.lock") in error.message
+    assert "intloom recover" in error.message
+    pid = metadata(project, "service.lock")["pid"]
+    assert f"pid {pid}" in error.message and not pid_alive(pid)
+    (project.root / "workflows" / "example.py").write_bytes(original)
+    recovered = project.cli("--json", "recover")
+    assert recovered.code == 0, recovered
+    assert not (project.state / "service.lock").exists()
+    assert start(project).reused is False

@@ -10,7 +10,7 @@ import pytest
 from intloom.client.client import Client
 from intloom.client.lifecycle import stop_service
 from intloom.protocol.messages import MAX_FRAME, RunEvent
-from tests.helpers import Project, eventually
+from tests.helpers import Project, eventually, pid_alive, snapshot_files
 from tests.integration.host_support import (
     closed,
     encode,
@@ -152,6 +152,67 @@ def test_stop_while_a_step_runs_suspends_it_and_restart_reports_interrupted(
     (project.root / "gate").touch()
     assert (project.root / "calls.log").read_text() == "payload\n"
 
+
+
+STUBBORN = textwrap.dedent('''
+    """An async Step that swallows its cancellation: it never reaches a boundary."""
+
+    from __future__ import annotations
+
+    import asyncio
+    from pathlib import Path
+
+    import msgspec
+
+    import intloom
+
+
+    class Box(msgspec.Struct):
+        value: str = ""
+
+
+    wf = intloom.Workflow("stubborn", version="1.0.0")
+    main = wf.stage("main", state=Box)
+    HERE = Path(__file__).resolve().parent.parent
+
+
+    @main.step("spin", routes={"done": intloom.COMPLETE})
+    async def spin(ctx: intloom.StepContext[Box]) -> str:
+        (HERE / "spinning").touch()
+        while True:
+            try:
+                await asyncio.sleep(0.05)
+            except asyncio.CancelledError:
+                pass  # user code that ignores the host's cancellation
+''')
+
+
+def test_a_step_that_swallows_cancellation_does_not_outlive_the_stop(
+    project: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("INTLOOM_TEST_SUSPEND_GRACE", "0.5")
+    (project.root / "workflows" / "stubborn.py").write_text(STUBBORN)
+    (project.root / "intloom.toml").write_text('workflows = ["workflows/stubborn.py"]\n')
+    pid = start(project).service.pid
+    with Client.connect(project.root) as client:
+        run = client.create_run("stubborn", "spin", wait=False)
+    eventually(lambda: (project.root / "spinning").exists(), timeout=10,
+               what="the Step to start")
+    runtime = project.state / "runtime"
+    assert stop_service(project.root, timeout=20) is True
+    journal = snapshot_files(runtime)  # the stop's final checkpoint
+    # The stop released everything; the process follows within a bound, whatever the Step does.
+    eventually(lambda: not pid_alive(pid), timeout=10, what=f"host pid {pid} to exit")
+    assert snapshot_files(runtime) == journal
+    (log,) = (project.state / "logs").iterdir()
+    assert "tasks_abandoned" in log.read_text()
+    restarted = start(project).service
+    assert restarted.restore is not None
+    assert restarted.restore.interrupted == [run.run_id]
+    with Client.connect(project.root) as client:
+        view = client.get_run(run.run_id)
+    assert view.status == "failed"
+    assert view.last_error is not None and view.last_error.code == "RUN_INTERRUPTED"
 
 
 def test_subscribe_streams_history_then_live_events_until_final(project: Project) -> None:

@@ -175,6 +175,21 @@ def test_unknown_exception_is_internal_error_traceback_only_with_debug(
     assert "Traceback" in err and "Failure · CLI_INTERNAL_ERROR" in err
 
 
+def test_an_internal_error_reported_by_the_host_exits_70_like_our_own(
+    capsys: pytest.CaptureFixture[str], client: FakeClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # docs/cli.md: 70 for CLI_INTERNAL_ERROR, whichever side found the bug.
+    def reported(flow: str | None = None) -> list[RunView]:
+        raise IntloomError("CLI_INTERNAL_ERROR", "The host failed while starting.")
+
+    monkeypatch.setattr(client, "runs", reported)
+    code, out, _err = cli(capsys, "runs", "--json")
+    assert code == 70
+    assert json.loads(out)["error"]["code"] == "CLI_INTERNAL_ERROR"
+    code, _out, err = cli(capsys, "runs")
+    assert code == 70 and "Failure · CLI_INTERNAL_ERROR" in err
+
+
 def test_known_error_has_no_traceback(
     capsys: pytest.CaptureFixture[str], client: FakeClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:

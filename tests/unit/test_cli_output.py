@@ -26,6 +26,7 @@ RUN: dict[str, Any] = {
 def test_every_known_error_exits_failure_and_the_rest_are_distinct() -> None:
     assert exit_codes.for_exception(IntloomError("CONFLICT")) == exit_codes.FAILURE == 1
     assert exit_codes.for_exception(RuntimeError("bug")) == exit_codes.INTERNAL
+    assert exit_codes.for_exception(IntloomError("CLI_INTERNAL_ERROR")) == exit_codes.INTERNAL
     assert exit_codes.for_exception(KeyboardInterrupt()) == exit_codes.INTERRUPTED
     codes = {
         exit_codes.OK, exit_codes.FAILURE, exit_codes.USAGE, exit_codes.DOCTOR_ATTENTION,
