@@ -125,7 +125,12 @@ def _json_requested(args: Sequence[str]) -> bool:
 def _usage_message(exc: ClickException) -> str:
     ctx = getattr(exc, "ctx", None)
     where = ctx.command_path if ctx is not None else "intloom"
-    return f"{exc.format_message().rstrip('.')}. Run {where} --help for the usage."
+    message = exc.format_message().strip()
+    # Click ends some messages with a question ("Did you mean 'logs'?"): never add a period
+    # after a sentence that is already ended.
+    if not message.endswith((".", "?", "!")):
+        message += "."
+    return f"{message} Run {where} --help for the usage."
 
 
 def main(argv: Sequence[str] | None = None) -> int:

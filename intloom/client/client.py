@@ -161,8 +161,9 @@ class Client:
             raise IntloomError(
                 "CLI_SERVICE_UNAVAILABLE",
                 f"The service at 127.0.0.1:{conn.port} did not complete the hello ({exc}): "
-                "the host accepted the connection but did not answer (hung, paused, or "
-                "busy). Run intloom doctor to see which process owns the project.",
+                "whatever listens there accepted the connection but did not answer as this "
+                "project's host (a hung, paused or busy host, or another program on the "
+                "port). Run intloom doctor to see which process owns the project.",
             ) from None
         except BaseException:
             sock.close()

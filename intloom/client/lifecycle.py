@@ -421,16 +421,30 @@ def _target(info: ServiceInfo | None, lock: ServiceLock | None) -> _Target:
     return _Target(info.instance_id, info.pid, info.create_time, None)
 
 
-def _request_stop(root: Path, paths: ProjectPaths, target: _Target) -> None:
-    """Send Stop to the target, at most once. Returns when the wait should begin."""
+def _request_stop(root: Path, paths: ProjectPaths, target: _Target,
+                  deadline: float) -> str | None:
+    """Send Stop to the target, at most once, within ``deadline``. Returns when the wait
+    should begin: None when the request was sent (its reply may be lost: it is never
+    resent), else why it was not sent, in words, for a truthful timeout message."""
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        return "the time ran out before the host could be reached"
     try:
-        client = Client.connect(root)
+        # The hello and the request are bounded by what is left of the deadline: a paused
+        # host must not stretch --timeout by the client's own 5 s hello timeout.
+        client = Client.connect(root, timeout=remaining, request_timeout=remaining)
     except IntloomError as exc:
-        if exc.code in ("CLI_SERVICE_OFFLINE", "CLI_SERVICE_CLOSING", "CLI_SERVICE_UNAVAILABLE"):
-            return  # gone, or another stop is under way: the wait decides
+        if exc.code == "CLI_SERVICE_OFFLINE":
+            return "the host no longer listened on its port"
+        if exc.code == "CLI_SERVICE_CLOSING":
+            return "the host was already stopping"
+        if exc.code == "CLI_SERVICE_UNAVAILABLE":
+            # Accepted but no hello within the deadline: paused, hung or busy.
+            return (f"the host (pid {target.pid}) accepted the connection but did not answer "
+                    f"the hello within {remaining:.1f} s (paused, hung or busy)")
         if exc.code == "CLI_SERVICE_METADATA_INVALID":
             if _released(paths, target):
-                return
+                return "the host had already released its files"
             raise
         raise IntloomError(
             "CLI_SERVICE_UNAVAILABLE",
@@ -438,21 +452,23 @@ def _request_stop(root: Path, paths: ProjectPaths, target: _Target) -> None:
         ) from None
     with client:
         if client.hello.instance_id != target.instance_id:
-            return  # a replacement answers: the target is already gone, never stop the new one
+            # A replacement answers: the target is already gone, never stop the new one.
+            return "a replacement host answered instead"
         try:
             client.stop(target.instance_id)
         except IntloomError as exc:
             if exc.code in ("CLI_SERVICE_CLOSING", "PROJECT_REQUEST_FAILED"):
-                return  # stopping anyway, or the reply was lost: never resent
+                return None  # stopping anyway, or the reply was lost: never resent
             if exc.code == "CONFLICT":
                 if _released(paths, target):
-                    return
+                    return None
                 raise IntloomError(
                     "CLI_SERVICE_CONFLICT", f"The service rejected shutdown ({exc.message})"
                 ) from None
             raise IntloomError(
                 "CLI_SERVICE_UNAVAILABLE", f"The service rejected shutdown ({exc.code})."
             ) from None
+    return None
 
 
 def stop_service(root: Path, *, timeout: float = 10.0) -> bool:
@@ -463,6 +479,8 @@ def stop_service(root: Path, *, timeout: float = 10.0) -> bool:
     """
     from intloom.host.observe import observe
 
+    # The whole stop, the hello and the request included, keeps to ``timeout``.
+    deadline = time.monotonic() + timeout
     root = root.resolve()
     paths = ProjectPaths(root)
     snap = observe(root)  # strict, consistent, read-only; invalid metadata raises here
@@ -476,11 +494,11 @@ def stop_service(root: Path, *, timeout: float = 10.0) -> bool:
             "Service identity does not match connection configuration. Shutdown was not "
             "requested; run intloom doctor.",
         )
-    deadline = time.monotonic() + timeout
-    sent = False
+    tried = False  # the request is tried at most once, whether or not it could be sent
+    unsent: str | None = "the host was still starting and never served requests"
     if info is not None:
-        _request_stop(root, paths, target)
-        sent = True
+        unsent = _request_stop(root, paths, target, deadline)
+        tried = True
     while True:
         if _released(paths, target):
             return True
@@ -488,19 +506,22 @@ def stop_service(root: Path, *, timeout: float = 10.0) -> bool:
             if _released(paths, target):
                 return True
             raise IntloomError("CLI_SERVICE_BUSY", _STOP_UNVERIFIED)
-        if not sent:
+        if not tried:
             # Observed only by its lock (still starting): ask once it serves.
             try:
                 now_info = read_service(paths.service_json, root)
             except IntloomError:
                 now_info = None
             if now_info is not None and now_info.instance_id == target.instance_id:
-                _request_stop(root, paths, target)
-                sent = True
-        if time.monotonic() > deadline:
+                unsent = _request_stop(root, paths, target, deadline)
+                tried = True
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            said = ("The stop request was sent once and not resent." if unsent is None
+                    else f"The stop request was not sent: {unsent}.")
             raise IntloomError(
                 "CLI_SERVICE_TIMEOUT",
-                "Cannot verify resource cleanup by the original instance. Run intloom doctor. "
-                "The stop request was not resent.",
+                "Cannot verify resource cleanup by the original instance (pid "
+                f"{target.pid}) within {timeout:g} s. Run intloom doctor. {said}",
             )
-        time.sleep(_POLL)  # a poll interval between two reads of the metadata
+        time.sleep(min(_POLL, remaining))  # a poll between two reads of the metadata

@@ -16,7 +16,13 @@ from typing import TYPE_CHECKING, Final, Literal
 import msgspec
 
 from intloom.diagnostics.checks import KEEP_IT, Check
-from intloom.diagnostics.owners import Diagnosis, DiagnosisStatus, Owner, diagnose
+from intloom.diagnostics.owners import (
+    Diagnosis,
+    DiagnosisStatus,
+    Owner,
+    inspect,
+    judge_readable_owners,
+)
 from intloom.diagnostics.previews import RunPreview, preview_runs
 from intloom.errors import IntloomError
 from intloom.fsutil import PrivacyError, check_private_dir
@@ -112,14 +118,39 @@ def _paused(pid: int) -> bool:
         return False
 
 
+class _Context(msgspec.Struct, frozen=True):
+    """What the owner checks need to know beyond their own file."""
+
+    running: bool
+    invalid: str | None = None  # the name of the other metadata file, when it is invalid
+    port_taken: int | None = None
+    port_holder: str | None = None
+
+
 def _owner_check(
-    check_id: str, name: str, owner: Owner | None, problem: str | None, running: bool
+    check_id: str, name: str, path: Path, owner: Owner | None, problem: str | None,
+    ctx: _Context,
 ) -> Check:
     if problem is not None:
         return Check(check_id, "attention", problem, KEEP_IT)
     if owner is None:
+        if path.exists() or path.is_symlink():
+            # Fail closed: a file that is there is never reported absent.
+            return Check(check_id, "attention", f"{path} exists, but its owner could not be "
+                         "judged.", KEEP_IT)
         return Check(check_id, "ok", f"No {name}: no host owns the project through it.", None)
     pid = owner.pid
+    running = ctx.running
+    if owner.status == "alive" and ctx.invalid is not None and not _paused(pid):
+        return Check(
+            check_id, "attention",
+            f"{name} names pid {pid}, which is alive: it still holds the project. It was not "
+            f"asked whether it serves the project, because {ctx.invalid} is invalid (its "
+            "check says why); intloom stop cannot reach it either.",
+            f"Leave both files as they are while pid {pid} runs. To stop it, ask it directly "
+            f"(kill -TERM {pid}: a graceful stop), then run intloom doctor again.",
+            owner.evidence,
+        )
     if owner.status == "alive" and running:
         return Check(check_id, "ok", f"{name} belongs to the running host (pid {pid}).", None,
                      owner.evidence)
@@ -149,9 +180,27 @@ def _owner_check(
             ".intloom/service.lock) and let it exit, then run intloom doctor again.",
             owner.evidence,
         )
+    stale = f"{name} is stale: its owner, pid {pid}, has exited."
+    if ctx.port_taken is not None:
+        port = ctx.port_taken
+        who = ctx.port_holder or f"find it with: ss -ltnp 'sport = :{port}'"
+        return Check(
+            check_id, "attention",
+            f"{stale} But port {port}, the project's saved port, is in use by another process "
+            f"({who}), so intloom recover refuses.",
+            f"Stop the process on port {port} (or wait until it has exited), then run intloom "
+            "recover --dry-run, intloom recover and intloom start.",
+            owner.evidence,
+        )
+    if ctx.invalid is not None:
+        return Check(
+            check_id, "attention", stale,
+            f"intloom recover refuses while {ctx.invalid} is invalid: deal with it first (its "
+            "check), then run intloom doctor again.",
+            owner.evidence,
+        )
     return Check(
-        check_id, "attention",
-        f"{name} is stale: its owner, pid {pid}, has exited.",
+        check_id, "attention", stale,
         "Run intloom recover --dry-run to see the plan, then intloom recover, then intloom "
         "start.",
         owner.evidence,
@@ -233,11 +282,16 @@ def run_doctor(root: Path) -> DoctorReport:
     """Everything ``doctor`` checks, as one report. Read-only; never raises for metadata."""
     root = root.resolve()
     paths = ProjectPaths(root)
+    port_taken: int | None = None
+    port_holder: str | None = None
     try:
-        diagnosis = diagnose(root, probe=True)
+        insp = inspect(root, probe=True)
+        diagnosis = insp.diagnosis
+        port_taken, port_holder = insp.port_taken, insp.port_holder
     except IntloomError as exc:
+        # One invalid file must not hide the owner of the other: a live host may hold it.
         diagnosis = Diagnosis(project_root=str(root), status="blocked", message=exc.message,
-                              owners=[])
+                              owners=judge_readable_owners(root))
     running = diagnosis.status == "running"
     by_resource = {owner.resource: owner for owner in diagnosis.owners}
     lock_problem = _file_problem(
@@ -247,14 +301,20 @@ def run_doctor(root: Path) -> DoctorReport:
         lambda: observe_file(paths.service_json, ServiceInfo, lambda p: read_service(p, root))
     )
 
+    def context(other: str, other_problem: str | None) -> _Context:
+        return _Context(running=running, invalid=other if other_problem is not None else None,
+                        port_taken=port_taken, port_holder=port_holder)
+
     config_check, config = _config_check(root)
     checks = [
         config_check,
         _runtime_dir_check(paths),
-        _owner_check("owner.service_lock", "service.lock", by_resource.get("service_lock"),
-                     lock_problem, running),
-        _owner_check("owner.service_json", "service.json", by_resource.get("service_info"),
-                     service_problem, running),
+        _owner_check("owner.service_lock", "service.lock", paths.service_lock,
+                     by_resource.get("service_lock"), lock_problem,
+                     context("service.json", service_problem)),
+        _owner_check("owner.service_json", "service.json", paths.service_json,
+                     by_resource.get("service_info"), service_problem,
+                     context("service.lock", lock_problem)),
         _connection_check(root, bool(diagnosis.owners) or lock_problem is not None
                           or service_problem is not None),
     ]

@@ -9,6 +9,7 @@ connection) · ``offline``.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal
@@ -24,8 +25,9 @@ from intloom.host.liveness import (
     probe_lock,
     probe_process,
 )
-from intloom.host.metadata import boot_id
-from intloom.host.observe import Snapshot, observe
+from intloom.host.metadata import ServiceInfo, ServiceLock, boot_id, read_lock, read_service
+from intloom.host.observe import Observed, Snapshot, observe, observe_file
+from intloom.project import ProjectPaths
 from intloom.protocol.messages import ServiceView
 
 __all__ = [
@@ -37,6 +39,8 @@ __all__ = [
     "diagnose",
     "inspect",
     "judge_owners",
+    "judge_readable_owners",
+    "port_holder",
 ]
 
 DiagnosisStatus = Literal["running", "blocked", "recovery_required", "offline"]
@@ -85,6 +89,10 @@ class Inspection:
     diagnosis: Diagnosis
     snapshot: Snapshot
     problem: str | None = None
+    # A saved port that another process holds while every recorded owner is provably gone:
+    # recover cannot guard it, so it refuses (docs/recovery.md, "the port is taken").
+    port_taken: int | None = None
+    port_holder: str | None = None
 
 
 def judge_owners(snap: Snapshot, lock: LockProbe) -> list[Owner]:
@@ -113,6 +121,77 @@ def judge_owners(snap: Snapshot, lock: LockProbe) -> list[Owner]:
             evidence=[*proc.evidence, lock.evidence],
         ))
     return owners
+
+
+def judge_readable_owners(root: Path) -> list[Owner]:
+    """The owners of the files that *can* be read, when another one is invalid.
+
+    ``observe`` raises on the first invalid file; doctor must still show the valid one's
+    owner (a live host may hold it), so each file is read on its own here. An invalid file
+    is left out: its own check reports it.
+    """
+    paths = ProjectPaths(root)
+    lock: Observed[ServiceLock] = Observed(None, None)
+    info: Observed[ServiceInfo] = Observed(None, None)
+    if not paths.state.is_dir() or paths.state.is_symlink():
+        return []
+    with contextlib.suppress(IntloomError):
+        lock = observe_file(paths.service_lock, ServiceLock, read_lock)
+    with contextlib.suppress(IntloomError):
+        info = observe_file(paths.service_json, ServiceInfo, lambda p: read_service(p, root))
+    snap = Snapshot(paths, lock, info, Observed(None, None))
+    return judge_owners(snap, probe_lock(paths.service_lock))
+
+
+def _port_free(port: int) -> bool:
+    """Whether ``recover`` could hold 127.0.0.1:``port`` now (bound, never listened on)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # As PortGuard binds: past TIME_WAIT leftovers, never beside a listener.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def port_holder(port: int) -> str | None:
+    """The process listening on ``port``, in words ("pid 123 (python3 -m http.server)"),
+    or None when the OS does not say (another user's process needs privileges to be named)."""
+    import psutil
+
+    try:
+        conns = psutil.net_connections(kind="tcp")
+    except (psutil.Error, OSError):
+        return None
+    pids = sorted({c.pid for c in conns
+                   if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN
+                   and c.pid is not None})
+    if not pids:
+        return None
+    named: list[str] = []
+    for pid in pids:
+        try:
+            cmd = " ".join(psutil.Process(pid).cmdline()) or psutil.Process(pid).name()
+        except psutil.Error:
+            cmd = ""
+        named.append(f"pid {pid} ({cmd[:120]})" if cmd else f"pid {pid}")
+    return ", ".join(named)
+
+
+def _port_taken_problem(port: int, holder: str | None, owners: list[Owner]) -> str:
+    pids = ", ".join(sorted({str(owner.pid) for owner in owners}))
+    who = holder if holder is not None else (
+        f"not identified; find it with: ss -ltnp 'sport = :{port}'"
+    )
+    return (
+        f"Port {port} on 127.0.0.1, this project's saved port, is in use by another process "
+        f"({who}); the recorded host (pid {pids}) has exited. intloom recover refuses while "
+        "the port is taken, and intloom start cannot serve the project on it. Stop that "
+        "process (or wait until it has exited), then run intloom recover, then intloom start."
+    )
 
 
 def _probe_host(root: Path, snap: Snapshot) -> tuple[ServiceView | None, str | None]:
@@ -168,14 +247,31 @@ def inspect(root: Path, *, probe: bool = True) -> Inspection:
     snap = observe(root)
     service: ServiceView | None = None
     problem: str | None = None
-    if probe and snap.connection.value is not None and snap.service.value is not None:
-        service, problem = _probe_host(root, snap)
+    taken: int | None = None
+    holder: str | None = None
     owners = judge_owners(snap, probe_lock(snap.paths.service_lock))
+    connection = snap.connection.value
+    if owners and all(owner.status == "gone" for owner in owners):
+        # The recorded host provably exited: whatever listens on its port now is another
+        # program. It gets no hello (and so never the token); it is named instead, because
+        # recover cannot hold a taken port and would refuse.
+        ports = [] if connection is None else [connection.port]
+        if snap.service.value is not None and snap.service.value.port not in ports:
+            ports.append(snap.service.value.port)
+        taken = next((port for port in ports if not _port_free(port)), None)
+        if taken is not None:
+            holder = port_holder(taken)
+            problem = _port_taken_problem(taken, holder, owners)
+    elif probe and connection is not None and snap.service.value is not None:
+        service, problem = _probe_host(root, snap)
+        # Judged again after the probe: a host that was starting may have answered meanwhile.
+        owners = judge_owners(snap, probe_lock(snap.paths.service_lock))
     status, message = _classify(snap, owners, service, problem)
     diagnosis = Diagnosis(
         project_root=str(root), status=status, message=message, owners=owners, service=service
     )
-    return Inspection(diagnosis=diagnosis, snapshot=snap, problem=problem)
+    return Inspection(diagnosis=diagnosis, snapshot=snap, problem=problem,
+                      port_taken=taken, port_holder=holder)
 
 
 def diagnose(root: Path, *, probe: bool = True) -> Diagnosis:

@@ -17,7 +17,18 @@ from types import TracebackType
 
 from intloom.errors import IntloomError
 
-__all__ = ["PortGuard"]
+__all__ = ["PortGuard", "port_in_use"]
+
+
+def port_in_use(port: int, holder: str | None = None) -> IntloomError:
+    """CLI_RECOVERY_BLOCKED for a taken port (the documented text), naming the port and,
+    when the OS says, the process that listens there."""
+    who = f"in use by {holder}; " if holder is not None else ""
+    return IntloomError(
+        "CLI_RECOVERY_BLOCKED",
+        "The project port is in use or unavailable. No recovery performed. "
+        f"(port {port} on 127.0.0.1; {who}find its listener with: ss -ltnp 'sport = :{port}')",
+    )
 
 
 class PortGuard:
@@ -42,12 +53,7 @@ class PortGuard:
             sock.listen(16)
         except OSError:
             sock.close()
-            raise IntloomError(
-                "CLI_RECOVERY_BLOCKED",
-                "The project port is in use or unavailable. No recovery performed. "
-                f"(port {self.port} on 127.0.0.1; find its listener with: ss -ltnp "
-                f"'sport = :{self.port}')",
-            ) from None
+            raise port_in_use(self.port) from None
         sock.setblocking(False)
         self._sock = sock
         self._wake = socket.socketpair()

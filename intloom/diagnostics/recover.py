@@ -29,7 +29,7 @@ from typing import Final
 import msgspec
 
 from intloom.diagnostics.owners import Inspection, inspect, judge_owners
-from intloom.diagnostics.portguard import PortGuard
+from intloom.diagnostics.portguard import PortGuard, port_in_use
 from intloom.errors import ErrorView, IntloomError
 from intloom.fsutil import fsync_dir
 from intloom.host.liveness import Evidence, LockProbe
@@ -180,6 +180,10 @@ def recover(root: Path, *, dry_run: bool) -> RecoverResult:
             f"{diagnosis.message} recover only cleans up after a host that has exited; "
             "stop it with intloom stop. No cleanup performed.",
         )
+    if insp.port_taken is not None:
+        # Every owner is gone, but the guard could not hold the port: refuse as the guard
+        # would, before anything is read a second time.
+        raise port_in_use(insp.port_taken, insp.port_holder)
     if diagnosis.status == "blocked":
         raise IntloomError("CLI_RECOVERY_BLOCKED", diagnosis.message)
     plan = _plan(insp)

@@ -444,10 +444,15 @@ class Runtime:
         if slot.view().status in ("completed", "failed"):
             return
         slot.owned = False
+        # The view carries no cause (DESIGN §3): the OS error, the segment and the offset go
+        # to the host log, and the journal keeps a void notice where the batch failed.
+        if self.on_event is not None:
+            self.on_event("checkpoint_failed", slot.run_id,
+                          {"code": "RUN_CHECKPOINT_FAILED", "cause": cause}, "failed")
         slot.override = ErrorView(
             code="RUN_CHECKPOINT_FAILED",
-            message=f"{error_view('RUN_CHECKPOINT_FAILED').message} ({cause}) Earlier effects "
-            "are not rolled back.",
+            message=f"{error_view('RUN_CHECKPOINT_FAILED').message} Earlier effects are not "
+            f"rolled back. The host log has the cause (intloom logs {slot.run_id}).",
         )
         slot.revoke(IntloomError("RUN_CHECKPOINT_FAILED"))
         slot.publish("failed", {"code": "RUN_CHECKPOINT_FAILED"})
@@ -626,11 +631,15 @@ class Runtime:
             except (CheckpointFailed, OSError) as exc:
                 cause = exc.cause if isinstance(exc, CheckpointFailed) else (
                     exc.strerror or str(exc))
+                if self.on_event is not None:  # the cause goes to the log, not the view
+                    self.on_event("checkpoint_failed", run_id,
+                                  {"code": "RUN_CHECKPOINT_FAILED", "cause": cause,
+                                   "during": "cancel"}, "held")
                 raise IntloomError(
                     "RUN_CHECKPOINT_FAILED",
-                    f"Run {run_id}: its cancel could not be written ({cause}), so it is "
-                    "still held. Its earlier records are unchanged; fix the disk and retry "
-                    "after a restart.",
+                    f"Run {run_id}: its cancel could not be written, so it is still held. Its "
+                    "earlier records are unchanged; the host log has the cause (intloom logs "
+                    f"{run_id}). Fix the disk and retry after a restart.",
                 ) from None
             held.state = after
             held.ended = to_view(after)

@@ -144,7 +144,9 @@ def boot(
     try:
         def on_event(event: str, run_id: str, detail: Any, status: str) -> None:
             fields = detail if isinstance(detail, dict) else {}
-            log.info(f"run_{event}", runId=run_id, status=status, **fields)
+            # A failed checkpoint is the one Run event that reports a fault of the machine.
+            emit = log.error if event == "checkpoint_failed" else log.info
+            emit(f"run_{event}", runId=run_id, status=status, **fields)
 
         runtime = Runtime(result.workflows, store, package_version=package_version,
                           on_event=on_event)

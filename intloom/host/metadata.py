@@ -131,6 +131,17 @@ def _read(path: Path, kind: type[_T], root: Path | None) -> _T | None:
         )
     saved_root = getattr(value, "project_root", None)
     if root is not None and saved_root is not None and saved_root != str(root):
+        if kind is Connection:
+            # The usual cause is a project directory moved (or copied) while its host was
+            # stopped; the file is only a port and a token, so the fix is to set it aside.
+            raise IntloomError(
+                "CLI_SERVICE_METADATA_INVALID",
+                f"{path} belongs to another project ({saved_root}): the project directory "
+                "was moved or copied since it was written. It was left as it is. If no "
+                "intloom host runs for this directory (intloom doctor), move the file aside "
+                f"(mv {path} {path}.moved); the next intloom start saves a new port and "
+                "token and restores the Runs.",
+            )
         raise _invalid(path, f"belongs to another project ({saved_root})")
     return value
 

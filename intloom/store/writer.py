@@ -699,7 +699,9 @@ class Store:
                 os.kill(os.getpid(), signal.SIGTERM)
         except OSError as exc:
             where = f"wal/{segment_name(self._number)}"
-            cause = f"{step} of {where} failed at offset {offset}: {exc.strerror or exc}"
+            code = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+            cause = (f"{step} of {where} failed at offset {offset}: "
+                     f"{exc.strerror or exc} ({code})")
             self._abandon(offset, cause)
             return cause
         self._size += len(data)

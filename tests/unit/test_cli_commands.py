@@ -450,3 +450,12 @@ def test_recover_dry_run(
                               "paths": [".intloom/service.lock"]}
     code, out, _ = cli(capsys, "recover", "--dry-run")
     assert (code, out) == (0, "Recovery plan: .intloom/service.lock. No cleanup performed.\n")
+
+
+def test_a_suggestion_for_an_unknown_command_ends_with_one_question_mark(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, err = cli(capsys, "log")
+    assert (code, out) == (2, "")
+    assert "Did you mean 'logs'? Run intloom --help for the usage." in err, err
+    assert "?." not in err

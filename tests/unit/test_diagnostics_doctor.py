@@ -91,7 +91,13 @@ def test_invalid_metadata_is_a_blocked_report_not_a_crash(root: Path) -> None:
     checks = {c.id: c for c in report.checks}
     assert checks["owner.service_lock"].status == "attention"
     assert "0644" in checks["owner.service_lock"].message
-    assert checks["owner.service_json"].status == "ok"
+    # service.json is valid and names a dead owner: it is judged, never reported absent, and
+    # recover is not recommended while service.lock is invalid (recover would refuse).
+    service = checks["owner.service_json"]
+    assert service.status == "attention"
+    assert "service.json is stale" in service.message
+    assert service.next is not None and "service.lock is invalid" in service.next
+    assert [(o.resource, o.status) for o in report.owners] == [("service_info", "gone")]
 
 
 def test_invalid_config_skips_the_workflows(root: Path) -> None:

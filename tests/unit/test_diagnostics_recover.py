@@ -128,10 +128,15 @@ def test_foreign_listener_on_the_saved_port_blocks(tmp_path: Path) -> None:
     root = make_root(tmp_path)
     port = free_port()
     crash_leftovers(root, dead_pid(), 1_000_000.0, port=port)
-    # Something else answers on the port: it closes every connection without a hello.
+    # Something else answers on the port: it closes every connection without a hello. The
+    # owner is provably gone, so it is another program, and recover says so as documented.
     with PortGuard(port):
         error = _blocked(root)
-    assert "did not complete the hello" in error.message
+    assert error.message.startswith(
+        "The project port is in use or unavailable. No recovery performed."
+    )
+    assert f"ss -ltnp 'sport = :{port}'" in error.message
+    assert "did not complete the hello" not in error.message
 
 
 def test_recover_finishes_an_interrupted_recover(tmp_path: Path) -> None:

@@ -1,0 +1,53 @@
+"""A failed checkpoint write (``INTLOOM_FAULT=enospc_sync=N``, docs/format.md "Testing
+hooks") in a real host: the Run's ``lastError`` is the catalogue text and carries no
+OS-level cause (DESIGN §3: never a cause in an error view); the cause -- segment, offset,
+the OS error and its errno -- is in the host log, and ``inspect`` shows where the failed
+batch lies (its void record)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from tests.helpers import Project, ok
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+CATALOGUE = "The Run recovery checkpoint could not be saved. Execution cannot safely continue."
+
+
+def test_checkpoint_failure_view_has_no_cause_and_the_log_has_it(project: Project) -> None:
+    # Flush 1 makes the Run's creation durable; flush 2 (its Stage starting) hits ENOSPC.
+    ok(project.cli("start", "--json", env={"INTLOOM_FAULT": "enospc_sync=2"}))
+    flowed = project.cli("flow", "example", "--intent", "disk full", "--json")
+    assert flowed.code == 1, flowed.stdout
+    run = flowed.json["run"]
+    run_id = run["runId"]
+    error = run["lastError"]
+    assert error["code"] == "RUN_CHECKPOINT_FAILED"
+    assert error["message"] == (
+        f"{CATALOGUE} Earlier effects are not rolled back. The host log has the cause "
+        f"(intloom logs {run_id})."
+    )
+    listed = [r for r in ok(project.cli("runs", "--json"))["runs"] if r["runId"] == run_id]
+    assert listed[0]["lastError"] == error
+    for leak in ("wal/", "offset", "No space left", "ENOSPC", "(injected"):
+        assert leak not in error["message"]
+
+    logged = [json.loads(line)
+              for line in project.cli("logs", run_id, "--json").stdout.splitlines()]
+    [failure] = [r for r in logged if r["event"] == "run_checkpoint_failed"]
+    assert failure["level"] == "error" and failure["runId"] == run_id
+    cause = failure["cause"]
+    match = re.fullmatch(
+        r"write of (wal/\d+\.seg) failed at offset (\d+): No space left on device.* \(ENOSPC\)",
+        cause,
+    )
+    assert match is not None, cause
+
+    records = ok(project.cli("inspect", run_id, "--json"))["records"]
+    voids = [r for r in records if r["verdict"] == "void"]
+    assert [(v["file"], v["offset"]) for v in voids] == [(match[1], int(match[2]))]
+    ok(project.cli("stop", "--json"))

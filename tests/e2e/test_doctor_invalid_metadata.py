@@ -1,0 +1,56 @@
+"""One invalid metadata file does not hide the other: with a live host holding
+``service.lock`` and ``service.json`` truncated (or the other way round), doctor still shows
+the valid file's owner as alive, with its evidence, and reports only the broken file as
+invalid. Real host; it is stopped through its own signal handler and reaped."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from tests.helpers import Project, eventually, pid_alive
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+
+@pytest.mark.parametrize(("broken", "valid"), [
+    ("service.json", "service.lock"), ("service.lock", "service.json"),
+])
+def test_a_valid_file_beside_an_invalid_one_is_judged_not_reported_absent(
+    project: Project, broken: str, valid: str,
+) -> None:
+    assert project.cli("start").code == 0
+    pid = project.host_pid()
+    path = project.state / broken
+    original = path.read_bytes()
+    os.truncate(path, 20)
+    try:
+        doctor = project.cli("doctor", "--json")
+        text = project.cli("doctor")
+    finally:
+        path.write_bytes(original)
+    assert doctor.code == 4, doctor.stdout
+    report = doctor.json
+    assert report["health"] == "blocked"
+    resource = "service_lock" if valid == "service.lock" else "service_info"
+    assert [(o["resource"], o["pid"], o["status"]) for o in report["owners"]] == [
+        (resource, pid, "alive")
+    ], report["owners"]
+    checks = {c["id"]: c for c in report["checks"]}
+    valid_check = checks[f"owner.{valid.replace('.', '_')}"]
+    broken_check = checks[f"owner.{broken.replace('.', '_')}"]
+    assert valid_check["status"] == "attention", valid_check
+    assert f"No {valid}" not in valid_check["message"]
+    assert f"pid {pid}, which is alive" in valid_check["message"]
+    assert f"because {broken} is invalid" in valid_check["message"]
+    assert f"kill -TERM {pid}" in valid_check["next"]
+    assert {e["check"] for e in valid_check["evidence"]} >= {"process", "os_lock"}
+    assert broken_check["status"] == "attention"
+    assert "is not valid metadata" in broken_check["message"]
+    assert f"No {valid}" not in text.stdout
+
+    # The file restored, the host is whole again; let it stop on its own.
+    os.kill(pid, signal.SIGTERM)
+    eventually(lambda: not pid_alive(pid), timeout=15, what=f"host {pid} to stop")

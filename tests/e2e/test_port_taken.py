@@ -1,0 +1,113 @@
+"""After a crash, another program on the project's saved port: status, doctor and recover
+name the port and the program (never "a hung host"), doctor does not recommend a recover
+that would refuse, and recover refuses with the documented message, touching nothing.
+
+Real host killed by SIGKILL; real listeners in this process (one that accepts and never
+replies, one that replies garbage), closed in ``finally``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import threading
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from tests.helpers import Project, snapshot_files
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+
+@contextlib.contextmanager
+def silent_listener(port: int) -> Iterator[None]:
+    """Accepts (the kernel completes the handshake) and never says a word."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    sock.listen(8)
+    try:
+        yield
+    finally:
+        sock.close()
+
+
+@contextlib.contextmanager
+def garbage_listener(port: int) -> Iterator[None]:
+    """Answers every connection with bytes that are no frame, then closes it."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    sock.listen(8)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                return
+            with conn, contextlib.suppress(OSError):
+                conn.sendall(b"HTTP/1.0 400 Bad Request\r\n\r\nnot intloom\n" * 4)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        sock.shutdown(socket.SHUT_RDWR)
+        sock.close()
+        thread.join(timeout=5)
+        assert not thread.is_alive()
+
+
+@pytest.mark.parametrize("listener", [silent_listener, garbage_listener])
+def test_a_foreign_listener_on_the_saved_port_is_named_and_recover_refuses(
+    project: Project, listener: Callable[[int], contextlib.AbstractContextManager[None]],
+) -> None:
+    assert project.cli("start").code == 0
+    port = json.loads((project.state / "connection.json").read_text())["port"]
+    dead = project.kill_host()
+    before = snapshot_files(project.state)
+
+    with listener(port):
+        status = project.cli("status", "--json")
+        doctor = project.cli("doctor", "--json")
+        refused = project.cli("recover", "--json")
+        dry = project.cli("recover", "--dry-run", "--json")
+
+    assert status.code == 0, status.stderr
+    assert status.json["status"] == "blocked"
+    message = status.json["message"]
+    assert f"Port {port} on 127.0.0.1" in message and "in use by another process" in message
+    assert f"pid {os.getpid()}" in message, message  # the listener, named
+    assert f"the recorded host (pid {dead}) has exited" in message
+    assert "did not complete the hello" not in message and "hung" not in message
+    assert {o["status"] for o in status.json["owners"]} == {"gone"}
+
+    assert doctor.code == 4, doctor.stdout
+    owners = [c for c in doctor.json["checks"] if c["id"].startswith("owner.")]
+    assert len(owners) == 2
+    for check in owners:
+        assert check["status"] == "attention"
+        assert f"port {port}" in check["message"] and "recover refuses" in check["message"]
+        assert check["next"].startswith(f"Stop the process on port {port}"), check["next"]
+
+    for result in (refused, dry):
+        assert result.code == 1, result.stdout
+        error = result.json["error"]
+        assert error["code"] == "CLI_RECOVERY_BLOCKED"
+        assert error["message"].startswith(
+            "The project port is in use or unavailable. No recovery performed."
+        ), error["message"]
+        assert f"ss -ltnp 'sport = :{port}'" in error["message"]
+        assert f"pid {os.getpid()}" in error["message"]
+    assert snapshot_files(project.state) == before  # nothing touched
+
+    # With the port free again, the ordinary path works: recover, then start.
+    assert project.cli("recover", "--json").json["recovered"] is True
+    assert project.cli("start").code == 0

@@ -1,0 +1,45 @@
+"""``stop --timeout`` is a hard deadline, and its timeout message is true: against a real
+host paused by SIGSTOP (it accepts connections in the kernel but answers nothing), the
+whole command ends within the timeout, and it says the stop request was *not* sent,
+because the host never completed the hello. The host is resumed (SIGCONT) in ``finally``,
+answers again, and is stopped and reaped."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from tests.helpers import Project, eventually, ok, pid_alive
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+
+def test_stop_timeout_bounds_the_hello_and_says_the_request_was_not_sent(
+    project: Project,
+) -> None:
+    assert project.cli("start").code == 0
+    pid = project.host_pid()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        began = time.monotonic()
+        stop = project.cli("stop", "--timeout", "2", "--json")
+        took = time.monotonic() - began
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert stop.code != 0, stop.stdout
+    error = stop.json["error"]
+    assert error["code"] == "CLI_SERVICE_TIMEOUT"
+    assert "The stop request was not sent" in error["message"], error["message"]
+    assert "did not answer the hello" in error["message"]
+    assert "not resent" not in error["message"]
+    # The client's own hello timeout is 5 s; the command must keep to its 2 s (plus the
+    # interpreter's start-up and one poll, generously bounded on a shared 2-core machine).
+    assert took < 4.5, took
+
+    # Resumed, the host never got a stop request: it still serves, and stops when asked.
+    assert ok(project.cli("status", "--json"))["service"]["pid"] == pid
+    assert ok(project.cli("stop", "--json"))["stopped"] is True
+    eventually(lambda: not pid_alive(pid), timeout=15, what=f"host {pid} to exit")
