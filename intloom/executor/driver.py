@@ -447,13 +447,20 @@ def _where(cursor: Cursor) -> str:
     return f"Stage {cursor.stage!r}, Step {cursor.step!r}"
 
 
-def _encode_state(value: Any, where: str) -> bytes | None:
-    """The State's journal bytes; ``where`` names the Step (or initialiser) that set it."""
+def _encode_state(value: Any, where: str | Step[Any]) -> bytes | None:
+    """The State's journal bytes; ``where`` names the Step (or initialiser) that set it.
+
+    A Step is passed as itself and named only on failure: reading ``Step.where`` (a
+    cached_property) for every Step measured ~2.4k more instructions per Step (~1.7 %,
+    callgrind, one sync Run).
+    """
     if value is None:
         return None
     try:
         return msgspec.json.encode(value)
     except (TypeError, msgspec.EncodeError) as exc:
+        if not isinstance(where, str):
+            where = where.where
         raise IntloomError(
             "STAGE_STATE_INVALID",
             f"{where}: the Stage State it left ({type(value).__name__}) cannot be encoded as "
@@ -830,7 +837,7 @@ class Driver:
                     created_at=clock.now(),
                 )
                 rt.append(slot, Waiting(at=call.created_at, agent_call=call,
-                                        state=_encode_state(ctx.state, step.where)))
+                                        state=_encode_state(ctx.state, step)))
                 await rt.sync(slot)
                 return
             try:  # errors converted as _user converts them
@@ -945,7 +952,7 @@ class Driver:
         self.rt.append(
             slot,
             StepResult(at=at, stage=step.stage.name, step=step.name, outcome=outcome,
-                       state=_encode_state(ctx.state, step.where)),
+                       state=_encode_state(ctx.state, step)),
         )
         return at
 
