@@ -4,14 +4,16 @@ identity = sha256( json([name, version, PROTOCOL_VERSION])
                    + for each file of the source tree, sorted by relative path:
                      json([relpath, size]) + the file's bytes )
 
-The source tree is a directory: a package entry's own directory, or, for a single-file
-entry, the directory holding that file (as the TypeScript IntLoom hashes the directory
-holding its entry). A single file alone is not enough: the Workflow imports its sibling
-modules (``from workflows.helpers import label``), and a Run must not continue on changed
-code just because the change sits in a helper. Relative paths are taken from that
-directory. Caches, version-control and tool directories and virtualenvs are not part of it
-(see ``_SKIP`` and ``_is_virtualenv``). Symlinks are refused: an identity must be over bytes
-we own, not wherever a link points today.
+The source tree is a directory: a package entry's own directory (every file), or, for a
+single-file entry, the Python files (``.py``, ``.pyi``) of the directory holding it and
+below. A single file alone is not enough: the Workflow imports its sibling modules (``from
+workflows.helpers import label``), and a Run must not continue on changed code just because
+the change sits in a helper. Only Python files, there: a single-file entry may sit at the
+project root, beside the reports and data its Steps write, which must not hold its Runs.
+Relative paths are taken from that directory. Dot files and directories (editor swap
+files, ``.git``, ``.venv``, tool caches), ``__pycache__``, ``node_modules`` and virtualenvs
+are not part of it. Symlinks are refused where they could hide source: an identity must be
+over bytes we own, not wherever a link points today.
 """
 
 from __future__ import annotations
@@ -28,13 +30,13 @@ from intloom.runtime.records import PROTOCOL_VERSION
 
 __all__ = ["source_files", "source_root", "workflow_identity"]
 
-# Directories that are never source: bytecode and tool caches (rewritten by merely running
-# or checking the code), version control, intloom's own state, JavaScript dependencies.
-_SKIP = frozenset({
-    "__pycache__", ".git", ".intloom", "node_modules", ".mypy_cache", ".pytest_cache",
-    ".ruff_cache",
-})
+# Directories that are never source: bytecode caches (rewritten by merely running the code)
+# and JavaScript dependencies. Every dot name is skipped too: version control, intloom's own
+# state, tool caches, virtualenvs named .venv, editor swap and backup files.
+_SKIP = frozenset({"__pycache__", "node_modules"})
 _SKIP_SUFFIXES = (".pyc", ".pyo")
+# What a single-file entry's tree holds (its Python neighbours; see the module docstring).
+_PYTHON = (".py", ".pyi")
 
 
 def _refuse_link(path: Path, root: Path) -> IntloomError:
@@ -77,18 +79,21 @@ def source_files(entry: Path) -> list[tuple[str, Path]]:
     if entry.is_symlink():
         raise _refuse_link(entry, entry.parent)
     root = source_root(entry)
+    python_only = root != entry
     out: list[tuple[str, Path]] = []
     for dirpath, dirnames, filenames in os.walk(root, onerror=_unreadable(root),
                                                 followlinks=False):
         base = Path(dirpath)
         for d in list(dirnames):
-            if d in _SKIP:
+            if d in _SKIP or d.startswith("."):
                 dirnames.remove(d)
             elif (base / d).is_symlink():
                 raise _refuse_link(base / d, root)
             elif _is_virtualenv(base / d):
                 dirnames.remove(d)
         for name in filenames:
+            if name.startswith(".") or (python_only and not name.endswith(_PYTHON)):
+                continue
             path = base / name
             try:
                 st = os.lstat(path)

@@ -454,6 +454,8 @@ def _request_stop(root: Path, paths: ProjectPaths, target: _Target,
         if client.hello.instance_id != target.instance_id:
             # A replacement answers: the target is already gone, never stop the new one.
             return "a replacement host answered instead"
+        # What the hello left of the deadline, not what there was before it.
+        client.request_timeout = max(0.05, deadline - time.monotonic())
         try:
             client.stop(target.instance_id)
         except IntloomError as exc:

@@ -17,6 +17,7 @@ import asyncio
 import builtins
 import contextlib
 import functools
+import hashlib
 import hmac
 import secrets
 import threading
@@ -239,7 +240,7 @@ class _AgentEnd(msgspec.Struct, frozen=True):
     owner_token: str
     verb: str  # "complete" or "fail"
     outcome: str  # the outcome, or the failure message
-    output: bytes  # msgpack of the completion's output
+    output: bytes  # sha256 of the msgpack of the completion's output (kept until retired)
 
 
 class Runtime:
@@ -435,6 +436,7 @@ class Runtime:
             oldest = next(iter(self._finished))
             del self._finished[oldest]
             gone = self.runs.pop(oldest, None)
+            self._agent_ended.pop(oldest, None)
             if gone is not None:
                 status = gone.view().status
                 self._dropped[status] = self._dropped.get(status, 0) + 1
@@ -748,9 +750,14 @@ class Runtime:
                 f"Agent task {call_id} was already {said}{done.outcome!r}; a retry must "
                 "repeat the same request (the first one is what the Run recorded).",
             )
-        if slot.view().status == "running":
-            return await self.wait_stable(slot.run_id)
-        return slot.view()
+        # The first request's records may still be on their way to disk: answer with what
+        # they led to, never with the task they ended.
+        view = slot.view()
+        while view.status == "running" or (
+                view.pending_agent_call is not None and view.pending_agent_call.id == call_id):
+            await slot.until_stable()
+            view = slot.view()
+        return view
 
     def _check_owner_of(self, token: str | None, owner_token: str) -> None:
         if token is None or not hmac.compare_digest(token, owner_token):
@@ -763,7 +770,7 @@ class Runtime:
         _journalable(output, "The Agent task's output")  # checked before anything is appended
         slot = self._slot(run_id)
         end = _AgentEnd(call_id, owner_token, "complete", outcome,
-                        msgspec.msgpack.encode(output))
+                        hashlib.sha256(msgspec.msgpack.encode(output)).digest())
         repeated = await self._repeated(slot, call_id, owner_token, end)
         if repeated is not None:
             return repeated

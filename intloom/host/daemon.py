@@ -42,6 +42,8 @@ from intloom.protocol.messages import PROTOCOL, HelloOk, ServiceView, WorkflowPr
 __all__ = ["Host", "HostOptions"]
 
 _SIGNALS: Final = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# How long a foreground host, once stopped, waits for the default executor's threads.
+_EXECUTOR_WAIT_S: Final = 2.0
 # Test hook: raise inside the host right after it reports ready, to exercise process_failed.
 FATAL_HOOK: Final = "INTLOOM_TEST_FATAL"
 
@@ -126,27 +128,35 @@ class Host:
         loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)  # as asyncio.run does, for user code that asks for it
         abandoned: list[asyncio.Task[Any]] = []
+        stuck = False
         try:
             code = loop.run_until_complete(self._main())
             abandoned = [t for t in asyncio.all_tasks(loop) if not t.done()]
-            if not abandoned:
+            if not abandoned and not own_process:
                 loop.run_until_complete(loop.shutdown_asyncgens())
-                loop.run_until_complete(loop.shutdown_default_executor())
+                # The default executor holds user code too (asyncio.to_thread in a Step):
+                # shutting it down waits for every such thread, without limit.
+                try:
+                    loop.run_until_complete(
+                        asyncio.wait_for(loop.shutdown_default_executor(), _EXECUTOR_WAIT_S))
+                except TimeoutError:
+                    stuck = True
         finally:
             asyncio.set_event_loop(None)
-            if not abandoned:
+            if not abandoned and not own_process:
                 loop.close()
-        if self.force_exit or (abandoned and own_process):
-            # A second signal, or user code that ignored cancellation: do not wait for it, nor
-            # for worker threads still inside user code. Everything that matters is already
-            # durable (journal, log, metadata were fsynced by the stop); stdio is flushed for
-            # a foreground host's last words.
+        # The host's own process exits here, whatever user code still holds (tasks that
+        # ignored cancellation, threads inside asyncio.to_thread): waiting for it is what a
+        # completed stop must never do. So does a foreground host whose executor threads are
+        # stuck (the interpreter would join them at exit); one with abandoned tasks only
+        # returns, and the CLI exits after its output.
+        if self.force_exit or own_process or stuck:
+            # Everything that matters is already durable (journal, log, metadata were
+            # fsynced by the stop); stdio is flushed for a foreground host's last words.
             for stream in (sys.stdout, sys.stderr):
                 with contextlib.suppress(Exception):
                     stream.flush()
             os._exit(code)
-        # A foreground host (inside the CLI) returns without waiting either: the abandoned
-        # tasks stay with their unclosed loop, and the CLI process exits after its output.
         return code
 
     async def _main(self) -> int:
@@ -422,6 +432,9 @@ class Host:
                                return_when=asyncio.FIRST_COMPLETED)
         finally:
             forced.cancel()
+            # Until it has taken its cancellation it still counts among the running tasks,
+            # and the stop would report it as user code that ignored cancellation.
+            await asyncio.wait({forced})
         if not step.done():
             step.cancel()
             with contextlib.suppress(BaseException):

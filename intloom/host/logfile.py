@@ -61,9 +61,9 @@ class HostLog:
     def open(cls, logs_dir: Path, **context: Any) -> HostLog:
         """Create a fresh log file (0600, exclusive) and write ``log_opened``.
 
-        Raises OSError when the directory or the file cannot be created (the caller reports
-        it as LOG_WRITE_FAILED), PrivacyError when ``logs_dir`` is not ours; a lost
-        ``log_opened`` line is only recorded in ``failed``, like any other line.
+        Raises OSError when the directory or the file cannot be created, or its first line
+        cannot be written (the caller reports it as LOG_WRITE_FAILED; the file is removed),
+        PrivacyError when ``logs_dir`` is not ours.
         """
         ensure_private_dir(logs_dir)
         moment = datetime.now(UTC)
@@ -92,6 +92,16 @@ class HostLog:
             log = cls(path, fd)
             log.write("info", "log_opened", schemaVersion=LOG_SCHEMA_VERSION, pid=os.getpid(),
                       **context)
+            if log.failed:
+                # A full disk creates the empty file and refuses its first line: that file
+                # is no log of anything either, and each failed start would leave another.
+                os.close(fd)
+                log._fd = None
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+                    fsync_dir(logs_dir)
+                raise OSError(f"{path.name}: its first line cannot be written "
+                              f"({log.failure})")
             return log
         raise FileExistsError(f"no free log file name under {logs_dir}")
 

@@ -185,10 +185,11 @@ def _snapshots(layout: Layout, directory: Path, loaded: Loaded) -> dict[str, Sna
 _EXPECTED: Final = {"": {"wal", "snap", "manifest.json"}, "snap": {"live", "done"}}
 
 
-def _unexpected_names(layout: Layout, loaded: Loaded, *, done_read: bool) -> None:
+def _unexpected_names(layout: Layout, loaded: Loaded) -> None:
     """Report files intloom never writes where a restore does not otherwise look: the
-    store's root, ``snap/`` and (by name only: a restore does not read them) ``snap/done``.
-    ``wal/`` and ``snap/live`` are checked as they are read."""
+    store's root and ``snap/``. ``wal/`` and ``snap/live`` are checked as they are read;
+    ``snap/done`` only by a verify (``inspect``), which reads it: it holds one file per
+    Run that ever ended, and listing it would make every start slower with age."""
     for rel, allowed in _EXPECTED.items():
         directory = layout.root / rel if rel else layout.root
         for name in list_names(directory):
@@ -196,13 +197,6 @@ def _unexpected_names(layout: Layout, loaded: Loaded, *, done_read: bool) -> Non
                 loaded.files.append(FileProblem(
                     f"{rel}/{name}" if rel else name, "unexpected",
                     "is not a file intloom writes; it was left alone"))
-    if done_read or not check_dir(layout.done):
-        return
-    for name in list_names(layout.done):
-        if not name.startswith(".") and (not name.endswith(".snap") or len(name) != 69):
-            loaded.files.append(FileProblem(
-                _rel(layout, layout.done / name), "unexpected",
-                "is not a file intloom writes; it was left alone"))
 
 
 def load(root: Path, mode: Mode = "restore") -> Loaded:
@@ -229,7 +223,7 @@ def load(root: Path, mode: Mode = "restore") -> Loaded:
             "it (move it out of the runtime directory to let intloom write a new one)"))
         full = True
 
-    _unexpected_names(layout, loaded, done_read=mode == "verify")
+    _unexpected_names(layout, loaded)
     live = _snapshots(layout, layout.live, loaded)
     done = _snapshots(layout, layout.done, loaded) if mode == "verify" else {}
     if loaded.snapshot_errors:

@@ -201,6 +201,21 @@ def test_a_log_that_cannot_be_written_suspends_runs_and_refuses_new_work(
     assert max(counts.values()) == 1  # suspended, resumed: nothing ran twice
 
 
+def test_a_log_whose_first_line_fails_fails_the_start_and_leaves_no_log(
+    project: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A full disk: the log file is created, its first line (log_opened) is refused.
+    monkeypatch.setenv("INTLOOM_TEST_LOG_FAIL_AT", "log_opened")
+    for _ in range(2):
+        with pytest.raises(IntloomError) as failed:
+            start_service(project.root, timeout=30)
+        project.track_host()
+        assert failed.value.code == "LOG_WRITE_FAILED"
+        assert "its first line cannot be written" in failed.value.message
+    assert list((project.state / "logs").iterdir()) == []  # no empty sealed log per attempt
+    assert not (project.state / "service.lock").exists()
+
+
 def test_a_log_that_fails_while_starting_fails_the_start(
     project: Project, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -433,6 +433,61 @@ def test_on_complete_folds_the_result_into_the_state_and_refuses_anything_else(
     run(main)
 
 
+class GatedJournal(MemoryJournal):
+    """A journal whose flushes wait while ``gate`` is clear: a slow disk, on demand."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.held = asyncio.Event()  # a flush is waiting at the gate
+
+    async def sync(self, run_id: str | None = None) -> None:
+        if not self.gate.is_set():
+            self.held.set()
+        await self.gate.wait()
+        await super().sync(run_id)
+
+
+def test_a_completion_retried_while_the_first_is_flushed_gets_what_it_led_to() -> None:
+    wf = intloom.Workflow("agent", version="1")
+    st = wf.stage("s")
+
+    @st.agent_step("research", routes={"done": intloom.COMPLETE})
+    def research(ctx: Any) -> Any:
+        return {}
+
+    async def main() -> None:
+        journal = GatedJournal()
+        rt = Runtime(loaded(wf), journal, package_version="0.1.0", max_finished=1)
+        rt.restore([])
+        view = await rt.wait_stable((await rt.create_run("agent", "x")).run_id)
+        assert view.pending_agent_call is not None
+        call_id = view.pending_agent_call.id
+        token, _ = await rt.claim_agent_call(view.run_id, call_id, "c1")
+        journal.gate.clear()  # the completion's records are written, not yet durable
+        first = asyncio.ensure_future(
+            rt.complete_agent_call(view.run_id, call_id, token, "done", {"n": 1}))
+        await journal.held.wait()
+        retry = asyncio.ensure_future(
+            rt.complete_agent_call(view.run_id, call_id, token, "done", {"n": 1}))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not retry.done(), "the retry answered before the completion was durable"
+        journal.gate.set()
+        done, again = await asyncio.gather(first, retry)
+        assert done.status == "completed" and again == done
+        # An ended Run's memory of its task goes when the Run itself is retired.
+        other = await rt.wait_stable((await rt.create_run("agent", "y")).run_id)
+        assert other.pending_agent_call is not None
+        token2, _ = await rt.claim_agent_call(other.run_id, other.pending_agent_call.id, "c2")
+        await rt.complete_agent_call(other.run_id, other.pending_agent_call.id, token2, "done",
+                                   None)
+        assert list(rt._agent_ended) == [other.run_id]
+
+    run(main)
+
+
 def test_a_failed_agent_task_retried_gets_the_same_view() -> None:
     wf = intloom.Workflow("agent", version="1")
     st = wf.stage("s")

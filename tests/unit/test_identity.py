@@ -1,5 +1,6 @@
-"""Which files a Workflow's identity covers: the directory holding a single-file entry (or the
-package directory), without caches, tool directories and virtualenvs. Real files."""
+"""Which files a Workflow's identity covers: the Python files of the directory holding a
+single-file entry, or every file of a package directory; never dot files, caches or
+virtualenvs. Real files."""
 
 from __future__ import annotations
 
@@ -50,7 +51,29 @@ def test_an_entry_at_the_project_root_skips_caches_tools_and_virtualenvs(
                     "env2/bin/python.py", "pkg/.venv/pyvenv.cfg", "pkg/.venv/a.py"):
         _write(tmp_path / skipped)
     _write(tmp_path / "pkg" / "mod.py")
-    assert [rel for rel, _ in source_files(entry)] == ["flow.py", "intloom.toml", "pkg/mod.py"]
+    assert [rel for rel, _ in source_files(entry)] == ["flow.py", "pkg/mod.py"]
+
+
+def test_what_a_steps_writes_or_an_editor_leaves_beside_a_single_file_entry_is_not_source(
+    tmp_path: Path,
+) -> None:
+    entry = _write(tmp_path / "flow.py")
+    before = workflow_identity("flow", "1.0.0", entry)
+    _write(tmp_path / "report.md", "# written by a Step\n")
+    _write(tmp_path / "data" / "rows.csv", "a,b\n")
+    _write(tmp_path / ".flow.py.swp", "vim")
+    _write(tmp_path / "flow.py~", "backup")
+    assert workflow_identity("flow", "1.0.0", entry) == before
+    _write(tmp_path / "helpers.py")  # a module it could import is source
+    assert workflow_identity("flow", "1.0.0", entry) != before
+
+
+def test_a_package_entry_covers_its_data_files_but_not_dot_files(tmp_path: Path) -> None:
+    package = tmp_path / "workflows" / "notes"
+    _write(package / "__init__.py")
+    _write(package / "prompt.txt", "Summarise.\n")
+    _write(package / ".prompt.txt.swp", "vim")
+    assert [rel for rel, _ in source_files(package)] == ["__init__.py", "prompt.txt"]
 
 
 def test_a_symbolic_link_anywhere_in_the_tree_is_refused_by_name(tmp_path: Path) -> None:
