@@ -45,7 +45,8 @@ def _check_target(target: Path) -> None:
         )
     entries = sorted(os.listdir(target))
     if entries:
-        shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+        shown = ", ".join(entries[:3]) + (
+            f" and {len(entries) - 3} more" if len(entries) > 3 else "")
         raise IntloomError(
             "CLI_INIT_TARGET_NOT_EMPTY",
             f"{target} already contains {shown}. intloom init writes only into a new or empty "

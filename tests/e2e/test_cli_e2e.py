@@ -312,6 +312,10 @@ def test_status_and_runs_text_on_a_live_host(project: Project) -> None:
     assert status.stdout.startswith(f"Service running · {project.root}")
     assert project.cli("runs").stdout == "The current service has no Runs.\n"
     assert only_json(project.cli("runs", "--json")) == {"runs": []}
+    assert project.cli("runs", "--flow", "example").stdout == (
+        "The current service has no Runs of Workflow 'example'.\n")
+    unknown = project.cli("runs", "--flow", "nosuch", "--json")
+    assert unknown.code == 1 and only_json(unknown)["error"]["code"] == "NOT_FOUND"
 
 
 def test_piped_tables_are_not_padded(project: Project) -> None:

@@ -303,7 +303,10 @@ def test_cancel_is_identical_json_and_prefixes_an_ended_run(
 
 def test_runs_text_and_flow_filter(capsys: pytest.CaptureFixture[str], client: FakeClient) -> None:
     code, out, _ = cli(capsys, "runs", "--flow", "example")
-    assert (code, out) == (0, "The current service has no Runs.\n")
+    assert (code, out) == (0, "The current service has no Runs of Workflow 'example'.\n")
+    code, out, err = cli(capsys, "runs", "--flow", "nosuch")
+    assert (code, out) == (1, "")
+    assert "NOT_FOUND: Workflow 'nosuch' is not loaded by this host" in err
     client.runs_found = [run_view("waiting"), run_view("failed", "RUN_INTERRUPTED")]
     code, out, _ = cli(capsys, "runs")
     lines = out.splitlines()

@@ -10,7 +10,7 @@ from intloom.cli import exit_codes
 from intloom.cli.inputs import interactive, read_answer, read_intent
 from intloom.cli.options import CliState, command
 from intloom.cli.render import asked_lines, plain, run_lines, run_row
-from intloom.errors import error_view
+from intloom.errors import IntloomError, error_view
 
 if TYPE_CHECKING:
     from intloom.runtime.model import RunView
@@ -99,12 +99,19 @@ def runs(
     """List the Runs of the current host (new ones and restored unfinished ones)."""
     with state.client() as client:
         found = client.runs(flow)
+        if flow is not None and not found and flow not in {w.name for w in client.workflows()}:
+            raise IntloomError(
+                "NOT_FOUND",
+                f"Workflow {flow!r} is not loaded by this host, so it has no Runs here. "
+                "intloom flows lists the loaded Workflows.",
+            )
     renderer = state.renderer
     if renderer.json_mode:
         renderer.document({"runs": found})
         return
     if not found:
-        renderer.lines(["The current service has no Runs."])
+        renderer.lines([f"The current service has no Runs of Workflow {flow!r}." if flow
+                        else "The current service has no Runs."])
         return
     views = [plain(r) for r in found]
     renderer.table(["RUN", "WORKFLOW", "STATUS", "CURSOR", "UPDATED"], [run_row(v) for v in views])
