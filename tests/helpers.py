@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -199,3 +202,33 @@ def snapshot_files(root: Path) -> dict[str, bytes]:
         if path.is_file() and not path.is_symlink():
             out[str(path.relative_to(root))] = path.read_bytes()
     return out
+
+
+@contextlib.contextmanager
+def junk_listener(port: int, reply: bytes) -> Iterator[None]:
+    """Another program on ``port`` of 127.0.0.1: it answers every connection with ``reply``
+    (bytes that are no intloom frame), then closes it."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    sock.listen(8)
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = sock.accept()
+            except OSError:  # the socket was shut down: the listener's life is over
+                return
+            with conn, contextlib.suppress(OSError):  # a client may reset first
+                conn.sendall(reply)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+        sock.close()
+        thread.join(timeout=5)
+        assert not thread.is_alive()

@@ -12,12 +12,11 @@ import contextlib
 import json
 import os
 import socket
-import threading
 from collections.abc import Callable, Iterator
 
 import pytest
 
-from tests.helpers import Project, snapshot_files
+from tests.helpers import Project, junk_listener, snapshot_files
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -35,34 +34,9 @@ def silent_listener(port: int) -> Iterator[None]:
         sock.close()
 
 
-@contextlib.contextmanager
-def garbage_listener(port: int) -> Iterator[None]:
+def garbage_listener(port: int) -> contextlib.AbstractContextManager[None]:
     """Answers every connection with bytes that are no frame, then closes it."""
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", port))
-    sock.listen(8)
-    stop = threading.Event()
-
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = sock.accept()
-            except OSError:
-                return
-            with conn, contextlib.suppress(OSError):
-                conn.sendall(b"HTTP/1.0 400 Bad Request\r\n\r\nnot intloom\n" * 4)
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        sock.shutdown(socket.SHUT_RDWR)
-        sock.close()
-        thread.join(timeout=5)
-        assert not thread.is_alive()
+    return junk_listener(port, b"HTTP/1.0 400 Bad Request\r\n\r\nnot intloom\n" * 4)
 
 
 @pytest.mark.parametrize("listener", [silent_listener, garbage_listener])

@@ -7,16 +7,12 @@ start → flow (waiting) → SIGKILL → status → stop / start refused → doc
 from __future__ import annotations
 
 import json
-import socket
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
 from typing import Any
 
 import pytest
 
 from intloom.diagnostics import diagnose
-from tests.helpers import CliResult, Project, snapshot_files
+from tests.helpers import CliResult, Project, junk_listener, snapshot_files
 
 pytestmark = pytest.mark.e2e
 
@@ -137,40 +133,11 @@ def test_waiting_run_is_restored_after_crash_and_recover(project: Project) -> No
     assert answered["status"] == "completed"
 
 
-@contextmanager
-def _foreign_listener(port: int) -> Iterator[None]:
-    """Another program on the saved port: it answers every connection with junk and closes."""
-    server = socket.socket()
-    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    server.bind(("127.0.0.1", port))
-    server.listen()
-    server.settimeout(0.05)  # so the loop sees the stop flag; not a wait for an event
-    stop = threading.Event()
-
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = server.accept()
-            except TimeoutError:
-                continue
-            with conn, suppress(OSError):  # a client may reset first; that is its business
-                conn.sendall(b"HTTP/1.1 503 Service Unavailable\r\n\r\n")
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join(timeout=5)
-        server.close()
-
-
 def test_foreign_listener_on_the_saved_port_blocks_recover(project: Project) -> None:
     _crash(project)
     files = snapshot_files(project.state)
     port = json.loads(files["connection.json"])["port"]
-    with _foreign_listener(port):
+    with junk_listener(port, b"HTTP/1.1 503 Service Unavailable\r\n\r\n"):
         status = _ok(project.cli("status", "--json"))
         assert status["status"] == "blocked"
         error = _error(project.cli("recover", "--json"), "CLI_RECOVERY_BLOCKED")

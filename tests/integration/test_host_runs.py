@@ -10,6 +10,7 @@ import pytest
 from intloom.client.client import Client
 from intloom.client.lifecycle import stop_service
 from intloom.protocol.messages import MAX_FRAME, RunEvent
+from intloom.runtime.model import RunView
 from tests.helpers import Project, eventually, pid_alive, snapshot_files
 from tests.integration.host_support import (
     closed,
@@ -140,18 +141,24 @@ def test_stop_while_a_step_runs_suspends_it_and_restart_reports_interrupted(
     eventually(lambda: (project.root / "calls.log").exists(), timeout=10,
                what="the effect to start")
     assert stop_service(project.root, timeout=20) is True
-    restarted = start(project).service
-    assert restarted.restore is not None
-    assert restarted.restore.interrupted == [run.run_id]
-    with Client.connect(project.root) as client:
-        view = client.get_run(run.run_id)
-    assert view.status == "failed"
-    assert view.last_error is not None and view.last_error.code == "RUN_INTERRUPTED"
-    assert "held-call" in view.last_error.message
+    view = _restarted_interrupted(project, run.run_id)
+    assert view.last_error is not None and "held-call" in view.last_error.message
     # Never replayed: the effect was called once, by the first host.
     (project.root / "gate").touch()
     assert (project.root / "calls.log").read_text() == "payload\n"
 
+
+
+def _restarted_interrupted(project: Project, run_id: str) -> RunView:
+    """Start the host again: ``run_id`` is restored, and only it, as RUN_INTERRUPTED."""
+    restarted = start(project).service
+    assert restarted.restore is not None
+    assert restarted.restore.interrupted == [run_id]
+    with Client.connect(project.root) as client:
+        view = client.get_run(run_id)
+    assert view.status == "failed"
+    assert view.last_error is not None and view.last_error.code == "RUN_INTERRUPTED"
+    return view
 
 
 STUBBORN = textwrap.dedent('''
@@ -224,13 +231,7 @@ def test_a_step_that_swallows_cancellation_does_not_outlive_the_stop(
     # Only a task that ignored its cancellation is reported abandoned (the stop's own
     # helpers never are); the blocked thread is not a task.
     assert ("tasks_abandoned" in log.read_text()) == (intent == "spin")
-    restarted = start(project).service
-    assert restarted.restore is not None
-    assert restarted.restore.interrupted == [run.run_id]
-    with Client.connect(project.root) as client:
-        view = client.get_run(run.run_id)
-    assert view.status == "failed"
-    assert view.last_error is not None and view.last_error.code == "RUN_INTERRUPTED"
+    _restarted_interrupted(project, run.run_id)
 
 
 def test_subscribe_streams_history_then_live_events_until_final(project: Project) -> None:

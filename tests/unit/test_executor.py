@@ -449,7 +449,8 @@ class GatedJournal(MemoryJournal):
         await super().sync(run_id)
 
 
-def test_a_completion_retried_while_the_first_is_flushed_gets_what_it_led_to() -> None:
+def _one_agent_step() -> intloom.Workflow:
+    """Workflow 'agent': one Agent Step, whose outcome "done" completes the Run."""
     wf = intloom.Workflow("agent", version="1")
     st = wf.stage("s")
 
@@ -457,20 +458,31 @@ def test_a_completion_retried_while_the_first_is_flushed_gets_what_it_led_to() -
     def research(ctx: Any) -> Any:
         return {}
 
+    return wf
+
+
+async def _claimed(rt: Runtime, intent: str, claim_id: str) -> tuple[str, str, str]:
+    """A new Run of 'agent', its task claimed: (run id, call id, owner token)."""
+    view = await rt.wait_stable((await rt.create_run("agent", intent)).run_id)
+    assert view.pending_agent_call is not None
+    call_id = view.pending_agent_call.id
+    token, _ = await rt.claim_agent_call(view.run_id, call_id, claim_id)
+    return view.run_id, call_id, token
+
+
+def test_a_completion_retried_while_the_first_is_flushed_gets_what_it_led_to() -> None:
     async def main() -> None:
         journal = GatedJournal()
-        rt = Runtime(loaded(wf), journal, package_version="0.1.0", max_finished=1)
+        rt = Runtime(loaded(_one_agent_step()), journal, package_version="0.1.0",
+                     max_finished=1)
         rt.restore([])
-        view = await rt.wait_stable((await rt.create_run("agent", "x")).run_id)
-        assert view.pending_agent_call is not None
-        call_id = view.pending_agent_call.id
-        token, _ = await rt.claim_agent_call(view.run_id, call_id, "c1")
+        run_id, call_id, token = await _claimed(rt, "x", "c1")
         journal.gate.clear()  # the completion's records are written, not yet durable
         first = asyncio.ensure_future(
-            rt.complete_agent_call(view.run_id, call_id, token, "done", {"n": 1}))
+            rt.complete_agent_call(run_id, call_id, token, "done", {"n": 1}))
         await journal.held.wait()
         retry = asyncio.ensure_future(
-            rt.complete_agent_call(view.run_id, call_id, token, "done", {"n": 1}))
+            rt.complete_agent_call(run_id, call_id, token, "done", {"n": 1}))
         for _ in range(5):
             await asyncio.sleep(0)
         assert not retry.done(), "the retry answered before the completion was durable"
@@ -478,40 +490,27 @@ def test_a_completion_retried_while_the_first_is_flushed_gets_what_it_led_to() -
         done, again = await asyncio.gather(first, retry)
         assert done.status == "completed" and again == done
         # An ended Run's memory of its task goes when the Run itself is retired.
-        other = await rt.wait_stable((await rt.create_run("agent", "y")).run_id)
-        assert other.pending_agent_call is not None
-        token2, _ = await rt.claim_agent_call(other.run_id, other.pending_agent_call.id, "c2")
-        await rt.complete_agent_call(other.run_id, other.pending_agent_call.id, token2, "done",
-                                   None)
-        assert list(rt._agent_ended) == [other.run_id]
+        other, other_call, other_token = await _claimed(rt, "y", "c2")
+        await rt.complete_agent_call(other, other_call, other_token, "done", None)
+        assert list(rt._agent_ended) == [other]
 
     run(main)
 
 
 def test_a_failed_agent_task_retried_gets_the_same_view() -> None:
-    wf = intloom.Workflow("agent", version="1")
-    st = wf.stage("s")
-
-    @st.agent_step("research", routes={"done": intloom.COMPLETE})
-    def research(ctx: Any) -> Any:
-        return {}
-
     async def main() -> None:
-        rt = Runtime(loaded(wf), MemoryJournal(), package_version="0.1.0")
+        rt = Runtime(loaded(_one_agent_step()), MemoryJournal(), package_version="0.1.0")
         rt.restore([])
-        view = await rt.wait_stable((await rt.create_run("agent", "x")).run_id)
-        assert view.pending_agent_call is not None
-        call_id = view.pending_agent_call.id
-        token, _ = await rt.claim_agent_call(view.run_id, call_id, "c1")
-        failed = await rt.fail_agent_call(view.run_id, call_id, token, "no sources")
+        run_id, call_id, token = await _claimed(rt, "x", "c1")
+        failed = await rt.fail_agent_call(run_id, call_id, token, "no sources")
         assert failed.status == "failed"
-        assert await rt.fail_agent_call(view.run_id, call_id, token, "no sources") == failed
+        assert await rt.fail_agent_call(run_id, call_id, token, "no sources") == failed
         with pytest.raises(IntloomError) as other:
-            await rt.fail_agent_call(view.run_id, call_id, token, "something else")
+            await rt.fail_agent_call(run_id, call_id, token, "something else")
         assert other.value.code == "CONFLICT"
         assert "was already failed: 'no sources'" in other.value.message
         with pytest.raises(IntloomError) as completed:
-            await rt.complete_agent_call(view.run_id, call_id, token, "done", None)
+            await rt.complete_agent_call(run_id, call_id, token, "done", None)
         assert completed.value.code == "CONFLICT"
 
     run(main)
