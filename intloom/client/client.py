@@ -70,6 +70,23 @@ def _metadata_invalid(message: str) -> IntloomError:
     return IntloomError("CLI_SERVICE_METADATA_INVALID", message)
 
 
+def _pid_exists(pid: int) -> bool:
+    """Whether a live process has ``pid``: a signal-0 probe (a process of another user
+    exists), and on Linux not a zombie (an exited host its parent has not reaped yet).
+    Anything unclear counts as alive: the hello's identity check then decides."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rpartition(b") ")[2][:1] != b"Z"
+    except OSError:
+        return True
+
+
 def _dial(port: int, timeout: float) -> socket.socket:
     """A TCP connection to 127.0.0.1:``port``. A literal address needs no resolver, and
     ``create_connection`` would run it through ``getaddrinfo``, which imports the idna codec
@@ -143,6 +160,15 @@ class Client:
             raise _metadata_invalid(
                 f"{paths.service_json} names port {info.port} but {paths.connection_json} names "
                 f"{conn.port}. Nothing was sent; run intloom doctor."
+            )
+        if not _pid_exists(info.pid):
+            # The host died without cleaning up (a crash): whatever listens on its port now
+            # is not it, and must not be handed the token.
+            raise IntloomError(
+                "CLI_SERVICE_OFFLINE",
+                f"The local service is unavailable: {paths.service_json.name} names pid "
+                f"{info.pid}, which no longer exists (the host exited without cleaning up). "
+                "Nothing was sent. Run intloom status.",
             )
         try:
             sock = _dial(conn.port, timeout)

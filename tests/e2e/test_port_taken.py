@@ -85,3 +85,35 @@ def test_a_foreign_listener_on_the_saved_port_is_named_and_recover_refuses(
     # With the port free again, the ordinary path works: recover, then start.
     assert project.cli("recover", "--json").json["recovered"] is True
     assert project.cli("start").code == 0
+
+
+def test_a_command_never_hands_the_token_to_a_program_on_a_dead_hosts_port(
+    project: Project,
+) -> None:
+    assert project.cli("start").code == 0
+    connection = json.loads((project.state / "connection.json").read_text())
+    dead = project.kill_host()  # waits until the pid is gone and the port is free
+    received: list[bytes] = []
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", connection["port"]))
+    sock.listen(8)
+    sock.settimeout(0)  # only ever polled, below: whatever connected is already queued
+    try:
+        runs = project.cli("runs", "--json")
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                conn, _ = sock.accept()
+                with conn:
+                    conn.settimeout(1.0)
+                    with contextlib.suppress(OSError):
+                        received.append(conn.recv(65536))
+    finally:
+        sock.close()
+    assert runs.code == 1, runs.stdout
+    error = runs.json["error"]
+    assert error["code"] == "CLI_SERVICE_OFFLINE", error
+    assert f"names pid {dead}, which no longer exists" in error["message"]
+    assert "Nothing was sent" in error["message"]
+    assert received == [], "a client connected to the program on the dead host's port"
+    assert connection["token"].encode() not in b"".join(received)
