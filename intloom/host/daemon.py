@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+import msgspec
+
 from intloom import __version__
 from intloom.errors import ErrorView, IntloomError
 from intloom.host.boot import Booted, boot, check_error
@@ -350,6 +352,13 @@ class Host:
         if self.booted is not None:
             counts = self.booted.runtime.counts()
             summary = self.booted.summary
+            if summary is not None and summary.needs_attention:
+                # A held Run that cancel has since ended needs nothing any more.
+                held = self.booted.runtime.held
+                still = [r for r in summary.needs_attention
+                         if r not in held or held[r].ended is None]
+                if len(still) != len(summary.needs_attention):
+                    summary = msgspec.structs.replace(summary, needs_attention=still)
             workflow_count = sum(1 for w in self.booted.workflows if w.ready)
             problems = self.booted.problems
         return ServiceView(

@@ -70,6 +70,8 @@ def test_a_run_held_for_a_changed_workflow_says_so_and_cancel_dismisses_it(
     doctor = project.cli("doctor", "--json")
     assert doctor.code == 0, doctor.stdout
     assert doctor.json["runs"] == []
+    # The live host's own summary no longer lists it as needing attention either.
+    assert ok(project.cli("status", "--json"))["service"]["restore"]["needsAttention"] == []
     ok(project.cli("stop", "--json"))
 
     # One terminal record appended; every earlier byte of the journal as it was.
