@@ -87,10 +87,12 @@ def build_app(only: str | None = None) -> typer.Typer:
         add_completion=False,
         no_args_is_help=True,
         pretty_exceptions_enable=False,
-        # NO_COLOR promises plain output even on a terminal. Rich honours it for colour only
-        # (bold and the boxed panels stay), so Typer's Rich help is switched off: without a
-        # markup mode Typer prints Click's plain help.
-        rich_markup_mode=None if "NO_COLOR" in os.environ else "rich",
+        # NO_COLOR promises plain output even on a terminal, and piped output is plain text
+        # without trailing spaces. Rich honours NO_COLOR for colour only (bold and the boxed
+        # panels stay), so Typer's Rich help is switched off for both: without a markup mode
+        # Typer prints Click's plain help.
+        rich_markup_mode=None if "NO_COLOR" in os.environ or not sys.stdout.isatty()
+        else "rich",
         context_settings={"help_option_names": ["-h", "--help"]},
     )
     app.callback()(_root)

@@ -56,6 +56,8 @@ def for_exception(exc: BaseException) -> int:
     if isinstance(exc, IntloomError):
         # CLI_INTERNAL_ERROR is a bug whichever side found it (this process, or a host that
         # reported it over the socket or the readiness pipe): scripts see 70 for it, always.
+        if getattr(exc, "usage", False):  # options that contradict each other
+            return USAGE
         return INTERNAL if exc.code == "CLI_INTERNAL_ERROR" else FAILURE
     return INTERNAL
 

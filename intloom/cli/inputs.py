@@ -49,12 +49,20 @@ def _read_bytes(source: str, code: str, what: str) -> bytes:
     return data
 
 
+class UsageError(IntloomError):
+    """A command line whose options contradict each other: ``INVALID_REQUEST``, and exit 2
+    (``USAGE``) like any command line that could not be parsed."""
+
+    usage = True
+
+    def __init__(self, message: str) -> None:
+        super().__init__("INVALID_REQUEST", message)
+
+
 def read_intent(intent: str | None, intent_file: str | None, *, prompt: bool) -> str:
     """The intent from --intent, --intent-file (``-`` is stdin) or, on a terminal, a prompt."""
     if intent is not None and intent_file is not None:
-        raise IntloomError(
-            "INVALID_REQUEST", "--intent and --intent-file are mutually exclusive; pass one."
-        )
+        raise UsageError("--intent and --intent-file are mutually exclusive; pass one.")
     if intent_file is not None:
         data = _read_bytes(intent_file, "CLI_INTENT_FILE_INVALID", "intent file")
         try:

@@ -74,6 +74,27 @@ def test_init_refuses_a_non_empty_directory_and_touches_nothing(tmp_path: Path) 
     assert snapshot_files(tmp_path) == before
 
 
+def test_init_refuses_a_non_empty_directory_naming_what_it_holds(tmp_path: Path) -> None:
+    for name in ("a", "b", "c", "d", "e"):
+        (tmp_path / name).write_text(name)
+    result = run_cli("init", ".", cwd=tmp_path)
+    assert result.code == 1
+    assert f"{tmp_path} already contains a, b, c and 2 more. intloom init" in result.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ["flow", "example", "--intent", "a", "--intent-file", "x", "--json"],
+    ["init", "one", "--project", "two", "--json"],
+])
+def test_options_that_contradict_each_other_are_a_usage_error(
+    tmp_path: Path, args: list[str]
+) -> None:
+    result = run_cli(*args, cwd=tmp_path)
+    assert result.code == 2, result.stdout  # as for any command line that cannot be parsed
+    assert only_json(result)["error"]["code"] == "INVALID_REQUEST"
+    assert list(tmp_path.iterdir()) == []  # nothing created
+
+
 def test_init_refuses_a_file(tmp_path: Path) -> None:
     (tmp_path / "a-file").write_text("x")
     result = run_cli("init", "a-file", cwd=tmp_path)
@@ -116,6 +137,17 @@ def test_piped_and_no_color_output_has_no_escapes(project: Project) -> None:
         assert not ANSI.search(result.stdout + result.stderr), args
     plain = project.cli("status")
     assert plain.code == 0 and plain.stdout.startswith("The service is offline.")
+
+
+@pytest.mark.parametrize("args", [["--help"], ["runs", "--help"], ["attach", "-h"]])
+def test_piped_help_is_plain_text_even_without_no_color(tmp_path: Path, args: list[str]) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
+    result = subprocess.run([sys.executable, "-m", "intloom", *args], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("Usage: intloom"), result.stdout
+    assert "\u256d" not in result.stdout and "\u2502" not in result.stdout  # no Rich panels
+    assert not [line for line in result.stdout.splitlines() if line != line.rstrip()]
 
 
 # ----- logs (offline: synthetic host logs) ---------------------------------------------------

@@ -9,8 +9,8 @@ from typing import Annotated
 
 import typer
 
+from intloom.cli.inputs import UsageError
 from intloom.cli.options import CliState, command
-from intloom.errors import IntloomError
 
 __all__ = ["init"]
 
@@ -33,10 +33,9 @@ def init(
         and state.project is not None
         and os.path.abspath(directory) != os.path.abspath(state.project)
     ):
-        raise IntloomError(
-            "INVALID_REQUEST",
+        raise UsageError(
             f"intloom init got two targets, {directory} and --project {state.project}. "
-            "Pass the directory once.",
+            "Pass the directory once."
         )
     target = directory if directory is not None else state.project or Path.cwd()
     root = scaffold(target)
