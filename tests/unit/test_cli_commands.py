@@ -230,20 +230,21 @@ def test_flow_intent_file_and_stdin(
 
 
 @pytest.mark.parametrize(
-    ("args", "code"),
+    ("args", "code", "exit_expected"),
     [
-        (["--intent", "   "], "INVALID_REQUEST"),
-        ([], "INVALID_REQUEST"),
-        (["--intent", "x", "--intent-file", "f"], "INVALID_REQUEST"),
-        (["--intent-file", "missing.txt"], "CLI_INTENT_FILE_INVALID"),
-        (["--intent-file", "."], "CLI_INTENT_FILE_INVALID"),
+        (["--intent", "   "], "INVALID_REQUEST", 1),
+        ([], "INVALID_REQUEST", 1),
+        (["--intent", "x", "--intent-file", "f"], "INVALID_REQUEST", 2),  # a usage error
+        (["--intent-file", "missing.txt"], "CLI_INTENT_FILE_INVALID", 1),
+        (["--intent-file", "."], "CLI_INTENT_FILE_INVALID", 1),
     ],
 )
 def test_flow_bad_intent_never_connects(
-    capsys: pytest.CaptureFixture[str], client: FakeClient, args: list[str], code: str
+    capsys: pytest.CaptureFixture[str], client: FakeClient, args: list[str], code: str,
+    exit_expected: int,
 ) -> None:
     exit_code, out, _ = cli(capsys, "flow", "example", *args, "--json")
-    assert exit_code == 1
+    assert exit_code == exit_expected
     assert json.loads(out)["error"]["code"] == code
     assert client.calls == []
 
