@@ -43,7 +43,7 @@ def _refuse_link(path: Path, root: Path) -> IntloomError:
     return IntloomError(
         "WORKFLOW_LOAD_FAILED",
         f"{path} is a symbolic link in the source tree {root}. A Workflow's identity covers "
-        "the bytes of every file of that directory; replace the link with the file it points "
+        "the bytes of its source files there; replace the link with the file it points "
         "to, or keep the Workflow in a directory of its own.",
     )
 
@@ -62,7 +62,7 @@ def _unreadable(root: Path) -> Callable[[OSError], None]:
         raise IntloomError(
             "WORKFLOW_LOAD_FAILED",
             f"{exc.filename} in the source tree {root} cannot be listed "
-            f"({exc.strerror or exc}); the Workflow's identity covers every file there. "
+            f"({exc.strerror or exc}); the Workflow's identity covers its source files there. "
             "Make it readable, or move the Workflow into a directory of its own.",
         ) from None
 
@@ -121,7 +121,7 @@ def workflow_identity(name: str, version: str, entry: Path) -> str:
             raise IntloomError(
                 "WORKFLOW_LOAD_FAILED",
                 f"{path} in the source tree {source_root(entry)} cannot be read "
-                f"({exc.strerror or exc}); the Workflow's identity covers every file there. "
+                f"({exc.strerror or exc}); the Workflow's identity covers its source files there. "
                 "Make it readable, or move the Workflow into a directory of its own.",
             ) from None
         h.update(json.dumps([rel, len(data)]).encode())

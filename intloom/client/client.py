@@ -73,7 +73,9 @@ def _metadata_invalid(message: str) -> IntloomError:
 def _pid_exists(pid: int) -> bool:
     """Whether a live process has ``pid``: a signal-0 probe (a process of another user
     exists), and on Linux not a zombie (an exited host its parent has not reaped yet).
-    Anything unclear counts as alive: the hello's identity check then decides."""
+    Anything unclear counts as alive: the hello's identity check then decides. Not
+    ``intloom.host.liveness``: it imports psutil, which every client command would pay for
+    at start-up; the create-time check stays with status, doctor and recover."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

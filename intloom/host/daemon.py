@@ -277,10 +277,7 @@ class Host:
         except OSError as exc:
             raise _log_write_failed(self.paths.logs, exc.strerror or str(exc)) from None
         self.log.on_failure = self._log_failed
-        log = self.log
-        if log.failed:
-            # Before any work: a host that cannot write its log cannot account for it.
-            raise _log_write_failed(log.path, log.failure or "unknown error")
+        log = self.log  # its first line is written: HostLog.open raises otherwise
         self.ready.progress("log_opened")
         log.info("service_starting", port=opts.port, strict=opts.strict)
         config = load_config(self.paths.root)

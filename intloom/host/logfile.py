@@ -45,6 +45,15 @@ def _log_name(moment: datetime) -> str:
     return f"LOG-{moment.strftime('%Y%m%dT%H%M%S')}{moment.microsecond // 1000:03d}Z.jsonl"
 
 
+def _discard(fd: int, path: Path) -> None:
+    """Close and remove a log file that never became a log of anything (its directory's
+    fsync or its first line failed), so that a failed start leaves no file behind."""
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+        fsync_dir(path.parent)
+
+
 class HostLog:
     """An open log file. ``write`` never raises; ``failed`` says whether a write was lost."""
 
@@ -83,23 +92,15 @@ class HostLog:
             try:
                 fsync_dir(logs_dir)
             except BaseException:
-                # Not yet a log of anything: close it and take the empty file back, so a
-                # failed start leaves nothing behind.
-                os.close(fd)
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
+                _discard(fd, path)
                 raise
             log = cls(path, fd)
             log.write("info", "log_opened", schemaVersion=LOG_SCHEMA_VERSION, pid=os.getpid(),
                       **context)
             if log.failed:
-                # A full disk creates the empty file and refuses its first line: that file
-                # is no log of anything either, and each failed start would leave another.
-                os.close(fd)
+                # A full disk creates the empty file and refuses its first line.
                 log._fd = None
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
-                    fsync_dir(logs_dir)
+                _discard(fd, path)
                 raise OSError(f"{path.name}: its first line cannot be written "
                               f"({log.failure})")
             return log
