@@ -15,7 +15,12 @@ from typing import Any, Final, TypeVar
 from intloom.client.outgoing import frame_of
 from intloom.errors import IntloomError
 from intloom.fsutil import PrivacyError, check_private_dir
-from intloom.host.metadata import ServiceInfo, read_connection, read_service
+from intloom.host.metadata import (
+    CREATE_TIME_TOLERANCE,
+    ServiceInfo,
+    read_connection,
+    read_service,
+)
 from intloom.project import ProjectPaths
 from intloom.protocol.framing import (
     FrameClosed,
@@ -70,23 +75,40 @@ def _metadata_invalid(message: str) -> IntloomError:
     return IntloomError("CLI_SERVICE_METADATA_INVALID", message)
 
 
-def _pid_exists(pid: int) -> bool:
-    """Whether a live process has ``pid``: a signal-0 probe (a process of another user
-    exists), and on Linux not a zombie (an exited host its parent has not reaped yet).
+def _host_gone(pid: int, create_time: float) -> str | None:
+    """Why the host recorded as ``pid`` (created at ``create_time``) is provably gone, or
+    None. Gone: no process has the pid, it is a zombie (an exited host its parent has not
+    reaped yet), or it belongs to a process created at another time (the pid was reused).
     Anything unclear counts as alive: the hello's identity check then decides. Not
     ``intloom.host.liveness``: it imports psutil, which every client command would pay for
-    at start-up; the create-time check stays with status, doctor and recover."""
+    at start-up. The create time is psutil's, derived the same way from ``/proc``."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
-        return False
+        return "which no longer exists (the host exited without cleaning up)"
     except OSError:
-        return True
+        return None
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().rpartition(b") ")[2][:1] != b"Z"
-    except OSError:
-        return True
+            fields = fh.read().rpartition(b") ")[2].split()
+        if fields[:1] == [b"Z"]:
+            return "which no longer exists (the host exited without cleaning up)"
+        started = _boot_time() + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+    if abs(started - create_time) > CREATE_TIME_TOLERANCE:
+        return ("which now belongs to another process (the host exited without cleaning up "
+                "and its pid was reused)")
+    return None
+
+
+def _boot_time() -> float:
+    """The boot time in /proc/stat, as psutil reads it for create times."""
+    with open("/proc/stat", "rb") as fh:
+        for line in fh:
+            if line.startswith(b"btime "):
+                return float(line.split()[1])
+    raise ValueError("/proc/stat has no btime line")
 
 
 def _dial(port: int, timeout: float) -> socket.socket:
@@ -163,14 +185,14 @@ class Client:
                 f"{paths.service_json} names port {info.port} but {paths.connection_json} names "
                 f"{conn.port}. Nothing was sent; run intloom doctor."
             )
-        if not _pid_exists(info.pid):
+        gone = _host_gone(info.pid, info.create_time)
+        if gone is not None:
             # The host died without cleaning up (a crash): whatever listens on its port now
             # is not it, and must not be handed the token.
             raise IntloomError(
                 "CLI_SERVICE_OFFLINE",
                 f"The local service is unavailable: {paths.service_json.name} names pid "
-                f"{info.pid}, which no longer exists (the host exited without cleaning up). "
-                "Nothing was sent. Run intloom status.",
+                f"{info.pid}, {gone}. Nothing was sent. Run intloom status.",
             )
         try:
             sock = _dial(conn.port, timeout)

@@ -15,10 +15,12 @@ import fcntl
 import os
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Final, Literal
+from typing import Literal
 
 import msgspec
 import psutil
+
+from intloom.host.metadata import CREATE_TIME_TOLERANCE
 
 __all__ = [
     "CREATE_TIME_TOLERANCE",
@@ -33,9 +35,6 @@ __all__ = [
 
 OwnerStatus = Literal["alive", "gone", "unknown"]
 
-# psutil derives create times from the boot time in /proc/stat, which is whole seconds and
-# can be re-derived a second apart; a real pid reuse never lands this close to the original.
-CREATE_TIME_TOLERANCE: Final = 1.0
 
 
 class Evidence(msgspec.Struct, frozen=True):

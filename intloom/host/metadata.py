@@ -26,6 +26,7 @@ from intloom.fsutil import (
 )
 
 __all__ = [
+    "CREATE_TIME_TOLERANCE",
     "METADATA_VERSION",
     "Connection",
     "OwnerIdentity",
@@ -43,6 +44,10 @@ __all__ = [
 ]
 
 METADATA_VERSION: Final = 1
+
+# psutil derives create times from the boot time in /proc/stat, which is whole seconds and
+# can be re-derived a second apart; a real pid reuse never lands this close to the original.
+CREATE_TIME_TOLERANCE: Final = 1.0
 
 
 class _Meta(msgspec.Struct, frozen=True, rename="camel", forbid_unknown_fields=True):

@@ -13,6 +13,7 @@ import json
 import os
 import socket
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -87,20 +88,17 @@ def test_a_foreign_listener_on_the_saved_port_is_named_and_recover_refuses(
     assert project.cli("start").code == 0
 
 
-def test_a_command_never_hands_the_token_to_a_program_on_a_dead_hosts_port(
-    project: Project,
-) -> None:
-    assert project.cli("start").code == 0
-    connection = json.loads((project.state / "connection.json").read_text())
-    dead = project.kill_host()  # waits until the pid is gone and the port is free
+def _recorded(port: int, command: Callable[[], Any]) -> tuple[Any, bytes]:
+    """``command()``'s result, and every byte a listener on ``port`` (in this process)
+    received while it ran."""
     received: list[bytes] = []
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", connection["port"]))
+    sock.bind(("127.0.0.1", port))
     sock.listen(8)
     sock.settimeout(0)  # only ever polled, below: whatever connected is already queued
     try:
-        runs = project.cli("runs", "--json")
+        result = command()
         with contextlib.suppress(BlockingIOError):
             while True:
                 conn, _ = sock.accept()
@@ -110,10 +108,41 @@ def test_a_command_never_hands_the_token_to_a_program_on_a_dead_hosts_port(
                         received.append(conn.recv(65536))
     finally:
         sock.close()
+    return result, b"".join(received)
+
+
+def test_a_command_never_hands_the_token_to_a_program_on_a_dead_hosts_port(
+    project: Project,
+) -> None:
+    assert project.cli("start").code == 0
+    connection = json.loads((project.state / "connection.json").read_text())
+    dead = project.kill_host()  # waits until the pid is gone and the port is free
+    runs, received = _recorded(connection["port"], lambda: project.cli("runs", "--json"))
     assert runs.code == 1, runs.stdout
     error = runs.json["error"]
     assert error["code"] == "CLI_SERVICE_OFFLINE", error
     assert f"names pid {dead}, which no longer exists" in error["message"]
     assert "Nothing was sent" in error["message"]
-    assert received == [], "a client connected to the program on the dead host's port"
-    assert connection["token"].encode() not in b"".join(received)
+    assert received == b"", "a client connected to the program on the dead host's port"
+
+
+def test_a_reused_pid_on_the_dead_hosts_port_is_not_handed_the_token(
+    project: Project,
+) -> None:
+    """The dead host's pid now belongs to another live process -- this one, which also
+    holds the port: pid and port both match, only the create time tells them apart."""
+    assert project.cli("start").code == 0
+    connection = json.loads((project.state / "connection.json").read_text())
+    project.kill_host()
+    service = project.state / "service.json"
+    info = json.loads(service.read_text())
+    info["pid"] = os.getpid()  # the recorded createTime stays the dead host's
+    service.write_text(json.dumps(info))
+    runs, received = _recorded(connection["port"], lambda: project.cli("runs", "--json"))
+    assert runs.code == 1, runs.stdout
+    error = runs.json["error"]
+    assert error["code"] == "CLI_SERVICE_OFFLINE", error
+    assert f"names pid {os.getpid()}, which now belongs to another process" in error["message"]
+    assert "Nothing was sent" in error["message"]
+    assert connection["token"].encode() not in received
+    assert received == b""
