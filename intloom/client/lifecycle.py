@@ -30,7 +30,15 @@ from intloom.host.metadata import ServiceInfo, ServiceLock, read_lock, read_serv
 from intloom.project import ProjectPaths
 from intloom.protocol.messages import ServiceView
 
-__all__ = ["Progress", "StartResult", "start_service", "stop_service"]
+__all__ = [
+    "CutRun",
+    "Progress",
+    "StartResult",
+    "StopResult",
+    "start_service",
+    "stop_service",
+    "stop_service_report",
+]
 
 Progress = Callable[[str], None]  # receives a short human-readable line
 
@@ -59,6 +67,23 @@ _STOP_UNVERIFIED: Final = (
 class StartResult:
     service: ServiceView
     reused: bool
+
+
+@dataclass(frozen=True)
+class CutRun:
+    """A Run whose Step was still running when the stop's grace ran out."""
+
+    run_id: str
+    evidence: str  # what was running, e.g. "Step main/pay was running effect 'charge' ..."
+
+
+@dataclass(frozen=True)
+class StopResult:
+    stopped: bool
+    # The next start reports these RUN_INTERRUPTED; every other unfinished Run was
+    # suspended at a checkpoint. From the stopped host's log (empty when it cannot be read).
+    cut: list[CutRun]
+    cut_count: int = 0  # all of them; ``cut`` lists at most the first 50
 
 
 # ----- shared --------------------------------------------------------------------------------
@@ -474,7 +499,12 @@ def _request_stop(root: Path, paths: ProjectPaths, target: _Target,
 
 
 def stop_service(root: Path, *, timeout: float = 10.0) -> bool:
-    """Stop the observed host instance. ``False`` when offline (nothing is created).
+    """Stop the observed host instance. ``False`` when offline (nothing is created)."""
+    return stop_service_report(root, timeout=timeout).stopped
+
+
+def stop_service_report(root: Path, *, timeout: float = 10.0) -> StopResult:
+    """Stop the observed host instance, and say which Runs it cut mid-Step.
 
     Never signals and never cleans up: crash leftovers are CLI_SERVICE_BUSY with every file
     byte-identical; a host that does not release its files in time is CLI_SERVICE_TIMEOUT.
@@ -488,7 +518,7 @@ def stop_service(root: Path, *, timeout: float = 10.0) -> bool:
     snap = observe(root)  # strict, consistent, read-only; invalid metadata raises here
     info, lock, conn = snap.service.value, snap.lock.value, snap.connection.value
     if info is None and lock is None:
-        return False
+        return StopResult(stopped=False, cut=[])
     target = _target(info, lock)
     if info is not None and (conn is None or conn.port != info.port):
         raise IntloomError(
@@ -501,12 +531,13 @@ def stop_service(root: Path, *, timeout: float = 10.0) -> bool:
     if info is not None:
         unsent = _request_stop(root, paths, target, deadline)
         tried = True
+    log = (paths.logs / info.log_file if info is not None and info.log_file else None)
     while True:
         if _released(paths, target):
-            return True
+            return _stopped(log)
         if _owner_gone(paths, target.pid, target.create_time, target.boot_id):
             if _released(paths, target):
-                return True
+                return _stopped(log)
             raise IntloomError("CLI_SERVICE_BUSY", _STOP_UNVERIFIED)
         if not tried:
             # Observed only by its lock (still starting): ask once it serves.
@@ -527,3 +558,34 @@ def stop_service(root: Path, *, timeout: float = 10.0) -> bool:
                 f"{target.pid}) within {timeout:g} s. Run intloom doctor. {said}",
             )
         time.sleep(min(_POLL, remaining))  # a poll between two reads of the metadata
+
+
+_LOG_TAIL: Final = 256 * 1024  # the stop's lines are the log's last; a long log is not read
+
+
+def _stopped(log: Path | None) -> StopResult:
+    """A stopped host's result, with the Runs it cut: the ``runs_cut_at_stop`` line written
+    after its last ``service_stopping``. A log that cannot be read names none."""
+    if log is None:
+        return StopResult(stopped=True, cut=[])
+    try:
+        with open(log, "rb") as fh:
+            fh.seek(max(0, os.fstat(fh.fileno()).st_size - _LOG_TAIL))
+            lines = fh.read().splitlines()
+    except OSError:
+        return StopResult(stopped=True, cut=[])
+    for line in reversed(lines):
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue  # the first line of a tail may be cut
+        event = entry.get("event") if isinstance(entry, dict) else None
+        if event == "service_stopping":
+            break
+        if event == "runs_cut_at_stop":
+            runs = [CutRun(str(r.get("runId")), str(r.get("evidence")))
+                    for r in entry.get("runs", []) if isinstance(r, dict)]
+            count = entry.get("count")
+            return StopResult(stopped=True, cut=runs,
+                              cut_count=count if isinstance(count, int) else len(runs))
+    return StopResult(stopped=True, cut=[])

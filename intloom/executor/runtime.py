@@ -70,6 +70,8 @@ __all__ = [
 
 _MAX_RECEIPTS = 256
 MAX_FINISHED: Final = 1000
+# Journal phases in which user code (a Step, an initialiser, a recover entry) was running.
+_USER_CODE_RUNNING: Final = frozenset({"executing", "effect_started", "effect_done"})
 
 
 class RestoredRun(msgspec.Struct, frozen=True):
@@ -845,13 +847,14 @@ class Runtime:
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def suspend(self, grace: float = 10.0, reason: str | None = None) -> None:
+    async def suspend(self, grace: float = 10.0,
+                      reason: str | None = None) -> builtins.list[tuple[str, str]]:
         """Host stop: Runs stop at their next boundary; checkpoints are kept; nothing is rewritten.
 
         Steps already running get ``grace`` seconds to reach their boundary; what is still
         running then is abandoned, and the next start reports it RUN_INTERRUPTED. ``reason``
         replaces "The host stopped." in the Runs' views (the host may stay up, e.g. after its
-        log failed).
+        log failed). Returns those abandoned Runs: (run id, what was running, in words).
         """
         self.closing = True
         self.driver.stopping = True
@@ -859,9 +862,13 @@ class Runtime:
             if slot.view().status == "waiting":
                 slot.suspend(reason)
         await self.driver.drain(grace)
-        for slot in self.runs.values():
+        cut: builtins.list[tuple[str, str]] = []
+        for run_id, slot in self.runs.items():
             if slot.view().status == "running":
                 slot.suspend(reason)
+                if slot.state.phase in _USER_CODE_RUNNING:
+                    cut.append((run_id, restart_verdict(slot.state, has_recover=False).reason))
+        return cut
 
     def counts(self) -> dict[str, int]:
         out = {"running": 0, "waiting": 0, "completed": 0, "failed": 0}

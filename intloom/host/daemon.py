@@ -31,6 +31,7 @@ import msgspec
 
 from intloom import __version__
 from intloom.errors import ErrorView, IntloomError
+from intloom.executor.runtime import Runtime
 from intloom.host.boot import Booted, boot, check_error
 from intloom.host.handlers import Handlers
 from intloom.host.logfile import HostLog, utc_now
@@ -46,6 +47,7 @@ __all__ = ["Host", "HostOptions"]
 _SIGNALS: Final = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 # How long a foreground host, once stopped, waits for the default executor's threads.
 _EXECUTOR_WAIT_S: Final = 2.0
+_CUT_LISTED: Final = 50  # Runs named in runs_cut_at_stop; count has them all
 # Test hook: raise inside the host right after it reports ready, to exercise process_failed.
 FATAL_HOOK: Final = "INTLOOM_TEST_FATAL"
 
@@ -111,7 +113,7 @@ class Host:
         self.force_exit = False
         self.log_error: str | None = None  # the host log failed: no new work (LOG_WRITE_FAILED)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._log_suspend: asyncio.Future[None] | None = None
+        self._log_suspend: asyncio.Future[Any] | None = None
         self._signals: list[signal.Signals] = []  # the stop signals this host handles
 
     # ----- entry ---------------------------------------------------------------------------
@@ -428,6 +430,15 @@ class Host:
 
     # ----- shutdown ------------------------------------------------------------------------
 
+    async def _suspend(self, runtime: Runtime) -> None:
+        cut = await runtime.suspend(grace=self.options.suspend_grace)
+        if cut and self.log is not None:
+            # `intloom stop` reads this line back to say which Runs the next start reports
+            # RUN_INTERRUPTED, instead of calling every Run suspended at a checkpoint.
+            self.log.warning("runs_cut_at_stop", count=len(cut), grace=self.options.suspend_grace,
+                             runs=[{"runId": run_id, "evidence": evidence}
+                                   for run_id, evidence in cut[:_CUT_LISTED]])
+
     async def _bounded(self, what: str, awaitable: Any, limit: float) -> None:
         """Await a graceful step for at most ``limit`` s, or until a second signal."""
         assert self._forced is not None
@@ -465,8 +476,8 @@ class Host:
             self.server.closing = True
             self.server.stop_accepting()
         if self.booted is not None:
-            await self._bounded("suspend", self.booted.runtime.suspend(
-                grace=self.options.suspend_grace), self.options.suspend_grace + 1.0)
+            await self._bounded("suspend", self._suspend(self.booted.runtime),
+                                self.options.suspend_grace + 1.0)
         if self.server is not None:
             cancelled = await self.server.close(self.options.drain_grace)
             if cancelled and self.log is not None:

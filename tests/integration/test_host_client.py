@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import msgspec
+import psutil
 import pytest
 
 from intloom.client.client import Client
@@ -69,8 +70,9 @@ def publish(root: Path, port: int, *, pid: int | None = None) -> str:
     token = new_token()
     write_connection(paths.connection_json, Connection(
         version=1, project_root=str(root), port=port, token=token))
+    pid = pid or os.getpid()
     write_service(paths.service_json, ServiceInfo(
-        version=1, project_root=str(root), pid=pid or os.getpid(), create_time=0.0,
+        version=1, project_root=str(root), pid=pid, create_time=psutil.Process(pid).create_time(),
         instance_id=INSTANCE, port=port, started_at="2026-01-01T00:00:00.000Z",
         package_version="0.1.0", protocol_version=PROTOCOL))
     return token

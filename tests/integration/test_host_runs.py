@@ -140,12 +140,24 @@ def test_stop_while_a_step_runs_suspends_it_and_restart_reports_interrupted(
         run = client.create_run("gated", "payload", wait=False)
     eventually(lambda: (project.root / "calls.log").exists(), timeout=10,
                what="the effect to start")
-    assert stop_service(project.root, timeout=20) is True
+    stopped = project.cli("stop", "--timeout", "20")
+    assert stopped.code == 0, stopped.stderr
+    # The stop says which Run it cut, and not that every Run was suspended at a checkpoint.
+    lines = stopped.stdout.splitlines()
+    assert "1 Run still had a Step running when the stop's grace ran out" in lines[0], lines
+    assert "RUN_INTERRUPTED" in lines[0]
+    assert lines[1].startswith(f"  {run.run_id}: Step main/work was running effect 'held-call'")
+    assert lines[2].startswith("Other unfinished Runs were suspended"), lines
     view = _restarted_interrupted(project, run.run_id)
     assert view.last_error is not None and "held-call" in view.last_error.message
     # Never replayed: the effect was called once, by the first host.
     (project.root / "gate").touch()
     assert (project.root / "calls.log").read_text() == "payload\n"
+    # With no Step running, the stop says what it always did.
+    again = project.cli("stop", "--timeout", "20")
+    assert again.code == 0, again.stderr
+    assert again.stdout.startswith("The original service instance stopped. Unfinished Runs "
+                                   "were suspended at their last checkpoint"), again.stdout
 
 
 

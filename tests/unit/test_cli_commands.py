@@ -352,6 +352,19 @@ class StartResult:
     reused: bool
 
 
+@dataclass
+class CutRun:
+    run_id: str
+    evidence: str
+
+
+@dataclass
+class StopResult:
+    stopped: bool
+    cut: list[CutRun]
+    cut_count: int
+
+
 @pytest.fixture
 def lifecycle(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
     calls: list[tuple[Any, ...]] = []
@@ -362,12 +375,12 @@ def lifecycle(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
         assert callable(kwargs["progress"])
         return StartResult(SERVICE, reused=bool(kwargs.get("port") == 5000))
 
-    def stop_service(root: Path, **kwargs: Any) -> bool:
+    def stop_service_report(root: Path, **kwargs: Any) -> StopResult:
         calls.append(("stop", root, kwargs))
-        return True
+        return STOPPED
 
     fake.start_service = start_service  # type: ignore[attr-defined]
-    fake.stop_service = stop_service  # type: ignore[attr-defined]
+    fake.stop_service_report = stop_service_report  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "intloom.client.lifecycle", fake)
     monkeypatch.setattr(intloom.client, "lifecycle", fake, raising=False)
     return calls
@@ -390,12 +403,32 @@ def test_start_passes_options_and_prints_service(
     assert lifecycle[1][2] == {"port": 5000, "strict": True, "foreground": False, "timeout": 9.0}
 
 
+STOPPED = StopResult(stopped=True, cut=[CutRun("RUN-a", "Step main/pay was running")],
+                     cut_count=3)
+
+
 def test_stop(capsys: pytest.CaptureFixture[str], proj: Path,
               lifecycle: list[tuple[Any, ...]]) -> None:
     code, out, _ = cli(capsys, "stop", "--json", "--timeout", "3")
     assert code == 0
+    # The JSON shape is DESIGN's, whatever the stop cut.
     assert json.loads(out) == {"projectRoot": str(proj.resolve()), "stopped": True}
     assert lifecycle == [("stop", proj.resolve(), {"timeout": 3.0})]
+
+
+def test_stop_text_names_the_runs_it_cut(capsys: pytest.CaptureFixture[str], proj: Path,
+                                        lifecycle: list[tuple[Any, ...]]) -> None:
+    code, out, _ = cli(capsys, "stop")
+    assert code == 0
+    assert out.splitlines() == [
+        "The original service instance stopped. 3 Runs still had a Step running when the "
+        "stop's grace ran out; the next start reports them RUN_INTERRUPTED and replays "
+        "nothing:",
+        "  RUN-a: Step main/pay was running",
+        "  ... and 2 more (intloom start lists them all).",
+        "Other unfinished Runs were suspended at their last checkpoint; committed data is "
+        "retained. Run intloom start to resume them.",
+    ]
 
 
 @pytest.fixture

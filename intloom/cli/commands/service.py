@@ -84,15 +84,30 @@ def stop(state: CliState, timeout: TimeoutOpt = None) -> None:
     if timeout is not None:
         kwargs["timeout"] = timeout
     with state.renderer.spinner("Stopping the intloom service...") as _update:
-        stopped = bool(lifecycle.stop_service(root, **kwargs))
+        result = lifecycle.stop_service_report(root, **kwargs)
+    stopped = result.stopped
 
     def text() -> list[str]:
-        if stopped:
+        if not stopped:
+            return ["The service is not running; no stop is needed."]
+        if not result.cut_count:
             return [
                 "The original service instance stopped. Unfinished Runs were suspended at "
                 "their last checkpoint; committed data is retained. Run intloom start to "
                 "resume them."
             ]
-        return ["The service is not running; no stop is needed."]
+        n = result.cut_count
+        runs = "1 Run" if n == 1 else f"{n} Runs"
+        lines = [
+            f"The original service instance stopped. {runs} still had a Step running when "
+            "the stop's grace ran out; the next start reports "
+            f"{'it' if n == 1 else 'them'} RUN_INTERRUPTED and replays nothing:"
+        ]
+        lines += [f"  {cut.run_id}: {cut.evidence}" for cut in result.cut]
+        if n > len(result.cut):
+            lines.append(f"  ... and {n - len(result.cut)} more (intloom start lists them all).")
+        lines.append("Other unfinished Runs were suspended at their last checkpoint; committed "
+                     "data is retained. Run intloom start to resume them.")
+        return lines
 
     state.renderer.result({"projectRoot": str(root), "stopped": stopped}, text)
