@@ -157,4 +157,7 @@ def validate_answer(kind: str, request: Any, raw: Any) -> Confirmation | list[Qu
     missing = sorted(set(questions) - seen)
     if missing:
         raise IntloomError("INVALID_REQUEST", f"Questions not answered: {', '.join(missing)}.")
-    return answers
+    # In the order the Step asked, whatever order the client sent: a Step reads answers[0]
+    # as its first question's answer.
+    order = {question_id: i for i, question_id in enumerate(questions)}
+    return sorted(answers, key=lambda item: order[item.question_id])

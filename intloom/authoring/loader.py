@@ -140,27 +140,42 @@ def load_workflows(root: Path, config: Config) -> LoadResult:
                     f"{rel} is a symbolic link; name the real file or package instead.",
                 )
             module = _import(root, entry)
-            found = [v for v in vars(module).values() if isinstance(v, Workflow)]
+            # One Workflow object may be bound to several names; the first names it.
+            found: dict[Workflow, str] = {}
+            for name, value in vars(module).items():
+                if isinstance(value, Workflow):
+                    found.setdefault(value, name)
             if not found:
                 raise IntloomError(
                     "WORKFLOW_LOAD_FAILED",
                     f"{rel} defines no intloom.Workflow at module level. Bind one to a name, "
                     'e.g. wf = intloom.Workflow("name", version="1.0.0").',
                 )
-            for wf in dict.fromkeys(found):
+            # A source loads whole or not at all: a half-loaded file would run some of its
+            # Workflows while `start` reports it as failed.
+            mine: dict[str, tuple[LoadedWorkflow, str]] = {}
+            for wf, name in found.items():
                 wf.validate()
+                if wf.name in mine:
+                    raise IntloomError(
+                        "WORKFLOW_DEFINITION_INVALID",
+                        f"{rel} defines Workflow {wf.name!r} twice ({mine[wf.name][1]} and "
+                        f"{name}). Give each its own name.",
+                    )
                 if wf.name in result.workflows:
                     raise IntloomError(
                         "WORKFLOW_DEFINITION_INVALID",
                         f"Workflow {wf.name!r} is defined in both "
                         f"{result.workflows[wf.name].source} and {rel}. Rename one.",
                     )
-                result.workflows[wf.name] = LoadedWorkflow(
+                mine[wf.name] = (LoadedWorkflow(
                     workflow=wf,
                     source=rel,
                     identity=workflow_identity(wf.name, wf.version, entry),
                     schemas=wf.schemas(),
-                )
+                ), name)
+            for wf_name, (lw, _name) in mine.items():
+                result.workflows[wf_name] = lw
         except IntloomError as exc:
             result.problems.append((rel, exc.view()))
     return result

@@ -158,12 +158,12 @@ class Client:
     @classmethod
     def connect(
         cls,
-        root: Path,
+        root: str | os.PathLike[str],
         *,
         timeout: float = 5.0,
         request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT,
     ) -> Client:
-        root = root.resolve()
+        root = Path(root).resolve()
         paths = ProjectPaths(root)
         if os.path.lexists(paths.state):
             try:

@@ -170,7 +170,7 @@ def _lock_owner(paths: ProjectPaths) -> Literal["absent", "starting", "stale"]:
 
 
 def start_service(
-    root: Path,
+    root: str | os.PathLike[str],
     *,
     port: int | None = None,
     strict: bool = False,
@@ -184,7 +184,7 @@ def start_service(
     ``foreground`` runs the host in this process until it stops (Ctrl-C is a graceful stop);
     ``on_ready`` is then called once it serves, and the result is returned after it stopped.
     """
-    root = root.resolve()
+    root = Path(root).resolve()
     paths = ProjectPaths(root)
     deadline = time.monotonic() + timeout
     launches = 0
@@ -498,12 +498,13 @@ def _request_stop(root: Path, paths: ProjectPaths, target: _Target,
     return None
 
 
-def stop_service(root: Path, *, timeout: float = 10.0) -> bool:
+def stop_service(root: str | os.PathLike[str], *, timeout: float = 10.0) -> bool:
     """Stop the observed host instance. ``False`` when offline (nothing is created)."""
     return stop_service_report(root, timeout=timeout).stopped
 
 
-def stop_service_report(root: Path, *, timeout: float = 10.0) -> StopResult:
+def stop_service_report(root: str | os.PathLike[str], *,
+                        timeout: float = 10.0) -> StopResult:
     """Stop the observed host instance, and say which Runs it cut mid-Step.
 
     Never signals and never cleans up: crash leftovers are CLI_SERVICE_BUSY with every file
@@ -513,7 +514,7 @@ def stop_service_report(root: Path, *, timeout: float = 10.0) -> StopResult:
 
     # The whole stop, the hello and the request included, keeps to ``timeout``.
     deadline = time.monotonic() + timeout
-    root = root.resolve()
+    root = Path(root).resolve()
     paths = ProjectPaths(root)
     snap = observe(root)  # strict, consistent, read-only; invalid metadata raises here
     info, lock, conn = snap.service.value, snap.lock.value, snap.connection.value

@@ -762,7 +762,10 @@ class Runtime:
         return view
 
     def _check_owner_of(self, token: str | None, owner_token: str) -> None:
-        if token is None or not hmac.compare_digest(token, owner_token):
+        if token is None:
+            raise IntloomError("CONFLICT", "The Agent task is not claimed: claim it first "
+                               "(claim_agent_call), then use the owner token the claim returns.")
+        if not hmac.compare_digest(token, owner_token):
             raise IntloomError("CONFLICT", "The owner token does not match the task's claim.")
 
     async def complete_agent_call(

@@ -153,3 +153,63 @@ def test_all_sources_loading_is_an_empty_list_not_a_missing_key(acc: Project) ->
     assert service["workflowProblems"] == [] and service["workflowCount"] == 1
     assert "failed to load" not in acc.cli("start").stdout
     ok(acc.cli("stop", "--json"))
+
+
+MIXED = textwrap.dedent('''
+    import intloom
+
+    good = intloom.Workflow("mixed-good", version="1")
+    s = good.stage("s")
+
+
+    @s.step("a", routes={"x": intloom.COMPLETE})
+    def a(ctx: intloom.StepContext[None]) -> str:
+        return "x"
+
+
+    bad = intloom.Workflow("mixed-bad", version="1")
+    t = bad.stage("t")  # a Stage with no Step
+''')
+TWINS = textwrap.dedent('''
+    import intloom
+
+    first = intloom.Workflow("twin", version="1")
+    s = first.stage("s")
+
+
+    @s.step("a", routes={"x": intloom.COMPLETE})
+    def a(ctx: intloom.StepContext[None]) -> str:
+        return "x"
+
+
+    second = intloom.Workflow("twin", version="2")
+    t = second.stage("t")
+
+
+    @t.step("b", routes={"x": intloom.COMPLETE})
+    def b(ctx: intloom.StepContext[None]) -> str:
+        return "x"
+''')
+
+
+def test_a_source_with_one_bad_workflow_loads_none_of_them(acc: Project) -> None:
+    for name, text in (("mixed", MIXED), ("twins", TWINS)):
+        (acc.root / "workflows" / name).mkdir()
+        (acc.root / "workflows" / name / "wf.py").write_text(text)
+    (acc.root / "intloom.toml").write_text(
+        'workflows = ["workflows/acc.py", "workflows/mixed/wf.py", "workflows/twins/wf.py"]\n')
+    started = acc.cli("start")
+    assert started.code == 0, started.stderr
+    assert "Workflows 1 loaded · 2 failed to load" in started.stdout.splitlines(), started.stdout
+    flows = ok(acc.cli("flows", "--json"))["workflows"]
+    # Reported as failed, and not half-loaded: neither file's good Workflow runs.
+    assert {w["name"] for w in flows if w["ready"]} == {"acc"}, flows
+    problems = ok(acc.cli("status", "--json"))["service"]["workflowProblems"]
+    by_source = {p["source"]: p["message"] for p in problems}
+    assert "mixed-bad" in by_source["workflows/mixed/wf.py"], by_source
+    assert by_source["workflows/twins/wf.py"] == (
+        "workflows/twins/wf.py defines Workflow 'twin' twice (first and second). "
+        "Give each its own name.")
+    assert acc.cli("flow", "mixed-good", "--intent", "i", "--json").json["error"]["code"] in (
+        "NOT_FOUND", "WORKFLOW_LOAD_FAILED", "WORKFLOW_DEFINITION_INVALID")
+    ok(acc.cli("stop", "--json"))

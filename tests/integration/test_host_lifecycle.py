@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from intloom.client.client import Client
 from intloom.client.lifecycle import StartResult, start_service, stop_service
 from intloom.errors import IntloomError
 from tests.helpers import Project, eventually, pid_alive, snapshot_files
@@ -44,6 +45,15 @@ def test_start_twice_reuses_the_same_instance(project: Project) -> None:
     assert first.reused is False
     assert second.reused is True
     assert second.service.instance_id == first.service.instance_id
+
+
+def test_the_client_api_takes_a_project_root_as_a_string(project: Project) -> None:
+    root = str(project.root)  # as a user would pass it, not only a Path
+    started = start_service(root)
+    project.pids.add(started.service.pid)
+    with Client.connect(root) as client:
+        assert client.runs() == []
+    assert stop_service(root) is True
 
 
 def test_start_with_another_port_while_running_is_a_conflict(project: Project) -> None:

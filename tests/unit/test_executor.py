@@ -470,6 +470,24 @@ async def _claimed(rt: Runtime, intent: str, claim_id: str) -> tuple[str, str, s
     return view.run_id, call_id, token
 
 
+def test_completing_an_unclaimed_task_says_to_claim_it_first() -> None:
+    async def main() -> None:
+        rt = Runtime(loaded(_one_agent_step()), MemoryJournal(), package_version="0.1.0")
+        rt.restore([])
+        view = await rt.wait_stable((await rt.create_run("agent", "x")).run_id)
+        assert view.pending_agent_call is not None
+        call_id = view.pending_agent_call.id
+        for attempt in (rt.complete_agent_call(view.run_id, call_id, "guess", "done", None),
+                        rt.fail_agent_call(view.run_id, call_id, "guess", "no")):
+            with pytest.raises(IntloomError) as info:
+                await attempt
+            assert info.value.code == "CONFLICT"
+            assert "is not claimed: claim it first" in info.value.message
+        assert rt.get(view.run_id) == view  # nothing was recorded
+
+    run(main)
+
+
 def test_a_completion_retried_while_the_first_is_flushed_gets_what_it_led_to() -> None:
     async def main() -> None:
         journal = GatedJournal()
@@ -545,9 +563,10 @@ def test_questions_are_validated() -> None:
                 await rt.answer(view.run_id, aid, bad)
             assert info.value.code == "INVALID_REQUEST"
         assert rt.get(view.run_id) == view
+        # Sent in another order than asked: the Step still gets them in its own order.
         done = await rt.answer(view.run_id, aid, [
-            {"questionId": "name", "isSkipped": False, "answer": "Ada"},
             {"questionId": "note", "isSkipped": True},
+            {"questionId": "name", "isSkipped": False, "answer": "Ada"},
         ])
         assert done.status == "completed"
 
