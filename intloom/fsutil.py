@@ -24,6 +24,7 @@ __all__ = [
     "ensure_private_dir",
     "fsync_dir",
     "injected_write_fault",
+    "privacy_fix",
     "read_private",
     "replace_file",
     "replace_files",
@@ -43,6 +44,22 @@ class PrivacyError(Exception):
         self.path = path
         self.fact = fact
         super().__init__(f"{path}: {fact}")
+
+
+def privacy_fix(error: PrivacyError) -> str:
+    """What to do about ``error``, by its fact: a wrong mode is fixed with chmod, but a
+    link, a file of the wrong kind or another user's file is not."""
+    path, fact = error.path, error.fact
+    if fact.startswith("has mode"):
+        mode = "700" if "0700" in fact else "600"
+        return f"Run chmod {mode} {path}, then try again"
+    if fact.startswith("is owned by uid"):
+        return (f"Move it aside (mv {path} {path}.foreign) or, if its content is yours, "
+                f"chown it to yourself (uid {os.getuid()}); then try again")
+    if fact.startswith(("is a symbolic link", "is not a")):
+        return (f"Move it aside (mv {path} {path}.bad), or put the real file or directory "
+                "there instead of it; then try again")
+    return "Check it (ls -l), then try again"
 
 
 def fsync_dir(path: Path) -> None:

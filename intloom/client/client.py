@@ -18,6 +18,7 @@ from intloom.fsutil import PrivacyError, check_private_dir
 from intloom.host.metadata import (
     CREATE_TIME_TOLERANCE,
     ServiceInfo,
+    privacy_invalid,
     read_connection,
     read_service,
 )
@@ -169,9 +170,7 @@ class Client:
             try:
                 check_private_dir(paths.state)  # never read metadata through a link
             except PrivacyError as exc:
-                raise _metadata_invalid(
-                    f"{exc.path} {exc.fact}. It was left as it is; run intloom doctor."
-                ) from None
+                raise privacy_invalid(exc) from None
         conn = read_connection(paths.connection_json, root)
         if conn is None:
             raise IntloomError(

@@ -25,7 +25,7 @@ from intloom.diagnostics.owners import (
 )
 from intloom.diagnostics.previews import RunPreview, preview_runs
 from intloom.errors import IntloomError
-from intloom.fsutil import PrivacyError, check_private_dir
+from intloom.fsutil import PrivacyError, check_private_dir, privacy_fix
 from intloom.host.metadata import (
     Connection,
     ServiceInfo,
@@ -84,26 +84,38 @@ def _config_check(root: Path) -> tuple[Check, Config | None]:
 
 
 def _runtime_dir_check(paths: ProjectPaths) -> Check:
-    for path, absent in (
-        (paths.state, "No .intloom/ yet; intloom start creates it (mode 0700)."),
-        (paths.runtime, "No .intloom/runtime/ yet; no Run has been created."),
-    ):
+    try:
+        check_private_dir(paths.state)
+    except PrivacyError as exc:
+        if exc.fact == "does not exist":
+            return Check("runtime_dir", "ok",
+                         "No .intloom/ yet; intloom start creates it (mode 0700).", None)
+        return Check("runtime_dir", "attention", f"{exc.path} {exc.fact}.",
+                     f"{privacy_fix(exc)}. {KEEP_IT}")
+    absent = []
+    # logs/ too: a start that cannot open its log refuses to run.
+    for path in (paths.runtime, paths.logs):
         try:
             check_private_dir(path)
         except PrivacyError as exc:
-            if exc.fact == "does not exist":
-                return Check("runtime_dir", "ok", absent, None)
-            return Check("runtime_dir", "attention", f"{exc.path} {exc.fact}.",
-                         f"Make it a private directory of yours (mode 0700). {KEEP_IT}")
-    return Check("runtime_dir", "ok",
-                 ".intloom/ and .intloom/runtime/ are private directories (0700) of yours.", None)
+            if exc.fact != "does not exist":
+                return Check("runtime_dir", "attention", f"{exc.path} {exc.fact}.",
+                             f"{privacy_fix(exc)}. {KEEP_IT}")
+            absent.append(f".intloom/{path.name}/")
+    if absent:
+        return Check("runtime_dir", "ok", f"No {' or '.join(absent)} yet: intloom start "
+                     "creates what it needs (mode 0700).", None)
+    return Check("runtime_dir", "ok", ".intloom/, .intloom/runtime/ and .intloom/logs/ are "
+                 "private directories (0700) of yours.", None)
 
 
 def _file_problem(read: Callable[[], object]) -> str | None:
     try:
         read()
     except IntloomError as exc:
-        return exc.message
+        # Said to the user of another command; in doctor's own output it would send them
+        # back here.
+        return exc.message.replace("; run intloom doctor.", ".")
     return None
 
 
@@ -212,7 +224,8 @@ def _connection_check(root: Path, has_owners: bool) -> Check:
     try:
         conn: Connection | None = read_connection(paths.connection_json, root)
     except IntloomError as exc:
-        return Check("connection", "attention", exc.message, KEEP_IT)
+        return Check("connection", "attention",
+                     exc.message.replace("; run intloom doctor.", "."), KEEP_IT)
     if conn is None and has_owners:
         return Check(
             "connection", "attention",
@@ -301,8 +314,13 @@ def run_doctor(root: Path) -> DoctorReport:
         lambda: observe_file(paths.service_json, ServiceInfo, lambda p: read_service(p, root))
     )
 
+    connection_problem = _file_problem(lambda: read_connection(paths.connection_json, root))
+
     def context(other: str, other_problem: str | None) -> _Context:
-        return _Context(running=running, invalid=other if other_problem is not None else None,
+        # recover refuses while any of the three metadata files is invalid.
+        invalid = (other if other_problem is not None
+                   else "connection.json" if connection_problem is not None else None)
+        return _Context(running=running, invalid=invalid,
                         port_taken=port_taken, port_holder=port_holder)
 
     config_check, config = _config_check(root)

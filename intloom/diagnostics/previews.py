@@ -128,6 +128,14 @@ def preview_run(journal: RunJournal, loaded: LoadResult | None) -> RunPreview | 
     return _preview(journal, loaded)
 
 
+def check_journals_dir(paths: ProjectPaths) -> None:
+    """CLI_SERVICE_METADATA_INVALID when ``.intloom`` is a link or no directory: journals
+    are never read through a link (start and status refuse it too)."""
+    from intloom.host.observe import check_state_dir
+
+    check_state_dir(paths.state)
+
+
 def preview_runs(
     paths: ProjectPaths, loaded: LoadResult | None, *, host_running: bool,
     interrupted_by_host: frozenset[str] = frozenset(),
@@ -142,6 +150,11 @@ def preview_runs(
     """
     from intloom.store.reader import load
 
+    try:
+        check_journals_dir(paths)
+    except IntloomError as exc:
+        return Check("journals", "attention", f"The journals were not read: {exc.message}",
+                     "Fix .intloom first; its files are kept as they are."), []
     if not paths.runtime.exists():
         return Check("journals", "ok", "No Run journals yet.", None), []
     try:

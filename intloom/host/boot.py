@@ -18,6 +18,7 @@ from intloom.errors import ErrorView, IntloomError
 from intloom.executor.runtime import RestoredRun, Runtime, incompatibility, strict_refusal
 from intloom.fsutil import PrivacyError
 from intloom.host.logfile import HostLog
+from intloom.host.metadata import privacy_invalid
 from intloom.project import Config, ProjectPaths
 from intloom.protocol.messages import RestoreSummary, WorkflowInfo, WorkflowProblem
 from intloom.store import Store, StoreReport, read_runs_report
@@ -179,9 +180,6 @@ def check_error(exc: BaseException, log_name: str | None) -> IntloomError:
     if isinstance(exc, IntloomError):
         return exc
     if isinstance(exc, PrivacyError):
-        return IntloomError(
-            "CLI_SERVICE_METADATA_INVALID",
-            f"{exc.path} {exc.fact}. It was left as it is; run intloom doctor.",
-        )
+        return privacy_invalid(exc)
     where = f" The log .intloom/logs/{log_name} has the details." if log_name else ""
     return IntloomError("CLI_INTERNAL_ERROR", f"The host failed while starting.{where}")

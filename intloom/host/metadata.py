@@ -21,6 +21,7 @@ from intloom.fsutil import (
     atomic_write,
     fsync_dir,
     injected_write_fault,
+    privacy_fix,
     read_private,
     write_all,
 )
@@ -35,6 +36,7 @@ __all__ = [
     "boot_id",
     "create_lock_file",
     "current_identity",
+    "privacy_invalid",
     "read_connection",
     "read_lock",
     "read_service",
@@ -112,6 +114,15 @@ _T = TypeVar("_T", bound=_Meta)
 _encoder = msgspec.json.Encoder()
 
 
+def privacy_invalid(exc: PrivacyError) -> IntloomError:
+    """Invalid metadata for a path that is not the private file or directory it must be,
+    with the fix its fact calls for."""
+    return IntloomError(
+        "CLI_SERVICE_METADATA_INVALID",
+        f"{exc.path} {exc.fact}. It was left as it is. {privacy_fix(exc)}.",
+    )
+
+
 def _invalid(path: Path, fact: str) -> IntloomError:
     return IntloomError(
         "CLI_SERVICE_METADATA_INVALID",
@@ -123,9 +134,11 @@ def _read(path: Path, kind: type[_T], root: Path | None) -> _T | None:
     try:
         data = read_private(path, max_bytes=64 * 1024)
     except PrivacyError as exc:
-        raise _invalid(path, exc.fact) from None
+        raise privacy_invalid(exc) from None
     if data is None:
         return None
+    if not data.strip():
+        raise _invalid(path, "is empty (a crash or a full disk while it was written)")
     try:
         value = msgspec.json.decode(data, type=kind)
     except msgspec.DecodeError as exc:

@@ -20,13 +20,14 @@ from intloom.host.metadata import (
     Connection,
     ServiceInfo,
     ServiceLock,
+    privacy_invalid,
     read_connection,
     read_lock,
     read_service,
 )
 from intloom.project import ProjectPaths
 
-__all__ = ["Observed", "Snapshot", "observe", "observe_file"]
+__all__ = ["Observed", "Snapshot", "check_state_dir", "observe", "observe_file"]
 
 _M = TypeVar("_M", ServiceLock, ServiceInfo, Connection)
 _ATTEMPTS: Final = 3
@@ -66,7 +67,7 @@ def observe_file(path: Path, kind: type[_M], read: Callable[[Path], _M | None]) 
         try:
             raw = read_private(path, max_bytes=64 * 1024)
         except PrivacyError as exc:
-            raise _invalid(path, exc.fact) from None
+            raise privacy_invalid(exc) from None
         if value is None and raw is None:
             return Observed(None, None)
         if value is None or raw is None:
@@ -83,7 +84,7 @@ def observe_file(path: Path, kind: type[_M], read: Callable[[Path], _M | None]) 
     raise _invalid(path, "changed every time it was read; no judgement was made from it")
 
 
-def _check_state_dir(path: Path) -> bool:
+def check_state_dir(path: Path) -> bool:
     """True when ``.intloom/`` exists; a link or a non-directory there is invalid metadata."""
     try:
         st = os.lstat(path)
@@ -92,14 +93,14 @@ def _check_state_dir(path: Path) -> bool:
     # Its mode is not judged here: doctor's runtime_dir check reports group/other bits.
     problem = dir_problem(st, private=False)
     if problem is not None:
-        raise _invalid(path, problem)
+        raise privacy_invalid(PrivacyError(path, problem))
     return True
 
 
 def observe(root: Path) -> Snapshot:
     """Read ``service.lock``, ``service.json`` and ``connection.json``; raise on invalid ones."""
     paths = ProjectPaths(root)
-    if not _check_state_dir(paths.state):
+    if not check_state_dir(paths.state):
         empty: Observed[ServiceLock] = Observed(None, None)
         return Snapshot(paths, empty, Observed(None, None), Observed(None, None))
     return Snapshot(

@@ -25,6 +25,7 @@ from intloom.host.metadata import (
     ServiceInfo,
     ServiceLock,
     create_lock_file,
+    privacy_invalid,
     read_connection,
     read_lock,
     read_service,
@@ -83,10 +84,7 @@ class Ownership:
         try:
             ensure_private_dir(self.paths.state)
         except PrivacyError as exc:
-            raise IntloomError(
-                "CLI_SERVICE_METADATA_INVALID",
-                f"{exc.path} {exc.fact}. It was left as it is; run intloom doctor.",
-            ) from None
+            raise privacy_invalid(exc) from None
         except OSError as exc:  # the project directory refuses .intloom/ (EPERM, EROFS, ...)
             raise IntloomError(
                 "STORAGE_ERROR",

@@ -20,6 +20,7 @@ from intloom.fsutil import (
     check_private_dir,
     ensure_private_dir,
     fsync_dir,
+    privacy_fix,
     read_private,
     replace_files,
     write_all,
@@ -75,7 +76,7 @@ def storage_error(path: Path, fact: str, fix: str = _FIX) -> IntloomError:
 
 
 def _from_privacy(exc: PrivacyError) -> IntloomError:
-    return storage_error(exc.path, exc.fact)
+    return storage_error(exc.path, exc.fact, privacy_fix(exc))
 
 
 def check_dir(path: Path) -> bool:

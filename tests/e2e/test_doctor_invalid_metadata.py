@@ -54,3 +54,24 @@ def test_a_valid_file_beside_an_invalid_one_is_judged_not_reported_absent(
     # The file restored, the host is whole again; let it stop on its own.
     os.kill(pid, signal.SIGTERM)
     eventually(lambda: not pid_alive(pid), timeout=15, what=f"host {pid} to stop")
+
+
+def test_doctor_does_not_recommend_a_recover_that_an_invalid_connection_json_blocks(
+    project: Project,
+) -> None:
+    assert project.cli("start").code == 0
+    project.kill_host()
+    connection = project.state / "connection.json"
+    connection.write_bytes(b"")  # a crash or a full disk while it was written
+    doctor = project.cli("doctor", "--json")
+    recover = project.cli("recover", "--json")
+    assert recover.code != 0 and recover.json["error"]["code"] == "CLI_SERVICE_METADATA_INVALID"
+    checks = {c["id"]: c for c in doctor.json["checks"]}
+    for owner in ("owner.service_lock", "owner.service_json"):
+        assert "has exited" in checks[owner]["message"], checks[owner]
+        assert "Run intloom recover" not in checks[owner]["next"], checks[owner]
+        assert "intloom recover refuses while connection.json is invalid" in (
+            checks[owner]["next"])
+    message = checks["connection"]["message"]
+    assert "is empty" in message and "run intloom doctor" not in message, message
+    assert connection.read_bytes() == b""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -93,3 +94,46 @@ def test_replace_file_is_one_item_of_replace_files(
         replace_file(tmp_path, "a", b"newer a")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]
     assert (tmp_path / "a").read_bytes() == b"new a"
+
+
+def test_metadata_that_is_not_a_private_file_names_the_fix_its_fact_calls_for(
+    tmp_path: Path,
+) -> None:
+    """Each way a metadata path can be wrong gets its own fix: chmod only fixes a mode."""
+    from intloom.errors import IntloomError
+    from intloom.host.metadata import read_connection
+
+    root = tmp_path
+    path = root / "connection.json"
+    def empty() -> None:
+        path.write_bytes(b"")
+
+    def loose() -> None:
+        path.chmod(0o644)
+
+    def link() -> None:
+        path.unlink()
+        path.symlink_to(root / "elsewhere")
+
+    def directory() -> None:
+        path.unlink()
+        path.mkdir()
+
+    cases: list[tuple[Callable[[], None], str, str]] = [
+        (empty, "is empty (a crash or a full disk", "left as it is"),
+        (loose, "has mode 0644", f"Run chmod 600 {path}"),
+        (link, "is a symbolic link", f"Move it aside (mv {path} {path}.bad)"),
+        (directory, "is not a regular file", f"Move it aside (mv {path} {path}.bad)"),
+    ]
+    path.write_bytes(b"x")
+    path.chmod(0o600)
+    for make, fact, fix in cases:
+        make()
+        with pytest.raises(IntloomError) as info:
+            read_connection(path, root)
+        message = info.value.message
+        assert info.value.code == "CLI_SERVICE_METADATA_INVALID"
+        assert fact in message and fix in message, message
+        assert "Input data was truncated" not in message
+        if fact != "has mode 0644":
+            assert "chmod" not in message, message

@@ -124,9 +124,12 @@ def _restart(root: Path, journal: Any) -> dict[str, Any] | None:
 def inspect(state: CliState, run_id: RunArg) -> None:
     """Show a Run's journal, phase by phase, with verification results. Works offline."""
     from intloom.diagnostics.journal import read_journal, restored_journal
+    from intloom.diagnostics.previews import check_journals_dir
     from intloom.project import ProjectPaths
 
-    runtime = ProjectPaths(state.root()).runtime
+    paths = ProjectPaths(state.root())
+    check_journals_dir(paths)  # never read journals through a link
+    runtime = paths.runtime
     if not runtime.exists():
         raise _not_found(run_id, runtime)
     entries, journal = read_journal(runtime, run_id)

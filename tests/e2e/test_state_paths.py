@@ -1,0 +1,55 @@
+"""Paths under .intloom that are not what intloom made them: doctor reports each with the
+fix its fact calls for, start refuses with that fix, and nothing reads through a link.
+Real host and CLI; every file is checked byte-identical afterwards."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers import Project, ok, snapshot_files
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+
+def test_a_logs_path_that_is_not_a_directory_is_reported_by_doctor_and_start(
+    project: Project,
+) -> None:
+    ok(project.cli("start", "--json"))
+    ok(project.cli("stop", "--json"))
+    logs = project.state / "logs"
+    for log in logs.iterdir():
+        log.chmod(0o600)
+        log.unlink()
+    logs.rmdir()
+    logs.write_bytes(b"x")
+    logs.chmod(0o600)
+    doctor = project.cli("doctor", "--json")
+    [check] = [c for c in doctor.json["checks"] if c["id"] == "runtime_dir"]
+    assert check["status"] == "attention", check
+    assert f"{logs} is not a directory" in check["message"]
+    assert f"mv {logs} {logs}.bad" in check["next"], check
+    started = project.cli("start", "--json")
+    assert started.code == 1, started.stdout
+    message = started.json["error"]["message"]
+    assert f"{logs} is not a directory" in message and f"mv {logs} {logs}.bad" in message
+    assert "run intloom doctor" not in message, message
+    assert logs.read_bytes() == b"x"
+
+
+def test_journals_are_never_read_through_a_linked_state_directory(project: Project) -> None:
+    ok(project.cli("start", "--json"))
+    run = ok(project.cli("flow", "example", "--intent", "i", "--json"))["run"]
+    ok(project.cli("stop", "--json"))
+    real = project.root / "elsewhere"
+    project.state.rename(real)
+    project.state.symlink_to(real)
+    before = snapshot_files(real)
+    inspect = project.cli("inspect", run["runId"], "--json")
+    assert inspect.code == 1, inspect.stdout
+    assert inspect.json["error"]["code"] == "CLI_SERVICE_METADATA_INVALID"
+    assert "is a symbolic link" in inspect.json["error"]["message"]
+    doctor = project.cli("doctor", "--json")
+    [journals] = [c for c in doctor.json["checks"] if c["id"] == "journals"]
+    assert journals["status"] == "attention", journals
+    assert journals["message"].startswith("The journals were not read"), journals
+    assert snapshot_files(real) == before
