@@ -378,6 +378,13 @@ def service_lines(service: Mapping[str, Any], title: str = "Service running") ->
         f" · completed {service.get('completedRuns', 0)} · failed or stopped "
         f"{service.get('failedRuns', 0)}"
     )
+    store_problems = [p for p in service.get("storeProblems") or [] if isinstance(p, Mapping)]
+    for problem in store_problems:
+        lines.append(f"Store file .intloom/runtime/{problem.get('path', '?')} · "
+                     f"{problem.get('kind', '?')}: {problem.get('problem', '?')}")
+    if store_problems:
+        lines.append("These files are kept byte-identical and read past; intloom doctor says "
+                     "what each means and what to do.")
     if service.get("logFile"):
         lines.append(f"Log {service['logFile']}")
     if service.get("logError"):

@@ -20,7 +20,7 @@ from intloom.fsutil import PrivacyError
 from intloom.host.logfile import HostLog
 from intloom.host.metadata import privacy_invalid
 from intloom.project import Config, ProjectPaths
-from intloom.protocol.messages import RestoreSummary, WorkflowInfo, WorkflowProblem
+from intloom.protocol.messages import RestoreSummary, StoreProblem, WorkflowInfo, WorkflowProblem
 from intloom.store import Store, StoreReport, read_runs_report
 
 __all__ = ["Booted", "boot", "check_error"]
@@ -36,6 +36,7 @@ class Booted:
     workflows: list[WorkflowInfo] = field(default_factory=list)
     # The sources that failed to load: start and status name them (not only flows and the log).
     problems: list[WorkflowProblem] = field(default_factory=list)
+    store_problems: list[StoreProblem] = field(default_factory=list)
 
     async def close(self) -> None:
         """Close the store: flush what was accepted, snapshot, seal the segment."""
@@ -172,6 +173,9 @@ def boot(
         workflows=_workflow_infos(result.workflows, result.problems),
         problems=[WorkflowProblem(source=source, code=view.code, message=view.message)
                   for source, view in result.problems],
+        # A torn tail is what any crash leaves, not something to deal with: the log has it.
+        store_problems=[StoreProblem(path=f.path, kind=f.kind, problem=f.problem)
+                        for f in store.restored.files if f.kind != "torn"],
     )
 
 

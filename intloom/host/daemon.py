@@ -40,7 +40,13 @@ from intloom.host.ownership import Ownership, new_token
 from intloom.host.readiness import ReadyChannel
 from intloom.host.server import Limits, Server
 from intloom.project import ProjectPaths, load_config
-from intloom.protocol.messages import PROTOCOL, HelloOk, ServiceView, WorkflowProblem
+from intloom.protocol.messages import (
+    PROTOCOL,
+    HelloOk,
+    ServiceView,
+    StoreProblem,
+    WorkflowProblem,
+)
 
 __all__ = ["Host", "HostOptions"]
 
@@ -348,6 +354,7 @@ class Host:
         summary = None
         workflow_count = 0
         problems: list[WorkflowProblem] = []
+        store_problems: list[StoreProblem] = []
         if self.booted is not None:
             counts = self.booted.runtime.counts()
             summary = self.booted.summary
@@ -360,6 +367,7 @@ class Host:
                     summary = msgspec.structs.replace(summary, needs_attention=still)
             workflow_count = sum(1 for w in self.booted.workflows if w.ready)
             problems = self.booted.problems
+            store_problems = self.booted.store_problems
         return ServiceView(
             project_root=str(self.paths.root),
             pid=self.identity.pid,
@@ -377,6 +385,7 @@ class Host:
             restore=summary,
             log_error=self.log_error,
             workflow_problems=problems,
+            store_problems=store_problems,
         )
 
     # ----- serve ---------------------------------------------------------------------------

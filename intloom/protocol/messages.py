@@ -197,6 +197,15 @@ class WorkflowProblem(msgspec.Struct, frozen=True, rename="camel"):
     message: str
 
 
+class StoreProblem(msgspec.Struct, frozen=True, rename="camel"):
+    """A checkpoint-store file the restore read past (damaged, foreign, unexpected or torn):
+    kept byte-identical; ``path`` is relative to ``.intloom/runtime``."""
+
+    path: str
+    kind: str
+    problem: str
+
+
 class ServiceView(msgspec.Struct, frozen=True, rename="camel"):
     """The host as ``start``/``status`` show it: every field, ``null`` when unknown (a count
     of 0 is a fact scripts read, not an absence)."""
@@ -219,6 +228,9 @@ class ServiceView(msgspec.Struct, frozen=True, rename="camel"):
     log_error: str | None = None
     # The sources that failed to load (the others run; their Runs are held until they load).
     workflow_problems: list[WorkflowProblem] = msgspec.field(default_factory=list)
+    # The store files the last restore read past; every start lists them until they are
+    # dealt with (the journal is never written over them).
+    store_problems: list[StoreProblem] = msgspec.field(default_factory=list)
 
 
 class WorkflowInfo(msgspec.Struct, frozen=True, rename="camel"):

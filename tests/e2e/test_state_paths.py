@@ -53,3 +53,22 @@ def test_journals_are_never_read_through_a_linked_state_directory(project: Proje
     assert journals["status"] == "attention", journals
     assert journals["message"].startswith("The journals were not read"), journals
     assert snapshot_files(real) == before
+
+
+def test_start_lists_a_damaged_snapshot_it_read_past(project: Project) -> None:
+    ok(project.cli("start", "--json"))
+    run = ok(project.cli("flow", "example", "--intent", "i", "--json"))["run"]
+    ok(project.cli("stop", "--json"))  # the stop snapshots the waiting Run
+    [snap] = (project.state / "runtime" / "snap" / "live").iterdir()
+    data = bytearray(snap.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    snap.write_bytes(bytes(data))
+    service = ok(project.cli("start", "--json"))["service"]
+    [problem] = service["storeProblems"]
+    assert problem["path"] == f"snap/live/{snap.name}" and problem["kind"] == "corrupt", problem
+    assert service["restore"]["waiting"] == [run["runId"]]  # judged from the log instead
+    ok(project.cli("stop", "--json"))
+    text = project.cli("start")
+    assert f"Store file .intloom/runtime/snap/live/{snap.name} · corrupt: " in text.stdout, (
+        text.stdout)
+    assert snap.read_bytes() == bytes(data)
