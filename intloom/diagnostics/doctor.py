@@ -8,6 +8,8 @@ diagnosis and an ``attention`` check naming the file. The token is never part of
 
 from __future__ import annotations
 
+import os
+import stat
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -105,8 +107,35 @@ def _runtime_dir_check(paths: ProjectPaths) -> Check:
     if absent:
         return Check("runtime_dir", "ok", f"No {' or '.join(absent)} yet: intloom start "
                      "creates what it needs (mode 0700).", None)
+    loose = _loose_segment(paths.runtime / "wal")
+    if loose is not None:
+        # A start reads only the segments it needs, but inspect reads them all and would
+        # refuse for every Run.
+        return Check("runtime_dir", "attention", f"{loose.path} {loose.fact}.",
+                     f"{privacy_fix(loose)}. {KEEP_IT}")
     return Check("runtime_dir", "ok", ".intloom/, .intloom/runtime/ and .intloom/logs/ are "
                  "private directories (0700) of yours.", None)
+
+
+def _loose_segment(wal: Path) -> PrivacyError | None:
+    """The first WAL segment that is not a private regular file of ours, if any."""
+    try:
+        entries = sorted(os.scandir(wal), key=lambda e: e.name)
+    except OSError:
+        return None  # the journals check reports an unreadable wal/
+    for entry in entries:
+        if not entry.name.endswith(".seg"):
+            continue  # unexpected files are the journals check's
+        st = entry.stat(follow_symlinks=False)
+        path = Path(entry.path)
+        if stat.S_ISLNK(st.st_mode) or not stat.S_ISREG(st.st_mode):
+            return PrivacyError(path, "is not a regular file")
+        if st.st_uid != os.getuid():
+            return PrivacyError(path, f"is owned by uid {st.st_uid}, not by you")
+        if st.st_mode & 0o077:
+            return PrivacyError(path, f"has mode {stat.S_IMODE(st.st_mode):04o}; private "
+                                "files must be 0600 (0400 once sealed)")
+    return None
 
 
 def _file_problem(read: Callable[[], object]) -> str | None:

@@ -72,3 +72,20 @@ def test_start_lists_a_damaged_snapshot_it_read_past(project: Project) -> None:
     assert f"Store file .intloom/runtime/snap/live/{snap.name} · corrupt: " in text.stdout, (
         text.stdout)
     assert snap.read_bytes() == bytes(data)
+
+
+def test_doctor_flags_a_segment_that_is_not_private(project: Project) -> None:
+    """A start never reads the old segment again, but inspect reads them all."""
+    ok(project.cli("start", "--json"))
+    run = ok(project.cli("flow", "example", "--intent", "i", "--json"))["run"]
+    ok(project.cli("stop", "--json"))
+    first = sorted((project.state / "runtime" / "wal").iterdir())[0]
+    first.chmod(0o644)
+    doctor = project.cli("doctor", "--json")
+    [check] = [c for c in doctor.json["checks"] if c["id"] == "runtime_dir"]
+    assert check["status"] == "attention", check
+    assert f"{first} has mode 0644" in check["message"]
+    assert f"chmod 600 {first}" in check["next"]
+    inspect = project.cli("inspect", run["runId"], "--json")
+    assert inspect.json["error"]["code"] == "STORAGE_ERROR"  # what doctor warns about
+    assert f"chmod 600 {first}" in inspect.json["error"]["message"]
