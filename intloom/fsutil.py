@@ -81,7 +81,7 @@ def dir_problem(st: os.stat_result, *, private: bool = True) -> str | None:
     if st.st_uid != os.getuid():
         return f"is owned by uid {st.st_uid}, not by you (uid {os.getuid()})"
     if private and st.st_mode & 0o077:
-        return f"has mode {stat.S_IMODE(st.st_mode):04o}; it must be 0700 (chmod 700 it)"
+        return f"has mode {stat.S_IMODE(st.st_mode):04o}; it must be 0700"
     return None
 
 

@@ -95,6 +95,8 @@ def read_answer(answer: str) -> Any:
         data = _read_bytes("-", "INVALID_REQUEST", "answer")
     else:
         data = answer.encode("utf-8")
+    if not data.strip():
+        raise IntloomError("INVALID_REQUEST", f"ANSWER is empty. {ANSWER_SHAPES}")
     try:
         return msgspec.json.decode(data)
     except msgspec.DecodeError as exc:

@@ -123,7 +123,12 @@ class Renderer:
             from rich.console import Console
             from rich.table import Table
 
-            table = Table(*columns, box=None, header_style="bold", pad_edge=False)
+            table = Table(box=None, header_style="bold", pad_edge=False)
+            for i, name in enumerate(columns):
+                # Nothing is cut with "…": the first column holds the ids people copy into
+                # the next command (RUN-…), so it is never wrapped; the others fold.
+                longest = max((len(row[0]) for row in rows), default=0) if i == 0 else None
+                table.add_column(name, overflow="fold", no_wrap=i == 0, min_width=longest)
             for row in rows:
                 table.add_row(*row)
             Console(file=self.out).print(table)

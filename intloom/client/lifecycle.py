@@ -100,6 +100,12 @@ def _owner_gone(paths: ProjectPaths, pid: int, create_time: float, boot: str | N
     return judge(probe_lock(paths.service_lock), process) == "gone"
 
 
+def _os_lock(paths: ProjectPaths) -> str:
+    from intloom.host.liveness import probe_lock
+
+    return probe_lock(paths.service_lock).state
+
+
 def _owner_alive(pid: int, create_time: float, boot: str | None) -> bool:
     from intloom.host.liveness import probe_process
     from intloom.host.metadata import boot_id
@@ -148,7 +154,8 @@ def _reuse(service: ServiceView, port: int | None) -> StartResult:
 
 
 def _lock_owner(paths: ProjectPaths) -> Literal["absent", "starting", "stale"]:
-    """Who holds ``service.lock``: nobody, a live process (a host still starting), or else.
+    """Who holds ``service.lock``: nobody, a live process holding its OS lock (a host still
+    starting), or else (a dead owner, or a live process that is no starting host).
 
     A lock file is created empty and then written, so an unreadable one gets a moment to
     become readable before it is judged.
@@ -166,7 +173,16 @@ def _lock_owner(paths: ProjectPaths) -> Literal["absent", "starting", "stale"]:
             return "stale"
         if lock is None:
             return "absent"
-        return "starting" if _owner_alive(lock.pid, lock.create_time, lock.boot_id) else "stale"
+        if not _owner_alive(lock.pid, lock.create_time, lock.boot_id):
+            return "stale"
+        # A starting host takes the OS lock right after the file appears. A live owner that
+        # leaves it free for longer is not starting: waiting for it would only run out the
+        # whole --timeout before the same refusal.
+        if _os_lock(paths) != "free":
+            return "starting"
+        if time.monotonic() >= deadline:
+            return "stale"
+        time.sleep(_POLL)
 
 
 def start_service(

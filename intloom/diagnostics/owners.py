@@ -173,11 +173,13 @@ def port_holder(port: int) -> str | None:
         return None
     named: list[str] = []
     for pid in pids:
+        # Its name only: another program's command line may hold secrets, and spans lines.
         try:
-            cmd = " ".join(psutil.Process(pid).cmdline()) or psutil.Process(pid).name()
+            name = psutil.Process(pid).name()
         except psutil.Error:
-            cmd = ""
-        named.append(f"pid {pid} ({cmd[:120]})" if cmd else f"pid {pid}")
+            name = ""
+        name = "".join(ch if ch.isprintable() else "?" for ch in name)
+        named.append(f"pid {pid} ({name})" if name else f"pid {pid}")
     return ", ".join(named)
 
 

@@ -25,7 +25,13 @@ from intloom.errors import ErrorView, IntloomError, error_view
 from intloom.executor import clock
 from intloom.executor.updates import RunUpdate
 from intloom.executor.workers import Inbox, Workers
-from intloom.runtime.machine import IllegalTransition, RunState, apply, to_view
+from intloom.runtime.machine import (
+    IllegalTransition,
+    RunState,
+    apply,
+    restart_verdict,
+    to_view,
+)
 from intloom.runtime.model import Cursor, PendingAction, PendingAgentCall, RunView
 from intloom.runtime.ports import CheckpointFailed
 from intloom.runtime.records import (
@@ -185,14 +191,18 @@ class RunSlot:
             return _plain_view(st)
         if self.override is not None:
             return to_view(st, status="failed", last_error=self.override)
+        stopped = self.suspend_reason or "The host stopped."
+        if self.state.phase in ("executing", "effect_started", "effect_done"):
+            # User code was cut mid-Step: the journal cannot prove what it did.
+            what = restart_verdict(self.state, has_recover=False).reason
+            message = (f"{stopped} It stopped while {what}; the next start reports the Run "
+                       "RUN_INTERRUPTED and replays nothing.")
+        else:
+            message = (f"{stopped} The Run continues from its last saved boundary on the next "
+                       "start, as the restart table allows.")
         return to_view(  # suspended
-            st,
-            status="failed",
-            last_error=ErrorView(
-                code="RUN_INTERRUPTED",
-                message=(self.suspend_reason or "The host stopped.") + " The Run continues "
-                "from its last saved boundary on the next start, as the restart table allows.",
-            ),
+            st, status="failed",
+            last_error=ErrorView(code="RUN_INTERRUPTED", message=message),
         )
 
     def _overridden(self) -> bool:

@@ -471,8 +471,8 @@ class Runtime:
                 raise held.error()
             raise IntloomError(
                 "NOT_FOUND",
-                f"Run {run_id} is not known to this host. intloom runs lists the current Runs; "
-                "intloom inspect reads any Run's journal offline.",
+                f"Run {run_id!r} is not known to this host. intloom runs lists the current "
+                "Runs; intloom inspect reads any Run's journal offline.",
             )
         return slot
 
@@ -716,7 +716,7 @@ class Runtime:
         if tool not in tools:
             raise IntloomError(
                 "INVALID_REQUEST",
-                f"Tool {tool!r} is not declared on Step {step.where}; declared: {sorted(tools)}.",
+                f"Tool {tool!r} is not declared on {step.where}; declared: {sorted(tools)}.",
             )
         if len(slot.agent.receipts) >= _MAX_RECEIPTS:
             raise IntloomError("BUSY", f"Agent task {call_id} reached {_MAX_RECEIPTS} tool calls.")
@@ -786,7 +786,7 @@ class Runtime:
         if outcome not in step.routes:
             raise IntloomError(
                 "INVALID_REQUEST",
-                f"Outcome {outcome!r} is not routed by Step {step.where}; routed: "
+                f"Outcome {outcome!r} is not routed by {step.where}; routed: "
                 f"{sorted(step.routes)}.",
             )
         assert isinstance(step, AgentStep)

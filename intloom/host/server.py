@@ -147,7 +147,11 @@ class Server:
         except (FrameClosed, ConnectionError, TimeoutError, asyncio.IncompleteReadError):
             pass
         except asyncio.CancelledError:
-            raise
+            if not self.closing:
+                raise
+            # close() cancelled this session: end it quietly. Raised out of this task, the
+            # cancellation reaches asyncio's stream callback, which (on Python 3.11) calls
+            # task.exception() on it and logs a CancelledError "task_error" on every stop.
         except Exception as exc:  # a bug here must cost one connection, never the host
             self.log.error("connection_failed", error=type(exc).__name__, detail=str(exc)[:500])
         finally:

@@ -15,6 +15,7 @@ import socket
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import psutil
 import pytest
 
 from tests.helpers import Project, junk_listener, snapshot_files
@@ -59,7 +60,9 @@ def test_a_foreign_listener_on_the_saved_port_is_named_and_recover_refuses(
     assert status.json["status"] == "blocked"
     message = status.json["message"]
     assert f"Port {port} on 127.0.0.1" in message and "in use by another process" in message
-    assert f"pid {os.getpid()}" in message, message  # the listener, named
+    # The listener, named by its process name only (never its command line).
+    assert f"pid {os.getpid()} ({psutil.Process().name()})" in message, message
+    assert " ".join(psutil.Process().cmdline()) not in message
     assert f"the recorded host (pid {dead}) has exited" in message
     assert "did not complete the hello" not in message and "hung" not in message
     assert {o["status"] for o in status.json["owners"]} == {"gone"}

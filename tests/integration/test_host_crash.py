@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import stat
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -49,6 +52,36 @@ def test_stale_service_lock_blocks_start_and_is_left_untouched(project: Project)
     with pytest.raises(IntloomError) as stop_busy:
         stop_service(project.root)
     assert stop_busy.value.code == "CLI_SERVICE_BUSY"
+    assert snapshot_files(project.root) == before
+
+
+def test_a_live_lock_owner_that_is_no_host_is_busy_at_once(project: Project) -> None:
+    """service.lock names a live process that never takes the OS lock (no host starting):
+    start refuses once the lock has stayed free a moment, not after its whole timeout."""
+    import psutil
+
+    from intloom.host.metadata import boot_id
+
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        ensure_private_dir(project.state)
+        lock = project.state / "service.lock"
+        lock.write_text(json.dumps({
+            "version": 1, "pid": sleeper.pid, "createTime":
+            psutil.Process(sleeper.pid).create_time(), "bootId": boot_id(), "instanceId":
+            "33333333-3333-4333-8333-333333333333", "startedAt": "2026-01-01T00:00:00.000Z",
+        }))
+        lock.chmod(0o600)
+        before = snapshot_files(project.root)
+        began = time.monotonic()
+        with pytest.raises(IntloomError) as busy:
+            start_service(project.root, timeout=30)
+        took = time.monotonic() - began
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert busy.value.code == "CLI_SERVICE_BUSY"
+    assert took < 15, f"start waited {took:.1f} s of its 30 s timeout for a host never starting"
     assert snapshot_files(project.root) == before
 
 

@@ -231,3 +231,17 @@ def test_a_host_killed_at_the_start_deadline_is_reported_with_its_lock_and_recov
     assert recovered.code == 0, recovered
     assert not (project.state / "service.lock").exists()
     assert start(project).reused is False
+
+
+def test_a_clean_stop_with_an_open_connection_logs_no_error(project: Project) -> None:
+    """The stop cancels the sessions still open; that is no task error in the log."""
+    service = start(project).service
+    idle = socket.create_connection(("127.0.0.1", service.port))  # never says hello
+    try:
+        assert stop_service(project.root) is True
+    finally:
+        idle.close()
+    assert service.log_file is not None
+    lines = _log_lines(project, service.log_file)
+    assert [line for line in lines if line["level"] in ("error", "fatal")] == [], lines
+    assert lines[-1]["event"] == "log_closed"

@@ -4,6 +4,7 @@ socket never disturbs a Run in flight."""
 from __future__ import annotations
 
 import textwrap
+import threading
 
 import pytest
 
@@ -136,12 +137,27 @@ def test_stop_while_a_step_runs_suspends_it_and_restart_reports_interrupted(
     (project.root / "workflows" / "gated.py").write_text(GATED)
     (project.root / "intloom.toml").write_text('workflows = ["workflows/gated.py"]\n')
     start(project)
-    with Client.connect(project.root) as client:
-        run = client.create_run("gated", "payload", wait=False)
-    eventually(lambda: (project.root / "calls.log").exists(), timeout=10,
-               what="the effect to start")
-    stopped = project.cli("stop", "--timeout", "20")
+    seen: list[RunView] = []
+
+    def flow() -> None:  # a client waiting on the Run, as `intloom flow` does
+        with Client.connect(project.root) as client:
+            seen.append(client.create_run("gated", "payload"))
+
+    waiter = threading.Thread(target=flow)
+    waiter.start()
+    try:
+        eventually(lambda: (project.root / "calls.log").exists(), timeout=10,
+                   what="the effect to start")
+        stopped = project.cli("stop", "--timeout", "20")
+    finally:
+        waiter.join(timeout=30)
     assert stopped.code == 0, stopped.stderr
+    # The waiting client is not told the Run continues from a saved boundary.
+    [run] = seen
+    assert run.last_error is not None and run.last_error.code == "RUN_INTERRUPTED"
+    assert "It stopped while Step main/work was running effect 'held-call'" in (
+        run.last_error.message), run.last_error.message
+    assert "continues from its last saved boundary" not in run.last_error.message
     # The stop says which Run it cut, and not that every Run was suspended at a checkpoint.
     lines = stopped.stdout.splitlines()
     assert "1 Run still had a Step running when the stop's grace ran out" in lines[0], lines

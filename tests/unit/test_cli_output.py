@@ -201,3 +201,21 @@ def test_a_waiting_run_says_what_it_asks_and_how_to_answer() -> None:
     assert json.loads(argv[4]) == [{"questionId": "it's", "isSkipped": False,
                                     "answer": "<text>"}]
     assert render.asked({**RUN, "status": "running"}) is None
+
+
+def test_a_terminal_table_never_cuts_an_id(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At 80 columns a Run id and a timestamp are shown whole (folded, not "…"): people copy
+    them into inspect, cancel and attach."""
+    out = _Tty()
+    monkeypatch.setattr("sys.stdout", out)
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.setenv("COLUMNS", "80")
+    run_id = "RUN-20261130T153947918Z-jD4bXnc9sfH8bFJBxyzAbCdEf"
+    at = "2026-11-30T15:39:47.933Z"
+    Renderer().table(["RUN", "WORKFLOW", "STATUS", "CURSOR", "UPDATED"],
+                     [[run_id, "example", "waiting", "draft/review", at]])
+    text = out.getvalue()
+    assert "…" not in text, text
+    assert run_id in text, text  # on one line, whole
+    # The other cells fold to fit, every character kept.
+    assert all(c in text for c in at), text
