@@ -8,6 +8,7 @@ byte hides nothing but the frame it hit. docs/format.md is the prose version of 
 
 from __future__ import annotations
 
+import re
 import struct
 import zlib
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ __all__ = [
     "KIND_RECORD",
     "KIND_SEAL",
     "KIND_VOID",
+    "MAX_SEGMENT",
     "SEGMENT_MAGIC",
     "Candidate",
     "Damage",
@@ -48,6 +50,13 @@ _KINDS: Final = frozenset({KIND_RECORD, KIND_VOID, KIND_SEAL})
 MAX_BODY: Final = 64 << 20
 # Damaged regions up to this size keep their bytes, so a reader can tell whose frame it was.
 _KEEP_DAMAGED: Final = 1 << 20
+# A segment's file name is its number in exactly ten ASCII digits: the highest number a
+# writer may create, so that no name it writes is one the reader does not take for a segment.
+MAX_SEGMENT: Final = 9_999_999_999
+_SEGMENT_NAME: Final = re.compile(r"[0-9]{10}\.seg")
+# The writer's header body is ~150 bytes; a header length beyond this is damage, never a
+# header that a crash cut short.
+_MAX_HEADER: Final = 4096
 
 _SEG_PREFIX = struct.Struct(">8sHII")  # magic, format, header length, header crc
 _FRAME_HEAD = struct.Struct(">4sII")  # magic, body length, crc32(length bytes + body)
@@ -84,12 +93,14 @@ class SealNotice(msgspec.Struct, frozen=True):
 
 
 def segment_name(number: int) -> str:
+    if not 0 <= number <= MAX_SEGMENT:
+        raise ValueError(f"segment number {number} has no ten-digit file name")
     return f"{number:010d}.seg"
 
 
 def segment_number(name: str) -> int | None:
-    """The number of a segment file name, or None for any other name."""
-    if len(name) == 14 and name.endswith(".seg") and name[:10].isdigit():
+    """The number of a segment file name (ten ASCII digits), or None for any other name."""
+    if _SEGMENT_NAME.fullmatch(name):
         return int(name[:10])
     return None
 
@@ -152,6 +163,10 @@ class Damage:
     after_seal: bool
     candidates: list[Candidate] = field(default_factory=list)
     raw: bytes = b""  # the damaged bytes themselves (empty beyond _KEEP_DAMAGED)
+    # At the tail: the bytes are a proper prefix of one frame (marker, a length pointing
+    # past the end of the file), all that a write cut short by a crash of the process can
+    # leave. False for a length-complete frame that fails its checksum.
+    cut_short: bool = False
 
 
 @dataclass(slots=True)
@@ -168,11 +183,29 @@ class SegmentScan:
     frames: list[Frame] = field(default_factory=list)
     damage: list[Damage] = field(default_factory=list)
     sealed: bool = False
+    # The file was last written after the OS last started (set by the reader from its
+    # mtime; None: unknown). Then no crash since can have left unflushed pages in it, and
+    # its bytes are exactly what was written: a torn write can only be cut short.
+    written_this_boot: bool | None = None
+
+    def is_torn(self, damage: Damage) -> bool:
+        """Whether ``damage`` is a torn tail (a crash mid-append) rather than corruption.
+
+        Only damage running to the end of an unsealed segment can be. Bytes cut short
+        (``Damage.cut_short``) always are. A length-complete last frame that fails its
+        checksum is what a crash of the OS can leave (its pages reached the disk out of
+        order, some never): it is taken as torn only when the OS may have restarted since the
+        segment was last written; otherwise no crash can have produced it, and it is damage.
+        docs/format.md has the reasoning.
+        """
+        if not damage.at_tail or damage.after_seal:
+            return False
+        return damage.cut_short or self.written_this_boot is not True
 
     @property
     def torn(self) -> Damage | None:
         """The torn tail: damage running to the end of an unsealed segment (a crash mid-append)."""
-        if self.damage and self.damage[-1].at_tail and not self.damage[-1].after_seal:
+        if self.damage and self.is_torn(self.damage[-1]):
             return self.damage[-1]
         return None
 
@@ -259,14 +292,50 @@ def _scan_frames(scan: SegmentScan, data: bytes, p: int) -> None:
         end = size if q == -1 else q
         scan.damage.append(
             Damage(p, end, q == -1, sealed_at is not None, _candidates(data, p, end, size),
-                   data[p:end] if end - p <= _KEEP_DAMAGED else b"")
+                   data[p:end] if end - p <= _KEEP_DAMAGED else b"",
+                   q == -1 and _cut_short(data, p))
         )
         p = end
     scan.sealed = sealed_at is not None
 
 
+def _cut_short(data: bytes, p: int) -> bool:
+    """Whether ``data[p:]`` is a proper prefix of one frame: a marker (or part of one) and,
+    once its 4 length bytes are there, a plausible length that ends past the file."""
+    size = len(data)
+    if not FRAME_MAGIC.startswith(data[p:p + len(FRAME_MAGIC)]):
+        return False
+    if size - p < 8:
+        return True
+    length: int = _LEN.unpack_from(data, p + 4)[0]
+    return _BODY_HEAD.size <= length <= MAX_BODY and p + _FRAME_HEAD.size + length > size
+
+
+def _recover_header(data: bytes, hcrc: int) -> tuple[int, SegmentHeader] | None:
+    """The header body's length and content when its length field (or marker) is damaged:
+    the one length whose bytes match the header's own crc and decode as a header."""
+    crc = 0
+    view = memoryview(data)
+    start = _SEG_PREFIX.size
+    for n in range(1, min(_MAX_HEADER, len(data) - start) + 1):
+        crc = zlib.crc32(view[start + n - 1:start + n], crc)
+        if crc == hcrc:
+            try:
+                return n, msgspec.msgpack.decode(view[start:start + n], type=SegmentHeader)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                continue
+    return None
+
+
 def scan_segment(name: str, number: int, data: bytes) -> SegmentScan:
-    """Split a segment's bytes into valid frames and located damage; never raises."""
+    """Split a segment's bytes into valid frames and located damage; never raises.
+
+    A file header is ``torn_header`` only when it is what a crash while creating the
+    segment leaves: a prefix of a header, with nothing after it. A header that is damaged
+    (its marker, length or checksum) is ``damaged_header``, and the frames after it are
+    still read, so the Runs they name are reported; a file with a segment's name holding
+    no valid frame and no intloom header is ``foreign``.
+    """
     size = len(data)
     scan = SegmentScan(name=name, number=number, size=size, status="ok")
     if size == 0:
@@ -280,35 +349,75 @@ def scan_segment(name: str, number: int, data: bytes) -> SegmentScan:
             scan.problem = "does not start with the intloom segment marker"
         return scan
     magic, fmt, hlen, hcrc = _SEG_PREFIX.unpack_from(data, 0)
-    if magic != SEGMENT_MAGIC:
-        scan.status = "foreign"
-        scan.problem = "does not start with the intloom segment marker"
-        return scan
-    scan.format_found = fmt
     body_end = _SEG_PREFIX.size + hlen
-    if fmt != FORMAT_VERSION:
+    if magic == SEGMENT_MAGIC and fmt != FORMAT_VERSION:
+        scan.format_found = fmt
         scan.status = "incompatible"
         scan.problem = f"is format {fmt}; this intloom reads {FORMAT_VERSION}"
         # Best effort only: name the Runs it holds if the frame layout happens to match.
         _scan_frames(scan, data, min(body_end, size))
         return scan
-    if body_end > size:
-        scan.status = "torn_header"
-        return scan
-    body = data[_SEG_PREFIX.size : body_end]
     header: SegmentHeader | None = None
-    if zlib.crc32(body) == hcrc:
+    if body_end <= size and zlib.crc32(memoryview(data)[_SEG_PREFIX.size:body_end]) == hcrc:
         try:
-            header = msgspec.msgpack.decode(body, type=SegmentHeader)
-        except msgspec.DecodeError:
+            header = msgspec.msgpack.decode(data[_SEG_PREFIX.size:body_end], type=SegmentHeader)
+        except (msgspec.DecodeError, msgspec.ValidationError):
             header = None
-    if header is None:
-        scan.status = "damaged_header"
-        scan.problem = "has a damaged file header (checksum or content)"
-        _scan_frames(scan, data, body_end if hlen < 4096 else _SEG_PREFIX.size)
+    if header is not None and magic == SEGMENT_MAGIC:
+        scan.format_found = fmt
+        scan.header = header
+        if header.number != number:
+            scan.problem = f"calls itself segment {header.number}"
+        _scan_frames(scan, data, body_end)
         return scan
-    scan.header = header
-    if header.number != number:
-        scan.problem = f"calls itself segment {header.number}"
-    _scan_frames(scan, data, body_end)
+
+    damaged: list[str] = []
+    if header is None:
+        recovered = _recover_header(data, hcrc)
+        if recovered is not None:
+            hlen_true, header = recovered
+            damaged.append(f"its header length field reads {hlen}, but the header's "
+                           f"checksum matches its first {hlen_true} bytes")
+            body_end = _SEG_PREFIX.size + hlen_true
+    if header is not None:
+        # Only the marker or the length field is damaged: the header itself checks out, so
+        # where it ends (and the segment's format and number) is known with crc certainty.
+        if magic != SEGMENT_MAGIC:
+            damaged.insert(0, "its segment marker is damaged")
+        scan.format_found = header.format
+        scan.header = header
+        if header.format != FORMAT_VERSION:
+            scan.status = "incompatible"
+            scan.problem = f"is format {header.format}; this intloom reads {FORMAT_VERSION}"
+            _scan_frames(scan, data, body_end)
+            return scan
+        scan.status = "damaged_header"
+        scan.problem = f"has a damaged file header ({'; '.join(damaged)})"
+        _scan_frames(scan, data, body_end)
+        return scan
+
+    if magic != SEGMENT_MAGIC:
+        # No intloom header at all: a stray file, unless valid frames say it is a segment.
+        _scan_frames(scan, data, 0)
+        if not any(f.kind == KIND_RECORD for f in scan.frames):
+            scan.frames, scan.damage, scan.sealed = [], [], False
+            scan.status = "foreign"
+            scan.problem = "does not start with the intloom segment marker"
+            return scan
+        scan.status = "damaged_header"
+        scan.problem = (f"does not start with the intloom segment marker and its header "
+                        f"cannot be read, but {len(scan.frames)} valid frame(s) follow")
+        return scan
+    scan.format_found = fmt
+    if body_end > size and hlen <= _MAX_HEADER:
+        # What a crash while creating the segment leaves: a header cut short, nothing after.
+        probe = SegmentScan(name=name, number=number, size=size, status="ok")
+        _scan_frames(probe, data, _SEG_PREFIX.size)
+        if not probe.frames:
+            scan.status = "torn_header"
+            return scan
+    scan.status = "damaged_header"
+    scan.problem = "has a damaged file header (checksum or content)"
+    plausible = hlen < _MAX_HEADER and body_end <= size
+    _scan_frames(scan, data, body_end if plausible else _SEG_PREFIX.size)
     return scan

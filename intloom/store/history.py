@@ -23,7 +23,7 @@ from intloom.store.framing import (
     scan_segment,
     segment_number,
 )
-from intloom.store.reader import void_cuts
+from intloom.store.reader import void_cuts, written_this_boot
 from intloom.store.snapshots import SnapshotError, read_manifest, read_snapshot, snapshot_name
 
 __all__ = ["HistoryEntry", "read_history"]
@@ -31,7 +31,7 @@ __all__ = ["HistoryEntry", "read_history"]
 Verdict = Literal[
     "ok",  # checksum valid, decodes, and follows the previous record
     "void",  # written by a batch whose write or fsync failed: never part of the journal
-    "torn",  # damaged bytes at the end of a segment: a crash mid-append
+    "torn",  # damaged bytes at the end of a segment: a crash mid-append (format.md)
     "damaged",  # damaged bytes with valid frames after them: corruption
     "undecodable",  # checksum valid but not a record this intloom understands
     "out_of_order",  # a seq that is not the next one (a gap or a repeat)
@@ -71,6 +71,7 @@ def read_history(runtime_dir: Path, run_id: str) -> list[HistoryEntry]:
         data = read_file(layout.wal / name)
         if data is not None:
             scan = scan_segment(name, number, data)
+            scan.written_this_boot = written_this_boot(layout.wal / name)
             # Keep only what this Run's history needs (its records and the void notices), so
             # memory holds one segment at a time, not the whole log.
             scan.frames = [f for f in scan.frames if f.kind == KIND_VOID
@@ -98,7 +99,7 @@ def read_history(runtime_dir: Path, run_id: str) -> list[HistoryEntry]:
             if frame.kind == KIND_RECORD and frame.run_id == run_id:
                 found.append((frame.offset, None, frame.payload, frame.seq))
         for damage in scan.damage:
-            tail = damage.at_tail and not damage.after_seal
+            tail = scan.is_torn(damage)
             claims = [(c.offset, c.seq) for c in damage.candidates if c.run_id == run_id]
             if not claims and damage.raw:
                 # Its run id may be what was damaged: the frame's crc says whose it is.

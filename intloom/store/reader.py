@@ -7,6 +7,9 @@ does not grow with a Run's age; ``verify`` reads every segment and cross-checks 
 
 from __future__ import annotations
 
+import contextlib
+import os
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -110,6 +113,9 @@ class Loaded:
     segment_numbers: list[int] = field(default_factory=list)
     segments_read: list[int] = field(default_factory=list)
     incompatible_segments: list[int] = field(default_factory=list)
+    # Segments with a finding that is not a torn tail (damage, a damaged header, a foreign
+    # file under a segment's name): a host pins them, so every start reports them again.
+    problem_segments: set[int] = field(default_factory=set)
     # Segments holding each Run's records, or damage that may have been its records.
     evidence: dict[str, set[int]] = field(default_factory=dict)
     # Runs whose snapshot file is damaged: nothing may write over it.
@@ -258,11 +264,52 @@ def load(root: Path, mode: Mode = "restore") -> Loaded:
             continue
         loaded.stats.segments_read += 1
         loaded.stats.bytes_read += len(data)
-        scans.append(scan_segment(name, number, data))
+        scan = scan_segment(name, number, data)
+        scan.written_this_boot = written_this_boot(layout.wal / name)
+        scans.append(scan)
     loaded.segments_read = [s.number for s in scans]
 
     _judge_all(loaded, scans, live, done, mode, unsummarised)
     return loaded
+
+
+# A file last written this long after the OS started is taken as written since it started
+# (the boot time is computed from two clocks read one after the other).
+_BOOT_MARGIN_NS: Final = 2_000_000_000
+
+
+def written_this_boot(path: Path) -> bool | None:
+    """Whether ``path`` was last modified after the OS last started: then no crash since can
+    have left unflushed pages in it. None when that cannot be told (no boot clock, no file).
+
+    Wrong answers only go one way: a file whose mtime was set later than its last write
+    (copied without its times, touched) reads as written this boot, and a torn frame in it
+    is then reported as damage -- never the other way round.
+    """
+    clock = getattr(time, "CLOCK_BOOTTIME", None)
+    if clock is None:
+        return None
+    with contextlib.suppress(OSError):
+        mtime = os.stat(path, follow_symlinks=False).st_mtime_ns
+        booted = time.time_ns() - time.clock_gettime_ns(clock)
+        return mtime > booted + _BOOT_MARGIN_NS
+    return None
+
+
+def tail_finding(scan: SegmentScan, damage: Damage) -> str:
+    """What a segment's damaged last bytes are, in words (for a torn or a damaged tail)."""
+    size = damage.end - damage.start
+    if damage.cut_short:
+        return (f"ends with {size} bytes of an incomplete frame at offset {damage.start} "
+                "(a crash mid-append; not corruption)")
+    if scan.is_torn(damage):
+        return (f"ends with a complete-length last frame at offset {damage.start} ({size} "
+                "bytes) that fails its checksum: a crash mid-write or damage. The OS may "
+                "have restarted since the segment was last written, and a crash of the OS "
+                "can leave a frame's pages unwritten, so it is read as a torn tail")
+    return (f"bytes {damage.start}..{damage.end} are damaged (its last frame has its whole "
+            "length but fails its checksum, and the segment was last written after the OS "
+            "last started, so no crash can have torn it)")
 
 
 def void_cuts(notices: list[VoidNotice], scans: list[SegmentScan],
@@ -301,6 +348,7 @@ def _judge_all(loaded: Loaded, scans: list[SegmentScan], live: dict[str, Snapsho
     gaps: list[tuple[_Gap, Damage]] = []  # in log order
     incompatible: dict[str, str] = {}
     incompatible_in: dict[str, set[int]] = defaultdict(set)
+    bad_headers: dict[int, str] = {}  # segment number -> its damaged header, in words
 
     for scan in scans:
         cut = voids.get(scan.number)
@@ -311,6 +359,7 @@ def _judge_all(loaded: Loaded, scans: list[SegmentScan], live: dict[str, Snapsho
             continue
         if scan.status == "foreign":
             loaded.files.append(FileProblem(path, "foreign", scan.problem or "is not a segment"))
+            loaded.problem_segments.add(scan.number)
             continue
         if scan.status == "incompatible":
             loaded.incompatible_segments.append(scan.number)
@@ -326,6 +375,9 @@ def _judge_all(loaded: Loaded, scans: list[SegmentScan], live: dict[str, Snapsho
             continue
         if scan.problem:
             loaded.files.append(FileProblem(path, "corrupt", scan.problem))
+            loaded.problem_segments.add(scan.number)
+        if scan.status == "damaged_header":
+            bad_headers[scan.number] = f"{path}, which {scan.problem}"
         for frame in scan.frames:
             if frame.kind != KIND_RECORD or (cut is not None and frame.offset >= cut):
                 continue
@@ -334,16 +386,18 @@ def _judge_all(loaded: Loaded, scans: list[SegmentScan], live: dict[str, Snapsho
         for damage in scan.damage:
             if cut is not None and damage.start >= cut:
                 continue
-            tail = damage.at_tail and not damage.after_seal
+            tail = scan.is_torn(damage)
             if tail:
-                loaded.files.append(FileProblem(
-                    path, "torn", f"ends with {damage.end - damage.start} bytes of an incomplete "
-                    f"frame at offset {damage.start} (a crash mid-append; not corruption)"))
+                loaded.files.append(FileProblem(path, "torn", tail_finding(scan, damage)))
             else:
-                what = "after the segment's seal" if damage.after_seal else "between valid frames"
-                loaded.files.append(FileProblem(
-                    path, "corrupt",
-                    f"bytes {damage.start}..{damage.end} are damaged ({what})"))
+                loaded.problem_segments.add(scan.number)
+                if damage.at_tail and not damage.after_seal:
+                    fact = tail_finding(scan, damage)
+                else:
+                    what = ("after the segment's seal" if damage.after_seal
+                            else "between valid frames")
+                    fact = f"bytes {damage.start}..{damage.end} are damaged ({what})"
+                loaded.files.append(FileProblem(path, "corrupt", fact))
                 if not damage.after_seal:  # nothing is ever written after a seal
                     place = _where(scan, damage.start)
                     gaps.append((_Gap(scan.number, damage.start,
@@ -400,6 +454,14 @@ def _judge_all(loaded: Loaded, scans: list[SegmentScan], live: dict[str, Snapsho
                          unexplained)
         if journal is None:
             continue
+        behind = sorted({scan.number for scan, _ in run_frames if scan.number in bad_headers})
+        if journal.status == "ok" and behind:
+            seqs = [frame.seq for scan, frame in run_frames if scan.number == behind[0]]
+            journal = RunJournal(
+                run_id, journal.state, "corrupt",
+                f"Run {run_id}: its records {seqs[0]}..{seqs[-1]} are in {bad_headers[behind[0]]}: "
+                "a segment whose header does not check out is never resumed from, though "
+                "those records' own checksums are valid (intloom inspect shows them)")
         loaded.journals[run_id] = journal
         covered = snap.seq if snap is not None else 0
         own_verdict = journal.status != "ok" and (snap is None or snap.status == "ok")

@@ -44,6 +44,7 @@ from intloom.store.framing import (
     KIND_RECORD,
     KIND_SEAL,
     KIND_VOID,
+    MAX_SEGMENT,
     SealNotice,
     SegmentHeader,
     VoidNotice,
@@ -196,6 +197,16 @@ class Store:
         # A damaged manifest or snapshot is reported (restored.files) and kept as it is; the
         # reader has read the whole log instead, so every other Run restores as usual.
         loaded = load(runtime_dir, "restore")
+        highest = max(loaded.segment_numbers, default=0)
+        if highest >= MAX_SEGMENT:
+            # A new segment would need an eleven-digit name, which no reader takes for a
+            # segment: its records would be lost to every restore. Refused before any write.
+            raise storage_error(
+                layout.wal / segment_name(highest),
+                f"has the highest segment number a name can hold ({MAX_SEGMENT}), so no new "
+                "segment can be numbered after it",
+                "if intloom did not write it (intloom doctor lists it as foreign), move it out "
+                "of the wal directory and start again; a segment intloom wrote is never renamed")
         remove_temps(layout)
         # While the manifest is unreadable every restore reads the whole log: snapshotting
         # what that read found would rewrite every Run's snapshot at each start for nothing.
@@ -218,16 +229,17 @@ class Store:
             store._next_seq[run_id] = seq + 1
         manifest = loaded.manifest
         # Pinned: segments a restore must keep reading whatever the manifest's start, so that
-        # what they hold keeps being reported (incompatible or corrupt Runs) or stays
-        # readable (held Runs: no snapshot of theirs can be written until theirs is moved out).
-        pinned = set(loaded.incompatible_segments)
+        # what they hold keeps being reported (incompatible or corrupt Runs, and any finding
+        # that is not a torn tail: damaged or foreign files) or stays readable (held Runs:
+        # no snapshot of theirs can be written until theirs is moved out).
+        pinned = set(loaded.incompatible_segments) | loaded.problem_segments
         for run_id, journal in loaded.journals.items():
             if journal.status != "ok" or run_id in loaded.held:
                 pinned |= loaded.evidence.get(run_id, set())
         store._pinned = sorted(pinned)
         store._held = frozenset(loaded.held)
         store._voids = list(manifest.voids) if manifest else []
-        store._next_number = max(loaded.segment_numbers, default=0) + 1
+        store._next_number = highest + 1
         try:
             store._new_segment(b"")
         except OSError as exc:
@@ -259,6 +271,9 @@ class Store:
             raise OSError(errno.ENOSPC, "No space left on device (injected fail_segment)")
         number = self._next_number
         while True:
+            if number > MAX_SEGMENT:  # its name would be one no reader takes for a segment
+                self._next_number = number
+                raise OSError(errno.EOVERFLOW, f"no segment number is left after {MAX_SEGMENT}")
             try:
                 fd = open_new(self.layout.wal / segment_name(number))
                 break

@@ -166,7 +166,35 @@ def newer_format(baseline: Baseline) -> Callable[[Path], tuple[str, str]]:
     return damage
 
 
-CASES = ["flipped byte", "records cut out", "bytes cut out", "newer format"]
+def header_byte(offset: int) -> Callable[[Path], tuple[str, str]]:
+    """One flipped bit in the segment's fixed header (0: the marker, 11: the header length,
+    which then points ~1 MiB past the end of the file)."""
+    def damage(runtime: Path) -> tuple[str, str]:
+        path = runtime / SEG2
+        data = bytearray(path.read_bytes())
+        data[offset] ^= 0x10
+        path.write_bytes(bytes(data))
+        return SEG2, f"{SEG2}, which has a damaged file header"
+    return damage
+
+
+def last_frame(baseline: Baseline) -> Callable[[Path], tuple[str, str]]:
+    """One flipped byte in the payload of the segment's last frame: ``late``'s ``waiting``,
+    whose confirmation ``flow`` had shown. Its length is whole and the segment was written
+    since the OS started, so no crash can have torn it: it is damage, not a torn tail."""
+    def damage(runtime: Path) -> tuple[str, str]:
+        record = frames_of(runtime, baseline.late, SEG2)[-1]
+        assert record.phase == "waiting"
+        path = runtime / SEG2
+        data = bytearray(path.read_bytes())
+        data[-5] ^= 0x01
+        path.write_bytes(bytes(data))
+        return SEG2, f"{SEG2} offset {record.offset} fails its checksum"
+    return damage
+
+
+CASES = ["flipped byte", "records cut out", "bytes cut out", "newer format",
+         "header marker", "header length", "last frame"]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -178,6 +206,9 @@ def test_a_damaged_journal_is_reported_kept_and_contained(
         "records cut out": truncate_middle(baseline, aligned=True),
         "bytes cut out": truncate_middle(baseline, aligned=False),
         "newer format": newer_format(baseline),
+        "header marker": header_byte(0),
+        "header length": header_byte(11),
+        "last frame": last_frame(baseline),
     }[case]
     project = project_with_runtime(tmp_path, "damaged", baseline.runtime)
     reap.append(project)
@@ -185,7 +216,9 @@ def test_a_damaged_journal_is_reported_kept_and_contained(
     path, fact = damage(runtime)
     damaged = (runtime / path).read_bytes()
     # Which Runs the damage touches: ref alone, or every Run of that segment for a format.
-    hit = {baseline.ref, baseline.late} if case == "newer format" else {baseline.ref}
+    hit = ({baseline.ref, baseline.late}
+           if case in ("newer format", "header marker", "header length")
+           else {baseline.late} if case == "last frame" else {baseline.ref})
     # Bytes cut out of a record leave unexplained bytes: a Run whose next record could have
     # been there (kept, waiting since host 1) may be held back too, never silently resumed.
     cautious = {baseline.kept} if case == "bytes cut out" else set()
@@ -201,10 +234,14 @@ def test_a_damaged_journal_is_reported_kept_and_contained(
     for run_id in cautious:
         assert seen[run_id]["journal"] == "verified" or fact in seen[run_id]["problem"]
     held = hit | {r for r in cautious if seen[r]["journal"] != "verified"}
-    inspected = ok(project.cli("inspect", baseline.ref, "--json"))
-    assert inspected["run"]["verdict"] == kind and fact in inspected["run"]["problem"]
-    if case in ("flipped byte", "bytes cut out"):
+    for run_id in hit:
+        inspected = ok(project.cli("inspect", run_id, "--json"))
+        assert inspected["run"]["verdict"] == kind and fact in inspected["run"]["problem"]
+        assert inspected["run"]["restart"]["row"] == "needs_attention"
+    if case in ("flipped byte", "bytes cut out", "last frame"):
         assert any(r["verdict"] == "damaged" for r in inspected["records"])
+    if case.startswith("header"):  # the records themselves check out, and inspect shows them
+        assert all(r["verdict"] in ("ok", "snapshot") for r in inspected["records"])
 
     before = snapshot_files(runtime)
     refused(project.cli("start", "--strict", "--json"), "JOURNAL_CORRUPT",
@@ -373,3 +410,33 @@ def test_damaged_history_of_an_ended_run_is_reported_as_history(project: Project
     assert inspected["restoreSeq"] == records[-1]["seq"]
     text = project.cli("inspect", run["runId"]).stdout
     assert "a start does not load an ended Run" in text and "On restart" not in text
+
+
+def test_a_stray_file_named_as_the_last_segment_is_refused_not_numbered_past(
+    baseline: Baseline, tmp_path: Path, reap: list[Project]
+) -> None:
+    """A host never creates a segment name the reader would not read back (it used to go on
+    with ``wal/10000000000.seg``, whose Runs no restore saw again): it refuses to start,
+    naming the file and the fix, and writes nothing."""
+    project = project_with_runtime(tmp_path, "stray", baseline.runtime)
+    reap.append(project)
+    runtime = project.state / "runtime"
+    stray = runtime / "wal" / "9999999999.seg"
+    stray.write_bytes(b"junk\n")
+    stray.chmod(0o600)
+    doctor = project.cli("doctor", "--json")
+    journals = {c["id"]: c for c in doctor.json["checks"]}["journals"]
+    assert "wal/9999999999.seg" in journals["message"]
+    before = snapshot_files(runtime)
+
+    error = refused(project.cli("start", "--json"), "STORAGE_ERROR")
+    assert str(stray) in error["message"] and "move it out" in error["message"]
+    assert snapshot_files(runtime) == before
+    assert not list((runtime / "wal").glob("1*.seg"))
+
+    stray.unlink()
+    restore = ok(project.cli("start", "--json"))["service"]["restore"]
+    assert sorted(restore["waiting"]) == sorted(baseline.waiting)
+    ok(project.cli("stop", "--json"))
+    assert sorted(p.name for p in (runtime / "wal").iterdir()) == [
+        "0000000001.seg", "0000000002.seg", "0000000003.seg"]

@@ -1,0 +1,196 @@
+"""Damage a crash cannot leave is never read as a crash: a segment's file header, a stray
+file under a segment's name, and a segment's last frame. Real files, real stores."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from intloom.errors import IntloomError
+from intloom.runtime.machine import fold
+from intloom.store import read_history, read_runs_report, verify_report
+from intloom.store.framing import scan_segment, segment_name, segment_number
+from tests.helpers import snapshot_files
+from tests.unit.test_store_support import abandon, by_id, frames_of, open_store, walk
+
+SEG2 = "wal/0000000002.seg"
+MAX_SEGMENT = 9_999_999_999  # the highest number a ten-digit name holds
+
+
+def _booted_ns() -> int:
+    return time.time_ns() - time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+
+
+def _crashed(root: Path) -> None:
+    """RUN-A ended up in a snapshot by a clean stop (segment 1); RUN-B's ten records are
+    all in segment 2, whose host was killed (what the reviewer's Run 4 was)."""
+    store = open_store(root)
+    for record in walk("RUN-A", 6, 1):
+        store.append("RUN-A", record)
+    store.sync_blocking()
+    store.close_blocking()
+    store = open_store(root, instance_id="INST-2")
+    for record in walk("RUN-B", 10, 2):
+        store.append("RUN-B", record)
+    store.sync_blocking()
+    abandon(store)
+
+
+def _flip(path: Path, offset: int, bit: int) -> bytes:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= bit
+    path.write_bytes(bytes(data))
+    return bytes(data)
+
+
+def _restart(root: Path, instance_id: str) -> None:
+    open_store(root, instance_id=instance_id).close_blocking()
+
+
+@pytest.mark.parametrize(("offset", "fact"), [
+    (11, "its header length field reads"),  # points ~1 MiB past the end of the file
+    (0, "its segment marker is damaged"),
+])
+def test_a_damaged_segment_header_holds_its_runs_at_every_start(
+    tmp_path: Path, offset: int, fact: str
+) -> None:
+    root = tmp_path / "runtime"
+    _crashed(root)
+    damaged = _flip(root / SEG2, offset, 0x10)
+
+    for instance in ("INST-3", "INST-4", "INST-5"):
+        report = read_runs_report(root)
+        files = {(f.path, f.kind): f.problem for f in report.files}
+        assert list(files) == [(SEG2, "corrupt")], files  # damage: not torn, not foreign
+        assert fact in files[SEG2, "corrupt"]
+        runs = by_id(report.runs)
+        assert runs["RUN-B"].status == "corrupt"
+        assert f"its records 1..10 are in {SEG2}, which has a damaged file header" in (
+            runs["RUN-B"].problem)
+        assert runs["RUN-A"].status == "ok"
+        full = by_id(verify_report(root).runs)
+        assert full["RUN-B"].status == "corrupt" and full["RUN-A"].status == "ok"
+        # A start holds it, pins the segment, and the next start reports it again.
+        _restart(root, instance)
+        assert (root / SEG2).read_bytes() == damaged
+
+    # The records themselves check out: inspect lists them, in order.
+    history = read_history(root, "RUN-B")
+    assert [(h.seq, h.verdict) for h in history] == [(n, "ok") for n in range(1, 11)]
+
+
+def test_a_header_cut_short_by_a_crash_is_still_torn(tmp_path: Path) -> None:
+    root = tmp_path / "runtime"
+    _crashed(root)
+    path = root / SEG2
+    whole = path.read_bytes()
+    header_end = frames_of(path, "RUN-B")[0].offset
+    for keep in (5, 20, header_end - 1):
+        path.write_bytes(whole[:keep])
+        assert scan_segment(path.name, 2, path.read_bytes()).status == "torn_header", keep
+        [finding] = read_runs_report(root).files
+        assert (finding.path, finding.kind) == (SEG2, "torn")
+
+
+def test_a_stray_file_with_the_highest_segment_name_is_refused_not_numbered_past(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "runtime"
+    _crashed(root)
+    stray = root / "wal" / segment_name(MAX_SEGMENT)
+    stray.write_bytes(b"junk\n")
+    stray.chmod(0o600)
+    before = snapshot_files(root)
+
+    assert ("wal/9999999999.seg", "foreign") in {(f.path, f.kind)
+                                                 for f in read_runs_report(root).files}
+    with pytest.raises(IntloomError) as refused:
+        open_store(root, instance_id="INST-3")
+    assert refused.value.code == "STORAGE_ERROR"
+    message = refused.value.message
+    assert str(stray) in message and "highest segment number" in message
+    assert "move it out" in message
+    assert snapshot_files(root) == before  # refused before writing anything
+
+    stray.unlink()  # what the message says to do (here the file was junk)
+    store = open_store(root, instance_id="INST-3")
+    assert store._number == 3
+    store.close_blocking()
+
+
+def test_segment_names_and_numbers_agree() -> None:
+    assert segment_name(MAX_SEGMENT) == "9999999999.seg"
+    with pytest.raises(ValueError):
+        segment_name(MAX_SEGMENT + 1)
+    assert segment_number("9999999999.seg") == MAX_SEGMENT
+    assert segment_number("10000000000.seg") is None
+    # Non-ASCII digits used to be taken for a number (and some made int() raise).
+    assert segment_number("\u0660" * 10 + ".seg") is None
+    assert segment_number("\u00b2" + "0" * 9 + ".seg") is None
+
+
+def _flip_last_frame(root: Path) -> tuple[int, bytes]:
+    last = frames_of(root / SEG2, "RUN-B")[-1]
+    assert last.end == (root / SEG2).stat().st_size  # its length ends exactly at EOF
+    return last.offset, _flip(root / SEG2, last.end - 4, 0x01)
+
+
+def test_a_complete_last_frame_failing_its_checksum_this_boot_is_damage(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "runtime"
+    _crashed(root)
+    offset, damaged = _flip_last_frame(root)
+    assert (root / SEG2).stat().st_mtime_ns > _booted_ns() + 2 * 10**9  # written this boot
+
+    report = read_runs_report(root)
+    [finding] = report.files
+    assert (finding.path, finding.kind) == (SEG2, "corrupt")
+    assert "incomplete" not in finding.problem and "whole length" in finding.problem
+    runs = by_id(report.runs)
+    assert runs["RUN-B"].status == "corrupt" and not runs["RUN-B"].torn_tail
+    assert f"record 10 at {SEG2} offset {offset} fails its checksum" in runs["RUN-B"].problem
+    assert runs["RUN-A"].status == "ok"
+    assert [h.verdict for h in read_history(root, "RUN-B")][-1] == "damaged"
+    assert by_id(verify_report(root).runs)["RUN-B"].status == "corrupt"
+    for instance in ("INST-3", "INST-4"):
+        _restart(root, instance)
+        assert by_id(read_runs_report(root).runs)["RUN-B"].status == "corrupt"
+    assert (root / SEG2).read_bytes() == damaged
+
+
+def test_a_complete_last_frame_failing_its_checksum_from_before_boot_is_named_honestly(
+    tmp_path: Path,
+) -> None:
+    """Written before the OS last started, a crash of the OS may have left the frame's pages
+    unwritten: it is read as torn, but never called an incomplete frame."""
+    root = tmp_path / "runtime"
+    _crashed(root)
+    offset, _damaged = _flip_last_frame(root)
+    before_boot = _booted_ns() - 3600 * 10**9
+    os.utime(root / SEG2, ns=(before_boot, before_boot))
+
+    report = read_runs_report(root)
+    [finding] = report.files
+    assert (finding.path, finding.kind) == (SEG2, "torn")
+    assert "incomplete" not in finding.problem
+    assert f"complete-length last frame at offset {offset}" in finding.problem
+    assert "a crash mid-write or damage" in finding.problem
+    runs = by_id(report.runs)
+    assert runs["RUN-B"].status == "ok" and runs["RUN-B"].torn_tail
+    assert runs["RUN-B"].state == fold(walk("RUN-B", 10, 2)[:9])
+    assert [h.verdict for h in read_history(root, "RUN-B")][-1] == "torn"
+
+
+def test_a_last_frame_cut_short_is_torn_whenever_it_was_written(tmp_path: Path) -> None:
+    root = tmp_path / "runtime"
+    _crashed(root)
+    last = frames_of(root / SEG2, "RUN-B")[-1]
+    path = root / SEG2
+    path.write_bytes(path.read_bytes()[: last.end - 3])
+    [finding] = read_runs_report(root).files
+    assert finding.kind == "torn" and "incomplete frame" in finding.problem
+    assert by_id(read_runs_report(root).runs)["RUN-B"].torn_tail
