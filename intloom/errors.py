@@ -11,7 +11,20 @@ from typing import Final
 
 import msgspec
 
-__all__ = ["CATALOGUE", "ErrorView", "IntloomError", "error_view"]
+__all__ = ["CATALOGUE", "MAX_MESSAGE", "ErrorView", "IntloomError", "clip", "error_view"]
+
+# The most characters of an error message a Run keeps (its lastError, an effect's failure):
+# user code's exception text, an Agent's failure message, is cut there, with a marker
+# saying how much was cut (docs/authoring.md). Without it one Step that raised a 5 MB
+# message made every Run view and `intloom runs` reply carry it.
+MAX_MESSAGE: Final = 4096
+
+
+def clip(text: str, limit: int = MAX_MESSAGE) -> str:
+    """``text`` cut to ``limit`` characters, with a marker naming how many were cut."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... [{len(text) - limit:,} more characters cut]"
 
 
 class ErrorView(msgspec.Struct, frozen=True, gc=False):
@@ -99,6 +112,10 @@ CATALOGUE: Final[dict[str, tuple[str, bool]]] = {
         False,
     ),
     "PROJECT_RESPONSE_INVALID": ("The project service sent an invalid response.", False),
+    "RESPONSE_TOO_LARGE": (
+        "The host's reply is larger than the 4 MiB frame limit and was not sent.",
+        False,
+    ),
     "PROTOCOL_MISMATCH": ("The client and the host speak different protocol versions.", False),
     "UNAUTHORIZED": ("The connection token was not accepted.", False),
     "LOG_WRITE_FAILED": ("The host log could not be written.", False),

@@ -16,7 +16,7 @@ from types import ModuleType
 
 from intloom.authoring.identity import workflow_identity
 from intloom.authoring.workflow import WORKFLOW_MODULE_PREFIX, Workflow
-from intloom.errors import ErrorView, IntloomError
+from intloom.errors import ErrorView, IntloomError, clip
 from intloom.project import Config
 
 __all__ = ["LoadResult", "LoadedWorkflow", "load_workflows"]
@@ -108,8 +108,8 @@ def _failure(root: Path, exc: Exception) -> str:
         if exc.lineno and exc.offset:
             at += f", column {exc.offset}"
         text = (exc.text or "").strip()
-        shown = f": `{text}`" if text else ""
-        return f"{type(exc).__name__}: {exc.msg} ({at}){shown}"
+        shown = f": `{clip(text, 500)}`" if text else ""
+        return f"{type(exc).__name__}: {clip(str(exc.msg), 500)} ({at}){shown}"
     where = ""
     tb = exc.__traceback__
     while tb is not None:  # the innermost frame of a project file is the one to look at
@@ -117,7 +117,8 @@ def _failure(root: Path, exc: Exception) -> str:
         if shown_file is not None:
             where = f" (line {tb.tb_lineno} of {shown_file})"
         tb = tb.tb_next
-    return f"{type(exc).__name__}: {exc}{where}"
+    # Cut: the message is shown by start, status and flows (MAX_MESSAGE, docs/authoring.md).
+    return f"{clip(f'{type(exc).__name__}: {exc}')}{where}"
 
 
 def load_workflows(root: Path, config: Config) -> LoadResult:

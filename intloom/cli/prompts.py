@@ -12,17 +12,21 @@ from typing import Any
 import msgspec
 import typer
 
+from intloom.cli.render import printable
+
 __all__ = ["prompt_answer"]
 
 
 def _show(text: str) -> None:
-    typer.echo(text, err=True)
+    """A line of what is asked: Workflow text, escaped as the Renderer escapes it."""
+    typer.echo(printable(text), err=True)
 
 
 def _confirmation(request: Any) -> dict[str, Any]:
     context = request.get("context") if isinstance(request, Mapping) else request
     _show("Confirmation requested:")
-    _show(msgspec.json.format(msgspec.json.encode(context), indent=2).decode("utf-8"))
+    for line in msgspec.json.format(msgspec.json.encode(context), indent=2).splitlines():
+        _show(line.decode("utf-8"))
     # No default: a stray Enter must not decide (declining may re-run earlier Steps).
     confirmed = typer.confirm("Confirm?", default=None, err=True)
     feedback = str(

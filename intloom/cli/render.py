@@ -12,6 +12,7 @@ wire), so they render what another component returns without depending on its cl
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -31,6 +32,7 @@ __all__ = [
     "history_rows",
     "log_line",
     "plain",
+    "printable",
     "recover_lines",
     "restore_lines",
     "run_lines",
@@ -48,6 +50,33 @@ _ALIGN_MAX = 80
 def plain(obj: Any) -> Any:
     """``obj`` as JSON-shaped builtins, with the wire's field names."""
     return msgspec.to_builtins(obj, str_keys=True)
+
+
+# What a terminal would act on instead of showing, in text a Workflow or a person supplied
+# (an exception's message, a question, an intent): C0 and C1 controls and DEL (ESC starts
+# an escape sequence, NUL and CR hide what precedes them, a newline would break a one-line
+# error), the Unicode line and paragraph separators, the bidirectional overrides and
+# isolates (they reorder what follows on the line), and lone surrogates (not encodable
+# text). Every other character, emoji and accents included, is shown as it is.
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069"
+                     "\ud800-\udfff]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escaped(match: re.Match[str]) -> str:
+    char = match.group()
+    named = _NAMED.get(char)
+    if named is not None:
+        return named
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def printable(text: str) -> str:
+    """``text`` safe to write to a terminal or a pipe, on one line: each character of
+    ``_UNSAFE`` becomes its Python escape (``\\x1b``, ``\\n``, ``\\u202e``). Applied by
+    every text-mode write of the Renderer; JSON output is never touched."""
+    return _UNSAFE.sub(_escaped, text)
 
 
 def _color_allowed(stream: TextIO) -> bool:
@@ -92,15 +121,19 @@ class Renderer:
         self.out.write(text)
         self.out.flush()
 
+    # Every text-mode write below passes its text through ``printable``: lines are built
+    # from Workflow and user data (messages, questions, intents), and nothing of it may
+    # reach a terminal as a control character or an escape sequence.
+
     def lines(self, lines: Sequence[str]) -> None:
         for text in lines:
-            self.out.write(text + "\n")
+            self.out.write(printable(text) + "\n")
         self.out.flush()
 
     def note(self, text: str) -> None:
         """Progress and hints for a person: stderr, never in JSON mode."""
         if not self.json_mode:
-            self.err.write(text + "\n")
+            self.err.write(printable(text) + "\n")
             self.err.flush()
 
     def result(self, doc: Mapping[str, Any], text: Callable[[], Sequence[str]]) -> None:
@@ -114,13 +147,15 @@ class Renderer:
         if self.json_mode:
             self.document({"error": view})  # code, message and retryable, always all three
         else:
-            self.err.write(f"Failure · {view.code}: {view.message}\n")
+            self.err.write(printable(f"Failure · {view.code}: {view.message}") + "\n")
             self.err.flush()
 
     def table(self, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
         """A Rich table on a terminal; aligned plain lines (no header) when piped."""
+        rows = [[printable(cell) for cell in row] for row in rows]
         if self.rich_out:
             from rich.console import Console
+            from rich.markup import escape
             from rich.table import Table
 
             table = Table(box=None, header_style="bold", pad_edge=False)
@@ -130,7 +165,7 @@ class Renderer:
                 longest = max((len(row[0]) for row in rows), default=0) if i == 0 else None
                 table.add_column(name, overflow="fold", no_wrap=i == 0, min_width=longest)
             for row in rows:
-                table.add_row(*row)
+                table.add_row(*(escape(cell) for cell in row))  # "[red]" is text, not markup
             Console(file=self.out).print(table)
             return
         # A cell longer than _ALIGN_MAX (a load error, say) overflows its own row rather than
@@ -151,10 +186,11 @@ class Renderer:
             yield lambda _text: None
             return
         from rich.console import Console
+        from rich.markup import escape
 
         console = Console(file=self.err)
-        with console.status(text) as status:
-            yield lambda new: status.update(new)
+        with console.status(escape(printable(text))) as status:
+            yield lambda new: status.update(escape(printable(new)))
 
 
 # ----- runs ------------------------------------------------------------------------------

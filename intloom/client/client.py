@@ -64,10 +64,13 @@ from intloom.protocol.messages import (
 )
 from intloom.runtime.model import PendingAgentCall, RunView
 
-__all__ = ["DEFAULT_REQUEST_TIMEOUT", "Client"]
+__all__ = ["DEFAULT_REQUEST_TIMEOUT", "RUNS_PAGE_BYTES", "Client"]
 
 # A request that waits for a Run (flow, answer, wait) may legitimately take a while.
 DEFAULT_REQUEST_TIMEOUT: Final = 300.0
+# The size of one page of `runs` (encoded views): small enough that the host builds it in a
+# few milliseconds and holds little per request, large enough for ~1,000 ordinary Runs.
+RUNS_PAGE_BYTES: Final = 1 << 20
 
 _R = TypeVar("_R")
 
@@ -314,7 +317,18 @@ class Client:
         return self._call(WaitRun(run_id=run_id), RunReply).run
 
     def runs(self, flow: str | None = None) -> list[RunView]:
-        return self._call(ListRuns(flow=flow), RunsReply).runs
+        """Every Run of the host (of ``flow``), fetched in pages of about ``RUNS_PAGE_BYTES``
+        so that no number of Runs makes a reply too large for a frame. Each view is as of
+        the moment its page was read; a Run created meanwhile comes last."""
+        found: list[RunView] = []
+        after = 0
+        while True:
+            reply = self._call(
+                ListRuns(flow=flow, page_bytes=RUNS_PAGE_BYTES, after=after), RunsReply)
+            found.extend(reply.runs)
+            if reply.next_after <= after:  # 0: the last page (and never go backwards)
+                return found
+            after = reply.next_after
 
     def answer(self, run_id: str, action_id: str, answer: Any) -> RunView:
         return self._call(Answer(run_id=run_id, action_id=action_id, answer=answer), RunReply).run

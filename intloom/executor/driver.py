@@ -21,10 +21,11 @@ from intloom.authoring.context import ContextHooks, StepContext
 from intloom.authoring.interaction import confirmation_request, questions_request
 from intloom.authoring.loader import LoadedWorkflow
 from intloom.authoring.workflow import AgentStep, Complete, Stage, Step, ToStage
-from intloom.errors import ErrorView, IntloomError, error_view
+from intloom.errors import ErrorView, IntloomError, clip, error_view
 from intloom.executor import clock
 from intloom.executor.updates import RunUpdate
 from intloom.executor.workers import Inbox, Workers
+from intloom.runtime.limits import MAX_OUTCOME
 from intloom.runtime.machine import (
     IllegalTransition,
     RunState,
@@ -955,8 +956,15 @@ class Driver:
         if not isinstance(outcome, str) or not outcome:
             raise IntloomError(
                 "STEP_RESULT_INVALID",
-                f"{step.where} returned {outcome!r}; return a non-empty outcome string, one of "
-                f"{sorted(step.routes)}.",
+                f"{step.where} returned {clip(repr(outcome), 200)}; return a non-empty outcome "
+                f"string, one of {sorted(step.routes)}.",
+            )
+        if len(outcome) > MAX_OUTCOME:  # no route is that long: not worth a record
+            raise IntloomError(
+                "STEP_OUTCOME_NOT_HANDLED",
+                f"{step.where} returned an outcome of {len(outcome):,} characters "
+                f"({clip(repr(outcome), 80)}), which its routes do not handle "
+                f"({sorted(step.routes)}). Return one of them.",
             )
         at = clock.now()
         self.rt.append(
@@ -985,14 +993,14 @@ class Driver:
             raise IntloomError(
                 "INVALID_REQUEST",
                 f"{where} refused the Agent's result (outcome {result.outcome!r}): "
-                f"{type(exc).__name__}: {exc}. Nothing was recorded and the task stays "
-                "claimed: complete it again with a corrected output, or fail it.",
+                f"{clip(f'{type(exc).__name__}: {exc}')}. Nothing was recorded and the task "
+                "stays claimed: complete it again with a corrected output, or fail it.",
             ) from None
         if returned is not None:
             raise IntloomError(
                 "STEP_RESULT_INVALID",
-                f"{where} returned {returned!r}; it must return None and assign ctx.state "
-                "instead. Nothing was recorded and the task stays claimed.",
+                f"{where} returned {clip(repr(returned), 200)}; it must return None and "
+                "assign ctx.state instead. Nothing was recorded and the task stays claimed.",
             )
         return _encode_state(ctx.state, where)
 

@@ -31,11 +31,17 @@ from intloom.authoring.context import Recovery
 from intloom.authoring.interaction import validate_answer
 from intloom.authoring.loader import LoadedWorkflow
 from intloom.authoring.workflow import AgentStep
-from intloom.errors import ErrorView, IntloomError, error_view
+from intloom.errors import MAX_MESSAGE, ErrorView, IntloomError, clip, error_view
 from intloom.executor import clock
 from intloom.executor.driver import Driver, RunObserver, RunSlot
 from intloom.executor.updates import RunUpdate
-from intloom.protocol.messages import RestoreSummary
+from intloom.protocol.messages import MAX_PAGE, RestoreSummary
+from intloom.runtime.limits import (
+    MAX_EFFECT_ID,
+    MAX_INTENT_BYTES,
+    MAX_LOGGED_MESSAGE,
+    MAX_REQUEST_BYTES,
+)
 from intloom.runtime.machine import (
     IllegalTransition,
     RunState,
@@ -44,12 +50,14 @@ from intloom.runtime.machine import (
     restart_verdict,
     to_view,
 )
-from intloom.runtime.model import PendingAgentCall, RunView
+from intloom.runtime.model import Cursor, PendingAgentCall, RunView
 from intloom.runtime.ports import CheckpointFailed, JournalPort
 from intloom.runtime.records import (
     PROTOCOL_VERSION,
     UNENCODABLE,
     Answered,
+    EffectDone,
+    EffectStarted,
     Executing,
     Header,
     StagePending,
@@ -69,7 +77,11 @@ __all__ = [
 ]
 
 _MAX_RECEIPTS = 256
+_encoder: Final = msgspec.msgpack.Encoder()  # a view's size on the wire, for list pages
 MAX_FINISHED: Final = 1000
+# Records that carry what user code handed over (an exception's text, an effect's name and
+# key, a request for a person or an Agent): ``Runtime.append`` bounds them (``_bounded``).
+_BOUNDED: Final = frozenset({Terminal, EffectStarted, EffectDone, Waiting})
 # Journal phases in which user code (a Step, an initialiser, a recover entry) was running.
 _USER_CODE_RUNNING: Final = frozenset({"executing", "effect_started", "effect_done"})
 
@@ -205,6 +217,28 @@ def strict_refusal(attention: list[tuple[str, str]]) -> IntloomError:
     )
 
 
+def _where(cursor: Cursor) -> str:
+    """The Step at ``cursor`` as errors name it (``Step.where``'s form)."""
+    if cursor.step is None:
+        return f"Stage {cursor.stage!r} initialiser"
+    return f"Stage {cursor.stage!r}, Step {cursor.step!r}"
+
+
+def _check_request(cursor: Cursor, what: str, request: Any, fix: str) -> None:
+    """STEP_INTERACTION_INVALID when ``request`` is over MAX_REQUEST_BYTES as JSON."""
+    try:
+        size = len(msgspec.json.encode(request))
+    except (TypeError, msgspec.EncodeError):
+        return  # not JSON: the journal's own check names it (RUN_STATE_INVALID)
+    if size > MAX_REQUEST_BYTES:
+        raise IntloomError(
+            "STEP_INTERACTION_INVALID",
+            f"{_where(cursor)}: {what} is {size:,} bytes as JSON, over the "
+            f"{MAX_REQUEST_BYTES:,}-byte limit; nothing was recorded and the Run does not "
+            f"wait. {fix}",
+        )
+
+
 def _journalable(value: Any, what: str) -> Any:
     """``value`` if the journal can hold it (msgpack: integers within 64 bits, plain types);
     INVALID_REQUEST naming it otherwise, before anything is recorded."""
@@ -269,6 +303,10 @@ class Runtime:
         # journal keeps them for inspect); without it a long-lived host grows ~10 KB per Run.
         self.max_finished = max_finished
         self._finished: dict[str, None] = {}  # ended Runs still held, oldest first
+        # Each Run's position in `runs` (1, 2, ...; never reused): a list page resumes after
+        # the last position it showed, whichever Runs ended or were dropped meanwhile.
+        self._position: dict[str, int] = {}
+        self._positions = 0
         self._dropped: dict[str, int] = {}  # status counts of the ended Runs no longer held
         self.attention: list[tuple[str, str]] = []
         self.held: dict[str, HeldRun] = {}  # Runs the restore did not load, by id
@@ -305,11 +343,14 @@ class Runtime:
             verdict = restart_verdict(state, lw.has_recover(state.cursor.stage, state.cursor.step))
             slot = RunSlot(state=state, lw=lw, observer=self.on_event)
             slot.restored_seq = state.seq
-            self.runs[state.run_id] = slot
+            self._keep(slot)
             if verdict.row == "interrupted":
                 slot.owned = False
+                # Clipped: it names the effect in flight, whose key a journal written before
+                # MAX_EFFECT_ID existed may hold at any length.
                 slot.override = ErrorView(
-                    code="RUN_INTERRUPTED", message=interrupted_message(state), retryable=False
+                    code="RUN_INTERRUPTED", message=clip(interrupted_message(state)),
+                    retryable=False,
                 )
                 interrupted.append(state.run_id)
             elif verdict.row == "restore_wait":
@@ -357,6 +398,8 @@ class Runtime:
         Also called from the thread driving the Run's sync Steps: there a failed checkpoint
         is raised as it is (``CheckpointFailed``), for the loop to settle (``settle``).
         """
+        if type(record) in _BOUNDED:  # before anything is folded or journaled
+            record = self._bounded(slot, record)
         # Locked while a worker drives the Run: the loop may append (a cancel) meanwhile.
         # Released before a failure is handled: fail_checkpoint publishes, which locks.
         failed: CheckpointFailed | None = None
@@ -392,6 +435,55 @@ class Runtime:
                 raise failed
             self.fail_checkpoint(slot, failed.cause)
             raise IntloomError("RUN_CHECKPOINT_FAILED") from None
+
+    def _bounded(self, slot: RunSlot, record: Any) -> Any:
+        """``record`` within the limits of ``intloom.runtime.limits``: an error message cut
+        to ``MAX_MESSAGE`` (the full text, bounded too, goes to the host log), or
+        STEP_INTERACTION_INVALID for a request or an effect id past its limit, raised before
+        anything of it is recorded. Every such record passes here, whichever code built it."""
+        if type(record) is Terminal:
+            error = record.error
+            if error is not None and len(error.message) > MAX_MESSAGE:
+                self._log_cut(slot, f"lastError ({error.code})", error.message)
+                record = msgspec.structs.replace(
+                    record, error=msgspec.structs.replace(error, message=clip(error.message)))
+        elif type(record) is EffectDone:
+            if record.error is not None and len(record.error) > MAX_MESSAGE:
+                self._log_cut(slot, f"effect {record.name!r} ({record.key})", record.error)
+                record = msgspec.structs.replace(record, error=clip(record.error))
+        elif type(record) is EffectStarted:
+            for what, value in (("name", record.name), ("key", record.key)):
+                if len(value) > MAX_EFFECT_ID:
+                    raise IntloomError(
+                        "STEP_INTERACTION_INVALID",
+                        f"{_where(slot.state.cursor)}: the effect {what} given to ctx.effect is "
+                        f"{len(value):,} characters ({clip(repr(value), 60)}), over the "
+                        f"{MAX_EFFECT_ID:,}-character limit; the effect was not called and "
+                        "nothing was recorded. Use a short name, and a short key (a hash or "
+                        "an id of the data rather than the data itself).",
+                    )
+        elif record.action is not None:  # Waiting, for a person
+            kind = record.action.kind
+            what = ("the context given to ctx.confirm" if kind == "confirmation"
+                    else "the questions given to ctx.ask")
+            _check_request(record.action.cursor, what, record.action.request,
+                           "Keep what a person reads short: put large data in a file (or a "
+                           "store of your own) and show its path or a summary instead.")
+        elif record.agent_call is not None:  # Waiting, for a client Agent
+            _check_request(slot.state.cursor, "the Agent task it returned",
+                           record.agent_call.request,
+                           "Put large input where the Agent's Tools can read it (a file, a "
+                           "store of your own) and pass a reference (a path, an id) instead.")
+        return record
+
+    def _log_cut(self, slot: RunSlot, what: str, message: str) -> None:
+        """The host log keeps what a Run's record could not (up to MAX_LOGGED_MESSAGE)."""
+        if self.on_event is None or threading.current_thread() is not self.driver.loop_thread:
+            return
+        self.on_event("message_cut", slot.run_id, {
+            "what": what, "characters": len(message), "kept": MAX_MESSAGE,
+            "message": clip(message, MAX_LOGGED_MESSAGE),
+        }, slot.view().status)
 
     async def sync(self, slot: RunSlot) -> None:
         """Make everything appended durable; a failed batch fails exactly its Runs."""
@@ -438,6 +530,7 @@ class Runtime:
             oldest = next(iter(self._finished))
             del self._finished[oldest]
             gone = self.runs.pop(oldest, None)
+            self._position.pop(oldest, None)
             self._agent_ended.pop(oldest, None)
             if gone is not None:
                 status = gone.view().status
@@ -494,6 +587,14 @@ class Runtime:
             )
         if not isinstance(intent, str) or not intent.strip():
             raise IntloomError("INVALID_REQUEST", "The intent must be non-blank text.")
+        size = len(intent.encode("utf-8", "surrogatepass"))
+        if size > MAX_INTENT_BYTES:
+            raise IntloomError(
+                "INVALID_REQUEST",
+                f"The intent is {size:,} bytes, over the {MAX_INTENT_BYTES:,}-byte limit; no "
+                "Run was created. Put large input in a file your Steps read, and pass its "
+                "path (or a short description) as the intent.",
+            )
         now = clock.now()
         run_id = clock.run_id()
         header = Header(
@@ -510,7 +611,7 @@ class Runtime:
         self.journal.append(run_id, header)
         self.append(slot, StagePending(at=now, stage=lw.workflow.entry.name))
         await self.sync(slot)  # durable before the Run is visible
-        self.runs[run_id] = slot
+        self._keep(slot)
         slot.publish("created")
         self.driver.launch(slot)
         return slot.view()
@@ -538,8 +639,45 @@ class Runtime:
         held = self.held.get(run_id) if run_id not in self.runs else None
         return held.ended if held is not None else None
 
+    def _keep(self, slot: RunSlot) -> None:
+        """List ``slot`` in ``runs``, after every Run listed so far."""
+        self._positions += 1
+        self._position[slot.run_id] = self._positions
+        self.runs[slot.run_id] = slot
+
     def list(self, flow: str | None = None) -> list[RunView]:
         return [s.view() for s in self.runs.values() if flow is None or s.state.workflow == flow]
+
+    def list_page(self, flow: str | None, after: int, page_bytes: int
+                  ) -> tuple[builtins.list[RunView], int]:
+        """The views of the Runs listed after position ``after`` that fit in ``page_bytes``
+        encoded bytes (capped at MAX_PAGE; at least one Run), and the position to ask for the
+        next page after (0: none). Views are bounded (``_bounded``), so a Run too large for a
+        page alone is one an earlier intloom recorded: RESPONSE_TOO_LARGE names it."""
+        budget = min(page_bytes, MAX_PAGE)
+        views: builtins.list[RunView] = []
+        used = last = 0
+        position = self._position
+        for run_id, slot in self.runs.items():
+            at = position[run_id]
+            if at <= after or (flow is not None and slot.state.workflow != flow):
+                continue
+            view = slot.view()
+            size = len(_encoder.encode(view))
+            if views and used + size > budget:
+                return views, last
+            if size > MAX_PAGE:
+                raise IntloomError(
+                    "RESPONSE_TOO_LARGE",
+                    f"Run {run_id}'s view is {size:,} bytes, over the {MAX_PAGE:,}-byte limit "
+                    "of a reply, so the Runs cannot be listed past it (its request was "
+                    "recorded by an intloom without size limits). End it with intloom cancel "
+                    f"{run_id}, or answer it; intloom inspect {run_id} reads its journal.",
+                )
+            views.append(view)
+            used += size
+            last = at
+        return views, 0
 
     async def answer(self, run_id: str, action_id: str, answer: Any) -> RunView:
         """Accept an answer (CONFLICT / INVALID_REQUEST otherwise); returns the next stable view."""
@@ -730,7 +868,8 @@ class Runtime:
             raise
         except Exception as exc:
             raise IntloomError(
-                "TOOL_EXECUTION_FAILED", f"Tool {tool!r} raised {type(exc).__name__}: {exc}"
+                "TOOL_EXECUTION_FAILED",
+                clip(f"Tool {tool!r} raised {type(exc).__name__}: {exc}"),
             ) from None
         finally:
             slot.agent.tool_busy = False
@@ -837,9 +976,10 @@ class Runtime:
         cursor = slot.state.cursor
         now = clock.now()
         self.append(slot, Executing(at=now, stage=cursor.stage, step=cursor.step, kind="agent"))
+        # Cut to MAX_MESSAGE by append (``_bounded``), with a marker; the log keeps more.
         err = ErrorView(
             code="AGENT_TASK_FAILED",
-            message=f"The client Agent failed task {call_id}: {message[:4096]}",
+            message=f"The client Agent failed task {call_id}: {message}",
         )
         self.append(slot, Terminal(at=now, status="failed", error=err))
         slot.agent.reset()

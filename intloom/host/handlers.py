@@ -87,8 +87,11 @@ class Handlers:
                 return RunReply(run=rt.get(run_id))
             case WaitRun(run_id=run_id):
                 return RunReply(run=await rt.wait_stable(run_id))
-            case ListRuns(flow=flow):
-                return RunsReply(runs=rt.list(flow))
+            case ListRuns(flow=flow, page_bytes=page_bytes, after=after):
+                if page_bytes <= 0:
+                    return RunsReply(runs=rt.list(flow))
+                runs, next_after = rt.list_page(flow, after, page_bytes)
+                return RunsReply(runs=runs, next_after=next_after)
             case Answer(run_id=run_id, action_id=action_id, answer=answer):
                 return RunReply(run=await rt.answer(run_id, action_id, answer))
             case Cancel(run_id=run_id):

@@ -28,7 +28,6 @@ from intloom.protocol.framing import (
     decode_request,
     encode_frame,
     read_frame,
-    write_frame,
 )
 from intloom.protocol.messages import (
     MAX_FRAME,
@@ -46,10 +45,13 @@ from intloom.protocol.messages import (
     Request,
     Response,
     RunEvent,
+    RunReply,
+    RunsReply,
     Status,
     Stop,
     Stopping,
     Subscribe,
+    ToolResult,
 )
 
 __all__ = ["Limits", "Server"]
@@ -82,6 +84,28 @@ class _Refused(Exception):
 
 def _error(code: str, message: str | None = None) -> ErrorReply:
     return ErrorReply(error=error_view(code, message))
+
+
+def _too_large(request: Request | None, reply: msgspec.Struct, size: int) -> ErrorReply:
+    """RESPONSE_TOO_LARGE for ``reply``, which cannot be framed: what was asked, what it
+    did, and what to do instead (never a bare CLI_INTERNAL_ERROR)."""
+    asked = f"the {type(request).__name__} request" if request is not None else "a request"
+    fact = (f"The host's reply to {asked} ({type(reply).__name__}, {size:,} bytes) is over "
+            f"the {MAX_FRAME:,}-byte frame limit, so it was not sent.")
+    if isinstance(reply, (RunReply, RunEvent)):
+        run = reply.run
+        fix = (f" Run {run.run_id} exists ({run.status}), but its view is too large to send "
+               "(its request was recorded by an intloom without size limits). intloom inspect "
+               f"{run.run_id} reads its journal; intloom cancel {run.run_id} ends it.")
+    elif isinstance(reply, RunsReply):
+        fix = (" List the Runs in pages, as the intloom runs of this version does (an older "
+               "client cannot: upgrade it), or narrow the list with --flow.")
+    elif isinstance(reply, ToolResult):
+        fix = (" The Tool ran, and a retry with the same tool call id replays this output. "
+               "Make the Tool return less: write large data to a file and return its path.")
+    else:
+        fix = " intloom logs has the details (reply_too_large); please report it."
+    return _error("RESPONSE_TOO_LARGE", fact + fix)
 
 
 class Server:
@@ -229,7 +253,7 @@ class Server:
                     await self._stream(reader, writer, request)
                     continue
                 reply = await self._dispatch(request)
-                await self._write(writer, reply)
+                await self._write(writer, reply, request)
             finally:
                 self._leave(task)
             if isinstance(request, Stop) and isinstance(reply, Stopping):
@@ -266,7 +290,7 @@ class Server:
         async def pump() -> None:
             try:
                 async for events in self.handlers.subscribe(request.run_id):
-                    await self._write_many(writer, events)
+                    await self._write_many(writer, events, request)
             except IntloomError as exc:
                 await self._write(writer, ErrorReply(error=exc.view()))
 
@@ -287,24 +311,32 @@ class Server:
         if pumping.done() and not pumping.cancelled() and pumping.exception() is not None:
             raise pumping.exception()  # type: ignore[misc]
 
-    async def _write(self, writer: asyncio.StreamWriter, message: msgspec.Struct) -> None:
+    async def _write(self, writer: asyncio.StreamWriter, message: msgspec.Struct,
+                     request: Request | None = None) -> None:
         try:
-            async with asyncio.timeout(self.limits.write_timeout):
-                await write_frame(writer, message)
+            frame = encode_frame(message)
         except FrameError as exc:
             # The reply itself is too large to frame; say so instead of dropping it.
-            self.log.error("reply_too_large", detail=str(exc))
-            await write_frame(writer, _error("CLI_INTERNAL_ERROR"))
+            frame = encode_frame(self._too_large(request, message, exc))
+        async with asyncio.timeout(self.limits.write_timeout):
+            writer.write(frame)
+            await writer.drain()
 
-    async def _write_many(self, writer: asyncio.StreamWriter, events: list[RunEvent]) -> None:
+    def _too_large(self, request: Request | None, message: msgspec.Struct,
+                   exc: FrameError) -> ErrorReply:
+        self.log.error("reply_too_large", request=type(request).__name__,
+                       reply=type(message).__name__, bytes=exc.size, detail=str(exc))
+        return _too_large(request, message, exc.size)
+
+    async def _write_many(self, writer: asyncio.StreamWriter, events: list[RunEvent],
+                          request: Subscribe) -> None:
         """A follower's queued events in one write: one send per wake-up, not per event."""
         frames: list[bytes] = []
         for event in events:
             try:
                 frames.append(encode_frame(event))
             except FrameError as exc:
-                self.log.error("reply_too_large", detail=str(exc))
-                frames.append(encode_frame(_error("CLI_INTERNAL_ERROR")))
+                frames.append(encode_frame(self._too_large(request, event, exc)))
         async with asyncio.timeout(self.limits.write_timeout):
             writer.write(b"".join(frames))
             await writer.drain()

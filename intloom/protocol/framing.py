@@ -54,8 +54,9 @@ class FrameError(Exception):
     does not decode is not.
     """
 
-    def __init__(self, message: str, *, fatal: bool) -> None:
+    def __init__(self, message: str, *, fatal: bool, size: int = 0) -> None:
         self.fatal = fatal
+        self.size = size  # the encoded size of a message too large to frame (encode_frame)
         super().__init__(message)
 
 
@@ -74,6 +75,7 @@ def encode_frame(message: msgspec.Struct) -> bytes:
             f"a {type(message).__name__} of {len(body)} bytes exceeds the {MAX_FRAME}-byte "
             "frame limit",
             fatal=False,
+            size=len(body),
         )
     return _HEADER.pack(len(body)) + body
 

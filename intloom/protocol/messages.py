@@ -19,6 +19,7 @@ from intloom.runtime.model import PendingAgentCall, RunView
 
 __all__ = [
     "MAX_FRAME",
+    "MAX_PAGE",
     "PROTOCOL",
     "Answer",
     "CallTool",
@@ -55,6 +56,9 @@ __all__ = [
 
 PROTOCOL: Final = 1
 MAX_FRAME: Final = 4 * 1024 * 1024
+# The most encoded bytes of Run views one RunsReply page carries: a frame, less room for the
+# reply's own fields.
+MAX_PAGE: Final = MAX_FRAME - 64 * 1024
 
 
 class _Msg(msgspec.Struct, frozen=True, tag_field="op", rename="camel", omit_defaults=True):
@@ -110,7 +114,15 @@ class WaitRun(_Msg, tag="wait_run", frozen=True):
 
 
 class ListRuns(_Msg, tag="list_runs", frozen=True):
+    """The host's Runs. With ``page_bytes`` > 0, one page: the Runs listed after position
+    ``after`` (0: from the first) that fit in about ``page_bytes`` encoded bytes (at least
+    one, at most ``MAX_PAGE``); ``RunsReply.next_after`` asks for the next page. With 0 (a
+    client older than paging), every Run in one reply, which fails with RESPONSE_TOO_LARGE
+    once they no longer fit in a frame."""
+
     flow: str | None = None
+    page_bytes: int = 0
+    after: int = 0
 
 
 class Answer(_Msg, tag="answer", frozen=True):
@@ -264,6 +276,7 @@ class RunReply(_Msg, tag="run", frozen=True):
 
 class RunsReply(_Msg, tag="runs", frozen=True):
     runs: list[RunView]
+    next_after: int = 0  # > 0: more Runs follow; pass it as ListRuns.after
 
 
 class Claimed(_Msg, tag="claimed", frozen=True):

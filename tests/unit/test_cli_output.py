@@ -219,3 +219,51 @@ def test_a_terminal_table_never_cuts_an_id(monkeypatch: pytest.MonkeyPatch) -> N
     assert run_id in text, text  # on one line, whole
     # The other cells fold to fit, every character kept.
     assert all(c in text for c in at), text
+
+
+HOSTILE = ("ünïcødé 💥 \x00 nul \n newline \x1b[31mred\x1b[0m \r\t \x7f \x9b \u202e rtl "
+           "\u2028 \udcff")
+ESCAPED = ("ünïcødé 💥 \\x00 nul \\n newline \\x1b[31mred\\x1b[0m \\r\\t \\x7f \\x9b \\u202e rtl "
+           "\\u2028 \\udcff")
+
+
+def test_printable_escapes_what_a_terminal_would_obey_and_keeps_the_rest() -> None:
+    assert render.printable(HOSTILE) == ESCAPED
+    # Printable Unicode is shown as it is: accents, emoji (with their joiners), CJK, NBSP.
+    family = "👨\u200d👩\u200d👧 漢字 a\u00a0b — ok"
+    assert render.printable(family) == family
+
+
+def test_every_text_write_escapes_workflow_text(capsys: pytest.CaptureFixture[str]) -> None:
+    renderer = Renderer()
+    renderer.lines([f"message {HOSTILE}"])
+    renderer.table(["A", "B"], [[HOSTILE, "x"]])
+    renderer.note(HOSTILE)
+    renderer.error(error_view("STEP_EXECUTION_FAILED", HOSTILE))
+    out, err = capsys.readouterr()
+    assert out == f"message {ESCAPED}\n{ESCAPED}  x\n"
+    assert err == f"{ESCAPED}\nFailure · STEP_EXECUTION_FAILED: {ESCAPED}\n"
+    # What a waiting Run asks goes through the same writes.
+    run = {**RUN, "pendingAction": {"id": "A", "kind": "questions", "request": [
+        {"id": "q", "question": "clear?\x1b[2J", "options": [{"id": "o", "label": "\x07"}]}]}}
+    renderer.lines(render.run_lines(run))
+    out = capsys.readouterr().out
+    assert "q: clear?\\x1b[2J" in out and "o (\\x07)" in out and "\x1b" not in out
+
+
+def test_json_output_keeps_the_exact_text(capsys: pytest.CaptureFixture[str]) -> None:
+    text = HOSTILE.replace("\udcff", "")  # JSON holds text; a lone surrogate is none
+    Renderer(json_mode=True).error(error_view("STEP_EXECUTION_FAILED", text))
+    assert json.loads(capsys.readouterr().out)["error"]["message"] == text
+
+
+def test_a_terminal_table_neither_obeys_escapes_nor_reads_markup(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    out = _Tty()
+    monkeypatch.setattr("sys.stdout", out)
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    Renderer().table(["RUN"], [["[bold red]x[/] \x1b[2J"]])
+    shown = out.getvalue()
+    assert "[bold red]x[/] \\x1b[2J" in shown, repr(shown)
+    assert "\x1b[2J" not in shown

@@ -1,0 +1,35 @@
+"""Bounds on what user code and clients can put in a Run's journal and views.
+
+A Run's view crosses the socket in every reply about it (``flow``, ``attach``, ``answer``,
+``cancel``) and in ``runs``; its journal is read back at every start. What user code hands
+the host (a question, a confirmation's context, an Agent task, an effect's name and key, an
+exception's text) is therefore bounded here, so one Run can never make a reply too large for
+the 4 MiB frame or the journal grow without limit. docs/authoring.md ("Limits") lists them;
+error messages are bounded by ``intloom.errors.MAX_MESSAGE``.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+__all__ = [
+    "MAX_EFFECT_ID",
+    "MAX_INTENT_BYTES",
+    "MAX_LOGGED_MESSAGE",
+    "MAX_OUTCOME",
+    "MAX_REQUEST_BYTES",
+]
+
+# A question/confirmation request or an Agent task, as JSON: far more than a person reads at
+# a prompt, and 16 such views still fit in one 4 MiB frame. Larger data belongs in a file or
+# a store of your own, with a reference (a path, an id) in the request.
+MAX_REQUEST_BYTES: Final = 256 * 1024
+# An effect's name or key, in characters (a key is an idempotency key: a hash, a URL, an id).
+MAX_EFFECT_ID: Final = 1024
+# A Run's intent, UTF-8 bytes: the CLI's --intent-file limit, kept by the host for every client.
+MAX_INTENT_BYTES: Final = 1 << 20
+# A Step's outcome, in characters. Route outcomes are names of at most 64 characters, so a
+# longer outcome can never be routed; past this one it is not even recorded.
+MAX_OUTCOME: Final = 1024
+# How much of a message cut to ``MAX_MESSAGE`` the host log keeps (the full text, up to here).
+MAX_LOGGED_MESSAGE: Final = 64 * 1024
