@@ -67,6 +67,8 @@ class StepContext(Generic[S]):
         self._state_type = state_type
         self._hooks = hooks
         self._effect_counts: dict[str, int] = {}
+        # key -> (the effect's name, whether it raised): the keys this Step's effects took.
+        self._used_keys: dict[str, tuple[str, bool]] = {}
 
     @property
     def state(self) -> S:
@@ -74,20 +76,67 @@ class StepContext(Generic[S]):
 
     @state.setter
     def state(self, value: S) -> None:
-        if self._state_type is not None and not isinstance(value, self._state_type):
+        state_type = self._state_type
+        if state_type is not None:
+            if not isinstance(value, state_type):
+                name = state_type.__name__
+                raise IntloomError(
+                    "STAGE_STATE_INVALID",
+                    f"{self.where} assigned ctx.state a {type(value).__name__}; Stage "
+                    f"{self.stage!r} State is a {name}. Assign a {name} "
+                    f"(`ctx.state = {name}(...)`) or change a field of ctx.state.",
+                )
+        elif value is not None:
+            # It would be saved, but no later context decodes it: the value would be lost.
             raise IntloomError(
                 "STAGE_STATE_INVALID",
-                f"Stage {self.stage!r} State must be a {self._state_type.__name__}, "
-                f"not {type(value).__name__}.",
+                f"{self.where} assigned ctx.state a {type(value).__name__}, but Stage "
+                f"{self.stage!r} has no State. Declare one (`wf.stage({self.stage!r}, "
+                "state=YourStruct)`) to keep it between Steps.",
             )
         self._state = value
 
     def _key(self, name: str, key: str | None) -> str:
-        if key is not None:
-            return key
-        n = self._effect_counts.get(name, 0) + 1
-        self._effect_counts[name] = n
-        return f"{name}#{n}"
+        """The journal key of an effect about to start, refused when the journal could not
+        tell it apart: a key names one effect of the Step (a RUN_INTERRUPTED message names the
+        one in flight by it). A call that raised may be retried under its own key: it is
+        journaled as done (failed), so the key still names one effect in flight."""
+        if not isinstance(name, str) or not name:
+            raise IntloomError(
+                "STEP_INTERACTION_INVALID",
+                f"{self.where} started an effect named {name!r}; its name is what the journal "
+                "and RUN_INTERRUPTED messages call it. Give it a non-empty name, e.g. "
+                '`ctx.effect("charge-card", charge, order)`.',
+            )
+        if key is None:
+            n = self._effect_counts.get(name, 0) + 1
+            self._effect_counts[name] = n
+            key = f"{name}#{n}"
+        elif not isinstance(key, str) or not key:
+            raise IntloomError(
+                "STEP_INTERACTION_INVALID",
+                f"{self.where} gave effect {name!r} the key {key!r}. Give it a non-empty "
+                "string key, or leave key= out to get the default (name#n, counting the "
+                "calls of that name in the Step).",
+            )
+        used = self._used_keys.get(key)
+        if used is not None and (used[0] != name or not used[1]):
+            holder = (f"effect {used[0]!r}" if used[0] != name
+                      else "an earlier call of it that did not fail")
+            raise IntloomError(
+                "STEP_INTERACTION_INVALID",
+                f"{self.where} gave effect {name!r} the key {key!r}, already the key of "
+                f"{holder} in this Step. A key names one effect in the journal "
+                "(RUN_INTERRUPTED names the effect in flight by it): give each effect its own "
+                "key, or leave key= out (the default, name#n, counts the calls of each name). "
+                "Only a call that raised may be retried under its key.",
+            )
+        self._used_keys[key] = (name, False)
+        return key
+
+    def _failed(self, name: str, key: str) -> None:
+        """The effect under ``key`` raised: a retry may reuse its key (``_key``)."""
+        self._used_keys[key] = (name, True)
 
     def effect(self, name: str, fn: Callable[..., T], *args: Any, key: str | None = None,
                **kwargs: Any) -> T:
@@ -102,9 +151,14 @@ class StepContext(Generic[S]):
                 f"Step {self.stage}/{self.step} is async: use `await ctx.aeffect(...)` there; "
                 "ctx.effect is for sync Steps.",
             )
-        return self._hooks.effect_sync(  # type: ignore[no-any-return]
-            name, self._key(name, key), lambda: fn(*args, **kwargs)
-        )
+        key = self._key(name, key)
+        try:
+            return self._hooks.effect_sync(  # type: ignore[no-any-return]
+                name, key, lambda: fn(*args, **kwargs)
+            )
+        except BaseException:
+            self._failed(name, key)
+            raise
 
     def aeffect(self, name: str, fn: Callable[..., Any], *args: Any,
                 key: str | None = None, **kwargs: Any) -> Coroutine[Any, Any, Any]:
@@ -120,7 +174,15 @@ class StepContext(Generic[S]):
                 "awaited in an async Step. Use `ctx.effect(...)` in a sync Step, or make the "
                 "Step `async def` and write `result = await ctx.aeffect(...)`.",
             )
-        return self._hooks.effect_async(name, self._key(name, key), lambda: fn(*args, **kwargs))
+        key = self._key(name, key)
+        return self._aeffect(name, key, lambda: fn(*args, **kwargs))
+
+    async def _aeffect(self, name: str, key: str, call: Callable[[], Any]) -> Any:
+        try:
+            return await self._hooks.effect_async(name, key, call)
+        except BaseException:
+            self._failed(name, key)
+            raise
 
     @property
     def where(self) -> str:

@@ -29,9 +29,13 @@ MISTAKES = textwrap.dedent('''
 
     class Box(msgspec.Struct):
         extra: Any = None
+        items: list[int] = []
+        count: int = 0
+        score: float = 0
 
     KINDS = ["ask_dicts", "ask_text", "confirm_sync", "confirm_unawaited", "duplicate_ids",
-             "unencodable_state", "aeffect_sync"]
+             "unencodable_state", "aeffect_sync", "wrong_field", "wrong_field_wait",
+             "nested_effects", "duplicate_key", "exits", "float_wait"]
     wf = intloom.Workflow("mistakes", version="1.0.0")
     main = wf.stage("main", state=Box)
 
@@ -82,6 +86,59 @@ MISTAKES = textwrap.dedent('''
     def unencodable_state(ctx: intloom.StepContext[Box]) -> str:
         ctx.state = Box(extra=object())
         return "done"
+
+
+    @main.step("wrong_field", routes={"done": "after"})
+    def wrong_field(ctx: intloom.StepContext[Box]) -> str:
+        ctx.state.items.append("not-an-int")
+        return "done"
+
+
+    @main.step("after", routes={"done": intloom.COMPLETE})
+    async def after(ctx: intloom.StepContext[Box]) -> str:
+        return "done"
+
+
+    @main.step("wrong_field_wait", routes={"yes": intloom.COMPLETE, "no": intloom.COMPLETE})
+    async def wrong_field_wait(ctx: intloom.StepContext[Box]) -> str:
+        ctx.state = Box(count=1.5)
+        answer = await ctx.confirm({"n": 1})
+        return "yes" if answer.confirmed else "no"
+
+
+    @wrong_field_wait.recover
+    def wrong_field_wait_recover(ctx: intloom.StepContext[Box], saved: intloom.Recovery) -> str:
+        return "yes" if saved.answer.confirmed else "no"
+
+
+    @main.step("nested_effects", routes={"done": intloom.COMPLETE})
+    def nested_effects(ctx: intloom.StepContext[Box]) -> str:
+        ctx.effect("outer", lambda: ctx.effect("inner", lambda: 1))
+        return "done"
+
+
+    @main.step("duplicate_key", routes={"done": intloom.COMPLETE})
+    def duplicate_key(ctx: intloom.StepContext[Box]) -> str:
+        ctx.effect("one", print, "one", key="k")
+        ctx.effect("two", print, "two", key="k")
+        return "done"
+
+
+    @main.step("exits", routes={"done": intloom.COMPLETE})
+    def exits(ctx: intloom.StepContext[Box]) -> str:
+        raise SystemExit(3)
+
+
+    @main.step("float_wait", routes={"yes": intloom.COMPLETE, "no": intloom.COMPLETE})
+    async def float_wait(ctx: intloom.StepContext[Box]) -> str:
+        ctx.state = Box(score=1)  # an int in a float field: the next decode makes it 1.0
+        answer = await ctx.confirm({"score": ctx.state.score})
+        return "yes" if answer.confirmed else "no"
+
+
+    @float_wait.recover
+    def float_wait_recover(ctx: intloom.StepContext[Box], saved: intloom.Recovery) -> str:
+        return "yes" if saved.answer.confirmed else "no"
 ''')
 
 # A Stage State that is not a msgspec.Struct: refused when the module is loaded.
@@ -131,6 +188,10 @@ FIX = "Pass a list of intloom.Question"
     ("duplicate_ids", ["Stage 'main', Step 'duplicate_ids'", "repeat ['a']", "its own id"]),
     ("aeffect_sync", ["Stage 'main', Step 'aeffect_sync' is sync", "ctx.aeffect",
                       "Use `ctx.effect(...)`", "await ctx.aeffect("]),
+    ("nested_effects", ["Stage 'main', Step 'nested_effects' started effect 'inner'",
+                        "while effect 'outer'", "cannot be nested", "one after another"]),
+    ("duplicate_key", ["Stage 'main', Step 'duplicate_key' gave effect 'two' the key 'k'",
+                       "already the key of effect 'one'", "its own key"]),
 ])
 def test_a_misused_interaction_names_the_step_and_the_fix(
     mistakes: Project, kind: str, facts: list[str]
@@ -161,4 +222,55 @@ def test_a_state_that_is_not_a_struct_is_named_as_written(mistakes: Project) -> 
     assert "WORKFLOW_DEFINITION_INVALID" in problem
     assert "state St is not a msgspec.Struct type" in problem, problem
     assert "_intloom_wf_" not in problem and "<class" not in problem
+    ok(mistakes.cli("stop", "--json"))
+
+
+def _phases(project: Project, run_id: str) -> list[tuple[str, Any]]:
+    records = ok(project.cli("inspect", run_id, "--json"))["records"]
+    return [(r["phase"], r["record"].get("step", r["record"].get("name"))) for r in records]
+
+
+@pytest.mark.parametrize(("kind", "path"), [("wrong_field", "$.items[0]"),
+                                            ("wrong_field_wait", "$.count")])
+def test_a_state_field_of_the_wrong_type_fails_the_step_that_left_it(
+    mistakes: Project, kind: str, path: str
+) -> None:
+    """Saved unchecked, such a State failed the next Step as CLI_INTERNAL_ERROR, or, saved with
+    a wait, held the Run after a restart ("saved State no longer decodes")."""
+    ok(mistakes.cli("start", "--json"))
+    error = _failure(mistakes, kind)
+    assert error["code"] == "STAGE_STATE_INVALID", error
+    message = error["message"]
+    assert message.startswith(f"Stage 'main', Step '{kind}': "), message
+    for fact in ("not a valid Box", path, "value of its declared type"):
+        assert fact in message, (fact, message)
+    run_id = ok(mistakes.cli("runs", "--json"))["runs"][-1]["runId"]
+    phases = _phases(mistakes, run_id)
+    assert phases[-2:] == [("executing", kind), ("terminal", None)], phases
+    ok(mistakes.cli("stop", "--json"))
+
+
+def test_a_step_that_exits_fails_its_run_and_says_so(mistakes: Project) -> None:
+    ok(mistakes.cli("start", "--json"))
+    error = _failure(mistakes, "exits")
+    assert error["code"] == "STEP_EXECUTION_FAILED", error
+    message = error["message"]
+    assert message.startswith("Stage 'main', Step 'exits' raised SystemExit(3) ("), message
+    assert "must not exit the process" in message and "raise an exception instead" in message
+    assert ok(mistakes.cli("status", "--json"))["service"]  # the host is still serving
+    ok(mistakes.cli("stop", "--json"))
+
+
+def test_an_int_in_a_float_field_survives_a_restart(mistakes: Project) -> None:
+    """Saved as 1, it decoded to 1.0 and re-encoded as 1.0: a restart held the Run
+    (JOURNAL_INCOMPATIBLE, "no longer matches its schema output") though nothing changed."""
+    ok(mistakes.cli("start", "--json"))
+    run = ok(mistakes.cli("flow", "mistakes", "--intent", "float_wait", "--json"))["run"]
+    assert run["status"] == "waiting", run
+    ok(mistakes.cli("stop", "--json"))
+    restore = ok(mistakes.cli("start", "--json"))["service"]["restore"]
+    assert restore["needsAttention"] == [] and restore["waiting"] == [run["runId"]], restore
+    done = ok(mistakes.cli("answer", run["runId"], run["pendingAction"]["id"],
+                           '{"isConfirmed": true}', "--json"))["run"]
+    assert done["status"] == "completed", done
     ok(mistakes.cli("stop", "--json"))

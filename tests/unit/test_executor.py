@@ -6,6 +6,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 import msgspec
@@ -18,7 +19,7 @@ from intloom.executor.driver import Driver
 from intloom.executor.runtime import RestoredRun, Runtime
 from intloom.runtime.machine import fold
 from intloom.runtime.ports import CheckpointFailed
-from intloom.runtime.records import StepReady
+from intloom.runtime.records import EffectStarted, Executing, StepReady, Waiting
 from tests.unit.memjournal import MemoryJournal
 
 
@@ -217,7 +218,7 @@ def test_outcome_without_route_fails_the_run() -> None:
 # other sync Step's result in the same batch, and its own Run never ended.
 @pytest.mark.parametrize(("raised", "shown"), [
     (ValueError("bad input"), "ValueError: bad input"),
-    (StopIteration("early"), "StopIteration(early)"),
+    (StopIteration("early"), "raised StopIteration: early"),
 ])
 def test_step_exception_fails_with_its_type_but_no_traceback(
         sync_path: SyncPath, raised: BaseException, shown: str) -> None:
@@ -367,7 +368,7 @@ def test_recover_on_an_agent_step_is_a_definition_mistake() -> None:
         "Agent Step: after a restart its task is always reported RUN_INTERRUPTED")
 
 
-@pytest.mark.parametrize("handler", ["effect", "wait", "returns", "async"])
+@pytest.mark.parametrize("handler", ["effect", "wait", "returns", "bad_state", "async"])
 def test_on_complete_folds_the_result_into_the_state_and_refuses_anything_else(
         handler: str) -> None:
     wf = intloom.Workflow("agent", version="1")
@@ -392,6 +393,9 @@ def test_on_complete_folds_the_result_into_the_state_and_refuses_anything_else(
                 ctx.effect("charge", lambda: seen.append("charged"))
             if handler == "wait":
                 return asyncio.run(ctx.confirm({}))  # a sync handler cannot await anyway
+            if handler == "bad_state":
+                ctx.state = Count(n=str(result.output["n"]))  # type: ignore[arg-type]
+                return None
             return "done"
 
     @st.step("after", routes={"ok": intloom.COMPLETE})
@@ -419,6 +423,8 @@ def test_on_complete_folds_the_result_into_the_state_and_refuses_anything_else(
             "wait": ("STEP_INTERACTION_INVALID",
                      "on_complete cannot wait for a confirmation answer"),
             "returns": ("STEP_RESULT_INVALID", "on_complete returned 'done'; it must return None"),
+            "bad_state": ("STAGE_STATE_INVALID", "on_complete: the Stage State it left is not a "
+                          "valid Count: Expected `int`, got `str` - at `$.n`"),
         }[handler]
         assert (info.value.code, expected[1] in info.value.message) == (expected[0], True), \
             info.value.message
@@ -723,19 +729,22 @@ def test_interrupted_run_names_its_effect_and_cancel_dismisses_it() -> None:
 
 
 @pytest.mark.parametrize("step_kind", ["sync", "async"])
-def test_a_step_calling_sys_exit_fails_its_run_not_the_host(step_kind: str) -> None:
-    import sys
-
+@pytest.mark.parametrize(("exit_", "shown", "fact"), [
+    (SystemExit(3), "raised SystemExit(3) (", "must not exit the process"),
+    (KeyboardInterrupt(), "raised KeyboardInterrupt (", "must not interrupt the process"),
+])
+def test_a_step_calling_sys_exit_fails_its_run_not_the_host(
+        step_kind: str, exit_: BaseException, shown: str, fact: str) -> None:
     wf = intloom.Workflow("exit", version="1")
     st = wf.stage("s")
     if step_kind == "sync":
         @st.step("a", routes={"ok": intloom.COMPLETE})
         def a(ctx: Any) -> str:
-            sys.exit(3)
+            raise exit_
     else:
         @st.step("a", routes={"ok": intloom.COMPLETE})
         async def a_async(ctx: Any) -> str:
-            raise SystemExit(3)
+            raise exit_
 
     async def main() -> None:
         rt = Runtime(loaded(wf), MemoryJournal(), package_version="0.1.0")
@@ -743,7 +752,10 @@ def test_a_step_calling_sys_exit_fails_its_run_not_the_host(step_kind: str) -> N
         view = await rt.wait_stable((await rt.create_run("exit", "go")).run_id)
         assert view.status == "failed" and view.last_error is not None
         assert view.last_error.code == "STEP_EXECUTION_FAILED"
-        assert "SystemExit" in view.last_error.message
+        message = view.last_error.message
+        assert message.startswith(f"Stage 's', Step 'a' {shown}"), message
+        assert fact in message and "raise an exception instead" in message, message
+        assert "RuntimeError" not in message, message
 
     run(main)
 
@@ -940,3 +952,351 @@ def test_a_live_follower_sees_every_event_the_history_keeps(
 
     run(main)
     sync_path.check()
+
+
+class Typed(msgspec.Struct):
+    items: list[int] = []
+    when: datetime | None = None
+    n: int = 0
+
+
+def _saved_states(records: list[Any]) -> list[bytes]:
+    return [r.state for r in records if getattr(r, "state", None) is not None]
+
+
+@pytest.mark.parametrize("mistake", ["append", "assign", "async", "wait", "init"])
+def test_a_state_field_of_the_wrong_type_fails_the_step_that_left_it(
+        sync_path: SyncPath, mistake: str) -> None:
+    """Encoding checks no field type: such a State was saved, then failed the next Step as
+    CLI_INTERNAL_ERROR (or, saved with a wait, held the Run after a restart)."""
+    wf = intloom.Workflow("typed", version="1")
+    st = wf.stage("s", state=Typed)
+    ran: list[str] = []
+    if mistake == "init":
+        @st.init
+        def init(ctx: Any) -> Typed:
+            return Typed(n=1.5)  # type: ignore[arg-type]
+
+    if mistake in ("async", "wait"):
+        @st.step("a", routes={"ok": "w"})
+        async def a_async(ctx: intloom.StepContext[Typed]) -> str:
+            ctx.state = Typed(n=1.5)  # type: ignore[arg-type]
+            if mistake == "wait":
+                await ctx.confirm({"n": 1})
+            return "ok"
+
+        @a_async.recover
+        def a_recover(ctx: Any, saved: intloom.Recovery) -> str:
+            return "ok"
+    else:
+        @st.step("a", routes={"ok": "w"})
+        def a(ctx: intloom.StepContext[Typed]) -> str:
+            if mistake == "append":
+                ctx.state.items.append("not-an-int")  # type: ignore[arg-type]
+            elif mistake == "assign":
+                ctx.state = Typed(n=1.5)  # type: ignore[arg-type]
+            return "ok"
+
+    @st.step("w", routes={"ok": intloom.COMPLETE})
+    async def w(ctx: Any) -> str:
+        ran.append("w")
+        return "ok"
+
+    journal = MemoryJournal()
+
+    async def main() -> str:
+        rt = Runtime(loaded(wf), journal, package_version="0.1.0")
+        rt.restore([])
+        view = await rt.wait_stable((await rt.create_run("typed", "go")).run_id)
+        assert view.status == "failed" and view.last_error is not None, view
+        assert view.last_error.code == "STAGE_STATE_INVALID", view.last_error
+        message = view.last_error.message
+        where = "Stage 's' initialiser" if mistake == "init" else "Stage 's', Step 'a'"
+        assert message.startswith(f"{where}: "), message
+        path = "$.items[0]" if mistake == "append" else "$.n"
+        for fact in ("not a valid Typed", path, "value of its declared type", "not saved"):
+            assert fact in message, (fact, message)
+        return view.run_id
+
+    run_id = run(main)
+    if mistake != "init" and mistake != "async" and mistake != "wait":
+        sync_path.check()
+    records = journal.of(run_id)
+    assert ran == [] and not any(isinstance(r, Waiting) for r in records)
+    assert [r.step for r in records if isinstance(r, Executing)] == (
+        [None] if mistake == "init" else ["a"])  # nothing ran after the Step at fault
+    for saved in _saved_states(records):  # nothing the journal holds fails to decode
+        msgspec.json.decode(saved, type=Typed)
+
+
+def test_a_state_left_by_recover_is_checked_and_names_recover() -> None:
+    calls: list[str] = []
+    journal = MemoryJournal()
+
+    def workflow(bad: bool) -> intloom.Workflow:
+        wf = intloom.Workflow("typed", version="1")
+        st = wf.stage("s", state=Typed)
+
+        @st.step("a", routes={"ok": intloom.COMPLETE})
+        async def a(ctx: Any) -> str:
+            await ctx.confirm({})
+            return "ok"
+
+        @a.recover
+        def a_recover(ctx: intloom.StepContext[Typed], saved: intloom.Recovery) -> str:
+            calls.append("recover")
+            if bad:
+                ctx.state.items.append("x")  # type: ignore[arg-type]
+            return "ok"
+
+        return wf
+
+    async def first() -> tuple[str, str]:
+        rt = Runtime(loaded(workflow(False)), journal, package_version="0.1.0")
+        rt.restore([])
+        view = await rt.wait_stable((await rt.create_run("typed", "go")).run_id)
+        await rt.suspend(1)
+        assert view.pending_action is not None
+        return view.run_id, view.pending_action.id
+
+    run_id, action = run(first)
+
+    async def second() -> None:
+        rt = Runtime(loaded(workflow(True)), journal, package_version="0.1.0")
+        assert rt.restore([RestoredRun(run_id, fold(journal.of(run_id)))]).waiting == [run_id]
+        rt.start_restored()
+        done = await rt.answer(run_id, action, {"isConfirmed": True})
+        assert done.status == "failed" and done.last_error is not None
+        assert done.last_error.code == "STAGE_STATE_INVALID"
+        assert done.last_error.message.startswith("Stage 's', Step 'a' recover: "), done
+        assert "$.items[0]" in done.last_error.message
+
+    run(second)
+    assert calls == ["recover"]
+    for saved in _saved_states(journal.of(run_id)):
+        msgspec.json.decode(saved, type=Typed)
+
+
+class Scored(msgspec.Struct, omit_defaults=True):
+    score: float = 0
+    rounds: int = 0
+    when: datetime | None = None
+
+
+class MoreScored(Scored):
+    note: str = ""
+
+
+LEFT: dict[str, tuple[Scored, bytes]] = {
+    "int_in_float": (Scored(score=1, rounds=2), b'{"score":1.0,"rounds":2}'),
+    "subclass": (MoreScored(score=1.5, rounds=2, note="extra"), b'{"score":1.5,"rounds":2}'),
+    "datetime_text": (Scored(rounds=2, when="2026-01-02T03:04:05+00:00"),  # type: ignore[arg-type]
+                      b'{"rounds":2,"when":"2026-01-02T03:04:05Z"}'),
+}
+
+
+@pytest.mark.parametrize("left", sorted(LEFT))
+def test_a_state_that_decodes_differently_is_saved_as_it_decodes_and_restores(
+        left: str) -> None:
+    """A restart keeps a State that re-encodes to its saved bytes: an int in a float field
+    (saved 1, decoded 1.0), a subclass's extra field (dropped by the decode) or another
+    spelling of a date held the Run as JOURNAL_INCOMPATIBLE though nothing had changed."""
+    value, expected = LEFT[left]
+    journal = MemoryJournal()
+
+    def workflow() -> intloom.Workflow:
+        wf = intloom.Workflow("scored", version="1")
+        st = wf.stage("s", state=Scored)
+
+        @st.step("a", routes={"ok": intloom.COMPLETE})
+        async def a(ctx: intloom.StepContext[Scored]) -> str:
+            ctx.state = value
+            await ctx.confirm({})
+            return "ok"
+
+        @a.recover
+        def a_recover(ctx: intloom.StepContext[Scored], saved: intloom.Recovery) -> str:
+            assert type(ctx.state) is Scored and ctx.state.rounds == 2
+            return "ok"
+
+        return wf
+
+    async def first() -> tuple[str, str]:
+        rt = Runtime(loaded(workflow()), journal, package_version="0.1.0")
+        rt.restore([])
+        view = await rt.wait_stable((await rt.create_run("scored", "go")).run_id)
+        assert view.status == "waiting" and view.pending_action is not None, view
+        await rt.suspend(1)
+        return view.run_id, view.pending_action.id
+
+    run_id, action = run(first)
+    saved = fold(journal.of(run_id))
+    assert saved is not None
+    assert saved.stage_state == expected
+
+    async def second() -> None:
+        rt = Runtime(loaded(workflow()), journal, package_version="0.1.0")
+        summary = rt.restore([RestoredRun(run_id, saved)])
+        assert summary.waiting == [run_id], (summary, rt.attention)
+        rt.start_restored()
+        done = await rt.answer(run_id, action, {"isConfirmed": True})
+        assert done.status == "completed", done
+
+    run(second)
+
+
+@pytest.mark.parametrize(("stage_state", "value", "facts"), [
+    (True, {"n": 1}, ["assigned ctx.state a dict", "Stage 's' State is a Count",
+                      "`ctx.state = Count(...)`"]),
+    (False, Count(n=1), ["assigned ctx.state a Count", "Stage 's' has no State",
+                         "wf.stage('s', state=YourStruct)"]),
+])
+def test_assigning_ctx_state_another_type_names_the_step_and_the_fix(
+        sync_path: SyncPath, stage_state: bool, value: Any, facts: list[str]) -> None:
+    wf = intloom.Workflow("assign", version="1")
+    st: intloom.Stage[Any] = wf.stage("s", state=Count) if stage_state else wf.stage("s")
+
+    @st.step("a", routes={"ok": intloom.COMPLETE})
+    def a(ctx: Any) -> str:
+        ctx.state = value
+        return "ok"
+
+    async def main() -> None:
+        rt = Runtime(loaded(wf), MemoryJournal(), package_version="0.1.0")
+        rt.restore([])
+        view = await rt.wait_stable((await rt.create_run("assign", "go")).run_id)
+        assert view.status == "failed" and view.last_error is not None, view
+        assert view.last_error.code == "STAGE_STATE_INVALID"
+        message = view.last_error.message
+        assert message.startswith("Stage 's', Step 'a' "), message
+        for fact in facts:
+            assert fact in message, (fact, message)
+
+    run(main)
+    sync_path.check()
+
+
+def _gathered(ctx: Any) -> Any:
+    async def slow() -> int:
+        await asyncio.sleep(0)
+        return 1
+
+    return asyncio.gather(ctx.aeffect("x", slow), ctx.aeffect("y", slow))
+
+
+# mistake -> (the Step's body, sync?, facts of the message, the effects journaled as started)
+EFFECT_MISTAKES: dict[str, tuple[Callable[[Any], Any], bool, list[str], list[tuple[str, str]]]] = {
+    "nested_sync": (
+        lambda ctx: ctx.effect("outer", lambda: ctx.effect("inner", lambda: 1)), True,
+        ["effect 'inner' (key 'inner#1')", "effect 'outer' (key 'outer#1')",
+         "cannot be nested", "one after another"],
+        [("outer", "outer#1")]),
+    "nested_async": (
+        lambda ctx: ctx.aeffect("outer", lambda: ctx.aeffect("inner", lambda: 1)), False,
+        ["effect 'inner' (key 'inner#1')", "effect 'outer' (key 'outer#1')",
+         "cannot be nested", "one after another"],
+        [("outer", "outer#1")]),
+    "concurrent_async": (
+        _gathered, False,
+        ["effect 'y' (key 'y#1')", "effect 'x' (key 'x#1')", "at the same time"],
+        [("x", "x#1")]),
+    "same_key": (
+        lambda ctx: [ctx.effect("one", lambda: 1, key="k"), ctx.effect("two", lambda: 2, key="k")],
+        True,
+        ["gave effect 'two' the key 'k', already the key of effect 'one'", "its own key"],
+        [("one", "k")]),
+    "same_key_again": (
+        lambda ctx: [ctx.effect("one", lambda: 1, key="k"), ctx.effect("one", lambda: 1, key="k")],
+        True,
+        ["gave effect 'one' the key 'k', already the key of an earlier call of it that did "
+         "not fail", "Only a call that raised may be retried"],
+        [("one", "k")]),
+    "default_key_taken": (
+        lambda ctx: [ctx.effect("one", lambda: 1, key="two#1"), ctx.effect("two", lambda: 2)],
+        True,
+        ["gave effect 'two' the key 'two#1', already the key of effect 'one'"],
+        [("one", "two#1")]),
+    "empty_name": (
+        lambda ctx: ctx.effect("", lambda: 1), True,
+        ["started an effect named ''", "non-empty name"], []),
+    "empty_key": (
+        lambda ctx: ctx.aeffect("x", lambda: 1, key=""), False,
+        ["gave effect 'x' the key ''", "non-empty string key"], []),
+}
+
+
+@pytest.mark.parametrize("mistake", sorted(EFFECT_MISTAKES))
+def test_an_effect_the_journal_could_not_tell_apart_is_refused_before_it_starts(
+        sync_path: SyncPath, mistake: str) -> None:
+    body, sync, facts, started = EFFECT_MISTAKES[mistake]
+    called: list[str] = []
+    wf = intloom.Workflow("effects", version="1")
+    st = wf.stage("s")
+    if sync:
+        @st.step("a", routes={"ok": intloom.COMPLETE})
+        def a(ctx: Any) -> str:
+            body(ctx)
+            return "ok"
+    else:
+        @st.step("a", routes={"ok": intloom.COMPLETE})
+        async def a_async(ctx: Any) -> str:
+            await body(ctx)
+            return "ok"
+
+    journal = MemoryJournal()
+
+    async def main() -> str:
+        rt = Runtime(loaded(wf), journal, package_version="0.1.0")
+        rt.restore([])
+        view = await rt.wait_stable((await rt.create_run("effects", "go")).run_id)
+        assert view.status == "failed" and view.last_error is not None, view
+        assert view.last_error.code == "STEP_INTERACTION_INVALID", view.last_error
+        message = view.last_error.message
+        assert message.startswith("Stage 's', Step 'a' "), message
+        for fact in facts:
+            assert fact in message, (fact, message)
+        return view.run_id
+
+    run_id = run(main)
+    assert called == []
+    assert [(r.name, r.key) for r in journal.of(run_id) if isinstance(r, EffectStarted)] == started
+
+
+def test_default_effect_keys_count_each_name_and_a_failed_call_may_be_retried_under_its_key(
+        sync_path: SyncPath) -> None:
+    attempts: list[int] = []
+
+    def flaky() -> int:
+        attempts.append(len(attempts))
+        if len(attempts) < 3:
+            raise TimeoutError("try again")
+        return len(attempts)
+
+    wf = intloom.Workflow("retry", version="1")
+    st = wf.stage("s")
+
+    @st.step("a", routes={"ok": intloom.COMPLETE})
+    def a(ctx: Any) -> str:
+        for i in range(3):
+            ctx.effect("fetch", lambda i=i: i)
+        for _ in range(3):
+            try:
+                ctx.effect("charge", flaky, key="order-7")
+                break
+            except TimeoutError:
+                continue
+        return "ok"
+
+    journal = MemoryJournal()
+
+    async def main() -> str:
+        rt = Runtime(loaded(wf), journal, package_version="0.1.0")
+        rt.restore([])
+        view = await rt.wait_stable((await rt.create_run("retry", "go")).run_id)
+        assert view.status == "completed", view
+        return view.run_id
+
+    run_id = run(main)
+    sync_path.check()
+    assert [r.key for r in journal.of(run_id) if isinstance(r, EffectStarted)] == [
+        "fetch#1", "fetch#2", "fetch#3", "order-7", "order-7", "order-7"]
