@@ -25,6 +25,7 @@ from intloom.store.snapshots import (
     encode_manifest,
     encode_snapshot,
     read_manifest,
+    read_snapshot,
     snapshot_name,
 )
 
@@ -71,6 +72,7 @@ def compact(layout: Layout, tracks: dict[str, Track], *, start: int, pinned: lis
     stamp = now()
     live: list[tuple[str, bytes]] = []
     done: list[tuple[str, bytes]] = []
+    unchanged: list[str] = []  # ended Runs whose done/ snapshot already says it all
     folded: dict[str, tuple[RunState | None, Status, str | None]] = {}
     for run_id, track in tracks.items():
         if not track.dirty or track.status == "incompatible":
@@ -81,10 +83,22 @@ def compact(layout: Layout, tracks: dict[str, Track], *, start: int, pinned: lis
                         state=state, problem=problem, segment=segment, written_at=stamp)
         item = (snapshot_name(run_id), encode_snapshot(snap))
         terminal = status == "ok" and state is not None and state.phase == "terminal"
-        (done if terminal else live).append(item)
+        if not terminal:
+            live.append(item)
+            continue
+        kept = _done_kept(layout, snap)
+        if kept is None:
+            done.append(item)
+        elif not kept:
+            # A damaged file is evidence: never renamed over. The ended Run's snapshot goes
+            # to live/ instead, so no restore takes it for unfinished; the next restore
+            # reports the damaged file.
+            live.append(item)
+        else:
+            unchanged.append(item[0])  # done/ already says this; only its live copy goes
     atomic_write_many(layout.done, done)
     removed = False
-    for name, _ in done:
+    for name in [name for name, _ in done] + unchanged:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(layout.live / name)
             removed = True
@@ -103,6 +117,21 @@ def compact(layout: Layout, tracks: dict[str, Track], *, start: int, pinned: lis
         track.base, track.status, track.problem = state, status, problem
         track.tail = []
         track.dirty = False
+
+
+def _done_kept(layout: Layout, snap: Snapshot) -> bool | None:
+    """Whether the file ``done/`` already holds for this ended Run stays as it is: None when
+    there is none (write it), False when it is damaged (never written over), True when it
+    already holds this very snapshot (nothing to write)."""
+    try:
+        there = read_snapshot(layout.done / snapshot_name(snap.run_id))
+    except SnapshotError:
+        return False
+    if there is None:
+        return None
+    same = (there.run_id, there.seq, there.status, there.state, there.problem) == (
+        snap.run_id, snap.seq, snap.status, snap.state, snap.problem)
+    return True if same else None
 
 
 def _manifest_usable(layout: Layout) -> bool:

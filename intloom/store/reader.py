@@ -387,13 +387,8 @@ def _judge_all(loaded: Loaded, scans: list[SegmentScan], live: dict[str, Snapsho
             loaded.held.add(run_id)
             snap_damage = f"{_rel(layout, bad.path)} {bad.fact}"
         if snap is None and mode == "restore" and run_frames and run_frames[0][1].seq > 1:
-            try:
-                snap = read_snapshot(layout.done / snapshot_name(run_id))
-                loaded.stats.snapshots_read += snap is not None
-            except SnapshotError as exc:
-                loaded.files.append(FileProblem(_rel(layout, exc.path), "corrupt", exc.fact))
-                loaded.held.add(run_id)
-                snap_damage = f"{_rel(layout, exc.path)} {exc.fact}"
+            snap, done_damage = _read_done(loaded, run_id)
+            snap_damage = done_damage or snap_damage
         run_hits = hits.get(run_id, [])
         suspect = _gap_before(run_frames, snap, unexplained, loaded.manifest)
         journal = _judge(loaded, run_id, run_frames, snap, run_hits, mode, suspect, snap_damage,
@@ -402,6 +397,16 @@ def _judge_all(loaded: Loaded, scans: list[SegmentScan], live: dict[str, Snapsho
             continue
         loaded.journals[run_id] = journal
         covered = snap.seq if snap is not None else 0
+        if (mode == "restore" and _ended(journal) and run_id not in loaded.held
+                and (snap is None or run_id in live)):
+            # An ended Run a start would snapshot into done/ (read from the log, or a live
+            # snapshot that could not move): a file already there is never written over
+            # when it is damaged, nor rewritten when it already says the same.
+            ended, _ = _read_done(loaded, run_id)
+            if ended is not None and ended.status == "ok" and ended.seq >= _seq(journal):
+                covered = max(covered, ended.seq)
+            if run_id in live and run_id not in loaded.held:
+                loaded.dirty.add(run_id)  # an ended Run's live copy has to go
         own_verdict = journal.status != "ok" and (snap is None or snap.status == "ok")
         if own_verdict or any(scan.number in unsummarised and frame.seq > covered
                               for scan, frame in run_frames):
@@ -410,6 +415,37 @@ def _judge_all(loaded: Loaded, scans: list[SegmentScan], live: dict[str, Snapsho
         if suspect is not None and journal.status != "ok":
             evidence.add(suspect.number)
         loaded.evidence[run_id] = evidence
+
+
+def _seq(journal: RunJournal) -> int:
+    return journal.state.seq if journal.state is not None else 0
+
+
+def _ended(journal: RunJournal) -> bool:
+    return (journal.status == "ok" and journal.state is not None
+            and journal.state.phase == "terminal")
+
+
+def _read_done(loaded: Loaded, run_id: str) -> tuple[Snapshot | None, str | None]:
+    """A restore's look at one Run's ``done/`` snapshot: the snapshot (None when absent or
+    unusable) and, when the file is damaged, what is wrong with it. A damaged file is
+    reported, and its Run is held: nothing may write over the file, and its segments stay
+    read (pinned) so the log keeps standing in for it."""
+    layout = loaded.layout
+    try:
+        snap = read_snapshot(layout.done / snapshot_name(run_id))
+    except SnapshotError as exc:
+        rel = _rel(layout, exc.path)
+        loaded.snapshot_errors.append(exc)
+        loaded.files.append(FileProblem(
+            rel, "incompatible" if exc.incompatible else "corrupt",
+            f"{exc.fact}; the Run's records are read from the log instead and the file was "
+            "left as it is (move it out of the runtime directory to let intloom write it "
+            "again)"))
+        loaded.held.add(run_id)
+        return None, f"{rel} {exc.fact}"
+    loaded.stats.snapshots_read += snap is not None
+    return snap, None
 
 
 def _owner(gap: _Gap, damage: Damage, frames: dict[str, list[tuple[SegmentScan, Frame]]],
