@@ -9,21 +9,26 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from intloom.fsutil import fsync_dir
 from intloom.runtime.machine import IllegalTransition, RunState, apply
-from intloom.runtime.records import FORMAT_VERSION, Record
-from intloom.store.files import Layout, atomic_write_many
-from intloom.store.framing import VoidNotice
+from intloom.runtime.records import Record
+from intloom.store.files import Layout, atomic_write_many, list_names
+from intloom.store.framing import VoidNotice, segment_number
 from intloom.store.reader import Status
 from intloom.store.snapshots import (
+    MANIFEST_FORMAT,
     Manifest,
     Snapshot,
     SnapshotError,
     encode_manifest,
     encode_snapshot,
+    is_snapshot_name,
+    live_set,
+    manifest_ahead,
     read_manifest,
     read_snapshot,
     snapshot_name,
@@ -61,13 +66,16 @@ class Track:
 
 
 def compact(layout: Layout, tracks: dict[str, Track], *, start: int, pinned: list[int],
-            voids: list[VoidNotice], segment: int) -> None:
+            voids: list[VoidNotice], segment: int, held: Collection[str] = ()) -> None:
     """Snapshot every dirty Run, then point the manifest at segment ``start``.
 
     Tracks are updated only once everything is durable, so a failure part-way leaves them
     able to try again. Terminal Runs leave ``tracks``: nothing more is written for them.
     A manifest that cannot be read is evidence and stays as it is: the manifest does not
     move then, and every restore reads the whole log, which needs no snapshot to be fresh.
+    ``held``: Runs whose snapshot file is damaged. The manifest's live set leaves their files
+    out (it relies on their pinned segments instead), so a restore after such a file is moved
+    out stays bounded.
     """
     stamp = now()
     live: list[tuple[str, bytes]] = []
@@ -106,8 +114,12 @@ def compact(layout: Layout, tracks: dict[str, Track], *, start: int, pinned: lis
         fsync_dir(layout.live)
     atomic_write_many(layout.live, live)
     if _manifest_usable(layout):
-        manifest = Manifest(format=FORMAT_VERSION, start=start, pinned=sorted(set(pinned)),
-                            voids=list(voids), updated_at=stamp)
+        # The live/ files as they now are: a restore listing other names reads everything.
+        unused = {snapshot_name(run_id) for run_id in held}
+        names = [name for name in list_names(layout.live)
+                 if is_snapshot_name(name) and name not in unused]
+        manifest = Manifest(format=MANIFEST_FORMAT, start=start, pinned=sorted(set(pinned)),
+                            voids=list(voids), updated_at=stamp, live=live_set(names))
         atomic_write_many(layout.root, [("manifest.json", encode_manifest(manifest))])
     for run_id, (state, status, problem) in folded.items():
         if status == "ok" and state is not None and state.phase == "terminal":
@@ -135,9 +147,13 @@ def _done_kept(layout: Layout, snap: Snapshot) -> bool | None:
 
 
 def _manifest_usable(layout: Layout) -> bool:
-    """True unless a manifest exists that this intloom cannot read (damaged or newer)."""
+    """True unless a manifest exists that this intloom cannot read (damaged or newer), or
+    that is provably damaged (ahead of the log: see ``manifest_ahead``)."""
     try:
-        read_manifest(layout)
+        manifest = read_manifest(layout)
     except SnapshotError:
         return False
-    return True
+    if manifest is None:
+        return True
+    numbers = [n for n in map(segment_number, list_names(layout.wal)) if n is not None]
+    return manifest_ahead(manifest, max(numbers, default=0)) is None

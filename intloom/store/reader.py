@@ -33,6 +33,9 @@ from intloom.store.snapshots import (
     Manifest,
     Snapshot,
     SnapshotError,
+    is_snapshot_name,
+    live_set,
+    manifest_ahead,
     read_manifest,
     read_snapshot,
     snapshot_name,
@@ -78,7 +81,7 @@ class FileProblem(msgspec.Struct, frozen=True):
     """A whole-file finding: damage no Run can be blamed for, foreign or unexpected files."""
 
     path: str  # relative to the runtime directory
-    kind: Literal["corrupt", "incompatible", "foreign", "unexpected", "torn"]
+    kind: Literal["corrupt", "incompatible", "foreign", "unexpected", "torn", "missing"]
     problem: str
 
 
@@ -117,6 +120,7 @@ class Loaded:
     manifest: Manifest | None = None
     manifest_error: SnapshotError | None = None
     snapshot_errors: list[SnapshotError] = field(default_factory=list)
+    live_names: set[str] = field(default_factory=set)  # snap/live/ files, damaged ones too
     files: list[FileProblem] = field(default_factory=list)
     stats: ScanStats = field(default_factory=ScanStats)
 
@@ -160,10 +164,12 @@ def _snapshots(layout: Layout, directory: Path, loaded: Loaded) -> dict[str, Sna
         if name.startswith("."):
             continue  # an atomic write's leftover temp file (the next host removes it), not data
         path = directory / name
-        if not name.endswith(".snap") or len(name) != 69:
+        if not is_snapshot_name(name):
             loaded.files.append(FileProblem(_rel(layout, path), "unexpected",
                                             "is not a file intloom writes; it was left alone"))
             continue
+        if directory == layout.live:
+            loaded.live_names.add(name)
         try:
             snap = read_snapshot(path)
         except SnapshotError as exc:
@@ -210,8 +216,24 @@ def load(root: Path, mode: Mode = "restore") -> Loaded:
         check_dir(directory)
 
     full = mode == "verify"
+    numbers: list[int] = []
+    if check_dir(layout.wal):
+        for name in list_names(layout.wal):
+            number = segment_number(name)
+            if number is None:
+                loaded.files.append(FileProblem(f"wal/{name}", "unexpected",
+                                                "is not a file intloom writes; it was left alone"))
+            else:
+                numbers.append(number)
+    numbers.sort()
+    loaded.segment_numbers = numbers
+
     try:
         loaded.manifest = read_manifest(layout)
+        ahead = loaded.manifest and manifest_ahead(loaded.manifest, max(numbers, default=0))
+        if ahead:
+            loaded.manifest = None  # provably damaged: trusted, it would hide Runs
+            raise SnapshotError(layout.manifest, ahead)
     except SnapshotError as exc:
         loaded.manifest_error = exc
         kind: Literal["incompatible", "corrupt"] = (
@@ -228,20 +250,13 @@ def load(root: Path, mode: Mode = "restore") -> Loaded:
     done = _snapshots(layout, layout.done, loaded) if mode == "verify" else {}
     if loaded.snapshot_errors:
         full = True  # without a trusted snapshot, only the whole log can rebuild that Run
-    loaded.stats.full = full
-
-    numbers: list[int] = []
-    if check_dir(layout.wal):
-        for name in list_names(layout.wal):
-            number = segment_number(name)
-            if number is None:
-                loaded.files.append(FileProblem(f"wal/{name}", "unexpected",
-                                                "is not a file intloom writes; it was left alone"))
-            else:
-                numbers.append(number)
-    numbers.sort()
-    loaded.segment_numbers = numbers
     manifest = loaded.manifest
+    if (manifest is not None and manifest.live is not None
+            and live_set(loaded.live_names) != manifest.live):
+        # Not the live/ files the manifest relies on: a compaction cut short (harmless), or a
+        # snapshot gone, whose Run only the segments before ``start`` still hold.
+        full = True
+    loaded.stats.full = full
     start = 0 if full or manifest is None else manifest.start
     pinned = set() if manifest is None else set(manifest.pinned)
     # What a bounded restore reads: only records there can be newer than the snapshots.
@@ -407,6 +422,8 @@ def _judge_all(loaded: Loaded, scans: list[SegmentScan], live: dict[str, Snapsho
                 covered = max(covered, ended.seq)
             if run_id in live and run_id not in loaded.held:
                 loaded.dirty.add(run_id)  # an ended Run's live copy has to go
+        if _lost_snapshot(loaded, run_id, journal, run_frames):
+            loaded.dirty.add(run_id)  # found in the log: a new snapshot is written for it
         own_verdict = journal.status != "ok" and (snap is None or snap.status == "ok")
         if own_verdict or any(scan.number in unsummarised and frame.seq > covered
                               for scan, frame in run_frames):
@@ -415,6 +432,30 @@ def _judge_all(loaded: Loaded, scans: list[SegmentScan], live: dict[str, Snapsho
         if suspect is not None and journal.status != "ok":
             evidence.add(suspect.number)
         loaded.evidence[run_id] = evidence
+
+
+def _lost_snapshot(loaded: Loaded, run_id: str, journal: RunJournal,
+                   frames: list[tuple[SegmentScan, Frame]]) -> bool:
+    """Report an unfinished Run whose ``live/`` snapshot is gone, if this one is: it has
+    records in a segment the manifest no longer names (before ``start``, not pinned), so
+    that manifest was written after a snapshot of it, and no file of it is in ``live/``.
+    Without a full read a restore would not have seen the Run at all."""
+    manifest = loaded.manifest
+    name = snapshot_name(run_id)
+    if manifest is None or name in loaded.live_names or _ended(journal):
+        return False
+    pinned = set(manifest.pinned)
+    below = sorted({scan.number for scan, _ in frames
+                    if scan.number < manifest.start and scan.number not in pinned})
+    if not below:
+        return False
+    loaded.files.append(FileProblem(
+        f"snap/live/{name}", "missing",
+        f"Run {run_id} has records in wal/{below[-1]:010d}.seg, which the manifest "
+        f"(start {manifest.start}) leaves to its snapshot; the Run was read from the whole "
+        "log instead, and a start writes its snapshot again (find out what removed the file: "
+        "intloom never does)"))
+    return True
 
 
 def _seq(journal: RunJournal) -> int:

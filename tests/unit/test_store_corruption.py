@@ -12,7 +12,7 @@ import pytest
 from intloom.runtime.machine import fold
 from intloom.runtime.records import StepReady
 from intloom.store import read_history, read_runs, read_runs_report, verify, verify_report
-from intloom.store.snapshots import snapshot_name
+from intloom.store.snapshots import decode_manifest, encode_manifest, snapshot_name
 from tests.unit.test_store_support import abandon, by_id, frames_of, header, open_store, walk
 
 RUNS = {"RUN-A": 1, "RUN-B": 2, "RUN-C": 3}
@@ -510,3 +510,51 @@ def test_a_run_ending_beside_a_damaged_done_file_is_not_restored_and_the_file_ke
     open_store(root, instance_id="INST-3").close_blocking()  # now it moves to done/
     assert planted.exists() and not list((root / "snap" / "live").iterdir())
     assert by_id(verify(root))["RUN-X"].state == fold(records)
+
+
+def test_a_missing_live_snapshot_never_hides_its_run(tmp_path: Path) -> None:
+    """Its Run's records sit in a segment the manifest no longer names: the manifest's list
+    of live/ files tells the restore to read the whole log, which finds the Run."""
+    root = tmp_path / "runtime"
+    _crashed_host(root, close=True)  # every Run's records are before the manifest's start
+    gone = root / "snap" / "live" / snapshot_name("RUN-B")
+    gone.rename(tmp_path / gone.name)
+    rel = f"snap/live/{gone.name}"
+    report = read_runs_report(root)
+    assert report.stats.full
+    assert [(f.path, f.kind) for f in report.files] == [(rel, "missing")]
+    assert "Run RUN-B has records in wal/0000000001.seg" in report.files[0].problem
+    _all_restore(root, N)
+    store = open_store(root, instance_id="INST-2")
+    assert {j.run_id for j in store.restored.runs} == set(RUNS)
+    assert (rel, "missing") in {(f.path, f.kind) for f in store.restored.files}
+    store.close_blocking()
+    assert gone.exists()  # written again from the log: the next restore is bounded again
+    report = read_runs_report(root)
+    assert not report.files and report.stats.segments_read == 0
+    _all_restore(root, N)
+
+
+def test_a_manifest_ahead_of_its_log_is_damage_and_kept(tmp_path: Path) -> None:
+    """A checksum-valid manifest whose start is past the log's last segment + 1 would hide
+    every Run of the segments it skips: it is reported, read around, never written over."""
+    root = tmp_path / "runtime"
+    _crashed_host(root, close=True)
+    store = open_store(root, instance_id="INST-2")
+    for record in walk("RUN-D", 5, 9):
+        store.append("RUN-D", record)  # only in segment 2, no snapshot yet
+    store.sync_blocking()
+    abandon(store)
+    manifest = root / "manifest.json"
+    forged = decode_manifest(manifest, manifest.read_bytes())
+    manifest.write_bytes(encode_manifest(msgspec.structs.replace(forged, start=99)))
+    kept = manifest.read_bytes()
+    for i in range(2):
+        report = read_runs_report(root)
+        assert report.stats.full
+        [problem] = [f for f in report.files if f.path == "manifest.json"]
+        assert problem.kind == "corrupt" and "names segment 99" in problem.problem
+        runs = by_id(report.runs)
+        assert set(runs) == {*RUNS, "RUN-D"} and runs["RUN-D"].state == fold(walk("RUN-D", 5, 9))
+        open_store(root, instance_id=f"INST-{i + 3}").close_blocking()
+        assert manifest.read_bytes() == kept
