@@ -614,6 +614,14 @@ def _judge(loaded: Loaded, run_id: str, frames: list[tuple[SegmentScan, Frame]],
                 problem = (f"record {hit.seq} at {hit.where} fails its checksum; "
                            "it is the last trace of this Run in the log")
                 break
+    if (problem is None and mode == "verify" and not from_scratch and snap is not None
+            and snap.status == "ok" and snap.seq > 0):
+        # Old segments are never deleted: a snapshot is a summary of records the log holds.
+        first = frames[0][1].seq if frames else snap.seq + 1
+        missing = min(first - 1, snap.seq)
+        problem = (f"records 1..{missing} are missing from the log: only its snapshot "
+                   f"({snapshot_name(run_id)}) summarises them (the segments that held them "
+                   "are gone or cut short; intloom never removes them)")
     if (problem is None and from_scratch and snap is not None and snap.status == "ok"
             and expected - 1 < snap.seq):
         problem = (f"the log ends at record {expected - 1} but its snapshot "
