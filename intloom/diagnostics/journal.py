@@ -7,7 +7,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from intloom.store import HistoryEntry, RunJournal, read_ended, read_history, read_runs, verify
+from intloom.store import (
+    HistoryEntry,
+    RunJournal,
+    read_ended,
+    read_history,
+    read_runs,
+    read_summary,
+    verify,
+)
 
 __all__ = ["read_journal", "restored_journal"]
 
@@ -15,10 +23,15 @@ __all__ = ["read_journal", "restored_journal"]
 def read_journal(runtime: Path, run_id: str) -> tuple[list[HistoryEntry], RunJournal | None]:
     """The Run's records in order (empty when it has none) and its journal as verified from
     the whole log, terminal Runs included (``read_runs`` judges only the ones a start
-    restores)."""
+    restores). A Run whose records are all gone from the log but whose snapshot remains gets
+    that snapshot as its one entry."""
     entries = read_history(runtime, run_id)
     if not entries:
-        return [], None
+        # No record in the log: a Run its snapshot still names lost its records (damage,
+        # reported as such by verify); only a Run nothing names is unknown.
+        entries = read_summary(runtime, run_id)
+        if not entries:
+            return [], None
     return entries, next((j for j in verify(runtime) if j.run_id == run_id), None)
 
 

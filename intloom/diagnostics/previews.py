@@ -180,10 +180,13 @@ def preview_runs(
     nexts: list[str] = []
     # The host's store keeps a damaged manifest or snapshot as it is and reads the whole log
     # instead, at every start, until the file is moved out.
+    # A damaged done/ snapshot is kept the same way; its Run's records stay read instead.
     damaged = [store.manifest_error, *store.snapshot_errors]
     for err in damaged:
         if err is not None:
-            nexts.append(f"intloom start keeps {err.path} as it is and reads the whole log "
+            instead = ("reads the ended Run's records from the log" if err.path.parent.name
+                       == "done" else "reads the whole log")
+            nexts.append(f"intloom start keeps {err.path} as it is and {instead} "
                          "instead, at every start; move the file out of the runtime directory "
                          "to let intloom write it again.")
     if by_journal["corrupt"] or by_journal["incompatible"] or store.files:

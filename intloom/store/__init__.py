@@ -7,7 +7,7 @@ else here is read-only.
 from __future__ import annotations
 
 from intloom.store.faults import FaultPlan
-from intloom.store.history import HistoryEntry, read_history
+from intloom.store.history import HistoryEntry, read_history, read_summary
 from intloom.store.reader import (
     FileProblem,
     RunJournal,
@@ -34,6 +34,7 @@ __all__ = [
     "read_history",
     "read_runs",
     "read_runs_report",
+    "read_summary",
     "verify",
     "verify_report",
 ]

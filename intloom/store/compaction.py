@@ -9,22 +9,28 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from intloom.fsutil import fsync_dir
 from intloom.runtime.machine import IllegalTransition, RunState, apply
-from intloom.runtime.records import FORMAT_VERSION, Record
-from intloom.store.files import Layout, atomic_write_many
-from intloom.store.framing import VoidNotice
+from intloom.runtime.records import Record
+from intloom.store.files import Layout, atomic_write_many, list_names
+from intloom.store.framing import VoidNotice, segment_number
 from intloom.store.reader import Status
 from intloom.store.snapshots import (
+    MANIFEST_FORMAT,
     Manifest,
     Snapshot,
     SnapshotError,
     encode_manifest,
     encode_snapshot,
+    is_snapshot_name,
+    live_set,
+    manifest_ahead,
     read_manifest,
+    read_snapshot,
     snapshot_name,
 )
 
@@ -60,17 +66,21 @@ class Track:
 
 
 def compact(layout: Layout, tracks: dict[str, Track], *, start: int, pinned: list[int],
-            voids: list[VoidNotice], segment: int) -> None:
+            voids: list[VoidNotice], segment: int, held: Collection[str] = ()) -> None:
     """Snapshot every dirty Run, then point the manifest at segment ``start``.
 
     Tracks are updated only once everything is durable, so a failure part-way leaves them
     able to try again. Terminal Runs leave ``tracks``: nothing more is written for them.
     A manifest that cannot be read is evidence and stays as it is: the manifest does not
     move then, and every restore reads the whole log, which needs no snapshot to be fresh.
+    ``held``: Runs whose snapshot file is damaged. The manifest's live set leaves their files
+    out (it relies on their pinned segments instead), so a restore after such a file is moved
+    out stays bounded.
     """
     stamp = now()
     live: list[tuple[str, bytes]] = []
     done: list[tuple[str, bytes]] = []
+    unchanged: list[str] = []  # ended Runs whose done/ snapshot already says it all
     folded: dict[str, tuple[RunState | None, Status, str | None]] = {}
     for run_id, track in tracks.items():
         if not track.dirty or track.status == "incompatible":
@@ -81,10 +91,22 @@ def compact(layout: Layout, tracks: dict[str, Track], *, start: int, pinned: lis
                         state=state, problem=problem, segment=segment, written_at=stamp)
         item = (snapshot_name(run_id), encode_snapshot(snap))
         terminal = status == "ok" and state is not None and state.phase == "terminal"
-        (done if terminal else live).append(item)
+        if not terminal:
+            live.append(item)
+            continue
+        kept = _done_kept(layout, snap)
+        if kept is None:
+            done.append(item)
+        elif not kept:
+            # A damaged file is evidence: never renamed over. The ended Run's snapshot goes
+            # to live/ instead, so no restore takes it for unfinished; the next restore
+            # reports the damaged file.
+            live.append(item)
+        else:
+            unchanged.append(item[0])  # done/ already says this; only its live copy goes
     atomic_write_many(layout.done, done)
     removed = False
-    for name, _ in done:
+    for name in [name for name, _ in done] + unchanged:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(layout.live / name)
             removed = True
@@ -92,8 +114,12 @@ def compact(layout: Layout, tracks: dict[str, Track], *, start: int, pinned: lis
         fsync_dir(layout.live)
     atomic_write_many(layout.live, live)
     if _manifest_usable(layout):
-        manifest = Manifest(format=FORMAT_VERSION, start=start, pinned=sorted(set(pinned)),
-                            voids=list(voids), updated_at=stamp)
+        # The live/ files as they now are: a restore listing other names reads everything.
+        unused = {snapshot_name(run_id) for run_id in held}
+        names = [name for name in list_names(layout.live)
+                 if is_snapshot_name(name) and name not in unused]
+        manifest = Manifest(format=MANIFEST_FORMAT, start=start, pinned=sorted(set(pinned)),
+                            voids=list(voids), updated_at=stamp, live=live_set(names))
         atomic_write_many(layout.root, [("manifest.json", encode_manifest(manifest))])
     for run_id, (state, status, problem) in folded.items():
         if status == "ok" and state is not None and state.phase == "terminal":
@@ -105,10 +131,29 @@ def compact(layout: Layout, tracks: dict[str, Track], *, start: int, pinned: lis
         track.dirty = False
 
 
-def _manifest_usable(layout: Layout) -> bool:
-    """True unless a manifest exists that this intloom cannot read (damaged or newer)."""
+def _done_kept(layout: Layout, snap: Snapshot) -> bool | None:
+    """Whether the file ``done/`` already holds for this ended Run stays as it is: None when
+    there is none (write it), False when it is damaged (never written over), True when it
+    already holds this very snapshot (nothing to write)."""
     try:
-        read_manifest(layout)
+        there = read_snapshot(layout.done / snapshot_name(snap.run_id))
     except SnapshotError:
         return False
-    return True
+    if there is None:
+        return None
+    same = (there.run_id, there.seq, there.status, there.state, there.problem) == (
+        snap.run_id, snap.seq, snap.status, snap.state, snap.problem)
+    return True if same else None
+
+
+def _manifest_usable(layout: Layout) -> bool:
+    """True unless a manifest exists that this intloom cannot read (damaged or newer), or
+    that is provably damaged (ahead of the log: see ``manifest_ahead``)."""
+    try:
+        manifest = read_manifest(layout)
+    except SnapshotError:
+        return False
+    if manifest is None:
+        return True
+    numbers = [n for n in map(segment_number, list_names(layout.wal)) if n is not None]
+    return manifest_ahead(manifest, max(numbers, default=0)) is None

@@ -26,7 +26,7 @@ from intloom.store.framing import (
 from intloom.store.reader import void_cuts, written_this_boot
 from intloom.store.snapshots import SnapshotError, read_manifest, read_snapshot, snapshot_name
 
-__all__ = ["HistoryEntry", "read_history"]
+__all__ = ["HistoryEntry", "read_history", "read_summary"]
 
 Verdict = Literal[
     "ok",  # checksum valid, decodes, and follows the previous record
@@ -161,6 +161,28 @@ def read_history(runtime_dir: Path, run_id: str) -> list[HistoryEntry]:
             entries.append(base)
             expected = seq + 1
     return entries
+
+
+def read_summary(runtime_dir: Path, run_id: str) -> list[HistoryEntry]:
+    """For a Run with no record in the log: its snapshot as the one entry standing in for
+    records 1..seq, which the log should hold and does not (empty without a snapshot)."""
+    layout = Layout(runtime_dir)
+    if not check_dir(runtime_dir):
+        return []
+    name = snapshot_name(run_id)
+    for directory in (layout.live, layout.done):
+        try:
+            snap = read_snapshot(directory / name)
+        except SnapshotError:
+            continue
+        if snap is not None and snap.run_id == run_id:
+            return [HistoryEntry(
+                seq=snap.seq, file=f"{directory.relative_to(layout.root)}/{name}", offset=0,
+                checksum="ok", verdict="snapshot",
+                phase=snap.state.phase if snap.state else None,
+                problem=f"records 1..{snap.seq} are missing from the log; only this snapshot "
+                "summarises them")]
+    return []
 
 
 def _from_snapshot(layout: Layout, run_id: str,

@@ -36,6 +36,9 @@ from intloom.store.snapshots import (
     Manifest,
     Snapshot,
     SnapshotError,
+    is_snapshot_name,
+    live_set,
+    manifest_ahead,
     read_manifest,
     read_snapshot,
     snapshot_name,
@@ -81,7 +84,7 @@ class FileProblem(msgspec.Struct, frozen=True):
     """A whole-file finding: damage no Run can be blamed for, foreign or unexpected files."""
 
     path: str  # relative to the runtime directory
-    kind: Literal["corrupt", "incompatible", "foreign", "unexpected", "torn"]
+    kind: Literal["corrupt", "incompatible", "foreign", "unexpected", "torn", "missing"]
     problem: str
 
 
@@ -123,6 +126,7 @@ class Loaded:
     manifest: Manifest | None = None
     manifest_error: SnapshotError | None = None
     snapshot_errors: list[SnapshotError] = field(default_factory=list)
+    live_names: set[str] = field(default_factory=set)  # snap/live/ files, damaged ones too
     files: list[FileProblem] = field(default_factory=list)
     stats: ScanStats = field(default_factory=ScanStats)
 
@@ -166,10 +170,12 @@ def _snapshots(layout: Layout, directory: Path, loaded: Loaded) -> dict[str, Sna
         if name.startswith("."):
             continue  # an atomic write's leftover temp file (the next host removes it), not data
         path = directory / name
-        if not name.endswith(".snap") or len(name) != 69:
+        if not is_snapshot_name(name):
             loaded.files.append(FileProblem(_rel(layout, path), "unexpected",
                                             "is not a file intloom writes; it was left alone"))
             continue
+        if directory == layout.live:
+            loaded.live_names.add(name)
         try:
             snap = read_snapshot(path)
         except SnapshotError as exc:
@@ -216,8 +222,24 @@ def load(root: Path, mode: Mode = "restore") -> Loaded:
         check_dir(directory)
 
     full = mode == "verify"
+    numbers: list[int] = []
+    if check_dir(layout.wal):
+        for name in list_names(layout.wal):
+            number = segment_number(name)
+            if number is None:
+                loaded.files.append(FileProblem(f"wal/{name}", "unexpected",
+                                                "is not a file intloom writes; it was left alone"))
+            else:
+                numbers.append(number)
+    numbers.sort()
+    loaded.segment_numbers = numbers
+
     try:
         loaded.manifest = read_manifest(layout)
+        ahead = loaded.manifest and manifest_ahead(loaded.manifest, max(numbers, default=0))
+        if ahead:
+            loaded.manifest = None  # provably damaged: trusted, it would hide Runs
+            raise SnapshotError(layout.manifest, ahead)
     except SnapshotError as exc:
         loaded.manifest_error = exc
         kind: Literal["incompatible", "corrupt"] = (
@@ -234,20 +256,13 @@ def load(root: Path, mode: Mode = "restore") -> Loaded:
     done = _snapshots(layout, layout.done, loaded) if mode == "verify" else {}
     if loaded.snapshot_errors:
         full = True  # without a trusted snapshot, only the whole log can rebuild that Run
-    loaded.stats.full = full
-
-    numbers: list[int] = []
-    if check_dir(layout.wal):
-        for name in list_names(layout.wal):
-            number = segment_number(name)
-            if number is None:
-                loaded.files.append(FileProblem(f"wal/{name}", "unexpected",
-                                                "is not a file intloom writes; it was left alone"))
-            else:
-                numbers.append(number)
-    numbers.sort()
-    loaded.segment_numbers = numbers
     manifest = loaded.manifest
+    if (manifest is not None and manifest.live is not None
+            and live_set(loaded.live_names) != manifest.live):
+        # Not the live/ files the manifest relies on: a compaction cut short (harmless), or a
+        # snapshot gone, whose Run only the segments before ``start`` still hold.
+        full = True
+    loaded.stats.full = full
     start = 0 if full or manifest is None else manifest.start
     pinned = set() if manifest is None else set(manifest.pinned)
     # What a bounded restore reads: only records there can be newer than the snapshots.
@@ -441,13 +456,8 @@ def _judge_all(loaded: Loaded, scans: list[SegmentScan], live: dict[str, Snapsho
             loaded.held.add(run_id)
             snap_damage = f"{_rel(layout, bad.path)} {bad.fact}"
         if snap is None and mode == "restore" and run_frames and run_frames[0][1].seq > 1:
-            try:
-                snap = read_snapshot(layout.done / snapshot_name(run_id))
-                loaded.stats.snapshots_read += snap is not None
-            except SnapshotError as exc:
-                loaded.files.append(FileProblem(_rel(layout, exc.path), "corrupt", exc.fact))
-                loaded.held.add(run_id)
-                snap_damage = f"{_rel(layout, exc.path)} {exc.fact}"
+            snap, done_damage = _read_done(loaded, run_id)
+            snap_damage = done_damage or snap_damage
         run_hits = hits.get(run_id, [])
         suspect = _gap_before(run_frames, snap, unexplained, loaded.manifest)
         journal = _judge(loaded, run_id, run_frames, snap, run_hits, mode, suspect, snap_damage,
@@ -464,6 +474,18 @@ def _judge_all(loaded: Loaded, scans: list[SegmentScan], live: dict[str, Snapsho
                 "those records' own checksums are valid (intloom inspect shows them)")
         loaded.journals[run_id] = journal
         covered = snap.seq if snap is not None else 0
+        if (mode == "restore" and _ended(journal) and run_id not in loaded.held
+                and (snap is None or run_id in live)):
+            # An ended Run a start would snapshot into done/ (read from the log, or a live
+            # snapshot that could not move): a file already there is never written over
+            # when it is damaged, nor rewritten when it already says the same.
+            ended, _ = _read_done(loaded, run_id)
+            if ended is not None and ended.status == "ok" and ended.seq >= _seq(journal):
+                covered = max(covered, ended.seq)
+            if run_id in live and run_id not in loaded.held:
+                loaded.dirty.add(run_id)  # an ended Run's live copy has to go
+        if _lost_snapshot(loaded, run_id, journal, run_frames):
+            loaded.dirty.add(run_id)  # found in the log: a new snapshot is written for it
         own_verdict = journal.status != "ok" and (snap is None or snap.status == "ok")
         if own_verdict or any(scan.number in unsummarised and frame.seq > covered
                               for scan, frame in run_frames):
@@ -472,6 +494,61 @@ def _judge_all(loaded: Loaded, scans: list[SegmentScan], live: dict[str, Snapsho
         if suspect is not None and journal.status != "ok":
             evidence.add(suspect.number)
         loaded.evidence[run_id] = evidence
+
+
+def _lost_snapshot(loaded: Loaded, run_id: str, journal: RunJournal,
+                   frames: list[tuple[SegmentScan, Frame]]) -> bool:
+    """Report an unfinished Run whose ``live/`` snapshot is gone, if this one is: it has
+    records in a segment the manifest no longer names (before ``start``, not pinned), so
+    that manifest was written after a snapshot of it, and no file of it is in ``live/``.
+    Without a full read a restore would not have seen the Run at all."""
+    manifest = loaded.manifest
+    name = snapshot_name(run_id)
+    if manifest is None or name in loaded.live_names or _ended(journal):
+        return False
+    pinned = set(manifest.pinned)
+    below = sorted({scan.number for scan, _ in frames
+                    if scan.number < manifest.start and scan.number not in pinned})
+    if not below:
+        return False
+    loaded.files.append(FileProblem(
+        f"snap/live/{name}", "missing",
+        f"Run {run_id} has records in wal/{below[-1]:010d}.seg, which the manifest "
+        f"(start {manifest.start}) leaves to its snapshot; the Run was read from the whole "
+        "log instead, and a start writes its snapshot again (find out what removed the file: "
+        "intloom never does)"))
+    return True
+
+
+def _seq(journal: RunJournal) -> int:
+    return journal.state.seq if journal.state is not None else 0
+
+
+def _ended(journal: RunJournal) -> bool:
+    return (journal.status == "ok" and journal.state is not None
+            and journal.state.phase == "terminal")
+
+
+def _read_done(loaded: Loaded, run_id: str) -> tuple[Snapshot | None, str | None]:
+    """A restore's look at one Run's ``done/`` snapshot: the snapshot (None when absent or
+    unusable) and, when the file is damaged, what is wrong with it. A damaged file is
+    reported, and its Run is held: nothing may write over the file, and its segments stay
+    read (pinned) so the log keeps standing in for it."""
+    layout = loaded.layout
+    try:
+        snap = read_snapshot(layout.done / snapshot_name(run_id))
+    except SnapshotError as exc:
+        rel = _rel(layout, exc.path)
+        loaded.snapshot_errors.append(exc)
+        loaded.files.append(FileProblem(
+            rel, "incompatible" if exc.incompatible else "corrupt",
+            f"{exc.fact}; the Run's records are read from the log instead and the file was "
+            "left as it is (move it out of the runtime directory to let intloom write it "
+            "again)"))
+        loaded.held.add(run_id)
+        return None, f"{rel} {exc.fact}"
+    loaded.stats.snapshots_read += snap is not None
+    return snap, None
 
 
 def _owner(gap: _Gap, damage: Damage, frames: dict[str, list[tuple[SegmentScan, Frame]]],
@@ -599,6 +676,14 @@ def _judge(loaded: Loaded, run_id: str, frames: list[tuple[SegmentScan, Frame]],
                 problem = (f"record {hit.seq} at {hit.where} fails its checksum; "
                            "it is the last trace of this Run in the log")
                 break
+    if (problem is None and mode == "verify" and not from_scratch and snap is not None
+            and snap.status == "ok" and snap.seq > 0):
+        # Old segments are never deleted: a snapshot is a summary of records the log holds.
+        first = frames[0][1].seq if frames else snap.seq + 1
+        missing = min(first - 1, snap.seq)
+        problem = (f"records 1..{missing} are missing from the log: only its snapshot "
+                   f"({snapshot_name(run_id)}) summarises them (the segments that held them "
+                   "are gone or cut short; intloom never removes them)")
     if (problem is None and from_scratch and snap is not None and snap.status == "ok"
             and expected - 1 < snap.seq):
         problem = (f"the log ends at record {expected - 1} but its snapshot "

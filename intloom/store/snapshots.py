@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import struct
 import zlib
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Final, Literal
 
@@ -23,6 +24,8 @@ from intloom.store.files import Layout, read_file
 from intloom.store.framing import VoidNotice
 
 __all__ = [
+    "MANIFEST_FORMAT",
+    "LiveSet",
     "Manifest",
     "Snapshot",
     "SnapshotError",
@@ -30,6 +33,9 @@ __all__ = [
     "decode_snapshot",
     "encode_manifest",
     "encode_snapshot",
+    "is_snapshot_name",
+    "live_set",
+    "manifest_ahead",
     "read_manifest",
     "read_snapshot",
     "snapshot_name",
@@ -54,6 +60,47 @@ class Snapshot(msgspec.Struct, frozen=True, omit_defaults=True):
     format: int = FORMAT_VERSION
 
 
+# The manifest's own format: 2 adds ``live`` (format 1, without it, is still read). Segments
+# and snapshots stay FORMAT_VERSION. A reader of format 1 reports a format-2 manifest as
+# incompatible and reads the whole log instead (docs/format.md, Manifest).
+MANIFEST_FORMAT: Final = 2
+_MANIFEST_FORMATS: Final = (FORMAT_VERSION, MANIFEST_FORMAT)
+
+
+class LiveSet(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The ``snap/live/`` files a manifest relies on: how many, and a digest of their names.
+
+    A restore that lists other names reads the whole log: a missing snapshot would otherwise
+    hide its Run, whose records sit in segments the manifest no longer names."""
+
+    count: int
+    sha256: str
+
+
+def is_snapshot_name(name: str) -> bool:
+    """A name intloom gives a snapshot file (``<sha256 hex>.snap``)."""
+    return name.endswith(".snap") and len(name) == 69 and not name.startswith(".")
+
+
+def manifest_ahead(manifest: Manifest, last_segment: int) -> str | None:
+    """Why ``manifest`` cannot have been written for a log whose last segment is
+    ``last_segment`` (0: none), if it cannot: a manifest is written after the segments it
+    names, and its ``start`` is at most the segment after the last one. Trusted, a larger
+    ``start`` would hide every Run whose records are in the segments it skips."""
+    if manifest.start <= last_segment + 1:
+        return None
+    last = f"wal/{last_segment:010d}.seg" if last_segment else "none"
+    return (f"names segment {manifest.start} as the first a restore reads, but the log's last "
+            f"segment is {last} (a manifest is never ahead of its log)")
+
+
+def live_set(names: Iterable[str]) -> LiveSet:
+    """The LiveSet of these ``snap/live/`` file names."""
+    ordered = sorted(names)
+    digest = hashlib.sha256("".join(f"{name}\n" for name in ordered).encode("utf-8"))
+    return LiveSet(count=len(ordered), sha256=digest.hexdigest())
+
+
 class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename="camel"):
     """Which segments a restore reads, written atomically after the snapshots it relies on."""
 
@@ -62,6 +109,8 @@ class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename="
     pinned: list[int] = msgspec.field(default_factory=list)
     voids: list[VoidNotice] = msgspec.field(default_factory=list)
     updated_at: str = ""
+    # Format 2: the live snapshots this manifest relies on (None in a format-1 manifest).
+    live: LiveSet | None = None
     # crc32 (8 hex digits) of this manifest encoded with checksum "": a bit flip that still
     # parses would otherwise move the restore's start and hide Runs silently.
     checksum: str = ""
@@ -120,14 +169,23 @@ def read_snapshot(path: Path) -> Snapshot | None:
 _manifest_decoder = msgspec.json.Decoder(Manifest)
 
 
+def _manifest_body(manifest: Manifest) -> bytes:
+    """The manifest's JSON; a format-1 manifest has no ``live`` key (its bytes, and so its
+    checksum, are what a format-1 writer made)."""
+    doc = msgspec.to_builtins(manifest)
+    if manifest.live is None:
+        del doc["live"]
+    return msgspec.json.encode(doc)
+
+
 def _manifest_crc(manifest: Manifest) -> str:
-    body = msgspec.json.encode(msgspec.structs.replace(manifest, checksum=""))
+    body = _manifest_body(msgspec.structs.replace(manifest, checksum=""))
     return f"{zlib.crc32(body):08x}"
 
 
 def encode_manifest(manifest: Manifest) -> bytes:
     sealed = msgspec.structs.replace(manifest, checksum=_manifest_crc(manifest))
-    return msgspec.json.encode(sealed) + b"\n"
+    return _manifest_body(sealed) + b"\n"
 
 
 def decode_manifest(path: Path, data: bytes) -> Manifest:
@@ -135,14 +193,18 @@ def decode_manifest(path: Path, data: bytes) -> Manifest:
         fmt = msgspec.json.decode(data, type=dict[str, object]).get("format")
     except msgspec.DecodeError:
         raise SnapshotError(path, "is not valid JSON") from None
-    if fmt != FORMAT_VERSION:
+    if fmt not in _MANIFEST_FORMATS:
         raise SnapshotError(
-            path, f"is format {fmt}; this intloom reads {FORMAT_VERSION}", incompatible=True
+            path, f"is format {fmt}; this intloom reads "
+            f"{' and '.join(map(str, _MANIFEST_FORMATS))}", incompatible=True
         )
     try:
         manifest = _manifest_decoder.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise SnapshotError(path, f"is invalid ({exc})") from None
+    if (manifest.live is None) != (fmt == FORMAT_VERSION):
+        raise SnapshotError(path, f"is invalid (format {fmt} "
+                            f"{'has no' if manifest.live is None else 'has a'} `live` field)")
     if manifest.checksum != _manifest_crc(manifest):
         raise SnapshotError(path, "fails its checksum")
     return manifest

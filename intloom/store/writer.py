@@ -261,7 +261,8 @@ class Store:
             with contextlib.suppress(OSError, IntloomError):
                 if summarise:
                     compact(layout, store._tracks, start=store._number,
-                            pinned=store._pinned, voids=store._voids, segment=store._number)
+                            pinned=store._pinned, voids=store._voids, segment=store._number,
+                            held=store._held)
         return store
 
     def _new_segment(self, first: bytes) -> None:
@@ -837,7 +838,7 @@ class Store:
         def work() -> None:
             try:
                 compact(self.layout, copies, start=start, pinned=pinned, voids=voids,
-                        segment=segment)
+                        segment=segment, held=self._held)
             except (OSError, IntloomError):
                 return  # the manifest did not move: restores read more of the log, correctly
             kept = set(copies)  # compact() drops the terminal Runs it moved to done/
@@ -871,7 +872,7 @@ class Store:
         self._join_compaction()
         with contextlib.suppress(OSError, IntloomError):
             compact(self.layout, self._tracks, start=start, pinned=self._pinned,
-                    voids=self._voids, segment=self._number)
+                    voids=self._voids, segment=self._number, held=self._held)
 
     def _close_job(self) -> None:
         if self._poisoned is None:

@@ -496,3 +496,41 @@ def test_a_suggestion_for_an_unknown_command_ends_with_one_question_mark(
     assert (code, out) == (2, "")
     assert "Did you mean 'logs'? Run intloom --help for the usage." in err, err
     assert "?." not in err
+
+
+# ----- inspect: a Run whose log records are gone ---------------------------------------------
+
+
+def test_inspect_shows_a_run_whose_log_records_are_gone_as_damage_not_unknown(
+    capsys: pytest.CaptureFixture[str], proj: Path
+) -> None:
+    """The segment holding every record of two Runs is cut back to its header; their
+    snapshots remain. inspect shows what the snapshot says and that the records are missing
+    (not "check the Run id"), for an unfinished and an ended Run alike."""
+    from tests.unit.test_store_support import frames_of, open_store, walk
+
+    (proj / ".intloom").mkdir(mode=0o700)
+    runtime = proj / ".intloom" / "runtime"
+    store = open_store(runtime)
+    for run_id, records in (("RUN-A", walk("RUN-A", 8, 1)),
+                            ("RUN-E", walk("RUN-E", 6, 2, terminal=True))):
+        for record in records:
+            store.append(run_id, record)
+    store.sync_blocking()
+    store.close_blocking()
+    segment = runtime / "wal" / "0000000001.seg"
+    header_end = frames_of(segment, "RUN-A")[0].offset
+    with segment.open("r+b") as fh:
+        fh.truncate(header_end)
+    for run_id, seq, phase in (("RUN-A", 8, None), ("RUN-E", 6, "terminal")):
+        code, out, _ = cli(capsys, "inspect", run_id, "--json")
+        assert code == 0, out
+        doc = json.loads(out)
+        assert doc["run"]["verdict"] == "corrupt"
+        assert f"records 1..{seq} are missing from the log" in doc["run"]["problem"]
+        [entry] = doc["records"]
+        assert entry["verdict"] == "snapshot" and entry["seq"] == seq
+        if phase is not None:
+            assert doc["run"]["phase"] == phase
+    code, out, _ = cli(capsys, "inspect", "RUN-NOBODY", "--json")
+    assert code != 0 and "NOT_FOUND" in out

@@ -12,7 +12,7 @@ import pytest
 from intloom.runtime.machine import fold
 from intloom.runtime.records import StepReady
 from intloom.store import read_history, read_runs, read_runs_report, verify, verify_report
-from intloom.store.snapshots import snapshot_name
+from intloom.store.snapshots import decode_manifest, encode_manifest, snapshot_name
 from tests.unit.test_store_support import abandon, by_id, frames_of, header, open_store, walk
 
 RUNS = {"RUN-A": 1, "RUN-B": 2, "RUN-C": 3}
@@ -429,3 +429,132 @@ def test_store_history_passes_over_a_torn_record_the_next_host_wrote_again(
         assert third.history("RUN-A", 8) == records
     finally:
         third.close_blocking()
+
+
+def _ended_and_live(root: Path) -> tuple[Path, Path]:
+    """RUN-END ended and RUN-LIVE still runs, both in segment 1; a clean close snapshotted
+    them (done/ and live/). Returns (done/ file of RUN-END, live/ file of RUN-LIVE)."""
+    store = open_store(root)
+    for record in walk("RUN-END", 8, 4, terminal=True):
+        store.append("RUN-END", record)
+    for record in walk("RUN-LIVE", 8, 5):
+        store.append("RUN-LIVE", record)
+    store.sync_blocking()
+    store.close_blocking()
+    done = root / "snap" / "done" / snapshot_name("RUN-END")
+    live = root / "snap" / "live" / snapshot_name("RUN-LIVE")
+    assert done.exists() and live.exists()
+    return done, live
+
+
+@pytest.mark.parametrize("how", ["manifest_moved_out", "live_snapshot_damaged"])
+def test_a_damaged_done_snapshot_is_never_written_over(tmp_path: Path, how: str) -> None:
+    """Whatever makes a start read an ended Run's records again (no manifest, or a damaged
+    live snapshot that pins the segment), its damaged done/ file is reported and kept."""
+    root = tmp_path / "runtime"
+    done, live = _ended_and_live(root)
+    _flip(done, 40)
+    kept = done.read_bytes()
+    if how == "manifest_moved_out":
+        (root / "manifest.json").rename(tmp_path / "manifest.json")
+    else:
+        _flip(live, 30)
+    rel = f"snap/done/{done.name}"
+    report = read_runs_report(root)  # what doctor reads: the file a start reads is reported
+    assert (rel, "corrupt") in {(f.path, f.kind) for f in report.files}
+    for i in range(3):
+        store = open_store(root, instance_id=f"INST-{i + 2}")
+        assert (rel, "corrupt") in {(f.path, f.kind) for f in store.restored.files}
+        assert [j.run_id for j in store.restored.runs] == ["RUN-LIVE"]
+        store.close_blocking()
+        assert done.read_bytes() == kept
+    assert by_id(verify(root))["RUN-END"].state == fold(walk("RUN-END", 8, 4, terminal=True))
+    # Moved out (what the report says to do), the next host writes it again from the log.
+    done.rename(tmp_path / "bad.snap")
+    open_store(root, instance_id="INST-9").close_blocking()
+    assert done.exists() and done.read_bytes() != kept
+    assert rel not in {f.path for f in read_runs_report(root).files}
+
+
+def test_healthy_done_snapshots_are_not_rewritten_at_each_start(tmp_path: Path) -> None:
+    root = tmp_path / "runtime"
+    done, live = _ended_and_live(root)
+    before = done.read_bytes()
+    _flip(live, 30)  # pins segment 1: every start reads RUN-END's records again
+    for i in range(3):
+        open_store(root, instance_id=f"INST-{i + 2}").close_blocking()
+        assert done.read_bytes() == before
+
+
+def test_a_run_ending_beside_a_damaged_done_file_is_not_restored_and_the_file_kept(
+        tmp_path: Path) -> None:
+    root = tmp_path / "runtime"
+    records = walk("RUN-X", 8, 6, terminal=True)
+    store = open_store(root)
+    for record in records[:-1]:
+        store.append("RUN-X", record)
+    store.sync_blocking()
+    planted = root / "snap" / "done" / snapshot_name("RUN-X")
+    planted.write_bytes(b"garbage: not a snapshot at all")
+    planted.chmod(0o600)
+    store.append("RUN-X", records[-1])
+    store.sync_blocking()
+    store.close_blocking()
+    assert planted.read_bytes() == b"garbage: not a snapshot at all"
+    report = read_runs_report(root)
+    assert report.runs == []  # it ended: never restored as unfinished
+    assert (f"snap/done/{planted.name}", "corrupt") in {(f.path, f.kind) for f in report.files}
+    open_store(root, instance_id="INST-2").close_blocking()
+    assert planted.read_bytes() == b"garbage: not a snapshot at all"
+    planted.rename(tmp_path / "bad.snap")
+    open_store(root, instance_id="INST-3").close_blocking()  # now it moves to done/
+    assert planted.exists() and not list((root / "snap" / "live").iterdir())
+    assert by_id(verify(root))["RUN-X"].state == fold(records)
+
+
+def test_a_missing_live_snapshot_never_hides_its_run(tmp_path: Path) -> None:
+    """Its Run's records sit in a segment the manifest no longer names: the manifest's list
+    of live/ files tells the restore to read the whole log, which finds the Run."""
+    root = tmp_path / "runtime"
+    _crashed_host(root, close=True)  # every Run's records are before the manifest's start
+    gone = root / "snap" / "live" / snapshot_name("RUN-B")
+    gone.rename(tmp_path / gone.name)
+    rel = f"snap/live/{gone.name}"
+    report = read_runs_report(root)
+    assert report.stats.full
+    assert [(f.path, f.kind) for f in report.files] == [(rel, "missing")]
+    assert "Run RUN-B has records in wal/0000000001.seg" in report.files[0].problem
+    _all_restore(root, N)
+    store = open_store(root, instance_id="INST-2")
+    assert {j.run_id for j in store.restored.runs} == set(RUNS)
+    assert (rel, "missing") in {(f.path, f.kind) for f in store.restored.files}
+    store.close_blocking()
+    assert gone.exists()  # written again from the log: the next restore is bounded again
+    report = read_runs_report(root)
+    assert not report.files and report.stats.segments_read == 0
+    _all_restore(root, N)
+
+
+def test_a_manifest_ahead_of_its_log_is_damage_and_kept(tmp_path: Path) -> None:
+    """A checksum-valid manifest whose start is past the log's last segment + 1 would hide
+    every Run of the segments it skips: it is reported, read around, never written over."""
+    root = tmp_path / "runtime"
+    _crashed_host(root, close=True)
+    store = open_store(root, instance_id="INST-2")
+    for record in walk("RUN-D", 5, 9):
+        store.append("RUN-D", record)  # only in segment 2, no snapshot yet
+    store.sync_blocking()
+    abandon(store)
+    manifest = root / "manifest.json"
+    forged = decode_manifest(manifest, manifest.read_bytes())
+    manifest.write_bytes(encode_manifest(msgspec.structs.replace(forged, start=99)))
+    kept = manifest.read_bytes()
+    for i in range(2):
+        report = read_runs_report(root)
+        assert report.stats.full
+        [problem] = [f for f in report.files if f.path == "manifest.json"]
+        assert problem.kind == "corrupt" and "names segment 99" in problem.problem
+        runs = by_id(report.runs)
+        assert set(runs) == {*RUNS, "RUN-D"} and runs["RUN-D"].state == fold(walk("RUN-D", 5, 9))
+        open_store(root, instance_id=f"INST-{i + 3}").close_blocking()
+        assert manifest.read_bytes() == kept
