@@ -17,6 +17,7 @@ from typing import Annotated, Final
 import typer
 
 from intloom.cli import coercion, exit_codes
+from intloom.cli.inputs import UsageError
 from intloom.cli.options import CliState, DebugOpt, JsonOpt, ProjectOpt
 from intloom.errors import IntloomError, error_view
 
@@ -118,6 +119,31 @@ def _command_name(args: Sequence[str]) -> str | None:
     return None
 
 
+def _repeated_option(args: Sequence[str], command: object, name: str | None) -> str | None:
+    """An option that takes one value and is given more than once (``--intent a --intent
+    b``, ``--project`` before and after the command): Click would keep the last silently."""
+    commands = [command]
+    sub = getattr(command, "commands", {}).get(name) if name is not None else None
+    if sub is not None:
+        commands.append(sub)
+    single: dict[str, str] = {}  # every spelling -> the option's first name
+    for cmd in commands:
+        for param in getattr(cmd, "params", ()):
+            if (getattr(param, "param_type_name", "") == "option" and not param.is_flag
+                    and not param.multiple and not param.count):
+                for spelling in param.opts:
+                    single[spelling] = param.opts[0]
+    seen: set[str] = set()
+    for arg in args[: args.index("--")] if "--" in args else args:
+        option = single.get(arg.split("=", 1)[0] if arg.startswith("--") else arg)
+        if option is None:
+            continue
+        if option in seen:
+            return option
+        seen.add(option)
+    return None
+
+
 def _json_requested(args: Sequence[str]) -> bool:
     """Whether ``--json`` was asked for, before parsing (a usage error is still JSON then)."""
     options = args[: args.index("--")] if "--" in args else args
@@ -141,8 +167,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     state = CliState(json_mode=_json_requested(args))
     state.debug = "--debug" in args
     try:
-        command = typer.main.get_command(build_app(_command_name(args)))
+        name = _command_name(args)
+        command = typer.main.get_command(build_app(name))
         coercion.install(command)
+        repeated = _repeated_option(args, command, name)
+        if repeated is not None:
+            raise UsageError(f"{repeated} is given more than once; pass it once.")
         result = command.main(
             args=args, prog_name="intloom", standalone_mode=False, obj=state
         )

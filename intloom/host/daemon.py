@@ -482,8 +482,10 @@ class Host:
     async def _release(self, failed: ErrorView | None) -> int:
         """Undo startup, in reverse; every step is attempted. 0 when all went well."""
         if self.server is not None:
+            # Still listening while the Runs are suspended (up to the grace): a command run
+            # meanwhile is told the host is stopping (CLI_SERVICE_CLOSING) rather than finding
+            # the port closed and a lock whose owner is alive. server.close stops listening.
             self.server.closing = True
-            self.server.stop_accepting()
         if self.booted is not None:
             await self._bounded("suspend", self._suspend(self.booted.runtime),
                                 self.options.suspend_grace + 1.0)

@@ -226,7 +226,12 @@ class Server:
                 ".intloom/connection.json.",
             ))
         if self.closing:
-            raise _Refused(_error("CLI_SERVICE_CLOSING"))
+            raise _Refused(_error(
+                "CLI_SERVICE_CLOSING",
+                "The service is shutting down: it is suspending its Runs, then exits. Nothing "
+                "was sent. Run the command again once intloom status says the service is "
+                "offline (intloom start starts a new host).",
+            ))
 
     async def _session(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, task: asyncio.Task[None]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import textwrap
 import threading
+from typing import Any
 
 import pytest
 
@@ -377,3 +378,36 @@ def test_a_restored_interrupted_runs_events_show_it_failed(
         assert event.run.last_error is not None
         assert event.run.last_error.code == "RUN_INTERRUPTED", event.event
         assert event.run.pending_action is None, event.event
+
+
+def test_a_command_during_a_stop_is_told_the_host_is_stopping(
+    project: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the stop waits for a Step (the grace), the host still answers: commands get
+    CLI_SERVICE_CLOSING, not a closed port, and status does not call it a stuck owner."""
+    monkeypatch.setenv("INTLOOM_TEST_SUSPEND_GRACE", "5")
+    (project.root / "workflows" / "gated.py").write_text(GATED)
+    (project.root / "intloom.toml").write_text('workflows = ["workflows/gated.py"]\n')
+    start(project)
+    with Client.connect(project.root) as client:
+        client.create_run("gated", "payload", wait=False)
+    eventually(lambda: (project.root / "calls.log").exists(), timeout=10,
+               what="the effect to start")
+    stopped: list[bool] = []
+    stopper = threading.Thread(target=lambda: stopped.append(stop_service(project.root,
+                                                                          timeout=30)))
+    stopper.start()
+    try:
+        def closing() -> dict[str, Any] | None:
+            result = project.cli("runs", "--json")
+            error = (result.json or {}).get("error")
+            return error if error and error["code"] == "CLI_SERVICE_CLOSING" else None
+
+        error = eventually(closing, timeout=10, what="runs to be refused as closing")
+        assert "shutting down" in error["message"], error
+        status = project.cli("status", "--json")
+        assert "shutting down" in status.json["message"], status.stdout
+    finally:
+        (project.root / "gate").touch()  # the Step reaches its boundary; the stop completes
+        stopper.join(timeout=40)
+    assert stopped == [True]

@@ -235,6 +235,8 @@ def test_flow_intent_file_and_stdin(
         (["--intent", "   "], "INVALID_REQUEST", 1),
         ([], "INVALID_REQUEST", 1),
         (["--intent", "x", "--intent-file", "f"], "INVALID_REQUEST", 2),  # a usage error
+        (["--intent", "a", "--intent", "b"], "INVALID_REQUEST", 2),  # not the last silently
+        (["--intent=a", "--intent", "b"], "INVALID_REQUEST", 2),
         (["--intent-file", "missing.txt"], "CLI_INTENT_FILE_INVALID", 1),
         (["--intent-file", "."], "CLI_INTENT_FILE_INVALID", 1),
     ],
@@ -247,6 +249,14 @@ def test_flow_bad_intent_never_connects(
     assert exit_code == exit_expected
     assert json.loads(out)["error"]["code"] == code
     assert client.calls == []
+
+
+def test_a_project_given_twice_is_a_usage_error(capsys: pytest.CaptureFixture[str],
+                                                proj: Path) -> None:
+    code, out, _ = cli(capsys, "--project", str(proj), "status", "--project", "/elsewhere",
+                       "--json")
+    assert code == 2
+    assert json.loads(out)["error"]["message"].startswith("--project is given more than once")
 
 
 def test_flow_failed_run_prints_run_once_and_exits_1(
