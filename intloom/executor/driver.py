@@ -12,7 +12,7 @@ import inspect
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
@@ -492,6 +492,8 @@ def _where(cursor: Cursor) -> str:
     return f"Stage {cursor.stage!r}, Step {cursor.step!r}"
 
 
+DETERMINISTIC: Final = msgspec.json.Encoder(order="deterministic")
+
 # Field types whose every valid value re-encodes to the bytes it was encoded to: a State made
 # of these alone is saved as encoded (the hot path), anything else as its decoded value's
 # encoding (_encode_state). Not float (an int there decodes to a float: 0 -> 0.0), nor sets
@@ -577,7 +579,9 @@ def _encode_state(value: Any, where: str | Step[Any], state_type: type | None,
             "State was not saved.",
         ) from None
     if not codec[1] or type(value) is not state_type:
-        data = msgspec.json.encode(decoded)
+        # Sets and dict keys in sorted order: a set's iteration order depends on the
+        # process's hash seed, and a restart must re-encode the State to these same bytes.
+        data = DETERMINISTIC.encode(decoded)
     if slot is not None:
         slot.decoded = (data, decoded)
     return data

@@ -33,7 +33,7 @@ from intloom.authoring.loader import LoadedWorkflow
 from intloom.authoring.workflow import AgentStep
 from intloom.errors import MAX_MESSAGE, ErrorView, IntloomError, clip, error_view
 from intloom.executor import clock
-from intloom.executor.driver import Driver, RunObserver, RunSlot
+from intloom.executor.driver import DETERMINISTIC, Driver, RunObserver, RunSlot
 from intloom.executor.updates import RunUpdate
 from intloom.protocol.messages import MAX_PAGE, RestoreSummary
 from intloom.runtime.limits import (
@@ -142,12 +142,13 @@ def _mismatch(state: RunState, workflows: Mapping[str, LoadedWorkflow]) -> str |
         st_type = stage_def.state_type if stage_def is not None else None
         if st_type is not None:
             try:
-                again = msgspec.json.encode(
-                    msgspec.json.decode(state.stage_state, type=st_type)
-                )
+                decoded = msgspec.json.decode(state.stage_state, type=st_type)
             except msgspec.MsgspecError as exc:
                 return f"incompatible schema: saved State no longer decodes ({exc})"
-            if again != state.stage_state:
+            # Saved as encoded, or (a State with sets, floats, ...) in the deterministic
+            # order the driver saves it in (_encode_state).
+            if (msgspec.json.encode(decoded) != state.stage_state
+                    and DETERMINISTIC.encode(decoded) != state.stage_state):
                 return "incompatible schema: saved State no longer matches its schema output"
     return None
 

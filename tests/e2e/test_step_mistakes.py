@@ -32,10 +32,11 @@ MISTAKES = textwrap.dedent('''
         items: list[int] = []
         count: int = 0
         score: float = 0
+        tags: set[str] = set()
 
     KINDS = ["ask_dicts", "ask_text", "confirm_sync", "confirm_unawaited", "duplicate_ids",
              "unencodable_state", "aeffect_sync", "wrong_field", "wrong_field_wait",
-             "nested_effects", "duplicate_key", "exits", "float_wait"]
+             "nested_effects", "duplicate_key", "exits", "float_wait", "set_wait"]
     wf = intloom.Workflow("mistakes", version="1.0.0")
     main = wf.stage("main", state=Box)
 
@@ -138,6 +139,20 @@ MISTAKES = textwrap.dedent('''
 
     @float_wait.recover
     def float_wait_recover(ctx: intloom.StepContext[Box], saved: intloom.Recovery) -> str:
+        return "yes" if saved.answer.confirmed else "no"
+
+
+    @main.step("set_wait", routes={"yes": intloom.COMPLETE, "no": intloom.COMPLETE})
+    async def set_wait(ctx: intloom.StepContext[Box]) -> str:
+        # A set iterates in an order the process's hash seed decides.
+        ctx.state = Box(tags={f"tag-{i}" for i in range(40)})
+        answer = await ctx.confirm({"tags": len(ctx.state.tags)})
+        return "yes" if answer.confirmed else "no"
+
+
+    @set_wait.recover
+    def set_wait_recover(ctx: intloom.StepContext[Box], saved: intloom.Recovery) -> str:
+        assert ctx.state.tags == {f"tag-{i}" for i in range(40)}
         return "yes" if saved.answer.confirmed else "no"
 ''')
 
@@ -269,6 +284,25 @@ def test_an_int_in_a_float_field_survives_a_restart(mistakes: Project) -> None:
     assert run["status"] == "waiting", run
     ok(mistakes.cli("stop", "--json"))
     restore = ok(mistakes.cli("start", "--json"))["service"]["restore"]
+    assert restore["needsAttention"] == [] and restore["waiting"] == [run["runId"]], restore
+    done = ok(mistakes.cli("answer", run["runId"], run["pendingAction"]["id"],
+                           '{"isConfirmed": true}', "--json"))["run"]
+    assert done["status"] == "completed", done
+    ok(mistakes.cli("stop", "--json"))
+
+
+def test_a_set_in_the_state_survives_a_restart_under_another_hash_seed(
+    mistakes: Project,
+) -> None:
+    """A set was saved in its iteration order, which the host's hash seed decides: a host
+    with another seed re-encoded it in another order and held the Run ("no longer matches
+    its schema output"). It is saved sorted now."""
+    ok(mistakes.cli("start", "--json", env={"PYTHONHASHSEED": "1"}))
+    run = ok(mistakes.cli("flow", "mistakes", "--intent", "set_wait", "--json"))["run"]
+    assert run["status"] == "waiting", run
+    ok(mistakes.cli("stop", "--json"))
+    restore = ok(mistakes.cli("start", "--json", env={"PYTHONHASHSEED": "2"}))["service"][
+        "restore"]
     assert restore["needsAttention"] == [] and restore["waiting"] == [run["runId"]], restore
     done = ok(mistakes.cli("answer", run["runId"], run["pendingAction"]["id"],
                            '{"isConfirmed": true}', "--json"))["run"]
