@@ -963,7 +963,8 @@ class Driver:
                     continue
                 step, ctx, awaiting = pending  # _AWAIT: its outcome is awaited here
             else:
-                rt.append(slot, Executing(at=clock.now(), stage=step.stage.name, step=step.name))
+                rt.append_boundary(
+                    slot, Executing(at=clock.now(), stage=step.stage.name, step=step.name))
                 await rt.sync(slot)
                 ctx = self._ctx(slot, step.name, step.stage)
             if step.kind == "agent":
@@ -1057,7 +1058,8 @@ class Driver:
             fn = step.fn
             if step.kind == "agent" or _is_async(fn) or not journal.alone(slot.run_id):
                 return _NEXT, None
-            rt.append(slot, Executing(at=clock.now(), stage=step.stage.name, step=step.name))
+            rt.append_boundary(
+                slot, Executing(at=clock.now(), stage=step.stage.name, step=step.name))
             rt.sync_here(slot)
             if not slot.owned:
                 # Cancelled while its executing was being written: on the loop, that cancel
@@ -1099,7 +1101,7 @@ class Driver:
                 f"({sorted(step.routes)}). Return one of them.",
             )
         at = clock.now()
-        self.rt.append(
+        self.rt.append_boundary(
             slot,
             StepResult(at=at, stage=step.stage.name, step=step.name, outcome=outcome,
                        state=_encode_state(ctx.state, where or step, step.stage.state_type,
@@ -1180,6 +1182,6 @@ class Driver:
             rt.append(slot, StagePending(at=at, stage=target.stage))
         else:
             # DESIGN §5: routing to the next Step of the Stage is its own boundary.
-            rt.append(slot, StepReady(at=at, stage=st.cursor.stage, step=target,
-                                      state=st.stage_state))
+            rt.append_boundary(slot, StepReady(at=at, stage=st.cursor.stage, step=target,
+                                               state=st.stage_state))
         return False

@@ -170,3 +170,21 @@ def test_the_rules_see_every_layer() -> None:
     packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
     assert packages == set(INWARD) | outer
     assert _imports(PACKAGE / "runtime" / "machine.py")  # the parser sees imports at all
+
+
+def test_only_a_steps_own_boundaries_skip_the_bounds_check() -> None:
+    """``Runtime.append_boundary`` skips ``_bounded`` (the hot path): every call hands it a
+    record of one of the three kinds that carry no user text the check would bound."""
+    allowed = {"StepReady", "Executing", "StepResult"}
+    found: list[str] = []
+    for path in (PACKAGE / "executor").glob("*.py"):
+        if path.name == "runtime.py":
+            continue  # append itself hands every record on, bounded
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "append_boundary" and len(node.args) >= 2):
+                record = node.args[1]
+                assert isinstance(record, ast.Call) and isinstance(record.func, ast.Name), (
+                    f"{path.name}:{node.lineno}: append_boundary takes a record built in place")
+                found.append(record.func.id)
+    assert found and set(found) <= allowed, found
