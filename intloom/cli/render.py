@@ -21,7 +21,7 @@ from typing import Any, TextIO
 
 import msgspec
 
-from intloom.errors import ErrorView
+from intloom.errors import CATALOGUE, ErrorView
 
 __all__ = [
     "Renderer",
@@ -423,9 +423,11 @@ def service_lines(service: Mapping[str, Any], title: str = "Service running") ->
     for problem in store_problems:
         lines.append(f"Store file .intloom/runtime/{problem.get('path', '?')} · "
                      f"{problem.get('kind', '?')}: {problem.get('problem', '?')}")
-    if store_problems:
-        lines.append("These files are kept byte-identical and read past; intloom doctor says "
-                     "what each means and what to do.")
+    if any(p.get("kind") != "missing" for p in store_problems):
+        lines.append("Damaged and unexpected files are kept byte-identical and read past; "
+                     "intloom doctor says what each means and what to do.")
+    if any(p.get("kind") == "missing" for p in store_problems):
+        lines.append("A missing snapshot was rebuilt from the log and written again.")
     if service.get("logFile"):
         lines.append(f"Log {service['logFile']}")
     if service.get("logError"):
@@ -434,6 +436,9 @@ def service_lines(service: Mapping[str, Any], title: str = "Service running") ->
     lines.extend(restore_lines(restore if isinstance(restore, Mapping) else None))
     return lines
 
+
+# How a stopping host's refusal begins (the server adds what to do).
+CLOSING = CATALOGUE["CLI_SERVICE_CLOSING"][0].rstrip(".")
 
 _OWNER_STATUS = {
     "alive": "Process still exists",
@@ -465,7 +470,12 @@ def diagnosis_lines(diagnosis: Mapping[str, Any]) -> list[str]:
         state = _OWNER_STATUS.get(str(owner.get("status")), str(owner.get("status")))
         lines.append(f"{owner.get('resource', '?')} · PID {owner.get('pid', '?')} · {state}")
         lines.extend(_evidence_lines(owner.get("evidence")))
-    if diagnosis.get("status") == "blocked":
+    owners = [o for o in diagnosis.get("owners") or [] if isinstance(o, Mapping)]
+    stopping = str(diagnosis.get("message", "")).startswith(CLOSING)
+    # Only where an owner may still be alive: a host shutting down says what to do itself,
+    # and with every owner gone (a foreign program on the port) no lock is anyone's.
+    if (diagnosis.get("status") == "blocked" and not stopping
+            and (not owners or any(o.get("status") not in ("gone", "absent") for o in owners))):
         lines.append("Run intloom doctor. Do not delete locks whose owners are still active.")
     return lines
 

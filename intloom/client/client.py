@@ -6,6 +6,7 @@ It sits on the CLI's start-up path, so it imports no asyncio, rich or psutil.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import socket
 from collections.abc import Iterator
@@ -79,13 +80,14 @@ def _metadata_invalid(message: str) -> IntloomError:
     return IntloomError("CLI_SERVICE_METADATA_INVALID", message)
 
 
-def _host_gone(pid: int, create_time: float) -> str | None:
+def _host_gone(pid: int, create_time: float, lock: Path) -> str | None:
     """Why the host recorded as ``pid`` (created at ``create_time``) is provably gone, or
     None. Gone: no process has the pid, it is a zombie (an exited host its parent has not
-    reaped yet), or it belongs to a process created at another time (the pid was reused).
-    Anything unclear counts as alive: the hello's identity check then decides. Not
-    ``intloom.host.liveness``: it imports psutil, which every client command would pay for
-    at start-up. The create time is psutil's, derived the same way from ``/proc``."""
+    reaped yet), or it belongs to a process created at another time (the pid was reused)
+    while nobody holds the OS lock on ``lock`` (``service.lock``). Anything unclear counts
+    as alive: the hello's identity check then decides. Not ``intloom.host.liveness``: it
+    imports psutil, which every client command would pay for at start-up. The create time
+    is psutil's, derived the same way from ``/proc``."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -100,10 +102,32 @@ def _host_gone(pid: int, create_time: float) -> str | None:
         started = _boot_time() + int(fields[19]) / os.sysconf("SC_CLK_TCK")
     except (OSError, IndexError, ValueError):
         return None
-    if abs(started - create_time) > CREATE_TIME_TOLERANCE:
+    # The boot time moves when the wall clock is stepped (NTP), and with it every create
+    # time derived from it: a live host whose clock was stepped still holds its OS lock.
+    if abs(started - create_time) > CREATE_TIME_TOLERANCE and _lock_free(lock):
         return ("which now belongs to another process (the host exited without cleaning up "
                 "and its pid was reused)")
     return None
+
+
+def _lock_free(path: Path) -> bool:
+    """Whether the OS lock on ``path`` can be taken (and is released at once): no live host
+    holds it. Unclear (the file cannot be opened) is not free."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return True
+    finally:
+        os.close(fd)
 
 
 def _boot_time() -> float:
@@ -187,7 +211,7 @@ class Client:
                 f"{paths.service_json} names port {info.port} but {paths.connection_json} names "
                 f"{conn.port}. Nothing was sent; run intloom doctor."
             )
-        gone = _host_gone(info.pid, info.create_time)
+        gone = _host_gone(info.pid, info.create_time, paths.service_lock)
         if gone is not None:
             # The host died without cleaning up (a crash): whatever listens on its port now
             # is not it, and must not be handed the token.

@@ -205,7 +205,15 @@ def start_service(
     deadline = time.monotonic() + timeout
     launches = 0
     while True:
-        service = _live_service(root)
+        try:
+            service = _live_service(root)
+        except IntloomError as exc:
+            # A host that is stopping (suspending its Runs) releases the project in a few
+            # seconds: wait for it, then launch, as for a host still starting.
+            if exc.code != "CLI_SERVICE_CLOSING" or time.monotonic() >= deadline:
+                raise
+            time.sleep(_POLL)
+            continue
         if service is not None:
             if foreground:
                 raise IntloomError(

@@ -142,10 +142,16 @@ def _file_problem(read: Callable[[], object]) -> str | None:
     try:
         read()
     except IntloomError as exc:
-        # Said to the user of another command; in doctor's own output it would send them
-        # back here.
-        return exc.message.replace("; run intloom doctor.", ".")
+        return _here(exc.message)
     return None
+
+
+def _here(message: str) -> str:
+    """``message`` without its advice to run intloom doctor: said to the user of another
+    command, in doctor's own output it would send them back here."""
+    return (message.replace("; run intloom doctor.", ".")
+            .replace("Run intloom doctor to see which process owns the project.",
+                     "The checks below say which process owns the project."))
 
 
 def _paused(pid: int) -> bool:
@@ -253,8 +259,7 @@ def _connection_check(root: Path, has_owners: bool) -> Check:
     try:
         conn: Connection | None = read_connection(paths.connection_json, root)
     except IntloomError as exc:
-        return Check("connection", "attention",
-                     exc.message.replace("; run intloom doctor.", "."), KEEP_IT)
+        return Check("connection", "attention", _here(exc.message), KEEP_IT)
     if conn is None and has_owners:
         return Check(
             "connection", "attention",
@@ -377,7 +382,7 @@ def run_doctor(root: Path) -> DoctorReport:
         schema_version=SCHEMA_VERSION,
         project_root=diagnosis.project_root,
         status=diagnosis.status,
-        message=diagnosis.message,
+        message=_here(diagnosis.message),
         owners=diagnosis.owners,
         health=_health(diagnosis.status, checks),
         checks=checks,

@@ -189,7 +189,12 @@ def preview_runs(
             nexts.append(f"intloom start keeps {err.path} as it is and {instead} "
                          "instead, at every start; move the file out of the runtime directory "
                          "to let intloom write it again.")
-    if by_journal["corrupt"] or by_journal["incompatible"] or store.files:
+    missing = [f for f in store.files if f.kind == "missing"]
+    if missing:
+        nexts.append(f"{len(missing)} snapshot file(s) are missing from snap/live/: the next "
+                     "start reads those Runs from the log and writes their snapshots again "
+                     "(find out what removed them: intloom never does).")
+    if by_journal["corrupt"] or by_journal["incompatible"] or len(missing) < len(store.files):
         nexts.append("Inspect each unrestorable Run with intloom inspect RUN; damaged and "
                      "unexpected files are kept byte-identical and never restored or removed.")
     # An interrupted Run needs a person until it is dismissed (its journal then ends), whether

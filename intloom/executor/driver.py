@@ -80,7 +80,7 @@ _DETAILED: frozenset[type] = frozenset({StepResult, EffectStarted, EffectDone, A
 _ASYNC: dict[Callable[..., Any], bool] = {}
 # Per Stage State type, its decoder and whether it re-encodes as is (_state_codec); kept for
 # the host's life, as _ASYNC's entries are.
-_CODECS: dict[type, tuple[Callable[[bytes], Any], bool]] = {}
+_CODECS: dict[type, tuple[Callable[[bytes], Any], bool, bool]] = {}
 _QUIET = ("EXECUTION_OWNERSHIP_LOST", "RUN_CHECKPOINT_FAILED")
 # Where the thread driving a Run's sync Steps gave the Run back to the loop (_steps_here).
 _NEXT = "next"  # not a sync Step, or other Runs write too: the loop runs it
@@ -108,7 +108,8 @@ def _raised(exc: BaseException) -> str:
     ``_contained`` had to carry in a stand-in, the original and what to do instead."""
     if isinstance(exc, _Escaped):
         return exc.described
-    return f"{type(exc).__name__}: {exc}"
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 class _Escaped(Exception):
@@ -118,7 +119,7 @@ class _Escaped(Exception):
     def __init__(self, exc: BaseException) -> None:
         name = type(exc).__name__
         if isinstance(exc, Exception):  # StopIteration: an ordinary mistake
-            why = f"{name}: {exc}"
+            why = f"{name}: {exc}" if str(exc) else name
         else:
             call = f"{name}({', '.join(repr(arg) for arg in exc.args)})" if exc.args else name
             what = ("exit the process" if isinstance(exc, SystemExit) else
@@ -227,10 +228,10 @@ class RunSlot:
         if self.override is not None:
             return to_view(st, status="failed", last_error=self.override)
         stopped = self.suspend_reason or "The host stopped."
-        if self.state.phase in ("executing", "effect_started", "effect_done"):
+        cut = self.cut_verdict()
+        if cut is not None:
             # User code was cut mid-Step: the journal cannot prove what it did.
-            what = restart_verdict(self.state, has_recover=False).reason
-            message = (f"{stopped} It stopped while {what}; the next start reports the Run "
+            message = (f"{stopped} It stopped while {cut}; the next start reports the Run "
                        "RUN_INTERRUPTED and replays nothing.")
         else:
             message = (f"{stopped} The Run continues from its last saved boundary on the next "
@@ -239,6 +240,16 @@ class RunSlot:
             st, status="failed",
             last_error=ErrorView(code="RUN_INTERRUPTED", message=message),
         )
+
+    def cut_verdict(self) -> str | None:
+        """What was running, when user code was cut mid-Step and the next start will report
+        the Run RUN_INTERRUPTED; None when it continues (a boundary, or a recover entry)."""
+        state = self.state
+        if state.phase not in ("executing", "effect_started", "effect_done"):
+            return None
+        cursor = state.cursor
+        verdict = restart_verdict(state, self.lw.has_recover(cursor.stage, cursor.step))
+        return verdict.reason if verdict.row == "interrupted" else None
 
     def _overridden(self) -> bool:
         """The view is not simply the shown state's (a failure or suspension outside it)."""
@@ -520,16 +531,41 @@ def _same_again(info: msgspec.inspect.Type) -> bool:
     return False
 
 
-def _state_codec(state_type: type) -> tuple[Callable[[bytes], Any], bool]:
+def _has_set(info: msgspec.inspect.Type, seen: set[type] | None = None) -> bool:
+    """Whether a value of ``info`` may hold a set or frozenset, whose iteration order (and
+    so its encoding) depends on the process's hash seed."""
+    mi = msgspec.inspect
+    seen = set() if seen is None else seen
+    if isinstance(info, (mi.SetType, mi.FrozenSetType)):
+        return True
+    if isinstance(info, (mi.StructType, mi.DataclassType)):
+        if info.cls in seen:
+            return False  # a type that refers to itself: already being looked at
+        seen.add(info.cls)
+        return any(_has_set(field.type, seen) for field in info.fields)
+    if isinstance(info, (mi.ListType, mi.VarTupleType)):
+        return _has_set(info.item_type, seen)
+    if isinstance(info, mi.TupleType):
+        return any(_has_set(item, seen) for item in info.item_types)
+    if isinstance(info, mi.DictType):
+        return _has_set(info.key_type, seen) or _has_set(info.value_type, seen)
+    if isinstance(info, mi.UnionType):
+        return any(_has_set(member, seen) for member in info.types)
+    return False
+
+
+def _state_codec(state_type: type) -> tuple[Callable[[bytes], Any], bool, bool]:
     """The Stage State type's decode, bound once (looking the method up at each call added
-    ~40 ns, ~30 % of a small State's decode), and whether an instance of exactly that type
-    always re-encodes to its own bytes (its fields are all _SAME_AGAIN)."""
+    ~40 ns, ~30 % of a small State's decode); whether an instance of exactly that type
+    always re-encodes to its own bytes (its fields are all _SAME_AGAIN); and whether it may
+    hold a set (saved in sorted order, see _encode_state)."""
     codec = _CODECS.get(state_type)
     if codec is None:
         info = msgspec.inspect.type_info(state_type)
         same = isinstance(info, msgspec.inspect.StructType) and all(
             _same_again(field.type) for field in info.fields)
-        codec = _CODECS[state_type] = (msgspec.json.Decoder(state_type).decode, same)
+        codec = _CODECS[state_type] = (msgspec.json.Decoder(state_type).decode, same,
+                                       _has_set(info))
     return codec
 
 
@@ -579,9 +615,14 @@ def _encode_state(value: Any, where: str | Step[Any], state_type: type | None,
             "State was not saved.",
         ) from None
     if not codec[1] or type(value) is not state_type:
-        # Sets and dict keys in sorted order: a set's iteration order depends on the
-        # process's hash seed, and a restart must re-encode the State to these same bytes.
-        data = DETERMINISTIC.encode(decoded)
+        if codec[2]:
+            # A set iterates in an order the process's hash seed decides; a restart must
+            # re-encode the State to these same bytes, so sets (and with them dict keys)
+            # are saved sorted, and the next Step gets the State as saved, not as left.
+            data = DETERMINISTIC.encode(decoded)
+            decoded = codec[0](data)
+        else:
+            data = msgspec.json.encode(decoded)
     if slot is not None:
         slot.decoded = (data, decoded)
     return data
@@ -694,6 +735,15 @@ class _Hooks:
                 value = await value
         except Exception as exc:
             await self._end(name, key, False, None, f"{type(exc).__name__}: {exc}")
+            raise
+        except asyncio.CancelledError:
+            if self.slot.owned and not self.driver.stopping:
+                # Cancelled by the Step itself (asyncio.wait_for around it): the effect is
+                # over, so later effects and a retry may start. When the host stops or the
+                # Run is cancelled nothing is recorded: the next start names it in flight.
+                await self._end(name, key, False, None,
+                                "CancelledError: cancelled before it returned (a timeout "
+                                "in the Step); its outcome is unknown")
             raise
         await self._end(name, key, True, _plain(value), None)
         return value

@@ -82,8 +82,6 @@ MAX_FINISHED: Final = 1000
 # Records that carry what user code handed over (an exception's text, an effect's name and
 # key, a request for a person or an Agent): ``Runtime.append`` bounds them (``_bounded``).
 _BOUNDED: Final = frozenset({Terminal, EffectStarted, EffectDone, Waiting})
-# Journal phases in which user code (a Step, an initialiser, a recover entry) was running.
-_USER_CODE_RUNNING: Final = frozenset({"executing", "effect_started", "effect_done"})
 
 
 class RestoredRun(msgspec.Struct, frozen=True):
@@ -1017,8 +1015,9 @@ class Runtime:
         for run_id, slot in self.runs.items():
             if slot.view().status == "running":
                 slot.suspend(reason)
-                if slot.state.phase in _USER_CODE_RUNNING:
-                    cut.append((run_id, restart_verdict(slot.state, has_recover=False).reason))
+                what = slot.cut_verdict()
+                if what is not None:
+                    cut.append((run_id, what))
         return cut
 
     def counts(self) -> dict[str, int]:

@@ -75,8 +75,8 @@ def _damaged(paths: ProjectPaths, report: StoreReport) -> IntloomError | None:
     return IntloomError(
         "JOURNAL_CORRUPT",
         f"--strict: {len(damaged)} file(s) under {paths.runtime} need attention; "
-        f"first: {first.path} ({first.kind}: {first.problem}). Run intloom doctor; files "
-        "were kept as they are.",
+        f"first: {first.path} ({first.kind}: {first.problem}). Nothing was changed; run "
+        "intloom doctor.",
     )
 
 

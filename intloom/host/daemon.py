@@ -487,8 +487,11 @@ class Host:
             # the port closed and a lock whose owner is alive. server.close stops listening.
             self.server.closing = True
         if self.booted is not None:
+            # The grace, then up to 1 s for the cancelled Steps to end (Driver.drain), and a
+            # margin: cut at grace + 1 s, a Step that swallows its cancellation also cut the
+            # suspension of every other Run, and with it runs_cut_at_stop.
             await self._bounded("suspend", self._suspend(self.booted.runtime),
-                                self.options.suspend_grace + 1.0)
+                                self.options.suspend_grace + 2.0)
         if self.server is not None:
             cancelled = await self.server.close(self.options.drain_grace)
             if cancelled and self.log is not None:

@@ -230,7 +230,7 @@ class Server:
                 "CLI_SERVICE_CLOSING",
                 "The service is shutting down: it is suspending its Runs, then exits. Nothing "
                 "was sent. Run the command again once intloom status says the service is "
-                "offline (intloom start starts a new host).",
+                "offline (intloom start waits for that, then starts a new host).",
             ))
 
     async def _session(

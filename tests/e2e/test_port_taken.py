@@ -149,3 +149,18 @@ def test_a_reused_pid_on_the_dead_hosts_port_is_not_handed_the_token(
     assert "Nothing was sent" in error["message"]
     assert connection["token"].encode() not in received
     assert received == b""
+
+
+def test_a_live_host_whose_create_time_moved_is_still_reached(project: Project) -> None:
+    """A stepped wall clock moves the boot time every create time is derived from: the
+    recorded createTime no longer matches the live host's. It still holds its OS lock, so
+    the client goes on to the hello (whose identity check decides) instead of calling it
+    gone and locking the user out."""
+    assert project.cli("start").code == 0
+    service = project.state / "service.json"
+    info = json.loads(service.read_text())
+    info["createTime"] += 5.0
+    service.write_text(json.dumps(info))
+    runs = project.cli("runs", "--json")
+    assert runs.code == 0, runs.stdout
+    assert project.cli("stop").code == 0

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from intloom.client.client import Client
-from intloom.client.lifecycle import stop_service
+from intloom.client.lifecycle import stop_service, stop_service_report
 from intloom.protocol.messages import MAX_FRAME, RunEvent
 from intloom.runtime.model import RunView
 from tests.helpers import Project, eventually, pid_alive, snapshot_files
@@ -251,7 +251,10 @@ def test_a_step_that_swallows_cancellation_does_not_outlive_the_stop(
     eventually(lambda: (project.root / "spinning").exists(), timeout=10,
                what="the Step to start")
     runtime = project.state / "runtime"
-    assert stop_service(project.root, timeout=20) is True
+    stopped = stop_service_report(project.root, timeout=20)
+    assert stopped.stopped is True
+    # Named as cut, even by a Step that swallows its cancellation.
+    assert [cut.run_id for cut in stopped.cut] == [run.run_id], stopped
     journal = snapshot_files(runtime)  # the stop's final checkpoint
     # The stop released everything; the process follows within a bound, whatever the Step does.
     eventually(lambda: not pid_alive(pid), timeout=10, what=f"host pid {pid} to exit")
@@ -407,6 +410,9 @@ def test_a_command_during_a_stop_is_told_the_host_is_stopping(
         assert "shutting down" in error["message"], error
         status = project.cli("status", "--json")
         assert "shutting down" in status.json["message"], status.stdout
+        # A start meanwhile waits for the stopping host to let go, then launches a new one.
+        restarted = start(project, timeout=30)
+        assert restarted.reused is False
     finally:
         (project.root / "gate").touch()  # the Step reaches its boundary; the stop completes
         stopper.join(timeout=40)

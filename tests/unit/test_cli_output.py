@@ -267,3 +267,17 @@ def test_a_terminal_table_neither_obeys_escapes_nor_reads_markup(
     shown = out.getvalue()
     assert "[bold red]x[/] \\x1b[2J" in shown, repr(shown)
     assert "\x1b[2J" not in shown
+
+
+@pytest.mark.parametrize(("message", "owner", "footer"), [
+    ("A resource owner still exists or its exit cannot be verified.", "alive", True),
+    ("Port 5 on 127.0.0.1 ... is in use by another process (pid 9 (python3)).", "gone", False),
+    ("The service is shutting down: it is suspending its Runs, then exits.", "alive", False),
+])
+def test_status_says_not_to_delete_locks_only_while_an_owner_may_live(
+        message: str, owner: str, footer: bool) -> None:
+    lines = render.diagnosis_lines({"status": "blocked", "message": message, "owners": [
+        {"resource": "service_lock", "pid": 9, "status": owner}]})
+    assert lines[0] == message
+    assert ("Run intloom doctor. Do not delete locks whose owners are still active."
+            in lines) == footer, lines

@@ -19,7 +19,7 @@ from intloom.executor.driver import Driver
 from intloom.executor.runtime import RestoredRun, Runtime
 from intloom.runtime.machine import fold
 from intloom.runtime.ports import CheckpointFailed
-from intloom.runtime.records import EffectStarted, Executing, StepReady, Waiting
+from intloom.runtime.records import EffectDone, EffectStarted, Executing, StepReady, Waiting
 from tests.unit.memjournal import MemoryJournal
 
 
@@ -219,6 +219,8 @@ def test_outcome_without_route_fails_the_run() -> None:
 @pytest.mark.parametrize(("raised", "shown"), [
     (ValueError("bad input"), "ValueError: bad input"),
     (StopIteration("early"), "raised StopIteration: early"),
+    (StopIteration(), "raised StopIteration"),  # no dangling ": "
+    (ValueError(), "raised ValueError"),
 ])
 def test_step_exception_fails_with_its_type_but_no_traceback(
         sync_path: SyncPath, raised: BaseException, shown: str) -> None:
@@ -235,7 +237,7 @@ def test_step_exception_fails_with_its_type_but_no_traceback(
         view = await rt.wait_stable((await rt.create_run("boom", "go")).run_id)
         assert view.status == "failed" and view.last_error is not None
         assert view.last_error.code == "STEP_EXECUTION_FAILED"
-        assert shown in view.last_error.message
+        assert view.last_error.message.endswith(shown), view.last_error.message
         assert "Traceback" not in view.last_error.message
 
     run(main)
@@ -1260,6 +1262,124 @@ def test_an_effect_the_journal_could_not_tell_apart_is_refused_before_it_starts(
     run_id = run(main)
     assert called == []
     assert [(r.name, r.key) for r in journal.of(run_id) if isinstance(r, EffectStarted)] == started
+
+
+class Scores(msgspec.Struct):
+    scores: dict[str, int] = {}
+    ratio: float = 0.0  # not saved as encoded: the State is saved as it decodes
+
+
+class TaggedScores(Scores):
+    tags: set[str] | None = None
+
+
+@pytest.mark.parametrize("with_set", [False, True])
+def test_the_next_step_gets_the_state_as_it_was_saved(with_set: bool) -> None:
+    """Dict order is kept as the Step left it; only a State that may hold a set is saved
+    sorted (sets, and with them dict keys), and then the next Step sees it sorted too, as
+    it would after a restart."""
+    seen: list[list[str]] = []
+    wf = intloom.Workflow("order", version="1")
+    state_type = TaggedScores if with_set else Scores
+    st = wf.stage("s", state=state_type)
+
+    @st.step("a", routes={"ok": "b"})
+    def a(ctx: Any) -> str:
+        ctx.state = state_type(scores={"zeta": 1, "alpha": 2, "mid": 3}, ratio=1)
+        return "ok"
+
+    @st.step("b", routes={"ok": intloom.COMPLETE})
+    def b(ctx: Any) -> str:
+        seen.append(list(ctx.state.scores))
+        return "ok"
+
+    journal = MemoryJournal()
+
+    async def main() -> str:
+        rt = Runtime(loaded(wf), journal, package_version="0.1.0")
+        rt.restore([])
+        view = await rt.wait_stable((await rt.create_run("order", "go")).run_id)
+        assert view.status == "completed", view.last_error
+        return view.run_id
+
+    run_id = run(main)
+    [saved] = [r.state for r in journal.of(run_id) if isinstance(r, StepReady) and r.step == "b"]
+    assert saved is not None
+    order = ["alpha", "mid", "zeta"] if with_set else ["zeta", "alpha", "mid"]
+    assert list(msgspec.json.decode(saved)["scores"]) == order
+    assert seen == [order]
+
+
+def test_a_stop_after_an_answer_does_not_call_a_run_with_recover_interrupted() -> None:
+    """The answered Step is cut at the stop, but its recover entry continues it at the next
+    start: the stop neither lists it as cut nor tells its client RUN_INTERRUPTED replays."""
+    gate = asyncio.Event()
+    wf = intloom.Workflow("later", version="1")
+    st = wf.stage("s")
+
+    @st.step("a", routes={"ok": intloom.COMPLETE})
+    async def a(ctx: Any) -> str:
+        await ctx.confirm({})
+        gate.set()
+        await asyncio.sleep(30)
+        return "ok"
+
+    @a.recover
+    def a_recover(ctx: Any, saved: intloom.Recovery) -> str:
+        return "ok"
+
+    async def main() -> None:
+        rt = Runtime(loaded(wf), MemoryJournal(), package_version="0.1.0")
+        rt.restore([])
+        view = await rt.wait_stable((await rt.create_run("later", "go")).run_id)
+        assert view.pending_action is not None
+        answering = asyncio.ensure_future(
+            rt.answer(view.run_id, view.pending_action.id, {"isConfirmed": True}))
+        await gate.wait()
+        assert await rt.suspend(grace=0.05) == []
+        answering.cancel()
+        shown = rt.get(view.run_id)
+        assert shown.last_error is not None
+        assert "continues from its last saved boundary" in shown.last_error.message
+
+    run(main)
+
+
+def test_an_effect_the_step_cancels_with_a_timeout_is_over_and_may_be_retried() -> None:
+    """``asyncio.wait_for`` around an effect cancels it: the journal records it done (its
+    outcome unknown), so the Step's next effect and a retry under the same key may start."""
+    wf = intloom.Workflow("timeouts", version="1")
+    st = wf.stage("s")
+
+    @st.step("a", routes={"ok": intloom.COMPLETE})
+    async def a(ctx: Any) -> str:
+        for attempt in range(3):
+            try:
+                await asyncio.wait_for(
+                    ctx.aeffect("slow", asyncio.sleep, 5 if attempt == 0 else 0, key="k"), 0.05)
+                break
+            except TimeoutError:
+                continue
+        await ctx.aeffect("other", asyncio.sleep, 0)
+        return "ok"
+
+    journal = MemoryJournal()
+
+    async def main() -> str:
+        rt = Runtime(loaded(wf), journal, package_version="0.1.0")
+        rt.restore([])
+        view = await rt.wait_stable((await rt.create_run("timeouts", "go")).run_id)
+        assert view.status == "completed", view.last_error
+        return view.run_id
+
+    run_id = run(main)
+    effects = [(type(r).__name__, r.key, getattr(r, "ok", None)) for r in journal.of(run_id)
+               if isinstance(r, (EffectStarted, EffectDone))]
+    assert effects == [("EffectStarted", "k", None), ("EffectDone", "k", False),
+                       ("EffectStarted", "k", None), ("EffectDone", "k", True),
+                       ("EffectStarted", "other#1", None), ("EffectDone", "other#1", True)]
+    [cancelled] = [r for r in journal.of(run_id) if isinstance(r, EffectDone) and not r.ok]
+    assert cancelled.error is not None and cancelled.error.startswith("CancelledError")
 
 
 def test_default_effect_keys_count_each_name_and_a_failed_call_may_be_retried_under_its_key(

@@ -21,7 +21,7 @@ __all__ = ["inspect"]
 def _not_found(run_id: str, where: object) -> IntloomError:
     return IntloomError(
         "NOT_FOUND",
-        f"No journal for Run {run_id} under {where}. Check the Run id (intloom runs lists "
+        f"No journal for Run {run_id!r} under {where}. Check the Run id (intloom runs lists "
         "the current host's Runs).",
     )
 
