@@ -299,14 +299,20 @@ def written_this_boot(path: Path) -> bool | None:
 
     Wrong answers only go one way: a file whose mtime was set later than its last write
     (copied without its times, touched) reads as written this boot, and a torn frame in it
-    is then reported as damage -- never the other way round.
+    is then reported as damage -- never the other way round. An mtime in the future (a
+    clock that was ahead, since corrected) tells nothing: None.
     """
     clock = getattr(time, "CLOCK_BOOTTIME", None)
     if clock is None:
         return None
     with contextlib.suppress(OSError):
         mtime = os.stat(path, follow_symlinks=False).st_mtime_ns
-        booted = time.time_ns() - time.clock_gettime_ns(clock)
+        now = time.time_ns()
+        if mtime > now + _BOOT_MARGIN_NS:
+            # Written "in the future": the wall clock was ahead then (and corrected since,
+            # e.g. by NTP after a restart), so the mtime says nothing about the boot.
+            return None
+        booted = now - time.clock_gettime_ns(clock)
         return mtime > booted + _BOOT_MARGIN_NS
     return None
 

@@ -185,6 +185,21 @@ def test_a_complete_last_frame_failing_its_checksum_from_before_boot_is_named_ho
     assert [h.verdict for h in read_history(root, "RUN-B")][-1] == "torn"
 
 
+def test_a_last_frame_written_in_the_future_is_not_judged_by_its_time(
+    tmp_path: Path,
+) -> None:
+    """An mtime ahead of the clock (it was ahead before a crash, and corrected since) says
+    nothing about the boot: the frame is read as torn, as from before the boot."""
+    root = tmp_path / "runtime"
+    _crashed(root)
+    _flip_last_frame(root)
+    ahead = time.time_ns() + 3600 * 10**9
+    os.utime(root / SEG2, ns=(ahead, ahead))
+    [finding] = read_runs_report(root).files
+    assert finding.kind == "torn", finding
+    assert by_id(read_runs_report(root).runs)["RUN-B"].torn_tail
+
+
 def test_a_last_frame_cut_short_is_torn_whenever_it_was_written(tmp_path: Path) -> None:
     root = tmp_path / "runtime"
     _crashed(root)
