@@ -24,7 +24,13 @@ from intloom.store.framing import (
     segment_number,
 )
 from intloom.store.reader import void_cuts, written_this_boot
-from intloom.store.snapshots import SnapshotError, read_manifest, read_snapshot, snapshot_name
+from intloom.store.snapshots import (
+    Snapshot,
+    SnapshotError,
+    read_manifest,
+    read_snapshot,
+    snapshot_name,
+)
 
 __all__ = ["HistoryEntry", "read_history", "read_summary"]
 
@@ -169,6 +175,15 @@ def read_summary(runtime_dir: Path, run_id: str) -> list[HistoryEntry]:
     layout = Layout(runtime_dir)
     if not check_dir(runtime_dir):
         return []
+    found = _snapshot_entry(layout, run_id, "are missing from the log; only this snapshot "
+                            "summarises them")
+    return [found[0]] if found is not None else []
+
+
+def _snapshot_entry(layout: Layout, run_id: str,
+                    said: str) -> tuple[HistoryEntry, Snapshot] | None:
+    """The Run's readable snapshot (live, else done) as a history entry whose problem says
+    records 1..seq ``said``, with the snapshot; None without one."""
     name = snapshot_name(run_id)
     for directory in (layout.live, layout.done):
         try:
@@ -176,31 +191,21 @@ def read_summary(runtime_dir: Path, run_id: str) -> list[HistoryEntry]:
         except SnapshotError:
             continue
         if snap is not None and snap.run_id == run_id:
-            return [HistoryEntry(
+            return HistoryEntry(
                 seq=snap.seq, file=f"{directory.relative_to(layout.root)}/{name}", offset=0,
                 checksum="ok", verdict="snapshot",
                 phase=snap.state.phase if snap.state else None,
-                problem=f"records 1..{snap.seq} are missing from the log; only this snapshot "
-                "summarises them")]
-    return []
+                problem=f"records 1..{snap.seq} {said}"), snap
+    return None
 
 
 def _from_snapshot(layout: Layout, run_id: str,
                    seq: int) -> tuple[list[HistoryEntry], RunState | None]:
     """The snapshot standing in for records 1..seq whose segments are gone, and its state."""
-    name = snapshot_name(run_id)
-    for directory in (layout.live, layout.done):
-        try:
-            snap = read_snapshot(directory / name)
-        except SnapshotError:
-            continue
-        if snap is not None:
-            entry = HistoryEntry(
-                seq=snap.seq, file=f"{directory.relative_to(layout.root)}/{name}", offset=0,
-                checksum="ok", verdict="snapshot",
-                phase=snap.state.phase if snap.state else None,
-                problem=f"records 1..{snap.seq} are only summarised by this snapshot")
-            return [entry], (snap.state if snap.seq == seq else None)
+    found = _snapshot_entry(layout, run_id, "are only summarised by this snapshot")
+    if found is not None:
+        entry, snap = found
+        return [entry], (snap.state if snap.seq == seq else None)
     missing = HistoryEntry(seq=seq, file="", offset=0, checksum="none", verdict="out_of_order",
                            problem=f"records 1..{seq} are missing from the log")
     return [missing], None
