@@ -134,13 +134,18 @@ def _repeated_option(args: Sequence[str], command: object, name: str | None) -> 
                 for spelling in param.opts:
                     single[spelling] = param.opts[0]
     seen: set[str] = set()
+    value_next = False
     for arg in args[: args.index("--")] if "--" in args else args:
+        if value_next:  # the value of the option before it (``--intent --project``)
+            value_next = False
+            continue
         option = single.get(arg.split("=", 1)[0] if arg.startswith("--") else arg)
         if option is None:
             continue
         if option in seen:
             return option
         seen.add(option)
+        value_next = "=" not in arg
     return None
 
 

@@ -531,14 +531,29 @@ def _same_again(info: msgspec.inspect.Type) -> bool:
     return False
 
 
+# Types whose values never hold a set (leaves of a State type).
+_NO_SET = (msgspec.inspect.IntType, msgspec.inspect.FloatType, msgspec.inspect.StrType,
+           msgspec.inspect.BoolType, msgspec.inspect.NoneType, msgspec.inspect.AnyType,
+           msgspec.inspect.BytesType, msgspec.inspect.ByteArrayType,
+           msgspec.inspect.MemoryViewType, msgspec.inspect.DateTimeType,
+           msgspec.inspect.DateType, msgspec.inspect.TimeType, msgspec.inspect.TimeDeltaType,
+           msgspec.inspect.UUIDType, msgspec.inspect.DecimalType, msgspec.inspect.ExtType,
+           msgspec.inspect.RawType, msgspec.inspect.LiteralType, msgspec.inspect.EnumType)
+
+
 def _has_set(info: msgspec.inspect.Type, seen: set[type] | None = None) -> bool:
     """Whether a value of ``info`` may hold a set or frozenset, whose iteration order (and
-    so its encoding) depends on the process's hash seed."""
+    so its encoding) depends on the process's hash seed. A type it does not know may."""
     mi = msgspec.inspect
     seen = set() if seen is None else seen
+    if isinstance(info, _NO_SET):
+        return False
     if isinstance(info, (mi.SetType, mi.FrozenSetType)):
         return True
-    if isinstance(info, (mi.StructType, mi.DataclassType)):
+    if isinstance(info, mi.Metadata):  # Annotated[..., Meta(...)]
+        return _has_set(info.type, seen)
+    if isinstance(info, (mi.StructType, mi.DataclassType, mi.TypedDictType,
+                         mi.NamedTupleType)):
         if info.cls in seen:
             return False  # a type that refers to itself: already being looked at
         seen.add(info.cls)
@@ -547,11 +562,11 @@ def _has_set(info: msgspec.inspect.Type, seen: set[type] | None = None) -> bool:
         return _has_set(info.item_type, seen)
     if isinstance(info, mi.TupleType):
         return any(_has_set(item, seen) for item in info.item_types)
-    if isinstance(info, mi.DictType):
+    if isinstance(info, (mi.DictType, mi.FrozenDictType)):
         return _has_set(info.key_type, seen) or _has_set(info.value_type, seen)
     if isinstance(info, mi.UnionType):
         return any(_has_set(member, seen) for member in info.types)
-    return False
+    return True
 
 
 def _state_codec(state_type: type) -> tuple[Callable[[bytes], Any], bool, bool]:
@@ -737,13 +752,16 @@ class _Hooks:
             await self._end(name, key, False, None, f"{type(exc).__name__}: {exc}")
             raise
         except asyncio.CancelledError:
-            if self.slot.owned and not self.driver.stopping:
-                # Cancelled by the Step itself (asyncio.wait_for around it): the effect is
-                # over, so later effects and a retry may start. When the host stops or the
-                # Run is cancelled nothing is recorded: the next start names it in flight.
+            if self.slot.owned and not self.driver.cutting:
+                # Not the host's doing (a stop past its grace, a Run cancel: then nothing is
+                # recorded and the next start names the effect in flight). The Step cancelled
+                # it (asyncio.wait_for around it), or its function raised CancelledError
+                # itself: the effect is over, so later effects and a retry may start.
+                task = asyncio.current_task()
+                how = ("cancelled before it returned (a timeout in the Step)"
+                       if task is not None and task.cancelling() else "raised by the effect")
                 await self._end(name, key, False, None,
-                                "CancelledError: cancelled before it returned (a timeout "
-                                "in the Step); its outcome is unknown")
+                                f"CancelledError: {how}; its outcome is unknown")
             raise
         await self._end(name, key, True, _plain(value), None)
         return value
@@ -792,6 +810,9 @@ class Driver:
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
         self.stopping = False
+        # True once a stop's grace is over and the Steps still running are being cancelled:
+        # only those cancellations are the host's (an effect then stays in flight).
+        self.cutting = False
         self.tasks: set[asyncio.Task[None]] = set()
         self.loop_thread = threading.current_thread()
         self.workers = Workers()
@@ -814,6 +835,7 @@ class Driver:
     async def drain(self, grace: float) -> None:
         if self.tasks:
             _done, pending = await asyncio.wait(set(self.tasks), timeout=grace)
+            self.cutting = True
             for task in pending:
                 task.cancel()
             if pending:
@@ -890,8 +912,13 @@ class Driver:
                 else:
                     # waiting (exposed; answers drive it) or terminal: nothing to run.
                     return
-        except asyncio.CancelledError:
-            return
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if task is None or task.cancelling() or not slot.owned or self.cutting:
+                return  # the host's cancellation: a stop, or the Run cancelled
+            # Raised by user code, not asked for by anyone: left to end the task quietly, the
+            # Run would stay "running" with nothing driving it.
+            await self._fail(slot, _user_failed(_where(slot.state.cursor), exc).view())
         except IntloomError as exc:
             if exc.code in _QUIET or not slot.owned:
                 return

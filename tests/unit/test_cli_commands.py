@@ -251,6 +251,16 @@ def test_flow_bad_intent_never_connects(
     assert client.calls == []
 
 
+def test_a_value_spelled_like_an_option_is_no_repeat(
+    capsys: pytest.CaptureFixture[str], client: FakeClient, proj: Path,
+) -> None:
+    code, out, _ = cli(capsys, "--project", str(proj), "flow", "example", "--intent",
+                       "--project", "--json")
+    assert code != 2, out
+    assert any(c[0] == "create_run" and c[2] == "--project" for c in client.calls), (
+        client.calls)
+
+
 def test_a_project_given_twice_is_a_usage_error(capsys: pytest.CaptureFixture[str],
                                                 proj: Path) -> None:
     code, out, _ = cli(capsys, "--project", str(proj), "status", "--project", "/elsewhere",

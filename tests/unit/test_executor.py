@@ -7,7 +7,7 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any, NamedTuple, TypedDict
 
 import msgspec
 import pytest
@@ -19,7 +19,14 @@ from intloom.executor.driver import Driver
 from intloom.executor.runtime import RestoredRun, Runtime
 from intloom.runtime.machine import fold
 from intloom.runtime.ports import CheckpointFailed
-from intloom.runtime.records import EffectDone, EffectStarted, Executing, StepReady, Waiting
+from intloom.runtime.records import (
+    EffectDone,
+    EffectStarted,
+    Executing,
+    StepReady,
+    Terminal,
+    Waiting,
+)
 from tests.unit.memjournal import MemoryJournal
 
 
@@ -1343,6 +1350,121 @@ def test_a_stop_after_an_answer_does_not_call_a_run_with_recover_interrupted() -
         assert "continues from its last saved boundary" in shown.last_error.message
 
     run(main)
+
+
+@pytest.mark.parametrize("where", ["sync_step", "async_step", "effect"])
+def test_a_cancelled_error_user_code_raises_fails_its_run(where: str,
+                                                         sync_path: SyncPath) -> None:
+    """Nobody cancelled the Step: its Run fails naming CancelledError instead of staying
+    "running" with nothing driving it."""
+    wf = intloom.Workflow("raises", version="1")
+    st = wf.stage("s")
+
+    async def raising() -> None:
+        raise asyncio.CancelledError()
+
+    if where == "sync_step":
+        @st.step("a", routes={"ok": intloom.COMPLETE})
+        def a(ctx: Any) -> str:
+            raise asyncio.CancelledError()
+    else:
+        @st.step("a", routes={"ok": intloom.COMPLETE})
+        async def a_async(ctx: Any) -> str:
+            if where == "effect":
+                await ctx.aeffect("x", raising)
+            raise asyncio.CancelledError()
+
+    journal = MemoryJournal()
+
+    async def main() -> str:
+        rt = Runtime(loaded(wf), journal, package_version="0.1.0")
+        rt.restore([])
+        view = await asyncio.wait_for(
+            rt.wait_stable((await rt.create_run("raises", "go")).run_id), 10)
+        assert view.status == "failed" and view.last_error is not None, view
+        assert view.last_error.code == "STEP_EXECUTION_FAILED"
+        assert "Step 'a' raised CancelledError" in view.last_error.message
+        return view.run_id
+
+    run_id = run(main)
+    done = [r for r in journal.of(run_id) if isinstance(r, EffectDone)]
+    if where == "effect":
+        assert [d.error for d in done] == ["CancelledError: raised by the effect; its outcome "
+                                           "is unknown"]
+
+
+def test_a_step_timing_out_its_effect_during_a_stops_grace_is_not_failed() -> None:
+    """Inside the grace the Step's own timeout is the Step's: the effect is recorded done,
+    the retry runs, and the Run is suspended, not failed."""
+    wf = intloom.Workflow("graceful", version="1")
+    st = wf.stage("s")
+
+    @st.step("a", routes={"ok": intloom.COMPLETE})
+    async def a(ctx: Any) -> str:
+        for attempt in range(2):
+            try:
+                await asyncio.wait_for(
+                    ctx.aeffect("slow", asyncio.sleep, 5 if attempt == 0 else 0, key="k"), 0.2)
+                break
+            except TimeoutError:
+                continue
+        return "ok"
+
+    journal = MemoryJournal()
+
+    async def main() -> str:
+        rt = Runtime(loaded(wf), journal, package_version="0.1.0")
+        rt.restore([])
+        view = await rt.create_run("graceful", "go")
+        deadline = asyncio.get_running_loop().time() + 5
+        while not any(isinstance(r, EffectStarted) for r in journal.of(view.run_id)):
+            assert asyncio.get_running_loop().time() < deadline, "the effect never started"
+            await asyncio.sleep(0.005)  # a poll interval, not a wait for an event
+        await rt.suspend(grace=3)
+        return view.run_id
+
+    run_id = run(main)
+    records = journal.of(run_id)
+    assert not any(isinstance(r, Terminal) and r.status == "failed" for r in records)
+    assert [(type(r).__name__, getattr(r, "ok", None)) for r in records
+            if isinstance(r, (EffectStarted, EffectDone))] == [
+        ("EffectStarted", None), ("EffectDone", False), ("EffectStarted", None),
+        ("EffectDone", True)]
+
+
+class _TagsDict(TypedDict):
+    names: set[str]
+
+
+class _TagsTuple(NamedTuple):
+    names: frozenset[str]
+
+
+class _Inner(msgspec.Struct):
+    names: set[str] = set()
+
+
+class _Plain(msgspec.Struct):
+    n: float = 0.0
+    when: datetime | None = None
+    scores: dict[str, list[int]] = {}
+
+
+@pytest.mark.parametrize(("annotation", "holds"), [
+    (set[str], True),
+    (_TagsDict, True),
+    (_TagsTuple, True),
+    (Annotated[_Inner, msgspec.Meta(description="tags")], True),
+    (dict[str, _Inner | None], True),
+    (_Plain, False),
+    (list[Annotated[int, msgspec.Meta(ge=0)]], False),
+])
+def test_a_state_that_may_hold_a_set_is_told_apart(annotation: Any, holds: bool) -> None:
+    """Only such a State is saved with sorted sets (and dict keys): a set nested in a
+    TypedDict, a NamedTuple or an Annotated type counts too."""
+    from intloom.executor.driver import _has_set
+
+    assert _has_set(msgspec.inspect.type_info(annotation)) is holds
 
 
 def test_an_effect_the_step_cancels_with_a_timeout_is_over_and_may_be_retried() -> None:
