@@ -205,8 +205,9 @@ class Store:
                 layout.wal / segment_name(highest),
                 f"has the highest segment number a name can hold ({MAX_SEGMENT}), so no new "
                 "segment can be numbered after it",
-                "if intloom did not write it (intloom doctor lists it as foreign), move it out "
-                "of the wal directory and start again; a segment intloom wrote is never renamed")
+                "if intloom did not write it (intloom doctor lists it as foreign, or as corrupt "
+                "when it copies a real segment), move it out of the wal directory and start "
+                "again; a segment intloom wrote is never renamed")
         remove_temps(layout)
         # While the manifest is unreadable every restore reads the whole log: snapshotting
         # what that read found would rewrite every Run's snapshot at each start for nothing.
