@@ -18,6 +18,7 @@ from intloom.errors import IntloomError
 from intloom.executor.driver import Driver
 from intloom.executor.runtime import RestoredRun, Runtime
 from intloom.runtime.machine import fold
+from intloom.runtime.model import RunView
 from intloom.runtime.ports import CheckpointFailed
 from intloom.runtime.records import (
     EffectDone,
@@ -73,6 +74,18 @@ def loaded(wf: intloom.Workflow) -> dict[str, LoadedWorkflow]:
 
 def run(coro_fn: Callable[[], Any]) -> Any:
     return asyncio.run(asyncio.wait_for(coro_fn(), timeout=20))
+
+
+def settled(wf: intloom.Workflow, journal: MemoryJournal, intent: str = "go") -> RunView:
+    """One Run of ``wf`` on a fresh Runtime over ``journal``, once it waits or has ended."""
+
+    async def main() -> RunView:
+        rt = Runtime(loaded(wf), journal, package_version="0.1.0")
+        rt.restore([])
+        return await rt.wait_stable((await rt.create_run(wf.name, intent)).run_id)
+
+    view: RunView = run(main)
+    return view
 
 
 def make_confirm_wf(calls: list[str]) -> intloom.Workflow:
@@ -816,15 +829,9 @@ def test_a_sync_step_returning_an_awaitable_is_awaited_on_the_loop(sync_path: Sy
         return decide(ctx.state.n)  # a coroutine: the loop awaits it for the outcome
 
     journal = MemoryJournal()
-
-    async def main() -> str:
-        rt = Runtime(loaded(wf), journal, package_version="0.1.0")
-        rt.restore([])
-        view = await rt.wait_stable((await rt.create_run("later", "go")).run_id)
-        assert view.status == "completed", view.last_error
-        return view.run_id
-
-    run_id = run(main)
+    view = settled(wf, journal)
+    assert view.status == "completed", view.last_error
+    run_id = view.run_id
     sync_path.check()
     final = fold(journal.of(run_id))
     assert final is not None and final.phase == "terminal"
@@ -1301,15 +1308,9 @@ def test_the_next_step_gets_the_state_as_it_was_saved(with_set: bool) -> None:
         return "ok"
 
     journal = MemoryJournal()
-
-    async def main() -> str:
-        rt = Runtime(loaded(wf), journal, package_version="0.1.0")
-        rt.restore([])
-        view = await rt.wait_stable((await rt.create_run("order", "go")).run_id)
-        assert view.status == "completed", view.last_error
-        return view.run_id
-
-    run_id = run(main)
+    view = settled(wf, journal)
+    assert view.status == "completed", view.last_error
+    run_id = view.run_id
     [saved] = [r.state for r in journal.of(run_id) if isinstance(r, StepReady) and r.step == "b"]
     assert saved is not None
     order = ["alpha", "mid", "zeta"] if with_set else ["zeta", "alpha", "mid"]
@@ -1393,6 +1394,18 @@ def test_a_cancelled_error_user_code_raises_fails_its_run(where: str,
                                            "is unknown"]
 
 
+async def _retry_slow(ctx: Any, patience: float) -> None:
+    """Effect ``slow`` under key ``k`` in ``asyncio.wait_for``: the first call outlasts
+    ``patience`` s (the Step cancels it), the retry returns at once."""
+    for attempt in range(2):
+        try:
+            await asyncio.wait_for(
+                ctx.aeffect("slow", asyncio.sleep, 5 if attempt == 0 else 0, key="k"), patience)
+            return
+        except TimeoutError:
+            continue
+
+
 def test_a_step_timing_out_its_effect_during_a_stops_grace_is_not_failed() -> None:
     """Inside the grace the Step's own timeout is the Step's: the effect is recorded done,
     the retry runs, and the Run is suspended, not failed."""
@@ -1401,13 +1414,7 @@ def test_a_step_timing_out_its_effect_during_a_stops_grace_is_not_failed() -> No
 
     @st.step("a", routes={"ok": intloom.COMPLETE})
     async def a(ctx: Any) -> str:
-        for attempt in range(2):
-            try:
-                await asyncio.wait_for(
-                    ctx.aeffect("slow", asyncio.sleep, 5 if attempt == 0 else 0, key="k"), 0.2)
-                break
-            except TimeoutError:
-                continue
+        await _retry_slow(ctx, patience=0.2)
         return "ok"
 
     journal = MemoryJournal()
@@ -1475,26 +1482,14 @@ def test_an_effect_the_step_cancels_with_a_timeout_is_over_and_may_be_retried() 
 
     @st.step("a", routes={"ok": intloom.COMPLETE})
     async def a(ctx: Any) -> str:
-        for attempt in range(3):
-            try:
-                await asyncio.wait_for(
-                    ctx.aeffect("slow", asyncio.sleep, 5 if attempt == 0 else 0, key="k"), 0.05)
-                break
-            except TimeoutError:
-                continue
+        await _retry_slow(ctx, patience=0.05)
         await ctx.aeffect("other", asyncio.sleep, 0)
         return "ok"
 
     journal = MemoryJournal()
-
-    async def main() -> str:
-        rt = Runtime(loaded(wf), journal, package_version="0.1.0")
-        rt.restore([])
-        view = await rt.wait_stable((await rt.create_run("timeouts", "go")).run_id)
-        assert view.status == "completed", view.last_error
-        return view.run_id
-
-    run_id = run(main)
+    view = settled(wf, journal)
+    assert view.status == "completed", view.last_error
+    run_id = view.run_id
     effects = [(type(r).__name__, r.key, getattr(r, "ok", None)) for r in journal.of(run_id)
                if isinstance(r, (EffectStarted, EffectDone))]
     assert effects == [("EffectStarted", "k", None), ("EffectDone", "k", False),
