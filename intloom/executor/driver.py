@@ -365,6 +365,13 @@ class RunSlot:
         self._events_published += count
         return events
 
+    def keep_history(self, entries: int) -> None:
+        """Keep only the last ``entries`` of the history, from now on too (an earlier
+        host's history seeded later included)."""
+        with self.lock:
+            if (self.history.maxlen or 0) > entries:
+                self.history = deque(self.history, maxlen=entries)
+
     def _seed(self, entries: list[_Entry]) -> None:
         """Put a restored Run's earlier entries (``_earlier_entries``) in front of its history,
         once."""

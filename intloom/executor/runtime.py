@@ -79,6 +79,7 @@ __all__ = [
 _MAX_RECEIPTS = 256
 _encoder: Final = msgspec.msgpack.Encoder()  # a view's size on the wire, for list pages
 MAX_FINISHED: Final = 1000
+ENDED_HISTORY: Final = 200  # history entries an ended Run keeps (attach shows them)
 # Records that carry what user code handed over (an exception's text, an effect's name and
 # key, a request for a person or an Agent): ``Runtime.append`` bounds them (``_bounded``).
 _BOUNDED: Final = frozenset({Terminal, EffectStarted, EffectDone, Waiting})
@@ -530,7 +531,12 @@ class Runtime:
         raise IntloomError("RUN_CHECKPOINT_FAILED") from None
 
     def _retire(self, slot: RunSlot) -> None:
-        """An ended Run: keep it listed, and drop the oldest ended ones past ``max_finished``."""
+        """An ended Run: keep it listed, and drop the oldest ended ones past ``max_finished``.
+
+        Its history keeps its last ``ENDED_HISTORY`` entries: a host lists up to
+        ``max_finished`` ended Runs, and each running Run's ``_HISTORY`` entries (a state
+        each) kept for all of them would be hundreds of MB for long Runs."""
+        slot.keep_history(ENDED_HISTORY)
         self._finished[slot.run_id] = None
         while len(self._finished) > self.max_finished:
             oldest = next(iter(self._finished))

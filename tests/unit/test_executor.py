@@ -970,6 +970,41 @@ def test_a_live_follower_sees_every_event_the_history_keeps(
     sync_path.check()
 
 
+def test_an_ended_run_keeps_the_end_of_its_history() -> None:
+    """A host lists up to 1,000 ended Runs: each keeps its last ENDED_HISTORY entries, and a
+    late follower gets exactly the end of what a live one saw."""
+    from intloom.executor.runtime import ENDED_HISTORY
+
+    wf = intloom.Workflow("long", version="1")
+    st = wf.stage("s", state=Count)
+
+    @st.step("tick", routes={"again": "tick", "done": intloom.COMPLETE})
+    async def tick(ctx: intloom.StepContext[Count]) -> str:
+        ctx.state = Count(n=ctx.state.n + 1)  # one flush per Step: an entry each
+        return "again" if ctx.state.n < ENDED_HISTORY + 50 else "done"
+
+    async def main() -> None:
+        rt = Runtime(loaded(wf), MemoryJournal(), package_version="0.1.0")
+        rt.restore([])
+        view = await rt.create_run("long", "go")
+        live: list[tuple[str, str]] = []
+
+        async def follow() -> None:
+            async for batch in rt.subscribe(view.run_id):
+                live.extend((u.event, u.run.status) for u in batch)
+
+        follower = asyncio.ensure_future(follow())
+        assert (await rt.wait_stable(view.run_id)).status == "completed"
+        await asyncio.wait_for(follower, 10)
+        assert len(rt.runs[view.run_id].history) == ENDED_HISTORY
+        replay = [(u.event, u.run.status)
+                  for batch in [b async for b in rt.subscribe(view.run_id)] for u in batch]
+        assert len(live) > len(replay) > ENDED_HISTORY
+        assert replay == live[-len(replay):]
+
+    run(main)
+
+
 class Typed(msgspec.Struct):
     items: list[int] = []
     when: datetime | None = None
