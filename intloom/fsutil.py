@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import fnmatch
 import os
 import stat
 from pathlib import Path
-from typing import Final
+from typing import Final, Literal
 
 __all__ = [
     "WRITE_FAULT_ENV",
@@ -22,8 +23,10 @@ __all__ = [
     "check_private_dir",
     "dir_problem",
     "ensure_private_dir",
+    "file_problem",
     "fsync_dir",
     "injected_write_fault",
+    "os_lock",
     "privacy_fix",
     "read_private",
     "replace_file",
@@ -44,6 +47,45 @@ class PrivacyError(Exception):
         self.path = path
         self.fact = fact
         super().__init__(f"{path}: {fact}")
+
+
+def file_problem(st: os.stat_result) -> str | None:
+    """Why a stat result is not a private regular file of ours, or None when it is."""
+    if not stat.S_ISREG(st.st_mode):
+        return "is not a regular file"
+    if st.st_uid != os.getuid():
+        return f"is owned by uid {st.st_uid}, not by you"
+    if st.st_mode & 0o077:
+        return f"has mode {stat.S_IMODE(st.st_mode):04o}; private files must be 0600"
+    return None
+
+
+OsLock = Literal["absent", "free", "held", "unopenable", "unprobeable"]
+
+
+def os_lock(path: Path) -> tuple[OsLock, str]:
+    """Try the OS lock (flock) on ``path`` without blocking, and release it at once: the
+    file is ``absent``, its lock ``free`` (taken and released) or ``held`` by a live
+    process, or it could not be told (``unopenable``, ``unprobeable``; the OS's reason is
+    returned with them). Opens read-only and never follows a link: it creates and changes
+    nothing, and psutil is not needed."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return "absent", ""
+    except OSError as exc:
+        return "unopenable", exc.strerror or str(exc)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                return "held", ""
+            return "unprobeable", exc.strerror or str(exc)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return "free", ""
+    finally:
+        os.close(fd)
 
 
 def privacy_fix(error: PrivacyError) -> str:
@@ -125,14 +167,9 @@ def read_private(path: Path, *, max_bytes: int | None = 1 << 20) -> bytes | None
         raise PrivacyError(path, f"cannot be opened: {exc.strerror}") from None
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise PrivacyError(path, "is not a regular file")
-        if st.st_uid != os.getuid():
-            raise PrivacyError(path, f"is owned by uid {st.st_uid}, not by you")
-        if st.st_mode & 0o077:
-            raise PrivacyError(
-                path, f"has mode {stat.S_IMODE(st.st_mode):04o}; private files must be 0600"
-            )
+        problem = file_problem(st)
+        if problem is not None:
+            raise PrivacyError(path, problem)
         if max_bytes is not None and st.st_size > max_bytes:
             raise PrivacyError(path, f"is {st.st_size} bytes; at most {max_bytes} are expected")
         chunks = []

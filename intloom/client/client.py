@@ -6,7 +6,6 @@ It sits on the CLI's start-up path, so it imports no asyncio, rich or psutil.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import socket
 from collections.abc import Iterator
@@ -15,7 +14,7 @@ from typing import Any, Final, TypeVar
 
 from intloom.client.outgoing import frame_of
 from intloom.errors import IntloomError
-from intloom.fsutil import PrivacyError, check_private_dir
+from intloom.fsutil import PrivacyError, check_private_dir, os_lock
 from intloom.host.metadata import (
     CREATE_TIME_TOLERANCE,
     ServiceInfo,
@@ -104,30 +103,11 @@ def _host_gone(pid: int, create_time: float, lock: Path) -> str | None:
         return None
     # The boot time moves when the wall clock is stepped (NTP), and with it every create
     # time derived from it: a live host whose clock was stepped still holds its OS lock.
-    if abs(started - create_time) > CREATE_TIME_TOLERANCE and _lock_free(lock):
+    if abs(started - create_time) > CREATE_TIME_TOLERANCE and os_lock(lock)[0] in (
+            "absent", "free"):
         return ("which now belongs to another process (the host exited without cleaning up "
                 "and its pid was reused)")
     return None
-
-
-def _lock_free(path: Path) -> bool:
-    """Whether the OS lock on ``path`` can be taken (and is released at once): no live host
-    holds it. Unclear (the file cannot be opened) is not free."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return True
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return False
-    else:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return True
-    finally:
-        os.close(fd)
 
 
 def _boot_time() -> float:

@@ -9,7 +9,6 @@ diagnosis and an ``attention`` check naming the file. The token is never part of
 from __future__ import annotations
 
 import os
-import stat
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -27,7 +26,7 @@ from intloom.diagnostics.owners import (
 )
 from intloom.diagnostics.previews import RunPreview, preview_runs
 from intloom.errors import IntloomError
-from intloom.fsutil import PrivacyError, check_private_dir, privacy_fix
+from intloom.fsutil import PrivacyError, check_private_dir, file_problem, privacy_fix
 from intloom.host.metadata import (
     Connection,
     ServiceInfo,
@@ -126,15 +125,9 @@ def _loose_segment(wal: Path) -> PrivacyError | None:
     for entry in entries:
         if not entry.name.endswith(".seg"):
             continue  # unexpected files are the journals check's
-        st = entry.stat(follow_symlinks=False)
-        path = Path(entry.path)
-        if stat.S_ISLNK(st.st_mode) or not stat.S_ISREG(st.st_mode):
-            return PrivacyError(path, "is not a regular file")
-        if st.st_uid != os.getuid():
-            return PrivacyError(path, f"is owned by uid {st.st_uid}, not by you")
-        if st.st_mode & 0o077:
-            return PrivacyError(path, f"has mode {stat.S_IMODE(st.st_mode):04o}; private "
-                                "files must be 0600 (0400 once sealed)")
+        problem = file_problem(entry.stat(follow_symlinks=False))
+        if problem is not None:
+            return PrivacyError(Path(entry.path), problem)
     return None
 
 

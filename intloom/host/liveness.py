@@ -10,9 +10,6 @@ reused pid would look alive and a lock held by a new owner would look free.
 
 from __future__ import annotations
 
-import errno
-import fcntl
-import os
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
@@ -20,6 +17,7 @@ from typing import Literal
 import msgspec
 import psutil
 
+from intloom.fsutil import os_lock
 from intloom.host.metadata import CREATE_TIME_TOLERANCE
 
 __all__ = [
@@ -59,41 +57,29 @@ class ProcessProbe(msgspec.Struct, frozen=True):
 
 
 def probe_lock(path: Path) -> LockProbe:
-    """Try the OS lock on ``path`` without blocking, and release it at once.
-
-    Opens read-only and never follows a link, so the probe creates and changes nothing.
-    """
+    """The OS lock on ``path`` (``fsutil.os_lock``), with what was found in words."""
     name = path.name
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
+    state, why = os_lock(path)
+    if state == "absent":
         return LockProbe(
             "free", Evidence("os_lock", f"{name} does not exist, so no process holds its OS lock")
         )
-    except OSError as exc:
-        return LockProbe(
-            "unknown", Evidence("os_lock", f"{name} could not be opened to probe its OS lock "
-                                f"({exc.strerror or exc})")
-        )
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                return LockProbe(
-                    "held", Evidence("os_lock", f"the OS lock on {name} is held by a live process")
-                )
-            return LockProbe(
-                "unknown",
-                Evidence("os_lock", f"the OS lock on {name} could not be probed "
-                         f"({exc.strerror or exc})"),
-            )
-        fcntl.flock(fd, fcntl.LOCK_UN)
+    if state == "free":
         return LockProbe(
             "free", Evidence("os_lock", f"the OS lock on {name} was free (taken and released)")
         )
-    finally:
-        os.close(fd)
+    if state == "held":
+        return LockProbe(
+            "held", Evidence("os_lock", f"the OS lock on {name} is held by a live process")
+        )
+    if state == "unopenable":
+        return LockProbe(
+            "unknown", Evidence("os_lock", f"{name} could not be opened to probe its OS lock "
+                                f"({why})")
+        )
+    return LockProbe(
+        "unknown", Evidence("os_lock", f"the OS lock on {name} could not be probed ({why})")
+    )
 
 
 def _iso(ts: float) -> str:
