@@ -420,6 +420,14 @@ Changes (each measured before and after with the sub-command named):
 - **Sync Steps' results in batches** (`concurrency --kind sync`): each finishing sync Step
   used to write to the loop's self-pipe; now the first result of a batch wakes the loop and
   the others join it (64 sync Runs: ~16,000 → ~25,000 Steps/s).
+- **Ended Runs' histories packed** (host memory, `concurrency`): a host lists up to 1,000
+  ended Runs, and each kept up to 200 history entries as objects (~1 KB each: a Run state,
+  its events and their records), ~20 KB per Run of 20 Steps and ~170 KB per Run of 300.
+  An ended Run's history is now packed once (`executor/history.py`: what a follower is
+  sent, msgpack, zlib level 1): ~5 KB per ended Run, measured as RSS over 1,000 Runs of
+  20 Steps and 200 Runs of 300. Packing costs ~0.3-0.5 ms for 200 entries on the loop, yet
+  64 Runs × 300 Steps took ~3 % fewer instructions in total (callgrind, async and sync):
+  the allocator reuses what the packed histories freed.
 - **A waiting client is woken once** (`concurrency`, host): `flow` and `answer` wait until
   the Run is stable; they used to be woken by every flush of the Run they wait for.
 - Smaller ones: a table of fold functions instead of a chain of `isinstance` tests, frames

@@ -626,9 +626,9 @@ def _final_host_check(soak: Soak) -> list[RunView]:
 def rss_limit(start: int) -> int:
     """How far above its start an idle host may sit and still count as "back near it".
 
-    By design it keeps the 1,000 most recently ended Runs (~10 MB) and the decoded tail of
-    its current segment (bounded by rotation), and the allocator keeps its high-water mark;
-    a leak grows with every Run and crosses this in a full soak.
+    By design it keeps the 1,000 most recently ended Runs (~5 MB, histories packed) and the
+    decoded tail of its current segment (bounded by rotation), and the allocator keeps its
+    high-water mark; a leak grows with every Run and crosses this in a full soak.
     """
     return start + max(32 * MIB, start // 2)
 
@@ -887,6 +887,10 @@ def _summary(soak: Soak, verdict: dict[str, Any], elapsed: float) -> dict[str, A
             "endRssMiB": round(last.last_rss / MIB, 1),
             "endFds": last.last_fds,
             "endRssLimitMiB": round(rss_limit(first.ready_rss) / MIB, 1),
+            # Each instance's memory once ready and at its highest: a restart's cost is told
+            # apart from what a long-lived host accumulates.
+            "rssMiBByInstance": [[round(h.ready_rss / MIB, 1), round(h.peak_rss / MIB, 1)]
+                                 for h in hosts],
             "listen": listen,
         },
         "journal": {"runsVerified": verdict.get("journal.runsVerified", 0),

@@ -23,6 +23,12 @@ from intloom.authoring.loader import LoadedWorkflow
 from intloom.authoring.workflow import AgentStep, Complete, Stage, Step, ToStage
 from intloom.errors import ErrorView, IntloomError, clip, error_view
 from intloom.executor import clock
+from intloom.executor.history import DETAILED as _DETAILED
+from intloom.executor.history import Entry as _Entry
+from intloom.executor.history import Event as _Event
+from intloom.executor.history import detail as _detail
+from intloom.executor.history import pack, shown, unpack
+from intloom.executor.history import plain_view as _plain_view
 from intloom.executor.updates import RunUpdate
 from intloom.executor.workers import Inbox, Workers
 from intloom.runtime.limits import MAX_OUTCOME
@@ -37,7 +43,6 @@ from intloom.runtime.model import Cursor, PendingAction, PendingAgentCall, RunVi
 from intloom.runtime.ports import CheckpointFailed
 from intloom.runtime.records import (
     UNENCODABLE,
-    Answered,
     EffectDone,
     EffectStarted,
     Executing,
@@ -67,13 +72,6 @@ _MILESTONES = frozenset({
 # A Run's history: the last publishes (each one flush's events; a Step is one flush).
 _HISTORY = 1000
 _ENDED = frozenset({"completed", "failed"})
-# An event: its name, its detail (as _detail reads it) and the cursor of the record behind it
-# (None: the cursor of the view it is published with).
-_Event = tuple[str, Any, Cursor | None]
-# A history entry: one publish's events, the state it showed, and its view when that is not
-# the plain view of the state.
-_Entry = tuple[tuple[_Event, ...], RunState, RunView | None]
-_DETAILED: frozenset[type] = frozenset({StepResult, EffectStarted, EffectDone, Answered})
 # Whether a user function is a coroutine function, asked once per function, not per call.
 # Plain references: user functions live as long as their loaded Workflow (the host's life),
 # and a WeakKeyDictionary builds a weak reference on every lookup.
@@ -194,6 +192,11 @@ class RunSlot:
         # otherwise built when a follower asks.
         self.history: deque[_Entry] = deque(
             maxlen=_HISTORY)
+        # An ended Run's earlier entries, packed (executor.history), in front of ``history``;
+        # ``keep_history`` packs them, ``entries`` reads them back.
+        self._packed: bytes | None = None
+        self._packed_count = 0
+        self._packing = False
         self._events: list[_Event] = []
         self._events_published = 0
         # Woken only when a publish leaves the Run waiting or ended: a client waiting for
@@ -296,6 +299,8 @@ class RunSlot:
                 # costs full collections nothing (a list would stay tracked, two objects per
                 # flush).
                 self.history.append((tuple(events), shown, kept))
+                if self._packing:  # an ended Run's late event (a cancel's, a dismissal)
+                    self._pack()
             stable = self._stable_waiters
         finally:
             if lock is not None:
@@ -366,11 +371,37 @@ class RunSlot:
         return events
 
     def keep_history(self, entries: int) -> None:
-        """Keep only the last ``entries`` of the history, from now on too (an earlier
-        host's history seeded later included)."""
+        """An ended Run: keep only the last ``entries`` of the history, from now on too (an
+        earlier host's history seeded later included), packed (``executor.history``)."""
         with self.lock:
             if (self.history.maxlen or 0) > entries:
                 self.history = deque(self.history, maxlen=entries)
+            self._packing = True
+            self._pack()
+
+    def _pack(self) -> None:
+        """Move the entries held as objects into the packed blob (locked)."""
+        if not self.history:
+            return
+        kept = self.entries_locked()
+        blob = pack(kept)
+        if blob is not None:
+            self._packed, self._packed_count = blob, len(kept)
+            self.history = deque(maxlen=self.history.maxlen)
+
+    def entries_locked(self) -> list[_Entry]:
+        """The history, oldest first: the packed entries and those held as objects, the last
+        ``history.maxlen`` of them (the caller holds ``lock``)."""
+        if self._packed is None:
+            return list(self.history)
+        entries = [*unpack(self._packed), *self.history]
+        return entries[-(self.history.maxlen or 0):]
+
+    def history_size(self) -> int:
+        """How many entries the history holds."""
+        with self.lock:
+            held = self._packed_count + len(self.history)
+            return min(held, self.history.maxlen or 0)
 
     def _seed(self, entries: list[_Entry]) -> None:
         """Put a restored Run's earlier entries (``_earlier_entries``) in front of its history,
@@ -379,9 +410,13 @@ class RunSlot:
             if self.restored_seq is None:  # another follower seeded it meanwhile
                 return
             self.restored_seq = None
-            room = (self.history.maxlen or 0) - len(self.history)
+            held = self.entries_locked()
+            room = (self.history.maxlen or 0) - len(held)
             if entries and room > 0:
-                self.history = deque([*entries[-room:], *self.history], maxlen=self.history.maxlen)
+                self._packed, self._packed_count = None, 0
+                self.history = deque([*entries[-room:], *held], maxlen=self.history.maxlen)
+                if self._packing:
+                    self._pack()
 
     async def until_stable(self) -> None:
         """Return at the next publish that leaves the Run waiting or ended."""
@@ -425,13 +460,13 @@ class RunSlot:
         queue: asyncio.Queue[RunUpdate] = asyncio.Queue()
         with self.lock:  # no publish between the history read and the subscription
             self._subscribers.add(queue)
-            entries = list(self.history)
+            entries = self.entries_locked()
         try:
             history = [
-                RunUpdate(event=name, run=_at(shown, cursor), detail=_detail(info), history=True)
-                for events, state, view in entries
-                for shown in (view or _plain_view(state),)
-                for name, info, cursor in events
+                RunUpdate(event=name, run=_at(view, cursor), detail=_detail(info), history=True)
+                for entry in entries
+                for view in (shown(entry),)
+                for name, info, cursor in entry[0]
             ]
             if history:
                 yield history
@@ -484,23 +519,6 @@ def _earlier_entries(earlier: Callable[[], list[Record]]) -> list[_Entry]:
             entries.append((((state.phase, record if type(record) in _DETAILED else None,
                               state.cursor),), state, None))
     return list(entries)
-
-
-def _detail(info: Any) -> Any:
-    """An event's detail: given as is, or read off the record that carries it."""
-    if isinstance(info, StepResult):
-        return {"outcome": info.outcome}
-    if isinstance(info, (EffectStarted, EffectDone)):
-        return {"name": info.name, "key": info.key}
-    if isinstance(info, Answered):
-        return {"actionId": info.action_id}
-    return info
-
-
-def _plain_view(state: RunState) -> RunView:
-    """A Run's view when nothing outside its journal (an override, a suspension) applies."""
-    view = to_view(state)
-    return msgspec.structs.replace(view, dismissed=True) if state.dismissed else view
 
 
 def _where(cursor: Cursor) -> str:

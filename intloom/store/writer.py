@@ -29,7 +29,7 @@ from intloom.errors import IntloomError
 from intloom.fsutil import fsync_dir
 from intloom.runtime.machine import IllegalTransition, RunState, apply
 from intloom.runtime.ports import CheckpointFailed, JournalPort
-from intloom.runtime.records import PROTOCOL_VERSION, Record, encode_record
+from intloom.runtime.records import PROTOCOL_VERSION, Record, Terminal, encode_record
 from intloom.store.compaction import Track, compact, now
 from intloom.store.faults import FaultPlan
 from intloom.store.files import (
@@ -227,7 +227,9 @@ class Store:
                                           problem=journal.problem,
                                           dirty=summarise and run_id in loaded.dirty
                                           and run_id not in loaded.held)
-            store._next_seq[run_id] = seq + 1
+            if journal.status != "ok" or journal.state is None or (
+                    journal.state.phase != "terminal"):
+                store._next_seq[run_id] = seq + 1
         manifest = loaded.manifest
         # Pinned: segments a restore must keep reading whatever the manifest's start, so that
         # what they hold keeps being reported (incompatible or corrupt Runs, and any finding
@@ -324,7 +326,12 @@ class Store:
             # The seq is taken now: if an earlier batch of this Run fails before this record
             # is written, it is dropped and the Run never writes again in this process.
             seq = self._next_seq.get(run_id, 1)
-            self._next_seq[run_id] = seq + 1
+            if type(record) is Terminal:
+                # Nothing follows a Run's end (the machine refuses it), and a seq kept for
+                # each Run ever ended would grow, and pin memory, for the host's life.
+                self._next_seq.pop(run_id, None)
+            else:
+                self._next_seq[run_id] = seq + 1
             if run_id not in self._pending_first:
                 self._pending_first[run_id] = seq
             self._pending_frames.append(encode_frame(KIND_RECORD, seq, run_id.encode(),

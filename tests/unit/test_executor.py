@@ -17,6 +17,7 @@ from intloom.authoring.loader import LoadedWorkflow
 from intloom.errors import IntloomError
 from intloom.executor.driver import Driver
 from intloom.executor.runtime import RestoredRun, Runtime
+from intloom.executor.updates import RunUpdate
 from intloom.runtime.machine import fold
 from intloom.runtime.model import RunView
 from intloom.runtime.ports import CheckpointFailed
@@ -791,24 +792,32 @@ def test_a_long_history_is_out_of_the_cyclic_collectors_way() -> None:
     wf = intloom.Workflow("loop", version="1")
     st = wf.stage("s", state=Count)
 
-    @st.step("tick", routes={"again": "tick", "done": intloom.COMPLETE})
+    @st.step("tick", routes={"again": "tick", "done": "hold"})
     async def tick(ctx: intloom.StepContext[Count]) -> str:
         ctx.state = Count(n=ctx.state.n + 1)
         await ctx.aeffect("note", lambda: ctx.state.n)
         return "again" if ctx.state.n < 50 else "done"
 
+    @st.step("hold", routes={"done": intloom.COMPLETE})
+    async def hold(ctx: intloom.StepContext[Count]) -> str:
+        await ctx.confirm({"n": ctx.state.n})  # still busy: its history is kept as objects
+        return "done"
+
     async def main() -> None:
         rt = Runtime(loaded(wf), MemoryJournal(), package_version="0.1.0")
         rt.restore([])
         view = await rt.wait_stable((await rt.create_run("loop", "go")).run_id)
-        assert view.status == "completed"
+        assert view.status == "waiting"
         history = rt.runs[view.run_id].history
         assert len(history) > 100
         for _ in range(3):  # a tuple is untracked at a pass after its items were (3 levels)
             gc.collect()
         tracked = [entry for entry in history if gc.is_tracked(entry)]
         assert tracked == []
-        updates = [u for batch in [b async for b in rt.subscribe(view.run_id)] for u in batch]
+        updates: list[RunUpdate] = []
+        async for batch in rt.subscribe(view.run_id):
+            updates = batch  # the history so far, in one batch
+            break
         details = [u.detail for u in updates if u.event in ("step_result", "effect_done")]
         assert details[:2] == [{"name": "note", "key": "note#1"}, {"outcome": "again"}]
 
@@ -996,11 +1005,52 @@ def test_an_ended_run_keeps_the_end_of_its_history() -> None:
         follower = asyncio.ensure_future(follow())
         assert (await rt.wait_stable(view.run_id)).status == "completed"
         await asyncio.wait_for(follower, 10)
-        assert len(rt.runs[view.run_id].history) == ENDED_HISTORY
+        assert rt.runs[view.run_id].history_size() == ENDED_HISTORY
         replay = [(u.event, u.run.status)
                   for batch in [b async for b in rt.subscribe(view.run_id)] for u in batch]
         assert len(live) > len(replay) > ENDED_HISTORY
         assert replay == live[-len(replay):]
+
+    run(main)
+
+
+def test_an_ended_runs_history_is_packed_and_replays_as_it_was_seen() -> None:
+    """An ended Run's history is packed (executor.history: a few KB instead of ~1 KB per
+    entry as objects, for up to 1,000 listed Runs); a late follower gets what a live one saw,
+    view for view and detail for detail: effects, answers, a cancel."""
+    calls: list[str] = []
+    wf = make_confirm_wf(calls)
+
+    async def main() -> None:
+        rt = Runtime(loaded(wf), MemoryJournal(), package_version="0.1.0")
+        rt.restore([])
+        for ending in ("answered", "cancelled"):
+            view = await rt.create_run("confirm", "go")
+            live: list[RunUpdate] = []
+
+            async def follow(run_id: str = view.run_id, into: list[RunUpdate] = live) -> None:
+                async for batch in rt.subscribe(run_id):
+                    into.extend(batch)
+
+            follower = asyncio.ensure_future(follow())
+            waiting = await rt.wait_stable(view.run_id)
+            assert waiting.pending_action is not None
+            if ending == "answered":
+                await rt.answer(view.run_id, waiting.pending_action.id, {"isConfirmed": False})
+                again = await rt.wait_stable(view.run_id)
+                assert again.pending_action is not None
+                await rt.answer(view.run_id, again.pending_action.id, {"isConfirmed": True})
+            else:
+                await rt.cancel(view.run_id)
+            assert (await rt.wait_stable(view.run_id)).status in ("completed", "failed")
+            await asyncio.wait_for(follower, 10)
+            slot = rt.runs[view.run_id]
+            assert not slot.history and slot.history_size() > 5  # all of it packed
+            replay = [u for batch in [b async for b in rt.subscribe(view.run_id)] for u in batch]
+            assert all(u.history for u in replay)
+            seen = [msgspec.structs.replace(u, history=True) for u in live]
+            assert replay == seen and len(seen) > 10
+            assert any(u.detail == {"name": "charge", "key": "charge#1"} for u in replay)
 
     run(main)
 

@@ -143,3 +143,29 @@ def test_replaying_any_prefix_equals_folding_it(n: int, seed: int, data: st.Data
         assert journal.status == "ok" and journal.state == expected
         [full] = verify(root)
         assert full.state == expected
+
+
+def test_the_store_keeps_nothing_per_run_once_the_run_has_ended(tmp_path: Path) -> None:
+    """A host's store kept the next seq of every Run it ever wrote (and a restore of every
+    ended Run in the log it read): ~200 B per Run for the host's life, and the run id
+    strings behind them pinned allocator memory. Only unfinished Runs keep one now."""
+    root = tmp_path / "runtime"
+    store = open_store(root)
+    ended = {f"RUN-END-{i}": walk(f"RUN-END-{i}", 12, seed=i, terminal=True) for i in range(20)}
+    open_ = {f"RUN-OPEN-{i}": walk(f"RUN-OPEN-{i}", 12, seed=i) for i in range(3)}
+    for run_id, records in {**ended, **open_}.items():
+        for record in records:
+            store.append(run_id, record)
+    store.sync_blocking()
+    assert set(store._next_seq) == set(open_)
+    abandon(store)  # a crash: the restore reads the ended Runs back from the log
+
+    again = open_store(root)
+    try:
+        assert set(again._next_seq) == set(open_)
+        run_id = "RUN-OPEN-0"  # an unfinished Run continues where its journal ended
+        again.append(run_id, walk(run_id, 13, seed=0)[12])
+        again.sync_blocking()
+        assert [e.seq for e in read_history(root, run_id)] == list(range(1, 14))
+    finally:
+        again.close_blocking()
