@@ -32,6 +32,7 @@ import msgspec
 from intloom import __version__
 from intloom.errors import ErrorView, IntloomError
 from intloom.executor.runtime import Runtime
+from intloom.host.allocator import keep_large_buffers_mapped
 from intloom.host.boot import Booted, boot, check_error
 from intloom.host.handlers import Handlers
 from intloom.host.logfile import HostLog, utc_now
@@ -275,6 +276,7 @@ class Host:
 
     async def startup(self) -> None:
         opts = self.options
+        keep_large_buffers_mapped()  # before a restore reads the log (host/allocator.py)
         self.ready.progress("locking")
         self.ownership.take_lock()
         try:
