@@ -139,16 +139,16 @@ def _contained(exc: BaseException) -> BaseException:
 
 
 class AgentClaim:
-    """The in-memory claim on a client Agent task. Never persisted: a restart interrupts it."""
+    """The in-memory claim on one client Agent task. Never persisted: a restart interrupts it.
+
+    Each task gets a new one (``RunSlot.agent``): a Tool call still running when its task
+    ended (a cancel, a stop) settles on its own task's claim, never on the next task's."""
 
     def __init__(self) -> None:
-        self.reset()
-
-    def reset(self) -> None:
         self.claim_id: str | None = None
         self.owner_token: str | None = None
         self.receipts: dict[str, tuple[bytes, str, Any]] = {}
-        self.tool_busy = False
+        self.tool_running: str | None = None  # the tool_call_id of the Tool call running
         self.completing = False  # an on_complete handler is running for this task
 
 

@@ -33,7 +33,7 @@ from intloom.authoring.loader import LoadedWorkflow
 from intloom.authoring.workflow import AgentStep
 from intloom.errors import MAX_MESSAGE, ErrorView, IntloomError, clip, error_view
 from intloom.executor import clock
-from intloom.executor.driver import DETERMINISTIC, Driver, RunObserver, RunSlot
+from intloom.executor.driver import DETERMINISTIC, AgentClaim, Driver, RunObserver, RunSlot
 from intloom.executor.updates import RunUpdate
 from intloom.protocol.messages import MAX_PAGE, RestoreSummary
 from intloom.runtime.limits import (
@@ -51,6 +51,7 @@ from intloom.runtime.machine import (
     to_view,
 )
 from intloom.runtime.model import Cursor, PendingAgentCall, RunView
+from intloom.runtime.plainjson import json_problem
 from intloom.runtime.ports import CheckpointFailed, JournalPort
 from intloom.runtime.records import (
     PROTOCOL_VERSION,
@@ -77,6 +78,9 @@ __all__ = [
 ]
 
 _MAX_RECEIPTS = 256
+# Tool inputs are compared as values: the same JSON object with its keys in another order is
+# the same input (an Agent may re-serialise its arguments on a retry).
+_CANONICAL: Final = msgspec.msgpack.Encoder(order="deterministic")
 _encoder: Final = msgspec.msgpack.Encoder()  # a view's size on the wire, for list pages
 MAX_FINISHED: Final = 1000
 ENDED_HISTORY: Final = 200  # history entries an ended Run keeps (attach shows them)
@@ -239,6 +243,29 @@ def _check_request(cursor: Cursor, what: str, request: Any, fix: str) -> None:
         )
 
 
+def _plain_json(value: Any, what: str) -> None:
+    """INVALID_REQUEST when ``value`` is not plain JSON data (bytes, NaN, a set...)."""
+    problem = json_problem(value)
+    if problem is not None:
+        raise IntloomError("INVALID_REQUEST", f"{what} is not plain JSON data: {problem}; "
+                           "nothing was recorded. Send str, numbers, booleans, null, lists "
+                           "and objects with string keys.")
+
+
+def _nonempty(value: str, name: str, what: str) -> None:
+    if not value:
+        raise IntloomError("INVALID_REQUEST", f"{name} is empty; give {what}.")
+
+
+def _tool_not_running(slot: RunSlot, call_id: str, verb: str) -> None:
+    """BUSY while a Tool call of the task runs: its task must not end under it."""
+    running = slot.agent.tool_running
+    if running is not None:
+        raise IntloomError(
+            "BUSY", f"Tool call {running} of Agent task {call_id} is still running; the task "
+            f"can be {verb} once it has returned (retry then).")
+
+
 def _journalable(value: Any, what: str) -> Any:
     """``value`` if the journal can hold it (msgpack: integers within 64 bits, plain types);
     INVALID_REQUEST naming it otherwise, before anything is recorded."""
@@ -267,6 +294,28 @@ def _not_current(slot: RunSlot, action_id: str) -> str:
         return (f"{fact}; it waits on {action.id} ({action.kind}). Answer that one "
                 f"(intloom attach {slot.run_id} shows it).")
     return f"{fact}; it is {view.status} with no question or confirmation pending."
+
+
+def _not_current_task(slot: RunSlot, view: RunView, call_id: str) -> str:
+    """Why Agent task ``call_id`` takes no more requests, and what the Agent can do."""
+    fact = f"Agent task {call_id} is not Run {slot.run_id}'s current task"
+    call, action, error = view.pending_agent_call, view.pending_action, view.last_error
+    if view.status == "waiting" and call is not None:
+        return f"{fact}: the Run now waits on Agent task {call.id} ({call.phase}); use that one."
+    if view.status == "waiting" and action is not None:
+        return (f"{fact}: the Run now waits on {action.kind} {action.id} for a person; the "
+                "Agent has nothing to do until a new task appears in the Run's view.")
+    if view.status == "completed":
+        return f"{fact}: the Run has completed and takes no more work."
+    if view.status == "failed" and error is not None and error.code == "RUN_INTERRUPTED":
+        return (f"{fact}: the Run was interrupted (RUN_INTERRUPTED) by a host restart, and "
+                "claims, owner tokens and Tool receipts are not restored. Start a new Run for "
+                "this work.")
+    if view.status == "failed":
+        code = error.code if error is not None else "failed"
+        return f"{fact}: the Run has ended failed ({code}) and takes no more work."
+    return (f"{fact}: the Run is {view.status}; a new task, if any, appears in its view "
+            "(Client.get_run).")
 
 
 class _AgentEnd(msgspec.Struct, frozen=True):
@@ -814,10 +863,9 @@ class Runtime:
     def _agent_slot(self, run_id: str, call_id: str) -> tuple[RunSlot, PendingAgentCall]:
         slot = self._slot(run_id)
         call = slot.state.pending_agent_call
-        if slot.view().status != "waiting" or call is None or call.id != call_id:
-            raise IntloomError(
-                "CONFLICT", f"Agent task {call_id} is not Run {run_id}'s current task."
-            )
+        view = slot.view()
+        if view.status != "waiting" or call is None or call.id != call_id:
+            raise IntloomError("CONFLICT", _not_current_task(slot, view, call_id))
         return slot, call
 
     def _check_owner(self, slot: RunSlot, owner_token: str) -> None:
@@ -827,10 +875,14 @@ class Runtime:
         self, run_id: str, call_id: str, claim_id: str
     ) -> tuple[str, PendingAgentCall]:
         self._admit()
+        _nonempty(claim_id, "claim_id", "an id the Agent picks for its claim")
         slot, call = self._agent_slot(run_id, call_id)
         if slot.agent.claim_id is not None:
             if slot.agent.claim_id != claim_id or slot.agent.owner_token is None:
-                raise IntloomError("CONFLICT", f"Agent task {call_id} is claimed by another claim.")
+                raise IntloomError(
+                    "CONFLICT", f"Agent task {call_id} is claimed by another claim; a task has "
+                    "one claim at a time. Retry with the claim_id that claimed it, or leave "
+                    "the task to that Agent.")
             return slot.agent.owner_token, call
         slot.agent.claim_id = claim_id
         slot.agent.owner_token = secrets.token_urlsafe(32)
@@ -852,10 +904,17 @@ class Runtime:
         self._admit()
         slot, _call = self._agent_slot(run_id, call_id)
         self._check_owner(slot, owner_token)
-        encoded = msgspec.msgpack.encode(input)
-        receipt = slot.agent.receipts.get(tool_call_id)
+        _nonempty(tool_call_id, "tool_call_id", "an id the Agent picks for each Tool call")
+        _plain_json(input, f"The input of Tool call {tool_call_id}")
+        claim = slot.agent  # this task's: a task ending meanwhile does not touch the next one
+        encoded = _CANONICAL.encode(input)  # the same JSON value, whatever its keys' order
+        receipt = claim.receipts.get(tool_call_id)
         if receipt is not None:
-            if receipt[0] != encoded or receipt[1] != tool:
+            if receipt[1] != tool:
+                raise IntloomError(
+                    "CONFLICT", f"Tool call {tool_call_id} was already made to Tool "
+                    f"{receipt[1]!r}, not {tool!r}; use a new id for a new call.")
+            if receipt[0] != encoded:
                 raise IntloomError(
                     "CONFLICT",
                     f"Tool call {tool_call_id} was already made with other input; use a new id.",
@@ -868,11 +927,16 @@ class Runtime:
                 "INVALID_REQUEST",
                 f"Tool {tool!r} is not declared on {step.where}; declared: {sorted(tools)}.",
             )
-        if len(slot.agent.receipts) >= _MAX_RECEIPTS:
+        if len(claim.receipts) >= _MAX_RECEIPTS:
             raise IntloomError("BUSY", f"Agent task {call_id} reached {_MAX_RECEIPTS} tool calls.")
-        if slot.agent.tool_busy:
-            raise IntloomError("BUSY", "Another Tool call of this task is running; retry.")
-        slot.agent.tool_busy = True
+        if claim.tool_running is not None:
+            raise IntloomError("BUSY", f"Tool call {claim.tool_running} of this task is "
+                               "running; a task runs one Tool call at a time. Retry once it "
+                               "has returned.")
+        if claim.completing:
+            raise IntloomError("BUSY", f"Agent task {call_id} is being completed; it takes no "
+                               "more Tool calls.")
+        claim.tool_running = tool_call_id
         try:
             output = await self.driver.call_user(tools[tool].fn, input)
             msgspec.msgpack.encode(output)
@@ -884,8 +948,8 @@ class Runtime:
                 clip(f"Tool {tool!r} raised {type(exc).__name__}: {exc}"),
             ) from None
         finally:
-            slot.agent.tool_busy = False
-        slot.agent.receipts[tool_call_id] = (encoded, tool, output)
+            claim.tool_running = None
+        claim.receipts[tool_call_id] = (encoded, tool, output)
         return output, False
 
     async def _repeated(self, slot: RunSlot, call_id: str, owner_token: str,
@@ -923,7 +987,9 @@ class Runtime:
         self, run_id: str, call_id: str, owner_token: str, outcome: str, output: Any
     ) -> RunView:
         self._admit()
-        _journalable(output, "The Agent task's output")  # checked before anything is appended
+        # Checked before anything is appended.
+        _plain_json(output, "The Agent task's output")
+        _journalable(output, "The Agent task's output")
         slot = self._slot(run_id)
         end = _AgentEnd(call_id, owner_token, "complete", outcome,
                         hashlib.sha256(msgspec.msgpack.encode(output)).digest())
@@ -946,6 +1012,7 @@ class Runtime:
                 "BUSY", f"Agent task {call_id} is being completed by another request; retry "
                 "it to get the Run's view once that one has finished.",
             )
+        _tool_not_running(slot, call_id, "completed")
         slot.agent.completing = True
         try:
             state = await self.driver.absorb(slot, step, AgentResult(outcome, output))
@@ -964,7 +1031,7 @@ class Runtime:
                 state=state, output=output,
             ),
         )
-        slot.agent.reset()
+        slot.agent = AgentClaim()
         self._agent_ended[run_id] = end
         await self.sync(slot)  # the outcome is durable before routing or reporting
         self.driver.launch(slot)
@@ -974,7 +1041,9 @@ class Runtime:
         self, run_id: str, call_id: str, owner_token: str, message: str
     ) -> RunView:
         slot = self._slot(run_id)
-        end = _AgentEnd(call_id, owner_token, "fail", message[:4096], b"")
+        _nonempty(message, "message", "why the Agent gives the task up")
+        end = _AgentEnd(call_id, owner_token, "fail", message[:4096],
+                        hashlib.sha256(message.encode("utf-8", "surrogatepass")).digest())
         repeated = await self._repeated(slot, call_id, owner_token, end)
         if repeated is not None:
             return repeated
@@ -985,6 +1054,7 @@ class Runtime:
                 "BUSY", f"Agent task {call_id} is being completed by another request; it "
                 "can no longer be failed unless that completion is refused.",
             )
+        _tool_not_running(slot, call_id, "failed")
         cursor = slot.state.cursor
         now = clock.now()
         self.append(slot, Executing(at=now, stage=cursor.stage, step=cursor.step, kind="agent"))
@@ -994,7 +1064,7 @@ class Runtime:
             message=f"The client Agent failed task {call_id}: {message}",
         )
         self.append(slot, Terminal(at=now, status="failed", error=err))
-        slot.agent.reset()
+        slot.agent = AgentClaim()
         self._agent_ended[run_id] = end
         await self.sync(slot)
         slot.publish("failed", {"code": "AGENT_TASK_FAILED"})

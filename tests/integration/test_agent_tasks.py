@@ -126,3 +126,143 @@ def test_answering_an_agent_task_as_a_question_says_what_it_is(client: Client) -
                        "confirmation: a client Agent claims and completes it through "
                        "intloom.client (Client.claim_agent_call, then "
                        "Client.complete_agent_call).")
+
+
+LOOPING = textwrap.dedent('''
+    import os
+    import time
+    from typing import Any
+
+    import intloom
+
+    wf = intloom.Workflow("looping", version="1")
+    main = wf.stage("main")
+
+
+    def slow(input: Any) -> Any:
+        # Runs until the test creates the file it names (a deadline keeps a failed test short).
+        deadline = time.monotonic() + 20
+        while not os.path.exists(input["until"]) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return {"slow": input["until"]}
+
+
+    def search(input: Any) -> Any:
+        return {"found": input}
+
+
+    @main.agent_step("look", routes={"again": "look", "done": intloom.COMPLETE},
+                     tools=[intloom.Tool("slow", slow), intloom.Tool("search", search)])
+    def look(ctx: intloom.StepContext[None]) -> Any:
+        return {"topic": ctx.intent}
+''')
+
+
+@pytest.fixture
+def looping(project: Project) -> Iterator[tuple[Client, Project]]:
+    (project.root / "workflows" / "looping.py").write_text(LOOPING)
+    (project.root / "intloom.toml").write_text(
+        'workflows = ["workflows/example.py", "workflows/looping.py"]\n')
+    start(project)
+    with Client.connect(project.root) as connected:
+        yield connected, project
+
+
+def test_a_task_does_not_end_under_a_running_tool_and_its_receipts_stay_its_own(
+        looping: tuple[Client, Project]) -> None:
+    """A task could be completed while one of its Tool calls ran; the late Tool then wrote its
+    receipt into the next task's receipts (that task replayed an output it never made) and
+    cleared the next task's BUSY flag. Completing or failing under a running Tool is BUSY."""
+    import threading
+
+    client, project = looping
+    release = project.root / "release-tool"
+    run = client.create_run("looping", "x")
+    assert run.pending_agent_call is not None
+    first = run.pending_agent_call.id
+    token, _ = client.claim_agent_call(run.run_id, first, "agent-1")
+    results: list[object] = []
+
+    def call_slow() -> None:
+        with Client.connect(project.root) as other:
+            results.append(other.call_tool(run.run_id, first, token, "tc-1", "slow",
+                                           {"until": str(release)}))
+
+    caller = threading.Thread(target=call_slow)
+    caller.start()
+    try:
+        message = ""
+        for i in range(200):  # until the Tool call is running in the host (a new id each)
+            try:
+                client.call_tool(run.run_id, first, token, f"tc-probe-{i}", "search", {})
+            except IntloomError as exc:
+                assert exc.code == "BUSY", exc.message
+                message = exc.message
+                break
+        assert "tc-1" in message
+        for end in (lambda: client.complete_agent_call(run.run_id, first, token, "again", {}),
+                    lambda: client.fail_agent_call(run.run_id, first, token, "gave up")):
+            refused = _refused(end, "BUSY")
+            assert "Tool call tc-1" in refused and "still running" in refused
+    finally:
+        release.write_text("go")
+        caller.join(timeout=20)
+    assert results == [({"slow": str(release)}, False)]
+    view = client.complete_agent_call(run.run_id, first, token, "again", {})
+    assert view.pending_agent_call is not None and view.pending_agent_call.id != first
+    second = view.pending_agent_call.id
+    token2, _ = client.claim_agent_call(run.run_id, second, "agent-2")
+    # The new task has no receipts: tc-1 runs its Tool, and the old one's id is free.
+    assert client.call_tool(run.run_id, second, token2, "tc-1", "search", {"q": 1}) == (
+        {"found": {"q": 1}}, False)
+    stale = _refused(lambda: client.call_tool(run.run_id, first, token, "tc-9", "search", {}),
+                     "CONFLICT")
+    assert f"now waits on Agent task {second} (claimed); use that one" in stale
+
+
+def test_tool_receipts_compare_values_and_name_what_differs(
+        looping: tuple[Client, Project]) -> None:
+    client, _ = looping
+    run = client.create_run("looping", "x")
+    assert run.pending_agent_call is not None
+    call = run.pending_agent_call.id
+    token, _ = client.claim_agent_call(run.run_id, call, "agent-1")
+    first = client.call_tool(run.run_id, call, token, "tc-5", "search", {"q": "x", "a": 1})
+    # The same JSON object with its keys in another order is the same input.
+    again = client.call_tool(run.run_id, call, token, "tc-5", "search", {"a": 1, "q": "x"})
+    assert again == (first[0], True)
+    other = _refused(lambda: client.call_tool(run.run_id, call, token, "tc-5", "slow",
+                                              {"a": 1, "q": "x"}), "CONFLICT")
+    assert "to Tool 'search', not 'slow'" in other
+    assert "other input" in _refused(lambda: client.call_tool(
+        run.run_id, call, token, "tc-5", "search", {"a": 2, "q": "x"}), "CONFLICT")
+
+
+def test_agent_requests_refuse_what_is_not_json_or_empty_and_stale_tasks_say_why(
+        looping: tuple[Client, Project]) -> None:
+    client, _ = looping
+    run = client.create_run("looping", "x")
+    assert run.pending_agent_call is not None
+    call = run.pending_agent_call.id
+    assert "claim_id is empty" in _refused(
+        lambda: client.claim_agent_call(run.run_id, call, ""), "INVALID_REQUEST")
+    token, _ = client.claim_agent_call(run.run_id, call, "agent-1")
+    assert "tool_call_id is empty" in _refused(
+        lambda: client.call_tool(run.run_id, call, token, "", "search", {}), "INVALID_REQUEST")
+    assert "$.q is bytes" in _refused(lambda: client.call_tool(
+        run.run_id, call, token, "tc-1", "search", {"q": b"\x00"}), "INVALID_REQUEST")
+    for bad, where in (({"a": b"x"}, "$.a is bytes"), ({"n": float("nan")}, "$.n is nan")):
+        message = _refused(lambda bad=bad: client.complete_agent_call(  # type: ignore[misc]
+            run.run_id, call, token, "done", bad), "INVALID_REQUEST")
+        assert where in message and "nothing was recorded" in message
+    assert "message is empty" in _refused(
+        lambda: client.fail_agent_call(run.run_id, call, token, ""), "INVALID_REQUEST")
+    long = "x" * 5000
+    client.fail_agent_call(run.run_id, call, token, long)
+    # A retry must repeat the whole message, not only the part the view keeps.
+    _refused(lambda: client.fail_agent_call(run.run_id, call, token, long[:4096] + "other"),
+             "CONFLICT")
+    assert client.fail_agent_call(run.run_id, call, token, long).status == "failed"
+    stale = _refused(lambda: client.call_tool(run.run_id, call, token, "tc-2", "search", {}),
+                     "CONFLICT")
+    assert "the Run has ended failed (AGENT_TASK_FAILED)" in stale
