@@ -252,7 +252,7 @@ def test_agent_requests_refuse_what_is_not_json_or_empty_and_stale_tasks_say_why
     assert "$.q is bytes" in _refused(lambda: client.call_tool(
         run.run_id, call, token, "tc-1", "search", {"q": b"\x00"}), "INVALID_REQUEST")
     for bad, where in (({"a": b"x"}, "$.a is bytes"), ({"n": float("nan")}, "$.n is nan")):
-        message = _refused(lambda bad=bad: client.complete_agent_call(  # type: ignore[misc]
+        message = _refused(lambda bad=bad: client.complete_agent_call(
             run.run_id, call, token, "done", bad), "INVALID_REQUEST")
         assert where in message and "nothing was recorded" in message
     assert "message is empty" in _refused(
