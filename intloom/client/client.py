@@ -138,6 +138,17 @@ def _raise_reply(reply: ErrorReply) -> IntloomError:
     return IntloomError(view.code, view.message, retryable=view.retryable)
 
 
+# What a request is, in the words of the command that sent it (PROJECT_REQUEST_FAILED).
+_REQUEST_WORDS: Final = {
+    "Status": "the status request", "Stop": "the stop request",
+    "ListWorkflows": "the list of Workflows", "CreateRun": "the new Run",
+    "GetRun": "reading the Run", "WaitRun": "waiting on the Run", "ListRuns": "the list of Runs",
+    "Answer": "the answer", "Cancel": "the cancel", "Subscribe": "following the Run",
+    "ClaimAgentCall": "the Agent task's claim", "CallTool": "the Tool call",
+    "CompleteAgentCall": "the Agent task's completion", "FailAgentCall": "the Agent task's failure",
+}
+
+
 class Client:
     """A verified, authenticated connection to a project's host.
 
@@ -255,12 +266,20 @@ class Client:
 
     # ----- transport -----------------------------------------------------------------------
 
-    def _broken(self, request: Request, fact: str) -> IntloomError:
+    def _broken(self, request: Request, fact: str, *, timed_out: bool = False) -> IntloomError:
         self.close()
+        what = _REQUEST_WORDS.get(type(request).__name__, f"the {type(request).__name__} request")
+        run_id = getattr(request, "run_id", None)
+        if run_id:
+            what = f"{what} (Run {run_id})"
+        cause = ("the host did not reply in time" if timed_out else
+                 "the connection closed: the host may have stopped or crashed")
+        check = f"intloom attach {run_id}" if run_id else "intloom runs"
         return IntloomError(
             "PROJECT_REQUEST_FAILED",
-            f"The {type(request).__name__} request did not complete ({fact}); it was not "
-            "replayed. Query the Run before retrying.",
+            f"No reply came for {what}: {cause} ({fact}). It was not replayed, since the host "
+            f"may have acted on it. Run intloom status; once a host runs, check with {check} "
+            "before retrying.",
         )
 
     def _send(self, request: Request) -> socket.socket:
@@ -280,7 +299,8 @@ class Client:
         try:
             reply = decode_response(recv_frame(sock))
         except TimeoutError:
-            raise self._broken(request, f"no reply within {self.request_timeout} s") from None
+            raise self._broken(request, f"no reply within {self.request_timeout} s",
+                               timed_out=True) from None
         except (OSError, FrameClosed) as exc:
             raise self._broken(request, str(exc)) from None
         except FrameError as exc:

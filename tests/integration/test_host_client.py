@@ -116,7 +116,13 @@ def test_reply_lost_mid_request_is_request_failed_and_never_resent(
     with Client.connect(project.root) as client, pytest.raises(IntloomError) as failed:
         client.cancel("RUN-1")
     assert failed.value.code == "PROJECT_REQUEST_FAILED"
-    assert "not replayed" in failed.value.message
+    message = failed.value.message
+    assert "not replayed" in message
+    # The fact (no reply to the cancel of RUN-1: the host may be gone) and the fix, in the
+    # words of the command, not the protocol's.
+    assert message.startswith("No reply came for the cancel (Run RUN-1): the connection "
+                              "closed: the host may have stopped or crashed"), message
+    assert "Run intloom status" in message and "intloom attach RUN-1" in message
     requests = [r for r in host.received if isinstance(r, dict)]
     assert requests == [{"op": "cancel", "runId": "RUN-1"}]
 
