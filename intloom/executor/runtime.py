@@ -282,7 +282,7 @@ def _journalable(value: Any, what: str) -> Any:
 
 def _not_current(slot: RunSlot, action_id: str) -> str:
     """Why ``action_id`` cannot be answered now, and what can be."""
-    fact = f"Action {action_id} is no longer Run {slot.run_id}'s current unanswered action"
+    fact = f"Action {action_id} is not (or no longer) Run {slot.run_id}'s unanswered action"
     call = slot.state.pending_agent_call
     action = slot.state.pending_action
     view = slot.view()
@@ -293,6 +293,12 @@ def _not_current(slot: RunSlot, action_id: str) -> str:
     if view.status == "waiting" and action is not None:
         return (f"{fact}; it waits on {action.id} ({action.kind}). Answer that one "
                 f"(intloom attach {slot.run_id} shows it).")
+    error = view.last_error
+    if view.status == "failed" and error is not None and error.code == "RUN_INTERRUPTED":
+        then = ("it has been dismissed" if view.dismissed else
+                f"intloom cancel {slot.run_id} dismisses it")
+        return (f"{fact}; it was interrupted (RUN_INTERRUPTED: {error.message}) and takes no "
+                f"answer. Start a new Run for this work; {then}.")
     return f"{fact}; it is {view.status} with no question or confirmation pending."
 
 

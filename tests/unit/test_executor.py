@@ -742,9 +742,16 @@ def test_interrupted_run_names_its_effect_and_cancel_dismisses_it() -> None:
         assert view.status == "failed" and view.last_error is not None
         assert view.last_error.code == "RUN_INTERRUPTED"
         assert "charge-card" in view.last_error.message and "order-7" in view.last_error.message
-        dismissed, ended = await rt.cancel(run_id)
-        assert not ended and dismissed.dismissed
-        assert (await rt.cancel(run_id))[0] == dismissed
+        for then in (f"intloom cancel {run_id} dismisses it", "it has been dismissed"):
+            with pytest.raises(IntloomError) as refused:  # an answer names the fact and the fix
+                await rt.answer(run_id, "ASK-1", {"isConfirmed": True})
+            assert refused.value.code == "CONFLICT"
+            assert "interrupted (RUN_INTERRUPTED: " in refused.value.message
+            assert f"Start a new Run for this work; {then}." in refused.value.message
+            if not view.dismissed:
+                view, ended = await rt.cancel(run_id)
+                assert not ended and view.dismissed
+        assert (await rt.cancel(run_id))[0] == view
 
     run(second)
     final = fold(journal.of(run_id))
