@@ -354,6 +354,9 @@ class Runtime:
         # The last task each Run's Agent ended: a retry that repeats it gets the Run's view
         # again instead of CONFLICT (its reply may have been lost). Memory only, like claims.
         self._agent_ended: dict[str, _AgentEnd] = {}
+        # Agent work running in the host (a Tool call, an on_complete handler): a stop gives
+        # it the Steps' grace, and names what is still running then. Done when it returns.
+        self._agent_work: dict[asyncio.Future[None], tuple[str, str]] = {}
         # Ended Runs stay listed for `runs` and `get`, the oldest dropped past the cap (their
         # journal keeps them for inspect); without it a long-lived host grows ~10 KB per Run.
         self.max_finished = max_finished
@@ -944,7 +947,10 @@ class Runtime:
                                "more Tool calls.")
         claim.tool_running = tool_call_id
         try:
-            output = await self.driver.call_user(tools[tool].fn, input)
+            async with self._agent_working(
+                    run_id, f"client Agent task {call_id} was running Tool call {tool_call_id} "
+                    f"(Tool {tool!r}) and its outcome is unknown"):
+                output = await self.driver.call_user(tools[tool].fn, input)
             msgspec.msgpack.encode(output)
         except IntloomError:
             raise
@@ -957,6 +963,18 @@ class Runtime:
             claim.tool_running = None
         claim.receipts[tool_call_id] = (encoded, tool, output)
         return output, False
+
+    @contextlib.asynccontextmanager
+    async def _agent_working(self, run_id: str, what: str) -> AsyncIterator[None]:
+        """Agent work (a Tool call, on_complete) in flight for ``suspend``: ``what`` says,
+        in words, what a stop cuts if it is still running at the end of the grace."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._agent_work[done] = (run_id, what)
+        try:
+            yield
+        finally:
+            del self._agent_work[done]
+            done.set_result(None)
 
     async def _repeated(self, slot: RunSlot, call_id: str, owner_token: str,
                         end: _AgentEnd) -> RunView | None:
@@ -1021,7 +1039,10 @@ class Runtime:
         _tool_not_running(slot, call_id, "completed")
         slot.agent.completing = True
         try:
-            state = await self.driver.absorb(slot, step, AgentResult(outcome, output))
+            async with self._agent_working(
+                    run_id, f"client Agent task {call_id}'s on_complete was running (outcome "
+                    f"{outcome!r}); the completion was not recorded"):
+                state = await self.driver.absorb(slot, step, AgentResult(outcome, output))
         finally:
             slot.agent.completing = False
         # The handler may have taken a while: a cancel or a stop may have come meanwhile.
@@ -1092,7 +1113,11 @@ class Runtime:
         for slot in self.runs.values():
             if slot.view().status == "waiting":
                 slot.suspend(reason)
-        await self.driver.drain(grace)
+        # Tools and on_complete handlers get the same grace as Steps (they are user code
+        # with outside effects too): a stop must not end the process under them unannounced.
+        work = builtins.list(self._agent_work)
+        await asyncio.gather(self.driver.drain(grace),
+                             asyncio.wait(work, timeout=grace) if work else asyncio.sleep(0))
         cut: builtins.list[tuple[str, str]] = []
         for run_id, slot in self.runs.items():
             if slot.view().status == "running":
@@ -1100,6 +1125,7 @@ class Runtime:
                 what = slot.cut_verdict()
                 if what is not None:
                     cut.append((run_id, what))
+        cut.extend(self._agent_work.values())
         return cut
 
     def counts(self) -> dict[str, int]:

@@ -5,14 +5,17 @@ was; a completion retried (its reply lost) gets the Run's view again, not CONFLI
 from __future__ import annotations
 
 import textwrap
+import threading
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from intloom.client.client import Client
 from intloom.errors import IntloomError
 from intloom.runtime.model import RunView
-from tests.helpers import Project
+from tests.helpers import Project, eventually
 from tests.integration.host_support import start
 
 pytestmark = pytest.mark.timeout(60)
@@ -141,6 +144,7 @@ LOOPING = textwrap.dedent('''
 
     def slow(input: Any) -> Any:
         # Runs until the test creates the file it names (a deadline keeps a failed test short).
+        open(input["until"] + ".started", "w").close()
         deadline = time.monotonic() + 20
         while not os.path.exists(input["until"]) and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -151,8 +155,19 @@ LOOPING = textwrap.dedent('''
         return {"found": input}
 
 
+    def pause(input: Any) -> Any:
+        open(input["started"], "w").close()
+        time.sleep(input["s"])  # a Tool that takes a while (an HTTP call, a build)
+        return {"paused": input["s"]}
+
+
+    def boom(input: Any) -> Any:
+        raise RuntimeError("no")  # never reached in these tests: refused BUSY first
+
+
     @main.agent_step("look", routes={"again": "look", "done": intloom.COMPLETE},
-                     tools=[intloom.Tool("slow", slow), intloom.Tool("search", search)])
+                     tools=[intloom.Tool("slow", slow), intloom.Tool("search", search),
+                            intloom.Tool("pause", pause), intloom.Tool("boom", boom)])
     def look(ctx: intloom.StepContext[None]) -> Any:
         return {"topic": ctx.intent}
 ''')
@@ -173,7 +188,6 @@ def test_a_task_does_not_end_under_a_running_tool_and_its_receipts_stay_its_own(
     """A task could be completed while one of its Tool calls ran; the late Tool then wrote its
     receipt into the next task's receipts (that task replayed an output it never made) and
     cleared the next task's BUSY flag. Completing or failing under a running Tool is BUSY."""
-    import threading
 
     client, project = looping
     release = project.root / "release-tool"
@@ -191,15 +205,10 @@ def test_a_task_does_not_end_under_a_running_tool_and_its_receipts_stay_its_own(
     caller = threading.Thread(target=call_slow)
     caller.start()
     try:
-        message = ""
-        for i in range(200):  # until the Tool call is running in the host (a new id each)
-            try:
-                client.call_tool(run.run_id, first, token, f"tc-probe-{i}", "search", {})
-            except IntloomError as exc:
-                assert exc.code == "BUSY", exc.message
-                message = exc.message
-                break
-        assert "tc-1" in message
+        eventually(Path(f"{release}.started").exists, timeout=10, what="the Tool call to run")
+        busy = _refused(lambda: client.call_tool(run.run_id, first, token, "tc-2", "boom", {}),
+                        "BUSY")
+        assert "Tool call tc-1 of this task is running" in busy
         for end in (lambda: client.complete_agent_call(run.run_id, first, token, "again", {}),
                     lambda: client.fail_agent_call(run.run_id, first, token, "gave up")):
             refused = _refused(end, "BUSY")
@@ -266,3 +275,68 @@ def test_agent_requests_refuse_what_is_not_json_or_empty_and_stale_tasks_say_why
     stale = _refused(lambda: client.call_tool(run.run_id, call, token, "tc-2", "search", {}),
                      "CONFLICT")
     assert "the Run has ended failed (AGENT_TASK_FAILED)" in stale
+
+
+def _running_tool(client: Client, project: Project, tool: str,
+                  input: dict[str, Any]) -> tuple[RunView, list[object], threading.Thread]:
+    """A looping Run whose task's Tool call ``tool`` runs in the host: (the Run, where the
+    call's result (or error code) lands, the thread making the call)."""
+    run = client.create_run("looping", "x")
+    assert run.pending_agent_call is not None
+    call = run.pending_agent_call.id
+    token, _ = client.claim_agent_call(run.run_id, call, "agent-1")
+    results: list[object] = []
+
+    def call_tool() -> None:
+        with Client.connect(project.root) as other:
+            try:
+                results.append(other.call_tool(run.run_id, call, token, "tc-1", tool, input))
+            except IntloomError as exc:
+                results.append(exc.code)
+
+    caller = threading.Thread(target=call_tool)
+    caller.start()
+    started = Path(input.get("started") or input["until"] + ".started")
+    eventually(started.exists, timeout=10, what="the Tool call to run in the host")
+    return run, results, caller
+
+
+def test_a_stop_gives_a_running_tool_its_grace(project: Project,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stop ended the process under a running Tool after ~1 s (the Tool half done, no word
+    of it); Tools get the Steps' grace, and one that returns in time answers its Agent."""
+    monkeypatch.setenv("INTLOOM_TEST_SUSPEND_GRACE", "10")
+    (project.root / "workflows" / "looping.py").write_text(LOOPING)
+    (project.root / "intloom.toml").write_text('workflows = ["workflows/looping.py"]\n')
+    start(project)
+    with Client.connect(project.root) as client:
+        _run, results, caller = _running_tool(
+            client, project, "pause", {"s": 2.5, "started": str(project.root / "paused")})
+    try:
+        stopped = project.cli("stop", "--timeout", "30")
+    finally:
+        caller.join(timeout=30)
+    assert results == [({"paused": 2.5}, False)]
+    assert stopped.code == 0, stopped.stderr
+    assert "Unfinished Runs were suspended" in stopped.stdout, stopped.stdout
+
+
+def test_a_tool_still_running_at_the_end_of_the_grace_is_named(
+        project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INTLOOM_TEST_SUSPEND_GRACE", "0.5")
+    (project.root / "workflows" / "looping.py").write_text(LOOPING)
+    (project.root / "intloom.toml").write_text('workflows = ["workflows/looping.py"]\n')
+    start(project)
+    with Client.connect(project.root) as client:
+        run, _, caller = _running_tool(client, project, "slow",
+                                       {"until": str(project.root / "release-tool")})
+    try:
+        stopped = project.cli("stop", "--timeout", "30")
+    finally:
+        (project.root / "release-tool").write_text("go")
+        caller.join(timeout=30)
+    assert stopped.code == 0, stopped.stderr
+    lines = stopped.stdout.splitlines()
+    assert "1 Run still had a Step, Tool or on_complete running" in lines[0], lines
+    assert lines[1].startswith(f"  {run.run_id}: client Agent task "), lines
+    assert "was running Tool call tc-1 (Tool 'slow') and its outcome is unknown" in lines[1]

@@ -441,9 +441,9 @@ def test_stop_text_names_the_runs_it_cut(capsys: pytest.CaptureFixture[str], pro
     code, out, _ = cli(capsys, "stop")
     assert code == 0
     assert out.splitlines() == [
-        "The original service instance stopped. 3 Runs still had a Step running when the "
-        "stop's grace ran out; the next start reports them RUN_INTERRUPTED and replays "
-        "nothing:",
+        "The original service instance stopped. 3 Runs still had a Step, Tool or "
+        "on_complete running when the stop's grace ran out; the next start reports them "
+        "RUN_INTERRUPTED and replays nothing:",
         "  RUN-a: Step main/pay was running",
         "  ... and 2 more (intloom start lists them all).",
         "Other unfinished Runs were suspended at their last checkpoint; committed data is "

@@ -99,7 +99,8 @@ def stop(state: CliState, timeout: TimeoutOpt = None) -> None:
         n = result.cut_count
         runs = "1 Run" if n == 1 else f"{n} Runs"
         lines = [
-            f"The original service instance stopped. {runs} still had a Step running when "
+            f"The original service instance stopped. {runs} still had a Step, Tool or "
+            "on_complete running when "
             "the stop's grace ran out; the next start reports "
             f"{'it' if n == 1 else 'them'} RUN_INTERRUPTED and replays nothing:"
         ]
