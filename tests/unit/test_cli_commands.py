@@ -280,7 +280,14 @@ def test_flow_failed_run_prints_run_once_and_exits_1(
     code, out, err = cli(capsys, "flow", "example", "--intent", "x")
     assert code == 1
     assert out.startswith("Execution failed · example")
-    assert err.startswith("Failure · CLI_RUN_FAILED:")
+    assert err.startswith("Failure · CLI_RUN_FAILED: The Run RUN-1 ended failed with "
+                          "STEP_EXECUTION_FAILED.")
+    # A Run a host stop suspended has not ended: its own message says it continues.
+    client.result = run_view("failed", "RUN_INTERRUPTED")
+    code, _, err = cli(capsys, "flow", "example", "--intent", "x")
+    assert code == 1
+    assert err.startswith("Failure · CLI_RUN_FAILED: The Run RUN-1 was interrupted "
+                          "(RUN_INTERRUPTED): RUN_INTERRUPTED message Run intloom inspect")
 
 
 # ----- answer, cancel, runs, flows, attach ----------------------------------------------------

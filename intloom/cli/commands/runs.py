@@ -27,11 +27,15 @@ def finish_run(state: CliState, run: RunView, *, prefix: list[str] | None = None
     code = exit_codes.for_run_status(run.status)
     if code != exit_codes.OK and not state.json_mode:
         err = data.get("lastError") or {}
+        code_ = err.get("code", "an error")
+        # An interrupted Run has not necessarily ended: a host stop suspends a Run that the
+        # next start continues; its own message says which (executor RunSlot.view).
+        fact = (f"was interrupted (RUN_INTERRUPTED): {err.get('message', '')}"
+                if code_ == "RUN_INTERRUPTED" else f"ended {run.status} with {code_}.")
         state.renderer.error(
             error_view(
                 "CLI_RUN_FAILED",
-                f"The Run {run.run_id} ended {run.status} with {err.get('code', 'an error')}. "
-                f"Run intloom inspect {run.run_id} for its journal.",
+                f"The Run {run.run_id} {fact} Run intloom inspect {run.run_id} for its journal.",
             )
         )
     return code
