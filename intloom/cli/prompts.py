@@ -1,12 +1,24 @@
 """Terminal prompts for a pending question or confirmation (``intloom attach``).
 
 Prompts and what they show go to stderr; only the Run's final view goes to stdout. A
-prompt that is cancelled (Ctrl-C, EOF) raises ``typer.Abort``: the Run keeps waiting.
+prompt that is cancelled (Ctrl-C, EOF) raises ``typer.Abort`` (or ``KeyboardInterrupt``):
+the Run keeps waiting.
+
+A prompt never holds up the rest of attach: the typed line is read from stdin's descriptor
+once the terminal has a whole line (the terminal edits it, as for ``input()``), and another
+thread can wake the wait (:meth:`Terminal.wake`). A woken prompt calls its ``check``, which
+raises to drop the prompt when what it asks for is no longer pending.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import os
+import select
+import sys
+import termios
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import msgspec
@@ -14,24 +26,127 @@ import typer
 
 from intloom.cli.render import printable
 
-__all__ = ["prompt_answer"]
+__all__ = ["Terminal", "prompt_answer"]
 
 
-def _show(text: str) -> None:
-    """A line of what is asked: Workflow text, escaped as the Renderer escapes it."""
-    typer.echo(printable(text), err=True)
+def _nothing() -> None:
+    return None
 
 
-def _confirmation(request: Any) -> dict[str, Any]:
+class Terminal:
+    """The terminal a person answers on while the Run's events are printed around them.
+
+    ``output()`` is for another thread's lines: they start on a line of their own, and the
+    open prompt is shown again after them (at its next wake, which that thread gives).
+    ``wake()`` (any thread) makes the open prompt, or the next one, call ``check`` (main
+    thread), which raises to drop it: the line being typed is discarded, so nothing typed
+    for it answers the next prompt.
+    """
+
+    def __init__(self, fd: int | None = None) -> None:
+        self._fd = sys.stdin.fileno() if fd is None else fd
+        self._wake_r, self._wake_w = os.pipe()
+        for end in (self._wake_r, self._wake_w):
+            os.set_blocking(end, False)
+        self._lock = threading.RLock()  # one writer at a time; guards the pipe's life too
+        self._closed = False
+        self._shown = False  # the open prompt is the last thing on the screen
+        self.check: Callable[[], None] = _nothing
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                os.close(self._wake_r)
+                os.close(self._wake_w)
+
+    def wake(self) -> None:
+        """From any thread: the prompt should look again whether it is still wanted."""
+        with self._lock:
+            if not self._closed:
+                with contextlib.suppress(BlockingIOError):  # already woken
+                    os.write(self._wake_w, b"\0")
+
+    @contextlib.contextmanager
+    def output(self) -> Iterator[None]:
+        """Write another thread's lines below an open prompt, never into it."""
+        with self._lock:
+            if self._shown:
+                self._write("\n")
+                self._shown = False
+            yield
+
+    def say(self, text: str) -> None:
+        """A line of what is asked: Workflow text, escaped as the Renderer escapes it."""
+        with self._lock:
+            self._write(printable(text) + "\n")
+
+    def line(self, prompt: str) -> str:
+        """Show ``prompt``; the line typed, without its newline. EOF raises ``typer.Abort``;
+        whatever ``check`` raises drops the prompt."""
+        typed = b""
+        while True:
+            with self._lock:
+                if not self._shown:
+                    self._write(prompt)
+                    self._shown = True
+            ready, _, _ = select.select([self._fd, self._wake_r], [], [])
+            if self._wake_r in ready:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(self._wake_r, 4096)
+                try:
+                    self.check()
+                except BaseException:
+                    self._drop()
+                    raise
+                continue
+            chunk = os.read(self._fd, 4096)
+            if not chunk:
+                raise typer.Abort()
+            typed += chunk
+            if typed.endswith(b"\n"):
+                with self._lock:
+                    self._shown = False
+                encoding = getattr(sys.stdin, "encoding", None) or "utf-8"
+                return typed[:-1].decode(encoding, errors="replace")
+
+    def _drop(self) -> None:
+        """End the dropped prompt's line; forget what was typed at it."""
+        with self._lock:
+            if self._shown:
+                self._write("\n")
+                self._shown = False
+        with contextlib.suppress(OSError):
+            termios.tcflush(self._fd, termios.TCIFLUSH)
+
+    @staticmethod
+    def _write(text: str) -> None:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+
+    def confirm(self, text: str) -> bool:
+        """``text [y/n]: `` until y(es) or n(o); no default."""
+        while True:
+            value = self.line(f"{text} [y/n]: ").strip().lower()
+            if value in ("y", "yes"):
+                return True
+            if value in ("n", "no"):
+                return False
+            self.say("Error: invalid input")
+
+    def ask(self, text: str) -> str:
+        """``text: ``; the line as typed ("" for Enter)."""
+        return self.line(f"{text}: ")
+
+
+def _confirmation(term: Terminal, request: Any) -> dict[str, Any]:
     context = request.get("context") if isinstance(request, Mapping) else request
-    _show("Confirmation requested:")
+    term.say("Confirmation requested:")
     for line in msgspec.json.format(msgspec.json.encode(context), indent=2).splitlines():
-        _show(line.decode("utf-8"))
+        term.say(line.decode("utf-8"))
     # No default: a stray Enter must not decide (declining may re-run earlier Steps).
-    confirmed = typer.confirm("Confirm?", default=None, err=True)
-    feedback = str(
-        typer.prompt("Feedback (optional, Enter to skip)", default="", show_default=False, err=True)
-    )
+    confirmed = term.confirm("Confirm?")
+    feedback = term.ask("Feedback (optional, Enter to skip)")
     answer: dict[str, Any] = {"isConfirmed": confirmed}
     if feedback.strip():
         answer["feedback"] = feedback
@@ -47,23 +162,23 @@ def _option_line(number: int, option: Mapping[str, Any]) -> str:
     return f"  {number}. {shown}{extra}"
 
 
-def _question(question: Mapping[str, Any]) -> dict[str, Any]:
+def _question(term: Terminal, question: Mapping[str, Any]) -> dict[str, Any]:
     """One question's answer entry. A number picks an option and answers with its id (the
     stable identifier a Step routes on; the label is for people and may change); any other
     text is the answer as typed (options are suggestions)."""
     qid = str(question.get("id"))
     skippable = bool(question.get("isSkippable", False))
-    _show(f"{question.get('question', qid)}")
+    term.say(f"{question.get('question', qid)}")
     if question.get("description"):
-        _show(f"  {question['description']}")
+        term.say(f"  {question['description']}")
     options = [o for o in question.get("options") or [] if isinstance(o, Mapping)]
     for number, option in enumerate(options, start=1):
-        _show(_option_line(number, option))
+        term.say(_option_line(number, option))
     hint = "a number or your own answer" if options else "your answer"
     if skippable:
         hint += "; Enter skips"
     while True:
-        raw = str(typer.prompt(f"[{hint}]", default="", show_default=False, err=True)).strip()
+        raw = term.ask(f"[{hint}]").strip()
         if not raw and skippable:
             return {"questionId": qid, "isSkipped": True}
         # ASCII digits only: str.isdigit() also accepts "²", which int() refuses.
@@ -74,7 +189,7 @@ def _question(question: Mapping[str, Any]) -> dict[str, Any]:
                 return {"questionId": qid, "isSkipped": False, "answer": str(option.get("id"))}
             # A mistyped pick must not become the answer "7": a Step routing on option ids
             # would fail on it.
-            _show(
+            term.say(
                 f"There is no option {number}: type a number from 1 to {len(options)}, or "
                 "your own answer (a number alone always picks an option; to answer with a "
                 "number, use intloom answer)."
@@ -82,13 +197,14 @@ def _question(question: Mapping[str, Any]) -> dict[str, Any]:
             continue
         if raw:
             return {"questionId": qid, "isSkipped": False, "answer": raw}
-        _show("This question needs an answer.")
+        term.say("This question needs an answer.")
 
 
-def prompt_answer(action: Mapping[str, Any]) -> Any:
-    """Ask a person for the answer to ``action`` (a PendingAction as plain data)."""
+def prompt_answer(action: Mapping[str, Any], term: Terminal) -> Any:
+    """Ask a person, on ``term``, for the answer to ``action`` (a PendingAction as plain
+    data)."""
     request = action.get("request")
     if action.get("kind") == "confirmation":
-        return _confirmation(request)
+        return _confirmation(term, request)
     questions = [q for q in request or [] if isinstance(q, Mapping)]
-    return [_question(q) for q in questions]
+    return [_question(term, q) for q in questions]

@@ -78,6 +78,10 @@ class Terminal:
     def type(self, line: str) -> None:
         os.write(self._leader, line.encode() + b"\r")
 
+    def keys(self, text: str) -> None:
+        """Type ``text`` without Enter: it sits in the terminal's line, not yet read."""
+        os.write(self._leader, text.encode())
+
     def finish(self) -> int:
         """Read to the end; the exit code."""
         deadline = time.monotonic() + self.timeout

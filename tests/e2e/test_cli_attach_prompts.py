@@ -1,11 +1,15 @@
 """``intloom attach`` answering on a real terminal (a pty), against a real host.
 
 A picked option answers with the option's id (what a Step routes on), and a number that
-is no option's is asked again rather than sent as text.
+is no option's is asked again rather than sent as text. A prompt whose action stops being
+pending (answered or cancelled by another client, the host stopped or killed) is left at
+once; EOF or Ctrl-C at a prompt detaches and leaves the Run waiting.
 """
 
 from __future__ import annotations
 
+import json
+import signal
 from typing import Any
 
 import pytest
@@ -72,3 +76,111 @@ def test_free_text_is_still_an_answer_when_a_question_has_options(
         {"questionId": "resolution", "isSkipped": False, "answer": "duplicate"},
         {"questionId": "note", "isSkipped": False, "answer": "see ticket 3"},
     ]
+
+
+# ----- a prompt whose action is no longer pending -----------------------------------------
+#
+# Another client (or the host's end) moves the Run on while attach sits at a prompt: attach
+# must leave the prompt at once, not after the person types (the CONFLICT that used to come
+# then). ``Terminal`` fails an expect or finish that takes longer than its timeout.
+
+QUESTIONS_FIX = json.dumps([
+    {"questionId": "resolution", "isSkipped": False, "answer": "fix"},
+    {"questionId": "note", "isSkipped": True},
+])
+PROMPT_DEADLINE = 20.0  # far above what attach needs (one event, one get_run)
+
+
+def at_the_confirmation(project: Project, intent: str) -> tuple[str, str]:
+    """A Run of ``triage`` whose questions are answered: it waits on the confirmation."""
+    ok(project.cli("start", "--json"))
+    run = ok(project.cli("flow", "triage", "--intent", intent, "--json"))["run"]
+    run = ok(project.cli("answer", run["runId"], run["pendingAction"]["id"], QUESTIONS_FIX,
+                         "--json"))["run"]
+    assert run["pendingAction"]["kind"] == "confirmation", run
+    return str(run["runId"]), str(run["pendingAction"]["id"])
+
+
+def test_a_prompt_answered_elsewhere_gives_way_to_the_next_one(asks_project: Project) -> None:
+    project = asks_project
+    ok(project.cli("start", "--json"))
+    run = ok(project.cli("flow", "triage", "--intent", "ticket 9", "--json"))["run"]
+    run_id, asked = run["runId"], run["pendingAction"]["id"]
+    with Terminal(["--project", str(project.root), "attach", run_id], project.root,
+                  timeout=PROMPT_DEADLINE) as term:
+        term.expect("What should happen to this ticket?")
+        term.expect("]: ")
+        term.keys("3")  # typed at the stale prompt, no Enter: must not answer the next one
+        term.expect("3")  # echoed: the terminal holds it
+        now = ok(project.cli("answer", run_id, asked, QUESTIONS_FIX, "--json"))["run"]
+        assert now["pendingAction"]["kind"] == "confirmation", now
+        moved = term.expect("Confirm? [y/n]: ")
+        assert f"{asked} is no longer pending" in moved, term.text()
+        assert "Confirmation requested:" in moved and "CONFLICT" not in moved, term.text()
+        term.type("y")  # "3y" would be refused as invalid input and asked again
+        told = term.expect("Feedback (optional, Enter to skip): ")
+        assert "invalid input" not in told, term.text()
+        term.type("")
+        assert term.finish() == 0, term.text()
+        assert "Completed · triage" in term.rest(), term.text()
+    records = ok(project.cli("inspect", run_id, "--json"))["records"]
+    found = [r["record"]["answer"] for r in records if r["phase"] == "answered"]
+    assert found == [json.loads(QUESTIONS_FIX), {"isConfirmed": True}], found
+
+
+@pytest.mark.parametrize("elsewhere", ["cancel", "stop", "kill"])
+def test_a_prompt_ends_with_the_run_moved_on_elsewhere(
+    asks_project: Project, elsewhere: str
+) -> None:
+    """Cancelled by another client, suspended by a stop, or its host SIGKILLed: attach
+    leaves the confirmation prompt and ends with exit 1 (stopped, or no host to ask)."""
+    project = asks_project
+    run_id, asked = at_the_confirmation(project, f"ticket {elsewhere}")
+    with Terminal(["--project", str(project.root), "attach", run_id], project.root,
+                  timeout=PROMPT_DEADLINE) as term:
+        term.expect("Confirmation requested:")
+        term.expect("Confirm? [y/n]: ")
+        if elsewhere == "cancel":
+            cancelled = ok(project.cli("cancel", run_id, "--json"))["run"]
+            assert cancelled["lastError"]["code"] == "RUN_STOPPED", cancelled
+        elif elsewhere == "stop":
+            ok(project.cli("stop", "--json"))
+        else:
+            project.kill_host()
+        code = term.finish()
+        shown = term.rest()
+    assert code == 1, term.text()
+    assert "CONFLICT" not in shown, term.text()
+    if elsewhere == "kill":  # nothing left to ask: says so, and how to look again
+        assert "Failure · " in shown and "connection to the host was lost" in shown, term.text()
+        assert f"intloom attach {run_id}" in shown, term.text()
+    else:
+        assert f"{asked} is no longer pending" in shown, term.text()
+        error = "RUN_STOPPED" if elsewhere == "cancel" else "RUN_INTERRUPTED"
+        assert error in shown and "Failure · CLI_RUN_FAILED" in shown, term.text()
+
+
+@pytest.mark.parametrize("leave", ["eof", "ctrl-c"])
+def test_eof_or_ctrl_c_at_a_prompt_detaches_and_leaves_the_run_waiting(
+    asks_project: Project, leave: str
+) -> None:
+    project = asks_project
+    run_id, asked = at_the_confirmation(project, f"ticket {leave}")
+    # SIGINT at its default disposition in the child (a runner started in the background
+    # has it ignored, and an ignored SIGINT is inherited).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        term = Terminal(["--project", str(project.root), "attach", run_id], project.root,
+                        timeout=PROMPT_DEADLINE)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    with term:
+        term.expect("Confirm? [y/n]: ")
+        if leave == "eof":
+            term.keys("\x04")  # ^D at the start of a line: EOF
+        else:
+            term.proc.send_signal(signal.SIGINT)  # the pty is not its controlling terminal
+        assert term.finish() == 0, term.text()
+        assert f"Detached from {run_id}; the Run is left as it was." in term.rest(), term.text()
+    run = ok(project.cli("attach", run_id, "--json"))["run"]
+    assert (run["status"], run["pendingAction"]["id"]) == ("waiting", asked), run

@@ -4,12 +4,18 @@ Decisions come from the Run's own views (``get_run``, ``wait_run``, ``answer`` r
 connection); the event stream, on a second connection, is only shown. Before each prompt and
 before the final view, the display is given a moment to catch up with the view it acts on,
 so the history is printed before the question it leads to.
+
+A prompt is dropped as soon as what it asks for is no longer pending: each event the
+stream shows wakes it, and the Run's view (``get_run``) decides whether it is still asked.
+When it is not (answered elsewhere, cancelled, the host stopped or went away), attach goes
+on from that view: it asks what the Run now waits on, or shows how it ended.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
@@ -23,6 +29,7 @@ from intloom.cli.render import Renderer, plain
 from intloom.errors import IntloomError
 
 if TYPE_CHECKING:
+    from intloom.cli.prompts import Terminal
     from intloom.client.client import Client
     from intloom.protocol.messages import RunEvent
     from intloom.runtime.model import RunView
@@ -35,6 +42,8 @@ _CATCH_UP: Final = 3.0
 _RETRY_CODES: Final = frozenset({"INVALID_REQUEST", "CONFLICT"})
 # How long a detach (Ctrl-C with --json) may take to look at the Run once more.
 _DETACH_LOOK: Final = 2.0
+# What a look at the Run says when its host is gone (the connection broke or was closed).
+_CONNECTION_LOST: Final = frozenset({"PROJECT_REQUEST_FAILED", "PROJECT_CONNECTION_FAILED"})
 
 
 def event_line(event: RunEvent) -> str:
@@ -57,15 +66,25 @@ def _key(view: RunView) -> tuple[object, ...]:
 class _Follower(threading.Thread):
     """Prints the Run's events as they arrive; remembers how far it has got."""
 
-    def __init__(self, root: Path, run_id: str, renderer: Renderer) -> None:
+    def __init__(self, root: Path, run_id: str, renderer: Renderer,
+                 term: Terminal | None) -> None:
         super().__init__(name=f"attach-{run_id}", daemon=True)
         self._root = root
         self._run_id = run_id
         self._renderer = renderer
+        self._term = term  # the prompts' terminal: woken by every event and by the end
         self._cond = threading.Condition()
         self._seen: list[RunView] = []
         self._done = False
+        self.final: RunView | None = None  # as the stream's final event showed the Run
         self._client: Client | None = None
+
+    def _show(self, event: RunEvent) -> None:
+        if self._term is None:
+            self._renderer.lines([event_line(event)])
+            return
+        with self._term.output():
+            self._renderer.lines([event_line(event)])
 
     def run(self) -> None:
         from intloom.client.client import Client
@@ -74,10 +93,14 @@ class _Follower(threading.Thread):
             with Client.connect(self._root) as client:
                 self._client = client
                 for event in client.subscribe(self._run_id):
-                    self._renderer.lines([event_line(event)])
+                    self._show(event)
                     with self._cond:
                         self._seen.append(event.run)
+                        if event.final:
+                            self.final = event.run
                         self._cond.notify_all()
+                    if self._term is not None:
+                        self._term.wake()
                     if event.final:
                         break
         except Exception:
@@ -87,6 +110,8 @@ class _Follower(threading.Thread):
             with self._cond:
                 self._done = True
                 self._cond.notify_all()
+            if self._term is not None:
+                self._term.wake()  # a dropped stream: the prompt looks whether the host is there
 
     def _reached(self, view: RunView) -> bool:
         # Several records share a millisecond, so a timestamp alone does not say "caught up":
@@ -100,6 +125,13 @@ class _Follower(threading.Thread):
             seen.updated_at > view.updated_at or _key(seen) == key for seen in self._seen
         )
 
+    def last_word(self) -> RunView | None:
+        """The Run as the stream's final event showed it, once the stream has ended (given
+        a moment to: a host going away ends it, with that event or without); else None."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._done, timeout=_CATCH_UP)
+            return self.final
+
     def catch_up(self, view: RunView) -> None:
         with self._cond:
             self._cond.wait_for(lambda: self._reached(view), timeout=_CATCH_UP)
@@ -111,13 +143,49 @@ class _Follower(threading.Thread):
                 client.close()
 
 
+class _MovedOn(Exception):
+    """The action a prompt asks for is no longer pending; ``view`` is the Run now."""
+
+    def __init__(self, view: RunView) -> None:
+        super().__init__(view.run_id)
+        self.view = view
+
+
+def _still_asked(client: Client, run_id: str, action_id: str,
+                 follower: _Follower) -> Callable[[], None]:
+    """The prompt's check: raises ``_MovedOn`` once ``action_id`` is no longer pending."""
+
+    def check() -> None:
+        try:
+            now = client.get_run(run_id)
+        except IntloomError as exc:
+            if exc.code not in _CONNECTION_LOST:
+                raise
+            last = follower.last_word()
+            if last is not None and last.status in ("completed", "failed"):
+                # A stopping host ended the stream with how the Run ended (suspended).
+                raise _MovedOn(last) from None
+            raise IntloomError(
+                exc.code,
+                f"The connection to the host was lost while attach asked for {action_id} "
+                "(the host stopped or was killed); nothing was answered here. Run intloom "
+                f"status, then intloom attach {run_id}.",
+                retryable=exc.retryable,
+            ) from None
+        action = now.pending_action
+        if now.status != "waiting" or action is None or action.id != action_id:
+            raise _MovedOn(now)
+
+    return check
+
+
 def _follow(state: CliState, client: Client, run_id: str, view: RunView) -> RunView:
     """Wait, prompt and answer until the Run is terminal, or waits with no one to answer."""
-    from intloom.cli.prompts import prompt_answer
+    from intloom.cli.prompts import Terminal, prompt_answer
 
-    follower = _Follower(state.root(), run_id, state.renderer)
+    term = Terminal() if interactive(state.json_mode) else None
+    follower = _Follower(state.root(), run_id, state.renderer, term)
     follower.start()
-    can_prompt = interactive(state.json_mode)
     try:
         while True:
             if view.status == "running":
@@ -125,9 +193,16 @@ def _follow(state: CliState, client: Client, run_id: str, view: RunView) -> RunV
                 continue
             follower.catch_up(view)
             action = view.pending_action
-            if view.status != "waiting" or action is None or not can_prompt:
+            if view.status != "waiting" or action is None or term is None:
                 return view
-            value = prompt_answer(plain(action))
+            term.check = _still_asked(client, run_id, action.id, follower)
+            try:
+                value = prompt_answer(plain(action), term)
+            except _MovedOn as moved:
+                term.say(f"{action.id} is no longer pending (the Run moved on elsewhere); "
+                         "nothing was answered here.")
+                view = moved.view
+                continue
             try:
                 view = client.answer(run_id, action.id, value)
             except IntloomError as exc:
@@ -137,6 +212,8 @@ def _follow(state: CliState, client: Client, run_id: str, view: RunView) -> RunV
                 view = client.get_run(run_id)
     finally:
         follower.close()
+        if term is not None:
+            term.close()
 
 
 def _attach_json(state: CliState, run_id: str) -> int:

@@ -1,0 +1,92 @@
+"""The prompts' ``Terminal`` on a pty in this process: a line is read once typed; a wake
+makes the prompt run its check, which may drop it, and what was typed at a dropped prompt
+never answers the next one."""
+
+from __future__ import annotations
+
+import os
+import select
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from intloom.cli.prompts import Terminal
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class Gone(Exception):
+    pass
+
+
+@pytest.fixture
+def pty_pair() -> Iterator[tuple[int, Terminal]]:
+    """The pty's leader (what a person types into) and a Terminal reading its follower."""
+    leader, follower = os.openpty()
+    term = Terminal(follower)
+    try:
+        yield leader, term
+    finally:
+        term.close()
+        os.close(follower)
+        os.close(leader)
+
+
+def echoed(leader: int, text: bytes) -> None:
+    """Until the terminal echoes ``text``: it is in the line being typed."""
+    seen, deadline = b"", time.monotonic() + 10
+    while text not in seen:
+        remaining = deadline - time.monotonic()
+        assert remaining > 0, seen
+        if select.select([leader], [], [], remaining)[0]:
+            seen += os.read(leader, 1024)
+
+
+def test_a_typed_line_is_the_answer(pty_pair: tuple[int, Terminal]) -> None:
+    leader, term = pty_pair
+    os.write(leader, "  fix it é\r".encode())
+    assert term.line("Q: ") == "  fix it é"
+
+
+def test_a_wake_whose_check_passes_keeps_the_prompt(pty_pair: tuple[int, Terminal]) -> None:
+    leader, term = pty_pair
+    checks: list[int] = []
+    term.check = lambda: checks.append(1)
+    term.wake()
+    term.wake()  # wakes coalesce: one check is enough
+    os.write(leader, b"y\r")
+    assert term.confirm("Confirm?") is True
+    assert checks == [1]
+
+
+def test_a_dropped_prompt_forgets_what_was_typed_at_it(pty_pair: tuple[int, Terminal]) -> None:
+    leader, term = pty_pair
+    os.write(leader, b"3")  # no Enter
+    echoed(leader, b"3")
+
+    def check() -> None:
+        raise Gone
+
+    term.check = check
+    term.wake()
+    with pytest.raises(Gone):
+        term.line("Q: ")
+    term.check = lambda: None
+    os.write(leader, b"y\r")
+    assert term.line("Confirm? [y/n]: ") == "y"  # not "3y"
+
+
+def test_eof_aborts(pty_pair: tuple[int, Terminal]) -> None:
+    import typer
+
+    leader, term = pty_pair
+    os.write(leader, b"\x04")
+    with pytest.raises(typer.Abort):
+        term.ask("Feedback")
+
+
+def test_a_wake_after_close_is_ignored(pty_pair: tuple[int, Terminal]) -> None:
+    _, term = pty_pair
+    term.close()
+    term.wake()  # the follower thread may outlive the prompts: never writes a reused fd
