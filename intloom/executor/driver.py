@@ -23,7 +23,7 @@ from intloom.authoring.loader import LoadedWorkflow
 from intloom.authoring.workflow import AgentStep, Complete, Stage, Step, ToStage
 from intloom.errors import ErrorView, IntloomError, clip, error_view
 from intloom.executor import clock
-from intloom.executor.history import DETAILED as _DETAILED
+from intloom.executor.history import FACTS as _FACTS
 from intloom.executor.history import Entry as _Entry
 from intloom.executor.history import Event as _Event
 from intloom.executor.history import detail as _detail
@@ -222,7 +222,7 @@ class RunSlot:
         # cursor is the record's own: a flush often holds one Step's result and the next
         # Step's start, and its events must not all show where the last one left the Run.
         self._events.append(
-            (state.phase, record if type(record) in _DETAILED else None, state.cursor))
+            (state.phase, record if type(record) in _FACTS else None, state.cursor))
 
     def view(self) -> RunView:
         st = self.shown
@@ -309,13 +309,14 @@ class RunSlot:
             for name, info, cursor in events:
                 if subscribers:
                     assert view is not None
-                    update = RunUpdate(event=name, run=_at(view, cursor), detail=_detail(info))
+                    update = RunUpdate(event=name, run=_at(view, cursor),
+                                       detail=_detail(name, info))
                     for queue in subscribers:
                         queue.put_nowait(update)
                 if observer is not None and name in _MILESTONES:
                     if view is None:
                         view = self.view()
-                    observer(name, self.run_id, _detail(info), view.status)
+                    observer(name, self.run_id, _detail(name, info), view.status)
         if not stable:
             return
         # Without an override the view's status is the shown state's: no view to build.
@@ -394,7 +395,7 @@ class RunSlot:
         ``history.maxlen`` of them (the caller holds ``lock``)."""
         if self._packed is None:
             return list(self.history)
-        entries = [*unpack(self._packed), *self.history]
+        entries = [*unpack(self._packed, self.state), *self.history]
         return entries[-(self.history.maxlen or 0):]
 
     def history_size(self) -> int:
@@ -463,7 +464,8 @@ class RunSlot:
             entries = self.entries_locked()
         try:
             history = [
-                RunUpdate(event=name, run=_at(view, cursor), detail=_detail(info), history=True)
+                RunUpdate(event=name, run=_at(view, cursor), detail=_detail(name, info),
+                          history=True)
                 for entry in entries
                 for view in (shown(entry),)
                 for name, info, cursor in entry[0]
@@ -516,7 +518,7 @@ def _earlier_entries(earlier: Callable[[], list[Record]]) -> list[_Entry]:
         except IllegalTransition:
             break  # the journal read back whole; a refusal is the restore's to report
         if type(record) is not Header:
-            entries.append((((state.phase, record if type(record) in _DETAILED else None,
+            entries.append((((state.phase, record if type(record) in _FACTS else None,
                               state.cursor),), state, None))
     return list(entries)
 

@@ -1,51 +1,70 @@
 """A Run's history entries, and an ended Run's history packed into one compressed blob.
 
 A host lists up to 1,000 ended Runs, and ``attach`` replays each one's history. Kept as
-objects, an entry (its events, the state it showed: a 27-field struct with its own strings,
-the records behind its events) costs ~1 KB, so 1,000 ended Runs of 20 Steps held ~20 MB
-that nobody may ever read, and long Runs (200 entries each) ~170 MB. Packed, an entry keeps
-only what a follower is sent -- its events' names, details and cursors, and the view it
-showed -- and consecutive entries differ in a few fields: 200 entries pack to ~1 KB in
-~0.3 ms, once per ended Run. They are unpacked only for a follower.
+objects, an entry (its events, the state it showed: a 27-field struct with its own strings)
+costs ~1 KB, so 1,000 ended Runs of 20 Steps held ~20 MB that nobody may ever read, and long
+Runs (200 entries each) ~170 MB. Packed, an entry keeps only what a follower is sent: its
+events (names, the facts their details are made of, cursors) and the fields of the state a
+view is made of; consecutive entries differ in a few of them. An ended Run's 200 entries
+pack to ~1 KB in ~0.2 ms, once, on the loop; no view is built for it. They are unpacked
+only for a follower.
 """
 
 from __future__ import annotations
 
+import operator
 import zlib
+from collections.abc import Callable
 from typing import Any, Final
 
 import msgspec
 
+from intloom.errors import ErrorView
 from intloom.runtime.machine import RunState, to_view
-from intloom.runtime.model import Cursor, RunView
+from intloom.runtime.model import Cursor, PendingAction, PendingAgentCall, RunView
 from intloom.runtime.records import Answered, EffectDone, EffectStarted, StepResult
 
-__all__ = ["DETAILED", "Entry", "Event", "detail", "pack", "plain_view", "unpack"]
+__all__ = ["FACTS", "Entry", "Event", "detail", "pack", "plain_view", "shown", "unpack"]
 
-# An event: its name, its detail (``detail`` reads it) and the cursor of the record behind it
-# (None: the cursor of the view it is published with).
+# An event: its name, its detail (``detail`` reads it: a dict or None, a record, or the
+# record's ``FACTS`` once packed) and the cursor of the record behind it (None: the cursor of
+# the view it is published with).
 Event = tuple[str, Any, Cursor | None]
 # A history entry: one publish's events, the state it showed, and its view when that is not
-# the plain view of the state. Unpacked entries carry their view and no state.
-Entry = tuple[tuple[Event, ...], RunState | None, RunView | None]
-# Records whose event carries a detail; the record itself stands for it until read.
-DETAILED: Final[frozenset[type]] = frozenset({StepResult, EffectStarted, EffectDone, Answered})
+# the plain view of the state (an override, a suspension).
+Entry = tuple[tuple[Event, ...], RunState, RunView | None]
+# The records an event keeps (as its detail), and what a packed history keeps of them (the
+# rest, a State or an effect's result, is in the journal).
+FACTS: Final[dict[type, Callable[[Any], Any]]] = {
+    StepResult: operator.attrgetter("outcome"),
+    EffectStarted: operator.attrgetter("name", "key"),
+    EffectDone: operator.attrgetter("name", "key"),
+    Answered: operator.attrgetter("action_id"),
+}
 
+# The fields of a state its plain view is made of (``to_view``), beside those no record
+# changes (run id, Workflow, version, creation time), which ``unpack`` takes from the Run.
+_Shown = tuple[Cursor, str, str, PendingAction | None, PendingAgentCall | None,
+               ErrorView | None, str, bool]
 _encoder: Final = msgspec.msgpack.Encoder()
-# Details are the host's own dicts ({"code": ...}, {"outcome": ...}) or None.
-_decoder: Final = msgspec.msgpack.Decoder(list[tuple[tuple[Event, ...], RunView]])
+_decoder: Final = msgspec.msgpack.Decoder(list[tuple[tuple[Event, ...], RunView | _Shown]])
 # Level 1: higher levels gain little on entries this repetitive and cost more on the loop.
 _LEVEL: Final = 1
 
 
-def detail(info: Any) -> Any:
-    """An event's detail: given as is, or read off the record that carries it."""
-    if isinstance(info, StepResult):
-        return {"outcome": info.outcome}
-    if isinstance(info, (EffectStarted, EffectDone)):
-        return {"name": info.name, "key": info.key}
-    if isinstance(info, Answered):
-        return {"actionId": info.action_id}
+def detail(name: str, info: Any) -> Any:
+    """An event's detail: given as is (a dict or None), or made of a record or its ``FACTS``."""
+    if info is None or type(info) is dict:
+        return info
+    facts = FACTS.get(type(info))
+    if facts is not None:
+        info = facts(info)
+    if name == "step_result":
+        return {"outcome": info}
+    if name in ("effect_started", "effect_done"):
+        return {"name": info[0], "key": info[1]}
+    if name == "answered":
+        return {"actionId": info}
     return info
 
 
@@ -57,25 +76,33 @@ def plain_view(state: RunState) -> RunView:
 
 def shown(entry: Entry) -> RunView:
     """The view an entry showed."""
-    _, state, view = entry
-    if view is not None:
-        return view
-    assert state is not None, "an entry without a view has its state"
-    return plain_view(state)
+    return entry[2] or plain_view(entry[1])
 
 
 def pack(entries: list[Entry]) -> bytes | None:
-    """``entries`` as a follower would be sent them, packed; None when a detail does not
-    encode (then keep the objects)."""
-    sent = [(tuple([(name, detail(info) if type(info) in DETAILED else info, cursor)
-                    for name, info, cursor in events]), shown(entry))
-            for entry in entries for events in (entry[0],)]
+    """``entries`` packed; None when a detail does not encode (then keep the objects)."""
+    get = FACTS.get
+    sent = [(tuple([(name, info if info is None or (facts := get(type(info))) is None
+                     else facts(info), cursor) for name, info, cursor in events]),
+             view if view is not None else (
+                 state.cursor, state.status, state.updated_at, state.pending_action,
+                 state.pending_agent_call, state.last_error, state.phase, state.dismissed))
+            for events, state, view in entries]
     try:
         return zlib.compress(_encoder.encode(sent), _LEVEL)
     except (TypeError, ValueError, OverflowError):
         return None
 
 
-def unpack(blob: bytes) -> list[Entry]:
-    """The entries ``pack`` packed, each with its view."""
-    return [(events, None, view) for events, view in _decoder.decode(zlib.decompress(blob))]
+def unpack(blob: bytes, run: RunState) -> list[Entry]:
+    """The entries ``pack`` packed; ``run`` is the Run's state now (its unchanging fields)."""
+    entries: list[Entry] = []
+    for events, part in _decoder.decode(zlib.decompress(blob)):
+        if isinstance(part, RunView):
+            entries.append((events, run, part))
+            continue
+        cursor, status, updated_at, action, call, error, phase, dismissed = part
+        entries.append((events, msgspec.structs.replace(
+            run, cursor=cursor, status=status, updated_at=updated_at, pending_action=action,
+            pending_agent_call=call, last_error=error, phase=phase, dismissed=dismissed), None))
+    return entries
