@@ -951,6 +951,14 @@ class Runtime:
                     run_id, f"client Agent task {call_id} was running Tool call {tool_call_id} "
                     f"(Tool {tool!r}) and its outcome is unknown"):
                 output = await self.driver.call_user(tools[tool].fn, input)
+            returned = json_problem(output)
+            if returned is not None:
+                # The Agent would get something else (a set as a list, bytes as base64).
+                raise IntloomError(
+                    "TOOL_EXECUTION_FAILED",
+                    clip(f"Tool {tool!r} returned what is not plain JSON data: {returned}. "
+                         "Return str, numbers, booleans, null, lists and objects with string "
+                         "keys; nothing was kept, so the call may be made again."))
             msgspec.msgpack.encode(output)
         except IntloomError:
             raise

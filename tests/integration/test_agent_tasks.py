@@ -161,13 +161,18 @@ LOOPING = textwrap.dedent('''
         return {"paused": input["s"]}
 
 
+    def setty(input: Any) -> Any:
+        return {"tags": {"a", "b"}}  # a set: no JSON value
+
+
     def boom(input: Any) -> Any:
         raise RuntimeError("no")  # never reached in these tests: refused BUSY first
 
 
     @main.agent_step("look", routes={"again": "look", "done": intloom.COMPLETE},
                      tools=[intloom.Tool("slow", slow), intloom.Tool("search", search),
-                            intloom.Tool("pause", pause), intloom.Tool("boom", boom)])
+                            intloom.Tool("pause", pause), intloom.Tool("boom", boom),
+                            intloom.Tool("setty", setty)])
     def look(ctx: intloom.StepContext[None]) -> Any:
         return {"topic": ctx.intent}
 ''')
@@ -260,6 +265,9 @@ def test_agent_requests_refuse_what_is_not_json_or_empty_and_stale_tasks_say_why
         lambda: client.call_tool(run.run_id, call, token, "", "search", {}), "INVALID_REQUEST")
     assert "$.q is bytes" in _refused(lambda: client.call_tool(
         run.run_id, call, token, "tc-1", "search", {"q": b"\x00"}), "INVALID_REQUEST")
+    returned = _refused(lambda: client.call_tool(run.run_id, call, token, "tc-s", "setty", {}),
+                        "TOOL_EXECUTION_FAILED")
+    assert "Tool 'setty' returned what is not plain JSON data: $.tags is set" in returned
     for bad, where in (({"a": b"x"}, "$.a is bytes"), ({"n": float("nan")}, "$.n is nan")):
         message = _refused(lambda bad=bad: client.complete_agent_call(
             run.run_id, call, token, "done", bad), "INVALID_REQUEST")
