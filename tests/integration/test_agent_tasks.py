@@ -8,7 +8,7 @@ import textwrap
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -66,12 +66,19 @@ def client(project: Project) -> Iterator[Client]:
         yield connected
 
 
-def _claimed(client: Client) -> tuple[RunView, str, str]:
-    run = client.create_run("research", "rust async runtimes")
+def _task(client: Client, workflow: str = "research",
+          intent: str = "rust async runtimes") -> tuple[RunView, str]:
+    """A new Run waiting on its Agent task: (the Run, the task's id)."""
+    run = client.create_run(workflow, intent)
     call = run.pending_agent_call
     assert run.status == "waiting" and call is not None, run
-    token, _ = client.claim_agent_call(run.run_id, call.id, "agent-1")
-    return run, call.id, token
+    return run, call.id
+
+
+def _claimed(client: Client, workflow: str = "research") -> tuple[RunView, str, str]:
+    run, call = _task(client, workflow)
+    token, _ = client.claim_agent_call(run.run_id, call, "agent-1")
+    return run, call, token
 
 
 def _refused(call: object, code: str) -> str:
@@ -196,21 +203,9 @@ def test_a_task_does_not_end_under_a_running_tool_and_its_receipts_stay_its_own(
 
     client, project = looping
     release = project.root / "release-tool"
-    run = client.create_run("looping", "x")
-    assert run.pending_agent_call is not None
-    first = run.pending_agent_call.id
-    token, _ = client.claim_agent_call(run.run_id, first, "agent-1")
-    results: list[object] = []
-
-    def call_slow() -> None:
-        with Client.connect(project.root) as other:
-            results.append(other.call_tool(run.run_id, first, token, "tc-1", "slow",
-                                           {"until": str(release)}))
-
-    caller = threading.Thread(target=call_slow)
-    caller.start()
+    running = _running_tool(client, project, "slow", {"until": str(release)})
+    run, first, token, results, caller = running
     try:
-        eventually(Path(f"{release}.started").exists, timeout=10, what="the Tool call to run")
         busy = _refused(lambda: client.call_tool(run.run_id, first, token, "tc-2", "boom", {}),
                         "BUSY")
         assert "Tool call tc-1 of this task is running" in busy
@@ -237,10 +232,7 @@ def test_a_task_does_not_end_under_a_running_tool_and_its_receipts_stay_its_own(
 def test_tool_receipts_compare_values_and_name_what_differs(
         looping: tuple[Client, Project]) -> None:
     client, _ = looping
-    run = client.create_run("looping", "x")
-    assert run.pending_agent_call is not None
-    call = run.pending_agent_call.id
-    token, _ = client.claim_agent_call(run.run_id, call, "agent-1")
+    run, call, token = _claimed(client, "looping")
     first = client.call_tool(run.run_id, call, token, "tc-5", "search", {"q": "x", "a": 1})
     # The same JSON object with its keys in another order is the same input.
     again = client.call_tool(run.run_id, call, token, "tc-5", "search", {"a": 1, "q": "x"})
@@ -255,9 +247,7 @@ def test_tool_receipts_compare_values_and_name_what_differs(
 def test_agent_requests_refuse_what_is_not_json_or_empty_and_stale_tasks_say_why(
         looping: tuple[Client, Project]) -> None:
     client, _ = looping
-    run = client.create_run("looping", "x")
-    assert run.pending_agent_call is not None
-    call = run.pending_agent_call.id
+    run, call = _task(client, "looping")
     assert "claim_id is empty" in _refused(
         lambda: client.claim_agent_call(run.run_id, call, ""), "INVALID_REQUEST")
     token, _ = client.claim_agent_call(run.run_id, call, "agent-1")
@@ -285,14 +275,19 @@ def test_agent_requests_refuse_what_is_not_json_or_empty_and_stale_tasks_say_why
     assert "the Run has ended failed (AGENT_TASK_FAILED)" in stale
 
 
+class _Running(NamedTuple):
+    run: RunView
+    call: str  # the Agent task's id
+    token: str  # its claim's owner token
+    results: list[object]  # what the Tool call returned (or its error code), once it has
+    caller: threading.Thread  # the thread making the Tool call
+
+
 def _running_tool(client: Client, project: Project, tool: str,
-                  input: dict[str, Any]) -> tuple[RunView, list[object], threading.Thread]:
-    """A looping Run whose task's Tool call ``tool`` runs in the host: (the Run, where the
-    call's result (or error code) lands, the thread making the call)."""
-    run = client.create_run("looping", "x")
-    assert run.pending_agent_call is not None
-    call = run.pending_agent_call.id
-    token, _ = client.claim_agent_call(run.run_id, call, "agent-1")
+                  input: dict[str, Any]) -> _Running:
+    """A looping Run whose task's Tool call ``tc-1`` (``tool``) runs in the host: it writes a
+    ``.started`` file (``input["until"]`` + ``.started``, or ``input["started"]``)."""
+    run, call, token = _claimed(client, "looping")
     results: list[object] = []
 
     def call_tool() -> None:
@@ -306,7 +301,7 @@ def _running_tool(client: Client, project: Project, tool: str,
     caller.start()
     started = Path(input.get("started") or input["until"] + ".started")
     eventually(started.exists, timeout=10, what="the Tool call to run in the host")
-    return run, results, caller
+    return _Running(run, call, token, results, caller)
 
 
 def test_a_stop_gives_a_running_tool_its_grace(project: Project,
@@ -318,8 +313,9 @@ def test_a_stop_gives_a_running_tool_its_grace(project: Project,
     (project.root / "intloom.toml").write_text('workflows = ["workflows/looping.py"]\n')
     start(project)
     with Client.connect(project.root) as client:
-        _run, results, caller = _running_tool(
+        running = _running_tool(
             client, project, "pause", {"s": 2.5, "started": str(project.root / "paused")})
+    results, caller = running.results, running.caller
     try:
         stopped = project.cli("stop", "--timeout", "30")
     finally:
@@ -336,8 +332,9 @@ def test_a_tool_still_running_at_the_end_of_the_grace_is_named(
     (project.root / "intloom.toml").write_text('workflows = ["workflows/looping.py"]\n')
     start(project)
     with Client.connect(project.root) as client:
-        run, _, caller = _running_tool(client, project, "slow",
-                                       {"until": str(project.root / "release-tool")})
+        running = _running_tool(client, project, "slow",
+                                {"until": str(project.root / "release-tool")})
+    run, caller = running.run, running.caller
     try:
         stopped = project.cli("stop", "--timeout", "30")
     finally:
