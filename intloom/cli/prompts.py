@@ -116,7 +116,7 @@ class Terminal:
             if self._shown:
                 self._write("\n")
                 self._shown = False
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, termios.error):  # termios.error is no OSError
             termios.tcflush(self._fd, termios.TCIFLUSH)
 
     @staticmethod

@@ -274,12 +274,16 @@ class Client:
             what = f"{what} (Run {run_id})"
         cause = ("the host did not reply in time" if timed_out else
                  "the connection closed: the host may have stopped or crashed")
-        check = f"intloom attach {run_id}" if run_id else "intloom runs"
+        if run_id:
+            then = f"; once a host runs, check with intloom attach {run_id} before retrying"
+        elif type(request).__name__ == "CreateRun":
+            then = "; once a host runs, check with intloom runs before retrying"
+        else:
+            then = " before retrying"
         return IntloomError(
             "PROJECT_REQUEST_FAILED",
             f"No reply came for {what}: {cause} ({fact}). It was not replayed, since the host "
-            f"may have acted on it. Run intloom status; once a host runs, check with {check} "
-            "before retrying.",
+            f"may have acted on it. Run intloom status{then}.",
         )
 
     def _send(self, request: Request) -> socket.socket:

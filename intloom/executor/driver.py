@@ -237,8 +237,15 @@ class RunSlot:
             message = (f"{stopped} It stopped while {cut}; the next start reports the Run "
                        "RUN_INTERRUPTED and replays nothing.")
         else:
-            message = (f"{stopped} The Run continues from its last saved boundary on the next "
-                       "start, as the restart table allows.")
+            cursor = self.state.cursor
+            verdict = restart_verdict(self.state,
+                                      self.lw.has_recover(cursor.stage, cursor.step))
+            if verdict.row == "interrupted":  # a wait without recover, an Agent task
+                message = (f"{stopped} The next start reports the Run RUN_INTERRUPTED: "
+                           f"{verdict.reason}.")
+            else:
+                message = (f"{stopped} The Run continues from its last saved boundary on the "
+                           "next start, as the restart table allows.")
         return to_view(  # suspended
             st, status="failed",
             last_error=ErrorView(code="RUN_INTERRUPTED", message=message),

@@ -314,7 +314,7 @@ def _not_current_task(slot: RunSlot, view: RunView, call_id: str) -> str:
     if view.status == "completed":
         return f"{fact}: the Run has completed and takes no more work."
     if view.status == "failed" and error is not None and error.code == "RUN_INTERRUPTED":
-        return (f"{fact}: the Run was interrupted (RUN_INTERRUPTED) by a host restart, and "
+        return (f"{fact}: the Run was interrupted (RUN_INTERRUPTED: {error.message}); "
                 "claims, owner tokens and Tool receipts are not restored. Start a new Run for "
                 "this work.")
     if view.status == "failed":
@@ -357,6 +357,7 @@ class Runtime:
         # Agent work running in the host (a Tool call, an on_complete handler): a stop gives
         # it the Steps' grace, and names what is still running then. Done when it returns.
         self._agent_work: dict[asyncio.Future[None], tuple[str, str]] = {}
+        self._agent_dropped: builtins.list[tuple[str, str]] = []  # its results a stop refused
         # Ended Runs stay listed for `runs` and `get`, the oldest dropped past the cap (their
         # journal keeps them for inspect); without it a long-lived host grows ~10 KB per Run.
         self.max_finished = max_finished
@@ -595,6 +596,7 @@ class Runtime:
         ``max_finished`` ended Runs, and each running Run's ``_HISTORY`` entries (a state
         each) kept for all of them would be hundreds of MB for long Runs."""
         slot.keep_history(ENDED_HISTORY)
+        slot.agent = AgentClaim()  # a cancelled task's receipts (Tool outputs) go with it
         self._finished[slot.run_id] = None
         while len(self._finished) > self.max_finished:
             oldest = next(iter(self._finished))
@@ -1023,8 +1025,8 @@ class Runtime:
         _plain_json(output, "The Agent task's output")
         _journalable(output, "The Agent task's output")
         slot = self._slot(run_id)
-        end = _AgentEnd(call_id, owner_token, "complete", outcome,
-                        hashlib.sha256(msgspec.msgpack.encode(output)).digest())
+        end = _AgentEnd(call_id, owner_token, "complete", outcome,  # the value, not key order
+                        hashlib.sha256(_CANONICAL.encode(output)).digest())
         repeated = await self._repeated(slot, call_id, owner_token, end)
         if repeated is not None:
             return repeated
@@ -1054,6 +1056,12 @@ class Runtime:
         finally:
             slot.agent.completing = False
         # The handler may have taken a while: a cancel or a stop may have come meanwhile.
+        if self.closing:
+            # It ran in the stop's grace, but nothing is recorded while the host stops: the
+            # stop names it (suspend reads this after the grace), never silently.
+            self._agent_dropped.append((run_id, (
+                f"client Agent task {call_id}'s on_complete ran (outcome {outcome!r}) while the "
+                "host stopped; the completion was not recorded")))
         self._admit()
         slot, _call = self._agent_slot(run_id, call_id)
         self._check_owner(slot, owner_token)
@@ -1133,6 +1141,7 @@ class Runtime:
                 what = slot.cut_verdict()
                 if what is not None:
                     cut.append((run_id, what))
+        cut.extend(self._agent_dropped)
         cut.extend(self._agent_work.values())
         return cut
 

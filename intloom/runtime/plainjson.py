@@ -7,31 +7,58 @@ null) than the one the Agent sent. ``json_problem`` names the first such part in
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 __all__ = ["json_problem"]
 
 
+# Deeper than any JSON an Agent or a Tool means to send (msgspec's own limit is lower still),
+# and what stops a value that contains itself.
+MAX_DEPTH: Final = 1000
+
+_SCALARS: Final = frozenset({str, int, bool, type(None)})
+# Where an item sits: (its container's place, its key or index), None for the value itself.
+_Place = tuple["_Place", str | int] | None
+
+
+def _path(place: _Place) -> str:
+    parts: list[str] = []
+    while place is not None:
+        place, key = place
+        parts.append(f".{key}" if isinstance(key, str) else f"[{key}]")
+    return "$" + "".join(reversed(parts))
+
+
 def json_problem(value: Any) -> str | None:
-    """Where ``value`` stops being plain JSON (``$.a[2] is bytes``), or None when it is."""
-    stack: list[tuple[Any, str]] = [(value, "$")]
+    """Where ``value`` stops being plain JSON (``$.a[2] is bytes``), or None when it is.
+
+    Paths are built only for the part named; a value nested deeper than ``MAX_DEPTH`` (one
+    that contains itself, too) is named as such instead of being walked for ever."""
+    stack: list[tuple[Any, _Place, int]] = [(value, None, 0)]
     while stack:
-        item, path = stack.pop()
+        item, place, depth = stack.pop()
         if item is None or isinstance(item, (bool, int, str)):
             continue
         if isinstance(item, float):
             if item - item != 0.0:  # NaN or an infinity (math stays out of the engine)
-                return f"{path} is {item!r}, which JSON cannot hold"
+                return f"{_path(place)} is {item!r}, which JSON cannot hold"
             continue
+        if depth >= MAX_DEPTH and isinstance(item, (list, tuple, dict)):
+            return (f"the value is nested more than {MAX_DEPTH} levels deep (or holds "
+                    "itself)")
         if isinstance(item, (list, tuple)):
-            stack.extend((part, f"{path}[{i}]") for i, part in enumerate(item))
+            for i, part in enumerate(item):
+                if type(part) not in _SCALARS:  # scalars need no visit: a long list is cheap
+                    stack.append((part, (place, i), depth + 1))
             continue
         if isinstance(item, dict):
             for key, part in item.items():
                 if not isinstance(key, str):
                     kind = type(key).__name__
-                    return f"{path} has the key {key!r} ({kind}); JSON keys are strings"
-                stack.append((part, f"{path}.{key}"))
+                    return (f"{_path(place)} has the key {key!r} ({kind}); JSON keys are "
+                            "strings")
+                if type(part) not in _SCALARS:
+                    stack.append((part, (place, key), depth + 1))
             continue
-        return f"{path} is {type(item).__name__}, not JSON data"
+        return f"{_path(place)} is {type(item).__name__}, not JSON data"
     return None

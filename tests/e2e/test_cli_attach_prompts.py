@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 import signal
+import threading
 from typing import Any
 
 import pytest
 
 from tests.e2e.terminal import Terminal
-from tests.helpers import Project, ok
+from tests.helpers import CliResult, Project, ok
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
@@ -128,14 +129,42 @@ def test_a_prompt_answered_elsewhere_gives_way_to_the_next_one(asks_project: Pro
     assert found == [json.loads(QUESTIONS_FIX), {"isConfirmed": True}], found
 
 
-@pytest.mark.parametrize("elsewhere", ["cancel", "stop", "kill"])
+BUSY = """
+import os
+import time
+
+import intloom
+
+wf = intloom.Workflow("busy", version="1")
+main = wf.stage("main")
+
+
+@main.step("work", routes={"done": intloom.COMPLETE})
+def work(ctx: intloom.StepContext[None]) -> str:
+    gate = ctx.intent
+    deadline = time.monotonic() + 20  # the test opens the gate; this keeps a failure short
+    while not os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return "done"
+"""
+
+
+@pytest.mark.parametrize("elsewhere", ["cancel", "stop", "stop-busy", "kill"])
 def test_a_prompt_ends_with_the_run_moved_on_elsewhere(
     asks_project: Project, elsewhere: str
 ) -> None:
-    """Cancelled by another client, suspended by a stop, or its host SIGKILLed: attach
-    leaves the confirmation prompt and ends with exit 1 (stopped, or no host to ask)."""
+    """Cancelled by another client, suspended by a stop (also one that waits for another
+    Run's Step: the host answers CLI_SERVICE_CLOSING meanwhile), or its host SIGKILLed:
+    attach leaves the confirmation prompt and ends with exit 1 (stopped, or no host)."""
     project = asks_project
+    gate = project.root / "gate"
+    if elsewhere == "stop-busy":
+        (project.root / "workflows" / "busy.py").write_text(BUSY)
+        (project.root / "intloom.toml").write_text(
+            'workflows = ["workflows/triage.py", "workflows/busy.py"]\n')
     run_id, asked = at_the_confirmation(project, f"ticket {elsewhere}")
+    if elsewhere == "stop-busy":
+        ok(project.cli("flow", "busy", "--intent", str(gate), "--detach", "--json"))
     with Terminal(["--project", str(project.root), "attach", run_id], project.root,
                   timeout=PROMPT_DEADLINE) as term:
         term.expect("Confirmation requested:")
@@ -145,6 +174,16 @@ def test_a_prompt_ends_with_the_run_moved_on_elsewhere(
             assert cancelled["lastError"]["code"] == "RUN_STOPPED", cancelled
         elif elsewhere == "stop":
             ok(project.cli("stop", "--json"))
+        elif elsewhere == "stop-busy":
+            stops: list[CliResult] = []
+            stopper = threading.Thread(target=lambda: stops.append(project.cli("stop")))
+            stopper.start()
+            try:  # the prompt is left while the stop still waits for the busy Step
+                term.expect("is no longer pending")
+            finally:
+                gate.touch()
+                stopper.join(timeout=30)
+            assert [s.code for s in stops] == [0], stops
         else:
             project.kill_host()
         code = term.finish()
@@ -155,7 +194,7 @@ def test_a_prompt_ends_with_the_run_moved_on_elsewhere(
         assert "Failure · " in shown and "connection to the host was lost" in shown, term.text()
         assert f"intloom attach {run_id}" in shown, term.text()
     else:
-        assert f"{asked} is no longer pending" in shown, term.text()
+        assert f"{asked} is no longer pending" in term.text(), term.text()
         error = "RUN_STOPPED" if elsewhere == "cancel" else "RUN_INTERRUPTED"
         assert error in shown and "Failure · CLI_RUN_FAILED" in shown, term.text()
 

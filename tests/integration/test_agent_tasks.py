@@ -15,7 +15,7 @@ import pytest
 from intloom.client.client import Client
 from intloom.errors import IntloomError
 from intloom.runtime.model import RunView
-from tests.helpers import Project, eventually
+from tests.helpers import CliResult, Project, eventually
 from tests.integration.host_support import start
 
 pytestmark = pytest.mark.timeout(60)
@@ -116,14 +116,17 @@ def test_a_refused_output_records_nothing_and_the_task_can_be_completed_again(
 def test_a_retried_completion_gets_the_runs_view_and_a_different_one_conflicts(
         client: Client) -> None:
     run, call_id, token = _claimed(client)
-    first = client.complete_agent_call(run.run_id, call_id, token, "found", {"items": ["a"]})
-    again = client.complete_agent_call(run.run_id, call_id, token, "found", {"items": ["a"]})
+    first = client.complete_agent_call(run.run_id, call_id, token, "found",
+                                       {"items": ["a"], "n": 1})
+    # The same output re-serialised by the Agent (its keys in another order) is the same.
+    again = client.complete_agent_call(run.run_id, call_id, token, "found",
+                                       {"n": 1, "items": ["a"]})
     assert again == first
     message = _refused(lambda: client.complete_agent_call(run.run_id, call_id, token, "found",
                                                           {"items": ["b"]}), "CONFLICT")
     assert f"Agent task {call_id} was already completed with outcome 'found'" in message
     _refused(lambda: client.complete_agent_call(run.run_id, call_id, "not-the-token", "found",
-                                                {"items": ["a"]}), "CONFLICT")
+                                                {"items": ["a"], "n": 1}), "CONFLICT")
     # The person's confirmation, asked after the Agent's result, is unchanged by the retries.
     assert client.get_run(run.run_id) == first
 
@@ -149,23 +152,22 @@ LOOPING = textwrap.dedent('''
     main = wf.stage("main")
 
 
-    def slow(input: Any) -> Any:
-        # Runs until the test creates the file it names (a deadline keeps a failed test short).
-        open(input["until"] + ".started", "w").close()
+    def held(until: str) -> None:
+        # Until the test creates the file named (a deadline keeps a failed test short).
+        open(until + ".started", "w").close()
         deadline = time.monotonic() + 20
-        while not os.path.exists(input["until"]) and time.monotonic() < deadline:
+        while not os.path.exists(until) and time.monotonic() < deadline:
             time.sleep(0.01)
+
+
+    def slow(input: Any) -> Any:
+        held(input["until"])
+        time.sleep(input.get("then", 0))  # work that goes on after the test let it go
         return {"slow": input["until"]}
 
 
     def search(input: Any) -> Any:
         return {"found": input}
-
-
-    def pause(input: Any) -> Any:
-        open(input["started"], "w").close()
-        time.sleep(input["s"])  # a Tool that takes a while (an HTTP call, a build)
-        return {"paused": input["s"]}
 
 
     def setty(input: Any) -> Any:
@@ -178,10 +180,16 @@ LOOPING = textwrap.dedent('''
 
     @main.agent_step("look", routes={"again": "look", "done": intloom.COMPLETE},
                      tools=[intloom.Tool("slow", slow), intloom.Tool("search", search),
-                            intloom.Tool("pause", pause), intloom.Tool("boom", boom),
+                            intloom.Tool("boom", boom),
                             intloom.Tool("setty", setty)])
     def look(ctx: intloom.StepContext[None]) -> Any:
         return {"topic": ctx.intent}
+
+
+    @look.on_complete
+    def absorb(ctx: intloom.StepContext[None], result: intloom.AgentResult) -> None:
+        if isinstance(result.output, dict) and "until" in result.output:
+            held(result.output["until"])
 ''')
 
 
@@ -286,7 +294,7 @@ class _Running(NamedTuple):
 def _running_tool(client: Client, project: Project, tool: str,
                   input: dict[str, Any]) -> _Running:
     """A looping Run whose task's Tool call ``tc-1`` (``tool``) runs in the host: it writes a
-    ``.started`` file (``input["until"]`` + ``.started``, or ``input["started"]``)."""
+    ``.started`` file beside the file named by ``input["until"]``, which lets it go."""
     run, call, token = _claimed(client, "looping")
     results: list[object] = []
 
@@ -299,38 +307,95 @@ def _running_tool(client: Client, project: Project, tool: str,
 
     caller = threading.Thread(target=call_tool)
     caller.start()
-    started = Path(input.get("started") or input["until"] + ".started")
+    started = Path(input["until"] + ".started")
     eventually(started.exists, timeout=10, what="the Tool call to run in the host")
     return _Running(run, call, token, results, caller)
+
+
+def _stopping(project: Project) -> bool:
+    try:
+        with Client.connect(project.root) as probe:
+            probe.runs()
+    except IntloomError as exc:
+        return exc.code == "CLI_SERVICE_CLOSING"
+    return False
+
+
+def _stop_then_release(project: Project, release: Path) -> CliResult:
+    """``intloom stop``; once the host is stopping (in its grace), let the held work go."""
+    stops: list[CliResult] = []
+    stopper = threading.Thread(target=lambda: stops.append(project.cli("stop", "--timeout",
+                                                                       "30")))
+    stopper.start()
+    try:
+        eventually(lambda: _stopping(project), timeout=10, what="the stop to begin")
+    finally:
+        release.write_text("go")
+        stopper.join(timeout=40)
+    [stopped] = stops
+    assert stopped.code == 0, stopped.stderr
+    return stopped
+
+
+def _looping_host(project: Project, grace: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INTLOOM_TEST_SUSPEND_GRACE", grace)
+    (project.root / "workflows" / "looping.py").write_text(LOOPING)
+    (project.root / "intloom.toml").write_text('workflows = ["workflows/looping.py"]\n')
+    start(project)
 
 
 def test_a_stop_gives_a_running_tool_its_grace(project: Project,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """A stop ended the process under a running Tool after ~1 s (the Tool half done, no word
-    of it); Tools get the Steps' grace, and one that returns in time answers its Agent."""
-    monkeypatch.setenv("INTLOOM_TEST_SUSPEND_GRACE", "10")
-    (project.root / "workflows" / "looping.py").write_text(LOOPING)
-    (project.root / "intloom.toml").write_text('workflows = ["workflows/looping.py"]\n')
-    start(project)
+    of it); Tools get the Steps' grace, and one that returns in time answers its Agent. The
+    Tool goes on for 1.5 s after the stop has begun."""
+    _looping_host(project, "10", monkeypatch)
+    release = project.root / "release-tool"
     with Client.connect(project.root) as client:
-        running = _running_tool(
-            client, project, "pause", {"s": 2.5, "started": str(project.root / "paused")})
-    results, caller = running.results, running.caller
+        running = _running_tool(client, project, "slow", {"until": str(release), "then": 1.5})
     try:
-        stopped = project.cli("stop", "--timeout", "30")
+        stopped = _stop_then_release(project, release)
     finally:
-        caller.join(timeout=30)
-    assert results == [({"paused": 2.5}, False)]
-    assert stopped.code == 0, stopped.stderr
+        running.caller.join(timeout=30)
+    assert running.results == [({"slow": str(release)}, False)]
     assert "Unfinished Runs were suspended" in stopped.stdout, stopped.stdout
+
+
+def test_an_on_complete_that_ends_during_a_stop_is_named_not_dropped_silently(
+        project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
+    """on_complete finishing in the stop's grace ran, but a stopping host records nothing:
+    the completion was refused and the stop said nothing. It names it now."""
+    _looping_host(project, "10", monkeypatch)
+    release = project.root / "release-complete"
+    with Client.connect(project.root) as client:
+        run, call, token = _claimed(client, "looping")
+    results: list[object] = []
+
+    def complete() -> None:
+        with Client.connect(project.root) as other:
+            try:
+                results.append(other.complete_agent_call(run.run_id, call, token, "done",
+                                                         {"until": str(release)}))
+            except IntloomError as exc:
+                results.append(exc.code)
+
+    completer = threading.Thread(target=complete)
+    completer.start()
+    try:
+        eventually(Path(f"{release}.started").exists, timeout=10, what="on_complete to run")
+        stopped = _stop_then_release(project, release)
+    finally:
+        completer.join(timeout=30)
+    assert results == ["CLI_SERVICE_CLOSING"]
+    lines = stopped.stdout.splitlines()
+    assert "1 Run still had a Step, Tool or on_complete running" in lines[0], lines
+    assert lines[1] == (f"  {run.run_id}: client Agent task {call}'s on_complete ran (outcome "
+                        "'done') while the host stopped; the completion was not recorded")
 
 
 def test_a_tool_still_running_at_the_end_of_the_grace_is_named(
         project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("INTLOOM_TEST_SUSPEND_GRACE", "0.5")
-    (project.root / "workflows" / "looping.py").write_text(LOOPING)
-    (project.root / "intloom.toml").write_text('workflows = ["workflows/looping.py"]\n')
-    start(project)
+    _looping_host(project, "0.5", monkeypatch)
     with Client.connect(project.root) as client:
         running = _running_tool(client, project, "slow",
                                 {"until": str(project.root / "release-tool")})

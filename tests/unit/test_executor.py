@@ -375,6 +375,33 @@ def test_agent_step_claim_tools_and_complete() -> None:
     assert tool_calls == [1]
 
 
+def test_a_cancelled_agent_task_leaves_no_tool_outputs_in_memory() -> None:
+    """An ended Run is listed for a long while (up to 1,000 of them): a cancelled task's
+    claim, with its Tool receipts (up to 256 outputs), goes when the Run ends."""
+    wf = intloom.Workflow("agent", version="1")
+    st = wf.stage("s")
+
+    @st.agent_step("research", routes={"done": intloom.COMPLETE},
+                   tools=[intloom.Tool("lookup", lambda arg: {"big": "x" * 1000})])
+    def research(ctx: Any) -> Any:
+        return {"task": ctx.intent}
+
+    async def main() -> None:
+        rt = Runtime(loaded(wf), MemoryJournal(), package_version="0.1.0")
+        rt.restore([])
+        view = await rt.wait_stable((await rt.create_run("agent", "find x")).run_id)
+        assert view.pending_agent_call is not None
+        call = view.pending_agent_call.id
+        token, _ = await rt.claim_agent_call(view.run_id, call, "c1")
+        await rt.call_tool(view.run_id, call, token, "t1", "lookup", 1)
+        assert rt.runs[view.run_id].agent.receipts
+        await rt.cancel(view.run_id)
+        slot = rt.runs[view.run_id]
+        assert slot.agent.receipts == {} and slot.agent.owner_token is None
+
+    run(main)
+
+
 def test_recover_on_an_agent_step_is_a_definition_mistake() -> None:
     wf = intloom.Workflow("agent", version="1")
     st = wf.stage("s")

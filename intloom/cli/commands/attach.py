@@ -43,7 +43,9 @@ _RETRY_CODES: Final = frozenset({"INVALID_REQUEST", "CONFLICT"})
 # How long a detach (Ctrl-C with --json) may take to look at the Run once more.
 _DETACH_LOOK: Final = 2.0
 # What a look at the Run says when its host is gone (the connection broke or was closed).
-_CONNECTION_LOST: Final = frozenset({"PROJECT_REQUEST_FAILED", "PROJECT_CONNECTION_FAILED"})
+# A host that is stopping answers CLI_SERVICE_CLOSING until it goes: the same for a prompt.
+_CONNECTION_LOST: Final = frozenset({"PROJECT_REQUEST_FAILED", "PROJECT_CONNECTION_FAILED",
+                                     "CLI_SERVICE_CLOSING"})
 
 
 def event_line(event: RunEvent) -> str:
@@ -165,11 +167,13 @@ def _still_asked(client: Client, run_id: str, action_id: str,
             if last is not None and last.status in ("completed", "failed"):
                 # A stopping host ended the stream with how the Run ended (suspended).
                 raise _MovedOn(last) from None
+            fact = ("The host is stopping" if exc.code == "CLI_SERVICE_CLOSING" else
+                    "The connection to the host was lost")
             raise IntloomError(
                 exc.code,
-                f"The connection to the host was lost while attach asked for {action_id} "
-                "(the host stopped or was killed); nothing was answered here. Run intloom "
-                f"status, then intloom attach {run_id}.",
+                f"{fact} while attach asked for {action_id} (the host stopped or was "
+                "killed); nothing was answered here. Run intloom status, then intloom "
+                f"attach {run_id}.",
                 retryable=exc.retryable,
             ) from None
         action = now.pending_action

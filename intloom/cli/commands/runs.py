@@ -30,7 +30,9 @@ def finish_run(state: CliState, run: RunView, *, prefix: list[str] | None = None
         code_ = err.get("code", "an error")
         # An interrupted Run has not necessarily ended: a host stop suspends a Run that the
         # next start continues; its own message says which (executor RunSlot.view).
-        fact = (f"was interrupted (RUN_INTERRUPTED): {err.get('message', '')}"
+        said = str(err.get("message") or "").strip()
+        fact = ((f"was interrupted (RUN_INTERRUPTED): {said}" if said else
+                 "was interrupted (RUN_INTERRUPTED).")
                 if code_ == "RUN_INTERRUPTED" else f"ended {run.status} with {code_}.")
         state.renderer.error(
             error_view(
