@@ -330,13 +330,8 @@ def test_sync_steps_do_not_block_the_loop(sync_path: SyncPath) -> None:
     sync_path.check()
 
 
-def test_agent_step_claim_tools_and_complete() -> None:
-    tool_calls: list[Any] = []
-
-    def lookup(arg: Any) -> Any:
-        tool_calls.append(arg)
-        return {"found": arg}
-
+def _agent_wf(lookup: Callable[[Any], Any]) -> intloom.Workflow:
+    """An Agent Step with one Tool, ``lookup``; its task's request is the Run's intent."""
     wf = intloom.Workflow("agent", version="1")
     st = wf.stage("s")
 
@@ -344,6 +339,18 @@ def test_agent_step_claim_tools_and_complete() -> None:
                    tools=[intloom.Tool("lookup", lookup)])
     def research(ctx: Any) -> Any:
         return {"task": ctx.intent}
+
+    return wf
+
+
+def test_agent_step_claim_tools_and_complete() -> None:
+    tool_calls: list[Any] = []
+
+    def lookup(arg: Any) -> Any:
+        tool_calls.append(arg)
+        return {"found": arg}
+
+    wf = _agent_wf(lookup)
 
     async def main() -> None:
         rt = Runtime(loaded(wf), MemoryJournal(), package_version="0.1.0")
@@ -378,13 +385,7 @@ def test_agent_step_claim_tools_and_complete() -> None:
 def test_a_cancelled_agent_task_leaves_no_tool_outputs_in_memory() -> None:
     """An ended Run is listed for a long while (up to 1,000 of them): a cancelled task's
     claim, with its Tool receipts (up to 256 outputs), goes when the Run ends."""
-    wf = intloom.Workflow("agent", version="1")
-    st = wf.stage("s")
-
-    @st.agent_step("research", routes={"done": intloom.COMPLETE},
-                   tools=[intloom.Tool("lookup", lambda arg: {"big": "x" * 1000})])
-    def research(ctx: Any) -> Any:
-        return {"task": ctx.intent}
+    wf = _agent_wf(lambda arg: {"big": "x" * 1000})
 
     async def main() -> None:
         rt = Runtime(loaded(wf), MemoryJournal(), package_version="0.1.0")
