@@ -269,12 +269,11 @@ class Client:
     def _broken(self, request: Request, fact: str, *, timed_out: bool = False) -> IntloomError:
         self.close()
         what = _REQUEST_WORDS.get(type(request).__name__, f"the {type(request).__name__} request")
+        cause = ("the host did not reply in time" if timed_out else
+                 "the connection closed: the host may have stopped or crashed")
         run_id = getattr(request, "run_id", None)
         if run_id:
             what = f"{what} (Run {run_id})"
-        cause = ("the host did not reply in time" if timed_out else
-                 "the connection closed: the host may have stopped or crashed")
-        if run_id:
             then = f"; once a host runs, check with intloom attach {run_id} before retrying"
         elif type(request).__name__ == "CreateRun":
             then = "; once a host runs, check with intloom runs before retrying"

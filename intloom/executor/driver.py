@@ -35,6 +35,7 @@ from intloom.runtime.limits import MAX_OUTCOME
 from intloom.runtime.machine import (
     IllegalTransition,
     RunState,
+    Verdict,
     apply,
     restart_verdict,
     to_view,
@@ -72,6 +73,8 @@ _MILESTONES = frozenset({
 # A Run's history: the last publishes (each one flush's events; a Step is one flush).
 _HISTORY = 1000
 _ENDED = frozenset({"completed", "failed"})
+# Phases a journal ends at while user code runs (a Step, an initialiser, a recover entry).
+_IN_USER_CODE = frozenset({"executing", "effect_started", "effect_done"})
 # Whether a user function is a coroutine function, asked once per function, not per call.
 # Plain references: user functions live as long as their loaded Workflow (the host's life),
 # and a WeakKeyDictionary builds a weak reference on every lookup.
@@ -193,9 +196,8 @@ class RunSlot:
         self.history: deque[_Entry] = deque(
             maxlen=_HISTORY)
         # An ended Run's earlier entries, packed (executor.history), in front of ``history``;
-        # ``keep_history`` packs them, ``entries`` reads them back.
+        # ``keep_history`` packs them, ``entries_locked`` reads them back.
         self._packed: bytes | None = None
-        self._packed_count = 0
         self._packing = False
         self._events: list[_Event] = []
         self._events_published = 0
@@ -231,21 +233,17 @@ class RunSlot:
         if self.override is not None:
             return to_view(st, status="failed", last_error=self.override)
         stopped = self.suspend_reason or "The host stopped."
-        cut = self.cut_verdict()
-        if cut is not None:
+        verdict = self._verdict()
+        if verdict.row != "interrupted":
+            message = (f"{stopped} The Run continues from its last saved boundary on the next "
+                       "start, as the restart table allows.")
+        elif self.state.phase in _IN_USER_CODE:
             # User code was cut mid-Step: the journal cannot prove what it did.
-            message = (f"{stopped} It stopped while {cut}; the next start reports the Run "
-                       "RUN_INTERRUPTED and replays nothing.")
-        else:
-            cursor = self.state.cursor
-            verdict = restart_verdict(self.state,
-                                      self.lw.has_recover(cursor.stage, cursor.step))
-            if verdict.row == "interrupted":  # a wait without recover, an Agent task
-                message = (f"{stopped} The next start reports the Run RUN_INTERRUPTED: "
-                           f"{verdict.reason}.")
-            else:
-                message = (f"{stopped} The Run continues from its last saved boundary on the "
-                           "next start, as the restart table allows.")
+            message = (f"{stopped} It stopped while {verdict.reason}; the next start reports "
+                       "the Run RUN_INTERRUPTED and replays nothing.")
+        else:  # a wait without recover, an Agent task
+            message = (f"{stopped} The next start reports the Run RUN_INTERRUPTED: "
+                       f"{verdict.reason}.")
         return to_view(  # suspended
             st, status="failed",
             last_error=ErrorView(code="RUN_INTERRUPTED", message=message),
@@ -254,12 +252,15 @@ class RunSlot:
     def cut_verdict(self) -> str | None:
         """What was running, when user code was cut mid-Step and the next start will report
         the Run RUN_INTERRUPTED; None when it continues (a boundary, or a recover entry)."""
-        state = self.state
-        if state.phase not in ("executing", "effect_started", "effect_done"):
+        if self.state.phase not in _IN_USER_CODE:
             return None
-        cursor = state.cursor
-        verdict = restart_verdict(state, self.lw.has_recover(cursor.stage, cursor.step))
+        verdict = self._verdict()
         return verdict.reason if verdict.row == "interrupted" else None
+
+    def _verdict(self) -> Verdict:
+        """The restart table's row for the Run's journal as appended so far."""
+        cursor = self.state.cursor
+        return restart_verdict(self.state, self.lw.has_recover(cursor.stage, cursor.step))
 
     def _overridden(self) -> bool:
         """The view is not simply the shown state's (a failure or suspension outside it)."""
@@ -394,7 +395,7 @@ class RunSlot:
         kept = self.entries_locked()
         blob = pack(kept)
         if blob is not None:
-            self._packed, self._packed_count = blob, len(kept)
+            self._packed = blob
             self.history = deque(maxlen=self.history.maxlen)
 
     def entries_locked(self) -> list[_Entry]:
@@ -406,10 +407,9 @@ class RunSlot:
         return entries[-(self.history.maxlen or 0):]
 
     def history_size(self) -> int:
-        """How many entries the history holds."""
+        """How many entries the history holds (unpacks it: for tests and diagnostics)."""
         with self.lock:
-            held = self._packed_count + len(self.history)
-            return min(held, self.history.maxlen or 0)
+            return len(self.entries_locked())
 
     def _seed(self, entries: list[_Entry]) -> None:
         """Put a restored Run's earlier entries (``_earlier_entries``) in front of its history,
@@ -421,7 +421,7 @@ class RunSlot:
             held = self.entries_locked()
             room = (self.history.maxlen or 0) - len(held)
             if entries and room > 0:
-                self._packed, self._packed_count = None, 0
+                self._packed = None
                 self.history = deque([*entries[-room:], *held], maxlen=self.history.maxlen)
                 if self._packing:
                     self._pack()

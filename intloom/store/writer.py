@@ -212,9 +212,12 @@ class Store:
         # While the manifest is unreadable every restore reads the whole log: snapshotting
         # what that read found would rewrite every Run's snapshot at each start for nothing.
         summarise = loaded.manifest_error is None
+        # Ended Runs (a readable journal ending at terminal) are neither reported nor given
+        # a next seq: nothing is appended after a Run's end.
+        unfinished = {run_id: j for run_id, j in loaded.journals.items()
+                      if j.status != "ok" or j.state is None or j.state.phase != "terminal"}
         restored = StoreReport(
-            runs=[j for j in loaded.journals.values()
-                  if j.status != "ok" or j.state is None or j.state.phase != "terminal"],
+            runs=list(unfinished.values()),
             files=list(loaded.files), stats=loaded.stats,
         )
         store = cls(layout, instance_id=instance_id, package_version=package_version,
@@ -227,8 +230,7 @@ class Store:
                                           problem=journal.problem,
                                           dirty=summarise and run_id in loaded.dirty
                                           and run_id not in loaded.held)
-            if journal.status != "ok" or journal.state is None or (
-                    journal.state.phase != "terminal"):
+            if run_id in unfinished:
                 store._next_seq[run_id] = seq + 1
         manifest = loaded.manifest
         # Pinned: segments a restore must keep reading whatever the manifest's start, so that
