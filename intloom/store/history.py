@@ -7,8 +7,9 @@ records). It is for one Run on demand, never for startup. Read-only.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 
 import msgspec
 
@@ -16,6 +17,7 @@ from intloom.runtime.machine import IllegalTransition, RunState, apply
 from intloom.runtime.records import Record, decode_record
 from intloom.store.files import Layout, check_dir, list_names, read_file
 from intloom.store.framing import (
+    FRAME_MAGIC,
     KIND_RECORD,
     KIND_VOID,
     VoidNotice,
@@ -60,22 +62,43 @@ class HistoryEntry(msgspec.Struct, frozen=True, omit_defaults=True):
     problem: str | None = None
 
 
+# Any frame of kind KIND_VOID: the marker, the length and crc (8 bytes), then the kind byte
+# (framing.py). Matching more than the valid void frames only costs a full scan.
+_VOID_FRAME: Final = re.compile(re.escape(FRAME_MAGIC) + b".{8}" + bytes([KIND_VOID]), re.DOTALL)
+
+
 def _phase(record: Record) -> str:
     return str(type(record).__struct_config__.tag)
 
 
-def read_history(runtime_dir: Path, run_id: str) -> list[HistoryEntry]:
-    """Every record of ``run_id`` in log order, judged one by one. Read-only."""
+def _unrelated(data: bytes, run_id: bytes) -> bool:
+    """True when no valid frame in ``data`` is a record of ``run_id`` or a void notice: every
+    valid record frame holds its Run's id verbatim, every void frame matches _VOID_FRAME."""
+    return run_id not in data and _VOID_FRAME.search(data) is None
+
+
+def read_history(runtime_dir: Path, run_id: str, *,
+                 damage_elsewhere: bool = True) -> list[HistoryEntry]:
+    """Every record of ``run_id`` in log order, judged one by one. Read-only.
+
+    ``damage_elsewhere=False`` skips (does not scan) the segments whose bytes hold neither
+    the Run's id nor a void notice: ~20x faster on a long log of other Runs, at the price
+    of not listing a damaged record of this Run whose id bytes were hit, in such a segment.
+    A reader that stops at the first record that is not ``ok`` loses nothing by it: the gap
+    that record leaves ends the list at the same place (``Store.history``). ``inspect``
+    reads everything.
+    """
     layout = Layout(runtime_dir)
     if not check_dir(runtime_dir) or not check_dir(layout.wal):
         return []
     scans = []
+    wanted = run_id.encode()
     for name in list_names(layout.wal):
         number = segment_number(name)
         if number is None:
             continue
         data = read_file(layout.wal / name)
-        if data is not None:
+        if data is not None and (damage_elsewhere or not _unrelated(data, wanted)):
             scan = scan_segment(name, number, data)
             scan.written_this_boot = written_this_boot(layout.wal / name)
             # Keep only what this Run's history needs (its records and the void notices), so

@@ -492,14 +492,15 @@ class Store:
     def history(self, run_id: str, upto_seq: int) -> list[Record]:
         """The Run's records 1..``upto_seq`` read back from the log (``JournalPort.history``).
 
-        Reads every segment (what ``inspect`` reads), one caller at a time: each read holds
-        one segment and this Run's records in memory while it runs. A torn or void record
-        never happened (the next host wrote that seq again); a record being appended
-        meanwhile is past ``upto_seq``. Any other damage ends the list there.
+        Reads every segment, one caller at a time, and decodes those that hold the Run's
+        records or a void notice: each read holds one segment and this Run's records in
+        memory while it runs. A torn or void record never happened (the next host wrote that
+        seq again); a record being appended meanwhile is past ``upto_seq``. Any other damage
+        ends the list there (or the gap it leaves does: ``read_history``).
         """
         records: list[Record] = []
         with self._history_lock:
-            entries = read_history(self.layout.root, run_id)
+            entries = read_history(self.layout.root, run_id, damage_elsewhere=False)
         for entry in entries:
             if entry.seq > upto_seq:
                 break

@@ -10,8 +10,18 @@ import msgspec
 import pytest
 
 from intloom.runtime.machine import fold
+from intloom.runtime.ports import CheckpointFailed
 from intloom.runtime.records import StepReady
-from intloom.store import read_history, read_runs, read_runs_report, verify, verify_report
+from intloom.store import (
+    FaultPlan,
+    read_history,
+    read_runs,
+    read_runs_report,
+    verify,
+    verify_report,
+)
+from intloom.store import history as history_module
+from intloom.store.framing import SegmentScan, scan_segment
 from intloom.store.snapshots import decode_manifest, encode_manifest, snapshot_name
 from tests.unit.test_store_support import abandon, by_id, frames_of, header, open_store, walk
 
@@ -429,6 +439,52 @@ def test_store_history_passes_over_a_torn_record_the_next_host_wrote_again(
         assert third.history("RUN-A", 8) == records
     finally:
         third.close_blocking()
+
+
+def test_store_history_decodes_only_the_segments_holding_the_run_or_a_void_notice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A restored Run's followers read its earlier records back from the whole log: segments
+    holding only other Runs' records are read but not decoded (a long log took ~20 ms per
+    MiB). The void notice of the Run's failed batch sits in a segment without the Run, and
+    must still be found: the record it voids never happened."""
+    root = tmp_path / "runtime"
+    a, b = walk("RUN-A", 6, 1), walk("RUN-B", 6, 2)
+    store = open_store(root, faults=FaultPlan(fail_sync=frozenset({2})))
+    store.append("RUN-A", a[0])
+    store.append("RUN-B", b[0])
+    store.sync_blocking()  # segment 1
+    store.append("RUN-A", a[1])
+    with pytest.raises(CheckpointFailed):
+        store.sync_blocking()  # RUN-A's record 2 is void; the notice opens segment 2
+    store.append("RUN-B", b[1])
+    store.sync_blocking()
+    abandon(store)  # a crash: no manifest repeats the notice
+    store = open_store(root, instance_id="INST-3")
+    store.append("RUN-B", b[2])  # segment 3: RUN-B alone
+    store.sync_blocking()
+    store.close_blocking()
+    assert frames_of(root / "wal" / "0000000002.seg", "RUN-A") == []
+    scanned: list[str] = []
+    real = scan_segment
+
+    def spy(name: str, number: int, data: bytes) -> SegmentScan:
+        scanned.append(name)
+        return real(name, number, data)
+
+    monkeypatch.setattr(history_module, "scan_segment", spy)
+    store = open_store(root, instance_id="INST-4")
+    try:
+        assert store.history("RUN-A", 6) == a[:1]
+        assert scanned == ["0000000001.seg", "0000000002.seg"]
+        scanned.clear()
+        assert store.history("RUN-B", 6) == b[:3]
+        assert scanned == ["0000000001.seg", "0000000002.seg", "0000000003.seg"]
+    finally:
+        store.close_blocking()
+    scanned.clear()
+    assert [h.verdict for h in read_history(root, "RUN-A")] == ["ok", "void"]
+    assert len(scanned) >= 3  # inspect still reads every segment for damage
 
 
 def _ended_and_live(root: Path) -> tuple[Path, Path]:
