@@ -12,6 +12,7 @@ slower (tests/unit/test_cli_startup.py notices).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,8 @@ def _number(kind: type[Any], value: Any, low: Any, high: Any) -> Any:
     except (TypeError, ValueError):
         name = "an integer" if kind is int else "a number"
         raise ValueError(f"{value!r} is not {name}.") from None
+    if kind is float and not -math.inf < number < math.inf:  # nan, inf: no range holds them
+        raise ValueError(f"{value!r} is not a finite number.")
     if (low is not None and number < low) or (high is not None and number > high):
         low_text = f"{low}<=" if low is not None else ""
         high_text = f"<={high}" if high is not None else ""

@@ -113,6 +113,17 @@ def _owner_alive(pid: int, create_time: float, boot: str | None) -> bool:
     return probe_process(pid, create_time, boot, boot_id()).state == "alive"
 
 
+def _checked_timeout(timeout: float) -> float:
+    """``timeout`` if it is a finite number of seconds >= 0; INVALID_REQUEST otherwise (a NaN
+    compares false with every deadline, so it would fail deep in a socket call instead)."""
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not (
+            0 <= timeout < float("inf")):
+        raise IntloomError("INVALID_REQUEST",
+                           f"The timeout {timeout!r} is not a finite number of seconds >= 0; "
+                           "nothing was done. Pass one such as 30.")
+    return float(timeout)
+
+
 def _live_service(root: Path) -> ServiceView | None:
     """The verified live host's status, or None when it is offline. Other errors propagate."""
     try:
@@ -200,9 +211,9 @@ def start_service(
     ``foreground`` runs the host in this process until it stops (Ctrl-C is a graceful stop);
     ``on_ready`` is then called once it serves, and the result is returned after it stopped.
     """
+    deadline = time.monotonic() + _checked_timeout(timeout)
     root = Path(root).resolve()
     paths = ProjectPaths(root)
-    deadline = time.monotonic() + timeout
     launches = 0
     while True:
         try:
@@ -537,7 +548,7 @@ def stop_service_report(root: str | os.PathLike[str], *,
     from intloom.host.observe import observe
 
     # The whole stop, the hello and the request included, keeps to ``timeout``.
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + _checked_timeout(timeout)
     root = Path(root).resolve()
     paths = ProjectPaths(root)
     snap = observe(root)  # strict, consistent, read-only; invalid metadata raises here

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from intloom.cli.app import COMMANDS, _command_name, main
 from intloom.cli.logtail import LogTail, log_files
+from intloom.client.lifecycle import start_service, stop_service_report
 from intloom.errors import IntloomError
 from intloom.scaffold import SCAFFOLD, scaffold
 from tests.helpers import REPO
@@ -69,6 +72,9 @@ def test_only_the_invoked_command_is_built(argv: list[str], name: str | None) ->
         (["start", "--port", "70000"], "70000 is not in the range 0<=x<=65535."),
         (["stop", "--timeout", "-1"], "-1.0 is not in the range 0.0<=x."),
         (["stop", "--timeout", "soon"], "'soon' is not a number."),
+        (["stop", "--timeout", "nan"], "'nan' is not a finite number."),
+        (["start", "--timeout", "inf"], "'inf' is not a finite number."),
+        (["stop", "--timeout", "1e400"], "'1e400' is not a finite number."),
     ],
 )
 def test_bad_option_values_are_usage_errors(
@@ -78,6 +84,21 @@ def test_bad_option_values_are_usage_errors(
     error = json.loads(capsys.readouterr().out)["error"]
     assert error["code"] == "INVALID_REQUEST"
     assert fragment in error["message"]
+
+
+@pytest.mark.parametrize("timeout", [math.nan, math.inf, -1.0, "5"])
+def test_lifecycle_refuses_a_timeout_that_is_no_finite_number_of_seconds(
+    tmp_path: Path, timeout: Any
+) -> None:
+    """From Python too: a NaN deadline passed every comparison and failed in a socket call
+    (CLI_INTERNAL_ERROR); nothing is observed, launched or signalled."""
+    for call in (lambda: start_service(tmp_path, timeout=timeout),
+                 lambda: stop_service_report(tmp_path, timeout=timeout)):
+        with pytest.raises(IntloomError) as info:
+            call()
+        assert info.value.code == "INVALID_REQUEST"
+        assert "finite number of seconds" in info.value.message
+    assert list(tmp_path.iterdir()) == []
 
 
 # ----- log tail ------------------------------------------------------------------------------
