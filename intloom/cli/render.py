@@ -154,19 +154,32 @@ class Renderer:
         """A Rich table on a terminal; aligned plain lines (no header) when piped."""
         rows = [[printable(cell) for cell in row] for row in rows]
         if self.rich_out:
+            from rich.cells import cell_len
             from rich.console import Console
             from rich.markup import escape
             from rich.table import Table
 
+            console = Console(file=self.out)
+            widths = [max(cell_len(cell) for cell in (name, *(row[i] for row in rows)))
+                      for i, name in enumerate(columns)]
+            if sum(widths) + 2 * (len(widths) - 1) > console.width:
+                # Too narrow for a row per line. Nothing is cut with "…" and no cell is
+                # folded mid-word ("waitin/g"): the first cell, the id people copy into the
+                # next command (RUN-…), gets a line of its own and the others follow it.
+                console.print(f"[bold]{escape(columns[0])}[/bold]", highlight=False)
+                console.print(f"  [bold]{escape(' · '.join(columns[1:]))}[/bold]",
+                              highlight=False)
+                for row in rows:
+                    console.print(escape(row[0]), highlight=False, soft_wrap=True)
+                    console.print("  " + escape(" · ".join(row[1:])), highlight=False,
+                                  soft_wrap=True)
+                return
             table = Table(box=None, header_style="bold", pad_edge=False)
-            for i, name in enumerate(columns):
-                # Nothing is cut with "…": the first column holds the ids people copy into
-                # the next command (RUN-…), so it is never wrapped; the others fold.
-                longest = max((len(row[0]) for row in rows), default=0) if i == 0 else None
-                table.add_column(name, overflow="fold", no_wrap=i == 0, min_width=longest)
+            for name in columns:
+                table.add_column(name, no_wrap=True)
             for row in rows:
                 table.add_row(*(escape(cell) for cell in row))  # "[red]" is text, not markup
-            Console(file=self.out).print(table)
+            console.print(table)
             return
         # A cell longer than _ALIGN_MAX (a load error, say) overflows its own row rather than
         # padding every other row out to its width.

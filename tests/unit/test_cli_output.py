@@ -204,25 +204,36 @@ def test_a_waiting_run_says_what_it_asks_and_how_to_answer() -> None:
     assert render.asked({**RUN, "status": "running"}) is None
 
 
-def test_a_terminal_table_never_cuts_an_id(monkeypatch: pytest.MonkeyPatch) -> None:
-    """At 80 columns a Run id and a timestamp are shown whole (folded, not "…"): people copy
-    them into inspect, cancel and attach."""
-    out = _Tty()
-    monkeypatch.setattr("sys.stdout", out)
+def test_a_terminal_table_never_cuts_or_folds_a_cell(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At 80 columns a Run and its status, cursor and timestamp do not fit on one line.
+    Nothing is cut ("…") and no cell is folded mid-word ("waitin" / "g", "WORKFLO" / "W"):
+    each row's id gets a line of its own, its other cells follow, whole. Wide enough, it
+    is a table with one line per row."""
     monkeypatch.delenv("NO_COLOR", raising=False)
-    monkeypatch.setenv("COLUMNS", "80")
     run_id = "RUN-20261130T153947918Z-jD4bXnc9sfH8bFJBxyzAbCdEf"
     at = "2026-11-30T15:39:47.933Z"
-    Renderer().table(["RUN", "WORKFLOW", "STATUS", "CURSOR", "UPDATED"],
-                     [[run_id, "example", "waiting", "draft/review", at]])
-    text = out.getvalue()
-    assert "…" not in text, text
-    assert run_id in text, text  # on one line, whole
-    # The other cells fold to fit, every character kept: the last column's pieces, one per
-    # line of the row, read back as the whole timestamp.
-    lines = re.sub(r"\x1b\[[0-9;]*m", "", text).splitlines()
-    row = next(i for i, line in enumerate(lines) if run_id in line)
-    assert "".join(line.split()[-1] for line in lines[row:] if line.strip()) == at, text
+    columns = ["RUN", "WORKFLOW", "STATUS", "CURSOR", "UPDATED"]
+    rows = [[run_id, "example", "waiting", "draft/review", at],
+            [run_id.replace("jD4", "kE5"), "x", "failed (RUN_INTERRUPTED)", "draft", at]]
+
+    def shown(width: int) -> list[str]:
+        out = _Tty()
+        monkeypatch.setattr("sys.stdout", out)
+        monkeypatch.setenv("COLUMNS", str(width))
+        Renderer().table(columns, rows)
+        return re.sub(r"\x1b\[[0-9;]*m", "", out.getvalue()).splitlines()
+
+    narrow = shown(80)
+    assert "…" not in "".join(narrow)
+    assert narrow == [
+        "RUN", "  WORKFLOW · STATUS · CURSOR · UPDATED",
+        run_id, f"  example · waiting · draft/review · {at}",
+        rows[1][0], f"  x · failed (RUN_INTERRUPTED) · draft · {at}",
+    ]
+    wide = shown(160)
+    assert len(wide) == 3 and wide[0].split() == columns
+    assert wide[1].split() == rows[0]
+    assert all(cell in wide[2] for cell in rows[1])
 
 
 HOSTILE = ("ünïcødé 💥 \x00 nul \n newline \x1b[31mred\x1b[0m \r\t \x7f \x9b \u202e rtl "
