@@ -131,32 +131,48 @@ def validate_answer(kind: str, request: Any, raw: Any) -> Confirmation | list[Qu
             f"({exc}).",
         ) from None
     questions = {q["id"]: q for q in request}
+    asked = ", ".join(map(repr, questions))
     seen: set[str] = set()
     for item in answers:
         q = questions.get(item.question_id)
         if q is None:
-            raise IntloomError("INVALID_REQUEST", f"Unknown question id {item.question_id!r}.")
+            raise IntloomError(
+                "INVALID_REQUEST",
+                f"Question id {item.question_id!r} is not asked here; answer only {asked}.",
+            )
         if item.question_id in seen:
             raise IntloomError(
-                "INVALID_REQUEST", f"Question {item.question_id!r} is answered twice."
+                "INVALID_REQUEST",
+                f"Question {item.question_id!r} is answered twice; send one entry per question.",
             )
         seen.add(item.question_id)
+        skippable = bool(q.get("isSkippable", False))
         if item.skipped:
-            if not q.get("isSkippable", False):
+            if not skippable:
                 raise IntloomError(
-                    "INVALID_REQUEST", f"Question {item.question_id!r} cannot be skipped."
+                    "INVALID_REQUEST",
+                    f"Question {item.question_id!r} cannot be skipped; send its answer with "
+                    '"isSkipped": false.',
                 )
             if item.answer is not None:
                 raise IntloomError(
-                    "INVALID_REQUEST", f"Skipped question {item.question_id!r} has an answer."
+                    "INVALID_REQUEST",
+                    f"Skipped question {item.question_id!r} has an answer; drop the answer, "
+                    'or send it with "isSkipped": false.',
                 )
         elif item.answer is None or not item.answer.strip():
+            skip = ', or skip it with "isSkipped": true' if skippable else ""
             raise IntloomError(
-                "INVALID_REQUEST", f"Question {item.question_id!r} needs a non-blank answer."
+                "INVALID_REQUEST",
+                f'Question {item.question_id!r} needs a non-blank "answer"{skip}.',
             )
-    missing = sorted(set(questions) - seen)
+    missing = [question_id for question_id in questions if question_id not in seen]
     if missing:
-        raise IntloomError("INVALID_REQUEST", f"Questions not answered: {', '.join(missing)}.")
+        raise IntloomError(
+            "INVALID_REQUEST",
+            f"Questions not answered: {', '.join(map(repr, missing))}; send one entry for "
+            f"each of {asked} (a skippable one with \"isSkipped\": true).",
+        )
     # In the order the Step asked, whatever order the client sent: a Step reads answers[0]
     # as its first question's answer.
     order = {question_id: i for i, question_id in enumerate(questions)}

@@ -31,6 +31,14 @@ def interactive(json_mode: bool) -> bool:
         return False
 
 
+# What to do instead, by what was too large.
+_TOO_LARGE: Final = {
+    "intent file": "Put large input in a file your Steps read, and pass its path (or a short "
+                   "description) as the intent.",
+    "answer": "Put large text in a file and answer with its path.",
+}
+
+
 def _read_bytes(source: str, code: str, what: str) -> bytes:
     if source == "-":
         data = sys.stdin.buffer.read(MAX_INPUT + 1)
@@ -45,7 +53,9 @@ def _read_bytes(source: str, code: str, what: str) -> bytes:
                 code, f"The {what} {source} could not be read ({exc.strerror}). Check the path."
             ) from None
     if len(data) > MAX_INPUT:
-        raise IntloomError(code, f"The {what} from {name} is larger than {MAX_INPUT} bytes.")
+        raise IntloomError(
+            code, f"The {what} from {name} is larger than the {MAX_INPUT:,}-byte limit; nothing "
+            f"was sent. {_TOO_LARGE[what]}")
     return data
 
 

@@ -758,7 +758,14 @@ class Runtime:
         action = slot.state.pending_action
         if slot.view().status != "waiting" or action is None or action.id != action_id:
             raise IntloomError("CONFLICT", _not_current(slot, action_id))
-        typed = validate_answer(action.kind, action.request, answer)
+        try:
+            typed = validate_answer(action.kind, action.request, answer)
+        except IntloomError as exc:
+            raise IntloomError(
+                exc.code,
+                f"The answer to {action_id} of Run {run_id} was refused: {exc.message} Nothing "
+                f"was recorded; the Run still waits on it (intloom attach {run_id} shows it).",
+            ) from None
         # From here to the append nothing awaits: the first valid answer wins.
         now = clock.now()
         plain = _journalable(msgspec.to_builtins(typed), "The answer")

@@ -610,15 +610,30 @@ def test_questions_are_validated() -> None:
         view = await rt.wait_stable((await rt.create_run("q", "go")).run_id)
         assert view.pending_action is not None and view.pending_action.kind == "questions"
         aid = view.pending_action.id
-        for bad in (
-            [{"questionId": "name", "isSkipped": True}, {"questionId": "note", "isSkipped": True}],
-            [{"questionId": "name", "isSkipped": False, "answer": " "}],
-            [{"questionId": "zzz", "isSkipped": True}],
-            {"isConfirmed": True},
+        # Each refusal names the Run, the action and the question, and says what to send.
+        for bad, says in (
+            ([{"questionId": "name", "isSkipped": True}, {"questionId": "note", "isSkipped": True}],
+             "Question 'name' cannot be skipped; send its answer with \"isSkipped\": false."),
+            ([{"questionId": "name", "isSkipped": False, "answer": " "}],
+             "Question 'name' needs a non-blank \"answer\"."),
+            ([{"questionId": "note", "isSkipped": False}],
+             "Question 'note' needs a non-blank \"answer\", or skip it with \"isSkipped\": true."),
+            ([{"questionId": "zzz", "isSkipped": True}],
+             "Question id 'zzz' is not asked here; answer only 'name', 'note'."),
+            ([{"questionId": "note", "isSkipped": True}],
+             "Questions not answered: 'name'; send one entry for each of 'name', 'note'"),
+            ([{"questionId": "note", "isSkipped": True, "answer": "x"}],
+             "drop the answer, or send it with \"isSkipped\": false."),
+            ({"isConfirmed": True}, "A questions answer is a list"),
         ):
             with pytest.raises(IntloomError) as info:
                 await rt.answer(view.run_id, aid, bad)
             assert info.value.code == "INVALID_REQUEST"
+            message = info.value.message
+            assert message.startswith(f"The answer to {aid} of Run {view.run_id} was refused: ")
+            assert says in message, message
+            assert message.endswith(f"Nothing was recorded; the Run still waits on it (intloom "
+                                    f"attach {view.run_id} shows it).")
         assert rt.get(view.run_id) == view
         # Sent in another order than asked: the Step still gets them in its own order.
         done = await rt.answer(view.run_id, aid, [
