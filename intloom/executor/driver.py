@@ -748,10 +748,15 @@ class _Hooks:
             )
 
     async def _end(self, name: str, key: str, ok: bool, result: Any, error: str | None) -> None:
-        self.driver.rt.append(
+        # Durable before the Step goes on: its code after the effect is as observable as the
+        # effect, and a crash there must find the effect's result (a payment id, say) in
+        # the journal, not an effect in flight whose outcome is unknown (DESIGN §5).
+        rt = self.driver.rt
+        rt.append(
             self.slot,
             EffectDone(at=clock.now(), name=name, key=key, ok=ok, result=result, error=error),
         )
+        await rt.sync(self.slot)
 
     def _on_loop(self, make: Callable[[], Coroutine[Any, Any, None]]) -> None:
         """Run a journal coroutine on the host's loop from a Step's thread, and wait for it."""

@@ -477,6 +477,11 @@ def restart_verdict(state: RunState, has_recover: bool) -> Verdict:
     # initialiser and the recover entry need saying which part of it was running.
     what = {"init": f"the initialiser of {where}",
             "recover": f"the recover entry of {where}"}.get(kind, where)
+    done = state.last_effect if phase == "effect_done" else None
+    if done is not None:
+        return Verdict("interrupted", f"{what} was running after its effect {done.name!r} "
+                       f"(key {done.key!r}) completed, its result recorded; no effect was in "
+                       "flight")
     return Verdict("interrupted", f"{what} was running; no effect was in flight")
 
 

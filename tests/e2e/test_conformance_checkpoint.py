@@ -20,10 +20,11 @@ pytestmark = pytest.mark.e2e
 
 # Flushes one Run of ``side`` makes up to its wait: created, its Step starts, it waits.
 SIDE_FLUSHES = 3
-# Flushes of ``reference``: 4 makes effect_started(download) durable, 5 its effect_done (with
-# the Step's outcome and the next Step's start); 9 makes the answer to approve durable.
+# Flushes of ``reference``: 4 makes effect_started(download) durable, 5 its effect_done (on
+# its own: the Step goes on only once the effect's result is durable); 11 makes the answer
+# to approve durable.
 DOWNLOAD_DONE = 5
-APPROVE_ANSWERED = 9
+APPROVE_ANSWERED = 11
 
 
 def run_of(project: Project, run_id: str) -> dict[str, Any]:
