@@ -102,7 +102,9 @@ def _open_store(
     paths: ProjectPaths, log: HostLog, *, instance_id: str, package_version: str, strict: bool
 ) -> tuple[Store, list[RestoredRun]]:
     """Open the journal store (it reads itself back once) and hand its Runs to restore."""
-    store = Store.open(paths.runtime, instance_id=instance_id, package_version=package_version)
+    # The host holds the store's directory lock (lock_dir) from before the import on.
+    store = Store.open(paths.runtime, instance_id=instance_id, package_version=package_version,
+                       locked=True)
     report = store.restored
     for problem in report.files:
         log.warning("store_file_problem", path=problem.path, kind=problem.kind,

@@ -20,6 +20,7 @@ import contextlib
 import gc
 import os
 import signal
+import socket
 import sys
 import uuid
 from collections.abc import Iterator
@@ -39,7 +40,7 @@ from intloom.host.logfile import HostLog, utc_now
 from intloom.host.metadata import METADATA_VERSION, ServiceInfo, current_identity
 from intloom.host.ownership import Ownership, new_token
 from intloom.host.readiness import ReadyChannel
-from intloom.host.server import Limits, Server
+from intloom.host.server import Limits, Server, bind_port
 from intloom.project import ProjectPaths, load_config
 from intloom.protocol.messages import (
     PROTOCOL,
@@ -48,6 +49,7 @@ from intloom.protocol.messages import (
     StoreProblem,
     WorkflowProblem,
 )
+from intloom.store.files import ensure_dir, lock_dir
 
 __all__ = ["Host", "HostOptions"]
 
@@ -114,6 +116,8 @@ class Host:
         self.booted: Booted | None = None
         self.server: Server | None = None
         self.port = 0
+        self._store_lock = -1  # lock_dir on runtime/, from before the import to the end
+        self._sock: socket.socket | None = None  # bound early, until the server listens on it
         self._stop: asyncio.Event | None = None
         self._forced: asyncio.Event | None = None
         self._stop_reason = ""
@@ -293,6 +297,28 @@ class Host:
         config = load_config(self.paths.root)
         saved = self.ownership.saved_connection()
         self.ownership.check_service_file()
+        # Before any user code runs: the store's own lock (one writer per runtime directory,
+        # whatever became of service.lock), then the port, saved in connection.json. A start
+        # that dies in a Workflow's import then leaves what recover needs to clean up after
+        # it; without a connection.json, recover refuses (DESIGN section 3), and only a
+        # start writes one.
+        ensure_dir(self.paths.runtime)
+        self._store_lock = lock_dir(self.paths.runtime)
+        port = opts.port
+        if port is None:
+            port = config.port if config.port is not None else (saved.port if saved else 0)
+        token = saved.token if saved is not None else new_token()
+        try:
+            self._sock = bind_port(port)
+        except OSError as exc:
+            raise IntloomError(
+                "CLI_SERVICE_UNAVAILABLE",
+                f"The host could not listen on 127.0.0.1:{port} ({exc.strerror or exc}). "
+                "Free the port, or run intloom start --port 0 to pick a new one "
+                "(connection.json is updated).",
+            ) from None
+        self.port = int(self._sock.getsockname()[1])
+        self.ownership.publish_connection(saved, self.port, token)
         self.ready.progress("loading_workflows")
         # Everything imported so far lives as long as the host: out of the cyclic collector's
         # reach, a full collection walks only what Runs allocate (no Run exists yet, so no
@@ -312,10 +338,6 @@ class Host:
                 "start and released its files.",
             )) from None
         self.ready.progress("listening")
-        port = opts.port
-        if port is None:
-            port = config.port if config.port is not None else (saved.port if saved else 0)
-        token = saved.token if saved is not None else new_token()
         hello = HelloOk(instance_id=self.instance_id, pid=self.identity.pid,
                         project_root=str(self.paths.root), protocol=PROTOCOL,
                         package_version=__version__)
@@ -324,18 +346,17 @@ class Host:
         self.server = Server(handlers, log, hello=hello, token=token,
                              on_stop=lambda: self.request_stop("stop request"),
                              limits=opts.limits)
+        sock, self._sock = self._sock, None
         try:
-            self.port = await self.server.listen(port)
+            await self.server.listen(sock)
         except OSError as exc:
+            sock.close()
             raise IntloomError(
                 "CLI_SERVICE_UNAVAILABLE",
-                f"The host could not listen on 127.0.0.1:{port} ({exc.strerror or exc}). "
-                "Free the port, or run intloom start --port 0 to pick a new one "
-                "(connection.json is updated).",
+                f"The host could not listen on 127.0.0.1:{self.port} ({exc.strerror or exc}).",
             ) from None
         if log.failed:
             raise _log_write_failed(log.path, log.failure or "unknown error")
-        self.ownership.publish_connection(saved, self.port, token)
         self.ownership.publish_service(ServiceInfo(
             version=METADATA_VERSION,
             project_root=str(self.paths.root),
@@ -450,8 +471,9 @@ class Host:
                              runs=[{"runId": run_id, "evidence": evidence}
                                    for run_id, evidence in cut[:_CUT_LISTED]])
 
-    async def _bounded(self, what: str, awaitable: Any, limit: float) -> None:
-        """Await a graceful step for at most ``limit`` s, or until a second signal."""
+    async def _bounded(self, what: str, awaitable: Any, limit: float) -> bool:
+        """Await a graceful step for at most ``limit`` s, or until a second signal; False
+        when it was cut short."""
         assert self._forced is not None
         step = asyncio.ensure_future(awaitable)
         forced = asyncio.ensure_future(self._forced.wait())
@@ -470,11 +492,12 @@ class Host:
             if self.log is not None:
                 self.log.warning("shutdown_step_cut_short", step=what, timeout=limit,
                                  forced=self._forced.is_set())
-            return
+            return False
         exc = step.exception()
         if exc is not None and self.log is not None:
             self.log.error("shutdown_step_failed", step=what, error=type(exc).__name__,
                            detail=str(exc)[:500])
+        return True
 
     async def shutdown(self) -> int:
         if self.log is not None:
@@ -498,8 +521,16 @@ class Host:
             cancelled = await self.server.close(self.options.drain_grace)
             if cancelled and self.log is not None:
                 self.log.warning("connections_cancelled", count=cancelled)
+        store_closed = True
         if self.booted is not None:
-            await self._bounded("store_close", self.booted.close(), 10.0)
+            store_closed = await self._bounded("store_close", self.booted.close(), 10.0)
+        if self._sock is not None:  # a start that failed before it listened
+            self._sock.close()
+            self._sock = None
+        if store_closed and self._store_lock >= 0:
+            # Else a close cut short may still be writing: the lock goes with the process.
+            os.close(self._store_lock)
+            self._store_lock = -1
         log = self.log
         left = [t.get_name() for t in asyncio.all_tasks()
                 if t is not asyncio.current_task() and not t.done()]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
@@ -57,6 +58,24 @@ from intloom.protocol.messages import (
 __all__ = ["Limits", "Server"]
 
 LOCALHOST: Final = "127.0.0.1"
+
+
+def bind_port(port: int) -> socket.socket:
+    """A socket bound to 127.0.0.1:``port`` (0 = any free port), not yet listening.
+
+    Bound before the Workflows are imported, so that the project's port is known (and saved
+    in ``connection.json``) before any user code runs; until ``Server.listen``, a client's
+    connection is refused rather than left waiting for a hello. OSError when it is taken.
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        # As asyncio's start_server does: a port a stopped host left in TIME_WAIT is free.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((LOCALHOST, port))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 # Requests that start or change work; the others only read (or stop the host).
 _WORK: Final = (CreateRun, Answer, Cancel, ClaimAgentCall, CallTool, CompleteAgentCall,
                 FailAgentCall)
@@ -135,13 +154,10 @@ class Server:
         self._idle = asyncio.Event()  # set whenever no session is inside a request
         self._idle.set()
 
-    async def listen(self, port: int) -> int:
-        """Bind 127.0.0.1:``port`` (0 = any free port) and return the bound port."""
-        self._server = await asyncio.start_server(
-            self._accept, host=LOCALHOST, port=port, limit=64 * 1024, reuse_address=True
-        )
-        sock = self._server.sockets[0]
-        return int(sock.getsockname()[1])
+    async def listen(self, sock: socket.socket) -> int:
+        """Accept connections on ``sock`` (from ``bind_port``) and return its port."""
+        self._server = await asyncio.start_server(self._accept, sock=sock, limit=64 * 1024)
+        return int(self._server.sockets[0].getsockname()[1])
 
     @property
     def connections(self) -> int:

@@ -8,6 +8,8 @@ message naming the path, the fact and the fix; nothing is ever "repaired" in pla
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import os
 import re
 import stat
@@ -32,6 +34,7 @@ __all__ = [
     "check_dir",
     "ensure_dir",
     "list_names",
+    "lock_dir",
     "open_new",
     "read_file",
     "remove_temps",
@@ -99,6 +102,36 @@ def ensure_dir(path: Path) -> None:
     except OSError as exc:
         raise storage_error(path, f"cannot be created ({exc.strerror})",
                             "check that the project directory is writable") from None
+
+
+def lock_dir(path: Path) -> int:
+    """An exclusive OS lock on the directory ``path``, held until the returned fd is closed.
+
+    The checkpoint store's own guard, under ``service.lock``: one writer per runtime
+    directory even when the host's metadata files were removed by hand while it ran (a second
+    host would otherwise append to the same log). Released by the kernel when its process
+    dies, so a crash never leaves it stale. BUSY while another process holds it.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise storage_error(path, f"cannot be opened ({exc.strerror})",
+                            "check the directory's permissions") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise IntloomError(
+                "BUSY",
+                f"Another process holds the checkpoint store {path}: a host of this project "
+                "is still running (its service.lock or service.json may have been removed by "
+                "hand). Nothing was written. Stop that process (ps -ef | grep intloom), then "
+                "start again.",
+            ) from None
+        raise storage_error(path, f"cannot be locked ({exc.strerror})",
+                            "check that the file system supports flock") from None
+    return fd
 
 
 def list_names(path: Path) -> list[str]:

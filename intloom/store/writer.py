@@ -35,6 +35,7 @@ from intloom.store.faults import FaultPlan
 from intloom.store.files import (
     Layout,
     ensure_dir,
+    lock_dir,
     open_new,
     remove_temps,
     storage_error,
@@ -177,6 +178,7 @@ class Store:
         self._poisoned: str | None = None
         self._compactor: threading.Thread | None = None  # snapshots behind the writer
         self._sealed = False
+        self._dir_lock = -1  # lock_dir's fd on the runtime directory, closed last
 
     # ------------------------------------------------------------------ opening
 
@@ -184,16 +186,37 @@ class Store:
     def open(cls, runtime_dir: Path, *, instance_id: str, package_version: str,
              faults: FaultPlan | None = None,
              segment_bytes: int = DEFAULT_SEGMENT_BYTES,
-             inline_max_sync_s: float = _INLINE_MAX_SYNC_S) -> Store:
+             inline_max_sync_s: float = _INLINE_MAX_SYNC_S, locked: bool = False) -> Store:
         """Open the store for one host instance: read it, then start a new segment.
 
         Leftovers of a crashed host (segments the manifest does not cover yet) are folded
         into snapshots at once, so repeated crashes never make a restore read more.
+
+        The store holds ``lock_dir`` on ``runtime_dir`` until it is closed; ``locked``: the
+        caller already holds it for the store's whole life (the host takes it before it
+        imports any Workflow) and releases it itself.
         """
         plan = FaultPlan.from_env().merged(faults)
         layout = Layout(runtime_dir)
         for directory in layout.dirs():
             ensure_dir(directory)
+        # Before anything is read: nobody else may move the log under this read.
+        held = -1 if locked else lock_dir(layout.root)
+        try:
+            return cls._open_locked(layout, held, instance_id=instance_id,
+                                    package_version=package_version, plan=plan,
+                                    segment_bytes=segment_bytes,
+                                    inline_max_sync_s=inline_max_sync_s)
+        except BaseException:
+            if held >= 0:
+                os.close(held)
+            raise
+
+    @classmethod
+    def _open_locked(cls, layout: Layout, held: int, *, instance_id: str,
+                     package_version: str, plan: FaultPlan, segment_bytes: int,
+                     inline_max_sync_s: float) -> Store:
+        runtime_dir = layout.root
         # A damaged manifest or snapshot is reported (restored.files) and kept as it is; the
         # reader has read the whole log instead, so every other Run restores as usual.
         loaded = load(runtime_dir, "restore")
@@ -223,6 +246,7 @@ class Store:
         store = cls(layout, instance_id=instance_id, package_version=package_version,
                     faults=plan, segment_bytes=segment_bytes, restored=restored,
                     inline_max_sync_s=inline_max_sync_s)
+        store._dir_lock = held
         for run_id, journal in loaded.journals.items():
             seq = journal.state.seq if journal.state else 0
             # A held Run (its snapshot file is damaged) is never dirty: never snapshotted.
@@ -913,6 +937,7 @@ class Store:
         self._jobs.put((self._close_job, deliver))
         await finished
         self._stop_worker()
+        self._unlock()
 
     def close_blocking(self) -> None:
         """``close`` for callers without an event loop."""
@@ -924,6 +949,13 @@ class Store:
             self.sync_blocking()
         self._stop_worker()
         self._close_job()
+        self._unlock()
+
+    def _unlock(self) -> None:
+        """Let the next host open the runtime directory (after the last write and snapshot)."""
+        if self._dir_lock >= 0:
+            os.close(self._dir_lock)
+            self._dir_lock = -1
 
 
 def _conforms(store: Store) -> JournalPort:

@@ -112,6 +112,7 @@ def abandon(store: Store) -> None:
     if store._fd >= 0:
         os.close(store._fd)
         store._fd = -1
+    store._unlock()  # the kernel drops a dead process's flock
     store._closed = True
 
 

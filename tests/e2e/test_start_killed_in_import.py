@@ -1,0 +1,78 @@
+"""A first start killed while it imports a Workflow (a slow import, OOM, a crashing C
+extension) used to leave the project stuck: a stale ``service.lock`` and no
+``connection.json``, so ``recover`` refused (no valid connection, DESIGN section 3), ``start``
+was CLI_SERVICE_BUSY, and doctor recommended the recover that refused. The host now binds its
+port and saves ``connection.json`` before any user code runs: doctor's advice works."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import CliResult, Project, eventually, ok, reaped
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+SLOW = '''
+import time
+from pathlib import Path
+
+import intloom
+
+_HERE = Path(__file__).resolve().parent.parent
+(_HERE / "importing").write_text("the import started")
+_deadline = time.monotonic() + 30
+while not (_HERE / "release").exists() and time.monotonic() < _deadline:
+    time.sleep(0.01)
+
+wf = intloom.Workflow("slow", version="1")
+st = wf.stage("s")
+
+
+@st.step("a", routes={"ok": intloom.COMPLETE})
+def a(ctx: intloom.StepContext[None]) -> str:
+    return "ok"
+'''
+
+
+@pytest.fixture
+def slow(tmp_path: Path) -> Iterator[Project]:
+    root = tmp_path / "proj"
+    (root / "workflows").mkdir(parents=True)
+    (root / "workflows" / "slow.py").write_text(SLOW)
+    (root / "intloom.toml").write_text('workflows = ["workflows/slow.py"]\n')
+    yield from reaped(Project(root=root))
+
+
+def test_a_first_start_killed_in_a_workflow_import_is_recovered_as_doctor_says(
+    slow: Project,
+) -> None:
+    started: list[CliResult] = []
+    starting = threading.Thread(target=lambda: started.append(slow.cli("start", "--json")))
+    starting.start()
+    try:
+        eventually((slow.root / "importing").exists, timeout=20, what="the import to start")
+        lock = json.loads((slow.state / "service.lock").read_text())
+        connection = json.loads((slow.state / "connection.json").read_text())
+        slow.pids.add(lock["pid"])
+        os.kill(lock["pid"], signal.SIGKILL)
+        slow.wait_released(lock["pid"])  # the OS lock and the saved port are free
+    finally:
+        starting.join(timeout=60)
+    [first] = started
+    assert first.code != 0 and first.json["error"]["code"] == "CLI_SERVICE_UNAVAILABLE"
+    assert (slow.state / "service.lock").exists()  # stale: its owner was killed
+    (slow.root / "release").write_text("")  # doctor imports the Workflows too
+
+    doctor = slow.cli("doctor", "--json").json
+    assert doctor["status"] == "recovery_required", doctor["message"]
+    assert ok(slow.cli("recover", "--json"))["recovered"] is True
+    service = ok(slow.cli("start", "--json"))["service"]
+    assert service["port"] == connection["port"]  # the port the killed start had saved
+    ok(slow.cli("stop", "--json"))

@@ -1,0 +1,35 @@
+"""One writer per checkpoint store, even when a live host's metadata was removed by hand.
+
+``service.lock`` guards the project, but only while its file is there: a user who deletes a
+"stale" lock and ``service.json`` under a live host, then starts again with ``--port 0``,
+got a second host appending to the same log (the same Run answered on both, its effect run
+twice). The store holds its own OS lock on ``runtime/`` for the host's life.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers import Project, ok, pid_alive, snapshot_files
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+
+def test_a_second_host_cannot_open_a_live_hosts_store(project: Project) -> None:
+    first = ok(project.cli("start", "--json"))["service"]
+    run = ok(project.cli("flow", "example", "--intent", "one writer", "--json"))["run"]
+    assert run["status"] == "waiting"
+    runtime = project.state / "runtime"
+    before = snapshot_files(runtime)
+    (project.state / "service.lock").unlink()
+    (project.state / "service.json").unlink()
+
+    second = project.cli("start", "--port", "0", "--json")
+    assert second.code != 0, second.stdout
+    error = second.json["error"]
+    assert error["code"] == "BUSY", error
+    assert "checkpoint store" in error["message"] and str(runtime) in error["message"]
+    assert "Nothing was written" in error["message"]
+    assert pid_alive(first["pid"])  # the live host is untouched...
+    assert snapshot_files(runtime) == before  # ...and so is its log: no new segment
+    assert not (project.state / "service.lock").exists()  # the failed start cleaned up
