@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
 import threading
@@ -327,15 +328,32 @@ def _await_ready(proc: subprocess.Popen[bytes], fd: int, deadline: float,
             continue
         chunk = os.read(fd, 65536)
         if not chunk:
-            raise IntloomError(
-                "CLI_SERVICE_UNAVAILABLE", "The service exited during initialization."
-            )
+            raise _died_starting(proc)
         buf += chunk
         while b"\n" in buf:
             line, buf = buf.split(b"\n", 1)
             outcome = _ready_line(line, progress)
             if outcome is not None:
                 return outcome
+
+
+def _died_starting(proc: subprocess.Popen[bytes]) -> IntloomError:
+    """The host closed its readiness pipe without a word: it died (killed, out of memory, a
+    crashing extension) or exited from user code imported while it started."""
+    try:
+        code = proc.wait(timeout=_TERMINATE_GRACE)
+    except subprocess.TimeoutExpired:
+        how = "closed its readiness pipe and is still running"
+    else:
+        how = (f"was killed by {signal.Signals(-code).name}" if code < 0
+               and -code in signal.valid_signals() else f"exited with status {code}")
+    return IntloomError(
+        "CLI_SERVICE_UNAVAILABLE",
+        f"The service exited during initialization: the host (pid {proc.pid}) {how} before "
+        "it reported ready. Its log in .intloom/logs/ says how far it got. Run intloom "
+        "doctor: the service.lock it may have left is stale, and intloom recover removes it "
+        "before the next intloom start.",
+    )
 
 
 def _ready_line(line: bytes, progress: Progress | None) -> ServiceView | None:

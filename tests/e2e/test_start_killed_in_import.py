@@ -66,7 +66,11 @@ def test_a_first_start_killed_in_a_workflow_import_is_recovered_as_doctor_says(
     finally:
         starting.join(timeout=60)
     [first] = started
-    assert first.code != 0 and first.json["error"]["code"] == "CLI_SERVICE_UNAVAILABLE"
+    error = first.json["error"]
+    assert first.code != 0 and error["code"] == "CLI_SERVICE_UNAVAILABLE"
+    # The facts (which process, how it ended) and the way out.
+    assert f"pid {lock['pid']}) was killed by SIGKILL" in error["message"], error
+    assert "intloom doctor" in error["message"] and "intloom recover" in error["message"]
     assert (slow.state / "service.lock").exists()  # stale: its owner was killed
     (slow.root / "release").write_text("")  # doctor imports the Workflows too
 
