@@ -94,15 +94,19 @@ def _runtime_dir_check(paths: ProjectPaths) -> Check:
         return Check("runtime_dir", "attention", f"{exc.path} {exc.fact}.",
                      f"{privacy_fix(exc)}. {KEEP_IT}")
     absent = []
-    # logs/ too: a start that cannot open its log refuses to run.
-    for path in (paths.runtime, paths.logs):
+    # logs/ too: a start that cannot open its log refuses to run; and the store's own
+    # directories, which this check's "ok" speaks for.
+    store_dirs = (paths.runtime / "wal", paths.runtime / "snap",
+                  paths.runtime / "snap" / "live", paths.runtime / "snap" / "done")
+    for path in (paths.runtime, paths.logs, *store_dirs):
         try:
             check_private_dir(path)
         except PrivacyError as exc:
             if exc.fact != "does not exist":
                 return Check("runtime_dir", "attention", f"{exc.path} {exc.fact}.",
                              f"{privacy_fix(exc)}. {KEEP_IT}")
-            absent.append(f".intloom/{path.name}/")
+            if path not in store_dirs:
+                absent.append(f".intloom/{path.name}/")
     if absent:
         return Check("runtime_dir", "ok", f"No {' or '.join(absent)} yet: intloom start "
                      "creates what it needs (mode 0700).", None)
@@ -112,8 +116,8 @@ def _runtime_dir_check(paths: ProjectPaths) -> Check:
         # refuse for every Run.
         return Check("runtime_dir", "attention", f"{loose.path} {loose.fact}.",
                      f"{privacy_fix(loose)}. {KEEP_IT}")
-    return Check("runtime_dir", "ok", ".intloom/, .intloom/runtime/ and .intloom/logs/ are "
-                 "private directories (0700) of yours.", None)
+    return Check("runtime_dir", "ok", ".intloom/, .intloom/runtime/ (with its wal/ and snap/) "
+                 "and .intloom/logs/ are private directories (0700) of yours.", None)
 
 
 def _loose_segment(wal: Path) -> PrivacyError | None:

@@ -194,9 +194,16 @@ def preview_runs(
         nexts.append(f"{len(missing)} snapshot file(s) are missing from snap/live/: the next "
                      "start reads those Runs from the log and writes their snapshots again "
                      "(find out what removed them: intloom never does).")
-    if by_journal["corrupt"] or by_journal["incompatible"] or len(missing) < len(store.files):
-        nexts.append("Inspect each unrestorable Run with intloom inspect RUN; damaged and "
-                     "unexpected files are kept byte-identical and never restored or removed.")
+    if by_journal["corrupt"] or by_journal["incompatible"]:
+        nexts.append("Inspect each unrestorable Run with intloom inspect RUN.")
+    unexpected = [f for f in store.files if f.kind == "unexpected"]
+    if unexpected:
+        nexts.append(f"{len(unexpected)} file(s) intloom did not write are in the runtime "
+                     "directory: find out what put them there, then move them out of it "
+                     "(intloom never reads, moves or removes them).")
+    if any(f.kind not in ("missing", "unexpected") for f in store.files):
+        nexts.append("Damaged files are kept byte-identical: never restored, rewritten or "
+                     "removed.")
     # An interrupted Run needs a person until it is dismissed (its journal then ends), whether
     # or not a host has restored it meanwhile as failed/RUN_INTERRUPTED.
     interrupted = sum(
