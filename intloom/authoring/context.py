@@ -6,9 +6,11 @@ every effect and wait goes through it so it can be journaled before it happens.
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterator
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Final, Generic, Protocol, TypeVar
 
 import msgspec
 
@@ -16,7 +18,7 @@ from intloom.authoring.interaction import Confirmation, Question, QuestionAnswer
 from intloom.errors import IntloomError
 from intloom.runtime.model import PendingAction
 
-__all__ = ["ContextHooks", "Recovery", "StepContext"]
+__all__ = ["ContextHooks", "Recovery", "StepContext", "unawaited"]
 
 S = TypeVar("S")
 T = TypeVar("T")
@@ -47,6 +49,11 @@ class ContextHooks(Protocol):
 
 class StepContext(Generic[S]):
     """The Step's view of its Run. ``state`` is the Stage State; assign a new value to change it."""
+
+    # The confirm/ask/aeffect calls this context made (``_Unawaited``), for ``unawaited`` to
+    # check once the Step is over. A class default, not set in __init__: a Step that makes
+    # none (most) pays nothing for it, and the driver's ``is not None`` is its only cost.
+    _calls: list[_Unawaited[Any]] | None = None
 
     def __init__(
         self,
@@ -175,7 +182,8 @@ class StepContext(Generic[S]):
                 "Step `async def` and write `result = await ctx.aeffect(...)`.",
             )
         key = self._key(name, key)
-        return self._aeffect(name, key, lambda: fn(*args, **kwargs))
+        return self._track(_Unawaited(self._aeffect(name, key, lambda: fn(*args, **kwargs)),
+                                      self, "aeffect", (name, key)))
 
     async def _aeffect(self, name: str, key: str, call: Callable[[], Any]) -> Any:
         try:
@@ -190,6 +198,15 @@ class StepContext(Generic[S]):
         if self.step is None:
             return f"Stage {self.stage!r} initialiser"
         return f"Stage {self.stage!r}, Step {self.step!r}"
+
+    def _track(self, call: _Unawaited[T]) -> _Unawaited[T]:
+        """Keep ``call`` for ``unawaited``: one never awaited would otherwise be dropped
+        without a word (no question asked, no effect run, the Step's outcome recorded)."""
+        calls = self._calls
+        if calls is None:
+            calls = self._calls = []
+        calls.append(call)
+        return call
 
     def _async_only(self, call: str, example: str) -> None:
         """confirm/ask wait for a person, which only an async Step can do: called from a sync
@@ -207,10 +224,9 @@ class StepContext(Generic[S]):
 
         Await it in an async Step: ``answer = await ctx.confirm({...})``.
         """
-        example = "answer = await ctx.confirm(...)"
         self._hooks.before_wait("confirmation")
-        self._async_only("confirm", example)
-        return _Unawaited(self._confirm(context), self.where, "confirm", example)
+        self._async_only("confirm", _EXAMPLES["confirm"])
+        return self._track(_Unawaited(self._confirm(context), self, "confirm", context))
 
     async def _confirm(self, context: Any) -> Confirmation:
         answer = await self._hooks.wait("confirmation", context, self._state)
@@ -222,11 +238,10 @@ class StepContext(Generic[S]):
 
         Await it in an async Step: ``answers = await ctx.ask([intloom.Question(...)])``.
         """
-        example = "answers = await ctx.ask([...])"
         self._hooks.before_wait("questions")
-        self._async_only("ask", example)
+        self._async_only("ask", _EXAMPLES["ask"])
         _check_questions(self.where, questions)
-        return _Unawaited(self._ask(questions), self.where, "ask", example)
+        return self._track(_Unawaited(self._ask(questions), self, "ask", questions))
 
     async def _ask(self, questions: list[Question]) -> list[QuestionAnswer]:
         answer = await self._hooks.wait("questions", questions, self._state)
@@ -255,29 +270,47 @@ def _check_questions(where: str, questions: Any) -> None:
 
 
 def _short(value: Any, limit: int = 80) -> str:
-    text = repr(value)
+    try:
+        text = repr(value)
+    except Exception:  # too deep for repr (RecursionError), or a __repr__ that raises
+        text = f"<{type(value).__name__}>"
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 # What a Step reads off an answer (Confirmation, QuestionAnswer): read off the un-awaited call
 # instead, they are the mistake _Unawaited names.
 _ANSWER_FIELDS = frozenset({"confirmed", "feedback", "question_id", "skipped", "answer"})
+# How each call is written when awaited, as the errors about it show the fix.
+_EXAMPLES: Final = {
+    "confirm": "answer = await ctx.confirm(...)",
+    "ask": "answers = await ctx.ask([...])",
+    "aeffect": "result = await ctx.aeffect(...)",
+}
+# What did not happen because a call was never awaited.
+_SKIPPED: Final = {
+    "confirm": "nobody was asked to confirm and the Run did not wait for an answer",
+    "ask": "its questions were never asked and the Run did not wait for answers",
+    "aeffect": "the effect never ran",
+}
 
 
 class _Unawaited(Coroutine[Any, Any, T]):
-    """What ctx.confirm/ask return: a coroutine (it awaits, and asyncio.create_task takes
-    it, exactly like the ``async def`` it wraps), but used without ``await`` (``answer =
-    ctx.confirm(...)`` then ``answer.confirmed``) it raises an error naming the Step and the
-    fix, not "'coroutine' object has no attribute ..."."""
+    """What ctx.confirm/ask/aeffect return: a coroutine (it awaits, and asyncio.create_task
+    takes it, exactly like the ``async def`` it wraps), but used without ``await`` (``answer
+    = ctx.confirm(...)`` then ``answer.confirmed``) it raises an error naming the Step and
+    the fix, not "'coroutine' object has no attribute ...". Dropped without ``await``, it is
+    named when the Step is over (``unawaited``)."""
 
-    __slots__ = ("_call", "_coro", "_example", "_where")
+    __slots__ = ("_call", "_coro", "_ctx", "_detail")
 
-    def __init__(self, coro: Coroutine[Any, Any, T], where: str, call: str, example: str
-                 ) -> None:
+    def __init__(self, coro: Coroutine[Any, Any, T], ctx: StepContext[Any], call: str,
+                 detail: Any) -> None:
         self._coro = coro
-        self._where = where
-        self._call = call
-        self._example = example
+        self._ctx = ctx
+        self._call = call  # confirm, ask or aeffect
+        # What names the call in an error: the context, the questions, (name, key). Kept
+        # as given: the text is built only for an error.
+        self._detail = detail
 
     def __await__(self) -> Generator[Any, None, T]:
         return self._coro.__await__()
@@ -293,14 +326,29 @@ class _Unawaited(Coroutine[Any, Any, T]):
     def close(self) -> None:
         self._coro.close()
 
+    def named(self) -> str:
+        """The call as errors name it: ``ctx.aeffect('charge', ...) (key 'charge#1')``."""
+        if self._call == "aeffect":
+            name, key = self._detail
+            return f"ctx.aeffect({name!r}, ...) (key {key!r})"
+        if self._call == "ask":
+            ids = [getattr(q, "id", "?") for q in self._detail]
+            return f"ctx.ask([...]) (questions {_short(ids)})"
+        return f"ctx.confirm({_short(self._detail, 60)})"
+
+    def example(self) -> str:
+        if self._call == "aeffect":
+            return f"result = await ctx.aeffect({self._detail[0]!r}, ...)"
+        return _EXAMPLES[self._call]
+
     def _misuse(self) -> IntloomError:
         # It will not be awaited now; closing it spares a "never awaited" RuntimeWarning on
-        # top of this error. (Dropped unused, it gets Python's own warning, as a coroutine.)
+        # top of this error, and ``unawaited`` a second report of it.
         self._coro.close()
         return IntloomError(
             "STEP_INTERACTION_INVALID",
-            f"{self._where} used the result of ctx.{self._call}(...) without awaiting it. "
-            f"Write `{self._example}` in an async Step.",
+            f"{self._ctx.where} used the result of {self.named()} without awaiting it. "
+            f"Write `{self.example()}` in an async Step.",
         )
 
     def __getattr__(self, name: str) -> Any:
@@ -322,3 +370,77 @@ class _Unawaited(Coroutine[Any, Any, T]):
     def __bool__(self) -> bool:
         raise self._misuse()
 
+
+def unawaited(ctx: StepContext[Any], returned: bool
+              ) -> tuple[str, str, list[asyncio.Task[Any]]] | None:
+    """What the Step owning ``ctx`` left of its confirm/ask/aeffect calls, once it is over
+    (``returned``: it returned; otherwise it raised): None when it awaited each one, else
+    (the facts, the fix, the tasks cancelled here that had begun: the caller waits for them,
+    so an effect they ran is journaled done before the Run ends). The caller checks
+    ``ctx._calls is not None`` first, so a Step that made no call pays no call.
+
+    A call never awaited is closed (no "never awaited" RuntimeWarning, which nobody would
+    see: the host's stderr goes nowhere) and named: a confirmation gate or an effect must
+    not be skipped without a word. A call handed to a task (asyncio.create_task, gather)
+    that has not finished when the Step returns is named too, and its task cancelled: it
+    would otherwise act after the Step's result is recorded, as part of the next Step. When
+    the Step raised, such a task is cancelled only if it has not begun (nothing of it is
+    journaled yet); one already running is left to end as it does (a gather's sibling after
+    the first failure)."""
+    calls, ctx._calls = ctx._calls, None  # the Step is over: no cycle through its context
+    if calls is None:
+        return None
+    created: list[_Unawaited[Any]] = []
+    suspended: list[_Unawaited[Any]] = []
+    for call in calls:
+        state = inspect.getcoroutinestate(call._coro)
+        if state == inspect.CORO_CREATED:
+            created.append(call)
+        elif state == inspect.CORO_SUSPENDED:
+            suspended.append(call)
+    if not created and (not returned or not suspended):
+        return None
+    tasks = _tasks_of([*created, *suspended])
+    facts: list[str] = []
+    fixes: list[str] = []
+    for call in created:
+        task = tasks.get(id(call))
+        if task is None:
+            call._coro.close()
+            facts.append(f"called {call.named()} without awaiting it, so "
+                         f"{_SKIPPED[call._call]}")
+            fixes.append(f"Write `{call.example()}`")
+            continue
+        task.cancel()  # not begun: its coroutine is closed without running
+        if returned:
+            facts.append(f"returned before the task it handed {call.named()} to had begun, "
+                         "so that task was cancelled")
+            fixes.append(_AWAIT_TASK)
+    running: list[asyncio.Task[Any]] = []
+    if returned:
+        for call in suspended:
+            task = tasks.get(id(call))
+            if task is not None:
+                task.cancel()
+                running.append(task)
+            facts.append(f"returned while the task it handed {call.named()} to was still "
+                         "running, so that task was cancelled")
+            fixes.append(_AWAIT_TASK)
+    if not facts:
+        return None
+    return "; it ".join(facts), ". ".join(dict.fromkeys(fixes)) + ".", running
+
+
+_AWAIT_TASK: Final = ("Await each task you start (asyncio.create_task, asyncio.gather) before "
+                      "the Step returns, or await the call itself")
+
+
+def _tasks_of(calls: list[_Unawaited[Any]]) -> dict[int, asyncio.Task[Any]]:
+    """The tasks driving ``calls``, by the call's id: asyncio keeps no way back from a
+    coroutine to its task, so every task is looked at (only when a Step left a call)."""
+    wanted = {id(call) for call in calls}
+    try:
+        every = asyncio.all_tasks()
+    except RuntimeError:  # no running loop: no task can drive them
+        return {}
+    return {id(task.get_coro()): task for task in every if id(task.get_coro()) in wanted}

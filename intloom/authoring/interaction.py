@@ -69,7 +69,14 @@ def confirmation_request(context: Any, where: str) -> dict[str, Any]:
     names the Step asking (``Stage 'a', Step 'b'``), for the error."""
     try:
         msgspec.json.encode(context)
-    except (TypeError, msgspec.EncodeError) as exc:
+    except RecursionError:
+        raise IntloomError(
+            "STEP_INTERACTION_INVALID",
+            f"{where}: the context given to ctx.confirm holds itself, or is nested too deeply, "
+            "to be encoded as JSON (RecursionError). Pass a tree of plain data a few hundred "
+            "levels deep at most; a person reads it at a prompt.",
+        ) from None
+    except (TypeError, msgspec.EncodeError, UnicodeEncodeError) as exc:
         raise IntloomError(
             "STEP_INTERACTION_INVALID",
             f"{where}: the context given to ctx.confirm is not JSON-encodable ({exc}). Pass "
@@ -104,7 +111,15 @@ def questions_request(questions: list[Question], where: str) -> list[Any]:
                 f"{where}: the options of question {q.id!r} repeat the ids "
                 f"{_repeated(option_ids)}. Give every option of a question its own id.",
             )
-    wire: list[dict[str, Any]] = msgspec.to_builtins(questions)
+    try:
+        wire: list[dict[str, Any]] = msgspec.to_builtins(questions)
+    except RecursionError:  # a Struct checks no field type: a field may hold a list in itself
+        raise IntloomError(
+            "STEP_INTERACTION_INVALID",
+            f"{where}: a question given to ctx.ask holds itself, or is nested too deeply, to "
+            "be encoded (RecursionError). Give each field of intloom.Question its declared "
+            "type (str; a list of intloom.Option for options).",
+        ) from None
     for item, q in zip(wire, questions, strict=True):
         # Always present (the request's shape is {id, question, description?, options?,
         # isSkippable}); omit_defaults would drop it when false.

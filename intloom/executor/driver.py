@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import reprlib
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Final
 import msgspec
 
 from intloom.authoring.agent import AgentResult
-from intloom.authoring.context import ContextHooks, StepContext
+from intloom.authoring.context import ContextHooks, StepContext, unawaited
 from intloom.authoring.interaction import confirmation_request, questions_request
 from intloom.authoring.loader import LoadedWorkflow
 from intloom.authoring.workflow import AgentStep, Complete, Stage, Step, ToStage
@@ -102,6 +103,52 @@ def _is_async(fn: Callable[..., Any]) -> bool:
 
 def _user_failed(where: str, exc: BaseException) -> IntloomError:
     return IntloomError("STEP_EXECUTION_FAILED", f"{where} raised {_raised(exc)}")
+
+
+async def _left_behind(ctx: StepContext[Any], where: str | Step[Any],
+                       raised: BaseException | None) -> None:
+    """Raise STEP_INTERACTION_INVALID when user code that is over (it returned, or raised
+    ``raised``) left a confirm/ask/aeffect call of ``ctx`` un-awaited (``unawaited``): its
+    question was never asked, or its effect never ran, and the Run must not go on as if they
+    had. Not over a host's stop or a lost Run (cancelled, ownership lost): those calls are
+    only closed, and the Run is left to the restart table."""
+    left = unawaited(ctx, raised is None)
+    if left is None or isinstance(raised, asyncio.CancelledError) or (
+            isinstance(raised, IntloomError) and raised.code in _QUIET):
+        return
+    facts, fix, running = left
+    if running:
+        # Cancelled with their effect started: its effect_done (cancelled, outcome unknown)
+        # goes in before the Run's terminal, or inspect would show the effect in flight.
+        await asyncio.wait(running)
+    if not isinstance(where, str):
+        where = where.where
+    then = ""
+    if isinstance(raised, IntloomError):
+        then = f" It then failed with {raised.code}: {raised.message}"
+    elif raised is not None:
+        then = f" It then raised {_raised(_contained(raised))}"
+    if then and not then.endswith("."):
+        then += "."
+    raise IntloomError("STEP_INTERACTION_INVALID",
+                       clip(f"{where} {facts}. {fix}{then}")) from None
+
+
+def _refused_effects(ctx: StepContext[Any], where: str, raised: BaseException | None
+                     ) -> None:
+    """``_left_behind`` for an Agent Step's ``on_complete``, where ctx.aeffect is the only
+    call that returns before it is refused (confirm and ask are refused at the call), and
+    refused again when it begins (so no task of it is waited for): one never awaited is
+    named with the fix that works there, not "await it"."""
+    left = unawaited(ctx, raised is None)
+    if left is None or isinstance(raised, asyncio.CancelledError):
+        return
+    raise IntloomError(
+        "STEP_INTERACTION_INVALID",
+        clip(f"{where} {left[0]}; on_complete cannot run effects at all: it only folds the "
+             "Agent's result into ctx.state. Do that work in the Step the outcome routes to. "
+             "Nothing was recorded and the task stays claimed."),
+    ) from None
 
 
 def _raised(exc: BaseException) -> str:
@@ -640,7 +687,17 @@ def _encode_state(value: Any, where: str | Step[Any], state_type: type | None,
         return None
     try:
         data = msgspec.json.encode(value)
-    except (TypeError, msgspec.EncodeError) as exc:
+    except RecursionError:
+        if not isinstance(where, str):
+            where = where.where
+        raise IntloomError(
+            "STAGE_STATE_INVALID",
+            f"{where}: the Stage State it left ({type(value).__name__}) holds itself, or is "
+            "nested too deeply, to be encoded as JSON (RecursionError). Keep it a tree of "
+            "plain data (no list, dict or Struct inside itself) a few hundred levels deep at "
+            "most; this State was not saved.",
+        ) from None
+    except UNENCODABLE as exc:
         if not isinstance(where, str):
             where = where.where
         raise IntloomError(
@@ -677,14 +734,42 @@ def _encode_state(value: Any, where: str | Step[Any], state_type: type | None,
     return data
 
 
-def _plain(value: Any) -> Any:
-    """A JSON/msgpack-safe copy of an effect's result, for the journal (evidence only)."""
+def _plain(value: Any, task_of: Step[Any] | None = None) -> Any:
+    """A JSON/msgpack-safe copy of an effect's result, for the journal (evidence only), or
+    of the Agent task ``task_of`` returned."""
     try:
         plain = msgspec.to_builtins(value)
         check_encodable(plain)  # to_builtins lets through what msgpack refuses (2**70)
         return plain
+    except RecursionError:
+        if task_of is not None:
+            # The Agent works on the task itself: a repr of it would be no task at all.
+            raise IntloomError(
+                "STEP_INTERACTION_INVALID",
+                f"{task_of.where} returned an Agent task ({type(value).__name__}) that holds "
+                "itself, or is nested too deeply, to be encoded (RecursionError); nothing was "
+                "recorded and no task was published. Return a tree of plain data a few "
+                "hundred levels deep at most.",
+            ) from None
+        return {"repr": _shown(value)}
     except UNENCODABLE:
-        return {"repr": repr(value)[:1000]}
+        return {"repr": _shown(value)}
+
+
+def _shown(value: Any) -> str:
+    """``value``'s repr for the journal, at most 1,000 characters. A value too deep for
+    repr (RecursionError; one that merely holds itself reprs as ``[[...]]``), or whose
+    __repr__ raises, is described instead: the effect is over and its ``effect_done`` must
+    be written whatever its result is."""
+    try:
+        return repr(value)[:1000]
+    except Exception as exc:
+        try:
+            # reprlib stops at a few levels and catches what an item's repr raises.
+            short = reprlib.repr(value)
+        except Exception:
+            short = f"<{type(value).__name__}>"
+        return f"{short} (its full repr raised {type(exc).__name__})"[:1000]
 
 
 class _Refused:
@@ -1012,15 +1097,23 @@ class Driver:
             hooks = slot.hooks = _Hooks(self, slot, loop)
         return hooks
 
-    async def _user(self, slot: RunSlot, where: str, fn: Callable[..., Any], *args: Any) -> Any:
+    async def _user(self, slot: RunSlot, where: str, fn: Callable[..., Any],
+                    ctx: StepContext[Any], *args: Any) -> Any:
+        """Call ``fn(ctx, *args)`` (an initialiser, an Agent Step's function, a ``recover``);
+        what it raised, or left un-awaited on ``ctx``, fails the Run naming ``where``."""
         try:
-            return await self.call_user(fn, *args)
-        except IntloomError:
-            raise
-        except asyncio.CancelledError:
+            returned = await self.call_user(fn, ctx, *args)
+        except (IntloomError, asyncio.CancelledError) as exc:
+            if ctx._calls is not None:
+                await _left_behind(ctx, where, exc)
             raise
         except Exception as exc:
+            if ctx._calls is not None:
+                await _left_behind(ctx, where, exc)
             raise _user_failed(where, exc) from None
+        if ctx._calls is not None:
+            await _left_behind(ctx, where, None)
+        return returned
 
     async def _enter_stage(self, slot: RunSlot) -> bool:
         rt = self.rt
@@ -1035,10 +1128,21 @@ class Driver:
             ctx = self._ctx(slot, None)
             value = await self._user(slot, f"Stage {stage.name!r} initialiser", stage.init_fn, ctx)
             if stage.state_type is not None and not isinstance(value, stage.state_type):
+                name = stage.state_type.__name__
                 raise IntloomError(
                     "STAGE_STATE_INVALID",
                     f"Stage {stage.name!r} initialiser returned {type(value).__name__}, not "
-                    f"{stage.state_type.__name__}.",
+                    f"{name}. Return the Stage's first State: `return {name}(...)`.",
+                )
+            if stage.state_type is None and value is not None:
+                # As ctx.state assigned in such a Stage: no context decodes it, it would be
+                # thrown away while the Stage's Steps see None.
+                raise IntloomError(
+                    "STAGE_STATE_INVALID",
+                    f"Stage {stage.name!r} initialiser returned {type(value).__name__} "
+                    f"{clip(_shown(value), 80)}, but Stage {stage.name!r} has no State, so it "
+                    f"would be lost. Declare one (`wf.stage({stage.name!r}, "
+                    "state=YourStruct)`) to keep it for the Stage's Steps, or return None.",
                 )
         elif stage.state_type is not None:
             value = stage.state_type()
@@ -1089,7 +1193,7 @@ class Driver:
                     id=clock.call_id(),
                     agent_id=getattr(step, "agent", "default"),
                     phase="available",
-                    request=_plain(request),
+                    request=_plain(request, step),
                     tools=sorted(getattr(step, "tools", {})),
                     created_at=clock.now(),
                 )
@@ -1102,14 +1206,20 @@ class Driver:
                 if awaiting is None:
                     awaiting = fn(ctx) if is_async else self._call_sync(fn, ctx)
                 outcome = await awaiting
-            except IntloomError:
-                raise
-            except asyncio.CancelledError:
+            except (IntloomError, asyncio.CancelledError) as exc:
+                if ctx._calls is not None:
+                    await _left_behind(ctx, step, exc)
                 raise
             except (SystemExit, KeyboardInterrupt, GeneratorExit) as exc:
+                if ctx._calls is not None:
+                    await _left_behind(ctx, step, exc)
                 raise _user_failed(step.where, _contained(exc)) from None
             except Exception as exc:
+                if ctx._calls is not None:
+                    await _left_behind(ctx, step, exc)
                 raise _user_failed(step.where, exc) from None
+            if ctx._calls is not None:  # it called confirm, ask or aeffect: all awaited?
+                await _left_behind(ctx, step, None)
             at = self._record_outcome(slot, step, outcome, ctx)
             # Routing is its own boundary (its own record), but nothing happens between the
             # two: route here rather than through another turn of _drive.
@@ -1205,7 +1315,7 @@ class Driver:
         if not isinstance(outcome, str) or not outcome:
             raise IntloomError(
                 "STEP_RESULT_INVALID",
-                f"{where or step.where} returned {clip(repr(outcome), 200)}; return a "
+                f"{where or step.where} returned {clip(_shown(outcome), 200)}; return a "
                 f"non-empty outcome string, one of {sorted(step.routes)}.",
             )
         if outcome not in step.routes and len(outcome) > MAX_OUTCOME:
@@ -1213,7 +1323,7 @@ class Driver:
             raise IntloomError(
                 "STEP_OUTCOME_NOT_HANDLED",
                 f"{where or step.where} returned an outcome of {len(outcome):,} characters "
-                f"({clip(repr(outcome), 80)}), which its routes do not handle "
+                f"({clip(_shown(outcome), 80)}), which its routes do not handle "
                 f"({sorted(step.routes)}). Return one of them.",
             )
         at = clock.now()
@@ -1236,21 +1346,25 @@ class Driver:
         where = f"{step.where} on_complete"
         try:
             returned = await self.call_user(step.complete_fn, ctx, result)
-        except IntloomError:
-            raise
-        except asyncio.CancelledError:
+        except (IntloomError, asyncio.CancelledError) as exc:
+            if ctx._calls is not None:
+                _refused_effects(ctx, where, exc)
             raise
         except Exception as exc:
+            if ctx._calls is not None:
+                _refused_effects(ctx, where, exc)
             raise IntloomError(
                 "INVALID_REQUEST",
                 f"{where} refused the Agent's result (outcome {result.outcome!r}): "
                 f"{clip(_raised(exc))}. Nothing was recorded and the task stays claimed: "
                 "complete it again with a corrected output, or fail it.",
             ) from None
+        if ctx._calls is not None:
+            _refused_effects(ctx, where, None)
         if returned is not None:
             raise IntloomError(
                 "STEP_RESULT_INVALID",
-                f"{where} returned {clip(repr(returned), 200)}; it must return None and "
+                f"{where} returned {clip(_shown(returned), 200)}; it must return None and "
                 "assign ctx.state instead. Nothing was recorded and the task stays claimed.",
             )
         return _encode_state(ctx.state, where, step.stage.state_type)

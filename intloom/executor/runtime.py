@@ -232,7 +232,7 @@ def _check_request(cursor: Cursor, what: str, request: Any, fix: str) -> None:
     """STEP_INTERACTION_INVALID when ``request`` is over MAX_REQUEST_BYTES as JSON."""
     try:
         size = len(msgspec.json.encode(request))
-    except (TypeError, msgspec.EncodeError):
+    except UNENCODABLE:
         return  # not JSON: the journal's own check names it (RUN_STATE_INVALID)
     if size > MAX_REQUEST_BYTES:
         raise IntloomError(

@@ -159,8 +159,10 @@ encode_record: Callable[[Record], bytes] = _encoder.encode
 
 
 # What encoding a record raises for a value it cannot hold (an int beyond 64 bits, an object
-# that is not plain data).
-UNENCODABLE: Final = (OverflowError, TypeError, msgspec.EncodeError)
+# that is not plain data, a str with a lone surrogate, a value that holds itself or is nested
+# deeper than the stack).
+UNENCODABLE: Final = (OverflowError, TypeError, msgspec.EncodeError, UnicodeEncodeError,
+                      RecursionError)
 
 
 def check_encodable(value: Any) -> None:

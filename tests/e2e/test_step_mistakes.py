@@ -36,7 +36,8 @@ MISTAKES = textwrap.dedent('''
 
     KINDS = ["ask_dicts", "ask_text", "confirm_sync", "confirm_unawaited", "duplicate_ids",
              "unencodable_state", "aeffect_sync", "wrong_field", "wrong_field_wait",
-             "nested_effects", "duplicate_key", "exits", "float_wait", "set_wait"]
+             "nested_effects", "duplicate_key", "exits", "float_wait", "set_wait",
+             "confirm_dropped", "ask_dropped", "aeffect_dropped"]
     wf = intloom.Workflow("mistakes", version="1.0.0")
     main = wf.stage("main", state=Box)
 
@@ -68,6 +69,24 @@ MISTAKES = textwrap.dedent('''
     async def confirm_unawaited(ctx: intloom.StepContext[Box]) -> str:
         answer = ctx.confirm({"n": 1})
         return "yes" if answer.confirmed else "no"
+
+
+    @main.step("confirm_dropped", routes={"done": intloom.COMPLETE})
+    async def confirm_dropped(ctx: intloom.StepContext[Box]) -> str:
+        ctx.confirm({"a": 1})  # no await: nobody would be asked
+        return "done"
+
+
+    @main.step("ask_dropped", routes={"done": intloom.COMPLETE})
+    async def ask_dropped(ctx: intloom.StepContext[Box]) -> str:
+        ctx.ask([intloom.Question(id="topic", question="Topic?")])
+        return "done"
+
+
+    @main.step("aeffect_dropped", routes={"done": intloom.COMPLETE})
+    async def aeffect_dropped(ctx: intloom.StepContext[Box]) -> str:
+        ctx.aeffect("charge", print, "charged")  # no await: the effect would never run
+        return "done"
 
 
     @main.step("aeffect_sync", routes={"done": intloom.COMPLETE})
@@ -200,6 +219,14 @@ FIX = "Pass a list of intloom.Question"
                       "Make the Step `async def`", "await ctx.confirm("]),
     ("confirm_unawaited", ["Stage 'main', Step 'confirm_unawaited'", "without awaiting",
                            "await ctx.confirm("]),
+    ("confirm_dropped", ["Stage 'main', Step 'confirm_dropped' called ctx.confirm({'a': 1}) "
+                         "without awaiting it", "nobody was asked to confirm",
+                         "`answer = await ctx.confirm(...)`"]),
+    ("ask_dropped", ["Stage 'main', Step 'ask_dropped' called ctx.ask([...]) (questions "
+                     "['topic']) without awaiting it", "`answers = await ctx.ask([...])`"]),
+    ("aeffect_dropped", ["Stage 'main', Step 'aeffect_dropped' called ctx.aeffect('charge', "
+                         "...) (key 'charge#1') without awaiting it", "the effect never ran",
+                         "`result = await ctx.aeffect('charge', ...)`"]),
     ("duplicate_ids", ["Stage 'main', Step 'duplicate_ids'", "repeat ['a']", "its own id"]),
     ("aeffect_sync", ["Stage 'main', Step 'aeffect_sync' is sync", "ctx.aeffect",
                       "Use `ctx.effect(...)`", "await ctx.aeffect("]),

@@ -4,9 +4,11 @@ an effect's result is kept as its repr; a client's value is refused and the Run 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 import intloom
@@ -105,3 +107,168 @@ def test_a_step_asking_with_a_value_the_journal_cannot_hold_fails_cleanly(tmp_pa
     [journal] = [j for j in verify(root) if j.run_id == run_id]
     assert journal.status == "ok" and journal.state is not None
     assert journal.state.status == "failed" and journal.state.phase == "terminal"
+
+
+def _holds_itself() -> list[Any]:
+    value: list[Any] = []
+    value.append(value)
+    return value
+
+
+def _deep(levels: int = 5000) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+class _BadRepr:
+    def __repr__(self) -> str:
+        raise KeyError("no repr")
+
+
+# what an effect returns -> how its effect_done keeps it (a prefix of the kept repr)
+ODD_RESULTS: dict[str, tuple[Callable[[], Any], str]] = {
+    "holds_itself": (_holds_itself, "[[...]]"),
+    "too_deep": (_deep, "[[[[[["),  # repr itself fails: reprlib's few levels instead
+    "lone_surrogate": (lambda: "a\udc80", "'a\\udc80'"),
+    "bad_repr": (lambda: {"x": _BadRepr(), "big": HUGE}, "{'big': "),
+}
+
+
+def _settled(root: Path, wf: intloom.Workflow) -> Any:
+    async def main() -> Any:
+        store = open_store(root)
+        rt = _runtime(store, wf)
+        view = await rt.wait_stable((await rt.create_run(wf.name, "go")).run_id)
+        await store.close()
+        return view
+
+    return asyncio.run(asyncio.wait_for(main(), timeout=20))
+
+
+@pytest.mark.parametrize("sync", [True, False])
+@pytest.mark.parametrize("kind", sorted(ODD_RESULTS))
+def test_an_effect_result_the_journal_cannot_hold_is_kept_described_and_the_step_gets_it(
+        tmp_path: Path, kind: str, sync: bool) -> None:
+    """The effect is over: its effect_done is written whatever it returned (a value that
+    holds itself, one too deep for the encoder or for repr, a lone surrogate), or inspect
+    would show it still in flight."""
+    make, kept = ODD_RESULTS[kind]
+    got: list[Any] = []
+    wf = intloom.Workflow("odd", version="1")
+    st = wf.stage("s")
+    if sync:
+        @st.step("a", routes={"ok": intloom.COMPLETE})
+        def a(ctx: Any) -> str:
+            got.append(ctx.effect("odd", make))
+            return "ok"
+    else:
+        @st.step("a", routes={"ok": intloom.COMPLETE})
+        async def a_async(ctx: Any) -> str:
+            got.append(await ctx.aeffect("odd", make))
+            return "ok"
+    wf.validate()
+    root = tmp_path / "runtime"
+    view = _settled(root, wf)
+    assert view.status == "completed", view.last_error
+    assert len(got) == 1 and type(got[0]) in (list, str, dict)  # the value itself
+    [done] = [e.record for e in read_history(root, view.run_id)
+              if isinstance(e.record, EffectDone)]
+    assert done.ok and done.name == "odd" and isinstance(done.result, dict), done
+    assert done.result["repr"].startswith(kept), done.result
+    assert len(done.result["repr"]) <= 1000
+
+
+class Notes(msgspec.Struct):
+    items: Any = None
+
+
+# where an unencodable State is left -> how that code is named
+STATE_LEFT_BY = {
+    "step": "Stage 's', Step 'a': ",
+    "wait": "Stage 's', Step 'a': ",
+    "init": "Stage 's' initialiser: ",
+}
+
+
+@pytest.mark.parametrize("value", ["holds_itself", "too_deep"])
+@pytest.mark.parametrize("left_by", sorted(STATE_LEFT_BY))
+def test_a_state_too_deep_to_encode_fails_naming_the_step_and_the_fact(
+        tmp_path: Path, left_by: str, value: str) -> None:
+    make = _holds_itself if value == "holds_itself" else _deep
+    wf = intloom.Workflow("deep", version="1")
+    st = wf.stage("s", state=Notes)
+
+    if left_by == "init":
+        @st.init
+        def init(ctx: Any) -> Notes:
+            return Notes(items=make())
+
+    @st.step("a", routes={"ok": intloom.COMPLETE})
+    async def a(ctx: Any) -> str:
+        if left_by != "init":
+            ctx.state.items = make()
+        if left_by == "wait":
+            await ctx.confirm({"ok": True})
+        return "ok"
+
+    wf.validate()
+    root = tmp_path / "runtime"
+    view = _settled(root, wf)
+    assert view.status == "failed" and view.last_error is not None, view
+    assert view.last_error.code == "STAGE_STATE_INVALID", view.last_error
+    message = view.last_error.message
+    assert message.startswith(STATE_LEFT_BY[left_by]), message
+    for fact in ("(Notes) holds itself, or is nested too deeply", "RecursionError",
+                 "this State was not saved"):
+        assert fact in message, (fact, message)
+    phases = [type(e.record).__name__ for e in read_history(root, view.run_id)]
+    assert "Waiting" not in phases and "StepResult" not in phases, phases
+
+
+# what user code hands the host, too deep to encode -> (the code, facts of its message)
+HANDED: dict[str, tuple[str, list[str]]] = {
+    "confirm": ("STEP_INTERACTION_INVALID",
+                ["Stage 's', Step 'a': the context given to ctx.confirm holds itself, or is "
+                 "nested too deeply"]),
+    "ask": ("STEP_INTERACTION_INVALID",
+            ["Stage 's', Step 'a': a question given to ctx.ask holds itself"]),
+    "agent": ("STEP_INTERACTION_INVALID",
+              ["Stage 's', Step 'a' returned an Agent task (list) that holds itself, or is "
+               "nested too deeply", "no task was published"]),
+    "outcome": ("STEP_RESULT_INVALID",
+                ["Stage 's', Step 'a' returned [[[[[[", "non-empty outcome string"]),
+}
+
+
+@pytest.mark.parametrize("handed", sorted(HANDED))
+def test_a_value_too_deep_to_encode_handed_to_the_host_names_the_step(
+        tmp_path: Path, handed: str) -> None:
+    code, facts = HANDED[handed]
+    wf = intloom.Workflow("deep", version="1")
+    st = wf.stage("s")
+    if handed == "agent":
+        @st.agent_step("a", routes={"ok": intloom.COMPLETE})
+        def agent(ctx: Any) -> Any:
+            return _deep()
+    else:
+        @st.step("a", routes={"ok": intloom.COMPLETE})
+        async def a(ctx: Any) -> Any:
+            if handed == "confirm":
+                await ctx.confirm({"deep": _deep()})
+            if handed == "ask":
+                # A Struct checks no field type: a str field may hold anything.
+                await ctx.ask([intloom.Question(id="q", question="Q?",
+                                                description=_holds_itself())])  # type: ignore[arg-type]
+            return _deep()  # the "outcome" case: no Step gets past the others
+
+    wf.validate()
+    root = tmp_path / "runtime"
+    view = _settled(root, wf)
+    assert view.status == "failed" and view.last_error is not None, view
+    assert view.last_error.code == code, view.last_error
+    for fact in facts:
+        assert fact in view.last_error.message, (fact, view.last_error.message)
+    phases = [type(e.record).__name__ for e in read_history(root, view.run_id)]
+    assert phases[-2:] == ["Executing", "Terminal"], phases

@@ -1,0 +1,356 @@
+"""Mistakes with ``ctx`` that used to pass without a word, over the real executor and store:
+a confirm/ask/aeffect call never awaited (the question never asked, the effect never run, the
+Run completed anyway), and a Stage initialiser's value in a Stage without State."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+import intloom
+from intloom.authoring.loader import LoadedWorkflow
+from intloom.errors import IntloomError
+from intloom.executor.runtime import RestoredRun, Runtime
+from intloom.runtime.model import RunView
+from intloom.runtime.records import EffectDone
+from intloom.store import Store, read_history
+from tests.unit.test_store_support import open_store
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _runtime(store: Store, wf: intloom.Workflow, restored: list[RestoredRun] | None = None
+             ) -> Runtime:
+    wf.validate()
+    rt = Runtime({wf.name: LoadedWorkflow(wf, f"{wf.name}.py", f"id-{wf.name}", wf.schemas())},
+                 store, package_version="0.1.0")
+    rt.restore(restored or [])
+    return rt
+
+
+def _phases(root: Path, run_id: str) -> list[str]:
+    return [type(entry.record).__name__ for entry in read_history(root, run_id)]
+
+
+@pytest.fixture
+def no_unawaited_warning() -> Iterator[None]:
+    """Python's "coroutine ... was never awaited" goes to the host's stderr, which is
+    /dev/null: the call must be closed by intloom, leaving no warning (and no coroutine)."""
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        yield
+        gc.collect()
+    assert [str(w.message) for w in seen if "never awaited" in str(w.message)] == []
+
+
+def _settle(root: Path, wf: intloom.Workflow) -> RunView:
+    async def main() -> RunView:
+        store = open_store(root)
+        rt = _runtime(store, wf)
+        view = await rt.wait_stable((await rt.create_run(wf.name, "go")).run_id)
+        await store.close()
+        return view
+
+    view: RunView = asyncio.run(asyncio.wait_for(main(), timeout=20))
+    return view
+
+
+# call -> (what the user code forgets to await, the facts its error names)
+CALLS: dict[str, tuple[Callable[[Any, list[str]], Any], list[str]]] = {
+    "confirm": (lambda ctx, ran: ctx.confirm({"a": 1}),
+                ["called ctx.confirm({'a': 1}) without awaiting it",
+                 "nobody was asked to confirm", "`answer = await ctx.confirm(...)`"]),
+    "ask": (lambda ctx, ran: ctx.ask([intloom.Question(id="topic", question="Topic?")]),
+            ["called ctx.ask([...]) (questions ['topic']) without awaiting it",
+             "its questions were never asked", "`answers = await ctx.ask([...])`"]),
+    "aeffect": (lambda ctx, ran: ctx.aeffect("charge", ran.append, "charged"),
+                ["called ctx.aeffect('charge', ...) (key 'charge#1') without awaiting it",
+                 "the effect never ran", "`result = await ctx.aeffect('charge', ...)`"]),
+}
+# where the call is made -> how that user code is named
+WHERE = {
+    "step": "Stage 's', Step 'a' ",
+    "init": "Stage 's' initialiser ",
+    "agent": "Stage 's', Step 'a' ",
+}
+
+
+def _forgetting(where: str, forget: Callable[[Any, list[str]], Any], ran: list[str]
+                ) -> intloom.Workflow:
+    wf = intloom.Workflow("forgets", version="1")
+    st = wf.stage("s")
+    if where == "init":
+        @st.init
+        async def init(ctx: Any) -> None:
+            forget(ctx, ran)
+
+    if where == "agent":
+        @st.agent_step("a", routes={"ok": intloom.COMPLETE})
+        async def agent(ctx: Any) -> Any:
+            forget(ctx, ran)
+            return {"task": 1}
+    else:
+        @st.step("a", routes={"ok": intloom.COMPLETE})
+        async def a(ctx: Any) -> str:
+            if where == "step":
+                forget(ctx, ran)
+            return "ok"
+
+    return wf
+
+
+@pytest.mark.parametrize("where", sorted(WHERE))
+@pytest.mark.parametrize("call", sorted(CALLS))
+def test_a_call_never_awaited_fails_the_run_naming_the_call_and_the_fix(
+        tmp_path: Path, no_unawaited_warning: None, call: str, where: str) -> None:
+    forget, facts = CALLS[call]
+    ran: list[str] = []
+    root = tmp_path / "runtime"
+    view = _settle(root, _forgetting(where, forget, ran))
+    assert view.status == "failed" and view.last_error is not None, view
+    assert view.last_error.code == "STEP_INTERACTION_INVALID", view.last_error
+    message = view.last_error.message
+    assert message.startswith(WHERE[where]), message
+    for fact in facts:
+        assert fact in message, (fact, message)
+    assert ran == []  # the effect never ran
+    phases = _phases(root, view.run_id)
+    # Nothing of the call is journaled, and the user code's result is not either.
+    for never in ("EffectStarted", "Waiting", "StepResult"):
+        assert never not in phases, phases
+    assert phases[-2:] == ["Executing", "Terminal"], phases
+
+
+def test_each_call_left_is_named_and_what_the_step_raised_after_is_kept(
+        tmp_path: Path, no_unawaited_warning: None) -> None:
+    wf = intloom.Workflow("forgets", version="1")
+    st = wf.stage("s")
+
+    @st.step("a", routes={"ok": intloom.COMPLETE})
+    async def a(ctx: Any) -> str:
+        await ctx.aeffect("first", lambda: 1)  # awaited: not named
+        ctx.confirm({"amount": 10})
+        ctx.aeffect("refund", lambda: 2)
+        raise ValueError("gave up")
+
+    view = _settle(tmp_path / "runtime", wf)
+    assert view.last_error is not None
+    assert view.last_error.code == "STEP_INTERACTION_INVALID", view.last_error
+    message = view.last_error.message
+    assert "'first'" not in message, message
+    for fact in ("called ctx.confirm({'amount': 10}) without awaiting it",
+                 "it called ctx.aeffect('refund', ...) (key 'refund#1') without awaiting it",
+                 "Write `answer = await ctx.confirm(...)`. Write `result = await "
+                 "ctx.aeffect('refund', ...)`.",
+                 "It then raised ValueError: gave up."):
+        assert fact in message, (fact, message)
+
+
+@pytest.mark.parametrize("begun", [True, False])
+def test_a_task_holding_a_call_left_running_past_its_step_is_cancelled_and_named(
+        tmp_path: Path, no_unawaited_warning: None, begun: bool) -> None:
+    """An effect in a task the Step never awaited would be journaled after the Step's
+    result, as the next Step's: the Step fails instead and the task is cancelled, whether
+    it had begun or not."""
+    wf = intloom.Workflow("forgets", version="1")
+    st = wf.stage("s")
+    ran: list[str] = []
+
+    @st.step("a", routes={"ok": "b"})
+    async def a(ctx: Any) -> str:
+        running = asyncio.Event()
+
+        async def slow() -> None:
+            ran.append("slow")
+            running.set()
+            await asyncio.Event().wait()  # never set: it ends only by cancellation
+
+        task = asyncio.create_task(ctx.aeffect("slow", slow))
+        if begun:
+            await running.wait()
+        assert not task.done()
+        return "ok"
+
+    @st.step("b", routes={"ok": intloom.COMPLETE})
+    def b(ctx: Any) -> str:
+        return "ok"
+
+    root = tmp_path / "runtime"
+    view = _settle(root, wf)
+    assert view.last_error is not None
+    assert view.last_error.code == "STEP_INTERACTION_INVALID", view.last_error
+    message = view.last_error.message
+    fact = ("returned while the task it handed ctx.aeffect('slow', ...) (key 'slow#1') to "
+            "was still running" if begun else
+            "returned before the task it handed ctx.aeffect('slow', ...) (key 'slow#1') to "
+            "had begun")
+    assert fact in message, message
+    assert "so that task was cancelled" in message, message
+    assert "Await each task you start (asyncio.create_task, asyncio.gather)" in message
+    assert ran == (["slow"] if begun else [])
+    history = [entry.record for entry in read_history(root, view.run_id)]
+    phases = [type(record).__name__ for record in history]
+    # A begun effect is journaled over (cancelled) before the Run ends, not left in flight.
+    assert phases[-3:] == (["EffectStarted", "EffectDone", "Terminal"] if begun else
+                           ["StepReady", "Executing", "Terminal"]), phases
+    if begun:
+        assert isinstance(history[-2], EffectDone) and not history[-2].ok
+        assert "CancelledError" in (history[-2].error or "")
+
+
+def test_a_recover_leaving_a_call_unawaited_fails_the_run(
+        tmp_path: Path, no_unawaited_warning: None) -> None:
+    root = tmp_path / "runtime"
+    ran: list[str] = []
+
+    def workflow() -> intloom.Workflow:
+        wf = intloom.Workflow("recovers", version="1")
+        st = wf.stage("s")
+
+        @st.step("ask", routes={"yes": intloom.COMPLETE})
+        async def ask(ctx: Any) -> str:
+            await ctx.confirm({"a": 1})
+            return "yes"
+
+        @ask.recover
+        async def recover(ctx: Any, saved: intloom.Recovery) -> str:
+            ctx.aeffect("notify", ran.append, "notified")
+            return "yes"
+
+        return wf
+
+    async def first() -> RunView:
+        store = open_store(root)
+        rt = _runtime(store, workflow())
+        view = await rt.wait_stable((await rt.create_run("recovers", "go")).run_id)
+        await rt.suspend(1)
+        await store.close()
+        return view
+
+    waiting = asyncio.run(asyncio.wait_for(first(), timeout=20))
+    assert waiting.status == "waiting" and waiting.pending_action is not None
+    action_id = waiting.pending_action.id
+
+    async def second() -> RunView:
+        store = open_store(root)
+        restored = [RestoredRun(run_id=j.run_id, state=j.state, problem=j.problem,
+                                status=j.status) for j in store.restored.runs]
+        rt = _runtime(store, workflow(), restored)
+        rt.start_restored()
+        view = await rt.answer(waiting.run_id, action_id, {"isConfirmed": True})
+        await store.close()
+        return view
+
+    view = asyncio.run(asyncio.wait_for(second(), timeout=20))
+    assert view.status == "failed" and view.last_error is not None, view
+    assert view.last_error.code == "STEP_INTERACTION_INVALID", view.last_error
+    message = view.last_error.message
+    assert message.startswith("Stage 's', Step 'ask' recover called ctx.aeffect('notify', "), \
+        message
+    assert "the effect never ran" in message and ran == []
+
+
+def test_on_complete_leaving_an_effect_unawaited_is_refused_and_the_task_stays_claimed(
+        tmp_path: Path, no_unawaited_warning: None) -> None:
+    wf = intloom.Workflow("agent", version="1")
+    st = wf.stage("s")
+    ran: list[str] = []
+    misbehave = [True]
+
+    @st.agent_step("research", routes={"done": intloom.COMPLETE})
+    def research(ctx: Any) -> Any:
+        return {}
+
+    @research.on_complete
+    async def absorb(ctx: Any, result: intloom.AgentResult) -> None:
+        if misbehave:
+            ctx.aeffect("charge", ran.append, "charged")
+
+    async def main() -> None:
+        store = open_store(tmp_path / "runtime")
+        rt = _runtime(store, wf)
+        view = await rt.wait_stable((await rt.create_run("agent", "x")).run_id)
+        assert view.pending_agent_call is not None
+        call_id = view.pending_agent_call.id
+        token, _ = await rt.claim_agent_call(view.run_id, call_id, "c1")
+        with pytest.raises(IntloomError) as refused:
+            await rt.complete_agent_call(view.run_id, call_id, token, "done", None)
+        assert refused.value.code == "STEP_INTERACTION_INVALID"
+        message = refused.value.message
+        for fact in ("Stage 's', Step 'research' on_complete called ctx.aeffect('charge', "
+                     "...) (key 'charge#1') without awaiting it",
+                     "on_complete cannot run effects at all",
+                     "the task stays claimed"):
+            assert fact in message, (fact, message)
+        now = rt.get(view.run_id)
+        assert now.pending_agent_call is not None and now.pending_agent_call.phase == "claimed"
+        misbehave.clear()
+        done = await rt.complete_agent_call(view.run_id, call_id, token, "done", None)
+        assert done.status == "completed"
+        await store.close()
+
+    asyncio.run(asyncio.wait_for(main(), timeout=20))
+    assert ran == []
+
+
+class Draft(msgspec.Struct):
+    text: str = ""
+
+
+@pytest.mark.parametrize("declared", [False, True])
+def test_an_initialiser_value_the_stage_cannot_keep_fails_naming_the_stage_and_the_fix(
+        tmp_path: Path, declared: bool) -> None:
+    """In a Stage without State the value would be dropped and the Steps would see None (as
+    ``ctx.state = ...`` there is refused); in one with State it must be that State."""
+    wf = intloom.Workflow("inits", version="1")
+    st: intloom.Stage[Any] = (wf.stage("draft", state=Draft) if declared
+                              else wf.stage("draft"))
+    seen: list[Any] = []
+
+    @st.init
+    def init(ctx: Any) -> Any:
+        return {"text": "hello"}
+
+    @st.step("write", routes={"ok": intloom.COMPLETE})
+    def write(ctx: Any) -> str:
+        seen.append(ctx.state)
+        return "ok"
+
+    root = tmp_path / "runtime"
+    view = _settle(root, wf)
+    assert view.status == "failed" and view.last_error is not None, view
+    assert view.last_error.code == "STAGE_STATE_INVALID", view.last_error
+    message = view.last_error.message
+    facts = (["Stage 'draft' initialiser returned dict, not Draft",
+              "`return Draft(...)`"] if declared else
+             ["Stage 'draft' initialiser returned dict {'text': 'hello'}",
+              "Stage 'draft' has no State",
+              "`wf.stage('draft', state=YourStruct)`", "or return None"])
+    for fact in facts:
+        assert fact in message, (fact, message)
+    assert seen == []
+    assert _phases(root, view.run_id)[-2:] == ["Executing", "Terminal"]
+
+
+def test_an_initialiser_returning_none_in_a_stage_without_state_is_fine(
+        tmp_path: Path) -> None:
+    wf = intloom.Workflow("inits", version="1")
+    st = wf.stage("draft")
+
+    @st.init
+    def init(ctx: Any) -> None:
+        return None
+
+    @st.step("write", routes={"ok": intloom.COMPLETE})
+    def write(ctx: Any) -> str:
+        assert ctx.state is None
+        return "ok"
+
+    assert _settle(tmp_path / "runtime", wf).status == "completed"
