@@ -7,12 +7,17 @@ entry is reported with its path and the error, never a traceback; the others sti
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
+import os
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
+from types import FrameType, ModuleType
 
 from intloom.authoring.identity import workflow_identity
 from intloom.authoring.workflow import WORKFLOW_MODULE_PREFIX, Workflow
@@ -74,14 +79,29 @@ def _import(root: Path, entry: Path) -> ModuleType:
     except IntloomError:
         sys.modules.pop(module_name, None)
         raise
-    except Exception as exc:
+    # A module's SystemExit (sys.exit(), argparse reading intloom's command line) or
+    # KeyboardInterrupt is contained as a Step's is (executor/driver.py, _contained): it
+    # would otherwise end the host, or the doctor and inspect that import it, with every
+    # Workflow. Other BaseExceptions pass: the host's stop-signal interrupt
+    # (host/daemon.py) and a real Ctrl-C here (_real_interrupts) must end the import.
+    except (Exception, SystemExit, KeyboardInterrupt) as exc:
         sys.modules.pop(module_name, None)
         raise IntloomError(
-            "WORKFLOW_LOAD_FAILED",
-            f"Importing {entry} failed: {_failure(root, exc)}. Fix the module and restart "
-            "the host.",
+            "WORKFLOW_LOAD_FAILED", f"Importing {entry} failed: {_failure(root, exc)}. "
+            f"{_fix(exc)}",
         ) from None
     return module
+
+
+def _fix(exc: BaseException) -> str:
+    if isinstance(exc, SystemExit):
+        return ("A Workflow module must not exit the process when it is imported (sys.exit(), "
+                "or argparse's parse_args() reading intloom's command line): put script code "
+                'under `if __name__ == "__main__":`, then restart the host.')
+    if isinstance(exc, KeyboardInterrupt):
+        return ("A Workflow module must not raise KeyboardInterrupt when it is imported: raise "
+                "an exception instead, then restart the host.")
+    return "Fix the module and restart the host."
 
 
 def _shown(root: Path, filename: str) -> str | None:
@@ -97,7 +117,7 @@ def _shown(root: Path, filename: str) -> str | None:
     return resolved.relative_to(root).as_posix() if resolved.is_relative_to(root) else None
 
 
-def _failure(root: Path, exc: Exception) -> str:
+def _failure(root: Path, exc: BaseException) -> str:
     """The exception's type and message, and where in the project it was raised."""
     root = root.resolve()
     if isinstance(exc, SyntaxError):
@@ -117,8 +137,41 @@ def _failure(root: Path, exc: Exception) -> str:
         if shown_file is not None:
             where = f" (line {tb.tb_lineno} of {shown_file})"
         tb = tb.tb_next
+    if isinstance(exc, Exception):
+        what = f"{type(exc).__name__}: {exc}"
+    else:  # as the driver names a Step's: "SystemExit(0)" says more than "SystemExit: 0"
+        args = ", ".join(repr(arg) for arg in exc.args)
+        what = f"{type(exc).__name__}({args})" if exc.args else type(exc).__name__
     # Cut: the message is shown by start, status and flows (MAX_MESSAGE, docs/authoring.md).
-    return f"{clip(f'{type(exc).__name__}: {exc}')}{where}"
+    return f"{clip(what)}{where}"
+
+
+class _Interrupted(BaseException):
+    """A Ctrl-C while the modules import (see ``_real_interrupts``)."""
+
+
+@contextlib.contextmanager
+def _real_interrupts() -> Iterator[None]:
+    """A module's own KeyboardInterrupt is a load failure (``_import``), but a Ctrl-C
+    pressed while a CLI command (doctor, inspect) imports must still stop that command: it
+    arrives as ``_Interrupted``, which the loader does not contain, and leaves as the
+    KeyboardInterrupt the CLI expects. Only where SIGINT has Python's default handler on the
+    main thread: the host installs its own around the imports (host/daemon.py)."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield
+        return
+
+    def interrupt(_signum: int, _frame: FrameType | None) -> None:
+        raise _Interrupted
+
+    previous = signal.signal(signal.SIGINT, interrupt)
+    try:
+        yield
+    except _Interrupted:
+        raise KeyboardInterrupt from None
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def load_workflows(root: Path, config: Config) -> LoadResult:
@@ -127,56 +180,83 @@ def load_workflows(root: Path, config: Config) -> LoadResult:
     if str(root) not in sys.path:
         # Lets a Workflow import sibling modules of the project, as a script would.
         sys.path.insert(0, str(root))
-    for rel in config.workflows:
-        entry = (root / rel)
-        try:
-            if not entry.exists() and not entry.is_symlink():
-                raise IntloomError(
+    listed: dict[Path, str] = {}  # each source's path -> its first entry
+    with _real_interrupts():
+        for rel in config.workflows:
+            entry = root / rel
+            # The same source listed twice (or spelled two ways) is one source: importing it
+            # again would run its module twice and report its Workflows as defined twice.
+            # Spelling only (normpath): resolving would follow a link, which _load_entry refuses.
+            key = Path(os.path.normpath(entry))
+            first = listed.get(key)
+            if first is not None:
+                same = "twice" if first == rel else f"twice (as {first!r} and {rel!r})"
+                result.problems.append((rel, IntloomError(
                     "WORKFLOW_LOAD_FAILED",
-                    f"{rel} (from intloom.toml) does not exist under {root}. Fix the path.",
-                )
-            if entry.is_symlink():
-                raise IntloomError(
-                    "WORKFLOW_LOAD_FAILED",
-                    f"{rel} is a symbolic link; name the real file or package instead.",
-                )
-            module = _import(root, entry)
-            # One Workflow object may be bound to several names; the first names it.
-            found: dict[Workflow, str] = {}
-            for name, value in vars(module).items():
-                if isinstance(value, Workflow):
-                    found.setdefault(value, name)
-            if not found:
-                raise IntloomError(
-                    "WORKFLOW_LOAD_FAILED",
-                    f"{rel} defines no intloom.Workflow at module level. Bind one to a name, "
-                    'e.g. wf = intloom.Workflow("name", version="1.0.0").',
-                )
-            # A source loads whole or not at all: a half-loaded file would run some of its
-            # Workflows while `start` reports it as failed.
-            mine: dict[str, tuple[LoadedWorkflow, str]] = {}
-            for wf, name in found.items():
-                wf.validate()
-                if wf.name in mine:
-                    raise IntloomError(
-                        "WORKFLOW_DEFINITION_INVALID",
-                        f"{rel} defines Workflow {wf.name!r} twice ({mine[wf.name][1]} and "
-                        f"{name}). Give each its own name.",
-                    )
-                if wf.name in result.workflows:
-                    raise IntloomError(
-                        "WORKFLOW_DEFINITION_INVALID",
-                        f"Workflow {wf.name!r} is defined in both "
-                        f"{result.workflows[wf.name].source} and {rel}. Rename one.",
-                    )
-                mine[wf.name] = (LoadedWorkflow(
-                    workflow=wf,
-                    source=rel,
-                    identity=workflow_identity(wf.name, wf.version, entry),
-                    schemas=wf.schemas(),
-                ), name)
-            for wf_name, (lw, _name) in mine.items():
-                result.workflows[wf_name] = lw
-        except IntloomError as exc:
-            result.problems.append((rel, exc.view()))
+                    f"{rel} is listed in intloom.toml {same}; it is loaded once, from the "
+                    "first. Remove the repeated entry from 'workflows'.",
+                ).view()))
+                continue
+            listed[key] = rel
+            try:
+                _load_entry(root, rel, entry, result)
+            except IntloomError as exc:
+                result.problems.append((rel, exc.view()))
+            except Exception as exc:  # a fault no check foresaw: this source only, named
+                result.problems.append((rel, IntloomError(
+                    "WORKFLOW_DEFINITION_INVALID",
+                    f"{rel}: checking its Workflows raised {type(exc).__name__}: "
+                    f"{clip(str(exc), 500)}. Fix the definition and restart the host.",
+                ).view()))
     return result
+
+
+def _load_entry(root: Path, rel: str, entry: Path, result: LoadResult) -> None:
+    """Import one entry and add its Workflows to ``result``, all of them or none."""
+    if not entry.exists() and not entry.is_symlink():
+        raise IntloomError(
+            "WORKFLOW_LOAD_FAILED",
+            f"{rel} (from intloom.toml) does not exist under {root}. Fix the path.",
+        )
+    if entry.is_symlink():
+        raise IntloomError(
+            "WORKFLOW_LOAD_FAILED",
+            f"{rel} is a symbolic link; name the real file or package instead.",
+        )
+    module = _import(root, entry)
+    # One Workflow object may be bound to several names; the first names it.
+    found: dict[Workflow, str] = {}
+    for name, value in vars(module).items():
+        if isinstance(value, Workflow):
+            found.setdefault(value, name)
+    if not found:
+        raise IntloomError(
+            "WORKFLOW_LOAD_FAILED",
+            f"{rel} defines no intloom.Workflow at module level. Bind one to a name, "
+            'e.g. wf = intloom.Workflow("name", version="1.0.0").',
+        )
+    # A source loads whole or not at all: a half-loaded file would run some of its
+    # Workflows while `start` reports it as failed.
+    mine: dict[str, tuple[LoadedWorkflow, str]] = {}
+    for wf, name in found.items():
+        wf.validate()
+        if wf.name in mine:
+            raise IntloomError(
+                "WORKFLOW_DEFINITION_INVALID",
+                f"{rel} defines Workflow {wf.name!r} twice ({mine[wf.name][1]} and "
+                f"{name}). Give each its own name.",
+            )
+        if wf.name in result.workflows:
+            raise IntloomError(
+                "WORKFLOW_DEFINITION_INVALID",
+                f"Workflow {wf.name!r} is defined in both "
+                f"{result.workflows[wf.name].source} and {rel}. Rename one.",
+            )
+        mine[wf.name] = (LoadedWorkflow(
+            workflow=wf,
+            source=rel,
+            identity=workflow_identity(wf.name, wf.version, entry),
+            schemas=wf.schemas(),
+        ), name)
+    for wf_name, (lw, _name) in mine.items():
+        result.workflows[wf_name] = lw

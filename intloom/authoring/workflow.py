@@ -8,7 +8,9 @@ the Stage, the Step and the fix; an outcome with no route fails the Run at run t
 from __future__ import annotations
 
 import functools
+import hashlib
 import inspect
+import pathlib
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -16,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar, overload
 
 import msgspec
 
-from intloom.errors import IntloomError
+from intloom.errors import IntloomError, clip
 
 if TYPE_CHECKING:
     from intloom.authoring.agent import AgentResult
@@ -77,6 +79,27 @@ class Tool:
     fn: Callable[..., Any]
     description: str = ""
 
+    def __post_init__(self) -> None:
+        # A Tool is built before it is given to a Step, so no Workflow can be named yet: the
+        # call itself is, as the author wrote it.
+        where = f"intloom.Tool({self.name!r}, ...)"
+        if not isinstance(self.name, str) or not _NAME.match(self.name):
+            raise IntloomError("WORKFLOW_DEFINITION_INVALID", (
+                f"{where}: the Tool name {_name_fact(self.name)}. {_NAME_RULE}"))
+        if not callable(self.fn):
+            raise IntloomError("WORKFLOW_DEFINITION_INVALID", (
+                f"{where}: fn {_shown_value(self.fn)} is not callable. Pass the function the "
+                "Agent's calls run, e.g. intloom.Tool(\"search\", search)."))
+        if not _accepts(self.fn, 1):
+            raise IntloomError("WORKFLOW_DEFINITION_INVALID", (
+                f"{where}: {_callable_name(self.fn)}{_signature(self.fn)} cannot be called "
+                "with one argument, the input the Agent sent. Declare it as "
+                "`def tool(input): ...`."))
+        if not isinstance(self.description, str):
+            raise IntloomError("WORKFLOW_DEFINITION_INVALID", (
+                f"{where}: description {_shown_value(self.description)} is not a string. "
+                "Pass text, or leave it out."))
+
 
 def _shown_type(value: object) -> str:
     """A class as its author wrote it: ``St``, ``probe_state.Notes``, ``dict``. A Workflow
@@ -96,13 +119,74 @@ def _bad(workflow: str, where: str, fact: str, fix: str) -> IntloomError:
     )
 
 
+_NAME_RULE: Final = "Use 1-64 letters, digits, '_', '-' or '.', starting with a letter or digit."
+
+
+def _shown_value(value: object) -> str:
+    kind = type(value).__name__
+    return f"{value!r} ({'an' if kind[:1] in 'aeiou' else 'a'} {kind})"
+
+
+def _name_fact(name: object) -> str:
+    if not isinstance(name, str):
+        return f"{_shown_value(name)} is not a string"
+    return f"{name!r} is not valid"
+
+
 def _check_name(workflow: str, where: str, kind: str, name: object) -> str:
     if not isinstance(name, str) or not _NAME.match(name):
-        raise _bad(
-            workflow, where, f"{kind} name {name!r} is not valid",
-            "Use 1-64 letters, digits, '_', '-' or '.', starting with a letter or digit.",
-        )
+        raise _bad(workflow, where, f"{kind} name {_name_fact(name)}", _NAME_RULE)
     return name
+
+
+def _callable_name(fn: object) -> str:
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
+    # A function defined in a function is "outer.<locals>.name": its author knows it as name.
+    return name.rpartition("<locals>.")[2] if isinstance(name, str) else repr(fn)
+
+
+def _signature(fn: Callable[..., Any]) -> str:
+    """The parameters, which are what is wrong (the return annotation is left out)."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return "(...)"
+    return str(signature.replace(return_annotation=inspect.Signature.empty))
+
+
+def _accepts(fn: Callable[..., Any], count: int) -> bool:
+    """Whether ``fn`` can be called with ``count`` positional arguments, as the host calls
+    it. True when its signature cannot be read (some builtins): only what is known to fail
+    is refused, so a ``functools.partial``, a bound method or a ``*args`` function passes."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return True
+    try:
+        signature.bind(*(None,) * count)
+    except TypeError:
+        return False
+    return True
+
+
+def _check_fn(workflow: str, where: str, what: str, fn: object, params: str,
+              example: str) -> None:
+    """Refuse now what the host could not call later: ``what`` (the decorator, as written)
+    applied to something that is not callable, or to a function that does not take the
+    ``params`` the host passes. Found at run time, either would fail every Run of the
+    Workflow (a ``recover`` only after a restart)."""
+    if not callable(fn):
+        raise _bad(workflow, where, f"{what} must decorate a function, not {_shown_value(fn)}",
+                   f"Decorate a def: {example}.")
+    count = params.count(",") + 1
+    if not _accepts(fn, count):
+        arguments = "one argument" if count == 1 else f"{count} arguments"
+        raise _bad(
+            workflow, where,
+            f"{what} decorates {_callable_name(fn)}{_signature(fn)}, which cannot be called "
+            f"with {arguments} ({params})",
+            f"Declare it as {example}.",
+        )
 
 
 class Step(Generic[S]):
@@ -130,8 +214,8 @@ class Step(Generic[S]):
         wf = self.stage.workflow.name
         if self.recover_fn is not None:
             raise _bad(wf, self.where, "recover is declared twice", "Keep one recover entry.")
-        if not callable(fn):
-            raise _bad(wf, self.where, "recover must decorate a function", "Decorate a def.")
+        _check_fn(wf, self.where, "@step.recover", fn, "ctx, saved",
+                  "`def name(ctx, saved: intloom.Recovery) -> str`")
         self.recover_fn = fn
         return fn
 
@@ -179,8 +263,8 @@ class AgentStep(Step[S]):
         if self.complete_fn is not None:
             raise _bad(wf, self.where, "on_complete is declared twice",
                        "Keep one on_complete entry.")
-        if not callable(fn):
-            raise _bad(wf, self.where, "on_complete must decorate a function", "Decorate a def.")
+        _check_fn(wf, self.where, "@step.on_complete", fn, "ctx, result",
+                  "`def name(ctx, result: intloom.AgentResult) -> None`")
         self.complete_fn = fn
         return fn
 
@@ -231,6 +315,8 @@ class Stage(Generic[S]):
         self._check_routes(name, routes)
 
         def decorate(fn: Callable[..., Any]) -> Step[S]:
+            _check_fn(self.workflow.name, f"Stage {self.name!r}, Step {name!r}",
+                      "@stage.step(...)", fn, "ctx", "`def name(ctx) -> str` (or `async def`)")
             return self._add(Step(self, name, fn, routes))
 
         return decorate
@@ -255,6 +341,9 @@ class Stage(Generic[S]):
             )
 
         def decorate(fn: Callable[..., Any]) -> AgentStep[S]:
+            _check_fn(self.workflow.name, f"Stage {self.name!r}, Step {name!r}",
+                      "@stage.agent_step(...)", fn, "ctx",
+                      "`def name(ctx) -> dict` returning the task")
             step = AgentStep(self, name, fn, routes, agent, tools)
             self._add(step)
             return step
@@ -268,6 +357,8 @@ class Stage(Generic[S]):
                 self.workflow.name, f"Stage {self.name!r}", "init is declared twice",
                 "Keep one initialiser per Stage.",
             )
+        _check_fn(self.workflow.name, f"Stage {self.name!r}", "@stage.init", fn, "ctx",
+                  "`def name(ctx) -> State`")
         self.init_fn = fn
         return fn
 
@@ -277,7 +368,10 @@ class Workflow:
 
     def __init__(self, name: str, *, version: str) -> None:
         _check_name(str(name), "definition", "Workflow", name)
-        if not isinstance(version, str) or not version.strip():
+        if not isinstance(version, str):
+            raise _bad(name, "definition", f"version {_shown_value(version)} is not a string",
+                       f'Pass it as text: version="{version}" (any non-empty label).')
+        if not version.strip():
             raise _bad(name, "definition", f"version {version!r} is empty",
                        'Pass version="1.0.0" (any non-empty label).')
         self.name = name
@@ -321,17 +415,19 @@ class Workflow:
             if not stage.steps:
                 raise _bad(self.name, f"Stage {stage.name!r}", "the Stage has no Step",
                            "Declare one with @stage.step(...).")
-            if stage.state_type is not None and stage.init_fn is None:
-                try:
-                    stage.state_type()
-                except TypeError:
-                    raise _bad(
-                        self.name, f"Stage {stage.name!r}",
-                        f"State {stage.state_type.__name__} has fields without defaults",
-                        "Give every field a default, or declare @stage.init to build it.",
-                    ) from None
+            if stage.state_type is not None:
+                self._check_state(stage, stage.state_type)
             for step in stage.steps.values():
                 for outcome, target in step.routes.items():
+                    if (isinstance(target, str) and target not in stage.steps
+                            and target in self.stages):
+                        raise _bad(
+                            self.name, step.where,
+                            f"outcome {outcome!r} routes to {target!r}, which is a Stage, not "
+                            f"a Step of Stage {stage.name!r} (a plain name routes within the "
+                            "Stage)",
+                            f'Route to it with intloom.ToStage("{target}").',
+                        )
                     if isinstance(target, str) and target not in stage.steps:
                         raise _bad(
                             self.name, step.where,
@@ -352,15 +448,93 @@ class Workflow:
         found = st.steps.get(step) if st is not None and step is not None else None
         return found is not None and found.recover_fn is not None
 
+    def _check_state(self, stage: Stage[Any], state: type[Any]) -> None:
+        """The State type must build its default (unless ``init`` builds it) and have a JSON
+        Schema (its fingerprint, ``schemas``): found at run time, either would fail every
+        Run that enters the Stage, or stop the host from loading any Workflow."""
+        where = f"Stage {stage.name!r}"
+        shown = _shown_type(state)
+        _state_schema(self.name, where, state)
+        if stage.init_fn is not None:
+            return
+        required = [f.name for f in msgspec.structs.fields(state) if f.required]
+        if required:
+            raise _bad(
+                self.name, where,
+                f"State {shown} has fields without defaults ({', '.join(required)})",
+                "Give every field a default, or declare @stage.init to build it.",
+            )
+        try:
+            state()
+        except Exception as exc:  # user code: a __post_init__, a default_factory
+            raise _bad(
+                self.name, where,
+                f"State {shown}() raised {type(exc).__name__}: {clip(str(exc), 500)}, so the "
+                "Stage has no default State",
+                "Make the default State valid (check __post_init__ and default_factory), or "
+                "declare @stage.init to build it.",
+            ) from None
+
     def schemas(self) -> dict[str, str]:
         """Each Stage's State schema fingerprint (sha256 of its JSON Schema)."""
-        import hashlib
-
         out: dict[str, str] = {}
         for stage in self.stages.values():
             if stage.state_type is None:
                 out[stage.name] = "none"
                 continue
-            schema = msgspec.json.encode(msgspec.json.schema(stage.state_type), order="sorted")
+            schema = _state_schema(self.name, f"Stage {stage.name!r}", stage.state_type)
             out[stage.name] = hashlib.sha256(schema).hexdigest()
         return out
+
+
+# What to declare instead of a field type msgspec cannot describe, for the ones people reach
+# for; anything else gets the general advice.
+_INSTEAD: Final[dict[type, str]] = {
+    object: "typing.Any (any JSON data)",
+    complex: "two float fields, or a str",
+}
+
+
+def _instead(annotation: object) -> str:
+    if isinstance(annotation, type):
+        if issubclass(annotation, pathlib.PurePath):
+            return "str (store str(path); build the Path where it is used)"
+        if annotation in _INSTEAD:
+            return _INSTEAD[annotation]
+    return ("a JSON type: str, int, float, bool, None, list/dict of those, datetime, bytes, "
+            "another msgspec.Struct, or typing.Any")
+
+
+def _state_schema(workflow: str, where: str, state: type[Any]) -> bytes:
+    """The State's JSON Schema, encoded for its fingerprint; a type without one is a
+    definition mistake naming the field (the schema is what a restart checks a saved State
+    against, so a State without one could never be restored)."""
+    try:
+        return msgspec.json.encode(msgspec.json.schema(state), order="sorted")
+    except Exception as whole:
+        # msgspec says which type, not which field: try the fields one by one.
+        reason = f"{type(whole).__name__}: {clip(str(whole), 500)}"
+        try:
+            fields = msgspec.structs.fields(state)
+        except Exception:
+            fields = ()
+        for f in fields:
+            try:
+                msgspec.json.schema(f.type)
+            except Exception as exc:
+                cause = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
+                raise _bad(
+                    workflow, where,
+                    f"State {_shown_type(state)} field {f.name!r} has type "
+                    f"{_shown_annotation(f.type)}, which has no JSON Schema"
+                    + (f" ({clip(cause, 500)})" if cause else ""),
+                    f"Declare {f.name!r} as {_instead(f.type)}.",
+                ) from None
+        raise _bad(
+            workflow, where, f"State {_shown_type(state)} has no JSON Schema ({reason})",
+            f"Declare its fields with {_instead(None)}.",
+        ) from None
+
+
+def _shown_annotation(annotation: object) -> str:
+    return _shown_type(annotation) if isinstance(annotation, type) else repr(annotation)

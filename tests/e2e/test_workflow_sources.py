@@ -213,3 +213,98 @@ def test_a_source_with_one_bad_workflow_loads_none_of_them(acc: Project) -> None
     assert acc.cli("flow", "mixed-good", "--intent", "i", "--json").json["error"]["code"] in (
         "NOT_FOUND", "WORKFLOW_LOAD_FAILED", "WORKFLOW_DEFINITION_INVALID")
     ok(acc.cli("stop", "--json"))
+
+
+# Sources that raise at import what is not an ordinary Exception, or that define a State the
+# host cannot fingerprint: each fails alone, named, and the host still starts.
+ESCAPES = {
+    "pathstate": textwrap.dedent('''
+        import pathlib
+
+        import msgspec
+
+        import intloom
+
+
+        class Notes(msgspec.Struct):
+            out: pathlib.Path = pathlib.Path("notes.md")
+
+
+        wf = intloom.Workflow("pathstate", version="1")
+        s = wf.stage("s", state=Notes)
+
+
+        @s.step("a", routes={"ok": intloom.COMPLETE})
+        def a(ctx: intloom.StepContext[Notes]) -> str:
+            return "ok"
+    '''),
+    "exits": "import sys\n\nimport intloom\n\nsys.exit(0)\n",
+    "argv": "import argparse\n\nimport intloom\n\nargparse.ArgumentParser().parse_args()\n",
+}
+
+
+@pytest.fixture
+def escapes(acc: Project) -> Project:
+    """``acc`` plus each of ``ESCAPES``, in a directory of its own."""
+    for name, text in ESCAPES.items():
+        (acc.root / "workflows" / name).mkdir()
+        (acc.root / "workflows" / name / "wf.py").write_text(text)
+    sources = ", ".join(f'"workflows/{name}/wf.py"' for name in ESCAPES)
+    (acc.root / "intloom.toml").write_text(f'workflows = ["workflows/acc.py", {sources}]\n')
+    return acc
+
+
+def _named(problems: list[dict[str, Any]]) -> dict[str, tuple[str, str]]:
+    return {p["source"]: (p["code"], p["message"]) for p in problems}
+
+
+def _check_escapes(named: dict[str, tuple[str, str]]) -> None:
+    assert set(named) == {f"workflows/{name}/wf.py" for name in ESCAPES}, named
+    code, message = named["workflows/pathstate/wf.py"]
+    assert code == "WORKFLOW_DEFINITION_INVALID"
+    assert ("Workflow 'pathstate', Stage 's': State Notes field 'out' has type pathlib.Path, "
+            "which has no JSON Schema") in message, message
+    assert "Declare 'out' as str" in message
+    for name, exit_code in (("exits", 0), ("argv", 2)):
+        code, message = named[f"workflows/{name}/wf.py"]
+        assert code == "WORKFLOW_LOAD_FAILED"
+        assert f"SystemExit({exit_code}) (line 5 of workflows/{name}/wf.py)" in message, message
+
+
+def test_a_source_raising_anything_at_import_fails_alone_and_the_host_starts(
+    escapes: Project,
+) -> None:
+    started = escapes.cli("start", "--json")
+    service = ok(started)["service"]
+    assert service["workflowCount"] == 1
+    _check_escapes(_named(service["workflowProblems"]))
+    flows = ok(escapes.cli("flows", "--json"))["workflows"]
+    assert [w["name"] for w in flows if w["ready"]] == ["acc"], flows
+    run = ok(escapes.cli("flow", "acc", "--intent", "i", "--json"))["run"]
+    assert run["status"] == "waiting"
+    ok(escapes.cli("stop", "--json"))
+
+
+@pytest.mark.parametrize("name", list(ESCAPES))
+def test_doctor_and_inspect_report_such_a_source_in_one_json_document(
+    escapes: Project, name: str,
+) -> None:
+    # The Run is started while only acc is listed: the commands below are then all that
+    # imports the other source, in their own process.
+    toml = escapes.root / "intloom.toml"
+    toml.write_text('workflows = ["workflows/acc.py"]\n')
+    ok(escapes.cli("start", "--json"))
+    run = ok(escapes.cli("flow", "acc", "--intent", "i", "--json"))["run"]
+    ok(escapes.cli("stop", "--json"))
+    source = f"workflows/{name}/wf.py"
+    toml.write_text(f'workflows = ["workflows/acc.py", "{source}"]\n')
+
+    doctor = escapes.cli("--json", "doctor")  # argv as the review ran it
+    inspected = escapes.cli("--json", "inspect", run["runId"])
+    assert (doctor.code, inspected.code) == (3, 0), (doctor, inspected)
+    [check] = [c for c in doctor.json["checks"] if c["id"] == "workflows"]
+    assert check["status"] == "attention", check
+    assert check["message"].startswith(
+        f"1 Workflow source(s) failed to load: {source}: WORKFLOW_"), check["message"]
+    assert "Loaded: acc 1.0.0" in check["message"]
+    assert inspected.json["run"]["runId"] == run["runId"], inspected.stdout

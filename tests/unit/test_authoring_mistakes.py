@@ -1,0 +1,321 @@
+"""Definition mistakes are refused when the Workflow is declared or loaded, with the fact
+and the fix, never found by the first Run (or the first restart); and whatever a Workflow
+source raises, the loader names that source and loads the others."""
+
+from __future__ import annotations
+
+import functools
+import pathlib
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+import intloom
+from intloom.authoring.loader import load_workflows
+from intloom.errors import IntloomError
+from intloom.project import Config
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def _refused(match: str) -> Any:
+    return pytest.raises(IntloomError, match=match)
+
+
+def _code(info: Any) -> str:
+    code: str = info.value.code
+    return code
+
+
+# ----- Steps, initialisers, recover, on_complete, Tools -----------------------------------
+
+
+def test_a_step_decorating_something_not_callable_is_refused_when_declared() -> None:
+    st = intloom.Workflow("w", version="1").stage("d")
+    with _refused(r"Stage 'd', Step 'write': @stage\.step\(\.\.\.\) must decorate a function, "
+                  r"not 'not a function' \(a str\)") as info:
+        st.step("write", routes={"ok": intloom.COMPLETE})("not a function")  # type: ignore[arg-type]
+    assert _code(info) == "WORKFLOW_DEFINITION_INVALID"
+    with _refused(r"@stage\.agent_step\(\.\.\.\) must decorate a function"):
+        st.agent_step("ask", routes={"ok": intloom.COMPLETE})(None)  # type: ignore[arg-type]
+    with _refused(r"@stage\.init must decorate a function"):
+        st.init(42)  # type: ignore[arg-type]
+
+
+def test_a_step_that_cannot_take_ctx_is_refused_when_declared() -> None:
+    st = intloom.Workflow("w", version="1").stage("d")
+    with _refused(r"Step 'a': @stage\.step\(\.\.\.\) decorates a\(\), which cannot be called "
+                  r"with one argument \(ctx\)\. Declare it as `def name\(ctx\) -> str`"):
+        @st.step("a", routes={"ok": intloom.COMPLETE})
+        def a() -> str:
+            return "ok"
+
+
+def test_a_tool_needs_a_valid_name_and_a_function_of_the_agents_input() -> None:
+    with _refused(r"intloom\.Tool\('bad name!', \.\.\.\): the Tool name 'bad name!' is not "
+                  r"valid\. Use 1-64 letters") as info:
+        intloom.Tool("bad name!", len)
+    assert _code(info) == "WORKFLOW_DEFINITION_INVALID"
+    with _refused(r"the Tool name 3 \(an int\) is not a string"):
+        intloom.Tool(3, len)  # type: ignore[arg-type]
+    with _refused(r"intloom\.Tool\('search', \.\.\.\): fn 'notcallable' \(a str\) is not "
+                  r"callable"):
+        intloom.Tool("search", "notcallable")  # type: ignore[arg-type]
+    with _refused(r"cannot be called with one argument, the input the Agent sent"):
+        intloom.Tool("search", lambda: [])
+    intloom.Tool("web.search-2_x", lambda q: [q])  # what the name rule allows
+
+
+def test_recover_taking_the_wrong_parameters_is_refused_when_declared() -> None:
+    st = intloom.Workflow("w", version="1").stage("d")
+
+    @st.step("ask", routes={"ok": intloom.COMPLETE})
+    async def ask(ctx: Any) -> str:
+        return "ok"
+
+    with _refused(r"Workflow 'w', Stage 'd', Step 'ask': @step\.recover decorates "
+                  r"only_ctx\(ctx: 'Any'\), which cannot be called with 2 arguments "
+                  r"\(ctx, saved\)\. "
+                  r"Declare it as `def name\(ctx, saved: intloom\.Recovery\) -> str`") as info:
+        @ask.recover  # type: ignore[arg-type]  # mypy refuses it too
+        def only_ctx(ctx: Any) -> str:
+            return "ok"
+    assert _code(info) == "WORKFLOW_DEFINITION_INVALID"
+    with _refused("cannot be called with 2 arguments"):
+        ask.recover(lambda ctx, saved, extra: "ok")  # type: ignore[arg-type, misc]
+    assert ask.recover_fn is None  # nothing was declared by a refused one
+
+
+class _Handlers:
+    def recover(self, ctx: Any, saved: Any) -> str:
+        return "ok"
+
+
+def _three(prefix: str, ctx: Any, saved: Any) -> str:
+    return prefix
+
+
+@pytest.mark.parametrize("fn", [
+    _Handlers().recover,                                  # a bound method
+    functools.partial(_three, "ok"),                      # a partial
+    lambda *args: "ok",                                   # *args
+    lambda ctx, saved, extra="x": "ok",                   # an optional extra
+    print,                                                # a builtin (it takes *args)
+], ids=["method", "partial", "varargs", "default", "builtin"])
+def test_recover_accepts_any_callable_that_takes_ctx_and_saved(fn: Any) -> None:
+    st = intloom.Workflow("w", version="1").stage("d")
+
+    @st.step("ask", routes={"ok": intloom.COMPLETE})
+    async def ask(ctx: Any) -> str:
+        return "ok"
+
+    assert ask.recover(fn) is fn
+
+
+def test_on_complete_must_take_ctx_and_result() -> None:
+    st = intloom.Workflow("w", version="1").stage("d")
+
+    @st.agent_step("look", routes={"ok": intloom.COMPLETE})
+    def look(ctx: Any) -> dict[str, str]:
+        return {}
+
+    with _refused(r"@step\.on_complete decorates .*, which cannot be called with 2 arguments "
+                  r"\(ctx, result\)"):
+        look.on_complete(lambda result: None)  # type: ignore[arg-type, misc]
+
+
+# ----- what a message says --------------------------------------------------------------
+
+
+def test_a_version_that_is_not_a_string_says_so_not_that_it_is_empty() -> None:
+    with _refused(r"Workflow 'x', definition: version 1 \(an int\) is not a string\. Pass it as "
+                  r'text: version="1"') as info:
+        intloom.Workflow("x", version=1)  # type: ignore[arg-type]
+    assert "is empty" not in info.value.message
+    with _refused("version '  ' is empty"):
+        intloom.Workflow("x", version="  ")
+
+
+def test_a_route_to_a_stage_name_says_it_is_a_stage_and_to_use_to_stage() -> None:
+    wf = intloom.Workflow("notes", version="1")
+    draft = wf.stage("draft")
+    wf.stage("publish").step("post", routes={"ok": intloom.COMPLETE})(lambda ctx: "ok")
+    draft.step("write", routes={"ok": "publish"})(lambda ctx: "ok")
+    with _refused(r"Workflow 'notes', Stage 'draft', Step 'write': outcome 'ok' routes to "
+                  r"'publish', which is a Stage, not a Step of Stage 'draft' .*Route to it with "
+                  r'intloom\.ToStage\("publish"\)\.'):
+        wf.validate()
+
+
+class _PathState(msgspec.Struct):
+    out: pathlib.Path = pathlib.Path("notes.md")
+
+
+class _ObjectState(msgspec.Struct):
+    x: object = None
+
+
+class _ComplexState(msgspec.Struct):
+    z: complex = 0j
+
+
+@pytest.mark.parametrize(("state", "field", "instead"), [
+    (_PathState, "out", "str (store str(path)"),
+    (_ObjectState, "x", "typing.Any"),
+    (_ComplexState, "z", "two float fields, or a str"),
+])
+def test_a_state_without_a_json_schema_names_stage_field_and_what_to_use(
+    state: type[msgspec.Struct], field: str, instead: str,
+) -> None:
+    wf = intloom.Workflow("pathstate", version="1")
+    wf.stage("s", state=state).step("a", routes={"ok": intloom.COMPLETE})(lambda ctx: "ok")
+    for check in (wf.validate, wf.schemas):
+        with pytest.raises(IntloomError) as info:
+            check()
+        assert _code(info) == "WORKFLOW_DEFINITION_INVALID"
+        message = info.value.message
+        assert message.startswith("Workflow 'pathstate', Stage 's': State "), message
+        assert f"{state.__qualname__} field {field!r} has type " in message, message
+        assert "which has no JSON Schema" in message
+        assert f"Declare {field!r} as {instead}" in message, message
+
+
+class _Refuses(msgspec.Struct):
+    n: int = 0
+
+    def __post_init__(self) -> None:
+        raise ValueError("n must be positive")
+
+
+def test_a_state_whose_default_raises_names_the_stage_and_the_fix() -> None:
+    wf = intloom.Workflow("w", version="1")
+    st = wf.stage("s", state=_Refuses)
+    st.step("a", routes={"ok": intloom.COMPLETE})(lambda ctx: "ok")
+    with _refused(r"Stage 's': State .*_Refuses\(\) raised ValueError: n must be positive, so the "
+                  r"Stage has no default State\. .*or declare @stage\.init"):
+        wf.validate()
+    st.init(lambda ctx: _Refuses.__new__(_Refuses))  # an initialiser builds it instead
+    wf.validate()
+
+
+# ----- the loader -------------------------------------------------------------------------
+
+
+GOOD = textwrap.dedent('''
+    import intloom
+
+    wf = intloom.Workflow("good", version="1")
+    s = wf.stage("s")
+
+
+    @s.step("a", routes={"ok": intloom.COMPLETE})
+    def a(ctx: intloom.StepContext[None]) -> str:
+        return "ok"
+''')
+PATH_STATE = textwrap.dedent('''
+    import pathlib
+
+    import msgspec
+
+    import intloom
+
+
+    class Notes(msgspec.Struct):
+        out: pathlib.Path = pathlib.Path("notes.md")
+
+
+    wf = intloom.Workflow("pathstate", version="1")
+    s = wf.stage("s", state=Notes)
+
+
+    @s.step("a", routes={"ok": intloom.COMPLETE})
+    def a(ctx: intloom.StepContext[Notes]) -> str:
+        return "ok"
+''')
+SOURCES = {
+    "pathstate": PATH_STATE,
+    "exits": "import sys\n\nimport intloom\n\nsys.exit(0)\n",
+    "argv": "import argparse\n\nimport intloom\n\nargparse.ArgumentParser().parse_args()\n",
+    "interrupts": "import intloom\n\nraise KeyboardInterrupt\n",
+}
+
+
+def _project(root: Path, sources: dict[str, str]) -> Config:
+    """Each source in a directory of its own (their identities apart), plus ``good``."""
+    for name, text in {**sources, "good": GOOD}.items():
+        (root / "workflows" / name).mkdir(parents=True)
+        (root / "workflows" / name / "wf.py").write_text(text)
+    return Config(workflows=tuple(f"workflows/{name}/wf.py" for name in [*sources, "good"]),
+                  port=None)
+
+
+def test_whatever_a_source_raises_it_alone_fails_named_and_the_others_load(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    result = load_workflows(tmp_path, _project(tmp_path, SOURCES))
+    capsys.readouterr()  # argparse's usage line
+    assert list(result.workflows) == ["good"]
+    problems = dict(result.problems)
+    assert list(problems) == [f"workflows/{name}/wf.py" for name in SOURCES]
+    path_state = problems["workflows/pathstate/wf.py"]
+    assert path_state.code == "WORKFLOW_DEFINITION_INVALID"
+    assert "Stage 's': State Notes field 'out' has type pathlib.Path" in path_state.message
+    for name, shown, line in (("exits", "SystemExit(0)", 5), ("argv", "SystemExit(2)", 5)):
+        view = problems[f"workflows/{name}/wf.py"]
+        assert view.code == "WORKFLOW_LOAD_FAILED"
+        assert f"failed: {shown} (line {line} of workflows/{name}/wf.py)" in view.message
+        assert 'if __name__ == "__main__":' in view.message, view.message
+    interrupts = problems["workflows/interrupts/wf.py"]
+    assert interrupts.code == "WORKFLOW_LOAD_FAILED"
+    assert "KeyboardInterrupt (line 3 of workflows/interrupts/wf.py)" in interrupts.message
+
+
+def test_a_real_ctrl_c_while_importing_still_interrupts(tmp_path: Path) -> None:
+    # The module signals its own process, as a person's Ctrl-C would while doctor imports.
+    config = _project(tmp_path, {"slow": (
+        "import os\nimport signal\n\nimport intloom\n\nos.kill(os.getpid(), signal.SIGINT)\n"
+        "raise AssertionError('the signal did not interrupt')\n")})
+    with pytest.raises(KeyboardInterrupt):
+        load_workflows(tmp_path, config)
+
+
+def test_a_source_listed_twice_is_loaded_once_and_the_repeat_named(tmp_path: Path) -> None:
+    counter = tmp_path / "imports.log"
+    (tmp_path / "workflows").mkdir()
+    (tmp_path / "workflows" / "good.py").write_text(
+        f"with open({str(counter)!r}, 'a') as f:\n    f.write('x')\n{GOOD}")
+    config = Config(workflows=("workflows/good.py", "workflows/good.py",
+                               "./workflows/../workflows/good.py"), port=None)
+    result = load_workflows(tmp_path, config)
+    assert list(result.workflows) == ["good"] and counter.read_text() == "x"
+    [(first, twice), (second, spelled)] = result.problems
+    assert first == "workflows/good.py" and twice.code == "WORKFLOW_LOAD_FAILED"
+    assert twice.message == (
+        "workflows/good.py is listed in intloom.toml twice; it is loaded once, from the "
+        "first. Remove the repeated entry from 'workflows'.")
+    assert second == "./workflows/../workflows/good.py"
+    assert "listed in intloom.toml twice (as 'workflows/good.py' and " in spelled.message
+    assert "defined in both" not in twice.message + spelled.message
+
+
+def test_a_fault_no_check_foresaw_fails_only_its_own_source(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    config = _project(tmp_path, {"odd": GOOD.replace('"good"', '"odd"')})
+    real = intloom.Workflow.schemas
+
+    def schemas(self: intloom.Workflow) -> dict[str, str]:
+        if self.name == "odd":
+            raise RuntimeError("an unforeseen fault")
+        return real(self)
+
+    monkeypatch.setattr(intloom.Workflow, "schemas", schemas)
+    result = load_workflows(tmp_path, config)
+    assert list(result.workflows) == ["good"]
+    [(source, view)] = result.problems
+    assert (source, view.code) == ("workflows/odd/wf.py", "WORKFLOW_DEFINITION_INVALID")
+    assert view.message == ("workflows/odd/wf.py: checking its Workflows raised RuntimeError: "
+                            "an unforeseen fault. Fix the definition and restart the host.")
