@@ -24,7 +24,7 @@ from intloom.authoring.workflow import WORKFLOW_MODULE_PREFIX, Workflow
 from intloom.errors import ErrorView, IntloomError, clip
 from intloom.project import Config
 
-__all__ = ["LoadResult", "LoadedWorkflow", "load_workflows"]
+__all__ = ["LoadResult", "LoadedWorkflow", "load_workflows", "load_workflows_offline"]
 
 
 @dataclass(frozen=True)
@@ -172,6 +172,19 @@ def _real_interrupts() -> Iterator[None]:
         raise KeyboardInterrupt from None
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def load_workflows_offline(root: Path, config: Config) -> LoadResult:
+    """``load_workflows`` for the read-only tools (doctor, inspect): no bytecode is written,
+    and what a module prints while it is imported goes to stderr, so that the one JSON
+    document a ``--json`` command writes to stdout stays whole."""
+    saved = sys.dont_write_bytecode
+    sys.dont_write_bytecode = True
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            return load_workflows(root, config)
+    finally:
+        sys.dont_write_bytecode = saved
 
 
 def load_workflows(root: Path, config: Config) -> LoadResult:

@@ -9,7 +9,6 @@ diagnosis and an ``attention`` check naming the file. The token is never part of
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, Literal
@@ -271,15 +270,9 @@ def _connection_check(root: Path, has_owners: bool) -> Check:
 
 
 def _load(root: Path, config: Config) -> LoadResult:
-    from intloom.authoring.loader import load_workflows
+    from intloom.authoring.loader import load_workflows_offline
 
-    # doctor is read-only: importing the Workflows must not leave __pycache__ behind.
-    saved = sys.dont_write_bytecode
-    sys.dont_write_bytecode = True
-    try:
-        return load_workflows(root, config)
-    finally:
-        sys.dont_write_bytecode = saved
+    return load_workflows_offline(root, config)  # doctor is read-only: no __pycache__
 
 
 def _workflows_check(root: Path, config: Config | None) -> tuple[Check, LoadResult | None]:

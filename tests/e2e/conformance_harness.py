@@ -53,8 +53,8 @@ MODES: Final = (*CRASH_MODES, STOP_MODE)
 # Flushes (durable batches) one uninterrupted Run of ``reference`` makes, and the Run's
 # continuation after a restart restored its first wait. Guesses only: they follow the
 # executor's batching, and every sweep measures them (``find_last``) before it relies on them.
-FLUSHES_GUESS: Final = 25
-CONTINUATION_GUESS: Final = 18
+FLUSHES_GUESS: Final = 28
+CONTINUATION_GUESS: Final = 19
 # Everything one Run of ``reference`` executes when nothing interrupts it; recover entries
 # are extra and run at most once, only after a restart.
 FULL_RUN: Final = frozenset({
@@ -585,7 +585,7 @@ def _finish(project: Project, view: dict[str, Any], res: PointResult, acks: Acks
 Plan = tuple[Fault, ...]
 # The first host stops (crash_after_sync) with the Run waiting on approve's confirmation; a
 # second host is then swept while it continues through recover to the end.
-RESTORED_WAIT: Final = Fault("crash_after_sync", 8)
+RESTORED_WAIT: Final = Fault("crash_after_sync", 10)
 
 
 def run_all(parent: Path, plans: list[Plan], jobs: int = 1,

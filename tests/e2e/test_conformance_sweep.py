@@ -50,23 +50,23 @@ GROUPS: dict[str, list[Point]] = {
         ((Fault(TORN, 1),), "none", ""),  # the creation torn: the Run never became visible
         ((Fault(CBS, 1, cut=1),), "resume", "was created"),  # only its header made it
         ((Fault(STOP, 3),), AFTER_A_STOP, ""),  # a graceful stop while Steps run
-        ((Fault(CBS, 5, cut=2),), "route", "finished with outcome"),  # outcome saved, no more
-        ((Fault(CBS, 10, cut=2),), "resume", "entering Stage 'review'"),  # routed to a Stage
+        ((Fault(CBS, 6, cut=2),), "route", "finished with outcome"),  # outcome saved, no more
+        ((Fault(CBS, 12, cut=2),), "resume", "entering Stage 'review'"),  # routed to a Stage
     ],
     "effects and waits with recover": [
         ((Fault(CAB, 4),), "interrupted", "effect 'download'"),  # an effect in flight
         ((RESTORED_WAIT,), "restore_wait", "confirmation"),  # waiting, with recover
-        ((Fault(TORN, 9),), "restore_wait", "confirmation"),  # shown, then the answer torn
-        ((Fault(CBS, 9, cut=1),), "recover", "continues in recover"),  # answered, with recover
-        ((Fault(CAB, 11),), "restore_wait", "questions"),  # a questions wait, with recover
-        ((Fault(CBS, 12, cut=1),), "recover", "continues in recover"),
+        ((Fault(TORN, 11),), "restore_wait", "confirmation"),  # shown, then the answer torn
+        ((Fault(CBS, 11, cut=1),), "recover", "continues in recover"),  # answered, with recover
+        ((Fault(CAB, 13),), "restore_wait", "questions"),  # a questions wait, with recover
+        ((Fault(CBS, 14, cut=1),), "recover", "continues in recover"),
     ],
     "waits without recover, Agent tasks, the end": [
-        ((Fault(CAB, 14),), "interrupted", "has no recover entry"),  # confirmation waiting
-        ((Fault(CBS, 15, cut=1),), "interrupted", "accepted but"),  # confirmation answered
-        ((Fault(CAB, 17),), "interrupted", "questions"),  # questions waiting, no recover
-        ((Fault(CAB, 20),), "interrupted", "(available)"),  # an Agent task published
-        ((Fault(CAB, 21),), "interrupted", "(claimed)"),  # claimed; Tool receipts not kept
+        ((Fault(CAB, 16),), "interrupted", "has no recover entry"),  # confirmation waiting
+        ((Fault(CBS, 17, cut=1),), "interrupted", "accepted but"),  # confirmation answered
+        ((Fault(CAB, 19),), "interrupted", "questions"),  # questions waiting, no recover
+        ((Fault(CAB, 22),), "interrupted", "(available)"),  # an Agent task published
+        ((Fault(CAB, 23),), "interrupted", "(claimed)"),  # claimed; Tool receipts not kept
     ],
     "the host that continues a restored wait": [
         ((RESTORED_WAIT, Fault(CAB, 1)), "recover", "continues in recover"),
@@ -99,7 +99,7 @@ def test_every_row_of_the_restart_table_through_the_real_host(group: str,
         assert words in result.reasons[-1], (name, result.reasons[-1])
     if group == "effects and waits with recover":
         # The wait `flow` showed came back identical: same action id, same view.
-        [torn] = [r for r in results if r.plan == (Fault(TORN, 9),)]
+        [torn] = [r for r in results if r.plan == (Fault(TORN, 11),)]
         assert torn.compared == 1
 
 

@@ -240,6 +240,9 @@ ESCAPES = {
     '''),
     "exits": "import sys\n\nimport intloom\n\nsys.exit(0)\n",
     "argv": "import argparse\n\nimport intloom\n\nargparse.ArgumentParser().parse_args()\n",
+    # What a module prints while doctor or inspect imports it goes to stderr, never into
+    # their one JSON document.
+    "prints": 'print("loading example workflow")\n\nraise RuntimeError("not today")\n',
 }
 
 

@@ -100,22 +100,16 @@ def _restart(root: Path, journal: Any) -> dict[str, Any] | None:
     """What the next start does with this Run, judged as doctor judges it: against the
     Workflows loadable now (identity, Stage schemas), so a change that strands the Run shows
     here too. None for a terminal Run, or when there is no journal to judge."""
-    import sys
-
-    from intloom.authoring.loader import load_workflows
+    from intloom.authoring.loader import load_workflows_offline
     from intloom.diagnostics.previews import preview_run
     from intloom.project import load_config
 
     if journal is None:
         return None
-    saved = sys.dont_write_bytecode
-    sys.dont_write_bytecode = True  # inspect writes nothing, not even bytecode
-    try:
-        loaded = load_workflows(root, load_config(root))
+    try:  # inspect writes nothing, not even bytecode
+        loaded = load_workflows_offline(root, load_config(root))
     except IntloomError:
         loaded = None  # the restart row is then judged without the Workflows
-    finally:
-        sys.dont_write_bytecode = saved
     preview = preview_run(journal, loaded)
     return None if preview is None else plain(preview)
 
