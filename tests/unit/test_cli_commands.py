@@ -561,3 +561,54 @@ def test_inspect_shows_a_run_whose_log_records_are_gone_as_damage_not_unknown(
             assert doc["run"]["phase"] == phase
     code, out, _ = cli(capsys, "inspect", "RUN-NOBODY", "--json")
     assert code != 0 and "NOT_FOUND" in out
+
+
+def test_inspect_does_not_call_an_effect_in_flight_when_the_run_went_on_past_the_damage(
+    capsys: pytest.CaptureFixture[str], proj: Path
+) -> None:
+    """One flipped byte in an effect's ``effect_done``: the fold stops there, at
+    effect_started, but the Run's later records (its result, the next Step) are readable. The
+    effect is not shown in flight: the Run went on past it, and inspect says so."""
+    from intloom.runtime.records import (
+        EffectDone,
+        EffectStarted,
+        Executing,
+        Record,
+        StagePending,
+        StepReady,
+        StepResult,
+    )
+    from tests.unit.test_store_support import abandon, frames_of, header, open_store
+
+    (proj / ".intloom").mkdir(mode=0o700)
+    runtime = proj / ".intloom" / "runtime"
+    records: list[Record] = [
+        header("RUN-D"), StagePending(at="t1", stage="draft"),
+        StepReady(at="t2", stage="draft", step="s1", state=b"{}"),
+        Executing(at="t3", stage="draft", step="s1"),
+        EffectStarted(at="t4", name="compose", key="compose#1"),
+        EffectDone(at="t5", name="compose", key="compose#1", result="done"),
+        StepResult(at="t6", stage="draft", step="s1", outcome="ok", state=b"{}"),
+    ]
+    store = open_store(runtime)
+    for record in records:
+        store.append("RUN-D", record)
+    store.sync_blocking()
+    abandon(store)  # a crash: no snapshot covers the records
+    segment = runtime / "wal" / "0000000001.seg"
+    done = frames_of(segment, "RUN-D")[5]
+    data = bytearray(segment.read_bytes())
+    data[done.end - 3] ^= 0xFF
+    segment.write_bytes(bytes(data))
+
+    code, out, _ = cli(capsys, "inspect", "RUN-D", "--json")
+    assert code == 0, out
+    run = json.loads(out)["run"]
+    assert run["verdict"] == "corrupt" and run["phase"] == "effect_started"
+    assert "effectInFlight" not in run, run
+    assert run["wentOn"] == {"seq": 7, "phase": "step_result"}
+    code, out, _ = cli(capsys, "inspect", "RUN-D")
+    assert code == 0
+    assert "In flight" not in out
+    assert "Readable records follow the damage (the last: record 7, step_result)" in out
+

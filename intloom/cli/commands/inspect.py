@@ -26,7 +26,17 @@ def _not_found(run_id: str, where: object) -> IntloomError:
     )
 
 
-def _summary(run_id: str, journal: Any, restored: Any = None) -> dict[str, Any]:
+def _went_on(entries: list[Any], state: Any) -> Any:
+    """The last readable record past ``state`` (a corrupt journal's fold stops at the damage):
+    records that could not be checked against the state machine, but that are the Run's."""
+    seq = state.seq if state is not None else 0
+    later = [e for e in entries if e.seq > seq and e.checksum == "ok"
+             and e.verdict not in ("void", "torn")]
+    return later[-1] if later else None
+
+
+def _summary(run_id: str, journal: Any, restored: Any = None,
+             entries: list[Any] | None = None) -> dict[str, Any]:
     """``{runId, status, verdict, problem?, ...}``: the verdict on the whole journal, the Run
     as the next start reads it (``restored``, when that differs: a snapshot covers damaged
     history)."""
@@ -44,7 +54,13 @@ def _summary(run_id: str, journal: Any, restored: Any = None) -> dict[str, Any]:
         summary["phase"] = state.phase
         if state.last_error is not None:
             summary["lastError"] = plain(state.last_error)
-        if state.effect_in_flight is not None:
+        went_on = (_went_on(entries or [], state) if getattr(shown, "status", None)
+                   == "corrupt" else None)
+        if went_on is not None:
+            # The fold stopped at the damage, but the Run's records go on past it: whatever
+            # it was doing there (an effect, say) ended, in the damaged bytes or after them.
+            summary["wentOn"] = {"seq": went_on.seq, "phase": went_on.phase}
+        elif state.effect_in_flight is not None:
             summary["effectInFlight"] = plain(state.effect_in_flight)
     if verdict is not None:
         summary["verdict"] = verdict
@@ -81,6 +97,13 @@ def _text(run: Mapping[str, Any]) -> list[str]:
             "A start does not read the damaged records: it restores the Run from its snapshot "
             f"and the log after it (up to record {run.get('restoreSeq')}). The records shown "
             "are kept byte-identical."
+        )
+    went_on = run.get("wentOn")
+    if isinstance(went_on, Mapping):
+        lines.append(
+            f"Readable records follow the damage (the last: record {went_on.get('seq')}, "
+            f"{went_on.get('phase')}): the Run went on past it, so nothing is known to have "
+            "been in flight there."
         )
     effect = run.get("effectInFlight")
     if isinstance(effect, Mapping):
@@ -130,7 +153,7 @@ def inspect(state: CliState, run_id: RunArg) -> None:
     if not entries:
         raise _not_found(run_id, runtime)
     restored = restored_journal(runtime, run_id)
-    run = _summary(run_id, journal, restored)
+    run = _summary(run_id, journal, restored, entries)
     # Judged on what a start reads, as doctor judges it; an ended Run is not loaded.
     restart = _restart(state.root(), restored if restored is not None else journal)
     if restart is not None:
