@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import threading
+import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterator
 from typing import Any, Final, Generic, Protocol, TypeVar
 
@@ -18,7 +19,7 @@ from intloom.authoring.interaction import Confirmation, Question, QuestionAnswer
 from intloom.errors import IntloomError
 from intloom.runtime.model import PendingAction
 
-__all__ = ["ContextHooks", "Recovery", "StepContext", "unawaited"]
+__all__ = ["ContextHooks", "Recovery", "StepContext", "left_behind", "unawaited"]
 
 S = TypeVar("S")
 T = TypeVar("T")
@@ -301,7 +302,7 @@ class _Unawaited(Coroutine[Any, Any, T]):
     the fix, not "'coroutine' object has no attribute ...". Dropped without ``await``, it is
     named when the Step is over (``unawaited``)."""
 
-    __slots__ = ("_call", "_coro", "_ctx", "_detail")
+    __slots__ = ("_call", "_coro", "_ctx", "_detail", "_task")
 
     def __init__(self, coro: Coroutine[Any, Any, T], ctx: StepContext[Any], call: str,
                  detail: Any) -> None:
@@ -311,11 +312,18 @@ class _Unawaited(Coroutine[Any, Any, T]):
         # What names the call in an error: the context, the questions, (name, key). Kept
         # as given: the text is built only for an error.
         self._detail = detail
+        # The task that first ran it: the Step's own, or one it started -- directly
+        # (create_task(ctx.aeffect(...))) or through a coroutine of its own that awaits it.
+        self._task: asyncio.Task[Any] | None = None
 
     def __await__(self) -> Generator[Any, None, T]:
+        if self._task is None:
+            self._task = asyncio.current_task()
         return self._coro.__await__()
 
     def send(self, value: Any) -> Any:
+        if self._task is None:
+            self._task = asyncio.current_task()
         return self._coro.send(value)
 
     def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
@@ -375,8 +383,9 @@ def unawaited(ctx: StepContext[Any], returned: bool
               ) -> tuple[str, str, list[asyncio.Task[Any]]] | None:
     """What the Step owning ``ctx`` left of its confirm/ask/aeffect calls, once it is over
     (``returned``: it returned; otherwise it raised): None when it awaited each one, else
-    (the facts, the fix, the tasks cancelled here that had begun: the caller waits for them,
-    so an effect they ran is journaled done before the Run ends). The caller checks
+    (the facts -- empty when only tasks were cancelled, the Step having raised --, the fix,
+    the tasks cancelled here that had begun: the caller waits for them, so an effect they
+    ran is journaled done before the Run ends). The caller checks
     ``ctx._calls is not None`` first, so a Step that made no call pays no call.
 
     A call never awaited is closed (no "never awaited" RuntimeWarning, which nobody would
@@ -384,9 +393,8 @@ def unawaited(ctx: StepContext[Any], returned: bool
     not be skipped without a word. A call handed to a task (asyncio.create_task, gather)
     that has not finished when the Step returns is named too, and its task cancelled: it
     would otherwise act after the Step's result is recorded, as part of the next Step. When
-    the Step raised, such a task is cancelled only if it has not begun (nothing of it is
-    journaled yet); one already running is left to end as it does (a gather's sibling after
-    the first failure)."""
+    the Step raised, such a task is cancelled too (a gather's sibling after the first
+    failure), silently: the Step's own error is the one reported."""
     calls, ctx._calls = ctx._calls, None  # the Step is over: no cycle through its context
     if calls is None:
         return None
@@ -398,7 +406,7 @@ def unawaited(ctx: StepContext[Any], returned: bool
             created.append(call)
         elif state == inspect.CORO_SUSPENDED:
             suspended.append(call)
-    if not created and (not returned or not suspended):
+    if not created and not suspended:
         return None
     tasks = _tasks_of([*created, *suspended])
     facts: list[str] = []
@@ -417,18 +425,35 @@ def unawaited(ctx: StepContext[Any], returned: bool
                          "so that task was cancelled")
             fixes.append(_AWAIT_TASK)
     running: list[asyncio.Task[Any]] = []
-    if returned:
-        for call in suspended:
-            task = tasks.get(id(call))
-            if task is not None:
-                task.cancel()
-                running.append(task)
-            facts.append(f"returned while the task it handed {call.named()} to was still "
-                         "running, so that task was cancelled")
+    for call in suspended:
+        # Cancelled whether the Step returned or raised (a gather's sibling after the first
+        # failure): the Run ends with its Step, and an effect left running would end after
+        # the Run's terminal record, where its effect_done can no longer be written.
+        task = call._task or tasks.get(id(call))
+        if task is not None and not task.done() and task is not asyncio.current_task():
+            _LEFT_BEHIND.add(task)
+            task.cancel()
+            running.append(task)
+            if returned:
+                facts.append(f"returned while the task it handed {call.named()} to was "
+                             "still running, so that task was cancelled")
+        elif returned:
+            facts.append(f"returned while {call.named()} was still running")
+        if returned:
             fixes.append(_AWAIT_TASK)
-    if not facts:
+    if not facts and not running:
         return None
     return "; it ".join(facts), ". ".join(dict.fromkeys(fixes)) + ".", running
+
+
+# Tasks ``unawaited`` cancelled because their Step returned without them: an effect they
+# ran records that as its cause, not a timeout (``left_behind``).
+_LEFT_BEHIND: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
+
+
+def left_behind(task: asyncio.Task[Any] | None) -> bool:
+    """True for a task cancelled because the Step that started it returned without it."""
+    return task is not None and task in _LEFT_BEHIND
 
 
 _AWAIT_TASK: Final = ("Await each task you start (asyncio.create_task, asyncio.gather) before "

@@ -148,7 +148,7 @@ def _callable_name(fn: object) -> str:
 def _signature(fn: Callable[..., Any]) -> str:
     """The parameters, which are what is wrong (the return annotation is left out)."""
     try:
-        signature = inspect.signature(fn)
+        signature = inspect.signature(fn, follow_wrapped=False)
     except (TypeError, ValueError):
         return "(...)"
     return str(signature.replace(return_annotation=inspect.Signature.empty))
@@ -157,9 +157,10 @@ def _signature(fn: Callable[..., Any]) -> str:
 def _accepts(fn: Callable[..., Any], count: int) -> bool:
     """Whether ``fn`` can be called with ``count`` positional arguments, as the host calls
     it. True when its signature cannot be read (some builtins): only what is known to fail
-    is refused, so a ``functools.partial``, a bound method or a ``*args`` function passes."""
+    is refused, so a ``functools.partial``, a bound method or a ``*args`` function passes.
+    A decorated function is judged by the wrapper the host calls, not by ``__wrapped__``."""
     try:
-        signature = inspect.signature(fn)
+        signature = inspect.signature(fn, follow_wrapped=False)
     except (TypeError, ValueError):
         return True
     try:

@@ -343,10 +343,16 @@ def _died_starting(proc: subprocess.Popen[bytes]) -> IntloomError:
     try:
         code = proc.wait(timeout=_TERMINATE_GRACE)
     except subprocess.TimeoutExpired:
-        how = "closed its readiness pipe and is still running"
+        # _launch stops it next (_stop_child): say what it did, not that it still runs.
+        how = "closed its readiness pipe without a word (it is being stopped)"
     else:
-        how = (f"was killed by {signal.Signals(-code).name}" if code < 0
-               and -code in signal.valid_signals() else f"exited with status {code}")
+        if code >= 0:
+            how = f"exited with status {code}"
+        else:
+            try:
+                how = f"was killed by {signal.Signals(-code).name}"
+            except ValueError:  # a real-time signal has no name of its own
+                how = f"was killed by signal {-code}"
     return IntloomError(
         "CLI_SERVICE_UNAVAILABLE",
         f"The service exited during initialization: the host (pid {proc.pid}) {how} before "

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Final
 import msgspec
 
 from intloom.authoring.agent import AgentResult
-from intloom.authoring.context import ContextHooks, StepContext, unawaited
+from intloom.authoring.context import ContextHooks, StepContext, left_behind, unawaited
 from intloom.authoring.interaction import confirmation_request, questions_request
 from intloom.authoring.loader import LoadedWorkflow
 from intloom.authoring.workflow import AgentStep, Complete, Stage, Step, ToStage
@@ -121,6 +121,8 @@ async def _left_behind(ctx: StepContext[Any], where: str | Step[Any],
         # Cancelled with their effect started: its effect_done (cancelled, outcome unknown)
         # goes in before the Run's terminal, or inspect would show the effect in flight.
         await asyncio.wait(running)
+    if not facts:
+        return  # only a raising Step's tasks were cancelled: its own error stands
     if not isinstance(where, str):
         where = where.where
     then = ""
@@ -141,7 +143,7 @@ def _refused_effects(ctx: StepContext[Any], where: str, raised: BaseException | 
     refused again when it begins (so no task of it is waited for): one never awaited is
     named with the fix that works there, not "await it"."""
     left = unawaited(ctx, raised is None)
-    if left is None or isinstance(raised, asyncio.CancelledError):
+    if left is None or not left[0] or isinstance(raised, asyncio.CancelledError):
         return
     raise IntloomError(
         "STEP_INTERACTION_INVALID",
@@ -882,8 +884,13 @@ class _Hooks:
                 # it (asyncio.wait_for around it), or its function raised CancelledError
                 # itself: the effect is over, so later effects and a retry may start.
                 task = asyncio.current_task()
-                how = ("cancelled before it returned (a timeout in the Step)"
-                       if task is not None and task.cancelling() else "raised by the effect")
+                if left_behind(task):
+                    how = ("cancelled because its Step returned without awaiting the task "
+                           "that ran it")
+                elif task is not None and task.cancelling():
+                    how = "cancelled before it returned (a timeout in the Step)"
+                else:
+                    how = "raised by the effect"
                 await self._end(name, key, False, None,
                                 f"CancelledError: {how}; its outcome is unknown")
             raise

@@ -304,6 +304,10 @@ class Host:
         # start writes one.
         ensure_dir(self.paths.runtime)
         self._store_lock = lock_dir(self.paths.runtime)
+        if self._store_lock < 0:
+            log.warning("store_lock_unavailable", path=str(self.paths.runtime),
+                        reason="the file system cannot lock a directory; service.lock "
+                        "alone guards the store")
         port = opts.port
         if port is None:
             port = config.port if config.port is not None else (saved.port if saved else 0)
@@ -353,7 +357,10 @@ class Host:
             sock.close()
             raise IntloomError(
                 "CLI_SERVICE_UNAVAILABLE",
-                f"The host could not listen on 127.0.0.1:{self.port} ({exc.strerror or exc}).",
+                f"The host could not listen on 127.0.0.1:{self.port} ({exc.strerror or exc}): "
+                "another program took the port while the Workflows were imported. Free the "
+                "port, or run intloom start --port 0 to pick a new one (connection.json is "
+                "updated).",
             ) from None
         if log.failed:
             raise _log_write_failed(log.path, log.failure or "unknown error")

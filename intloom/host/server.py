@@ -66,6 +66,8 @@ def bind_port(port: int) -> socket.socket:
     Bound before the Workflows are imported, so that the project's port is known (and saved
     in ``connection.json``) before any user code runs; until ``Server.listen``, a client's
     connection is refused rather than left waiting for a hello. OSError when it is taken.
+    Bound is not held: with SO_REUSEADDR another program may still bind it and listen
+    first, and ``listen`` then fails (EADDRINUSE), naming the port.
     """
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:

@@ -480,8 +480,8 @@ def restart_verdict(state: RunState, has_recover: bool) -> Verdict:
     done = state.last_effect if phase == "effect_done" else None
     if done is not None:
         return Verdict("interrupted", f"{what} was running after its effect {done.name!r} "
-                       f"(key {done.key!r}) completed, its result recorded; no effect was in "
-                       "flight")
+                       f"(key {done.key!r}) ended, its end recorded (intloom inspect shows "
+                       "how); no effect was in flight")
     return Verdict("interrupted", f"{what} was running; no effect was in flight")
 
 

@@ -105,7 +105,9 @@ def ensure_dir(path: Path) -> None:
 
 
 def lock_dir(path: Path) -> int:
-    """An exclusive OS lock on the directory ``path``, held until the returned fd is closed.
+    """An exclusive OS lock on the directory ``path``, held until the returned fd is closed;
+    -1 where the file system cannot lock a directory (NFS emulates flock with fcntl locks,
+    which need a file open for writing): ``service.lock`` still guards the project there.
 
     The checkpoint store's own guard, under ``service.lock``: one writer per runtime
     directory even when the host's metadata files were removed by hand while it ran (a second
@@ -125,10 +127,13 @@ def lock_dir(path: Path) -> int:
             raise IntloomError(
                 "BUSY",
                 f"Another process holds the checkpoint store {path}: a host of this project "
-                "is still running (its service.lock or service.json may have been removed by "
-                "hand). Nothing was written. Stop that process (ps -ef | grep intloom), then "
-                "start again.",
+                "is still running or still exiting (or its service.lock and service.json "
+                "were removed by hand). Nothing was written. Wait for it to exit, or stop it "
+                "(ps -ef | grep intloom), then start again.",
+                retryable=False,
             ) from None
+        if exc.errno in (errno.EBADF, errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
+            return -1
         raise storage_error(path, f"cannot be locked ({exc.strerror})",
                             "check that the file system supports flock") from None
     return fd

@@ -945,11 +945,13 @@ class Store:
             if self._closed:
                 return
             self._closed = True
-        with contextlib.suppress(CheckpointFailed):
-            self.sync_blocking()
-        self._stop_worker()
-        self._close_job()
-        self._unlock()
+        try:
+            with contextlib.suppress(CheckpointFailed):
+                self.sync_blocking()
+            self._stop_worker()
+            self._close_job()
+        finally:
+            self._unlock()  # a close that failed must not leave the directory locked
 
     def _unlock(self) -> None:
         """Let the next host open the runtime directory (after the last write and snapshot)."""

@@ -115,6 +115,26 @@ def test_recover_accepts_any_callable_that_takes_ctx_and_saved(fn: Any) -> None:
     assert ask.recover(fn) is fn
 
 
+def _injecting(fn: Any) -> Any:
+    """A decorator that supplies a Step's second parameter itself: the host calls the
+    wrapper with ctx alone, whatever ``__wrapped__`` says."""
+    @functools.wraps(fn)
+    def inner(ctx: Any) -> Any:
+        return fn(ctx, "client")
+    return inner
+
+
+def test_a_decorated_step_is_judged_by_the_wrapper_the_host_calls() -> None:
+    st = intloom.Workflow("w", version="1").stage("d")
+
+    @st.step("a", routes={"done": intloom.COMPLETE})
+    @_injecting
+    def a(ctx: Any, client: str) -> str:
+        return "done"
+
+    assert a.fn.__wrapped__ is not None  # type: ignore[attr-defined]
+
+
 def test_on_complete_must_take_ctx_and_result() -> None:
     st = intloom.Workflow("w", version="1").stage("d")
 

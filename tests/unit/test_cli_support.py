@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -99,6 +100,45 @@ def test_lifecycle_refuses_a_timeout_that_is_no_finite_number_of_seconds(
         assert info.value.code == "INVALID_REQUEST"
         assert "finite number of seconds" in info.value.message
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_host_killed_by_a_real_time_signal_while_starting_is_named_by_its_number() -> None:
+    """signal.Signals has no member for SIGRTMIN+n: naming it raised ValueError, and start
+    failed with an internal error instead of saying how the host ended."""
+    from intloom.client.lifecycle import _died_starting
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        number = signal.SIGRTMIN + 6
+        os.kill(proc.pid, number)
+        error = _died_starting(proc)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert error.code == "CLI_SERVICE_UNAVAILABLE"
+    assert f"(pid {proc.pid}) was killed by signal {int(number)} before" in error.message
+
+
+def test_a_store_on_a_file_system_that_cannot_lock_a_directory_still_opens(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NFS emulates flock with fcntl locks, which need a file open for writing: a directory
+    cannot be locked there (EBADF). The store opens without its own lock (service.lock still
+    guards the project) rather than refusing every start."""
+    import errno
+    import fcntl
+
+    from intloom.store import files
+
+    def no_dir_locks(fd: int, operation: int) -> None:
+        raise OSError(errno.EBADF, "Bad file descriptor")
+
+    monkeypatch.setattr(fcntl, "flock", no_dir_locks)
+    assert files.lock_dir(tmp_path) == -1
+    from tests.unit.test_store_support import open_store
+
+    store = open_store(tmp_path / "runtime")
+    store.close_blocking()
 
 
 # ----- log tail ------------------------------------------------------------------------------

@@ -202,7 +202,88 @@ def test_a_task_holding_a_call_left_running_past_its_step_is_cancelled_and_named
                            ["StepReady", "Executing", "Terminal"]), phases
     if begun:
         assert isinstance(history[-2], EffectDone) and not history[-2].ok
-        assert "CancelledError" in (history[-2].error or "")
+        assert ("CancelledError: cancelled because its Step returned without awaiting the "
+                "task that ran it") in (history[-2].error or ""), history[-2].error
+
+
+def test_a_call_awaited_in_a_coroutine_of_the_steps_own_task_is_cancelled_too(
+        tmp_path: Path, no_unawaited_warning: None) -> None:
+    """The task runs a helper coroutine that awaits the call: the task's coroutine is the
+    helper, not the call. That task was not found: the Step's error said it was cancelled,
+    the effect ran on after the Run's end, and its effect_done could not be written."""
+    wf = intloom.Workflow("helps", version="1")
+    st = wf.stage("s")
+    ran: list[str] = []
+
+    @st.step("a", routes={"ok": intloom.COMPLETE})
+    async def a(ctx: Any) -> str:
+        running = asyncio.Event()
+
+        async def slow() -> str:
+            running.set()
+            await asyncio.sleep(30)  # ends only by cancellation, well within the timeout
+            ran.append("charged")
+            return "txn"
+
+        async def helper() -> str:
+            return str(await ctx.aeffect("charge", slow))
+
+        task = asyncio.create_task(helper())
+        await running.wait()
+        assert not task.done()
+        return "ok"
+
+    root = tmp_path / "runtime"
+    view = _settle(root, wf)
+    assert view.last_error is not None
+    assert view.last_error.code == "STEP_INTERACTION_INVALID", view.last_error
+    assert ("returned while the task it handed ctx.aeffect('charge', ...) (key 'charge#1') "
+            "to was still running, so that task was cancelled") in view.last_error.message
+    assert ran == []
+    history = [entry.record for entry in read_history(root, view.run_id)]
+    assert [type(r).__name__ for r in history][-3:] == ["EffectStarted", "EffectDone",
+                                                         "Terminal"]
+    done = history[-2]
+    assert isinstance(done, EffectDone) and not done.ok
+    assert "cancelled because its Step returned" in (done.error or ""), done.error
+
+
+def test_a_raising_steps_sibling_effect_is_cancelled_and_journaled_before_the_end(
+        tmp_path: Path, no_unawaited_warning: None) -> None:
+    """asyncio.gather: one coroutine fails, the Step raises, the sibling effect still runs. It
+    was left to end on its own, after the Run's terminal record, so its effect_done could
+    not be written (an orphan IllegalTransition) and inspect showed it in flight. It is now
+    cancelled and journaled before the end; the Step's own error is the one reported."""
+    wf = intloom.Workflow("siblings", version="1")
+    st = wf.stage("s")
+    ran: list[str] = []
+
+    @st.step("a", routes={"ok": intloom.COMPLETE})
+    async def a(ctx: Any) -> str:
+        async def slow() -> str:
+            await asyncio.sleep(30)  # ends only by cancellation
+            ran.append("slow")
+            return "late"
+
+        async def fails() -> str:
+            await asyncio.sleep(0.05)
+            raise ValueError("the lookup failed")
+
+        await asyncio.gather(ctx.aeffect("slow", slow), fails())
+        return "ok"
+
+    root = tmp_path / "runtime"
+    view = _settle(root, wf)
+    assert view.last_error is not None
+    assert view.last_error.code == "STEP_EXECUTION_FAILED", view.last_error
+    assert "the lookup failed" in view.last_error.message
+    assert ran == []
+    history = [entry.record for entry in read_history(root, view.run_id)]
+    assert type(history[-1]).__name__ == "Terminal"
+    done = {r.name: r for r in history if isinstance(r, EffectDone)}
+    assert set(done) == {"slow"}, history
+    assert not done["slow"].ok and "cancelled because its Step returned" in (
+        done["slow"].error or ""), done["slow"].error
 
 
 def test_a_recover_leaving_a_call_unawaited_fails_the_run(
