@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import math
 import reprlib
 import threading
 from collections import deque
@@ -716,11 +717,15 @@ def _encode_state(value: Any, where: str | Step[Any], state_type: type | None,
     except msgspec.DecodeError as exc:
         if not isinstance(where, str):
             where = where.where
+        # JSON has no NaN or infinity: msgspec writes them as null, and the decode then
+        # says "got null" of a field the Step never set to None.
+        why = (" (JSON cannot hold NaN or infinity: a float field holding one is written as "
+               "null)" if "got `null`" in str(exc) and _nonfinite(value) else "")
         raise IntloomError(
             "STAGE_STATE_INVALID",
-            f"{where}: the Stage State it left is not a valid {state_type.__name__}: {exc}. "
-            f"Give every field of {state_type.__name__} a value of its declared type; this "
-            "State was not saved.",
+            f"{where}: the Stage State it left is not a valid {state_type.__name__}: "
+            f"{exc}{why}. Give every field of {state_type.__name__} a value of its declared "
+            "type; this State was not saved.",
         ) from None
     if not codec[1] or type(value) is not state_type:
         if codec[2]:
@@ -734,6 +739,21 @@ def _encode_state(value: Any, where: str | Step[Any], state_type: type | None,
     if slot is not None:
         slot.decoded = (data, decoded)
     return data
+
+
+def _nonfinite(value: Any, depth: int = 0) -> bool:
+    """Whether ``value`` holds a NaN or an infinite float (an error path only)."""
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if depth > 100:
+        return False
+    if isinstance(value, msgspec.Struct):
+        value = msgspec.structs.asdict(value)
+    if isinstance(value, dict):
+        return any(_nonfinite(v, depth + 1) for v in value.values())
+    if isinstance(value, list | tuple | set | frozenset):
+        return any(_nonfinite(v, depth + 1) for v in value)
+    return False
 
 
 def _plain(value: Any, task_of: Step[Any] | None = None) -> Any:

@@ -227,6 +227,31 @@ def test_a_state_too_deep_to_encode_fails_naming_the_step_and_the_fact(
     assert "Waiting" not in phases and "StepResult" not in phases, phases
 
 
+class Score(msgspec.Struct):
+    value: float = 0.0
+
+
+@pytest.mark.parametrize("number", [float("nan"), float("inf")])
+def test_a_state_float_that_json_cannot_hold_is_named_as_such(
+        tmp_path: Path, number: float) -> None:
+    """JSON has no NaN or infinity: msgspec writes them as null, and the error said
+    "Expected `float`, got `null`" of a field the Step never set to None."""
+    wf = intloom.Workflow("scores", version="1")
+    st = wf.stage("s", state=Score)
+
+    @st.step("a", routes={"ok": intloom.COMPLETE})
+    def a(ctx: Any) -> str:
+        ctx.state = Score(value=number)
+        return "ok"
+
+    wf.validate()
+    view = _settled(tmp_path / "runtime", wf)
+    assert view.last_error is not None and view.last_error.code == "STAGE_STATE_INVALID"
+    message = view.last_error.message
+    assert "got `null`" in message and ("JSON cannot hold NaN or infinity: a float field "
+                                        "holding one is written as null") in message, message
+
+
 # what user code hands the host, too deep to encode -> (the code, facts of its message)
 HANDED: dict[str, tuple[str, list[str]]] = {
     "confirm": ("STEP_INTERACTION_INVALID",
