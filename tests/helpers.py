@@ -189,6 +189,15 @@ def reaped(project: Project) -> Iterator[Project]:
         project.reap()
 
 
+def one_source_project(tmp_path: Path, name: str, source: str) -> Project:
+    """A project whose one Workflow source is ``workflows/<name>.py`` holding ``source``."""
+    root = tmp_path / "proj"
+    (root / "workflows").mkdir(parents=True)
+    (root / "workflows" / f"{name}.py").write_text(source)
+    (root / "intloom.toml").write_text(f'workflows = ["workflows/{name}.py"]\n')
+    return Project(root=root)
+
+
 def make_project(tmp_path: Path, name: str = "basic") -> Project:
     root = tmp_path / "proj"
     shutil.copytree(FIXTURES / "projects" / name, root)

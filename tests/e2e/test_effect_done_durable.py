@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import Project, eventually, ok, reaped
+from tests.helpers import Project, eventually, ok, one_source_project, reaped
 
 pytestmark = pytest.mark.e2e
 
@@ -56,11 +56,7 @@ async def async_charge(ctx: intloom.StepContext[None]) -> str:
 
 @pytest.fixture
 def pay(tmp_path: Path) -> Iterator[Project]:
-    root = tmp_path / "proj"
-    (root / "workflows").mkdir(parents=True)
-    (root / "workflows" / "pay.py").write_text(SOURCE)
-    (root / "intloom.toml").write_text('workflows = ["workflows/pay.py"]\n')
-    yield from reaped(Project(root=root))
+    yield from reaped(one_source_project(tmp_path, "pay", SOURCE))
 
 
 @pytest.mark.timeout(120)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import CliResult, Project, eventually, ok, reaped
+from tests.helpers import CliResult, Project, eventually, ok, one_source_project, reaped
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -43,11 +43,7 @@ def a(ctx: intloom.StepContext[None]) -> str:
 
 @pytest.fixture
 def slow(tmp_path: Path) -> Iterator[Project]:
-    root = tmp_path / "proj"
-    (root / "workflows").mkdir(parents=True)
-    (root / "workflows" / "slow.py").write_text(SLOW)
-    (root / "intloom.toml").write_text('workflows = ["workflows/slow.py"]\n')
-    yield from reaped(Project(root=root))
+    yield from reaped(one_source_project(tmp_path, "slow", SLOW))
 
 
 def test_a_first_start_killed_in_a_workflow_import_is_recovered_as_doctor_says(

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import Project, ok, reaped
+from tests.unit.test_authoring_mistakes import SOURCES
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -218,28 +219,7 @@ def test_a_source_with_one_bad_workflow_loads_none_of_them(acc: Project) -> None
 # Sources that raise at import what is not an ordinary Exception, or that define a State the
 # host cannot fingerprint: each fails alone, named, and the host still starts.
 ESCAPES = {
-    "pathstate": textwrap.dedent('''
-        import pathlib
-
-        import msgspec
-
-        import intloom
-
-
-        class Notes(msgspec.Struct):
-            out: pathlib.Path = pathlib.Path("notes.md")
-
-
-        wf = intloom.Workflow("pathstate", version="1")
-        s = wf.stage("s", state=Notes)
-
-
-        @s.step("a", routes={"ok": intloom.COMPLETE})
-        def a(ctx: intloom.StepContext[Notes]) -> str:
-            return "ok"
-    '''),
-    "exits": "import sys\n\nimport intloom\n\nsys.exit(0)\n",
-    "argv": "import argparse\n\nimport intloom\n\nargparse.ArgumentParser().parse_args()\n",
+    **{name: SOURCES[name] for name in ("pathstate", "exits", "argv")},
     # What a module prints while doctor or inspect imports it goes to stderr, never into
     # their one JSON document.
     "prints": 'print("loading example workflow")\n\nraise RuntimeError("not today")\n',

@@ -12,21 +12,14 @@ import msgspec
 import pytest
 
 import intloom
-from intloom.authoring.loader import LoadedWorkflow
 from intloom.errors import IntloomError
-from intloom.executor.runtime import Runtime
 from intloom.runtime.records import EffectDone
-from intloom.store import Store, read_history, verify
+from intloom.store import read_history, verify
+from tests.unit.test_executor_ctx_mistakes import _runtime
+from tests.unit.test_executor_ctx_mistakes import _settle as _settled
 from tests.unit.test_store_support import open_store
 
 HUGE = 2**70
-
-
-def _runtime(store: Store, wf: intloom.Workflow) -> Runtime:
-    rt = Runtime({wf.name: LoadedWorkflow(wf, f"{wf.name}.py", f"id-{wf.name}", wf.schemas())},
-                 store, package_version="0.1.0")
-    rt.restore([])
-    return rt
 
 
 def _workflow() -> intloom.Workflow:
@@ -134,17 +127,6 @@ ODD_RESULTS: dict[str, tuple[Callable[[], Any], str]] = {
     "lone_surrogate": (lambda: "a\udc80", "'a\\udc80'"),
     "bad_repr": (lambda: {"x": _BadRepr(), "big": HUGE}, "{'big': "),
 }
-
-
-def _settled(root: Path, wf: intloom.Workflow) -> Any:
-    async def main() -> Any:
-        store = open_store(root)
-        rt = _runtime(store, wf)
-        view = await rt.wait_stable((await rt.create_run(wf.name, "go")).run_id)
-        await store.close()
-        return view
-
-    return asyncio.run(asyncio.wait_for(main(), timeout=20))
 
 
 @pytest.mark.parametrize("sync", [True, False])
