@@ -194,8 +194,17 @@ def preview_runs(
         nexts.append(f"{len(missing)} snapshot file(s) are missing from snap/live/: the next "
                      "start reads those Runs from the log and writes their snapshots again "
                      "(find out what removed them: intloom never does).")
-    if by_journal["corrupt"] or by_journal["incompatible"]:
-        nexts.append("Inspect each unrestorable Run with intloom inspect RUN.")
+    if by_journal["incompatible"]:
+        nexts.append("Inspect each incompatible Run with intloom inspect RUN: put back the "
+                     "Workflow source it started with and restart to continue it, or end it "
+                     "with intloom cancel RUN; a journal another intloom version wrote is "
+                     "continued or ended by that version.")
+    if by_journal["corrupt"]:
+        nexts.append("Inspect each corrupt Run with intloom inspect RUN (what was found, in "
+                     "which file) and check the effects it names by hand: intloom never writes "
+                     "to a damaged journal, so such a Run cannot be cancelled and stays held at "
+                     "every start, until a copy of the damaged file from before the damage (a "
+                     "backup) is put back.")
     unexpected = [f for f in store.files if f.kind == "unexpected"]
     if unexpected:
         nexts.append(f"{len(unexpected)} file(s) intloom did not write are in the runtime "

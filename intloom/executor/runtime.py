@@ -199,11 +199,20 @@ class HeldRun:
                 "lists it) and restart the host (intloom stop, then intloom start) to "
                 f"continue it, or end it for good with intloom cancel {rid}."
             )
-        else:
+        elif self.code == "JOURNAL_CORRUPT":
             fix = (
                 "Its journal is kept untouched: the Run cannot be answered, and cannot be "
-                f"cancelled, since nothing is appended to such a journal. intloom inspect {rid} "
-                "shows what was found; intloom doctor says what to do."
+                "cancelled, since nothing is appended to a damaged journal; it stays held at "
+                f"every start. intloom inspect {rid} shows what was found and which file holds "
+                "it: check the effects it names by hand, and if you have a copy of that file "
+                "from before the damage (a backup), put it back and restart the host."
+            )
+        else:
+            fix = (
+                "Its journal is kept untouched: this intloom does not append to a journal "
+                "another version wrote, so the Run cannot be answered or cancelled here. Run "
+                f"the intloom version that wrote it to continue or end it; intloom inspect {rid} "
+                "shows what was found."
             )
         return IntloomError(
             self.code, f"Run {rid} is held, not restored (it needs attention): "

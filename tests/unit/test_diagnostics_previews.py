@@ -177,6 +177,11 @@ def test_damaged_log_is_reported_and_kept(root: Path, tmp_path: Path) -> None:
     [corrupt] = [p for p in report.runs if p.journal == "corrupt"]
     assert corrupt.verdict.row == "needs_attention"
     assert corrupt.problem
+    # What helps with a damaged journal, said once: no "inspect each unrestorable Run" loop
+    # (the Run's held error used to send the user to doctor, and doctor back to inspect).
+    advice = journals_check.next or ""
+    assert "cannot be cancelled and stays held at every start" in advice, advice
+    assert "a backup" in advice and "incompatible" not in advice, advice
 
 
 def test_damaged_snapshot_says_start_reads_the_whole_log(root: Path) -> None:

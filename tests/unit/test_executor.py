@@ -733,19 +733,25 @@ def test_held_runs_say_why_and_only_a_whole_journal_can_be_cancelled() -> None:
     run(changed)
 
     newer = msgspec.structs.replace(state, package_version="99.0.0")
-    for item, code in (
+    # Each says what actually helps (no "intloom doctor says what to do": doctor sent the
+    # user back to inspect, and round again).
+    for item, code, fix in (
         (RestoredRun(run_id, state, problem="wal/1.seg offset 9: bad checksum",
-                     status="corrupt"), "JOURNAL_CORRUPT"),
-        (RestoredRun(run_id, newer), "JOURNAL_INCOMPATIBLE"),
+                     status="corrupt"), "JOURNAL_CORRUPT",
+         "if you have a copy of that file from before the damage (a backup), put it back"),
+        (RestoredRun(run_id, newer), "JOURNAL_INCOMPATIBLE",
+         "Run the intloom version that wrote it to continue or end it"),
     ):
-        async def untouched(item: RestoredRun = item, code: str = code) -> None:
+        async def untouched(item: RestoredRun = item, code: str = code, fix: str = fix) -> None:
             written = MemoryJournal()
             rt = Runtime(loaded(make_confirm_wf([])), written, package_version="0.1.0")
             rt.restore([item])
             with pytest.raises(IntloomError) as info:
                 await rt.cancel(run_id)
             assert info.value.code == code
-            assert "kept untouched" in info.value.message and "cannot be" in info.value.message
+            message = info.value.message
+            assert "kept untouched" in message and "cannot be" in message
+            assert fix in message and "doctor says" not in message, message
             assert written.records == [] and written.pending == []
 
         run(untouched)
