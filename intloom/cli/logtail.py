@@ -67,6 +67,14 @@ class LogTail:
             self._current, self._offset, self._partial = path, 0, b""
             self._read_from(path)
 
+    def finish(self) -> None:
+        """A last line with no newline yet, emitted as it is: called when not following, so
+        a crashed host's torn last line is shown (marked by the printer) rather than held
+        back for ever."""
+        if self._partial.strip():
+            self._emit(self._partial.decode("utf-8", errors="replace"))
+        self._partial = b""
+
     def _read_from(self, path: Path) -> None:
         try:
             fd = os.open(path, _READ)

@@ -603,8 +603,8 @@ def log_line(record: Mapping[str, Any]) -> str:
     for key, value in record.items():
         if key in used:
             continue
-        if isinstance(value, Mapping | list):
+        if isinstance(value, Mapping | list | bool) or value is None:  # as the JSONL says
             value = _json_encoder.encode(value).decode("utf-8")
         rest.append(f"{key}={value}")
-    head = f"{time or '-'} {level or 'info'!s:<5} {event or '-'}"
+    head = f"{time or '-'} {level or 'info'!s:<7} {event or '-'}"  # "warning" is 7
     return f"{head} {' '.join(rest)}".rstrip()

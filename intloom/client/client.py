@@ -22,7 +22,7 @@ from intloom.host.metadata import (
     read_connection,
     read_service,
 )
-from intloom.project import ProjectPaths
+from intloom.project import CONFIG_NAME, ProjectPaths
 from intloom.protocol.framing import (
     FrameClosed,
     FrameError,
@@ -191,6 +191,13 @@ class Client:
                 raise privacy_invalid(exc) from None
         conn = read_connection(paths.connection_json, root)
         if conn is None:
+            if not (root / CONFIG_NAME).is_file():
+                # Not a project (a subdirectory, a typo): "offline" would be a false fact.
+                raise IntloomError(
+                    "CLI_PROJECT_INVALID",
+                    f"{root} has no {CONFIG_NAME}: Client.connect takes a project's root, the "
+                    f"directory that holds {CONFIG_NAME}. Nothing was sent.",
+                )
             raise IntloomError(
                 "CLI_SERVICE_OFFLINE", "Run intloom start in this project first."
             )

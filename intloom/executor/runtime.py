@@ -896,7 +896,9 @@ class Runtime:
         return slot, call
 
     def _check_owner(self, slot: RunSlot, owner_token: str) -> None:
-        self._check_owner_of(slot.agent.owner_token, owner_token)
+        call = slot.state.pending_agent_call
+        self._check_owner_of(slot.agent.owner_token, owner_token,
+                             call.id if call is not None else None)
 
     async def claim_agent_call(
         self, run_id: str, call_id: str, claim_id: str
@@ -1009,7 +1011,7 @@ class Runtime:
         done = self._agent_ended.get(slot.run_id)
         if done is None or done.call_id != call_id:
             return None
-        self._check_owner_of(done.owner_token, owner_token)
+        self._check_owner_of(done.owner_token, owner_token, call_id)
         if (done.verb, done.outcome, done.output) != (end.verb, end.outcome, end.output):
             said = ("completed with outcome " if done.verb == "complete" else "failed: ")
             raise IntloomError(
@@ -1026,12 +1028,19 @@ class Runtime:
             view = slot.view()
         return view
 
-    def _check_owner_of(self, token: str | None, owner_token: str) -> None:
+    def _check_owner_of(self, token: str | None, owner_token: str,
+                        call_id: str | None = None) -> None:
+        task = f"Agent task {call_id}" if call_id else "The Agent task"
         if token is None:
-            raise IntloomError("CONFLICT", "The Agent task is not claimed: claim it first "
+            raise IntloomError("CONFLICT", f"{task} is not claimed: claim it first "
                                "(claim_agent_call), then use the owner token the claim returns.")
         if not hmac.compare_digest(token, owner_token):
-            raise IntloomError("CONFLICT", "The owner token does not match the task's claim.")
+            raise IntloomError(
+                "CONFLICT",
+                f"The owner token does not match {task.replace('The A', 'the A')}'s claim; "
+                "nothing was done. Use the token its claim returned (claim_agent_call again "
+                "with the same claim_id returns it), or, if another Agent holds the claim, "
+                "leave the task to it.")
 
     async def complete_agent_call(
         self, run_id: str, call_id: str, owner_token: str, outcome: str, output: Any

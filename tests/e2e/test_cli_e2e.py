@@ -175,9 +175,10 @@ def test_logs_render_filter_and_stream_raw_json(project: Project) -> None:
     text = project.cli("logs")
     assert text.code == 0
     assert text.stdout.splitlines() == [
-        "T1 info  log_opened pid=1", "T2 warning run_x runId=RUN-a", "T3 info  run_y runId=RUN-b",
+        "T1 info    log_opened pid=1", "T2 warning run_x runId=RUN-a",
+        "T3 info    run_y runId=RUN-b",
     ]
-    assert project.cli("logs", "--all").stdout.splitlines()[0] == "T0 info  old_host"
+    assert project.cli("logs", "--all").stdout.splitlines()[0] == "T0 info    old_host"
     raw = project.cli("logs", "RUN-a", "--json")
     assert [json.loads(line)["event"] for line in raw.stdout.splitlines()] == ["run_x"]
 

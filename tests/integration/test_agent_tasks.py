@@ -125,8 +125,11 @@ def test_a_retried_completion_gets_the_runs_view_and_a_different_one_conflicts(
     message = _refused(lambda: client.complete_agent_call(run.run_id, call_id, token, "found",
                                                           {"items": ["b"]}), "CONFLICT")
     assert f"Agent task {call_id} was already completed with outcome 'found'" in message
-    _refused(lambda: client.complete_agent_call(run.run_id, call_id, "not-the-token", "found",
-                                                {"items": ["a"], "n": 1}), "CONFLICT")
+    message = _refused(lambda: client.complete_agent_call(
+        run.run_id, call_id, "not-the-token", "found", {"items": ["a"], "n": 1}), "CONFLICT")
+    # The task, the fact and the fix (it said only "does not match the task's claim").
+    assert f"The owner token does not match Agent task {call_id}'s claim" in message
+    assert "claim_agent_call again with the same claim_id returns it" in message
     # The person's confirmation, asked after the Agent's result, is unchanged by the retries.
     assert client.get_run(run.run_id) == first
 

@@ -154,6 +154,22 @@ def test_missing_connection_is_offline_and_creates_nothing(project: Project) -> 
     assert not project.state.exists()
 
 
+@pytest.mark.parametrize("where", ["workflows", "elsewhere", "missing"])
+def test_connect_outside_a_project_root_says_so_not_offline(project: Project,
+                                                             where: str) -> None:
+    """With the project's host running, a subdirectory, an unrelated directory or a path
+    that does not exist all said CLI_SERVICE_OFFLINE ("Run intloom start in this project
+    first"): a false fact. They are CLI_PROJECT_INVALID, naming the path."""
+    publish(project.root, 1)
+    path = {"workflows": project.root / "workflows", "elsewhere": project.root.parent,
+            "missing": project.root / "nope"}[where]
+    with pytest.raises(IntloomError) as refused:
+        Client.connect(path)
+    assert refused.value.code == "CLI_PROJECT_INVALID", refused.value
+    assert f"{path.resolve()} has no intloom.toml" in refused.value.message
+    assert "Nothing was sent" in refused.value.message
+
+
 def test_missing_service_json_is_offline(project: Project) -> None:
     publish(project.root, 1)
     (project.state / "service.json").unlink()

@@ -612,3 +612,39 @@ def test_inspect_does_not_call_an_effect_in_flight_when_the_run_went_on_past_the
     assert "In flight" not in out
     assert "Readable records follow the damage (the last: record 7, step_result)" in out
 
+
+
+# ----- logs ----------------------------------------------------------------------------------
+
+
+def test_logs_for_a_run_include_host_records_naming_it_and_show_a_torn_last_line(
+    capsys: pytest.CaptureFixture[str], proj: Path
+) -> None:
+    """``logs RUN`` kept only records with a top-level runId, so the stop's record of what it
+    cut (``runs_cut_at_stop``: runs=[{runId, evidence}]) was left out; a crashed host's last
+    line, with no newline, was never shown; text printed Python's None and False."""
+    logs = proj / ".intloom" / "logs"
+    logs.mkdir(parents=True, mode=0o700)
+    lines = [
+        {"ts": "T1", "level": "info", "event": "run_created", "runId": "RUN-1", "port": None},
+        {"ts": "T2", "level": "warning", "event": "runs_cut_at_stop", "count": 1,
+         "runs": [{"runId": "RUN-1", "evidence": "Tool call t5 was running"}]},
+        {"ts": "T3", "level": "info", "event": "run_created", "runId": "RUN-2",
+         "strict": False},
+    ]
+    text = "".join(json.dumps(line) + "\n" for line in lines)
+    text += '{"ts": "T4", "level": "error", "event": "process_failed", "runId": "RUN-1"'
+    (logs / "LOG-20260101T000000000Z.jsonl").write_text(text)
+    code, out, _ = cli(capsys, "logs", "RUN-1")
+    assert code == 0
+    shown = out.splitlines()
+    assert shown[0] == "T1 info    run_created runId=RUN-1 port=null"
+    assert shown[1].startswith("T2 warning runs_cut_at_stop count=1 runs=[") and (
+        "Tool call t5 was running" in shown[1])
+    assert shown[2].startswith("- ????? unreadable log line: ") and "process_failed" in shown[2]
+    assert len(shown) == 3
+    code, out, err = cli(capsys, "logs", "--all", "RUN-9")
+    assert code == 0 and out == ""
+    assert "No log records about RUN-9 in any log." in err and "--all" not in err
+    code, out, err = cli(capsys, "logs", "RUN-9")
+    assert "in the newest log (try --all" in err

@@ -165,7 +165,7 @@ def test_diagnosis_lines_show_owner_evidence_and_the_blocked_hint() -> None:
 
 def test_log_line_is_time_level_event_then_context() -> None:
     record = {"time": "T", "level": "info", "event": "run_created", "runId": "RUN-1", "n": [1]}
-    assert render.log_line(record) == "T info  run_created runId=RUN-1 n=[1]"
+    assert render.log_line(record) == "T info    run_created runId=RUN-1 n=[1]"
 
 
 def test_a_long_cell_does_not_widen_every_row_of_a_piped_table(

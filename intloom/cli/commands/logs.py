@@ -28,6 +28,16 @@ __all__ = ["logs"]
 _RESCAN_MS: Final = 1000
 
 
+def _about(record: Mapping[str, Any], run_id: str) -> bool:
+    """Whether a record is about ``run_id``: its own ``runId``, or one of the Runs a host-wide
+    record lists (``runs_cut_at_stop``: ``runs: [{runId, evidence}]``)."""
+    if record.get("runId", record.get("run_id")) == run_id:
+        return True
+    runs = record.get("runs")
+    return isinstance(runs, list) and any(
+        isinstance(item, Mapping) and item.get("runId") == run_id for item in runs)
+
+
 def _printer(renderer: Renderer, run_id: str | None) -> tuple[Callable[[str], None], list[int]]:
     """An ``emit`` for LogTail, and a one-item counter of the lines it printed."""
     printed = [0]
@@ -38,11 +48,10 @@ def _printer(renderer: Renderer, run_id: str | None) -> tuple[Callable[[str], No
             record = msgspec.json.decode(line)
         except msgspec.DecodeError:
             record = None
-        if run_id is not None:
-            if not isinstance(record, Mapping):
-                return
-            if record.get("runId", record.get("run_id")) != run_id:
-                return
+        # An unreadable line (a crashed host's torn last one) is kept when it names the Run.
+        if run_id is not None and not (
+                _about(record, run_id) if isinstance(record, Mapping) else run_id in line):
+            return
         printed[0] += 1
         if renderer.json_mode:
             renderer.raw(line + "\n")
@@ -122,8 +131,11 @@ def logs(
         with contextlib.suppress(KeyboardInterrupt):
             _follow(tail, root, logs_dir)
         return
+    tail.finish()
     if printed[0] == 0:
         if not log_files(logs_dir):
             renderer.note(f"No host log yet under {logs_dir}; intloom start writes one.")
         elif run_id is not None:
-            renderer.note(f"No log records about {run_id} in the newest log (try --all).")
+            where = ("in any log" if all_files
+                     else "in the newest log (try --all for the earlier hosts' logs)")
+            renderer.note(f"No log records about {run_id} {where}.")
