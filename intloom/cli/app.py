@@ -166,6 +166,14 @@ def _usage_message(exc: ClickException) -> str:
     return f"{message} Run {where} --help for the usage."
 
 
+def _reader_gone() -> int:
+    """The reader went away (``| head``): there is no one left to tell, and the
+    interpreter's final flush must not complain either."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return exit_codes.OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code (see ``intloom.cli.exit_codes``)."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -197,11 +205,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             exc if isinstance(exc, KeyboardInterrupt) else KeyboardInterrupt()
         )
     except BrokenPipeError:
-        # The reader went away (``| head``); there is no one left to tell, and the
-        # interpreter's final flush must not complain either.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return exit_codes.OK
+        return _reader_gone()
+    except SystemExit as exc:
+        # Click turns a BrokenPipeError raised inside a command into exit 1 (its standalone
+        # habit, kept even with standalone_mode=False): ``intloom logs | head`` is no failure.
+        if isinstance(exc.__context__, BrokenPipeError):
+            return _reader_gone()
+        raise
     except Exception as exc:
         if state.debug:
             traceback.print_exc(file=sys.stderr)

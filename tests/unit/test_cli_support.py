@@ -141,6 +141,34 @@ def test_a_store_on_a_file_system_that_cannot_lock_a_directory_still_opens(
     store.close_blocking()
 
 
+def test_a_reader_that_goes_away_is_no_failure(tmp_path: Path) -> None:
+    """``intloom logs --all | head -1``: Click turned the BrokenPipeError inside the command
+    into exit 1 (with nothing on stderr), where ``runs | head`` exited 0."""
+    (tmp_path / "intloom.toml").write_text('workflows = []\n')
+    logs = tmp_path / ".intloom" / "logs"
+    logs.mkdir(parents=True)
+    (tmp_path / ".intloom").chmod(0o700)
+    logs.chmod(0o700)
+    record = json.dumps({"ts": "T", "level": "info", "event": "e", "pad": "x" * 200})
+    (logs / "LOG-20260101T000000000Z.jsonl").write_text((record + "\n") * 5000)
+    proc = subprocess.Popen([sys.executable, "-m", "intloom", "--project", str(tmp_path),
+                             "logs", "--all"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        assert proc.stdout.readline().startswith(b"T info")
+        proc.stdout.close()  # the reader goes away, as head does
+        assert proc.wait(timeout=30) == 0
+        assert proc.stderr.read() == b""
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
 # ----- log tail ------------------------------------------------------------------------------
 
 
