@@ -395,9 +395,11 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-def _workflow_problem_lines(problems: list[Mapping[str, Any]]) -> list[str]:
+def _workflow_problem_lines(problems: list[Mapping[str, Any]], loaded: Any = None
+                            ) -> list[str]:
     """One line per Workflow source that failed to load, then what it means: the host runs
-    the others, and holds the Runs of a broken one until it loads."""
+    the others (``loaded`` of them; when none loaded, it serves no Workflow), and holds the
+    Runs of a broken one until it loads."""
     if not problems:
         return []
     lines = [
@@ -405,9 +407,11 @@ def _workflow_problem_lines(problems: list[Mapping[str, Any]]) -> list[str]:
         f"{_one_line(str(p.get('message', '')))}"
         for p in problems
     ]
+    others = ("No Workflow loaded, so no Run can be started." if loaded == 0
+              else "The other Workflows run.")
     lines.append(
-        "The other Workflows run. Runs of a Workflow that failed to load are held (not "
-        "restored) until it loads: fix the source, then intloom stop and intloom start."
+        f"{others} Runs of a Workflow that failed to load are held (not restored) until it "
+        "loads: fix the source, then intloom stop and intloom start."
     )
     return lines
 
@@ -426,7 +430,7 @@ def service_lines(service: Mapping[str, Any], title: str = "Service running") ->
     if "workflowCount" in service:
         failed = f" · {len(problems)} failed to load" if problems else ""
         lines.append(f"Workflows {service['workflowCount']} loaded{failed}")
-    lines.extend(_workflow_problem_lines(problems))
+    lines.extend(_workflow_problem_lines(problems, service.get("workflowCount")))
     lines.append(
         f"Runs running {service.get('runningRuns', 0)} · waiting {service.get('waitingRuns', 0)}"
         f" · completed {service.get('completedRuns', 0)} · failed or stopped "

@@ -296,3 +296,16 @@ def test_status_says_not_to_delete_locks_only_while_an_owner_may_live(
     assert lines[0] == message
     assert ("Run intloom doctor. Do not delete locks whose owners are still active."
             in lines) == footer, lines
+
+
+def test_a_host_whose_only_workflow_failed_to_load_does_not_say_the_others_run() -> None:
+    problem = {"source": "workflows/example.py", "code": "WORKFLOW_LOAD_FAILED",
+               "message": "SystemExit(3) (line 1 of workflows/example.py)"}
+    base = {"projectRoot": "/p", "port": 1, "pid": 2, "instanceId": "i",
+            "workflowProblems": [problem]}
+    alone = "\n".join(render.service_lines({**base, "workflowCount": 0}))
+    assert "Workflows 0 loaded · 1 failed to load" in alone
+    assert "No Workflow loaded, so no Run can be started." in alone
+    assert "The other Workflows run." not in alone
+    assert "The other Workflows run." in "\n".join(
+        render.service_lines({**base, "workflowCount": 2}))
