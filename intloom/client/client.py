@@ -7,6 +7,7 @@ It sits on the CLI's start-up path, so it imports no asyncio, rich or psutil.
 from __future__ import annotations
 
 import os
+import select
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -147,6 +148,16 @@ _REQUEST_WORDS: Final = {
     "ClaimAgentCall": "the Agent task's claim", "CallTool": "the Tool call",
     "CompleteAgentCall": "the Agent task's completion", "FailAgentCall": "the Agent task's failure",
 }
+
+
+def _peer_closed(sock: socket.socket) -> bool:
+    """True when the host has closed ``sock`` (an end of file is waiting in it): checked
+    before a request is sent, when sending nothing is still safe to repeat."""
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
+    except (OSError, ValueError):
+        return True
 
 
 class Client:
@@ -298,12 +309,34 @@ class Client:
             raise IntloomError("PROJECT_CONNECTION_FAILED",
                                "This client is closed. Connect again.", retryable=False)
         frame = frame_of(request)
+        if _peer_closed(sock):
+            # The host closed this connection while it sat idle (lifecycle.md: idle
+            # connections close after 600 s) or as it stopped. Nothing is sent yet, so
+            # connecting again is safe -- to the same host instance only.
+            sock = self._reconnect()
         try:
             sock.settimeout(self.request_timeout)
             sock.sendall(frame)
         except OSError as exc:
             raise self._broken(request, str(exc)) from None
         return sock
+
+    def _reconnect(self) -> socket.socket:
+        self.close()
+        fresh = Client.connect(self.root, request_timeout=self.request_timeout)
+        if fresh.hello.instance_id != self.hello.instance_id:
+            fresh.close()
+            raise IntloomError(
+                "PROJECT_CONNECTION_FAILED",
+                f"The host this client was connected to (instance {self.hello.instance_id}) "
+                f"has stopped, and another one (instance {fresh.hello.instance_id}) runs the "
+                "project now. Nothing was sent. Connect again (Client.connect); a Run's claims "
+                "and waits from the old host may be interrupted (check with get_run).",
+                retryable=False,
+            )
+        self._sock, fresh._sock = fresh._sock, None
+        assert self._sock is not None
+        return self._sock
 
     def _receive(self, sock: socket.socket, request: Request) -> Response:
         try:

@@ -142,6 +142,33 @@ def test_idle_authenticated_connection_is_closed(
     assert serves(project.root, service.instance_id)
 
 
+def test_a_client_whose_idle_connection_the_host_closed_connects_again_before_sending(
+    project: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An Agent holding one Client across a long model call found its next request
+    "PROJECT_REQUEST_FAILED ... the host may have stopped or crashed" once the host had
+    closed the idle connection, with the host alive and the request never received. Nothing
+    is sent on a connection the host has closed: the client connects again (to the same
+    host instance) and the request goes through."""
+    monkeypatch.setenv("INTLOOM_TEST_IDLE_TIMEOUT", "0.5")
+    service = start(project).service
+    with Client.connect(project.root) as client:
+        first = client._sock
+        assert first is not None
+        first.settimeout(10)
+        # Until the host's idle timeout closed it (an end of file waits in the socket).
+        eventually(lambda: _eof_waiting(first), timeout=10, what="the idle close")
+        assert client.status().instance_id == service.instance_id
+        assert client._sock is not None and client._sock is not first
+
+
+def _eof_waiting(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(1, socket.MSG_PEEK) == b""
+    except ConnectionResetError:
+        return True
+
+
 def test_peer_that_stops_reading_is_closed_after_the_write_timeout(
     project: Project, monkeypatch: pytest.MonkeyPatch
 ) -> None:
