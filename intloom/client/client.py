@@ -323,7 +323,16 @@ class Client:
 
     def _reconnect(self) -> socket.socket:
         self.close()
-        fresh = Client.connect(self.root, request_timeout=self.request_timeout)
+        try:
+            fresh = Client.connect(self.root, request_timeout=self.request_timeout)
+        except IntloomError as exc:
+            # The connection is lost either way: say so, with why connecting again failed.
+            raise IntloomError(
+                "PROJECT_CONNECTION_FAILED",
+                f"The host closed this client's connection, and connecting again failed "
+                f"({exc.code}: {exc.message}) Nothing was sent.",
+                retryable=False,
+            ) from None
         if fresh.hello.instance_id != self.hello.instance_id:
             fresh.close()
             raise IntloomError(
