@@ -63,6 +63,20 @@ class Handlers:
         self.service_view = service_view
         self.workflows = workflows
 
+    def _unloaded(self, exc: IntloomError) -> IntloomError:
+        """NOT_FOUND for a Workflow, with the sources that failed to load: the Workflow asked
+        for may be in one of them (its name is unknown until its source loads)."""
+        failed = [w.source for w in self.workflows if not w.ready]
+        if exc.code != "NOT_FOUND" or not failed:
+            return exc
+        return IntloomError(
+            exc.code,
+            f"{exc.message} {len(failed)} Workflow source(s) failed to load and may define it: "
+            f"{', '.join(failed)} (intloom flows says why; fix the source, then intloom stop "
+            "and intloom start).",
+            retryable=exc.retryable,
+        )
+
     async def handle(self, request: Request) -> Response:
         rt = self.runtime
         match request:
@@ -79,7 +93,10 @@ class Handlers:
             case ListWorkflows():
                 return WorkflowsReply(workflows=self.workflows)
             case CreateRun(workflow=workflow, intent=intent, wait=wait):
-                view = await rt.create_run(workflow, intent)
+                try:
+                    view = await rt.create_run(workflow, intent)
+                except IntloomError as exc:
+                    raise self._unloaded(exc) from None
                 if wait:
                     view = await rt.wait_stable(view.run_id)
                 return RunReply(run=view)

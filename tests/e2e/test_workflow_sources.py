@@ -265,6 +265,15 @@ def test_a_source_raising_anything_at_import_fails_alone_and_the_host_starts(
     assert [w["name"] for w in flows if w["ready"]] == ["acc"], flows
     run = ok(escapes.cli("flow", "acc", "--intent", "i", "--json"))["run"]
     assert run["status"] == "waiting"
+    # A Workflow whose source failed to load is "not loaded", and the sources that failed
+    # are named (it said "loaded: acc" and nothing of them).
+    missing = escapes.cli("flow", "pathstate", "--intent", "i", "--json")
+    assert missing.code == 1, missing.stdout
+    error = missing.json["error"]
+    assert error["code"] == "NOT_FOUND"
+    assert f"{len(ESCAPES)} Workflow source(s) failed to load and may define it" in (
+        error["message"]), error["message"]
+    assert "workflows/pathstate/wf.py" in error["message"]
     ok(escapes.cli("stop", "--json"))
 
 
