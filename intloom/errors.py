@@ -11,13 +11,22 @@ from typing import Final
 
 import msgspec
 
-__all__ = ["CATALOGUE", "MAX_MESSAGE", "ErrorView", "IntloomError", "clip", "error_view"]
+__all__ = [
+    "CATALOGUE", "MAX_MESSAGE", "ErrorView", "IntloomError", "as_call", "clip", "error_view",
+]
 
 # The most characters of an error message a Run keeps (its lastError, an effect's failure):
 # user code's exception text, an Agent's failure message, is cut there, with a marker
 # saying how much was cut (docs/authoring.md). Without it one Step that raised a 5 MB
 # message made every Run view and `intloom runs` reply carry it.
 MAX_MESSAGE: Final = 4096
+
+
+def as_call(exc: BaseException) -> str:
+    """``SystemExit(2)``: how user code's exit or interrupt is named (``SystemExit: 2`` would
+    read as an error message, and a bare ``0`` says nothing)."""
+    name = type(exc).__name__
+    return f"{name}({', '.join(repr(arg) for arg in exc.args)})" if exc.args else name
 
 
 def clip(text: str, limit: int = MAX_MESSAGE) -> str:

@@ -281,11 +281,11 @@ def _short(value: Any, limit: int = 80) -> str:
 # What a Step reads off an answer (Confirmation, QuestionAnswer): read off the un-awaited call
 # instead, they are the mistake _Unawaited names.
 _ANSWER_FIELDS = frozenset({"confirmed", "feedback", "question_id", "skipped", "answer"})
-# How each call is written when awaited, as the errors about it show the fix.
+# How confirm and ask are written when awaited, as the errors about them show the fix
+# (aeffect's names its effect: ``_Unawaited.example``).
 _EXAMPLES: Final = {
     "confirm": "answer = await ctx.confirm(...)",
     "ask": "answers = await ctx.ask([...])",
-    "aeffect": "result = await ctx.aeffect(...)",
 }
 # What did not happen because a call was never awaited.
 _SKIPPED: Final = {
@@ -408,7 +408,8 @@ def unawaited(ctx: StepContext[Any], returned: bool
             suspended.append(call)
     if not created and not suspended:
         return None
-    tasks = _tasks_of([*created, *suspended])
+    # A call not begun is found through the task created with it; one begun knows its task.
+    tasks = _tasks_of(created) if created else {}
     facts: list[str] = []
     fixes: list[str] = []
     for call in created:
@@ -429,7 +430,7 @@ def unawaited(ctx: StepContext[Any], returned: bool
         # Cancelled whether the Step returned or raised (a gather's sibling after the first
         # failure): the Run ends with its Step, and an effect left running would end after
         # the Run's terminal record, where its effect_done can no longer be written.
-        task = call._task or tasks.get(id(call))
+        task = call._task
         if task is not None and not task.done() and task is not asyncio.current_task():
             _LEFT_BEHIND.add(task)
             task.cancel()
@@ -461,8 +462,9 @@ _AWAIT_TASK: Final = ("Await each task you start (asyncio.create_task, asyncio.g
 
 
 def _tasks_of(calls: list[_Unawaited[Any]]) -> dict[int, asyncio.Task[Any]]:
-    """The tasks driving ``calls``, by the call's id: asyncio keeps no way back from a
-    coroutine to its task, so every task is looked at (only when a Step left a call)."""
+    """The tasks created with ``calls`` (not begun: a task's coroutine is then the call
+    itself), by the call's id: asyncio keeps no way back from a coroutine to its task, so
+    every task is looked at (only when a Step left a call)."""
     wanted = {id(call) for call in calls}
     try:
         every = asyncio.all_tasks()

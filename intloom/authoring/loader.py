@@ -21,7 +21,7 @@ from types import FrameType, ModuleType
 
 from intloom.authoring.identity import workflow_identity
 from intloom.authoring.workflow import WORKFLOW_MODULE_PREFIX, Workflow
-from intloom.errors import ErrorView, IntloomError, clip
+from intloom.errors import ErrorView, IntloomError, as_call, clip
 from intloom.project import Config
 
 __all__ = ["LoadResult", "LoadedWorkflow", "load_workflows", "load_workflows_offline"]
@@ -137,11 +137,8 @@ def _failure(root: Path, exc: BaseException) -> str:
         if shown_file is not None:
             where = f" (line {tb.tb_lineno} of {shown_file})"
         tb = tb.tb_next
-    if isinstance(exc, Exception):
-        what = f"{type(exc).__name__}: {exc}"
-    else:  # as the driver names a Step's: "SystemExit(0)" says more than "SystemExit: 0"
-        args = ", ".join(repr(arg) for arg in exc.args)
-        what = f"{type(exc).__name__}({args})" if exc.args else type(exc).__name__
+    # An exit or interrupt is named as the driver names a Step's (``SystemExit(2)``).
+    what = f"{type(exc).__name__}: {exc}" if isinstance(exc, Exception) else as_call(exc)
     # Cut: the message is shown by start, status and flows (MAX_MESSAGE, docs/authoring.md).
     return f"{clip(what)}{where}"
 

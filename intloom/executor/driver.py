@@ -23,7 +23,7 @@ from intloom.authoring.context import ContextHooks, StepContext, left_behind, un
 from intloom.authoring.interaction import confirmation_request, questions_request
 from intloom.authoring.loader import LoadedWorkflow
 from intloom.authoring.workflow import AgentStep, Complete, Stage, Step, ToStage
-from intloom.errors import ErrorView, IntloomError, clip, error_view
+from intloom.errors import ErrorView, IntloomError, as_call, clip, error_view
 from intloom.executor import clock
 from intloom.executor.history import FACTS as _FACTS
 from intloom.executor.history import Entry as _Entry
@@ -172,7 +172,7 @@ class _Escaped(Exception):
         if isinstance(exc, Exception):  # StopIteration: an ordinary mistake
             why = f"{name}: {exc}" if str(exc) else name
         else:
-            call = f"{name}({', '.join(repr(arg) for arg in exc.args)})" if exc.args else name
+            call = as_call(exc)
             what = ("exit the process" if isinstance(exc, SystemExit) else
                     "interrupt the process" if isinstance(exc, KeyboardInterrupt) else
                     f"raise {name}")

@@ -260,13 +260,16 @@ def test_a_raising_steps_sibling_effect_is_cancelled_and_journaled_before_the_en
 
     @st.step("a", routes={"ok": intloom.COMPLETE})
     async def a(ctx: Any) -> str:
+        began = asyncio.Event()
+
         async def slow() -> str:
+            began.set()  # its effect_started is durable: the effect itself runs now
             await asyncio.sleep(30)  # ends only by cancellation
             ran.append("slow")
             return "late"
 
         async def fails() -> str:
-            await asyncio.sleep(0.05)
+            await began.wait()
             raise ValueError("the lookup failed")
 
         await asyncio.gather(ctx.aeffect("slow", slow), fails())
