@@ -178,10 +178,35 @@ def load_workflows_offline(root: Path, config: Config) -> LoadResult:
     saved = sys.dont_write_bytecode
     sys.dont_write_bytecode = True
     try:
-        with contextlib.redirect_stdout(sys.stderr):
+        with contextlib.redirect_stdout(sys.stderr), _fd1_to_stderr():
             return load_workflows(root, config)
     finally:
         sys.dont_write_bytecode = saved
+
+
+@contextlib.contextmanager
+def _fd1_to_stderr() -> Iterator[None]:
+    """File descriptor 1 points at stderr meanwhile: ``redirect_stdout`` only moves
+    ``sys.stdout``, and a module may write to the descriptor itself (``os.write(1, ...)``, a
+    C library's banner, a program it runs)."""
+    real = sys.__stdout__
+    if real is not None:
+        real.flush()  # what was written before goes where it was meant to
+    try:
+        kept = os.dup(1)
+    except OSError:  # no fd 1 (the caller closed it): nothing can reach it
+        yield
+        return
+    try:
+        with contextlib.suppress(OSError):  # no fd 2 either: fd 1 stays as it is
+            os.dup2(2, 1)
+        yield
+    finally:
+        if real is not None:
+            with contextlib.suppress(OSError, ValueError):
+                real.flush()  # written during the import: it goes to stderr with the rest
+        os.dup2(kept, 1)
+        os.close(kept)
 
 
 def load_workflows(root: Path, config: Config) -> LoadResult:

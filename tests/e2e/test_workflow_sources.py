@@ -221,8 +221,10 @@ def test_a_source_with_one_bad_workflow_loads_none_of_them(acc: Project) -> None
 ESCAPES = {
     **{name: SOURCES[name] for name in ("pathstate", "exits", "argv")},
     # What a module prints while doctor or inspect imports it goes to stderr, never into
-    # their one JSON document.
-    "prints": 'print("loading example workflow")\n\nraise RuntimeError("not today")\n',
+    # their one JSON document: print, and writes to the file descriptor itself (as a C
+    # library's banner or a program the module runs would make).
+    "prints": ('import os\nprint("loading example workflow")\n'
+               'os.write(1, b"fd-level banner\\n")\n\nraise RuntimeError("not today")\n'),
 }
 
 
@@ -300,3 +302,7 @@ def test_doctor_and_inspect_report_such_a_source_in_one_json_document(
         f"1 Workflow source(s) failed to load: {source}: WORKFLOW_"), check["message"]
     assert "Loaded: acc 1.0.0" in check["message"]
     assert inspected.json["run"]["runId"] == run["runId"], inspected.stdout
+    if name == "prints":  # moved, not lost
+        for done in (doctor, inspected):
+            assert "loading example workflow" in done.stderr, done.stderr
+            assert "fd-level banner" in done.stderr, done.stderr
