@@ -468,7 +468,13 @@ What is left, from profiles taken while building this harness (`py-spy`, `cProfi
   grouped 47 in the same session -- it groups 30-50 from run to run, at the same Steps/s),
   and the round's sync Steps handed over as one batch to one worker, so that it runs them
   back to back on one GIL acquisition (25,000-27,000 Steps/s, unchanged). 8× would need a
-  sync Step to cost the loop what an async one does.
+  sync Step to cost the loop what an async one does -- and even that falls short: with the
+  hand-off removed altogether (the Step called on the loop, an experiment only, since a
+  Step that blocks would stall every Run), `concurrency --kind sync` gave 6.05× and 6.23×
+  (26,100-28,100 Steps/s, 63.6 Steps per flush) against 5.52× and 5.59× with it, in
+  alternating processes on 2026-12-01. That bounds any scheduling of sync Steps, such as
+  one worker driving many Runs' Steps and moving the others off a Step that blocks: it
+  would gain ~10 % here, and the rest is the loop's CPU per Step, as for async Runs.
 - Thread-driven sync Steps cost what async ones do (~105-135 µs of CPU per Step with the
   write and fdatasync, ~60 µs of it the floor's own), so against the peers both sit on the
   5× line and the VM decides: the two `peers` runs after the change gave 4.23× and 4.48×
