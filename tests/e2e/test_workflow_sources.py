@@ -265,6 +265,13 @@ def test_a_source_raising_anything_at_import_fails_alone_and_the_host_starts(
     _check_escapes(_named(service["workflowProblems"]))
     flows = ok(escapes.cli("flows", "--json"))["workflows"]
     assert [w["name"] for w in flows if w["ready"]] == ["acc"], flows
+    # Each failed source is listed by its path, as docs/cli.md says, with its error.
+    failed = {w["source"]: w for w in flows if not w["ready"]}
+    assert set(failed) == {f"workflows/{name}/wf.py" for name in ESCAPES}, flows
+    for source, info in failed.items():
+        assert (info["name"], info["version"], info["identity"], info["stages"]) == (
+            source, "", "", []), info
+        assert info["problem"].startswith("WORKFLOW_"), info
     run = ok(escapes.cli("flow", "acc", "--intent", "i", "--json"))["run"]
     assert run["status"] == "waiting"
     # A Workflow whose source failed to load is "not loaded", and the sources that failed
