@@ -614,10 +614,14 @@ def _gap_before(frames: list[tuple[SegmentScan, Frame]], snap: Snapshot | None,
 def _judge(loaded: Loaded, run_id: str, frames: list[tuple[SegmentScan, Frame]],
            snap: Snapshot | None, hits: list[_Hit], mode: Mode, gap: _Gap | None,
            snap_damage: str | None, gaps: list[_Gap]) -> RunJournal | None:
-    if snap is not None and snap.status != "ok" and not (
+    if snap is not None and snap.status not in ("ok", "corrupt") and not (
         mode == "verify" and frames and frames[0][1].seq == 1
     ):
         return RunJournal(run_id, snap.state, snap.status, snap.problem)
+    # A corrupt Run's snapshot holds its fold up to its last good record, and the segments
+    # after that stay pinned: the log past it is judged again at every read rather than the
+    # old verdict trusted, so a damaged file put back from a copy restores the Run (the
+    # error's own advice), and damage still there is found again.
     from_scratch = snap is None or (mode == "verify" and bool(frames) and frames[0][1].seq == 1)
     state: RunState | None = None if from_scratch or snap is None else snap.state
     covered = 0 if snap is None else snap.seq
@@ -699,6 +703,12 @@ def _judge(loaded: Loaded, run_id: str, frames: list[tuple[SegmentScan, Frame]],
         problem = (f"the damaged bytes at {gap.where} may have held its record "
                    f"{state.seq + 1}: no record of it follows them (its last readable record "
                    f"is seq {state.seq}), so where it stopped cannot be known")
+    if (problem is None and snap is not None and snap.status == "corrupt"
+            and expected - 1 <= snap.seq):
+        # Nothing read past its last good record: the damaged bytes are not there to judge
+        # (a segment removed, or put back from a copy older than them). Absence proves
+        # nothing, so the Run stays held as its snapshot says.
+        return RunJournal(run_id, snap.state, "corrupt", snap.problem)
     if problem is None and state is None:
         if torn and not frames:
             return None  # its first records were torn by a crash: it never became visible

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from intloom.store.framing import scan_segment
 from tests.helpers import Project, ok, snapshot_files
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
@@ -89,3 +90,39 @@ def test_doctor_flags_a_segment_that_is_not_private(project: Project) -> None:
     inspect = project.cli("inspect", run["runId"], "--json")
     assert inspect.json["error"]["code"] == "STORAGE_ERROR"  # what doctor warns about
     assert f"chmod 600 {first}" in inspect.json["error"]["message"]
+
+
+def test_a_damaged_segment_put_back_from_a_copy_lets_the_held_run_go_on(
+    project: Project,
+) -> None:
+    """What JOURNAL_CORRUPT advises: put back a copy of the file from before the damage and
+    restart. The first start held the Run (and snapshotted it as corrupt); the start after
+    the copy is back must restore it, and its answer must go through."""
+    ok(project.cli("start", "--json"))
+    run = ok(project.cli("flow", "example", "--intent", "i", "--json"))["run"]
+    run_id, action = run["runId"], run["pendingAction"]["id"]
+    project.kill_host()  # the segment stays unsealed: the next start reads it
+    assert ok(project.cli("recover", "--json"))["recovered"] is True
+    wal = project.state / "runtime" / "wal"
+    [segment] = [p for p in sorted(wal.iterdir())
+                 if any(f.run_id == run_id for f in scan_segment(p.name, 0, p.read_bytes()).frames)]
+    good = segment.read_bytes()
+    last = [f for f in scan_segment(segment.name, 0, good).frames if f.run_id == run_id][-1]
+    damaged = bytearray(good)
+    damaged[last.end - 3] ^= 0xFF
+    segment.write_bytes(bytes(damaged))
+
+    held = ok(project.cli("start", "--json"))["service"]["restore"]
+    assert held["needsAttention"] == [run_id], held
+    refused = project.cli("answer", run_id, action, '{"isConfirmed": true}', "--json")
+    assert refused.json["error"]["code"] == "JOURNAL_CORRUPT", refused.stdout
+    assert "put it back" in refused.json["error"]["message"]
+    ok(project.cli("stop", "--json"))
+    assert segment.read_bytes() == bytes(damaged)  # kept as it was found
+
+    segment.write_bytes(good)
+    restored = ok(project.cli("start", "--json"))["service"]["restore"]
+    assert restored["waiting"] == [run_id] and not restored.get("needsAttention"), restored
+    answered = ok(project.cli("answer", run_id, action, '{"isConfirmed": true}', "--json"))
+    assert answered["run"]["status"] == "completed", answered
+    ok(project.cli("stop", "--json"))

@@ -90,6 +90,61 @@ def test_a_flipped_byte_blames_one_run_with_its_location(tmp_path: Path, where: 
     assert segment.read_bytes() == damaged
 
 
+def test_a_damaged_segment_put_back_from_a_copy_restores_the_run(tmp_path: Path) -> None:
+    """JOURNAL_CORRUPT's advice is to put back a copy from before the damage: a host that
+    held the Run (and snapshotted it as corrupt) must not keep holding it on that verdict."""
+    root = tmp_path / "runtime"
+    segment = _crashed_host(root)
+    good = segment.read_bytes()
+    hit = frames_of(segment, "RUN-B")[5]
+    _flip(segment, hit.end - 3)
+    store = open_store(root, instance_id="INST-2")  # holds it, snapshots it as corrupt
+    assert by_id(store.restored.runs)["RUN-B"].status == "corrupt"
+    store.close_blocking()
+    live = root / "snap" / "live" / snapshot_name("RUN-B")
+    assert b"corrupt" in live.read_bytes()  # the verdict the next start used to trust
+
+    # Still damaged: held again, for the same reason.
+    assert by_id(read_runs(root))["RUN-B"].status == "corrupt"
+
+    segment.write_bytes(good)  # the copy from before the damage
+    runs = by_id(read_runs(root))
+    assert runs["RUN-B"].status == "ok" and runs["RUN-B"].state == _expected("RUN-B")
+    store = open_store(root, instance_id="INST-3")
+    assert by_id(store.restored.runs)["RUN-B"].state == _expected("RUN-B")
+    store.close_blocking()
+    assert b"corrupt" not in live.read_bytes()  # an ok snapshot now: no re-read needed
+    assert by_id(read_runs(root))["RUN-B"].state == _expected("RUN-B")
+    assert segment.read_bytes() == good
+
+
+@pytest.mark.parametrize("copy", ["removed", "older"])
+def test_a_corrupt_run_whose_damage_is_gone_from_the_log_stays_held(
+    tmp_path: Path, copy: str,
+) -> None:
+    """The segment with the damage removed, or put back from a copy older than the damaged
+    record: nothing past the last good record can be read, and absence proves nothing."""
+    root = tmp_path / "runtime"
+    segment = _crashed_host(root)
+    hit = frames_of(segment, "RUN-B")[5]
+    older = segment.read_bytes()[:hit.offset]  # a copy from before record 6 was written
+    _flip(segment, hit.end - 3)
+    store = open_store(root, instance_id="INST-2")
+    held = by_id(store.restored.runs)["RUN-B"]
+    assert held.status == "corrupt"
+    store.close_blocking()
+    if copy == "removed":
+        segment.unlink()
+    else:
+        segment.write_bytes(older)
+    for run in (by_id(read_runs(root))["RUN-B"], by_id(verify(root))["RUN-B"]):
+        assert run.status == "corrupt" and run.problem == held.problem, run
+        assert run.state == _expected("RUN-B", 5)
+    store = open_store(root, instance_id="INST-3")
+    assert by_id(store.restored.runs)["RUN-B"].status == "corrupt"
+    store.close_blocking()
+
+
 def test_damage_to_a_runs_last_record_is_still_reported(tmp_path: Path) -> None:
     """No later record shows a gap, so the damaged frame itself must be blamed."""
     root = tmp_path / "runtime"
