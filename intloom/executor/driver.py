@@ -33,7 +33,7 @@ from intloom.executor.history import pack, shown, unpack
 from intloom.executor.history import plain_view as _plain_view
 from intloom.executor.updates import RunUpdate
 from intloom.executor.workers import Inbox, Workers
-from intloom.runtime.limits import MAX_OUTCOME
+from intloom.runtime.limits import MAX_EFFECT_ID, MAX_OUTCOME
 from intloom.runtime.machine import (
     IllegalTransition,
     RunState,
@@ -580,6 +580,25 @@ def _earlier_entries(earlier: Callable[[], list[Record]]) -> list[_Entry]:
     return list(entries)
 
 
+def check_effect_ids(cursor: Cursor, name: str, key: str, via: str = "ctx.effect") -> None:
+    """STEP_INTERACTION_INVALID for an effect name or key past ``MAX_EFFECT_ID``, naming
+    the call (``via``) that was given it."""
+    for what, value in (("name", name), ("key", key)):
+        if len(value) > MAX_EFFECT_ID:
+            raise IntloomError(
+                "STEP_INTERACTION_INVALID",
+                f"{_effect_at(cursor)}: the effect {what} given to {via} is {len(value):,} "
+                f"characters ({clip(repr(value), 60)}), over the {MAX_EFFECT_ID:,}-character "
+                "limit; the effect was not called and nothing was recorded. Use a short name, "
+                "and a short key (a hash or an id of the data rather than the data itself).",
+            )
+
+
+def _effect_at(cursor: Cursor) -> str:
+    """Where an effect was started, as the journal's limits name it."""
+    return f"{_where(cursor)} initialiser" if cursor.step is None else _where(cursor)
+
+
 def _where(cursor: Cursor) -> str:
     """The Step at ``cursor`` as errors name it (``Step.where``'s form)."""
     if cursor.step is None:
@@ -778,20 +797,22 @@ def _plain(value: Any, task_of: Step[Any] | None = None) -> Any:
         return {"repr": _shown(value)}
 
 
-def _shown(value: Any) -> str:
-    """``value``'s repr for the journal, at most 1,000 characters. A value too deep for
-    repr (RecursionError; one that merely holds itself reprs as ``[[...]]``), or whose
-    __repr__ raises, is described instead: the effect is over and its ``effect_done`` must
-    be written whatever its result is."""
+def _shown(value: Any, limit: int | None = None) -> str:
+    """``value``'s repr: for the journal (no ``limit``), its first 1,000 characters; for a
+    message, cut to ``limit`` by ``clip``, whose marker counts what the whole repr had. A
+    value too deep for repr (RecursionError; one that merely holds itself reprs as
+    ``[[...]]``), or whose __repr__ raises, is described instead: the effect is over and its
+    ``effect_done`` must be written whatever its result is."""
     try:
-        return repr(value)[:1000]
+        text = repr(value)
     except Exception as exc:
         try:
             # reprlib stops at a few levels and catches what an item's repr raises.
             short = reprlib.repr(value)
         except Exception:
             short = f"<{type(value).__name__}>"
-        return f"{short} (its full repr raised {type(exc).__name__})"[:1000]
+        text = f"{short} (its full repr raised {type(exc).__name__})"
+    return text[:1000] if limit is None else clip(text, limit)
 
 
 class _Refused:
@@ -832,8 +853,9 @@ class _Hooks:
         self.loop = loop
         self.loop_thread = driver.loop_thread
 
-    async def _begin(self, name: str, key: str) -> None:
+    async def _begin(self, name: str, key: str, via: str) -> None:
         rt = self.driver.rt
+        check_effect_ids(self.slot.state.cursor, name, key, via)  # named by the call it is
         running = self.slot.state.effect_in_flight
         if running is not None:
             # Called from inside another effect's function, or alongside it (asyncio.gather,
@@ -878,7 +900,7 @@ class _Hooks:
         future.result()
 
     def effect_sync(self, name: str, key: str, call: Callable[[], Any]) -> Any:
-        self._on_loop(lambda: self._begin(name, key))
+        self._on_loop(lambda: self._begin(name, key, "ctx.effect"))
         try:
             value = call()
         except Exception as exc:
@@ -889,7 +911,7 @@ class _Hooks:
         return value
 
     async def effect_async(self, name: str, key: str, call: Callable[[], Any]) -> Any:
-        await self._begin(name, key)
+        await self._begin(name, key, "ctx.aeffect")
         try:
             value = call()
             if inspect.isawaitable(value):
@@ -1167,7 +1189,7 @@ class Driver:
                 raise IntloomError(
                     "STAGE_STATE_INVALID",
                     f"Stage {stage.name!r} initialiser returned {type(value).__name__} "
-                    f"{clip(_shown(value), 80)}, but Stage {stage.name!r} has no State, so it "
+                    f"{_shown(value, 80)}, but Stage {stage.name!r} has no State, so it "
                     f"would be lost. Declare one (`wf.stage({stage.name!r}, "
                     "state=YourStruct)`) to keep it for the Stage's Steps, or return None.",
                 )
@@ -1342,7 +1364,7 @@ class Driver:
         if not isinstance(outcome, str) or not outcome:
             raise IntloomError(
                 "STEP_RESULT_INVALID",
-                f"{where or step.where} returned {clip(_shown(outcome), 200)}; return a "
+                f"{where or step.where} returned {_shown(outcome, 200)}; return a "
                 f"non-empty outcome string, one of {sorted(step.routes)}.",
             )
         if outcome not in step.routes and len(outcome) > MAX_OUTCOME:
@@ -1350,7 +1372,7 @@ class Driver:
             raise IntloomError(
                 "STEP_OUTCOME_NOT_HANDLED",
                 f"{where or step.where} returned an outcome of {len(outcome):,} characters "
-                f"({clip(_shown(outcome), 80)}), which its routes do not handle "
+                f"({_shown(outcome, 80)}), which its routes do not handle "
                 f"({sorted(step.routes)}). Return one of them.",
             )
         at = clock.now()
@@ -1391,7 +1413,7 @@ class Driver:
         if returned is not None:
             raise IntloomError(
                 "STEP_RESULT_INVALID",
-                f"{where} returned {clip(_shown(returned), 200)}; it must return None and "
+                f"{where} returned {_shown(returned, 200)}; it must return None and "
                 "assign ctx.state instead. Nothing was recorded and the task stays claimed.",
             )
         return _encode_state(ctx.state, where, step.stage.state_type)

@@ -33,11 +33,17 @@ from intloom.authoring.loader import LoadedWorkflow
 from intloom.authoring.workflow import AgentStep
 from intloom.errors import MAX_MESSAGE, ErrorView, IntloomError, clip, error_view
 from intloom.executor import clock
-from intloom.executor.driver import DETERMINISTIC, AgentClaim, Driver, RunObserver, RunSlot
+from intloom.executor.driver import (
+    DETERMINISTIC,
+    AgentClaim,
+    Driver,
+    RunObserver,
+    RunSlot,
+    check_effect_ids,
+)
 from intloom.executor.updates import RunUpdate
 from intloom.protocol.messages import MAX_PAGE, RestoreSummary
 from intloom.runtime.limits import (
-    MAX_EFFECT_ID,
     MAX_INTENT_BYTES,
     MAX_LOGGED_MESSAGE,
     MAX_REQUEST_BYTES,
@@ -527,16 +533,7 @@ class Runtime:
                 self._log_cut(slot, f"effect {record.name!r} ({record.key})", record.error)
                 record = msgspec.structs.replace(record, error=clip(record.error))
         elif type(record) is EffectStarted:
-            for what, value in (("name", record.name), ("key", record.key)):
-                if len(value) > MAX_EFFECT_ID:
-                    raise IntloomError(
-                        "STEP_INTERACTION_INVALID",
-                        f"{_where(slot.state.cursor)}: the effect {what} given to ctx.effect is "
-                        f"{len(value):,} characters ({clip(repr(value), 60)}), over the "
-                        f"{MAX_EFFECT_ID:,}-character limit; the effect was not called and "
-                        "nothing was recorded. Use a short name, and a short key (a hash or "
-                        "an id of the data rather than the data itself).",
-                    )
+            check_effect_ids(slot.state.cursor, record.name, record.key)
         elif record.action is not None:  # Waiting, for a person
             kind = record.action.kind
             what = ("the context given to ctx.confirm" if kind == "confirmation"

@@ -43,7 +43,7 @@ GIANT = textwrap.dedent('''
         n: int = 0
 
     KINDS = ["exc5m", "conf5m", "ask300k", "conf250k", "effect_fails", "long_key",
-             "long_outcome", "uni", "ask_ctrl", "agent300k", "agent_big_tool"]
+             "long_akey", "long_outcome", "uni", "ask_ctrl", "agent300k", "agent_big_tool"]
     wf = intloom.Workflow("giant", version="1.0.0")
     st = wf.stage("s", state=St)
 
@@ -102,6 +102,13 @@ GIANT = textwrap.dedent('''
     @st.step("long_key", routes={"x": intloom.COMPLETE})
     def long_key(ctx: intloom.StepContext[St]) -> str:
         ctx.effect("charge", _count, __file__.rsplit("/workflows/", 1)[0], key="K" * 2000)
+        return "x"
+
+
+    @st.step("long_akey", routes={"x": intloom.COMPLETE})
+    async def long_akey(ctx: intloom.StepContext[St]) -> str:
+        await ctx.aeffect("charge", _count, __file__.rsplit("/workflows/", 1)[0],
+                          key="K" * 2000)
         return "x"
 
 
@@ -238,19 +245,22 @@ def test_effect_failures_keys_and_outcomes_are_bounded_in_the_journal(giant: Pro
     assert effect["error"].startswith("ValueError: FFFF") and MARKER.search(effect["error"])
     assert len(effect["error"]) < MAX_MESSAGE + 60
 
-    keyed = _failed(giant, "long_key")
-    assert keyed["lastError"]["code"] == "STEP_INTERACTION_INVALID"
-    message = keyed["lastError"]["message"]
-    assert message.startswith("Stage 's', Step 'long_key': the effect key given to ctx.effect "
-                              "is 2,000 characters"), message
-    assert "over the 1,024-character limit; the effect was not called" in message
-    assert not (giant.root / "called.log").exists()
-    phases = [r["phase"] for r in _records(giant, keyed["runId"])]
-    assert "effect_started" not in phases, phases
+    for kind, call in (("long_key", "ctx.effect"), ("long_akey", "ctx.aeffect")):
+        keyed = _failed(giant, kind)
+        assert keyed["lastError"]["code"] == "STEP_INTERACTION_INVALID"
+        message = keyed["lastError"]["message"]
+        assert message.startswith(f"Stage 's', Step '{kind}': the effect key given to {call} "
+                                  "is 2,000 characters"), message
+        assert "over the 1,024-character limit; the effect was not called" in message
+        assert not (giant.root / "called.log").exists()
+        phases = [r["phase"] for r in _records(giant, keyed["runId"])]
+        assert "effect_started" not in phases, phases
 
     routed = _failed(giant, "long_outcome")
     assert routed["lastError"]["code"] == "STEP_OUTCOME_NOT_HANDLED"
     assert "returned an outcome of 5,000 characters" in routed["lastError"]["message"]
+    # The cut is counted on the whole repr (5,002 characters), not on a shortened one.
+    assert "... [4,922 more characters cut])" in routed["lastError"]["message"]
     assert len(routed["lastError"]["message"]) < 300
     results = [r["record"]["step"] for r in _records(giant, routed["runId"])
                if r["phase"] == "step_result"]
