@@ -139,6 +139,7 @@ class Handlers:
     async def subscribe(self, run_id: str) -> AsyncIterator[list[RunEvent]]:
         """The Run's history, then live changes, in batches; the last event has ``final``."""
         last = None
+        first = True
         async for updates in self.runtime.subscribe(run_id):
             events: list[RunEvent] = []
             for i, update in enumerate(updates):
@@ -150,10 +151,12 @@ class Handlers:
                 events.append(RunEvent(
                     run=update.run, event=update.event, detail=update.detail,
                     history=update.history, final=final,
+                    caught_up=first and (final or i + 1 == len(updates)),
                 ))
                 if final:
                     yield events
                     return
+            first = False
             yield events
         # The Runtime ended the stream (the Run ended while we replayed history, or the host
         # is stopping): say so explicitly, so a follower never waits on a closed stream.

@@ -297,6 +297,10 @@ class RunEvent(_Msg, tag="run_event", frozen=True):
     detail: Any = None
     history: bool = False
     final: bool = False
+    # On the last event of the first batch: the Run's history up to the subscription has all
+    # been sent (an earlier host's, then ``restored``, for a restored Run). Added in
+    # 2026-12; a host before it never sets it.
+    caught_up: bool = False
 
 
 class ErrorReply(_Msg, tag="error", frozen=True):

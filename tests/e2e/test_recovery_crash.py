@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 
+from intloom.client.client import Client
 from intloom.diagnostics import diagnose
+from intloom.protocol.messages import RunEvent
 from tests.helpers import CliResult, Project, junk_listener, snapshot_files
 
 pytestmark = pytest.mark.e2e
@@ -127,6 +129,26 @@ def test_waiting_run_is_restored_after_crash_and_recover(project: Project) -> No
     [run] = [r for r in runs if r["runId"] == waiting["runId"]]
     assert run["status"] == "waiting"
     assert run["pendingAction"] == waiting["pendingAction"]
+    # attach's history ends with `restored` (docs/cli.md), printed before the Run's view: the
+    # earlier host's `waiting` shows the same view, and attach went on as soon as it saw
+    # that one, so `restored` came after the view, or never (2 times in 3 by hand).
+    for _ in range(4):
+        attached = project.cli("attach", waiting["runId"])  # no terminal: no prompt
+        assert attached.code == 0, attached.stderr
+        lines = attached.stdout.splitlines()
+        shown = [line.split()[1] for line in lines if line[:4].isdigit()]
+        assert shown[-2:] == ["waiting", "restored"], attached.stdout
+        assert lines.index(next(x for x in lines if "  restored  " in x)) < lines.index(
+            next(x for x in lines if x.startswith("Waiting for an answer"))), attached.stdout
+    # What attach waits for: the host marks the history's end, which is `restored`.
+    events: list[RunEvent] = []
+    with Client.connect(project.root) as client:
+        for event in client.subscribe(waiting["runId"]):
+            events.append(event)
+            if event.caught_up:
+                break
+    assert [e.event for e in events][-2:] == ["waiting", "restored"], events
+    assert all(e.history for e in events) and events[-1].run == events[-2].run
     answered = _ok(project.cli(
         "answer", waiting["runId"], action_id, '{"isConfirmed": true}', "--json"
     ))["run"]

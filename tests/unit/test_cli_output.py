@@ -309,3 +309,28 @@ def test_a_host_whose_only_workflow_failed_to_load_does_not_say_the_others_run()
     assert "The other Workflows run." not in alone
     assert "The other Workflows run." in "\n".join(
         render.service_lines({**base, "workflowCount": 2}))
+
+
+def test_attach_waits_for_the_whole_history_before_it_prompts_or_ends(tmp_path: Any) -> None:
+    """A restored Run's history shows its view twice: the earlier host's `waiting`, then
+    `restored`. The display has caught up only once the host's `caughtUp` event (or a live
+    one) has arrived: attach went on at `waiting` and printed `restored` after the view."""
+    from intloom.cli.commands.attach import _Follower
+    from intloom.protocol.messages import RunEvent
+    from intloom.runtime.model import Cursor, PendingAction, RunView
+
+    action = PendingAction(id="ASK-1", kind="confirmation", cursor=Cursor(stage="s", step="a"),
+                           request={"context": "ok?"}, created_at="2026-12-01T00:00:00.000Z")
+    view = RunView(run_id="RUN-1", flow_name="f", cursor=Cursor(stage="s", step="a"),
+                   status="waiting", created_at="2026-12-01T00:00:00.000Z",
+                   updated_at="2026-12-01T00:00:01.000Z", pending_action=action)
+    follower = _Follower(tmp_path, "RUN-1", Renderer(), None)
+    follower.took(RunEvent(run=view, event="waiting", history=True))
+    assert not follower._reached(view)  # `restored` is still to come
+    follower.took(RunEvent(run=view, event="restored", history=True, caught_up=True))
+    assert follower._reached(view)
+
+    live = _Follower(tmp_path, "RUN-1", Renderer(), None)  # a host that never says caughtUp
+    live.took(RunEvent(run=view, event="waiting", history=True))
+    live.took(RunEvent(run=view, event="answered", history=False))
+    assert live._reached(view)

@@ -77,6 +77,7 @@ class _Follower(threading.Thread):
         self._term = term  # the prompts' terminal: woken by every event and by the end
         self._cond = threading.Condition()
         self._seen: list[RunView] = []
+        self._caught_up = False  # the history up to the subscription has all arrived
         self._done = False
         self.final: RunView | None = None  # as the stream's final event showed the Run
         self._client: Client | None = None
@@ -96,11 +97,7 @@ class _Follower(threading.Thread):
                 self._client = client
                 for event in client.subscribe(self._run_id):
                     self._show(event)
-                    with self._cond:
-                        self._seen.append(event.run)
-                        if event.final:
-                            self.final = event.run
-                        self._cond.notify_all()
+                    self.took(event)
                     if self._term is not None:
                         self._term.wake()
                     if event.final:
@@ -115,11 +112,24 @@ class _Follower(threading.Thread):
             if self._term is not None:
                 self._term.wake()  # a dropped stream: the prompt looks whether the host is there
 
+    def took(self, event: RunEvent) -> None:
+        """Note a shown event: how far the display has got."""
+        with self._cond:
+            self._seen.append(event.run)
+            self._caught_up = self._caught_up or event.caught_up or not event.history
+            if event.final:
+                self.final = event.run
+            self._cond.notify_all()
+
     def _reached(self, view: RunView) -> bool:
         # Several records share a millisecond, so a timestamp alone does not say "caught up":
         # the event must show this very state, or a later time.
         if self._done:
             return True
+        if not self._caught_up:
+            # A restored Run's history shows this view twice: the earlier host's last event,
+            # then ``restored``, which must not be printed after the prompt or the end.
+            return False
         if view.status in ("completed", "failed"):
             return False  # the stream ends after the terminal event: wait for that
         key = _key(view)
