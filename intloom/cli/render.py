@@ -17,7 +17,7 @@ import shlex
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any, TextIO
+from typing import Any, Final, TextIO
 
 import msgspec
 
@@ -476,7 +476,12 @@ def _evidence_lines(evidence: Any, indent: str = "    ") -> list[str]:
     return lines
 
 
-def diagnosis_lines(diagnosis: Mapping[str, Any]) -> list[str]:
+_TO_DOCTOR: Final = "Run intloom doctor."
+# In doctor's own output: its checks, printed next, are what running it would say.
+_IN_DOCTOR: Final = "Each check below says what to do next."
+
+
+def diagnosis_lines(diagnosis: Mapping[str, Any], *, in_doctor: bool = False) -> list[str]:
     service = diagnosis.get("service")
     if diagnosis.get("status") == "running" and isinstance(service, Mapping):
         return service_lines(service)
@@ -493,12 +498,13 @@ def diagnosis_lines(diagnosis: Mapping[str, Any]) -> list[str]:
     # and with every owner gone (a foreign program on the port) no lock is anyone's.
     if (diagnosis.get("status") == "blocked" and not stopping
             and (not owners or any(o.get("status") not in ("gone", "absent") for o in owners))):
-        lines.append("Run intloom doctor. Do not delete locks whose owners are still active.")
+        advice = _IN_DOCTOR if in_doctor else _TO_DOCTOR
+        lines.append(f"{advice} Do not delete locks whose owners are still active.")
     return lines
 
 
 def doctor_lines(report: Mapping[str, Any]) -> list[str]:
-    lines = diagnosis_lines(report)
+    lines = diagnosis_lines(report, in_doctor=True)
     for check in report.get("checks") or []:
         if not isinstance(check, Mapping):
             continue

@@ -334,3 +334,17 @@ def test_attach_waits_for_the_whole_history_before_it_prompts_or_ends(tmp_path: 
     live.took(RunEvent(run=view, event="waiting", history=True))
     live.took(RunEvent(run=view, event="answered", history=False))
     assert live._reached(view)
+
+
+def test_doctor_does_not_send_the_user_to_doctor() -> None:
+    """A paused host: status says to run doctor; doctor itself points at its own checks."""
+    report = {"status": "blocked", "message": "The service did not complete the hello.",
+              "owners": [{"resource": "service_lock", "pid": 9, "status": "alive"}],
+              "checks": [{"id": "owner.service_lock", "status": "attention",
+                          "message": "paused", "next": "Resume it (kill -CONT 9)."}]}
+    lines = render.doctor_lines(report)
+    assert ("Each check below says what to do next. Do not delete locks whose owners are "
+            "still active.") in lines, lines
+    assert not any("Run intloom doctor" in line for line in lines), lines
+    assert "Run intloom doctor. Do not delete locks whose owners are still active." in (
+        render.diagnosis_lines(report))
