@@ -17,6 +17,7 @@ import msgspec
 
 from intloom.diagnostics.checks import KEEP_IT, Check
 from intloom.diagnostics.owners import (
+    NO_CONNECTION_FIX,
     Diagnosis,
     DiagnosisStatus,
     Owner,
@@ -165,7 +166,7 @@ class _Context(msgspec.Struct, frozen=True):
     """What the owner checks need to know beyond their own file."""
 
     running: bool
-    invalid: str | None = None  # the name of the other metadata file, when it is invalid
+    invalid: str | None = None  # what is wrong with another metadata file ("X is invalid")
     port_taken: int | None = None
     port_holder: str | None = None
 
@@ -188,8 +189,8 @@ def _owner_check(
         return Check(
             check_id, "attention",
             f"{name} names pid {pid}, which is alive: it still holds the project. It was not "
-            f"asked whether it serves the project, because {ctx.invalid} is invalid (its "
-            "check says why); intloom stop cannot reach it either.",
+            f"asked whether it serves the project, because {ctx.invalid} (its check says "
+            "why); intloom stop cannot reach it either.",
             f"Leave both files as they are while pid {pid} runs. To stop it, ask it directly "
             f"(kill -TERM {pid}: a graceful stop), then run intloom doctor again.",
             owner.evidence,
@@ -238,8 +239,8 @@ def _owner_check(
     if ctx.invalid is not None:
         return Check(
             check_id, "attention", stale,
-            f"intloom recover refuses while {ctx.invalid} is invalid: deal with it first (its "
-            "check), then run intloom doctor again.",
+            f"intloom recover refuses while {ctx.invalid}: deal with it first (its check), "
+            "then run intloom doctor again.",
             owner.evidence,
         )
     return Check(
@@ -259,8 +260,10 @@ def _connection_check(root: Path, has_owners: bool) -> Check:
     if conn is None and has_owners:
         return Check(
             "connection", "attention",
-            "connection.json is missing while host resources remain; recovery is unsafe.",
-            "Check the project metadata: intloom recover needs a valid connection.json.",
+            "connection.json is missing while host resources remain; recovery is unsafe: "
+            "intloom recover checks the project's saved port with it and does not run "
+            "without it.",
+            NO_CONNECTION_FIX,
         )
     if conn is None:
         return Check("connection", "ok",
@@ -340,10 +343,15 @@ def run_doctor(root: Path) -> DoctorReport:
 
     connection_problem = _file_problem(lambda: read_connection(paths.connection_json, root))
 
+    connection_missing = (connection_problem is None and not running
+                          and not paths.connection_json.exists())
+
     def context(other: str, other_problem: str | None) -> _Context:
-        # recover refuses while any of the three metadata files is invalid.
-        invalid = (other if other_problem is not None
-                   else "connection.json" if connection_problem is not None else None)
+        # recover refuses while any of the three metadata files is invalid, or
+        # connection.json is missing.
+        invalid = (f"{other} is invalid" if other_problem is not None
+                   else "connection.json is invalid" if connection_problem is not None
+                   else "connection.json is missing" if connection_missing else None)
         return _Context(running=running, invalid=invalid,
                         port_taken=port_taken, port_holder=port_holder)
 

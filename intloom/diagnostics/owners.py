@@ -32,6 +32,7 @@ from intloom.protocol.messages import ServiceView
 
 __all__ = [
     "MESSAGES",
+    "NO_CONNECTION_FIX",
     "Diagnosis",
     "DiagnosisStatus",
     "Inspection",
@@ -60,6 +61,15 @@ MESSAGES: Final[dict[str, str]] = {
         "A resource owner still exists or its exit cannot be verified. No cleanup performed."
     ),
 }
+
+# The way out when connection.json is gone and every owner has exited: recover will not run
+# without the saved port to check (DESIGN), so the user removes the stale files.
+NO_CONNECTION_FIX: Final = (
+    "Put .intloom/connection.json back if you moved it, then run intloom recover. If it is "
+    "lost: once intloom doctor shows every owner exited and the OS lock on service.lock "
+    "free, remove .intloom/service.lock and .intloom/service.json yourself, then run "
+    "intloom start (it writes a new connection.json)."
+)
 
 
 class Owner(msgspec.Struct, frozen=True, rename="camel"):
@@ -238,8 +248,8 @@ def _classify(
         return "blocked", MESSAGES["owner_exists"]
     if owners and has_connection:
         return "recovery_required", MESSAGES["recovery_required"]
-    if owners:
-        return "blocked", MESSAGES["no_connection"]
+    if owners:  # every owner gone: only the missing file stands in the way
+        return "blocked", f"{MESSAGES['no_connection']} {NO_CONNECTION_FIX}"
     return "offline", MESSAGES["offline"]
 
 

@@ -28,7 +28,7 @@ from typing import Final
 
 import msgspec
 
-from intloom.diagnostics.owners import Inspection, inspect, judge_owners
+from intloom.diagnostics.owners import NO_CONNECTION_FIX, Inspection, inspect, judge_owners
 from intloom.diagnostics.portguard import PortGuard, port_in_use
 from intloom.errors import ErrorView, IntloomError
 from intloom.fsutil import fsync_dir
@@ -42,7 +42,11 @@ __all__ = ["PlanItem", "RecoverResult", "recover"]
 # A diagnosis elsewhere (status, doctor, another recover) holds the OS lock for an instant
 # while it probes; only a holder that keeps it this long is a real owner.
 _FLOCK_PATIENCE: Final = 1.0
-_NO_CONNECTION = "Valid connection configuration is missing; recovery is unsafe."
+_NO_CONNECTION = (
+    "Valid connection configuration is missing; recovery is unsafe: recover checks the "
+    "project's saved port with .intloom/connection.json and does not run without it. "
+    f"{NO_CONNECTION_FIX}"
+)
 
 
 class PlanItem(msgspec.Struct, frozen=True):

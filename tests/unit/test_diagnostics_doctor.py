@@ -10,6 +10,7 @@ import pytest
 
 from intloom.diagnostics import diagnose, run_doctor
 from intloom.diagnostics.doctor import DoctorReport
+from intloom.diagnostics.owners import NO_CONNECTION_FIX
 from intloom.project import ProjectPaths
 from tests.helpers import FIXTURES
 from tests.unit.diagnostics_support import (
@@ -98,6 +99,24 @@ def test_invalid_metadata_is_a_blocked_report_not_a_crash(root: Path) -> None:
     assert "service.json is stale" in service.message
     assert service.next is not None and "service.lock is invalid" in service.next
     assert [(o.resource, o.status) for o in report.owners] == [("service_info", "gone")]
+
+
+def test_missing_connection_json_is_one_story_with_its_way_out(root: Path) -> None:
+    """After a crash, connection.json gone: the owner checks sent the user to the recover
+    that refuses, while the connection check said only "Check the project metadata"."""
+    crash_leftovers(root, dead_pid(), 1_000_000.0, connection=False)
+    before = tree(root)
+    report = run_doctor(root)
+    assert tree(root) == before
+    checks = {c.id: c for c in report.checks}
+    for owner in ("owner.service_lock", "owner.service_json"):
+        step = checks[owner].next or ""
+        assert "recover refuses while connection.json is missing" in step, step
+        assert "recover --dry-run" not in step, step
+    connection = checks["connection"]
+    assert connection.status == "attention"
+    assert connection.next == NO_CONNECTION_FIX
+    assert report.message.endswith(NO_CONNECTION_FIX)
 
 
 def test_invalid_config_skips_the_workflows(root: Path) -> None:

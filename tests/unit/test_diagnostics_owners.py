@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from intloom.diagnostics import diagnose
-from intloom.diagnostics.owners import MESSAGES
+from intloom.diagnostics.owners import MESSAGES, NO_CONNECTION_FIX
 from intloom.errors import IntloomError
 from intloom.host.liveness import Evidence, probe_lock, probe_process
 from intloom.host.metadata import boot_id
@@ -131,7 +131,8 @@ def test_gone_owner_without_connection_is_blocked(tmp_path: Path) -> None:
     crash_leftovers(root, dead_pid(), 1_000_000.0, connection=False)
     diagnosis = diagnose(root, probe=False)
     assert diagnosis.status == "blocked"
-    assert diagnosis.message == MESSAGES["no_connection"]
+    # IntLoom's words, then the way out (every owner is gone: only the file is missing).
+    assert diagnosis.message == f"{MESSAGES['no_connection']} {NO_CONNECTION_FIX}"
 
 
 def test_connection_alone_is_the_normal_offline_state(tmp_path: Path) -> None:

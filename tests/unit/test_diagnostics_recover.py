@@ -106,6 +106,7 @@ def test_missing_connection_blocks(tmp_path: Path) -> None:
     crash_leftovers(root, dead_pid(), 1_000_000.0, connection=False)
     error = _blocked(root)
     assert "Valid connection configuration is missing" in error.message
+    assert "remove .intloom/service.lock and .intloom/service.json yourself" in error.message
 
 
 def test_occupied_port_blocks(tmp_path: Path) -> None:
