@@ -75,3 +75,28 @@ def test_doctor_does_not_recommend_a_recover_that_an_invalid_connection_json_blo
     message = checks["connection"]["message"]
     assert "is empty" in message and "run intloom doctor" not in message, message
     assert connection.read_bytes() == b""
+
+
+def test_a_lost_connection_json_after_a_crash_has_a_way_out_that_works(
+    project: Project,
+) -> None:
+    """recover needs the saved port (DESIGN), so it refuses; what doctor says to do instead
+    is followed here, and the project starts again."""
+    assert project.cli("start").code == 0
+    pid = project.kill_host()
+    (project.state / "connection.json").unlink()
+    refused = project.cli("recover", "--json")
+    assert refused.json["error"]["code"] == "CLI_RECOVERY_BLOCKED", refused.stdout
+    doctor = project.cli("doctor", "--json")
+    [connection] = [c for c in doctor.json["checks"] if c["id"] == "connection"]
+    assert "remove .intloom/service.lock and .intloom/service.json yourself" in (
+        connection["next"]), connection
+    owners = {o["resource"]: o["status"] for o in doctor.json["owners"]}
+    assert owners == {"service_info": "gone", "service_lock": "gone"}, doctor.stdout
+    assert not pid_alive(pid)
+    for name in ("service.lock", "service.json"):
+        (project.state / name).unlink()
+    started = project.cli("start", "--json")
+    assert started.code == 0, started.stdout
+    assert (project.state / "connection.json").exists()
+    assert project.cli("stop", "--json").code == 0
