@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Literal
 
@@ -85,6 +85,13 @@ class StopResult:
     # suspended at a checkpoint. From the stopped host's log (empty when it cannot be read).
     cut: list[CutRun]
     cut_count: int = 0  # all of them; ``cut`` lists at most the first 50
+    # Every Run the stop suspended (the cut ones included); None when the host did not say
+    # (its log cannot be read, or it is older than this line).
+    suspended: int | None = None
+    # Of those, not cut, the ones the next start cannot restore either (a wait without
+    # recover, a client Agent task): it reports them RUN_INTERRUPTED. At most 50 listed.
+    lost: list[CutRun] = field(default_factory=list)
+    lost_count: int = 0
 
 
 # ----- shared --------------------------------------------------------------------------------
@@ -634,6 +641,11 @@ def _stopped(log: Path | None) -> StopResult:
             lines = fh.read().splitlines()
     except OSError:
         return StopResult(stopped=True, cut=[])
+    cut: list[CutRun] = []
+    cut_count = 0
+    suspended: int | None = None
+    lost: list[CutRun] = []
+    lost_count = 0
     for line in reversed(lines):
         try:
             entry = json.loads(line)
@@ -642,10 +654,16 @@ def _stopped(log: Path | None) -> StopResult:
         event = entry.get("event") if isinstance(entry, dict) else None
         if event == "service_stopping":
             break
+        if event not in ("runs_cut_at_stop", "runs_suspended_at_stop"):
+            continue
+        runs = [CutRun(str(r.get("runId")), str(r.get("evidence")))
+                for r in entry.get("runs", []) if isinstance(r, dict)]
+        count = entry.get("count")
         if event == "runs_cut_at_stop":
-            runs = [CutRun(str(r.get("runId")), str(r.get("evidence")))
-                    for r in entry.get("runs", []) if isinstance(r, dict)]
-            count = entry.get("count")
-            return StopResult(stopped=True, cut=runs,
-                              cut_count=count if isinstance(count, int) else len(runs))
-    return StopResult(stopped=True, cut=[])
+            cut, cut_count = runs, count if isinstance(count, int) else len(runs)
+        else:
+            suspended = count if isinstance(count, int) else None
+            interrupted = entry.get("interrupted")
+            lost, lost_count = runs, interrupted if isinstance(interrupted, int) else len(runs)
+    return StopResult(stopped=True, cut=cut, cut_count=cut_count, suspended=suspended,
+                      lost=lost, lost_count=lost_count)

@@ -307,6 +307,15 @@ class RunSlot:
         verdict = self._verdict()
         return verdict.reason if verdict.row == "interrupted" else None
 
+    def outlook(self) -> Verdict | None:
+        """For a Run this host suspended: what the next start does with it (the restart
+        table's row for its journal as it now ends). None for any other Run: an ended one,
+        or one that failed here (a failed checkpoint restores from its last durable record,
+        which its state in memory may have gone past)."""
+        if not self.suspended or self.override is not None or self.state.phase == "terminal":
+            return None
+        return self._verdict()
+
     def _verdict(self) -> Verdict:
         """The restart table's row for the Run's journal as appended so far."""
         cursor = self.state.cursor

@@ -51,6 +51,7 @@ from intloom.runtime.limits import (
 from intloom.runtime.machine import (
     IllegalTransition,
     RunState,
+    Verdict,
     apply,
     interrupted_message,
     restart_verdict,
@@ -1166,6 +1167,15 @@ class Runtime:
         cut.extend(self._agent_dropped)
         cut.extend(self._agent_work.values())
         return cut
+
+    def outlook(self) -> builtins.list[tuple[str, Verdict]]:
+        """After ``suspend``: each suspended Run with what the next start does with it."""
+        out: builtins.list[tuple[str, Verdict]] = []
+        for run_id, slot in self.runs.items():
+            verdict = slot.outlook()
+            if verdict is not None:
+                out.append((run_id, verdict))
+        return out
 
     def counts(self) -> dict[str, int]:
         out = {"running": 0, "waiting": 0, "completed": 0, "failed": 0}

@@ -471,12 +471,23 @@ class Host:
 
     async def _suspend(self, runtime: Runtime) -> None:
         cut = await runtime.suspend(grace=self.options.suspend_grace)
-        if cut and self.log is not None:
+        if self.log is None:
+            return
+        if cut:
             # `intloom stop` reads this line back to say which Runs the next start reports
             # RUN_INTERRUPTED, instead of calling every Run suspended at a checkpoint.
             self.log.warning("runs_cut_at_stop", count=len(cut), grace=self.options.suspend_grace,
                              runs=[{"runId": run_id, "evidence": evidence}
                                    for run_id, evidence in cut[:_CUT_LISTED]])
+        # And this one to say how many Runs the next start resumes, and which it cannot:
+        # a wait without recover, a client Agent task (the cut Runs are named above).
+        outlook = runtime.outlook()
+        named = {run_id for run_id, _ in cut}
+        lost = [(run_id, v.reason) for run_id, v in outlook
+                if v.row == "interrupted" and run_id not in named]
+        self.log.info("runs_suspended_at_stop", count=len(outlook), interrupted=len(lost),
+                      runs=[{"runId": run_id, "evidence": reason}
+                            for run_id, reason in lost[:_CUT_LISTED]])
 
     async def _bounded(self, what: str, awaitable: Any, limit: float) -> bool:
         """Await a graceful step for at most ``limit`` s, or until a second signal; False

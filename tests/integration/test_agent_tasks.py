@@ -361,7 +361,15 @@ def test_a_stop_gives_a_running_tool_its_grace(project: Project,
     finally:
         running.caller.join(timeout=30)
     assert running.results == [({"slow": str(release)}, False)]
-    assert "Unfinished Runs were suspended" in stopped.stdout, stopped.stdout
+    # The Run waits on its claimed task, which the next start cannot restore: the stop says
+    # so (it said "Unfinished Runs were suspended ... Run intloom start to resume them").
+    lines = stopped.stdout.splitlines()
+    assert lines[0] == (
+        "The original service instance stopped. 1 Run waits on what the next start cannot "
+        "restore (a question or confirmation whose Step has no recover, or a task for a "
+        "client Agent); it reports it RUN_INTERRUPTED:"), lines
+    assert "(claimed); claims, owner tokens and Tool receipts are not restored" in lines[1]
+    assert len(lines) == 2, lines
 
 
 def test_an_on_complete_that_ends_during_a_stop_is_named_not_dropped_silently(

@@ -19,6 +19,7 @@ import pytest
 import intloom.client
 import intloom.client.client
 from intloom.cli.app import main
+from intloom.client.lifecycle import CutRun, StopResult
 from intloom.errors import ErrorView, IntloomError
 from intloom.protocol.messages import ServiceView, WorkflowInfo
 from intloom.runtime.model import Cursor, PendingAction, RunView
@@ -379,19 +380,6 @@ class StartResult:
     reused: bool
 
 
-@dataclass
-class CutRun:
-    run_id: str
-    evidence: str
-
-
-@dataclass
-class StopResult:
-    stopped: bool
-    cut: list[CutRun]
-    cut_count: int
-
-
 @pytest.fixture
 def lifecycle(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
     calls: list[tuple[Any, ...]] = []
@@ -445,8 +433,8 @@ def test_stop(capsys: pytest.CaptureFixture[str], proj: Path,
 
 def test_stop_text_names_the_runs_it_cut(capsys: pytest.CaptureFixture[str], proj: Path,
                                         lifecycle: list[tuple[Any, ...]]) -> None:
-    code, out, _ = cli(capsys, "stop")
-    assert code == 0
+    code, out, err = cli(capsys, "--debug", "stop")
+    assert code == 0, err
     assert out.splitlines() == [
         "The original service instance stopped. 3 Runs still had a Step, Tool or "
         "on_complete running when the stop's grace ran out; the next start reports them "
@@ -648,3 +636,41 @@ def test_logs_for_a_run_include_host_records_naming_it_and_show_a_torn_last_line
     assert "No log records about RUN-9 in any log." in err and "--all" not in err
     code, out, err = cli(capsys, "logs", "RUN-9")
     assert "in the newest log (try --all" in err
+
+
+@pytest.mark.parametrize(("result", "expected"), [
+    (dict(suspended=0), ["The original service instance stopped. No Run was unfinished."]),
+    (dict(suspended=1), [
+        "The original service instance stopped. 1 unfinished Run was suspended at their last "
+        "checkpoint; committed data is retained. Run intloom start to resume them."]),
+    (dict(suspended=3, lost=[("RUN-w", "Stage 'a', Step 'b' waits with no recover")],
+          lost_count=1), [
+        "The original service instance stopped. 1 Run waits on what the next start cannot "
+        "restore (a question or confirmation whose Step has no recover, or a task for a "
+        "client Agent); it reports it RUN_INTERRUPTED:",
+        "  RUN-w: Stage 'a', Step 'b' waits with no recover",
+        "2 other unfinished Runs were suspended at their last checkpoint; committed data is "
+        "retained. Run intloom start to resume them."]),
+    (dict(suspended=2, cut=[("RUN-c", "Step main/pay was running")], cut_count=1,
+          lost=[("RUN-w", "an Agent task")], lost_count=1), [
+        "The original service instance stopped. 1 Run still had a Step, Tool or on_complete "
+        "running when the stop's grace ran out; the next start reports it RUN_INTERRUPTED "
+        "and replays nothing:",
+        "  RUN-c: Step main/pay was running",
+        "1 Run waits on what the next start cannot restore (a question or confirmation whose "
+        "Step has no recover, or a task for a client Agent); it reports it RUN_INTERRUPTED:",
+        "  RUN-w: an Agent task"]),
+    (dict(), [  # an older host, or a log that cannot be read: nothing is counted
+        "The original service instance stopped. Unfinished Runs were suspended at their last "
+        "checkpoint; committed data is retained. Run intloom start to resume them."]),
+])
+def test_stop_text_says_what_the_next_start_does_with_the_runs(
+    result: dict[str, Any], expected: list[str],
+) -> None:
+    """It said "Unfinished Runs were suspended ... Run intloom start to resume them" with no
+    Run at all, and for waits the next start reports RUN_INTERRUPTED."""
+    from intloom.cli.commands.service import stop_lines
+
+    cut = [CutRun(*pair) for pair in result.pop("cut", [])]
+    lost = [CutRun(*pair) for pair in result.pop("lost", [])]
+    assert stop_lines(StopResult(stopped=True, cut=cut, lost=lost, **result)) == expected

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from intloom.cli.options import CliState, command
 from intloom.cli.render import Renderer, plain, service_lines
 
-__all__ = ["start", "stop"]
+if TYPE_CHECKING:
+    from intloom.client.lifecycle import CutRun, StopResult
+
+__all__ = ["start", "stop", "stop_lines"]
 
 TimeoutOpt = Annotated[
     float | None,
@@ -90,25 +93,53 @@ def stop(state: CliState, timeout: TimeoutOpt = None) -> None:
     def text() -> list[str]:
         if not stopped:
             return ["The service is not running; no stop is needed."]
-        if not result.cut_count:
-            return [
-                "The original service instance stopped. Unfinished Runs were suspended at "
-                "their last checkpoint; committed data is retained. Run intloom start to "
-                "resume them."
-            ]
-        n = result.cut_count
-        runs = "1 Run" if n == 1 else f"{n} Runs"
-        lines = [
-            f"The original service instance stopped. {runs} still had a Step, Tool or "
-            "on_complete running when "
-            "the stop's grace ran out; the next start reports "
-            f"{'it' if n == 1 else 'them'} RUN_INTERRUPTED and replays nothing:"
-        ]
-        lines += [f"  {cut.run_id}: {cut.evidence}" for cut in result.cut]
-        if n > len(result.cut):
-            lines.append(f"  ... and {n - len(result.cut)} more (intloom start lists them all).")
-        lines.append("Other unfinished Runs were suspended at their last checkpoint; committed "
-                     "data is retained. Run intloom start to resume them.")
-        return lines
+        return stop_lines(result)
 
     state.renderer.result({"projectRoot": str(root), "stopped": stopped}, text)
+
+
+def _listed(runs: list[CutRun], count: int) -> list[str]:
+    lines = [f"  {run.run_id}: {run.evidence}" for run in runs]
+    if count > len(runs):
+        lines.append(f"  ... and {count - len(runs)} more (intloom start lists them all).")
+    return lines
+
+
+def stop_lines(result: StopResult) -> list[str]:
+    """What a stop did to the Runs: the ones cut mid-Step, the ones whose wait the next start
+    cannot restore (both come back RUN_INTERRUPTED), and how many it resumes."""
+    lines = ["The original service instance stopped."]
+    n = result.cut_count
+    if n:
+        lines.append(
+            f"{'1 Run' if n == 1 else f'{n} Runs'} still had a Step, Tool or on_complete "
+            "running when the stop's grace ran out; the next start reports "
+            f"{'it' if n == 1 else 'them'} RUN_INTERRUPTED and replays nothing:")
+        lines += _listed(result.cut, n)
+    lost = result.lost_count
+    if lost:
+        lines.append(
+            f"{'1 Run waits' if lost == 1 else f'{lost} Runs wait'} on what the next start "
+            "cannot restore (a question or confirmation whose Step has no recover, or a task "
+            f"for a client Agent); it reports {'it' if lost == 1 else 'them'} "
+            "RUN_INTERRUPTED:")
+        lines += _listed(result.lost, lost)
+    saved = "suspended at their last checkpoint; committed data is retained. Run intloom " \
+        "start to resume them."
+    if result.suspended is None:  # a host that does not say how many
+        lines.append(f"{'Other unfinished' if n or lost else 'Unfinished'} Runs were {saved}")
+        return _joined(lines)
+    rest = result.suspended - n - lost
+    if rest > 0:
+        other = "other " if n or lost else ""
+        runs = (f"1 {other}unfinished Run was" if rest == 1
+                else f"{rest} {other}unfinished Runs were")
+        lines.append(f"{runs} {saved}")
+    elif not result.suspended:
+        lines.append("No Run was unfinished.")
+    return _joined(lines)
+
+
+def _joined(lines: list[str]) -> list[str]:
+    """The first sentence goes on with the second, on one line."""
+    return [f"{lines[0]} {lines[1]}", *lines[2:]] if len(lines) > 1 else lines
