@@ -16,6 +16,7 @@ from typing import Any, Final, Generic, Protocol, TypeVar
 import msgspec
 
 from intloom.authoring.interaction import Confirmation, Question, QuestionAnswer
+from intloom.authoring.workflow import callable_name
 from intloom.errors import IntloomError
 from intloom.runtime.model import PendingAction
 
@@ -159,6 +160,14 @@ class StepContext(Generic[S]):
                 f"Step {self.stage}/{self.step} is async: use `await ctx.aeffect(...)` there; "
                 "ctx.effect is for sync Steps.",
             )
+        if inspect.iscoroutinefunction(fn):
+            raise IntloomError(
+                "STEP_INTERACTION_INVALID",
+                f"{self.where} passed {callable_name(fn)!r}, an async function, to "
+                "ctx.effect, which calls it in this sync Step: it would return a coroutine "
+                "that never runs. The effect was not called and nothing was recorded. Make the "
+                "Step `async def` and write `await ctx.aeffect(...)`, or pass a sync function.",
+            )
         key = self._key(name, key)
         try:
             return self._hooks.effect_sync(  # type: ignore[no-any-return]
@@ -172,6 +181,8 @@ class StepContext(Generic[S]):
                 key: str | None = None, **kwargs: Any) -> Coroutine[Any, Any, Any]:
         """Run an external call as a journaled effect (async Steps); ``fn`` may be async.
 
+        ``fn`` is called on the host's event loop, like the async Step itself: a sync ``fn``
+        must not block (``asyncio.to_thread`` as ``fn`` hands a blocking call to a thread).
         Refused at the call in a sync Step: there the coroutine would never be awaited and
         the effect would silently never run.
         """

@@ -33,6 +33,7 @@ __all__ = [
     "ToStage",
     "Tool",
     "Workflow",
+    "callable_name",
 ]
 
 S = TypeVar("S")
@@ -92,7 +93,7 @@ class Tool:
                 "Agent's calls run, e.g. intloom.Tool(\"search\", search)."))
         if not _accepts(self.fn, 1):
             raise IntloomError("WORKFLOW_DEFINITION_INVALID", (
-                f"{where}: {_callable_name(self.fn)}{_signature(self.fn)} cannot be called "
+                f"{where}: {callable_name(self.fn)}{_signature(self.fn)} cannot be called "
                 "with one argument, the input the Agent sent. Declare it as "
                 "`def tool(input): ...`."))
         if not isinstance(self.description, str):
@@ -139,7 +140,8 @@ def _check_name(workflow: str, where: str, kind: str, name: object) -> str:
     return name
 
 
-def _callable_name(fn: object) -> str:
+def callable_name(fn: object) -> str:
+    """A function as its author knows it (its name, without an enclosing function's)."""
     name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
     # A function defined in a function is "outer.<locals>.name": its author knows it as name.
     return name.rpartition("<locals>.")[2] if isinstance(name, str) else repr(fn)
@@ -184,7 +186,7 @@ def _check_fn(workflow: str, where: str, what: str, fn: object, params: str,
         arguments = "one argument" if count == 1 else f"{count} arguments"
         raise _bad(
             workflow, where,
-            f"{what} decorates {_callable_name(fn)}{_signature(fn)}, which cannot be called "
+            f"{what} decorates {callable_name(fn)}{_signature(fn)}, which cannot be called "
             f"with {arguments} ({params})",
             f"Declare it as {example}.",
         )

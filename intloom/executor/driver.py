@@ -916,6 +916,20 @@ class _Hooks:
             error = f"{type(exc).__name__}: {exc}"
             self._on_loop(lambda: self._end(name, key, False, None, error))
             raise
+        if inspect.isawaitable(value):
+            # A sync callable that returned a coroutine (an async function behind a lambda,
+            # say): nothing awaits it here, so what it stands for never ran. Recorded as a
+            # failure, never as done.
+            if inspect.iscoroutine(value):
+                value.close()
+            problem = (f"effect {name!r} (key {key!r}) returned {type(value).__name__}, an "
+                       "awaitable that a sync Step cannot run, so it never ran")
+            self._on_loop(lambda: self._end(name, key, False, None, f"{problem}."))
+            raise IntloomError(
+                "STEP_INTERACTION_INVALID",
+                f"{_effect_at(self.slot.state.cursor)}: {problem}; its effect_done records it "
+                "failed. Make the Step `async def` and write `await ctx.aeffect(...)`.",
+            )
         self._on_loop(lambda: self._end(name, key, True, _plain(value), None))
         return value
 

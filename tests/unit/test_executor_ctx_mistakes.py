@@ -438,3 +438,93 @@ def test_an_initialiser_returning_none_in_a_stage_without_state_is_fine(
         return "ok"
 
     assert _settle(tmp_path / "runtime", wf).status == "completed"
+
+
+def test_ctx_effect_refuses_an_async_function_before_anything_is_recorded(
+    tmp_path: Path, no_unawaited_warning: None,
+) -> None:
+    """A sync Step's ctx.effect calls fn and keeps what it returns: an async fn returned a
+    coroutine that never ran, and the journal said the effect was done."""
+    ran: list[str] = []
+
+    async def charge() -> str:
+        ran.append("charged")
+        return "paid"
+
+    wf = intloom.Workflow("eff", version="1")
+    st = wf.stage("s")
+
+    @st.step("a", routes={"ok": intloom.COMPLETE})
+    def a(ctx: Any) -> str:
+        ctx.effect("charge", charge)
+        return "ok"
+
+    root = tmp_path / "runtime"
+    view = _settle(root, wf)
+    assert view.status == "failed" and view.last_error is not None
+    assert view.last_error.code == "STEP_INTERACTION_INVALID"
+    message = view.last_error.message
+    assert "passed 'charge', an async function, to ctx.effect" in message, message
+    assert "`await ctx.aeffect(...)`" in message
+    assert ran == []
+    assert "EffectStarted" not in _phases(root, view.run_id)
+
+
+def test_ctx_effect_records_an_awaitable_result_as_never_run(
+    tmp_path: Path, no_unawaited_warning: None,
+) -> None:
+    """A sync callable that returns a coroutine (an async function behind a lambda) cannot
+    be told apart before the call: its effect_done says it failed, never that it was done."""
+    ran: list[str] = []
+
+    async def charge(amount: int) -> str:
+        ran.append(f"charged {amount}")
+        return "paid"
+
+    wf = intloom.Workflow("eff", version="1")
+    st = wf.stage("s")
+
+    @st.step("a", routes={"ok": intloom.COMPLETE})
+    def a(ctx: Any) -> str:
+        ctx.effect("charge", lambda: charge(5))
+        return "ok"
+
+    root = tmp_path / "runtime"
+    view = _settle(root, wf)
+    assert view.status == "failed" and view.last_error is not None
+    assert view.last_error.code == "STEP_INTERACTION_INVALID"
+    assert "returned coroutine, an awaitable that a sync Step cannot run" in (
+        view.last_error.message), view.last_error.message
+    assert ran == []
+    [done] = [e.record for e in read_history(root, view.run_id)
+              if isinstance(e.record, EffectDone)]
+    assert not done.ok and done.error is not None and "never ran" in done.error, done
+
+
+def test_a_blocking_call_handed_to_a_thread_through_aeffect_is_journaled(
+    tmp_path: Path,
+) -> None:
+    """What docs/authoring.md says to do with a blocking call in an async Step."""
+    import threading
+
+    where: list[str] = []
+
+    def post(url: str) -> str:
+        where.append(threading.current_thread().name)
+        return f"posted {url}"
+
+    wf = intloom.Workflow("eff", version="1")
+    st = wf.stage("s")
+
+    @st.step("a", routes={"ok": intloom.COMPLETE})
+    async def a(ctx: Any) -> str:
+        assert await ctx.aeffect("post", asyncio.to_thread, post, "u") == "posted u"
+        return "ok"
+
+    root = tmp_path / "runtime"
+    view = _settle(root, wf)
+    assert view.status == "completed", view.last_error
+    assert where and where[0] != threading.main_thread().name
+    [done] = [e.record for e in read_history(root, view.run_id)
+              if isinstance(e.record, EffectDone)]
+    assert done.ok and done.result == "posted u"
