@@ -13,7 +13,7 @@ import math
 import reprlib
 import threading
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
@@ -514,16 +514,19 @@ class RunSlot:
         self.publish("suspended")
 
     async def follow(
-        self, earlier: Callable[[], list[Record]] | None = None
+        self, earlier: Callable[[], list[Record]] | None = None,
+        offload: Callable[..., Awaitable[Any]] | None = None,
     ) -> AsyncIterator[list[RunUpdate]]:
         """History so far, then live updates, in batches: everything queued since the
         follower last woke goes out together (one socket write per wake-up, not per event).
 
         ``earlier``: for a restored Run, reads its records up to the restore from the journal
-        (blocking; run on a worker thread, once per Run): an earlier host's history.
+        (blocking; run by ``offload`` on a worker thread, once per Run): an earlier host's
+        history.
         """
         if earlier is not None and self.restored_seq is not None:
-            self._seed(await asyncio.to_thread(_earlier_entries, earlier))
+            run = offload if offload is not None else asyncio.to_thread
+            self._seed(await run(_earlier_entries, earlier))
         queue: asyncio.Queue[RunUpdate] = asyncio.Queue()
         with self.lock:  # no publish between the history read and the subscription
             self._subscribers.add(queue)
@@ -1056,6 +1059,11 @@ class Driver:
         if inbox is None or inbox.loop is not loop:
             inbox = self._inbox = Inbox(loop)
         return inbox
+
+    async def offload(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` (blocking host work) on one of the host's own worker threads: never
+        the loop's default executor, which user code fills (``asyncio.to_thread`` in Steps)."""
+        return await self._call_sync(fn, *args)
 
     async def _call_sync(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn`` (not a coroutine function) on a worker thread; its result, awaited if it is

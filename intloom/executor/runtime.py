@@ -881,7 +881,8 @@ class Runtime:
         slot = self._slot(run_id)
         if slot.restored_seq is None:
             return slot.follow()
-        return slot.follow(functools.partial(self.journal.history, run_id, slot.restored_seq))
+        return slot.follow(functools.partial(self.journal.history, run_id, slot.restored_seq),
+                           self.driver.offload)
 
     # ------------------------------------------------------------------ agent tasks
 

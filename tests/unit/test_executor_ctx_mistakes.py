@@ -528,3 +528,60 @@ def test_a_blocking_call_handed_to_a_thread_through_aeffect_is_journaled(
     [done] = [e.record for e in read_history(root, view.run_id)
               if isinstance(e.record, EffectDone)]
     assert done.ok and done.result == "posted u"
+
+
+def test_a_restored_runs_history_is_read_on_the_hosts_own_threads(tmp_path: Path) -> None:
+    """The earlier host's history was read with asyncio.to_thread, on the loop's default
+    executor: Steps that fill it (asyncio.to_thread of their own) made a follower of a
+    restored Run wait for them (attach then gave up and showed no history at all)."""
+    import concurrent.futures
+    import threading
+
+    from intloom.executor.runtime import RestoredRun
+
+    wf = intloom.Workflow("conf", version="1")
+    st = wf.stage("s")
+
+    @st.step("a", routes={"ok": intloom.COMPLETE})
+    async def a(ctx: Any) -> str:
+        await ctx.confirm({"ok": "?"})
+        return "ok"
+
+    @a.recover
+    def a_recover(ctx: Any, saved: Any) -> str:
+        return "ok"
+
+    root = tmp_path / "runtime"
+
+    async def first() -> str:
+        store = open_store(root)
+        rt = _runtime(store, wf)
+        view = await rt.wait_stable((await rt.create_run("conf", "go")).run_id)
+        assert view.status == "waiting"
+        await store.close()
+        return view.run_id
+
+    run_id = asyncio.run(asyncio.wait_for(first(), timeout=20))
+    release = threading.Event()
+
+    async def second() -> list[str]:
+        store = open_store(root, instance_id="INST-2")
+        restored = [RestoredRun(run_id=j.run_id, state=j.state, problem=j.problem,
+                                status=j.status) for j in store.restored.runs]
+        rt = _runtime(store, wf, restored)
+        loop = asyncio.get_running_loop()
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=2)
+        loop.set_default_executor(pool)
+        busy = [asyncio.ensure_future(asyncio.to_thread(release.wait, 30)) for _ in range(4)]
+        try:
+            stream = rt.subscribe(run_id)
+            batch = await asyncio.wait_for(stream.__anext__(), timeout=10)
+            await stream.aclose()  # type: ignore[attr-defined]
+        finally:
+            release.set()
+            await asyncio.gather(*busy)
+            await store.close()
+        return [u.event for u in batch]
+
+    events = asyncio.run(asyncio.wait_for(second(), timeout=30))
+    assert events[-2:] == ["waiting", "restored"], events
