@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 import select
 import socket
-from collections.abc import Iterator
+import threading
+from collections.abc import Generator
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
@@ -172,6 +173,10 @@ class Client:
     never sent again: the host may have acted on it, so query the Run before retrying. A
     request it cannot encode (an integer beyond 64 bits, text that is not UTF-8, a value that
     is not plain data, over 4 MiB) is ``INVALID_REQUEST`` naming the value; nothing is sent.
+
+    One connection, one request at a time: threads sharing a Client take turns. While
+    ``subscribe`` streams, the connection is the stream's, and any other request on it is
+    refused (``INVALID_REQUEST``): use a second Client for requests meanwhile.
     """
 
     hello: HelloOk
@@ -180,6 +185,10 @@ class Client:
     def __init__(self, sock: socket.socket, hello: HelloOk, info: ServiceInfo, root: Path,
                  *, request_timeout: float | None) -> None:
         self._sock: socket.socket | None = sock
+        # A reply is only ever matched to its request by order: two threads sending at once
+        # took each other's replies (another Run's view, with no error).
+        self._turn = threading.Lock()
+        self._streaming: str | None = None  # the Run whose events hold the connection
         self.hello = hello
         self.info = info
         self.root = root
@@ -362,8 +371,19 @@ class Client:
             raise _raise_reply(reply)
         return reply
 
+    def _streaming_error(self) -> IntloomError:
+        return IntloomError(
+            "INVALID_REQUEST",
+            f"This Client is streaming Run {self._streaming}'s events (subscribe) on its "
+            "connection; a request sent on it now would be mixed with them. Nothing was "
+            "sent. Use a second Client (Client.connect) for requests while a stream runs.",
+        )
+
     def _call(self, request: Request, expect: type[_R]) -> _R:
-        reply = self._receive(self._send(request), request)
+        with self._turn:
+            if self._streaming is not None:
+                raise self._streaming_error()
+            reply = self._receive(self._send(request), request)
         if not isinstance(reply, expect):
             self.close()
             raise IntloomError(
@@ -413,14 +433,18 @@ class Client:
         reply = self._call(Cancel(run_id=run_id), RunReply)
         return reply.run, reply.already_ended
 
-    def subscribe(self, run_id: str) -> Iterator[RunEvent]:
+    def subscribe(self, run_id: str) -> Generator[RunEvent, None, None]:
         """History, then live events, until one has ``final=True``. No timeout between events.
 
         Closing the iterator early closes the connection: a stream cannot be abandoned half
         way and the connection reused.
         """
         request = Subscribe(run_id=run_id)
-        sock = self._send(request)
+        with self._turn:
+            if self._streaming is not None:
+                raise self._streaming_error()
+            sock = self._send(request)
+            self._streaming = run_id
         sock.settimeout(None)  # a Run may wait for a person for hours
         try:
             while True:
@@ -434,6 +458,8 @@ class Client:
         except GeneratorExit:
             self.close()
             raise
+        finally:
+            self._streaming = None
 
     def claim_agent_call(
         self, run_id: str, call_id: str, claim_id: str

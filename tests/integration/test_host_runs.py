@@ -11,6 +11,7 @@ import pytest
 
 from intloom.client.client import Client
 from intloom.client.lifecycle import stop_service, stop_service_report
+from intloom.errors import IntloomError
 from intloom.protocol.messages import MAX_FRAME, RunEvent
 from intloom.runtime.model import RunView
 from tests.helpers import Project, eventually, pid_alive, snapshot_files
@@ -419,3 +420,41 @@ def test_a_command_during_a_stop_is_told_the_host_is_stopping(
         (project.root / "gate").touch()  # the Step reaches its boundary; the stop completes
         stopper.join(timeout=40)
     assert stopped == [True]
+
+
+def test_a_client_shared_by_threads_gives_each_its_own_reply(project: Project) -> None:
+    """Replies are matched to requests by order on one connection: two threads calling one
+    Client at once took each other's replies (532 of 600 got the other Run's view)."""
+    start(project)
+    with Client.connect(project.root) as client:
+        runs = [client.create_run("example", f"notes {i}").run_id for i in range(2)]
+        wrong: list[tuple[str, str]] = []
+        errors: list[BaseException] = []
+
+        def ask(run_id: str) -> None:
+            try:
+                for _ in range(150):
+                    got = client.get_run(run_id).run_id
+                    if got != run_id:
+                        wrong.append((run_id, got))
+            except BaseException as exc:  # reported below, with the others
+                errors.append(exc)
+
+        threads = [threading.Thread(target=ask, args=(run_id,)) for run_id in runs]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        assert not any(t.is_alive() for t in threads)
+        assert (errors, wrong) == ([], [])
+
+        # While it streams, the connection is the stream's: a request is refused, unsent.
+        stream = client.subscribe(runs[0])
+        first = next(stream)
+        with pytest.raises(IntloomError) as refused:
+            client.get_run(runs[1])
+        assert refused.value.code == "INVALID_REQUEST"
+        assert f"streaming Run {runs[0]}'s events" in refused.value.message
+        assert "Nothing was sent" in refused.value.message
+        assert next(stream).history and first.history  # the stream goes on undisturbed
+        stream.close()
