@@ -458,3 +458,27 @@ def test_a_client_shared_by_threads_gives_each_its_own_reply(project: Project) -
         assert "Nothing was sent" in refused.value.message
         assert next(stream).history and first.history  # the stream goes on undisturbed
         stream.close()
+
+
+def test_the_python_client_example_in_docs_cli_runs_as_written(project: Project) -> None:
+    import contextlib
+    import io
+    import os
+    import re
+
+    from tests.helpers import REPO
+
+    text = (REPO / "docs" / "cli.md").read_text()
+    section = text[text.index("## The Python client"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S)
+    assert code is not None
+    start(project)
+    out = io.StringIO()
+    here = os.getcwd()
+    os.chdir(project.root)
+    try:
+        with contextlib.redirect_stdout(out):
+            exec(compile(code.group(1), "docs/cli.md", "exec"), {"__name__": "example"})
+    finally:
+        os.chdir(here)
+    assert out.getvalue() == "completed\n"
