@@ -162,13 +162,29 @@ def _busy(paths: ProjectPaths) -> IntloomError:
     )
 
 
-def _reuse(service: ServiceView, port: int | None) -> StartResult:
+def _reuse(service: ServiceView, port: int | None, strict: bool = False) -> StartResult:
     if port is not None and port != service.port:
         raise IntloomError(
             "CLI_SERVICE_CONFLICT",
             f"The host already runs on port {service.port} (pid {service.pid}). Stop the "
             f"running service before changing its port to {port}.",
         )
+    if strict:
+        # --strict judges the journals when a host starts; this one started without it.
+        held = service.restore.needs_attention if service.restore is not None else []
+        damaged = [p for p in service.store_problems if p.kind != "torn"]
+        if held or damaged:
+            found = "; ".join(
+                ([f"{len(held)} Run(s) it did not restore (first: {held[0]})"] if held else [])
+                + ([f"{len(damaged)} damaged file(s) (first: {damaged[0].path})"]
+                   if damaged else []))
+            raise IntloomError(
+                "CLI_SERVICE_CONFLICT",
+                f"--strict: the host already running (pid {service.pid}) started without it "
+                f"and, at its start, found {found}. --strict decides when a host starts: run "
+                "intloom doctor, then intloom stop and intloom start --strict (which refuses "
+                "while they remain). The running host was left as it is.",
+            )
     return StartResult(service=service, reused=True)
 
 
@@ -240,7 +256,7 @@ def start_service(
                     f"The host already runs in the background (pid {service.pid}). Run intloom "
                     "stop first to run it in the foreground.",
                 )
-            return _reuse(service, port)
+            return _reuse(service, port, strict)
         owner = _lock_owner(paths)
         if owner != "absent":
             # A host that is starting right now (a concurrent start) will answer soon;

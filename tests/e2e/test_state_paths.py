@@ -114,6 +114,14 @@ def test_a_damaged_segment_put_back_from_a_copy_lets_the_held_run_go_on(
 
     held = ok(project.cli("start", "--json"))["service"]["restore"]
     assert held["needsAttention"] == [run_id], held
+    # --strict is not silently dropped for the host already running without it.
+    strict = project.cli("start", "--strict", "--json")
+    assert strict.code == 1, strict.stdout
+    error = strict.json["error"]
+    assert error["code"] == "CLI_SERVICE_CONFLICT", error
+    assert f"1 Run(s) it did not restore (first: {run_id})" in error["message"], error
+    assert "1 damaged file(s)" in error["message"], error
+    assert ok(project.cli("status", "--json"))["service"]["pid"] == project.host_pid()
     refused = project.cli("answer", run_id, action, '{"isConfirmed": true}', "--json")
     assert refused.json["error"]["code"] == "JOURNAL_CORRUPT", refused.stdout
     assert "put it back" in refused.json["error"]["message"]
