@@ -99,7 +99,9 @@ def _host_gone(pid: int, create_time: float, lock: Path) -> str | None:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             fields = fh.read().rpartition(b") ")[2].split()
         if fields[:1] == [b"Z"]:
-            return "which no longer exists (the host exited without cleaning up)"
+            # As doctor words it: the same process, seen a moment before or after its reaping.
+            return ("which has exited (a zombie waiting to be reaped: the host exited without "
+                    "cleaning up)")
         started = _boot_time() + int(fields[19]) / os.sysconf("SC_CLK_TCK")
     except (OSError, IndexError, ValueError):
         return None
