@@ -65,7 +65,8 @@ if TYPE_CHECKING:
 __all__ = ["AgentClaim", "Driver", "RunObserver", "RunSlot"]
 
 # (event, run id, detail, status): told of a Run's milestones, e.g. to write the host log.
-RunObserver = Callable[[str, str, Any, str], None]
+# (event, run id, detail, status) -> whether the host log now holds it (None: not said).
+RunObserver = Callable[[str, str, Any, str], "bool | None"]
 # Milestones worth a log line; per-record phases (executing, effect_*) stay in the journal.
 _MILESTONES = frozenset({
     "created", "restored", "waiting", "answered", "claimed", "agent_completed", "terminal",

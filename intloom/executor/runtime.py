@@ -622,13 +622,16 @@ class Runtime:
         slot.owned = False
         # The view carries no cause (DESIGN §3): the OS error, the segment and the offset go
         # to the host log, and the journal keeps a void notice where the batch failed.
-        if self.on_event is not None:
-            self.on_event("checkpoint_failed", slot.run_id,
-                          {"code": "RUN_CHECKPOINT_FAILED", "cause": cause}, "failed")
+        logged = self.on_event is None or self.on_event(
+            "checkpoint_failed", slot.run_id,
+            {"code": "RUN_CHECKPOINT_FAILED", "cause": cause}, "failed") is not False
+        where = (f"The host log has the cause (intloom logs {slot.run_id})." if logged else
+                 "The host could not write the cause to its log either (the disk is full or "
+                 "failing); intloom inspect shows where the journal stops.")
         slot.override = ErrorView(
             code="RUN_CHECKPOINT_FAILED",
             message=f"{error_view('RUN_CHECKPOINT_FAILED').message} Earlier effects are not "
-            f"rolled back. The host log has the cause (intloom logs {slot.run_id}).",
+            f"rolled back. {where}",
         )
         slot.revoke(IntloomError("RUN_CHECKPOINT_FAILED"))
         slot.publish("failed", {"code": "RUN_CHECKPOINT_FAILED"})

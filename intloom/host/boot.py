@@ -146,11 +146,11 @@ def boot(
     store, restored = _open_store(paths, log, instance_id=instance_id,
                                   package_version=package_version, strict=strict)
     try:
-        def on_event(event: str, run_id: str, detail: Any, status: str) -> None:
+        def on_event(event: str, run_id: str, detail: Any, status: str) -> bool:
             fields = detail if isinstance(detail, dict) else {}
             # A failed checkpoint is the one Run event that reports a fault of the machine.
             emit = log.error if event == "checkpoint_failed" else log.info
-            emit(f"run_{event}", runId=run_id, status=status, **fields)
+            return emit(f"run_{event}", runId=run_id, status=status, **fields)
 
         runtime = Runtime(result.workflows, store, package_version=package_version,
                           on_event=on_event)

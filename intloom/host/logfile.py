@@ -61,6 +61,7 @@ class HostLog:
         self.path = path
         self._fd: int | None = fd
         self.failed = False
+        self._cut = False  # the last line was cut short (a full disk)
         self.failure: str | None = None  # why the first lost write failed
         self.on_failure: Callable[[str], None] | None = None
         self._fail_at = os.environ.get(FAIL_HOOK) or None
@@ -114,18 +115,29 @@ class HostLog:
     def closed(self) -> bool:
         return self._fd is None
 
-    def write(self, level: Level, event: str, **context: Any) -> None:
+    def write(self, level: Level, event: str, **context: Any) -> bool:
+        """Append one line; True when all of it was written."""
         if self._fd is None:
-            return
+            return False
         line = _encoder.encode({"time": utc_now(), "level": level, "event": event, **context})
+        # After a line cut short, the next one starts on a line of its own.
+        data = (b"\n" if self._cut else b"") + line + b"\n"
         try:
             if self._fail_at is not None and (self._failing or event == self._fail_at):
                 self._failing = True
                 raise OSError(errno.ENOSPC, f"No space left on device (injected by {FAIL_HOOK})")
             # One write per line on an O_APPEND descriptor: a line is never interleaved.
-            os.write(self._fd, line + b"\n")
+            written = os.write(self._fd, data)
         except OSError as exc:
             self._lost(exc)
+            return False
+        self._cut = written < len(data)
+        if self._cut:
+            # A full disk takes what fits and returns the count, without an error.
+            self._lost(OSError(errno.ENOSPC, f"only {written} of {len(data)} bytes of a line "
+                                             "were written (disk full?)"))
+            return False
+        return True
 
     def _lost(self, exc: OSError) -> None:
         first = not self.failed
@@ -135,14 +147,14 @@ class HostLog:
             if self.on_failure is not None:
                 self.on_failure(self.failure)
 
-    def info(self, event: str, **context: Any) -> None:
-        self.write("info", event, **context)
+    def info(self, event: str, **context: Any) -> bool:
+        return self.write("info", event, **context)
 
-    def warning(self, event: str, **context: Any) -> None:
-        self.write("warning", event, **context)
+    def warning(self, event: str, **context: Any) -> bool:
+        return self.write("warning", event, **context)
 
-    def error(self, event: str, **context: Any) -> None:
-        self.write("error", event, **context)
+    def error(self, event: str, **context: Any) -> bool:
+        return self.write("error", event, **context)
 
     def _finish(self, *, seal: bool) -> None:
         fd, self._fd = self._fd, None

@@ -51,3 +51,22 @@ def test_checkpoint_failure_view_has_no_cause_and_the_log_has_it(project: Projec
     voids = [r for r in records if r["verdict"] == "void"]
     assert [(v["file"], v["offset"]) for v in voids] == [(match[1], int(match[2]))]
     ok(project.cli("stop", "--json"))
+
+
+def test_a_cause_the_log_could_not_keep_is_not_promised_in_the_view(project: Project) -> None:
+    """The disk that refused the checkpoint may refuse the log line too: the view said "The
+    host log has the cause" where `intloom logs RUN` then showed none."""
+    env = {"INTLOOM_FAULT": "enospc_sync=2", "INTLOOM_TEST_LOG_FAIL_AT": "run_checkpoint_failed"}
+    ok(project.cli("start", "--json", env=env))
+    flowed = project.cli("flow", "example", "--intent", "disk full", "--json")
+    assert flowed.code == 1, flowed.stdout
+    run = flowed.json["run"]
+    error = run["lastError"]
+    assert error["code"] == "RUN_CHECKPOINT_FAILED"
+    assert error["message"] == (
+        f"{CATALOGUE} Earlier effects are not rolled back. The host could not write the cause "
+        "to its log either (the disk is full or failing); intloom inspect shows where the "
+        "journal stops."), error
+    logged = project.cli("logs", run["runId"], "--json").stdout
+    assert "run_checkpoint_failed" not in logged
+    project.cli("stop", "--json")

@@ -1,0 +1,39 @@
+"""The host log's writes: a line a full disk cuts short is a lost write, not a success."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from intloom.host.logfile import HostLog
+
+
+def test_a_line_cut_short_is_lost_and_the_next_starts_on_its_own_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A full disk takes what fits and returns the count without an error: the line was
+    cut at a block boundary and the host went on as if the cause were in its log."""
+    logs = tmp_path / "logs"
+    logs.mkdir(mode=0o700)
+    log = HostLog.open(logs)
+    real = os.write
+    cuts = [40]
+
+    def short_once(fd: int, data: bytes) -> int:  # the disk, full for one write
+        if cuts:
+            return real(fd, data[:cuts.pop()])
+        return real(fd, data)
+
+    monkeypatch.setattr(os, "write", short_once)
+    assert log.error("run_checkpoint_failed", runId="RUN-1", cause="x" * 200) is False
+    assert log.failed and log.failure is not None and "only 40 of" in log.failure
+    assert log.info("after", n=1) is True
+    log.close()
+    lines = log.path.read_bytes().splitlines()
+    assert json.loads(lines[0])["event"] == "log_opened"
+    assert len(lines[1]) == 40  # what the disk kept of the cut line, alone on its line
+    after = json.loads(lines[2])
+    assert (after["event"], after["n"]) == ("after", 1)
