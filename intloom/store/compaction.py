@@ -49,6 +49,7 @@ class Track:
     seq: int  # last durable seq
     status: Status = "ok"
     problem: str | None = None
+    reached: int = 0  # corrupt: the furthest seq seen of it (RunJournal.reached)
     tail: list[Record] = field(default_factory=list)
     dirty: bool = False
 
@@ -87,8 +88,12 @@ def compact(layout: Layout, tracks: dict[str, Track], *, start: int, pinned: lis
             continue  # incompatible data stays in a pinned segment, read as it is
         state, status, problem = track.folded()
         folded[run_id] = (state, status, problem)
+        # A corrupt Run (read so, or made so by a record its fold refused here) reached at
+        # least its last durable record.
+        reached = max(track.reached, track.seq) if status == "corrupt" else 0
         snap = Snapshot(run_id=run_id, seq=state.seq if state else 0, status=status,
-                        state=state, problem=problem, segment=segment, written_at=stamp)
+                        state=state, problem=problem, segment=segment, written_at=stamp,
+                        reached=reached)
         item = (snapshot_name(run_id), encode_snapshot(snap))
         terminal = status == "ok" and state is not None and state.phase == "terminal"
         if not terminal:
@@ -127,6 +132,8 @@ def compact(layout: Layout, tracks: dict[str, Track], *, start: int, pinned: lis
             continue
         track = tracks[run_id]
         track.base, track.status, track.problem = state, status, problem
+        if status == "corrupt":
+            track.reached = max(track.reached, track.seq)
         track.tail = []
         track.dirty = False
 

@@ -78,6 +78,10 @@ class RunJournal(msgspec.Struct):
     status: Status
     problem: str | None
     torn_tail: bool = False
+    # For a corrupt Run: the furthest seq any trace of it showed (a valid record past the
+    # damage, a damaged frame naming it, the record damaged bytes may have held). A later
+    # read must reach it, clean, before the Run is trusted again (see ``_judge``).
+    reached: int = 0
 
 
 class FileProblem(msgspec.Struct, frozen=True):
@@ -477,7 +481,8 @@ def _judge_all(loaded: Loaded, scans: list[SegmentScan], live: dict[str, Snapsho
                 run_id, journal.state, "corrupt",
                 f"Run {run_id}: its records {seqs[0]}..{seqs[-1]} are in {bad_headers[behind[0]]}: "
                 "a segment whose header does not check out is never resumed from, though "
-                "those records' own checksums are valid (intloom inspect shows them)")
+                "those records' own checksums are valid (intloom inspect shows them)",
+                reached=max(frame.seq for _, frame in run_frames))
         loaded.journals[run_id] = journal
         covered = snap.seq if snap is not None else 0
         if (mode == "restore" and _ended(journal) and run_id not in loaded.held
@@ -614,14 +619,18 @@ def _gap_before(frames: list[tuple[SegmentScan, Frame]], snap: Snapshot | None,
 def _judge(loaded: Loaded, run_id: str, frames: list[tuple[SegmentScan, Frame]],
            snap: Snapshot | None, hits: list[_Hit], mode: Mode, gap: _Gap | None,
            snap_damage: str | None, gaps: list[_Gap]) -> RunJournal | None:
-    if snap is not None and snap.status not in ("ok", "corrupt") and not (
+    if snap is not None and (snap.status != "ok" and not (
+        snap.status == "corrupt" and snap.reached > 0)) and not (
         mode == "verify" and frames and frames[0][1].seq == 1
     ):
-        return RunJournal(run_id, snap.state, snap.status, snap.problem)
+        # (A corrupt snapshot without ``reached`` was written before it existed: how far its
+        # Run got is not known, so its verdict stands.)
+        return RunJournal(run_id, snap.state, snap.status, snap.problem, reached=snap.reached)
     # A corrupt Run's snapshot holds its fold up to its last good record, and the segments
     # after that stay pinned: the log past it is judged again at every read rather than the
     # old verdict trusted, so a damaged file put back from a copy restores the Run (the
-    # error's own advice), and damage still there is found again.
+    # error's own advice), and damage still there is found again. It is trusted only once
+    # the read reaches ``reached``: a copy that ends earlier proves nothing past its end.
     from_scratch = snap is None or (mode == "verify" and bool(frames) and frames[0][1].seq == 1)
     state: RunState | None = None if from_scratch or snap is None else snap.state
     covered = 0 if snap is None else snap.seq
@@ -698,17 +707,19 @@ def _judge(loaded: Loaded, run_id: str, frames: list[tuple[SegmentScan, Frame]],
             and expected - 1 < snap.seq):
         problem = (f"the log ends at record {expected - 1} but its snapshot "
                    f"({snapshot_name(run_id)}) covers record {snap.seq}")
+    maybe = 0  # a record the damaged bytes may have held
     if (problem is None and gap is not None and state is not None
             and state.phase != "terminal"):
+        maybe = state.seq + 1
         problem = (f"the damaged bytes at {gap.where} may have held its record "
                    f"{state.seq + 1}: no record of it follows them (its last readable record "
                    f"is seq {state.seq}), so where it stopped cannot be known")
     if (problem is None and snap is not None and snap.status == "corrupt"
-            and expected - 1 <= snap.seq):
-        # Nothing read past its last good record: the damaged bytes are not there to judge
-        # (a segment removed, or put back from a copy older than them). Absence proves
-        # nothing, so the Run stays held as its snapshot says.
-        return RunJournal(run_id, snap.state, "corrupt", snap.problem)
+            and expected - 1 < snap.reached):
+        # The read stops short of where the Run was seen to get: the damaged bytes, or what
+        # followed them, are not there to judge (a segment removed, or put back from a copy
+        # older than they are). Absence proves nothing, so the Run stays held.
+        return RunJournal(run_id, snap.state, "corrupt", snap.problem, reached=snap.reached)
     if problem is None and state is None:
         if torn and not frames:
             return None  # its first records were torn by a crash: it never became visible
@@ -716,7 +727,9 @@ def _judge(loaded: Loaded, run_id: str, frames: list[tuple[SegmentScan, Frame]],
     if problem is not None:
         if snap_damage is not None:
             problem = f"its snapshot {snap_damage}, and the log cannot stand in for it: {problem}"
-        return RunJournal(run_id, state, "corrupt", f"Run {run_id}: {problem}")
+        reached = max([maybe, expected - 1, snap.reached if snap is not None else 0,
+                       *(f.seq for _, f in frames), *(h.seq for h in hits if not h.at_tail)])
+        return RunJournal(run_id, state, "corrupt", f"Run {run_id}: {problem}", reached=reached)
     return RunJournal(run_id, state, "ok", None, torn_tail=torn)
 
 

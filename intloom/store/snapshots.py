@@ -58,6 +58,9 @@ class Snapshot(msgspec.Struct, frozen=True, omit_defaults=True):
     segment: int = 0  # the newest segment holding a covered record (where evidence starts)
     written_at: str = ""
     format: int = FORMAT_VERSION
+    # A corrupt Run's furthest known seq (``RunJournal.reached``); 0, and not written, for an
+    # ok one. Added within format 1: a reader without it ignores the key.
+    reached: int = 0
 
 
 # The manifest's own format: 2 adds ``live`` (format 1, without it, is still read). Segments

@@ -251,7 +251,7 @@ class Store:
             seq = journal.state.seq if journal.state else 0
             # A held Run (its snapshot file is damaged) is never dirty: never snapshotted.
             store._tracks[run_id] = Track(base=journal.state, seq=seq, status=journal.status,
-                                          problem=journal.problem,
+                                          problem=journal.problem, reached=journal.reached,
                                           dirty=summarise and run_id in loaded.dirty
                                           and run_id not in loaded.held)
             if run_id in unfinished:
@@ -865,7 +865,7 @@ class Store:
         """
         self._join_compaction()
         copies = {run_id: Track(base=t.base, seq=t.seq, status=t.status, problem=t.problem,
-                                dirty=True)
+                                reached=t.reached, dirty=True)
                   for run_id, t in self._tracks.items() if t.dirty}
         seqs = {run_id: t.seq for run_id, t in copies.items()}
         pinned, voids, segment = list(self._pinned), list(self._voids), self._number

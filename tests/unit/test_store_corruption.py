@@ -22,7 +22,13 @@ from intloom.store import (
 )
 from intloom.store import history as history_module
 from intloom.store.framing import SegmentScan, scan_segment
-from intloom.store.snapshots import decode_manifest, encode_manifest, snapshot_name
+from intloom.store.snapshots import (
+    decode_manifest,
+    encode_manifest,
+    encode_snapshot,
+    read_snapshot,
+    snapshot_name,
+)
 from tests.unit.test_store_support import abandon, by_id, frames_of, header, open_store, walk
 
 RUNS = {"RUN-A": 1, "RUN-B": 2, "RUN-C": 3}
@@ -118,16 +124,20 @@ def test_a_damaged_segment_put_back_from_a_copy_restores_the_run(tmp_path: Path)
     assert segment.read_bytes() == good
 
 
-@pytest.mark.parametrize("copy", ["removed", "older"])
+@pytest.mark.parametrize("copy", ["removed", "older", "partial"])
 def test_a_corrupt_run_whose_damage_is_gone_from_the_log_stays_held(
     tmp_path: Path, copy: str,
 ) -> None:
     """The segment with the damage removed, or put back from a copy older than the damaged
-    record: nothing past the last good record can be read, and absence proves nothing."""
+    record, or from one taken while the host still wrote (it ends at record 9 of every Run,
+    where the damaged read saw RUN-B reach 12): a read that stops short of where the Run was
+    seen to get proves nothing past its end, and the Run stays held."""
     root = tmp_path / "runtime"
     segment = _crashed_host(root)
+    good = segment.read_bytes()
     hit = frames_of(segment, "RUN-B")[5]
-    older = segment.read_bytes()[:hit.offset]  # a copy from before record 6 was written
+    older = (good[:hit.offset] if copy == "older"  # from before record 6 was written
+             else good[:max(frames_of(segment, run)[8].end for run in RUNS)])
     _flip(segment, hit.end - 3)
     store = open_store(root, instance_id="INST-2")
     held = by_id(store.restored.runs)["RUN-B"]
@@ -143,6 +153,26 @@ def test_a_corrupt_run_whose_damage_is_gone_from_the_log_stays_held(
     store = open_store(root, instance_id="INST-3")
     assert by_id(store.restored.runs)["RUN-B"].status == "corrupt"
     store.close_blocking()
+    if copy != "removed":  # (a host that found the file gone no longer pins its number)
+        segment.write_bytes(good)  # the whole copy, at last: nothing was lost on the way
+        assert by_id(read_runs(root))["RUN-B"].state == _expected("RUN-B")
+
+
+def test_a_corrupt_snapshot_from_before_reached_keeps_its_verdict(tmp_path: Path) -> None:
+    """A corrupt snapshot written before it recorded how far its Run got: nothing says
+    what a re-read must reach, so the verdict stands even once the segment reads clean."""
+    root = tmp_path / "runtime"
+    segment = _crashed_host(root)
+    good = segment.read_bytes()
+    _flip(segment, frames_of(segment, "RUN-B")[5].end - 3)
+    store = open_store(root, instance_id="INST-2")
+    store.close_blocking()
+    live = root / "snap" / "live" / snapshot_name("RUN-B")
+    snap = read_snapshot(live)
+    assert snap is not None and snap.status == "corrupt" and snap.reached == N
+    live.write_bytes(encode_snapshot(msgspec.structs.replace(snap, reached=0)))
+    segment.write_bytes(good)
+    assert by_id(read_runs(root))["RUN-B"].status == "corrupt"
 
 
 def test_damage_to_a_runs_last_record_is_still_reported(tmp_path: Path) -> None:
