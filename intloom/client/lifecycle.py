@@ -92,6 +92,10 @@ class StopResult:
     # recover, a client Agent task): it reports them RUN_INTERRUPTED. At most 50 listed.
     lost: list[CutRun] = field(default_factory=list)
     lost_count: int = 0
+    # Unfinished Runs the stop did not suspend, as this host found or left them (restored
+    # RUN_INTERRUPTED and not dismissed, held, failed by a checkpoint): the next start
+    # reports them again.
+    others: int = 0
 
 
 # ----- shared --------------------------------------------------------------------------------
@@ -662,6 +666,7 @@ def _stopped(log: Path | None) -> StopResult:
     suspended: int | None = None
     lost: list[CutRun] = []
     lost_count = 0
+    others = 0
     for line in reversed(lines):
         try:
             entry = json.loads(line)
@@ -681,5 +686,7 @@ def _stopped(log: Path | None) -> StopResult:
             suspended = count if isinstance(count, int) else None
             interrupted = entry.get("interrupted")
             lost, lost_count = runs, interrupted if isinstance(interrupted, int) else len(runs)
+            unfinished = entry.get("unfinished")
+            others = unfinished if isinstance(unfinished, int) else 0
     return StopResult(stopped=True, cut=cut, cut_count=cut_count, suspended=suspended,
-                      lost=lost, lost_count=lost_count)
+                      lost=lost, lost_count=lost_count, others=others)

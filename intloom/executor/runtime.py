@@ -1172,14 +1172,21 @@ class Runtime:
         cut.extend(self._agent_work.values())
         return cut
 
-    def outlook(self) -> builtins.list[tuple[str, Verdict]]:
-        """After ``suspend``: each suspended Run with what the next start does with it."""
+    def outlook(self) -> tuple[builtins.list[tuple[str, Verdict]], int]:
+        """After ``suspend``: each suspended Run with what the next start does with it, and
+        how many other Runs are unfinished as this host found or left them -- restored as
+        RUN_INTERRUPTED and not dismissed, held, or failed by a checkpoint (the next start
+        restores that one from its last durable record): it reports each of them again."""
         out: builtins.list[tuple[str, Verdict]] = []
+        others = 0
         for run_id, slot in self.runs.items():
             verdict = slot.outlook()
             if verdict is not None:
                 out.append((run_id, verdict))
-        return out
+            elif slot.state.phase != "terminal":
+                others += 1
+        others += sum(1 for held in self.held.values() if held.ended is None)
+        return out, others
 
     def counts(self) -> dict[str, int]:
         out = {"running": 0, "waiting": 0, "completed": 0, "failed": 0}

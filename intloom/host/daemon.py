@@ -481,11 +481,12 @@ class Host:
                                    for run_id, evidence in cut[:_CUT_LISTED]])
         # And this one to say how many Runs the next start resumes, and which it cannot:
         # a wait without recover, a client Agent task (the cut Runs are named above).
-        outlook = runtime.outlook()
+        outlook, others = runtime.outlook()
         named = {run_id for run_id, _ in cut}
         lost = [(run_id, v.reason) for run_id, v in outlook
                 if v.row == "interrupted" and run_id not in named]
         self.log.info("runs_suspended_at_stop", count=len(outlook), interrupted=len(lost),
+                      unfinished=others,
                       runs=[{"runId": run_id, "evidence": reason}
                             for run_id, reason in lost[:_CUT_LISTED]])
 

@@ -172,12 +172,14 @@ def test_stop_while_a_step_runs_suspends_it_and_restart_reports_interrupted(
     # Never replayed: the effect was called once, by the first host.
     (project.root / "gate").touch()
     assert (project.root / "calls.log").read_text() == "payload\n"
-    # With no Step running, and the interrupted Run already ended in this host's view, the
-    # stop suspended nothing, and says so.
+    # With no Step running, the stop suspended nothing; the Run restored as interrupted
+    # (not dismissed) comes back so at the next start, and the stop says so.
     again = project.cli("stop", "--timeout", "20")
     assert again.code == 0, again.stderr
-    assert again.stdout == ("The original service instance stopped. No Run was "
-                            "unfinished.\n"), again.stdout
+    assert again.stdout == (
+        "The original service instance stopped. 1 Run stays unfinished as this host found or "
+        "left it (interrupted earlier and not dismissed, held, or failed by a checkpoint): the "
+        "next start reports it again (intloom doctor previews it).\n"), again.stdout
 
 
 

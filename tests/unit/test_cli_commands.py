@@ -660,6 +660,12 @@ def test_logs_for_a_run_include_host_records_naming_it_and_show_a_torn_last_line
         "1 Run waits on what the next start cannot restore (a question or confirmation whose "
         "Step has no recover, or a task for a client Agent); it reports it RUN_INTERRUPTED:",
         "  RUN-w: an Agent task"]),
+    (dict(suspended=1, others=2), [
+        "The original service instance stopped. 1 unfinished Run was suspended at their last "
+        "checkpoint; committed data is retained. Run intloom start to resume them.",
+        "2 Runs stay unfinished as this host found or left them (interrupted earlier and not "
+        "dismissed, held, or failed by a checkpoint): the next start reports them again "
+        "(intloom doctor previews it)."]),
     (dict(), [  # an older host, or a log that cannot be read: nothing is counted
         "The original service instance stopped. Unfinished Runs were suspended at their last "
         "checkpoint; committed data is retained. Run intloom start to resume them."]),

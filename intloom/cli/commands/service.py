@@ -135,7 +135,14 @@ def stop_lines(result: StopResult) -> list[str]:
         runs = (f"1 {other}unfinished Run was" if rest == 1
                 else f"{rest} {other}unfinished Runs were")
         lines.append(f"{runs} {saved}")
-    elif not result.suspended:
+    if result.others:
+        lines.append(
+            f"{'1 Run stays' if result.others == 1 else f'{result.others} Runs stay'} "
+            "unfinished as this host found or left "
+            f"{'it' if result.others == 1 else 'them'} (interrupted earlier and not dismissed, "
+            "held, or failed by a checkpoint): the next start reports "
+            f"{'it' if result.others == 1 else 'them'} again (intloom doctor previews it).")
+    if not result.suspended and not result.others:
         lines.append("No Run was unfinished.")
     return _joined(lines)
 
