@@ -43,6 +43,7 @@ from intloom.host.readiness import ReadyChannel
 from intloom.host.server import Limits, Server, bind_port
 from intloom.project import ProjectPaths, load_config
 from intloom.protocol.messages import (
+    FEATURES,
     PROTOCOL,
     HelloOk,
     ServiceView,
@@ -344,7 +345,7 @@ class Host:
         self.ready.progress("listening")
         hello = HelloOk(instance_id=self.instance_id, pid=self.identity.pid,
                         project_root=str(self.paths.root), protocol=PROTOCOL,
-                        package_version=__version__)
+                        package_version=__version__, features=list(FEATURES))
         handlers = Handlers(self.booted.runtime, instance_id=self.instance_id,
                             service_view=self.service_view, workflows=self.booted.workflows)
         self.server = Server(handlers, log, hello=hello, token=token,

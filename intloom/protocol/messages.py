@@ -18,6 +18,7 @@ from intloom.errors import ErrorView
 from intloom.runtime.model import PendingAgentCall, RunView
 
 __all__ = [
+    "FEATURES",
     "MAX_FRAME",
     "MAX_PAGE",
     "PROTOCOL",
@@ -80,6 +81,13 @@ class HelloOk(_Msg, tag="hello_ok", frozen=True):
     project_root: str
     protocol: int
     package_version: str = ""
+    # What this host does beyond its protocol's first version, by name: an older host sends
+    # none, so a client can fall back for it. "caughtUp": RunEvent.caught_up is set.
+    features: list[str] = msgspec.field(default_factory=list)
+
+
+# The features this host announces in its hello.
+FEATURES: Final = ("caughtUp",)
 
 
 # ----- requests ----------------------------------------------------------------------------

@@ -330,10 +330,16 @@ def test_attach_waits_for_the_whole_history_before_it_prompts_or_ends(tmp_path: 
     follower.took(RunEvent(run=view, event="restored", history=True, caught_up=True))
     assert follower._reached(view)
 
-    live = _Follower(tmp_path, "RUN-1", Renderer(), None)  # a host that never says caughtUp
+    live = _Follower(tmp_path, "RUN-1", Renderer(), None)
+    live.met(["caughtUp"])
     live.took(RunEvent(run=view, event="waiting", history=True))
-    live.took(RunEvent(run=view, event="answered", history=False))
+    live.took(RunEvent(run=view, event="answered", history=False))  # a live event says so too
     assert live._reached(view)
+
+    older = _Follower(tmp_path, "RUN-1", Renderer(), None)
+    older.met([])  # a host from before caughtUp: nothing to wait for (it waited 3 s each time)
+    older.took(RunEvent(run=view, event="waiting", history=True))
+    assert older._reached(view)
 
 
 def test_doctor_does_not_send_the_user_to_doctor() -> None:

@@ -95,6 +95,7 @@ class _Follower(threading.Thread):
         try:
             with Client.connect(self._root) as client:
                 self._client = client
+                self.met(client.hello.features)
                 for event in client.subscribe(self._run_id):
                     self._show(event)
                     self.took(event)
@@ -111,6 +112,14 @@ class _Follower(threading.Thread):
                 self._cond.notify_all()
             if self._term is not None:
                 self._term.wake()  # a dropped stream: the prompt looks whether the host is there
+
+    def met(self, features: list[str]) -> None:
+        """The host's features: one from before "caughtUp" never marks the history's end,
+        so the display is not held back waiting for that mark."""
+        if "caughtUp" not in features:
+            with self._cond:
+                self._caught_up = True
+                self._cond.notify_all()
 
     def took(self, event: RunEvent) -> None:
         """Note a shown event: how far the display has got."""
