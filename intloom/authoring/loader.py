@@ -13,11 +13,14 @@ import importlib.util
 import os
 import signal
 import sys
+import tempfile
+import textwrap
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType, ModuleType
+from typing import Final
 
 from intloom.authoring.identity import workflow_identity
 from intloom.authoring.workflow import WORKFLOW_MODULE_PREFIX, Workflow
@@ -173,40 +176,62 @@ def _real_interrupts() -> Iterator[None]:
 
 def load_workflows_offline(root: Path, config: Config) -> LoadResult:
     """``load_workflows`` for the read-only tools (doctor, inspect): no bytecode is written,
-    and what a module prints while it is imported goes to stderr, so that the one JSON
-    document a ``--json`` command writes to stdout stays whole."""
+    and what the modules write while they are imported is shown on stderr afterwards, under
+    a line saying whose it is (``_their_output``), so that the one JSON document a ``--json``
+    command writes to stdout stays whole."""
     saved = sys.dont_write_bytecode
     sys.dont_write_bytecode = True
     try:
-        with contextlib.redirect_stdout(sys.stderr), _fd1_to_stderr():
+        with _their_output():
             return load_workflows(root, config)
     finally:
         sys.dont_write_bytecode = saved
 
 
+# What is shown of the modules' output, at most.
+_THEIR_OUTPUT_SHOWN: Final = 64 * 1024
+
+
 @contextlib.contextmanager
-def _fd1_to_stderr() -> Iterator[None]:
-    """File descriptor 1 points at stderr meanwhile: ``redirect_stdout`` only moves
-    ``sys.stdout``, and a module may write to the descriptor itself (``os.write(1, ...)``, a
-    C library's banner, a program it runs)."""
-    real = sys.__stdout__
-    if real is not None:
-        real.flush()  # what was written before goes where it was meant to
-    try:
-        kept = os.dup(1)
-    except OSError:  # no fd 1 (the caller closed it): nothing can reach it
-        yield
-        return
-    try:
-        with contextlib.suppress(OSError):  # no fd 2 either: fd 1 stays as it is
-            os.dup2(2, 1)
-        yield
-    finally:
-        if real is not None:
+def _their_output() -> Iterator[None]:
+    """Everything the imported modules write -- ``print``, ``sys.stderr``, and file
+    descriptors 1 and 2 themselves (``os.write``, a C library's banner, a program they run)
+    -- goes to a spool meanwhile, and then to stderr under a line naming it as theirs:
+    fd 1 would break a ``--json`` document, and argparse's ``usage: intloom ... error:
+    unrecognized arguments: doctor --json`` read as intloom refusing its own command line."""
+    for stream in (sys.__stdout__, sys.__stderr__, sys.stdout, sys.stderr):
+        if stream is not None:
             with contextlib.suppress(OSError, ValueError):
-                real.flush()  # written during the import: it goes to stderr with the rest
-        os.dup2(kept, 1)
-        os.close(kept)
+                stream.flush()  # what was written before goes where it was meant to
+    kept: list[tuple[int, int]] = []
+    with tempfile.TemporaryFile() as spool:
+        try:
+            for fd in (1, 2):
+                with contextlib.suppress(OSError):  # a descriptor the caller closed: none
+                    kept.append((fd, os.dup(fd)))
+                    os.dup2(spool.fileno(), fd)
+            text = open(spool.fileno(), "w", buffering=1, encoding="utf-8",  # noqa: SIM115
+                        errors="replace", closefd=False)
+            with text, contextlib.redirect_stdout(text), contextlib.redirect_stderr(text):
+                yield
+        finally:
+            for stream in (sys.__stdout__, sys.__stderr__):
+                if stream is not None:
+                    with contextlib.suppress(OSError, ValueError):
+                        stream.flush()  # written during the import: theirs too
+            for fd, saved in kept:
+                os.dup2(saved, fd)
+                os.close(saved)
+            spool.seek(0)
+            data = spool.read(_THEIR_OUTPUT_SHOWN + 1)
+            if data.strip():
+                shown = data[:_THEIR_OUTPUT_SHOWN].decode("utf-8", "replace").rstrip("\n")
+                more = " (cut at 64 KiB)" if len(data) > _THEIR_OUTPUT_SHOWN else ""
+                with contextlib.suppress(OSError, ValueError):
+                    sys.stderr.write(
+                        f"Workflow sources wrote this while they were imported{more}:\n"
+                        + textwrap.indent(shown, "  | ", lambda line: True) + "\n")
+                    sys.stderr.flush()
 
 
 def load_workflows(root: Path, config: Config) -> LoadResult:

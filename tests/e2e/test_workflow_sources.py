@@ -309,7 +309,14 @@ def test_doctor_and_inspect_report_such_a_source_in_one_json_document(
         f"1 Workflow source(s) failed to load: {source}: WORKFLOW_"), check["message"]
     assert "Loaded: acc 1.0.0" in check["message"]
     assert inspected.json["run"]["runId"] == run["runId"], inspected.stdout
-    if name == "prints":  # moved, not lost
+    if name == "prints":  # moved, not lost, and shown as the module's
         for done in (doctor, inspected):
-            assert "loading example workflow" in done.stderr, done.stderr
-            assert "fd-level banner" in done.stderr, done.stderr
+            assert "Workflow sources wrote this while they were imported:" in done.stderr
+            assert "  | loading example workflow" in done.stderr, done.stderr
+            assert "  | fd-level banner" in done.stderr, done.stderr
+    if name == "argv":  # argparse's complaint is the module's, not intloom's own
+        for done in (doctor, inspected):
+            lines = done.stderr.splitlines()
+            assert "Workflow sources wrote this while they were imported:" in lines, lines
+            assert any(line.startswith("  | usage: ") for line in lines), lines
+            assert not any(line.startswith("usage: ") for line in lines), lines
