@@ -862,15 +862,19 @@ class Runtime:
             except (CheckpointFailed, OSError) as exc:
                 cause = exc.cause if isinstance(exc, CheckpointFailed) else (
                     exc.strerror or str(exc))
-                if self.on_event is not None:  # the cause goes to the log, not the view
-                    self.on_event("checkpoint_failed", run_id,
-                                  {"code": "RUN_CHECKPOINT_FAILED", "cause": cause,
-                                   "during": "cancel"}, "held")
+                # The cause goes to the log, not the view.
+                logged = self.on_event is None or self.on_event(
+                    "checkpoint_failed", run_id,
+                    {"code": "RUN_CHECKPOINT_FAILED", "cause": cause, "during": "cancel"},
+                    "held") is not False
+                where = (f"the host log has the cause (intloom logs {run_id})" if logged else
+                         "the host could not write the cause to its log either (the disk is "
+                         "full or failing)")
                 raise IntloomError(
                     "RUN_CHECKPOINT_FAILED",
                     f"Run {run_id}: its cancel could not be written, so it is still held. Its "
-                    "earlier records are unchanged; the host log has the cause (intloom logs "
-                    f"{run_id}). Fix the disk and retry after a restart.",
+                    f"earlier records are unchanged; {where}. Fix the disk and retry after a "
+                    "restart.",
                 ) from None
             held.state = after
             held.ended = to_view(after)
@@ -1183,7 +1187,9 @@ class Runtime:
             verdict = slot.outlook()
             if verdict is not None:
                 out.append((run_id, verdict))
-            elif slot.state.phase != "terminal":
+            elif slot.shown.phase != "terminal":
+                # What is durable, not what was appended: a terminal record whose flush
+                # failed leaves the Run unfinished on disk, and the next start restores it.
                 others += 1
         others += sum(1 for held in self.held.values() if held.ended is None)
         return out, others

@@ -727,8 +727,13 @@ def _judge(loaded: Loaded, run_id: str, frames: list[tuple[SegmentScan, Frame]],
     if problem is not None:
         if snap_damage is not None:
             problem = f"its snapshot {snap_damage}, and the log cannot stand in for it: {problem}"
-        reached = max([maybe, expected - 1, snap.reached if snap is not None else 0,
-                       *(f.seq for _, f in frames), *(h.seq for h in hits if not h.at_tail)])
+        # A damaged frame's seq is what its bytes claim, and the damage may be in the seq
+        # itself: only a claim up to one past the furthest valid record counts (the damaged
+        # record between two good ones, or after the last one), or a read could never
+        # reach it.
+        furthest = max([expected - 1, *(f.seq for _, f in frames)])
+        reached = max([maybe, furthest, snap.reached if snap is not None else 0,
+                       *(h.seq for h in hits if not h.at_tail and h.seq <= furthest + 1)])
         return RunJournal(run_id, state, "corrupt", f"Run {run_id}: {problem}", reached=reached)
     return RunJournal(run_id, state, "ok", None, torn_tail=torn)
 

@@ -70,3 +70,27 @@ def test_a_cause_the_log_could_not_keep_is_not_promised_in_the_view(project: Pro
     logged = project.cli("logs", run["runId"], "--json").stdout
     assert "run_checkpoint_failed" not in logged
     project.cli("stop", "--json")
+
+
+def test_stop_counts_a_run_whose_terminal_record_was_not_saved(
+    soak_project: Project,
+) -> None:
+    """The Run's last flush (its terminal record) fails: in memory it ended, on disk it did
+    not, and the next start restores it. The stop said "No Run was unfinished"."""
+    from intloom.store import read_runs
+
+    project = soak_project
+    env = {"INTLOOM_FAULT": "enospc_sync=9"}  # a one-Step Run's flush 9 is its terminal
+    ok(project.cli("start", "--json", env=env))
+    flowed = project.cli("flow", "soak-ticker", "--intent", "disk goal=1 delay=0", "--json")
+    run = flowed.json["run"]
+    assert run["lastError"]["code"] == "RUN_CHECKPOINT_FAILED", run
+    stopped = project.cli("stop")
+    assert stopped.code == 0, stopped.stderr
+    on_disk = [(j.run_id, j.state.phase if j.state else None)
+               for j in read_runs(project.state / "runtime")]
+    assert [run_id for run_id, _ in on_disk] == [run["runId"]], on_disk
+    assert on_disk[0][1] != "terminal", on_disk
+    assert "1 Run stays unfinished as this host found or left it" in stopped.stdout, (
+        stopped.stdout)
+    assert "No Run was unfinished" not in stopped.stdout

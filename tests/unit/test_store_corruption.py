@@ -158,6 +158,23 @@ def test_a_corrupt_run_whose_damage_is_gone_from_the_log_stays_held(
         assert by_id(read_runs(root))["RUN-B"].state == _expected("RUN-B")
 
 
+@pytest.mark.parametrize("byte", [13, 20])  # the seq field's top byte, and its lowest
+def test_a_damaged_seq_is_no_seq_the_run_must_reach(tmp_path: Path, byte: int) -> None:
+    """A damaged frame's seq is a claim of its bytes: flipped, it claimed seq 6 + 0x5A<<56
+    (or 92), which went into ``reached``, and no clean copy could ever free the Run."""
+    root = tmp_path / "runtime"
+    segment = _crashed_host(root)
+    good = segment.read_bytes()
+    _flip(segment, frames_of(segment, "RUN-B")[5].offset + byte)
+    store = open_store(root, instance_id="INST-2")
+    assert by_id(store.restored.runs)["RUN-B"].status == "corrupt"
+    store.close_blocking()
+    snap = read_snapshot(root / "snap" / "live" / snapshot_name("RUN-B"))
+    assert snap is not None and snap.status == "corrupt" and snap.reached == N, snap
+    segment.write_bytes(good)
+    assert by_id(read_runs(root))["RUN-B"].state == _expected("RUN-B")
+
+
 def test_a_corrupt_snapshot_from_before_reached_keeps_its_verdict(tmp_path: Path) -> None:
     """A corrupt snapshot written before it recorded how far its Run got: nothing says
     what a re-read must reach, so the verdict stands even once the segment reads clean."""
