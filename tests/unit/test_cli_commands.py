@@ -641,8 +641,8 @@ def test_logs_for_a_run_include_host_records_naming_it_and_show_a_torn_last_line
 @pytest.mark.parametrize(("result", "expected"), [
     (dict(suspended=0), ["The original service instance stopped. No Run was unfinished."]),
     (dict(suspended=1), [
-        "The original service instance stopped. 1 unfinished Run was suspended at their last "
-        "checkpoint; committed data is retained. Run intloom start to resume them."]),
+        "The original service instance stopped. 1 unfinished Run was suspended at its last "
+        "checkpoint; committed data is retained. Run intloom start to resume it."]),
     (dict(suspended=3, lost=[("RUN-w", "Stage 'a', Step 'b' waits with no recover")],
           lost_count=1), [
         "The original service instance stopped. 1 Run waits on what the next start cannot "
@@ -661,8 +661,8 @@ def test_logs_for_a_run_include_host_records_naming_it_and_show_a_torn_last_line
         "Step has no recover, or a task for a client Agent); it reports it RUN_INTERRUPTED:",
         "  RUN-w: an Agent task"]),
     (dict(suspended=1, others=2), [
-        "The original service instance stopped. 1 unfinished Run was suspended at their last "
-        "checkpoint; committed data is retained. Run intloom start to resume them.",
+        "The original service instance stopped. 1 unfinished Run was suspended at its last "
+        "checkpoint; committed data is retained. Run intloom start to resume it.",
         "2 Runs stay unfinished as this host found or left them (interrupted earlier and not "
         "dismissed, held, or failed by a checkpoint): the next start reports them again "
         "(intloom doctor previews it)."]),

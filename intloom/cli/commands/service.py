@@ -124,17 +124,18 @@ def stop_lines(result: StopResult) -> list[str]:
             f"for a client Agent); it reports {'it' if lost == 1 else 'them'} "
             "RUN_INTERRUPTED:")
         lines += _listed(result.lost, lost)
-    saved = "suspended at their last checkpoint; committed data is retained. Run intloom " \
-        "start to resume them."
+    saved = ("suspended at their last checkpoint; committed data is retained. Run intloom "
+             "start to resume them.")
     if result.suspended is None:  # a host that does not say how many
         lines.append(f"{'Other unfinished' if n or lost else 'Unfinished'} Runs were {saved}")
         return _joined(lines)
     rest = result.suspended - n - lost
     if rest > 0:
         other = "other " if n or lost else ""
-        runs = (f"1 {other}unfinished Run was" if rest == 1
-                else f"{rest} {other}unfinished Runs were")
-        lines.append(f"{runs} {saved}")
+        lines.append(
+            f"1 {other}unfinished Run was suspended at its last checkpoint; committed data is "
+            "retained. Run intloom start to resume it." if rest == 1
+            else f"{rest} {other}unfinished Runs were {saved}")
     if result.others:
         lines.append(
             f"{'1 Run stays' if result.others == 1 else f'{result.others} Runs stay'} "
