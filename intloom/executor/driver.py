@@ -62,7 +62,7 @@ from intloom.runtime.records import (
 if TYPE_CHECKING:
     from intloom.executor.runtime import Runtime
 
-__all__ = ["AgentClaim", "Driver", "RunObserver", "RunSlot"]
+__all__ = ["AgentClaim", "Driver", "RunObserver", "RunSlot", "check_effect_ids", "code_at"]
 
 # (event, run id, detail, status): told of a Run's milestones, e.g. to write the host log.
 # (event, run id, detail, status) -> whether the host log now holds it (None: not said).
@@ -600,15 +600,16 @@ def check_effect_ids(cursor: Cursor, name: str, key: str, via: str = "ctx.effect
         if len(value) > MAX_EFFECT_ID:
             raise IntloomError(
                 "STEP_INTERACTION_INVALID",
-                f"{_effect_at(cursor)}: the effect {what} given to {via} is {len(value):,} "
+                f"{code_at(cursor)}: the effect {what} given to {via} is {len(value):,} "
                 f"characters ({clip(repr(value), 60)}), over the {MAX_EFFECT_ID:,}-character "
                 "limit; the effect was not called and nothing was recorded. Use a short name, "
                 "and a short key (a hash or an id of the data rather than the data itself).",
             )
 
 
-def _effect_at(cursor: Cursor) -> str:
-    """Where an effect was started, as the journal's limits name it."""
+def code_at(cursor: Cursor) -> str:
+    """The user code at ``cursor`` (a Step, or a Stage's initialiser), as errors about what
+    it handed over name it."""
     return f"{_where(cursor)} initialiser" if cursor.step is None else _where(cursor)
 
 
@@ -931,7 +932,7 @@ class _Hooks:
             self._on_loop(lambda: self._end(name, key, False, None, f"{problem}."))
             raise IntloomError(
                 "STEP_INTERACTION_INVALID",
-                f"{_effect_at(self.slot.state.cursor)}: {problem}; its effect_done records it "
+                f"{code_at(self.slot.state.cursor)}: {problem}; its effect_done records it "
                 "failed. Make the Step `async def` and write `await ctx.aeffect(...)`.",
             )
         self._on_loop(lambda: self._end(name, key, True, _plain(value), None))

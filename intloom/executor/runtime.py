@@ -40,6 +40,7 @@ from intloom.executor.driver import (
     RunObserver,
     RunSlot,
     check_effect_ids,
+    code_at,
 )
 from intloom.executor.updates import RunUpdate
 from intloom.protocol.messages import MAX_PAGE, RestoreSummary
@@ -237,13 +238,6 @@ def strict_refusal(attention: list[tuple[str, str]]) -> IntloomError:
     )
 
 
-def _where(cursor: Cursor) -> str:
-    """The Step at ``cursor`` as errors name it (``Step.where``'s form)."""
-    if cursor.step is None:
-        return f"Stage {cursor.stage!r} initialiser"
-    return f"Stage {cursor.stage!r}, Step {cursor.step!r}"
-
-
 def _check_request(cursor: Cursor, what: str, request: Any, fix: str) -> None:
     """STEP_INTERACTION_INVALID when ``request`` is over MAX_REQUEST_BYTES as JSON."""
     try:
@@ -253,7 +247,7 @@ def _check_request(cursor: Cursor, what: str, request: Any, fix: str) -> None:
     if size > MAX_REQUEST_BYTES:
         raise IntloomError(
             "STEP_INTERACTION_INVALID",
-            f"{_where(cursor)}: {what} is {size:,} bytes as JSON, over the "
+            f"{code_at(cursor)}: {what} is {size:,} bytes as JSON, over the "
             f"{MAX_REQUEST_BYTES:,}-byte limit; nothing was recorded and the Run does not "
             f"wait. {fix}",
         )
@@ -615,6 +609,17 @@ class Runtime:
                 status = gone.view().status
                 self._dropped[status] = self._dropped.get(status, 0) + 1
 
+    def _log_cause(self, run_id: str, detail: dict[str, Any], status: str) -> str:
+        """Log a failed checkpoint's cause (the view never carries it, DESIGN §3), and say
+        where it can be read -- or that the log could not take it either."""
+        logged = self.on_event is None or self.on_event(
+            "checkpoint_failed", run_id, {"code": "RUN_CHECKPOINT_FAILED", **detail},
+            status) is not False
+        if logged:
+            return f"The host log has the cause (intloom logs {run_id})."
+        return ("The host could not write the cause to its log either (the disk is full or "
+                "failing); intloom inspect shows where the journal stops.")
+
     def fail_checkpoint(self, slot: RunSlot, cause: str) -> None:
         """RUN_CHECKPOINT_FAILED: the Run stops; nothing more is written for it."""
         if slot.view().status in ("completed", "failed"):
@@ -622,12 +627,7 @@ class Runtime:
         slot.owned = False
         # The view carries no cause (DESIGN §3): the OS error, the segment and the offset go
         # to the host log, and the journal keeps a void notice where the batch failed.
-        logged = self.on_event is None or self.on_event(
-            "checkpoint_failed", slot.run_id,
-            {"code": "RUN_CHECKPOINT_FAILED", "cause": cause}, "failed") is not False
-        where = (f"The host log has the cause (intloom logs {slot.run_id})." if logged else
-                 "The host could not write the cause to its log either (the disk is full or "
-                 "failing); intloom inspect shows where the journal stops.")
+        where = self._log_cause(slot.run_id, {"cause": cause}, "failed")
         slot.override = ErrorView(
             code="RUN_CHECKPOINT_FAILED",
             message=f"{error_view('RUN_CHECKPOINT_FAILED').message} Earlier effects are not "
@@ -862,18 +862,11 @@ class Runtime:
             except (CheckpointFailed, OSError) as exc:
                 cause = exc.cause if isinstance(exc, CheckpointFailed) else (
                     exc.strerror or str(exc))
-                # The cause goes to the log, not the view.
-                logged = self.on_event is None or self.on_event(
-                    "checkpoint_failed", run_id,
-                    {"code": "RUN_CHECKPOINT_FAILED", "cause": cause, "during": "cancel"},
-                    "held") is not False
-                where = (f"the host log has the cause (intloom logs {run_id})" if logged else
-                         "the host could not write the cause to its log either (the disk is "
-                         "full or failing)")
+                where = self._log_cause(run_id, {"cause": cause, "during": "cancel"}, "held")
                 raise IntloomError(
                     "RUN_CHECKPOINT_FAILED",
                     f"Run {run_id}: its cancel could not be written, so it is still held. Its "
-                    f"earlier records are unchanged; {where}. Fix the disk and retry after a "
+                    f"earlier records are unchanged. {where} Fix the disk and retry after a "
                     "restart.",
                 ) from None
             held.state = after

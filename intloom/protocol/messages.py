@@ -18,6 +18,7 @@ from intloom.errors import ErrorView
 from intloom.runtime.model import PendingAgentCall, RunView
 
 __all__ = [
+    "CAUGHT_UP",
     "FEATURES",
     "MAX_FRAME",
     "MAX_PAGE",
@@ -87,7 +88,8 @@ class HelloOk(_Msg, tag="hello_ok", frozen=True):
 
 
 # The features this host announces in its hello.
-FEATURES: Final = ("caughtUp",)
+CAUGHT_UP: Final = "caughtUp"
+FEATURES: Final = (CAUGHT_UP,)
 
 
 # ----- requests ----------------------------------------------------------------------------

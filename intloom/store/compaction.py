@@ -82,15 +82,15 @@ def compact(layout: Layout, tracks: dict[str, Track], *, start: int, pinned: lis
     live: list[tuple[str, bytes]] = []
     done: list[tuple[str, bytes]] = []
     unchanged: list[str] = []  # ended Runs whose done/ snapshot already says it all
-    folded: dict[str, tuple[RunState | None, Status, str | None]] = {}
+    folded: dict[str, tuple[RunState | None, Status, str | None, int]] = {}
     for run_id, track in tracks.items():
         if not track.dirty or track.status == "incompatible":
             continue  # incompatible data stays in a pinned segment, read as it is
         state, status, problem = track.folded()
-        folded[run_id] = (state, status, problem)
         # A corrupt Run (read so, or made so by a record its fold refused here) reached at
         # least its last durable record.
         reached = max(track.reached, track.seq) if status == "corrupt" else 0
+        folded[run_id] = (state, status, problem, reached)
         snap = Snapshot(run_id=run_id, seq=state.seq if state else 0, status=status,
                         state=state, problem=problem, segment=segment, written_at=stamp,
                         reached=reached)
@@ -126,14 +126,13 @@ def compact(layout: Layout, tracks: dict[str, Track], *, start: int, pinned: lis
         manifest = Manifest(format=MANIFEST_FORMAT, start=start, pinned=sorted(set(pinned)),
                             voids=list(voids), updated_at=stamp, live=live_set(names))
         atomic_write_many(layout.root, [("manifest.json", encode_manifest(manifest))])
-    for run_id, (state, status, problem) in folded.items():
+    for run_id, (state, status, problem, reached) in folded.items():
         if status == "ok" and state is not None and state.phase == "terminal":
             del tracks[run_id]
             continue
         track = tracks[run_id]
-        track.base, track.status, track.problem = state, status, problem
-        if status == "corrupt":
-            track.reached = max(track.reached, track.seq)
+        track.base, track.status, track.problem, track.reached = (
+            state, status, problem, reached)
         track.tail = []
         track.dirty = False
 

@@ -619,12 +619,11 @@ def _gap_before(frames: list[tuple[SegmentScan, Frame]], snap: Snapshot | None,
 def _judge(loaded: Loaded, run_id: str, frames: list[tuple[SegmentScan, Frame]],
            snap: Snapshot | None, hits: list[_Hit], mode: Mode, gap: _Gap | None,
            snap_damage: str | None, gaps: list[_Gap]) -> RunJournal | None:
-    if snap is not None and (snap.status != "ok" and not (
-        snap.status == "corrupt" and snap.reached > 0)) and not (
-        mode == "verify" and frames and frames[0][1].seq == 1
-    ):
-        # (A corrupt snapshot without ``reached`` was written before it existed: how far its
-        # Run got is not known, so its verdict stands.)
+    # A corrupt snapshot without ``reached`` was written before it existed: how far its Run
+    # got is not known, so its verdict stands, as an incompatible one's does.
+    rejudged = snap is not None and snap.status == "corrupt" and snap.reached > 0
+    if (snap is not None and snap.status != "ok" and not rejudged
+            and not (mode == "verify" and frames and frames[0][1].seq == 1)):
         return RunJournal(run_id, snap.state, snap.status, snap.problem, reached=snap.reached)
     # A corrupt Run's snapshot holds its fold up to its last good record, and the segments
     # after that stay pinned: the log past it is judged again at every read rather than the

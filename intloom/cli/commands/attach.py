@@ -116,7 +116,9 @@ class _Follower(threading.Thread):
     def met(self, features: list[str]) -> None:
         """The host's features: one from before "caughtUp" never marks the history's end,
         so the display is not held back waiting for that mark."""
-        if "caughtUp" not in features:
+        from intloom.protocol.messages import CAUGHT_UP  # loaded with the client already
+
+        if CAUGHT_UP not in features:
             with self._cond:
                 self._caught_up = True
                 self._cond.notify_all()
