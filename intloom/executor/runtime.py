@@ -956,7 +956,14 @@ class Runtime:
                 f"Tool {tool!r} is not declared on {step.where}; declared: {sorted(tools)}.",
             )
         if len(claim.receipts) >= _MAX_RECEIPTS:
-            raise IntloomError("BUSY", f"Agent task {call_id} reached {_MAX_RECEIPTS} tool calls.")
+            # A limit, not a busy resource: retrying never helps (it was BUSY, retryable).
+            raise IntloomError(
+                "CONFLICT",
+                f"Agent task {call_id} has made {_MAX_RECEIPTS} Tool calls, the most one task "
+                f"may make (each keeps its receipt until the task ends); Tool call "
+                f"{tool_call_id} was not run. Repeating an earlier call (its tool_call_id and "
+                "input) still returns its output; otherwise complete or fail the task.",
+            )
         if claim.tool_running is not None:
             raise IntloomError("BUSY", f"Tool call {claim.tool_running} of this task is "
                                "running; a task runs one Tool call at a time. Retry once it "

@@ -421,3 +421,23 @@ def test_a_tool_still_running_at_the_end_of_the_grace_is_named(
     assert "1 Run still had a Step, Tool or on_complete running" in lines[0], lines
     assert lines[1].startswith(f"  {run.run_id}: client Agent task "), lines
     assert "was running Tool call tc-1 (Tool 'slow') and its outcome is unknown" in lines[1]
+
+
+def test_a_task_past_its_tool_call_limit_is_told_so_not_to_retry(
+        looping: tuple[Client, Project]) -> None:
+    """The 257th Tool call of a task was BUSY, retryable: an Agent that retries what is
+    retryable looped for ever on a limit that never lifts. It is CONFLICT, saying what to do."""
+    client, _ = looping
+    run, call, token = _claimed(client, "looping")
+    for n in range(256):
+        client.call_tool(run.run_id, call, token, f"tc-{n}", "search", {"n": n})
+    with pytest.raises(IntloomError) as refused:
+        client.call_tool(run.run_id, call, token, "tc-new", "search", {"n": 0})
+    assert refused.value.code == "CONFLICT" and refused.value.retryable is False
+    message = refused.value.message
+    assert f"Agent task {call} has made 256 Tool calls" in message, message
+    assert "tc-new was not run" in message and "complete or fail the task" in message
+    # An earlier call still replays, and the task can still be completed.
+    assert client.call_tool(run.run_id, call, token, "tc-7", "search", {"n": 7}) == (
+        {"found": {"n": 7}}, True)
+    assert client.complete_agent_call(run.run_id, call, token, "done", {}).status == "completed"
