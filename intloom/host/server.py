@@ -111,6 +111,20 @@ def _error(code: str, message: str | None = None) -> ErrorReply:
     return ErrorReply(error=error_view(code, message))
 
 
+def _closing(request: Request) -> ErrorReply:
+    """CLI_SERVICE_CLOSING for a request on a connection opened before the stop: what was
+    refused, that nothing was done, and what to do (the hello's refusal says the same)."""
+    run_id = getattr(request, "run_id", None)
+    about = f" about Run {run_id}" if run_id else ""
+    return _error(
+        "CLI_SERVICE_CLOSING",
+        f"The service is shutting down: it is suspending its Runs, then exits. The "
+        f"{type(request).__name__} request{about} was refused; nothing was done. Run it "
+        "again once intloom status says the service is offline (intloom start waits for "
+        "that, then starts a new host).",
+    )
+
+
 def _too_large(request: Request | None, reply: msgspec.Struct, size: int) -> ErrorReply:
     """RESPONSE_TOO_LARGE for ``reply``, which cannot be framed: what was asked, what it
     did, and what to do instead (never a bare CLI_INTERNAL_ERROR)."""
@@ -293,7 +307,7 @@ class Server:
 
     async def _dispatch(self, request: Request) -> Response:
         if self.closing and not isinstance(request, Status):
-            return _error("CLI_SERVICE_CLOSING")
+            return _closing(request)
         if self.refusal is not None and isinstance(request, _WORK):
             return ErrorReply(error=self.refusal)
         try:
@@ -311,7 +325,7 @@ class Server:
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: Subscribe
     ) -> None:
         if self.closing:
-            await self._write(writer, _error("CLI_SERVICE_CLOSING"))
+            await self._write(writer, _closing(request))
             return
 
         async def pump() -> None:

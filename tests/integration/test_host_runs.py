@@ -424,6 +424,57 @@ def test_a_command_during_a_stop_is_told_the_host_is_stopping(
     assert stopped == [True]
 
 
+def test_an_answer_on_a_connection_open_before_a_stop_is_told_nothing_was_done(
+    project: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Client connected before the stop (an Agent, attach) got a bare "The service is
+    shutting down." for its answer: not what was refused, whether it was recorded, or what
+    to do. It is told, and the wait it answered comes back unchanged after a start."""
+    monkeypatch.setenv("INTLOOM_TEST_SUSPEND_GRACE", "5")
+    (project.root / "workflows" / "gated.py").write_text(GATED)
+    (project.root / "intloom.toml").write_text(
+        'workflows = ["workflows/example.py", "workflows/gated.py"]\n')
+    start(project)
+    client = Client.connect(project.root)
+    try:
+        waiting = client.create_run("example", "notes")
+        assert waiting.pending_action is not None, waiting
+        client.create_run("gated", "payload", wait=False)
+        eventually(lambda: (project.root / "calls.log").exists(), timeout=10,
+                   what="the effect to start")
+        stopped: list[bool] = []
+        stopper = threading.Thread(
+            target=lambda: stopped.append(stop_service(project.root, timeout=30)))
+        stopper.start()
+        try:
+            def refused() -> IntloomError | None:
+                try:
+                    client.get_run(waiting.run_id)
+                except IntloomError as exc:
+                    return exc if exc.code == "CLI_SERVICE_CLOSING" else None
+                return None
+
+            eventually(refused, timeout=10, what="the stop to begin")
+            with pytest.raises(IntloomError) as answered:
+                client.answer(waiting.run_id, waiting.pending_action.id, {"isConfirmed": True})
+        finally:
+            (project.root / "gate").touch()
+            stopper.join(timeout=40)
+        assert stopped == [True]
+    finally:
+        client.close()
+    message = answered.value.message
+    assert answered.value.code == "CLI_SERVICE_CLOSING"
+    assert f"The Answer request about Run {waiting.run_id} was refused; nothing was done" in (
+        message), message
+    assert "Run it again once intloom status says the service is offline" in message, message
+    start(project)
+    with Client.connect(project.root) as again:
+        assert again.get_run(waiting.run_id) == waiting
+        done = again.answer(waiting.run_id, waiting.pending_action.id, {"isConfirmed": True})
+    assert done.status == "completed", done
+
+
 def test_a_client_shared_by_threads_gives_each_its_own_reply(project: Project) -> None:
     """Replies are matched to requests by order on one connection: two threads calling one
     Client at once took each other's replies (532 of 600 got the other Run's view)."""
