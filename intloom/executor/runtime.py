@@ -1093,6 +1093,15 @@ class Runtime:
             self._agent_dropped.append((run_id, (
                 f"client Agent task {call_id}'s on_complete ran (outcome {outcome!r}) while the "
                 "host stopped; the completion was not recorded")))
+            # The Agent is told the same (it got "no new work", as if nothing had begun).
+            raise IntloomError(
+                "CLI_SERVICE_CLOSING",
+                f"The host stopped while Agent task {call_id}'s on_complete ran (outcome "
+                f"{outcome!r}): the completion was not recorded, since nothing is written "
+                f"while the host stops. The next start reports Run {run_id} RUN_INTERRUPTED "
+                "(claims are not restored); once it has started, start a new Run for this "
+                "work.",
+            )
         self._admit()
         slot, _call = self._agent_slot(run_id, call_id)
         self._check_owner(slot, owner_token)

@@ -389,6 +389,7 @@ def test_an_on_complete_that_ends_during_a_stop_is_named_not_dropped_silently(
                                                          {"until": str(release)}))
             except IntloomError as exc:
                 results.append(exc.code)
+                results.append(exc.message)
 
     completer = threading.Thread(target=complete)
     completer.start()
@@ -397,7 +398,13 @@ def test_an_on_complete_that_ends_during_a_stop_is_named_not_dropped_silently(
         stopped = _stop_then_release(project, release)
     finally:
         completer.join(timeout=30)
-    assert results == ["CLI_SERVICE_CLOSING"]
+    # The Agent is told its completion was not recorded (it got "The host is stopping; no
+    # new work.", as if nothing had begun) and what becomes of the Run.
+    assert results == ["CLI_SERVICE_CLOSING", (
+        f"The host stopped while Agent task {call}'s on_complete ran (outcome 'done'): the "
+        "completion was not recorded, since nothing is written while the host stops. The next "
+        f"start reports Run {run.run_id} RUN_INTERRUPTED (claims are not restored); once it "
+        "has started, start a new Run for this work.")], results
     lines = stopped.stdout.splitlines()
     assert "1 Run still had a Step, Tool or on_complete running" in lines[0], lines
     assert lines[1] == (f"  {run.run_id}: client Agent task {call}'s on_complete ran (outcome "
