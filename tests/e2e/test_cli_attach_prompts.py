@@ -223,3 +223,66 @@ def test_eof_or_ctrl_c_at_a_prompt_detaches_and_leaves_the_run_waiting(
         assert f"Detached from {run_id}; the Run is left as it was." in term.rest(), term.text()
     run = ok(project.cli("attach", run_id, "--json"))["run"]
     assert (run["status"], run["pendingAction"]["id"]) == ("waiting", asked), run
+
+
+AGENT_THEN_CONFIRM = """
+from typing import Any
+
+import intloom
+
+wf = intloom.Workflow("handoff", version="1")
+main = wf.stage("main")
+
+
+@main.agent_step("look", routes={"found": "check"})
+def look(ctx: intloom.StepContext[None]) -> Any:
+    return {"topic": ctx.intent}
+
+
+@main.step("check", routes={"ok": intloom.COMPLETE, "no": intloom.COMPLETE})
+async def check(ctx: intloom.StepContext[None]) -> str:
+    answer = await ctx.confirm({"checked": ctx.intent})
+    return "ok" if answer.confirmed else "no"
+"""
+
+
+@pytest.mark.parametrize("leave", ["agent", "ctrl-c"])
+def test_attach_follows_a_run_through_its_agent_task_to_the_next_prompt(
+    asks_project: Project, leave: str
+) -> None:
+    """On a terminal, attach to a Run waiting on a client Agent printed the Run and exited:
+    it did not follow the live events (DESIGN: attach follows them), so the confirmation the
+    Run asked once the Agent was done went unseen. It follows until the Agent completes the
+    task, then prompts; Ctrl-C detaches meanwhile."""
+    from intloom.client.client import Client
+
+    project = asks_project
+    (project.root / "workflows" / "handoff.py").write_text(AGENT_THEN_CONFIRM)
+    toml = project.root / "intloom.toml"
+    toml.write_text(toml.read_text().replace("]", ', "workflows/handoff.py"]'))
+    ok(project.cli("start", "--json"))
+    run = ok(project.cli("flow", "handoff", "--intent", "ticket 12", "--json"))["run"]
+    run_id, call = run["runId"], run["pendingAgentCall"]["id"]
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        term = Terminal(["--project", str(project.root), "attach", run_id], project.root,
+                        timeout=PROMPT_DEADLINE)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    with term:
+        term.expect(f"Waiting for the client Agent to complete or fail task {call}")
+        if leave == "ctrl-c":
+            term.proc.send_signal(signal.SIGINT)
+            assert term.finish() == 0, term.text()
+            assert f"Detached from {run_id}; the Run is left as it was." in term.rest()
+            return
+        with Client.connect(project.root) as agent:
+            token, _ = agent.claim_agent_call(run_id, call, "agent-1")
+            agent.complete_agent_call(run_id, call, token, "found", {})
+        term.expect("Confirm? [y/n]: ")
+        term.type("y")
+        term.expect("Feedback (optional, Enter to skip): ")
+        term.type("")
+        assert term.finish() == 0, term.text()
+        assert "Completed · handoff" in term.rest(), term.text()
+    assert answered(project, run_id) == {"isConfirmed": True}

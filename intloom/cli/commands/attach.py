@@ -159,6 +159,20 @@ class _Follower(threading.Thread):
         with self._cond:
             self._cond.wait_for(lambda: self._reached(view), timeout=_CATCH_UP)
 
+    def past_task(self, view: RunView) -> None:
+        """Block until the stream shows the Run no longer waiting on ``view``'s Agent task
+        (the Agent completed or failed it, the Run was cancelled or suspended), or ended."""
+        call = view.pending_agent_call
+        assert call is not None
+
+        def moved(seen: RunView) -> bool:
+            task = seen.pending_agent_call
+            return (seen.updated_at >= view.updated_at
+                    and (seen.status != "waiting" or task is None or task.id != call.id))
+
+        with self._cond:
+            self._cond.wait_for(lambda: self._done or any(moved(s) for s in self._seen))
+
     def close(self) -> None:
         client = self._client
         if client is not None:
@@ -204,8 +218,32 @@ def _still_asked(client: Client, run_id: str, action_id: str,
     return check
 
 
+def _look(client: Client, run_id: str, follower: _Follower, what: str) -> RunView:
+    """The Run now; when its host stopped or went away, as the stream last showed it ended
+    (a stopping host suspends it), else the connection's error, saying nothing was done."""
+    try:
+        return client.get_run(run_id)
+    except IntloomError as exc:
+        if exc.code not in _CONNECTION_LOST:
+            raise
+        last = follower.last_word()
+        if last is not None and last.status in ("completed", "failed"):
+            return last
+        fact = ("The host is stopping" if exc.code == "CLI_SERVICE_CLOSING" else
+                "The connection to the host was lost")
+        raise IntloomError(
+            exc.code,
+            f"{fact} while attach followed Run {run_id} on {what} (the host stopped or was "
+            f"killed); nothing was done here. Run intloom status, then intloom attach "
+            f"{run_id}.",
+            retryable=exc.retryable,
+        ) from None
+
+
 def _follow(state: CliState, client: Client, run_id: str, view: RunView) -> RunView:
-    """Wait, prompt and answer until the Run is terminal, or waits with no one to answer."""
+    """Wait, prompt and answer until the Run is terminal, or waits with no one to answer
+    (without a terminal, no one answers here; on one, an Agent task is followed until the
+    Agent completes or fails it)."""
     from intloom.cli.prompts import Terminal, prompt_answer
 
     term = Terminal() if interactive(state.json_mode) else None
@@ -218,6 +256,15 @@ def _follow(state: CliState, client: Client, run_id: str, view: RunView) -> RunV
                 continue
             follower.catch_up(view)
             action = view.pending_action
+            call = view.pending_agent_call
+            if view.status == "waiting" and call is not None and term is not None:
+                # Nothing to answer here, but attach follows the Run: the Agent's work goes
+                # on elsewhere, then what the Run asks next is prompted for here.
+                term.say(f"Waiting for the client Agent to complete or fail task {call.id}; "
+                         "its events follow. Ctrl-C detaches.")
+                follower.past_task(view)
+                view = _look(client, run_id, follower, f"its Agent task {call.id}")
+                continue
             if view.status != "waiting" or action is None or term is None:
                 return view
             term.check = _still_asked(client, run_id, action.id, follower)
