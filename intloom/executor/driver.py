@@ -701,6 +701,24 @@ def _state_codec(state_type: type) -> tuple[Callable[[bytes], Any], bool, bool]:
     return codec
 
 
+_STILL_CLAIMED: Final = ("Nothing was recorded and the task stays claimed: complete it "
+                         "again with a corrected output, or fail it.")
+
+
+def _still_claimed(exc: IntloomError, where: str) -> IntloomError:
+    """``exc``, raised by (or for) an Agent Step's ``on_complete``, saying where, that the
+    completion recorded nothing, and what the Agent can do."""
+    if exc.code == "EXECUTION_OWNERSHIP_LOST" or _STILL_CLAIMED in exc.message:
+        return exc
+    message = exc.message
+    step = where.removesuffix(" on_complete")
+    if not message.startswith(where):
+        # "Stage 'a', Step 'b' assigned ..." names the Step: say it was its on_complete.
+        message = (where + message[len(step):] if message.startswith(step + " ")
+                   else f"{where}: {message}")
+    return IntloomError(exc.code, f"{message} {_STILL_CLAIMED}", retryable=exc.retryable)
+
+
 def _encode_state(value: Any, where: str | Step[Any], state_type: type | None,
                   slot: RunSlot | None = None) -> bytes | None:
     """The State's journal bytes; ``where`` names the Step (or initialiser) that set it.
@@ -1428,10 +1446,16 @@ class Driver:
         where = f"{step.where} on_complete"
         try:
             returned = await self.call_user(step.complete_fn, ctx, result)
-        except (IntloomError, asyncio.CancelledError) as exc:
+        except asyncio.CancelledError as exc:
             if ctx._calls is not None:
                 _refused_effects(ctx, where, exc)
             raise
+        except IntloomError as exc:
+            # A misused ctx (a State of the wrong type, an effect): the Agent must learn, as
+            # for any refusal, that nothing was recorded and what it can do.
+            if ctx._calls is not None:
+                _refused_effects(ctx, where, exc)
+            raise _still_claimed(exc, where) from None
         except Exception as exc:
             if ctx._calls is not None:
                 _refused_effects(ctx, where, exc)
@@ -1449,7 +1473,10 @@ class Driver:
                 f"{where} returned {_shown(returned, 200)}; it must return None and "
                 "assign ctx.state instead. Nothing was recorded and the task stays claimed.",
             )
-        return _encode_state(ctx.state, where, step.stage.state_type)
+        try:
+            return _encode_state(ctx.state, where, step.stage.state_type)
+        except IntloomError as exc:
+            raise _still_claimed(exc, where) from None
 
     async def _run_recover(self, slot: RunSlot) -> None:
         rt = self.rt

@@ -448,3 +448,57 @@ def test_a_task_past_its_tool_call_limit_is_told_so_not_to_retry(
     assert client.call_tool(run.run_id, call, token, "tc-7", "search", {"n": 7}) == (
         {"found": {"n": 7}}, True)
     assert client.complete_agent_call(run.run_id, call, token, "done", {}).status == "completed"
+
+
+MISUSED = textwrap.dedent('''
+    from typing import Any
+
+    import msgspec
+
+    import intloom
+
+
+    class Notes(msgspec.Struct):
+        items: list[int] = []
+
+
+    wf = intloom.Workflow("misused", version="1")
+    main = wf.stage("main", state=Notes)
+
+
+    @main.agent_step("look", routes={"found": intloom.COMPLETE})
+    def look(ctx: intloom.StepContext[Notes]) -> Any:
+        return {"topic": ctx.intent}
+
+
+    @look.on_complete
+    def absorb(ctx: intloom.StepContext[Notes], result: intloom.AgentResult) -> None:
+        if result.output == "dict":
+            ctx.state = {"items": [1]}  # not a Notes
+        elif result.output == "field":
+            ctx.state.items.append("x")  # not an int: refused when the State is saved
+        else:
+            ctx.state = Notes(items=[1])
+''')
+
+
+def test_an_on_complete_that_misuses_its_state_says_the_task_stays_claimed(
+        project: Project) -> None:
+    """on_complete setting a State of the wrong type was refused with the bare State error
+    ("Stage 'main', Step 'look' assigned ctx.state a dict ..."): the Agent was not told the
+    completion recorded nothing, nor that it may complete the task again."""
+    (project.root / "workflows" / "misused.py").write_text(MISUSED)
+    (project.root / "intloom.toml").write_text('workflows = ["workflows/misused.py"]\n')
+    start(project)
+    with Client.connect(project.root) as client:
+        run, call, token = _claimed(client, "misused")
+        for output in ("dict", "field"):
+            message = _refused(lambda output=output: client.complete_agent_call(
+                run.run_id, call, token, "found", output), "STAGE_STATE_INVALID")
+            assert message.startswith("Stage 'main', Step 'look' on_complete"), message
+            assert message.endswith(
+                "Nothing was recorded and the task stays claimed: complete it again with a "
+                "corrected output, or fail it."), message
+            assert client.get_run(run.run_id).pending_agent_call is not None
+        assert client.complete_agent_call(run.run_id, call, token, "found", "ok").status == (
+            "completed")
