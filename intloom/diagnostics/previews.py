@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Literal
 
 import msgspec
 
+from intloom.authoring.compat import cursor_problem
 from intloom.diagnostics.checks import Check, CheckStatus
 from intloom.errors import IntloomError
 from intloom.project import ProjectPaths
@@ -62,6 +63,9 @@ def _incompatibility(state: RunState, loaded: LoadResult) -> str | None:
     if changed:
         return (f"the State schema of Stage(s) {', '.join(changed)} changed since the Run "
                 "started (restore the code the Run started with to resume it)")
+    moved = cursor_problem(wf, state)
+    if moved is not None:
+        return f"{moved} (restore the code the Run started with to resume it)"
     return None
 
 

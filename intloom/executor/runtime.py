@@ -27,6 +27,7 @@ from typing import Any, Final, Literal
 import msgspec
 
 from intloom.authoring.agent import AgentResult
+from intloom.authoring.compat import cursor_problem
 from intloom.authoring.context import Recovery
 from intloom.authoring.interaction import validate_answer
 from intloom.authoring.loader import LoadedWorkflow
@@ -148,6 +149,9 @@ def _mismatch(state: RunState, workflows: Mapping[str, LoadedWorkflow]) -> str |
                 f"incompatible schema: Stage {stage!r} State schema changed since the Run "
                 "started"
             )
+    moved = cursor_problem(lw, state)
+    if moved is not None:
+        return f"incompatible definition: {moved}"
     if state.stage_state is not None:
         stage_def = lw.workflow.stages.get(state.cursor.stage)
         st_type = stage_def.state_type if stage_def is not None else None

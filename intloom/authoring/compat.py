@@ -1,0 +1,44 @@
+"""Whether a loaded Workflow can take a Run on from where its journal left it.
+
+Identity and Stage schemas are compared first, by each caller in its own words (the host's
+restore, ``doctor`` and ``inspect``). What this module adds is shared, so that the three
+judge a Run alike: the identity covers the Workflow's source tree only, and code imported
+from elsewhere (a builder in another project directory, an installed package) can change
+the Stages and Steps without changing it. A Run whose cursor names a Stage or Step the
+loaded Workflow does not have is held like any incompatible Run -- never driven from a
+place that is not there (the host failed it with an internal error) nor judged by a Step
+it cannot find ("has no recover entry").
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from intloom.authoring.loader import LoadedWorkflow
+    from intloom.runtime.machine import RunState
+
+__all__ = ["cursor_problem"]
+
+# Why a Run is held for a definition that changed outside the tree, and where to look.
+_OUTSIDE = ("its definition changed outside the Workflow's source tree, which the identity "
+            "does not cover (docs/authoring.md, Changing a Workflow)")
+
+
+def cursor_problem(lw: LoadedWorkflow, state: RunState) -> str | None:
+    """Why the loaded Workflow has no place for the Run's cursor, or None.
+
+    A Run that has only its header has no cursor yet (it enters the entry Stage); an ended
+    Run is never continued.
+    """
+    if state.phase in ("header", "terminal"):
+        return None
+    cursor = state.cursor
+    stage = lw.workflow.stages.get(cursor.stage)
+    if stage is None:
+        return (f"Workflow {lw.name!r} as loaded has no Stage {cursor.stage!r}, where the Run "
+                f"is: {_OUTSIDE}")
+    if cursor.step is not None and cursor.step not in stage.steps:
+        return (f"Workflow {lw.name!r} as loaded has no Step {cursor.stage}/{cursor.step}, "
+                f"where the Run is: {_OUTSIDE}")
+    return None

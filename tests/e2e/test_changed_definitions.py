@@ -1,0 +1,200 @@
+"""A Workflow whose definition changed outside its source tree while Runs were unfinished.
+
+The identity covers the Workflow's source tree only (docs/authoring.md, "Changing a
+Workflow"): code imported from elsewhere in the project -- here a builder in ``common/``
+that declares the Stages and Steps -- can change without changing it. A restart must still
+never drive a Run from a place the loaded Workflow no longer has, nor let one Run's saved
+State stop the host: such a Run is held (needs attention, journal kept) by ``start`` and in
+``doctor``'s preview alike, and continues once the code is back. Real host, real CLI.
+"""
+
+from __future__ import annotations
+
+import textwrap
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from intloom.client import Client
+from intloom.errors import IntloomError
+from tests.helpers import CliResult, Project, eventually, ok, reaped
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+# The builder, outside the entry's tree (workflows/): NEXT names the second Step.
+PARTS = textwrap.dedent('''
+    import os
+    import time
+
+    import msgspec
+
+    import intloom
+
+    NEXT = "second"
+
+
+    class Draft(msgspec.Struct):
+        text: str = ""
+        attempts: int = 0
+        POST_INIT
+
+
+    def _held_until_released(marker: str) -> str:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(marker) and time.monotonic() < deadline:
+            time.sleep(0.02)  # a poll: the test writes the marker once the stop has begun
+        return "released"
+
+
+    def build(wf):
+        s = wf.stage("s", state=Draft)
+
+        @s.step("first", routes={"done": NEXT, "wait": "review"})
+        def first(ctx):
+            if ctx.intent == "wait":
+                ctx.state = Draft(text="draft", attempts=1)
+                return "wait"
+            ctx.effect("hold", _held_until_released, ctx.intent)
+            return "done"
+
+        @s.step(NEXT, routes={"done": intloom.COMPLETE})
+        def second(ctx):
+            return "done"
+
+        @s.step("review", routes={"yes": intloom.COMPLETE, "no": intloom.COMPLETE})
+        async def review(ctx):
+            answer = await ctx.confirm({"text": ctx.state.text})
+            return "yes" if answer.confirmed else "no"
+
+        @review.recover
+        def review_recover(ctx, saved):
+            return "yes" if saved.answer.confirmed else "no"
+''')
+ENTRY = textwrap.dedent('''
+    import intloom
+    from common.parts import build
+
+    wf = intloom.Workflow("shared", version="1")
+    build(wf)
+''')
+NO_POST_INIT = "pass"
+
+
+@pytest.fixture
+def shared(tmp_path: Path) -> Iterator[Project]:
+    root = tmp_path / "proj"
+    (root / "workflows").mkdir(parents=True)
+    (root / "common").mkdir()
+    (root / "common" / "__init__.py").write_text("")
+    _parts(root, NO_POST_INIT)
+    (root / "workflows" / "flow.py").write_text(ENTRY)
+    (root / "intloom.toml").write_text('workflows = ["workflows/flow.py"]\n')
+    yield from reaped(Project(root=root))
+
+
+def _parts(root: Path, post_init: str, next_step: str = "second") -> None:
+    text = PARTS.replace("POST_INIT", post_init).replace('NEXT = "second"',
+                                                         f"NEXT = {next_step!r}")
+    (root / "common" / "parts.py").write_text(text)
+
+
+def _wal(project: Project) -> dict[str, bytes]:
+    return {p.name: p.read_bytes()
+            for p in sorted((project.state / "runtime" / "wal").iterdir())}
+
+
+def _stopping(project: Project) -> bool:
+    try:
+        with Client.connect(project.root) as probe:
+            probe.runs()
+    except IntloomError as exc:
+        return exc.code == "CLI_SERVICE_CLOSING"
+    return False
+
+
+def _stop_then_release(project: Project, marker: Path) -> None:
+    """A graceful stop while the first Step's effect is held; released once the stop has
+    begun, so the Step ends in its grace and the Run is suspended at its next Step."""
+    stops: list[CliResult] = []
+    stopper = threading.Thread(target=lambda: stops.append(project.cli("stop", "--timeout",
+                                                                       "30", "--json")))
+    stopper.start()
+    try:
+        eventually(lambda: _stopping(project), timeout=15, what="the stop to begin")
+    finally:
+        marker.write_text("go")
+        stopper.join(timeout=40)
+    [stopped] = stops
+    assert stopped.code == 0, stopped.stderr
+
+
+def _ended(project: Project, run_id: str) -> dict[str, Any] | None:
+    [run] = [r for r in ok(project.cli("runs", "--json"))["runs"] if r["runId"] == run_id]
+    return run if run["status"] not in ("running",) else None
+
+
+def _preview(project: Project, run_id: str) -> dict[str, Any]:
+    doctor = project.cli("doctor", "--json")
+    [found] = [r for r in doctor.json["runs"] if r["runId"] == run_id]
+    return {"code": doctor.code, **found}
+
+
+def test_a_run_at_a_step_the_loaded_workflow_no_longer_has_is_held_not_failed(
+    shared: Project,
+) -> None:
+    marker = shared.root / "release"
+    ok(shared.cli("start", "--json"))
+    run_id = ok(shared.cli("flow", "shared", "--intent", str(marker), "--detach",
+                           "--json"))["run"]["runId"]
+    _stop_then_release(shared, marker)
+    assert _preview(shared, run_id)["verdict"]["row"] == "resume"
+
+    _parts(shared.root, NO_POST_INIT, next_step="third")  # renamed outside the tree
+    before = _wal(shared)
+    preview = _preview(shared, run_id)
+    assert preview["code"] == 3, preview
+    assert preview["verdict"]["row"] == "needs_attention", preview
+    assert "Step s/second" in preview["problem"], preview
+    restore = ok(shared.cli("start", "--json"))["service"]["restore"]
+    assert restore["needsAttention"] == [run_id], restore
+    held = shared.cli("attach", run_id, "--json")
+    assert held.code == 1 and held.json["error"]["code"] == "JOURNAL_INCOMPATIBLE", held
+    assert "Step s/second" in held.json["error"]["message"]
+    ok(shared.cli("stop", "--json"))
+    after = _wal(shared)  # each host opens a segment of its own; the old ones as they were
+    assert {name: after[name] for name in before} == before
+
+    _parts(shared.root, NO_POST_INIT)  # the code is back: the Run continues
+    restore = ok(shared.cli("start", "--json"))["service"]["restore"]
+    assert restore["resumed"] == [run_id], restore
+    run = eventually(lambda: _ended(shared, run_id), timeout=20, what="the Run to end")
+    assert run["status"] == "completed", run
+    ok(shared.cli("stop", "--json"))
+
+
+def test_a_wait_in_a_step_the_loaded_workflow_no_longer_has_is_held(shared: Project) -> None:
+    ok(shared.cli("start", "--json"))
+    run = ok(shared.cli("flow", "shared", "--intent", "wait", "--json"))["run"]
+    run_id, action = run["runId"], run["pendingAction"]["id"]
+    ok(shared.cli("stop", "--json"))
+    text = (shared.root / "common" / "parts.py").read_text()
+    (shared.root / "common" / "parts.py").write_text(
+        text.replace('"wait": "review"', '"wait": "approve"')
+        .replace('@s.step("review"', '@s.step("approve"'))
+
+    preview = _preview(shared, run_id)
+    assert preview["verdict"]["row"] == "needs_attention", preview  # not "no recover entry"
+    assert "Step s/review" in preview["problem"], preview
+    restore = ok(shared.cli("start", "--json"))["service"]["restore"]
+    assert restore["needsAttention"] == [run_id] and restore["interrupted"] == [], restore
+    ok(shared.cli("stop", "--json"))
+
+    (shared.root / "common" / "parts.py").write_text(text)
+    restore = ok(shared.cli("start", "--json"))["service"]["restore"]
+    assert restore["waiting"] == [run_id], restore
+    answered = ok(shared.cli("answer", run_id, action, '{"isConfirmed": true}', "--json"))
+    assert answered["run"]["status"] == "completed", answered
+    ok(shared.cli("stop", "--json"))
