@@ -12,13 +12,21 @@ it cannot find ("has no recover entry").
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
+
+import msgspec
+
+from intloom.errors import clip
 
 if TYPE_CHECKING:
     from intloom.authoring.loader import LoadedWorkflow
     from intloom.runtime.machine import RunState
 
-__all__ = ["cursor_problem"]
+__all__ = ["cursor_problem", "state_problem"]
+
+# The order the driver saves a State in when plain encoding is not deterministic (a State
+# with sets: executor/driver.py, DETERMINISTIC).
+_DETERMINISTIC: Final = msgspec.json.Encoder(order="deterministic")
 
 # Why a Run is held for a definition that changed outside the tree, and where to look.
 _OUTSIDE = ("its definition changed outside the Workflow's source tree, which the identity "
@@ -41,4 +49,33 @@ def cursor_problem(lw: LoadedWorkflow, state: RunState) -> str | None:
     if cursor.step is not None and cursor.step not in stage.steps:
         return (f"Workflow {lw.name!r} as loaded has no Step {cursor.stage}/{cursor.step}, "
                 f"where the Run is: {_OUTSIDE}")
+    return None
+
+
+def state_problem(lw: LoadedWorkflow, state: RunState) -> str | None:
+    """Why the Stage State saved in the journal does not decode, as it was saved, with the
+    loaded State type (DESIGN section 6), or None. Its fingerprint (the JSON Schema) may be
+    unchanged while the class is not: a ``__post_init__`` check, say, from outside the tree."""
+    if state.stage_state is None:
+        return None
+    stage = lw.workflow.stages.get(state.cursor.stage)
+    st_type = stage.state_type if stage is not None else None
+    if st_type is None:
+        return None
+    try:
+        decoded = msgspec.json.decode(state.stage_state, type=st_type)
+    except msgspec.MsgspecError as exc:
+        return f"the State saved in Stage {state.cursor.stage!r} no longer decodes ({exc})"
+    except Exception as exc:
+        # User code runs here (a ``__post_init__``): msgspec turns only its ValueError and
+        # TypeError into a ValidationError. Anything else (an ``assert``) is this Run's
+        # problem, never the host's: it stopped every Run from restoring.
+        return (f"the State saved in Stage {state.cursor.stage!r} no longer decodes: "
+                f"building {st_type.__name__} raised {type(exc).__name__}: {clip(str(exc), 500)}")
+    # Saved as encoded, or (a State with sets, floats, ...) in the deterministic order the
+    # driver saves it in.
+    if (msgspec.json.encode(decoded) != state.stage_state
+            and _DETERMINISTIC.encode(decoded) != state.stage_state):
+        return (f"the State saved in Stage {state.cursor.stage!r} no longer matches its "
+                "schema output")
     return None

@@ -27,7 +27,7 @@ from typing import Any, Final, Literal
 import msgspec
 
 from intloom.authoring.agent import AgentResult
-from intloom.authoring.compat import cursor_problem
+from intloom.authoring.compat import cursor_problem, state_problem
 from intloom.authoring.context import Recovery
 from intloom.authoring.interaction import validate_answer
 from intloom.authoring.loader import LoadedWorkflow
@@ -35,7 +35,6 @@ from intloom.authoring.workflow import AgentStep
 from intloom.errors import MAX_MESSAGE, ErrorView, IntloomError, clip, error_view
 from intloom.executor import clock
 from intloom.executor.driver import (
-    DETERMINISTIC,
     AgentClaim,
     Driver,
     RunObserver,
@@ -152,19 +151,9 @@ def _mismatch(state: RunState, workflows: Mapping[str, LoadedWorkflow]) -> str |
     moved = cursor_problem(lw, state)
     if moved is not None:
         return f"incompatible definition: {moved}"
-    if state.stage_state is not None:
-        stage_def = lw.workflow.stages.get(state.cursor.stage)
-        st_type = stage_def.state_type if stage_def is not None else None
-        if st_type is not None:
-            try:
-                decoded = msgspec.json.decode(state.stage_state, type=st_type)
-            except msgspec.MsgspecError as exc:
-                return f"incompatible schema: saved State no longer decodes ({exc})"
-            # Saved as encoded, or (a State with sets, floats, ...) in the deterministic
-            # order the driver saves it in (_encode_state).
-            if (msgspec.json.encode(decoded) != state.stage_state
-                    and DETERMINISTIC.encode(decoded) != state.stage_state):
-                return "incompatible schema: saved State no longer matches its schema output"
+    saved = state_problem(lw, state)
+    if saved is not None:
+        return f"incompatible schema: {saved}"
     return None
 
 

@@ -198,3 +198,45 @@ def test_a_wait_in_a_step_the_loaded_workflow_no_longer_has_is_held(shared: Proj
     answered = ok(shared.cli("answer", run_id, action, '{"isConfirmed": true}', "--json"))
     assert answered["run"]["status"] == "completed", answered
     ok(shared.cli("stop", "--json"))
+
+
+# A check added to the State class (outside the tree: the identity does not change, nor does
+# the State's JSON Schema) that the State saved with the wait no longer passes.
+CHECKED = {
+    "ValueError": ("def __post_init__(self):\n"
+                   "        if self.attempts:\n"
+                   "            raise ValueError('attempts must be 0')"),
+    "AssertionError": ("def __post_init__(self):\n"
+                       "        assert not self.attempts, 'attempts must be 0'"),
+}
+
+
+def _waiting_and_done(project: Project) -> tuple[str, str]:
+    """One Run waiting on its confirmation (its State saved with attempts=1), one ended."""
+    ok(project.cli("start", "--json"))
+    waiting = ok(project.cli("flow", "shared", "--intent", "wait", "--json"))["run"]
+    other = ok(project.cli("flow", "shared", "--intent", "wait", "--json"))["run"]
+    ok(project.cli("answer", other["runId"], other["pendingAction"]["id"],
+                   '{"isConfirmed": true}', "--json"))
+    ok(project.cli("stop", "--json"))
+    return waiting["runId"], waiting["pendingAction"]["id"]
+
+
+@pytest.mark.parametrize("raised", sorted(CHECKED))
+def test_a_saved_state_the_state_class_now_refuses_holds_its_run_only(
+    shared: Project, raised: str,
+) -> None:
+    run_id, action = _waiting_and_done(shared)
+    _parts(shared.root, CHECKED[raised])
+    started = shared.cli("start", "--json")  # one Run's State never stops the host
+    assert started.code == 0, (started.stdout, started.stderr)
+    restore = started.json["service"]["restore"]
+    assert restore["needsAttention"] == [run_id], restore
+    message = shared.cli("answer", run_id, action, '{"isConfirmed": true}', "--json")
+    assert message.json["error"]["code"] == "JOURNAL_INCOMPATIBLE", message
+    assert "attempts must be 0" in message.json["error"]["message"], message
+    ok(shared.cli("stop", "--json"))
+
+    _parts(shared.root, NO_POST_INIT)
+    assert ok(shared.cli("start", "--json"))["service"]["restore"]["waiting"] == [run_id]
+    ok(shared.cli("stop", "--json"))
