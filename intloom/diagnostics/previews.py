@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Literal
 
 import msgspec
 
-from intloom.authoring.compat import cursor_problem
+from intloom.authoring.compat import cursor_problem, state_problem
 from intloom.diagnostics.checks import Check, CheckStatus
 from intloom.errors import IntloomError
 from intloom.project import ProjectPaths
@@ -66,6 +66,9 @@ def _incompatibility(state: RunState, loaded: LoadResult) -> str | None:
     moved = cursor_problem(wf, state)
     if moved is not None:
         return f"{moved} (restore the code the Run started with to resume it)"
+    saved = state_problem(wf, state)
+    if saved is not None:  # judged as the host's restore judges it
+        return f"{saved} (restore the code the Run started with to resume it)"
     return None
 
 

@@ -240,3 +240,20 @@ def test_a_saved_state_the_state_class_now_refuses_holds_its_run_only(
     _parts(shared.root, NO_POST_INIT)
     assert ok(shared.cli("start", "--json"))["service"]["restore"]["waiting"] == [run_id]
     ok(shared.cli("stop", "--json"))
+
+
+@pytest.mark.parametrize("raised", sorted(CHECKED))
+def test_doctor_and_inspect_preview_a_refused_saved_state_as_start_holds_it(
+    shared: Project, raised: str,
+) -> None:
+    run_id, _action = _waiting_and_done(shared)
+    _parts(shared.root, CHECKED[raised])
+    preview = _preview(shared, run_id)  # doctor said healthy and restore_wait
+    assert preview["code"] == 3, preview
+    assert preview["verdict"]["row"] == "needs_attention", preview
+    assert "attempts must be 0" in preview["problem"], preview
+    inspected = ok(shared.cli("inspect", run_id, "--json"))
+    assert inspected["run"]["restart"]["row"] == "needs_attention", inspected["run"]
+    restore = ok(shared.cli("start", "--json"))["service"]["restore"]
+    assert restore["needsAttention"] == [run_id], restore  # what the preview said
+    ok(shared.cli("stop", "--json"))
