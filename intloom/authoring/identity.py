@@ -28,7 +28,7 @@ from pathlib import Path
 from intloom.errors import IntloomError
 from intloom.runtime.records import PROTOCOL_VERSION
 
-__all__ = ["source_files", "source_root", "workflow_identity"]
+__all__ = ["in_source_tree", "source_files", "source_root", "workflow_identity"]
 
 # Directories that are never source: bytecode caches (rewritten by merely running the code)
 # and JavaScript dependencies. Every dot name is skipped too: version control, intloom's own
@@ -127,3 +127,18 @@ def workflow_identity(name: str, version: str, entry: Path) -> str:
         h.update(json.dumps([rel, len(data)]).encode())
         h.update(data)
     return h.hexdigest()
+
+
+def in_source_tree(root: Path, path: Path) -> bool:
+    """Whether ``path`` (a Python file) lies in the source tree rooted at ``root`` as
+    ``source_files`` walks it: not under a dot directory, a skipped one or a virtualenv."""
+    try:
+        rel = path.relative_to(root)
+    except ValueError:
+        return False
+    parent = root
+    for part in rel.parts[:-1]:
+        parent = parent / part
+        if part in _SKIP or part.startswith(".") or _is_virtualenv(parent):
+            return False
+    return not rel.name.startswith(".")

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.abc
+import importlib.machinery
 import importlib.util
 import os
 import signal
@@ -19,10 +21,10 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType, ModuleType
-from typing import Final
+from types import CodeType, FrameType, ModuleType
+from typing import Any, Final
 
-from intloom.authoring.identity import workflow_identity
+from intloom.authoring.identity import in_source_tree, source_root, workflow_identity
 from intloom.authoring.workflow import WORKFLOW_MODULE_PREFIX, Workflow
 from intloom.errors import ErrorView, IntloomError, as_call, clip
 from intloom.project import Config
@@ -57,6 +59,56 @@ class LoadResult:
     problems: list[tuple[str, ErrorView]] = field(default_factory=list)
 
 
+class _FromSource(importlib.machinery.SourceFileLoader):
+    """Compiles the module from the bytes of its file, never from ``__pycache__``: Python
+    takes a cached file as current when the source has the size and modification second it
+    recorded, so an edit of the same size within that second (a script, a checkout, a copy
+    that keeps times) would run the old code under the identity of the new bytes. No cache
+    is written either."""
+
+    def get_code(self, fullname: str) -> CodeType:
+        return self.source_to_code(self.get_data(self.path), self.path)
+
+
+class _SourceTrees(importlib.abc.MetaPathFinder):
+    """Finds the modules of the Workflows' source trees (the entries, the sibling modules
+    they import, and what their Steps import later) as Python would, and loads them with
+    ``_FromSource``: the code that runs is the code the identity hashed. Everything else
+    (the standard library, installed packages) is left to the usual finders and caches."""
+
+    def __init__(self) -> None:
+        self.roots: set[Path] = set()
+
+    def find_spec(self, fullname: str, path: Any = None,
+                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+        if not self.roots:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
+        loader = spec.loader if spec is not None else None
+        if (spec is None or type(loader) is not importlib.machinery.SourceFileLoader
+                or spec.origin is None):
+            return None
+        origin = Path(spec.origin)
+        if not any(in_source_tree(root, origin) for root in self.roots):
+            return None
+        spec.loader = _FromSource(fullname, spec.origin)
+        return spec
+
+
+_TREES: Final = _SourceTrees()
+
+
+def _from_source(entry: Path) -> None:
+    """Loads what ``entry``'s source tree holds with ``_FromSource`` from now on."""
+    _TREES.roots.add(source_root(entry))
+    if _TREES not in sys.meta_path:
+        # Just before the path finder, whose work it does: built-in and frozen modules are
+        # still found first, as without it.
+        at = next((i for i, finder in enumerate(sys.meta_path)
+                   if finder is importlib.machinery.PathFinder), len(sys.meta_path))
+        sys.meta_path.insert(at, _TREES)
+
+
 def _import(root: Path, entry: Path) -> ModuleType:
     digest = hashlib.sha256(str(entry).encode()).hexdigest()[:12]
     if entry.is_dir():
@@ -68,11 +120,14 @@ def _import(root: Path, entry: Path) -> ModuleType:
             )
         module_name = f"{WORKFLOW_MODULE_PREFIX}{digest}"
         spec = importlib.util.spec_from_file_location(
-            module_name, init, submodule_search_locations=[str(entry)]
+            module_name, init, loader=_FromSource(module_name, str(init)),
+            submodule_search_locations=[str(entry)],
         )
     else:
         module_name = f"{WORKFLOW_MODULE_PREFIX}{digest}"
-        spec = importlib.util.spec_from_file_location(module_name, entry)
+        spec = importlib.util.spec_from_file_location(
+            module_name, entry, loader=_FromSource(module_name, str(entry)))
+    _from_source(entry)
     if spec is None or spec.loader is None:
         raise IntloomError("WORKFLOW_LOAD_FAILED", f"{entry} cannot be imported as Python.")
     module = importlib.util.module_from_spec(spec)

@@ -4,6 +4,9 @@ and the error itself. Real host, real CLI subprocesses; every host is reaped."""
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import py_compile
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -88,6 +91,33 @@ def test_an_edited_sibling_module_holds_the_run_until_its_bytes_are_back(
     action = run["pendingAction"]["id"]
     done = ok(acc.cli("answer", run["runId"], action, '{"isConfirmed": true}', "--json"))
     assert done["run"]["status"] == "completed"
+    ok(acc.cli("stop", "--json"))
+
+
+def test_stale_bytecode_never_runs_in_place_of_the_source_the_identity_covers(
+    acc: Project,
+) -> None:
+    """Python takes a ``__pycache__`` file as current when its source has the recorded size
+    and modification second: an edit of the same size within that second (a script, a
+    checkout, a copy keeping times) left the host running the old code under the identity
+    of the new bytes -- and, once the cache was refreshed, a Run started on the old code
+    continued on the new one. The Workflow sources are compiled from their bytes."""
+    entry, helpers = acc.root / "workflows" / "acc.py", acc.root / "workflows" / "helpers.py"
+    for path, old, new in ((entry, '"1.0.0"', '"1.0.1"'), (helpers, '"v1"', '"v2"')):
+        py_compile.compile(str(path), cfile=importlib.util.cache_from_source(str(path)),
+                           doraise=True, invalidation_mode=py_compile.PycInvalidationMode.TIMESTAMP)
+        before = path.stat()
+        path.write_text(path.read_text().replace(old, new))
+        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+    doctor = acc.cli("doctor", "--json")
+    [workflows] = [c for c in doctor.json["checks"] if c["id"] == "workflows"]
+    assert "acc 1.0.1" in workflows["message"], workflows
+    ok(acc.cli("start", "--json"))
+    [flow] = ok(acc.cli("flows", "--json"))["workflows"]
+    assert flow["version"] == "1.0.1", flow
+    run = ok(acc.cli("flow", "acc", "--intent", "i", "--json"))["run"]
+    assert run["pendingAction"]["request"] == {"context": {"label": "v2"}}, run
     ok(acc.cli("stop", "--json"))
 
 
