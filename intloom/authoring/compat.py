@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from intloom.authoring.loader import LoadedWorkflow
     from intloom.runtime.machine import RunState
 
-__all__ = ["cursor_problem", "state_problem"]
+__all__ = ["cursor_problem", "state_problem", "version_change"]
 
 # The order the driver saves a State in when plain encoding is not deterministic (a State
 # with sets: executor/driver.py, DETERMINISTIC).
@@ -79,3 +79,11 @@ def state_problem(lw: LoadedWorkflow, state: RunState) -> str | None:
         return (f"the State saved in Stage {state.cursor.stage!r} no longer matches its "
                 "schema output")
     return None
+
+
+def version_change(lw: LoadedWorkflow, state: RunState) -> str:
+    """``; version 'a' when the Run started, 'b' now`` when the Workflow's declared version
+    is part of what changed its identity (said along with the identities), else ``""``."""
+    if lw.version == state.workflow_version:
+        return ""
+    return f"; version {state.workflow_version!r} when the Run started, {lw.version!r} now"

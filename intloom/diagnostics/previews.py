@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Literal
 
 import msgspec
 
-from intloom.authoring.compat import cursor_problem, state_problem
+from intloom.authoring.compat import cursor_problem, state_problem, version_change
 from intloom.diagnostics.checks import Check, CheckStatus
 from intloom.errors import IntloomError
 from intloom.project import ProjectPaths
@@ -54,8 +54,9 @@ def _incompatibility(state: RunState, loaded: LoadResult) -> str | None:
                 "(restore its source and its entry in intloom.toml)")
     if wf.identity != state.identity:
         return (f"Workflow {state.workflow!r} changed: the journal was written by identity "
-                f"{state.identity[:12]}…, the loaded code is {wf.identity[:12]}… (restore the "
-                "code the Run started with to resume it)")
+                f"{state.identity[:12]}…, the loaded code is {wf.identity[:12]}…"
+                f"{version_change(wf, state)} (restore the code the Run started with to "
+                "resume it)")
     changed = sorted(
         stage for stage, fingerprint in state.schemas.items()
         if wf.schemas.get(stage) != fingerprint

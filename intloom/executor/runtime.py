@@ -27,7 +27,7 @@ from typing import Any, Final, Literal
 import msgspec
 
 from intloom.authoring.agent import AgentResult
-from intloom.authoring.compat import cursor_problem, state_problem
+from intloom.authoring.compat import cursor_problem, state_problem, version_change
 from intloom.authoring.context import Recovery
 from intloom.authoring.interaction import validate_answer
 from intloom.authoring.loader import LoadedWorkflow
@@ -140,7 +140,8 @@ def _mismatch(state: RunState, workflows: Mapping[str, LoadedWorkflow]) -> str |
     if lw.identity != state.identity:
         return (
             f"incompatible identity: Workflow {state.workflow!r} changed since the Run "
-            f"started (journal {state.identity[:12]}, loaded {lw.identity[:12]})"
+            f"started (journal {state.identity[:12]}, loaded {lw.identity[:12]}"
+            f"{version_change(lw, state)})"
         )
     for stage, fingerprint in state.schemas.items():
         if lw.schemas.get(stage) != fingerprint:

@@ -257,3 +257,19 @@ def test_doctor_and_inspect_preview_a_refused_saved_state_as_start_holds_it(
     restore = ok(shared.cli("start", "--json"))["service"]["restore"]
     assert restore["needsAttention"] == [run_id], restore  # what the preview said
     ok(shared.cli("stop", "--json"))
+
+
+def test_a_bumped_version_is_named_in_what_holds_the_run(shared: Project) -> None:
+    """Held for a changed identity, the Run said only that two hashes differ; when the
+    Workflow's version is what the user changed, they are told so."""
+    run_id, action = _waiting_and_done(shared)
+    entry = shared.root / "workflows" / "flow.py"
+    entry.write_text(ENTRY.replace('version="1"', 'version="2"'))
+    preview = _preview(shared, run_id)
+    assert preview["verdict"]["row"] == "needs_attention", preview
+    assert "version '1' when the Run started, '2' now" in preview["problem"], preview
+    ok(shared.cli("start", "--json"))
+    held = shared.cli("answer", run_id, action, '{"isConfirmed": true}', "--json")
+    assert held.json["error"]["code"] == "JOURNAL_INCOMPATIBLE", held
+    assert "version '1' when the Run started, '2' now" in held.json["error"]["message"], held
+    ok(shared.cli("stop", "--json"))
