@@ -12,11 +12,12 @@ from typing import TYPE_CHECKING, Literal
 
 import msgspec
 
+from intloom import __version__
 from intloom.authoring.compat import cursor_problem, state_problem, version_change
 from intloom.diagnostics.checks import Check, CheckStatus
 from intloom.errors import IntloomError
 from intloom.project import ProjectPaths
-from intloom.runtime.machine import RunState, restart_verdict
+from intloom.runtime.machine import RunState, restart_verdict, unreadable
 from intloom.runtime.model import EffectRef
 
 if TYPE_CHECKING:
@@ -118,7 +119,10 @@ def _preview(journal: RunJournal, loaded: LoadResult | None) -> RunPreview | Non
         )
     if state.phase == "terminal":
         return None
-    problem = _incompatibility(state, loaded) if loaded is not None else None
+    # As the host's restore judges it: first whether this intloom may read the journal at
+    # all (one a newer intloom wrote is held, "upgrade intloom"), then the Workflow.
+    problem = unreadable(state, __version__) or (
+        _incompatibility(state, loaded) if loaded is not None else None)
     if problem is not None:
         return _make(
             journal, "incompatible",

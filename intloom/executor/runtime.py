@@ -57,12 +57,12 @@ from intloom.runtime.machine import (
     interrupted_message,
     restart_verdict,
     to_view,
+    unreadable,
 )
 from intloom.runtime.model import Cursor, PendingAgentCall, RunView
 from intloom.runtime.plainjson import json_problem
 from intloom.runtime.ports import CheckpointFailed, JournalPort
 from intloom.runtime.records import (
-    PROTOCOL_VERSION,
     UNENCODABLE,
     Answered,
     EffectDone,
@@ -107,31 +107,6 @@ class RestoredRun(msgspec.Struct, frozen=True):
     status: Literal["ok", "corrupt", "incompatible"] = "ok"
 
 
-def _version_tuple(v: str) -> tuple[int, ...]:
-    parts: list[int] = []
-    for piece in v.split("."):
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts)
-
-
-def _unreadable(state: RunState, package_version: str) -> str | None:
-    """Why this intloom cannot take the journal's records as they are, or None."""
-    if state.protocol != PROTOCOL_VERSION:
-        return (
-            f"incompatible protocol: journal has {state.protocol}, this intloom speaks "
-            f"{PROTOCOL_VERSION}"
-        )
-    if state.package_version and _version_tuple(state.package_version) > _version_tuple(
-        package_version
-    ):
-        return (
-            f"incompatible package: written by intloom {state.package_version}, newer than "
-            f"this {package_version}; upgrade intloom"
-        )
-    return None
-
-
 def _mismatch(state: RunState, workflows: Mapping[str, LoadedWorkflow]) -> str | None:
     """Why the loaded Workflows cannot continue this (readable) journal, or None."""
     lw = workflows.get(state.workflow)
@@ -164,7 +139,7 @@ def incompatibility(
     """Why this Run's journal cannot be restored by what is loaded now, or None."""
     if state is None:
         return None
-    return _unreadable(state, package_version) or _mismatch(state, workflows)
+    return unreadable(state, package_version) or _mismatch(state, workflows)
 
 
 class HeldRun:
@@ -444,7 +419,7 @@ class Runtime:
         if item.problem is not None or state is None:  # the journal itself is at fault
             code = "JOURNAL_INCOMPATIBLE" if item.status == "incompatible" else "JOURNAL_CORRUPT"
             return HeldRun(item.run_id, state, why, code, dismissible=False)
-        whole = _unreadable(state, self.package_version) is None
+        whole = unreadable(state, self.package_version) is None
         return HeldRun(item.run_id, state, why, "JOURNAL_INCOMPATIBLE", dismissible=whole)
 
     def start_restored(self) -> None:

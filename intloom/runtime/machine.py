@@ -23,6 +23,7 @@ from intloom.runtime.model import (
     RunView,
 )
 from intloom.runtime.records import (
+    PROTOCOL_VERSION,
     Answered,
     EffectDone,
     EffectStarted,
@@ -49,6 +50,7 @@ __all__ = [
     "interrupted_message",
     "restart_verdict",
     "to_view",
+    "unreadable",
 ]
 
 Phase = Literal[
@@ -515,3 +517,29 @@ def to_view(state: RunState, *, status: RunStatus | None = None,
         phase=state.phase,
         workflow_version=state.workflow_version,
     )
+
+
+def _version_tuple(v: str) -> tuple[int, ...]:
+    parts: list[int] = []
+    for piece in v.split("."):
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+def unreadable(state: RunState, package_version: str) -> str | None:
+    """Why this intloom (``package_version``) cannot take the journal's records as they
+    are, or None. The host's restore and doctor's preview both ask it."""
+    if state.protocol != PROTOCOL_VERSION:
+        return (
+            f"incompatible protocol: journal has {state.protocol}, this intloom speaks "
+            f"{PROTOCOL_VERSION}"
+        )
+    if state.package_version and _version_tuple(state.package_version) > _version_tuple(
+        package_version
+    ):
+        return (
+            f"incompatible package: written by intloom {state.package_version}, newer than "
+            f"this {package_version}; upgrade intloom"
+        )
+    return None

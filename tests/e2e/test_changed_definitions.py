@@ -10,6 +10,7 @@ State stop the host: such a Run is held (needs attention, journal kept) by ``sta
 
 from __future__ import annotations
 
+import contextlib
 import textwrap
 import threading
 from collections.abc import Iterator
@@ -18,9 +19,13 @@ from typing import Any
 
 import pytest
 
+from intloom.authoring.loader import load_workflows
 from intloom.client import Client
 from intloom.errors import IntloomError
-from tests.helpers import CliResult, Project, eventually, ok, reaped
+from intloom.project import ProjectPaths, load_config
+from intloom.runtime.records import Header, Record, StagePending
+from intloom.store.writer import Store
+from tests.helpers import CliResult, Project, eventually, make_project, ok, reaped
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -81,6 +86,7 @@ ENTRY = textwrap.dedent('''
     build(wf)
 ''')
 NO_POST_INIT = "pass"
+AT = "2026-11-30T00:00:00.000Z"
 
 
 @pytest.fixture
@@ -273,3 +279,43 @@ def test_a_bumped_version_is_named_in_what_holds_the_run(shared: Project) -> Non
     assert held.json["error"]["code"] == "JOURNAL_INCOMPATIBLE", held
     assert "version '1' when the Run started, '2' now" in held.json["error"]["message"], held
     ok(shared.cli("stop", "--json"))
+
+
+def test_a_journal_a_newer_intloom_wrote_is_previewed_as_start_holds_it(
+    tmp_path: Path,
+) -> None:
+    """After a downgrade of intloom, start holds a Run whose header a newer intloom wrote
+    ("upgrade intloom"); doctor and inspect previewed it verified, restore_wait, exit 0."""
+    project = make_project(tmp_path)
+    with contextlib.ExitStack() as stack:
+        stack.callback(project.reap)
+        ok(project.cli("start", "--json"))
+        run = ok(project.cli("flow", "example", "--intent", "x", "--json"))["run"]
+        ok(project.cli("stop", "--json"))
+        wf = load_workflows(project.root, load_config(project.root)).workflows["example"]
+        newer = "RUN-20261130T000000000Z-newerintloom00000000"
+        records: list[Record] = [
+            Header(at=AT, run_id=newer, workflow="example", workflow_version=wf.version,
+                   identity=wf.identity, schemas=dict(wf.schemas), intent="x",
+                   package_version="99.0.0"),
+            StagePending(at=AT, stage="draft"),
+        ]
+        store = Store.open(ProjectPaths(project.root).runtime, instance_id="newer",
+                           package_version="99.0.0")
+        try:
+            for record in records:
+                store.append(newer, record)
+            store.sync_blocking()
+        finally:
+            store.close_blocking()
+
+        preview = _preview(project, newer)
+        assert preview["code"] == 3, preview
+        assert preview["verdict"]["row"] == "needs_attention", preview
+        assert "99.0.0" in preview["problem"], preview
+        inspected = ok(project.cli("inspect", newer, "--json"))["run"]
+        assert inspected["restart"]["row"] == "needs_attention", inspected
+        restore = ok(project.cli("start", "--json"))["service"]["restore"]
+        assert restore["needsAttention"] == [newer], restore
+        assert restore["waiting"] == [run["runId"]], restore
+        ok(project.cli("stop", "--json"))
