@@ -22,11 +22,11 @@ if TYPE_CHECKING:
     from intloom.authoring.loader import LoadedWorkflow
     from intloom.runtime.machine import RunState
 
-__all__ = ["cursor_problem", "state_problem", "version_change"]
+__all__ = ["DETERMINISTIC", "cursor_problem", "state_problem", "version_change"]
 
 # The order the driver saves a State in when plain encoding is not deterministic (a State
-# with sets: executor/driver.py, DETERMINISTIC).
-_DETERMINISTIC: Final = msgspec.json.Encoder(order="deterministic")
+# with sets: executor/driver.py, _encode_state); the restore judges it by the same encoder.
+DETERMINISTIC: Final = msgspec.json.Encoder(order="deterministic")
 
 # Why a Run is held for a definition that changed outside the tree, and where to look.
 _OUTSIDE = ("its definition changed outside the Workflow's source tree, which the identity "
@@ -75,7 +75,7 @@ def state_problem(lw: LoadedWorkflow, state: RunState) -> str | None:
     # Saved as encoded, or (a State with sets, floats, ...) in the deterministic order the
     # driver saves it in.
     if (msgspec.json.encode(decoded) != state.stage_state
-            and _DETERMINISTIC.encode(decoded) != state.stage_state):
+            and DETERMINISTIC.encode(decoded) != state.stage_state):
         return (f"the State saved in Stage {state.cursor.stage!r} no longer matches its "
                 "schema output")
     return None

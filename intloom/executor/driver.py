@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Final
 import msgspec
 
 from intloom.authoring.agent import AgentResult
+from intloom.authoring.compat import DETERMINISTIC
 from intloom.authoring.context import ContextHooks, StepContext, left_behind, unawaited
 from intloom.authoring.interaction import confirmation_request, questions_request
 from intloom.authoring.loader import LoadedWorkflow
@@ -619,8 +620,6 @@ def _where(cursor: Cursor) -> str:
         return f"Stage {cursor.stage!r}"
     return f"Stage {cursor.stage!r}, Step {cursor.step!r}"
 
-
-DETERMINISTIC: Final = msgspec.json.Encoder(order="deterministic")
 
 # Field types whose every valid value re-encodes to the bytes it was encoded to: a State made
 # of these alone is saved as encoded (the hot path), anything else as its decoded value's
