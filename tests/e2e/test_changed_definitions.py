@@ -196,6 +196,12 @@ def test_a_wait_in_a_step_the_loaded_workflow_no_longer_has_is_held(shared: Proj
     assert "Step s/review" in preview["problem"], preview
     restore = ok(shared.cli("start", "--json"))["service"]["restore"]
     assert restore["needsAttention"] == [run_id] and restore["interrupted"] == [], restore
+    listed = shared.cli("runs")  # "no Runs" alone would hide it from a person
+    assert listed.code == 0, listed
+    assert "The current service has no Runs." in listed.stdout, listed
+    assert f"Not listed, needs attention (journal kept as is, not loaded): {run_id}. Run " \
+        "intloom doctor." in " ".join(listed.stdout.split()), listed
+    assert ok(shared.cli("runs", "--json")) == {"runs": []}
     ok(shared.cli("stop", "--json"))
 
     (shared.root / "common" / "parts.py").write_text(text)

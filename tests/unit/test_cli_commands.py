@@ -21,7 +21,7 @@ import intloom.client.client
 from intloom.cli.app import main
 from intloom.client.lifecycle import CutRun, StopResult
 from intloom.errors import ErrorView, IntloomError
-from intloom.protocol.messages import ServiceView, WorkflowInfo
+from intloom.protocol.messages import RestoreSummary, ServiceView, WorkflowInfo
 from intloom.runtime.model import Cursor, PendingAction, RunView
 
 T0 = "2026-01-01T00:00:00.000Z"
@@ -48,6 +48,7 @@ class FakeClient:
     result: RunView = field(default_factory=run_view)
     already_ended: bool = False
     runs_found: list[RunView] = field(default_factory=list)
+    held: list[str] = field(default_factory=list)  # Runs the host's start held
 
     def __enter__(self) -> FakeClient:
         return self
@@ -70,6 +71,11 @@ class FakeClient:
     def runs(self, flow: str | None = None) -> list[RunView]:
         self.calls.append(("runs", flow))
         return self.runs_found
+
+    def status(self) -> ServiceView:
+        self.calls.append(("status",))
+        return ServiceView("/p", 1, "i", 1, T0,
+                           restore=RestoreSummary(needs_attention=list(self.held)))
 
     def workflows(self) -> list[WorkflowInfo]:
         self.calls.append(("workflows",))
@@ -348,6 +354,20 @@ def test_runs_text_and_flow_filter(capsys: pytest.CaptureFixture[str], client: F
         '"feedback" is optional)',
     ]
     assert ("runs", "example") in client.calls and ("runs", None) in client.calls
+    # Runs the start held are not the host's: named below, never hidden behind "no Runs".
+    client.held = ["RUN-9"]
+    code, out, _ = cli(capsys, "runs")
+    assert out.splitlines()[-2:] == [
+        "", "Not listed, needs attention (journal kept as is, not loaded): RUN-9. Run intloom "
+        "doctor."]
+    client.runs_found = []
+    code, out, _ = cli(capsys, "runs")
+    assert out.splitlines() == [
+        "The current service has no Runs.",
+        "Not listed, needs attention (journal kept as is, not loaded): RUN-9. Run intloom "
+        "doctor."]
+    code, out, _ = cli(capsys, "runs", "--json")  # the document DESIGN gives, unchanged
+    assert json.loads(out) == {"runs": []}
 
 
 def test_flows(capsys: pytest.CaptureFixture[str], client: FakeClient) -> None:

@@ -103,6 +103,8 @@ def runs(
     ] = None,
 ) -> None:
     """List the Runs of the current host (new ones and restored unfinished ones)."""
+    renderer = state.renderer
+    held: list[str] = []
     with state.client() as client:
         found = client.runs(flow)
         if flow is not None and not found and flow not in {w.name for w in client.workflows()}:
@@ -111,13 +113,19 @@ def runs(
                 f"Workflow {flow!r} is not loaded by this host, so it has no Runs here. "
                 "intloom flows lists the loaded Workflows.",
             )
-    renderer = state.renderer
+        if not renderer.json_mode and flow is None:
+            # Unfinished Runs the host holds are not its Runs: a person reading "no Runs"
+            # would not look for them. (--json keeps DESIGN's document; status has them.)
+            restore = client.status().restore
+            held = restore.needs_attention if restore is not None else []
     if renderer.json_mode:
         renderer.document({"runs": found})
         return
+    held_lines = ([f"Not listed, needs attention (journal kept as is, not loaded): "
+                   f"{', '.join(held)}. Run intloom doctor."] if held else [])
     if not found:
         renderer.lines([f"The current service has no Runs of Workflow {flow!r}." if flow
-                        else "The current service has no Runs."])
+                        else "The current service has no Runs.", *held_lines])
         return
     views = [plain(r) for r in found]
     renderer.table(["RUN", "WORKFLOW", "STATUS", "CURSOR", "UPDATED"], [run_row(v) for v in views])
@@ -129,6 +137,8 @@ def runs(
             asks.extend(["", *block])  # a blank line: the table's rows end above
     if asks:
         renderer.lines(asks)
+    if held_lines:
+        renderer.lines(["", *held_lines])
 
 
 @command
