@@ -213,6 +213,14 @@ def _lock_owner(paths: ProjectPaths) -> Literal["absent", "starting", "stale"]:
         if lock is None:
             return "absent"
         if not _owner_alive(lock.pid, lock.create_time, lock.boot_id):
+            # A host finishing its stop removes its lock, then exits: between our read and
+            # the probe it may have done both. Only a lock still naming that owner is stale.
+            try:
+                again = read_lock(paths.service_lock)
+            except IntloomError:
+                continue  # replaced by a lock being written: judge that one
+            if again is None or again.instance_id != lock.instance_id:
+                continue
             return "stale"
         # A starting host takes the OS lock right after the file appears. A live owner that
         # leaves it free for longer is not starting: waiting for it would only run out the

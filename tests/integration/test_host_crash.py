@@ -15,7 +15,7 @@ from intloom.client.lifecycle import start_service, stop_service
 from intloom.errors import IntloomError
 from intloom.fsutil import ensure_private_dir
 from tests.helpers import Project, eventually, pid_alive, snapshot_files
-from tests.integration.host_support import start
+from tests.integration.host_support import metadata, start
 
 
 def test_sigkill_then_stop_is_busy_and_every_file_is_byte_identical(project: Project) -> None:
@@ -105,3 +105,47 @@ def test_fatal_error_logs_process_failed_and_leaves_the_log_unsealed(
         stop_service(project.root)
     assert busy.value.code == "CLI_SERVICE_BUSY"
     assert snapshot_files(project.root) == before
+
+
+def test_a_lock_removed_by_its_exiting_owner_while_start_judges_it_is_not_stale(
+    project: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A start during a stop: it reads the stopping host's service.lock, then the host
+    removes it and exits before the owner is probed. The owner is gone, but so is its lock,
+    so start launches a host. It used to refuse with CLI_SERVICE_BUSY ("use intloom recover
+    only after its owner has exited") with nothing left to recover (about 1 start in 8 when
+    run while a stop finished)."""
+    import psutil
+
+    from intloom.client import lifecycle
+    from intloom.host.metadata import boot_id
+
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        ensure_private_dir(project.state)
+        lock = project.state / "service.lock"
+        lock.write_text(json.dumps({
+            "version": 1, "pid": sleeper.pid, "createTime":
+            psutil.Process(sleeper.pid).create_time(), "bootId": boot_id(), "instanceId":
+            "33333333-3333-4333-8333-333333333333", "startedAt": "2026-01-01T00:00:00.000Z",
+        }))
+        lock.chmod(0o600)
+        real = lifecycle._owner_alive
+        probed: list[int] = []
+
+        def exits_meanwhile(pid: int, create_time: float, boot: str | None) -> bool:
+            if not probed:
+                probed.append(pid)
+                lock.unlink()  # the stopping host removes its lock ...
+                sleeper.kill()  # ... and exits
+                sleeper.wait()
+            return real(pid, create_time, boot)
+
+        monkeypatch.setattr(lifecycle, "_owner_alive", exits_meanwhile)
+        result = start(project, timeout=60)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert probed == [sleeper.pid]
+    assert result.reused is False
+    assert metadata(project, "service.lock")["instanceId"] == result.service.instance_id
