@@ -149,3 +149,24 @@ def test_a_lock_removed_by_its_exiting_owner_while_start_judges_it_is_not_stale(
     assert probed == [sleeper.pid]
     assert result.reused is False
     assert metadata(project, "service.lock")["instanceId"] == result.service.instance_id
+
+
+def test_logs_json_stays_jsonl_when_a_crash_tore_the_last_line(project: Project) -> None:
+    """A host killed mid-write leaves a torn last line (and a full disk one mid-file):
+    ``logs --json`` passed it on raw, so the stream it documents as JSONL no longer parsed
+    (``intloom logs --json | jq`` failed on the very log a crash is debugged with)."""
+    service = start(project).service
+    project.kill_host()
+    assert service.log_file is not None
+    log = project.state / "logs" / service.log_file
+    with open(log, "ab") as fh:
+        fh.write(b'{"time": "2026-12-01T00:00:00.000Z", "level": "info", "event": "ru\x00\xff')
+    before = snapshot_files(project.root)
+    result = project.cli("logs", "--json")
+    assert result.code == 0, result.stderr
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    assert records[0]["event"] == "log_opened"
+    assert records[-1]["event"] == "unreadable_line"
+    assert records[-1]["level"] == "error"
+    assert records[-1]["line"].startswith('{"time": "2026-12-01T00:00:00.000Z"')
+    assert snapshot_files(project.root) == before

@@ -1,8 +1,9 @@
 """``intloom logs [RUN] [--follow]``: the host's structured log. Works offline.
 
 Text mode renders ``time level event key=value``; ``--json`` streams the raw JSONL lines (the
-one exception to "one JSON document": a stream of them). ``--follow`` keeps reading across
-host restarts, each of which starts a new log file, until Ctrl-C or SIGTERM.
+one exception to "one JSON document": a stream of them), an unreadable line wrapped as a record
+(``unreadable_line``) so that every line of the stream is a JSON object. ``--follow`` keeps
+reading across host restarts, each of which starts a new log file, until Ctrl-C or SIGTERM.
 """
 
 from __future__ import annotations
@@ -54,6 +55,11 @@ def _printer(renderer: Renderer, run_id: str | None) -> tuple[Callable[[str], No
             return
         printed[0] += 1
         if renderer.json_mode:
+            if not isinstance(record, Mapping):
+                # A torn or damaged line is no JSON record: passed on raw, it broke every
+                # JSONL reader of the stream. It is wrapped as one, its text kept.
+                line = msgspec.json.encode({"time": None, "level": "error",
+                                            "event": "unreadable_line", "line": line}).decode()
             renderer.raw(line + "\n")
         elif isinstance(record, Mapping):
             renderer.lines([log_line(record)])
