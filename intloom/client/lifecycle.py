@@ -14,6 +14,7 @@ import json
 import os
 import select
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -158,6 +159,68 @@ def _fresh_status(root: Path) -> ServiceView | None:
 # ----- start ---------------------------------------------------------------------------------
 
 
+# What a connection to a host that closes it under us (as a stopping host does) fails with.
+_CUT_OFF: Final = frozenset(
+    {"CLI_SERVICE_UNAVAILABLE", "PROJECT_CONNECTION_FAILED", "PROJECT_REQUEST_FAILED"})
+
+
+def _saved_service(paths: ProjectPaths) -> ServiceInfo | None:
+    try:
+        return read_service(paths.service_json, paths.root)
+    except IntloomError:
+        return None  # _live_service reports it
+
+
+def _log_says_stopping(paths: ProjectPaths, info: ServiceInfo) -> bool:
+    """The host's own log has its ``service_stopping`` line: it is on its way out."""
+    if not info.log_file or "/" in info.log_file:
+        return False
+    try:
+        # Never through a link, never blocked by a FIFO put in its place.
+        fd = os.open(paths.logs / info.log_file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        with open(fd, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                return False
+            fh.seek(max(0, st.st_size - _LOG_TAIL))
+            return b'"event":"service_stopping"' in fh.read()
+    except OSError:
+        return False
+
+
+def _released_by_stop(paths: ProjectPaths, info: ServiceInfo, deadline: float) -> bool:
+    """True once the host ``info`` names has released ``service.json``, when it did so or
+    its log says it is stopping within a moment; it is then waited for until ``deadline``.
+    False for a host that is not stopping (hung, or not the host at all)."""
+    settle = time.monotonic() + _LOCK_SETTLE
+    while True:
+        now = _saved_service(paths)
+        if now is None or now.instance_id != info.instance_id:
+            return not paths.service_json.exists() or now is not None
+        if time.monotonic() >= deadline:
+            return False
+        if time.monotonic() >= settle and (not _log_says_stopping(paths, info)
+                                           or not _owner_alive(info.pid, info.create_time,
+                                                               None)
+                                           or _paused(info.pid)):
+            return False  # not stopping; or it died, or was paused, on its way out
+        time.sleep(_POLL)  # a poll while the stopping host finishes
+
+
+def _paused(pid: int) -> bool:
+    """``pid`` is stopped by a signal (SIGSTOP, Ctrl-Z, a debugger): it finishes nothing."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() in (psutil.STATUS_STOPPED,
+                                                psutil.STATUS_TRACING_STOP)
+    except psutil.Error:
+        return False
+
+
 def _busy(paths: ProjectPaths) -> IntloomError:
     return IntloomError(
         "CLI_SERVICE_BUSY",
@@ -252,15 +315,21 @@ def start_service(
     paths = ProjectPaths(root)
     launches = 0
     while True:
+        seen = _saved_service(paths)
         try:
             service = _live_service(root)
         except IntloomError as exc:
             # A host that is stopping (suspending its Runs) releases the project in a few
             # seconds: wait for it, then launch, as for a host still starting.
-            if exc.code != "CLI_SERVICE_CLOSING" or time.monotonic() >= deadline:
-                raise
-            time.sleep(_POLL)
-            continue
+            if exc.code == "CLI_SERVICE_CLOSING" and time.monotonic() < deadline:
+                time.sleep(_POLL)
+                continue
+            # A stopping host also closes every connection, ours mid-hello or mid-request
+            # included, before it removes its files: that is no broken host either.
+            if (exc.code in _CUT_OFF and seen is not None
+                    and _released_by_stop(paths, seen, deadline)):
+                continue
+            raise
         if service is not None:
             if foreground:
                 raise IntloomError(

@@ -245,3 +245,58 @@ def test_a_clean_stop_with_an_open_connection_logs_no_error(project: Project) ->
     lines = _log_lines(project, service.log_file)
     assert [line for line in lines if line["level"] in ("error", "fatal")] == [], lines
     assert lines[-1]["event"] == "log_closed"
+
+
+@pytest.mark.parametrize("cut", [
+    IntloomError("CLI_SERVICE_UNAVAILABLE", "The service at 127.0.0.1:1 did not complete the "
+                 "hello (the connection was closed): ..."),
+    IntloomError("PROJECT_CONNECTION_FAILED", "The host closed this client's connection, and "
+                 "connecting again failed (CLI_SERVICE_OFFLINE: ...) Nothing was sent."),
+])
+def test_start_whose_connection_a_stopping_host_cuts_waits_and_launches(
+    project: Project, monkeypatch: pytest.MonkeyPatch, cut: IntloomError
+) -> None:
+    """A start during a stop: the stopping host closes every connection (this start's, mid-
+    hello or before its status request) before it removes its files. start failed with that
+    cut connection ("another program on the port ... run intloom doctor", or "connecting
+    again failed"; 2 starts in 150 when run while a stop finished); it now waits for the
+    stopping host to release the project, then launches."""
+    from intloom.client import lifecycle
+
+    old = start(project).service
+    real = lifecycle._live_service
+    calls: list[int] = []
+
+    def cut_by_the_stop(root: Any) -> Any:
+        if not calls:
+            calls.append(1)
+            with Client.connect(project.root) as client:
+                client.stop(old.instance_id)
+            raise cut  # what the host closing our connection made of it
+        return real(root)
+
+    monkeypatch.setattr(lifecycle, "_live_service", cut_by_the_stop)
+    result = start(project, timeout=60)
+    assert calls == [1]
+    assert result.reused is False
+    assert result.service.instance_id != old.instance_id
+    assert metadata(project, "service.json")["instanceId"] == result.service.instance_id
+
+
+def test_start_against_a_hung_host_still_reports_it(
+    project: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not every cut connection is a stop: a host that is not stopping is reported as it is,
+    within a moment, and nothing is launched over it."""
+    from intloom.client import lifecycle
+
+    old = start(project).service
+
+    def hung(root: Any) -> Any:
+        raise IntloomError("CLI_SERVICE_UNAVAILABLE", "did not complete the hello (timed out)")
+
+    monkeypatch.setattr(lifecycle, "_live_service", hung)
+    with pytest.raises(IntloomError) as failed:
+        start_service(project.root, timeout=30)
+    assert failed.value.code == "CLI_SERVICE_UNAVAILABLE"
+    assert metadata(project, "service.json")["instanceId"] == old.instance_id

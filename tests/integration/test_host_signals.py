@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -194,3 +195,33 @@ def test_foreground_host_stops_gracefully_on_ctrl_c(project: Project) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=10)
+
+
+def test_start_does_not_wait_out_its_timeout_for_a_stopping_host_that_was_paused(
+    project: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """start waits for a host that is stopping; one paused (SIGSTOP) on its way out finishes
+    nothing, so start reports it (the hello went unanswered) instead of waiting out its whole
+    --timeout."""
+    (project.root / "workflows" / "stuck.py").write_text(GATE_STEP)
+    (project.root / "intloom.toml").write_text('workflows = ["workflows/stuck.py"]\n')
+    monkeypatch.setenv("INTLOOM_TEST_SUSPEND_GRACE", "45")
+    service = start(project).service
+    try:
+        with Client.connect(project.root) as client:
+            client.create_run("stuck", "go", wait=False)
+            eventually(lambda: (project.root / "entered").exists(), timeout=10,
+                       what="the Step to start")
+            client.stop(service.instance_id)
+        eventually(lambda: "service_stopping" in _events(project, service.log_file),
+                   timeout=10, what="the graceful stop to begin")
+        os.kill(service.pid, signal.SIGSTOP)
+        began = time.monotonic()
+        with pytest.raises(IntloomError) as failed:
+            start_service(project.root, timeout=40)
+        took = time.monotonic() - began
+        assert failed.value.code == "CLI_SERVICE_UNAVAILABLE", failed.value
+        assert took < 20, f"start waited {took:.1f} s of its 40 s for a paused host"
+    finally:
+        os.kill(service.pid, signal.SIGCONT)
+        (project.root / "gate").touch()
