@@ -27,6 +27,7 @@ from intloom.diagnostics.owners import (
 from intloom.diagnostics.previews import RunPreview, preview_runs
 from intloom.errors import IntloomError
 from intloom.fsutil import PrivacyError, check_private_dir, file_problem, privacy_fix
+from intloom.host.liveness import probe_lock
 from intloom.host.metadata import (
     Connection,
     ServiceInfo,
@@ -169,6 +170,10 @@ class _Context(msgspec.Struct, frozen=True):
     invalid: str | None = None  # what is wrong with another metadata file ("X is invalid")
     port_taken: int | None = None
     port_holder: str | None = None
+    # service.lock exists and nobody holds its OS lock: a live pid it names is not this
+    # project's host (a host holds it for its whole life); typically the original host of
+    # a project directory copied with its .intloom/.
+    lock_unheld: bool = False
 
 
 def _owner_check(
@@ -185,6 +190,19 @@ def _owner_check(
         return Check(check_id, "ok", f"No {name}: no host owns the project through it.", None)
     pid = owner.pid
     running = ctx.running
+    if owner.status == "alive" and ctx.invalid is not None and ctx.lock_unheld:
+        return Check(
+            check_id, "attention",
+            f"{name} names pid {pid}, which is alive but does not hold this project's "
+            "service.lock (its OS lock is free, and a host holds it for its whole life), so "
+            f"it is not this project's host; and {ctx.invalid} (its check says why). A "
+            "project directory copied or moved with its .intloom/ keeps the files of the "
+            "host that ran there, which may be that host.",
+            f"Do not signal pid {pid}: it may serve another project. Confirm with ps -p {pid} "
+            "-o args, then move this project's service.json and service.lock aside by hand "
+            "(intloom keeps them as they are) and run intloom doctor again.",
+            owner.evidence,
+        )
     if owner.status == "alive" and ctx.invalid is not None and not _paused(pid):
         return Check(
             check_id, "attention",
@@ -342,6 +360,9 @@ def run_doctor(root: Path) -> DoctorReport:
     )
 
     connection_problem = _file_problem(lambda: read_connection(paths.connection_json, root))
+    lock_unheld = (lock_problem is None and paths.service_lock.is_file()
+                   and not paths.service_lock.is_symlink()
+                   and probe_lock(paths.service_lock).state == "free")
 
     connection_missing = (connection_problem is None and not running
                           and not paths.connection_json.exists())
@@ -353,7 +374,8 @@ def run_doctor(root: Path) -> DoctorReport:
                    else "connection.json is invalid" if connection_problem is not None
                    else "connection.json is missing" if connection_missing else None)
         return _Context(running=running, invalid=invalid,
-                        port_taken=port_taken, port_holder=port_holder)
+                        port_taken=port_taken, port_holder=port_holder,
+                        lock_unheld=lock_unheld)
 
     config_check, config = _config_check(root)
     checks = [

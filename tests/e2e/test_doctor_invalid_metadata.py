@@ -6,11 +6,13 @@ invalid. Real host; it is stopped through its own signal handler and reaped."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+from pathlib import Path
 
 import pytest
 
-from tests.helpers import Project, eventually, pid_alive
+from tests.helpers import Project, eventually, pid_alive, snapshot_files
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -100,3 +102,29 @@ def test_a_lost_connection_json_after_a_crash_has_a_way_out_that_works(
     assert started.code == 0, started.stdout
     assert (project.state / "connection.json").exists()
     assert project.cli("stop", "--json").code == 0
+
+
+def test_a_copied_project_does_not_advise_signalling_the_original_host(
+    project: Project, tmp_path: Path,
+) -> None:
+    """A project directory copied with its .intloom/ while its host runs: the copy's
+    service.lock names the original's live host. doctor in the copy advised "kill -TERM PID"
+    to stop it, which stops the other project's host. That pid does not hold the copy's
+    service.lock (its OS lock is free), so doctor now says it is not this project's host and
+    not to signal it."""
+    assert project.cli("start").code == 0
+    pid = project.host_pid()
+    copy = Project(root=tmp_path / "copy")
+    shutil.copytree(project.root, copy.root, symlinks=True)
+    before = snapshot_files(copy.root)
+    doctor = copy.cli("doctor", "--json")
+    assert doctor.code == 4, doctor.stdout
+    checks = {c["id"]: c for c in doctor.json["checks"]}
+    lock_check = checks["owner.service_lock"]
+    assert lock_check["status"] == "attention"
+    assert "not this project's host" in lock_check["message"], lock_check
+    assert "kill" not in lock_check["next"], lock_check
+    assert f"Do not signal pid {pid}" in lock_check["next"], lock_check
+    assert snapshot_files(copy.root) == before
+    assert pid_alive(pid)
+    assert project.cli("status", "--json").json["service"]["pid"] == pid
