@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from intloom.errors import IntloomError
 
-__all__ = ["CONFIG_NAME", "Config", "ProjectPaths", "find_root", "load_config"]
+__all__ = [
+    "CONFIG_NAME", "Config", "ProjectPaths", "find_root", "load_config", "require_utf8_path",
+]
 
 CONFIG_NAME = "intloom.toml"
 _KNOWN_KEYS = {"workflows", "port"}
@@ -56,6 +59,24 @@ class Config:
     port: int | None
 
 
+def require_utf8_path(root: Path, code: str = "CLI_PROJECT_INVALID") -> Path:
+    """``root``, if its path is valid UTF-8; ``code`` otherwise, naming it with its bytes
+    escaped. The project's path is written into its JSON metadata and sent to its host, so
+    a name with undecodable bytes (a Latin-1 archive, say) failed deep in the host."""
+    text = str(root)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = os.fsencode(text).decode("utf-8", errors="backslashreplace")
+        raise IntloomError(
+            code,
+            f"The path {shown} is not valid UTF-8, and intloom records a project's path in "
+            "its metadata as UTF-8 text; nothing was written. Rename the directory to a UTF-8 "
+            "name (convmv does it), then try again.",
+        ) from None
+    return root
+
+
 def find_root(start: Path, *, explicit: bool = False) -> Path:
     """The project root: ``start`` itself when explicit, else the nearest ancestor with a config.
 
@@ -64,7 +85,7 @@ def find_root(start: Path, *, explicit: bool = False) -> Path:
     start = start.resolve()
     if explicit:
         if (start / CONFIG_NAME).is_file():
-            return start
+            return require_utf8_path(start)
         raise IntloomError(
             "CLI_PROJECT_INVALID",
             f"{start} has no {CONFIG_NAME}. Pass the project's root to --project, "
@@ -72,7 +93,7 @@ def find_root(start: Path, *, explicit: bool = False) -> Path:
         )
     for candidate in (start, *start.parents):
         if (candidate / CONFIG_NAME).is_file():
-            return candidate
+            return require_utf8_path(candidate)
     raise IntloomError(
         "CLI_PROJECT_INVALID",
         f"No {CONFIG_NAME} in {start} or any parent directory. Run intloom init to create a "

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Final
 
 from intloom.errors import IntloomError
+from intloom.project import require_utf8_path
 
 __all__ = ["SCAFFOLD", "scaffold"]
 
@@ -29,6 +30,7 @@ def _template(name: str) -> bytes:
 
 
 def _check_target(target: Path) -> None:
+    require_utf8_path(target, "CLI_INIT_TARGET_INVALID")
     try:
         st = os.stat(target)
     except FileNotFoundError:

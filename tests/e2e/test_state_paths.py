@@ -4,10 +4,14 @@ Real host and CLI; every file is checked byte-identical afterwards."""
 
 from __future__ import annotations
 
+import os
+import shutil
+from pathlib import Path
+
 import pytest
 
 from intloom.store.framing import scan_segment
-from tests.helpers import Project, ok, snapshot_files
+from tests.helpers import FIXTURES, Project, ok, snapshot_files
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -134,3 +138,29 @@ def test_a_damaged_segment_put_back_from_a_copy_lets_the_held_run_go_on(
     answered = ok(project.cli("answer", run_id, action, '{"isConfirmed": true}', "--json"))
     assert answered["run"]["status"] == "completed", answered
     ok(project.cli("stop", "--json"))
+
+
+def test_a_project_path_that_is_not_utf8_is_refused_with_its_name(tmp_path: Path) -> None:
+    """A directory name with bytes that are not UTF-8 (a Latin-1 archive): init scaffolded
+    it, then start failed as CLI_INTERNAL_ERROR ("The host failed while starting", exit 70)
+    with an empty host log left behind, and status --json also failed with exit 70. Both now
+    refuse, naming the path and the fix, and write nothing."""
+    bad = Path(os.fsdecode(os.fsencode(tmp_path) + b"/bad\xffname"))
+    cli = Project(root=bad)
+    init = cli.cli("init", str(bad), "--json")
+    assert init.code == 1, (init.stdout, init.stderr)
+    assert init.json["error"]["code"] == "CLI_INIT_TARGET_INVALID"
+    assert "bad\\xffname is not valid UTF-8" in init.json["error"]["message"]
+    assert not os.path.lexists(bad)
+    shutil.copytree(FIXTURES / "projects" / "basic", bad)
+    before = snapshot_files(bad)
+    for args in (("start", "--json"), ("status", "--json"), ("doctor", "--json")):
+        result = cli.cli(*args)
+        assert result.code == 1, (args, result.stdout, result.stderr)
+        error = result.json["error"]
+        assert error["code"] == "CLI_PROJECT_INVALID", error
+        assert "Rename the directory" in error["message"], error
+    text = cli.cli("start")
+    assert text.code == 1 and "Failure · CLI_PROJECT_INVALID" in text.stderr, text.stderr
+    assert not os.path.lexists(bad / ".intloom")
+    assert snapshot_files(bad) == before
