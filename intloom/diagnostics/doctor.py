@@ -21,9 +21,11 @@ from intloom.diagnostics.owners import (
     Diagnosis,
     DiagnosisStatus,
     Owner,
+    _port_free,
     inspect,
     judge_readable_owners,
 )
+from intloom.diagnostics.owners import port_holder as _holder_of
 from intloom.diagnostics.previews import RunPreview, preview_runs
 from intloom.errors import IntloomError
 from intloom.fsutil import PrivacyError, check_private_dir, file_problem, privacy_fix
@@ -269,7 +271,33 @@ def _owner_check(
     )
 
 
-def _connection_check(root: Path, has_owners: bool) -> Check:
+def _next_port_check(conn: Connection | None, config: Config | None) -> Check | None:
+    """With no host and no owner, whether the port the next start binds (intloom.toml's
+    ``port``, else the saved one; as the host picks it) is taken: that start would fail."""
+    if config is not None and config.port is not None:
+        port, source = config.port, "port in intloom.toml"
+        fix = ("Stop that process, or change port in intloom.toml (0 picks a free one), then "
+               "run intloom start.")
+    elif conn is not None:
+        port, source = conn.port, "the port saved in connection.json"
+        fix = ("Stop that process, or run intloom start --port 0 to pick a new port (saved "
+               "in connection.json; clients using the old one must be told), then run "
+               "intloom doctor again.")
+    else:
+        return None
+    if port == 0 or _port_free(port):
+        return None
+    who = _holder_of(port) or f"find it with: ss -ltnp 'sport = :{port}'"
+    return Check(
+        "connection", "attention",
+        f"Port {port} on 127.0.0.1 ({source}), where the next intloom start would listen, is "
+        f"in use by another process ({who}): that start fails.",
+        fix,
+    )
+
+
+def _connection_check(root: Path, has_owners: bool, running: bool = False,
+                      config: Config | None = None) -> Check:
     paths = ProjectPaths(root)
     try:
         conn: Connection | None = read_connection(paths.connection_json, root)
@@ -283,6 +311,10 @@ def _connection_check(root: Path, has_owners: bool) -> Check:
             "without it.",
             NO_CONNECTION_FIX,
         )
+    if not has_owners and not running:
+        taken = _next_port_check(conn, config)
+        if taken is not None:
+            return taken
     if conn is None:
         return Check("connection", "ok",
                      "No connection.json yet; the first intloom start creates it.", None)
@@ -388,7 +420,7 @@ def run_doctor(root: Path) -> DoctorReport:
                      by_resource.get("service_info"), service_problem,
                      context("service.lock", lock_problem)),
         _connection_check(root, bool(diagnosis.owners) or lock_problem is not None
-                          or service_problem is not None),
+                          or service_problem is not None, running, config),
     ]
     workflows_check, loaded = _workflows_check(root, config)
     checks.append(workflows_check)

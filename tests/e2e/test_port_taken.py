@@ -166,3 +166,28 @@ def test_a_live_host_whose_create_time_moved_is_still_reached(project: Project) 
     runs = project.cli("runs", "--json")
     assert runs.code == 0, runs.stdout
     assert project.cli("stop").code == 0
+
+
+def test_doctor_says_the_next_start_fails_on_a_saved_port_another_program_took(
+    project: Project,
+) -> None:
+    """A clean stop, then another program takes the saved port: doctor said healthy (exit 0,
+    "connection · ok") while the next intloom start was bound to fail on that port. It now
+    names the port and the program, with the fix, and exits 3."""
+    assert project.cli("start").code == 0
+    assert project.cli("stop").code == 0
+    port = json.loads((project.state / "connection.json").read_text())["port"]
+    before = snapshot_files(project.state)
+    with silent_listener(port):
+        doctor = project.cli("doctor", "--json")
+        assert snapshot_files(project.state) == before
+        started = project.cli("start", "--json")
+    assert started.code == 1 and started.json["error"]["code"] == "CLI_SERVICE_UNAVAILABLE"
+    assert doctor.code == 3, doctor.stdout
+    assert doctor.json["health"] == "attention"
+    [check] = [c for c in doctor.json["checks"] if c["id"] == "connection"]
+    assert check["status"] == "attention", check
+    assert f"Port {port} on 127.0.0.1" in check["message"], check
+    assert f"pid {os.getpid()}" in check["message"], check
+    assert "intloom start --port 0" in check["next"], check
+    assert project.cli("doctor", "--json").code == 0  # the port free again: healthy
