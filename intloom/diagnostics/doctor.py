@@ -9,6 +9,7 @@ diagnosis and an ``attention`` check naming the file. The token is never part of
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, Literal
@@ -110,6 +111,20 @@ def _runtime_dir_check(paths: ProjectPaths) -> Check:
                              f"{privacy_fix(exc)}. {KEEP_IT}")
             if path not in store_dirs:
                 absent.append(f".intloom/{path.name}/")
+    # Private is not enough: a start writes its lock, log and checkpoints into these, and a
+    # directory it cannot write (0500, the immutable flag, a read-only mount) fails it.
+    for path in (paths.state, paths.runtime, paths.logs, *store_dirs):
+        if os.path.isdir(path) and not os.access(path, os.W_OK | os.X_OK):
+            mode = stat.S_IMODE(os.lstat(path).st_mode)
+            fix = (f"Run chmod 700 {path}" if mode & 0o700 != 0o700 else
+                   f"Its mode allows writing: clear the immutable flag (lsattr -d {path}; "
+                   f"chattr -i {path}) or remount its file system read-write")
+            return Check(
+                "runtime_dir", "attention",
+                f"{path} is not writable by you (mode {mode:04o}): intloom start cannot write "
+                "its lock, its log or the Runs' checkpoints there.",
+                f"{fix}, then run intloom doctor again.",
+            )
     if absent:
         return Check("runtime_dir", "ok", f"No {' or '.join(absent)} yet: intloom start "
                      "creates what it needs (mode 0700).", None)

@@ -4,8 +4,11 @@ Real host and CLI; every file is checked byte-identical afterwards."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -164,3 +167,51 @@ def test_a_project_path_that_is_not_utf8_is_refused_with_its_name(tmp_path: Path
     assert text.code == 1 and "Failure · CLI_PROJECT_INVALID" in text.stderr, text.stderr
     assert not os.path.lexists(bad / ".intloom")
     assert snapshot_files(bad) == before
+
+
+def _as_plain_user() -> list[str]:
+    """A command prefix under which file modes bind this process (root without the
+    capabilities that override them), or skip."""
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("root without setpriv: file modes do not bind")
+    caps = "-dac_override,-dac_read_search"
+    return [setpriv, "--bounding-set", caps, "--inh-caps", caps]
+
+
+@pytest.mark.parametrize("where", [".intloom", ".intloom/logs", ".intloom/runtime/wal"])
+def test_doctor_reports_a_state_directory_it_cannot_write(
+    project: Project, where: str,
+) -> None:
+    """A .intloom/ directory made read-only (0500): start fails (STORAGE_ERROR,
+    LOG_WRITE_FAILED), yet doctor said "ok: ... are private directories (0700) of yours"
+    and exited 0. It now names the directory, its mode and the fix, and exits 3."""
+    ok(project.cli("start", "--json"))
+    ok(project.cli("stop", "--json"))
+    path = project.root / where
+    prefix = _as_plain_user()
+    env = {**os.environ, "NO_COLOR": "1"}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*prefix, sys.executable, "-m", "intloom", "--project", str(project.root), *args],
+            capture_output=True, text=True, timeout=60, env=env)
+
+    path.chmod(0o500)
+    try:
+        before = snapshot_files(project.root)
+        doctor = cli("doctor", "--json")
+        assert snapshot_files(project.root) == before
+        started = cli("start", "--json")
+    finally:
+        path.chmod(0o700)
+        project.track_host()
+    assert started.returncode == 1, started.stdout  # the fact doctor must not call ok
+    assert doctor.returncode == 3, doctor.stdout
+    [check] = [c for c in json.loads(doctor.stdout)["checks"] if c["id"] == "runtime_dir"]
+    assert check["status"] == "attention", check
+    assert f"{path} is not writable by you (mode 0500)" in check["message"], check
+    assert f"chmod 700 {path}" in check["next"], check
+    assert ok(project.cli("doctor", "--json"))["health"] == "healthy"
