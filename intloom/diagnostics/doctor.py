@@ -22,11 +22,11 @@ from intloom.diagnostics.owners import (
     Diagnosis,
     DiagnosisStatus,
     Owner,
-    _port_free,
     inspect,
     judge_readable_owners,
+    port_free,
 )
-from intloom.diagnostics.owners import port_holder as _holder_of
+from intloom.diagnostics.owners import port_holder as _holder_of  # a context field's name
 from intloom.diagnostics.previews import RunPreview, preview_runs
 from intloom.errors import IntloomError
 from intloom.fsutil import PrivacyError, check_private_dir, file_problem, privacy_fix
@@ -300,7 +300,7 @@ def _next_port_check(conn: Connection | None, config: Config | None) -> Check | 
                "intloom doctor again.")
     else:
         return None
-    if port == 0 or _port_free(port):
+    if port == 0 or port_free(port):
         return None
     who = _holder_of(port) or f"find it with: ss -ltnp 'sport = :{port}'"
     return Check(

@@ -41,6 +41,7 @@ __all__ = [
     "inspect",
     "judge_owners",
     "judge_readable_owners",
+    "port_free",
     "port_holder",
 ]
 
@@ -153,7 +154,7 @@ def judge_readable_owners(root: Path) -> list[Owner]:
     return judge_owners(snap, probe_lock(paths.service_lock))
 
 
-def _port_free(port: int) -> bool:
+def port_free(port: int) -> bool:
     """Whether ``recover`` could hold 127.0.0.1:``port`` now (bound, never listened on)."""
     import socket
 
@@ -270,7 +271,7 @@ def inspect(root: Path, *, probe: bool = True) -> Inspection:
         ports = [] if connection is None else [connection.port]
         if snap.service.value is not None and snap.service.value.port not in ports:
             ports.append(snap.service.value.port)
-        taken = next((port for port in ports if not _port_free(port)), None)
+        taken = next((port for port in ports if not port_free(port)), None)
         if taken is not None:
             holder = port_holder(taken)
             problem = _port_taken_problem(taken, holder, owners)
