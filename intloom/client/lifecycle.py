@@ -234,7 +234,8 @@ def _reuse(service: ServiceView, port: int | None, strict: bool = False) -> Star
         raise IntloomError(
             "CLI_SERVICE_CONFLICT",
             f"The host already runs on port {service.port} (pid {service.pid}). Stop the "
-            f"running service before changing its port to {port}.",
+            "running service before changing its port to "
+            + (f"{port}." if port else "a free one (--port 0 picks it as the host starts)."),
         )
     if strict:
         # --strict judges the journals when a host starts; this one started without it.

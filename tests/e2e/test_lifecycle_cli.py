@@ -54,6 +54,8 @@ def test_start_reuse_stop_and_restart_with_a_waiting_run(project: Project) -> No
     assert again["service"]["instanceId"] == service["instanceId"]
     other_port = service["port"] + 1 if service["port"] < 65535 else 1024
     _error(project.cli("--json", "start", "--port", str(other_port)), "CLI_SERVICE_CONFLICT")
+    anywhere = _error(project.cli("--json", "start", "--port", "0"), "CLI_SERVICE_CONFLICT")
+    assert "changing its port to a free one (--port 0 picks it" in anywhere["message"], anywhere
 
     run = _ok(project.cli("--json", "flow", "example", "--intent", "notes"))["run"]
     assert run["status"] == "waiting"
