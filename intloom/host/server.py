@@ -85,6 +85,8 @@ def bind_port(port: int) -> socket.socket:
 # Requests that start or change work; the others only read (or stop the host).
 _WORK: Final = (CreateRun, Answer, Cancel, ClaimAgentCall, CallTool, CompleteAgentCall,
                 FailAgentCall)
+# The requests of a client Agent working on its task.
+_AGENT: Final = (ClaimAgentCall, CallTool, CompleteAgentCall, FailAgentCall)
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,17 @@ def _closing(request: Request) -> ErrorReply:
     """CLI_SERVICE_CLOSING for a request on a connection opened before the stop: what was
     refused, that nothing was done, and what to do (the hello's refusal says the same)."""
     run_id = getattr(request, "run_id", None)
+    if isinstance(request, _AGENT):
+        # Running it again cannot succeed: a Run waiting on a client Agent task is not
+        # restored (DESIGN section 6), as the stop names it and an on_complete cut by it says.
+        return _error(
+            "CLI_SERVICE_CLOSING",
+            f"The service is shutting down: it is suspending its Runs, then exits. The "
+            f"{type(request).__name__} request for Agent task {request.call_id} of Run "
+            f"{run_id} was refused; nothing was done. The next start reports Run {run_id} "
+            "RUN_INTERRUPTED (claims, owner tokens and Tool receipts are not restored); once "
+            "it has started, start a new Run for this work.",
+        )
     about = f" about Run {run_id}" if run_id else ""
     return _error(
         "CLI_SERVICE_CLOSING",

@@ -502,3 +502,34 @@ def test_an_on_complete_that_misuses_its_state_says_the_task_stays_claimed(
             assert client.get_run(run.run_id).pending_agent_call is not None
         assert client.complete_agent_call(run.run_id, call, token, "found", "ok").status == (
             "completed")
+
+
+def test_an_agent_request_refused_during_a_stop_is_not_told_to_run_it_again(
+        project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An Agent's completion on a connection opened before the stop was told "Run it again
+    once intloom status says the service is offline": but the next start reports its Run
+    RUN_INTERRUPTED (claims are not restored), so run again it can never succeed."""
+    _looping_host(project, "10", monkeypatch)
+    release = project.root / "release-tool"
+    with Client.connect(project.root) as agent:
+        run, call, token = _claimed(agent, "looping")
+        running = _running_tool(agent, project, "slow", {"until": str(release)})
+        stops: list[CliResult] = []
+        stopper = threading.Thread(
+            target=lambda: stops.append(project.cli("stop", "--timeout", "30")))
+        stopper.start()
+        try:
+            eventually(lambda: _stopping(project), timeout=10, what="the stop to begin")
+            message = _refused(lambda: agent.complete_agent_call(
+                run.run_id, call, token, "done", {}), "CLI_SERVICE_CLOSING")
+        finally:
+            release.write_text("go")
+            running.caller.join(timeout=30)
+            stopper.join(timeout=40)
+    assert "Run it again" not in message, message
+    assert f"The next start reports Run {run.run_id} RUN_INTERRUPTED" in message, message
+    assert f"Agent task {call} of Run {run.run_id} was refused; nothing was done" in message
+    start(project)
+    with Client.connect(project.root) as again:
+        view = again.get_run(run.run_id)
+        assert view.last_error is not None and view.last_error.code == "RUN_INTERRUPTED", view
