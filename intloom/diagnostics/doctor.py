@@ -286,28 +286,53 @@ def _owner_check(
     )
 
 
+def _bind_refused(port: int) -> str | None:
+    """Why binding 127.0.0.1:``port`` is refused for a reason other than its being in use
+    (EACCES: a privileged port), or None."""
+    import errno
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return None
+            return exc.strerror or str(exc)
+    return None
+
+
 def _next_port_check(conn: Connection | None, config: Config | None) -> Check | None:
     """With no host and no owner, whether the port the next start binds (intloom.toml's
     ``port``, else the saved one; as the host picks it) is taken: that start would fail."""
     if config is not None and config.port is not None:
         port, source = config.port, "port in intloom.toml"
-        fix = ("Stop that process, or change port in intloom.toml (0 picks a free one), then "
-               "run intloom start.")
+        way_out = "change port in intloom.toml (0 picks a free one), then run intloom start."
     elif conn is not None:
         port, source = conn.port, "the port saved in connection.json"
-        fix = ("Stop that process, or run intloom start --port 0 to pick a new port (saved "
-               "in connection.json; clients using the old one must be told), then run "
-               "intloom doctor again.")
+        way_out = ("run intloom start --port 0 to pick a new port (saved in connection.json; "
+                   "clients using the old one must be told), then run intloom doctor again.")
     else:
         return None
     if port == 0 or port_free(port):
         return None
+    refused = _bind_refused(port)
+    if refused is not None:
+        # Nobody holds it: the start may not bind it (a port below 1024 without the
+        # privilege), and says so ("Permission denied").
+        return Check(
+            "connection", "attention",
+            f"Port {port} on 127.0.0.1 ({source}), where the next intloom start would "
+            f"listen, cannot be bound by you ({refused}): that start fails.",
+            way_out[0].upper() + way_out[1:],
+        )
     who = _holder_of(port) or f"find it with: ss -ltnp 'sport = :{port}'"
     return Check(
         "connection", "attention",
         f"Port {port} on 127.0.0.1 ({source}), where the next intloom start would listen, is "
         f"in use by another process ({who}): that start fails.",
-        fix,
+        f"Stop that process, or {way_out}",
     )
 
 

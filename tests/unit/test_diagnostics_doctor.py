@@ -145,3 +145,29 @@ def test_public_runtime_dir_is_attention(root: Path) -> None:
     assert check.status == "attention"
     assert "0755" in check.message
     assert runtime.stat().st_mode & 0o777 == 0o755  # reported, never "fixed"
+
+
+def test_a_port_the_next_start_may_not_bind_is_not_called_in_use(
+        root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """port = 80 in intloom.toml, doctor run by a user who may not bind ports below 1024:
+    doctor said port 80 "is in use by another process (find it with: ss ...)" while nothing
+    listened there; start then fails with Permission denied. It says what the start meets."""
+    import errno
+    import socket
+
+    (root / "intloom.toml").write_text(
+        (root / "intloom.toml").read_text() + "port = 80\n")
+    real_bind = socket.socket.bind
+
+    def bind(sock: socket.socket, address: object) -> None:
+        if isinstance(address, tuple) and address[1] == 80:
+            raise PermissionError(errno.EACCES, "Permission denied")
+        real_bind(sock, address)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(socket.socket, "bind", bind)
+    report = run_doctor(root)
+    [check] = [c for c in report.checks if c.id == "connection"]
+    assert check.status == "attention", check
+    assert "in use by another process" not in check.message, check.message
+    assert "Permission denied" in check.message, check.message
+    assert check.next is not None and "port in intloom.toml" in check.next, check
