@@ -31,6 +31,9 @@ def _template(name: str) -> bytes:
 
 def _check_target(target: Path) -> None:
     require_utf8_path(target, "CLI_INIT_TARGET_INVALID")
+    # And where it leads: through a link (or a parent that is one), the project's recorded
+    # path is the resolved one (find_root, scaffold's result).
+    require_utf8_path(Path(os.path.realpath(target)), "CLI_INIT_TARGET_INVALID")
     try:
         st = os.stat(target)
     except FileNotFoundError:

@@ -215,3 +215,19 @@ def test_doctor_reports_a_state_directory_it_cannot_write(
     assert f"{path} is not writable by you (mode 0500)" in check["message"], check
     assert f"chmod 700 {path}" in check["next"], check
     assert ok(project.cli("doctor", "--json"))["health"] == "healthy"
+
+
+def test_init_through_a_link_to_a_directory_that_is_not_utf8_writes_nothing(
+        tmp_path: Path) -> None:
+    """init checked the path as given, not where it leads: through a UTF-8 symlink to a
+    directory whose name is not UTF-8 it scaffolded the project (every later command refuses
+    it, CLI_PROJECT_INVALID) and init --json failed as CLI_INTERNAL_ERROR (exit 70)."""
+    bad = Path(os.fsdecode(os.fsencode(tmp_path) + b"/bad\xffname"))
+    bad.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(bad)
+    init = Project(root=link).cli("init", str(link), "--json")
+    assert init.code == 1, (init.stdout, init.stderr)
+    assert init.json["error"]["code"] == "CLI_INIT_TARGET_INVALID", init.json
+    assert "bad\\xffname is not valid UTF-8" in init.json["error"]["message"]
+    assert os.listdir(bad) == []
