@@ -285,4 +285,7 @@ def test_attach_follows_a_run_through_its_agent_task_to_the_next_prompt(
         term.type("")
         assert term.finish() == 0, term.text()
         assert "Completed · handoff" in term.rest(), term.text()
+        # Said once: it was repeated without end when the Step's records shared the wait's
+        # millisecond (most Runs of this Workflow).
+        assert term.text().count("Waiting for the client Agent") == 1, term.text()[:2000]
     assert answered(project, run_id) == {"isConfirmed": True}

@@ -354,3 +354,38 @@ def test_doctor_does_not_send_the_user_to_doctor() -> None:
     assert not any("Run intloom doctor" in line for line in lines), lines
     assert "Run intloom doctor. Do not delete locks whose owners are still active." in (
         render.diagnosis_lines(report))
+
+
+def test_attach_waits_past_an_agent_task_only_for_what_came_after_its_wait(
+        tmp_path: Any) -> None:
+    """An Agent Step's records share a millisecond: its `running` events had the wait's very
+    time, so attach took them for "the Run moved past the task" at once, asked again, and
+    printed "Waiting for the client Agent ..." tens of thousands of times a second (a Run
+    of the handoff Workflow did so 7 times in 10), sending as many requests to the host."""
+    import threading
+
+    import msgspec
+
+    from intloom.cli.commands.attach import _Follower
+    from intloom.protocol.messages import RunEvent
+    from intloom.runtime.model import Cursor, PendingAgentCall, RunView
+
+    at = "2026-12-01T00:00:01.000Z"
+    task = PendingAgentCall(id="AG-1", agent_id="a", phase="available", request={},
+                            tools=[], created_at=at)
+    running = RunView(run_id="RUN-1", flow_name="f", cursor=Cursor(stage="s", step="a"),
+                      status="running", created_at=at, updated_at=at)
+    view = msgspec.structs.replace(running, status="waiting", pending_agent_call=task)
+    follower = _Follower(tmp_path, "RUN-1", Renderer(), None)
+    follower.met(["caughtUp"])
+    follower.took(RunEvent(run=running, event="executing", history=True))
+    follower.took(RunEvent(run=view, event="waiting", history=True, caught_up=True))
+    waiter = threading.Thread(target=follower.past_task, args=(view,), daemon=True)
+    waiter.start()
+    waiter.join(timeout=0.5)
+    assert waiter.is_alive(), "past_task returned while the Run still waits on its task"
+    done = msgspec.structs.replace(view, updated_at="2026-12-01T00:00:02.000Z",
+                                   status="running", pending_agent_call=None)
+    follower.took(RunEvent(run=done, event="agent_completed"))
+    waiter.join(timeout=10)
+    assert not waiter.is_alive()

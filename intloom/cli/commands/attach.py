@@ -164,14 +164,23 @@ class _Follower(threading.Thread):
         (the Agent completed or failed it, the Run was cancelled or suspended), or ended."""
         call = view.pending_agent_call
         assert call is not None
+        key = _key(view)
 
-        def moved(seen: RunView) -> bool:
-            task = seen.pending_agent_call
-            return (seen.updated_at >= view.updated_at
-                    and (seen.status != "waiting" or task is None or task.id != call.id))
+        def moved() -> bool:
+            # Only what the stream showed from this very wait on (or a later time): the
+            # Step's records before the wait often share its millisecond, and taking them
+            # for a move asked again at once, without end.
+            reached = False
+            for seen in self._seen:
+                reached = reached or _key(seen) == key or seen.updated_at > view.updated_at
+                task = seen.pending_agent_call
+                if reached and (seen.status != "waiting" or task is None
+                                or task.id != call.id):
+                    return True
+            return False
 
         with self._cond:
-            self._cond.wait_for(lambda: self._done or any(moved(s) for s in self._seen))
+            self._cond.wait_for(lambda: self._done or moved())
 
     def close(self) -> None:
         client = self._client
