@@ -296,6 +296,10 @@ def load_workflows(root: Path, config: Config) -> LoadResult:
         # Lets a Workflow import sibling modules of the project, as a script would.
         sys.path.insert(0, str(root))
     listed: dict[Path, str] = {}  # each source's path -> its first entry
+    for rel in config.workflows:
+        # Every tree before any import: an entry may import a module of a later entry's
+        # tree, which must not run from its __pycache__ either.
+        _from_source(root / rel)
     with _real_interrupts():
         for rel in config.workflows:
             entry = root / rel

@@ -350,3 +350,38 @@ def test_doctor_and_inspect_report_such_a_source_in_one_json_document(
             assert "Workflow sources wrote this while they were imported:" in lines, lines
             assert any(line.startswith("  | usage: ") for line in lines), lines
             assert not any(line.startswith("usage: ") for line in lines), lines
+
+
+def test_stale_bytecode_of_a_later_entrys_tree_never_runs_when_an_earlier_entry_imports_it(
+    tmp_path: Path,
+) -> None:
+    """Each entry's tree was compiled from its bytes only from that entry's own import on:
+    a module of a later entry's tree imported first by an earlier entry ran from its stale
+    ``__pycache__`` file, under the identity of its new bytes (beta said 1.0.0)."""
+    root = tmp_path / "proj"
+    for tree in ("a", "b"):
+        (root / tree).mkdir(parents=True)
+        (root / tree / "wf.py").write_text(textwrap.dedent(f'''
+            import intloom
+            from b import helpers
+
+            wf = intloom.Workflow("{'alpha' if tree == 'a' else 'beta'}",
+                                  version={'"1.0.0"' if tree == 'a' else 'helpers.VERSION'})
+            main = wf.stage("main")
+
+
+            @main.step("go", routes={{"ok": intloom.COMPLETE}})
+            def go(ctx: intloom.StepContext[None]) -> str:
+                return "ok"
+        '''))
+    helpers = root / "b" / "helpers.py"
+    helpers.write_text('VERSION = "1.0.0"\n')
+    (root / "intloom.toml").write_text('workflows = ["a/wf.py", "b/wf.py"]\n')
+    py_compile.compile(str(helpers), cfile=importlib.util.cache_from_source(str(helpers)),
+                       doraise=True, invalidation_mode=py_compile.PycInvalidationMode.TIMESTAMP)
+    before = helpers.stat()
+    helpers.write_text('VERSION = "2.0.0"\n')
+    os.utime(helpers, ns=(before.st_atime_ns, before.st_mtime_ns))
+    doctor = Project(root=root).cli("doctor", "--json")
+    [workflows] = [c for c in doctor.json["checks"] if c["id"] == "workflows"]
+    assert "beta 2.0.0" in workflows["message"], workflows
