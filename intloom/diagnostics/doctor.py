@@ -8,6 +8,7 @@ diagnosis and an ``attention`` check naming the file. The token is never part of
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from collections.abc import Callable
@@ -22,9 +23,9 @@ from intloom.diagnostics.owners import (
     Diagnosis,
     DiagnosisStatus,
     Owner,
+    bind_refusal,
     inspect,
     judge_readable_owners,
-    port_free,
 )
 from intloom.diagnostics.owners import port_holder as _holder_of  # a context field's name
 from intloom.diagnostics.previews import RunPreview, preview_runs
@@ -286,23 +287,6 @@ def _owner_check(
     )
 
 
-def _bind_refused(port: int) -> str | None:
-    """Why binding 127.0.0.1:``port`` is refused for a reason other than its being in use
-    (EACCES: a privileged port), or None."""
-    import errno
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                return None
-            return exc.strerror or str(exc)
-    return None
-
-
 def _next_port_check(conn: Connection | None, config: Config | None) -> Check | None:
     """With no host and no owner, whether the port the next start binds (intloom.toml's
     ``port``, else the saved one; as the host picks it) is taken: that start would fail."""
@@ -315,10 +299,11 @@ def _next_port_check(conn: Connection | None, config: Config | None) -> Check | 
                    "clients using the old one must be told), then run intloom doctor again.")
     else:
         return None
-    if port == 0 or port_free(port):
+    refusal = None if port == 0 else bind_refusal(port)
+    if refusal is None:
         return None
-    refused = _bind_refused(port)
-    if refused is not None:
+    if refusal.errno != errno.EADDRINUSE:
+        refused = refusal.strerror or str(refusal)
         # Nobody holds it: the start may not bind it (a port below 1024 without the
         # privilege), and says so ("Permission denied").
         return Check(

@@ -37,6 +37,7 @@ __all__ = [
     "DiagnosisStatus",
     "Inspection",
     "Owner",
+    "bind_refusal",
     "diagnose",
     "inspect",
     "judge_owners",
@@ -154,8 +155,10 @@ def judge_readable_owners(root: Path) -> list[Owner]:
     return judge_owners(snap, probe_lock(paths.service_lock))
 
 
-def port_free(port: int) -> bool:
-    """Whether ``recover`` could hold 127.0.0.1:``port`` now (bound, never listened on)."""
+def bind_refusal(port: int) -> OSError | None:
+    """Why ``recover`` (or a start) could not bind 127.0.0.1:``port`` now, or None (bound,
+    never listened on): EADDRINUSE when another socket has it, else the bind's own refusal
+    (EACCES for a privileged port)."""
     import socket
 
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -163,9 +166,14 @@ def port_free(port: int) -> bool:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
+        except OSError as exc:
+            return exc
+    return None
+
+
+def port_free(port: int) -> bool:
+    """Whether ``recover`` could hold 127.0.0.1:``port`` now (bound, never listened on)."""
+    return bind_refusal(port) is None
 
 
 def port_holder(port: int) -> str | None:
