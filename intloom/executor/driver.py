@@ -309,6 +309,13 @@ class RunSlot:
         verdict = self._verdict()
         return verdict.reason if verdict.row == "interrupted" else None
 
+    def next_start(self) -> Verdict | None:
+        """What the next start would do with the Run as appended so far (the restart table's
+        row), or None for an ended or failed Run (nothing of it is continued)."""
+        if self.override is not None or self.state.phase == "terminal":
+            return None
+        return self._verdict()
+
     def outlook(self) -> Verdict | None:
         """For a Run this host suspended: what the next start does with it (the restart
         table's row for its journal as it now ends). None for any other Run: an ended one,

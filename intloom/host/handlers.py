@@ -41,6 +41,7 @@ from intloom.protocol.messages import (
 
 if TYPE_CHECKING:
     from intloom.executor.runtime import Runtime
+    from intloom.runtime.machine import Verdict
 
 __all__ = ["Handlers"]
 
@@ -62,6 +63,12 @@ class Handlers:
         self.instance_id = instance_id
         self.service_view = service_view
         self.workflows = workflows
+
+    def next_start(self, run_id: str) -> Verdict | None:
+        """What the next start does with Run ``run_id`` as it stands, or None (no such Run
+        here, or an ended one): whether a request refused now may be sent again then."""
+        slot = self.runtime.runs.get(run_id)
+        return slot.next_start() if slot is not None else None
 
     def _unloaded(self, exc: IntloomError) -> IntloomError:
         """NOT_FOUND for a Workflow, with the sources that failed to load: the Workflow asked

@@ -15,7 +15,7 @@ import hmac
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import msgspec
 
@@ -54,6 +54,9 @@ from intloom.protocol.messages import (
     Subscribe,
     ToolResult,
 )
+
+if TYPE_CHECKING:
+    from intloom.runtime.machine import Verdict
 
 __all__ = ["Limits", "Server"]
 
@@ -113,28 +116,28 @@ def _error(code: str, message: str | None = None) -> ErrorReply:
     return ErrorReply(error=error_view(code, message))
 
 
-def _closing(request: Request) -> ErrorReply:
+def _closing(request: Request, then: Verdict | None) -> ErrorReply:
     """CLI_SERVICE_CLOSING for a request on a connection opened before the stop: what was
-    refused, that nothing was done, and what to do (the hello's refusal says the same)."""
+    refused, that nothing was done, and what to do -- send it again after the next start
+    (the hello's refusal says the same), unless that start reports the Run RUN_INTERRUPTED
+    (``then``: a wait without recover, a client Agent's task), where it cannot succeed."""
     run_id = getattr(request, "run_id", None)
+    what = f"The {type(request).__name__} request"
     if isinstance(request, _AGENT):
-        # Running it again cannot succeed: a Run waiting on a client Agent task is not
-        # restored (DESIGN section 6), as the stop names it and an on_complete cut by it says.
-        return _error(
-            "CLI_SERVICE_CLOSING",
-            f"The service is shutting down: it is suspending its Runs, then exits. The "
-            f"{type(request).__name__} request for Agent task {request.call_id} of Run "
-            f"{run_id} was refused; nothing was done. The next start reports Run {run_id} "
-            "RUN_INTERRUPTED (claims, owner tokens and Tool receipts are not restored); once "
-            "it has started, start a new Run for this work.",
-        )
-    about = f" about Run {run_id}" if run_id else ""
+        what += f" for Agent task {request.call_id} of Run {run_id}"
+    elif run_id:
+        what += f" about Run {run_id}"
+    if then is not None and then.row == "interrupted":
+        then_do = (f"The next start reports Run {run_id} RUN_INTERRUPTED ({then.reason}), so "
+                   "sending it again then cannot succeed; once that start has run, start a new "
+                   "Run for this work.")
+    else:
+        then_do = ("Run it again once intloom status says the service is offline (intloom "
+                   "start waits for that, then starts a new host).")
     return _error(
         "CLI_SERVICE_CLOSING",
-        f"The service is shutting down: it is suspending its Runs, then exits. The "
-        f"{type(request).__name__} request{about} was refused; nothing was done. Run it "
-        "again once intloom status says the service is offline (intloom start waits for "
-        "that, then starts a new host).",
+        f"The service is shutting down: it is suspending its Runs, then exits. {what} was "
+        f"refused; nothing was done. {then_do}",
     )
 
 
@@ -320,7 +323,8 @@ class Server:
 
     async def _dispatch(self, request: Request) -> Response:
         if self.closing and not isinstance(request, Status):
-            return _closing(request)
+            run_id = getattr(request, "run_id", None)
+            return _closing(request, self.handlers.next_start(run_id) if run_id else None)
         if self.refusal is not None and isinstance(request, _WORK):
             return ErrorReply(error=self.refusal)
         try:
@@ -338,7 +342,7 @@ class Server:
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: Subscribe
     ) -> None:
         if self.closing:
-            await self._write(writer, _closing(request))
+            await self._write(writer, _closing(request, None))  # a read: send it again
             return
 
         async def pump() -> None:

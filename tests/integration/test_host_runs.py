@@ -475,6 +475,64 @@ def test_an_answer_on_a_connection_open_before_a_stop_is_told_nothing_was_done(
     assert done.status == "completed", done
 
 
+def test_an_answer_refused_during_a_stop_to_a_wait_without_recover_is_not_told_to_retry(
+    project: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same refusal, for a wait whose Step has no recover entry: the next start reports
+    that Run RUN_INTERRUPTED, so "run it again once the service is offline" could never
+    succeed. It is told so, with the restart table's reason."""
+    monkeypatch.setenv("INTLOOM_TEST_SUSPEND_GRACE", "5")
+    example = project.root / "workflows" / "example.py"
+    text = example.read_text()
+    cut = text.index("@review.recover")
+    example.write_text(text[:cut])  # the same Workflow, its wait without recover
+    (project.root / "workflows" / "gated.py").write_text(GATED)
+    (project.root / "intloom.toml").write_text(
+        'workflows = ["workflows/example.py", "workflows/gated.py"]\n')
+    start(project)
+    client = Client.connect(project.root)
+    try:
+        waiting = client.create_run("example", "notes")
+        assert waiting.pending_action is not None, waiting
+        client.create_run("gated", "payload", wait=False)
+        eventually(lambda: (project.root / "calls.log").exists(), timeout=10,
+                   what="the effect to start")
+        stopped: list[bool] = []
+        stopper = threading.Thread(
+            target=lambda: stopped.append(stop_service(project.root, timeout=30)))
+        stopper.start()
+        try:
+            def refused() -> IntloomError | None:
+                try:
+                    client.get_run(waiting.run_id)
+                except IntloomError as exc:
+                    return exc if exc.code == "CLI_SERVICE_CLOSING" else None
+                return None
+
+            eventually(refused, timeout=10, what="the stop to begin")
+            with pytest.raises(IntloomError) as refusal:
+                client.answer(waiting.run_id, waiting.pending_action.id, {"isConfirmed": True})
+            answered = refusal.value
+            assert answered.code == "CLI_SERVICE_CLOSING", answered
+        finally:
+            (project.root / "gate").touch()
+            stopper.join(timeout=40)
+        assert stopped == [True]
+    finally:
+        client.close()
+    message = answered.message
+    assert f"The Answer request about Run {waiting.run_id} was refused; nothing was done" in (
+        message), message
+    assert "Run it again" not in message, message
+    assert (f"The next start reports Run {waiting.run_id} RUN_INTERRUPTED (Step draft/review "
+            f"waits on confirmation {waiting.pending_action.id} but its Step has no recover "
+            "entry), so sending it again then cannot succeed") in message, message
+    start(project)
+    with Client.connect(project.root) as again:
+        after = again.get_run(waiting.run_id)
+    assert after.last_error is not None and after.last_error.code == "RUN_INTERRUPTED", after
+
+
 def test_a_client_shared_by_threads_gives_each_its_own_reply(project: Project) -> None:
     """Replies are matched to requests by order on one connection: two threads calling one
     Client at once took each other's replies (532 of 600 got the other Run's view)."""
