@@ -43,12 +43,25 @@ def _check_target(target: Path) -> None:
             "CLI_INIT_TARGET_INVALID",
             f"{target} is inside a file, not a directory. Pass a new or empty directory.",
         ) from None
+    except OSError as exc:  # a link that leads to itself (ELOOP), a directory we may not read
+        raise IntloomError(
+            "CLI_INIT_TARGET_INVALID",
+            f"{target} cannot be examined ({exc.strerror or exc}); nothing was written. Pass "
+            "a new or empty directory you can read (a link must lead to one).",
+        ) from None
     if not stat.S_ISDIR(st.st_mode):
         raise IntloomError(
             "CLI_INIT_TARGET_INVALID",
             f"{target} is a file, not a directory. Pass a new or empty directory to intloom init.",
         )
-    entries = sorted(os.listdir(target))
+    try:
+        entries = sorted(os.listdir(target))
+    except OSError as exc:
+        raise IntloomError(
+            "CLI_INIT_TARGET_INVALID",
+            f"{target} cannot be listed ({exc.strerror or exc}), so intloom init cannot tell "
+            "it is empty; nothing was written. Pass a new or empty directory you can read.",
+        ) from None
     if entries:
         shown = ", ".join(entries[:3]) + (
             f" and {len(entries) - 3} more" if len(entries) > 3 else "")

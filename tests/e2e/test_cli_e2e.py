@@ -74,6 +74,19 @@ def test_init_refuses_a_non_empty_directory_and_touches_nothing(tmp_path: Path) 
     assert snapshot_files(tmp_path) == before
 
 
+def test_init_refuses_a_link_that_leads_to_itself_naming_it(tmp_path: Path) -> None:
+    """A link to itself (ELOOP) failed CLI_INTERNAL_ERROR, exit 70."""
+    (tmp_path / "loop").symlink_to("loop")
+    before = snapshot_files(tmp_path)
+    for target in ("loop", "loop/sub"):
+        result = run_cli("init", target, "--json", cwd=tmp_path)
+        assert result.code == 1, result
+        error = only_json(result)["error"]
+        assert error["code"] == "CLI_INIT_TARGET_INVALID", error
+        assert "cannot be examined (Too many levels of symbolic links)" in error["message"]
+        assert snapshot_files(tmp_path) == before
+
+
 def test_init_refuses_a_non_empty_directory_naming_what_it_holds(tmp_path: Path) -> None:
     for name in ("a", "b", "c", "d", "e"):
         (tmp_path / name).write_text(name)
