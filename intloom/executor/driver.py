@@ -139,6 +139,17 @@ async def _left_behind(ctx: StepContext[Any], where: str | Step[Any],
                        clip(f"{where} {facts}. {fix}{then}")) from None
 
 
+# How every refusal of a completion by on_complete ends: the Agent may try again.
+_STILL_CLAIMED: Final = ("Nothing was recorded and the task stays claimed: complete it "
+                         "again with a corrected output, or fail it.")
+
+
+def without_claim_advice(message: str) -> str:
+    """An on_complete refusal's message without its advice to complete the task again (for
+    a host that stopped meanwhile, which drops the claim)."""
+    return message.removesuffix(f" {_STILL_CLAIMED}")
+
+
 def _refused_effects(ctx: StepContext[Any], where: str, raised: BaseException | None
                      ) -> None:
     """``_left_behind`` for an Agent Step's ``on_complete``, where ctx.aeffect is the only
@@ -151,8 +162,8 @@ def _refused_effects(ctx: StepContext[Any], where: str, raised: BaseException | 
     raise IntloomError(
         "STEP_INTERACTION_INVALID",
         clip(f"{where} {left[0]}; on_complete cannot run effects at all: it only folds the "
-             "Agent's result into ctx.state. Do that work in the Step the outcome routes to. "
-             "Nothing was recorded and the task stays claimed."),
+             f"Agent's result into ctx.state. Do that work in the Step the outcome routes to. "
+             f"{_STILL_CLAIMED}"),
     ) from None
 
 
@@ -705,10 +716,6 @@ def _state_codec(state_type: type) -> tuple[Callable[[bytes], Any], bool, bool]:
         codec = _CODECS[state_type] = (msgspec.json.Decoder(state_type).decode, same,
                                        _has_set(info))
     return codec
-
-
-_STILL_CLAIMED: Final = ("Nothing was recorded and the task stays claimed: complete it "
-                         "again with a corrected output, or fail it.")
 
 
 def _still_claimed(exc: IntloomError, where: str) -> IntloomError:
@@ -1468,8 +1475,7 @@ class Driver:
             raise IntloomError(
                 "INVALID_REQUEST",
                 f"{where} refused the Agent's result (outcome {result.outcome!r}): "
-                f"{clip(_raised(exc))}. Nothing was recorded and the task stays claimed: "
-                "complete it again with a corrected output, or fail it.",
+                f"{clip(_raised(exc))}. {_STILL_CLAIMED}",
             ) from None
         if ctx._calls is not None:
             _refused_effects(ctx, where, None)
@@ -1477,7 +1483,7 @@ class Driver:
             raise IntloomError(
                 "STEP_RESULT_INVALID",
                 f"{where} returned {_shown(returned, 200)}; it must return None and "
-                "assign ctx.state instead. Nothing was recorded and the task stays claimed.",
+                f"assign ctx.state instead. {_STILL_CLAIMED}",
             )
         try:
             return _encode_state(ctx.state, where, step.stage.state_type)

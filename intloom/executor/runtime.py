@@ -41,6 +41,7 @@ from intloom.executor.driver import (
     RunSlot,
     check_effect_ids,
     code_at,
+    without_claim_advice,
 )
 from intloom.executor.updates import RunUpdate
 from intloom.protocol.messages import MAX_PAGE, RestoreSummary
@@ -140,6 +141,19 @@ def incompatibility(
     if state is None:
         return None
     return unreadable(state, package_version) or _mismatch(state, workflows)
+
+
+def _stopped_in_on_complete(run_id: str, call_id: str, outcome: str, refused: str = ""
+                            ) -> IntloomError:
+    """What an Agent is told when its completion's on_complete ran while the host stopped
+    (``refused``: what on_complete said of the result, when it refused it)."""
+    return IntloomError(
+        "CLI_SERVICE_CLOSING",
+        f"The host stopped while Agent task {call_id}'s on_complete ran (outcome {outcome!r}): "
+        f"{refused}the completion was not recorded, since nothing is written while the host "
+        f"stops. The next start reports Run {run_id} RUN_INTERRUPTED (claims are not "
+        "restored); once it has started, start a new Run for this work.",
+    )
 
 
 class HeldRun:
@@ -1053,6 +1067,14 @@ class Runtime:
                     run_id, f"client Agent task {call_id}'s on_complete was running (outcome "
                     f"{outcome!r}); the completion was not recorded"):
                 state = await self.driver.absorb(slot, step, AgentResult(outcome, output))
+        except IntloomError as exc:
+            if not self.closing or exc.code == "CLI_SERVICE_CLOSING":
+                raise
+            # Its refusal says the task stays claimed, to be completed again: the stop that
+            # came meanwhile drops the claim, so that would send the Agent round for nothing.
+            raise _stopped_in_on_complete(
+                run_id, call_id, outcome, f"it refused the result ({exc.code}: "
+                f"{clip(without_claim_advice(exc.message), 500)}), and ") from None
         finally:
             slot.agent.completing = False
         # The handler may have taken a while: a cancel or a stop may have come meanwhile.
@@ -1063,14 +1085,7 @@ class Runtime:
                 f"client Agent task {call_id}'s on_complete ran (outcome {outcome!r}) while the "
                 "host stopped; the completion was not recorded")))
             # The Agent is told the same (it got "no new work", as if nothing had begun).
-            raise IntloomError(
-                "CLI_SERVICE_CLOSING",
-                f"The host stopped while Agent task {call_id}'s on_complete ran (outcome "
-                f"{outcome!r}): the completion was not recorded, since nothing is written "
-                f"while the host stops. The next start reports Run {run_id} RUN_INTERRUPTED "
-                "(claims are not restored); once it has started, start a new Run for this "
-                "work.",
-            )
+            raise _stopped_in_on_complete(run_id, call_id, outcome)
         self._admit()
         slot, _call = self._agent_slot(run_id, call_id)
         self._check_owner(slot, owner_token)

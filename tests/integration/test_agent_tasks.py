@@ -193,6 +193,8 @@ LOOPING = textwrap.dedent('''
     def absorb(ctx: intloom.StepContext[None], result: intloom.AgentResult) -> None:
         if isinstance(result.output, dict) and "until" in result.output:
             held(result.output["until"])
+            if result.output.get("refuse"):
+                raise ValueError("not this one")
 ''')
 
 
@@ -409,6 +411,42 @@ def test_an_on_complete_that_ends_during_a_stop_is_named_not_dropped_silently(
     assert "1 Run still had a Step, Tool or on_complete running" in lines[0], lines
     assert lines[1] == (f"  {run.run_id}: client Agent task {call}'s on_complete ran (outcome "
                         "'done') while the host stopped; the completion was not recorded")
+
+
+def test_an_on_complete_that_refuses_during_a_stop_does_not_say_the_task_stays_claimed(
+        project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An on_complete refusing the result in the stop's grace said "the task stays claimed:
+    complete it again", but the stop drops the claim (the next start reports the Run
+    RUN_INTERRUPTED): the Agent is told that, and what on_complete said."""
+    _looping_host(project, "10", monkeypatch)
+    release = project.root / "release-refusal"
+    with Client.connect(project.root) as client:
+        run, call, token = _claimed(client, "looping")
+    results: list[object] = []
+
+    def complete() -> None:
+        with Client.connect(project.root) as other:
+            try:
+                results.append(other.complete_agent_call(
+                    run.run_id, call, token, "done", {"until": str(release), "refuse": True}))
+            except IntloomError as exc:
+                results.extend([exc.code, exc.message])
+
+    completer = threading.Thread(target=complete)
+    completer.start()
+    try:
+        eventually(Path(f"{release}.started").exists, timeout=10, what="on_complete to run")
+        _stop_then_release(project, release)
+    finally:
+        completer.join(timeout=30)
+    assert results[0] == "CLI_SERVICE_CLOSING", results
+    message = str(results[1])
+    assert "stays claimed" not in message, message
+    assert (f"The host stopped while Agent task {call}'s on_complete ran (outcome 'done'): it "
+            "refused the result (INVALID_REQUEST: ") in message, message
+    assert "not this one" in message, message
+    assert (f"The next start reports Run {run.run_id} RUN_INTERRUPTED (claims are not "
+            "restored)") in message, message
 
 
 def test_a_tool_still_running_at_the_end_of_the_grace_is_named(
