@@ -321,9 +321,12 @@ class RunSlot:
         return verdict.reason if verdict.row == "interrupted" else None
 
     def next_start(self) -> Verdict | None:
-        """What the next start would do with the Run as appended so far (the restart table's
-        row), or None for an ended or failed Run (nothing of it is continued)."""
-        if self.override is not None or self.state.phase == "terminal":
+        """What the next start does with the Run, when that is already settled (the restart
+        table's row): for a Run that waits (nothing moves it while the host stops: answers
+        and completions are refused). None for a Run still running (a stop gives its Step
+        the grace to reach a boundary, so the row is known only then), an ended Run and one
+        that failed here."""
+        if self.override is not None or self.state.phase != "waiting":
             return None
         return self._verdict()
 

@@ -65,8 +65,8 @@ class Handlers:
         self.workflows = workflows
 
     def next_start(self, run_id: str) -> Verdict | None:
-        """What the next start does with Run ``run_id`` as it stands, or None (no such Run
-        here, or an ended one): whether a request refused now may be sent again then."""
+        """What the next start does with Run ``run_id``, when already settled (RunSlot's
+        ``next_start``), or None: whether a request refused now may be sent again then."""
         slot = self.runtime.runs.get(run_id)
         return slot.next_start() if slot is not None else None
 

@@ -119,16 +119,26 @@ def _error(code: str, message: str | None = None) -> ErrorReply:
 def _closing(request: Request, then: Verdict | None) -> ErrorReply:
     """CLI_SERVICE_CLOSING for a request on a connection opened before the stop: what was
     refused, that nothing was done, and what to do -- send it again after the next start
-    (the hello's refusal says the same), unless that start reports the Run RUN_INTERRUPTED
-    (``then``: a wait without recover, a client Agent's task), where it cannot succeed."""
+    (the hello's refusal says the same), unless it cannot succeed then.
+
+    ``then`` is the Run's restart-table row when already settled (RunSlot.next_start): an
+    answer to a wait the next start reports RUN_INTERRUPTED cannot be taken, and a client
+    Agent's request never can (its claim and owner token are not restored). A read or a
+    cancel of a Run reported RUN_INTERRUPTED works (a cancel dismisses it), and a Run still
+    running is not judged yet: its Step has the stop's grace to reach a boundary."""
     run_id = getattr(request, "run_id", None)
     what = f"The {type(request).__name__} request"
     if isinstance(request, _AGENT):
         what += f" for Agent task {request.call_id} of Run {run_id}"
     elif run_id:
         what += f" about Run {run_id}"
-    if then is not None and then.row == "interrupted":
+    if then is not None and then.row == "interrupted" and isinstance(request,
+                                                                    (Answer, *_AGENT)):
         then_do = (f"The next start reports Run {run_id} RUN_INTERRUPTED ({then.reason}), so "
+                   "sending it again then cannot succeed; once that start has run, start a new "
+                   "Run for this work.")
+    elif isinstance(request, _AGENT):
+        then_do = ("The next start does not restore claims, owner tokens or Tool receipts, so "
                    "sending it again then cannot succeed; once that start has run, start a new "
                    "Run for this work.")
     else:
@@ -321,10 +331,13 @@ class Server:
         if not self._busy:
             self._idle.set()
 
+    def _next_start(self, request: Request) -> Verdict | None:
+        run_id = getattr(request, "run_id", None)
+        return self.handlers.next_start(run_id) if run_id else None
+
     async def _dispatch(self, request: Request) -> Response:
         if self.closing and not isinstance(request, Status):
-            run_id = getattr(request, "run_id", None)
-            return _closing(request, self.handlers.next_start(run_id) if run_id else None)
+            return _closing(request, self._next_start(request))
         if self.refusal is not None and isinstance(request, _WORK):
             return ErrorReply(error=self.refusal)
         try:

@@ -533,6 +533,93 @@ def test_an_answer_refused_during_a_stop_to_a_wait_without_recover_is_not_told_t
     assert after.last_error is not None and after.last_error.code == "RUN_INTERRUPTED", after
 
 
+AGENT_TASK = textwrap.dedent('''
+    from typing import Any
+
+    import intloom
+
+    wf = intloom.Workflow("agentic", version="1")
+    main = wf.stage("main")
+
+
+    @main.agent_step("look", routes={"found": intloom.COMPLETE})
+    def look(ctx: intloom.StepContext[None]) -> Any:
+        return {"topic": ctx.intent}
+''')
+
+
+def _refused_during_a_stop(client: Client, project: Project,
+                           requests: dict[str, Any]) -> dict[str, str]:
+    """Stop the host (a gated Run holds the stop in its grace until the gate opens) and send
+    each request on ``client``'s connection, opened before: each one's refusal message."""
+    stopped: list[bool] = []
+    stopper = threading.Thread(
+        target=lambda: stopped.append(stop_service(project.root, timeout=30)))
+    stopper.start()
+    messages: dict[str, str] = {}
+    try:
+        def closing() -> bool:
+            try:
+                client.workflows()
+            except IntloomError as exc:
+                return exc.code == "CLI_SERVICE_CLOSING"
+            return False
+
+        eventually(closing, timeout=10, what="the stop to begin")
+        for name, send in requests.items():
+            with pytest.raises(IntloomError) as refusal:
+                send()
+            assert refusal.value.code == "CLI_SERVICE_CLOSING", refusal.value
+            messages[name] = refusal.value.message
+    finally:
+        (project.root / "gate").touch()
+        stopper.join(timeout=40)
+    assert stopped == [True]
+    return messages
+
+
+def test_a_read_or_cancel_refused_during_a_stop_is_told_to_send_it_again_when_it_can(
+    project: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GetRun or Cancel of a Run waiting on an Agent task, and a GetRun of a Run whose Step
+    was still running (in the stop's grace), were told "the next start reports the Run
+    RUN_INTERRUPTED, so sending it again then cannot succeed; start a new Run": both work
+    after the next start (a cancel dismisses an interrupted Run), and that Step reached its
+    boundary, so the Run was not interrupted at all."""
+    monkeypatch.setenv("INTLOOM_TEST_SUSPEND_GRACE", "20")
+    (project.root / "workflows" / "gated.py").write_text(GATED)
+    (project.root / "workflows" / "agentic.py").write_text(AGENT_TASK)
+    (project.root / "intloom.toml").write_text(
+        'workflows = ["workflows/gated.py", "workflows/agentic.py"]\n')
+    start(project)
+    with Client.connect(project.root) as client:
+        agentic = client.create_run("agentic", "look")
+        assert agentic.pending_agent_call is not None, agentic
+        call = agentic.pending_agent_call.id
+        gated = client.create_run("gated", "payload", wait=False)
+        eventually(lambda: (project.root / "calls.log").exists(), timeout=10,
+                   what="the effect to start")
+        messages = _refused_during_a_stop(client, project, {
+            "get agentic": lambda: client.get_run(agentic.run_id),
+            "cancel agentic": lambda: client.cancel(agentic.run_id),
+            "get gated": lambda: client.get_run(gated.run_id),
+            "claim": lambda: client.claim_agent_call(agentic.run_id, call, "agent-1"),
+        })
+    again = "Run it again once intloom status says the service is offline"
+    for name in ("get agentic", "cancel agentic", "get gated"):
+        assert again in messages[name], messages
+        assert "cannot succeed" not in messages[name], messages
+    assert (f"The next start reports Run {agentic.run_id} RUN_INTERRUPTED (Step main/look "
+            f"waits on client Agent task {call} (available)") in messages["claim"], messages
+    assert "sending it again then cannot succeed" in messages["claim"], messages
+    start(project)
+    with Client.connect(project.root) as client:
+        assert client.get_run(gated.run_id).status == "waiting"  # not interrupted
+        view, _ = client.cancel(agentic.run_id)
+    assert view.last_error is not None and view.last_error.code == "RUN_INTERRUPTED", view
+    assert view.dismissed, view
+
+
 def test_a_client_shared_by_threads_gives_each_its_own_reply(project: Project) -> None:
     """Replies are matched to requests by order on one connection: two threads calling one
     Client at once took each other's replies (532 of 600 got the other Run's view)."""
