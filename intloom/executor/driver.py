@@ -322,11 +322,11 @@ class RunSlot:
 
     def next_start(self) -> Verdict | None:
         """What the next start does with the Run, when that is already settled (the restart
-        table's row): for a Run that waits (nothing moves it while the host stops: answers
-        and completions are refused). None for a Run still running (a stop gives its Step
-        the grace to reach a boundary, so the row is known only then), an ended Run and one
-        that failed here."""
-        if self.override is not None or self.state.phase != "waiting":
+        table's row): for an ended Run (its ``terminal`` row: not loaded again), and for one
+        that waits (nothing moves it while the host stops: answers and completions are
+        refused). None for a Run still running (a stop gives its Step the grace to reach a
+        boundary, so the row is known only then) and for one that failed here."""
+        if self.override is not None or self.state.phase not in ("terminal", "waiting"):
             return None
         return self._verdict()
 

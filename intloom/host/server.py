@@ -122,17 +122,22 @@ def _closing(request: Request, then: Verdict | None) -> ErrorReply:
     (the hello's refusal says the same), unless it cannot succeed then.
 
     ``then`` is the Run's restart-table row when already settled (RunSlot.next_start): an
-    answer to a wait the next start reports RUN_INTERRUPTED cannot be taken, and a client
-    Agent's request never can (its claim and owner token are not restored). A read or a
-    cancel of a Run reported RUN_INTERRUPTED works (a cancel dismisses it), and a Run still
-    running is not judged yet: its Step has the stop's grace to reach a boundary."""
+    ended Run is not loaded again, an answer to a wait the next start reports
+    RUN_INTERRUPTED cannot be taken, and a client Agent's request never can (its claim and
+    owner token are not restored). A read or a cancel of a Run reported RUN_INTERRUPTED
+    works (a cancel dismisses it), and a Run still running is not judged yet: its Step has
+    the stop's grace to reach a boundary."""
     run_id = getattr(request, "run_id", None)
     what = f"The {type(request).__name__} request"
     if isinstance(request, _AGENT):
         what += f" for Agent task {request.call_id} of Run {run_id}"
     elif run_id:
         what += f" about Run {run_id}"
-    if then is not None and then.row == "interrupted" and isinstance(request,
+    if then is not None and then.row == "terminal":
+        then_do = (f"Run {run_id} has ended, and the next start does not load ended Runs, so "
+                   f"sending it again then cannot succeed; intloom inspect {run_id} reads its "
+                   "journal, with or without a host.")
+    elif then is not None and then.row == "interrupted" and isinstance(request,
                                                                     (Answer, *_AGENT)):
         then_do = (f"The next start reports Run {run_id} RUN_INTERRUPTED ({then.reason}), so "
                    "sending it again then cannot succeed; once that start has run, start a new "
@@ -355,7 +360,7 @@ class Server:
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: Subscribe
     ) -> None:
         if self.closing:
-            await self._write(writer, _closing(request, None))  # a read: send it again
+            await self._write(writer, _closing(request, self._next_start(request)))
             return
 
         async def pump() -> None:

@@ -620,6 +620,41 @@ def test_a_read_or_cancel_refused_during_a_stop_is_told_to_send_it_again_when_it
     assert view.dismissed, view
 
 
+def test_a_request_about_an_ended_run_refused_during_a_stop_is_not_told_to_send_it_again(
+    project: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GetRun, Cancel or Subscribe of a Run that had ended was told "run it again once the
+    service is offline": the next start does not load ended Runs, so it is NOT_FOUND then.
+    It is told so, and that intloom inspect reads the Run's journal."""
+    monkeypatch.setenv("INTLOOM_TEST_SUSPEND_GRACE", "20")
+    (project.root / "workflows" / "gated.py").write_text(GATED)
+    (project.root / "intloom.toml").write_text(
+        'workflows = ["workflows/example.py", "workflows/gated.py"]\n')
+    start(project)
+    with Client.connect(project.root) as client, Client.connect(project.root) as follower:
+        waiting = client.create_run("example", "notes")
+        assert waiting.pending_action is not None, waiting
+        ended = client.answer(waiting.run_id, waiting.pending_action.id, {"isConfirmed": True})
+        assert ended.status == "completed", ended
+        client.create_run("gated", "payload", wait=False)
+        eventually(lambda: (project.root / "calls.log").exists(), timeout=10,
+                   what="the effect to start")
+        messages = _refused_during_a_stop(client, project, {
+            "get": lambda: client.get_run(ended.run_id),
+            "cancel": lambda: client.cancel(ended.run_id),
+            "subscribe": lambda: next(iter(follower.subscribe(ended.run_id))),
+        })
+    for name, message in messages.items():
+        assert (f"Run {ended.run_id} has ended, and the next start does not load ended Runs, "
+                "so sending it again then cannot succeed; intloom inspect "
+                f"{ended.run_id} reads its journal") in message, (name, message)
+        assert "Run it again" not in message, (name, message)
+    start(project)
+    with Client.connect(project.root) as client, pytest.raises(IntloomError) as later:
+        client.get_run(ended.run_id)
+    assert later.value.code == "NOT_FOUND", later.value
+
+
 def test_a_client_shared_by_threads_gives_each_its_own_reply(project: Project) -> None:
     """Replies are matched to requests by order on one connection: two threads calling one
     Client at once took each other's replies (532 of 600 got the other Run's view)."""
