@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.terminal import Terminal
-from tests.helpers import CliResult, Project, ok
+from tests.helpers import CliResult, Project, eventually, ok
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
@@ -289,3 +289,45 @@ def test_attach_follows_a_run_through_its_agent_task_to_the_next_prompt(
         # millisecond (most Runs of this Workflow).
         assert term.text().count("Waiting for the client Agent") == 1, term.text()[:2000]
     assert answered(project, run_id) == {"isConfirmed": True}
+
+
+def test_attach_without_an_event_stream_stops_following_an_agent_task(
+    asks_project: Project,
+) -> None:
+    """When attach's event stream could not be opened (the host's connection cap) or was
+    dropped while the Run waited on an Agent task, attach asked the Run again at once,
+    without end: thousands of "Waiting for the client Agent" lines a second, each a request
+    to the host. It says the stream ended and leaves the Run waiting (exit 0)."""
+    from intloom.client.client import Client
+    from intloom.errors import IntloomError
+
+    project = asks_project
+    (project.root / "workflows" / "handoff.py").write_text(AGENT_THEN_CONFIRM)
+    toml = project.root / "intloom.toml"
+    toml.write_text(toml.read_text().replace("]", ', "workflows/handoff.py"]'))
+    # One connection: attach's own; the stream's is refused (BUSY).
+    ok(project.cli("start", "--json", env={"INTLOOM_TEST_MAX_CONNECTIONS": "1"}))
+    run = ok(project.cli("flow", "handoff", "--intent", "ticket 12", "--json"))["run"]
+    run_id, call = run["runId"], run["pendingAgentCall"]["id"]
+
+    def free() -> bool:  # the CLI's own connections are gone: attach gets the one slot
+        try:
+            Client.connect(project.root).close()
+        except IntloomError:
+            return False
+        return True
+
+    eventually(free, timeout=10, what="the host to serve a connection again")
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        term = Terminal(["--project", str(project.root), "attach", run_id], project.root,
+                        timeout=PROMPT_DEADLINE)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    with term:
+        assert term.finish() == 0, term.text()[:2000]
+        text = term.text()
+    assert text.count(f"complete or fail task {call}") == 1, text[:2000]
+    assert (f"The Run's event stream ended (or could not be opened) while it still waits on "
+            f"task {call}; attach stops following") in text, text[:2000]
+    assert ok(project.cli("runs", "--json"))["runs"][0]["status"] == "waiting"

@@ -182,6 +182,11 @@ class _Follower(threading.Thread):
         with self._cond:
             self._cond.wait_for(lambda: self._done or moved())
 
+    def ended(self) -> bool:
+        """The stream has ended (or could not be opened): no event will wake a wait."""
+        with self._cond:
+            return self._done
+
     def close(self) -> None:
         client = self._client
         if client is not None:
@@ -273,6 +278,16 @@ def _follow(state: CliState, client: Client, run_id: str, view: RunView) -> RunV
                          "its events follow. Ctrl-C detaches.")
                 follower.past_task(view)
                 view = _look(client, run_id, follower, f"its Agent task {call.id}")
+                task = view.pending_agent_call
+                if (follower.ended() and view.status == "waiting" and task is not None
+                        and task.id == call.id):
+                    # No stream (the host refused it or dropped it) to say when the task
+                    # moves: asking again at once would loop without end.
+                    term.say(f"The Run's event stream ended (or could not be opened) while it "
+                             f"still waits on task {call.id}; attach stops following and "
+                             f"leaves the Run as it was. Run intloom attach {run_id} again "
+                             "to follow it.")
+                    return view
                 continue
             if view.status != "waiting" or action is None or term is None:
                 return view
