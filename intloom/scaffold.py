@@ -29,6 +29,14 @@ def _template(name: str) -> bytes:
     return (files("intloom") / "templates" / name).read_bytes()
 
 
+def _dangling_link(target: Path) -> Path | None:
+    """``target`` or the nearest of its parents that is a link leading nowhere, if any."""
+    for path in (target, *target.parents):
+        if os.path.islink(path) and not os.path.exists(path):
+            return path
+    return None
+
+
 def _check_target(target: Path) -> None:
     require_utf8_path(target, "CLI_INIT_TARGET_INVALID")
     # And where it leads: through a link (or a parent that is one), the project's recorded
@@ -37,6 +45,16 @@ def _check_target(target: Path) -> None:
     try:
         st = os.stat(target)
     except FileNotFoundError:
+        dangling = _dangling_link(target)
+        if dangling is not None:
+            # Else mkdir fails on the link, which was called a file that "appeared while
+            # intloom init was writing": nothing appeared, the link was there all along.
+            raise IntloomError(
+                "CLI_INIT_TARGET_INVALID",
+                f"{dangling} is a link to {os.readlink(dangling)}, which does not exist; "
+                "nothing was written. Pass a new or empty directory (a link must lead to "
+                "one).",
+            ) from None
         return
     except NotADirectoryError:
         raise IntloomError(

@@ -87,6 +87,23 @@ def test_init_refuses_a_link_that_leads_to_itself_naming_it(tmp_path: Path) -> N
         assert snapshot_files(tmp_path) == before
 
 
+def test_init_refuses_a_link_that_leads_nowhere_naming_it(tmp_path: Path) -> None:
+    """A link to a missing path was refused CLI_INIT_TARGET_NOT_EMPTY: "appeared while
+    intloom init was writing", which nothing did: it is the link, named, and where it leads."""
+    (tmp_path / "gone").symlink_to("nowhere")
+    before = snapshot_files(tmp_path)
+    for target in ("gone", "gone/sub"):
+        result = run_cli("init", target, "--json", cwd=tmp_path)
+        assert result.code == 1, result
+        error = only_json(result)["error"]
+        assert error["code"] == "CLI_INIT_TARGET_INVALID", error
+        assert (f"{tmp_path / 'gone'} is a link to nowhere, which does not exist; nothing was "
+                "written") in error["message"], error
+        assert "appeared" not in error["message"], error
+        assert snapshot_files(tmp_path) == before
+    assert not (tmp_path / "nowhere").exists()
+
+
 def test_init_refuses_a_non_empty_directory_naming_what_it_holds(tmp_path: Path) -> None:
     for name in ("a", "b", "c", "d", "e"):
         (tmp_path / name).write_text(name)
