@@ -156,6 +156,14 @@ def _stopped_in_on_complete(run_id: str, call_id: str, outcome: str, refused: st
     )
 
 
+def _ended_meanwhile(slot: RunSlot, call_id: str) -> None:
+    """CONFLICT, as without a stop, when the Run ended (was cancelled) while Agent task
+    ``call_id``'s on_complete ran: the next start does not load it, so it is not told (nor
+    does the stop report) that the Run comes back RUN_INTERRUPTED."""
+    if slot.state.phase == "terminal":
+        raise IntloomError("CONFLICT", _not_current_task(slot, slot.view(), call_id))
+
+
 class HeldRun:
     """A Run the restore did not load (DESIGN §6: reported, its journal kept as it is).
 
@@ -1070,6 +1078,7 @@ class Runtime:
         except IntloomError as exc:
             if not self.closing or exc.code == "CLI_SERVICE_CLOSING":
                 raise
+            _ended_meanwhile(slot, call_id)
             # Its refusal says the task stays claimed, to be completed again: the stop that
             # came meanwhile drops the claim, so that would send the Agent round for nothing.
             raise _stopped_in_on_complete(
@@ -1079,6 +1088,7 @@ class Runtime:
             slot.agent.completing = False
         # The handler may have taken a while: a cancel or a stop may have come meanwhile.
         if self.closing:
+            _ended_meanwhile(slot, call_id)
             # It ran in the stop's grace, but nothing is recorded while the host stops: the
             # stop names it (suspend reads this after the grace), never silently.
             self._agent_dropped.append((run_id, (

@@ -449,6 +449,46 @@ def test_an_on_complete_that_refuses_during_a_stop_does_not_say_the_task_stays_c
             "restored)") in message, message
 
 
+@pytest.mark.parametrize("refuse", [False, True])
+def test_an_on_complete_whose_run_is_cancelled_then_stopped_is_not_called_interrupted(
+        project: Project, monkeypatch: pytest.MonkeyPatch, refuse: bool) -> None:
+    """A Run cancelled while its on_complete ran, then the host stopped before it returned
+    (or refused the result): the Agent was told "the next start reports Run ...
+    RUN_INTERRUPTED", and intloom stop listed the Run as one the next start reports so, but
+    the Run had ended (RUN_STOPPED) and the next start does not load it. The Agent is told
+    the Run ended, as without a stop, and the stop does not list it."""
+    _looping_host(project, "10", monkeypatch)
+    release = project.root / "release-cancelled"
+    with Client.connect(project.root) as client:
+        run, call, token = _claimed(client, "looping")
+    results: list[object] = []
+
+    def complete() -> None:
+        with Client.connect(project.root) as other:
+            try:
+                results.append(other.complete_agent_call(
+                    run.run_id, call, token, "done", {"until": str(release), "refuse": refuse}))
+            except IntloomError as exc:
+                results.extend([exc.code, exc.message])
+
+    completer = threading.Thread(target=complete)
+    completer.start()
+    try:
+        eventually(Path(f"{release}.started").exists, timeout=10, what="on_complete to run")
+        with Client.connect(project.root) as other:
+            cancelled, _ = other.cancel(run.run_id)
+        assert cancelled.last_error is not None, cancelled
+        assert cancelled.last_error.code == "RUN_STOPPED", cancelled
+        stopped = _stop_then_release(project, release)
+    finally:
+        completer.join(timeout=30)
+    assert results[0] == "CONFLICT", results
+    message = str(results[1])
+    assert "RUN_INTERRUPTED" not in message, message
+    assert "the Run has ended failed (RUN_STOPPED) and takes no more work" in message, message
+    assert run.run_id not in stopped.stdout, stopped.stdout
+
+
 def test_a_tool_still_running_at_the_end_of_the_grace_is_named(
         project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
     _looping_host(project, "0.5", monkeypatch)
