@@ -162,8 +162,8 @@ def test_stop_while_a_step_runs_suspends_it_and_restart_reports_interrupted(
     assert "continues from its last saved boundary" not in run.last_error.message
     # The stop says which Run it cut, and not that every Run was suspended at a checkpoint.
     lines = stopped.stdout.splitlines()
-    assert ("1 Run still had a Step, Tool or on_complete running when the stop's grace ran "
-            "out") in lines[0], lines
+    assert ("1 Run still had a Step, Tool or on_complete running when the stop began that "
+            "did not reach its checkpoint (the stop's grace ran out") in lines[0], lines
     assert "RUN_INTERRUPTED" in lines[0]
     assert lines[1].startswith(f"  {run.run_id}: Step main/work was running effect 'held-call'")
     assert len(lines) == 2, lines  # it was the only unfinished Run: no "other" to suspend

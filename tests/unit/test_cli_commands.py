@@ -457,8 +457,9 @@ def test_stop_text_names_the_runs_it_cut(capsys: pytest.CaptureFixture[str], pro
     assert code == 0, err
     assert out.splitlines() == [
         "The original service instance stopped. 3 Runs still had a Step, Tool or "
-        "on_complete running when the stop's grace ran out; the next start reports them "
-        "RUN_INTERRUPTED and replays nothing:",
+        "on_complete running when the stop began that did not reach its checkpoint (the "
+        "stop's grace ran out, or it was an on_complete, whose completion a stopping host "
+        "never records); the next start reports them RUN_INTERRUPTED and replays nothing:",
         "  RUN-a: Step main/pay was running",
         "  ... and 2 more (intloom start lists them all).",
         "Other unfinished Runs were suspended at their last checkpoint; committed data is "
@@ -674,8 +675,9 @@ def test_logs_for_a_run_include_host_records_naming_it_and_show_a_torn_last_line
     (dict(suspended=2, cut=[("RUN-c", "Step main/pay was running")], cut_count=1,
           lost=[("RUN-w", "an Agent task")], lost_count=1), [
         "The original service instance stopped. 1 Run still had a Step, Tool or on_complete "
-        "running when the stop's grace ran out; the next start reports it RUN_INTERRUPTED "
-        "and replays nothing:",
+        "running when the stop began that did not reach its checkpoint (the stop's grace ran "
+        "out, or it was an on_complete, whose completion a stopping host never records); the "
+        "next start reports it RUN_INTERRUPTED and replays nothing:",
         "  RUN-c: Step main/pay was running",
         "1 Run waits on what the next start cannot restore (a question or confirmation whose "
         "Step has no recover, or a task for a client Agent); it reports it RUN_INTERRUPTED:",

@@ -113,7 +113,9 @@ def stop_lines(result: StopResult) -> list[str]:
     if n:
         lines.append(
             f"{'1 Run' if n == 1 else f'{n} Runs'} still had a Step, Tool or on_complete "
-            "running when the stop's grace ran out; the next start reports "
+            "running when the stop began that did not reach its checkpoint (the stop's grace "
+            "ran out, or it was an on_complete, whose completion a stopping host never "
+            "records); the next start reports "
             f"{'it' if n == 1 else 'them'} RUN_INTERRUPTED and replays nothing:")
         lines += _listed(result.cut, n)
     lost = result.lost_count
