@@ -325,8 +325,14 @@ class RunSlot:
         table's row): for an ended Run (its ``terminal`` row: not loaded again), and for one
         that waits (nothing moves it while the host stops: answers and completions are
         refused). None for a Run still running (a stop gives its Step the grace to reach a
-        boundary, so the row is known only then) and for one that failed here."""
-        if self.override is not None or self.state.phase not in ("terminal", "waiting"):
+        boundary, so the row is known only then) and for one that failed here.
+
+        Ended is what is durable (``shown``): a Run restored RUN_INTERRUPTED and dismissed
+        here has ended too, although it keeps its override; a terminal record whose flush
+        failed leaves the Run unfinished on disk."""
+        if self.shown.phase == "terminal":
+            return self._verdict()
+        if self.override is not None or self.state.phase != "waiting":
             return None
         return self._verdict()
 

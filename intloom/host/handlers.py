@@ -38,10 +38,10 @@ from intloom.protocol.messages import (
     WorkflowInfo,
     WorkflowsReply,
 )
+from intloom.runtime.machine import Verdict
 
 if TYPE_CHECKING:
     from intloom.executor.runtime import Runtime
-    from intloom.runtime.machine import Verdict
 
 __all__ = ["Handlers"]
 
@@ -68,7 +68,12 @@ class Handlers:
         """What the next start does with Run ``run_id``, when already settled (RunSlot's
         ``next_start``), or None: whether a request refused now may be sent again then."""
         slot = self.runtime.runs.get(run_id)
-        return slot.next_start() if slot is not None else None
+        if slot is not None:
+            return slot.next_start()
+        held = self.runtime.held.get(run_id)
+        if held is not None and held.ended is not None:  # cancelled here: its journal ended
+            return Verdict("terminal", "the Run was cancelled while it was held")
+        return None
 
     def _unloaded(self, exc: IntloomError) -> IntloomError:
         """NOT_FOUND for a Workflow, with the sources that failed to load: the Workflow asked

@@ -655,6 +655,47 @@ def test_a_request_about_an_ended_run_refused_during_a_stop_is_not_told_to_send_
     assert later.value.code == "NOT_FOUND", later.value
 
 
+@pytest.mark.parametrize("how", ["dismissed", "held"])
+def test_a_run_ended_by_a_cancel_after_a_restart_is_not_told_to_send_it_again(
+    project: Project, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """A Run restored RUN_INTERRUPTED and dismissed, or held and cancelled, has ended: a
+    GetRun, Cancel or Subscribe of it refused during a stop was told "run it again once the
+    service is offline", where the next start does not load it (NOT_FOUND)."""
+    monkeypatch.setenv("INTLOOM_TEST_SUSPEND_GRACE", "20")
+    (project.root / "workflows" / "gated.py").write_text(GATED)
+    (project.root / "workflows" / "agentic.py").write_text(AGENT_TASK)
+    (project.root / "intloom.toml").write_text(
+        'workflows = ["workflows/gated.py", "workflows/agentic.py"]\n')
+    start(project)
+    with Client.connect(project.root) as client:
+        agentic = client.create_run("agentic", "look")
+    assert stop_service(project.root, timeout=30) is True
+    if how == "held":  # its source changed: held, not restored
+        (project.root / "workflows" / "agentic.py").write_text(AGENT_TASK + "# changed\n")
+    start(project)
+    run_id = agentic.run_id
+    with Client.connect(project.root) as client, Client.connect(project.root) as follower:
+        ended, _ = client.cancel(run_id)
+        assert ended.status == "failed", ended
+        client.create_run("gated", "payload", wait=False)
+        eventually(lambda: (project.root / "calls.log").exists(), timeout=10,
+                   what="the effect to start")
+        messages = _refused_during_a_stop(client, project, {
+            "get": lambda: client.get_run(run_id),
+            "cancel": lambda: client.cancel(run_id),
+            "subscribe": lambda: next(iter(follower.subscribe(run_id))),
+        })
+    for name, message in messages.items():
+        assert (f"Run {run_id} has ended, and the next start does not load ended Runs, so "
+                "sending it again then cannot succeed") in message, (name, message)
+        assert "Run it again" not in message, (name, message)
+    start(project)
+    with Client.connect(project.root) as client, pytest.raises(IntloomError) as later:
+        client.get_run(run_id)
+    assert later.value.code == "NOT_FOUND", later.value
+
+
 def test_a_client_shared_by_threads_gives_each_its_own_reply(project: Project) -> None:
     """Replies are matched to requests by order on one connection: two threads calling one
     Client at once took each other's replies (532 of 600 got the other Run's view)."""
