@@ -1176,8 +1176,14 @@ class Runtime:
                 if what is not None:
                     cut.append((run_id, what))
         cut.extend(self._agent_dropped)
-        cut.extend(self._agent_work.values())
+        # Not a Run that ended (a cancel) while its Tool call or on_complete ran: the next
+        # start does not load it, so it does not come back RUN_INTERRUPTED.
+        cut.extend(item for item in self._agent_work.values() if not self._ended(item[0]))
         return cut
+
+    def _ended(self, run_id: str) -> bool:
+        slot = self.runs.get(run_id)
+        return slot is not None and slot.shown.phase == "terminal"
 
     def outlook(self) -> tuple[builtins.list[tuple[str, Verdict]], int]:
         """After ``suspend``: each suspended Run with what the next start does with it, and

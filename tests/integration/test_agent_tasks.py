@@ -4,6 +4,7 @@ was; a completion retried (its reply lost) gets the Run's view again, not CONFLI
 
 from __future__ import annotations
 
+import contextlib
 import textwrap
 import threading
 from collections.abc import Iterator
@@ -506,6 +507,48 @@ def test_a_tool_still_running_at_the_end_of_the_grace_is_named(
     assert "1 Run still had a Step, Tool or on_complete running" in lines[0], lines
     assert lines[1].startswith(f"  {run.run_id}: client Agent task "), lines
     assert "was running Tool call tc-1 (Tool 'slow') and its outcome is unknown" in lines[1]
+
+
+@pytest.mark.parametrize("work", ["tool", "on_complete"])
+def test_a_run_cancelled_while_its_agent_work_outlasts_the_grace_is_not_called_cut(
+        project: Project, monkeypatch: pytest.MonkeyPatch, work: str) -> None:
+    """A Run cancelled while its task's Tool call or on_complete ran, then a stop whose
+    grace that work outlasted: intloom stop listed the Run as one the next start reports
+    RUN_INTERRUPTED (and counted it among the suspended ones), but it had ended
+    (RUN_STOPPED) and the next start does not load it."""
+    _looping_host(project, "0.5", monkeypatch)
+    release = project.root / "release-work"
+    with Client.connect(project.root) as client:
+        if work == "tool":
+            running = _running_tool(client, project, "slow", {"until": str(release)})
+            run_id, caller = running.run.run_id, running.caller
+        else:
+            run, call, token = _claimed(client, "looping")
+            run_id = run.run_id
+
+            def complete() -> None:
+                with Client.connect(project.root) as other, \
+                        contextlib.suppress(IntloomError):
+                    other.complete_agent_call(run_id, call, token, "done",
+                                              {"until": str(release), "refuse": False})
+
+            caller = threading.Thread(target=complete)
+            caller.start()
+            eventually(Path(f"{release}.started").exists, timeout=10,
+                       what="on_complete to run")
+        cancelled, _ = client.cancel(run_id)
+        assert cancelled.last_error is not None, cancelled
+        assert cancelled.last_error.code == "RUN_STOPPED", cancelled
+        waiting = client.create_run("looping", "another")
+    try:
+        stopped = project.cli("stop", "--timeout", "30")
+    finally:
+        release.write_text("go")
+        caller.join(timeout=30)
+    assert stopped.code == 0, stopped.stderr
+    assert run_id not in stopped.stdout, stopped.stdout
+    assert "still had a Step, Tool or on_complete running" not in stopped.stdout, stopped.stdout
+    assert waiting.run_id in stopped.stdout, stopped.stdout  # its task is not restored
 
 
 def test_a_task_past_its_tool_call_limit_is_told_so_not_to_retry(
