@@ -327,10 +327,15 @@ class RunSlot:
         refused). None for a Run still running (a stop gives its Step the grace to reach a
         boundary, so the row is known only then) and for one that failed here.
 
+        And for a Run restored RUN_INTERRUPTED (its row is the same at every start).
         Ended is what is durable (``shown``): a Run restored RUN_INTERRUPTED and dismissed
         here has ended too, although it keeps its override; a terminal record whose flush
         failed leaves the Run unfinished on disk."""
         if self.shown.phase == "terminal":
+            return self._verdict()
+        if self.override is not None and self.override.code == "RUN_INTERRUPTED":
+            # Restored RUN_INTERRUPTED, not dismissed: its journal, and so its row, is as
+            # this start found it; the next start reports it so again.
             return self._verdict()
         if self.override is not None or self.state.phase != "waiting":
             return None

@@ -696,6 +696,55 @@ def test_a_run_ended_by_a_cancel_after_a_restart_is_not_told_to_send_it_again(
     assert later.value.code == "NOT_FOUND", later.value
 
 
+def test_an_answer_to_a_run_restored_interrupted_refused_during_a_stop_is_not_told_to_retry(
+    project: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An Answer to a Run this start restored RUN_INTERRUPTED (a wait without recover),
+    refused during a stop, was told "run it again once the service is offline": the next
+    start reports the Run RUN_INTERRUPTED again, and the answer is CONFLICT. A read or a
+    cancel of it (which dismisses it) is still told to send it again."""
+    monkeypatch.setenv("INTLOOM_TEST_SUSPEND_GRACE", "20")
+    example = project.root / "workflows" / "example.py"
+    text = example.read_text()
+    example.write_text(text[:text.index("@review.recover")])  # its wait without recover
+    (project.root / "workflows" / "gated.py").write_text(GATED)
+    (project.root / "intloom.toml").write_text(
+        'workflows = ["workflows/example.py", "workflows/gated.py"]\n')
+    start(project)
+    with Client.connect(project.root) as client:
+        waiting = client.create_run("example", "notes")
+    action = waiting.pending_action
+    assert action is not None, waiting
+    assert stop_service(project.root, timeout=30) is True
+    start(project)
+    run_id = waiting.run_id
+    with Client.connect(project.root) as client:
+        restored = client.get_run(run_id)
+        assert restored.last_error is not None, restored
+        assert restored.last_error.code == "RUN_INTERRUPTED", restored
+        client.create_run("gated", "payload", wait=False)
+        eventually(lambda: (project.root / "calls.log").exists(), timeout=10,
+                   what="the effect to start")
+        messages = _refused_during_a_stop(client, project, {
+            "answer": lambda: client.answer(run_id, action.id, {"isConfirmed": True}),
+            "get": lambda: client.get_run(run_id),
+            "cancel": lambda: client.cancel(run_id),
+        })
+    assert (f"The next start reports Run {run_id} RUN_INTERRUPTED (Step draft/review waits on "
+            f"confirmation {action.id} but its Step has no recover entry), so sending it "
+            "again then cannot succeed") in messages["answer"], messages
+    assert "Run it again" not in messages["answer"], messages
+    for name in ("get", "cancel"):
+        assert "Run it again once intloom status says the service is offline" in messages[name]
+    start(project)
+    with Client.connect(project.root) as client:
+        with pytest.raises(IntloomError) as later:
+            client.answer(run_id, action.id, {"isConfirmed": True})
+        assert later.value.code == "CONFLICT", later.value
+        view, _ = client.cancel(run_id)
+    assert view.dismissed, view
+
+
 def test_a_client_shared_by_threads_gives_each_its_own_reply(project: Project) -> None:
     """Replies are matched to requests by order on one connection: two threads calling one
     Client at once took each other's replies (532 of 600 got the other Run's view)."""
