@@ -37,6 +37,15 @@ def _dangling_link(target: Path) -> Path | None:
     return None
 
 
+def _leads_to(link: Path) -> str:
+    """Where ``link`` leads: its destination, and through a chain of links the missing
+    path at its end (the destination itself exists, as a link)."""
+    destination = os.readlink(link)
+    if not os.path.islink(os.path.join(link.parent, destination)):
+        return destination
+    return f"{destination}, which leads to {os.path.realpath(link)}"
+
+
 def _check_target(target: Path) -> None:
     require_utf8_path(target, "CLI_INIT_TARGET_INVALID")
     # And where it leads: through a link (or a parent that is one), the project's recorded
@@ -51,7 +60,7 @@ def _check_target(target: Path) -> None:
             # intloom init was writing": nothing appeared, the link was there all along.
             raise IntloomError(
                 "CLI_INIT_TARGET_INVALID",
-                f"{dangling} is a link to {os.readlink(dangling)}, which does not exist; "
+                f"{dangling} is a link to {_leads_to(dangling)}, which does not exist; "
                 "nothing was written. Pass a new or empty directory (a link must lead to "
                 "one).",
             ) from None

@@ -104,6 +104,22 @@ def test_init_refuses_a_link_that_leads_nowhere_naming_it(tmp_path: Path) -> Non
     assert not (tmp_path / "nowhere").exists()
 
 
+def test_init_refuses_a_chain_of_links_that_leads_nowhere_naming_the_missing_end(
+        tmp_path: Path) -> None:
+    """A link to a link that leads nowhere was named "a link to <the second link>, which
+    does not exist", where that link exists: the missing path at the chain's end is named."""
+    (tmp_path / "gone").symlink_to("nowhere")
+    (tmp_path / "chain").symlink_to("gone")
+    before = snapshot_files(tmp_path)
+    result = run_cli("init", "chain", "--json", cwd=tmp_path)
+    assert result.code == 1, result
+    error = only_json(result)["error"]
+    assert error["code"] == "CLI_INIT_TARGET_INVALID", error
+    assert (f"{tmp_path / 'chain'} is a link to gone, which leads to "
+            f"{os.path.realpath(tmp_path / 'nowhere')}, which does not exist") in error["message"]
+    assert snapshot_files(tmp_path) == before
+
+
 def test_init_refuses_a_non_empty_directory_naming_what_it_holds(tmp_path: Path) -> None:
     for name in ("a", "b", "c", "d", "e"):
         (tmp_path / name).write_text(name)
