@@ -321,25 +321,19 @@ class RunSlot:
         return verdict.reason if verdict.row == "interrupted" else None
 
     def next_start(self) -> Verdict | None:
-        """What the next start does with the Run, when that is already settled (the restart
-        table's row): for an ended Run (its ``terminal`` row: not loaded again), and for one
-        that waits (nothing moves it while the host stops: answers and completions are
-        refused). None for a Run still running (a stop gives its Step the grace to reach a
-        boundary, so the row is known only then) and for one that failed here.
-
-        And for a Run restored RUN_INTERRUPTED (its row is the same at every start).
-        Ended is what is durable (``shown``): a Run restored RUN_INTERRUPTED and dismissed
-        here has ended too, although it keeps its override; a terminal record whose flush
-        failed leaves the Run unfinished on disk."""
-        if self.shown.phase == "terminal":
+        """What the next start does with the Run (the restart table's row) when that is
+        already settled, else None. Settled: an ended Run (by what is durable, ``shown``: a
+        Run restored RUN_INTERRUPTED and dismissed here has ended, though it keeps its
+        override; one whose terminal record failed to flush has not); a Run restored
+        RUN_INTERRUPTED (its journal, and so its row, is as this start found it); a waiting
+        Run (nothing moves it while the host stops). Not settled: a Run still running (a
+        stop gives its Step the grace to reach a boundary), or one that failed here."""
+        restored_interrupted = (self.override is not None
+                                and self.override.code == "RUN_INTERRUPTED")
+        if (self.shown.phase == "terminal" or restored_interrupted
+                or (self.override is None and self.state.phase == "waiting")):
             return self._verdict()
-        if self.override is not None and self.override.code == "RUN_INTERRUPTED":
-            # Restored RUN_INTERRUPTED, not dismissed: its journal, and so its row, is as
-            # this start found it; the next start reports it so again.
-            return self._verdict()
-        if self.override is not None or self.state.phase != "waiting":
-            return None
-        return self._verdict()
+        return None
 
     def outlook(self) -> Verdict | None:
         """For a Run this host suspended: what the next start does with it (the restart
