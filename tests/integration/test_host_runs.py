@@ -424,115 +424,6 @@ def test_a_command_during_a_stop_is_told_the_host_is_stopping(
     assert stopped == [True]
 
 
-def test_an_answer_on_a_connection_open_before_a_stop_is_told_nothing_was_done(
-    project: Project, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A Client connected before the stop (an Agent, attach) got a bare "The service is
-    shutting down." for its answer: not what was refused, whether it was recorded, or what
-    to do. It is told, and the wait it answered comes back unchanged after a start."""
-    monkeypatch.setenv("INTLOOM_TEST_SUSPEND_GRACE", "5")
-    (project.root / "workflows" / "gated.py").write_text(GATED)
-    (project.root / "intloom.toml").write_text(
-        'workflows = ["workflows/example.py", "workflows/gated.py"]\n')
-    start(project)
-    client = Client.connect(project.root)
-    try:
-        waiting = client.create_run("example", "notes")
-        assert waiting.pending_action is not None, waiting
-        client.create_run("gated", "payload", wait=False)
-        eventually(lambda: (project.root / "calls.log").exists(), timeout=10,
-                   what="the effect to start")
-        stopped: list[bool] = []
-        stopper = threading.Thread(
-            target=lambda: stopped.append(stop_service(project.root, timeout=30)))
-        stopper.start()
-        try:
-            def refused() -> IntloomError | None:
-                try:
-                    client.get_run(waiting.run_id)
-                except IntloomError as exc:
-                    return exc if exc.code == "CLI_SERVICE_CLOSING" else None
-                return None
-
-            eventually(refused, timeout=10, what="the stop to begin")
-            with pytest.raises(IntloomError) as answered:
-                client.answer(waiting.run_id, waiting.pending_action.id, {"isConfirmed": True})
-        finally:
-            (project.root / "gate").touch()
-            stopper.join(timeout=40)
-        assert stopped == [True]
-    finally:
-        client.close()
-    message = answered.value.message
-    assert answered.value.code == "CLI_SERVICE_CLOSING"
-    assert f"The Answer request about Run {waiting.run_id} was refused; nothing was done" in (
-        message), message
-    assert "Run it again once intloom status says the service is offline" in message, message
-    start(project)
-    with Client.connect(project.root) as again:
-        assert again.get_run(waiting.run_id) == waiting
-        done = again.answer(waiting.run_id, waiting.pending_action.id, {"isConfirmed": True})
-    assert done.status == "completed", done
-
-
-def test_an_answer_refused_during_a_stop_to_a_wait_without_recover_is_not_told_to_retry(
-    project: Project, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The same refusal, for a wait whose Step has no recover entry: the next start reports
-    that Run RUN_INTERRUPTED, so "run it again once the service is offline" could never
-    succeed. It is told so, with the restart table's reason."""
-    monkeypatch.setenv("INTLOOM_TEST_SUSPEND_GRACE", "5")
-    example = project.root / "workflows" / "example.py"
-    text = example.read_text()
-    cut = text.index("@review.recover")
-    example.write_text(text[:cut])  # the same Workflow, its wait without recover
-    (project.root / "workflows" / "gated.py").write_text(GATED)
-    (project.root / "intloom.toml").write_text(
-        'workflows = ["workflows/example.py", "workflows/gated.py"]\n')
-    start(project)
-    client = Client.connect(project.root)
-    try:
-        waiting = client.create_run("example", "notes")
-        assert waiting.pending_action is not None, waiting
-        client.create_run("gated", "payload", wait=False)
-        eventually(lambda: (project.root / "calls.log").exists(), timeout=10,
-                   what="the effect to start")
-        stopped: list[bool] = []
-        stopper = threading.Thread(
-            target=lambda: stopped.append(stop_service(project.root, timeout=30)))
-        stopper.start()
-        try:
-            def refused() -> IntloomError | None:
-                try:
-                    client.get_run(waiting.run_id)
-                except IntloomError as exc:
-                    return exc if exc.code == "CLI_SERVICE_CLOSING" else None
-                return None
-
-            eventually(refused, timeout=10, what="the stop to begin")
-            with pytest.raises(IntloomError) as refusal:
-                client.answer(waiting.run_id, waiting.pending_action.id, {"isConfirmed": True})
-            answered = refusal.value
-            assert answered.code == "CLI_SERVICE_CLOSING", answered
-        finally:
-            (project.root / "gate").touch()
-            stopper.join(timeout=40)
-        assert stopped == [True]
-    finally:
-        client.close()
-    message = answered.message
-    assert f"The Answer request about Run {waiting.run_id} was refused; nothing was done" in (
-        message), message
-    assert "Run it again" not in message, message
-    assert (f"The next start reports Run {waiting.run_id} RUN_INTERRUPTED (Step draft/review "
-            f"waits on confirmation {waiting.pending_action.id} but its Step has no recover "
-            "entry), so sending it again then cannot succeed") in message, message
-    start(project)
-    with Client.connect(project.root) as again:
-        after = again.get_run(waiting.run_id)
-    assert after.last_error is not None and after.last_error.code == "RUN_INTERRUPTED", after
-
-
 AGENT_TASK = textwrap.dedent('''
     from typing import Any
 
@@ -576,6 +467,53 @@ def _refused_during_a_stop(client: Client, project: Project,
         stopper.join(timeout=40)
     assert stopped == [True]
     return messages
+
+
+@pytest.mark.parametrize("recover", [True, False])
+def test_an_answer_refused_during_a_stop_says_nothing_was_done_and_whether_to_resend(
+    project: Project, monkeypatch: pytest.MonkeyPatch, recover: bool
+) -> None:
+    """A Client connected before the stop (an Agent, attach) got a bare "The service is
+    shutting down." for its answer: not what was refused, whether it was recorded, or what
+    to do. It is told; with recover, the wait it answered comes back unchanged after a start.
+    Without recover, the next start reports that Run RUN_INTERRUPTED, so "run it again once
+    the service is offline" could never succeed: it is told so, with the table's reason."""
+    monkeypatch.setenv("INTLOOM_TEST_SUSPEND_GRACE", "5")
+    if not recover:
+        example = project.root / "workflows" / "example.py"
+        text = example.read_text()
+        example.write_text(text[:text.index("@review.recover")])  # its wait without recover
+    (project.root / "workflows" / "gated.py").write_text(GATED)
+    (project.root / "intloom.toml").write_text(
+        'workflows = ["workflows/example.py", "workflows/gated.py"]\n')
+    start(project)
+    with Client.connect(project.root) as client:
+        waiting = client.create_run("example", "notes")
+        action = waiting.pending_action
+        assert action is not None, waiting
+        client.create_run("gated", "payload", wait=False)
+        eventually(lambda: (project.root / "calls.log").exists(), timeout=10,
+                   what="the effect to start")
+        message = _refused_during_a_stop(client, project, {
+            "answer": lambda: client.answer(waiting.run_id, action.id, {"isConfirmed": True}),
+        })["answer"]
+    assert f"The Answer request about Run {waiting.run_id} was refused; nothing was done" in (
+        message), message
+    again = "Run it again once intloom status says the service is offline"
+    start(project)
+    with Client.connect(project.root) as client:
+        if recover:
+            assert again in message, message
+            assert client.get_run(waiting.run_id) == waiting
+            done = client.answer(waiting.run_id, action.id, {"isConfirmed": True})
+            assert done.status == "completed", done
+            return
+        assert again not in message, message
+        assert (f"The next start reports Run {waiting.run_id} RUN_INTERRUPTED (Step "
+                f"draft/review waits on confirmation {action.id} but its Step has no recover "
+                "entry), so sending it again then cannot succeed") in message, message
+        after = client.get_run(waiting.run_id)
+    assert after.last_error is not None and after.last_error.code == "RUN_INTERRUPTED", after
 
 
 def test_a_read_or_cancel_refused_during_a_stop_is_told_to_send_it_again_when_it_can(
