@@ -343,6 +343,33 @@ def _stop_then_release(project: Project, release: Path) -> CliResult:
     return stopped
 
 
+def _completing(project: Project, run: RunView, call: str, token: str,
+                output: dict[str, Any]) -> tuple[list[object], threading.Thread]:
+    """``complete_agent_call`` (outcome "done") on a connection of its own, its on_complete
+    held until the file ``output["until"]`` names exists: what it got (the view, or the
+    error's code and message) and its thread (join it), once on_complete runs."""
+    results: list[object] = []
+
+    def complete() -> None:
+        with Client.connect(project.root) as other:
+            try:
+                results.append(other.complete_agent_call(run.run_id, call, token, "done",
+                                                         output))
+            except IntloomError as exc:
+                results.extend([exc.code, exc.message])
+
+    completer = threading.Thread(target=complete)
+    completer.start()
+    try:
+        eventually(Path(f"{output['until']}.started").exists, timeout=10,
+                   what="on_complete to run")
+    except BaseException:
+        Path(output["until"]).write_text("go")  # let it end, so that the thread does
+        completer.join(timeout=30)
+        raise
+    return results, completer
+
+
 def _looping_host(project: Project, grace: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("INTLOOM_TEST_SUSPEND_GRACE", grace)
     (project.root / "workflows" / "looping.py").write_text(LOOPING)
@@ -383,21 +410,8 @@ def test_an_on_complete_that_ends_during_a_stop_is_named_not_dropped_silently(
     release = project.root / "release-complete"
     with Client.connect(project.root) as client:
         run, call, token = _claimed(client, "looping")
-    results: list[object] = []
-
-    def complete() -> None:
-        with Client.connect(project.root) as other:
-            try:
-                results.append(other.complete_agent_call(run.run_id, call, token, "done",
-                                                         {"until": str(release)}))
-            except IntloomError as exc:
-                results.append(exc.code)
-                results.append(exc.message)
-
-    completer = threading.Thread(target=complete)
-    completer.start()
+    results, completer = _completing(project, run, call, token, {"until": str(release)})
     try:
-        eventually(Path(f"{release}.started").exists, timeout=10, what="on_complete to run")
         stopped = _stop_then_release(project, release)
     finally:
         completer.join(timeout=30)
@@ -423,20 +437,9 @@ def test_an_on_complete_that_refuses_during_a_stop_does_not_say_the_task_stays_c
     release = project.root / "release-refusal"
     with Client.connect(project.root) as client:
         run, call, token = _claimed(client, "looping")
-    results: list[object] = []
-
-    def complete() -> None:
-        with Client.connect(project.root) as other:
-            try:
-                results.append(other.complete_agent_call(
-                    run.run_id, call, token, "done", {"until": str(release), "refuse": True}))
-            except IntloomError as exc:
-                results.extend([exc.code, exc.message])
-
-    completer = threading.Thread(target=complete)
-    completer.start()
+    results, completer = _completing(project, run, call, token,
+                                     {"until": str(release), "refuse": True})
     try:
-        eventually(Path(f"{release}.started").exists, timeout=10, what="on_complete to run")
         _stop_then_release(project, release)
     finally:
         completer.join(timeout=30)
@@ -462,20 +465,9 @@ def test_an_on_complete_whose_run_is_cancelled_then_stopped_is_not_called_interr
     release = project.root / "release-cancelled"
     with Client.connect(project.root) as client:
         run, call, token = _claimed(client, "looping")
-    results: list[object] = []
-
-    def complete() -> None:
-        with Client.connect(project.root) as other:
-            try:
-                results.append(other.complete_agent_call(
-                    run.run_id, call, token, "done", {"until": str(release), "refuse": refuse}))
-            except IntloomError as exc:
-                results.extend([exc.code, exc.message])
-
-    completer = threading.Thread(target=complete)
-    completer.start()
+    results, completer = _completing(project, run, call, token,
+                                     {"until": str(release), "refuse": refuse})
     try:
-        eventually(Path(f"{release}.started").exists, timeout=10, what="on_complete to run")
         with Client.connect(project.root) as other:
             cancelled, _ = other.cancel(run.run_id)
         assert cancelled.last_error is not None, cancelled
