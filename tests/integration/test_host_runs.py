@@ -439,6 +439,24 @@ AGENT_TASK = textwrap.dedent('''
 ''')
 
 
+def _beside_gated(project: Project, monkeypatch: pytest.MonkeyPatch, grace: str,
+                  other: str = "example", *, recover: bool = True) -> None:
+    """Start a host with the gated Workflow (its Step holds a stop in its grace, ``grace``
+    seconds, until the gate file exists) beside ``other``: the example (its wait without
+    recover unless ``recover``) or agentic (an Agent task)."""
+    monkeypatch.setenv("INTLOOM_TEST_SUSPEND_GRACE", grace)
+    if not recover:
+        example = project.root / "workflows" / "example.py"
+        text = example.read_text()
+        example.write_text(text[:text.index("@review.recover")])  # its wait without recover
+    (project.root / "workflows" / "gated.py").write_text(GATED)
+    if other == "agentic":
+        (project.root / "workflows" / "agentic.py").write_text(AGENT_TASK)
+    (project.root / "intloom.toml").write_text(
+        f'workflows = ["workflows/{other}.py", "workflows/gated.py"]\n')
+    start(project)
+
+
 def _refused_during_a_stop(client: Client, project: Project,
                            requests: dict[str, Any]) -> dict[str, str]:
     """Stop the host (a gated Run holds the stop in its grace until the gate opens) and send
@@ -478,15 +496,7 @@ def test_an_answer_refused_during_a_stop_says_nothing_was_done_and_whether_to_re
     to do. It is told; with recover, the wait it answered comes back unchanged after a start.
     Without recover, the next start reports that Run RUN_INTERRUPTED, so "run it again once
     the service is offline" could never succeed: it is told so, with the table's reason."""
-    monkeypatch.setenv("INTLOOM_TEST_SUSPEND_GRACE", "5")
-    if not recover:
-        example = project.root / "workflows" / "example.py"
-        text = example.read_text()
-        example.write_text(text[:text.index("@review.recover")])  # its wait without recover
-    (project.root / "workflows" / "gated.py").write_text(GATED)
-    (project.root / "intloom.toml").write_text(
-        'workflows = ["workflows/example.py", "workflows/gated.py"]\n')
-    start(project)
+    _beside_gated(project, monkeypatch, "5", recover=recover)
     with Client.connect(project.root) as client:
         waiting = client.create_run("example", "notes")
         action = waiting.pending_action
@@ -524,12 +534,7 @@ def test_a_read_or_cancel_refused_during_a_stop_is_told_to_send_it_again_when_it
     RUN_INTERRUPTED, so sending it again then cannot succeed; start a new Run": both work
     after the next start (a cancel dismisses an interrupted Run), and that Step reached its
     boundary, so the Run was not interrupted at all."""
-    monkeypatch.setenv("INTLOOM_TEST_SUSPEND_GRACE", "20")
-    (project.root / "workflows" / "gated.py").write_text(GATED)
-    (project.root / "workflows" / "agentic.py").write_text(AGENT_TASK)
-    (project.root / "intloom.toml").write_text(
-        'workflows = ["workflows/gated.py", "workflows/agentic.py"]\n')
-    start(project)
+    _beside_gated(project, monkeypatch, "20", "agentic")
     with Client.connect(project.root) as client:
         agentic = client.create_run("agentic", "look")
         assert agentic.pending_agent_call is not None, agentic
@@ -564,11 +569,7 @@ def test_a_request_about_an_ended_run_refused_during_a_stop_is_not_told_to_send_
     """A GetRun, Cancel or Subscribe of a Run that had ended was told "run it again once the
     service is offline": the next start does not load ended Runs, so it is NOT_FOUND then.
     It is told so, and that intloom inspect reads the Run's journal."""
-    monkeypatch.setenv("INTLOOM_TEST_SUSPEND_GRACE", "20")
-    (project.root / "workflows" / "gated.py").write_text(GATED)
-    (project.root / "intloom.toml").write_text(
-        'workflows = ["workflows/example.py", "workflows/gated.py"]\n')
-    start(project)
+    _beside_gated(project, monkeypatch, "20")
     with Client.connect(project.root) as client, Client.connect(project.root) as follower:
         waiting = client.create_run("example", "notes")
         assert waiting.pending_action is not None, waiting
@@ -600,12 +601,7 @@ def test_a_run_ended_by_a_cancel_after_a_restart_is_not_told_to_send_it_again(
     """A Run restored RUN_INTERRUPTED and dismissed, or held and cancelled, has ended: a
     GetRun, Cancel or Subscribe of it refused during a stop was told "run it again once the
     service is offline", where the next start does not load it (NOT_FOUND)."""
-    monkeypatch.setenv("INTLOOM_TEST_SUSPEND_GRACE", "20")
-    (project.root / "workflows" / "gated.py").write_text(GATED)
-    (project.root / "workflows" / "agentic.py").write_text(AGENT_TASK)
-    (project.root / "intloom.toml").write_text(
-        'workflows = ["workflows/gated.py", "workflows/agentic.py"]\n')
-    start(project)
+    _beside_gated(project, monkeypatch, "20", "agentic")
     with Client.connect(project.root) as client:
         agentic = client.create_run("agentic", "look")
     assert stop_service(project.root, timeout=30) is True
@@ -641,14 +637,7 @@ def test_an_answer_to_a_run_restored_interrupted_refused_during_a_stop_is_not_to
     refused during a stop, was told "run it again once the service is offline": the next
     start reports the Run RUN_INTERRUPTED again, and the answer is CONFLICT. A read or a
     cancel of it (which dismisses it) is still told to send it again."""
-    monkeypatch.setenv("INTLOOM_TEST_SUSPEND_GRACE", "20")
-    example = project.root / "workflows" / "example.py"
-    text = example.read_text()
-    example.write_text(text[:text.index("@review.recover")])  # its wait without recover
-    (project.root / "workflows" / "gated.py").write_text(GATED)
-    (project.root / "intloom.toml").write_text(
-        'workflows = ["workflows/example.py", "workflows/gated.py"]\n')
-    start(project)
+    _beside_gated(project, monkeypatch, "20", recover=False)
     with Client.connect(project.root) as client:
         waiting = client.create_run("example", "notes")
     action = waiting.pending_action
