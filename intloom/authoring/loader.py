@@ -90,7 +90,12 @@ class _SourceTrees(importlib.abc.MetaPathFinder):
             return None
         origin = Path(spec.origin)
         if not any(in_source_tree(root, origin) for root in self.roots):
-            return None
+            # The same file by another spelling: a tree named through ``..`` or a linked
+            # directory, whose module puts ``os.path.abspath`` or ``resolve()`` of its own
+            # directory on sys.path (the roots are also registered resolved).
+            real = Path(os.path.realpath(origin))
+            if real == origin or not any(in_source_tree(root, real) for root in self.roots):
+                return None
         spec.loader = _FromSource(fullname, spec.origin)
         return spec
 
@@ -100,7 +105,9 @@ _TREES: Final = _SourceTrees()
 
 def _from_source(entry: Path) -> None:
     """Loads what ``entry``'s source tree holds with ``_FromSource`` from now on."""
-    _TREES.roots.add(source_root(entry))
+    root = source_root(entry)
+    _TREES.roots.add(root)
+    _TREES.roots.add(Path(os.path.realpath(root)))  # see _SourceTrees.find_spec
     if _TREES not in sys.meta_path:
         # Just before the path finder, whose work it does: built-in and frozen modules are
         # still found first, as without it.

@@ -385,3 +385,49 @@ def test_stale_bytecode_of_a_later_entrys_tree_never_runs_when_an_earlier_entry_
     doctor = Project(root=root).cli("doctor", "--json")
     [workflows] = [c for c in doctor.json["checks"] if c["id"] == "workflows"]
     assert "beta 2.0.0" in workflows["message"], workflows
+
+
+@pytest.mark.parametrize("spelling", ["dotdot", "linked"])
+def test_stale_bytecode_never_runs_when_a_sibling_is_found_through_its_real_path(
+    tmp_path: Path, spelling: str,
+) -> None:
+    """An entry named through ``..`` or a linked directory (``shared/wf.py``, ``linked/wf.py``)
+    whose module puts its own directory on sys.path the usual way
+    (``os.path.dirname(os.path.abspath(__file__))``, ``Path(__file__).resolve().parent``)
+    imports its helpers by another spelling of its tree: they ran from their stale
+    ``__pycache__`` file under the identity of their new bytes (doctor said 1.0.0)."""
+    root, tree = tmp_path / "proj", tmp_path / "shared"
+    tree.mkdir()
+    root.mkdir()
+    (tree / "wf.py").write_text(textwrap.dedent('''
+        import os, sys
+        from pathlib import Path
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import intloom
+        import shared_helpers
+
+        wf = intloom.Workflow("shared", version=shared_helpers.VERSION)
+        main = wf.stage("main")
+
+
+        @main.step("go", routes={"ok": intloom.COMPLETE})
+        def go(ctx: intloom.StepContext[None]) -> str:
+            return "ok"
+    '''))
+    if spelling == "linked":
+        (root / "linked").symlink_to(tree, target_is_directory=True)
+        entry = "linked/wf.py"
+    else:
+        entry = "../shared/wf.py"
+    helpers = tree / "shared_helpers.py"
+    helpers.write_text('VERSION = "1.0.0"\n')
+    (root / "intloom.toml").write_text(f'workflows = ["{entry}"]\n')
+    py_compile.compile(str(helpers), cfile=importlib.util.cache_from_source(str(helpers)),
+                       doraise=True, invalidation_mode=py_compile.PycInvalidationMode.TIMESTAMP)
+    before = helpers.stat()
+    helpers.write_text('VERSION = "2.0.0"\n')
+    os.utime(helpers, ns=(before.st_atime_ns, before.st_mtime_ns))
+    doctor = Project(root=root).cli("doctor", "--json")
+    [workflows] = [c for c in doctor.json["checks"] if c["id"] == "workflows"]
+    assert "shared 2.0.0" in workflows["message"], workflows
