@@ -12,6 +12,7 @@ import hashlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import marshal
 import os
 import signal
 import sys
@@ -59,15 +60,56 @@ class LoadResult:
     problems: list[tuple[str, ErrorView]] = field(default_factory=list)
 
 
+# A checked hash-based .pyc (PEP 552): flags, then the source's hash, in place of Python's
+# usual modification time and size.
+_HASH_PYC_FLAGS: Final = 0b11  # hash-based, check_source
+_PYC_HEAD: Final = 16  # magic, flags, the 8-byte source hash
+
+
 class _FromSource(importlib.machinery.SourceFileLoader):
-    """Compiles the module from the bytes of its file, never from ``__pycache__``: Python
-    takes a cached file as current when the source has the size and modification second it
-    recorded, so an edit of the same size within that second (a script, a checkout, a copy
-    that keeps times) would run the old code under the identity of the new bytes. No cache
-    is written either."""
+    """Loads the module from the bytes of its file, never from a ``__pycache__`` file judged
+    by them: Python takes a cached file as current when the source has the size and
+    modification second it recorded, so an edit of the same size within that second (a
+    script, a checkout, a copy that keeps times) would run the old code under the identity
+    of the new bytes. A cache is used only when it records the hash of the bytes just read
+    (a checked hash-based .pyc, which this writes, and which Python itself also checks
+    against the source): a large tree is not compiled again at every start."""
 
     def get_code(self, fullname: str) -> CodeType:
-        return self.source_to_code(self.get_data(self.path), self.path)
+        source = self.get_data(self.path)
+        key = importlib.util.source_hash(source)
+        try:
+            cached: str | None = importlib.util.cache_from_source(self.path)
+        except NotImplementedError:  # an interpreter without a cache tag
+            cached = None
+        if cached is not None:
+            code = _cached_code(cached, key)
+            if code is not None:
+                return code
+        code = self.source_to_code(source, self.path)
+        if cached is not None and not sys.dont_write_bytecode:
+            # set_data writes atomically and gives up quietly where it may not write.
+            self.set_data(cached, importlib.util.MAGIC_NUMBER
+                          + _HASH_PYC_FLAGS.to_bytes(4, "little") + key + marshal.dumps(code))
+        return code
+
+
+def _cached_code(cached: str, key: bytes) -> CodeType | None:
+    """The code in ``cached`` when it is a hash-based .pyc of this Python for source whose
+    hash is ``key``, else None (absent, timestamp-based, stale, foreign or damaged)."""
+    try:
+        with open(cached, "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return None
+    if (len(data) <= _PYC_HEAD or data[:4] != importlib.util.MAGIC_NUMBER
+            or not int.from_bytes(data[4:8], "little") & 0b1 or data[8:16] != key):
+        return None
+    try:
+        code = marshal.loads(data[_PYC_HEAD:])
+    except (EOFError, ValueError, TypeError):
+        return None
+    return code if isinstance(code, CodeType) else None
 
 
 class _SourceTrees(importlib.abc.MetaPathFinder):
