@@ -176,7 +176,6 @@ def _import(root: Path, entry: Path) -> ModuleType:
         module_name = f"{WORKFLOW_MODULE_PREFIX}{digest}"
         spec = importlib.util.spec_from_file_location(
             module_name, entry, loader=_FromSource(module_name, str(entry)))
-    _from_source(entry)
     if spec is None or spec.loader is None:
         raise IntloomError("WORKFLOW_LOAD_FAILED", f"{entry} cannot be imported as Python.")
     module = importlib.util.module_from_spec(spec)

@@ -133,19 +133,19 @@ def _closing(request: Request, then: Verdict | None) -> ErrorReply:
         what += f" for Agent task {request.call_id} of Run {run_id}"
     elif run_id:
         what += f" about Run {run_id}"
+    lost: str | None = None  # why the next start cannot take this Run's work
+    if then is not None and then.row == "interrupted" and isinstance(request,
+                                                                    (Answer, *_AGENT)):
+        lost = f"The next start reports Run {run_id} RUN_INTERRUPTED ({then.reason})"
+    elif isinstance(request, _AGENT):
+        lost = "The next start does not restore claims, owner tokens or Tool receipts"
     if then is not None and then.row == "terminal":
         then_do = (f"Run {run_id} has ended, and the next start does not load ended Runs, so "
                    f"sending it again then cannot succeed; intloom inspect {run_id} reads its "
                    "journal, with or without a host.")
-    elif then is not None and then.row == "interrupted" and isinstance(request,
-                                                                    (Answer, *_AGENT)):
-        then_do = (f"The next start reports Run {run_id} RUN_INTERRUPTED ({then.reason}), so "
-                   "sending it again then cannot succeed; once that start has run, start a new "
-                   "Run for this work.")
-    elif isinstance(request, _AGENT):
-        then_do = ("The next start does not restore claims, owner tokens or Tool receipts, so "
-                   "sending it again then cannot succeed; once that start has run, start a new "
-                   "Run for this work.")
+    elif lost is not None:
+        then_do = (f"{lost}, so sending it again then cannot succeed; once that start has "
+                   "run, start a new Run for this work.")
     else:
         then_do = ("Run it again once intloom status says the service is offline (intloom "
                    "start waits for that, then starts a new host).")

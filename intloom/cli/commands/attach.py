@@ -133,8 +133,7 @@ class _Follower(threading.Thread):
             self._cond.notify_all()
 
     def _reached(self, view: RunView) -> bool:
-        # Several records share a millisecond, so a timestamp alone does not say "caught up":
-        # the event must show this very state, or a later time.
+        """The display has shown ``view`` (``_since``), or the stream has ended."""
         if self._done:
             return True
         if not self._caught_up:
@@ -143,10 +142,17 @@ class _Follower(threading.Thread):
             return False
         if view.status in ("completed", "failed"):
             return False  # the stream ends after the terminal event: wait for that
+        return bool(self._since(view))
+
+    def _since(self, view: RunView) -> list[RunView]:
+        """What the stream showed from ``view`` on: from the first event showing this very
+        state, or a later time (several records share a millisecond, so a timestamp alone
+        does not place it)."""
         key = _key(view)
-        return any(
-            seen.updated_at > view.updated_at or _key(seen) == key for seen in self._seen
-        )
+        for i, seen in enumerate(self._seen):
+            if seen.updated_at > view.updated_at or _key(seen) == key:
+                return self._seen[i:]
+        return []
 
     def last_word(self) -> RunView | None:
         """The Run as the stream's final event showed it, once the stream has ended (given
@@ -164,20 +170,14 @@ class _Follower(threading.Thread):
         (the Agent completed or failed it, the Run was cancelled or suspended), or ended."""
         call = view.pending_agent_call
         assert call is not None
-        key = _key(view)
 
         def moved() -> bool:
-            # Only what the stream showed from this very wait on (or a later time): the
-            # Step's records before the wait often share its millisecond, and taking them
-            # for a move asked again at once, without end.
-            reached = False
-            for seen in self._seen:
-                reached = reached or _key(seen) == key or seen.updated_at > view.updated_at
-                task = seen.pending_agent_call
-                if reached and (seen.status != "waiting" or task is None
-                                or task.id != call.id):
-                    return True
-            return False
+            # Only what the stream showed from this very wait on: the Step's records before
+            # the wait often share its millisecond, and taking them for a move asked again
+            # at once, without end.
+            return any(seen.status != "waiting" or seen.pending_agent_call is None
+                       or seen.pending_agent_call.id != call.id
+                       for seen in self._since(view))
 
         with self._cond:
             self._cond.wait_for(lambda: self._done or moved())
