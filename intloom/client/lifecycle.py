@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
 import msgspec
 
@@ -31,6 +31,9 @@ from intloom.errors import ErrorView, IntloomError
 from intloom.host.metadata import ServiceInfo, ServiceLock, read_lock, read_service
 from intloom.project import ProjectPaths
 from intloom.protocol.messages import ServiceView
+
+if TYPE_CHECKING:
+    from intloom.client.drift import SourceChange
 
 __all__ = [
     "CutRun",
@@ -69,6 +72,9 @@ _STOP_UNVERIFIED: Final = (
 class StartResult:
     service: ServiceView
     reused: bool
+    # A reused host: how the project on disk differs from what it loaded when it started
+    # (``intloom.client.drift``); always empty for a host this start launched.
+    changed: list[SourceChange] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -229,7 +235,8 @@ def _busy(paths: ProjectPaths) -> IntloomError:
     )
 
 
-def _reuse(service: ServiceView, port: int | None, strict: bool = False) -> StartResult:
+def _reuse(root: Path, service: ServiceView, port: int | None, strict: bool = False
+           ) -> StartResult:
     if port is not None and port != service.port:
         raise IntloomError(
             "CLI_SERVICE_CONFLICT",
@@ -253,7 +260,20 @@ def _reuse(service: ServiceView, port: int | None, strict: bool = False) -> Star
                 "intloom doctor, then intloom stop and intloom start --strict (which refuses "
                 "while they remain). The running host was left as it is.",
             )
-    return StartResult(service=service, reused=True)
+    return StartResult(service=service, reused=True, changed=_changed(root, service))
+
+
+def _changed(root: Path, service: ServiceView) -> list[SourceChange]:
+    """What changed on disk since the reused host loaded its Workflows. Advice only: a host
+    that stops answering meanwhile (a stop) leaves it unsaid, and the reuse stands."""
+    from intloom.client.drift import since_start
+
+    try:
+        with Client.connect(root) as client:
+            flows = client.workflows()
+    except IntloomError:
+        return []
+    return since_start(root, service, flows)
 
 
 def _lock_owner(paths: ProjectPaths) -> Literal["absent", "starting", "stale"]:
@@ -338,7 +358,7 @@ def start_service(
                     f"The host already runs in the background (pid {service.pid}). Run intloom "
                     "stop first to run it in the foreground.",
                 )
-            return _reuse(service, port, strict)
+            return _reuse(root, service, port, strict)
         owner = _lock_owner(paths)
         if owner != "absent":
             # A host that is starting right now (a concurrent start) will answer soon;

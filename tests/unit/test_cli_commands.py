@@ -398,6 +398,7 @@ SERVICE = ServiceView(project_root="/p", pid=42, instance_id="I-1", port=5000, s
 class StartResult:
     service: ServiceView
     reused: bool
+    changed: list[Any] = field(default_factory=list)
 
 
 @pytest.fixture

@@ -66,15 +66,33 @@ def start(
 
 
 def _report(renderer: Renderer, result: Any) -> None:
-    """``{service, reused}``, or the service's lines and what its restore did."""
+    """``{service, reused, changedSinceStart}``, or the service's lines, what its restore
+    did, and what changed on disk since a reused host started."""
     service = result.service
     reused = bool(result.reused)
+    changed = [{"source": c.source, "change": c.change, "workflow": c.workflow,
+                "message": c.message} for c in result.changed]
 
     def text() -> list[str]:
         title = "Reusing existing service" if reused else "Service started"
-        return service_lines(plain(service), title)
+        return service_lines(plain(service), title) + changed_lines(changed)
 
-    renderer.result({"service": service, "reused": reused}, text)
+    renderer.result({"service": service, "reused": reused, "changedSinceStart": changed},
+                    text)
+
+
+def changed_lines(changed: list[dict[str, Any]]) -> list[str]:
+    """A reused host's Workflows against the project on disk, and what to do about it."""
+    if not changed:
+        return []
+    lines = [f"Changed  {c['message']}" for c in changed]
+    edited = any(c["change"] in ("edited", "unlisted", "unreadable") for c in changed)
+    lines.append(
+        "New Runs use what the host loaded when it started. To load the change: intloom stop, "
+        "then intloom start"
+        + (" (its unfinished Runs of a changed Workflow are then held: finish or cancel them "
+           "first, or keep the old code; intloom doctor lists them)." if edited else "."))
+    return lines
 
 
 @command

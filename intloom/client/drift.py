@@ -1,0 +1,86 @@
+"""What changed on disk since a running host loaded its Workflows.
+
+A host loads ``intloom.toml`` and the Workflows' source trees once, when it starts; a
+``start`` that finds it running reuses it as it is. Someone who edited a Workflow, or listed
+a new one, and ran ``start`` would otherwise go on creating Runs on the code the host loaded
+-- and after the next restart find those Runs held, their identity no longer the tree's.
+This compares what the host reports (``flows``) with the project on disk, without importing
+anything: sources listed or no longer listed, and trees whose bytes hash to another identity.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from intloom import __version__
+from intloom.authoring.identity import workflow_identity
+from intloom.errors import IntloomError
+from intloom.project import load_config
+from intloom.protocol.messages import PROTOCOL, ServiceView, WorkflowInfo
+
+__all__ = ["SourceChange", "since_start"]
+
+Change = Literal["listed", "unlisted", "edited", "unreadable", "config"]
+
+
+@dataclass(frozen=True)
+class SourceChange:
+    """One difference between the running host's Workflows and the project on disk.
+
+    ``change``: ``listed`` (in ``intloom.toml`` now, not loaded by the host), ``unlisted``
+    (loaded, no longer listed), ``edited`` (its source tree's identity is not the loaded
+    one), ``unreadable`` (its tree cannot be hashed now), ``config`` (``intloom.toml``
+    itself cannot be read now). ``workflow``: the loaded Workflow's name, when there is one.
+    """
+
+    source: str
+    change: Change
+    message: str
+    workflow: str | None = None
+
+
+def since_start(root: Path, service: ServiceView, flows: list[WorkflowInfo]
+                ) -> list[SourceChange]:
+    """How the project on disk differs from what the running host loaded."""
+    try:
+        listed = load_config(root).workflows
+    except IntloomError as exc:
+        return [SourceChange("intloom.toml", "config", exc.message)]
+    loaded: dict[str, list[WorkflowInfo]] = {}
+    for info in flows:
+        loaded.setdefault(info.source, []).append(info)
+    out = [SourceChange(source, "listed", f"{source} is listed in intloom.toml; the host "
+                        "started before and has not loaded it.")
+           for source in dict.fromkeys(listed) if source not in loaded]
+    for source, infos in loaded.items():
+        if source not in listed:
+            names = ", ".join(i.name for i in infos if i.ready) or None
+            out.append(SourceChange(
+                source, "unlisted",
+                f"{source} is no longer listed in intloom.toml; the host still runs "
+                f"{'its Workflows (' + names + ')' if names else 'what it loaded from it'}.",
+                names))
+    # The identity hashes the protocol version in: another intloom's would differ for every
+    # tree, edited or not.
+    if service.package_version != __version__ or service.protocol_version != PROTOCOL:
+        return out
+    for source, infos in loaded.items():
+        if source not in listed:
+            continue
+        for info in infos:
+            if not info.ready:
+                continue  # it failed to load: nothing of it runs, whatever its bytes now
+            try:
+                now = workflow_identity(info.name, info.version, root / source)
+            except IntloomError as exc:
+                out.append(SourceChange(source, "unreadable", exc.message, info.name))
+                continue
+            if now != info.identity:
+                out.append(SourceChange(
+                    source, "edited",
+                    f"{source} changed since the host loaded {info.name} {info.version} "
+                    f"(identity {info.identity[:12]}, now {now[:12]}); the host runs the code "
+                    "it loaded.", info.name))
+    return out

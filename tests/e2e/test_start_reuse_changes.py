@@ -1,0 +1,75 @@
+"""``start`` reusing a running host says what changed on disk since that host loaded its
+Workflows: a host loads them once, so an edited tree or a newly listed source would go
+unseen, new Runs would use the old code, and the next restart would hold those Runs. Real
+host, real CLI subprocesses; every host is reaped."""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import Project, ok, reaped
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+NOTE = textwrap.dedent('''
+    import intloom
+
+    wf = intloom.Workflow("NAME", version="1.0.0")
+    s = wf.stage("s")
+
+
+    @s.step("only", routes={"done": intloom.COMPLETE})
+    def only(ctx: intloom.StepContext[None]) -> str:
+        return "done"
+''')
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Iterator[Project]:
+    root = tmp_path / "proj"
+    (root / "workflows" / "note").mkdir(parents=True)
+    (root / "workflows" / "note" / "__init__.py").write_text(NOTE.replace("NAME", "note"))
+    (root / "intloom.toml").write_text('workflows = ["workflows/note"]\n')
+    yield from reaped(Project(root=root))
+
+
+def test_a_reused_host_names_what_changed_since_it_started(project: Project) -> None:
+    first = ok(project.cli("start", "--json"))
+    assert (first["reused"], first["changedSinceStart"]) == (False, [])
+    again = ok(project.cli("start", "--json"))
+    assert (again["reused"], again["changedSinceStart"]) == (True, [])
+
+    (project.root / "workflows" / "note" / "prompt.txt").write_text("a data file of the tree")
+    (project.root / "workflows" / "memo").mkdir()
+    (project.root / "workflows" / "memo" / "__init__.py").write_text(
+        NOTE.replace("NAME", "memo"))
+    (project.root / "intloom.toml").write_text(
+        'workflows = ["workflows/note", "workflows/memo"]\n')
+    reused = ok(project.cli("start", "--json"))
+    assert reused["reused"] is True
+    assert reused["service"]["pid"] == first["service"]["pid"]
+    changes = {(c["source"], c["change"], c["workflow"]) for c in reused["changedSinceStart"]}
+    assert changes == {("workflows/memo", "listed", None),
+                       ("workflows/note", "edited", "note")}
+    edited = next(c for c in reused["changedSinceStart"] if c["change"] == "edited")
+    assert "changed since the host loaded note 1.0.0" in edited["message"]
+
+    text = project.cli("start")
+    assert text.code == 0, text.stderr
+    assert "Reusing existing service" in text.stdout
+    assert ("Changed  workflows/memo is listed in intloom.toml; the host started before and "
+            "has not loaded it.") in text.stdout
+    assert "To load the change: intloom stop, then intloom start" in text.stdout
+
+    # What the host runs is what it loaded: the new source is not there until a restart.
+    assert [w["name"] for w in ok(project.cli("flows", "--json"))["workflows"]] == ["note"]
+    ok(project.cli("stop", "--json"))
+    restarted = ok(project.cli("start", "--json"))
+    assert (restarted["reused"], restarted["changedSinceStart"]) == (False, [])
+    assert ok(project.cli("start", "--json"))["changedSinceStart"] == []
+    assert sorted(w["name"] for w in ok(project.cli("flows", "--json"))["workflows"]) == [
+        "memo", "note"]

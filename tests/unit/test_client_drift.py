@@ -1,0 +1,85 @@
+"""``since_start``: a running host's Workflows against the project on disk, judged from the
+files alone (nothing imported). Real files; the host's side is what its ``flows`` reply
+and status would say."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from intloom import __version__
+from intloom.authoring.identity import workflow_identity
+from intloom.client.drift import since_start
+from intloom.protocol.messages import ServiceView, WorkflowInfo
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def _service(root: Path, version: str = __version__) -> ServiceView:
+    return ServiceView(project_root=str(root), pid=1, instance_id="i", port=1,
+                       started_at="2026-12-01T00:00:00.000Z", package_version=version)
+
+
+def _project(tmp_path: Path, *sources: str) -> Path:
+    for source in sources:
+        (tmp_path / source).mkdir(parents=True)
+        (tmp_path / source / "__init__.py").write_text(f"# {source}\n")
+    listed = ", ".join(f'"{s}"' for s in sources)
+    (tmp_path / "intloom.toml").write_text(f"workflows = [{listed}]\n")
+    return tmp_path
+
+
+def _loaded(root: Path, source: str, name: str) -> WorkflowInfo:
+    return WorkflowInfo(name=name, version="1", source=source, stages=["s"],
+                        identity=workflow_identity(name, "1", root / source))
+
+
+def test_nothing_changed_is_an_empty_list(tmp_path: Path) -> None:
+    root = _project(tmp_path, "wf/a")
+    assert since_start(root, _service(root), [_loaded(root, "wf/a", "a")]) == []
+
+
+def test_a_source_no_longer_listed_names_its_workflows(tmp_path: Path) -> None:
+    root = _project(tmp_path, "wf/a", "wf/b")
+    flows = [_loaded(root, "wf/a", "a"), _loaded(root, "wf/b", "b")]
+    (root / "intloom.toml").write_text('workflows = ["wf/a"]\n')
+    [change] = since_start(root, _service(root), flows)
+    assert (change.source, change.change, change.workflow) == ("wf/b", "unlisted", "b")
+    assert "no longer listed" in change.message and "(b)" in change.message
+
+
+def test_a_tree_that_cannot_be_hashed_now_is_named(tmp_path: Path) -> None:
+    root = _project(tmp_path, "wf/a")
+    flows = [_loaded(root, "wf/a", "a")]
+    os.symlink(root / "intloom.toml", root / "wf" / "a" / "linked.py")
+    [change] = since_start(root, _service(root), flows)
+    assert (change.change, change.workflow) == ("unreadable", "a")
+    assert "symbolic link" in change.message
+
+
+def test_an_unreadable_config_is_said_once_and_nothing_else_is_judged(tmp_path: Path) -> None:
+    root = _project(tmp_path, "wf/a")
+    flows = [_loaded(root, "wf/a", "a")]
+    (root / "intloom.toml").write_text("workflows = [\n")
+    [change] = since_start(root, _service(root), flows)
+    assert (change.source, change.change) == ("intloom.toml", "config")
+    assert "not valid TOML" in change.message
+
+
+def test_a_source_that_failed_to_load_is_not_called_edited(tmp_path: Path) -> None:
+    root = _project(tmp_path, "wf/a")
+    failed = WorkflowInfo(name="wf/a", version="", identity="", source="wf/a", stages=[],
+                          ready=False, problem="WORKFLOW_LOAD_FAILED: ...")
+    assert since_start(root, _service(root), [failed]) == []
+
+
+def test_another_intlooms_host_is_not_judged_by_identity(tmp_path: Path) -> None:
+    """The identity hashes intloom's protocol version in: a host of another version would
+    differ for every tree, edited or not. Listing changes are still said."""
+    root = _project(tmp_path, "wf/a", "wf/b")
+    flows = [WorkflowInfo(name="a", version="1", source="wf/a", stages=["s"], identity="0" * 64)]
+    changes = since_start(root, _service(root, version="0.0.1"), flows)
+    assert [(c.source, c.change) for c in changes] == [("wf/b", "listed")]
+    assert [c.change for c in since_start(root, _service(root), flows)] == ["listed", "edited"]
