@@ -385,6 +385,31 @@ def _workflows_check(root: Path, config: Config | None) -> tuple[Check, LoadResu
     return Check("workflows", "ok", f"Loaded: {loaded}.", None), result
 
 
+def _with_host(root: Path, service: ServiceView, check: Check) -> Check:
+    """``check``, and what the running host loaded when that differs from the project on
+    disk (``intloom.client.drift``): the host loaded it once, at its start."""
+    from intloom.client import Client
+    from intloom.client.drift import since_start
+
+    try:
+        with Client.connect(root) as client:
+            flows = client.workflows()
+    except IntloomError:
+        return check  # it stopped meanwhile: the next start loads the project as it is
+    changes = since_start(root, service, flows)
+    if not changes:
+        return check
+    found = " ".join(c.message for c in changes)
+    todo = ("The running host runs what it loaded at its start (new Runs too). To load the "
+            "change: intloom stop, then intloom start")
+    if any(c.change != "listed" for c in changes):
+        todo += (" (the unfinished Runs of a changed Workflow are then held: finish or cancel "
+                 "them first, or keep the old code; the journals check lists them)")
+    return Check("workflows", "attention",
+                 f"{check.message} The running host (pid {service.pid}) differs: {found}",
+                 todo + "." + (f" Also: {check.next}" if check.next else ""))
+
+
 def _health(status: DiagnosisStatus, checks: list[Check]) -> Health:
     if status == "blocked":
         return "blocked"
@@ -448,6 +473,8 @@ def run_doctor(root: Path) -> DoctorReport:
                           or service_problem is not None, running, config),
     ]
     workflows_check, loaded = _workflows_check(root, config)
+    if running and config is not None and diagnosis.service is not None:
+        workflows_check = _with_host(root, diagnosis.service, workflows_check)
     checks.append(workflows_check)
     restore = diagnosis.service.restore if diagnosis.service is not None else None
     journals_check, runs = preview_runs(

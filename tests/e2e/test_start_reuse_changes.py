@@ -8,6 +8,7 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -42,6 +43,7 @@ def test_a_reused_host_names_what_changed_since_it_started(project: Project) -> 
     assert (first["reused"], first["changedSinceStart"]) == (False, [])
     again = ok(project.cli("start", "--json"))
     assert (again["reused"], again["changedSinceStart"]) == (True, [])
+    assert _workflows_check(project)["status"] == "ok"
 
     (project.root / "workflows" / "note" / "prompt.txt").write_text("a data file of the tree")
     (project.root / "workflows" / "memo").mkdir()
@@ -65,6 +67,13 @@ def test_a_reused_host_names_what_changed_since_it_started(project: Project) -> 
             "has not loaded it.") in text.stdout
     assert "To load the change: intloom stop, then intloom start" in text.stdout
 
+    check = _workflows_check(project)  # doctor says so too, with what to do
+    assert check["status"] == "attention"
+    assert f"The running host (pid {first['service']['pid']}) differs: " in check["message"]
+    assert "workflows/memo is listed in intloom.toml" in check["message"]
+    assert "workflows/note changed since the host loaded note 1.0.0" in check["message"]
+    assert check["next"].startswith("The running host runs what it loaded at its start")
+
     # What the host runs is what it loaded: the new source is not there until a restart.
     assert [w["name"] for w in ok(project.cli("flows", "--json"))["workflows"]] == ["note"]
     ok(project.cli("stop", "--json"))
@@ -73,3 +82,11 @@ def test_a_reused_host_names_what_changed_since_it_started(project: Project) -> 
     assert ok(project.cli("start", "--json"))["changedSinceStart"] == []
     assert sorted(w["name"] for w in ok(project.cli("flows", "--json"))["workflows"]) == [
         "memo", "note"]
+    assert _workflows_check(project)["status"] == "ok"
+
+
+def _workflows_check(project: Project) -> dict[str, Any]:
+    doctor = project.cli("doctor", "--json")
+    assert doctor.code in (0, 3), (doctor.code, doctor.stdout, doctor.stderr)
+    check: dict[str, Any] = next(c for c in doctor.json["checks"] if c["id"] == "workflows")
+    return check
