@@ -58,6 +58,9 @@ class LoadedWorkflow:
 class LoadResult:
     workflows: dict[str, LoadedWorkflow] = field(default_factory=dict)
     problems: list[tuple[str, ErrorView]] = field(default_factory=list)
+    # Workflow name -> why it is not loaded although a source defines it (two sources define
+    # it): the restore and doctor hold its Runs for that reason, not as "changed".
+    withheld: dict[str, str] = field(default_factory=dict)
 
 
 # A checked hash-based .pyc (PEP 552): flags, then the source's hash, in place of Python's
@@ -351,6 +354,9 @@ def load_workflows(root: Path, config: Config) -> LoadResult:
         # Every tree before any import: an entry may import a module of a later entry's
         # tree, which must not run from its __pycache__ either.
         _from_source(root / rel)
+    # Each entry's Workflows, or why it failed: registered only once every entry is read, so
+    # that a Workflow two sources define is found whichever order intloom.toml lists them in.
+    sources: list[tuple[str, Path, dict[str, LoadedWorkflow] | ErrorView]] = []
     with _real_interrupts():
         for rel in config.workflows:
             entry = root / rel
@@ -361,7 +367,7 @@ def load_workflows(root: Path, config: Config) -> LoadResult:
             first = listed.get(key)
             if first is not None:
                 same = "twice" if first == rel else f"twice (as {first!r} and {rel!r})"
-                result.problems.append((rel, IntloomError(
+                sources.append((rel, entry, IntloomError(
                     "WORKFLOW_LOAD_FAILED",
                     f"{rel} is listed in intloom.toml {same}; it is loaded once, from the "
                     "first. Remove the repeated entry from 'workflows'.",
@@ -369,20 +375,87 @@ def load_workflows(root: Path, config: Config) -> LoadResult:
                 continue
             listed[key] = rel
             try:
-                _load_entry(root, rel, entry, result)
+                sources.append((rel, entry, _load_entry(root, rel, entry)))
             except IntloomError as exc:
-                result.problems.append((rel, exc.view()))
+                sources.append((rel, entry, exc.view()))
             except Exception as exc:  # a fault no check foresaw: this source only, named
-                result.problems.append((rel, IntloomError(
+                sources.append((rel, entry, IntloomError(
                     "WORKFLOW_DEFINITION_INVALID",
                     f"{rel}: checking its Workflows raised {type(exc).__name__}: "
                     f"{clip(str(exc), 500)}. Fix the definition and restart the host.",
                 ).view()))
+    _register(sources, result)
     return result
 
 
-def _load_entry(root: Path, rel: str, entry: Path, result: LoadResult) -> None:
-    """Import one entry and add its Workflows to ``result``, all of them or none."""
+def _register(sources: list[tuple[str, Path, dict[str, LoadedWorkflow] | ErrorView]],
+              result: LoadResult) -> None:
+    """Add each source's Workflows to ``result``, or its problem. A Workflow name two sources
+    define is loaded from neither: picking the first listed would continue its Runs on
+    whichever copy intloom.toml happens to name first (or hold them as "changed"), when
+    nothing tells which definition they belong to."""
+    definers: dict[str, list[str]] = {}
+    for rel, _entry, outcome in sources:
+        if isinstance(outcome, dict):
+            for name in outcome:
+                definers.setdefault(name, []).append(rel)
+    entries = {rel: entry for rel, entry, _outcome in sources}
+    for rel, _entry, outcome in sources:
+        if not isinstance(outcome, dict):
+            result.problems.append((rel, outcome))
+            continue
+        shared = {name: definers[name] for name in outcome if len(definers[name]) > 1}
+        if not shared:
+            result.workflows.update(outcome)
+            continue
+        # The whole source is withheld, as any source that fails (_load_entry): a half-loaded
+        # file would run some of its Workflows while start reports it as failed.
+        facts = [_defined_in(name, rels) for name, rels in shared.items()]
+        result.problems.append((rel, IntloomError(
+            "WORKFLOW_DEFINITION_INVALID",
+            _several_message(rel, facts, shared, entries),
+        ).view()))
+        for name in outcome:
+            if name in shared:
+                which = "neither" if len(shared[name]) == 2 else "none of them"
+                result.withheld[name] = f"{_defined_in(name, shared[name])}, so {which} is loaded"
+            else:
+                result.withheld.setdefault(
+                    name, f"Workflow {name!r} is not loaded, since its source {rel} is not: "
+                    f"{facts[0]}")
+
+
+def _defined_in(name: str, rels: list[str]) -> str:
+    if len(rels) == 2:
+        return f"Workflow {name!r} is defined in both {rels[0]} and {rels[1]}"
+    return f"Workflow {name!r} is defined in {', '.join(rels[:-1])} and {rels[-1]}"
+
+
+def _several_message(rel: str, facts: list[str], shared: dict[str, list[str]],
+                     entries: dict[str, Path]) -> str:
+    """The problem of source ``rel``, which defines Workflows other sources define too."""
+    others = sorted({other for rels in shared.values() for other in rels if other != rel})
+    one = len(others) == 1
+    names = ", ".join(repr(name) for name in shared)
+    text = (f"{'; '.join(facts)}, so {'neither file' if one else 'none of these files'} is "
+            f"loaded, and the Runs of {names} are held: nothing tells which definition they "
+            f"belong to. Keep one: take the other {'file' if one else 'files'} out of "
+            "'workflows' in intloom.toml, or give each Workflow a name of its own; then "
+            "restart the host (intloom stop, intloom start).")
+    # A copy beside the original (workflows/order_copy.py) stays in the original's source
+    # tree once unlisted or renamed, and so in its identity: the Runs would stay held.
+    beside = [other for other in others
+              if in_source_tree(source_root(entries[rel]), entries[other])
+              or in_source_tree(source_root(entries[other]), entries[rel])]
+    if beside:
+        text += (f" {rel} and {', '.join(beside)} share a source tree, which a Workflow's "
+                 "identity covers: a copy left there holds the Runs as changed, so delete it or "
+                 "move it to a directory of its own.")
+    return text
+
+
+def _load_entry(root: Path, rel: str, entry: Path) -> dict[str, LoadedWorkflow]:
+    """Import one entry and return its Workflows, all of them or none (an IntloomError)."""
     if not entry.exists() and not entry.is_symlink():
         raise IntloomError(
             "WORKFLOW_LOAD_FAILED",
@@ -416,17 +489,10 @@ def _load_entry(root: Path, rel: str, entry: Path, result: LoadResult) -> None:
                 f"{rel} defines Workflow {wf.name!r} twice ({mine[wf.name][1]} and "
                 f"{name}). Give each its own name.",
             )
-        if wf.name in result.workflows:
-            raise IntloomError(
-                "WORKFLOW_DEFINITION_INVALID",
-                f"Workflow {wf.name!r} is defined in both "
-                f"{result.workflows[wf.name].source} and {rel}. Rename one.",
-            )
         mine[wf.name] = (LoadedWorkflow(
             workflow=wf,
             source=rel,
             identity=workflow_identity(wf.name, wf.version, entry),
             schemas=wf.schemas(),
         ), name)
-    for wf_name, (lw, _name) in mine.items():
-        result.workflows[wf_name] = lw
+    return {wf_name: lw for wf_name, (lw, _name) in mine.items()}

@@ -50,6 +50,10 @@ class RunPreview(msgspec.Struct, frozen=True, rename="camel", omit_defaults=True
 
 def _incompatibility(state: RunState, loaded: LoadResult) -> str | None:
     wf = loaded.workflows.get(state.workflow)
+    withheld = loaded.withheld.get(state.workflow)
+    if wf is None and withheld is not None:  # two sources define it (LoadResult.withheld)
+        return (f"{withheld}: the Run cannot be restored (keep only the source the Run "
+                "started with in intloom.toml)")
     if wf is None:
         return (f"Workflow {state.workflow!r} is not loaded, so the Run cannot be restored "
                 "(restore its source and its entry in intloom.toml)")

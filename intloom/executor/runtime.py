@@ -108,10 +108,17 @@ class RestoredRun(msgspec.Struct, frozen=True):
     status: Literal["ok", "corrupt", "incompatible"] = "ok"
 
 
-def _mismatch(state: RunState, workflows: Mapping[str, LoadedWorkflow]) -> str | None:
+def _mismatch(state: RunState, workflows: Mapping[str, LoadedWorkflow],
+              withheld: Mapping[str, str]) -> str | None:
     """Why the loaded Workflows cannot continue this (readable) journal, or None."""
     lw = workflows.get(state.workflow)
     if lw is None:
+        # A Workflow two sources define is loaded from neither (LoadResult.withheld): say
+        # so, rather than only that it is not loaded.
+        why = withheld.get(state.workflow)
+        if why is not None:
+            return (f"incompatible workflow: {why}; keep only the source the Run started "
+                    "with in intloom.toml")
         return f"incompatible workflow: Workflow {state.workflow!r} is not loaded"
     if lw.identity != state.identity:
         return (
@@ -135,12 +142,14 @@ def _mismatch(state: RunState, workflows: Mapping[str, LoadedWorkflow]) -> str |
 
 
 def incompatibility(
-    state: RunState | None, workflows: Mapping[str, LoadedWorkflow], package_version: str
+    state: RunState | None, workflows: Mapping[str, LoadedWorkflow], package_version: str,
+    withheld: Mapping[str, str] | None = None,
 ) -> str | None:
-    """Why this Run's journal cannot be restored by what is loaded now, or None."""
+    """Why this Run's journal cannot be restored by what is loaded now, or None.
+    ``withheld``: why a Workflow some source defines is not loaded (LoadResult.withheld)."""
     if state is None:
         return None
-    return unreadable(state, package_version) or _mismatch(state, workflows)
+    return unreadable(state, package_version) or _mismatch(state, workflows, withheld or {})
 
 
 def _stopped_in_on_complete(run_id: str, call_id: str, outcome: str, refused: str = ""
@@ -346,8 +355,10 @@ class Runtime:
         package_version: str,
         on_event: RunObserver | None = None,
         max_finished: int = MAX_FINISHED,
+        withheld: Mapping[str, str] | None = None,
     ) -> None:
         self.workflows = dict(workflows)
+        self.withheld = dict(withheld or {})  # see incompatibility
         self.on_event = on_event
         self.journal = journal
         self.package_version = package_version
@@ -434,7 +445,7 @@ class Runtime:
         )
 
     def _incompatibility(self, state: RunState | None) -> str | None:
-        return incompatibility(state, self.workflows, self.package_version)
+        return incompatibility(state, self.workflows, self.package_version, self.withheld)
 
     def _held(self, item: RestoredRun, why: str) -> HeldRun:
         state = item.state

@@ -81,7 +81,8 @@ def _damaged(paths: ProjectPaths, report: StoreReport) -> IntloomError | None:
 
 
 def _refuse_before_writing(
-    paths: ProjectPaths, workflows: dict[str, LoadedWorkflow], package_version: str
+    paths: ProjectPaths, workflows: dict[str, LoadedWorkflow], package_version: str,
+    withheld: dict[str, str],
 ) -> None:
     """``--strict`` decides on a read-only read, before opening the store writes anything
     (its new segment, snapshots of a crashed host's leftovers)."""
@@ -91,7 +92,8 @@ def _refuse_before_writing(
         raise error
     attention = []
     for journal in report.runs:
-        why = journal.problem or incompatibility(journal.state, workflows, package_version)
+        why = journal.problem or incompatibility(journal.state, workflows, package_version,
+                                                 withheld)
         if why is not None or journal.state is None:
             attention.append((journal.run_id, why or "nothing restorable was found in its journal"))
     if attention:
@@ -142,7 +144,7 @@ def boot(
         log.info("workflow_loaded", workflow=lw.name, version=lw.version, identity=lw.identity,
                  source=lw.source)
     if strict:
-        _refuse_before_writing(paths, result.workflows, package_version)
+        _refuse_before_writing(paths, result.workflows, package_version, result.withheld)
     store, restored = _open_store(paths, log, instance_id=instance_id,
                                   package_version=package_version, strict=strict)
     try:
@@ -153,7 +155,7 @@ def boot(
             return emit(f"run_{event}", runId=run_id, status=status, **fields)
 
         runtime = Runtime(result.workflows, store, package_version=package_version,
-                          on_event=on_event)
+                          on_event=on_event, withheld=result.withheld)
         summary = runtime.restore(restored, strict=strict)
     except BaseException:
         store.close_blocking()

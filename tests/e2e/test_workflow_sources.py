@@ -121,6 +121,63 @@ def test_stale_bytecode_never_runs_in_place_of_the_source_the_identity_covers(
     ok(acc.cli("stop", "--json"))
 
 
+def test_a_copy_defining_the_same_workflow_holds_its_runs_saying_so_until_one_remains(
+    acc: Project,
+) -> None:
+    """A user copies workflows/acc.py to workflows/acc_copy.py and lists the copy first: the
+    copy was loaded, the original failed, and the Run was held as "changed" -- not the true
+    reason; listed the other way round, the Run would go on with whichever came first."""
+    ok(acc.cli("start", "--json"))
+    run = ok(acc.cli("flow", "acc", "--intent", "i", "--json"))["run"]
+    run_id, action = run["runId"], run["pendingAction"]["id"]
+    ok(acc.cli("stop", "--json"))
+    original, copy = acc.root / "workflows" / "acc.py", acc.root / "workflows" / "acc_copy.py"
+    copy.write_bytes(original.read_bytes())
+    toml = acc.root / "intloom.toml"
+    toml.write_text('workflows = ["workflows/acc_copy.py", "workflows/acc.py"]\n')
+    both = "Workflow 'acc' is defined in both workflows/acc_copy.py and workflows/acc.py"
+
+    service = ok(acc.cli("start", "--json"))["service"]
+    assert service["workflowCount"] == 0, service
+    assert [p["source"] for p in service["workflowProblems"]] == [
+        "workflows/acc_copy.py", "workflows/acc.py"]
+    for problem in service["workflowProblems"]:
+        assert problem["code"] == "WORKFLOW_DEFINITION_INVALID", problem
+        assert problem["message"].startswith(f"{both}, so neither file is loaded"), problem
+        assert "delete it or move it to a directory of its own" in problem["message"]
+    assert service["restore"]["needsAttention"] == [run_id]
+    held = acc.cli("answer", run_id, action, '{"isConfirmed": true}', "--json")
+    assert held.code == 1 and held.json["error"]["code"] == "JOURNAL_INCOMPATIBLE", held
+    message = held.json["error"]["message"]
+    assert f"{both}, so neither is loaded; keep only the source the Run started with" in (
+        message), message
+    assert "changed" not in message, message
+
+    doctor = acc.cli("doctor", "--json")
+    assert doctor.code == 3, (doctor.code, doctor.stdout)
+    [check] = [c for c in doctor.json["checks"] if c["id"] == "workflows"]
+    assert check["message"].startswith(f"2 Workflow source(s) failed to load: "
+                                       f"workflows/acc_copy.py: WORKFLOW_DEFINITION_INVALID: "
+                                       f"{both}"), check["message"]
+    inspected = ok(acc.cli("inspect", run_id, "--json"))["run"]
+    [preview] = doctor.json["runs"]
+    for problem in (preview["problem"], inspected["problem"]):
+        assert problem.startswith(f"{both}, so neither is loaded: the Run cannot be "
+                                  "restored"), problem
+    ok(acc.cli("stop", "--json"))
+
+    # Unlisted but left beside the original, the copy is part of its tree: now the Run is
+    # held as changed, which is then the truth (and what the problem above warned of).
+    toml.write_text('workflows = ["workflows/acc.py"]\n')
+    [preview] = acc.cli("doctor", "--json").json["runs"]
+    assert "Workflow 'acc' changed" in preview["problem"], preview
+    copy.unlink()
+    assert _restore(acc)["waiting"] == [run_id]
+    done = ok(acc.cli("answer", run_id, action, '{"isConfirmed": true}', "--json"))
+    assert done["run"]["status"] == "completed"
+    ok(acc.cli("stop", "--json"))
+
+
 BROKEN = "import intloom\n\ndef oops(:\n    pass\n"  # a SyntaxError on line 3
 
 

@@ -321,6 +321,62 @@ def test_a_source_listed_twice_is_loaded_once_and_the_repeat_named(tmp_path: Pat
     assert "defined in both" not in twice.message + spelled.message
 
 
+@pytest.mark.parametrize("copy_first", [True, False], ids=["copy-first", "original-first"])
+def test_a_workflow_two_sources_define_is_loaded_from_neither_and_both_are_named(
+    tmp_path: Path, copy_first: bool,
+) -> None:
+    """A copied source (``cp -r workflows/good workflows/copy``) defines the same Workflow:
+    whichever file intloom.toml listed first was loaded, and the other failed, so a Run went
+    on with (or was held as "changed" by) whichever copy happened to come first."""
+    config = _project(tmp_path, {})
+    (tmp_path / "workflows" / "copy").mkdir()
+    # The copy also defines a Workflow of its own, which is withheld with it.
+    (tmp_path / "workflows" / "copy" / "wf.py").write_text(GOOD + textwrap.dedent('''
+        extra = intloom.Workflow("extra", version="1")
+        extra.stage("t").step("b", routes={"ok": intloom.COMPLETE})(a)
+    '''))
+    (tmp_path / "workflows" / "other").mkdir()
+    (tmp_path / "workflows" / "other" / "wf.py").write_text(GOOD.replace('"good"', '"other"'))
+    listed = ["workflows/copy/wf.py", *config.workflows]
+    if not copy_first:
+        listed.reverse()
+    listed.append("workflows/other/wf.py")
+    result = load_workflows(tmp_path, Config(workflows=tuple(listed), port=None))
+
+    assert list(result.workflows) == ["other"]
+    problems = dict(result.problems)
+    assert list(problems) == listed[:2]
+    both = f"Workflow 'good' is defined in both {listed[0]} and {listed[1]}"
+    for view in problems.values():
+        assert view.code == "WORKFLOW_DEFINITION_INVALID", view
+        assert view.message.startswith(f"{both}, so neither file is loaded, and the Runs of "
+                                       "'good' are held"), view.message
+        assert ("Keep one: take the other file out of 'workflows' in intloom.toml, or give "
+                "each Workflow a name of its own; then restart the host") in view.message
+        # Directories of their own: no word of a shared tree.
+        assert "share a source tree" not in view.message, view.message
+    assert result.withheld == {
+        "good": f"{both}, so neither is loaded",
+        "extra": "Workflow 'extra' is not loaded, since its source workflows/copy/wf.py is "
+                 f"not: {both}",
+    }
+
+
+def test_a_copy_beside_the_original_is_named_as_part_of_its_identity(tmp_path: Path) -> None:
+    (tmp_path / "workflows").mkdir()
+    for name in ("good", "good_copy"):
+        (tmp_path / "workflows" / f"{name}.py").write_text(GOOD)
+    config = Config(workflows=("workflows/good_copy.py", "workflows/good.py"), port=None)
+    result = load_workflows(tmp_path, config)
+    assert result.workflows == {}
+    [(_, copy), (_, original)] = result.problems
+    assert original.message.endswith(
+        "workflows/good.py and workflows/good_copy.py share a source tree, which a Workflow's "
+        "identity covers: a copy left there holds the Runs as changed, so delete it or move it "
+        "to a directory of its own."), original.message
+    assert "workflows/good_copy.py and workflows/good.py share a source tree" in copy.message
+
+
 def test_a_fault_no_check_foresaw_fails_only_its_own_source(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
