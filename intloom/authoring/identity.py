@@ -14,6 +14,10 @@ Relative paths are taken from that directory. Dot files and directories (editor 
 files, ``.git``, ``.venv``, tool caches), ``__pycache__``, ``node_modules`` and virtualenvs
 are not part of it. Symlinks are refused where they could hide source: an identity must be
 over bytes we own, not wherever a link points today.
+
+A module the loader imported is hashed as the bytes it was compiled from (``compiled``), not
+read again: a file saved between its import and the hashing would otherwise give the code
+that runs the identity of bytes that never ran.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import hashlib
 import json
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from intloom.errors import IntloomError
@@ -110,12 +114,17 @@ def source_files(entry: Path) -> list[tuple[str, Path]]:
     return out
 
 
-def workflow_identity(name: str, version: str, entry: Path) -> str:
+def workflow_identity(name: str, version: str, entry: Path,
+                      compiled: Mapping[str, bytes] | None = None) -> str:
+    """``compiled``: the bytes the loader compiled each imported module from, by path (as
+    spelled, and resolved); they stand for that file, whatever it holds by now."""
     h = hashlib.sha256()
     h.update(json.dumps([name, version, PROTOCOL_VERSION]).encode())
     for rel, path in source_files(entry):
         try:
-            data = path.read_bytes()
+            data = _compiled(compiled, path) if compiled else None
+            if data is None:
+                data = path.read_bytes()
         except OSError as exc:
             # The loader reports IntloomErrors per source; anything else would stop the host.
             raise IntloomError(
@@ -127,6 +136,13 @@ def workflow_identity(name: str, version: str, entry: Path) -> str:
         h.update(json.dumps([rel, len(data)]).encode())
         h.update(data)
     return h.hexdigest()
+
+
+def _compiled(compiled: Mapping[str, bytes], path: Path) -> bytes | None:
+    # The spelling first (no system call: the loader's paths are spelled as the walk's);
+    # resolved only for a file not found so (a tree named through a link or ``..``).
+    found = compiled.get(os.path.normpath(path))
+    return found if found is not None else compiled.get(os.path.realpath(path))
 
 
 def in_source_tree(root: Path, path: Path) -> bool:

@@ -80,6 +80,7 @@ class _FromSource(importlib.machinery.SourceFileLoader):
 
     def get_code(self, fullname: str) -> CodeType:
         source = self.get_data(self.path)
+        _TREES.compiled_from(self.path, source)
         key = importlib.util.source_hash(source)
         try:
             cached: str | None = importlib.util.cache_from_source(self.path)
@@ -123,6 +124,18 @@ class _SourceTrees(importlib.abc.MetaPathFinder):
 
     def __init__(self) -> None:
         self.roots: set[Path] = set()
+        # While load_workflows runs: the bytes each tree module was compiled from, by path
+        # (as spelled, and resolved). The identity hashes these, not the file as it is when
+        # hashed: a file saved between its import and the hashing would otherwise give the
+        # code that runs the identity of other bytes.
+        self.compiled: dict[str, bytes] | None = None
+
+    def compiled_from(self, path: str, source: bytes) -> None:
+        if self.compiled is not None:
+            # The first: a module imported again under another name is rare, and the first
+            # is the one every later ``import`` of its usual name gets from sys.modules.
+            self.compiled.setdefault(os.path.normpath(path), source)
+            self.compiled.setdefault(os.path.realpath(path), source)
 
     def find_spec(self, fullname: str, path: Any = None,
                   target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
@@ -357,7 +370,7 @@ def load_workflows(root: Path, config: Config) -> LoadResult:
     # Each entry's Workflows, or why it failed: registered only once every entry is read, so
     # that a Workflow two sources define is found whichever order intloom.toml lists them in.
     sources: list[tuple[str, Path, dict[str, LoadedWorkflow] | ErrorView]] = []
-    with _real_interrupts():
+    with _real_interrupts(), _compiled_kept():
         for rel in config.workflows:
             entry = root / rel
             # The same source listed twice (or spelled two ways) is one source: importing it
@@ -386,6 +399,18 @@ def load_workflows(root: Path, config: Config) -> LoadResult:
                 ).view()))
     _register(sources, result)
     return result
+
+
+@contextlib.contextmanager
+def _compiled_kept() -> Iterator[None]:
+    """Keep the bytes the tree modules are compiled from (``_SourceTrees.compiled``) while
+    the entries are imported and hashed, and forget them then: a Step importing a tree
+    module later must not grow them for the host's life."""
+    _TREES.compiled = {}
+    try:
+        yield
+    finally:
+        _TREES.compiled = None
 
 
 def _register(sources: list[tuple[str, Path, dict[str, LoadedWorkflow] | ErrorView]],
@@ -492,7 +517,7 @@ def _load_entry(root: Path, rel: str, entry: Path) -> dict[str, LoadedWorkflow]:
         mine[wf.name] = (LoadedWorkflow(
             workflow=wf,
             source=rel,
-            identity=workflow_identity(wf.name, wf.version, entry),
+            identity=workflow_identity(wf.name, wf.version, entry, _TREES.compiled),
             schemas=wf.schemas(),
         ), name)
     return {wf_name: lw for wf_name, (lw, _name) in mine.items()}

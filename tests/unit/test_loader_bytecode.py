@@ -13,7 +13,9 @@ from typing import Any
 
 import pytest
 
-from intloom.authoring.loader import _FromSource, _SourceTrees
+from intloom.authoring.identity import workflow_identity
+from intloom.authoring.loader import _FromSource, _SourceTrees, load_workflows
+from intloom.project import Config
 
 
 def _version(code: CodeType) -> str:
@@ -107,3 +109,51 @@ def test_a_module_outside_the_trees_is_searched_for_once(
     assert searched.count("tree_mod_x1") == 1
     assert type(tree_mod.__loader__) is _FromSource and tree_mod.WHERE == "tree"
     assert outside_mod.WHERE == "outside"
+
+
+# A Workflow at the project root that imports a helper beside it, and then saves both files
+# anew: what an editor or a checkout does while the host starts, here at a known moment.
+_HELPER = "intloom_test_saved_helper"  # a name no other test's module has in sys.modules
+_SAVES_ITSELF = f'''
+from pathlib import Path
+
+import intloom
+from {_HELPER} import VERSION
+
+wf = intloom.Workflow("saved", version=VERSION)
+main = wf.stage("main")
+
+
+@main.step("go", routes={{"ok": intloom.COMPLETE}})
+def go(ctx: intloom.StepContext[None]) -> str:
+    return "ok"
+
+
+here = Path(__file__)
+here.with_name("{_HELPER}.py").write_text('VERSION = "2"\\n')
+here.write_text(here.read_text() + "# saved after the import\\n")
+'''
+
+
+def test_the_identity_covers_the_bytes_that_ran_when_a_source_is_saved_after_its_import(
+        tmp_path: Path) -> None:
+    """The identity was hashed from the files as they were after the import: a source saved
+    in between gave the code that ran the identity of bytes that never ran (a Run started
+    on the old code went on with the new one after a restart; one started on the code that
+    ran was held as changed). It covers the bytes each imported module was compiled from."""
+    root, before = tmp_path / "proj", tmp_path / "before"
+    for tree in (root, before):
+        tree.mkdir()
+        (tree / "wf.py").write_text(_SAVES_ITSELF)
+        (tree / f"{_HELPER}.py").write_text('VERSION = "1"\n')
+    try:
+        result = load_workflows(root, Config(workflows=("wf.py",), port=None))
+    finally:
+        sys.modules.pop(_HELPER, None)
+    loaded = result.workflows["saved"]
+    assert loaded.version == "1"
+    # What ran: the bytes before the saves (the tree in ``before`` holds them still).
+    assert loaded.identity == workflow_identity("saved", "1", before / "wf.py")
+    # The saves did happen: the files as they are now have another identity.
+    assert (root / "wf.py").read_text().endswith("# saved after the import\n")
+    assert workflow_identity("saved", "1", root / "wf.py") != loaded.identity
