@@ -141,14 +141,11 @@ class _SourceTrees(importlib.abc.MetaPathFinder):
                   target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
         if not self.roots:
             return None
-        # Any module found outside the trees is returned as the path finder found it: it
-        # comes next on sys.meta_path and would only search the same path entries again
-        # (a Step lazily importing ~300 modules paid 20-30 ms for that second search).
         spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
         loader = spec.loader if spec is not None else None
         if (spec is None or type(loader) is not importlib.machinery.SourceFileLoader
                 or spec.origin is None):
-            return spec
+            return self._as_found(spec)
         origin = Path(spec.origin)
         if not any(in_source_tree(root, origin) for root in self.roots):
             # The same file by another spelling: a tree named through ``..`` or a linked
@@ -156,9 +153,24 @@ class _SourceTrees(importlib.abc.MetaPathFinder):
             # directory on sys.path (the roots are also registered resolved).
             real = Path(os.path.realpath(origin))
             if real == origin or not any(in_source_tree(root, real) for root in self.roots):
-                return spec
+                return self._as_found(spec)
         spec.loader = _FromSource(fullname, spec.origin)
         return spec
+
+    def _as_found(self, spec: importlib.machinery.ModuleSpec | None
+                  ) -> importlib.machinery.ModuleSpec | None:
+        """A module outside the trees, as the path finder found it, when that finder comes
+        next on sys.meta_path: letting it run would only search the same path entries again
+        (a Step lazily importing ~300 modules paid 20-30 ms for that). None when another
+        finder sits between (an import hook inserted later), which must still be asked."""
+        meta = sys.meta_path
+        try:
+            at = meta.index(self)
+        except ValueError:
+            return None
+        if at + 1 < len(meta) and meta[at + 1] is importlib.machinery.PathFinder:
+            return spec
+        return None
 
 
 _TREES: Final = _SourceTrees()

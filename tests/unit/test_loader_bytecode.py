@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.abc
 import importlib.machinery
 import importlib.util
 import os
@@ -86,8 +87,10 @@ def test_a_module_outside_the_trees_is_searched_for_once(
     (outside / "outside_mod_x1.py").write_text("WHERE = 'outside'\n")
     trees = _SourceTrees()
     trees.roots.add(tree)
-    at = sys.meta_path.index(importlib.machinery.PathFinder)
-    monkeypatch.setattr(sys, "meta_path", [*sys.meta_path[:at], trees, *sys.meta_path[at:]])
+    # In place of the host's own finder, which earlier tests of this process may have added.
+    others = [f for f in sys.meta_path if not isinstance(f, _SourceTrees)]
+    at = others.index(importlib.machinery.PathFinder)
+    monkeypatch.setattr(sys, "meta_path", [*others[:at], trees, *others[at:]])
     monkeypatch.setattr(sys, "path", [str(tree), str(outside), *sys.path])
     monkeypatch.setattr(sys, "dont_write_bytecode", True)
     searched: list[str] = []
@@ -109,6 +112,22 @@ def test_a_module_outside_the_trees_is_searched_for_once(
     assert searched.count("tree_mod_x1") == 1
     assert type(tree_mod.__loader__) is _FromSource and tree_mod.WHERE == "tree"
     assert outside_mod.WHERE == "outside"
+
+    # An import hook inserted between the two later is still asked, as without the tree
+    # finder: nothing is answered over its head.
+    asked: list[str] = []
+
+    class Hook(importlib.abc.MetaPathFinder):
+        def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> None:
+            asked.append(fullname)
+
+    at = sys.meta_path.index(trees)
+    sys.meta_path.insert(at + 1, Hook())
+    try:
+        importlib.import_module("outside_mod_x1")
+    finally:
+        sys.modules.pop("outside_mod_x1", None)
+    assert asked == ["outside_mod_x1"]
 
 
 # A Workflow at the project root that imports a helper beside it, and then saves both files
