@@ -31,8 +31,9 @@ class SourceChange:
 
     ``change``: ``listed`` (in ``intloom.toml`` now, not loaded by the host), ``unlisted``
     (loaded, no longer listed), ``edited`` (its source tree's identity is not the loaded
-    one), ``unreadable`` (its tree cannot be hashed now), ``config`` (``intloom.toml``
-    itself cannot be read now). ``workflow``: the loaded Workflow's name, when there is one.
+    one), ``unreadable`` (it is gone, or its tree cannot be hashed now), ``config``
+    (``intloom.toml`` itself cannot be read now). ``workflow``: the loaded Workflow's name,
+    when there is one.
     """
 
     source: str
@@ -72,8 +73,14 @@ def since_start(root: Path, service: ServiceView, flows: list[WorkflowInfo]
         for info in infos:
             if not info.ready:
                 continue  # it failed to load: nothing of it runs, whatever its bytes now
+            entry = root / source
+            if not entry.exists() and not entry.is_symlink():
+                out.append(SourceChange(
+                    source, "unreadable", f"{source} no longer exists; the host runs "
+                    f"{info.name} {info.version} as it loaded it.", info.name))
+                break  # one line for the source, whichever of its Workflows
             try:
-                now = workflow_identity(info.name, info.version, root / source)
+                now = workflow_identity(info.name, info.version, entry)
             except IntloomError as exc:
                 out.append(SourceChange(source, "unreadable", exc.message, info.name))
                 continue

@@ -83,3 +83,13 @@ def test_another_intlooms_host_is_not_judged_by_identity(tmp_path: Path) -> None
     changes = since_start(root, _service(root, version="0.0.1"), flows)
     assert [(c.source, c.change) for c in changes] == [("wf/b", "listed")]
     assert [c.change for c in since_start(root, _service(root), flows)] == ["listed", "edited"]
+
+
+def test_a_source_gone_from_disk_is_said_to_be_gone(tmp_path: Path) -> None:
+    root = _project(tmp_path, "wf/a")
+    flows = [_loaded(root, "wf/a", "a")]
+    (root / "wf" / "a" / "__init__.py").unlink()
+    (root / "wf" / "a").rmdir()
+    [change] = since_start(root, _service(root), flows)
+    assert (change.source, change.change, change.workflow) == ("wf/a", "unreadable", "a")
+    assert change.message == "wf/a no longer exists; the host runs a 1 as it loaded it."
