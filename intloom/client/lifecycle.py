@@ -670,6 +670,11 @@ def _request_stop(root: Path, paths: ProjectPaths, target: _Target,
         except IntloomError as exc:
             if exc.code in ("CLI_SERVICE_CLOSING", "PROJECT_REQUEST_FAILED"):
                 return None  # stopping anyway, or the reply was lost: never resent
+            if exc.code == "PROJECT_CONNECTION_FAILED":
+                # The host closed this connection before the request went out, and would
+                # not take another: what a host stopping for another stop does (it closes
+                # every connection). Nothing was sent; the wait says whether it goes.
+                return "the host closed the connection first (a stopping host closes them all)"
             if exc.code == "CONFLICT":
                 if _released(paths, target):
                     return None
