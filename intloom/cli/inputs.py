@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from typing import Any, Final
 
 import msgspec
 
+from intloom.client.outgoing import not_unicode_at
 from intloom.errors import IntloomError
 
 __all__ = ["MAX_INPUT", "interactive", "read_answer", "read_intent"]
@@ -99,6 +101,18 @@ def read_intent(intent: str | None, intent_file: str | None, *, prompt: bool) ->
     return text
 
 
+def _lone_surrogate(data: bytes) -> str | None:
+    """Where ANSWER escapes half a surrogate pair (``"\\ud800"``): JSON's grammar allows it,
+    msgspec refuses it with a reason that names something else ("Input data was truncated"),
+    and no text can hold it. The standard library's decoder keeps the half, so it can say
+    where; None when the answer has no such escape."""
+    try:
+        value = json.loads(data)
+    except (ValueError, RecursionError):
+        return None
+    return not_unicode_at(value, "ANSWER")
+
+
 def read_answer(answer: str) -> Any:
     """ANSWER as JSON (``-`` reads it from stdin); INVALID_REQUEST naming the shapes otherwise."""
     if answer == "-":
@@ -110,6 +124,14 @@ def read_answer(answer: str) -> Any:
     try:
         return msgspec.json.decode(data)
     except msgspec.DecodeError as exc:
+        where = _lone_surrogate(data)
+        if where is not None:
+            raise IntloomError(
+                "INVALID_REQUEST",
+                f"{where} holds a lone surrogate escape (one half of a \\uXXXX pair, such as "
+                "\\ud800 alone), which is not valid Unicode text; nothing was sent. Write the "
+                "character itself, or both halves of its pair (\\ud83d\\ude00 is one character).",
+            ) from None
         raise IntloomError(
             "INVALID_REQUEST", f"ANSWER is not valid JSON ({exc}). {ANSWER_SHAPES}"
         ) from None

@@ -16,7 +16,7 @@ from intloom.errors import IntloomError
 from intloom.protocol.framing import FrameError, encode_frame
 from intloom.protocol.messages import MAX_FRAME, Request
 
-__all__ = ["frame_of"]
+__all__ = ["frame_of", "not_unicode_at"]
 
 # What msgpack raises for a value it cannot hold: an integer beyond 64 bits, a str with a lone
 # surrogate (what bytes that are not UTF-8 decode to from argv), nesting deeper than the
@@ -72,6 +72,12 @@ def _find(value: object, where: str, bad: Callable[[object], bool]) -> str | Non
             children = [(f"{path}[{i}]", child) for i, child in enumerate(item)]
         stack.extend(reversed(children))
     return None
+
+
+def not_unicode_at(value: object, where: str) -> str | None:
+    """The path (from ``where``) of the first str in ``value``, or key, holding a lone
+    surrogate: text that is not valid Unicode, so neither msgpack nor JSON can carry it."""
+    return _find(value, where, _not_utf8)
 
 
 def _culprit(request: Request, bad: Callable[[object], bool] | None = None) -> str:

@@ -52,3 +52,27 @@ def test_an_intent_that_is_not_utf8_creates_no_run(project: Project) -> None:
     message = refused(project.cli("flow", "example", "--intent", "notes \udcff", "--json"))
     assert "intent holds text that is not valid Unicode" in message, message
     assert ok(project.cli("runs", "--json"))["runs"] == []
+
+
+def test_answer_with_a_lone_surrogate_escape_names_it_and_leaves_the_wait(
+    project: Project,
+) -> None:
+    # JSON may escape half a surrogate pair; no text can hold one, and msgspec's own reason
+    # for refusing it ("Input data was truncated") names something else.
+    ok(project.cli("start", "--json"))
+    run = ok(project.cli("flow", "example", "--intent", "notes", "--json"))["run"]
+    run_id, action = run["runId"], run["pendingAction"]["id"]
+    for answer, where in (
+        ('"\\ud800"', "ANSWER"),
+        ('{"isConfirmed": true, "feedback": "ok \\udc00"}', "ANSWER.feedback"),
+        ('[{"questionId": "q1", "answer": "\\ud83d then \\ud83d"}]', "ANSWER[0].answer"),
+    ):
+        message = refused(project.cli("answer", run_id, action, answer, "--json"))
+        assert message.startswith(f"{where} holds a lone surrogate escape"), message
+        assert "not valid Unicode text" in message and "nothing was sent" in message
+        assert "both halves of its pair" in message and "truncated" not in message
+    text = project.cli("answer", run_id, action, "-", input='{"feedback": "\\ud800"}')
+    assert text.code == 1 and text.stdout == ""
+    assert text.stderr.startswith(
+        "Failure · INVALID_REQUEST: ANSWER.feedback holds a lone surrogate escape"), text.stderr
+    assert ok(project.cli("runs", "--json"))["runs"] == [run]  # the wait is unchanged
