@@ -118,7 +118,16 @@ def read_answer(answer: str) -> Any:
     if answer == "-":
         data = _read_bytes("-", "INVALID_REQUEST", "answer")
     else:
-        data = answer.encode("utf-8")
+        try:
+            data = answer.encode("utf-8")
+        except UnicodeEncodeError:
+            # argv bytes that are not UTF-8 reach Python as lone surrogates.
+            raise IntloomError(
+                "INVALID_REQUEST",
+                "ANSWER holds bytes that are not UTF-8 text, as the command line passed them; "
+                "nothing was sent. Pass the answer as UTF-8 text (set a UTF-8 locale, or "
+                "write it to a UTF-8 file and pass - to read it from stdin).",
+            ) from None
     if not data.strip():
         raise IntloomError("INVALID_REQUEST", f"ANSWER is empty. {ANSWER_SHAPES}")
     try:

@@ -76,3 +76,15 @@ def test_answer_with_a_lone_surrogate_escape_names_it_and_leaves_the_wait(
     assert text.stderr.startswith(
         "Failure · INVALID_REQUEST: ANSWER.feedback holds a lone surrogate escape"), text.stderr
     assert ok(project.cli("runs", "--json"))["runs"] == [run]  # the wait is unchanged
+
+
+def test_answer_with_bytes_that_are_not_utf8_is_refused_not_a_crash(project: Project) -> None:
+    ok(project.cli("start", "--json"))
+    run = ok(project.cli("flow", "example", "--intent", "notes", "--json"))["run"]
+    run_id, action = run["runId"], run["pendingAction"]["id"]
+    # argv bytes that are not UTF-8 (here 0xff) reach Python as a lone surrogate.
+    answer = '{"isConfirmed": true, "feedback": "\udcff"}'
+    message = refused(project.cli("answer", run_id, action, answer, "--json"))
+    assert message.startswith("ANSWER holds bytes that are not UTF-8 text"), message
+    assert "nothing was sent" in message and "Pass the answer as UTF-8" in message
+    assert ok(project.cli("runs", "--json"))["runs"] == [run]  # the wait is unchanged
