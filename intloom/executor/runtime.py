@@ -340,8 +340,11 @@ class _AgentEnd(msgspec.Struct, frozen=True):
     call_id: str
     owner_token: str
     verb: str  # "complete" or "fail"
-    outcome: str  # the outcome, or the failure message
-    output: bytes  # sha256 of the msgpack of the completion's output (kept until retired)
+    # The outcome, or the failure message, as a refusal quotes it: an Agent's failure
+    # message may run to pages (its whole log), and the refusal's fact and fix must stay in
+    # view. What a retry must repeat is the hash in ``output``.
+    shown: str
+    output: bytes  # sha256 of the completion's output, or of the whole failure message
 
 
 class Runtime:
@@ -1020,11 +1023,11 @@ class Runtime:
         if done is None or done.call_id != call_id:
             return None
         self._check_owner_of(done.owner_token, owner_token, call_id)
-        if (done.verb, done.outcome, done.output) != (end.verb, end.outcome, end.output):
+        if (done.verb, done.shown, done.output) != (end.verb, end.shown, end.output):
             said = ("completed with outcome " if done.verb == "complete" else "failed: ")
             raise IntloomError(
                 "CONFLICT",
-                f"Agent task {call_id} was already {said}{done.outcome!r}; a retry must "
+                f"Agent task {call_id} was already {said}{done.shown}; a retry must "
                 "repeat the same request (the first one is what the Run recorded).",
             )
         # The first request's records may still be on their way to disk: answer with what
@@ -1058,7 +1061,7 @@ class Runtime:
         _plain_json(output, "The Agent task's output")
         _journalable(output, "The Agent task's output")
         slot = self._slot(run_id)
-        end = _AgentEnd(call_id, owner_token, "complete", outcome,  # the value, not key order
+        end = _AgentEnd(call_id, owner_token, "complete", repr(outcome),  # the value, not key order
                         hashlib.sha256(_CANONICAL.encode(output)).digest())
         repeated = await self._repeated(slot, call_id, owner_token, end)
         if repeated is not None:
@@ -1130,7 +1133,7 @@ class Runtime:
     ) -> RunView:
         slot = self._slot(run_id)
         _nonempty(message, "message", "why the Agent gives the task up")
-        end = _AgentEnd(call_id, owner_token, "fail", message[:4096],
+        end = _AgentEnd(call_id, owner_token, "fail", clip(repr(message), 200),
                         hashlib.sha256(message.encode("utf-8", "surrogatepass")).digest())
         repeated = await self._repeated(slot, call_id, owner_token, end)
         if repeated is not None:

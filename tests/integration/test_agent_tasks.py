@@ -135,6 +135,21 @@ def test_a_retried_completion_gets_the_runs_view_and_a_different_one_conflicts(
     assert client.get_run(run.run_id) == first
 
 
+def test_a_failure_retried_with_another_message_quotes_the_first_one_bounded(
+        client: Client) -> None:
+    run, call_id, token = _claimed(client)
+    first = "the search gave up: " + "timeout; " * 500  # an Agent's whole log, say
+    client.fail_agent_call(run.run_id, call_id, token, first)
+    message = _refused(lambda: client.fail_agent_call(run.run_id, call_id, token, "other"),
+                       "CONFLICT")
+    # The refusal names the task, the fact and the fix; the first message only begins it.
+    assert message.startswith(f"Agent task {call_id} was already failed: "
+                              "'the search gave up: timeout; "), message
+    assert "more characters cut]" in message and "a retry must repeat the same" in message
+    assert len(message) < 600, len(message)
+    assert client.fail_agent_call(run.run_id, call_id, token, first).status == "failed"
+
+
 def test_answering_an_agent_task_as_a_question_says_what_it_is(client: Client) -> None:
     run, call_id, _token = _claimed(client)
     message = _refused(lambda: client.answer(run.run_id, call_id, {"isConfirmed": True}),
