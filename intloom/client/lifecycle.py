@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Final, Literal
+from typing import TYPE_CHECKING, Final, Literal, NamedTuple
 
 import msgspec
 
@@ -630,30 +630,36 @@ def _target(info: ServiceInfo | None, lock: ServiceLock | None) -> _Target:
     return _Target(info.instance_id, info.pid, info.create_time, None)
 
 
+class _Asked(NamedTuple):
+    """What sending the stop request came to, for a truthful timeout message."""
+
+    unsent: str | None  # why it was not sent, in words; None: sent (its reply may be lost)
+    stopping: bool = False  # the host said it is stopping (its reply, or a refusal)
+
+
 def _request_stop(root: Path, paths: ProjectPaths, target: _Target,
-                  deadline: float) -> str | None:
+                  deadline: float) -> _Asked:
     """Send Stop to the target, at most once, within ``deadline``. Returns when the wait
-    should begin: None when the request was sent (its reply may be lost: it is never
-    resent), else why it was not sent, in words, for a truthful timeout message."""
+    should begin (the request is never resent)."""
     remaining = deadline - time.monotonic()
     if remaining <= 0:
-        return "the time ran out before the host could be reached"
+        return _Asked("the time ran out before the host could be reached")
     try:
         # The hello and the request are bounded by what is left of the deadline: a paused
         # host must not stretch --timeout by the client's own 5 s hello timeout.
         client = Client.connect(root, timeout=remaining, request_timeout=remaining)
     except IntloomError as exc:
         if exc.code == "CLI_SERVICE_OFFLINE":
-            return "the host no longer listened on its port"
+            return _Asked("the host no longer listened on its port")
         if exc.code == "CLI_SERVICE_CLOSING":
-            return "the host was already stopping"
+            return _Asked("the host was already stopping", stopping=True)
         if exc.code == "CLI_SERVICE_UNAVAILABLE":
             # Accepted but no hello within the deadline: paused, hung or busy.
-            return (f"the host (pid {target.pid}) accepted the connection but did not answer "
-                    f"the hello within {remaining:.1f} s (paused, hung or busy)")
+            return _Asked(f"the host (pid {target.pid}) accepted the connection but did not "
+                          f"answer the hello within {remaining:.1f} s (paused, hung or busy)")
         if exc.code == "CLI_SERVICE_METADATA_INVALID":
             if _released(paths, target):
-                return "the host had already released its files"
+                return _Asked("the host had already released its files")
             raise
         raise IntloomError(
             "CLI_SERVICE_UNAVAILABLE",
@@ -662,29 +668,48 @@ def _request_stop(root: Path, paths: ProjectPaths, target: _Target,
     with client:
         if client.hello.instance_id != target.instance_id:
             # A replacement answers: the target is already gone, never stop the new one.
-            return "a replacement host answered instead"
+            return _Asked("a replacement host answered instead")
         # What the hello left of the deadline, not what there was before it.
         client.request_timeout = max(0.05, deadline - time.monotonic())
         try:
             client.stop(target.instance_id)
         except IntloomError as exc:
-            if exc.code in ("CLI_SERVICE_CLOSING", "PROJECT_REQUEST_FAILED"):
-                return None  # stopping anyway, or the reply was lost: never resent
+            if exc.code == "CLI_SERVICE_CLOSING":
+                return _Asked(None, stopping=True)
+            if exc.code == "PROJECT_REQUEST_FAILED":
+                return _Asked(None)  # the reply was lost: never resent
             if exc.code == "PROJECT_CONNECTION_FAILED":
                 # The host closed this connection before the request went out, and would
                 # not take another: what a host stopping for another stop does (it closes
                 # every connection). Nothing was sent; the wait says whether it goes.
-                return "the host closed the connection first (a stopping host closes them all)"
+                return _Asked("the host closed the connection first (a stopping host closes "
+                              "them all)")
             if exc.code == "CONFLICT":
                 if _released(paths, target):
-                    return None
+                    return _Asked(None)
                 raise IntloomError(
                     "CLI_SERVICE_CONFLICT", f"The service rejected shutdown ({exc.message})"
                 ) from None
             raise IntloomError(
                 "CLI_SERVICE_UNAVAILABLE", f"The service rejected shutdown ({exc.code})."
             ) from None
-    return None
+    return _Asked(None, stopping=True)
+
+
+def _stop_timed_out(target: _Target, timeout: float, asked: _Asked) -> str:
+    """CLI_SERVICE_TIMEOUT's message: what is known of the host, and what to do."""
+    said = ("The stop request was sent once and not resent." if asked.unsent is None
+            else f"The stop request was not sent: {asked.unsent}.")
+    if not asked.stopping:
+        return ("Cannot verify resource cleanup by the original instance (pid "
+                f"{target.pid}) within {timeout:g} s. Run intloom doctor. {said}")
+    # It said it is stopping: a Step still running holds the stop for up to the host's
+    # grace, and doctor would only report an owner that is alive. Waiting is what helps.
+    return (f"The host (pid {target.pid}) is still stopping: it suspends its Runs at their "
+            "boundaries (a Step still running gets the host's grace to reach one) and then "
+            f"releases its files, which it had not done within {timeout:g} s. {said} Run "
+            "intloom stop again to wait for it (a longer --timeout waits longer); if it never "
+            "finishes, run intloom doctor.")
 
 
 def stop_service(root: str | os.PathLike[str], *, timeout: float = 10.0) -> bool:
@@ -717,9 +742,9 @@ def stop_service_report(root: str | os.PathLike[str], *,
             "requested; run intloom doctor.",
         )
     tried = False  # the request is tried at most once, whether or not it could be sent
-    unsent: str | None = "the host was still starting and never served requests"
+    asked = _Asked("the host was still starting and never served requests")
     if info is not None:
-        unsent = _request_stop(root, paths, target, deadline)
+        asked = _request_stop(root, paths, target, deadline)
         tried = True
     log = (paths.logs / info.log_file if info is not None and info.log_file else None)
     while True:
@@ -736,17 +761,11 @@ def stop_service_report(root: str | os.PathLike[str], *,
             except IntloomError:
                 now_info = None
             if now_info is not None and now_info.instance_id == target.instance_id:
-                unsent = _request_stop(root, paths, target, deadline)
+                asked = _request_stop(root, paths, target, deadline)
                 tried = True
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            said = ("The stop request was sent once and not resent." if unsent is None
-                    else f"The stop request was not sent: {unsent}.")
-            raise IntloomError(
-                "CLI_SERVICE_TIMEOUT",
-                "Cannot verify resource cleanup by the original instance (pid "
-                f"{target.pid}) within {timeout:g} s. Run intloom doctor. {said}",
-            )
+            raise IntloomError("CLI_SERVICE_TIMEOUT", _stop_timed_out(target, timeout, asked))
         time.sleep(min(_POLL, remaining))  # a poll between two reads of the metadata
 
 

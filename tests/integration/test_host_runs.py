@@ -487,6 +487,38 @@ def _refused_during_a_stop(client: Client, project: Project,
     return messages
 
 
+def test_a_stop_that_times_out_while_the_host_stops_says_to_run_stop_again(
+    project: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``stop --timeout`` ending while the host was still suspending its Runs (a Step in
+    its grace) said "Run intloom doctor", as for a host that may be hung: the stop is under
+    way, and what helps is to wait for it. Both the stop that sent the request and one run
+    meanwhile (its hello refused: the host is stopping) say so; a further stop then ends
+    once the Step reaches its boundary."""
+    _beside_gated(project, monkeypatch, "20")
+    with Client.connect(project.root) as client:
+        client.create_run("gated", "payload", wait=False)
+    eventually(lambda: (project.root / "calls.log").exists(), timeout=10,
+               what="the effect to start")
+    pid = project.host_pid()
+    try:
+        for said in ("The stop request was sent once and not resent.",
+                     "The stop request was not sent: the host was already stopping."):
+            timed_out = project.cli("stop", "--timeout", "1", "--json")
+            assert timed_out.code == 1, (timed_out.stdout, timed_out.stderr)
+            error = timed_out.json["error"]
+            message = error["message"]
+            assert error["code"] == "CLI_SERVICE_TIMEOUT", error
+            assert message.startswith(f"The host (pid {pid}) is still stopping: "), message
+            assert said in message, message
+            assert "Run intloom stop again to wait for it" in message, message
+            assert "Run intloom doctor." not in message, message
+    finally:
+        (project.root / "gate").touch()  # the Step reaches its boundary; the stop completes
+    assert stop_service(project.root, timeout=30) is True
+    assert not pid_alive(pid)
+
+
 @pytest.mark.parametrize("recover", [True, False])
 def test_an_answer_refused_during_a_stop_says_nothing_was_done_and_whether_to_resend(
     project: Project, monkeypatch: pytest.MonkeyPatch, recover: bool
