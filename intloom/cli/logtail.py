@@ -7,33 +7,62 @@ are opened without following links and only ever read.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["LogTail", "log_files"]
+__all__ = ["LogTail", "log_files", "scan_logs"]
 
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
+Skipped = Callable[[Path, str], None]  # a log-named entry that is no log, and what it is
 
-def log_files(logs_dir: Path) -> list[Path]:
-    """The log files, oldest first (their names sort by UTC time); links are skipped."""
+
+def _not_regular(mode: int) -> str:
+    """What an entry that is not a regular file is, in words."""
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "of an unknown kind"
+
+
+def scan_logs(logs_dir: Path) -> tuple[list[Path], list[tuple[Path, str]]]:
+    """The log files, oldest first (their names sort by UTC time), and the entries named
+    like one that are not regular files, with what each is: never opened or followed (a
+    FIFO would block a reader, a link may lead anywhere), but named, not passed over."""
     try:
         names = os.listdir(logs_dir)
     except (FileNotFoundError, NotADirectoryError):
-        return []
-    found = []
+        return [], []
+    found: list[Path] = []
+    skipped: list[tuple[Path, str]] = []
     for name in names:
         if not (name.startswith("LOG-") and name.endswith(".jsonl")):
             continue
         path = logs_dir / name
         try:
-            if stat.S_ISREG(os.lstat(path).st_mode):
-                found.append(path)
+            mode = os.lstat(path).st_mode
         except FileNotFoundError:
             continue
-    return sorted(found)
+        if stat.S_ISREG(mode):
+            found.append(path)
+        else:
+            skipped.append((path, _not_regular(mode)))
+    return sorted(found), sorted(skipped)
+
+
+def log_files(logs_dir: Path) -> list[Path]:
+    """The log files, oldest first; entries that are not regular files are left out."""
+    return scan_logs(logs_dir)[0]
 
 
 class LogTail:
@@ -41,24 +70,39 @@ class LogTail:
 
     ``all_files`` starts from the oldest file; otherwise from the newest (or, when there is
     none yet, from the first one to appear). A line still being written is held back until
-    its newline arrives.
+    its newline arrives. An entry named like a log that is not a regular file is handed to
+    ``on_skipped`` once, with what it is.
     """
 
-    def __init__(self, logs_dir: Path, emit: Callable[[str], None], *, all_files: bool) -> None:
+    def __init__(self, logs_dir: Path, emit: Callable[[str], None], *, all_files: bool,
+                 on_skipped: Skipped | None = None) -> None:
         self._dir = logs_dir
         self._emit = emit
+        self._on_skipped = on_skipped
+        self._reported: set[Path] = set()
         self._current: Path | None = None
         self._offset = 0
         self._partial = b""
         if not all_files:
-            existing = log_files(logs_dir)
+            existing = self._scan()
             self._current = existing[-1] if existing else None
+
+    def _skip(self, path: Path, what: str) -> None:
+        if path not in self._reported and self._on_skipped is not None:
+            self._reported.add(path)
+            self._on_skipped(path, what)
+
+    def _scan(self) -> list[Path]:
+        found, skipped = scan_logs(self._dir)
+        for path, what in skipped:
+            self._skip(path, what)
+        return found
 
     def pump(self) -> None:
         """Emit what was appended since the last pump, then every newer file's lines."""
         if self._current is not None:
             self._read_from(self._current)
-        for path in log_files(self._dir):
+        for path in self._scan():
             if self._current is not None and path <= self._current:
                 continue
             if self._partial:
@@ -78,10 +122,14 @@ class LogTail:
     def _read_from(self, path: Path) -> None:
         try:
             fd = os.open(path, _READ)
-        except OSError:
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:  # replaced by a link since it was listed
+                self._skip(path, "a symbolic link")
             return
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):  # replaced since it was listed
+                self._skip(path, _not_regular(mode))
                 return
             os.lseek(fd, self._offset, os.SEEK_SET)
             chunks = []

@@ -11,6 +11,7 @@ import os
 import re
 import select
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -227,6 +228,45 @@ def test_logs_render_filter_and_stream_raw_json(project: Project) -> None:
     assert project.cli("logs", "--all").stdout.splitlines()[0] == "T0 info    old_host"
     raw = project.cli("logs", "RUN-a", "--json")
     assert [json.loads(line)["event"] for line in raw.stdout.splitlines()] == ["run_x"]
+
+
+def test_logs_report_a_fifo_or_a_link_among_the_logs_and_leave_them_untouched(
+    project: Project,
+) -> None:
+    """A FIFO or a symbolic link named like a host log was skipped without a word: a reader
+    saw an older host's log as the newest. Each is named, with what it is, on stderr (a
+    record in the --json stream); neither is opened (a FIFO would hang the command), and
+    both stay as they were."""
+    logs = project.state / "logs"
+    project.state.mkdir(mode=0o700)
+    _write_log(logs, "LOG-20260101T000000000Z.jsonl",
+               {"time": "T1", "level": "info", "event": "log_opened", "runId": "RUN-a"})
+    fifo, link = logs / "LOG-20260103T000000000Z.jsonl", logs / "LOG-20260102T000000000Z.jsonl"
+    os.mkfifo(fifo, 0o600)
+    link.symlink_to(logs / "LOG-20260101T000000000Z.jsonl")
+    said = {
+        fifo: "it is a FIFO (named pipe), not a regular file",
+        link: "it is a symbolic link, not a regular file",
+    }
+    for args in (["logs"], ["logs", "--all"], ["logs", "RUN-a"]):
+        text = project.cli(*args, timeout=20)
+        assert text.code == 0, (args, text.stderr)
+        assert text.stdout == "T1 info    log_opened runId=RUN-a\n", (args, text.stdout)
+        for path, fact in said.items():
+            notice = (f"Skipped .intloom/logs/{path.name}: {fact}; intloom logs reads only "
+                      "regular files and left it untouched.")
+            assert notice in text.stderr, (args, text.stderr)
+    stream = project.cli("logs", "--json", timeout=20)
+    assert stream.code == 0 and stream.stderr == "", stream.stderr
+    records = [json.loads(line) for line in stream.stdout.splitlines()]
+    skipped = {r["file"]: r for r in records if r["event"] == "skipped_file"}
+    assert sorted(skipped) == [f".intloom/logs/{link.name}", f".intloom/logs/{fifo.name}"]
+    assert skipped[f".intloom/logs/{fifo.name}"] == {
+        "time": None, "level": "warning", "event": "skipped_file",
+        "file": f".intloom/logs/{fifo.name}", "fact": said[fifo]}
+    assert [r["event"] for r in records if r["event"] != "skipped_file"] == ["log_opened"]
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert os.readlink(link) == str(logs / "LOG-20260101T000000000Z.jsonl")
 
 
 class _Lines:

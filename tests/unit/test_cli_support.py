@@ -201,6 +201,22 @@ def test_log_files_skip_links(tmp_path: Path) -> None:
     assert log_files(tmp_path / "missing") == []
 
 
+def test_log_tail_names_each_entry_that_is_no_log_once_even_when_following(
+        tmp_path: Path) -> None:
+    (tmp_path / "LOG-1.jsonl").write_text('{"a": 1}\n')
+    (tmp_path / "LOG-2.jsonl").symlink_to(tmp_path / "LOG-1.jsonl")
+    skipped: list[tuple[str, str]] = []
+    seen: list[str] = []
+    tail = LogTail(tmp_path, seen.append, all_files=False,
+                   on_skipped=lambda path, what: skipped.append((path.name, what)))
+    tail.pump()
+    os.mkfifo(tmp_path / "LOG-3.jsonl")  # appears while following: never opened
+    tail.pump()
+    tail.pump()
+    assert seen == ['{"a": 1}']
+    assert skipped == [("LOG-2.jsonl", "a symbolic link"), ("LOG-3.jsonl", "a FIFO (named pipe)")]
+
+
 # ----- scaffold ------------------------------------------------------------------------------
 
 

@@ -69,6 +69,26 @@ def _printer(renderer: Renderer, run_id: str | None) -> tuple[Callable[[str], No
     return emit, printed
 
 
+def _skipped(renderer: Renderer, root: Path) -> Callable[[Path, str], None]:
+    """An ``on_skipped`` for LogTail: an entry named like a log that is not a regular file is
+    named with what it is, on stderr, or as a record of the --json stream (so that the
+    stream still shows why a log seems to be missing)."""
+
+    def report(path: Path, what: str) -> None:
+        shown = str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
+        fact = f"it is {what}, not a regular file"
+        if renderer.json_mode:
+            renderer.raw(msgspec.json.encode({"time": None, "level": "warning",
+                                              "event": "skipped_file", "file": shown,
+                                              "fact": fact}).decode() + "\n")
+        else:
+            renderer.note(f"Skipped {shown}: {fact}; intloom logs reads only regular files "
+                          "and left it untouched. A host writes only regular files there: "
+                          "move it out of .intloom/logs/ unless you need it there.")
+
+    return report
+
+
 def _watch_target(root: Path, logs_dir: Path) -> tuple[Path, bool]:
     """The nearest existing directory to watch, and whether to watch it recursively."""
     if logs_dir.is_dir():
@@ -131,7 +151,7 @@ def logs(
     logs_dir = ProjectPaths(root).logs
     renderer = state.renderer
     emit, printed = _printer(renderer, run_id)
-    tail = LogTail(logs_dir, emit, all_files=all_files)
+    tail = LogTail(logs_dir, emit, all_files=all_files, on_skipped=_skipped(renderer, root))
     tail.pump()
     if follow:
         with contextlib.suppress(KeyboardInterrupt):
