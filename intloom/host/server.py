@@ -293,11 +293,19 @@ class Server:
                 ".intloom/connection.json.",
             ))
         if self.closing:
+            # The hello names no request, and no kind of client (the CLI and an Agent use the
+            # same Client): the advice must hold for all, unlike _closing's, which knows the
+            # request. Sending it again after the next start does not always work.
             raise _Refused(_error(
                 "CLI_SERVICE_CLOSING",
-                "The service is shutting down: it is suspending its Runs, then exits. Nothing "
-                "was sent. Run the command again once intloom status says the service is "
-                "offline (intloom start waits for that, then starts a new host).",
+                "The service is shutting down: it is suspending its Runs, then exits. No "
+                "request was sent, so nothing was done. Once intloom status says the service "
+                "is offline (intloom start waits for that, then starts a new host), a command "
+                "can be run again, but a request about a Run may no longer apply: a client "
+                "Agent's task comes back RUN_INTERRUPTED (claims, owner tokens and Tool "
+                "receipts are not restored), as does a question or confirmation whose Step "
+                "has no recover, and an ended Run is not loaded again. Check the Run after "
+                "that start (intloom runs, or Client.get_run) before sending it again.",
             ))
 
     async def _session(

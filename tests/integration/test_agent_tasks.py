@@ -661,3 +661,37 @@ def test_an_agent_request_refused_during_a_stop_is_not_told_to_run_it_again(
     with Client.connect(project.root) as again:
         view = again.get_run(run.run_id)
         assert view.last_error is not None and view.last_error.code == "RUN_INTERRUPTED", view
+
+
+def test_an_agent_connecting_during_a_stop_is_not_told_its_request_works_after_it(
+        project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A connection opened during a stop was refused at its hello with "Run the command again
+    once intloom status says the service is offline", to every client: the hello names no
+    request and no kind of client (the CLI and an Agent both say "intloom-python"), and for
+    a client Agent's task that is false, since the next start reports its Run
+    RUN_INTERRUPTED. The refusal says what holds for every client."""
+    _looping_host(project, "10", monkeypatch)
+    release = project.root / "release-tool"
+    with Client.connect(project.root) as agent:
+        running = _running_tool(agent, project, "slow", {"until": str(release)})
+        stops: list[CliResult] = []
+        stopper = threading.Thread(
+            target=lambda: stops.append(project.cli("stop", "--timeout", "30")))
+        stopper.start()
+        try:
+            eventually(lambda: _stopping(project), timeout=10, what="the stop to begin")
+            message = _refused(lambda: Client.connect(project.root), "CLI_SERVICE_CLOSING")
+        finally:
+            release.write_text("go")
+            running.caller.join(timeout=30)
+            stopper.join(timeout=40)
+    assert [stop.code for stop in stops] == [0], stops
+    assert "Run the command again" not in message, message
+    assert message.startswith("The service is shutting down: it is suspending its Runs, then "
+                              "exits. No request was sent, so nothing was done."), message
+    assert ("a client Agent's task comes back RUN_INTERRUPTED (claims, owner tokens and Tool "
+            "receipts are not restored)") in message, message
+    start(project)
+    with Client.connect(project.root) as again:
+        view = again.get_run(running.run.run_id)
+    assert view.last_error is not None and view.last_error.code == "RUN_INTERRUPTED", view
