@@ -638,22 +638,11 @@ def test_an_agent_request_refused_during_a_stop_is_not_told_to_run_it_again(
     once intloom status says the service is offline": but the next start reports its Run
     RUN_INTERRUPTED (claims are not restored), so run again it can never succeed."""
     _looping_host(project, "10", monkeypatch)
-    release = project.root / "release-tool"
     with Client.connect(project.root) as agent:
         run, call, token = _claimed(agent, "looping")
-        running = _running_tool(agent, project, "slow", {"until": str(release)})
-        stops: list[CliResult] = []
-        stopper = threading.Thread(
-            target=lambda: stops.append(project.cli("stop", "--timeout", "30")))
-        stopper.start()
-        try:
-            eventually(lambda: _stopping(project), timeout=10, what="the stop to begin")
+        with _stopping_while_a_tool_runs(project, agent):
             message = _refused(lambda: agent.complete_agent_call(
                 run.run_id, call, token, "done", {}), "CLI_SERVICE_CLOSING")
-        finally:
-            release.write_text("go")
-            running.caller.join(timeout=30)
-            stopper.join(timeout=40)
     assert "Run it again" not in message, message
     assert f"The next start reports Run {run.run_id} RUN_INTERRUPTED" in message, message
     assert f"Agent task {call} of Run {run.run_id} was refused; nothing was done" in message
@@ -671,20 +660,9 @@ def test_an_agent_connecting_during_a_stop_is_not_told_its_request_works_after_i
     a client Agent's task that is false, since the next start reports its Run
     RUN_INTERRUPTED. The refusal says what holds for every client."""
     _looping_host(project, "10", monkeypatch)
-    release = project.root / "release-tool"
-    with Client.connect(project.root) as agent:
-        running = _running_tool(agent, project, "slow", {"until": str(release)})
-        stops: list[CliResult] = []
-        stopper = threading.Thread(
-            target=lambda: stops.append(project.cli("stop", "--timeout", "30")))
-        stopper.start()
-        try:
-            eventually(lambda: _stopping(project), timeout=10, what="the stop to begin")
-            message = _refused(lambda: Client.connect(project.root), "CLI_SERVICE_CLOSING")
-        finally:
-            release.write_text("go")
-            running.caller.join(timeout=30)
-            stopper.join(timeout=40)
+    with Client.connect(project.root) as agent, \
+            _stopping_while_a_tool_runs(project, agent) as (running, stops):
+        message = _refused(lambda: Client.connect(project.root), "CLI_SERVICE_CLOSING")
     assert [stop.code for stop in stops] == [0], stops
     assert "Run the command again" not in message, message
     assert message.startswith("The service is shutting down: it is suspending its Runs, then "
@@ -695,3 +673,23 @@ def test_an_agent_connecting_during_a_stop_is_not_told_its_request_works_after_i
     with Client.connect(project.root) as again:
         view = again.get_run(running.run.run_id)
     assert view.last_error is not None and view.last_error.code == "RUN_INTERRUPTED", view
+
+
+@contextlib.contextmanager
+def _stopping_while_a_tool_runs(project: Project, agent: Client
+                                ) -> Iterator[tuple[_Running, list[CliResult]]]:
+    """A CLI stop under way (its result in the list yielded, once it is done) while one of
+    ``agent``'s Tool calls holds its Run in a Step; the Tool is released on the way out."""
+    release = project.root / "release-tool"
+    running = _running_tool(agent, project, "slow", {"until": str(release)})
+    stops: list[CliResult] = []
+    stopper = threading.Thread(
+        target=lambda: stops.append(project.cli("stop", "--timeout", "30")))
+    stopper.start()
+    try:
+        eventually(lambda: _stopping(project), timeout=10, what="the stop to begin")
+        yield running, stops
+    finally:
+        release.write_text("go")
+        running.caller.join(timeout=30)
+        stopper.join(timeout=40)
