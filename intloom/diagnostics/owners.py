@@ -215,6 +215,14 @@ def _port_taken_problem(port: int, holder: str | None, owners: list[Owner]) -> s
     )
 
 
+# A diagnosis of a host that is stopping (it refuses connections with CLI_SERVICE_CLOSING
+# until it exits). It begins with the error's catalogue text: renderers recognise it so.
+STOPPING: Final = (
+    "The service is shutting down: it is suspending its Runs, then exits. intloom status "
+    "says offline once it has; intloom start waits for that, then starts a new host."
+)
+
+
 def _probe_host(root: Path, snap: Snapshot) -> tuple[ServiceView | None, str | None]:
     """Ask a live host who it is. Returns (service, None), (None, problem) or (None, None).
 
@@ -238,8 +246,11 @@ def _probe_host(root: Path, snap: Snapshot) -> tuple[ServiceView | None, str | N
     except IntloomError as exc:
         if exc.code == "CLI_SERVICE_OFFLINE":
             return None, None
+        if exc.code == "CLI_SERVICE_CLOSING":
+            # The host's refusal is worded for a refused request; this one asked who it is.
+            return None, STOPPING
         # The files themselves were already read strictly; what is left is a listener that
-        # is not the recorded host (a mismatch, a closing host, a foreign program).
+        # is not the recorded host (a mismatch, a foreign program).
         return None, exc.message
 
 

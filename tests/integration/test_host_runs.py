@@ -414,7 +414,11 @@ def test_a_command_during_a_stop_is_told_the_host_is_stopping(
         error = eventually(closing, timeout=10, what="runs to be refused as closing")
         assert "shutting down" in error["message"], error
         status = project.cli("status", "--json")
-        assert "shutting down" in status.json["message"], status.stdout
+        # Said for status, not the refusal of a request (no request was refused).
+        assert status.json["message"] == (
+            "The service is shutting down: it is suspending its Runs, then exits. intloom "
+            "status says offline once it has; intloom start waits for that, then starts a "
+            "new host."), status.stdout
         # A start meanwhile waits for the stopping host to let go, then launches a new one.
         restarted = start(project, timeout=30)
         assert restarted.reused is False
