@@ -125,6 +125,11 @@ class Loaded:
     problem_segments: set[int] = field(default_factory=set)
     # Segments holding each Run's records, or damage that may have been its records.
     evidence: dict[str, set[int]] = field(default_factory=dict)
+    # For a Run whose records are missing before a later one of its records: the segments
+    # missing from wal/ that may have held them (``_gone``). They join its evidence, so a
+    # copy put back is read again rather than passed over by a manifest moved past it.
+    gone: dict[str, set[int]] = field(default_factory=dict)
+    start: int = 0  # this read takes every segment from here on (0: all), earlier ones if pinned
     # Runs whose snapshot file is damaged: nothing may write over it.
     held: set[str] = field(default_factory=set)
     manifest: Manifest | None = None
@@ -267,7 +272,7 @@ def load(root: Path, mode: Mode = "restore") -> Loaded:
         # snapshot gone, whose Run only the segments before ``start`` still hold.
         full = True
     loaded.stats.full = full
-    start = 0 if full or manifest is None else manifest.start
+    start = loaded.start = 0 if full or manifest is None else manifest.start
     pinned = set() if manifest is None else set(manifest.pinned)
     # What a bounded restore reads: only records there can be newer than the snapshots.
     unsummarised = {n for n in numbers if manifest is None or n >= manifest.start
@@ -450,6 +455,12 @@ def _judge_all(loaded: Loaded, scans: list[SegmentScan], live: dict[str, Snapsho
         if not any(h.seq == seq and not h.at_tail for h in hits.get(run_id, [])):
             hits[run_id].append(_Hit(seq, gap.place, False, gap.number))  # its id was hit
     layout = loaded.layout
+    # Segments the manifest pins that are no longer in wal/ (below its highest segment: the
+    # next host numbers its own after that one): nothing read says whose records they held,
+    # so every held Run keeps them pinned, and a copy put back is read again.
+    present, highest = set(loaded.segment_numbers), max(loaded.segment_numbers, default=0)
+    gone_pinned = set() if loaded.manifest is None else {
+        n for n in loaded.manifest.pinned if n not in present and n < highest}
     for run_id in sorted(run_ids):
         if run_id in incompatible:
             loaded.journals[run_id] = RunJournal(run_id, None, "incompatible",
@@ -504,6 +515,8 @@ def _judge_all(loaded: Loaded, scans: list[SegmentScan], live: dict[str, Snapsho
         evidence = {scan.number for scan, _ in run_frames} | {h.number for h in run_hits}
         if suspect is not None and journal.status != "ok":
             evidence.add(suspect.number)
+        if journal.status != "ok":
+            evidence |= loaded.gone.get(run_id, set()) | gone_pinned
         loaded.evidence[run_id] = evidence
 
 
@@ -560,6 +573,17 @@ def _read_done(loaded: Loaded, run_id: str) -> tuple[Snapshot | None, str | None
         return None, f"{rel} {exc.fact}"
     loaded.stats.snapshots_read += snap is not None
     return snap, None
+
+
+def _gone(loaded: Loaded, after: int, before: int) -> set[int]:
+    """Numbers of the segments missing from wal/ that may have held a Run's records lost
+    between its record in segment ``after`` (-1: none was read, and its snapshot covers
+    what came before the segments this read takes whole) and its next one, in ``before``.
+    A host numbers a new segment after the highest in wal/, so a number missing below one
+    was a file: a segment (or a stray file under its name; pinning its number costs nothing)."""
+    present = set(loaded.segment_numbers)
+    lowest = max(after if after >= 0 else loaded.start, 1)
+    return {n for n in range(lowest, before) if n not in present}
 
 
 def _owner(gap: _Gap, damage: Damage, frames: dict[str, list[tuple[SegmentScan, Frame]]],
@@ -656,6 +680,8 @@ def _judge(loaded: Loaded, run_id: str, frames: list[tuple[SegmentScan, Frame]],
                 between = [g.where for g in gaps if previous < (g.number, g.offset) < pos]
                 lost = (f"the damaged bytes at {between[0]} may have held them" if between
                         else "they were lost in damaged bytes or in a segment that is gone")
+                loaded.gone.setdefault(run_id, set()).update(
+                    _gone(loaded, previous[0], scan.number))
                 problem = f"records {expected}..{seq - 1} are missing before {where}: {lost}"
             break
         loaded.stats.records_decoded += 1

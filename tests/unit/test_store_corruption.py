@@ -131,7 +131,8 @@ def test_a_corrupt_run_whose_damage_is_gone_from_the_log_stays_held(
     """The segment with the damage removed, or put back from a copy older than the damaged
     record, or from one taken while the host still wrote (it ends at record 9 of every Run,
     where the damaged read saw RUN-B reach 12): a read that stops short of where the Run was
-    seen to get proves nothing past its end, and the Run stays held."""
+    seen to get proves nothing past its end, and the Run stays held. The whole copy put back
+    at last restores it, also after a start that found the segment gone."""
     root = tmp_path / "runtime"
     segment = _crashed_host(root)
     good = segment.read_bytes()
@@ -143,8 +144,9 @@ def test_a_corrupt_run_whose_damage_is_gone_from_the_log_stays_held(
     held = by_id(store.restored.runs)["RUN-B"]
     assert held.status == "corrupt"
     store.close_blocking()
+    aside = tmp_path / segment.name
     if copy == "removed":
-        segment.unlink()
+        segment.rename(aside)
     else:
         segment.write_bytes(older)
     for run in (by_id(read_runs(root))["RUN-B"], by_id(verify(root))["RUN-B"]):
@@ -153,9 +155,55 @@ def test_a_corrupt_run_whose_damage_is_gone_from_the_log_stays_held(
     store = open_store(root, instance_id="INST-3")
     assert by_id(store.restored.runs)["RUN-B"].status == "corrupt"
     store.close_blocking()
-    if copy != "removed":  # (a host that found the file gone no longer pins its number)
-        segment.write_bytes(good)  # the whole copy, at last: nothing was lost on the way
-        assert by_id(read_runs(root))["RUN-B"].state == _expected("RUN-B")
+    if copy == "removed":
+        aside.rename(segment)
+    segment.write_bytes(good)  # the whole copy, at last: nothing was lost on the way
+    assert by_id(read_runs(root))["RUN-B"].state == _expected("RUN-B")
+
+
+def test_a_segment_missing_at_a_start_is_read_again_once_put_back(tmp_path: Path) -> None:
+    """A host's write failed, so its Run went on in a second segment; the host then crashed.
+    The first of the two is missing at the next start: the Run's records jump (held, rightly).
+    The start that saw that must not forget the missing segment: put back, it is read and
+    the Run restores from its whole journal."""
+    root = tmp_path / "runtime"
+    records = walk("RUN-A", 8, RUNS["RUN-A"])
+    store = open_store(root)
+    for record in records[:4]:
+        store.append("RUN-A", record)
+    store.sync_blocking()
+    store.close_blocking()  # a snapshot at record 4; restores now start at segment 2
+    store = open_store(root, instance_id="INST-2", faults=FaultPlan(fail_sync=frozenset({2})))
+    for record in records[4:6]:
+        store.append("RUN-A", record)
+    store.sync_blocking()  # flush 1: records 5 and 6, in wal/0000000002.seg
+    store.append("RUN-X", header("RUN-X"))
+    with pytest.raises(CheckpointFailed):
+        store.sync_blocking("RUN-X")  # flush 2 fails: RUN-A goes on in wal/0000000003.seg
+    for record in records[6:]:
+        store.append("RUN-A", record)
+    store.sync_blocking()
+    abandon(store)
+    segment = root / "wal" / "0000000002.seg"
+    copy = tmp_path / segment.name
+    segment.rename(copy)
+
+    store = open_store(root, instance_id="INST-3")
+    held = by_id(store.restored.runs)["RUN-A"]
+    store.close_blocking()
+    assert held.status == "corrupt" and "records 5..6 are missing" in (held.problem or "")
+    assert by_id(read_runs(root))["RUN-A"].status == "corrupt"
+
+    copy.rename(segment)  # put back, e.g. from a backup
+    kept = segment.read_bytes()
+    for runs in (read_runs(root), verify(root)):
+        assert by_id(runs)["RUN-A"].status == "ok" and by_id(runs)["RUN-A"].state == fold(records)
+    assert "RUN-X" not in by_id(read_runs(root))  # its failed batch stays void
+    store = open_store(root, instance_id="INST-4")
+    assert by_id(store.restored.runs)["RUN-A"].state == fold(records)
+    store.close_blocking()
+    assert by_id(read_runs(root))["RUN-A"].state == fold(records)
+    assert segment.read_bytes() == kept
 
 
 @pytest.mark.parametrize("byte", [13, 20])  # the seq field's top byte, and its lowest
