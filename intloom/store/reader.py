@@ -134,6 +134,10 @@ class Loaded:
     held: set[str] = field(default_factory=set)
     manifest: Manifest | None = None
     manifest_error: SnapshotError | None = None
+    # Every void notice this read found, the manifest's and the segments' own. A host keeps
+    # them all in its manifest: the segment holding a notice may stop being read (the
+    # manifest moves past it) while the segment it voids still is (pinned).
+    voids: list[VoidNotice] = field(default_factory=list)
     snapshot_errors: list[SnapshotError] = field(default_factory=list)
     live_names: set[str] = field(default_factory=set)  # snap/live/ files, damaged ones too
     files: list[FileProblem] = field(default_factory=list)
@@ -342,11 +346,10 @@ def tail_finding(scan: SegmentScan, damage: Damage) -> str:
             "last started, so no crash can have torn it)")
 
 
-def void_cuts(notices: list[VoidNotice], scans: list[SegmentScan],
-              bad: Callable[[SegmentScan, Frame], None] | None = None) -> dict[int, int]:
-    """Segment number -> the offset from which its bytes are void: the earliest of the
-    manifest's ``notices`` and the void notices the segments repeat. ``bad`` is told of a
-    notice that does not decode (it is skipped)."""
+def void_notices(notices: list[VoidNotice], scans: list[SegmentScan],
+                 bad: Callable[[SegmentScan, Frame], None] | None = None) -> list[VoidNotice]:
+    """The manifest's ``notices`` and the void notices the segments repeat, each once.
+    ``bad`` is told of a notice that does not decode (it is skipped)."""
     notices = list(notices)
     for scan in scans:
         for frame in scan.frames:
@@ -356,8 +359,15 @@ def void_cuts(notices: list[VoidNotice], scans: list[SegmentScan],
                 except (msgspec.DecodeError, msgspec.ValidationError):
                     if bad is not None:
                         bad(scan, frame)
+    return list(dict.fromkeys(notices))
+
+
+def void_cuts(notices: list[VoidNotice], scans: list[SegmentScan],
+              bad: Callable[[SegmentScan, Frame], None] | None = None) -> dict[int, int]:
+    """Segment number -> the offset from which its bytes are void: the earliest of the
+    ``void_notices``."""
     voids: dict[int, int] = {}
-    for notice in notices:
+    for notice in void_notices(notices, scans, bad):
         voids[notice.segment] = min(voids.get(notice.segment, notice.offset), notice.offset)
     return voids
 
@@ -367,7 +377,9 @@ def _voids(loaded: Loaded, scans: list[SegmentScan]) -> dict[int, int]:
         loaded.files.append(FileProblem(f"wal/{scan.name}", "corrupt",
                                         f"void notice at offset {frame.offset} does not decode"))
 
-    return void_cuts(list(loaded.manifest.voids) if loaded.manifest else [], scans, bad)
+    loaded.voids = void_notices(list(loaded.manifest.voids) if loaded.manifest else [], scans,
+                                bad)
+    return void_cuts(loaded.voids, [])
 
 
 def _judge_all(loaded: Loaded, scans: list[SegmentScan], live: dict[str, Snapshot],

@@ -256,7 +256,6 @@ class Store:
                                           and run_id not in loaded.held)
             if run_id in unfinished:
                 store._next_seq[run_id] = seq + 1
-        manifest = loaded.manifest
         # Pinned: segments a restore must keep reading whatever the manifest's start, so that
         # what they hold keeps being reported (incompatible or corrupt Runs, and any finding
         # that is not a torn tail: damaged or foreign files) or stays readable (held Runs:
@@ -267,7 +266,9 @@ class Store:
                 pinned |= loaded.evidence.get(run_id, set())
         store._pinned = sorted(pinned)
         store._held = frozenset(loaded.held)
-        store._voids = list(manifest.voids) if manifest else []
+        # Every notice read, not only the manifest's: after a crash, the replacement
+        # segment's first frame was the only record that a failed batch's bytes are void.
+        store._voids = list(loaded.voids)
         store._next_number = highest + 1
         try:
             store._new_segment(b"")

@@ -206,6 +206,51 @@ def test_records_appended_while_a_failing_batch_is_on_disk_are_dropped(tmp_path:
     assert [(h.seq, h.verdict) for h in read_history(root, "RUN-A")][-1] == (6, "void")
 
 
+def test_a_failed_batch_stays_void_once_the_segment_naming_it_is_no_longer_read(
+    tmp_path: Path,
+) -> None:
+    """A host whose write failed crashed before its close could put the void in the manifest:
+    only the replacement segment's first frame says the failed bytes are void. The next host
+    moves restores past that segment, while the failed one stays read (pinned: it holds
+    damage too). Its void bytes must not read back as records: RUN-X's creation failed, and
+    its caller was told so; it must never be restored and run."""
+    root = tmp_path / "runtime"
+    store = open_store(root, faults=FaultPlan(fail_sync=frozenset({2})))
+    for record in walk("RUN-D", 3, 1):
+        store.append("RUN-D", record)
+    store.sync_blocking()
+    for record in walk("RUN-X", 2, 2):
+        store.append("RUN-X", record)
+    with pytest.raises(CheckpointFailed):
+        store.sync_blocking("RUN-X")  # flush 2 fails: wal/0000000002.seg voids its bytes
+    for record in walk("RUN-A", 3, 3):
+        store.append("RUN-A", record)
+    store.sync_blocking()
+    abandon(store)
+    failed = root / "wal" / "0000000001.seg"
+    assert [f.seq for f in frames_of(failed, "RUN-X")] == [1, 2]  # valid frames, yet void
+    hit = frames_of(failed, "RUN-D")[1]
+    data = bytearray(failed.read_bytes())
+    data[hit.end - 2] ^= 0x5A  # damage pins wal/0000000001.seg for every later restore
+    failed.write_bytes(bytes(data))
+    kept = failed.read_bytes()
+
+    assert "RUN-X" not in by_id(read_runs(root))  # both segments read: the void is seen
+    store = open_store(root, instance_id="INST-2")
+    assert set(by_id(store.restored.runs)) == {"RUN-A", "RUN-D"}
+    store.close_blocking()
+    for n in range(3, 5):  # every later restore reads wal/0000000001.seg, not the notice
+        runs = by_id(read_runs(root))
+        assert set(runs) == {"RUN-A", "RUN-D"}, runs.get("RUN-X")
+        assert runs["RUN-D"].status == "corrupt"
+        assert runs["RUN-A"].state == fold(walk("RUN-A", 3, 3))
+        store = open_store(root, instance_id=f"INST-{n}")
+        assert "RUN-X" not in by_id(store.restored.runs)
+        store.close_blocking()
+    assert failed.read_bytes() == kept
+    assert "RUN-X" not in by_id(verify(root))
+
+
 def test_when_no_replacement_segment_can_be_made_every_later_sync_fails(tmp_path: Path) -> None:
     root = tmp_path / "runtime"
     a, b = walk("RUN-A", 4, 1), walk("RUN-B", 4, 2)
