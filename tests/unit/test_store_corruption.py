@@ -14,6 +14,7 @@ from intloom.runtime.ports import CheckpointFailed
 from intloom.runtime.records import StepReady
 from intloom.store import (
     FaultPlan,
+    RunJournal,
     read_history,
     read_runs,
     read_runs_report,
@@ -520,6 +521,51 @@ def test_an_idle_run_known_only_from_its_snapshot_may_own_the_damage(
     else:
         assert idle.status == "ok"
         assert f"record 2 at wal/0000000002.seg offset {hit.offset} fails" in (x.problem or "")
+
+
+def test_a_run_held_for_damage_no_run_owns_is_not_freed_by_a_copy_where_it_ends(
+    tmp_path: Path,
+) -> None:
+    """docs/format.md: a Run held because unattributed damaged bytes "may have held its
+    record 6" stays held when a clean copy, in which it ends at record 5, is put back. That
+    copy and one taken before the damaged frame was written read the same for that Run (its
+    snapshot does not say where the damage was), and the older copy proves nothing. Moving
+    its snapshot aside has it judged from the whole log, as the docs say."""
+    root = tmp_path / "runtime"
+    store = open_store(root)
+    for record in walk("RUN-IDLE", 5, 1):
+        store.append("RUN-IDLE", record)
+    store.sync_blocking()
+    abandon(store)
+    store = open_store(root, instance_id="INST-2")
+    for record in walk("RUN-X", 3, 2):
+        store.append("RUN-X", record)
+        store.sync_blocking()
+    abandon(store)
+    segment = root / "wal" / "0000000002.seg"
+    good = segment.read_bytes()
+    hit = frames_of(segment, "RUN-X")[1]
+    for offset in (hit.offset + 24, hit.end - 2):  # its run id and its payload: no owner
+        _flip(segment, offset)
+    store = open_store(root, instance_id="INST-3")
+    held = by_id(store.restored.runs)["RUN-IDLE"]
+    store.close_blocking()
+    assert held.status == "corrupt" and "may have held its record 6" in (held.problem or "")
+    assert held.reached == 6
+
+    seen: dict[str, RunJournal] = {}
+    for copy, data in (("older", good[:hit.offset]), ("whole", good)):
+        segment.write_bytes(data)
+        seen[copy] = by_id(read_runs(root))["RUN-IDLE"]
+    assert seen["older"] == seen["whole"]
+    assert seen["whole"].status == "corrupt" and seen["whole"].problem == held.problem
+    assert by_id(read_runs(root))["RUN-X"].state == fold(walk("RUN-X", 3, 2))
+
+    live = root / "snap" / "live" / snapshot_name("RUN-IDLE")
+    live.rename(tmp_path / live.name)
+    idle = by_id(read_runs(root))["RUN-IDLE"]
+    assert idle.status == "ok" and idle.state == fold(walk("RUN-IDLE", 5, 1))
+    assert segment.read_bytes() == good
 
 
 def test_a_run_incompatible_at_record_level_stays_reported(tmp_path: Path) -> None:
