@@ -488,7 +488,11 @@ def _judge_all(loaded: Loaded, scans: list[SegmentScan], live: dict[str, Snapsho
         if bad is not None:
             loaded.held.add(run_id)
             snap_damage = f"{_rel(layout, bad.path)} {bad.fact}"
-        if snap is None and mode == "restore" and run_frames and run_frames[0][1].seq > 1:
+        # Its records start after seq 1, or in a pinned segment before ``start``: the Run
+        # may have ended in segments this read passes over, its done/ snapshot the only
+        # record of that (read from the pinned segment alone, it would look unfinished).
+        if snap is None and mode == "restore" and run_frames and (
+                run_frames[0][1].seq > 1 or run_frames[0][0].number < loaded.start):
             snap, done_damage = _read_done(loaded, run_id)
             snap_damage = done_damage or snap_damage
         run_hits = hits.get(run_id, [])

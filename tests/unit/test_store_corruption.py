@@ -207,6 +207,41 @@ def test_a_segment_missing_at_a_start_is_read_again_once_put_back(tmp_path: Path
     assert segment.read_bytes() == kept
 
 
+def test_an_ended_run_begun_in_a_pinned_segment_is_not_restored_from_it(
+    tmp_path: Path,
+) -> None:
+    """A segment stays pinned while a Run in it is held (here: damage). Another Run began in
+    it, went on in the next host's segment and was cancelled there; that host's close moved
+    restores past both and filed the Run in done/. Every later restore reads the pinned
+    segment, where the ended Run's journal stops at its first records: read from scratch,
+    it would come back unfinished and be resumed (its Steps run again)."""
+    root = tmp_path / "runtime"
+    store = open_store(root)
+    b, z = walk("RUN-B", 8, 2), walk("RUN-Z", 10, 5, terminal=True)
+    for record in b:
+        store.append("RUN-B", record)
+    for record in z[:3]:
+        store.append("RUN-Z", record)
+    store.sync_blocking()
+    abandon(store)
+    segment = root / "wal" / "0000000001.seg"
+    _flip(segment, frames_of(segment, "RUN-B")[4].end - 3)  # RUN-B held: segment 1 pinned
+    store = open_store(root, instance_id="INST-2")
+    assert by_id(store.restored.runs)["RUN-Z"].state == fold(z[:3])
+    for record in z[3:]:
+        store.append("RUN-Z", record)
+    store.sync_blocking()
+    store.close_blocking()
+    assert (root / "snap" / "done" / snapshot_name("RUN-Z")).exists()
+
+    assert "RUN-Z" not in by_id(read_runs(root))
+    store = open_store(root, instance_id="INST-3")
+    restored = by_id(store.restored.runs)
+    store.close_blocking()
+    assert "RUN-Z" not in restored and restored["RUN-B"].status == "corrupt"
+    assert by_id(verify(root))["RUN-Z"].state == fold(z)
+
+
 @pytest.mark.parametrize("byte", [13, 20])  # the seq field's top byte, and its lowest
 def test_a_damaged_seq_is_no_seq_the_run_must_reach(tmp_path: Path, byte: int) -> None:
     """A damaged frame's seq is a claim of its bytes: flipped, it claimed seq 6 + 0x5A<<56
