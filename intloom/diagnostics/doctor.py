@@ -385,9 +385,12 @@ def _workflows_check(root: Path, config: Config | None) -> tuple[Check, LoadResu
     return Check("workflows", "ok", f"Loaded: {loaded}.", None), result
 
 
-def _with_host(root: Path, service: ServiceView, check: Check) -> Check:
+def _with_host(root: Path, service: ServiceView, check: Check,
+               loaded: LoadResult | None) -> Check:
     """``check``, and what the running host loaded when that differs from the project on
-    disk (``intloom.client.drift``): the host loaded it once, at its start."""
+    disk (``intloom.client.drift``): the host loaded it once, at its start. ``loaded``:
+    what doctor itself loaded from disk, which also tells a source the host failed to load
+    that loads now (drift imports nothing, so it cannot)."""
     from intloom.client import Client
     from intloom.client.drift import since_start
 
@@ -397,9 +400,15 @@ def _with_host(root: Path, service: ServiceView, check: Check) -> Check:
     except IntloomError:
         return check  # it stopped meanwhile: the next start loads the project as it is
     changes = since_start(root, service, flows)
-    if not changes:
+    now: dict[str, list[str]] = {}
+    for lw in loaded.workflows.values() if loaded is not None else []:
+        now.setdefault(lw.source, []).append(lw.name)
+    fixed = [f"{info.source} failed to load when the host started and loads now "
+             f"({', '.join(now[info.source])}); the host runs none of it."
+             for info in flows if not info.ready and info.source in now]
+    if not changes and not fixed:
         return check
-    found = " ".join(c.message for c in changes)
+    found = " ".join([c.message for c in changes] + fixed)
     todo = ("The running host runs what it loaded at its start (new Runs too). To load the "
             "change: intloom stop, then intloom start")
     if any(c.change != "listed" for c in changes):
@@ -474,7 +483,7 @@ def run_doctor(root: Path) -> DoctorReport:
     ]
     workflows_check, loaded = _workflows_check(root, config)
     if running and config is not None and diagnosis.service is not None:
-        workflows_check = _with_host(root, diagnosis.service, workflows_check)
+        workflows_check = _with_host(root, diagnosis.service, workflows_check, loaded)
     checks.append(workflows_check)
     restore = diagnosis.service.restore if diagnosis.service is not None else None
     journals_check, runs = preview_runs(

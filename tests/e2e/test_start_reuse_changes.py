@@ -85,6 +85,29 @@ def test_a_reused_host_names_what_changed_since_it_started(project: Project) -> 
     assert _workflows_check(project)["status"] == "ok"
 
 
+def test_doctor_names_a_source_the_host_failed_to_load_that_loads_now(
+    project: Project,
+) -> None:
+    """The host could not import a source at its start; it is fixed since. The project on
+    disk loads it, the host runs none of it until a restart: a difference, so the workflows
+    check is attention rather than ok (doctor exiting 0) while `flow` would refuse it."""
+    memo = project.root / "workflows" / "memo"
+    memo.mkdir()
+    (memo / "__init__.py").write_text("this is not Python (\n")
+    (project.root / "intloom.toml").write_text(
+        'workflows = ["workflows/note", "workflows/memo"]\n')
+    ok(project.cli("start", "--json"))
+    assert _workflows_check(project)["status"] == "attention"  # it fails on disk too
+    (memo / "__init__.py").write_text(NOTE.replace("NAME", "memo"))
+
+    check = _workflows_check(project)
+    assert check["status"] == "attention", check
+    assert ("workflows/memo failed to load when the host started and loads now (memo); the "
+            "host runs none of it.") in check["message"]
+    assert "To load the change: intloom stop, then intloom start" in check["next"]
+    ok(project.cli("stop", "--json"))
+
+
 def _workflows_check(project: Project) -> dict[str, Any]:
     doctor = project.cli("doctor", "--json")
     assert doctor.code in (0, 3), (doctor.code, doctor.stdout, doctor.stderr)
