@@ -74,8 +74,18 @@ def test_a_reused_host_names_what_changed_since_it_started(project: Project) -> 
     assert "workflows/note changed since the host loaded note 1.0.0" in check["message"]
     assert check["next"].startswith("The running host runs what it loaded at its start")
 
-    # What the host runs is what it loaded: the new source is not there until a restart.
+    # What the host runs is what it loaded: the new source is not there until a restart,
+    # and a Run of it is refused saying so.
     assert [w["name"] for w in ok(project.cli("flows", "--json"))["workflows"]] == ["note"]
+    refused = project.cli("flow", "memo", "--intent", "i", "--json")
+    assert refused.code != 0 and refused.json["error"]["code"] == "NOT_FOUND", refused.stdout
+    assert refused.json["error"]["message"].startswith(
+        "Workflow 'memo' is not loaded (loaded: note).")
+    assert ("The project changed since this host started: workflows/memo is listed in "
+            "intloom.toml; the host started before and has not loaded it.") in (
+        refused.json["error"]["message"])
+    assert refused.json["error"]["message"].endswith(
+        "To load it: intloom stop, then intloom start.")
     ok(project.cli("stop", "--json"))
     restarted = ok(project.cli("start", "--json"))
     assert (restarted["reused"], restarted["changedSinceStart"]) == (False, [])

@@ -13,6 +13,7 @@ from intloom.cli.render import asked_lines, plain, run_lines, run_row
 from intloom.errors import IntloomError, error_view
 
 if TYPE_CHECKING:
+    from intloom.client.client import Client
     from intloom.runtime.model import RunView
 
 __all__ = ["answer", "cancel", "finish_run", "flow", "flows", "runs"]
@@ -66,8 +67,34 @@ def flow(
     """
     text = read_intent(intent, intent_file, prompt=interactive(state.json_mode))
     with state.client(waits=not detach) as client, state.renderer.spinner(f"Running {workflow}..."):
-        run = client.create_run(workflow, text, wait=not detach)
+        try:
+            run = client.create_run(workflow, text, wait=not detach)
+        except IntloomError as exc:
+            if exc.code != "NOT_FOUND":
+                raise
+            raise _not_loaded(state, client, exc) from None
     return finish_run(state, run)
+
+
+def _not_loaded(state: CliState, client: Client, exc: IntloomError) -> IntloomError:
+    """The host's NOT_FOUND for a Workflow it did not load, and, when the project changed
+    since that host started (a source listed since, an edited tree), what changed and how
+    to load it: the host loads the project once, at its start."""
+    from intloom.client.drift import since_start
+
+    try:
+        changes = since_start(state.root(), client.status(), client.workflows())
+    except IntloomError:
+        return exc  # the host went meanwhile: its own answer stands
+    if not changes:
+        return exc
+    found = " ".join(c.message for c in changes)
+    return IntloomError(
+        exc.code,
+        f"{exc.message} The project changed since this host started: {found} To load it: "
+        "intloom stop, then intloom start.",
+        retryable=exc.retryable,
+    )
 
 
 @command
