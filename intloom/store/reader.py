@@ -130,6 +130,9 @@ class Loaded:
     # copy put back is read again rather than passed over by a manifest moved past it.
     gone: dict[str, set[int]] = field(default_factory=dict)
     start: int = 0  # this read takes every segment from here on (0: all), earlier ones if pinned
+    # A Run whose records begin in a pinned segment before ``start`` has no usable snapshot
+    # (its done/ file damaged or moved out): only the whole log shows where it got to.
+    partial: bool = False
     # Runs whose snapshot file is damaged: nothing may write over it.
     held: set[str] = field(default_factory=set)
     manifest: Manifest | None = None
@@ -224,8 +227,11 @@ def _unexpected_names(layout: Layout, loaded: Loaded) -> None:
                     "is not a file intloom writes; it was left alone"))
 
 
-def load(root: Path, mode: Mode = "restore") -> Loaded:
-    """Read the store at ``root`` (restore: bounded; verify: everything). Read-only."""
+def load(root: Path, mode: Mode = "restore", *, whole: bool = False) -> Loaded:
+    """Read the store at ``root`` (restore: bounded; verify: everything). Read-only.
+
+    A bounded read that finds a Run it cannot judge from what it read (``Loaded.partial``)
+    is done again over the whole log (``whole``)."""
     layout = Layout(root)
     loaded = Loaded(layout=layout)
     if not check_dir(root):
@@ -234,7 +240,7 @@ def load(root: Path, mode: Mode = "restore") -> Loaded:
     for directory in (layout.wal, layout.snap):
         check_dir(directory)
 
-    full = mode == "verify"
+    full = mode == "verify" or whole
     numbers: list[int] = []
     if check_dir(layout.wal):
         for name in list_names(layout.wal):
@@ -298,6 +304,8 @@ def load(root: Path, mode: Mode = "restore") -> Loaded:
     loaded.segments_read = [s.number for s in scans]
 
     _judge_all(loaded, scans, live, done, mode, unsummarised)
+    if loaded.partial and not full:
+        return load(root, mode, whole=True)
     return loaded
 
 
@@ -495,6 +503,11 @@ def _judge_all(loaded: Loaded, scans: list[SegmentScan], live: dict[str, Snapsho
                 run_frames[0][1].seq > 1 or run_frames[0][0].number < loaded.start):
             snap, done_damage = _read_done(loaded, run_id)
             snap_damage = done_damage or snap_damage
+            if snap is None and run_frames[0][0].number < loaded.start:
+                # Its done/ file damaged or moved out: the records after the pinned segment
+                # are in segments this read passes over, so it cannot tell whether, or
+                # where, the Run ended. The whole log can.
+                loaded.partial = True
         run_hits = hits.get(run_id, [])
         suspect = _gap_before(run_frames, snap, unexplained, loaded.manifest)
         journal = _judge(loaded, run_id, run_frames, snap, run_hits, mode, suspect, snap_damage,

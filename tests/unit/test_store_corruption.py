@@ -242,6 +242,56 @@ def test_an_ended_run_begun_in_a_pinned_segment_is_not_restored_from_it(
     assert by_id(verify(root))["RUN-Z"].state == fold(z)
 
 
+@pytest.mark.parametrize("done_file", ["damaged", "moved_out"])
+def test_an_ended_run_begun_in_a_pinned_segment_without_its_done_file_is_not_resumed(
+    tmp_path: Path, done_file: str,
+) -> None:
+    """As above, but the ended Run's done/ file is damaged, or moved out as its report
+    says to: read from the pinned segment alone, the Run stopped at record 3, unfinished
+    (it would be resumed, its next record numbered 4 a second time). The whole log shows
+    it ended: it is not restored, and a damaged file is reported and kept, a moved one
+    written again."""
+    root = tmp_path / "runtime"
+    store = open_store(root)
+    b, z = walk("RUN-B", 8, 2), walk("RUN-Z", 10, 5, terminal=True)
+    for record in b:
+        store.append("RUN-B", record)
+    for record in z[:3]:
+        store.append("RUN-Z", record)
+    store.sync_blocking()
+    abandon(store)
+    segment = root / "wal" / "0000000001.seg"
+    _flip(segment, frames_of(segment, "RUN-B")[4].end - 3)  # RUN-B held: segment 1 pinned
+    store = open_store(root, instance_id="INST-2")
+    for record in z[3:]:
+        store.append("RUN-Z", record)
+    store.sync_blocking()
+    store.close_blocking()
+    done = root / "snap" / "done" / snapshot_name("RUN-Z")
+    if done_file == "damaged":
+        _flip(done, 40)
+    else:
+        done.rename(tmp_path / done.name)
+    kept = done.read_bytes() if done.exists() else None
+    rel = f"snap/done/{done.name}"
+
+    for i in range(2):
+        report = read_runs_report(root)
+        assert "RUN-Z" not in by_id(report.runs)
+        reported = (rel, "corrupt") in {(f.path, f.kind) for f in report.files}
+        assert reported == (done_file == "damaged")
+        store = open_store(root, instance_id=f"INST-{i + 3}")
+        restored = by_id(store.restored.runs)
+        store.close_blocking()
+        assert "RUN-Z" not in restored and restored["RUN-B"].status == "corrupt"
+        if done_file == "damaged":
+            assert done.read_bytes() == kept
+        else:
+            written = read_snapshot(done)  # written again, from the whole log
+            assert written is not None and written.state == fold(z)
+    assert by_id(verify(root))["RUN-Z"].state == fold(z)
+
+
 @pytest.mark.parametrize("byte", [13, 20])  # the seq field's top byte, and its lowest
 def test_a_damaged_seq_is_no_seq_the_run_must_reach(tmp_path: Path, byte: int) -> None:
     """A damaged frame's seq is a claim of its bytes: flipped, it claimed seq 6 + 0x5A<<56
@@ -428,10 +478,11 @@ def test_a_damaged_snapshot_falls_back_to_the_whole_log(tmp_path: Path) -> None:
         _more(root, f"INST-{i}b", upto)  # RUN-B keeps running, and so do the others
         assert victim.read_bytes() == kept
         _all_restore(root, upto)
-    # Moved out (what the report says to do): its records are still read, from seq 1.
+    # Moved out (what the report says to do): its records are still read, from seq 1 (the
+    # whole log once: they begin in a pinned segment, and no file says where it got to).
     victim.rename(tmp_path / "bad.snap")
     report = read_runs_report(root)
-    assert not report.stats.full and not report.files
+    assert not report.files
     assert by_id(report.runs)["RUN-B"].state == fold(walk("RUN-B", N + 4, RUNS["RUN-B"]))
     open_store(root, instance_id="INST-9").close_blocking()  # RUN-B gets a snapshot again
     assert victim.exists()
