@@ -8,6 +8,7 @@ does not grow with a Run's age; ``verify`` reads every segment and cross-checks 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import time
 from collections import defaultdict
@@ -604,15 +605,25 @@ def _read_done(loaded: Loaded, run_id: str) -> tuple[Snapshot | None, str | None
     return snap, None
 
 
+# Missing segment numbers one gap in a Run's seqs pins, at most (half at each end of it). A
+# stray file named with a high number makes the next host number its segments after it, so
+# the numbers below it were never files: pinned, they would swell every manifest.
+_MAX_GONE: Final = 256
+
+
 def _gone(loaded: Loaded, after: int, before: int) -> set[int]:
     """Numbers of the segments missing from wal/ that may have held a Run's records lost
     between its record in segment ``after`` (-1: none was read, and its snapshot covers
     what came before the segments this read takes whole) and its next one, in ``before``.
     A host numbers a new segment after the highest in wal/, so a number missing below one
-    was a file: a segment (or a stray file under its name; pinning its number costs nothing)."""
+    was a file: a segment (or a stray file under its name; pinning its number costs nothing).
+    At most ``_MAX_GONE``: those nearest each end of the gap."""
     present = set(loaded.segment_numbers)
     lowest = max(after if after >= 0 else loaded.start, 1)
-    return {n for n in range(lowest, before) if n not in present}
+    up = (n for n in range(lowest, before) if n not in present)
+    down = (n for n in range(before - 1, lowest - 1, -1) if n not in present)
+    half = _MAX_GONE // 2
+    return set(itertools.islice(up, half)) | set(itertools.islice(down, half))
 
 
 def _owner(gap: _Gap, damage: Damage, frames: dict[str, list[tuple[SegmentScan, Frame]]],

@@ -207,6 +207,47 @@ def test_a_segment_missing_at_a_start_is_read_again_once_put_back(tmp_path: Path
     assert segment.read_bytes() == kept
 
 
+def test_a_gap_across_a_stray_high_numbered_file_pins_a_bounded_set_of_numbers(
+    tmp_path: Path,
+) -> None:
+    """A stray file named wal/0000300000.seg made the next hosts number their segments after
+    it. RUN-A's records 5..6 went to the first of those, which is missing at a start that
+    reads the whole log (its live/ snapshot moved aside): its seqs jump from segment 1 to
+    300002. The 299,998 numbers between were never files; pinned, every manifest after
+    would have listed them all. The number next to the gap is pinned, and the copy put
+    back restores the Run."""
+    root = tmp_path / "runtime"
+    records = walk("RUN-A", 8, RUNS["RUN-A"])
+    store = open_store(root)
+    for record in records[:4]:
+        store.append("RUN-A", record)
+    store.sync_blocking()
+    store.close_blocking()
+    stray = root / "wal" / "0000300000.seg"
+    stray.write_bytes(b"not a segment")
+    stray.chmod(0o600)
+    for i, part in ((2, records[4:6]), (3, records[6:])):
+        store = open_store(root, instance_id=f"INST-{i}")
+        for record in part:
+            store.append("RUN-A", record)
+        store.sync_blocking()
+        store.close_blocking()
+    segment = root / "wal" / "0000300001.seg"
+    segment.rename(tmp_path / segment.name)
+    live = root / "snap" / "live" / snapshot_name("RUN-A")
+    live.rename(tmp_path / live.name)
+
+    store = open_store(root, instance_id="INST-4")
+    assert by_id(store.restored.runs)["RUN-A"].status == "corrupt"
+    store.close_blocking()
+    manifest = decode_manifest(root / "manifest.json",
+                               (root / "manifest.json").read_bytes())
+    assert 300001 in manifest.pinned and len(manifest.pinned) <= 300
+    assert by_id(read_runs(root))["RUN-A"].status == "corrupt"
+    (tmp_path / segment.name).rename(segment)  # put back
+    assert by_id(read_runs(root))["RUN-A"].state == fold(records)
+
+
 def test_an_ended_run_begun_in_a_pinned_segment_is_not_restored_from_it(
     tmp_path: Path,
 ) -> None:
