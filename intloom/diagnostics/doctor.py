@@ -403,9 +403,13 @@ def _with_host(root: Path, service: ServiceView, check: Check,
     now: dict[str, list[str]] = {}
     for lw in loaded.workflows.values() if loaded is not None else []:
         now.setdefault(lw.source, []).append(lw.name)
-    fixed = [f"{info.source} failed to load when the host started and loads now "
-             f"({', '.join(now[info.source])}); the host runs none of it."
-             for info in flows if not info.ready and info.source in now]
+    # A source the host loaded Workflows from also has a failed entry when it is listed
+    # twice (the repeat is refused): the host runs it, so that is no difference.
+    running = {info.source for info in flows if info.ready}
+    fixed = [f"{source} failed to load when the host started and loads now "
+             f"({', '.join(now[source])}); the host runs none of it."
+             for source in dict.fromkeys(info.source for info in flows if not info.ready)
+             if source in now and source not in running]
     if not changes and not fixed:
         return check
     found = " ".join([c.message for c in changes] + fixed)

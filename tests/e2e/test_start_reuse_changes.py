@@ -118,6 +118,24 @@ def test_doctor_names_a_source_the_host_failed_to_load_that_loads_now(
     ok(project.cli("stop", "--json"))
 
 
+def test_doctor_does_not_call_a_source_listed_twice_one_the_host_failed_to_load(
+    project: Project,
+) -> None:
+    """A source listed twice is loaded once, from its first entry; the second is reported
+    as failed, under the same source. The host runs the source's Workflows: doctor must
+    not say it failed at the host's start and "runs none of it" (and to restart for it)."""
+    (project.root / "intloom.toml").write_text(
+        'workflows = ["workflows/note", "workflows/note"]\n')
+    ok(project.cli("start", "--json"))
+    check = _workflows_check(project)
+    assert check["status"] == "attention", check  # the repeated entry, on disk
+    assert "is listed in intloom.toml twice" in check["message"], check
+    assert "failed to load when the host started" not in check["message"], check
+    assert "the host runs none of it" not in check["message"], check
+    assert "The running host" not in check["message"], check
+    ok(project.cli("stop", "--json"))
+
+
 def _workflows_check(project: Project) -> dict[str, Any]:
     doctor = project.cli("doctor", "--json")
     assert doctor.code in (0, 3), (doctor.code, doctor.stdout, doctor.stderr)
