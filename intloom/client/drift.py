@@ -58,11 +58,13 @@ def since_start(root: Path, service: ServiceView, flows: list[WorkflowInfo]
     for source, infos in loaded.items():
         if source not in listed:
             names = ", ".join(i.name for i in infos if i.ready) or None
+            # No Workflow of it ready: it failed to load at the host's start (boot lists a
+            # failed source by its path), so nothing of it runs.
+            runs = (f"the host still runs its Workflows ({names})" if names else
+                    "the host failed to load it when it started and runs none of it")
             out.append(SourceChange(
                 source, "unlisted",
-                f"{source} is no longer listed in intloom.toml; the host still runs "
-                f"{'its Workflows (' + names + ')' if names else 'what it loaded from it'}.",
-                names))
+                f"{source} is no longer listed in intloom.toml; {runs}.", names))
     # The identity hashes the protocol version in: another intloom's would differ for every
     # tree, edited or not.
     if service.package_version != __version__ or service.protocol_version != PROTOCOL:

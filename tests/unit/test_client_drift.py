@@ -75,6 +75,21 @@ def test_a_source_that_failed_to_load_is_not_called_edited(tmp_path: Path) -> No
     assert since_start(root, _service(root), [failed]) == []
 
 
+def test_a_source_that_failed_to_load_and_is_unlisted_is_not_said_to_run(
+        tmp_path: Path) -> None:
+    """The host failed to load wf/b at its start, so it runs nothing of it: taken out of
+    intloom.toml, it must not be said that "the host still runs what it loaded from it"."""
+    root = _project(tmp_path, "wf/a", "wf/b")
+    failed = WorkflowInfo(name="wf/b", version="", identity="", source="wf/b", stages=[],
+                          ready=False, problem="WORKFLOW_LOAD_FAILED: ...")
+    (root / "intloom.toml").write_text('workflows = ["wf/a"]\n')
+    [change] = since_start(root, _service(root), [_loaded(root, "wf/a", "a"), failed])
+    assert (change.source, change.change, change.workflow) == ("wf/b", "unlisted", None)
+    assert "still runs" not in change.message
+    assert change.message == ("wf/b is no longer listed in intloom.toml; the host failed to "
+                              "load it when it started and runs none of it.")
+
+
 def test_another_intlooms_host_is_not_judged_by_identity(tmp_path: Path) -> None:
     """The identity hashes intloom's protocol version in: a host of another version would
     differ for every tree, edited or not. Listing changes are still said."""
