@@ -11,7 +11,7 @@ import pytest
 
 from intloom.runtime.machine import fold
 from intloom.runtime.ports import CheckpointFailed
-from intloom.runtime.records import StepReady
+from intloom.runtime.records import Record, StepReady
 from intloom.store import (
     FaultPlan,
     RunJournal,
@@ -257,22 +257,7 @@ def test_an_ended_run_begun_in_a_pinned_segment_is_not_restored_from_it(
     segment, where the ended Run's journal stops at its first records: read from scratch,
     it would come back unfinished and be resumed (its Steps run again)."""
     root = tmp_path / "runtime"
-    store = open_store(root)
-    b, z = walk("RUN-B", 8, 2), walk("RUN-Z", 10, 5, terminal=True)
-    for record in b:
-        store.append("RUN-B", record)
-    for record in z[:3]:
-        store.append("RUN-Z", record)
-    store.sync_blocking()
-    abandon(store)
-    segment = root / "wal" / "0000000001.seg"
-    _flip(segment, frames_of(segment, "RUN-B")[4].end - 3)  # RUN-B held: segment 1 pinned
-    store = open_store(root, instance_id="INST-2")
-    assert by_id(store.restored.runs)["RUN-Z"].state == fold(z[:3])
-    for record in z[3:]:
-        store.append("RUN-Z", record)
-    store.sync_blocking()
-    store.close_blocking()
+    z = _ended_after_a_pinned_segment(root)
     assert (root / "snap" / "done" / snapshot_name("RUN-Z")).exists()
 
     assert "RUN-Z" not in by_id(read_runs(root))
@@ -293,21 +278,7 @@ def test_an_ended_run_begun_in_a_pinned_segment_without_its_done_file_is_not_res
     it ended: it is not restored, and a damaged file is reported and kept, a moved one
     written again."""
     root = tmp_path / "runtime"
-    store = open_store(root)
-    b, z = walk("RUN-B", 8, 2), walk("RUN-Z", 10, 5, terminal=True)
-    for record in b:
-        store.append("RUN-B", record)
-    for record in z[:3]:
-        store.append("RUN-Z", record)
-    store.sync_blocking()
-    abandon(store)
-    segment = root / "wal" / "0000000001.seg"
-    _flip(segment, frames_of(segment, "RUN-B")[4].end - 3)  # RUN-B held: segment 1 pinned
-    store = open_store(root, instance_id="INST-2")
-    for record in z[3:]:
-        store.append("RUN-Z", record)
-    store.sync_blocking()
-    store.close_blocking()
+    z = _ended_after_a_pinned_segment(root)
     done = root / "snap" / "done" / snapshot_name("RUN-Z")
     if done_file == "damaged":
         _flip(done, 40)
@@ -937,3 +908,26 @@ def test_a_manifest_ahead_of_its_log_is_damage_and_kept(tmp_path: Path) -> None:
         assert set(runs) == {*RUNS, "RUN-D"} and runs["RUN-D"].state == fold(walk("RUN-D", 5, 9))
         open_store(root, instance_id=f"INST-{i + 3}").close_blocking()
         assert manifest.read_bytes() == kept
+
+
+def _ended_after_a_pinned_segment(root: Path) -> list[Record]:
+    """RUN-Z's first 3 records in segment 1, kept pinned by RUN-B's damage there; the next
+    host restores RUN-Z, goes on with it in its own segment to its end, and closes (which
+    files it in done/ and moves restores past both segments). Returns RUN-Z's records."""
+    store = open_store(root)
+    b, z = walk("RUN-B", 8, 2), walk("RUN-Z", 10, 5, terminal=True)
+    for record in b:
+        store.append("RUN-B", record)
+    for record in z[:3]:
+        store.append("RUN-Z", record)
+    store.sync_blocking()
+    abandon(store)
+    segment = root / "wal" / "0000000001.seg"
+    _flip(segment, frames_of(segment, "RUN-B")[4].end - 3)  # RUN-B held: segment 1 pinned
+    store = open_store(root, instance_id="INST-2")
+    assert by_id(store.restored.runs)["RUN-Z"].state == fold(z[:3])
+    for record in z[3:]:
+        store.append("RUN-Z", record)
+    store.sync_blocking()
+    store.close_blocking()
+    return z
