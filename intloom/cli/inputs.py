@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Any, Final
 
 import msgspec
 
-from intloom.client.outgoing import not_unicode_at
 from intloom.errors import IntloomError
 
 __all__ = ["MAX_INPUT", "interactive", "read_answer", "read_intent"]
@@ -106,6 +104,12 @@ def _lone_surrogate(data: bytes) -> str | None:
     msgspec refuses it with a reason that names something else ("Input data was truncated"),
     and no text can hold it. The standard library's decoder keeps the half, so it can say
     where; None when the answer has no such escape."""
+    # Imported here: every command imports this module (app.py), and only a refused
+    # answer needs the JSON decoder or the client's encoder checks (~8 ms at start-up).
+    import json
+
+    from intloom.client.outgoing import not_unicode_at
+
     try:
         value = json.loads(data)
     except (ValueError, RecursionError):
