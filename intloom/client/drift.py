@@ -20,7 +20,7 @@ from intloom.errors import IntloomError
 from intloom.project import load_config
 from intloom.protocol.messages import PROTOCOL, ServiceView, WorkflowInfo
 
-__all__ = ["SourceChange", "since_start"]
+__all__ = ["SourceChange", "against_host", "since_start"]
 
 Change = Literal["listed", "unlisted", "edited", "unreadable", "config"]
 
@@ -93,3 +93,18 @@ def since_start(root: Path, service: ServiceView, flows: list[WorkflowInfo]
                     f"(identity {info.identity[:12]}, now {now[:12]}); the host runs the code "
                     "it loaded.", info.name))
     return out
+
+
+def against_host(root: Path, service: ServiceView
+                 ) -> tuple[list[WorkflowInfo], list[SourceChange]] | None:
+    """The running host's Workflows (its ``flows``), and ``since_start`` of them. None when
+    the host no longer answers (a stop meanwhile): what it loaded no longer matters then, as
+    the next start loads the project as it is, so callers say nothing."""
+    from intloom.client.client import Client
+
+    try:
+        with Client.connect(root) as client:
+            flows = client.workflows()
+    except IntloomError:
+        return None
+    return flows, since_start(root, service, flows)

@@ -260,20 +260,11 @@ def _reuse(root: Path, service: ServiceView, port: int | None, strict: bool = Fa
                 "intloom doctor, then intloom stop and intloom start --strict (which refuses "
                 "while they remain). The running host was left as it is.",
             )
-    return StartResult(service=service, reused=True, changed=_changed(root, service))
+    from intloom.client.drift import against_host
 
-
-def _changed(root: Path, service: ServiceView) -> list[SourceChange]:
-    """What changed on disk since the reused host loaded its Workflows. Advice only: a host
-    that stops answering meanwhile (a stop) leaves it unsaid, and the reuse stands."""
-    from intloom.client.drift import since_start
-
-    try:
-        with Client.connect(root) as client:
-            flows = client.workflows()
-    except IntloomError:
-        return []
-    return since_start(root, service, flows)
+    # Advice only: a host that stops answering meanwhile leaves it unsaid; the reuse stands.
+    compared = against_host(root, service)
+    return StartResult(service=service, reused=True, changed=compared[1] if compared else [])
 
 
 def _lock_owner(paths: ProjectPaths) -> Literal["absent", "starting", "stale"]:

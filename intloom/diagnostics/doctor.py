@@ -391,15 +391,12 @@ def _with_host(root: Path, service: ServiceView, check: Check,
     disk (``intloom.client.drift``): the host loaded it once, at its start. ``loaded``:
     what doctor itself loaded from disk, which also tells a source the host failed to load
     that loads now (drift imports nothing, so it cannot)."""
-    from intloom.client import Client
-    from intloom.client.drift import since_start
+    from intloom.client.drift import against_host
 
-    try:
-        with Client.connect(root) as client:
-            flows = client.workflows()
-    except IntloomError:
+    compared = against_host(root, service)
+    if compared is None:
         return check  # it stopped meanwhile: the next start loads the project as it is
-    changes = since_start(root, service, flows)
+    flows, changes = compared
     now: dict[str, list[str]] = {}
     for lw in loaded.workflows.values() if loaded is not None else []:
         now.setdefault(lw.source, []).append(lw.name)
