@@ -168,12 +168,7 @@ def test_a_segment_missing_at_a_start_is_read_again_once_put_back(tmp_path: Path
     The start that saw that must not forget the missing segment: put back, it is read and
     the Run restores from its whole journal."""
     root = tmp_path / "runtime"
-    records = walk("RUN-A", 8, RUNS["RUN-A"])
-    store = open_store(root)
-    for record in records[:4]:
-        store.append("RUN-A", record)
-    store.sync_blocking()
-    store.close_blocking()  # a snapshot at record 4; restores now start at segment 2
+    records = _closed_at_record_4(root)  # restores now start at segment 2
     store = open_store(root, instance_id="INST-2", faults=FaultPlan(fail_sync=frozenset({2})))
     for record in records[4:6]:
         store.append("RUN-A", record)
@@ -217,12 +212,7 @@ def test_a_gap_across_a_stray_high_numbered_file_pins_a_bounded_set_of_numbers(
     would have listed them all. The number next to the gap is pinned, and the copy put
     back restores the Run."""
     root = tmp_path / "runtime"
-    records = walk("RUN-A", 8, RUNS["RUN-A"])
-    store = open_store(root)
-    for record in records[:4]:
-        store.append("RUN-A", record)
-    store.sync_blocking()
-    store.close_blocking()
+    records = _closed_at_record_4(root)
     stray = root / "wal" / "0000300000.seg"
     stray.write_bytes(b"not a segment")
     stray.chmod(0o600)
@@ -592,17 +582,7 @@ def test_an_idle_run_known_only_from_its_snapshot_may_own_the_damage(
     """Its next record (an answer, say) may be the damaged frame, unless the damaged bytes
     are provably one frame of another Run (by its crc, or by a consistent header)."""
     root = tmp_path / "runtime"
-    store = open_store(root)
-    for record in walk("RUN-IDLE", 5, 1):
-        store.append("RUN-IDLE", record)
-    store.sync_blocking()
-    abandon(store)
-    store = open_store(root, instance_id="INST-2")  # snapshots RUN-IDLE; segment 2 is new
-    for record in walk("RUN-X", 3, 2):
-        store.append("RUN-X", record)
-        store.sync_blocking()
-    abandon(store)
-    segment = root / "wal" / "0000000002.seg"
+    segment = _idle_then_another(root)
     hit = frames_of(segment, "RUN-X")[1]
     for offset in {"length": [hit.offset + 6], "payload": [hit.end - 2],
                    "run_id+payload": [hit.offset + 24, hit.end - 2]}[where]:
@@ -630,17 +610,7 @@ def test_a_run_held_for_damage_no_run_owns_is_not_freed_by_a_copy_where_it_ends(
     snapshot does not say where the damage was), and the older copy proves nothing. Moving
     its snapshot aside has it judged from the whole log, as the docs say."""
     root = tmp_path / "runtime"
-    store = open_store(root)
-    for record in walk("RUN-IDLE", 5, 1):
-        store.append("RUN-IDLE", record)
-    store.sync_blocking()
-    abandon(store)
-    store = open_store(root, instance_id="INST-2")
-    for record in walk("RUN-X", 3, 2):
-        store.append("RUN-X", record)
-        store.sync_blocking()
-    abandon(store)
-    segment = root / "wal" / "0000000002.seg"
+    segment = _idle_then_another(root)
     good = segment.read_bytes()
     hit = frames_of(segment, "RUN-X")[1]
     for offset in (hit.offset + 24, hit.end - 2):  # its run id and its payload: no owner
@@ -931,3 +901,31 @@ def _ended_after_a_pinned_segment(root: Path) -> list[Record]:
     store.sync_blocking()
     store.close_blocking()
     return z
+
+
+def _closed_at_record_4(root: Path) -> list[Record]:
+    """RUN-A's first 4 records, then a clean close (a snapshot at record 4, restores
+    starting after segment 1). Returns all of RUN-A's records, for what follows."""
+    records = walk("RUN-A", 8, RUNS["RUN-A"])
+    store = open_store(root)
+    for record in records[:4]:
+        store.append("RUN-A", record)
+    store.sync_blocking()
+    store.close_blocking()
+    return records
+
+
+def _idle_then_another(root: Path) -> Path:
+    """RUN-IDLE's 5 records in segment 1, then a crash; the next host snapshots it and
+    writes RUN-X's 3 records, one flush each, in segment 2, then crashes. Returns segment 2."""
+    store = open_store(root)
+    for record in walk("RUN-IDLE", 5, 1):
+        store.append("RUN-IDLE", record)
+    store.sync_blocking()
+    abandon(store)
+    store = open_store(root, instance_id="INST-2")
+    for record in walk("RUN-X", 3, 2):
+        store.append("RUN-X", record)
+        store.sync_blocking()
+    abandon(store)
+    return root / "wal" / "0000000002.seg"
