@@ -27,6 +27,7 @@ __all__ = [
     "Renderer",
     "asked",
     "asked_lines",
+    "changed_lines",
     "diagnosis_lines",
     "doctor_lines",
     "history_rows",
@@ -451,6 +452,21 @@ def service_lines(service: Mapping[str, Any], title: str = "Service running") ->
         lines.append(f"Log error {service['logError']} New work is refused; run intloom stop.")
     restore = service.get("restore")
     lines.extend(restore_lines(restore if isinstance(restore, Mapping) else None))
+    return lines
+
+
+def changed_lines(changed: Sequence[Mapping[str, Any]]) -> list[str]:
+    """A running host's Workflows against the project on disk (``start`` reusing it,
+    ``status``), and what to do about it."""
+    if not changed:
+        return []
+    lines = [f"Changed  {c['message']}" for c in changed]
+    edited = any(c["change"] in ("edited", "unlisted", "unreadable") for c in changed)
+    lines.append(
+        "New Runs use what the host loaded when it started. To load the change: intloom stop, "
+        "then intloom start"
+        + (" (its unfinished Runs of a changed Workflow are then held: finish or cancel them "
+           "first, or keep the old code; intloom doctor lists them)." if edited else "."))
     return lines
 
 

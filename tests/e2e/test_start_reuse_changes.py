@@ -67,6 +67,17 @@ def test_a_reused_host_names_what_changed_since_it_started(project: Project) -> 
             "has not loaded it.") in text.stdout
     assert "To load the change: intloom stop, then intloom start" in text.stdout
 
+    # status, the first thing a user runs, says the same (it never starts or writes
+    # anything: it only compares).
+    status = ok(project.cli("status", "--json"))
+    assert status["service"]["pid"] == first["service"]["pid"]
+    assert status["changedSinceStart"] == reused["changedSinceStart"]
+    status_text = project.cli("status")
+    assert status_text.code == 0, status_text.stderr
+    assert ("Changed  workflows/memo is listed in intloom.toml; the host started before and "
+            "has not loaded it.") in status_text.stdout
+    assert "To load the change: intloom stop, then intloom start" in status_text.stdout
+
     check = _workflows_check(project)  # doctor says so too, with what to do
     assert check["status"] == "attention"
     assert f"The running host (pid {first['service']['pid']}) differs: " in check["message"]
@@ -90,6 +101,8 @@ def test_a_reused_host_names_what_changed_since_it_started(project: Project) -> 
     restarted = ok(project.cli("start", "--json"))
     assert (restarted["reused"], restarted["changedSinceStart"]) == (False, [])
     assert ok(project.cli("start", "--json"))["changedSinceStart"] == []
+    assert ok(project.cli("status", "--json"))["changedSinceStart"] == []
+    assert "Changed" not in project.cli("status").stdout
     assert sorted(w["name"] for w in ok(project.cli("flows", "--json"))["workflows"]) == [
         "memo", "note"]
     assert _workflows_check(project)["status"] == "ok"

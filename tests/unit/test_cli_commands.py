@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 import intloom.client
@@ -490,12 +491,14 @@ class Diagnosis:
     service: ServiceView | None = None
 
 
-def test_status_running_is_service_only(
+def test_status_running_is_the_service_and_what_changed_since_it_started(
     capsys: pytest.CaptureFixture[str], proj: Path, diagnostics: dict[str, Any]
 ) -> None:
     diagnostics["diagnose"] = Diagnosis("/p", "running", "The service is running.", [], SERVICE)
     code, out, _ = cli(capsys, "status", "--json")
-    assert code == 0 and list(json.loads(out)) == ["service"]
+    # No host answers here for its Workflows (gone meanwhile): nothing is said of them.
+    assert code == 0 and json.loads(out) == {"service": msgspec.to_builtins(SERVICE),
+                                             "changedSinceStart": []}
     diagnostics["diagnose"] = Diagnosis("/p", "blocked", "Blocked.", [])
     code, out, _ = cli(capsys, "status", "--json")
     assert code == 0

@@ -12,7 +12,13 @@ import typer
 
 from intloom.cli import exit_codes
 from intloom.cli.options import CliState, command
-from intloom.cli.render import diagnosis_lines, doctor_lines, plain, recover_lines
+from intloom.cli.render import (
+    changed_lines,
+    diagnosis_lines,
+    doctor_lines,
+    plain,
+    recover_lines,
+)
 
 __all__ = ["doctor", "recover", "status"]
 
@@ -29,14 +35,22 @@ def status(state: CliState) -> None:
     """Say whether the host is running, offline, or what blocks it. Exits 0 when diagnosable."""
     from intloom import diagnostics
 
-    diagnosis = diagnostics.diagnose(state.root())
+    root = state.root()
+    diagnosis = diagnostics.diagnose(root)
     data = _as_mapping(diagnosis)
     service = getattr(diagnosis, "service", None)
-    if data.get("status") == "running" and service is not None:
-        doc: Mapping[str, Any] = {"service": service}
-    else:
+    if data.get("status") != "running" or service is None:
         doc = {key: data.get(key) for key in _DIAGNOSIS_KEYS}
-    state.renderer.result(doc, lambda: diagnosis_lines(data))
+        state.renderer.result(doc, lambda: diagnosis_lines(data))
+        return
+    from intloom.client.drift import against_host
+
+    # What the host loaded at its start against the project now: edited Workflows run as
+    # they were until a restart, and this is where a user looks first.
+    found = against_host(root, service)
+    changed = plain(found[1]) if found is not None else []
+    state.renderer.result({"service": service, "changedSinceStart": changed},
+                          lambda: diagnosis_lines(data) + changed_lines(changed))
 
 
 @command

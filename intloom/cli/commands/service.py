@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from intloom.cli.options import CliState, command
-from intloom.cli.render import Renderer, plain, service_lines
+from intloom.cli.render import Renderer, changed_lines, plain, service_lines
 
 if TYPE_CHECKING:
     from intloom.client.lifecycle import CutRun, StopResult
@@ -70,8 +70,7 @@ def _report(renderer: Renderer, result: Any) -> None:
     did, and what changed on disk since a reused host started."""
     service = result.service
     reused = bool(result.reused)
-    changed = [{"source": c.source, "change": c.change, "workflow": c.workflow,
-                "message": c.message} for c in result.changed]
+    changed = plain(result.changed)
 
     def text() -> list[str]:
         title = "Reusing existing service" if reused else "Service started"
@@ -79,20 +78,6 @@ def _report(renderer: Renderer, result: Any) -> None:
 
     renderer.result({"service": service, "reused": reused, "changedSinceStart": changed},
                     text)
-
-
-def changed_lines(changed: list[dict[str, Any]]) -> list[str]:
-    """A reused host's Workflows against the project on disk, and what to do about it."""
-    if not changed:
-        return []
-    lines = [f"Changed  {c['message']}" for c in changed]
-    edited = any(c["change"] in ("edited", "unlisted", "unreadable") for c in changed)
-    lines.append(
-        "New Runs use what the host loaded when it started. To load the change: intloom stop, "
-        "then intloom start"
-        + (" (its unfinished Runs of a changed Workflow are then held: finish or cancel them "
-           "first, or keep the old code; intloom doctor lists them)." if edited else "."))
-    return lines
 
 
 @command
