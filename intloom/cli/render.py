@@ -444,8 +444,13 @@ def service_lines(service: Mapping[str, Any], title: str = "Service running") ->
     if any(p.get("kind") != "missing" for p in store_problems):
         lines.append("Damaged and unexpected files are kept byte-identical and read past; "
                      "intloom doctor says what each means and what to do.")
-    if any(p.get("kind") == "missing" for p in store_problems):
+    missing = {str(p.get("path", "")).partition("/")[0] for p in store_problems
+               if p.get("kind") == "missing"}
+    if "snap" in missing:
         lines.append("A missing snapshot was rebuilt from the log and written again.")
+    if "wal" in missing:
+        lines.append("A missing segment may have held Runs' records: those Runs are held; "
+                     "put the file back from a copy (intloom doctor).")
     if service.get("logFile"):
         lines.append(f"Log {service['logFile']}")
     if service.get("logError"):

@@ -205,11 +205,18 @@ def preview_runs(
             nexts.append(f"intloom start keeps {err.path} as it is and {instead} "
                          "instead, at every start; move the file out of the runtime directory "
                          "to let intloom write it again.")
-    missing = [f for f in store.files if f.kind == "missing"]
+    missing = [f for f in store.files if f.kind == "missing" and f.path.startswith("snap/")]
     if missing:
         nexts.append(f"{len(missing)} snapshot file(s) are missing from snap/live/: the next "
                      "start reads those Runs from the log and writes their snapshots again "
                      "(find out what removed them: intloom never does).")
+    lost = [f for f in store.files if f.kind == "missing" and f.path.startswith("wal/")]
+    if lost:
+        nexts.append(f"{len(lost)} segment(s) are missing from wal/ "
+                     f"({', '.join(f.path for f in lost)}): the Runs whose records they may "
+                     "hold are held, never resumed from an earlier point; put each file back "
+                     "from a copy (a backup) and start again, and find out what removed it "
+                     "(intloom never does).")
     if by_journal["incompatible"]:
         nexts.append("Inspect each incompatible Run with intloom inspect RUN: put back the "
                      "Workflow source it started with and restart to continue it, or end it "

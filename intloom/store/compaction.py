@@ -67,8 +67,12 @@ class Track:
 
 
 def compact(layout: Layout, tracks: dict[str, Track], *, start: int, pinned: list[int],
-            voids: list[VoidNotice], segment: int, held: Collection[str] = ()) -> None:
+            voids: list[VoidNotice], segment: int, held: Collection[str] = (),
+            open_segment: int = 0) -> None:
     """Snapshot every dirty Run, then point the manifest at segment ``start``.
+
+    ``open_segment``: the segment the writer has created and appends to (the manifest's
+    ``open``), 0 once it closed.
 
     Tracks are updated only once everything is durable, so a failure part-way leaves them
     able to try again. Terminal Runs leave ``tracks``: nothing more is written for them.
@@ -124,7 +128,8 @@ def compact(layout: Layout, tracks: dict[str, Track], *, start: int, pinned: lis
         names = [name for name in list_names(layout.live)
                  if is_snapshot_name(name) and name not in unused]
         manifest = Manifest(format=MANIFEST_FORMAT, start=start, pinned=sorted(set(pinned)),
-                            voids=list(voids), updated_at=stamp, live=live_set(names))
+                            voids=list(voids), updated_at=stamp, live=live_set(names),
+                            open=open_segment)
         atomic_write_many(layout.root, [("manifest.json", encode_manifest(manifest))])
     for run_id, (state, status, problem, reached) in folded.items():
         if status == "ok" and state is not None and state.phase == "terminal":

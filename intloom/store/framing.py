@@ -8,6 +8,7 @@ byte hides nothing but the frame it hit. docs/format.md is the prose version of 
 
 from __future__ import annotations
 
+import contextlib
 import re
 import struct
 import zlib
@@ -90,6 +91,10 @@ class SealNotice(msgspec.Struct, frozen=True):
 
     at: str
     frames: int
+    # The segment a rotation created, durably, before sealing this one (0: a close, or a
+    # writer from before this field). A reader that finds it gone knows records may be
+    # lost with it; a reader without the field ignores the key.
+    next: int = 0
 
 
 def segment_name(number: int) -> str:
@@ -183,6 +188,7 @@ class SegmentScan:
     frames: list[Frame] = field(default_factory=list)
     damage: list[Damage] = field(default_factory=list)
     sealed: bool = False
+    next_segment: int = 0  # the seal's ``next``: the segment created before this one sealed
     # The file was last written after the OS last started (set by the reader from its
     # mtime; None: unknown). Then no crash since can have left unflushed pages in it, and
     # its bytes are exactly what was written: a torn write can only be cut short.
@@ -284,6 +290,9 @@ def _scan_frames(scan: SegmentScan, data: bytes, p: int) -> None:
             scan.frames.append(frame)
             if frame.kind == KIND_SEAL and sealed_at is None:
                 sealed_at = frame.end
+                with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
+                    scan.next_segment = msgspec.msgpack.decode(frame.payload,
+                                                               type=SealNotice).next
             p = frame.end
             continue
         q = data.find(FRAME_MAGIC, p + 1)

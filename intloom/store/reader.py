@@ -130,6 +130,9 @@ class Loaded:
     # missing from wal/ that may have held them (``_gone``). They join its evidence, so a
     # copy put back is read again rather than passed over by a manifest moved past it.
     gone: dict[str, set[int]] = field(default_factory=dict)
+    # Segments a host created that are no longer in wal/ (``_lost``): whatever records they
+    # held are lost with them. A host never numbers a segment of its own with them.
+    lost: set[int] = field(default_factory=set)
     start: int = 0  # this read takes every segment from here on (0: all), earlier ones if pinned
     # A Run whose records begin in a pinned segment before ``start`` has no usable snapshot
     # (its done/ file damaged or moved out): only the whole log shows where it got to.
@@ -160,12 +163,20 @@ class _Hit:
 
 @dataclass
 class _Gap:
-    """Damaged bytes between valid frames: they may have held some Run's next record."""
+    """Damaged bytes between valid frames, or a lost segment (``missing``): they may have
+    held some Run's next record."""
 
     number: int
     offset: int
     where: str  # file and offset, with the damaged byte range
     place: str  # file and offset, as a hit names it
+    missing: bool = False
+
+    @property
+    def said(self) -> str:
+        """What may have held a Run's records, as a message names it."""
+        return f"{self.where}, which is missing," if self.missing else (
+            f"the damaged bytes at {self.where}")
 
 
 def _where(scan: SegmentScan, offset: int) -> str:
@@ -460,6 +471,7 @@ def _judge_all(loaded: Loaded, scans: list[SegmentScan], live: dict[str, Snapsho
                 hits[cand.run_id].append(
                     _Hit(cand.seq, _where(scan, cand.offset), tail, scan.number))
 
+    _lost(loaded, scans, gaps)
     # The run id a damaged frame claims is unverified (the damage may be in it): only Runs
     # known from valid frames or snapshots are judged; the damage itself is a file finding.
     run_ids = set(frames) | set(live) | set(incompatible)
@@ -468,6 +480,9 @@ def _judge_all(loaded: Loaded, scans: list[SegmentScan], live: dict[str, Snapsho
     damaged_snaps = {exc.path.name: exc for exc in loaded.snapshot_errors}
     unexplained: list[_Gap] = []
     for gap, damage in gaps:
+        if gap.missing:  # nothing of it is left to tell whose records it held
+            unexplained.append(gap)
+            continue
         owner = _owner(gap, damage, frames, live | done, run_ids - set(incompatible))
         if owner is None:
             unexplained.append(gap)
@@ -548,6 +563,52 @@ def _judge_all(loaded: Loaded, scans: list[SegmentScan], live: dict[str, Snapsho
         if journal.status != "ok":
             evidence |= loaded.gone.get(run_id, set()) | gone_pinned
         loaded.evidence[run_id] = evidence
+
+
+def _lost(loaded: Loaded, scans: list[SegmentScan],
+          gaps: list[tuple[_Gap, Damage]]) -> None:
+    """Segments a host created that are gone: named by the manifest as the one its writer
+    had open, or by a seal as the one its rotation created first (each was durable before
+    the file naming it was written). Each is a file finding, stays pinned, and stands as a
+    gap where any Run's next record may be (``_gap_before``), in log order with the others.
+
+    A gone segment nothing names (the manifest damaged, a seal that failed) is not seen."""
+    present = set(loaded.segment_numbers)
+    named: dict[int, str] = {}
+    manifest = loaded.manifest
+    if manifest is not None and manifest.open and manifest.open not in present:
+        named[manifest.open] = "manifest.json names it as the segment its host was writing"
+    for scan in scans:
+        number = scan.next_segment
+        if number and number not in present and number >= loaded.start:
+            named.setdefault(number, f"wal/{scan.name} was sealed once it had been created")
+    for number, why in sorted(named.items()):
+        path = f"wal/{number:010d}.seg"
+        loaded.lost.add(number)
+        loaded.problem_segments.add(number)
+        loaded.files.append(FileProblem(
+            path, "missing",
+            f"is missing, and a host created it ({why}): the records it held are lost with "
+            "it, so every unfinished Run whose next record it may hold is held; put it back "
+            "from a copy if there is one (intloom never removes a segment)"))
+        gaps.append((_Gap(number, 0, path, path, missing=True), Damage(0, 0, False, False)))
+    gaps.sort(key=lambda entry: (entry[0].number, entry[0].offset))
+    # Pinned by an earlier start (a lost segment, or one that may have held a held Run's
+    # records) and still gone: its Runs are held by their snapshots; the file is named at
+    # every start, one finding per run of consecutive numbers (a jump in a Run's seqs pins
+    # up to 256, some of which may never have been files).
+    highest = max(present, default=0)
+    gone = sorted({n for n in (manifest.pinned if manifest is not None else ())
+                   if n not in present and n not in named and n < highest})
+    for _, numbers in itertools.groupby(enumerate(gone), lambda e: e[1] - e[0]):
+        run = [n for _, n in numbers]
+        more = (f", as are the {len(run) - 1} numbers after it up to wal/{run[-1]:010d}.seg"
+                if len(run) > 1 else "")
+        loaded.files.append(FileProblem(
+            f"wal/{run[0]:010d}.seg", "missing",
+            f"is missing{more}, and a restore must read it (an earlier start pinned it: it "
+            "held, or may have held, records of Runs held for it); put it back from a copy "
+            "if there is one (intloom never removes a segment)"))
 
 
 def _lost_snapshot(loaded: Loaded, run_id: str, journal: RunJournal,
@@ -717,8 +778,8 @@ def _judge(loaded: Loaded, run_id: str, frames: list[tuple[SegmentScan, Frame]],
                            f"the Run continues at {where}")
             else:
                 pos = (scan.number, frame.offset)
-                between = [g.where for g in gaps if previous < (g.number, g.offset) < pos]
-                lost = (f"the damaged bytes at {between[0]} may have held them" if between
+                between = [g.said for g in gaps if previous < (g.number, g.offset) < pos]
+                lost = (f"{between[0]} may have held them" if between
                         else "they were lost in damaged bytes or in a segment that is gone")
                 loaded.gone.setdefault(run_id, set()).update(
                     _gone(loaded, previous[0], scan.number))
@@ -776,9 +837,10 @@ def _judge(loaded: Loaded, run_id: str, frames: list[tuple[SegmentScan, Frame]],
     if (problem is None and gap is not None and state is not None
             and state.phase != "terminal"):
         maybe = state.seq + 1
-        problem = (f"the damaged bytes at {gap.where} may have held its record "
-                   f"{state.seq + 1}: no record of it follows them (its last readable record "
-                   f"is seq {state.seq}), so where it stopped cannot be known")
+        after = "no later record of it is left" if gap.missing else (
+            "no record of it follows them")
+        problem = (f"{gap.said} may have held its record {state.seq + 1}: {after} (its last "
+                   f"readable record is seq {state.seq}), so where it stopped cannot be known")
     if (problem is None and snap is not None and snap.status == "corrupt"
             and expected - 1 < snap.reached):
         # The read stops short of where the Run was seen to get: the damaged bytes, or what

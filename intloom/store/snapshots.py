@@ -63,11 +63,12 @@ class Snapshot(msgspec.Struct, frozen=True, omit_defaults=True):
     reached: int = 0
 
 
-# The manifest's own format: 2 adds ``live`` (format 1, without it, is still read). Segments
-# and snapshots stay FORMAT_VERSION. A reader of format 1 reports a format-2 manifest as
-# incompatible and reads the whole log instead (docs/format.md, Manifest).
-MANIFEST_FORMAT: Final = 2
-_MANIFEST_FORMATS: Final = (FORMAT_VERSION, MANIFEST_FORMAT)
+# The manifest's own format: 2 adds ``live``, 3 adds ``open`` (formats 1 and 2 are still
+# read). Segments and snapshots stay FORMAT_VERSION. A reader of an earlier format reports
+# a later manifest as incompatible and reads the whole log instead (docs/format.md,
+# Manifest).
+MANIFEST_FORMAT: Final = 3
+_MANIFEST_FORMATS: Final = (FORMAT_VERSION, 2, MANIFEST_FORMAT)
 
 
 class LiveSet(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -114,6 +115,11 @@ class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename="
     updated_at: str = ""
     # Format 2: the live snapshots this manifest relies on (None in a format-1 manifest).
     live: LiveSet | None = None
+    # Format 3: the segment the writing host had created and was appending to when it wrote
+    # this manifest (0: written at a clean close). Gone at the next start, it was lost with
+    # whatever records it held: without this, a start could not tell that from a clean
+    # close whose next segment was never created.
+    open: int = 0
     # crc32 (8 hex digits) of this manifest encoded with checksum "": a bit flip that still
     # parses would otherwise move the restore's start and hide Runs silently.
     checksum: str = ""
@@ -173,11 +179,13 @@ _manifest_decoder = msgspec.json.Decoder(Manifest)
 
 
 def _manifest_body(manifest: Manifest) -> bytes:
-    """The manifest's JSON; a format-1 manifest has no ``live`` key (its bytes, and so its
-    checksum, are what a format-1 writer made)."""
+    """The manifest's JSON; a format-1 manifest has no ``live`` key and an earlier one than
+    format 3 no ``open`` (its bytes, and so its checksum, are what its writer made)."""
     doc = msgspec.to_builtins(manifest)
     if manifest.live is None:
         del doc["live"]
+    if manifest.format < 3:
+        del doc["open"]
     return msgspec.json.encode(doc)
 
 
@@ -208,6 +216,8 @@ def decode_manifest(path: Path, data: bytes) -> Manifest:
     if (manifest.live is None) != (fmt == FORMAT_VERSION):
         raise SnapshotError(path, f"is invalid (format {fmt} "
                             f"{'has no' if manifest.live is None else 'has a'} `live` field)")
+    if manifest.open and manifest.format < 3:
+        raise SnapshotError(path, f"is invalid (format {fmt} has an `open` field)")
     if manifest.checksum != _manifest_crc(manifest):
         raise SnapshotError(path, "fails its checksum")
     return manifest

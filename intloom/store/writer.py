@@ -269,30 +269,34 @@ class Store:
         # Every notice read, not only the manifest's: after a crash, the replacement
         # segment's first frame was the only record that a failed batch's bytes are void.
         store._voids = list(loaded.voids)
-        store._next_number = highest + 1
+        # A lost segment's number is never taken again: a copy put back must not clash
+        # with a new file (and it stays pinned, so the next restore reads it).
+        store._next_number = max([highest, *loaded.lost]) + 1
         try:
             store._new_segment(b"")
         except OSError as exc:
             store._stop_worker()
             raise storage_error(layout.wal, f"cannot hold a new segment ({exc.strerror})",
                                 "free disk space or fix the directory's permissions") from None
-        if loaded.segments_read:
-            # A crashed host's unsynced bytes were read from the page cache: make them as
-            # durable as the snapshots about to summarise them.
-            for number in loaded.segments_read:
-                with contextlib.suppress(OSError):
-                    fd = os.open(layout.wal / segment_name(number),
-                                 os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-                    try:
-                        os.fsync(fd)
-                    finally:
-                        os.close(fd)
-            # On failure the manifest does not move: the next restore reads more, correctly.
-            with contextlib.suppress(OSError, IntloomError):
-                if summarise:
-                    compact(layout, store._tracks, start=store._number,
-                            pinned=store._pinned, voids=store._voids, segment=store._number,
-                            held=store._held)
+        # A crashed host's unsynced bytes were read from the page cache: make them as
+        # durable as the snapshots about to summarise them.
+        for number in loaded.segments_read:
+            with contextlib.suppress(OSError):
+                fd = os.open(layout.wal / segment_name(number),
+                             os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+        # Always, even with nothing to summarise: the manifest names the segment just
+        # created (``open``), so that a start finding it gone knows it existed. On failure
+        # the manifest does not move: the next restore reads more, correctly (only a loss of
+        # that segment would then go unnoticed).
+        with contextlib.suppress(OSError, IntloomError):
+            if summarise:
+                compact(layout, store._tracks, start=store._number,
+                        pinned=store._pinned, voids=store._voids, segment=store._number,
+                        held=store._held, open_segment=store._number)
         return store
 
     def _new_segment(self, first: bytes) -> None:
@@ -827,11 +831,13 @@ class Store:
             self._poisoned = (f"{cause}; no replacement segment could be created "
                               f"({exc.strerror}), so no later checkpoint can be trusted")
 
-    def _seal(self) -> None:
+    def _seal(self, next_segment: int = 0) -> None:
+        """Seal the current segment; ``next_segment``: the one a rotation created first."""
         if self._fd < 0:
             return
         try:
-            payload = msgspec.msgpack.encode(SealNotice(at=now(), frames=self._frames))
+            payload = msgspec.msgpack.encode(SealNotice(at=now(), frames=self._frames,
+                                                        next=next_segment))
             write_all(self._fd, encode_frame(KIND_SEAL, 0, b"", payload))
             os.fdatasync(self._fd)
         except OSError:
@@ -848,7 +854,9 @@ class Store:
             return  # keep appending to the current segment; rotation is tried again later
         new_fd, new_number, new_size, new_frames = self._fd, self._number, self._size, 0
         self._fd, self._number, self._frames = old_fd, old_number, old_frames
-        self._seal()
+        # The new segment is durable: the seal names it, for a restore to notice if it is
+        # lost before the compaction below moves the manifest to it.
+        self._seal(new_number)
         self._fd, self._number, self._size, self._frames = new_fd, new_number, new_size, new_frames
         self._compact_behind(self._number)
 
@@ -874,7 +882,7 @@ class Store:
         def work() -> None:
             try:
                 compact(self.layout, copies, start=start, pinned=pinned, voids=voids,
-                        segment=segment, held=self._held)
+                        segment=segment, held=self._held, open_segment=start)
             except (OSError, IntloomError):
                 return  # the manifest did not move: restores read more of the log, correctly
             kept = set(copies)  # compact() drops the terminal Runs it moved to done/

@@ -93,3 +93,48 @@ def test_a_run_held_for_a_changed_workflow_says_so_and_cancel_dismisses_it(
     restore = ok(project.cli("start", "--json"))["service"]["restore"]
     assert not any(restore[k] for k in ("resumed", "waiting", "interrupted", "needsAttention"))
     assert project.cli("doctor", "--json").code == 0
+
+
+def test_a_run_whose_newest_segment_is_lost_is_held_not_taken_back_to_its_question(
+    project: Project,
+) -> None:
+    """Answered and completed on a host that was then killed, the Run's last records are in
+    that host's segment only. With that file gone, a start used to restore the Run at its
+    question, as if it had never been answered (a person asked again, the Steps after the
+    answer run again). It is held instead, naming the file, whose number is never reused;
+    the copy put back restores the Run as it ended."""
+    ok(project.cli("start", "--json"))
+    run = ok(project.cli("flow", "example", "--intent", "notes", "--json"))["run"]
+    run_id, action = run["runId"], run["pendingAction"]["id"]
+    ok(project.cli("stop", "--json"))  # the question is in a snapshot and segment 1
+    ok(project.cli("start", "--json"))
+    assert ok(project.cli("answer", run_id, action, YES, "--json"))["run"]["status"] in (
+        "running", "completed")
+    done = ok(project.cli("attach", run_id, "--json"))["run"]
+    assert done["status"] == "completed", done
+    project.kill_host()
+    segment = project.state / "runtime" / "wal" / "0000000002.seg"
+    kept = segment.read_bytes()
+    segment.unlink()
+    ok(project.cli("recover", "--json"))  # the killed host's lock and metadata
+
+    started = ok(project.cli("start", "--json"))["service"]
+    assert started["restore"]["needsAttention"] == [run_id], started["restore"]
+    assert started["restore"]["waiting"] == []
+    missing = [p for p in started["storeProblems"] if p["kind"] == "missing"]
+    assert [p["path"] for p in missing] == ["wal/0000000002.seg"], started["storeProblems"]
+    message = refused(project.cli("answer", run_id, action, YES, "--json"), "JOURNAL_CORRUPT")
+    assert "wal/0000000002.seg, which is missing, may have held its record" in message, message
+    doctor = project.cli("doctor", "--json")
+    assert doctor.code == 3, doctor.stdout
+    journals = next(c for c in doctor.json["checks"] if c["id"] == "journals")
+    assert "segment(s) are missing from wal/" in journals["next"], journals
+    ok(project.cli("stop", "--json"))
+    assert not segment.exists()  # never numbered again by a later host
+
+    segment.write_bytes(kept)  # the copy put back: the Run ended, as it did
+    segment.chmod(0o600)
+    restore = ok(project.cli("start", "--json"))["service"]["restore"]
+    assert restore["needsAttention"] == [] and restore["waiting"] == [], restore
+    assert ok(project.cli("doctor", "--json"))["runs"] == []
+    ok(project.cli("stop", "--json"))

@@ -234,6 +234,11 @@ def test_a_gap_across_a_stray_high_numbered_file_pins_a_bounded_set_of_numbers(
                                (root / "manifest.json").read_bytes())
     assert 300001 in manifest.pinned and len(manifest.pinned) <= 300
     assert by_id(read_runs(root))["RUN-A"].status == "corrupt"
+    # Named at every start, one finding per run of consecutive numbers, not one per number.
+    missing = [f for f in read_runs_report(root).files if f.kind == "missing"]
+    assert "wal/0000300001.seg" in {f.path for f in missing}
+    assert 1 < len(missing) <= 3, missing
+    assert any(", as are the " in f.problem for f in missing), missing
     (tmp_path / segment.name).rename(segment)  # put back
     assert by_id(read_runs(root))["RUN-A"].state == fold(records)
 

@@ -1,0 +1,143 @@
+"""A segment that was created and is gone is noticed, never restored past as if it had not
+been: the Runs whose next records it may have held are held, not resumed from an older
+point (which would run a finished Step again). Real files, real stores; the crash is
+``abandon`` (what a SIGKILL leaves)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from intloom.store import read_runs_report, verify_report
+from intloom.store.framing import segment_name
+from intloom.store.snapshots import SnapshotError, decode_manifest, encode_manifest
+from tests.unit.test_store_support import abandon, by_id, open_store, walk
+
+SEG2 = "wal/0000000002.seg"
+A = walk("RUN-A", 12, 1)
+B = walk("RUN-B", 4, 2)
+
+
+def _clean_then_crashed(root: Path) -> None:
+    """RUN-A's first 6 records and RUN-B's 4 in segment 1, closed cleanly; then a host that
+    was killed wrote RUN-A's records 7..12, all in its own segment 2."""
+    store = open_store(root, instance_id="INST-1")
+    for record in A[:6]:
+        store.append("RUN-A", record)
+    for record in B:
+        store.append("RUN-B", record)
+    store.sync_blocking()
+    store.close_blocking()
+    store = open_store(root, instance_id="INST-2")
+    for record in A[6:]:
+        store.append("RUN-A", record)
+    store.sync_blocking()
+    abandon(store)
+
+
+def test_a_lost_segment_a_host_opened_holds_the_runs_it_may_have_moved_on(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "runtime"
+    _clean_then_crashed(root)
+    lost = root / SEG2
+    kept = lost.read_bytes()
+    lost.unlink()
+
+    for instance in ("INST-3", "INST-4"):
+        report = read_runs_report(root)
+        findings = {(f.path, f.kind): f.problem for f in report.files}
+        assert (SEG2, "missing") in findings, findings
+        assert "put it back from a copy" in findings[SEG2, "missing"]
+        runs = by_id(report.runs)
+        # Before: RUN-A came back at record 6, as if records 7..12 had never been written.
+        assert runs["RUN-A"].status == "corrupt", runs["RUN-A"]
+        problem = runs["RUN-A"].problem or ""
+        assert f"{SEG2}, which is missing," in problem and "record 7" in problem, problem
+        # RUN-B wrote nothing there, but nothing left shows that: it is held too.
+        assert runs["RUN-B"].status == "corrupt"
+        assert by_id(verify_report(root).runs)["RUN-A"].status == "corrupt"
+        store = open_store(root, instance_id=instance)
+        # Its number is not taken again: a copy put back must not clash with a new file.
+        assert store._number > 2 and not lost.exists()
+        store.close_blocking()
+
+    lost.write_bytes(kept)  # the copy, put back: RUN-A is read to its end
+    lost.chmod(0o600)
+    runs = by_id(read_runs_report(root).runs)
+    assert runs["RUN-A"].status == "ok", runs["RUN-A"]
+    assert runs["RUN-A"].state is not None and runs["RUN-A"].state.seq == 12
+
+
+def test_a_lost_segment_a_rotation_created_is_noticed_before_the_manifest_names_it(
+    tmp_path: Path,
+) -> None:
+    """A full segment is sealed once the next one exists; its compaction writes the manifest
+    later, on its own thread. Killed in between, only the seal says the next one existed."""
+    root = tmp_path / "runtime"
+    store = open_store(root, instance_id="INST-1")
+    store.close_blocking()
+    store = open_store(root, instance_id="INST-2", segment_bytes=1024)
+    before = (root / "manifest.json").read_bytes()  # as it is until the rotation's compaction
+    records = walk("RUN-A", 60, 3)
+    for record in records:
+        store.append("RUN-A", record)
+        store.sync_blocking()
+    newest = store._number
+    abandon(store)
+    assert newest > 2, "the segment should have rotated"
+    (root / "manifest.json").write_bytes(before)
+    gone = f"wal/{segment_name(newest)}"
+    (root / gone).unlink()
+
+    report = read_runs_report(root)
+    assert (gone, "missing") in {(f.path, f.kind) for f in report.files}, report.files
+    run = by_id(report.runs)["RUN-A"]
+    assert run.status == "corrupt" and f"{gone}, which is missing," in (run.problem or ""), run
+
+
+def test_nothing_is_missing_after_clean_stops_and_crashes(tmp_path: Path) -> None:
+    root = tmp_path / "runtime"
+    _clean_then_crashed(root)
+    for instance in ("INST-3", "INST-4"):
+        report = read_runs_report(root)
+        assert [f for f in report.files if f.kind == "missing"] == []
+        assert {r.run_id: r.status for r in report.runs} == {"RUN-A": "ok", "RUN-B": "ok"}
+        open_store(root, instance_id=instance).close_blocking()
+
+
+# Written by the build before manifest format 3 (a clean close of one Run), byte for byte.
+FORMAT_2 = (b'{"format":2,"start":2,"pinned":[],"voids":[],"updatedAt":"2026-12-01T12:20:58.97'
+            b'1034+00:00","live":{"count":1,"sha256":"a07a645b697c27bbcd4ac3a4c7f17b8f1099334'
+            b'6748101e14d09516eb6f50654"},"checksum":"3634000d"}\n')
+
+
+def test_a_format_2_manifest_is_still_read_and_the_next_host_writes_format_3(
+    tmp_path: Path,
+) -> None:
+    manifest = decode_manifest(tmp_path / "manifest.json", FORMAT_2)
+    assert (manifest.format, manifest.start, manifest.open) == (2, 2, 0)
+    assert encode_manifest(manifest) == FORMAT_2  # its checksum covers no `open` key
+    with pytest.raises(SnapshotError, match="format 2 has an `open` field"):
+        decode_manifest(tmp_path / "manifest.json",
+                        FORMAT_2.replace(b'"checksum"', b'"open":2,"checksum"'))
+
+    root = tmp_path / "runtime"
+    store = open_store(root, instance_id="INST-1")
+    for record in A[:6]:
+        store.append("RUN-A", record)
+    store.sync_blocking()
+    store.close_blocking()
+    path = root / "manifest.json"
+    written = decode_manifest(path, path.read_bytes())
+    assert (written.format, written.open) == (3, 0)  # closed: nothing open
+    path.write_bytes(encode_manifest(msgspec.structs.replace(written, format=2)))
+    report = read_runs_report(root)
+    assert report.files == [] and not report.stats.full  # trusted: only live/ is read
+    assert by_id(report.runs)["RUN-A"].status == "ok"
+    store = open_store(root, instance_id="INST-2")
+    opened = decode_manifest(path, path.read_bytes())
+    assert (opened.format, opened.open) == (3, store._number)  # written at every open
+    store.close_blocking()
