@@ -185,7 +185,7 @@ class Client:
     info: ServiceInfo
 
     def __init__(self, sock: socket.socket, hello: HelloOk, info: ServiceInfo, root: Path,
-                 *, request_timeout: float | None) -> None:
+                 *, request_timeout: float | None, connect_timeout: float = 5.0) -> None:
         self._sock: socket.socket | None = sock
         # A reply is only ever matched to its request by order: two threads sending at once
         # took each other's replies (another Run's view, with no error).
@@ -195,6 +195,9 @@ class Client:
         self.info = info
         self.root = root
         self.request_timeout = request_timeout
+        # The hello's bound (``connect(timeout=...)``), kept for connecting again: a caller
+        # with a deadline (stop --timeout) lowers it with request_timeout.
+        self.connect_timeout = connect_timeout
 
     @classmethod
     def connect(
@@ -280,7 +283,8 @@ class Client:
                 f"(it is instance {reply.instance_id}, pid {reply.pid}; service.json names "
                 f"{info.instance_id}, pid {info.pid}). Run intloom doctor."
             )
-        return cls(sock, reply, info, root, request_timeout=request_timeout)
+        return cls(sock, reply, info, root, request_timeout=request_timeout,
+                   connect_timeout=timeout)
 
     def close(self) -> None:
         sock, self._sock = self._sock, None
@@ -335,15 +339,18 @@ class Client:
     def _reconnect(self) -> socket.socket:
         self.close()
         try:
-            fresh = Client.connect(self.root, request_timeout=self.request_timeout)
+            fresh = Client.connect(self.root, timeout=self.connect_timeout,
+                                   request_timeout=self.request_timeout)
         except IntloomError as exc:
             # The connection is lost either way: say so, with why connecting again failed.
+            # That error stays its cause, for a caller to tell a host shutting down
+            # (CLI_SERVICE_CLOSING) from one gone without parsing the words.
             raise IntloomError(
                 "PROJECT_CONNECTION_FAILED",
                 f"The host closed this client's connection, and connecting again failed "
                 f"({exc.code}: {exc.message}) Nothing was sent.",
                 retryable=False,
-            ) from None
+            ) from exc
         if fresh.hello.instance_id != self.hello.instance_id:
             fresh.close()
             raise IntloomError(

@@ -51,6 +51,9 @@ _POLL: Final = 0.05
 _TERMINATE_GRACE: Final = 3.0
 _MAX_LAUNCHES: Final = 3
 _LOCK_SETTLE: Final = 1.0
+# The least a hello or request gets when a deadline is all but spent: a socket timeout of 0
+# would make it non-blocking (an instant failure, not a bounded wait).
+_MIN_WAIT: Final = 0.05
 # The host reports progress by step id (the readiness protocol); people read these.
 _STEPS: Final = {
     "launched": "Launching the intloom service...",
@@ -660,8 +663,11 @@ def _request_stop(root: Path, paths: ProjectPaths, target: _Target,
         if client.hello.instance_id != target.instance_id:
             # A replacement answers: the target is already gone, never stop the new one.
             return _Asked("a replacement host answered instead")
-        # What the hello left of the deadline, not what there was before it.
-        client.request_timeout = max(0.05, deadline - time.monotonic())
+        # What the hello left of the deadline, not what there was before it; for connecting
+        # again too, should the host close this connection before the request goes out
+        # (the client's own 5 s would stretch a stop --timeout 1 to 5 s).
+        left = max(_MIN_WAIT, deadline - time.monotonic())
+        client.request_timeout = client.connect_timeout = left
         try:
             client.stop(target.instance_id)
         except IntloomError as exc:
@@ -673,6 +679,11 @@ def _request_stop(root: Path, paths: ProjectPaths, target: _Target,
                 # The host closed this connection before the request went out, and would
                 # not take another: what a host stopping for another stop does (it closes
                 # every connection). Nothing was sent; the wait says whether it goes.
+                cause = exc.__cause__
+                if isinstance(cause, IntloomError) and cause.code == "CLI_SERVICE_CLOSING":
+                    # It refused the new hello as shutting down: it said it is stopping.
+                    return _Asked("the host closed the connection first and refused another, "
+                                  "as it was already stopping", stopping=True)
                 return _Asked("the host closed the connection first (a stopping host closes "
                               "them all)")
             if exc.code == "CONFLICT":

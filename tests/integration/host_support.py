@@ -71,6 +71,22 @@ def closed(sock: socket.socket) -> bool:
         return True
 
 
+def connection_closed(client: Client) -> bool:
+    """True when the host has closed ``client``'s connection (an end of file waits in it),
+    without reading anything or waiting."""
+    sock = client._sock
+    assert sock is not None
+    try:
+        sock.setblocking(False)
+        return sock.recv(1, socket.MSG_PEEK) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+    finally:
+        sock.setblocking(True)
+
+
 def serves(root: Path, instance_id: str) -> bool:
     """The same host instance still answers a verified status."""
     with Client.connect(root) as client:

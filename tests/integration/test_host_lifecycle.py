@@ -15,7 +15,7 @@ from intloom.client.client import Client
 from intloom.client.lifecycle import StartResult, start_service, stop_service
 from intloom.errors import IntloomError
 from tests.helpers import Project, eventually, pid_alive, snapshot_files
-from tests.integration.host_support import metadata, start
+from tests.integration.host_support import connection_closed, metadata, start
 
 
 def _log_lines(project: Project, name: str) -> list[dict[str, Any]]:
@@ -164,7 +164,8 @@ def test_a_stop_whose_connection_the_stopping_host_closed_waits_for_it(
         with Client.connect(project.root) as other:
             assert real(other, instance_id) is True
         # Until the stopping host has closed this client's idle connection.
-        eventually(lambda: _closed(self), timeout=10, what="the host to close the connection")
+        eventually(lambda: connection_closed(self), timeout=10,
+                   what="the host to close the connection")
         return real(self, instance_id)
 
     monkeypatch.setattr(Client, "stop", after_the_other_stop_began)
@@ -172,20 +173,6 @@ def test_a_stop_whose_connection_the_stopping_host_closed_waits_for_it(
     # Released its files; the process itself may take a moment more to exit.
     eventually(lambda: not pid_alive(service.pid), timeout=10, what="the host to exit")
     assert not (project.state / "service.json").exists()
-
-
-def _closed(client: Client) -> bool:
-    sock = client._sock
-    assert sock is not None
-    try:
-        sock.setblocking(False)
-        return sock.recv(1, socket.MSG_PEEK) == b""
-    except BlockingIOError:
-        return False
-    except OSError:
-        return True
-    finally:
-        sock.setblocking(True)
 
 
 def test_invalid_config_fails_start_and_leaves_no_lock(project: Project) -> None:

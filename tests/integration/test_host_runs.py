@@ -3,12 +3,16 @@ socket never disturbs a Run in flight."""
 
 from __future__ import annotations
 
+import os
+import signal
 import textwrap
 import threading
+import time
 from typing import Any
 
 import pytest
 
+from intloom.client import lifecycle
 from intloom.client.client import Client
 from intloom.client.lifecycle import stop_service, stop_service_report
 from intloom.errors import IntloomError
@@ -17,6 +21,7 @@ from intloom.runtime.model import RunView
 from tests.helpers import Project, eventually, pid_alive, snapshot_files
 from tests.integration.host_support import (
     closed,
+    connection_closed,
     encode,
     error_code,
     hello_frame,
@@ -521,6 +526,85 @@ def test_a_stop_that_times_out_while_the_host_stops_says_to_run_stop_again(
         (project.root / "gate").touch()  # the Step reaches its boundary; the stop completes
     assert stop_service(project.root, timeout=30) is True
     assert not pid_alive(pid)
+
+
+def _stop_reconnecting_to_a_stopping_host(project: Project, monkeypatch: pytest.MonkeyPatch,
+                                          timeout: float, *, pause: bool = False
+                                          ) -> tuple[IntloomError, float]:
+    """``stop_service(timeout=...)`` whose hello was answered just before another stop
+    began, and whose connection the stopping host then closed (its idle timeout, 1 s, while
+    a gated Run holds the stop in its grace) before its request went out: the client
+    connects again, to a host that is shutting down (``pause``: paused by SIGSTOP, so the
+    new hello is never answered). The stop's error and how long it took; the gate is then
+    opened and the host stopped."""
+    monkeypatch.setenv("INTLOOM_TEST_IDLE_TIMEOUT", "1")
+    _beside_gated(project, monkeypatch, "20")
+    with Client.connect(project.root) as client:
+        client.create_run("gated", "payload", wait=False)
+    eventually(lambda: (project.root / "calls.log").exists(), timeout=10,
+               what="the effect to start")
+    pid = project.host_pid()
+    calls: list[str] = []
+
+    class HelloBeforeTheOtherStop(Client):
+        @classmethod
+        def connect(cls, root: Any, **kwargs: Any) -> Client:
+            client = Client.connect(root, **kwargs)  # the stop's own, hello answered
+            if not calls:
+                calls.append(client.hello.instance_id)
+                with Client.connect(project.root) as other:
+                    assert other.stop(client.hello.instance_id) is True
+                eventually(lambda: connection_closed(client), timeout=10,
+                           what="the host to close the idle connection")
+                if pause:
+                    os.kill(pid, signal.SIGSTOP)
+            return client
+
+    monkeypatch.setattr(lifecycle, "Client", HelloBeforeTheOtherStop)
+    try:
+        began = time.monotonic()
+        with pytest.raises(IntloomError) as failed:
+            stop_service(project.root, timeout=timeout)
+        took = time.monotonic() - began
+    finally:
+        if pause:
+            os.kill(pid, signal.SIGCONT)
+        (project.root / "gate").touch()  # the Step reaches its boundary; the stop completes
+    assert calls, "the stop never connected"
+    assert stop_service(project.root, timeout=30) is True
+    assert not pid_alive(pid)
+    return failed.value, took
+
+
+@pytest.mark.timeout(90)
+def test_a_stop_whose_reconnect_is_refused_as_stopping_says_to_run_stop_again(
+    project: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stop whose connection the host closed before its request went out connects again,
+    and the host refuses that hello: it is shutting down. Its timeout said "Run intloom
+    doctor", as for a host that may be hung (the refusal only appeared inside the reconnect
+    error's message), where the already-stopping hello refusal says to run stop again."""
+    error, _ = _stop_reconnecting_to_a_stopping_host(project, monkeypatch, 4)
+    assert error.code == "CLI_SERVICE_TIMEOUT", error
+    message = error.message
+    assert " is still stopping: " in message, message
+    assert "The stop request was not sent: " in message, message
+    assert "Run intloom stop again to wait for it" in message, message
+    assert "Run intloom doctor." not in message, message
+
+
+@pytest.mark.timeout(90)
+def test_a_stop_that_reconnects_keeps_to_its_timeout(
+    project: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reconnect of a stop whose connection the host closed used the client's own 5 s
+    hello timeout: against a stopping host that does not answer (paused), ``--timeout 3``
+    took over 6 s. It gets what is left of the timeout."""
+    error, took = _stop_reconnecting_to_a_stopping_host(project, monkeypatch, 3, pause=True)
+    assert error.code == "CLI_SERVICE_TIMEOUT", error
+    assert "The stop request was not sent: " in error.message, error.message
+    # 3 s, plus one poll and the hello's bound below, generously on a shared 2-core machine.
+    assert took < 4.5, (took, error.message)
 
 
 @pytest.mark.parametrize("recover", [True, False])
