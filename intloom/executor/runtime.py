@@ -93,6 +93,10 @@ _CANONICAL: Final = msgspec.msgpack.Encoder(order="deterministic")
 _encoder: Final = msgspec.msgpack.Encoder()  # a view's size on the wire, for list pages
 MAX_FINISHED: Final = 1000
 ENDED_HISTORY: Final = 200  # history entries an ended Run keeps (attach shows them)
+# How much of another message (an Agent's failure, a Run's error) an Agent's refusal quotes:
+# such a message may run to thousands of characters (an Agent's log, an effect's key), and
+# the refusal's own fact and fix must stay in view.
+_QUOTED: Final = 200
 # Records that carry what user code handed over (an exception's text, an effect's name and
 # key, a request for a person or an Agent): ``Runtime.append`` bounds them (``_bounded``).
 _BOUNDED: Final = frozenset({Terminal, EffectStarted, EffectDone, Waiting})
@@ -324,9 +328,9 @@ def _not_current_task(slot: RunSlot, view: RunView, call_id: str) -> str:
     if view.status == "completed":
         return f"{fact}: the Run has completed and takes no more work."
     if view.status == "failed" and error is not None and error.code == "RUN_INTERRUPTED":
-        return (f"{fact}: the Run was interrupted (RUN_INTERRUPTED: {error.message}); "
-                "claims, owner tokens and Tool receipts are not restored. Start a new Run for "
-                "this work.")
+        return (f"{fact}: the Run was interrupted (RUN_INTERRUPTED: "
+                f"{clip(error.message, _QUOTED)}); claims, owner tokens and Tool receipts are "
+                "not restored. Start a new Run for this work.")
     if view.status == "failed":
         code = error.code if error is not None else "failed"
         return f"{fact}: the Run has ended failed ({code}) and takes no more work."
@@ -1133,7 +1137,7 @@ class Runtime:
     ) -> RunView:
         slot = self._slot(run_id)
         _nonempty(message, "message", "why the Agent gives the task up")
-        end = _AgentEnd(call_id, owner_token, "fail", clip(repr(message), 200),
+        end = _AgentEnd(call_id, owner_token, "fail", clip(repr(message), _QUOTED),
                         hashlib.sha256(message.encode("utf-8", "surrogatepass")).digest())
         repeated = await self._repeated(slot, call_id, owner_token, end)
         if repeated is not None:

@@ -150,6 +150,84 @@ def test_a_failure_retried_with_another_message_quotes_the_first_one_bounded(
     assert client.fail_agent_call(run.run_id, call_id, token, first).status == "failed"
 
 
+HANDOFF = textwrap.dedent('''
+    import time
+    from pathlib import Path
+    from typing import Any
+
+    import intloom
+
+    wf = intloom.Workflow("handoff", version="1")
+    main = wf.stage("main")
+    HERE = Path(__file__).resolve().parent.parent
+
+
+    @main.agent_step("look", routes={"found": "pay"})
+    def look(ctx: intloom.StepContext[None]) -> Any:
+        return {"topic": ctx.intent}
+
+
+    def charge(order: str) -> None:
+        (HERE / "charging").touch()
+        deadline = time.monotonic() + 30  # the host is killed meanwhile; a deadline all the same
+        while time.monotonic() < deadline:
+            time.sleep(0.01)  # an external call that takes a while
+
+
+    @main.step("pay", routes={"paid": intloom.COMPLETE})
+    def pay(ctx: intloom.StepContext[None]) -> str:
+        ctx.effect("charge", charge, ctx.intent, key=f"order:{ctx.intent}")
+        return "paid"
+''')
+
+
+def test_a_task_retried_after_its_run_was_interrupted_quotes_the_runs_error_bounded(
+        project: Project) -> None:
+    """An Agent's completion whose reply was lost (the host died while the next Step's effect
+    ran), retried after a start restored the Run RUN_INTERRUPTED, was refused quoting the
+    Run's error in full: up to 4,096 characters (the effect's key, here 1,000), burying the
+    refusal's fact and fix. It quotes at most 200 characters of it, marked as cut."""
+    (project.root / "workflows" / "handoff.py").write_text(HANDOFF)
+    (project.root / "intloom.toml").write_text('workflows = ["workflows/handoff.py"]\n')
+    start(project)
+    order = "o" * 1000  # an idempotency key: a long id, say
+    with Client.connect(project.root) as agent:
+        run, call = _task(agent, "handoff", order)
+        token, _ = agent.claim_agent_call(run.run_id, call, "agent-1")
+    lost: list[str] = []
+
+    def complete() -> None:
+        with Client.connect(project.root) as agent:
+            try:
+                agent.complete_agent_call(run.run_id, call, token, "found", {})
+            except IntloomError as exc:
+                lost.append(exc.code)
+
+    completing = threading.Thread(target=complete)
+    completing.start()
+    try:
+        eventually(lambda: (project.root / "charging").exists(), timeout=10,
+                   what="the effect to start")
+        project.kill_host()
+    finally:
+        completing.join(timeout=20)
+    assert lost == ["PROJECT_REQUEST_FAILED"], lost
+    assert project.cli("recover", "--json").code == 0  # the killed host's leftovers
+    start(project)
+    with Client.connect(project.root) as agent:
+        error = agent.get_run(run.run_id).last_error
+        assert error is not None and error.code == "RUN_INTERRUPTED", error
+        assert order in error.message  # the Run keeps its evidence whole
+        message = _refused(lambda: agent.complete_agent_call(run.run_id, call, token, "found",
+                                                             {}), "CONFLICT")
+    assert message.startswith(f"Agent task {call} is not Run {run.run_id}'s current task: the "
+                              "Run was interrupted (RUN_INTERRUPTED: Execution was "), message
+    assert "more characters cut]" in message, message
+    assert message.endswith("claims, owner tokens and Tool receipts are not restored. Start "
+                            "a new Run for this work."), message
+    assert len(message) < 600, len(message)
+
+
 def test_answering_an_agent_task_as_a_question_says_what_it_is(client: Client) -> None:
     run, call_id, _token = _claimed(client)
     message = _refused(lambda: client.answer(run.run_id, call_id, {"isConfirmed": True}),
