@@ -31,7 +31,7 @@ from intloom.diagnostics.owners import port_holder as _holder_of  # a context fi
 from intloom.diagnostics.previews import RunPreview, preview_runs
 from intloom.errors import IntloomError
 from intloom.fsutil import PrivacyError, check_private_dir, file_problem, privacy_fix
-from intloom.host.liveness import probe_lock
+from intloom.host.liveness import Evidence, holds_open, unheld_lock
 from intloom.host.metadata import (
     Connection,
     ServiceInfo,
@@ -188,10 +188,12 @@ class _Context(msgspec.Struct, frozen=True):
     invalid: str | None = None  # what is wrong with another metadata file ("X is invalid")
     port_taken: int | None = None
     port_holder: str | None = None
-    # service.lock exists and nobody holds its OS lock: a live pid it names is not this
-    # project's host (a host holds it for its whole life); typically the original host of
-    # a project directory copied with its .intloom/.
-    lock_unheld: bool = False
+    # service.lock's identity (device, inode) when it exists and nobody holds its OS lock:
+    # a live pid it names that has no descriptor open on that file is not this project's
+    # host (a host creates it through a descriptor it keeps for its whole life, and holds
+    # the OS lock on it from a moment after it appears); typically the original host of a
+    # project directory copied with its .intloom/.
+    lock_unheld: tuple[int, int] | None = None
 
 
 def _owner_check(
@@ -208,18 +210,24 @@ def _owner_check(
         return Check(check_id, "ok", f"No {name}: no host owns the project through it.", None)
     pid = owner.pid
     running = ctx.running
-    if owner.status == "alive" and ctx.invalid is not None and ctx.lock_unheld:
+    if (owner.status == "alive" and ctx.invalid is not None and ctx.lock_unheld is not None
+            and holds_open(pid, ctx.lock_unheld) is False):
+        # Fail closed: a free lock alone is also what a first start looks like between
+        # creating service.lock and locking it. Only a pid proved not to have the file open
+        # is another project's host; one that may have it is judged as holding the project.
         return Check(
             check_id, "attention",
             f"{name} names pid {pid}, which is alive but does not hold this project's "
-            "service.lock (its OS lock is free, and a host holds it for its whole life), so "
+            "service.lock (its OS lock is free and the pid has no descriptor open on it; a "
+            "host keeps both for its whole life), so "
             f"it is not this project's host; and {ctx.invalid} (its check says why). A "
             "project directory copied or moved with its .intloom/ keeps the files of the "
             "host that ran there, which may be that host.",
             f"Do not signal pid {pid}: it may serve another project. Confirm with ps -p {pid} "
             "-o args, then move this project's service.json and service.lock aside by hand "
             "(intloom keeps them as they are) and run intloom doctor again.",
-            owner.evidence,
+            [*owner.evidence, Evidence("lock_descriptor",
+                                       f"pid {pid} has no descriptor open on service.lock")],
         )
     if owner.status == "alive" and ctx.invalid is not None and not _paused(pid):
         return Check(
@@ -452,9 +460,7 @@ def run_doctor(root: Path) -> DoctorReport:
     )
 
     connection_problem = _file_problem(lambda: read_connection(paths.connection_json, root))
-    lock_unheld = (lock_problem is None and paths.service_lock.is_file()
-                   and not paths.service_lock.is_symlink()
-                   and probe_lock(paths.service_lock).state == "free")
+    lock_unheld = unheld_lock(paths.service_lock) if lock_problem is None else None
 
     connection_missing = (connection_problem is None and not running
                           and not paths.connection_json.exists())

@@ -10,6 +10,10 @@ reused pid would look alive and a lock held by a new owner would look free.
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import os
+import stat
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
@@ -26,9 +30,11 @@ __all__ = [
     "LockProbe",
     "OwnerStatus",
     "ProcessProbe",
+    "holds_open",
     "judge",
     "probe_lock",
     "probe_process",
+    "unheld_lock",
 ]
 
 OwnerStatus = Literal["alive", "gone", "unknown"]
@@ -157,3 +163,53 @@ def judge(lock: LockProbe, process: ProcessProbe) -> OwnerStatus:
     if process.state == "gone" and lock.state == "free":
         return "gone"
     return "unknown"
+
+
+def unheld_lock(path: Path) -> tuple[int, int] | None:
+    """The identity (device, inode) of ``path`` when it is a regular file whose OS lock
+    nobody holds, else None. The lock is probed on the very file opened, and that file is
+    still the one at ``path`` afterwards (filelock's identity check): a lock file removed
+    or replaced meanwhile proves nothing about the one read before."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        opened = os.fstat(fd)
+        if not stat.S_ISREG(opened.st_mode):
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return None  # held, or not to be probed: not free either way
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        there = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    identity = (opened.st_dev, opened.st_ino)
+    return identity if (there.st_dev, there.st_ino) == identity else None
+
+
+def holds_open(pid: int, identity: tuple[int, int]) -> bool | None:
+    """Whether process ``pid`` has a descriptor open on the file ``identity`` (device,
+    inode), from ``/proc/PID/fd``; None when that cannot be told (another user's process,
+    no ``/proc``, the process gone meanwhile). A host creates its ``service.lock`` through
+    a descriptor it keeps, and only takes the OS lock on it a moment after the file
+    appears: a free lock alone does not prove that a live pid is not its owner."""
+    fds = f"/proc/{pid}/fd"
+    try:
+        names = os.listdir(fds)
+    except OSError:
+        return None
+    for name in names:
+        try:
+            target = os.stat(f"{fds}/{name}")
+        except OSError as exc:
+            if exc.errno == errno.ENOENT:
+                continue  # closed since the listing
+            return None
+        if (target.st_dev, target.st_ino) == identity:
+            return True
+    return False

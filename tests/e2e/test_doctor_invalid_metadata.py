@@ -8,6 +8,9 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -123,8 +126,74 @@ def test_a_copied_project_does_not_advise_signalling_the_original_host(
     lock_check = checks["owner.service_lock"]
     assert lock_check["status"] == "attention"
     assert "not this project's host" in lock_check["message"], lock_check
+    # The proof: that pid has no descriptor open on the copy's service.lock.
+    assert "lock_descriptor" in {e["check"] for e in lock_check["evidence"]}, lock_check
     assert "kill" not in lock_check["next"], lock_check
     assert f"Do not signal pid {pid}" in lock_check["next"], lock_check
     assert snapshot_files(copy.root) == before
     assert pid_alive(pid)
     assert project.cli("status", "--json").json["service"]["pid"] == pid
+
+
+# A first start stopped where the host has linked service.lock into place (complete, naming
+# it) and has not yet taken its OS lock: Ownership.take_lock is create_lock_file, then
+# _flock, which here first waits until the test closes stdin.
+LINKED_NOT_LOCKED = textwrap.dedent('''
+    import sys
+    import uuid
+    from pathlib import Path
+
+    from intloom.host import ownership
+    from intloom.host.logfile import utc_now
+    from intloom.host.metadata import current_identity
+    from intloom.project import ProjectPaths
+
+    flock = ownership._flock
+
+
+    def linked(fd: int) -> bool:
+        print("linked", flush=True)
+        sys.stdin.read()  # until the test lets it go; then it takes the lock, and exits
+        return flock(fd)
+
+
+    ownership._flock = linked
+    host = ownership.Ownership(ProjectPaths(Path(sys.argv[1])), str(uuid.uuid4()),
+                               current_identity(), utc_now())
+    host.take_lock()
+''')
+
+
+def test_a_first_start_before_it_holds_its_lock_is_not_called_another_projects_host(
+    project: Project,
+) -> None:
+    """Between a first start linking service.lock into place and taking its OS lock, doctor
+    found the lock free, the pid it names alive and connection.json missing, and called
+    that starting host "not this project's host", advising to move its service.lock aside
+    by hand (what doctor forbids for every other live owner). A free lock is proof only
+    when the pid has no descriptor open on that very file: this one has, so doctor says it
+    holds the project and to leave its files as they are."""
+    with subprocess.Popen([sys.executable, "-c", LINKED_NOT_LOCKED, str(project.root)],
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as starting:
+        project.pids.add(starting.pid)
+        assert starting.stdin is not None and starting.stdout is not None
+        try:
+            assert starting.stdout.readline() == "linked\n"
+            before = snapshot_files(project.root)
+            doctor = project.cli("doctor", "--json")
+            assert snapshot_files(project.root) == before
+        finally:
+            starting.stdin.close()  # it takes its lock and exits
+            starting.wait(timeout=30)
+    assert starting.returncode == 0
+    assert doctor.code == 4, doctor.stdout
+    [owner] = doctor.json["owners"]
+    assert (owner["resource"], owner["pid"], owner["status"]) == (
+        "service_lock", starting.pid, "alive"), owner
+    lock_check = {c["id"]: c for c in doctor.json["checks"]}["owner.service_lock"]
+    assert lock_check["status"] == "attention", lock_check
+    assert "not this project's host" not in lock_check["message"], lock_check
+    assert f"pid {starting.pid}, which is alive: it still holds the project" in (
+        lock_check["message"]), lock_check
+    assert "aside" not in lock_check["next"], lock_check
+    assert "Leave both files as they are" in lock_check["next"], lock_check
