@@ -311,8 +311,9 @@ def _not_current(slot: RunSlot, action_id: str) -> str:
     if view.status == "failed" and error is not None and error.code == "RUN_INTERRUPTED":
         then = ("it has been dismissed" if view.dismissed else
                 f"intloom cancel {slot.run_id} dismisses it")
-        return (f"{fact}; it was interrupted (RUN_INTERRUPTED: {error.message}) and takes no "
-                f"answer. Start a new Run for this work; {then}.")
+        return (f"{fact}; it was interrupted (RUN_INTERRUPTED: "
+                f"{clip(error.message, _QUOTED)}) and takes no answer. Start a new Run for "
+                f"this work; {then}.")
     return f"{fact}; it is {view.status} with no question or confirmation pending."
 
 

@@ -228,6 +228,66 @@ def test_a_task_retried_after_its_run_was_interrupted_quotes_the_runs_error_boun
     assert len(message) < 600, len(message)
 
 
+# The same Workflow with a person's confirmation where the Agent's task is.
+CONFIRMED = HANDOFF.replace('''@main.agent_step("look", routes={"found": "pay"})
+def look(ctx: intloom.StepContext[None]) -> Any:
+    return {"topic": ctx.intent}
+''', '''@main.step("look", routes={"found": "pay"})
+async def look(ctx: intloom.StepContext[None]) -> str:
+    await ctx.confirm({"topic": ctx.intent})
+    return "found"
+''')
+
+
+def test_an_answer_resent_after_its_run_was_interrupted_quotes_the_runs_error_bounded(
+        project: Project) -> None:
+    """A person's answer resent once its Run was restored RUN_INTERRUPTED (the host died
+    while the Step after the answer ran its effect) was refused quoting the Run's error in
+    full, as an Agent's retried completion was: up to 4,096 characters."""
+    assert CONFIRMED != HANDOFF
+    (project.root / "workflows" / "handoff.py").write_text(CONFIRMED)
+    (project.root / "intloom.toml").write_text('workflows = ["workflows/handoff.py"]\n')
+    start(project)
+    order = "o" * 1000
+    with Client.connect(project.root) as person:
+        run = person.create_run("handoff", order)
+    assert run.pending_action is not None, run
+    action = run.pending_action.id
+    lost: list[str] = []
+
+    def answer() -> None:  # its reply waits for the Run to settle: the host dies first
+        with Client.connect(project.root) as person:
+            try:
+                person.answer(run.run_id, action, {"isConfirmed": True})
+            except IntloomError as exc:
+                lost.append(exc.code)
+
+    answering = threading.Thread(target=answer)
+    answering.start()
+    try:
+        eventually(lambda: (project.root / "charging").exists(), timeout=10,
+                   what="the effect to start")
+        project.kill_host()
+    finally:
+        answering.join(timeout=20)
+    assert lost == ["PROJECT_REQUEST_FAILED"], lost
+    assert project.cli("recover", "--json").code == 0  # the killed host's leftovers
+    start(project)
+    with Client.connect(project.root) as person:
+        error = person.get_run(run.run_id).last_error
+        assert error is not None and error.code == "RUN_INTERRUPTED", error
+        assert order in error.message  # the Run keeps its evidence whole
+        message = _refused(lambda: person.answer(run.run_id, action, {"isConfirmed": True}),
+                           "CONFLICT")
+    assert message.startswith(f"Action {action} is not (or no longer) Run {run.run_id}'s "
+                              "unanswered action; it was interrupted (RUN_INTERRUPTED: "
+                              "Execution was "), message
+    assert "more characters cut]" in message, message
+    assert message.endswith(f"takes no answer. Start a new Run for this work; intloom cancel "
+                            f"{run.run_id} dismisses it."), message
+    assert len(message) < 600, len(message)
+
+
 def test_answering_an_agent_task_as_a_question_says_what_it_is(client: Client) -> None:
     run, call_id, _token = _claimed(client)
     message = _refused(lambda: client.answer(run.run_id, call_id, {"isConfirmed": True}),
