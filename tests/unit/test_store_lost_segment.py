@@ -10,9 +10,15 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from intloom.runtime.machine import fold
 from intloom.store import read_runs_report, verify_report
 from intloom.store.framing import segment_name
-from intloom.store.snapshots import SnapshotError, decode_manifest, encode_manifest
+from intloom.store.snapshots import (
+    SnapshotError,
+    decode_manifest,
+    encode_manifest,
+    snapshot_name,
+)
 from tests.unit.test_store_support import abandon, by_id, open_store, walk
 
 SEG2 = "wal/0000000002.seg"
@@ -69,6 +75,26 @@ def test_a_lost_segment_a_host_opened_holds_the_runs_it_may_have_moved_on(
     runs = by_id(read_runs_report(root).runs)
     assert runs["RUN-A"].status == "ok", runs["RUN-A"]
     assert runs["RUN-A"].state is not None and runs["RUN-A"].state.seq == 12
+
+
+def test_without_a_copy_moving_a_held_runs_snapshot_aside_accepts_the_loss(
+    tmp_path: Path,
+) -> None:
+    """No copy of the lost segment: a person who accepts that its records are gone moves the
+    Run's live/ snapshot aside (docs/recovery.md), and the Run is judged from the log that
+    is left, from where it is readable. Nothing else frees it."""
+    root = tmp_path / "runtime"
+    _clean_then_crashed(root)
+    (root / SEG2).unlink()
+    open_store(root, instance_id="INST-3").close_blocking()
+    open_store(root, instance_id="INST-4").close_blocking()
+    assert by_id(read_runs_report(root).runs)["RUN-B"].status == "corrupt"
+
+    live = root / "snap" / "live" / snapshot_name("RUN-B")
+    live.rename(tmp_path / live.name)
+    runs = by_id(read_runs_report(root).runs)
+    assert runs["RUN-B"].status == "ok" and runs["RUN-B"].state == fold(B), runs["RUN-B"]
+    assert runs["RUN-A"].status == "corrupt"  # only the Run whose snapshot was moved
 
 
 def test_a_lost_segment_a_rotation_created_is_noticed_before_the_manifest_names_it(
