@@ -26,7 +26,7 @@ import hashlib
 import json
 import os
 import stat
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 from pathlib import Path
 
 from intloom.errors import IntloomError
@@ -115,9 +115,12 @@ def source_files(entry: Path) -> list[tuple[str, Path]]:
 
 
 def workflow_identity(name: str, version: str, entry: Path,
-                      compiled: Mapping[str, bytes] | None = None) -> str:
+                      compiled: Mapping[str, bytes] | None = None,
+                      hashed: MutableMapping[str, bytes] | None = None) -> str:
     """``compiled``: the bytes the loader compiled each imported module from, by path (as
-    spelled, and resolved); they stand for that file, whatever it holds by now."""
+    spelled, and resolved); they stand for that file, whatever it holds by now. ``hashed``
+    receives the sha256 of the bytes taken for each file, by its normalised path: what a
+    module imported later must still hold to be the code this identity names."""
     h = hashlib.sha256()
     h.update(json.dumps([name, version, PROTOCOL_VERSION]).encode())
     for rel, path in source_files(entry):
@@ -135,6 +138,8 @@ def workflow_identity(name: str, version: str, entry: Path,
             ) from None
         h.update(json.dumps([rel, len(data)]).encode())
         h.update(data)
+        if hashed is not None:
+            hashed[os.path.normpath(path)] = hashlib.sha256(data).digest()
     return h.hexdigest()
 
 

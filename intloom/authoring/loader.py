@@ -81,6 +81,7 @@ class _FromSource(importlib.machinery.SourceFileLoader):
     def get_code(self, fullname: str) -> CodeType:
         source = self.get_data(self.path)
         _TREES.compiled_from(self.path, source)
+        _TREES.check_unchanged(self.path, source)
         key = importlib.util.source_hash(source)
         try:
             cached: str | None = importlib.util.cache_from_source(self.path)
@@ -129,6 +130,40 @@ class _SourceTrees(importlib.abc.MetaPathFinder):
         # hashed: a file saved between its import and the hashing would otherwise give the
         # code that runs the identity of other bytes.
         self.compiled: dict[str, bytes] | None = None
+        # Each loaded Workflow's tree (root -> "name version"), and the sha256 of the bytes
+        # its identity took for each file, by path: a module a Step imports only once it
+        # runs is read then, and must still be those bytes, or the Run would run code its
+        # journal's identity does not name (start says the host runs the code it loaded).
+        self.loaded_roots: dict[str, str] = {}
+        self.loaded: dict[str, bytes] = {}
+
+    def check_unchanged(self, path: str, source: bytes) -> None:
+        """Refuse a module imported after the load (``compiled`` is None then) from a loaded
+        Workflow's tree whose bytes are not the ones its identity hashed: edited since, or
+        added since. A tree no Workflow was loaded from is left as it was."""
+        if self.compiled is not None or not self.loaded_roots:
+            return
+        spelled = os.path.normpath(path)
+        known = self.loaded.get(spelled)
+        if known is None:  # the same file spelled another way (a link, ``..``)?
+            real = os.path.realpath(path)
+            known = next((digest for other, digest in self.loaded.items()
+                          if os.path.realpath(other) == real), None)
+        if known is not None and known == hashlib.sha256(source).digest():
+            return
+        label = next((label for root, label in self.loaded_roots.items()
+                      if in_source_tree(Path(root), Path(spelled))
+                      or in_source_tree(Path(os.path.realpath(root)),
+                                        Path(os.path.realpath(path)))), None)
+        if label is None:
+            return
+        then = "" if known is not None else " (it was not in the source tree then)"
+        raise ImportError(
+            f"{path} changed since the host loaded Workflow {label}{then}; its identity "
+            "covers this file, so running it now would run code the Run's journal does not "
+            "name. Nothing of it ran. To load the change: intloom stop, then intloom start "
+            "(unfinished Runs of the changed Workflow are then held), or put the file back "
+            "as it was.", name=None, path=path)
 
     def compiled_from(self, path: str, source: bytes) -> None:
         if self.compiled is not None:
@@ -526,10 +561,14 @@ def _load_entry(root: Path, rel: str, entry: Path) -> dict[str, LoadedWorkflow]:
                 f"{rel} defines Workflow {wf.name!r} twice ({mine[wf.name][1]} and "
                 f"{name}). Give each its own name.",
             )
+        hashed: dict[str, bytes] = {}
         mine[wf.name] = (LoadedWorkflow(
             workflow=wf,
             source=rel,
-            identity=workflow_identity(wf.name, wf.version, entry, _TREES.compiled),
+            identity=workflow_identity(wf.name, wf.version, entry, _TREES.compiled, hashed),
             schemas=wf.schemas(),
         ), name)
+        _TREES.loaded.update(hashed)
+        _TREES.loaded_roots.setdefault(os.path.normpath(source_root(entry)),
+                                       f"{wf.name} {wf.version}")
     return {wf_name: lw for wf_name, (lw, _name) in mine.items()}

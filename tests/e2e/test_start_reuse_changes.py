@@ -149,6 +149,58 @@ def test_doctor_does_not_call_a_source_listed_twice_one_the_host_failed_to_load(
     ok(project.cli("stop", "--json"))
 
 
+LAZY = textwrap.dedent('''
+    import intloom
+
+    wf = intloom.Workflow("lazy", version="1.0.0")
+    s = wf.stage("s")
+
+
+    @s.step("only", routes={"old": intloom.COMPLETE, "new": intloom.COMPLETE})
+    def only(ctx: intloom.StepContext[None]) -> str:
+        from . import helper  # imported by the Step, after the host loaded the Workflow
+
+        return helper.OUTCOME
+''')
+
+
+@pytest.mark.parametrize("change", ["edited", "added"])
+def test_a_module_a_step_imports_after_an_edit_does_not_run_under_the_loaded_identity(
+    tmp_path: Path, change: str,
+) -> None:
+    """start says the host runs the code it loaded, and a Run's journal names that code's
+    identity. A tree module a Step imports only when it runs was read for the identity at
+    the host's start, but imported later from the bytes on disk: edited (or added) since,
+    the Run ran code its journal does not name. The import is refused instead, naming the
+    file and the restart that loads it."""
+    root = tmp_path / "proj"
+    lazy = root / "workflows" / "lazy"
+    lazy.mkdir(parents=True)
+    (lazy / "__init__.py").write_text(LAZY)
+    if change == "edited":
+        (lazy / "helper.py").write_text('OUTCOME = "old"\n')
+    (root / "intloom.toml").write_text('workflows = ["workflows/lazy"]\n')
+    for project in reaped(Project(root=root)):
+        ok(project.cli("start", "--json"))
+        (lazy / "helper.py").write_text('OUTCOME = "new"\n')
+        assert [c["change"] for c in ok(project.cli("start", "--json"))["changedSinceStart"]
+                ] == ["edited"]
+
+        ran = project.cli("flow", "lazy", "--intent", "i", "--json")
+        run = ran.json["run"]
+        assert run["status"] == "failed", run  # not completed through the new code
+        assert run["lastError"]["code"] == "STEP_EXECUTION_FAILED", run
+        message = run["lastError"]["message"]
+        assert f"{lazy / 'helper.py'} changed since the host loaded Workflow lazy 1.0.0" in (
+            message), message
+        assert "intloom stop, then intloom start" in message, message
+        ok(project.cli("stop", "--json"))
+        ok(project.cli("start", "--json"))  # loaded now: the new code, under its identity
+        assert ok(project.cli("flow", "lazy", "--intent", "i", "--json"))["run"][
+            "status"] == "completed"
+        ok(project.cli("stop", "--json"))
+
+
 def _workflows_check(project: Project) -> dict[str, Any]:
     doctor = project.cli("doctor", "--json")
     assert doctor.code in (0, 3), (doctor.code, doctor.stdout, doctor.stderr)
