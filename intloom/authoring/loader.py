@@ -213,7 +213,12 @@ _TREES: Final = _SourceTrees()
 
 def _from_source(entry: Path) -> None:
     """Loads what ``entry``'s source tree holds with ``_FromSource`` from now on."""
-    root = source_root(entry)
+    try:
+        root = source_root(entry)
+    except OSError:
+        # A path the OS will not examine (a name over 255 bytes): no module comes from it,
+        # and _load_entry names it as this source's failure; raising here stopped them all.
+        return
     _TREES.roots.add(root)
     _TREES.roots.add(Path(os.path.realpath(root)))  # see _SourceTrees.find_spec
     if _TREES not in sys.meta_path:
@@ -528,7 +533,15 @@ def _several_message(rel: str, facts: list[str], shared: dict[str, list[str]],
 
 def _load_entry(root: Path, rel: str, entry: Path) -> dict[str, LoadedWorkflow]:
     """Import one entry and return its Workflows, all of them or none (an IntloomError)."""
-    if not entry.exists() and not entry.is_symlink():
+    try:
+        missing = not entry.exists() and not entry.is_symlink()
+    except OSError as exc:  # pathlib answers False only for a missing path, not for these
+        raise IntloomError(
+            "WORKFLOW_LOAD_FAILED",
+            f"{rel} (from intloom.toml) cannot be examined under {root} "
+            f"({exc.strerror or exc}). Fix the path.",
+        ) from None
+    if missing:
         raise IntloomError(
             "WORKFLOW_LOAD_FAILED",
             f"{rel} (from intloom.toml) does not exist under {root}. Fix the path.",

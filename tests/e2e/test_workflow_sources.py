@@ -236,6 +236,31 @@ def test_start_names_each_source_that_failed_to_load(broken: Project) -> None:
     ok(broken.cli("stop", "--json"))
 
 
+def test_a_source_path_the_os_cannot_examine_fails_alone_and_the_host_starts(
+    acc: Project,
+) -> None:
+    """An entry of intloom.toml whose path the OS refuses to look at (a name over 255 bytes,
+    ENAMETOOLONG: a pasted string, a path glued twice) made doctor fail CLI_INTERNAL_ERROR
+    and the host refuse to start at all (CLI_INTERNAL_ERROR), where a missing source fails
+    alone: it is named as one source that failed to load, and the others run."""
+    long = "workflows/" + "x" * 300 + ".py"
+    (acc.root / "intloom.toml").write_text(f'workflows = ["workflows/acc.py", "{long}"]\n')
+    doctor = acc.cli("doctor", "--json")
+    assert doctor.code == 3, (doctor.code, doctor.stdout, doctor.stderr)
+    [check] = [c for c in doctor.json["checks"] if c["id"] == "workflows"]
+    assert check["status"] == "attention", check
+    assert "Loaded: acc 1.0.0" in check["message"], check["message"]
+    service = ok(acc.cli("start", "--json"))["service"]
+    assert service["workflowCount"] == 1
+    [problem] = service["workflowProblems"]
+    assert (problem["source"], problem["code"]) == (long, "WORKFLOW_LOAD_FAILED"), problem
+    assert problem["message"] == (
+        f"{long} (from intloom.toml) cannot be examined under {acc.root} (File name too "
+        "long). Fix the path."), problem["message"]
+    assert ok(acc.cli("flow", "acc", "--intent", "i", "--json"))["run"]["status"] == "waiting"
+    ok(acc.cli("stop", "--json"))
+
+
 def test_all_sources_loading_is_an_empty_list_not_a_missing_key(acc: Project) -> None:
     service = ok(acc.cli("start", "--json"))["service"]
     assert service["workflowProblems"] == [] and service["workflowCount"] == 1
