@@ -86,6 +86,21 @@ def find_root(start: Path, *, explicit: bool = False) -> Path:
     if explicit:
         if (start / CONFIG_NAME).is_file():
             return require_utf8_path(start)
+        # "X has no intloom.toml" was false of the config file itself (passed as other
+        # tools take theirs) and said nothing of a path that does not exist.
+        if start.is_file():
+            where = f" (here {start.parent})" if start.name == CONFIG_NAME else ""
+            raise IntloomError(
+                "CLI_PROJECT_INVALID",
+                f"{start} is a file, not a directory: --project takes the project's root, "
+                f"the directory that holds {CONFIG_NAME}{where}.",
+            )
+        if not start.exists():
+            raise IntloomError(
+                "CLI_PROJECT_INVALID",
+                f"{start} does not exist. Pass the project's root to --project, "
+                "or run intloom init there.",
+            )
         raise IntloomError(
             "CLI_PROJECT_INVALID",
             f"{start} has no {CONFIG_NAME}. Pass the project's root to --project, "

@@ -165,6 +165,30 @@ def test_outside_a_project_nothing_is_created(tmp_path: Path, command: list[str]
     assert result.stderr == ""
 
 
+@pytest.mark.parametrize("given", ["the config file", "a missing directory"])
+def test_a_project_option_that_is_no_directory_says_what_it_is(
+    project: Project, tmp_path: Path, given: str,
+) -> None:
+    """--project intloom.toml (the file, as other tools take their config) said
+    ".../intloom.toml has no intloom.toml", and a mistyped directory "has no intloom.toml":
+    the fact is what the path is, and the fix names the directory to pass."""
+    path = (project.root / "intloom.toml" if given == "the config file"
+            else tmp_path / "no-such-dir")
+    result = run_cli("--project", str(path), "status", "--json", cwd=tmp_path)
+    assert result.code == 1, result.stdout
+    error = only_json(result)["error"]
+    assert error["code"] == "CLI_PROJECT_INVALID", error
+    if given == "the config file":
+        assert error["message"] == (
+            f"{path} is a file, not a directory: --project takes the project's root, the "
+            f"directory that holds intloom.toml (here {project.root}).")
+    else:
+        assert error["message"] == (
+            f"{path} does not exist. Pass the project's root to --project, or run intloom "
+            "init there.")
+    assert not (tmp_path / "no-such-dir").exists()
+
+
 def test_json_error_shape_and_usage_errors(project: Project) -> None:
     offline = project.cli("runs", "--json")
     assert offline.code == 1 and offline.stderr == ""
