@@ -84,18 +84,27 @@ def find_root(start: Path, *, explicit: bool = False) -> Path:
     """
     start = start.resolve()
     if explicit:
-        if (start / CONFIG_NAME).is_file():
+        try:
+            is_root, is_file, exists = ((start / CONFIG_NAME).is_file(), start.is_file(),
+                                        start.exists())
+        except OSError as exc:  # pathlib answers False for a missing path, not for these
+            raise IntloomError(
+                "CLI_PROJECT_INVALID",
+                f"{start} cannot be examined ({exc.strerror or exc}). Pass the project's root "
+                "to --project.",
+            ) from None
+        if is_root:
             return require_utf8_path(start)
         # "X has no intloom.toml" was false of the config file itself (passed as other
         # tools take theirs) and said nothing of a path that does not exist.
-        if start.is_file():
+        if is_file:
             where = f" (here {start.parent})" if start.name == CONFIG_NAME else ""
             raise IntloomError(
                 "CLI_PROJECT_INVALID",
                 f"{start} is a file, not a directory: --project takes the project's root, "
                 f"the directory that holds {CONFIG_NAME}{where}.",
             )
-        if not start.exists():
+        if not exists:
             raise IntloomError(
                 "CLI_PROJECT_INVALID",
                 f"{start} does not exist. Pass the project's root to --project, "

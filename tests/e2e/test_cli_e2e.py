@@ -189,6 +189,20 @@ def test_a_project_option_that_is_no_directory_says_what_it_is(
     assert not (tmp_path / "no-such-dir").exists()
 
 
+def test_a_project_option_the_os_cannot_examine_is_named_not_an_internal_error(
+    tmp_path: Path,
+) -> None:
+    """--project with a name over 255 bytes (ENAMETOOLONG: a pasted string) failed
+    CLI_INTERNAL_ERROR, exit 70: pathlib answers False for a missing path, not for this."""
+    path = tmp_path / ("x" * 300)
+    result = run_cli("--project", str(path), "status", "--json", cwd=tmp_path)
+    assert result.code == 1, result.stdout
+    assert only_json(result)["error"] == {
+        "code": "CLI_PROJECT_INVALID", "retryable": False,
+        "message": f"{path} cannot be examined (File name too long). Pass the project's "
+                   "root to --project."}
+
+
 def test_json_error_shape_and_usage_errors(project: Project) -> None:
     offline = project.cli("runs", "--json")
     assert offline.code == 1 and offline.stderr == ""
