@@ -897,6 +897,14 @@ class _Refused:
         raise self._refuse(f"wait for a {kind} answer")
 
 
+# Why a wait or an effect alongside another is refused, and the fix.
+_ONE_AT_A_TIME: Final = (
+    "a Step waits for one answer at a time, and not while an effect runs, since the journal "
+    "records each on its own, one after another. Nothing of this call was recorded. Await "
+    "each ctx.confirm, ctx.ask and ctx.aeffect before the next (not together in "
+    "asyncio.gather).")
+
+
 class _Hooks:
     """The executor side of ``StepContext``: journals effects and waits before they happen."""
 
@@ -921,6 +929,16 @@ class _Hooks:
                 "cannot be nested or run at the same time, each is journaled on its own. Call "
                 "them one after another in the Step, not from inside another effect's "
                 "function.",
+            )
+        pending = self.slot.state.pending_action
+        if pending is not None:
+            # Alongside a wait of the same Step (asyncio.gather): the journal cannot record an
+            # effect while the Run waits, which surfaced as the machine's IllegalTransition.
+            raise IntloomError(
+                "STEP_INTERACTION_INVALID",
+                f"{_where(self.slot.state.cursor)} started effect {name!r} (key {key!r}) while "
+                f"its wait on {pending.kind} {pending.id} was still unanswered: "
+                f"{_ONE_AT_A_TIME}",
             )
         rt.append(self.slot, EffectStarted(at=clock.now(), name=name, key=key))
         await rt.sync(self.slot)
@@ -1012,11 +1030,23 @@ class _Hooks:
     async def wait(self, kind: str, request: Any, state: Any) -> Any:
         slot = self.slot
         rt = self.driver.rt
-        if slot.waiter is not None:
-            raise IntloomError(
-                "STEP_INTERACTION_INVALID", "A Step has one unanswered question at a time."
-            )
         where = _where(slot.state.cursor)
+        # A second wait, or a wait while an effect runs, alongside it (asyncio.gather): the
+        # journal records one at a time, and the first one's record is still being flushed
+        # (slot.waiter is set only after it), so the state is what says so.
+        asked = "a confirmation" if kind == "confirmation" else "questions"
+        pending = slot.state.pending_action
+        running = slot.state.effect_in_flight
+        if pending is not None or slot.waiter is not None:
+            what = (f"its wait on {pending.kind} {pending.id} was still unanswered" if pending
+                    else "its previous wait was still being answered")
+            raise IntloomError("STEP_INTERACTION_INVALID",
+                               f"{where} asked for {asked} while {what}: {_ONE_AT_A_TIME}")
+        if running is not None:
+            raise IntloomError(
+                "STEP_INTERACTION_INVALID",
+                f"{where} asked for {asked} while effect {running.name!r} (key "
+                f"{running.key!r}) was still running: {_ONE_AT_A_TIME}")
         stage = slot.lw.workflow.stages[slot.state.cursor.stage]
         wire = (
             confirmation_request(request, where) if kind == "confirmation"

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import Project, ok, reaped
+from tests.helpers import Project, eventually, ok, reaped
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -21,6 +21,7 @@ MISTAKES = textwrap.dedent('''
 
     from __future__ import annotations
 
+    import asyncio
     from typing import Any
 
     import msgspec
@@ -37,7 +38,8 @@ MISTAKES = textwrap.dedent('''
     KINDS = ["ask_dicts", "ask_text", "confirm_sync", "confirm_unawaited", "duplicate_ids",
              "unencodable_state", "aeffect_sync", "wrong_field", "wrong_field_wait",
              "nested_effects", "duplicate_key", "exits", "float_wait", "set_wait",
-             "confirm_dropped", "ask_dropped", "aeffect_dropped"]
+             "confirm_dropped", "ask_dropped", "aeffect_dropped", "confirm_twice_at_once",
+             "effect_while_waiting", "wait_while_effect"]
     wf = intloom.Workflow("mistakes", version="1.0.0")
     main = wf.stage("main", state=Box)
 
@@ -86,6 +88,24 @@ MISTAKES = textwrap.dedent('''
     @main.step("aeffect_dropped", routes={"done": intloom.COMPLETE})
     async def aeffect_dropped(ctx: intloom.StepContext[Box]) -> str:
         ctx.aeffect("charge", print, "charged")  # no await: the effect would never run
+        return "done"
+
+
+    @main.step("confirm_twice_at_once", routes={"done": intloom.COMPLETE})
+    async def confirm_twice_at_once(ctx: intloom.StepContext[Box]) -> str:
+        await asyncio.gather(ctx.confirm({"n": 1}), ctx.confirm({"n": 2}))
+        return "done"
+
+
+    @main.step("effect_while_waiting", routes={"done": intloom.COMPLETE})
+    async def effect_while_waiting(ctx: intloom.StepContext[Box]) -> str:
+        await asyncio.gather(ctx.confirm({"n": 1}), ctx.aeffect("charge", asyncio.sleep, 0))
+        return "done"
+
+
+    @main.step("wait_while_effect", routes={"done": intloom.COMPLETE})
+    async def wait_while_effect(ctx: intloom.StepContext[Box]) -> str:
+        await asyncio.gather(ctx.aeffect("charge", asyncio.sleep, 0.05), ctx.confirm({"n": 1}))
         return "done"
 
 
@@ -240,6 +260,41 @@ def test_a_misused_interaction_names_the_step_and_the_fix(
 ) -> None:
     ok(mistakes.cli("start", "--json"))
     error = _failure(mistakes, kind)
+    assert error["code"] == "STEP_INTERACTION_INVALID", error
+    for fact in facts:
+        assert fact in error["message"], (fact, error["message"])
+    ok(mistakes.cli("stop", "--json"))
+
+
+@pytest.mark.parametrize(("kind", "facts"), [
+    ("confirm_twice_at_once", [
+        "Stage 'main', Step 'confirm_twice_at_once' asked for a confirmation while its "
+        "wait on confirmation ASK-", "was still unanswered", "not together in asyncio.gather"]),
+    ("effect_while_waiting", [
+        "Stage 'main', Step 'effect_while_waiting' started effect 'charge' (key 'charge#1') "
+        "while its wait on confirmation ASK-", "was still unanswered",
+        "not together in asyncio.gather"]),
+    ("wait_while_effect", [
+        "Stage 'main', Step 'wait_while_effect' asked for a confirmation while effect "
+        "'charge' (key 'charge#1') was still running", "not together in asyncio.gather"]),
+])
+def test_waiting_alongside_another_wait_or_an_effect_names_the_step_and_the_fix(
+    mistakes: Project, kind: str, facts: list[str],
+) -> None:
+    """A Step waits for one answer at a time, and not while an effect runs: both are
+    journaled one after another. asyncio.gather of two waits, or of a wait and an effect,
+    failed the Run with "raised IllegalTransition: ... record 6 (waiting) cannot follow
+    waiting", the journal's own rule quoted as the Step's exception, naming no fix. (The
+    first wait may be shown for a moment: it was made durable before the second began.)"""
+    ok(mistakes.cli("start", "--json"))
+    run_id = ok(mistakes.cli("flow", "mistakes", "--intent", kind, "--detach", "--json"))[
+        "run"]["runId"]
+
+    def ended() -> dict[str, Any] | None:
+        run: dict[str, Any] = ok(mistakes.cli("inspect", run_id, "--json"))["run"]
+        return run if run["status"] == "failed" else None
+
+    error = eventually(ended, timeout=30, what=f"{kind} to fail")["lastError"]
     assert error["code"] == "STEP_INTERACTION_INVALID", error
     for fact in facts:
         assert fact in error["message"], (fact, error["message"])
