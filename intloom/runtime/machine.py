@@ -77,7 +77,10 @@ ALLOWED: Final[dict[str | None, frozenset[str]]] = {
         {"executing", "step_ready", "effect_started", "step_result", "waiting", "terminal"}
     ),
     "effect_started": frozenset({"effect_done", "terminal"}),
-    "effect_done": frozenset({"effect_started", "step_result", "waiting", "terminal"}),
+    # effect_done -> step_ready only for a Stage initialiser that ran an effect (its State).
+    "effect_done": frozenset(
+        {"effect_started", "step_ready", "step_result", "waiting", "terminal"}
+    ),
     "step_result": frozenset({"step_ready", "stage_pending", "terminal"}),
     "waiting": frozenset({"answered", "waiting", "executing", "terminal"}),
     "answered": frozenset({"executing", "terminal"}),
@@ -210,7 +213,7 @@ def _apply_stage_pending(state: RunState, record: StagePending, seq: int) -> Run
 
 
 def _apply_step_ready(state: RunState, record: StepReady, seq: int) -> RunState:
-    if state.phase == "executing" and state.executing_kind != "init":
+    if state.phase in ("executing", "effect_done") and state.executing_kind != "init":
         raise _illegal(state, record, "only a Stage initialiser ends in step_ready")
     if record.stage != state.cursor.stage:
         raise _illegal(state, record, f"the Run is in Stage {state.cursor.stage!r}")

@@ -89,3 +89,55 @@ def test_sigkill_after_an_effect_returned_finds_its_result_in_the_journal(
     assert "'charge'" in message and key in message, message
     (pay.root / "release").write_text("")
     ok(pay.cli("stop", "--json"))
+
+
+INIT_SOURCE = '''
+import msgspec
+
+import intloom
+
+
+class Loaded(msgspec.Struct):
+    data: str = ""
+
+
+wf = intloom.Workflow("load", version="1")
+sync_stage = wf.stage("sync_stage", state=Loaded)
+async_stage = wf.stage("async_stage", state=Loaded)
+
+
+@sync_stage.init
+def fetch(ctx: intloom.StepContext[Loaded]) -> Loaded:
+    return Loaded(data=ctx.effect("fetch", lambda: "fetched"))
+
+
+@sync_stage.step("check", routes={"fetched": intloom.ToStage("async_stage")})
+def check(ctx: intloom.StepContext[Loaded]) -> str:
+    return ctx.state.data
+
+
+@async_stage.init
+async def afetch(ctx: intloom.StepContext[Loaded]) -> Loaded:
+    return Loaded(data=await ctx.aeffect("afetch", lambda: "afetched"))
+
+
+@async_stage.step("acheck", routes={"afetched": intloom.COMPLETE})
+def acheck(ctx: intloom.StepContext[Loaded]) -> str:
+    return ctx.state.data
+'''
+
+
+@pytest.mark.timeout(120)
+def test_an_initialiser_that_runs_an_effect_goes_on_to_its_stage(tmp_path: Path) -> None:
+    """An initialiser may run effects (the journal takes effect_started after its executing;
+    docs/recovery.md names an initialiser's effect in flight), but its State could not
+    follow the effect_done: the Run failed CLI_INTERNAL_ERROR "The host failed while driving
+    the Run (IllegalTransition)". It goes on to its Stage's first Step with that State."""
+    for project in reaped(one_source_project(tmp_path, "load", INIT_SOURCE)):
+        ok(project.cli("start", "--json"))
+        run = ok(project.cli("flow", "load", "--intent", "i", "--json"))["run"]
+        assert (run["status"], run.get("lastError")) == ("completed", None), run
+        records = ok(project.cli("inspect", run["runId"], "--json"))["records"]
+        assert [r["phase"] for r in records if r["record"].get("name") in (
+            "fetch", "afetch")] == ["effect_started", "effect_done"] * 2
+        ok(project.cli("stop", "--json"))
