@@ -1025,7 +1025,18 @@ class _Hooks:
         return value
 
     def before_wait(self, kind: str) -> None:
-        """A Step may wait (whether it awaits properly is the context's to check)."""
+        """A Step may wait (whether it awaits properly is the context's to check); an
+        initialiser may not. At the call, so a sync initialiser hears this rather than
+        "make it async" (the journal's "only a running Step may wait" came next)."""
+        cursor = self.slot.state.cursor
+        if self.slot.state.executing_kind == "init":
+            raise IntloomError(
+                "STEP_INTERACTION_INVALID",
+                f"{code_at(cursor)} cannot wait for a {kind} answer: an initialiser only "
+                "builds the Stage's State when the Stage is entered, and only a Step waits "
+                "(with recover to continue the wait after a restart). Nothing was recorded "
+                "and nobody was asked. Ask in a Step of the Stage.",
+            )
 
     async def wait(self, kind: str, request: Any, state: Any) -> Any:
         slot = self.slot

@@ -44,7 +44,9 @@ MISTAKES = textwrap.dedent('''
     main = wf.stage("main", state=Box)
 
 
-    @main.step("pick", routes={kind: kind for kind in KINDS})
+    @main.step("pick", routes={**{kind: kind for kind in KINDS},
+                               "init_waits": intloom.ToStage("init_waits"),
+                               "sync_init_waits": intloom.ToStage("sync_init_waits")})
     def pick(ctx: intloom.StepContext[Box]) -> str:
         return ctx.intent
 
@@ -106,6 +108,32 @@ MISTAKES = textwrap.dedent('''
     @main.step("wait_while_effect", routes={"done": intloom.COMPLETE})
     async def wait_while_effect(ctx: intloom.StepContext[Box]) -> str:
         await asyncio.gather(ctx.aeffect("charge", asyncio.sleep, 0.05), ctx.confirm({"n": 1}))
+        return "done"
+
+
+    init_waits = wf.stage("init_waits", state=Box)
+    sync_init_waits = wf.stage("sync_init_waits", state=Box)
+
+
+    @init_waits.init
+    async def init_confirm(ctx: intloom.StepContext[Box]) -> Box:
+        await ctx.confirm({"n": 1})
+        return Box()
+
+
+    @sync_init_waits.init
+    def sync_init_confirm(ctx: intloom.StepContext[Box]) -> Box:
+        ctx.confirm({"n": 1})
+        return Box()
+
+
+    @init_waits.step("first", routes={"done": intloom.COMPLETE})
+    def first(ctx: intloom.StepContext[Box]) -> str:
+        return "done"
+
+
+    @sync_init_waits.step("sync_first", routes={"done": intloom.COMPLETE})
+    def sync_first(ctx: intloom.StepContext[Box]) -> str:
         return "done"
 
 
@@ -248,6 +276,10 @@ FIX = "Pass a list of intloom.Question"
                          "...) (key 'charge#1') without awaiting it", "the effect never ran",
                          "`result = await ctx.aeffect('charge', ...)`"]),
     ("duplicate_ids", ["Stage 'main', Step 'duplicate_ids'", "repeat ['a']", "its own id"]),
+    ("init_waits", ["Stage 'init_waits' initialiser cannot wait for a confirmation answer",
+                    "only a Step waits", "Ask in a Step of the Stage"]),
+    ("sync_init_waits", ["Stage 'sync_init_waits' initialiser cannot wait for a confirmation "
+                         "answer", "only a Step waits", "Ask in a Step of the Stage"]),
     ("aeffect_sync", ["Stage 'main', Step 'aeffect_sync' is sync", "ctx.aeffect",
                       "Use `ctx.effect(...)`", "await ctx.aeffect("]),
     ("nested_effects", ["Stage 'main', Step 'nested_effects' started effect 'inner'",

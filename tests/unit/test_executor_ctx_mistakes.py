@@ -111,6 +111,10 @@ def _forgetting(where: str, forget: Callable[[Any, list[str]], Any], ran: list[s
 def test_a_call_never_awaited_fails_the_run_naming_the_call_and_the_fix(
         tmp_path: Path, no_unawaited_warning: None, call: str, where: str) -> None:
     forget, facts = CALLS[call]
+    if where == "init" and call != "aeffect":
+        # An initialiser cannot wait at all: the call is refused as it is made, awaited or not.
+        kind = "confirmation" if call == "confirm" else "questions"
+        facts = [f"cannot wait for a {kind} answer", "Ask in a Step of the Stage"]
     ran: list[str] = []
     root = tmp_path / "runtime"
     view = _settle(root, _forgetting(where, forget, ran))
