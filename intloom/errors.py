@@ -13,6 +13,7 @@ import msgspec
 
 __all__ = [
     "CATALOGUE", "MAX_MESSAGE", "ErrorView", "IntloomError", "as_call", "clip", "error_view",
+    "message_of",
 ]
 
 # The most characters of an error message a Run keeps (its lastError, an effect's failure):
@@ -27,6 +28,17 @@ def as_call(exc: BaseException) -> str:
     read as an error message, and a bare ``0`` says nothing)."""
     name = type(exc).__name__
     return f"{name}({', '.join(repr(arg) for arg in exc.args)})" if exc.args else name
+
+
+def message_of(exc: BaseException) -> str:
+    """``str(exc)`` of what user code raised. Its ``__str__`` is user code too: one that
+    raises (a library's exception missing what its message is built from) is named here,
+    rather than escaping from the error handling that reports it."""
+    try:
+        return str(exc)
+    except Exception as inner:
+        return (f"(its message cannot be shown: its __str__ raised "
+                f"{type(inner).__name__})")
 
 
 def clip(text: str, limit: int = MAX_MESSAGE) -> str:

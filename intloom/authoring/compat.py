@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Final
 
 import msgspec
 
-from intloom.errors import clip
+from intloom.errors import clip, message_of
 
 if TYPE_CHECKING:
     from intloom.authoring.loader import LoadedWorkflow
@@ -71,7 +71,8 @@ def state_problem(lw: LoadedWorkflow, state: RunState) -> str | None:
         # TypeError into a ValidationError. Anything else (an ``assert``) is this Run's
         # problem, never the host's: it stopped every Run from restoring.
         return (f"the State saved in Stage {state.cursor.stage!r} no longer decodes: "
-                f"building {st_type.__name__} raised {type(exc).__name__}: {clip(str(exc), 500)}")
+                f"building {st_type.__name__} raised {type(exc).__name__}: "
+                f"{clip(message_of(exc), 500)}")
     # Saved as encoded, or (a State with sets, floats, ...) in the deterministic order the
     # driver saves it in.
     if (msgspec.json.encode(decoded) != state.stage_state

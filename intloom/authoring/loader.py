@@ -27,7 +27,7 @@ from typing import Any, Final
 
 from intloom.authoring.identity import in_source_tree, source_root, workflow_identity
 from intloom.authoring.workflow import WORKFLOW_MODULE_PREFIX, Workflow
-from intloom.errors import ErrorView, IntloomError, as_call, clip
+from intloom.errors import ErrorView, IntloomError, as_call, clip, message_of
 from intloom.project import Config
 
 __all__ = ["LoadResult", "LoadedWorkflow", "load_workflows", "load_workflows_offline"]
@@ -315,7 +315,8 @@ def _failure(root: Path, exc: BaseException) -> str:
             where = f" (line {tb.tb_lineno} of {shown_file})"
         tb = tb.tb_next
     # An exit or interrupt is named as the driver names a Step's (``SystemExit(2)``).
-    what = f"{type(exc).__name__}: {exc}" if isinstance(exc, Exception) else as_call(exc)
+    what = (f"{type(exc).__name__}: {message_of(exc)}" if isinstance(exc, Exception)
+            else as_call(exc))
     # Cut: the message is shown by start, status and flows (MAX_MESSAGE, docs/authoring.md).
     return f"{clip(what)}{where}"
 

@@ -24,7 +24,7 @@ from intloom.authoring.context import ContextHooks, StepContext, left_behind, un
 from intloom.authoring.interaction import confirmation_request, questions_request
 from intloom.authoring.loader import LoadedWorkflow
 from intloom.authoring.workflow import AgentStep, Complete, Stage, Step, ToStage
-from intloom.errors import ErrorView, IntloomError, as_call, clip, error_view
+from intloom.errors import ErrorView, IntloomError, as_call, clip, error_view, message_of
 from intloom.executor import clock
 from intloom.executor.history import FACTS as _FACTS
 from intloom.executor.history import Entry as _Entry
@@ -172,7 +172,7 @@ def _raised(exc: BaseException) -> str:
     ``_contained`` had to carry in a stand-in, the original and what to do instead."""
     if isinstance(exc, _Escaped):
         return exc.described
-    text = str(exc)
+    text = message_of(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
@@ -183,7 +183,8 @@ class _Escaped(Exception):
     def __init__(self, exc: BaseException) -> None:
         name = type(exc).__name__
         if isinstance(exc, Exception):  # StopIteration: an ordinary mistake
-            why = f"{name}: {exc}" if str(exc) else name
+            text = message_of(exc)
+            why = f"{name}: {text}" if text else name
         else:
             call = as_call(exc)
             what = ("exit the process" if isinstance(exc, SystemExit) else
@@ -975,7 +976,7 @@ class _Hooks:
         try:
             value = call()
         except Exception as exc:
-            error = f"{type(exc).__name__}: {exc}"
+            error = f"{type(exc).__name__}: {message_of(exc)}"
             self._on_loop(lambda: self._end(name, key, False, None, error))
             raise
         if inspect.isawaitable(value):
@@ -1002,7 +1003,8 @@ class _Hooks:
             if inspect.isawaitable(value):
                 value = await value
         except Exception as exc:
-            await self._end(name, key, False, None, f"{type(exc).__name__}: {exc}")
+            await self._end(name, key, False, None,
+                            f"{type(exc).__name__}: {message_of(exc)}")
             raise
         except asyncio.CancelledError:
             if self.slot.owned and not self.driver.cutting:

@@ -32,7 +32,7 @@ from intloom.authoring.context import Recovery
 from intloom.authoring.interaction import validate_answer
 from intloom.authoring.loader import LoadedWorkflow
 from intloom.authoring.workflow import AgentStep
-from intloom.errors import MAX_MESSAGE, ErrorView, IntloomError, clip, error_view
+from intloom.errors import MAX_MESSAGE, ErrorView, IntloomError, clip, error_view, message_of
 from intloom.executor import clock
 from intloom.executor.driver import (
     AgentClaim,
@@ -1001,7 +1001,7 @@ class Runtime:
         except Exception as exc:
             raise IntloomError(
                 "TOOL_EXECUTION_FAILED",
-                clip(f"Tool {tool!r} raised {type(exc).__name__}: {exc}"),
+                clip(f"Tool {tool!r} raised {type(exc).__name__}: {message_of(exc)}"),
             ) from None
         finally:
             claim.tool_running = None

@@ -39,7 +39,8 @@ MISTAKES = textwrap.dedent('''
              "unencodable_state", "aeffect_sync", "wrong_field", "wrong_field_wait",
              "nested_effects", "duplicate_key", "exits", "float_wait", "set_wait",
              "confirm_dropped", "ask_dropped", "aeffect_dropped", "confirm_twice_at_once",
-             "effect_while_waiting", "wait_while_effect"]
+             "effect_while_waiting", "wait_while_effect", "unprintable",
+             "unprintable_effect"]
     wf = intloom.Workflow("mistakes", version="1.0.0")
     main = wf.stage("main", state=Box)
 
@@ -189,6 +190,27 @@ MISTAKES = textwrap.dedent('''
     def duplicate_key(ctx: intloom.StepContext[Box]) -> str:
         ctx.effect("one", print, "one", key="k")
         ctx.effect("two", print, "two", key="k")
+        return "done"
+
+
+    class Unprintable(Exception):
+        def __str__(self) -> str:  # a library's exception whose message cannot be built
+            raise RuntimeError("no message")
+
+
+    def refuse() -> None:
+        raise Unprintable()
+
+
+    @main.step("unprintable", routes={"done": intloom.COMPLETE})
+    def unprintable(ctx: intloom.StepContext[Box]) -> str:
+        refuse()
+        return "done"
+
+
+    @main.step("unprintable_effect", routes={"done": intloom.COMPLETE})
+    def unprintable_effect(ctx: intloom.StepContext[Box]) -> str:
+        ctx.effect("charge", refuse, key="order-7")
         return "done"
 
 
@@ -387,6 +409,29 @@ def test_a_step_that_exits_fails_its_run_and_says_so(mistakes: Project) -> None:
     assert message.startswith("Stage 'main', Step 'exits' raised SystemExit(3) ("), message
     assert "must not exit the process" in message and "raise an exception instead" in message
     assert ok(mistakes.cli("status", "--json"))["service"]  # the host is still serving
+    ok(mistakes.cli("stop", "--json"))
+
+
+@pytest.mark.parametrize("kind", ["unprintable", "unprintable_effect"])
+def test_an_exception_whose_message_cannot_be_built_is_named_by_its_type(
+    mistakes: Project, kind: str,
+) -> None:
+    """An exception whose __str__ raises (a library's, say) failed the Run with
+    CLI_INTERNAL_ERROR "The host failed while driving the Run (RuntimeError)", and from an
+    effect it left no effect_done: the journal showed the effect in flight, its outcome
+    unknown, though it had raised. The Step's error names the type instead."""
+    ok(mistakes.cli("start", "--json"))
+    error = _failure(mistakes, kind)
+    assert error["code"] == "STEP_EXECUTION_FAILED", error
+    assert error["message"] == (
+        f"Stage 'main', Step '{kind}' raised Unprintable: (its message cannot be shown: its "
+        "__str__ raised RuntimeError)"), error
+    if kind == "unprintable_effect":
+        run_id = ok(mistakes.cli("runs", "--json"))["runs"][-1]["runId"]
+        [done] = [r["record"] for r in ok(mistakes.cli("inspect", run_id, "--json"))[
+            "records"] if r["phase"] == "effect_done"]
+        assert (done["ok"], done["error"]) == (False, (
+            "Unprintable: (its message cannot be shown: its __str__ raised RuntimeError)"))
     ok(mistakes.cli("stop", "--json"))
 
 
