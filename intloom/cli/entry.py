@@ -11,7 +11,11 @@ end is frozen so the exit pass has nothing to walk.
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import os
+import sys
+import threading
 from typing import NoReturn
 
 __all__ = ["run"]
@@ -26,4 +30,20 @@ def run() -> NoReturn:
         gc.enable()
     code = main()
     gc.freeze()
+    _end_despite_their_threads(code)
     raise SystemExit(code)
+
+
+def _end_despite_their_threads(code: int) -> None:
+    """doctor and inspect import the Workflow sources (start --foreground runs them): a
+    module that started a thread that never ends and is not a daemon (a poller, a metrics
+    client) kept the command from exiting once it was done, as Python joins such threads at
+    exit. The command's output is flushed and the process ends, as the host's does."""
+    main_thread = threading.main_thread()
+    if not any(thread is not main_thread and thread.is_alive() and not thread.daemon
+               for thread in threading.enumerate()):
+        return
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a reader gone (| head) is no failure here
+            stream.flush()
+    os._exit(code)

@@ -261,6 +261,54 @@ def test_a_source_path_the_os_cannot_examine_fails_alone_and_the_host_starts(
     ok(acc.cli("stop", "--json"))
 
 
+THREADED = textwrap.dedent('''
+    """Starts a background thread when imported, as a client library's poller does."""
+
+    import threading
+    import time
+
+    import intloom
+
+
+    def poll() -> None:
+        while True:
+            time.sleep(0.05)
+
+
+    threading.Thread(target=poll, name="poller").start()  # not a daemon
+    wf = intloom.Workflow("threaded", version="1.0.0")
+    s = wf.stage("s")
+
+
+    @s.step("only", routes={"done": intloom.COMPLETE})
+    def only(ctx: intloom.StepContext[None]) -> str:
+        return "done"
+''')
+
+
+@pytest.mark.parametrize("command", ["doctor", "inspect"])
+def test_doctor_and_inspect_end_when_a_source_leaves_a_thread_running(
+    acc: Project, command: str,
+) -> None:
+    """doctor and inspect import the Workflow sources; one that starts a thread that never
+    ends (not a daemon: a poller, a metrics client) kept the command from exiting after it
+    had printed its report, so it never returned. The host exits regardless; so do they."""
+    (acc.root / "workflows" / "threaded").mkdir()
+    (acc.root / "workflows" / "threaded" / "__init__.py").write_text(THREADED)
+    (acc.root / "intloom.toml").write_text(
+        'workflows = ["workflows/acc.py", "workflows/threaded"]\n')
+    ok(acc.cli("start", "--json"))
+    run_id = ok(acc.cli("flow", "threaded", "--intent", "i", "--json"))["run"]["runId"]
+    ok(acc.cli("stop", "--json"))
+    args = ["doctor", "--json"] if command == "doctor" else ["inspect", run_id, "--json"]
+    done = acc.cli(*args, timeout=30)  # subprocess.run kills it and raises at the deadline
+    assert done.code == 0, (done.code, done.stdout, done.stderr)
+    if command == "doctor":
+        assert done.json["health"] == "healthy", done.stdout
+    else:
+        assert done.json["run"]["status"] == "completed", done.stdout
+
+
 def test_all_sources_loading_is_an_empty_list_not_a_missing_key(acc: Project) -> None:
     service = ok(acc.cli("start", "--json"))["service"]
     assert service["workflowProblems"] == [] and service["workflowCount"] == 1
