@@ -6,8 +6,9 @@ and the Runtime fit together, so a change in any of them touches the host here a
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -120,6 +121,29 @@ def _open_store(
     return store, runs
 
 
+@contextlib.contextmanager
+def _as_a_script_imports() -> Iterator[None]:
+    """Hide the host's running event loop while the Workflow modules import.
+
+    They import on the loop's thread, inside a coroutine: a module that sets itself up with
+    ``asyncio.run(...)`` (an async client) or a loop of its own failed to load in the host,
+    "cannot be called from a running event loop", while doctor and inspect, which import it
+    as a script does, said it loads. ``asyncio.run`` also clears the thread's event loop when
+    it is done: both are put back afterwards.
+    """
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:  # not on a loop (a test calling boot directly): as a script already
+        yield
+        return
+    asyncio._set_running_loop(None)
+    try:
+        yield
+    finally:
+        asyncio._set_running_loop(running)
+        asyncio.set_event_loop(running)
+
+
 def boot(
     root: Path,
     config: Config,
@@ -136,7 +160,7 @@ def boot(
     is written): the host makes a stop signal interrupt it there.
     """
     paths = ProjectPaths(root)
-    with importing():
+    with importing(), _as_a_script_imports():
         result = load_workflows(root, config)
     for source, view in result.problems:
         log.error("workflow_load_failed", source=source, code=view.code, message=view.message)

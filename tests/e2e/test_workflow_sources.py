@@ -309,6 +309,56 @@ def test_doctor_and_inspect_end_when_a_source_leaves_a_thread_running(
         assert done.json["run"]["status"] == "completed", done.stdout
 
 
+ASYNC_SETUP = textwrap.dedent('''
+    """Sets an async client up when imported, as a script would."""
+
+    import asyncio
+
+    import intloom
+
+
+    async def connect() -> str:
+        await asyncio.sleep(0)
+        return "client"
+
+
+    CLIENT = asyncio.run(connect())
+    _loop = asyncio.new_event_loop()
+    POOL = _loop.run_until_complete(connect())
+    _loop.close()
+    wf = intloom.Workflow("setup", version="1.0.0")
+    s = wf.stage("s")
+
+
+    @s.step("only", routes={"client": intloom.COMPLETE})
+    async def only(ctx: intloom.StepContext[None]) -> str:
+        await asyncio.sleep(0)  # the host's loop runs the Step
+        return CLIENT
+''')
+
+
+def test_a_source_that_runs_asyncio_when_imported_loads_in_the_host_as_in_doctor(
+    acc: Project,
+) -> None:
+    """The host imported the Workflow modules on its running event loop, so a module that
+    set itself up with asyncio.run(...) (or a loop of its own's run_until_complete) failed to
+    load in the host, "asyncio.run() cannot be called from a running event loop", while
+    doctor, importing it as a script does, said it loads. It loads in both."""
+    (acc.root / "workflows" / "setup").mkdir()
+    (acc.root / "workflows" / "setup" / "__init__.py").write_text(ASYNC_SETUP)
+    (acc.root / "intloom.toml").write_text(
+        'workflows = ["workflows/acc.py", "workflows/setup"]\n')
+    doctor = acc.cli("doctor", "--json")
+    [check] = [c for c in doctor.json["checks"] if c["id"] == "workflows"]
+    assert check["status"] == "ok", check
+    service = ok(acc.cli("start", "--json"))["service"]
+    assert (service["workflowCount"], service["workflowProblems"]) == (2, []), service
+    run = ok(acc.cli("flow", "setup", "--intent", "i", "--json"))["run"]
+    assert run["status"] == "completed", run
+    assert ok(acc.cli("flow", "acc", "--intent", "i", "--json"))["run"]["status"] == "waiting"
+    ok(acc.cli("stop", "--json"))
+
+
 def test_all_sources_loading_is_an_empty_list_not_a_missing_key(acc: Project) -> None:
     service = ok(acc.cli("start", "--json"))["service"]
     assert service["workflowProblems"] == [] and service["workflowCount"] == 1
