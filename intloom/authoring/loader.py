@@ -357,10 +357,36 @@ def load_workflows_offline(root: Path, config: Config) -> LoadResult:
     saved = sys.dont_write_bytecode
     sys.dont_write_bytecode = True
     try:
-        with _their_output():
+        with _their_output(), _in_directory(root):
             return load_workflows(root, config)
     finally:
         sys.dont_write_bytecode = saved
+
+
+@contextlib.contextmanager
+def _in_directory(root: Path) -> Iterator[None]:
+    """The host imports the modules in the project root (its working directory): so do the
+    read-only tools, or a module reading ``data/prompt.txt`` when imported failed to load in
+    doctor run from a subdirectory (or with --project from elsewhere) though the host loads
+    it. The command's own working directory is put back afterwards."""
+    try:
+        previous = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:  # the working directory is gone or unreadable: nothing to put back
+        previous = None
+    try:
+        os.chdir(root)
+    except OSError:
+        if previous is not None:
+            os.close(previous)
+        yield
+        return
+    try:
+        yield
+    finally:
+        if previous is not None:
+            with contextlib.suppress(OSError):
+                os.fchdir(previous)
+            os.close(previous)
 
 
 # What is shown of the modules' output, at most.

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.e2e.test_cli_e2e import only_json, run_cli
 from tests.helpers import Project, ok, reaped
 from tests.unit.test_authoring_mistakes import SOURCES
 
@@ -357,6 +358,54 @@ def test_a_source_that_runs_asyncio_when_imported_loads_in_the_host_as_in_doctor
     assert run["status"] == "completed", run
     assert ok(acc.cli("flow", "acc", "--intent", "i", "--json"))["run"]["status"] == "waiting"
     ok(acc.cli("stop", "--json"))
+
+
+READS_DATA = textwrap.dedent('''
+    """Reads a project file when imported, by a path relative to the project root."""
+
+    import intloom
+
+    PROMPT = open("data/prompt.txt", encoding="utf-8").read()
+    wf = intloom.Workflow("reads", version="1.0.0")
+    s = wf.stage("s")
+
+
+    @s.step("only", routes={"done": intloom.COMPLETE})
+    async def only(ctx: intloom.StepContext[None]) -> str:
+        await ctx.confirm({"prompt": PROMPT})
+        return "done"
+
+
+    @only.recover
+    def only_recover(ctx: intloom.StepContext[None], saved: intloom.Recovery) -> str:
+        return "done"
+''')
+
+
+def test_doctor_and_inspect_import_the_sources_from_the_project_root_as_the_host_does(
+    acc: Project,
+) -> None:
+    """The host runs in the project root; doctor and inspect imported the sources in the
+    directory they were run from. A module reading data/prompt.txt when imported loads in
+    the host, but doctor run from a subdirectory (or with --project from elsewhere) said it
+    failed to load (FileNotFoundError), and inspect previewed its Runs as held."""
+    (acc.root / "data").mkdir()
+    (acc.root / "data" / "prompt.txt").write_text("Summarise.")
+    (acc.root / "workflows" / "reads").mkdir()
+    (acc.root / "workflows" / "reads" / "__init__.py").write_text(READS_DATA)
+    (acc.root / "intloom.toml").write_text(
+        'workflows = ["workflows/acc.py", "workflows/reads"]\n')
+    assert ok(acc.cli("start", "--json"))["service"]["workflowProblems"] == []
+    run_id = ok(acc.cli("flow", "reads", "--intent", "i", "--json"))["run"]["runId"]
+    ok(acc.cli("stop", "--json"))
+    for cwd in (acc.root / "workflows", acc.root.parent):
+        project = () if cwd.is_relative_to(acc.root) else ("--project", str(acc.root))
+        doctor = run_cli(*project, "doctor", "--json", cwd=cwd)
+        [check] = [c for c in only_json(doctor)["checks"] if c["id"] == "workflows"]
+        assert check["status"] == "ok", (cwd, check)
+        inspected = only_json(run_cli(*project, "inspect", run_id, "--json", cwd=cwd))
+        assert inspected["run"]["restart"]["row"] == "restore_wait", (cwd, inspected["run"])
+        assert os.getcwd() != str(acc.root)  # the test's own directory is not the project
 
 
 def test_all_sources_loading_is_an_empty_list_not_a_missing_key(acc: Project) -> None:
