@@ -10,6 +10,7 @@ byte-identical.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -575,7 +576,15 @@ def _run_foreground(root: Path, *, port: int | None, strict: bool, progress: Pro
             on_ready(StartResult(service=service, reused=False))
 
     channel = ReadyChannel(on_progress=progress, on_ready=seen, on_failed=failure.append)
-    code = Host(HostOptions(root=root, port=port, strict=strict), channel).run()
+    # A launched host works in the project root (_launch): so does this one, or a Workflow
+    # reading a project file by a relative path loaded, and a Step wrote, only in one of them.
+    previous = os.getcwd()
+    os.chdir(root)
+    try:
+        code = Host(HostOptions(root=root, port=port, strict=strict), channel).run()
+    finally:
+        with contextlib.suppress(OSError):
+            os.chdir(previous)
     if failure:
         raise IntloomError(failure[0].code, failure[0].message, retryable=failure[0].retryable)
     if not ready:

@@ -107,6 +107,37 @@ def test_sigkilled_host_makes_stop_busy_with_every_file_byte_identical(project: 
     assert snapshot_files(project.root) == before
 
 
+def test_a_foreground_host_works_in_the_project_root_as_a_launched_one_does(
+    project: Project,
+) -> None:
+    """A launched host works in the project root (docs/lifecycle.md); start --foreground run
+    from a subdirectory worked there instead, so a Workflow reading data/prompt.txt when
+    imported failed to load in it only, and a Step's relative paths wrote into that
+    subdirectory."""
+    where = project.root / "workflows"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "intloom", "start", "--foreground"],
+        cwd=where, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(REPO)},
+    )
+    project.pids.add(proc.pid)
+    try:
+        eventually(lambda: (project.state / "service.json").exists(), timeout=20,
+                   what="the foreground host to serve")
+        assert os.readlink(f"/proc/{proc.pid}/cwd") == str(project.root)
+        proc.send_signal(signal.SIGTERM)  # a graceful stop, as Ctrl-C is
+        out, err = proc.communicate(timeout=20)
+        assert proc.returncode == 0, (out, err)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    # The launched host, for comparison.
+    _ok(project.cli("--json", "start"))
+    assert os.readlink(f"/proc/{project.host_pid()}/cwd") == str(project.root)
+    _ok(project.cli("--json", "stop"))
+
+
 def test_start_foreground_serves_until_ctrl_c(project: Project) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "intloom", "--project", str(project.root), "start",
