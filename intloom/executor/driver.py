@@ -1482,6 +1482,10 @@ class Driver:
                 f"{where or step.where} returned {_shown(outcome, 200)}; return a "
                 f"non-empty outcome string, one of {sorted(step.routes)}.",
             )
+        if type(outcome) is not str:
+            # A str subclass (numpy.str_, a library's text type) is its text: the journal
+            # holds plain strings, and refused it as a value it cannot encode.
+            outcome = str.__str__(outcome)
         if outcome not in step.routes and len(outcome) > MAX_OUTCOME:
             # No route is that long: not worth a record.
             raise IntloomError(

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import Project, eventually, ok, reaped
+from tests.helpers import Project, eventually, ok, one_source_project, reaped
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -467,3 +467,43 @@ def test_a_set_in_the_state_survives_a_restart_under_another_hash_seed(
                            '{"isConfirmed": true}', "--json"))["run"]
     assert done["status"] == "completed", done
     ok(mistakes.cli("stop", "--json"))
+
+
+STR_OUTCOMES = textwrap.dedent('''
+    """Steps returning their outcome as a str subclass (numpy.str_, a library's text type)."""
+
+    import intloom
+
+
+    class Label(str):
+        """A str subclass, as numpy.str_ and many libraries' text types are."""
+
+
+    wf = intloom.Workflow("labels", version="1.0.0")
+    main = wf.stage("main")
+
+
+    @main.step("classify", routes={"spam": "recheck"})
+    def classify(ctx: intloom.StepContext[None]) -> str:
+        return Label("spam")
+
+
+    @main.step("recheck", routes={"spam": intloom.COMPLETE})
+    async def recheck(ctx: intloom.StepContext[None]) -> str:
+        return Label("spam")
+''')
+
+
+def test_an_outcome_returned_as_a_str_subclass_routes_as_its_text(tmp_path: Path) -> None:
+    """An outcome is a str: one of a str subclass (numpy.str_, say, picked from an array of
+    labels) passed the route check, then failed the Run with RUN_STATE_INVALID "its
+    StepResult record cannot be written to the journal (TypeError: Encoding objects of type
+    Label is unsupported)". It is recorded and routed as its text."""
+    for project in reaped(one_source_project(tmp_path, "labels", STR_OUTCOMES)):
+        ok(project.cli("start", "--json"))
+        run = project.cli("flow", "labels", "--intent", "i", "--json").json["run"]
+        assert (run["status"], run.get("lastError")) == ("completed", None), run
+        outcomes = [r["record"]["outcome"] for r in ok(project.cli(
+            "inspect", run["runId"], "--json"))["records"] if r["phase"] == "step_result"]
+        assert outcomes == ["spam", "spam"]
+        ok(project.cli("stop", "--json"))
