@@ -357,10 +357,41 @@ def load_workflows_offline(root: Path, config: Config) -> LoadResult:
     saved = sys.dont_write_bytecode
     sys.dont_write_bytecode = True
     try:
-        with _their_output(), _in_directory(root):
+        with _their_output(), _in_directory(root), _stdin_at_end():
             return load_workflows(root, config)
     finally:
         sys.dont_write_bytecode = saved
+
+
+@contextlib.contextmanager
+def _stdin_at_end() -> Iterator[None]:
+    """The host imports the modules with stdin on /dev/null: so do the read-only tools. A
+    module calling ``input()`` when imported (a key missing from the environment) fails to
+    load in the host (EOFError), while doctor sat waiting on the terminal behind a prompt it
+    had set aside with the module's output, and what was typed made it say the source
+    loads. Descriptor 0 and ``sys.stdin`` are both put back afterwards."""
+    try:
+        kept: int | None = os.dup(0)
+    except OSError:  # no stdin at all: reading it fails as at /dev/null
+        kept = None
+    empty = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    previous = sys.stdin
+    try:
+        os.dup2(empty, 0)
+        with open(os.devnull, encoding="utf-8") as nothing:
+            sys.stdin = nothing
+            try:
+                yield
+            finally:
+                sys.stdin = previous
+    finally:
+        if kept is not None:
+            os.dup2(kept, 0)
+            os.close(kept)
+        else:
+            with contextlib.suppress(OSError):
+                os.close(0)
+        os.close(empty)
 
 
 @contextlib.contextmanager

@@ -5,8 +5,11 @@ and the error itself. Real host, real CLI subprocesses; every host is reaped."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import py_compile
+import subprocess
+import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -406,6 +409,54 @@ def test_doctor_and_inspect_import_the_sources_from_the_project_root_as_the_host
         inspected = only_json(run_cli(*project, "inspect", run_id, "--json", cwd=cwd))
         assert inspected["run"]["restart"]["row"] == "restore_wait", (cwd, inspected["run"])
         assert os.getcwd() != str(acc.root)  # the test's own directory is not the project
+
+
+ASKS_AT_IMPORT = textwrap.dedent('''
+    """Asks for a key on stdin when it is not in the environment, as a script might."""
+
+    import os
+
+    import intloom
+
+    KEY = os.environ.get("NO_SUCH_KEY_VAR") or input("API key: ")
+    wf = intloom.Workflow("asks", version="1.0.0")
+    s = wf.stage("s")
+
+
+    @s.step("only", routes={"done": intloom.COMPLETE})
+    def only(ctx: intloom.StepContext[None]) -> str:
+        return "done"
+''')
+
+
+def test_doctor_judges_a_source_reading_stdin_as_the_host_does_without_waiting(
+    acc: Project,
+) -> None:
+    """The host imports with stdin on /dev/null: a module calling input() fails to load
+    there (EOFError). doctor imported it on the terminal's stdin, so it sat waiting for a
+    line behind a prompt it had set aside (the module's output is shown afterwards), and
+    what was typed made it say the source loads. It reads /dev/null as the host does."""
+    (acc.root / "workflows" / "asks").mkdir()
+    (acc.root / "workflows" / "asks" / "__init__.py").write_text(ASKS_AT_IMPORT)
+    (acc.root / "intloom.toml").write_text(
+        'workflows = ["workflows/acc.py", "workflows/asks"]\n')
+    [problem] = ok(acc.cli("start", "--json"))["service"]["workflowProblems"]
+    assert "EOFError" in problem["message"], problem
+    ok(acc.cli("stop", "--json"))
+    held_open, writer = os.pipe()  # a terminal nobody types into: never at end of file
+    try:
+        doctor = subprocess.run(
+            [sys.executable, "-m", "intloom", "--project", str(acc.root), "doctor", "--json"],
+            stdin=held_open, capture_output=True, text=True, timeout=30,
+            env={**os.environ, "NO_COLOR": "1"},
+        )
+    finally:
+        os.close(held_open)
+        os.close(writer)
+    assert doctor.returncode == 3, (doctor.returncode, doctor.stdout, doctor.stderr)
+    [check] = [c for c in json.loads(doctor.stdout)["checks"] if c["id"] == "workflows"]
+    assert "workflows/asks: WORKFLOW_LOAD_FAILED" in check["message"], check
+    assert "EOFError" in check["message"], check
 
 
 def test_all_sources_loading_is_an_empty_list_not_a_missing_key(acc: Project) -> None:
