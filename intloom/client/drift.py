@@ -22,7 +22,7 @@ from intloom.protocol.messages import PROTOCOL, ServiceView, WorkflowInfo
 
 __all__ = ["SourceChange", "against_host", "since_start"]
 
-Change = Literal["listed", "unlisted", "edited", "unreadable", "config"]
+Change = Literal["listed", "unlisted", "edited", "unreadable", "config", "port"]
 
 
 @dataclass(frozen=True)
@@ -32,8 +32,9 @@ class SourceChange:
     ``change``: ``listed`` (in ``intloom.toml`` now, not loaded by the host), ``unlisted``
     (loaded, no longer listed), ``edited`` (its source tree's identity is not the loaded
     one), ``unreadable`` (it is gone, or its tree cannot be hashed now), ``config``
-    (``intloom.toml`` itself cannot be read now). ``workflow``: the loaded Workflow's name,
-    when there is one.
+    (``intloom.toml`` itself cannot be read now), ``port`` (``intloom.toml`` sets another
+    port than the host listens on: the next start listens there). ``workflow``: the loaded
+    Workflow's name, when there is one.
     """
 
     source: str
@@ -46,15 +47,21 @@ def since_start(root: Path, service: ServiceView, flows: list[WorkflowInfo]
                 ) -> list[SourceChange]:
     """How the project on disk differs from what the running host loaded."""
     try:
-        listed = load_config(root).workflows
+        config = load_config(root)
     except IntloomError as exc:
         return [SourceChange("intloom.toml", "config", exc.message)]
+    listed = config.workflows
     loaded: dict[str, list[WorkflowInfo]] = {}
     for info in flows:
         loaded.setdefault(info.source, []).append(info)
     out = [SourceChange(source, "listed", f"{source} is listed in intloom.toml; the host "
                         "started before and has not loaded it.")
            for source in dict.fromkeys(listed) if source not in loaded]
+    if config.port and config.port != service.port:  # 0: any port, whichever it got
+        # The config's port wins over the saved one at a start (host/daemon.py).
+        out.append(SourceChange(
+            "intloom.toml", "port", f"intloom.toml sets port {config.port}; the host listens "
+            f"on {service.port}, and the next start listens on {config.port}."))
     for source, infos in loaded.items():
         if source not in listed:
             names = ", ".join(i.name for i in infos if i.ready) or None

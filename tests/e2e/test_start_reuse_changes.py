@@ -206,3 +206,23 @@ def _workflows_check(project: Project) -> dict[str, Any]:
     assert doctor.code in (0, 3), (doctor.code, doctor.stdout, doctor.stderr)
     check: dict[str, Any] = next(c for c in doctor.json["checks"] if c["id"] == "workflows")
     return check
+
+
+def test_a_port_set_in_intloom_toml_after_the_host_started_is_named(project: Project) -> None:
+    """``port`` added to intloom.toml while a host runs elsewhere: the next start listens
+    there (the config's port wins over the saved one), but start's reuse said nothing
+    changed, and status neither."""
+    service = ok(project.cli("start", "--json"))["service"]
+    other = service["port"] + 1 if service["port"] < 65535 else 1024
+    (project.root / "intloom.toml").write_text(
+        f'workflows = ["workflows/note"]\nport = {other}\n')
+    changed = ok(project.cli("start", "--json"))["changedSinceStart"]
+    assert [(c["source"], c["change"], c["workflow"]) for c in changed] == [
+        ("intloom.toml", "port", None)], changed
+    assert (f"intloom.toml sets port {other}; the host listens on {service['port']}"
+            in changed[0]["message"]), changed
+    assert ok(project.cli("status", "--json"))["changedSinceStart"] == changed
+    (project.root / "intloom.toml").write_text(
+        f'workflows = ["workflows/note"]\nport = {service["port"]}\n')
+    assert ok(project.cli("start", "--json"))["changedSinceStart"] == []
+    ok(project.cli("stop", "--json"))
