@@ -578,9 +578,14 @@ def _lost(loaded: Loaded, scans: list[SegmentScan],
     manifest = loaded.manifest
     if manifest is not None and manifest.open and manifest.open not in present:
         named[manifest.open] = "manifest.json names it as the segment its host was writing"
+    # Below the manifest's start, as a bounded read sees it even when this read takes the
+    # whole log (a live/ snapshot moved aside, a verify): every Run's records there are in
+    # its snapshot, or its loss was accepted by moving that snapshot aside. The seal before
+    # a lost segment stays readable (pinned), and would hold that Run again at every start.
+    floor = manifest.start if manifest is not None else loaded.start
     for scan in scans:
         number = scan.next_segment
-        if number and number not in present and number >= loaded.start:
+        if number and number not in present and number >= floor:
             named.setdefault(number, f"wal/{scan.name} was sealed once it had been created")
     for number, why in sorted(named.items()):
         path = f"wal/{number:010d}.seg"

@@ -167,3 +167,36 @@ def test_a_format_2_manifest_is_still_read_and_the_next_host_writes_format_3(
     opened = decode_manifest(path, path.read_bytes())
     assert (opened.format, opened.open) == (3, store._number)  # written at every open
     store.close_blocking()
+
+
+def test_moving_a_held_runs_snapshot_aside_accepts_a_loss_a_seal_named(
+    tmp_path: Path,
+) -> None:
+    """As above, for a segment a rotation created, named only by the seal of the one before
+    it. Moving the snapshot aside makes the read take the whole log, so the seal is read
+    again: the loss, already accepted, must not hold the Run again (the seal's segment is
+    below the manifest's start, where a bounded read passes it over too)."""
+    root = tmp_path / "runtime"
+    store = open_store(root, instance_id="INST-1")
+    store.close_blocking()
+    store = open_store(root, instance_id="INST-2", segment_bytes=1024)
+    before = (root / "manifest.json").read_bytes()  # as it is until the rotation's compaction
+    for record in walk("RUN-A", 60, 3):
+        store.append("RUN-A", record)
+        store.sync_blocking()
+    newest = store._number
+    abandon(store)
+    (root / "manifest.json").write_bytes(before)
+    (root / "wal" / segment_name(newest)).unlink()
+    open_store(root, instance_id="INST-3").close_blocking()
+    open_store(root, instance_id="INST-4").close_blocking()
+    assert by_id(read_runs_report(root).runs)["RUN-A"].status == "corrupt"
+
+    live = root / "snap" / "live" / snapshot_name("RUN-A")
+    live.rename(tmp_path / live.name)
+    run = by_id(read_runs_report(root).runs)["RUN-A"]
+    assert run.status == "ok", run
+    store = open_store(root, instance_id="INST-5")
+    assert by_id(store.restored.runs)["RUN-A"].status == "ok"
+    store.close_blocking()
+    assert by_id(read_runs_report(root).runs)["RUN-A"].status == "ok"
