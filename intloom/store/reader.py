@@ -563,6 +563,7 @@ def _judge_all(loaded: Loaded, scans: list[SegmentScan], live: dict[str, Snapsho
         if journal.status != "ok":
             evidence |= loaded.gone.get(run_id, set()) | gone_pinned
         loaded.evidence[run_id] = evidence
+    _gone_pinned(loaded, gone_pinned)
 
 
 def _lost(loaded: Loaded, scans: list[SegmentScan],
@@ -598,13 +599,20 @@ def _lost(loaded: Loaded, scans: list[SegmentScan],
             "from a copy if there is one (intloom never removes a segment)"))
         gaps.append((_Gap(number, 0, path, path, missing=True), Damage(0, 0, False, False)))
     gaps.sort(key=lambda entry: (entry[0].number, entry[0].offset))
-    # Pinned by an earlier start (a lost segment, or one that may have held a held Run's
-    # records) and still gone: its Runs are held by their snapshots; the file is named at
-    # every start, one finding per run of consecutive numbers (a jump in a Run's seqs pins
-    # up to 256, some of which may never have been files).
-    highest = max(present, default=0)
-    gone = sorted({n for n in (manifest.pinned if manifest is not None else ())
-                   if n not in present and n not in named and n < highest})
+
+
+def _gone_pinned(loaded: Loaded, gone_pinned: set[int]) -> None:
+    """Name the segments an earlier start pinned that are still gone (a lost segment, or one
+    that may have held a held Run's records), while a Run is held for them: that Run's
+    snapshot holds it, and its evidence keeps them pinned. One finding per run of
+    consecutive numbers (a jump in a Run's seqs pins up to 256, some never files).
+
+    With no Run held, nothing is lost: the number was pinned for a file with nothing of a
+    Run's in it (a foreign file under a segment's name, moved out as advised), and the next
+    host's manifest no longer pins it."""
+    if not any(j.status == "corrupt" for j in loaded.journals.values()):
+        return
+    gone = sorted(gone_pinned - loaded.lost)
     for _, numbers in itertools.groupby(enumerate(gone), lambda e: e[1] - e[0]):
         run = [n for _, n in numbers]
         more = (f", as are the {len(run) - 1} numbers after it up to wal/{run[-1]:010d}.seg"

@@ -200,3 +200,30 @@ def test_moving_a_held_runs_snapshot_aside_accepts_a_loss_a_seal_named(
     assert by_id(store.restored.runs)["RUN-A"].status == "ok"
     store.close_blocking()
     assert by_id(read_runs_report(root).runs)["RUN-A"].status == "ok"
+
+
+def test_a_foreign_file_moved_out_of_wal_is_not_reported_missing(tmp_path: Path) -> None:
+    """A file intloom did not write, under a segment's name, is reported `foreign` and
+    pinned; the advice is to move it out. Once it is out, nothing was lost and no Run is
+    held for it: a start reading the manifest that still pins its number must not call it a
+    missing segment that held Runs' records (which `start --strict` would refuse, at every
+    start, and doctor would tell to put back from a copy)."""
+    root = tmp_path / "runtime"
+    store = open_store(root, instance_id="INST-1")
+    for record in B:
+        store.append("RUN-B", record)
+    store.sync_blocking()
+    store.close_blocking()
+    stray = root / "wal" / "0000000002.seg"
+    stray.write_bytes(b"not a segment")
+    stray.chmod(0o600)
+    store = open_store(root, instance_id="INST-2")
+    assert (SEG2, "foreign") in {(f.path, f.kind) for f in store.restored.files}
+    store.close_blocking()
+    path = root / "manifest.json"
+    assert 2 in decode_manifest(path, path.read_bytes()).pinned
+
+    stray.rename(tmp_path / stray.name)  # the advice followed
+    report = read_runs_report(root)
+    assert report.files == [], report.files
+    assert by_id(report.runs)["RUN-B"].status == "ok"
