@@ -175,6 +175,9 @@ class Store:
         self._pinned: list[int] = []
         self._held: frozenset[str] = frozenset()  # Runs whose snapshot file is damaged
         self._voids: list[VoidNotice] = []
+        # At most the manifest's ``start`` (lower is safe: a restore only reads more): what a
+        # manifest that names a replacement segment keeps (``_name_replacement``).
+        self._start = 0
         self._poisoned: str | None = None
         self._compactor: threading.Thread | None = None  # snapshots behind the writer
         self._sealed = False
@@ -269,6 +272,7 @@ class Store:
         # Every notice read, not only the manifest's: after a crash, the replacement
         # segment's first frame was the only record that a failed batch's bytes are void.
         store._voids = list(loaded.voids)
+        store._start = loaded.manifest.start if loaded.manifest is not None else 0
         # A lost segment's number is never taken again: a copy put back must not clash
         # with a new file (and it stays pinned, so the next restore reads it).
         store._next_number = max([highest, *loaded.lost]) + 1
@@ -297,6 +301,7 @@ class Store:
                 compact(layout, store._tracks, start=store._number,
                         pinned=store._pinned, voids=store._voids, segment=store._number,
                         held=store._held, open_segment=store._number)
+                store._start = store._number
         return store
 
     def _new_segment(self, first: bytes) -> None:
@@ -830,6 +835,20 @@ class Store:
         except OSError as exc:
             self._poisoned = (f"{cause}; no replacement segment could be created "
                               f"({exc.strerror}), so no later checkpoint can be trusted")
+            return
+        self._name_replacement()
+
+    def _name_replacement(self) -> None:
+        """Write the manifest naming the replacement segment just created as ``open``, its
+        ``start`` and the live snapshots as they are. Nothing else names that segment (the
+        failed one is never sealed): lost before the next rotation, the records in it, and
+        its void notice, would go unnoticed, the Runs resumed from before it. No snapshot is
+        written, so a restore still reads the failed segment and notices its loss too."""
+        self._join_compaction()  # the manifest never moves back
+        with contextlib.suppress(OSError, IntloomError):
+            compact(self.layout, {}, start=self._start, pinned=self._pinned,
+                    voids=self._voids, segment=self._number, held=self._held,
+                    open_segment=self._number)
 
     def _seal(self, next_segment: int = 0) -> None:
         """Seal the current segment; ``next_segment``: the one a rotation created first."""
@@ -885,6 +904,7 @@ class Store:
                         segment=segment, held=self._held, open_segment=start)
             except (OSError, IntloomError):
                 return  # the manifest did not move: restores read more of the log, correctly
+            self._start = start
             kept = set(copies)  # compact() drops the terminal Runs it moved to done/
             self._jobs.put((lambda: self._settle(seqs, kept), lambda _: None))
 

@@ -5,13 +5,16 @@ point (which would run a finished Step again). Real files, real stores; the cras
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import msgspec
 import pytest
 
 from intloom.runtime.machine import fold
+from intloom.runtime.ports import CheckpointFailed
 from intloom.store import read_runs_report, verify_report
+from intloom.store.faults import FaultPlan
 from intloom.store.framing import segment_name
 from intloom.store.snapshots import (
     SnapshotError,
@@ -19,7 +22,7 @@ from intloom.store.snapshots import (
     encode_manifest,
     snapshot_name,
 )
-from tests.unit.test_store_support import abandon, by_id, open_store, walk
+from tests.unit.test_store_support import abandon, by_id, header, open_store, run_child, walk
 
 SEG2 = "wal/0000000002.seg"
 A = walk("RUN-A", 12, 1)
@@ -227,3 +230,74 @@ def test_a_foreign_file_moved_out_of_wal_is_not_reported_missing(tmp_path: Path)
     report = read_runs_report(root)
     assert report.files == [], report.files
     assert by_id(report.runs)["RUN-B"].status == "ok"
+
+
+def test_a_lost_replacement_segment_a_failed_write_created_is_noticed(
+    tmp_path: Path,
+) -> None:
+    """A write failed, so the host went on in a replacement segment (its first frame the
+    void notice for the failed bytes), then was killed. That segment is one a host created
+    like any other: gone at the next start, the Runs whose records it may have held are held
+    (not resumed from before it), and the failed batch stays void."""
+    root = tmp_path / "runtime"
+    store = open_store(root, instance_id="INST-1")
+    for record in A[:6]:
+        store.append("RUN-A", record)
+    store.sync_blocking()
+    store.close_blocking()  # restores now start at segment 2
+    store = open_store(root, instance_id="INST-2", faults=FaultPlan(fail_sync=frozenset({2})))
+    for record in A[6:8]:
+        store.append("RUN-A", record)
+    store.sync_blocking()  # flush 1: records 7 and 8, in wal/0000000002.seg
+    store.append("RUN-X", header("RUN-X"))
+    with pytest.raises(CheckpointFailed):
+        store.sync_blocking("RUN-X")  # flush 2 fails: the host goes on in segment 3
+    for record in A[8:]:
+        store.append("RUN-A", record)
+    store.sync_blocking()
+    replacement = store._number
+    abandon(store)
+    assert replacement == 3
+    lost = root / "wal" / segment_name(replacement)
+    kept = lost.read_bytes()
+    lost.unlink()
+
+    report = read_runs_report(root)
+    assert (f"wal/{lost.name}", "missing") in {(f.path, f.kind) for f in report.files}
+    runs = by_id(report.runs)
+    # Before: RUN-A came back at record 8, as if records 9..12 had never been written.
+    assert runs["RUN-A"].status == "corrupt", runs["RUN-A"]
+    assert "RUN-X" not in runs  # its batch failed: the void notice is not lost with the file
+    lost.write_bytes(kept)
+    lost.chmod(0o600)
+    runs = by_id(read_runs_report(root).runs)
+    assert runs["RUN-A"].status == "ok" and runs["RUN-A"].state == fold(A), runs["RUN-A"]
+
+
+def test_a_host_killed_after_a_failed_write_leaves_nothing_missing(tmp_path: Path) -> None:
+    """The replacement segment named at once (above), then a real SIGKILL at the next flush:
+    the next start finds every segment named, no Run held, the failed batch void."""
+    root = tmp_path / "runtime"
+    child = run_child(root, """
+        from intloom.runtime.ports import CheckpointFailed
+        store = open_store(root, instance_id="INST-1")
+        a = walk("RUN-A", 12, 1)
+        store.append("RUN-A", a[0]); store.sync_blocking()      # flush 1
+        store.append("RUN-X", header("RUN-X"))
+        try:
+            store.sync_blocking("RUN-X")                        # flush 2 fails
+        except CheckpointFailed:
+            pass
+        store.append("RUN-A", a[1]); store.sync_blocking()      # flush 3: killed after it
+        print("survived")
+    """, "fail_sync=2,crash_after_sync=3")
+    assert child.returncode == -signal.SIGKILL, (child.returncode, child.stderr)
+    manifest = decode_manifest(root / "manifest.json", (root / "manifest.json").read_bytes())
+    assert manifest.open == 2 and [v.segment for v in manifest.voids] == [1]
+    report = read_runs_report(root)
+    assert [f for f in report.files if f.kind == "missing"] == [], report.files
+    runs = by_id(report.runs)
+    assert set(runs) == {"RUN-A"} and runs["RUN-A"].status == "ok", runs
+    assert runs["RUN-A"].state == fold(A[:2])
+    open_store(root, instance_id="INST-2").close_blocking()
+    assert by_id(read_runs_report(root).runs)["RUN-A"].state == fold(A[:2])
