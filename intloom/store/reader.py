@@ -31,6 +31,7 @@ from intloom.store.framing import (
     VoidNotice,
     rebuilt_payload,
     scan_segment,
+    segment_name,
     segment_number,
 )
 from intloom.store.snapshots import (
@@ -590,6 +591,11 @@ def _lost(loaded: Loaded, scans: list[SegmentScan],
             named.setdefault(number, f"wal/{scan.name} was sealed once it had been created")
     for number, why in sorted(named.items()):
         path = f"wal/{number:010d}.seg"
+        if os.path.lexists(loaded.layout.wal / segment_name(number)):
+            # Created after this read listed wal/: a host running beside a read-only one
+            # (doctor, inspect) rotated meanwhile. Not lost; newer than this read, as any
+            # segment created since.
+            continue
         loaded.lost.add(number)
         loaded.problem_segments.add(number)
         loaded.files.append(FileProblem(
