@@ -217,8 +217,10 @@ def preview_runs(
                      "hold are held, never resumed from an earlier point; put each file back "
                      "from a copy (a backup) and start again, and find out what removed it "
                      "(intloom never does). Without a copy, a Run's loss is accepted by "
-                     "moving its snapshot out of snap/live/ (docs/recovery.md): it then "
-                     "resumes from its last readable record.")
+                     "moving its snapshot out of snap/live/ once a start has held it "
+                     "(docs/recovery.md; moved out before, that start holds it again and "
+                     "writes the file anew): the next start resumes it from its last "
+                     "readable record.")
     if by_journal["incompatible"]:
         nexts.append("Inspect each incompatible Run with intloom inspect RUN: put back the "
                      "Workflow source it started with and restart to continue it, or end it "

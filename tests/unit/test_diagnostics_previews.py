@@ -29,9 +29,12 @@ from intloom.runtime.records import (
     Waiting,
     encode_record,
 )
+from intloom.store.snapshots import snapshot_name
 from intloom.store.writer import Store
 from tests.helpers import FIXTURES
 from tests.unit.diagnostics_support import tree, write_connection_json
+from tests.unit.test_store_lost_segment import SEG2, _clean_then_crashed
+from tests.unit.test_store_support import open_store
 
 AT = "2026-11-30T00:00:00.000Z"
 
@@ -197,3 +200,27 @@ def test_damaged_snapshot_says_start_reads_the_whole_log(root: Path) -> None:
     assert journals_check.status == "attention"
     assert "reads the whole log" in (journals_check.next or "")
     assert snap.name in (journals_check.next or "")
+
+
+def test_a_lost_segments_advice_before_any_start_is_what_following_it_does(
+    root: Path, tmp_path: Path,
+) -> None:
+    """doctor names a lost segment before any host has started since. Its advice without a
+    copy (move the Run's snapshot out of snap/live/) accepts the loss only once a start has
+    held the Run: moved out before, the manifest still names the segment as its host's open
+    one, so the next start holds the Run again and writes its snapshot anew. The advice has
+    to say so, or followed at once it seems not to work."""
+    runtime = ProjectPaths(root).runtime
+    _clean_then_crashed(runtime)
+    (runtime / SEG2).unlink()
+    journals_check = {c.id: c for c in run_doctor(root).checks}["journals"]
+    advice = journals_check.next or ""
+    assert "Without a copy" in advice, advice
+
+    live = runtime / "snap" / "live" / snapshot_name("RUN-B")
+    live.rename(tmp_path / live.name)  # the advice, followed before any start
+    store = open_store(runtime, instance_id="INST-3")
+    held = {r.run_id: r.status for r in store.restored.runs}
+    store.close_blocking()
+    assert held["RUN-B"] == "corrupt" and live.exists()
+    assert "once a start has held it" in advice, advice
