@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import textwrap
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -181,6 +181,32 @@ HANDOFF = textwrap.dedent('''
 ''')
 
 
+def _reply_lost_then_interrupted(project: Project, send: Callable[[Client], object]) -> None:
+    """``send`` (its reply waits for the Run to settle) on a connection of its own, while the
+    Step it lets go on runs its effect; the host is killed meanwhile, so the reply is lost,
+    and started again (the Run restored RUN_INTERRUPTED)."""
+    lost: list[str] = []
+
+    def sending() -> None:
+        with Client.connect(project.root) as client:
+            try:
+                send(client)
+            except IntloomError as exc:
+                lost.append(exc.code)
+
+    thread = threading.Thread(target=sending)
+    thread.start()
+    try:
+        eventually(lambda: (project.root / "charging").exists(), timeout=10,
+                   what="the effect to start")
+        project.kill_host()
+    finally:
+        thread.join(timeout=20)
+    assert lost == ["PROJECT_REQUEST_FAILED"], lost
+    assert project.cli("recover", "--json").code == 0  # the killed host's leftovers
+    start(project)
+
+
 def test_a_task_retried_after_its_run_was_interrupted_quotes_the_runs_error_bounded(
         project: Project) -> None:
     """An Agent's completion whose reply was lost (the host died while the next Step's effect
@@ -194,26 +220,8 @@ def test_a_task_retried_after_its_run_was_interrupted_quotes_the_runs_error_boun
     with Client.connect(project.root) as agent:
         run, call = _task(agent, "handoff", order)
         token, _ = agent.claim_agent_call(run.run_id, call, "agent-1")
-    lost: list[str] = []
-
-    def complete() -> None:
-        with Client.connect(project.root) as agent:
-            try:
-                agent.complete_agent_call(run.run_id, call, token, "found", {})
-            except IntloomError as exc:
-                lost.append(exc.code)
-
-    completing = threading.Thread(target=complete)
-    completing.start()
-    try:
-        eventually(lambda: (project.root / "charging").exists(), timeout=10,
-                   what="the effect to start")
-        project.kill_host()
-    finally:
-        completing.join(timeout=20)
-    assert lost == ["PROJECT_REQUEST_FAILED"], lost
-    assert project.cli("recover", "--json").code == 0  # the killed host's leftovers
-    start(project)
+    _reply_lost_then_interrupted(
+        project, lambda agent: agent.complete_agent_call(run.run_id, call, token, "found", {}))
     with Client.connect(project.root) as agent:
         error = agent.get_run(run.run_id).last_error
         assert error is not None and error.code == "RUN_INTERRUPTED", error
@@ -253,26 +261,8 @@ def test_an_answer_resent_after_its_run_was_interrupted_quotes_the_runs_error_bo
         run = person.create_run("handoff", order)
     assert run.pending_action is not None, run
     action = run.pending_action.id
-    lost: list[str] = []
-
-    def answer() -> None:  # its reply waits for the Run to settle: the host dies first
-        with Client.connect(project.root) as person:
-            try:
-                person.answer(run.run_id, action, {"isConfirmed": True})
-            except IntloomError as exc:
-                lost.append(exc.code)
-
-    answering = threading.Thread(target=answer)
-    answering.start()
-    try:
-        eventually(lambda: (project.root / "charging").exists(), timeout=10,
-                   what="the effect to start")
-        project.kill_host()
-    finally:
-        answering.join(timeout=20)
-    assert lost == ["PROJECT_REQUEST_FAILED"], lost
-    assert project.cli("recover", "--json").code == 0  # the killed host's leftovers
-    start(project)
+    _reply_lost_then_interrupted(
+        project, lambda person: person.answer(run.run_id, action, {"isConfirmed": True}))
     with Client.connect(project.root) as person:
         error = person.get_run(run.run_id).last_error
         assert error is not None and error.code == "RUN_INTERRUPTED", error

@@ -103,10 +103,7 @@ def test_hostile_traffic_never_disturbs_a_run_in_flight(project: Project) -> Non
         'workflows = ["workflows/example.py", "workflows/gated.py"]\n'
     )
     service = start(project).service
-    with Client.connect(project.root) as client:
-        run = client.create_run("gated", "payload", wait=False)
-    eventually(lambda: (project.root / "calls.log").exists(), timeout=10,
-               what="the effect to start")
+    run = _gated_run_started(project)
 
     payloads = [
         b"GET / HTTP/1.1\r\n\r\n",
@@ -402,10 +399,7 @@ def test_a_command_during_a_stop_is_told_the_host_is_stopping(
     (project.root / "workflows" / "gated.py").write_text(GATED)
     (project.root / "intloom.toml").write_text('workflows = ["workflows/gated.py"]\n')
     start(project)
-    with Client.connect(project.root) as client:
-        client.create_run("gated", "payload", wait=False)
-    eventually(lambda: (project.root / "calls.log").exists(), timeout=10,
-               what="the effect to start")
+    _gated_run_started(project)
     stopped: list[bool] = []
     stopper = threading.Thread(target=lambda: stopped.append(stop_service(project.root,
                                                                           timeout=30)))
@@ -446,6 +440,18 @@ AGENT_TASK = textwrap.dedent('''
     def look(ctx: intloom.StepContext[None]) -> Any:
         return {"topic": ctx.intent}
 ''')
+
+
+def _gated_run_started(project: Project, client: Client | None = None) -> RunView:
+    """A Run of the gated Workflow, created (through ``client``, else a connection of its
+    own) and seen running its effect: its Step holds a stop in its grace."""
+    if client is None:
+        with Client.connect(project.root) as own:
+            return _gated_run_started(project, own)
+    run = client.create_run("gated", "payload", wait=False)
+    eventually(lambda: (project.root / "calls.log").exists(), timeout=10,
+               what="the effect to start")
+    return run
 
 
 def _beside_gated(project: Project, monkeypatch: pytest.MonkeyPatch, grace: str,
@@ -505,10 +511,7 @@ def test_a_stop_that_times_out_while_the_host_stops_says_to_run_stop_again(
     meanwhile (its hello refused: the host is stopping) say so; a further stop then ends
     once the Step reaches its boundary."""
     _beside_gated(project, monkeypatch, "20")
-    with Client.connect(project.root) as client:
-        client.create_run("gated", "payload", wait=False)
-    eventually(lambda: (project.root / "calls.log").exists(), timeout=10,
-               what="the effect to start")
+    _gated_run_started(project)
     pid = project.host_pid()
     try:
         for said in ("The stop request was sent once and not resent.",
@@ -539,10 +542,7 @@ def _stop_reconnecting_to_a_stopping_host(project: Project, monkeypatch: pytest.
     opened and the host stopped."""
     monkeypatch.setenv("INTLOOM_TEST_IDLE_TIMEOUT", "1")
     _beside_gated(project, monkeypatch, "20")
-    with Client.connect(project.root) as client:
-        client.create_run("gated", "payload", wait=False)
-    eventually(lambda: (project.root / "calls.log").exists(), timeout=10,
-               what="the effect to start")
+    _gated_run_started(project)
     pid = project.host_pid()
     calls: list[str] = []
 
@@ -621,9 +621,7 @@ def test_an_answer_refused_during_a_stop_says_nothing_was_done_and_whether_to_re
         waiting = client.create_run("example", "notes")
         action = waiting.pending_action
         assert action is not None, waiting
-        client.create_run("gated", "payload", wait=False)
-        eventually(lambda: (project.root / "calls.log").exists(), timeout=10,
-                   what="the effect to start")
+        _gated_run_started(project, client)
         message = _refused_during_a_stop(client, project, {
             "answer": lambda: client.answer(waiting.run_id, action.id, {"isConfirmed": True}),
         })["answer"]
@@ -659,9 +657,7 @@ def test_a_read_or_cancel_refused_during_a_stop_is_told_to_send_it_again_when_it
         agentic = client.create_run("agentic", "look")
         assert agentic.pending_agent_call is not None, agentic
         call = agentic.pending_agent_call.id
-        gated = client.create_run("gated", "payload", wait=False)
-        eventually(lambda: (project.root / "calls.log").exists(), timeout=10,
-                   what="the effect to start")
+        gated = _gated_run_started(project, client)
         messages = _refused_during_a_stop(client, project, {
             "get agentic": lambda: client.get_run(agentic.run_id),
             "cancel agentic": lambda: client.cancel(agentic.run_id),
@@ -695,9 +691,7 @@ def test_a_request_about_an_ended_run_refused_during_a_stop_is_not_told_to_send_
         assert waiting.pending_action is not None, waiting
         ended = client.answer(waiting.run_id, waiting.pending_action.id, {"isConfirmed": True})
         assert ended.status == "completed", ended
-        client.create_run("gated", "payload", wait=False)
-        eventually(lambda: (project.root / "calls.log").exists(), timeout=10,
-                   what="the effect to start")
+        _gated_run_started(project, client)
         messages = _refused_during_a_stop(client, project, {
             "get": lambda: client.get_run(ended.run_id),
             "cancel": lambda: client.cancel(ended.run_id),
@@ -732,9 +726,7 @@ def test_a_run_ended_by_a_cancel_after_a_restart_is_not_told_to_send_it_again(
     with Client.connect(project.root) as client, Client.connect(project.root) as follower:
         ended, _ = client.cancel(run_id)
         assert ended.status == "failed", ended
-        client.create_run("gated", "payload", wait=False)
-        eventually(lambda: (project.root / "calls.log").exists(), timeout=10,
-                   what="the effect to start")
+        _gated_run_started(project, client)
         messages = _refused_during_a_stop(client, project, {
             "get": lambda: client.get_run(run_id),
             "cancel": lambda: client.cancel(run_id),
@@ -769,9 +761,7 @@ def test_an_answer_to_a_run_restored_interrupted_refused_during_a_stop_is_not_to
         restored = client.get_run(run_id)
         assert restored.last_error is not None, restored
         assert restored.last_error.code == "RUN_INTERRUPTED", restored
-        client.create_run("gated", "payload", wait=False)
-        eventually(lambda: (project.root / "calls.log").exists(), timeout=10,
-                   what="the effect to start")
+        _gated_run_started(project, client)
         messages = _refused_during_a_stop(client, project, {
             "answer": lambda: client.answer(run_id, action.id, {"isConfirmed": True}),
             "get": lambda: client.get_run(run_id),

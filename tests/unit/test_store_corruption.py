@@ -30,7 +30,15 @@ from intloom.store.snapshots import (
     read_snapshot,
     snapshot_name,
 )
-from tests.unit.test_store_support import abandon, by_id, frames_of, header, open_store, walk
+from tests.unit.test_store_support import (
+    abandon,
+    by_id,
+    frames_of,
+    header,
+    open_store,
+    walk,
+    went_on_after_a_failed_write,
+)
 
 RUNS = {"RUN-A": 1, "RUN-B": 2, "RUN-C": 3}
 N = 12
@@ -169,17 +177,8 @@ def test_a_segment_missing_at_a_start_is_read_again_once_put_back(tmp_path: Path
     the Run restores from its whole journal."""
     root = tmp_path / "runtime"
     records = _closed_at_record_4(root)  # restores now start at segment 2
-    store = open_store(root, instance_id="INST-2", faults=FaultPlan(fail_sync=frozenset({2})))
-    for record in records[4:6]:
-        store.append("RUN-A", record)
-    store.sync_blocking()  # flush 1: records 5 and 6, in wal/0000000002.seg
-    store.append("RUN-X", header("RUN-X"))
-    with pytest.raises(CheckpointFailed):
-        store.sync_blocking("RUN-X")  # flush 2 fails: RUN-A goes on in wal/0000000003.seg
-    for record in records[6:]:
-        store.append("RUN-A", record)
-    store.sync_blocking()
-    abandon(store)
+    # Records 5 and 6 in wal/0000000002.seg; RUN-A goes on in wal/0000000003.seg.
+    went_on_after_a_failed_write(root, records[4:6], records[6:])
     segment = root / "wal" / "0000000002.seg"
     copy = tmp_path / segment.name
     segment.rename(copy)

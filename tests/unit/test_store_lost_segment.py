@@ -12,10 +12,8 @@ import msgspec
 import pytest
 
 from intloom.runtime.machine import fold
-from intloom.runtime.ports import CheckpointFailed
 from intloom.store import read_runs_report, verify_report
 from intloom.store import reader as reader_module
-from intloom.store.faults import FaultPlan
 from intloom.store.files import list_names
 from intloom.store.framing import segment_name
 from intloom.store.snapshots import (
@@ -24,7 +22,14 @@ from intloom.store.snapshots import (
     encode_manifest,
     snapshot_name,
 )
-from tests.unit.test_store_support import abandon, by_id, header, open_store, run_child, walk
+from tests.unit.test_store_support import (
+    abandon,
+    by_id,
+    open_store,
+    run_child,
+    walk,
+    went_on_after_a_failed_write,
+)
 
 SEG2 = "wal/0000000002.seg"
 A = walk("RUN-A", 12, 1)
@@ -247,18 +252,8 @@ def test_a_lost_replacement_segment_a_failed_write_created_is_noticed(
         store.append("RUN-A", record)
     store.sync_blocking()
     store.close_blocking()  # restores now start at segment 2
-    store = open_store(root, instance_id="INST-2", faults=FaultPlan(fail_sync=frozenset({2})))
-    for record in A[6:8]:
-        store.append("RUN-A", record)
-    store.sync_blocking()  # flush 1: records 7 and 8, in wal/0000000002.seg
-    store.append("RUN-X", header("RUN-X"))
-    with pytest.raises(CheckpointFailed):
-        store.sync_blocking("RUN-X")  # flush 2 fails: the host goes on in segment 3
-    for record in A[8:]:
-        store.append("RUN-A", record)
-    store.sync_blocking()
-    replacement = store._number
-    abandon(store)
+    # Records 7 and 8 in wal/0000000002.seg; the host goes on in segment 3.
+    replacement = went_on_after_a_failed_write(root, A[6:8], A[8:])
     assert replacement == 3
     lost = root / "wal" / segment_name(replacement)
     kept = lost.read_bytes()

@@ -10,9 +10,12 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from intloom.errors import ErrorView
 from intloom.runtime.machine import RunState, fold
 from intloom.runtime.model import Cursor, PendingAction
+from intloom.runtime.ports import CheckpointFailed
 from intloom.runtime.records import (
     Answered,
     EffectDone,
@@ -26,7 +29,7 @@ from intloom.runtime.records import (
     Terminal,
     Waiting,
 )
-from intloom.store import Store
+from intloom.store import FaultPlan, Store
 from intloom.store.framing import KIND_RECORD, Frame, scan_segment
 
 REPO = Path(__file__).resolve().parents[2]
@@ -142,6 +145,25 @@ def run_child(root: Path, script: str, fault: str | None = None,
 
 def by_id(journals: list) -> dict:  # type: ignore[type-arg]
     return {j.run_id: j for j in journals}
+
+
+def went_on_after_a_failed_write(root: Path, first: list[Record], rest: list[Record]) -> int:
+    """A host (INST-2) flushes RUN-A's ``first`` records, then RUN-X's header in a flush
+    that fails (so it goes on in a replacement segment, whose first frame voids that
+    batch), then RUN-A's ``rest``; then it is killed. Returns the replacement's number."""
+    store = open_store(root, instance_id="INST-2", faults=FaultPlan(fail_sync=frozenset({2})))
+    for record in first:
+        store.append("RUN-A", record)
+    store.sync_blocking()  # flush 1
+    store.append("RUN-X", header("RUN-X"))
+    with pytest.raises(CheckpointFailed):
+        store.sync_blocking("RUN-X")  # flush 2 fails
+    for record in rest:
+        store.append("RUN-A", record)
+    store.sync_blocking()
+    replacement = store._number
+    abandon(store)
+    return replacement
 
 
 # --------------------------------------------------------------------------- helper checks
