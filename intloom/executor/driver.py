@@ -919,27 +919,26 @@ class _Hooks:
         rt = self.driver.rt
         check_effect_ids(self.slot.state.cursor, name, key, via)  # named by the call it is
         running = self.slot.state.effect_in_flight
+        pending = self.slot.state.pending_action
+        busy: str | None = None
         if running is not None:
             # Called from inside another effect's function, or alongside it (asyncio.gather,
             # threads): the journal brackets one effect at a time, so this one is refused
             # before anything of it is recorded or called.
-            raise IntloomError(
-                "STEP_INTERACTION_INVALID",
-                f"{_where(self.slot.state.cursor)} started effect {name!r} (key {key!r}) while "
-                f"effect {running.name!r} (key {running.key!r}) was still running: effects "
-                "cannot be nested or run at the same time, each is journaled on its own. Call "
-                "them one after another in the Step, not from inside another effect's "
-                "function.",
-            )
-        pending = self.slot.state.pending_action
-        if pending is not None:
+            busy = (f"effect {running.name!r} (key {running.key!r}) was still running: effects "
+                    "cannot be nested or run at the same time, each is journaled on its own. "
+                    "Call them one after another in the Step, not from inside another "
+                    "effect's function.")
+        elif pending is not None:
             # Alongside a wait of the same Step (asyncio.gather): the journal cannot record an
             # effect while the Run waits, which surfaced as the machine's IllegalTransition.
+            busy = (f"its wait on {pending.kind} {pending.id} was still unanswered: "
+                    f"{_ONE_AT_A_TIME}")
+        if busy is not None:
             raise IntloomError(
                 "STEP_INTERACTION_INVALID",
                 f"{_where(self.slot.state.cursor)} started effect {name!r} (key {key!r}) while "
-                f"its wait on {pending.kind} {pending.id} was still unanswered: "
-                f"{_ONE_AT_A_TIME}",
+                f"{busy}",
             )
         rt.append(self.slot, EffectStarted(at=clock.now(), name=name, key=key))
         await rt.sync(self.slot)
