@@ -240,6 +240,21 @@ def _unexpected_names(layout: Layout, loaded: Loaded) -> None:
                     "is not a file intloom writes; it was left alone"))
 
 
+def _list_wal(layout: Layout) -> tuple[list[int], list[FileProblem]]:
+    """The segment numbers in ``wal/``, sorted, and a finding for each other name there."""
+    numbers: list[int] = []
+    strays: list[FileProblem] = []
+    if check_dir(layout.wal):
+        for name in list_names(layout.wal):
+            number = segment_number(name)
+            if number is None:
+                strays.append(FileProblem(f"wal/{name}", "unexpected",
+                                          "is not a file intloom writes; it was left alone"))
+            else:
+                numbers.append(number)
+    return sorted(numbers), strays
+
+
 def load(root: Path, mode: Mode = "restore", *, whole: bool = False) -> Loaded:
     """Read the store at ``root`` (restore: bounded; verify: everything). Read-only.
 
@@ -254,21 +269,17 @@ def load(root: Path, mode: Mode = "restore", *, whole: bool = False) -> Loaded:
         check_dir(directory)
 
     full = mode == "verify" or whole
-    numbers: list[int] = []
-    if check_dir(layout.wal):
-        for name in list_names(layout.wal):
-            number = segment_number(name)
-            if number is None:
-                loaded.files.append(FileProblem(f"wal/{name}", "unexpected",
-                                                "is not a file intloom writes; it was left alone"))
-            else:
-                numbers.append(number)
-    numbers.sort()
-    loaded.segment_numbers = numbers
-
+    numbers, strays = _list_wal(layout)
+    manifest_finding: FileProblem | None = None
     try:
-        loaded.manifest = read_manifest(layout)
-        ahead = loaded.manifest and manifest_ahead(loaded.manifest, max(numbers, default=0))
+        manifest = loaded.manifest = read_manifest(layout)
+        ahead = manifest and manifest_ahead(manifest, max(numbers, default=0))
+        if manifest and ahead:
+            # A host running beside this read (doctor, inspect) may have created segments,
+            # and written a manifest naming them, since wal/ was listed: judged against
+            # the log as it is now, that manifest is not ahead of it.
+            numbers, strays = _list_wal(layout)
+            ahead = manifest_ahead(manifest, max(numbers, default=0))
         if ahead:
             loaded.manifest = None  # provably damaged: trusted, it would hide Runs
             raise SnapshotError(layout.manifest, ahead)
@@ -277,11 +288,15 @@ def load(root: Path, mode: Mode = "restore", *, whole: bool = False) -> Loaded:
         kind: Literal["incompatible", "corrupt"] = (
             "incompatible" if exc.incompatible else "corrupt"
         )
-        loaded.files.append(FileProblem(
+        manifest_finding = FileProblem(
             "manifest.json", kind,
             f"{exc.fact}; every segment was read instead and no new manifest is written over "
-            "it (move it out of the runtime directory to let intloom write a new one)"))
+            "it (move it out of the runtime directory to let intloom write a new one)")
         full = True
+    loaded.segment_numbers = numbers
+    loaded.files.extend(strays)
+    if manifest_finding is not None:
+        loaded.files.append(manifest_finding)
 
     _unexpected_names(layout, loaded)
     live = _snapshots(layout, layout.live, loaded)

@@ -327,3 +327,35 @@ def test_a_read_beside_a_running_host_that_rotates_finds_nothing_missing(
     assert [f for f in report.files if f.kind == "missing"] == [], report.files
     assert by_id(report.runs)["RUN-A"].status == "ok", by_id(report.runs)["RUN-A"]
     store.close_blocking()
+
+
+def test_a_read_beside_a_host_that_rotated_twice_does_not_call_its_manifest_damaged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two rotations between the read's listing of wal/ and its reading of the manifest:
+    the manifest names a start two past the last segment listed, which a manifest can never
+    be, so it was reported damaged (doctor: a corrupt manifest.json, the whole log read).
+    Looked at again, the log has those segments."""
+    root = tmp_path / "runtime"
+    store = open_store(root, instance_id="INST-1", segment_bytes=1024)
+    wal = root / "wal"
+    listed = list_names(wal)  # the read lists wal/ ...
+    for record in walk("RUN-A", 60, 3):  # ... the host rotates, more than once, meanwhile
+        store.append("RUN-A", record)
+        store.sync_blocking()
+    store._join_compaction()
+    manifest = decode_manifest(root / "manifest.json", (root / "manifest.json").read_bytes())
+    assert manifest.start > len(listed) + 1, (manifest.start, listed)
+    first = [True]
+
+    def stale_once(path: Path) -> list[str]:
+        if path == wal and first[0]:
+            first[0] = False
+            return listed
+        return list_names(path)
+
+    monkeypatch.setattr(reader_module, "list_names", stale_once)  # ... then reads on
+    report = read_runs_report(root)
+    assert report.files == [], report.files
+    assert not report.stats.full and by_id(report.runs)["RUN-A"].status == "ok"
+    store.close_blocking()
