@@ -130,6 +130,12 @@ def _as_a_script_imports() -> Iterator[None]:
     "cannot be called from a running event loop", while doctor and inspect, which import it
     as a script does, said it loads. ``asyncio.run`` also clears the thread's event loop when
     it is done: both are put back afterwards.
+
+    The host's loop is not the thread's event loop meanwhile either: a module that sets
+    itself up on ``asyncio.get_event_loop()`` (``run_until_complete``, the older idiom) got
+    the running host loop, "This event loop is already running", and a task it created there
+    would have run inside the host. It gets a loop of its own, as a script's first
+    ``get_event_loop()`` makes; that loop is left open, since the module may keep it.
     """
     try:
         running = asyncio.get_running_loop()
@@ -137,6 +143,7 @@ def _as_a_script_imports() -> Iterator[None]:
         yield
         return
     asyncio._set_running_loop(None)
+    asyncio.set_event_loop(asyncio.new_event_loop())
     try:
         yield
     finally:

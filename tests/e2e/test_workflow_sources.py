@@ -459,6 +459,53 @@ def test_doctor_judges_a_source_reading_stdin_as_the_host_does_without_waiting(
     assert "EOFError" in check["message"], check
 
 
+GET_EVENT_LOOP_SETUP = textwrap.dedent('''
+    """Sets an async client up when imported the older way: the thread's event loop."""
+
+    import asyncio
+
+    import intloom
+
+
+    async def connect() -> str:
+        await asyncio.sleep(0)
+        return "client"
+
+
+    CLIENT = asyncio.get_event_loop().run_until_complete(connect())
+    wf = intloom.Workflow("setup", version="1.0.0")
+    s = wf.stage("s")
+
+
+    @s.step("only", routes={"client": intloom.COMPLETE})
+    async def only(ctx: intloom.StepContext[None]) -> str:
+        await asyncio.sleep(0)
+        return CLIENT
+''')
+
+
+def test_a_source_that_runs_the_threads_event_loop_when_imported_loads_in_the_host(
+    acc: Project,
+) -> None:
+    """The host hid its running loop while the modules imported, but left it the thread's
+    event loop: asyncio.get_event_loop().run_until_complete(...) at import, which a script
+    (doctor) runs on a loop of its own, got the host's loop and failed to load, "This event
+    loop is already running" (and a task a module created there would run in the host)."""
+    (acc.root / "workflows" / "setup").mkdir()
+    (acc.root / "workflows" / "setup" / "__init__.py").write_text(GET_EVENT_LOOP_SETUP)
+    (acc.root / "intloom.toml").write_text(
+        'workflows = ["workflows/acc.py", "workflows/setup"]\n')
+    doctor = acc.cli("doctor", "--json")
+    [check] = [c for c in doctor.json["checks"] if c["id"] == "workflows"]
+    assert check["status"] == "ok", check
+    service = ok(acc.cli("start", "--json"))["service"]
+    assert (service["workflowCount"], service["workflowProblems"]) == (2, []), (
+        service["workflowProblems"])
+    run = ok(acc.cli("flow", "setup", "--intent", "i", "--json"))["run"]
+    assert run["status"] == "completed", run
+    ok(acc.cli("stop", "--json"))
+
+
 def test_all_sources_loading_is_an_empty_list_not_a_missing_key(acc: Project) -> None:
     service = ok(acc.cli("start", "--json"))["service"]
     assert service["workflowProblems"] == [] and service["workflowCount"] == 1
