@@ -578,13 +578,20 @@ def _run_foreground(root: Path, *, port: int | None, strict: bool, progress: Pro
     channel = ReadyChannel(on_progress=progress, on_ready=seen, on_failed=failure.append)
     # A launched host works in the project root (_launch): so does this one, or a Workflow
     # reading a project file by a relative path loaded, and a Step wrote, only in one of them.
-    previous = os.getcwd()
-    os.chdir(root)
+    # The directory to go back to is held open, not named: one removed since (a shell left in
+    # a deleted build directory) has no name, and os.getcwd() raised before the host started.
     try:
+        previous: int | None = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:  # unreadable: there is nothing to go back to
+        previous = None
+    try:
+        os.chdir(root)
         code = Host(HostOptions(root=root, port=port, strict=strict), channel).run()
     finally:
-        with contextlib.suppress(OSError):
-            os.chdir(previous)
+        if previous is not None:
+            with contextlib.suppress(OSError):
+                os.fchdir(previous)
+            os.close(previous)
     if failure:
         raise IntloomError(failure[0].code, failure[0].message, retryable=failure[0].retryable)
     if not ready:

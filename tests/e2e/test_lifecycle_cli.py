@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -136,6 +137,37 @@ def test_a_foreground_host_works_in_the_project_root_as_a_launched_one_does(
     _ok(project.cli("--json", "start"))
     assert os.readlink(f"/proc/{project.host_pid()}/cwd") == str(project.root)
     _ok(project.cli("--json", "stop"))
+
+
+def test_start_foreground_from_a_removed_directory_serves(
+    project: Project, tmp_path: Path,
+) -> None:
+    """start --foreground --project P run from a directory removed since (a shell left in a
+    deleted build directory) failed CLI_INTERNAL_ERROR, exit 70, before the host started:
+    the command asked for its working directory to go back to after the host. A launched
+    host starts from there; so does this one, and works in the project root."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "intloom", "--project", str(project.root), "start",
+         "--foreground"],
+        cwd=gone, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(REPO)},
+        preexec_fn=lambda: os.rmdir(gone),  # in the child, once it is in that directory
+    )
+    project.pids.add(proc.pid)
+    try:
+        eventually(lambda: (project.state / "service.json").exists() or proc.poll() is not None,
+                   timeout=20, what="the foreground host to serve")
+        assert proc.poll() is None, proc.communicate(timeout=20)
+        assert os.readlink(f"/proc/{proc.pid}/cwd") == str(project.root)
+        proc.send_signal(signal.SIGTERM)  # a graceful stop, as Ctrl-C is
+        out, err = proc.communicate(timeout=20)
+        assert proc.returncode == 0, (out, err)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
 
 
 def test_start_foreground_serves_until_ctrl_c(project: Project) -> None:
