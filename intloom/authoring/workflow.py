@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar, overload
 
 import msgspec
 
-from intloom.errors import IntloomError, clip
+from intloom.errors import IntloomError, clip, message_of
 
 if TYPE_CHECKING:
     from intloom.authoring.agent import AgentResult
@@ -472,8 +472,9 @@ class Workflow:
         except Exception as exc:  # user code: a __post_init__, a default_factory
             raise _bad(
                 self.name, where,
-                f"State {shown}() raised {type(exc).__name__}: {clip(str(exc), 500)}, so the "
-                "Stage has no default State",
+                # message_of: the exception's __str__ is user code too, and may raise.
+                f"State {shown}() raised {type(exc).__name__}: {clip(message_of(exc), 500)}, "
+                "so the Stage has no default State",
                 "Make the default State valid (check __post_init__ and default_factory), or "
                 "declare @stage.init to build it.",
             ) from None

@@ -221,6 +221,31 @@ def test_a_state_whose_default_raises_names_the_stage_and_the_fix() -> None:
     wf.validate()
 
 
+class _Unprintable(Exception):
+    def __str__(self) -> str:  # a library's exception whose message cannot be built
+        raise RuntimeError("no message")
+
+
+class _RefusesUnprintably(msgspec.Struct):
+    n: int = 0
+
+    def __post_init__(self) -> None:
+        raise _Unprintable()
+
+
+def test_a_state_whose_default_raises_an_unprintable_exception_names_its_type() -> None:
+    """str() of the State's exception raised inside the check that reported it: the load
+    then said checking the Workflows "raised RuntimeError: no message", naming neither the
+    State nor what it raised."""
+    wf = intloom.Workflow("w", version="1")
+    st = wf.stage("s", state=_RefusesUnprintably)
+    st.step("a", routes={"ok": intloom.COMPLETE})(lambda ctx: "ok")
+    with _refused(r"Stage 's': State .*_RefusesUnprintably\(\) raised _Unprintable: \(its "
+                  r"message cannot be shown: its __str__ raised RuntimeError\), so the Stage "
+                  r"has no default State\."):
+        wf.validate()
+
+
 # ----- the loader -------------------------------------------------------------------------
 
 
