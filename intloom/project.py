@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,7 +83,16 @@ def find_root(start: Path, *, explicit: bool = False) -> Path:
 
     Raises CLI_PROJECT_INVALID naming where it looked; creates nothing.
     """
-    start = start.resolve()
+    try:
+        start = start.resolve()
+    except (OSError, RuntimeError) as exc:
+        # A symbolic link loop: Python before 3.13 raises RuntimeError for it, not OSError.
+        why = (os.strerror(errno.ELOOP) if isinstance(exc, RuntimeError)
+               else exc.strerror or str(exc))
+        raise IntloomError(
+            "CLI_PROJECT_INVALID",
+            f"{start} cannot be examined ({why}). Pass the project's root to --project.",
+        ) from None
     if explicit:
         try:
             is_root, is_file, exists = ((start / CONFIG_NAME).is_file(), start.is_file(),

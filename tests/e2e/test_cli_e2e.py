@@ -203,6 +203,21 @@ def test_a_project_option_the_os_cannot_examine_is_named_not_an_internal_error(
                    "root to --project."}
 
 
+def test_a_project_option_that_is_a_symlink_loop_is_named_not_an_internal_error(
+    tmp_path: Path,
+) -> None:
+    """--project naming a symbolic link that points to itself (ELOOP) failed
+    CLI_INTERNAL_ERROR, exit 70: resolving it raised RuntimeError "Symlink loop"."""
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    result = run_cli("--project", str(loop), "status", "--json", cwd=tmp_path)
+    assert result.code == 1, result.stdout
+    error = only_json(result)["error"]
+    assert error["code"] == "CLI_PROJECT_INVALID", error
+    assert error["message"].startswith(f"{loop} cannot be examined ("), error
+    assert error["message"].endswith("Pass the project's root to --project."), error
+
+
 def test_json_error_shape_and_usage_errors(project: Project) -> None:
     offline = project.cli("runs", "--json")
     assert offline.code == 1 and offline.stderr == ""
