@@ -20,7 +20,7 @@ from intloom.cli.render import Renderer
 if TYPE_CHECKING:
     from intloom.client.client import Client
 
-__all__ = ["CliState", "DebugOpt", "JsonOpt", "ProjectOpt", "command"]
+__all__ = ["CliState", "DebugOpt", "JsonOpt", "ProjectOpt", "command", "working_directory"]
 
 JsonOpt = Annotated[
     bool,
@@ -66,7 +66,7 @@ class CliState:
 
         if self.project is not None:
             return find_root(self.project, explicit=True)
-        return find_root(Path.cwd())
+        return find_root(working_directory())
 
     def client(self, *, waits: bool = False) -> Client:
         """A verified connection to this project's live host.
@@ -113,3 +113,20 @@ def command(fn: Callable[..., Any]) -> Callable[..., Any]:
     wrapper.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
     wrapper.__annotations__ = {p.name: p.annotation for p in parameters}
     return wrapper
+
+
+def working_directory() -> Path:
+    """The working directory; CLI_PROJECT_INVALID when it has no name any more (removed
+    since the shell entered it), where ``Path.cwd()`` raised and the command failed
+    CLI_INTERNAL_ERROR."""
+    try:
+        return Path.cwd()
+    except OSError as exc:
+        from intloom.errors import IntloomError
+
+        raise IntloomError(
+            "CLI_PROJECT_INVALID",
+            f"The working directory cannot be examined ({exc.strerror or exc}): it was "
+            "removed, or may not be read. Change to the project's directory, or pass the "
+            "project's root to --project.",
+        ) from None

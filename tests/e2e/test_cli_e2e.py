@@ -218,6 +218,56 @@ def test_a_project_option_that_is_a_symlink_loop_is_named_not_an_internal_error(
     assert error["message"].endswith("Pass the project's root to --project."), error
 
 
+def test_a_working_directory_removed_since_is_named_not_an_internal_error(
+    tmp_path: Path,
+) -> None:
+    """intloom status without --project, run from a directory removed since (a shell left
+    in a deleted build directory), failed CLI_INTERNAL_ERROR, exit 70: Path.cwd() raised."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    proc = subprocess.run(
+        [sys.executable, "-m", "intloom", "status", "--json"],
+        cwd=gone, capture_output=True, text=True, timeout=30,
+        env={**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(REPO)},
+        preexec_fn=lambda: os.rmdir(gone),  # in the child, once it is in that directory
+    )
+    result = CliResult(proc.returncode, proc.stdout, proc.stderr)
+    assert result.code == 1, result.stdout
+    error = only_json(result)["error"]
+    assert error["code"] == "CLI_PROJECT_INVALID", error
+    assert error["message"].startswith("The working directory cannot be examined ("), error
+    assert "pass the project's root to --project" in error["message"], error
+
+
+def test_init_of_a_directory_from_a_working_directory_removed_since_reports_it(
+    tmp_path: Path,
+) -> None:
+    """intloom init DIR run from a directory removed since wrote the project, then failed
+    CLI_INTERNAL_ERROR, exit 70, asking for the working directory to word its advice; with
+    no DIR it failed the same way before writing anything."""
+    gone = tmp_path / "gone"
+    target = tmp_path / "made"
+
+    def init(*args: str) -> CliResult:
+        gone.mkdir()
+        proc = subprocess.run(
+            [sys.executable, "-m", "intloom", "init", *args],
+            cwd=gone, capture_output=True, text=True, timeout=30,
+            env={**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(REPO)},
+            preexec_fn=lambda: os.rmdir(gone),  # in the child, once it is in that directory
+        )
+        return CliResult(proc.returncode, proc.stdout, proc.stderr)
+
+    made = init(str(target))
+    assert made.code == 0, (made.stdout, made.stderr)
+    assert f"Scaffolded an intloom project in {target}" in made.stdout, made.stdout
+    assert f"  cd {target}" in made.stdout, made.stdout
+    assert (target / "intloom.toml").is_file()
+    nowhere = init("--json")
+    assert nowhere.code == 1, nowhere.stdout
+    assert only_json(nowhere)["error"]["code"] == "CLI_PROJECT_INVALID", nowhere.stdout
+
+
 def test_json_error_shape_and_usage_errors(project: Project) -> None:
     offline = project.cli("runs", "--json")
     assert offline.code == 1 and offline.stderr == ""

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from intloom.cli.inputs import UsageError
-from intloom.cli.options import CliState, command
+from intloom.cli.options import CliState, command, working_directory
 
 __all__ = ["init"]
 
@@ -37,13 +37,17 @@ def init(
             f"intloom init got two targets, {directory} and --project {state.project}. "
             "Pass the directory once."
         )
-    target = directory if directory is not None else state.project or Path.cwd()
+    target = directory if directory is not None else state.project or working_directory()
     root = scaffold(target)
 
     def text() -> list[str]:
         lines = [f"Scaffolded an intloom project in {root}", "  " + ", ".join(SCAFFOLD)]
         lines.append("Next:")
-        if root != Path.cwd().resolve():
+        try:
+            here: Path | None = Path.cwd().resolve()
+        except OSError:  # removed since: the project was still made, elsewhere
+            here = None
+        if root != here:
             lines.append(f"  cd {shlex.quote(str(root))}")
         lines.append("  intloom start")
         lines.append('  intloom flow example --intent "Write release notes for 1.0"')
