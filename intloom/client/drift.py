@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import msgspec
+
 from intloom import __version__
 from intloom.authoring.identity import workflow_identity
 from intloom.errors import IntloomError
@@ -57,7 +59,11 @@ def since_start(root: Path, service: ServiceView, flows: list[WorkflowInfo]
     out = [SourceChange(source, "listed", f"{source} is listed in intloom.toml; the host "
                         "started before and has not loaded it.")
            for source in dict.fromkeys(listed) if source not in loaded]
-    if config.port and config.port != service.port:  # 0: any port, whichever it got
+    # start --port N listens on N whatever intloom.toml says: a port there is a change only
+    # when it is not the one the host started with (a host that does not say: any other).
+    started_with = service.config_port
+    if (config.port and config.port != service.port  # 0: any port, whichever it got
+            and (started_with is msgspec.UNSET or config.port != started_with)):
         # The config's port wins over the saved one at a start (host/daemon.py).
         out.append(SourceChange(
             "intloom.toml", "port", f"intloom.toml sets port {config.port}; the host listens "

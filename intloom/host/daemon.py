@@ -117,6 +117,7 @@ class Host:
         self.booted: Booted | None = None
         self.server: Server | None = None
         self.port = 0
+        self.config_port: int | None = None  # intloom.toml's port at this start (ServiceView)
         self._store_lock = -1  # lock_dir on runtime/, from before the import to the end
         self._sock: socket.socket | None = None  # bound early, until the server listens on it
         self._stop: asyncio.Event | None = None
@@ -296,6 +297,7 @@ class Host:
         self.ready.progress("log_opened")
         log.info("service_starting", port=opts.port, strict=opts.strict)
         config = load_config(self.paths.root)
+        self.config_port = config.port
         saved = self.ownership.saved_connection()
         self.ownership.check_service_file()
         # Before any user code runs: the store's own lock (one writer per runtime directory,
@@ -417,6 +419,7 @@ class Host:
             log_error=self.log_error,
             workflow_problems=problems,
             store_problems=store_problems,
+            config_port=self.config_port,
         )
 
     # ----- serve ---------------------------------------------------------------------------

@@ -253,6 +253,10 @@ class ServiceView(msgspec.Struct, frozen=True, rename="camel"):
     # The store files the last restore read past; every start lists them until they are
     # dealt with (the journal is never written over them).
     store_problems: list[StoreProblem] = msgspec.field(default_factory=list)
+    # The port intloom.toml set when this host started (null: none), which ``port`` is not
+    # when start was given --port: what changed on disk since is judged against it
+    # (client/drift.py). Absent from a host of an intloom before it.
+    config_port: int | msgspec.UnsetType | None = msgspec.UNSET
 
 
 class WorkflowInfo(msgspec.Struct, frozen=True, rename="camel"):

@@ -226,3 +226,23 @@ def test_a_port_set_in_intloom_toml_after_the_host_started_is_named(project: Pro
         f'workflows = ["workflows/note"]\nport = {service["port"]}\n')
     assert ok(project.cli("start", "--json"))["changedSinceStart"] == []
     ok(project.cli("stop", "--json"))
+
+
+def test_a_port_given_to_start_is_not_named_as_changed_since_start(project: Project) -> None:
+    """``start --port 0`` (or ``--port N``) with a ``port`` in intloom.toml: the host
+    listens where it was told, and nothing changed on disk since, yet status, start's reuse
+    and doctor named intloom.toml's port as changed since the start and said to restart to
+    load it. A port edited in intloom.toml after that start is still named."""
+    first = ok(project.cli("start", "--json"))["service"]["port"]
+    ok(project.cli("stop", "--json"))
+    (project.root / "intloom.toml").write_text(f'workflows = ["workflows/note"]\nport = {first}\n')
+    service = ok(project.cli("start", "--port", "0", "--json"))["service"]
+    assert service["port"] != first, service
+    assert ok(project.cli("status", "--json"))["changedSinceStart"] == []
+    assert ok(project.cli("start", "--json"))["changedSinceStart"] == []
+    assert _workflows_check(project)["status"] == "ok"
+    other = first + 1 if first < 65535 else 1024
+    (project.root / "intloom.toml").write_text(f'workflows = ["workflows/note"]\nport = {other}\n')
+    changed = ok(project.cli("status", "--json"))["changedSinceStart"]
+    assert [(c["source"], c["change"]) for c in changed] == [("intloom.toml", "port")], changed
+    ok(project.cli("stop", "--json"))
