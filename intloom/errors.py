@@ -27,7 +27,17 @@ def as_call(exc: BaseException) -> str:
     """``SystemExit(2)``: how user code's exit or interrupt is named (``SystemExit: 2`` would
     read as an error message, and a bare ``0`` says nothing)."""
     name = type(exc).__name__
-    return f"{name}({', '.join(repr(arg) for arg in exc.args)})" if exc.args else name
+    return f"{name}({', '.join(_repr_of(arg) for arg in exc.args)})" if exc.args else name
+
+
+def _repr_of(value: object) -> str:
+    """``repr(value)`` of what user code passed (``sys.exit(obj)``). Its ``__repr__`` is user
+    code too: one that raised escaped from the error handling naming the exit, which left a
+    sync Step's Run running for ever and failed an async one's CLI_INTERNAL_ERROR."""
+    try:
+        return repr(value)
+    except Exception as inner:
+        return f"<{type(value).__name__} object: its __repr__ raised {type(inner).__name__}>"
 
 
 def message_of(exc: BaseException) -> str:

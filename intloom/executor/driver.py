@@ -1158,7 +1158,13 @@ class Driver:
             try:
                 result = fn(*args)
             except BaseException as exc:  # delivered to the awaiting driver
-                inbox.put(future, False, _contained(exc))
+                try:
+                    contained = _contained(exc)
+                except Exception as failed:
+                    # Naming it failed: the future must still settle, or the Run waits on
+                    # it for ever (this thread would end with nothing delivered).
+                    contained = failed
+                inbox.put(future, False, contained)
                 return
             inbox.put(future, True, result)
 

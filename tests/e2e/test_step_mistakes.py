@@ -40,7 +40,7 @@ MISTAKES = textwrap.dedent('''
              "nested_effects", "duplicate_key", "exits", "float_wait", "set_wait",
              "confirm_dropped", "ask_dropped", "aeffect_dropped", "confirm_twice_at_once",
              "effect_while_waiting", "wait_while_effect", "unprintable",
-             "unprintable_effect"]
+             "unprintable_effect", "exits_unprintably", "interrupted_unprintably"]
     wf = intloom.Workflow("mistakes", version="1.0.0")
     main = wf.stage("main", state=Box)
 
@@ -217,6 +217,21 @@ MISTAKES = textwrap.dedent('''
     @main.step("exits", routes={"done": intloom.COMPLETE})
     def exits(ctx: intloom.StepContext[Box]) -> str:
         raise SystemExit(3)
+
+
+    class NoRepr:
+        def __repr__(self) -> str:  # an object whose repr cannot be built
+            raise RuntimeError("no repr")
+
+
+    @main.step("exits_unprintably", routes={"done": intloom.COMPLETE})
+    def exits_unprintably(ctx: intloom.StepContext[Box]) -> str:
+        raise SystemExit(NoRepr())
+
+
+    @main.step("interrupted_unprintably", routes={"done": intloom.COMPLETE})
+    async def interrupted_unprintably(ctx: intloom.StepContext[Box]) -> str:
+        raise KeyboardInterrupt(NoRepr())
 
 
     @main.step("float_wait", routes={"yes": intloom.COMPLETE, "no": intloom.COMPLETE})
@@ -409,6 +424,31 @@ def test_a_step_that_exits_fails_its_run_and_says_so(mistakes: Project) -> None:
     assert message.startswith("Stage 'main', Step 'exits' raised SystemExit(3) ("), message
     assert "must not exit the process" in message and "raise an exception instead" in message
     assert ok(mistakes.cli("status", "--json"))["service"]  # the host is still serving
+    ok(mistakes.cli("stop", "--json"))
+
+
+@pytest.mark.parametrize(("kind", "raised"), [("exits_unprintably", "SystemExit"),
+                                               ("interrupted_unprintably", "KeyboardInterrupt")])
+def test_an_exit_whose_argument_cannot_be_shown_fails_its_run(
+    mistakes: Project, kind: str, raised: str,
+) -> None:
+    """A Step raising SystemExit (or KeyboardInterrupt) with an argument whose __repr__
+    raises left its Run running for ever, with nothing logged: naming the exit as a call
+    (``SystemExit(...)``) raised inside the error handling. A stop then cut the Run, and
+    the next start reported it RUN_INTERRUPTED. The Run fails, naming the argument's type."""
+    ok(mistakes.cli("start", "--json"))
+    run_id = ok(mistakes.cli("flow", "mistakes", "--intent", kind, "--detach", "--json"))[
+        "run"]["runId"]
+
+    def ended() -> dict[str, Any] | None:
+        run: dict[str, Any] = ok(mistakes.cli("inspect", run_id, "--json"))["run"]
+        return run if run["status"] == "failed" else None
+
+    error = eventually(ended, timeout=30, what=f"{kind} to fail")["lastError"]
+    assert error["code"] == "STEP_EXECUTION_FAILED", error
+    assert error["message"].startswith(
+        f"Stage 'main', Step '{kind}' raised {raised}(<NoRepr object: its __repr__ raised "
+        "RuntimeError>)"), error
     ok(mistakes.cli("stop", "--json"))
 
 
