@@ -61,7 +61,7 @@ from intloom.runtime.machine import (
     unreadable,
 )
 from intloom.runtime.model import Cursor, PendingAgentCall, RunView
-from intloom.runtime.plainjson import json_problem
+from intloom.runtime.plainjson import json_problem, wire_problem
 from intloom.runtime.ports import CheckpointFailed, JournalPort
 from intloom.runtime.records import (
     UNENCODABLE,
@@ -995,6 +995,15 @@ class Runtime:
                     clip(f"Tool {tool!r} returned what is not plain JSON data: {returned}. "
                          "Return str, numbers, booleans, null, lists and objects with string "
                          "keys; nothing was kept, so the call may be made again."))
+            unsendable = wire_problem(output)
+            if unsendable is not None:
+                # JSON, but not what the reply (msgpack) carries: the Tool returned it, it
+                # did not raise (an OverflowError here read as if the Tool had failed).
+                raise IntloomError(
+                    "TOOL_EXECUTION_FAILED",
+                    clip(f"Tool {tool!r} returned what cannot be sent: {unsendable}. Return "
+                         "large integers as strings and text as valid Unicode; nothing was "
+                         "kept, so the call may be made again."))
             msgspec.msgpack.encode(output)
         except IntloomError:
             raise

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-__all__ = ["json_problem"]
+__all__ = ["json_problem", "wire_problem"]
 
 
 # Deeper than any JSON an Agent or a Tool means to send (msgspec's own limit is lower still),
@@ -61,4 +61,37 @@ def json_problem(value: Any) -> str | None:
                     stack.append((part, (place, key), depth + 1))
             continue
         return f"{_path(place)} is {type(item).__name__}, not JSON data"
+    return None
+
+
+_INT_RANGE: Final = range(-(1 << 63), 1 << 64)
+
+
+def _wire_fact(item: Any) -> str | None:
+    if isinstance(item, int) and not isinstance(item, bool) and item not in _INT_RANGE:
+        return "is an integer beyond 64 bits (msgpack holds -2**63 to 2**64-1)"
+    if isinstance(item, str):
+        try:
+            item.encode("utf-8")
+        except UnicodeEncodeError:
+            return "holds text that is not valid Unicode (a lone surrogate)"
+    return None
+
+
+def wire_problem(value: Any) -> str | None:
+    """Where plain JSON data ``value`` holds what msgpack cannot carry (``$.n is an integer
+    beyond 64 bits``), or None. Call it on a value ``json_problem`` passed (bounded depth)."""
+    stack: list[tuple[Any, _Place]] = [(value, None)]
+    while stack:
+        item, place = stack.pop()
+        fact = _wire_fact(item)
+        if fact is not None:
+            return f"{_path(place)} {fact}"
+        if isinstance(item, (list, tuple)):
+            stack.extend((part, (place, i)) for i, part in enumerate(item))
+        elif isinstance(item, dict):
+            for key, part in item.items():
+                if _wire_fact(key) is not None:
+                    return f"{_path(place)} has a key that {_wire_fact(key)}"
+                stack.append((part, (place, key)))
     return None

@@ -325,10 +325,15 @@ LOOPING = textwrap.dedent('''
         raise RuntimeError("no")  # never reached in these tests: refused BUSY first
 
 
+    def wide(input: Any) -> Any:
+        # JSON, but more than msgpack carries: an integer beyond 64 bits, a lone surrogate.
+        return {"n": [1, 2**70]} if input.get("int") else {"s": "a\\udcffb"}
+
+
     @main.agent_step("look", routes={"again": "look", "done": intloom.COMPLETE},
                      tools=[intloom.Tool("slow", slow), intloom.Tool("search", search),
                             intloom.Tool("boom", boom),
-                            intloom.Tool("setty", setty)])
+                            intloom.Tool("setty", setty), intloom.Tool("wide", wide)])
     def look(ctx: intloom.StepContext[None]) -> Any:
         return {"topic": ctx.intent}
 
@@ -415,6 +420,14 @@ def test_agent_requests_refuse_what_is_not_json_or_empty_and_stale_tasks_say_why
     returned = _refused(lambda: client.call_tool(run.run_id, call, token, "tc-s", "setty", {}),
                         "TOOL_EXECUTION_FAILED")
     assert "Tool 'setty' returned what is not plain JSON data: $.tags is set" in returned
+    # What the Tool returned, not something it raised: named by its path, and no receipt kept.
+    for tool_input, fact in (({"int": True}, "$.n[1] is an integer beyond 64 bits"),
+                             ({}, "$.s holds text that is not valid Unicode")):
+        for _ in range(2):
+            returned = _refused(lambda tool_input=tool_input: client.call_tool(
+                run.run_id, call, token, "tc-w", "wide", tool_input), "TOOL_EXECUTION_FAILED")
+            assert f"Tool 'wide' returned what cannot be sent: {fact}" in returned, returned
+            assert "raised" not in returned and "may be made again" in returned
     for bad, where in (({"a": b"x"}, "$.a is bytes"), ({"n": float("nan")}, "$.n is nan")):
         message = _refused(lambda bad=bad: client.complete_agent_call(
             run.run_id, call, token, "done", bad), "INVALID_REQUEST")
