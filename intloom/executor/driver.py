@@ -44,6 +44,7 @@ from intloom.runtime.machine import (
     to_view,
 )
 from intloom.runtime.model import Cursor, PendingAction, PendingAgentCall, RunView
+from intloom.runtime.plainjson import wire_problem
 from intloom.runtime.ports import CheckpointFailed
 from intloom.runtime.records import (
     UNENCODABLE,
@@ -847,8 +848,27 @@ def _plain(value: Any, task_of: Step[Any] | None = None) -> Any:
                 "hundred levels deep at most.",
             ) from None
         return {"repr": _shown(value)}
-    except UNENCODABLE:
+    except UNENCODABLE as exc:
+        if task_of is not None:
+            # As above: the Agent would get {"repr": ...}, a task the Step never returned.
+            raise IntloomError(
+                "STEP_INTERACTION_INVALID",
+                f"{task_of.where} returned an Agent task ({type(value).__name__}) that cannot "
+                f"be encoded: {_unencodable_at(value, exc)}; nothing was recorded and no task "
+                "was published. Return plain data: str (valid Unicode), integers within 64 "
+                "bits, floats, booleans, None, lists and dicts with str keys.",
+            ) from None
         return {"repr": _shown(value)}
+
+
+def _unencodable_at(value: Any, exc: BaseException) -> str:
+    """Where in ``value`` msgpack gave up (``$.n is an integer beyond 64 bits``), else what it
+    raised."""
+    with contextlib.suppress(*UNENCODABLE):
+        found = wire_problem(msgspec.to_builtins(value))
+        if found is not None:
+            return found
+    return f"{type(exc).__name__}: {message_of(exc)}"
 
 
 def _shown(value: Any, limit: int | None = None) -> str:

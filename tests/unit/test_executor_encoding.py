@@ -279,3 +279,38 @@ def test_a_value_too_deep_to_encode_handed_to_the_host_names_the_step(
         assert fact in view.last_error.message, (fact, view.last_error.message)
     phases = [type(e.record).__name__ for e in read_history(root, view.run_id)]
     assert phases[-2:] == ["Executing", "Terminal"], phases
+
+
+# an Agent task the journal cannot hold -> what the refusal names
+UNSENDABLE_TASKS: dict[str, tuple[Any, str]] = {
+    "huge": ({"n": [1, HUGE]}, "$.n[1] is an integer beyond 64 bits"),
+    "surrogate": ({"s": "a\udcffb"}, "$.s holds text that is not valid Unicode"),
+    "object": ({"o": object()}, "TypeError"),
+}
+
+
+@pytest.mark.parametrize("task", sorted(UNSENDABLE_TASKS))
+def test_an_agent_task_the_journal_cannot_hold_is_refused_not_published_as_its_repr(
+        tmp_path: Path, task: str) -> None:
+    """The Agent works on the task itself: it was published as {"repr": "{'n': ...}"}, a task
+    the Step never returned, while the same value given to ctx.confirm failed the Run."""
+    value, fact = UNSENDABLE_TASKS[task]
+    wf = intloom.Workflow("unsendable", version="1")
+    st = wf.stage("s")
+
+    @st.agent_step("a", routes={"ok": intloom.COMPLETE})
+    def agent(ctx: Any) -> Any:
+        return value
+
+    wf.validate()
+    root = tmp_path / "runtime"
+    view = _settled(root, wf)
+    assert view.pending_agent_call is None, view.pending_agent_call
+    assert view.status == "failed" and view.last_error is not None, view
+    assert view.last_error.code == "STEP_INTERACTION_INVALID", view.last_error
+    message = view.last_error.message
+    for part in ("Stage 's', Step 'a' returned an Agent task (dict) that cannot be encoded",
+                 fact, "no task was published"):
+        assert part in message, (part, message)
+    phases = [type(e.record).__name__ for e in read_history(root, view.run_id)]
+    assert phases[-2:] == ["Executing", "Terminal"], phases
