@@ -329,6 +329,10 @@ def run_lines(run: Mapping[str, Any]) -> list[str]:
     if run.get("status") == "failed":
         err = _error_of(run)
         if err.get("code") == "RUN_STOPPED":
+            if err.get("message") != CATALOGUE["RUN_STOPPED"][0]:
+                # What the stop cut (an effect in flight) or found (a held Run): not news
+                # only in the plain case.
+                lines.append(f"RUN_STOPPED: {err.get('message', '')}")
             lines.append("Committed data is retained.")
         elif run.get("dismissed"):
             lines.append(f"{err.get('code', 'UNKNOWN')}: {err.get('message', '')}")

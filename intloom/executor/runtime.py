@@ -814,8 +814,11 @@ class Runtime:
             view = slot.view()
             ended = slot.state.phase == "terminal"
             live = not ended and view.status not in ("completed", "failed")
+            cut = None  # what the cancel leaves in flight, as a restart would name it
             if live:
                 slot.owned = False
+                if slot.state.effect_in_flight is not None:
+                    cut = restart_verdict(slot.state, has_recover=False).reason
         if ended:
             return view, not slot.state.dismissed
         if not live:
@@ -830,9 +833,13 @@ class Runtime:
                 slot.publish("dismissed", None)
                 return slot.view(), False
             return view, True
+        # An effect cut in flight may have reached its target: say so, as a stop or a
+        # restart does, instead of only "The Run was stopped.".
+        error = error_view("RUN_STOPPED") if cut is None else error_view(
+            "RUN_STOPPED", f"The Run was stopped while {cut}; it is not called again.")
         self.append(
             slot,
-            Terminal(at=clock.now(), status="failed", error=error_view("RUN_STOPPED")),
+            Terminal(at=clock.now(), status="failed", error=error),
             force=True,
         )
         slot.revoke(IntloomError("EXECUTION_OWNERSHIP_LOST"))

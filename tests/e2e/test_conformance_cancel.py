@@ -95,3 +95,27 @@ def test_cancelled_and_terminal_runs_never_come_back(proj: Project) -> None:
     for run in (cancelled, finished):
         records = ok(proj.cli("inspect", run["runId"], "--json"))["records"]
         assert records[-1]["phase"] == "terminal"
+
+
+def test_a_cancel_that_cuts_an_effect_names_it_in_the_runs_error(proj: Project) -> None:
+    """A stop or a restart names an effect cut in flight, its outcome unknown; a cancel said
+    only "The Run was stopped." though the effect may have reached its target."""
+    ok(proj.cli("start", "--json"))
+    gates = proj.root / "gates"
+    gates.mkdir()
+    hold = gates / "effect:download.hold"
+    hold.write_text("held")
+    run = ok(proj.cli("flow", "reference", "--intent", "cancel mid-effect", "--detach",
+                      "--json"))["run"]
+    eventually((gates / "effect:download.entered").exists, timeout=15,
+               what="the download effect to start")
+    stopped = ok(proj.cli("cancel", run["runId"], "--json"))["run"]
+    hold.unlink()  # the effect returns; nothing of it is recorded
+    error = stopped["lastError"]
+    assert error["code"] == "RUN_STOPPED", error
+    key = f"download-{run['runId'][-6:]}"
+    assert f"effect 'download' (key '{key}'" in error["message"], error
+    assert "outcome is unknown" in error["message"], error
+    assert ok(proj.cli("cancel", run["runId"], "--json"))["run"] == stopped  # idempotent
+    told = proj.cli("cancel", run["runId"])  # what a person reads
+    assert told.code == 0 and f"RUN_STOPPED: {error['message']}" in told.stdout, told
