@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final, TypeVar
 
@@ -147,6 +148,12 @@ def _read(path: Path, kind: type[_T], root: Path | None) -> _T | None:
         raise _invalid(
             path, f"has version {value.version}; this intloom reads {METADATA_VERSION}"  # type: ignore[attr-defined]
         )
+    create_time = getattr(value, "create_time", None)
+    if create_time is not None and not _is_date(create_time):
+        # The owner's evidence shows it as a date; a number beyond any (a damaged or
+        # hand-edited file) is no process's start time, so no owner is judged from it.
+        raise _invalid(path, f"names createTime {create_time!r}, which is no date a process "
+                       "can have started at")
     saved_root = getattr(value, "project_root", None)
     if root is not None and saved_root is not None and saved_root != str(root):
         if kind is Connection:
@@ -162,6 +169,14 @@ def _read(path: Path, kind: type[_T], root: Path | None) -> _T | None:
             )
         raise _invalid(path, f"belongs to another project ({saved_root})")
     return value
+
+
+def _is_date(ts: float) -> bool:
+    try:
+        datetime.fromtimestamp(ts, UTC)
+    except (OverflowError, ValueError, OSError):
+        return False
+    return True
 
 
 def read_lock(path: Path) -> ServiceLock | None:

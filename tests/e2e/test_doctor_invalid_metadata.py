@@ -5,6 +5,7 @@ invalid. Real host; it is stopped through its own signal handler and reaped."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -197,3 +198,37 @@ def test_a_first_start_before_it_holds_its_lock_is_not_called_another_projects_h
         lock_check["message"]), lock_check
     assert "aside" not in lock_check["next"], lock_check
     assert "Leave both files as they are" in lock_check["next"], lock_check
+
+
+@pytest.mark.parametrize("name", ["service.lock", "service.json"])
+def test_a_create_time_no_date_can_show_is_invalid_metadata_not_an_internal_error(
+    project: Project, name: str,
+) -> None:
+    """A crash's service.lock (or service.json) whose createTime was hand-edited or damaged
+    into a number no date can show (year 33658), beside a pid that is alive: status,
+    doctor, recover and start all failed CLI_INTERNAL_ERROR, exit 70, formatting the saved
+    time for the "pid was reused" evidence. It is invalid metadata, kept as it is."""
+    assert project.cli("start").code == 0
+    project.kill_host()
+    path = project.state / name
+    data = json.loads(path.read_text())
+    # A live pid (this test's own; teardown never signals it) whose create time is compared.
+    data["pid"], data["createTime"] = os.getpid(), 1e12
+    path.write_text(json.dumps(data))
+    before = snapshot_files(project.state)
+    for args in (("status",), ("recover", "--dry-run"), ("recover",)):
+        result = project.cli(*args, "--json")
+        assert result.code == 1, (args, result.code, result.stdout, result.stderr)
+        error = result.json["error"]
+        assert error["code"] == "CLI_SERVICE_METADATA_INVALID", (args, error)
+        assert name in error["message"] and "createTime" in error["message"], error
+    # start refuses as before any invalid lock (busy) or service.json (invalid).
+    started = project.cli("start", "--json")
+    assert started.code == 1, (started.code, started.stdout, started.stderr)
+    assert started.json["error"]["code"] in (
+        "CLI_SERVICE_BUSY", "CLI_SERVICE_METADATA_INVALID"), started.stdout
+    doctor = project.cli("doctor", "--json")
+    assert doctor.code == 4, (doctor.stdout, doctor.stderr)
+    [check] = [c for c in doctor.json["checks"] if c["id"] == f"owner.{name.replace('.', '_')}"]
+    assert check["status"] == "attention" and "createTime" in check["message"], check
+    assert snapshot_files(project.state) == before
