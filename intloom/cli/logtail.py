@@ -75,7 +75,7 @@ class LogTail:
     """
 
     def __init__(self, logs_dir: Path, emit: Callable[[str], None], *, all_files: bool,
-                 on_skipped: Skipped | None = None) -> None:
+                 on_skipped: Skipped | None = None, newest: Path | None = None) -> None:
         self._dir = logs_dir
         self._emit = emit
         self._on_skipped = on_skipped
@@ -83,8 +83,14 @@ class LogTail:
         self._current: Path | None = None
         self._offset = 0
         self._partial = b""
+        # Names sort by the wall clock at each host's start, which may have been moved back
+        # since an earlier host ran: the log of the host service.json names is the newest
+        # whatever its name, and a file is new when it was not seen, not when it sorts later.
+        self._newest = newest
+        self._seen: set[Path] = set()
         if not all_files:
             existing = self._scan()
+            self._seen.update(existing)
             self._current = existing[-1] if existing else None
 
     def _skip(self, path: Path, what: str) -> None:
@@ -96,15 +102,16 @@ class LogTail:
         found, skipped = scan_logs(self._dir)
         for path, what in skipped:
             self._skip(path, what)
-        return found
+        return sorted(found, key=lambda path: (path == self._newest, path))
 
     def pump(self) -> None:
         """Emit what was appended since the last pump, then every newer file's lines."""
         if self._current is not None:
             self._read_from(self._current)
         for path in self._scan():
-            if self._current is not None and path <= self._current:
+            if path in self._seen:
                 continue
+            self._seen.add(path)
             if self._partial:
                 # A newer host exists, so the older file will not grow: show its torn end.
                 self._emit(self._partial.decode("utf-8", errors="replace"))

@@ -411,6 +411,10 @@ def test_logs_follow_survives_a_new_host_log_and_stops_on_sigterm(project: Proje
             # A restarted host writes a new file; following moves on to it.
             _write_log(logs, "LOG-20260102T000000000Z.jsonl", {"time": "T3", "event": "new_host"})
             assert "new_host" in lines.next()
+            # A host started after the clock was moved back names its file earlier: it is
+            # still new, and followed.
+            _write_log(logs, "LOG-20250101T000000000Z.jsonl", {"time": "T4", "event": "back"})
+            assert "back" in lines.next()
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=10) == 0
         finally:
@@ -598,3 +602,29 @@ def test_text_output_says_what_a_waiting_run_asks(asks_project: Project) -> None
     assert '  {"fix":"ticket 7","note":"it\'s fixed"}' in listed, listed
     done = project.cli(*_answer_command(listed, "answer: "))
     assert done.code == 0 and done.stdout.startswith("Completed · triage"), done
+
+
+def test_logs_shows_the_running_hosts_log_after_the_clock_was_moved_back(
+    project: Project,
+) -> None:
+    """Log files are named by the wall clock when their host starts. A host that ran while
+    the clock was ahead (set back since, by hand or by NTP) left a log whose name sorts after
+    the running host's: `intloom logs` showed that old host's records as the newest, and
+    `intloom logs RUN` found nothing about the running host's Runs. The running host's log,
+    the one service.json names, is the newest."""
+    logs = project.state / "logs"
+    project.state.mkdir(mode=0o700)
+    _write_log(logs, "LOG-20991231T000000000Z.jsonl",
+               {"time": "2099-12-31T00:00:00.000Z", "level": "info", "event": "log_opened",
+                "instanceId": "an-earlier-host"})
+    started = project.cli("start", "--json")
+    try:
+        assert started.code == 0, started.stderr
+        service = only_json(started)["service"]
+        shown = project.cli("logs", "--json")
+        assert shown.code == 0, shown.stderr
+        first = json.loads(shown.stdout.splitlines()[0])
+        assert (first["event"], first.get("instanceId")) == (
+            "log_opened", service["instanceId"]), shown.stdout
+    finally:
+        assert project.cli("stop").code == 0

@@ -130,6 +130,14 @@ def _follow(tail: LogTail, root: Path, logs_dir: Path) -> None:
         signal.signal(signal.SIGTERM, previous)
 
 
+def _hosts_log(root: Path, logs_dir: Path) -> Path | None:
+    """The log of the host ``service.json`` names (running, or killed): the newest one."""
+    from intloom.client.lifecycle import host_log_name
+
+    name = host_log_name(root)
+    return logs_dir / name if name is not None else None
+
+
 @command
 def logs(
     state: CliState,
@@ -151,7 +159,8 @@ def logs(
     logs_dir = ProjectPaths(root).logs
     renderer = state.renderer
     emit, printed = _printer(renderer, run_id)
-    tail = LogTail(logs_dir, emit, all_files=all_files, on_skipped=_skipped(renderer, root))
+    tail = LogTail(logs_dir, emit, all_files=all_files, on_skipped=_skipped(renderer, root),
+                   newest=_hosts_log(root, logs_dir))
     tail.pump()
     if follow:
         with contextlib.suppress(KeyboardInterrupt):
