@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final, TypeVar
@@ -187,12 +188,20 @@ def read_service(path: Path, root: Path) -> ServiceInfo | None:
     return _read(path, ServiceInfo, root)
 
 
+_TOKEN: Final = re.compile(r"[A-Za-z0-9_-]{43}")
+
+
 def read_connection(path: Path, root: Path) -> Connection | None:
     value = _read(path, Connection, root)
     if value is not None and not 1 <= value.port <= 65535:
         raise _invalid(path, f"names port {value.port}, outside 1..65535")
     if value is not None and len(value.token) != 43:
         raise _invalid(path, "holds a token of the wrong length")
+    if value is not None and not _TOKEN.fullmatch(value.token):
+        # The host writes base64url and speaks it in ASCII; other characters (a hand edit)
+        # made its start fail unexplained. The token itself is never shown.
+        raise _invalid(path, "holds a token with characters other than base64url (A-Z, a-z, "
+                       "0-9, - and _)")
     return value
 
 

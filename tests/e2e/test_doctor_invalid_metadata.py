@@ -232,3 +232,34 @@ def test_a_create_time_no_date_can_show_is_invalid_metadata_not_an_internal_erro
     [check] = [c for c in doctor.json["checks"] if c["id"] == f"owner.{name.replace('.', '_')}"]
     assert check["status"] == "attention" and "createTime" in check["message"], check
     assert snapshot_files(project.state) == before
+
+
+def test_a_connection_token_of_other_characters_is_invalid_metadata_not_an_internal_error(
+    project: Project,
+) -> None:
+    """A hand-edited connection.json whose token has the right length (43) but characters a
+    token never has (here non-ASCII): status said offline, doctor called the file valid
+    (healthy, exit 0), and start failed CLI_INTERNAL_ERROR, exit 70, 'The host failed while
+    starting': the host encodes the token as ASCII. Only base64url is a token; the file is
+    invalid metadata, named, and kept as it is."""
+    assert project.cli("start").code == 0
+    assert project.cli("stop").code == 0
+    connection = project.state / "connection.json"
+    data = json.loads(connection.read_text())
+    data["token"] = "é" * 43
+    connection.write_text(json.dumps(data))
+    before = snapshot_files(project.state)
+    for args in (("status",), ("start",)):
+        result = project.cli(*args, "--json")
+        assert result.code == 1, (args, result.code, result.stdout, result.stderr)
+        error = result.json["error"]
+        assert error["code"] == "CLI_SERVICE_METADATA_INVALID", (args, error)
+        assert "connection.json" in error["message"] and "token" in error["message"], error
+        assert "é" not in error["message"], error  # the token is never shown
+    doctor = project.cli("doctor", "--json")
+    assert doctor.code == 4, (doctor.stdout, doctor.stderr)
+    [check] = [c for c in doctor.json["checks"] if c["id"] == "connection"]
+    assert check["status"] == "attention" and "token" in check["message"], check
+    assert {k: v for k, v in snapshot_files(project.state).items()
+            if not k.startswith("logs/")} == {
+        k: v for k, v in before.items() if not k.startswith("logs/")}
