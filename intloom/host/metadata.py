@@ -185,7 +185,12 @@ def read_lock(path: Path) -> ServiceLock | None:
 
 
 def read_service(path: Path, root: Path) -> ServiceInfo | None:
-    return _read(path, ServiceInfo, root)
+    value = _read(path, ServiceInfo, root)
+    # As in connection.json: no socket has such a port, and the checks of who holds it
+    # (bind, connect) refuse the number itself.
+    if value is not None and not 1 <= value.port <= 65535:
+        raise _invalid(path, f"names port {value.port}, outside 1..65535")
+    return value
 
 
 _TOKEN: Final = re.compile(r"[A-Za-z0-9_-]{43}")

@@ -263,3 +263,31 @@ def test_a_connection_token_of_other_characters_is_invalid_metadata_not_an_inter
     assert {k: v for k, v in snapshot_files(project.state).items()
             if not k.startswith("logs/")} == {
         k: v for k, v in before.items() if not k.startswith("logs/")}
+
+
+@pytest.mark.parametrize("port", [65536, -1])
+def test_a_service_json_port_no_socket_can_have_is_invalid_metadata_not_an_internal_error(
+    project: Project, port: int,
+) -> None:
+    """After a crash, a service.json whose port was damaged or hand-edited out of 1..65535:
+    status, doctor and recover failed CLI_INTERNAL_ERROR, exit 70, checking whether that port
+    is taken (bind() refuses such a number). It is invalid metadata, as the same port in
+    connection.json is, and kept as it is."""
+    assert project.cli("start").code == 0
+    project.kill_host()
+    path = project.state / "service.json"
+    data = json.loads(path.read_text())
+    data["port"] = port
+    path.write_text(json.dumps(data))
+    before = snapshot_files(project.state)
+    for args in (("status",), ("recover", "--dry-run"), ("recover",)):
+        result = project.cli(*args, "--json")
+        assert result.code == 1, (args, result.code, result.stdout, result.stderr)
+        error = result.json["error"]
+        assert error["code"] == "CLI_SERVICE_METADATA_INVALID", (args, error)
+        assert f"names port {port}, outside 1..65535" in error["message"], error
+    doctor = project.cli("doctor", "--json")
+    assert doctor.code == 4, (doctor.stdout, doctor.stderr)
+    [check] = [c for c in doctor.json["checks"] if c["id"] == "owner.service_json"]
+    assert check["status"] == "attention" and "outside 1..65535" in check["message"], check
+    assert snapshot_files(project.state) == before
