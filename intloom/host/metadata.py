@@ -125,6 +125,10 @@ def privacy_invalid(exc: PrivacyError) -> IntloomError:
     )
 
 
+# pid_t is a C int: no process has a pid beyond it (Linux allots at most 2**22).
+_PID_MAX: Final = 2**31 - 1
+
+
 def _invalid(path: Path, fact: str) -> IntloomError:
     return IntloomError(
         "CLI_SERVICE_METADATA_INVALID",
@@ -149,6 +153,11 @@ def _read(path: Path, kind: type[_T], root: Path | None) -> _T | None:
         raise _invalid(
             path, f"has version {value.version}; this intloom reads {METADATA_VERSION}"  # type: ignore[attr-defined]
         )
+    pid = getattr(value, "pid", None)
+    if pid is not None and not 1 <= pid <= _PID_MAX:
+        # Every reader, not only diagnosis: probing such a number raised (psutil refuses a
+        # pid below 1, os.kill one beyond a C int) in the commands that judge it themselves.
+        raise _invalid(path, f"names pid {pid}, which no process can have")
     create_time = getattr(value, "create_time", None)
     if create_time is not None and not _is_date(create_time):
         # The owner's evidence shows it as a date; a number beyond any (a damaged or

@@ -291,3 +291,40 @@ def test_a_service_json_port_no_socket_can_have_is_invalid_metadata_not_an_inter
     [check] = [c for c in doctor.json["checks"] if c["id"] == "owner.service_json"]
     assert check["status"] == "attention" and "outside 1..65535" in check["message"], check
     assert snapshot_files(project.state) == before
+
+
+@pytest.mark.parametrize(("name", "pid"), [
+    ("service.lock", -1), ("service.json", 2**31), ("service.lock", 2**63),
+])
+def test_a_pid_no_process_can_have_fails_every_command_as_invalid_metadata(
+    project: Project, name: str, pid: int,
+) -> None:
+    """After a crash, a service.lock or service.json naming a pid that no process can have
+    (damaged or hand-edited): status and doctor said so, but start (and runs, for
+    service.json) failed CLI_INTERNAL_ERROR, exit 70: psutil refuses a pid below 1, and
+    os.kill one beyond a C int. Every reader now refuses the file the same way."""
+    assert project.cli("start").code == 0
+    project.kill_host()
+    path = project.state / name
+    data = json.loads(path.read_text())
+    data["pid"] = pid
+    path.write_text(json.dumps(data))
+    before = snapshot_files(project.state)
+    try:
+        for args in (("status",), ("recover",), ("runs",), ("start",)):
+            result = project.cli(*args, "--json")
+            assert result.code == 1, (args, result.code, result.stdout, result.stderr)
+            error = result.json["error"]
+            if args == ("start",) and name == "service.lock":
+                # start refuses any lock it cannot judge, as before.
+                assert error["code"] == "CLI_SERVICE_BUSY", error
+                continue
+            if args == ("runs",) and name == "service.lock":
+                continue  # runs reads service.json and connection.json only
+            assert error["code"] == "CLI_SERVICE_METADATA_INVALID", (args, error)
+            assert f"names pid {pid}, which no process can have" in error["message"], error
+        assert project.cli("doctor", "--json").code == 4
+        assert snapshot_files(project.state) == before
+    finally:
+        project.pids.discard(pid)  # no process to reap; os.kill refuses such a number
+        path.unlink()
