@@ -97,6 +97,10 @@ ENDED_HISTORY: Final = 200  # history entries an ended Run keeps (attach shows t
 # such a message may run to thousands of characters (an Agent's log, an effect's key), and
 # the refusal's own fact and fix must stay in view.
 _QUOTED: Final = 200
+# A Run's RUN_INTERRUPTED reason, quoted whole in the usual case (the Step, the effect, its
+# key and start: ~200-400 characters, and cut at 200 it lost what was in flight), bounded
+# when an effect's key or a Step's name runs long.
+_QUOTED_REASON: Final = 600
 # Records that carry what user code handed over (an exception's text, an effect's name and
 # key, a request for a person or an Agent): ``Runtime.append`` bounds them (``_bounded``).
 _BOUNDED: Final = frozenset({Terminal, EffectStarted, EffectDone, Waiting})
@@ -312,8 +316,8 @@ def _not_current(slot: RunSlot, action_id: str) -> str:
         then = ("it has been dismissed" if view.dismissed else
                 f"intloom cancel {slot.run_id} dismisses it")
         return (f"{fact}; it was interrupted (RUN_INTERRUPTED: "
-                f"{clip(error.message, _QUOTED)}) and takes no answer. Start a new Run for "
-                f"this work; {then}.")
+                f"{clip(error.message, _QUOTED_REASON)}) and takes no answer. Start a new "
+                f"Run for this work; {then}.")
     return f"{fact}; it is {view.status} with no question or confirmation pending."
 
 
@@ -330,8 +334,8 @@ def _not_current_task(slot: RunSlot, view: RunView, call_id: str) -> str:
         return f"{fact}: the Run has completed and takes no more work."
     if view.status == "failed" and error is not None and error.code == "RUN_INTERRUPTED":
         return (f"{fact}: the Run was interrupted (RUN_INTERRUPTED: "
-                f"{clip(error.message, _QUOTED)}); claims, owner tokens and Tool receipts are "
-                "not restored. Start a new Run for this work.")
+                f"{clip(error.message, _QUOTED_REASON)}); claims, owner tokens and Tool "
+                "receipts are not restored. Start a new Run for this work.")
     if view.status == "failed":
         code = error.code if error is not None else "failed"
         return f"{fact}: the Run has ended failed ({code}) and takes no more work."
