@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -208,19 +209,9 @@ def test_a_create_time_no_date_can_show_is_invalid_metadata_not_an_internal_erro
     into a number no date can show (year 33658), beside a pid that is alive: status,
     doctor, recover and start all failed CLI_INTERNAL_ERROR, exit 70, formatting the saved
     time for the "pid was reused" evidence. It is invalid metadata, kept as it is."""
-    assert project.cli("start").code == 0
-    project.kill_host()
-    path = project.state / name
-    data = json.loads(path.read_text())
     # A live pid (this test's own; teardown never signals it) whose create time is compared.
-    data["pid"], data["createTime"] = os.getpid(), 1e12
-    path.write_text(json.dumps(data))
-    before = snapshot_files(project.state)
-    for args in (("status",), ("recover", "--dry-run"), ("recover",)):
-        result = project.cli(*args, "--json")
-        assert result.code == 1, (args, result.code, result.stdout, result.stderr)
-        error = result.json["error"]
-        assert error["code"] == "CLI_SERVICE_METADATA_INVALID", (args, error)
+    before = _edited_after_a_kill(project, name, pid=os.getpid(), createTime=1e12)
+    for error in _refused_as_invalid(project):
         assert name in error["message"] and "createTime" in error["message"], error
     # start refuses as before any invalid lock (busy) or service.json (invalid).
     started = project.cli("start", "--json")
@@ -273,18 +264,8 @@ def test_a_service_json_port_no_socket_can_have_is_invalid_metadata_not_an_inter
     status, doctor and recover failed CLI_INTERNAL_ERROR, exit 70, checking whether that port
     is taken (bind() refuses such a number). It is invalid metadata, as the same port in
     connection.json is, and kept as it is."""
-    assert project.cli("start").code == 0
-    project.kill_host()
-    path = project.state / "service.json"
-    data = json.loads(path.read_text())
-    data["port"] = port
-    path.write_text(json.dumps(data))
-    before = snapshot_files(project.state)
-    for args in (("status",), ("recover", "--dry-run"), ("recover",)):
-        result = project.cli(*args, "--json")
-        assert result.code == 1, (args, result.code, result.stdout, result.stderr)
-        error = result.json["error"]
-        assert error["code"] == "CLI_SERVICE_METADATA_INVALID", (args, error)
+    before = _edited_after_a_kill(project, "service.json", port=port)
+    for error in _refused_as_invalid(project):
         assert f"names port {port}, outside 1..65535" in error["message"], error
     doctor = project.cli("doctor", "--json")
     assert doctor.code == 4, (doctor.stdout, doctor.stderr)
@@ -328,3 +309,26 @@ def test_a_pid_no_process_can_have_fails_every_command_as_invalid_metadata(
     finally:
         project.pids.discard(pid)  # no process to reap; os.kill refuses such a number
         path.unlink()
+
+
+def _edited_after_a_kill(project: Project, name: str, **fields: Any) -> dict[str, bytes]:
+    """Start a host, SIGKILL it, and set ``fields`` in the metadata file ``name`` it left
+    (as damage or a hand edit would). Returns the files as they then are."""
+    assert project.cli("start").code == 0
+    project.kill_host()
+    path = project.state / name
+    path.write_text(json.dumps({**json.loads(path.read_text()), **fields}))
+    return snapshot_files(project.state)
+
+
+def _refused_as_invalid(project: Project) -> list[dict[str, Any]]:
+    """``status``, ``recover --dry-run`` and ``recover`` each refuse with
+    CLI_SERVICE_METADATA_INVALID (exit 1); their errors."""
+    errors = []
+    for args in (("status",), ("recover", "--dry-run"), ("recover",)):
+        result = project.cli(*args, "--json")
+        assert result.code == 1, (args, result.code, result.stdout, result.stderr)
+        error = result.json["error"]
+        assert error["code"] == "CLI_SERVICE_METADATA_INVALID", (args, error)
+        errors.append(error)
+    return errors

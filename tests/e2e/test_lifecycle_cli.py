@@ -121,18 +121,7 @@ def test_a_foreground_host_works_in_the_project_root_as_a_launched_one_does(
         cwd=where, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(REPO)},
     )
-    project.pids.add(proc.pid)
-    try:
-        eventually(lambda: (project.state / "service.json").exists(), timeout=20,
-                   what="the foreground host to serve")
-        assert os.readlink(f"/proc/{proc.pid}/cwd") == str(project.root)
-        proc.send_signal(signal.SIGTERM)  # a graceful stop, as Ctrl-C is
-        out, err = proc.communicate(timeout=20)
-        assert proc.returncode == 0, (out, err)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=10)
+    _serves_in_the_root_until_sigterm(project, proc)
     # The launched host, for comparison.
     _ok(project.cli("--json", "start"))
     assert os.readlink(f"/proc/{project.host_pid()}/cwd") == str(project.root)
@@ -155,6 +144,12 @@ def test_start_foreground_from_a_removed_directory_serves(
         env={**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(REPO)},
         preexec_fn=lambda: os.rmdir(gone),  # in the child, once it is in that directory
     )
+    _serves_in_the_root_until_sigterm(project, proc)
+
+
+def _serves_in_the_root_until_sigterm(project: Project, proc: subprocess.Popen[str]) -> None:
+    """The foreground host ``proc`` serves, working in the project root, and stops
+    gracefully on SIGTERM (as on Ctrl-C); reaped whatever happens."""
     project.pids.add(proc.pid)
     try:
         eventually(lambda: (project.state / "service.json").exists() or proc.poll() is not None,

@@ -355,15 +355,7 @@ def test_waiting_alongside_another_wait_or_an_effect_names_the_step_and_the_fix(
     failed the Run with "raised IllegalTransition: ... record 6 (waiting) cannot follow
     waiting", the journal's own rule quoted as the Step's exception, naming no fix. (The
     first wait may be shown for a moment: it was made durable before the second began.)"""
-    ok(mistakes.cli("start", "--json"))
-    run_id = ok(mistakes.cli("flow", "mistakes", "--intent", kind, "--detach", "--json"))[
-        "run"]["runId"]
-
-    def ended() -> dict[str, Any] | None:
-        run: dict[str, Any] = ok(mistakes.cli("inspect", run_id, "--json"))["run"]
-        return run if run["status"] == "failed" else None
-
-    error = eventually(ended, timeout=30, what=f"{kind} to fail")["lastError"]
+    error = _failed(mistakes, kind)
     assert error["code"] == "STEP_INTERACTION_INVALID", error
     for fact in facts:
         assert fact in error["message"], (fact, error["message"])
@@ -436,15 +428,7 @@ def test_an_exit_whose_argument_cannot_be_shown_fails_its_run(
     raises left its Run running for ever, with nothing logged: naming the exit as a call
     (``SystemExit(...)``) raised inside the error handling. A stop then cut the Run, and
     the next start reported it RUN_INTERRUPTED. The Run fails, naming the argument's type."""
-    ok(mistakes.cli("start", "--json"))
-    run_id = ok(mistakes.cli("flow", "mistakes", "--intent", kind, "--detach", "--json"))[
-        "run"]["runId"]
-
-    def ended() -> dict[str, Any] | None:
-        run: dict[str, Any] = ok(mistakes.cli("inspect", run_id, "--json"))["run"]
-        return run if run["status"] == "failed" else None
-
-    error = eventually(ended, timeout=30, what=f"{kind} to fail")["lastError"]
+    error = _failed(mistakes, kind)
     assert error["code"] == "STEP_EXECUTION_FAILED", error
     assert error["message"].startswith(
         f"Stage 'main', Step '{kind}' raised {raised}(<NoRepr object: its __repr__ raised "
@@ -547,3 +531,18 @@ def test_an_outcome_returned_as_a_str_subclass_routes_as_its_text(tmp_path: Path
             "inspect", run["runId"], "--json"))["records"] if r["phase"] == "step_result"]
         assert outcomes == ["spam", "spam"]
         ok(project.cli("stop", "--json"))
+
+
+def _failed(mistakes: Project, kind: str) -> dict[str, Any]:
+    """Start the host, run the ``kind`` Step's Run detached, and return its error once it
+    has failed (from ``inspect``, which reads the journal)."""
+    ok(mistakes.cli("start", "--json"))
+    run_id = ok(mistakes.cli("flow", "mistakes", "--intent", kind, "--detach", "--json"))[
+        "run"]["runId"]
+
+    def ended() -> dict[str, Any] | None:
+        run: dict[str, Any] = ok(mistakes.cli("inspect", run_id, "--json"))["run"]
+        return run if run["status"] == "failed" else None
+
+    error: dict[str, Any] = eventually(ended, timeout=30, what=f"{kind} to fail")["lastError"]
+    return error

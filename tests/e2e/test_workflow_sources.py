@@ -348,15 +348,7 @@ def test_a_source_that_runs_asyncio_when_imported_loads_in_the_host_as_in_doctor
     set itself up with asyncio.run(...) (or a loop of its own's run_until_complete) failed to
     load in the host, "asyncio.run() cannot be called from a running event loop", while
     doctor, importing it as a script does, said it loads. It loads in both."""
-    (acc.root / "workflows" / "setup").mkdir()
-    (acc.root / "workflows" / "setup" / "__init__.py").write_text(ASYNC_SETUP)
-    (acc.root / "intloom.toml").write_text(
-        'workflows = ["workflows/acc.py", "workflows/setup"]\n')
-    doctor = acc.cli("doctor", "--json")
-    [check] = [c for c in doctor.json["checks"] if c["id"] == "workflows"]
-    assert check["status"] == "ok", check
-    service = ok(acc.cli("start", "--json"))["service"]
-    assert (service["workflowCount"], service["workflowProblems"]) == (2, []), service
+    _loads_in_doctor_and_in_the_host(acc, ASYNC_SETUP)
     run = ok(acc.cli("flow", "setup", "--intent", "i", "--json"))["run"]
     assert run["status"] == "completed", run
     assert ok(acc.cli("flow", "acc", "--intent", "i", "--json"))["run"]["status"] == "waiting"
@@ -491,16 +483,7 @@ def test_a_source_that_runs_the_threads_event_loop_when_imported_loads_in_the_ho
     event loop: asyncio.get_event_loop().run_until_complete(...) at import, which a script
     (doctor) runs on a loop of its own, got the host's loop and failed to load, "This event
     loop is already running" (and a task a module created there would run in the host)."""
-    (acc.root / "workflows" / "setup").mkdir()
-    (acc.root / "workflows" / "setup" / "__init__.py").write_text(GET_EVENT_LOOP_SETUP)
-    (acc.root / "intloom.toml").write_text(
-        'workflows = ["workflows/acc.py", "workflows/setup"]\n')
-    doctor = acc.cli("doctor", "--json")
-    [check] = [c for c in doctor.json["checks"] if c["id"] == "workflows"]
-    assert check["status"] == "ok", check
-    service = ok(acc.cli("start", "--json"))["service"]
-    assert (service["workflowCount"], service["workflowProblems"]) == (2, []), (
-        service["workflowProblems"])
+    _loads_in_doctor_and_in_the_host(acc, GET_EVENT_LOOP_SETUP)
     run = ok(acc.cli("flow", "setup", "--intent", "i", "--json"))["run"]
     assert run["status"] == "completed", run
     ok(acc.cli("stop", "--json"))
@@ -758,3 +741,18 @@ def test_stale_bytecode_never_runs_when_a_sibling_is_found_through_its_real_path
     doctor = Project(root=root).cli("doctor", "--json")
     [workflows] = [c for c in doctor.json["checks"] if c["id"] == "workflows"]
     assert "shared 2.0.0" in workflows["message"], workflows
+
+
+def _loads_in_doctor_and_in_the_host(acc: Project, source: str) -> None:
+    """``source`` as the package workflows/setup beside acc.py: doctor's workflows check is
+    ok, and the host started on it loads both, with no problem."""
+    (acc.root / "workflows" / "setup").mkdir()
+    (acc.root / "workflows" / "setup" / "__init__.py").write_text(source)
+    (acc.root / "intloom.toml").write_text(
+        'workflows = ["workflows/acc.py", "workflows/setup"]\n')
+    doctor = acc.cli("doctor", "--json")
+    [check] = [c for c in doctor.json["checks"] if c["id"] == "workflows"]
+    assert check["status"] == "ok", check
+    service = ok(acc.cli("start", "--json"))["service"]
+    assert (service["workflowCount"], service["workflowProblems"]) == (2, []), (
+        service["workflowProblems"])
