@@ -169,6 +169,15 @@ def ok(result: CliResult) -> Any:
     return result.json
 
 
+def started_waiting(project: Project, workflow: str = "example",
+                    intent: str = "notes") -> tuple[str, str]:
+    """Start the project's host and a Run of ``workflow`` that waits for a person (the
+    example's confirmation): the Run's id and its pending action's."""
+    ok(project.cli("start", "--json"))
+    run = ok(project.cli("flow", workflow, "--intent", intent, "--json"))["run"]
+    return run["runId"], run["pendingAction"]["id"]
+
+
 def counters(root: Path) -> dict[str, collections.Counter[str]]:
     """Executions per Run and label, from a fixture's ``counters.log`` (outside the journal)."""
     out: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)

@@ -605,7 +605,7 @@ def _lost(loaded: Loaded, scans: list[SegmentScan],
         if number and number not in present and number >= floor:
             named.setdefault(number, f"wal/{scan.name} was sealed once it had been created")
     for number, why in sorted(named.items()):
-        path = f"wal/{number:010d}.seg"
+        path = f"wal/{segment_name(number)}"
         if os.path.lexists(loaded.layout.wal / segment_name(number)):
             # Created after this read listed wal/: a host running beside a read-only one
             # (doctor, inspect) rotated meanwhile. Not lost; newer than this read, as any
@@ -636,10 +636,10 @@ def _gone_pinned(loaded: Loaded, gone_pinned: set[int]) -> None:
     gone = sorted(gone_pinned - loaded.lost)
     for _, numbers in itertools.groupby(enumerate(gone), lambda e: e[1] - e[0]):
         run = [n for _, n in numbers]
-        more = (f", as are the {len(run) - 1} numbers after it up to wal/{run[-1]:010d}.seg"
-                if len(run) > 1 else "")
+        more = (f", as are the {len(run) - 1} numbers after it up to "
+                f"wal/{segment_name(run[-1])}" if len(run) > 1 else "")
         loaded.files.append(FileProblem(
-            f"wal/{run[0]:010d}.seg", "missing",
+            f"wal/{segment_name(run[0])}", "missing",
             f"is missing{more}, and a restore must read it (an earlier start pinned it: it "
             "held, or may have held, records of Runs held for it); put it back from a copy "
             "if there is one (intloom never removes a segment)"))

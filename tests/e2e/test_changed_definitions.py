@@ -25,7 +25,15 @@ from intloom.errors import IntloomError
 from intloom.project import ProjectPaths, load_config
 from intloom.runtime.records import Header, Record, StagePending
 from intloom.store.writer import Store
-from tests.helpers import CliResult, Project, eventually, make_project, ok, reaped
+from tests.helpers import (
+    CliResult,
+    Project,
+    eventually,
+    make_project,
+    ok,
+    reaped,
+    started_waiting,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -182,9 +190,7 @@ def test_a_run_at_a_step_the_loaded_workflow_no_longer_has_is_held_not_failed(
 
 
 def test_a_wait_in_a_step_the_loaded_workflow_no_longer_has_is_held(shared: Project) -> None:
-    ok(shared.cli("start", "--json"))
-    run = ok(shared.cli("flow", "shared", "--intent", "wait", "--json"))["run"]
-    run_id, action = run["runId"], run["pendingAction"]["id"]
+    run_id, action = started_waiting(shared, "shared", "wait")
     ok(shared.cli("stop", "--json"))
     text = (shared.root / "common" / "parts.py").read_text()
     (shared.root / "common" / "parts.py").write_text(

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from intloom.store.snapshots import snapshot_name
-from tests.helpers import CliResult, Project, ok
+from tests.helpers import CliResult, Project, ok, started_waiting
 
 pytestmark = pytest.mark.e2e
 
@@ -38,9 +38,7 @@ def records(project: Project, run_id: str) -> list[dict[str, Any]]:
 def test_a_run_held_for_a_changed_workflow_says_so_and_cancel_dismisses_it(
     project: Project,
 ) -> None:
-    ok(project.cli("start", "--json"))
-    run = ok(project.cli("flow", "example", "--intent", "notes", "--json"))["run"]
-    run_id, action = run["runId"], run["pendingAction"]["id"]
+    run_id, action = started_waiting(project)
     ok(project.cli("stop", "--json"))
     source = project.root / "workflows" / "example.py"
     source.write_text(source.read_text() + "# changed while the Run waited\n")
@@ -103,9 +101,7 @@ def test_a_run_whose_newest_segment_is_lost_is_held_not_taken_back_to_its_questi
     question, as if it had never been answered (a person asked again, the Steps after the
     answer run again). It is held instead, naming the file, whose number is never reused;
     the copy put back restores the Run as it ended."""
-    ok(project.cli("start", "--json"))
-    run = ok(project.cli("flow", "example", "--intent", "notes", "--json"))["run"]
-    run_id, action = run["runId"], run["pendingAction"]["id"]
+    run_id, action = started_waiting(project)
     ok(project.cli("stop", "--json"))  # the question is in a snapshot and segment 1
     ok(project.cli("start", "--json"))
     assert ok(project.cli("answer", run_id, action, YES, "--json"))["run"]["status"] in (

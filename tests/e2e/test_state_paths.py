@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from intloom.store.framing import scan_segment
-from tests.helpers import FIXTURES, Project, ok, snapshot_files
+from tests.helpers import FIXTURES, Project, ok, snapshot_files, started_waiting
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -105,9 +105,7 @@ def test_a_damaged_segment_put_back_from_a_copy_lets_the_held_run_go_on(
     """What JOURNAL_CORRUPT advises: put back a copy of the file from before the damage and
     restart. The first start held the Run (and snapshotted it as corrupt); the start after
     the copy is back must restore it, and its answer must go through."""
-    ok(project.cli("start", "--json"))
-    run = ok(project.cli("flow", "example", "--intent", "i", "--json"))["run"]
-    run_id, action = run["runId"], run["pendingAction"]["id"]
+    run_id, action = started_waiting(project, "example", "i")
     project.kill_host()  # the segment stays unsealed: the next start reads it
     assert ok(project.cli("recover", "--json"))["recovered"] is True
     wal = project.state / "runtime" / "wal"

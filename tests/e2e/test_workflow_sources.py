@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.test_cli_e2e import only_json, run_cli
-from tests.helpers import Project, ok, reaped
+from tests.helpers import Project, ok, reaped, started_waiting
 from tests.unit.test_authoring_mistakes import SOURCES
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
@@ -131,9 +131,7 @@ def test_a_copy_defining_the_same_workflow_holds_its_runs_saying_so_until_one_re
     """A user copies workflows/acc.py to workflows/acc_copy.py and lists the copy first: the
     copy was loaded, the original failed, and the Run was held as "changed" -- not the true
     reason; listed the other way round, the Run would go on with whichever came first."""
-    ok(acc.cli("start", "--json"))
-    run = ok(acc.cli("flow", "acc", "--intent", "i", "--json"))["run"]
-    run_id, action = run["runId"], run["pendingAction"]["id"]
+    run_id, action = started_waiting(acc, "acc", "i")
     ok(acc.cli("stop", "--json"))
     original, copy = acc.root / "workflows" / "acc.py", acc.root / "workflows" / "acc_copy.py"
     copy.write_bytes(original.read_bytes())
