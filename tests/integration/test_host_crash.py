@@ -55,6 +55,32 @@ def test_stale_service_lock_blocks_start_and_is_left_untouched(project: Project)
     assert snapshot_files(project.root) == before
 
 
+def test_a_service_json_left_alone_is_replaced_by_start_and_an_invalid_one_kept(
+    project: Project
+) -> None:
+    """Only a hand-deleted ``service.lock`` leaves a ``service.json`` alone (a host and
+    recover remove ``service.json`` first). start takes a new lock and the journal's own,
+    then replaces it (docs/recovery.md); an invalid one stops the start, byte-identical."""
+    first = start(project).service
+    project.kill_host()
+    (project.state / "service.lock").unlink()
+    second = start(project).service
+    assert second.instance_id != first.instance_id
+    assert metadata(project, "service.json")["instanceId"] == second.instance_id
+    stop_service(project.root)
+
+    service = project.state / "service.json"
+    service.write_text('{"version": 1, "unexpected": true}')
+    service.chmod(0o600)
+    before = snapshot_files(project.root)
+    with pytest.raises(IntloomError) as invalid:
+        start_service(project.root)
+    assert invalid.value.code == "CLI_SERVICE_METADATA_INVALID", invalid.value
+    assert "service.json" in invalid.value.message, invalid.value.message
+    assert snapshot_files(project.root) == before  # nothing written, nothing removed
+    assert not (project.state / "service.lock").exists()
+
+
 def test_a_live_lock_owner_that_is_no_host_is_busy_at_once(project: Project) -> None:
     """service.lock names a live process that never takes the OS lock (no host starting):
     start refuses once the lock has stayed free a moment, not after its whole timeout."""
