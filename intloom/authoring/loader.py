@@ -315,8 +315,10 @@ def _failure(root: Path, exc: BaseException) -> str:
             where = f" (line {tb.tb_lineno} of {shown_file})"
         tb = tb.tb_next
     # An exit or interrupt is named as the driver names a Step's (``SystemExit(2)``).
-    what = (f"{type(exc).__name__}: {message_of(exc)}" if isinstance(exc, Exception)
-            else as_call(exc))
+    # An exception without a message is named alone (``raise ValueError``), as a Step's is.
+    text = message_of(exc) if isinstance(exc, Exception) else ""
+    what = (f"{type(exc).__name__}: {text}" if text
+            else type(exc).__name__ if isinstance(exc, Exception) else as_call(exc))
     # Cut: the message is shown by start, status and flows (MAX_MESSAGE, docs/authoring.md).
     return f"{clip(what)}{where}"
 
@@ -502,10 +504,12 @@ def load_workflows(root: Path, config: Config) -> LoadResult:
             except IntloomError as exc:
                 sources.append((rel, entry, exc.view()))
             except Exception as exc:  # a fault no check foresaw: this source only, named
+                # _failure: str(exc) is user code (it raised out of the load, so that no
+                # source loaded), and an exception without arguments read "raised X: ."
                 sources.append((rel, entry, IntloomError(
                     "WORKFLOW_DEFINITION_INVALID",
-                    f"{rel}: checking its Workflows raised {type(exc).__name__}: "
-                    f"{clip(str(exc), 500)}. Fix the definition and restart the host.",
+                    f"{rel}: checking its Workflows raised {_failure(root, exc)}. Fix the "
+                    "definition and restart the host.",
                 ).view()))
     _register(sources, result)
     return result

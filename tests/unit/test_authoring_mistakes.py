@@ -420,3 +420,63 @@ def test_a_fault_no_check_foresaw_fails_only_its_own_source(
     assert (source, view.code) == ("workflows/odd/wf.py", "WORKFLOW_DEFINITION_INVALID")
     assert view.message == ("workflows/odd/wf.py: checking its Workflows raised RuntimeError: "
                             "an unforeseen fault. Fix the definition and restart the host.")
+
+
+# A module-level proxy that reads settings when first touched (django's settings, a
+# werkzeug LocalProxy): the loader's isinstance() asks for its __class__, which raises.
+LAZY = textwrap.dedent('''
+    import intloom
+
+
+    class Unconfigured(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("settings were never read")
+
+
+    class Lazy:
+        @property
+        def __class__(self):
+            raise RAISED
+
+
+    settings = Lazy()
+    wf = intloom.Workflow("lazy", version="1")
+    s = wf.stage("s")
+
+
+    @s.step("a", routes={"ok": intloom.COMPLETE})
+    def a(ctx: intloom.StepContext[None]) -> str:
+        return "ok"
+''')
+
+
+@pytest.mark.parametrize(("raised", "shown"), [
+    # Before: "...checking its Workflows raised LookupError: . Fix the definition..."
+    ("LookupError()", "LookupError"),
+    # Python's own rendering of a KeyError, as a Step's is shown (unchanged).
+    ("KeyError('DATABASE_URL')", "KeyError: 'DATABASE_URL'"),
+    # Before: str() of it raised RuntimeError out of load_workflows, and no source loaded.
+    ("Unconfigured()",
+     "Unconfigured: (its message cannot be shown: its __str__ raised RuntimeError)"),
+])
+def test_a_fault_no_check_foresaw_is_named_even_without_a_printable_message(
+    tmp_path: Path, raised: str, shown: str,
+) -> None:
+    config = _project(tmp_path, {"lazy": LAZY.replace("raise RAISED", f"raise {raised}")})
+    result = load_workflows(tmp_path, config)
+    assert list(result.workflows) == ["good"]
+    [(source, view)] = result.problems
+    assert (source, view.code) == ("workflows/lazy/wf.py", "WORKFLOW_DEFINITION_INVALID")
+    assert view.message == (f"workflows/lazy/wf.py: checking its Workflows raised {shown} "
+                            "(line 13 of workflows/lazy/wf.py). Fix the definition and "
+                            "restart the host."), view.message
+
+
+def test_a_module_raising_an_exception_without_a_message_is_named_by_its_type(
+    tmp_path: Path,
+) -> None:
+    config = _project(tmp_path, {"bare": "import intloom\n\nraise LookupError\n"})
+    [(_, view)] = load_workflows(tmp_path, config).problems
+    # Before: "Importing .../wf.py failed: LookupError:  (line 3 of ...)".
+    assert "wf.py failed: LookupError (line 3 of workflows/bare/wf.py). Fix the module" in (
+        view.message), view.message
