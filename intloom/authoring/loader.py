@@ -8,6 +8,7 @@ entry is reported with its path and the error, never a traceback; the others sti
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import importlib.abc
 import importlib.machinery
@@ -593,6 +594,19 @@ def _several_message(rel: str, facts: list[str], shared: dict[str, list[str]],
     return text
 
 
+def _looping_link(root: Path, rel: str) -> str | None:
+    """The first part of ``rel`` (as spelled there) that the OS cannot follow for a loop of
+    symbolic links (ELOOP), or None: pathlib's ``exists()`` answers False for a loop, as
+    for a missing path, which sent the user looking for a file that is there."""
+    parts = Path(rel).parts
+    for end in range(1, len(parts) + 1):
+        try:
+            os.stat(root.joinpath(*parts[:end]))
+        except OSError as exc:
+            return Path(*parts[:end]).as_posix() if exc.errno == errno.ELOOP else None
+    return None
+
+
 def _load_entry(root: Path, rel: str, entry: Path) -> dict[str, LoadedWorkflow]:
     """Import one entry and return its Workflows, all of them or none (an IntloomError)."""
     try:
@@ -603,6 +617,18 @@ def _load_entry(root: Path, rel: str, entry: Path) -> dict[str, LoadedWorkflow]:
             f"{rel} (from intloom.toml) cannot be examined under {root} "
             f"({exc.strerror or exc}). Fix the path.",
         ) from None
+    looping = _looping_link(root, rel)
+    if looping is not None:
+        fix = ("Name the real file or package in 'workflows' in intloom.toml instead."
+               if looping == Path(rel).as_posix() else
+               f"Make {looping} lead to a real directory (ls -l shows where each link "
+               "leads), or name the real path in 'workflows' in intloom.toml.")
+        raise IntloomError(
+            "WORKFLOW_LOAD_FAILED",
+            f"{rel} (from intloom.toml) cannot be reached under {root}: {looping} is a "
+            f"symbolic link that leads into a loop of links ({os.strerror(errno.ELOOP)}). "
+            f"{fix}",
+        )
     if missing:
         raise IntloomError(
             "WORKFLOW_LOAD_FAILED",

@@ -480,3 +480,25 @@ def test_a_module_raising_an_exception_without_a_message_is_named_by_its_type(
     # Before: "Importing .../wf.py failed: LookupError:  (line 3 of ...)".
     assert "wf.py failed: LookupError (line 3 of workflows/bare/wf.py). Fix the module" in (
         view.message), view.message
+
+
+def test_an_entry_under_a_symlink_loop_is_named_as_a_loop_not_as_missing(
+    tmp_path: Path,
+) -> None:
+    """An entry under a link that leads back to itself was reported "does not exist under
+    ROOT. Fix the path", though the path is there: pathlib's exists() hides ELOOP."""
+    (tmp_path / "workflows").symlink_to("flows")
+    (tmp_path / "flows").symlink_to("workflows")
+    (tmp_path / "self.py").symlink_to("self.py")
+    config = Config(workflows=("workflows/wf.py", "self.py"), port=None)
+    problems = dict(load_workflows(tmp_path, config).problems)
+    under, itself = problems["workflows/wf.py"], problems["self.py"]
+    assert under.code == itself.code == "WORKFLOW_LOAD_FAILED"
+    assert under.message == (
+        f"workflows/wf.py (from intloom.toml) cannot be reached under {tmp_path}: workflows "
+        "is a symbolic link that leads into a loop of links (Too many levels of symbolic "
+        "links). Make workflows lead to a real directory (ls -l shows where each link "
+        "leads), or name the real path in 'workflows' in intloom.toml."), under.message
+    assert itself.message.startswith(
+        f"self.py (from intloom.toml) cannot be reached under {tmp_path}: self.py is a "
+        "symbolic link that leads into a loop of links"), itself.message
