@@ -76,8 +76,9 @@ class StepContext(Generic[S]):
         self._state_type = state_type
         self._hooks = hooks
         self._effect_counts: dict[str, int] = {}
-        # key -> (the effect's name, whether it raised): the keys this Step's effects took.
-        self._used_keys: dict[str, tuple[str, bool]] = {}
+        # key -> (the effect's name, whether it raised, whether the key was its default):
+        # the keys this Step's effects took.
+        self._used_keys: dict[str, tuple[str, bool, bool]] = {}
 
     @property
     def state(self) -> S:
@@ -117,6 +118,7 @@ class StepContext(Generic[S]):
                 "and RUN_INTERRUPTED messages call it. Give it a non-empty name, e.g. "
                 '`ctx.effect("charge-card", charge, order)`.',
             )
+        defaulted = key is None
         if key is None:
             n = self._effect_counts.get(name, 0) + 1
             self._effect_counts[name] = n
@@ -132,20 +134,35 @@ class StepContext(Generic[S]):
         if used is not None and (used[0] != name or not used[1]):
             holder = (f"effect {used[0]!r}" if used[0] != name
                       else "an earlier call of it that did not fail")
+            whose = "the default key" if used[2] else "the key"
+            if defaulted:
+                # The user gave this call no key: naming "the key 'x#2'" as if given sent
+                # them looking for a key= they never wrote. The clash is with a key= they did
+                # write (defaults never repeat: each name counts its own calls).
+                other = "the earlier call" if used[0] == name else holder
+                raise IntloomError(
+                    "STEP_INTERACTION_INVALID",
+                    f"{self.where} started effect {name!r} without key=, so its key defaulted "
+                    f"to {key!r} (name#n: call {self._effect_counts[name]} of {name!r} "
+                    f"without key= in this Step), already the key= given to {holder} in this "
+                    "Step. A key names one effect in the journal (RUN_INTERRUPTED names the "
+                    f"effect in flight by it): pass this call of {name!r} a key= of its own, "
+                    f"or give {other} another key= (one not of the form name#n).",
+                )
             raise IntloomError(
                 "STEP_INTERACTION_INVALID",
-                f"{self.where} gave effect {name!r} the key {key!r}, already the key of "
+                f"{self.where} gave effect {name!r} the key {key!r}, already {whose} of "
                 f"{holder} in this Step. A key names one effect in the journal "
                 "(RUN_INTERRUPTED names the effect in flight by it): give each effect its own "
                 "key, or leave key= out (the default, name#n, counts the calls of each name). "
                 "Only a call that raised may be retried under its key.",
             )
-        self._used_keys[key] = (name, False)
+        self._used_keys[key] = (name, False, defaulted)
         return key
 
     def _failed(self, name: str, key: str) -> None:
         """The effect under ``key`` raised: a retry may reuse its key (``_key``)."""
-        self._used_keys[key] = (name, True)
+        self._used_keys[key] = (name, True, self._used_keys[key][2])
 
     def effect(self, name: str, fn: Callable[..., T], *args: Any, key: str | None = None,
                **kwargs: Any) -> T:

@@ -1368,11 +1368,29 @@ EFFECT_MISTAKES: dict[str, tuple[Callable[[Any], Any], bool, list[str], list[tup
         ["gave effect 'one' the key 'k', already the key of an earlier call of it that did "
          "not fail", "Only a call that raised may be retried"],
         [("one", "k")]),
+    # The second call gave no key: it was said to have been given 'two#1'.
     "default_key_taken": (
         lambda ctx: [ctx.effect("one", lambda: 1, key="two#1"), ctx.effect("two", lambda: 2)],
         True,
-        ["gave effect 'two' the key 'two#1', already the key of effect 'one'"],
+        ["started effect 'two' without key=, so its key defaulted to 'two#1' (name#n: call "
+         "1 of 'two' without key= in this Step), already the key= given to effect 'one' in "
+         "this Step",
+         "pass this call of 'two' a key= of its own, or give effect 'one' another key="],
         [("one", "two#1")]),
+    "default_key_taken_by_own_name": (
+        lambda ctx: [ctx.effect("two", lambda: 1, key="two#1"), ctx.effect("two", lambda: 2)],
+        True,
+        ["started effect 'two' without key=, so its key defaulted to 'two#1' (name#n: call "
+         "1 of 'two' without key= in this Step), already the key= given to an earlier call "
+         "of it that did not fail in this Step",
+         "pass this call of 'two' a key= of its own, or give the earlier call another key="],
+        [("two", "two#1")]),
+    "key_taken_by_a_default": (
+        lambda ctx: [ctx.effect("two", lambda: 2), ctx.effect("one", lambda: 1, key="two#1")],
+        True,
+        ["gave effect 'one' the key 'two#1', already the default key of effect 'two' in this "
+         "Step"],
+        [("two", "two#1")]),
     "empty_name": (
         lambda ctx: ctx.effect("", lambda: 1), True,
         ["started an effect named ''", "non-empty name"], []),
