@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+import math
+from typing import Any, Final
 
 import msgspec
 
@@ -14,6 +16,7 @@ __all__ = [
     "Question",
     "QuestionAnswer",
     "confirmation_request",
+    "json_gap",
     "questions_request",
     "validate_answer",
 ]
@@ -64,9 +67,80 @@ class QuestionAnswer(
     answer: str | None = None
 
 
+# Deeper than any task or context means to be; a value that holds itself is left to the
+# encoders, which name it (RecursionError).
+_MAX_DEPTH: Final = 1000
+_SCALARS: Final = frozenset({str, int, bool, type(None)})
+_FIX_SET: Final = "Pass a sorted list instead (sorted(...))."
+_FIX_BYTES: Final = ("Pass text instead: decode it to str (or base64-encode it yourself, if "
+                     "its reader expects that).")
+_FIX_FLOAT: Final = 'Pass None or a string ("nan") instead, or leave the field out.'
+_FIX_KEY: Final = "Use string keys ({str(k): v for k, v in ...})."
+
+
+def _at(place: tuple[Any, str | int] | None) -> str:
+    parts: list[str] = []
+    while place is not None:
+        place, key = place
+        parts.append(f".{key}" if isinstance(key, str) else f"[{key}]")
+    return "$" + "".join(reversed(parts))
+
+
+def json_gap(value: Any) -> tuple[str, str] | None:
+    """Where ``value``, as a Step built it, holds what JSON cannot carry as itself -- a set,
+    bytes, NaN or an infinity, a key that is not a string -- and the fix; None when nothing
+    does. Asked of the value itself: msgspec.to_builtins, which prepares it for the wire,
+    turns a set into a list in no set order and bytes into base64 text, and keeps NaN, which
+    the JSON a client reads has no token for; the client would get another value, silently.
+    The same values a client sends are refused (runtime/plainjson.py), and a Tool's output."""
+    stack: list[tuple[Any, tuple[Any, str | int] | None, int]] = [(value, None, 0)]
+    while stack:
+        item, place, depth = stack.pop()
+        kind = type(item)
+        if kind in _SCALARS:
+            continue
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                return (f"{_at(place)} is {item!r}, which JSON cannot carry (it has no NaN or "
+                        "infinity)", _FIX_FLOAT)
+            continue
+        if isinstance(item, (set, frozenset)):
+            return (f"{_at(place)} is a set, which JSON cannot carry (it would be sent as a "
+                    "list, in no set order)", _FIX_SET)
+        if isinstance(item, (bytes, bytearray, memoryview)):
+            return (f"{_at(place)} is bytes, which JSON cannot carry (it would be sent as "
+                    "base64 text)", _FIX_BYTES)
+        if depth >= _MAX_DEPTH:
+            continue
+        if isinstance(item, (list, tuple)):
+            stack.extend((part, (place, i), depth + 1) for i, part in enumerate(item)
+                         if type(part) not in _SCALARS)
+        elif isinstance(item, dict):
+            for key, part in item.items():
+                if not isinstance(key, str):
+                    return (f"{_at(place)} has the key {key!r} ({type(key).__name__}), which "
+                            "JSON cannot carry (its keys are strings)", _FIX_KEY)
+                if type(part) not in _SCALARS:
+                    stack.append((part, (place, key), depth + 1))
+        elif isinstance(item, msgspec.Struct):
+            stack.extend((getattr(item, f.name), (place, f.encode_name), depth + 1)
+                         for f in msgspec.structs.fields(item))
+        elif dataclasses.is_dataclass(item) and not isinstance(item, type):
+            stack.extend((getattr(item, f.name), (place, f.name), depth + 1)
+                         for f in dataclasses.fields(item))
+    return None
+
+
 def confirmation_request(context: Any, where: str) -> dict[str, Any]:
     """The wire request of a confirmation; ``context`` must be JSON-encodable. ``where``
     names the Step asking (``Stage 'a', Step 'b'``), for the error."""
+    gap = json_gap(context)
+    if gap is not None:
+        raise IntloomError(
+            "STEP_INTERACTION_INVALID",
+            f"{where}: the context given to ctx.confirm cannot be shown as it is: {gap[0]}; "
+            f"nothing was recorded and nobody was asked. {gap[1]}",
+        )
     try:
         msgspec.json.encode(context)
     except RecursionError:

@@ -21,7 +21,7 @@ import msgspec
 from intloom.authoring.agent import AgentResult
 from intloom.authoring.compat import DETERMINISTIC
 from intloom.authoring.context import ContextHooks, StepContext, left_behind, unawaited
-from intloom.authoring.interaction import confirmation_request, questions_request
+from intloom.authoring.interaction import confirmation_request, json_gap, questions_request
 from intloom.authoring.loader import LoadedWorkflow
 from intloom.authoring.workflow import AgentStep, Complete, Stage, Step, ToStage
 from intloom.errors import ErrorView, IntloomError, as_call, clip, error_view, message_of
@@ -833,6 +833,15 @@ def _nonfinite(value: Any, depth: int = 0) -> bool:
 def _plain(value: Any, task_of: Step[Any] | None = None) -> Any:
     """A JSON/msgpack-safe copy of an effect's result, for the journal (evidence only), or
     of the Agent task ``task_of`` returned."""
+    if task_of is not None:
+        gap = json_gap(value)
+        if gap is not None:
+            raise IntloomError(
+                "STEP_INTERACTION_INVALID",
+                f"{task_of.where} returned an Agent task ({type(value).__name__}) that cannot "
+                f"be sent as it is: {gap[0]}; nothing was recorded and no task was "
+                f"published. {gap[1]}",
+            )
     try:
         plain = msgspec.to_builtins(value)
         check_encodable(plain)  # to_builtins lets through what msgpack refuses (2**70)

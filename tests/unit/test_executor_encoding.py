@@ -314,3 +314,53 @@ def test_an_agent_task_the_journal_cannot_hold_is_refused_not_published_as_its_r
         assert part in message, (part, message)
     phases = [type(e.record).__name__ for e in read_history(root, view.run_id)]
     assert phases[-2:] == ["Executing", "Terminal"], phases
+
+
+class _Found(msgspec.Struct):
+    tags: set[str]
+
+
+# a value JSON cannot carry as itself -> (where it is, what it is, the fix the refusal gives).
+# Both went out converted, silently: a set as a list in no set order, bytes as base64 text,
+# NaN as a float the client's JSON has no token for (null, or the non-JSON NaN).
+NOT_JSON: dict[str, tuple[Any, str, str]] = {
+    "set": ({"tags": {"b", "a"}}, "$.tags is a set", "a sorted list"),
+    "set_in_struct": ([1, _Found(tags={"x"})], "$[1].tags is a set", "a sorted list"),
+    "bytes": ({"blob": b"\x00hi"}, "$.blob is bytes", "decode it to str"),
+    "bytearray": ({"a": [bytearray(b"x")]}, "$.a[0] is bytes", "decode it to str"),
+    "nan": ({"score": float("nan")}, "$.score is nan", "None or a string"),
+    "infinity": ((1.0, float("-inf")), "$[1] is -inf", "None or a string"),
+    "int_key": ({"by_id": {7: "x"}}, "$.by_id has the key 7 (int)", "string keys"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NOT_JSON))
+@pytest.mark.parametrize("handed", ["task", "confirm"])
+def test_what_json_cannot_carry_in_a_task_or_a_confirmation_is_refused_at_the_call(
+        tmp_path: Path, case: str, handed: str) -> None:
+    value, fact, fix = NOT_JSON[case]
+    wf = intloom.Workflow("notjson", version="1")
+    st = wf.stage("s")
+    if handed == "task":
+        @st.agent_step("a", routes={"ok": intloom.COMPLETE})
+        def agent(ctx: Any) -> Any:
+            return value
+    else:
+        @st.step("a", routes={"ok": intloom.COMPLETE})
+        async def confirm(ctx: Any) -> str:
+            await ctx.confirm(value)
+            return "ok"
+
+    wf.validate()
+    root = tmp_path / "runtime"
+    view = _settled(root, wf)
+    assert view.pending_agent_call is None and view.pending_action is None, view
+    assert view.status == "failed" and view.last_error is not None, view
+    assert view.last_error.code == "STEP_INTERACTION_INVALID", view.last_error
+    message = view.last_error.message
+    said = ("Stage 's', Step 'a' returned an Agent task" if handed == "task"
+            else "Stage 's', Step 'a': the context given to ctx.confirm")
+    for part in (said, f"{fact}, which JSON cannot carry", fix, "nothing was recorded"):
+        assert part in message, (part, message)
+    phases = [type(e.record).__name__ for e in read_history(root, view.run_id)]
+    assert phases[-2:] == ["Executing", "Terminal"], phases
