@@ -21,7 +21,7 @@ import hashlib
 import hmac
 import secrets
 import threading
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Final, Literal
 
 import msgspec
@@ -382,6 +382,9 @@ class Runtime:
         # it the Steps' grace, and names what is still running then. Done when it returns.
         self._agent_work: dict[asyncio.Future[None], tuple[str, str]] = {}
         self._agent_dropped: builtins.list[tuple[str, str]] = []  # its results a stop refused
+        # Set when a stop's grace has run out (suspend): a Tool call still running then is
+        # answered CLI_SERVICE_CLOSING before the host exits (_unless_cut).
+        self._grace_over = asyncio.Event()
         # Ended Runs stay listed for `runs` and `get`, the oldest dropped past the cap (their
         # journal keeps them for inspect); without it a long-lived host grows ~10 KB per Run.
         self.max_finished = max_finished
@@ -822,7 +825,13 @@ class Runtime:
             if live:
                 slot.owned = False
                 if slot.state.effect_in_flight is not None:
-                    cut = restart_verdict(slot.state, has_recover=False).reason
+                    cut = (f"{restart_verdict(slot.state, has_recover=False).reason}; it is "
+                           "not called again")
+                else:
+                    # A Tool call or on_complete goes on after the cancel (user code is never
+                    # stopped mid-call): named as a stop names it, not left to "stopped.".
+                    cut = next((what for working, what in self._agent_work.values()
+                                if working == run_id), None)
         if ended:
             return view, not slot.state.dismissed
         if not live:
@@ -840,7 +849,7 @@ class Runtime:
         # An effect cut in flight may have reached its target: say so, as a stop or a
         # restart does, instead of only "The Run was stopped.".
         error = error_view("RUN_STOPPED") if cut is None else error_view(
-            "RUN_STOPPED", f"The Run was stopped while {cut}; it is not called again.")
+            "RUN_STOPPED", f"The Run was stopped while {cut}.")
         self.append(
             slot,
             Terminal(at=clock.now(), status="failed", error=error),
@@ -997,7 +1006,9 @@ class Runtime:
             async with self._agent_working(
                     run_id, f"client Agent task {call_id} was running Tool call {tool_call_id} "
                     f"(Tool {tool!r}) and its outcome is unknown"):
-                output = await self.driver.call_user(tools[tool].fn, input)
+                output = await self._unless_cut(
+                    self.driver.call_user(tools[tool].fn, input),
+                    lambda: self._tool_cut(slot, run_id, call_id, tool_call_id, tool))
             returned = json_problem(output)
             if returned is not None:
                 # The Agent would get something else (a set as a list, bytes as base64).
@@ -1027,6 +1038,44 @@ class Runtime:
             claim.tool_running = None
         claim.receipts[tool_call_id] = (encoded, tool, output)
         return output, False
+
+    async def _unless_cut(self, work: Awaitable[Any],
+                          cut: Callable[[], IntloomError]) -> Any:
+        """``work``'s result, unless a stop's grace runs out first (``suspend``): ``cut()``
+        is raised then, so the caller is told what the stop did (CLI_SERVICE_CLOSING) rather
+        than finding its connection closed as the host exits (PROJECT_REQUEST_FAILED, "the
+        host may have stopped or crashed")."""
+        task = asyncio.ensure_future(work)
+        over = asyncio.ensure_future(self._grace_over.wait())
+        try:
+            await asyncio.wait((task, over), return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            task.cancel()
+            raise
+        finally:
+            over.cancel()
+        if task.done():
+            return task.result()
+        # Cut as a Step past the grace is (Driver.drain): an async Tool is cancelled; a sync
+        # one's thread cannot be, and its result goes nowhere.
+        task.cancel()
+        task.add_done_callback(_retrieved)
+        raise cut()
+
+    def _tool_cut(self, slot: RunSlot, run_id: str, call_id: str, tool_call_id: str,
+                  tool: str) -> IntloomError:
+        """What an Agent whose Tool call a stop cut is told, as for an on_complete the stop
+        cut (``_stopped_in_on_complete``); CONFLICT, as without a stop, when the Run has
+        ended meanwhile (a cancel): the next start does not load it."""
+        _ended_meanwhile(slot, call_id)
+        return IntloomError(
+            "CLI_SERVICE_CLOSING",
+            f"The host stopped while Tool call {tool_call_id} (Tool {tool!r}) of Agent task "
+            f"{call_id} ran: the Tool was still running when the stop's grace ran out, so its "
+            f"outcome is unknown and no output is returned. The next start reports Run "
+            f"{run_id} RUN_INTERRUPTED (claims, owner tokens and Tool receipts are not "
+            "restored); once it has started, start a new Run for this work.",
+        )
 
     @contextlib.asynccontextmanager
     async def _agent_working(self, run_id: str, what: str) -> AsyncIterator[None]:
@@ -1218,6 +1267,7 @@ class Runtime:
         # Not a Run that ended (a cancel) while its Tool call or on_complete ran: the next
         # start does not load it, so it does not come back RUN_INTERRUPTED.
         cut.extend(item for item in self._agent_work.values() if not self._ended(item[0]))
+        self._grace_over.set()  # after the list: a Tool call answered now leaves _agent_work
         return cut
 
     def _ended(self, run_id: str) -> bool:
@@ -1256,3 +1306,10 @@ class Runtime:
         action = state.answered_action
         typed = validate_answer(action.kind, action.request, state.answer)
         return Recovery(action=action, answer=typed)
+
+
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    """Reads what a Tool left behind after its call was cut: asyncio would otherwise log
+    "exception was never retrieved" for it on the host's stderr."""
+    if not task.cancelled():
+        task.exception()

@@ -454,7 +454,7 @@ class _Running(NamedTuple):
     run: RunView
     call: str  # the Agent task's id
     token: str  # its claim's owner token
-    results: list[object]  # what the Tool call returned (or its error code), once it has
+    results: list[object]  # what the Tool call returned (or its error's code and message)
     caller: threading.Thread  # the thread making the Tool call
 
 
@@ -470,7 +470,7 @@ def _running_tool(client: Client, project: Project, tool: str,
             try:
                 results.append(other.call_tool(run.run_id, call, token, "tc-1", tool, input))
             except IntloomError as exc:
-                results.append(exc.code)
+                results.extend([exc.code, exc.message])
 
     caller = threading.Thread(target=call_tool)
     caller.start()
@@ -660,6 +660,37 @@ def test_a_tool_still_running_at_the_end_of_the_grace_is_named(
     assert "1 Run still had a Step, Tool or on_complete running" in lines[0], lines
     assert lines[1].startswith(f"  {run.run_id}: client Agent task "), lines
     assert "was running Tool call tc-1 (Tool 'slow') and its outcome is unknown" in lines[1]
+    # The Agent was cut off with PROJECT_REQUEST_FAILED ("No reply came for the Tool call
+    # ... the host may have stopped or crashed"), not the code a stop gives elsewhere.
+    assert running.results == ["CLI_SERVICE_CLOSING", (
+        f"The host stopped while Tool call tc-1 (Tool 'slow') of Agent task {running.call} "
+        "ran: the Tool was still running when the stop's grace ran out, so its outcome is "
+        "unknown and no output is returned. The next start reports Run "
+        f"{run.run_id} RUN_INTERRUPTED (claims, owner tokens and Tool receipts are not "
+        "restored); once it has started, start a new Run for this work.")], running.results
+
+
+def test_a_cancel_during_a_tool_call_names_the_tool_call_it_cut(
+        project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cancel during a Tool call said only "The Run was stopped.", though the Tool goes on
+    and may act after it; a cancel cutting an effect names it. It names the Tool call now."""
+    _looping_host(project, "10", monkeypatch)
+    release = project.root / "release-tool"
+    with Client.connect(project.root) as client:
+        running = _running_tool(client, project, "slow", {"until": str(release)})
+        try:
+            cancelled, _ = client.cancel(running.run.run_id)
+        finally:
+            release.write_text("go")
+            running.caller.join(timeout=30)
+        assert cancelled.last_error is not None, cancelled
+        assert cancelled.last_error.code == "RUN_STOPPED", cancelled.last_error
+        assert cancelled.last_error.message == (
+            f"The Run was stopped while client Agent task {running.call} was running Tool "
+            "call tc-1 (Tool 'slow') and its outcome is unknown."), cancelled.last_error
+    told = project.cli("cancel", running.run.run_id)  # what a person reads
+    assert told.code == 0 and f"RUN_STOPPED: {cancelled.last_error.message}" in told.stdout, (
+        told)
 
 
 @pytest.mark.parametrize("work", ["tool", "on_complete"])
