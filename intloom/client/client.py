@@ -424,7 +424,10 @@ class Client:
     def runs(self, flow: str | None = None) -> list[RunView]:
         """Every Run of the host (of ``flow``), fetched in pages of about ``RUNS_PAGE_BYTES``
         so that no number of Runs makes a reply too large for a frame. Each view is as of
-        the moment its page was read; a Run created meanwhile comes last."""
+        the moment its page was read; a Run created meanwhile comes last.
+
+        ``flow`` naming a Workflow the host did not load, with no Runs, is ``NOT_FOUND``:
+        an empty list would say it is loaded and idle (a typo would look like no work)."""
         found: list[RunView] = []
         after = 0
         while True:
@@ -432,8 +435,17 @@ class Client:
                 ListRuns(flow=flow, page_bytes=RUNS_PAGE_BYTES, after=after), RunsReply)
             found.extend(reply.runs)
             if reply.next_after <= after:  # 0: the last page (and never go backwards)
-                return found
+                break
             after = reply.next_after
+        # The host filters by name only and answers [] for any name it does not know: the
+        # check is the client's, so the protocol is unchanged and every caller gets it.
+        if flow is not None and not found and flow not in {w.name for w in self.workflows()}:
+            raise IntloomError(
+                "NOT_FOUND",
+                f"Workflow {flow!r} is not loaded by this host, so it has no Runs here. "
+                "intloom flows lists the loaded Workflows.",
+            )
+        return found
 
     def answer(self, run_id: str, action_id: str, answer: Any) -> RunView:
         return self._call(Answer(run_id=run_id, action_id=action_id, answer=answer), RunReply).run

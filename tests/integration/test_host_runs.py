@@ -842,3 +842,21 @@ def test_the_python_client_example_in_docs_cli_runs_as_written(project: Project)
     finally:
         os.chdir(here)
     assert out.getvalue() == "completed\n"
+
+
+def test_client_runs_of_an_unloaded_workflow_is_not_found_as_the_cli_says(
+        project: Project) -> None:
+    """The CLI is an adapter over the client: ``runs(flow=...)`` of a Workflow the host did
+    not load answers what ``intloom runs --flow`` says, not an empty list (as if it had
+    loaded it and it had no Runs)."""
+    start(project)
+    with Client.connect(project.root) as client:
+        assert client.runs("example") == []  # loaded, no Runs yet: an empty list
+        with pytest.raises(IntloomError) as missing:
+            client.runs("nope")
+    assert missing.value.code == "NOT_FOUND"
+    assert "'nope' is not loaded by this host" in missing.value.message
+    cli = project.cli("runs", "--flow", "nope", "--json")
+    assert cli.code == 1
+    assert cli.json["error"] == {"code": "NOT_FOUND", "message": missing.value.message,
+                                 "retryable": False}

@@ -71,6 +71,11 @@ class FakeClient:
 
     def runs(self, flow: str | None = None) -> list[RunView]:
         self.calls.append(("runs", flow))
+        if flow is not None and not self.runs_found and flow != "example":
+            # As Client.runs answers (tests/integration/test_host_runs.py checks the real one).
+            raise IntloomError("NOT_FOUND", f"Workflow {flow!r} is not loaded by this host, "
+                               "so it has no Runs here. intloom flows lists the loaded "
+                               "Workflows.")
         return self.runs_found
 
     def status(self) -> ServiceView:
