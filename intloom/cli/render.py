@@ -482,6 +482,10 @@ def changed_lines(changed: Sequence[Mapping[str, Any]]) -> list[str]:
 # How a stopping host's refusal begins (the server adds what to do).
 CLOSING = CATALOGUE["CLI_SERVICE_CLOSING"][0].rstrip(".")
 
+# How a diagnosis of a host in its start-up begins (diagnostics.owners.STARTING; not
+# imported: it would bring psutil into every command's start-up).
+STARTING = "The service is starting"
+
 _OWNER_STATUS = {
     "alive": "Process still exists",
     "gone": "Process has exited",
@@ -518,10 +522,10 @@ def diagnosis_lines(diagnosis: Mapping[str, Any], *, in_doctor: bool = False) ->
         lines.append(f"{owner.get('resource', '?')} · PID {owner.get('pid', '?')} · {state}")
         lines.extend(_evidence_lines(owner.get("evidence")))
     owners = [o for o in diagnosis.get("owners") or [] if isinstance(o, Mapping)]
-    stopping = str(diagnosis.get("message", "")).startswith(CLOSING)
-    # Only where an owner may still be alive: a host shutting down says what to do itself,
-    # and with every owner gone (a foreign program on the port) no lock is anyone's.
-    if (diagnosis.get("status") == "blocked" and not stopping
+    passing = str(diagnosis.get("message", "")).startswith((CLOSING, STARTING))
+    # Only where an owner may still be alive: a host starting or shutting down says what to
+    # do itself, and with every owner gone (a foreign program on the port) no lock is anyone's.
+    if (diagnosis.get("status") == "blocked" and not passing
             and (not owners or any(o.get("status") not in ("gone", "absent") for o in owners))):
         advice = _IN_DOCTOR if in_doctor else _TO_DOCTOR
         lines.append(f"{advice} Do not delete locks whose owners are still active.")

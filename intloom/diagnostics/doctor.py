@@ -31,7 +31,7 @@ from intloom.diagnostics.owners import port_holder as _holder_of  # a context fi
 from intloom.diagnostics.previews import RunPreview, preview_runs
 from intloom.errors import IntloomError
 from intloom.fsutil import PrivacyError, check_private_dir, file_problem, privacy_fix
-from intloom.host.liveness import Evidence, holds_open, unheld_lock
+from intloom.host.liveness import Evidence, holds_open, paused, unheld_lock
 from intloom.host.metadata import (
     Connection,
     ServiceInfo,
@@ -170,17 +170,6 @@ def _here(message: str) -> str:
                      "The checks below say which process owns the project."))
 
 
-def _paused(pid: int) -> bool:
-    """``pid`` is stopped by a signal: alive, and unable to answer until it is resumed."""
-    import psutil
-
-    try:
-        return psutil.Process(pid).status() in (psutil.STATUS_STOPPED,
-                                                 psutil.STATUS_TRACING_STOP)
-    except psutil.Error:
-        return False
-
-
 class _Context(msgspec.Struct, frozen=True):
     """What the owner checks need to know beyond their own file."""
 
@@ -229,7 +218,7 @@ def _owner_check(
             [*owner.evidence, Evidence("lock_descriptor",
                                        f"pid {pid} has no descriptor open on service.lock")],
         )
-    if owner.status == "alive" and ctx.invalid is not None and not _paused(pid):
+    if owner.status == "alive" and ctx.invalid is not None and not paused(pid):
         return Check(
             check_id, "attention",
             f"{name} names pid {pid}, which is alive: it still holds the project. It was not "
@@ -242,7 +231,7 @@ def _owner_check(
     if owner.status == "alive" and running:
         return Check(check_id, "ok", f"{name} belongs to the running host (pid {pid}).", None,
                      owner.evidence)
-    if owner.status == "alive" and _paused(pid):
+    if owner.status == "alive" and paused(pid):
         return Check(
             check_id, "attention",
             f"{name} names pid {pid}, which is alive but paused (stopped by a signal: "

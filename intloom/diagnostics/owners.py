@@ -22,6 +22,7 @@ from intloom.host.liveness import (
     LockProbe,
     OwnerStatus,
     judge,
+    paused,
     probe_lock,
     probe_process,
 )
@@ -33,6 +34,7 @@ from intloom.protocol.messages import ServiceView
 __all__ = [
     "MESSAGES",
     "NO_CONNECTION_FIX",
+    "STARTING",
     "Diagnosis",
     "DiagnosisStatus",
     "Inspection",
@@ -223,6 +225,31 @@ STOPPING: Final = (
 )
 
 
+# How a diagnosis of a host in its start-up begins: renderers recognise it so.
+STARTING: Final = "The service is starting"
+
+
+def _starting(snap: Snapshot, lock: LockProbe, owners: list[Owner]) -> str | None:
+    """The message for a host in its start-up, or None. A start takes service.lock first
+    and writes service.json last, once it listens (after loading Workflows and restoring
+    Runs, which may take a while), holding the lock's OS lock throughout; a stop removes
+    service.json just before the lock. So a live, unpaused owner of the lock, its OS lock
+    held, and no service.json is a host starting. DESIGN's state stays ``blocked`` (an owner
+    is alive); the words say it is a normal, passing state."""
+    held = snap.lock.value
+    if held is None or snap.service.value is not None or lock.state != "held":
+        return None
+    owner = next((o for o in owners if o.resource == "service_lock"), None)
+    if owner is None or owner.status != "alive" or paused(held.pid):
+        return None
+    return (
+        f"{STARTING} (pid {held.pid}, since {held.started_at}): it holds the project's lock "
+        "and is loading its Workflows and restoring its Runs; it serves once it writes "
+        "service.json. Run intloom status again in a moment (intloom start waits for it); if "
+        "it stays starting, run intloom doctor or intloom logs."
+    )
+
+
 def _probe_host(root: Path, snap: Snapshot) -> tuple[ServiceView | None, str | None]:
     """Ask a live host who it is. Returns (service, None), (None, problem) or (None, None).
 
@@ -255,13 +282,19 @@ def _probe_host(root: Path, snap: Snapshot) -> tuple[ServiceView | None, str | N
 
 
 def _classify(
-    snap: Snapshot, owners: list[Owner], service: ServiceView | None, problem: str | None
+    snap: Snapshot, lock: LockProbe, owners: list[Owner], service: ServiceView | None,
+    problem: str | None,
 ) -> tuple[DiagnosisStatus, str]:
     if service is not None:
         return "running", MESSAGES["running"]
     has_connection = snap.connection.value is not None
     if problem is not None:
         return "blocked", problem
+    starting = _starting(snap, lock, owners)
+    if starting is not None:
+        # Before the missing-connection wording: a first start writes connection.json a
+        # moment after it takes the lock, and the project is not in trouble meanwhile.
+        return "blocked", starting
     if any(owner.status != "gone" for owner in owners):
         if not has_connection:
             return "blocked", MESSAGES["no_connection"]
@@ -281,7 +314,8 @@ def inspect(root: Path, *, probe: bool = True) -> Inspection:
     problem: str | None = None
     taken: int | None = None
     holder: str | None = None
-    owners = judge_owners(snap, probe_lock(snap.paths.service_lock))
+    lock = probe_lock(snap.paths.service_lock)
+    owners = judge_owners(snap, lock)
     connection = snap.connection.value
     if owners and all(owner.status == "gone" for owner in owners):
         # The recorded host provably exited: whatever listens on its port now is another
@@ -297,8 +331,9 @@ def inspect(root: Path, *, probe: bool = True) -> Inspection:
     elif probe and connection is not None and snap.service.value is not None:
         service, problem = _probe_host(root, snap)
         # Judged again after the probe: a host that was starting may have answered meanwhile.
-        owners = judge_owners(snap, probe_lock(snap.paths.service_lock))
-    status, message = _classify(snap, owners, service, problem)
+        lock = probe_lock(snap.paths.service_lock)
+        owners = judge_owners(snap, lock)
+    status, message = _classify(snap, lock, owners, service, problem)
     diagnosis = Diagnosis(
         project_root=str(root), status=status, message=message, owners=owners, service=service
     )

@@ -32,6 +32,7 @@ __all__ = [
     "ProcessProbe",
     "holds_open",
     "judge",
+    "paused",
     "probe_lock",
     "probe_process",
     "unheld_lock",
@@ -163,6 +164,16 @@ def judge(lock: LockProbe, process: ProcessProbe) -> OwnerStatus:
     if process.state == "gone" and lock.state == "free":
         return "gone"
     return "unknown"
+
+
+def paused(pid: int) -> bool:
+    """``pid`` is stopped by a signal (SIGSTOP, Ctrl-Z, a debugger): alive, and unable to
+    answer or finish anything until it is resumed."""
+    try:
+        return psutil.Process(pid).status() in (psutil.STATUS_STOPPED,
+                                                 psutil.STATUS_TRACING_STOP)
+    except psutil.Error:
+        return False
 
 
 def unheld_lock(path: Path) -> tuple[int, int] | None:

@@ -76,3 +76,32 @@ def test_a_first_start_killed_in_a_workflow_import_is_recovered_as_doctor_says(
     service = ok(slow.cli("start", "--json"))["service"]
     assert service["port"] == connection["port"]  # the port the killed start had saved
     ok(slow.cli("stop", "--json"))
+
+
+def test_status_during_a_normal_start_says_the_host_is_starting(slow: Project) -> None:
+    """A host that holds its lock while it imports its Workflows is starting, not stuck:
+    status said "A resource owner still exists ... Do not delete locks", which reads as a
+    project in trouble. The JSON status stays DESIGN's ``blocked`` (an owner is alive)."""
+    started: list[CliResult] = []
+    starting = threading.Thread(target=lambda: started.append(slow.cli("start", "--json")))
+    starting.start()
+    try:
+        eventually((slow.root / "importing").exists, timeout=20, what="the import to start")
+        lock = json.loads((slow.state / "service.lock").read_text())
+        slow.pids.add(lock["pid"])
+        text = slow.cli("status")
+        doc = slow.cli("status", "--json")
+    finally:
+        (slow.root / "release").write_text("")
+        starting.join(timeout=60)
+    assert text.code == 0, text
+    first = text.stdout.splitlines()[0]
+    assert first.startswith(f"The service is starting (pid {lock['pid']}, since "
+                            f"{lock['startedAt']})"), text.stdout
+    assert "Do not delete locks" not in text.stdout and "intloom status" in first
+    assert doc.code == 0 and doc.json["status"] == "blocked"
+    assert doc.json["message"] == first
+    [result] = started
+    ok(result)
+    assert ok(slow.cli("status", "--json"))["service"]["pid"] == lock["pid"]
+    ok(slow.cli("stop", "--json"))

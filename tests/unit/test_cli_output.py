@@ -288,9 +288,13 @@ def test_a_terminal_table_neither_obeys_escapes_nor_reads_markup(
     ("A resource owner still exists or its exit cannot be verified.", "alive", True),
     ("Port 5 on 127.0.0.1 ... is in use by another process (pid 9 (python3)).", "gone", False),
     ("The service is shutting down: it is suspending its Runs, then exits.", "alive", False),
+    ("The service is starting (pid 9, since 2026-01-01T00:00:00.000Z): ...", "alive", False),
 ])
 def test_status_says_not_to_delete_locks_only_while_an_owner_may_live(
         message: str, owner: str, footer: bool) -> None:
+    from intloom.diagnostics.owners import STARTING
+
+    assert render.STARTING == STARTING  # one wording, kept in two places
     lines = render.diagnosis_lines({"status": "blocked", "message": message, "owners": [
         {"resource": "service_lock", "pid": 9, "status": owner}]})
     assert lines[0] == message

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ import psutil
 import pytest
 
 from intloom.diagnostics import diagnose
-from intloom.diagnostics.owners import MESSAGES, NO_CONNECTION_FIX
+from intloom.diagnostics.owners import MESSAGES, NO_CONNECTION_FIX, STARTING
 from intloom.errors import IntloomError
 from intloom.host.liveness import Evidence, probe_lock, probe_process
 from intloom.host.metadata import boot_id
@@ -67,6 +68,28 @@ def test_alive_owner_without_connection_names_the_missing_connection(tmp_path: P
         diagnosis = diagnose(root, probe=False)
     assert diagnosis.status == "blocked"
     assert diagnosis.message == MESSAGES["no_connection"]
+
+
+@pytest.mark.parametrize("connection", [True, False])
+def test_live_owner_holding_its_lock_before_service_json_is_starting(
+        tmp_path: Path, connection: bool) -> None:
+    """A start holds service.lock (and its OS lock) and writes service.json last: that is
+    a host starting, said so -- even before a first start has written connection.json."""
+    root = make_root(tmp_path)
+    with live_process() as proc:
+        write_lock(root, proc.pid, create_time(proc.pid))
+        if connection:
+            write_connection_json(root, 4242)
+        with lock_holder(ProjectPaths(root).service_lock):
+            diagnosis = diagnose(root, probe=False)
+            os.kill(proc.pid, signal.SIGSTOP)  # paused: it will not finish starting
+            eventually(lambda: psutil.Process(proc.pid).status() == psutil.STATUS_STOPPED,
+                       what="the owner to be paused")
+            stopped = diagnose(root, probe=False)
+    assert diagnosis.status == "blocked"  # DESIGN's state: an owner is alive
+    assert diagnosis.message.startswith(
+        f"{STARTING} (pid {proc.pid}, since 2026-11-30T00:00:00.000Z)"), diagnosis.message
+    assert stopped.message == MESSAGES["owner_exists" if connection else "no_connection"]
 
 
 def test_dead_owner_with_held_lock_is_unknown_and_blocks(tmp_path: Path) -> None:
