@@ -8,6 +8,7 @@ written by the one renderer and turned into an exit code by the one mapping.
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 import traceback
 from collections.abc import Sequence
@@ -155,14 +156,41 @@ def _json_requested(args: Sequence[str]) -> bool:
     return "--json" in options
 
 
+_EXTRA: Final = "Got unexpected extra argument(s) ("
+
+
+def _flow_fix(ctx: object, message: str) -> str | None:
+    """For ``flow WORKFLOW some intent``: the command line that says it, with --intent. The
+    intent is an option (DESIGN), and Click only says that an argument was not expected."""
+    command = getattr(ctx, "command", None)
+    params = getattr(ctx, "params", None)
+    if getattr(command, "name", None) != "flow" or not isinstance(params, dict):
+        return None
+    if not message.startswith(_EXTRA) or not message.endswith(")"):
+        return None
+    extra = message[len(_EXTRA):-1]  # the words, joined by spaces: as a shell split them
+    if params.get("intent_file") is not None:
+        return (f"flow takes one WORKFLOW, and the intent comes from --intent-file; "
+                f"leave out {shlex.quote(extra)}.")
+    intent = params.get("intent")
+    if intent is not None:
+        return ("flow takes one WORKFLOW; an intent of several words is one quoted value: "
+                f"--intent {shlex.quote(f'{intent} {extra}')}.")
+    workflow = shlex.quote(str(params.get("workflow", "WORKFLOW")))
+    return f"The intent is an option: intloom flow {workflow} --intent {shlex.quote(extra)}."
+
+
 def _usage_message(exc: ClickException) -> str:
     ctx = getattr(exc, "ctx", None)
     where = ctx.command_path if ctx is not None else "intloom"
     message = exc.format_message().strip()
+    fix = _flow_fix(ctx, message)
     # Click ends some messages with a question ("Did you mean 'logs'?"): never add a period
     # after a sentence that is already ended.
     if not message.endswith((".", "?", "!")):
         message += "."
+    if fix is not None:
+        message = f"{message} {fix}"
     return f"{message} Run {where} --help for the usage."
 
 

@@ -711,3 +711,26 @@ def test_stop_text_says_what_the_next_start_does_with_the_runs(
     cut = [CutRun(*pair) for pair in result.pop("cut", [])]
     lost = [CutRun(*pair) for pair in result.pop("lost", [])]
     assert stop_lines(StopResult(stopped=True, cut=cut, lost=lost, **result)) == expected
+
+
+@pytest.mark.parametrize(("argv", "fix"), [
+    (["flow", "example", "some intent"],
+     "The intent is an option: intloom flow example --intent 'some intent'."),
+    (["flow", "example", "release", "notes"],  # unquoted words: one intent, quoted
+     "The intent is an option: intloom flow example --intent 'release notes'."),
+    (["flow", "example", "--intent", "x", "more"],
+     "flow takes one WORKFLOW; an intent of several words is one quoted value: "
+     "--intent 'x more'."),
+    (["flow", "example", "--intent-file", "f.txt", "more"],
+     "flow takes one WORKFLOW, and the intent comes from --intent-file; leave out more."),
+])
+def test_flow_with_a_positional_intent_names_the_intent_option(
+    capsys: pytest.CaptureFixture[str], client: FakeClient, argv: list[str], fix: str
+) -> None:
+    code, out, err = cli(capsys, *argv)
+    assert (code, out) == (2, "")
+    assert fix in err, err
+    assert err.endswith("Run intloom flow --help for the usage.\n"), err
+    assert client.calls == []
+    code, out, _ = cli(capsys, *argv, "--json")
+    assert code == 2 and fix in json.loads(out)["error"]["message"]
