@@ -10,7 +10,8 @@ from pathlib import Path
 from intloom.errors import IntloomError
 
 __all__ = [
-    "CONFIG_NAME", "Config", "ProjectPaths", "find_root", "load_config", "require_utf8_path",
+    "CONFIG_NAME", "STATE_PATH_BYTES", "Config", "ProjectPaths", "find_root", "load_config",
+    "require_short_path", "require_utf8_path",
 ]
 
 CONFIG_NAME = "intloom.toml"
@@ -76,6 +77,32 @@ def require_utf8_path(root: Path, code: str = "CLI_PROJECT_INVALID") -> Path:
             "name (convmv does it), then try again.",
         ) from None
     return root
+
+
+# What the longest path intloom writes adds to a project's root: a snapshot's temp file,
+# /.intloom/runtime/snap/live/.<sha256 hex>.snap.<16 hex>.tmp (docs/format.md).
+STATE_PATH_BYTES = len("/.intloom/runtime/snap/live/.") + 64 + len(".snap.") + 16 + len(".tmp")
+_PATH_MAX = 4096  # Linux's, where the OS does not say (os.pathconf)
+
+
+def require_short_path(root: Path, code: str = "CLI_PROJECT_INVALID") -> Path:
+    """``root``, if every file intloom writes under it fits the OS's path limit; ``code``
+    otherwise. A root near the limit is valid and even starts (its lock and log fit), but
+    a Run's snapshot, written later, could not be, so it is refused before anything is."""
+    try:
+        limit = os.pathconf("/", "PC_PATH_MAX")
+    except (OSError, ValueError):
+        limit = _PATH_MAX
+    length = len(os.fsencode(str(root)))
+    if length + STATE_PATH_BYTES < limit:  # the limit counts the terminating NUL
+        return root
+    raise IntloomError(
+        code,
+        f"{root} is {length:,} bytes long, and intloom's files under it need up to "
+        f"{STATE_PATH_BYTES} bytes more, beyond the {limit:,} bytes the OS allows in a path "
+        f"(at most {limit - 1 - STATE_PATH_BYTES:,} for a project's root); nothing was "
+        "written. Move the project to a shorter path, then try again.",
+    )
 
 
 def find_root(start: Path, *, explicit: bool = False) -> Path:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Final
 
 from intloom.errors import IntloomError
-from intloom.project import require_utf8_path
+from intloom.project import require_short_path, require_utf8_path
 
 __all__ = ["SCAFFOLD", "scaffold"]
 
@@ -51,6 +51,8 @@ def _check_target(target: Path) -> None:
     # And where it leads: through a link (or a parent that is one), the project's recorded
     # path is the resolved one (find_root, scaffold's result).
     require_utf8_path(Path(os.path.realpath(target)), "CLI_INIT_TARGET_INVALID")
+    # A project there would be refused by start: said now, before it is written.
+    require_short_path(Path(os.path.realpath(target)), "CLI_INIT_TARGET_INVALID")
     try:
         st = os.stat(target)
     except FileNotFoundError:

@@ -123,6 +123,22 @@ def _boot_time() -> float:
     raise ValueError("/proc/stat has no btime line")
 
 
+def _examinable(root: Path) -> None:
+    """CLI_PROJECT_INVALID for a ``root`` the OS refuses to look at (a name over 255 bytes,
+    a path over 4,096, a loop of links), as the CLI says of it, rather than its
+    ``connection.json`` being invalid: no file can be there to check."""
+    try:
+        os.stat(root)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise IntloomError(
+            "CLI_PROJECT_INVALID",
+            f"{root} cannot be examined ({exc.strerror or exc}): Client.connect takes a "
+            f"project's root, the directory that holds {CONFIG_NAME}. Nothing was sent.",
+        ) from None
+
+
 def _dial(port: int, timeout: float) -> socket.socket:
     """A TCP connection to 127.0.0.1:``port``. A literal address needs no resolver, and
     ``create_connection`` would run it through ``getaddrinfo``, which imports the idna codec
@@ -214,7 +230,11 @@ class Client:
                 check_private_dir(paths.state)  # never read metadata through a link
             except PrivacyError as exc:
                 raise privacy_invalid(exc) from None
-        conn = read_connection(paths.connection_json, root)
+        try:
+            conn = read_connection(paths.connection_json, root)
+        except IntloomError:
+            _examinable(root)  # a root the OS will not look at is no project: say that
+            raise
         if conn is None:
             if not (root / CONFIG_NAME).is_file():
                 # Not a project (a subdirectory, a typo): "offline" would be a false fact.

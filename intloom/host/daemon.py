@@ -41,7 +41,7 @@ from intloom.host.metadata import METADATA_VERSION, ServiceInfo, current_identit
 from intloom.host.ownership import Ownership, new_token
 from intloom.host.readiness import ReadyChannel
 from intloom.host.server import Limits, Server, bind_port
-from intloom.project import ProjectPaths, load_config
+from intloom.project import ProjectPaths, load_config, require_short_path
 from intloom.protocol.messages import (
     FEATURES,
     PROTOCOL,
@@ -282,6 +282,8 @@ class Host:
 
     async def startup(self) -> None:
         opts = self.options
+        # Before anything is written: under a root this long a Run's snapshot could not be.
+        require_short_path(self.paths.root)
         keep_large_buffers_mapped()  # before a restore reads the log (host/allocator.py)
         self.ready.progress("locking")
         self.ownership.take_lock()

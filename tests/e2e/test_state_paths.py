@@ -167,6 +167,58 @@ def test_a_project_path_that_is_not_utf8_is_refused_with_its_name(tmp_path: Path
     assert snapshot_files(bad) == before
 
 
+def _deep_dir(parent: Path, length: int) -> Path:
+    """A directory whose absolute path is ``length`` bytes: valid, but near PATH_MAX."""
+    path = str(parent)
+    while len(path) < length:
+        path = os.path.join(path, "d" * max(1, min(200, length - len(path) - 1)))
+    os.makedirs(path)
+    return Path(path)
+
+
+def test_a_project_path_too_long_for_its_state_files_is_refused_by_init_and_start(
+        tmp_path: Path) -> None:
+    """A root of ~4,000 bytes is a valid path, but the files intloom writes under it (a
+    snapshot's temp file adds 119 bytes) are not: start failed STORAGE_ERROR "... (File name
+    too long) ... Check the disk", or, a little shorter, started and failed later, when a
+    Run's snapshot was written. init and start refuse it, naming the path, its length, the
+    OS limit and the fix; nothing is written."""
+    deep = _deep_dir(tmp_path, 4000)
+    root = deep / "p"
+    cli = Project(root=root)
+    init = cli.cli("init", str(root), "--json")
+    assert init.code == 1, (init.stdout, init.stderr)
+    assert init.json["error"]["code"] == "CLI_INIT_TARGET_INVALID"
+    assert not os.path.lexists(root)
+    shutil.copytree(FIXTURES / "projects" / "basic", root)
+    before = snapshot_files(root)
+    start = cli.cli("start", "--json")
+    assert start.code == 1, (start.stdout, start.stderr)
+    error = start.json["error"]
+    assert error["code"] == "CLI_PROJECT_INVALID", error
+    length = len(os.fsencode(str(root)))
+    assert f"{root} is {length:,} bytes long" in error["message"], error
+    assert "4,096" in error["message"] and "shorter path" in error["message"], error
+    assert init.json["error"]["message"].startswith(f"{root} is {length:,} bytes long")
+    assert not os.path.lexists(root / ".intloom")
+    assert snapshot_files(root) == before
+    # A root just short enough starts, and its Run's snapshot (written by the restore of
+    # the next start, through a temp file of exactly 4,095 bytes) is written.
+    ok_root = _deep_dir(tmp_path / "ok", 4095 - 119)
+    shutil.rmtree(ok_root)
+    shutil.copytree(FIXTURES / "projects" / "basic", ok_root)
+    fits = Project(root=ok_root)
+    try:
+        started_waiting(fits)
+        ok(fits.cli("stop", "--json"))
+        ok(fits.cli("start", "--json"))
+        ok(fits.cli("stop", "--json"))
+        assert list((fits.state / "runtime" / "snap" / "live").glob("*.snap"))
+    finally:
+        fits.track_host()
+        fits.reap()
+
+
 def _as_plain_user() -> list[str]:
     """A command prefix under which file modes bind this process (root without the
     capabilities that override them), or skip."""

@@ -170,6 +170,21 @@ def test_connect_outside_a_project_root_says_so_not_offline(project: Project,
     assert "Nothing was sent" in refused.value.message
 
 
+def test_connect_to_a_path_too_long_for_the_os_is_project_invalid(project: Project) -> None:
+    """A root the OS refuses to look at (a name over 255 bytes) said
+    CLI_SERVICE_METADATA_INVALID, "connection.json cannot be opened ... Check it (ls -l)":
+    a file that cannot exist. The CLI calls that path CLI_PROJECT_INVALID, and so does the
+    client, naming the path, why, and what to pass instead."""
+    publish(project.root, 1)
+    path = project.root / ("n" * 300)
+    with pytest.raises(IntloomError) as refused:
+        Client.connect(path)
+    assert refused.value.code == "CLI_PROJECT_INVALID", refused.value
+    message = refused.value.message
+    assert f"{path} cannot be examined (File name too long)" in message, message
+    assert "the directory that holds intloom.toml" in message and "Nothing was sent" in message
+
+
 def test_missing_service_json_is_offline(project: Project) -> None:
     publish(project.root, 1)
     (project.state / "service.json").unlink()
