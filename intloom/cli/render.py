@@ -558,6 +558,19 @@ def doctor_lines(report: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _kept_lines(result: Mapping[str, Any]) -> list[str]:
+    """The temp files of interrupted writes that recover found and left as they are."""
+    kept = [str(t.get("path", "?")) for t in result.get("leftovers") or []
+            if isinstance(t, Mapping)]
+    if not kept:
+        return []
+    if len(kept) == 1:
+        return [f"Kept as it is: {kept[0]}, the temp file of a write that was interrupted "
+                "(recover never removes it; intloom doctor says more)."]
+    return [f"Kept as they are: {', '.join(kept)}, temp files of writes that were "
+            "interrupted (recover never removes them; intloom doctor says more)."]
+
+
 def recover_lines(result: Mapping[str, Any]) -> list[str]:
     paths = [str(p) for p in result.get("paths") or []]
     if result.get("dryRun"):
@@ -567,13 +580,14 @@ def recover_lines(result: Mapping[str, Any]) -> list[str]:
             if isinstance(item, Mapping):
                 lines.append(f"  {item.get('path', '?')}")
                 lines.extend(_evidence_lines(item.get("evidence")))
-        return lines
+        return lines + _kept_lines(result)
     if result.get("recovered"):
         return [
             f"Removed: {', '.join(paths)}." if paths else "Removed stale service resources.",
             "Stale execution resources removed. Run intloom start; committed data is retained.",
+            *_kept_lines(result),
         ]
-    return ["There are no stale resources to clean up."]
+    return ["There are no stale resources to clean up.", *_kept_lines(result)]
 
 
 # ----- journal history and logs ----------------------------------------------------------

@@ -29,6 +29,7 @@ from intloom.diagnostics.owners import (
 )
 from intloom.diagnostics.owners import port_holder as _holder_of  # a context field's name
 from intloom.diagnostics.previews import RunPreview, preview_runs
+from intloom.diagnostics.temps import metadata_temps
 from intloom.errors import IntloomError
 from intloom.fsutil import PrivacyError, check_private_dir, file_problem, privacy_fix
 from intloom.host.liveness import Evidence, holds_open, paused, unheld_lock
@@ -417,6 +418,27 @@ def _with_host(root: Path, service: ServiceView, check: Check,
                  todo + "." + (f" Also: {check.next}" if check.next else ""))
 
 
+def _temp_files_check(paths: ProjectPaths) -> Check:
+    temps = metadata_temps(paths)
+    if not temps:
+        return Check("temp_files", "ok",
+                     "No temp file of an interrupted write is left in .intloom/.", None)
+    named = ", ".join(f"{Path(t.path).name} (for {t.target}, {t.size:,} "
+                      f"byte{'' if t.size == 1 else 's'})" for t in temps)
+    many = len(temps) > 1
+    return Check(
+        "temp_files", "attention",
+        f"{len(temps)} temp file{'s' if many else ''} in .intloom/ left by a write that was "
+        f"interrupted (a crash): {named}. intloom never reads {'them' if many else 'it'} "
+        f"and never removes {'them' if many else 'it'}.",
+        f"The file {'each' if many else 'it'} was written for is whole or absent, so "
+        f"{'they hold' if many else 'it holds'} nothing intloom needs. To remove "
+        f"{'them' if many else 'it'} (not while an intloom start runs), from the project's "
+        "root: "
+        f"rm -- {' '.join(t.path for t in temps)}",
+    )
+
+
 def _health(status: DiagnosisStatus, checks: list[Check]) -> Health:
     if status == "blocked":
         return "blocked"
@@ -476,6 +498,7 @@ def run_doctor(root: Path) -> DoctorReport:
                      context("service.lock", lock_problem)),
         _connection_check(root, bool(diagnosis.owners) or lock_problem is not None
                           or service_problem is not None, running, config),
+        _temp_files_check(paths),
     ]
     workflows_check, loaded = _workflows_check(root, config)
     if running and config is not None and diagnosis.service is not None:

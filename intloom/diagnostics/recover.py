@@ -30,6 +30,7 @@ import msgspec
 
 from intloom.diagnostics.owners import NO_CONNECTION_FIX, Inspection, inspect, judge_owners
 from intloom.diagnostics.portguard import PortGuard, port_in_use
+from intloom.diagnostics.temps import TempFile, metadata_temps
 from intloom.errors import ErrorView, IntloomError
 from intloom.fsutil import fsync_dir
 from intloom.host.liveness import Evidence, LockProbe
@@ -56,14 +57,17 @@ class PlanItem(msgspec.Struct, frozen=True):
     evidence: list[Evidence]
 
 
-class RecoverResult(msgspec.Struct, frozen=True, rename="camel"):
-    """``recover --json``: IntLoom's ``{projectRoot, dryRun, recovered, paths}`` plus the plan."""
+class RecoverResult(msgspec.Struct, frozen=True, rename="camel", omit_defaults=True):
+    """``recover --json``: IntLoom's ``{projectRoot, dryRun, recovered, paths}`` plus the
+    plan, and ``leftovers`` (only when there are any): temp files of interrupted metadata
+    writes, kept as they are."""
 
     project_root: str
     dry_run: bool
     recovered: bool
     paths: list[str]
     plan: list[PlanItem]
+    leftovers: list[TempFile] = msgspec.field(default_factory=list)
 
 
 def _guard_reply(port: int) -> bytes:
@@ -191,6 +195,8 @@ def recover(root: Path, *, dry_run: bool) -> RecoverResult:
     if diagnosis.status == "blocked":
         raise IntloomError("CLI_RECOVERY_BLOCKED", diagnosis.message)
     plan = _plan(insp)
+    # Named, never removed: DESIGN lets recover remove service.json and service.lock only.
+    leftovers = metadata_temps(insp.snapshot.paths)
     if dry_run or diagnosis.status == "offline":
         return RecoverResult(
             project_root=str(root),
@@ -198,6 +204,7 @@ def recover(root: Path, *, dry_run: bool) -> RecoverResult:
             recovered=False,
             paths=[item.path for item in plan],
             plan=plan,
+            leftovers=leftovers,
         )
     snap = insp.snapshot
     connection = snap.connection.value
@@ -214,7 +221,8 @@ def recover(root: Path, *, dry_run: bool) -> RecoverResult:
         if lock_fd is not None:
             stack.callback(os.close, lock_fd)
         if _recheck(snap, lock_fd) is None:
-            return RecoverResult(str(root), dry_run=False, recovered=False, paths=[], plan=[])
+            return RecoverResult(str(root), dry_run=False, recovered=False, paths=[], plan=[],
+                                 leftovers=leftovers)
         removed: list[str] = []
         for item in plan:
             path = root / item.path
@@ -222,5 +230,6 @@ def recover(root: Path, *, dry_run: bool) -> RecoverResult:
             removed.append(item.path)
         fsync_dir(snap.paths.state)
     return RecoverResult(
-        project_root=str(root), dry_run=False, recovered=True, paths=removed, plan=plan
+        project_root=str(root), dry_run=False, recovered=True, paths=removed, plan=plan,
+        leftovers=leftovers,
     )

@@ -393,3 +393,15 @@ def test_attach_waits_past_an_agent_task_only_for_what_came_after_its_wait(
     follower.took(RunEvent(run=done, event="agent_completed"))
     waiter.join(timeout=10)
     assert not waiter.is_alive()
+
+
+def test_recover_names_the_temp_files_it_keeps() -> None:
+    leftovers = [{"path": ".intloom/.service.lock.0123456789abcdef.tmp",
+                  "target": "service.lock", "size": 21}]
+    for dry_run, recovered in ((True, False), (False, True), (False, False)):
+        lines = render.recover_lines({"dryRun": dry_run, "recovered": recovered,
+                                      "paths": [], "leftovers": leftovers})
+        assert lines[-1] == (
+            "Kept as it is: .intloom/.service.lock.0123456789abcdef.tmp, the temp file of a "
+            "write that was interrupted (recover never removes it; intloom doctor says more)."
+        ), lines

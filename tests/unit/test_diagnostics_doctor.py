@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from tests.unit.diagnostics_support import (
 
 CHECK_IDS = [
     "config", "runtime_dir", "owner.service_lock", "owner.service_json", "connection",
-    "workflows", "journals",
+    "temp_files", "workflows", "journals",
 ]
 
 
@@ -171,3 +172,35 @@ def test_a_port_the_next_start_may_not_bind_is_not_called_in_use(
     assert "in use by another process" not in check.message, check.message
     assert "Permission denied" in check.message, check.message
     assert check.next is not None and "port in intloom.toml" in check.next, check
+
+
+def test_temp_files_of_an_interrupted_metadata_write_are_reported_and_kept(root: Path) -> None:
+    """A host killed while it wrote service.lock (or service.json, connection.json) leaves
+    the temp file of that write in .intloom/: doctor said nothing of it, and nothing ever
+    removes it. It is reported, by name, and kept byte-identical."""
+    paths = ProjectPaths(root)
+    paths.state.mkdir(mode=0o700)
+    lock_tmp = paths.state / ".service.lock.0123456789abcdef.tmp"
+    lock_tmp.write_bytes(b'{"version":1,"pid":12')  # cut mid-write
+    conn_tmp = paths.state / ".connection.json.fedcba9876543210.tmp"
+    conn_tmp.write_bytes(b"")
+    for tmp in (lock_tmp, conn_tmp):
+        tmp.chmod(0o600)
+    (paths.state / ".service.lock.nothex.tmp").write_bytes(b"not ours")  # not a form we write
+    os.mkfifo(paths.state / ".service.json.00000000000000ff.tmp", 0o600)  # not a regular file
+    before = tree(root)
+    report = run_doctor(root)
+    assert tree(root) == before
+    check = {c.id: c for c in report.checks}["temp_files"]
+    assert check.status == "attention" and report.health == "attention"
+    assert check.message.startswith("2 temp files in .intloom/ left by a write that was "
+                                    "interrupted (a crash):"), check.message
+    assert ".connection.json.fedcba9876543210.tmp (for connection.json, 0 bytes)" in check.message
+    assert ".service.lock.0123456789abcdef.tmp (for service.lock, 21 bytes)" in check.message
+    assert "nothex" not in check.message and "00ff" not in check.message
+    assert check.next is not None
+    assert ("rm -- .intloom/.connection.json.fedcba9876543210.tmp "
+            ".intloom/.service.lock.0123456789abcdef.tmp") in check.next
+    for tmp in (lock_tmp, conn_tmp):
+        tmp.unlink()
+    assert {c.id: c for c in run_doctor(root).checks}["temp_files"].status == "ok"

@@ -75,6 +75,26 @@ def test_recover_removes_only_the_stale_service_files(tmp_path: Path) -> None:
     assert (again.recovered, again.paths) == (False, [])
 
 
+def test_recover_reports_temp_files_of_an_interrupted_write_and_keeps_them(
+        tmp_path: Path) -> None:
+    """A host killed mid-write of service.lock leaves ``.service.lock.<hex>.tmp``: recover
+    removes only service.json and service.lock (DESIGN), and names the temp file, kept."""
+    root = make_root(tmp_path)
+    crash_leftovers(root, dead_pid(), 1_000_000.0)
+    tmp = ProjectPaths(root).state / ".service.lock.0123456789abcdef.tmp"
+    tmp.write_bytes(b'{"version":1,"pid":12')
+    tmp.chmod(0o600)
+    kept = tmp.read_bytes()
+    plan = recover(root, dry_run=True)
+    assert plan.paths == [".intloom/service.json", ".intloom/service.lock"]
+    doc = msgspec.to_builtins(plan)
+    assert doc["leftovers"] == [{"path": ".intloom/.service.lock.0123456789abcdef.tmp",
+                                 "target": "service.lock", "size": 21}]
+    result = recover(root, dry_run=False)
+    assert result.recovered and msgspec.to_builtins(result)["leftovers"] == doc["leftovers"]
+    assert tmp.read_bytes() == kept
+
+
 def test_json_shape_matches_intloom(tmp_path: Path) -> None:
     root = make_root(tmp_path)
     crash_leftovers(root, dead_pid(), 1_000_000.0)
