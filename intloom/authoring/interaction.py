@@ -94,6 +94,9 @@ def json_gap(value: Any) -> tuple[str, str] | None:
     the JSON a client reads has no token for; the client would get another value, silently.
     The same values a client sends are refused (runtime/plainjson.py), and a Tool's output."""
     stack: list[tuple[Any, tuple[Any, str | int] | None, int]] = [(value, None, 0)]
+    # Each container is walked once: one a value holds in two places has the same gaps in
+    # both, and one that holds itself twice has 2**depth paths (the walk never ended).
+    seen: set[int] = set()
     while stack:
         item, place, depth = stack.pop()
         kind = type(item)
@@ -110,8 +113,9 @@ def json_gap(value: Any) -> tuple[str, str] | None:
         if isinstance(item, (bytes, bytearray, memoryview)):
             return (f"{_at(place)} is bytes, which JSON cannot carry (it would be sent as "
                     "base64 text)", _FIX_BYTES)
-        if depth >= _MAX_DEPTH:
+        if depth >= _MAX_DEPTH or id(item) in seen:
             continue
+        seen.add(id(item))
         if isinstance(item, (list, tuple)):
             stack.extend((part, (place, i), depth + 1) for i, part in enumerate(item)
                          if type(part) not in _SCALARS)

@@ -364,3 +364,75 @@ def test_what_json_cannot_carry_in_a_task_or_a_confirmation_is_refused_at_the_ca
         assert part in message, (part, message)
     phases = [type(e.record).__name__ for e in read_history(root, view.run_id)]
     assert phases[-2:] == ["Executing", "Terminal"], phases
+
+
+def _holding_themselves() -> dict[str, Any]:
+    twice: dict[str, Any] = {}
+    twice["a"] = twice
+    twice["b"] = twice
+    pair: list[Any] = []
+    pair.extend([pair, pair])
+    left: list[Any] = []
+    right: list[Any] = [left, left]
+    left.extend([right, right])
+    return {"dict_twice": twice, "list_twice": pair, "two_lists": left}
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("case", sorted(_holding_themselves()))
+@pytest.mark.parametrize("handed", ["task", "confirm"])
+def test_a_task_or_context_holding_itself_more_than_once_is_refused_not_walked_for_ever(
+        tmp_path: Path, case: str, handed: str) -> None:
+    """The check for what JSON cannot carry walked every path through a value that holds
+    itself twice (2**1000 of them, on the event loop: the host stopped answering), where the
+    encoder names it at once as holding itself."""
+    value = _holding_themselves()[case]
+    wf = intloom.Workflow("loops", version="1")
+    st = wf.stage("s")
+    if handed == "task":
+        @st.agent_step("a", routes={"ok": intloom.COMPLETE})
+        def agent(ctx: Any) -> Any:
+            return value
+    else:
+        @st.step("a", routes={"ok": intloom.COMPLETE})
+        async def confirm(ctx: Any) -> str:
+            await ctx.confirm(value)
+            return "ok"
+
+    wf.validate()
+    view = _settled(tmp_path / "runtime", wf)
+    assert view.status == "failed" and view.last_error is not None, view
+    assert view.last_error.code == "STEP_INTERACTION_INVALID", view.last_error
+    assert "holds itself" in view.last_error.message, view.last_error.message
+
+
+def test_a_value_shared_by_two_places_is_checked_once_and_named_where_first_met(
+        tmp_path: Path) -> None:
+    """A sub-value two places share is the same value: a set in it is named at the first
+    place it is met, and a shared value JSON can carry is sent."""
+    shared = {"tags": {"x"}}
+    wf = intloom.Workflow("shared", version="1")
+    st = wf.stage("s")
+
+    @st.agent_step("a", routes={"ok": intloom.COMPLETE})
+    def agent(ctx: Any) -> Any:
+        return {"first": [shared], "second": shared}
+
+    wf.validate()
+    view = _settled(tmp_path / "bad", wf)
+    assert view.last_error is not None and "is a set" in view.last_error.message, view
+    assert ("$.first[0].tags" in view.last_error.message
+            or "$.second.tags" in view.last_error.message), view.last_error.message
+
+    fine = {"n": [1, 2]}
+    ok_wf = intloom.Workflow("shared_ok", version="1")
+    ok_st = ok_wf.stage("s")
+
+    @ok_st.agent_step("a", routes={"ok": intloom.COMPLETE})
+    def ok_agent(ctx: Any) -> Any:
+        return {"first": fine, "second": [fine, fine]}
+
+    ok_wf.validate()
+    waiting = _settled(tmp_path / "ok", ok_wf)
+    assert waiting.pending_agent_call is not None, waiting
+    assert waiting.pending_agent_call.request == {"first": fine, "second": [fine, fine]}
