@@ -176,8 +176,9 @@ def _flow_fix(ctx: object, message: str) -> str | None:
     if intent is not None:
         return ("flow takes one WORKFLOW; an intent of several words is one quoted value: "
                 f"--intent {shlex.quote(f'{intent} {extra}')}.")
-    workflow = shlex.quote(str(params.get("workflow", "WORKFLOW")))
-    return f"The intent is an option: intloom flow {workflow} --intent {shlex.quote(extra)}."
+    # Not the whole command line: the options given before the words (--project, --json,
+    # --detach) are not known here, and a line without them would be a different command.
+    return f"The intent is an option: give it as --intent {shlex.quote(extra)}."
 
 
 def _usage_message(exc: ClickException) -> str:

@@ -715,9 +715,9 @@ def test_stop_text_says_what_the_next_start_does_with_the_runs(
 
 @pytest.mark.parametrize(("argv", "fix"), [
     (["flow", "example", "some intent"],
-     "The intent is an option: intloom flow example --intent 'some intent'."),
+     "The intent is an option: give it as --intent 'some intent'."),
     (["flow", "example", "release", "notes"],  # unquoted words: one intent, quoted
-     "The intent is an option: intloom flow example --intent 'release notes'."),
+     "The intent is an option: give it as --intent 'release notes'."),
     (["flow", "example", "--intent", "x", "more"],
      "flow takes one WORKFLOW; an intent of several words is one quoted value: "
      "--intent 'x more'."),
