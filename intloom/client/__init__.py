@@ -5,6 +5,6 @@
 
 from __future__ import annotations
 
-from intloom.client.client import Client
+from intloom.client.client import Client, ServiceStarting
 
-__all__ = ["Client"]
+__all__ = ["Client", "ServiceStarting"]

@@ -66,7 +66,7 @@ from intloom.protocol.messages import (
 )
 from intloom.runtime.model import PendingAgentCall, RunView
 
-__all__ = ["DEFAULT_REQUEST_TIMEOUT", "RUNS_PAGE_BYTES", "Client"]
+__all__ = ["DEFAULT_REQUEST_TIMEOUT", "RUNS_PAGE_BYTES", "Client", "ServiceStarting"]
 
 # A request that waits for a Run (flow, answer, wait) may legitimately take a while.
 DEFAULT_REQUEST_TIMEOUT: Final = 300.0
@@ -79,6 +79,38 @@ _R = TypeVar("_R")
 
 def _metadata_invalid(message: str) -> IntloomError:
     return IntloomError("CLI_SERVICE_METADATA_INVALID", message)
+
+
+class ServiceStarting(IntloomError):
+    """CLI_SERVICE_UNAVAILABLE, retryable: no host serves yet, as for CLI_SERVICE_OFFLINE,
+    but one is in its start-up and will in a moment. Callers that launch or wait for a host
+    (start, stop, status) treat it as offline; to a request it is a refusal to retry."""
+
+
+# How the refusal for a host in its start-up begins, as status words it (diagnostics.owners.
+# STARTING; not imported: it would bring psutil into every command's start-up).
+STARTING: Final = "The service is starting"
+
+
+def _offline(paths: ProjectPaths, message: str | None) -> IntloomError:
+    """CLI_SERVICE_OFFLINE with ``message``, unless a host holds the project in its start-up
+    (``service.json`` is written last): "offline, run intloom start" was untrue there, and
+    start would only wait for that host."""
+    if not os.path.lexists(paths.service_lock):
+        return IntloomError("CLI_SERVICE_OFFLINE", message)
+    from intloom.host.liveness import starting_owner  # psutil: only on this failure path
+
+    lock = starting_owner(paths)
+    if lock is None:
+        return IntloomError("CLI_SERVICE_OFFLINE", message)
+    return ServiceStarting(
+        "CLI_SERVICE_UNAVAILABLE",
+        f"{STARTING} (pid {lock.pid}, since {lock.started_at}): it holds the project's lock "
+        "and is loading its Workflows and restoring its Runs; it serves once it writes "
+        "service.json. Nothing was sent. Retry in a moment (intloom start waits for it); if "
+        "it stays starting, run intloom doctor or intloom logs.",
+        retryable=True,
+    )
 
 
 def _host_gone(pid: int, create_time: float, lock: Path) -> str | None:
@@ -185,7 +217,8 @@ class Client:
     ``Client.connect(root)`` reads ``connection.json`` and ``service.json`` strictly, connects
     to 127.0.0.1 at the saved port, sends the hello with the token and checks the reply's
     instanceId, pid and projectRoot against ``service.json``. Errors are ``IntloomError``s:
-    CLI_SERVICE_OFFLINE, CLI_SERVICE_METADATA_INVALID, CLI_SERVICE_CLOSING, ...
+    CLI_SERVICE_OFFLINE, CLI_SERVICE_METADATA_INVALID, CLI_SERVICE_CLOSING, ... A host in its
+    start-up is ``ServiceStarting`` (CLI_SERVICE_UNAVAILABLE, retryable): retry in a moment.
 
     A request whose connection breaks before its reply is ``PROJECT_REQUEST_FAILED`` and is
     never sent again: the host may have acted on it, so query the Run before retrying. A
@@ -243,12 +276,10 @@ class Client:
                     f"{root} has no {CONFIG_NAME}: Client.connect takes a project's root, the "
                     f"directory that holds {CONFIG_NAME}. Nothing was sent.",
                 )
-            raise IntloomError(
-                "CLI_SERVICE_OFFLINE", "Run intloom start in this project first."
-            )
+            raise _offline(paths, "Run intloom start in this project first.")
         info = read_service(paths.service_json, root)
         if info is None:
-            raise IntloomError("CLI_SERVICE_OFFLINE")
+            raise _offline(paths, None)
         if info.port != conn.port:
             raise _metadata_invalid(
                 f"{paths.service_json} names port {info.port} but {paths.connection_json} names "

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Final, Literal, NamedTuple
 
 import msgspec
 
-from intloom.client.client import Client
+from intloom.client.client import Client, ServiceStarting
 from intloom.errors import ErrorView, IntloomError
 from intloom.host.metadata import ServiceInfo, ServiceLock, read_lock, read_service
 from intloom.project import ProjectPaths
@@ -154,8 +154,8 @@ def _live_service(root: Path) -> ServiceView | None:
         with Client.connect(root) as client:
             return client.status()
     except IntloomError as exc:
-        if exc.code == "CLI_SERVICE_OFFLINE":
-            return None
+        if exc.code == "CLI_SERVICE_OFFLINE" or isinstance(exc, ServiceStarting):
+            return None  # a starting host: _lock_owner waits for it
         raise
 
 
@@ -674,7 +674,9 @@ def _request_stop(root: Path, paths: ProjectPaths, target: _Target,
         # host must not stretch --timeout by the client's own 5 s hello timeout.
         client = Client.connect(root, timeout=remaining, request_timeout=remaining)
     except IntloomError as exc:
-        if exc.code == "CLI_SERVICE_OFFLINE":
+        if exc.code == "CLI_SERVICE_OFFLINE" or isinstance(exc, ServiceStarting):
+            # Starting, to the client: service.json gone and the lock still held, as a host
+            # leaves them for a moment on its way out.
             return _Asked("the host no longer listened on its port")
         if exc.code == "CLI_SERVICE_CLOSING":
             return _Asked("the host was already stopping", stopping=True)

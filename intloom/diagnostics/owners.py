@@ -253,12 +253,13 @@ def _starting(snap: Snapshot, lock: LockProbe, owners: list[Owner]) -> str | Non
 def _probe_host(root: Path, snap: Snapshot) -> tuple[ServiceView | None, str | None]:
     """Ask a live host who it is. Returns (service, None), (None, problem) or (None, None).
 
-    Only ``CLI_SERVICE_OFFLINE`` means "no live host"; any other answer (closing, an identity
-    mismatch, a rejected token, a listener that is not ours) is a problem that blocks cleanup.
+    Only ``CLI_SERVICE_OFFLINE`` (or a host starting) means "no live host"; any other answer
+    (closing, an identity mismatch, a rejected token, a listener that is not ours) is a
+    problem that blocks cleanup.
     """
     # Imported here: the client pulls in the socket stack, which a lock-only diagnosis
     # (and every offline status) does not need.
-    from intloom.client.client import Client
+    from intloom.client.client import Client, ServiceStarting
 
     try:
         with Client.connect(root) as client:
@@ -271,8 +272,8 @@ def _probe_host(root: Path, snap: Snapshot) -> tuple[ServiceView | None, str | N
                 )
             return client.status(), None
     except IntloomError as exc:
-        if exc.code == "CLI_SERVICE_OFFLINE":
-            return None, None
+        if exc.code == "CLI_SERVICE_OFFLINE" or isinstance(exc, ServiceStarting):
+            return None, None  # _classify says what the files show (a start, a stop)
         if exc.code == "CLI_SERVICE_CLOSING":
             # The host's refusal is worded for a refused request; this one asked who it is.
             return None, STOPPING

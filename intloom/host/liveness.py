@@ -21,8 +21,10 @@ from typing import Literal
 import msgspec
 import psutil
 
+from intloom.errors import IntloomError
 from intloom.fsutil import os_lock
-from intloom.host.metadata import CREATE_TIME_TOLERANCE
+from intloom.host.metadata import CREATE_TIME_TOLERANCE, ServiceLock, boot_id, read_lock
+from intloom.project import ProjectPaths
 
 __all__ = [
     "CREATE_TIME_TOLERANCE",
@@ -35,6 +37,7 @@ __all__ = [
     "paused",
     "probe_lock",
     "probe_process",
+    "starting_owner",
     "unheld_lock",
 ]
 
@@ -174,6 +177,26 @@ def paused(pid: int) -> bool:
                                                  psutil.STATUS_TRACING_STOP)
     except psutil.Error:
         return False
+
+
+def starting_owner(paths: ProjectPaths) -> ServiceLock | None:
+    """The lock record of a host in its start-up, or None. A start takes ``service.lock``
+    first and writes ``service.json`` last, once it listens (after loading Workflows and
+    restoring Runs, which may take a while), holding the lock's OS lock throughout. So a
+    live, unpaused owner of the lock, its OS lock held, and no ``service.json`` is a host
+    starting (``diagnostics.owners`` judges the same from its snapshot)."""
+    if os.path.lexists(paths.service_json):
+        return None
+    try:
+        lock = read_lock(paths.service_lock)
+    except IntloomError:
+        return None  # unreadable: doctor says why; nothing here is proof of a start
+    if lock is None or probe_lock(paths.service_lock).state != "held":
+        return None
+    process = probe_process(lock.pid, lock.create_time, lock.boot_id, boot_id())
+    if process.state != "alive" or paused(lock.pid):
+        return None
+    return lock
 
 
 def unheld_lock(path: Path) -> tuple[int, int] | None:

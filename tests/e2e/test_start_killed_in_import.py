@@ -105,3 +105,45 @@ def test_status_during_a_normal_start_says_the_host_is_starting(slow: Project) -
     ok(result)
     assert ok(slow.cli("status", "--json"))["service"]["pid"] == lock["pid"]
     ok(slow.cli("stop", "--json"))
+
+
+def test_commands_during_a_normal_start_say_the_host_is_starting(slow: Project) -> None:
+    """``runs``, ``flows``, ``flow`` (and Client.connect) while a host holds its lock and
+    imports its Workflows said CLI_SERVICE_OFFLINE "The project service is offline. Run
+    intloom start." -- untrue, and start would only wait for that host. They say it is
+    starting, retryable; with no host starting they still say offline."""
+    from intloom.client import Client
+    from intloom.errors import IntloomError
+
+    offline = slow.cli("runs", "--json")
+    assert offline.code != 0 and offline.json["error"]["code"] == "CLI_SERVICE_OFFLINE"
+    started: list[CliResult] = []
+    starting = threading.Thread(target=lambda: started.append(slow.cli("start", "--json")))
+    starting.start()
+    try:
+        eventually((slow.root / "importing").exists, timeout=20, what="the import to start")
+        lock = json.loads((slow.state / "service.lock").read_text())
+        slow.pids.add(lock["pid"])
+        runs = slow.cli("runs", "--json")
+        text = slow.cli("flows")
+        flow = slow.cli("flow", "slow", "--intent", "x", "--json")
+        with pytest.raises(IntloomError) as raised:
+            Client.connect(slow.root)
+    finally:
+        (slow.root / "release").write_text("")
+        starting.join(timeout=60)
+    expected = f"The service is starting (pid {lock['pid']}, since {lock['startedAt']})"
+    for result in (runs, flow):
+        error = result.json["error"]
+        assert result.code != 0 and error["code"] == "CLI_SERVICE_UNAVAILABLE", error
+        assert error["retryable"] is True
+        assert error["message"].startswith(expected), error
+        assert "intloom start waits for it" in error["message"], error
+    assert text.code != 0 and "CLI_SERVICE_UNAVAILABLE" in text.stderr, text
+    assert expected in text.stderr and "offline" not in text.stderr, text
+    assert raised.value.code == "CLI_SERVICE_UNAVAILABLE" and raised.value.retryable
+    assert raised.value.message.startswith(expected)
+    [result] = started
+    ok(result)
+    assert ok(slow.cli("runs", "--json"))["runs"] == []
+    ok(slow.cli("stop", "--json"))
