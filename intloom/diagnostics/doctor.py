@@ -8,6 +8,7 @@ diagnosis and an ``attention`` check naming the file. The token is never part of
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -20,6 +21,7 @@ import msgspec
 from intloom.diagnostics.checks import KEEP_IT, Check
 from intloom.diagnostics.owners import (
     NO_CONNECTION_FIX,
+    STARTING,
     Diagnosis,
     DiagnosisStatus,
     Owner,
@@ -184,6 +186,12 @@ class _Context(msgspec.Struct, frozen=True):
     # the OS lock on it from a moment after it appears); typically the original host of a
     # project directory copied with its .intloom/.
     lock_unheld: tuple[int, int] | None = None
+    # The diagnosis is a host in its start-up (owners.STARTING): its lock record, taken
+    # before service.json is written.
+    starting_since: str | None = None
+    # service.json and connection.json, each valid, name different ports: no client
+    # reaches the host (it refuses the mismatch), in words.
+    ports_differ: str | None = None
 
 
 def _owner_check(
@@ -239,6 +247,30 @@ def _owner_check(
             "SIGSTOP, Ctrl-Z or a debugger), so it holds the project and answers nobody.",
             f"Resume it (kill -CONT {pid}, or fg in its terminal), then run intloom doctor "
             "again. Do not delete locks whose owners are still active.",
+            owner.evidence,
+        )
+    if owner.status == "alive" and ctx.ports_differ is not None:
+        return Check(
+            check_id, "attention",
+            f"{name} names pid {pid}, which is alive: it still holds the project. It was not "
+            f"asked whether it serves the project, because {ctx.ports_differ} (a client "
+            "connects to connection.json's port and refuses a service.json naming another); "
+            "intloom stop cannot reach it either.",
+            f"Leave the files as they are while pid {pid} runs. To stop it, ask it directly "
+            f"(kill -TERM {pid}: a graceful stop, which removes service.json and "
+            "service.lock), then run intloom doctor again.",
+            owner.evidence,
+        )
+    if owner.status == "alive" and ctx.starting_since is not None:
+        return Check(
+            check_id, "attention",
+            f"{name} names pid {pid}, which is alive and starting (since "
+            f"{ctx.starting_since}): it holds the project's lock and has not written "
+            "service.json yet, which a start does last, once it has loaded its Workflows, "
+            "restored its Runs and listens.",
+            "Wait a moment and run intloom doctor again (intloom start waits for it); if it "
+            "stays starting, run intloom logs. Do not delete locks whose owners are still "
+            "active.",
             owner.evidence,
         )
     if owner.status == "alive":
@@ -439,6 +471,19 @@ def _temp_files_check(paths: ProjectPaths) -> Check:
     )
 
 
+def _ports_differ(paths: ProjectPaths) -> str | None:
+    """"service.json names port X and connection.json port Y", when both are valid and
+    differ (status reports it as the problem); else None."""
+    try:
+        info = read_service(paths.service_json, paths.root)
+        conn = read_connection(paths.connection_json, paths.root)
+    except IntloomError:
+        return None  # their own checks say why
+    if info is None or conn is None or info.port == conn.port:
+        return None
+    return f"service.json names port {info.port} and connection.json port {conn.port}"
+
+
 def _health(status: DiagnosisStatus, checks: list[Check]) -> Health:
     if status == "blocked":
         return "blocked"
@@ -475,6 +520,13 @@ def run_doctor(root: Path) -> DoctorReport:
 
     connection_missing = (connection_problem is None and not running
                           and not paths.connection_json.exists())
+    starting_since = None
+    if diagnosis.message.startswith(STARTING) and lock_problem is None:
+        with contextlib.suppress(IntloomError):
+            held = read_lock(paths.service_lock)
+            starting_since = held.started_at if held is not None else None
+    ports_differ = (None if running or service_problem or connection_problem
+                    else _ports_differ(paths))
 
     def context(other: str, other_problem: str | None) -> _Context:
         # recover refuses while any of the three metadata files is invalid, or
@@ -484,7 +536,8 @@ def run_doctor(root: Path) -> DoctorReport:
                    else "connection.json is missing" if connection_missing else None)
         return _Context(running=running, invalid=invalid,
                         port_taken=port_taken, port_holder=port_holder,
-                        lock_unheld=lock_unheld)
+                        lock_unheld=lock_unheld, starting_since=starting_since,
+                        ports_differ=ports_differ)
 
     config_check, config = _config_check(root)
     checks = [

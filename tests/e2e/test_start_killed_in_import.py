@@ -147,3 +147,42 @@ def test_commands_during_a_normal_start_say_the_host_is_starting(slow: Project) 
     ok(result)
     assert ok(slow.cli("runs", "--json"))["runs"] == []
     ok(slow.cli("stop", "--json"))
+
+
+# As SLOW, but only the host holds its import (doctor imports the Workflows too).
+HELD_IN_HOST = SLOW.replace(
+    "while not", "while os.environ.get('HOLD_IMPORT') and not").replace(
+    "import time\n", "import os\nimport time\n", 1)
+
+
+@pytest.fixture
+def held(tmp_path: Path) -> Iterator[Project]:
+    yield from reaped(one_source_project(tmp_path, "slow", HELD_IN_HOST))
+
+
+def test_doctor_during_a_normal_start_says_the_host_is_starting(held: Project) -> None:
+    """doctor's owner check said a host in its start-up "does not answer as this project's
+    host (it may be starting or stopping)"; status says it is starting."""
+    started: list[CliResult] = []
+    starting = threading.Thread(target=lambda: started.append(
+        held.cli("start", "--json", env={"HOLD_IMPORT": "1"})))
+    starting.start()
+    try:
+        eventually((held.root / "importing").exists, timeout=20, what="the import to start")
+        lock = json.loads((held.state / "service.lock").read_text())
+        held.pids.add(lock["pid"])
+        doctor = held.cli("doctor", "--json")
+    finally:
+        (held.root / "release").write_text("")
+        starting.join(timeout=60)
+    report = doctor.json
+    assert report["status"] == "blocked" and report["message"].startswith(
+        f"The service is starting (pid {lock['pid']}"), report["message"]
+    check = {c["id"]: c for c in report["checks"]}["owner.service_lock"]
+    assert check["message"].startswith(
+        f"service.lock names pid {lock['pid']}, which is alive and starting (since "
+        f"{lock['startedAt']})"), check
+    assert "stopping" not in check["message"], check
+    [result] = started
+    ok(result)
+    ok(held.cli("stop", "--json"))

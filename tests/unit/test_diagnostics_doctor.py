@@ -11,16 +11,19 @@ import pytest
 
 from intloom.diagnostics import diagnose, run_doctor
 from intloom.diagnostics.doctor import DoctorReport
-from intloom.diagnostics.owners import NO_CONNECTION_FIX
+from intloom.diagnostics.owners import NO_CONNECTION_FIX, STARTING
 from intloom.project import ProjectPaths
 from tests.helpers import FIXTURES
 from tests.unit.diagnostics_support import (
     crash_leftovers,
     create_time,
     dead_pid,
+    free_port,
     live_process,
+    lock_holder,
     tree,
     write_connection_json,
+    write_lock,
 )
 
 CHECK_IDS = [
@@ -79,6 +82,45 @@ def test_live_owner_is_blocked(root: Path) -> None:
         report = run_doctor(root)
     assert (report.status, report.health) == ("blocked", "blocked")
     assert _checks(report)["owner.service_lock"] == "attention"
+
+
+def test_a_host_in_its_start_up_is_called_starting_as_status_does(root: Path) -> None:
+    """A live owner holding service.lock's OS lock before service.json exists is a host
+    starting: status says so, and doctor's owner check said "does not answer as this
+    project's host (it may be starting or stopping)"."""
+    with live_process() as proc:
+        write_lock(root, proc.pid, create_time(proc.pid))
+        write_connection_json(root, free_port())
+        with lock_holder(ProjectPaths(root).service_lock):
+            report = run_doctor(root)
+    assert report.status == "blocked" and report.message.startswith(STARTING), report.message
+    check = {c.id: c for c in report.checks}["owner.service_lock"]
+    assert check.message.startswith(
+        f"service.lock names pid {proc.pid}, which is alive and starting (since "
+        "2026-11-30T00:00:00.000Z)"), check.message
+    assert "stopping" not in check.message and "does not answer" not in check.message
+    assert check.next is not None and "intloom start waits for it" in check.next
+
+
+def test_service_json_and_connection_json_naming_different_ports_is_named(
+        root: Path) -> None:
+    """service.json and connection.json naming different ports: status reports the
+    mismatch, and doctor's owner checks said "may be starting or stopping"."""
+    with live_process() as proc:
+        port = crash_leftovers(root, proc.pid, create_time(proc.pid))
+        other = write_connection_json(root, port + 1 if port < 65535 else port - 1).port
+        with lock_holder(ProjectPaths(root).service_lock):
+            report = run_doctor(root)
+    assert report.status == "blocked"
+    assert f"names port {port} but" in report.message, report.message
+    checks = {c.id: c for c in report.checks}
+    for owner in ("owner.service_lock", "owner.service_json"):
+        check = checks[owner]
+        assert check.status == "attention"
+        assert (f"service.json names port {port} and connection.json port {other}"
+                in check.message), check.message
+        assert "starting" not in check.message, check.message
+        assert check.next is not None and f"kill -TERM {proc.pid}" in check.next
 
 
 def test_invalid_metadata_is_a_blocked_report_not_a_crash(root: Path) -> None:
