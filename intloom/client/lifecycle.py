@@ -220,6 +220,8 @@ def _released_by_stop(paths: ProjectPaths, info: ServiceInfo, deadline: float) -
     """True once the host ``info`` names has released ``service.json``, when it did so or
     its log says it is stopping within a moment; it is then waited for until ``deadline``.
     False for a host that is not stopping (hung, or not the host at all)."""
+    from intloom.host.liveness import paused
+
     settle = time.monotonic() + _LOCK_SETTLE
     while True:
         now = _saved_service(paths)
@@ -230,20 +232,9 @@ def _released_by_stop(paths: ProjectPaths, info: ServiceInfo, deadline: float) -
         if time.monotonic() >= settle and (not _log_says_stopping(paths, info)
                                            or not _owner_alive(info.pid, info.create_time,
                                                                None)
-                                           or _paused(info.pid)):
+                                           or paused(info.pid)):
             return False  # not stopping; or it died, or was paused, on its way out
         time.sleep(_POLL)  # a poll while the stopping host finishes
-
-
-def _paused(pid: int) -> bool:
-    """``pid`` is stopped by a signal (SIGSTOP, Ctrl-Z, a debugger): it finishes nothing."""
-    import psutil
-
-    try:
-        return psutil.Process(pid).status() in (psutil.STATUS_STOPPED,
-                                                psutil.STATUS_TRACING_STOP)
-    except psutil.Error:
-        return False
 
 
 def _busy(paths: ProjectPaths) -> IntloomError:
