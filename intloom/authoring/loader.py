@@ -31,7 +31,7 @@ from intloom.authoring.workflow import WORKFLOW_MODULE_PREFIX, Workflow
 from intloom.errors import ErrorView, IntloomError, as_call, clip, message_of
 from intloom.project import Config
 
-__all__ = ["LoadResult", "LoadedWorkflow", "load_workflows", "load_workflows_offline"]
+__all__ = ["LoadResult", "LoadedWorkflow", "link_loop", "load_workflows", "load_workflows_offline"]
 
 
 @dataclass(frozen=True)
@@ -607,6 +607,22 @@ def _looping_link(root: Path, rel: str) -> str | None:
     return None
 
 
+def link_loop(root: Path, rel: str) -> str | None:
+    """Why the entry ``rel`` (from intloom.toml) cannot be reached for a loop of symbolic
+    links, with the fix; None when there is none. Shared with ``client.drift``, so what a
+    reused host is told has changed names the loop as the next start would."""
+    looping = _looping_link(root, rel)
+    if looping is None:
+        return None
+    fix = ("Name the real file or package in 'workflows' in intloom.toml instead."
+           if looping == Path(rel).as_posix() else
+           f"Make {looping} lead to a real directory (ls -l shows where each link "
+           "leads), or name the real path in 'workflows' in intloom.toml.")
+    return (f"{rel} (from intloom.toml) cannot be reached under {root}: {looping} is a "
+            f"symbolic link that leads into a loop of links ({os.strerror(errno.ELOOP)}). "
+            f"{fix}")
+
+
 def _load_entry(root: Path, rel: str, entry: Path) -> dict[str, LoadedWorkflow]:
     """Import one entry and return its Workflows, all of them or none (an IntloomError)."""
     try:
@@ -617,18 +633,9 @@ def _load_entry(root: Path, rel: str, entry: Path) -> dict[str, LoadedWorkflow]:
             f"{rel} (from intloom.toml) cannot be examined under {root} "
             f"({exc.strerror or exc}). Fix the path.",
         ) from None
-    looping = _looping_link(root, rel)
-    if looping is not None:
-        fix = ("Name the real file or package in 'workflows' in intloom.toml instead."
-               if looping == Path(rel).as_posix() else
-               f"Make {looping} lead to a real directory (ls -l shows where each link "
-               "leads), or name the real path in 'workflows' in intloom.toml.")
-        raise IntloomError(
-            "WORKFLOW_LOAD_FAILED",
-            f"{rel} (from intloom.toml) cannot be reached under {root}: {looping} is a "
-            f"symbolic link that leads into a loop of links ({os.strerror(errno.ELOOP)}). "
-            f"{fix}",
-        )
+    loop = link_loop(root, rel)
+    if loop is not None:
+        raise IntloomError("WORKFLOW_LOAD_FAILED", loop)
     if missing:
         raise IntloomError(
             "WORKFLOW_LOAD_FAILED",

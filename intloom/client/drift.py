@@ -18,6 +18,7 @@ import msgspec
 
 from intloom import __version__
 from intloom.authoring.identity import workflow_identity
+from intloom.authoring.loader import link_loop
 from intloom.errors import IntloomError
 from intloom.project import load_config
 from intloom.protocol.messages import PROTOCOL, ServiceView, WorkflowInfo
@@ -89,6 +90,14 @@ def since_start(root: Path, service: ServiceView, flows: list[WorkflowInfo]
             if not info.ready:
                 continue  # it failed to load: nothing of it runs, whatever its bytes now
             entry = root / source
+            loop = link_loop(root, source)
+            if loop is not None:
+                # exists() is False for a loop too: "no longer exists" sent the user looking
+                # for a file that is there.
+                out.append(SourceChange(
+                    source, "unreadable", f"{loop} The host runs {info.name} {info.version} "
+                    "as it loaded it.", info.name))
+                break
             if not entry.exists() and not entry.is_symlink():
                 out.append(SourceChange(
                     source, "unreadable", f"{source} no longer exists; the host runs "

@@ -108,3 +108,29 @@ def test_a_source_gone_from_disk_is_said_to_be_gone(tmp_path: Path) -> None:
     [change] = since_start(root, _service(root), flows)
     assert (change.source, change.change, change.workflow) == ("wf/a", "unreadable", "a")
     assert change.message == "wf/a no longer exists; the host runs a 1 as it loaded it."
+
+
+def test_a_source_under_a_symlink_loop_is_named_as_a_loop_as_the_loader_does(
+        tmp_path: Path) -> None:
+    """An entry under a link that leads back to itself was said to be "no longer exists",
+    though the loader (the next start, doctor) names the loop."""
+    import shutil
+
+    from intloom.authoring.loader import load_workflows
+    from intloom.project import load_config
+
+    root = _project(tmp_path, "wf/a", "b")
+    flows = [_loaded(root, "wf/a", "a"), _loaded(root, "b", "b")]
+    shutil.rmtree(root / "wf")
+    shutil.rmtree(root / "b")
+    (root / "wf").symlink_to("flows")
+    (root / "flows").symlink_to("wf")
+    (root / "b").symlink_to("b")
+    changes = {c.source: c for c in since_start(root, _service(root), flows)}
+    loader = dict(load_workflows(root, load_config(root)).problems)
+    for source, name in (("wf/a", "a"), ("b", "b")):
+        change = changes[source]
+        assert (change.change, change.workflow) == ("unreadable", name)
+        assert change.message == (f"{loader[source].message} The host runs {name} 1 as it "
+                                  "loaded it."), change.message
+    assert "wf is a symbolic link that leads into a loop" in changes["wf/a"].message
