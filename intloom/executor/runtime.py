@@ -382,8 +382,8 @@ class Runtime:
         # it the Steps' grace, and names what is still running then. Done when it returns.
         self._agent_work: dict[asyncio.Future[None], tuple[str, str]] = {}
         self._agent_dropped: builtins.list[tuple[str, str]] = []  # its results a stop refused
-        # Set when a stop's grace has run out (suspend): a Tool call still running then is
-        # answered CLI_SERVICE_CLOSING before the host exits (_unless_cut).
+        # Set when a stop's grace has run out (suspend): a Tool call or on_complete still
+        # running then is answered CLI_SERVICE_CLOSING before the host exits (_unless_cut).
         self._grace_over = asyncio.Event()
         # Ended Runs stay listed for `runs` and `get`, the oldest dropped past the cap (their
         # journal keeps them for inspect); without it a long-lived host grows ~10 KB per Run.
@@ -1077,6 +1077,15 @@ class Runtime:
             "restored); once it has started, start a new Run for this work.",
         )
 
+    def _on_complete_cut(self, slot: RunSlot, run_id: str, call_id: str, outcome: str
+                         ) -> IntloomError:
+        """What an Agent whose on_complete a stop cut is told (as for a Tool call); CONFLICT,
+        as without a stop, when the Run has ended meanwhile (a cancel)."""
+        _ended_meanwhile(slot, call_id)
+        return _stopped_in_on_complete(
+            run_id, call_id, outcome,
+            "it was still running when the stop's grace ran out, and ")
+
     @contextlib.asynccontextmanager
     async def _agent_working(self, run_id: str, what: str) -> AsyncIterator[None]:
         """Agent work (a Tool call, on_complete) in flight for ``suspend``: ``what`` says,
@@ -1162,7 +1171,9 @@ class Runtime:
             async with self._agent_working(
                     run_id, f"client Agent task {call_id}'s on_complete was running (outcome "
                     f"{outcome!r}); the completion was not recorded"):
-                state = await self.driver.absorb(slot, step, AgentResult(outcome, output))
+                state = await self._unless_cut(
+                    self.driver.absorb(slot, step, AgentResult(outcome, output)),
+                    lambda: self._on_complete_cut(slot, run_id, call_id, outcome))
         except IntloomError as exc:
             if not self.closing or exc.code == "CLI_SERVICE_CLOSING":
                 raise
@@ -1267,7 +1278,7 @@ class Runtime:
         # Not a Run that ended (a cancel) while its Tool call or on_complete ran: the next
         # start does not load it, so it does not come back RUN_INTERRUPTED.
         cut.extend(item for item in self._agent_work.values() if not self._ended(item[0]))
-        self._grace_over.set()  # after the list: a Tool call answered now leaves _agent_work
+        self._grace_over.set()  # after the list: work answered now leaves _agent_work
         return cut
 
     def _ended(self, run_id: str) -> bool:

@@ -670,6 +670,34 @@ def test_a_tool_still_running_at_the_end_of_the_grace_is_named(
         "restored); once it has started, start a new Run for this work.")], running.results
 
 
+def test_an_on_complete_still_running_at_the_end_of_the_grace_is_told_closing(
+        project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An on_complete still running when the stop's grace ran out: its Agent's completion
+    was cut off with PROJECT_REQUEST_FAILED ("No reply came ... the host may have stopped
+    or crashed") as the host exited; it is told CLI_SERVICE_CLOSING, as a Tool call is."""
+    _looping_host(project, "0.5", monkeypatch)
+    release = project.root / "release-complete"
+    with Client.connect(project.root) as client:
+        run, call, token = _claimed(client, "looping")
+    results, completer = _completing(project, run, call, token, {"until": str(release)})
+    try:
+        stopped = project.cli("stop", "--timeout", "30")
+    finally:
+        release.write_text("go")
+        completer.join(timeout=30)
+    assert stopped.code == 0, stopped.stderr
+    lines = stopped.stdout.splitlines()
+    assert "1 Run still had a Step, Tool or on_complete running" in lines[0], lines
+    assert lines[1] == (f"  {run.run_id}: client Agent task {call}'s on_complete was running "
+                        "(outcome 'done'); the completion was not recorded"), lines
+    assert results == ["CLI_SERVICE_CLOSING", (
+        f"The host stopped while Agent task {call}'s on_complete ran (outcome 'done'): it "
+        "was still running when the stop's grace ran out, and the completion was not "
+        "recorded, since nothing is written while the host stops. The next start reports "
+        f"Run {run.run_id} RUN_INTERRUPTED (claims are not restored); once it has started, "
+        "start a new Run for this work.")], results
+
+
 def test_a_cancel_during_a_tool_call_names_the_tool_call_it_cut(
         project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
     """A cancel during a Tool call said only "The Run was stopped.", though the Tool goes on
