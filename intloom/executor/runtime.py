@@ -22,7 +22,7 @@ import hmac
 import secrets
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, NamedTuple
 
 import msgspec
 
@@ -160,16 +160,36 @@ def incompatibility(
     return unreadable(state, package_version) or _mismatch(state, workflows, withheld or {})
 
 
-def _stopped_in_on_complete(run_id: str, call_id: str, outcome: str, refused: str = ""
-                            ) -> IntloomError:
+class _Halt(NamedTuple):
+    """How the host's end of work is worded to an Agent it cut off: a stop, or a suspension
+    the host outlives (its log failed), which must not be called a stop."""
+
+    lead: str  # "The host stopped"
+    grace: str  # "the stop's grace"
+    stops: str  # "while the host stops"
+    why: str  # "" or " " + the reason the Runs were suspended
+
+
+def _halt(reason: str | None) -> _Halt:
+    if reason is None:
+        return _Halt("The host stopped", "the stop's grace", "while the host stops", "")
+    return _Halt("The host suspended its Runs", "the grace", "once the host has suspended "
+                 "its Runs", f" {reason}")
+
+
+def _stopped_in_on_complete(run_id: str, call_id: str, outcome: str, refused: str = "",
+                            reason: str | None = None) -> IntloomError:
     """What an Agent is told when its completion's on_complete ran while the host stopped
-    (``refused``: what on_complete said of the result, when it refused it)."""
+    (``refused``: what on_complete said of the result, when it refused it; ``reason``: why
+    the Runs were suspended, when the host stays up)."""
+    halt = _halt(reason)
     return IntloomError(
         "CLI_SERVICE_CLOSING",
-        f"The host stopped while Agent task {call_id}'s on_complete ran (outcome {outcome!r}): "
-        f"{refused}the completion was not recorded, since nothing is written while the host "
-        f"stops. The next start reports Run {run_id} RUN_INTERRUPTED (claims are not "
-        "restored); once it has started, start a new Run for this work.",
+        f"{halt.lead} while Agent task {call_id}'s on_complete ran (outcome {outcome!r}): "
+        f"{refused}the completion was not recorded, since "
+        f"nothing is written {halt.stops}. The next start reports Run {run_id} "
+        f"RUN_INTERRUPTED (claims are not restored); once it has started, start a new Run "
+        f"for this work.{halt.why}",
     )
 
 
@@ -385,6 +405,8 @@ class Runtime:
         # Set when a stop's grace has run out (suspend): a Tool call or on_complete still
         # running then is answered CLI_SERVICE_CLOSING before the host exits (_unless_cut).
         self._grace_over = asyncio.Event()
+        # Why suspend was called when the host outlives it (its log failed): None for a stop.
+        self._suspended_for: str | None = None
         # Ended Runs stay listed for `runs` and `get`, the oldest dropped past the cap (their
         # journal keeps them for inspect); without it a long-lived host grows ~10 KB per Run.
         self.max_finished = max_finished
@@ -1068,13 +1090,14 @@ class Runtime:
         cut (``_stopped_in_on_complete``); CONFLICT, as without a stop, when the Run has
         ended meanwhile (a cancel): the next start does not load it."""
         _ended_meanwhile(slot, call_id)
+        halt = _halt(self._suspended_for)
         return IntloomError(
             "CLI_SERVICE_CLOSING",
-            f"The host stopped while Tool call {tool_call_id} (Tool {tool!r}) of Agent task "
-            f"{call_id} ran: the Tool was still running when the stop's grace ran out, so its "
+            f"{halt.lead} while Tool call {tool_call_id} (Tool {tool!r}) of Agent task "
+            f"{call_id} ran: the Tool was still running when {halt.grace} ran out, so its "
             f"outcome is unknown and no output is returned. The next start reports Run "
             f"{run_id} RUN_INTERRUPTED (claims, owner tokens and Tool receipts are not "
-            "restored); once it has started, start a new Run for this work.",
+            f"restored); once it has started, start a new Run for this work.{halt.why}",
         )
 
     def _on_complete_cut(self, slot: RunSlot, run_id: str, call_id: str, outcome: str
@@ -1084,7 +1107,8 @@ class Runtime:
         _ended_meanwhile(slot, call_id)
         return _stopped_in_on_complete(
             run_id, call_id, outcome,
-            "it was still running when the stop's grace ran out, and ")
+            f"it was still running when {_halt(self._suspended_for).grace} ran out, and ",
+            self._suspended_for)
 
     @contextlib.asynccontextmanager
     async def _agent_working(self, run_id: str, what: str) -> AsyncIterator[None]:
@@ -1182,7 +1206,8 @@ class Runtime:
             # came meanwhile drops the claim, so that would send the Agent round for nothing.
             raise _stopped_in_on_complete(
                 run_id, call_id, outcome, f"it refused the result ({exc.code}: "
-                f"{clip(without_claim_advice(exc.message), 500)}), and ") from None
+                f"{clip(without_claim_advice(exc.message), 500)}), and ",
+                self._suspended_for) from None
         finally:
             slot.agent.completing = False
         # The handler may have taken a while: a cancel or a stop may have come meanwhile.
@@ -1194,7 +1219,8 @@ class Runtime:
                 f"client Agent task {call_id}'s on_complete ran (outcome {outcome!r}) while the "
                 "host stopped; the completion was not recorded")))
             # The Agent is told the same (it got "no new work", as if nothing had begun).
-            raise _stopped_in_on_complete(run_id, call_id, outcome)
+            raise _stopped_in_on_complete(run_id, call_id, outcome,
+                                          reason=self._suspended_for)
         self._admit()
         slot, _call = self._agent_slot(run_id, call_id)
         self._check_owner(slot, owner_token)
@@ -1259,6 +1285,7 @@ class Runtime:
         """
         self.closing = True
         self.driver.stopping = True
+        self._suspended_for = reason
         for slot in self.runs.values():
             if slot.view().status == "waiting":
                 slot.suspend(reason)

@@ -5,6 +5,8 @@ was; a completion retried (its reply lost) gets the Run's view again, not CONFLI
 from __future__ import annotations
 
 import contextlib
+import json
+import socket
 import textwrap
 import threading
 from collections.abc import Callable, Iterator
@@ -17,7 +19,7 @@ from intloom.client.client import Client
 from intloom.errors import IntloomError
 from intloom.runtime.model import RunView
 from tests.helpers import CliResult, Project, eventually
-from tests.integration.host_support import start
+from tests.integration.host_support import hello_frame, reply, start
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -696,6 +698,40 @@ def test_an_on_complete_still_running_at_the_end_of_the_grace_is_told_closing(
         "recorded, since nothing is written while the host stops. The next start reports "
         f"Run {run.run_id} RUN_INTERRUPTED (claims are not restored); once it has started, "
         "start a new Run for this work.")], results
+
+
+def test_a_tool_cut_by_a_failed_log_is_told_the_host_suspended_its_runs_not_stopped(
+        project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host whose log cannot be written suspends its Runs and stays up, refusing new work
+    (LOG_WRITE_FAILED). A Tool call still running at the end of that grace was told "The
+    host stopped while ...", though the host goes on answering: it is told the Runs were
+    suspended, and why."""
+    # The first refused connection is the moment the log starts failing.
+    monkeypatch.setenv("INTLOOM_TEST_LOG_FAIL_AT", "connection_refused")
+    _looping_host(project, "0.5", monkeypatch)
+    release = project.root / "release-tool"
+    with Client.connect(project.root) as client:
+        running = _running_tool(client, project, "slow", {"until": str(release)})
+    try:
+        service = json.loads((project.state / "service.json").read_text())
+        with socket.create_connection(("127.0.0.1", service["port"]), timeout=10) as sock:
+            sock.sendall(hello_frame("x" * 43))
+            reply(sock)  # UNAUTHORIZED, and the log line about it cannot be written
+        eventually(lambda: running.results, timeout=20, what="the Tool call to be cut")
+    finally:
+        release.write_text("go")
+        running.caller.join(timeout=30)
+    code, message = running.results
+    assert code == "CLI_SERVICE_CLOSING" and isinstance(message, str), running.results
+    assert message.startswith(
+        f"The host suspended its Runs while Tool call tc-1 (Tool 'slow') of Agent task "
+        f"{running.call} ran: the Tool was still running when the grace ran out"), message
+    assert "could not be written" in message and "refuses new work" in message, message
+    assert "The host stopped" not in message, message
+    with Client.connect(project.root) as client:  # the host is still up, refusing work
+        with pytest.raises(IntloomError) as refused:
+            client.create_run("looping", "more")
+        assert refused.value.code == "LOG_WRITE_FAILED", refused.value
 
 
 def test_a_cancel_during_a_tool_call_names_the_tool_call_it_cut(
