@@ -252,6 +252,7 @@ class RunSlot:
         self.restored_seq: int | None = None
         self.recovering = False  # restored at the recover row while its journal says executing
         self.override: ErrorView | None = None
+        self.checkpoint_where: str | None = None  # where a failed checkpoint's cause is
         self.waiter: asyncio.Future[Any] | None = None
         self.task: asyncio.Task[None] | None = None
         self.agent = AgentClaim()

@@ -620,7 +620,9 @@ class Runtime:
         one of them (an OSError is ``slot``'s own); returns when its records are durable."""
         if isinstance(exc, CheckpointFailed):
             for run_id in exc.run_ids:
-                other = self.runs.get(run_id)
+                # ``slot`` is not listed yet while its creation is made durable: its cause
+                # must still reach the log.
+                other = slot if run_id == slot.run_id else self.runs.get(run_id)
                 if other is not None:
                     self.fail_checkpoint(other, exc.cause)
             if slot.run_id in exc.run_ids:
@@ -666,7 +668,7 @@ class Runtime:
         slot.owned = False
         # The view carries no cause (DESIGN §3): the OS error, the segment and the offset go
         # to the host log, and the journal keeps a void notice where the batch failed.
-        where = self._log_cause(slot.run_id, {"cause": cause}, "failed")
+        where = slot.checkpoint_where = self._log_cause(slot.run_id, {"cause": cause}, "failed")
         slot.override = ErrorView(
             code="RUN_CHECKPOINT_FAILED",
             message=f"{error_view('RUN_CHECKPOINT_FAILED').message} Earlier effects are not "
@@ -731,7 +733,21 @@ class Runtime:
         slot = RunSlot.new(header, lw, self.on_event)
         self.journal.append(run_id, header)
         self.append(slot, StagePending(at=now, stage=lw.workflow.entry.name))
-        await self.sync(slot)  # durable before the Run is visible
+        try:
+            await self.sync(slot)  # durable before the Run is visible
+        except IntloomError as exc:
+            if exc.code != "RUN_CHECKPOINT_FAILED":
+                raise
+            # The Run never became visible: no view of it will carry the failure, so the
+            # refusal names it, where its cause is, and that nothing of it ran.
+            where = f" {slot.checkpoint_where}" if slot.checkpoint_where else ""
+            raise IntloomError(
+                "RUN_CHECKPOINT_FAILED",
+                f"No Run was created: the first checkpoint of Run {run_id} (Workflow "
+                f"{lw.name!r}) could not be saved, so none of its Steps ran.{where} Check "
+                "the disk that holds .intloom/runtime (free space, permissions), then run "
+                "the command again.",
+            ) from None
         self._keep(slot)
         slot.publish("created")
         self.driver.launch(slot)

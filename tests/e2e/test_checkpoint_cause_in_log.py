@@ -94,3 +94,29 @@ def test_stop_counts_a_run_whose_terminal_record_was_not_saved(
     assert "1 Run stays unfinished as this host found or left it" in stopped.stdout, (
         stopped.stdout)
     assert "No Run was unfinished" not in stopped.stdout
+
+
+def test_a_run_whose_creation_cannot_be_saved_is_named_and_its_cause_logged(
+    project: Project,
+) -> None:
+    """Flush 1 is the Run's creation: it fails before the Run is visible. `flow` said only
+    the catalogue line -- no Run, no cause, no fix -- and the host log had nothing."""
+    ok(project.cli("start", "--json", env={"INTLOOM_FAULT": "enospc_sync=1"}))
+    flowed = project.cli("flow", "example", "--intent", "disk full", "--json")
+    assert flowed.code == 1, flowed.stdout
+    error = flowed.json["error"]
+    assert error["code"] == "RUN_CHECKPOINT_FAILED"
+    match = re.search(r"intloom logs (RUN-\S+?)\)", error["message"])
+    assert match is not None, error["message"]
+    run_id = match[1]
+    assert "No Run was created" in error["message"], error["message"]
+    assert "No space left" not in error["message"]  # the cause is in the log, not the view
+    logged = [json.loads(line)
+              for line in project.cli("logs", run_id, "--json").stdout.splitlines()]
+    [failure] = [r for r in logged if r["event"] == "run_checkpoint_failed"]
+    assert "ENOSPC" in failure["cause"], failure
+    assert run_id not in project.cli("runs").stdout
+    # The writer moved to a fresh segment: the command run again works.
+    again = ok(project.cli("flow", "example", "--intent", "disk full", "--json"))["run"]
+    assert again["status"] == "waiting"
+    ok(project.cli("stop", "--json"))
