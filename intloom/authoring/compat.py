@@ -19,10 +19,13 @@ import msgspec
 from intloom.errors import clip, message_of
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from intloom.authoring.loader import LoadedWorkflow
     from intloom.runtime.machine import RunState
 
-__all__ = ["DETERMINISTIC", "cursor_problem", "state_problem", "version_change"]
+__all__ = ["DETERMINISTIC", "cursor_problem", "failed_sources_note", "state_problem",
+           "version_change"]
 
 # The order the driver saves a State in when plain encoding is not deterministic (a State
 # with sets: executor/driver.py, _encode_state); the restore judges it by the same encoder.
@@ -88,3 +91,16 @@ def version_change(lw: LoadedWorkflow, state: RunState) -> str:
     if lw.version == state.workflow_version:
         return ""
     return f"; version {state.workflow_version!r} when the Run started, {lw.version!r} now"
+
+
+def failed_sources_note(failed: Sequence[str]) -> str:
+    """``; SOURCE failed to load ...`` for a Workflow that is not loaded while sources of
+    intloom.toml failed to load: its Runs are held for that, most likely, and the fix is in
+    that source -- not in putting back a source and an entry that are both still there.
+    Which Workflows a source that fails defines cannot be known, hence "may"."""
+    if not failed:
+        return ""
+    shown = ", ".join(failed[:3]) + (f" and {len(failed) - 3} more" if len(failed) > 3 else "")
+    which = "it" if len(failed) == 1 else "them"
+    return (f"; {shown} (listed in intloom.toml) failed to load and may define it (intloom "
+            f"doctor says why): fix {which}, then intloom stop and intloom start")

@@ -13,7 +13,12 @@ from typing import TYPE_CHECKING, Literal
 import msgspec
 
 from intloom import __version__
-from intloom.authoring.compat import cursor_problem, state_problem, version_change
+from intloom.authoring.compat import (
+    cursor_problem,
+    failed_sources_note,
+    state_problem,
+    version_change,
+)
 from intloom.diagnostics.checks import Check, CheckStatus
 from intloom.errors import IntloomError
 from intloom.project import ProjectPaths
@@ -55,6 +60,9 @@ def _incompatibility(state: RunState, loaded: LoadResult) -> str | None:
         return (f"{withheld}: the Run cannot be restored (keep only the source the Run "
                 "started with in intloom.toml)")
     if wf is None:
+        note = failed_sources_note([source for source, _view in loaded.problems])
+        if note:
+            return f"Workflow {state.workflow!r} is not loaded, so the Run cannot be restored{note}"
         return (f"Workflow {state.workflow!r} is not loaded, so the Run cannot be restored "
                 "(restore its source and its entry in intloom.toml)")
     if wf.identity != state.identity:

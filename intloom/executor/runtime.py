@@ -21,13 +21,18 @@ import hashlib
 import hmac
 import secrets
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final, Literal, NamedTuple
 
 import msgspec
 
 from intloom.authoring.agent import AgentResult
-from intloom.authoring.compat import cursor_problem, state_problem, version_change
+from intloom.authoring.compat import (
+    cursor_problem,
+    failed_sources_note,
+    state_problem,
+    version_change,
+)
 from intloom.authoring.context import Recovery
 from intloom.authoring.interaction import validate_answer
 from intloom.authoring.loader import LoadedWorkflow
@@ -117,7 +122,7 @@ class RestoredRun(msgspec.Struct, frozen=True):
 
 
 def _mismatch(state: RunState, workflows: Mapping[str, LoadedWorkflow],
-              withheld: Mapping[str, str]) -> str | None:
+              withheld: Mapping[str, str], failed: Sequence[str] = ()) -> str | None:
     """Why the loaded Workflows cannot continue this (readable) journal, or None."""
     lw = workflows.get(state.workflow)
     if lw is None:
@@ -127,7 +132,8 @@ def _mismatch(state: RunState, workflows: Mapping[str, LoadedWorkflow],
         if why is not None:
             return (f"incompatible workflow: {why}; keep only the source the Run started "
                     "with in intloom.toml")
-        return f"incompatible workflow: Workflow {state.workflow!r} is not loaded"
+        return (f"incompatible workflow: Workflow {state.workflow!r} is not loaded"
+                f"{failed_sources_note(failed)}")
     if lw.identity != state.identity:
         return (
             f"incompatible identity: Workflow {state.workflow!r} changed since the Run "
@@ -151,13 +157,15 @@ def _mismatch(state: RunState, workflows: Mapping[str, LoadedWorkflow],
 
 def incompatibility(
     state: RunState | None, workflows: Mapping[str, LoadedWorkflow], package_version: str,
-    withheld: Mapping[str, str] | None = None,
+    withheld: Mapping[str, str] | None = None, failed: Sequence[str] = (),
 ) -> str | None:
     """Why this Run's journal cannot be restored by what is loaded now, or None.
-    ``withheld``: why a Workflow some source defines is not loaded (LoadResult.withheld)."""
+    ``withheld``: why a Workflow some source defines is not loaded (LoadResult.withheld);
+    ``failed``: the sources of intloom.toml that failed to load (LoadResult.problems)."""
     if state is None:
         return None
-    return unreadable(state, package_version) or _mismatch(state, workflows, withheld or {})
+    return unreadable(state, package_version) or _mismatch(state, workflows, withheld or {},
+                                                           failed)
 
 
 class _Halt(NamedTuple):
@@ -388,9 +396,11 @@ class Runtime:
         on_event: RunObserver | None = None,
         max_finished: int = MAX_FINISHED,
         withheld: Mapping[str, str] | None = None,
+        failed: Sequence[str] = (),
     ) -> None:
         self.workflows = dict(workflows)
         self.withheld = dict(withheld or {})  # see incompatibility
+        self.failed = tuple(failed)  # see incompatibility
         self.on_event = on_event
         self.journal = journal
         self.package_version = package_version
@@ -482,7 +492,8 @@ class Runtime:
         )
 
     def _incompatibility(self, state: RunState | None) -> str | None:
-        return incompatibility(state, self.workflows, self.package_version, self.withheld)
+        return incompatibility(state, self.workflows, self.package_version, self.withheld,
+                               self.failed)
 
     def _held(self, item: RestoredRun, why: str) -> HeldRun:
         state = item.state

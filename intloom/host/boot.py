@@ -83,7 +83,7 @@ def _damaged(paths: ProjectPaths, report: StoreReport) -> IntloomError | None:
 
 def _refuse_before_writing(
     paths: ProjectPaths, workflows: dict[str, LoadedWorkflow], package_version: str,
-    withheld: dict[str, str],
+    withheld: dict[str, str], failed: list[str],
 ) -> None:
     """``--strict`` decides on a read-only read, before opening the store writes anything
     (its new segment, snapshots of a crashed host's leftovers)."""
@@ -94,7 +94,7 @@ def _refuse_before_writing(
     attention = []
     for journal in report.runs:
         why = journal.problem or incompatibility(journal.state, workflows, package_version,
-                                                 withheld)
+                                                 withheld, failed)
         if why is not None or journal.state is None:
             attention.append((journal.run_id, why or "nothing restorable was found in its journal"))
     if attention:
@@ -174,8 +174,10 @@ def boot(
     for lw in result.workflows.values():
         log.info("workflow_loaded", workflow=lw.name, version=lw.version, identity=lw.identity,
                  source=lw.source)
+    failed = [source for source, _view in result.problems]
     if strict:
-        _refuse_before_writing(paths, result.workflows, package_version, result.withheld)
+        _refuse_before_writing(paths, result.workflows, package_version, result.withheld,
+                               failed)
     store, restored = _open_store(paths, log, instance_id=instance_id,
                                   package_version=package_version, strict=strict)
     try:
@@ -186,7 +188,7 @@ def boot(
             return emit(f"run_{event}", runId=run_id, status=status, **fields)
 
         runtime = Runtime(result.workflows, store, package_version=package_version,
-                          on_event=on_event, withheld=result.withheld)
+                          on_event=on_event, withheld=result.withheld, failed=failed)
         summary = runtime.restore(restored, strict=strict)
     except BaseException:
         store.close_blocking()

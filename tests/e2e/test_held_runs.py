@@ -134,3 +134,26 @@ def test_a_run_whose_newest_segment_is_lost_is_held_not_taken_back_to_its_questi
     assert restore["needsAttention"] == [] and restore["waiting"] == [], restore
     assert ok(project.cli("doctor", "--json"))["runs"] == []
     ok(project.cli("stop", "--json"))
+
+
+def test_a_run_held_because_its_source_fails_to_load_names_that_source(
+    project: Project,
+) -> None:
+    """A syntax error in the Workflow's file while its Run waited: the Run was held with
+    "Workflow 'example' is not loaded" and doctor's advice to "restore its source and its
+    entry in intloom.toml" -- both still there; the source that fails went unnamed."""
+    run_id, action = started_waiting(project)
+    ok(project.cli("stop", "--json"))
+    source = project.root / "workflows" / "example.py"
+    source.write_text(source.read_text() + "def broken(:\n")
+
+    ok(project.cli("start", "--json"))
+    message = refused(project.cli("answer", run_id, action, YES, "--json"),
+                      "JOURNAL_INCOMPATIBLE")
+    assert "workflows/example.py (listed in intloom.toml) failed to load" in message
+    doctor = project.cli("doctor", "--json")
+    [preview] = [r for r in doctor.json["runs"] if r["runId"] == run_id]
+    problem = preview["problem"]
+    assert "workflows/example.py (listed in intloom.toml) failed to load" in problem, problem
+    assert "restore its source and its entry" not in problem, problem
+    ok(project.cli("stop", "--json"))
