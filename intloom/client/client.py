@@ -240,6 +240,11 @@ class Client:
         # took each other's replies (another Run's view, with no error).
         self._turn = threading.Lock()
         self._streaming: str | None = None  # the Run whose events hold the connection
+        # Why the connection is gone (said by the next request), and whether the next
+        # request may connect again: only after a stream closed early, when nothing was in
+        # flight -- never after a broken request, whose fate is unknown.
+        self._closed_why = "it was closed (Client.close, or the end of its with block)"
+        self._reopen = False
         self.hello = hello
         self.info = info
         self.root = root
@@ -338,7 +343,11 @@ class Client:
                    connect_timeout=timeout)
 
     def close(self) -> None:
+        self._shut("it was closed (Client.close, or the end of its with block)")
+
+    def _shut(self, why: str, *, reopen: bool = False) -> None:
         sock, self._sock = self._sock, None
+        self._closed_why, self._reopen = why, reopen
         if sock is not None:
             sock.close()
 
@@ -351,8 +360,8 @@ class Client:
     # ----- transport -----------------------------------------------------------------------
 
     def _broken(self, request: Request, fact: str, *, timed_out: bool = False) -> IntloomError:
-        self.close()
         what = _REQUEST_WORDS.get(type(request).__name__, f"the {type(request).__name__} request")
+        self._shut(f"its connection broke during an earlier request ({what})")
         cause = ("the host did not reply in time" if timed_out else
                  "the connection closed: the host may have stopped or crashed")
         run_id = getattr(request, "run_id", None)
@@ -371,15 +380,21 @@ class Client:
 
     def _send(self, request: Request) -> socket.socket:
         sock = self._sock
-        if sock is None:
-            raise IntloomError("PROJECT_CONNECTION_FAILED",
-                               "This client is closed. Connect again.", retryable=False)
+        if sock is None and self._reopen:
+            # Its stream was closed early (subscribe): nothing is in flight, so connecting
+            # again is safe -- to the same host instance only.
+            sock = self._reconnect(self._closed_why)
+        elif sock is None:
+            raise IntloomError(
+                "PROJECT_CONNECTION_FAILED",
+                f"This Client has no connection: {self._closed_why}. Nothing was sent. "
+                "Connect again (Client.connect).", retryable=False)
         frame = frame_of(request)
         if _peer_closed(sock):
             # The host closed this connection while it sat idle (lifecycle.md: idle
             # connections close after 600 s) or as it stopped. Nothing is sent yet, so
             # connecting again is safe -- to the same host instance only.
-            sock = self._reconnect()
+            sock = self._reconnect("the host closed it")
         try:
             sock.settimeout(self.request_timeout)
             sock.sendall(frame)
@@ -387,8 +402,8 @@ class Client:
             raise self._broken(request, str(exc)) from None
         return sock
 
-    def _reconnect(self) -> socket.socket:
-        self.close()
+    def _reconnect(self, why: str) -> socket.socket:
+        self._shut(f"{why}, and connecting again failed")
         try:
             fresh = Client.connect(self.root, timeout=self.connect_timeout,
                                    request_timeout=self.request_timeout)
@@ -398,7 +413,7 @@ class Client:
             # (CLI_SERVICE_CLOSING) from one gone without parsing the words.
             raise IntloomError(
                 "PROJECT_CONNECTION_FAILED",
-                f"The host closed this client's connection, and connecting again failed "
+                f"This client's connection is gone ({why}), and connecting again failed "
                 f"({exc.code}: {exc.message}) Nothing was sent.",
                 retryable=False,
             ) from exc
@@ -425,7 +440,7 @@ class Client:
         except (OSError, FrameClosed) as exc:
             raise self._broken(request, str(exc)) from None
         except FrameError as exc:
-            self.close()
+            self._shut("the host's reply to an earlier request was not a valid frame")
             raise IntloomError("PROJECT_RESPONSE_INVALID", f"{exc}.") from None
         if isinstance(reply, ErrorReply):
             raise _raise_reply(reply)
@@ -445,7 +460,8 @@ class Client:
                 raise self._streaming_error()
             reply = self._receive(self._send(request), request)
         if not isinstance(reply, expect):
-            self.close()
+            self._shut(f"the host answered an earlier request ({type(request).__name__}) "
+                       f"with a {type(reply).__name__}")
             raise IntloomError(
                 "PROJECT_RESPONSE_INVALID",
                 f"The service answered {type(request).__name__} with {type(reply).__name__}.",
@@ -528,7 +544,9 @@ class Client:
                 if event.final:
                     return
         except GeneratorExit:
-            self.close()
+            # A stream cannot be abandoned half way and its connection reused (events may be
+            # on their way): this one is closed, and the next request connects again.
+            self._shut("its subscribe stream was closed before its final event", reopen=True)
             raise
         finally:
             self._streaming = None

@@ -273,6 +273,30 @@ def test_a_step_that_swallows_cancellation_does_not_outlive_the_stop(
     _restarted_interrupted(project, run.run_id)
 
 
+def test_a_client_whose_stream_was_closed_early_serves_the_next_request(
+    project: Project,
+) -> None:
+    """A program that reads a Run's history and stops (`break`, or the generator closed)
+    found its Client unusable: the next request raised "This client is closed. Connect
+    again." although the program never closed it. Nothing is in flight then, so the Client
+    connects again -- to the same host instance only, as after an idle close."""
+    start(project)
+    with Client.connect(project.root) as client:
+        waiting = client.create_run("example", "notes")
+        for event in client.subscribe(waiting.run_id):
+            if event.run.status == "waiting":
+                break  # the generator is closed when the loop's iterator is dropped
+        assert client.get_run(waiting.run_id).status == "waiting"
+        stream = client.subscribe(waiting.run_id)
+        next(stream)
+        stream.close()
+        assert [r.run_id for r in client.runs()] == [waiting.run_id]
+    with pytest.raises(IntloomError) as closed_by_us:  # closed by the program: stays closed
+        client.get_run(waiting.run_id)
+    assert closed_by_us.value.code == "PROJECT_CONNECTION_FAILED"
+    assert "Client.close" in closed_by_us.value.message, closed_by_us.value.message
+
+
 def test_subscribe_streams_history_then_live_events_until_final(project: Project) -> None:
     start(project)
     with Client.connect(project.root) as client:
