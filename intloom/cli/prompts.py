@@ -132,7 +132,10 @@ class Terminal:
                 return True
             if value in ("n", "no"):
                 return False
-            self.say("Error: invalid input")
+            # No default: Enter alone is refused too (see _confirmation).
+            shown = repr(value) if value else "An empty line"
+            self.say(f"{shown} is not an answer: type y (yes) or n (no); Ctrl-C detaches "
+                     "and leaves the Run waiting.")
 
     def ask(self, text: str) -> str:
         """``text: ``; the line as typed ("" for Enter)."""

@@ -90,3 +90,16 @@ def test_a_wake_after_close_is_ignored(pty_pair: tuple[int, Terminal]) -> None:
     _, term = pty_pair
     term.close()
     term.wake()  # the follower thread may outlive the prompts: never writes a reused fd
+
+
+def test_a_confirmation_typed_wrong_says_what_to_type(
+    pty_pair: tuple[int, Terminal], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """"maybe" at ``Confirm? [y/n]`` said only "Error: invalid input": not what was
+    refused, nor what to type instead."""
+    leader, term = pty_pair
+    os.write(leader, b"maybe\rn\r")
+    assert term.confirm("Confirm?") is False
+    told = capsys.readouterr().err
+    assert "invalid input" not in told, told
+    assert "'maybe' is not an answer: type y (yes) or n (no)" in told, told
