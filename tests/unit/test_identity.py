@@ -86,3 +86,25 @@ def test_a_symbolic_link_anywhere_in_the_tree_is_refused_by_name(tmp_path: Path)
     assert refused.value.code == "WORKFLOW_LOAD_FAILED"
     assert str(link) in refused.value.message
     assert "directory of its own" in refused.value.message
+
+
+def test_the_scaffolded_advice_on_further_workflows_keeps_the_example_apart(
+    tmp_path: Path,
+) -> None:
+    """intloom.toml said the identity "covers every file of the directory" and to "give
+    each further Workflow a directory of its own": a newcomer made workflows/orders/, and
+    editing it held the example's Runs (workflows/example.py covers workflows/ and below).
+    What the comment says is checked here against what the identity does."""
+    from intloom.scaffold import scaffold
+
+    root = scaffold(tmp_path / "p")
+    advice = (root / "intloom.toml").read_text()
+    assert "every file" not in advice, advice
+    assert "outside workflows/ (e.g. orders/" in advice, advice
+    entry = root / "workflows" / "example.py"
+    before = workflow_identity("example", "1.0.0", entry)
+    _write(root / "orders" / "__init__.py")  # where the comment says to put one
+    (root / "workflows" / "notes.txt").write_text("not Python\n")
+    assert workflow_identity("example", "1.0.0", entry) == before
+    _write(root / "workflows" / "orders" / "__init__.py")  # where it said nothing against
+    assert workflow_identity("example", "1.0.0", entry) != before
