@@ -262,17 +262,23 @@ class Client:
         request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT,
     ) -> Client:
         root = Path(root).resolve()
+        _examinable(root)  # a root the OS will not look at is no project: say that
+        if root.is_file():
+            # intloom.toml itself, most often: reading .intloom/ below a file would report
+            # its metadata as invalid, a false fact.
+            here = f" (here {root.parent})" if root.name == CONFIG_NAME else ""
+            raise IntloomError(
+                "CLI_PROJECT_INVALID",
+                f"{root} is a file, not a directory: Client.connect takes the project's root, "
+                f"the directory that holds {CONFIG_NAME}{here}. Nothing was sent.",
+            )
         paths = ProjectPaths(root)
         if os.path.lexists(paths.state):
             try:
                 check_private_dir(paths.state)  # never read metadata through a link
             except PrivacyError as exc:
                 raise privacy_invalid(exc) from None
-        try:
-            conn = read_connection(paths.connection_json, root)
-        except IntloomError:
-            _examinable(root)  # a root the OS will not look at is no project: say that
-            raise
+        conn = read_connection(paths.connection_json, root)
         if conn is None:
             if not (root / CONFIG_NAME).is_file():
                 # Not a project (a subdirectory, a typo): "offline" would be a false fact.

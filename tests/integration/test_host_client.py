@@ -185,6 +185,18 @@ def test_connect_to_a_path_too_long_for_the_os_is_project_invalid(project: Proje
     assert "the directory that holds intloom.toml" in message and "Nothing was sent" in message
 
 
+def test_connect_to_the_config_file_names_the_root_to_pass(project: Project) -> None:
+    """Client.connect("intloom.toml") said CLI_SERVICE_METADATA_INVALID: ".../intloom.toml/
+    .intloom/connection.json cannot be opened: Not a directory", as if metadata were bad."""
+    publish(project.root, 1)
+    with pytest.raises(IntloomError) as refused:
+        Client.connect(project.root / "intloom.toml")
+    assert refused.value.code == "CLI_PROJECT_INVALID", refused.value
+    message = refused.value.message
+    assert f"{project.root / 'intloom.toml'} is a file, not a directory" in message, message
+    assert f"(here {project.root.resolve()})" in message and "Nothing was sent" in message
+
+
 def test_missing_service_json_is_offline(project: Project) -> None:
     publish(project.root, 1)
     (project.state / "service.json").unlink()
