@@ -116,10 +116,39 @@ def _unsendable(request: Request, exc: BaseException) -> IntloomError:
     )
 
 
+# Per request type, its fields declared as plain ``str`` (ids, names, an intent): msgspec
+# encodes whatever a field holds, and the host's refusal of, say, ``None`` there spoke of
+# its protocol ("the frame is not a valid request ... at `$.intent`").
+_TEXT_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _text_fields(kind: type) -> tuple[str, ...]:
+    names = _TEXT_FIELDS.get(kind)
+    if names is None:
+        names = _TEXT_FIELDS[kind] = tuple(
+            f.name for f in msgspec.structs.fields(kind) if f.type is str)
+    return names
+
+
+def _wrong_type(request: Request) -> IntloomError | None:
+    for name in _text_fields(type(request)):
+        value = getattr(request, name)
+        if not isinstance(value, str):
+            return IntloomError(
+                "INVALID_REQUEST",
+                f"Cannot send the {type(request).__name__} request: {name} must be a str, "
+                f"not {type(value).__name__}. {_NOTHING_CHANGED}",
+            )
+    return None
+
+
 def frame_of(request: Request) -> bytes:
     """``request`` as a frame, or INVALID_REQUEST before a byte is sent: the values a caller
     hands over (an answer, a Tool's input, an Agent's output, an intent) are theirs to fix,
     and the connection stays usable."""
+    wrong = _wrong_type(request)
+    if wrong is not None:
+        raise wrong
     try:
         return encode_frame(request)
     except _UNENCODABLE as exc:

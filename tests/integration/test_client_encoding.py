@@ -112,3 +112,26 @@ def test_a_request_over_the_frame_limit_is_refused_before_sending(client: Client
         "isConfirmed": True, "feedback": "x" * MAX_FRAME}))
     assert f"over the {MAX_FRAME}-byte frame limit" in message
     assert client.get_run(run.run_id) == run
+
+
+@pytest.mark.parametrize(
+    ("call", "starts"),
+    [
+        (lambda c: c.create_run("example", None),
+         "Cannot send the CreateRun request: intent must be a str, not NoneType"),
+        (lambda c: c.create_run(None, "notes"),
+         "Cannot send the CreateRun request: workflow must be a str, not NoneType"),
+        (lambda c: c.get_run(5), "Cannot send the GetRun request: run_id must be a str, not int"),
+        (lambda c: c.cancel(b"RUN-x"),
+         "Cannot send the Cancel request: run_id must be a str, not bytes"),
+    ],
+)
+def test_an_argument_of_the_wrong_type_is_named_before_sending(
+    client: Client, call: Any, starts: str
+) -> None:
+    """create_run("example", None) was sent, and the host's reply spoke of its protocol:
+    "the frame is not a valid request (Expected `str`, got `None` - at `$.intent`)"."""
+    message = _refused(lambda: call(client))
+    assert message.startswith(starts), message
+    assert "frame" not in message, message
+    assert client.runs() == []  # the connection is as it was
