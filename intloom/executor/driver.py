@@ -253,6 +253,9 @@ class RunSlot:
         self.recovering = False  # restored at the recover row while its journal says executing
         self.override: ErrorView | None = None
         self.checkpoint_where: str | None = None  # where a failed checkpoint's cause is
+        # What returned the outcome being routed, when not the Step itself (its recover):
+        # an unrouted outcome names it. Memory only: a restart routes a saved outcome.
+        self.outcome_from: str | None = None
         self.waiter: asyncio.Future[Any] | None = None
         self.task: asyncio.Task[None] | None = None
         self.agent = AgentClaim()
@@ -1593,6 +1596,7 @@ class Driver:
         where = f"{step.where} recover"
         outcome = await self._user(slot, where, step.recover_fn, ctx, recovery)
         self._record_outcome(slot, step, outcome, ctx, where)
+        slot.outcome_from = where
 
     def _route(self, slot: RunSlot, step: Step[Any], at: str) -> bool:
         """Append where the Step's outcome leads (stamped ``at``); True when that record
@@ -1602,6 +1606,7 @@ class Driver:
         st = slot.state
         outcome = st.outcome or ""
         target = step.routes.get(outcome)
+        by, slot.outcome_from = slot.outcome_from, None
         if target is None:
             rt.append(
                 slot,
@@ -1610,8 +1615,9 @@ class Driver:
                     status="failed",
                     error=error_view(
                         "STEP_OUTCOME_NOT_HANDLED",
-                        f"{step.where} returned outcome {outcome!r}, which its routes do not "
-                        f"handle ({sorted(step.routes)}). Add a route for it.",
+                        f"{by or step.where} returned outcome {outcome!r}, which the Step's "
+                        f"routes do not handle ({sorted(step.routes)}). Add a route for it"
+                        f"{', or return one of them' if by else ''}.",
                     ),
                 ),
             )

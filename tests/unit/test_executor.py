@@ -1234,6 +1234,49 @@ def test_a_state_left_by_recover_is_checked_and_names_recover() -> None:
         msgspec.json.decode(saved, type=Typed)
 
 
+def test_an_unrouted_outcome_of_recover_names_recover() -> None:
+    """recover returned an outcome no route handles: the message said the Step returned
+    it, and the Step's own code could not have."""
+    journal = MemoryJournal()
+
+    def workflow() -> intloom.Workflow:
+        wf = intloom.Workflow("typed", version="1")
+        st = wf.stage("s", state=Typed)
+
+        @st.step("a", routes={"ok": intloom.COMPLETE})
+        async def a(ctx: Any) -> str:
+            await ctx.confirm({})
+            return "ok"
+
+        @a.recover
+        def a_recover(ctx: intloom.StepContext[Typed], saved: intloom.Recovery) -> str:
+            return "weird"
+
+        return wf
+
+    async def first() -> tuple[str, str]:
+        rt = Runtime(loaded(workflow()), journal, package_version="0.1.0")
+        rt.restore([])
+        view = await rt.wait_stable((await rt.create_run("typed", "go")).run_id)
+        await rt.suspend(1)
+        assert view.pending_action is not None
+        return view.run_id, view.pending_action.id
+
+    run_id, action = run(first)
+
+    async def second() -> None:
+        rt = Runtime(loaded(workflow()), journal, package_version="0.1.0")
+        assert rt.restore([RestoredRun(run_id, fold(journal.of(run_id)))]).waiting == [run_id]
+        rt.start_restored()
+        done = await rt.answer(run_id, action, {"isConfirmed": True})
+        assert done.last_error is not None
+        assert done.last_error.code == "STEP_OUTCOME_NOT_HANDLED"
+        assert done.last_error.message.startswith(
+            "Stage 's', Step 'a' recover returned outcome 'weird'"), done.last_error
+
+    run(second)
+
+
 class Scored(msgspec.Struct, omit_defaults=True):
     score: float = 0
     rounds: int = 0
