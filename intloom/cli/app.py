@@ -181,9 +181,12 @@ def _flow_fix(ctx: object, message: str) -> str | None:
     return f"The intent is an option: give it as --intent {shlex.quote(extra)}."
 
 
-def _usage_message(exc: ClickException) -> str:
+def _usage_message(exc: ClickException, name: str | None = None) -> str:
     ctx = getattr(exc, "ctx", None)
-    where = ctx.command_path if ctx is not None else "intloom"
+    # An option given without its value is reported with no context: its command's help,
+    # not the root's, describes it.
+    where = (ctx.command_path if ctx is not None
+             else f"intloom {name}" if name is not None else "intloom")
     message = exc.format_message().strip()
     fix = _flow_fix(ctx, message)
     # Click ends some messages with a question ("Did you mean 'logs'?"): never add a period
@@ -208,8 +211,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     state = CliState(json_mode=_json_requested(args))
     state.debug = "--debug" in args
+    name = _command_name(args)
     try:
-        name = _command_name(args)
         command = typer.main.get_command(build_app(name))
         coercion.install(command)
         repeated = _repeated_option(args, command, name)
@@ -223,7 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.write(exc.format_message() + "\n")
         return exit_codes.OK
     except ClickException as exc:
-        state.renderer.error(error_view("INVALID_REQUEST", _usage_message(exc)))
+        state.renderer.error(error_view("INVALID_REQUEST", _usage_message(exc, name)))
         return exit_codes.USAGE
     except IntloomError as exc:
         state.renderer.error(exc.view())

@@ -543,6 +543,22 @@ def test_a_suggestion_for_an_unknown_command_ends_with_one_question_mark(
     assert "?." not in err
 
 
+@pytest.mark.parametrize(("args", "where"), [
+    (["runs", "--flow"], "intloom runs"),
+    (["start", "--port"], "intloom start"),
+    (["flow", "example", "--intent"], "intloom flow"),
+    (["--project"], "intloom"),
+])
+def test_an_option_missing_its_value_points_to_its_command_help(
+    capsys: pytest.CaptureFixture[str], args: list[str], where: str,
+) -> None:
+    """``intloom runs --flow`` said "Run intloom --help for the usage", whose page does not
+    describe --flow: the command's own help does."""
+    code, out, err = cli(capsys, *args)
+    assert (code, out) == (2, "")
+    assert f"requires an argument. Run {where} --help for the usage." in err, err
+
+
 # ----- inspect: a Run whose log records are gone ---------------------------------------------
 
 
