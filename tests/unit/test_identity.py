@@ -108,3 +108,18 @@ def test_the_scaffolded_advice_on_further_workflows_keeps_the_example_apart(
     assert workflow_identity("example", "1.0.0", entry) == before
     _write(root / "workflows" / "orders" / "__init__.py")  # where it said nothing against
     assert workflow_identity("example", "1.0.0", entry) != before
+
+
+def test_concepts_describes_a_single_file_entry_s_tree_as_the_identity_hashes_it(
+    tmp_path: Path,
+) -> None:
+    """docs/concepts.md said the identity covers "every file of ... the directory holding
+    its single-file entry": a data file beside it is not covered (authoring.md is right)."""
+    from tests.helpers import REPO
+
+    entry = _write(tmp_path / "workflows" / "flow.py")
+    before = workflow_identity("flow", "1", entry)
+    (tmp_path / "workflows" / "prompt.txt").write_text("not covered\n")
+    assert workflow_identity("flow", "1", entry) == before
+    text = " ".join((REPO / "docs" / "concepts.md").read_text().split())
+    assert "or the Python files of the directory holding its single-file entry" in text
