@@ -171,6 +171,15 @@ def _remove(path: Path, lock_fd: int | None, removed: list[str]) -> None:
         os.unlink(path)
     except FileNotFoundError:
         raise _conflict(f"{path.name} was removed by someone else", removed) from None
+    except OSError as exc:  # EPERM/EACCES (immutable, a read-only .intloom), EROFS, EIO
+        done = f"Already removed: {', '.join(removed)}" if removed else "Nothing was removed"
+        raise IntloomError(
+            "STORAGE_ERROR",
+            f"{path.parent.name}/{path.name} could not be removed ({exc.strerror or exc}). {done}. "
+            f"Make {path.parent} writable (check its permissions, `lsattr` on the file and "
+            "the directory for the immutable flag, and whether the filesystem is read-only), "
+            "then run intloom recover again.",
+        ) from None
 
 
 def recover(root: Path, *, dry_run: bool) -> RecoverResult:

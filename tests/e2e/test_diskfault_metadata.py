@@ -296,3 +296,28 @@ def test_a_log_directory_that_refuses_the_log_fails_the_start_with_log_write_fai
     assert list((project.state / "logs").iterdir()) == []
     subprocess.run(["chattr", "-i", str(project.state / "logs")], check=True)
     start(project)
+
+
+@pytest.mark.parametrize("stuck", ["service.json", "service.lock"])
+def test_recover_that_cannot_remove_a_stale_file_says_which_and_what_was_removed(
+    project: Project, immutable: Callable[[Path], None], stuck: str
+) -> None:
+    """A killed host's files, one of which cannot be removed (immutable here; a read-only
+    .intloom for another user): recover failed with CLI_INTERNAL_ERROR (exit 70, "report
+    it") and a traceback under --debug -- after removing service.json in the second case."""
+    start(project)
+    project.kill_host()
+    immutable(project.state / stuck)
+    result = project.cli("--json", "recover")
+    assert result.code == 1, result
+    error = result.json["error"]
+    assert error["code"] == "STORAGE_ERROR", error
+    message = error["message"]
+    assert f".intloom/{stuck} could not be removed (Operation not permitted)" in message
+    removed = "Already removed: .intloom/service.json" if stuck == "service.lock" else (
+        "Nothing was removed")
+    assert removed in message and "lsattr" in message and "intloom recover" in message
+    subprocess.run(["chattr", "-i", str(project.state / stuck)], check=True)
+    assert project.cli("--json", "recover").code == 0  # the rest is removed when run again
+    assert not (project.state / "service.lock").exists()
+    start(project)
