@@ -621,6 +621,32 @@ class _Target:
     boot_id: str | None
 
 
+def _unverified(paths: ProjectPaths, target: _Target, asked: _Asked) -> str:
+    """CLI_SERVICE_BUSY for a target that exited without releasing its files: which files
+    it left, and why that can be (the catalogue sentence first, for scripts that grep it)."""
+    left = []
+    for path, read in ((paths.service_json, lambda: read_service(paths.service_json,
+                                                                  paths.root)),
+                       (paths.service_lock, lambda: read_lock(paths.service_lock))):
+        try:
+            value = read()
+        except IntloomError:
+            value = None
+            left.append(f"{paths.state.name}/{path.name}")  # unreadable: still there
+            continue
+        if value is not None and value.instance_id == target.instance_id:
+            left.append(f"{paths.state.name}/{path.name}")
+    if not left:
+        return _STOP_UNVERIFIED
+    them = "it" if len(left) == 1 else "them"
+    why = (f"it exited after it was asked to stop, without removing {them}: it crashed "
+           f"meanwhile, or could not remove {them} (an immutable file, or a read-only "
+           f"{paths.state.name} or filesystem: check `lsattr` and the permissions)"
+           if asked.stopping else "it was killed or crashed")
+    return (f"{_STOP_UNVERIFIED} Its host (pid {target.pid}) has exited and left "
+            f"{' and '.join(left)} behind: {why}. Every file was left as it is.")
+
+
 def _released(paths: ProjectPaths, target: _Target) -> bool:
     """Neither ``service.json`` nor ``service.lock`` still names the target instance."""
     try:
@@ -779,7 +805,7 @@ def stop_service_report(root: str | os.PathLike[str], *,
         if _owner_gone(paths, target.pid, target.create_time, target.boot_id):
             if _released(paths, target):
                 return _stopped(log)
-            raise IntloomError("CLI_SERVICE_BUSY", _STOP_UNVERIFIED)
+            raise IntloomError("CLI_SERVICE_BUSY", _unverified(paths, target, asked))
         if not tried:
             # Observed only by its lock (still starting): ask once it serves.
             try:

@@ -321,3 +321,36 @@ def test_recover_that_cannot_remove_a_stale_file_says_which_and_what_was_removed
     assert project.cli("--json", "recover").code == 0  # the rest is removed when run again
     assert not (project.state / "service.lock").exists()
     start(project)
+
+
+def test_stop_of_a_host_that_could_not_remove_its_service_json_names_it(
+    project: Project, immutable: Callable[[Path], None]
+) -> None:
+    """The host stopped but could not remove its (immutable) service.json: stop said only
+    "Cannot verify resource cleanup by the original instance": not which file was left,
+    nor that its host had exited after it was asked to stop."""
+    service = start(project).service
+    immutable(project.state / "service.json")
+    result = project.cli("--json", "stop")
+    assert result.code == 1, result
+    error = result.json["error"]
+    assert error["code"] == "CLI_SERVICE_BUSY", error
+    message = error["message"]
+    assert message.startswith("Cannot verify resource cleanup by the original instance."), message
+    assert f"pid {service.pid}" in message, message
+    assert "left .intloom/service.json behind" in message, message
+    assert "after it was asked to stop" in message and "lsattr" in message, message
+    subprocess.run(["chattr", "-i", str(project.state / "service.json")], check=True)
+    assert project.cli("--json", "recover").code == 0
+    start(project)
+
+
+def test_stop_after_a_kill_names_what_the_killed_host_left(project: Project) -> None:
+    service = start(project).service
+    project.kill_host()
+    result = project.cli("--json", "stop")
+    assert result.code == 1, result
+    message = result.json["error"]["message"]
+    assert (f"Its host (pid {service.pid}) has exited and left .intloom/service.json and "
+            ".intloom/service.lock behind") in message, message
+    assert "killed or crashed" in message, message
