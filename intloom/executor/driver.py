@@ -188,11 +188,13 @@ class _Escaped(Exception):
             why = f"{name}: {text}" if text else name
         else:
             call = as_call(exc)
-            what = ("exit the process" if isinstance(exc, SystemExit) else
-                    "interrupt the process" if isinstance(exc, KeyboardInterrupt) else
-                    f"raise {name}")
-            why = (f"{call} (Workflow code must not {what}, which is the host of every Run; "
-                   "raise an exception instead to fail the Run)")
+            what = ("exit the process, which is the host of every Run"
+                    if isinstance(exc, SystemExit) else
+                    "interrupt the process, which is the host of every Run"
+                    if isinstance(exc, KeyboardInterrupt) else
+                    f"raise {name}, a BaseException the host keeps for itself")
+            why = (f"{call} (Workflow code must not {what}; raise an exception instead to "
+                   "fail the Run)")
         super().__init__(why)
         self.described = why
 

@@ -811,6 +811,9 @@ def test_interrupted_run_names_its_effect_and_cancel_dismisses_it() -> None:
 @pytest.mark.parametrize(("exit_", "shown", "fact"), [
     (SystemExit(3), "raised SystemExit(3) (", "must not exit the process"),
     (KeyboardInterrupt(), "raised KeyboardInterrupt (", "must not interrupt the process"),
+    # It read "must not raise GeneratorExit, which is the host of every Run".
+    (GeneratorExit(), "raised GeneratorExit (",
+     "must not raise GeneratorExit, a BaseException the host keeps for itself"),
 ])
 def test_a_step_calling_sys_exit_fails_its_run_not_the_host(
         step_kind: str, exit_: BaseException, shown: str, fact: str) -> None:
