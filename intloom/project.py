@@ -162,6 +162,14 @@ def find_root(start: Path, *, explicit: bool = False) -> Path:
     )
 
 
+def _starts_with_bom(path: Path) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(3) == b"\xef\xbb\xbf"
+    except OSError:
+        return False
+
+
 def load_config(root: Path) -> Config:
     """Parse and check ``intloom.toml``. Errors name the key, never echo its value."""
     import tomllib  # only commands that read the config pay for the TOML parser
@@ -174,6 +182,14 @@ def load_config(root: Path) -> Config:
             "CLI_PROJECT_INVALID", f"{path} is missing. Run intloom init to create it."
         ) from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        if isinstance(exc, tomllib.TOMLDecodeError) and _starts_with_bom(path):
+            # What the parser says ("line 1, column 1") points at nothing a person sees.
+            raise IntloomError(
+                "INVALID_REQUEST",
+                f"{path} starts with a byte-order mark (U+FEFF), which TOML does not allow. "
+                "Save it as UTF-8 without a BOM (the encoding \"UTF-8\", not \"UTF-8 with "
+                "BOM\"), then retry.",
+            ) from None
         # The parser's message names a line and column, not the file's contents.
         raise IntloomError(
             "INVALID_REQUEST", f"{path} is not valid TOML ({exc}). Fix the file and retry."

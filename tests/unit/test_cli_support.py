@@ -244,3 +244,17 @@ def test_scaffold_refusals(tmp_path: Path) -> None:
         assert caught.value.code == code
         assert str(tmp_path / target) in caught.value.message
     assert scaffold(tmp_path / "empty-ok") == (tmp_path / "empty-ok").resolve()
+
+
+def test_a_config_saved_with_a_byte_order_mark_is_named_as_such(tmp_path: Path) -> None:
+    """Saved by an editor as "UTF-8 with BOM", intloom.toml was "not valid TOML (Invalid
+    statement (at line 1, column 1))": line 1 looks right, and nothing said why."""
+    from intloom.project import load_config
+
+    (tmp_path / "intloom.toml").write_bytes(b'\xef\xbb\xbfworkflows = ["w.py"]\r\n')
+    with pytest.raises(IntloomError) as refused:
+        load_config(tmp_path)
+    assert refused.value.code == "INVALID_REQUEST"
+    message = refused.value.message
+    assert "starts with a byte-order mark (U+FEFF)" in message, message
+    assert "UTF-8 without a BOM" in message, message
