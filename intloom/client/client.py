@@ -201,6 +201,13 @@ _REQUEST_WORDS: Final = {
 }
 
 
+def _waits_on_a_run(request: Request) -> bool:
+    """Whether the host replies only once a Run waits or ends (as long as its Steps take)."""
+    if isinstance(request, CreateRun):
+        return request.wait
+    return isinstance(request, (WaitRun, Answer, CompleteAgentCall))
+
+
 def _peer_closed(sock: socket.socket) -> bool:
     """True when the host has closed ``sock`` (an end of file is waiting in it): checked
     before a request is sent, when sending nothing is still safe to repeat."""
@@ -368,6 +375,8 @@ class Client:
     def _broken(self, request: Request, fact: str, *, timed_out: bool = False) -> IntloomError:
         what = _REQUEST_WORDS.get(type(request).__name__, f"the {type(request).__name__} request")
         self._shut(f"its connection broke during an earlier request ({what})")
+        if timed_out and _waits_on_a_run(request):
+            return self._outwaited(request, what)
         cause = ("the host did not reply in time" if timed_out else
                  "the connection closed: the host may have stopped or crashed")
         run_id = getattr(request, "run_id", None)
@@ -382,6 +391,27 @@ class Client:
             "PROJECT_REQUEST_FAILED",
             f"No reply came for {what}: {cause} ({fact}). It was not replayed, since the host "
             f"may have acted on it. Run intloom status{then}.",
+        )
+
+    def _outwaited(self, request: Request, what: str) -> IntloomError:
+        """A request that waits until its Run waits or ends, past ``request_timeout``: the
+        Run's Steps are still running, which is no fault of the host's."""
+        limit = f"{self.request_timeout:g} s"
+        run_id = getattr(request, "run_id", None)
+        if run_id:
+            what = f"{what} (Run {run_id})"
+            find = (f"Follow it with get_run or wait_run({run_id!r}), or intloom attach "
+                    f"{run_id}")
+        else:
+            find = ("Its id never arrived: find it with runs() or intloom runs before creating "
+                    "another")
+        return IntloomError(
+            "PROJECT_REQUEST_FAILED",
+            f"No reply came for {what} within {limit}: the request waits until the Run waits "
+            f"or ends, and its Steps were still running after {limit}. The Run goes on in "
+            f"the host (nothing was replayed). {find}. To wait as long as its Steps take, "
+            "connect with Client.connect(root, request_timeout=None), or create Runs with "
+            "create_run(..., wait=False) and then call wait_run.",
         )
 
     def _send(self, request: Request) -> socket.socket:

@@ -466,6 +466,32 @@ AGENT_TASK = textwrap.dedent('''
 ''')
 
 
+def test_a_wait_longer_than_the_request_timeout_says_the_run_goes_on(project: Project) -> None:
+    """A Step that runs longer than the Python client's request timeout (300 s by default;
+    an LLM chain can): create_run said "the host did not reply in time ... once a host
+    runs, check with intloom runs", as if the host were gone. It is fine, and the Run goes
+    on: the message says so, and how to wait as long as the Steps take."""
+    (project.root / "workflows" / "gated.py").write_text(GATED)
+    (project.root / "intloom.toml").write_text(
+        'workflows = ["workflows/example.py", "workflows/gated.py"]\n'
+    )
+    start(project)
+    try:
+        with (Client.connect(project.root, request_timeout=0.5) as client,
+              pytest.raises(IntloomError) as late):
+            client.create_run("gated", "slow")
+        message = late.value.message
+        assert late.value.code == "PROJECT_REQUEST_FAILED"
+        assert "once a host runs" not in message, message
+        assert "still running after 0.5 s" in message, message
+        assert "request_timeout=None" in message and "wait=False" in message, message
+        with Client.connect(project.root) as client:
+            [run] = [r for r in client.runs() if r.flow_name == "gated"]
+            assert run.status == "running"  # created, and going on
+    finally:
+        (project.root / "gate").touch()
+
+
 def _gated_run_started(project: Project, client: Client | None = None) -> RunView:
     """A Run of the gated Workflow, created (through ``client``, else a connection of its
     own) and seen running its effect: its Step holds a stop in its grace."""
