@@ -39,9 +39,33 @@ _TOO_LARGE: Final = {
 }
 
 
+# How to hand the CLI what stdin could not, by what was read.
+_INSTEAD: Final = {
+    "intent file": "pass --intent TEXT or --intent-file PATH",
+    "answer": "pass the answer as the ANSWER argument",
+}
+
+
+def _read_stdin(code: str, what: str) -> bytes:
+    # A script or service manager may start the CLI without descriptor 0 (``<&-``): Python
+    # then has no sys.stdin at all, and a descriptor it has may still fail to read.
+    stdin = sys.stdin
+    try:
+        if stdin is None:
+            raise OSError("stdin is closed")
+        return stdin.buffer.read(MAX_INPUT + 1)
+    except (OSError, ValueError) as exc:
+        fact = ("stdin is closed" if stdin is None or isinstance(exc, ValueError)
+                else f"{exc.strerror or exc}")
+        raise IntloomError(
+            code, f"The {what} could not be read from stdin (-): {fact}; nothing was sent. "
+            f"Pipe it in (... | intloom ...), or {_INSTEAD[what]}."
+        ) from None
+
+
 def _read_bytes(source: str, code: str, what: str) -> bytes:
     if source == "-":
-        data = sys.stdin.buffer.read(MAX_INPUT + 1)
+        data = _read_stdin(code, what)
         name = "stdin"
     else:
         name = source

@@ -289,6 +289,25 @@ def test_piped_and_no_color_output_has_no_escapes(project: Project) -> None:
     assert plain.code == 0 and plain.stdout.startswith("The service is offline.")
 
 
+@pytest.mark.parametrize(("args", "code", "what"), [
+    (["flow", "example", "--intent-file", "-"], "CLI_INTENT_FILE_INVALID", "The intent"),
+    (["answer", "RUN-x", "ASK-y", "-"], "INVALID_REQUEST", "The answer"),
+])
+def test_reading_a_closed_stdin_is_named_not_an_internal_error(
+    project: Project, args: list[str], code: str, what: str
+) -> None:
+    # A script or service manager may start the CLI with no descriptor 0 at all (``<&-``).
+    proc = subprocess.run(
+        [sys.executable, "-m", "intloom", "--project", str(project.root), *args],
+        capture_output=True, text=True, timeout=60, preexec_fn=lambda: os.close(0),
+        env={**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(REPO)},
+    )
+    assert proc.returncode == 1, (proc.stdout, proc.stderr)
+    assert proc.stderr.startswith(f"Failure \u00b7 {code}: {what} "), proc.stderr
+    assert "stdin is closed" in proc.stderr and "Traceback" not in proc.stderr
+    assert not project.state.exists()  # refused before anything was sent
+
+
 @pytest.mark.parametrize("args", [["--help"], ["runs", "--help"], ["attach", "-h"]])
 def test_piped_help_is_plain_text_even_without_no_color(tmp_path: Path, args: list[str]) -> None:
     env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
