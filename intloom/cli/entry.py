@@ -18,6 +18,8 @@ import sys
 import threading
 from typing import NoReturn
 
+from intloom.cli import exit_codes
+
 __all__ = ["run"]
 
 
@@ -25,6 +27,10 @@ def run() -> NoReturn:
     gc.disable()
     try:
         from intloom.cli.app import main
+    except KeyboardInterrupt:
+        # Ctrl-C before main() could catch it (pressed right after Enter, or stopping a
+        # shell loop of commands): the same quiet exit as one during the command.
+        raise SystemExit(exit_codes.INTERRUPTED) from None
     finally:
         gc.freeze()
         gc.enable()

@@ -156,3 +156,38 @@ def test_logs_follow_stops_on_ctrl_c_without_a_word(project: Project) -> None:
         out, err = proc.communicate(timeout=20)
     assert proc.returncode == 0, (out, err)
     assert err == "", err  # watchfiles' "KeyboardInterrupt caught, stopping watch" is gone
+
+
+# Delivers a real SIGINT to the CLI process while it imports its commands (as a Ctrl-C
+# pressed right after Enter, or one that stops a shell loop of intloom commands, does),
+# then runs the console command as the ``intloom`` script would.
+_CTRL_C_WHILE_IMPORTING = """
+import os, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
+
+class CtrlC:
+    def find_spec(self, name, path=None, target=None):
+        if name == "typer":
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+sys.meta_path.insert(0, CtrlC())
+from intloom.cli.entry import run
+sys.argv = ["intloom", *sys.argv[1:]]
+run()
+"""
+
+
+@pytest.mark.parametrize("json_mode", [False, True])
+def test_ctrl_c_while_the_cli_imports_exits_130_without_a_traceback(
+    project: Project, json_mode: bool
+) -> None:
+    args = ["--project", str(project.root), "runs", *(["--json"] if json_mode else [])]
+    proc = subprocess.run(
+        [sys.executable, "-c", _CTRL_C_WHILE_IMPORTING, *args],
+        capture_output=True, text=True, timeout=60,
+        env={**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(REPO)},
+    )
+    assert proc.returncode == exit_codes.INTERRUPTED, (proc.stdout, proc.stderr)
+    assert proc.stdout == ""  # nothing on stdout, not even with --json (docs/cli.md)
+    assert "Traceback" not in proc.stderr and "KeyboardInterrupt" not in proc.stderr, proc.stderr
