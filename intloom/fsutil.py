@@ -12,6 +12,7 @@ import errno
 import fcntl
 import fnmatch
 import os
+import shlex
 import stat
 from pathlib import Path
 from typing import Final, Literal
@@ -31,6 +32,7 @@ __all__ = [
     "read_private",
     "replace_file",
     "replace_files",
+    "shell_arg",
     "write_all",
 ]
 
@@ -88,19 +90,26 @@ def os_lock(path: Path) -> tuple[OsLock, str]:
         os.close(fd)
 
 
+def shell_arg(path: Path | str) -> str:
+    """``path`` as a shell word, for a command a message tells a person to run: a project
+    path with a space or an accent must paste into a shell as the one path it is."""
+    return shlex.quote(str(path))
+
+
 def privacy_fix(error: PrivacyError) -> str:
     """What to do about ``error``, by its fact: a wrong mode is fixed with chmod, but a
     link, a file of the wrong kind or another user's file is not."""
-    path, fact = error.path, error.fact
+    fact, path = error.fact, shell_arg(error.path)
     if fact.startswith("has mode"):
         mode = "700" if "0700" in fact else "600"
         return f"Run chmod {mode} {path}, then try again"
     if fact.startswith("is owned by uid"):
-        return (f"Move it aside (mv {path} {path}.foreign) or, if its content is yours, "
+        return (f"Move it aside (mv {path} {shell_arg(f'{error.path}.foreign')}) or, if its "
+                "content is yours, "
                 f"chown it to yourself (uid {os.getuid()}); then try again")
     if fact.startswith(("is a symbolic link", "is not a")):
-        return (f"Move it aside (mv {path} {path}.bad), or put the real file or directory "
-                "there instead of it; then try again")
+        return (f"Move it aside (mv {path} {shell_arg(f'{error.path}.bad')}), or put the real "
+                "file or directory there instead of it; then try again")
     return "Check it (ls -l), then try again"
 
 

@@ -33,7 +33,13 @@ from intloom.diagnostics.owners import port_holder as _holder_of  # a context fi
 from intloom.diagnostics.previews import RunPreview, preview_runs
 from intloom.diagnostics.temps import metadata_temps
 from intloom.errors import IntloomError
-from intloom.fsutil import PrivacyError, check_private_dir, file_problem, privacy_fix
+from intloom.fsutil import (
+    PrivacyError,
+    check_private_dir,
+    file_problem,
+    privacy_fix,
+    shell_arg,
+)
 from intloom.host.liveness import Evidence, holds_open, paused, unheld_lock
 from intloom.host.metadata import (
     Connection,
@@ -120,9 +126,10 @@ def _runtime_dir_check(paths: ProjectPaths) -> Check:
     for path in (paths.state, paths.runtime, paths.logs, *store_dirs):
         if os.path.isdir(path) and not os.access(path, os.W_OK | os.X_OK):
             mode = stat.S_IMODE(os.lstat(path).st_mode)
-            fix = (f"Run chmod 700 {path}" if mode & 0o700 != 0o700 else
-                   f"Its mode allows writing: clear the immutable flag (lsattr -d {path}; "
-                   f"chattr -i {path}) or remount its file system read-write")
+            word = shell_arg(path)
+            fix = (f"Run chmod 700 {word}" if mode & 0o700 != 0o700 else
+                   f"Its mode allows writing: clear the immutable flag (lsattr -d {word}; "
+                   f"chattr -i {word}) or remount its file system read-write")
             return Check(
                 "runtime_dir", "attention",
                 f"{path} is not writable by you (mode {mode:04o}): intloom start cannot write "

@@ -25,6 +25,7 @@ from intloom.fsutil import (
     injected_write_fault,
     privacy_fix,
     read_private,
+    shell_arg,
     write_all,
 )
 
@@ -174,7 +175,8 @@ def _read(path: Path, kind: type[_T], root: Path | None) -> _T | None:
                 f"{path} belongs to another project ({saved_root}): the project directory "
                 "was moved or copied since it was written. It was left as it is. If no "
                 "intloom host runs for this directory (intloom doctor), move the file aside "
-                f"(mv {path} {path}.moved); the next intloom start saves a new port and "
+                f"(mv {shell_arg(path)} {shell_arg(f'{path}.moved')}); the next intloom "
+                "start saves a new port and "
                 "token and restores the Runs.",
             )
         raise _invalid(path, f"belongs to another project ({saved_root})")

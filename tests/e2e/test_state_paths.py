@@ -281,3 +281,56 @@ def test_init_through_a_link_to_a_directory_that_is_not_utf8_writes_nothing(
     assert init.json["error"]["code"] == "CLI_INIT_TARGET_INVALID", init.json
     assert "bad\\xffname is not valid UTF-8" in init.json["error"]["message"]
     assert os.listdir(bad) == []
+
+
+def _pasted(message: str, pattern: str, cwd: Path) -> None:
+    """Run the command ``message`` gives (matched by ``pattern``) as a person pastes it."""
+    import re
+
+    found = re.search(pattern, message)
+    assert found, message
+    done = subprocess.run(["sh", "-c", found.group(1)], cwd=cwd, capture_output=True,
+                          text=True, timeout=30)
+    assert done.returncode == 0, (found.group(1), done.stderr)
+
+
+def test_the_fixes_messages_give_paste_into_a_shell_for_a_path_with_spaces(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "my prøject é"  # a space and non-ASCII letters, as people name them
+    shutil.copytree(FIXTURES / "projects" / "basic", root)
+    project = Project(root=root)
+    try:
+        ok(project.cli("start", "--json"))
+        ok(project.cli("stop", "--json"))
+        connection = project.state / "connection.json"
+
+        connection.chmod(0o644)
+        refused = project.cli("status", "--json")
+        assert refused.code == 1, refused.stdout
+        _pasted(refused.json["error"]["message"], r"Run (chmod .+?), then try again", tmp_path)
+        assert connection.stat().st_mode & 0o777 == 0o600
+        assert project.cli("status", "--json").code == 0
+
+        real = tmp_path / "elsewhere"
+        project.state.rename(real)
+        project.state.symlink_to(real)
+        doctor = project.cli("doctor", "--json")
+        [check] = [c for c in doctor.json["checks"] if c["id"] == "runtime_dir"]
+        _pasted(check["next"], r"\((mv .+?)\)", tmp_path)
+        assert (root / ".intloom.bad").is_symlink() and not project.state.exists()
+        (root / ".intloom.bad").unlink()
+        real.rename(project.state)
+
+        saved = json.loads(connection.read_text())
+        connection.write_text(json.dumps({**saved, "projectRoot": str(tmp_path / "old")}))
+        connection.chmod(0o600)
+        moved = project.cli("start", "--json")
+        assert moved.code == 1, moved.stdout
+        _pasted(moved.json["error"]["message"], r"\((mv .+?)\)", tmp_path)
+        assert (project.state / "connection.json.moved").is_file()
+        ok(project.cli("start", "--json"))
+        ok(project.cli("stop", "--json"))
+    finally:
+        project.track_host()
+        project.reap()
