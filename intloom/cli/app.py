@@ -7,6 +7,8 @@ written by the one renderer and turned into an exit code by the one mapping.
 
 from __future__ import annotations
 
+import codecs
+import io
 import os
 import shlex
 import sys
@@ -206,10 +208,26 @@ def _reader_gone() -> int:
     return exit_codes.OK
 
 
+def _encodable_stdout(json_mode: bool) -> None:
+    """A stdout whose encoding cannot hold all text (a latin-1 or ASCII locale, or
+    PYTHONIOENCODING) failed every command that printed a path, an intent or a "·" as an
+    internal error. JSON is UTF-8 by definition; text gets what the stream cannot encode
+    escaped (``\xe9``), as Python does on stderr."""
+    stream = sys.stdout
+    if not isinstance(stream, io.TextIOWrapper):
+        return
+    if json_mode:
+        if codecs.lookup(stream.encoding).name != "utf-8":
+            stream.reconfigure(encoding="utf-8")
+    elif stream.errors == "strict":
+        stream.reconfigure(errors="backslashreplace")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code (see ``intloom.cli.exit_codes``)."""
     args = list(sys.argv[1:] if argv is None else argv)
     state = CliState(json_mode=_json_requested(args))
+    _encodable_stdout(state.json_mode)
     state.debug = "--debug" in args
     name = _command_name(args)
     try:

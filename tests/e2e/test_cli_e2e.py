@@ -10,6 +10,7 @@ import json
 import os
 import re
 import select
+import shutil
 import signal
 import stat
 import subprocess
@@ -306,6 +307,33 @@ def test_reading_a_closed_stdin_is_named_not_an_internal_error(
     assert proc.stderr.startswith(f"Failure \u00b7 {code}: {what} "), proc.stderr
     assert "stdin is closed" in proc.stderr and "Traceback" not in proc.stderr
     assert not project.state.exists()  # refused before anything was sent
+
+
+def test_a_stdout_that_cannot_encode_the_text_gets_it_escaped_and_json_as_utf8(
+    tmp_path: Path,
+) -> None:
+    # A terminal in a non-UTF-8 locale (latin-1, ASCII): the project path, an intent or the
+    # "·" separator cannot be encoded there, which must not become an internal error.
+    root = tmp_path / "projét"
+    shutil.copytree(REPO / "fixtures" / "projects" / "basic", root)
+    env = {**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(REPO), "PYTHONIOENCODING": "ascii"}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run([sys.executable, "-m", "intloom", "--project", str(root), *args],
+                              capture_output=True, timeout=60, env=env)
+
+    text = cli("status")
+    assert text.returncode == 0, (text.stdout, text.stderr)
+    assert text.stdout.decode("ascii").startswith("The service is offline."), text.stdout
+    for args in (["doctor"], ["logs"]):  # the path and the separators in their text
+        done = cli(*args)
+        assert b"CLI_INTERNAL_ERROR" not in done.stdout + done.stderr, (args, done.stderr)
+    doc = cli("status", "--json")
+    assert doc.returncode == 0, (doc.stdout, doc.stderr)
+    assert json.loads(doc.stdout.decode("utf-8"))["projectRoot"] == str(root)  # JSON is UTF-8
+    refused = cli("flow", "example", "--intent", "x")
+    assert refused.returncode == 1 and b"CLI_SERVICE_OFFLINE" in refused.stderr, refused.stderr
+    assert not (root / ".intloom").exists()
 
 
 @pytest.mark.parametrize("args", [["--help"], ["runs", "--help"], ["attach", "-h"]])
