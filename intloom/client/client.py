@@ -379,6 +379,9 @@ class Client:
             return self._outwaited(request, what)
         cause = ("the host did not reply in time" if timed_out else
                  "the connection closed: the host may have stopped or crashed")
+        # A FrameClosed's own words repeat the cause; only where it closed adds a fact.
+        fact = fact.removeprefix(str(FrameClosed(clean=True))).strip()
+        detail = f" ({fact})" if fact else ""
         run_id = getattr(request, "run_id", None)
         if run_id:
             what = f"{what} (Run {run_id})"
@@ -389,7 +392,7 @@ class Client:
             then = " before retrying"
         return IntloomError(
             "PROJECT_REQUEST_FAILED",
-            f"No reply came for {what}: {cause} ({fact}). It was not replayed, since the host "
+            f"No reply came for {what}: {cause}{detail}. It was not replayed, since the host "
             f"may have acted on it. Run intloom status{then}.",
         )
 

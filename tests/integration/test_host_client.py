@@ -123,6 +123,7 @@ def test_reply_lost_mid_request_is_request_failed_and_never_resent(
     assert message.startswith("No reply came for the cancel (Run RUN-1): the connection "
                               "closed: the host may have stopped or crashed"), message
     assert "Run intloom status" in message and "intloom attach RUN-1" in message
+    assert message.count("closed") == 1, message  # the fact once, not again in brackets
     requests = [r for r in host.received if isinstance(r, dict)]
     assert requests == [{"op": "cancel", "runId": "RUN-1"}]
 
