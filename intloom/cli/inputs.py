@@ -66,9 +66,10 @@ def _read_stdin(code: str, what: str) -> bytes:
 def _read_bytes(source: str, code: str, what: str) -> bytes:
     if source == "-":
         data = _read_stdin(code, what)
-        name = "stdin"
+        # "intent file" names a path; what stdin held is the intent itself.
+        subject = f"The {what.removesuffix(' file')} read from stdin (-)"
     else:
-        name = source
+        subject = f"The {what} {source}"
         try:
             with open(source, "rb") as fh:
                 data = fh.read(MAX_INPUT + 1)
@@ -78,8 +79,8 @@ def _read_bytes(source: str, code: str, what: str) -> bytes:
             ) from None
     if len(data) > MAX_INPUT:
         raise IntloomError(
-            code, f"The {what} from {name} is larger than the {MAX_INPUT:,}-byte limit; nothing "
-            f"was sent. {_TOO_LARGE[what]}")
+            code, f"{subject} is larger than the {MAX_INPUT:,}-byte limit; nothing was sent. "
+            f"{_TOO_LARGE[what]}")
     return data
 
 
@@ -107,6 +108,13 @@ def read_intent(intent: str | None, intent_file: str | None, *, prompt: bool) ->
                 "CLI_INTENT_FILE_INVALID",
                 f"The intent file {intent_file} is not UTF-8 text. Save it as UTF-8.",
             ) from None
+        if not text.strip():
+            fact, fix = ((f"The intent file {intent_file} is empty or blank", "Write what the "
+                          "Run is for in it") if intent_file != "-" else
+                         ("The intent read from stdin (-) is empty or blank",
+                          "Pipe in what the Run is for"))
+            raise IntloomError("INVALID_REQUEST",
+                               f"{fact}; nothing was sent. {fix}, or pass --intent TEXT.")
     elif intent is not None:
         text = intent
     elif prompt:

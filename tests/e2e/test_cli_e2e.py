@@ -290,6 +290,24 @@ def test_piped_and_no_color_output_has_no_escapes(project: Project) -> None:
     assert plain.code == 0 and plain.stdout.startswith("The service is offline.")
 
 
+def test_intent_file_errors_name_the_file_as_given(project: Project) -> None:
+    large, blank = project.root / "big notes.txt", project.root / "empty.txt"
+    large.write_bytes(b"x" * (2 << 20))
+    blank.write_bytes(b"\n  \n")
+    big = project.cli("flow", "example", "--intent-file", str(large))
+    assert big.code == 1, big.stderr
+    assert big.stderr.startswith(f"Failure \u00b7 CLI_INTENT_FILE_INVALID: The intent file {large} "
+                                 "is larger than the 1,048,576-byte limit"), big.stderr
+    piped = project.cli("flow", "example", "--intent-file", "-", input="x" * (2 << 20))
+    assert "The intent read from stdin (-) is larger than" in piped.stderr, piped.stderr
+    empty = project.cli("flow", "example", "--intent-file", str(blank))
+    assert empty.code == 1, empty.stderr
+    # The fact is about the file: "The intent is blank" sent people looking at --intent.
+    assert empty.stderr.startswith(f"Failure \u00b7 INVALID_REQUEST: The intent file {blank} "
+                                   "is empty or blank"), empty.stderr
+    assert not project.state.exists()
+
+
 @pytest.mark.parametrize(("args", "code", "what"), [
     (["flow", "example", "--intent-file", "-"], "CLI_INTENT_FILE_INVALID", "The intent"),
     (["answer", "RUN-x", "ASK-y", "-"], "INVALID_REQUEST", "The answer"),
