@@ -63,6 +63,28 @@ def test_journals_are_never_read_through_a_linked_state_directory(project: Proje
     assert snapshot_files(real) == before
 
 
+@pytest.mark.parametrize("linked", [".intloom", ".intloom/logs"])
+def test_logs_are_never_read_through_a_linked_state_or_logs_directory(
+    project: Project, linked: str
+) -> None:
+    ok(project.cli("start", "--json"))
+    ok(project.cli("stop", "--json"))
+    path = project.root / linked
+    real = project.root / "elsewhere"
+    path.rename(real)
+    path.symlink_to(real)
+    before = snapshot_files(real)
+    for args in (["logs"], ["logs", "--all", "--json"], ["logs", "--follow"]):
+        refused = project.cli(*args, timeout=30)
+        assert refused.code == 1, (args, refused.stdout, refused.stderr)
+        shown = refused.json["error"]["message"] if "--json" in args else refused.stderr
+        assert "CLI_SERVICE_METADATA_INVALID" in refused.stdout + refused.stderr, shown
+        assert f"{path} is a symbolic link" in shown, shown
+        assert "log_opened" not in refused.stdout, refused.stdout  # nothing read through it
+    assert snapshot_files(real) == before
+    assert path.is_symlink()
+
+
 def test_start_lists_a_damaged_snapshot_it_read_past(project: Project) -> None:
     ok(project.cli("start", "--json"))
     run = ok(project.cli("flow", "example", "--intent", "i", "--json"))["run"]

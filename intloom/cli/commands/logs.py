@@ -21,6 +21,7 @@ import typer
 from intloom.cli.logtail import LogTail, log_files
 from intloom.cli.options import CliState, command
 from intloom.cli.render import Renderer, log_line
+from intloom.errors import IntloomError
 
 __all__ = ["logs"]
 
@@ -138,6 +139,29 @@ def _hosts_log(root: Path, logs_dir: Path) -> Path | None:
     return logs_dir / name if name is not None else None
 
 
+def _refuse_links(*directories: Path) -> None:
+    """Readers of .intloom never follow a link (DESIGN section 2), as every other command
+    refuses: a linked .intloom or logs/ is named with its fix, and nothing is read there."""
+    import os
+
+    from intloom.fsutil import PrivacyError, dir_problem, privacy_fix
+
+    for directory in directories:
+        try:
+            st = os.lstat(directory)
+        except FileNotFoundError:
+            return  # no logs yet: said below, and --follow waits for them
+        # Modes are not judged here (status does not either): doctor reports them.
+        problem = dir_problem(st, private=False)
+        if problem is not None:
+            # The words of every other command's refusal (host.metadata.privacy_invalid).
+            fix = privacy_fix(PrivacyError(directory, problem))
+            raise IntloomError(
+                "CLI_SERVICE_METADATA_INVALID",
+                f"{directory} {problem}. It was left as it is. {fix}.",
+            )
+
+
 @command
 def logs(
     state: CliState,
@@ -156,7 +180,9 @@ def logs(
     from intloom.project import ProjectPaths
 
     root = state.root()
-    logs_dir = ProjectPaths(root).logs
+    paths = ProjectPaths(root)
+    logs_dir = paths.logs
+    _refuse_links(paths.state, logs_dir)
     renderer = state.renderer
     emit, printed = _printer(renderer, run_id)
     tail = LogTail(logs_dir, emit, all_files=all_files, on_skipped=_skipped(renderer, root),
