@@ -85,6 +85,28 @@ def test_logs_are_never_read_through_a_linked_state_or_logs_directory(
     assert path.is_symlink()
 
 
+@pytest.mark.parametrize("loose", [".intloom", ".intloom/logs", ".intloom/runtime"])
+def test_status_does_not_send_to_a_start_that_refuses_a_loose_state_directory(
+    project: Project, loose: str
+) -> None:
+    ok(project.cli("start", "--json"))
+    ok(project.cli("stop", "--json"))
+    path = project.root / loose
+    path.chmod(0o755)
+    refused = project.cli("start")
+    assert refused.code == 1, refused.stdout
+    status = project.cli("status")
+    assert status.code == 0, status.stderr  # offline is still a diagnosis
+    # "Run intloom start" alone sent people to the refusal above: status says why first.
+    assert f"{path} has mode 0755" in status.stdout, status.stdout
+    assert f"Run chmod 700 {path}" in status.stdout, status.stdout
+    assert ok(project.cli("status", "--json"))["status"] == "offline"  # the document as is
+    path.chmod(0o700)
+    assert "mode" not in project.cli("status").stdout
+    ok(project.cli("start", "--json"))
+    ok(project.cli("stop", "--json"))
+
+
 def test_start_lists_a_damaged_snapshot_it_read_past(project: Project) -> None:
     ok(project.cli("start", "--json"))
     run = ok(project.cli("flow", "example", "--intent", "i", "--json"))["run"]

@@ -6,6 +6,7 @@ All three go through ``intloom.diagnostics``; none of them starts a host or crea
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -41,7 +42,9 @@ def status(state: CliState) -> None:
     service = getattr(diagnosis, "service", None)
     if data.get("status") != "running" or service is None:
         doc = {key: data.get(key) for key in _DIAGNOSIS_KEYS}
-        state.renderer.result(doc, lambda: diagnosis_lines(data))
+        refusal = _start_refuses(root) if data.get("status") == "offline" else None
+        state.renderer.result(
+            doc, lambda: diagnosis_lines(data) + ([refusal] if refusal else []))
         return
     from intloom.client.drift import against_host
 
@@ -51,6 +54,26 @@ def status(state: CliState) -> None:
     changed = plain(found[1]) if found is not None else []
     state.renderer.result({"service": service, "changedSinceStart": changed},
                           lambda: diagnosis_lines(data) + changed_lines(changed))
+
+
+def _start_refuses(root: Path) -> str | None:
+    """Why the ``intloom start`` an offline diagnosis suggests would refuse the project's
+    state directories as they are (group/other bits), with the fix; None when it would not.
+    The diagnosis leaves modes to doctor's runtime_dir check, but "Run intloom start" alone
+    sent people straight into that refusal."""
+    from intloom.fsutil import PrivacyError, check_private_dir, privacy_fix
+    from intloom.project import ProjectPaths
+
+    paths = ProjectPaths(root)
+    for directory in (paths.state, paths.runtime, paths.logs):
+        try:
+            check_private_dir(directory)
+        except PrivacyError as exc:
+            if exc.fact == "does not exist":
+                continue
+            return (f"But intloom start refuses the project as it is: {exc.path} {exc.fact}. "
+                    f"{privacy_fix(exc)}.")
+    return None
 
 
 @command
