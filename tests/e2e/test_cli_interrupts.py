@@ -191,3 +191,45 @@ def test_ctrl_c_while_the_cli_imports_exits_130_without_a_traceback(
     assert proc.returncode == exit_codes.INTERRUPTED, (proc.stdout, proc.stderr)
     assert proc.stdout == ""  # nothing on stdout, not even with --json (docs/cli.md)
     assert "Traceback" not in proc.stderr and "KeyboardInterrupt" not in proc.stderr, proc.stderr
+
+
+def test_ctrl_c_while_flow_waits_says_the_run_goes_on(proj: Project) -> None:
+    ok(proj.cli("start", "--json"))
+    gates = proj.root / "gates"
+    gates.mkdir()
+    hold = gates / "step:fetch.hold"
+    hold.write_text("held")
+    port = host_port(proj)
+    with cli_child(proj, "flow", "reference", "--intent", "wait here") as proc:
+        eventually((gates / "step:fetch.entered").exists, timeout=15, what="the Step held")
+        eventually(lambda: connected(proc, port), timeout=20, what="flow to wait")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=20)
+    assert proc.returncode == exit_codes.INTERRUPTED, (out, err)
+    assert out == ""
+    # Silence left people guessing whether the Run was lost with the command.
+    assert "goes on in the host" in err and "intloom runs" in err, err
+    [run] = ok(proj.cli("runs", "--json"))["runs"]
+    assert run["status"] == "running"
+    hold.unlink()
+
+
+def test_ctrl_c_while_answer_waits_names_the_run_to_attach(proj: Project) -> None:
+    ok(proj.cli("start", "--json"))
+    run = ok(proj.cli("flow", "reference", "--intent", "x", "--json"))["run"]
+    assert run["status"] == "waiting", run
+    gates = proj.root / "gates"
+    gates.mkdir()
+    hold = gates / "step:fetch.hold"
+    hold.write_text("held")
+    port = host_port(proj)
+    run_id, action = run["runId"], run["pendingAction"]["id"]
+    with cli_child(proj, "answer", run_id, action, '{"isConfirmed": false}') as proc:
+        eventually((gates / "step:fetch.entered").exists, timeout=15, what="the Step held")
+        eventually(lambda: connected(proc, port), timeout=20, what="answer to wait")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=20)
+    assert proc.returncode == exit_codes.INTERRUPTED, (out, err)
+    assert out == ""
+    assert f"intloom attach {run_id}" in err, err
+    hold.unlink()

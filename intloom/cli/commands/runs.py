@@ -66,13 +66,21 @@ def flow(
     Exit 0 when it waits or completes, 1 when it fails.
     """
     text = read_intent(intent, intent_file, prompt=interactive(state.json_mode))
-    with state.client(waits=not detach) as client, state.renderer.spinner(f"Running {workflow}..."):
-        try:
-            run = client.create_run(workflow, text, wait=not detach)
-        except IntloomError as exc:
-            if exc.code != "NOT_FOUND":
-                raise
-            raise _not_loaded(state, client, exc) from None
+    try:
+        with (state.client(waits=not detach) as client,
+              state.renderer.spinner(f"Running {workflow}...")):
+            try:
+                run = client.create_run(workflow, text, wait=not detach)
+            except IntloomError as exc:
+                if exc.code != "NOT_FOUND":
+                    raise
+                raise _not_loaded(state, client, exc) from None
+    except KeyboardInterrupt:
+        # Ctrl-C ends the wait, not the Run; the id is not known before the reply.
+        state.renderer.note(
+            "Stopped waiting (Ctrl-C). A Run this command created goes on in the host: "
+            "intloom runs lists it, and intloom attach RUN follows it.")
+        raise
     return finish_run(state, run)
 
 
@@ -178,8 +186,15 @@ def answer(
     Exit 0 unless the Run then fails.
     """
     value = read_answer(answer_json)
-    with state.client(waits=True) as client, state.renderer.spinner("Delivering the answer..."):
-        run = client.answer(run_id, action_id, value)
+    try:
+        with (state.client(waits=True) as client,
+              state.renderer.spinner("Delivering the answer...")):
+            run = client.answer(run_id, action_id, value)
+    except KeyboardInterrupt:
+        state.renderer.note(
+            f"Stopped waiting (Ctrl-C). If the host took the answer, the Run goes on with it: "
+            f"intloom attach {run_id} shows where it is.")
+        raise
     return finish_run(state, run)
 
 
