@@ -488,6 +488,31 @@ def test_logs_follow_survives_a_new_host_log_and_stops_on_sigterm(project: Proje
                 proc.wait(timeout=10)
 
 
+def test_logs_follow_of_a_project_removed_under_it_ends_with_a_known_error(
+    project: Project,
+) -> None:
+    logs = project.state / "logs"
+    project.state.mkdir(mode=0o700)
+    _write_log(logs, "LOG-20260101T000000000Z.jsonl", {"time": "T1", "event": "first"})
+    env = {**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(REPO)}
+    with subprocess.Popen(
+        [sys.executable, "-m", "intloom", "--project", str(project.root), "logs", "--follow"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+    ) as proc:
+        try:
+            assert "first" in _Lines(proc).next()
+            shutil.rmtree(project.root)
+            assert proc.wait(timeout=20) == 1
+            assert proc.stderr is not None
+            err = proc.stderr.read().decode()
+            assert err.startswith("Failure \u00b7 CLI_PROJECT_INVALID: "), err
+            assert str(project.root) in err and "removed" in err, err
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+
+
 # ----- a Run's life against a real host ------------------------------------------------------
 
 

@@ -109,22 +109,36 @@ def _follow(tail: LogTail, root: Path, logs_dir: Path) -> None:
         while not stop.is_set():
             target, recursive = _watch_target(root, logs_dir)
             moved = False
-            for _changes in watchfiles.watch(
-                target,
-                recursive=recursive,
-                stop_event=stop,
-                # Ctrl-C inside the watcher raises, as anywhere else, and ``logs`` ends on it
-                # quietly; not raising makes watchfiles log a warning line to stderr instead.
-                raise_interrupt=True,
-                rust_timeout=_RESCAN_MS,
-                yield_on_timeout=True,
-                debounce=50,
-                step=25,
-            ):
-                tail.pump()
-                if _watch_target(root, logs_dir) != (target, recursive):
-                    moved = True
-                    break
+            try:
+                for _changes in watchfiles.watch(
+                    target,
+                    recursive=recursive,
+                    stop_event=stop,
+                    # Ctrl-C inside the watcher raises, as anywhere else, and ``logs`` ends on
+                    # it quietly; not raising makes watchfiles log a warning line to stderr.
+                    raise_interrupt=True,
+                    rust_timeout=_RESCAN_MS,
+                    yield_on_timeout=True,
+                    debounce=50,
+                    step=25,
+                ):
+                    tail.pump()
+                    if _watch_target(root, logs_dir) != (target, recursive):
+                        moved = True
+                        break
+            except FileNotFoundError:
+                # The directory went between choosing it and watching it: choose again,
+                # unless the project itself is gone, where no log can appear any more.
+                if not root.is_dir():
+                    raise IntloomError(
+                        "CLI_PROJECT_INVALID",
+                        f"The project directory {root} was removed while intloom logs "
+                        "--follow watched it; no log can appear there any more. Run intloom "
+                        "logs again once the project is back.",
+                    ) from None
+                if target.is_dir():
+                    raise  # not that race: a failure of the watch itself
+                continue
             if not moved:
                 return  # stopped by SIGTERM
     finally:
