@@ -20,7 +20,8 @@ import sys
 import tempfile
 import textwrap
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import CodeType, FrameType, ModuleType
@@ -360,10 +361,61 @@ def load_workflows_offline(root: Path, config: Config) -> LoadResult:
     saved = sys.dont_write_bytecode
     sys.dont_write_bytecode = True
     try:
-        with _their_output(), _in_directory(root), _stdin_at_end():
-            return load_workflows(root, config)
+        # The notice writes to stderr as it was before _their_output takes it over.
+        with _slow_import_notice() as progress, _their_output(), _in_directory(root), \
+                _stdin_at_end():
+            return load_workflows(root, config, progress=progress)
     finally:
         sys.dont_write_bytecode = saved
+
+
+# A source still importing after this many seconds is named on stderr. Test hook: the
+# environment variable below, in seconds.
+_SLOW_IMPORT_S: Final = 10.0
+IMPORT_NOTICE_ENV: Final = "INTLOOM_TEST_IMPORT_NOTICE"
+
+
+@contextlib.contextmanager
+def _slow_import_notice() -> Iterator[Callable[[str | None], None]]:
+    """A module that waits or loops when imported (a network call, a lock, a prompt on
+    another stream) kept doctor and inspect silent forever: a watcher names the source
+    they are stuck in, once, and how to stop. Yields ``progress(rel)``: the source being
+    imported now, None between sources."""
+    after = float(os.environ.get(IMPORT_NOTICE_ENV) or _SLOW_IMPORT_S)
+    try:
+        fd = os.dup(2)
+    except OSError:  # no stderr to tell
+        yield lambda _rel: None
+        return
+    current: list[tuple[str, float] | None] = [None]
+    done = threading.Event()
+
+    def progress(rel: str | None) -> None:
+        current[0] = None if rel is None else (rel, time.monotonic())
+
+    def watch() -> None:
+        told: tuple[str, float] | None = None
+        while not done.wait(min(after, 1.0)):
+            now = current[0]
+            if now is None or now is told or time.monotonic() - now[1] < after:
+                continue
+            told = now
+            shown = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in now[0])
+            line = (f"Still importing {shown} after {after:g} s: a Workflow source that waits "
+                    "or loops while it is imported keeps this command (and every intloom "
+                    f"start) waiting. Ctrl-C stops it; check what {shown} does when it is "
+                    "imported.\n")
+            with contextlib.suppress(OSError):
+                os.write(fd, line.encode("utf-8", "backslashreplace"))
+
+    watcher = threading.Thread(target=watch, name="intloom-import-notice", daemon=True)
+    watcher.start()
+    try:
+        yield progress
+    finally:
+        done.set()
+        watcher.join()
+        os.close(fd)
 
 
 @contextlib.contextmanager
@@ -469,8 +521,10 @@ def _their_output() -> Iterator[None]:
                     sys.stderr.flush()
 
 
-def load_workflows(root: Path, config: Config) -> LoadResult:
-    """Import every entry and register its Workflows. Problems are collected, not raised."""
+def load_workflows(root: Path, config: Config, *,
+                   progress: Callable[[str | None], None] | None = None) -> LoadResult:
+    """Import every entry and register its Workflows. Problems are collected, not raised.
+    ``progress`` is told each entry as its import begins, and None once it ended."""
     result = LoadResult()
     if str(root) not in sys.path:
         # Lets a Workflow import sibling modules of the project, as a script would.
@@ -500,6 +554,8 @@ def load_workflows(root: Path, config: Config) -> LoadResult:
                 ).view()))
                 continue
             listed[key] = rel
+            if progress is not None:
+                progress(rel)
             try:
                 sources.append((rel, entry, _load_entry(root, rel, entry)))
             except IntloomError as exc:
@@ -512,6 +568,9 @@ def load_workflows(root: Path, config: Config) -> LoadResult:
                     f"{rel}: checking its Workflows raised {_failure(root, exc)}. Fix the "
                     "definition and restart the host.",
                 ).view()))
+            finally:
+                if progress is not None:
+                    progress(None)
     _register(sources, result)
     return result
 

@@ -233,3 +233,42 @@ def test_ctrl_c_while_answer_waits_names_the_run_to_attach(proj: Project) -> Non
     assert out == ""
     assert f"intloom attach {run_id}" in err, err
     hold.unlink()
+
+
+def test_doctor_stuck_importing_a_workflow_says_which_and_ctrl_c_ends_it(
+    tmp_path: Path,
+) -> None:
+    """A Workflow module that waits when imported (a network call, a lock) kept doctor
+    silent forever; it now names the source it is stuck in, on stderr."""
+    root = tmp_path / "proj"
+    (root / "workflows" / "stuck").mkdir(parents=True)
+    (root / "workflows" / "stuck" / "stuck.py").write_text(
+        "import threading\nthreading.Event().wait()\n")
+    (root / "intloom.toml").write_text('workflows = ["workflows/stuck/stuck.py"]\n')
+    project = Project(root=root)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "intloom", "--project", str(root), "doctor", "--json"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(REPO),
+                 "INTLOOM_TEST_IMPORT_NOTICE": "0.2"},
+        )
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    try:
+        assert proc.stderr is not None
+        ready, _, _ = select.select([proc.stderr], [], [], 30)
+        assert ready, "doctor said nothing while stuck"
+        line = proc.stderr.readline()
+        assert line.startswith("Still importing workflows/stuck/stuck.py after "), line
+        assert "Ctrl-C" in line
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=20)
+        assert proc.returncode == exit_codes.INTERRUPTED, (out, err)
+        assert out == "" and "Traceback" not in err, (out, err)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=10)
+        project.reap()
