@@ -167,9 +167,12 @@ class Renderer:
                 # Too narrow for a row per line. Nothing is cut with "…" and no cell is
                 # folded mid-word ("waitin/g"): the first cell, the id people copy into the
                 # next command (RUN-…), gets a line of its own and the others follow it.
-                console.print(f"[bold]{escape(columns[0])}[/bold]", highlight=False)
+                # The header unwrapped too, like the rows: Rich's own wrap split it at any
+                # width, and folded it mid-word ("WOR" / "KFLOW") on very narrow terminals.
+                console.print(f"[bold]{escape(columns[0])}[/bold]", highlight=False,
+                              soft_wrap=True)
                 console.print(f"  [bold]{escape(' · '.join(columns[1:]))}[/bold]",
-                              highlight=False)
+                              highlight=False, soft_wrap=True)
                 for row in rows:
                     console.print(escape(row[0]), highlight=False, soft_wrap=True)
                     console.print("  " + escape(" · ".join(row[1:])), highlight=False,

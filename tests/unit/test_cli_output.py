@@ -236,6 +236,25 @@ def test_a_terminal_table_never_cuts_or_folds_a_cell(monkeypatch: pytest.MonkeyP
     assert all(cell in wide[2] for cell in rows[1])
 
 
+@pytest.mark.parametrize("width", [20, 5])
+def test_a_very_narrow_terminal_folds_no_header_either(
+    monkeypatch: pytest.MonkeyPatch, width: int
+) -> None:
+    """COLUMNS=20 split the header as "WORKFLOW · STATUS " / "· CURSOR · UPDATED", and a
+    few columns less folded it mid-word ("WOR" / "KFLOW"): the rows never were."""
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    out = _Tty()
+    monkeypatch.setattr("sys.stdout", out)
+    monkeypatch.setenv("COLUMNS", str(width))
+    run_id = "RUN-20261130T153947918Z-jD4bXnc9sfH8bFJBxyzAbCdEf"
+    at = "2026-11-30T15:39:47.933Z"
+    Renderer().table(["RUN", "WORKFLOW", "STATUS", "CURSOR", "UPDATED"],
+                     [[run_id, "example", "waiting", "draft/review", at]])
+    lines = re.sub(r"\x1b\[[0-9;]*m", "", out.getvalue()).splitlines()
+    assert lines == ["RUN", "  WORKFLOW · STATUS · CURSOR · UPDATED",
+                     run_id, f"  example · waiting · draft/review · {at}"]
+
+
 HOSTILE = ("ünïcødé 💥 \x00 nul \n newline \x1b[31mred\x1b[0m \r\t \x7f \x9b \u202e rtl "
            "\u2028 \udcff")
 ESCAPED = ("ünïcødé 💥 \\x00 nul \\n newline \\x1b[31mred\\x1b[0m \\r\\t \\x7f \\x9b \\u202e rtl "
