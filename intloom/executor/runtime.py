@@ -346,7 +346,19 @@ def _not_current(slot: RunSlot, action_id: str) -> str:
         return (f"{fact}; it was interrupted (RUN_INTERRUPTED: "
                 f"{clip(error.message, _QUOTED_REASON)}) and takes no answer. Start a new "
                 f"Run for this work; {then}.")
-    return f"{fact}; it is {view.status} with no question or confirmation pending."
+    # The answer that lost a race (to a cancel, another answer, the Run moving on) is told
+    # what won, and that nothing of it was kept.
+    if view.status == "completed":
+        return (f"{fact}; it has completed and takes no answer; nothing was recorded "
+                f"(intloom attach {slot.run_id} shows its history).")
+    if view.status == "failed":
+        why = ("was stopped (RUN_STOPPED, by intloom cancel)" if error is not None
+               and error.code == "RUN_STOPPED" else
+               f"has failed ({error.code if error is not None else 'no error recorded'})")
+        return (f"{fact}; it {why} and takes no answer; nothing was recorded "
+                f"(intloom attach {slot.run_id} shows how it ended).")
+    return (f"{fact}; it is {view.status} with no question or confirmation pending; nothing "
+            f"was recorded. intloom attach {slot.run_id} follows it to its next question.")
 
 
 def _not_current_task(slot: RunSlot, view: RunView, call_id: str) -> str:

@@ -21,7 +21,15 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import REPO, CliResult, Project, eventually, snapshot_files
+from tests.helpers import (
+    REPO,
+    CliResult,
+    Project,
+    eventually,
+    ok,
+    snapshot_files,
+    started_waiting,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -592,6 +600,23 @@ def test_run_lifecycle_through_the_cli(project: Project) -> None:
     assert project.cli("stop").stdout.startswith("The service is not running; no stop is needed.")
     # inspect works offline
     assert project.cli("inspect", run_id).code == 0
+
+
+def test_an_answer_that_lost_a_race_to_cancel_or_another_answer_says_what_won(
+    project: Project,
+) -> None:
+    run_id, action = started_waiting(project)
+    ok(project.cli("cancel", run_id, "--json"))
+    late = project.cli("answer", run_id, action, '{"isConfirmed": true}')
+    assert late.code == 1, late.stdout
+    # "it is failed with no question or confirmation pending" did not say it was cancelled.
+    assert "CONFLICT" in late.stderr and "was stopped (RUN_STOPPED" in late.stderr, late.stderr
+    assert "nothing was recorded" in late.stderr, late.stderr
+    done = ok(project.cli("flow", "example", "--intent", "again", "--json"))["run"]
+    answer = ["answer", done["runId"], done["pendingAction"]["id"], '{"isConfirmed": true}']
+    assert ok(project.cli(*answer, "--json"))["run"]["status"] == "completed"
+    again = project.cli(*answer)
+    assert again.code == 1 and "has completed" in again.stderr, again.stderr
 
 
 def test_crash_diagnose_recover_and_restore_through_the_cli(project: Project) -> None:
