@@ -92,8 +92,25 @@ def os_lock(path: Path) -> tuple[OsLock, str]:
 
 def shell_arg(path: Path | str) -> str:
     """``path`` as a shell word, for a command a message tells a person to run: a project
-    path with a space or an accent must paste into a shell as the one path it is."""
-    return shlex.quote(str(path))
+    path with a space or an accent must paste into a shell as the one path it is. A path
+    with a character no terminal line shows (a newline, an escape) is written in ANSI-C
+    quotes (``$'two\\nlines'``: bash, zsh, ksh), whose escapes the output keeps as they
+    are, where plain quotes would have been shown with escapes the shell does not read."""
+    text = str(path)
+    if all(char.isprintable() for char in text):
+        return shlex.quote(text)
+    return "$'" + "".join(_ansi_c(char) for char in text) + "'"
+
+
+def _ansi_c(char: str) -> str:
+    if char in "\\'":
+        return "\\" + char
+    if char.isprintable():
+        return char
+    code = ord(char)
+    if code < 0x80 or 0xDC80 <= code <= 0xDCFF:  # a byte (surrogateescape): \xNN
+        return f"\\x{code & 0xFF:02x}"
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
 
 
 def privacy_fix(error: PrivacyError) -> str:

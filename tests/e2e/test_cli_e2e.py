@@ -75,6 +75,18 @@ def test_init_text_names_the_next_two_commands(tmp_path: Path) -> None:
     assert "cd " not in result.stdout  # already there
 
 
+@pytest.mark.parametrize("name", ["my prøject é", "it's $HOME", "two\nlines\tand\x1bESC"])
+def test_init_prints_a_cd_that_pastes_into_a_shell(tmp_path: Path, name: str) -> None:
+    result = run_cli("init", name, cwd=tmp_path)
+    assert result.code == 0, result.stderr
+    [cd] = [line.strip() for line in result.stdout.splitlines() if line.strip().startswith("cd ")]
+    assert "\n" not in cd and "\x1b" not in cd  # one line, nothing a terminal would obey
+    shell = subprocess.run(["bash", "-c", f"{cd} && pwd"], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=30)
+    assert shell.returncode == 0, (cd, shell.stderr)
+    assert shell.stdout.rstrip("\n") == str(tmp_path / name), (cd, shell.stdout)
+
+
 def test_init_refuses_a_non_empty_directory_and_touches_nothing(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("mine")
     before = snapshot_files(tmp_path)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shlex
 from pathlib import Path
 from typing import Annotated
 
@@ -11,6 +10,7 @@ import typer
 
 from intloom.cli.inputs import UsageError
 from intloom.cli.options import CliState, command, working_directory
+from intloom.fsutil import shell_arg
 
 __all__ = ["init"]
 
@@ -48,7 +48,7 @@ def init(
         except OSError:  # removed since: the project was still made, elsewhere
             here = None
         if root != here:
-            lines.append(f"  cd {shlex.quote(str(root))}")
+            lines.append(f"  cd {shell_arg(root)}")
         lines.append("  intloom start")
         lines.append('  intloom flow example --intent "Write release notes for 1.0"')
         return lines
