@@ -145,8 +145,36 @@ def _runtime_dir_check(paths: ProjectPaths) -> Check:
         # refuse for every Run.
         return Check("runtime_dir", "attention", f"{loose.path} {loose.fact}.",
                      f"{privacy_fix(loose)}. {KEEP_IT}")
+    loose = _loose_log(paths.logs)
+    if loose is not None:
+        # No start reads an old log again: only doctor can say that others may read it.
+        if loose.fact.startswith("has mode"):
+            shown = loose.fact.split()[2].rstrip(";")
+            fact = (f"has mode {shown}: others may read what the Runs did (a host log is 0600, "
+                    "0400 once sealed)")
+            fix = f"Run chmod go= {shell_arg(loose.path)} (it keeps your own bits)"
+        else:
+            fact, fix = loose.fact, privacy_fix(loose)
+        return Check("runtime_dir", "attention", f"{loose.path} {fact}.", f"{fix}. {KEEP_IT}")
     return Check("runtime_dir", "ok", ".intloom/, .intloom/runtime/ (with its wal/ and snap/) "
                  "and .intloom/logs/ are private directories (0700) of yours.", None)
+
+
+def _loose_log(logs: Path) -> PrivacyError | None:
+    """The first host log (``LOG-*.jsonl``, a regular file) others may read, or that is not
+    ours, if any. An entry of another kind is named by ``intloom logs``, which skips it."""
+    try:
+        entries = sorted(os.scandir(logs), key=lambda e: e.name)
+    except OSError:
+        return None  # no logs/ yet, or none to read: nothing others can read either
+    for entry in entries:
+        if not (entry.name.startswith("LOG-") and entry.name.endswith(".jsonl")):
+            continue
+        st = entry.stat(follow_symlinks=False)
+        problem = file_problem(st) if stat.S_ISREG(st.st_mode) else None
+        if problem is not None:
+            return PrivacyError(Path(entry.path), problem)
+    return None
 
 
 def _loose_segment(wal: Path) -> PrivacyError | None:

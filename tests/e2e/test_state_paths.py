@@ -107,6 +107,28 @@ def test_status_does_not_send_to_a_start_that_refuses_a_loose_state_directory(
     ok(project.cli("stop", "--json"))
 
 
+def test_doctor_flags_a_host_log_others_may_read(project: Project) -> None:
+    """A log holds what the Runs did (Step errors, reasons); DESIGN: every file is 0600. No
+    start reads an old log again, so doctor is the only one to tell."""
+    ok(project.cli("start", "--json"))
+    ok(project.cli("stop", "--json"))
+    [log] = (project.state / "logs").iterdir()
+    sealed = log.stat().st_mode & 0o777
+    log.chmod(0o644)
+    doctor = project.cli("doctor", "--json")
+    assert doctor.code == 3, doctor.stdout
+    [check] = [c for c in doctor.json["checks"] if c["id"] == "runtime_dir"]
+    assert check["status"] == "attention", check
+    assert f"{log} has mode 0644" in check["message"], check
+    assert log.stat().st_mode & 0o777 == 0o644  # reported, never "fixed"
+    _pasted(check["next"], r"Run (chmod .+?) \(", project.root)
+    assert log.stat().st_mode & 0o077 == 0
+    [check] = [c for c in project.cli("doctor", "--json").json["checks"]
+               if c["id"] == "runtime_dir"]
+    assert check["status"] == "ok", check
+    assert sealed & 0o077 == 0
+
+
 def test_start_lists_a_damaged_snapshot_it_read_past(project: Project) -> None:
     ok(project.cli("start", "--json"))
     run = ok(project.cli("flow", "example", "--intent", "i", "--json"))["run"]
