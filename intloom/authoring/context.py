@@ -20,7 +20,7 @@ from intloom.authoring.workflow import callable_name
 from intloom.errors import IntloomError
 from intloom.runtime.model import PendingAction
 
-__all__ = ["ContextHooks", "Recovery", "StepContext", "left_behind", "unawaited"]
+__all__ = ["ContextHooks", "Recovery", "StepContext", "finish", "left_behind", "unawaited"]
 
 S = TypeVar("S")
 T = TypeVar("T")
@@ -48,6 +48,9 @@ class ContextHooks(Protocol):
     def before_wait(self, kind: str) -> None:
         """Raise when this context may not wait at all (whatever the Step's kind)."""
 
+    def running(self) -> str | None:
+        """The Run's user code running now, as errors name it; None when none is."""
+
 
 class StepContext(Generic[S]):
     """The Step's view of its Run. ``state`` is the Stage State; assign a new value to change it."""
@@ -56,6 +59,10 @@ class StepContext(Generic[S]):
     # check once the Step is over. A class default, not set in __init__: a Step that makes
     # none (most) pays nothing for it, and the driver's ``is not None`` is its only cost.
     _calls: list[_Unawaited[Any]] | None = None
+    # True once the code this context was given to is over (``finish``): a context kept past
+    # it (in a global, a closure, a thread) would have its effects and waits journaled as
+    # those of whatever code of the Run runs then. A class default, as ``_calls``.
+    _over: bool = False
 
     def __init__(
         self,
@@ -164,6 +171,30 @@ class StepContext(Generic[S]):
         """The effect under ``key`` raised: a retry may reuse its key (``_key``)."""
         self._used_keys[key] = (name, True, self._used_keys[key][2])
 
+    def _stale(self, call: str, what: str, skipped: str) -> IntloomError:
+        """The refusal of ``call`` through this context once its code is over: the journal
+        would record it as the code running now (``what``: an effect, a wait), whose
+        restart facts it would then falsify."""
+        running = self._hooks.running()
+        if running is None:
+            during = "no code of the Run was running"
+            recorded = "under no running code at all"
+        elif running == self.where:
+            during = "a later execution of that Step was running"
+            recorded = "as made by that later execution"
+        else:
+            during = f"{running} was running"
+            recorded = f"as made by {running}"
+        return IntloomError(
+            "STEP_INTERACTION_INVALID",
+            f"{call} was called through the ctx given to {self.where}, which was over (it "
+            f"had returned or raised), while {during}. A ctx acts only while the code it was "
+            f"given to runs: the journal would have recorded this {what} {recorded}. Nothing "
+            f"was recorded and {skipped}. Use the ctx the running Step was given (pass it to "
+            "helpers as an argument); do not keep one in a global or a closure for a later "
+            "Step.",
+        )
+
     def effect(self, name: str, fn: Callable[..., T], *args: Any, key: str | None = None,
                **kwargs: Any) -> T:
         """Run an external call as a journaled effect (sync Steps).
@@ -171,6 +202,9 @@ class StepContext(Generic[S]):
         ``effect_started`` is durable before ``fn`` is called, so if the host dies while it
         runs, the Run is reported RUN_INTERRUPTED naming this effect; it is never re-run.
         """
+        if self._over:
+            raise self._stale(f"ctx.effect({name!r}, ...)", "effect",
+                              "the effect was not called")
         if threading.current_thread() is self._hooks.loop_thread:
             raise IntloomError(
                 "STEP_INTERACTION_INVALID",
@@ -203,6 +237,9 @@ class StepContext(Generic[S]):
         Refused at the call in a sync Step: there the coroutine would never be awaited and
         the effect would silently never run.
         """
+        if self._over:
+            raise self._stale(f"ctx.aeffect({name!r}, ...)", "effect",
+                              "the effect was not called")
         if threading.current_thread() is not self._hooks.loop_thread:
             raise IntloomError(
                 "STEP_INTERACTION_INVALID",
@@ -253,6 +290,8 @@ class StepContext(Generic[S]):
 
         Await it in an async Step: ``answer = await ctx.confirm({...})``.
         """
+        if self._over:
+            raise self._stale("ctx.confirm(...)", "wait", "nobody was asked to confirm")
         self._hooks.before_wait("confirmation")
         self._async_only("confirm", _EXAMPLES["confirm"])
         return self._track(_Unawaited(self._confirm(context), self, "confirm", context))
@@ -267,6 +306,8 @@ class StepContext(Generic[S]):
 
         Await it in an async Step: ``answers = await ctx.ask([intloom.Question(...)])``.
         """
+        if self._over:
+            raise self._stale("ctx.ask([...])", "wait", "its questions were not asked")
         self._hooks.before_wait("questions")
         self._async_only("ask", _EXAMPLES["ask"])
         _check_questions(self.where, questions)
@@ -405,6 +446,12 @@ class _Unawaited(Coroutine[Any, Any, T]):
 
     def __bool__(self) -> bool:
         raise self._misuse()
+
+
+def finish(ctx: StepContext[Any]) -> None:
+    """The code ``ctx`` was given to is over (it returned or raised): from now on its effects
+    and waits are refused (``StepContext._stale``), never journaled as another Step's."""
+    ctx._over = True
 
 
 def unawaited(ctx: StepContext[Any], returned: bool

@@ -20,7 +20,7 @@ import msgspec
 
 from intloom.authoring.agent import AgentResult
 from intloom.authoring.compat import DETERMINISTIC
-from intloom.authoring.context import ContextHooks, StepContext, left_behind, unawaited
+from intloom.authoring.context import ContextHooks, StepContext, finish, left_behind, unawaited
 from intloom.authoring.interaction import confirmation_request, json_gap, questions_request
 from intloom.authoring.loader import LoadedWorkflow
 from intloom.authoring.workflow import AgentStep, Complete, Stage, Step, ToStage
@@ -932,6 +932,11 @@ class _Refused:
     async def wait(self, kind: str, request: Any, state: Any) -> Any:
         raise self._refuse(f"wait for a {kind} answer")
 
+    def running(self) -> str | None:
+        # Never asked: an on_complete context is not finished (``finish``), since all it
+        # could act through is refused here anyway, whenever it is called.
+        return None
+
 
 # Why a wait or an effect alongside another is refused, and the fix.
 _ONE_AT_A_TIME: Final = (
@@ -1059,6 +1064,12 @@ class _Hooks:
             raise
         await self._end(name, key, True, _plain(value), None)
         return value
+
+    def running(self) -> str | None:
+        state = self.slot.state
+        if state.executing_kind is None or state.phase == "terminal":
+            return None
+        return code_at(state.cursor)
 
     def before_wait(self, kind: str) -> None:
         """A Step may wait (whether it awaits properly is the context's to check); an
@@ -1306,7 +1317,10 @@ class Driver:
         """Call ``fn(ctx, *args)`` (an initialiser, an Agent Step's function, a ``recover``);
         what it raised, or left un-awaited on ``ctx``, fails the Run naming ``where``."""
         try:
-            returned = await self.call_user(fn, ctx, *args)
+            try:
+                returned = await self.call_user(fn, ctx, *args)
+            finally:
+                finish(ctx)
         except (IntloomError, asyncio.CancelledError) as exc:
             if ctx._calls is not None:
                 await _left_behind(ctx, where, exc)
@@ -1407,9 +1421,12 @@ class Driver:
                 await rt.sync(slot)
                 return
             try:  # errors converted as _user converts them
-                if awaiting is None:
-                    awaiting = fn(ctx) if is_async else self._call_sync(fn, ctx)
-                outcome = await awaiting
+                try:
+                    if awaiting is None:
+                        awaiting = fn(ctx) if is_async else self._call_sync(fn, ctx)
+                    outcome = await awaiting
+                finally:
+                    finish(ctx)
             except (IntloomError, asyncio.CancelledError) as exc:
                 if ctx._calls is not None:
                     await _left_behind(ctx, step, exc)
@@ -1499,14 +1516,15 @@ class Driver:
             ctx = self._ctx(slot, step.name, step.stage)
             try:
                 outcome = fn(ctx)
-            except IntloomError:
-                raise
-            except asyncio.CancelledError:
+            except (IntloomError, asyncio.CancelledError):
+                finish(ctx)
                 raise
             except BaseException as exc:  # converted as _run_step converts them
+                finish(ctx)
                 raise _user_failed(step.where, _contained(exc)) from None
             if type(outcome) is not str and inspect.isawaitable(outcome):
-                return _AWAIT, (step, ctx, outcome)
+                return _AWAIT, (step, ctx, outcome)  # finished once the loop has awaited it
+            finish(ctx)
             if self._route(slot, step, self._record_outcome(slot, step, outcome, ctx)):
                 return _SYNC, None
             if not slot.owned or slot.state.phase != "step_ready":

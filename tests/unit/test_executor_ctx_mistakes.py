@@ -589,3 +589,91 @@ def test_a_restored_runs_history_is_read_on_the_hosts_own_threads(tmp_path: Path
 
     events = asyncio.run(asyncio.wait_for(second(), timeout=30))
     assert events[-2:] == ["waiting", "restored"], events
+
+
+# call -> (the call made through a ctx kept from an earlier Step, what its error says was
+# skipped); sync Steps have only ctx.effect, the others are awaited in an async Step.
+STALE: dict[str, tuple[Callable[[Any, list[str]], Any], str]] = {
+    "effect": (lambda ctx, ran: ctx.effect("charge", ran.append, "x"),
+               "ctx.effect('charge', ...) was called"),
+    "aeffect": (lambda ctx, ran: ctx.aeffect("charge", ran.append, "x"),
+                "ctx.aeffect('charge', ...) was called"),
+    "confirm": (lambda ctx, ran: ctx.confirm({"amount": 10}), "ctx.confirm(...) was called"),
+    "ask": (lambda ctx, ran: ctx.ask([intloom.Question(id="topic", question="Topic?")]),
+            "ctx.ask([...]) was called"),
+}
+
+
+@pytest.mark.parametrize("call", sorted(STALE))
+def test_a_ctx_kept_from_an_earlier_step_is_refused_and_nothing_is_journaled(
+        tmp_path: Path, no_unawaited_warning: None, call: str) -> None:
+    """Step a keeps its ctx; Step b acts through it. The effect (or wait) was journaled after
+    b's ``executing``, as b's: the journal said b ran an effect it never called, and the
+    restart table reasoned from that (a wait even saved a's State as b's)."""
+    make, named = STALE[call]
+    wf = intloom.Workflow("keeps", version="1")
+    st = wf.stage("s")
+    kept: list[Any] = []
+    ran: list[str] = []
+
+    if call == "effect":
+        @st.step("a", routes={"ok": "b"})
+        def a(ctx: Any) -> str:
+            kept.append(ctx)
+            return "ok"
+
+        @st.step("b", routes={"ok": intloom.COMPLETE})
+        def b(ctx: Any) -> str:
+            make(kept[0], ran)
+            return "ok"
+    else:
+        @st.step("a", routes={"ok": "b"})
+        async def a_async(ctx: Any) -> str:
+            kept.append(ctx)
+            return "ok"
+
+        @st.step("b", routes={"ok": intloom.COMPLETE})
+        async def b_async(ctx: Any) -> str:
+            await make(kept[0], ran)
+            return "ok"
+
+    root = tmp_path / "runtime"
+    view = _settle(root, wf)
+    assert view.status == "failed" and view.last_error is not None, view
+    assert view.last_error.code == "STEP_INTERACTION_INVALID", view.last_error
+    message = view.last_error.message
+    for fact in (f"{named} through the ctx given to Stage 's', Step 'a', which was over",
+                 "while Stage 's', Step 'b' was running",
+                 "Nothing was recorded",
+                 "Use the ctx the running Step was given"):
+        assert fact in message, (fact, message)
+    assert ran == []
+    phases = _phases(root, view.run_id)
+    for never in ("EffectStarted", "Waiting"):
+        assert never not in phases, phases
+    assert phases[-3:] == ["StepReady", "Executing", "Terminal"], phases
+
+
+def test_a_ctx_used_after_its_run_ended_is_refused_naming_no_running_step(
+        tmp_path: Path) -> None:
+    wf = intloom.Workflow("keeps", version="1")
+    st = wf.stage("s")
+    kept: list[Any] = []
+    ran: list[str] = []
+
+    @st.step("a", routes={"ok": intloom.COMPLETE})
+    def a(ctx: Any) -> str:
+        kept.append(ctx)
+        return "ok"
+
+    root = tmp_path / "runtime"
+    view = _settle(root, wf)
+    assert view.status == "completed", view
+    with pytest.raises(IntloomError) as raised:
+        kept[0].effect("late", ran.append, "x")
+    assert raised.value.code == "STEP_INTERACTION_INVALID"
+    assert ("ctx.effect('late', ...) was called through the ctx given to Stage 's', Step "
+            "'a', which was over (it had returned or raised), while no code of the Run was "
+            "running") in raised.value.message, raised.value.message
+    assert ran == []
+    assert _phases(root, view.run_id)[-1] == "Terminal"
