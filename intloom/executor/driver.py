@@ -294,8 +294,7 @@ class RunSlot:
         # pass, where one holding a dict would stay tracked in the history for a while. The
         # cursor is the record's own: a flush often holds one Step's result and the next
         # Step's start, and its events must not all show where the last one left the Run.
-        self._events.append(
-            (state.phase, record if type(record) in _FACTS else None, state.cursor))
+        self._events.append(_event_of(record, state))
 
     def view(self) -> RunView:
         st = self.shown
@@ -605,6 +604,18 @@ def _at(view: RunView, cursor: Cursor | None) -> RunView:
     return msgspec.structs.replace(view, cursor=cursor)
 
 
+def _event_of(record: Record, state: RunState) -> _Event:
+    """The event ``record`` (folded into ``state``) is published as: the phase it leaves the
+    Run at, but ``claimed`` for an Agent task's claim, whose record is a Waiting that only
+    moves the task to claimed: as another ``waiting`` it showed the Run waiting twice in a
+    row, the claim's own event right after it. (A claim's dict detail costs a tracked
+    object, once per task, not per Step.)"""
+    if type(record) is Waiting and record.agent_call is not None and (
+            record.agent_call.phase == "claimed"):
+        return "claimed", {"callId": record.agent_call.id}, state.cursor
+    return state.phase, record if type(record) in _FACTS else None, state.cursor
+
+
 def _earlier_entries(earlier: Callable[[], list[Record]]) -> list[_Entry]:
     """History entries for a restored Run's records (``earlier()``, read from its journal):
     one per record, as each would have been published (flush boundaries are not recorded),
@@ -623,8 +634,7 @@ def _earlier_entries(earlier: Callable[[], list[Record]]) -> list[_Entry]:
         except IllegalTransition:
             break  # the journal read back whole; a refusal is the restore's to report
         if type(record) is not Header:
-            entries.append((((state.phase, record if type(record) in _FACTS else None,
-                              state.cursor),), state, None))
+            entries.append(((_event_of(record, state),), state, None))
     return list(entries)
 
 

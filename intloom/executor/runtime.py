@@ -1007,8 +1007,7 @@ class Runtime:
         slot.agent.owner_token = secrets.token_urlsafe(32)
         claimed = msgspec.structs.replace(call, phase="claimed")
         self.append(slot, Waiting(at=clock.now(), agent_call=claimed, state=slot.state.stage_state))
-        await self.sync(slot)
-        slot.publish("claimed", {"callId": call_id})
+        await self.sync(slot)  # publishes the record as the ``claimed`` event (_event_of)
         return slot.agent.owner_token, claimed
 
     async def call_tool(

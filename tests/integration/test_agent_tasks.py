@@ -934,3 +934,28 @@ def _stopping_while_a_tool_runs(project: Project, agent: Client
         release.write_text("go")
         running.caller.join(timeout=30)
         stopper.join(timeout=40)
+
+
+def test_a_claim_is_one_claimed_event_not_a_second_waiting_before_it(
+        client: Client, project: Project) -> None:
+    """The claim's Waiting record (the task re-published as claimed) was published as a
+    ``waiting`` event, then the claim as ``claimed``: attach showed the Run waiting twice in
+    a row, and the host log said ``run_waiting`` twice for one task."""
+    run, call_id, _token = _claimed(client)
+    attached = project.cli("attach", run.run_id)
+    assert attached.code == 0, attached.stderr
+    events = [line.split()[1] for line in attached.stdout.splitlines()
+              if line[:4].isdigit()]  # the event lines, each opening with its time
+    assert events[-2:] == ["waiting", "claimed"], attached.stdout
+    assert events.count("waiting") == 1, attached.stdout
+
+    def logged() -> list[dict[str, Any]] | None:
+        result = project.cli("logs", run.run_id, "--json")
+        lines = [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
+        return lines if any(e.get("event") == "run_claimed" for e in lines) else None
+
+    lines = eventually(logged, what="run_claimed in the host log")
+    names = [e["event"] for e in lines]
+    assert names.count("run_waiting") == 1 and names.count("run_claimed") == 1, names
+    [claimed] = [e for e in lines if e["event"] == "run_claimed"]
+    assert claimed.get("callId") == call_id, claimed
