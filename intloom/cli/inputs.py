@@ -94,6 +94,21 @@ class UsageError(IntloomError):
         super().__init__("INVALID_REQUEST", message)
 
 
+def _prompt_intent() -> str:
+    """The intent typed at the prompt, asked for again while it is blank, saying why: at a
+    terminal the person can just type it, where a failed command has them start over.
+    Ctrl-C or EOF gives up (``typer.Abort``)."""
+    import typer
+
+    while True:
+        # default="": Enter alone comes back as "" (typer's own loop asks again silently).
+        text = str(typer.prompt("Intent", default="", show_default=False, err=True))
+        if text.strip():
+            return text
+        typer.echo("The intent is blank: say what the Run is for (Ctrl-C gives up).",
+                   err=True)
+
+
 def read_intent(intent: str | None, intent_file: str | None, *, prompt: bool) -> str:
     """The intent from --intent, --intent-file (``-`` is stdin) or, on a terminal, a prompt."""
     if intent is not None and intent_file is not None:
@@ -118,9 +133,7 @@ def read_intent(intent: str | None, intent_file: str | None, *, prompt: bool) ->
     elif intent is not None:
         text = intent
     elif prompt:
-        import typer
-
-        text = str(typer.prompt("Intent", err=True))
+        text = _prompt_intent()
     else:
         raise IntloomError(
             "INVALID_REQUEST",

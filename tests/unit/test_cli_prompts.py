@@ -103,3 +103,25 @@ def test_a_confirmation_typed_wrong_says_what_to_type(
     told = capsys.readouterr().err
     assert "invalid input" not in told, told
     assert "'maybe' is not an answer: type y (yes) or n (no)" in told, told
+
+
+@pytest.mark.parametrize("blank", [b"   ", b""])
+def test_a_blank_intent_at_the_prompt_is_asked_again_saying_why(
+    pty_pair: tuple[int, Terminal], capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch, blank: bytes,
+) -> None:
+    """``flow`` on a terminal without --intent: a line of spaces failed the command
+    (INVALID_REQUEST, "The intent is blank"), and Enter alone was asked again without a word."""
+    from intloom.cli.inputs import read_intent
+
+    leader, term = pty_pair
+    stdin = os.fdopen(os.dup(term._fd), "r", encoding="utf-8")
+    monkeypatch.setattr("sys.stdin", stdin)
+    try:
+        os.write(leader, blank + b"\r" + b"fix the release\r")
+        assert read_intent(None, None, prompt=True) == "fix the release"
+    finally:
+        stdin.close()
+    told = capsys.readouterr().err
+    assert told.count("Intent:") == 2, told  # asked again (its last space is on stdout)
+    assert "The intent is blank: say what the Run is for" in told, told
