@@ -55,11 +55,15 @@ COMMANDS: Final[dict[str, tuple[str, str]]] = {
 _VALUE_OPTIONS: Final = frozenset({"--project"})
 
 
-def _version(value: bool) -> None:
+def _version(ctx: typer.Context, value: bool) -> None:
     if value:
         import intloom
 
-        typer.echo(f"intloom {intloom.__version__}")
+        # Eager: it runs before --json is parsed, so the state main() made from the whole
+        # command line says whether JSON was asked for (``--version --json`` too).
+        state = ctx.ensure_object(CliState)
+        state.renderer.result({"version": intloom.__version__},
+                              lambda: [f"intloom {intloom.__version__}"])
         raise typer.Exit(exit_codes.OK)
 
 

@@ -172,6 +172,19 @@ def test_version_and_bare_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0 and "Usage" in out
 
 
+@pytest.mark.parametrize("argv", [["--json", "--version"], ["--version", "--json"]])
+def test_version_in_json_mode_is_one_json_document(
+    capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    """``intloom --json --version`` printed ``intloom 0.1.0``: --json promises one JSON
+    document on stdout, and a script parsing it failed."""
+    import intloom
+
+    code, out, err = cli(capsys, *argv)
+    assert (code, err) == (0, "")
+    assert json.loads(out) == {"version": intloom.__version__}
+
+
 def test_unknown_exception_is_internal_error_traceback_only_with_debug(
     capsys: pytest.CaptureFixture[str], client: FakeClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
