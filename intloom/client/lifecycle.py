@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Final, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple
 
 import msgspec
 
@@ -590,9 +590,10 @@ def _run_foreground(root: Path, *, port: int | None, strict: bool, progress: Pro
         previous: int | None = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:  # unreadable: there is nothing to go back to
         previous = None
+    host = Host(HostOptions(root=root, port=port, strict=strict), channel)
     try:
         os.chdir(root)
-        code = Host(HostOptions(root=root, port=port, strict=strict), channel).run()
+        code = host.run()
     finally:
         if previous is not None:
             with contextlib.suppress(OSError):
@@ -602,6 +603,13 @@ def _run_foreground(root: Path, *, port: int | None, strict: bool, progress: Pro
         raise IntloomError(failure[0].code, failure[0].message, retryable=failure[0].retryable)
     if not ready:
         raise IntloomError("CLI_SERVICE_UNAVAILABLE", "The service exited during initialization.")
+    if host.release_problems:
+        # Its log was closed before it tried (DESIGN §3): this command is what says it.
+        raise IntloomError(
+            "STORAGE_ERROR",
+            f"The host stopped, but {'; '.join(host.release_problems)}. It stays until "
+            "removed: fix that, then run intloom recover (intloom doctor shows it).",
+        )
     if code != 0:
         raise IntloomError(
             "CLI_INTERNAL_ERROR",
@@ -621,7 +629,8 @@ class _Target:
     boot_id: str | None
 
 
-def _unverified(paths: ProjectPaths, target: _Target, asked: _Asked) -> str:
+def _unverified(paths: ProjectPaths, target: _Target, asked: _Asked,
+                log: Path | None = None) -> str:
     """CLI_SERVICE_BUSY for a target that exited without releasing its files: which files
     it left, and why that can be (the catalogue sentence first, for scripts that grep it)."""
     left = []
@@ -639,10 +648,15 @@ def _unverified(paths: ProjectPaths, target: _Target, asked: _Asked) -> str:
     if not left:
         return _STOP_UNVERIFIED
     them = "it" if len(left) == 1 else "them"
-    why = (f"it exited after it was asked to stop, without removing {them}: it crashed "
-           f"meanwhile, or could not remove {them} (an immutable file, or a read-only "
-           f"{paths.state.name} or filesystem: check `lsattr` and the permissions)"
-           if asked.stopping else "it was killed or crashed")
+    kept = _kept_by_log(log)
+    if kept:
+        why = (f"it stopped as asked, and its log says: {'; '.join(kept)}. Fix that, then run "
+               "intloom recover")
+    else:
+        why = (f"it exited after it was asked to stop, without removing {them}: it crashed "
+               f"meanwhile, or could not remove {them} (an immutable file, or a read-only "
+               f"{paths.state.name} or filesystem: check `lsattr` and the permissions)"
+               if asked.stopping else "it was killed or crashed")
     return (f"{_STOP_UNVERIFIED} Its host (pid {target.pid}) has exited and left "
             f"{' and '.join(left)} behind: {why}. Every file was left as it is.")
 
@@ -805,7 +819,7 @@ def stop_service_report(root: str | os.PathLike[str], *,
         if _owner_gone(paths, target.pid, target.create_time, target.boot_id):
             if _released(paths, target):
                 return _stopped(log)
-            raise IntloomError("CLI_SERVICE_BUSY", _unverified(paths, target, asked))
+            raise IntloomError("CLI_SERVICE_BUSY", _unverified(paths, target, asked, log))
         if not tried:
             # Observed only by its lock (still starting): ask once it serves.
             try:
@@ -824,31 +838,52 @@ def stop_service_report(root: str | os.PathLike[str], *,
 _LOG_TAIL: Final = 256 * 1024  # the stop's lines are the log's last; a long log is not read
 
 
-def _stopped(log: Path | None) -> StopResult:
-    """A stopped host's result, with the Runs it cut: the ``runs_cut_at_stop`` line written
-    after its last ``service_stopping``. A log that cannot be read names none."""
+def _stop_lines(log: Path | None) -> list[dict[str, Any]]:
+    """The log's lines from its last ``service_stopping`` on (newest first); none when it
+    cannot be read."""
     if log is None:
-        return StopResult(stopped=True, cut=[])
+        return []
     try:
         with open(log, "rb") as fh:
             fh.seek(max(0, os.fstat(fh.fileno()).st_size - _LOG_TAIL))
             lines = fh.read().splitlines()
     except OSError:
-        return StopResult(stopped=True, cut=[])
+        return []
+    found: list[dict[str, Any]] = []
+    for line in reversed(lines):
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue  # the first line of a tail may be cut
+        if not isinstance(entry, dict):
+            continue
+        if entry.get("event") == "service_stopping":
+            break
+        found.append(entry)
+    return found
+
+
+def _kept_by_log(log: Path | None) -> list[str]:
+    """Why a stopped host kept its service files, as its log says (``service_files_kept``,
+    written before the log closed: the files go after it)."""
+    for entry in _stop_lines(log):
+        problems = entry.get("problems")
+        if entry.get("event") == "service_files_kept" and isinstance(problems, list):
+            return [str(p) for p in problems]
+    return []
+
+
+def _stopped(log: Path | None) -> StopResult:
+    """A stopped host's result, with the Runs it cut: the ``runs_cut_at_stop`` line written
+    after its last ``service_stopping``. A log that cannot be read names none."""
     cut: list[CutRun] = []
     cut_count = 0
     suspended: int | None = None
     lost: list[CutRun] = []
     lost_count = 0
     others = 0
-    for line in reversed(lines):
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue  # the first line of a tail may be cut
-        event = entry.get("event") if isinstance(entry, dict) else None
-        if event == "service_stopping":
-            break
+    for entry in _stop_lines(log):
+        event = entry.get("event")
         if event not in ("runs_cut_at_stop", "runs_suspended_at_stop"):
             continue
         runs = [CutRun(str(r.get("runId")), str(r.get("evidence")))

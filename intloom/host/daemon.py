@@ -125,6 +125,9 @@ class Host:
         self._stop_reason = ""
         self.force_exit = False
         self.log_error: str | None = None  # the host log failed: no new work (LOG_WRITE_FAILED)
+        # Why the stop kept service.json or service.lock (Ownership.release), for a
+        # foreground host's command to say: the log is closed by then.
+        self.release_problems: list[str] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._log_suspend: asyncio.Future[Any] | None = None
         self._signals: list[signal.Signals] = []  # the stop signals this host handles
@@ -563,10 +566,16 @@ class Host:
             # User code that ignored its cancellation; the process will not wait for it.
             log.warning("tasks_abandoned", count=len(left), tasks=left[:20])
         if log is not None:
+            # Said now: the files are removed only after the log is closed (DESIGN §3).
+            # ``intloom stop`` reads this line back to say why they stay.
+            kept = self.ownership.foreseen()
+            if kept:
+                log.warning("service_files_kept", problems=kept,
+                            fix="Fix that, then run intloom recover to remove them.")
             if failed is not None:
                 log.error("service_start_failed", code=failed.code, message=failed.message)
             else:
                 log.info("service_stopped")
             log.close()
-        problems = self.ownership.release()
+        problems = self.release_problems = self.ownership.release()
         return 1 if problems or (log is not None and log.failed) else 0

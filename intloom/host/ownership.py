@@ -13,7 +13,9 @@ import errno
 import fcntl
 import os
 import secrets
+import struct
 import time
+from pathlib import Path
 from typing import Final
 
 from intloom.errors import IntloomError
@@ -41,6 +43,11 @@ BUSY_MESSAGE: Final = (
     "The project service is locked ({path} exists). Run intloom doctor; use intloom recover "
     "only after its owner has exited."
 )
+# The inode flags lsattr shows (linux/fs.h): FS_IOC_GETFLAGS, and the two that refuse an
+# unlink (of the file itself, or of any entry of a directory so marked).
+_FS_IOC_GETFLAGS: Final = 0x80086601
+_IMMUTABLE_FL: Final = 0x10
+_APPEND_FL: Final = 0x20
 # A read-only probe (doctor, status) may hold the OS lock for an instant right after the file
 # appears; the file itself is ours by O_EXCL, so waiting briefly is safe.
 _FLOCK_PATIENCE: Final = 2.0
@@ -63,6 +70,55 @@ def _flock(fd: int) -> bool:
         if time.monotonic() > deadline:
             return False
         time.sleep(0.01)  # a short poll of the OS lock, bounded by the patience above
+
+
+def _inode_flags(path: Path) -> int | None:
+    """``path``'s inode flags (as lsattr reads them); None where they cannot be read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        # The kernel writes an int, whatever size the ioctl's number says.
+        raw = fcntl.ioctl(fd, _FS_IOC_GETFLAGS, bytes(8))
+        return int(struct.unpack_from("=i", raw)[0])
+    except OSError:  # a filesystem without them (ENOTTY, EINVAL)
+        return None
+    finally:
+        os.close(fd)
+
+
+def _unreadable(path: Path, exc: IntloomError) -> str:
+    return f"{path.name} is kept: it cannot be read as this host's ({exc.message})"
+
+
+def _not_removed(path: Path, exc: OSError) -> str:
+    refused = _unlink_refused(path)
+    if refused is not None:
+        return f"{path.name} cannot be removed: {refused}"
+    return f"{path.name} could not be removed ({exc.strerror or exc})"
+
+
+def _unlink_refused(path: Path) -> str | None:
+    """Why unlinking ``path`` would fail, as far as can be told without trying; else None."""
+    state = path.parent
+    try:
+        if os.statvfs(state).f_flag & os.ST_RDONLY:
+            return f"the filesystem holding {state.name} is read-only"
+    except OSError:
+        pass
+    for where, name in ((path, "it"), (state, state.name)):
+        flags = _inode_flags(where)
+        if flags is None:
+            continue
+        if flags & _IMMUTABLE_FL:
+            return f"{name} is immutable (chattr +i)"
+        if flags & _APPEND_FL:
+            return f"{name} is append-only (chattr +a)"
+    if not os.access(state, os.W_OK | os.X_OK,
+                     effective_ids=os.access in os.supports_effective_ids):
+        return f"this user cannot write {state.name}"
+    return None
 
 
 class Ownership:
@@ -147,10 +203,37 @@ class Ownership:
             and value.pid == self.identity.pid
         )
 
+    def foreseen(self) -> list[str]:
+        """Why ``release`` will keep a file of ours, as far as can be told before trying it:
+        unreadable, on a read-only filesystem, immutable or append-only (the file or
+        .intloom), or in a .intloom this user cannot write. Asked while the host's log is
+        still open, so the log says why those files stay: release runs after the log is
+        closed (DESIGN §3), and a launched host's stderr goes nowhere."""
+        problems: list[str] = []
+        checks = ((self.paths.service_json, self._wrote_service,
+                   lambda: read_service(self.paths.service_json, self.paths.root)),
+                  (self.paths.service_lock, self._lock_fd is not None,
+                   lambda: read_lock(self.paths.service_lock)))
+        for path, wrote, read in checks:
+            if not wrote:
+                continue
+            try:
+                value: ServiceInfo | ServiceLock | None = read()
+            except IntloomError as exc:
+                problems.append(_unreadable(path, exc))
+                continue
+            if not self._ours(value):
+                continue  # gone, or another instance's: not ours to remove anyway
+            refused = _unlink_refused(path)
+            if refused is not None:
+                problems.append(f"{path.name} cannot be removed: {refused}")
+        return problems
+
     def release(self) -> list[str]:
         """Remove our ``service.json`` then our ``service.lock``; drop the OS lock last.
 
-        Every step is attempted; the problems are returned (for the log), never raised.
+        Every step is attempted; the problems are returned, never raised: the log is closed
+        by now (``foreseen`` told it what could be told before), so the caller says them.
         """
         problems: list[str] = []
         if self._wrote_service:
@@ -159,16 +242,20 @@ class Ownership:
                     os.unlink(self.paths.service_json)
             except FileNotFoundError:
                 pass
-            except (IntloomError, OSError) as exc:
-                problems.append(f"service.json kept: {exc}")
+            except IntloomError as exc:
+                problems.append(_unreadable(self.paths.service_json, exc))
+            except OSError as exc:
+                problems.append(_not_removed(self.paths.service_json, exc))
         if self._lock_fd is not None:
             try:
                 if self._ours(read_lock(self.paths.service_lock)):
                     os.unlink(self.paths.service_lock)
             except FileNotFoundError:
                 pass
-            except (IntloomError, OSError) as exc:
-                problems.append(f"service.lock kept: {exc}")
+            except IntloomError as exc:
+                problems.append(_unreadable(self.paths.service_lock, exc))
+            except OSError as exc:
+                problems.append(_not_removed(self.paths.service_lock, exc))
             fd, self._lock_fd = self._lock_fd, None
             # Closing drops the OS lock; only now may a probe see the lock free.
             os.close(fd)

@@ -339,10 +339,76 @@ def test_stop_of_a_host_that_could_not_remove_its_service_json_names_it(
     assert message.startswith("Cannot verify resource cleanup by the original instance."), message
     assert f"pid {service.pid}" in message, message
     assert "left .intloom/service.json behind" in message, message
-    assert "after it was asked to stop" in message and "lsattr" in message, message
+    # Why, as its log said before it closed (the next test has the log's line).
+    assert "it stopped as asked" in message and "chattr +i" in message, message
     subprocess.run(["chattr", "-i", str(project.state / "service.json")], check=True)
     assert project.cli("--json", "recover").code == 0
     start(project)
+
+
+def test_a_host_that_cannot_remove_its_service_json_says_why_in_its_log_and_to_stop(
+    project: Project, immutable: Callable[[Path], None]
+) -> None:
+    """Its log is closed before the files go (DESIGN §3), and release's problems went
+    nowhere: the log ended with a clean log_closed, and stop could only guess ("crashed
+    meanwhile, or could not remove it"). The host now says why in the log, before it closes,
+    and stop quotes it."""
+    service = start(project).service
+    immutable(project.state / "service.json")
+    result = project.cli("--json", "stop")
+    assert result.code == 1, result
+    message = result.json["error"]["message"]
+    assert result.json["error"]["code"] == "CLI_SERVICE_BUSY", message
+    assert "left .intloom/service.json behind" in message, message
+    assert ("its log says: service.json cannot be removed: it is immutable (chattr +i)"
+            in message), message
+    assert "crashed meanwhile" not in message, message
+    assert service.log_file is not None
+    lines = [json.loads(line) for line in
+             (project.state / "logs" / service.log_file).read_text().splitlines()]
+    events = [line["event"] for line in lines]
+    assert events[-3:] == ["service_files_kept", "service_stopped", "log_closed"], events
+    kept = lines[-3]
+    assert kept["level"] == "warning", kept
+    assert kept["problems"] == ["service.json cannot be removed: it is immutable (chattr +i)"]
+    subprocess.run(["chattr", "-i", str(project.state / "service.json")], check=True)
+    assert project.cli("--json", "recover").code == 0
+    start(project)
+
+
+def test_a_foreground_host_that_cannot_remove_its_service_json_says_why(
+    project: Project, immutable: Callable[[Path], None]
+) -> None:
+    """start --foreground then Ctrl-C: it failed CLI_INTERNAL_ERROR (exit 70, "see the log"),
+    and the log did not say."""
+    import signal
+    import sys
+
+    from tests.helpers import REPO, eventually
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "intloom", "start", "--foreground"], cwd=project.root,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(REPO)})
+    project.pids.add(proc.pid)
+    try:
+        eventually(lambda: (project.state / "service.json").exists() or None, timeout=20,
+                   what="the foreground host to serve")
+        assert project.cli("--json", "status").json["service"]["pid"] == proc.pid
+        immutable(project.state / "service.json")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    assert proc.returncode == 1, (out, err)
+    assert "CLI_INTERNAL_ERROR" not in err, err
+    assert ("Failure · STORAGE_ERROR: The host stopped, but service.json cannot be removed: "
+            "it is immutable (chattr +i)") in err, err
+    assert "intloom recover" in err, err
+    subprocess.run(["chattr", "-i", str(project.state / "service.json")], check=True)
+    assert project.cli("--json", "recover").code == 0
 
 
 def test_stop_after_a_kill_names_what_the_killed_host_left(project: Project) -> None:
