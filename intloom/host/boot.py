@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from intloom.authoring.loader import LoadedWorkflow, load_workflows
 from intloom.errors import ErrorView, IntloomError
@@ -23,6 +24,7 @@ from intloom.host.metadata import privacy_invalid
 from intloom.project import Config, ProjectPaths
 from intloom.protocol.messages import RestoreSummary, StoreProblem, WorkflowInfo, WorkflowProblem
 from intloom.store import Store, StoreReport, read_runs_report
+from intloom.store.compaction import NotSummarised
 
 __all__ = ["Booted", "boot", "check_error"]
 
@@ -101,6 +103,42 @@ def _refuse_before_writing(
         raise strict_refusal(attention)
 
 
+# What a compaction that wrote nothing past its failure costs, and what to do.
+_NOT_SUMMARISED: Final = ("The next start reads more of the log instead (slower; nothing is "
+                          "lost). Free disk space, or fix the permissions of "
+                          ".intloom/runtime.")
+
+
+def _watch_compactions(store: Store, log: HostLog) -> None:
+    """Log each compaction that could not write its snapshots or ``manifest.json``
+    (``store_compaction_failed``): the store carries on without them, correctly, and nothing
+    else would say that the disk refuses them. Told on the store's threads; logged on the
+    loop, which owns the log (the stop's is logged before the log closes: the store's close
+    delivers its end after it)."""
+
+    def said(exc: NotSummarised, when: str) -> None:
+        log.warning("store_compaction_failed", what=exc.what, when=when, cause=exc.cause,
+                    effect=_NOT_SUMMARISED)
+
+    for exc, when in store.unsummarised:  # the one at open, before anyone listened
+        said(exc, when)
+    store.unsummarised.clear()
+    try:
+        loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+    except RuntimeError:
+        loop = None
+    here = threading.current_thread()
+
+    def told(exc: NotSummarised, when: str) -> None:
+        if loop is None or threading.current_thread() is here:
+            said(exc, when)
+            return
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is left to tell
+            loop.call_soon_threadsafe(said, exc, when)
+
+    store.on_unsummarised = told
+
+
 def _open_store(
     paths: ProjectPaths, log: HostLog, *, instance_id: str, package_version: str, strict: bool
 ) -> tuple[Store, list[RestoredRun]]:
@@ -108,6 +146,7 @@ def _open_store(
     # The host holds the store's directory lock (lock_dir) from before the import on.
     store = Store.open(paths.runtime, instance_id=instance_id, package_version=package_version,
                        locked=True)
+    _watch_compactions(store, log)
     report = store.restored
     for problem in report.files:
         log.warning("store_file_problem", path=problem.path, kind=problem.kind,

@@ -13,6 +13,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from intloom.errors import IntloomError
 from intloom.fsutil import fsync_dir
 from intloom.runtime.machine import IllegalTransition, RunState, apply
 from intloom.runtime.records import Record
@@ -66,6 +67,23 @@ class Track:
         return state, "ok", None
 
 
+class NotSummarised(Exception):
+    """``compact`` could not write ``what`` (``snapshots`` or ``manifest.json``): ``cause``
+    says why. Nothing is lost by it (the manifest did not move past what the snapshots
+    hold, so restores read more of the log), but the host says so in its log."""
+
+    def __init__(self, what: str, cause: str) -> None:
+        super().__init__(f"{what}: {cause}")
+        self.what = what
+        self.cause = cause
+
+
+def _cause(exc: OSError | IntloomError) -> str:
+    if isinstance(exc, IntloomError):
+        return exc.message
+    return exc.strerror or str(exc)
+
+
 def compact(layout: Layout, tracks: dict[str, Track], *, start: int, pinned: list[int],
             voids: list[VoidNotice], segment: int, held: Collection[str] = (),
             open_segment: int = 0) -> None:
@@ -81,12 +99,41 @@ def compact(layout: Layout, tracks: dict[str, Track], *, start: int, pinned: lis
     ``held``: Runs whose snapshot file is damaged. The manifest's live set leaves their files
     out (it relies on their pinned segments instead), so a restore after such a file is moved
     out stays bounded.
+
+    Raises ``NotSummarised`` when a file could not be written.
     """
+    try:
+        written = _snapshot_all(layout, tracks, segment)
+    except (OSError, IntloomError) as exc:
+        raise NotSummarised("snapshots", _cause(exc)) from None
+    try:
+        _write_manifest(layout, start=start, pinned=pinned, voids=voids, held=held,
+                        open_segment=open_segment, stamp=written[1])
+    except (OSError, IntloomError) as exc:
+        raise NotSummarised("manifest.json", _cause(exc)) from None
+    for run_id, (state, status, problem, reached) in written[0].items():
+        if status == "ok" and state is not None and state.phase == "terminal":
+            del tracks[run_id]
+            continue
+        track = tracks[run_id]
+        track.base, track.status, track.problem, track.reached = (
+            state, status, problem, reached)
+        track.tail = []
+        track.dirty = False
+
+
+_Folded = dict[str, tuple[RunState | None, Status, str | None, int]]
+
+
+def _snapshot_all(layout: Layout, tracks: dict[str, Track], segment: int
+                  ) -> tuple[_Folded, str]:
+    """Write every dirty Run's snapshot (``compact``): what each was folded to, and the
+    time stamp they carry."""
     stamp = now()
     live: list[tuple[str, bytes]] = []
     done: list[tuple[str, bytes]] = []
     unchanged: list[str] = []  # ended Runs whose done/ snapshot already says it all
-    folded: dict[str, tuple[RunState | None, Status, str | None, int]] = {}
+    folded: _Folded = {}
     for run_id, track in tracks.items():
         if not track.dirty or track.status == "incompatible":
             continue  # incompatible data stays in a pinned segment, read as it is
@@ -122,24 +169,21 @@ def compact(layout: Layout, tracks: dict[str, Track], *, start: int, pinned: lis
     if removed:
         fsync_dir(layout.live)
     atomic_write_many(layout.live, live)
-    if _manifest_usable(layout):
-        # The live/ files as they now are: a restore listing other names reads everything.
-        unused = {snapshot_name(run_id) for run_id in held}
-        names = [name for name in list_names(layout.live)
-                 if is_snapshot_name(name) and name not in unused]
-        manifest = Manifest(format=MANIFEST_FORMAT, start=start, pinned=sorted(set(pinned)),
-                            voids=list(voids), updated_at=stamp, live=live_set(names),
-                            open=open_segment)
-        atomic_write_many(layout.root, [("manifest.json", encode_manifest(manifest))])
-    for run_id, (state, status, problem, reached) in folded.items():
-        if status == "ok" and state is not None and state.phase == "terminal":
-            del tracks[run_id]
-            continue
-        track = tracks[run_id]
-        track.base, track.status, track.problem, track.reached = (
-            state, status, problem, reached)
-        track.tail = []
-        track.dirty = False
+    return folded, stamp
+
+
+def _write_manifest(layout: Layout, *, start: int, pinned: list[int], voids: list[VoidNotice],
+                    held: Collection[str], open_segment: int, stamp: str) -> None:
+    if not _manifest_usable(layout):
+        return
+    # The live/ files as they now are: a restore listing other names reads everything.
+    unused = {snapshot_name(run_id) for run_id in held}
+    names = [name for name in list_names(layout.live)
+             if is_snapshot_name(name) and name not in unused]
+    manifest = Manifest(format=MANIFEST_FORMAT, start=start, pinned=sorted(set(pinned)),
+                        voids=list(voids), updated_at=stamp, live=live_set(names),
+                        open=open_segment)
+    atomic_write_many(layout.root, [("manifest.json", encode_manifest(manifest))])
 
 
 def _done_kept(layout: Layout, snap: Snapshot) -> bool | None:

@@ -30,7 +30,7 @@ from intloom.fsutil import fsync_dir
 from intloom.runtime.machine import IllegalTransition, RunState, apply
 from intloom.runtime.ports import CheckpointFailed, JournalPort
 from intloom.runtime.records import PROTOCOL_VERSION, Record, Terminal, encode_record
-from intloom.store.compaction import Track, compact, now
+from intloom.store.compaction import NotSummarised, Track, compact, now
 from intloom.store.faults import FaultPlan
 from intloom.store.files import (
     Layout,
@@ -180,6 +180,10 @@ class Store:
         self._start = 0
         self._poisoned: str | None = None
         self._compactor: threading.Thread | None = None  # snapshots behind the writer
+        # Told (from whichever thread compacted) of each compaction that failed; until the
+        # host sets it (the one at open), they wait in ``unsummarised``.
+        self.on_unsummarised: Callable[[NotSummarised, str], None] | None = None
+        self.unsummarised: list[tuple[NotSummarised, str]] = []
         self._sealed = False
         self._dir_lock = -1  # lock_dir's fd on the runtime directory, closed last
 
@@ -296,13 +300,25 @@ class Store:
         # created (``open``), so that a start finding it gone knows it existed. On failure
         # the manifest does not move: the next restore reads more, correctly (only a loss of
         # that segment would then go unnoticed).
-        with contextlib.suppress(OSError, IntloomError):
-            if summarise:
+        if summarise:
+            try:
                 compact(layout, store._tracks, start=store._number,
                         pinned=store._pinned, voids=store._voids, segment=store._number,
                         held=store._held, open_segment=store._number)
                 store._start = store._number
+            except NotSummarised as exc:
+                store._not_summarised(exc, "open")
         return store
+
+    def _not_summarised(self, exc: NotSummarised, when: str) -> None:
+        """A compaction (at ``when``: open, rotation, replacement, stop) wrote nothing past
+        ``exc.what``. Harmless (restores read more of the log) but never silent: a disk
+        that refuses snapshots goes unnoticed until restarts grow slow."""
+        hook = self.on_unsummarised
+        if hook is None:
+            self.unsummarised.append((exc, when))
+        else:
+            hook(exc, when)
 
     def _new_segment(self, first: bytes) -> None:
         """Create the next segment (header, then ``first`` frames), durable before use."""
@@ -845,10 +861,12 @@ class Store:
         its void notice, would go unnoticed, the Runs resumed from before it. No snapshot is
         written, so a restore still reads the failed segment and notices its loss too."""
         self._join_compaction()  # the manifest never moves back
-        with contextlib.suppress(OSError, IntloomError):
+        try:
             compact(self.layout, {}, start=self._start, pinned=self._pinned,
                     voids=self._voids, segment=self._number, held=self._held,
                     open_segment=self._number)
+        except NotSummarised as exc:
+            self._not_summarised(exc, "replacement")
 
     def _seal(self, next_segment: int = 0) -> None:
         """Seal the current segment; ``next_segment``: the one a rotation created first."""
@@ -902,8 +920,10 @@ class Store:
             try:
                 compact(self.layout, copies, start=start, pinned=pinned, voids=voids,
                         segment=segment, held=self._held, open_segment=start)
-            except (OSError, IntloomError):
-                return  # the manifest did not move: restores read more of the log, correctly
+            except NotSummarised as exc:
+                # The manifest did not move: restores read more of the log, correctly.
+                self._not_summarised(exc, "rotation")
+                return
             self._start = start
             kept = set(copies)  # compact() drops the terminal Runs it moved to done/
             self._jobs.put((lambda: self._settle(seqs, kept), lambda _: None))
@@ -934,9 +954,11 @@ class Store:
     def _compact(self, start: int) -> None:
         # On failure the manifest does not move: restores read more of the log, correctly.
         self._join_compaction()
-        with contextlib.suppress(OSError, IntloomError):
+        try:
             compact(self.layout, self._tracks, start=start, pinned=self._pinned,
                     voids=self._voids, segment=self._number, held=self._held)
+        except NotSummarised as exc:
+            self._not_summarised(exc, "stop")
 
     def _close_job(self) -> None:
         if self._poisoned is None:

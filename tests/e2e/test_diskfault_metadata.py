@@ -146,6 +146,36 @@ def test_failed_snapshot_or_manifest_writes_at_stop_lose_nothing(
     assert max(counts.values()) == 1
 
 
+@pytest.mark.parametrize(("glob", "what"), [("*.snap", "snapshots"),
+                                            ("manifest.json", "manifest.json")])
+def test_failed_snapshot_or_manifest_writes_are_logged(
+    soak_project: Project, monkeypatch: pytest.MonkeyPatch, glob: str, what: str
+) -> None:
+    """The store swallowed these failures (correctly: the next start reads more of the log),
+    and nothing said so: no log line at the start's manifest, none at the stop's, so a disk
+    refusing them went unnoticed until restarts grew slow."""
+    project = soak_project
+    monkeypatch.setenv("INTLOOM_TEST_WRITE_FAULT", f"{glob}=EIO")
+    service = start(project).service
+    with Client.connect(project.root) as client:
+        waiting = client.create_run("soak-review", "disk delay=0")
+    assert waiting.status == "waiting"
+    assert stop_service(project.root)
+    assert service.log_file is not None
+    lines = [json.loads(line) for line in
+             (project.state / "logs" / service.log_file).read_text().splitlines()]
+    failed = [line for line in lines if line["event"] == "store_compaction_failed"]
+    when = [line["when"] for line in failed]
+    assert when == (["open", "stop"] if what == "manifest.json" else ["stop"]), failed
+    for line in failed:
+        assert line["level"] == "warning" and line["what"] == what, line
+        assert "Input/output error" in line["cause"], line
+        assert "The next start reads more of the log instead" in line["effect"], line
+    events = [line["event"] for line in lines]
+    assert events.index("store_compaction_failed", events.index("service_stopping")) < (
+        events.index("log_closed")), events
+
+
 # ----- the log -------------------------------------------------------------------------------
 
 
