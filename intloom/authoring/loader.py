@@ -63,6 +63,10 @@ class LoadResult:
     # Workflow name -> why it is not loaded although a source defines it (two sources define
     # it): the restore and doctor hold its Runs for that reason, not as "changed".
     withheld: dict[str, str] = field(default_factory=dict)
+    # The sources whose import failed, each once: a Workflow that is not loaded may be
+    # defined in one of them. Not every problem is one (a repeated entry, whose source
+    # loaded from its first; a source withheld for a shared name, whose names are known).
+    failed: list[str] = field(default_factory=list)
 
 
 # A checked hash-based .pyc (PEP 552): flags, then the source's hash, in place of Python's
@@ -537,6 +541,7 @@ def load_workflows(root: Path, config: Config, *,
     # Each entry's Workflows, or why it failed: registered only once every entry is read, so
     # that a Workflow two sources define is found whichever order intloom.toml lists them in.
     sources: list[tuple[str, Path, dict[str, LoadedWorkflow] | ErrorView]] = []
+    repeated: set[int] = set()  # the indexes in ``sources`` of entries listed again
     with _real_interrupts(), _compiled_kept():
         for rel in config.workflows:
             entry = root / rel
@@ -547,6 +552,7 @@ def load_workflows(root: Path, config: Config, *,
             first = listed.get(key)
             if first is not None:
                 same = "twice" if first == rel else f"twice (as {first!r} and {rel!r})"
+                repeated.add(len(sources))
                 sources.append((rel, entry, IntloomError(
                     "WORKFLOW_LOAD_FAILED",
                     f"{rel} is listed in intloom.toml {same}; it is loaded once, from the "
@@ -572,6 +578,9 @@ def load_workflows(root: Path, config: Config, *,
                 if progress is not None:
                     progress(None)
     _register(sources, result)
+    result.failed = list(dict.fromkeys(
+        rel for index, (rel, _entry, outcome) in enumerate(sources)
+        if not isinstance(outcome, dict) and index not in repeated))
     return result
 
 

@@ -60,7 +60,7 @@ def _incompatibility(state: RunState, loaded: LoadResult) -> str | None:
         return (f"{withheld}: the Run cannot be restored (keep only the source the Run "
                 "started with in intloom.toml)")
     if wf is None:
-        note = failed_sources_note([source for source, _view in loaded.problems])
+        note = failed_sources_note(loaded.failed)
         if note:
             return f"Workflow {state.workflow!r} is not loaded, so the Run cannot be restored{note}"
         return (f"Workflow {state.workflow!r} is not loaded, so the Run cannot be restored "

@@ -161,7 +161,7 @@ def incompatibility(
 ) -> str | None:
     """Why this Run's journal cannot be restored by what is loaded now, or None.
     ``withheld``: why a Workflow some source defines is not loaded (LoadResult.withheld);
-    ``failed``: the sources of intloom.toml that failed to load (LoadResult.problems)."""
+    ``failed``: the sources of intloom.toml that failed to load (LoadResult.failed)."""
     if state is None:
         return None
     return unreadable(state, package_version) or _mismatch(state, workflows, withheld or {},

@@ -213,7 +213,7 @@ def boot(
     for lw in result.workflows.values():
         log.info("workflow_loaded", workflow=lw.name, version=lw.version, identity=lw.identity,
                  source=lw.source)
-    failed = [source for source, _view in result.problems]
+    failed = result.failed
     if strict:
         _refuse_before_writing(paths, result.workflows, package_version, result.withheld,
                                failed)

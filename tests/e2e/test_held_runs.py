@@ -157,3 +157,32 @@ def test_a_run_held_because_its_source_fails_to_load_names_that_source(
     assert "workflows/example.py (listed in intloom.toml) failed to load" in problem, problem
     assert "restore its source and its entry" not in problem, problem
     ok(project.cli("stop", "--json"))
+
+
+def test_a_source_listed_twice_is_not_named_as_failed_for_a_run_it_cannot_define(
+    project: Project,
+) -> None:
+    """A Run of 'other' held after its source left intloom.toml, while example.py is listed
+    twice: the repeated entry is reported, but example.py loaded. Start and doctor named it
+    as a source that "failed to load and may define it" (fix it), when the fix is to put
+    back other's source and entry."""
+    workflows = project.root / "workflows"
+    (workflows / "other.py").write_text(
+        (workflows / "example.py").read_text().replace('"example"', '"other"'))
+    toml = project.root / "intloom.toml"
+    toml.write_text('workflows = ["workflows/example.py", "workflows/other.py"]\n')
+    run_id, action = started_waiting(project, "other")
+    ok(project.cli("stop", "--json"))
+    toml.write_text('workflows = ["workflows/example.py", "workflows/example.py"]\n')
+
+    ok(project.cli("start", "--json"))
+    message = refused(project.cli("answer", run_id, action, YES, "--json"),
+                      "JOURNAL_INCOMPATIBLE")
+    assert "failed to load" not in message, message
+    assert "Put back the exact Workflow source the Run started with" in message, message
+    doctor = project.cli("doctor", "--json")
+    [preview] = [r for r in doctor.json["runs"] if r["runId"] == run_id]
+    problem = preview["problem"]
+    assert "failed to load" not in problem, problem
+    assert "restore its source and its entry in intloom.toml" in problem, problem
+    ok(project.cli("stop", "--json"))
