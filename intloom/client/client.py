@@ -397,23 +397,26 @@ class Client:
         )
 
     def _outwaited(self, request: Request, what: str) -> IntloomError:
-        """A request that waits until its Run waits or ends, past ``request_timeout``: the
-        Run's Steps are still running, which is no fault of the host's."""
+        """A request that waits until its Run waits or ends, past ``request_timeout``. All
+        the client knows is that no reply came: long Steps and a host that is paused, hung
+        or gone look the same from here, so the message says both and how to tell."""
         limit = f"{self.request_timeout:g} s"
         run_id = getattr(request, "run_id", None)
         if run_id:
             what = f"{what} (Run {run_id})"
-            find = (f"Follow it with get_run or wait_run({run_id!r}), or intloom attach "
-                    f"{run_id}")
+            find = (f"Check with intloom status, then follow the Run with get_run or "
+                    f"wait_run({run_id!r}), or intloom attach {run_id}")
         else:
-            find = ("Its id never arrived: find it with runs() or intloom runs before creating "
-                    "another")
+            find = ("If it was created, its id never arrived: check with intloom status, "
+                    "then find it with runs() or intloom runs before creating another, and "
+                    "follow it with wait_run")
         return IntloomError(
             "PROJECT_REQUEST_FAILED",
-            f"No reply came for {what} within {limit}: the request waits until the Run waits "
-            f"or ends, and its Steps were still running after {limit}. The Run goes on in "
-            f"the host (nothing was replayed). {find}. To wait as long as its Steps take, "
-            "connect with Client.connect(root, request_timeout=None), or create Runs with "
+            f"No reply came for {what} within {limit}. The request waits until the Run "
+            "waits or ends, so if the host is running, the Run's Steps may still be going "
+            "on there (the request was not replayed); a host that is paused or hung "
+            f"gives no reply either. {find}. To wait as long as its Steps take, connect "
+            "with Client.connect(root, request_timeout=None), or create Runs with "
             "create_run(..., wait=False) and then call wait_run.",
         )
 

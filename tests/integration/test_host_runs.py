@@ -483,7 +483,7 @@ def test_a_wait_longer_than_the_request_timeout_says_the_run_goes_on(project: Pr
         message = late.value.message
         assert late.value.code == "PROJECT_REQUEST_FAILED"
         assert "once a host runs" not in message, message
-        assert "still running after 0.5 s" in message, message
+        assert "within 0.5 s" in message and "may still be going on" in message, message
         assert "request_timeout=None" in message and "wait=False" in message, message
         with Client.connect(project.root) as client:
             [run] = [r for r in client.runs() if r.flow_name == "gated"]
@@ -910,3 +910,28 @@ def test_client_runs_of_an_unloaded_workflow_is_not_found_as_the_cli_says(
     assert cli.code == 1
     assert cli.json["error"] == {"code": "NOT_FOUND", "message": missing.value.message,
                                  "retryable": False}
+
+
+def test_a_wait_outlasted_by_a_paused_host_does_not_claim_the_steps_still_run(
+    project: Project,
+) -> None:
+    """A request that waits on its Run, unanswered within ``request_timeout``: the client
+    said the Run's Steps "were still running" and "the Run goes on in the host" -- which
+    it cannot know: a host paused (SIGSTOP) or hung gives no reply either. It says what it
+    knows, and how to check."""
+    service = start(project).service
+    with Client.connect(project.root, request_timeout=0.5) as client:
+        os.kill(service.pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(IntloomError) as late:
+                client.create_run("example", "notes")
+        finally:
+            os.kill(service.pid, signal.SIGCONT)
+    message = late.value.message
+    assert late.value.code == "PROJECT_REQUEST_FAILED"
+    assert "were still running" not in message, message
+    assert "goes on in the host" not in message, message
+    assert "No reply came for" in message and "within 0.5 s" in message, message
+    assert "if the host is running" in message, message
+    assert "intloom runs" in message and "wait_run" in message, message
+    assert "request_timeout=None" in message, message
