@@ -587,8 +587,12 @@ class Client:
                     return
         except GeneratorExit:
             # A stream cannot be abandoned half way and its connection reused (events may be
-            # on their way): this one is closed, and the next request connects again.
-            self._shut("its subscribe stream was closed before its final event", reopen=True)
+            # on their way): this one is closed, and the next request connects again -- only
+            # while the stream still owns the Client's socket: a Client the program closed
+            # (or one whose request broke) stays as it is.
+            if self._sock is sock:
+                self._shut("its subscribe stream was closed before its final event",
+                           reopen=True)
             raise
         finally:
             self._streaming = None

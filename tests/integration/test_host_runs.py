@@ -297,6 +297,25 @@ def test_a_client_whose_stream_was_closed_early_serves_the_next_request(
     assert "Client.close" in closed_by_us.value.message, closed_by_us.value.message
 
 
+def test_a_closed_client_stays_closed_when_its_open_stream_is_dropped_later(
+    project: Project,
+) -> None:
+    """``close()`` while a subscribe stream was open, the stream dropped after: closing the
+    stream marked the Client as one to connect again, and its next request quietly did.
+    A Client the program closed stays closed."""
+    start(project)
+    with Client.connect(project.root) as client:
+        waiting = client.create_run("example", "notes")
+        stream = client.subscribe(waiting.run_id)
+        next(stream)
+        client.close()
+        stream.close()
+        with pytest.raises(IntloomError) as closed_by_us:
+            client.get_run(waiting.run_id)
+    assert closed_by_us.value.code == "PROJECT_CONNECTION_FAILED"
+    assert "Client.close" in closed_by_us.value.message, closed_by_us.value.message
+
+
 def test_subscribe_streams_history_then_live_events_until_final(project: Project) -> None:
     start(project)
     with Client.connect(project.root) as client:
