@@ -585,13 +585,16 @@ class Client:
                 yield event
                 if event.final:
                     return
-        except GeneratorExit:
+        except BaseException as exc:
             # A stream cannot be abandoned half way and its connection reused (events may be
-            # on their way): this one is closed, and the next request connects again -- only
-            # while the stream still owns the Client's socket: a Client the program closed
-            # (or one whose request broke) stays as it is.
+            # on their way): this one is closed, and the next request connects again. Not
+            # only a closed generator: Ctrl-C in the wait for the next event leaves a
+            # half-read frame too. Only while the stream still owns the Client's socket: a
+            # Client the program closed (or one whose request broke) stays as it is.
             if self._sock is sock:
-                self._shut("its subscribe stream was closed before its final event",
+                how = ("closed" if isinstance(exc, GeneratorExit)
+                       else f"interrupted ({type(exc).__name__})")
+                self._shut(f"its subscribe stream was {how} before its final event",
                            reopen=True)
             raise
         finally:

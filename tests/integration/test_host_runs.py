@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import textwrap
 import threading
 import time
@@ -314,6 +315,51 @@ def test_a_closed_client_stays_closed_when_its_open_stream_is_dropped_later(
             client.get_run(waiting.run_id)
     assert closed_by_us.value.code == "PROJECT_CONNECTION_FAILED"
     assert "Client.close" in closed_by_us.value.message, closed_by_us.value.message
+
+
+class _Interrupted(BaseException):
+    """Raised by a signal handler in the main thread, as Ctrl-C raises KeyboardInterrupt."""
+
+
+def test_a_stream_interrupted_in_its_wait_leaves_the_client_usable(project: Project) -> None:
+    """A stream interrupted while it waits for the next event (Ctrl-C, say): only a closed
+    generator shut its connection, so the next request went out on the half-read stream
+    and failed "the host may have stopped or crashed". The stream's connection is shut
+    as a closed one's is, and the next request connects again."""
+    start(project)
+    main = threading.main_thread().ident
+    assert main == threading.get_ident()
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise _Interrupted
+
+    def in_its_wait() -> bool:
+        frame = sys._current_frames().get(main)  # where the main thread is now
+        while frame is not None:
+            if frame.f_code.co_name == "recv_frame":
+                return True
+            frame = frame.f_back
+        return False
+
+    def when_it_waits() -> None:
+        eventually(in_its_wait, timeout=10, what="subscribe to wait for the next event")
+        os.kill(os.getpid(), signal.SIGUSR1)
+
+    previous = signal.signal(signal.SIGUSR1, interrupt)
+    try:
+        with Client.connect(project.root) as client:
+            waiting = client.create_run("example", "notes")
+            stream = client.subscribe(waiting.run_id)
+            while next(stream).run.status != "waiting":
+                pass  # the history, up to the Run's wait: the stream waits for live events
+            sender = threading.Thread(target=when_it_waits)
+            sender.start()
+            with pytest.raises(_Interrupted):
+                next(stream)
+            sender.join(timeout=10)
+            assert client.get_run(waiting.run_id).status == "waiting"
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
 
 
 def test_subscribe_streams_history_then_live_events_until_final(project: Project) -> None:
