@@ -216,14 +216,17 @@ def _encodable_stdout(json_mode: bool) -> None:
     """A stdout whose encoding cannot hold all text (a latin-1 or ASCII locale, or
     PYTHONIOENCODING) failed every command that printed a path, an intent or a "·" as an
     internal error. JSON is UTF-8 by definition; text gets what the stream cannot encode
-    escaped (``\xe9``), as Python does on stderr."""
+    escaped (``\xe9``), as Python does on stderr -- whatever the stream's error handler:
+    the C locale's surrogateescape fails on a "·" as strict does. Only a UTF-8 stream that
+    already writes a path's undecodable bytes back (surrogateescape) is left as it is."""
     stream = sys.stdout
     if not isinstance(stream, io.TextIOWrapper):
         return
+    utf8 = codecs.lookup(stream.encoding).name == "utf-8"
     if json_mode:
-        if codecs.lookup(stream.encoding).name != "utf-8":
+        if not utf8:
             stream.reconfigure(encoding="utf-8")
-    elif stream.errors == "strict":
+    elif not utf8 or stream.errors == "strict":
         stream.reconfigure(errors="backslashreplace")
 
 

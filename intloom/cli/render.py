@@ -11,6 +11,7 @@ wire), so they render what another component returns without depending on its cl
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -114,7 +115,13 @@ class Renderer:
 
     def document(self, doc: Mapping[str, Any]) -> None:
         """The single JSON document of a ``--json`` invocation."""
-        self.out.write(_json_encoder.encode(doc).decode("utf-8") + "\n")
+        try:
+            text = _json_encoder.encode(doc).decode("utf-8")
+        except UnicodeEncodeError:
+            # A path that is not UTF-8 holds surrogates (os.fsdecode), which UTF-8 cannot
+            # carry; a JSON escape can ("\\udcff"), and Python's json reads it back as the path.
+            text = json.dumps(msgspec.to_builtins(doc), separators=(",", ":"))
+        self.out.write(text + "\n")
         self.out.flush()
 
     def raw(self, text: str) -> None:

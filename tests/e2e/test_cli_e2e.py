@@ -374,6 +374,36 @@ def test_a_stdout_that_cannot_encode_the_text_gets_it_escaped_and_json_as_utf8(
     assert not (root / ".intloom").exists()
 
 
+def test_a_c_locale_stdout_gets_the_text_escaped_and_a_non_utf8_path_its_json(
+    project: Project, tmp_path: Path,
+) -> None:
+    # LC_ALL=C without UTF-8 mode or locale coercion: stdout is ASCII with surrogateescape
+    # (not "strict"), and the escaping was left off: status of a running host exited 70 on
+    # its "·". And a path that is not UTF-8 (a surrogate in Python) in a --json document
+    # was an uncaught UnicodeEncodeError: JSON escapes it.
+    env = {**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(REPO), "LC_ALL": "C",
+           "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"}
+    env.pop("PYTHONIOENCODING", None)
+    ok(project.cli("start", "--json"))
+    text = subprocess.run(
+        [sys.executable, "-m", "intloom", "--project", str(project.root), "status"],
+        capture_output=True, timeout=60, env=env)
+    assert text.returncode == 0, (text.stdout, text.stderr)
+    assert b"\\xb7" in text.stdout, text.stdout  # the "·", escaped
+    ok(project.cli("stop", "--json"))
+
+    bad = tmp_path / os.fsdecode(b"bad\xff")
+    bad.mkdir()
+    for locale in (env, {**env, "LC_ALL": "C.UTF-8"}):
+        doc = subprocess.run([sys.executable, "-m", "intloom", "status", "--json"], cwd=bad,
+                             capture_output=True, timeout=60, env=locale)
+        assert doc.returncode == 1, (doc.stdout, doc.stderr)
+        assert b"Traceback" not in doc.stderr, doc.stderr
+        error = json.loads(doc.stdout.decode("utf-8"))["error"]
+        assert error["code"] == "CLI_PROJECT_INVALID", error
+        assert str(bad) in error["message"], error  # the byte, as Python reads the path
+
+
 @pytest.mark.parametrize("args", [["--help"], ["runs", "--help"], ["attach", "-h"]])
 def test_piped_help_is_plain_text_even_without_no_color(tmp_path: Path, args: list[str]) -> None:
     env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
