@@ -14,7 +14,7 @@ import os
 import stat
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Final, Literal
+from typing import TYPE_CHECKING, Final, Literal, NamedTuple
 
 import msgspec
 
@@ -145,22 +145,29 @@ def _runtime_dir_check(paths: ProjectPaths) -> Check:
         # refuse for every Run.
         return Check("runtime_dir", "attention", f"{loose.path} {loose.fact}.",
                      f"{privacy_fix(loose)}. {KEEP_IT}")
-    loose = _loose_log(paths.logs)
-    if loose is not None:
+    log = _loose_log(paths.logs)
+    if log is not None:
         # No start reads an old log again: only doctor can say that others may read it.
-        if loose.fact.startswith("has mode"):
-            shown = loose.fact.split()[2].rstrip(";")
-            fact = (f"has mode {shown}: others may read what the Runs did (a host log is 0600, "
-                    "0400 once sealed)")
-            fix = f"Run chmod go= {shell_arg(loose.path)} (it keeps your own bits)"
+        if log.readable_mode is not None:
+            fact = (f"has mode {log.readable_mode:04o}: others may read what the Runs did "
+                    "(a host log is 0600, 0400 once sealed)")
+            fix = f"Run chmod go= {shell_arg(log.error.path)} (it keeps your own bits)"
         else:
-            fact, fix = loose.fact, privacy_fix(loose)
-        return Check("runtime_dir", "attention", f"{loose.path} {fact}.", f"{fix}. {KEEP_IT}")
+            fact, fix = log.error.fact, privacy_fix(log.error)
+        return Check("runtime_dir", "attention", f"{log.error.path} {fact}.",
+                     f"{fix}. {KEEP_IT}")
     return Check("runtime_dir", "ok", ".intloom/, .intloom/runtime/ (with its wal/ and snap/) "
                  "and .intloom/logs/ are private directories (0700) of yours.", None)
 
 
-def _loose_log(logs: Path) -> PrivacyError | None:
+class _LooseLog(NamedTuple):
+    error: PrivacyError
+    # The log's permission bits when they are what is wrong (others may read it): doctor
+    # says so with its own words and fix, not file_problem's "private files must be 0600".
+    readable_mode: int | None
+
+
+def _loose_log(logs: Path) -> _LooseLog | None:
     """The first host log (``LOG-*.jsonl``, a regular file) others may read, or that is not
     ours, if any. An entry of another kind is named by ``intloom logs``, which skips it."""
     try:
@@ -170,10 +177,15 @@ def _loose_log(logs: Path) -> PrivacyError | None:
     for entry in entries:
         if not (entry.name.startswith("LOG-") and entry.name.endswith(".jsonl")):
             continue
-        st = entry.stat(follow_symlinks=False)
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue  # gone since the listing (a host pruning its old logs): none to read
         problem = file_problem(st) if stat.S_ISREG(st.st_mode) else None
         if problem is not None:
-            return PrivacyError(Path(entry.path), problem)
+            ours = st.st_uid == os.getuid()
+            mode = stat.S_IMODE(st.st_mode) if ours and st.st_mode & 0o077 else None
+            return _LooseLog(PrivacyError(Path(entry.path), problem), mode)
     return None
 
 
@@ -186,7 +198,11 @@ def _loose_segment(wal: Path) -> PrivacyError | None:
     for entry in entries:
         if not entry.name.endswith(".seg"):
             continue  # unexpected files are the journals check's
-        problem = file_problem(entry.stat(follow_symlinks=False))
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue  # gone since the listing (recover moved it aside): none to read
+        problem = file_problem(st)
         if problem is not None:
             return PrivacyError(Path(entry.path), problem)
     return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -246,3 +247,46 @@ def test_temp_files_of_an_interrupted_metadata_write_are_reported_and_kept(root:
     for tmp in (lock_tmp, conn_tmp):
         tmp.unlink()
     assert {c.id: c for c in run_doctor(root).checks}["temp_files"].status == "ok"
+
+
+def test_a_log_or_segment_removed_while_doctor_lists_it_is_skipped(
+    root: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A host log or a WAL segment removed between doctor's listing of its directory and
+    its stat of the file (a host pruning its old logs, recover moving a segment aside) made
+    doctor exit 70 (FileNotFoundError). A file that is gone is skipped; the next one, a log
+    others may read, is still reported with its mode."""
+    paths = ProjectPaths(root)
+    for directory in (paths.state, paths.runtime, paths.logs, paths.runtime / "wal",
+                      paths.runtime / "snap", paths.runtime / "snap" / "live",
+                      paths.runtime / "snap" / "done"):
+        directory.mkdir(mode=0o700)
+    gone = [paths.logs / "LOG-20260101T000000Z-a.jsonl", paths.runtime / "wal" / "0.seg"]
+    for path in gone:
+        path.write_bytes(b"")
+    readable = paths.logs / "LOG-20260101T000000Z-b.jsonl"
+    readable.write_bytes(b"")
+    readable.chmod(0o644)
+    real = os.scandir
+
+    class Listed(list[os.DirEntry[str]]):
+        def __enter__(self) -> Listed:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+    def scandir(path: Any = ".") -> Listed:
+        with real(path) as it:
+            listed = Listed(it)
+        for entry in listed:  # removed after the listing, before the stat
+            if Path(entry.path) in gone:
+                os.unlink(entry.path)
+        return listed
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    check = {c.id: c for c in run_doctor(root).checks}["runtime_dir"]
+    assert check.status == "attention", check
+    assert check.message == (f"{readable} has mode 0644: others may read what the Runs did "
+                             "(a host log is 0600, 0400 once sealed)."), check.message
+    assert check.next is not None and "chmod go=" in check.next, check.next
