@@ -98,6 +98,26 @@ def _config_check(root: Path) -> tuple[Check, Config | None]:
     ), config
 
 
+def _store_dirs(paths: ProjectPaths) -> tuple[Path, ...]:
+    return (paths.runtime / "wal", paths.runtime / "snap",
+            paths.runtime / "snap" / "live", paths.runtime / "snap" / "done")
+
+
+def refused_state_dir(paths: ProjectPaths) -> PrivacyError | None:
+    """The first state directory that exists but is not private and ours, which intloom
+    start refuses (its group/other bits, its owner, a link), or None. logs/ too: a start
+    that cannot open its log refuses to run; and the store's own directories, which the
+    runtime_dir check's "ok" speaks for. status names it before it says "Run intloom
+    start"."""
+    for path in (paths.state, paths.runtime, paths.logs, *_store_dirs(paths)):
+        try:
+            check_private_dir(path)
+        except PrivacyError as exc:
+            if exc.fact != "does not exist":
+                return exc
+    return None
+
+
 def _runtime_dir_check(paths: ProjectPaths) -> Check:
     try:
         check_private_dir(paths.state)
@@ -107,20 +127,13 @@ def _runtime_dir_check(paths: ProjectPaths) -> Check:
                          "No .intloom/ yet; intloom start creates it (mode 0700).", None)
         return Check("runtime_dir", "attention", f"{exc.path} {exc.fact}.",
                      f"{privacy_fix(exc)}. {KEEP_IT}")
-    absent = []
-    # logs/ too: a start that cannot open its log refuses to run; and the store's own
-    # directories, which this check's "ok" speaks for.
-    store_dirs = (paths.runtime / "wal", paths.runtime / "snap",
-                  paths.runtime / "snap" / "live", paths.runtime / "snap" / "done")
-    for path in (paths.runtime, paths.logs, *store_dirs):
-        try:
-            check_private_dir(path)
-        except PrivacyError as exc:
-            if exc.fact != "does not exist":
-                return Check("runtime_dir", "attention", f"{exc.path} {exc.fact}.",
-                             f"{privacy_fix(exc)}. {KEEP_IT}")
-            if path not in store_dirs:
-                absent.append(f".intloom/{path.name}/")
+    loose_dir = refused_state_dir(paths)
+    if loose_dir is not None:
+        return Check("runtime_dir", "attention", f"{loose_dir.path} {loose_dir.fact}.",
+                     f"{privacy_fix(loose_dir)}. {KEEP_IT}")
+    absent = [f".intloom/{path.name}/" for path in (paths.runtime, paths.logs)
+              if not os.path.lexists(path)]
+    store_dirs = _store_dirs(paths)
     # Private is not enough: a start writes its lock, log and checkpoints into these, and a
     # directory it cannot write (0500, the immutable flag, a read-only mount) fails it.
     for path in (paths.state, paths.runtime, paths.logs, *store_dirs):

@@ -85,7 +85,10 @@ def test_logs_are_never_read_through_a_linked_state_or_logs_directory(
     assert path.is_symlink()
 
 
-@pytest.mark.parametrize("loose", [".intloom", ".intloom/logs", ".intloom/runtime"])
+@pytest.mark.parametrize("loose", [
+    ".intloom", ".intloom/logs", ".intloom/runtime", ".intloom/runtime/wal",
+    ".intloom/runtime/snap", ".intloom/runtime/snap/live", ".intloom/runtime/snap/done",
+])
 def test_status_does_not_send_to_a_start_that_refuses_a_loose_state_directory(
     project: Project, loose: str
 ) -> None:

@@ -61,19 +61,15 @@ def _start_refuses(root: Path) -> str | None:
     state directories as they are (group/other bits), with the fix; None when it would not.
     The diagnosis leaves modes to doctor's runtime_dir check, but "Run intloom start" alone
     sent people straight into that refusal."""
-    from intloom.fsutil import PrivacyError, check_private_dir, privacy_fix
+    from intloom.diagnostics.doctor import refused_state_dir
+    from intloom.fsutil import privacy_fix
     from intloom.project import ProjectPaths
 
-    paths = ProjectPaths(root)
-    for directory in (paths.state, paths.runtime, paths.logs):
-        try:
-            check_private_dir(directory)
-        except PrivacyError as exc:
-            if exc.fact == "does not exist":
-                continue
-            return (f"But intloom start refuses the project as it is: {exc.path} {exc.fact}. "
-                    f"{privacy_fix(exc)}.")
-    return None
+    exc = refused_state_dir(ProjectPaths(root))  # the directories doctor's runtime_dir checks
+    if exc is None:
+        return None
+    return (f"But intloom start refuses the project as it is: {exc.path} {exc.fact}. "
+            f"{privacy_fix(exc)}.")
 
 
 @command
