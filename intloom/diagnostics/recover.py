@@ -32,7 +32,7 @@ from intloom.diagnostics.owners import NO_CONNECTION_FIX, Inspection, inspect, j
 from intloom.diagnostics.portguard import PortGuard, port_in_use
 from intloom.diagnostics.temps import TempFile, metadata_temps
 from intloom.errors import ErrorView, IntloomError
-from intloom.fsutil import fsync_dir
+from intloom.fsutil import fsync_dir, shell_arg
 from intloom.host.liveness import Evidence, LockProbe
 from intloom.host.observe import Snapshot, observe
 from intloom.protocol.framing import encode_frame
@@ -176,10 +176,23 @@ def _remove(path: Path, lock_fd: int | None, removed: list[str]) -> None:
         raise IntloomError(
             "STORAGE_ERROR",
             f"{path.parent.name}/{path.name} could not be removed ({exc.strerror or exc}). {done}. "
-            f"Make {path.parent} writable (check its permissions, `lsattr` on the file and "
-            "the directory for the immutable flag, and whether the filesystem is read-only), "
-            "then run intloom recover again.",
+            f"{_unremovable_fix(path, exc)}, then run intloom recover again.",
         ) from None
+
+
+def _unremovable_fix(path: Path, exc: OSError) -> str:
+    """What to do about a file unlink refused, by what the evidence shows: removing needs
+    write access to the directory only, so a directory writable by us points at the file's
+    own flags (immutable or append-only), not at the directory."""
+    word, where = shell_arg(path), shell_arg(path.parent)
+    if exc.errno == errno.EROFS:
+        return "Its file system is read-only: remount it read-write"
+    if exc.errno in (errno.EPERM, errno.EACCES) and os.access(path.parent, os.W_OK | os.X_OK):
+        return (f"{path.parent} is writable by you, so the file itself refuses: check its "
+                f"flags (lsattr {word}; chattr -i {word} clears the immutable flag, "
+                f"chattr -a {word} the append-only one)")
+    return (f"Make {path.parent} writable (check its permissions, lsattr -d {where} for the "
+            "immutable flag, and whether the filesystem is read-only)")
 
 
 def recover(root: Path, *, dry_run: bool) -> RecoverResult:
