@@ -352,8 +352,8 @@ def _not_current(slot: RunSlot, action_id: str) -> str:
         return (f"{fact}; it has completed and takes no answer; nothing was recorded "
                 f"(intloom attach {slot.run_id} shows its history).")
     if view.status == "failed":
-        why = ("was stopped (RUN_STOPPED, by intloom cancel)" if error is not None
-               and error.code == "RUN_STOPPED" else
+        why = ("was stopped (RUN_STOPPED, by a cancel: intloom cancel or Client.cancel)"
+               if error is not None and error.code == "RUN_STOPPED" else
                f"has failed ({error.code if error is not None else 'no error recorded'})")
         return (f"{fact}; it {why} and takes no answer; nothing was recorded "
                 f"(intloom attach {slot.run_id} shows how it ended).")

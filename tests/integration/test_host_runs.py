@@ -1000,3 +1000,20 @@ def test_a_wait_outlasted_by_a_paused_host_does_not_claim_the_steps_still_run(
     assert "if the host is running" in message, message
     assert "intloom runs" in message and "wait_run" in message, message
     assert "request_timeout=None" in message, message
+
+
+def test_an_answer_after_a_client_cancel_does_not_credit_the_cli(project: Project) -> None:
+    """An answer to a Run a program cancelled through Client.cancel was told the Run "was
+    stopped (RUN_STOPPED, by intloom cancel)": the cancel need not have come from the CLI."""
+    start(project)
+    with Client.connect(project.root) as client:
+        waiting = client.create_run("example", "notes")
+        assert waiting.pending_action is not None
+        client.cancel(waiting.run_id)
+        with pytest.raises(IntloomError) as late:
+            client.answer(waiting.run_id, waiting.pending_action.id, {"isConfirmed": True})
+    assert late.value.code == "CONFLICT", late.value
+    message = late.value.message
+    assert "by intloom cancel)" not in message, message
+    assert "was stopped (RUN_STOPPED, by a cancel: intloom cancel or Client.cancel)" in (
+        message), message
