@@ -563,6 +563,49 @@ def test_logs_follow_of_a_project_removed_under_it_ends_with_a_known_error(
                 proc.wait(timeout=10)
 
 
+def _watches(pid: int, directory: Path) -> bool:
+    """Whether process ``pid`` holds an inotify watch on ``directory`` (Linux: each watch
+    is a line of the inotify descriptor's fdinfo, naming the watched inode in hex)."""
+    inode = f"ino:{os.stat(directory).st_ino:x} "
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") != "anon_inode:inotify":
+                continue
+            with open(f"/proc/{pid}/fdinfo/{fd}") as info:
+                if any(inode in line for line in info):
+                    return True
+        except OSError:  # the descriptor closed meanwhile
+            continue
+    return False
+
+
+def test_logs_follow_watching_the_project_itself_ends_once_it_is_removed(
+    project: Project,
+) -> None:
+    """With no .intloom/ yet, logs --follow watches the project directory itself. Removed
+    under it, the watch went on, on a directory gone, and logs never ended (it only
+    re-chose what to watch when .intloom/ or logs/ came or went)."""
+    assert not project.state.exists()
+    env = {**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(REPO)}
+    with subprocess.Popen(
+        [sys.executable, "-m", "intloom", "--project", str(project.root), "logs", "--follow"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+    ) as proc:
+        try:
+            eventually(lambda: _watches(proc.pid, project.root), timeout=20,
+                       what="logs --follow to watch the project directory")
+            shutil.rmtree(project.root)
+            assert proc.wait(timeout=20) == 1
+            assert proc.stderr is not None
+            err = proc.stderr.read().decode()
+            assert err.startswith("Failure \u00b7 CLI_PROJECT_INVALID: "), err
+            assert str(project.root) in err and "removed" in err, err
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+
+
 # ----- a Run's life against a real host ------------------------------------------------------
 
 

@@ -100,6 +100,14 @@ def _watch_target(root: Path, logs_dir: Path) -> tuple[Path, bool]:
     return root, False
 
 
+def _project_removed(root: Path) -> IntloomError:
+    return IntloomError(
+        "CLI_PROJECT_INVALID",
+        f"The project directory {root} was removed while intloom logs --follow watched it; "
+        "no log can appear there any more. Run intloom logs again once the project is back.",
+    )
+
+
 def _follow(tail: LogTail, root: Path, logs_dir: Path) -> None:
     import watchfiles
 
@@ -123,6 +131,10 @@ def _follow(tail: LogTail, root: Path, logs_dir: Path) -> None:
                     step=25,
                 ):
                     tail.pump()
+                    if target == root and not root.is_dir():
+                        # Watched itself (no .intloom/ yet), the project went: the watch
+                        # goes on, on a directory gone, and nothing else would change.
+                        raise _project_removed(root)
                     if _watch_target(root, logs_dir) != (target, recursive):
                         moved = True
                         break
@@ -130,12 +142,7 @@ def _follow(tail: LogTail, root: Path, logs_dir: Path) -> None:
                 # The directory went between choosing it and watching it: choose again,
                 # unless the project itself is gone, where no log can appear any more.
                 if not root.is_dir():
-                    raise IntloomError(
-                        "CLI_PROJECT_INVALID",
-                        f"The project directory {root} was removed while intloom logs "
-                        "--follow watched it; no log can appear there any more. Run intloom "
-                        "logs again once the project is back.",
-                    ) from None
+                    raise _project_removed(root) from None
                 if target.is_dir():
                     raise  # not that race: a failure of the watch itself
                 continue
