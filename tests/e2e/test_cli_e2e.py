@@ -6,6 +6,7 @@ fixture; a ``logs --follow`` process is killed in ``finally``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -16,6 +17,7 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -509,58 +511,61 @@ class _Lines:
         return line.decode()
 
 
-def test_logs_follow_survives_a_new_host_log_and_stops_on_sigterm(project: Project) -> None:
-    logs = project.state / "logs"
-    project.state.mkdir(mode=0o700)
-    _write_log(logs, "LOG-20260101T000000000Z.jsonl", {"time": "T1", "event": "first"})
-    env = {**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(REPO)}
-    with subprocess.Popen(
-        [sys.executable, "-m", "intloom", "--project", str(project.root), "logs", "--follow"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
-    ) as proc:
-        try:
-            lines = _Lines(proc)
-            assert "first" in lines.next()
-            _write_log(logs, "LOG-20260101T000000000Z.jsonl", {"time": "T2", "event": "appended"})
-            assert "appended" in lines.next()
-            # A restarted host writes a new file; following moves on to it.
-            _write_log(logs, "LOG-20260102T000000000Z.jsonl", {"time": "T3", "event": "new_host"})
-            assert "new_host" in lines.next()
-            # A host started after the clock was moved back names its file earlier: it is
-            # still new, and followed.
-            _write_log(logs, "LOG-20250101T000000000Z.jsonl", {"time": "T4", "event": "back"})
-            assert "back" in lines.next()
-            proc.send_signal(signal.SIGTERM)
-            assert proc.wait(timeout=10) == 0
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=10)
-
-
-def test_logs_follow_of_a_project_removed_under_it_ends_with_a_known_error(
-    project: Project,
-) -> None:
-    logs = project.state / "logs"
-    project.state.mkdir(mode=0o700)
-    _write_log(logs, "LOG-20260101T000000000Z.jsonl", {"time": "T1", "event": "first"})
+@contextlib.contextmanager
+def _following(project: Project) -> Iterator[subprocess.Popen[bytes]]:
+    """``intloom logs --follow`` on ``project``, killed and reaped if still running."""
     env = {**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(REPO)}
     with subprocess.Popen(
         [sys.executable, "-m", "intloom", "--project", str(project.root), "logs", "--follow"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
     ) as proc:
         try:
-            assert "first" in _Lines(proc).next()
-            shutil.rmtree(project.root)
-            assert proc.wait(timeout=20) == 1
-            assert proc.stderr is not None
-            err = proc.stderr.read().decode()
-            assert err.startswith("Failure \u00b7 CLI_PROJECT_INVALID: "), err
-            assert str(project.root) in err and "removed" in err, err
+            yield proc
         finally:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(timeout=10)
+
+
+def _ends_as_removed(proc: subprocess.Popen[bytes], root: Path) -> None:
+    """``root`` is removed: the follow ends CLI_PROJECT_INVALID, naming it."""
+    shutil.rmtree(root)
+    assert proc.wait(timeout=20) == 1
+    assert proc.stderr is not None
+    err = proc.stderr.read().decode()
+    assert err.startswith("Failure \u00b7 CLI_PROJECT_INVALID: "), err
+    assert str(root) in err and "removed" in err, err
+
+
+def test_logs_follow_survives_a_new_host_log_and_stops_on_sigterm(project: Project) -> None:
+    logs = project.state / "logs"
+    project.state.mkdir(mode=0o700)
+    _write_log(logs, "LOG-20260101T000000000Z.jsonl", {"time": "T1", "event": "first"})
+    with _following(project) as proc:
+        lines = _Lines(proc)
+        assert "first" in lines.next()
+        _write_log(logs, "LOG-20260101T000000000Z.jsonl", {"time": "T2", "event": "appended"})
+        assert "appended" in lines.next()
+        # A restarted host writes a new file; following moves on to it.
+        _write_log(logs, "LOG-20260102T000000000Z.jsonl", {"time": "T3", "event": "new_host"})
+        assert "new_host" in lines.next()
+        # A host started after the clock was moved back names its file earlier: it is
+        # still new, and followed.
+        _write_log(logs, "LOG-20250101T000000000Z.jsonl", {"time": "T4", "event": "back"})
+        assert "back" in lines.next()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+
+
+def test_logs_follow_of_a_project_removed_under_it_ends_with_a_known_error(
+    project: Project,
+) -> None:
+    project.state.mkdir(mode=0o700)
+    _write_log(project.state / "logs", "LOG-20260101T000000000Z.jsonl",
+               {"time": "T1", "event": "first"})
+    with _following(project) as proc:
+        assert "first" in _Lines(proc).next()
+        _ends_as_removed(proc, project.root)
 
 
 def _watches(pid: int, directory: Path) -> bool:
@@ -586,24 +591,10 @@ def test_logs_follow_watching_the_project_itself_ends_once_it_is_removed(
     under it, the watch went on, on a directory gone, and logs never ended (it only
     re-chose what to watch when .intloom/ or logs/ came or went)."""
     assert not project.state.exists()
-    env = {**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(REPO)}
-    with subprocess.Popen(
-        [sys.executable, "-m", "intloom", "--project", str(project.root), "logs", "--follow"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-    ) as proc:
-        try:
-            eventually(lambda: _watches(proc.pid, project.root), timeout=20,
-                       what="logs --follow to watch the project directory")
-            shutil.rmtree(project.root)
-            assert proc.wait(timeout=20) == 1
-            assert proc.stderr is not None
-            err = proc.stderr.read().decode()
-            assert err.startswith("Failure \u00b7 CLI_PROJECT_INVALID: "), err
-            assert str(project.root) in err and "removed" in err, err
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=10)
+    with _following(project) as proc:
+        eventually(lambda: _watches(proc.pid, project.root), timeout=20,
+                   what="logs --follow to watch the project directory")
+        _ends_as_removed(proc, project.root)
 
 
 # ----- a Run's life against a real host ------------------------------------------------------

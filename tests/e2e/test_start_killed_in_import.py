@@ -6,12 +6,14 @@ port and saves ``connection.json`` before any user code runs: doctor's advice wo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -78,22 +80,35 @@ def test_a_first_start_killed_in_a_workflow_import_is_recovered_as_doctor_says(
     ok(slow.cli("stop", "--json"))
 
 
+@contextlib.contextmanager
+def _while_starting(project: Project, env: dict[str, str] | None = None
+                    ) -> Iterator[dict[str, Any]]:
+    """A ``start`` held in its Workflow's import: yields its ``service.lock``. Then the
+    import goes on, and the start must succeed."""
+    started: list[CliResult] = []
+    starting = threading.Thread(
+        target=lambda: started.append(project.cli("start", "--json", env=env)))
+    starting.start()
+    try:
+        eventually((project.root / "importing").exists, timeout=20,
+                   what="the import to start")
+        lock: dict[str, Any] = json.loads((project.state / "service.lock").read_text())
+        project.pids.add(lock["pid"])
+        yield lock
+    finally:
+        (project.root / "release").write_text("")
+        starting.join(timeout=60)
+    [result] = started
+    ok(result)
+
+
 def test_status_during_a_normal_start_says_the_host_is_starting(slow: Project) -> None:
     """A host that holds its lock while it imports its Workflows is starting, not stuck:
     status said "A resource owner still exists ... Do not delete locks", which reads as a
     project in trouble. The JSON status stays DESIGN's ``blocked`` (an owner is alive)."""
-    started: list[CliResult] = []
-    starting = threading.Thread(target=lambda: started.append(slow.cli("start", "--json")))
-    starting.start()
-    try:
-        eventually((slow.root / "importing").exists, timeout=20, what="the import to start")
-        lock = json.loads((slow.state / "service.lock").read_text())
-        slow.pids.add(lock["pid"])
+    with _while_starting(slow) as lock:
         text = slow.cli("status")
         doc = slow.cli("status", "--json")
-    finally:
-        (slow.root / "release").write_text("")
-        starting.join(timeout=60)
     assert text.code == 0, text
     first = text.stdout.splitlines()[0]
     assert first.startswith(f"The service is starting (pid {lock['pid']}, since "
@@ -101,8 +116,6 @@ def test_status_during_a_normal_start_says_the_host_is_starting(slow: Project) -
     assert "Do not delete locks" not in text.stdout and "intloom status" in first
     assert doc.code == 0 and doc.json["status"] == "blocked"
     assert doc.json["message"] == first
-    [result] = started
-    ok(result)
     assert ok(slow.cli("status", "--json"))["service"]["pid"] == lock["pid"]
     ok(slow.cli("stop", "--json"))
 
@@ -117,21 +130,12 @@ def test_commands_during_a_normal_start_say_the_host_is_starting(slow: Project) 
 
     offline = slow.cli("runs", "--json")
     assert offline.code != 0 and offline.json["error"]["code"] == "CLI_SERVICE_OFFLINE"
-    started: list[CliResult] = []
-    starting = threading.Thread(target=lambda: started.append(slow.cli("start", "--json")))
-    starting.start()
-    try:
-        eventually((slow.root / "importing").exists, timeout=20, what="the import to start")
-        lock = json.loads((slow.state / "service.lock").read_text())
-        slow.pids.add(lock["pid"])
+    with _while_starting(slow) as lock:
         runs = slow.cli("runs", "--json")
         text = slow.cli("flows")
         flow = slow.cli("flow", "slow", "--intent", "x", "--json")
         with pytest.raises(IntloomError) as raised:
             Client.connect(slow.root)
-    finally:
-        (slow.root / "release").write_text("")
-        starting.join(timeout=60)
     expected = f"The service is starting (pid {lock['pid']}, since {lock['startedAt']})"
     for result in (runs, flow):
         error = result.json["error"]
@@ -143,8 +147,6 @@ def test_commands_during_a_normal_start_say_the_host_is_starting(slow: Project) 
     assert expected in text.stderr and "offline" not in text.stderr, text
     assert raised.value.code == "CLI_SERVICE_UNAVAILABLE" and raised.value.retryable
     assert raised.value.message.startswith(expected)
-    [result] = started
-    ok(result)
     assert ok(slow.cli("runs", "--json"))["runs"] == []
     ok(slow.cli("stop", "--json"))
 
@@ -163,18 +165,8 @@ def held(tmp_path: Path) -> Iterator[Project]:
 def test_doctor_during_a_normal_start_says_the_host_is_starting(held: Project) -> None:
     """doctor's owner check said a host in its start-up "does not answer as this project's
     host (it may be starting or stopping)"; status says it is starting."""
-    started: list[CliResult] = []
-    starting = threading.Thread(target=lambda: started.append(
-        held.cli("start", "--json", env={"HOLD_IMPORT": "1"})))
-    starting.start()
-    try:
-        eventually((held.root / "importing").exists, timeout=20, what="the import to start")
-        lock = json.loads((held.state / "service.lock").read_text())
-        held.pids.add(lock["pid"])
+    with _while_starting(held, env={"HOLD_IMPORT": "1"}) as lock:
         doctor = held.cli("doctor", "--json")
-    finally:
-        (held.root / "release").write_text("")
-        starting.join(timeout=60)
     report = doctor.json
     assert report["status"] == "blocked" and report["message"].startswith(
         f"The service is starting (pid {lock['pid']}"), report["message"]
@@ -183,6 +175,4 @@ def test_doctor_during_a_normal_start_says_the_host_is_starting(held: Project) -
         f"service.lock names pid {lock['pid']}, which is alive and starting (since "
         f"{lock['startedAt']})"), check
     assert "stopping" not in check["message"], check
-    [result] = started
-    ok(result)
     ok(held.cli("stop", "--json"))

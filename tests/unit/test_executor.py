@@ -1193,7 +1193,30 @@ def test_a_state_left_by_recover_is_checked_and_names_recover() -> None:
     calls: list[str] = []
     journal = MemoryJournal()
 
-    def workflow(bad: bool) -> intloom.Workflow:
+    def recover(ctx: intloom.StepContext[Typed], restarted: bool) -> str:
+        calls.append("recover")
+        if restarted:
+            ctx.state.items.append("x")  # type: ignore[arg-type]
+        return "ok"
+
+    done = _answered_after_a_restart(journal, recover)
+    assert done.status == "failed" and done.last_error is not None
+    assert done.last_error.code == "STAGE_STATE_INVALID"
+    assert done.last_error.message.startswith("Stage 's', Step 'a' recover: "), done
+    assert "$.items[0]" in done.last_error.message
+    assert calls == ["recover"]
+    for saved in _saved_states(journal.of(done.run_id)):
+        msgspec.json.decode(saved, type=Typed)
+
+
+def _answered_after_a_restart(
+        journal: MemoryJournal,
+        recover: Callable[[intloom.StepContext[Typed], bool], str]) -> RunView:
+    """A Run whose Step asks for a confirmation waits when its host stops; a new host
+    restores it and the confirmation is answered, so the Step's recover runs
+    (``recover(ctx, restarted)``): the Run as the answer leaves it."""
+
+    def workflow(restarted: bool) -> intloom.Workflow:
         wf = intloom.Workflow("typed", version="1")
         st = wf.stage("s", state=Typed)
 
@@ -1204,10 +1227,7 @@ def test_a_state_left_by_recover_is_checked_and_names_recover() -> None:
 
         @a.recover
         def a_recover(ctx: intloom.StepContext[Typed], saved: intloom.Recovery) -> str:
-            calls.append("recover")
-            if bad:
-                ctx.state.items.append("x")  # type: ignore[arg-type]
-            return "ok"
+            return recover(ctx, restarted)
 
         return wf
 
@@ -1221,63 +1241,24 @@ def test_a_state_left_by_recover_is_checked_and_names_recover() -> None:
 
     run_id, action = run(first)
 
-    async def second() -> None:
+    async def second() -> RunView:
         rt = Runtime(loaded(workflow(True)), journal, package_version="0.1.0")
         assert rt.restore([RestoredRun(run_id, fold(journal.of(run_id)))]).waiting == [run_id]
         rt.start_restored()
-        done = await rt.answer(run_id, action, {"isConfirmed": True})
-        assert done.status == "failed" and done.last_error is not None
-        assert done.last_error.code == "STAGE_STATE_INVALID"
-        assert done.last_error.message.startswith("Stage 's', Step 'a' recover: "), done
-        assert "$.items[0]" in done.last_error.message
+        return await rt.answer(run_id, action, {"isConfirmed": True})
 
-    run(second)
-    assert calls == ["recover"]
-    for saved in _saved_states(journal.of(run_id)):
-        msgspec.json.decode(saved, type=Typed)
+    done: RunView = run(second)
+    return done
 
 
 def test_an_unrouted_outcome_of_recover_names_recover() -> None:
     """recover returned an outcome no route handles: the message said the Step returned
     it, and the Step's own code could not have."""
-    journal = MemoryJournal()
-
-    def workflow() -> intloom.Workflow:
-        wf = intloom.Workflow("typed", version="1")
-        st = wf.stage("s", state=Typed)
-
-        @st.step("a", routes={"ok": intloom.COMPLETE})
-        async def a(ctx: Any) -> str:
-            await ctx.confirm({})
-            return "ok"
-
-        @a.recover
-        def a_recover(ctx: intloom.StepContext[Typed], saved: intloom.Recovery) -> str:
-            return "weird"
-
-        return wf
-
-    async def first() -> tuple[str, str]:
-        rt = Runtime(loaded(workflow()), journal, package_version="0.1.0")
-        rt.restore([])
-        view = await rt.wait_stable((await rt.create_run("typed", "go")).run_id)
-        await rt.suspend(1)
-        assert view.pending_action is not None
-        return view.run_id, view.pending_action.id
-
-    run_id, action = run(first)
-
-    async def second() -> None:
-        rt = Runtime(loaded(workflow()), journal, package_version="0.1.0")
-        assert rt.restore([RestoredRun(run_id, fold(journal.of(run_id)))]).waiting == [run_id]
-        rt.start_restored()
-        done = await rt.answer(run_id, action, {"isConfirmed": True})
-        assert done.last_error is not None
-        assert done.last_error.code == "STEP_OUTCOME_NOT_HANDLED"
-        assert done.last_error.message.startswith(
-            "Stage 's', Step 'a' recover returned outcome 'weird'"), done.last_error
-
-    run(second)
+    done = _answered_after_a_restart(MemoryJournal(), lambda _ctx, _restarted: "weird")
+    assert done.last_error is not None
+    assert done.last_error.code == "STEP_OUTCOME_NOT_HANDLED"
+    assert done.last_error.message.startswith(
+        "Stage 's', Step 'a' recover returned outcome 'weird'"), done.last_error
 
 
 class Scored(msgspec.Struct, omit_defaults=True):

@@ -334,12 +334,10 @@ NOT_JSON: dict[str, tuple[Any, str, str]] = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(NOT_JSON))
-@pytest.mark.parametrize("handed", ["task", "confirm"])
-def test_what_json_cannot_carry_in_a_task_or_a_confirmation_is_refused_at_the_call(
-        tmp_path: Path, case: str, handed: str) -> None:
-    value, fact, fix = NOT_JSON[case]
-    wf = intloom.Workflow("notjson", version="1")
+def _handing(value: Any, handed: str) -> intloom.Workflow:
+    """A Workflow whose one Step hands ``value`` on: as its Agent task (``task``) or as the
+    context of a confirmation (``confirm``)."""
+    wf = intloom.Workflow("handing", version="1")
     st = wf.stage("s")
     if handed == "task":
         @st.agent_step("a", routes={"ok": intloom.COMPLETE})
@@ -352,8 +350,16 @@ def test_what_json_cannot_carry_in_a_task_or_a_confirmation_is_refused_at_the_ca
             return "ok"
 
     wf.validate()
+    return wf
+
+
+@pytest.mark.parametrize("case", sorted(NOT_JSON))
+@pytest.mark.parametrize("handed", ["task", "confirm"])
+def test_what_json_cannot_carry_in_a_task_or_a_confirmation_is_refused_at_the_call(
+        tmp_path: Path, case: str, handed: str) -> None:
+    value, fact, fix = NOT_JSON[case]
     root = tmp_path / "runtime"
-    view = _settled(root, wf)
+    view = _settled(root, _handing(value, handed))
     assert view.pending_agent_call is None and view.pending_action is None, view
     assert view.status == "failed" and view.last_error is not None, view
     assert view.last_error.code == "STEP_INTERACTION_INVALID", view.last_error
@@ -386,21 +392,7 @@ def test_a_task_or_context_holding_itself_more_than_once_is_refused_not_walked_f
     """The check for what JSON cannot carry walked every path through a value that holds
     itself twice (2**1000 of them, on the event loop: the host stopped answering), where the
     encoder names it at once as holding itself."""
-    value = _holding_themselves()[case]
-    wf = intloom.Workflow("loops", version="1")
-    st = wf.stage("s")
-    if handed == "task":
-        @st.agent_step("a", routes={"ok": intloom.COMPLETE})
-        def agent(ctx: Any) -> Any:
-            return value
-    else:
-        @st.step("a", routes={"ok": intloom.COMPLETE})
-        async def confirm(ctx: Any) -> str:
-            await ctx.confirm(value)
-            return "ok"
-
-    wf.validate()
-    view = _settled(tmp_path / "runtime", wf)
+    view = _settled(tmp_path / "runtime", _handing(_holding_themselves()[case], handed))
     assert view.status == "failed" and view.last_error is not None, view
     assert view.last_error.code == "STEP_INTERACTION_INVALID", view.last_error
     assert "holds itself" in view.last_error.message, view.last_error.message
