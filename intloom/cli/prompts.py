@@ -29,6 +29,12 @@ from intloom.cli.render import printable
 __all__ = ["Terminal", "prompt_answer"]
 
 
+# The longest a prompt sleeps before it looks whether Ctrl-C came: a SIGINT that lands just
+# before select() goes to sleep (or whose handler the kernel runs on another thread) is only
+# flagged for the main thread and wakes no select; an untimed one waited for a key.
+_SIGNAL_LOOK = 0.25
+
+
 def _nothing() -> None:
     return None
 
@@ -90,7 +96,9 @@ class Terminal:
                 if not self._shown:
                     self._write(prompt)
                     self._shown = True
-            ready, _, _ = select.select([self._fd, self._wake_r], [], [])
+            ready, _, _ = select.select([self._fd, self._wake_r], [], [], _SIGNAL_LOOK)
+            if not ready:
+                continue
             if self._wake_r in ready:
                 with contextlib.suppress(BlockingIOError):
                     os.read(self._wake_r, 4096)

@@ -8,7 +8,9 @@ once; EOF or Ctrl-C at a prompt detaches and leaves the Run waiting.
 
 from __future__ import annotations
 
+import ctypes
 import json
+import os
 import signal
 import threading
 from typing import Any
@@ -19,6 +21,20 @@ from tests.e2e.terminal import Terminal
 from tests.helpers import CliResult, Project, eventually, ok
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
+
+
+def interrupt(proc: Any, leave: str) -> None:
+    """Ctrl-C: SIGINT to the process, or (``ctrl-c-elsewhere``) to its other thread, which
+    the kernel may pick too. Its C handler then runs there and only flags the signal for the
+    main thread, asleep in a wait: the case of a SIGINT landing just before the main thread
+    goes to sleep (after its last check for signals), made certain."""
+    if leave == "ctrl-c":
+        proc.send_signal(signal.SIGINT)
+        return
+    others = [int(t) for t in os.listdir(f"/proc/{proc.pid}/task") if int(t) != proc.pid]
+    assert others, "attach has no thread besides its main one"
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.tgkill(proc.pid, others[0], signal.SIGINT) == 0, os.strerror(ctypes.get_errno())
 
 
 def answered(project: Project, run_id: str) -> Any:
@@ -199,7 +215,7 @@ def test_a_prompt_ends_with_the_run_moved_on_elsewhere(
         assert error in shown and "Failure · CLI_RUN_FAILED" in shown, term.text()
 
 
-@pytest.mark.parametrize("leave", ["eof", "ctrl-c"])
+@pytest.mark.parametrize("leave", ["eof", "ctrl-c", "ctrl-c-elsewhere"])
 def test_eof_or_ctrl_c_at_a_prompt_detaches_and_leaves_the_run_waiting(
     asks_project: Project, leave: str
 ) -> None:
@@ -218,7 +234,7 @@ def test_eof_or_ctrl_c_at_a_prompt_detaches_and_leaves_the_run_waiting(
         if leave == "eof":
             term.keys("\x04")  # ^D at the start of a line: EOF
         else:
-            term.proc.send_signal(signal.SIGINT)  # the pty is not its controlling terminal
+            interrupt(term.proc, leave)  # the pty is not its controlling terminal
         assert term.finish() == 0, term.text()
         assert f"Detached from {run_id}; the Run is left as it was." in term.rest(), term.text()
     run = ok(project.cli("attach", run_id, "--json"))["run"]
@@ -246,14 +262,16 @@ async def check(ctx: intloom.StepContext[None]) -> str:
 """
 
 
-@pytest.mark.parametrize("leave", ["agent", "ctrl-c"])
+@pytest.mark.parametrize("leave", ["agent", "ctrl-c", "ctrl-c-elsewhere"])
 def test_attach_follows_a_run_through_its_agent_task_to_the_next_prompt(
     asks_project: Project, leave: str
 ) -> None:
     """On a terminal, attach to a Run waiting on a client Agent printed the Run and exited:
     it did not follow the live events (DESIGN: attach follows them), so the confirmation the
     Run asked once the Agent was done went unseen. It follows until the Agent completes the
-    task, then prompts; Ctrl-C detaches meanwhile."""
+    task, then prompts; Ctrl-C detaches meanwhile. A SIGINT whose handler ran before the
+    wait for the task went to sleep (``ctrl-c-elsewhere``) was not seen by the wait: attach
+    went on waiting, and only an event woke it; it detaches within a moment."""
     from intloom.client.client import Client
 
     project = asks_project
@@ -271,8 +289,8 @@ def test_attach_follows_a_run_through_its_agent_task_to_the_next_prompt(
         signal.signal(signal.SIGINT, previous)
     with term:
         term.expect(f"Waiting for the client Agent to complete or fail task {call}")
-        if leave == "ctrl-c":
-            term.proc.send_signal(signal.SIGINT)
+        if leave != "agent":
+            interrupt(term.proc, leave)
             assert term.finish() == 0, term.text()
             assert f"Detached from {run_id}; the Run is left as it was." in term.rest()
             return

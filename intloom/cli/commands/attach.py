@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
@@ -42,6 +43,11 @@ _CATCH_UP: Final = 3.0
 _RETRY_CODES: Final = frozenset({"INVALID_REQUEST", "CONFLICT"})
 # How long a detach (Ctrl-C with --json) may take to look at the Run once more.
 _DETACH_LOOK: Final = 2.0
+# The longest a wait sleeps before it looks whether Ctrl-C came. A SIGINT that lands just
+# before the main thread goes to sleep (or whose handler the kernel runs on the follower
+# thread) is only flagged for the main thread, and wakes no wait: an untimed one slept on
+# until the next event, which a Run waiting on an Agent task may not send for hours.
+_SIGNAL_LOOK: Final = 0.25
 # What a look at the Run says when its host is gone (the connection broke or was closed).
 # A host that is stopping answers CLI_SERVICE_CLOSING until it goes: the same for a prompt.
 _CONNECTION_LOST: Final = frozenset({"PROJECT_REQUEST_FAILED", "PROJECT_CONNECTION_FAILED",
@@ -63,6 +69,19 @@ def _key(view: RunView) -> tuple[object, ...]:
     call = view.pending_agent_call.id if view.pending_agent_call else None
     error = view.last_error.code if view.last_error else None
     return (view.status, view.updated_at, action, call, error)
+
+
+def _wait(cond: threading.Condition, done: Callable[[], bool],
+          timeout: float | None = None) -> None:
+    """``cond.wait_for(done, timeout)`` (``cond`` held), in slices that let a pending Ctrl-C
+    be raised (see ``_SIGNAL_LOOK``)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while not done():
+        left = _SIGNAL_LOOK if deadline is None else min(_SIGNAL_LOOK,
+                                                          deadline - time.monotonic())
+        if left <= 0:
+            return
+        cond.wait(left)
 
 
 class _Follower(threading.Thread):
@@ -158,12 +177,12 @@ class _Follower(threading.Thread):
         """The Run as the stream's final event showed it, once the stream has ended (given
         a moment to: a host going away ends it, with that event or without); else None."""
         with self._cond:
-            self._cond.wait_for(lambda: self._done, timeout=_CATCH_UP)
+            _wait(self._cond, lambda: self._done, timeout=_CATCH_UP)
             return self.final
 
     def catch_up(self, view: RunView) -> None:
         with self._cond:
-            self._cond.wait_for(lambda: self._reached(view), timeout=_CATCH_UP)
+            _wait(self._cond, lambda: self._reached(view), timeout=_CATCH_UP)
 
     def past_task(self, view: RunView) -> None:
         """Block until the stream shows the Run no longer waiting on ``view``'s Agent task
@@ -180,7 +199,7 @@ class _Follower(threading.Thread):
                        for seen in self._since(view))
 
         with self._cond:
-            self._cond.wait_for(lambda: self._done or moved())
+            _wait(self._cond, lambda: self._done or moved())
 
     def ended(self) -> bool:
         """The stream has ended (or could not be opened): no event will wake a wait."""
