@@ -14,6 +14,7 @@ on from that view: it asks what the Run now waits on, or shows how it ended.
 from __future__ import annotations
 
 import contextlib
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -43,11 +44,12 @@ _CATCH_UP: Final = 3.0
 _RETRY_CODES: Final = frozenset({"INVALID_REQUEST", "CONFLICT"})
 # How long a detach (Ctrl-C with --json) may take to look at the Run once more.
 _DETACH_LOOK: Final = 2.0
-# The longest a wait sleeps before it looks whether Ctrl-C came. A SIGINT that lands just
-# before the main thread goes to sleep (or whose handler the kernel runs on the follower
-# thread) is only flagged for the main thread, and wakes no wait: an untimed one slept on
-# until the next event, which a Run waiting on an Agent task may not send for hours.
-_SIGNAL_LOOK: Final = 0.25
+# The longest a wait sleeps before it looks whether Ctrl-C came (how late a detach may be).
+# A SIGINT that lands just before the main thread goes to sleep (or whose handler the kernel
+# runs on the follower thread) is only flagged for the main thread, and wakes no wait: an
+# untimed one slept on until the next event, which a Run waiting on an Agent task may not
+# send for hours.
+_SIGNAL_LOOK: Final = 0.1
 # What a look at the Run says when its host is gone (the connection broke or was closed).
 # A host that is stopping answers CLI_SERVICE_CLOSING until it goes: the same for a prompt.
 _CONNECTION_LOST: Final = frozenset({"PROJECT_REQUEST_FAILED", "PROJECT_CONNECTION_FAILED",
@@ -73,15 +75,22 @@ def _key(view: RunView) -> tuple[object, ...]:
 
 def _wait(cond: threading.Condition, done: Callable[[], bool],
           timeout: float | None = None) -> None:
-    """``cond.wait_for(done, timeout)`` (``cond`` held), in slices that let a pending Ctrl-C
-    be raised (see ``_SIGNAL_LOOK``)."""
+    """``cond.wait_for(done, timeout)`` (``cond`` held, main thread), in slices that let a
+    pending Ctrl-C be raised (see ``_SIGNAL_LOOK``), between them only: Condition.wait
+    releases the lock before the try that takes it back, and a KeyboardInterrupt raised
+    between the two left it released (leaving ``with cond`` then failed: RuntimeError, exit
+    70, not a detach). SIGINT is held off meanwhile; it comes once the slice ends."""
     deadline = None if timeout is None else time.monotonic() + timeout
     while not done():
         left = _SIGNAL_LOOK if deadline is None else min(_SIGNAL_LOOK,
                                                           deadline - time.monotonic())
         if left <= 0:
             return
-        cond.wait(left)
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            cond.wait(left)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)  # a held SIGINT raises here
 
 
 class _Follower(threading.Thread):
