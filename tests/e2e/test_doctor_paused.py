@@ -20,11 +20,12 @@ def test_doctor_names_a_paused_host_and_how_to_resume_it(project: Project) -> No
     pid = project.host_pid()
     os.kill(pid, signal.SIGSTOP)
     try:
-        # Each waits out its client's hello timeout on the paused host; run side by side,
-        # the two waits overlap instead of adding up.
+        # Each waits out its client's hello bound on the paused host: capped at 1 s (the
+        # same unanswered hello) and run side by side, the waits are short and overlap.
+        short = {"INTLOOM_TEST_CLIENT_HELLO_TIMEOUT": "1"}
         with ThreadPoolExecutor(2) as pool:
-            asked_status = pool.submit(project.cli, "status", "--json")
-            asked_doctor = pool.submit(project.cli, "doctor", "--json")
+            asked_status = pool.submit(project.cli, "status", "--json", env=short)
+            asked_doctor = pool.submit(project.cli, "doctor", "--json", env=short)
             status, doctor = asked_status.result(), asked_doctor.result()
     finally:
         os.kill(pid, signal.SIGCONT)

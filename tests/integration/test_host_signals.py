@@ -216,6 +216,8 @@ def test_start_does_not_wait_out_its_timeout_for_a_stopping_host_that_was_paused
         eventually(lambda: "service_stopping" in _events(project, service.log_file),
                    timeout=10, what="the graceful stop to begin")
         os.kill(service.pid, signal.SIGSTOP)
+        # The same unanswered hello, bounded at 1 s rather than the client's 5 s.
+        monkeypatch.setenv("INTLOOM_TEST_CLIENT_HELLO_TIMEOUT", "1")
         began = time.monotonic()
         with pytest.raises(IntloomError) as failed:
             start_service(project.root, timeout=40)
