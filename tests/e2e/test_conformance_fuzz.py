@@ -20,6 +20,7 @@ import random
 import shutil
 import traceback
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -181,23 +182,36 @@ def test_two_hundred_random_mutations_never_crash_a_start_or_lose_a_file(
 def test_a_real_host_starts_over_a_sample_of_them(baseline: Baseline, tmp_path: Path) -> None:
     outcomes: collections.Counter[str] = collections.Counter()
     failures: list[str] = []
-    for i, mutation in enumerate(mutations(baseline.runtime, MUTATIONS)):
-        if i % REAL_HOST_EVERY:
-            continue
-        project = project_with_runtime(tmp_path, f"m{i}", baseline.runtime)
-        runtime = project.state / "runtime"
-        try:
-            mutated = mutation.apply(runtime)
-            replaceable = mutation.path == "manifest.json" and valid_manifest(runtime)
-            outcome = run_real_host(project)
-        finally:
-            project.track_host()
-            project.reap()
+    sample = [(i, mutation) for i, mutation in enumerate(mutations(baseline.runtime, MUTATIONS))
+              if not i % REAL_HOST_EVERY]
+    # Each mutation is its own project, host and port: two go through their hosts at once
+    # (two cores); the checks then run here, in order.
+    with ThreadPoolExecutor(2) as pool:
+        tried = list(pool.map(lambda case: _through_a_real_host(tmp_path, baseline, *case),
+                              sample))
+    for (i, mutation), (runtime, mutated, replaceable, outcome) in zip(sample, tried,
+                                                                       strict=True):
         outcomes[outcome] += 1
         failures += [f"#{i} {p}" for p in check(runtime, mutation, mutated, replaceable,
                                                 outcome)]
     print(f"{sum(outcomes.values())} of the mutations through a real host: {dict(outcomes)}")
     assert not failures, "\n".join(failures)
+
+
+def _through_a_real_host(tmp_path: Path, baseline: Baseline, i: int, mutation: Mutation
+                         ) -> tuple[Path, bytes, bool, str]:
+    """Mutation ``i`` applied to a fresh project, then start, doctor and stop (its host
+    reaped): the project's runtime, what the mutation changed, and the outcome."""
+    project = project_with_runtime(tmp_path, f"m{i}", baseline.runtime)
+    runtime = project.state / "runtime"
+    try:
+        mutated = mutation.apply(runtime)
+        replaceable = mutation.path == "manifest.json" and valid_manifest(runtime)
+        outcome = run_real_host(project)
+    finally:
+        project.track_host()
+        project.reap()
+    return runtime, mutated, replaceable, outcome
 
 
 def run_real_host(project: Project) -> str:
