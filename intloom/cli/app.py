@@ -204,12 +204,14 @@ def _usage_message(exc: ClickException, name: str | None = None) -> str:
     return f"{message} Run {where} --help for the usage."
 
 
-def _reader_gone() -> int:
+def _reader_gone(state: CliState) -> int:
     """The reader went away (``| head``): there is no one left to tell, and the
-    interpreter's final flush must not complain either."""
+    interpreter's final flush must not complain either. No failure of the command's own:
+    the verdict it had reached before printing, if any, is still its exit code (``doctor
+    | head -1`` under ``set -o pipefail`` must not read as healthy)."""
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
-    return exit_codes.OK
+    return exit_codes.OK if state.verdict is None else state.verdict
 
 
 def _encodable_stdout(json_mode: bool) -> None:
@@ -262,12 +264,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             exc if isinstance(exc, KeyboardInterrupt) else KeyboardInterrupt()
         )
     except BrokenPipeError:
-        return _reader_gone()
+        return _reader_gone(state)
     except SystemExit as exc:
         # Click turns a BrokenPipeError raised inside a command into exit 1 (its standalone
         # habit, kept even with standalone_mode=False): ``intloom logs | head`` is no failure.
         if isinstance(exc.__context__, BrokenPipeError):
-            return _reader_gone()
+            return _reader_gone(state)
         raise
     except Exception as exc:
         if state.debug:

@@ -49,6 +49,9 @@ class CliState:
         self.json_mode = json_mode
         self.project: Path | None = None
         self.debug = False
+        # The exit code a command has decided before it prints (doctor's verdict, a failed
+        # Run's 1): still its exit code if the reader goes away mid-print (``| head``).
+        self.verdict: int | None = None
 
     def merge(self, *, json_mode: bool, project: Path | None, debug: bool) -> None:
         self.json_mode = self.json_mode or json_mode

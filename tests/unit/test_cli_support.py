@@ -169,6 +169,29 @@ def test_a_reader_that_goes_away_is_no_failure(tmp_path: Path) -> None:
                 stream.close()
 
 
+def test_a_reader_that_goes_away_keeps_the_verdict_the_exit_code_carries(
+        tmp_path: Path) -> None:
+    """``intloom doctor | head -1`` exited 0, whatever doctor found: a closed reader was
+    mapped to 0. Under ``set -o pipefail`` that reads as healthy. The verdict a command had
+    reached before printing (doctor: 3, attention) is its exit code still."""
+    (tmp_path / "intloom.toml").write_text('workflows = ["workflows/missing.py"]\n')
+    command = [sys.executable, "-m", "intloom", "--project", str(tmp_path), "doctor"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    assert subprocess.run(command, capture_output=True, env=env, timeout=60).returncode == 3
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stdout.close()  # gone before doctor prints a line
+        assert proc.wait(timeout=60) == 3
+        assert proc.stderr.read() == b""
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stderr is not None:
+            proc.stderr.close()
+
+
 # ----- log tail ------------------------------------------------------------------------------
 
 

@@ -82,8 +82,9 @@ def doctor(state: CliState) -> int:
 
     report = diagnostics.run_doctor(state.root())
     data = _as_mapping(report)
+    state.verdict = exit_codes.for_doctor(data)
     state.renderer.result(data, lambda: doctor_lines(data))
-    return exit_codes.for_doctor(data)
+    return state.verdict
 
 
 @command

@@ -24,8 +24,8 @@ RunArg = Annotated[str, typer.Argument(metavar="RUN", help="The Run's id (RUN-..
 def finish_run(state: CliState, run: RunView, *, prefix: list[str] | None = None) -> int:
     """Print ``{run}`` once; a failed Run also says CLI_RUN_FAILED (text mode) and exits 1."""
     data = plain(run)
+    code = state.verdict = exit_codes.for_run_status(run.status)
     state.renderer.result({"run": run}, lambda: [*(prefix or []), *run_lines(data)])
-    code = exit_codes.for_run_status(run.status)
     if code != exit_codes.OK and not state.json_mode:
         err = data.get("lastError") or {}
         code_ = err.get("code", "an error")
