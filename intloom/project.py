@@ -147,6 +147,17 @@ def find_root(start: Path, *, explicit: bool = False) -> Path:
                 f"{start} does not exist. Pass the project's root to --project, "
                 "or run intloom init there.",
             )
+        around = _enclosing(start)
+        if around is not None:
+            from intloom.fsutil import shell_arg  # only on this refusal
+
+            # "run intloom init there" would make a second project inside this one.
+            raise IntloomError(
+                "CLI_PROJECT_INVALID",
+                f"{start} has no {CONFIG_NAME}: it is inside the project {around}. Pass "
+                f"--project {shell_arg(str(around))} (the directory that holds "
+                f"{CONFIG_NAME}).",
+            )
         raise IntloomError(
             "CLI_PROJECT_INVALID",
             f"{start} has no {CONFIG_NAME}. Pass the project's root to --project, "
@@ -160,6 +171,17 @@ def find_root(start: Path, *, explicit: bool = False) -> Path:
         f"No {CONFIG_NAME} in {start} or any parent directory. Run intloom init to create a "
         "project, or pass --project DIR.",
     )
+
+
+def _enclosing(directory: Path) -> Path | None:
+    """The nearest parent of ``directory`` that holds a config: the project it is in."""
+    for candidate in directory.parents:
+        try:
+            if (candidate / CONFIG_NAME).is_file():
+                return candidate
+        except OSError:
+            return None
+    return None
 
 
 def _starts_with_bom(path: Path) -> bool:

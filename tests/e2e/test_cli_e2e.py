@@ -188,15 +188,19 @@ def test_outside_a_project_nothing_is_created(tmp_path: Path, command: list[str]
     assert result.stderr == ""
 
 
-@pytest.mark.parametrize("given", ["the config file", "a missing directory"])
+@pytest.mark.parametrize("given", ["the config file", "a missing directory",
+                                   "a directory inside the project"])
 def test_a_project_option_that_is_no_directory_says_what_it_is(
     project: Project, tmp_path: Path, given: str,
 ) -> None:
     """--project intloom.toml (the file, as other tools take their config) said
     ".../intloom.toml has no intloom.toml", and a mistyped directory "has no intloom.toml":
-    the fact is what the path is, and the fix names the directory to pass."""
-    path = (project.root / "intloom.toml" if given == "the config file"
-            else tmp_path / "no-such-dir")
+    the fact is what the path is, and the fix names the directory to pass. A directory
+    inside a project said only "has no intloom.toml. Pass the project's root ... or run
+    intloom init there", which would make a second project inside the first."""
+    path = {"the config file": project.root / "intloom.toml",
+            "a missing directory": tmp_path / "no-such-dir",
+            "a directory inside the project": project.root / "workflows"}[given]
     result = run_cli("--project", str(path), "status", "--json", cwd=tmp_path)
     assert result.code == 1, result.stdout
     error = only_json(result)["error"]
@@ -205,10 +209,14 @@ def test_a_project_option_that_is_no_directory_says_what_it_is(
         assert error["message"] == (
             f"{path} is a file, not a directory: --project takes the project's root, the "
             f"directory that holds intloom.toml (here {project.root}).")
-    else:
+    elif given == "a missing directory":
         assert error["message"] == (
             f"{path} does not exist. Pass the project's root to --project, or run intloom "
             "init there.")
+    else:
+        assert error["message"] == (
+            f"{path} has no intloom.toml: it is inside the project {project.root}. Pass "
+            f"--project {project.root} (the directory that holds intloom.toml).")
     assert not (tmp_path / "no-such-dir").exists()
 
 
