@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import select
 import signal
 import threading
 from typing import Any
 
 import pytest
 
-from intloom.cli.commands.attach import _wait
+from intloom.cli.commands.attach import _start_without_sigint, _wait
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -34,4 +36,44 @@ def test_ctrl_c_in_a_wait_leaves_the_condition_held_for_its_with_block() -> None
     finally:
         signal.signal(signal.SIGINT, previous)
     assert cond.acquire(blocking=False)  # released by the with block, not left held
+    cond.release()
+
+
+def test_a_ctrl_c_sent_to_the_process_waits_for_the_slice_whatever_thread_could_take_it(
+) -> None:
+    """Ctrl-C is sent to the process, not to a thread: with SIGINT held off on the main
+    thread, the kernel ran the handler on attach's event thread, which flagged the main
+    thread anyway, and the KeyboardInterrupt landed in the window the mask was there to
+    close. attach's own threads are started with SIGINT held off, so it waits for the
+    slice's end, on the main thread."""
+    idle = threading.Event()
+    other = threading.Thread(target=idle.wait, daemon=True)
+    _start_without_sigint(other)
+    cond = threading.Condition()
+    release_save = cond._release_save  # type: ignore[attr-defined]
+    handled_r, handled_w = os.pipe()
+    os.set_blocking(handled_w, False)
+
+    def released_then_interrupted() -> Any:
+        state = release_save()
+        os.kill(os.getpid(), signal.SIGINT)
+        # Whichever thread runs the C handler writes to the wakeup fd: until it has, the
+        # main thread is not flagged. Held off everywhere, it is not run at all here.
+        select.select([handled_r], [], [], 0.5)
+        return state
+
+    cond._release_save = released_then_interrupted  # type: ignore[attr-defined]
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    wakeup = signal.set_wakeup_fd(handled_w, warn_on_full_buffer=False)
+    try:
+        with pytest.raises(KeyboardInterrupt), cond:
+            _wait(cond, lambda: False)
+    finally:
+        signal.set_wakeup_fd(wakeup)
+        signal.signal(signal.SIGINT, previous)
+        idle.set()
+        other.join(timeout=10)
+        os.close(handled_r)
+        os.close(handled_w)
+    assert cond.acquire(blocking=False)
     cond.release()

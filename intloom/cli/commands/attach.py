@@ -93,6 +93,20 @@ def _wait(cond: threading.Condition, done: Callable[[], bool],
             signal.pthread_sigmask(signal.SIG_SETMASK, held)  # a held SIGINT raises here
 
 
+def _start_without_sigint(thread: threading.Thread) -> None:
+    """Start ``thread`` with SIGINT held off (a thread takes its creator's signal mask).
+
+    A Ctrl-C is sent to the process: while ``_wait`` holds SIGINT off on the main thread,
+    the kernel would run its handler on another thread, which flags the main thread all the
+    same, and the KeyboardInterrupt lands where the mask was to keep it out. With every
+    thread of attach's holding it off, it waits, pending, for the main thread."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        thread.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
 class _Follower(threading.Thread):
     """Prints the Run's events as they arrive; remembers how far it has got."""
 
@@ -290,7 +304,7 @@ def _follow(state: CliState, client: Client, run_id: str, view: RunView) -> RunV
 
     term = Terminal() if interactive(state.json_mode) else None
     follower = _Follower(state.root(), run_id, state.renderer, term)
-    follower.start()
+    _start_without_sigint(follower)
     try:
         while True:
             if view.status == "running":
