@@ -176,6 +176,16 @@ def _examinable(root: Path) -> None:
 HELLO_CAP_ENV: Final = "INTLOOM_TEST_CLIENT_HELLO_TIMEOUT"
 
 
+def _hello_cap() -> float | None:
+    """``HELLO_CAP_ENV`` as seconds; a value that is no positive number is ignored (a
+    timeout of 0 would make the socket non-blocking, and a test hook must not fail a CLI)."""
+    try:
+        cap = float(os.environ.get(HELLO_CAP_ENV) or "nan")
+    except ValueError:
+        return None
+    return cap if cap > 0 else None  # NaN compares False
+
+
 def _dial(port: int, timeout: float) -> socket.socket:
     """A TCP connection to 127.0.0.1:``port``. A literal address needs no resolver, and
     ``create_connection`` would run it through ``getaddrinfo``, which imports the idna codec
@@ -317,10 +327,10 @@ class Client:
                 f"The local service is unavailable: {paths.service_json.name} names pid "
                 f"{info.pid}, {gone}. Nothing was sent. Run intloom status.",
             )
-        cap = os.environ.get(HELLO_CAP_ENV)
-        if cap:
+        cap = _hello_cap()
+        if cap is not None:
             # Tests against a paused host would otherwise wait out the whole bound per client.
-            timeout = min(timeout, float(cap))
+            timeout = min(timeout, cap)
         try:
             sock = _dial(conn.port, timeout)
         except OSError as exc:

@@ -213,3 +213,18 @@ def test_refused_connection_is_offline(project: Project) -> None:
     with pytest.raises(IntloomError) as offline:
         Client.connect(project.root)
     assert offline.value.code == "CLI_SERVICE_OFFLINE"
+
+
+@pytest.mark.parametrize("value", ["soon", "0", "-1", "nan"])
+def test_a_hello_cap_that_is_no_positive_number_is_ignored(
+        project: Project, fake: Callable[[Script], FakeHost], monkeypatch: pytest.MonkeyPatch,
+        value: str) -> None:
+    """The test hook capping the client's hello raised a bare ValueError for a word, and
+    made the socket non-blocking for 0: a test hook must never fail a connection."""
+    from intloom.client.client import HELLO_CAP_ENV
+
+    host = fake(hello_then(lambda conn, received: None))
+    publish(project.root, host.port)
+    monkeypatch.setenv(HELLO_CAP_ENV, value)
+    with Client.connect(project.root) as client:
+        assert client.hello.instance_id == INSTANCE
