@@ -188,7 +188,8 @@ class StepContext(Generic[S]):
         return IntloomError(
             "STEP_INTERACTION_INVALID",
             f"{call} was called through the ctx given to {self.where}, which was over (it "
-            f"had returned or raised), while {during}. A ctx acts only while the code it was "
+            "had returned or raised, or the Run had stopped waiting for it: a cancel, or a "
+            f"stop's grace that ran out), while {during}. A ctx acts only while the code it was "
             f"given to runs: the journal would have recorded this {what} {recorded}. Nothing "
             f"was recorded and {skipped}. Use the ctx the running Step was given (pass it to "
             "helpers as an argument); do not keep one in a global or a closure for a later "
@@ -449,8 +450,10 @@ class _Unawaited(Coroutine[Any, Any, T]):
 
 
 def finish(ctx: StepContext[Any]) -> None:
-    """The code ``ctx`` was given to is over (it returned or raised): from now on its effects
-    and waits are refused (``StepContext._stale``), never journaled as another Step's."""
+    """The code ``ctx`` was given to is over (it returned or raised), or the Run no longer
+    waits for it (a cancel, or a stop's grace that ran out, while a sync Step's thread still
+    runs it): from now on its effects and waits are refused (``StepContext._stale``), never
+    journaled as another Step's."""
     ctx._over = True
 
 

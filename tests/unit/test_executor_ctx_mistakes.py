@@ -673,7 +673,8 @@ def test_a_ctx_used_after_its_run_ended_is_refused_naming_no_running_step(
         kept[0].effect("late", ran.append, "x")
     assert raised.value.code == "STEP_INTERACTION_INVALID"
     assert ("ctx.effect('late', ...) was called through the ctx given to Stage 's', Step "
-            "'a', which was over (it had returned or raised), while no code of the Run was "
+            "'a', which was over (it had returned or raised, or the Run had stopped waiting "
+            "for it: a cancel, or a stop's grace that ran out), while no code of the Run was "
             "running") in raised.value.message, raised.value.message
     assert ran == []
     assert _phases(root, view.run_id)[-1] == "Terminal"
