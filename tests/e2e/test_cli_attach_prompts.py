@@ -8,7 +8,6 @@ once; EOF or Ctrl-C at a prompt detaches and leaves the Run waiting.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
@@ -24,17 +23,21 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
 
 def interrupt(proc: Any, leave: str) -> None:
-    """Ctrl-C: SIGINT to the process, or (``ctrl-c-elsewhere``) to its other thread, which
-    the kernel may pick too. Its C handler then runs there and only flags the signal for the
-    main thread, asleep in a wait: the case of a SIGINT landing just before the main thread
-    goes to sleep (after its last check for signals), made certain."""
-    if leave == "ctrl-c":
-        proc.send_signal(signal.SIGINT)
-        return
-    others = [int(t) for t in os.listdir(f"/proc/{proc.pid}/task") if int(t) != proc.pid]
-    assert others, "attach has no thread besides its main one"
-    libc = ctypes.CDLL(None, use_errno=True)
-    assert libc.tgkill(proc.pid, others[0], signal.SIGINT) == 0, os.strerror(ctypes.get_errno())
+    """Ctrl-C: SIGINT to the process. With ``ctrl-c-elsewhere``, first that no other thread
+    of attach's can take it: the kernel may run a process's signal on any thread that does
+    not hold it off, and on attach's event thread the C handler only flagged it for the
+    main thread, asleep in a wait (or, with the wait's slice holding SIGINT off, raised it
+    inside Condition.wait's window: exit 70). attach starts its threads with SIGINT held
+    off, so the main thread takes it."""
+    if leave == "ctrl-c-elsewhere":
+        others = [t for t in os.listdir(f"/proc/{proc.pid}/task") if int(t) != proc.pid]
+        assert others, "attach has no thread besides its main one"
+        for tid in others:
+            with open(f"/proc/{proc.pid}/task/{tid}/status") as status:
+                blocked = next(int(line.split()[1], 16) for line in status
+                               if line.startswith("SigBlk:"))
+            assert blocked & (1 << (signal.SIGINT - 1)), f"thread {tid} may take SIGINT"
+    proc.send_signal(signal.SIGINT)
 
 
 def answered(project: Project, run_id: str) -> Any:
