@@ -12,8 +12,8 @@ from typing import Final
 import msgspec
 
 __all__ = [
-    "CATALOGUE", "MAX_MESSAGE", "ErrorView", "IntloomError", "as_call", "clip", "error_view",
-    "message_of",
+    "CATALOGUE", "MAX_MESSAGE", "STARTING", "ErrorView", "IntloomError", "as_call", "clip",
+    "error_view", "message_of", "starting_message",
 ]
 
 # The most characters of an error message a Run keeps (its lastError, an effect's failure):
@@ -49,6 +49,18 @@ def message_of(exc: BaseException) -> str:
     except Exception as inner:
         return (f"(its message cannot be shown: its __str__ raised "
                 f"{type(inner).__name__})")
+
+
+# How a host in its start-up is described, by status and doctor and in the refusal a request
+# gets meanwhile; renderers recognise a diagnosis by this beginning.
+STARTING: Final = "The service is starting"
+
+
+def starting_message(pid: int, since: str, then: str) -> str:
+    """A host in its start-up (pid ``pid``, started at ``since``), then what to do."""
+    return (f"{STARTING} (pid {pid}, since {since}): it holds the project's lock and is "
+            "loading its Workflows and restoring its Runs; it serves once it writes "
+            f"service.json. {then}")
 
 
 def clip(text: str, limit: int = MAX_MESSAGE) -> str:

@@ -22,7 +22,7 @@ from typing import Any, Final, TextIO
 
 import msgspec
 
-from intloom.errors import CATALOGUE, ErrorView
+from intloom.errors import CATALOGUE, STARTING, ErrorView
 
 __all__ = [
     "Renderer",
@@ -492,9 +492,6 @@ def changed_lines(changed: Sequence[Mapping[str, Any]]) -> list[str]:
 # How a stopping host's refusal begins (the server adds what to do).
 CLOSING = CATALOGUE["CLI_SERVICE_CLOSING"][0].rstrip(".")
 
-# How a diagnosis of a host in its start-up begins (diagnostics.owners.STARTING; not
-# imported: it would bring psutil into every command's start-up).
-STARTING = "The service is starting"
 
 _OWNER_STATUS = {
     "alive": "Process still exists",

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Final, TypeVar
 
 from intloom.client.outgoing import frame_of
-from intloom.errors import IntloomError
+from intloom.errors import IntloomError, starting_message
 from intloom.fsutil import PrivacyError, check_private_dir, os_lock
 from intloom.host.metadata import (
     CREATE_TIME_TOLERANCE,
@@ -87,11 +87,6 @@ class ServiceStarting(IntloomError):
     (start, stop, status) treat it as offline; to a request it is a refusal to retry."""
 
 
-# How the refusal for a host in its start-up begins, as status words it (diagnostics.owners.
-# STARTING; not imported: it would bring psutil into every command's start-up).
-STARTING: Final = "The service is starting"
-
-
 def _offline(paths: ProjectPaths, message: str | None) -> IntloomError:
     """CLI_SERVICE_OFFLINE with ``message``, unless a host holds the project in its start-up
     (``service.json`` is written last): "offline, run intloom start" was untrue there, and
@@ -105,10 +100,9 @@ def _offline(paths: ProjectPaths, message: str | None) -> IntloomError:
         return IntloomError("CLI_SERVICE_OFFLINE", message)
     return ServiceStarting(
         "CLI_SERVICE_UNAVAILABLE",
-        f"{STARTING} (pid {lock.pid}, since {lock.started_at}): it holds the project's lock "
-        "and is loading its Workflows and restoring its Runs; it serves once it writes "
-        "service.json. Nothing was sent. Retry in a moment (intloom start waits for it); if "
-        "it stays starting, run intloom doctor or intloom logs.",
+        starting_message(lock.pid, lock.started_at, "Nothing was sent. Retry in a moment "
+                         "(intloom start waits for it); if it stays starting, run intloom "
+                         "doctor or intloom logs."),
         retryable=True,
     )
 

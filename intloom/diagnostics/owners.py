@@ -16,7 +16,7 @@ from typing import Final, Literal
 
 import msgspec
 
-from intloom.errors import IntloomError
+from intloom.errors import STARTING, IntloomError, starting_message
 from intloom.host.liveness import (
     Evidence,
     LockProbe,
@@ -225,10 +225,6 @@ STOPPING: Final = (
 )
 
 
-# How a diagnosis of a host in its start-up begins: renderers recognise it so.
-STARTING: Final = "The service is starting"
-
-
 def _starting(snap: Snapshot, lock: LockProbe, owners: list[Owner]) -> str | None:
     """The message for a host in its start-up, or None. A start takes service.lock first
     and writes service.json last, once it listens (after loading Workflows and restoring
@@ -242,12 +238,9 @@ def _starting(snap: Snapshot, lock: LockProbe, owners: list[Owner]) -> str | Non
     owner = next((o for o in owners if o.resource == "service_lock"), None)
     if owner is None or owner.status != "alive" or paused(held.pid):
         return None
-    return (
-        f"{STARTING} (pid {held.pid}, since {held.started_at}): it holds the project's lock "
-        "and is loading its Workflows and restoring its Runs; it serves once it writes "
-        "service.json. Run intloom status again in a moment (intloom start waits for it); if "
-        "it stays starting, run intloom doctor or intloom logs."
-    )
+    return starting_message(held.pid, held.started_at, "Run intloom status again in a moment "
+                            "(intloom start waits for it); if it stays starting, run intloom "
+                            "doctor or intloom logs.")
 
 
 def _probe_host(root: Path, snap: Snapshot) -> tuple[ServiceView | None, str | None]:

@@ -11,7 +11,7 @@ import pytest
 
 from intloom.cli import exit_codes, render
 from intloom.cli.render import Renderer
-from intloom.errors import IntloomError, error_view
+from intloom.errors import IntloomError, error_view, starting_message
 
 RUN: dict[str, Any] = {
     "runId": "RUN-1",
@@ -307,13 +307,12 @@ def test_a_terminal_table_neither_obeys_escapes_nor_reads_markup(
     ("A resource owner still exists or its exit cannot be verified.", "alive", True),
     ("Port 5 on 127.0.0.1 ... is in use by another process (pid 9 (python3)).", "gone", False),
     ("The service is shutting down: it is suspending its Runs, then exits.", "alive", False),
-    ("The service is starting (pid 9, since 2026-01-01T00:00:00.000Z): ...", "alive", False),
+    # The wording status builds (errors.starting_message), which the renderer recognises.
+    (starting_message(9, "2026-01-01T00:00:00.000Z", "Run intloom status again."), "alive",
+     False),
 ])
 def test_status_says_not_to_delete_locks_only_while_an_owner_may_live(
         message: str, owner: str, footer: bool) -> None:
-    from intloom.diagnostics.owners import STARTING
-
-    assert render.STARTING == STARTING  # one wording, kept in two places
     lines = render.diagnosis_lines({"status": "blocked", "message": message, "owners": [
         {"resource": "service_lock", "pid": 9, "status": owner}]})
     assert lines[0] == message
