@@ -9,6 +9,7 @@ from typing import Any, Final
 import msgspec
 
 from intloom.errors import IntloomError
+from intloom.runtime.plainjson import json_path
 
 __all__ = [
     "Confirmation",
@@ -78,14 +79,6 @@ _FIX_FLOAT: Final = 'Pass None or a string ("nan") instead, or leave the field o
 _FIX_KEY: Final = "Use string keys ({str(k): v for k, v in ...})."
 
 
-def _at(place: tuple[Any, str | int] | None) -> str:
-    parts: list[str] = []
-    while place is not None:
-        place, key = place
-        parts.append(f".{key}" if isinstance(key, str) else f"[{key}]")
-    return "$" + "".join(reversed(parts))
-
-
 def json_gap(value: Any) -> tuple[str, str] | None:
     """Where ``value``, as a Step built it, holds what JSON cannot carry as itself -- a set,
     bytes, NaN or an infinity, a key that is not a string -- and the fix; None when nothing
@@ -104,14 +97,14 @@ def json_gap(value: Any) -> tuple[str, str] | None:
             continue
         if isinstance(item, float):
             if not math.isfinite(item):
-                return (f"{_at(place)} is {item!r}, which JSON cannot carry (it has no NaN or "
-                        "infinity)", _FIX_FLOAT)
+                return (f"{json_path(place)} is {item!r}, which JSON cannot carry (it has no "
+                        "NaN or infinity)", _FIX_FLOAT)
             continue
         if isinstance(item, (set, frozenset)):
-            return (f"{_at(place)} is a set, which JSON cannot carry (it would be sent as a "
+            return (f"{json_path(place)} is a set, which JSON cannot carry (it would be sent as a "
                     "list, in no set order)", _FIX_SET)
         if isinstance(item, (bytes, bytearray, memoryview)):
-            return (f"{_at(place)} is bytes, which JSON cannot carry (it would be sent as "
+            return (f"{json_path(place)} is bytes, which JSON cannot carry (it would be sent as "
                     "base64 text)", _FIX_BYTES)
         if depth >= _MAX_DEPTH or id(item) in seen:
             continue
@@ -122,7 +115,7 @@ def json_gap(value: Any) -> tuple[str, str] | None:
         elif isinstance(item, dict):
             for key, part in item.items():
                 if not isinstance(key, str):
-                    return (f"{_at(place)} has the key {key!r} ({type(key).__name__}), which "
+                    return (f"{json_path(place)} has the key {key!r} ({type(key).__name__}), which "
                             "JSON cannot carry (its keys are strings)", _FIX_KEY)
                 if type(part) not in _SCALARS:
                     stack.append((part, (place, key), depth + 1))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-__all__ = ["json_problem", "wire_problem"]
+__all__ = ["json_path", "json_problem", "wire_problem"]
 
 
 # Deeper than any JSON an Agent or a Tool means to send (msgspec's own limit is lower still),
@@ -21,7 +21,8 @@ _SCALARS: Final = frozenset({str, int, bool, type(None)})
 _Place = tuple["_Place", str | int] | None
 
 
-def _path(place: _Place) -> str:
+def json_path(place: _Place) -> str:
+    """``$.a[2]``: where an item sits, from (its container's place, its key or index)."""
     parts: list[str] = []
     while place is not None:
         place, key = place
@@ -41,7 +42,7 @@ def json_problem(value: Any) -> str | None:
             continue
         if isinstance(item, float):
             if item - item != 0.0:  # NaN or an infinity (math stays out of the engine)
-                return f"{_path(place)} is {item!r}, which JSON cannot hold"
+                return f"{json_path(place)} is {item!r}, which JSON cannot hold"
             continue
         if depth >= MAX_DEPTH and isinstance(item, (list, tuple, dict)):
             return (f"the value is nested more than {MAX_DEPTH} levels deep (or holds "
@@ -55,12 +56,12 @@ def json_problem(value: Any) -> str | None:
             for key, part in item.items():
                 if not isinstance(key, str):
                     kind = type(key).__name__
-                    return (f"{_path(place)} has the key {key!r} ({kind}); JSON keys are "
+                    return (f"{json_path(place)} has the key {key!r} ({kind}); JSON keys are "
                             "strings")
                 if type(part) not in _SCALARS:
                     stack.append((part, (place, key), depth + 1))
             continue
-        return f"{_path(place)} is {type(item).__name__}, not JSON data"
+        return f"{json_path(place)} is {type(item).__name__}, not JSON data"
     return None
 
 
@@ -86,12 +87,12 @@ def wire_problem(value: Any) -> str | None:
         item, place = stack.pop()
         fact = _wire_fact(item)
         if fact is not None:
-            return f"{_path(place)} {fact}"
+            return f"{json_path(place)} {fact}"
         if isinstance(item, (list, tuple)):
             stack.extend((part, (place, i)) for i, part in enumerate(item))
         elif isinstance(item, dict):
             for key, part in item.items():
                 if _wire_fact(key) is not None:
-                    return f"{_path(place)} has a key that {_wire_fact(key)}"
+                    return f"{json_path(place)} has a key that {_wire_fact(key)}"
                 stack.append((part, (place, key)))
     return None
