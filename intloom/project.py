@@ -10,8 +10,8 @@ from pathlib import Path
 from intloom.errors import IntloomError
 
 __all__ = [
-    "CONFIG_NAME", "STATE_PATH_BYTES", "Config", "ProjectPaths", "find_root", "load_config",
-    "require_short_path", "require_utf8_path",
+    "CONFIG_NAME", "STATE_PATH_BYTES", "Config", "ProjectPaths", "find_root", "link_loop",
+    "load_config", "require_short_path", "require_utf8_path",
 ]
 
 CONFIG_NAME = "intloom.toml"
@@ -171,6 +171,36 @@ def find_root(start: Path, *, explicit: bool = False) -> Path:
         f"No {CONFIG_NAME} in {start} or any parent directory. Run intloom init to create a "
         "project, or pass --project DIR.",
     )
+
+
+def _looping_link(root: Path, rel: str) -> str | None:
+    """The first part of ``rel`` (as spelled there) that the OS cannot follow for a loop of
+    symbolic links (ELOOP), or None: pathlib's ``exists()`` answers False for a loop, as
+    for a missing path, which sent the user looking for a file that is there."""
+    parts = Path(rel).parts
+    for end in range(1, len(parts) + 1):
+        try:
+            os.stat(root.joinpath(*parts[:end]))
+        except OSError as exc:
+            return Path(*parts[:end]).as_posix() if exc.errno == errno.ELOOP else None
+    return None
+
+
+def link_loop(root: Path, rel: str) -> str | None:
+    """Why the entry ``rel`` (from intloom.toml) cannot be reached for a loop of symbolic
+    links, with the fix; None when there is none. Shared by the loader and ``client.drift``
+    (here, not in the loader, which ``status`` and ``start`` reusing a host must not import),
+    so what a reused host is told has changed names the loop as the next start would."""
+    looping = _looping_link(root, rel)
+    if looping is None:
+        return None
+    fix = ("Name the real file or package in 'workflows' in intloom.toml instead."
+           if looping == Path(rel).as_posix() else
+           f"Make {looping} lead to a real directory (ls -l shows where each link "
+           "leads), or name the real path in 'workflows' in intloom.toml.")
+    return (f"{rel} (from intloom.toml) cannot be reached under {root}: {looping} is a "
+            f"symbolic link that leads into a loop of links ({os.strerror(errno.ELOOP)}). "
+            f"{fix}")
 
 
 def _enclosing(directory: Path) -> Path | None:

@@ -8,7 +8,6 @@ entry is reported with its path and the error, never a traceback; the others sti
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import importlib.abc
 import importlib.machinery
@@ -30,9 +29,9 @@ from typing import Any, Final
 from intloom.authoring.identity import in_source_tree, source_root, workflow_identity
 from intloom.authoring.workflow import WORKFLOW_MODULE_PREFIX, Workflow
 from intloom.errors import ErrorView, IntloomError, as_call, clip, message_of
-from intloom.project import Config
+from intloom.project import Config, link_loop
 
-__all__ = ["LoadResult", "LoadedWorkflow", "link_loop", "load_workflows", "load_workflows_offline"]
+__all__ = ["LoadResult", "LoadedWorkflow", "load_workflows", "load_workflows_offline"]
 
 
 @dataclass(frozen=True)
@@ -660,35 +659,6 @@ def _several_message(rel: str, facts: list[str], shared: dict[str, list[str]],
                  "identity covers: a copy left there holds the Runs as changed, so delete it or "
                  "move it to a directory of its own.")
     return text
-
-
-def _looping_link(root: Path, rel: str) -> str | None:
-    """The first part of ``rel`` (as spelled there) that the OS cannot follow for a loop of
-    symbolic links (ELOOP), or None: pathlib's ``exists()`` answers False for a loop, as
-    for a missing path, which sent the user looking for a file that is there."""
-    parts = Path(rel).parts
-    for end in range(1, len(parts) + 1):
-        try:
-            os.stat(root.joinpath(*parts[:end]))
-        except OSError as exc:
-            return Path(*parts[:end]).as_posix() if exc.errno == errno.ELOOP else None
-    return None
-
-
-def link_loop(root: Path, rel: str) -> str | None:
-    """Why the entry ``rel`` (from intloom.toml) cannot be reached for a loop of symbolic
-    links, with the fix; None when there is none. Shared with ``client.drift``, so what a
-    reused host is told has changed names the loop as the next start would."""
-    looping = _looping_link(root, rel)
-    if looping is None:
-        return None
-    fix = ("Name the real file or package in 'workflows' in intloom.toml instead."
-           if looping == Path(rel).as_posix() else
-           f"Make {looping} lead to a real directory (ls -l shows where each link "
-           "leads), or name the real path in 'workflows' in intloom.toml.")
-    return (f"{rel} (from intloom.toml) cannot be reached under {root}: {looping} is a "
-            f"symbolic link that leads into a loop of links ({os.strerror(errno.ELOOP)}). "
-            f"{fix}")
 
 
 def _load_entry(root: Path, rel: str, entry: Path) -> dict[str, LoadedWorkflow]:

@@ -11,7 +11,6 @@ wire), so they render what another component returns without depending on its cl
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
@@ -120,6 +119,8 @@ class Renderer:
         except UnicodeEncodeError:
             # A path that is not UTF-8 holds surrogates (os.fsdecode), which UTF-8 cannot
             # carry; a JSON escape can ("\\udcff"), and Python's json reads it back as the path.
+            import json  # this rare path only: not on every command's start-up
+
             text = json.dumps(msgspec.to_builtins(doc), separators=(",", ":"))
         self.out.write(text + "\n")
         self.out.flush()
@@ -491,7 +492,6 @@ def changed_lines(changed: Sequence[Mapping[str, Any]]) -> list[str]:
 
 # How a stopping host's refusal begins (the server adds what to do).
 CLOSING = CATALOGUE["CLI_SERVICE_CLOSING"][0].rstrip(".")
-
 
 _OWNER_STATUS = {
     "alive": "Process still exists",

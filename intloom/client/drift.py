@@ -18,9 +18,8 @@ import msgspec
 
 from intloom import __version__
 from intloom.authoring.identity import workflow_identity
-from intloom.authoring.loader import link_loop
 from intloom.errors import IntloomError
-from intloom.project import load_config
+from intloom.project import link_loop, load_config
 from intloom.protocol.messages import PROTOCOL, ServiceView, WorkflowInfo
 
 __all__ = ["SourceChange", "against_host", "since_start"]
