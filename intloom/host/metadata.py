@@ -28,7 +28,6 @@ from intloom.fsutil import (
     shell_arg,
     write_all,
 )
-from intloom.project import ProjectPaths
 
 __all__ = [
     "CREATE_TIME_TOLERANCE",
@@ -40,7 +39,6 @@ __all__ = [
     "boot_id",
     "create_lock_file",
     "current_identity",
-    "host_log_name",
     "privacy_invalid",
     "read_connection",
     "read_lock",
@@ -305,18 +303,3 @@ def create_lock_file(path: Path, lock: ServiceLock) -> int:
             raise _write_failed(path, exc, "no lock file was created") from None
         raise
     return fd
-
-
-def host_log_name(root: Path) -> str | None:
-    """The log file name of the host ``service.json`` names (running, or killed), if any.
-
-    Only a plain name is returned: the file is not trusted to name a path elsewhere.
-    Invalid metadata gives ``None``; status and doctor are the commands that report it.
-    """
-    paths = ProjectPaths(root)
-    try:
-        info = read_service(paths.service_json, paths.root)
-    except (IntloomError, OSError):
-        return None
-    name = info.log_file if info is not None else None
-    return name if name and Path(name).name == name else None
