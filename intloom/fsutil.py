@@ -14,12 +14,16 @@ import fnmatch
 import os
 import shlex
 import stat
+import struct
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal
 
 __all__ = [
     "WRITE_FAULT_ENV",
     "PrivacyError",
+    "UnlinkBar",
+    "UnlinkRefusal",
     "atomic_write",
     "check_private_dir",
     "dir_problem",
@@ -33,6 +37,7 @@ __all__ = [
     "replace_file",
     "replace_files",
     "shell_arg",
+    "unlink_refusal",
     "write_all",
 ]
 
@@ -40,6 +45,11 @@ __all__ = [
 # name matches the glob NAME fail with that errno (ENOSPC, EIO, ...) after half of its bytes
 # reached the temp file -- what a disk that fills up mid-write leaves behind.
 WRITE_FAULT_ENV: Final = "INTLOOM_TEST_WRITE_FAULT"
+# The inode flags lsattr shows (linux/fs.h): FS_IOC_GETFLAGS, and the two that refuse an
+# unlink (of the file itself, or of any entry of a directory so marked).
+_FS_IOC_GETFLAGS: Final = 0x80086601
+_IMMUTABLE_FL: Final = 0x10
+_APPEND_FL: Final = 0x20
 
 
 class PrivacyError(Exception):
@@ -88,6 +98,77 @@ def os_lock(path: Path) -> tuple[OsLock, str]:
         return "free", ""
     finally:
         os.close(fd)
+
+
+def _inode_flags(path: Path) -> int | None:
+    """``path``'s inode flags (as lsattr reads them); None where they cannot be read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        # The kernel writes an int, whatever size the ioctl's number says.
+        raw = fcntl.ioctl(fd, _FS_IOC_GETFLAGS, bytes(8))
+        return int(struct.unpack_from("=i", raw)[0])
+    except OSError:  # a filesystem without them (ENOTTY, EINVAL)
+        return None
+    finally:
+        os.close(fd)
+
+
+UnlinkBar = Literal["read_only_fs", "immutable", "append_only", "not_writable", "sticky"]
+
+
+@dataclass(frozen=True)
+class UnlinkRefusal:
+    """Why unlinking a file fails: ``bar`` is set on ``where`` (the file itself, or the
+    directory holding it), and ``fact`` says so in words, the file called "it"."""
+
+    bar: UnlinkBar
+    where: Path
+    fact: str
+
+
+def unlink_refusal(path: Path) -> UnlinkRefusal | None:
+    """Why unlinking ``path`` fails (or would), as far as can be told without trying; else
+    None. One answer for the host (before and after its release) and for ``recover``.
+
+    Checked in the order that decides a fix: a read-only filesystem; the immutable or
+    append-only flag of the file, then of its directory (root is refused by them too);
+    the directory's write permission; and a sticky directory (chmod +t), where only the
+    owner of the file or of the directory may remove it.
+    """
+    directory = path.parent
+    try:
+        if os.statvfs(directory).f_flag & os.ST_RDONLY:
+            return UnlinkRefusal("read_only_fs", directory,
+                                 f"the filesystem holding {directory.name} is read-only")
+    except OSError:
+        pass
+    for where, name in ((path, "it"), (directory, directory.name)):
+        flags = _inode_flags(where)
+        if flags is None:
+            continue
+        if flags & _IMMUTABLE_FL:
+            return UnlinkRefusal("immutable", where, f"{name} is immutable (chattr +i)")
+        if flags & _APPEND_FL:
+            return UnlinkRefusal("append_only", where, f"{name} is append-only (chattr +a)")
+    if not os.access(directory, os.W_OK | os.X_OK,
+                     effective_ids=os.access in os.supports_effective_ids):
+        return UnlinkRefusal("not_writable", directory,
+                             f"this user cannot write {directory.name}")
+    try:
+        held, entry = os.stat(directory), os.lstat(path)
+    except OSError:
+        return None
+    uid = os.geteuid()
+    # Root passes the sticky check (CAP_FOWNER) as it passes the permission bits.
+    if held.st_mode & stat.S_ISVTX and uid != 0 and uid not in (held.st_uid, entry.st_uid):
+        return UnlinkRefusal(
+            "sticky", directory,
+            f"{directory.name} is sticky (chmod +t) and this user owns neither it nor the "
+            "file, which only their owners may remove")
+    return None
 
 
 def shell_arg(path: Path | str) -> str:

@@ -32,7 +32,7 @@ from intloom.diagnostics.owners import NO_CONNECTION_FIX, Inspection, inspect, j
 from intloom.diagnostics.portguard import PortGuard, port_in_use
 from intloom.diagnostics.temps import TempFile, metadata_temps
 from intloom.errors import ErrorView, IntloomError
-from intloom.fsutil import fsync_dir, shell_arg
+from intloom.fsutil import fsync_dir, shell_arg, unlink_refusal
 from intloom.host.liveness import Evidence, LockProbe
 from intloom.host.observe import Snapshot, observe
 from intloom.protocol.framing import encode_frame
@@ -173,26 +173,35 @@ def _remove(path: Path, lock_fd: int | None, removed: list[str]) -> None:
         raise _conflict(f"{path.name} was removed by someone else", removed) from None
     except OSError as exc:  # EPERM/EACCES (immutable, a read-only .intloom), EROFS, EIO
         done = f"Already removed: {', '.join(removed)}" if removed else "Nothing was removed"
+        fact, fix = _unremovable(path, exc)
         raise IntloomError(
             "STORAGE_ERROR",
-            f"{path.parent.name}/{path.name} could not be removed ({exc.strerror or exc}). {done}. "
-            f"{_unremovable_fix(path, exc)}, then run intloom recover again.",
+            f"{path.parent.name}/{path.name} could not be removed ({exc.strerror or exc})"
+            f"{fact}. {done}. {fix}, then run intloom recover again.",
         ) from None
 
 
-def _unremovable_fix(path: Path, exc: OSError) -> str:
-    """What to do about a file unlink refused, by what the evidence shows: removing needs
-    write access to the directory only, so a directory writable by us points at the file's
-    own flags (immutable or append-only), not at the directory."""
-    word, where = shell_arg(path), shell_arg(path.parent)
-    if exc.errno == errno.EROFS:
-        return "Its file system is read-only: remount it read-write"
-    if exc.errno in (errno.EPERM, errno.EACCES) and os.access(path.parent, os.W_OK | os.X_OK):
-        return (f"{path.parent} is writable by you, so the file itself refuses: check its "
-                f"flags (lsattr {word}; chattr -i {word} clears the immutable flag, "
-                f"chattr -a {word} the append-only one)")
-    return (f"Make {path.parent} writable (check its permissions, lsattr -d {where} for the "
-            "immutable flag, and whether the filesystem is read-only)")
+def _unremovable(path: Path, exc: OSError) -> tuple[str, str]:
+    """Why unlink refused ``path`` (": it is immutable (chattr +i)", in the words the host
+    logs when it must keep its own files: ``fsutil.unlink_refusal``) and the fix for it."""
+    refused = unlink_refusal(path)
+    if refused is None:
+        if exc.errno == errno.EROFS:
+            return "", "Its file system is read-only: remount it read-write"
+        return "", (f"Check {path.parent}: its permissions and owner, and the flags of it and "
+                    f"of the file (lsattr -d {shell_arg(path.parent)}; lsattr {shell_arg(path)})")
+    where = shell_arg(refused.where)
+    if refused.bar == "read_only_fs":
+        fix = "Remount that filesystem read-write"
+    elif refused.bar in ("immutable", "append_only"):
+        flag = "-i" if refused.bar == "immutable" else "-a"
+        shown = f"lsattr {where}" if refused.where == path else f"lsattr -d {where}"
+        fix = f"Clear the flag ({shown} shows it) with chattr {flag} {where}"
+    elif refused.bar == "not_writable":
+        fix = f"Make {path.parent} writable (check its permissions and owner)"
+    else:
+        fix = f"Remove {shell_arg(path)} as its owner or as the owner of {path.parent}"
+    return f": {refused.fact}", fix
 
 
 def recover(root: Path, *, dry_run: bool) -> RecoverResult:

@@ -13,13 +13,12 @@ import errno
 import fcntl
 import os
 import secrets
-import struct
 import time
 from pathlib import Path
 from typing import Final
 
 from intloom.errors import IntloomError
-from intloom.fsutil import PrivacyError, ensure_private_dir
+from intloom.fsutil import PrivacyError, UnlinkRefusal, ensure_private_dir, unlink_refusal
 from intloom.host.metadata import (
     METADATA_VERSION,
     Connection,
@@ -43,11 +42,6 @@ BUSY_MESSAGE: Final = (
     "The project service is locked ({path} exists). Run intloom doctor; use intloom recover "
     "only after its owner has exited."
 )
-# The inode flags lsattr shows (linux/fs.h): FS_IOC_GETFLAGS, and the two that refuse an
-# unlink (of the file itself, or of any entry of a directory so marked).
-_FS_IOC_GETFLAGS: Final = 0x80086601
-_IMMUTABLE_FL: Final = 0x10
-_APPEND_FL: Final = 0x20
 # A read-only probe (doctor, status) may hold the OS lock for an instant right after the file
 # appears; the file itself is ours by O_EXCL, so waiting briefly is safe.
 _FLOCK_PATIENCE: Final = 2.0
@@ -72,53 +66,19 @@ def _flock(fd: int) -> bool:
         time.sleep(0.01)  # a short poll of the OS lock, bounded by the patience above
 
 
-def _inode_flags(path: Path) -> int | None:
-    """``path``'s inode flags (as lsattr reads them); None where they cannot be read."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        # The kernel writes an int, whatever size the ioctl's number says.
-        raw = fcntl.ioctl(fd, _FS_IOC_GETFLAGS, bytes(8))
-        return int(struct.unpack_from("=i", raw)[0])
-    except OSError:  # a filesystem without them (ENOTTY, EINVAL)
-        return None
-    finally:
-        os.close(fd)
-
-
 def _unreadable(path: Path, exc: IntloomError) -> str:
     return f"{path.name} is kept: it cannot be read as this host's ({exc.message})"
 
 
 def _not_removed(path: Path, exc: OSError) -> str:
-    refused = _unlink_refused(path)
+    refused = unlink_refusal(path)
     if refused is not None:
-        return f"{path.name} cannot be removed: {refused}"
+        return _kept(path, refused)
     return f"{path.name} could not be removed ({exc.strerror or exc})"
 
 
-def _unlink_refused(path: Path) -> str | None:
-    """Why unlinking ``path`` would fail, as far as can be told without trying; else None."""
-    state = path.parent
-    try:
-        if os.statvfs(state).f_flag & os.ST_RDONLY:
-            return f"the filesystem holding {state.name} is read-only"
-    except OSError:
-        pass
-    for where, name in ((path, "it"), (state, state.name)):
-        flags = _inode_flags(where)
-        if flags is None:
-            continue
-        if flags & _IMMUTABLE_FL:
-            return f"{name} is immutable (chattr +i)"
-        if flags & _APPEND_FL:
-            return f"{name} is append-only (chattr +a)"
-    if not os.access(state, os.W_OK | os.X_OK,
-                     effective_ids=os.access in os.supports_effective_ids):
-        return f"this user cannot write {state.name}"
-    return None
+def _kept(path: Path, refused: UnlinkRefusal) -> str:
+    return f"{path.name} cannot be removed: {refused.fact}"
 
 
 class Ownership:
@@ -205,8 +165,9 @@ class Ownership:
 
     def foreseen(self) -> list[str]:
         """Why ``release`` will keep a file of ours, as far as can be told before trying it:
-        unreadable, on a read-only filesystem, immutable or append-only (the file or
-        .intloom), or in a .intloom this user cannot write. Asked while the host's log is
+        unreadable, or refused an unlink (``fsutil.unlink_refusal``: a read-only
+        filesystem, the file or .intloom immutable or append-only, a .intloom this user
+        cannot write or may not remove another's file from). Asked while the host's log is
         still open, so the log says why those files stay: release runs after the log is
         closed (DESIGN §3), and a launched host's stderr goes nowhere."""
         problems: list[str] = []
@@ -224,9 +185,9 @@ class Ownership:
                 continue
             if not self._ours(value):
                 continue  # gone, or another instance's: not ours to remove anyway
-            refused = _unlink_refused(path)
+            refused = unlink_refusal(path)
             if refused is not None:
-                problems.append(f"{path.name} cannot be removed: {refused}")
+                problems.append(_kept(path, refused))
         return problems
 
     def release(self) -> list[str]:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import importlib
 import os
+import shutil
 import socket
+import subprocess
 from pathlib import Path
 
 import msgspec
@@ -13,6 +15,8 @@ import pytest
 from intloom.diagnostics import recover
 from intloom.diagnostics.portguard import PortGuard
 from intloom.errors import IntloomError
+from intloom.fsutil import unlink_refusal
+from intloom.host.ownership import _kept, _not_removed
 from intloom.project import ProjectPaths
 from intloom.protocol.framing import decode_response, recv_frame
 from intloom.protocol.messages import ErrorReply
@@ -291,3 +295,72 @@ def test_an_owner_whose_process_cannot_be_inspected_is_unknown_and_blocks(
     monkeypatch.setattr(psutil, "Process", denied)
     _blocked(root)
     _blocked(root, dry_run=True)
+
+
+# ----- a file unlink refuses: the host and recover name the same fact ----------------------
+
+
+def _chattr(path: Path, flag: str) -> bool:
+    return subprocess.run(["chattr", flag, str(path)], capture_output=True).returncode == 0
+
+
+def _both_say(path: Path) -> tuple[str, str]:
+    """What the host's release says about ``path`` and what recover says, unlink refused."""
+    with pytest.raises(OSError) as refused:
+        os.unlink(path)
+    host = _not_removed(path, refused.value)
+    with pytest.raises(IntloomError) as caught:
+        recover_module._remove(path, None, [])
+    assert caught.value.code == "STORAGE_ERROR", caught.value
+    return host, caught.value.message
+
+
+@pytest.mark.parametrize(("target", "flag", "fact", "fix"), [
+    ("file", "+i", "it is immutable (chattr +i)", "chattr -i {file}"),
+    ("file", "+a", "it is append-only (chattr +a)", "chattr -a {file}"),
+    ("dir", "+i", ".intloom is immutable (chattr +i)", "chattr -i {dir}"),
+    # Its write permission is intact, yet no entry may go: recover said "the file itself
+    # refuses" (it judged by write access), while the host named .intloom's flag.
+    ("dir", "+a", ".intloom is append-only (chattr +a)", "chattr -a {dir}"),
+])
+def test_the_host_and_recover_say_the_same_reason_a_file_cannot_be_removed(
+        tmp_path: Path, target: str, flag: str, fact: str, fix: str) -> None:
+    if shutil.which("chattr") is None:
+        pytest.skip("chattr is not installed")
+    state = tmp_path / ".intloom"
+    state.mkdir(mode=0o700)
+    path = state / "service.json"
+    path.write_text("{}")
+    marked = path if target == "file" else state
+    if not _chattr(marked, flag):
+        pytest.skip(f"chattr {flag} is not supported here (CAP_LINUX_IMMUTABLE, filesystem)")
+    try:
+        host, said = _both_say(path)
+    finally:
+        _chattr(marked, flag.replace("+", "-"))
+    assert host == f"service.json cannot be removed: {fact}"
+    assert (f".intloom/service.json could not be removed (Operation not permitted): {fact}. "
+            "Nothing was removed.") in said, said
+    assert fix.format(file=path, dir=state) in said, said
+
+
+def test_a_sticky_directory_of_another_user_is_named_alike(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the owner of the file or of a sticky directory may remove the file (root
+    passes): seen as another user, where neither is theirs."""
+    state = tmp_path / ".intloom"
+    state.mkdir()
+    os.chmod(state, 0o1777)
+    path = state / "service.json"
+    path.write_text("{}")
+    stranger = max(os.stat(state).st_uid, os.stat(path).st_uid) + 4242
+    monkeypatch.setattr(os, "geteuid", lambda: stranger)
+    refused = unlink_refusal(path)
+    assert refused is not None and refused.bar == "sticky" and refused.where == state
+    host = _kept(path, refused)
+    assert host == ("service.json cannot be removed: .intloom is sticky (chmod +t) and this "
+                    "user owns neither it nor the file, which only their owners may remove")
+    fact, fix = recover_module._unremovable(path, PermissionError(1, "Operation not permitted"))
+    assert fact == f": {refused.fact}" and fix.startswith(f"Remove {path} as its owner"), fix
+    monkeypatch.setattr(os, "geteuid", lambda: os.stat(path).st_uid)
+    assert unlink_refusal(path) is None  # the file's owner may remove it
