@@ -21,6 +21,7 @@ from intloom.host.liveness import (
     Evidence,
     LockProbe,
     OwnerStatus,
+    host_starting,
     judge,
     paused,
     probe_lock,
@@ -226,17 +227,14 @@ STOPPING: Final = (
 
 
 def _starting(snap: Snapshot, lock: LockProbe, owners: list[Owner]) -> str | None:
-    """The message for a host in its start-up, or None. A start takes service.lock first
-    and writes service.json last, once it listens (after loading Workflows and restoring
-    Runs, which may take a while), holding the lock's OS lock throughout; a stop removes
-    service.json just before the lock. So a live, unpaused owner of the lock, its OS lock
-    held, and no service.json is a host starting. DESIGN's state stays ``blocked`` (an owner
-    is alive); the words say it is a normal, passing state."""
+    """The message for a host in its start-up (``liveness.host_starting``, judged from the
+    snapshot), or None. DESIGN's state stays ``blocked`` (an owner is alive); the words say
+    it is a normal, passing state."""
     held = snap.lock.value
-    if held is None or snap.service.value is not None or lock.state != "held":
-        return None
-    owner = next((o for o in owners if o.resource == "service_lock"), None)
-    if owner is None or owner.status != "alive" or paused(held.pid):
+    owner = next((o.status for o in owners if o.resource == "service_lock"), None)
+    if held is None or not host_starting(
+            service_json=snap.service.value is not None, os_lock=lock.state, owner=owner,
+            owner_paused=paused(held.pid)):
         return None
     return starting_message(held.pid, held.started_at, "Run intloom status again in a moment "
                             "(intloom start waits for it); if it stays starting, run intloom "

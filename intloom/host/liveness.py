@@ -33,6 +33,7 @@ __all__ = [
     "OwnerStatus",
     "ProcessProbe",
     "holds_open",
+    "host_starting",
     "judge",
     "paused",
     "probe_lock",
@@ -179,24 +180,35 @@ def paused(pid: int) -> bool:
         return False
 
 
+def host_starting(*, service_json: bool, os_lock: Literal["free", "held", "unknown"],
+                  owner: OwnerStatus | None, owner_paused: bool) -> bool:
+    """Whether the facts show a host in its start-up: the one rule for ``starting_owner``
+    (fresh reads, for the client) and ``diagnostics.owners`` (its snapshot, for status and
+    doctor). A start takes ``service.lock`` first and writes ``service.json`` last, once it
+    listens (after loading Workflows and restoring Runs, which may take a while), holding
+    the lock's OS lock throughout; a stop removes ``service.json`` just before the lock.
+    So a live, unpaused owner of the lock (``owner``: None without a readable lock record),
+    its OS lock held, and no ``service.json`` is a host starting; a paused one will not
+    finish starting until it is resumed."""
+    return not service_json and os_lock == "held" and owner == "alive" and not owner_paused
+
+
 def starting_owner(paths: ProjectPaths) -> ServiceLock | None:
-    """The lock record of a host in its start-up, or None. A start takes ``service.lock``
-    first and writes ``service.json`` last, once it listens (after loading Workflows and
-    restoring Runs, which may take a while), holding the lock's OS lock throughout. So a
-    live, unpaused owner of the lock, its OS lock held, and no ``service.json`` is a host
-    starting (``diagnostics.owners`` judges the same from its snapshot)."""
-    if os.path.lexists(paths.service_json):
-        return None
+    """The lock record of a host in its start-up (``host_starting``, read now), or None."""
     try:
         lock = read_lock(paths.service_lock)
     except IntloomError:
         return None  # unreadable: doctor says why; nothing here is proof of a start
-    if lock is None or probe_lock(paths.service_lock).state != "held":
+    if lock is None:
         return None
     process = probe_process(lock.pid, lock.create_time, lock.boot_id, boot_id())
-    if process.state != "alive" or paused(lock.pid):
-        return None
-    return lock
+    starting = host_starting(
+        service_json=os.path.lexists(paths.service_json),
+        os_lock=probe_lock(paths.service_lock).state,
+        owner=process.state,
+        owner_paused=paused(lock.pid),
+    )
+    return lock if starting else None
 
 
 def unheld_lock(path: Path) -> tuple[int, int] | None:

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Literal
 
 import psutil
 import pytest
@@ -14,7 +15,14 @@ import pytest
 from intloom.diagnostics import diagnose
 from intloom.diagnostics.owners import MESSAGES, NO_CONNECTION_FIX, STARTING
 from intloom.errors import IntloomError
-from intloom.host.liveness import Evidence, probe_lock, probe_process
+from intloom.host.liveness import (
+    Evidence,
+    OwnerStatus,
+    host_starting,
+    probe_lock,
+    probe_process,
+    starting_owner,
+)
 from intloom.host.metadata import boot_id
 from intloom.project import ProjectPaths
 from tests.helpers import eventually
@@ -28,6 +36,7 @@ from tests.unit.diagnostics_support import (
     tree,
     write_connection_json,
     write_lock,
+    write_service_json,
 )
 
 
@@ -90,6 +99,47 @@ def test_live_owner_holding_its_lock_before_service_json_is_starting(
     assert diagnosis.message.startswith(
         f"{STARTING} (pid {proc.pid}, since 2026-11-30T00:00:00.000Z)"), diagnosis.message
     assert stopped.message == MESSAGES["owner_exists" if connection else "no_connection"]
+
+
+@pytest.mark.parametrize(("service_json", "os_lock", "owner", "owner_paused", "starting"), [
+    (False, "held", "alive", False, True),
+    (True, "held", "alive", False, False),  # written last: the host listens
+    (False, "free", "alive", False, False),  # nobody holds the lock: not a start
+    (False, "unknown", "alive", False, False),
+    (False, "held", "unknown", False, False),
+    (False, "held", None, False, False),  # no readable lock record
+    (False, "held", "alive", True, False),  # paused: it will not finish starting
+])
+def test_the_rule_of_a_host_starting(service_json: bool, os_lock: Literal["free", "held"],
+                                     owner: OwnerStatus | None, owner_paused: bool,
+                                     starting: bool) -> None:
+    assert host_starting(service_json=service_json, os_lock=os_lock, owner=owner,
+                         owner_paused=owner_paused) is starting
+
+
+def test_the_client_and_the_diagnosis_judge_a_start_alike(tmp_path: Path) -> None:
+    """The client (``starting_owner``, fresh reads) and status (``diagnose``, a snapshot)
+    apply one rule (``host_starting``) to the same files."""
+    root = make_root(tmp_path)
+    paths = ProjectPaths(root)
+
+    def both() -> tuple[bool, bool]:
+        told = diagnose(root, probe=False).message.startswith(STARTING)
+        return starting_owner(paths) is not None, told
+
+    with live_process() as proc:
+        lock = write_lock(root, proc.pid, create_time(proc.pid))
+        write_connection_json(root, 4242)
+        assert both() == (False, False)  # its OS lock is free
+        with lock_holder(paths.service_lock):
+            assert both() == (True, True)
+            write_service_json(root, proc.pid, create_time(proc.pid), 4242, lock.instance_id)
+            assert both() == (False, False)  # service.json is written last
+            paths.service_json.unlink()
+            os.kill(proc.pid, signal.SIGSTOP)
+            eventually(lambda: psutil.Process(proc.pid).status() == psutil.STATUS_STOPPED,
+                       what="the owner to be paused")
+            assert both() == (False, False)
 
 
 def test_dead_owner_with_held_lock_is_unknown_and_blocks(tmp_path: Path) -> None:
