@@ -41,7 +41,6 @@ __all__ = [
     "Progress",
     "StartResult",
     "StopResult",
-    "host_log_name",
     "start_service",
     "stop_service",
     "stop_service_report",
@@ -180,20 +179,6 @@ def _saved_service(paths: ProjectPaths) -> ServiceInfo | None:
         return read_service(paths.service_json, paths.root)
     except IntloomError:
         return None  # _live_service reports it
-
-
-def host_log_name(root: Path) -> str | None:
-    """The log file name of the host ``service.json`` names (running, or killed), if any.
-
-    Only a plain name is returned: the file is not trusted to name a path elsewhere.
-    Invalid metadata gives ``None``; status and doctor are the commands that report it.
-    """
-    try:
-        info = _saved_service(ProjectPaths(root))
-    except OSError:
-        return None
-    name = info.log_file if info is not None else None
-    return name if name and Path(name).name == name else None
 
 
 def _log_says_stopping(paths: ProjectPaths, info: ServiceInfo) -> bool:

@@ -49,6 +49,28 @@ def test_a_query_imports_only_what_it_needs(tmp_path: Path) -> None:
     assert loaded == []
 
 
+def test_logs_reads_files_without_the_client(tmp_path: Path) -> None:
+    """``logs`` needs only the log's name from service.json: it imported the client, its
+    socket and the protocol (intloom.client.lifecycle) for it."""
+    (tmp_path / "intloom.toml").write_text("workflows = []\n")
+    probe = (
+        "import sys, json\n"
+        "from intloom.cli.app import main\n"
+        f"code = main(['--project', {str(tmp_path)!r}, 'logs'])\n"
+        "print(json.dumps([code, sorted(sys.modules)]))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO), "NO_COLOR": "1"}
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=30,
+        check=True,
+    )
+    code, modules = json.loads(out.stdout.splitlines()[-1])
+    assert code == 0 and "No host log yet" in out.stdout + out.stderr, out
+    assert "intloom.client.hostlog" in modules
+    heavy = ("intloom.client.client", "intloom.client.lifecycle", "intloom.protocol", "socket")
+    assert [m for m in heavy if m in modules] == []
+
+
 @pytest.mark.parametrize(
     ("argv", "name"),
     [

@@ -154,7 +154,7 @@ def _follow(tail: LogTail, root: Path, logs_dir: Path) -> None:
 
 def _hosts_log(root: Path, logs_dir: Path) -> Path | None:
     """The log of the host ``service.json`` names (running, or killed): the newest one."""
-    from intloom.client.lifecycle import host_log_name
+    from intloom.client.hostlog import host_log_name
 
     name = host_log_name(root)
     return logs_dir / name if name is not None else None
