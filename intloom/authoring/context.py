@@ -26,6 +26,11 @@ S = TypeVar("S")
 T = TypeVar("T")
 
 
+class _Over:
+    """The State type of a context that is over (``finish``): it has no instances, so an
+    assignment through that context fails the check every assignment makes."""
+
+
 class Recovery(msgspec.Struct, frozen=True):
     """What ``recover`` receives after a restart: the saved action and the accepted answer."""
 
@@ -59,11 +64,6 @@ class StepContext(Generic[S]):
     # check once the Step is over. A class default, not set in __init__: a Step that makes
     # none (most) pays nothing for it, and the driver's ``is not None`` is its only cost.
     _calls: list[_Unawaited[Any]] | None = None
-    # True once the code this context was given to is over (``finish``): a context kept past
-    # it (in a global, a closure, a thread) would have its effects and waits journaled as
-    # those of whatever code of the Run runs then. A class default, as ``_calls``.
-    _over: bool = False
-
     def __init__(
         self,
         *,
@@ -80,7 +80,12 @@ class StepContext(Generic[S]):
         self.stage = stage
         self.step = step
         self._state = state
-        self._state_type = state_type
+        # ``_Over`` once the code this context was given to is over (``finish``): a context
+        # kept past it (in a global, a closure, a thread) would have its effects and waits
+        # journaled as those of whatever code of the Run runs then, and a State assigned
+        # through it would be lost. The type every assignment checks anyway says so: a Step
+        # running pays nothing for it (a flag of its own measured ~18 ns per assignment).
+        self._state_type: type[Any] | None = state_type
         self._hooks = hooks
         self._effect_counts: dict[str, int] = {}
         # key -> (the effect's name, whether it raised, whether the key was its default):
@@ -96,6 +101,8 @@ class StepContext(Generic[S]):
         state_type = self._state_type
         if state_type is not None:
             if not isinstance(value, state_type):
+                if state_type is _Over:  # no value is an instance of it
+                    raise self._stale_state()
                 name = state_type.__name__
                 raise IntloomError(
                     "STAGE_STATE_INVALID",
@@ -175,6 +182,31 @@ class StepContext(Generic[S]):
         """The refusal of ``call`` through this context once its code is over: the journal
         would record it as the code running now (``what``: an effect, a wait), whose
         restart facts it would then falsify."""
+        over, recorded = self._over_while()
+        return IntloomError(
+            "STEP_INTERACTION_INVALID",
+            f"{call} was called through the ctx given to {over}. A ctx acts only while the "
+            f"code it was given to runs: the journal would have recorded this {what} "
+            f"{recorded}. Nothing was recorded and {skipped}. {_KEEP_NONE}",
+        )
+
+    def _stale_state(self) -> IntloomError:
+        """The refusal of ``ctx.state = ...`` through this context once its code is over:
+        nothing reads its State any more, so the value would be lost without a word."""
+        over, _recorded = self._over_while()
+        return IntloomError(
+            "STEP_INTERACTION_INVALID",
+            f"ctx.state was assigned through the ctx given to {over}. A ctx acts only while "
+            "the code it was given to runs: its State was saved when that code returned (or "
+            "dropped with it), and nothing reads it again, so this value would have been "
+            "lost. Nothing was changed. Assign the running Step's own ctx.state (pass its "
+            "ctx to helpers as an argument); do not keep one in a global or a closure for a "
+            "later Step.",
+        )
+
+    def _over_while(self) -> tuple[str, str]:
+        """This context's code, said to be over, and what ran then (an error path only);
+        and how the journal would have recorded a call made now."""
         running = self._hooks.running()
         if running is None:
             during = "no code of the Run was running"
@@ -185,16 +217,9 @@ class StepContext(Generic[S]):
         else:
             during = f"{running} was running"
             recorded = f"as made by {running}"
-        return IntloomError(
-            "STEP_INTERACTION_INVALID",
-            f"{call} was called through the ctx given to {self.where}, which was over (it "
-            "had returned or raised, or the Run had stopped waiting for it: a cancel, or a "
-            f"stop's grace that ran out), while {during}. A ctx acts only while the code it was "
-            f"given to runs: the journal would have recorded this {what} {recorded}. Nothing "
-            f"was recorded and {skipped}. Use the ctx the running Step was given (pass it to "
-            "helpers as an argument); do not keep one in a global or a closure for a later "
-            "Step.",
-        )
+        return (f"{self.where}, which was over (it had returned or raised, or the Run had "
+                "stopped waiting for it: a cancel, or a stop's grace that ran out), while "
+                f"{during}", recorded)
 
     def effect(self, name: str, fn: Callable[..., T], *args: Any, key: str | None = None,
                **kwargs: Any) -> T:
@@ -203,7 +228,7 @@ class StepContext(Generic[S]):
         ``effect_started`` is durable before ``fn`` is called, so if the host dies while it
         runs, the Run is reported RUN_INTERRUPTED naming this effect; it is never re-run.
         """
-        if self._over:
+        if self._state_type is _Over:
             raise self._stale(f"ctx.effect({name!r}, ...)", "effect",
                               "the effect was not called")
         if threading.current_thread() is self._hooks.loop_thread:
@@ -238,7 +263,7 @@ class StepContext(Generic[S]):
         Refused at the call in a sync Step: there the coroutine would never be awaited and
         the effect would silently never run.
         """
-        if self._over:
+        if self._state_type is _Over:
             raise self._stale(f"ctx.aeffect({name!r}, ...)", "effect",
                               "the effect was not called")
         if threading.current_thread() is not self._hooks.loop_thread:
@@ -291,7 +316,7 @@ class StepContext(Generic[S]):
 
         Await it in an async Step: ``answer = await ctx.confirm({...})``.
         """
-        if self._over:
+        if self._state_type is _Over:
             raise self._stale("ctx.confirm(...)", "wait", "nobody was asked to confirm")
         self._hooks.before_wait("confirmation")
         self._async_only("confirm", _EXAMPLES["confirm"])
@@ -307,7 +332,7 @@ class StepContext(Generic[S]):
 
         Await it in an async Step: ``answers = await ctx.ask([intloom.Question(...)])``.
         """
-        if self._over:
+        if self._state_type is _Over:
             raise self._stale("ctx.ask([...])", "wait", "its questions were not asked")
         self._hooks.before_wait("questions")
         self._async_only("ask", _EXAMPLES["ask"])
@@ -318,6 +343,10 @@ class StepContext(Generic[S]):
         answer = await self._hooks.wait("questions", questions, self._state)
         assert isinstance(answer, list)
         return answer
+
+
+_KEEP_NONE: Final = ("Use the ctx the running Step was given (pass it to helpers as an "
+                     "argument); do not keep one in a global or a closure for a later Step.")
 
 
 def _check_questions(where: str, questions: Any) -> None:
@@ -453,8 +482,9 @@ def finish(ctx: StepContext[Any]) -> None:
     """The code ``ctx`` was given to is over (it returned or raised), or the Run no longer
     waits for it (a cancel, or a stop's grace that ran out, while a sync Step's thread still
     runs it): from now on its effects and waits are refused (``StepContext._stale``), never
-    journaled as another Step's."""
-    ctx._over = True
+    journaled as another Step's, and so is a State assigned through it (``_stale_state``),
+    which nothing would read."""
+    ctx._state_type = _Over
 
 
 def unawaited(ctx: StepContext[Any], returned: bool

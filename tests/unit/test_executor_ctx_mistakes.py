@@ -678,3 +678,37 @@ def test_a_ctx_used_after_its_run_ended_is_refused_naming_no_running_step(
             "running") in raised.value.message, raised.value.message
     assert ran == []
     assert _phases(root, view.run_id)[-1] == "Terminal"
+
+
+def test_ctx_state_assigned_through_a_ctx_kept_from_an_earlier_step_is_refused(
+        tmp_path: Path) -> None:
+    """Step a keeps its ctx; Step b assigns ``state`` through it. The value went into a's
+    context, whose State had been saved already: lost without a word, while b saved its own."""
+
+    class Count(msgspec.Struct):
+        n: int = 0
+
+    wf = intloom.Workflow("keeps", version="1")
+    st = wf.stage("s", state=Count)
+    kept: list[Any] = []
+
+    @st.step("a", routes={"ok": "b"})
+    def a(ctx: Any) -> str:
+        kept.append(ctx)
+        return "ok"
+
+    @st.step("b", routes={"ok": intloom.COMPLETE})
+    def b(ctx: Any) -> str:
+        kept[0].state = Count(n=2)
+        return "ok"
+
+    view = _settle(tmp_path / "runtime", wf)
+    assert view.status == "failed" and view.last_error is not None, view
+    assert view.last_error.code == "STEP_INTERACTION_INVALID", view.last_error
+    message = view.last_error.message
+    for fact in ("ctx.state was assigned through the ctx given to Stage 's', Step 'a', "
+                 "which was over",
+                 "while Stage 's', Step 'b' was running",
+                 "Nothing was changed",
+                 "Assign the running Step's own ctx.state"):
+        assert fact in message, (fact, message)
