@@ -79,17 +79,39 @@ _FIX_FLOAT: Final = 'Pass None or a string ("nan") instead, or leave the field o
 _FIX_KEY: Final = "Use string keys ({str(k): v for k, v in ...})."
 
 
-def json_gap(value: Any) -> tuple[str, str] | None:
+# What json_gap says of each kind of gap in a value sent to a client or an Agent (a fact
+# completed by the gap's item and its type's name, then the fix).
+SENT_GAPS: Final = {
+    "float": ("is {item!r}, which JSON cannot carry (it has no NaN or infinity)", _FIX_FLOAT),
+    "set": ("is a set, which JSON cannot carry (it would be sent as a list, in no set order)",
+            _FIX_SET),
+    "bytes": ("is bytes, which JSON cannot carry (it would be sent as base64 text)",
+              _FIX_BYTES),
+    "key": ("has the key {item!r} ({kind}), which JSON cannot carry (its keys are strings)",
+            _FIX_KEY),
+}
+
+
+def json_gap(value: Any, at: Any = None, says: dict[str, tuple[str, str]] = SENT_GAPS
+             ) -> tuple[str, str] | None:
     """Where ``value``, as a Step built it, holds what JSON cannot carry as itself -- a set,
     bytes, NaN or an infinity, a key that is not a string -- and the fix; None when nothing
     does. Asked of the value itself: msgspec.to_builtins, which prepares it for the wire,
     turns a set into a list in no set order and bytes into base64 text, and keeps NaN, which
     the JSON a client reads has no token for; the client would get another value, silently.
-    The same values a client sends are refused (runtime/plainjson.py), and a Tool's output."""
-    stack: list[tuple[Any, tuple[Any, str | int] | None, int]] = [(value, None, 0)]
+    The same values a client sends are refused (runtime/plainjson.py), and a Tool's output.
+    ``at``: where ``value`` sits in what holds it (json_path's place), for the path named;
+    ``says``: the words for each kind of gap (``SENT_GAPS``'s keys)."""
+    stack: list[tuple[Any, tuple[Any, str | int] | None, int]] = [(value, at, 0)]
     # Each container is walked once: one a value holds in two places has the same gaps in
     # both, and one that holds itself twice has 2**depth paths (the walk never ended).
     seen: set[int] = set()
+
+    def gap(kind: str, place: Any, item: Any) -> tuple[str, str]:
+        fact, fix = says[kind]
+        return (f"{json_path(place)} {fact.format(item=item, kind=type(item).__name__)}",
+                fix)
+
     while stack:
         item, place, depth = stack.pop()
         kind = type(item)
@@ -97,15 +119,12 @@ def json_gap(value: Any) -> tuple[str, str] | None:
             continue
         if isinstance(item, float):
             if not math.isfinite(item):
-                return (f"{json_path(place)} is {item!r}, which JSON cannot carry (it has no "
-                        "NaN or infinity)", _FIX_FLOAT)
+                return gap("float", place, item)
             continue
         if isinstance(item, (set, frozenset)):
-            return (f"{json_path(place)} is a set, which JSON cannot carry (it would be sent as a "
-                    "list, in no set order)", _FIX_SET)
+            return gap("set", place, item)
         if isinstance(item, (bytes, bytearray, memoryview)):
-            return (f"{json_path(place)} is bytes, which JSON cannot carry (it would be sent as "
-                    "base64 text)", _FIX_BYTES)
+            return gap("bytes", place, item)
         if depth >= _MAX_DEPTH or id(item) in seen:
             continue
         seen.add(id(item))
@@ -115,8 +134,7 @@ def json_gap(value: Any) -> tuple[str, str] | None:
         elif isinstance(item, dict):
             for key, part in item.items():
                 if not isinstance(key, str):
-                    return (f"{json_path(place)} has the key {key!r} ({type(key).__name__}), which "
-                            "JSON cannot carry (its keys are strings)", _FIX_KEY)
+                    return gap("key", place, key)
                 if type(part) not in _SCALARS:
                     stack.append((part, (place, key), depth + 1))
         elif isinstance(item, msgspec.Struct):

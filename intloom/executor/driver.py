@@ -84,9 +84,10 @@ _IN_USER_CODE = frozenset({"executing", "effect_started", "effect_done"})
 # Plain references: user functions live as long as their loaded Workflow (the host's life),
 # and a WeakKeyDictionary builds a weak reference on every lookup.
 _ASYNC: dict[Callable[..., Any], bool] = {}
-# Per Stage State type, its decoder and whether it re-encodes as is (_state_codec); kept for
-# the host's life, as _ASYNC's entries are.
-_CODECS: dict[type, tuple[Callable[[bytes], Any], bool, bool]] = {}
+# Per Stage State type, its decoder, whether it re-encodes as is, and how it is saved
+# otherwise (_state_codec); kept for the host's life, as _ASYNC's entries are.
+_Codec = tuple[Callable[[bytes], Any], "bool | None", "bool | _AnyParts"]
+_CODECS: dict[type, _Codec] = {}
 _QUIET = ("EXECUTION_OWNERSHIP_LOST", "RUN_CHECKPOINT_FAILED")
 # Where the thread driving a Run's sync Steps gave the Run back to the loop (_steps_here).
 _NEXT = "next"  # not a sync Step, or other Runs write too: the loop runs it
@@ -729,19 +730,147 @@ def _has_set(info: msgspec.inspect.Type, seen: set[type] | None = None) -> bool:
     return True
 
 
-def _state_codec(state_type: type) -> tuple[Callable[[bytes], Any], bool, bool]:
+def _state_codec(state_type: type) -> _Codec:
     """The Stage State type's decode, bound once (looking the method up at each call added
     ~40 ns, ~30 % of a small State's decode); whether an instance of exactly that type
-    always re-encodes to its own bytes (its fields are all _SAME_AGAIN); and whether it may
-    hold a set (saved in sorted order, see _encode_state)."""
+    always re-encodes to its own bytes (its fields are all _SAME_AGAIN): True, False, or None
+    when it does but is typed Any somewhere, so that such States take the path where their
+    parts typed Any are checked; and how _encode_state saves it when it is not saved as
+    encoded: True when it may hold a set (saved in sorted order), False when not, or, for a
+    type with parts typed Any, those parts (``_AnyParts``, which knows about sets too). A
+    State with no part typed Any pays nothing for that check: saved as encoded, it takes the
+    path it took before; re-encoded, one identity test more at most (next to an encode)."""
     codec = _CODECS.get(state_type)
     if codec is None:
         info = msgspec.inspect.type_info(state_type)
-        same = isinstance(info, msgspec.inspect.StructType) and all(
+        same: bool | None = isinstance(info, msgspec.inspect.StructType) and all(
             _same_again(field.type) for field in info.fields)
-        codec = _CODECS[state_type] = (msgspec.json.Decoder(state_type).decode, same,
-                                       _has_set(info))
+        sets = _has_set(info)
+        resave: bool | _AnyParts = _AnyParts.of(info, sets) or sets
+        if same and not isinstance(resave, bool):
+            same = None
+        codec = _CODECS[state_type] = (msgspec.json.Decoder(state_type).decode, same, resave)
     return codec
+
+
+# What _any_gap says of what JSON cannot carry in a part of a State typed Any: the type
+# says nothing of it, so it is saved as JSON makes it and the next Step gets that instead.
+_KEPT_GAPS: Final = {
+    "float": ("is {item!r}, in a part of the State typed Any: JSON has no NaN or infinity, "
+              "so it would be saved as null and the next Step would get None",
+              'Store None or a string ("nan") there instead.'),
+    "set": ("is a set, in a part of the State typed Any: it would be saved as a list (in no "
+            "set order) and the next Step would get that list",
+            "Type the field as a set (e.g. `seen: set[str] = msgspec.field(default_factory="
+            "set)`, saved and restored as a set), or store a sorted list (sorted(...))."),
+    "bytes": ("is bytes, in a part of the State typed Any: it would be saved as base64 text "
+              "and the next Step would get that text",
+              "Type the field as bytes (saved and restored as bytes), or store text."),
+    "key": ("has the key {item!r} ({kind}), in a part of the State typed Any: JSON keys are "
+            "strings, so the next Step would get it as a string",
+            "Type the dict's keys (e.g. `dict[int, str]`, restored as ints), or use string "
+            "keys ({str(k): v for k, v in ...})."),
+}
+
+
+class _AnyParts:
+    """Where a State type is typed Any: the ids of its type nodes (msgspec.inspect) that are,
+    or hold, an Any, so that ``_any_gap`` walks a value only along those."""
+
+    def __init__(self, root: msgspec.inspect.Type, found: set[int], sets: bool) -> None:
+        self.root = root
+        self.found = found
+        self.sets = sets  # whether the type may hold a set (``_has_set``)
+
+    @classmethod
+    def of(cls, info: msgspec.inspect.Type, sets: bool) -> _AnyParts | None:
+        """None when no part of ``info`` is typed Any (the State costs no check)."""
+        found: set[int] = set()
+        # A type that refers to itself is answered "not yet known to hold Any" while it is
+        # being looked at; looking again until nothing changes settles it.
+        while True:
+            before = len(found)
+            _mark_any(info, found, {})
+            if len(found) == before:
+                break
+        return cls(info, found, sets) if id(info) in found else None
+
+
+def _mark_any(info: msgspec.inspect.Type, found: set[int], done: dict[int, bool]) -> bool:
+    """Whether ``info`` is or holds an Any; adds each node that does to ``found``."""
+    mi = msgspec.inspect
+    key = id(info)
+    if key in done:
+        return done[key]
+    done[key] = key in found  # while it is being looked at (a type referring to itself)
+    parts: list[msgspec.inspect.Type]
+    if isinstance(info, mi.AnyType):
+        parts = []
+    elif isinstance(info, mi.Metadata):
+        parts = [info.type]
+    elif isinstance(info, (mi.StructType, mi.DataclassType, mi.TypedDictType,
+                           mi.NamedTupleType)):
+        parts = [field.type for field in info.fields]
+    elif isinstance(info, (mi.ListType, mi.VarTupleType, mi.SetType, mi.FrozenSetType)):
+        parts = [info.item_type]
+    elif isinstance(info, mi.TupleType):
+        parts = list(info.item_types)
+    elif isinstance(info, (mi.DictType, mi.FrozenDictType)):
+        parts = [info.key_type, info.value_type]
+    elif isinstance(info, mi.UnionType):
+        parts = list(info.types)
+    else:
+        parts = []
+    # Every part is looked at (no short cut): the walk asks of each whether it holds Any.
+    held = isinstance(info, mi.AnyType) | any([_mark_any(p, found, done) for p in parts])
+    done[key] = held
+    if held:
+        found.add(key)
+    return held
+
+
+def _any_gap(value: Any, parts: _AnyParts) -> tuple[str, str] | None:
+    """Where a part of the State ``value`` typed Any holds what JSON cannot carry as itself
+    (``json_gap``): saved, it would come back to the next Step as another value. Walks only
+    the parts typed Any (and what leads to them); a value not of the shape its type says
+    (decoding checked it against the type: a dict for a Struct, say) is not walked there."""
+    mi = msgspec.inspect
+    found = parts.found
+    stack: list[tuple[Any, msgspec.inspect.Type, Any]] = [(value, parts.root, None)]
+    while stack:
+        item, info, place = stack.pop()
+        if id(info) not in found:
+            continue
+        if isinstance(info, mi.AnyType):
+            gap = json_gap(item, place, _KEPT_GAPS)
+            if gap is not None:
+                return gap
+        elif isinstance(info, mi.Metadata):
+            stack.append((item, info.type, place))
+        elif isinstance(info, mi.UnionType):
+            stack.extend((item, member, place) for member in info.types)
+        elif isinstance(info, (mi.StructType, mi.DataclassType, mi.NamedTupleType)):
+            if isinstance(item, info.cls):
+                stack.extend((getattr(item, f.name), f.type, (place, f.encode_name))
+                             for f in info.fields)
+        elif isinstance(info, mi.TypedDictType):
+            if isinstance(item, dict):
+                stack.extend((item[f.name], f.type, (place, f.encode_name))
+                             for f in info.fields if f.name in item)
+        elif isinstance(info, (mi.ListType, mi.VarTupleType, mi.SetType, mi.FrozenSetType)):
+            if isinstance(item, (list, tuple, set, frozenset)):
+                stack.extend((part, info.item_type, (place, i)) for i, part in enumerate(item))
+        elif isinstance(info, mi.TupleType):
+            if isinstance(item, (list, tuple)):
+                pairs = zip(item, info.item_types, strict=False)  # lengths: decode checked
+                stack.extend((part, kind, (place, i)) for i, (part, kind) in enumerate(pairs))
+        elif isinstance(info, (mi.DictType, mi.FrozenDictType)) and isinstance(item, dict):
+            keyed = isinstance(info.key_type, mi.AnyType)
+            for key, part in item.items():
+                if keyed and not isinstance(key, str):
+                    return json_gap({key: None}, place, _KEPT_GAPS)
+                stack.append((part, info.value_type, (place, key)))
+    return None
 
 
 def _still_claimed(exc: IntloomError, where: str) -> IntloomError:
@@ -818,17 +947,41 @@ def _encode_state(value: Any, where: str | Step[Any], state_type: type | None,
             "type; this State was not saved.",
         ) from None
     if not codec[1] or type(value) is not state_type:
-        if codec[2]:
+        resave = codec[2]
+        if resave is False:
+            data = msgspec.json.encode(decoded)
+        elif resave is True:
             # A set iterates in an order the process's hash seed decides; a restart must
             # re-encode the State to these same bytes, so sets (and with them dict keys)
             # are saved sorted, and the next Step gets the State as saved, not as left.
             data = DETERMINISTIC.encode(decoded)
             decoded = codec[0](data)
-        else:
-            data = msgspec.json.encode(decoded)
+        else:  # parts typed Any: checked, then saved as the other States are
+            _check_any(value, resave, where)
+            if codec[1] is None and type(value) is state_type:
+                pass  # it re-encodes as is (_state_codec)
+            elif resave.sets:
+                data = DETERMINISTIC.encode(decoded)  # as above
+                decoded = codec[0](data)
+            else:
+                data = msgspec.json.encode(decoded)
     if slot is not None:
         slot.decoded = (data, decoded)
     return data
+
+
+def _check_any(value: Any, parts: _AnyParts, where: str | Step[Any]) -> None:
+    """Refuse the State ``value`` when a part of it typed Any holds what JSON cannot carry
+    (``_any_gap``): the next Step would get another value than the one left."""
+    gap = _any_gap(value, parts)
+    if gap is not None:
+        if not isinstance(where, str):
+            where = where.where
+        raise IntloomError(
+            "STAGE_STATE_INVALID",
+            f"{where}: the Stage State it left cannot be saved as it is: {gap[0]}. {gap[1]} "
+            "This State was not saved.",
+        )
 
 
 def _nonfinite(value: Any, depth: int = 0) -> bool:

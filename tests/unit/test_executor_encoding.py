@@ -428,3 +428,110 @@ def test_a_value_shared_by_two_places_is_checked_once_and_named_where_first_met(
     waiting = _settled(tmp_path / "ok", ok_wf)
     assert waiting.pending_agent_call is not None, waiting
     assert waiting.pending_agent_call.request == {"first": fine, "second": [fine, fine]}
+
+
+class Bag(msgspec.Struct):
+    tags: set[str] = msgspec.field(default_factory=set)  # typed: saved and restored a set
+    extra: dict[str, Any] = msgspec.field(default_factory=dict)
+    note: Any = None
+
+
+# what a Step stores in a part of its State typed Any -> (the path and fact named, the fix)
+IN_ANY: dict[str, tuple[Callable[[Bag], None], str, str]] = {
+    "set": (lambda bag: bag.extra.update(seen={"b", "a"}),
+            "$.extra.seen is a set, in a part of the State typed Any", "set[str]"),
+    "nested set": (lambda bag: setattr(bag, "note", [{"ok": 1}, {"ids": frozenset({1})}]),
+                   "$.note[1].ids is a set", "sorted list"),
+    "bytes": (lambda bag: bag.extra.update(blob=b"\x00"), "$.extra.blob is bytes", "bytes"),
+    "nan": (lambda bag: setattr(bag, "note", float("nan")), "$.note is nan", "None"),
+    "key": (lambda bag: bag.extra.update(by_id={7: "x"}), "$.extra.by_id has the key 7 (int)",
+            "dict[int, str]"),
+}
+
+
+@pytest.mark.parametrize("stored", sorted(IN_ANY))
+def test_what_json_cannot_carry_in_a_state_part_typed_any_is_refused_at_the_step(
+        tmp_path: Path, stored: str) -> None:
+    """Saved as JSON, a set there came back to the next Step as a list (in no set order),
+    bytes as base64 text, NaN as None, an int key as a str: the State changed silently."""
+    store, fact, fix = IN_ANY[stored]
+    wf = intloom.Workflow("bags", version="1")
+    st = wf.stage("s", state=Bag)
+    seen: list[Bag] = []
+
+    @st.step("a", routes={"ok": "b"})
+    def a(ctx: Any) -> str:
+        ctx.state.tags.add("typed")
+        ctx.state.extra["plain"] = ["json", 1]
+        store(ctx.state)
+        return "ok"
+
+    @st.step("b", routes={"ok": intloom.COMPLETE})
+    def b(ctx: Any) -> str:
+        seen.append(ctx.state)
+        return "ok"
+
+    wf.validate()
+    view = _settled(tmp_path / "runtime", wf)
+    assert view.status == "failed" and view.last_error is not None, view
+    assert view.last_error.code == "STAGE_STATE_INVALID", view.last_error
+    message = view.last_error.message
+    for part in ("Stage 's', Step 'a': the Stage State it left cannot be saved as it is: ",
+                 fact, fix, "This State was not saved."):
+        assert part in message, (part, message)
+    assert seen == []
+
+
+def test_a_typed_set_and_plain_data_in_a_part_typed_any_reach_the_next_step(
+        tmp_path: Path) -> None:
+    wf = intloom.Workflow("bags", version="1")
+    st = wf.stage("s", state=Bag)
+    seen: list[Bag] = []
+
+    @st.step("a", routes={"ok": "b"})
+    def a(ctx: Any) -> str:
+        ctx.state.tags.add("typed")
+        ctx.state.extra["plain"] = ["json", 1, {"k": None}]
+        return "ok"
+
+    @st.step("b", routes={"ok": intloom.COMPLETE})
+    def b(ctx: Any) -> str:
+        seen.append(ctx.state)
+        return "ok"
+
+    wf.validate()
+    assert _settled(tmp_path / "runtime", wf).status == "completed"
+    assert seen == [Bag(tags={"typed"}, extra={"plain": ["json", 1, {"k": None}]})]
+
+
+class Tree(msgspec.Struct):
+    children: list[Tree] = msgspec.field(default_factory=list)
+    weight: float = 0.0
+    tags: set[str] = msgspec.field(default_factory=set)
+
+
+class Loose(msgspec.Struct):
+    children: list[Loose] = msgspec.field(default_factory=list)
+    counts: dict[str, int] = msgspec.field(default_factory=dict)
+    extra: dict[Any, Any] | None = None
+
+
+def test_only_state_types_typed_any_somewhere_are_walked_and_only_along_those_parts() -> None:
+    """A State type with no part typed Any pays no check (typed sets round-trip as sets);
+    one that refers to itself is walked down to its parts typed Any, however deep."""
+    from intloom.executor.driver import _any_gap, _state_codec
+
+    for typed in (Tree, Score):
+        assert isinstance(_state_codec(typed)[2], bool), typed
+    assert not isinstance(_state_codec(Notes)[2], bool)  # items: Any
+    parts = _state_codec(Loose)[2]
+    assert not isinstance(parts, bool)
+    deep = Loose(children=[Loose(), Loose(children=[Loose(extra={"ok": [1]})])])
+    assert _any_gap(deep, parts) is None
+    deep.children[1].children[0].extra = {"ids": [{"x": {3}}]}
+    gap = _any_gap(deep, parts)
+    at = "$.children[1].children[0].extra"
+    assert gap is not None and gap[0].startswith(f"{at}.ids[0].x is a set"), gap
+    deep.children[1].children[0].extra = {3: "x"}
+    gap = _any_gap(deep, parts)
+    assert gap is not None and gap[0].startswith(f"{at} has the key 3 (int)"), gap
