@@ -1295,6 +1295,32 @@ class _Hooks:
             slot.waiter = None
 
 
+def _close(value: Any) -> None:
+    """Release a sync call's result that nobody will await: a coroutine is closed (left to
+    the collector, it would warn "never awaited" on a stderr nobody reads)."""
+    if inspect.iscoroutine(value):
+        value.close()
+
+
+def _let_go(handed: tuple[str, Any]) -> None:
+    """Release what the thread driving a Run's sync Steps handed back (``_steps_here``) to
+    a driver that no longer waits for it (cancelled in the hand-off): a Step's awaitable is
+    closed and its ctx finished, as when the loop awaits it (``_run_step``)."""
+    how, pending = handed
+    if how == _AWAIT:
+        _step, ctx, awaiting = pending
+        finish(ctx)
+        _close(awaiting)
+
+
+def _let_go_of(future: asyncio.Future[Any],
+               release: Callable[[Any], None] = _let_go) -> None:
+    """``release`` the result of a worker's ``future`` the awaiting task was cancelled out
+    of, if it holds one (an error holds nothing to release)."""
+    if future.done() and not future.cancelled() and future.exception() is None:
+        release(future.result())
+
+
 class Driver:
     """Runs Runs: one asyncio task per live Run, user code in daemon threads or on the loop."""
 
@@ -1375,10 +1401,14 @@ class Driver:
                     contained = failed
                 inbox.put(future, False, contained)
                 return
-            inbox.put(future, True, result)
+            inbox.put(future, True, result, _close)
 
         self.workers.submit(body)
-        result = await future
+        try:
+            result = await future
+        except asyncio.CancelledError:
+            _let_go_of(future, _close)  # as in _on_thread
+            raise
         if type(result) is not str and inspect.isawaitable(result):  # an outcome is a str
             result = await result
         return result
@@ -1630,7 +1660,7 @@ class Driver:
             finally:
                 slot.off_thread()
                 journal.unshare()
-            inbox.put(future, ok, result)
+            inbox.put(future, ok, result, _let_go)
 
         # Raised here, on the loop, before the thread exists: the loop never takes either
         # unlocked path while the thread may touch the Run or the store.
@@ -1644,6 +1674,12 @@ class Driver:
             raise
         try:
             return await future
+        except asyncio.CancelledError:
+            # Cancelled in the hand-off (the thread's result had reached the future, the
+            # task had not resumed): nobody else will release it. Cancelled before, the
+            # future was cancelled with the task and the Inbox releases what comes.
+            _let_go_of(future)
+            raise
         except (CheckpointFailed, OSError) as exc:
             self.rt.settle(slot, exc)  # raises: the thread only reports its own Run's failure
             raise IntloomError("RUN_CHECKPOINT_FAILED") from None

@@ -70,12 +70,16 @@ class Inbox:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self._lock = threading.Lock()
-        self._items: list[tuple[asyncio.Future[Any], bool, Any]] = []
+        self._items: list[tuple[asyncio.Future[Any], bool, Any,
+                                Callable[[Any], None] | None]] = []
 
-    def put(self, future: asyncio.Future[Any], ok: bool, value: Any) -> None:
-        """From any thread: settle ``future`` on the loop (a result, or an exception)."""
+    def put(self, future: asyncio.Future[Any], ok: bool, value: Any,
+            dropped: Callable[[Any], None] | None = None) -> None:
+        """From any thread: settle ``future`` on the loop (a result, or an exception).
+        ``dropped``: called on the loop with a result nobody waits for any more (the future
+        was cancelled while the call ran), to release what it holds."""
         with self._lock:
-            self._items.append((future, ok, value))
+            self._items.append((future, ok, value, dropped))
             if len(self._items) > 1:
                 return  # the drain scheduled for the first item will take this one too
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
@@ -84,9 +88,11 @@ class Inbox:
     def _drain(self) -> None:
         with self._lock:
             items, self._items = self._items, []
-        for future, ok, value in items:
-            if future.done():
-                continue  # cancelled while the call ran
+        for future, ok, value, dropped in items:
+            if future.done():  # cancelled while the call ran
+                if ok and dropped is not None:
+                    dropped(value)
+                continue
             if ok:
                 future.set_result(value)
             else:

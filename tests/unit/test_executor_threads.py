@@ -5,6 +5,7 @@ a cancel still wins, and a second Run brings the first back to the loop's group 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import threading
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 
 import intloom
 from intloom.authoring.loader import LoadedWorkflow
+from intloom.errors import IntloomError
 from intloom.executor.runtime import Runtime
 from intloom.runtime.records import Executing, Record, StepReady, StepResult, Terminal
 from intloom.store import read_history
@@ -276,3 +278,59 @@ def test_a_cancel_racing_the_threads_last_route_reports_the_end_it_lost_to(
     assert ended, "the Run had ended: cancel reports it, and changes nothing"
     assert status == "completed"
     assert len(probe.threads) == 30
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("driven", ["on_thread", "from_loop"])
+def test_a_cancel_in_the_hand_off_of_a_sync_steps_awaitable_closes_it_and_ends_its_ctx(
+        tmp_path: Path, driven: str) -> None:
+    """A sync Step that returns an awaitable hands it (and its ctx) to the loop, which awaits
+    it. A cancel landing in that hand-off -- after the thread handed it back, before the
+    loop awaited it -- dropped it: never closed (a "never awaited" warning nobody sees) and
+    its ctx never finished, so a helper keeping that ctx could still act through it. The
+    Step asks for the cancel itself just before it returns, so it lands in the hand-off:
+    either before the thread's result reaches the loop or just after, before the loop
+    resumes."""
+    root = tmp_path / "runtime"
+    held: dict[str, Any] = {}
+
+    async def later() -> str:
+        return "done"
+
+    wf = intloom.Workflow("handoff", version="1")
+    stage = wf.stage("loop", state=Tick)
+
+    @stage.step("tick", routes={"again": "tick", "done": intloom.COMPLETE})
+    def tick(ctx: intloom.StepContext[Tick]) -> Any:
+        rt: Runtime = held["rt"]
+        on_thread = rt.runs[ctx.run_id].on_thread
+        if driven == "on_thread" and not on_thread:
+            ctx.state = Tick(n=ctx.state.n + 1)
+            assert ctx.state.n < 200, "the Run was never driven on a thread"
+            return "again"
+        held["on_thread"], held["ctx"] = on_thread, ctx
+        coro = held["coro"] = later()
+        asyncio.run_coroutine_threadsafe(rt.cancel(ctx.run_id), held["loop"])
+        return coro
+
+    wf.validate()
+    lw = LoadedWorkflow(wf, "test.py", "id-handoff", wf.schemas())
+
+    async def main() -> None:
+        store = open_store(root)
+        rt = held["rt"] = Runtime({lw.name: lw}, store, package_version="0.1.0")
+        held["loop"] = asyncio.get_running_loop()
+        rt.restore([])
+        view = await rt.create_run(lw.name, "test")
+        final = await asyncio.wait_for(rt.wait_stable(view.run_id), 30)
+        assert final.last_error is not None and final.last_error.code == "RUN_STOPPED", final
+        await _until(lambda: "coro" in held
+                     and inspect.getcoroutinestate(held["coro"]) == inspect.CORO_CLOSED,
+                     "the Step's awaitable to be closed", 10)
+        await store.close()
+
+    asyncio.run(main())
+    assert held["on_thread"] is (driven == "on_thread")
+    with pytest.raises(IntloomError) as refused:
+        held["ctx"].state = Tick(n=99)
+    assert refused.value.code == "STEP_INTERACTION_INVALID"
