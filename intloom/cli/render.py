@@ -226,7 +226,16 @@ def _error_of(run: Mapping[str, Any]) -> Mapping[str, Any]:
     return err if isinstance(err, Mapping) else {}
 
 
-def run_title(run: Mapping[str, Any]) -> str:
+def _suspended(run: Mapping[str, Any], suspended: bool) -> bool:
+    """``suspended`` (the Run's event stream ended with ``suspended``: its host suspended
+    it) holds for this view: failed/RUN_INTERRUPTED, not dismissed. A restored interrupted
+    Run reads the same, so only the stream can tell the two apart."""
+    return (suspended and run.get("status") == "failed" and not run.get("dismissed")
+            and _error_of(run).get("code") == "RUN_INTERRUPTED")
+
+
+def run_title(run: Mapping[str, Any], *, suspended: bool = False) -> str:
+    """``suspended``: the Run's event stream ended with ``suspended`` (see ``_suspended``)."""
     status = run.get("status")
     if status == "waiting":
         if run.get("pendingAgentCall"):
@@ -237,6 +246,8 @@ def run_title(run: Mapping[str, Any]) -> str:
     if status == "failed":
         if run.get("dismissed"):
             return "Dismissed"
+        if _suspended(run, suspended):
+            return "Suspended"
         return "Stopped" if _error_of(run).get("code") == "RUN_STOPPED" else "Execution failed"
     return "Running"
 
@@ -315,11 +326,12 @@ def asked_lines(run: Mapping[str, Any]) -> list[str]:
     ]
 
 
-def run_lines(run: Mapping[str, Any]) -> list[str]:
-    """A Run view for a person: title, ids, where it stands, and what to do next."""
+def run_lines(run: Mapping[str, Any], *, suspended: bool = False) -> list[str]:
+    """A Run view for a person: title, ids, where it stands, and what to do next.
+    ``suspended``: the Run's event stream ended with ``suspended`` (see ``_suspended``)."""
     run_id = run.get("runId", "?")
     lines = [
-        f"{run_title(run)} · {run.get('flowName', '?')}",
+        f"{run_title(run, suspended=suspended)} · {run.get('flowName', '?')}",
         f"Run     {run_id}",
         f"Cursor  {_cursor(run)}",
     ]
@@ -345,6 +357,16 @@ def run_lines(run: Mapping[str, Any]) -> list[str]:
                 # only in the plain case.
                 lines.append(f"RUN_STOPPED: {err.get('message', '')}")
             lines.append("Committed data is retained.")
+        elif _suspended(run, suspended):
+            # Its host stopped (or lost its log) under it: the view reads failed, as
+            # IntLoom's does, but the journal ends at a saved boundary and the next start
+            # restores the Run by the restart table, as its message says.
+            lines.append(f"RUN_INTERRUPTED: {_error_of(run).get('message', '')}")
+            lines.append(
+                "Suspended by its host, not ended: committed data is retained, and the next "
+                "intloom start restores the Run as said above (stop a host that still runs "
+                f"first). Then follow it: intloom attach {run_id}"
+            )
         elif run.get("dismissed"):
             lines.append(f"{err.get('code', 'UNKNOWN')}: {err.get('message', '')}")
             lines.append(

@@ -122,6 +122,7 @@ class _Follower(threading.Thread):
         self._caught_up = False  # the history up to the subscription has all arrived
         self._done = False
         self.final: RunView | None = None  # as the stream's final event showed the Run
+        self.final_event: str | None = None  # that event's name ("suspended", "terminal", ...)
         self._client: Client | None = None
 
     def _show(self, event: RunEvent) -> None:
@@ -172,6 +173,7 @@ class _Follower(threading.Thread):
             self._caught_up = self._caught_up or event.caught_up or not event.history
             if event.final:
                 self.final = event.run
+                self.final_event = event.event
             self._cond.notify_all()
 
     def _reached(self, view: RunView) -> bool:
@@ -223,6 +225,14 @@ class _Follower(threading.Thread):
 
         with self._cond:
             _wait(self._cond, lambda: self._done or moved())
+
+    def suspended(self, view: RunView) -> bool:
+        """The stream ended with the host suspending the Run, as ``view`` shows it: a host
+        stop (or a log it cannot write) left it failed/RUN_INTERRUPTED at a saved boundary,
+        for the next start to restore; not a Run that ended."""
+        with self._cond:
+            return (self.final_event == "suspended" and self.final is not None
+                    and _key(self.final) == _key(view))
 
     def ended(self) -> bool:
         """The stream has ended (or could not be opened): no event will wake a wait."""
@@ -296,10 +306,12 @@ def _look(client: Client, run_id: str, follower: _Follower, what: str) -> RunVie
         ) from None
 
 
-def _follow(state: CliState, client: Client, run_id: str, view: RunView) -> RunView:
+def _follow(state: CliState, client: Client, run_id: str,
+            view: RunView) -> tuple[RunView, bool]:
     """Wait, prompt and answer until the Run is terminal, or waits with no one to answer
     (without a terminal, no one answers here; on one, an Agent task is followed until the
-    Agent completes or fails it)."""
+    Agent completes or fails it). Returns the Run's view, and whether its host suspended it
+    (``_Follower.suspended``)."""
     from intloom.cli.prompts import Terminal, prompt_answer
 
     term = Terminal() if interactive(state.json_mode) else None
@@ -329,10 +341,10 @@ def _follow(state: CliState, client: Client, run_id: str, view: RunView) -> RunV
                              f"still waits on task {call.id}; attach stops following and "
                              f"leaves the Run as it was. Run intloom attach {run_id} again "
                              "to follow it.")
-                    return view
+                    return view, False
                 continue
             if view.status != "waiting" or action is None or term is None:
-                return view
+                return view, follower.suspended(view)
             term.check = _still_asked(client, run_id, action.id, follower)
             try:
                 value = prompt_answer(plain(action), term)
@@ -398,8 +410,8 @@ def attach(state: CliState, run_id: RunArg) -> int:
     with state.client(waits=True) as client:
         view = client.get_run(run_id)
         try:
-            view = _follow(state, client, run_id, view)
+            view, suspended = _follow(state, client, run_id, view)
         except (KeyboardInterrupt, typer.Abort):
             state.renderer.note(f"Detached from {run_id}; the Run is left as it was.")
             return exit_codes.OK
-    return finish_run(state, view)
+    return finish_run(state, view, suspended=suspended)

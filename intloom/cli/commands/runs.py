@@ -21,26 +21,31 @@ __all__ = ["answer", "cancel", "finish_run", "flow", "flows", "runs"]
 RunArg = Annotated[str, typer.Argument(metavar="RUN", help="The Run's id (RUN-...).")]
 
 
-def finish_run(state: CliState, run: RunView, *, prefix: list[str] | None = None) -> int:
-    """Print ``{run}`` once; a failed Run also says CLI_RUN_FAILED (text mode) and exits 1."""
+def finish_run(state: CliState, run: RunView, *, prefix: list[str] | None = None,
+               suspended: bool = False) -> int:
+    """Print ``{run}`` once; a failed Run also says CLI_RUN_FAILED (text mode) and exits 1.
+    ``suspended``: the Run's event stream ended with ``suspended`` (attach saw its host
+    suspend it); the exit code and ``--json`` stay those of any failed/RUN_INTERRUPTED."""
     data = plain(run)
     code = state.verdict = exit_codes.for_run_status(run.status)
-    state.renderer.result({"run": run}, lambda: [*(prefix or []), *run_lines(data)])
+    state.renderer.result({"run": run},
+                          lambda: [*(prefix or []), *run_lines(data, suspended=suspended)])
     if code != exit_codes.OK and not state.json_mode:
         err = data.get("lastError") or {}
         code_ = err.get("code", "an error")
         # An interrupted Run has not necessarily ended: a host stop suspends a Run that the
         # next start continues; its own message says which (executor RunSlot.view).
         said = str(err.get("message") or "").strip()
-        fact = ((f"was interrupted (RUN_INTERRUPTED): {said}" if said else
-                 "was interrupted (RUN_INTERRUPTED).")
-                if code_ == "RUN_INTERRUPTED" else f"ended {run.status} with {code_}.")
-        state.renderer.error(
-            error_view(
-                "CLI_RUN_FAILED",
-                f"The Run {run.run_id} {fact} Run intloom inspect {run.run_id} for its journal.",
-            )
-        )
+        then = f"Run intloom inspect {run.run_id} for its journal."
+        if code_ == "RUN_INTERRUPTED" and suspended and not run.dismissed:
+            fact = f"was suspended by its host (RUN_INTERRUPTED), not ended: {said}"
+            then = f"Run intloom start, then intloom attach {run.run_id}."
+        elif code_ == "RUN_INTERRUPTED":
+            fact = (f"was interrupted (RUN_INTERRUPTED): {said}" if said else
+                    "was interrupted (RUN_INTERRUPTED).")
+        else:
+            fact = f"ended {run.status} with {code_}."
+        state.renderer.error(error_view("CLI_RUN_FAILED", f"The Run {run.run_id} {fact} {then}"))
     return code
 
 
