@@ -118,6 +118,23 @@ def refused_state_dir(paths: ProjectPaths) -> PrivacyError | None:
     return None
 
 
+def unwritable_state_dir(paths: ProjectPaths) -> tuple[str, str] | None:
+    """The first state directory that is there but that we may not write, as (the fact, the
+    fix without a full stop), or None. Private is not enough: a start writes its lock, log
+    and checkpoints into these, and a directory it cannot write (0500, the immutable flag,
+    a read-only mount) fails it. doctor's runtime_dir check and status's hint say the same."""
+    for path in (paths.state, paths.runtime, paths.logs, *_store_dirs(paths)):
+        if os.path.isdir(path) and not os.access(path, os.W_OK | os.X_OK):
+            mode = stat.S_IMODE(os.lstat(path).st_mode)
+            word = shell_arg(path)
+            fix = (f"Run chmod 700 {word}" if mode & 0o700 != 0o700 else
+                   f"Its mode allows writing: clear the immutable flag (lsattr -d {word}; "
+                   f"chattr -i {word}) or remount its file system read-write")
+            return (f"{path} is not writable by you (mode {mode:04o}): intloom start cannot "
+                    "write its lock, its log or the Runs' checkpoints there.", fix)
+    return None
+
+
 def _runtime_dir_check(paths: ProjectPaths) -> Check:
     try:
         check_private_dir(paths.state)
@@ -133,22 +150,10 @@ def _runtime_dir_check(paths: ProjectPaths) -> Check:
                      f"{privacy_fix(loose_dir)}. {KEEP_IT}")
     absent = [f".intloom/{path.name}/" for path in (paths.runtime, paths.logs)
               if not os.path.lexists(path)]
-    store_dirs = _store_dirs(paths)
-    # Private is not enough: a start writes its lock, log and checkpoints into these, and a
-    # directory it cannot write (0500, the immutable flag, a read-only mount) fails it.
-    for path in (paths.state, paths.runtime, paths.logs, *store_dirs):
-        if os.path.isdir(path) and not os.access(path, os.W_OK | os.X_OK):
-            mode = stat.S_IMODE(os.lstat(path).st_mode)
-            word = shell_arg(path)
-            fix = (f"Run chmod 700 {word}" if mode & 0o700 != 0o700 else
-                   f"Its mode allows writing: clear the immutable flag (lsattr -d {word}; "
-                   f"chattr -i {word}) or remount its file system read-write")
-            return Check(
-                "runtime_dir", "attention",
-                f"{path} is not writable by you (mode {mode:04o}): intloom start cannot write "
-                "its lock, its log or the Runs' checkpoints there.",
-                f"{fix}, then run intloom doctor again.",
-            )
+    unwritable = unwritable_state_dir(paths)
+    if unwritable is not None:
+        fact, fix = unwritable
+        return Check("runtime_dir", "attention", fact, f"{fix}, then run intloom doctor again.")
     if absent:
         return Check("runtime_dir", "ok", f"No {' or '.join(absent)} yet: intloom start "
                      "creates what it needs (mode 0700).", None)

@@ -322,6 +322,7 @@ def test_doctor_reports_a_state_directory_it_cannot_write(
     try:
         before = snapshot_files(project.root)
         doctor = cli("doctor", "--json")
+        status = cli("status")
         assert snapshot_files(project.root) == before
         started = cli("start", "--json")
     finally:
@@ -333,6 +334,11 @@ def test_doctor_reports_a_state_directory_it_cannot_write(
     assert check["status"] == "attention", check
     assert f"{path} is not writable by you (mode 0500)" in check["message"], check
     assert f"chmod 700 {path}" in check["next"], check
+    # status's "Run intloom start" came with no word of it (its hint knew loose modes only).
+    assert status.returncode == 0, status.stderr
+    assert (f"But intloom start fails on the project as it is: {path} is not writable by you "
+            "(mode 0500)") in status.stdout, status.stdout
+    assert f"Run chmod 700 {path}." in status.stdout, status.stdout
     assert ok(project.cli("doctor", "--json"))["health"] == "healthy"
 
 

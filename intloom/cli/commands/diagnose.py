@@ -57,19 +57,25 @@ def status(state: CliState) -> None:
 
 
 def _start_refuses(root: Path) -> str | None:
-    """Why the ``intloom start`` an offline diagnosis suggests would refuse the project's
-    state directories as they are (group/other bits), with the fix; None when it would not.
-    The diagnosis leaves modes to doctor's runtime_dir check, but "Run intloom start" alone
-    sent people straight into that refusal."""
-    from intloom.diagnostics.doctor import refused_state_dir
+    """Why the ``intloom start`` an offline diagnosis suggests would refuse or fail on the
+    project's state directories as they are (group/other bits, or private but not writable
+    by us), with the fix; None when it would not. The diagnosis leaves modes to doctor's
+    runtime_dir check, but "Run intloom start" alone sent people straight into that
+    refusal."""
+    from intloom.diagnostics.doctor import refused_state_dir, unwritable_state_dir
     from intloom.fsutil import privacy_fix
     from intloom.project import ProjectPaths
 
-    exc = refused_state_dir(ProjectPaths(root))  # the directories doctor's runtime_dir checks
-    if exc is None:
-        return None
-    return (f"But intloom start refuses the project as it is: {exc.path} {exc.fact}. "
-            f"{privacy_fix(exc)}.")
+    paths = ProjectPaths(root)
+    exc = refused_state_dir(paths)  # the directories doctor's runtime_dir checks
+    if exc is not None:
+        return (f"But intloom start refuses the project as it is: {exc.path} {exc.fact}. "
+                f"{privacy_fix(exc)}.")
+    unwritable = unwritable_state_dir(paths)
+    if unwritable is not None:
+        fact, fix = unwritable
+        return f"But intloom start fails on the project as it is: {fact} {fix}."
+    return None
 
 
 @command
