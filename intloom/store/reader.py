@@ -650,10 +650,15 @@ def _lost_snapshot(loaded: Loaded, run_id: str, journal: RunJournal,
     """Report an unfinished Run whose ``live/`` snapshot is gone, if this one is: it has
     records in a segment the manifest no longer names (before ``start``, not pinned), so
     that manifest was written after a snapshot of it, and no file of it is in ``live/``.
-    Without a full read a restore would not have seen the Run at all."""
+    Without a full read a restore would not have seen the Run at all.
+
+    A Run with a file in ``done/`` ended, and its snapshot is there, even when the log's
+    copy of it does not verify (damage in history that snapshot covers, itself reported)."""
     manifest = loaded.manifest
     name = snapshot_name(run_id)
     if manifest is None or name in loaded.live_names or _ended(journal):
+        return False
+    if os.path.lexists(loaded.layout.done / name):
         return False
     pinned = set(manifest.pinned)
     below = sorted({scan.number for scan, _ in frames

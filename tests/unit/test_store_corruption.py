@@ -30,6 +30,7 @@ from intloom.store.snapshots import (
     read_snapshot,
     snapshot_name,
 )
+from tests.helpers import snapshot_files
 from tests.unit.test_store_support import (
     abandon,
     by_id,
@@ -933,3 +934,26 @@ def _idle_then_another(root: Path) -> Path:
         store.sync_blocking()
     abandon(store)
     return root / "wal" / "0000000002.seg"
+
+
+def test_damaged_history_of_an_ended_run_is_no_missing_live_snapshot(tmp_path: Path) -> None:
+    """An ended Run, filed in done/ by a clean close, then a byte flipped in one of its
+    records in history the manifest leaves to snapshots: verify (what inspect reads) listed
+    ``snap/live/<its snapshot> missing`` besides the damage, though an ended Run's snapshot
+    is in done/ and nothing of it is missing from live/. The damage alone is reported, and
+    the store stays byte-identical."""
+    root = tmp_path / "runtime"
+    store = open_store(root)
+    for record in walk("RUN-E", N, 5, terminal=True):
+        store.append("RUN-E", record)
+        store.sync_blocking()
+    store.close_blocking()
+    assert (root / "snap" / "done" / snapshot_name("RUN-E")).exists()
+    segment = root / "wal" / "0000000001.seg"
+    _flip(segment, frames_of(segment, "RUN-E")[3].end - 3)
+    before = snapshot_files(root)
+
+    report = verify_report(root)
+    assert [(f.path, f.kind) for f in report.files] == [("wal/0000000001.seg", "corrupt")]
+    assert by_id(report.runs)["RUN-E"].status == "corrupt"
+    assert snapshot_files(root) == before
