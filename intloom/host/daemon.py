@@ -60,6 +60,13 @@ _EXECUTOR_WAIT_S: Final = 2.0
 _CUT_LISTED: Final = 50  # Runs named in runs_cut_at_stop; count has them all
 # Test hook: raise inside the host right after it reports ready, to exercise process_failed.
 FATAL_HOOK: Final = "INTLOOM_TEST_FATAL"
+# How often a serving host looks whether .intloom/runtime/ is still the directory it locked
+# (``Host._moved_away``): the longest a second host started after a move serves beside it.
+_HOME_LOOK: Final = 0.2
+
+
+def _identity(st: os.stat_result) -> tuple[int, int]:
+    return (st.st_dev, st.st_ino)
 
 
 @dataclass(frozen=True)
@@ -88,6 +95,14 @@ def _log_write_failed(path: Path, cause: str) -> IntloomError:
         f"disk space or make {path if path.is_dir() else path.parent} writable (check its "
         "permissions and `lsattr -d` for the immutable flag), then start again.",
     )
+
+
+class _MovedAway(Exception):
+    """The project's runtime directory is no longer the one this host locked: ``fact``."""
+
+    def __init__(self, fact: str) -> None:
+        super().__init__(fact)
+        self.fact = fact
 
 
 class _ImportInterrupted(BaseException):
@@ -131,6 +146,9 @@ class Host:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._log_suspend: asyncio.Future[Any] | None = None
         self._signals: list[signal.Signals] = []  # the stop signals this host handles
+        # The project root's and the locked runtime directory's (st_dev, st_ino), once the
+        # store is locked: what ``_moved_away`` compares the paths with while serving.
+        self._home: tuple[tuple[int, int], tuple[int, int]] | None = None
 
     # ----- entry ---------------------------------------------------------------------------
 
@@ -209,6 +227,8 @@ class Host:
             self.ready.ready(self.service_view())
             try:
                 await self.serve()
+            except _MovedAway as moved:
+                return self._left_home(moved.fact)
             except Exception as exc:
                 self._fatal(exc)
                 return 1
@@ -316,6 +336,9 @@ class Host:
             log.warning("store_lock_unavailable", path=str(self.paths.runtime),
                         reason="the file system cannot lock a directory; service.lock "
                         "alone guards the store")
+        self._home = (_identity(os.stat(self.paths.root)),
+                      _identity(os.fstat(self._store_lock) if self._store_lock >= 0
+                                else os.lstat(self.paths.runtime)))
         port = opts.port
         if port is None:
             port = config.port if config.port is not None else (saved.port if saved else 0)
@@ -430,12 +453,66 @@ class Host:
     # ----- serve ---------------------------------------------------------------------------
 
     async def serve(self) -> None:
-        """Until a stop request or a signal. The fatal test hook raises here."""
+        """Until a stop request or a signal. The fatal test hook raises here; so does
+        ``_MovedAway``, once the project's runtime directory is another one."""
         assert self._stop is not None
         if os.environ.get(FATAL_HOOK) == "1":
             await asyncio.sleep(0)
             raise RuntimeError(f"{FATAL_HOOK} is set: simulated fatal error after ready")
-        await self._stop.wait()
+        while not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), _HOME_LOOK)
+            fact = self._moved_away()
+            if fact is not None and not self._stop.is_set():
+                raise _MovedAway(fact)
+
+    def _moved_away(self) -> str | None:
+        """Why this host no longer owns the project's state, or None: ``.intloom/`` (or its
+        ``runtime/``) was moved, removed or replaced while the project root stayed where it
+        was. Both locks (``service.lock``, the store's) are on the files this host opened,
+        wherever they went, so nothing stops a second ``intloom start`` from taking a new
+        ``.intloom/`` beside it; and the store writes new segments, snapshots and its
+        manifest by path, into a directory that is no longer its own. A project root that
+        moved as a whole is not this: its host serves on until stopped (docs/recovery.md).
+        A path that cannot be looked at for another reason (EACCES) tells nothing."""
+        if self._home is None:
+            return None
+        root, runtime = self._home
+        try:
+            if _identity(os.stat(self.paths.root)) != root:
+                return None
+        except OSError:
+            return None  # the root itself moved (or cannot be looked at)
+        try:
+            now = _identity(os.lstat(self.paths.runtime))
+        except (FileNotFoundError, NotADirectoryError):
+            return (f"{self.paths.runtime} is gone (.intloom/ or its runtime/ was moved or "
+                    "removed while this host ran)")
+        except OSError:
+            return None
+        if now != runtime:
+            return (f"{self.paths.runtime} is another directory than the one this host "
+                    "locked (.intloom/ or its runtime/ was moved or replaced while it ran)")
+        return None
+
+    def _left_home(self, fact: str) -> int:
+        """Stop serving at once, as a crash would: nothing more is written by path (that
+        would land in another host's .intloom/, or nowhere), so the store is not closed and
+        no service file is removed; the kernel drops the locks and the port with the
+        process. The Runs restore from the moved journal, as after a crash, wherever it is
+        put back."""
+        message = (f"{fact}. The host stopped serving at once, as a crash would, so that it "
+                   f"and a host started in {self.paths.root} since never both own the "
+                   "project; its Runs stay in the journal it wrote, in the moved directory.")
+        if self.log is not None:
+            self.log.fatal("state_dir_moved", path=str(self.paths.runtime), message=message,
+                           fix="Stop any host started since (intloom stop), put the moved "
+                           ".intloom/ back, then run intloom recover (this host has exited) "
+                           "and intloom start.")
+        with contextlib.suppress(Exception):
+            sys.stderr.write(f"intloom host: {message}\n")
+        self.force_exit = True  # threads inside user code are not waited for
+        return 1
 
     def _log_failed(self, cause: str) -> None:
         """The first lost log line (from any thread): act on it on the loop, not inside a write."""

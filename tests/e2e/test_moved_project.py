@@ -1,7 +1,9 @@
 """A project directory moved while its host is stopped: the saved ``connection.json`` names
 the old directory, so every command refuses it, and the error says how to go on (set the
 file aside). The procedure docs/recovery.md gives is followed here with a real host: the
-Run waiting before the move comes back, on a new port with a new token."""
+Run waiting before the move comes back, on a new port with a new token. And ``.intloom/``
+moved away under a running host: that host stops serving, so a second one started in the
+project never serves beside it."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import json
 
 import pytest
 
-from tests.helpers import Project, ok
+from tests.helpers import Project, eventually, ok, pid_alive, started_waiting
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -46,3 +48,26 @@ def test_a_moved_project_says_how_to_go_on_and_restores_its_runs(project: Projec
     assert [(r["runId"], r["status"]) for r in runs] == [(run["runId"], "waiting")]
     assert runs[0]["pendingAction"]["id"] == run["pendingAction"]["id"]
     assert ok(moved.cli("stop", "--json"))["stopped"] is True
+
+
+def test_a_host_whose_state_directory_is_moved_away_stops_serving(project: Project) -> None:
+    """``mv .intloom .intloom.moved`` under a running host: both its locks are on the moved
+    files, so nothing kept a second ``intloom start`` from taking a new ``.intloom/`` and
+    serving beside it (two hosts, each sure it owned the project, the first writing its
+    segments and snapshots by path into the second's store). The host notices within a
+    moment, logs ``state_dir_moved`` into its own (moved) log and exits as a crash would;
+    put back, the project restores its waiting Run."""
+    run_id, _action = started_waiting(project)
+    pid = project.host_pid()
+    moved = project.root / ".intloom.moved"
+    project.state.rename(moved)
+    eventually(lambda: not pid_alive(pid), timeout=5, what=f"host {pid} to stop serving")
+    [log] = (moved / "logs").glob("LOG-*.jsonl")
+    [line] = [json.loads(x) for x in log.read_text().splitlines() if "state_dir_moved" in x]
+    assert line["level"] == "fatal" and f"{project.state}/runtime is gone" in line["message"]
+    assert not project.state.exists()  # it wrote nothing by path once the path led elsewhere
+    moved.rename(project.state)  # put back: as after a crash
+    ok(project.cli("recover", "--json"))
+    restore = ok(project.cli("start", "--json"))["service"]["restore"]
+    assert restore["waiting"] == [run_id], restore
+    ok(project.cli("stop", "--json"))
