@@ -36,6 +36,7 @@ __all__ = [
     "read_private",
     "replace_file",
     "replace_files",
+    "search_refused",
     "shell_arg",
     "unlink_refusal",
     "write_all",
@@ -168,6 +169,33 @@ def unlink_refusal(path: Path) -> UnlinkRefusal | None:
             "sticky", directory,
             f"{directory.name} is sticky (chmod +t) and this user owns neither it nor the "
             "file, which only their owners may remove")
+    return None
+
+
+def search_refused(path: Path) -> str | None:
+    """For a ``path`` whose look-up failed with EACCES: the directory on the way to it that
+    refuses this user a search (no ``x`` bit for it), with its mode, owner and the fix; None
+    when no directory on the way is found refusing (the refusal came from elsewhere: an LSM,
+    a file system's own rules). Found by looking up each step, as the kernel does."""
+    here = Path(path.anchor or "/")
+    for part in path.parts[1:]:
+        step = here / part
+        try:
+            os.lstat(step)
+        except PermissionError:
+            try:
+                st = os.stat(here)
+            except OSError:
+                return None
+            mode, who = stat.S_IMODE(st.st_mode), os.geteuid()
+            bit = "o+x" if who != st.st_uid else "u+x"
+            return (f"{here} (mode {mode:04o}, owner uid {st.st_uid}) does not let this user "
+                    f"(uid {who}) search it, so nothing under it can be looked at. Have its "
+                    f"owner grant search (chmod {bit} {shell_arg(here)}, or g+x for a group "
+                    "you are in), or run as a user who may")
+        except OSError:
+            return None
+        here = step
     return None
 
 

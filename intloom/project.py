@@ -125,10 +125,14 @@ def find_root(start: Path, *, explicit: bool = False) -> Path:
             is_root, is_file, exists = ((start / CONFIG_NAME).is_file(), start.is_file(),
                                         start.exists())
         except OSError as exc:  # pathlib answers False for a missing path, not for these
+            from intloom.fsutil import search_refused  # only on this refusal
+
+            # EACCES: the path may well be the root; the permissions on the way refuse it.
+            refused = search_refused(start) if isinstance(exc, PermissionError) else None
+            fix = f"{refused}." if refused else "Pass the project's root to --project."
             raise IntloomError(
                 "CLI_PROJECT_INVALID",
-                f"{start} cannot be examined ({exc.strerror or exc}). Pass the project's root "
-                "to --project.",
+                f"{start} cannot be examined ({exc.strerror or exc}). {fix}",
             ) from None
         if is_root:
             return require_utf8_path(start)

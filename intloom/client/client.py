@@ -16,7 +16,7 @@ from typing import Any, Final, TypeVar
 
 from intloom.client.outgoing import frame_of
 from intloom.errors import IntloomError, starting_message
-from intloom.fsutil import PrivacyError, check_private_dir, os_lock
+from intloom.fsutil import PrivacyError, check_private_dir, os_lock, search_refused
 from intloom.host.metadata import (
     CREATE_TIME_TOLERANCE,
     ServiceInfo,
@@ -157,6 +157,20 @@ def _examinable(root: Path) -> None:
         os.stat(root)
     except FileNotFoundError:
         return
+    except PermissionError as exc:
+        # Not a question of what a project root is: the permissions on the way refuse it.
+        refused = search_refused(root)
+        if refused is None:
+            raise IntloomError(
+                "CLI_PROJECT_INVALID",
+                f"{root} cannot be examined ({exc.strerror or exc}): a directory on the way "
+                "to it refuses this user; check their permissions (ls -ld each). Nothing was "
+                "sent.",
+            ) from None
+        raise IntloomError(
+            "CLI_PROJECT_INVALID",
+            f"{root} cannot be examined ({exc.strerror or exc}): {refused}. Nothing was sent.",
+        ) from None
     except OSError as exc:
         raise IntloomError(
             "CLI_PROJECT_INVALID",

@@ -14,7 +14,14 @@ from pathlib import Path
 import pytest
 
 from intloom.store.framing import scan_segment
-from tests.helpers import FIXTURES, Project, ok, snapshot_files, started_waiting
+from tests.helpers import (
+    FIXTURES,
+    Project,
+    make_project,
+    ok,
+    snapshot_files,
+    started_waiting,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -409,3 +416,39 @@ def test_the_fixes_messages_give_paste_into_a_shell_for_a_path_with_spaces(
     finally:
         project.track_host()
         project.reap()
+
+
+def test_a_root_behind_a_directory_that_refuses_search_names_its_permissions(
+        tmp_path: Path) -> None:
+    """A project under a directory this user may not search (EACCES): Client.connect said
+    "Client.connect takes a project's root, the directory that holds intloom.toml", and the
+    CLI "Pass the project's root to --project", of a path that is the root. Both now name
+    the directory that refuses, its mode and owner, and the chmod that lets it be searched."""
+    prefix = _as_plain_user()
+    locked = tmp_path / "locked"
+    root = make_project(locked).root
+    if os.geteuid() == 0:
+        os.chown(locked, 65534, -1)  # another user's 0700 directory
+    locked.chmod(0o700 if os.geteuid() == 0 else 0o600)
+    connect = ("from intloom.client.client import Client\n"
+               "try:\n    Client.connect(__import__('sys').argv[1])\n"
+               "except Exception as exc:\n    print(exc.code, exc.message)\n")
+    try:
+        said = subprocess.run([*prefix, sys.executable, "-c", connect, str(root)],
+                              capture_output=True, text=True, timeout=60, check=True).stdout
+        cli = subprocess.run([*prefix, sys.executable, "-m", "intloom", "--project", str(root),
+                              "status", "--json"], capture_output=True, text=True, timeout=60,
+                             env={**os.environ, "NO_COLOR": "1"})
+    finally:
+        locked.chmod(0o700)
+        if os.geteuid() == 0:
+            os.chown(locked, 0, -1)
+    bit = "o+x" if os.geteuid() == 0 else "u+x"
+    fact = f"{locked} (mode 0700" if os.geteuid() == 0 else f"{locked} (mode 0600"
+    assert said.startswith("CLI_PROJECT_INVALID "), said
+    assert fact in said and f"chmod {bit} {locked}" in said, said
+    assert "takes a project's root" not in said, said
+    assert cli.returncode == 1, cli.stdout
+    message = json.loads(cli.stdout)["error"]["message"]
+    assert fact in message and f"chmod {bit} {locked}" in message, message
+    assert "Pass the project's root" not in message, message
