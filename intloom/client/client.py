@@ -73,6 +73,11 @@ DEFAULT_REQUEST_TIMEOUT: Final = 300.0
 # The size of one page of `runs` (encoded views): small enough that the host builds it in a
 # few milliseconds and holds little per request, large enough for ~1,000 ordinary Runs.
 RUNS_PAGE_BYTES: Final = 1 << 20
+# The longest one read of the socket sleeps before it returns to Python, where a pending
+# Ctrl-C is raised: a SIGINT that lands just before the read's syscall begins (or is handled
+# on another thread) does not interrupt it, and a wait on a Run in a long Step sat on until
+# the host replied. Longer waits are read in slices of this (recv_frame's ``patience``).
+_SIGNAL_SLICE: Final = 0.25
 
 _R = TypeVar("_R")
 
@@ -350,7 +355,8 @@ class Client:
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             send_frame(sock, Hello(protocol=PROTOCOL, token=conn.token, client="intloom-python"))
-            reply = decode_response(recv_frame(sock))
+            sock.settimeout(min(_SIGNAL_SLICE, timeout))
+            reply = decode_response(recv_frame(sock, patience=timeout))
         except (OSError, FrameClosed, FrameError) as exc:
             sock.close()
             raise IntloomError(
@@ -500,9 +506,14 @@ class Client:
         assert self._sock is not None
         return self._sock
 
-    def _receive(self, sock: socket.socket, request: Request) -> Response:
+    def _receive(self, sock: socket.socket, request: Request, *,
+                 stream: bool = False) -> Response:
+        """The reply to ``request`` within ``request_timeout`` of the host's silence; a
+        ``stream``'s next event with no bound (a Run may wait for a person for hours)."""
+        patience = None if stream else self.request_timeout
+        sock.settimeout(_SIGNAL_SLICE if patience is None else min(_SIGNAL_SLICE, patience))
         try:
-            reply = decode_response(recv_frame(sock))
+            reply = decode_response(recv_frame(sock, patience=patience))
         except TimeoutError:
             raise self._broken(request, f"no reply within {self.request_timeout} s",
                                timed_out=True) from None
@@ -602,10 +613,9 @@ class Client:
                 raise self._streaming_error()
             sock = self._send(request)
             self._streaming = run_id
-        sock.settimeout(None)  # a Run may wait for a person for hours
         try:
             while True:
-                event = self._receive(sock, request)
+                event = self._receive(sock, request, stream=True)
                 if not isinstance(event, RunEvent):
                     raise IntloomError("PROJECT_RESPONSE_INVALID",
                                        f"The service streamed a {type(event).__name__}.")

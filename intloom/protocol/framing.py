@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import time
 from typing import TYPE_CHECKING, Final, TypeVar
 
 import msgspec
@@ -137,19 +138,58 @@ def send_frame(sock: socket.socket, message: msgspec.Struct) -> None:
     sock.sendall(encode_frame(message))
 
 
-def _recv_exactly(sock: socket.socket, size: int, *, at_boundary: bool) -> bytes:
+def _recv_exactly(sock: socket.socket, size: int, *, at_boundary: bool,
+                  patience: float | None) -> bytes:
     buf = bytearray()
     while len(buf) < size:
-        chunk = sock.recv(min(size - len(buf), 1 << 20))
+        want = min(size - len(buf), 1 << 20)
+        try:
+            chunk = sock.recv(want)
+        except TimeoutError:
+            if patience is not None and patience <= (sock.gettimeout() or 0.0):
+                raise
+            chunk = _recv_late(sock, want, patience)
         if not chunk:
             raise FrameClosed(clean=at_boundary and not buf)
         buf += chunk
     return bytes(buf)
 
 
-def recv_frame(sock: socket.socket, *, limit: int = MAX_FRAME) -> bytes:
-    """One frame body from a blocking socket (its timeout applies to each read)."""
-    header = _recv_exactly(sock, HEADER_SIZE, at_boundary=True)
+def _recv_late(sock: socket.socket, want: int, patience: float | None) -> bytes:
+    """One read whose first slice (the socket's timeout) passed with nothing to read: read
+    on, a slice at a time, until ``patience`` in all (None: for ever). Between two slices
+    the interpreter raises a pending KeyboardInterrupt: a SIGINT that came just before a
+    read began (or was handled on another thread) does not interrupt the read itself."""
+    slice_ = sock.gettimeout() or 0.0
+    if patience is None:
+        while True:
+            try:
+                return sock.recv(want)
+            except TimeoutError:
+                pass
+    deadline = time.monotonic() + patience - slice_
+    try:
+        while True:
+            # The last slice is cut to the deadline: the bound stays ``patience``, not up
+            # to a slice more.
+            sock.settimeout(max(min(slice_, deadline - time.monotonic()), 1e-3))
+            try:
+                return sock.recv(want)
+            except TimeoutError:
+                if time.monotonic() >= deadline:
+                    raise
+    finally:
+        sock.settimeout(slice_)
+
+
+def recv_frame(sock: socket.socket, *, limit: int = MAX_FRAME,
+               patience: float | None = 0.0) -> bytes:
+    """One frame body from a blocking socket. Each read waits up to ``patience`` seconds
+    (None: for ever) in reads of the socket's timeout, so that a wait longer than that
+    timeout still sees Ctrl-C within one; a ``patience`` no longer than the socket's
+    timeout (the default) is one read of it. A read that gets some bytes starts the next
+    read's wait afresh (the bound is for the peer's silence, not for the whole frame)."""
+    header = _recv_exactly(sock, HEADER_SIZE, at_boundary=True, patience=patience)
     (length,) = _HEADER.unpack(header)
     _check_length(length, limit)
-    return _recv_exactly(sock, length, at_boundary=False)
+    return _recv_exactly(sock, length, at_boundary=False, patience=patience)
