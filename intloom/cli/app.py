@@ -21,7 +21,7 @@ import typer
 
 from intloom.cli import coercion, exit_codes
 from intloom.cli.inputs import UsageError
-from intloom.cli.options import CliState, DebugOpt, JsonOpt, ProjectOpt
+from intloom.cli.options import CliState, DebugOpt, Interrupted, JsonOpt, ProjectOpt
 from intloom.errors import IntloomError, error_view
 
 try:
@@ -259,7 +259,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         state.renderer.error(exc.view())
         return exit_codes.for_exception(exc)
     except (KeyboardInterrupt, typer.Abort) as exc:
-        state.renderer.note("Interrupted.")
+        # Once, whatever ended the command: Ctrl-C in it (Interrupted, with its own words
+        # for flow and answer), a prompt given up (Abort) or Ctrl-C before it began.
+        state.renderer.note(exc.note if isinstance(exc, Interrupted) else "Interrupted.")
         return exit_codes.for_exception(
             exc if isinstance(exc, KeyboardInterrupt) else KeyboardInterrupt()
         )

@@ -29,7 +29,11 @@ def run() -> NoReturn:
         from intloom.cli.app import main
     except KeyboardInterrupt:
         # Ctrl-C before main() could catch it (pressed right after Enter, or stopping a
-        # shell loop of commands): the same quiet exit as one during the command.
+        # shell loop of commands): said and exited as main() does for one during the
+        # command, without its renderer (not imported yet): no word in JSON mode.
+        args = sys.argv[1:]
+        if "--json" not in (args[: args.index("--")] if "--" in args else args):
+            sys.stderr.write("Interrupted.\n")
         raise SystemExit(exit_codes.INTERRUPTED) from None
     finally:
         gc.freeze()

@@ -20,7 +20,8 @@ from intloom.cli.render import Renderer
 if TYPE_CHECKING:
     from intloom.client.client import Client
 
-__all__ = ["CliState", "DebugOpt", "JsonOpt", "ProjectOpt", "command", "working_directory"]
+__all__ = ["CliState", "DebugOpt", "Interrupted", "JsonOpt", "ProjectOpt", "command",
+           "working_directory"]
 
 JsonOpt = Annotated[
     bool,
@@ -40,6 +41,19 @@ ProjectOpt = Annotated[
 DebugOpt = Annotated[
     bool, typer.Option("--debug", help="Show a traceback when intloom itself fails.")
 ]
+
+
+class Interrupted(typer.Abort):
+    """Ctrl-C ended the command: main() says ``note`` on stderr (text mode) and exits 130.
+
+    A KeyboardInterrupt that leaves a command is turned by Typer into a silent exit 130
+    before main() sees it; an Abort it passes on. A command with more to say than
+    "Interrupted." (flow: the Run goes on, and how to find it) raises this with its words.
+    """
+
+    def __init__(self, note: str = "Interrupted.") -> None:
+        super().__init__(note)
+        self.note = note
 
 
 class CliState:
@@ -108,7 +122,10 @@ def command(fn: Callable[..., Any]) -> Callable[..., Any]:
     ) -> Any:
         state = ctx.ensure_object(CliState)
         state.merge(json_mode=json_mode, project=project, debug=debug)
-        return fn(state, *args, **kwargs)
+        try:
+            return fn(state, *args, **kwargs)
+        except KeyboardInterrupt:
+            raise Interrupted() from None
 
     parameters = [*own, *_SHARED]
     # Typer reads __signature__ (and the evaluated annotations), not the wrapped function.

@@ -228,6 +228,34 @@ def test_known_error_has_no_traceback(
     assert err == "Failure · NOT_FOUND: No Run RUN-9.\n"
 
 
+def _ctrl_c(*_args: object, **_kwargs: object) -> Any:
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("json_mode", [False, True])
+def test_ctrl_c_in_a_command_says_interrupted_once_on_stderr(
+    capsys: pytest.CaptureFixture[str], client: FakeClient, monkeypatch: pytest.MonkeyPatch,
+    json_mode: bool,
+) -> None:
+    """Typer turned a KeyboardInterrupt leaving a command into a silent exit 130 before
+    main() could say "Interrupted.": a person saw the prompt come back with no word."""
+    monkeypatch.setattr(client, "runs", _ctrl_c)
+    code, out, err = cli(capsys, "runs", *(["--json"] if json_mode else []))
+    assert (code, out) == (130, "")  # nothing on stdout, not even with --json (docs/cli.md)
+    assert err == ("" if json_mode else "Interrupted.\n")
+
+
+def test_ctrl_c_while_flow_waits_says_so_once(
+    capsys: pytest.CaptureFixture[str], client: FakeClient, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """flow's own words (the Run goes on, how to find it) are the whole message."""
+    monkeypatch.setattr(client, "create_run", _ctrl_c)
+    code, out, err = cli(capsys, "flow", "example", "--intent", "x")
+    assert (code, out) == (130, "")
+    assert err.startswith("Stopped waiting (Ctrl-C). A Run this command created goes on"), err
+    assert len(err.splitlines()) == 1 and "Interrupted." not in err, err
+
+
 # ----- flow ----------------------------------------------------------------------------------
 
 

@@ -8,7 +8,7 @@ import typer
 
 from intloom.cli import exit_codes
 from intloom.cli.inputs import interactive, read_answer, read_intent
-from intloom.cli.options import CliState, command
+from intloom.cli.options import CliState, Interrupted, command
 from intloom.cli.render import asked_lines, plain, run_lines, run_row
 from intloom.errors import IntloomError, error_view
 
@@ -82,10 +82,9 @@ def flow(
                 raise _not_loaded(state, client, exc) from None
     except KeyboardInterrupt:
         # Ctrl-C ends the wait, not the Run; the id is not known before the reply.
-        state.renderer.note(
+        raise Interrupted(
             "Stopped waiting (Ctrl-C). A Run this command created goes on in the host: "
-            "intloom runs lists it, and intloom attach RUN follows it.")
-        raise
+            "intloom runs lists it, and intloom attach RUN follows it.") from None
     return finish_run(state, run)
 
 
@@ -196,10 +195,9 @@ def answer(
               state.renderer.spinner("Delivering the answer...")):
             run = client.answer(run_id, action_id, value)
     except KeyboardInterrupt:
-        state.renderer.note(
+        raise Interrupted(
             f"Stopped waiting (Ctrl-C). If the host took the answer, the Run goes on with it: "
-            f"intloom attach {run_id} shows where it is.")
-        raise
+            f"intloom attach {run_id} shows where it is.") from None
     return finish_run(state, run)
 
 
