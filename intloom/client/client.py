@@ -538,7 +538,21 @@ class Client:
         with self._turn:
             if self._streaming is not None:
                 raise self._streaming_error()
-            reply = self._receive(self._send(request), request)
+            try:
+                reply = self._receive(self._send(request), request)
+            except IntloomError:
+                raise  # the connection is as the error left it (shut when it is lost)
+            except BaseException as exc:
+                # Interrupted (Ctrl-C, a signal handler's exception) between sending and
+                # its reply, or half way through either: the next request would read this
+                # one's reply as its own. Shut, as an interrupted stream is; the next
+                # request connects again (to the same host only), which is no replay.
+                if self._sock is not None:
+                    what = _REQUEST_WORDS.get(type(request).__name__,
+                                              f"the {type(request).__name__} request")
+                    self._shut(f"a request was interrupted ({type(exc).__name__}) before "
+                               f"the reply for {what} came", reopen=True)
+                raise
         if not isinstance(reply, expect):
             self._shut(f"the host answered an earlier request ({type(request).__name__}) "
                        f"with a {type(reply).__name__}")

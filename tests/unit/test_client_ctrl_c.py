@@ -7,6 +7,7 @@ silent, as a host does while a Run's Steps go on.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import socket
 import threading
@@ -119,3 +120,40 @@ def test_a_wait_read_in_slices_keeps_its_bound_and_every_byte(tmp_path: Path) ->
     assert late.value.code == "PROJECT_REQUEST_FAILED"
     assert "no reply within 0.6 s" in late.value.message, late.value.message
     assert 0.6 <= took < 1.1, took  # the bound, not a slice more (a busy machine's slack)
+
+
+def test_a_request_interrupted_before_its_reply_leaves_no_reply_for_the_next(
+    tmp_path: Path,
+) -> None:
+    """Ctrl-C in wait_run left its reply on its way on the Client's connection: the next
+    request read it as its own (the Run's view, for get_run of another Run, with no
+    error). The interrupted request's connection is shut, as an interrupted stream's is."""
+    ours, host = socket.socketpair()
+    main = threading.get_native_id()  # the test's thread is the main thread
+    main_ident = threading.get_ident()
+    stale = RunView(run_id="RUN-1", flow_name="f", cursor=Cursor(stage="s"),
+                    status="waiting", created_at="T0", updated_at="T1")
+
+    def ctrl_c() -> None:
+        eventually(lambda: _asleep_in_a_syscall(main), timeout=10, what="the wait's read")
+        signal.pthread_kill(main_ident, signal.SIGINT)
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    sender = threading.Thread(target=ctrl_c, daemon=True)
+    try:
+        with _client(ours, tmp_path) as client:
+            with pytest.raises(KeyboardInterrupt):
+                sender.start()
+                client.wait_run("RUN-1")
+            sender.join(timeout=10)
+            with contextlib.suppress(BrokenPipeError):  # once the Client shut its end
+                host.sendall(encode_frame(RunReply(run=stale)))  # the wait's reply, late
+            # No project at tmp_path: connecting again fails, and says why it was needed.
+            with pytest.raises(IntloomError) as gone:
+                client.get_run("RUN-2")
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        host.close()
+    assert gone.value.code == "PROJECT_CONNECTION_FAILED", gone.value
+    assert "interrupted (KeyboardInterrupt)" in gone.value.message, gone.value.message
+    assert "Nothing was sent" in gone.value.message, gone.value.message
