@@ -188,3 +188,15 @@ def test_only_a_steps_own_boundaries_skip_the_bounds_check() -> None:
                     f"{path.name}:{node.lineno}: append_boundary takes a record built in place")
                 found.append(record.func.id)
     assert found and set(found) <= allowed, found
+
+
+def test_every_package_data_file_pyproject_names_exists() -> None:
+    """What ``[tool.setuptools.package-data]`` lists is shipped only if it exists: a missing
+    ``py.typed`` made mypy skip intloom in a user's Workflow ("module is installed, but
+    missing library stubs or py.typed marker"), so every ``ctx`` and decorator was Any."""
+    import tomllib
+
+    config = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())
+    patterns = config["tool"]["setuptools"]["package-data"]["intloom"]
+    missing = [pattern for pattern in patterns if not any(PACKAGE.glob(pattern))]
+    assert missing == []
