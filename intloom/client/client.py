@@ -587,8 +587,9 @@ class Client:
         so that no number of Runs makes a reply too large for a frame. Each view is as of
         the moment its page was read; a Run created meanwhile comes last.
 
-        ``flow`` naming a Workflow the host did not load, with no Runs, is ``NOT_FOUND``:
-        an empty list would say it is loaded and idle (a typo would look like no work)."""
+        ``flow`` naming a Workflow the host did not load (a typo, or one whose source failed
+        to load), with no Runs, is ``NOT_FOUND``: an empty list would say it is loaded and
+        idle (a typo would look like no work)."""
         found: list[RunView] = []
         after = 0
         while True:
@@ -600,13 +601,22 @@ class Client:
             after = reply.next_after
         # The host filters by name only and answers [] for any name it does not know: the
         # check is the client's, so the protocol is unchanged and every caller gets it.
-        if flow is not None and not found and flow not in {w.name for w in self.workflows()}:
-            raise IntloomError(
-                "NOT_FOUND",
-                f"Workflow {flow!r} is not loaded by this host, so it has no Runs here. "
-                "intloom flows lists the loaded Workflows.",
-            )
-        return found
+        if flow is None or found:
+            return found
+        infos = self.workflows()
+        # A source that failed to load is listed under its path, which for a package is
+        # often the very name of the Workflow it defines ("triage"): it is not loaded.
+        if flow in {w.name for w in infos if w.ready}:
+            return found
+        failed = [w.source for w in infos if not w.ready]
+        hint = (f" {len(failed)} Workflow source(s) failed to load and may define it: "
+                f"{', '.join(failed)} (intloom flows says why; fix the source, then intloom "
+                "stop and intloom start)." if failed else "")
+        raise IntloomError(
+            "NOT_FOUND",
+            f"Workflow {flow!r} is not loaded by this host, so it has no Runs here. "
+            f"intloom flows lists the loaded Workflows.{hint}",
+        )
 
     def answer(self, run_id: str, action_id: str, answer: Any) -> RunView:
         return self._call(Answer(run_id=run_id, action_id=action_id, answer=answer), RunReply).run

@@ -51,3 +51,39 @@ def test_a_zombie_host_is_said_to_have_exited_as_doctor_says_it(tmp_path: Path) 
         child.wait()
     assert _host_gone(child.pid, 0.0, tmp_path / "service.lock") == (
         "which no longer exists (the host exited without cleaning up)")
+
+
+def test_runs_of_a_workflow_whose_package_failed_to_load_is_not_found() -> None:
+    """A source that failed to load is listed by its path, and a package's path is often the
+    name of the Workflow it defines (``triage``): ``runs(flow="triage")`` took it for a
+    loaded Workflow and answered [] ("no Runs of Workflow 'triage'"), while its Runs were
+    held and nothing could start one."""
+    import socket
+
+    from intloom.client.client import Client
+    from intloom.protocol.messages import RunsReply, WorkflowInfo, WorkflowsReply
+
+    replies: dict[str, Any] = {
+        "ListRuns": RunsReply(runs=[], next_after=0),
+        "ListWorkflows": WorkflowsReply(workflows=[
+            WorkflowInfo(name="triage", version="", identity="", source="triage", stages=[],
+                         ready=False, problem="WORKFLOW_LOAD_FAILED: ..."),
+            WorkflowInfo(name="notes", version="1", identity="abc", source="notes.py",
+                         stages=["main"])]),
+    }
+
+    class Canned(Client):
+        def _call(self, request: Any, expect: type[Any]) -> Any:
+            return replies[type(request).__name__]
+
+    with socket.socket() as sock:
+        client = Canned(sock, None, None, Path("/nowhere"),  # type: ignore[arg-type]
+                        request_timeout=None)
+        assert client.runs("notes") == []  # loaded, with no Runs
+        with pytest.raises(IntloomError) as info:
+            client.runs("triage")
+    assert info.value.code == "NOT_FOUND"
+    assert info.value.message == (
+        "Workflow 'triage' is not loaded by this host, so it has no Runs here. intloom flows "
+        "lists the loaded Workflows. 1 Workflow source(s) failed to load and may define it: "
+        "triage (intloom flows says why; fix the source, then intloom stop and intloom start).")
