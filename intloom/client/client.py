@@ -258,7 +258,8 @@ class Client:
     A request whose connection breaks before its reply is ``PROJECT_REQUEST_FAILED`` and is
     never sent again: the host may have acted on it, so query the Run before retrying. A
     request it cannot encode (an integer beyond 64 bits, text that is not UTF-8, a value that
-    is not plain data, over 4 MiB) is ``INVALID_REQUEST`` naming the value; nothing is sent.
+    is not plain data, over 4 MiB), or an argument of the wrong type (``wait="no"``,
+    ``runs(3)``), is ``INVALID_REQUEST`` naming the value; nothing is sent.
 
     One connection, one request at a time: threads sharing a Client take turns. While
     ``subscribe`` streams, the connection is the stream's, and any other request on it is

@@ -7,6 +7,7 @@ limit and what to send instead, and the connection stays usable.
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Callable
 from typing import Final
 
@@ -116,28 +117,49 @@ def _unsendable(request: Request, exc: BaseException) -> IntloomError:
     )
 
 
-# Per request type, its fields declared as plain ``str`` (ids, names, an intent): msgspec
-# encodes whatever a field holds, and the host's refusal of, say, ``None`` there spoke of
-# its protocol ("the frame is not a valid request ... at `$.intent`").
-_TEXT_FIELDS: dict[type, tuple[str, ...]] = {}
+# Per request type, its fields of a plain type (``str`` ids, names and an intent, ``bool``
+# ``wait``, ``str | None`` ``flow``), with the types each accepts and their name: msgspec
+# encodes whatever a field holds, and the host's refusal of, say, ``None`` there spoke of its
+# protocol ("the frame is not a valid request ... at `$.intent`"), after it was sent.
+_PLAIN: Final = (str, bool, int)
+_PLAIN_FIELDS: dict[type, tuple[tuple[str, tuple[type, ...], str], ...]] = {}
 
 
-def _text_fields(kind: type) -> tuple[str, ...]:
-    names = _TEXT_FIELDS.get(kind)
-    if names is None:
-        names = _TEXT_FIELDS[kind] = tuple(
-            f.name for f in msgspec.structs.fields(kind) if f.type is str)
-    return names
+def _a(kind: type) -> str:
+    return f"{'an' if kind is int else 'a'} {kind.__name__}"
+
+
+def _accepts(annotation: object) -> tuple[tuple[type, ...], str] | None:
+    """The types a field annotated ``annotation`` takes, and their name, when it is plain."""
+    if annotation in _PLAIN:
+        assert isinstance(annotation, type)
+        return (annotation,), _a(annotation)
+    args = typing.get_args(annotation)
+    if len(args) == 2 and type(None) in args:
+        (inner,) = (arg for arg in args if arg is not type(None))
+        if inner in _PLAIN:
+            return (inner, type(None)), f"{_a(inner)} or None"
+    return None
+
+
+def _plain_fields(kind: type) -> tuple[tuple[str, tuple[type, ...], str], ...]:
+    found = _PLAIN_FIELDS.get(kind)
+    if found is None:
+        found = _PLAIN_FIELDS[kind] = tuple(
+            (f.name, *accepts) for f in msgspec.structs.fields(kind)
+            if (accepts := _accepts(f.type)) is not None)
+    return found
 
 
 def _wrong_type(request: Request) -> IntloomError | None:
-    for name in _text_fields(type(request)):
+    for name, types, shown in _plain_fields(type(request)):
         value = getattr(request, name)
-        if not isinstance(value, str):
+        # A bool is an int to isinstance, not to the host's decoder.
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
             return IntloomError(
                 "INVALID_REQUEST",
-                f"Cannot send the {type(request).__name__} request: {name} must be a str, "
-                f"not {type(value).__name__}. {_NOTHING_CHANGED}",
+                f"Cannot send the {type(request).__name__} request: {name} must be "
+                f"{shown}, not {type(value).__name__}. {_NOTHING_CHANGED}",
             )
     return None
 

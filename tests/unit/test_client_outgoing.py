@@ -87,3 +87,30 @@ def test_runs_of_a_workflow_whose_package_failed_to_load_is_not_found() -> None:
         "Workflow 'triage' is not loaded by this host, so it has no Runs here. intloom flows "
         "lists the loaded Workflows. 1 Workflow source(s) failed to load and may define it: "
         "triage (intloom flows says why; fix the source, then intloom stop and intloom start).")
+
+
+@pytest.mark.parametrize(("request_", "said"), [
+    ("create", "CreateRun request: wait must be a bool, not str"),
+    ("runs", "ListRuns request: flow must be a str or None, not int"),
+    ("page", "ListRuns request: page_bytes must be an int, not bool"),
+])
+def test_a_flag_or_an_optional_name_of_the_wrong_type_is_refused_unsent(
+        request_: str, said: str) -> None:
+    """``create_run(..., wait="no")`` or ``runs(3)`` was sent, and the host's refusal spoke
+    of its protocol ("the frame is not a valid request (Expected `bool`, got `str` - at
+    `$.wait`)"), as a str field's did before it was checked here."""
+    from intloom.protocol.messages import CreateRun, ListRuns
+
+    made: Any
+    if request_ == "create":
+        made = CreateRun(workflow="w", intent="i", wait="no")  # type: ignore[arg-type]
+    elif request_ == "runs":
+        made = ListRuns(flow=3, page_bytes=1, after=0)  # type: ignore[arg-type]
+    else:
+        made = ListRuns(flow=None, page_bytes=True, after=0)
+    with pytest.raises(IntloomError) as info:
+        frame_of(made)
+    assert info.value.code == "INVALID_REQUEST"
+    assert info.value.message == f"Cannot send the {said}. Nothing was sent, so nothing changed."
+    frame_of(CreateRun(workflow="w", intent="i", wait=False))  # the right types still go
+    frame_of(ListRuns(flow=None, page_bytes=1, after=0))
