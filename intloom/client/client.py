@@ -6,6 +6,7 @@ It sits on the CLI's start-up path, so it imports no asyncio, rich or psutil.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import socket
@@ -80,6 +81,10 @@ RUNS_PAGE_BYTES: Final = 1 << 20
 _SIGNAL_SLICE: Final = 0.25
 
 _R = TypeVar("_R")
+
+
+# Why a Client has no connection once the program closed it.
+_CLOSED_HERE: Final = "it was closed (Client.close, or the end of its with block)"
 
 
 def _metadata_invalid(message: str) -> IntloomError:
@@ -390,12 +395,17 @@ class Client:
                    connect_timeout=timeout)
 
     def close(self) -> None:
-        self._shut("it was closed (Client.close, or the end of its with block)")
+        self._shut(_CLOSED_HERE)
 
     def _shut(self, why: str, *, reopen: bool = False) -> None:
         sock, self._sock = self._sock, None
         self._closed_why, self._reopen = why, reopen
         if sock is not None:
+            # A request another thread waits on would not notice a bare close (the kernel
+            # keeps the socket open under a blocked recv) and waited for its reply anyway,
+            # to blame the host: the shutdown ends that wait at once.
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
             sock.close()
 
     def __enter__(self) -> Client:
@@ -408,6 +418,8 @@ class Client:
 
     def _broken(self, request: Request, fact: str, *, timed_out: bool = False) -> IntloomError:
         what = _REQUEST_WORDS.get(type(request).__name__, f"the {type(request).__name__} request")
+        if self._sock is None and self._closed_why == _CLOSED_HERE:
+            return self._closed_meanwhile(request, what)
         self._shut(f"its connection broke during an earlier request ({what})")
         if timed_out and _waits_on_a_run(request):
             return self._outwaited(request, what)
@@ -428,6 +440,23 @@ class Client:
             "PROJECT_REQUEST_FAILED",
             f"No reply came for {what}: {cause}{detail}. It was not replayed, since the host "
             f"may have acted on it. Run intloom status{then}.",
+        )
+
+    def _closed_meanwhile(self, request: Request, what: str) -> IntloomError:
+        """A request whose Client the program closed (from another thread) before its reply
+        came: the host is not to blame, as "the host may have stopped or crashed" said."""
+        run_id = getattr(request, "run_id", None)
+        if run_id:
+            what = f"{what} (Run {run_id})"
+            check = f"check with get_run({run_id!r}) or intloom attach {run_id}"
+        else:
+            check = "check with intloom status and intloom runs"
+        return IntloomError(
+            "PROJECT_REQUEST_FAILED",
+            f"No reply came for {what}: this Client was closed (Client.close, or the end of "
+            "its with block, in another thread) while the request waited for its reply. It "
+            "was not replayed, since the host may have acted on it; connect again "
+            f"(Client.connect) and {check} before retrying.",
         )
 
     def _outwaited(self, request: Request, what: str) -> IntloomError:

@@ -114,3 +114,43 @@ def test_a_flag_or_an_optional_name_of_the_wrong_type_is_refused_unsent(
     assert info.value.message == f"Cannot send the {said}. Nothing was sent, so nothing changed."
     frame_of(CreateRun(workflow="w", intent="i", wait=False))  # the right types still go
     frame_of(ListRuns(flow=None, page_bytes=1, after=0))
+
+
+def test_a_client_closed_by_another_thread_ends_its_request_and_says_so() -> None:
+    """An Agent's watchdog thread closed the Client while a Tool call waited for its reply:
+    the call went on waiting (a bare close does not wake a blocked recv) and then blamed the
+    host ("the connection closed: the host may have stopped or crashed ([Errno 9] Bad file
+    descriptor)"), which was fine."""
+    import socket
+    import threading
+    import time
+
+    from intloom.client.client import Client
+
+    ours, hosts = socket.socketpair()
+    client = Client(ours, None, None, Path("/nowhere"),  # type: ignore[arg-type]
+                    request_timeout=5.0)
+    failed: list[IntloomError] = []
+
+    def call() -> None:
+        try:
+            client.call_tool("RUN-1", "CALL-1", "token", "tc-1", "search", {"q": "x"})
+        except IntloomError as exc:
+            failed.append(exc)
+
+    with hosts:
+        hosts.settimeout(5.0)
+        worker = threading.Thread(target=call)
+        began = time.monotonic()
+        worker.start()
+        assert hosts.recv(1 << 16)  # the request is on its way: the host never answers it
+        client.close()
+        worker.join(timeout=10.0)
+    assert not worker.is_alive()
+    assert time.monotonic() - began < 4.0  # not the request_timeout
+    (exc,) = failed
+    assert exc.code == "PROJECT_REQUEST_FAILED"
+    assert exc.message.startswith(
+        "No reply came for the Tool call (Run RUN-1): this Client was closed (Client.close, "
+        "or the end of its with block, in another thread) while the request waited")
+    assert "host may have stopped" not in exc.message
