@@ -423,6 +423,8 @@ class Client:
         self._shut(f"its connection broke during an earlier request ({what})")
         if timed_out and _waits_on_a_run(request):
             return self._outwaited(request, what)
+        if timed_out and isinstance(request, CallTool):
+            return self._tool_outwaited(request)
         cause = ("the host did not reply in time" if timed_out else
                  "the connection closed: the host may have stopped or crashed")
         # A FrameClosed's own words repeat the cause; only where it closed adds a fact.
@@ -457,6 +459,23 @@ class Client:
             "its with block, in another thread) while the request waited for its reply. It "
             "was not replayed, since the host may have acted on it; connect again "
             f"(Client.connect) and {check} before retrying.",
+        )
+
+    def _tool_outwaited(self, request: CallTool) -> IntloomError:
+        """A Tool call past ``request_timeout``: the Tool may simply still run (a Run's view,
+        which "check with intloom attach" pointed to, shows no Tool calls), and its receipt
+        makes the same call safe to send again."""
+        return IntloomError(
+            "PROJECT_REQUEST_FAILED",
+            f"No reply came for Tool call {request.tool_call_id} (Tool {request.tool!r}) of "
+            f"Agent task {request.call_id} (Run {request.run_id}) within "
+            f"{self.request_timeout:g} s. The Tool may still be running in the host (the "
+            "request was not replayed); a host that is paused or hung gives no reply either "
+            "(check with intloom status). Sending the same call again (the same "
+            "tool_call_id, Tool and input) on a new connection (Client.connect) is safe: it is "
+            "BUSY while the Tool runs, then returns its output without running it again. To "
+            "wait as long as a Tool takes, connect with Client.connect(root, "
+            "request_timeout=None).",
         )
 
     def _outwaited(self, request: Request, what: str) -> IntloomError:

@@ -154,3 +154,24 @@ def test_a_client_closed_by_another_thread_ends_its_request_and_says_so() -> Non
         "No reply came for the Tool call (Run RUN-1): this Client was closed (Client.close, "
         "or the end of its with block, in another thread) while the request waited")
     assert "host may have stopped" not in exc.message
+
+
+def test_a_tool_call_past_the_request_timeout_says_it_may_still_run_and_how_to_resend() -> None:
+    """A Tool slower than ``request_timeout``: the Agent was told to check with intloom
+    attach (a Run's events show no Tool calls) "once a host runs" (it runs), not that the
+    same call is safe to send again, its receipt answering it once the Tool returns."""
+    import socket
+
+    from intloom.client.client import Client
+
+    ours, hosts = socket.socketpair()
+    with hosts:
+        client = Client(ours, None, None, Path("/nowhere"),  # type: ignore[arg-type]
+                        request_timeout=0.2)
+        with pytest.raises(IntloomError) as info:
+            client.call_tool("RUN-1", "CALL-1", "token", "tc-1", "search", {"q": "x"})
+    assert info.value.code == "PROJECT_REQUEST_FAILED"
+    message = info.value.message
+    assert message.startswith("No reply came for Tool call tc-1 (Tool 'search') of Agent task "
+                              "CALL-1 (Run RUN-1) within 0.2 s. The Tool may still be running")
+    assert "(the same tool_call_id, Tool and input)" in message and "attach" not in message
