@@ -12,7 +12,7 @@ import hashlib
 import inspect
 import pathlib
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar, overload
 
@@ -310,6 +310,39 @@ class Stage(Generic[S]):
                     'Route to a Step name, intloom.ToStage("name") or intloom.COMPLETE.',
                 )
 
+    def _check_tools(self, step_name: str, tools: object) -> list[Tool]:
+        """``tools`` as a list of distinct ``intloom.Tool``s. A function passed as it is, a
+        single Tool or a dict of functions raised AttributeError or TypeError at import,
+        naming neither the Step nor the fix."""
+        where = f"Stage {self.name!r}, Step {step_name!r}"
+        wrap = 'Wrap each function: tools=[intloom.Tool("name", fn)].'
+        if isinstance(tools, Tool):
+            raise _bad(self.workflow.name, where, f"tools is the single Tool {tools.name!r}, "
+                       "not a list of them", f"Pass a list: tools=[intloom.Tool({tools.name!r}, "
+                       "...)].")
+        if isinstance(tools, (str, bytes, Mapping)) or not isinstance(tools, Iterable):
+            raise _bad(self.workflow.name, where,
+                       f"tools is {_shown_value(tools)}, not a list of intloom.Tool", wrap)
+        found = list(tools)  # once: a generator would be empty the second time
+        for i, tool in enumerate(found):
+            if isinstance(tool, Tool):
+                continue
+            fn = callable_name(tool) if callable(tool) else ""
+            if fn.isidentifier():  # a function, named as its author wrote it
+                raise _bad(self.workflow.name, where,
+                           f"tools[{i}] is the function {fn}, not an intloom.Tool",
+                           f'Wrap it: intloom.Tool("{fn}", {fn}).')
+            raise _bad(self.workflow.name, where,
+                       f"tools[{i}] is {_shown_value(tool)}, not an intloom.Tool", wrap)
+        names = [t.name for t in found]
+        if len(set(names)) != len(names):
+            raise _bad(
+                self.workflow.name, where,
+                f"tools {names} are not distinct intloom.Tool objects",
+                "Declare each Tool once with intloom.Tool(name, fn).",
+            )
+        return found
+
     def step(
         self, name: str, *, routes: Mapping[str, Target]
     ) -> Callable[[Callable[..., Any]], Step[S]]:
@@ -335,19 +368,13 @@ class Stage(Generic[S]):
         """Declare an Agent Step: its function returns the task for a client Agent."""
         _check_name(self.workflow.name, f"Stage {self.name!r}", "Step", name)
         self._check_routes(name, routes)
-        names = [t.name for t in tools]
-        if len(set(names)) != len(names) or not all(isinstance(t, Tool) for t in tools):
-            raise _bad(
-                self.workflow.name, f"Stage {self.name!r}, Step {name!r}",
-                f"tools {names} are not distinct intloom.Tool objects",
-                "Declare each Tool once with intloom.Tool(name, fn).",
-            )
+        declared = self._check_tools(name, tools)
 
         def decorate(fn: Callable[..., Any]) -> AgentStep[S]:
             _check_fn(self.workflow.name, f"Stage {self.name!r}, Step {name!r}",
                       "@stage.agent_step(...)", fn, "ctx",
                       "`def name(ctx) -> dict` returning the task")
-            step = AgentStep(self, name, fn, routes, agent, tools)
+            step = AgentStep(self, name, fn, routes, agent, declared)
             self._add(step)
             return step
 

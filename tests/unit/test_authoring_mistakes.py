@@ -69,6 +69,33 @@ def test_a_tool_needs_a_valid_name_and_a_function_of_the_agents_input() -> None:
     intloom.Tool("web.search-2_x", lambda q: [q])  # what the name rule allows
 
 
+def test_an_agent_steps_tools_that_are_not_a_list_of_tools_are_refused_with_the_fix() -> None:
+    """``tools=[search]`` (the function itself), ``tools=intloom.Tool(...)`` or a dict of
+    functions raised AttributeError or TypeError from the import, which named neither the
+    Step nor the fix (WORKFLOW_LOAD_FAILED "'function' object has no attribute 'name'")."""
+    def search(query: Any) -> list[str]:
+        return []
+
+    st = intloom.Workflow("w", version="1").stage("s")
+    where = r"Workflow 'w', Stage 's', Step 'look': "
+    for tools, said in [
+        ([search], r"tools\[0\] is the function search, not an intloom\.Tool\. Wrap it: "
+                   r'intloom\.Tool\("search", search\)\.'),
+        (intloom.Tool("search", search), r"tools is the single Tool 'search', not a list of "
+                                         r"them\. Pass a list: tools=\[intloom\.Tool"),
+        ({"search": search}, r"tools is \{'search': .*\} \(a dict\), not a list of "
+                             r"intloom\.Tool\. Wrap each function"),
+    ]:
+        with _refused(where + said) as info:
+            st.agent_step("look", routes={"ok": intloom.COMPLETE},
+                          tools=tools)(lambda ctx: {})  # type: ignore[arg-type]
+        assert _code(info) == "WORKFLOW_DEFINITION_INVALID"
+    made = st.agent_step("look", routes={"ok": intloom.COMPLETE},
+                         tools=(intloom.Tool(n, search)  # type: ignore[arg-type]
+                                for n in ("a", "b")))(lambda ctx: {})
+    assert list(made.tools) == ["a", "b"]  # a generator is read once, not found empty
+
+
 def test_recover_taking_the_wrong_parameters_is_refused_when_declared() -> None:
     st = intloom.Workflow("w", version="1").stage("d")
 
