@@ -369,6 +369,9 @@ class Stage(Generic[S]):
         _check_name(self.workflow.name, f"Stage {self.name!r}", "Step", name)
         self._check_routes(name, routes)
         declared = self._check_tools(name, tools)
+        # The Agent id is in every view of the Run (pendingAgentCall.agentId): one that is
+        # no string made each reply listing the Run undecodable (`runs` failed for all).
+        _check_name(self.workflow.name, f"Stage {self.name!r}, Step {name!r}", "agent", agent)
 
         def decorate(fn: Callable[..., Any]) -> AgentStep[S]:
             _check_fn(self.workflow.name, f"Stage {self.name!r}, Step {name!r}",
