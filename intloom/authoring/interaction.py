@@ -209,6 +209,22 @@ def questions_request(questions: list[Question], where: str) -> list[Any]:
             "be encoded (RecursionError). Give each field of intloom.Question its declared "
             "type (str; a list of intloom.Option for options).",
         ) from None
+    for index, item in enumerate(wire):
+        try:
+            # A Struct checks no field type when built: Question(id=0) was asked, and no
+            # answer could name it (an answer's questionId is text), so the Run waited for
+            # ever on a question its own answer command could not answer.
+            msgspec.convert(item, Question)
+        except msgspec.ValidationError as exc:
+            shown = str(exc).replace("`$", f"`question {index}", 1)
+            raise IntloomError(
+                "STEP_INTERACTION_INVALID",
+                f"{where}: question {index} given to ctx.ask has a field of the wrong type "
+                f"({shown}); nothing was asked. Give each field of intloom.Question its "
+                "declared type: id, question, description, and each option's id and label, "
+                "as str (id=str(n) for a number: an answer names its question by that text); "
+                "skippable as bool.",
+            ) from None
     for item, q in zip(wire, questions, strict=True):
         # Always present (the request's shape is {id, question, description?, options?,
         # isSkippable}); omit_defaults would drop it when false.

@@ -535,3 +535,26 @@ def test_only_state_types_typed_any_somewhere_are_walked_and_only_along_those_pa
     deep.children[1].children[0].extra = {3: "x"}
     gap = _any_gap(deep, parts)
     assert gap is not None and gap[0].startswith(f"{at} has the key 3 (int)"), gap
+
+
+def test_a_question_with_a_number_for_its_id_fails_the_step_instead_of_waiting_for_ever(
+        tmp_path: Path) -> None:
+    """``Question(id=i)`` was asked as it was (a Struct checks no field type when built): an
+    answer names its question by text, so even the answer command the CLI printed was
+    refused ("Question id '0' is not asked here; answer only 0, 1") and the Run waited for
+    ever."""
+    wf = intloom.Workflow("numbered", version="1")
+    st = wf.stage("s")
+
+    @st.step("a", routes={"ok": intloom.COMPLETE})
+    async def a(ctx: Any) -> str:
+        await ctx.ask([intloom.Question(id=i, question=f"Item {i}?") for i in range(2)])  # type: ignore[arg-type]
+        return "ok"
+
+    wf.validate()
+    view = _settled(tmp_path / "runtime", wf)
+    assert view.status == "failed" and view.pending_action is None
+    assert view.last_error is not None and view.last_error.code == "STEP_INTERACTION_INVALID"
+    assert ("Stage 's', Step 'a': question 0 given to ctx.ask has a field of the wrong type "
+            "(Expected `str`, got `int` - at `question 0.id`); nothing was asked. Give each "
+            "field of intloom.Question its declared type") in view.last_error.message
