@@ -151,7 +151,7 @@ def find_root(start: Path, *, explicit: bool = False) -> Path:
                 f"{start} does not exist. Pass the project's root to --project, "
                 "or run intloom init there.",
             )
-        around = _enclosing(start)
+        around = enclosing(start)
         if around is not None:
             from intloom.fsutil import shell_arg  # only on this refusal
 
@@ -207,7 +207,7 @@ def link_loop(root: Path, rel: str) -> str | None:
             f"{fix}")
 
 
-def _enclosing(directory: Path) -> Path | None:
+def enclosing(directory: Path) -> Path | None:
     """The nearest parent of ``directory`` that holds a config: the project it is in."""
     for candidate in directory.parents:
         try:

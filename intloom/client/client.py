@@ -25,7 +25,7 @@ from intloom.host.metadata import (
     read_connection,
     read_service,
 )
-from intloom.project import CONFIG_NAME, ProjectPaths
+from intloom.project import CONFIG_NAME, ProjectPaths, enclosing
 from intloom.protocol.framing import (
     FrameClosed,
     FrameError,
@@ -189,6 +189,22 @@ def _examinable(root: Path) -> None:
         ) from None
 
 
+def _not_a_project(root: Path) -> IntloomError:
+    """CLI_PROJECT_INVALID for a ``root`` without a config, with what the CLI says of it:
+    that it does not exist, or the project it is inside (an Agent started in a Workflow's
+    directory with ``Client.connect(".")``), whose root is the one to pass."""
+    exists = root.exists()
+    around = enclosing(root) if exists else None
+    fact = (f"has no {CONFIG_NAME}: it is inside the project {around}" if around is not None
+            else f"has no {CONFIG_NAME}" if exists else "does not exist")
+    fix = f": pass {around}" if around is not None else ""
+    return IntloomError(
+        "CLI_PROJECT_INVALID",
+        f"{root} {fact}. Client.connect takes a project's root, the directory that holds "
+        f"{CONFIG_NAME}{fix}. Nothing was sent.",
+    )
+
+
 # Test-only: caps the hello's bound of every Client.connect (seconds), as the host's
 # INTLOOM_TEST_HELLO_TIMEOUT lowers its own.
 HELLO_CAP_ENV: Final = "INTLOOM_TEST_CLIENT_HELLO_TIMEOUT"
@@ -323,11 +339,7 @@ class Client:
         if conn is None:
             if not (root / CONFIG_NAME).is_file():
                 # Not a project (a subdirectory, a typo): "offline" would be a false fact.
-                raise IntloomError(
-                    "CLI_PROJECT_INVALID",
-                    f"{root} has no {CONFIG_NAME}: Client.connect takes a project's root, the "
-                    f"directory that holds {CONFIG_NAME}. Nothing was sent.",
-                )
+                raise _not_a_project(root)
             raise _offline(paths, "Run intloom start in this project first.")
         info = read_service(paths.service_json, root)
         if info is None:

@@ -160,15 +160,21 @@ def test_connect_outside_a_project_root_says_so_not_offline(project: Project,
                                                              where: str) -> None:
     """With the project's host running, a subdirectory, an unrelated directory or a path
     that does not exist all said CLI_SERVICE_OFFLINE ("Run intloom start in this project
-    first"): a false fact. They are CLI_PROJECT_INVALID, naming the path."""
+    first"): a false fact. They are CLI_PROJECT_INVALID, naming the path, and, as the CLI's
+    --project does, the project a subdirectory is inside (an Agent started in its Workflow's
+    directory with Client.connect(".")) and a path that does not exist as such."""
     publish(project.root, 1)
     path = {"workflows": project.root / "workflows", "elsewhere": project.root.parent,
             "missing": project.root / "nope"}[where]
     with pytest.raises(IntloomError) as refused:
         Client.connect(path)
     assert refused.value.code == "CLI_PROJECT_INVALID", refused.value
-    assert f"{path.resolve()} has no intloom.toml" in refused.value.message
-    assert "Nothing was sent" in refused.value.message
+    fact = {"workflows": f"has no intloom.toml: it is inside the project {project.root}.",
+            "elsewhere": "has no intloom.toml.", "missing": "does not exist."}[where]
+    fix = f": pass {project.root}" if where == "workflows" else ""
+    assert refused.value.message == (
+        f"{path.resolve()} {fact} Client.connect takes a project's root, the directory that "
+        f"holds intloom.toml{fix}. Nothing was sent.")
 
 
 def test_connect_to_a_path_too_long_for_the_os_is_project_invalid(project: Project) -> None:
