@@ -205,6 +205,19 @@ def _not_a_project(root: Path) -> IntloomError:
     )
 
 
+def _check_seconds(name: str, value: object, what: str, other: str) -> None:
+    """INVALID_REQUEST unless ``value`` is a finite number of seconds > 0: 0 made the socket
+    non-blocking, so a reply not there at once read as a host that "may have stopped or
+    crashed" (the request had been sent); a negative or NaN one raised ValueError."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (
+            0 < value < float("inf")):
+        raise IntloomError(
+            "INVALID_REQUEST",
+            f"Client.connect({name}={value!r}): {name} is {what}: a finite number > 0{other}. "
+            "Nothing was sent.",
+        )
+
+
 # Test-only: caps the hello's bound of every Client.connect (seconds), as the host's
 # INTLOOM_TEST_HELLO_TIMEOUT lowers its own.
 HELLO_CAP_ENV: Final = "INTLOOM_TEST_CLIENT_HELLO_TIMEOUT"
@@ -318,6 +331,11 @@ class Client:
         timeout: float = 5.0,
         request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT,
     ) -> Client:
+        _check_seconds("timeout", timeout, "the seconds the hello may take", "")
+        if request_timeout is not None:
+            _check_seconds("request_timeout", request_timeout,
+                           "the seconds a request waits for its reply",
+                           ", or None to wait as long as its Run takes")
         root = Path(root).resolve()
         _examinable(root)  # a root the OS will not look at is no project: say that
         if root.is_file():

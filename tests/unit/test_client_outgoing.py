@@ -175,3 +175,26 @@ def test_a_tool_call_past_the_request_timeout_says_it_may_still_run_and_how_to_r
     assert message.startswith("No reply came for Tool call tc-1 (Tool 'search') of Agent task "
                               "CALL-1 (Run RUN-1) within 0.2 s. The Tool may still be running")
     assert "(the same tool_call_id, Tool and input)" in message and "attach" not in message
+
+
+@pytest.mark.parametrize(("given", "said"), [
+    ({"request_timeout": 0}, "request_timeout is the seconds a request waits for its reply: "
+                             "a finite number > 0, or None to wait as long as its Run takes"),
+    ({"request_timeout": float("nan")}, "request_timeout is the seconds a request waits"),
+    ({"timeout": -1}, "timeout is the seconds the hello may take: a finite number > 0."),
+    ({"timeout": 0}, "timeout is the seconds the hello may take: a finite number > 0."),
+])
+def test_a_timeout_that_is_no_positive_number_of_seconds_is_refused_by_connect(
+        tmp_path: Path, given: dict[str, float], said: str) -> None:
+    """``request_timeout=0`` (no timeout, in many APIs) made the socket non-blocking: a
+    create_run whose reply was not there at once said "the connection closed: the host may
+    have stopped or crashed ([Errno 11] ...)" -- of a Run it had created; ``timeout=0``
+    called a running host unavailable, and a negative or NaN one raised ValueError."""
+    from intloom.client.client import Client
+
+    with pytest.raises(IntloomError) as info:
+        Client.connect(tmp_path, **given)
+    assert info.value.code == "INVALID_REQUEST"
+    name = next(iter(given))
+    assert info.value.message.startswith(f"Client.connect({name}={given[name]!r}): {said}")
+    assert info.value.message.endswith("Nothing was sent.")
