@@ -189,7 +189,7 @@ def _examinable(root: Path) -> None:
         ) from None
 
 
-def _not_a_project(root: Path) -> IntloomError:
+def not_a_project(root: Path, caller: str = "Client.connect") -> IntloomError:
     """CLI_PROJECT_INVALID for a ``root`` without a config, with what the CLI says of it:
     that it does not exist, or the project it is inside (an Agent started in a Workflow's
     directory with ``Client.connect(".")``), whose root is the one to pass."""
@@ -200,7 +200,7 @@ def _not_a_project(root: Path) -> IntloomError:
     fix = f": pass {around}" if around is not None else ""
     return IntloomError(
         "CLI_PROJECT_INVALID",
-        f"{root} {fact}. Client.connect takes a project's root, the directory that holds "
+        f"{root} {fact}. {caller} takes a project's root, the directory that holds "
         f"{CONFIG_NAME}{fix}. Nothing was sent.",
     )
 
@@ -357,7 +357,7 @@ class Client:
         if conn is None:
             if not (root / CONFIG_NAME).is_file():
                 # Not a project (a subdirectory, a typo): "offline" would be a false fact.
-                raise _not_a_project(root)
+                raise not_a_project(root)
             raise _offline(paths, "Run intloom start in this project first.")
         info = read_service(paths.service_json, root)
         if info is None:

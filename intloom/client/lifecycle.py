@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple
 
 import msgspec
 
-from intloom.client.client import Client, ServiceStarting
+from intloom.client.client import Client, ServiceStarting, not_a_project
 from intloom.errors import ErrorView, IntloomError
 from intloom.host.metadata import ServiceInfo, ServiceLock, read_lock, read_service
-from intloom.project import ProjectPaths
+from intloom.project import CONFIG_NAME, ProjectPaths
 from intloom.protocol.messages import ServiceView
 
 if TYPE_CHECKING:
@@ -320,6 +320,8 @@ def start_service(
     deadline = time.monotonic() + _checked_timeout(timeout)
     root = Path(root).resolve()
     paths = ProjectPaths(root)
+    if not (root / CONFIG_NAME).is_file():
+        raise not_a_project(root, "start_service")  # not Client.connect's words: not called
     launches = 0
     while True:
         seen = _saved_service(paths)
@@ -784,6 +786,10 @@ def stop_service_report(root: str | os.PathLike[str], *,
     snap = observe(root)  # strict, consistent, read-only; invalid metadata raises here
     info, lock, conn = snap.service.value, snap.lock.value, snap.connection.value
     if info is None and lock is None:
+        if not (root / CONFIG_NAME).is_file() and not paths.state.is_dir():
+            # A typo, or a subdirectory of the project: "nothing was running" (False) would
+            # hide a host that runs, as the CLI's --project refuses such a path.
+            raise not_a_project(root, "stop_service")
         return StopResult(stopped=False, cut=[])
     target = _target(info, lock)
     if info is not None and (conn is None or conn.port != info.port):

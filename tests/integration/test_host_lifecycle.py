@@ -105,6 +105,26 @@ def test_stop_when_offline_creates_nothing(project: Project) -> None:
     assert not project.state.exists()
 
 
+def test_stop_of_a_path_that_is_no_project_says_so_not_offline(project: Project) -> None:
+    """stop_service of a subdirectory of a project, or a typo, answered False ("nothing was
+    running"), also while the project's host ran: the CLI's --project refuses such a path.
+    It is CLI_PROJECT_INVALID, naming the project to pass, and creates nothing."""
+    inside = project.root / "workflows"
+    before = snapshot_files(project.root)
+    with pytest.raises(IntloomError) as refused:
+        stop_service(inside)
+    assert refused.value.code == "CLI_PROJECT_INVALID"
+    assert refused.value.message == (
+        f"{inside} has no intloom.toml: it is inside the project {project.root}. stop_service "
+        "takes a project's root, the directory that holds intloom.toml: pass "
+        f"{project.root}. Nothing was sent.")
+    with pytest.raises(IntloomError, match="does not exist"):
+        stop_service(project.root / "nope")
+    with pytest.raises(IntloomError, match=r"\. start_service takes a project's root"):
+        start_service(inside)
+    assert snapshot_files(project.root) == before
+
+
 def test_stop_twice_is_offline_the_second_time(project: Project) -> None:
     start(project)
     assert stop_service(project.root) is True
