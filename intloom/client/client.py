@@ -295,7 +295,9 @@ class Client:
     is not plain data, over 4 MiB), or an argument of the wrong type (``wait="no"``,
     ``runs(3)``), is ``INVALID_REQUEST`` naming the value; nothing is sent.
 
-    One connection, one request at a time: threads sharing a Client take turns. While
+    One connection, one request at a time: threads sharing a Client take turns. A request
+    interrupted before its reply (Ctrl-C) closes the connection, as its reply may still
+    come; the next request connects again and the interrupted one is never resent. While
     ``subscribe`` streams, the connection is the stream's, and any other request on it is
     refused (``INVALID_REQUEST``): use a second Client for requests meanwhile.
     """
@@ -590,8 +592,11 @@ class Client:
         """The reply to ``request`` within ``request_timeout`` of the host's silence; a
         ``stream``'s next event with no bound (a Run may wait for a person for hours)."""
         patience = None if stream else self.request_timeout
-        sock.settimeout(_SIGNAL_SLICE if patience is None else min(_SIGNAL_SLICE, patience))
         try:
+            # Inside the try: another thread's close() may have closed the socket already
+            # (EBADF here is that close, said as such by _broken).
+            sock.settimeout(_SIGNAL_SLICE if patience is None
+                            else min(_SIGNAL_SLICE, patience))
             reply = decode_response(recv_frame(sock, patience=patience))
         except TimeoutError:
             raise self._broken(request, f"no reply within {self.request_timeout} s",
@@ -604,6 +609,21 @@ class Client:
         if isinstance(reply, ErrorReply):
             raise _raise_reply(reply)
         return reply
+
+    def _interrupted(self, request: Request, exc: BaseException) -> None:
+        """A request interrupted before its reply came (Ctrl-C, in a terminal or a notebook):
+        its reply, or the rest of its frame, may still come on this connection, and the next
+        request would have read it as its own (get_run of one Run answered with another's
+        view). The connection is closed; the next request connects again, to the same host
+        instance only, and the interrupted one is never sent again."""
+        if self._sock is None:
+            return
+        what = _REQUEST_WORDS.get(type(request).__name__, f"the {type(request).__name__} request")
+        run_id = getattr(request, "run_id", None)
+        if run_id:
+            what = f"{what} (Run {run_id})"
+        self._shut(f"{what} was interrupted ({type(exc).__name__}) before its reply came, and "
+                   "was not sent again", reopen=True)
 
     def _streaming_error(self) -> IntloomError:
         return IntloomError(
@@ -620,17 +640,9 @@ class Client:
             try:
                 reply = self._receive(self._send(request), request)
             except IntloomError:
-                raise  # the connection is as the error left it (shut when it is lost)
+                raise
             except BaseException as exc:
-                # Interrupted (Ctrl-C, a signal handler's exception) between sending and
-                # its reply, or half way through either: the next request would read this
-                # one's reply as its own. Shut, as an interrupted stream is; the next
-                # request connects again (to the same host only), which is no replay.
-                if self._sock is not None:
-                    what = _REQUEST_WORDS.get(type(request).__name__,
-                                              f"the {type(request).__name__} request")
-                    self._shut(f"a request was interrupted ({type(exc).__name__}) before "
-                               f"the reply for {what} came", reopen=True)
+                self._interrupted(request, exc)
                 raise
         if not isinstance(reply, expect):
             self._shut(f"the host answered an earlier request ({type(request).__name__}) "

@@ -198,3 +198,44 @@ def test_a_timeout_that_is_no_positive_number_of_seconds_is_refused_by_connect(
     name = next(iter(given))
     assert info.value.message.startswith(f"Client.connect({name}={given[name]!r}): {said}")
     assert info.value.message.endswith("Nothing was sent.")
+
+
+def test_a_request_interrupted_by_ctrl_c_leaves_no_reply_for_the_next_one() -> None:
+    """Ctrl-C in wait_run (a terminal, a notebook) left the connection as it was: the
+    interrupted request's reply came later, and the next request took it as its own --
+    get_run of one Run returned another Run's view, with no error."""
+    import contextlib
+    import signal
+    import socket
+    import threading
+
+    from intloom.client.client import Client
+    from intloom.protocol.framing import encode_frame
+    from intloom.protocol.messages import RunReply
+    from intloom.runtime.model import Cursor, RunView
+
+    assert threading.current_thread() is threading.main_thread()  # where SIGINT lands
+    ours, hosts = socket.socketpair()
+    client = Client(ours, None, None, Path("/nowhere"),  # type: ignore[arg-type]
+                    request_timeout=5.0)
+
+    def ctrl_c_once_the_request_is_sent() -> None:
+        hosts.recv(1 << 16)
+        signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+
+    with hosts:
+        hosts.settimeout(5.0)
+        host = threading.Thread(target=ctrl_c_once_the_request_is_sent)
+        host.start()
+        with pytest.raises(KeyboardInterrupt):
+            client.wait_run("RUN-A")
+        host.join()
+        late = RunView(run_id="RUN-A", flow_name="w", cursor=Cursor(stage="s", step="a"),
+                       status="completed", created_at="t", updated_at="t")
+        with contextlib.suppress(OSError):  # the client may have closed its end already
+            hosts.sendall(encode_frame(RunReply(run=late)))  # RUN-A's reply, late
+        with pytest.raises(IntloomError) as info:
+            client.get_run("RUN-B")
+    assert info.value.code == "PROJECT_CONNECTION_FAILED"
+    assert ("waiting on the Run (Run RUN-A) was interrupted (KeyboardInterrupt) before its "
+            "reply came, and was not sent again") in info.value.message
