@@ -349,6 +349,17 @@ def run_lines(run: Mapping[str, Any], *, suspended: bool = False) -> list[str]:
     call = run.get("pendingAgentCall")
     if run.get("status") == "waiting" and isinstance(call, Mapping):
         lines.append(f"Agent   {call.get('agentId')} · task {call.get('id')} · {call.get('phase')}")
+        # What was published and what comes next, as a person's wait shows its request and
+        # the answer command: the task's id alone left a new user nothing to go on.
+        task = _compact(call.get("request"))
+        if len(task) > _CONTEXT_MAX:
+            task = f"{task[:_CONTEXT_MAX]}... (--json shows all of it)"
+        lines.append(f"Task    {task}")
+        tools = call.get("tools")
+        if isinstance(tools, list) and tools:
+            lines.append(f"Tools   {', '.join(map(str, tools))}")
+        lines.append(f"Follow  intloom attach {run_id}  (a client Agent claims and completes "
+                     "the task through intloom.client.Client)")
     if run.get("status") == "failed":
         err = _error_of(run)
         if err.get("code") == "RUN_STOPPED":

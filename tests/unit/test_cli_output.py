@@ -127,6 +127,28 @@ def test_run_titles_follow_the_status() -> None:
     assert render.run_title(agent) == "Waiting for the client Agent"
 
 
+def test_a_run_waiting_on_an_agent_shows_the_task_its_tools_and_what_comes_next() -> None:
+    """flow, attach and answer printed only "Agent default · task CALL-... · available" for
+    a Run waiting on a client Agent: not what was published (a confirmation shows its
+    context), nor its Tools, nor what to do next (a person's wait has its answer command)."""
+    agent = {**RUN, "pendingAction": None, "pendingAgentCall": {
+        "id": "CALL-1", "agentId": "default", "phase": "available",
+        "request": {"ticket": "login broken"}, "tools": ["lookup", "search"]}}
+    lines = render.run_lines(agent)
+    assert lines[-4:] == [
+        "Agent   default · task CALL-1 · available",
+        'Task    {"ticket":"login broken"}',
+        "Tools   lookup, search",
+        "Follow  intloom attach RUN-1  (a client Agent claims and completes the task through "
+        "intloom.client.Client)",
+    ]
+    long = {**agent, "pendingAgentCall": {**agent["pendingAgentCall"], "tools": [],
+                                          "request": {"text": "x" * 400}}}
+    task = [x for x in render.run_lines(long) if x.startswith("Task")]
+    assert task[0].endswith("... (--json shows all of it)") and len(task[0]) < 360
+    assert not any(x.startswith("Tools") for x in render.run_lines(long))
+
+
 def test_waiting_run_says_how_to_resume() -> None:
     lines = render.run_lines(RUN)
     assert lines[0] == "Waiting for an answer · example"
