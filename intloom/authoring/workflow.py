@@ -371,7 +371,13 @@ class Stage(Generic[S]):
         declared = self._check_tools(name, tools)
         # The Agent id is in every view of the Run (pendingAgentCall.agentId): one that is
         # no string made each reply listing the Run undecodable (`runs` failed for all).
-        _check_name(self.workflow.name, f"Stage {self.name!r}, Step {name!r}", "agent", agent)
+        # Only that is refused, not the name rule: ids such as "claude code" were accepted,
+        # and a Workflow that loaded before must not start failing its load (its Runs held).
+        if not isinstance(agent, str) or not agent.strip():
+            raise _bad(self.workflow.name, f"Stage {self.name!r}, Step {name!r}",
+                       f"agent {_shown_value(agent)} is not a string" if not isinstance(
+                           agent, str) else f"agent {agent!r} is blank",
+                       'Name the Agent that takes its tasks, e.g. agent="reviewer"')
 
         def decorate(fn: Callable[..., Any]) -> AgentStep[S]:
             _check_fn(self.workflow.name, f"Stage {self.name!r}, Step {name!r}",

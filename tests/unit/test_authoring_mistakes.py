@@ -96,20 +96,22 @@ def test_an_agent_steps_tools_that_are_not_a_list_of_tools_are_refused_with_the_
     assert list(made.tools) == ["a", "b"]  # a generator is read once, not found empty
 
 
-def test_an_agent_steps_agent_id_follows_the_name_rule() -> None:
+def test_an_agent_steps_agent_id_is_a_non_empty_string() -> None:
     """``agent=5`` was accepted: the Run's view then carried ``agentId`` 5, which no client
-    decodes (PROJECT_RESPONSE_INVALID), so ``flow`` and ``runs`` -- for every Run -- failed."""
+    decodes (PROJECT_RESPONSE_INVALID), so ``flow`` and ``runs`` -- for every Run -- failed.
+    Any non-empty string stays accepted, as before (a Workflow that loaded must still)."""
     st = intloom.Workflow("w", version="1").stage("s")
-    for agent, said in [(5, r"agent name 5 \(an int\) is not a string"),
-                        ("", r"agent name '' is not valid")]:
-        with _refused(r"Workflow 'w', Stage 's', Step 'look': " + said + r"\. Use 1-64 "
-                      r"letters") as info:
+    for agent, said in [(5, r"agent 5 \(an int\) is not a string"), ("", r"agent '' is blank"),
+                        (" ", r"agent ' ' is blank")]:
+        with _refused(r"Workflow 'w', Stage 's', Step 'look': " + said + r"\. Name the "
+                      r"Agent") as info:
             st.agent_step("look", routes={"ok": intloom.COMPLETE},
                           agent=agent)(lambda ctx: {})  # type: ignore[arg-type]
         assert _code(info) == "WORKFLOW_DEFINITION_INVALID"
-    made = st.agent_step("look", routes={"ok": intloom.COMPLETE}, agent="reviewer-2")(
-        lambda ctx: {})
-    assert made.agent == "reviewer-2"
+    for agent in ("reviewer-2", "claude code"):
+        made = st.agent_step(f"look{len(agent)}", routes={"ok": intloom.COMPLETE},
+                             agent=agent)(lambda ctx: {})
+        assert made.agent == agent
 
 
 def test_recover_taking_the_wrong_parameters_is_refused_when_declared() -> None:
