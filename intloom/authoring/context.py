@@ -64,6 +64,10 @@ class StepContext(Generic[S]):
     # check once the Step is over. A class default, not set in __init__: a Step that makes
     # none (most) pays nothing for it, and the driver's ``is not None`` is its only cost.
     _calls: list[_Unawaited[Any]] | None = None
+    # Whether the Stage had no State, once ``finish`` has put ``_Over`` in its place: read
+    # on the error path only, so a class default as ``_calls``.
+    _stateless: bool = False
+
     def __init__(
         self,
         *,
@@ -102,6 +106,8 @@ class StepContext(Generic[S]):
         if state_type is not None:
             if not isinstance(value, state_type):
                 if state_type is _Over:  # no value is an instance of it
+                    if value is None and self._stateless:
+                        return  # what a running Step of a Stage without State may assign
                     raise self._stale_state()
                 name = state_type.__name__
                 raise IntloomError(
@@ -192,16 +198,24 @@ class StepContext(Generic[S]):
 
     def _stale_state(self) -> IntloomError:
         """The refusal of ``ctx.state = ...`` through this context once its code is over:
-        nothing reads its State any more, so the value would be lost without a word."""
+        nothing reads its State any more, so the value would be lost without a word. In a
+        Stage without State, nothing would have kept it even then: that is said too."""
         over, _recorded = self._over_while()
+        if self._stateless:
+            fact = (f"Stage {self.stage!r} has no State, so nothing keeps a value assigned "
+                    "to ctx.state, and that ctx's code is over as well")
+            fix = (f"Declare a State (`wf.stage({self.stage!r}, state=YourStruct)`) and "
+                   "assign the running Step's own ctx.state")
+        else:
+            fact = ("its State was saved when that code returned (or dropped with it), and "
+                    "nothing reads it again")
+            fix = "Assign the running Step's own ctx.state"
         return IntloomError(
             "STEP_INTERACTION_INVALID",
             f"ctx.state was assigned through the ctx given to {over}. A ctx acts only while "
-            "the code it was given to runs: its State was saved when that code returned (or "
-            "dropped with it), and nothing reads it again, so this value would have been "
-            "lost. Nothing was changed. Assign the running Step's own ctx.state (pass its "
-            "ctx to helpers as an argument); do not keep one in a global or a closure for a "
-            "later Step.",
+            f"the code it was given to runs: {fact}, so this value would have been lost. "
+            f"Nothing was changed. {fix} (pass its ctx to helpers as an argument); do not "
+            "keep one in a global or a closure for a later Step.",
         )
 
     def _over_while(self) -> tuple[str, str]:
@@ -484,6 +498,8 @@ def finish(ctx: StepContext[Any]) -> None:
     runs it): from now on its effects and waits are refused (``StepContext._stale``), never
     journaled as another Step's, and so is a State assigned through it (``_stale_state``),
     which nothing would read."""
+    if ctx._state_type is None:
+        ctx._stateless = True
     ctx._state_type = _Over
 
 

@@ -712,3 +712,35 @@ def test_ctx_state_assigned_through_a_ctx_kept_from_an_earlier_step_is_refused(
                  "Nothing was changed",
                  "Assign the running Step's own ctx.state"):
         assert fact in message, (fact, message)
+
+
+def test_ctx_state_through_a_kept_ctx_of_a_stage_without_state_says_it_has_none(
+        tmp_path: Path) -> None:
+    """The same mistake in a Stage without State: None (what its running Steps may assign)
+    still passes; a value is refused saying the Stage has no State, not that a State was
+    saved, and the fix declares one."""
+    wf = intloom.Workflow("keeps", version="1")
+    st = wf.stage("s")
+    kept: list[Any] = []
+
+    @st.step("a", routes={"ok": "b"})
+    def a(ctx: Any) -> str:
+        kept.append(ctx)
+        return "ok"
+
+    @st.step("b", routes={"ok": intloom.COMPLETE})
+    def b(ctx: Any) -> str:
+        kept[0].state = None
+        kept[0].state = {"n": 2}
+        return "ok"
+
+    view = _settle(tmp_path / "runtime", wf)
+    assert view.status == "failed" and view.last_error is not None, view
+    assert view.last_error.code == "STEP_INTERACTION_INVALID", view.last_error
+    message = view.last_error.message
+    for fact in ("ctx.state was assigned through the ctx given to Stage 's', Step 'a', "
+                 "which was over",
+                 "Stage 's' has no State, so nothing keeps a value assigned to ctx.state",
+                 "Declare a State (`wf.stage('s', state=YourStruct)`)"):
+        assert fact in message, (fact, message)
+    assert "its State was saved" not in message, message
