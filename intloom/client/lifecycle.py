@@ -311,11 +311,14 @@ def start_service(
     foreground: bool = False,
     progress: Progress | None = None,
     on_ready: Callable[[StartResult], None] | None = None,
+    on_lost: Callable[[ErrorView], None] | None = None,
 ) -> StartResult:
     """Reuse the live host, or launch one and return once it has restored and listens.
 
     ``foreground`` runs the host in this process until it stops (Ctrl-C is a graceful stop);
     ``on_ready`` is then called once it serves, and the result is returned after it stopped.
+    ``on_lost`` is called with the error of a foreground host that stops serving on its own
+    (its ``.intloom/`` moved away): the process then exits at once, as a crash would.
     """
     deadline = time.monotonic() + _checked_timeout(timeout)
     root = Path(root).resolve()
@@ -357,7 +360,7 @@ def start_service(
             raise _busy(paths)
         if foreground:
             return _run_foreground(root, port=port, strict=strict, progress=progress,
-                                   on_ready=on_ready)
+                                   on_ready=on_ready, on_lost=on_lost)
         if launches >= _MAX_LAUNCHES:
             raise _busy(paths)
         launches += 1
@@ -556,7 +559,8 @@ def _start_timeout(paths: ProjectPaths, pid: int, killed: bool) -> IntloomError:
 
 
 def _run_foreground(root: Path, *, port: int | None, strict: bool, progress: Progress | None,
-                    on_ready: Callable[[StartResult], None] | None) -> StartResult:
+                    on_ready: Callable[[StartResult], None] | None,
+                    on_lost: Callable[[ErrorView], None] | None = None) -> StartResult:
     from intloom.host.daemon import Host, HostOptions
     from intloom.host.readiness import ReadyChannel
 
@@ -578,6 +582,7 @@ def _run_foreground(root: Path, *, port: int | None, strict: bool, progress: Pro
     except OSError:  # unreadable: there is nothing to go back to
         previous = None
     host = Host(HostOptions(root=root, port=port, strict=strict), channel)
+    host.last_words = on_lost
     try:
         os.chdir(root)
         code = host.run()

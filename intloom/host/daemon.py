@@ -23,7 +23,7 @@ import signal
 import socket
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -149,6 +149,10 @@ class Host:
         # The project root's and the locked runtime directory's (st_dev, st_ino), once the
         # store is locked: what ``_moved_away`` compares the paths with while serving.
         self._home: tuple[tuple[int, int], tuple[int, int]] | None = None
+        # Set by ``start --foreground`` (the host runs in the command's process): how the
+        # command says the error a host ends with when it stops serving on its own
+        # (``_left_home``), before the process exits as a crash would.
+        self.last_words: Callable[[ErrorView], None] | None = None
 
     # ----- entry ---------------------------------------------------------------------------
 
@@ -504,13 +508,18 @@ class Host:
         message = (f"{fact}. The host stopped serving at once, as a crash would, so that it "
                    f"and a host started in {self.paths.root} since never both own the "
                    "project; its Runs stay in the journal it wrote, in the moved directory.")
+        fix = ("Stop any host started since (intloom stop), put the moved .intloom/ back, "
+               "then run intloom recover (this host has exited) and intloom start.")
         if self.log is not None:
             self.log.fatal("state_dir_moved", path=str(self.paths.runtime), message=message,
-                           fix="Stop any host started since (intloom stop), put the moved "
-                           ".intloom/ back, then run intloom recover (this host has exited) "
-                           "and intloom start.")
+                           fix=fix)
         with contextlib.suppress(Exception):
-            sys.stderr.write(f"intloom host: {message}\n")
+            if self.last_words is not None:
+                # A foreground host's command: its log is in the moved directory now, so
+                # the person at the terminal reads the fix here, as any command's error.
+                self.last_words(ErrorView("STORAGE_ERROR", f"{message} {fix}"))
+            else:
+                sys.stderr.write(f"intloom host: {message} {fix}\n")
         self.force_exit = True  # threads inside user code are not waited for
         return 1
 

@@ -57,7 +57,8 @@ def start(
             _report(renderer, result)
             renderer.note("Running in the foreground; Ctrl-C stops the host gracefully.")
 
-        lifecycle.start_service(root, progress=lambda _text: None, on_ready=ready, **kwargs)
+        lifecycle.start_service(root, progress=lambda _text: None, on_ready=ready,
+                                on_lost=renderer.error, **kwargs)
         renderer.note("The service stopped; checkpoints are kept for the next intloom start.")
         return
     with renderer.spinner("Starting the intloom service...") as update:
