@@ -453,3 +453,26 @@ def test_recover_names_the_temp_files_it_keeps() -> None:
             "Kept as it is: .intloom/.service.lock.0123456789abcdef.tmp, the temp file of a "
             "write that was interrupted (recover never removes it; intloom doctor says more)."
         ), lines
+
+
+def test_a_suspended_runs_failure_says_to_stop_a_host_that_still_serves(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """attach on a Run its host suspended because its log failed: that host serves on
+    (refusing new work), so "Run intloom start, then intloom attach" reused it and showed
+    the same failed Run; the restore needs that host stopped first."""
+    import msgspec
+
+    from intloom.cli.commands.runs import finish_run
+    from intloom.cli.options import CliState
+    from intloom.runtime.model import RunView
+
+    said = ("The host log .intloom/logs/LOG-1.jsonl could not be written (ENOSPC). The host "
+            "suspended the Run and refuses new work.")
+    run = msgspec.convert({**RUN, "status": "failed", "pendingAction": None,
+                           "lastError": {"code": "RUN_INTERRUPTED", "message": said,
+                                         "retryable": False}}, RunView)
+    assert finish_run(CliState(), run, suspended=True) == exit_codes.RUN_FAILED
+    err = capsys.readouterr().err
+    assert f"was suspended by its host (RUN_INTERRUPTED), not ended: {said}" in err, err
+    assert ("Run intloom stop first if its host still serves (intloom status says; one "
+            "whose log failed does), then intloom start, then intloom attach RUN-1.") in err, err

@@ -39,7 +39,11 @@ def finish_run(state: CliState, run: RunView, *, prefix: list[str] | None = None
         then = f"Run intloom inspect {run.run_id} for its journal."
         if code_ == "RUN_INTERRUPTED" and suspended and not run.dismissed:
             fact = f"was suspended by its host (RUN_INTERRUPTED), not ended: {said}"
-            then = f"Run intloom start, then intloom attach {run.run_id}."
+            # A stop suspends the Runs of a host that exits; a lost log, of one that serves
+            # on (refusing new work), which a start would only reuse.
+            then = ("Run intloom stop first if its host still serves (intloom status says; "
+                    "one whose log failed does), then intloom start, then intloom attach "
+                    f"{run.run_id}.")
         elif code_ == "RUN_INTERRUPTED":
             fact = (f"was interrupted (RUN_INTERRUPTED): {said}" if said else
                     "was interrupted (RUN_INTERRUPTED).")
