@@ -178,6 +178,18 @@ def _repeated(ids: list[str]) -> list[str]:
     return sorted({i for i in ids if ids.count(i) > 1})
 
 
+def _wrong_field(where: str, index: int, shown: str) -> IntloomError:
+    return IntloomError(
+        "STEP_INTERACTION_INVALID",
+        f"{where}: question {index} given to ctx.ask has a field of the wrong type "
+        f"({shown}); nothing was asked. Give each field of intloom.Question its declared "
+        "type: id, question, description, and each option's id and label, as str "
+        "(id=str(n) for a number: an answer names its question by that text); options as a "
+        "list of intloom.Option (options=[intloom.Option(id=\"yes\", label=\"Yes\")], not "
+        "[\"yes\"]); skippable as bool.",
+    )
+
+
 def questions_request(questions: list[Question], where: str) -> list[Any]:
     """The wire request of ``ctx.ask``; ``where`` names the Step asking, for the errors."""
     if not questions:
@@ -185,6 +197,31 @@ def questions_request(questions: list[Question], where: str) -> list[Any]:
             "STEP_INTERACTION_INVALID",
             f"{where}: ctx.ask was given no questions. Pass at least one intloom.Question.",
         )
+    # Field types before the id checks, which read ids and options as their types:
+    # options=["yes", "no"] failed the Step with "AttributeError: 'str' object has no
+    # attribute 'id'", and an id that is a list with "TypeError: unhashable type".
+    wire: list[dict[str, Any]] = []
+    for index, question in enumerate(questions):
+        try:
+            item = msgspec.to_builtins(question)
+        except RecursionError:  # a Struct checks no field type: one may hold itself
+            raise IntloomError(
+                "STEP_INTERACTION_INVALID",
+                f"{where}: a question given to ctx.ask holds itself, or is nested too deeply, "
+                "to be encoded (RecursionError). Give each field of intloom.Question its "
+                "declared type (str; a list of intloom.Option for options).",
+            ) from None
+        except TypeError as exc:  # a field holding what is no plain data (an object())
+            raise _wrong_field(where, index, str(exc)) from None
+        wire.append(item)
+        try:
+            # A Struct checks no field type when built: Question(id=0) was asked, and no
+            # answer could name it (an answer's questionId is text), so the Run waited for
+            # ever on a question its own answer command could not answer.
+            msgspec.convert(item, Question)
+        except msgspec.ValidationError as exc:
+            raise _wrong_field(where, index, str(exc).replace("`$", f"`question {index}", 1)
+                               ) from None
     ids = [q.id for q in questions]
     if len(set(ids)) != len(ids):
         raise IntloomError(
@@ -200,31 +237,6 @@ def questions_request(questions: list[Question], where: str) -> list[Any]:
                 f"{where}: the options of question {q.id!r} repeat the ids "
                 f"{_repeated(option_ids)}. Give every option of a question its own id.",
             )
-    try:
-        wire: list[dict[str, Any]] = msgspec.to_builtins(questions)
-    except RecursionError:  # a Struct checks no field type: a field may hold a list in itself
-        raise IntloomError(
-            "STEP_INTERACTION_INVALID",
-            f"{where}: a question given to ctx.ask holds itself, or is nested too deeply, to "
-            "be encoded (RecursionError). Give each field of intloom.Question its declared "
-            "type (str; a list of intloom.Option for options).",
-        ) from None
-    for index, item in enumerate(wire):
-        try:
-            # A Struct checks no field type when built: Question(id=0) was asked, and no
-            # answer could name it (an answer's questionId is text), so the Run waited for
-            # ever on a question its own answer command could not answer.
-            msgspec.convert(item, Question)
-        except msgspec.ValidationError as exc:
-            shown = str(exc).replace("`$", f"`question {index}", 1)
-            raise IntloomError(
-                "STEP_INTERACTION_INVALID",
-                f"{where}: question {index} given to ctx.ask has a field of the wrong type "
-                f"({shown}); nothing was asked. Give each field of intloom.Question its "
-                "declared type: id, question, description, and each option's id and label, "
-                "as str (id=str(n) for a number: an answer names its question by that text); "
-                "skippable as bool.",
-            ) from None
     for item, q in zip(wire, questions, strict=True):
         # Always present (the request's shape is {id, question, description?, options?,
         # isSkippable}); omit_defaults would drop it when false.

@@ -558,3 +558,34 @@ def test_a_question_with_a_number_for_its_id_fails_the_step_instead_of_waiting_f
     assert ("Stage 's', Step 'a': question 0 given to ctx.ask has a field of the wrong type "
             "(Expected `str`, got `int` - at `question 0.id`); nothing was asked. Give each "
             "field of intloom.Question its declared type") in view.last_error.message
+
+
+@pytest.mark.parametrize(("options", "at"), [
+    (["yes", "no"], "Expected `object`, got `str` - at `question 0.options[0]`"),
+    ("ab", "Expected `array | null`, got `str` - at `question 0.options`"),
+    ([intloom.Option(id=["a"], label="A")],  # type: ignore[arg-type]
+     "Expected `str`, got `array` - at `question 0.options[0].id`"),
+    ([intloom.Option(id="a", label=object())],  # type: ignore[arg-type]
+     "Encoding objects of type object is unsupported"),
+])
+def test_options_of_the_wrong_type_are_named_not_a_python_error(
+        tmp_path: Path, options: Any, at: str) -> None:
+    """``options=["yes", "no"]`` (strings, not intloom.Option) and an unhashable id reached
+    the repeated-ids check before the field types were: the Step failed with
+    STEP_EXECUTION_FAILED "raised AttributeError: 'str' object has no attribute 'id'"
+    (or TypeError: unhashable type), naming neither the field nor the fix."""
+    wf = intloom.Workflow("opts", version="1")
+    st = wf.stage("s")
+
+    @st.step("a", routes={"ok": intloom.COMPLETE})
+    async def a(ctx: Any) -> str:
+        await ctx.ask([intloom.Question(id="q", question="Pick?", options=options)])
+        return "ok"
+
+    wf.validate()
+    view = _settled(tmp_path / "runtime", wf)
+    assert view.status == "failed" and view.pending_action is None
+    assert view.last_error is not None and view.last_error.code == "STEP_INTERACTION_INVALID", \
+        view.last_error
+    assert f"question 0 given to ctx.ask has a field of the wrong type ({at})" in \
+        view.last_error.message, view.last_error.message
