@@ -198,3 +198,20 @@ def test_a_timeout_that_is_no_positive_number_of_seconds_is_refused_by_connect(
     name = next(iter(given))
     assert info.value.message.startswith(f"Client.connect({name}={given[name]!r}): {said}")
     assert info.value.message.endswith("Nothing was sent.")
+
+
+@pytest.mark.parametrize("name", ["request_timeout", "timeout"])
+def test_a_timeout_longer_than_a_socket_takes_is_refused_by_connect(
+        tmp_path: Path, name: str) -> None:
+    """``request_timeout=1e10`` passed connect's check ("a finite number > 0"), and the
+    first request raised a bare OverflowError ("timestamp out of range for platform time_t")
+    from the socket; ``timeout=1e10`` raised it from connect itself."""
+    from intloom.client.client import Client
+
+    with pytest.raises(IntloomError) as info:
+        Client.connect(tmp_path, **{name: 1e10})
+    assert info.value.code == "INVALID_REQUEST", info.value
+    assert info.value.message.startswith(f"Client.connect({name}=10000000000.0): {name} is "), \
+        info.value.message
+    assert "at most 1e+09 (about 31 years; a socket takes no longer)" in info.value.message
+    assert info.value.message.endswith("Nothing was sent.")
