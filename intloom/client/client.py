@@ -570,11 +570,15 @@ class Client:
         return sock
 
     def _reconnect(self, why: str) -> socket.socket:
-        self._shut(f"{why}, and connecting again failed")
+        # Still safe to connect again until it fails: a Ctrl-C during this connect (a busy
+        # host slow to answer the hello) left the Client shut for good, "connecting again
+        # failed", though nothing was in flight.
+        self._shut(why, reopen=True)
         try:
             fresh = Client.connect(self.root, timeout=self.connect_timeout,
                                    request_timeout=self.request_timeout)
         except IntloomError as exc:
+            self._shut(f"{why}, and connecting again failed")
             # The connection is lost either way: say so, with why connecting again failed.
             # That error stays its cause, for a caller to tell a host shutting down
             # (CLI_SERVICE_CLOSING) from one gone without parsing the words.
@@ -586,6 +590,7 @@ class Client:
             ) from exc
         if fresh.hello.instance_id != self.hello.instance_id:
             fresh.close()
+            self._shut(f"{why}, and connecting again failed")
             raise IntloomError(
                 "PROJECT_CONNECTION_FAILED",
                 f"The host this client was connected to (instance {self.hello.instance_id}) "

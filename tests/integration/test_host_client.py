@@ -23,7 +23,7 @@ from intloom.fsutil import ensure_private_dir
 from intloom.host.metadata import Connection, ServiceInfo, write_connection, write_service
 from intloom.host.ownership import new_token
 from intloom.project import ProjectPaths
-from intloom.protocol.framing import decode_first, recv_frame, send_frame
+from intloom.protocol.framing import decode_first, decode_request, recv_frame, send_frame
 from intloom.protocol.messages import PROTOCOL, HelloOk
 from tests.helpers import Project, snapshot_files
 
@@ -234,3 +234,63 @@ def test_a_hello_cap_that_is_no_positive_number_is_ignored(
     monkeypatch.setenv(HELLO_CAP_ENV, value)
     with Client.connect(project.root) as client:
         assert client.hello.instance_id == INSTANCE
+
+
+def test_ctrl_c_while_connecting_again_leaves_the_client_able_to_connect(
+    project: Project, fake: Callable[[Script], FakeHost]
+) -> None:
+    """A request interrupted before its reply (Ctrl-C in wait_run) makes the next one connect
+    again; a second Ctrl-C during that connect (a busy host, slow to answer the hello) left
+    the Client shut for good, saying "…, and connecting again failed" (it had not failed),
+    though nothing was in flight and connecting again was as safe as before."""
+    import signal
+
+    from intloom.protocol.messages import GetRun, RunReply
+    from intloom.runtime.model import Cursor, RunView
+    from tests.helpers import eventually
+    from tests.unit.test_client_ctrl_c import _asleep_in_a_syscall
+
+    view = RunView(run_id="RUN-1", flow_name="f", cursor=Cursor(stage="s"),
+                   status="waiting", created_at="T0", updated_at="T1")
+    release = threading.Event()
+    served = [0]
+
+    def script(conn: socket.socket, received: list[object]) -> None:
+        served[0] += 1
+        with contextlib.suppress(Exception):  # the interrupted client closes its ends
+            if served[0] == 2:
+                recv_frame(conn)  # the hello of the connect that Ctrl-C ends: no answer
+                return
+            hello_then(lambda _c, _r: None)(conn, received)
+            request = recv_frame(conn)
+            if served[0] == 1:
+                release.wait(10)  # a Step that goes on: the connection after it, unserved
+                return
+            received.append(decode_request(request))
+            send_frame(conn, RunReply(run=view))
+
+    host = fake(script)
+    publish(project.root, host.port)
+    main, main_ident = threading.get_native_id(), threading.get_ident()
+
+    def ctrl_c() -> None:
+        eventually(lambda: _asleep_in_a_syscall(main), timeout=10, what="a read")
+        signal.pthread_kill(main_ident, signal.SIGINT)
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with Client.connect(project.root) as client:
+            calls: list[Callable[[], object]] = [lambda: client.wait_run("RUN-1"),
+                                                 lambda: client.get_run("RUN-1")]
+            for call in calls:  # Ctrl-C in the wait, then in the connect the next one makes
+                sender = threading.Thread(target=ctrl_c, daemon=True)
+                sender.start()
+                with pytest.raises(KeyboardInterrupt):
+                    call()
+                sender.join(timeout=10)
+            release.set()
+            assert client.get_run("RUN-1") == view
+    finally:
+        release.set()
+        signal.signal(signal.SIGINT, previous)
+    assert served[0] == 3 and isinstance(host.received[-1], GetRun)
