@@ -207,7 +207,7 @@ def not_a_project(root: Path, caller: str = "Client.connect") -> IntloomError:
 
 # The longest timeout a socket takes on every platform (a 32-bit time_t's, rounded down):
 # 1e10 s passed the check and then raised a bare OverflowError from the first request.
-_MAX_SECONDS: Final = 1e9
+MAX_SECONDS: Final = 1e9
 
 
 def _check_seconds(name: str, value: object, what: str, other: str) -> None:
@@ -221,10 +221,10 @@ def _check_seconds(name: str, value: object, what: str, other: str) -> None:
             f"Client.connect({name}={value!r}): {name} is {what}: a finite number > 0{other}. "
             "Nothing was sent.",
         )
-    if value > _MAX_SECONDS:
+    if value > MAX_SECONDS:
         raise IntloomError(
             "INVALID_REQUEST",
-            f"Client.connect({name}={value!r}): {name} is {what}: at most {_MAX_SECONDS:g} "
+            f"Client.connect({name}={value!r}): {name} is {what}: at most {MAX_SECONDS:g} "
             f"(about 31 years; a socket takes no longer){other}. Nothing was sent.",
         )
 

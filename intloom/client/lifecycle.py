@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple
 
 import msgspec
 
-from intloom.client.client import Client, ServiceStarting, not_a_project
+from intloom.client.client import MAX_SECONDS, Client, ServiceStarting, not_a_project
 from intloom.errors import ErrorView, IntloomError
 from intloom.host.metadata import ServiceInfo, ServiceLock, read_lock, read_service
 from intloom.project import CONFIG_NAME, ProjectPaths
@@ -137,13 +137,16 @@ def _owner_alive(pid: int, create_time: float, boot: str | None) -> bool:
 
 
 def _checked_timeout(timeout: float) -> float:
-    """``timeout`` if it is a finite number of seconds >= 0; INVALID_REQUEST otherwise (a NaN
-    compares false with every deadline, so it would fail deep in a socket call instead)."""
+    """``timeout`` if it is a number of seconds from 0 to ``MAX_SECONDS``; INVALID_REQUEST
+    otherwise (a NaN compares false with every deadline, so it would fail deep in a socket
+    call instead; so did 1e10, which the stop's Client.connect refused, read as the host's
+    refusal)."""
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not (
-            0 <= timeout < float("inf")):
+            0 <= timeout <= MAX_SECONDS):
         raise IntloomError("INVALID_REQUEST",
-                           f"The timeout {timeout!r} is not a finite number of seconds >= 0; "
-                           "nothing was done. Pass one such as 30.")
+                           f"The timeout {timeout!r} is not a finite number of seconds from 0 "
+                           f"to {MAX_SECONDS:g} (about 31 years); nothing was done. Pass one "
+                           "such as 30.")
     return float(timeout)
 
 

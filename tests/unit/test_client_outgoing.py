@@ -215,3 +215,19 @@ def test_a_timeout_longer_than_a_socket_takes_is_refused_by_connect(
         info.value.message
     assert "at most 1e+09 (about 31 years; a socket takes no longer)" in info.value.message
     assert info.value.message.endswith("Nothing was sent.")
+
+
+@pytest.mark.parametrize("call", ["stop_service", "start_service"])
+def test_a_lifecycle_timeout_longer_than_a_socket_takes_is_refused(
+        tmp_path: Path, call: str) -> None:
+    """``stop_service(root, timeout=1e10)`` with a host running passed the deadline on to
+    Client.connect, whose refusal then read "The service rejected shutdown
+    (INVALID_REQUEST: Client.connect(timeout=...": the host had been asked nothing."""
+    from intloom.client import lifecycle
+
+    with pytest.raises(IntloomError) as info:
+        getattr(lifecycle, call)(tmp_path, timeout=1e10)
+    assert info.value.code == "INVALID_REQUEST", info.value
+    assert info.value.message == (
+        "The timeout 10000000000.0 is not a finite number of seconds from 0 to 1e+09 (about "
+        "31 years); nothing was done. Pass one such as 30.")
