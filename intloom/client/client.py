@@ -552,12 +552,14 @@ class Client:
             # again is safe -- to the same host instance only.
             sock = self._reconnect(self._closed_why)
         elif sock is None:
-            raise IntloomError(
-                "PROJECT_CONNECTION_FAILED",
-                f"This Client has no connection: {self._closed_why}. Nothing was sent. "
-                "Connect again (Client.connect).", retryable=False)
+            raise self._no_connection()
         frame = frame_of(request)
         if _peer_closed(sock):
+            if self._sock is not sock:
+                # Closed meanwhile (Client.close from another thread; _shut lets go of it
+                # before closing it): the request connected again and was sent, and the
+                # Client the program had closed served on.
+                raise self._no_connection()
             # The host closed this connection while it sat idle (lifecycle.md: idle
             # connections close after 600 s) or as it stopped. Nothing is sent yet, so
             # connecting again is safe -- to the same host instance only.
@@ -568,6 +570,12 @@ class Client:
         except OSError as exc:
             raise self._broken(request, str(exc)) from None
         return sock
+
+    def _no_connection(self) -> IntloomError:
+        return IntloomError(
+            "PROJECT_CONNECTION_FAILED",
+            f"This Client has no connection: {self._closed_why}. Nothing was sent. "
+            "Connect again (Client.connect).", retryable=False)
 
     def _reconnect(self, why: str) -> socket.socket:
         # Still safe to connect again until it fails: a Ctrl-C during this connect (a busy

@@ -294,3 +294,61 @@ def test_ctrl_c_while_connecting_again_leaves_the_client_able_to_connect(
         release.set()
         signal.signal(signal.SIGINT, previous)
     assert served[0] == 3 and isinstance(host.received[-1], GetRun)
+
+
+def test_a_client_closed_as_a_request_begins_stays_closed_and_sends_nothing(
+    project: Project, fake: Callable[[Script], FakeHost]
+) -> None:
+    """Client.close() from another thread while a request was being encoded: the request
+    took the closed socket for one the host had closed (idle), connected again and was
+    sent, and the Client the program had closed served on, its new socket never closed."""
+    import dataclasses
+
+    from intloom.protocol.messages import RunReply
+    from intloom.runtime.model import Cursor, RunView
+
+    view = RunView(run_id="RUN-1", flow_name="f", cursor=Cursor(stage="s"),
+                   status="waiting", created_at="T0", updated_at="T1")
+    served = [0]
+
+    def script(conn: socket.socket, received: list[object]) -> None:
+        served[0] += 1
+        with contextlib.suppress(Exception):  # the first connection is closed by the client
+            hello_then(lambda _c, _r: None)(conn, received)
+            received.append(decode_request(recv_frame(conn)))
+            send_frame(conn, RunReply(run=view))
+
+    host = fake(script)
+    publish(project.root, host.port)
+    encoding, closed = threading.Event(), threading.Event()
+
+    @dataclasses.dataclass
+    class Answer:
+        feedback: str = ""
+
+        def __getattribute__(self, name: str) -> object:
+            if name == "feedback":  # read while the request is encoded: close it now
+                encoding.set()
+                closed.wait(10)
+            return object.__getattribute__(self, name)
+
+    client = Client.connect(project.root)
+
+    def close_it() -> None:
+        encoding.wait(10)
+        client.close()
+        closed.set()
+
+    closer = threading.Thread(target=close_it, daemon=True)
+    closer.start()
+    try:
+        with pytest.raises(IntloomError) as gone:
+            client.answer("RUN-1", "ACT-1", Answer())
+    finally:
+        closed.set()
+        closer.join(timeout=10)
+        client.close()
+    assert gone.value.code == "PROJECT_CONNECTION_FAILED", gone.value
+    assert "it was closed (Client.close" in gone.value.message, gone.value.message
+    assert "Nothing was sent" in gone.value.message, gone.value.message
+    assert served[0] == 1 and not any(type(r).__name__ == "Answer" for r in host.received)
