@@ -192,7 +192,16 @@ def _examinable(root: Path) -> None:
 def not_a_project(root: Path, caller: str = "Client.connect") -> IntloomError:
     """CLI_PROJECT_INVALID for a ``root`` without a config, with what the CLI says of it:
     that it does not exist, or the project it is inside (an Agent started in a Workflow's
-    directory with ``Client.connect(".")``), whose root is the one to pass."""
+    directory with ``Client.connect(".")``), whose root is the one to pass. A file (the
+    config itself, most often) is named as one, with the directory it is in: reading
+    ``.intloom/`` below it raised NotADirectoryError, or reported its metadata invalid."""
+    if root.is_file():
+        here = f" (here {root.parent})" if root.name == CONFIG_NAME else ""
+        return IntloomError(
+            "CLI_PROJECT_INVALID",
+            f"{root} is a file, not a directory: {caller} takes the project's root, the "
+            f"directory that holds {CONFIG_NAME}{here}. Nothing was sent.",
+        )
     exists = root.exists()
     around = enclosing(root) if exists else None
     fact = (f"has no {CONFIG_NAME}: it is inside the project {around}" if around is not None
@@ -354,12 +363,7 @@ class Client:
         if root.is_file():
             # intloom.toml itself, most often: reading .intloom/ below a file would report
             # its metadata as invalid, a false fact.
-            here = f" (here {root.parent})" if root.name == CONFIG_NAME else ""
-            raise IntloomError(
-                "CLI_PROJECT_INVALID",
-                f"{root} is a file, not a directory: Client.connect takes the project's root, "
-                f"the directory that holds {CONFIG_NAME}{here}. Nothing was sent.",
-            )
+            raise not_a_project(root)
         paths = ProjectPaths(root)
         if os.path.lexists(paths.state):
             try:

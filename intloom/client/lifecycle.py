@@ -791,6 +791,8 @@ def stop_service_report(root: str | os.PathLike[str], *,
     deadline = time.monotonic() + _checked_timeout(timeout)
     root = Path(root).resolve()
     paths = ProjectPaths(root)
+    if root.is_file():  # intloom.toml itself: observing .intloom/ below it raised OSError
+        raise not_a_project(root, "stop_service")
     snap = observe(root)  # strict, consistent, read-only; invalid metadata raises here
     info, lock, conn = snap.service.value, snap.lock.value, snap.connection.value
     if info is None and lock is None:

@@ -231,3 +231,21 @@ def test_a_lifecycle_timeout_longer_than_a_socket_takes_is_refused(
     assert info.value.message == (
         "The timeout 10000000000.0 is not a finite number of seconds from 0 to 1e+09 (about "
         "31 years); nothing was done. Pass one such as 30.")
+
+
+@pytest.mark.parametrize("call", ["stop_service", "start_service"])
+def test_a_lifecycle_call_given_the_config_file_names_the_root_to_pass(
+        tmp_path: Path, call: str) -> None:
+    """``stop_service("intloom.toml")`` raised a bare NotADirectoryError ('[Errno 20] Not a
+    directory: .../intloom.toml/.intloom'), and start_service said the file "has no
+    intloom.toml: it is inside the project": Client.connect names the root to pass."""
+    from intloom.client import lifecycle
+
+    config = tmp_path / "intloom.toml"
+    config.write_text("workflows = []\n")
+    with pytest.raises(IntloomError) as info:
+        getattr(lifecycle, call)(config)
+    assert info.value.code == "CLI_PROJECT_INVALID", info.value
+    assert info.value.message == (
+        f"{config} is a file, not a directory: {call} takes the project's root, the directory "
+        f"that holds intloom.toml (here {tmp_path}). Nothing was sent.")
