@@ -162,6 +162,32 @@ def test_logs_follow_stops_on_ctrl_c_without_a_word(project: Project) -> None:
     assert err == "", err  # watchfiles' "KeyboardInterrupt caught, stopping watch" is gone
 
 
+def test_logs_follow_stopped_while_it_prints_the_backlog_exits_0(project: Project) -> None:
+    """Ctrl-C while ``logs --follow`` still printed the records already in the log (a long
+    log, or a reader slower than it) ended it with exit 130 and "Interrupted.", where
+    docs/cli.md says it stops with 0 as it does once it watches."""
+    logs = project.state / "logs"
+    logs.mkdir(parents=True, mode=0o700)
+    os.chmod(project.state, 0o700)
+    log = logs / "LOG-20260101T000000000Z.jsonl"
+    record = {"time": "T1", "level": "info", "event": "backlog", "detail": "x" * 100}
+    log.write_text((json.dumps(record) + "\n") * 2000)  # far more than a pipe holds
+    os.chmod(log, 0o600)
+
+    def pipe_full(proc: subprocess.Popen[str]) -> bool:
+        with open(f"/proc/{proc.pid}/wchan", encoding="ascii") as fh:
+            return "pipe_write" in fh.read()  # asleep in a write to the full pipe
+
+    with cli_child(project, "logs", "--follow") as proc:
+        # Unread, the pipe fills: the CLI is stopped mid-backlog, in its write.
+        eventually(lambda: pipe_full(proc), timeout=20, what="the backlog to fill the pipe")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, (proc.returncode, err)
+    assert err == "", err
+    assert out.count("backlog") < 2000, "the Ctrl-C came after the backlog"
+
+
 # Delivers a real SIGINT to the CLI process while it imports its commands (as a Ctrl-C
 # pressed right after Enter, or one that stops a shell loop of intloom commands, does),
 # then runs the console command as the ``intloom`` script would.

@@ -208,11 +208,14 @@ def logs(
     emit, printed = _printer(renderer, run_id)
     tail = LogTail(logs_dir, emit, all_files=all_files, on_skipped=_skipped(renderer, root),
                    newest=_hosts_log(root, logs_dir))
-    tail.pump()
     if follow:
+        # The backlog too: Ctrl-C while it still printed (a long log, a slow reader) ended
+        # with 130 and "Interrupted.", not the 0 a follow stops with (docs/cli.md).
         with contextlib.suppress(KeyboardInterrupt):
+            tail.pump()
             _follow(tail, root, logs_dir)
         return
+    tail.pump()
     tail.finish()
     if printed[0] == 0:
         if not log_files(logs_dir):
