@@ -14,7 +14,7 @@ import fnmatch
 import os
 import shlex
 import stat
-import struct
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal
@@ -110,7 +110,8 @@ def _inode_flags(path: Path) -> int | None:
     try:
         # The kernel writes an int, whatever size the ioctl's number says.
         raw = fcntl.ioctl(fd, _FS_IOC_GETFLAGS, bytes(8))
-        return int(struct.unpack_from("=i", raw)[0])
+        # int.from_bytes, not struct: this module is on every command's start-up path.
+        return int.from_bytes(raw[:4], sys.byteorder, signed=True)
     except OSError:  # a filesystem without them (ENOTTY, EINVAL)
         return None
     finally:
