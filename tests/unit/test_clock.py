@@ -33,3 +33,12 @@ def test_the_cache_never_serves_another_millisecond(monkeypatch: pytest.MonkeyPa
         monkeypatch.setattr("intloom.executor.clock.time.time_ns",
                             lambda v=base + offset_ns: v)
         assert clock.now().endswith(f".{milli}Z")
+
+
+def test_the_cached_second_never_serves_another_second(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    base = 1_796_000_000_000_000_000  # a whole second
+    for offset_ns in (999_000_000, 1_000_000_000, 999_000_000, 61_000_000_000):
+        monkeypatch.setattr("intloom.executor.clock.time.time_ns",
+                            lambda v=base + offset_ns: v)
+        assert clock.now() == _reference(base + offset_ns)
