@@ -365,8 +365,12 @@ class RunSlot:
         """What has been appended so far: publish up to here once it is durable."""
         if not self.on_thread:
             return self.state, self._events_published + len(self._events)
-        with self.lock:
+        lock = self.lock
+        lock.acquire()  # not ``with``: see publish_here
+        try:
             return self.state, self._events_published + len(self._events)
+        finally:
+            lock.release()
 
     def off_thread(self) -> None:
         """From the worker that drove the Run: it will not touch the Run again."""
@@ -441,7 +445,11 @@ class RunSlot:
         hand-off per Step (measured on a 2-vCPU VM: ~60 us of CPU per sync Step).
         """
         state = upto[0]
-        with self.lock:
+        lock = self.lock
+        # acquire/release, not ``with``: a with-statement on a lock costs ~1.5k instructions
+        # more (callgrind), and this runs once per sync Step.
+        lock.acquire()
+        try:
             if self._subscribers or self._overridden():
                 return False
             if self._stable_waiters and state.status != "running":
@@ -454,6 +462,8 @@ class RunSlot:
             events = self._advance(upto)
             if events:
                 self.history.append((tuple(events), self.shown, None))
+        finally:
+            lock.release()
         return True
 
     def _advance(self, upto: tuple[RunState, int] | None) -> list[_Event]:
