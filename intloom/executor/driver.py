@@ -295,7 +295,11 @@ class RunSlot:
         # pass, where one holding a dict would stay tracked in the history for a while. The
         # cursor is the record's own: a flush often holds one Step's result and the next
         # Step's start, and its events must not all show where the last one left the Run.
-        self._events.append(_event_of(record, state))
+        if type(record) is Waiting:
+            self._events.append(_event_of(record, state))
+        else:  # _event_of's common case, without its call (three records per Step)
+            self._events.append(
+                (state.phase, record if type(record) in _FACTS else None, state.cursor))
 
     def view(self) -> RunView:
         st = self.shown
@@ -457,8 +461,10 @@ class RunSlot:
             count = upto[1] - self._events_published  # <= 0: a later publish showed them
             pending = self._events[:count] if 0 < count < len(self._events) else (
                 self._events if count > 0 else [])
-            if self.observer is not None and any(e[0] in _MILESTONES for e in pending):
-                return False
+            if self.observer is not None:
+                for event in pending:  # a loop, not any() over a generator: once per Step
+                    if event[0] in _MILESTONES:
+                        return False
             events = self._advance(upto)
             if events:
                 self.history.append((tuple(events), self.shown, None))

@@ -813,11 +813,18 @@ class Store:
         (the executor does), a Run's last record in the batch is all that is needed.
         """
         tracks = self._tracks
-        seen: set[str] = set()
-        for run_id, _record, seq, state in reversed(batch.entries):
-            if run_id in seen:
-                continue
-            seen.add(run_id)
+        entries = batch.entries
+        if len(batch.first_seq) == 1:  # one Run (a lone Run's every flush): no set to build
+            entries = entries[-1:]
+        else:  # each Run's last record, the latest Run first
+            seen: set[str] = set()
+            last: list[tuple[str, Record, int, RunState | None]] = []
+            for entry in reversed(entries):
+                if entry[0] not in seen:
+                    seen.add(entry[0])
+                    last.append(entry)
+            entries = last
+        for run_id, _record, seq, state in entries:
             if run_id in self._held:
                 # Never snapshotted while its snapshot file is damaged: a restore after that
                 # file is moved out must still find all of its records.
