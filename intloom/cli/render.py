@@ -234,8 +234,9 @@ def _suspended(run: Mapping[str, Any], suspended: bool) -> bool:
             and _error_of(run).get("code") == "RUN_INTERRUPTED")
 
 
-def run_title(run: Mapping[str, Any], *, suspended: bool = False) -> str:
-    """``suspended``: the Run's event stream ended with ``suspended`` (see ``_suspended``)."""
+def run_title(run: Mapping[str, Any]) -> str:
+    """IntLoom's titles; a Run its host suspended keeps ``Execution failed`` (its lines say
+    it has not ended: ``run_lines``)."""
     status = run.get("status")
     if status == "waiting":
         if run.get("pendingAgentCall"):
@@ -246,8 +247,6 @@ def run_title(run: Mapping[str, Any], *, suspended: bool = False) -> str:
     if status == "failed":
         if run.get("dismissed"):
             return "Dismissed"
-        if _suspended(run, suspended):
-            return "Suspended"
         return "Stopped" if _error_of(run).get("code") == "RUN_STOPPED" else "Execution failed"
     return "Running"
 
@@ -331,7 +330,7 @@ def run_lines(run: Mapping[str, Any], *, suspended: bool = False) -> list[str]:
     ``suspended``: the Run's event stream ended with ``suspended`` (see ``_suspended``)."""
     run_id = run.get("runId", "?")
     lines = [
-        f"{run_title(run, suspended=suspended)} · {run.get('flowName', '?')}",
+        f"{run_title(run)} · {run.get('flowName', '?')}",
         f"Run     {run_id}",
         f"Cursor  {_cursor(run)}",
     ]

@@ -109,16 +109,16 @@ def test_run_titles_follow_the_status() -> None:
     failed = {**RUN, "status": "failed", "lastError": {"code": "RUN_INTERRUPTED", "message": "m"}}
     assert render.run_title(failed) == "Execution failed"
     assert "RUN_INTERRUPTED: m" in render.run_lines(failed)
-    # Its host suspended it (attach saw the stream end with ``suspended``): not a failure.
-    assert render.run_title(failed, suspended=True) == "Suspended"
+    # Its host suspended it (attach saw the stream end with ``suspended``): not an end. The
+    # title stays IntLoom's (its titles are the reference's); the lines say what happened.
     lines = render.run_lines(failed, suspended=True)
-    assert lines[0] == "Suspended · example" and "RUN_INTERRUPTED: m" in lines
+    assert lines[0] == "Execution failed · example" and "RUN_INTERRUPTED: m" in lines
     assert any("not ended" in x and "next intloom start restores the Run" in x
                and "intloom attach RUN-1" in x for x in lines), lines
     assert not any("Inspect the results before running again" in x for x in lines)
     dismissed = {**failed, "dismissed": True}
     assert render.run_title(dismissed) == "Dismissed"
-    assert render.run_title(dismissed, suspended=True) == "Dismissed"
+    assert render.run_lines(dismissed, suspended=True)[0] == "Dismissed · example"
     lines = render.run_lines(dismissed)
     assert "RUN_INTERRUPTED: m" in lines
     assert any("does not come back" in x and "intloom inspect" in x for x in lines)
