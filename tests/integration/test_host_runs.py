@@ -619,6 +619,23 @@ def _refused_during_a_stop(client: Client, project: Project,
     return messages
 
 
+def _gate_opens_at_the_next_hello(project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The next stop_service opens the gate (the held Step reaches its boundary, and the
+    host's stop completes) once its hello is answered or refused: by then it has seen the
+    host. A gate opened before it looks lets a loaded machine finish that stop first, and
+    the stop then finds the host offline (``False``) instead of waiting for it."""
+
+    class OpensTheGate(Client):
+        @classmethod
+        def connect(cls, root: Any, **kwargs: Any) -> Client:
+            try:
+                return Client.connect(root, **kwargs)
+            finally:
+                (project.root / "gate").touch()
+
+    monkeypatch.setattr(lifecycle, "Client", OpensTheGate)
+
+
 def test_a_stop_that_times_out_while_the_host_stops_says_to_run_stop_again(
     project: Project, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -642,9 +659,10 @@ def test_a_stop_that_times_out_while_the_host_stops_says_to_run_stop_again(
             assert said in message, message
             assert "Run intloom stop again to wait for it" in message, message
             assert "Run intloom doctor." not in message, message
+        _gate_opens_at_the_next_hello(project, monkeypatch)
+        assert stop_service(project.root, timeout=30) is True
     finally:
-        (project.root / "gate").touch()  # the Step reaches its boundary; the stop completes
-    assert stop_service(project.root, timeout=30) is True
+        (project.root / "gate").touch()  # already open, unless a check above failed
     # A stop returns once the host has released its files; its process exits after that.
     eventually(lambda: not pid_alive(pid), what=f"pid {pid} to exit after its stop")
 
@@ -687,8 +705,8 @@ def _stop_reconnecting_to_a_stopping_host(project: Project, monkeypatch: pytest.
     finally:
         if pause:
             os.kill(pid, signal.SIGCONT)
-        (project.root / "gate").touch()  # the Step reaches its boundary; the stop completes
     assert calls, "the stop never connected"
+    _gate_opens_at_the_next_hello(project, monkeypatch)
     assert stop_service(project.root, timeout=30) is True
     # A stop returns once the host has released its files; its process exits after that.
     eventually(lambda: not pid_alive(pid), what=f"pid {pid} to exit after its stop")
