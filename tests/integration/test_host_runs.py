@@ -810,7 +810,8 @@ def test_a_read_or_cancel_refused_during_a_stop_is_told_to_send_it_again_when_it
     assert "sending it again then cannot succeed" in messages["claim"], messages
     start(project)
     with Client.connect(project.root) as client:
-        assert client.get_run(gated.run_id).status == "waiting"  # not interrupted
+        # Resumed at the boundary after its Step: running until review's wait is reached.
+        assert client.wait_run(gated.run_id).status == "waiting"  # not interrupted
         view, _ = client.cancel(agentic.run_id)
     assert view.last_error is not None and view.last_error.code == "RUN_INTERRUPTED", view
     assert view.dismissed, view
