@@ -287,7 +287,10 @@ def test_truncated_and_early_frames(live: Live, data: st.DataObject) -> None:
     request = data.draw(typed_requests(live))
     whole = data.draw(st.sampled_from([hello(live.token), hello("x" * 43), hello(live.token, 99),
                                        frame(msgspec.msgpack.encode(request))]))
-    cut = data.draw(st.integers(0, len(whole)))
+    # A valid hello sent whole is answered HelloOk, rightly: it is cut short of its end.
+    # (Drawn whole once in a CI run: the test, not the host, was wrong.)
+    valid = whole == hello(live.token)
+    cut = data.draw(st.integers(0, len(whole) - 1 if valid else len(whole)))
     _expect_refused(live, whole[:cut])
     assert_serves(live)
 
