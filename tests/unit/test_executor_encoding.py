@@ -449,12 +449,9 @@ IN_ANY: dict[str, tuple[Callable[[Bag], None], str, str]] = {
 }
 
 
-@pytest.mark.parametrize("stored", sorted(IN_ANY))
-def test_what_json_cannot_carry_in_a_state_part_typed_any_is_refused_at_the_step(
-        tmp_path: Path, stored: str) -> None:
-    """Saved as JSON, a set there came back to the next Step as a list (in no set order),
-    bytes as base64 text, NaN as None, an int key as a str: the State changed silently."""
-    store, fact, fix = IN_ANY[stored]
+def _bag_run(tmp_path: Path, store: Callable[[Bag], None]) -> tuple[Any, list[Bag]]:
+    """A Run whose Step a sets a typed set and plain JSON in its State, then ``store``s into
+    it; Step b keeps the State it is given. The Run's last view, and what b saw."""
     wf = intloom.Workflow("bags", version="1")
     st = wf.stage("s", state=Bag)
     seen: list[Bag] = []
@@ -472,7 +469,16 @@ def test_what_json_cannot_carry_in_a_state_part_typed_any_is_refused_at_the_step
         return "ok"
 
     wf.validate()
-    view = _settled(tmp_path / "runtime", wf)
+    return _settled(tmp_path / "runtime", wf), seen
+
+
+@pytest.mark.parametrize("stored", sorted(IN_ANY))
+def test_what_json_cannot_carry_in_a_state_part_typed_any_is_refused_at_the_step(
+        tmp_path: Path, stored: str) -> None:
+    """Saved as JSON, a set there came back to the next Step as a list (in no set order),
+    bytes as base64 text, NaN as None, an int key as a str: the State changed silently."""
+    store, fact, fix = IN_ANY[stored]
+    view, seen = _bag_run(tmp_path, store)
     assert view.status == "failed" and view.last_error is not None, view
     assert view.last_error.code == "STAGE_STATE_INVALID", view.last_error
     message = view.last_error.message
@@ -484,23 +490,8 @@ def test_what_json_cannot_carry_in_a_state_part_typed_any_is_refused_at_the_step
 
 def test_a_typed_set_and_plain_data_in_a_part_typed_any_reach_the_next_step(
         tmp_path: Path) -> None:
-    wf = intloom.Workflow("bags", version="1")
-    st = wf.stage("s", state=Bag)
-    seen: list[Bag] = []
-
-    @st.step("a", routes={"ok": "b"})
-    def a(ctx: Any) -> str:
-        ctx.state.tags.add("typed")
-        ctx.state.extra["plain"] = ["json", 1, {"k": None}]
-        return "ok"
-
-    @st.step("b", routes={"ok": intloom.COMPLETE})
-    def b(ctx: Any) -> str:
-        seen.append(ctx.state)
-        return "ok"
-
-    wf.validate()
-    assert _settled(tmp_path / "runtime", wf).status == "completed"
+    view, seen = _bag_run(tmp_path, lambda bag: bag.extra["plain"].append({"k": None}))
+    assert view.status == "completed", view
     assert seen == [Bag(tags={"typed"}, extra={"plain": ["json", 1, {"k": None}]})]
 
 
