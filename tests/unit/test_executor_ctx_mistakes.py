@@ -692,7 +692,7 @@ def test_ctx_state_assigned_through_a_ctx_kept_from_an_earlier_step_is_refused(
     In a Stage without State, None (what its running Steps may assign) still passes; a value
     is refused saying the Stage has no State, not that a State was saved."""
     wf = intloom.Workflow("keeps", version="1")
-    st: Any = wf.stage("s", state=_Count) if stateful else wf.stage("s")
+    st: intloom.Stage[Any] = wf.stage("s", state=_Count) if stateful else wf.stage("s")
     kept: list[Any] = []
 
     @st.step("a", routes={"ok": "b"})
