@@ -223,6 +223,26 @@ def snapshot_files(root: Path) -> dict[str, bytes]:
 
 
 @contextlib.contextmanager
+def foreground_host(project: Project, *options: str) -> Iterator[subprocess.Popen[str]]:
+    """``intloom [options] start --foreground`` run in the project root, handed over once it
+    serves (its ``service.json`` written); killed and reaped on the way out if it still runs.
+    Its output is piped (text): ``proc.communicate`` reads it."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "intloom", *options, "start", "--foreground"],
+        cwd=project.root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(REPO)})
+    project.pids.add(proc.pid)
+    try:
+        eventually(lambda: (project.state / "service.json").exists() or None, timeout=20,
+                   what="the foreground host to serve")
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+@contextlib.contextmanager
 def junk_listener(port: int, reply: bytes) -> Iterator[None]:
     """Another program on ``port`` of 127.0.0.1: it answers every connection with ``reply``
     (bytes that are no intloom frame), then closes it."""

@@ -416,26 +416,14 @@ def test_a_foreground_host_that_cannot_remove_its_service_json_says_why(
     """start --foreground then Ctrl-C: it failed CLI_INTERNAL_ERROR (exit 70, "see the log"),
     and the log did not say."""
     import signal
-    import sys
 
-    from tests.helpers import REPO, eventually
+    from tests.helpers import foreground_host
 
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "intloom", "start", "--foreground"], cwd=project.root,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(REPO)})
-    project.pids.add(proc.pid)
-    try:
-        eventually(lambda: (project.state / "service.json").exists() or None, timeout=20,
-                   what="the foreground host to serve")
+    with foreground_host(project) as proc:
         assert project.cli("--json", "status").json["service"]["pid"] == proc.pid
         immutable(project.state / "service.json")
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=10)
     assert proc.returncode == 1, (out, err)
     assert "CLI_INTERNAL_ERROR" not in err, err
     assert ("Failure · STORAGE_ERROR: The host stopped, but service.json cannot be removed: "

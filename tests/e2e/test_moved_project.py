@@ -8,13 +8,10 @@ project never serves beside it."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-from tests.helpers import REPO, Project, eventually, ok, pid_alive, started_waiting
+from tests.helpers import Project, eventually, foreground_host, ok, pid_alive, started_waiting
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -81,20 +78,9 @@ def test_a_foreground_host_whose_state_directory_is_moved_says_so_as_an_error(
     """The same move under ``start --foreground --json``: the command ended with exit 1 and
     a bare ``intloom host: ...`` line on stderr (no code, no fix: that was only in the log,
     now in the moved directory), and no error document after its start result."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "intloom", "--json", "start", "--foreground"],
-        cwd=project.root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(REPO)})
-    project.pids.add(proc.pid)
-    try:
-        eventually(lambda: (project.state / "service.json").exists() or None, timeout=20,
-                   what="the foreground host to serve")
+    with foreground_host(project, "--json") as proc:
         project.state.rename(project.root / ".intloom.moved")
         out, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=10)
     assert proc.returncode == 1, (out, err)
     started, failed = (json.loads(line) for line in out.splitlines())
     assert started["service"]["pid"] == proc.pid, out

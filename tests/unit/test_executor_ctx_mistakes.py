@@ -604,6 +604,33 @@ STALE: dict[str, tuple[Callable[[Any, list[str]], Any], str]] = {
 }
 
 
+def _a_keeps_b_uses(st: intloom.Stage[Any], use: Callable[[Any], Any],
+                    awaited: bool = False) -> None:
+    """Step a keeps its ctx (in a list, as a global would); Step b calls ``use`` with it,
+    awaiting what it returns when ``awaited`` (both Steps are async then)."""
+    kept: list[Any] = []
+    if awaited:
+        @st.step("a", routes={"ok": "b"})
+        async def a_async(ctx: Any) -> str:
+            kept.append(ctx)
+            return "ok"
+
+        @st.step("b", routes={"ok": intloom.COMPLETE})
+        async def b_async(ctx: Any) -> str:
+            await use(kept[0])
+            return "ok"
+    else:
+        @st.step("a", routes={"ok": "b"})
+        def a(ctx: Any) -> str:
+            kept.append(ctx)
+            return "ok"
+
+        @st.step("b", routes={"ok": intloom.COMPLETE})
+        def b(ctx: Any) -> str:
+            use(kept[0])
+            return "ok"
+
+
 @pytest.mark.parametrize("call", sorted(STALE))
 def test_a_ctx_kept_from_an_earlier_step_is_refused_and_nothing_is_journaled(
         tmp_path: Path, no_unawaited_warning: None, call: str) -> None:
@@ -612,30 +639,8 @@ def test_a_ctx_kept_from_an_earlier_step_is_refused_and_nothing_is_journaled(
     restart table reasoned from that (a wait even saved a's State as b's)."""
     make, named = STALE[call]
     wf = intloom.Workflow("keeps", version="1")
-    st = wf.stage("s")
-    kept: list[Any] = []
     ran: list[str] = []
-
-    if call == "effect":
-        @st.step("a", routes={"ok": "b"})
-        def a(ctx: Any) -> str:
-            kept.append(ctx)
-            return "ok"
-
-        @st.step("b", routes={"ok": intloom.COMPLETE})
-        def b(ctx: Any) -> str:
-            make(kept[0], ran)
-            return "ok"
-    else:
-        @st.step("a", routes={"ok": "b"})
-        async def a_async(ctx: Any) -> str:
-            kept.append(ctx)
-            return "ok"
-
-        @st.step("b", routes={"ok": intloom.COMPLETE})
-        async def b_async(ctx: Any) -> str:
-            await make(kept[0], ran)
-            return "ok"
+    _a_keeps_b_uses(wf.stage("s"), lambda kept: make(kept, ran), awaited=call != "effect")
 
     root = tmp_path / "runtime"
     view = _settle(root, wf)
@@ -693,21 +698,15 @@ def test_ctx_state_assigned_through_a_ctx_kept_from_an_earlier_step_is_refused(
     is refused saying the Stage has no State, not that a State was saved."""
     wf = intloom.Workflow("keeps", version="1")
     st: intloom.Stage[Any] = wf.stage("s", state=_Count) if stateful else wf.stage("s")
-    kept: list[Any] = []
 
-    @st.step("a", routes={"ok": "b"})
-    def a(ctx: Any) -> str:
-        kept.append(ctx)
-        return "ok"
-
-    @st.step("b", routes={"ok": intloom.COMPLETE})
-    def b(ctx: Any) -> str:
+    def assign(kept: Any) -> None:
         if stateful:
-            kept[0].state = _Count(n=2)
+            kept.state = _Count(n=2)
         else:
-            kept[0].state = None
-            kept[0].state = {"n": 2}
-        return "ok"
+            kept.state = None
+            kept.state = {"n": 2}
+
+    _a_keeps_b_uses(st, assign)
 
     view = _settle(tmp_path / "runtime", wf)
     assert view.status == "failed" and view.last_error is not None, view
