@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import pathlib
+import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -343,8 +344,11 @@ def _project(root: Path, sources: dict[str, str]) -> Config:
 
 
 def test_whatever_a_source_raises_it_alone_fails_named_and_the_others_load(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # argparse reads sys.argv: the command line doctor imports under, not pytest's (which
+    # is empty under a bare `scripts/test`, and argparse would then have nothing to refuse).
+    monkeypatch.setattr(sys, "argv", ["intloom", "doctor"])
     result = load_workflows(tmp_path, _project(tmp_path, SOURCES))
     capsys.readouterr()  # argparse's usage line
     assert list(result.workflows) == ["good"]

@@ -5,12 +5,15 @@ from __future__ import annotations
 import os
 import select
 import signal
+import subprocess
+import sys
 import threading
 from typing import Any
 
 import pytest
 
 from intloom.cli.commands.attach import _start_without_sigint, _wait
+from tests.helpers import REPO
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -45,7 +48,21 @@ def test_a_ctrl_c_sent_to_the_process_waits_for_the_slice_whatever_thread_could_
     thread, the kernel ran the handler on attach's event thread, which flagged the main
     thread anyway, and the KeyboardInterrupt landed in the window the mask was there to
     close. attach's own threads are started with SIGINT held off, so it waits for the
-    slice's end, on the main thread."""
+    slice's end, on the main thread.
+
+    Run in a fresh interpreter: the kernel may hand the signal to any thread that does not
+    hold it off, and a test runner's own threads (pytest-xdist's, a plugin's) would take it
+    there as attach's would have."""
+    child = subprocess.run(
+        [sys.executable, "-c", "from tests.unit.test_cli_attach_wait import "
+         "_interrupted_in_the_window as f; f()"],
+        cwd=REPO, capture_output=True, text=True, timeout=20,
+    )
+    assert child.returncode == 0, child.stderr
+
+
+def _interrupted_in_the_window() -> None:
+    assert threading.active_count() == 1, threading.enumerate()
     idle = threading.Event()
     other = threading.Thread(target=idle.wait, daemon=True)
     _start_without_sigint(other)
