@@ -872,6 +872,9 @@ class Runtime:
 
     async def cancel(self, run_id: str) -> tuple[RunView, bool]:
         """Cancel: failed/RUN_STOPPED. Returns (view, already_ended)."""
+        # A stop suspends the Runs as they are: a cancel in its grace would end one the
+        # stop's report names as cut, and the host refuses it anyway (Server._dispatch).
+        self._admit()
         held = self.held.get(run_id) if run_id not in self.runs else None
         if held is not None:
             return await self._cancel_held(held)
@@ -1280,6 +1283,9 @@ class Runtime:
     async def fail_agent_call(
         self, run_id: str, call_id: str, owner_token: str, message: str
     ) -> RunView:
+        # As complete_agent_call: an Agent giving up its task while the host stops is told
+        # the host is stopping, not CONFLICT because the stop suspended the task meanwhile.
+        self._admit()
         slot = self._slot(run_id)
         _nonempty(message, "message", "why the Agent gives the task up")
         end = _AgentEnd(call_id, owner_token, "fail", clip(repr(message), _QUOTED),

@@ -591,6 +591,31 @@ def test_a_failed_agent_task_retried_gets_the_same_view() -> None:
     run(main)
 
 
+def test_every_request_that_would_change_a_run_during_a_stop_is_told_the_host_is_closing(
+) -> None:
+    """fail_agent_call during a stop got CONFLICT (the stop had suspended the task) where
+    complete_agent_call got CLI_SERVICE_CLOSING; a cancel even ended a Run the stop was
+    suspending. Each is refused alike, and nothing is recorded."""
+    async def main() -> None:
+        journal = MemoryJournal()
+        rt = Runtime(loaded(_one_agent_step()), journal, package_version="0.1.0")
+        rt.restore([])
+        run_id, call_id, token = await _claimed(rt, "x", "c1")
+        before = list(journal.records)
+        await rt.suspend(grace=1)
+        for attempt in (rt.complete_agent_call(run_id, call_id, token, "done", None),
+                        rt.fail_agent_call(run_id, call_id, token, "no sources"),
+                        rt.claim_agent_call(run_id, call_id, "c1"),
+                        rt.cancel(run_id)):
+            with pytest.raises(IntloomError) as info:
+                await attempt
+            assert (info.value.code, info.value.message) == (
+                "CLI_SERVICE_CLOSING", "The host is stopping; no new work."), info.value
+        assert journal.records == before
+
+    run(main)
+
+
 def test_questions_are_validated() -> None:
     wf = intloom.Workflow("q", version="1")
     st = wf.stage("s")
