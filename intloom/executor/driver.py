@@ -277,6 +277,10 @@ class RunSlot:
         # that is not woken by every record of a busy Run (3 per Step).
         self._stable_waiters: list[asyncio.Future[None]] = []
         self.hooks: _Hooks | None = None  # the Driver's side of its Steps' contexts
+        # The context of the Step a worker thread is running (or ran last) for this Run:
+        # a cancel or a stop's cut finishes it from the loop at once, as the loop path's
+        # finally does, not when the Step returns (Driver._on_thread).
+        self.thread_ctx: StepContext[Any] | None = None
         # (bytes, value): the last State _encode_state checked, decoded; the next context
         # built on those very bytes takes the value instead of decoding them again (once:
         # that Step may change it). Dropped when _drive returns: nothing follows at once.
@@ -1674,6 +1678,7 @@ class Driver:
             except BaseException as exc:  # delivered to the awaiting driver
                 ok, result = False, _contained(exc)
             finally:
+                slot.thread_ctx = None  # not kept alive with the slot
                 slot.off_thread()
                 journal.unshare()
             inbox.put(future, ok, result, _let_go)
@@ -1695,6 +1700,11 @@ class Driver:
             # task had not resumed): nobody else will release it. Cancelled before, the
             # future was cancelled with the task and the Inbox releases what comes.
             _let_go_of(future)
+            # A cancel or a stop's cut: the Step the thread may still be running is no
+            # longer waited for, so its ctx refuses from now on, as on the loop path.
+            ctx = slot.thread_ctx
+            if ctx is not None:
+                finish(ctx)
             raise
         except (CheckpointFailed, OSError) as exc:
             self.rt.settle(slot, exc)  # raises: the thread only reports its own Run's failure
@@ -1723,12 +1733,14 @@ class Driver:
             rt.append_boundary(
                 slot, Executing(at=clock.now(), stage=step.stage.name, step=step.name))
             rt.sync_here(slot)
+            # Shown to the loop before ownership is checked: a cancel after the check
+            # finds this ctx to finish (_on_thread); one before it, the Step never called.
+            ctx = slot.thread_ctx = self._ctx(slot, step.name, step.stage)
             if not slot.owned:
                 # Cancelled while its executing was being written: on the loop, that cancel
                 # would have ended the task in its await, before the Step was called.
                 return _BACK, None
             slot.steps_on_thread += 1
-            ctx = self._ctx(slot, step.name, step.stage)
             try:
                 outcome = fn(ctx)
             except (IntloomError, asyncio.CancelledError):

@@ -330,6 +330,61 @@ def test_sync_steps_do_not_block_the_loop(sync_path: SyncPath) -> None:
     sync_path.check()
 
 
+@pytest.mark.parametrize("how", ["cancel", "stop"])
+def test_a_cancel_or_a_stops_cut_ends_a_running_sync_steps_ctx_at_once_on_either_path(
+        sync_path: SyncPath, how: str) -> None:
+    """Driven on a worker thread, a sync Step cancelled (or cut by a stop past its grace)
+    kept a live ctx until it returned: a State assigned through it was taken without a
+    word, an effect refused with another code than on the loop path. Now it refuses from
+    that moment on, alike on both paths; nothing follows the Run's last record."""
+    parked, release, tried = threading.Event(), threading.Event(), threading.Event()
+    seen: list[tuple[str, str] | None] = []
+    wf = intloom.Workflow("parked", version="1")
+    st = wf.stage("s", state=Count)
+
+    @st.step("a", routes={"ok": intloom.COMPLETE})
+    def a(ctx: Any) -> str:
+        parked.set()
+        assert release.wait(10)
+        for late in (lambda: ctx.effect("late", lambda: None),
+                     lambda: setattr(ctx, "state", Count(n=1))):
+            try:
+                late()
+                seen.append(None)
+            except IntloomError as exc:
+                seen.append((exc.code, exc.message.split(", while ")[0]))
+        tried.set()
+        return "ok"
+
+    journal = MemoryJournal()
+
+    async def main() -> str:
+        rt = Runtime(loaded(wf), journal, package_version="0.1.0")
+        rt.restore([])
+        run_id = (await rt.create_run("parked", "go")).run_id
+        await asyncio.to_thread(parked.wait, 10)
+        task = rt.runs[run_id].task
+        assert task is not None
+        if how == "cancel":
+            assert (await rt.cancel(run_id))[0].status == "failed"
+        else:
+            await rt.suspend(grace=0.05)
+        await asyncio.wait_for(asyncio.shield(task), 10)  # the driver is done with the Run
+        release.set()
+        assert await asyncio.to_thread(tried.wait, 10), "the Step never tried its ctx"
+        return run_id
+
+    run_id = run(main)
+    sync_path.check()
+    over = ("the ctx given to Stage 's', Step 'a', which was over (it had returned or raised, "
+            "or the Run had stopped waiting for it: a cancel, or a stop's grace that ran out)")
+    assert seen == [("STEP_INTERACTION_INVALID", f"ctx.effect('late', ...) was called through "
+                     f"{over}"),
+                    ("STEP_INTERACTION_INVALID", f"ctx.state was assigned through {over}")], seen
+    last = Terminal if how == "cancel" else Executing
+    assert type(journal.of(run_id)[-1]) is last
+
+
 def _agent_wf(lookup: Callable[[Any], Any]) -> intloom.Workflow:
     """An Agent Step with one Tool, ``lookup``; its task's request is the Run's intent."""
     wf = intloom.Workflow("agent", version="1")
