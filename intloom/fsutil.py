@@ -38,8 +38,10 @@ __all__ = [
     "replace_files",
     "search_refused",
     "shell_arg",
+    "unlink_fix",
     "unlink_refusal",
     "write_all",
+    "write_refusal",
 ]
 
 # Test hook: ``NAME=ERRNO[,NAME=ERRNO...]`` makes every replacement of a private file whose
@@ -173,11 +175,95 @@ def unlink_refusal(path: Path) -> UnlinkRefusal | None:
     return None
 
 
+def unlink_fix(refused: UnlinkRefusal, path: Path) -> str:
+    """What lifts ``refused`` (``unlink_refusal(path)``), without a full stop: one fix for
+    every message that names that bar (recover, a failed write of the host, doctor)."""
+    where = shell_arg(refused.where)
+    if refused.bar == "read_only_fs":
+        return "Remount that filesystem read-write"
+    if refused.bar in ("immutable", "append_only"):
+        flag = "-i" if refused.bar == "immutable" else "-a"
+        shown = f"lsattr {where}" if refused.where == path else f"lsattr -d {where}"
+        return f"Clear the flag ({shown} shows it) with chattr {flag} {where}"
+    if refused.bar == "not_writable":
+        return _not_writable(refused.where)[1]
+    return f"Remove {shell_arg(path)} as its owner or as the owner of {refused.where}"
+
+
+def _not_writable(directory: Path) -> tuple[str, str]:
+    """Why this user may not write ``directory`` (its mode, its owner), and the fix."""
+    try:
+        st = os.stat(directory)
+    except OSError:
+        return (f"{directory} is not writable by you",
+                f"Make {directory} writable (check its permissions and owner)")
+    mode, uid, word = stat.S_IMODE(st.st_mode), os.geteuid(), shell_arg(directory)
+    if st.st_uid != uid:
+        return (f"{directory} is owned by uid {st.st_uid}, not by you (uid {uid}), and its "
+                f"mode {mode:04o} does not let you write it",
+                f"Have its owner (uid {st.st_uid}) let you write it, or run as a user who may")
+    if mode & 0o300 == 0o300:
+        return (f"{directory} is not writable by you, though its mode ({mode:04o}) lets its "
+                "owner (you) write it: an ACL or a security module (SELinux, AppArmor) refuses",
+                f"Check getfacl {word} and the security module's log")
+    # Write and search for its owner: 700 keeps a directory as private as intloom's.
+    return (f"{directory} is not writable by you (mode {mode:04o})",
+            f"Run chmod {'700' if not mode & 0o077 else 'u+wx'} {word}")
+
+
+def write_refusal(path: Path) -> tuple[str, str] | None:
+    """Why ``path`` cannot be created, replaced or removed (what the host's writes, its
+    atomic renames and its stop need of it), read from the file system rather than guessed
+    from an errno: (the fact, naming the path it is about; the fix, without a full stop),
+    or None when nothing found explains it. ``path`` need not exist: a missing directory on
+    the way is judged by the one that would hold it. Checks, in order: a directory on the
+    way that refuses a search (``search_refused``), then ``unlink_refusal`` -- a read-only
+    file system, the immutable or append-only flag of the file or of its directory, a
+    directory this user may not write (its mode, and who owns it), a sticky one."""
+    target = path
+    while True:
+        try:
+            os.lstat(target.parent)
+            break
+        except FileNotFoundError:
+            if target.parent == target.parent.parent:
+                return None
+            target = target.parent
+        except PermissionError:
+            return _search_refusal(target.parent)
+        except OSError:
+            return None
+    refused = unlink_refusal(target)
+    if refused is None:
+        return None
+    where = refused.where
+    if refused.bar == "read_only_fs":
+        fact = f"the file system holding {where} is read-only"
+    elif refused.bar == "immutable":
+        fact = f"{where} is immutable (chattr +i)"
+    elif refused.bar == "append_only":
+        fact = (f"{where} is append-only (chattr +a): "
+                + ("it cannot be replaced or removed" if where == target else
+                   "nothing in it can be replaced or removed"))
+    elif refused.bar == "not_writable":
+        fact = _not_writable(where)[0]
+    else:
+        fact = (f"{where} is sticky (chmod +t) and you own neither it nor {target.name}, "
+                "which only their owners may remove")
+    return fact, unlink_fix(refused, target)
+
+
 def search_refused(path: Path) -> str | None:
     """For a ``path`` whose look-up failed with EACCES: the directory on the way to it that
     refuses this user a search (no ``x`` bit for it), with its mode, owner and the fix; None
     when no directory on the way is found refusing (the refusal came from elsewhere: an LSM,
     a file system's own rules). Found by looking up each step, as the kernel does."""
+    found = _search_refusal(path)
+    return None if found is None else f"{found[0]}. {found[1]}"
+
+
+def _search_refusal(path: Path) -> tuple[str, str] | None:
+    """``search_refused``'s fact and fix, apart."""
     here = Path(path.anchor or "/")
     for part in path.parts[1:]:
         step = here / part
@@ -191,9 +277,9 @@ def search_refused(path: Path) -> str | None:
             mode, who = stat.S_IMODE(st.st_mode), os.geteuid()
             bit = "o+x" if who != st.st_uid else "u+x"
             return (f"{here} (mode {mode:04o}, owner uid {st.st_uid}) does not let this user "
-                    f"(uid {who}) search it, so nothing under it can be looked at. Have its "
-                    f"owner grant search (chmod {bit} {shell_arg(here)}, or g+x for a group "
-                    "you are in), or run as a user who may")
+                    f"(uid {who}) search it, so nothing under it can be looked at",
+                    f"Have its owner grant search (chmod {bit} {shell_arg(here)}, or g+x for "
+                    "a group you are in), or run as a user who may")
         except OSError:
             return None
         here = step

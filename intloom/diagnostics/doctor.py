@@ -39,6 +39,7 @@ from intloom.fsutil import (
     file_problem,
     privacy_fix,
     shell_arg,
+    write_refusal,
 )
 from intloom.host.liveness import Evidence, holds_open, paused, unheld_lock
 from intloom.host.metadata import (
@@ -119,19 +120,21 @@ def refused_state_dir(paths: ProjectPaths) -> PrivacyError | None:
 
 
 def unwritable_state_dir(paths: ProjectPaths) -> tuple[str, str] | None:
-    """The first state directory that is there but that we may not write, as (the fact, the
-    fix without a full stop), or None. Private is not enough: a start writes its lock, log
-    and checkpoints into these, and a directory it cannot write (0500, the immutable flag,
-    a read-only mount) fails it. doctor's runtime_dir check and status's hint say the same."""
+    """The first state directory that is there but in which we may not create, replace or
+    remove files, as (the fact, the fix without a full stop), or None. Private is not
+    enough: a start writes its lock, log and checkpoints into these, and a directory it
+    cannot write (0500, the immutable or append-only flag, a read-only mount) fails it.
+    The fact and fix are read from the file system (``fsutil.write_refusal``), as a failed
+    start and recover give them; doctor's runtime_dir check and status's hint say the same."""
     for path in (paths.state, paths.runtime, paths.logs, *_store_dirs(paths)):
-        if os.path.isdir(path) and not os.access(path, os.W_OK | os.X_OK):
-            mode = stat.S_IMODE(os.lstat(path).st_mode)
-            word = shell_arg(path)
-            fix = (f"Run chmod 700 {word}" if mode & 0o700 != 0o700 else
-                   f"Its mode allows writing: clear the immutable flag (lsattr -d {word}; "
-                   f"chattr -i {word}) or remount its file system read-write")
-            return (f"{path} is not writable by you (mode {mode:04o}): intloom start cannot "
-                    "write its lock, its log or the Runs' checkpoints there.", fix)
+        if not os.path.isdir(path):
+            continue
+        # A name that is not there: the directory itself is judged, not a file in it.
+        refused = write_refusal(path / ".intloom-doctor")
+        if refused is not None:
+            fact, fix = refused
+            return (f"{fact}; intloom needs to create, replace and remove files there (its "
+                    "lock, its log, the Runs' checkpoints).", fix)
     return None
 
 
@@ -153,7 +156,8 @@ def _runtime_dir_check(paths: ProjectPaths) -> Check:
     unwritable = unwritable_state_dir(paths)
     if unwritable is not None:
         fact, fix = unwritable
-        return Check("runtime_dir", "attention", fact, f"{fix}, then run intloom doctor again.")
+        return Check("runtime_dir", "attention", fact[:1].upper() + fact[1:],
+                     f"{fix}, then run intloom doctor again.")
     if absent:
         return Check("runtime_dir", "ok", f"No {' or '.join(absent)} yet: intloom start "
                      "creates what it needs (mode 0700).", None)

@@ -32,7 +32,7 @@ from intloom.diagnostics.owners import NO_CONNECTION_FIX, Inspection, inspect, j
 from intloom.diagnostics.portguard import PortGuard, port_in_use
 from intloom.diagnostics.temps import TempFile, metadata_temps
 from intloom.errors import ErrorView, IntloomError
-from intloom.fsutil import fsync_dir, shell_arg, unlink_refusal
+from intloom.fsutil import fsync_dir, shell_arg, unlink_fix, unlink_refusal
 from intloom.host.liveness import Evidence, LockProbe
 from intloom.host.observe import Snapshot, observe
 from intloom.protocol.framing import encode_frame
@@ -190,17 +190,7 @@ def _unremovable(path: Path, exc: OSError) -> tuple[str, str]:
             return "", "Its file system is read-only: remount it read-write"
         return "", (f"Check {path.parent}: its permissions and owner, and the flags of it and "
                     f"of the file (lsattr -d {shell_arg(path.parent)}; lsattr {shell_arg(path)})")
-    where = shell_arg(refused.where)
-    if refused.bar == "read_only_fs":
-        fix = "Remount that filesystem read-write"
-    elif refused.bar in ("immutable", "append_only"):
-        flag = "-i" if refused.bar == "immutable" else "-a"
-        shown = f"lsattr {where}" if refused.where == path else f"lsattr -d {where}"
-        fix = f"Clear the flag ({shown} shows it) with chattr {flag} {where}"
-    elif refused.bar == "not_writable":
-        fix = f"Make {path.parent} writable (check its permissions and owner)"
-    else:
-        fix = f"Remove {shell_arg(path)} as its owner or as the owner of {path.parent}"
+    fix = unlink_fix(refused, path)
     return f": {refused.fact}", fix
 
 

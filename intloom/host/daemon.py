@@ -37,7 +37,7 @@ from intloom.host.allocator import keep_large_buffers_mapped
 from intloom.host.boot import Booted, boot, check_error
 from intloom.host.handlers import Handlers
 from intloom.host.logfile import HostLog, utc_now
-from intloom.host.metadata import METADATA_VERSION, ServiceInfo, current_identity
+from intloom.host.metadata import METADATA_VERSION, ServiceInfo, current_identity, storage_fix
 from intloom.host.ownership import Ownership, new_token
 from intloom.host.readiness import ReadyChannel
 from intloom.host.server import Limits, Server, bind_port
@@ -86,14 +86,16 @@ class _Abort(Exception):
         self.error = error
 
 
-def _log_write_failed(path: Path, cause: str) -> IntloomError:
+def _log_write_failed(path: Path, cause: str, errno: int | None) -> IntloomError:
     """The start fails when its log cannot be written (docs/lifecycle.md, "When a write
-    fails"): ``path`` is the log file, or the logs directory when no file could be created."""
+    fails"): ``path`` is the log file, or the logs directory when no file could be created.
+    The advice is storage_fix's, from the errno and what the file system says refuses."""
+    # A log file not yet created is judged by the directory that would hold it.
+    written = path / "LOG.jsonl" if path.is_dir() else path
     return IntloomError(
         "LOG_WRITE_FAILED",
-        f"The host log {path} could not be written ({cause}); the host did not start. Free "
-        f"disk space or make {path if path.is_dir() else path.parent} writable (check its "
-        "permissions and `lsattr -d` for the immutable flag), then start again.",
+        f"The host log {path} could not be written ({cause}); the host did not start. "
+        f"{storage_fix(OSError(errno, cause), written)}",
     )
 
 
@@ -320,7 +322,8 @@ class Host:
                 projectRoot=str(self.paths.root),
             )
         except OSError as exc:
-            raise _log_write_failed(self.paths.logs, exc.strerror or str(exc)) from None
+            raise _log_write_failed(self.paths.logs, exc.strerror or str(exc),
+                                    exc.errno) from None
         self.log.on_failure = self._log_failed
         log = self.log  # its first line is written: HostLog.open raises otherwise
         self.ready.progress("log_opened")
@@ -398,7 +401,8 @@ class Host:
                 "updated).",
             ) from None
         if log.failed:
-            raise _log_write_failed(log.path, log.failure or "unknown error")
+            raise _log_write_failed(log.path, log.failure or "unknown error",
+                                    log.failure_errno)
         self.ownership.publish_service(ServiceInfo(
             version=METADATA_VERSION,
             project_root=str(self.paths.root),

@@ -63,6 +63,7 @@ class HostLog:
         self.failed = False
         self._cut = False  # the last line was cut short (a full disk)
         self.failure: str | None = None  # why the first lost write failed
+        self.failure_errno: int | None = None  # its errno, for the advice (storage_fix)
         self.on_failure: Callable[[str], None] | None = None
         self._fail_at = os.environ.get(FAIL_HOOK) or None
         self._failing = False
@@ -102,8 +103,8 @@ class HostLog:
                 # A full disk creates the empty file and refuses its first line.
                 log._fd = None
                 _discard(fd, path)
-                raise OSError(f"{path.name}: its first line cannot be written "
-                              f"({log.failure})")
+                raise OSError(log.failure_errno or 0, f"{path.name}: its first line cannot "
+                              f"be written ({log.failure})")
             return log
         raise FileExistsError(f"no free log file name under {logs_dir}")
 
@@ -144,6 +145,7 @@ class HostLog:
         self.failed = True
         if first:
             self.failure = exc.strerror or str(exc)
+            self.failure_errno = exc.errno
             if self.on_failure is not None:
                 self.on_failure(self.failure)
 

@@ -27,6 +27,7 @@ from intloom.fsutil import (
     read_private,
     shell_arg,
     write_all,
+    write_refusal,
 )
 
 __all__ = [
@@ -224,14 +225,24 @@ def read_connection(path: Path, root: Path) -> Connection | None:
 _KEPT = "it holds its previous content or the complete new one, never part of a write"
 
 
-def storage_fix(exc: OSError, directory: Path) -> str:
-    """What to do about a failed write, by its errno: a full disk and a directory the user
-    may not write into are fixed differently."""
+def storage_fix(exc: OSError, path: Path) -> str:
+    """What to do about ``path`` (a file or directory being created or replaced) that could
+    not be written: a full disk by its errno; a refusal by what refuses, read from the file
+    system (``fsutil.write_refusal``: the same fact and fix recover and doctor give)."""
+    directory = path.parent
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return f"Free disk space (or quota) for {directory}, then start again."
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return (f"Make {directory} writable (check its permissions, `lsattr -d` for the "
-                "immutable flag, and whether the filesystem is read-only), then start again.")
+        refused = write_refusal(path)
+        if refused is not None:
+            return f"{refused[0][:1].upper()}{refused[0][1:]}. {refused[1]}, then start again."
+        if exc.errno == errno.EROFS:
+            return "Its file system is read-only: remount it read-write, then start again."
+        # Nothing on the file system says why (an LSM, an ACL, a network file system's own
+        # rules): what was looked at is said, so nobody checks it twice.
+        return (f"Its permissions, owner, flags and file system allow the write, so "
+                f"something else refuses it (an ACL: getfacl {shell_arg(directory)}; a security "
+                "module such as SELinux or AppArmor: its log). Fix that, then start again.")
     return f"Check the disk and {directory}, then start again."
 
 
@@ -239,7 +250,7 @@ def _write_failed(path: Path, exc: OSError, left: str = _KEPT) -> IntloomError:
     return IntloomError(
         "STORAGE_ERROR",
         f"{path} could not be written ({exc.strerror or exc}); {left}. "
-        f"{storage_fix(exc, path.parent)}",
+        f"{storage_fix(exc, path)}",
     )
 
 

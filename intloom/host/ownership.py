@@ -105,7 +105,7 @@ class Ownership:
             raise IntloomError(
                 "STORAGE_ERROR",
                 f"{self.paths.state} could not be created ({exc.strerror or exc}); nothing was "
-                f"written. {storage_fix(exc, self.paths.root)}",
+                f"written. {storage_fix(exc, self.paths.state)}",
             ) from None
         record = ServiceLock(
             version=METADATA_VERSION,

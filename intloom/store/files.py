@@ -26,6 +26,7 @@ from intloom.fsutil import (
     read_private,
     replace_files,
     write_all,
+    write_refusal,
 )
 
 __all__ = [
@@ -100,8 +101,15 @@ def ensure_dir(path: Path) -> None:
     except PrivacyError as exc:
         raise _from_privacy(exc) from None
     except OSError as exc:
-        raise storage_error(path, f"cannot be created ({exc.strerror})",
-                            "check that the project directory is writable") from None
+        fact, fix = f"cannot be created ({exc.strerror})", "check the disk and its directory"
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            fix = "free disk space (or quota) for it"
+        elif exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            # What refuses, read from the file system: what a failed start and doctor say.
+            refused = write_refusal(path)
+            if refused is not None:
+                fact, fix = f"{fact}: {refused[0]}", refused[1][:1].lower() + refused[1][1:]
+        raise storage_error(path, fact, fix) from None
 
 
 def lock_dir(path: Path) -> int:

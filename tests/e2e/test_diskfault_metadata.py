@@ -302,7 +302,10 @@ def test_a_state_directory_that_refuses_the_lock_fails_the_start_with_storage_er
     # The thing, the fact and the fix.
     assert "service.lock" in error["message"]
     assert "Operation not permitted" in error["message"]
-    assert "writable" in error["message"] and "lsattr" in error["message"]
+    # What refuses, read from the file system (fsutil.write_refusal), not "make it writable".
+    assert (f"{project.state} is immutable (chattr +i). Clear the flag (lsattr -d "
+            f"{project.state} shows it) with chattr -i {project.state}, then start again."
+            ) in error["message"], error
     assert sorted(p.name for p in project.state.iterdir()) == []
     subprocess.run(["chattr", "-i", str(project.state)], check=True)
     start(project)
@@ -320,7 +323,10 @@ def test_a_log_directory_that_refuses_the_log_fails_the_start_with_log_write_fai
     error = failed.value
     assert error.code == "LOG_WRITE_FAILED", error
     assert str(project.state / "logs") in error.message
-    assert "Operation not permitted" in error.message and "writable" in error.message
+    logs = project.state / "logs"
+    assert "Operation not permitted" in error.message, error
+    assert (f"{logs} is immutable (chattr +i). Clear the flag (lsattr -d {logs} shows it) "
+            f"with chattr -i {logs}, then start again.") in error.message, error
     # Released on the way out: no lock, no service.json, no temp file, no log.
     assert sorted(p.name for p in project.state.iterdir()) == ["logs"]
     assert list((project.state / "logs").iterdir()) == []

@@ -3,10 +3,15 @@ every target is replaced or none is, and nothing is left behind."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import stat
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -137,3 +142,134 @@ def test_metadata_that_is_not_a_private_file_names_the_fix_its_fact_calls_for(
         assert "Input data was truncated" not in message
         if fact != "has mode 0644":
             assert "chmod" not in message, message
+
+
+# ----- advice read from the file system: a failed start, its log and doctor say the same ----
+
+_SAID = """
+import errno, json, sys
+from pathlib import Path
+from intloom.diagnostics.doctor import unwritable_state_dir
+from intloom.host.daemon import _log_write_failed
+from intloom.host.metadata import storage_fix
+from intloom.errors import IntloomError
+from intloom.project import ProjectPaths
+from intloom.store.files import ensure_dir
+
+def created(path):
+    try:
+        ensure_dir(path)
+    except IntloomError as exc:
+        return exc.message
+    return None
+
+def said(root):
+    paths = ProjectPaths(Path(root))
+    denied = PermissionError(errno.EACCES, "Permission denied")
+    return [
+        storage_fix(denied, paths.state / "connection.json"),  # a metadata write
+        storage_fix(denied, paths.state),  # creating .intloom (Ownership.take_lock)
+        _log_write_failed(paths.logs, "Permission denied", errno.EACCES).message,
+        unwritable_state_dir(paths),
+        created(paths.runtime),  # the checkpoint store's directory (Host.startup)
+    ]
+"""
+
+
+def _says(*roots: Path, prefix: tuple[str, ...] = ()) -> list[list[Any]]:
+    """What a start (its metadata, its lock directory, its log) and doctor say about each
+    of ``roots`` as it is: here, or in one child run under ``prefix`` (as a user file
+    modes bind)."""
+    if not prefix:
+        space: dict[str, Any] = {}
+        exec(_SAID, space)  # the very code the child runs
+        return [json.loads(json.dumps(space["said"](str(root)))) for root in roots]
+    script = _SAID + "\nprint(json.dumps([said(root) for root in sys.argv[1:]]))"
+    done = subprocess.run([*prefix, sys.executable, "-c", script, *map(str, roots)],
+                          capture_output=True, text=True, timeout=20)
+    assert done.returncode == 0, done.stderr
+    result: list[list[Any]] = json.loads(done.stdout)
+    return result
+
+
+def _as_plain_user() -> tuple[str, ...]:
+    """A command prefix under which file modes bind (root without the capabilities that
+    override them), or skip."""
+    if os.geteuid() != 0:
+        pytest.skip("not root: another user's directory cannot be made here")
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("root without setpriv: file modes do not bind")
+    caps = "-dac_override,-dac_read_search,-fowner"
+    return (setpriv, "--bounding-set", caps, "--inh-caps", caps)
+
+
+def test_a_directory_you_may_not_write_is_named_alike_with_its_mode_and_owner(
+        tmp_path: Path) -> None:
+    """The host said "make it writable (check its permissions, lsattr -d ...)" by its errno
+    alone, its log the same, its checkpoint store "check that the project directory is
+    writable", while doctor inferred "chmod 700" from the mode: each now names what the
+    file system says -- the directory, its mode, whose it is -- and one fix."""
+    prefix = _as_plain_user()
+    mine = tmp_path / "mine"
+    (mine / ".intloom").mkdir(parents=True, mode=0o500)
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o755)
+    stranger = os.geteuid() + 4242
+    os.chown(theirs, stranger, -1)
+    try:
+        said_mine, said_theirs = _says(mine, theirs, prefix=prefix)
+    finally:
+        os.chmod(mine / ".intloom", 0o700)
+    state = mine / ".intloom"
+    fact, fix = f"{state} is not writable by you (mode 0500)", f"Run chmod 700 {state}"
+    advice = f"{fact[:1].upper()}{fact[1:]}. {fix}, then start again."
+    metadata, _created, log, doctor, store = said_mine  # .intloom exists: not created
+    # logs/ is not there yet: the log is judged by .intloom, which would hold it.
+    assert metadata == advice and log.endswith(f"did not start. {advice}"), said_mine
+    assert store == (f"Checkpoint store path {state / 'runtime'} cannot be created "
+                     f"(Permission denied): {fact}; run chmod 700 {state}."), store
+    assert doctor == [f"{fact}; intloom needs to create, replace and remove files there (its "
+                      "lock, its log, the Runs' checkpoints).", fix], doctor
+    their_fact = (f"{theirs} is owned by uid {stranger}, not by you (uid {os.geteuid()}), "
+                  "and its mode 0755 does not let you write it")
+    their_fix = f"have its owner (uid {stranger}) let you write it, or run as a user who may"
+    who = f"{their_fact}. H{their_fix[1:]}, then start again."
+    metadata, created, log, doctor, store = said_theirs
+    assert metadata == created == who and log.endswith(f"did not start. {who}"), said_theirs
+    assert store == (f"Checkpoint store path {theirs / '.intloom' / 'runtime'} cannot be "
+                     f"created (Permission denied): {their_fact}; {their_fix}."), store
+    assert doctor is None  # no state directory yet: nothing of doctor's to judge
+
+
+def _chattr(path: Path, flag: str) -> bool:
+    return subprocess.run(["chattr", flag, str(path)], capture_output=True).returncode == 0
+
+
+@pytest.mark.parametrize("flag", ["+i", "+a"])
+def test_a_flagged_state_directory_is_named_alike_by_the_start_its_log_and_doctor(
+        tmp_path: Path, flag: str) -> None:
+    """An immutable (or append-only) .intloom: the start and its log said "make it
+    writable ... lsattr -d" whichever it was; doctor saw an append-only one as fine (its
+    write permission is intact, yet nothing in it can be replaced or removed)."""
+    if shutil.which("chattr") is None:
+        pytest.skip("chattr is not installed")
+    state = tmp_path / ".intloom"
+    state.mkdir(mode=0o700)
+    if not _chattr(state, flag):
+        pytest.skip(f"chattr {flag} is not supported here (CAP_LINUX_IMMUTABLE, filesystem)")
+    try:
+        [[metadata, _created, log, doctor, store]] = _says(tmp_path)
+    finally:
+        _chattr(state, flag.replace("+", "-"))
+    fact = (f"{state} is immutable (chattr +i)" if flag == "+i" else
+            f"{state} is append-only (chattr +a): nothing in it can be replaced or removed")
+    fix = f"Clear the flag (lsattr -d {state} shows it) with chattr -{flag[1]} {state}"
+    advice = f"{fact}. {fix}, then start again."
+    assert metadata == advice and log.endswith(f"did not start. {advice}"), (metadata, log)
+    assert doctor == [f"{fact}; intloom needs to create, replace and remove files there (its "
+                      "lock, its log, the Runs' checkpoints).", fix], doctor
+    # An append-only directory takes a new entry: the store's directory is created in it.
+    assert store == (None if flag == "+a" else f"Checkpoint store path {state / 'runtime'} "
+                     f"cannot be created (Operation not permitted): {fact}; "
+                     f"{fix[:1].lower()}{fix[1:]}."), store
