@@ -89,11 +89,25 @@ def _color_allowed(stream: TextIO) -> bool:
         return False
 
 
+def _json_text(doc: Mapping[str, Any]) -> str:
+    try:
+        return _json_encoder.encode(doc).decode("utf-8")
+    except UnicodeEncodeError:
+        # A path that is not UTF-8 holds surrogates (os.fsdecode), which UTF-8 cannot
+        # carry; a JSON escape can ("\\udcff"), and Python's json reads it back as the path.
+        import json  # this rare path only: not on every command's start-up
+
+        return json.dumps(msgspec.to_builtins(doc), separators=(",", ":"))
+
+
 class Renderer:
     """Writes documents, lines, tables, spinners and errors for one command invocation."""
 
     def __init__(self, *, json_mode: bool = False) -> None:
         self.json_mode = json_mode
+        # Set once stdout has its one document: an error after it (a foreground host that
+        # stops on its own after its start result) goes to stderr, never as a second one.
+        self.documented = False
 
     # Streams are looked up at call time so that redirection (tests, pagers) is honoured.
     @property
@@ -114,16 +128,9 @@ class Renderer:
 
     def document(self, doc: Mapping[str, Any]) -> None:
         """The single JSON document of a ``--json`` invocation."""
-        try:
-            text = _json_encoder.encode(doc).decode("utf-8")
-        except UnicodeEncodeError:
-            # A path that is not UTF-8 holds surrogates (os.fsdecode), which UTF-8 cannot
-            # carry; a JSON escape can ("\\udcff"), and Python's json reads it back as the path.
-            import json  # this rare path only: not on every command's start-up
-
-            text = json.dumps(msgspec.to_builtins(doc), separators=(",", ":"))
-        self.out.write(text + "\n")
+        self.out.write(_json_text(doc) + "\n")
         self.out.flush()
+        self.documented = True
 
     def raw(self, text: str) -> None:
         """Already-formatted output (a JSONL log record), written as is, flushed at once."""
@@ -153,7 +160,11 @@ class Renderer:
             self.lines(text())
 
     def error(self, view: ErrorView) -> None:
-        if self.json_mode:
+        if self.json_mode and self.documented:
+            # stdout holds the command's one document already (docs/cli.md, "Output rules").
+            self.err.write(_json_text({"error": view}) + "\n")
+            self.err.flush()
+        elif self.json_mode:
             self.document({"error": view})  # code, message and retryable, always all three
         else:
             self.err.write(printable(f"Failure · {view.code}: {view.message}") + "\n")

@@ -77,14 +77,17 @@ def test_a_foreground_host_whose_state_directory_is_moved_says_so_as_an_error(
         project: Project) -> None:
     """The same move under ``start --foreground --json``: the command ended with exit 1 and
     a bare ``intloom host: ...`` line on stderr (no code, no fix: that was only in the log,
-    now in the moved directory), and no error document after its start result."""
+    now in the moved directory). Then its error came as a second document on stdout after
+    the start result, which no JSON parser reads: stdout keeps the one document (the start
+    result, printed once it served), and the error document goes to stderr."""
     with foreground_host(project, "--json") as proc:
         project.state.rename(project.root / ".intloom.moved")
         out, err = proc.communicate(timeout=30)
     assert proc.returncode == 1, (out, err)
-    started, failed = (json.loads(line) for line in out.splitlines())
+    started = json.loads(out)  # one document
     assert started["service"]["pid"] == proc.pid, out
-    error = failed["error"]
+    [line] = [line for line in err.splitlines() if line.startswith('{"error":')]
+    error = json.loads(line)["error"]
     assert error["code"] == "STORAGE_ERROR", error
     assert f"{project.state}/runtime is gone" in error["message"], error
     assert "put the moved .intloom/ back, then run intloom recover" in error["message"], error

@@ -77,6 +77,19 @@ def test_error_in_json_mode_always_carries_retryable(capsys: pytest.CaptureFixtu
     }
 
 
+def test_an_error_after_the_json_document_goes_to_stderr(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``start --foreground --json`` prints its start result once the host serves; a host
+    that then stops on its own printed its error as a second document on stdout."""
+    renderer = Renderer(json_mode=True)
+    renderer.result({"service": {"pid": 1}, "reused": False}, lambda: [])
+    renderer.error(error_view("STORAGE_ERROR", "It moved."))
+    out, err = capsys.readouterr()
+    assert json.loads(out) == {"service": {"pid": 1}, "reused": False}
+    assert json.loads(err) == {"error": {"code": "STORAGE_ERROR", "message": "It moved.",
+                                         "retryable": False}}
+
+
 def test_table_is_plain_aligned_text_when_not_a_terminal(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
