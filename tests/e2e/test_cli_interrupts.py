@@ -141,6 +141,26 @@ def test_a_detach_prints_the_last_view_when_the_host_cannot_answer(
     hold.unlink()
 
 
+def test_attach_detaches_on_ctrl_c_before_its_first_view(project: Project) -> None:
+    """Ctrl-C while attach (text mode) still waited for its host's first answer exited 130
+    "Interrupted.", where a moment later it detached with 0: the host is paused here, so
+    attach is connected and waits for the hello's reply, before any view of the Run."""
+    ok(project.cli("start", "--json"))
+    port, host = host_port(project), project.host_pid()
+    os.kill(host, signal.SIGSTOP)
+    try:
+        with cli_child(project, "attach", "RUN-20260101T000000000Z-x") as proc:
+            eventually(lambda: connected(proc, port), timeout=20, what="attach to connect")
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=20)
+    finally:
+        os.kill(host, signal.SIGCONT)
+    assert (proc.returncode, out) == (exit_codes.OK, ""), (proc.returncode, out, err)
+    assert err == ("Detached from RUN-20260101T000000000Z-x before its first view; nothing "
+                   "was done to it. intloom attach RUN-20260101T000000000Z-x attaches "
+                   "again.\n"), err
+
+
 def test_logs_follow_stops_on_ctrl_c_without_a_word(project: Project) -> None:
     logs = project.state / "logs"
     logs.mkdir(parents=True, mode=0o700)
