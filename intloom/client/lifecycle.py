@@ -29,6 +29,7 @@ import msgspec
 
 from intloom.client.client import MAX_SECONDS, Client, ServiceStarting, not_a_project
 from intloom.errors import ErrorView, IntloomError
+from intloom.fsutil import write_refusal
 from intloom.host.metadata import ServiceInfo, ServiceLock, read_lock, read_service
 from intloom.project import CONFIG_NAME, ProjectPaths
 from intloom.protocol.messages import ServiceView
@@ -628,18 +629,17 @@ def _unverified(paths: ProjectPaths, target: _Target, asked: _Asked,
                 log: Path | None = None) -> str:
     """CLI_SERVICE_BUSY for a target that exited without releasing its files: which files
     it left, and why that can be (the catalogue sentence first, for scripts that grep it)."""
-    left = []
+    left: list[Path] = []
     for path, read in ((paths.service_json, lambda: read_service(paths.service_json,
                                                                   paths.root)),
                        (paths.service_lock, lambda: read_lock(paths.service_lock))):
         try:
             value = read()
         except IntloomError:
-            value = None
-            left.append(f"{paths.state.name}/{path.name}")  # unreadable: still there
+            left.append(path)  # unreadable: still there
             continue
         if value is not None and value.instance_id == target.instance_id:
-            left.append(f"{paths.state.name}/{path.name}")
+            left.append(path)
     if not left:
         return _STOP_UNVERIFIED
     them = "it" if len(left) == 1 else "them"
@@ -647,13 +647,32 @@ def _unverified(paths: ProjectPaths, target: _Target, asked: _Asked,
     if kept:
         why = (f"it stopped as asked, and its log says: {'; '.join(kept)}. Fix that, then run "
                "intloom recover")
+    elif asked.stopping:
+        why = _unremovable(left, them, paths.state.name)
     else:
-        why = (f"it exited after it was asked to stop, without removing {them}: it crashed "
-               f"meanwhile, or could not remove {them} (an immutable file, or a read-only "
-               f"{paths.state.name} or filesystem: check `lsattr` and the permissions)"
-               if asked.stopping else "it was killed or crashed")
+        why = "it was killed or crashed"
+    names = " and ".join(f"{paths.state.name}/{path.name}" for path in left)
     return (f"{_STOP_UNVERIFIED} Its host (pid {target.pid}) has exited and left "
-            f"{' and '.join(left)} behind: {why}. Every file was left as it is.")
+            f"{names} behind: {why}. Every file was left as it is.")
+
+
+def _unremovable(left: list[Path], them: str, state: str) -> str:
+    """Why a host asked to stop exited without removing ``left``, its log silent (killed
+    before it wrote why, or its log unreadable): what refuses their removal, read from the
+    file system as recover and a failed start read it; a guess only when nothing does."""
+    facts: dict[str, None] = {}  # ordered and without repeats: one .intloom bars both files
+    fixes: dict[str, None] = {}
+    for path in left:
+        refused = write_refusal(path)
+        if refused is not None:
+            facts[refused[0]] = None
+            fixes[refused[1]] = None
+    if facts:
+        return (f"it exited after it was asked to stop, without removing {them}: "
+                f"{'; '.join(facts)}. {'; '.join(fixes)}, then run intloom recover")
+    return (f"it exited after it was asked to stop, without removing {them}: it crashed "
+            f"meanwhile, or could not remove {them} (an immutable file, or a read-only "
+            f"{state} or filesystem: check `lsattr` and the permissions)")
 
 
 def _released(paths: ProjectPaths, target: _Target) -> bool:

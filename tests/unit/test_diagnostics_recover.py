@@ -31,6 +31,7 @@ from tests.unit.diagnostics_support import (
     tree,
     write_connection_json,
     write_lock,
+    write_service_json,
 )
 
 recover_module = importlib.import_module("intloom.diagnostics.recover")
@@ -364,3 +365,36 @@ def test_a_sticky_directory_of_another_user_is_named_alike(
     assert fact == f": {refused.fact}" and fix.startswith(f"Remove {path} as its owner"), fix
     monkeypatch.setattr(os, "geteuid", lambda: os.stat(path).st_uid)
     assert unlink_refusal(path) is None  # the file's owner may remove it
+
+
+def test_a_stop_whose_host_log_is_silent_names_what_kept_its_files(tmp_path: Path) -> None:
+    """Its host exited after it was asked to stop, its files still there and its log silent
+    about why (killed before it wrote it, or unreadable): stop guessed "an immutable file,
+    or a read-only .intloom or filesystem: check `lsattr` and the permissions" where the
+    file system says which, as recover and a failed start say it."""
+    from intloom.client.lifecycle import _Asked, _Target, _unverified
+
+    if shutil.which("chattr") is None:
+        pytest.skip("chattr is not installed")
+    root = make_root(tmp_path)
+    instance, pid = "0f0e0d0c-0b0a-4908-8706-050403020100", dead_pid()
+    write_lock(root, pid, 1_000_000.0, instance_id=instance)
+    write_service_json(root, pid, 1_000_000.0, free_port(), instance)
+    paths = ProjectPaths(root)
+    target, asked = _Target(instance, pid, 1_000_000.0, None), _Asked(None, stopping=True)
+    guess = _unverified(paths, target, asked)
+    assert "check `lsattr` and the permissions" in guess, guess  # nothing found: the guess
+    if not _chattr(paths.state, "+i"):
+        pytest.skip("chattr +i is not supported here (CAP_LINUX_IMMUTABLE, filesystem)")
+    try:
+        said = _unverified(paths, target, asked)
+    finally:
+        _chattr(paths.state, "-i")
+    # One .intloom bars both files: its fact and its fix, once.
+    assert said == (
+        "Cannot verify resource cleanup by the original instance. Run intloom doctor and "
+        f"explicitly recover if needed. Its host (pid {pid}) has exited and left "
+        ".intloom/service.json and .intloom/service.lock behind: it exited after it was "
+        f"asked to stop, without removing them: {paths.state} is immutable (chattr +i). "
+        f"Clear the flag (lsattr -d {paths.state} shows it) with chattr -i {paths.state}, "
+        "then run intloom recover. Every file was left as it is."), said
