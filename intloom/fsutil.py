@@ -159,8 +159,8 @@ def unlink_refusal(path: Path) -> UnlinkRefusal | None:
             return UnlinkRefusal("append_only", where, f"{name} is append-only (chattr +a)")
     if not os.access(directory, os.W_OK | os.X_OK,
                      effective_ids=os.access in os.supports_effective_ids):
-        return UnlinkRefusal("not_writable", directory,
-                             f"this user cannot write {directory.name}")
+        # The mode and the owner, as a failed start and doctor say it (write_refusal).
+        return UnlinkRefusal("not_writable", directory, _not_writable(directory)[0])
     try:
         held, entry = os.stat(directory), os.lstat(path)
     except OSError:
@@ -246,7 +246,7 @@ def write_refusal(path: Path) -> tuple[str, str] | None:
                 + ("it cannot be replaced or removed" if where == target else
                    "nothing in it can be replaced or removed"))
     elif refused.bar == "not_writable":
-        fact = _not_writable(where)[0]
+        fact = refused.fact
     else:
         fact = (f"{where} is sticky (chmod +t) and you own neither it nor {target.name}, "
                 "which only their owners may remove")

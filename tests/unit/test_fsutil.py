@@ -242,6 +242,63 @@ def test_a_directory_you_may_not_write_is_named_alike_with_its_mode_and_owner(
     assert doctor is None  # no state directory yet: nothing of doctor's to judge
 
 
+_KEPT = """
+import importlib, json, os, sys
+from pathlib import Path
+from intloom.errors import IntloomError
+from intloom.fsutil import write_refusal
+from intloom.host.ownership import _not_removed
+
+recover = importlib.import_module("intloom.diagnostics.recover")
+out = []
+for name in sys.argv[1:]:
+    path = Path(name)
+    try:
+        os.unlink(path)
+        raise SystemExit(f"{path} was removed")
+    except PermissionError as exc:
+        host = _not_removed(path, exc)  # the host's release, as its log says it
+    try:
+        recover._remove(path, None, [])
+        raise SystemExit(f"{path} was removed")
+    except IntloomError as exc:
+        out.append([host, exc.message, write_refusal(path)])
+print(json.dumps(out))
+"""
+
+
+def test_a_directory_you_may_not_write_is_named_alike_by_the_host_log_and_recover(
+        tmp_path: Path) -> None:
+    """A host that could not remove its service.json from such a .intloom logged "this
+    user cannot write .intloom", and recover said it too, without the mode or the owner a
+    failed start and doctor name (``write_refusal``): they now say the same fact."""
+    prefix = _as_plain_user()
+    mine, theirs = tmp_path / "mine" / ".intloom", tmp_path / "theirs" / ".intloom"
+    for state in (mine, theirs):
+        state.mkdir(parents=True, mode=0o700)
+        (state / "service.json").write_text("{}")
+    stranger = os.geteuid() + 4242
+    os.chown(theirs, stranger, -1)
+    os.chmod(theirs, 0o755)
+    os.chmod(mine, 0o500)
+    try:
+        done = subprocess.run(
+            [*prefix, sys.executable, "-c", _KEPT, str(mine / "service.json"),
+             str(theirs / "service.json")], capture_output=True, text=True, timeout=20)
+    finally:
+        os.chmod(mine, 0o700)
+    assert done.returncode == 0, done.stderr
+    for (host, recovered, (fact, fix)), state in zip(json.loads(done.stdout), (mine, theirs),
+                                                       strict=True):
+        assert fact.startswith(f"{state} is "), fact  # the mode and whose it is
+        assert host == f"service.json cannot be removed: {fact}", host
+        assert recovered == (f".intloom/service.json could not be removed (Permission "
+                             f"denied): {fact}. Nothing was removed. {fix}, then run intloom "
+                             "recover again."), recovered
+    assert json.loads(done.stdout)[0][2] == [f"{mine} is not writable by you (mode 0500)",
+                                             f"Run chmod 700 {mine}"]
+
+
 def _chattr(path: Path, flag: str) -> bool:
     return subprocess.run(["chattr", flag, str(path)], capture_output=True).returncode == 0
 
