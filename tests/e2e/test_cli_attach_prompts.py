@@ -245,7 +245,9 @@ def test_eof_or_ctrl_c_at_a_prompt_detaches_and_leaves_the_run_waiting(
         else:
             interrupt(term.proc, leave)  # the pty is not its controlling terminal
         assert term.finish() == 0, term.text()
-        assert f"Detached from {run_id}; the Run is left as it was." in term.rest(), term.text()
+        # How to attach again, as before the first view (it said only "left as it was").
+        assert (f"Detached from {run_id}; the Run is left as it was. intloom attach {run_id} "
+                "attaches again.") in term.rest(), term.text()
     run = ok(project.cli("attach", run_id, "--json"))["run"]
     assert (run["status"], run["pendingAction"]["id"]) == ("waiting", asked), run
 
@@ -301,7 +303,8 @@ def test_attach_follows_a_run_through_its_agent_task_to_the_next_prompt(
         if leave != "agent":
             interrupt(term.proc, leave)
             assert term.finish() == 0, term.text()
-            assert f"Detached from {run_id}; the Run is left as it was." in term.rest()
+            assert (f"Detached from {run_id}; the Run is left as it was. intloom attach "
+                    f"{run_id} attaches again.") in term.rest(), term.text()
             return
         with Client.connect(project.root) as agent:
             token, _ = agent.claim_agent_call(run_id, call, "agent-1")

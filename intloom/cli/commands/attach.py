@@ -413,7 +413,8 @@ def attach(state: CliState, run_id: RunArg) -> int:
             try:
                 view, suspended = _follow(state, client, run_id, view)
             except (KeyboardInterrupt, typer.Abort):
-                state.renderer.note(f"Detached from {run_id}; the Run is left as it was.")
+                state.renderer.note(f"Detached from {run_id}; the Run is left as it was. "
+                                    f"intloom attach {run_id} attaches again.")
                 return exit_codes.OK
     except (KeyboardInterrupt, typer.Abort):
         # Ctrl-C while connecting or asking for the first view: a detach all the same
