@@ -30,6 +30,7 @@ __all__ = [
     "ensure_private_dir",
     "file_problem",
     "fsync_dir",
+    "hold_temp",
     "injected_write_fault",
     "os_lock",
     "privacy_fix",
@@ -406,6 +407,15 @@ def read_private(path: Path, *, max_bytes: int | None = 1 << 20) -> bytes | None
         os.close(fd)
 
 
+def hold_temp(fd: int) -> None:
+    """Lock a temp file just created, for as long as its writer has it open: a crash lets
+    the lock go, so doctor and recover (``diagnostics.temps``) tell a temp file being
+    written from one an interrupted write left. Blocking: their probe holds it an instant.
+    A file system without flock leaves it unlocked, which they treat as undecided."""
+    with contextlib.suppress(OSError):
+        fcntl.flock(fd, fcntl.LOCK_EX)
+
+
 def write_all(fd: int, data: bytes | memoryview) -> None:
     """Write every byte (os.write may write fewer than asked)."""
     written = os.write(fd, data)
@@ -469,6 +479,7 @@ def replace_files(directory: Path, items: list[tuple[str, bytes]], *, mode: int 
             fds.append(os.open(
                 tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode))
             temps.append((tmp, directory / name))
+            hold_temp(fds[-1])
             fault = injected_write_fault(name)
             if fault is not None:
                 write_all(fds[-1], data[: len(data) // 2])

@@ -31,7 +31,7 @@ from intloom.diagnostics.owners import (
 )
 from intloom.diagnostics.owners import port_holder as _holder_of  # a context field's name
 from intloom.diagnostics.previews import RunPreview, preview_runs
-from intloom.diagnostics.temps import metadata_temps
+from intloom.diagnostics.temps import TempFile, metadata_temps
 from intloom.errors import IntloomError
 from intloom.fsutil import (
     PrivacyError,
@@ -524,24 +524,46 @@ def _with_host(root: Path, service: ServiceView, check: Check,
 
 
 def _temp_files_check(paths: ProjectPaths) -> Check:
-    temps = metadata_temps(paths)
-    if not temps:
+    left, unsure = metadata_temps(paths)
+    if not left and not unsure:
         return Check("temp_files", "ok",
                      "No temp file of an interrupted write is left in .intloom/.", None)
-    named = ", ".join(f"{Path(t.path).name} (for {t.target}, {t.size:,} "
-                      f"byte{'' if t.size == 1 else 's'})" for t in temps)
-    many = len(temps) > 1
-    return Check(
-        "temp_files", "attention",
-        f"{len(temps)} temp file{'s' if many else ''} in .intloom/ left by a write that was "
-        f"interrupted (a crash): {named}. intloom never reads {'them' if many else 'it'} "
-        f"and never removes {'them' if many else 'it'}.",
-        f"The file {'each' if many else 'it'} was written for is whole or absent, so "
-        f"{'they hold' if many else 'it holds'} nothing intloom needs. To remove "
-        f"{'them' if many else 'it'} (not while an intloom start runs), from the project's "
-        "root: "
-        f"rm -- {' '.join(t.path for t in temps)}",
-    )
+    message, todo = [], []
+    if left:
+        named = ", ".join(_temp_named(t) for t in left)
+        many = len(left) > 1
+        message.append(
+            f"{len(left)} temp file{'s' if many else ''} in .intloom/ left by a write that "
+            f"was interrupted (a crash): {named}. intloom never reads "
+            f"{'them' if many else 'it'} and never removes {'them' if many else 'it'}.")
+        todo.append(
+            f"The file {'each' if many else 'it'} was written for is whole or absent, so "
+            f"{'they hold' if many else 'it holds'} nothing intloom needs. To remove "
+            f"{'them' if many else 'it'} (not while an intloom start runs), from the "
+            f"project's root: rm -- {' '.join(t.path for t in left)}")
+    if unsure:
+        # Never offered for removal: its writer (a starting host) may still need it.
+        named = "; ".join(f"{_temp_named(t)}: {why}" for t, why in unsure)
+        many = len(unsure) > 1
+        message.append(
+            f"{len(unsure)} temp file{'s' if many else ''} in .intloom/ may belong to a "
+            f"write in progress (a starting host's), so {'they are' if many else 'it is'} "
+            f"not called left behind: {named}.")
+        blind = [t.path for t, why in unsure if why.startswith("its lock cannot")]
+        if len(blind) < len(unsure):
+            todo.append("Run intloom doctor again in a moment: a write in progress is done "
+                        "by then, and a temp file it left behind is named as such")
+        if blind:
+            todo.append(f"To tell whether a process still writes {' '.join(blind)}, run "
+                        f"fuser -v {' '.join(blind)} from the project's root; if none has it "
+                        "open, it was left by an interrupted write and holds nothing intloom "
+                        "needs")
+    return Check("temp_files", "attention", " ".join(message), ". ".join(todo))
+
+
+def _temp_named(temp: TempFile) -> str:
+    return (f"{Path(temp.path).name} (for {temp.target}, {temp.size:,} "
+            f"byte{'' if temp.size == 1 else 's'})")
 
 
 def _ports_differ(paths: ProjectPaths) -> str | None:

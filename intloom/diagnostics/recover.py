@@ -217,7 +217,8 @@ def recover(root: Path, *, dry_run: bool) -> RecoverResult:
         raise IntloomError("CLI_RECOVERY_BLOCKED", diagnosis.message)
     plan = _plan(insp)
     # Named, never removed: DESIGN lets recover remove service.json and service.lock only.
-    leftovers = metadata_temps(insp.snapshot.paths)
+    # Only those whose writer is provably gone: a starting host's lock is written through one.
+    leftovers = metadata_temps(insp.snapshot.paths).left
     if dry_run or diagnosis.status == "offline":
         return RecoverResult(
             project_root=str(root),

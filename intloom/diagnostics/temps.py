@@ -6,6 +6,14 @@ Every metadata file is written through an exclusive temp file beside it
 crash in between leaves one. Nothing reads them, and nothing removes them: ``recover``
 removes only ``service.json`` and ``service.lock`` (DESIGN section 3). They are reported,
 so that a person can tell what they are, and kept byte-identical.
+
+One is there for a moment during every write too (a starting host's lock, its
+``service.json``), so a temp file is called left behind only when its writer is provably
+gone, as an owner is (ownership checks fail closed): its writer holds it under an OS lock
+(``fsutil.hold_temp``) from right after creating it, and a crash lets the lock go. Held:
+being written, not reported. Free: left behind -- unless it changed within the last
+``_SETTLED`` seconds (its writer may be between creating and locking it), or the lock
+could not be probed; such a one is reported as undecided.
 """
 
 from __future__ import annotations
@@ -13,17 +21,23 @@ from __future__ import annotations
 import os
 import re
 import stat
-from typing import Final
+import time
+from typing import Final, NamedTuple
 
 import msgspec
 
+from intloom.fsutil import os_lock
 from intloom.project import ProjectPaths
 
-__all__ = ["TempFile", "metadata_temps"]
+__all__ = ["TempFile", "Temps", "metadata_temps"]
 
 # Exactly the names fsutil.replace_files and metadata.create_lock_file give their temp
 # files in .intloom/; any other name is not ours to explain.
 _TEMP: Final = re.compile(r"\.(service\.lock|service\.json|connection\.json)\.[0-9a-f]{16}\.tmp")
+# A writer locks its temp file two system calls after creating it: one found unlocked
+# sooner than this after its last change may be in that gap (or in a starting host paused
+# there), not left behind.
+_SETTLED: Final = 2.0
 
 
 class TempFile(msgspec.Struct, frozen=True):
@@ -35,17 +49,28 @@ class TempFile(msgspec.Struct, frozen=True):
     size: int
 
 
-def metadata_temps(paths: ProjectPaths) -> list[TempFile]:
-    """The temp files of interrupted metadata writes in ``.intloom/``, by name; regular
-    files only, never through a link, never opened. [] when ``.intloom/`` cannot be read
-    (the runtime_dir check reports that)."""
+class Temps(NamedTuple):
+    """``left``: temp files whose writer is provably gone (left by an interrupted write).
+    ``unsure``: ones whose writer may be live, each with why it cannot be told (not
+    locked yet, or its lock not probeable)."""
+
+    left: list[TempFile]
+    unsure: list[tuple[TempFile, str]]
+
+
+def metadata_temps(paths: ProjectPaths) -> Temps:
+    """The temp files of metadata writes in ``.intloom/``, by name; regular files only,
+    never through a link, opened only to probe their lock (never read or written). Ones
+    being written (their writer holds the lock) are left out. Empty when ``.intloom/``
+    cannot be read (the runtime_dir check reports that)."""
+    found = Temps([], [])
     try:
         fd = os.open(paths.state, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
-        return []
-    found: list[TempFile] = []
+        return found
     try:
-        for name in sorted(os.listdir(fd)):
+        names = sorted(os.listdir(fd))
+        for name in names:
             match = _TEMP.fullmatch(name)
             if match is None:
                 continue
@@ -53,11 +78,22 @@ def metadata_temps(paths: ProjectPaths) -> list[TempFile]:
                 st = os.stat(name, dir_fd=fd, follow_symlinks=False)
             except OSError:
                 continue  # gone meanwhile: a write that has just finished
-            if stat.S_ISREG(st.st_mode):
-                found.append(TempFile(f"{paths.state.name}/{name}", match.group(1),
-                                      st.st_size))
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            lock, reason = os_lock(paths.state / name)
+            if lock in ("held", "absent"):
+                continue  # being written, or done meanwhile
+            temp = TempFile(f"{paths.state.name}/{name}", match.group(1), st.st_size)
+            age = time.time() - st.st_mtime  # its creation's, for one not locked
+            if lock != "free":
+                found.unsure.append((temp, f"its lock cannot be probed ({reason})"))
+            elif age < _SETTLED:
+                found.unsure.append((temp, f"changed {max(age, 0):.1f} s ago and not locked "
+                                           "yet: its writer may be creating it"))
+            else:
+                found.left.append(temp)
     except OSError:
-        return []
+        return Temps([], [])
     finally:
         os.close(fd)
     return found

@@ -22,6 +22,7 @@ from intloom.fsutil import (
     PrivacyError,
     atomic_write,
     fsync_dir,
+    hold_temp,
     injected_write_fault,
     privacy_fix,
     read_private,
@@ -288,6 +289,8 @@ def create_lock_file(path: Path, lock: ServiceLock) -> int:
                      0o600)
     except OSError as exc:
         raise _write_failed(path, exc, "no lock file was created") from None
+    # Held from here, through the link, for the host's life: the lock file is this inode.
+    hold_temp(fd)
     linked = False
     try:
         try:

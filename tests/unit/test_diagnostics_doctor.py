@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -229,6 +230,7 @@ def test_temp_files_of_an_interrupted_metadata_write_are_reported_and_kept(root:
     conn_tmp.write_bytes(b"")
     for tmp in (lock_tmp, conn_tmp):
         tmp.chmod(0o600)
+        os.utime(tmp, (1_000_000.0, 1_000_000.0))  # as old as the crash that left it
     (paths.state / ".service.lock.nothex.tmp").write_bytes(b"not ours")  # not a form we write
     os.mkfifo(paths.state / ".service.json.00000000000000ff.tmp", 0o600)  # not a regular file
     before = tree(root)
@@ -290,3 +292,52 @@ def test_a_log_or_segment_removed_while_doctor_lists_it_is_skipped(
     assert check.message == (f"{readable} has mode 0644: others may read what the Runs did "
                              "(a host log is 0600, 0400 once sealed)."), check.message
     assert check.next is not None and "chmod go=" in check.next, check.next
+
+
+@pytest.mark.parametrize("target", ["service.lock", "connection.json"])
+def test_a_temp_file_a_live_host_is_writing_is_not_called_left_by_a_crash(
+        root: Path, monkeypatch: pytest.MonkeyPatch, target: str) -> None:
+    """doctor and recover named the temp file of a write in progress -- a starting host's
+    lock, before its service.lock exists, or its connection.json -- as "left by a write that
+    was interrupted (a crash)", with the rm command for it. Its writer holds it locked
+    while it writes (a crash lets the lock go): doctor and recover leave it out."""
+    from intloom.diagnostics.doctor import _temp_files_check
+    from intloom.diagnostics.recover import recover
+
+    paths = ProjectPaths(root)
+    seen: list[tuple[Any, Any]] = []
+    fsync = os.fsync
+
+    def looked_at_mid_write(fd: int) -> None:
+        if not seen and stat.S_ISREG(os.fstat(fd).st_mode):  # the temp file, written
+            seen.append((_temp_files_check(paths), recover(root, dry_run=True).leftovers))
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", looked_at_mid_write)
+    if target == "service.lock":
+        write_lock(root, os.getpid(), create_time(os.getpid()))
+    else:
+        write_connection_json(root, free_port())
+    monkeypatch.undo()
+    [(check, leftovers)] = seen
+    assert (check.status, check.next) == ("ok", None), check
+    assert leftovers == []
+
+
+def test_a_temp_file_just_created_and_not_locked_yet_is_named_as_maybe_in_progress(
+        root: Path) -> None:
+    """Unlocked, but changed a moment ago: its writer may be between creating and locking
+    it (ownership checks fail closed). Named as undecided, without an rm for it."""
+    paths = ProjectPaths(root)
+    paths.state.mkdir(mode=0o700)
+    tmp = paths.state / ".service.lock.0123456789abcdef.tmp"
+    tmp.write_bytes(b"")
+    tmp.chmod(0o600)
+    check = {c.id: c for c in run_doctor(root).checks}["temp_files"]
+    assert check.status == "attention", check
+    assert check.message.startswith(
+        "1 temp file in .intloom/ may belong to a write in progress (a starting host's), so "
+        "it is not called left behind: .service.lock.0123456789abcdef.tmp (for service.lock, "
+        "0 bytes): changed "), check.message
+    assert check.next is not None and "rm" not in check.next, check
+    assert "again in a moment" in check.next, check

@@ -89,6 +89,7 @@ def test_recover_reports_temp_files_of_an_interrupted_write_and_keeps_them(
     tmp = ProjectPaths(root).state / ".service.lock.0123456789abcdef.tmp"
     tmp.write_bytes(b'{"version":1,"pid":12')
     tmp.chmod(0o600)
+    os.utime(tmp, (1_000_000.0, 1_000_000.0))  # as old as the crash that left it
     kept = tmp.read_bytes()
     plan = recover(root, dry_run=True)
     assert plan.paths == [".intloom/service.json", ".intloom/service.lock"]
