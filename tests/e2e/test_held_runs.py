@@ -121,6 +121,14 @@ def test_a_run_whose_newest_segment_is_lost_is_held_not_taken_back_to_its_questi
     assert [p["path"] for p in missing] == ["wal/0000000002.seg"], started["storeProblems"]
     message = refused(project.cli("answer", run_id, action, YES, "--json"), "JOURNAL_CORRUPT")
     assert "wal/0000000002.seg, which is missing, may have held its record" in message, message
+    # Nothing is appended to a damaged journal (docs/recovery.md): cancel refuses, naming
+    # the Run, why it is held and what to do, and writes nothing.
+    before = wal(project)
+    message = refused(project.cli("cancel", run_id, "--json"), "JOURNAL_CORRUPT")
+    assert message.startswith(f"Run {run_id} is held, not restored"), message
+    assert "which is missing, may have held its record" in message, message
+    assert "cannot be cancelled" in message and f"intloom inspect {run_id}" in message, message
+    assert wal(project) == before
     doctor = project.cli("doctor", "--json")
     assert doctor.code == 3, doctor.stdout
     journals = next(c for c in doctor.json["checks"] if c["id"] == "journals")
