@@ -134,6 +134,12 @@ class UnlinkRefusal:
     fact: str
 
 
+def _may_write(directory: Path) -> bool:
+    """Whether this user may create and remove entries in ``directory`` (write and search)."""
+    return os.access(directory, os.W_OK | os.X_OK,
+                     effective_ids=os.access in os.supports_effective_ids)
+
+
 def unlink_refusal(path: Path) -> UnlinkRefusal | None:
     """Why unlinking ``path`` fails (or would), as far as can be told without trying; else
     None. One answer for the host (before and after its release) and for ``recover``.
@@ -158,8 +164,7 @@ def unlink_refusal(path: Path) -> UnlinkRefusal | None:
             return UnlinkRefusal("immutable", where, f"{name} is immutable (chattr +i)")
         if flags & _APPEND_FL:
             return UnlinkRefusal("append_only", where, f"{name} is append-only (chattr +a)")
-    if not os.access(directory, os.W_OK | os.X_OK,
-                     effective_ids=os.access in os.supports_effective_ids):
+    if not _may_write(directory):
         # The mode and the owner, as a failed start and doctor say it (write_refusal).
         return UnlinkRefusal("not_writable", directory, _not_writable(directory)[0])
     try:
@@ -212,7 +217,7 @@ def _not_writable(directory: Path) -> tuple[str, str]:
             f"Run chmod {'700' if not mode & 0o077 else 'u+wx'} {word}")
 
 
-def write_refusal(path: Path) -> tuple[str, str] | None:
+def write_refusal(path: Path, *, replaced: bool = True) -> tuple[str, str] | None:
     """Why ``path`` cannot be created, replaced or removed (what the host's writes, its
     atomic renames and its stop need of it), read from the file system rather than guessed
     from an errno: (the fact, naming the path it is about; the fix, without a full stop),
@@ -220,7 +225,12 @@ def write_refusal(path: Path) -> tuple[str, str] | None:
     the way is judged by the one that would hold it. Checks, in order: a directory on the
     way that refuses a search (``search_refused``), then ``unlink_refusal`` -- a read-only
     file system, the immutable or append-only flag of the file or of its directory, a
-    directory this user may not write (its mode, and who owns it), a sticky one."""
+    directory this user may not write (its mode, and who owns it), a sticky one.
+
+    ``replaced=False``: ``path`` is only ever created (a directory, a host log or a WAL
+    segment, appended to and never renamed or removed), which an append-only directory
+    allows: its flag explains nothing then, and an intact .intloom/logs/ with it is no
+    fault."""
     target = path
     while True:
         try:
@@ -235,6 +245,10 @@ def write_refusal(path: Path) -> tuple[str, str] | None:
         except OSError:
             return None
     refused = unlink_refusal(target)
+    if refused is not None and not replaced and refused.bar == "append_only":
+        # unlink_refusal stops at the flag; what creating still needs is write and search.
+        refused = None if _may_write(target.parent) else UnlinkRefusal(
+            "not_writable", target.parent, "")
     if refused is None:
         return None
     where = refused.where

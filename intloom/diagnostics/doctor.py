@@ -125,16 +125,21 @@ def unwritable_state_dir(paths: ProjectPaths) -> tuple[str, str] | None:
     enough: a start writes its lock, log and checkpoints into these, and a directory it
     cannot write (0500, the immutable or append-only flag, a read-only mount) fails it.
     The fact and fix are read from the file system (``fsutil.write_refusal``), as a failed
-    start and recover give them; doctor's runtime_dir check and status's hint say the same."""
+    start and recover give them; doctor's runtime_dir check and status's hint say the same.
+    logs/ and wal/ only ever get new files, appended to: an append-only flag there (a
+    sensible way to keep logs) hinders nothing, so it is not called a fault."""
+    created_only = (paths.logs, paths.runtime / "wal")
     for path in (paths.state, paths.runtime, paths.logs, *_store_dirs(paths)):
         if not os.path.isdir(path):
             continue
         # A name that is not there: the directory itself is judged, not a file in it.
-        refused = write_refusal(path / ".intloom-doctor")
+        replaced = path not in created_only
+        refused = write_refusal(path / ".intloom-doctor", replaced=replaced)
         if refused is not None:
             fact, fix = refused
-            return (f"{fact}; intloom needs to create, replace and remove files there (its "
-                    "lock, its log, the Runs' checkpoints).", fix)
+            needs = "create, replace and remove files" if replaced else "create files"
+            return (f"{fact}; intloom needs to {needs} there (its lock, its log, the Runs' "
+                    "checkpoints).", fix)
     return None
 
 

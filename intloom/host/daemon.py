@@ -95,7 +95,7 @@ def _log_write_failed(path: Path, cause: str, errno: int | None) -> IntloomError
     return IntloomError(
         "LOG_WRITE_FAILED",
         f"The host log {path} could not be written ({cause}); the host did not start. "
-        f"{storage_fix(OSError(errno, cause), written)}",
+        f"{storage_fix(OSError(errno, cause), written, replaced=False)}",
     )
 
 

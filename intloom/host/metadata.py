@@ -226,15 +226,17 @@ def read_connection(path: Path, root: Path) -> Connection | None:
 _KEPT = "it holds its previous content or the complete new one, never part of a write"
 
 
-def storage_fix(exc: OSError, path: Path) -> str:
+def storage_fix(exc: OSError, path: Path, *, replaced: bool = True) -> str:
     """What to do about ``path`` (a file or directory being created or replaced) that could
     not be written: a full disk by its errno; a refusal by what refuses, read from the file
-    system (``fsutil.write_refusal``: the same fact and fix recover and doctor give)."""
+    system (``fsutil.write_refusal``: the same fact and fix recover and doctor give).
+    ``replaced=False``: ``path`` is only created (the host log), which an append-only
+    directory does not refuse."""
     directory = path.parent
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return f"Free disk space (or quota) for {directory}, then start again."
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        refused = write_refusal(path)
+        refused = write_refusal(path, replaced=replaced)
         if refused is not None:
             return f"{refused[0][:1].upper()}{refused[0][1:]}. {refused[1]}, then start again."
         if exc.errno == errno.EROFS:
