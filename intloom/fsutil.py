@@ -204,14 +204,24 @@ def _not_writable(directory: Path) -> tuple[str, str]:
         return (f"{directory} is not writable by you",
                 f"Make {directory} writable (check its permissions and owner)")
     mode, uid, word = stat.S_IMODE(st.st_mode), os.geteuid(), shell_arg(directory)
-    if st.st_uid != uid:
+    mine = st.st_uid == uid
+    # The bits the mode holds for this user: its owner's, its group's, or everyone else's.
+    if mine:
+        bits = mode >> 6
+    elif st.st_gid == os.getegid() or st.st_gid in os.getgroups():
+        bits = mode >> 3
+    else:
+        bits = mode
+    if bits & 0o3 == 0o3:
+        # Write and search by the mode, yet refused: what refuses is not the mode.
+        whose = "its owner (you)" if mine else "you"
+        return (f"{directory} is not writable by you, though its mode ({mode:04o}) lets "
+                f"{whose} write it: an ACL or a security module (SELinux, AppArmor) refuses",
+                f"Check getfacl {word} and the security module's log")
+    if not mine:
         return (f"{directory} is owned by uid {st.st_uid}, not by you (uid {uid}), and its "
                 f"mode {mode:04o} does not let you write it",
                 f"Have its owner (uid {st.st_uid}) let you write it, or run as a user who may")
-    if mode & 0o300 == 0o300:
-        return (f"{directory} is not writable by you, though its mode ({mode:04o}) lets its "
-                "owner (you) write it: an ACL or a security module (SELinux, AppArmor) refuses",
-                f"Check getfacl {word} and the security module's log")
     # Write and search for its owner: 700 keeps a directory as private as intloom's.
     return (f"{directory} is not writable by you (mode {mode:04o})",
             f"Run chmod {'700' if not mode & 0o077 else 'u+wx'} {word}")

@@ -360,3 +360,36 @@ def test_an_append_only_log_or_wal_directory_is_no_fault_of_the_project(
             _chattr(path, "-a")
     assert doctor is None, doctor
     assert "append-only" not in log, log
+
+
+def _acl_denies_write(path: Path, uid: int) -> None:
+    """Give ``path`` a POSIX ACL whose entry for ``uid`` grants read and search only (the
+    mode's bits unchanged: the mask grants all); skip where ACLs cannot be set."""
+    unset = 0xFFFFFFFF
+    entries = [(0x01, 7, unset), (0x02, 5, uid), (0x04, 7, unset), (0x10, 7, unset),
+               (0x20, 7, unset)]  # user::rwx user:uid:r-x group::rwx mask::rwx other::rwx
+    acl = (2).to_bytes(4, "little") + b"".join(
+        tag.to_bytes(2, "little") + perm.to_bytes(2, "little") + who.to_bytes(4, "little")
+        for tag, perm, who in entries)
+    try:
+        os.setxattr(path, "system.posix_acl_access", acl)
+    except OSError as exc:
+        pytest.skip(f"no POSIX ACL here ({exc.strerror})")
+
+
+def test_another_users_directory_whose_mode_lets_you_write_names_what_else_refuses(
+        tmp_path: Path) -> None:
+    """Another user's directory of mode 0777 that an ACL closes to you was said to be one
+    whose "mode 0777 does not let you write it", and its owner sent to change that mode:
+    the mode lets you; an ACL (or a security module) refuses, as said of your own."""
+    prefix = _as_plain_user()
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    theirs.chmod(0o777)
+    os.chown(theirs, os.geteuid() + 4242, -1)
+    _acl_denies_write(theirs, os.geteuid())
+    [[_metadata, created, _log, _doctor, _store]] = _says(theirs, prefix=prefix)
+    assert created == (f"{theirs} is not writable by you, though its mode (0777) lets you "
+                       "write it: an ACL or a security module (SELinux, AppArmor) refuses. "
+                       f"Check getfacl {theirs} and the security module's log, then start "
+                       "again."), created
