@@ -1733,12 +1733,15 @@ class Driver:
             rt.append_boundary(
                 slot, Executing(at=clock.now(), stage=step.stage.name, step=step.name))
             rt.sync_here(slot)
-            # Shown to the loop before ownership is checked: a cancel after the check
-            # finds this ctx to finish (_on_thread); one before it, the Step never called.
+            # Shown to the loop before ownership and the cut are checked: a cancel or a cut
+            # after the check finds this ctx to finish (_on_thread); one before it, the
+            # Step never called. A cut leaves the Run owned until the stop takes it
+            # (slot.suspend), hence ``cutting``: one attribute read per Step.
             ctx = slot.thread_ctx = self._ctx(slot, step.name, step.stage)
-            if not slot.owned:
-                # Cancelled while its executing was being written: on the loop, that cancel
-                # would have ended the task in its await, before the Step was called.
+            if not slot.owned or self.cutting:
+                # Cancelled, or cut by a stop, while its executing was being written: on the
+                # loop, either would have ended the task in its await, before the Step was
+                # called.
                 return _BACK, None
             slot.steps_on_thread += 1
             try:

@@ -29,6 +29,7 @@ from intloom.runtime.records import (
     Terminal,
     Waiting,
 )
+from tests.helpers import eventually
 from tests.unit.memjournal import MemoryJournal
 
 
@@ -383,6 +384,79 @@ def test_a_cancel_or_a_stops_cut_ends_a_running_sync_steps_ctx_at_once_on_either
                     ("STEP_INTERACTION_INVALID", f"ctx.state was assigned through {over}")], seen
     last = Terminal if how == "cancel" else Executing
     assert type(journal.of(run_id)[-1]) is last
+
+
+class _HeldAtB(MemoryJournal):
+    """Holds the flush of Step b's ``executing`` (the thread's or the loop's) until let go."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.holding, self.let_go = threading.Event(), threading.Event()
+
+    def _at_b(self) -> bool:
+        return any(type(r) is Executing and r.step == "b" for _, r in self.pending)
+
+    def sync_threadsafe(self, run_id: str) -> None:
+        if self._at_b():
+            self.holding.set()
+            assert self.let_go.wait(10)
+        super().sync_threadsafe(run_id)
+
+    async def sync(self, run_id: str | None = None) -> None:
+        if self._at_b():
+            self.holding.set()
+            assert await asyncio.to_thread(self.let_go.wait, 10)
+        await super().sync(run_id)
+
+
+def test_a_sync_step_whose_executing_is_still_being_written_when_a_stop_cuts_is_never_called(
+        sync_path: SyncPath) -> None:
+    """The next Step's ``executing`` still being made durable when a stop's grace ran out:
+    on the loop, the cut ends that await and the Step is never called. Its Run's thread
+    went on to call it -- its ctx live, the cut having found none to finish -- if its flush
+    came back before the stop took the Run (slot.suspend): here, held until just then."""
+    called: list[str] = []
+    wf = intloom.Workflow("cut", version="1")
+    st = wf.stage("s", state=Count)
+
+    @st.step("a", routes={"ok": "b"})
+    def a(ctx: Any) -> str:
+        return "ok"
+
+    @st.step("b", routes={"ok": intloom.COMPLETE})
+    def b(ctx: Any) -> str:
+        called.append("b")
+        return "ok"
+
+    journal = _HeldAtB()
+
+    async def main() -> str:
+        rt = Runtime(loaded(wf), journal, package_version="0.1.0")
+        rt.restore([])
+        run_id = (await rt.create_run("cut", "go")).run_id
+        assert await asyncio.to_thread(journal.holding.wait, 10)
+        slot = rt.runs[run_id]
+        suspend = slot.suspend
+
+        def late(reason: str | None = None) -> None:
+            # The cut is done (the Run's task ended): the flush comes back now, and the
+            # stop takes the Run only once the thread (if any) has let it go.
+            assert rt.driver.cutting and slot.task is not None and slot.task.done()
+            journal.let_go.set()
+            # Polled on the loop, held on purpose: nothing of the loop's may run meanwhile.
+            eventually(lambda: not slot.on_thread, what="the thread to let the Run go")
+            suspend(reason)
+
+        slot.suspend = late  # type: ignore[method-assign]
+        await rt.suspend(grace=0.05)
+        return run_id
+
+    run_id = run(main)
+    sync_path.check()
+    assert called == [], "Step b was called after the stop's cut"
+    # Nothing follows b's executing, flushed or not (the loop's flush was cancelled).
+    last = [r for rid, r in [*journal.records, *journal.pending] if rid == run_id][-1]
+    assert type(last) is Executing and last.step == "b", last
 
 
 def _agent_wf(lookup: Callable[[Any], Any]) -> intloom.Workflow:
