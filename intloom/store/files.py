@@ -33,6 +33,7 @@ __all__ = [
     "Layout",
     "atomic_write_many",
     "check_dir",
+    "create_failed",
     "ensure_dir",
     "list_names",
     "lock_dir",
@@ -101,15 +102,22 @@ def ensure_dir(path: Path) -> None:
     except PrivacyError as exc:
         raise _from_privacy(exc) from None
     except OSError as exc:
-        fact, fix = f"cannot be created ({exc.strerror})", "check the disk and its directory"
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            fix = "free disk space (or quota) for it"
-        elif exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-            # What refuses, read from the file system: what a failed start and doctor say.
-            refused = write_refusal(path)
-            if refused is not None:
-                fact, fix = f"{fact}: {refused[0]}", refused[1][:1].lower() + refused[1][1:]
-        raise storage_error(path, fact, fix) from None
+        raise create_failed(path, path, f"cannot be created ({exc.strerror})", exc) from None
+
+
+def create_failed(path: Path, created: Path, fact: str, exc: OSError) -> IntloomError:
+    """STORAGE_ERROR for ``path``, which ``exc`` kept from creating ``created`` in it (or
+    being created: ``created`` is ``path``): a full disk by its errno, a refusal by what
+    refuses, read from the file system (``write_refusal``: what a failed start and doctor
+    say). Only created, never replaced: an append-only directory is not what refuses."""
+    fix = "check the disk and its directory"
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        fix = "free disk space (or quota) for it"
+    elif exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        refused = write_refusal(created, replaced=False)
+        if refused is not None:
+            fact, fix = f"{fact}: {refused[0]}", refused[1][:1].lower() + refused[1][1:]
+    return storage_error(path, fact, fix)
 
 
 def lock_dir(path: Path) -> int:

@@ -34,6 +34,7 @@ from intloom.store.compaction import NotSummarised, Track, compact, now
 from intloom.store.faults import FaultPlan
 from intloom.store.files import (
     Layout,
+    create_failed,
     ensure_dir,
     lock_dir,
     open_new,
@@ -287,8 +288,8 @@ class Store:
             store._new_segment(b"")
         except OSError as exc:
             store._stop_worker()
-            raise storage_error(layout.wal, f"cannot hold a new segment ({exc.strerror})",
-                                "free disk space or fix the directory's permissions") from None
+            raise create_failed(layout.wal, layout.wal / segment_name(store._next_number),
+                                f"cannot hold a new segment ({exc.strerror})", exc) from None
         # A crashed host's unsynced bytes were read from the page cache: make them as
         # durable as the snapshots about to summarise them.
         for number in loaded.segments_read:

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from intloom.errors import IntloomError
 from intloom.fsutil import WRITE_FAULT_ENV, PrivacyError, replace_file, replace_files
 
 pytestmark = pytest.mark.timeout(30)
@@ -393,3 +394,32 @@ def test_another_users_directory_whose_mode_lets_you_write_names_what_else_refus
                        "write it: an ACL or a security module (SELinux, AppArmor) refuses. "
                        f"Check getfacl {theirs} and the security module's log, then start "
                        "again."), created
+
+
+def test_a_wal_directory_that_refuses_a_new_segment_is_named_as_doctor_names_it(
+        tmp_path: Path) -> None:
+    """An immutable runtime/wal/ failed the start with "cannot hold a new segment (Operation
+    not permitted); free disk space or fix the directory's permissions" -- neither is why --
+    while doctor named the flag and its fix."""
+    if shutil.which("chattr") is None:
+        pytest.skip("chattr is not installed")
+    from intloom.diagnostics.doctor import unwritable_state_dir
+    from intloom.project import ProjectPaths
+    from tests.unit.test_store_support import abandon, open_store
+
+    paths = ProjectPaths(tmp_path)
+    open_store(paths.runtime).close_blocking()
+    wal = paths.runtime / "wal"
+    if not _chattr(wal, "+i"):
+        pytest.skip("chattr +i is not supported here (CAP_LINUX_IMMUTABLE, filesystem)")
+    try:
+        with pytest.raises(IntloomError) as info:
+            abandon(open_store(paths.runtime))
+        doctor = unwritable_state_dir(paths)
+    finally:
+        _chattr(wal, "-i")
+    fact, fix = f"{wal} is immutable (chattr +i)", f"clear the flag (lsattr -d {wal} shows it)"
+    assert info.value.message == (
+        f"Checkpoint store path {wal} cannot hold a new segment (Operation not permitted): "
+        f"{fact}; {fix} with chattr -i {wal}."), info.value
+    assert doctor is not None and doctor[0].startswith(f"{fact};"), doctor
