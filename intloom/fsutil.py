@@ -487,8 +487,8 @@ def replace_files(directory: Path, items: list[tuple[str, bytes]], *, mode: int 
     (measured on a 2-vCPU VM: 64 snapshot files, 8.9 against 6.5 ms of CPU); a compaction
     writes one file per busy Run. Nothing is renamed until every file is durable: a failure
     to write or fsync leaves every target as it was, and no failure leaves a temp file
-    behind (a crash may). Each item holds an open file until the renames: callers bound
-    ``len(items)``.
+    behind (a crash may). Each item holds an open file, and its lock (``hold_temp``), until
+    the renames: callers bound ``len(items)``.
     """
     for name, _ in items:  # before anything is created: a refusal changes nothing
         if os.path.islink(directory / name):
@@ -511,18 +511,24 @@ def replace_files(directory: Path, items: list[tuple[str, bytes]], *, mode: int 
             write_all(fds[-1], data)
         for fd in fds:
             os.fsync(fd)
-        while fds:
-            os.close(fds.pop())
+        # Renamed while still open, so still locked (hold_temp): closed first, a temp file
+        # is free until its rename, and one whose fsync was slow (its mtime is its write's)
+        # looks to doctor like one a crash left.
         while temps:
             tmp, path = temps[0]
             os.rename(tmp, path)
             del temps[0]
     finally:
-        for fd in fds:
-            os.close(fd)
-        for tmp, _ in temps:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
+        try:
+            for tmp, _ in temps:  # removed before its lock goes, for the same reason
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+        finally:
+            for fd in fds:
+                # fsync has reported what the data met; close only lets the lock go (and a
+                # close error after the renames must not call a write that was done failed).
+                with contextlib.suppress(OSError):
+                    os.close(fd)
 
 
 def atomic_write(path: Path, data: bytes, *, mode: int = 0o600) -> None:

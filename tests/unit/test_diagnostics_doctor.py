@@ -341,3 +341,29 @@ def test_a_temp_file_just_created_and_not_locked_yet_is_named_as_maybe_in_progre
         "0 bytes): changed "), check.message
     assert check.next is not None and "rm" not in check.next, check
     assert "again in a moment" in check.next, check
+
+
+def test_a_temp_file_renamed_after_a_slow_fsync_is_not_called_left_by_a_crash(
+        root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """replace_files closed its temp files -- letting their lock go -- before renaming
+    them, so between the two a temp file whose fsync took over 2 s (its mtime is its
+    write's) was free and settled: doctor called connection.json's temp file of a live
+    host "left by a write that was interrupted (a crash)", with the rm command for it. Its
+    writer holds the lock until the rename."""
+    from intloom.diagnostics.doctor import _temp_files_check
+
+    paths = ProjectPaths(root)
+    seen: list[Any] = []
+    rename = os.rename
+
+    def looked_at_before_the_rename(src: Any, dst: Any) -> None:
+        if not seen and Path(src).parent == paths.state:
+            os.utime(src, (1_000_000.0, 1_000_000.0))  # written long ago: a slow fsync
+            seen.append(_temp_files_check(paths))
+        rename(src, dst)
+
+    monkeypatch.setattr(os, "rename", looked_at_before_the_rename)
+    write_connection_json(root, free_port())
+    monkeypatch.undo()
+    [check] = seen
+    assert (check.status, check.next) == ("ok", None), check
