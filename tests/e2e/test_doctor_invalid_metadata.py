@@ -139,13 +139,16 @@ def test_a_copied_project_does_not_advise_signalling_the_original_host(
 
 # A first start stopped where the host has linked service.lock into place (complete, naming
 # it) and has not yet taken its OS lock: Ownership.take_lock is create_lock_file, then
-# _flock, which here first waits until the test closes stdin.
+# _flock, which here first waits until the test closes stdin. create_lock_file locks the
+# file from its creation (hold_temp) unless flock fails there, as it does on a file system
+# without it (then _flock is the first to try), or the host predates it: hold_temp is made
+# a no-op, else the lock is held and the state this test is about never arises.
 LINKED_NOT_LOCKED = textwrap.dedent('''
     import sys
     import uuid
     from pathlib import Path
 
-    from intloom.host import ownership
+    from intloom.host import metadata, ownership
     from intloom.host.logfile import utc_now
     from intloom.host.metadata import current_identity
     from intloom.project import ProjectPaths
@@ -160,6 +163,7 @@ LINKED_NOT_LOCKED = textwrap.dedent('''
 
 
     ownership._flock = linked
+    metadata.hold_temp = lambda fd: None
     host = ownership.Ownership(ProjectPaths(Path(sys.argv[1])), str(uuid.uuid4()),
                                current_identity(), utc_now())
     host.take_lock()
