@@ -275,7 +275,9 @@ def write_connection(path: Path, conn: Connection) -> None:
 
 
 def create_lock_file(path: Path, lock: ServiceLock) -> int:
-    """Create ``service.lock`` exclusively and return its open descriptor (the caller flocks it).
+    """Create ``service.lock`` exclusively and return its open descriptor, flocked from the
+    temp file's creation where the file system allows (``hold_temp``; the caller flocks it
+    again, which is a no-op on the same descriptor, and the first try where that failed).
 
     The record is written to a private temp file and hard-linked into place, so the lock file
     appears complete or not at all: a kill mid-write cannot leave an empty or partial
@@ -309,12 +311,14 @@ def create_lock_file(path: Path, lock: ServiceLock) -> int:
                 os.unlink(tmp)
         fsync_dir(path.parent)
     except BaseException as exc:
-        os.close(fd)
         if linked:
-            # The file is ours (we just linked it) and nobody holds it yet: left behind, it
-            # would block every later start as a stale lock.
+            # The file is ours (we just linked it): left behind, it would block every later
+            # start as a stale lock. Removed before the close lets its lock go: a lock file
+            # that is free while its pid lives and holds no descriptor on it is, to doctor,
+            # another project's host.
             with contextlib.suppress(OSError):
                 os.unlink(path)
+        os.close(fd)
         if isinstance(exc, OSError) and not isinstance(exc, FileExistsError):
             raise _write_failed(path, exc, "no lock file was created") from None
         raise

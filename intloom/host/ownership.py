@@ -42,8 +42,10 @@ BUSY_MESSAGE: Final = (
     "The project service is locked ({path} exists). Run intloom doctor; use intloom recover "
     "only after its owner has exited."
 )
-# A read-only probe (doctor, status) may hold the OS lock for an instant right after the file
-# appears; the file itself is ours by O_EXCL, so waiting briefly is safe.
+# create_lock_file has normally taken the OS lock already (on this same descriptor, so
+# taking it again succeeds at once); where it could not, a read-only probe (doctor, status)
+# may hold it for an instant right after the file appears; the file itself is ours by
+# O_EXCL, so waiting briefly is safe.
 _FLOCK_PATIENCE: Final = 2.0
 
 

@@ -423,3 +423,41 @@ def test_a_wal_directory_that_refuses_a_new_segment_is_named_as_doctor_names_it(
         f"Checkpoint store path {wal} cannot hold a new segment (Operation not permitted): "
         f"{fact}; {fix} with chattr -i {wal}."), info.value
     assert doctor is not None and doctor[0].startswith(f"{fact};"), doctor
+
+
+def test_a_lock_file_a_failed_start_removes_stays_locked_until_it_is_gone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """When .intloom's fsync failed after service.lock was linked, create_lock_file closed
+    the file -- letting its lock go -- before removing it: for that moment the lock of a
+    live, starting host was free and the host had no descriptor open on it, which doctor
+    takes as proof that the pid is not this project's host ("move service.lock aside by
+    hand"). It is removed while still held, as it was held from its creation."""
+    from intloom.errors import IntloomError
+    from intloom.fsutil import os_lock
+    from intloom.host import metadata
+    from tests.unit.diagnostics_support import make_root
+
+    path = make_root(tmp_path) / ".intloom" / "service.lock"
+    path.parent.mkdir(mode=0o700)
+    record = metadata.ServiceLock(version=metadata.METADATA_VERSION, pid=os.getpid(),
+                                  create_time=1_000_000.0, boot_id="b",
+                                  instance_id="0f0e0d0c-0b0a-4908-8706-050403020100",
+                                  started_at="2026-01-01T00:00:00Z")
+    seen: list[str] = []
+    unlink = os.unlink
+
+    def probed(target: Any, *args: Any, **kwargs: Any) -> None:
+        if Path(target) == path:
+            seen.append(os_lock(path)[0])
+        unlink(target, *args, **kwargs)
+
+    def refused(_directory: Path) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(metadata, "fsync_dir", refused)
+    monkeypatch.setattr(os, "unlink", probed)
+    with pytest.raises(IntloomError, match="Input/output error"):
+        metadata.create_lock_file(path, record)
+    monkeypatch.undo()
+    assert seen == ["held"]
+    assert sorted(os.listdir(path.parent)) == []
