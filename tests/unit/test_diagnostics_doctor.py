@@ -325,9 +325,13 @@ def test_a_temp_file_a_live_host_is_writing_is_not_called_left_by_a_crash(
 
 
 def test_a_temp_file_just_created_and_not_locked_yet_is_named_as_maybe_in_progress(
-        root: Path) -> None:
+        root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Unlocked, but changed a moment ago: its writer may be between creating and locking
     it (ownership checks fail closed). Named as undecided, without an rm for it."""
+    from intloom.diagnostics import temps
+
+    # "A moment" made an hour: a loaded machine may take seconds to reach the check.
+    monkeypatch.setattr(temps, "_SETTLED", 3600.0)
     paths = ProjectPaths(root)
     paths.state.mkdir(mode=0o700)
     tmp = paths.state / ".service.lock.0123456789abcdef.tmp"
