@@ -94,6 +94,7 @@ _NEXT = "next"  # not a sync Step, or other Runs write too: the loop runs it
 _SYNC = "sync"  # the route ended the Run: make it durable
 _BACK = "back"  # a stop, a lost Run or a new Stage: back to _drive
 _AWAIT = "await"  # the sync Step returned an awaitable: the loop awaits it
+_Future = asyncio.Future
 
 
 def _is_async(fn: Callable[..., Any]) -> bool:
@@ -1406,8 +1407,22 @@ class Driver:
     async def _call_sync(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn`` (not a coroutine function) on a worker thread; its result, awaited if it is
         awaitable."""
+        future = self._start_sync(fn, *args)
+        try:
+            result = await future
+        except asyncio.CancelledError:
+            _let_go_of(future, _close)  # as in _on_thread
+            raise
+        if type(result) is not str and inspect.isawaitable(result):  # an outcome is a str
+            result = await result
+        return result
+
+    def _start_sync(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
+        """``fn(*args)`` started on a worker thread: the future of what it returns or raises
+        (``_call_sync`` awaits it; a Step's is awaited by ``_run_step`` itself)."""
         inbox = self._loop_inbox()
-        future: asyncio.Future[Any] = inbox.loop.create_future()
+        # What loop.create_future() returns, without its Python frame (asyncio's own loop).
+        future: asyncio.Future[Any] = _Future(loop=inbox.loop)
 
         def body() -> None:
             try:
@@ -1424,14 +1439,7 @@ class Driver:
             inbox.put(future, True, result, _close)
 
         self.workers.submit(body)
-        try:
-            result = await future
-        except asyncio.CancelledError:
-            _let_go_of(future, _close)  # as in _on_thread
-            raise
-        if type(result) is not str and inspect.isawaitable(result):  # an outcome is a str
-            result = await result
-        return result
+        return future
 
     # ------------------------------------------------------------------ the loop
 
@@ -1635,9 +1643,19 @@ class Driver:
                 return
             try:  # errors converted as _user converts them
                 try:
-                    if awaiting is None:
-                        awaiting = fn(ctx) if is_async else self._call_sync(fn, ctx)
-                    outcome = await awaiting
+                    if awaiting is not None:
+                        outcome = await awaiting
+                    elif is_async:
+                        outcome = await fn(ctx)
+                    else:  # _call_sync's body, without its coroutine: one per sync Step
+                        future = self._start_sync(fn, ctx)
+                        try:
+                            outcome = await future
+                        except asyncio.CancelledError:
+                            _let_go_of(future, _close)
+                            raise
+                        if type(outcome) is not str and inspect.isawaitable(outcome):
+                            outcome = await outcome
                 finally:
                     finish(ctx)
             except (IntloomError, asyncio.CancelledError) as exc:
