@@ -67,6 +67,12 @@ class StepContext(Generic[S]):
     # Whether the Stage had no State, once ``finish`` has put ``_Over`` in its place: read
     # on the error path only, so a class default as ``_calls``.
     _stateless: bool = False
+    # The calls of each effect name that took a default key, and, key -> (the effect's
+    # name, whether it raised, whether the key was its default), the keys this Step's
+    # effects took: made by the first effect (``_key``), as a Step that runs none (most)
+    # need not build two dicts.
+    _effect_counts: dict[str, int] | None = None
+    _used_keys: dict[str, tuple[str, bool, bool]]
 
     def __init__(
         self,
@@ -91,10 +97,6 @@ class StepContext(Generic[S]):
         # running pays nothing for it (a flag of its own measured ~18 ns per assignment).
         self._state_type: type[Any] | None = state_type
         self._hooks = hooks
-        self._effect_counts: dict[str, int] = {}
-        # key -> (the effect's name, whether it raised, whether the key was its default):
-        # the keys this Step's effects took.
-        self._used_keys: dict[str, tuple[str, bool, bool]] = {}
 
     @property
     def state(self) -> S:
@@ -138,10 +140,14 @@ class StepContext(Generic[S]):
                 "and RUN_INTERRUPTED messages call it. Give it a non-empty name, e.g. "
                 '`ctx.effect("charge-card", charge, order)`.',
             )
+        counts = self._effect_counts
+        if counts is None:
+            counts = self._effect_counts = {}
+            self._used_keys = {}
         defaulted = key is None
         if key is None:
-            n = self._effect_counts.get(name, 0) + 1
-            self._effect_counts[name] = n
+            n = counts.get(name, 0) + 1
+            counts[name] = n
             key = f"{name}#{n}"
         elif not isinstance(key, str) or not key:
             raise IntloomError(
@@ -163,7 +169,7 @@ class StepContext(Generic[S]):
                 raise IntloomError(
                     "STEP_INTERACTION_INVALID",
                     f"{self.where} started effect {name!r} without key=, so its key defaulted "
-                    f"to {key!r} (name#n: call {self._effect_counts[name]} of {name!r} "
+                    f"to {key!r} (name#n: call {counts[name]} of {name!r} "
                     f"without key= in this Step), already the key= given to {holder} in this "
                     "Step. A key names one effect in the journal (RUN_INTERRUPTED names the "
                     f"effect in flight by it): pass this call of {name!r} a key= of its own, "
