@@ -295,16 +295,18 @@ class RunSlot:
     def apply(self, record: Record, state: RunState) -> None:
         """Keep ``record``, whose fold onto the current state is ``state``."""
         self.state = state
-        # The record itself stands for its detail until someone reads it (_detail): a tuple
-        # of a str and gc=False structs is untracked by the cyclic collector at its first
-        # pass, where one holding a dict would stay tracked in the history for a while. The
-        # cursor is the record's own: a flush often holds one Step's result and the next
-        # Step's start, and its events must not all show where the last one left the Run.
+        # The record's facts (a str, a tuple of two) stand for its detail until someone reads
+        # it (_detail): a tuple of strs and gc=False structs is untracked by the cyclic
+        # collector at its first pass, where one holding a dict would stay tracked in the
+        # history for a while; and the history packs as it is (``pack``). The cursor is the
+        # record's own: a flush often holds one Step's result and the next Step's start, and
+        # its events must not all show where the last one left the Run.
         if type(record) is Waiting:
             self._events.append(_event_of(record, state))
         else:  # _event_of's common case, without its call (three records per Step)
+            facts = _FACTS.get(type(record))
             self._events.append(
-                (state.phase, record if type(record) in _FACTS else None, state.cursor))
+                (state.phase, None if facts is None else facts(record), state.cursor))
 
     def view(self) -> RunView:
         st = self.shown
@@ -635,7 +637,8 @@ def _event_of(record: Record, state: RunState) -> _Event:
     if type(record) is Waiting and record.agent_call is not None and (
             record.agent_call.phase == "claimed"):
         return "claimed", {"callId": record.agent_call.id}, state.cursor
-    return state.phase, record if type(record) in _FACTS else None, state.cursor
+    facts = _FACTS.get(type(record))
+    return state.phase, None if facts is None else facts(record), state.cursor
 
 
 def _earlier_entries(earlier: Callable[[], list[Record]]) -> list[_Entry]:

@@ -26,15 +26,15 @@ from intloom.runtime.records import Answered, EffectDone, EffectStarted, StepRes
 
 __all__ = ["FACTS", "Entry", "Event", "detail", "pack", "plain_view", "shown", "unpack"]
 
-# An event: its name, its detail (``detail`` reads it: a dict or None, a record, or the
-# record's ``FACTS`` once packed) and the cursor of the record behind it (None: the cursor of
-# the view it is published with).
+# An event: its name, its detail (``detail`` reads it: a dict or None, or the ``FACTS`` of
+# the record behind it) and that record's cursor (None: the cursor of the view it is
+# published with).
 Event = tuple[str, Any, Cursor | None]
 # A history entry: one publish's events, the state it showed, and its view when that is not
 # the plain view of the state (an override, a suspension).
 Entry = tuple[tuple[Event, ...], RunState, RunView | None]
-# The records an event keeps (as its detail), and what a packed history keeps of them (the
-# rest, a State or an effect's result, is in the journal).
+# The records an event keeps facts of (as its detail), and those facts (the rest, a State or
+# an effect's result, is in the journal).
 FACTS: Final[dict[type, Callable[[Any], Any]]] = {
     StepResult: operator.attrgetter("outcome"),
     EffectStarted: operator.attrgetter("name", "key"),
@@ -81,10 +81,7 @@ def shown(entry: Entry) -> RunView:
 
 def pack(entries: list[Entry]) -> bytes | None:
     """``entries`` packed; None when a detail does not encode (then keep the objects)."""
-    get = FACTS.get
-    sent = [(tuple([(name, info if info is None or (facts := get(type(info))) is None
-                     else facts(info), cursor) for name, info, cursor in events]),
-             view if view is not None else (
+    sent = [(events, view if view is not None else (
                  state.cursor, state.status, state.updated_at, state.pending_action,
                  state.pending_agent_call, state.last_error, state.phase, state.dismissed))
             for events, state, view in entries]

@@ -1023,7 +1023,7 @@ def test_a_long_history_is_out_of_the_cyclic_collectors_way() -> None:
         assert view.status == "waiting"
         history = rt.runs[view.run_id].history
         assert len(history) > 100
-        for _ in range(3):  # a tuple is untracked at a pass after its items were (3 levels)
+        for _ in range(4):  # a tuple is untracked at a pass after its items were (4 levels)
             gc.collect()
         tracked = [entry for entry in history if gc.is_tracked(entry)]
         assert tracked == []

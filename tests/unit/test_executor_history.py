@@ -21,8 +21,9 @@ def _entries(run_id: str, seed: int) -> list[Entry]:
     state: RunState | None = None
     for i, record in enumerate(walk(run_id, 120, seed=seed, terminal=True)):
         state = apply(state, record)
-        events: tuple[Event, ...] = (  # as RunSlot.apply keeps them: the record itself
-            (state.phase, record if type(record) in FACTS else None, state.cursor),)
+        facts = FACTS.get(type(record))
+        events: tuple[Event, ...] = (  # as RunSlot.apply keeps them: the record's facts
+            (state.phase, None if facts is None else facts(record), state.cursor),)
         override = None
         if i % 17 == 5:  # a suspension or a failure outside the journal
             override = to_view(state, status="failed",
