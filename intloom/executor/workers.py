@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import queue
 import threading
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -27,25 +28,20 @@ class Workers:
     def __init__(self, *, idle_s: float = _IDLE_S, name: str = "intloom-step") -> None:
         self._idle_s = idle_s
         self._name = name
-        self._lock = threading.Lock()
-        # Parked workers no job has been promised to yet. A submit promises one (count - 1)
-        # and queues the job; whichever parked worker wakes first takes it.
-        self._unpromised = 0
+        # One token per parked worker no job has been promised to yet. A submit takes one
+        # (a promise) and queues the job; whichever parked worker wakes first takes it. A
+        # deque's append and pop are atomic: no lock round trip per job on either side
+        # (each sync Step of a Run among others passed two).
+        self._unpromised: deque[None] = deque()
         self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
 
     def submit(self, job: Callable[[], None]) -> None:
         """Run ``job`` on a worker thread. ``job`` must not raise (it reports its own result)."""
-        # acquire/release rather than ``with`` here and below: a with-statement on a lock
-        # costs ~1.5k instructions more (callgrind), and each sync Step of a Run among others
-        # passes four of these.
-        lock = self._lock
-        lock.acquire()
         try:
-            parked = self._unpromised > 0
-            if parked:
-                self._unpromised -= 1
-        finally:
-            lock.release()
+            self._unpromised.pop()
+            parked = True
+        except IndexError:
+            parked = False
         self._jobs.put(job)
         if not parked:
             threading.Thread(target=self._work, name=self._name, daemon=True).start()
@@ -55,18 +51,13 @@ class Workers:
             try:
                 job = self._jobs.get(timeout=self._idle_s)
             except queue.Empty:
-                with self._lock:
-                    if self._unpromised > 0:
-                        self._unpromised -= 1  # nothing was promised to this worker: end it
-                        return
-                continue  # every parked worker was promised a job: one is ours to take
+                try:
+                    self._unpromised.pop()  # nothing was promised to this worker: end it
+                    return
+                except IndexError:
+                    continue  # every parked worker was promised a job: one is ours to take
             job()
-            lock = self._lock
-            lock.acquire()
-            try:
-                self._unpromised += 1
-            finally:
-                lock.release()
+            self._unpromised.append(None)
 
 
 class Inbox:
