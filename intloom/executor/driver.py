@@ -1627,7 +1627,15 @@ class Driver:
             else:
                 rt.append_boundary(
                     slot, Executing(at=clock.now(), stage=step.stage.name, step=step.name))
-                await rt.sync(slot)
+                # rt.sync(slot), without its coroutine: one fewer per Step, and one level
+                # fewer for every resumption of this task to pass through (callgrind, 64
+                # async Runs: ~2.5k fewer instructions per Step).
+                try:
+                    upto = slot.mark()
+                    await rt.journal.sync(slot.run_id)
+                    rt.show_durable(slot, upto)
+                except (CheckpointFailed, OSError) as exc:
+                    rt.settle(slot, exc)
                 ctx = self._ctx(slot, step.name, step.stage)
             if step.kind == "agent":
                 request = await self._user(slot, step.where, step.fn, ctx)

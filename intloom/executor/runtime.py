@@ -619,11 +619,16 @@ class Runtime:
         try:
             upto = slot.mark()
             await self.journal.sync(slot.run_id)
-            slot.publish(upto=upto)
-            if slot.shown.phase == "terminal":
-                self._retire(slot)
+            self.show_durable(slot, upto)
         except (CheckpointFailed, OSError) as exc:
             self.settle(slot, exc)
+
+    def show_durable(self, slot: RunSlot, upto: tuple[RunState, int]) -> None:
+        """``sync``'s end, once the journal has made the Run durable up to ``upto`` (its
+        ``mark()`` before the flush): show it, and retire the Run if that ended it."""
+        slot.publish(upto=upto)
+        if slot.shown.phase == "terminal":
+            self._retire(slot)
 
     def sync_here(self, slot: RunSlot) -> None:
         """``sync`` from the thread driving the Run's sync Steps (not the loop's): blocks
