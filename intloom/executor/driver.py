@@ -1364,10 +1364,15 @@ class Driver:
         # getpid() syscall per call, and the Step path would ask it for every Step.
         self.loop: asyncio.AbstractEventLoop | None = None
         self._inbox: Inbox | None = None
+        # The Inbox of the loop Runs are driven on (set by launch): a Step's task runs on
+        # that loop, so _run_step need not ask which loop runs (``_loop_inbox``, per Step).
+        self._steps_inbox: Inbox | None = None
 
     def launch(self, slot: RunSlot) -> None:
         self.loop_thread = threading.current_thread()
         loop = self.loop = asyncio.get_running_loop()
+        if self._steps_inbox is None or self._steps_inbox.loop is not loop:
+            self._steps_inbox = Inbox(loop)
         task = loop.create_task(self._drive(slot))
         slot.task = task
         self.tasks.add(task)
@@ -1410,7 +1415,7 @@ class Driver:
     async def _call_sync(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn`` (not a coroutine function) on a worker thread; its result, awaited if it is
         awaitable."""
-        future = self._start_sync(fn, *args)
+        future = self._start_sync(self._loop_inbox(), fn, *args)
         try:
             result = await future
         except asyncio.CancelledError:
@@ -1420,10 +1425,11 @@ class Driver:
             result = await result
         return result
 
-    def _start_sync(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
-        """``fn(*args)`` started on a worker thread: the future of what it returns or raises
-        (``_call_sync`` awaits it; a Step's is awaited by ``_run_step`` itself)."""
-        inbox = self._loop_inbox()
+    def _start_sync(self, inbox: Inbox, fn: Callable[..., Any], *args: Any
+                    ) -> asyncio.Future[Any]:
+        """``fn(*args)`` started on a worker thread: the future of what it returns or raises,
+        settled through ``inbox`` (the running loop's; ``_call_sync`` awaits the future, a
+        Step's is awaited by ``_run_step`` itself)."""
         # What loop.create_future() returns, without its Python frame (asyncio's own loop).
         future: asyncio.Future[Any] = _Future(loop=inbox.loop)
 
@@ -1659,7 +1665,9 @@ class Driver:
                     elif is_async:
                         outcome = await fn(ctx)
                     else:  # _call_sync's body, without its coroutine: one per sync Step
-                        future = self._start_sync(fn, ctx)
+                        inbox = self._steps_inbox
+                        assert inbox is not None, "a Run is driven only after launch()"
+                        future = self._start_sync(inbox, fn, ctx)
                         try:
                             outcome = await future
                         except asyncio.CancelledError:
