@@ -95,6 +95,7 @@ _SYNC = "sync"  # the route ended the Run: make it durable
 _BACK = "back"  # a stop, a lost Run or a new Stage: back to _drive
 _AWAIT = "await"  # the sync Step returned an awaitable: the loop awaits it
 _Future = asyncio.Future
+_new_object = object.__new__
 
 
 def _is_async(fn: Callable[..., Any]) -> bool:
@@ -1523,7 +1524,11 @@ class Driver:
                 slot.decoded = None
             else:
                 value = _state_codec(stage.state_type)[0](st.stage_state)
-        return StepContext(
+        # StepContext(...) without type.__call__, which hands __init__ its keywords as a new
+        # dict (through tp_init); a method call passes them as they are (one per Step:
+        # ~470 -> ~210 ns here).
+        ctx: StepContext[Any] = _new_object(StepContext)
+        ctx.__init__(  # type: ignore[misc]
             run_id=st.run_id,
             intent=st.intent,
             stage=stage.name,
@@ -1532,6 +1537,7 @@ class Driver:
             state_type=stage.state_type,
             hooks=self._hooks(slot) if hooks is None else hooks,
         )
+        return ctx
 
     def _hooks(self, slot: RunSlot) -> _Hooks:
         hooks = slot.hooks
