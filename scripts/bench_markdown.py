@@ -455,10 +455,33 @@ Changes (each measured before and after with the sub-command named):
   collection to walk; now ~2k). Counted with `valgrind --tool=callgrind` (deterministic,
   unlike time on this VM), fdatasync a no-op, the clock fixed, instructions per Step:
   one async Run 152k → 126k, 64 async Runs 139k → 117k, 64 sync Runs 172k → 147k.
+- **Fewer objects per Step on the loop** (2026-12-01, `concurrency`): the store frames a
+  record inline and makes its flush waiter without `loop.create_future`'s frame; a sync
+  Step's future is awaited by the driver itself (no `_call_sync` coroutine) and its result
+  comes back through the Inbox made for the Runs' loop (no look-up per Step); a Step's
+  `executing` flush is awaited without `Runtime.sync`'s coroutine; a Step's context is built
+  without a keyword dict and makes its effect-key dicts only at its first effect; the worker
+  pool counts its parked workers in a deque (two lock round trips fewer per sync Step); a
+  history event keeps its record's facts, so an ended Run's history packs without rebuilding
+  its events. Callgrind (fdatasync a no-op, the clock fixed), instructions per Step: 64 async
+  Runs 143.1k → 134.8k (−6 %), 64 sync Runs 171.3k → 157.5k (−8 %), one sync Run 140.0k →
+  136.2k. In alternating `concurrency` runs on an otherwise idle machine (during a slow spell
+  of the VM: ~17-24k Steps/s), the new code did more Steps/s in each of three pairs, sync
+  (+3 to +7 %) and async (+4 to +19 %). Measured and not kept: an Inbox without its lock
+  (a deque and a flag, −0.8 % for 64 sync Runs, and a lost wake-up too hard to rule out);
+  a module-level job with its arguments instead of a closure per sync Step (no change); the
+  collector's threshold raised tenfold (the same 20-23 ms over 19,200 Steps).
 
 What is left, from profiles taken while building this harness (`py-spy`, `cProfile`,
 `strace -c`, `-X importtime`; figures are from those sessions, not this run):
 
+- A sync Step still costs the loop more CPU than an async one: with fdatasync a no-op,
+  ~37 µs against ~25 µs per Step with 64 Runs (2026-12-01), of which callgrind's
+  instruction counts explain only ~20 %; context switches are few (+2.7k over 19,200 Steps,
+  `perf stat`) and `perf` shows no single hot spot: the rest is the caches and the GIL
+  passed between the loop and the workers, which an instruction count does not see. A Run's
+  history costs ~16k instructions per Step with 64 Runs (140.3k with it, 124.2k without,
+  128.1k without packing): what a follower and `runs` show of it is what DESIGN asks for.
 - A sync Step must not block the event loop, so it runs on a worker thread. A Run alone
   is driven there (above); with other Runs writing, each sync Step goes from the loop to a
   worker and back, and 64 sync Runs reach ~26,000 Steps/s against ~40,000 for async ones
