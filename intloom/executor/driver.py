@@ -1399,7 +1399,8 @@ class Driver:
         return await self._call_sync(fn, *args)
 
     def _loop_inbox(self) -> Inbox:
-        """Where worker threads hand results to the running loop (one Inbox per loop)."""
+        """Where worker threads hand results to the running loop (one Inbox per loop;
+        a sync Step's own result goes through ``_steps_inbox``, made by ``launch``)."""
         loop = self.loop
         if loop is None or not loop.is_running():
             loop = asyncio.get_running_loop()
