@@ -142,8 +142,10 @@ class StepContext(Generic[S]):
             )
         counts = self._effect_counts
         if counts is None:
-            counts = self._effect_counts = {}
+            # The keys first: an effect started from another of the Step's threads meanwhile
+            # (refused alongside this one, with a message) that finds the counts finds them.
             self._used_keys = {}
+            counts = self._effect_counts = {}
         defaulted = key is None
         if key is None:
             n = counts.get(name, 0) + 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import threading
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -720,3 +721,34 @@ def test_ctx_state_assigned_through_a_ctx_kept_from_an_earlier_step_is_refused(
                  "which was over", *said]:
         assert fact in message, (fact, message)
     assert ("its State was saved" in message) is stateful, message
+
+
+def test_an_effect_started_from_another_thread_as_the_first_one_starts_finds_its_keys() -> None:
+    """A Step's context makes its effect-key dicts at its first effect. An effect started
+    from another of the Step's threads at that moment (alongside: refused by the journal,
+    with a message) read the counts just made and not the keys yet: AttributeError instead.
+    That other thread is stood in for by an effect started as the counts are set."""
+    others: list[Any] = []
+
+    class Hooks:
+        loop_thread = threading.Thread()  # never the thread the Step runs on
+
+        def effect_sync(self, name: str, key: str, call: Callable[[], Any]) -> Any:
+            return call()
+
+        def running(self) -> str | None:
+            return None
+
+    class Racing(intloom.StepContext[None]):
+        def __setattr__(self, name: str, value: Any) -> None:
+            super().__setattr__(name, value)
+            if name == "_effect_counts" and not others:
+                others.append(self.effect("other", lambda: "other ran"))
+
+    ctx = Racing(run_id="r", intent="go", stage="s", step="a", state=None, state_type=None,
+                 hooks=Hooks())  # type: ignore[arg-type]
+    assert ctx.effect("first", lambda: "first ran") == "first ran"
+    assert others == ["other ran"]
+    with pytest.raises(IntloomError) as refused:  # the other effect's key was kept
+        ctx.effect("again", lambda: None, key="other#1")
+    assert refused.value.code == "STEP_INTERACTION_INVALID"
