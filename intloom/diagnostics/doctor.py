@@ -39,6 +39,7 @@ from intloom.fsutil import (
     file_problem,
     privacy_fix,
     shell_arg,
+    unlink_refusal,
     write_refusal,
 )
 from intloom.host.liveness import Evidence, holds_open, paused, unheld_lock
@@ -119,28 +120,65 @@ def refused_state_dir(paths: ProjectPaths) -> PrivacyError | None:
     return None
 
 
+class Unwritable(NamedTuple):
+    """A state directory in which we may not create, replace or remove files."""
+
+    refused: str  # what refuses, naming the directory (write_refusal's fact)
+    needs: str  # what intloom does there that it refuses
+    fix: str  # without a full stop
+    # Only snapshot compaction writes there (runtime/'s manifest, snap/, its live/ and done/),
+    # and the flag on it (immutable, append-only) refuses nothing a start needs: the host
+    # starts and runs the Runs; each compaction fails, a warning in the host log, and the
+    # log a start reads grows until the flag is cleared.
+    compaction_only: bool
+
+    @property
+    def fact(self) -> str:
+        return (f"{self.refused}; intloom needs to {self.needs} there (its lock, its log, "
+                "the Runs' checkpoints).")
+
+
 def unwritable_state_dir(paths: ProjectPaths) -> tuple[str, str] | None:
     """The first state directory that is there but in which we may not create, replace or
     remove files, as (the fact, the fix without a full stop), or None. Private is not
     enough: a start writes its lock, log and checkpoints into these, and a directory it
-    cannot write (0500, the immutable or append-only flag, a read-only mount) fails it.
-    The fact and fix are read from the file system (``fsutil.write_refusal``), as a failed
-    start and recover give them; doctor's runtime_dir check and status's hint say the same.
-    logs/ and wal/ only ever get new files, appended to: an append-only flag there (a
-    sensible way to keep logs) hinders nothing, so it is not called a fault."""
+    cannot write (0500, the immutable or append-only flag, a read-only mount) fails it or
+    its compactions. The fact and fix are read from the file system
+    (``fsutil.write_refusal``), as a failed start and recover give them; doctor's
+    runtime_dir check and status's hint say the same."""
+    found = unwritable_state_dirs(paths)
+    return (found[0].fact, found[0].fix) if found else None
+
+
+def unwritable_state_dirs(paths: ProjectPaths) -> list[Unwritable]:
+    """Every state directory ``unwritable_state_dir`` would name, in its order. logs/ and
+    wal/ only ever get new files, appended to: an append-only flag there (a sensible way to
+    keep logs) hinders nothing, so it is not called a fault."""
     created_only = (paths.logs, paths.runtime / "wal")
+    snap = paths.runtime / "snap"
+    # What a start creates in each directory only compaction otherwise writes: one that is
+    # not there yet cannot be created under an immutable parent.
+    compacted = {paths.runtime: ("wal", "snap"), snap: ("live", "done"),
+                 snap / "live": (), snap / "done": ()}
+    found: list[Unwritable] = []
     for path in (paths.state, paths.runtime, paths.logs, *_store_dirs(paths)):
         if not os.path.isdir(path):
             continue
         # A name that is not there: the directory itself is judged, not a file in it.
         replaced = path not in created_only
-        refused = write_refusal(path / ".intloom-doctor", replaced=replaced)
-        if refused is not None:
-            fact, fix = refused
-            needs = "create, replace and remove files" if replaced else "create files"
-            return (f"{fact}; intloom needs to {needs} there (its lock, its log, the Runs' "
-                    "checkpoints).", fix)
-    return None
+        probe = path / ".intloom-doctor"
+        refused = write_refusal(probe, replaced=replaced)
+        if refused is None:
+            continue
+        fact, fix = refused
+        needs = "create, replace and remove files" if replaced else "create files"
+        bar = unlink_refusal(probe)
+        compaction_only = (
+            path in compacted and bar is not None and bar.where == path
+            and (bar.bar == "append_only" or (bar.bar == "immutable" and all(
+                os.path.isdir(path / name) for name in compacted[path]))))
+        found.append(Unwritable(fact, needs, fix, compaction_only))
+    return found
 
 
 def _runtime_dir_check(paths: ProjectPaths) -> Check:

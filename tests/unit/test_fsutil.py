@@ -425,6 +425,40 @@ def test_a_wal_directory_that_refuses_a_new_segment_is_named_as_doctor_names_it(
     assert doctor is not None and doctor[0].startswith(f"{fact};"), doctor
 
 
+@pytest.mark.parametrize("flag", ["+i", "+a"])
+def test_status_says_a_flagged_snapshot_directory_lets_runs_go_on_and_fails_compaction(
+        tmp_path: Path, flag: str) -> None:
+    """An immutable or append-only runtime/snap/live/: status said "intloom start fails on
+    the project as it is", yet the host starts and runs its Runs; only snapshot compaction
+    fails there, with a warning in the host log. doctor still calls it a fault."""
+    if shutil.which("chattr") is None:
+        pytest.skip("chattr is not installed")
+    from intloom.cli.commands.diagnose import _start_refuses
+    from intloom.diagnostics.doctor import unwritable_state_dir
+    from intloom.project import ProjectPaths
+    from tests.unit.test_store_support import open_store
+
+    paths = ProjectPaths(tmp_path)
+    open_store(paths.runtime).close_blocking()
+    live = paths.runtime / "snap" / "live"
+    if not _chattr(live, flag):
+        pytest.skip(f"chattr {flag} is not supported here (CAP_LINUX_IMMUTABLE, filesystem)")
+    try:
+        open_store(paths.runtime).close_blocking()  # what a start does with it: it opens
+        said = _start_refuses(tmp_path)
+        doctor = unwritable_state_dir(paths)
+    finally:
+        _chattr(live, "-" + flag[1])
+    what = "immutable (chattr +i)" if flag == "+i" else (
+        "append-only (chattr +a): nothing in it can be replaced or removed")
+    assert said == (
+        f"intloom start works and the Runs go on, but {live} is {what}: snapshot compaction "
+        "fails when it writes there (a warning in the host log each time), and the log a "
+        f"start reads grows until the flag is cleared. Clear the flag (lsattr -d {live} "
+        f"shows it) with chattr -{flag[1]} {live}."), said
+    assert doctor is not None and doctor[0].startswith(f"{live} is "), doctor
+
+
 def test_a_lock_file_a_failed_start_removes_stays_locked_until_it_is_gone(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """When .intloom's fsync failed after service.lock was linked, create_lock_file closed

@@ -59,10 +59,11 @@ def status(state: CliState) -> None:
 def _start_refuses(root: Path) -> str | None:
     """Why the ``intloom start`` an offline diagnosis suggests would refuse or fail on the
     project's state directories as they are (group/other bits, or private but not writable
-    by us), with the fix; None when it would not. The diagnosis leaves modes to doctor's
-    runtime_dir check, but "Run intloom start" alone sent people straight into that
-    refusal."""
-    from intloom.diagnostics.doctor import refused_state_dir, unwritable_state_dir
+    by us), with the fix; or, for a flag that only snapshot compaction runs into, what
+    happens instead; None when nothing stands in its way. The diagnosis leaves modes to
+    doctor's runtime_dir check, but "Run intloom start" alone sent people straight into
+    that refusal."""
+    from intloom.diagnostics.doctor import refused_state_dir, unwritable_state_dirs
     from intloom.fsutil import privacy_fix
     from intloom.project import ProjectPaths
 
@@ -71,10 +72,18 @@ def _start_refuses(root: Path) -> str | None:
     if exc is not None:
         return (f"But intloom start refuses the project as it is: {exc.path} {exc.fact}. "
                 f"{privacy_fix(exc)}.")
-    unwritable = unwritable_state_dir(paths)
-    if unwritable is not None:
-        fact, fix = unwritable
-        return f"But intloom start fails on the project as it is: {fact} {fix}."
+    found = unwritable_state_dirs(paths)
+    failing = [dir_ for dir_ in found if not dir_.compaction_only]
+    if failing:
+        return (f"But intloom start fails on the project as it is: {failing[0].fact} "
+                f"{failing[0].fix}.")
+    if found:
+        # The host starts and runs; saying it would fail sent people to fix the wrong thing.
+        fix = found[0].fix
+        return (f"intloom start works and the Runs go on, but {found[0].refused}: snapshot "
+                "compaction fails when it writes there (a warning in the host log each "
+                "time), and the log a start reads grows until the flag is cleared. "
+                f"{fix[:1].upper()}{fix[1:]}.")
     return None
 
 
