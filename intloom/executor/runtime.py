@@ -119,6 +119,10 @@ class RestoredRun(msgspec.Struct, frozen=True):
     problem: str | None = None  # corrupt / incompatible: reported, never loaded
     # The store's verdict on the journal itself (an "incompatible" one: a newer format).
     status: Literal["ok", "corrupt", "incompatible"] = "ok"
+    # Held only for a lost segment (the store's ``RunJournal.lost``): that segment, and the
+    # Run's snap/live/ snapshot, whose removal accepts the loss (docs/recovery.md).
+    lost: str | None = None
+    snapshot: str | None = None
 
 
 def _mismatch(state: RunState, workflows: Mapping[str, LoadedWorkflow],
@@ -220,8 +224,11 @@ class HeldRun:
     """
 
     def __init__(self, run_id: str, state: RunState | None, problem: str, code: str,
-                 *, dismissible: bool) -> None:
+                 *, dismissible: bool, lost: str | None = None,
+                 snapshot: str | None = None) -> None:
         self.run_id = run_id
+        self.lost = lost  # see RestoredRun
+        self.snapshot = snapshot
         self.state = state
         self.problem = problem
         self.code = code
@@ -251,6 +258,16 @@ class HeldRun:
                 "it: check the effects it names by hand, and if you have a copy of that file "
                 "from before the damage (a backup), put it back and restart the host."
             )
+            if self.lost is not None and self.snapshot is not None:
+                # The way out docs/recovery.md gives when there is no copy: without it, a
+                # user with no backup was left with a Run held for good.
+                fix += (
+                    f" Without a copy of {self.lost}, you may accept the loss: stop the host, "
+                    f"move {self.snapshot} out of the runtime directory and start it again; "
+                    "the Run is then restored from its last readable record, so a Step whose "
+                    "records were lost may run again (check the effects intloom inspect "
+                    f"{rid} names first)."
+                )
         else:
             fix = (
                 "Its journal is kept untouched: this intloom does not append to a journal "
@@ -511,7 +528,8 @@ class Runtime:
         state = item.state
         if item.problem is not None or state is None:  # the journal itself is at fault
             code = "JOURNAL_INCOMPATIBLE" if item.status == "incompatible" else "JOURNAL_CORRUPT"
-            return HeldRun(item.run_id, state, why, code, dismissible=False)
+            return HeldRun(item.run_id, state, why, code, dismissible=False, lost=item.lost,
+                           snapshot=item.snapshot)
         whole = unreadable(state, self.package_version) is None
         return HeldRun(item.run_id, state, why, "JOURNAL_INCOMPATIBLE", dismissible=whole)
 

@@ -25,6 +25,8 @@ from intloom.project import Config, ProjectPaths
 from intloom.protocol.messages import RestoreSummary, StoreProblem, WorkflowInfo, WorkflowProblem
 from intloom.store import Store, StoreReport, read_runs_report
 from intloom.store.compaction import NotSummarised
+from intloom.store.files import Layout
+from intloom.store.snapshots import snapshot_name
 
 __all__ = ["Booted", "boot", "check_error"]
 
@@ -155,7 +157,10 @@ def _open_store(
     if error is not None:  # damaged between the read-only check and this read
         store.close_blocking()
         raise error
-    runs = [RestoredRun(run_id=j.run_id, state=j.state, problem=j.problem, status=j.status)
+    live = Layout(paths.runtime).live
+    runs = [RestoredRun(run_id=j.run_id, state=j.state, problem=j.problem, status=j.status,
+                        lost=j.lost,
+                        snapshot=None if j.lost is None else str(live / snapshot_name(j.run_id)))
             for j in report.runs]
     return store, runs
 

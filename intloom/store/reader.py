@@ -84,6 +84,9 @@ class RunJournal(msgspec.Struct):
     # damage, a damaged frame naming it, the record damaged bytes may have held). A later
     # read must reach it, clean, before the Run is trusted again (see ``_judge``).
     reached: int = 0
+    # For a Run held only because a segment is gone that may have held its next record:
+    # that segment (relative to the runtime directory), which the refusals name.
+    lost: str | None = None
 
 
 class FileProblem(msgspec.Struct, frozen=True):
@@ -873,9 +876,11 @@ def _judge(loaded: Loaded, run_id: str, frames: list[tuple[SegmentScan, Frame]],
         problem = (f"the log ends at record {expected - 1} but its snapshot "
                    f"({snapshot_name(run_id)}) covers record {snap.seq}")
     maybe = 0  # a record the damaged bytes may have held
+    gone: str | None = None  # the segment a Run is held for alone (RunJournal.lost)
     if (problem is None and gap is not None and state is not None
             and state.phase != "terminal"):
         maybe = state.seq + 1
+        gone = gap.place if gap.missing else None
         after = "no later record of it is left" if gap.missing else (
             "no record of it follows them")
         problem = (f"{gap.said} may have held its record {state.seq + 1}: {after} (its last "
@@ -885,7 +890,8 @@ def _judge(loaded: Loaded, run_id: str, frames: list[tuple[SegmentScan, Frame]],
         # The read stops short of where the Run was seen to get: the damaged bytes, or what
         # followed them, are not there to judge (a segment removed, or put back from a copy
         # older than they are). Absence proves nothing, so the Run stays held.
-        return RunJournal(run_id, snap.state, "corrupt", snap.problem, reached=snap.reached)
+        return RunJournal(run_id, snap.state, "corrupt", snap.problem, reached=snap.reached,
+                          lost=gap.place if gap is not None and gap.missing else None)
     if problem is None and state is None:
         if torn and not frames:
             return None  # its first records were torn by a crash: it never became visible
@@ -893,6 +899,7 @@ def _judge(loaded: Loaded, run_id: str, frames: list[tuple[SegmentScan, Frame]],
     if problem is not None:
         if snap_damage is not None:
             problem = f"its snapshot {snap_damage}, and the log cannot stand in for it: {problem}"
+            gone = None  # a damaged snapshot is a loss of its own, which moving it hides
         # A damaged frame's seq is what its bytes claim, and the damage may be in the seq
         # itself: only a claim up to one past the furthest valid record counts (the damaged
         # record between two good ones, or after the last one), or a read could never
@@ -900,7 +907,8 @@ def _judge(loaded: Loaded, run_id: str, frames: list[tuple[SegmentScan, Frame]],
         furthest = max([expected - 1, *(f.seq for _, f in frames)])
         reached = max([maybe, furthest, snap.reached if snap is not None else 0,
                        *(h.seq for h in hits if not h.at_tail and h.seq <= furthest + 1)])
-        return RunJournal(run_id, state, "corrupt", f"Run {run_id}: {problem}", reached=reached)
+        return RunJournal(run_id, state, "corrupt", f"Run {run_id}: {problem}", reached=reached,
+                          lost=gone)
     return RunJournal(run_id, state, "ok", None, torn_tail=torn)
 
 

@@ -128,6 +128,15 @@ def test_a_run_whose_newest_segment_is_lost_is_held_not_taken_back_to_its_questi
     assert message.startswith(f"Run {run_id} is held, not restored"), message
     assert "which is missing, may have held its record" in message, message
     assert "cannot be cancelled" in message and f"intloom inspect {run_id}" in message, message
+    # Without a backup, docs/recovery.md's way out (the "missing" row) is named too: the
+    # Run's own snapshot, which this start has written for the held Run.
+    snap = project.state / "runtime" / "snap" / "live" / snapshot_name(run_id)
+    assert snap.exists()
+    assert message.endswith(
+        " Without a copy of wal/0000000002.seg, you may accept the loss: stop the host, move "
+        f"{snap} out of the runtime directory and start it again; the Run is then restored "
+        "from its last readable record, so a Step whose records were lost may run again "
+        f"(check the effects intloom inspect {run_id} names first)."), message
     assert wal(project) == before
     doctor = project.cli("doctor", "--json")
     assert doctor.code == 3, doctor.stdout
