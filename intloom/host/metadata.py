@@ -293,11 +293,13 @@ def create_lock_file(path: Path, lock: ServiceLock) -> int:
                      0o600)
     except OSError as exc:
         raise _write_failed(path, exc, "no lock file was created") from None
-    # Held from here, through the link, for the host's life: the lock file is this inode.
-    hold_temp(fd)
     linked = False
     try:
         try:
+            # Held from here, through the link, for the host's life: the lock file is this
+            # inode. Inside both trys: it blocks while a probe holds the lock, and an
+            # interrupt then must still close the descriptor and remove the temp file.
+            hold_temp(fd)
             fault = injected_write_fault(path.name)
             if fault is not None:
                 write_all(fd, data[: len(data) // 2])
