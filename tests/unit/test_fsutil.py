@@ -469,14 +469,8 @@ def test_a_lock_file_a_failed_start_removes_stays_locked_until_it_is_gone(
     from intloom.errors import IntloomError
     from intloom.fsutil import os_lock
     from intloom.host import metadata
-    from tests.unit.diagnostics_support import make_root
 
-    path = make_root(tmp_path) / ".intloom" / "service.lock"
-    path.parent.mkdir(mode=0o700)
-    record = metadata.ServiceLock(version=metadata.METADATA_VERSION, pid=os.getpid(),
-                                  create_time=1_000_000.0, boot_id="b",
-                                  instance_id="0f0e0d0c-0b0a-4908-8706-050403020100",
-                                  started_at="2026-01-01T00:00:00Z")
+    path, record = _lock_to_create(tmp_path)
     seen: list[str] = []
     unlink = os.unlink
 
@@ -503,14 +497,8 @@ def test_a_lock_file_interrupted_while_its_temp_file_is_locked_leaves_nothing(
     holding it) escaped before the try that cleans up: the temp file stayed in .intloom and
     its descriptor stayed open."""
     from intloom.host import metadata
-    from tests.unit.diagnostics_support import make_root
 
-    path = make_root(tmp_path) / ".intloom" / "service.lock"
-    path.parent.mkdir(mode=0o700)
-    record = metadata.ServiceLock(version=metadata.METADATA_VERSION, pid=os.getpid(),
-                                  create_time=1_000_000.0, boot_id="b",
-                                  instance_id="0f0e0d0c-0b0a-4908-8706-050403020100",
-                                  started_at="2026-01-01T00:00:00Z")
+    path, record = _lock_to_create(tmp_path)
 
     def interrupted(_fd: int) -> None:
         raise KeyboardInterrupt
@@ -521,3 +509,17 @@ def test_a_lock_file_interrupted_while_its_temp_file_is_locked_leaves_nothing(
         metadata.create_lock_file(path, record)
     assert sorted(os.listdir("/proc/self/fd")) == before
     assert sorted(os.listdir(path.parent)) == []
+
+
+def _lock_to_create(tmp_path: Path) -> tuple[Path, Any]:
+    """Where a start would create its service.lock (its .intloom made), and its record."""
+    from intloom.host import metadata
+    from tests.unit.diagnostics_support import make_root
+
+    path = make_root(tmp_path) / ".intloom" / "service.lock"
+    path.parent.mkdir(mode=0o700)
+    record = metadata.ServiceLock(version=metadata.METADATA_VERSION, pid=os.getpid(),
+                                  create_time=1_000_000.0, boot_id="b",
+                                  instance_id="0f0e0d0c-0b0a-4908-8706-050403020100",
+                                  started_at="2026-01-01T00:00:00Z")
+    return path, record
