@@ -586,13 +586,13 @@ def _temp_files_check(paths: ProjectPaths) -> Check:
             f"project's root: rm -- {' '.join(t.path for t in left)}")
     if unsure:
         # Never offered for removal: its writer (a starting host) may still need it.
-        named = "; ".join(f"{_temp_named(t)}: {why}" for t, why in unsure)
+        named = "; ".join(f"{_temp_named(u.temp)}: {u.why}" for u in unsure)
         many = len(unsure) > 1
         message.append(
             f"{len(unsure)} temp file{'s' if many else ''} in .intloom/ may belong to a "
             f"write in progress (a starting host's), so {'they are' if many else 'it is'} "
             f"not called left behind: {named}.")
-        blind = [t.path for t, why in unsure if why.startswith("its lock cannot")]
+        blind = [u.temp.path for u in unsure if not u.probed]
         if len(blind) < len(unsure):
             todo.append("Run intloom doctor again in a moment: a write in progress is done "
                         "by then, and a temp file it left behind is named as such")

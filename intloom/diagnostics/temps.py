@@ -29,7 +29,7 @@ import msgspec
 from intloom.fsutil import os_lock
 from intloom.project import ProjectPaths
 
-__all__ = ["TempFile", "Temps", "metadata_temps"]
+__all__ = ["TempFile", "Temps", "Unsure", "metadata_temps"]
 
 # Exactly the names fsutil.replace_files and metadata.create_lock_file give their temp
 # files in .intloom/; any other name is not ours to explain.
@@ -49,13 +49,21 @@ class TempFile(msgspec.Struct, frozen=True):
     size: int
 
 
+class Unsure(NamedTuple):
+    """A temp file whose writer may be live: why that cannot be told, and whether its lock
+    could be probed at all (if not, only a look at who has it open can tell)."""
+
+    temp: TempFile
+    why: str
+    probed: bool
+
+
 class Temps(NamedTuple):
     """``left``: temp files whose writer is provably gone (left by an interrupted write).
-    ``unsure``: ones whose writer may be live, each with why it cannot be told (not
-    locked yet, or its lock not probeable)."""
+    ``unsure``: ones whose writer may be live (not locked yet, or its lock not probeable)."""
 
     left: list[TempFile]
-    unsure: list[tuple[TempFile, str]]
+    unsure: list[Unsure]
 
 
 def metadata_temps(paths: ProjectPaths) -> Temps:
@@ -86,10 +94,12 @@ def metadata_temps(paths: ProjectPaths) -> Temps:
             temp = TempFile(f"{paths.state.name}/{name}", match.group(1), st.st_size)
             age = time.time() - st.st_mtime  # its creation's, for one not locked
             if lock != "free":
-                found.unsure.append((temp, f"its lock cannot be probed ({reason})"))
+                found.unsure.append(Unsure(temp, f"its lock cannot be probed ({reason})",
+                                           probed=False))
             elif age < _SETTLED:
-                found.unsure.append((temp, f"changed {max(age, 0):.1f} s ago and not locked "
-                                           "yet: its writer may be creating it"))
+                found.unsure.append(Unsure(temp, f"changed {max(age, 0):.1f} s ago and not "
+                                           "locked yet: its writer may be creating it",
+                                           probed=True))
             else:
                 found.left.append(temp)
     except OSError:
