@@ -347,6 +347,31 @@ def test_a_temp_file_just_created_and_not_locked_yet_is_named_as_maybe_in_progre
     assert "again in a moment" in check.next, check
 
 
+def test_a_temp_file_whose_lock_cannot_be_probed_is_named_with_how_to_tell(
+        root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a file system whose flock fails (ENOLCK on some NFS), a temp file's writer cannot
+    be told from its lock: named as undecided, without an rm, with fuser as what tells."""
+    from intloom.diagnostics import temps
+
+    monkeypatch.setattr(temps, "os_lock", lambda _path: ("unprobeable", "No locks available"))
+    paths = ProjectPaths(root)
+    paths.state.mkdir(mode=0o700)
+    tmp = paths.state / ".service.json.0123456789abcdef.tmp"
+    tmp.write_bytes(b"{}")
+    tmp.chmod(0o600)
+    check = {c.id: c for c in run_doctor(root).checks}["temp_files"]
+    assert check.status == "attention", check
+    assert check.message.endswith(
+        ".service.json.0123456789abcdef.tmp (for service.json, 2 bytes): its lock cannot be "
+        "probed (No locks available)."), check.message
+    assert check.next == (
+        "To tell whether a process still writes .intloom/.service.json.0123456789abcdef.tmp, "
+        "run fuser -v .intloom/.service.json.0123456789abcdef.tmp from the project's root; if "
+        "none has it open, it was left by an interrupted write and holds nothing intloom "
+        "needs"), check.next
+    assert not temps.metadata_temps(paths).left  # nor does recover list it
+
+
 def test_a_temp_file_renamed_after_a_slow_fsync_is_not_called_left_by_a_crash(
         root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """replace_files closed its temp files -- letting their lock go -- before renaming
