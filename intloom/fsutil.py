@@ -258,7 +258,7 @@ def write_refusal(path: Path, *, replaced: bool = True) -> tuple[str, str] | Non
     if refused is not None and not replaced and refused.bar == "append_only":
         # unlink_refusal stops at the flag; what creating still needs is write and search.
         refused = None if _may_write(target.parent) else UnlinkRefusal(
-            "not_writable", target.parent, "")
+            "not_writable", target.parent, _not_writable(target.parent)[0])
     if refused is None:
         return None
     where = refused.where

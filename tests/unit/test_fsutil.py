@@ -363,6 +363,30 @@ def test_an_append_only_log_or_wal_directory_is_no_fault_of_the_project(
     assert "append-only" not in log, log
 
 
+def test_an_append_only_directory_you_may_not_write_either_is_named_by_its_mode(
+        tmp_path: Path) -> None:
+    """A log is only created, which an append-only logs/ allows: the flag set aside, what
+    refuses is then the mode, and the fact said nothing at all (": ; Run chmod 700 ...")."""
+    if shutil.which("chattr") is None:
+        pytest.skip("chattr is not installed")
+    prefix = _as_plain_user()
+    logs = tmp_path / "logs"
+    logs.mkdir(mode=0o500)
+    if not _chattr(logs, "+a"):
+        pytest.skip("chattr +a is not supported here (CAP_LINUX_IMMUTABLE, filesystem)")
+    script = ("import json, sys; from pathlib import Path; from intloom.fsutil import "
+              "write_refusal; print(json.dumps(write_refusal(Path(sys.argv[1]) / 'x.jsonl', "
+              "replaced=False)))")
+    try:
+        done = subprocess.run([*prefix, sys.executable, "-c", script, str(logs)],
+                              capture_output=True, text=True, timeout=20)
+    finally:
+        _chattr(logs, "-a")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [f"{logs} is not writable by you (mode 0500)",
+                                       f"Run chmod 700 {logs}"], done.stdout
+
+
 def _acl_denies_write(path: Path, uid: int) -> None:
     """Give ``path`` a POSIX ACL whose entry for ``uid`` grants read and search only (the
     mode's bits unchanged: the mask grants all); skip where ACLs cannot be set."""
