@@ -324,6 +324,19 @@ def test_a_temp_file_a_live_host_is_writing_is_not_called_left_by_a_crash(
     assert leftovers == []
 
 
+def _temp_files_of(root: Path, name: str, data: bytes) -> Any:
+    """doctor's temp_files check of a project whose .intloom/ holds one temp file, ``name``
+    (private, holding ``data``): attention, whatever it then says."""
+    paths = ProjectPaths(root)
+    paths.state.mkdir(mode=0o700)
+    tmp = paths.state / name
+    tmp.write_bytes(data)
+    tmp.chmod(0o600)
+    check = {c.id: c for c in run_doctor(root).checks}["temp_files"]
+    assert check.status == "attention", check
+    return check
+
+
 def test_a_temp_file_just_created_and_not_locked_yet_is_named_as_maybe_in_progress(
         root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Unlocked, but changed a moment ago: its writer may be between creating and locking
@@ -332,13 +345,7 @@ def test_a_temp_file_just_created_and_not_locked_yet_is_named_as_maybe_in_progre
 
     # "A moment" made an hour: a loaded machine may take seconds to reach the check.
     monkeypatch.setattr(temps, "_SETTLED", 3600.0)
-    paths = ProjectPaths(root)
-    paths.state.mkdir(mode=0o700)
-    tmp = paths.state / ".service.lock.0123456789abcdef.tmp"
-    tmp.write_bytes(b"")
-    tmp.chmod(0o600)
-    check = {c.id: c for c in run_doctor(root).checks}["temp_files"]
-    assert check.status == "attention", check
+    check = _temp_files_of(root, ".service.lock.0123456789abcdef.tmp", b"")
     assert check.message.startswith(
         "1 temp file in .intloom/ may belong to a write in progress (a starting host's), so "
         "it is not called left behind: .service.lock.0123456789abcdef.tmp (for service.lock, "
@@ -354,13 +361,7 @@ def test_a_temp_file_whose_lock_cannot_be_probed_is_named_with_how_to_tell(
     from intloom.diagnostics import temps
 
     monkeypatch.setattr(temps, "os_lock", lambda _path: ("unprobeable", "No locks available"))
-    paths = ProjectPaths(root)
-    paths.state.mkdir(mode=0o700)
-    tmp = paths.state / ".service.json.0123456789abcdef.tmp"
-    tmp.write_bytes(b"{}")
-    tmp.chmod(0o600)
-    check = {c.id: c for c in run_doctor(root).checks}["temp_files"]
-    assert check.status == "attention", check
+    check = _temp_files_of(root, ".service.json.0123456789abcdef.tmp", b"{}")
     assert check.message.endswith(
         ".service.json.0123456789abcdef.tmp (for service.json, 2 bytes): its lock cannot be "
         "probed (No locks available)."), check.message
@@ -369,7 +370,7 @@ def test_a_temp_file_whose_lock_cannot_be_probed_is_named_with_how_to_tell(
         "run fuser -v .intloom/.service.json.0123456789abcdef.tmp from the project's root; if "
         "none has it open, it was left by an interrupted write and holds nothing intloom "
         "needs"), check.next
-    assert not temps.metadata_temps(paths).left  # nor does recover list it
+    assert not temps.metadata_temps(ProjectPaths(root)).left  # nor does recover list it
 
 
 def test_a_temp_file_renamed_after_a_slow_fsync_is_not_called_left_by_a_crash(
