@@ -1,11 +1,30 @@
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from intloom.host.server import TEST_PORTS_ENV
 from tests.helpers import Project, make_project, reaped
+
+# Below the kernel's ephemeral range (32768 up, by default): no port-0 bind or connect there.
+_SLICED_PORTS = range(10000, 32768)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist, each worker's hosts pick their ports from a slice of their own.
+    A host restarted on its project's saved port must find it free; with every worker's
+    hosts drawing on the kernel's one ephemeral range, another worker's host could be
+    listening there by then (a stray CLI_SERVICE_UNAVAILABLE, now and then)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")  # "gw0", "gw1", ...; unset when serial
+    if worker is None or TEST_PORTS_ENV in os.environ:
+        return
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    span = len(_SLICED_PORTS) // count
+    first = _SLICED_PORTS.start + int(worker.removeprefix("gw")) * span
+    os.environ[TEST_PORTS_ENV] = f"{first}-{first + span - 1}"
 
 
 @pytest.fixture

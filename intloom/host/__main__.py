@@ -5,8 +5,8 @@ as described in ``intloom.host.readiness`` and exits 0 after a clean stop, 1 oth
 Test-only knobs: ``INTLOOM_TEST_HELLO_TIMEOUT``, ``INTLOOM_TEST_IDLE_TIMEOUT`` and
 ``INTLOOM_TEST_WRITE_TIMEOUT`` (seconds) shorten the connection timeouts,
 ``INTLOOM_TEST_MAX_CONNECTIONS`` lowers the connection cap, ``INTLOOM_TEST_SUSPEND_GRACE``
-shortens how long a stop waits for Steps in flight, and ``INTLOOM_TEST_FATAL=1`` raises right
-after ready.
+shortens how long a stop waits for Steps in flight, ``INTLOOM_TEST_FATAL=1`` raises right
+after ready, and ``INTLOOM_TEST_PORTS=LO-HI`` confines a port-0 bind to those ports.
 """
 
 from __future__ import annotations

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import hmac
+import os
+import random
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -63,6 +66,13 @@ __all__ = ["Limits", "Server"]
 LOCALHOST: Final = "127.0.0.1"
 
 
+# Test-only: "LO-HI", the ports a port-0 bind picks from instead of the kernel's ephemeral
+# range. Parallel test workers each get a slice of their own: a host restarted on the port its
+# project saved then never finds it taken by another worker's host, which the kernel could
+# have handed that port to while the first was stopped.
+TEST_PORTS_ENV: Final = "INTLOOM_TEST_PORTS"
+
+
 def bind_port(port: int) -> socket.socket:
     """A socket bound to 127.0.0.1:``port`` (0 = any free port), not yet listening.
 
@@ -76,6 +86,9 @@ def bind_port(port: int) -> socket.socket:
     # sets TCP_NODELAY on accepted connections only when the listening socket's proto is
     # IPPROTO_TCP. With proto 0, Nagle's algorithm held small replies and events back for up
     # to the peer's 40 ms delayed ACK (an event's p99 went from ~5 ms to ~30 ms).
+    ports = os.environ.get(TEST_PORTS_ENV) if port == 0 else None
+    if ports:
+        return _bind_any_of(ports)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         # As asyncio's start_server does: a port a stopped host left in TIME_WAIT is free.
@@ -85,6 +98,21 @@ def bind_port(port: int) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+def _bind_any_of(ports: str) -> socket.socket:
+    """``bind_port`` on the first free port of ``ports`` ("LO-HI"), from a random one on."""
+    lo, _, hi = ports.partition("-")
+    first, last = int(lo), int(hi)
+    count = last - first + 1
+    start = random.randrange(count)
+    for step in range(count):
+        try:
+            return bind_port(first + (start + step) % count)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+    raise OSError(errno.EADDRINUSE, f"no free port in {ports} ({TEST_PORTS_ENV})")
 # Requests that start or change work; the others only read (or stop the host).
 _WORK: Final = (CreateRun, Answer, Cancel, ClaimAgentCall, CallTool, CompleteAgentCall,
                 FailAgentCall)

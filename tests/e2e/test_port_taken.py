@@ -191,3 +191,18 @@ def test_doctor_says_the_next_start_fails_on_a_saved_port_another_program_took(
     assert f"pid {os.getpid()}" in check["message"], check
     assert "intloom start --port 0" in check["next"], check
     assert project.cli("doctor", "--json").code == 0  # the port free again: healthy
+
+
+def test_a_first_start_under_the_test_ports_hook_listens_on_a_port_of_that_range(
+        project: Project) -> None:
+    """INTLOOM_TEST_PORTS reaches the host through the launcher: the port a first start
+    picks (port 0) is one of the range's, saved and served (the suite's xdist workers rely
+    on it to keep out of each other's saved ports)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        free = probe.getsockname()[1]
+    started = project.cli("start", "--json", env={"INTLOOM_TEST_PORTS": f"{free}-{free}"})
+    assert started.code == 0, started.stderr
+    assert started.json["service"]["port"] == free
+    assert json.loads((project.state / "connection.json").read_text())["port"] == free
+    assert project.cli("status", "--json").json["service"]["port"] == free

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import socket
 
 import pytest
 
-from intloom.host.server import bind_port
+from intloom.host.server import TEST_PORTS_ENV, bind_port
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -51,3 +52,27 @@ def test_a_taken_port_is_refused_when_bound() -> None:
             bind_port(taken.getsockname()[1])
     finally:
         taken.close()
+
+
+def test_the_test_ports_hook_confines_a_port_0_bind_and_leaves_a_named_port_alone(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """INTLOOM_TEST_PORTS gives parallel test workers slices of their own: a port-0 bind
+    takes a free port of the slice, fails (EADDRINUSE, naming the hook) when all are taken,
+    and a port asked for by number is bound as asked."""
+    taken, elsewhere = socket.socket(), socket.socket()
+    try:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        elsewhere.bind(("127.0.0.1", 0))
+        port, named = taken.getsockname()[1], elsewhere.getsockname()[1]
+        elsewhere.close()
+        monkeypatch.setenv(TEST_PORTS_ENV, f"{port}-{port}")
+        with pytest.raises(OSError, match=TEST_PORTS_ENV) as refused:
+            bind_port(0)
+        assert refused.value.errno == errno.EADDRINUSE
+        with bind_port(named) as asked:
+            assert asked.getsockname()[1] == named
+    finally:
+        taken.close()
+    with bind_port(0) as freed:  # the slice's one port, free again
+        assert freed.getsockname()[1] == port
