@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -48,18 +49,21 @@ def test_every_directory_is_0700_and_every_file_0600(tmp_path: Path) -> None:
 def test_snapshots_and_manifest_are_replaced_atomically(tmp_path: Path) -> None:
     root = tmp_path / "runtime"
     _fill(root)
-    before = {p.name: p.stat().st_ino for p in (root / "snap" / "live").iterdir()}
-    manifest_ino = (root / "manifest.json").stat().st_ino
-    store = open_store(root)
-    for record in walk("RUN-0", 14, 0)[12:]:
-        store.append("RUN-0", record)
-    store.sync_blocking()
-    store.close_blocking()
-    after = {p.name: p.stat().st_ino for p in (root / "snap" / "live").iterdir()}
-    # A new inode under the same name: written to a temp file, then renamed over.
-    changed = [name for name in before if after.get(name) != before[name]]
-    assert len(changed) == 1
-    assert (root / "manifest.json").stat().st_ino != manifest_ino
+    # Held open, the old files keep their inodes: none can be handed to a new file (a
+    # replacement written twice could otherwise get its first version's inode back).
+    paths = {p.name: p for p in [*(root / "snap" / "live").iterdir(), root / "manifest.json"]}
+    with contextlib.ExitStack() as held:
+        old = {name: held.enter_context(path.open("rb")) for name, path in paths.items()}
+        store = open_store(root)
+        for record in walk("RUN-0", 14, 0)[12:]:
+            store.append("RUN-0", record)
+        store.sync_blocking()
+        store.close_blocking()
+        # Renamed over: the old inode has no name left, and the name a new inode.
+        replaced = sorted(name for name, f in old.items() if os.fstat(f.fileno()).st_nlink == 0)
+        for name in replaced:
+            assert paths[name].stat().st_ino != os.fstat(old[name].fileno()).st_ino
+    assert len(replaced) == 2 and "manifest.json" in replaced, replaced
     assert not [p for p in root.rglob(".*") if p.is_file()]
 
 
