@@ -16,6 +16,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +27,7 @@ import psutil
 import pytest
 
 from intloom.cli import exit_codes
+from intloom.cli.app import main
 from intloom.cli.commands import attach
 from intloom.cli.commands.attach import _detach_json
 from intloom.cli.options import CliState
@@ -159,6 +161,31 @@ def test_attach_detaches_on_ctrl_c_before_its_first_view(project: Project) -> No
     assert err == ("Detached from RUN-20260101T000000000Z-x before its first view; nothing "
                    "was done to it. intloom attach RUN-20260101T000000000Z-x attaches "
                    "again.\n"), err
+
+
+def test_ctrl_c_while_attach_closes_after_its_view_keeps_what_was_shown(
+    project: Project, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C landing as attach's connection closes, after it followed the Run to a wait:
+    the end is printed as without it, never "before its first view" (which it said)."""
+    ok(project.cli("start", "--json"))
+    run = ok(project.cli("flow", "example", "--intent", "notes", "--json"))["run"]
+    assert run["status"] == "waiting"
+    closing = Client.__exit__
+
+    def interrupted(self: Client, *exc: object) -> None:
+        closing(self, *exc)
+        if threading.current_thread() is threading.main_thread():  # attach's own, only
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(Client, "__exit__", interrupted)
+    code = main(["--project", str(project.root), "attach", run["runId"]])
+    out, err = capsys.readouterr()
+    assert code == exit_codes.OK, (out, err)
+    assert "before its first view" not in err, err
+    assert "Waiting for an answer" in out, out
+    monkeypatch.undo()
+    assert ok(project.cli("runs", "--json"))["runs"][0]["status"] == "waiting"
 
 
 def test_logs_follow_stops_on_ctrl_c_without_a_word(project: Project) -> None:

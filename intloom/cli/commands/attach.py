@@ -407,19 +407,26 @@ def attach(state: CliState, run_id: RunArg) -> int:
     """
     if state.json_mode:
         return _attach_json(state, run_id)
+    followed: tuple[RunView, bool] | None = None
+    detached = False
     try:
         with state.client(waits=True) as client:
             view = client.get_run(run_id)
             try:
-                view, suspended = _follow(state, client, run_id, view)
+                followed = _follow(state, client, run_id, view)
             except (KeyboardInterrupt, typer.Abort):
+                detached = True
                 state.renderer.note(f"Detached from {run_id}; the Run is left as it was. "
                                     f"intloom attach {run_id} attaches again.")
-                return exit_codes.OK
     except (KeyboardInterrupt, typer.Abort):
-        # Ctrl-C while connecting or asking for the first view: a detach all the same
-        # (attach never touches the Run), not "Interrupted." and 130 a moment earlier.
-        state.renderer.note(f"Detached from {run_id} before its first view; nothing was done "
-                            f"to it. intloom attach {run_id} attaches again.")
+        if not detached and followed is None:
+            # Ctrl-C while connecting or asking for the first view: a detach all the same
+            # (attach never touches the Run), not "Interrupted." and 130 a moment earlier.
+            state.renderer.note(f"Detached from {run_id} before its first view; nothing was "
+                                f"done to it. intloom attach {run_id} attaches again.")
+            return exit_codes.OK
+        # Ctrl-C while the connection closed: what was shown stands, and so does the end.
+    if followed is None:
         return exit_codes.OK
+    view, suspended = followed
     return finish_run(state, view, suspended=suspended)
