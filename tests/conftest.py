@@ -23,7 +23,9 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     span = len(_SLICED_PORTS) // count
-    first = _SLICED_PORTS.start + int(worker.removeprefix("gw")) * span
+    # A worker started in place of one that crashed is named past the count (gw2, gw3, ...
+    # for two): it takes the slice of the one it replaces, never one above 32767.
+    first = _SLICED_PORTS.start + int(worker.removeprefix("gw")) % count * span
     os.environ[TEST_PORTS_ENV] = f"{first}-{first + span - 1}"
 
 
