@@ -89,11 +89,22 @@ def bind_port(port: int) -> socket.socket:
     ports = os.environ.get(TEST_PORTS_ENV) if port == 0 else None
     if ports:
         return _bind_any_of(ports)
+    return _bind(port, reuse_first=True)
+
+
+def _bind(port: int, *, reuse_first: bool) -> socket.socket:
+    """``bind_port``'s socket. ``reuse_first=False`` sets SO_REUSEADDR only once bound: a
+    port some socket holds (bound but not listening, or in TIME_WAIT) is then refused, as
+    the kernel's own port-0 pick never hands it out."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         # As asyncio's start_server does: a port a stopped host left in TIME_WAIT is free.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_first:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((LOCALHOST, port))
+        # Set once bound all the same: the connections this socket accepts inherit it, and
+        # the next host's bind on the saved port passes their TIME_WAIT only if they have it.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     except BaseException:
         sock.close()
         raise
@@ -108,7 +119,10 @@ def _bind_any_of(ports: str) -> socket.socket:
     start = random.randrange(count)
     for step in range(count):
         try:
-            return bind_port(first + (start + step) % count)
+            # Bound by number, with SO_REUSEADDR set first, a port another host holds while
+            # it imports its Workflows (bound, not yet listening, SO_REUSEADDR) would be
+            # bound a second time on Linux, and one of the two listens then fail.
+            return _bind(first + (start + step) % count, reuse_first=False)
         except OSError as exc:
             if exc.errno != errno.EADDRINUSE:
                 raise

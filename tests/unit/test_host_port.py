@@ -97,3 +97,27 @@ def test_every_xdist_worker_even_a_replacement_gets_a_slice_below_the_ephemeral_
         assert slices[worker].start >= 10000 and slices[worker].stop <= 32768, slices
     assert not set(slices["gw0"]) & set(slices["gw1"]), slices
     assert slices["gw2"] == slices["gw0"] and slices["gw5"] == slices["gw1"], slices
+
+
+def test_the_test_ports_hook_never_picks_a_port_another_host_bound_and_is_not_yet_listening(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host's socket is bound, not listening, while its Workflows import, and has
+    SO_REUSEADDR: Linux lets a second such socket bind that very port by number, and the
+    later listen fails (EADDRINUSE, CLI_SERVICE_UNAVAILABLE). The kernel's port-0 pick never
+    hands that port out; the hook's must not either."""
+    monkeypatch.delenv(TEST_PORTS_ENV, raising=False)
+    with bind_port(0) as importing:
+        port = importing.getsockname()[1]
+        monkeypatch.setenv(TEST_PORTS_ENV, f"{port}-{port}")
+        with pytest.raises(OSError, match=TEST_PORTS_ENV) as refused:
+            bind_port(0).close()
+        assert refused.value.errno == errno.EADDRINUSE
+    with bind_port(0) as freed:  # once that host is gone, the port is the hook's again
+        assert freed.getsockname()[1] == port
+        freed.listen()
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as client:
+            accepted, _ = freed.accept()
+            accepted.close()  # the host's side closes first: its end waits in TIME_WAIT
+            assert client.recv(1) == b""
+    # A restart on the saved port passes that TIME_WAIT, as it does for a kernel-picked port.
+    bind_port(port).close()
