@@ -188,6 +188,27 @@ def test_ctrl_c_while_attach_closes_after_its_view_keeps_what_was_shown(
     assert ok(project.cli("runs", "--json"))["runs"][0]["status"] == "waiting"
 
 
+def test_ctrl_c_while_attach_closes_on_an_error_keeps_the_error(
+    project: Project, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C landing as attach's connection closes on an error (here, no such Run): the
+    error stands, with its code and exit code, never "Detached from RUN before its first
+    view" and exit 0 (which it said)."""
+    ok(project.cli("start", "--json"))
+    closing = Client.__exit__
+
+    def interrupted(self: Client, *exc: object) -> None:
+        closing(self, *exc)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Client, "__exit__", interrupted)
+    code = main(["--project", str(project.root), "attach", "RUN-NOPE"])
+    out, err = capsys.readouterr()
+    assert code == exit_codes.FAILURE, (code, out, err)
+    assert "NOT_FOUND" in err and "RUN-NOPE" in err, err
+    assert "Detached" not in err, err
+
+
 def test_logs_follow_stops_on_ctrl_c_without_a_word(project: Project) -> None:
     logs = project.state / "logs"
     logs.mkdir(parents=True, mode=0o700)

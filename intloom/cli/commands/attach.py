@@ -409,16 +409,24 @@ def attach(state: CliState, run_id: RunArg) -> int:
         return _attach_json(state, run_id)
     followed: tuple[RunView, bool] | None = None
     detached = False
+    failed: IntloomError | None = None
     try:
         with state.client(waits=True) as client:
-            view = client.get_run(run_id)
             try:
-                followed = _follow(state, client, run_id, view)
-            except (KeyboardInterrupt, typer.Abort):
-                detached = True
-                state.renderer.note(f"Detached from {run_id}; the Run is left as it was. "
-                                    f"intloom attach {run_id} attaches again.")
+                view = client.get_run(run_id)
+                try:
+                    followed = _follow(state, client, run_id, view)
+                except (KeyboardInterrupt, typer.Abort):
+                    detached = True
+                    state.renderer.note(f"Detached from {run_id}; the Run is left as it "
+                                        f"was. intloom attach {run_id} attaches again.")
+            except IntloomError as exc:
+                failed = exc
+                raise
     except (KeyboardInterrupt, typer.Abort):
+        if failed is not None:
+            # Ctrl-C while the connection closed on an error: the error stands.
+            raise failed from None
         if not detached and followed is None:
             # Ctrl-C while connecting or asking for the first view: a detach all the same
             # (attach never touches the Run), not "Interrupted." and 130 a moment earlier.
