@@ -46,12 +46,24 @@ def test_every_directory_is_0700_and_every_file_0600(tmp_path: Path) -> None:
     assert len(list((root / "wal").iterdir())) == 2  # one new segment per host instance
 
 
-def test_snapshots_and_manifest_are_replaced_atomically(tmp_path: Path) -> None:
+def test_snapshots_and_manifest_are_replaced_atomically(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = tmp_path / "runtime"
     _fill(root)
     # Held open, the old files keep their inodes: none can be handed to a new file (a
     # replacement written twice could otherwise get its first version's inode back).
     paths = {p.name: p for p in [*(root / "snap" / "live").iterdir(), root / "manifest.json"]}
+    # A new inode alone does not show the name was never missing (unlinked, then written or
+    # renamed to): each rename is noted with whether its target was still there.
+    renamed_over: set[Path] = set()
+    rename = os.rename
+
+    def noted(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+        if Path(dst).exists() and Path(src).name.startswith(f".{Path(dst).name}."):
+            renamed_over.add(Path(dst))
+        rename(src, dst)
+
+    monkeypatch.setattr(os, "rename", noted)
     with contextlib.ExitStack() as held:
         old = {name: held.enter_context(path.open("rb")) for name, path in paths.items()}
         store = open_store(root)
@@ -63,6 +75,7 @@ def test_snapshots_and_manifest_are_replaced_atomically(tmp_path: Path) -> None:
         replaced = sorted(name for name, f in old.items() if os.fstat(f.fileno()).st_nlink == 0)
         for name in replaced:
             assert paths[name].stat().st_ino != os.fstat(old[name].fileno()).st_ino
+            assert paths[name] in renamed_over, (name, renamed_over)
     assert len(replaced) == 2 and "manifest.json" in replaced, replaced
     assert not [p for p in root.rglob(".*") if p.is_file()]
 
