@@ -86,6 +86,19 @@ def running_run(project: Project) -> tuple[str, Path]:
     return str(run["run"]["runId"]), hold
 
 
+def ctrl_c_as_clients_close(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C lands as each of this process's own Clients closes (attach's, a detach's look),
+    once it closed; never in a thread (attach's follower keeps its own connection)."""
+    closing = Client.__exit__
+
+    def interrupted(self: Client, *exc: object) -> None:
+        closing(self, *exc)
+        if threading.current_thread() is threading.main_thread():
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(Client, "__exit__", interrupted)
+
+
 def one_document(out: str) -> Any:
     assert len(out.splitlines()) == 1, out
     return json.loads(out)
@@ -171,14 +184,7 @@ def test_ctrl_c_while_attach_closes_after_its_view_keeps_what_was_shown(
     ok(project.cli("start", "--json"))
     run = ok(project.cli("flow", "example", "--intent", "notes", "--json"))["run"]
     assert run["status"] == "waiting"
-    closing = Client.__exit__
-
-    def interrupted(self: Client, *exc: object) -> None:
-        closing(self, *exc)
-        if threading.current_thread() is threading.main_thread():  # attach's own, only
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(Client, "__exit__", interrupted)
+    ctrl_c_as_clients_close(monkeypatch)
     code = main(["--project", str(project.root), "attach", run["runId"]])
     out, err = capsys.readouterr()
     assert code == exit_codes.OK, (out, err)
@@ -195,18 +201,29 @@ def test_ctrl_c_while_attach_closes_on_an_error_keeps_the_error(
     error stands, with its code and exit code, never "Detached from RUN before its first
     view" and exit 0 (which it said)."""
     ok(project.cli("start", "--json"))
-    closing = Client.__exit__
-
-    def interrupted(self: Client, *exc: object) -> None:
-        closing(self, *exc)
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(Client, "__exit__", interrupted)
+    ctrl_c_as_clients_close(monkeypatch)
     code = main(["--project", str(project.root), "attach", "RUN-NOPE"])
     out, err = capsys.readouterr()
     assert code == exit_codes.FAILURE, (code, out, err)
     assert "NOT_FOUND" in err and "RUN-NOPE" in err, err
     assert "Detached" not in err, err
+
+
+def test_ctrl_c_while_attach_json_closes_after_its_wait_keeps_the_end(
+    project: Project, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """attach --json of a Run that ended (here cancelled: failed/RUN_STOPPED), with Ctrl-C
+    landing as its connection closes: the end stands, exit 1, where it detached with 0."""
+    ok(project.cli("start", "--json"))
+    run_id = ok(project.cli("flow", "example", "--intent", "notes", "--json"))["run"]["runId"]
+    ok(project.cli("cancel", run_id, "--json"))
+    ctrl_c_as_clients_close(monkeypatch)
+    code = main(["--project", str(project.root), "attach", run_id, "--json"])
+    out, err = capsys.readouterr()
+    assert code == exit_codes.RUN_FAILED, (code, out, err)
+    doc = one_document(out)
+    assert (doc["run"]["runId"], doc["run"]["status"]) == (run_id, "failed")
+    assert doc["run"]["lastError"]["code"] == "RUN_STOPPED"
 
 
 def test_logs_follow_stops_on_ctrl_c_without_a_word(project: Project) -> None:

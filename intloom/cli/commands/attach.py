@@ -369,12 +369,17 @@ def _follow(state: CliState, client: Client, run_id: str,
 def _attach_json(state: CliState, run_id: str) -> int:
     """Wait until the Run waits or ends, then print it; Ctrl-C detaches with the Run's view."""
     seen: RunView | None = None
+    view: RunView | None = None
     try:
         with state.client(waits=True) as client:
             seen = client.get_run(run_id)
             view = client.wait_run(run_id) if seen.status == "running" else seen
     except (KeyboardInterrupt, typer.Abort):
-        return _detach_json(state, run_id, seen)
+        if view is None:
+            return _detach_json(state, run_id, seen)
+        # Ctrl-C while the connection closed: the wait was over, and its end stands (a
+        # failed Run exits 1, not 0 as a detach would).
+    assert view is not None
     return finish_run(state, view)
 
 
