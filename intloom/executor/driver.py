@@ -287,7 +287,10 @@ class RunSlot:
         # built on those very bytes takes the value instead of decoding them again (once:
         # that Step may change it). Dropped when _drive returns: nothing follows at once.
         self.decoded: tuple[bytes, Any] | None = None
-        self._subscribers: set[asyncio.Queue[RunUpdate]] = set()
+        # Each follower's sink, called on the loop with the updates of one publish as that
+        # publish runs: a follower's bytes go out in the same loop iteration as the flush
+        # that made them durable, not a task wake-up (and a whole busy iteration) later.
+        self._subscribers: set[Callable[[list[RunUpdate]], None]] = set()
 
     @classmethod
     def new(cls, header: Header, lw: LoadedWorkflow, observer: RunObserver | None) -> RunSlot:
@@ -425,17 +428,19 @@ class RunSlot:
             if lock is not None:
                 lock.release()
         if events and (subscribers or observer is not None):
-            for name, info, cursor in events:
-                if subscribers:
-                    assert view is not None
-                    update = RunUpdate(event=name, run=_at(view, cursor),
-                                       detail=_detail(name, info))
-                    for queue in subscribers:
-                        queue.put_nowait(update)
-                if observer is not None and name in _MILESTONES:
-                    if view is None:
-                        view = self.view()
-                    observer(name, self.run_id, _detail(name, info), view.status)
+            if subscribers:
+                assert view is not None
+                updates = [RunUpdate(event=name, run=_at(view, cursor),
+                                     detail=_detail(name, info))
+                           for name, info, cursor in events]
+                for sink in tuple(subscribers):  # a sink may unsubscribe (its stream ended)
+                    sink(updates)
+            if observer is not None:
+                for name, info, _cursor in events:
+                    if name in _MILESTONES:
+                        if view is None:
+                            view = self.view()
+                        observer(name, self.run_id, _detail(name, info), view.status)
         if not stable:
             return
         # Without an override the view's status is the shown state's: no view to build.
@@ -573,44 +578,74 @@ class RunSlot:
         self.revoke(IntloomError("EXECUTION_OWNERSHIP_LOST"))
         self.publish("suspended")
 
+    async def seed(
+        self, earlier: Callable[[], list[Record]] | None = None,
+        offload: Callable[..., Awaitable[Any]] | None = None,
+    ) -> None:
+        """Before a follower attaches: for a restored Run, read its records up to the
+        restore from the journal (``earlier``, blocking; run by ``offload`` on a worker
+        thread, once per Run): an earlier host's history."""
+        if earlier is not None and self.restored_seq is not None:
+            run = offload if offload is not None else asyncio.to_thread
+            self._seed(await run(_earlier_entries, earlier))
+
+    def attach(self, sink: Callable[[list[RunUpdate]], None]) -> list[RunUpdate]:
+        """Subscribe ``sink`` to every later publish (loop thread) and return the history so
+        far: the caller hands the history on before it next awaits, so nothing is lost or
+        repeated between them. ``detach`` ends it."""
+        with self.lock:  # no publish between the history read and the subscription
+            self._subscribers.add(sink)
+            entries = self.entries_locked()
+        return [
+            RunUpdate(event=name, run=_at(view, cursor), detail=_detail(name, info),
+                      history=True)
+            for entry in entries
+            for view in (shown(entry),)
+            for name, info, cursor in entry[0]
+        ]
+
+    def detach(self, sink: Callable[[list[RunUpdate]], None]) -> None:
+        with self.lock:
+            self._subscribers.discard(sink)
+
+    def ended(self) -> bool:
+        return self.view().status in _ENDED
+
     async def follow(
         self, earlier: Callable[[], list[Record]] | None = None,
         offload: Callable[..., Awaitable[Any]] | None = None,
     ) -> AsyncIterator[list[RunUpdate]]:
-        """History so far, then live updates, in batches: everything queued since the
-        follower last woke goes out together (one socket write per wake-up, not per event).
-
-        ``earlier``: for a restored Run, reads its records up to the restore from the journal
-        (blocking; run by ``offload`` on a worker thread, once per Run): an earlier host's
-        history.
+        """History so far, then live updates, in batches: everything published since the
+        follower last woke goes out together. (The host's streams take the publishes as
+        they happen instead: ``attach``.) ``earlier``, ``offload``: as ``seed``'s.
         """
-        if earlier is not None and self.restored_seq is not None:
-            run = offload if offload is not None else asyncio.to_thread
-            self._seed(await run(_earlier_entries, earlier))
-        queue: asyncio.Queue[RunUpdate] = asyncio.Queue()
-        with self.lock:  # no publish between the history read and the subscription
-            self._subscribers.add(queue)
-            entries = self.entries_locked()
+        await self.seed(earlier, offload)
+        queue: deque[RunUpdate] = deque()
+        wake: list[asyncio.Future[None] | None] = [None]
+
+        def sink(updates: list[RunUpdate]) -> None:
+            queue.extend(updates)
+            waiter = wake[0]
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
+
+        history = self.attach(sink)
         try:
-            history = [
-                RunUpdate(event=name, run=_at(view, cursor), detail=_detail(name, info),
-                          history=True)
-                for entry in entries
-                for view in (shown(entry),)
-                for name, info, cursor in entry[0]
-            ]
             if history:
                 yield history
-            if self.view().status in _ENDED:
+            if self.ended():
                 return
+            loop = asyncio.get_running_loop()
             while True:
-                batch = [await queue.get()]
-                while not queue.empty():
-                    batch.append(queue.get_nowait())
+                while not queue:
+                    waiter = wake[0] = loop.create_future()
+                    await waiter
+                batch = list(queue)
+                queue.clear()
                 for i, item in enumerate(batch):
                     if item.run.status in _ENDED:
                         # Every event of the publish that ended the Run shows it ended: the
-                        # ones after the first (the ``terminal`` itself) go out too.
+                        # ones after the first (the ``terminal``) go out too.
                         end = i + 1
                         while end < len(batch) and batch[end].run.status in _ENDED:
                             end += 1
@@ -618,8 +653,7 @@ class RunSlot:
                         return
                 yield batch
         finally:
-            with self.lock:
-                self._subscribers.discard(queue)
+            self.detach(sink)
 
 
 def _at(view: RunView, cursor: Cursor | None) -> RunView:

@@ -1001,6 +1001,18 @@ class Runtime:
         return slot.follow(functools.partial(self.journal.history, run_id, slot.restored_seq),
                            self.driver.offload)
 
+    async def attach(
+        self, run_id: str, sink: Callable[[builtins.list[RunUpdate]], None]
+    ) -> tuple[RunSlot, builtins.list[RunUpdate]]:
+        """``subscribe``, pushed: ``sink`` gets the updates of each later publish as it runs
+        (on the loop), and this returns the history so far (an earlier host's too), to be
+        handed on before the caller next awaits. ``slot.detach(sink)`` ends it."""
+        slot = self._slot(run_id)
+        if slot.restored_seq is not None:
+            await slot.seed(functools.partial(self.journal.history, run_id, slot.restored_seq),
+                            self.driver.offload)
+        return slot, slot.attach(sink)
+
     # ------------------------------------------------------------------ agent tasks
 
     def _agent_slot(self, run_id: str, call_id: str) -> tuple[RunSlot, PendingAgentCall]:

@@ -71,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         limits = replace(limits, idle_timeout=float(os.environ["INTLOOM_TEST_IDLE_TIMEOUT"]))
     if os.environ.get("INTLOOM_TEST_WRITE_TIMEOUT"):
         limits = replace(limits, write_timeout=float(os.environ["INTLOOM_TEST_WRITE_TIMEOUT"]))
+    if os.environ.get("INTLOOM_TEST_FOLLOW_BACKLOG"):
+        limits = replace(limits, follow_backlog=int(os.environ["INTLOOM_TEST_FOLLOW_BACKLOG"]))
     if os.environ.get("INTLOOM_TEST_MAX_CONNECTIONS"):
         limits = replace(limits, max_connections=int(os.environ["INTLOOM_TEST_MAX_CONNECTIONS"]))
     options = HostOptions(root=root, port=args.port, strict=args.strict, limits=limits)

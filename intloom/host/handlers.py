@@ -6,10 +6,12 @@ Runtime's. Errors propagate as ``IntloomError`` and the server turns them into `
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+import functools
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from intloom.errors import IntloomError
+from intloom.executor.updates import RunUpdate
 from intloom.protocol.messages import (
     Answer,
     CallTool,
@@ -39,6 +41,7 @@ from intloom.protocol.messages import (
     WorkflowsReply,
 )
 from intloom.runtime.machine import Verdict
+from intloom.runtime.model import RunView
 
 if TYPE_CHECKING:
     from intloom.executor.runtime import Runtime
@@ -148,29 +151,73 @@ class Handlers:
                 raise IntloomError("INVALID_REQUEST", "Subscribe is streamed, not answered once.")
         raise IntloomError("INVALID_REQUEST", f"{type(request).__name__} is not a request.")
 
-    async def subscribe(self, run_id: str) -> AsyncIterator[list[RunEvent]]:
-        """The Run's history, then live changes, in batches; the last event has ``final``."""
-        last = None
-        first = True
-        async for updates in self.runtime.subscribe(run_id):
-            events: list[RunEvent] = []
-            for i, update in enumerate(updates):
-                # Every event of the publish that ends the Run shows it ended: the last of
-                # them (its ``terminal``) is the final one.
-                final = (update.run.status in _TERMINAL and not update.history
-                         and (i + 1 == len(updates) or updates[i + 1].run.status not in _TERMINAL))
-                last = update.run
-                events.append(RunEvent(
-                    run=update.run, event=update.event, detail=update.detail,
-                    history=update.history, final=final,
-                    caught_up=first and (final or i + 1 == len(updates)),
-                ))
-                if final:
-                    yield events
-                    return
-            first = False
-            yield events
-        # The Runtime ended the stream (the Run ended while we replayed history, or the host
-        # is stopping): say so explicitly, so a follower never waits on a closed stream.
-        yield [RunEvent(run=last if last is not None else self.runtime.get(run_id),
-                        event="end", final=True)]
+    async def follow(
+        self, run_id: str, send: Callable[[list[RunEvent]], None],
+        fail: Callable[[Exception], None],
+    ) -> Callable[[], None]:
+        """The Run's history, then its live changes, handed to ``send`` in batches (on the
+        loop, each live batch as the publish behind it runs); the last event has ``final``
+        and ends the stream. Returns what ends it earlier (the follower left). Raises, having
+        sent nothing, when there is no such Run. ``fail``: the stream broke (a bug), from
+        inside a publish: the follower loses its stream, never the Run its publish."""
+        events = _Events(send, fail)
+        slot, history = await self.runtime.attach(run_id, events.live)
+        events.stop = functools.partial(slot.detach, events.live)
+        if history:
+            events.live(history)
+        if not events.done and slot.ended():
+            # The Run ended before the follower came (or while its history was read): say so
+            # explicitly, so a follower never waits on a closed stream.
+            events.end(history[-1].run if history else self.runtime.get(run_id))
+        return events.close
+
+
+class _Events:
+    """A follower's ``RunUpdate`` batches as ``RunEvent`` batches: ``caught_up`` on the last
+    event of the first batch (the history, or the first live batch when there is none),
+    ``final`` on the event that ends the Run, after which nothing is sent."""
+
+    def __init__(self, send: Callable[[list[RunEvent]], None],
+                 fail: Callable[[Exception], None]) -> None:
+        self.send = send
+        self.fail = fail
+        self.first = True
+        self.done = False
+        self.stop: Callable[[], None] | None = None
+
+    def live(self, updates: list[RunUpdate]) -> None:
+        if self.done:
+            return
+        try:
+            self._live(updates)
+        except Exception as exc:
+            self.close()
+            self.fail(exc)
+
+    def _live(self, updates: list[RunUpdate]) -> None:
+        events: list[RunEvent] = []
+        for i, update in enumerate(updates):
+            # Every event of the publish that ends the Run shows it ended: the last of them
+            # (its ``terminal``) is the final one.
+            final = (update.run.status in _TERMINAL and not update.history
+                     and (i + 1 == len(updates) or updates[i + 1].run.status not in _TERMINAL))
+            events.append(RunEvent(
+                run=update.run, event=update.event, detail=update.detail,
+                history=update.history, final=final,
+                caught_up=self.first and (final or i + 1 == len(updates)),
+            ))
+            if final:
+                self.close()
+                break
+        self.first = False
+        self.send(events)
+
+    def end(self, run: RunView) -> None:
+        self.close()
+        self.send([RunEvent(run=run, event="end", final=True)])
+
+    def close(self) -> None:
+        self.done = True
+        if self.stop is not None:
+            self.stop()
+            self.stop = None

@@ -145,6 +145,10 @@ class Limits:
     hello_frame: int = 16 * 1024
     idle_timeout: float = 600.0  # between two requests of an authenticated connection
     write_timeout: float = 30.0  # a peer that stops reading loses its connection
+    # Bytes a follower's connection may hold unsent before the next batch of its Run's events:
+    # over it, the follower is disconnected (its events are written from the publish, which
+    # cannot wait for a slow reader). A few MiB: seconds of the busiest Run's events.
+    follow_backlog: int = 8 * 1024 * 1024
 
 
 class _Refused(Exception):
@@ -413,29 +417,56 @@ class Server:
             await self._write(writer, _closing(request, self._next_start(request)))
             return
 
-        async def pump() -> None:
-            try:
-                async for events in self.handlers.subscribe(request.run_id):
-                    await self._write_many(writer, events, request)
-            except IntloomError as exc:
-                await self._write(writer, ErrorReply(error=exc.view()))
+        transport = writer.transport
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        bound = self.limits.follow_backlog
 
+        def send(events: list[RunEvent]) -> None:
+            # On the loop, inside the publish that made these events durable: written at
+            # once, with no task wake-up (and no busy loop iteration) in between.
+            if done.done():
+                return
+            backlog = transport.get_write_buffer_size()
+            if backlog > bound:
+                # The peer reads slower than its Run publishes: end it rather than buffer
+                # without bound (a drain would block the publish, and every other Run).
+                self.log.warning("follower_too_slow", run_id=request.run_id,
+                                 buffered=backlog, limit=bound)
+                done.set_exception(_Refused(None))
+                transport.abort()
+                return
+            writer.write(self._frames(events, request))
+            if events and events[-1].final:
+                done.set_result(None)
+
+        def fail(exc: Exception) -> None:
+            if not done.done():
+                done.set_exception(exc)
+
+        try:
+            stop = await self.handlers.follow(request.run_id, send, fail)
+        except IntloomError as exc:
+            await self._write(writer, ErrorReply(error=exc.view()))
+            return
         # A follower that hangs up while the Run sits waiting must not pin the stream: any
         # byte or end-of-file from the peer ends it.
-        pumping = asyncio.ensure_future(pump())
-        hangup = asyncio.ensure_future(reader.read(1))
+        hangup: asyncio.Future[bytes] = asyncio.ensure_future(reader.read(1))
         try:
-            await asyncio.wait({pumping, hangup}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait((done, hangup), return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for t in (pumping, hangup):
-                t.cancel()
-            for t in (pumping, hangup):
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await t
+            stop()
+            hangup.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await hangup
+        # Read either way: an exception never retrieved is logged when the future is freed.
+        broke = done.exception() if done.done() else None
         if hangup.done() and not hangup.cancelled():
             raise _Refused(None)
-        if pumping.done() and not pumping.cancelled() and pumping.exception() is not None:
-            raise pumping.exception()  # type: ignore[misc]
+        if broke is not None:
+            raise broke  # _Refused for a follower closed as too slow; else a bug, logged
+        # The final event is buffered: the stream ends once the peer has it (or gives up).
+        async with asyncio.timeout(self.limits.write_timeout):
+            await writer.drain()
 
     async def _write(self, writer: asyncio.StreamWriter, message: msgspec.Struct,
                      request: Request | None = None) -> None:
@@ -454,18 +485,15 @@ class Server:
                        reply=type(message).__name__, bytes=exc.size, detail=str(exc))
         return _too_large(request, message, exc.size)
 
-    async def _write_many(self, writer: asyncio.StreamWriter, events: list[RunEvent],
-                          request: Subscribe) -> None:
-        """A follower's queued events in one write: one send per wake-up, not per event."""
+    def _frames(self, events: list[RunEvent], request: Subscribe) -> bytes:
+        """A batch of a follower's events as one write: one send per publish, not per event."""
         frames: list[bytes] = []
         for event in events:
             try:
                 frames.append(encode_frame(event))
             except FrameError as exc:
                 frames.append(encode_frame(self._too_large(request, event, exc)))
-        async with asyncio.timeout(self.limits.write_timeout):
-            writer.write(b"".join(frames))
-            await writer.drain()
+        return b"".join(frames)
 
     async def _send_quietly(self, writer: asyncio.StreamWriter, message: msgspec.Struct) -> None:
         with contextlib.suppress(Exception):

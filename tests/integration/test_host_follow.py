@@ -1,0 +1,116 @@
+"""A follower of a busy Run: its events are written from the publish that makes them durable,
+so the stream's guarantees (history then live, nothing lost or repeated between them, a
+bound on what a slow reader makes the host hold) hold without a task between the two."""
+
+from __future__ import annotations
+
+import socket
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from intloom.client.client import Client
+from intloom.protocol.messages import RunEvent
+from tests.helpers import Project, eventually, one_source_project, reaped
+from tests.integration.host_support import encode, hello_frame, raw, reply, start, token_of
+
+# Each Step records one effect keyed by its count: a follower's effect keys must run 0, 1,
+# 2, ... with no gap and no repeat, across its history and its live events alike. The long
+# name makes each event ~1 KiB: a reader that stops fills the socket's buffers in moments.
+BUSY = textwrap.dedent('''
+    import msgspec
+
+    import intloom
+
+
+    class Count(msgspec.Struct):
+        n: int = 0
+
+
+    busy = intloom.Workflow("busy", version="1")
+    spin = busy.stage("spin", state=Count)
+
+
+    @spin.step("tick", routes={"again": "tick"})
+    async def tick(ctx):
+        await ctx.aeffect("tick" * 250, str, key=str(ctx.state.n))
+        ctx.state = Count(n=ctx.state.n + 1)
+        return "again"
+''')
+
+
+@pytest.fixture
+def busy(tmp_path: Path) -> Iterator[Project]:
+    yield from reaped(one_source_project(tmp_path, "busy", BUSY))
+
+
+def _effects(events: Iterator[RunEvent], live: int) -> list[tuple[int, bool]]:
+    """(effect key, from the history) of each ``effect_done`` event, until ``live`` live
+    ones came."""
+    got: list[tuple[int, bool]] = []
+    for event in events:
+        if event.event == "effect_done":
+            got.append((int(event.detail["key"]), event.history))
+            if sum(1 for _, history in got if not history) >= live:
+                break
+    return got
+
+
+def test_a_follower_of_a_busy_run_gets_its_history_then_every_live_event_once(
+    busy: Project,
+) -> None:
+    start(busy)
+    with Client.connect(busy.root) as client:
+        run = client.create_run("busy", "{}", wait=False)
+        # Attach mid-flight, while Steps keep publishing: the history read and the first
+        # live publish must meet with nothing between them.
+        eventually(lambda: client.get_run(run.run_id).cursor.step == "tick",
+                   what="the Run to be stepping")
+    with Client.connect(busy.root) as follower:
+        stream = follower.subscribe(run.run_id)
+        got = _effects(stream, live=300)
+        stream.close()
+    history = [h for _, h in got]
+    assert history[0] and history == sorted(history, reverse=True), (
+        "the follower's history did not come first, whole, before its live events")
+    keys = [k for k, _ in got]
+    first = keys[0]
+    assert keys == list(range(first, first + len(keys))), (
+        f"a gap or a repeat in the follower's effect keys at index "
+        f"{next(i for i, k in enumerate(keys) if k != first + i)} "
+        f"(the history has {sum(history)})")
+
+
+def test_a_follower_that_stops_reading_a_busy_run_is_disconnected_at_the_bound(
+    busy: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With events written from the publish, nothing waits for a slow reader: past the
+    bound of bytes unsent, the host closes that connection (the Run, and the host, go on)."""
+    monkeypatch.setenv("INTLOOM_TEST_FOLLOW_BACKLOG", str(64 * 1024))
+    service = start(busy).service
+    with Client.connect(busy.root) as client:
+        run = client.create_run("busy", "{}", wait=False)
+        sock = raw(service.port)
+        with sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.sendall(hello_frame(token_of(busy)))
+            reply(sock)  # the hello's answer; from here on, nothing is read
+            sock.sendall(encode({"op": "subscribe", "runId": run.run_id}))
+            (log,) = (busy.state / "logs").iterdir()
+            eventually(lambda: "follower_too_slow" in log.read_text(), timeout=20,
+                       what="the host to close the follower that stopped reading")
+            # Closed by the host: a byte sent now meets a reset (the kernel may still hold
+            # bytes the host wrote before; reading them at this window would take minutes).
+            eventually(lambda: _reset(sock), timeout=10, what="the follower's connection closed")
+        assert client.get_run(run.run_id).status == "running"
+        client.cancel(run.run_id)
+
+
+def _reset(sock: socket.socket) -> bool:
+    try:
+        sock.send(b"x")
+    except OSError:
+        return True
+    return False
