@@ -151,6 +151,24 @@ class Limits:
     follow_backlog: int = 8 * 1024 * 1024
 
 
+@dataclass(slots=True)
+class FollowBacklog:
+    """What a follower may leave unread when the next batch of its Run's events is written:
+    ``Limits.follow_backlog`` beyond its history. The history goes out in one write when it
+    attaches and is read at the peer's pace, which for a long-lived Run takes a while: a
+    history still on its way is no slow reader, and the host holds it all the same."""
+
+    limit: int
+    history: int = 0
+
+    def sent(self, size: int, *, history: bool) -> None:
+        if history:
+            self.history += size
+
+    def too_slow(self, buffered: int) -> bool:
+        return buffered > self.limit + self.history
+
+
 class _Refused(Exception):
     """End this connection after sending ``reply`` (when there is one)."""
 
@@ -419,23 +437,26 @@ class Server:
 
         transport = writer.transport
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        bound = self.limits.follow_backlog
+        backlog = FollowBacklog(self.limits.follow_backlog)
 
         def send(events: list[RunEvent]) -> None:
             # On the loop, inside the publish that made these events durable: written at
             # once, with no task wake-up (and no busy loop iteration) in between.
             if done.done():
                 return
-            backlog = transport.get_write_buffer_size()
-            if backlog > bound:
+            buffered = transport.get_write_buffer_size()
+            if backlog.too_slow(buffered):
                 # The peer reads slower than its Run publishes: end it rather than buffer
                 # without bound (a drain would block the publish, and every other Run).
                 self.log.warning("follower_too_slow", run_id=request.run_id,
-                                 buffered=backlog, limit=bound)
+                                 buffered=buffered, limit=backlog.limit,
+                                 history=backlog.history)
                 done.set_exception(_Refused(None))
                 transport.abort()
                 return
-            writer.write(self._frames(events, request))
+            data = self._frames(events, request)
+            backlog.sent(len(data), history=bool(events) and events[0].history)
+            writer.write(data)
             if events and events[-1].final:
                 done.set_result(None)
 
