@@ -82,10 +82,6 @@ def bind_port(port: int) -> socket.socket:
     Bound is not held: with SO_REUSEADDR another program may still bind it and listen
     first, and ``listen`` then fails (EADDRINUSE), naming the port.
     """
-    # IPPROTO_TCP spelled out, as getaddrinfo gives it to asyncio's own start_server: asyncio
-    # sets TCP_NODELAY on accepted connections only when the listening socket's proto is
-    # IPPROTO_TCP. With proto 0, Nagle's algorithm held small replies and events back for up
-    # to the peer's 40 ms delayed ACK (an event's p99 went from ~5 ms to ~30 ms).
     ports = os.environ.get(TEST_PORTS_ENV) if port == 0 else None
     if ports:
         return _bind_any_of(ports)
@@ -96,6 +92,10 @@ def _bind(port: int, *, reuse_first: bool) -> socket.socket:
     """``bind_port``'s socket. ``reuse_first=False`` sets SO_REUSEADDR only once bound: a
     port some socket holds (bound but not listening, or in TIME_WAIT) is then refused, as
     the kernel's own port-0 pick never hands it out."""
+    # IPPROTO_TCP spelled out, as getaddrinfo gives it to asyncio's own start_server: asyncio
+    # sets TCP_NODELAY on accepted connections only when the listening socket's proto is
+    # IPPROTO_TCP. With proto 0, Nagle's algorithm held small replies and events back for up
+    # to the peer's 40 ms delayed ACK (an event's p99 went from ~5 ms to ~30 ms).
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         # As asyncio's start_server does: a port a stopped host left in TIME_WAIT is free.
@@ -127,6 +127,8 @@ def _bind_any_of(ports: str) -> socket.socket:
             if exc.errno != errno.EADDRINUSE:
                 raise
     raise OSError(errno.EADDRINUSE, f"no free port in {ports} ({TEST_PORTS_ENV})")
+
+
 # Requests that start or change work; the others only read (or stop the host).
 _WORK: Final = (CreateRun, Answer, Cancel, ClaimAgentCall, CallTool, CompleteAgentCall,
                 FailAgentCall)
@@ -145,9 +147,10 @@ class Limits:
     hello_frame: int = 16 * 1024
     idle_timeout: float = 600.0  # between two requests of an authenticated connection
     write_timeout: float = 30.0  # a peer that stops reading loses its connection
-    # Bytes a follower's connection may hold unsent before the next batch of its Run's events:
-    # over it, the follower is disconnected (its events are written from the publish, which
-    # cannot wait for a slow reader). A few MiB: seconds of the busiest Run's events.
+    # Bytes a follower's connection may hold unsent, beyond its history, before the next batch
+    # of its Run's events (``FollowBacklog``): over it, the follower is disconnected (its
+    # events are written from the publish, which cannot wait for a slow reader). A few MiB:
+    # seconds of the busiest Run's events.
     follow_backlog: int = 8 * 1024 * 1024
 
 
