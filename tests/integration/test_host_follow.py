@@ -64,10 +64,13 @@ def test_a_follower_of_a_busy_run_gets_its_history_then_every_live_event_once(
     start(busy)
     with Client.connect(busy.root) as client:
         run = client.create_run("busy", "{}", wait=False)
-        # Attach mid-flight, while Steps keep publishing: the history read and the first
-        # live publish must meet with nothing between them.
-        eventually(lambda: client.get_run(run.run_id).cursor.step == "tick",
-                   what="the Run to be stepping")
+    # Attach mid-flight, while Steps keep publishing: the history read and the first live
+    # publish must meet with nothing between them. A first follower sees a few effects done,
+    # so the second one's history holds some (its first event was live once: attached at once).
+    with Client.connect(busy.root) as early:
+        warm = early.subscribe(run.run_id)
+        _effects(warm, live=3)
+        warm.close()
     with Client.connect(busy.root) as follower:
         stream = follower.subscribe(run.run_id)
         got = _effects(stream, live=300)
