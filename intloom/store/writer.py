@@ -77,6 +77,10 @@ _ROTATE_PER_RUN: Final = 64 << 10
 # hand-off costs ~90 us against a ~160 us fdatasync, while a solo Run has nobody to wait for.
 _SOLO_BATCHES: Final = 8
 _INLINE_MAX_SYNC_S: Final = 0.002
+# A Run flushing inline suspends nowhere in ``sync``: a lone busy Run of async Steps would
+# hold the loop for as long as the disk stays fast (seconds were seen), and a client's hello,
+# a stop or a timer waited all that time. It yields to the loop at least this often.
+_INLINE_YIELD_S: Final = 0.002
 
 # framing.encode_frame's parts, for Store.append, which frames a record inline (three
 # records per Step: the call was ~1k instructions per Step, callgrind, 64 Runs). Assigned,
@@ -176,6 +180,7 @@ class Store:
         self._solo_count = 0
         self._last_sync_s = 0.0
         self.inline_flushes = 0
+        self._yielded = 0.0  # perf_counter() when an inline flush last yielded to the loop
         self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Callable[[Any], None]] | None]
         self._jobs = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._worker, name="intloom-store", daemon=True)
@@ -521,6 +526,10 @@ class Store:
                 self._write_out(inline)
                 if self._waiters:
                     self._wake()
+                now = time.perf_counter()
+                if now - self._yielded >= _INLINE_YIELD_S:
+                    self._yielded = now
+                    await asyncio.sleep(0)
                 continue
             assert waiter is not None
             await waiter
