@@ -557,18 +557,28 @@ What is left, from profiles taken while building this harness (`py-spy`, `cProfi
   the loop's CPU (a thread round trip fell from ~50 to 12-15 µs here, but it confines the
   loop and every sync Step to one CPU: a Step's GIL-free work -- hashing, compression, NumPy
   -- and the store's fdatasync would compete with the loop, a bad trade for a general host).
-- Compaction is a steady cost of busy Runs. With 64 Runs the segment rotates every 4 MiB
-  (~2-3 times per 64 × 300 Steps) and each rotation writes one snapshot file per Run that
-  wrote, plus one per ended Run into `done/`. Timed inside one process (2026-11-30, 64
-  async Runs × 300 Steps, five times in a row in one store): the compactor thread used
-  36-119 ms of CPU per round (2-5 µs per Step, 10-20 % of the host's CPU) and was busy
-  for 60-100 % of the round, its fsyncs queued with the log's; the first round, before any
-  rotation, was the fastest every time (~45,000 against ~37,000-41,000 Steps/s). Writing
-  a compaction's files first and fsyncing them afterwards, instead of one fsync after each
-  file, cut that CPU by ~26 % (64 files: 16.0 → 11.8 ms, six alternating processes) and
-  now ships; fewer files (one per compaction rather than one per Run) would cut it further
-  but would let damage in one file hide many Runs' snapshots (DESIGN §5), and rotating less
-  often lengthens a restore after a crash.
+- Compaction is a steady cost of busy Runs, and it was the largest one left with 64 Runs.
+  Each rotation writes one snapshot file per Run that wrote since the last one (plus one
+  per ended Run into `done/`), and those files' inodes, renames and fsyncs share the file
+  system's journal with the log's fdatasync. Rounds of 64 async Runs × 300 Steps in one
+  process, the compactor switched off in every other round (2026-12-02, six pairs): 29-46
+  against 45-61 µs per Step, of which the log's fdatasync 6-11 against 11-17 µs (a flush
+  holds ~64 Steps) and the loop's CPU 25-37 against 32-39 µs. Writing the
+  same files to tmpfs in the alternate rounds gave 36-46 µs: the disk, not the GIL, is
+  most of that cost. Segments used to rotate every 64 KiB per Run that wrote (4 MiB for 64
+  Runs), so a compaction was running most of the time; they now rotate every 256 KiB per
+  Run, at least 1 MiB (a lone Run, unchanged) and at most 16 MiB. `concurrency --kind
+  async`, seven runs of each in alternating processes: a median of 7.74× (6.71-9.29×)
+  against 6.47× (5.76-7.64×) with the old sizes. The price is what a restore after a crash
+  decodes: ~45-50 ms per MiB of log here, so up to 0.7 s (and a transient ~55 MiB) for 16
+  MiB of 64 busy Runs' records, against 0.23 s for 4 MiB. Writing a compaction's files
+  first and fsyncing them afterwards, instead of one fsync after each file, cut the
+  compactor's CPU by ~26 % (64 files: 16.0 → 11.8 ms) and ships; fsyncing each file as it
+  is written made no difference to the Runs in alternate rounds. Fewer files (one per
+  compaction rather than one per Run) would cut the cost further but would let damage in
+  one file hide many Runs' snapshots (DESIGN §5); snapshot files overwritten in place, two
+  per Run in turn, would need no new inode or rename per compaction but are a format
+  change, not made.
 - The floor itself could be lower: on this ext4 volume an append changes the file's size,
   so every fdatasync also commits the filesystem journal. Overwriting a preallocated file
   (`posix_fallocate`, or zeros written once) cost 115-150 µs per write+fdatasync where an

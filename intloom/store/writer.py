@@ -62,16 +62,22 @@ from intloom.store.reader import StoreReport, load
 
 __all__ = ["DEFAULT_SEGMENT_BYTES", "Store"]
 
-# Rotation bounds what a restore after a crash decodes, and costs one snapshot file (an
-# fsync each) per Run that wrote since the last one, on the compactor thread. Measured on a
-# 2-vCPU VM (scripts/bench restart, concurrency): decoding ~7k records of ~150 bytes (1 MiB)
-# takes ~35 ms, ~27k (4 MiB) ~150 ms -- a start after a crash then 1.7x slower than with a
-# short history -- while snapshotting 64 Runs every 1 MiB cost 64 concurrent Runs a fifth of
-# their throughput. So a segment is rotated once it holds _ROTATE_PER_RUN bytes per Run that
-# wrote to it, at least _ROTATE_MIN, and at most ``segment_bytes``.
-DEFAULT_SEGMENT_BYTES: Final = 4 << 20
+# Rotation bounds what a restore after a crash decodes, and costs one snapshot file per Run
+# that wrote since the last one, written by the compactor thread. Those files' inodes,
+# renames and fsyncs share the file system's journal with the log's fdatasync: measured on a
+# 2-vCPU VM with 64 busy Runs (2026-12-02), a compaction running made the log's flushes
+# ~60 % slower and cost the Runs ~20-25 % of their Steps/s (rounds with the compactor
+# switched off, or writing to tmpfs, alternated in one process; docs/performance.md); with
+# 64 KiB per Run a compaction was running most of the time. Restores decode ~45-50 ms per
+# MiB of log there (4 MiB of 64 Runs' records: 0.23 s; 16 MiB: 0.7 s and a transient
+# ~55 MiB). So a segment is rotated once it holds _ROTATE_PER_RUN bytes per Run
+# that wrote to it (~430 trivial Steps of each), at least _ROTATE_MIN, at most
+# ``segment_bytes``: a lone Run still rotates every MiB, 64 busy Runs every 16 MiB (+~20 %
+# Steps/s against 4 MiB, scripts/bench concurrency, alternating) and a restore after a crash
+# decodes at most that.
+DEFAULT_SEGMENT_BYTES: Final = 16 << 20
 _ROTATE_MIN: Final = 1 << 20
-_ROTATE_PER_RUN: Final = 64 << 10
+_ROTATE_PER_RUN: Final = 256 << 10
 # A flush runs on the loop thread (no hand-off) only when one Run has been the only writer
 # for this many batches and the disk answers fast: measured on a 2-vCPU VM, the thread
 # hand-off costs ~90 us against a ~160 us fdatasync, while a solo Run has nobody to wait for.
