@@ -136,9 +136,13 @@ def encode_frame(kind: int, seq: int, run_id: bytes, payload: bytes) -> bytes:
     return _FRAME_HEAD.pack(FRAME_MAGIC, size, zlib.crc32(body, start)) + body
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Frame:
-    """One checksum-valid frame."""
+    """One checksum-valid frame (never changed once read).
+
+    Not a frozen dataclass: its ``__init__`` would set each field through
+    ``object.__setattr__``, ~1 us per frame against ~0.2, and a restore after a crash makes
+    one per record of up to 16 MiB of log (~84k)."""
 
     kind: int
     seq: int
@@ -216,7 +220,8 @@ class SegmentScan:
         return None
 
 
-def _frame_at(data: bytes, p: int, size: int) -> Frame | None:
+def _frame_at(data: bytes, p: int, size: int, view: memoryview | None = None) -> Frame | None:
+    """The frame at ``p``, if one is whole and checks out there; ``view``: ``data``'s."""
     if p + _FRAME_HEAD.size > size:
         return None
     magic, length, crc = _FRAME_HEAD.unpack_from(data, p)
@@ -226,8 +231,12 @@ def _frame_at(data: bytes, p: int, size: int) -> Frame | None:
     end = start + length
     if end > size:
         return None
-    view = memoryview(data)
-    if zlib.crc32(view[start:end], zlib.crc32(view[p + 4 : p + 8])) != crc:
+    if view is None:
+        view = memoryview(data)
+    head = _LEN_CRC.get(length)  # the crc of the length field, as encode_frame takes it
+    if head is None:
+        head = _len_crc(length)
+    if zlib.crc32(view[start:end], head) != crc:
         return None
     kind, seq, rid_len = _BODY_HEAD.unpack_from(data, start)
     rid_end = start + _BODY_HEAD.size + rid_len
@@ -283,9 +292,10 @@ def rebuilt_payload(raw: bytes, seq: int, run_id: str) -> bytes | None:
 
 def _scan_frames(scan: SegmentScan, data: bytes, p: int) -> None:
     size = len(data)
+    view = memoryview(data)
     sealed_at: int | None = None
     while p < size:
-        frame = _frame_at(data, p, size)
+        frame = _frame_at(data, p, size, view)
         if frame is not None:
             scan.frames.append(frame)
             if frame.kind == KIND_SEAL and sealed_at is None:

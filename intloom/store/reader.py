@@ -187,6 +187,12 @@ def _where(scan: SegmentScan, offset: int) -> str:
     return f"wal/{scan.name} offset {offset}"
 
 
+def _at(scan: SegmentScan, frame: Frame) -> str:
+    """Where a record is, as a finding names it (made only for a finding: a restore reads
+    every record of the log since the last snapshots)."""
+    return f"{_where(scan, frame.offset)} seq {frame.seq}"
+
+
 def _rel(layout: Layout, path: Path) -> str:
     try:
         return str(path.relative_to(layout.root))
@@ -807,17 +813,16 @@ def _judge(loaded: Loaded, run_id: str, frames: list[tuple[SegmentScan, Frame]],
 
     for scan, frame in frames:
         seq = frame.seq
-        where = f"{_where(scan, frame.offset)} seq {seq}"
         if seq < expected:
             if not from_scratch and seq <= covered:
                 continue  # already summarised by the snapshot
-            problem = f"record {seq} appears twice (again at {where})"
+            problem = f"record {seq} appears twice (again at {_at(scan, frame)})"
             break
         if seq > expected:
             hit = by_seq.get(expected)
             if hit is not None:
                 problem = (f"record {expected} at {hit.where} fails its checksum; "
-                           f"the Run continues at {where}")
+                           f"the Run continues at {_at(scan, frame)}")
             else:
                 pos = (scan.number, frame.offset)
                 between = [g.said for g in gaps if previous < (g.number, g.offset) < pos]
@@ -825,31 +830,34 @@ def _judge(loaded: Loaded, run_id: str, frames: list[tuple[SegmentScan, Frame]],
                         else "they were lost in damaged bytes or in a segment that is gone")
                 loaded.gone.setdefault(run_id, set()).update(
                     _gone(loaded, previous[0], scan.number))
-                problem = f"records {expected}..{seq - 1} are missing before {where}: {lost}"
+                problem = (f"records {expected}..{seq - 1} are missing before "
+                           f"{_at(scan, frame)}: {lost}")
             break
         loaded.stats.records_decoded += 1
         try:
             record: Record = decode_record(frame.payload)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            problem = f"record at {where} does not decode ({exc})"
+            problem = f"record at {_at(scan, frame)} does not decode ({exc})"
             break
-        if isinstance(record, Header) and record.run_id != run_id:
-            problem = f"record at {where} is the header of Run {record.run_id}"
-            break
-        if isinstance(record, Header) and record.format != FORMAT_VERSION:
-            return RunJournal(run_id, None, "incompatible",
-                              f"its header at {where} is format {record.format}; "
-                              f"this intloom reads {FORMAT_VERSION}")
+        if type(record) is Header:
+            if record.run_id != run_id:
+                problem = f"record at {_at(scan, frame)} is the header of Run {record.run_id}"
+                break
+            if record.format != FORMAT_VERSION:
+                return RunJournal(run_id, None, "incompatible",
+                                  f"its header at {_at(scan, frame)} is format "
+                                  f"{record.format}; this intloom reads {FORMAT_VERSION}")
         try:
             state = apply(state, record)
         except IllegalTransition as exc:
-            problem = (f"record at {where} ({exc.got}) cannot follow "
+            problem = (f"record at {_at(scan, frame)} ({exc.got}) cannot follow "
                        f"{exc.previous or 'the start of the journal'}: {exc.why}")
             break
         expected += 1
         previous = (scan.number, frame.offset)
         if from_scratch and snap is not None and seq == snap.seq and snap.state != state:
-            problem = f"its snapshot ({snapshot_name(run_id)}) disagrees with the log at {where}"
+            problem = (f"its snapshot ({snapshot_name(run_id)}) disagrees with the log at "
+                       f"{_at(scan, frame)}")
             break
 
     torn = False

@@ -68,9 +68,9 @@ __all__ = ["DEFAULT_SEGMENT_BYTES", "Store"]
 # 2-vCPU VM with 64 busy Runs (2026-12-02), a compaction running made the log's flushes
 # ~60 % slower and cost the Runs ~20-25 % of their Steps/s (rounds with the compactor
 # switched off, or writing to tmpfs, alternated in one process; docs/performance.md); with
-# 64 KiB per Run a compaction was running most of the time. Restores decode ~45-50 ms per
-# MiB of log there (4 MiB of 64 Runs' records: 0.23 s; 16 MiB: 0.7 s and a transient
-# ~55 MiB). So a segment is rotated once it holds _ROTATE_PER_RUN bytes per Run
+# 64 KiB per Run a compaction was running most of the time. A restore decodes ~30-45 ms
+# per MiB of log there (4 MiB of 64 Runs' records: 0.13-0.18 s; 16 MiB: 0.45-0.7 s and a
+# transient ~55 MiB). So a segment is rotated once it holds _ROTATE_PER_RUN bytes per Run
 # that wrote to it (~430 trivial Steps of each), at least _ROTATE_MIN, at most
 # ``segment_bytes``: a lone Run still rotates every MiB, 64 busy Runs every 16 MiB (+~20 %
 # Steps/s against 4 MiB, scripts/bench concurrency, alternating) and a restore after a crash
