@@ -264,9 +264,9 @@ class RunSlot:
         self.waiter: asyncio.Future[Any] | None = None
         self.task: asyncio.Task[None] | None = None
         self.agent = AgentClaim()
-        # ((event, ...), shown state, view), one entry per publish (_Event): the view only
-        # when it is not the plain view of that state (an override or a suspension);
-        # otherwise built when a follower asks.
+        # One _Entry per publish (its events, the shown state, and the view only when it
+        # is not the plain view of that state: an override or a suspension; otherwise built
+        # when a follower asks).
         self.history: deque[_Entry] = deque(
             maxlen=_HISTORY)
         # An ended Run's earlier entries, packed (executor.history), in front of ``history``;
@@ -300,17 +300,15 @@ class RunSlot:
         """Keep ``record``, whose fold onto the current state is ``state``."""
         self.state = state
         # The record's facts (a str, a tuple of two) stand for its detail until someone reads
-        # it (_detail): a tuple of strs and gc=False structs is untracked by the cyclic
-        # collector at its first pass, where one holding a dict would stay tracked in the
-        # history for a while; and the history packs as it is (``pack``). The cursor is the
-        # record's own: a flush often holds one Step's result and the next Step's start, and
-        # its events must not all show where the last one left the Run.
+        # it (_detail): no dict is made per event, and the history packs as it is (``pack``).
+        # The cursor is the record's own: a flush often holds one Step's result and the next
+        # Step's start, and its events must not all show where the last one left the Run.
         if type(record) is Waiting:
             self._events.append(_event_of(record, state))
         else:  # _event_of's common case, without its call (three records per Step)
             facts = _FACTS.get(type(record))
             self._events.append(
-                (state.phase, None if facts is None else facts(record), state.cursor))
+                _Event(state.phase, None if facts is None else facts(record), state.cursor))
 
     def view(self) -> RunView:
         st = self.shown
@@ -408,7 +406,7 @@ class RunSlot:
         try:
             events = self._advance(upto)
             if event is not None:
-                events.append((event, detail, None))  # where the shown state is
+                events.append(_Event(event, detail, None))  # where the shown state is
             # Views are built only for whoever reads one now (a follower, the log, a
             # waiter): a busy Run nobody follows publishes once per Step.
             shown, subscribers, observer = self.shown, self._subscribers, self.observer
@@ -416,11 +414,11 @@ class RunSlot:
             view = self.view() if subscribers or overridden else None
             if events:
                 kept = view if overridden and shown.phase != "terminal" else None
-                # A tuple, not the list: an entry of str, None and gc=False structs is
-                # untracked by the cyclic collector after its first pass, so a long history
-                # costs full collections nothing (a list would stay tracked, two objects per
-                # flush).
-                self.history.append((tuple(events), shown, kept))
+                # A tuple, not the list: a tuple of gc=False events is untracked by the
+                # cyclic collector at its first pass (a list would stay tracked), so a long
+                # history costs full collections nothing; the entry itself is never tracked
+                # (executor.history).
+                self.history.append(_Entry(tuple(events), shown, kept))
                 if self._packing:  # an ended Run's late event (a cancel's, a dismissal)
                     self._pack()
             stable = self._stable_waiters
@@ -430,17 +428,17 @@ class RunSlot:
         if events and (subscribers or observer is not None):
             if subscribers:
                 assert view is not None
-                updates = [RunUpdate(event=name, run=_at(view, cursor),
-                                     detail=_detail(name, info))
-                           for name, info, cursor in events]
+                updates = [RunUpdate(event=ev.name, run=_at(view, ev.cursor),
+                                     detail=_detail(ev.name, ev.info))
+                           for ev in events]
                 for sink in tuple(subscribers):  # a sink may unsubscribe (its stream ended)
                     sink(updates)
             if observer is not None:
-                for name, info, _cursor in events:
-                    if name in _MILESTONES:
+                for ev in events:
+                    if ev.name in _MILESTONES:
                         if view is None:
                             view = self.view()
-                        observer(name, self.run_id, _detail(name, info), view.status)
+                        observer(ev.name, self.run_id, _detail(ev.name, ev.info), view.status)
         if not stable:
             return
         # Without an override the view's status is the shown state's: no view to build.
@@ -476,11 +474,11 @@ class RunSlot:
                 self._events if count > 0 else [])
             if self.observer is not None:
                 for event in pending:  # a loop, not any() over a generator: once per Step
-                    if event[0] in _MILESTONES:
+                    if event.name in _MILESTONES:
                         return False
             events = self._advance(upto)
             if events:
-                self.history.append((tuple(events), self.shown, None))
+                self.history.append(_Entry(tuple(events), self.shown, None))
         finally:
             lock.release()
         return True
@@ -597,11 +595,11 @@ class RunSlot:
             self._subscribers.add(sink)
             entries = self.entries_locked()
         return [
-            RunUpdate(event=name, run=_at(view, cursor), detail=_detail(name, info),
+            RunUpdate(event=ev.name, run=_at(view, ev.cursor), detail=_detail(ev.name, ev.info),
                       history=True)
             for entry in entries
             for view in (shown(entry),)
-            for name, info, cursor in entry[0]
+            for ev in entry.events
         ]
 
     def detach(self, sink: Callable[[list[RunUpdate]], None]) -> None:
@@ -671,9 +669,9 @@ def _event_of(record: Record, state: RunState) -> _Event:
     object, once per task, not per Step.)"""
     if type(record) is Waiting and record.agent_call is not None and (
             record.agent_call.phase == "claimed"):
-        return "claimed", {"callId": record.agent_call.id}, state.cursor
+        return _Event("claimed", {"callId": record.agent_call.id}, state.cursor)
     facts = _FACTS.get(type(record))
-    return state.phase, None if facts is None else facts(record), state.cursor
+    return _Event(state.phase, None if facts is None else facts(record), state.cursor)
 
 
 def _earlier_entries(earlier: Callable[[], list[Record]]) -> list[_Entry]:
@@ -694,7 +692,7 @@ def _earlier_entries(earlier: Callable[[], list[Record]]) -> list[_Entry]:
         except IllegalTransition:
             break  # the journal read back whole; a refusal is the restore's to report
         if type(record) is not Header:
-            entries.append(((_event_of(record, state),), state, None))
+            entries.append(_Entry((_event_of(record, state),), state, None))
     return list(entries)
 
 

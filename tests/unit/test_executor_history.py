@@ -23,19 +23,19 @@ def _entries(run_id: str, seed: int) -> list[Entry]:
         state = apply(state, record)
         facts = FACTS.get(type(record))
         events: tuple[Event, ...] = (  # as RunSlot.apply keeps them: the record's facts
-            (state.phase, None if facts is None else facts(record), state.cursor),)
+            Event(state.phase, None if facts is None else facts(record), state.cursor),)
         override = None
         if i % 17 == 5:  # a suspension or a failure outside the journal
             override = to_view(state, status="failed",
                                last_error=ErrorView(code="RUN_INTERRUPTED", message=f"cut {i}"))
-            events += (("suspended", {"code": "RUN_INTERRUPTED"}, None),)
-        entries.append((events, state, override))
+            events += (Event("suspended", {"code": "RUN_INTERRUPTED"}, None),)
+        entries.append(Entry(events, state, override))
     return entries
 
 
 def _sent(entries: list[Entry]) -> list[tuple[str, Any, Any, Any]]:
-    return [(name, detail(name, info), cursor, shown(entry))
-            for entry in entries for name, info, cursor in entry[0]]
+    return [(ev.name, detail(ev.name, ev.info), ev.cursor, shown(entry))
+            for entry in entries for ev in entry.events]
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -43,7 +43,7 @@ def test_packed_entries_unpack_to_the_same_events_details_and_views(seed: int) -
     entries = _entries(f"RUN-{seed}", seed)
     blob = pack(entries)
     assert blob is not None
-    final = entries[-1][1]
+    final = entries[-1].state
     assert _sent(unpack(blob, final)) == _sent(entries)
     assert len(blob) < len(entries) * 60  # packed: a few dozen bytes an entry
 
@@ -61,6 +61,6 @@ def test_details_are_made_of_a_record_or_the_facts_a_packed_history_keeps_of_it(
 
 def test_an_entry_whose_detail_does_not_encode_keeps_the_objects() -> None:
     entries = _entries("RUN-x", 1)
-    events, state, view = entries[3]
-    entries[3] = ((*events, ("odd", object(), None)), state, view)
+    entry = entries[3]
+    entries[3] = Entry((*entry.events, Event("odd", object(), None)), entry.state, entry.view)
     assert pack(entries) is None
