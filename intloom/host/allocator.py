@@ -4,7 +4,7 @@ glibc's malloc serves a buffer of 128 KiB or more with its own ``mmap`` and unma
 freed -- until one such buffer is freed: then it raises that threshold to the buffer's size
 (up to 32 MiB), and later large buffers come from the heap, where the small objects a host
 keeps for long (Runs, views, connections) pin the heap's pages once the buffers are freed.
-A host makes such buffers all the time: a 4 MiB log segment read for a restore or a
+A host makes such buffers all the time: a log segment (up to 16 MiB) read for a restore or a
 follower's history, a page of ``runs`` views, a snapshot, a batch of 64 Runs' records.
 
 Measured with ``scripts/soak`` (200 concurrent Runs, 20 followers, 13 restarts): each host
