@@ -569,11 +569,14 @@ What is left, from profiles taken while building this harness (`py-spy`, `cProfi
   Runs), so a compaction was running most of the time; they now rotate every 256 KiB per
   Run, at least 1 MiB (a lone Run, unchanged) and at most 16 MiB. `concurrency --kind
   async`, seven runs of each in alternating processes: a median of 7.74× (6.71-9.29×)
-  against 6.47× (5.76-7.64×) with the old sizes. The price is what a restore after a crash
-  decodes: up to 16 MiB of 64 busy Runs' records, 0.45-0.7 s here (and a transient ~55
-  MiB) against 0.13-0.18 s for 4 MiB, after the read path was made ~25 % faster for it (a
-  frame no longer a frozen dataclass, a record's place in words made only for a finding:
-  0.57-0.62 → 0.45 s for those 16 MiB, the fastest of three each). Writing a compaction's files
+  against 6.47× (5.76-7.64×) with the old sizes; a round of that figure's 64 Runs writes
+  ~11 MiB, so not every round met a compaction, and the gain in a long steady run may be
+  smaller. The price is what a restore after a crash usually decodes: one 16 MiB segment
+  of 64 busy Runs' records, 0.45 s here (a transient ~55 MiB) against 0.13 s for 4 MiB,
+  both with the read path made ~25 % faster for it (a frame no longer a frozen dataclass,
+  a record's place in words made only for a finding: 0.57-0.62 → 0.45 s for those 16 MiB;
+  the fastest of three each). A crash while a compaction still writes, or after one
+  failed, replays the segment before too. Writing a compaction's files
   first and fsyncing them afterwards, instead of one fsync after each file, cut the
   compactor's CPU by ~26 % (64 files: 16.0 → 11.8 ms) and ships; fsyncing each file as it
   is written made no difference to the Runs in alternate rounds. Fewer files (one per

@@ -142,7 +142,8 @@ class Frame:
 
     Not a frozen dataclass: its ``__init__`` would set each field through
     ``object.__setattr__``, ~1 us per frame against ~0.2, and a restore after a crash makes
-    one per record of up to 16 MiB of log (~84k)."""
+    one per record of the log since the last snapshots (16 MiB, ~84k records, is usual for
+    64 busy Runs: ``writer.DEFAULT_SEGMENT_BYTES``)."""
 
     kind: int
     seq: int

@@ -68,13 +68,15 @@ __all__ = ["DEFAULT_SEGMENT_BYTES", "Store"]
 # 2-vCPU VM with 64 busy Runs (2026-12-02), a compaction running made the log's flushes
 # ~60 % slower and cost the Runs ~20-25 % of their Steps/s (rounds with the compactor
 # switched off, or writing to tmpfs, alternated in one process; docs/performance.md); with
-# 64 KiB per Run a compaction was running most of the time. A restore decodes ~30-45 ms
-# per MiB of log there (4 MiB of 64 Runs' records: 0.13-0.18 s; 16 MiB: 0.45-0.7 s and a
-# transient ~55 MiB). So a segment is rotated once it holds _ROTATE_PER_RUN bytes per Run
-# that wrote to it (~430 trivial Steps of each), at least _ROTATE_MIN, at most
+# 64 KiB per Run a compaction was running most of the time. A restore decodes ~28 ms per
+# MiB of log there (the fastest of three: 4 MiB of 64 Runs' records 0.13 s, 16 MiB 0.45 s,
+# with a transient ~55 MiB). So a segment is rotated once it holds _ROTATE_PER_RUN bytes
+# per Run that wrote to it (~430 trivial Steps of each), at least _ROTATE_MIN, at most
 # ``segment_bytes``: a lone Run still rotates every MiB, 64 busy Runs every 16 MiB (+~20 %
-# Steps/s against 4 MiB, scripts/bench concurrency, alternating) and a restore after a crash
-# decodes at most that.
+# Steps/s against 4 MiB, scripts/bench concurrency, alternating), and a restore after a
+# crash usually decodes one segment's worth. More when the crash lands while a compaction
+# is still writing (``start`` moves once it is done: the segment before is read too), when
+# a compaction failed (``start`` stays), or by the one batch a rotation's check follows.
 DEFAULT_SEGMENT_BYTES: Final = 16 << 20
 _ROTATE_MIN: Final = 1 << 20
 _ROTATE_PER_RUN: Final = 256 << 10
