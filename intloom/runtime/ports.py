@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from intloom.runtime.machine import RunState
@@ -31,6 +32,12 @@ class JournalPort(Protocol):
     def append(self, run_id: str, record: Record, state: RunState | None = None) -> None: ...
 
     async def sync(self, run_id: str | None = None) -> None: ...
+
+    def after_durable(self, callback: Callable[[CheckpointFailed | None], None]) -> None:
+        """From the loop, after this loop iteration's appends: ``callback(None)`` once
+        every record appended before the call is durable, or ``callback(failure)`` with
+        what ``sync()`` would raise; possibly before this returns."""
+        ...
 
     def share(self) -> None:
         """Before a thread starts appending and syncing (``sync_threadsafe``): from the loop."""

@@ -181,7 +181,8 @@ class Store:
         # batches are written one at a time, in the order they were taken.
         self._inflight: _Batch | None = None
         self._kick: asyncio.Handle | None = None  # a flush scheduled for this loop iteration
-        self._waiters: list[tuple[int, asyncio.Future[None]]] = []  # (appended, future)
+        # (appended, what waits for it): a sync()'s future, or an after_durable callback.
+        self._waiters: list[tuple[int, asyncio.Future[None] | _Notify]] = []
         self._closed = False
         # The Run that alone wrote the last ``_solo_count`` batches (None: several did).
         self._solo_run: str | None = None
@@ -545,6 +546,36 @@ class Store:
             with self._lock:
                 self._check(low, high, run_id)
 
+    def after_durable(self, callback: Callable[[CheckpointFailed | None], None]) -> None:
+        """From the loop, once this loop iteration's appends are done (a callback scheduled
+        after them): call ``callback`` on the loop once every record appended before the
+        call is durable, with ``None``, or with the ``CheckpointFailed`` that ``sync()``
+        would raise. It may be called before this returns.
+
+        One callback where each waiting Run would resume its task; and with no flush due
+        or under way, the flush starts at once rather than in the next loop iteration
+        (``sync`` leaves that iteration for the other Runs woken with it to join).
+        """
+        high = self._appended
+        notify = _Notify(self._resolved, high, callback)
+        start = False
+        lock = self._lock if self._shared else None
+        if lock is not None:
+            lock.acquire()
+        try:
+            durable = self._resolved >= high
+            if not durable:
+                self._waiters.append((high, notify))
+                start = (self._inflight is None and self._kick is None
+                         and bool(self._pending))
+        finally:
+            if lock is not None:
+                lock.release()
+        if durable:
+            notify.fire(self)
+        elif start:
+            self._flush_next()
+
     def sync_threadsafe(self, run_id: str) -> None:
         """``sync`` from a thread other than the loop's (one driving sync Steps): block until
         every record appended before the call is durable.
@@ -713,8 +744,8 @@ class Store:
 
     def _wake(self) -> None:
         """Resume every waiter whose records are resolved; start the flush the others need."""
-        ready: list[asyncio.Future[None]] = []
-        later: list[tuple[int, asyncio.Future[None]]] = []
+        ready: list[asyncio.Future[None] | _Notify] = []
+        later: list[tuple[int, asyncio.Future[None] | _Notify]] = []
         lock = self._lock if self._shared else None
         if lock is not None:
             lock.acquire()
@@ -734,7 +765,9 @@ class Store:
             # Records appended while the last batch was on disk: start their flush now.
             self._flush_next()
         for waiter in ready:
-            if not waiter.done():
+            if isinstance(waiter, _Notify):
+                waiter.fire(self)
+            elif not waiter.done():
                 waiter.set_result(None)
 
     def _submit(self, batch: _Batch) -> None:
@@ -1073,6 +1106,32 @@ class Store:
         if self._dir_lock >= 0:
             os.close(self._dir_lock)
             self._dir_lock = -1
+
+
+class _Notify:
+    """An ``after_durable`` callback waiting for the records ``low``..``high``."""
+
+    __slots__ = ("callback", "high", "low")
+
+    def __init__(self, low: int, high: int,
+                 callback: Callable[[CheckpointFailed | None], None]) -> None:
+        self.low = low
+        self.high = high
+        self.callback = callback
+
+    def fire(self, store: Store) -> None:
+        failed: CheckpointFailed | None = None
+        if store._failures or store._failed_runs:  # nothing has ever failed: nothing to check
+            with store._lock:
+                try:
+                    store._check(self.low, self.high, None)
+                except CheckpointFailed as exc:
+                    failed = exc
+        try:
+            self.callback(failed)
+        except Exception as exc:  # not the store's to raise: its other waiters still wake
+            store._running_loop().call_exception_handler(
+                {"message": "an after_durable callback failed", "exception": exc})
 
 
 def _conforms(store: Store) -> JournalPort:

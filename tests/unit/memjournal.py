@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 
 from intloom.runtime.ports import CheckpointFailed
 from intloom.runtime.records import Record
@@ -25,6 +26,14 @@ class MemoryJournal:
     async def sync(self, run_id: str | None = None) -> None:
         await asyncio.sleep(0)  # yield like a real flush would
         self._flush()
+
+    def after_durable(self, callback: Callable[[CheckpointFailed | None], None]) -> None:
+        try:
+            self._flush()
+        except CheckpointFailed as exc:
+            callback(exc)
+            return
+        callback(None)
 
     def share(self) -> None:
         pass  # always locked

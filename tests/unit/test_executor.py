@@ -305,6 +305,34 @@ def test_checkpoint_failure_stops_the_run_but_keeps_the_effect() -> None:
     assert calls == ["prep", "charge-effect"]  # the effect ran once and is not undone
 
 
+def test_a_sync_step_whose_executing_record_fails_to_flush_never_runs(
+        sync_path: SyncPath) -> None:
+    # From the loop, a sync Step's task does not wait for that flush itself: the Relay's
+    # batch does (Driver._durable), and must refuse the Step rather than start it.
+    calls: list[str] = []
+    wf = intloom.Workflow("refused", version="1")
+    st = wf.stage("s")
+
+    @st.step("a", routes={"ok": "b"})
+    def a(ctx: Any) -> str:
+        calls.append("a")
+        return "ok"
+
+    @st.step("b", routes={"ok": intloom.COMPLETE})
+    def b(ctx: Any) -> str:
+        calls.append("b")
+        return "ok"
+
+    journal = MemoryJournal()
+    # flush 1: create; 2: executing a; 3: a's result and executing b -> fail it.
+    journal.fail_at = {3}
+    view = settled(wf, journal)
+    assert view.status == "failed" and view.last_error is not None
+    assert view.last_error.code == "RUN_CHECKPOINT_FAILED"
+    assert calls == ["a"]
+    sync_path.check()
+
+
 def test_sync_steps_do_not_block_the_loop(sync_path: SyncPath) -> None:
     gate = threading.Event()
     wf = intloom.Workflow("slow", version="1")
@@ -392,6 +420,7 @@ class _HeldAtB(MemoryJournal):
     def __init__(self) -> None:
         super().__init__()
         self.holding, self.let_go = threading.Event(), threading.Event()
+        self.held: set[asyncio.Task[None]] = set()
 
     def _at_b(self) -> bool:
         return any(type(r) is Executing and r.step == "b" for _, r in self.pending)
@@ -407,6 +436,19 @@ class _HeldAtB(MemoryJournal):
             self.holding.set()
             assert await asyncio.to_thread(self.let_go.wait, 10)
         await super().sync(run_id)
+
+    def after_durable(self, callback: Callable[[CheckpointFailed | None], None]) -> None:
+        # The loop's sync Steps wait here (the Relay's batch), not in sync.
+        if not self._at_b():
+            super().after_durable(callback)
+            return
+        self.holding.set()
+
+        async def held() -> None:
+            assert await asyncio.to_thread(self.let_go.wait, 10)
+            MemoryJournal.after_durable(self, callback)
+
+        self.held.add(asyncio.get_running_loop().create_task(held()))
 
 
 def test_a_sync_step_whose_executing_is_still_being_written_when_a_stop_cuts_is_never_called(

@@ -1,12 +1,17 @@
 """The host's worker threads for sync user code (executor/workers.py): a parked worker takes
 the next job, a job that blocks never holds up another (each running job has its own
-thread), and a worker parked for its idle time ends."""
+thread), and a worker parked for its idle time ends. A Relay runs one loop turn's calls on
+one worker and hands their results back together, spills a batch held up by a call that
+blocks, and starts a batch only once its gate has passed it."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
+from collections.abc import Callable, Coroutine
+from typing import Any
 
-from intloom.executor.workers import Workers
+from intloom.executor.workers import Inbox, Relay, Workers
 from tests.helpers import eventually
 
 
@@ -57,3 +62,115 @@ def test_a_worker_parked_for_its_idle_time_ends() -> None:
     again = threading.Event()
     workers.submit(again.set)
     assert again.wait(10)
+
+
+class _CountingInbox(Inbox):
+    """Counts the drains that reached the loop (each is one wake-up of it)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop)
+        self.drains = 0
+
+    def _drain(self) -> None:
+        self.drains += 1
+        super()._drain()
+
+
+def _job(inbox: Inbox, future: asyncio.Future[Any], value: Any, ran: list[int],
+         before: Callable[[], object] = lambda: None) -> Callable[[Any], None]:
+    def job(batch: Any) -> None:
+        ran.append(threading.get_ident())
+        before()
+        inbox.put(future, True, value, None, batch)
+    return job
+
+
+def _on_loop(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    asyncio.run(asyncio.wait_for(main(), timeout=20))
+
+
+def test_a_relay_runs_one_turns_calls_on_one_worker_and_hands_them_back_together() -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        inbox = _CountingInbox(loop)
+        # No look at the batch within the test: it must end on its own.
+        relay = Relay(inbox, Workers(idle_s=2.0, name="intloom-step-test-relay"), tick_s=60)
+        futures = [loop.create_future() for _ in range(8)]
+        ran: list[int] = []
+        for i, future in enumerate(futures):
+            relay.submit(_job(inbox, future, i, ran))
+        assert await asyncio.gather(*futures) == list(range(8))
+        assert len(ran) == 8 and len(set(ran)) == 1  # one worker ran them all, in turn
+        assert inbox.drains == 1  # and their results woke the loop once
+
+    _on_loop(main)
+
+
+def test_a_relay_call_that_blocks_never_holds_up_the_others_of_its_batch() -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        inbox = Inbox(loop)
+        relay = Relay(inbox, Workers(idle_s=2.0, name="intloom-step-test-spill"), tick_s=0.01)
+        futures = [loop.create_future() for _ in range(5)]
+        release = threading.Event()
+        ran: list[int] = []
+        for i, future in enumerate(futures):
+            # The middle call blocks until the test has seen every other result: those
+            # before it were held for the batch, those after it had not started.
+            wait = (lambda: release.wait(20)) if i == 2 else (lambda: None)
+            relay.submit(_job(inbox, future, i, ran, wait))
+        others = [f for i, f in enumerate(futures) if i != 2]
+        assert await asyncio.gather(*others) == [0, 1, 3, 4]
+        assert not futures[2].done()
+        release.set()
+        assert await futures[2] == 2
+
+    _on_loop(main)
+
+
+class _CountingWorkers(Workers):
+    """Counts the jobs handed to workers."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.submitted = 0
+
+    def submit(self, job: Callable[[], None]) -> None:
+        self.submitted += 1
+        super().submit(job)
+
+
+def test_a_relay_starts_its_batch_only_once_the_gate_has_passed_it() -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        inbox = Inbox(loop)
+        workers = _CountingWorkers(idle_s=2.0, name="intloom-step-test-gate")
+        seen: list[Any] = []
+        called, passed = asyncio.Event(), asyncio.Event()
+        gates: set[asyncio.Task[None]] = set()
+
+        def gate(tags: list[Any], go: Callable[[], None]) -> None:
+            seen.extend(tags)
+            seen.append(workers.submitted)  # nothing handed to a worker yet
+            called.set()
+
+            async def later() -> None:  # what the store's flush is to the real gate
+                await passed.wait()
+                go()
+                go()  # a second go must not hand the batch over again
+
+            gates.add(loop.create_task(later()))
+
+        relay = Relay(inbox, workers, gate=gate)
+        futures = [loop.create_future() for _ in range(3)]
+        ran: list[int] = []
+        for i, future in enumerate(futures):
+            relay.submit(_job(inbox, future, i, ran), tag=f"call-{i}")
+        await called.wait()  # once this turn of the loop is over
+        assert seen == ["call-0", "call-1", "call-2", 0]
+        assert workers.submitted == 0 and ran == []
+        passed.set()
+        assert await asyncio.gather(*futures) == [0, 1, 2]
+        assert len(ran) == 3 and workers.submitted == 1
+
+    _on_loop(main)
