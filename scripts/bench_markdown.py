@@ -248,8 +248,9 @@ def render(report: dict[str, Any], chart: str | None) -> str:
         "`sync` Step runs on a worker thread (it must never block the loop). A Run that has "
         "been the only one writing for 8 flushes (as here, after its first few Steps) is "
         "driven on one worker thread, which journals and flushes its sync Steps itself; with "
-        "other Runs writing (the 64-Run figures), each sync Step is handed from the loop to a "
-        "worker thread and back.",
+        "other Runs writing (the 64-Run figures), the sync Steps started in one turn of the "
+        "event loop wait for one flush together and run one after another on one worker "
+        "thread, which hands their results back together (docs/format.md).",
         "",
         "`concurrency` runs, in one warmed store, 1 Run of 3,000 Steps and 64 concurrent Runs "
         "of 300 Steps each, alternating (64 staggered, 1, 64, 64, 1, 64 staggered, ...), so "
@@ -497,6 +498,22 @@ Changes (each measured before and after with the sub-command named):
   Runs over 57,600 Steps, 79 young and 7 middle collections, 14 ms in all, against 382
   young, 34 middle and 3 full, 84 ms (`gc.callbacks`); callgrind 132.8k → 130.9k
   instructions per Step.
+- **Sync Steps started in batches** (2026-12-02, `concurrency --kind sync`): with other
+  Runs writing, each sync Step's task waited for its `executing` flush itself (a `sync`
+  coroutine and a task wake-up per Step) and then handed the Step to a worker of its own;
+  the results came back spread over several loop iterations, so the next flushes held fewer
+  Runs (1.4-2.1 flushes per round of 64 Runs). The sync Steps started in one loop iteration
+  now wait for one flush together (`Store.after_durable`, a callback), then run one after
+  another on one worker, which hands their results back together; every 0.3 ms the loop
+  takes the results so far (it works on them while the worker goes on), and if no call
+  ended in that tick, each Step not yet started gets a worker of its own. Callgrind
+  (fdatasync a no-op): 64 sync Runs 156.9k → 141.9k instructions per Step (async Runs:
+  131.5k), 8 Runs 167.1k → 152.7k, 2 Runs 205.7k → 209.0k. Four runs of each in
+  alternating processes: 4.84-6.23× (median 5.49×, 17,100 Steps/s, 46.9-54.4 µs of CPU
+  per Step, 39-59 Steps per flush) against 6.27-7.25× (median 6.71×, 22,600 Steps/s,
+  39.1-45.9 µs, 62-64 Steps per flush). Handing a round's Steps to one worker while each
+  Run's task still waited for its own flush had changed nothing (2026-12-01, below): the
+  task wake-ups were the larger part.
 
 What is left, from profiles taken while building this harness (`py-spy`, `cProfile`,
 `strace -c`, `-X importtime`; figures are from those sessions, not this run):
@@ -511,24 +528,22 @@ What is left, from profiles taken while building this harness (`py-spy`, `cProfi
   history of two entries; 3.5k of that the cyclic collector), ~9k since its entries are
   `gc=False` structs (130.9k): what a follower and `runs` show of it is what DESIGN asks for.
 - A sync Step must not block the event loop, so it runs on a worker thread. A Run alone
-  is driven there (above); with other Runs writing, each sync Step goes from the loop to a
-  worker and back, and 64 sync Runs reach ~26,000 Steps/s against ~40,000 for async ones
-  (the loop's CPU per Step ~36 µs against ~23 µs: a future, one more task wake-up and the
-  hand-back per Step, and the GIL passed between the loop and the workers). Their ratio is
-  against one sync Run, which the thread-driven Run made ~1.6× faster, so it fell from
-  8.75× (2026-11-30 09:27 UTC) to 5.3-5.9× while the 64 Runs' own Steps/s did not move. Two
-  ways of driving them were measured and not kept: all 64 Runs driven on their own threads
-  (~12,500 Steps/s: 64 threads contending for the GIL; 23 Steps per flush where the loop
-  grouped 47 in the same session -- it groups 30-50 from run to run, at the same Steps/s),
-  and the round's sync Steps handed over as one batch to one worker, so that it runs them
-  back to back on one GIL acquisition (25,000-27,000 Steps/s, unchanged). 8× would need a
-  sync Step to cost the loop what an async one does -- and even that falls short: with the
-  hand-off removed altogether (the Step called on the loop, an experiment only, since a
-  Step that blocks would stall every Run), `concurrency --kind sync` gave 6.05× and 6.23×
-  (26,100-28,100 Steps/s, 63.6 Steps per flush) against 5.52× and 5.59× with it, in
-  alternating processes on 2026-12-01. That bounds any scheduling of sync Steps, such as
-  one worker driving many Runs' Steps and moving the others off a Step that blocks: it
-  would gain ~10 % here, and the rest is the loop's CPU per Step, as for async Runs.
+  is driven there (above); with other Runs writing, a loop iteration's sync Steps run as a
+  batch on one worker (above), and 64 sync Runs still spend more CPU per Step than async
+  ones (39-46 against ~30 µs in the runs of 2026-12-02; callgrind 141.9k against 131.5k
+  instructions): each Step's call and result cross to the worker and back, and while the
+  worker runs the batch the loop mostly waits for it (one of them runs Python at a time;
+  what overlaps is the worker's calls with the loop's fdatasync). Their ratio is against
+  one sync Run, which the thread-driven Run made ~1.6× faster, so it fell from 8.75×
+  (2026-11-30 09:27 UTC) to 5.3-5.9× while the 64 Runs' own Steps/s did not move, and the
+  batches brought it back to 6.3-7.3×. Measured and not kept: all 64 Runs driven on their
+  own threads (~12,500 Steps/s: 64 threads contending for the GIL; 23 Steps per flush
+  where the loop grouped 47 in the same session), and, on 2026-12-01, the round's sync
+  Steps handed over as one batch to one worker while each Run's task still waited for its
+  own flush (25,000-27,000 Steps/s then, unchanged). With the hand-off removed altogether
+  (the Step called on the loop, an experiment only, since a Step that blocks would stall
+  every Run), `concurrency --kind sync` gave 6.05× and 6.23× against 5.52× and 5.59× with
+  it, in alternating processes on 2026-12-01, before the compaction and batching changes.
 - Thread-driven sync Steps cost what async ones do (~105-135 µs of CPU per Step with the
   write and fdatasync, ~60 µs of it the floor's own), so against the peers both sit on the
   5× line and the VM decides: the two `peers` runs after the change gave 4.23× and 4.48×
@@ -549,8 +564,8 @@ What is left, from profiles taken while building this harness (`py-spy`, `cProfi
   through asyncio's Python-level `call_soon` and `Handle`, the Step's context, one publish)
   and is busy ~90 % of the time, the rest blocked in the batch's fdatasync. Group commit
   groups every Run: with async Steps, 63.6 Steps per flush with 64 Runs created together
-  (300 Steps each, plus the creation and completion records); sync Steps finish out of step
-  with each other, ~46-49 per flush. The ratio moves with the VM more than with the code: in
+  (300 Steps each, plus the creation and completion records), and 62-64 with sync Steps
+  since they start in batches (39-59 before: they finished out of step with each other). The ratio moves with the VM more than with the code: in
   one process, with the same work repeated, the loop's CPU per Step went from 19.5 to 27 µs
   and back between repetitions, and `concurrency` gave 6.8-8.6× in the runs made on
   2026-11-30 (the staggered start 5.9-7.9×, below it in each run). Created one after
