@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -126,6 +127,63 @@ def test_enospc_mid_write_voids_the_half_written_batch(tmp_path: Path) -> None:
     journal = by_id(read_runs(root))["RUN-A"]
     # Half a batch on disk is neither a torn tail nor corruption: it is void.
     assert journal.status == "ok" and journal.state == fold(a[:1]) and not journal.torn_tail
+
+
+def test_after_durable_calls_back_once_the_records_before_it_are_durable(
+        tmp_path: Path) -> None:
+    root = tmp_path / "runtime"
+    a, b = walk("RUN-A", 2, 1), walk("RUN-B", 2, 2)
+
+    async def main() -> None:
+        store = open_store(root, faults=FaultPlan(fail_sync=frozenset({2})))
+        told: list[tuple[str, CheckpointFailed | None, int]] = []
+
+        def on(name: str) -> Any:
+            # What another process reads at the moment of the callback: the records.
+            return lambda failed: told.append((name, failed, len(read_runs(root))))
+
+        store.append("RUN-A", a[0])
+        store.append("RUN-B", b[0])
+        store.after_durable(on("first"))  # no flush was due: it starts at once
+        assert store.flushes == 1 and [t[:2] for t in told] == [("first", None)]
+        assert told[0][2] == 2  # both Runs durable when it was told
+        store.after_durable(on("nothing pending"))  # told at once, nothing to flush
+        assert store.flushes == 1 and told[-1][:2] == ("nothing pending", None)
+        store.append("RUN-B", b[1])
+        store.after_durable(on("failed"))  # flush 2 fails: told which Runs it held
+        assert store.flushes == 2
+        name, failed, _ = told[-1]
+        assert name == "failed" and failed is not None and failed.run_ids == {"RUN-B"}
+        with pytest.raises(CheckpointFailed):
+            await store.sync("RUN-B")
+        await store.sync("RUN-A")  # RUN-A's records were not in the failed batch
+        await store.close()
+
+    asyncio.run(main())
+
+
+def test_an_after_durable_callback_that_raises_wakes_the_others_all_the_same(
+        tmp_path: Path) -> None:
+    a = walk("RUN-A", 1, 1)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        reported: list[Any] = []
+        loop.set_exception_handler(lambda _loop, context: reported.append(context))
+        store = open_store(tmp_path / "runtime")
+        store.append("RUN-A", a[0])
+        waiting = asyncio.ensure_future(store.sync("RUN-A"))
+        await asyncio.sleep(0)  # its flush is now due at the end of this loop iteration
+
+        def broken(failed: CheckpointFailed | None) -> None:
+            raise RuntimeError("the callback's own bug")
+
+        store.after_durable(broken)  # joins the flush already due
+        await asyncio.wait_for(waiting, 10)  # woken by the same flush all the same
+        assert [type(c.get("exception")) for c in reported] == [RuntimeError]
+        await store.close()
+
+    asyncio.run(main())
 
 
 def test_sync_with_run_id_reports_a_failure_whoever_flushed_it(tmp_path: Path) -> None:
