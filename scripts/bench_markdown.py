@@ -565,8 +565,9 @@ What is left, from profiles taken while building this harness (`py-spy`, `cProfi
   and is busy ~90 % of the time, the rest blocked in the batch's fdatasync. Group commit
   groups every Run: with async Steps, 63.6 Steps per flush with 64 Runs created together
   (300 Steps each, plus the creation and completion records), and 62-64 with sync Steps
-  since they start in batches (39-59 before: they finished out of step with each other). The ratio moves with the VM more than with the code: in
-  one process, with the same work repeated, the loop's CPU per Step went from 19.5 to 27 µs
+  since they start in batches (39-59 before: they finished out of step with each other).
+  The ratio moves with the VM more than with the code: in one process, with the same work
+  repeated, the loop's CPU per Step went from 19.5 to 27 µs
   and back between repetitions, and `concurrency` gave 6.8-8.6× in the runs made on
   2026-11-30 (the staggered start 5.9-7.9×, below it in each run). Created one after
   another, Runs ramp up and down over ~64 flushes each way: a paired A/B in one store
