@@ -504,9 +504,10 @@ Changes (each measured before and after with the sub-command named):
   the results came back spread over several loop iterations, so the next flushes held fewer
   Runs (1.4-2.1 flushes per round of 64 Runs). The sync Steps started in one loop iteration
   now wait for one flush together (`Store.after_durable`, a callback), then run one after
-  another on one worker, which hands their results back together; every 0.3 ms the loop
-  takes the results so far (it works on them while the worker goes on), and if no call
-  ended in that tick, each Step not yet started gets a worker of its own. Callgrind
+  another on one worker, which hands their results back together; once the batch has run
+  1 ms, or its running Step has (it may block), each Step not yet started gets a worker of
+  its own, and about every millisecond the loop takes the results so far (it works on
+  them while the worker goes on). Callgrind
   (fdatasync a no-op): 64 sync Runs 156.9k → 141.9k instructions per Step (async Runs:
   131.5k), 8 Runs 167.1k → 152.7k, 2 Runs 205.7k → 209.0k. Four runs of each in
   alternating processes: 4.84-6.23× (median 5.49×, 17,100 Steps/s, 46.9-54.4 µs of CPU

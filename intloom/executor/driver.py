@@ -33,7 +33,7 @@ from intloom.executor.history import detail as _detail
 from intloom.executor.history import pack, shown, unpack
 from intloom.executor.history import plain_view as _plain_view
 from intloom.executor.updates import RunUpdate
-from intloom.executor.workers import Inbox, Relay, Workers
+from intloom.executor.workers import Batch, Inbox, Relay, Workers
 from intloom.runtime.limits import MAX_EFFECT_ID, MAX_OUTCOME
 from intloom.runtime.machine import (
     IllegalTransition,
@@ -1353,9 +1353,10 @@ class _Hooks:
 
 
 class _NotDurable(Exception):
-    """A sync Step's ``executing`` record was not made durable (``Driver._durable``)."""
+    """A sync Step's ``executing`` record was not made durable, or not shown: what stopped
+    ``Driver._durable`` for it (``cause``), to raise in the Run's task instead."""
 
-    def __init__(self, cause: CheckpointFailed) -> None:
+    def __init__(self, cause: BaseException) -> None:
         super().__init__(str(cause))
         self.cause = cause
 
@@ -1472,22 +1473,21 @@ class Driver:
         return result
 
     def _start_sync(self, inbox: Inbox, fn: Callable[..., Any], *args: Any,
-                    relay: Relay | None = None,
-                    durable: tuple[RunSlot, tuple[RunState, int]] | None = None,
+                    gated: tuple[RunSlot, tuple[RunState, int]] | None = None,
                     ) -> asyncio.Future[Any]:
         """``fn(*args)`` started on a worker thread: the future of what it returns or raises,
         settled through ``inbox`` (the running loop's; ``_call_sync`` awaits the future, a
-        Step's is awaited by ``_run_step`` itself). ``relay``: started with the other calls
-        of this loop iteration once ``durable`` (the Run and its ``mark()``) is durable; if
-        it cannot be made durable, the future raises ``_NotDurable`` (a Step's; see
-        ``_durable``)."""
+        Step's is awaited by ``_run_step`` itself). ``gated`` (a sync Step's Run and its
+        ``mark()`` after ``executing``): started through the Relay, with the other calls of
+        this loop iteration, once that is durable; the future raises ``_NotDurable`` if it
+        is not (see ``_durable``)."""
         # What loop.create_future() returns, without its Python frame (asyncio's own loop).
         future: asyncio.Future[Any] = _Future(loop=inbox.loop)
 
-        def body(batch: Any = None) -> None:
+        def body(batch: Batch | None = None) -> None:
             if future.done():
-                # Its Run was cancelled (a stop's cut) before a worker took the call up, or
-                # its record could not be made durable (``_durable``): it never starts.
+                # The task awaiting it was cancelled (a cancel, a stop's cut) before a
+                # worker took the call up, or ``_durable`` refused it: it never starts.
                 return
             try:
                 result = fn(*args)
@@ -1502,43 +1502,68 @@ class Driver:
                 return
             inbox.put(future, True, result, _close, batch)
 
-        if relay is None:
+        if gated is None:
             self.workers.submit(body)
         else:
-            relay.submit(body, (durable, future))
+            relay = self._relay
+            assert relay is not None, "a Run is driven only after launch()"
+            relay.submit(body, (gated, future))
         return future
 
     def _durable(self, tags: list[Any], go: Callable[[], None]) -> None:
         """A Relay batch's gate: once the sync Steps' ``executing`` records (and everything
-        else appended so far) are durable, show each Run durable and ``go``: the Relay
+        else appended so far) are resolved, show each Run durable and ``go``: the Relay
         starts the Steps.
 
         One callback for the batch where each Step's task waited for the flush on its own:
         a task wake-up and a ``sync`` coroutine fewer per sync Step (callgrind, 64 sync
-        Runs: ~18k instructions, 12 %). A Step whose record is not durable gets
-        ``_NotDurable`` instead and never starts; one whose Run was cancelled meanwhile is
-        neither shown nor started, as when its task waited for the flush."""
+        Runs: ~18k instructions, 12 %). A Step whose Run a failed write finished
+        (``failure``, as ``sync(run_id)`` asks: that write may have been settled before
+        this batch asked) gets ``_NotDurable`` instead and never starts; so does one whose
+        Run could not be shown. One whose Run was cancelled meanwhile is neither shown nor
+        started, as when its task waited for the flush."""
         rt = self.rt
+        journal = rt.journal
 
-        def durable(failed: CheckpointFailed | None) -> None:
+        def refuse(exc: BaseException) -> None:
+            for _gated, future in tags:
+                if not future.done():
+                    future.set_exception(_NotDurable(exc))
+
+        def durable() -> None:
             try:
                 for (slot, upto), future in tags:
                     if future.done():
                         continue
-                    if failed is not None and slot.run_id in failed.run_ids:
+                    failed = journal.failure(slot.run_id)
+                    if failed is not None:
                         future.set_exception(_NotDurable(failed))
-                    else:
+                        continue
+                    try:
                         rt.show_durable(slot, upto)
+                    except Exception as exc:  # the host's failure: raised in the Run's task
+                        future.set_exception(_NotDurable(exc))
+            except BaseException as exc:
+                refuse(exc)  # nothing starts that was not checked
+                raise
             finally:
                 go()
 
-        rt.journal.after_durable(durable)
+        try:
+            journal.after_durable(durable)
+        except BaseException as exc:
+            refuse(exc)
+            go()
+            raise
 
-    def _not_durable(self, slot: RunSlot, cause: CheckpointFailed) -> NoReturn:
-        """Raise for a sync Step whose ``executing`` record the Relay could not make durable
-        (``_durable``), as ``_run_step`` does when it waits for the flush itself."""
-        self.rt.settle(slot, cause)  # raises: only a Run the failure names is handed it
-        raise IntloomError("RUN_CHECKPOINT_FAILED") from None
+    def _not_durable(self, slot: RunSlot, cause: BaseException) -> NoReturn:
+        """Raise for a sync Step that ``_durable`` refused, as ``_run_step`` does when it
+        waits for the flush itself: a failed write fails the Run (``settle``); anything
+        else is raised as it is, outside the Step's own errors."""
+        if isinstance(cause, CheckpointFailed):
+            self.rt.settle(slot, cause)  # raises: only a Run the failure names is given it
+            raise IntloomError("RUN_CHECKPOINT_FAILED") from None
+        raise cause
 
     # ------------------------------------------------------------------ the loop
 
@@ -1768,8 +1793,7 @@ class Driver:
                     else:  # _call_sync's body, without its coroutine: one per sync Step
                         inbox = self._steps_inbox
                         assert inbox is not None, "a Run is driven only after launch()"
-                        future = self._start_sync(inbox, fn, ctx, relay=self._relay,
-                                                  durable=(slot, upto))
+                        future = self._start_sync(inbox, fn, ctx, gated=(slot, upto))
                         try:
                             outcome = await future
                         except asyncio.CancelledError:

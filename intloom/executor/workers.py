@@ -13,18 +13,25 @@ import asyncio
 import contextlib
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Final
 
-__all__ = ["Inbox", "Relay", "Workers"]
+__all__ = ["Batch", "Inbox", "Relay", "Workers"]
 
 _IDLE_S: Final = 30.0
-# How often the loop looks at a Relay batch still running: it takes the results so far, and
-# a call that has run for a whole tick (it may block) leaves the calls behind it to others.
-# 64 trivial sync Steps take a worker ~0.3-1 ms on a 2-vCPU VM; taking the first results
-# before the batch ends lets the loop work on them meanwhile (64 sync Runs, scripts/bench
-# concurrency, three runs each: 24-26k Steps/s with 0.3 ms, 22-23k with 1 ms).
+# How long a Relay batch's calls may take one after another before the calls not yet
+# started get workers of their own. 64 trivial sync Steps take a worker ~0.3-1 ms on a
+# 2-vCPU VM; a batch of calls that each wait on something (a query, a lock) is spread out
+# after this much, and one call that blocks is seen by the loop's next look.
+_BUDGET_S: Final = 0.001
+# How often the loop looks at a batch still running: it takes the results so far (it works
+# on them while the worker goes on), and spreads out the batch if the running call has run
+# for the budget (it blocks). The epoll selector rounds its timeout up to whole
+# milliseconds, so a look comes every ~1 ms however short this is (64 sync Runs,
+# `scripts/bench concurrency`, three runs each: 24-26k Steps/s asking for 0.3 ms, 22-23k
+# asking for 1 ms, which a look just short of its due time rounds to ~2 ms).
 _TICK_S: Final = 0.0003
 
 
@@ -85,7 +92,7 @@ class Inbox:
 
     def put(self, future: asyncio.Future[Any], ok: bool, value: Any,
             dropped: Callable[[Any], None] | None = None,
-            batch: _Batch | None = None) -> None:
+            batch: Batch | None = None) -> None:
         """From any thread: settle ``future`` on the loop (a result, or an exception).
         ``dropped``: called on the loop with a result nobody waits for any more (the future
         was cancelled while the call ran), to release what it holds. ``batch``: the Relay
@@ -107,7 +114,7 @@ class Inbox:
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
                 self.loop.call_soon_threadsafe(self._drain)
 
-    def deliver_held(self, batch: _Batch, *, spill: bool, on_loop: bool) -> None:
+    def deliver_held(self, batch: Batch, *, spill: bool, on_loop: bool) -> None:
         """Deliver what ``batch`` held back: it ended (a worker), or the loop looked at it
         (``spill``: nothing is held back for it from now on)."""
         lock = self._lock
@@ -147,19 +154,23 @@ class Inbox:
                 future.set_exception(value)
 
 
-class _Batch:
-    """Jobs a Relay handed to one worker, to run one after another."""
+class Batch:
+    """Calls a Relay hands to one worker, to run one after another."""
 
-    __slots__ = ("done", "finished", "handed", "jobs", "spilled", "tags")
+    __slots__ = ("began", "done", "handed", "jobs", "running_since", "spilled", "tags")
 
     def __init__(self) -> None:
-        self.jobs: deque[Callable[[_Batch | None], None]] = deque()
+        self.jobs: deque[Callable[[Batch | None], None]] = deque()
         self.tags: list[Any] = []  # what the gate is handed, one per job
-        # Read and written under the Inbox's lock: False while the batch's results wait
-        # for the batch's end (or the loop's next look).
+        # False while the batch's results wait for its end (or the loop's next look);
+        # set once, to True, under the Inbox's lock (``deliver_held``), so a worker may
+        # read it unlocked: a put that still saw False is taken by that spill's delivery.
         self.spilled = False
         self.handed = False  # to a worker (once)
-        self.finished = 0  # calls its worker has made (the loop's measure of progress)
+        self.began = 0.0  # perf_counter() when its worker began it
+        # When the call its worker is running began (None: none yet). Written by the
+        # worker, read by the loop's look.
+        self.running_since: float | None = None
         self.done = False
 
 
@@ -173,33 +184,37 @@ class Relay:
     round of Steps instead of one). Here the calls started in one iteration go to one
     worker, which runs them one after another and hands their results back together.
 
-    No call may hold up the others for long. Every ``tick_s`` while the batch runs, the
-    loop takes the results so far; and if no call ended during the tick (the one running
-    may block: a request, a lock), every call not yet started gets a worker of its own
-    (the calls' order does not matter: each is one Run's). A call waits at most ~two
-    ticks for a slow one before it.
+    No call may hold up the others for long (the calls' order does not matter: each is
+    one Run's). Once the batch has run for ``budget_s``, its worker gives each call not
+    yet started a worker of its own before it starts the next; and every ``tick_s`` (in
+    practice every ~1 ms: the selector's resolution) the loop takes the results so far and,
+    if the running call has run for ``budget_s`` (it may block: a request, a lock), does
+    the same. A call waits ~1-2 ms at most for the calls before it.
 
     ``gate(tags, go)``: called on the loop with the batch's tags once the batch is
-    closed; it calls ``go()`` once (now or later, on the loop) to hand the batch over. The
-    jobs all run then, so a job must itself skip a call the gate refused.
+    closed; it must settle (refuse) any call that must not start and then call ``go()``
+    once, now or later, on the loop, to hand the batch over. A job skips a call the gate
+    refused.
     """
 
     def __init__(self, inbox: Inbox, workers: Workers, *, tick_s: float = _TICK_S,
+                 budget_s: float = _BUDGET_S,
                  gate: Callable[[list[Any], Callable[[], None]], None] | None = None
                  ) -> None:
         self._inbox = inbox
         self._workers = workers
         self._tick_s = tick_s
+        self._budget_s = budget_s
         self._gate = gate
-        self._open: _Batch | None = None
+        self._open: Batch | None = None
 
-    def submit(self, job: Callable[[_Batch | None], None], tag: Any = None) -> None:
+    def submit(self, job: Callable[[Batch | None], None], tag: Any = None) -> None:
         """On the loop: run ``job(batch)`` on a worker once this loop iteration's other
         ready callbacks have run (and the gate, given ``tag``, has). ``job`` puts its
         result in the Inbox with ``batch``."""
         batch = self._open
         if batch is None:
-            batch = self._open = _Batch()
+            batch = self._open = Batch()
             self._inbox.loop.call_soon(self._close_batch)
         batch.jobs.append(job)
         batch.tags.append(tag)
@@ -210,14 +225,10 @@ class Relay:
         self._open = None
         if self._gate is None:
             self._hand_over(batch)
-            return
-        try:
+        else:
             self._gate(batch.tags, lambda: self._hand_over(batch))
-        except BaseException:
-            self._hand_over(batch)  # every job runs, or settles its call as refused
-            raise
 
-    def _hand_over(self, batch: _Batch) -> None:
+    def _hand_over(self, batch: Batch) -> None:
         if batch.handed:
             return
         batch.handed = True
@@ -225,40 +236,50 @@ class Relay:
         if len(batch.jobs) == 1:
             batch.spilled = True  # nothing to hold its result back for
         else:
-            self._inbox.loop.call_later(self._tick_s, self._look, batch, 0)
+            self._inbox.loop.call_later(self._tick_s, self._look, batch)
         self._workers.submit(lambda: self._run(batch))
 
-    def _run(self, batch: _Batch) -> None:
+    def _run(self, batch: Batch) -> None:
         jobs = batch.jobs
+        clock = time.perf_counter
+        began = batch.began = clock()
+        budget = self._budget_s
         while True:
             try:
                 job = jobs.popleft()
             except IndexError:
                 break
+            now = clock()
+            if now - began >= budget and not batch.spilled:
+                self._spread(batch, on_loop=False)
+            batch.running_since = now
             job(batch)
-            batch.finished += 1  # only this thread writes it
         batch.done = True
         if not batch.spilled:
             self._inbox.deliver_held(batch, spill=True, on_loop=False)
 
-    def _look(self, batch: _Batch, seen: int) -> None:
-        """The loop's look at a batch still running, a tick after the last (``seen``: how
-        many calls had ended then)."""
-        if batch.done:
+    def _look(self, batch: Batch) -> None:
+        """The loop's look at a batch still running (every tick until it ends)."""
+        if batch.done or batch.spilled:
             return
-        finished = batch.finished
-        stuck = finished == seen
-        self._inbox.deliver_held(batch, spill=stuck, on_loop=True)
-        if not stuck:
-            self._inbox.loop.call_later(self._tick_s, self._look, batch, finished)
+        since = batch.running_since
+        if since is not None and time.perf_counter() - since >= self._budget_s:
+            self._spread(batch, on_loop=True)
             return
+        self._inbox.deliver_held(batch, spill=False, on_loop=True)
+        self._inbox.loop.call_later(self._tick_s, self._look, batch)
+
+    def _spread(self, batch: Batch, *, on_loop: bool) -> None:
+        """Deliver what the batch holds, hold nothing more, and give each call not yet
+        started a worker of its own (whichever worker pops a call first runs it)."""
+        self._inbox.deliver_held(batch, spill=True, on_loop=on_loop)
         for _ in range(len(batch.jobs)):
             self._workers.submit(lambda: self._run_one(batch))
 
     @staticmethod
-    def _run_one(batch: _Batch) -> None:
+    def _run_one(batch: Batch) -> None:
         try:
             job = batch.jobs.popleft()
         except IndexError:
-            return  # the batch's own worker took it
+            return  # another worker took it
         job(None)

@@ -33,10 +33,15 @@ class JournalPort(Protocol):
 
     async def sync(self, run_id: str | None = None) -> None: ...
 
-    def after_durable(self, callback: Callable[[CheckpointFailed | None], None]) -> None:
-        """From the loop, after this loop iteration's appends: ``callback(None)`` once
-        every record appended before the call is durable, or ``callback(failure)`` with
-        what ``sync()`` would raise; possibly before this returns."""
+    def after_durable(self, callback: Callable[[], None]) -> None:
+        """From the loop, after this loop iteration's appends: ``callback()`` once every
+        record appended before the call is durable or failed (``failure`` tells which
+        Runs' failed); possibly before this returns."""
+        ...
+
+    def failure(self, run_id: str) -> CheckpointFailed | None:
+        """The failed write that finished ``run_id`` in this process, if any: what
+        ``sync(run_id)`` would raise."""
         ...
 
     def share(self) -> None:

@@ -546,35 +546,48 @@ class Store:
             with self._lock:
                 self._check(low, high, run_id)
 
-    def after_durable(self, callback: Callable[[CheckpointFailed | None], None]) -> None:
+    def after_durable(self, callback: Callable[[], None]) -> None:
         """From the loop, once this loop iteration's appends are done (a callback scheduled
-        after them): call ``callback`` on the loop once every record appended before the
-        call is durable, with ``None``, or with the ``CheckpointFailed`` that ``sync()``
-        would raise. It may be called before this returns.
+        after them): call ``callback()`` on the loop once every record appended before the
+        call is resolved, durable or failed (ask ``failure`` per Run). It may be called
+        before this returns.
 
         One callback where each waiting Run would resume its task; and with no flush due
         or under way, the flush starts at once rather than in the next loop iteration
         (``sync`` leaves that iteration for the other Runs woken with it to join).
         """
         high = self._appended
-        notify = _Notify(self._resolved, high, callback)
         start = False
         lock = self._lock if self._shared else None
         if lock is not None:
             lock.acquire()
         try:
-            durable = self._resolved >= high
-            if not durable:
-                self._waiters.append((high, notify))
+            resolved = self._resolved >= high
+            if not resolved:
+                self._waiters.append((high, _Notify(callback)))
                 start = (self._inflight is None and self._kick is None
                          and bool(self._pending))
         finally:
             if lock is not None:
                 lock.release()
-        if durable:
-            notify.fire(self)
+        if resolved:
+            self._notify(callback)
         elif start:
             self._flush_next()
+
+    def failure(self, run_id: str) -> CheckpointFailed | None:
+        """The failed write that finished ``run_id`` in this process, if one did: what
+        ``sync(run_id)`` raises. A Run's records before it are durable; the rest never
+        happened."""
+        failed = self._failed_runs.get(run_id)
+        return None if failed is None else CheckpointFailed(failed.run_ids, failed.cause)
+
+    def _notify(self, callback: Callable[[], None]) -> None:
+        try:
+            callback()
+        except Exception as exc:  # the caller's bug: the store's other waiters still wake
+            self._running_loop().call_exception_handler(
+                {"message": "an after_durable callback failed", "exception": exc})
 
     def sync_threadsafe(self, run_id: str) -> None:
         """``sync`` from a thread other than the loop's (one driving sync Steps): block until
@@ -766,7 +779,7 @@ class Store:
             self._flush_next()
         for waiter in ready:
             if isinstance(waiter, _Notify):
-                waiter.fire(self)
+                self._notify(waiter.callback)
             elif not waiter.done():
                 waiter.set_result(None)
 
@@ -1109,29 +1122,12 @@ class Store:
 
 
 class _Notify:
-    """An ``after_durable`` callback waiting for the records ``low``..``high``."""
+    """An ``after_durable`` callback among the waiters (told apart from a ``sync``'s future)."""
 
-    __slots__ = ("callback", "high", "low")
+    __slots__ = ("callback",)
 
-    def __init__(self, low: int, high: int,
-                 callback: Callable[[CheckpointFailed | None], None]) -> None:
-        self.low = low
-        self.high = high
+    def __init__(self, callback: Callable[[], None]) -> None:
         self.callback = callback
-
-    def fire(self, store: Store) -> None:
-        failed: CheckpointFailed | None = None
-        if store._failures or store._failed_runs:  # nothing has ever failed: nothing to check
-            with store._lock:
-                try:
-                    store._check(self.low, self.high, None)
-                except CheckpointFailed as exc:
-                    failed = exc
-        try:
-            self.callback(failed)
-        except Exception as exc:  # not the store's to raise: its other waiters still wake
-            store._running_loop().call_exception_handler(
-                {"message": "an after_durable callback failed", "exception": exc})
 
 
 def _conforms(store: Store) -> JournalPort:

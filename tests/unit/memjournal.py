@@ -4,6 +4,7 @@ and every end-to-end test runs the real one)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Callable
 
@@ -17,6 +18,7 @@ class MemoryJournal:
         self.pending: list[tuple[str, Record]] = []
         self.flushes = 0
         self.fail_at: set[int] = set()
+        self.failed: dict[str, CheckpointFailed] = {}  # Run -> the failed flush that held it
         self._lock = threading.Lock()  # sync Steps append and flush from their threads
 
     def append(self, run_id: str, record: Record, state: object = None) -> None:
@@ -27,13 +29,13 @@ class MemoryJournal:
         await asyncio.sleep(0)  # yield like a real flush would
         self._flush()
 
-    def after_durable(self, callback: Callable[[CheckpointFailed | None], None]) -> None:
-        try:
+    def after_durable(self, callback: Callable[[], None]) -> None:
+        with contextlib.suppress(CheckpointFailed):  # told through failure()
             self._flush()
-        except CheckpointFailed as exc:
-            callback(exc)
-            return
-        callback(None)
+        callback()
+
+    def failure(self, run_id: str) -> CheckpointFailed | None:
+        return self.failed.get(run_id)
 
     def share(self) -> None:
         pass  # always locked
@@ -56,7 +58,9 @@ class MemoryJournal:
             self.flushes += 1
             batch, self.pending = self.pending, []
             if self.flushes in self.fail_at:
-                raise CheckpointFailed(frozenset(r for r, _ in batch), "injected EIO")
+                failed = CheckpointFailed(frozenset(r for r, _ in batch), "injected EIO")
+                self.failed.update(dict.fromkeys(failed.run_ids, failed))
+                raise failed
             self.records.extend(batch)
 
     def history(self, run_id: str, upto_seq: int) -> list[Record]:

@@ -18,6 +18,7 @@ from intloom.errors import IntloomError
 from intloom.executor.driver import Driver
 from intloom.executor.runtime import RestoredRun, Runtime
 from intloom.executor.updates import RunUpdate
+from intloom.executor.workers import Relay
 from intloom.runtime.machine import fold
 from intloom.runtime.model import RunView
 from intloom.runtime.ports import CheckpointFailed
@@ -333,6 +334,46 @@ def test_a_sync_step_whose_executing_record_fails_to_flush_never_runs(
     sync_path.check()
 
 
+@pytest.mark.parametrize("sync_path", ["from_loop"], indirect=True)  # Runs among others
+def test_a_sync_step_that_waits_for_another_runs_step_in_its_batch_is_not_stuck(
+        sync_path: SyncPath, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two Runs in step start their sync Steps in one loop iteration: one batch, one worker.
+    # The first waits for the second; run in turn on that worker, they would wait for ever:
+    # the Relay must move the second to a worker of its own.
+    other_ran = threading.Event()
+    wf = intloom.Workflow("pair", version="1")
+    st = wf.stage("s")
+
+    @st.step("a", routes={"ok": intloom.COMPLETE})
+    def a(ctx: Any) -> str:
+        if ctx.intent == "wait":
+            return "ok" if other_ran.wait(10) else "timed out"
+        other_ran.set()
+        return "ok"
+
+    sizes: list[int] = []
+    real = Relay._hand_over
+
+    def counted(self: Relay, batch: Any) -> None:
+        sizes.append(len(batch.jobs))
+        real(self, batch)
+
+    monkeypatch.setattr(Relay, "_hand_over", counted)
+
+    async def main() -> list[RunView]:
+        rt = Runtime(loaded(wf), MemoryJournal(), package_version="0.1.0")
+        rt.restore([])
+        # Created together (one flush), so they reach Step a together; "wait" first: its
+        # call is the first of the batch.
+        runs = await asyncio.gather(*(rt.create_run("pair", i) for i in ("wait", "set")))
+        return [await rt.wait_stable(view.run_id) for view in runs]
+
+    views = run(main)
+    assert sizes and max(sizes) == 2, f"the two Steps were not one batch: {sizes}"
+    assert [v.status for v in views] == ["completed", "completed"], views
+    sync_path.check()
+
+
 def test_sync_steps_do_not_block_the_loop(sync_path: SyncPath) -> None:
     gate = threading.Event()
     wf = intloom.Workflow("slow", version="1")
@@ -437,7 +478,7 @@ class _HeldAtB(MemoryJournal):
             assert await asyncio.to_thread(self.let_go.wait, 10)
         await super().sync(run_id)
 
-    def after_durable(self, callback: Callable[[CheckpointFailed | None], None]) -> None:
+    def after_durable(self, callback: Callable[[], None]) -> None:
         # The loop's sync Steps wait here (the Relay's batch), not in sync.
         if not self._at_b():
             super().after_durable(callback)
@@ -471,10 +512,20 @@ def test_a_sync_step_whose_executing_is_still_being_written_when_a_stop_cuts_is_
         return "ok"
 
     journal = _HeldAtB()
+    reached: list[None] = []  # jobs the workers finished
 
     async def main() -> str:
         rt = Runtime(loaded(wf), journal, package_version="0.1.0")
         rt.restore([])
+        workers, submit = rt.driver.workers, rt.driver.workers.submit
+
+        def counted(job: Callable[[], None]) -> None:
+            def run_then_count() -> None:
+                job()
+                reached.append(None)
+            submit(run_then_count)
+
+        workers.submit = counted  # type: ignore[method-assign]
         run_id = (await rt.create_run("cut", "go")).run_id
         assert await asyncio.to_thread(journal.holding.wait, 10)
         slot = rt.runs[run_id]
@@ -491,6 +542,13 @@ def test_a_sync_step_whose_executing_is_still_being_written_when_a_stop_cuts_is_
 
         slot.suspend = late  # type: ignore[method-assign]
         await rt.suspend(grace=0.05)
+        if journal.held:  # from the loop: the Relay's batch waits for the held flush
+            before = len(reached)
+            await asyncio.gather(*journal.held)  # it comes back: the batch goes to a worker
+            deadline = time.monotonic() + 10
+            while len(reached) == before:  # polled: the worker takes Step b's call up
+                assert time.monotonic() < deadline, "no worker took the batch up"
+                await asyncio.sleep(0.005)
         return run_id
 
     run_id = run(main)

@@ -334,3 +334,62 @@ def test_a_cancel_in_the_hand_off_of_a_sync_steps_awaitable_closes_it_and_ends_i
     with pytest.raises(IntloomError) as refused:
         held["ctx"].state = Tick(n=99)
     assert refused.value.code == "STEP_INTERACTION_INVALID"
+
+
+def _alternating(calls: list[tuple[str, str]]) -> LoadedWorkflow:
+    """Six Steps, sync and async in turn: a Run's async Steps flush on their own (``sync``)
+    while other Runs' sync Steps wait in a Relay batch (``after_durable``)."""
+    wf = intloom.Workflow("mixed", version="1")
+    stage = wf.stage("s")
+    names = ["a", "b", "c", "d", "e", "f"]
+    for i, name in enumerate(names):
+        target = names[i + 1] if i + 1 < len(names) else intloom.COMPLETE
+
+        def note(ctx: Any, name: str = name) -> str:
+            calls.append((ctx.run_id, name))
+            return "ok"
+
+        async def note_async(ctx: Any, name: str = name) -> str:
+            calls.append((ctx.run_id, name))
+            return "ok"
+
+        stage.step(name, routes={"ok": target})(note if i % 2 == 0 else note_async)
+    wf.validate()
+    return LoadedWorkflow(wf, "test.py", "id-mixed", wf.schemas())
+
+
+@pytest.mark.timeout(120)
+def test_no_step_starts_whose_executing_a_failed_write_held(tmp_path: Path) -> None:
+    """Each flush in turn fails (real store, five Runs from the loop): no Step may be called
+    whose ``executing`` record is not in the log. A failed write can be settled by another
+    Run's flush before a Relay batch asks the store (``Driver._durable`` asks ``failure``
+    per Run, as ``sync(run_id)`` does)."""
+    from intloom.store import FaultPlan
+
+    violations: list[str] = []
+    for k in range(2, 40):
+        root = tmp_path / f"runtime-{k}"
+        calls: list[tuple[str, str]] = []
+        lw = _alternating(calls)
+
+        async def main(root: Path = root, lw: LoadedWorkflow = lw, k: int = k) -> list[str]:
+            store = open_store(root, faults=FaultPlan(fail_sync=frozenset({k})))
+            rt = Runtime({lw.name: lw}, store, package_version="0.1.0")
+            rt.driver.steps_on_threads = False  # every sync Step from the loop
+            rt.restore([])
+            views = await asyncio.gather(*(rt.create_run(lw.name, "go") for _ in range(5)),
+                                         return_exceptions=True)
+            ids = [v.run_id for v in views if not isinstance(v, BaseException)]
+            for run_id in ids:
+                await asyncio.wait_for(rt.wait_stable(run_id), 20)
+            await rt.suspend(grace=5)
+            return ids
+
+        for run_id in asyncio.run(main()):
+            durable = {e.record.step for e in read_history(root, run_id)
+                       if e.verdict == "ok" and type(e.record) is Executing}
+            called = {step for rid, step in calls if rid == run_id}
+            if called - durable:
+                violations.append(f"flush {k} failed: {run_id} ran {sorted(called - durable)} "
+                                  "with no durable executing")
+    assert violations == []

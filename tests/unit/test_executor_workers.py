@@ -2,7 +2,8 @@
 the next job, a job that blocks never holds up another (each running job has its own
 thread), and a worker parked for its idle time ends. A Relay runs one loop turn's calls on
 one worker and hands their results back together, spills a batch held up by a call that
-blocks, and starts a batch only once its gate has passed it."""
+blocks or calls that each wait a little, and starts a batch only once its gate has passed
+it."""
 
 from __future__ import annotations
 
@@ -161,7 +162,7 @@ def test_a_relay_starts_its_batch_only_once_the_gate_has_passed_it() -> None:
 
             gates.add(loop.create_task(later()))
 
-        relay = Relay(inbox, workers, gate=gate)
+        relay = Relay(inbox, workers, gate=gate, tick_s=60)  # no look: no spreading
         futures = [loop.create_future() for _ in range(3)]
         ran: list[int] = []
         for i, future in enumerate(futures):
@@ -172,5 +173,43 @@ def test_a_relay_starts_its_batch_only_once_the_gate_has_passed_it() -> None:
         passed.set()
         assert await asyncio.gather(*futures) == [0, 1, 2]
         assert len(ran) == 3 and workers.submitted == 1
+
+    _on_loop(main)
+
+
+def _meeting(relay: Relay, inbox: Inbox, loop: asyncio.AbstractEventLoop, n: int
+             ) -> list[asyncio.Future[Any]]:
+    """``n`` calls that each wait until all ``n`` run at once: one worker running them in
+    turn would wait for ever (here, until the barrier's timeout breaks it)."""
+    barrier = threading.Barrier(n, timeout=15)
+    futures = [loop.create_future() for _ in range(n)]
+    ran: list[int] = []
+    for i, future in enumerate(futures):
+        relay.submit(_job(inbox, future, i, ran, barrier.wait))
+    return futures
+
+
+def test_a_relay_batch_that_has_run_its_budget_gives_the_calls_left_workers_of_their_own(
+        ) -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        inbox = Inbox(loop)
+        # No look; a budget of zero: the worker spreads the batch before its first call.
+        relay = Relay(inbox, Workers(idle_s=2.0, name="intloom-step-test-budget"),
+                      tick_s=60, budget_s=0.0)
+        assert await asyncio.gather(*_meeting(relay, inbox, loop, 4)) == [0, 1, 2, 3]
+
+    _on_loop(main)
+
+
+def test_the_loop_spreads_a_relay_batch_whose_running_call_has_run_its_budget() -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        inbox = Inbox(loop)
+        # A budget the worker never reaches between calls (its first call blocks): only
+        # the loop's look can see the call running and spread the others.
+        relay = Relay(inbox, Workers(idle_s=2.0, name="intloom-step-test-look"),
+                      tick_s=0.001, budget_s=0.005)
+        assert await asyncio.gather(*_meeting(relay, inbox, loop, 4)) == [0, 1, 2, 3]
 
     _on_loop(main)
