@@ -157,7 +157,8 @@ class Inbox:
 class Batch:
     """Calls a Relay hands to one worker, to run one after another."""
 
-    __slots__ = ("began", "done", "handed", "jobs", "running_since", "spilled", "tags")
+    __slots__ = ("began", "done", "handed", "jobs", "running_since", "spilled", "spread",
+                 "tags")
 
     def __init__(self) -> None:
         self.jobs: deque[Callable[[Batch | None], None]] = deque()
@@ -167,6 +168,8 @@ class Batch:
         # read it unlocked: a put that still saw False is taken by that spill's delivery.
         self.spilled = False
         self.handed = False  # to a worker (once)
+        # Its calls not yet started went to workers of their own: its worker takes no more.
+        self.spread = False
         self.began = 0.0  # perf_counter() when its worker began it
         # When the call its worker is running began (None: none yet). Written by the
         # worker, read by the loop's look.
@@ -244,14 +247,15 @@ class Relay:
         clock = time.perf_counter
         began = batch.began = clock()
         budget = self._budget_s
-        while True:
+        while not batch.spread:
+            now = clock()
+            if now - began >= budget and jobs:
+                self._spread(batch, on_loop=False)
+                break
             try:
                 job = jobs.popleft()
             except IndexError:
                 break
-            now = clock()
-            if now - began >= budget and not batch.spilled:
-                self._spread(batch, on_loop=False)
             batch.running_since = now
             job(batch)
         batch.done = True
@@ -260,7 +264,7 @@ class Relay:
 
     def _look(self, batch: Batch) -> None:
         """The loop's look at a batch still running (every tick until it ends)."""
-        if batch.done or batch.spilled:
+        if batch.done or batch.spread:
             return
         since = batch.running_since
         if since is not None and time.perf_counter() - since >= self._budget_s:
@@ -271,7 +275,10 @@ class Relay:
 
     def _spread(self, batch: Batch, *, on_loop: bool) -> None:
         """Deliver what the batch holds, hold nothing more, and give each call not yet
-        started a worker of its own (whichever worker pops a call first runs it)."""
+        started a worker of its own. Its own worker takes no more calls once it sees
+        ``spread`` (set before the calls are counted, so at most one helper finds its call
+        taken), which keeps the workers started to one per call left."""
+        batch.spread = True
         self._inbox.deliver_held(batch, spill=True, on_loop=on_loop)
         for _ in range(len(batch.jobs)):
             self._workers.submit(lambda: self._run_one(batch))
