@@ -278,6 +278,8 @@ class Relay:
         started a worker of its own. Its own worker takes no more calls once it sees
         ``spread`` (set before the calls are counted, so at most one helper finds its call
         taken), which keeps the workers started to one per call left."""
+        if batch.spread:  # the worker and the loop's look both found it due: once is enough
+            return
         batch.spread = True
         self._inbox.deliver_held(batch, spill=True, on_loop=on_loop)
         for _ in range(len(batch.jobs)):
