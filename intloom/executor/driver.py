@@ -1547,7 +1547,11 @@ class Driver:
                 refuse(exc)  # nothing starts that was not checked
                 raise
             finally:
-                go()
+                try:
+                    go()
+                except BaseException as exc:  # no worker could be started: the Runs fail
+                    refuse(exc)
+                    raise
 
         try:
             journal.after_durable(durable)
@@ -1560,7 +1564,7 @@ class Driver:
         """Raise for a sync Step that ``_durable`` refused, as ``_run_step`` does when it
         waits for the flush itself: a failed write fails the Run (``settle``); anything
         else is raised as it is, outside the Step's own errors."""
-        if isinstance(cause, CheckpointFailed):
+        if isinstance(cause, CheckpointFailed | OSError):  # as Runtime.sync settles them
             self.rt.settle(slot, cause)  # raises: only a Run the failure names is given it
             raise IntloomError("RUN_CHECKPOINT_FAILED") from None
         raise cause

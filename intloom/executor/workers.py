@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import queue
 import threading
 import time
@@ -192,7 +193,9 @@ class Relay:
     yet started a worker of its own before it starts the next; and every ``tick_s`` (in
     practice every ~1 ms: the selector's resolution) the loop takes the results so far and,
     if the running call has run for ``budget_s`` (it may block: a request, a lock), does
-    the same. A call waits ~1-2 ms at most for the calls before it.
+    the same. Behind calls that wait outside the GIL (I/O, a lock, a sleep) a call waits
+    ~1-2 ms at most; behind one busy in Python code, the look and the helpers also wait
+    for the GIL (the interpreter's switch interval, 5 ms, each time).
 
     ``gate(tags, go)``: called on the loop with the batch's tags once the batch is
     closed; it must settle (refuse) any call that must not start and then call ``go()``
@@ -236,11 +239,14 @@ class Relay:
             return
         batch.handed = True
         batch.tags = []
-        if len(batch.jobs) == 1:
+        single = len(batch.jobs) == 1
+        if single:
             batch.spilled = True  # nothing to hold its result back for
-        else:
-            self._inbox.loop.call_later(self._tick_s, self._look, batch)
+        # Raises if no thread can be started (a limit); the job is queued all the same and
+        # runs once a worker is free. The gate settles the calls meanwhile (``_durable``).
         self._workers.submit(lambda: self._run(batch))
+        if not single:
+            self._inbox.loop.call_later(self._tick_s, self._look, batch)
 
     def _run(self, batch: Batch) -> None:
         jobs = batch.jobs
@@ -249,9 +255,12 @@ class Relay:
         budget = self._budget_s
         while not batch.spread:
             now = clock()
-            if now - began >= budget and jobs:
-                self._spread(batch, on_loop=False)
-                break
+            # Due once a call has run and two or more wait (the last waits for nobody).
+            if (now - began >= budget and batch.running_since is not None
+                    and len(jobs) > 1):
+                if self._spread(batch, on_loop=False):
+                    break
+                budget = math.inf  # no thread to spread to: this worker runs them all
             try:
                 job = jobs.popleft()
             except IndexError:
@@ -267,23 +276,30 @@ class Relay:
         if batch.done or batch.spread:
             return
         since = batch.running_since
-        if since is not None and time.perf_counter() - since >= self._budget_s:
-            self._spread(batch, on_loop=True)
+        if (since is not None and time.perf_counter() - since >= self._budget_s
+                and self._spread(batch, on_loop=True)):
             return
         self._inbox.deliver_held(batch, spill=False, on_loop=True)
         self._inbox.loop.call_later(self._tick_s, self._look, batch)
 
-    def _spread(self, batch: Batch, *, on_loop: bool) -> None:
+    def _spread(self, batch: Batch, *, on_loop: bool) -> bool:
         """Deliver what the batch holds, hold nothing more, and give each call not yet
         started a worker of its own. Its own worker takes no more calls once it sees
         ``spread`` (set before the calls are counted, so at most one helper finds its call
-        taken), which keeps the workers started to one per call left."""
+        taken), which keeps the workers started to one per call left. False: no thread
+        could be started; the batch's worker goes on taking its calls (and a helper
+        queued meanwhile takes one once a worker is free)."""
         if batch.spread:  # the worker and the loop's look both found it due: once is enough
-            return
+            return True
         batch.spread = True
         self._inbox.deliver_held(batch, spill=True, on_loop=on_loop)
-        for _ in range(len(batch.jobs)):
-            self._workers.submit(lambda: self._run_one(batch))
+        try:
+            for _ in range(len(batch.jobs)):
+                self._workers.submit(lambda: self._run_one(batch))
+        except RuntimeError:  # "can't start new thread": a process or memory limit
+            batch.spread = False
+            return False
+        return True
 
     @staticmethod
     def _run_one(batch: Batch) -> None:

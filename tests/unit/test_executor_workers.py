@@ -95,7 +95,8 @@ def test_a_relay_runs_one_turns_calls_on_one_worker_and_hands_them_back_together
         loop = asyncio.get_running_loop()
         inbox = _CountingInbox(loop)
         # No look at the batch within the test: it must end on its own.
-        relay = Relay(inbox, Workers(idle_s=2.0, name="intloom-step-test-relay"), tick_s=60)
+        relay = Relay(inbox, Workers(idle_s=2.0, name="intloom-step-test-relay"), tick_s=60,
+                      budget_s=60)
         futures = [loop.create_future() for _ in range(8)]
         ran: list[int] = []
         for i, future in enumerate(futures):
@@ -162,7 +163,7 @@ def test_a_relay_starts_its_batch_only_once_the_gate_has_passed_it() -> None:
 
             gates.add(loop.create_task(later()))
 
-        relay = Relay(inbox, workers, gate=gate, tick_s=60)  # no look: no spreading
+        relay = Relay(inbox, workers, gate=gate, tick_s=60, budget_s=60)  # never spread
         futures = [loop.create_future() for _ in range(3)]
         ran: list[int] = []
         for i, future in enumerate(futures):
@@ -177,16 +178,17 @@ def test_a_relay_starts_its_batch_only_once_the_gate_has_passed_it() -> None:
     _on_loop(main)
 
 
-def _meeting(relay: Relay, inbox: Inbox, loop: asyncio.AbstractEventLoop, n: int
-             ) -> list[asyncio.Future[Any]]:
-    """``n`` calls that each wait until all ``n`` run at once: one worker running them in
-    turn would wait for ever (here, until the barrier's timeout breaks it)."""
+def _meeting(relay: Relay, inbox: Inbox, loop: asyncio.AbstractEventLoop, n: int,
+             first: int = 0) -> tuple[list[asyncio.Future[Any]], list[int]]:
+    """``first`` calls that return at once, then ``n`` calls that each wait until all ``n``
+    run at once: one worker running them in turn would wait for ever (here, until the
+    barrier's timeout breaks it). Also returns the threads the calls ran on, in order."""
     barrier = threading.Barrier(n, timeout=15)
-    futures = [loop.create_future() for _ in range(n)]
+    futures = [loop.create_future() for _ in range(first + n)]
     ran: list[int] = []
     for i, future in enumerate(futures):
-        relay.submit(_job(inbox, future, i, ran, barrier.wait))
-    return futures
+        relay.submit(_job(inbox, future, i, ran, (lambda: None) if i < first else barrier.wait))
+    return futures, ran
 
 
 def test_a_relay_batch_that_has_run_its_budget_gives_the_calls_left_workers_of_their_own(
@@ -194,10 +196,13 @@ def test_a_relay_batch_that_has_run_its_budget_gives_the_calls_left_workers_of_t
     async def main() -> None:
         loop = asyncio.get_running_loop()
         inbox = Inbox(loop)
-        # No look; a budget of zero: the worker spreads the batch before its first call.
+        # No look; a budget of zero: once its first call has run, the worker spreads the
+        # batch before it takes the next.
         relay = Relay(inbox, Workers(idle_s=2.0, name="intloom-step-test-budget"),
                       tick_s=60, budget_s=0.0)
-        assert await asyncio.gather(*_meeting(relay, inbox, loop, 4)) == [0, 1, 2, 3]
+        futures, ran = _meeting(relay, inbox, loop, 3, first=1)
+        assert await asyncio.gather(*futures) == [0, 1, 2, 3]
+        assert len(set(ran[1:])) == 3  # the three waiting calls ran at once, one per thread
 
     _on_loop(main)
 
@@ -210,6 +215,7 @@ def test_the_loop_spreads_a_relay_batch_whose_running_call_has_run_its_budget() 
         # the loop's look can see the call running and spread the others.
         relay = Relay(inbox, Workers(idle_s=2.0, name="intloom-step-test-look"),
                       tick_s=0.001, budget_s=0.005)
-        assert await asyncio.gather(*_meeting(relay, inbox, loop, 4)) == [0, 1, 2, 3]
+        futures, _ran = _meeting(relay, inbox, loop, 4)
+        assert await asyncio.gather(*futures) == [0, 1, 2, 3]
 
     _on_loop(main)
