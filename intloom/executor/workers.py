@@ -158,8 +158,7 @@ class Inbox:
 class Batch:
     """Calls a Relay hands to one worker, to run one after another."""
 
-    __slots__ = ("began", "done", "handed", "jobs", "running_since", "spilled", "spread",
-                 "tags")
+    __slots__ = ("done", "handed", "jobs", "running_since", "spilled", "spread", "tags")
 
     def __init__(self) -> None:
         self.jobs: deque[Callable[[Batch | None], None]] = deque()
@@ -171,7 +170,6 @@ class Batch:
         self.handed = False  # to a worker (once)
         # Its calls not yet started went to workers of their own: its worker takes no more.
         self.spread = False
-        self.began = 0.0  # perf_counter() when its worker began it
         # When the call its worker is running began (None: none yet). Written by the
         # worker, read by the loop's look.
         self.running_since: float | None = None
@@ -251,7 +249,7 @@ class Relay:
     def _run(self, batch: Batch) -> None:
         jobs = batch.jobs
         clock = time.perf_counter
-        began = batch.began = clock()
+        began = clock()
         budget = self._budget_s
         while not batch.spread:
             now = clock()

@@ -479,9 +479,9 @@ class Store:
 
     def _check(self, low: int, high: int, run_id: str | None) -> None:
         if run_id is not None:
-            mine = self._failed_runs.get(run_id)
+            mine = self.failure(run_id)
             if mine is not None:
-                raise CheckpointFailed(mine.run_ids, mine.cause)
+                raise mine
             return
         failed = [f for f in self._failures if f.start < high and f.end > low]
         if failed:
