@@ -211,6 +211,7 @@ class Relay:
         self._budget_s = budget_s
         self._gate = gate
         self._open: Batch | None = None
+        self._spreading = threading.Lock()  # taken only when a batch is due to spread
 
     def submit(self, job: Callable[[Batch | None], None], tag: Any = None) -> None:
         """On the loop: run ``job(batch)`` on a worker once this loop iteration's other
@@ -287,9 +288,13 @@ class Relay:
         taken), which keeps the workers started to one per call left. False: no thread
         could be started; the batch's worker goes on taking its calls (and a helper
         queued meanwhile takes one once a worker is free)."""
-        if batch.spread:  # the worker and the loop's look both found it due: once is enough
-            return True
-        batch.spread = True
+        # The worker and the loop's look may both find the batch due at once. A check and
+        # a set are two bytecodes (and on a free-threaded build not ordered at all): both
+        # could pass, and every call left would get two helpers.
+        with self._spreading:
+            if batch.spread:  # once is enough
+                return True
+            batch.spread = True
         self._inbox.deliver_held(batch, spill=True, on_loop=on_loop)
         try:
             for _ in range(len(batch.jobs)):

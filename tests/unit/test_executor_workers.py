@@ -2,17 +2,18 @@
 the next job, a job that blocks never holds up another (each running job has its own
 thread), and a worker parked for its idle time ends. A Relay runs one loop turn's calls on
 one worker and hands their results back together, spills a batch held up by a call that
-blocks or calls that each wait a little, and starts a batch only once its gate has passed
-it."""
+blocks or calls that each wait a little, starts a batch only once its gate has passed it,
+and spreads a batch once, one helper per call left, however many find it due."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from intloom.executor.workers import Inbox, Relay, Workers
+from intloom.executor.workers import Batch, Inbox, Relay, Workers
 from tests.helpers import eventually
 
 
@@ -198,11 +199,12 @@ def test_a_relay_batch_that_has_run_its_budget_gives_the_calls_left_workers_of_t
         inbox = Inbox(loop)
         # No look; a budget of zero: once its first call has run, the worker spreads the
         # batch before it takes the next.
-        relay = Relay(inbox, Workers(idle_s=2.0, name="intloom-step-test-budget"),
-                      tick_s=60, budget_s=0.0)
+        workers = _CountingWorkers(idle_s=2.0, name="intloom-step-test-budget")
+        relay = Relay(inbox, workers, tick_s=60, budget_s=0.0)
         futures, ran = _meeting(relay, inbox, loop, 3, first=1)
         assert await asyncio.gather(*futures) == [0, 1, 2, 3]
         assert len(set(ran[1:])) == 3  # the three waiting calls ran at once, one per thread
+        assert workers.submitted == 1 + 3  # the batch's worker, then one per call left
 
     _on_loop(main)
 
@@ -213,9 +215,65 @@ def test_the_loop_spreads_a_relay_batch_whose_running_call_has_run_its_budget() 
         inbox = Inbox(loop)
         # A budget the worker never reaches between calls (its first call blocks): only
         # the loop's look can see the call running and spread the others.
-        relay = Relay(inbox, Workers(idle_s=2.0, name="intloom-step-test-look"),
-                      tick_s=0.001, budget_s=0.005)
+        workers = _CountingWorkers(idle_s=2.0, name="intloom-step-test-look")
+        relay = Relay(inbox, workers, tick_s=0.001, budget_s=0.005)
         futures, _ran = _meeting(relay, inbox, loop, 4)
         assert await asyncio.gather(*futures) == [0, 1, 2, 3]
+        assert workers.submitted == 1 + 3  # the batch's worker (blocked), then the rest
+
+    _on_loop(main)
+
+
+
+_SPREAD_SLOT: Any = Batch.__dict__["spread"]  # the slot's descriptor, under the property
+
+
+class _SlowToSee(Batch):
+    """A batch whose ``spread`` flag, read while still False, lets other threads run before
+    the reader goes on: it widens the window between a check and a set to one they all
+    fall in, as a thread switch at the wrong bytecode would."""
+
+    @property
+    def spread(self) -> bool:
+        value: bool = _SPREAD_SLOT.__get__(self)
+        if not value:
+            time.sleep(0.005)
+        return value
+
+    @spread.setter
+    def spread(self, value: bool) -> None:
+        _SPREAD_SLOT.__set__(self, value)
+
+
+def test_a_relay_batch_found_due_by_several_threads_at_once_gets_one_helper_per_call_left(
+        ) -> None:
+    """The batch's worker and the loop's look can find a batch due at the same moment;
+    only one of them may spread it, or each call left gets a helper per spreader."""
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        inbox = Inbox(loop)
+        workers = _CountingWorkers(idle_s=2.0, name="intloom-step-test-race")
+        relay = Relay(inbox, workers, tick_s=60, budget_s=60)
+        left, racers = 3, 4
+        batch = _SlowToSee()
+        futures = [loop.create_future() for _ in range(left)]
+        ran: list[int] = []
+        for i, future in enumerate(futures):
+            batch.jobs.append(_job(inbox, future, i, ran))
+        start = threading.Barrier(racers, timeout=10)
+        spread: list[bool] = []
+
+        def race() -> None:
+            start.wait()
+            spread.append(relay._spread(batch, on_loop=False))
+
+        threads = [threading.Thread(target=race) for _ in range(racers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10)
+        assert await asyncio.gather(*futures) == list(range(left))
+        assert spread == [True] * racers
+        assert workers.submitted == left
 
     _on_loop(main)
