@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple
 
@@ -80,6 +80,9 @@ class StartResult:
     # A reused host: how the project on disk differs from what it loaded when it started
     # (``intloom.client.drift``); always empty for a host this start launched.
     changed: list[SourceChange] = field(default_factory=list)
+    # A foreground host, once it has stopped: what its stop did to the Runs (the Runs it
+    # cut mid-Step among them), as ``stop_service_report`` tells it; None otherwise.
+    stop: StopResult | None = None
 
 
 @dataclass(frozen=True)
@@ -585,7 +588,10 @@ def _run_foreground(root: Path, *, port: int | None, strict: bool, progress: Pro
         previous: int | None = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:  # unreadable: there is nothing to go back to
         previous = None
-    host = Host(HostOptions(root=root, port=port, strict=strict), channel)
+    options = HostOptions(root=root, port=port, strict=strict)
+    if os.environ.get("INTLOOM_TEST_SUSPEND_GRACE"):  # as a launched host (intloom.host)
+        options = replace(options, suspend_grace=float(os.environ["INTLOOM_TEST_SUSPEND_GRACE"]))
+    host = Host(options, channel)
     host.last_words = on_lost
     try:
         os.chdir(root)
@@ -611,7 +617,10 @@ def _run_foreground(root: Path, *, port: int | None, strict: bool, progress: Pro
             "CLI_INTERNAL_ERROR",
             f"The host stopped after an error; see .intloom/logs/{ready[0].log_file}.",
         )
-    return StartResult(service=ready[0], reused=False)
+    # Ctrl-C is the stop ``intloom stop`` sends: its log says the same of the Runs, and a
+    # Run cut mid-Step must be named here too, not hidden behind "checkpoints are kept".
+    log = ProjectPaths(root).logs / ready[0].log_file if ready[0].log_file else None
+    return StartResult(service=ready[0], reused=False, stop=_stopped(log))
 
 
 # ----- stop ----------------------------------------------------------------------------------

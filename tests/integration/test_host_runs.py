@@ -19,7 +19,7 @@ from intloom.client.lifecycle import stop_service, stop_service_report
 from intloom.errors import IntloomError
 from intloom.protocol.messages import MAX_FRAME, RunEvent
 from intloom.runtime.model import RunView
-from tests.helpers import Project, eventually, pid_alive, snapshot_files
+from tests.helpers import Project, eventually, foreground_host, pid_alive, snapshot_files
 from tests.integration.host_support import (
     closed,
     connection_closed,
@@ -184,6 +184,35 @@ def test_stop_while_a_step_runs_suspends_it_and_restart_reports_interrupted(
         "left it (interrupted earlier and not dismissed, held, or failed by a checkpoint): the "
         "next start reports it again (intloom doctor previews it).\n"), again.stdout
 
+
+
+def test_a_foreground_host_stopped_by_ctrl_c_names_the_run_it_cut(
+    project: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C on ``start --foreground`` is the same stop as ``intloom stop``: a Step still
+    running when the grace ends is cut, and the terminal is told which Run the next start
+    reports RUN_INTERRUPTED, not only that checkpoints are kept."""
+    monkeypatch.setenv("INTLOOM_TEST_SUSPEND_GRACE", "0.2")
+    (project.root / "workflows" / "gated.py").write_text(GATED)
+    (project.root / "intloom.toml").write_text('workflows = ["workflows/gated.py"]\n')
+    with foreground_host(project) as proc:
+        with Client.connect(project.root) as client:
+            run = client.create_run("gated", "payload", wait=False)
+        eventually(lambda: (project.root / "calls.log").exists(), timeout=10,
+                   what="the effect to start")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=20)
+    (project.root / "gate").touch()
+    assert proc.returncode == 0, (out, err)
+    assert "Traceback" not in err
+    lines = err.splitlines()
+    assert lines[-2].startswith(
+        "The service stopped; checkpoints are kept for the next intloom start. 1 Run still "
+        "had a Step, Tool or on_complete running when the stop began that did not reach its "
+        "checkpoint"), lines
+    assert "RUN_INTERRUPTED" in lines[-2]
+    assert lines[-1].startswith(f"  {run.run_id}: Step main/work was running effect "
+                                "'held-call'"), lines
 
 
 def _restarted_interrupted(project: Project, run_id: str) -> RunView:

@@ -57,9 +57,18 @@ def start(
             _report(renderer, result)
             renderer.note("Running in the foreground; Ctrl-C stops the host gracefully.")
 
-        lifecycle.start_service(root, progress=lambda _text: None, on_ready=ready,
-                                on_lost=renderer.error, **kwargs)
-        renderer.note("The service stopped; checkpoints are kept for the next intloom start.")
+        result = lifecycle.start_service(root, progress=lambda _text: None, on_ready=ready,
+                                         on_lost=renderer.error, **kwargs)
+        stopped = "The service stopped; checkpoints are kept for the next intloom start."
+        done = result.stop
+        if done is None or not (done.cut_count or done.lost_count or done.suspended
+                                or done.others):
+            renderer.note(stopped)  # no Run to speak of: "No Run was unfinished" adds nothing
+            return
+        # What intloom stop would have printed: the Runs the stop cut (the next start
+        # reports them RUN_INTERRUPTED) are named, as are waits it cannot restore.
+        for line in stop_lines(done, first=stopped):
+            renderer.note(line)
         return
     with renderer.spinner("Starting the intloom service...") as update:
         result = lifecycle.start_service(root, progress=update, **kwargs)
@@ -109,10 +118,12 @@ def _listed(runs: list[CutRun], count: int) -> list[str]:
     return lines
 
 
-def stop_lines(result: StopResult) -> list[str]:
+def stop_lines(result: StopResult,
+               first: str = "The original service instance stopped.") -> list[str]:
     """What a stop did to the Runs: the ones cut mid-Step, the ones whose wait the next start
-    cannot restore (both come back RUN_INTERRUPTED), and how many it resumes."""
-    lines = ["The original service instance stopped."]
+    cannot restore (both come back RUN_INTERRUPTED), and how many it resumes; after
+    ``first``, the sentence saying the host stopped."""
+    lines = [first]
     n = result.cut_count
     if n:
         lines.append(
