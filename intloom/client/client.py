@@ -283,6 +283,11 @@ _REQUEST_WORDS: Final = {
 }
 
 
+# Requests that change nothing in the host: one whose reply was lost is safe to send again.
+_READS: Final = frozenset({"Status", "ListWorkflows", "GetRun", "WaitRun", "ListRuns",
+                           "Subscribe"})
+
+
 def _waits_on_a_run(request: Request) -> bool:
     """Whether the host replies only once a Run waits or ends (as long as its Steps take)."""
     if isinstance(request, CreateRun):
@@ -478,6 +483,19 @@ class Client:
         fact = fact.removeprefix(str(FrameClosed(clean=True))).strip()
         detail = f" ({fact})" if fact else ""
         run_id = getattr(request, "run_id", None)
+        if type(request).__name__ in _READS:
+            # "The host may have acted on it" would send a person looking for an effect a
+            # read cannot have had; it is still not resent here (the host may be gone).
+            if run_id:
+                what = f"{what} (Run {run_id})"
+                again = f"then intloom attach {run_id} once a host runs"
+            else:
+                again = "then run the command again once a host runs"
+            return IntloomError(
+                "PROJECT_REQUEST_FAILED",
+                f"No reply came for {what}: {cause}{detail}. It only reads, so it is safe "
+                f"to send again: run intloom status, {again}.",
+            )
         if run_id:
             what = f"{what} (Run {run_id})"
             then = f"; once a host runs, check with intloom attach {run_id} before retrying"

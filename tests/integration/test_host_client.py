@@ -128,6 +128,30 @@ def test_reply_lost_mid_request_is_request_failed_and_never_resent(
     assert requests == [{"op": "cancel", "runId": "RUN-1"}]
 
 
+def test_a_read_whose_reply_is_lost_is_not_said_to_have_been_acted_on(
+    project: Project, fake: Callable[[Script], FakeHost]
+) -> None:
+    """A request that only reads (attach following a Run when its host is killed) changed
+    nothing in the host: its failure says it is safe to send again, not that the host may
+    have acted on it."""
+    def take_request_then_hang_up(conn: socket.socket, received: list[object]) -> None:
+        received.append(msgspec.msgpack.decode(recv_frame(conn)))
+
+    host = fake(hello_then(take_request_then_hang_up))
+    publish(project.root, host.port)
+    with Client.connect(project.root) as client, pytest.raises(IntloomError) as failed:
+        client.wait_run("RUN-1")
+    assert failed.value.code == "PROJECT_REQUEST_FAILED"
+    message = failed.value.message
+    assert message.startswith("No reply came for waiting on the Run (Run RUN-1): the "
+                              "connection closed: the host may have stopped or crashed"), message
+    assert "acted on it" not in message and "not replayed" not in message, message
+    assert ("It only reads, so it is safe to send again: run intloom status, then intloom "
+            "attach RUN-1 once a host runs.") in message, message
+    requests = [r for r in host.received if isinstance(r, dict)]
+    assert requests == [{"op": "wait_run", "runId": "RUN-1"}]  # sent once, never resent
+
+
 def test_hello_from_another_instance_is_metadata_invalid(
     project: Project, fake: Callable[[Script], FakeHost]
 ) -> None:
