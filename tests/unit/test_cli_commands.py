@@ -271,6 +271,29 @@ def test_flow_waits_by_default_and_detach_does_not(
                        ("create_run", "example", "notes", False)]
 
 
+@pytest.mark.parametrize("argv", [["flow", "example", "--intent", "notes"],
+                                  ["answer", "RUN-1", "ACT-1", '{"isConfirmed": true}']])
+def test_a_run_its_host_suspended_under_flow_or_answer_is_not_called_failed(
+    capsys: pytest.CaptureFixture[str], client: FakeClient, argv: list[str]
+) -> None:
+    """``intloom stop`` while flow (or answer) waits: the reply is the suspended Run's view,
+    failed/RUN_INTERRUPTED, as attach gets it. A Run this command created or just answered
+    cannot be one a start restored interrupted, so it was suspended: it has not ended, and
+    the next start continues it (here, from its saved boundary) -- not "Failure does not
+    undo committed data"."""
+    client.result = msgspec.structs.replace(
+        run_view("failed", "RUN_INTERRUPTED"),
+        last_error=ErrorView("RUN_INTERRUPTED", "The host stopped. The Run continues from its "
+                             "last saved boundary on the next start, as the restart table "
+                             "allows."))
+    code, out, err = cli(capsys, *argv)
+    assert code == 1  # exit and --json stay those of any failed/RUN_INTERRUPTED view
+    assert "Suspended by its host, not ended" in out, out
+    assert "Failure does not undo committed data" not in out, out
+    assert err.startswith("Failure · CLI_RUN_FAILED: The Run RUN-1 was suspended by its host "
+                          "(RUN_INTERRUPTED), not ended: The host stopped."), err
+
+
 def test_flow_intent_file_and_stdin(
     capsys: pytest.CaptureFixture[str], client: FakeClient, proj: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -340,8 +363,9 @@ def test_flow_failed_run_prints_run_once_and_exits_1(
     client.result = run_view("failed", "RUN_INTERRUPTED")
     code, _, err = cli(capsys, "flow", "example", "--intent", "x")
     assert code == 1
-    assert err.startswith("Failure · CLI_RUN_FAILED: The Run RUN-1 was interrupted "
-                          "(RUN_INTERRUPTED): RUN_INTERRUPTED message Run intloom inspect")
+    assert err.startswith("Failure · CLI_RUN_FAILED: The Run RUN-1 was suspended by its host "
+                          "(RUN_INTERRUPTED), not ended: RUN_INTERRUPTED message Run intloom "
+                          "stop first if its host still serves")
 
 
 # ----- answer, cancel, runs, flows, attach ----------------------------------------------------

@@ -89,7 +89,9 @@ def flow(
         raise Interrupted(
             "Stopped waiting (Ctrl-C). A Run this command created goes on in the host: "
             "intloom runs lists it, and intloom attach RUN follows it.") from None
-    return finish_run(state, run)
+    # Only a start restores a Run RUN_INTERRUPTED, so a Run created here that reads so was
+    # suspended by its host (intloom stop while it ran): it has not ended.
+    return finish_run(state, run, suspended=True)
 
 
 def _not_loaded(state: CliState, client: Client, exc: IntloomError) -> IntloomError:
@@ -202,7 +204,9 @@ def answer(
         raise Interrupted(
             f"Stopped waiting (Ctrl-C). If the host took the answer, the Run goes on with it: "
             f"intloom attach {run_id} shows where it is.") from None
-    return finish_run(state, run)
+    # The Run took this answer, so no start had restored it RUN_INTERRUPTED: a reply that
+    # reads so is its host suspending it (intloom stop while it ran on), not its end.
+    return finish_run(state, run, suspended=True)
 
 
 @command
