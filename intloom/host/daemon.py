@@ -22,8 +22,10 @@ import os
 import signal
 import socket
 import sys
+import threading
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -67,6 +69,16 @@ _HOME_LOOK: Final = 0.2
 
 def _identity(st: os.stat_result) -> tuple[int, int]:
     return (st.st_dev, st.st_ino)
+
+
+def _workers_ended(executor: ThreadPoolExecutor, limit: float) -> bool:
+    """Shut ``executor`` down; True once its threads have all ended, False when one is still
+    inside user code after ``limit`` s (left to the process's exit: a daemon thread waits)."""
+    waiter = threading.Thread(target=executor.shutdown, kwargs={"wait": True},
+                              name="intloom-executor-shutdown", daemon=True)
+    waiter.start()
+    waiter.join(limit)
+    return not waiter.is_alive()
 
 
 @dataclass(frozen=True)
@@ -171,6 +183,12 @@ class Host:
         """
         loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)  # as asyncio.run does, for user code that asks for it
+        # The default executor holds user code too (asyncio.to_thread in a Step). Ours, so
+        # that its end can be waited for with a bound: loop.shutdown_default_executor cannot
+        # be (on Python 3.11, cancelled by a timeout, it still joins its thread, which waits
+        # for every worker: a foreground host hung for as long as a Step's call took).
+        executor = ThreadPoolExecutor(thread_name_prefix="asyncio")
+        loop.set_default_executor(executor)
         abandoned: list[asyncio.Task[Any]] = []
         stuck = False
         try:
@@ -178,13 +196,7 @@ class Host:
             abandoned = [t for t in asyncio.all_tasks(loop) if not t.done()]
             if not abandoned and not own_process:
                 loop.run_until_complete(loop.shutdown_asyncgens())
-                # The default executor holds user code too (asyncio.to_thread in a Step):
-                # shutting it down waits for every such thread, without limit.
-                try:
-                    loop.run_until_complete(
-                        asyncio.wait_for(loop.shutdown_default_executor(), _EXECUTOR_WAIT_S))
-                except TimeoutError:
-                    stuck = True
+                stuck = not _workers_ended(executor, _EXECUTOR_WAIT_S)
         finally:
             asyncio.set_event_loop(None)
             if not abandoned and not own_process:

@@ -19,7 +19,7 @@ import pytest
 from intloom.client.client import Client
 from intloom.client.lifecycle import start_service
 from intloom.errors import IntloomError
-from tests.helpers import REPO, Project, eventually, pid_alive
+from tests.helpers import REPO, Project, eventually, foreground_host, pid_alive
 from tests.integration.host_support import metadata, start
 
 
@@ -195,6 +195,60 @@ def test_foreground_host_stops_gracefully_on_ctrl_c(project: Project) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=10)
+
+
+TO_THREAD_STEP = textwrap.dedent('''
+    from __future__ import annotations
+
+    import asyncio
+    import time
+    from pathlib import Path
+
+    import intloom
+
+    HERE = Path(__file__).resolve().parent.parent
+    wf = intloom.Workflow("offloaded", version="1.0.0")
+    main = wf.stage("main")
+
+
+    def blocking_call() -> None:
+        (HERE / "entered").touch()
+        while not (HERE / "gate").exists():
+            time.sleep(0.01)  # user code stuck in an external call, on asyncio's executor
+
+
+    @main.step("work", routes={"done": intloom.COMPLETE})
+    async def work(ctx: intloom.StepContext[None]) -> str:
+        await asyncio.to_thread(blocking_call)
+        return "done"
+''')
+
+
+def test_a_foreground_host_exits_though_a_to_thread_call_never_returns(
+    project: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C on start --foreground while an async Step waits in asyncio.to_thread: the
+    host waits a bounded time for asyncio's executor, then exits; it must not wait for user
+    code (Python 3.11's loop.shutdown_default_executor joins its thread even when cancelled)."""
+    monkeypatch.setenv("INTLOOM_TEST_SUSPEND_GRACE", "0.2")
+    (project.root / "workflows" / "offloaded.py").write_text(TO_THREAD_STEP)
+    (project.root / "intloom.toml").write_text('workflows = ["workflows/offloaded.py"]\n')
+    try:
+        with foreground_host(project) as proc:
+            with Client.connect(project.root) as client:
+                client.create_run("offloaded", "go", wait=False)
+            eventually(lambda: (project.root / "entered").exists(), timeout=10,
+                       what="the Step to call its blocking function")
+            proc.send_signal(signal.SIGINT)
+            try:
+                out, err = proc.communicate(timeout=15)
+            except subprocess.TimeoutExpired:
+                pytest.fail("the foreground host still waits for a thread inside user code")
+        assert proc.returncode == 0, (out, err)
+        assert "Traceback" not in err
+        assert _released(project, proc.pid)
+    finally:
+        (project.root / "gate").touch()
 
 
 def test_start_does_not_wait_out_its_timeout_for_a_stopping_host_that_was_paused(
