@@ -111,6 +111,9 @@ class StopResult:
     # RUN_INTERRUPTED and not dismissed, held, failed by a checkpoint): the next start
     # reports them again.
     others: int = 0
+    # A foreground host that a second signal stopped at once: it did not wait for Steps
+    # still running (their Runs come back RUN_INTERRUPTED), and may not have listed them.
+    forced: bool = False
 
 
 # ----- shared --------------------------------------------------------------------------------
@@ -319,11 +322,15 @@ def start_service(
     progress: Progress | None = None,
     on_ready: Callable[[StartResult], None] | None = None,
     on_lost: Callable[[ErrorView], None] | None = None,
+    on_stopped: Callable[[StopResult], None] | None = None,
 ) -> StartResult:
     """Reuse the live host, or launch one and return once it has restored and listens.
 
     ``foreground`` runs the host in this process until it stops (Ctrl-C is a graceful stop);
     ``on_ready`` is then called once it serves, and the result is returned after it stopped.
+    ``on_stopped`` is called once with what its stop did to the Runs (``StartResult.stop``),
+    also when the process then ends without returning (a second Ctrl-C, or a thread stuck
+    in user code: the host ends with ``os._exit``).
     ``on_lost`` is called with the error of a foreground host that stops serving on its own
     (its ``.intloom/`` moved away): the process then exits at once, as a crash would.
     """
@@ -367,7 +374,7 @@ def start_service(
             raise _busy(paths)
         if foreground:
             return _run_foreground(root, port=port, strict=strict, progress=progress,
-                                   on_ready=on_ready, on_lost=on_lost)
+                                   on_ready=on_ready, on_lost=on_lost, on_stopped=on_stopped)
         if launches >= _MAX_LAUNCHES:
             raise _busy(paths)
         launches += 1
@@ -567,7 +574,8 @@ def _start_timeout(paths: ProjectPaths, pid: int, killed: bool) -> IntloomError:
 
 def _run_foreground(root: Path, *, port: int | None, strict: bool, progress: Progress | None,
                     on_ready: Callable[[StartResult], None] | None,
-                    on_lost: Callable[[ErrorView], None] | None = None) -> StartResult:
+                    on_lost: Callable[[ErrorView], None] | None = None,
+                    on_stopped: Callable[[StopResult], None] | None = None) -> StartResult:
     from intloom.host.daemon import Host, HostOptions
     from intloom.host.readiness import ReadyChannel
 
@@ -593,6 +601,20 @@ def _run_foreground(root: Path, *, port: int | None, strict: bool, progress: Pro
         options = replace(options, suspend_grace=float(os.environ["INTLOOM_TEST_SUSPEND_GRACE"]))
     host = Host(options, channel)
     host.last_words = on_lost
+    said: list[StopResult] = []
+
+    def stopped(code: int) -> None:
+        """What the stop did to the Runs, once; from ``before_exit`` when the host ends the
+        process itself, else after it returned. Ctrl-C is the stop ``intloom stop`` sends:
+        its log says the same, and a Run cut mid-Step must be named here too."""
+        if said or not ready or failure or host.release_problems or code != 0:
+            return  # it failed: its error, raised below, is what is said
+        log = ProjectPaths(root).logs / ready[0].log_file if ready[0].log_file else None
+        said.append(replace(_stopped(log), forced=host.force_exit))
+        if on_stopped is not None:
+            on_stopped(said[0])
+
+    host.before_exit = stopped
     try:
         os.chdir(root)
         code = host.run()
@@ -617,10 +639,8 @@ def _run_foreground(root: Path, *, port: int | None, strict: bool, progress: Pro
             "CLI_INTERNAL_ERROR",
             f"The host stopped after an error; see .intloom/logs/{ready[0].log_file}.",
         )
-    # Ctrl-C is the stop ``intloom stop`` sends: its log says the same of the Runs, and a
-    # Run cut mid-Step must be named here too, not hidden behind "checkpoints are kept".
-    log = ProjectPaths(root).logs / ready[0].log_file if ready[0].log_file else None
-    return StartResult(service=ready[0], reused=False, stop=_stopped(log))
+    stopped(code)
+    return StartResult(service=ready[0], reused=False, stop=said[0] if said else None)
 
 
 # ----- stop ----------------------------------------------------------------------------------

@@ -157,6 +157,10 @@ class Host:
         # Why the stop kept service.json or service.lock (Ownership.release), for a
         # foreground host's command to say: the log is closed by then.
         self.release_problems: list[str] = []
+        # A foreground host's command: called with the exit code right before ``os._exit``
+        # ends the process (a forced stop, or a thread stuck in user code), so that it can
+        # still say what the stop did.
+        self.before_exit: Callable[[int], None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._log_suspend: asyncio.Future[Any] | None = None
         self._signals: list[signal.Signals] = []  # the stop signals this host handles
@@ -209,6 +213,9 @@ class Host:
         if self.force_exit or own_process or stuck:
             # Everything that matters is already durable (journal, log, metadata were
             # fsynced by the stop); stdio is flushed for a foreground host's last words.
+            if self.before_exit is not None and not own_process:
+                with contextlib.suppress(Exception):  # its words must not keep us alive
+                    self.before_exit(code)
             for stream in (sys.stdout, sys.stderr):
                 with contextlib.suppress(Exception):
                     stream.flush()

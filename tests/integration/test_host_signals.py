@@ -113,6 +113,36 @@ def test_second_signal_cuts_the_graceful_wait_short(
         (project.root / "gate").touch()
 
 
+def test_a_second_ctrl_c_on_a_foreground_host_says_what_it_cut_short(
+    project: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The second Ctrl-C ends a foreground host at once (os._exit, not waiting for the Step
+    inside user code): the terminal is still told that it stopped, and that the Steps it did
+    not wait for come back RUN_INTERRUPTED -- not silence."""
+    (project.root / "workflows" / "stuck.py").write_text(GATE_STEP)
+    (project.root / "intloom.toml").write_text('workflows = ["workflows/stuck.py"]\n')
+    monkeypatch.setenv("INTLOOM_TEST_SUSPEND_GRACE", "45")
+    try:
+        with foreground_host(project) as proc:
+            log_file = metadata(project, "service.json")["logFile"]
+            with Client.connect(project.root) as client:
+                client.create_run("stuck", "go", wait=False)
+            eventually(lambda: (project.root / "entered").exists(), timeout=10,
+                       what="the Step to start")
+            proc.send_signal(signal.SIGINT)
+            eventually(lambda: "service_stopping" in _events(project, log_file),
+                       timeout=10, what="the graceful stop to begin")
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=15)
+        assert proc.returncode == 0, (out, err)
+        assert "Traceback" not in err
+        assert err.splitlines()[-1].startswith(
+            "The service stopped at once (a second Ctrl-C or signal): it did not wait for the "
+            "Steps still running; the next start reports their Runs RUN_INTERRUPTED"), err
+    finally:
+        (project.root / "gate").touch()
+
+
 SLOW_IMPORT = textwrap.dedent('''
     import time
     from pathlib import Path
@@ -236,7 +266,7 @@ def test_a_foreground_host_exits_though_a_to_thread_call_never_returns(
     try:
         with foreground_host(project) as proc:
             with Client.connect(project.root) as client:
-                client.create_run("offloaded", "go", wait=False)
+                run = client.create_run("offloaded", "go", wait=False)
             eventually(lambda: (project.root / "entered").exists(), timeout=10,
                        what="the Step to call its blocking function")
             proc.send_signal(signal.SIGINT)
@@ -247,6 +277,9 @@ def test_a_foreground_host_exits_though_a_to_thread_call_never_returns(
         assert proc.returncode == 0, (out, err)
         assert "Traceback" not in err
         assert _released(project, proc.pid)
+        # It ends with os._exit (the interpreter would join that thread): what its stop did
+        # is said before, as after any Ctrl-C.
+        assert f"  {run.run_id}: Step main/work was running" in err, err
     finally:
         (project.root / "gate").touch()
 

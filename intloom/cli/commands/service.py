@@ -57,18 +57,23 @@ def start(
             _report(renderer, result)
             renderer.note("Running in the foreground; Ctrl-C stops the host gracefully.")
 
-        result = lifecycle.start_service(root, progress=lambda _text: None, on_ready=ready,
-                                         on_lost=renderer.error, **kwargs)
-        stopped = "The service stopped; checkpoints are kept for the next intloom start."
-        done = result.stop
-        if done is None or not (done.cut_count or done.lost_count or done.suspended
-                                or done.others):
-            renderer.note(stopped)  # no Run to speak of: "No Run was unfinished" adds nothing
-            return
-        # What intloom stop would have printed: the Runs the stop cut (the next start
-        # reports them RUN_INTERRUPTED) are named, as are waits it cannot restore.
-        for line in stop_lines(done, first=stopped):
-            renderer.note(line)
+        def stopped(done: StopResult) -> None:
+            """What intloom stop would have printed: the Runs the stop cut (the next start
+            reports them RUN_INTERRUPTED) are named, as are waits it cannot restore."""
+            kept = "The service stopped; checkpoints are kept for the next intloom start."
+            if done.forced and done.suspended is None:  # cut short before it counted them
+                renderer.note(
+                    "The service stopped at once (a second Ctrl-C or signal): it did not wait "
+                    "for the Steps still running; the next start reports their Runs "
+                    "RUN_INTERRUPTED (intloom doctor previews it). Checkpoints are kept.")
+            elif not (done.cut_count or done.lost_count or done.suspended or done.others):
+                renderer.note(kept)  # no Run to speak of: "No Run was unfinished" adds nothing
+            else:
+                for line in stop_lines(done, first=kept):
+                    renderer.note(line)
+
+        lifecycle.start_service(root, progress=lambda _text: None, on_ready=ready,
+                                on_lost=renderer.error, on_stopped=stopped, **kwargs)
         return
     with renderer.spinner("Starting the intloom service...") as update:
         result = lifecycle.start_service(root, progress=update, **kwargs)
