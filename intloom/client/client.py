@@ -117,6 +117,20 @@ def _offline(paths: ProjectPaths, message: str | None) -> IntloomError:
     )
 
 
+def _token_refused(paths: ProjectPaths, port: int, info: ServiceInfo) -> IntloomError:
+    """UNAUTHORIZED for a hello made with connection.json's token. The host listening on the
+    port service.json names checked that pid alive, so it is the project's host; it compares
+    with the token it read at its start. The token itself is never named."""
+    return IntloomError(
+        "UNAUTHORIZED",
+        f"The host on port {port} (pid {info.pid}) refused the token in "
+        f"{paths.connection_json}: the file no longer holds the token that host started "
+        "with (it was edited or replaced while the host ran). Nothing was sent. Put back the "
+        "connection.json that host wrote; or stop the host directly (kill -TERM "
+        f"{info.pid}: a graceful stop) and run intloom start, which uses the file's token.",
+    )
+
+
 def _host_gone(pid: int, create_time: float, lock: Path) -> str | None:
     """Why the host recorded as ``pid`` (created at ``create_time``) is provably gone, or
     None. Gone: no process has the pid, it is a zombie (an exited host its parent has not
@@ -429,6 +443,10 @@ class Client:
             raise
         if isinstance(reply, ErrorReply):
             sock.close()
+            if reply.error.code == "UNAUTHORIZED":
+                # The host's own words tell a client to read the token from connection.json,
+                # which is what this one did: the fact is that the file changed under the host.
+                raise _token_refused(paths, conn.port, info)
             raise _raise_reply(reply)
         if not isinstance(reply, HelloOk):
             sock.close()

@@ -24,6 +24,7 @@ from intloom.diagnostics.owners import (
     STARTING,
     Diagnosis,
     DiagnosisStatus,
+    Inspection,
     Owner,
     bind_refusal,
     inspect,
@@ -308,6 +309,10 @@ class _Context(msgspec.Struct, frozen=True):
     # service.json and connection.json, each valid, name different ports: no client
     # reaches the host (it refuses the mismatch), in words.
     ports_differ: str | None = None
+    # What asking the live host who it is came to, when it answered on the project's port
+    # but the hello failed (a token it refuses, another instance than service.json names):
+    # the owner is not "starting or stopping", and waiting changes nothing.
+    refused: str | None = None
 
 
 def _owner_check(
@@ -387,6 +392,16 @@ def _owner_check(
             "Wait a moment and run intloom doctor again (intloom start waits for it); if it "
             "stays starting, run intloom logs. Do not delete locks whose owners are still "
             "active.",
+            owner.evidence,
+        )
+    if owner.status == "alive" and ctx.refused is not None:
+        return Check(
+            check_id, "attention",
+            f"{name} names pid {pid}, which is alive and answers on the project's port, but "
+            f"the hello failed, so no client reaches it: {ctx.refused}",
+            f"Leave {name} as it is while pid {pid} runs. Put back what was changed by hand, "
+            f"or stop pid {pid} directly (kill -TERM {pid}: a graceful stop); then run "
+            "intloom doctor again. Do not delete locks whose owners are still active.",
             owner.evidence,
         )
     if owner.status == "alive":
@@ -609,6 +624,11 @@ def _temp_named(temp: TempFile) -> str:
             f"byte{'' if temp.size == 1 else 's'})")
 
 
+def _asked(problem: str) -> str:
+    """The probe's problem, without its advice to run intloom doctor (this is doctor)."""
+    return _here(problem).removesuffix(" Run intloom doctor.")
+
+
 def _ports_differ(paths: ProjectPaths) -> str | None:
     """"service.json names port X and connection.json port Y", when both are valid and
     differ (status reports it as the problem); else None."""
@@ -636,6 +656,7 @@ def run_doctor(root: Path) -> DoctorReport:
     paths = ProjectPaths(root)
     port_taken: int | None = None
     port_holder: str | None = None
+    insp: Inspection | None = None
     try:
         insp = inspect(root, probe=True)
         diagnosis = insp.diagnosis
@@ -665,6 +686,9 @@ def run_doctor(root: Path) -> DoctorReport:
             starting_since = held.started_at if held is not None else None
     ports_differ = (None if running or service_problem or connection_problem
                     else _ports_differ(paths))
+    # A problem the probe brought back from a host that answered its hello.
+    refused = (_asked(insp.problem) if insp is not None and insp.answered
+               and insp.problem is not None else None)
 
     def context(other: str, other_problem: str | None) -> _Context:
         # recover refuses while any of the three metadata files is invalid, or
@@ -675,7 +699,7 @@ def run_doctor(root: Path) -> DoctorReport:
         return _Context(running=running, invalid=invalid,
                         port_taken=port_taken, port_holder=port_holder,
                         lock_unheld=lock_unheld, starting_since=starting_since,
-                        ports_differ=ports_differ)
+                        ports_differ=ports_differ, refused=refused)
 
     config_check, config = _config_check(root)
     checks = [

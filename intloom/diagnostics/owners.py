@@ -108,6 +108,10 @@ class Inspection:
     # recover cannot guard it, so it refuses (docs/recovery.md, "the port is taken").
     port_taken: int | None = None
     port_holder: str | None = None
+    # ``problem`` is what a live host answered to the hello (a refused token, another
+    # instance than the metadata names): waiting for it to finish starting or stopping
+    # changes nothing. False for a hello never answered (a hung or busy host) and the rest.
+    answered: bool = False
 
 
 def judge_owners(snap: Snapshot, lock: LockProbe) -> list[Owner]:
@@ -241,8 +245,9 @@ def _starting(snap: Snapshot, lock: LockProbe, owners: list[Owner]) -> str | Non
                             "doctor or intloom logs.")
 
 
-def _probe_host(root: Path, snap: Snapshot) -> tuple[ServiceView | None, str | None]:
-    """Ask a live host who it is. Returns (service, None), (None, problem) or (None, None).
+def _probe_host(root: Path, snap: Snapshot) -> tuple[ServiceView | None, str | None, bool]:
+    """Ask a live host who it is. Returns (service, None), (None, problem) or (None, None),
+    and whether the problem is what a host answered (``Inspection.answered``).
 
     Only ``CLI_SERVICE_OFFLINE`` (or a host starting) means "no live host"; any other answer
     (closing, an identity mismatch, a rejected token, a listener that is not ours) is a
@@ -260,17 +265,18 @@ def _probe_host(root: Path, snap: Snapshot) -> tuple[ServiceView | None, str | N
                     f"The live host (instance {hello.instance_id}, pid {hello.pid}) is not the "
                     f"owner named by service.lock (instance {snap.lock.value.instance_id}). "
                     "No cleanup performed; run intloom doctor."
-                )
-            return client.status(), None
+                ), True
+            return client.status(), None, False
     except IntloomError as exc:
         if exc.code == "CLI_SERVICE_OFFLINE" or isinstance(exc, ServiceStarting):
-            return None, None  # _classify says what the files show (a start, a stop)
+            return None, None, False  # _classify says what the files show (a start, a stop)
         if exc.code == "CLI_SERVICE_CLOSING":
             # The host's refusal is worded for a refused request; this one asked who it is.
-            return None, STOPPING
+            return None, STOPPING, False
         # The files themselves were already read strictly; what is left is a listener that
-        # is not the recorded host (a mismatch, a foreign program).
-        return None, exc.message
+        # is not the recorded host (a mismatch, a foreign program). A hello never answered
+        # (CLI_SERVICE_UNAVAILABLE) may still be a busy host's.
+        return None, exc.message, exc.code != "CLI_SERVICE_UNAVAILABLE"
 
 
 def _classify(
@@ -306,6 +312,7 @@ def inspect(root: Path, *, probe: bool = True) -> Inspection:
     problem: str | None = None
     taken: int | None = None
     holder: str | None = None
+    answered = False
     lock = probe_lock(snap.paths.service_lock)
     owners = judge_owners(snap, lock)
     connection = snap.connection.value
@@ -321,7 +328,7 @@ def inspect(root: Path, *, probe: bool = True) -> Inspection:
             holder = port_holder(taken)
             problem = _port_taken_problem(taken, holder, owners)
     elif probe and connection is not None and snap.service.value is not None:
-        service, problem = _probe_host(root, snap)
+        service, problem, answered = _probe_host(root, snap)
         # Judged again after the probe: a host that was starting may have answered meanwhile.
         lock = probe_lock(snap.paths.service_lock)
         owners = judge_owners(snap, lock)
@@ -330,7 +337,7 @@ def inspect(root: Path, *, probe: bool = True) -> Inspection:
         project_root=str(root), status=status, message=message, owners=owners, service=service
     )
     return Inspection(diagnosis=diagnosis, snapshot=snap, problem=problem,
-                      port_taken=taken, port_holder=holder)
+                      port_taken=taken, port_holder=holder, answered=answered)
 
 
 def diagnose(root: Path, *, probe: bool = True) -> Diagnosis:

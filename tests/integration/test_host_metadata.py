@@ -14,6 +14,8 @@ import pytest
 
 from intloom.client.client import Client
 from intloom.client.lifecycle import start_service, stop_service
+from intloom.diagnostics.doctor import run_doctor
+from intloom.diagnostics.owners import diagnose
 from intloom.errors import IntloomError
 from tests.helpers import Project, pid_alive, snapshot_files
 from tests.integration.host_support import start
@@ -86,14 +88,33 @@ def test_state_directory_open_to_others_is_refused(project: Project) -> None:
     assert list(project.state.iterdir()) == []
 
 
-def test_stop_with_a_token_the_host_rejects_is_unavailable(project: Project) -> None:
+def test_a_token_the_host_rejects_is_named_with_its_fix(project: Project) -> None:
+    """connection.json rewritten under a live host: every command says that the file's token
+    is not the host's and how to get out (put it back, or stop the host by signal). doctor
+    said "alive but does not answer (it may be starting or stopping)": wait, forever."""
     service = start(project).service
-    _rewrite(project.state / "connection.json", token="B" * 43)
+    connection = project.state / "connection.json"
+    _rewrite(connection, token="B" * 43)
     before = _metadata_files(project)
+    with pytest.raises(IntloomError) as refused:
+        Client.connect(project.root)
+    assert refused.value.code == "UNAUTHORIZED"
+    fix = f"kill -TERM {service.pid}"
+    for words in (str(connection), "no longer holds the token", fix):
+        assert words in refused.value.message
+    assert "B" * 43 not in refused.value.message
     with pytest.raises(IntloomError) as rejected:
         stop_service(project.root)
     assert rejected.value.code == "CLI_SERVICE_UNAVAILABLE"
-    assert "UNAUTHORIZED" in rejected.value.message
+    assert "UNAUTHORIZED" in rejected.value.message and fix in rejected.value.message
+    diagnosis = diagnose(project.root)
+    assert (diagnosis.status, diagnosis.message) == ("blocked", refused.value.message)
+    owners = [c for c in run_doctor(project.root).checks if c.id.startswith("owner.")]
+    assert [c.status for c in owners] == ["attention", "attention"]
+    for check in owners:
+        assert "no longer holds the token" in check.message, check.message
+        assert "starting or stopping" not in check.message
+        assert check.next is not None and fix in check.next
     assert _metadata_files(project) == before  # the live host's log may grow; nothing else
     assert pid_alive(service.pid)
 
