@@ -358,10 +358,12 @@ def start_service(
             raise
         if service is not None:
             if foreground:
+                # Not "in the background": it may be another terminal's start --foreground.
                 raise IntloomError(
                     "CLI_SERVICE_CONFLICT",
-                    f"The host already runs in the background (pid {service.pid}). Run intloom "
-                    "stop first to run it in the foreground.",
+                    f"A host already serves this project (pid {service.pid}, port "
+                    f"{service.port}); nothing was started. Stop it first (intloom stop) to "
+                    "run the host in this terminal.",
                 )
             return _reuse(root, service, port, strict)
         owner = _lock_owner(paths)

@@ -178,6 +178,12 @@ def test_start_foreground_serves_until_ctrl_c(project: Project) -> None:
                    what="the foreground host to serve")
         status = _ok(project.cli("--json", "status"))
         assert status["service"]["pid"] == proc.pid
+        # A second one is refused; the host it names runs in the foreground, not "in the
+        # background", as the refusal said.
+        second = project.cli("--json", "start", "--foreground")
+        assert second.code == 1 and second.json["error"]["code"] == "CLI_SERVICE_CONFLICT"
+        refusal = second.json["error"]["message"]
+        assert f"pid {proc.pid}" in refusal and "background" not in refusal, refusal
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=20)
         assert proc.returncode == 0, (out, err)
