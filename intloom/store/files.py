@@ -81,7 +81,9 @@ def storage_error(path: Path, fact: str, fix: str = _FIX) -> IntloomError:
 
 
 def _from_privacy(exc: PrivacyError) -> IntloomError:
-    return storage_error(exc.path, exc.fact, privacy_fix(exc))
+    # privacy_fix is a sentence of its own elsewhere; here it follows the fact after "; ".
+    fix = privacy_fix(exc)
+    return storage_error(exc.path, exc.fact, fix[:1].lower() + fix[1:])
 
 
 def check_dir(path: Path) -> bool:

@@ -144,6 +144,9 @@ def test_group_or_other_bits_are_refused(tmp_path: Path) -> None:
     with pytest.raises(IntloomError) as info:
         read_runs(root)
     assert info.value.code == "STORAGE_ERROR" and "0755" in info.value.message
+    # One sentence: the fix follows the fact after "; " (it said "; Run chmod 700 ...").
+    assert info.value.message == (f"Checkpoint store path {root} has mode 0755; it must be "
+                                  f"0700; run chmod 700 {root}, then try again."), info.value
     os.chmod(root, 0o700)
     segment = root / "wal" / "0000000001.seg"
     os.chmod(segment, 0o644)
