@@ -576,6 +576,27 @@ def test_status_running_is_the_service_and_what_changed_since_it_started(
                                "owners": []}
 
 
+def test_status_offline_says_when_start_would_refuse_intloom_toml(
+    capsys: pytest.CaptureFixture[str], proj: Path
+) -> None:
+    """The real diagnosis (read-only, no host): "offline. Run intloom start." sent people
+    into start's refusal of an intloom.toml it cannot use; status says why first."""
+    config = proj / "intloom.toml"
+    config.write_text('workflows = ["workflows/example.py"]\nfoo = 1\n')
+    code, out, err = cli(capsys, "status")
+    assert (code, err) == (0, "")
+    assert out.splitlines() == [
+        "The service is offline. Run intloom start.",
+        f"But intloom start refuses the project as it is: {config}: unknown key 'foo'. Known "
+        "keys: port, workflows. Remove or rename it.",
+    ]
+    code, out, _ = cli(capsys, "status", "--json")  # the document is as it was
+    assert code == 0 and json.loads(out)["status"] == "offline" and "foo" not in out
+    assert sorted(p.name for p in proj.iterdir()) == ["intloom.toml"]  # nothing created
+    config.write_text('workflows = ["workflows/example.py"]\n')
+    assert cli(capsys, "status")[1] == "The service is offline. Run intloom start.\n"
+
+
 @pytest.mark.parametrize(("health", "code"), [("healthy", 0), ("attention", 3), ("blocked", 4)])
 def test_doctor_exit_code_follows_health(
     capsys: pytest.CaptureFixture[str], proj: Path, diagnostics: dict[str, Any],

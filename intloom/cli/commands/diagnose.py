@@ -59,13 +59,15 @@ def status(state: CliState) -> None:
 def _start_refuses(root: Path) -> str | None:
     """Why the ``intloom start`` an offline diagnosis suggests would refuse or fail on the
     project's state directories as they are (group/other bits, or private but not writable
-    by us), with the fix; or, for a flag that only snapshot compaction runs into, what
-    happens instead; None when nothing stands in its way. The diagnosis leaves modes to
-    doctor's runtime_dir check, but "Run intloom start" alone sent people straight into
-    that refusal."""
+    by us), with the fix, or on its intloom.toml (invalid: its error names the key); or,
+    for a flag that only snapshot compaction runs into, what happens instead; None when
+    nothing stands in its way. The diagnosis leaves modes to doctor's runtime_dir check and
+    the configuration to its config check, but "Run intloom start" alone sent people
+    straight into those refusals."""
     from intloom.diagnostics.doctor import refused_state_dir, unwritable_state_dirs
+    from intloom.errors import IntloomError
     from intloom.fsutil import privacy_fix
-    from intloom.project import ProjectPaths
+    from intloom.project import ProjectPaths, load_config
 
     paths = ProjectPaths(root)
     exc = refused_state_dir(paths)  # the directories doctor's runtime_dir checks
@@ -77,6 +79,11 @@ def _start_refuses(root: Path) -> str | None:
     if failing:
         return (f"But intloom start fails on the project as it is: {failing[0].fact} "
                 f"{failing[0].fix}.")
+    # A start reads intloom.toml next, and refuses one it cannot use (INVALID_REQUEST).
+    try:
+        load_config(root)
+    except IntloomError as invalid:
+        return f"But intloom start refuses the project as it is: {invalid.message}"
     if found:
         # The host starts and runs; saying it would fail sent people to fix the wrong thing.
         fix = found[0].fix
