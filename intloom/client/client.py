@@ -131,6 +131,29 @@ def _token_refused(paths: ProjectPaths, port: int, info: ServiceInfo) -> Intloom
     )
 
 
+def _unreachable_host(paths: ProjectPaths, root: Path) -> IntloomError | None:
+    """connection.json missing while the host service.json names still runs and holds the
+    project's OS lock: "offline, run intloom start" was a false fact, and that start only
+    refused (CLI_SERVICE_BUSY). None in every other case (no host, one starting, one whose
+    files only a copy of the project holds: its OS lock is on the original's file)."""
+    try:
+        info = read_service(paths.service_json, root)
+    except IntloomError:
+        return None  # an invalid service.json is doctor's to explain
+    if info is None or _host_gone(info.pid, info.create_time, paths.service_lock) is not None:
+        return None
+    if os_lock(paths.service_lock)[0] != "held":
+        return None  # never advise signalling a pid that does not hold this project
+    return _metadata_invalid(
+        f"{paths.connection_json} is missing, but the host {paths.service_json.name} names "
+        f"(pid {info.pid}, port {info.port}) still runs and holds the project's lock: a "
+        "client reads the host's port and token only from that file, so nothing can reach "
+        "it. Nothing was sent. Put back the connection.json that host wrote; or stop the "
+        f"host directly (kill -TERM {info.pid}: a graceful stop), then run intloom start, "
+        "which writes a new one."
+    )
+
+
 def _host_gone(pid: int, create_time: float, lock: Path) -> str | None:
     """Why the host recorded as ``pid`` (created at ``create_time``) is provably gone, or
     None. Gone: no process has the pid, it is a zombie (an exited host its parent has not
@@ -394,6 +417,9 @@ class Client:
             if not (root / CONFIG_NAME).is_file():
                 # Not a project (a subdirectory, a typo): "offline" would be a false fact.
                 raise not_a_project(root)
+            unreachable = _unreachable_host(paths, root)
+            if unreachable is not None:
+                raise unreachable
             raise _offline(paths, "Run intloom start in this project first.")
         info = read_service(paths.service_json, root)
         if info is None:

@@ -7,6 +7,8 @@ redirect the token; a file readable by others is refused rather than trusted.
 from __future__ import annotations
 
 import json
+import os
+import signal
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,7 +19,7 @@ from intloom.client.lifecycle import start_service, stop_service
 from intloom.diagnostics.doctor import run_doctor
 from intloom.diagnostics.owners import diagnose
 from intloom.errors import IntloomError
-from tests.helpers import Project, pid_alive, snapshot_files
+from tests.helpers import Project, eventually, pid_alive, snapshot_files
 from tests.integration.host_support import start
 
 
@@ -117,6 +119,34 @@ def test_a_token_the_host_rejects_is_named_with_its_fix(project: Project) -> Non
         assert check.next is not None and fix in check.next
     assert _metadata_files(project) == before  # the live host's log may grow; nothing else
     assert pid_alive(service.pid)
+
+
+def test_a_connection_json_removed_under_a_live_host_is_named_with_its_fix(
+    project: Project,
+) -> None:
+    """Every command said "Run intloom start in this project first" (offline), and that
+    start refused with CLI_SERVICE_BUSY, "no live host answers": the host runs, and nothing
+    can reach it. They say so, with the way out, which works."""
+    service = start(project).service
+    connection = project.state / "connection.json"
+    saved = connection.read_bytes()
+    connection.unlink()
+    before = _metadata_files(project)
+    for call in (lambda: Client.connect(project.root), lambda: start_service(project.root)):
+        with pytest.raises(IntloomError) as unreachable:
+            call()
+        assert unreachable.value.code == "CLI_SERVICE_METADATA_INVALID"
+        message = unreachable.value.message
+        for words in (f"{connection} is missing", f"pid {service.pid}", "still runs",
+                      f"kill -TERM {service.pid}"):
+            assert words in message, message
+    assert _metadata_files(project) == before and pid_alive(service.pid)
+    os.kill(service.pid, signal.SIGTERM)  # the advice: a graceful stop, then a start
+    eventually(lambda: not pid_alive(service.pid), what="the host to stop on SIGTERM")
+    assert not (project.state / "service.lock").exists()
+    again = start(project)
+    assert not again.reused and connection.read_bytes() != saved  # a new port and token
+    stop_service(project.root)
 
 
 def _metadata_files(project: Project) -> dict[str, bytes]:
