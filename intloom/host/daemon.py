@@ -366,6 +366,13 @@ class Host:
                       _identity(os.fstat(self._store_lock) if self._store_lock >= 0
                                 else os.lstat(self.paths.runtime)))
         port = opts.port
+        # Where the port came from decides the fix: --port 0 once does not help a port that
+        # intloom.toml sets, which every later start takes again.
+        fix = ("Free the port, or pass another --port (0 picks a free one)" if port is not None
+               else f"Free the port, or change port in {self.paths.config} "
+               "(0, or no port at all, picks a free one)" if config.port is not None
+               else "Free the port, or run intloom start --port 0 to pick a new one "
+               "(connection.json is updated)")
         if port is None:
             port = config.port if config.port is not None else (saved.port if saved else 0)
         token = saved.token if saved is not None else new_token()
@@ -375,8 +382,7 @@ class Host:
             raise IntloomError(
                 "CLI_SERVICE_UNAVAILABLE",
                 f"The host could not listen on 127.0.0.1:{port} ({exc.strerror or exc}). "
-                "Free the port, or run intloom start --port 0 to pick a new one "
-                "(connection.json is updated).",
+                f"{fix}.",
             ) from None
         self.port = int(self._sock.getsockname()[1])
         self.ownership.publish_connection(saved, self.port, token)
@@ -415,9 +421,7 @@ class Host:
             raise IntloomError(
                 "CLI_SERVICE_UNAVAILABLE",
                 f"The host could not listen on 127.0.0.1:{self.port} ({exc.strerror or exc}): "
-                "another program took the port while the Workflows were imported. Free the "
-                "port, or run intloom start --port 0 to pick a new one (connection.json is "
-                "updated).",
+                f"another program took the port while the Workflows were imported. {fix}.",
             ) from None
         if log.failed:
             raise _log_write_failed(log.path, log.failure or "unknown error",

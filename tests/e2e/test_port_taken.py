@@ -206,3 +206,21 @@ def test_a_first_start_under_the_test_ports_hook_listens_on_a_port_of_that_range
     assert started.json["service"]["port"] == free
     assert json.loads((project.state / "connection.json").read_text())["port"] == free
     assert project.cli("status", "--json").json["service"]["port"] == free
+
+
+def test_a_taken_port_that_intloom_toml_sets_is_fixed_there(project: Project) -> None:
+    """The refusal said "run intloom start --port 0", which helps once: intloom.toml's port
+    wins over the saved one, so every later start failed again. The fix now follows where
+    the port came from."""
+    config = project.root / "intloom.toml"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        config.write_text(config.read_text() + f"port = {port}\n")
+        refused = project.cli("start", "--json")
+    assert refused.code == 1, refused.stdout
+    assert refused.json["error"]["code"] == "CLI_SERVICE_UNAVAILABLE"
+    message = refused.json["error"]["message"]
+    assert f"127.0.0.1:{port}" in message and f"change port in {config}" in message, message
+    assert "--port 0" not in message, message
