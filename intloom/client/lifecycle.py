@@ -731,6 +731,9 @@ def _target(info: ServiceInfo | None, lock: ServiceLock | None) -> _Target:
     return _Target(info.instance_id, info.pid, info.create_time, None)
 
 
+_NOT_REACHED: Final = "the time ran out before the host could be reached"
+
+
 class _Asked(NamedTuple):
     """What sending the stop request came to, for a truthful timeout message."""
 
@@ -744,7 +747,7 @@ def _request_stop(root: Path, paths: ProjectPaths, target: _Target,
     should begin (the request is never resent)."""
     remaining = deadline - time.monotonic()
     if remaining <= 0:
-        return _Asked("the time ran out before the host could be reached")
+        return _Asked(_NOT_REACHED)
     try:
         # The hello and the request are bounded by what is left of the deadline: a paused
         # host must not stretch --timeout by the client's own 5 s hello timeout.
@@ -809,6 +812,12 @@ def _request_stop(root: Path, paths: ProjectPaths, target: _Target,
 
 def _stop_timed_out(target: _Target, timeout: float, asked: _Asked) -> str:
     """CLI_SERVICE_TIMEOUT's message: what is known of the host, and what to do."""
+    if asked.unsent == _NOT_REACHED:
+        # Nothing was asked of the host (--timeout 0, or one the reading of its files used
+        # up): doctor would find nothing wrong; a longer --timeout is what helps.
+        return (f"The stop request was not sent: the time ran out ({timeout:g} s) before the "
+                f"host (pid {target.pid}) could be reached, so it runs on as it was. Run "
+                "intloom stop again with a longer --timeout (the default is 10 s).")
     said = ("The stop request was sent once and not resent." if asked.unsent is None
             else f"The stop request was not sent: {asked.unsent}.")
     if not asked.stopping:

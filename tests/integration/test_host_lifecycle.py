@@ -126,7 +126,16 @@ def test_stop_of_a_path_that_is_no_project_says_so_not_offline(project: Project)
 
 
 def test_stop_twice_is_offline_the_second_time(project: Project) -> None:
-    start(project)
+    pid = start(project).service.pid
+    # A stop given no time sends nothing; it said "Run intloom doctor", which finds nothing.
+    with pytest.raises(IntloomError) as late:
+        stop_service(project.root, timeout=0)
+    assert late.value.code == "CLI_SERVICE_TIMEOUT"
+    assert late.value.message == (
+        f"The stop request was not sent: the time ran out (0 s) before the host (pid {pid}) "
+        "could be reached, so it runs on as it was. Run intloom stop again with a longer "
+        "--timeout (the default is 10 s)."), late.value
+    assert pid_alive(pid)
     assert stop_service(project.root) is True
     assert stop_service(project.root) is False
 
