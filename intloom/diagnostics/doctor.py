@@ -313,6 +313,7 @@ class _Context(msgspec.Struct, frozen=True):
     # but the hello failed (a token it refuses, another instance than service.json names):
     # the owner is not "starting or stopping", and waiting changes nothing.
     refused: str | None = None
+    host_pid: int | None = None  # the running host's, when it answered
 
 
 def _owner_check(
@@ -326,6 +327,18 @@ def _owner_check(
             # Fail closed: a file that is there is never reported absent.
             return Check(check_id, "attention", f"{path} exists, but its owner could not be "
                          "judged.", KEEP_IT)
+        if ctx.running and ctx.host_pid is not None and name == "service.lock":
+            # Every host creates it first and keeps it: one that is gone while the host runs
+            # was removed by hand, and "no host owns the project through it" read as fine.
+            return Check(
+                check_id, "attention",
+                f"No service.lock, yet the running host (pid {ctx.host_pid}) created one at "
+                "its start and keeps it until it stops: it was removed by hand. The host "
+                "serves as before; until it restarts, only the checkpoint store's own lock "
+                "keeps a second host out.",
+                "Restart the host (intloom stop, then intloom start), which writes it again; "
+                "never copy another service.lock there.",
+            )
         return Check(check_id, "ok", f"No {name}: no host owns the project through it.", None)
     pid = owner.pid
     running = ctx.running
@@ -699,7 +712,8 @@ def run_doctor(root: Path) -> DoctorReport:
         return _Context(running=running, invalid=invalid,
                         port_taken=port_taken, port_holder=port_holder,
                         lock_unheld=lock_unheld, starting_since=starting_since,
-                        ports_differ=ports_differ, refused=refused)
+                        ports_differ=ports_differ, refused=refused,
+                        host_pid=diagnosis.service.pid if diagnosis.service else None)
 
     config_check, config = _config_check(root)
     checks = [

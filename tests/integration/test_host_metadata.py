@@ -149,5 +149,19 @@ def test_a_connection_json_removed_under_a_live_host_is_named_with_its_fix(
     stop_service(project.root)
 
 
+def test_a_service_lock_removed_under_a_live_host_is_not_called_fine(project: Project) -> None:
+    """doctor said "owner.service_lock · ok: No service.lock: no host owns the project
+    through it", healthy, exit 0, while the host that created it runs."""
+    service = start(project).service
+    (project.state / "service.lock").unlink()
+    report = run_doctor(project.root)
+    [check] = [c for c in report.checks if c.id == "owner.service_lock"]
+    assert (report.status, report.health, check.status) == ("running", "attention", "attention")
+    assert f"running host (pid {service.pid})" in check.message, check.message
+    assert "removed by hand" in check.message and check.next is not None
+    assert "intloom stop, then intloom start" in check.next, check.next
+    assert not (project.state / "service.lock").exists()  # doctor writes nothing
+
+
 def _metadata_files(project: Project) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in project.state.iterdir() if p.is_file()}
