@@ -463,6 +463,8 @@ def test_status_says_a_flagged_snapshot_directory_lets_runs_go_on_and_fails_comp
     from tests.unit.test_store_support import open_store
 
     paths = ProjectPaths(tmp_path)
+    # A project (status diagnoses only one), whose intloom.toml a start would take.
+    (tmp_path / "intloom.toml").write_text('workflows = ["workflows/example.py"]\n')
     open_store(paths.runtime).close_blocking()
     live = paths.runtime / "snap" / "live"
     if not _chattr(live, flag):
