@@ -105,12 +105,14 @@ def fake(project: Project) -> Iterator[Callable[[Script], FakeHost]]:
         host.close()
 
 
+def take_request_then_hang_up(conn: socket.socket, received: list[object]) -> None:
+    """A host that reads one request and closes the connection without replying."""
+    received.append(msgspec.msgpack.decode(recv_frame(conn)))
+
+
 def test_reply_lost_mid_request_is_request_failed_and_never_resent(
     project: Project, fake: Callable[[Script], FakeHost]
 ) -> None:
-    def take_request_then_hang_up(conn: socket.socket, received: list[object]) -> None:
-        received.append(msgspec.msgpack.decode(recv_frame(conn)))
-
     host = fake(hello_then(take_request_then_hang_up))
     publish(project.root, host.port)
     with Client.connect(project.root) as client, pytest.raises(IntloomError) as failed:
@@ -134,9 +136,6 @@ def test_a_read_whose_reply_is_lost_is_not_said_to_have_been_acted_on(
     """A request that only reads (attach following a Run when its host is killed) changed
     nothing in the host: its failure says it is safe to send again, not that the host may
     have acted on it."""
-    def take_request_then_hang_up(conn: socket.socket, received: list[object]) -> None:
-        received.append(msgspec.msgpack.decode(recv_frame(conn)))
-
     host = fake(hello_then(take_request_then_hang_up))
     publish(project.root, host.port)
     with Client.connect(project.root) as client, pytest.raises(IntloomError) as failed:
