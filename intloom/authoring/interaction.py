@@ -190,6 +190,31 @@ def _wrong_field(where: str, index: int, shown: str) -> IntloomError:
     )
 
 
+def _check_blank(where: str, index: int, q: Question) -> None:
+    """A blank option id could never be picked: a pick answers with the option's id, and a
+    blank answer is refused, so the person at ``intloom attach`` was told the option they
+    chose "needs a non-blank answer" and the Run could only go on with typed text. A blank
+    question shows a person nothing to answer, and a blank id is an answer's only name for
+    its question (the CLI printed ``"questionId":""`` to send)."""
+    said = f"{where}: question {index} given to ctx.ask"
+    if not q.id.strip():
+        fact, fix = (f"has the blank id {q.id!r}",
+                     'Give it an id an answer can name it by (id="topic").')
+    elif not q.question.strip():
+        fact, fix = (f"({q.id!r}) has the blank text {q.question!r}",
+                     "Give it the question a person reads and answers (question=\"...?\").")
+    else:
+        blank = [o for o in q.options or [] if not o.id.strip()]
+        if not blank:
+            return
+        fact, fix = (f"({q.id!r}) has an option with the blank id {blank[0].id!r} (label "
+                     f"{blank[0].label!r}), which a person could pick but never send: a "
+                     "picked option answers with its id, and a blank answer is refused",
+                     'Give every option a non-blank id (intloom.Option(id="none", '
+                     'label="None of these")).')
+    raise IntloomError("STEP_INTERACTION_INVALID", f"{said} {fact}; nothing was asked. {fix}")
+
+
 def questions_request(questions: list[Question], where: str) -> list[Any]:
     """The wire request of ``ctx.ask``; ``where`` names the Step asking, for the errors."""
     if not questions:
@@ -222,6 +247,8 @@ def questions_request(questions: list[Question], where: str) -> list[Any]:
         except msgspec.ValidationError as exc:
             raise _wrong_field(where, index, str(exc).replace("`$", f"`question {index}", 1)
                                ) from None
+    for index, q in enumerate(questions):
+        _check_blank(where, index, q)
     ids = [q.id for q in questions]
     if len(set(ids)) != len(ids):
         raise IntloomError(

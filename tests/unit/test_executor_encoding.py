@@ -580,3 +580,34 @@ def test_options_of_the_wrong_type_are_named_not_a_python_error(
         view.last_error
     assert f"question 0 given to ctx.ask has a field of the wrong type ({at})" in \
         view.last_error.message, view.last_error.message
+
+
+@pytest.mark.parametrize(("question", "said"), [
+    (intloom.Question(id="r", question="Resolution?", options=[
+        intloom.Option(id="fix", label="fix it"), intloom.Option(id=" ", label="none")]),
+     "question 0 given to ctx.ask ('r') has an option with the blank id ' ' (label 'none'), "
+     "which a person could pick but never send"),
+    (intloom.Question(id="", question="Resolution?"),
+     "question 0 given to ctx.ask has the blank id ''; nothing was asked."),
+    (intloom.Question(id="r", question="  "),
+     "question 0 given to ctx.ask ('r') has the blank text '  '; nothing was asked."),
+])
+def test_a_blank_question_or_option_id_fails_the_step_instead_of_waiting_unanswerable(
+        tmp_path: Path, question: intloom.Question, said: str) -> None:
+    """``Option(id="")`` was asked as it was: picking it in ``intloom attach`` sends its id,
+    the blank answer was refused ("needs a non-blank answer"), so the option could never be
+    chosen; a blank question showed a person nothing and was named by "" in every answer."""
+    wf = intloom.Workflow("blank", version="1")
+    st = wf.stage("s")
+
+    @st.step("a", routes={"ok": intloom.COMPLETE})
+    async def a(ctx: Any) -> str:
+        await ctx.ask([question])
+        return "ok"
+
+    wf.validate()
+    view = _settled(tmp_path / "runtime", wf)
+    assert view.status == "failed" and view.pending_action is None, view
+    assert view.last_error is not None and view.last_error.code == "STEP_INTERACTION_INVALID", \
+        view.last_error
+    assert f"Stage 's', Step 'a': {said}" in view.last_error.message, view.last_error.message
