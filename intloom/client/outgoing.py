@@ -15,7 +15,7 @@ import msgspec
 
 from intloom.errors import IntloomError
 from intloom.protocol.framing import FrameError, encode_frame
-from intloom.protocol.messages import MAX_FRAME, Request
+from intloom.protocol.messages import MAX_FRAME, Answer, CallTool, CompleteAgentCall, Request
 
 __all__ = ["frame_of", "not_unicode_at"]
 
@@ -164,6 +164,33 @@ def _wrong_type(request: Request) -> IntloomError | None:
     return None
 
 
+# The caller's own value in each request that carries one (an answer, a Tool's input, an
+# Agent's output), which the docs promise is plain JSON data.
+_DATA_FIELDS: Final[dict[type, str]] = {Answer: "answer", CallTool: "input",
+                                        CompleteAgentCall: "output"}
+
+
+def _a_set(value: object) -> bool:
+    return isinstance(value, set | frozenset)
+
+
+def _set_sent(request: Request) -> IntloomError | None:
+    """INVALID_REQUEST for a set in the caller's value: msgpack sends it as a list, in no set
+    order, and the host cannot tell it from one, so an Agent's ``{"tags": {"a", "b"}}`` was
+    recorded and routed as ``["b", "a"]`` although the docs say a set is refused (the host
+    refuses what it can see: bytes, NaN, a key that is not a string)."""
+    name = _DATA_FIELDS.get(type(request))
+    where = None if name is None else _find(getattr(request, name), name, _a_set)
+    if where is None:
+        return None
+    return IntloomError(
+        "INVALID_REQUEST",
+        f"Cannot send the {type(request).__name__} request: {where} is a set, which JSON "
+        "cannot carry (it would be sent as a list, in no set order). Send a sorted list "
+        f"(sorted(...)). {_NOTHING_CHANGED}",
+    )
+
+
 def frame_of(request: Request) -> bytes:
     """``request`` as a frame, or INVALID_REQUEST before a byte is sent: the values a caller
     hands over (an answer, a Tool's input, an Agent's output, an intent) are theirs to fix,
@@ -172,7 +199,7 @@ def frame_of(request: Request) -> bytes:
     if wrong is not None:
         raise wrong
     try:
-        return encode_frame(request)
+        frame = encode_frame(request)
     except _UNENCODABLE as exc:
         raise _unsendable(request, exc) from None
     except FrameError:
@@ -182,3 +209,8 @@ def frame_of(request: Request) -> bytes:
             f"Cannot send the {type(request).__name__} request: it is {size} bytes encoded, "
             f"over the {MAX_FRAME}-byte frame limit. Send a smaller value. {_NOTHING_CHANGED}",
         ) from None
+    # After the encoding, whose refusals (a big integer, say) name the fact msgpack hit.
+    wrong = _set_sent(request)
+    if wrong is not None:
+        raise wrong
+    return frame

@@ -9,7 +9,7 @@ import pytest
 
 from intloom.client.outgoing import frame_of
 from intloom.errors import IntloomError
-from intloom.protocol.messages import Answer
+from intloom.protocol.messages import Answer, CallTool, CompleteAgentCall
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -28,6 +28,28 @@ def test_the_path_of_a_big_integer_is_named() -> None:
         frame_of(Answer(run_id="RUN-1", action_id="ASK-1",
                         answer={"a": [1, shared], "b": shared}))
     assert "answer.a[1].n is an integer beyond 64 bits" in info.value.message
+
+
+@pytest.mark.parametrize(("request_", "said"), [
+    (CompleteAgentCall(run_id="RUN-1", call_id="CALL-1", owner_token="t", outcome="found",
+                       output={"tags": {"a", "b"}}),
+     "CompleteAgentCall request: output.tags is a set, which JSON cannot carry (it would be "
+     "sent as a list, in no set order). Send a sorted list"),
+    (CallTool(run_id="RUN-1", call_id="CALL-1", owner_token="t", tool_call_id="tc-1",
+              tool="search", input={"q": [1, frozenset({2})]}),
+     "CallTool request: input.q[1] is a set"),
+    (Answer(run_id="RUN-1", action_id="ASK-1", answer={"isConfirmed": True, "x": {1}}),
+     "Answer request: answer.x is a set"),
+])
+def test_a_set_an_agent_sends_is_refused_not_sent_as_a_list(request_: Any, said: str) -> None:
+    """The docs say a set in a Tool's input or a task's output is refused: msgpack sent it as
+    a list, the host could not tell, and the Run recorded and routed ``["b", "a"]`` for
+    ``{"a", "b"}``."""
+    with pytest.raises(IntloomError) as info:
+        frame_of(request_)
+    assert info.value.code == "INVALID_REQUEST"
+    assert said in info.value.message and "Nothing was sent" in info.value.message, \
+        info.value.message
 
 
 def test_a_zombie_host_is_said_to_have_exited_as_doctor_says_it(tmp_path: Path) -> None:
