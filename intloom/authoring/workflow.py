@@ -181,6 +181,14 @@ def _check_fn(workflow: str, where: str, what: str, fn: object, params: str,
     if not callable(fn):
         raise _bad(workflow, where, f"{what} must decorate a function, not {_shown_value(fn)}",
                    f"Decorate a def: {example}.")
+    if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+        # Calling one returns a generator, never what it yields: every Run of the Workflow
+        # failed at this Step with "returned <generator object ...>", not at load.
+        kind = "an async generator" if inspect.isasyncgenfunction(fn) else "a generator"
+        raise _bad(workflow, where,
+                   f"{what} decorates {callable_name(fn)}, which is {kind} function (it has "
+                   "`yield`): calling it returns a generator, never its result",
+                   f"Use `return` instead of `yield`: {example}.")
     count = params.count(",") + 1
     if not _accepts(fn, count):
         arguments = "one argument" if count == 1 else f"{count} arguments"

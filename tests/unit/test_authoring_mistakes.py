@@ -55,6 +55,29 @@ def test_a_step_that_cannot_take_ctx_is_refused_when_declared() -> None:
             return "ok"
 
 
+def test_a_generator_function_is_refused_when_declared_not_failed_by_every_run() -> None:
+    """A Step with ``yield`` loaded, and every Run failed at it with STEP_RESULT_INVALID
+    "returned <async_generator object g at 0x...>": the host calls it, and gets a generator."""
+    st = intloom.Workflow("w", version="1").stage("d")
+    with _refused(r"Workflow 'w', Stage 'd', Step 'a': @stage\.step\(\.\.\.\) decorates a, "
+                  r"which is an async generator function \(it has `yield`\): calling it "
+                  r"returns a generator, never its result\. Use `return` instead of `yield`"
+                  ) as info:
+        @st.step("a", routes={"ok": intloom.COMPLETE})
+        async def a(ctx: Any) -> Any:
+            yield "ok"
+    assert _code(info) == "WORKFLOW_DEFINITION_INVALID"
+
+    @st.step("b", routes={"ok": intloom.COMPLETE})
+    def b(ctx: Any) -> str:
+        return "ok"
+
+    with _refused(r"Step 'b': @step\.recover decorates r, which is a generator function"):
+        @b.recover
+        def r(ctx: Any, saved: Any) -> Any:
+            yield "ok"
+
+
 def test_a_tool_needs_a_valid_name_and_a_function_of_the_agents_input() -> None:
     with _refused(r"intloom\.Tool\('bad name!', \.\.\.\): the Tool name 'bad name!' is not "
                   r"valid\. Use 1-64 letters") as info:
