@@ -278,7 +278,10 @@ def _compact(value: Any) -> str:
 def _option_text(option: Mapping[str, Any]) -> str:
     oid = str(option.get("id", "?"))
     label = option.get("label")
-    return oid if not label or label == oid else f"{oid} ({label})"
+    shown = oid if not label or label == oid else f"{oid} ({label})"
+    # What the author wrote to tell options apart: attach shows it, and a person answering
+    # from flow's or runs' text has only this.
+    return f"{shown}: {option['description']}" if option.get("description") else shown
 
 
 def _answer_command(run_id: str, action_id: str, answer: Any) -> str:
@@ -310,6 +313,8 @@ def asked(run: Mapping[str, Any]) -> tuple[str, list[str], str] | None:
         qid = str(question.get("id", "?"))
         skip = " (skippable)" if question.get("isSkippable") else ""
         lines.append(f"{qid}{skip}: {question.get('question', '')}")
+        if question.get("description"):  # as attach shows it, under the question
+            lines.append(f"  {question['description']}")
         options = [o for o in question.get("options") or [] if isinstance(o, Mapping)]
         if options:
             lines.append("  options: " + " · ".join(_option_text(o) for o in options))

@@ -787,7 +787,8 @@ def test_text_output_says_what_a_waiting_run_asks(asks_project: Project) -> None
     for shown in (flow.stdout, project.cli("runs").stdout,
                   project.cli("attach", run_id, input="").stdout):
         assert "resolution: What should happen to this ticket?" in shown, shown
-        assert "options: fix (fix it) · wontfix (won't fix) · duplicate" in shown, shown
+        assert ("options: fix (fix it) · wontfix (won't fix): close it as is · duplicate"
+                in shown), shown
         assert "note (skippable): A note for the reporter?" in shown, shown
         assert f"intloom answer {run_id} {action_id} '[" in shown, shown
 

@@ -247,6 +247,19 @@ def test_a_waiting_run_says_what_it_asks_and_how_to_answer() -> None:
     assert render.asked({**RUN, "status": "running"}) is None
 
 
+def test_a_question_and_an_option_are_shown_with_their_descriptions() -> None:
+    """flow, answer and runs showed a question's id, text and options but dropped the
+    descriptions the Step gave them (attach shows both): a person answering from that text
+    never read "Answer with an ISO date" or what an option means."""
+    run = {**RUN, "pendingAction": {"id": "ACT-3", "kind": "questions", "request": [
+        {"id": "when", "question": "Due?", "description": "An ISO date", "isSkippable": False,
+         "options": [{"id": "now", "label": "Today", "description": "ships at once"},
+                     {"id": "later", "label": "later"}]}]}}
+    _, what, _ = render.asked(run) or ("", [], "")
+    assert what == ["when: Due?", "  An ISO date",
+                    "  options: now (Today): ships at once · later"], what
+
+
 def test_a_terminal_table_never_cuts_or_folds_a_cell(monkeypatch: pytest.MonkeyPatch) -> None:
     """At 80 columns a Run and its status, cursor and timestamp do not fit on one line.
     Nothing is cut ("…") and no cell is folded mid-word ("waitin" / "g", "WORKFLO" / "W"):
