@@ -68,6 +68,16 @@ class ToStage:
 
     stage: str
 
+    def __post_init__(self) -> None:
+        # Built before it is given to a Step, so only the call itself can be named. A list
+        # here failed the whole source at load with "TypeError: unhashable type: 'list'",
+        # naming neither the route nor the fix.
+        if not isinstance(self.stage, str):
+            raise IntloomError("WORKFLOW_DEFINITION_INVALID", (
+                f"intloom.ToStage({self.stage!r}): the Stage name {_shown_value(self.stage)} "
+                'is not a string. Pass the name of the Stage to enter, e.g. '
+                'intloom.ToStage("publish").'))
+
 
 Target = str | ToStage | Complete
 

@@ -78,6 +78,15 @@ def test_a_generator_function_is_refused_when_declared_not_failed_by_every_run()
             yield "ok"
 
 
+def test_to_stage_given_no_string_names_the_call_not_a_python_error() -> None:
+    """``ToStage(["publish"])`` failed its source at load with "checking its Workflows raised
+    TypeError: unhashable type: 'list'", naming neither the route nor the fix."""
+    with _refused(r"intloom\.ToStage\(\['publish'\]\): the Stage name \['publish'\] \(a list\) "
+                  r"is not a string\. Pass the name of the Stage to enter") as info:
+        intloom.ToStage(["publish"])  # type: ignore[arg-type]
+    assert _code(info) == "WORKFLOW_DEFINITION_INVALID"
+
+
 def test_a_tool_needs_a_valid_name_and_a_function_of_the_agents_input() -> None:
     with _refused(r"intloom\.Tool\('bad name!', \.\.\.\): the Tool name 'bad name!' is not "
                   r"valid\. Use 1-64 letters") as info:
