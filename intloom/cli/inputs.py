@@ -162,6 +162,30 @@ def _lone_surrogate(data: bytes) -> str | None:
     return not_unicode_at(value, "ANSWER")
 
 
+# The placeholders of the answer command that flow, answer and runs print (render.asked),
+# for the person to fill in.
+TEXT_PLACEHOLDER: Final = "<text>"
+_OPTIONS_END: Final = " or text>"
+
+
+def options_placeholder(ids: str) -> str:
+    return f"<{ids}{_OPTIONS_END}"
+
+
+def _unfilled(value: Any) -> tuple[str, str] | None:
+    """(question id, placeholder) of the first entry of a questions answer whose answer is
+    still a placeholder of the printed command: sent as it was, the host took "<text>" as
+    the person's answer (the first valid answer wins, for good) and the Step routed on it."""
+    if not isinstance(value, list):
+        return None
+    for entry in value:
+        text = entry.get("answer") if isinstance(entry, dict) else None
+        if isinstance(text, str) and (text == TEXT_PLACEHOLDER or (
+                text.startswith("<") and text.endswith(_OPTIONS_END))):
+            return str(entry.get("questionId")), text
+    return None
+
+
 def read_answer(answer: str) -> Any:
     """ANSWER as JSON (``-`` reads it from stdin); INVALID_REQUEST naming the shapes otherwise."""
     if answer == "-":
@@ -180,7 +204,7 @@ def read_answer(answer: str) -> Any:
     if not data.strip():
         raise IntloomError("INVALID_REQUEST", f"ANSWER is empty. {ANSWER_SHAPES}")
     try:
-        return msgspec.json.decode(data)
+        value = msgspec.json.decode(data)
     except msgspec.DecodeError as exc:
         where = _lone_surrogate(data)
         if where is not None:
@@ -198,3 +222,14 @@ def read_answer(answer: str) -> Any:
         raise IntloomError(
             "INVALID_REQUEST", f"ANSWER is nested too deeply to read. {ANSWER_SHAPES}"
         ) from None
+    unfilled = _unfilled(value)
+    if unfilled is not None:
+        qid, text = unfilled
+        raise IntloomError(
+            "INVALID_REQUEST",
+            f"The answer to question {qid!r} is still the placeholder {text!r} of the printed "
+            "answer command; nothing was sent. Replace it with the answer (an option's id, or "
+            f'your text), or, for a skippable question, send {{"questionId": "{qid}", '
+            '"isSkipped": true}.',
+        )
+    return value

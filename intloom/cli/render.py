@@ -21,6 +21,7 @@ from typing import Any, Final, TextIO
 
 import msgspec
 
+from intloom.cli.inputs import TEXT_PLACEHOLDER, options_placeholder
 from intloom.errors import CATALOGUE, STARTING, ErrorView
 
 __all__ = [
@@ -319,9 +320,9 @@ def asked(run: Mapping[str, Any]) -> tuple[str, list[str], str] | None:
         if options:
             lines.append("  options: " + " · ".join(_option_text(o) for o in options))
             ids = "|".join(str(o.get("id", "?")) for o in options)
-            placeholder = f"<{ids} or text>"
+            placeholder = options_placeholder(ids)
         else:
-            placeholder = "<text>"
+            placeholder = TEXT_PLACEHOLDER
         template.append({"questionId": qid, "isSkipped": False, "answer": placeholder})
     return "Ask", lines, _answer_command(run_id, action_id, template)
 

@@ -392,6 +392,26 @@ def test_answer_that_is_not_json(capsys: pytest.CaptureFixture[str], client: Fak
     assert client.calls == []
 
 
+@pytest.mark.parametrize(("text", "said"), [
+    ("<text>", "The answer to question 'note' is still the placeholder '<text>'"),
+    ("<fix|wontfix or text>",
+     "The answer to question 'note' is still the placeholder '<fix|wontfix or text>'"),
+])
+def test_an_answer_still_holding_a_printed_placeholder_is_not_sent(
+        capsys: pytest.CaptureFixture[str], client: FakeClient, text: str, said: str) -> None:
+    """The answer command flow and runs print, pasted without filling in its placeholders,
+    was sent: the host took "<text>" as the person's answer, for good, and the Step went on
+    with it (or failed STEP_OUTCOME_NOT_HANDLED routing on "<fix|wontfix or text>")."""
+    answer = json.dumps([{"questionId": "r", "isSkipped": False, "answer": "fix"},
+                         {"questionId": "note", "isSkipped": False, "answer": text}])
+    code, out, _ = cli(capsys, "answer", "RUN-1", "ACT-1", answer, "--json")
+    assert code == 1
+    error = json.loads(out)["error"]
+    assert error["code"] == "INVALID_REQUEST" and said in error["message"], error
+    assert "nothing was sent" in error["message"] and '"isSkipped": true' in error["message"]
+    assert client.calls == []
+
+
 def test_cancel_is_identical_json_and_prefixes_an_ended_run(
     capsys: pytest.CaptureFixture[str], client: FakeClient
 ) -> None:
