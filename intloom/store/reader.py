@@ -280,6 +280,7 @@ def load(root: Path, mode: Mode = "restore", *, whole: bool = False) -> Loaded:
     full = mode == "verify" or whole
     numbers, strays = _list_wal(layout)
     manifest_finding: FileProblem | None = None
+    closing_finding: FileProblem | None = None
     try:
         manifest = loaded.manifest = read_manifest(layout)
         ahead = manifest and manifest_ahead(manifest, max(numbers, default=0))
@@ -289,6 +290,22 @@ def load(root: Path, mode: Mode = "restore", *, whole: bool = False) -> Loaded:
             # the log as it is now, that manifest is not ahead of it.
             numbers, strays = _list_wal(layout)
             ahead = manifest_ahead(manifest, max(numbers, default=0))
+        if manifest and ahead and _closing_segment_lost(manifest, numbers):
+            # Not a damaged manifest but a lost segment: the one a host sealed at a clean
+            # close, and whose next number the manifest's start is. Every Run it held has
+            # its snapshot. Judged damaged instead, a later host would number a segment of
+            # its own below this start, once the log caught up with it no restore would
+            # read that file, and the Runs it holds would be lost after a crash.
+            closing = manifest.start - 1
+            ahead = None
+            loaded.lost.add(closing)
+            closing_finding = FileProblem(
+                f"wal/{segment_name(closing)}", "missing",
+                f"is missing, and a host created it (manifest.json, written when that host "
+                f"closed it cleanly, names segment {manifest.start} as the next): the Runs "
+                "restore from their snapshots, but the history it held is gone (intloom "
+                "inspect shows those records as missing); put it back from a copy if there "
+                "is one (intloom never removes a segment)")
         if ahead:
             loaded.manifest = None  # provably damaged: trusted, it would hide Runs
             raise SnapshotError(layout.manifest, ahead)
@@ -306,6 +323,8 @@ def load(root: Path, mode: Mode = "restore", *, whole: bool = False) -> Loaded:
     loaded.files.extend(strays)
     if manifest_finding is not None:
         loaded.files.append(manifest_finding)
+    if closing_finding is not None:
+        loaded.files.append(closing_finding)
 
     _unexpected_names(layout, loaded)
     live = _snapshots(layout, layout.live, loaded)
@@ -589,6 +608,15 @@ def _judge_all(loaded: Loaded, scans: list[SegmentScan], live: dict[str, Snapsho
             evidence |= loaded.gone.get(run_id, set()) | gone_pinned
         loaded.evidence[run_id] = evidence
     _gone_pinned(loaded, gone_pinned)
+
+
+def _closing_segment_lost(manifest: Manifest, numbers: list[int]) -> bool:
+    """Whether ``manifest``, ahead of the log whose segments are ``numbers``, is what a clean
+    close wrote before the segment it closed was lost: ``open`` 0 (a close), and only that
+    segment, ``start - 1``, missing past the log's last one. A start further ahead is damage
+    (no host skips numbers that way), as is any manifest a host wrote while writing."""
+    return (manifest.open == 0 and manifest.start >= 2
+            and manifest.start == max(numbers, default=0) + 2)
 
 
 def _lost(loaded: Loaded, scans: list[SegmentScan],

@@ -359,3 +359,35 @@ def test_a_read_beside_a_host_that_rotated_twice_does_not_call_its_manifest_dama
     assert report.files == [], report.files
     assert not report.stats.full and by_id(report.runs)["RUN-A"].status == "ok"
     store.close_blocking()
+
+
+def test_the_segment_a_clean_close_sealed_lost_is_missing_and_its_number_never_reused(
+    tmp_path: Path,
+) -> None:
+    """A clean close's manifest names the segment after its own as the restore's start. With
+    that segment deleted, a host used to take its number for its own segment, below the start
+    the manifest (judged damaged, so kept) still named; once that file existed the manifest
+    was trusted again, and a crash then lost every Run whose records were only there."""
+    root = tmp_path / "runtime"
+    store = open_store(root, instance_id="INST-1")
+    for record in A[:6]:
+        store.append("RUN-A", record)
+    store.sync_blocking()
+    store.close_blocking()
+    open_store(root, instance_id="INST-2").close_blocking()  # manifest: start 3, open 0
+    (root / SEG2).unlink()
+
+    report = read_runs_report(root)
+    findings = {(f.path, f.kind): f.problem for f in report.files}
+    assert (SEG2, "missing") in findings and "manifest.json" not in {p for p, _ in findings}
+    assert by_id(report.runs)["RUN-A"].state == fold(A[:6])
+    store = open_store(root, instance_id="INST-3")
+    assert store._number == 3 and not (root / SEG2).exists()
+    for record in B:
+        store.append("RUN-B", record)  # only in the new segment: no snapshot before a crash
+    store.sync_blocking()
+    abandon(store)
+
+    runs = by_id(read_runs_report(root).runs)
+    assert runs["RUN-B"].state == fold(B), sorted(runs)
+    assert runs["RUN-A"].state == fold(A[:6])
