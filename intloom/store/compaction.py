@@ -86,8 +86,12 @@ def _cause(exc: OSError | IntloomError) -> str:
 
 def compact(layout: Layout, tracks: dict[str, Track], *, start: int, pinned: list[int],
             voids: list[VoidNotice], segment: int, held: Collection[str] = (),
-            open_segment: int = 0) -> None:
+            open_segment: int = 0, write_manifest: bool = True) -> None:
     """Snapshot every dirty Run, then point the manifest at segment ``start``.
+
+    ``write_manifest`` False: snapshots only; the manifest stays as it is (a host that
+    judged it damaged keeps it byte-identical for its whole life, also once its own
+    segments make it look consistent again).
 
     ``open_segment``: the segment the writer has created and appends to (the manifest's
     ``open``), 0 once it closed.
@@ -107,8 +111,9 @@ def compact(layout: Layout, tracks: dict[str, Track], *, start: int, pinned: lis
     except (OSError, IntloomError) as exc:
         raise NotSummarised("snapshots", _cause(exc)) from None
     try:
-        _write_manifest(layout, start=start, pinned=pinned, voids=voids, held=held,
-                        open_segment=open_segment, stamp=written[1])
+        if write_manifest:
+            _write_manifest(layout, start=start, pinned=pinned, voids=voids, held=held,
+                            open_segment=open_segment, stamp=written[1])
     except (OSError, IntloomError) as exc:
         raise NotSummarised("manifest.json", _cause(exc)) from None
     for run_id, (state, status, problem, reached) in written[0].items():

@@ -137,6 +137,10 @@ class Loaded:
     # Segments a host created that are no longer in wal/ (``_lost``): whatever records they
     # held are lost with them. A host never numbers a segment of its own with them.
     lost: set[int] = field(default_factory=set)
+    # The ``start`` of a manifest refused as ahead of the log (0: none). A host numbers its
+    # segments from there: one numbered below it would go unread by every restore that
+    # trusts that manifest once the log has caught up with it.
+    ahead_start: int = 0
     start: int = 0  # this read takes every segment from here on (0: all), earlier ones if pinned
     # A Run whose records begin in a pinned segment before ``start`` has no usable snapshot
     # (its done/ file damaged or moved out): only the whole log shows where it got to.
@@ -306,6 +310,8 @@ def load(root: Path, mode: Mode = "restore", *, whole: bool = False) -> Loaded:
                 "restore from their snapshots, but the history it held is gone (intloom "
                 "inspect shows those records as missing); put it back from a copy if there "
                 "is one (intloom never removes a segment)")
+        if manifest and ahead:
+            loaded.ahead_start = manifest.start
         if ahead:
             loaded.manifest = None  # provably damaged: trusted, it would hide Runs
             raise SnapshotError(layout.manifest, ahead)

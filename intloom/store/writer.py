@@ -206,6 +206,9 @@ class Store:
         self._segments_made = 0
         self._pinned: list[int] = []
         self._held: frozenset[str] = frozenset()  # Runs whose snapshot file is damaged
+        # The manifest this host read was refused (damaged, another format, ahead of the log):
+        # evidence, never written over while this host lives (compaction writes snapshots only).
+        self._manifest_kept = False
         self._voids: list[VoidNotice] = []
         # At most the manifest's ``start`` (lower is safe: a restore only reads more): what a
         # manifest that names a replacement segment keeps (``_name_replacement``).
@@ -273,7 +276,10 @@ class Store:
         remove_temps(layout)
         # While the manifest is unreadable every restore reads the whole log: snapshotting
         # what that read found would rewrite every Run's snapshot at each start for nothing.
-        summarise = loaded.manifest_error is None
+        # A manifest ahead of the log is the exception: this host numbers its segment at
+        # that manifest's start (below), after which the manifest reads as consistent, so
+        # every Run this read found must be in a snapshot before anything trusts it again.
+        summarise = loaded.manifest_error is None or loaded.ahead_start > 0
         # Ended Runs (a readable journal ending at terminal) are neither reported nor given
         # a next seq: nothing is appended after a Run's end.
         unfinished = {run_id: j for run_id, j in loaded.journals.items()
@@ -311,7 +317,8 @@ class Store:
         store._start = loaded.manifest.start if loaded.manifest is not None else 0
         # A lost segment's number is never taken again: a copy put back must not clash
         # with a new file (and it stays pinned, so the next restore reads it).
-        store._next_number = max([highest, *loaded.lost]) + 1
+        store._next_number = max([highest, *loaded.lost, loaded.ahead_start - 1]) + 1
+        store._manifest_kept = loaded.manifest_error is not None
         try:
             store._new_segment(b"")
         except OSError as exc:
@@ -336,7 +343,8 @@ class Store:
             try:
                 compact(layout, store._tracks, start=store._number,
                         pinned=store._pinned, voids=store._voids, segment=store._number,
-                        held=store._held, open_segment=store._number)
+                        held=store._held, open_segment=store._number,
+                        write_manifest=not store._manifest_kept)
                 store._start = store._number
             except NotSummarised as exc:
                 store._not_summarised(exc, "open")
@@ -974,7 +982,7 @@ class Store:
         try:
             compact(self.layout, {}, start=self._start, pinned=self._pinned,
                     voids=self._voids, segment=self._number, held=self._held,
-                    open_segment=self._number)
+                    open_segment=self._number, write_manifest=not self._manifest_kept)
         except NotSummarised as exc:
             self._not_summarised(exc, "replacement")
 
@@ -1029,7 +1037,8 @@ class Store:
         def work() -> None:
             try:
                 compact(self.layout, copies, start=start, pinned=pinned, voids=voids,
-                        segment=segment, held=self._held, open_segment=start)
+                        segment=segment, held=self._held, open_segment=start,
+                        write_manifest=not self._manifest_kept)
             except NotSummarised as exc:
                 # The manifest did not move: restores read more of the log, correctly.
                 self._not_summarised(exc, "rotation")
@@ -1066,7 +1075,8 @@ class Store:
         self._join_compaction()
         try:
             compact(self.layout, self._tracks, start=start, pinned=self._pinned,
-                    voids=self._voids, segment=self._number, held=self._held)
+                    voids=self._voids, segment=self._number, held=self._held,
+                    write_manifest=not self._manifest_kept)
         except NotSummarised as exc:
             self._not_summarised(exc, "stop")
 

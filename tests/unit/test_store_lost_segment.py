@@ -391,3 +391,31 @@ def test_the_segment_a_clean_close_sealed_lost_is_missing_and_its_number_never_r
     runs = by_id(read_runs_report(root).runs)
     assert runs["RUN-B"].state == fold(B), sorted(runs)
     assert runs["RUN-A"].state == fold(A[:6])
+
+
+def test_the_last_two_segments_lost_lose_no_run_a_later_host_wrote(tmp_path: Path) -> None:
+    """Further ahead of the log, the manifest is damage, read around; the host that finds it
+    numbers its segment at its start. Before, it numbered segment 2, below that start; after
+    two crashes the log caught up with the manifest, which was trusted again, and the Runs
+    both hosts wrote were gone."""
+    root = tmp_path / "runtime"
+    store = open_store(root, instance_id="INST-1")
+    for record in A[:6]:
+        store.append("RUN-A", record)
+    store.sync_blocking()
+    store.close_blocking()
+    for instance in ("INST-2", "INST-3"):
+        open_store(root, instance_id=instance).close_blocking()  # manifest: start 4
+    for number in (2, 3):
+        (root / "wal" / segment_name(number)).unlink()
+    written = {"RUN-B": B, "RUN-C": walk("RUN-C", 5, 3)}
+    for instance, run_id in (("INST-4", "RUN-B"), ("INST-5", "RUN-C")):
+        store = open_store(root, instance_id=instance)
+        assert store._number >= 4
+        for record in written[run_id]:
+            store.append(run_id, record)
+        store.sync_blocking()
+        abandon(store)
+    runs = by_id(read_runs_report(root).runs)
+    assert runs["RUN-A"].state == fold(A[:6])
+    assert runs["RUN-B"].state == fold(B) and runs["RUN-C"].state == fold(written["RUN-C"])
