@@ -15,9 +15,10 @@ from intloom.store import (
     read_runs,
     read_summary,
     verify,
+    verify_report,
 )
 
-__all__ = ["read_journal", "restored_journal"]
+__all__ = ["missing_segments", "read_journal", "restored_journal"]
 
 
 def read_journal(runtime: Path, run_id: str) -> tuple[list[HistoryEntry], RunJournal | None]:
@@ -42,3 +43,10 @@ def restored_journal(runtime: Path, run_id: str) -> RunJournal | None:
     history that a snapshot covers stops nothing."""
     found = next((j for j in read_runs(runtime) if j.run_id == run_id), None)
     return found if found is not None else read_ended(runtime, run_id)
+
+
+def missing_segments(runtime: Path) -> list[str]:
+    """The segments the log names and that are gone (``missing`` findings), in order: a Run
+    with no journal left may have had its records only there."""
+    return sorted(f.path for f in verify_report(runtime).files
+                  if f.kind == "missing" and f.path.startswith("wal/"))

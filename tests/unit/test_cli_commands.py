@@ -703,6 +703,29 @@ def test_inspect_shows_a_run_whose_log_records_are_gone_as_damage_not_unknown(
     assert code != 0 and "NOT_FOUND" in out
 
 
+def test_inspect_of_a_run_whose_only_segment_is_gone_names_the_missing_segment(
+    capsys: pytest.CaptureFixture[str], proj: Path
+) -> None:
+    """A host was killed and the segment it was writing, the only one holding RUN-A, was
+    deleted. inspect said only "Check the Run id", which is right; it now names the missing
+    segment (as doctor does) and the way back: a copy of it."""
+    from tests.unit.test_store_support import abandon, open_store, walk
+
+    (proj / ".intloom").mkdir(mode=0o700)
+    runtime = proj / ".intloom" / "runtime"
+    store = open_store(runtime)
+    for record in walk("RUN-A", 6, 1):
+        store.append("RUN-A", record)
+    store.sync_blocking()
+    abandon(store)
+    (runtime / "wal" / "0000000001.seg").unlink()
+    code, out, _ = cli(capsys, "inspect", "RUN-A", "--json")
+    error = json.loads(out)["error"]
+    assert code == 1 and error["code"] == "NOT_FOUND", out
+    assert "wal/0000000001.seg is missing" in error["message"], error
+    assert "back from a copy" in error["message"]
+
+
 def test_inspect_does_not_call_an_effect_in_flight_when_the_run_went_on_past_the_damage(
     capsys: pytest.CaptureFixture[str], proj: Path
 ) -> None:

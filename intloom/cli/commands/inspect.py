@@ -18,7 +18,20 @@ from intloom.errors import IntloomError
 __all__ = ["inspect"]
 
 
-def _not_found(run_id: str, where: object) -> IntloomError:
+def _not_found(run_id: str, where: object, missing: list[str] | None = None) -> IntloomError:
+    if missing:
+        # A segment a host created is gone: the Run id may well be right, and its records
+        # lost with that file. "Check the Run id" alone would send the user the wrong way.
+        gone = ", ".join(missing)
+        return IntloomError(
+            "NOT_FOUND",
+            f"No journal for Run {run_id!r} under {where}, and the log is incomplete: {gone} "
+            f"{'is' if len(missing) == 1 else 'are'} missing (intloom doctor names "
+            f"{'it' if len(missing) == 1 else 'them'}), and a Run whose records were only "
+            "there has no journal left. Put the segment back from a copy if there is one, "
+            "then run intloom inspect again; otherwise check the Run id (intloom runs lists "
+            "the current host's Runs).",
+        )
     return IntloomError(
         "NOT_FOUND",
         f"No journal for Run {run_id!r} under {where}. Check the Run id (intloom runs lists "
@@ -140,7 +153,7 @@ def _restart(root: Path, journal: Any) -> dict[str, Any] | None:
 @command
 def inspect(state: CliState, run_id: RunArg) -> None:
     """Show a Run's journal, phase by phase, with verification results. Works offline."""
-    from intloom.diagnostics.journal import read_journal, restored_journal
+    from intloom.diagnostics.journal import missing_segments, read_journal, restored_journal
     from intloom.diagnostics.previews import check_journals_dir
     from intloom.project import ProjectPaths
 
@@ -151,7 +164,7 @@ def inspect(state: CliState, run_id: RunArg) -> None:
         raise _not_found(run_id, runtime)
     entries, journal = read_journal(runtime, run_id)
     if not entries:
-        raise _not_found(run_id, runtime)
+        raise _not_found(run_id, runtime, missing_segments(runtime))
     restored = restored_journal(runtime, run_id)
     run = _summary(run_id, journal, restored, entries)
     # Judged on what a start reads, as doctor judges it; an ended Run is not loaded.
