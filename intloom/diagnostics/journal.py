@@ -8,23 +8,26 @@ from __future__ import annotations
 from pathlib import Path
 
 from intloom.store import (
+    FileProblem,
     HistoryEntry,
     RunJournal,
     read_ended,
     read_history,
     read_runs,
     read_summary,
-    verify,
     verify_report,
 )
 
 __all__ = ["missing_segments", "read_journal", "restored_journal"]
 
 
-def read_journal(runtime: Path, run_id: str) -> tuple[list[HistoryEntry], RunJournal | None]:
-    """The Run's records in order (empty when it has none) and its journal as verified from
+def read_journal(runtime: Path, run_id: str
+                 ) -> tuple[list[HistoryEntry], RunJournal | None, list[FileProblem]]:
+    """The Run's records in order (empty when it has none), its journal as verified from
     the whole log, terminal Runs included (``read_runs`` judges only the ones a start
-    restores). A Run whose records are all gone from the log but whose snapshot remains gets
+    restores), and the whole-file findings of that read (a damaged or stray file in
+    ``snap/done/`` or in a segment no start reads: inspect is the one command that reports
+    them). A Run whose records are all gone from the log but whose snapshot remains gets
     that snapshot as its one entry."""
     entries = read_history(runtime, run_id)
     if not entries:
@@ -32,8 +35,10 @@ def read_journal(runtime: Path, run_id: str) -> tuple[list[HistoryEntry], RunJou
         # reported as such by verify); only a Run nothing names is unknown.
         entries = read_summary(runtime, run_id)
         if not entries:
-            return [], None
-    return entries, next((j for j in verify(runtime) if j.run_id == run_id), None)
+            return [], None, []
+    report = verify_report(runtime)
+    journal = next((j for j in report.runs if j.run_id == run_id), None)
+    return entries, journal, list(report.files)
 
 
 def restored_journal(runtime: Path, run_id: str) -> RunJournal | None:

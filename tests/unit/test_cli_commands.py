@@ -703,6 +703,38 @@ def test_inspect_shows_a_run_whose_log_records_are_gone_as_damage_not_unknown(
     assert code != 0 and "NOT_FOUND" in out
 
 
+def test_inspect_reports_a_damaged_done_snapshot_and_a_stray_file_in_done(
+    capsys: pytest.CaptureFixture[str], proj: Path
+) -> None:
+    """doctor and start never read snap/done/, and docs/recovery.md sends the user to inspect
+    for what is wrong there; inspect said "journal ok" and nothing else. It now lists the
+    whole-file findings of its full read, and keeps the files byte-identical."""
+    from intloom.store.snapshots import snapshot_name
+    from tests.unit.test_store_support import open_store, walk
+
+    (proj / ".intloom").mkdir(mode=0o700)
+    runtime = proj / ".intloom" / "runtime"
+    store = open_store(runtime)
+    for record in walk("RUN-E", 6, 2, terminal=True):
+        store.append("RUN-E", record)
+    store.sync_blocking()
+    store.close_blocking()
+    done = runtime / "snap" / "done" / snapshot_name("RUN-E")
+    data = bytearray(done.read_bytes())
+    data[-3] ^= 0xFF
+    done.write_bytes(bytes(data))
+    stray = runtime / "snap" / "done" / "notes.txt"
+    stray.write_bytes(b"x")
+    stray.chmod(0o600)
+    code, out, _ = cli(capsys, "inspect", "RUN-E", "--json")
+    assert code == 0, out
+    files = {f["path"]: f["kind"] for f in json.loads(out)["files"]}
+    assert files == {f"snap/done/{done.name}": "corrupt", "snap/done/notes.txt": "unexpected"}
+    code, out, _ = cli(capsys, "inspect", "RUN-E")
+    assert f"File snap/done/{done.name} is corrupt" in out
+    assert done.read_bytes() == bytes(data) and stray.read_bytes() == b"x"
+
+
 def test_inspect_of_a_run_whose_only_segment_is_gone_names_the_missing_segment(
     capsys: pytest.CaptureFixture[str], proj: Path
 ) -> None:

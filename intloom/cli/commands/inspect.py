@@ -162,7 +162,7 @@ def inspect(state: CliState, run_id: RunArg) -> None:
     runtime = paths.runtime
     if not runtime.exists():
         raise _not_found(run_id, runtime)
-    entries, journal = read_journal(runtime, run_id)
+    entries, journal, found = read_journal(runtime, run_id)
     if not entries:
         raise _not_found(run_id, runtime, missing_segments(runtime))
     restored = restored_journal(runtime, run_id)
@@ -175,11 +175,19 @@ def inspect(state: CliState, run_id: RunArg) -> None:
             run["verdict"] = "incompatible"
             run["problem"] = restart.get("problem")
     records = [plain(entry) for entry in entries]
+    # Whole-file findings of the full read: doctor and start read neither snap/done/ nor
+    # the segments below the manifest's start, so this is where their damage and strays
+    # are told.
+    files = [{"path": f.path, "kind": f.kind, "problem": f.problem} for f in found]
     renderer = state.renderer
     if renderer.json_mode:
-        renderer.document({"run": run, "records": records})
+        document: dict[str, Any] = {"run": run, "records": records}
+        if files:
+            document["files"] = files
+        renderer.document(document)
         return
     renderer.lines(_text(run))
+    renderer.lines([f"File {f['path']} is {f['kind']}: {f['problem']}" for f in files])
     renderer.table(
         ["SEQ", "PHASE", "TIME", "RECORD", "CHECKSUM/VERDICT", "LOCATION"], history_rows(records)
     )
