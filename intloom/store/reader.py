@@ -614,6 +614,30 @@ def _judge_all(loaded: Loaded, scans: list[SegmentScan], live: dict[str, Snapsho
             evidence |= loaded.gone.get(run_id, set()) | gone_pinned
         loaded.evidence[run_id] = evidence
     _gone_pinned(loaded, gone_pinned)
+    _unnamed_snapshots(loaded, run_ids)
+
+
+def _unnamed_snapshots(loaded: Loaded, run_ids: set[str]) -> None:
+    """Restate the finding of a damaged snapshot that no Run of the log is named by: its
+    name is a digest of a run id, so with the Run's records gone from the log (segments
+    deleted below the manifest's start) nothing read names that Run. "Every segment was read
+    instead" would then claim a fallback that found nothing: the Run is neither restored nor
+    held, and this file is the only trace of it."""
+    known = {snapshot_name(run_id) for run_id in run_ids}
+    orphans = {_rel(loaded.layout, exc.path): exc for exc in loaded.snapshot_errors
+               if exc.path.name not in known}
+    if not orphans:
+        return
+    loaded.files = [
+        FileProblem(
+            f.path, f.kind,
+            f"{orphans[f.path].fact}; no record in the log names the Run it summarised (the "
+            "segments that held its records are gone), so that Run is neither restored nor "
+            "held, and this file, left as it is, is its only trace: put back a copy of it "
+            "from before the damage, or the segments that held the Run's records")
+        if f.path in orphans and f.kind in ("corrupt", "incompatible") else f
+        for f in loaded.files
+    ]
 
 
 def _closing_segment_lost(manifest: Manifest, numbers: list[int]) -> bool:

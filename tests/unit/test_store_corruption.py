@@ -970,3 +970,25 @@ def test_damaged_history_of_an_ended_run_is_no_missing_live_snapshot(tmp_path: P
     assert [(f.path, f.kind) for f in report.files] == [("wal/0000000001.seg", "corrupt")]
     assert by_id(report.runs)["RUN-E"].status == "corrupt"
     assert snapshot_files(root) == before
+
+
+def test_a_damaged_snapshot_whose_run_no_record_names_says_the_run_is_not_restored(
+    tmp_path: Path,
+) -> None:
+    """History below the manifest's start deleted (not detected: docs/format.md), then
+    RUN-B's snapshot damaged: nothing left names RUN-B. The finding used to say "every
+    segment was read instead", a fallback that found nothing; it now says that the Run is
+    neither restored nor held and how to get it back. The file is kept byte-identical."""
+    root = tmp_path / "runtime"
+    _crashed_host(root, close=True).unlink()
+    live = root / "snap" / "live" / snapshot_name("RUN-B")
+    _flip(live, len(live.read_bytes()) - 5)
+    kept = live.read_bytes()
+    report = read_runs_report(root)
+    assert set(by_id(report.runs)) == {"RUN-A", "RUN-C"}
+    [finding] = [f for f in report.files if f.path == f"snap/live/{live.name}"]
+    assert finding.kind == "corrupt"
+    assert "neither restored nor held" in finding.problem, finding
+    assert "every segment was read instead" not in finding.problem
+    open_store(root, instance_id="INST-2").close_blocking()
+    assert live.read_bytes() == kept
