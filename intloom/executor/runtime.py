@@ -316,8 +316,11 @@ def _plain_json(value: Any, what: str) -> None:
 
 
 def _nonempty(value: str, name: str, what: str) -> None:
-    if not value:
-        raise IntloomError("INVALID_REQUEST", f"{name} is empty; give {what}.")
+    # Blank counts as empty: a claim id of spaces was taken, and the Agent that then sent
+    # its real id was refused CONFLICT for a claim it never made.
+    if not value.strip():
+        fact = "empty" if not value else f"blank ({value!r})"
+        raise IntloomError("INVALID_REQUEST", f"{name} is {fact}; give {what}.")
 
 
 def _tool_not_running(slot: RunSlot, call_id: str, verb: str) -> None:

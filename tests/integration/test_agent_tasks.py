@@ -419,9 +419,15 @@ def test_agent_requests_refuse_what_is_not_json_or_empty_and_stale_tasks_say_why
     run, call = _task(client, "looping")
     assert "claim_id is empty" in _refused(
         lambda: client.claim_agent_call(run.run_id, call, ""), "INVALID_REQUEST")
+    # Blank is empty too: a claim of spaces, once taken, refused the Agent's real id.
+    assert "claim_id is blank ('  ')" in _refused(
+        lambda: client.claim_agent_call(run.run_id, call, "  "), "INVALID_REQUEST")
     token, _ = client.claim_agent_call(run.run_id, call, "agent-1")
     assert "tool_call_id is empty" in _refused(
         lambda: client.call_tool(run.run_id, call, token, "", "search", {}), "INVALID_REQUEST")
+    assert "tool_call_id is blank" in _refused(
+        lambda: client.call_tool(run.run_id, call, token, "\t", "search", {}),
+        "INVALID_REQUEST")
     assert "$.q is bytes" in _refused(lambda: client.call_tool(
         run.run_id, call, token, "tc-1", "search", {"q": b"\x00"}), "INVALID_REQUEST")
     returned = _refused(lambda: client.call_tool(run.run_id, call, token, "tc-s", "setty", {}),
