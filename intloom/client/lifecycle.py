@@ -578,7 +578,7 @@ def _run_foreground(root: Path, *, port: int | None, strict: bool, progress: Pro
                     on_ready: Callable[[StartResult], None] | None,
                     on_lost: Callable[[ErrorView], None] | None = None,
                     on_stopped: Callable[[StopResult], None] | None = None) -> StartResult:
-    from intloom.host.daemon import Host, HostOptions
+    from intloom.host.daemon import Host, HostOptions, with_test_hooks
     from intloom.host.readiness import ReadyChannel
 
     ready: list[ServiceView] = []
@@ -598,10 +598,7 @@ def _run_foreground(root: Path, *, port: int | None, strict: bool, progress: Pro
         previous: int | None = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:  # unreadable: there is nothing to go back to
         previous = None
-    options = HostOptions(root=root, port=port, strict=strict)
-    if os.environ.get("INTLOOM_TEST_SUSPEND_GRACE"):  # as a launched host (intloom.host)
-        options = replace(options, suspend_grace=float(os.environ["INTLOOM_TEST_SUSPEND_GRACE"]))
-    host = Host(options, channel)
+    host = Host(with_test_hooks(HostOptions(root=root, port=port, strict=strict)), channel)
     host.last_words = on_lost
     said: list[StopResult] = []
 

@@ -4,7 +4,8 @@ The launcher's contract (``intloom.client.lifecycle``): the host reports over ``
 as described in ``intloom.host.readiness`` and exits 0 after a clean stop, 1 otherwise.
 Test-only knobs: ``INTLOOM_TEST_HELLO_TIMEOUT``, ``INTLOOM_TEST_IDLE_TIMEOUT`` and
 ``INTLOOM_TEST_WRITE_TIMEOUT`` (seconds) shorten the connection timeouts,
-``INTLOOM_TEST_MAX_CONNECTIONS`` lowers the connection cap, ``INTLOOM_TEST_SUSPEND_GRACE``
+``INTLOOM_TEST_MAX_CONNECTIONS`` lowers the connection cap, ``INTLOOM_TEST_FOLLOW_BACKLOG``
+(bytes) a follower's backlog, ``INTLOOM_TEST_SUSPEND_GRACE``
 shortens how long a stop waits for Steps in flight, ``INTLOOM_TEST_FATAL=1`` raises right
 after ready, and ``INTLOOM_TEST_PORTS=LO-HI`` confines a port-0 bind to those ports.
 """
@@ -43,13 +44,11 @@ def _report_early(fd: int | None, code: str, message: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = _parse(sys.argv[1:] if argv is None else argv)
     try:
-        from dataclasses import replace
         from pathlib import Path
 
         from intloom.errors import IntloomError
-        from intloom.host.daemon import Host, HostOptions
+        from intloom.host.daemon import Host, HostOptions, with_test_hooks
         from intloom.host.readiness import ReadyChannel
-        from intloom.host.server import Limits
         from intloom.project import find_root
     except Exception as exc:  # a broken install: say so instead of dying silently
         _report_early(args.ready_fd, "CLI_INTERNAL_ERROR",
@@ -64,20 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     except IntloomError as exc:
         _report_early(args.ready_fd, exc.code, exc.message)
         return 1
-    limits = Limits()
-    if os.environ.get("INTLOOM_TEST_HELLO_TIMEOUT"):
-        limits = replace(limits, hello_timeout=float(os.environ["INTLOOM_TEST_HELLO_TIMEOUT"]))
-    if os.environ.get("INTLOOM_TEST_IDLE_TIMEOUT"):
-        limits = replace(limits, idle_timeout=float(os.environ["INTLOOM_TEST_IDLE_TIMEOUT"]))
-    if os.environ.get("INTLOOM_TEST_WRITE_TIMEOUT"):
-        limits = replace(limits, write_timeout=float(os.environ["INTLOOM_TEST_WRITE_TIMEOUT"]))
-    if os.environ.get("INTLOOM_TEST_FOLLOW_BACKLOG"):
-        limits = replace(limits, follow_backlog=int(os.environ["INTLOOM_TEST_FOLLOW_BACKLOG"]))
-    if os.environ.get("INTLOOM_TEST_MAX_CONNECTIONS"):
-        limits = replace(limits, max_connections=int(os.environ["INTLOOM_TEST_MAX_CONNECTIONS"]))
-    options = HostOptions(root=root, port=args.port, strict=args.strict, limits=limits)
-    if os.environ.get("INTLOOM_TEST_SUSPEND_GRACE"):
-        options = replace(options, suspend_grace=float(os.environ["INTLOOM_TEST_SUSPEND_GRACE"]))
+    options = with_test_hooks(HostOptions(root=root, port=args.port, strict=args.strict))
     return Host(options, ReadyChannel(args.ready_fd)).run(own_process=True)
 
 

@@ -26,7 +26,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -89,6 +89,28 @@ class HostOptions:
     limits: Limits = field(default_factory=Limits)
     suspend_grace: float = 5.0  # Steps in flight get this long to reach a boundary
     drain_grace: float = 1.0  # replies in flight get this long to be written
+
+
+# Test-only knobs (seconds, or counts), for a launched and a foreground host alike.
+_TEST_LIMITS: Final[tuple[tuple[str, str, Callable[[str], Any]], ...]] = (
+    ("INTLOOM_TEST_HELLO_TIMEOUT", "hello_timeout", float),
+    ("INTLOOM_TEST_IDLE_TIMEOUT", "idle_timeout", float),
+    ("INTLOOM_TEST_WRITE_TIMEOUT", "write_timeout", float),
+    ("INTLOOM_TEST_FOLLOW_BACKLOG", "follow_backlog", int),
+    ("INTLOOM_TEST_MAX_CONNECTIONS", "max_connections", int),
+)
+
+
+def with_test_hooks(options: HostOptions) -> HostOptions:
+    """``options`` with the test-only knobs set in the environment (``intloom.host``'s
+    docstring lists them): shorter timeouts, a lower connection cap, a shorter grace."""
+    limits = options.limits
+    for name, attribute, kind in _TEST_LIMITS:
+        if os.environ.get(name):
+            limits = replace(limits, **{attribute: kind(os.environ[name])})
+    grace = os.environ.get("INTLOOM_TEST_SUSPEND_GRACE")
+    return replace(options, limits=limits,
+                   suspend_grace=float(grace) if grace else options.suspend_grace)
 
 
 class _Abort(Exception):
