@@ -538,8 +538,12 @@ def test_stop(capsys: pytest.CaptureFixture[str], proj: Path,
               lifecycle: list[tuple[Any, ...]]) -> None:
     code, out, _ = cli(capsys, "stop", "--json", "--timeout", "3")
     assert code == 0
-    # The JSON shape is DESIGN's, whatever the stop cut.
-    assert json.loads(out) == {"projectRoot": str(proj.resolve()), "stopped": True}
+    # DESIGN's two fields, and what the text says of the Runs, so that a script learns
+    # which ones the next start reports RUN_INTERRUPTED.
+    assert json.loads(out) == {
+        "projectRoot": str(proj.resolve()), "stopped": True,
+        "cut": [{"runId": "RUN-a", "evidence": "Step main/pay was running"}], "cutCount": 3,
+        "lost": [], "lostCount": 0, "suspended": None, "others": 0}
     assert lifecycle == [("stop", proj.resolve(), {"timeout": 3.0})]
 
 

@@ -113,7 +113,21 @@ def stop(state: CliState, timeout: TimeoutOpt = None) -> None:
             return ["The service is not running; no stop is needed."]
         return stop_lines(result)
 
-    state.renderer.result({"projectRoot": str(root), "stopped": stopped}, text)
+    doc: dict[str, Any] = {"projectRoot": str(root), "stopped": stopped}
+    if stopped:
+        doc.update(stop_fields(result))
+    state.renderer.result(doc, text)
+
+
+def stop_fields(result: StopResult) -> dict[str, Any]:
+    """What ``stop_lines`` says, for ``--json``: DESIGN's two fields stay, these are added
+    so that a script learns which Runs the next start reports RUN_INTERRUPTED."""
+    def listed(runs: list[CutRun]) -> list[dict[str, str]]:
+        return [{"runId": run.run_id, "evidence": run.evidence} for run in runs]
+
+    return {"cut": listed(result.cut), "cutCount": result.cut_count,
+            "lost": listed(result.lost), "lostCount": result.lost_count,
+            "suspended": result.suspended, "others": result.others}
 
 
 def _listed(runs: list[CutRun], count: int) -> list[str]:
