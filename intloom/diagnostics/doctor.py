@@ -59,7 +59,7 @@ from intloom.protocol.messages import ServiceView
 if TYPE_CHECKING:
     from intloom.authoring.loader import LoadResult
 
-__all__ = ["SCHEMA_VERSION", "DoctorReport", "Health", "run_doctor"]
+__all__ = ["SCHEMA_VERSION", "DoctorReport", "Health", "run_doctor", "start_problem"]
 
 SCHEMA_VERSION: Final = 1
 
@@ -75,6 +75,8 @@ class DoctorReport(msgspec.Struct, frozen=True, rename="camel", omit_defaults=Tr
     status: DiagnosisStatus
     message: str
     owners: list[Owner]
+    # What a start would run into (status's last line when offline); null otherwise.
+    start_problem: str | None
     health: Health
     checks: list[Check]
     runs: list[RunPreview]
@@ -118,6 +120,41 @@ def refused_state_dir(paths: ProjectPaths) -> PrivacyError | None:
         except PrivacyError as exc:
             if exc.fact != "does not exist":
                 return exc
+    return None
+
+
+
+def start_problem(root: Path) -> str | None:
+    """What the ``intloom start`` an offline diagnosis suggests would run into on the
+    project as it is: a refusal or failure on its state directories (group/other bits, or
+    private but not writable by us), with the fix, or on its intloom.toml (invalid: its
+    error names the key); or, for a flag that only snapshot compaction runs into, what
+    happens instead; None when nothing stands in its way. The diagnosis leaves modes to
+    doctor's runtime_dir check and the configuration to its config check, but "Run intloom
+    start" alone sent people straight into those refusals. ``status`` prints it as its last
+    line, and both ``status --json`` and ``doctor --json`` carry it (``startProblem``)."""
+    paths = ProjectPaths(root)
+    exc = refused_state_dir(paths)  # the directories doctor's runtime_dir checks
+    if exc is not None:
+        return (f"But intloom start refuses the project as it is: {exc.path} {exc.fact}. "
+                f"{privacy_fix(exc)}.")
+    found = unwritable_state_dirs(paths)
+    failing = [dir_ for dir_ in found if not dir_.compaction_only]
+    if failing:
+        return (f"But intloom start fails on the project as it is: {failing[0].fact} "
+                f"{failing[0].fix}.")
+    # A start reads intloom.toml next, and refuses one it cannot use (INVALID_REQUEST).
+    try:
+        load_config(root)
+    except IntloomError as invalid:
+        return f"But intloom start refuses the project as it is: {invalid.message}"
+    if found:
+        # The host starts and runs; saying it would fail sent people to fix the wrong thing.
+        fix = found[0].fix
+        return (f"intloom start works and the Runs go on, but {found[0].refused}: snapshot "
+                "compaction fails when it writes there (a warning in the host log each "
+                "time), and the log a start reads grows until the flag is cleared. "
+                f"{fix[:1].upper()}{fix[1:]}.")
     return None
 
 
@@ -745,6 +782,7 @@ def run_doctor(root: Path) -> DoctorReport:
         status=diagnosis.status,
         message=_here(diagnosis.message),
         owners=diagnosis.owners,
+        start_problem=start_problem(root) if diagnosis.status == "offline" else None,
         health=_health(diagnosis.status, checks),
         checks=checks,
         runs=runs,

@@ -597,28 +597,32 @@ def test_status_running_is_the_service_and_what_changed_since_it_started(
     code, out, _ = cli(capsys, "status", "--json")
     assert code == 0
     assert json.loads(out) == {"projectRoot": "/p", "status": "blocked", "message": "Blocked.",
-                               "owners": []}
+                               "owners": [], "startProblem": None}
 
 
-def test_status_offline_says_when_start_would_refuse_intloom_toml(
+def test_status_offline_says_when_start_would_refuse_intloom_toml_in_text_and_json(
     capsys: pytest.CaptureFixture[str], proj: Path
 ) -> None:
     """The real diagnosis (read-only, no host): "offline. Run intloom start." sent people
-    into start's refusal of an intloom.toml it cannot use; status says why first."""
+    into start's refusal of an intloom.toml it cannot use; status says why first, and its
+    JSON carries the same line (startProblem), as doctor's does."""
     config = proj / "intloom.toml"
     config.write_text('workflows = ["workflows/example.py"]\nfoo = 1\n')
     code, out, err = cli(capsys, "status")
     assert (code, err) == (0, "")
-    assert out.splitlines() == [
+    assert (out_lines := out.splitlines()) == [
         "The service is offline. Run intloom start.",
         f"But intloom start refuses the project as it is: {config}: unknown key 'foo'. Known "
         "keys: port, workflows. Remove or rename it.",
     ]
-    code, out, _ = cli(capsys, "status", "--json")  # the document is as it was
-    assert code == 0 and json.loads(out)["status"] == "offline" and "foo" not in out
+    code, out, _ = cli(capsys, "status", "--json")  # a script is told the same
+    doc = json.loads(out)
+    assert code == 0 and doc["status"] == "offline"
+    assert doc["startProblem"] == out_lines[1], doc
     assert sorted(p.name for p in proj.iterdir()) == ["intloom.toml"]  # nothing created
     config.write_text('workflows = ["workflows/example.py"]\n')
     assert cli(capsys, "status")[1] == "The service is offline. Run intloom start.\n"
+    assert json.loads(cli(capsys, "status", "--json")[1])["startProblem"] is None
 
 
 @pytest.mark.parametrize(("health", "code"), [("healthy", 0), ("attention", 3), ("blocked", 4)])

@@ -75,6 +75,7 @@ def test_crash_leftovers_need_attention_and_the_token_never_shows(root: Path) ->
     doc = msgspec.to_builtins(report)
     for key in ("schemaVersion", "health", "checks", "runs"):
         doc.pop(key)
+    assert doc.pop("startProblem") is None  # status's too: a start is for offline only
     assert doc == msgspec.to_builtins(diagnose(root))
 
 
@@ -170,6 +171,10 @@ def test_invalid_config_skips_the_workflows(root: Path) -> None:
     checks = _checks(report)
     assert (checks["config"], checks["workflows"]) == ("attention", "not_checked")
     assert report.health == "attention"
+    # As status --json says it (the report is status's diagnosis plus doctor's own fields).
+    assert report.start_problem == ("But intloom start refuses the project as it is: "
+                                    f"{root / 'intloom.toml'}: unknown key 'secret'. Known "
+                                    "keys: port, workflows. Remove or rename it."), report
 
 
 def test_broken_workflow_is_attention(root: Path) -> None:

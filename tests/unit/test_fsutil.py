@@ -457,8 +457,7 @@ def test_status_says_a_flagged_snapshot_directory_lets_runs_go_on_and_fails_comp
     fails there, with a warning in the host log. doctor still calls it a fault."""
     if shutil.which("chattr") is None:
         pytest.skip("chattr is not installed")
-    from intloom.cli.commands.diagnose import _start_refuses
-    from intloom.diagnostics.doctor import unwritable_state_dir
+    from intloom.diagnostics.doctor import start_problem, unwritable_state_dir
     from intloom.project import ProjectPaths
     from tests.unit.test_store_support import open_store
 
@@ -471,7 +470,7 @@ def test_status_says_a_flagged_snapshot_directory_lets_runs_go_on_and_fails_comp
         pytest.skip(f"chattr {flag} is not supported here (CAP_LINUX_IMMUTABLE, filesystem)")
     try:
         open_store(paths.runtime).close_blocking()  # what a start does with it: it opens
-        said = _start_refuses(tmp_path)
+        said = start_problem(tmp_path)
         doctor = unwritable_state_dir(paths)
     finally:
         _chattr(live, "-" + flag[1])

@@ -6,7 +6,6 @@ All three go through ``intloom.diagnostics``; none of them starts a host or crea
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -35,14 +34,15 @@ def _as_mapping(value: Any) -> Mapping[str, Any]:
 def status(state: CliState) -> None:
     """Say whether the host is running, offline, or what blocks it. Exits 0 when diagnosable."""
     from intloom import diagnostics
+    from intloom.diagnostics.doctor import start_problem
 
     root = state.root()
     diagnosis = diagnostics.diagnose(root)
     data = _as_mapping(diagnosis)
     service = getattr(diagnosis, "service", None)
     if data.get("status") != "running" or service is None:
-        doc = {key: data.get(key) for key in _DIAGNOSIS_KEYS}
-        refusal = _start_refuses(root) if data.get("status") == "offline" else None
+        refusal = start_problem(root) if data.get("status") == "offline" else None
+        doc = {**{key: data.get(key) for key in _DIAGNOSIS_KEYS}, "startProblem": refusal}
         state.renderer.result(
             doc, lambda: diagnosis_lines(data) + ([refusal] if refusal else []))
         return
@@ -54,44 +54,6 @@ def status(state: CliState) -> None:
     changed = plain(found[1]) if found is not None else []
     state.renderer.result({"service": service, "changedSinceStart": changed},
                           lambda: diagnosis_lines(data) + changed_lines(changed))
-
-
-def _start_refuses(root: Path) -> str | None:
-    """Why the ``intloom start`` an offline diagnosis suggests would refuse or fail on the
-    project's state directories as they are (group/other bits, or private but not writable
-    by us), with the fix, or on its intloom.toml (invalid: its error names the key); or,
-    for a flag that only snapshot compaction runs into, what happens instead; None when
-    nothing stands in its way. The diagnosis leaves modes to doctor's runtime_dir check and
-    the configuration to its config check, but "Run intloom start" alone sent people
-    straight into those refusals."""
-    from intloom.diagnostics.doctor import refused_state_dir, unwritable_state_dirs
-    from intloom.errors import IntloomError
-    from intloom.fsutil import privacy_fix
-    from intloom.project import ProjectPaths, load_config
-
-    paths = ProjectPaths(root)
-    exc = refused_state_dir(paths)  # the directories doctor's runtime_dir checks
-    if exc is not None:
-        return (f"But intloom start refuses the project as it is: {exc.path} {exc.fact}. "
-                f"{privacy_fix(exc)}.")
-    found = unwritable_state_dirs(paths)
-    failing = [dir_ for dir_ in found if not dir_.compaction_only]
-    if failing:
-        return (f"But intloom start fails on the project as it is: {failing[0].fact} "
-                f"{failing[0].fix}.")
-    # A start reads intloom.toml next, and refuses one it cannot use (INVALID_REQUEST).
-    try:
-        load_config(root)
-    except IntloomError as invalid:
-        return f"But intloom start refuses the project as it is: {invalid.message}"
-    if found:
-        # The host starts and runs; saying it would fail sent people to fix the wrong thing.
-        fix = found[0].fix
-        return (f"intloom start works and the Runs go on, but {found[0].refused}: snapshot "
-                "compaction fails when it writes there (a warning in the host log each "
-                "time), and the log a start reads grows until the flag is cleared. "
-                f"{fix[:1].upper()}{fix[1:]}.")
-    return None
 
 
 @command
