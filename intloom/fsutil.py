@@ -34,6 +34,7 @@ __all__ = [
     "injected_write_fault",
     "os_lock",
     "privacy_fix",
+    "private_file_problem",
     "read_private",
     "replace_file",
     "replace_files",
@@ -74,6 +75,20 @@ def file_problem(st: os.stat_result) -> str | None:
     if st.st_mode & 0o077:
         return f"has mode {stat.S_IMODE(st.st_mode):04o}; private files must be 0600"
     return None
+
+
+def private_file_problem(path: Path) -> PrivacyError | None:
+    """Why ``path`` is not a private regular file of ours, in the words ``read_private``
+    refuses it with, from an ``lstat`` alone (nothing is opened or read); None when it is
+    one, or when it cannot be examined (absent: a read says what else, if one is made)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        return PrivacyError(path, "is a symbolic link; intloom never follows links")
+    problem = file_problem(st)
+    return PrivacyError(path, problem) if problem is not None else None
 
 
 OsLock = Literal["absent", "free", "held", "unopenable", "unprobeable"]

@@ -127,9 +127,11 @@ def refused_state_dir(paths: ProjectPaths) -> PrivacyError | None:
 def start_problem(root: Path) -> str | None:
     """What the ``intloom start`` an offline diagnosis suggests would run into on the
     project as it is: a refusal or failure on its state directories (group/other bits, or
-    private but not writable by us), with the fix, or on its intloom.toml (invalid: its
-    error names the key); or, for a flag that only snapshot compaction runs into, what
-    happens instead; None when nothing stands in its way. The diagnosis leaves modes to
+    private but not writable by us), with the fix, on its intloom.toml (invalid: its
+    error names the key), or on a store file its restore refuses (``manifest.json`` a
+    directory, a snapshot that is a link: the file, the fact and the fix); or, for a flag
+    that only snapshot compaction runs into, what happens instead; None when nothing stands
+    in its way. The diagnosis leaves modes to
     doctor's runtime_dir check and the configuration to its config check, but "Run intloom
     start" alone sent people straight into those refusals. ``status`` prints it as its last
     line, and both ``status --json`` and ``doctor --json`` carry it (``startProblem``)."""
@@ -148,6 +150,12 @@ def start_problem(root: Path) -> str | None:
         load_config(root)
     except IntloomError as invalid:
         return f"But intloom start refuses the project as it is: {invalid.message}"
+    from intloom.store.reader import refused_file
+
+    # Then it restores: a store file it may not read (a directory, a link) fails it.
+    unreadable = refused_file(paths.runtime)
+    if unreadable is not None:
+        return f"But intloom start refuses the project as it is: {unreadable.message}"
     if found:
         # The host starts and runs; saying it would fail sent people to fix the wrong thing.
         fix = found[0].fix

@@ -23,6 +23,7 @@ from intloom.fsutil import (
     ensure_private_dir,
     fsync_dir,
     privacy_fix,
+    private_file_problem,
     read_private,
     replace_files,
     write_all,
@@ -33,6 +34,7 @@ __all__ = [
     "Layout",
     "atomic_write_many",
     "check_dir",
+    "check_file",
     "create_failed",
     "ensure_dir",
     "list_names",
@@ -95,6 +97,15 @@ def check_dir(path: Path) -> bool:
             return False
         raise _from_privacy(exc) from None
     return True
+
+
+def check_file(path: Path) -> None:
+    """Raise the STORAGE_ERROR a read of ``path`` raises when it is there but not a private
+    regular file of ours (a link, a directory, another owner, group/other bits), from an
+    ``lstat`` alone; nothing is read."""
+    problem = private_file_problem(path)
+    if problem is not None:
+        raise _from_privacy(problem)
 
 
 def ensure_dir(path: Path) -> None:

@@ -19,9 +19,10 @@ from typing import Final, Literal
 
 import msgspec
 
+from intloom.errors import IntloomError
 from intloom.runtime.machine import IllegalTransition, RunState, apply
 from intloom.runtime.records import FORMAT_VERSION, Header, Record, decode_record
-from intloom.store.files import Layout, check_dir, list_names, read_file
+from intloom.store.files import Layout, check_dir, check_file, list_names, read_file
 from intloom.store.framing import (
     KIND_RECORD,
     KIND_VOID,
@@ -55,6 +56,7 @@ __all__ = [
     "load",
     "read_runs",
     "read_runs_report",
+    "refused_file",
     "verify",
     "verify_report",
 ]
@@ -374,6 +376,38 @@ def load(root: Path, mode: Mode = "restore", *, whole: bool = False) -> Loaded:
 # A file last written this long after the OS started is taken as written since it started
 # (the boot time is computed from two clocks read one after the other).
 _BOOT_MARGIN_NS: Final = 2_000_000_000
+
+
+def refused_file(root: Path) -> IntloomError | None:
+    """The STORAGE_ERROR a start's restore raises on the first store file it reads and
+    refuses (a link, a directory, another owner, group/other bits): ``manifest.json``,
+    each snapshot in ``snap/live/``, each segment from the manifest's start (every one
+    without a usable manifest) and each pinned one; None when none is refused. From an
+    ``lstat`` of each and the manifest's few bytes, without reading the log: ``status``
+    names it before it says to run intloom start. Directories are judged by the caller
+    (doctor's runtime_dir check), and what only a whole read finds is not judged here."""
+    layout = Layout(root)
+    try:
+        if not check_dir(root):
+            return None
+        check_file(layout.manifest)
+        try:
+            manifest = read_manifest(layout)
+        except SnapshotError:
+            manifest = None  # damaged: kept as it is, and every segment is read instead
+        if check_dir(layout.snap) and check_dir(layout.live):
+            for name in list_names(layout.live):
+                if is_snapshot_name(name):
+                    check_file(layout.live / name)
+        numbers, _ = _list_wal(layout)
+        start = manifest.start if manifest is not None else 0
+        pinned = set(manifest.pinned) if manifest is not None else set()
+        for number in numbers:
+            if number >= start or number in pinned:
+                check_file(layout.wal / segment_name(number))
+    except IntloomError as exc:
+        return exc
+    return None
 
 
 def written_this_boot(path: Path) -> bool | None:

@@ -625,6 +625,39 @@ def test_status_offline_says_when_start_would_refuse_intloom_toml_in_text_and_js
     assert json.loads(cli(capsys, "status", "--json")[1])["startProblem"] is None
 
 
+def test_status_offline_names_a_store_file_start_refuses(
+    capsys: pytest.CaptureFixture[str], proj: Path
+) -> None:
+    """.intloom/runtime/manifest.json a directory (then a snap/live/ snapshot a link): start
+    fails STORAGE_ERROR on it, yet status said only "offline. Run intloom start.". It names
+    the file, the fact and the fix, in the words of the restore that refuses it, and
+    changes nothing."""
+    from intloom.errors import IntloomError
+    from intloom.store.reader import load
+    from tests.unit.diagnostics_support import tree
+
+    runtime = proj / ".intloom" / "runtime"
+    for directory in (proj / ".intloom", runtime, runtime / "snap", runtime / "snap" / "live"):
+        directory.mkdir(mode=0o700)
+    (runtime / "manifest.json").mkdir(mode=0o700)
+    snapshot = runtime / "snap" / "live" / f"{'a' * 64}.snap"
+    for step in ("manifest", "snapshot"):
+        if step == "snapshot":
+            (runtime / "manifest.json").rmdir()
+            snapshot.symlink_to(proj / "elsewhere.snap")
+        before = tree(proj)
+        with pytest.raises(IntloomError) as start:
+            load(runtime, "restore")  # what a start's restore raises on it
+        assert start.value.code == "STORAGE_ERROR"
+        line = f"But intloom start refuses the project as it is: {start.value.message}"
+        code, out, _ = cli(capsys, "status")
+        assert code == 0 and out.splitlines()[-1] == line, out
+        named = runtime / "manifest.json" if step == "manifest" else snapshot
+        assert f"{named} is " in line and "move it aside" in line, line
+        assert json.loads(cli(capsys, "status", "--json")[1])["startProblem"] == line
+        assert tree(proj) == before
+
+
 @pytest.mark.parametrize(("health", "code"), [("healthy", 0), ("attention", 3), ("blocked", 4)])
 def test_doctor_exit_code_follows_health(
     capsys: pytest.CaptureFixture[str], proj: Path, diagnostics: dict[str, Any],
