@@ -39,6 +39,7 @@ from intloom.fsutil import (
     check_private_dir,
     file_problem,
     privacy_fix,
+    private_file_problem,
     shell_arg,
     unlink_refusal,
     write_refusal,
@@ -247,15 +248,17 @@ def _runtime_dir_check(paths: ProjectPaths) -> Check:
         fact, fix = unwritable
         return Check("runtime_dir", "attention", fact[:1].upper() + fact[1:],
                      f"{fix}, then run intloom doctor again.")
-    if absent:
-        return Check("runtime_dir", "ok", f"No {' or '.join(absent)} yet: intloom start "
-                     "creates what it needs (mode 0700).", None)
-    loose = _loose_segment(paths.runtime / "wal")
+    # Before "no logs/ yet": a runtime/ without logs/ (a project copied without its logs)
+    # still holds files a start refuses.
+    loose = _loose_segment(paths.runtime / "wal") or _loose_store_file(paths.runtime)
     if loose is not None:
         # A start reads only the segments it needs, but inspect reads them all and would
         # refuse for every Run.
         return Check("runtime_dir", "attention", f"{loose.path} {loose.fact}.",
                      f"{privacy_fix(loose)}. {KEEP_IT}")
+    if absent:
+        return Check("runtime_dir", "ok", f"No {' or '.join(absent)} yet: intloom start "
+                     "creates what it needs (mode 0700).", None)
     log = _loose_log(paths.logs)
     if log is not None:
         # No start reads an old log again: only doctor can say that others may read it.
@@ -316,6 +319,29 @@ def _loose_segment(wal: Path) -> PrivacyError | None:
         problem = file_problem(st)
         if problem is not None:
             return PrivacyError(Path(entry.path), problem)
+    return None
+
+
+def _loose_store_file(runtime: Path) -> PrivacyError | None:
+    """``manifest.json`` or the first ``snap/live/`` snapshot, when it is not a private
+    regular file of ours (a directory, a link, another user's, open to others): a start's
+    restore refuses it (STORAGE_ERROR), so it is named here with its fix, as a segment is.
+    ``snap/done/`` is not listed: no start or doctor reads it (``inspect`` does)."""
+    from intloom.store.snapshots import is_snapshot_name
+
+    problem = private_file_problem(runtime / "manifest.json")
+    if problem is not None:
+        return problem
+    live = runtime / "snap" / "live"
+    try:
+        names = sorted(os.listdir(live))
+    except OSError:
+        return None  # none yet, or one the directory checks above named
+    for name in names:
+        if is_snapshot_name(name):
+            problem = private_file_problem(live / name)
+            if problem is not None:
+                return problem
     return None
 
 

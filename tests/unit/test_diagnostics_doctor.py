@@ -12,6 +12,7 @@ import msgspec
 import pytest
 
 from intloom.diagnostics import diagnose, run_doctor
+from intloom.diagnostics.checks import KEEP_IT
 from intloom.diagnostics.doctor import DoctorReport
 from intloom.diagnostics.owners import NO_CONNECTION_FIX, STARTING
 from intloom.project import ProjectPaths
@@ -195,6 +196,29 @@ def test_public_runtime_dir_is_attention(root: Path) -> None:
     assert check.status == "attention"
     assert "0755" in check.message
     assert runtime.stat().st_mode & 0o777 == 0o755  # reported, never "fixed"
+
+
+def test_a_store_file_that_is_no_regular_file_is_named_with_its_fix(root: Path) -> None:
+    """manifest.json a directory, or a snap/live/ snapshot a link: a start refuses it, yet
+    the runtime_dir check said "ok" (only a segment was looked at) and the journals check
+    said "Fix the runtime directory". It names the file and what to do; the file is kept."""
+    runtime = ProjectPaths(root).runtime
+    live = runtime / "snap" / "live"
+    for directory in (runtime.parent, runtime, runtime / "snap", live):
+        directory.mkdir(mode=0o700)
+    manifest = runtime / "manifest.json"
+    manifest.mkdir(mode=0o700)
+    snapshot = live / f"{'b' * 64}.snap"
+    for path, fact in ((manifest, "is not a regular file"),
+                       (snapshot, "is a symbolic link; intloom never follows links")):
+        if path == snapshot:
+            manifest.rmdir()
+            snapshot.symlink_to(root / "elsewhere.snap")
+        check = {c.id: c for c in run_doctor(root).checks}["runtime_dir"]
+        assert (check.status, check.message) == ("attention", f"{path} {fact}."), check
+        assert check.next is not None and check.next.startswith(
+            f"Move it aside (mv {path} {path}.bad)") and KEEP_IT in check.next, check.next
+        assert os.path.lexists(path)
 
 
 def test_a_port_the_next_start_may_not_bind_is_not_called_in_use(
