@@ -114,7 +114,7 @@ class LogTail:
             self._seen.add(path)
             if self._partial:
                 # A newer host exists, so the older file will not grow: show its torn end.
-                self._emit(self._partial.decode("utf-8", errors="replace"))
+                self._emit(self._partial.decode("utf-8", errors="surrogateescape"))
             self._current, self._offset, self._partial = path, 0, b""
             self._read_from(path)
 
@@ -123,7 +123,7 @@ class LogTail:
         a crashed host's torn last line is shown (marked by the printer) rather than held
         back for ever."""
         if self._partial.strip():
-            self._emit(self._partial.decode("utf-8", errors="replace"))
+            self._emit(self._partial.decode("utf-8", errors="surrogateescape"))
         self._partial = b""
 
     def _read_from(self, path: Path) -> None:
@@ -150,4 +150,4 @@ class LogTail:
         *lines, self._partial = data.split(b"\n")
         for line in lines:
             if line.strip():
-                self._emit(line.decode("utf-8", errors="replace"))
+                self._emit(line.decode("utf-8", errors="surrogateescape"))

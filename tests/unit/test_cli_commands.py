@@ -886,6 +886,38 @@ def test_logs_for_a_run_include_host_records_naming_it_and_show_a_torn_last_line
     assert "in the newest log (try --all" in err
 
 
+def test_logs_keep_a_line_that_is_not_utf8_exactly_and_mark_it(
+    capsys: pytest.CaptureFixture[str], proj: Path
+) -> None:
+    """A log line holding bytes that are not UTF-8 (damage, another writer) reached
+    ``logs --json`` with each such byte replaced by U+FFFD, unmarked: the line as it is in
+    the file was lost. It is still shown with U+FFFD (every JSON reader takes it), marked by
+    an added ``lineBase64``, its bytes as they are; text shows each such byte's escape."""
+    import base64
+
+    logs = proj / ".intloom" / "logs"
+    logs.mkdir(parents=True, mode=0o700)
+    good = b'{"time":"T1","level":"info","event":"run_created","runId":"RUN-1"}'
+    bad = b'{"time":"T2","level":"error","event":"run_failed","runId":"RUN-1","m":"a\xffb"}'
+    torn = b'{"time":"T3","runId":"RUN-1","ev\xfe'
+    (logs / "LOG-20260101T000000000Z.jsonl").write_bytes(b"\n".join([good, bad, torn, b""]))
+    code, out, _ = cli(capsys, "logs", "--json", "RUN-1")
+    assert code == 0
+    shown = [json.loads(line) for line in out.splitlines()]
+    assert out.splitlines()[0] == good.decode()  # a UTF-8 line is passed on unchanged
+    assert shown[1] == {**json.loads(bad.decode("utf-8", "replace")),
+                        "lineBase64": base64.b64encode(bad).decode()}, shown[1]
+    assert shown[1]["m"] == "a\ufffdb"
+    assert shown[2] == {"time": None, "level": "error", "event": "unreadable_line",
+                        "line": '{"time":"T3","runId":"RUN-1","ev\ufffd',
+                        "lineBase64": base64.b64encode(torn).decode()}, shown[2]
+    assert len(shown) == 3
+    code, out, _ = cli(capsys, "logs", "RUN-1")
+    assert out.splitlines()[1:] == ["T2 error   run_failed runId=RUN-1 m=a\\udcffb",
+                                    '- ????? unreadable log line: {"time":"T3","runId":"RUN-1",'
+                                    '"ev\\udcfe'], out
+
+
 @pytest.mark.parametrize(("result", "expected"), [
     (dict(suspended=0), ["The original service instance stopped. No Run was unfinished."]),
     (dict(suspended=1), [

@@ -8,7 +8,9 @@ reading across host restarts, each of which starts a new log file, until Ctrl-C 
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import json
 import signal
 import threading
 from collections.abc import Callable, Mapping
@@ -40,14 +42,28 @@ def _about(record: Mapping[str, Any], run_id: str) -> bool:
         isinstance(item, Mapping) and item.get("runId") == run_id for item in runs)
 
 
+def _invalid_utf8(line: str) -> bytes | None:
+    """The line's bytes when they are not valid UTF-8 (read with surrogateescape), else
+    None."""
+    try:
+        line.encode("utf-8")
+    except UnicodeEncodeError:
+        return line.encode("utf-8", errors="surrogateescape")
+    return None
+
+
 def _printer(renderer: Renderer, run_id: str | None) -> tuple[Callable[[str], None], list[int]]:
     """An ``emit`` for LogTail, and a one-item counter of the lines it printed."""
     printed = [0]
 
     def emit(line: str) -> None:
+        # LogTail decodes with surrogateescape: a byte that is not UTF-8 (damage, a foreign
+        # writer) is a lone surrogate here, so the line's bytes are still known exactly.
+        raw = _invalid_utf8(line)
+        readable = line if raw is None else raw.decode("utf-8", errors="replace")
         record: Any = None
         try:
-            record = msgspec.json.decode(line)
+            record = msgspec.json.decode(readable)
         except msgspec.DecodeError:
             record = None
         # An unreadable line (a crashed host's torn last one) is kept when it names the Run.
@@ -56,13 +72,24 @@ def _printer(renderer: Renderer, run_id: str | None) -> tuple[Callable[[str], No
             return
         printed[0] += 1
         if renderer.json_mode:
+            # Bytes that are not UTF-8 are shown as U+FFFD, so that every JSON reader takes
+            # the line; lineBase64 keeps them as they are in the file and marks the line.
+            exact = {} if raw is None else {"lineBase64": base64.b64encode(raw).decode()}
             if not isinstance(record, Mapping):
                 # A torn or damaged line is no JSON record: passed on raw, it broke every
                 # JSONL reader of the stream. It is wrapped as one, its text kept.
-                line = msgspec.json.encode({"time": None, "level": "error",
-                                            "event": "unreadable_line", "line": line}).decode()
-            renderer.raw(line + "\n")
+                readable = msgspec.json.encode(
+                    {"time": None, "level": "error", "event": "unreadable_line",
+                     "line": readable, **exact}).decode()
+            elif exact:
+                readable = msgspec.json.encode({**record, **exact}).decode()
+            renderer.raw(readable + "\n")
         elif isinstance(record, Mapping):
+            if raw is not None:
+                # Read again keeping each such byte a lone surrogate, which text shows as
+                # its escape (\udcff), as the unreadable line below and every path do.
+                with contextlib.suppress(ValueError):
+                    record = json.loads(line)
             renderer.lines([log_line(record)])
         else:
             renderer.lines([f"- ????? unreadable log line: {line[:200]}"])
