@@ -355,8 +355,14 @@ def _file_problem(read: Callable[[], object]) -> str | None:
 
 def _here(message: str) -> str:
     """``message`` without its advice to run intloom doctor: said to the user of another
-    command, in doctor's own output it would send them back here."""
+    command, in doctor's own output it would send them back here. Every form the messages
+    doctor passes on use: "; run intloom doctor." and the sentence "Run intloom doctor."
+    after a fact (a host that is not the instance service.json names), "(intloom doctor)"
+    as where to find out whether a host runs (a copied project's connection.json: the owner
+    checks say it), and the pointer to which process owns the project."""
     return (message.replace("; run intloom doctor.", ".")
+            .replace(". Run intloom doctor.", ".")
+            .replace(" (intloom doctor)", "")
             .replace("Run intloom doctor to see which process owns the project.",
                      "The checks below say which process owns the project."))
 

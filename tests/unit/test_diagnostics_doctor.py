@@ -221,6 +221,30 @@ def test_a_store_file_that_is_no_regular_file_is_named_with_its_fix(root: Path) 
         assert os.path.lexists(path)
 
 
+def test_doctor_does_not_advise_running_doctor(root: Path, tmp_path: Path) -> None:
+    """A copied project (its connection.json names the original) made doctor's first line
+    and its connection check say "If no intloom host runs for this directory (intloom
+    doctor), move the file aside", and a host that is not the instance service.json names
+    ended it with "Run intloom doctor.": advice to run the command being run. The facts and
+    the fix stay."""
+    from intloom.diagnostics.doctor import _here
+    from intloom.host.metadata import Connection, write_connection
+
+    paths = ProjectPaths(root)
+    paths.state.mkdir(mode=0o700)
+    write_connection(paths.connection_json, Connection(
+        version=1, project_root=str(tmp_path / "original"), port=free_port(), token="t" * 43))
+    report = run_doctor(root)
+    connection = {c.id: c for c in report.checks}["connection"]
+    for said in (report.message, connection.message):
+        assert "belongs to another project" in said and "move the file aside" in said, said
+        assert "If no intloom host runs for this directory, move" in said, said
+        assert "intloom doctor" not in said, said
+    mismatch = ("The listening service does not match the saved project identity (it is "
+                "instance a, pid 1; service.json names b, pid 1). Run intloom doctor.")
+    assert _here(mismatch) == mismatch.removesuffix(" Run intloom doctor.")
+
+
 def test_a_port_the_next_start_may_not_bind_is_not_called_in_use(
         root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """port = 80 in intloom.toml, doctor run by a user who may not bind ports below 1024:
