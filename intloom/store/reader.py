@@ -499,7 +499,14 @@ def _judge_all(loaded: Loaded, scans: list[SegmentScan], live: dict[str, Snapsho
     for scan in scans:
         cut = voids.get(scan.number)
         path = f"wal/{scan.name}"
-        if scan.status in ("empty", "torn_header"):
+        if scan.status == "empty":
+            # Torn as a cut-short header is (what a crash while creating the segment
+            # leaves), but there is no header to end inside of: said as it is.
+            loaded.files.append(FileProblem(path, "torn", "has 0 bytes (an empty file, no "
+                                            "header): what a crash right after the segment "
+                                            "was created leaves; it holds no record"))
+            continue
+        if scan.status == "torn_header":
             loaded.files.append(FileProblem(path, "torn", "ends inside its file header "
                                             "(a crash while the segment was being created)"))
             continue

@@ -95,6 +95,24 @@ def test_a_header_cut_short_by_a_crash_is_still_torn(tmp_path: Path) -> None:
         assert (finding.path, finding.kind) == (SEG2, "torn")
 
 
+def test_an_empty_segment_is_called_empty_not_a_header_it_ends_inside(tmp_path: Path) -> None:
+    """A zero-byte segment after the last (a crash right after its creation, or a stray
+    file) was "torn: ends inside its file header", yet it has no header. Still torn (what
+    such a crash leaves), it is said to be empty, and is kept byte-identical."""
+    root = tmp_path / "runtime"
+    _crashed(root)
+    empty = root / "wal" / segment_name(3)
+    empty.write_bytes(b"")
+    empty.chmod(0o600)
+    before = snapshot_files(root)
+    for report in (read_runs_report(root), verify_report(root)):
+        [finding] = [f for f in report.files if f.path == "wal/0000000003.seg"]
+        assert (finding.kind, finding.problem) == ("torn", (
+            "has 0 bytes (an empty file, no header): what a crash right after the segment "
+            "was created leaves; it holds no record")), finding
+    assert snapshot_files(root) == before and empty.exists()
+
+
 def test_a_stray_file_with_the_highest_segment_name_is_refused_not_numbered_past(
     tmp_path: Path,
 ) -> None:
