@@ -584,7 +584,9 @@ def diagnosis_lines(diagnosis: Mapping[str, Any], *, in_doctor: bool = False) ->
     if (diagnosis.get("status") == "blocked" and not passing
             and (not owners or any(o.get("status") not in ("gone", "absent") for o in owners))):
         advice = _IN_DOCTOR if in_doctor else _TO_DOCTOR
-        lines.append(f"{advice} Do not delete locks whose owners are still active.")
+        if not in_doctor and lines[0].endswith(_TO_DOCTOR):
+            advice = ""  # the message just said it (a host that is not the one named)
+        lines.append(f"{advice} Do not delete locks whose owners are still active.".lstrip())
     return lines
 
 

@@ -434,6 +434,17 @@ def test_doctor_does_not_send_the_user_to_doctor() -> None:
         render.diagnosis_lines(report))
 
 
+def test_status_says_run_intloom_doctor_once() -> None:
+    """A live host that is not the instance service.json names: the message ends "Run
+    intloom doctor." and status added the same sentence again on its last line."""
+    message = ("The listening service does not match the saved project identity (it is "
+               "instance a, pid 9; service.json names b, pid 9). Run intloom doctor.")
+    lines = render.diagnosis_lines({"status": "blocked", "message": message, "owners": [
+        {"resource": "service_lock", "pid": 9, "status": "alive"}]})
+    assert lines[0] == message
+    assert lines[-1] == "Do not delete locks whose owners are still active.", lines
+
+
 def test_attach_waits_past_an_agent_task_only_for_what_came_after_its_wait(
         tmp_path: Any) -> None:
     """An Agent Step's records share a millisecond: its `running` events had the wait's very
