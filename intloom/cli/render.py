@@ -592,6 +592,10 @@ def diagnosis_lines(diagnosis: Mapping[str, Any], *, in_doctor: bool = False) ->
 
 def doctor_lines(report: Mapping[str, Any]) -> list[str]:
     lines = diagnosis_lines(report, in_doctor=True)
+    if report.get("startProblem"):
+        # Right under "offline. Run intloom start.", as status prints it: the check that
+        # names it (config, runtime_dir) may come several lines later.
+        lines.append(str(report["startProblem"]))
     for check in report.get("checks") or []:
         if not isinstance(check, Mapping):
             continue

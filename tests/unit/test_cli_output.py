@@ -434,6 +434,18 @@ def test_doctor_does_not_send_the_user_to_doctor() -> None:
         render.diagnosis_lines(report))
 
 
+def test_doctor_says_what_start_would_refuse_under_run_intloom_start() -> None:
+    """Offline with an intloom.toml start refuses, doctor's first line said "Run intloom
+    start." with nothing after it; status adds why that start fails, and doctor does too."""
+    refusal = ("But intloom start refuses the project as it is: /p/intloom.toml: unknown key "
+               "'foo'. Known keys: port, workflows. Remove or rename it.")
+    report = {"status": "offline", "message": "The service is offline. Run intloom start.",
+              "owners": [], "startProblem": refusal,
+              "checks": [{"id": "config", "status": "attention", "message": "m", "next": "n"}]}
+    assert render.doctor_lines(report)[:2] == [report["message"], refusal]
+    assert render.doctor_lines({**report, "startProblem": None})[1].startswith("config")
+
+
 def test_status_says_run_intloom_doctor_once() -> None:
     """A live host that is not the instance service.json names: the message ends "Run
     intloom doctor." and status added the same sentence again on its last line."""
