@@ -36,6 +36,7 @@ __all__ = [
     "privacy_fix",
     "private_file_problem",
     "read_private",
+    "read_refusal",
     "replace_file",
     "replace_files",
     "search_refused",
@@ -291,6 +292,38 @@ def write_refusal(path: Path, *, replaced: bool = True) -> tuple[str, str] | Non
         fact = (f"{where} is sticky (chmod +t) and you own neither it nor {target.name}, "
                 "which only their owners may remove")
     return fact, unlink_fix(refused, target)
+
+
+def read_refusal(path: Path) -> tuple[str, str]:
+    """Why this user may not read the file ``path``, for an open that failed with EACCES:
+    (the fact, naming the path; the fix, without a full stop), from its mode and owner."""
+    try:
+        st = os.stat(path)
+    except PermissionError:
+        found = _search_refusal(path)
+        if found is not None:
+            return found
+        return (f"{path} cannot be read by you", "Check its permissions and owner (ls -l)")
+    except OSError:
+        return (f"{path} cannot be read by you", "Check its permissions and owner (ls -l)")
+    mode, uid, word = stat.S_IMODE(st.st_mode), os.geteuid(), shell_arg(path)
+    mine = st.st_uid == uid
+    if mine:
+        bits = mode >> 6
+    elif st.st_gid == os.getegid() or st.st_gid in os.getgroups():
+        bits = mode >> 3
+    else:
+        bits = mode
+    if bits & 0o4:
+        whose = "its owner (you)" if mine else "you"
+        return (f"{path} is not readable by you, though its mode ({mode:04o}) lets {whose} "
+                "read it: an ACL or a security module (SELinux, AppArmor) refuses",
+                f"Check getfacl {word} and the security module's log")
+    if not mine:
+        return (f"{path} is owned by uid {st.st_uid}, not by you (uid {uid}), and its mode "
+                f"{mode:04o} does not let you read it",
+                f"Have its owner (uid {st.st_uid}) let you read it, or run as a user who may")
+    return (f"{path} is not readable by you (mode {mode:04o})", f"Run chmod u+r {word}")
 
 
 def search_refused(path: Path) -> str | None:

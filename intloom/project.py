@@ -250,6 +250,17 @@ def load_config(root: Path) -> Config:
         raise IntloomError(
             "INVALID_REQUEST", f"{path} is not valid TOML ({exc}). Fix the file and retry."
         ) from None
+    except OSError as exc:
+        # Unhandled, a file its user may not read ended status, start and doctor with
+        # CLI_INTERNAL_ERROR and a traceback under --debug.
+        if isinstance(exc, PermissionError):
+            from intloom.fsutil import read_refusal  # only on this refusal
+
+            fact, fix = read_refusal(path)
+        else:
+            fact = f"{path} cannot be read ({exc.strerror or exc})"
+            fix = "Check the file (ls -l shows what it is)"
+        raise IntloomError("CLI_PROJECT_INVALID", f"{fact}. {fix}, then retry.") from None
     unknown = sorted(set(raw) - _KNOWN_KEYS)
     if unknown:
         raise IntloomError(

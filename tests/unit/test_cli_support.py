@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -303,3 +304,38 @@ def test_a_config_saved_with_a_byte_order_mark_is_named_as_such(tmp_path: Path) 
     message = refused.value.message
     assert "starts with a byte-order mark (U+FEFF)" in message, message
     assert "UTF-8 without a BOM" in message, message
+
+
+def test_a_config_its_user_may_not_read_is_named_with_its_mode_and_the_fix(
+        tmp_path: Path) -> None:
+    """An intloom.toml of mode 0000 ended status, start and doctor with CLI_INTERNAL_ERROR
+    (load_config let the PermissionError out). Root reads any file, so as root the probe
+    runs without the capabilities that let it (setpriv)."""
+    config = tmp_path / "intloom.toml"
+    config.write_text("workflows = []\n")
+    config.chmod(0)
+    prefix: list[str] = []
+    if os.geteuid() == 0:
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            pytest.skip("root reads any file, and setpriv (util-linux) is not here to drop that")
+        drop = "-dac_override,-dac_read_search"
+        prefix = [setpriv, f"--bounding-set={drop}", f"--inh-caps={drop}"]
+    probe = (
+        "import json, sys\n"
+        "from pathlib import Path\n"
+        "from intloom.errors import IntloomError\n"
+        "from intloom.project import load_config\n"
+        "try:\n"
+        "    load_config(Path(sys.argv[1]))\n"
+        "except IntloomError as refused:\n"
+        "    print(json.dumps([refused.code, refused.message]))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([*prefix, sys.executable, "-c", probe, str(tmp_path)], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout, out.stderr
+    code, message = json.loads(out.stdout)
+    assert code == "CLI_PROJECT_INVALID"
+    assert f"{config} is not readable by you (mode 0000)" in message, message
+    assert f"Run chmod u+r {config}" in message, message
