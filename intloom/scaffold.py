@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Final
 
 from intloom.errors import IntloomError
-from intloom.project import require_short_path, require_utf8_path
+from intloom.project import CONFIG_NAME, require_short_path, require_utf8_path
 
 __all__ = ["SCAFFOLD", "scaffold"]
 
@@ -101,10 +101,47 @@ def _check_target(target: Path) -> None:
         )
 
 
+def _check_outside_sources(target: Path) -> None:
+    """Refuse a ``target`` inside a Workflow source tree of the project that encloses it.
+    The example written there joined that tree, and so the identity of the Workflows loaded
+    from it: their unfinished Runs were held as changed at the enclosing project's next
+    start, and every later edit of the new project held them again."""
+    from intloom.project import enclosing, load_config
+
+    real = Path(os.path.realpath(target))
+    around = enclosing(real)
+    if around is None:
+        return
+    try:
+        listed = load_config(around).workflows
+    except IntloomError:  # its own start names that; what it lists cannot be told
+        return
+    from intloom.authoring.identity import in_source_tree, source_root  # only when nested
+
+    written = [real / name for name in SCAFFOLD if name.endswith(".py")]
+    for rel in listed:
+        try:
+            tree = Path(os.path.realpath(source_root(around / rel)))
+        except OSError:
+            continue
+        joined = [path for path in written if in_source_tree(tree, path)]
+        if joined:
+            raise IntloomError(
+                "CLI_INIT_TARGET_INVALID",
+                f"{target} is inside the project {around}, in the source tree {tree} of "
+                f"{rel} (listed in its {CONFIG_NAME}): the Workflow file intloom init writes "
+                f"({joined[0].relative_to(real).as_posix()}) would become part of that "
+                "source's identity, so the project's unfinished Runs of its Workflows would "
+                "be held as changed at its next start; nothing was written. Choose a "
+                f"directory outside {tree}.",
+            )
+
+
 def scaffold(target: Path) -> Path:
     """Create the project at ``target`` (new or empty directory); returns its absolute root."""
     root = Path(os.path.abspath(target))
     _check_target(root)
+    _check_outside_sources(root)
     current = root / "."
     try:
         root.mkdir(parents=True, exist_ok=True)

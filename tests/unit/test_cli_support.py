@@ -292,6 +292,24 @@ def test_scaffold_refusals(tmp_path: Path) -> None:
     assert scaffold(tmp_path / "empty-ok") == (tmp_path / "empty-ok").resolve()
 
 
+def test_init_refuses_a_directory_inside_a_source_tree_of_the_project_around_it(
+        tmp_path: Path) -> None:
+    """intloom init my-project/workflows/new wrote workflows/new/workflows/example.py into
+    the tree of my-project's workflows/example.py: its identity changed, and my-project's
+    unfinished Runs were held as changed at its next start, with no word from init."""
+    outer = scaffold(tmp_path / "outer")
+    with pytest.raises(IntloomError) as refused:
+        scaffold(outer / "workflows" / "new")
+    assert refused.value.code == "CLI_INIT_TARGET_INVALID"
+    message = refused.value.message
+    assert f"inside the project {outer}, in the source tree {outer / 'workflows'}" in message
+    assert "nothing was written" in message, message
+    assert not (outer / "workflows" / "new").exists()
+    # Outside every tree (or in one its walk skips), a project inside another is fine.
+    assert scaffold(outer / "tools") == outer / "tools"
+    assert scaffold(outer / "workflows" / ".scratch") == outer / "workflows" / ".scratch"
+
+
 def test_a_config_saved_with_a_byte_order_mark_is_named_as_such(tmp_path: Path) -> None:
     """Saved by an editor as "UTF-8 with BOM", intloom.toml was "not valid TOML (Invalid
     statement (at line 1, column 1))": line 1 looks right, and nothing said why."""
