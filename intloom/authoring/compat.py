@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Final
 
 import msgspec
 
-from intloom.errors import clip, message_of
+from intloom.errors import as_call, clip, message_of
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -69,13 +69,17 @@ def state_problem(lw: LoadedWorkflow, state: RunState) -> str | None:
         decoded = msgspec.json.decode(state.stage_state, type=st_type)
     except msgspec.MsgspecError as exc:
         return f"the State saved in Stage {state.cursor.stage!r} no longer decodes ({exc})"
-    except Exception as exc:
+    except (Exception, SystemExit, KeyboardInterrupt) as exc:
         # User code runs here (a ``__post_init__``): msgspec turns only its ValueError and
         # TypeError into a ValidationError. Anything else (an ``assert``) is this Run's
-        # problem, never the host's: it stopped every Run from restoring.
+        # problem, never the host's: it stopped every Run from restoring. So is an exit or
+        # an interrupt it raises, contained as the loader and the driver contain them: one
+        # failed the host's start (CLI_INTERNAL_ERROR), and ended doctor and inspect
+        # silently with its exit status (3 read as doctor's "attention").
+        raised = (f"{type(exc).__name__}: {clip(message_of(exc), 500)}"
+                  if isinstance(exc, Exception) else as_call(exc))
         return (f"the State saved in Stage {state.cursor.stage!r} no longer decodes: "
-                f"building {st_type.__name__} raised {type(exc).__name__}: "
-                f"{clip(message_of(exc), 500)}")
+                f"building {st_type.__name__} raised {raised}")
     # Saved as encoded, or (a State with sets, floats, ...) in the deterministic order the
     # driver saves it in.
     if (msgspec.json.encode(decoded) != state.stage_state

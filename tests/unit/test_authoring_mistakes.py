@@ -324,6 +324,39 @@ def test_a_state_whose_default_raises_an_unprintable_exception_names_its_type() 
         wf.validate()
 
 
+class _ExitsOnSaved(msgspec.Struct):
+    text: str = ""
+
+    def __post_init__(self) -> None:
+        if self.text:
+            sys.exit(3)
+
+
+def test_a_saved_state_whose_class_now_exits_holds_that_run_only() -> None:
+    """A State class whose __post_init__ (edited outside the tree) calls sys.exit() on the
+    State a Run saved failed the host's start (CLI_INTERNAL_ERROR: no Run restored), and
+    ended doctor and inspect silently with exit 3, doctor's "attention"."""
+    from intloom.authoring.compat import state_problem
+    from intloom.authoring.loader import LoadedWorkflow
+    from intloom.runtime.machine import RunState
+    from intloom.runtime.model import Cursor
+
+    wf = intloom.Workflow("w", version="1")
+    st = wf.stage("s", state=_ExitsOnSaved)
+    st.step("a", routes={"ok": intloom.COMPLETE})(lambda ctx: "ok")
+    wf.validate()
+    lw = LoadedWorkflow(workflow=wf, source="w.py", identity="0" * 64, schemas=wf.schemas())
+    saved = RunState(
+        run_id="RUN-1", workflow="w", workflow_version="1", identity="0" * 64,
+        schemas=wf.schemas(), intent="i", format=1, package_version="0", protocol="1",
+        created_at="t", updated_at="t", phase="waiting", seq=5,
+        cursor=Cursor(stage="s", step="a"), status="waiting", stage_state=b'{"text":"x"}',
+    )
+    assert state_problem(lw, saved) == (
+        "the State saved in Stage 's' no longer decodes: building _ExitsOnSaved raised "
+        "SystemExit(3)")
+
+
 # ----- the loader -------------------------------------------------------------------------
 
 
