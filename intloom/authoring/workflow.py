@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar, overload
 
 import msgspec
 
-from intloom.errors import IntloomError, clip, message_of
+from intloom.errors import IntloomError, as_call, clip, message_of
 
 if TYPE_CHECKING:
     from intloom.authoring.agent import AgentResult
@@ -523,12 +523,16 @@ class Workflow:
             )
         try:
             state()
-        except Exception as exc:  # user code: a __post_init__, a default_factory
+        # User code: a __post_init__, a default_factory. Its exit or interrupt is contained
+        # as an import's is (loader._import): it ended the host's start (CLI_INTERNAL_ERROR,
+        # every Workflow with it) and doctor with its status.
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:
+            # message_of: the exception's __str__ is user code too, and may raise.
+            raised = (f"{type(exc).__name__}: {clip(message_of(exc), 500)}"
+                      if isinstance(exc, Exception) else as_call(exc))
             raise _bad(
                 self.name, where,
-                # message_of: the exception's __str__ is user code too, and may raise.
-                f"State {shown}() raised {type(exc).__name__}: {clip(message_of(exc), 500)}, "
-                "so the Stage has no default State",
+                f"State {shown}() raised {raised}, so the Stage has no default State",
                 "Make the default State valid (check __post_init__ and default_factory), or "
                 "declare @stage.init to build it.",
             ) from None

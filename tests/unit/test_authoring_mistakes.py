@@ -299,6 +299,26 @@ def test_a_state_whose_default_raises_names_the_stage_and_the_fix() -> None:
     wf.validate()
 
 
+class _ExitsOnDefault(msgspec.Struct):
+    n: int = 0
+
+    def __post_init__(self) -> None:
+        sys.exit("no defaults here")
+
+
+def test_a_state_whose_default_exits_is_a_definition_mistake_not_an_exit() -> None:
+    """sys.exit() in the __post_init__ of a Stage's State, run at load to build the default,
+    left the check: the host's start failed CLI_INTERNAL_ERROR (no Workflow loaded), and
+    doctor printed "no defaults here" and exited 1."""
+    wf = intloom.Workflow("w", version="1")
+    st = wf.stage("s", state=_ExitsOnDefault)
+    st.step("a", routes={"ok": intloom.COMPLETE})(lambda ctx: "ok")
+    with _refused(r"Stage 's': State .*_ExitsOnDefault\(\) raised SystemExit\('no defaults "
+                  r"here'\), so the Stage has no default State\.") as info:
+        wf.validate()
+    assert _code(info) == "WORKFLOW_DEFINITION_INVALID"
+
+
 class _Unprintable(Exception):
     def __str__(self) -> str:  # a library's exception whose message cannot be built
         raise RuntimeError("no message")
