@@ -10,6 +10,7 @@ anything: sources listed or no longer listed, and trees whose bytes hash to anot
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -52,13 +53,19 @@ def since_start(root: Path, service: ServiceView, flows: list[WorkflowInfo]
         config = load_config(root)
     except IntloomError as exc:
         return [SourceChange("intloom.toml", "config", exc.message)]
-    listed = config.workflows
+    # Sources are compared by path, not by spelling, as the loader takes them: an entry
+    # respelled (./workflows/x.py for workflows/x.py) was said to be listed and not loaded,
+    # and loaded and no longer listed, with the advice that a restart holds its Runs, when
+    # the next start loads the same file and continues them.
+    listed = {os.path.normpath(source) for source in config.workflows}
     loaded: dict[str, list[WorkflowInfo]] = {}
     for info in flows:
         loaded.setdefault(info.source, []).append(info)
+    loaded_paths = {os.path.normpath(source) for source in loaded}
     out = [SourceChange(source, "listed", f"{source} is listed in intloom.toml; the host "
                         "started before and has not loaded it.")
-           for source in dict.fromkeys(listed) if source not in loaded]
+           for source in dict.fromkeys(config.workflows)
+           if os.path.normpath(source) not in loaded_paths]
     # start --port N listens on N whatever intloom.toml says: a port there is a change only
     # when it is not the one the host started with (a host that does not say: any other).
     started_with = service.config_port
@@ -69,7 +76,7 @@ def since_start(root: Path, service: ServiceView, flows: list[WorkflowInfo]
             "intloom.toml", "port", f"intloom.toml sets port {config.port}; the host listens "
             f"on {service.port}, and the next start listens on {config.port}."))
     for source, infos in loaded.items():
-        if source not in listed:
+        if os.path.normpath(source) not in listed:
             names = ", ".join(i.name for i in infos if i.ready) or None
             # No Workflow of it ready: it failed to load at the host's start (boot lists a
             # failed source by its path), so nothing of it runs.
@@ -83,7 +90,7 @@ def since_start(root: Path, service: ServiceView, flows: list[WorkflowInfo]
     if service.package_version != __version__ or service.protocol_version != PROTOCOL:
         return out
     for source, infos in loaded.items():
-        if source not in listed:
+        if os.path.normpath(source) not in listed:
             continue
         for info in infos:
             if not info.ready:

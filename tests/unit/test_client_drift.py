@@ -50,6 +50,19 @@ def test_a_source_no_longer_listed_names_its_workflows(tmp_path: Path) -> None:
     assert "no longer listed" in change.message and "(b)" in change.message
 
 
+def test_a_source_respelled_in_the_config_is_no_change(tmp_path: Path) -> None:
+    """./wf/a for wf/a (or wf/a/) names the same source, which the next start loads and whose
+    Runs it continues; it was said to be listed and not loaded, and loaded and no longer
+    listed, with the advice that a restart holds the Runs of a changed Workflow."""
+    root = _project(tmp_path, "wf/a", "wf/b")
+    flows = [_loaded(root, "wf/a", "a"), _loaded(root, "wf/b", "b")]
+    (root / "intloom.toml").write_text('workflows = ["./wf/a", "wf/b/"]\n')
+    assert since_start(root, _service(root), flows) == []
+    (root / "wf" / "a" / "__init__.py").write_text("# edited\n")  # still judged by its bytes
+    [change] = since_start(root, _service(root), flows)
+    assert (change.source, change.change, change.workflow) == ("wf/a", "edited", "a")
+
+
 def test_a_tree_that_cannot_be_hashed_now_is_named(tmp_path: Path) -> None:
     root = _project(tmp_path, "wf/a")
     flows = [_loaded(root, "wf/a", "a")]
