@@ -162,19 +162,41 @@ def find_root(start: Path, *, explicit: bool = False) -> Path:
                 f"--project {shell_arg(str(around))} (the directory that holds "
                 f"{CONFIG_NAME}).",
             )
+        orphan = _config_gone(start)
         raise IntloomError(
             "CLI_PROJECT_INVALID",
-            f"{start} has no {CONFIG_NAME}. Pass the project's root to --project, "
-            "or run intloom init there.",
+            f"{start} has no {CONFIG_NAME}"
+            + (f", {orphan}" if orphan else
+               ". Pass the project's root to --project, or run intloom init there."),
         )
     for candidate in (start, *start.parents):
         if (candidate / CONFIG_NAME).is_file():
             return require_utf8_path(candidate)
+    orphan = next(filter(None, map(_config_gone, (start, *start.parents))), None)
     raise IntloomError(
         "CLI_PROJECT_INVALID",
-        f"No {CONFIG_NAME} in {start} or any parent directory. Run intloom init to create a "
-        "project, or pass --project DIR.",
+        f"No {CONFIG_NAME} in {start} or any parent directory"
+        + (f", {orphan}" if orphan else
+           ". Run intloom init to create a project, or pass --project DIR."),
     )
+
+
+def _config_gone(directory: Path) -> str | None:
+    """The rest of the sentence when ``directory`` holds a project's state (``.intloom/``)
+    but no config: its config was removed or renamed (a checkout, a slip), and "run intloom
+    init" was no way out -- init writes only into an empty directory -- while a host may
+    still serve the project, which ``intloom stop`` could no longer reach."""
+    state = directory / ".intloom"
+    try:
+        if not state.is_dir() or state.is_symlink() or (directory / CONFIG_NAME).exists():
+            return None
+    except OSError:
+        return None
+    return (f"but {state} holds the state of an intloom project (its Runs, its logs, and "
+            f"perhaps a host still running for it): its {CONFIG_NAME} was removed or renamed. "
+            f"Put it back in {directory} (from version control, or write one listing its "
+            'Workflow sources, e.g. workflows = ["workflows/example.py"]), then run the '
+            "command again; every command needs it, intloom stop too.")
 
 
 def _looping_link(root: Path, rel: str) -> str | None:

@@ -310,6 +310,27 @@ def test_init_refuses_a_directory_inside_a_source_tree_of_the_project_around_it(
     assert scaffold(outer / "workflows" / ".scratch") == outer / "workflows" / ".scratch"
 
 
+def test_a_project_whose_config_is_gone_is_named_with_the_way_back(tmp_path: Path) -> None:
+    """intloom.toml removed (or renamed) beside a project's .intloom/, a host perhaps still
+    serving it: every command, stop included, said "No intloom.toml ... Run intloom init to
+    create a project", which refuses that non-empty directory, with no word of the Runs."""
+    from intloom.project import find_root
+
+    root = tmp_path / "proj"
+    (root / ".intloom").mkdir(parents=True)
+    (root / "workflows").mkdir()
+    for start, explicit in ((root / "workflows", False), (root, True)):
+        with pytest.raises(IntloomError) as refused:
+            find_root(start, explicit=explicit)
+        assert refused.value.code == "CLI_PROJECT_INVALID"
+        message = refused.value.message
+        assert f"but {root / '.intloom'} holds the state of an intloom project" in message
+        assert f"its intloom.toml was removed or renamed. Put it back in {root}" in message
+        assert "Run intloom init" not in message and "run intloom init" not in message
+    (root / "intloom.toml").write_text("workflows = []\n")
+    assert find_root(root / "workflows") == root
+
+
 def test_a_config_saved_with_a_byte_order_mark_is_named_as_such(tmp_path: Path) -> None:
     """Saved by an editor as "UTF-8 with BOM", intloom.toml was "not valid TOML (Invalid
     statement (at line 1, column 1))": line 1 looks right, and nothing said why."""
