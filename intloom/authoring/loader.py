@@ -618,8 +618,10 @@ def _register(sources: list[tuple[str, Path, dict[str, LoadedWorkflow] | ErrorVi
         # The whole source is withheld, as any source that fails (_load_entry): a half-loaded
         # file would run some of its Workflows while start reports it as failed.
         facts = [_defined_in(name, rels) for name, rels in shared.items()]
+        imported = _imported(shared, sources, entries)
         result.problems.append((rel, IntloomError(
             "WORKFLOW_DEFINITION_INVALID",
+            _imported_message(rel, imported) if imported else
             _several_message(rel, facts, shared, entries),
         ).view()))
         for name in outcome:
@@ -630,6 +632,65 @@ def _register(sources: list[tuple[str, Path, dict[str, LoadedWorkflow] | ErrorVi
                 result.withheld.setdefault(
                     name, f"Workflow {name!r} is not loaded, since its source {rel} is not: "
                     f"{facts[0]}")
+
+
+def _imported(shared: dict[str, list[str]],
+              sources: list[tuple[str, Path, dict[str, LoadedWorkflow] | ErrorView]],
+              entries: dict[str, Path]) -> list[tuple[str, str, list[str]]]:
+    """(name, the source that declares it, the sources that bind it by importing it) for
+    each shared name whose every binding was declared in one source's own file: the others
+    imported that Workflow (``from workflows.b import wf``), which a top-level binding loads
+    from them too. Empty unless that holds for every shared name."""
+    found: list[tuple[str, str, list[str]]] = []
+    for name, rels in shared.items():
+        declared = {os.path.realpath(outcome[name].workflow.declared_in)
+                    for rel, _entry, outcome in sources
+                    if rel in rels and isinstance(outcome, dict)}
+        if len(declared) != 1:
+            return []
+        [where] = declared
+        home = [rel for rel in rels if _holds(entries[rel], where)]
+        if len(home) != 1:
+            return []
+        found.append((name, home[0], [rel for rel in rels if rel != home[0]]))
+    return found
+
+
+def _holds(entry: Path, path: str) -> bool:
+    """Whether the file ``path`` is the entry's own: the entry file, or in its package."""
+    real = os.path.realpath(entry)
+    return path == real or (os.path.isdir(real) and path.startswith(real + os.sep))
+
+
+def _imported_message(rel: str, imported: list[tuple[str, str, list[str]]]) -> str:
+    """The problem of ``rel`` when its Workflows are shared only because a source imports
+    them: the copy advice ("keep one", "delete it") would have them delete the module
+    that other source imports."""
+    facts = []
+    for name, home, importers in imported:
+        facts.append(f"Workflow {name!r} of {home} is also bound at the top level of "
+                     f"{' and '.join(importers)}, which import{'s' if len(importers) == 1 else ''} "
+                     "it, and a Workflow bound at the top level of a listed module is loaded "
+                     "from it")
+    homes = list(dict.fromkeys(home for _name, home, _others in imported))
+    importers = sorted({other for _name, _home, others in imported for other in others})
+    count = len(set(homes) | set(importers))
+    modules = ", ".join(_module_of(home) for home in homes)
+    return (f"{'; '.join(facts)}: so {'neither file is' if count == 2 else 'none of them is'} "
+            f"loaded, and the Runs of {', '.join(repr(n) for n, _h, _o in imported)} are held. "
+            f"In {' and '.join(importers)}, import the module ({modules}) and use its Workflow "
+            "through it, rather than binding the Workflow itself at the top level; or take "
+            f"{' and '.join(homes)} out of 'workflows' in intloom.toml; then restart the host "
+            "(intloom stop, intloom start).")
+
+
+def _module_of(rel: str) -> str:
+    """``import workflows.b`` for the entry ``workflows/b.py``, as the project root on
+    ``sys.path`` lets a module import it."""
+    parts = list(Path(os.path.normpath(rel)).with_suffix("").parts)
+    if not parts or ".." in parts or not all(part.isidentifier() for part in parts):
+        return f"the module of {rel}"
+    return f"import {'.'.join(parts)}"
 
 
 def _defined_in(name: str, rels: list[str]) -> str:

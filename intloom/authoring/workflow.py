@@ -12,6 +12,7 @@ import hashlib
 import inspect
 import pathlib
 import re
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar, overload
@@ -434,6 +435,9 @@ class Workflow:
         self.name = name
         self.version = version
         self.stages: dict[str, Stage[Any]] = {}
+        # The file that declared it: the loader tells a source that defines a Workflow from
+        # one that binds another source's by importing it (loader._register).
+        self.declared_in: str = sys._getframe(1).f_code.co_filename
 
     @overload
     def stage(self, name: str, *, state: type[StructT]) -> Stage[StructT]: ...

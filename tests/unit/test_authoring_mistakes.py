@@ -521,6 +521,36 @@ def test_a_workflow_two_sources_define_is_loaded_from_neither_and_both_are_named
     }
 
 
+def test_a_workflow_imported_by_another_source_is_not_called_a_copy(tmp_path: Path) -> None:
+    """``from flows.b import wf as b_wf`` in a.py binds b.py's Workflow at a.py's top level:
+    both sources were said to define 'b' ("Keep one ... give each Workflow a name of its
+    own ... a copy left there holds the Runs as changed, so delete it"), when deleting b.py
+    breaks a.py's import. The message says a.py imports it, and how to import the module."""
+    package = f"p{abs(hash(tmp_path)) % 10**9}"  # a name no other test has imported
+    (tmp_path / package).mkdir()
+    (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / package / "b.py").write_text(GOOD.replace('"good"', '"b"'))
+    (tmp_path / package / "a.py").write_text(
+        f"from {package}.b import wf as b_wf\n" + GOOD.replace('"good"', '"a"'))
+    listed = (f"{package}/a.py", f"{package}/b.py")
+    try:
+        result = load_workflows(tmp_path, Config(workflows=listed, port=None))
+    finally:
+        for name in [m for m in sys.modules if m == package or m.startswith(f"{package}.")]:
+            del sys.modules[name]
+    assert result.workflows == {}
+    problems = dict(result.problems)
+    assert list(problems) == list(listed)
+    for view in problems.values():
+        assert view.code == "WORKFLOW_DEFINITION_INVALID", view
+        assert view.message.startswith(
+            f"Workflow 'b' of {listed[1]} is also bound at the top level of {listed[0]}, "
+            "which imports it"), view.message
+        assert (f"In {listed[0]}, import the module (import {package}.b) and use its "
+                "Workflow through it") in view.message, view.message
+        assert "delete it" not in view.message and "copy" not in view.message, view.message
+
+
 def test_a_copy_beside_the_original_is_named_as_part_of_its_identity(tmp_path: Path) -> None:
     (tmp_path / "workflows").mkdir()
     for name in ("good", "good_copy"):
