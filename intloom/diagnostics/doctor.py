@@ -208,6 +208,13 @@ def unwritable_state_dirs(paths: ProjectPaths) -> list[Unwritable]:
     compacted = {paths.runtime: ("wal", "snap"), snap: ("live", "done"),
                  snap / "live": (), snap / "done": ()}
     found: list[Unwritable] = []
+    if not os.path.lexists(paths.state):
+        # No .intloom/ yet: the first start creates it in the project root, which must let
+        # it. A root it may not write was "ok: intloom start creates it", and that start
+        # failed STORAGE_ERROR.
+        refused = write_refusal(paths.state, replaced=False)
+        if refused is not None:
+            found.append(Unwritable(refused[0], "create .intloom/", refused[1], False))
     for path in (paths.state, paths.runtime, paths.logs, *_store_dirs(paths)):
         if not os.path.isdir(path):
             continue
@@ -233,6 +240,12 @@ def _runtime_dir_check(paths: ProjectPaths) -> Check:
         check_private_dir(paths.state)
     except PrivacyError as exc:
         if exc.fact == "does not exist":
+            unwritable = unwritable_state_dir(paths)
+            if unwritable is not None:
+                fact, fix = unwritable
+                return Check("runtime_dir", "attention",
+                             f"No .intloom/ yet, and intloom start cannot create it: {fact}",
+                             f"{fix}, then run intloom doctor again.")
             return Check("runtime_dir", "ok",
                          "No .intloom/ yet; intloom start creates it (mode 0700).", None)
         return Check("runtime_dir", "attention", f"{exc.path} {exc.fact}.",

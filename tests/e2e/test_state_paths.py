@@ -349,6 +349,39 @@ def test_doctor_reports_a_state_directory_it_cannot_write(
     assert ok(project.cli("doctor", "--json"))["health"] == "healthy"
 
 
+def test_doctor_and_status_report_a_root_where_the_first_start_cannot_create_its_state(
+        tmp_path: Path) -> None:
+    """A project never started whose root this user may not write (0500): doctor said "ok:
+    No .intloom/ yet; intloom start creates it" (exit 0) and status "Run intloom start",
+    which then failed STORAGE_ERROR. Both now name the root, its mode and the fix."""
+    prefix = _as_plain_user()
+    root = make_project(tmp_path / "proj").root
+    env = {**os.environ, "NO_COLOR": "1"}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*prefix, sys.executable, "-m", "intloom", "--project", str(root), *args],
+            capture_output=True, text=True, timeout=60, env=env)
+
+    root.chmod(0o500)
+    try:
+        doctor = cli("doctor", "--json")
+        status = cli("status")
+    finally:
+        root.chmod(0o755)
+    assert not (root / ".intloom").exists()
+    assert doctor.returncode == 3, doctor.stdout
+    [check] = [c for c in json.loads(doctor.stdout)["checks"] if c["id"] == "runtime_dir"]
+    assert check["status"] == "attention", check
+    assert check["message"].startswith(
+        f"No .intloom/ yet, and intloom start cannot create it: {root} is not writable by "
+        "you (mode 0500)"), check
+    assert f"chmod 700 {root}" in check["next"], check
+    assert status.returncode == 0, status.stderr
+    assert (f"But intloom start fails on the project as it is: {root} is not writable by you "
+            "(mode 0500)") in status.stdout, status.stdout
+
+
 def test_init_through_a_link_to_a_directory_that_is_not_utf8_writes_nothing(
         tmp_path: Path) -> None:
     """init checked the path as given, not where it leads: through a UTF-8 symlink to a

@@ -240,7 +240,9 @@ def test_a_directory_you_may_not_write_is_named_alike_with_its_mode_and_owner(
     assert metadata == created == who and log.endswith(f"did not start. {who}"), said_theirs
     assert store == (f"Checkpoint store path {theirs / '.intloom' / 'runtime'} cannot be "
                      f"created (Permission denied): {their_fact}; {their_fix}."), store
-    assert doctor is None  # no state directory yet: nothing of doctor's to judge
+    # No state directory yet: the root, where the first start creates it, is judged.
+    assert doctor == [f"{their_fact}; intloom needs to create .intloom/ there (its lock, its "
+                      "log, the Runs' checkpoints).", f"H{their_fix[1:]}"], doctor
 
 
 _KEPT = """
