@@ -143,28 +143,90 @@ def scaffold(target: Path) -> Path:
     _check_target(root)
     _check_outside_sources(root)
     current = root / "."
+    # What this init made, to take back when a later write fails: a half-written project
+    # was left behind (intloom.toml, an empty workflows/), and the "run intloom init again"
+    # its error advised was refused, the directory no longer empty.
+    made: list[Path] = []
     try:
-        root.mkdir(parents=True, exist_ok=True)
+        _make_dirs(root, made)
         for relative, template in SCAFFOLD.items():
             current = root / relative
-            current.parent.mkdir(parents=True, exist_ok=True)
+            _make_dirs(current.parent, made)
             with open(current, "xb") as fh:
+                made.append(current)
                 fh.write(_template(template))
     except NotADirectoryError:
+        _take_back(made)
         raise IntloomError(
             "CLI_INIT_TARGET_INVALID",
             f"{root} is inside a file, not a directory. Pass a new or empty directory.",
         ) from None
     except FileExistsError:
+        _take_back(made)  # only what this init created: the file that appeared is not
         raise IntloomError(
             "CLI_INIT_TARGET_NOT_EMPTY",
             f"{current} appeared while intloom init was writing; it was left as it is. "
             "Choose a new or empty directory.",
         ) from None
     except OSError as exc:
+        from intloom.fsutil import write_refusal  # only on this failure
+
+        refused = write_refusal(current, replaced=False)
+        if refused is not None and current.parent in made:
+            # A directory init made itself refuses: the umask gave it no write permission,
+            # and a chmod of it (gone once taken back) is no fix.
+            refused = _umask_refusal(current.parent) or refused
+        left = _take_back(made)
+        fact = f": {refused[0]}" if refused else ""
+        fix = refused[1] if refused else "Check the directory's permissions and free space"
+        kept = (f"; what it wrote could not all be removed ({', '.join(map(str, left))}): "
+                "remove it" if left else "; what it had written is removed")
         raise IntloomError(
             "CLI_INIT_FAILED",
-            f"Could not write {current} ({exc.strerror}). Check the directory's permissions "
-            "and free space, then run intloom init again.",
+            f"Could not write {current} ({exc.strerror}){fact}{kept}. {fix}, then run "
+            "intloom init again.",
         ) from None
     return root.resolve()
+
+
+def _umask_refusal(directory: Path) -> tuple[str, str] | None:
+    """Why ``directory``, which init created, refuses it a write, when the mode it got from
+    the umask is the reason: (the fact, the fix); None otherwise."""
+    try:
+        mode = stat.S_IMODE(os.stat(directory).st_mode)
+    except OSError:
+        return None
+    if mode & 0o300 == 0o300:
+        return None
+    umask = os.umask(0)
+    os.umask(umask)
+    return (f"intloom init created {directory} with mode {mode:04o}, as your umask ({umask:04o}) "
+            "has it, which does not let its owner write in it",
+            "Set a umask that does (umask 022, or 077 to keep the project private)")
+
+
+def _make_dirs(directory: Path, made: list[Path]) -> None:
+    """``mkdir -p directory``, adding each directory it creates to ``made``, outermost first."""
+    missing = []
+    for path in (directory, *directory.parents):
+        if os.path.lexists(path):
+            break
+        missing.append(path)
+    for path in reversed(missing):
+        path.mkdir()
+        made.append(path)
+
+
+def _take_back(made: list[Path]) -> list[Path]:
+    """Remove what this init made (files it created exclusively, directories it created),
+    newest first; returns what could not be removed."""
+    left = []
+    for path in reversed(made):
+        try:
+            if path.is_dir() and not path.is_symlink():
+                path.rmdir()
+            else:
+                path.unlink()
+        except OSError:
+            left.append(path)
+    return left

@@ -310,6 +310,43 @@ def test_init_refuses_a_directory_inside_a_source_tree_of_the_project_around_it(
     assert scaffold(outer / "workflows" / ".scratch") == outer / "workflows" / ".scratch"
 
 
+def test_init_that_fails_midway_takes_back_what_it_wrote(tmp_path: Path) -> None:
+    """A write that failed after the first (here: under umask 0277 the workflows/ directory
+    init makes is 0500) left intloom.toml and workflows/ behind, and the "run intloom init
+    again" of its error was refused, CLI_INIT_TARGET_NOT_EMPTY. Root writes anywhere, so as
+    root the probe runs without the capabilities that let it (setpriv)."""
+    target = tmp_path / "proj"
+    target.mkdir()
+    prefix: list[str] = []
+    if os.geteuid() == 0:
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            pytest.skip("root writes anywhere, and setpriv (util-linux) is not here to drop that")
+        drop = "-dac_override,-dac_read_search"
+        prefix = [setpriv, f"--bounding-set={drop}", f"--inh-caps={drop}"]
+    probe = (
+        "import json, os, sys\n"
+        "from intloom.errors import IntloomError\n"
+        "from intloom.scaffold import scaffold\n"
+        "os.umask(0o277)\n"
+        "try:\n"
+        "    scaffold(sys.argv[1])\n"
+        "except IntloomError as failed:\n"
+        "    print(json.dumps([failed.code, failed.message]))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([*prefix, sys.executable, "-c", probe, str(target)], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout, out.stderr
+    code, message = json.loads(out.stdout)
+    assert code == "CLI_INIT_FAILED"
+    assert list(target.iterdir()) == [], message
+    assert (f"intloom init created {target / 'workflows'} with mode 0500, as your umask (0277) "
+            "has it") in message, message
+    assert "what it had written is removed. Set a umask that does" in message, message
+    assert scaffold(target) == target  # the retry its message advises
+
+
 def test_a_project_whose_config_is_gone_is_named_with_the_way_back(tmp_path: Path) -> None:
     """intloom.toml removed (or renamed) beside a project's .intloom/, a host perhaps still
     serving it: every command, stop included, said "No intloom.toml ... Run intloom init to
