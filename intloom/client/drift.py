@@ -10,10 +10,11 @@ anything: sources listed or no longer listed, and trees whose bytes hash to anot
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 
 import msgspec
 
@@ -23,7 +24,7 @@ from intloom.errors import IntloomError
 from intloom.project import link_loop, load_config
 from intloom.protocol.messages import PROTOCOL, ServiceView, WorkflowInfo
 
-__all__ = ["SourceChange", "against_host", "since_start"]
+__all__ = ["SourceChange", "against_host", "since_log", "since_start"]
 
 Change = Literal["listed", "unlisted", "edited", "unreadable", "config", "port"]
 
@@ -136,3 +137,50 @@ def against_host(root: Path, service: ServiceView
     except IntloomError:
         return None
     return flows, since_start(root, service, flows)
+
+
+# How much of a stopped host's log is read for what it loaded: its start's lines come first.
+_LOG_HEAD: Final = 1 << 20
+# What holds a Run at the next start rather than resuming it.
+_HOLDS: Final = ("edited", "unreadable", "unlisted")
+
+
+def since_log(root: Path, log: Path | None) -> list[SourceChange]:
+    """What changed on disk since a host that has stopped loaded its Workflows, as its log
+    says (``workflow_loaded``, written at its start): the changes for which the next start
+    holds a Workflow's unfinished Runs rather than resuming them (``edited``, ``unreadable``,
+    ``unlisted``). [] when the log cannot be read, or another intloom wrote it (the identity
+    hashes the version in)."""
+    if log is None:
+        return []
+    try:
+        with open(log, "rb") as fh:
+            head = fh.read(_LOG_HEAD).splitlines()
+    except OSError:
+        return []
+    version: object = None
+    flows: list[WorkflowInfo] = []
+    for line in head:
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(entry, dict):
+            continue
+        event = entry.get("event")
+        if event == "log_opened":
+            version = entry.get("packageVersion")
+        elif event == "workflow_loaded":
+            name, wf_version, identity, source = (
+                entry.get(key) for key in ("workflow", "version", "identity", "source"))
+            if (isinstance(name, str) and isinstance(wf_version, str)
+                    and isinstance(identity, str) and isinstance(source, str)):
+                flows.append(WorkflowInfo(name=name, version=wf_version, identity=identity,
+                                          source=source, stages=[]))
+        elif event in ("service_ready", "service_stopping", "service_start_failed"):
+            break
+    if version != __version__ or not flows:
+        return []
+    service = ServiceView(project_root=str(root), pid=0, instance_id="", port=0,
+                          started_at="", package_version=__version__)
+    return [change for change in since_start(root, service, flows) if change.change in _HOLDS]

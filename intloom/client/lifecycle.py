@@ -114,6 +114,10 @@ class StopResult:
     # A foreground host that a second signal stopped at once: it did not wait for Steps
     # still running (their Runs come back RUN_INTERRUPTED), and may not have listed them.
     forced: bool = False
+    # The Workflow sources changed on disk since the host loaded them (client.drift,
+    # since_log), for which the next start holds their unfinished Runs, not resumes them:
+    # "Run intloom start to resume them" alone was not so. Only ``stop_service_report``.
+    changed: list[SourceChange] = field(default_factory=list)
 
 
 # ----- shared --------------------------------------------------------------------------------
@@ -872,10 +876,10 @@ def stop_service_report(root: str | os.PathLike[str], *,
     log = (paths.logs / info.log_file if info is not None and info.log_file else None)
     while True:
         if _released(paths, target):
-            return _stopped(log)
+            return _with_changes(root, _stopped(log), log)
         if _owner_gone(paths, target.pid, target.create_time, target.boot_id):
             if _released(paths, target):
-                return _stopped(log)
+                return _with_changes(root, _stopped(log), log)
             raise IntloomError("CLI_SERVICE_BUSY", _unverified(paths, target, asked, log))
         if not tried:
             # Observed only by its lock (still starting): ask once it serves.
@@ -928,6 +932,20 @@ def _kept_by_log(log: Path | None) -> list[str]:
         if entry.get("event") == "service_files_kept" and isinstance(problems, list):
             return [str(p) for p in problems]
     return []
+
+
+def _with_changes(root: Path, result: StopResult, log: Path | None) -> StopResult:
+    """``result`` with the sources that changed since the host loaded them, when it left
+    unfinished Runs (or may have: a host that did not say) that the next start would hold."""
+    if result.suspended == 0 and not result.others:
+        return result
+    from intloom.client.drift import since_log  # hashes source trees: only when it matters
+
+    try:
+        changed = since_log(root, log)
+    except (IntloomError, OSError, ValueError):  # advice: the stop itself is done
+        return result
+    return replace(result, changed=changed)
 
 
 def _stopped(log: Path | None) -> StopResult:

@@ -4,6 +4,7 @@ and status would say."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 
 from intloom import __version__
 from intloom.authoring.identity import workflow_identity
-from intloom.client.drift import since_start
+from intloom.client.drift import since_log, since_start
 from intloom.protocol.messages import ServiceView, WorkflowInfo
 
 pytestmark = pytest.mark.timeout(30)
@@ -147,3 +148,35 @@ def test_a_source_under_a_symlink_loop_is_named_as_a_loop_as_the_loader_does(
         assert change.message == (f"{loader[source].message} The host runs {name} 1 as it "
                                   "loaded it."), change.message
     assert "wf is a symbolic link that leads into a loop" in changes["wf/a"].message
+
+
+def _host_log(root: Path, *flows: WorkflowInfo, version: str = __version__) -> Path:
+    """The head of a host's log, as its start writes it (host/boot.py)."""
+    log = root / "LOG-1.jsonl"
+    lines = [{"event": "log_opened", "packageVersion": version}, *(
+        {"event": "workflow_loaded", "workflow": f.name, "version": f.version,
+         "identity": f.identity, "source": f.source} for f in flows),
+        {"event": "service_ready"}, {"event": "service_stopping"}]
+    log.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return log
+
+
+def test_a_stop_names_the_sources_changed_since_its_host_loaded_them(tmp_path: Path) -> None:
+    """intloom stop said "Run intloom start to resume it" of a Run whose Workflow had been
+    edited since the host loaded it; that start held the Run (needs attention)."""
+    from intloom.cli.commands.service import stop_lines
+    from intloom.client.lifecycle import StopResult
+
+    root = _project(tmp_path, "wf/a", "wf/b")
+    log = _host_log(root, _loaded(root, "wf/a", "a"), _loaded(root, "wf/b", "b"))
+    assert since_log(root, log) == []
+    (root / "wf" / "a" / "__init__.py").write_text("# edited\n")
+    [change] = since_log(root, log)
+    assert (change.source, change.change, change.workflow) == ("wf/a", "edited", "a")
+    text = stop_lines(StopResult(stopped=True, cut=[], suspended=1, changed=[change]))
+    assert text[-1] == (
+        "But wf/a (a) changed since this host loaded it: the next start holds the unfinished "
+        "Runs of a (needs attention) rather than resuming them, unless the code they started "
+        "with is put back; intloom doctor lists them."), text
+    # Another intloom's identities differ for every tree: nothing is judged from them.
+    assert since_log(root, _host_log(root, _loaded(root, "wf/a", "a"), version="0.0.1")) == []

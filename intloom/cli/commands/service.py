@@ -10,6 +10,7 @@ from intloom.cli.options import CliState, command
 from intloom.cli.render import Renderer, changed_lines, plain, service_lines
 
 if TYPE_CHECKING:
+    from intloom.client.drift import SourceChange
     from intloom.client.lifecycle import CutRun, StopResult
 
 __all__ = ["start", "stop", "stop_lines"]
@@ -181,7 +182,25 @@ def stop_lines(result: StopResult,
             f"{'it' if result.others == 1 else 'them'} again (intloom doctor previews it).")
     if not result.suspended and not result.others:
         lines.append("No Run was unfinished.")
+    if result.changed:
+        lines.append(_changed_since_load(result.changed))
     return _joined(lines)
+
+
+def _changed_since_load(changed: list[SourceChange]) -> str:
+    """"Run intloom start to resume them" is not so for the Runs of a Workflow whose source
+    changed since the host loaded it: the next start holds them (needs attention)."""
+    facts = []
+    for change in changed:
+        what = f"{change.source} ({change.workflow})" if change.workflow else change.source
+        facts.append({"edited": f"{what} changed since this host loaded it",
+                      "unlisted": f"{what} is no longer listed in intloom.toml"}.get(
+                          change.change, f"{what} cannot be loaded as this host loaded it"))
+    names = sorted({change.workflow for change in changed if change.workflow})
+    whose = f"of {', '.join(names)} " if names else ""
+    return (f"But {'; '.join(facts)}: the next start holds the unfinished Runs {whose}(needs "
+            "attention) rather than resuming them, unless the code they started with is put "
+            "back; intloom doctor lists them.")
 
 
 def _joined(lines: list[str]) -> list[str]:
