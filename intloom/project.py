@@ -297,6 +297,14 @@ def load_config(root: Path) -> Config:
             f"{path}: 'workflows' must be a list of paths (files or packages) relative to "
             'the project root, e.g. workflows = ["workflows/example.py"].',
         )
+    if any("\x00" in entry for entry in workflows):
+        # The loader failed the source as WORKFLOW_DEFINITION_INVALID, "checking its
+        # Workflows raised ValueError: embedded null byte. Fix the definition".
+        raise IntloomError(
+            "INVALID_REQUEST",
+            f"{path}: an entry of 'workflows' holds a NUL character (\\u0000), which no path "
+            "can hold. Remove it from the entry.",
+        )
     port = raw.get("port")
     if port is not None and (
         not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535

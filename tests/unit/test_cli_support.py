@@ -368,6 +368,19 @@ def test_a_project_whose_config_is_gone_is_named_with_the_way_back(tmp_path: Pat
     assert find_root(root / "workflows") == root
 
 
+def test_a_workflows_entry_holding_a_nul_is_a_config_error(tmp_path: Path) -> None:
+    """workflows = ["a\\u0000b.py"] loaded, and the source failed "WORKFLOW_DEFINITION_INVALID:
+    checking its Workflows raised ValueError: embedded null byte. Fix the definition": the
+    entry, not a definition, is wrong."""
+    from intloom.project import load_config
+
+    (tmp_path / "intloom.toml").write_text('workflows = ["ok.py", "a\\u0000b.py"]\n')
+    with pytest.raises(IntloomError) as refused:
+        load_config(tmp_path)
+    assert refused.value.code == "INVALID_REQUEST"
+    assert "an entry of 'workflows' holds a NUL character" in refused.value.message
+
+
 def test_a_config_saved_with_a_byte_order_mark_is_named_as_such(tmp_path: Path) -> None:
     """Saved by an editor as "UTF-8 with BOM", intloom.toml was "not valid TOML (Invalid
     statement (at line 1, column 1))": line 1 looks right, and nothing said why."""
