@@ -15,6 +15,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 from importlib import import_module
+from itertools import pairwise
 from typing import Annotated, Final
 
 import typer
@@ -156,6 +157,13 @@ def _repeated_option(args: Sequence[str], command: object, name: str | None) -> 
     return None
 
 
+def _empty_project(args: Sequence[str]) -> bool:
+    """Whether ``--project`` is given the empty string (``--project ""``, ``--project=``)."""
+    options = args[: args.index("--")] if "--" in args else args
+    return "--project=" in options or any(
+        arg == "--project" and value == "" for arg, value in pairwise(options))
+
+
 def _json_requested(args: Sequence[str]) -> bool:
     """Whether ``--json`` was asked for, before parsing (a usage error is still JSON then)."""
     options = args[: args.index("--")] if "--" in args else args
@@ -245,6 +253,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         repeated = _repeated_option(args, command, name)
         if repeated is not None:
             raise UsageError(f"{repeated} is given more than once; pass it once.")
+        if _empty_project(args):
+            # Path("") is ".": `--project "$DIR"` with DIR unset acted on the working
+            # directory, where --project selects exactly the directory it names.
+            raise UsageError("--project is given an empty path; pass the project's root "
+                             "directory (a variable that is unset or empty, say).")
         result = command.main(
             args=args, prog_name="intloom", standalone_mode=False, obj=state
         )

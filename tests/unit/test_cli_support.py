@@ -99,6 +99,9 @@ def test_only_the_invoked_command_is_built(argv: list[str], name: str | None) ->
         (["stop", "--timeout", "nan"], "'nan' is not a finite number."),
         (["start", "--timeout", "inf"], "'inf' is not a finite number."),
         (["stop", "--timeout", "1e400"], "'1e400' is not a finite number."),
+        # Path("") is "." : the working directory was taken for the project.
+        (["--project", "", "status"], "--project is given an empty path"),
+        (["stop", "--project="], "--project is given an empty path"),
     ],
 )
 def test_bad_option_values_are_usage_errors(
