@@ -67,7 +67,7 @@ from intloom.runtime.machine import (
 )
 from intloom.runtime.model import Cursor, PendingAgentCall, RunView
 from intloom.runtime.plainjson import json_problem, wire_problem
-from intloom.runtime.ports import CheckpointFailed, JournalPort
+from intloom.runtime.ports import CheckpointFailed, JournalPort, RecordTooLarge
 from intloom.runtime.records import (
     UNENCODABLE,
     Answered,
@@ -579,6 +579,14 @@ class Runtime:
             slot.apply(record, state)
         except CheckpointFailed as exc:  # an earlier batch of this Run failed: it cannot write
             failed = exc
+        except RecordTooLarge as exc:
+            raise IntloomError(
+                "RUN_STATE_INVALID",
+                f"Run {slot.run_id}: its {type(record).__name__} record is {exc.size:,} bytes "
+                f"encoded, beyond the journal's {exc.limit:,} bytes per record; nothing was "
+                "recorded. Keep a Stage's State and an effect's result small: write large "
+                "data to a file (or a store of your own) and keep its path or id.",
+            ) from None
         except UNENCODABLE as exc:
             raise IntloomError(
                 "RUN_STATE_INVALID",

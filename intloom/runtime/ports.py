@@ -8,7 +8,7 @@ from typing import Protocol
 from intloom.runtime.machine import RunState
 from intloom.runtime.records import Record
 
-__all__ = ["CheckpointFailed", "JournalPort"]
+__all__ = ["CheckpointFailed", "JournalPort", "RecordTooLarge"]
 
 
 class CheckpointFailed(Exception):
@@ -20,6 +20,17 @@ class CheckpointFailed(Exception):
         super().__init__(f"checkpoint write failed for {len(run_ids)} Run(s): {cause}")
 
 
+class RecordTooLarge(ValueError):
+    """A record whose frame would exceed the journal's limit (``framing.MAX_BODY``): refused
+    before anything is written, as a reader takes a longer frame for damage."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        self.size = size
+        self.limit = limit
+        super().__init__(f"the record is {size:,} bytes encoded; a journal record holds at "
+                         f"most {limit:,}")
+
+
 class JournalPort(Protocol):
     """The durability point. ``append`` buffers; ``sync`` makes every appended record durable.
 
@@ -29,7 +40,10 @@ class JournalPort(Protocol):
     valid.
     """
 
-    def append(self, run_id: str, record: Record, state: RunState | None = None) -> None: ...
+    def append(self, run_id: str, record: Record, state: RunState | None = None) -> None:
+        """Raises :class:`RecordTooLarge` (nothing buffered) for a record the journal
+        cannot hold."""
+        ...
 
     async def sync(self, run_id: str | None = None) -> None: ...
 

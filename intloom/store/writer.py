@@ -29,7 +29,7 @@ import msgspec
 from intloom.errors import IntloomError
 from intloom.fsutil import fsync_dir
 from intloom.runtime.machine import IllegalTransition, RunState, apply
-from intloom.runtime.ports import CheckpointFailed, JournalPort
+from intloom.runtime.ports import CheckpointFailed, JournalPort, RecordTooLarge
 from intloom.runtime.records import PROTOCOL_VERSION, Record, Terminal, encode_record
 from intloom.store import framing
 from intloom.store.compaction import NotSummarised, Track, compact, now
@@ -49,6 +49,7 @@ from intloom.store.framing import (
     KIND_RECORD,
     KIND_SEAL,
     KIND_VOID,
+    MAX_BODY,
     MAX_SEGMENT,
     SealNotice,
     SegmentHeader,
@@ -405,6 +406,11 @@ class Store:
             raise self._closed_error()
         # Encoded first: a record that cannot be encoded raises and changes nothing.
         payload = encode_record(record)
+        rid = run_id.encode()
+        if len(payload) > MAX_BODY - _BODY_HEAD.size - len(rid):
+            # Written, it would be read back as damage (the reader's bound on a frame's
+            # length): the Run would be lost at the next restore from the log.
+            raise RecordTooLarge(_BODY_HEAD.size + len(rid) + len(payload), MAX_BODY)
         lock = self._lock if self._shared else None
         if lock is not None:
             lock.acquire()
@@ -427,7 +433,6 @@ class Store:
             if run_id not in self._pending_first:
                 self._pending_first[run_id] = seq
             # framing.encode_frame(KIND_RECORD, seq, run_id.encode(), payload), inlined
-            rid = run_id.encode()
             body = _BODY_HEAD.pack(KIND_RECORD, seq, len(rid)) + rid + payload
             size = len(body)
             crc = _LEN_CRC.get(size)

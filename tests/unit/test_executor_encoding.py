@@ -611,3 +611,40 @@ def test_a_blank_question_or_option_id_fails_the_step_instead_of_waiting_unanswe
     assert view.last_error is not None and view.last_error.code == "STEP_INTERACTION_INVALID", \
         view.last_error
     assert f"Stage 's', Step 'a': {said}" in view.last_error.message, view.last_error.message
+
+
+class _Blob(msgspec.Struct):
+    text: str = ""
+
+
+def test_a_state_too_large_for_a_journal_record_fails_the_run_and_the_journal_reads_back(
+    tmp_path: Path,
+) -> None:
+    """A journal frame holds at most 64 MiB (docs/format.md), and a reader takes a longer one
+    for damage. A Step that left a State beyond it had its step_result written all the same:
+    the Run went on to wait, and after a crash it came back corrupt (needs attention). The
+    record is refused instead, before anything is written: the Run fails naming the size and
+    the limit, and its journal verifies."""
+    root = tmp_path / "runtime"
+    wf = intloom.Workflow("big", version="1")
+    st = wf.stage("s", state=_Blob)
+
+    @st.step("grow", routes={"ok": "wait"})
+    def grow(ctx: Any) -> str:
+        ctx.state = _Blob("x" * (64 << 20))
+        return "ok"
+
+    @st.step("wait", routes={"yes": intloom.COMPLETE, "no": intloom.COMPLETE})
+    async def wait(ctx: Any) -> str:
+        answer = await ctx.confirm({"n": 1})
+        return "yes" if answer.confirmed else "no"
+
+    view = _settled(root, wf)
+    assert view.status == "failed" and view.last_error is not None
+    assert view.last_error.code == "RUN_STATE_INVALID"
+    message = view.last_error.message
+    assert "StepResult record" in message and "67,108,864" in message, message
+    assert "nothing was recorded" in message and "file" in message, message
+    [journal] = [j for j in verify(root) if j.run_id == view.run_id]
+    assert journal.status == "ok" and journal.state is not None, journal
+    assert journal.state.status == "failed"
