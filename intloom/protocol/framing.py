@@ -95,6 +95,11 @@ def _decode(decoder: msgspec.msgpack.Decoder[_T], body: bytes, what: str) -> _T:
         return decoder.decode(body)
     except msgspec.DecodeError as exc:
         raise FrameError(f"the frame is not a valid {what} ({exc})", fatal=False) from None
+    except RecursionError:
+        # msgspec's depth limit, reached by a few bytes per level (a hostile or broken peer):
+        # not a DecodeError, and the frame boundary is intact all the same.
+        raise FrameError(f"the frame is not a valid {what} (a value in it is nested too "
+                         "deeply)", fatal=False) from None
 
 
 def decode_first(body: bytes) -> Hello | Request:

@@ -37,6 +37,15 @@ def encode(obj: Any) -> bytes:
     return frame(msgspec.msgpack.encode(obj))
 
 
+def nested_body(depth: int, head: dict[str, Any] | None = None, field: str = "answer") -> bytes:
+    """``head`` (an answer request by default) with ``field`` set to ``depth`` one-element
+    arrays nested in each other, in msgpack: a few bytes per level."""
+    fields = msgspec.msgpack.encode(head or {"op": "answer", "runId": "r", "actionId": "a"})
+    assert 0x80 <= fields[0] < 0x8F  # a fixmap, which one more field keeps one
+    return bytes([fields[0] + 1]) + fields[1:] + msgspec.msgpack.encode(field) + (
+        b"\x91" * depth + b"\xc0")
+
+
 def raw(port: int) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", port), timeout=10)
     return sock

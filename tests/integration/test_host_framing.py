@@ -20,6 +20,7 @@ from intloom.protocol.framing import (
 )
 from intloom.protocol.messages import MAX_FRAME, PROTOCOL, CreateRun, Hello, RunEvent, Status
 from intloom.runtime.model import Cursor, RunView
+from tests.integration.host_support import nested_body
 
 
 def _read_async(data: bytes) -> bytes:
@@ -67,6 +68,20 @@ def test_undecodable_body_is_not_fatal() -> None:
     assert not bad.value.fatal
     with pytest.raises(FrameError):
         decode_response(encode_frame(Status())[4:])  # a request is not a response
+
+
+def test_a_body_nested_too_deeply_is_an_undecodable_body_not_a_crash() -> None:
+    """msgspec raises RecursionError, not DecodeError, for a value nested past its depth
+    limit: it escaped the decoders, and the host dropped the connection (after the hello as
+    before it) with no reply and an error-level connection_failed line, as for a bug."""
+    request = nested_body(100_000)
+    response = nested_body(100_000, {"op": "tool_result"}, "output")
+    for decode, body in ((decode_first, request), (decode_request, request),
+                         (decode_response, response)):
+        with pytest.raises(FrameError) as bad:
+            decode(body)
+        assert not bad.value.fatal  # the frame boundary is intact
+        assert "nested too deeply" in str(bad.value)
 
 
 def test_clean_and_torn_closes_are_told_apart() -> None:

@@ -22,6 +22,7 @@ from tests.integration.host_support import (
     error_code,
     frame,
     hello_frame,
+    nested_body,
     raw,
     reply,
     serves,
@@ -101,6 +102,10 @@ def test_bad_request_after_hello_keeps_the_connection(project: Project) -> None:
         assert isinstance(reply(sock), HelloOk)
         sock.sendall(encode({"op": "no_such_request"}))
         assert error_code(reply(sock)) == "INVALID_REQUEST"
+        sock.sendall(frame(nested_body(100_000)))  # beyond msgspec's depth: RecursionError
+        refused = reply(sock)
+        assert error_code(refused) == "INVALID_REQUEST"
+        assert "nested too deeply" in refused.error.message  # type: ignore[union-attr]
         sock.sendall(encode({"op": "status"}))
         answer = reply(sock)
         assert isinstance(answer, StatusReply)
