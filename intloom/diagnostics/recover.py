@@ -28,7 +28,14 @@ from typing import Final
 
 import msgspec
 
-from intloom.diagnostics.owners import NO_CONNECTION_FIX, Inspection, inspect, judge_owners
+from intloom.diagnostics.owners import (
+    MESSAGES,
+    NO_CONNECTION_FIX,
+    Diagnosis,
+    Inspection,
+    inspect,
+    judge_owners,
+)
 from intloom.diagnostics.portguard import PortGuard, port_in_use
 from intloom.diagnostics.temps import TempFile, metadata_temps
 from intloom.errors import ErrorView, IntloomError
@@ -194,6 +201,30 @@ def _unremovable(path: Path, exc: OSError) -> tuple[str, str]:
     return f": {refused.fact}", fix
 
 
+def _blocked_message(diagnosis: Diagnosis) -> str:
+    """The diagnosis message (reference wording), and for an owner alive or unknown what
+    status shows under it: each file, its pid and the evidence -- the sentence alone names
+    neither the file nor the process -- then the way on."""
+    if diagnosis.message != MESSAGES["owner_exists"]:
+        return diagnosis.message  # a host starting or stopping, a port, a connection: named
+    facts: list[str] = []
+    held = False  # the OS lock is someone's: fuser finds who
+    for owner in diagnosis.owners:
+        if owner.status == "gone":
+            continue
+        verdict = "which is alive" if owner.status == "alive" else (
+            "whose exit cannot be verified")
+        found = "; ".join(item.found for item in owner.evidence if item.check != "boot_id")
+        facts.append(f"{owner.path} names pid {owner.pid}, {verdict}: {found}.")
+        held = held or any(item.check == "os_lock" and "held" in item.found
+                           for item in owner.evidence)
+    find = ("find the process that holds the lock with fuser -v .intloom/service.lock and "
+            "let it exit" if held else "let that process exit")
+    return (f"{diagnosis.message} {' '.join(facts)} Run intloom doctor: it says what to do "
+            f"for each. Do not remove these files by hand while their owner may still run: "
+            f"{find} first.")
+
+
 def recover(root: Path, *, dry_run: bool) -> RecoverResult:
     """Remove stale host resources after their owner is verifiably gone (or plan it).
 
@@ -214,7 +245,7 @@ def recover(root: Path, *, dry_run: bool) -> RecoverResult:
         # would, before anything is read a second time.
         raise port_in_use(insp.port_taken, insp.port_holder)
     if diagnosis.status == "blocked":
-        raise IntloomError("CLI_RECOVERY_BLOCKED", diagnosis.message)
+        raise IntloomError("CLI_RECOVERY_BLOCKED", _blocked_message(diagnosis))
     plan = _plan(insp)
     # Named, never removed: DESIGN lets recover remove service.json and service.lock only.
     # Only those whose writer is provably gone: a starting host's lock is written through one.

@@ -117,14 +117,26 @@ def test_live_owner_blocks_and_nothing_is_touched(tmp_path: Path) -> None:
         _user_data(root)
         error = _blocked(root)
         _blocked(root, dry_run=True)
-    assert "No cleanup performed" in error.message
+    # The refusal names the files, the owner and what was found, and the way on: the
+    # documented sentence alone named none of them.
+    assert error.message.startswith(
+        "A resource owner still exists or its exit cannot be verified. No cleanup performed.")
+    assert (f".intloom/service.lock names pid {proc.pid}, which is alive: process {proc.pid} "
+            "exists with the owner's create time") in error.message, error.message
+    assert f".intloom/service.json names pid {proc.pid}, which is alive" in error.message
+    assert "Run intloom doctor" in error.message and "by hand" in error.message
 
 
 def test_held_lock_blocks(tmp_path: Path) -> None:
     root = make_root(tmp_path)
-    crash_leftovers(root, dead_pid(), 1_000_000.0)
+    pid = dead_pid()
+    crash_leftovers(root, pid, 1_000_000.0)
     with lock_holder(ProjectPaths(root).service_lock):
-        _blocked(root)
+        error = _blocked(root)
+    assert (f".intloom/service.lock names pid {pid}, whose exit cannot be verified: no "
+            f"process has pid {pid}; the OS lock on service.lock is held by a live "
+            "process") in error.message, error.message
+    assert "fuser -v .intloom/service.lock" in error.message
 
 
 def test_missing_connection_blocks(tmp_path: Path) -> None:
