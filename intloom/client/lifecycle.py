@@ -195,24 +195,41 @@ def _saved_service(paths: ProjectPaths) -> ServiceInfo | None:
         return None  # _live_service reports it
 
 
-def _log_says_stopping(paths: ProjectPaths, info: ServiceInfo) -> bool:
-    """The host's own log has its ``service_stopping`` line: it is on its way out."""
-    if not info.log_file or "/" in info.log_file:
-        return False
+_LOG_TAIL: Final = 256 * 1024  # the stop's lines are the log's last; a long log is not read
+
+
+def _log_path(paths: ProjectPaths, name: str | None) -> Path | None:
+    """The host log ``service.json`` names, in ``.intloom/logs``: a plain name only (the
+    file is not trusted to name a path elsewhere), as ``hostlog.host_log_name`` reads it."""
+    if not name or Path(name).name != name or name in (".", ".."):
+        return None
+    return paths.logs / name
+
+
+def _log_tail(log: Path | None) -> bytes | None:
+    """The last ``_LOG_TAIL`` bytes of ``log``; None when it is not a regular file that can
+    be read. Never through a link, never blocked by a FIFO put in its place."""
+    if log is None:
+        return None
     try:
-        # Never through a link, never blocked by a FIFO put in its place.
-        fd = os.open(paths.logs / info.log_file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd = os.open(log, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
-        return False
+        return None
     try:
         with open(fd, "rb") as fh:
             st = os.fstat(fh.fileno())
             if not stat.S_ISREG(st.st_mode):
-                return False
+                return None
             fh.seek(max(0, st.st_size - _LOG_TAIL))
-            return b'"event":"service_stopping"' in fh.read()
+            return fh.read()
     except OSError:
-        return False
+        return None
+
+
+def _log_says_stopping(paths: ProjectPaths, info: ServiceInfo) -> bool:
+    """The host's own log has its ``service_stopping`` line: it is on its way out."""
+    tail = _log_tail(_log_path(paths, info.log_file))
+    return tail is not None and b'"event":"service_stopping"' in tail
 
 
 def _released_by_stop(paths: ProjectPaths, info: ServiceInfo, deadline: float) -> bool:
@@ -612,7 +629,7 @@ def _run_foreground(root: Path, *, port: int | None, strict: bool, progress: Pro
         its log says the same, and a Run cut mid-Step must be named here too."""
         if said or not ready or failure or host.release_problems or code != 0:
             return  # it failed: its error, raised below, is what is said
-        log = ProjectPaths(root).logs / ready[0].log_file if ready[0].log_file else None
+        log = _log_path(ProjectPaths(root), ready[0].log_file)
         said.append(replace(_stopped(log), forced=host.force_exit))
         if on_stopped is not None:
             on_stopped(said[0])
@@ -873,7 +890,7 @@ def stop_service_report(root: str | os.PathLike[str], *,
     if info is not None:
         asked = _request_stop(root, paths, target, deadline)
         tried = True
-    log = (paths.logs / info.log_file if info is not None and info.log_file else None)
+    log = _log_path(paths, info.log_file) if info is not None else None
     while True:
         if _released(paths, target):
             return _with_changes(root, _stopped(log), log)
@@ -896,20 +913,13 @@ def stop_service_report(root: str | os.PathLike[str], *,
         time.sleep(min(_POLL, remaining))  # a poll between two reads of the metadata
 
 
-_LOG_TAIL: Final = 256 * 1024  # the stop's lines are the log's last; a long log is not read
-
-
 def _stop_lines(log: Path | None) -> list[dict[str, Any]]:
     """The log's lines from its last ``service_stopping`` on (newest first); none when it
     cannot be read."""
-    if log is None:
+    tail = _log_tail(log)
+    if tail is None:
         return []
-    try:
-        with open(log, "rb") as fh:
-            fh.seek(max(0, os.fstat(fh.fileno()).st_size - _LOG_TAIL))
-            lines = fh.read().splitlines()
-    except OSError:
-        return []
+    lines = tail.splitlines()
     found: list[dict[str, Any]] = []
     for line in reversed(lines):
         try:

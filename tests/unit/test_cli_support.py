@@ -431,3 +431,56 @@ def test_a_config_its_user_may_not_read_is_named_with_its_mode_and_the_fix(
     assert code == "CLI_PROJECT_INVALID"
     assert f"{config} is not readable by you (mode 0000)" in message, message
     assert f"Run chmod u+r {config}" in message, message
+
+
+@pytest.mark.parametrize("planted", ["fifo", "link", "absolute-name"])
+def test_stop_after_a_crash_reads_the_hosts_log_only_as_its_own_plain_file(
+    tmp_path: Path, planted: str
+) -> None:
+    """``stop`` reads the log service.json names to say why a host left its files. It opened
+    that name as given: a FIFO there hung it past its deadline (for ever), and a link or an
+    absolute name made it quote ``service_files_kept`` from a file outside .intloom/logs."""
+    import threading
+
+    from intloom.host.metadata import ServiceInfo, read_service, write_service
+    from intloom.project import ProjectPaths
+    from tests.unit.diagnostics_support import crash_leftovers, dead_pid, make_root, tree
+
+    root = make_root(tmp_path)
+    crash_leftovers(root, dead_pid(), 1_000_000.0)
+    paths = ProjectPaths(root)
+    paths.logs.mkdir(mode=0o700)
+    elsewhere = tmp_path / "elsewhere.jsonl"
+    elsewhere.write_text('{"event":"service_files_kept","problems":["PLANTED"]}\n')
+    name = "LOG-20261130T000000000Z.jsonl"
+    if planted == "fifo":
+        os.mkfifo(paths.logs / name, 0o600)
+    elif planted == "link":
+        (paths.logs / name).symlink_to(elsewhere)
+    else:
+        name = str(elsewhere)
+    info = read_service(paths.service_json, root)
+    assert info is not None
+    os.unlink(paths.service_json)
+    write_service(paths.service_json, ServiceInfo(**{
+        **{f: getattr(info, f) for f in info.__struct_fields__}, "log_file": name}))
+    before = tree(root)
+    outcome: list[BaseException] = []
+    stopper = threading.Thread(target=lambda: _stop_into(root, outcome), daemon=True)
+    stopper.start()
+    stopper.join(timeout=10)
+    if stopper.is_alive():  # blocked opening the FIFO: a writer's open and close frees it
+        os.close(os.open(paths.logs / name, os.O_WRONLY | os.O_NONBLOCK))
+        stopper.join(timeout=10)
+        pytest.fail("intloom stop blocked on the FIFO planted at the host's log")
+    [error] = outcome
+    assert isinstance(error, IntloomError) and error.code == "CLI_SERVICE_BUSY", error
+    assert "PLANTED" not in error.message and "killed or crashed" in error.message, error
+    assert tree(root) == before
+
+
+def _stop_into(root: Path, outcome: list[BaseException]) -> None:
+    try:
+        stop_service_report(root, timeout=5)
+    except BaseException as exc:  # the test judges what was raised, whatever it is
+        outcome.append(exc)
