@@ -12,9 +12,12 @@ from typing import Any, Final
 __all__ = ["json_path", "json_problem", "wire_problem"]
 
 
-# Deeper than any JSON an Agent or a Tool means to send (msgspec's own limit is lower still),
-# and what stops a value that contains itself.
-MAX_DEPTH: Final = 1000
+# Deeper than any JSON an Agent or a Tool means to send, and what stops a value that contains
+# itself. Well inside msgspec's own limit, which is Python's recursion limit (1,000) less the
+# stack below the call: a value accepted here is later encoded inside a record, a few frames
+# deeper, after records before it were appended. At 1,000 an Agent's output ~950 deep passed
+# and then failed its StepResult, after its Executing was appended.
+MAX_DEPTH: Final = 500
 
 _SCALARS: Final = frozenset({str, int, bool, type(None)})
 # Where an item sits: (its container's place, its key or index), None for the value itself.

@@ -648,3 +648,57 @@ def test_a_state_too_large_for_a_journal_record_fails_the_run_and_the_journal_re
     [journal] = [j for j in verify(root) if j.run_id == view.run_id]
     assert journal.status == "ok" and journal.state is not None, journal
     assert journal.state.status == "failed"
+
+
+def _nested_list(depth: int) -> Any:
+    value: Any = None
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def test_an_agent_output_nested_near_the_encoders_limit_is_refused_before_anything_is_recorded(
+    tmp_path: Path,
+) -> None:
+    """The output was checked alone (plain JSON within 1,000 levels, and encodable), then
+    recorded inside an Executing and a StepResult a few stack frames deeper: a depth between
+    the two passed the checks, the Executing was appended, and the StepResult raised
+    RecursionError. The Run then waited on a task that every request called "not the current
+    task" -- naming that same task -- and a restart reported it interrupted. Every depth is
+    now either refused with nothing recorded, the task still claimed, or completes."""
+    root = tmp_path / "runtime"
+    wf = intloom.Workflow("deep", version="1")
+    st = wf.stage("s")
+
+    @st.agent_step("research", routes={"done": intloom.COMPLETE})
+    def research(ctx: Any) -> Any:
+        return {"task": ctx.intent}
+
+    async def main() -> tuple[str, int]:
+        store = open_store(root)
+        rt = _runtime(store, wf)
+        view = await rt.wait_stable((await rt.create_run("deep", "find x")).run_id)
+        call = view.pending_agent_call
+        assert call is not None
+        token, _ = await rt.claim_agent_call(view.run_id, call.id, "c1")
+        for depth in range(1000, 0, -1):
+            try:
+                done = await rt.complete_agent_call(view.run_id, call.id, token, "done",
+                                                    _nested_list(depth))
+            except IntloomError as exc:
+                assert exc.code == "INVALID_REQUEST", (depth, exc)
+                still = rt.get(view.run_id)
+                assert still.phase == "waiting" and still.pending_agent_call is not None
+                assert still.pending_agent_call.phase == "claimed", depth
+                continue
+            assert done.status == "completed", (depth, done)
+            break
+        await store.close()
+        return view.run_id, depth
+
+    run_id, depth = asyncio.run(asyncio.wait_for(main(), timeout=20))
+    assert depth >= 256  # far deeper than any JSON an Agent means to send
+    phases = [type(e.record).__name__ for e in read_history(root, run_id)]
+    # One completion recorded, after the claim: none of the refused ones left a trace.
+    assert phases[phases.index("Waiting"):] == ["Waiting", "Waiting", "Executing", "StepResult",
+                                                "Terminal"], phases
