@@ -64,7 +64,8 @@ from intloom.runtime.records import (
 if TYPE_CHECKING:
     from intloom.executor.runtime import Runtime
 
-__all__ = ["AgentClaim", "Driver", "RunObserver", "RunSlot", "check_effect_ids", "code_at"]
+__all__ = ["AgentClaim", "Driver", "RunObserver", "RunSlot", "check_effect_ids", "code_at",
+           "still_claimed", "without_claim_advice"]
 
 # (event, run id, detail, status): told of a Run's milestones, e.g. to write the host log.
 # (event, run id, detail, status) -> whether the host log now holds it (None: not said).
@@ -930,7 +931,7 @@ def _any_gap(value: Any, parts: _AnyParts) -> tuple[str, str] | None:
     return None
 
 
-def _still_claimed(exc: IntloomError, where: str) -> IntloomError:
+def still_claimed(exc: IntloomError, where: str) -> IntloomError:
     """``exc``, raised by (or for) an Agent Step's ``on_complete``, saying where, that the
     completion recorded nothing, and what the Agent can do."""
     if exc.code == "EXECUTION_OWNERSHIP_LOST" or _STILL_CLAIMED in exc.message:
@@ -1980,7 +1981,7 @@ class Driver:
             # for any refusal, that nothing was recorded and what it can do.
             if ctx._calls is not None:
                 _refused_effects(ctx, where, exc)
-            raise _still_claimed(exc, where) from None
+            raise still_claimed(exc, where) from None
         except Exception as exc:
             if ctx._calls is not None:
                 _refused_effects(ctx, where, exc)
@@ -2000,7 +2001,7 @@ class Driver:
         try:
             return _encode_state(ctx.state, where, step.stage.state_type)
         except IntloomError as exc:
-            raise _still_claimed(exc, where) from None
+            raise still_claimed(exc, where) from None
 
     async def _run_recover(self, slot: RunSlot) -> None:
         rt = self.rt

@@ -46,6 +46,7 @@ from intloom.executor.driver import (
     RunSlot,
     check_effect_ids,
     code_at,
+    still_claimed,
     without_claim_advice,
 )
 from intloom.executor.updates import RunUpdate
@@ -53,6 +54,7 @@ from intloom.protocol.messages import MAX_PAGE, RestoreSummary
 from intloom.runtime.limits import (
     MAX_INTENT_BYTES,
     MAX_LOGGED_MESSAGE,
+    MAX_RECORD_BYTES,
     MAX_REQUEST_BYTES,
 )
 from intloom.runtime.machine import (
@@ -80,6 +82,7 @@ from intloom.runtime.records import (
     Terminal,
     Waiting,
     check_encodable,
+    encode_record,
 )
 
 __all__ = [
@@ -1312,14 +1315,21 @@ class Runtime:
         slot, _call = self._agent_slot(run_id, call_id)
         self._check_owner(slot, owner_token)
         now = clock.now()
+        result = StepResult(at=now, stage=cursor.stage, step=cursor.step or "",
+                            outcome=outcome, state=state, output=output)
+        # Measured before the Executing goes in: refused by the journal after it, the Run
+        # would wait on a task that no request could complete any more.
+        size = len(encode_record(result)) + len(run_id) + 64  # + the frame's own fields
+        if size > MAX_RECORD_BYTES:
+            raise still_claimed(IntloomError(
+                "STAGE_STATE_INVALID",
+                f"{step.where} on_complete left a State of {len(state or b''):,} bytes as "
+                f"JSON: with the Agent's output, the completion's record is {size:,} bytes "
+                f"encoded, beyond the journal's {MAX_RECORD_BYTES:,} bytes per record. Keep "
+                "the State small: write large data to a file and keep its path.",
+            ), f"{step.where} on_complete")
         self.append(slot, Executing(at=now, stage=cursor.stage, step=cursor.step, kind="agent"))
-        self.append(
-            slot,
-            StepResult(
-                at=now, stage=cursor.stage, step=cursor.step or "", outcome=outcome,
-                state=state, output=output,
-            ),
-        )
+        self.append(slot, result)
         slot.agent = AgentClaim()
         self._agent_ended[run_id] = end
         await self.sync(slot)  # the outcome is durable before routing or reporting

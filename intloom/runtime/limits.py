@@ -17,6 +17,7 @@ __all__ = [
     "MAX_INTENT_BYTES",
     "MAX_LOGGED_MESSAGE",
     "MAX_OUTCOME",
+    "MAX_RECORD_BYTES",
     "MAX_REQUEST_BYTES",
 ]
 
@@ -33,3 +34,7 @@ MAX_INTENT_BYTES: Final = 1 << 20
 MAX_OUTCOME: Final = 1024
 # How much of a message cut to ``MAX_MESSAGE`` the host log keeps (the full text, up to here).
 MAX_LOGGED_MESSAGE: Final = 64 * 1024
+# One journal record's frame body (docs/format.md): the store refuses a longer one before
+# writing it (a reader takes it for damage), and the executor measures a record against it
+# where a refusal must come before the records that precede it are appended.
+MAX_RECORD_BYTES: Final = 64 << 20

@@ -17,6 +17,7 @@ from typing import Final, Literal
 
 import msgspec
 
+from intloom.runtime.limits import MAX_RECORD_BYTES
 from intloom.runtime.records import FORMAT_VERSION
 
 __all__ = [
@@ -48,7 +49,7 @@ KIND_RECORD: Final = 1
 KIND_VOID: Final = 2
 KIND_SEAL: Final = 3
 _KINDS: Final = frozenset({KIND_RECORD, KIND_VOID, KIND_SEAL})
-MAX_BODY: Final = 64 << 20
+MAX_BODY: Final = MAX_RECORD_BYTES
 # Damaged regions up to this size keep their bytes, so a reader can tell whose frame it was.
 _KEEP_DAMAGED: Final = 1 << 20
 # A segment's file name is its number in exactly ten ASCII digits: the highest number a

@@ -702,3 +702,46 @@ def test_an_agent_output_nested_near_the_encoders_limit_is_refused_before_anythi
     # One completion recorded, after the claim: none of the refused ones left a trace.
     assert phases[phases.index("Waiting"):] == ["Waiting", "Waiting", "Executing", "StepResult",
                                                 "Terminal"], phases
+
+
+def test_an_on_complete_state_too_large_for_a_record_is_refused_and_the_task_stays_claimed(
+    tmp_path: Path,
+) -> None:
+    """The completion's StepResult (the State on_complete left, with the Agent's output) was
+    first measured by the journal, after its Executing was appended: refused there, the Run
+    waited on a task no request could complete any more. It is refused before, as any other
+    refusal of on_complete: nothing recorded, the task still claimed."""
+    root = tmp_path / "runtime"
+    wf = intloom.Workflow("agentbig", version="1")
+    st = wf.stage("s", state=_Blob)
+
+    @st.agent_step("research", routes={"big": intloom.COMPLETE, "small": intloom.COMPLETE})
+    def research(ctx: Any) -> Any:
+        return {"task": ctx.intent}
+
+    @research.on_complete
+    def absorb(ctx: Any, result: Any) -> None:
+        ctx.state = _Blob("x" * (64 << 20) if result.outcome == "big" else "ok")
+
+    async def main() -> str:
+        store = open_store(root)
+        rt = _runtime(store, wf)
+        view = await rt.wait_stable((await rt.create_run("agentbig", "find x")).run_id)
+        call = view.pending_agent_call
+        assert call is not None
+        token, _ = await rt.claim_agent_call(view.run_id, call.id, "c1")
+        with pytest.raises(IntloomError) as refused:
+            await rt.complete_agent_call(view.run_id, call.id, token, "big", None)
+        assert refused.value.code == "STAGE_STATE_INVALID", refused.value
+        message = refused.value.message
+        assert "on_complete" in message and "67,108,864" in message, message
+        assert "the task stays claimed" in message, message
+        done = await rt.complete_agent_call(view.run_id, call.id, token, "small", None)
+        assert done.status == "completed"
+        await store.close()
+        return view.run_id
+
+    run_id = asyncio.run(asyncio.wait_for(main(), timeout=20))
+    [journal] = [j for j in verify(root) if j.run_id == run_id]
+    assert journal.status == "ok" and journal.state is not None
+    assert journal.state.status == "completed"
