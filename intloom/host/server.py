@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Final
 
 import msgspec
 
-from intloom.errors import ErrorView, IntloomError, error_view
+from intloom.errors import MAX_MESSAGE, ErrorView, IntloomError, clip, error_view
 from intloom.host.handlers import Handlers
 from intloom.host.logfile import HostLog
 from intloom.protocol.framing import (
@@ -170,6 +170,23 @@ class FollowBacklog:
 
     def too_slow(self, buffered: int) -> bool:
         return buffered > self.limit + self.history
+
+
+# How much of one of its request's own strings an error quotes once the error is long: ids,
+# names and outcomes are short, and one of megabytes, quoted whole, made the reply as long
+# (past the frame: RESPONSE_TOO_LARGE, "please report it", logged as the host's fault).
+_QUOTED: Final = 200
+
+
+def _quoting_bounded(view: ErrorView, request: Request) -> ErrorView:
+    """``view`` with each long string of ``request`` it quotes cut to its start and length,
+    then the message cut to MAX_MESSAGE (the fix comes last: cut only when still over)."""
+    message = view.message
+    for name in request.__struct_fields__:
+        value = getattr(request, name, None)
+        if isinstance(value, str) and len(value) > _QUOTED and value in message:
+            message = message.replace(value, f"{value[:_QUOTED]}… ({len(value):,} characters)")
+    return ErrorView(code=view.code, message=clip(message), retryable=view.retryable)
 
 
 class _Refused(Exception):
@@ -435,7 +452,7 @@ class Server:
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: Subscribe
     ) -> None:
         if self.closing:
-            await self._write(writer, _closing(request, self._next_start(request)))
+            await self._write(writer, _closing(request, self._next_start(request)), request)
             return
 
         transport = writer.transport
@@ -470,7 +487,7 @@ class Server:
         try:
             stop = await self.handlers.follow(request.run_id, send, fail)
         except IntloomError as exc:
-            await self._write(writer, ErrorReply(error=exc.view()))
+            await self._write(writer, ErrorReply(error=exc.view()), request)
             return
         # A follower that hangs up while the Run sits waiting must not pin the stream: any
         # byte or end-of-file from the peer ends it.
@@ -494,6 +511,9 @@ class Server:
 
     async def _write(self, writer: asyncio.StreamWriter, message: msgspec.Struct,
                      request: Request | None = None) -> None:
+        if (isinstance(message, ErrorReply) and request is not None
+                and len(message.error.message) > MAX_MESSAGE):
+            message = ErrorReply(error=_quoting_bounded(message.error, request))
         try:
             frame = encode_frame(message)
         except FrameError as exc:

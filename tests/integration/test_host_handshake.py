@@ -106,6 +106,14 @@ def test_bad_request_after_hello_keeps_the_connection(project: Project) -> None:
         refused = reply(sock)
         assert error_code(refused) == "INVALID_REQUEST"
         assert "nested too deeply" in refused.error.message  # type: ignore[union-attr]
+        # An id of megabytes: the error quoted it whole, a reply past the frame limit, sent
+        # as RESPONSE_TOO_LARGE "please report it" and logged as a host fault.
+        for op, size in (("get_run", MAX_FRAME - 64), ("subscribe", 1 << 20)):
+            sock.sendall(encode({"op": op, "runId": "R" * size}))
+            missing = reply(sock)
+            assert error_code(missing) == "NOT_FOUND", missing
+            message = missing.error.message  # type: ignore[union-attr]
+            assert len(message) < 1000 and f"({size:,} characters)" in message, message
         sock.sendall(encode({"op": "status"}))
         answer = reply(sock)
         assert isinstance(answer, StatusReply)
