@@ -172,4 +172,11 @@ def check_encodable(value: Any) -> None:
 
 def decode_record(data: bytes) -> Record:
     """Decode one record; raises ``msgspec.DecodeError`` or ``msgspec.ValidationError``."""
-    return _decoder.decode(data)
+    try:
+        return _decoder.decode(data)
+    except RecursionError:
+        # msgspec's depth limit is Python's recursion limit less the stack below this call:
+        # a value written from a shallow stack can be too deep to read from a deeper one (a
+        # restore runs deep inside a start). Raised as it was, it failed the whole start.
+        raise msgspec.DecodeError("a value in the record is nested too deeply to decode "
+                                  "here (Python's recursion limit)") from None

@@ -1,0 +1,53 @@
+"""A record nested deeper than the reader can decode where it reads (msgspec's depth limit is
+Python's recursion limit less the stack below it): the read names that Run's record and goes
+on. It raised RecursionError out of the reader, and the host could not start at all."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from intloom.runtime.records import EffectDone, EffectStarted, Executing, StagePending, StepReady
+from intloom.store import read_history, read_runs, verify
+from tests.unit.test_store_support import abandon, header, open_store
+
+
+def _nested(depth: int) -> Any:
+    value: Any = None
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def _from_deep_in_the_stack(frames: int, fn: Any) -> Any:
+    """``fn()`` called ``frames`` Python frames deeper than here (a host's restore runs deep
+    inside its start; a test's call is shallow)."""
+    if frames == 0:
+        return fn()
+    return _from_deep_in_the_stack(frames - 1, fn)
+
+
+def test_a_record_too_deep_to_decode_holds_its_run_and_the_others_are_read(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "runtime"
+    store = open_store(root)
+    for run_id, depth in (("RUN-deep", 900), ("RUN-plain", 1)):
+        store.append(run_id, header(run_id))
+        store.append(run_id, StagePending(at="t", stage="draft"))
+        store.append(run_id, StepReady(at="t", stage="draft", step="s1", state=b"{}"))
+        store.append(run_id, Executing(at="t", stage="draft", step="s1"))
+        store.append(run_id, EffectStarted(at="t", name="e", key="k"))
+        store.append(run_id, EffectDone(at="t", name="e", key="k", result=_nested(depth)))
+    store.sync_blocking()
+    abandon(store)  # a crash: the restore reads the log
+
+    for read in (read_runs, verify):
+        found = _from_deep_in_the_stack(300, lambda read=read: read(root))
+        journals = {j.run_id: j for j in found}
+        assert journals["RUN-plain"].status == "ok"
+        deep = journals["RUN-deep"]
+        assert deep.status == "corrupt" and "nested too deeply" in (deep.problem or ""), deep
+    entries = _from_deep_in_the_stack(300, lambda: read_history(root, "RUN-deep"))
+    assert entries[-1].verdict == "undecodable" and "nested too deeply" in (
+        entries[-1].problem or ""), entries[-1]
