@@ -9,7 +9,7 @@ from typing import Any, Final
 import msgspec
 
 from intloom.errors import IntloomError
-from intloom.runtime.plainjson import json_path
+from intloom.runtime.plainjson import MAX_DEPTH, deeper_than, json_path
 
 __all__ = [
     "Confirmation",
@@ -158,19 +158,23 @@ def confirmation_request(context: Any, where: str) -> dict[str, Any]:
         )
     try:
         msgspec.json.encode(context)
+        # Encodable here, but a restart decodes the request from deeper in the stack.
+        too_deep = deeper_than(msgspec.to_builtins(context))
     except RecursionError:
-        raise IntloomError(
-            "STEP_INTERACTION_INVALID",
-            f"{where}: the context given to ctx.confirm holds itself, or is nested too deeply, "
-            "to be encoded as JSON (RecursionError). Pass a tree of plain data a few hundred "
-            "levels deep at most; a person reads it at a prompt.",
-        ) from None
+        too_deep = True
     except (TypeError, msgspec.EncodeError, UnicodeEncodeError) as exc:
         raise IntloomError(
             "STEP_INTERACTION_INVALID",
             f"{where}: the context given to ctx.confirm is not JSON-encodable ({exc}). Pass "
             "plain data (str, numbers, bools, None, lists, dicts, msgspec Structs).",
         ) from None
+    if too_deep:
+        raise IntloomError(
+            "STEP_INTERACTION_INVALID",
+            f"{where}: the context given to ctx.confirm holds itself, or is nested too deeply "
+            f"(more than {MAX_DEPTH} levels), to be recorded. Pass a tree of plain data a few "
+            "hundred levels deep at most; a person reads it at a prompt.",
+        )
     return {"context": context}
 
 

@@ -44,7 +44,7 @@ from intloom.runtime.machine import (
     to_view,
 )
 from intloom.runtime.model import Cursor, PendingAction, PendingAgentCall, RunView
-from intloom.runtime.plainjson import wire_problem
+from intloom.runtime.plainjson import MAX_DEPTH, deeper_than, wire_problem
 from intloom.runtime.ports import CheckpointFailed
 from intloom.runtime.records import (
     UNENCODABLE,
@@ -1057,6 +1057,10 @@ def _nonfinite(value: Any, depth: int = 0) -> bool:
     return False
 
 
+class _TooDeep(Exception):
+    """A value nested deeper than ``plainjson.MAX_DEPTH``, for ``_plain``."""
+
+
 def _plain(value: Any, task_of: Step[Any] | None = None) -> Any:
     """A JSON/msgpack-safe copy of an effect's result, for the journal (evidence only), or
     of the Agent task ``task_of`` returned."""
@@ -1071,8 +1075,20 @@ def _plain(value: Any, task_of: Step[Any] | None = None) -> Any:
             )
     try:
         plain = msgspec.to_builtins(value)
+        if deeper_than(plain):
+            # It would encode here, and then not decode where a restart reads it back.
+            raise _TooDeep
         check_encodable(plain)  # to_builtins lets through what msgpack refuses (2**70)
         return plain
+    except _TooDeep:
+        if task_of is not None:
+            raise IntloomError(
+                "STEP_INTERACTION_INVALID",
+                f"{task_of.where} returned an Agent task ({type(value).__name__}) nested more "
+                f"than {MAX_DEPTH} levels deep; nothing was recorded and no task was "
+                "published. Return a tree of plain data a few hundred levels deep at most.",
+            ) from None
+        return {"repr": _shown(value)}
     except RecursionError:
         if task_of is not None:
             # The Agent works on the task itself: a repr of it would be no task at all.

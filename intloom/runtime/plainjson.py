@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-__all__ = ["json_path", "json_problem", "wire_problem"]
+__all__ = ["MAX_DEPTH", "deeper_than", "json_path", "json_problem", "wire_problem"]
 
 
 # Deeper than any JSON an Agent or a Tool means to send, and what stops a value that contains
@@ -99,3 +99,25 @@ def wire_problem(value: Any) -> str | None:
                     return f"{json_path(place)} has a key that {_wire_fact(key)}"
                 stack.append((part, (place, key)))
     return None
+
+
+def deeper_than(value: Any, limit: int = MAX_DEPTH) -> bool:
+    """Whether plain data ``value`` (msgspec.to_builtins' output: lists, tuples, dicts and
+    scalars) nests containers more than ``limit`` deep. What user code hands a record is
+    checked here, not by whether it encodes: it is encoded from a worker thread's shallow
+    stack and decoded at a restart from deep inside the start, where msgspec (bounded by
+    Python's recursion limit less the stack below it) gives up sooner."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            parts: Any = item.values()
+        elif isinstance(item, (list, tuple)):
+            parts = item
+        else:
+            continue
+        if depth >= limit:
+            return True
+        stack.extend((part, depth + 1) for part in parts
+                     if isinstance(part, (list, tuple, dict)))
+    return False

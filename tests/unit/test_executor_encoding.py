@@ -745,3 +745,41 @@ def test_an_on_complete_state_too_large_for_a_record_is_refused_and_the_task_sta
     [journal] = [j for j in verify(root) if j.run_id == run_id]
     assert journal.status == "ok" and journal.state is not None
     assert journal.state.status == "completed"
+
+
+@pytest.mark.parametrize("handed", ["effect", "confirm", "agent"])
+def test_a_value_deeper_than_a_restart_can_read_is_never_recorded_as_it_is(
+    tmp_path: Path, handed: str
+) -> None:
+    """600 levels encode from a Step (a worker thread's shallow stack) but may not decode at
+    a restart, deep inside the start (a journal with such a record failed the whole start).
+    Past 500 levels an effect's result is kept as its repr, and a confirmation's context or
+    an Agent task is refused before anything is recorded."""
+    wf = intloom.Workflow("deep6", version="1")
+    st = wf.stage("s")
+    if handed == "agent":
+        @st.agent_step("a", routes={"ok": intloom.COMPLETE})
+        def agent(ctx: Any) -> Any:
+            return _nested_list(600)
+    elif handed == "confirm":
+        @st.step("a", routes={"ok": intloom.COMPLETE})
+        async def a(ctx: Any) -> str:
+            await ctx.confirm({"deep": _nested_list(600)})
+            return "ok"
+    else:
+        @st.step("a", routes={"ok": intloom.COMPLETE})
+        def effect(ctx: Any) -> str:
+            assert ctx.effect("deep", _nested_list, 600) == _nested_list(600)  # the real value
+            return "ok"
+
+    root = tmp_path / "runtime"
+    view = _settled(root, wf)
+    if handed == "effect":
+        assert view.status == "completed", view
+        [result] = [e.record.result for e in read_history(root, view.run_id)
+                    if isinstance(e.record, EffectDone)]
+        assert set(result) == {"repr"}, result
+        return
+    assert view.status == "failed" and view.last_error is not None, view
+    assert view.last_error.code == "STEP_INTERACTION_INVALID", view.last_error
+    assert "more than 500 levels" in view.last_error.message, view.last_error.message
