@@ -67,7 +67,7 @@ from intloom.protocol.messages import (
 )
 from intloom.runtime.model import PendingAgentCall, RunView
 
-__all__ = ["DEFAULT_REQUEST_TIMEOUT", "RUNS_PAGE_BYTES", "Client", "ServiceStarting"]
+__all__ = ["DEFAULT_REQUEST_TIMEOUT", "RUNS_PAGE_BYTES", "Client", "HelloFailed", "ServiceStarting"]
 
 # A request that waits for a Run (flow, answer, wait) may legitimately take a while.
 DEFAULT_REQUEST_TIMEOUT: Final = 300.0
@@ -95,6 +95,16 @@ class ServiceStarting(IntloomError):
     """CLI_SERVICE_UNAVAILABLE, retryable: no host serves yet, as for CLI_SERVICE_OFFLINE,
     but one is in its start-up and will in a moment. Callers that launch or wait for a host
     (start, stop, status) treat it as offline; to a request it is a refusal to retry."""
+
+
+class HelloFailed(IntloomError):
+    """CLI_SERVICE_UNAVAILABLE: the listener on the port accepted the connection but the
+    hello did not complete. ``cause`` is what happened (the listener closed, sent what is
+    not a host's frame); None when no answer came in time."""
+
+    def __init__(self, message: str, cause: str | None) -> None:
+        super().__init__("CLI_SERVICE_UNAVAILABLE", message)
+        self.cause = cause
 
 
 def _offline(paths: ProjectPaths, message: str | None) -> IntloomError:
@@ -457,12 +467,12 @@ class Client:
             reply = decode_response(recv_frame(sock, patience=timeout))
         except (OSError, FrameClosed, FrameError) as exc:
             sock.close()
-            raise IntloomError(
-                "CLI_SERVICE_UNAVAILABLE",
+            raise HelloFailed(
                 f"The service at 127.0.0.1:{conn.port} did not complete the hello ({exc}): "
                 "whatever listens there accepted the connection but did not answer as this "
                 "project's host (a hung, paused or busy host, or another program on the "
                 "port). Run intloom doctor to see which process owns the project.",
+                None if isinstance(exc, TimeoutError) else str(exc),
             ) from None
         except BaseException:
             sock.close()

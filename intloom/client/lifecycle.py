@@ -27,7 +27,13 @@ from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple
 
 import msgspec
 
-from intloom.client.client import MAX_SECONDS, Client, ServiceStarting, not_a_project
+from intloom.client.client import (
+    MAX_SECONDS,
+    Client,
+    HelloFailed,
+    ServiceStarting,
+    not_a_project,
+)
 from intloom.errors import ErrorView, IntloomError
 from intloom.fsutil import write_refusal
 from intloom.host.metadata import ServiceInfo, ServiceLock, read_lock, read_service
@@ -777,6 +783,10 @@ def _request_stop(root: Path, paths: ProjectPaths, target: _Target,
             return _Asked("the host no longer listened on its port")
         if exc.code == "CLI_SERVICE_CLOSING":
             return _Asked("the host was already stopping", stopping=True)
+        if isinstance(exc, HelloFailed) and exc.cause is not None:
+            # It did answer, or hung up: say what, not that it stayed silent.
+            return _Asked(f"the host (pid {target.pid}) accepted the connection but did not "
+                          f"answer the hello as this project's host ({exc.cause})")
         if exc.code == "CLI_SERVICE_UNAVAILABLE":
             # Accepted but no hello within the deadline: paused, hung or busy.
             return _Asked(f"the host (pid {target.pid}) accepted the connection but did not "

@@ -484,3 +484,39 @@ def _stop_into(root: Path, outcome: list[BaseException]) -> None:
         stop_service_report(root, timeout=5)
     except BaseException as exc:  # the test judges what was raised, whatever it is
         outcome.append(exc)
+
+
+def test_stop_says_what_a_listener_answered_to_its_hello_not_that_it_was_silent(
+    tmp_path: Path,
+) -> None:
+    """The host service.json names (alive, its create time matching) answers the hello with
+    what is no frame of a host: stop said it "did not answer the hello within 0.5 s (paused,
+    hung or busy)", a fact it had not found; it now says what came back."""
+    import contextlib
+    import socket
+    import struct
+    import threading
+
+    from tests.unit.diagnostics_support import crash_leftovers, create_time, make_root
+
+    root = make_root(tmp_path)
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        crash_leftovers(root, os.getpid(), create_time(os.getpid()), port=port)
+
+        def answer_garbage() -> None:
+            with contextlib.suppress(OSError):
+                peer, _ = listener.accept()
+                with peer:
+                    peer.recv(4096)
+                    peer.sendall(struct.pack(">I", 3) + b"\xc1\xc1\xc1")
+
+        threading.Thread(target=answer_garbage, daemon=True).start()
+        with pytest.raises(IntloomError) as timed_out:
+            stop_service_report(root, timeout=0.5)
+    message = timed_out.value.message
+    assert timed_out.value.code == "CLI_SERVICE_TIMEOUT", message
+    assert "(paused, hung or busy)" not in message, message
+    assert "the frame is not a valid response" in message, message
