@@ -151,13 +151,13 @@ def since_log(root: Path, log: Path | None) -> list[SourceChange]:
     holds a Workflow's unfinished Runs rather than resuming them (``edited``, ``unreadable``,
     ``unlisted``). [] when the log cannot be read, or another intloom wrote it (the identity
     hashes the version in)."""
-    if log is None:
+    from intloom.client.hostlog import read_log
+
+    # Read as the stop's own lines are: a FIFO put in its place hung ``intloom stop``.
+    data = read_log(log, _LOG_HEAD, tail=False)
+    if data is None:
         return []
-    try:
-        with open(log, "rb") as fh:
-            head = fh.read(_LOG_HEAD).splitlines()
-    except OSError:
-        return []
+    head = data.splitlines()
     version: object = None
     flows: list[WorkflowInfo] = []
     for line in head:

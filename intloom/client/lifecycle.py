@@ -15,7 +15,6 @@ import json
 import os
 import select
 import signal
-import stat
 import subprocess
 import sys
 import threading
@@ -215,21 +214,9 @@ def _log_path(paths: ProjectPaths, name: str | None) -> Path | None:
 def _log_tail(log: Path | None) -> bytes | None:
     """The last ``_LOG_TAIL`` bytes of ``log``; None when it is not a regular file that can
     be read. Never through a link, never blocked by a FIFO put in its place."""
-    if log is None:
-        return None
-    try:
-        fd = os.open(log, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        with open(fd, "rb") as fh:
-            st = os.fstat(fh.fileno())
-            if not stat.S_ISREG(st.st_mode):
-                return None
-            fh.seek(max(0, st.st_size - _LOG_TAIL))
-            return fh.read()
-    except OSError:
-        return None
+    from intloom.client.hostlog import read_log
+
+    return read_log(log, _LOG_TAIL, tail=True)
 
 
 def _log_says_stopping(paths: ProjectPaths, info: ServiceInfo) -> bool:

@@ -180,3 +180,29 @@ def test_a_stop_names_the_sources_changed_since_its_host_loaded_them(tmp_path: P
         "with is put back; intloom doctor lists them."), text
     # Another intloom's identities differ for every tree: nothing is judged from them.
     assert since_log(root, _host_log(root, _loaded(root, "wf/a", "a"), version="0.0.1")) == []
+
+
+def test_a_stop_reads_what_its_host_loaded_only_from_a_regular_file(tmp_path: Path) -> None:
+    """``since_log`` opened the log by name: a FIFO planted there (the stop's own reading of
+    it gives up on one) blocked ``intloom stop`` for ever, after the host had stopped; a
+    link was followed to a file outside ``.intloom/logs``."""
+    import threading
+
+    root = _project(tmp_path, "wf/a")
+    real = _host_log(root, _loaded(root, "wf/a", "a"))
+    (root / "wf" / "a" / "__init__.py").write_text("# edited\n")
+    assert [c.change for c in since_log(root, real)] == ["edited"]
+    link = real.with_name("LOG-link.jsonl")
+    link.symlink_to(real)
+    assert since_log(root, link) == []
+    fifo = real.with_name("LOG-fifo.jsonl")
+    os.mkfifo(fifo, 0o600)
+    found: list[object] = []
+    reader = threading.Thread(target=lambda: found.append(since_log(root, fifo)), daemon=True)
+    reader.start()
+    reader.join(timeout=10)
+    if reader.is_alive():  # blocked opening the FIFO: a writer's open and close frees it
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        reader.join(timeout=10)
+        pytest.fail("since_log blocked on a FIFO at the host log's name")
+    assert found == [[]]
