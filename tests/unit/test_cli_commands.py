@@ -543,7 +543,8 @@ def test_stop(capsys: pytest.CaptureFixture[str], proj: Path,
     assert json.loads(out) == {
         "projectRoot": str(proj.resolve()), "stopped": True,
         "cut": [{"runId": "RUN-a", "evidence": "Step main/pay was running"}], "cutCount": 3,
-        "lost": [], "lostCount": 0, "suspended": None, "others": 0}
+        "lost": [], "lostCount": 0, "suspended": None, "others": 0,
+        "changedSinceLoad": []}
     assert lifecycle == [("stop", proj.resolve(), {"timeout": 3.0})]
 
 

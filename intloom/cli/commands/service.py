@@ -128,7 +128,8 @@ def stop_fields(result: StopResult) -> dict[str, Any]:
 
     return {"cut": listed(result.cut), "cutCount": result.cut_count,
             "lost": listed(result.lost), "lostCount": result.lost_count,
-            "suspended": result.suspended, "others": result.others}
+            "suspended": result.suspended, "others": result.others,
+            "changedSinceLoad": plain(result.changed)}
 
 
 def _listed(runs: list[CutRun], count: int) -> list[str]:
