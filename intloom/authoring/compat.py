@@ -12,7 +12,7 @@ it cannot find ("has no recover entry").
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
@@ -24,12 +24,25 @@ if TYPE_CHECKING:
     from intloom.authoring.loader import LoadedWorkflow
     from intloom.runtime.machine import RunState
 
-__all__ = ["DETERMINISTIC", "cursor_problem", "failed_sources_note", "state_problem",
-           "version_change"]
+__all__ = ["DETERMINISTIC", "cursor_problem", "deterministic_json", "failed_sources_note",
+           "state_problem", "version_change"]
 
 # The order the driver saves a State in when plain encoding is not deterministic (a State
 # with sets: executor/driver.py, _encode_state); the restore judges it by the same encoder.
 DETERMINISTIC: Final = msgspec.json.Encoder(order="deterministic")
+
+
+def deterministic_json(value: Any) -> bytes:
+    """``value`` (a State as its type decodes it) as JSON with its sets and dict keys sorted.
+
+    msgspec sorts only str keys: a State with a set and a ``dict[int, str]`` raised TypeError
+    and its Run failed CLI_INTERNAL_ERROR. Such a State has its keys sorted as the strings
+    JSON writes them as; any other keeps the bytes DETERMINISTIC gave it (saved journals)."""
+    try:
+        return DETERMINISTIC.encode(value)
+    except TypeError:
+        return DETERMINISTIC.encode(
+            msgspec.to_builtins(value, str_keys=True, order="deterministic"))
 
 # Why a Run is held for a definition that changed outside the tree, and where to look.
 _OUTSIDE = ("its definition changed outside the Workflow's source tree, which the identity "
@@ -83,7 +96,7 @@ def state_problem(lw: LoadedWorkflow, state: RunState) -> str | None:
     # Saved as encoded, or (a State with sets, floats, ...) in the deterministic order the
     # driver saves it in.
     if (msgspec.json.encode(decoded) != state.stage_state
-            and DETERMINISTIC.encode(decoded) != state.stage_state):
+            and deterministic_json(decoded) != state.stage_state):
         return (f"the State saved in Stage {state.cursor.stage!r} no longer matches its "
                 "schema output")
     return None

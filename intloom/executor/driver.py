@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Final, NoReturn
 import msgspec
 
 from intloom.authoring.agent import AgentResult
-from intloom.authoring.compat import DETERMINISTIC
+from intloom.authoring.compat import deterministic_json
 from intloom.authoring.context import ContextHooks, StepContext, finish, left_behind, unawaited
 from intloom.authoring.interaction import confirmation_request, json_gap, questions_request
 from intloom.authoring.loader import LoadedWorkflow
@@ -1012,14 +1012,14 @@ def _encode_state(value: Any, where: str | Step[Any], state_type: type | None,
             # A set iterates in an order the process's hash seed decides; a restart must
             # re-encode the State to these same bytes, so sets (and with them dict keys)
             # are saved sorted, and the next Step gets the State as saved, not as left.
-            data = DETERMINISTIC.encode(decoded)
+            data = deterministic_json(decoded)
             decoded = codec[0](data)
         else:  # parts typed Any: checked, then saved as the other States are
             _check_any(value, resave, where)
             if codec[1] is None and type(value) is state_type:
                 pass  # it re-encodes as is (_state_codec)
             elif resave.sets:
-                data = DETERMINISTIC.encode(decoded)  # as above
+                data = deterministic_json(decoded)  # as above
                 decoded = codec[0](data)
             else:
                 data = msgspec.json.encode(decoded)

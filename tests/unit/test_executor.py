@@ -1761,6 +1761,44 @@ def test_the_next_step_gets_the_state_as_it_was_saved(with_set: bool) -> None:
     assert seen == [order]
 
 
+class _TagsById(msgspec.Struct):
+    tags: set[str] = set()
+    by_id: dict[int, str] = {}
+
+
+def test_a_state_with_a_set_and_int_keys_is_saved_and_restored() -> None:
+    """Saved sorted for its set, a State whose dict has int keys failed the Run
+    CLI_INTERNAL_ERROR (msgspec sorts only str keys: TypeError); each type alone worked."""
+    seen: list[_TagsById] = []
+    wf = intloom.Workflow("keyed", version="1")
+    st = wf.stage("s", state=_TagsById)
+
+    @st.step("a", routes={"ok": "b"})
+    def a(ctx: Any) -> str:
+        ctx.state = _TagsById(tags={"b", "a"}, by_id={10: "ten", 2: "two"})
+        return "ok"
+
+    @st.step("b", routes={"ok": intloom.COMPLETE})
+    def b(ctx: Any) -> str:
+        seen.append(ctx.state)
+        return "ok"
+
+    journal = MemoryJournal()
+    view = settled(wf, journal)
+    assert view.status == "completed", view.last_error
+    assert seen == [_TagsById(tags={"a", "b"}, by_id={10: "ten", 2: "two"})]
+    # What a restart checks the saved State by finds it as saved.
+    from intloom.authoring.compat import state_problem
+
+    records = journal.of(view.run_id)
+    [at] = [i for i, r in enumerate(records) if isinstance(r, StepReady) and r.step == "b"]
+    ready = records[at]
+    assert isinstance(ready, StepReady)
+    state = fold(records[:at + 1])
+    assert state is not None and state.stage_state == ready.state
+    assert state_problem(loaded(wf)["keyed"], state) is None
+
+
 def test_a_stop_after_an_answer_does_not_call_a_run_with_recover_interrupted() -> None:
     """The answered Step is cut at the stop, but its recover entry continues it at the next
     start: the stop neither lists it as cut nor tells its client RUN_INTERRUPTED replays."""
