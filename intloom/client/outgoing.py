@@ -170,25 +170,78 @@ _DATA_FIELDS: Final[dict[type, str]] = {Answer: "answer", CallTool: "input",
                                         CompleteAgentCall: "output"}
 
 
-def _a_set(value: object) -> bool:
-    return isinstance(value, set | frozenset)
+# What msgpack carries as itself. Anything else msgspec encodes converted: a Decimal or a UUID
+# as text, a date as ISO text, an Enum as its value, a Struct or a dataclass as an object.
+# (bytes, a non-finite float and a key that is not a string go as themselves, and the host
+# refuses them; a set is refused here, as _set_sent says.)
+_AS_ITSELF: Final = (dict, list, tuple, str, int, float, type(None), bytes, bytearray,
+                     memoryview, set, frozenset, msgspec.msgpack.Ext)
+
+
+def _not_as_itself(value: object) -> bool:
+    if isinstance(value, _AS_ITSELF):
+        return isinstance(value, set | frozenset)
+    if isinstance(value, msgspec.Struct):
+        # intloom's own answer types encode to exactly the shapes the host decodes.
+        from intloom.authoring.interaction import Confirmation, QuestionAnswer
+
+        return not isinstance(value, Confirmation | QuestionAnswer)
+    return True
+
+
+def _shown_as(value: object) -> str:
+    """What msgspec would send for ``value``, briefly (an error path only)."""
+    try:
+        shown = repr(msgspec.to_builtins(value))
+    except Exception:  # a Struct holding what msgspec refuses: name the type alone
+        return ""
+    return f", which would be sent as {shown if len(shown) <= 80 else shown[:77] + '...'}"
 
 
 def _set_sent(request: Request) -> IntloomError | None:
-    """INVALID_REQUEST for a set in the caller's value: msgpack sends it as a list, in no set
-    order, and the host cannot tell it from one, so an Agent's ``{"tags": {"a", "b"}}`` was
-    recorded and routed as ``["b", "a"]`` although the docs say a set is refused (the host
-    refuses what it can see: bytes, NaN, a key that is not a string)."""
+    """INVALID_REQUEST for a part of the caller's value that would not arrive as itself.
+
+    A set: msgpack sends it as a list, in no set order, and the host cannot tell it from one,
+    so an Agent's ``{"tags": {"a", "b"}}`` was recorded and routed as ``["b", "a"]`` although
+    the docs say a set is refused (the host refuses what it can see: bytes, NaN, a key that
+    is not a string). Likewise a Decimal, a UUID, a date, an Enum, a Struct or a dataclass,
+    which msgspec encodes as text or an object: the host, which refuses them from a Tool,
+    recorded another value than the one sent (an aware datetime alone reached it as itself,
+    and was refused)."""
     name = _DATA_FIELDS.get(type(request))
-    where = None if name is None else _find(getattr(request, name), name, _a_set)
+    if name is None:
+        return None
+    value = getattr(request, name)
+    where = _find(value, name, _not_as_itself)
     if where is None:
         return None
+    item = _item_at(value, _not_as_itself)
+    if isinstance(item, set | frozenset):
+        fact = ("is a set, which JSON cannot carry (it would be sent as a list, in no set "
+                "order). Send a sorted list (sorted(...))")
+    else:
+        fact = (f"is {type(item).__name__}{_shown_as(item)}, not as itself: the value must be "
+                "plain JSON data (dict, list, str, int, float, bool or None). Convert it "
+                "yourself to what the receiver should get (str(...), float(...), "
+                "msgspec.to_builtins(...))")
     return IntloomError(
         "INVALID_REQUEST",
-        f"Cannot send the {type(request).__name__} request: {where} is a set, which JSON "
-        "cannot carry (it would be sent as a list, in no set order). Send a sorted list "
-        f"(sorted(...)). {_NOTHING_CHANGED}",
+        f"Cannot send the {type(request).__name__} request: {where} {fact}. {_NOTHING_CHANGED}",
     )
+
+
+def _item_at(value: object, bad: Callable[[object], bool]) -> object:
+    """The first item (or key) of ``value`` for which ``bad`` holds, in ``_find``'s order."""
+    found: list[object] = []
+
+    def first(item: object) -> bool:
+        if bad(item):
+            found.append(item)
+            return True
+        return False
+
+    _find(value, "", first)
+    return found[0] if found else None
 
 
 def frame_of(request: Request) -> bytes:

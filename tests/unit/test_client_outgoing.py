@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
+import decimal
+import enum
+import uuid
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from intloom.client.outgoing import frame_of
@@ -50,6 +56,74 @@ def test_a_set_an_agent_sends_is_refused_not_sent_as_a_list(request_: Any, said:
     assert info.value.code == "INVALID_REQUEST"
     assert said in info.value.message and "Nothing was sent" in info.value.message, \
         info.value.message
+
+
+class _Found(msgspec.Struct):
+    n: int = 1
+
+
+@dataclasses.dataclass
+class _Hit:
+    n: int = 1
+
+
+class _Color(enum.Enum):
+    RED = "red"
+
+
+@pytest.mark.parametrize(("value", "said"), [
+    (decimal.Decimal("1.50"), "output.v is Decimal, which would be sent as '1.50'"),
+    (uuid.UUID(int=5), "output.v is UUID, which would be sent as "
+                       "'00000000-0000-0000-0000-000000000005'"),
+    (datetime.datetime(2024, 1, 2), "output.v is datetime, which would be sent as "
+                                    "'2024-01-02T00:00:00'"),
+    (datetime.datetime(2024, 1, 2, tzinfo=datetime.UTC), "output.v is datetime"),
+    (datetime.date(2024, 1, 2), "output.v is date, which would be sent as '2024-01-02'"),
+    (_Color.RED, "output.v is _Color, which would be sent as 'red'"),
+    (_Found(), "output.v is _Found, which would be sent as {'n': 1}"),
+    (_Hit(), "output.v is _Hit, which would be sent as {'n': 1}"),
+    ({uuid.UUID(int=5): 1}, "output.v (the key UUID('00000000-0000-0000-0000-0000000...) is UUID"),
+])
+def test_a_value_the_protocol_would_send_converted_is_refused_unsent(value: Any,
+                                                                      said: str) -> None:
+    """A Tool's input and a task's output must be plain JSON data, and a Tool returning a
+    Decimal, a datetime or a Struct is refused so; but the Client sent them converted (a
+    Decimal as text, a Struct as an object), and the host, which could not tell, recorded and
+    routed another value than the Agent's. An aware datetime alone was refused, by the host
+    (msgpack carries it as itself), while a naive one went as text."""
+    with pytest.raises(IntloomError) as info:
+        frame_of(CompleteAgentCall(run_id="RUN-1", call_id="CALL-1", owner_token="t",
+                                   outcome="found", output={"v": value}))
+    assert info.value.code == "INVALID_REQUEST"
+    message = info.value.message
+    assert message.startswith("Cannot send the CompleteAgentCall request: "), message
+    assert said in message and message.endswith("Nothing was sent, so nothing changed."), message
+    for request_ in (CallTool(run_id="RUN-1", call_id="CALL-1", owner_token="t",
+                              tool_call_id="tc-1", tool="search", input=[value]),
+                     Answer(run_id="RUN-1", action_id="ASK-1",
+                            answer={"isConfirmed": True, "feedback": value})):
+        with pytest.raises(IntloomError):
+            frame_of(request_)
+    # What JSON holds as itself still goes: a tuple is a list, an IntEnum an int.
+    frame_of(CompleteAgentCall(run_id="RUN-1", call_id="CALL-1", owner_token="t",
+                               outcome="found", output={"t": (1, "a"), "n": 2.5, "b": None}))
+
+
+def test_an_answer_given_as_intlooms_own_answer_types_is_sent_as_their_wire_shape() -> None:
+    """``intloom.Confirmation`` and ``intloom.QuestionAnswer`` encode to exactly the answer
+    shapes the host decodes (``{"isConfirmed": ...}``, ``{"questionId": ...}``)."""
+    import intloom
+    from intloom.protocol.framing import decode_request
+
+    for answer, wire in [
+        (intloom.Confirmation(confirmed=True, feedback="ok"),
+         {"isConfirmed": True, "feedback": "ok"}),
+        ([intloom.QuestionAnswer(question_id="a", skipped=False, answer="x")],
+         [{"questionId": "a", "isSkipped": False, "answer": "x"}]),
+    ]:
+        frame = frame_of(Answer(run_id="RUN-1", action_id="ASK-1", answer=answer))
+        sent = decode_request(frame[4:])
+        assert isinstance(sent, Answer) and sent.answer == wire
 
 
 def test_a_zombie_host_is_said_to_have_exited_as_doctor_says_it(tmp_path: Path) -> None:
