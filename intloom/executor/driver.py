@@ -10,8 +10,10 @@ import asyncio
 import contextlib
 import inspect
 import math
+import os
 import reprlib
 import threading
+import traceback
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Final, NoReturn
@@ -1630,6 +1632,7 @@ class Driver:
             await self._fail(slot, exc.view())
         except Exception as exc:  # a bug of ours must fail the Run, not leave it "running"
             if slot.owned:
+                self._log_fault(slot, exc)
                 await self._fail(slot, error_view(
                     "CLI_INTERNAL_ERROR",
                     f"The host failed while driving the Run ({type(exc).__name__}); the Run "
@@ -1637,6 +1640,21 @@ class Driver:
                 ))
         finally:
             slot.decoded = None
+
+    def _log_fault(self, slot: RunSlot, exc: Exception) -> None:
+        """The host log keeps what the Run's CLI_INTERNAL_ERROR may not say (docs/lifecycle.md:
+        error details go to the log): the exception and the line that raised it. Without it
+        nothing anywhere said what had failed, and the report asked for had nothing in it."""
+        observer = self.rt.on_event
+        if observer is None:
+            return
+        frames = traceback.extract_tb(exc.__traceback__)
+        at = (f"{os.path.basename(frames[-1].filename)}:{frames[-1].lineno} in {frames[-1].name}"
+              if frames else "")
+        with contextlib.suppress(Exception):  # the Run is failed all the same
+            observer("internal_error", slot.run_id, {
+                "error": type(exc).__name__, "detail": clip(message_of(exc), 500), "at": at,
+            }, slot.view().status)
 
     async def _fail(self, slot: RunSlot, error: ErrorView) -> None:
         rt = self.rt

@@ -227,8 +227,8 @@ def boot(
     try:
         def on_event(event: str, run_id: str, detail: Any, status: str) -> bool:
             fields = detail if isinstance(detail, dict) else {}
-            # A failed checkpoint is the one Run event that reports a fault of the machine.
-            emit = log.error if event == "checkpoint_failed" else log.info
+            # A failed checkpoint reports a fault of the machine, an internal error one of ours.
+            emit = log.error if event in ("checkpoint_failed", "internal_error") else log.info
             return emit(f"run_{event}", runId=run_id, status=status, **fields)
 
         runtime = Runtime(result.workflows, store, package_version=package_version,

@@ -2018,3 +2018,41 @@ def test_default_effect_keys_count_each_name_and_a_failed_call_may_be_retried_un
     sync_path.check()
     assert [r.key for r in journal.of(run_id) if isinstance(r, EffectStarted)] == [
         "fetch#1", "fetch#2", "fetch#3", "order-7", "order-7", "order-7"]
+
+
+def test_a_fault_of_the_host_while_driving_a_run_is_logged_with_where(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Run failed CLI_INTERNAL_ERROR "(TypeError) ... Inspect it with intloom inspect",
+    and nothing anywhere said what failed: no log line had the exception, though the docs
+    say error details go to the log (docs/lifecycle.md)."""
+    from intloom.executor import driver
+
+    def broken(*_args: Any, **_kw: Any) -> bytes:
+        raise TypeError("a bug of ours")
+
+    monkeypatch.setattr(driver, "_encode_state", broken)
+    wf = intloom.Workflow("buggy", version="1")
+    st = wf.stage("s", state=Count)
+
+    @st.step("a", routes={"ok": intloom.COMPLETE})
+    def a(ctx: Any) -> str:
+        return "ok"
+
+    logged: list[tuple[str, str, Any, str]] = []
+
+    def log(*event: Any) -> bool:
+        logged.append(event)
+        return True
+
+    async def main() -> RunView:
+        rt = Runtime(loaded(wf), MemoryJournal(), package_version="0.1.0", on_event=log)
+        rt.restore([])
+        return await rt.wait_stable((await rt.create_run("buggy", "go")).run_id)
+
+    view: RunView = run(main)
+    assert view.last_error is not None and view.last_error.code == "CLI_INTERNAL_ERROR"
+    assert "a bug of ours" not in view.last_error.message  # never in an error view
+    [(_, run_id, detail, _status)] = [e for e in logged if e[0] == "internal_error"]
+    assert run_id == view.run_id
+    assert detail["error"] == "TypeError" and detail["detail"] == "a bug of ours"
+    assert detail["at"].startswith("test_executor.py:") and detail["at"].endswith(" in broken")
