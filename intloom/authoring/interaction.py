@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 from typing import Any, Final
 
@@ -72,6 +73,8 @@ class QuestionAnswer(
 # encoders, which name it (RecursionError).
 _MAX_DEPTH: Final = 1000
 _SCALARS: Final = frozenset({str, int, bool, type(None)})
+# What a JSON decode gives back as itself (None and bool are among the scalars above).
+_JSON_KINDS: Final = (dict, list, str, int, float)
 _FIX_SET: Final = "Pass a sorted list instead (sorted(...))."
 _FIX_BYTES: Final = ("Pass text instead: decode it to str (or base64-encode it yourself, if "
                      "its reader expects that).")
@@ -101,7 +104,8 @@ def json_gap(value: Any, at: Any = None, says: dict[str, tuple[str, str]] = SENT
     the JSON a client reads has no token for; the client would get another value, silently.
     The same values a client sends are refused (runtime/plainjson.py), and a Tool's output.
     ``at``: where ``value`` sits in what holds it (json_path's place), for the path named;
-    ``says``: the words for each kind of gap (``SENT_GAPS``'s keys)."""
+    ``says``: the words for each kind of gap (``SENT_GAPS``'s keys; with ``type`` and
+    ``tuple`` too, a tuple and a value JSON holds only converted are gaps)."""
     stack: list[tuple[Any, tuple[Any, str | int] | None, int]] = [(value, at, 0)]
     # Each container is walked once: one a value holds in two places has the same gaps in
     # both, and one that holds itself twice has 2**depth paths (the walk never ended).
@@ -112,6 +116,9 @@ def json_gap(value: Any, at: Any = None, says: dict[str, tuple[str, str]] = SENT
         return (f"{json_path(place)} {fact.format(item=item, kind=type(item).__name__)}",
                 fix)
 
+    # Kept (a State part typed Any, which the next Step gets back from JSON): a tuple, and
+    # anything JSON holds only converted, are gaps too; sent, they are shown as JSON has them.
+    kept = "type" in says
     while stack:
         item, place, depth = stack.pop()
         kind = type(item)
@@ -125,6 +132,11 @@ def json_gap(value: Any, at: Any = None, says: dict[str, tuple[str, str]] = SENT
             return gap("set", place, item)
         if isinstance(item, (bytes, bytearray, memoryview)):
             return gap("bytes", place, item)
+        if kept:
+            if isinstance(item, tuple):
+                return gap("tuple", place, item)
+            if isinstance(item, enum.Enum) or not isinstance(item, _JSON_KINDS):
+                return gap("type", place, item)
         if depth >= _MAX_DEPTH or id(item) in seen:
             continue
         seen.add(id(item))

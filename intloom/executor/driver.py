@@ -830,6 +830,16 @@ _KEPT_GAPS: Final = {
             "strings, so the next Step would get it as a string",
             "Type the dict's keys (e.g. `dict[int, str]`, restored as ints), or use string "
             "keys ({str(k): v for k, v in ...})."),
+    "tuple": ("is a tuple, in a part of the State typed Any: it would be saved as a list and "
+              "the next Step would get that list",
+              "Type the field as a tuple (e.g. `pair: tuple[int, str]`, restored as a tuple), "
+              "or store a list."),
+    "type": ("is {kind}, in a part of the State typed Any: it would be saved as JSON writes "
+             "it (text, a number or an object) and the next Step would get that, not the "
+             "{kind}",
+             "Type the field (e.g. `when: datetime`, `amount: Decimal`, `item: MyStruct`, "
+             "restored as themselves), or store plain JSON data there (str(...), "
+             "msgspec.to_builtins(...))."),
 }
 
 

@@ -4,7 +4,10 @@ an effect's result is kept as its repr; a client's value is refused and the Run 
 from __future__ import annotations
 
 import asyncio
+import decimal
+import enum
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -430,6 +433,10 @@ def test_a_value_shared_by_two_places_is_checked_once_and_named_where_first_met(
     assert waiting.pending_agent_call.request == {"first": fine, "second": [fine, fine]}
 
 
+class _Level(enum.IntEnum):
+    HIGH = 2
+
+
 class Bag(msgspec.Struct):
     tags: set[str] = msgspec.field(default_factory=set)  # typed: saved and restored a set
     extra: dict[str, Any] = msgspec.field(default_factory=dict)
@@ -446,6 +453,18 @@ IN_ANY: dict[str, tuple[Callable[[Bag], None], str, str]] = {
     "nan": (lambda bag: setattr(bag, "note", float("nan")), "$.note is nan", "None"),
     "key": (lambda bag: bag.extra.update(by_id={7: "x"}), "$.extra.by_id has the key 7 (int)",
             "dict[int, str]"),
+    # Saved as JSON writes them, these came back as text, a list or a dict.
+    "decimal": (lambda bag: bag.extra.update(price=decimal.Decimal("1.50")),
+                "$.extra.price is Decimal, in a part of the State typed Any", "amount: Decimal"),
+    "datetime": (lambda bag: setattr(bag, "note", {"at": datetime(2024, 1, 2)}),
+                 "$.note.at is datetime", "when: datetime"),
+    "struct": (lambda bag: setattr(bag, "note", [Bag()]), "$.note[0] is Bag",
+               "msgspec.to_builtins"),
+    "enum": (lambda bag: bag.extra.update(level=_Level.HIGH), "$.extra.level is _Level",
+             "Type the field"),
+    "tuple": (lambda bag: bag.extra.update(pair=(1, "a")),
+              "$.extra.pair is a tuple, in a part of the State typed Any: it would be saved as "
+              "a list", "tuple[int, str]"),
 }
 
 
