@@ -12,6 +12,8 @@ it cannot find ("has no recover entry").
 
 from __future__ import annotations
 
+import copy as copy_module
+import dataclasses
 from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
@@ -33,16 +35,47 @@ DETERMINISTIC: Final = msgspec.json.Encoder(order="deterministic")
 
 
 def deterministic_json(value: Any) -> bytes:
-    """``value`` (a State as its type decodes it) as JSON with its sets and dict keys sorted.
+    """``value`` (a State as its type decodes it) as JSON with its sets in a fixed order.
 
-    msgspec sorts only str keys: a State with a set and a ``dict[int, str]`` raised TypeError
-    and its Run failed CLI_INTERNAL_ERROR. Such a State has its keys sorted as the strings
-    JSON writes them as; any other keeps the bytes DETERMINISTIC gave it (saved journals)."""
+    DETERMINISTIC sorts sets and dict keys, but only what Python can order and only str keys:
+    a State with a set and a ``dict[int, str]``, or a set of Enums, of frozen Structs or of
+    ints and None, raised TypeError and its Run failed CLI_INTERNAL_ERROR. Such a State has
+    each set sorted by its items' JSON instead, which always orders (its dicts keep the order
+    they decode in); any other keeps the bytes DETERMINISTIC gave it (saved journals)."""
     try:
         return DETERMINISTIC.encode(value)
     except TypeError:
-        return DETERMINISTIC.encode(
-            msgspec.to_builtins(value, str_keys=True, order="deterministic"))
+        return msgspec.json.encode(_sets_sorted(value))
+
+
+def _sets_sorted(value: Any) -> Any:
+    """``value`` with every set in it a list of its items, sorted by their JSON; a Struct or a
+    container is copied only when something in it changed (a Struct without running its
+    ``__post_init__``, which may not expect a list in a set field)."""
+    if isinstance(value, (set, frozenset)):
+        return sorted((_sets_sorted(item) for item in value), key=msgspec.json.encode)
+    if isinstance(value, msgspec.Struct):
+        copy: Any = None
+        for field in msgspec.structs.fields(value):
+            item = getattr(value, field.name)
+            fixed = _sets_sorted(item)
+            if fixed is not item:
+                if copy is None:
+                    copy = copy_module.copy(value)
+                msgspec.structs.force_setattr(copy, field.name, fixed)
+        return value if copy is None else copy
+    if isinstance(value, dict):
+        pairs = {key: _sets_sorted(item) for key, item in value.items()}
+        return value if all(pairs[key] is item for key, item in value.items()) else pairs
+    if isinstance(value, (list, tuple)):
+        items = [_sets_sorted(item) for item in value]
+        return value if all(a is b for a, b in zip(items, value, strict=True)) else items
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = {f.name: _sets_sorted(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        same = all(fields[f.name] is getattr(value, f.name) for f in dataclasses.fields(value))
+        return value if same else fields
+    return value
+
 
 # Why a Run is held for a definition that changed outside the tree, and where to look.
 _OUTSIDE = ("its definition changed outside the Workflow's source tree, which the identity "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import enum
 import threading
 import time
 from collections.abc import Callable
@@ -1797,6 +1798,62 @@ def test_a_state_with_a_set_and_int_keys_is_saved_and_restored() -> None:
     state = fold(records[:at + 1])
     assert state is not None and state.stage_state == ready.state
     assert state_problem(loaded(wf)["keyed"], state) is None
+
+
+class _Flag(enum.Enum):
+    RED = "red"
+    BLUE = "blue"
+
+
+class _Pin(msgspec.Struct, frozen=True):
+    x: int = 0
+    tag: str = ""
+
+
+class _Unordered(msgspec.Struct):
+    flags: set[_Flag] = set()
+    pins: frozenset[_Pin] = frozenset()
+    maybe: set[int | None] = set()
+    by_id: dict[int, str] = {}
+
+
+def test_a_state_whose_sets_python_cannot_sort_is_saved_and_restored() -> None:
+    """A set of Enums, of frozen Structs, or of ints and None is saved sorted like any set:
+    Python cannot order such items ('<' not supported), and the Run failed
+    CLI_INTERNAL_ERROR (TypeError) as it left the State."""
+    left = _Unordered(flags={_Flag.RED, _Flag.BLUE}, pins=frozenset({_Pin(2, "b"), _Pin(1)}),
+                      maybe={3, None, 1}, by_id={10: "ten", 2: "two"})
+    seen: list[_Unordered] = []
+    wf = intloom.Workflow("unordered", version="1")
+    st = wf.stage("s", state=_Unordered)
+
+    @st.step("a", routes={"ok": "b"})
+    def a(ctx: Any) -> str:
+        ctx.state = left
+        return "ok"
+
+    @st.step("b", routes={"ok": intloom.COMPLETE})
+    def b(ctx: Any) -> str:
+        seen.append(ctx.state)
+        return "ok"
+
+    journal = MemoryJournal()
+    view = settled(wf, journal)
+    assert view.status == "completed", view.last_error
+    assert seen == [left]
+    from intloom.authoring.compat import deterministic_json, state_problem
+
+    records = journal.of(view.run_id)
+    [at] = [i for i, r in enumerate(records) if isinstance(r, StepReady) and r.step == "b"]
+    ready = records[at]
+    assert isinstance(ready, StepReady) and ready.state is not None
+    state = fold(records[:at + 1])
+    assert state is not None and state_problem(loaded(wf)["unordered"], state) is None
+    # The same bytes whatever order the sets iterate in (a restart's hash seed).
+    again = _Unordered(flags={_Flag.BLUE, _Flag.RED}, pins=frozenset({_Pin(1), _Pin(2, "b")}),
+                       maybe={None, 1, 3}, by_id={10: "ten", 2: "two"})
+    assert deterministic_json(again) == ready.state
+    assert msgspec.json.decode(ready.state)["flags"] == ["blue", "red"]
 
 
 def test_a_stop_after_an_answer_does_not_call_a_run_with_recover_interrupted() -> None:
