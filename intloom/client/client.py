@@ -236,6 +236,20 @@ def _examinable(root: Path) -> None:
         ) from None
 
 
+def resolved_root(root: object, caller: str) -> Path:
+    """``root`` as an absolute path, or INVALID_REQUEST when it is no path at all: an unset
+    variable (``os.environ.get``) raised a bare TypeError from Path()."""
+    if not isinstance(os.fspath(root) if isinstance(root, os.PathLike) else root, str):
+        raise IntloomError(
+            "INVALID_REQUEST",
+            f"{caller}({root!r}): the root is the path of a project's directory (the one "
+            "holding intloom.toml), a str or a pathlib.Path, not "
+            f"{type(root).__name__}. Nothing was sent.",
+        )
+    assert isinstance(root, str | os.PathLike)
+    return Path(root).resolve()
+
+
 def not_a_project(root: Path, caller: str = "Client.connect") -> IntloomError:
     """CLI_PROJECT_INVALID for a ``root`` without a config, with what the CLI says of it:
     that it does not exist, or the project it is inside (an Agent started in a Workflow's
@@ -410,7 +424,7 @@ class Client:
             _check_seconds("request_timeout", request_timeout,
                            "the seconds a request waits for its reply",
                            ", or None to wait as long as its Run takes")
-        root = Path(root).resolve()
+        root = resolved_root(root, "Client.connect")
         _examinable(root)  # a root the OS will not look at is no project: say that
         if root.is_file():
             # intloom.toml itself, most often: reading .intloom/ below a file would report

@@ -32,6 +32,7 @@ from intloom.client.client import (
     HelloFailed,
     ServiceStarting,
     not_a_project,
+    resolved_root,
 )
 from intloom.errors import ErrorView, IntloomError
 from intloom.fsutil import write_refusal
@@ -349,7 +350,7 @@ def start_service(
     (its ``.intloom/`` moved away): the process then exits at once, as a crash would.
     """
     deadline = time.monotonic() + _checked_timeout(timeout)
-    root = Path(root).resolve()
+    root = resolved_root(root, "start_service")
     paths = ProjectPaths(root)
     if not (root / CONFIG_NAME).is_file():
         raise not_a_project(root, "start_service")  # not Client.connect's words: not called
@@ -863,7 +864,7 @@ def stop_service_report(root: str | os.PathLike[str], *,
 
     # The whole stop, the hello and the request included, keeps to ``timeout``.
     deadline = time.monotonic() + _checked_timeout(timeout)
-    root = Path(root).resolve()
+    root = resolved_root(root, "stop_service")
     paths = ProjectPaths(root)
     if root.is_file():  # intloom.toml itself: observing .intloom/ below it raised OSError
         raise not_a_project(root, "stop_service")

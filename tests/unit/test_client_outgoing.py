@@ -345,3 +345,22 @@ def test_a_lifecycle_call_given_the_config_file_names_the_root_to_pass(
     assert info.value.message == (
         f"{config} is a file, not a directory: {call} takes the project's root, the directory "
         f"that holds intloom.toml (here {tmp_path}). Nothing was sent.")
+
+
+@pytest.mark.parametrize("call", ["Client.connect", "start_service", "stop_service"])
+@pytest.mark.parametrize("root", [None, 5, b"/tmp"])
+def test_a_root_that_is_no_path_is_refused(root: Any, call: str) -> None:
+    """``Client.connect(os.environ.get("PROJECT"))`` with the variable unset raised a bare
+    TypeError ("expected str, bytes or os.PathLike object, not NoneType") where every other
+    argument of connect, and every request's, is refused INVALID_REQUEST naming it."""
+    from intloom.client import lifecycle
+    from intloom.client.client import Client
+
+    made = Client.connect if call == "Client.connect" else getattr(lifecycle, call)
+    with pytest.raises(IntloomError) as info:
+        made(root)
+    assert info.value.code == "INVALID_REQUEST", info.value
+    assert info.value.message == (
+        f"{call}({root!r}): the root is the path of a project's directory (the one "
+        f"holding intloom.toml), a str or a pathlib.Path, not {type(root).__name__}. Nothing "
+        "was sent.")
