@@ -38,13 +38,14 @@ def deterministic_json(value: Any) -> bytes:
     """``value`` (a State as its type decodes it) as JSON with its sets in a fixed order.
 
     DETERMINISTIC sorts sets and dict keys, but only what Python can order and only str keys:
-    a State with a set and a ``dict[int, str]``, or a set of Enums, of frozen Structs or of
-    ints and None, raised TypeError and its Run failed CLI_INTERNAL_ERROR. Such a State has
-    each set sorted by its items' JSON instead, which always orders (its dicts keep the order
-    they decode in); any other keeps the bytes DETERMINISTIC gave it (saved journals)."""
+    a State with a set and a ``dict[int, str]``, or a set of Enums, of frozen Structs, of
+    ints and None or of Decimals with a NaN, raised TypeError (InvalidOperation) and its Run
+    failed CLI_INTERNAL_ERROR. Such a State has each set sorted by its items' JSON instead,
+    which always orders (its dicts keep the order they decode in); any other keeps the bytes
+    DETERMINISTIC gave it (saved journals)."""
     try:
         return DETERMINISTIC.encode(value)
-    except TypeError:
+    except (TypeError, ArithmeticError):  # ArithmeticError: a Decimal NaN is not ordered
         return msgspec.json.encode(_sets_sorted(value))
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import decimal
 import enum
 import threading
 import time
@@ -1854,6 +1855,20 @@ def test_a_state_whose_sets_python_cannot_sort_is_saved_and_restored() -> None:
                        maybe={None, 1, 3}, by_id={10: "ten", 2: "two"})
     assert deterministic_json(again) == ready.state
     assert msgspec.json.decode(ready.state)["flags"] == ["blue", "red"]
+
+
+class _Amounts(msgspec.Struct):
+    amounts: set[decimal.Decimal] = set()
+
+
+def test_a_set_of_decimals_with_nan_is_saved_in_a_fixed_order() -> None:
+    """Sorting Decimal('NaN') raises InvalidOperation (not TypeError): CLI_INTERNAL_ERROR."""
+    from intloom.authoring.compat import deterministic_json
+
+    nan, one = decimal.Decimal("NaN"), decimal.Decimal("1")
+    saved = deterministic_json(_Amounts(amounts={nan, one}))
+    assert saved == deterministic_json(_Amounts(amounts={one, nan})) == (
+        b'{"amounts":["1","NaN"]}')
 
 
 def test_a_stop_after_an_answer_does_not_call_a_run_with_recover_interrupted() -> None:
