@@ -69,9 +69,11 @@ class QuestionAnswer(
     answer: str | None = None
 
 
-# Deeper than any task or context means to be; a value that holds itself is left to the
-# encoders, which name it (RecursionError).
-_MAX_DEPTH: Final = 1000
+# Deeper than any task or context means to be, and well below what the journal can read back
+# (a record nested ~975 levels, written on the loop, failed to decode at the next start: its
+# Run was held, and before that the host failed to start). A value that holds itself is left
+# to the encoders, which name it (RecursionError).
+_MAX_DEPTH: Final = MAX_DEPTH
 _SCALARS: Final = frozenset({str, int, bool, type(None)})
 # What a JSON decode gives back as itself (None and bool are among the scalars above).
 _JSON_KINDS: Final = (dict, list, str, int, float)
@@ -80,6 +82,7 @@ _FIX_BYTES: Final = ("Pass text instead: decode it to str (or base64-encode it y
                      "its reader expects that).")
 _FIX_FLOAT: Final = 'Pass None or a string ("nan") instead, or leave the field out.'
 _FIX_KEY: Final = "Use string keys ({str(k): v for k, v in ...})."
+_FIX_DEEP: Final = f"Pass a tree of plain data at most {MAX_DEPTH} levels deep."
 
 
 # What json_gap says of each kind of gap in a value sent to a client or an Agent (a fact
@@ -92,6 +95,8 @@ SENT_GAPS: Final = {
               _FIX_BYTES),
     "key": ("has the key {item!r} ({kind}), which JSON cannot carry (its keys are strings)",
             _FIX_KEY),
+    "deep": (f"is nested more than {MAX_DEPTH} levels deep, deeper than intloom reads back "
+             "from its journal", _FIX_DEEP),
 }
 
 
@@ -137,7 +142,13 @@ def json_gap(value: Any, at: Any = None, says: dict[str, tuple[str, str]] = SENT
                 return gap("tuple", place, item)
             if isinstance(item, enum.Enum) or not isinstance(item, _JSON_KINDS):
                 return gap("type", place, item)
-        if depth >= _MAX_DEPTH or id(item) in seen:
+        if id(item) in seen:
+            continue
+        if depth >= _MAX_DEPTH:
+            if isinstance(item, (list, tuple, dict, msgspec.Struct)) or (
+                    dataclasses.is_dataclass(item) and not isinstance(item, type)):
+                # Named where the walk began: the item's own path is _MAX_DEPTH steps long.
+                return gap("deep", at, item)
             continue
         seen.add(id(item))
         if isinstance(item, (list, tuple)):

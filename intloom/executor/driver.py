@@ -834,6 +834,9 @@ _KEPT_GAPS: Final = {
               "the next Step would get that list",
               "Type the field as a tuple (e.g. `pair: tuple[int, str]`, restored as a tuple), "
               "or store a list."),
+    "deep": (f"is nested more than {MAX_DEPTH} levels deep, in a part of the State typed Any: "
+             "deeper than intloom reads back from its journal",
+             f"Keep it a tree of plain data at most {MAX_DEPTH} levels deep."),
     "type": ("is {kind}, in a part of the State typed Any: it would be saved as JSON writes "
              "it (text, a number or an object) and the next Step would get that, not the "
              "{kind}",

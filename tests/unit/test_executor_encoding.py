@@ -239,14 +239,25 @@ def test_a_state_float_that_json_cannot_hold_is_named_as_such(
 
 # what user code hands the host, too deep to encode -> (the code, facts of its message)
 HANDED: dict[str, tuple[str, list[str]]] = {
+    # Refused by their depth, at most 500: deeper, the journal could not read them back
+    # (~975 levels failed to decode at the next start, and the host did not start).
     "confirm": ("STEP_INTERACTION_INVALID",
-                ["Stage 's', Step 'a': the context given to ctx.confirm holds itself, or is "
-                 "nested too deeply"]),
+                ["Stage 's', Step 'a': the context given to ctx.confirm cannot be shown as it "
+                 "is: $ is nested more than 500 levels deep, deeper than intloom reads back "
+                 "from its journal; nothing was recorded and nobody was asked. Pass a tree of "
+                 "plain data at most 500 levels deep."]),
+    "confirm_holds_itself": ("STEP_INTERACTION_INVALID",
+                             ["Stage 's', Step 'a': the context given to ctx.confirm holds "
+                              "itself, or is nested too deeply"]),
     "ask": ("STEP_INTERACTION_INVALID",
             ["Stage 's', Step 'a': a question given to ctx.ask holds itself"]),
     "agent": ("STEP_INTERACTION_INVALID",
-              ["Stage 's', Step 'a' returned an Agent task (list) that holds itself, or is "
-               "nested too deeply", "no task was published"]),
+              ["Stage 's', Step 'a' returned an Agent task (list) that cannot be sent as it "
+               "is: $ is nested more than 500 levels deep", "no task was published",
+               "at most 500 levels deep"]),
+    "agent_holds_itself": ("STEP_INTERACTION_INVALID",
+                           ["Stage 's', Step 'a' returned an Agent task (list) that holds "
+                            "itself, or is nested too deeply", "no task was published"]),
     "outcome": ("STEP_RESULT_INVALID",
                 ["Stage 's', Step 'a' returned [[[[[[", "non-empty outcome string"]),
 }
@@ -258,15 +269,17 @@ def test_a_value_too_deep_to_encode_handed_to_the_host_names_the_step(
     code, facts = HANDED[handed]
     wf = intloom.Workflow("deep", version="1")
     st = wf.stage("s")
-    if handed == "agent":
+    if handed.startswith("agent"):
         @st.agent_step("a", routes={"ok": intloom.COMPLETE})
         def agent(ctx: Any) -> Any:
-            return _deep()
+            return _holds_itself() if handed == "agent_holds_itself" else _deep(980)
     else:
         @st.step("a", routes={"ok": intloom.COMPLETE})
         async def a(ctx: Any) -> Any:
             if handed == "confirm":
-                await ctx.confirm({"deep": _deep()})
+                await ctx.confirm(_deep(980))
+            if handed == "confirm_holds_itself":
+                await ctx.confirm({"deep": _holds_itself()})
             if handed == "ask":
                 # A Struct checks no field type: a str field may hold anything.
                 await ctx.ask([intloom.Question(id="q", question="Q?",
@@ -462,6 +475,8 @@ IN_ANY: dict[str, tuple[Callable[[Bag], None], str, str]] = {
                "msgspec.to_builtins"),
     "enum": (lambda bag: bag.extra.update(level=_Level.HIGH), "$.extra.level is _Level",
              "Type the field"),
+    "deep": (lambda bag: setattr(bag, "note", _deep(600)),
+             "$.note is nested more than 500 levels deep", "at most 500 levels deep"),
     "tuple": (lambda bag: bag.extra.update(pair=(1, "a")),
               "$.extra.pair is a tuple, in a part of the State typed Any: it would be saved as "
               "a list", "tuple[int, str]"),
