@@ -162,6 +162,11 @@ def decode_snapshot(path: Path, data: bytes) -> Snapshot:
         snap = msgspec.msgpack.decode(body, type=Snapshot)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise SnapshotError(path, f"does not decode ({exc})") from None
+    except RecursionError:
+        # A Run's pending task or question held that deep: it escaped the restore, and no
+        # Run of the project could start (records: runtime/records.py, decode_record).
+        raise SnapshotError(path, "does not decode (it holds a value nested more deeply than "
+                                  "intloom can decode)") from None
     if path.name != snapshot_name(snap.run_id):
         raise SnapshotError(path, f"holds Run {snap.run_id}, whose snapshot has another name")
     return snap

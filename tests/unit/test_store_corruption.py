@@ -992,3 +992,58 @@ def test_a_damaged_snapshot_whose_run_no_record_names_says_the_run_is_not_restor
     assert "every segment was read instead" not in finding.problem
     open_store(root, instance_id="INST-2").close_blocking()
     assert live.read_bytes() == kept
+
+
+def test_a_record_nested_too_deeply_to_decode_holds_its_run_not_the_host(
+        tmp_path: Path) -> None:
+    """An Agent's output ~980 levels deep was journaled, and decoding it back at the next
+    start (a deeper stack) raised RecursionError out of the restore: the host failed to start
+    (CLI_INTERNAL_ERROR) for every Run of the project, over one Run's record."""
+    from intloom.runtime.records import Executing, StagePending, StepResult
+
+    root = tmp_path / "runtime"
+    store = open_store(root)
+    deep = msgspec.Raw(b"\x91" * 100_000 + b"\x01")  # a list in a list ... far past any stack
+    records: list[Record] = [
+        header("RUN-A"), StagePending(at="t1", stage="s"),
+        StepReady(at="t2", stage="s", step="s1"),
+        Executing(at="t3", stage="s", step="s1", kind="step"),
+        StepResult(at="t4", stage="s", step="s1", outcome="done", output=deep)]
+    for record in records:
+        store.append("RUN-A", record)
+    for record in walk("RUN-B", N, 2):
+        store.append("RUN-B", record)
+    store.sync_blocking()
+    abandon(store)
+
+    runs = by_id(read_runs(root))
+    assert runs["RUN-B"].status == "ok" and runs["RUN-B"].state == _expected("RUN-B")
+    a = runs["RUN-A"]
+    assert a.status == "corrupt" and a.problem is not None
+    assert "record at wal/0000000001.seg" in a.problem
+    assert "nested too deeply to decode" in a.problem, a.problem
+    assert [h.verdict for h in read_history(root, "RUN-A")][-1] == "undecodable"
+    store = open_store(root, instance_id="INST-2")  # a new host starts, and holds RUN-A
+    assert by_id(store.restored.runs)["RUN-A"].status == "corrupt"
+    store.close_blocking()
+
+
+def test_a_snapshot_nested_too_deeply_to_decode_is_an_unusable_snapshot(tmp_path: Path) -> None:
+    """The same for a snapshot: a Run waiting on an Agent task nested that deep is kept in
+    its snapshot at a stop, and reading it back raised RecursionError instead of naming it."""
+    from intloom.runtime.model import Cursor, PendingAction
+    from intloom.runtime.records import Executing, StagePending, Waiting
+    from intloom.store.snapshots import Snapshot, SnapshotError, decode_snapshot
+
+    deep = msgspec.Raw(b"\x91" * 100_000 + b"\x01")
+    action = PendingAction(id="ASK-1", kind="confirmation", request=deep,
+                           cursor=Cursor(stage="s", step="s1"), created_at="t4")
+    state = fold([header("RUN-A"), StagePending(at="t1", stage="s"),
+                  StepReady(at="t2", stage="s", step="s1"),
+                  Executing(at="t3", stage="s", step="s1", kind="step"),
+                  Waiting(at="t4", action=action)])
+    path = tmp_path / snapshot_name("RUN-A")
+    data = encode_snapshot(Snapshot(run_id="RUN-A", seq=5, status="ok", state=state))
+    with pytest.raises(SnapshotError) as unusable:
+        decode_snapshot(path, data)
+    assert "nested more deeply than intloom can decode" in unusable.value.fact
