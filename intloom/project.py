@@ -305,6 +305,16 @@ def load_config(root: Path) -> Config:
             f"{path}: an entry of 'workflows' holds a NUL character (\\u0000), which no path "
             "can hold. Remove it from the entry.",
         )
+    absolute = next((entry for entry in workflows if os.path.isabs(entry)), None)
+    if absolute is not None:
+        # Joined to the root, an absolute entry is itself: the project would load code at a
+        # fixed place on this machine, which DESIGN's "relative to the root" rules out.
+        relative = os.path.relpath(absolute, root)
+        raise IntloomError(
+            "INVALID_REQUEST",
+            f"{path}: the 'workflows' entry {absolute!r} is an absolute path; entries are "
+            f"relative to the project root ({root}). Write it as {relative!r}.",
+        )
     port = raw.get("port")
     if port is not None and (
         not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535

@@ -384,6 +384,24 @@ def test_a_workflows_entry_holding_a_nul_is_a_config_error(tmp_path: Path) -> No
     assert "an entry of 'workflows' holds a NUL character" in refused.value.message
 
 
+def test_an_absolute_workflows_entry_is_a_config_error_with_its_relative_form(
+        tmp_path: Path) -> None:
+    """DESIGN: entries are paths relative to the root. An absolute one was loaded from that
+    fixed place, so a copied project ran the original's code; it names the relative form."""
+    from intloom.project import load_config
+
+    (tmp_path / "wf.py").write_text("")
+    (tmp_path / "intloom.toml").write_text(f'workflows = ["ok.py", "{tmp_path}/wf.py"]\n')
+    with pytest.raises(IntloomError) as refused:
+        load_config(tmp_path)
+    assert refused.value.code == "INVALID_REQUEST"
+    assert (f"the 'workflows' entry '{tmp_path}/wf.py' is an absolute path; entries are "
+            f"relative to the project root ({tmp_path}). Write it as 'wf.py'."
+            ) in refused.value.message, refused.value.message
+    (tmp_path / "intloom.toml").write_text('workflows = ["../shared/wf.py", "wf.py"]\n')
+    assert load_config(tmp_path).workflows == ("../shared/wf.py", "wf.py")
+
+
 def test_a_config_saved_with_a_byte_order_mark_is_named_as_such(tmp_path: Path) -> None:
     """Saved by an editor as "UTF-8 with BOM", intloom.toml was "not valid TOML (Invalid
     statement (at line 1, column 1))": line 1 looks right, and nothing said why."""
