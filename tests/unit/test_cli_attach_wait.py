@@ -94,3 +94,82 @@ def _interrupted_in_the_window() -> None:
         os.close(handled_w)
     assert cond.acquire(blocking=False)
     cond.release()
+
+
+def _views() -> tuple[Any, Any]:
+    from intloom.runtime.model import Cursor, RunView
+
+    at = "2026-12-01T00:00:01.000Z"
+    running = RunView(run_id="RUN-1", flow_name="f", cursor=Cursor(stage="s", step="a"),
+                      status="running", created_at=at, updated_at=at)
+    done = RunView(run_id="RUN-1", flow_name="f", cursor=Cursor(stage="s", step="a"),
+                   status="completed", created_at=at, updated_at="2026-12-01T00:00:02.000Z")
+    return running, done
+
+
+def test_attach_waits_for_a_display_that_lags_but_still_shows_events(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A slow reader (``intloom attach RUN | slow``) kept being fed, but 3 s after the Run
+    ended attach printed the final view anyway and closed the stream: the last ~100 of
+    3,000 Steps' events and ``terminal`` were never shown, and one event line landed in the
+    middle of the final view. The wait now gives up only after that long with no event."""
+    import time
+
+    from intloom.cli import commands
+    from intloom.cli.commands.attach import _Follower
+    from intloom.cli.render import Renderer
+    from intloom.protocol.messages import RunEvent
+
+    monkeypatch.setattr(commands.attach, "_CATCH_UP", 0.3)
+    running, done = _views()
+    follower = _Follower(tmp_path, "RUN-1", Renderer(), None)
+    follower.met(["caughtUp"])
+
+    def feed() -> None:  # an event every 0.1 s for 1 s: well past 0.3 s in all
+        for _ in range(10):
+            time.sleep(0.1)  # the pace of a slow display, not a wait for an event
+            follower.took(RunEvent(run=running, event="executing"))
+        follower.took(RunEvent(run=done, event="terminal", final=True))
+        with follower._cond:
+            follower._done = True  # as run() does once the final event is shown
+            follower._cond.notify_all()
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    follower.catch_up(done)
+    assert follower.final is not None, "the final view went ahead of the events still shown"
+    feeder.join(timeout=10)
+
+    stalled = _Follower(tmp_path, "RUN-1", Renderer(), None)
+    stalled.met(["caughtUp"])
+    started = time.monotonic()
+    stalled.catch_up(done)  # no event at all: it still goes ahead, after _CATCH_UP
+    assert time.monotonic() - started < 5
+
+
+def test_an_event_is_never_printed_once_attach_closed_its_stream(
+        tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """The event thread printed an event it had read after attach had closed the stream and
+    gone on to print the final view: the line landed between "Completed" and "Run"."""
+    from intloom.cli.commands.attach import _Follower
+    from intloom.cli.render import Renderer
+    from intloom.protocol.messages import RunEvent
+
+    running, _ = _views()
+    follower = _Follower(tmp_path, "RUN-1", Renderer(), None)
+    follower._show(RunEvent(run=running, event="executing"))
+    follower.close()
+    follower._show(RunEvent(run=running, event="step_result"))
+    out = capsys.readouterr().out
+    assert "executing" in out and "step_result" not in out, out
+
+    # A detach does not wait for a print stuck on a reader that does not read: Ctrl-C with
+    # ``attach RUN | less`` detached at once, and must go on doing so.
+    import time
+
+    stuck = _Follower(tmp_path, "RUN-1", Renderer(), None)
+    stuck._printing.acquire()  # an event's print under way, blocked
+    started = time.monotonic()
+    stuck.close(wait=False)
+    assert time.monotonic() - started < 1.0
+

@@ -18,6 +18,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
@@ -38,7 +39,11 @@ if TYPE_CHECKING:
 
 __all__ = ["attach"]
 
-# How long the display may lag the Run before a prompt or the final view goes ahead anyway.
+# How long the display may go without showing an event, while it lags the Run, before a
+# prompt or the final view goes ahead anyway. Measured from the last event shown, not from
+# the start of the wait: a slow reader (a pipe, a slow terminal) that is still being fed was
+# cut off after 3 s in all, its remaining events dropped and the last one printed in the
+# middle of the final view.
 _CATCH_UP: Final = 3.0
 # Answers that leave the Run waiting: say why, then look again.
 _RETRY_CODES: Final = frozenset({"INVALID_REQUEST", "CONFLICT"})
@@ -124,13 +129,20 @@ class _Follower(threading.Thread):
         self.final: RunView | None = None  # as the stream's final event showed the Run
         self.final_event: str | None = None  # that event's name ("suspended", "terminal", ...)
         self._client: Client | None = None
+        # Held while an event is printed; once ``_closed`` is set under it, nothing more is,
+        # so no event line lands in the middle of what attach prints after it.
+        self._printing = threading.Lock()
+        self._closed = False
 
     def _show(self, event: RunEvent) -> None:
-        if self._term is None:
-            self._renderer.lines([event_line(event)])
-            return
-        with self._term.output():
-            self._renderer.lines([event_line(event)])
+        with self._printing:
+            if self._closed:
+                return
+            if self._term is None:
+                self._renderer.lines([event_line(event)])
+                return
+            with self._term.output():
+                self._renderer.lines([event_line(event)])
 
     def run(self) -> None:
         from intloom.client.client import Client
@@ -206,8 +218,17 @@ class _Follower(threading.Thread):
             return self.final
 
     def catch_up(self, view: RunView) -> None:
+        """Wait until the display has shown ``view``, while it keeps showing events: it
+        goes ahead once no event came for ``_CATCH_UP``."""
         with self._cond:
-            _wait(self._cond, lambda: self._reached(view), timeout=_CATCH_UP)
+            shown = -1
+            while shown != len(self._seen) and not self._reached(view):
+                shown = len(self._seen)
+                _wait(self._cond, partial(self._moved_or_reached, view, shown),
+                      timeout=_CATCH_UP)
+
+    def _moved_or_reached(self, view: RunView, shown: int) -> bool:
+        return self._reached(view) or len(self._seen) != shown
 
     def past_task(self, view: RunView) -> None:
         """Block until the stream shows the Run no longer waiting on ``view``'s Agent task
@@ -239,7 +260,19 @@ class _Follower(threading.Thread):
         with self._cond:
             return self._done
 
-    def close(self) -> None:
+    def close(self, *, wait: bool = True) -> None:
+        """End the stream. ``wait``: a print under way (a reader that does not read) is given
+        a moment to end, as the final view printed after it would wait for it anyway; then
+        nothing more is shown. A detach (Ctrl-C) or an error does not wait: it says nothing
+        on stdout, and a detach is at once."""
+        with self._cond:
+            if self._closed:
+                return
+        held = wait and self._printing.acquire(timeout=_CATCH_UP)
+        with self._cond:
+            self._closed = True
+        if held:
+            self._printing.release()
         client = self._client
         if client is not None:
             with contextlib.suppress(Exception):
@@ -360,6 +393,9 @@ def _follow(state: CliState, client: Client, run_id: str,
                     raise
                 state.renderer.error(exc.view())
                 view = client.get_run(run_id)
+    except BaseException:
+        follower.close(wait=False)
+        raise
     finally:
         follower.close()
         if term is not None:
