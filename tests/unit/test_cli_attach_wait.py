@@ -173,3 +173,50 @@ def test_an_event_is_never_printed_once_attach_closed_its_stream(
     stuck.close(wait=False)
     assert time.monotonic() - started < 1.0
 
+
+@pytest.mark.parametrize("cut", ["by the host", "stdout gone"])
+def test_attach_says_when_its_event_stream_ended_before_the_runs_last_event(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str], cut: str) -> None:
+    """A host closes the stream of a follower too slow for its backlog (follower_too_slow):
+    attach then printed the Run's final view after an event list that stopped mid-way, with
+    nothing saying that events were missing. A reader gone (``attach RUN | head -1``) is no
+    such cut: nothing is said on stderr then (docs/cli.md, Exit codes)."""
+    from intloom.cli.commands.attach import _follow
+    from intloom.cli.options import CliState
+    from intloom.client.client import Client
+    from intloom.errors import IntloomError
+    from intloom.protocol.messages import RunEvent
+
+    running, done = _views()
+
+    class Cut:
+        hello = type("Hello", (), {"features": ["caughtUp"]})()
+
+        def __enter__(self) -> Cut:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+        def close(self) -> None:
+            pass
+
+        def subscribe(self, run_id: str) -> Any:
+            yield RunEvent(run=running, event="executing", history=True, caught_up=True)
+            if cut == "stdout gone":
+                raise BrokenPipeError(32, "Broken pipe")  # as printing the next event does
+            raise IntloomError("PROJECT_REQUEST_FAILED", "the connection closed")
+
+    monkeypatch.setattr(Client, "connect", classmethod(lambda cls, root, **kw: Cut()))
+    (tmp_path / "intloom.toml").write_text("workflows = []\n")
+    state = CliState()
+    state.project = tmp_path
+    view, suspended = _follow(state, Cut(), "RUN-1", done)  # type: ignore[arg-type]
+    assert view is done and not suspended
+    err = capsys.readouterr().err
+    if cut == "stdout gone":
+        assert err == ""
+        return
+    assert "The event stream of Run RUN-1 ended before its last event" in err, err
+    assert "intloom attach RUN-1" in err and "follower_too_slow" in err, err

@@ -133,6 +133,7 @@ class _Follower(threading.Thread):
         # so no event line lands in the middle of what attach prints after it.
         self._printing = threading.Lock()
         self._closed = False
+        self.broken = False  # the stream ended on an error, not on its final event or close()
 
     def _show(self, event: RunEvent) -> None:
         with self._printing:
@@ -158,8 +159,15 @@ class _Follower(threading.Thread):
                         self._term.wake()
                     if event.final:
                         break
+        except IntloomError:
+            # The stream is a display only; the view on the main connection decides, and
+            # says why when the host went away. One that still answers cut this stream
+            # (a follower too slow for it): ``cut_short`` says so.
+            with self._cond:
+                self.broken = not self._closed
         except Exception:
-            # The stream is a display only; the view on the main connection decides.
+            # Not the stream's: stdout gone (``attach RUN | head -1``), which the final
+            # view's print meets too, and which is no failure to speak of.
             pass
         finally:
             with self._cond:
@@ -229,6 +237,12 @@ class _Follower(threading.Thread):
 
     def _moved_or_reached(self, view: RunView, shown: int) -> bool:
         return self._reached(view) or len(self._seen) != shown
+
+    def cut_short(self) -> bool:
+        """The stream ended on an error before its final event: the events after the last
+        one shown are missing from the display."""
+        with self._cond:
+            return self.broken and self.final is None
 
     def past_task(self, view: RunView) -> None:
         """Block until the stream shows the Run no longer waiting on ``view``'s Agent task
@@ -317,6 +331,14 @@ def _still_asked(client: Client, run_id: str, action_id: str,
     return check
 
 
+def _cut_short(run_id: str) -> str:
+    return (f"The event stream of Run {run_id} ended before its last event (a host closes the "
+            "stream of a follower that reads its events too slowly: its log then says "
+            "follower_too_slow), so the events after the last one shown are missing. intloom "
+            f"attach {run_id} shows its recent history again, and intloom inspect {run_id} "
+            "every record.")
+
+
 def _look(client: Client, run_id: str, follower: _Follower, what: str) -> RunView:
     """The Run now; when its host stopped or went away, as the stream last showed it ended
     (a stopping host suspends it), else the connection's error, saying nothing was done."""
@@ -377,6 +399,8 @@ def _follow(state: CliState, client: Client, run_id: str,
                     return view, False
                 continue
             if view.status != "waiting" or action is None or term is None:
+                if follower.cut_short():
+                    state.renderer.note(_cut_short(run_id))
                 return view, follower.suspended(view)
             term.check = _still_asked(client, run_id, action.id, follower)
             try:
