@@ -18,6 +18,7 @@ __all__ = ["LogTail", "log_files", "scan_logs"]
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 Skipped = Callable[[Path, str], None]  # a log-named entry that is no log, and what it is
+Reread = Callable[[Path, str], None]  # a followed file read again from its start, and why
 
 
 def _not_regular(mode: int) -> str:
@@ -71,14 +72,19 @@ class LogTail:
     ``all_files`` starts from the oldest file; otherwise from the newest (or, when there is
     none yet, from the first one to appear). A line still being written is held back until
     its newline arrives. An entry named like a log that is not a regular file is handed to
-    ``on_skipped`` once, with what it is.
+    ``on_skipped`` once, with what it is. A file being followed that shrank (truncated, by
+    hand or by a ``copytruncate`` rotation) or that another file replaced is read again from
+    its start, and handed to ``on_reread`` with what happened to it.
     """
 
     def __init__(self, logs_dir: Path, emit: Callable[[str], None], *, all_files: bool,
-                 on_skipped: Skipped | None = None, newest: Path | None = None) -> None:
+                 on_skipped: Skipped | None = None, newest: Path | None = None,
+                 on_reread: Reread | None = None) -> None:
         self._dir = logs_dir
         self._emit = emit
         self._on_skipped = on_skipped
+        self._on_reread = on_reread
+        self._file: tuple[int, int] | None = None  # (st_dev, st_ino) of what ``_offset`` is in
         self._reported: set[Path] = set()
         self._current: Path | None = None
         self._offset = 0
@@ -115,7 +121,7 @@ class LogTail:
             if self._partial:
                 # A newer host exists, so the older file will not grow: show its torn end.
                 self._emit(self._partial.decode("utf-8", errors="surrogateescape"))
-            self._current, self._offset, self._partial = path, 0, b""
+            self._current, self._offset, self._partial, self._file = path, 0, b"", None
             self._read_from(path)
 
     def finish(self) -> None:
@@ -134,10 +140,12 @@ class LogTail:
                 self._skip(path, "a symbolic link")
             return
         try:
-            mode = os.fstat(fd).st_mode
+            st = os.fstat(fd)
+            mode = st.st_mode
             if not stat.S_ISREG(mode):  # replaced since it was listed
                 self._skip(path, _not_regular(mode))
                 return
+            self._restart_if_shrunk_or_replaced(path, st)
             os.lseek(fd, self._offset, os.SEEK_SET)
             chunks = []
             while chunk := os.read(fd, 1 << 16):
@@ -151,3 +159,25 @@ class LogTail:
         for line in lines:
             if line.strip():
                 self._emit(line.decode("utf-8", errors="surrogateescape"))
+
+    def _restart_if_shrunk_or_replaced(self, path: Path, st: os.stat_result) -> None:
+        """Read from the start a file that is no longer the one read so far: an offset past
+        its end read nothing until it grew back past it, so every line written after a
+        truncation was lost (and the first one shown began mid-line)."""
+        file = (st.st_dev, st.st_ino)
+        known, self._file = self._file, file
+        if known is None or self._offset == 0:
+            return
+        if file != known:
+            fact = "it was replaced by another file"
+        elif st.st_size < self._offset:
+            fact = f"it was truncated from {self._offset} to {st.st_size} bytes"
+        else:
+            return
+        if self._partial.strip():
+            # The end of a line that will not be completed here: shown as torn, as finish()
+            # shows one, rather than dropped.
+            self._emit(self._partial.decode("utf-8", errors="surrogateescape"))
+        self._offset, self._partial = 0, b""
+        if self._on_reread is not None:
+            self._on_reread(path, fact)

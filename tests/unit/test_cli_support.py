@@ -243,6 +243,35 @@ def test_log_tail_holds_back_partial_lines_and_follows_new_files(tmp_path: Path)
     assert everything == ['{"a": 1}', '{"b": 1}', '{"b": 2}', '{"c": 1}']
 
 
+def test_log_tail_reads_a_followed_file_again_once_it_is_truncated_or_replaced(
+        tmp_path: Path) -> None:
+    """A followed log truncated (by hand, or a copytruncate rotation) kept its old offset:
+    the lines written after it were not shown until the file grew past that offset again,
+    and then from the middle of a line. One replaced by a new file was read from the old
+    offset too."""
+    log = tmp_path / "LOG-1.jsonl"
+    log.write_text('{"a": 1}\n{"a": 2}\n')
+    seen: list[str] = []
+    reread: list[tuple[str, str]] = []
+    tail = LogTail(tmp_path, seen.append, all_files=False,
+                   on_reread=lambda path, fact: reread.append((path.name, fact)))
+    tail.pump()
+    with open(log, "r+") as fh:
+        fh.truncate(0)
+    with open(log, "a") as fh:
+        fh.write('{"b": 1}\n')
+    tail.pump()
+    assert seen == ['{"a": 1}', '{"a": 2}', '{"b": 1}']
+    assert reread == [("LOG-1.jsonl", "it was truncated from 18 to 9 bytes")]
+    log.rename(tmp_path / "old")
+    log.write_text('{"c": 1}\n{"c": 2}\n')  # longer than the old one: no shrink to see
+    tail.pump()
+    assert seen[3:] == ['{"c": 1}', '{"c": 2}']
+    assert reread[1:] == [("LOG-1.jsonl", "it was replaced by another file")]
+    tail.pump()
+    assert len(seen) == 5 and len(reread) == 2  # read once, said once
+
+
 def test_log_files_skip_links(tmp_path: Path) -> None:
     (tmp_path / "LOG-1.jsonl").write_text("")
     (tmp_path / "LOG-2.jsonl").symlink_to(tmp_path / "LOG-1.jsonl")

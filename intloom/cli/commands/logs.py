@@ -117,6 +117,25 @@ def _skipped(renderer: Renderer, root: Path) -> Callable[[Path, str], None]:
     return report
 
 
+def _reread(renderer: Renderer, root: Path) -> Callable[[Path, str], None]:
+    """An ``on_reread`` for LogTail: a followed log that shrank or was replaced is read again
+    from its start; said on stderr, or as a record of the --json stream (so that lines seen
+    twice, or a gap, have their reason in the stream)."""
+
+    def report(path: Path, fact: str) -> None:
+        shown = str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
+        if renderer.json_mode:
+            renderer.raw(msgspec.json.encode({"time": None, "level": "warning",
+                                              "event": "reread_file", "file": shown,
+                                              "fact": fact}).decode() + "\n")
+        else:
+            renderer.note(f"Reading {shown} again from its start: {fact} while it was "
+                          "followed (a host only appends to its log: something else changed "
+                          "it).")
+
+    return report
+
+
 def _watch_target(root: Path, logs_dir: Path) -> tuple[Path, bool]:
     """The nearest existing directory to watch, and whether to watch it recursively."""
     if logs_dir.is_dir():
@@ -234,7 +253,7 @@ def logs(
     renderer = state.renderer
     emit, printed = _printer(renderer, run_id)
     tail = LogTail(logs_dir, emit, all_files=all_files, on_skipped=_skipped(renderer, root),
-                   newest=_hosts_log(root, logs_dir))
+                   newest=_hosts_log(root, logs_dir), on_reread=_reread(renderer, root))
     if follow:
         # The backlog too: Ctrl-C while it still printed (a long log, a slow reader) ended
         # with 130 and "Interrupted.", not the 0 a follow stops with (docs/cli.md).
