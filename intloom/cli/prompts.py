@@ -90,6 +90,18 @@ class Terminal:
     def line(self, prompt: str) -> str:
         """Show ``prompt``; the line typed, without its newline. EOF raises ``typer.Abort``;
         whatever ``check`` raises drops the prompt."""
+        try:
+            return self._line(prompt)
+        except (KeyboardInterrupt, typer.Abort):
+            # Ctrl-C or EOF at the prompt: what attach says next (it detached) starts a line
+            # of its own, not "Confirm? [y/n]: Detached from ...".
+            with self._lock:
+                if self._shown:
+                    self._write("\n")
+                    self._shown = False
+            raise
+
+    def _line(self, prompt: str) -> str:
         typed = b""
         while True:
             with self._lock:

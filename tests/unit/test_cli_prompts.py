@@ -77,13 +77,17 @@ def test_a_dropped_prompt_forgets_what_was_typed_at_it(pty_pair: tuple[int, Term
     assert term.line("Confirm? [y/n]: ") == "y"  # not "3y"
 
 
-def test_eof_aborts(pty_pair: tuple[int, Terminal]) -> None:
+def test_eof_aborts_ending_the_prompts_line(pty_pair: tuple[int, Terminal],
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """EOF (or Ctrl-C) at a prompt left its line open: attach's next words, that it
+    detached, were printed on it, "Confirm? [y/n]: Detached from RUN-..."."""
     import typer
 
     leader, term = pty_pair
     os.write(leader, b"\x04")
     with pytest.raises(typer.Abort):
         term.ask("Feedback")
+    assert capsys.readouterr().err == "Feedback: \n"
 
 
 def test_a_wake_after_close_is_ignored(pty_pair: tuple[int, Terminal]) -> None:
@@ -125,3 +129,4 @@ def test_a_blank_intent_at_the_prompt_is_asked_again_saying_why(
     told = capsys.readouterr().err
     assert told.count("Intent:") == 2, told  # asked again (its last space is on stdout)
     assert "The intent is blank: say what the Run is for" in told, told
+
