@@ -97,16 +97,21 @@ class UsageError(IntloomError):
 def _prompt_intent() -> str:
     """The intent typed at the prompt, asked for again while it is blank, saying why: at a
     terminal the person can just type it, where a failed command has them start over.
-    Ctrl-C or EOF gives up (``typer.Abort``)."""
-    import typer
+    Ctrl-C or EOF gives up (``KeyboardInterrupt``, ``typer.Abort``).
 
-    while True:
-        # default="": Enter alone comes back as "" (typer's own loop asks again silently).
-        text = str(typer.prompt("Intent", default="", show_default=False, err=True))
-        if text.strip():
-            return text
-        typer.echo("The intent is blank: say what the Run is for (Ctrl-C gives up).",
-                   err=True)
+    attach's prompts ask it, on stderr: ``typer.prompt(err=True)`` wrote the prompt's last
+    space to stdout, which holds only results (``flow > run.txt`` began with it)."""
+    from intloom.cli.prompts import Terminal
+
+    term = Terminal()
+    try:
+        while True:
+            text = term.ask("Intent")
+            if text.strip():
+                return text
+            term.say("The intent is blank: say what the Run is for (Ctrl-C gives up).")
+    finally:
+        term.close()
 
 
 def read_intent(intent: str | None, intent_file: str | None, *, prompt: bool) -> str:

@@ -126,7 +126,31 @@ def test_a_blank_intent_at_the_prompt_is_asked_again_saying_why(
         assert read_intent(None, None, prompt=True) == "fix the release"
     finally:
         stdin.close()
-    told = capsys.readouterr().err
-    assert told.count("Intent:") == 2, told  # asked again (its last space is on stdout)
+    captured = capsys.readouterr()
+    told = captured.err
+    assert told.count("Intent: ") == 2, told  # asked again
     assert "The intent is blank: say what the Run is for" in told, told
+    assert captured.out == ""  # stdout holds results only (it held the prompt's last space)
 
+
+def test_the_intent_prompt_given_up_ends_its_line(
+    pty_pair: tuple[int, Terminal], capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``flow`` on a terminal, EOF or Ctrl-C at ``Intent:``: "Interrupted." was written on
+    the prompt's line, "Intent: Interrupted.", and the prompt's last space on stdout."""
+    import typer
+
+    from intloom.cli.inputs import read_intent
+
+    leader, term = pty_pair
+    stdin = os.fdopen(os.dup(term._fd), "r", encoding="utf-8")
+    monkeypatch.setattr("sys.stdin", stdin)
+    try:
+        os.write(leader, b"\x04")
+        with pytest.raises(typer.Abort):
+            read_intent(None, None, prompt=True)
+    finally:
+        stdin.close()
+    told = capsys.readouterr()
+    assert (told.out, told.err) == ("", "Intent: \n")
