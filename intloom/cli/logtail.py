@@ -85,6 +85,7 @@ class LogTail:
         self._on_skipped = on_skipped
         self._on_reread = on_reread
         self._file: tuple[int, int] | None = None  # (st_dev, st_ino) of what ``_offset`` is in
+        self._held: int | None = None  # that file, open (see ``_read_from``)
         self._reported: set[Path] = set()
         self._current: Path | None = None
         self._offset = 0
@@ -121,6 +122,7 @@ class LogTail:
             if self._partial:
                 # A newer host exists, so the older file will not grow: show its torn end.
                 self._emit(self._partial.decode("utf-8", errors="surrogateescape"))
+            self._release()
             self._current, self._offset, self._partial, self._file = path, 0, b"", None
             self._read_from(path)
 
@@ -132,26 +134,56 @@ class LogTail:
             self._emit(self._partial.decode("utf-8", errors="surrogateescape"))
         self._partial = b""
 
-    def _read_from(self, path: Path) -> None:
+    def _open(self, path: Path) -> int | None:
+        """``path`` opened for reading; None when it is gone or no regular file (named)."""
         try:
             fd = os.open(path, _READ)
         except OSError as exc:
             if exc.errno == errno.ELOOP:  # replaced by a link since it was listed
                 self._skip(path, "a symbolic link")
-            return
-        try:
-            st = os.fstat(fd)
-            mode = st.st_mode
-            if not stat.S_ISREG(mode):  # replaced since it was listed
-                self._skip(path, _not_regular(mode))
-                return
-            self._restart_if_shrunk_or_replaced(path, st)
-            os.lseek(fd, self._offset, os.SEEK_SET)
-            chunks = []
-            while chunk := os.read(fd, 1 << 16):
-                chunks.append(chunk)
-        finally:
+            return None
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):  # replaced since it was listed
             os.close(fd)
+            self._skip(path, _not_regular(mode))
+            return None
+        return fd
+
+    def _release(self) -> None:
+        if self._held is not None:
+            os.close(self._held)
+            self._held = None
+
+    def _read_from(self, path: Path) -> None:
+        """Read on in the file being followed, kept open: one removed or moved away while
+        followed is still read, as its host goes on writing into it (reopened by its name
+        each time, it was lost). ``path`` naming another file now, or the file shrunk, is
+        read again from its start: at the old offset, every line written after a
+        truncation was lost until the file grew past it, then shown from mid-line."""
+        opened = self._open(path)
+        held = self._held
+        if held is not None and opened is not None and _identity(opened) != self._file:
+            self._read_fd(held)  # what the old file got before it was replaced
+            self._release()
+            held = None
+            self._restart(path, "it was replaced by another file")
+        if held is None:
+            if opened is None:
+                return
+            self._held = held = opened
+            self._file = _identity(opened)
+        elif opened is not None:
+            os.close(opened)
+        size = os.fstat(held).st_size
+        if size < self._offset:
+            self._restart(path, f"it was truncated from {self._offset} to {size} bytes")
+        self._read_fd(held)
+
+    def _read_fd(self, fd: int) -> None:
+        os.lseek(fd, self._offset, os.SEEK_SET)
+        chunks = []
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
         data = b"".join(chunks)
         self._offset += len(data)
         data = self._partial + data
@@ -160,20 +192,7 @@ class LogTail:
             if line.strip():
                 self._emit(line.decode("utf-8", errors="surrogateescape"))
 
-    def _restart_if_shrunk_or_replaced(self, path: Path, st: os.stat_result) -> None:
-        """Read from the start a file that is no longer the one read so far: an offset past
-        its end read nothing until it grew back past it, so every line written after a
-        truncation was lost (and the first one shown began mid-line)."""
-        file = (st.st_dev, st.st_ino)
-        known, self._file = self._file, file
-        if known is None or self._offset == 0:
-            return
-        if file != known:
-            fact = "it was replaced by another file"
-        elif st.st_size < self._offset:
-            fact = f"it was truncated from {self._offset} to {st.st_size} bytes"
-        else:
-            return
+    def _restart(self, path: Path, fact: str) -> None:
         if self._partial.strip():
             # The end of a line that will not be completed here: shown as torn, as finish()
             # shows one, rather than dropped.
@@ -181,3 +200,8 @@ class LogTail:
         self._offset, self._partial = 0, b""
         if self._on_reread is not None:
             self._on_reread(path, fact)
+
+
+def _identity(fd: int) -> tuple[int, int]:
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino

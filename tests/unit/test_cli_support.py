@@ -272,6 +272,29 @@ def test_log_tail_reads_a_followed_file_again_once_it_is_truncated_or_replaced(
     assert len(seen) == 5 and len(reread) == 2  # read once, said once
 
 
+def test_log_tail_reads_on_in_a_followed_file_removed_or_moved_away(tmp_path: Path) -> None:
+    """A followed log removed (or moved away) while its host still writes into it was
+    reopened by its name at each read: every line the host wrote after that was lost."""
+    log = tmp_path / "LOG-1.jsonl"
+    log.write_text('{"a": 1}\n')
+    seen: list[str] = []
+    reread: list[str] = []
+    tail = LogTail(tmp_path, seen.append, all_files=False,
+                   on_reread=lambda path, fact: reread.append(fact))
+    tail.pump()
+    with open(log, "a") as host:  # the host's descriptor, which it goes on writing to
+        log.rename(tmp_path / "moved")
+        host.write('{"a": 2}\n')
+        host.flush()
+        tail.pump()
+        (tmp_path / "moved").unlink()
+        host.write('{"a": 3}\n')
+        host.flush()
+        tail.pump()
+    assert seen == ['{"a": 1}', '{"a": 2}', '{"a": 3}']
+    assert reread == []  # nothing to read again: it was read on
+
+
 def test_log_files_skip_links(tmp_path: Path) -> None:
     (tmp_path / "LOG-1.jsonl").write_text("")
     (tmp_path / "LOG-2.jsonl").symlink_to(tmp_path / "LOG-1.jsonl")
