@@ -55,7 +55,10 @@ class Snapshot(msgspec.Struct, frozen=True, omit_defaults=True):
     status: Verdict
     state: RunState | None = None
     problem: str | None = None
-    segment: int = 0  # the newest segment holding a covered record (where evidence starts)
+    # The segment the writer had open when it wrote this (at a close, the one it sealed), not
+    # the one holding the Run's last record: every segment below it was complete, so damage
+    # found there later cannot hide a record this snapshot does not cover.
+    segment: int = 0
     written_at: str = ""
     format: int = FORMAT_VERSION
     # A corrupt Run's furthest known seq (``RunJournal.reached``); 0, and not written, for an
