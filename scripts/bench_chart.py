@@ -44,6 +44,23 @@ def distance(fig: dict[str, Any], how: str) -> float | None:
     return float(top) / float(fig["ratio"]) if fig["ratio"] else None
 
 
+MET, NOT_MET = "#2da44e", "#cf222e"
+
+
+def target_bars(figures: dict[str, Any]) -> list[tuple[str, float, str, str]]:
+    """(label, distance to the target, verdict, colour) of each figure measured.
+
+    The colour is the figure's verdict, never its distance: a distance is computed from the
+    figure as rounded for the report, while the verdict is taken before rounding.
+    """
+    bars = []
+    for key, label, how in TARGETS:
+        if key in figures and (d := distance(figures[key], how)) is not None:
+            said = str(figures[key].get("verdict", ""))
+            bars.append((label, d, said, MET if said == "met" else NOT_MET))
+    return bars
+
+
 def main() -> None:
     import matplotlib
 
@@ -74,14 +91,11 @@ def main() -> None:
     else:
         left.text(0.5, 0.5, "peers not measured in this run", ha="center", va="center")
         left.set_axis_off()
-    names, dist, notes = [], [], []
-    for key, label, how in TARGETS:
-        if key in figures and (d := distance(figures[key], how)) is not None:
-            names.append(label)
-            dist.append(d)
-            notes.append(figures[key].get("verdict", ""))
-    shades = ["#2da44e" if d <= 1.0 else "#cf222e" for d in dist]
-    bars = right.barh(names, dist, color=shades)
+    targets = target_bars(figures)
+    names = [t[0] for t in targets]
+    dist = [t[1] for t in targets]
+    notes = [t[2] for t in targets]
+    bars = right.barh(names, dist, color=[t[3] for t in targets])
     right.axvline(1.0, color="black", linewidth=1)
     right.invert_yaxis()
     right.set_xlabel("distance to target (≤ 1 meets it)")

@@ -15,12 +15,12 @@ from scripts.bench_common import (
     INTLOOM,
     VENV_PY,
     bench_env,
+    judged,
     median,
     note,
     project,
     rnd,
     scratch,
-    verdict,
     wait4_spawn,
 )
 
@@ -70,13 +70,14 @@ def bench_cli(args: Any) -> dict[str, Any]:
         }
         for name, got in samples.items()
     }
-    ratio = rows["runs"]["wall_ms"] / rows["typer"]["wall_ms"]
+    ratio, verdict = judged(rows["runs"]["wall_ms"] / rows["typer"]["wall_ms"], 1.3,
+                            at_most=True, digits=3)
     return {
         "figure": "cli", "repeats": args.repeats, "target": "ratio <= 1.3",
         "bytecode_caches": "warm (PYTHONDONTWRITEBYTECODE unset for the children)",
         "commands": rows, "wall_ms": rows["runs"]["wall_ms"],
-        "baseline_wall_ms": rows["typer"]["wall_ms"], "ratio": rnd(ratio, 3),
+        "baseline_wall_ms": rows["typer"]["wall_ms"], "ratio": ratio,
         "ratio_cpu": rnd(rows["runs"]["cpu_ms"] / rows["typer"]["cpu_ms"], 3),
         "over_typer_ms": rnd(rows["runs"]["wall_ms"] - rows["typer"]["wall_ms"]),
-        "verdict": verdict(ratio, 1.3, at_most=True), "import_profile": profile,
+        "verdict": verdict, "import_profile": profile,
     }

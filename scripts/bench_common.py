@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import platform
 import signal
@@ -20,6 +21,7 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +53,27 @@ def rnd(value: float, digits: int = 1) -> float:
 def verdict(ratio: float, target: float, *, at_most: bool) -> str:
     ok = ratio <= target if at_most else ratio >= target
     return "met" if ok else "not met"
+
+
+def shown(value: float, digits: int, *, at_most: bool) -> float:
+    """``value`` rounded to ``digits`` decimals toward missing its target: up where the
+    target is a ceiling (``at_most``), down where it is a floor.
+
+    Rounded to the nearest, a ratio of 4.996 was shown as 5 beside "not met" against
+    "≥ 5" (and the chart drew it on the line, as met). Rounded this way, a figure shown
+    with its target's own digits never lands on the other side of the target from its
+    verdict, which is taken from the value before rounding.
+    """
+    if not math.isfinite(value):
+        return float(value)
+    mode = ROUND_CEILING if at_most else ROUND_FLOOR
+    # repr: the shortest text of the float, so that 1.1 is not ceiled to 1.101.
+    return float(Decimal(repr(float(value))).quantize(Decimal(1).scaleb(-digits), mode))
+
+
+def judged(ratio: float, target: float, *, at_most: bool, digits: int) -> tuple[float, str]:
+    """(the ratio as shown, its verdict): see ``shown``."""
+    return shown(ratio, digits, at_most=at_most), verdict(ratio, target, at_most=at_most)
 
 
 # ----- the disk floor --------------------------------------------------------------------------

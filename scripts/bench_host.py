@@ -14,7 +14,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from scripts.bench_common import Host, median, note, project, rnd, rss_mib, scratch, verdict
+from scripts.bench_common import Host, judged, median, note, project, rnd, rss_mib, scratch
 
 
 def _host_ms(host: Host) -> dict[str, float]:
@@ -102,8 +102,9 @@ def bench_restart(args: Any) -> dict[str, Any]:
         note("restart: timing starts after a clean stop")
         clean = _starts([("big", big, None), ("small", small, None)], args.repeats)
     for mode, data in (("after_stop", clean), ("after_kill", crashed)):
-        ratio = data["big"]["start_s"] / data["small"]["start_s"]
-        out[mode] = {**data, "ratio": rnd(ratio, 3), "verdict": verdict(ratio, 1.5, at_most=True)}
+        ratio, verdict = judged(data["big"]["start_s"] / data["small"]["start_s"], 1.5,
+                                at_most=True, digits=3)
+        out[mode] = {**data, "ratio": ratio, "verdict": verdict}
     out["records"] = counts["big"]
     out["baseline_records"] = counts["small"]
     worst = max(("after_stop", "after_kill"), key=lambda m: out[m]["ratio"])
@@ -137,10 +138,11 @@ def bench_restore(args: Any) -> dict[str, Any]:
         with many.client() as client:
             restored = client.status().waiting_runs
         many.stop()
-    ratio = data["many"]["start_s"] / data["none"]["start_s"]
+    ratio, verdict = judged(data["many"]["start_s"] / data["none"]["start_s"], 2,
+                            at_most=True, digits=3)
     out.update(data, restored_waiting=restored, start_s=data["many"]["start_s"],
-               baseline_start_s=data["none"]["start_s"], ratio=rnd(ratio, 3),
-               verdict=verdict(ratio, 2, at_most=True))
+               baseline_start_s=data["none"]["start_s"], ratio=ratio,
+               verdict=verdict)
     return out
 
 
@@ -164,7 +166,7 @@ def bench_memory(args: Any) -> dict[str, Any]:
             assert len(client.runs()) == args.runs
         restored_rss, restored_hwm = rss_mib(many.pid())
     ratio_live, ratio_restored = live_rss / idle_rss, restored_rss / idle_rss
-    ratio = max(ratio_live, ratio_restored)
+    ratio, verdict = judged(max(ratio_live, ratio_restored), 2, at_most=True, digits=3)
     out.update(
         idle_rss_mib=rnd(idle_rss), idle_hwm_mib=rnd(idle_hwm),
         live_rss_mib=rnd(live_rss), live_hwm_mib=rnd(live_hwm),
@@ -172,6 +174,6 @@ def bench_memory(args: Any) -> dict[str, Any]:
         kib_per_run=rnd((live_rss - idle_rss) * 1024 / args.runs),
         ratio_live=rnd(ratio_live, 3), ratio_restored=rnd(ratio_restored, 3),
         rss_mib=rnd(max(live_rss, restored_rss)), baseline_rss_mib=rnd(idle_rss),
-        ratio=rnd(ratio, 3), verdict=verdict(ratio, 2, at_most=True),
+        ratio=ratio, verdict=verdict,
     )
     return out

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any, Final
 
-from scripts.bench_common import REPO, VENV_PY, bench_env, median, note, rnd, scratch, verdict
+from scripts.bench_common import REPO, VENV_PY, bench_env, judged, median, note, rnd, scratch
 
 BENCH_VENV: Final = REPO / ".bench-venv"
 PEER_PY: Final = BENCH_VENV / "bin" / "python"
@@ -100,9 +100,10 @@ def bench_peers(args: Any) -> dict[str, Any]:
         out["faster_peer_us_per_step"] = rows[fastest]["us_per_step"]
         for ours in ("intloom_async", "intloom_sync"):
             if ours in rows:
-                ratio = rows[fastest]["us_per_step"] / rows[ours]["us_per_step"]
-                out[f"ratio_{ours.split('_')[1]}"] = rnd(ratio, 2)
-                out[f"verdict_{ours.split('_')[1]}"] = verdict(ratio, 5, at_most=False)
+                kind = ours.split("_")[1]
+                out[f"ratio_{kind}"], out[f"verdict_{kind}"] = judged(
+                    rows[fastest]["us_per_step"] / rows[ours]["us_per_step"], 5,
+                    at_most=False, digits=2)
         if "ratio_async" in out:
             out["ratio"], out["verdict"] = out["ratio_async"], out["verdict_async"]
     return out

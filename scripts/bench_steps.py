@@ -22,7 +22,7 @@ import intloom
 from intloom.authoring.loader import LoadedWorkflow
 from intloom.executor.runtime import Runtime
 from intloom.store import Store
-from scripts.bench_common import median, rnd, scratch, verdict
+from scripts.bench_common import judged, median, rnd, scratch, shown
 
 PAYLOAD = "x" * 64
 
@@ -174,15 +174,15 @@ def bench_steps(args: Any) -> dict[str, Any]:
             floors = [r for n, r in items if n == "floor"]
             ratios = [o["us_per_step"] / f["us_per_step"] for o, f in zip(ours, floors,
                                                                             strict=True)]
-            ratio = median(ratios)
+            ratio, verdict = judged(median(ratios), 1.5, at_most=True, digits=3)
             out["kinds"][kind] = {
                 "us_per_step": rnd(median([r["us_per_step"] for r in ours])),
                 "cpu_us_per_step": rnd(median([r["cpu_us_per_step"] for r in ours])),
                 "floor_us_per_step": rnd(median([f["us_per_step"] for f in floors])),
                 "floor_cpu_us_per_step": rnd(median([f["cpu_us_per_step"] for f in floors])),
-                "ratio": rnd(ratio, 3),
-                "pair_ratios": [rnd(x, 2) for x in ratios],
-                "verdict": verdict(ratio, 1.5, at_most=True),
+                "ratio": ratio,
+                "pair_ratios": [shown(x, 2, at_most=True) for x in ratios],
+                "verdict": verdict,
                 "runs_us_per_step": [rnd(r["us_per_step"]) for r in ours],
                 "floor_runs_us_per_step": [rnd(f["us_per_step"]) for f in floors],
                 "flushes_per_step": rnd(ours[-1]["flushes"] / ours[-1]["steps"], 3),
@@ -221,14 +221,14 @@ def bench_concurrency(args: Any) -> dict[str, Any]:
             staggered = [r for n, r in items if n == "staggered"]
             ratios = [m["steps_per_s"] / o["steps_per_s"] for o, m in zip(one, many,
                                                                            strict=True)]
-            ratio = median(ratios)
+            ratio, verdict = judged(median(ratios), 8, at_most=False, digits=2)
             staggered_ratios = [s["steps_per_s"] / o["steps_per_s"]
                                 for o, s in zip(one, staggered, strict=True)]
             out["kinds"][kind] = {
                 "steps_per_s": round(median([r["steps_per_s"] for r in many])),
                 "solo_steps_per_s": round(median([r["steps_per_s"] for r in one])),
-                "ratio": rnd(ratio, 2), "pair_ratios": [rnd(x, 2) for x in ratios],
-                "verdict": verdict(ratio, 8, at_most=False),
+                "ratio": ratio, "pair_ratios": [shown(x, 2, at_most=False) for x in ratios],
+                "verdict": verdict,
                 "runs_steps_per_s": [round(r["steps_per_s"]) for r in many],
                 "solo_runs_steps_per_s": [round(r["steps_per_s"]) for r in one],
                 "cpu_us_per_step": rnd(median([r["cpu_us_per_step"] for r in many])),

@@ -1,0 +1,64 @@
+"""A figure's ratio as the report shows it never lands on the other side of its target from
+its verdict (scripts/bench). The figures' own computations run on made-up measurements
+here: what is checked is arithmetic, so no disk, host or peer is needed."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scripts import bench_peers, bench_steps
+from scripts.bench_markdown import _summary
+
+
+def _consistent(ratio: float, target: float, said: str, *, at_most: bool) -> bool:
+    meets = ratio <= target if at_most else ratio >= target
+    return meets == (said == "met")
+
+
+@pytest.mark.parametrize("intloom_s", [1.0008, 0.9992])  # 4.996 and 5.004 times fewer µs
+def test_peer_ratio_is_shown_on_the_side_of_its_verdict(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, intloom_s: float
+) -> None:
+    elapsed = {"intloom_async": intloom_s, "intloom_sync": intloom_s, "langgraph_loop": 5.0}
+
+    def child(variant: str, steps: int, directory: Path) -> dict[str, Any]:
+        return {"elapsed_s": elapsed[variant], "cpu_s": 0.1, "peak_rss_mib": 1.0, "extra": {}}
+
+    monkeypatch.setattr(bench_peers, "run_child", child)
+    args = argparse.Namespace(only=",".join(elapsed), steps=1000, repeats=1, dir=str(tmp_path))
+    out = bench_peers.bench_peers(args)
+    for kind in ("async", "sync"):
+        assert _consistent(out[f"ratio_{kind}"], 5, out[f"verdict_{kind}"], at_most=False), out
+
+
+def test_step_ratio_and_its_pairs_are_shown_on_the_side_of_the_verdict(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    async def session(base: Path, kind: str, sizes: Any, order: list[str],
+                      warmup: int) -> list[tuple[str, dict[str, Any]]]:
+        run = {"us_per_step": 150.04, "cpu_us_per_step": 50.0, "flushes": 100, "steps": 100,
+               "bytes": 59_200}
+        return [(n, run if n == "main" else {"us_per_step": 100.0, "cpu_us_per_step": 9.0})
+                for n in order]
+
+    monkeypatch.setattr(bench_steps, "_session", session)
+    args = argparse.Namespace(kind="async", steps=100, repeats=2, warmup=1, dir=str(tmp_path))
+    k = bench_steps.bench_steps(args)["kinds"]["async"]
+    assert _consistent(k["ratio"], 1.5, k["verdict"], at_most=True), k
+    assert all(r > 1.5 for r in k["pair_ratios"]), k  # each pair missed: none hides on 1.5
+
+
+def test_chart_and_summary_say_not_met_for_a_figure_rounded_onto_its_target() -> None:
+    from scripts.bench_chart import MET, target_bars
+
+    events = {"runs": 64, "p99_ms": 10.01, "p50_ms": 2.0, "max_ms": 40.0, "events": 10,
+              "ratio": 1.001, "verdict": "not met"}
+    peers = {"ratio": 5.0, "verdict": "not met"}  # as written before the rounding was fixed
+    bars = target_bars({"events": events, "peers": peers})
+    assert [colour == MET for _, _, _, colour in bars] == [False, False]
+    (row,) = _summary({"events": events})
+    assert row[1] == "10.01 ms" and row[-1] == "not met"
