@@ -97,10 +97,12 @@ def _summary(f: dict[str, Any]) -> list[list[str]]:
                      "p99 ≤ 10 ms", e["verdict"]])
     if "crash" in f and "times_in_flight_effect_ran" in f["crash"]:
         t = f["crash"]["times_in_flight_effect_ran"]
+        # The state the Run was found in, as measured: the target names RUN_INTERRUPTED.
+        state = f["crash"]["frameworks"]["intloom"]["status_after_recovery"]
         rows.append(["in-flight effect after SIGKILL: times it ran",
-                     f"intloom {t.get('intloom', '?')} (RUN_INTERRUPTED)",
+                     f"intloom {t.get('intloom', '?')} ({state})",
                      ", ".join(f"{k} {v}" for k, v in t.items() if k != "intloom") or "—", "—",
-                     "intloom 1", f["crash"]["verdict"]])
+                     "intloom 1 (failed/RUN_INTERRUPTED)", f["crash"]["verdict"]])
     return rows
 
 

@@ -62,3 +62,10 @@ def test_chart_and_summary_say_not_met_for_a_figure_rounded_onto_its_target() ->
     assert [colour == MET for _, _, _, colour in bars] == [False, False]
     (row,) = _summary({"events": events})
     assert row[1] == "10.01 ms" and row[-1] == "not met"
+
+
+def test_crash_summary_shows_the_state_the_run_was_found_in() -> None:
+    crash = {"times_in_flight_effect_ran": {"intloom": 1, "dbos": 2}, "verdict": "not met",
+             "frameworks": {"intloom": {"status_after_recovery": "completed/-"}}}
+    (row,) = _summary({"crash": crash})
+    assert row[1] == "intloom 1 (completed/-)" and row[-1] == "not met"
