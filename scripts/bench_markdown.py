@@ -383,7 +383,8 @@ def _calibration(report: dict[str, Any]) -> str:
 ANALYSIS = """\
 ## What was changed for these figures, and what the profiles show is left
 
-Changes (each measured before and after with the sub-command named):
+Changes (each measured before and after with the sub-command named, while building this
+harness; the figures quoted here are from those sessions, not from this run):
 
 - **Group commit that groups** (`concurrency`, `events`): a flush used to start as soon as
   the first Run woken by the previous one asked for it, so batches alternated between that
