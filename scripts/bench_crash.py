@@ -139,6 +139,7 @@ def _peer(framework: str, base: Path) -> dict[str, Any]:
         "lines_after_first_recovery": lines_after_first,
         "lines_after_second_restart": len(read_side(side)),
         "recovery_s": rnd(recovered_s, 2),
+        "step_sleep_s": PEER_SLEEP,
         "recovery_is": report["mechanism"],
         "versions": report["versions"],
         "exit_codes": {"killed": proc.returncode, "recover": first.returncode,

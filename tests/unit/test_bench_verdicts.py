@@ -69,3 +69,20 @@ def test_crash_summary_shows_the_state_the_run_was_found_in() -> None:
              "frameworks": {"intloom": {"status_after_recovery": "completed/-"}}}
     (row,) = _summary({"crash": crash})
     assert row[1] == "intloom 1 (completed/-)" and row[-1] == "not met"
+
+
+def test_a_recovery_time_says_which_steps_it_ran_again() -> None:
+    from scripts.bench_markdown import _crash
+
+    def framework(by_process: dict[str, list[int]], **extra: Any) -> dict[str, Any]:
+        return {"executions": {str(k): 1 for k in range(1, 11)}, "in_flight_step_ran": 1,
+                "by_process": by_process, "status_after_recovery": "-",
+                "second_restart": "-", "recovery_s": 4.68, "recovery_is": "-", **extra}
+
+    fw = {"intloom": framework({"process 1": [1, 2, 3, 4, 5, 6]}),
+          "dbos": framework({"process 1": [1, 2, 3, 4, 5, 6], "process 2": [6, 7, 8, 9, 10]},
+                            step_sleep_s=2.0)}
+    row = next(ln for ln in _crash({"crash": {"frameworks": fw}}).splitlines()
+               if ln.startswith("| recovery wall time"))
+    assert row == ("| recovery wall time | 4.68 s | 4.68 s, which ran Steps [6, 7, 8, 9, 10] "
+                   "(Step 6 sleeps 2 s) |")
