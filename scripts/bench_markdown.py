@@ -197,7 +197,8 @@ def _unmet(f: dict[str, Any]) -> list[str]:
     if "events" in f and f["events"]["verdict"] != "met":
         e = f["events"]
         out.append(f"- **events**: p99 {_judged(e['p99_ms'], ' ms')} against 10 ms "
-                   f"(p50 {_fmt(e['p50_ms'], ' ms')}, p90 {_fmt(e['p90_ms'], ' ms')}).")
+                   f"(p50 {_fmt(e['p50_ms'], ' ms')}, p90 {_fmt(e['p90_ms'], ' ms')})"
+                   + "".join(f"; {why}" for why in e.get("incomplete", [])) + ".")
     return out
 
 
@@ -374,9 +375,10 @@ def render(report: dict[str, Any], chart: str | None) -> str:
             "Run's `updatedAt` in the event: from the moment the newest record in it was "
             "stamped, *before* its fdatasync, so it includes the group commit, the publish and "
             "the socket. `updatedAt` is truncated to the millisecond, which can only overstate "
-            "a latency. "
+            "a latency. A follower that failed, or a Run no longer running at the end, makes "
+            "the figure \"not met\": the sample would lack their events. "
             f"p50 {_fmt(e['p50_ms'], ' ms')}, p90 {_fmt(e['p90_ms'], ' ms')}, "
-            f"p99 {_fmt(e['p99_ms'], ' ms')}, max {_fmt(e['max_ms'], ' ms')} over "
+            f"p99 {_judged(e['p99_ms'], ' ms')}, max {_fmt(e['max_ms'], ' ms')} over "
             f"{_fmt(e['events'])} events.",
             "",
         ]

@@ -86,3 +86,16 @@ def test_a_recovery_time_says_which_steps_it_ran_again() -> None:
                if ln.startswith("| recovery wall time"))
     assert row == ("| recovery wall time | 4.68 s | 4.68 s, which ran Steps [6, 7, 8, 9, 10] "
                    "(Step 6 sleeps 2 s) |")
+
+
+def test_an_event_sample_missing_a_follower_or_a_run_is_not_met() -> None:
+    from scripts.bench_events import incomplete
+    from scripts.bench_markdown import _unmet
+
+    assert incomplete([], 64, 64) == []
+    why = incomplete(["IntloomError: The host already serves 2 connections."], 63, 64)
+    assert len(why) == 2 and "63 of the 64 Runs" in why[1]
+    events = {"p99_ms": 3.41, "p50_ms": 1.3, "p90_ms": 2.0, "verdict": "not met",
+              "incomplete": why}
+    (line,) = _unmet({"events": events})
+    assert "a follower failed: IntloomError" in line
