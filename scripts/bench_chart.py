@@ -12,15 +12,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-# (figure, label, how to read its distance to the target: measured/target or target/measured)
+# (figure, label filled in from the figure's own sizes, how to read its distance to the
+# target: measured/target or target/measured)
 TARGETS: list[tuple[str, str, str]] = [
     ("steps", "µs/Step vs floor (≤ 1.5×)", "ratio/1.5"),
     ("peers", "faster peer ÷ intloom (≥ 5×)", "5/ratio"),
-    ("concurrency", "64 Runs vs 1, Steps/s (≥ 8×)", "8/ratio"),
-    ("restart", "start: 100k vs 1k records (≤ 1.5×)", "ratio/1.5"),
-    ("restore", "start: 1,000 vs 0 Runs (≤ 2×)", "ratio/2"),
+    ("concurrency", "{runs} Runs vs 1, Steps/s (≥ 8×)", "8/ratio"),
+    ("restart", "start: {records:,} vs {baseline_records:,} records (≤ 1.5×)", "ratio/1.5"),
+    ("restore", "start: {runs:,} vs 0 Runs (≤ 2×)", "ratio/2"),
     ("cli", "runs --json vs import typer (≤ 1.3×)", "ratio/1.3"),
-    ("memory", "RSS: 1,000 Runs vs idle (≤ 2×)", "ratio/2"),
+    ("memory", "RSS: {runs:,} Runs vs idle (≤ 2×)", "ratio/2"),
     ("events", "event p99 in ms (≤ 10)", "p99/10"),
 ]
 STEP_ROWS = [
@@ -57,7 +58,8 @@ def target_bars(figures: dict[str, Any]) -> list[tuple[str, float, str, str]]:
     for key, label, how in TARGETS:
         if key in figures and (d := distance(figures[key], how)) is not None:
             said = str(figures[key].get("verdict", ""))
-            bars.append((label, d, said, MET if said == "met" else NOT_MET))
+            bars.append((label.format_map(figures[key]), d, said,
+                         MET if said == "met" else NOT_MET))
     return bars
 
 

@@ -181,7 +181,8 @@ def _unmet(f: dict[str, Any]) -> list[str]:
     if "concurrency" in f:
         for kind, k in f["concurrency"]["kinds"].items():
             if k["verdict"] != "met":
-                out.append(f"- **64 Runs ({kind})**: {_judged(k['ratio'])}× one Run; 8× needs "
+                out.append(f"- **{f['concurrency']['runs']} Runs ({kind})**: "
+                           f"{_judged(k['ratio'])}× one Run; 8× needs "
                            f"{_fmt(8 * k['solo_steps_per_s'], '/s')}, measured "
                            f"{_fmt(k['steps_per_s'], '/s')} at {_fmt(k['cpu_us_per_step'], ' µs')}"
                            f" of CPU per Step ({_fmt(k['steps_per_flush'])} Steps per flush).")
@@ -205,7 +206,8 @@ def _unmet(f: dict[str, Any]) -> list[str]:
 def _borderline(f: dict[str, Any]) -> list[str]:
     """Figures met at the median while some of their pairs were not: said, not hidden."""
     out = []
-    checks = [("steps", "µs per Step", 1.5, True), ("concurrency", "64 Runs", 8, False)]
+    runs = f.get("concurrency", {}).get("runs")
+    checks = [("steps", "µs per Step", 1.5, True), ("concurrency", f"{runs} Runs", 8, False)]
     for figure, label, target, at_most in checks:
         for kind, k in f.get(figure, {}).get("kinds", {}).items():
             pairs = k.get("pair_ratios", [])
@@ -260,14 +262,22 @@ def render(report: dict[str, Any], chart: str | None) -> str:
     ]
     if chart:
         parts += [f"![intloom performance]({chart})", ""]
+    # The sizes the prose names are the run's own (a --quick run's are small); a figure left
+    # out of the run is described at its default size.
+    c = f.get("concurrency", {})
+    runs, per_run, solo = c.get("runs", 64), c.get("steps_per_run", 300), c.get("solo_steps", 3000)
+    records = f.get("restart", {}).get("records", 100_001)
+    baseline_records = f.get("restart", {}).get("baseline_records", 1_001)
+    waiting = f.get("restore", {}).get("runs", 1_000)
     parts += [
         "## µs per durable Step, and the peers",
         "",
         "`steps` drives the real `Runtime` over the real store (a host without its socket) "
         "through one Run of trivial Steps: each bumps a counter and keeps a ~100-byte payload "
         "in its State. One fdatasync per Step is the minimum the design allows (`executing` is "
-        "durable before user code starts). The floor appends and fdatasyncs to a file in the "
-        "same directory, warmed up once, as many times as the Run beside it flushed and as "
+        "durable before user code starts). The floor appends and fdatasyncs to a file on the "
+        "same file system (in the scratch directory that holds the store), warmed up once, "
+        "as many times as the Run beside it flushed and as "
         "many bytes per flush as it wrote on average. Runs (in one store, after a warm-up Run) "
         "and floor chunks alternate (Run, floor, floor, Run, ...); the ratio is the median of "
         "the neighbouring pairs' ratios, so that a change in the disk's latency during the "
@@ -275,16 +285,18 @@ def render(report: dict[str, Any], chart: str | None) -> str:
         "`sync` Step runs on a worker thread (it must never block the loop). A Run that has "
         "been the only one writing for 8 flushes (as here, after its first few Steps) is "
         "driven on one worker thread, which journals and flushes its sync Steps itself; with "
-        "other Runs writing (the 64-Run figures), the sync Steps started in one turn of the "
+        f"other Runs writing (the {runs}-Run figures), the sync Steps started in one turn of the "
         "event loop wait for one flush together and run one after another on one worker "
         "thread, which hands their results back together (docs/format.md).",
         "",
-        "`concurrency` runs, in one warmed store, 1 Run of 3,000 Steps and 64 concurrent Runs "
-        "of 300 Steps each, alternating (64 staggered, 1, 64, 64, 1, 64 staggered, ...), so "
+        f"`concurrency` runs, in one warmed store, 1 Run of {_fmt(solo)} Steps and {runs} "
+        f"concurrent Runs of {_fmt(per_run)} Steps each, alternating ({runs} staggered, 1, "
+        f"{runs}, {runs}, 1, {runs} staggered, ...), so "
         "that each 1-Run measurement neighbours one of each; aggregate Steps/s counts every "
         "Step from the first Run's creation to the last Run's completion; a ratio is the "
-        "median of the neighbouring pairs' ratios. The 64 Runs are created at once (as by 64 "
-        "clients), so 64 Runs run for the whole measurement. Until 2026-11-30 they were "
+        f"median of the neighbouring pairs' ratios. The {runs} Runs are created at once (as by "
+        f"{runs} clients), so {runs} Runs run for the whole measurement. Until 2026-11-30 they "
+        "were "
         "created one after another, each creation awaited: Run k then starts and ends ~k "
         "flushes after the first, so (async Steps, measured that day) ~126 of ~365 flushes had "
         "on average 32 Runs to group, 52.6 Steps per flush instead of 63.6. That staggered "
@@ -313,13 +325,15 @@ def render(report: dict[str, Any], chart: str | None) -> str:
         "## Restart cost",
         "",
         "`restart` builds, with the real store, one Run that loops through Steps until it "
-        "holds ~100,000 journal records (and another of ~1,000), then waits on a "
+        f"holds {_fmt(records)} journal records (and another of {_fmt(baseline_records)}), "
+        "then waits on a "
         "confirmation. Start to ready is the wall time of `intloom start --json`, spawn to "
         "exit (the CLI returns once the host has restored and listens); `host_ready_ms` is "
         "the same span inside the host's log. Measured after a clean `stop` (every Run "
         "snapshotted) and after SIGKILL + `recover` (a copy of the crashed store is put back "
         "before each start; the host reads the log written since the last snapshot, which "
-        "segment rotation bounds to ~1 MiB). `restore` does the same with 1,000 waiting Runs "
+        f"segment rotation bounds to ~1 MiB). `restore` does the same with {_fmt(waiting)} "
+        "waiting Runs "
         "against none.",
         "",
     ]

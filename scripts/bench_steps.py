@@ -205,7 +205,8 @@ def bench_concurrency(args: Any) -> dict[str, Any]:
     """
     kinds = ["async", "sync"] if args.kind == "both" else [args.kind]
     out: dict[str, Any] = {"figure": "concurrency", "runs": args.runs,
-                           "steps_per_run": args.steps, "target": "ratio >= 8", "kinds": {}}
+                           "steps_per_run": args.steps, "solo_steps": args.solo_steps,
+                           "repeats": args.repeats, "target": "ratio >= 8", "kinds": {}}
     order: list[str] = []
     for rep in range(args.repeats):
         trio = ["staggered", "one", "many"]

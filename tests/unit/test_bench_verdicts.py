@@ -99,3 +99,24 @@ def test_an_event_sample_missing_a_follower_or_a_run_is_not_met() -> None:
               "incomplete": why}
     (line,) = _unmet({"events": events})
     assert "a follower failed: IntloomError" in line
+
+
+def test_the_report_names_the_sizes_the_run_measured() -> None:
+    from scripts.bench_chart import target_bars
+    from scripts.bench_markdown import render
+
+    kind = {"steps_per_s": 900, "solo_steps_per_s": 300, "ratio": 3.0, "verdict": "not met",
+            "pair_ratios": [3.0], "cpu_us_per_step": 40.0, "steps_per_flush": 7.9}
+    side = {"start_s": 0.3, "host_restore_ms": 9.0, "host_ready_ms": 10.0}
+    figures = {"concurrency": {"runs": 8, "steps_per_run": 20, "solo_steps": 100,
+                               "kinds": {"async": kind}, "ratio": 3.0, "verdict": "not met"},
+               "restore": {"runs": 20, "start_s": 0.3, "baseline_start_s": 0.3, "ratio": 1.0,
+                           "verdict": "met", "many": side, "none": side}}
+    report = {"machine": {}, "total_seconds": 1.0, "when": "now", "quick": True,
+              "figures": figures}
+    text = render(report, None)
+    assert "- **8 Runs (async)**: 3× one Run" in text
+    assert "1 Run of 100 Steps and 8 concurrent Runs of 20 Steps each" in text
+    assert "with 20 waiting Runs" in text
+    assert [b[0] for b in target_bars(figures)] == ["8 Runs vs 1, Steps/s (≥ 8×)",
+                                                    "start: 20 vs 0 Runs (≤ 2×)"]
