@@ -1,8 +1,9 @@
 """What every benchmark shares: statistics, the raw disk floor, the machine, and real hosts.
 
 Every figure is a ratio against a baseline measured in the same run, on the same disk, never
-a hard-coded number. Timed regions never include set-up; repeats are interleaved with their
-baseline so that a noisy neighbour hits both sides alike; figures are medians.
+a hard-coded number (but ``events``, an absolute p99, and ``crash``, counts). Timed regions
+never include set-up; repeats are interleaved with their baseline so that a noisy neighbour
+hits both sides alike; figures are medians.
 """
 
 from __future__ import annotations
