@@ -1,6 +1,8 @@
-"""A figure's ratio as the report shows it never lands on the other side of its target from
-its verdict (scripts/bench). The figures' own computations run on made-up measurements
-here: what is checked is arithmetic, so no disk, host or peer is needed."""
+"""What scripts/bench reports says no more than it measured: a ratio as shown never lands on
+the other side of its target from its verdict, an incomplete sample is not "met", and the
+report names the states and sizes of the run. The figures' own computations run on made-up
+measurements here: what is checked is arithmetic and wording, so no disk, host or peer is
+needed (test_bench_smoke runs every figure for real)."""
 
 from __future__ import annotations
 
