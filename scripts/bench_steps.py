@@ -137,21 +137,36 @@ async def _session(directory: Path, kind: str, sizes: dict[str, Size],
         await _runs(rt, flows["warm"], 1)
         last: dict[str, Any] | None = None
         for name in order:
+            # Outside every timed region: a compaction the last measurement's writes started
+            # would otherwise run into this one (the 1-Run baseline follows the 64 Runs),
+            # slowing it. What each measurement waited for is reported with it.
+            waited = time.perf_counter()
+            store.compaction_idle()
+            waited = time.perf_counter() - waited
             if name == "floor":
                 # The flushes the last Run needed, each as large as they were on average.
                 assert last is not None, "a floor chunk follows a measured Run"
                 writes = last["flushes"]
                 wall, cpu = floor.chunk(writes, round(last["bytes"] / writes))
                 out.append(("floor", {"us_per_step": wall / last["steps"] * 1e6,
-                                      "cpu_us_per_step": cpu / last["steps"] * 1e6}))
+                                      "cpu_us_per_step": cpu / last["steps"] * 1e6,
+                                      "compaction_wait_s": waited}))
                 continue
             runs, steps, together = sizes[name]
             last = await _timed(store, rt, flows[name], runs, steps, together)
-            out.append((name, last))
+            out.append((name, {**last, "compaction_wait_s": waited}))
     finally:
         floor.close()
         await store.close()
     return out
+
+
+def _waits(items: list[tuple[str, dict[str, Any]]]) -> dict[str, float]:
+    """The compaction waits before each kind of measurement, summed (``_session``)."""
+    waits: dict[str, float] = {}
+    for name, result in items:
+        waits[name] = waits.get(name, 0.0) + result["compaction_wait_s"]
+    return {name: rnd(wait, 3) for name, wait in waits.items()}
 
 
 def bench_steps(args: Any) -> dict[str, Any]:
@@ -187,6 +202,7 @@ def bench_steps(args: Any) -> dict[str, Any]:
                 "floor_runs_us_per_step": [rnd(f["us_per_step"]) for f in floors],
                 "flushes_per_step": rnd(ours[-1]["flushes"] / ours[-1]["steps"], 3),
                 "bytes_per_flush": round(ours[-1]["bytes"] / ours[-1]["flushes"]),
+                "compaction_wait_s": _waits(items),
             }
     head = out["kinds"][kinds[0]]
     out.update(us_per_step=head["us_per_step"], floor_us_per_step=head["floor_us_per_step"],
@@ -235,6 +251,9 @@ def bench_concurrency(args: Any) -> dict[str, Any]:
                 "cpu_us_per_step": rnd(median([r["cpu_us_per_step"] for r in many])),
                 "solo_cpu_us_per_step": rnd(median([r["cpu_us_per_step"] for r in one])),
                 "steps_per_flush": rnd(median([r["steps"] / r["flushes"] for r in many]), 1),
+                # Seconds spent, outside the timings, waiting for a compaction the previous
+                # measurement started, before each kind of measurement (all repetitions).
+                "compaction_wait_s": _waits(items),
                 "staggered": {
                     "steps_per_s": round(median([r["steps_per_s"] for r in staggered])),
                     "ratio": rnd(median(staggered_ratios), 2),

@@ -1055,6 +1055,18 @@ class Store:
         self._compactor = threading.Thread(target=work, name="intloom-compact", daemon=True)
         self._compactor.start()
 
+    def compaction_idle(self, timeout: float | None = None) -> bool:
+        """Wait until no snapshot compaction runs (at most ``timeout`` s); whether none does.
+
+        For measurements (``scripts/bench``): a compaction that one measurement's writes
+        started must not slow the next one, its baseline. Nothing waits on it otherwise.
+        """
+        compactor = self._compactor
+        if compactor is None:
+            return True
+        compactor.join(timeout)
+        return not compactor.is_alive()
+
     def _join_compaction(self) -> None:
         if self._compactor is not None:
             self._compactor.join()

@@ -43,8 +43,9 @@ def test_step_ratio_and_its_pairs_are_shown_on_the_side_of_the_verdict(
     async def session(base: Path, kind: str, sizes: Any, order: list[str],
                       warmup: int) -> list[tuple[str, dict[str, Any]]]:
         run = {"us_per_step": 150.04, "cpu_us_per_step": 50.0, "flushes": 100, "steps": 100,
-               "bytes": 59_200}
-        return [(n, run if n == "main" else {"us_per_step": 100.0, "cpu_us_per_step": 9.0})
+               "bytes": 59_200, "compaction_wait_s": 0.0}
+        return [(n, run if n == "main" else {"us_per_step": 100.0, "cpu_us_per_step": 9.0,
+                                             "compaction_wait_s": 0.0})
                 for n in order]
 
     monkeypatch.setattr(bench_steps, "_session", session)

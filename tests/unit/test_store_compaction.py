@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -169,3 +171,38 @@ def test_the_store_keeps_nothing_per_run_once_the_run_has_ended(tmp_path: Path) 
         assert [e.seq for e in read_history(root, run_id)] == list(range(1, 14))
     finally:
         again.close_blocking()
+
+
+def test_compaction_idle_waits_for_the_compaction_a_rotation_started(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``scripts/bench`` waits on it between measurements, so that one measurement's
+    snapshots never run into the next one (its baseline)."""
+    import threading
+
+    import intloom.store.writer as writer
+
+    release, started = threading.Event(), threading.Event()
+    real = writer.compact  # type: ignore[attr-defined]
+
+    def held(*args: Any, **kwargs: Any) -> None:
+        if threading.current_thread().name == "intloom-compact":
+            started.set()
+            assert release.wait(10)
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(writer, "compact", held)
+    store = open_store(tmp_path, segment_bytes=SEGMENT)
+    try:
+        assert store.compaction_idle(timeout=0)  # none yet
+        for record in walk("RUN-A", 2_000, 3):
+            store.append("RUN-A", record)
+            if started.is_set():
+                break
+            store.sync_blocking()
+        assert started.is_set(), "no rotation started a compaction"
+        assert not store.compaction_idle(timeout=0.05)  # still held
+        release.set()
+        assert store.compaction_idle(timeout=10)
+    finally:
+        release.set()
+        store.close_blocking()
