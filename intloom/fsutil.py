@@ -212,6 +212,17 @@ def unlink_fix(refused: UnlinkRefusal, path: Path) -> str:
     return f"Remove {shell_arg(path)} as its owner or as the owner of {refused.where}"
 
 
+def _my_bits(st: os.stat_result) -> tuple[bool, int]:
+    """Whether this user owns the file, and the bits its mode holds for this user (its
+    owner's, its group's, or everyone else's) in the low three bits."""
+    mode = stat.S_IMODE(st.st_mode)
+    if st.st_uid == os.geteuid():
+        return True, mode >> 6
+    if st.st_gid == os.getegid() or st.st_gid in os.getgroups():
+        return False, mode >> 3
+    return False, mode
+
+
 def _not_writable(directory: Path) -> tuple[str, str]:
     """Why this user may not write ``directory`` (its mode, its owner), and the fix."""
     try:
@@ -220,14 +231,7 @@ def _not_writable(directory: Path) -> tuple[str, str]:
         return (f"{directory} is not writable by you",
                 f"Make {directory} writable (check its permissions and owner)")
     mode, uid, word = stat.S_IMODE(st.st_mode), os.geteuid(), shell_arg(directory)
-    mine = st.st_uid == uid
-    # The bits the mode holds for this user: its owner's, its group's, or everyone else's.
-    if mine:
-        bits = mode >> 6
-    elif st.st_gid == os.getegid() or st.st_gid in os.getgroups():
-        bits = mode >> 3
-    else:
-        bits = mode
+    mine, bits = _my_bits(st)
     if bits & 0o3 == 0o3:
         # Write and search by the mode, yet refused: what refuses is not the mode.
         whose = "its owner (you)" if mine else "you"
@@ -307,13 +311,7 @@ def read_refusal(path: Path) -> tuple[str, str]:
     except OSError:
         return (f"{path} cannot be read by you", "Check its permissions and owner (ls -l)")
     mode, uid, word = stat.S_IMODE(st.st_mode), os.geteuid(), shell_arg(path)
-    mine = st.st_uid == uid
-    if mine:
-        bits = mode >> 6
-    elif st.st_gid == os.getegid() or st.st_gid in os.getgroups():
-        bits = mode >> 3
-    else:
-        bits = mode
+    mine, bits = _my_bits(st)
     if bits & 0o4:
         whose = "its owner (you)" if mine else "you"
         return (f"{path} is not readable by you, though its mode ({mode:04o}) lets {whose} "

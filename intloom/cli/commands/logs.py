@@ -103,18 +103,25 @@ def _skipped(renderer: Renderer, root: Path) -> Callable[[Path, str], None]:
     stream still shows why a log seems to be missing)."""
 
     def report(path: Path, what: str) -> None:
-        shown = str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
         fact = f"it is {what}, not a regular file"
-        if renderer.json_mode:
-            renderer.raw(msgspec.json.encode({"time": None, "level": "warning",
-                                              "event": "skipped_file", "file": shown,
-                                              "fact": fact}).decode() + "\n")
-        else:
-            renderer.note(f"Skipped {shown}: {fact}; intloom logs reads only regular files "
-                          "and left it untouched. A host writes only regular files there: "
-                          "move it out of .intloom/logs/ unless you need it there.")
+        _file_note(renderer, root, "skipped_file", path, fact, lambda shown: (
+            f"Skipped {shown}: {fact}; intloom logs reads only regular files and left it "
+            "untouched. A host writes only regular files there: move it out of "
+            ".intloom/logs/ unless you need it there."))
 
     return report
+
+
+def _file_note(renderer: Renderer, root: Path, event: str, path: Path, fact: str,
+               text: Callable[[str], str]) -> None:
+    """What happened to a log file: a warning record of the --json stream, or ``text`` (given
+    the file's path as shown) on stderr."""
+    shown = str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
+    if renderer.json_mode:
+        renderer.raw(msgspec.json.encode({"time": None, "level": "warning", "event": event,
+                                          "file": shown, "fact": fact}).decode() + "\n")
+    else:
+        renderer.note(text(shown))
 
 
 def _reread(renderer: Renderer, root: Path) -> Callable[[Path, str], None]:
@@ -123,15 +130,9 @@ def _reread(renderer: Renderer, root: Path) -> Callable[[Path, str], None]:
     twice, or a gap, have their reason in the stream)."""
 
     def report(path: Path, fact: str) -> None:
-        shown = str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
-        if renderer.json_mode:
-            renderer.raw(msgspec.json.encode({"time": None, "level": "warning",
-                                              "event": "reread_file", "file": shown,
-                                              "fact": fact}).decode() + "\n")
-        else:
-            renderer.note(f"Reading {shown} again from its start: {fact} while it was "
-                          "followed (a host only appends to its log: something else changed "
-                          "it).")
+        _file_note(renderer, root, "reread_file", path, fact, lambda shown: (
+            f"Reading {shown} again from its start: {fact} while it was followed (a host "
+            "only appends to its log: something else changed it)."))
 
     return report
 
