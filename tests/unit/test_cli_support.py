@@ -372,28 +372,11 @@ def test_init_that_fails_midway_takes_back_what_it_wrote(tmp_path: Path) -> None
     root the probe runs without the capabilities that let it (setpriv)."""
     target = tmp_path / "proj"
     target.mkdir()
-    prefix: list[str] = []
-    if os.geteuid() == 0:
-        setpriv = shutil.which("setpriv")
-        if setpriv is None:
-            pytest.skip("root writes anywhere, and setpriv (util-linux) is not here to drop that")
-        drop = "-dac_override,-dac_read_search"
-        prefix = [setpriv, f"--bounding-set={drop}", f"--inh-caps={drop}"]
-    probe = (
-        "import json, os, sys\n"
-        "from intloom.errors import IntloomError\n"
+    code, message = _as_a_user((
+        "import os, sys\n"
         "from intloom.scaffold import scaffold\n"
         "os.umask(0o277)\n"
-        "try:\n"
-        "    scaffold(sys.argv[1])\n"
-        "except IntloomError as failed:\n"
-        "    print(json.dumps([failed.code, failed.message]))\n"
-    )
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    out = subprocess.run([*prefix, sys.executable, "-c", probe, str(target)], env=env,
-                         capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0 and out.stdout, out.stderr
-    code, message = json.loads(out.stdout)
+        "scaffold(sys.argv[1])\n"), str(target))
     assert code == "CLI_INIT_FAILED"
     assert list(target.iterdir()) == [], message
     assert (f"intloom init created {target / 'workflows'} with mode 0500, as your umask (0277) "
@@ -476,28 +459,11 @@ def test_a_config_its_user_may_not_read_is_named_with_its_mode_and_the_fix(
     config = tmp_path / "intloom.toml"
     config.write_text("workflows = []\n")
     config.chmod(0)
-    prefix: list[str] = []
-    if os.geteuid() == 0:
-        setpriv = shutil.which("setpriv")
-        if setpriv is None:
-            pytest.skip("root reads any file, and setpriv (util-linux) is not here to drop that")
-        drop = "-dac_override,-dac_read_search"
-        prefix = [setpriv, f"--bounding-set={drop}", f"--inh-caps={drop}"]
-    probe = (
-        "import json, sys\n"
+    code, message = _as_a_user((
+        "import sys\n"
         "from pathlib import Path\n"
-        "from intloom.errors import IntloomError\n"
         "from intloom.project import load_config\n"
-        "try:\n"
-        "    load_config(Path(sys.argv[1]))\n"
-        "except IntloomError as refused:\n"
-        "    print(json.dumps([refused.code, refused.message]))\n"
-    )
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    out = subprocess.run([*prefix, sys.executable, "-c", probe, str(tmp_path)], env=env,
-                         capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0 and out.stdout, out.stderr
-    code, message = json.loads(out.stdout)
+        "load_config(Path(sys.argv[1]))\n"), str(tmp_path))
     assert code == "CLI_PROJECT_INVALID"
     assert f"{config} is not readable by you (mode 0000)" in message, message
     assert f"Run chmod u+r {config}" in message, message
@@ -590,3 +556,25 @@ def test_stop_says_what_a_listener_answered_to_its_hello_not_that_it_was_silent(
     assert timed_out.value.code == "CLI_SERVICE_TIMEOUT", message
     assert "(paused, hung or busy)" not in message, message
     assert "the frame is not a valid response" in message, message
+
+
+def _as_a_user(probe: str, arg: str) -> tuple[str, str]:
+    """The code and message of the IntloomError ``probe`` raises, run in a child without the
+    capabilities that let root read and write any file (setpriv), so that modes bind."""
+    prefix: list[str] = []
+    if os.geteuid() == 0:
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            pytest.skip("root reads and writes anything, and setpriv (util-linux) is not "
+                        "here to drop that")
+        drop = "-dac_override,-dac_read_search"
+        prefix = [setpriv, f"--bounding-set={drop}", f"--inh-caps={drop}"]
+    script = ("import json\nfrom intloom.errors import IntloomError\ntry:\n"
+              + "".join(f"    {line}\n" for line in probe.splitlines())
+              + "except IntloomError as exc:\n    print(json.dumps([exc.code, exc.message]))\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([*prefix, sys.executable, "-c", script, arg], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout, out.stderr
+    code, message = json.loads(out.stdout)
+    return code, message

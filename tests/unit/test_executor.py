@@ -1771,13 +1771,26 @@ class _TagsById(msgspec.Struct):
 def test_a_state_with_a_set_and_int_keys_is_saved_and_restored() -> None:
     """Saved sorted for its set, a State whose dict has int keys failed the Run
     CLI_INTERNAL_ERROR (msgspec sorts only str keys: TypeError); each type alone worked."""
-    seen: list[_TagsById] = []
-    wf = intloom.Workflow("keyed", version="1")
-    st = wf.stage("s", state=_TagsById)
+    seen, ready, state, problem = _left_then_seen(
+        "keyed", _TagsById(tags={"b", "a"}, by_id={10: "ten", 2: "two"}))
+    assert seen == [_TagsById(tags={"a", "b"}, by_id={10: "ten", 2: "two"})]
+    # What a restart checks the saved State by finds it as saved.
+    assert state.stage_state == ready.state and problem is None
+
+
+def _left_then_seen(name: str, left: Any) -> tuple[list[Any], StepReady, Any, str | None]:
+    """A Workflow whose Step a leaves the State ``left`` and whose Step b sees it, run: what
+    b saw, the StepReady of b (the State as saved), the Run folded up to it, and what a
+    restart's check of that State says (None: restored)."""
+    from intloom.authoring.compat import state_problem
+
+    seen: list[Any] = []
+    wf = intloom.Workflow(name, version="1")
+    st = wf.stage("s", state=type(left))
 
     @st.step("a", routes={"ok": "b"})
     def a(ctx: Any) -> str:
-        ctx.state = _TagsById(tags={"b", "a"}, by_id={10: "ten", 2: "two"})
+        ctx.state = left
         return "ok"
 
     @st.step("b", routes={"ok": intloom.COMPLETE})
@@ -1788,17 +1801,13 @@ def test_a_state_with_a_set_and_int_keys_is_saved_and_restored() -> None:
     journal = MemoryJournal()
     view = settled(wf, journal)
     assert view.status == "completed", view.last_error
-    assert seen == [_TagsById(tags={"a", "b"}, by_id={10: "ten", 2: "two"})]
-    # What a restart checks the saved State by finds it as saved.
-    from intloom.authoring.compat import state_problem
-
     records = journal.of(view.run_id)
     [at] = [i for i, r in enumerate(records) if isinstance(r, StepReady) and r.step == "b"]
     ready = records[at]
-    assert isinstance(ready, StepReady)
+    assert isinstance(ready, StepReady) and ready.state is not None
     state = fold(records[:at + 1])
-    assert state is not None and state.stage_state == ready.state
-    assert state_problem(loaded(wf)["keyed"], state) is None
+    assert state is not None
+    return seen, ready, state, state_problem(loaded(wf)[name], state)
 
 
 class _Flag(enum.Enum):
@@ -1824,32 +1833,9 @@ def test_a_state_whose_sets_python_cannot_sort_is_saved_and_restored() -> None:
     CLI_INTERNAL_ERROR (TypeError) as it left the State."""
     left = _Unordered(flags={_Flag.RED, _Flag.BLUE}, pins=frozenset({_Pin(2, "b"), _Pin(1)}),
                       maybe={3, None, 1}, by_id={10: "ten", 2: "two"})
-    seen: list[_Unordered] = []
-    wf = intloom.Workflow("unordered", version="1")
-    st = wf.stage("s", state=_Unordered)
-
-    @st.step("a", routes={"ok": "b"})
-    def a(ctx: Any) -> str:
-        ctx.state = left
-        return "ok"
-
-    @st.step("b", routes={"ok": intloom.COMPLETE})
-    def b(ctx: Any) -> str:
-        seen.append(ctx.state)
-        return "ok"
-
-    journal = MemoryJournal()
-    view = settled(wf, journal)
-    assert view.status == "completed", view.last_error
-    assert seen == [left]
-    from intloom.authoring.compat import deterministic_json, state_problem
-
-    records = journal.of(view.run_id)
-    [at] = [i for i, r in enumerate(records) if isinstance(r, StepReady) and r.step == "b"]
-    ready = records[at]
-    assert isinstance(ready, StepReady) and ready.state is not None
-    state = fold(records[:at + 1])
-    assert state is not None and state_problem(loaded(wf)["unordered"], state) is None
+    seen, ready, _, problem = _left_then_seen("unordered", left)
+    assert seen == [left] and problem is None
+    from intloom.authoring.compat import deterministic_json
     # The same bytes whatever order the sets iterate in (a restart's hash seed).
     again = _Unordered(flags={_Flag.BLUE, _Flag.RED}, pins=frozenset({_Pin(1), _Pin(2, "b")}),
                        maybe={None, 1, 3}, by_id={10: "ten", 2: "two"})
