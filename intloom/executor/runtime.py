@@ -897,15 +897,37 @@ class Runtime:
         self.append(slot, Answered(at=now, action_id=action_id, answer=plain))
         if slot.restored_wait:
             slot.restored_wait = False
-            await self.sync(slot)  # `answered` is durable before recover sees the answer
+            # `answered` is durable before recover sees the answer
+            await self._answer_saved(slot, action_id)
             self.driver.launch(slot)  # the driver continues through recover
         else:
             self.append(
                 slot, Executing(at=now, stage=slot.state.cursor.stage, step=slot.state.cursor.step)
             )
-            await self.sync(slot)
+            await self._answer_saved(slot, action_id)
             slot.deliver(typed)
         return await self.wait_stable(run_id)
+
+    async def _answer_saved(self, slot: RunSlot, action_id: str) -> None:
+        """``sync`` for an answer. Its failure is the answerer's to hear in full: the reply
+        is the only place that says the answer was lost (the Run's view says only that a
+        checkpoint failed), and that the Run's failure is not the answer's doing."""
+        try:
+            await self.sync(slot)
+        except IntloomError as exc:
+            if exc.code != "RUN_CHECKPOINT_FAILED":
+                raise
+            where = f" {slot.checkpoint_where}" if slot.checkpoint_where else ""
+            raise IntloomError(
+                "RUN_CHECKPOINT_FAILED",
+                f"The answer to {action_id} of Run {slot.run_id} could not be saved: the "
+                f"checkpoint that held it failed, so it was not delivered and the Run stopped "
+                f"(failed/RUN_CHECKPOINT_FAILED); earlier effects are not rolled back.{where} "
+                "Check the disk that holds .intloom/runtime (free space, permissions), then "
+                "run intloom stop and intloom start: the Run comes back from its last saved "
+                f"record by the restart table (waiting on {action_id} again when its Step has "
+                "recover), and you answer it again.",
+            ) from None
 
     async def cancel(self, run_id: str) -> tuple[RunView, bool]:
         """Cancel: failed/RUN_STOPPED. Returns (view, already_ended)."""

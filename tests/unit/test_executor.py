@@ -308,6 +308,33 @@ def test_checkpoint_failure_stops_the_run_but_keeps_the_effect() -> None:
     assert calls == ["prep", "charge-effect"]  # the effect ran once and is not undone
 
 
+def test_an_answer_whose_checkpoint_fails_says_so_naming_the_run_action_and_fix() -> None:
+    # The reply is the only place that can say the answer itself was lost: it must name the
+    # Run, the action, where the cause is and what to do, not only the catalogue sentence.
+    calls: list[str] = []
+    journal = MemoryJournal()
+
+    async def main() -> None:
+        rt = Runtime(loaded(make_confirm_wf(calls)), journal, package_version="0.1.0")
+        rt.restore([])
+        view = await rt.wait_stable((await rt.create_run("confirm", "go")).run_id)
+        assert view.pending_action is not None
+        journal.fail_at = {journal.flushes + 1}  # the flush that holds the answer
+        with pytest.raises(IntloomError) as failed:
+            await rt.answer(view.run_id, view.pending_action.id, {"isConfirmed": True})
+        assert failed.value.code == "RUN_CHECKPOINT_FAILED"
+        message = failed.value.message
+        for fact in (view.run_id, view.pending_action.id, "not delivered",
+                     f"intloom logs {view.run_id}", "free space", "intloom start"):
+            assert fact in message, (fact, message)
+        after = rt.get(view.run_id)
+        assert after.status == "failed" and after.last_error is not None
+        assert after.last_error.code == "RUN_CHECKPOINT_FAILED"
+
+    run(main)
+    assert calls == ["prep", "charge-effect", "ask"]  # the Step never saw the answer
+
+
 def test_a_sync_step_whose_executing_record_fails_to_flush_never_runs(
         sync_path: SyncPath) -> None:
     # From the loop, a sync Step's task does not wait for that flush itself: the Relay's
