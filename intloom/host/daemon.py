@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import gc
 import os
 import signal
 import socket
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -42,7 +44,7 @@ from intloom.host.logfile import HostLog, utc_now
 from intloom.host.metadata import METADATA_VERSION, ServiceInfo, current_identity, storage_fix
 from intloom.host.ownership import Ownership, new_token
 from intloom.host.readiness import ReadyChannel
-from intloom.host.server import Limits, Server, bind_port
+from intloom.host.server import Limits, Server, bind_port, descriptors, descriptors_fix
 from intloom.project import ProjectPaths, load_config, require_short_path
 from intloom.protocol.messages import (
     FEATURES,
@@ -79,6 +81,11 @@ def _workers_ended(executor: ThreadPoolExecutor, limit: float) -> bool:
     waiter.start()
     waiter.join(limit)
     return not waiter.is_alive()
+
+
+# asyncio's message for an accept() that failed for want of a resource (selector_events).
+_ACCEPT_FAILED: Final = "socket.accept() out of system resource"
+_ACCEPT_QUIET: Final = 60.0  # seconds between two connections_not_accepted lines
 
 
 @dataclass(frozen=True)
@@ -193,6 +200,11 @@ class Host:
         # command says the error a host ends with when it stops serving on its own
         # (``_left_home``), before the process exits as a crash would.
         self.last_words: Callable[[ErrorView], None] | None = None
+        # accept() failing for want of a resource (EMFILE): asyncio reports it once per
+        # pending connection and retries every second, a thousand log lines a second that
+        # would fill the disk under the log. Said once a minute, with how often it happened.
+        self._accept_failures = 0
+        self._accept_said_at: float | None = None
 
     # ----- entry ---------------------------------------------------------------------------
 
@@ -343,10 +355,31 @@ class Host:
 
     def _loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         exc = context.get("exception")
+        if isinstance(exc, OSError) and context.get("message") == _ACCEPT_FAILED:
+            self._accept_failed(exc)
+            return
         if self.log is not None:
             self.log.error("task_error", message=str(context.get("message", ""))[:500],
                            error=type(exc).__name__ if exc is not None else None,
                            detail=str(exc)[:500] if exc is not None else None)
+
+    def _accept_failed(self, exc: OSError) -> None:
+        """A connection the kernel holds could not be accepted (EMFILE, ENFILE, ENOBUFS,
+        ENOMEM): its client waits, then times out. Logged at most once a minute."""
+        self._accept_failures += 1
+        now = time.monotonic()
+        if self._accept_said_at is not None and now - self._accept_said_at < _ACCEPT_QUIET:
+            return
+        self._accept_said_at = now
+        fds = descriptors()
+        connections = self.server.connections if self.server is not None else 0
+        fix = (descriptors_fix(*fds, connections) if fds is not None and exc.errno
+               in (errno.EMFILE, errno.ENFILE) else "Free memory or close idle clients.")
+        if self.log is not None:
+            self.log.error("connections_not_accepted", errno=errno.errorcode.get(exc.errno or 0),
+                           detail=str(exc)[:500], times=self._accept_failures,
+                           fix=f"Clients cannot connect until then. {fix}")
+        self._accept_failures = 0
 
     # ----- startup -------------------------------------------------------------------------
 

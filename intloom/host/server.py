@@ -15,6 +15,7 @@ import errno
 import hmac
 import os
 import random
+import resource
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -71,6 +72,40 @@ LOCALHOST: Final = "127.0.0.1"
 # project saved then never finds it taken by another worker's host, which the kernel could
 # have handed that port to while the first was stopped.
 TEST_PORTS_ENV: Final = "INTLOOM_TEST_PORTS"
+
+
+# File descriptors a host keeps free for its own work when it accepts a connection: a new
+# WAL segment and the snapshots and manifest of a rotation, its log, the threads' and a
+# Step's own files. A connection that would leave fewer is refused (BUSY, saying why) rather
+# than accepted until accept() itself fails with EMFILE: asyncio then stops accepting for a
+# second at a time and a client waits out its hello timeout, told only "no answer".
+FD_RESERVE: Final = 16
+
+
+def descriptors() -> tuple[int, int] | None:
+    """(open, soft limit) of this process's file descriptors; None where not known (no
+    /proc, or no limit)."""
+    try:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (OSError, ValueError):
+        return None
+    if soft == resource.RLIM_INFINITY:
+        return None
+    try:
+        count = len(os.listdir("/proc/self/fd")) - 1  # less listdir's own descriptor
+    except OSError as exc:
+        if exc.errno in (errno.EMFILE, errno.ENFILE):
+            return soft, soft  # not even one more to look with
+        return None
+    return count, soft
+
+
+def descriptors_fix(count: int, soft: int, connections: int) -> str:
+    """What to do about a host short of file descriptors."""
+    return (f"The host has {count} of its {soft} file descriptors open (the ulimit -n of the "
+            f"shell that started it) and serves {connections} connections. Close idle "
+            "clients, or run intloom stop, raise the limit (ulimit -n 1024) in the shell "
+            "and run intloom start.")
 
 
 def bind_port(port: int) -> socket.socket:
@@ -310,6 +345,18 @@ class Server:
                 "BUSY",
                 f"The host already serves {self.limits.max_connections} connections. Close "
                 "idle clients and retry.",
+            ))
+            await self._close(writer)
+            return
+        fds = descriptors()
+        if fds is not None and fds[1] - fds[0] < FD_RESERVE:
+            count, soft = fds
+            self.log.warning("connection_refused", reason="too_few_descriptors", open=count,
+                             limit=soft, connections=len(self._sessions))
+            await self._send_quietly(writer, _error(
+                "BUSY",
+                "The host cannot serve another connection without running out of file "
+                f"descriptors. {descriptors_fix(count, soft, len(self._sessions))}",
             ))
             await self._close(writer)
             return

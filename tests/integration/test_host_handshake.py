@@ -6,7 +6,12 @@ Whatever a peer sends, it may cost that peer its connection -- never the host.
 
 from __future__ import annotations
 
+import json
+import os
+import resource
 import socket
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -22,6 +27,7 @@ from tests.integration.host_support import (
     error_code,
     frame,
     hello_frame,
+    metadata,
     nested_body,
     raw,
     reply,
@@ -213,6 +219,40 @@ def test_peer_that_stops_reading_is_closed_after_the_write_timeout(
     # kept it open, still blocked on the peer).
     assert outcome and not isinstance(outcome[0], TimeoutError), outcome
     assert serves(project.root, service.instance_id)
+
+
+def test_a_host_short_of_descriptors_refuses_connections_saying_why(project: Project) -> None:
+    # A host started under `ulimit -n 64`, then more clients than it has descriptors for.
+    # Each must hear back -- served, or BUSY naming the limit and the fix -- instead of
+    # waiting unaccepted for its hello to time out; and the log must not flood with one
+    # line per failed accept (asyncio retries them every second: a thousand lines a second).
+    def low_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+
+    started = subprocess.run(
+        [sys.executable, "-m", "intloom", "--project", str(project.root), "start", "--json"],
+        preexec_fn=low_limit, capture_output=True, text=True, timeout=60,
+        env={**os.environ, "NO_COLOR": "1"})
+    project.track_host()
+    assert started.returncode == 0, started.stderr
+    port, token = metadata(project, "connection.json")["port"], token_of(project)
+    socks = [raw(port) for _ in range(80)]
+    try:
+        for sock in socks:
+            sock.sendall(hello_frame(token))
+        replies = [reply(sock) for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+    busy = [r for r in replies if not isinstance(r, HelloOk)]
+    assert busy and {error_code(r) for r in busy} == {"BUSY"}
+    message = busy[0].error.message  # type: ignore[union-attr]
+    assert "of its 64 file descriptors open" in message and "ulimit -n" in message, message
+    assert serves(project.root, metadata(project, "service.json")["instanceId"])
+    log = next((project.state / "logs").glob("LOG-*.jsonl")).read_text().splitlines()
+    events = [json.loads(line)["event"] for line in log]
+    assert "task_error" not in events
+    assert events.count("connections_not_accepted") <= 1
 
 
 def test_connection_cap_refuses_the_extra_connection(
