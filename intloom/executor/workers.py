@@ -53,12 +53,13 @@ class Workers:
         """Run ``job`` on a worker thread. ``job`` must not raise (it reports its own result)."""
         try:
             self._unpromised.pop()
-            parked = True
         except IndexError:
-            parked = False
-        self._jobs.put(job)
-        if not parked:
+            # Started before the job is queued: a thread that cannot be started (a process
+            # or memory limit) raises with nothing queued. Queued first, the job a caller
+            # was told had failed ran later all the same, on a busy worker once it was free
+            # (a refused Step's hand-over ended twice, a Tool ran for a failed call).
             threading.Thread(target=self._work, name=self._name, daemon=True).start()
+        self._jobs.put(job)
 
     def _work(self) -> None:
         while True:
@@ -241,8 +242,8 @@ class Relay:
         single = len(batch.jobs) == 1
         if single:
             batch.spilled = True  # nothing to hold its result back for
-        # Raises if no thread can be started (a limit); the job is queued all the same and
-        # runs once a worker is free. The gate settles the calls meanwhile (``_durable``).
+        # Raises if no thread can be started (a limit), with nothing queued: the gate
+        # refuses the batch's calls (``_durable``), whose Runs fail.
         self._workers.submit(lambda: self._run(batch))
         if not single:
             self._inbox.loop.call_later(self._tick_s, self._look, batch)
@@ -286,8 +287,8 @@ class Relay:
         started a worker of its own. Its own worker takes no more calls once it sees
         ``spread`` (set before the calls are counted, so at most one helper finds its call
         taken), which keeps the workers started to one per call left. False: no thread
-        could be started; the batch's worker goes on taking its calls (and a helper
-        queued meanwhile takes one once a worker is free)."""
+        could be started; the batch's worker goes on taking its calls (and so do the
+        helpers started before that)."""
         # The worker and the loop's look may both find the batch due at once. A check and
         # a set are two bytecodes (and on a free-threaded build not ordered at all): both
         # could pass, and every call left would get two helpers.

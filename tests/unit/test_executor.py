@@ -335,6 +335,61 @@ def test_an_answer_whose_checkpoint_fails_says_so_naming_the_run_action_and_fix(
     assert calls == ["prep", "charge-effect", "ask"]  # the Step never saw the answer
 
 
+def test_a_step_refused_for_want_of_a_thread_never_runs_once_a_worker_frees_up(
+        sync_path: SyncPath, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Under a process or thread limit (ulimit -u, a cgroup's pids.max) no new worker can be
+    # started: the Run fails (docs/format.md). Its Step must then never run -- not later,
+    # on a worker that was busy when it was refused (a Step, or a Tool, run for a call its
+    # caller was told had failed).
+    calls: list[str] = []
+    wf = intloom.Workflow("limited", version="1")
+    st = wf.stage("s")
+
+    @st.step("a", routes={"ok": intloom.COMPLETE})
+    def a(ctx: Any) -> str:
+        calls.append("a")
+        return "ok"
+
+    journal = MemoryJournal()
+    shared = [0]
+    monkeypatch.setattr(MemoryJournal, "share", lambda self: shared.__setitem__(0, shared[0] + 1))
+    monkeypatch.setattr(MemoryJournal, "unshare",
+                        lambda self: shared.__setitem__(0, shared[0] - 1))
+    busy, release = threading.Event(), threading.Event()
+    real_start = threading.Thread.start
+
+    def no_thread(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    async def main() -> None:
+        rt = Runtime(loaded(wf), journal, package_version="0.1.0")
+        rt.restore([])
+
+        def occupy() -> None:
+            busy.set()
+            release.wait(10)
+
+        rt.driver.workers.submit(occupy)  # the one worker there is, busy
+        assert await asyncio.to_thread(busy.wait, 10)
+        monkeypatch.setattr(threading.Thread, "start", no_thread)
+        try:
+            view = await rt.wait_stable((await rt.create_run("limited", "go")).run_id)
+        finally:
+            monkeypatch.setattr(threading.Thread, "start", real_start)
+        assert view.status == "failed", view
+        release.set()
+        # The freed worker takes what was queued, in order, before this.
+        after = threading.Event()
+        rt.driver.workers.submit(after.set)
+        assert await asyncio.to_thread(after.wait, 10)
+
+    run(main)
+    assert calls == []
+    # Nor does its hand-over end twice: a second unshare() leaves the store one share short,
+    # and the next Run driven on a thread would append with the loop no longer locking.
+    assert shared == [0], shared
+
+
 def test_a_sync_step_whose_executing_record_fails_to_flush_never_runs(
         sync_path: SyncPath) -> None:
     # From the loop, a sync Step's task does not wait for that flush itself: the Relay's
