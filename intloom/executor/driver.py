@@ -35,7 +35,7 @@ from intloom.executor.history import detail as _detail
 from intloom.executor.history import pack, shown, unpack
 from intloom.executor.history import plain_view as _plain_view
 from intloom.executor.updates import RunUpdate
-from intloom.executor.workers import Batch, Inbox, Relay, Workers
+from intloom.executor.workers import Batch, Inbox, NoThread, Relay, Workers
 from intloom.runtime.limits import MAX_EFFECT_ID, MAX_OUTCOME
 from intloom.runtime.machine import (
     IllegalTransition,
@@ -1648,6 +1648,11 @@ class Driver:
                 self._log_fault(slot, exc)
                 await self._fail(slot, error_view(
                     "CLI_INTERNAL_ERROR",
+                    f"The host could not start a thread for the Run's code at "
+                    f"{_where(slot.state.cursor)} ({exc}): a process or thread limit "
+                    "(ulimit -u, a cgroup's pids.max) or memory is exhausted. That code did "
+                    "not run; the Run was stopped. Raise the limit or run fewer Runs at once, "
+                    "then start the Run again." if isinstance(exc, NoThread) else
                     f"The host failed while driving the Run ({type(exc).__name__}); the Run "
                     "was stopped. Inspect it with intloom inspect.",
                 ))

@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Final
 
-__all__ = ["Batch", "Inbox", "Relay", "Workers"]
+__all__ = ["Batch", "Inbox", "NoThread", "Relay", "Workers"]
 
 _IDLE_S: Final = 30.0
 # How long a Relay batch's calls may take one after another before the calls not yet
@@ -34,6 +34,11 @@ _BUDGET_S: Final = 0.001
 # `scripts/bench concurrency`, three runs each: 24-26k Steps/s asking for 0.3 ms, 22-23k
 # asking for 1 ms, which a look just short of its due time rounds to ~2 ms).
 _TICK_S: Final = 0.0003
+
+
+class NoThread(RuntimeError):
+    """No worker thread could be started: a process or thread limit (``ulimit -u``, a
+    cgroup's ``pids.max``) or memory. The job was not queued: it never runs."""
 
 
 class Workers:
@@ -58,7 +63,11 @@ class Workers:
             # or memory limit) raises with nothing queued. Queued first, the job a caller
             # was told had failed ran later all the same, on a busy worker once it was free
             # (a refused Step's hand-over ended twice, a Tool ran for a failed call).
-            threading.Thread(target=self._work, name=self._name, daemon=True).start()
+            try:
+                threading.Thread(target=self._work, name=self._name, daemon=True).start()
+            except RuntimeError as exc:  # "can't start new thread"
+                raise NoThread(f"{exc}, with {threading.active_count()} threads running"
+                               ) from None
         self._jobs.put(job)
 
     def _work(self) -> None:

@@ -376,7 +376,11 @@ def test_a_step_refused_for_want_of_a_thread_never_runs_once_a_worker_frees_up(
             view = await rt.wait_stable((await rt.create_run("limited", "go")).run_id)
         finally:
             monkeypatch.setattr(threading.Thread, "start", real_start)
-        assert view.status == "failed", view
+        assert view.status == "failed" and view.last_error is not None, view
+        # Not "the host failed" (a bug to report): what ran out, and what to do.
+        for fact in ("could not start a thread", "Step 'a'", "ulimit -u", "did not run",
+                     "Raise the limit"):
+            assert fact in view.last_error.message, (fact, view.last_error.message)
         release.set()
         # The freed worker takes what was queued, in order, before this.
         after = threading.Event()
