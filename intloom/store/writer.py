@@ -1052,8 +1052,18 @@ class Store:
             kept = set(copies)  # compact() drops the terminal Runs it moved to done/
             self._jobs.put((lambda: self._settle(seqs, kept), lambda _: None))
 
-        self._compactor = threading.Thread(target=work, name="intloom-compact", daemon=True)
-        self._compactor.start()
+        compactor = threading.Thread(target=work, name="intloom-compact", daemon=True)
+        try:
+            compactor.start()
+        except RuntimeError as exc:
+            # "can't start new thread" (a process or thread limit, for a moment perhaps): a
+            # compaction skipped, as one that fails is. Raised, it failed a batch already
+            # durable and poisoned the writer: every later checkpoint of the host failed.
+            self._not_summarised(NotSummarised(
+                "snapshots", f"no thread could be started for the compaction ({exc})"),
+                "rotation")
+            return
+        self._compactor = compactor
 
     def compaction_idle(self, timeout: float | None = None) -> bool:
         """Wait until no snapshot compaction runs (at most ``timeout`` s); whether none does.

@@ -4,6 +4,7 @@ cost startup nothing. Costs are asserted from the reader's own counters, never f
 from __future__ import annotations
 
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -206,3 +207,31 @@ def test_compaction_idle_waits_for_the_compaction_a_rotation_started(
     finally:
         release.set()
         store.close_blocking()
+def test_a_compaction_that_gets_no_thread_is_skipped_and_checkpoints_go_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Under a process or thread limit a rotation's compaction may find no thread. Skipped,
+    # it costs a later restore some reading, said as a compaction that failed; raised, it
+    # failed a batch already on disk and poisoned the writer, so that every later checkpoint
+    # of the host failed ("internal error in the checkpoint writer").
+    real_start = threading.Thread.start
+
+    def no_compactor(self: threading.Thread) -> None:
+        if self.name == "intloom-compact":
+            raise RuntimeError("can't start new thread")
+        real_start(self)
+
+    records = walk("RUN-A", 2_000, 3)
+    store = open_store(tmp_path, segment_bytes=SEGMENT)
+    monkeypatch.setattr(threading.Thread, "start", no_compactor)
+    for first in range(0, len(records), 200):
+        for record in records[first : first + 200]:
+            store.append("RUN-A", record)
+        store.sync_blocking()
+    monkeypatch.undo()
+    assert len(list((tmp_path / "wal").iterdir())) > 2  # it did rotate
+    skipped = {(exc.what, when) for exc, when in store.unsummarised}
+    assert skipped == {("snapshots", "rotation")}
+    assert "no thread could be started" in store.unsummarised[0][0].cause
+    store.close_blocking()
+    [journal] = read_runs(tmp_path)
+    assert journal.status == "ok" and journal.state == fold(records)
