@@ -107,8 +107,8 @@ def _refuse_before_writing(
 
 # What a compaction that wrote nothing past its failure costs, and what to do.
 _NOT_SUMMARISED: Final = ("The next start reads more of the log instead (slower; nothing is "
-                          "lost). Free disk space, or fix the permissions of "
-                          ".intloom/runtime.")
+                          "lost).")
+_DISK_FIX: Final = "Free disk space, or fix the permissions of .intloom/runtime."
 
 
 def _watch_compactions(store: Store, log: HostLog) -> None:
@@ -120,7 +120,7 @@ def _watch_compactions(store: Store, log: HostLog) -> None:
 
     def said(exc: NotSummarised, when: str) -> None:
         log.warning("store_compaction_failed", what=exc.what, when=when, cause=exc.cause,
-                    effect=_NOT_SUMMARISED)
+                    effect=f"{_NOT_SUMMARISED} {exc.fix or _DISK_FIX}")
 
     for exc, when in store.unsummarised:  # the one at open, before anyone listened
         said(exc, when)

@@ -72,10 +72,11 @@ class NotSummarised(Exception):
     says why. Nothing is lost by it (the manifest did not move past what the snapshots
     hold, so restores read more of the log), but the host says so in its log."""
 
-    def __init__(self, what: str, cause: str) -> None:
+    def __init__(self, what: str, cause: str, fix: str | None = None) -> None:
         super().__init__(f"{what}: {cause}")
         self.what = what
         self.cause = cause
+        self.fix = fix  # what to do, when it is not the disk's fault
 
 
 def _cause(exc: OSError | IntloomError) -> str:

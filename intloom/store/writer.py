@@ -1060,8 +1060,9 @@ class Store:
             # compaction skipped, as one that fails is. Raised, it failed a batch already
             # durable and poisoned the writer: every later checkpoint of the host failed.
             self._not_summarised(NotSummarised(
-                "snapshots", f"no thread could be started for the compaction ({exc})"),
-                "rotation")
+                "snapshots", f"no thread could be started for the compaction ({exc})",
+                "Raise the host's process or thread limit (ulimit -u, a cgroup's pids.max), "
+                "or run fewer sync Steps at once."), "rotation")
             return
         self._compactor = compactor
 

@@ -232,6 +232,7 @@ def test_a_compaction_that_gets_no_thread_is_skipped_and_checkpoints_go_on(
     skipped = {(exc.what, when) for exc, when in store.unsummarised}
     assert skipped == {("snapshots", "rotation")}
     assert "no thread could be started" in store.unsummarised[0][0].cause
+    assert "ulimit -u" in (store.unsummarised[0][0].fix or "")
     store.close_blocking()
     [journal] = read_runs(tmp_path)
     assert journal.status == "ok" and journal.state == fold(records)
