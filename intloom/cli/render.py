@@ -519,6 +519,10 @@ def service_lines(service: Mapping[str, Any], title: str = "Service running") ->
         lines.append(f"Log {service['logFile']}")
     if service.get("logError"):
         lines.append(f"Log error {service['logError']} New work is refused; run intloom stop.")
+    if service.get("journalError"):
+        lines.append(f"Journal error {service['journalError']}. Every checkpoint fails until "
+                     "the host restarts: run intloom stop, free space on the disk that holds "
+                     ".intloom/runtime (or fix it), then intloom start.")
     restore = service.get("restore")
     lines.extend(restore_lines(restore if isinstance(restore, Mapping) else None))
     return lines

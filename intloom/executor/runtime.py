@@ -801,12 +801,18 @@ class Runtime:
             # The Run never became visible: no view of it will carry the failure, so the
             # refusal names it, where its cause is, and that nothing of it ran.
             where = f" {slot.checkpoint_where}" if slot.checkpoint_where else ""
+            failure = self.journal.failure(run_id)
+            fix = (" The host's journal takes no more checkpoints (after a failed write no "
+                   "new segment could be created), so every Run's next one fails until the "
+                   "host restarts: run intloom stop, free space on the disk that holds "
+                   ".intloom/runtime (or fix it), then intloom start, and run the command "
+                   "again." if failure is not None and failure.lasting else
+                   " Check the disk that holds .intloom/runtime (free space, permissions), "
+                   "then run the command again.")
             raise IntloomError(
                 "RUN_CHECKPOINT_FAILED",
                 f"No Run was created: the first checkpoint of Run {run_id} (Workflow "
-                f"{lw.name!r}) could not be saved, so none of its Steps ran.{where} Check "
-                "the disk that holds .intloom/runtime (free space, permissions), then run "
-                "the command again.",
+                f"{lw.name!r}) could not be saved, so none of its Steps ran.{where}{fix}",
             ) from None
         self._keep(slot)
         slot.publish("created")

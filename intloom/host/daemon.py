@@ -531,6 +531,7 @@ class Host:
             failed_runs=counts.get("failed", 0),
             restore=summary,
             log_error=self.log_error,
+            journal_error=self.booted.store.broken if self.booted is not None else None,
             workflow_problems=problems,
             store_problems=store_problems,
             config_port=self.config_port,

@@ -248,6 +248,9 @@ class ServiceView(msgspec.Struct, frozen=True, rename="camel"):
     restore: RestoreSummary | None = None
     # Set when the host log could not be written: the host refuses new work (LOG_WRITE_FAILED).
     log_error: str | None = None
+    # Set when the journal takes no more checkpoints in this process (a failed write left no
+    # segment to write to): every Run's next checkpoint fails until a restart. Added 2026-12.
+    journal_error: str | None = None
     # The sources that failed to load (the others run; their Runs are held until they load).
     workflow_problems: list[WorkflowProblem] = msgspec.field(default_factory=list)
     # The store files the last restore read past; every start lists them until they are

@@ -14,9 +14,12 @@ __all__ = ["CheckpointFailed", "JournalPort", "RecordTooLarge"]
 class CheckpointFailed(Exception):
     """A durable write failed. ``run_ids`` are the Runs whose records were in the failed batch."""
 
-    def __init__(self, run_ids: frozenset[str], cause: str) -> None:
+    def __init__(self, run_ids: frozenset[str], cause: str, *, lasting: bool = False) -> None:
         self.run_ids = run_ids
         self.cause = cause
+        # True when the journal takes no checkpoint at all any more in this process (no
+        # replacement segment could be created): a retry fails too, until a restart.
+        self.lasting = lasting
         super().__init__(f"checkpoint write failed for {len(run_ids)} Run(s): {cause}")
 
 

@@ -593,7 +593,14 @@ class Store:
         ``sync(run_id)`` raises. A Run's records before it are durable; the rest never
         happened."""
         failed = self._failed_runs.get(run_id)
-        return None if failed is None else CheckpointFailed(failed.run_ids, failed.cause)
+        return None if failed is None else CheckpointFailed(
+            failed.run_ids, failed.cause, lasting=self._poisoned is not None)
+
+    @property
+    def broken(self) -> str | None:
+        """Why no checkpoint can be written any more in this process (a failed write with no
+        replacement segment, or an internal error of the writer); None while it can."""
+        return self._poisoned
 
     def _notify(self, callback: Callable[[], None]) -> None:
         try:

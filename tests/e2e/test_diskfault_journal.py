@@ -100,10 +100,18 @@ def test_no_room_for_a_new_segment_fails_every_later_checkpoint_but_not_the_host
             client.create_run("soak-ticker", "disk goal=1 delay=0")
         assert refused.value.code == "RUN_CHECKPOINT_FAILED"
         assert "Traceback" not in refused.value.message
-        assert client.status().instance_id == service.instance_id  # still answering
+        # Running the command again cannot work before a restart, freed space or not: the
+        # refusal and status say so, and what to do.
+        assert "until the host restarts" in refused.value.message, refused.value.message
+        assert "intloom stop" in refused.value.message
+        now = client.status()
+        assert now.instance_id == service.instance_id  # still answering
+        assert now.journal_error is not None
+        assert "no replacement segment could be created" in now.journal_error
         assert [r.run_id for r in client.runs()] == [failed.run_id]
     _restart_clean(project, monkeypatch)
     _judge_after_restart(project, failed.run_id)
     with Client.connect(project.root) as client:
+        assert client.status().journal_error is None
         fresh = client.create_run("soak-ticker", "disk goal=2 delay=0")
         assert client.wait_run(fresh.run_id).status == "completed"
