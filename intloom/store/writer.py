@@ -205,6 +205,10 @@ class Store:
         self._frames = 0
         self._flush_no = 0
         self._segments_made = 0
+        # After a rotation that failed: the segment size at which the next is tried, and
+        # whether the failure was told (once per run of failures).
+        self._rotate_retry_at = 0
+        self._rotate_failing = False
         self._pinned: list[int] = []
         self._held: frozenset[str] = frozenset()  # Runs whose snapshot file is damaged
         # The manifest this host read was refused (damaged, another format, ahead of the log):
@@ -1014,11 +1018,26 @@ class Store:
             self._fd = -1
 
     def _rotate(self) -> None:
+        if self._size < self._rotate_retry_at:
+            return
         old_fd, old_number, old_frames = self._fd, self._number, self._frames
         try:
             self._new_segment(b"")
-        except OSError:
-            return  # keep appending to the current segment; rotation is tried again later
+        except OSError as exc:
+            # Appending goes on in the current segment; the rotation is tried again once
+            # another segment's worth is written. Tried at every flush, an attempt that got
+            # as far as creating its file (then refused a descriptor to fsync the directory,
+            # EMFILE) left one more header-only segment each time: thousands a second.
+            self._rotate_retry_at = self._size + min(self._segment_bytes, _ROTATE_MIN)
+            if not self._rotate_failing:
+                self._rotate_failing = True
+                self._not_summarised(NotSummarised(
+                    "segment", f"no new segment could be created ({exc.strerror or exc})",
+                    "The current segment grows on; the rotation is tried again after each "
+                    "further MiB. Free disk space, or file descriptors (ulimit -n)."),
+                    "rotation")
+            return
+        self._rotate_failing = False
         new_fd, new_number, new_size, new_frames = self._fd, self._number, self._size, 0
         self._fd, self._number, self._frames = old_fd, old_number, old_frames
         # The new segment is durable: the seal names it, for a restore to notice if it is

@@ -3,6 +3,7 @@ cost startup nothing. Costs are asserted from the reader's own counters, never f
 
 from __future__ import annotations
 
+import errno
 import tempfile
 import threading
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import intloom.store.writer as writer
 from intloom.runtime.machine import fold
 from intloom.store import read_history, read_runs, read_runs_report, verify
 from tests.unit.test_store_support import abandon, by_id, open_store, walk
@@ -233,6 +235,32 @@ def test_a_compaction_that_gets_no_thread_is_skipped_and_checkpoints_go_on(
     assert skipped == {("snapshots", "rotation")}
     assert "no thread could be started" in store.unsummarised[0][0].cause
     assert "ulimit -u" in (store.unsummarised[0][0].fix or "")
+    store.close_blocking()
+    [journal] = read_runs(tmp_path)
+    assert journal.status == "ok" and journal.state == fold(records)
+
+
+def test_a_rotation_that_fails_is_told_once_and_not_tried_at_every_flush(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Out of descriptors (a Step holding them, ulimit -n), a rotation creates its segment,
+    # then cannot open the directory to fsync it. Tried again at every flush, each attempt
+    # left one more header-only segment: ~10,000 files in seconds, and nothing said why.
+    def no_descriptor(path: Path) -> None:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    records = walk("RUN-A", 2_000, 5)
+    store = open_store(tmp_path, segment_bytes=SEGMENT)
+    monkeypatch.setattr(writer, "fsync_dir", no_descriptor)
+    for first in range(0, len(records), 10):  # 200 flushes, ~200 KB: ~3 segments' worth
+        for record in records[first : first + 10]:
+            store.append("RUN-A", record)
+        store.sync_blocking()
+    monkeypatch.undo()
+    segments = list((tmp_path / "wal").iterdir())
+    assert len(segments) <= 5, len(segments)  # one try per segment's worth written
+    told = [(exc.what, when) for exc, when in store.unsummarised]
+    assert told == [("segment", "rotation")], told
+    assert "ulimit -n" in (store.unsummarised[0][0].fix or "")
     store.close_blocking()
     [journal] = read_runs(tmp_path)
     assert journal.status == "ok" and journal.state == fold(records)
