@@ -104,8 +104,9 @@ def descriptors_fix(count: int, soft: int, connections: int) -> str:
     """What to do about a host short of file descriptors."""
     return (f"The host has {count} of its {soft} file descriptors open (the ulimit -n of the "
             f"shell that started it) and serves {connections} connections. Close idle "
-            "clients, or run intloom stop, raise the limit (ulimit -n 1024) in the shell "
-            "and run intloom start.")
+            "clients, or run intloom stop (refused too while no descriptor is free: kill "
+            f"-TERM {os.getpid()}, a graceful stop), raise the limit (ulimit -n 1024) in the "
+            "shell and run intloom start.")
 
 
 def bind_port(port: int) -> socket.socket:

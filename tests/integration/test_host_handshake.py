@@ -248,6 +248,7 @@ def test_a_host_short_of_descriptors_refuses_connections_saying_why(project: Pro
     assert busy and {error_code(r) for r in busy} == {"BUSY"}
     message = busy[0].error.message  # type: ignore[union-attr]
     assert "of its 64 file descriptors open" in message and "ulimit -n" in message, message
+    assert f"kill -TERM {metadata(project, 'service.json')['pid']}" in message, message
     assert serves(project.root, metadata(project, "service.json")["instanceId"])
     log = next((project.state / "logs").glob("LOG-*.jsonl")).read_text().splitlines()
     events = [json.loads(line)["event"] for line in log]
