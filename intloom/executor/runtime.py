@@ -971,7 +971,7 @@ class Runtime:
                     Terminal(at=clock.now(), status="failed", error=slot.override, dismissed=True),
                     force=True,
                 )
-                await self.sync(slot)
+                await self._cancel_saved(slot)
                 slot.publish("dismissed", None)
                 return slot.view(), False
             return view, True
@@ -985,9 +985,28 @@ class Runtime:
             force=True,
         )
         slot.revoke(IntloomError("EXECUTION_OWNERSHIP_LOST"))
-        await self.sync(slot)
+        await self._cancel_saved(slot)
         slot.publish("failed", {"code": "RUN_STOPPED"})
         return slot.view(), False
+
+    async def _cancel_saved(self, slot: RunSlot) -> None:
+        """``sync`` for a cancel (or a dismissal): its failure says that the cancel is not on
+        disk, so the next start brings the Run back, and what to do."""
+        try:
+            await self.sync(slot)
+        except IntloomError as exc:
+            if exc.code != "RUN_CHECKPOINT_FAILED":
+                raise
+            where = f" {slot.checkpoint_where}" if slot.checkpoint_where else ""
+            raise IntloomError(
+                "RUN_CHECKPOINT_FAILED",
+                f"The cancel of Run {slot.run_id} could not be saved: the checkpoint that held "
+                "it failed, so the Run stopped here (failed/RUN_CHECKPOINT_FAILED) but its "
+                "cancel is not on disk, and the next start brings the Run back from its last "
+                f"saved record by the restart table.{where} Check the disk that holds "
+                ".intloom/runtime (free space, permissions), then run intloom stop and "
+                f"intloom start, and cancel it again (intloom cancel {slot.run_id}).",
+            ) from None
 
     async def _cancel_held(self, held: HeldRun) -> tuple[RunView, bool]:
         """End a held Run for good: one terminal record appended to its journal, nothing

@@ -335,6 +335,27 @@ def test_an_answer_whose_checkpoint_fails_says_so_naming_the_run_action_and_fix(
     assert calls == ["prep", "charge-effect", "ask"]  # the Step never saw the answer
 
 
+def test_a_cancel_whose_checkpoint_fails_says_the_run_comes_back_and_what_to_do() -> None:
+    calls: list[str] = []
+    journal = MemoryJournal()
+
+    async def main() -> None:
+        rt = Runtime(loaded(make_confirm_wf(calls)), journal, package_version="0.1.0")
+        rt.restore([])
+        view = await rt.wait_stable((await rt.create_run("confirm", "go")).run_id)
+        journal.fail_at = {journal.flushes + 1}  # the flush that holds the cancel
+        with pytest.raises(IntloomError) as failed:
+            await rt.cancel(view.run_id)
+        assert failed.value.code == "RUN_CHECKPOINT_FAILED"
+        message = failed.value.message
+        for fact in (view.run_id, "cancel is not on disk", "next start brings the Run back",
+                     f"intloom logs {view.run_id}", "free space",
+                     f"intloom cancel {view.run_id}"):
+            assert fact in message, (fact, message)
+
+    run(main)
+
+
 def test_a_step_refused_for_want_of_a_thread_never_runs_once_a_worker_frees_up(
         sync_path: SyncPath, monkeypatch: pytest.MonkeyPatch) -> None:
     # Under a process or thread limit (ulimit -u, a cgroup's pids.max) no new worker can be
