@@ -36,7 +36,13 @@ from intloom.client.client import (
 )
 from intloom.errors import ErrorView, IntloomError
 from intloom.fsutil import write_refusal
-from intloom.host.metadata import ServiceInfo, ServiceLock, read_lock, read_service
+from intloom.host.metadata import (
+    Connection,
+    ServiceInfo,
+    ServiceLock,
+    read_lock,
+    read_service,
+)
 from intloom.project import CONFIG_NAME, ProjectPaths
 from intloom.protocol.messages import ServiceView
 
@@ -728,6 +734,42 @@ def _released(paths: ProjectPaths, target: _Target) -> bool:
     return all(v is None or v.instance_id != target.instance_id for v in (info, lock))
 
 
+def _unmatched_connection(paths: ProjectPaths, info: ServiceInfo, conn: Connection | None,
+                         target: _Target) -> IntloomError:
+    """No stop can be sent: connection.json is missing or names another port than the host.
+    The reference's sentence, then the facts and the way out that Client.connect, status and
+    doctor give for the same files: the bare sentence left the user at "run intloom doctor"
+    with nothing said about which file was wrong."""
+    if conn is None:
+        fact = (f"{paths.connection_json} is missing, so nothing can reach the host "
+                f"{paths.service_json.name} names (pid {info.pid}, port {info.port}): a "
+                "client reads the host's port and token only from that file.")
+    else:
+        fact = (f"{paths.service_json} names port {info.port} but {paths.connection_json} "
+                f"names {conn.port}, so no client reaches the host it names (pid "
+                f"{info.pid}).")
+    if _owner_gone(paths, target.pid, target.create_time, target.boot_id):
+        # recover checks the saved port with connection.json and never runs without it.
+        way = (f"That host (pid {target.pid}) has exited: it was killed or crashed. " + (
+            "Put .intloom/connection.json back if you moved it, then run intloom recover. "
+            "If it is lost: once intloom doctor shows every owner exited and the OS lock on "
+            "service.lock free, remove .intloom/service.lock and .intloom/service.json "
+            "yourself, then run intloom start (it writes a new connection.json)."
+            if conn is None else "Run intloom doctor: it says what to do with its files."))
+    elif (_owner_alive(target.pid, target.create_time, target.boot_id)
+          and _os_lock(paths) == "held"):
+        way = ("Put back the connection.json that host wrote; or stop the host directly "
+               f"(kill -TERM {target.pid}: a graceful stop), then run intloom start"
+               + (", which writes a new one." if conn is None else "."))
+    else:
+        way = "Run intloom doctor: it says whether that host still runs, and what to do."
+    return IntloomError(
+        "CLI_SERVICE_METADATA_INVALID",
+        "Service identity does not match connection configuration. Shutdown was not "
+        f"requested. {fact} {way}",
+    )
+
+
 def _target(info: ServiceInfo | None, lock: ServiceLock | None) -> _Target:
     if info is not None and lock is not None and (
         info.instance_id != lock.instance_id or info.pid != lock.pid
@@ -878,11 +920,7 @@ def stop_service_report(root: str | os.PathLike[str], *,
         return StopResult(stopped=False, cut=[])
     target = _target(info, lock)
     if info is not None and (conn is None or conn.port != info.port):
-        raise IntloomError(
-            "CLI_SERVICE_METADATA_INVALID",
-            "Service identity does not match connection configuration. Shutdown was not "
-            "requested; run intloom doctor.",
-        )
+        raise _unmatched_connection(paths, info, conn, target)
     tried = False  # the request is tried at most once, whether or not it could be sent
     asked = _Asked("the host was still starting and never served requests")
     if info is not None:

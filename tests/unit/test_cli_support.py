@@ -578,3 +578,65 @@ def _as_a_user(probe: str, arg: str) -> tuple[str, str]:
     assert out.returncode == 0 and out.stdout, out.stderr
     code, message = json.loads(out.stdout)
     return code, message
+
+
+@pytest.mark.parametrize("connection", ["missing", "another port"])
+def test_stop_that_cannot_reach_the_live_host_names_why_and_the_way_out(
+    tmp_path: Path, connection: str,
+) -> None:
+    """connection.json removed (or naming another port) while the host service.json names
+    still runs and holds the lock: stop said only "Service identity does not match
+    connection configuration. Shutdown was not requested; run intloom doctor.", where every
+    other command names the missing file and the way out (docs/lifecycle.md: put it back,
+    or kill -TERM PID)."""
+    from tests.unit.diagnostics_support import (
+        crash_leftovers,
+        create_time,
+        lock_holder,
+        make_root,
+        tree,
+        write_connection_json,
+    )
+
+    root = make_root(tmp_path)
+    pid = os.getpid()
+    port = crash_leftovers(root, pid, create_time(pid), connection=False)
+    if connection == "another port":
+        write_connection_json(root, port + 1 if port < 65535 else port - 1)
+    state = root / ".intloom"
+    before = tree(root)
+    with lock_holder(state / "service.lock"), pytest.raises(IntloomError) as info:
+        stop_service_report(root, timeout=5)
+    assert info.value.code == "CLI_SERVICE_METADATA_INVALID", info.value
+    message = info.value.message
+    assert message.startswith(
+        "Service identity does not match connection configuration. Shutdown was not "
+        "requested."), message
+    if connection == "missing":
+        assert f"{state / 'connection.json'} is missing" in message, message
+    else:
+        assert f"{state / 'service.json'} names port {port} but " in message, message
+    assert f"(pid {pid}" in message and f"kill -TERM {pid}" in message, message
+    assert tree(root) == before
+
+
+def test_stop_facing_crash_leftovers_without_connection_json_says_how_to_clean_up(
+    tmp_path: Path,
+) -> None:
+    """Its host killed and connection.json lost: recover refuses without the saved port, so
+    stop's way out is the one status and doctor give (remove the two files by hand once the
+    owner is proved gone, then start), not a bare "run intloom doctor"."""
+    from tests.unit.diagnostics_support import crash_leftovers, dead_pid, make_root, tree
+
+    root = make_root(tmp_path)
+    pid = dead_pid()
+    crash_leftovers(root, pid, 1.0e9, connection=False)
+    before = tree(root)
+    with pytest.raises(IntloomError) as info:
+        stop_service_report(root, timeout=5)
+    assert info.value.code == "CLI_SERVICE_METADATA_INVALID", info.value
+    message = info.value.message
+    assert f"(pid {pid}) has exited" in message, message
+    assert "remove .intloom/service.lock and .intloom/service.json yourself" in message, message
+    assert "kill -TERM" not in message, message
+    assert tree(root) == before
