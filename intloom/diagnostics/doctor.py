@@ -554,7 +554,7 @@ def _owner_check(
 def _next_port_check(conn: Connection | None, config: Config | None) -> Check | None:
     """With no host and no owner, whether the port the next start binds (intloom.toml's
     ``port``, else the saved one; as the host picks it) is taken: that start would fail."""
-    if config is not None and config.port is not None:
+    if config is not None and config.port:  # 0 fixes no port: the start takes the saved one
         port, source = config.port, "port in intloom.toml"
         way_out = "change port in intloom.toml (0 picks a free one), then run intloom start."
     elif conn is not None:

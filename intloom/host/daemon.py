@@ -421,15 +421,19 @@ class Host:
                       _identity(os.fstat(self._store_lock) if self._store_lock >= 0
                                 else os.lstat(self.paths.runtime)))
         port = opts.port
+        # port = 0 in intloom.toml fixes no port (the template: "0 or absent: pick a free
+        # port once"): the saved port is reused, as DESIGN keeps connection.json's port
+        # across starts. Only --port 0 asks for a fresh one.
+        configured = config.port or None
         # Where the port came from decides the fix: --port 0 once does not help a port that
         # intloom.toml sets, which every later start takes again.
         fix = ("Free the port, or pass another --port (0 picks a free one)" if port is not None
                else f"Free the port, or change port in {self.paths.config} "
-               "(0, or no port at all, picks a free one)" if config.port is not None
+               "(0, or no port at all, picks a free one)" if configured is not None
                else "Free the port, or run intloom start --port 0 to pick a new one "
                "(connection.json is updated)")
         if port is None:
-            port = config.port if config.port is not None else (saved.port if saved else 0)
+            port = configured if configured is not None else (saved.port if saved else 0)
         token = saved.token if saved is not None else new_token()
         try:
             self._sock = bind_port(port)

@@ -233,6 +233,22 @@ def test_occupied_saved_port_fails_start_with_a_clear_error(project: Project) ->
     }
 
 
+def test_port_0_in_intloom_toml_picks_a_port_once_and_later_starts_reuse_it(
+    project: Project,
+) -> None:
+    """The template says of intloom.toml's port "0 or absent: pick a free port once", and
+    DESIGN reuses connection.json's port at every later start; with ``port = 0`` every start
+    picked a new one, so a client given the port lost the host after each restart (and
+    after a crash, recover + start broke recovery.md's "same port, same token")."""
+    config = project.root / "intloom.toml"
+    config.write_text(config.read_text() + "port = 0\n")
+    first = start(project).service
+    assert stop_service(project.root) is True
+    again = start(project).service
+    assert again.port == first.port
+    assert metadata(project, "connection.json")["port"] == first.port
+
+
 def _slow_import(project: Project, line: str) -> bytes:
     """Make the example Workflow run ``line`` at import time; returns the original source."""
     path = project.root / "workflows" / "example.py"

@@ -450,3 +450,21 @@ def test_a_temp_file_renamed_after_a_slow_fsync_is_not_called_left_by_a_crash(
     monkeypatch.undo()
     [check] = seen
     assert (check.status, check.next) == ("ok", None), check
+
+
+def test_port_0_in_intloom_toml_checks_the_saved_port_the_next_start_takes(root: Path) -> None:
+    """port = 0 in intloom.toml fixes no port: the next start listens on connection.json's
+    saved port. doctor read the 0 as "any port" and never said that the saved one was taken,
+    so the start it called fine failed."""
+    import socket
+
+    (root / "intloom.toml").write_text(
+        (root / "intloom.toml").read_text() + "port = 0\n")
+    with socket.create_server(("127.0.0.1", 0)) as held:
+        port = held.getsockname()[1]
+        write_connection_json(root, port)
+        report = run_doctor(root)
+    [check] = [c for c in report.checks if c.id == "connection"]
+    assert check.status == "attention", check
+    assert f"Port {port} on 127.0.0.1 (the port saved in connection.json)" in check.message, (
+        check.message)
