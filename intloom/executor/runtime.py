@@ -962,6 +962,13 @@ class Runtime:
                     cut = next((what for working, what in self._agent_work.values()
                                 if working == run_id), None)
         if ended:
+            if slot.shown.phase != "terminal":
+                # Another request (a cancel, or the Run's own last Step) appended the end and
+                # is making it durable: the view is still the one before it ("waiting",
+                # "running"), and a cancel that says the Run has ended must show that end.
+                with contextlib.suppress(IntloomError):  # a failed flush: the view says so
+                    await self.sync(slot)
+                view = slot.view()
             return view, not slot.state.dismissed
         if not live:
             if slot.override is not None and slot.override.code == "RUN_INTERRUPTED":

@@ -290,6 +290,26 @@ def test_cancel_is_terminal_and_idempotent() -> None:
     assert fold([r for _, r in journal.records]) is not None
 
 
+def test_cancels_at_once_both_return_the_stopped_run_not_the_wait_before_it() -> None:
+    # The second cancel finds the terminal record appended but not yet durable: it returned
+    # the Run's view from before it ("waiting"), saying the Run "has ended".
+    journal = MemoryJournal()
+
+    async def main() -> None:
+        rt = Runtime(loaded(make_confirm_wf([])), journal, package_version="0.1.0")
+        rt.restore([])
+        view = await rt.wait_stable((await rt.create_run("confirm", "go")).run_id)
+        (first, ended1), (second, ended2) = await asyncio.gather(
+            rt.cancel(view.run_id), rt.cancel(view.run_id))
+        assert (ended1, ended2) == (False, True)
+        assert first.status == "failed" and first.last_error is not None
+        assert first.last_error.code == "RUN_STOPPED"
+        assert second == first
+
+    run(main)
+    assert sum(isinstance(r, Terminal) for _, r in journal.records) == 1
+
+
 def test_checkpoint_failure_stops_the_run_but_keeps_the_effect() -> None:
     calls: list[str] = []
     journal = MemoryJournal()
