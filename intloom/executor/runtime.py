@@ -362,6 +362,14 @@ def _not_current(slot: RunSlot, action_id: str) -> str:
     if view.status == "waiting" and action is not None:
         return (f"{fact}; it waits on {action.id} ({action.kind}). Answer that one "
                 f"(intloom attach {slot.run_id} shows it).")
+    answered = slot.state.answered_action
+    if answered is not None and answered.id == action_id and slot.state.phase != "terminal":
+        # Another answer won the race and its Step is running on it (its view may still
+        # show the wait until that answer is durable): name it, not an empty "waiting".
+        return (f"Action {action_id} of Run {slot.run_id} was already answered by another "
+                f"request ({_answer_gist(slot.state.answer)}), which was accepted first; "
+                f"nothing was recorded of this answer. intloom attach {slot.run_id} follows "
+                "the Run on from that answer.")
     error = view.last_error
     if view.status == "failed" and error is not None and error.code == "RUN_INTERRUPTED":
         then = ("it has been dismissed" if view.dismissed else
@@ -382,6 +390,15 @@ def _not_current(slot: RunSlot, action_id: str) -> str:
                 f"(intloom attach {slot.run_id} shows how it ended).")
     return (f"{fact}; it is {view.status} with no question or confirmation pending; nothing "
             f"was recorded. intloom attach {slot.run_id} follows it to its next question.")
+
+
+def _answer_gist(answer: Any) -> str:
+    """An accepted answer, as a refusal names it: its decision, never a person's text."""
+    if isinstance(answer, dict) and isinstance(answer.get("isConfirmed"), bool):
+        return "confirmed" if answer["isConfirmed"] else "declined"
+    if isinstance(answer, list):
+        return f"answers to {len(answer)} question{'s' if len(answer) != 1 else ''}"
+    return "an answer"
 
 
 def _not_current_task(slot: RunSlot, view: RunView, call_id: str) -> str:

@@ -188,6 +188,11 @@ def test_first_valid_answer_wins() -> None:
         errors = [r for r in results if isinstance(r, IntloomError)]
         assert len(ok) == 1 and len(errors) == 4
         assert {e.code for e in errors} == {"CONFLICT"}
+        # Each loser is told what won, not that the Run is "waiting with no question
+        # pending" (its view, until the winner's answer is durable).
+        for error in errors:
+            assert "already answered by another request (confirmed)" in error.message, error
+            assert "nothing was recorded" in error.message and "pending" not in error.message
 
     run(main)
 
