@@ -905,6 +905,7 @@ class Runtime:
         slot = self._slot(run_id)
         action = slot.state.pending_action
         if slot.view().status != "waiting" or action is None or action.id != action_id:
+            await self._caught_up(slot)
             raise IntloomError("CONFLICT", _not_current(slot, action_id))
         try:
             typed = validate_answer(action.kind, action.request, answer)
@@ -1100,12 +1101,21 @@ class Runtime:
 
     # ------------------------------------------------------------------ agent tasks
 
-    def _agent_slot(self, run_id: str, call_id: str) -> tuple[RunSlot, PendingAgentCall]:
+    async def _caught_up(self, slot: RunSlot) -> None:
+        """Before a refusal is worded from the Run's view: make durable, and so shown, what
+        another request has appended (a cancel's end, an answer), which the view does not
+        show until then. Without it the loser of a race was told of the wait it lost."""
+        if slot.shown.seq < slot.state.seq:
+            with contextlib.suppress(IntloomError):  # a failed flush: the view says so
+                await self.sync(slot)
+
+    async def _agent_slot(self, run_id: str, call_id: str
+                          ) -> tuple[RunSlot, PendingAgentCall]:
         slot = self._slot(run_id)
         call = slot.state.pending_agent_call
-        view = slot.view()
-        if view.status != "waiting" or call is None or call.id != call_id:
-            raise IntloomError("CONFLICT", _not_current_task(slot, view, call_id))
+        if slot.view().status != "waiting" or call is None or call.id != call_id:
+            await self._caught_up(slot)
+            raise IntloomError("CONFLICT", _not_current_task(slot, slot.view(), call_id))
         return slot, call
 
     def _check_owner(self, slot: RunSlot, owner_token: str) -> None:
@@ -1118,7 +1128,7 @@ class Runtime:
     ) -> tuple[str, PendingAgentCall]:
         self._admit()
         _nonempty(claim_id, "claim_id", "an id the Agent picks for its claim")
-        slot, call = self._agent_slot(run_id, call_id)
+        slot, call = await self._agent_slot(run_id, call_id)
         if slot.agent.claim_id is not None:
             if slot.agent.claim_id != claim_id or slot.agent.owner_token is None:
                 raise IntloomError(
@@ -1143,7 +1153,7 @@ class Runtime:
         input: Any,
     ) -> tuple[Any, bool]:
         self._admit()
-        slot, _call = self._agent_slot(run_id, call_id)
+        slot, _call = await self._agent_slot(run_id, call_id)
         self._check_owner(slot, owner_token)
         _nonempty(tool_call_id, "tool_call_id", "an id the Agent picks for each Tool call")
         _plain_json(input, f"The input of Tool call {tool_call_id}")
@@ -1334,7 +1344,7 @@ class Runtime:
         repeated = await self._repeated(slot, call_id, owner_token, end)
         if repeated is not None:
             return repeated
-        slot, _call = self._agent_slot(run_id, call_id)
+        slot, _call = await self._agent_slot(run_id, call_id)
         self._check_owner(slot, owner_token)
         cursor = slot.state.cursor
         step = slot.lw.workflow.stages[cursor.stage].steps[cursor.step or ""]
@@ -1383,7 +1393,7 @@ class Runtime:
             raise _stopped_in_on_complete(run_id, call_id, outcome,
                                           reason=self._suspended_for)
         self._admit()
-        slot, _call = self._agent_slot(run_id, call_id)
+        slot, _call = await self._agent_slot(run_id, call_id)
         self._check_owner(slot, owner_token)
         now = clock.now()
         result = StepResult(at=now, stage=cursor.stage, step=cursor.step or "",
@@ -1420,7 +1430,7 @@ class Runtime:
         repeated = await self._repeated(slot, call_id, owner_token, end)
         if repeated is not None:
             return repeated
-        slot, _call = self._agent_slot(run_id, call_id)
+        slot, _call = await self._agent_slot(run_id, call_id)
         self._check_owner(slot, owner_token)
         if slot.agent.completing:
             raise IntloomError(

@@ -315,6 +315,37 @@ def test_cancels_at_once_both_return_the_stopped_run_not_the_wait_before_it() ->
     assert sum(isinstance(r, Terminal) for _, r in journal.records) == 1
 
 
+def test_an_answer_or_claim_after_a_cancel_not_yet_durable_is_told_the_run_was_stopped(
+) -> None:
+    # The cancel has appended its terminal record and waits for the flush: the Run's view
+    # still shows the wait, and the refusal was built from it ("it is waiting with no
+    # question pending"; "the Run now waits on Agent task CALL-x (claimed); use that one").
+    journal = MemoryJournal()
+
+    async def main() -> None:
+        rt = Runtime({**loaded(make_confirm_wf([])), **loaded(_agent_wf(lambda arg: arg))},
+                     journal, package_version="0.1.0")
+        rt.restore([])
+        asked = await rt.wait_stable((await rt.create_run("confirm", "go")).run_id)
+        tasked = await rt.wait_stable((await rt.create_run("agent", "go")).run_id)
+        assert asked.pending_action is not None and tasked.pending_agent_call is not None
+        call = tasked.pending_agent_call.id
+        await rt.claim_agent_call(tasked.run_id, call, "c1")
+        results = await asyncio.gather(
+            rt.cancel(asked.run_id),
+            rt.answer(asked.run_id, asked.pending_action.id, {"isConfirmed": True}),
+            rt.cancel(tasked.run_id),
+            rt.claim_agent_call(tasked.run_id, call, "c1"),
+            return_exceptions=True)
+        answer, claim = results[1], results[3]
+        assert isinstance(answer, IntloomError) and answer.code == "CONFLICT", answer
+        assert "was stopped (RUN_STOPPED" in answer.message, answer.message
+        assert isinstance(claim, IntloomError) and claim.code == "CONFLICT", claim
+        assert "ended failed (RUN_STOPPED)" in claim.message, claim.message
+
+    run(main)
+
+
 def test_checkpoint_failure_stops_the_run_but_keeps_the_effect() -> None:
     calls: list[str] = []
     journal = MemoryJournal()
