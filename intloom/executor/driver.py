@@ -255,6 +255,9 @@ class RunSlot:
         self.suspended = False
         self.suspend_reason: str | None = None  # why, when it is not a host stop
         self.restored_wait = False
+        # The last answer this host accepted (action id, its decision): an answer that
+        # comes after it is told what won. Memory only, like claims.
+        self.last_answer: tuple[str, str] | None = None
         # The seq the Run was restored at (None: created by this host). Its earlier records
         # are read from the journal into the history when a follower first asks (_seed).
         self.restored_seq: int | None = None

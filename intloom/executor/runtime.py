@@ -351,7 +351,11 @@ def _journalable(value: Any, what: str) -> Any:
 
 def _not_current(slot: RunSlot, action_id: str) -> str:
     """Why ``action_id`` cannot be answered now, and what can be."""
-    fact = f"Action {action_id} is not (or no longer) Run {slot.run_id}'s unanswered action"
+    gist = _answered_as(slot, action_id)
+    fact = (f"Action {action_id} is not (or no longer) Run {slot.run_id}'s unanswered action"
+            if gist is None else
+            f"Action {action_id} of Run {slot.run_id} was already answered by another "
+            f"request ({gist})")
     call = slot.state.pending_agent_call
     action = slot.state.pending_action
     view = slot.view()
@@ -362,14 +366,11 @@ def _not_current(slot: RunSlot, action_id: str) -> str:
     if view.status == "waiting" and action is not None:
         return (f"{fact}; it waits on {action.id} ({action.kind}). Answer that one "
                 f"(intloom attach {slot.run_id} shows it).")
-    answered = slot.state.answered_action
-    if answered is not None and answered.id == action_id and slot.state.phase != "terminal":
-        # Another answer won the race and its Step is running on it (its view may still
-        # show the wait until that answer is durable): name it, not an empty "waiting".
-        return (f"Action {action_id} of Run {slot.run_id} was already answered by another "
-                f"request ({_answer_gist(slot.state.answer)}), which was accepted first; "
-                f"nothing was recorded of this answer. intloom attach {slot.run_id} follows "
-                "the Run on from that answer.")
+    if gist is not None and view.status not in ("completed", "failed"):
+        # Another answer won (the race, or earlier) and the Run goes on from it: name it,
+        # not an empty "waiting" or "running".
+        return (f"{fact}, which was accepted first; nothing was recorded of this answer. "
+                f"intloom attach {slot.run_id} follows the Run on from that answer.")
     error = view.last_error
     if view.status == "failed" and error is not None and error.code == "RUN_INTERRUPTED":
         then = ("it has been dismissed" if view.dismissed else
@@ -390,6 +391,16 @@ def _not_current(slot: RunSlot, action_id: str) -> str:
                 f"(intloom attach {slot.run_id} shows how it ended).")
     return (f"{fact}; it is {view.status} with no question or confirmation pending; nothing "
             f"was recorded. intloom attach {slot.run_id} follows it to its next question.")
+
+
+def _answered_as(slot: RunSlot, action_id: str) -> str | None:
+    """How ``action_id`` was answered, when it was (as a refusal names it), else None."""
+    if slot.last_answer is not None and slot.last_answer[0] == action_id:
+        return slot.last_answer[1]
+    answered = slot.state.answered_action  # a restored Run's, before its Step returns
+    if answered is not None and answered.id == action_id:
+        return _answer_gist(slot.state.answer)
+    return None
 
 
 def _answer_gist(answer: Any) -> str:
@@ -919,6 +930,7 @@ class Runtime:
         now = clock.now()
         plain = _journalable(msgspec.to_builtins(typed), "The answer")
         self.append(slot, Answered(at=now, action_id=action_id, answer=plain))
+        slot.last_answer = (action_id, _answer_gist(plain))
         if slot.restored_wait:
             slot.restored_wait = False
             # `answered` is durable before recover sees the answer

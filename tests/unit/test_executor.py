@@ -161,8 +161,9 @@ def test_confirm_then_reject_then_approve_completes() -> None:
         assert wrong.value.code == "CONFLICT"
         again = await rt.answer(view.run_id, first.id, {"isConfirmed": False})
         assert again.pending_action is not None and again.pending_action.id != first.id
-        # The stale action id is now a CONFLICT.
-        with pytest.raises(IntloomError, match="no longer"):
+        # The stale action id is now a CONFLICT naming how it was answered, and what is next.
+        with pytest.raises(IntloomError, match=r"already answered by another request "
+                           rf"\(declined\); it waits on {again.pending_action.id}"):
             await rt.answer(view.run_id, first.id, {"isConfirmed": True})
         done = await rt.answer(view.run_id, again.pending_action.id, {"isConfirmed": True})
         assert done.status == "completed"
@@ -193,6 +194,28 @@ def test_first_valid_answer_wins() -> None:
         for error in errors:
             assert "already answered by another request (confirmed)" in error.message, error
             assert "nothing was recorded" in error.message and "pending" not in error.message
+
+    run(main)
+
+
+def test_an_answer_after_the_run_went_on_from_another_answer_is_told_that_answer() -> None:
+    # It arrived once the winner's Step had returned: it was told only that the Run "has
+    # completed" (or "is running with no question pending"), not that it was answered.
+    async def main() -> None:
+        rt = Runtime(loaded(make_confirm_wf([])), MemoryJournal(), package_version="0.1.0")
+        rt.restore([])
+        view = await rt.wait_stable((await rt.create_run("confirm", "go")).run_id)
+        assert view.pending_action is not None
+        action = view.pending_action.id
+        done = await rt.answer(view.run_id, action, {"isConfirmed": True})
+        assert done.status == "completed"
+        with pytest.raises(IntloomError) as late:
+            await rt.answer(view.run_id, action, {"isConfirmed": False})
+        assert late.value.code == "CONFLICT"
+        message = late.value.message
+        assert f"Action {action} of Run {view.run_id} was already answered by another " \
+               "request (confirmed)" in message, message
+        assert "it has completed and takes no answer; nothing was recorded" in message
 
     run(main)
 
