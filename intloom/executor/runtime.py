@@ -948,22 +948,25 @@ class Runtime:
         """``sync`` for an answer. Its failure is the answerer's to hear in full: the reply
         is the only place that says the answer was lost (the Run's view says only that a
         checkpoint failed), and that the Run's failure is not the answer's doing."""
+        await self._saved(slot, lambda where: (
+            f"The answer to {action_id} of Run {slot.run_id} could not be saved: the "
+            f"checkpoint that held it failed, so it was not delivered and the Run stopped "
+            f"(failed/RUN_CHECKPOINT_FAILED); earlier effects are not rolled back.{where} "
+            "Check the disk that holds .intloom/runtime (free space, permissions), then "
+            "run intloom stop and intloom start: the Run comes back from its last saved "
+            f"record by the restart table (waiting on {action_id} again when its Step has "
+            "recover), and you answer it again."))
+
+    async def _saved(self, slot: RunSlot, refusal: Callable[[str], str]) -> None:
+        """``sync`` for a person's request (an answer, a cancel): a failed checkpoint is
+        RUN_CHECKPOINT_FAILED with ``refusal(where)``, ``where`` naming the cause's place."""
         try:
             await self.sync(slot)
         except IntloomError as exc:
             if exc.code != "RUN_CHECKPOINT_FAILED":
                 raise
             where = f" {slot.checkpoint_where}" if slot.checkpoint_where else ""
-            raise IntloomError(
-                "RUN_CHECKPOINT_FAILED",
-                f"The answer to {action_id} of Run {slot.run_id} could not be saved: the "
-                f"checkpoint that held it failed, so it was not delivered and the Run stopped "
-                f"(failed/RUN_CHECKPOINT_FAILED); earlier effects are not rolled back.{where} "
-                "Check the disk that holds .intloom/runtime (free space, permissions), then "
-                "run intloom stop and intloom start: the Run comes back from its last saved "
-                f"record by the restart table (waiting on {action_id} again when its Step has "
-                "recover), and you answer it again.",
-            ) from None
+            raise IntloomError("RUN_CHECKPOINT_FAILED", refusal(where)) from None
 
     async def cancel(self, run_id: str) -> tuple[RunView, bool]:
         """Cancel: failed/RUN_STOPPED. Returns (view, already_ended)."""
@@ -1029,21 +1032,13 @@ class Runtime:
     async def _cancel_saved(self, slot: RunSlot) -> None:
         """``sync`` for a cancel (or a dismissal): its failure says that the cancel is not on
         disk, so the next start brings the Run back, and what to do."""
-        try:
-            await self.sync(slot)
-        except IntloomError as exc:
-            if exc.code != "RUN_CHECKPOINT_FAILED":
-                raise
-            where = f" {slot.checkpoint_where}" if slot.checkpoint_where else ""
-            raise IntloomError(
-                "RUN_CHECKPOINT_FAILED",
-                f"The cancel of Run {slot.run_id} could not be saved: the checkpoint that held "
-                "it failed, so the Run stopped here (failed/RUN_CHECKPOINT_FAILED) but its "
-                "cancel is not on disk, and the next start brings the Run back from its last "
-                f"saved record by the restart table.{where} Check the disk that holds "
-                ".intloom/runtime (free space, permissions), then run intloom stop and "
-                f"intloom start, and cancel it again (intloom cancel {slot.run_id}).",
-            ) from None
+        await self._saved(slot, lambda where: (
+            f"The cancel of Run {slot.run_id} could not be saved: the checkpoint that held "
+            "it failed, so the Run stopped here (failed/RUN_CHECKPOINT_FAILED) but its "
+            "cancel is not on disk, and the next start brings the Run back from its last "
+            f"saved record by the restart table.{where} Check the disk that holds "
+            ".intloom/runtime (free space, permissions), then run intloom stop and "
+            f"intloom start, and cancel it again (intloom cancel {slot.run_id})."))
 
     async def _cancel_held(self, held: HeldRun) -> tuple[RunView, bool]:
         """End a held Run for good: one terminal record appended to its journal, nothing
