@@ -140,14 +140,19 @@ def test_definition_mistakes_name_workflow_stage_step_and_fix() -> None:
         st.step("b", routes={})
 
 
+async def _confirm_run(calls: list[str], journal: MemoryJournal) -> tuple[Runtime, RunView]:
+    """A Runtime over ``journal`` with the confirm Workflow, and its first Run once stable."""
+    rt = Runtime(loaded(make_confirm_wf(calls)), journal, package_version="0.1.0")
+    rt.restore([])
+    return rt, await rt.wait_stable((await rt.create_run("confirm", "go")).run_id)
+
+
 def test_confirm_then_reject_then_approve_completes() -> None:
     calls: list[str] = []
     journal = MemoryJournal()
 
     async def main() -> None:
-        rt = Runtime(loaded(make_confirm_wf(calls)), journal, package_version="0.1.0")
-        rt.restore([])
-        view = await rt.wait_stable((await rt.create_run("confirm", "go")).run_id)
+        rt, view = await _confirm_run(calls, journal)
         assert view.status == "waiting" and view.pending_action is not None
         first = view.pending_action
         # An invalid answer leaves the wait untouched.
@@ -225,9 +230,7 @@ def test_restored_wait_and_recover_after_restart() -> None:
     journal = MemoryJournal()
 
     async def first() -> tuple[str, Any]:
-        rt = Runtime(loaded(make_confirm_wf(calls)), journal, package_version="0.1.0")
-        rt.restore([])
-        view = await rt.wait_stable((await rt.create_run("confirm", "go")).run_id)
+        rt, view = await _confirm_run(calls, journal)
         await rt.suspend(1)
         return view.run_id, view
 
@@ -376,9 +379,7 @@ def test_checkpoint_failure_stops_the_run_but_keeps_the_effect() -> None:
     journal.fail_at = {4}
 
     async def main() -> None:
-        rt = Runtime(loaded(make_confirm_wf(calls)), journal, package_version="0.1.0")
-        rt.restore([])
-        view = await rt.wait_stable((await rt.create_run("confirm", "go")).run_id)
+        _, view = await _confirm_run(calls, journal)
         assert view.status == "failed" and view.last_error is not None
         assert view.last_error.code == "RUN_CHECKPOINT_FAILED"
         assert view.pending_action is None
@@ -394,9 +395,7 @@ def test_an_answer_whose_checkpoint_fails_says_so_naming_the_run_action_and_fix(
     journal = MemoryJournal()
 
     async def main() -> None:
-        rt = Runtime(loaded(make_confirm_wf(calls)), journal, package_version="0.1.0")
-        rt.restore([])
-        view = await rt.wait_stable((await rt.create_run("confirm", "go")).run_id)
+        rt, view = await _confirm_run(calls, journal)
         assert view.pending_action is not None
         journal.fail_at = {journal.flushes + 1}  # the flush that holds the answer
         with pytest.raises(IntloomError) as failed:
@@ -419,9 +418,7 @@ def test_a_cancel_whose_checkpoint_fails_says_the_run_comes_back_and_what_to_do(
     journal = MemoryJournal()
 
     async def main() -> None:
-        rt = Runtime(loaded(make_confirm_wf(calls)), journal, package_version="0.1.0")
-        rt.restore([])
-        view = await rt.wait_stable((await rt.create_run("confirm", "go")).run_id)
+        rt, view = await _confirm_run(calls, journal)
         journal.fail_at = {journal.flushes + 1}  # the flush that holds the cancel
         with pytest.raises(IntloomError) as failed:
             await rt.cancel(view.run_id)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import decimal
 import enum
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -66,9 +66,8 @@ def test_unencodable_values_are_kept_as_repr_or_refused_and_nothing_is_lost(
         await store.close()
         return view.run_id
 
-    run_id = asyncio.run(asyncio.wait_for(main(), timeout=20))
-    [journal] = [j for j in verify(root) if j.run_id == run_id]
-    assert journal.status == "ok" and journal.state is not None
+    run_id, journal = _verified_after(root, main)
+    assert journal.state is not None
     assert journal.state.status == "completed" and journal.state.output == {"n": 1}
     results = [e.record.result for e in read_history(root, run_id)
                if isinstance(e.record, EffectDone)]
@@ -99,9 +98,8 @@ def test_a_step_asking_with_a_value_the_journal_cannot_hold_fails_cleanly(tmp_pa
         await store.close()
         return view.run_id
 
-    run_id = asyncio.run(asyncio.wait_for(main(), timeout=20))
-    [journal] = [j for j in verify(root) if j.run_id == run_id]
-    assert journal.status == "ok" and journal.state is not None
+    _, journal = _verified_after(root, main)
+    assert journal.state is not None
     assert journal.state.status == "failed" and journal.state.phase == "terminal"
 
 
@@ -775,10 +773,8 @@ def test_an_on_complete_state_too_large_for_a_record_is_refused_and_the_task_sta
         await store.close()
         return view.run_id
 
-    run_id = asyncio.run(asyncio.wait_for(main(), timeout=20))
-    [journal] = [j for j in verify(root) if j.run_id == run_id]
-    assert journal.status == "ok" and journal.state is not None
-    assert journal.state.status == "completed"
+    _, journal = _verified_after(root, main)
+    assert journal.state is not None and journal.state.status == "completed"
 
 
 @pytest.mark.parametrize("handed", ["effect", "confirm", "agent"])
@@ -817,3 +813,11 @@ def test_a_value_deeper_than_a_restart_can_read_is_never_recorded_as_it_is(
     assert view.status == "failed" and view.last_error is not None, view
     assert view.last_error.code == "STEP_INTERACTION_INVALID", view.last_error
     assert "more than 500 levels" in view.last_error.message, view.last_error.message
+
+
+def _verified_after(root: Path, main: Callable[[], Awaitable[str]]) -> tuple[str, Any]:
+    """Run ``main`` (it returns a Run id), then that Run's journal as verify reads it: ok."""
+    run_id = asyncio.run(asyncio.wait_for(main(), timeout=20))
+    [journal] = [j for j in verify(root) if j.run_id == run_id]
+    assert journal.status == "ok", journal.problem
+    return run_id, journal

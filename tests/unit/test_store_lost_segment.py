@@ -12,6 +12,7 @@ import msgspec
 import pytest
 
 from intloom.runtime.machine import fold
+from intloom.runtime.records import Record
 from intloom.store import read_runs_report, verify_report
 from intloom.store import reader as reader_module
 from intloom.store.files import list_names
@@ -34,6 +35,15 @@ from tests.unit.test_store_support import (
 SEG2 = "wal/0000000002.seg"
 A = walk("RUN-A", 12, 1)
 B = walk("RUN-B", 4, 2)
+
+
+def _closed(root: Path, run_id: str, records: list[Record]) -> None:
+    """A first host (INST-1) that wrote ``records`` and stopped cleanly."""
+    store = open_store(root, instance_id="INST-1")
+    for record in records:
+        store.append(run_id, record)
+    store.sync_blocking()
+    store.close_blocking()
 
 
 def _clean_then_crashed(root: Path) -> None:
@@ -161,11 +171,7 @@ def test_a_format_2_manifest_is_still_read_and_the_next_host_writes_format_3(
                         FORMAT_2.replace(b'"checksum"', b'"open":2,"checksum"'))
 
     root = tmp_path / "runtime"
-    store = open_store(root, instance_id="INST-1")
-    for record in A[:6]:
-        store.append("RUN-A", record)
-    store.sync_blocking()
-    store.close_blocking()
+    _closed(root, "RUN-A", A[:6])
     path = root / "manifest.json"
     written = decode_manifest(path, path.read_bytes())
     assert (written.format, written.open) == (3, 0)  # closed: nothing open
@@ -219,11 +225,7 @@ def test_a_foreign_file_moved_out_of_wal_is_not_reported_missing(tmp_path: Path)
     missing segment that held Runs' records (which `start --strict` would refuse, at every
     start, and doctor would tell to put back from a copy)."""
     root = tmp_path / "runtime"
-    store = open_store(root, instance_id="INST-1")
-    for record in B:
-        store.append("RUN-B", record)
-    store.sync_blocking()
-    store.close_blocking()
+    _closed(root, "RUN-B", B)
     stray = root / "wal" / "0000000002.seg"
     stray.write_bytes(b"not a segment")
     stray.chmod(0o600)
@@ -247,11 +249,7 @@ def test_a_lost_replacement_segment_a_failed_write_created_is_noticed(
     like any other: gone at the next start, the Runs whose records it may have held are held
     (not resumed from before it), and the failed batch stays void."""
     root = tmp_path / "runtime"
-    store = open_store(root, instance_id="INST-1")
-    for record in A[:6]:
-        store.append("RUN-A", record)
-    store.sync_blocking()
-    store.close_blocking()  # restores now start at segment 2
+    _closed(root, "RUN-A", A[:6])  # restores now start at segment 2
     # Records 7 and 8 in wal/0000000002.seg; the host goes on in segment 3.
     replacement = went_on_after_a_failed_write(root, A[6:8], A[8:])
     assert replacement == 3
@@ -369,11 +367,7 @@ def test_the_segment_a_clean_close_sealed_lost_is_missing_and_its_number_never_r
     the manifest (judged damaged, so kept) still named; once that file existed the manifest
     was trusted again, and a crash then lost every Run whose records were only there."""
     root = tmp_path / "runtime"
-    store = open_store(root, instance_id="INST-1")
-    for record in A[:6]:
-        store.append("RUN-A", record)
-    store.sync_blocking()
-    store.close_blocking()
+    _closed(root, "RUN-A", A[:6])
     open_store(root, instance_id="INST-2").close_blocking()  # manifest: start 3, open 0
     (root / SEG2).unlink()
 
@@ -399,11 +393,7 @@ def test_the_last_two_segments_lost_lose_no_run_a_later_host_wrote(tmp_path: Pat
     two crashes the log caught up with the manifest, which was trusted again, and the Runs
     both hosts wrote were gone."""
     root = tmp_path / "runtime"
-    store = open_store(root, instance_id="INST-1")
-    for record in A[:6]:
-        store.append("RUN-A", record)
-    store.sync_blocking()
-    store.close_blocking()
+    _closed(root, "RUN-A", A[:6])
     for instance in ("INST-2", "INST-3"):
         open_store(root, instance_id=instance).close_blocking()  # manifest: start 4
     for number in (2, 3):
