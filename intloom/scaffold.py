@@ -1,4 +1,5 @@
-"""``intloom init``: write a new project into a new or empty directory, and nothing else.
+"""``intloom init``: write a new project into a new or empty directory (version-control
+metadata aside), and nothing else.
 
 The files come from ``intloom/templates/`` (package data). Each is created exclusively, so
 a file that appears concurrently is never overwritten.
@@ -23,6 +24,11 @@ SCAFFOLD: Final = {
     "workflows/example.py": "example.py.tmpl",
     ".gitignore": "gitignore.tmpl",
 }
+
+# What a fresh `git init` (or `hg init`, `jj init`, an svn checkout) leaves: the first thing
+# many people do in a new directory. It holds no file of theirs, and init writes nothing
+# into it, so a directory holding only these counts as empty.
+_VCS_METADATA: Final = frozenset({".git", ".hg", ".jj", ".svn"})
 
 
 def _template(name: str) -> bytes:
@@ -84,7 +90,7 @@ def _check_target(target: Path) -> None:
             f"{target} is a file, not a directory. Pass a new or empty directory to intloom init.",
         )
     try:
-        entries = sorted(os.listdir(target))
+        entries = sorted(set(os.listdir(target)) - _VCS_METADATA)
     except OSError as exc:
         raise IntloomError(
             "CLI_INIT_TARGET_INVALID",

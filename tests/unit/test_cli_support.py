@@ -347,6 +347,26 @@ def test_scaffold_refusals(tmp_path: Path) -> None:
     assert scaffold(tmp_path / "empty-ok") == (tmp_path / "empty-ok").resolve()
 
 
+def test_init_takes_a_directory_that_holds_only_a_fresh_repository(tmp_path: Path) -> None:
+    """mkdir p && cd p && git init && intloom init was refused, "already contains .git":
+    the metadata holds no file of the user's, and init writes nothing into it."""
+    repo = tmp_path / "repo"
+    (repo / ".git").mkdir(parents=True)
+    (repo / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    assert scaffold(repo) == repo.resolve()
+    assert sorted(p.name for p in repo.iterdir()) == [".git", ".gitignore", "intloom.toml",
+                                                      "workflows"]
+    assert (repo / ".git" / "HEAD").read_text() == "ref: refs/heads/main\n"
+    # A file of the user's beside it is still refused, and named, not the metadata.
+    kept = tmp_path / "kept"
+    (kept / ".git").mkdir(parents=True)
+    (kept / "README.md").write_text("")
+    with pytest.raises(IntloomError) as refused:
+        scaffold(kept)
+    assert refused.value.code == "CLI_INIT_TARGET_NOT_EMPTY"
+    assert f"{kept} already contains README.md." in refused.value.message
+
+
 def test_init_refuses_a_directory_inside_a_source_tree_of_the_project_around_it(
         tmp_path: Path) -> None:
     """intloom init my-project/workflows/new wrote workflows/new/workflows/example.py into
