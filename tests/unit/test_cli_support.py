@@ -367,6 +367,24 @@ def test_init_takes_a_directory_that_holds_only_a_fresh_repository(tmp_path: Pat
     assert f"{kept} already contains README.md." in refused.value.message
 
 
+def test_the_scaffolded_gitignore_keeps_host_state_and_bytecode_out_of_git(
+        tmp_path: Path) -> None:
+    """The host writes workflows/__pycache__/example.cpython-3XX.pyc (its hash-based cache)
+    at the first start, and git add -A committed it: the .gitignore held only /.intloom/."""
+    git = shutil.which("git")
+    if git is None:
+        pytest.skip("git is not installed")
+    root = scaffold(tmp_path / "p")
+    subprocess.run([git, "init", "-q", str(root)], check=True, timeout=30)
+    asked = [".intloom/runtime/runs/x/wal/0000000001.seg",
+             "workflows/__pycache__/example.cpython-311.pyc", "workflows/example.py",
+             "intloom.toml"]
+    out = subprocess.run([git, "-C", str(root), "-c", "core.excludesFile=/dev/null",
+                          "check-ignore", "--no-index", *asked], capture_output=True,
+                         text=True, timeout=30)
+    assert out.stdout.splitlines() == asked[:2], out.stderr
+
+
 def test_init_refuses_a_directory_inside_a_source_tree_of_the_project_around_it(
         tmp_path: Path) -> None:
     """intloom init my-project/workflows/new wrote workflows/new/workflows/example.py into
