@@ -97,6 +97,15 @@ def _check_target(target: Path) -> None:
             f"{target} cannot be listed ({exc.strerror or exc}), so intloom init cannot tell "
             "it is empty; nothing was written. Pass a new or empty directory you can read.",
         ) from None
+    if CONFIG_NAME in entries:
+        # Most often init run a second time: "write intloom.toml there by hand" (below)
+        # would send the user to write the file the directory already has.
+        raise IntloomError(
+            "CLI_INIT_TARGET_NOT_EMPTY",
+            f"{target} is already an intloom project (it holds {CONFIG_NAME}); nothing was "
+            "written. Run intloom start there to use it, or pass a new or empty directory to "
+            "intloom init for another.",
+        )
     if entries:
         shown = ", ".join(entries[:3]) + (
             f" and {len(entries) - 3} more" if len(entries) > 3 else "")

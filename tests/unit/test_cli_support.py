@@ -367,6 +367,19 @@ def test_init_takes_a_directory_that_holds_only_a_fresh_repository(tmp_path: Pat
     assert f"{kept} already contains README.md." in refused.value.message
 
 
+def test_init_run_again_says_the_directory_is_a_project_already(tmp_path: Path) -> None:
+    """intloom init a second time said "already contains .gitignore, intloom.toml, workflows
+    ... choose another one, or write intloom.toml there by hand": it has one."""
+    root = scaffold(tmp_path / "p")
+    with pytest.raises(IntloomError) as refused:
+        scaffold(root)
+    assert refused.value.code == "CLI_INIT_TARGET_NOT_EMPTY"
+    assert refused.value.message == (
+        f"{root} is already an intloom project (it holds intloom.toml); nothing was written. "
+        "Run intloom start there to use it, or pass a new or empty directory to intloom init "
+        "for another.")
+
+
 def test_the_scaffolded_gitignore_keeps_host_state_and_bytecode_out_of_git(
         tmp_path: Path) -> None:
     """The host writes workflows/__pycache__/example.cpython-3XX.pyc (its hash-based cache)
