@@ -112,7 +112,9 @@ def _check_target(target: Path) -> None:
         raise IntloomError(
             "CLI_INIT_TARGET_NOT_EMPTY",
             f"{target} already contains {shown}. intloom init writes only into a new or empty "
-            "directory; choose another one, or write intloom.toml there by hand.",
+            "directory; choose another one (a new subdirectory will do), or write "
+            f'{CONFIG_NAME} there by hand, one line: workflows = ["flows/my_flow.py"] (the '
+            "paths of your Workflow files, relative to it; docs/authoring.md).",
         )
 
 

@@ -380,6 +380,26 @@ def test_init_run_again_says_the_directory_is_a_project_already(tmp_path: Path) 
         "for another.")
 
 
+def test_init_in_a_project_of_the_users_says_what_intloom_toml_to_write(tmp_path: Path) -> None:
+    """intloom init in an existing Python project (pyproject.toml) is refused, as designed,
+    and said "or write intloom.toml there by hand" without a word of what goes in it."""
+    from intloom.project import load_config
+
+    root = tmp_path / "app"
+    root.mkdir()
+    (root / "pyproject.toml").write_text('[project]\nname = "app"\n')
+    with pytest.raises(IntloomError) as refused:
+        scaffold(root)
+    assert refused.value.code == "CLI_INIT_TARGET_NOT_EMPTY"
+    message = refused.value.message
+    assert message.startswith(f"{root} already contains pyproject.toml. "), message
+    assert list(root.iterdir()) == [root / "pyproject.toml"]
+    # The line it gives is one load_config takes as it is.
+    line = message.split("intloom.toml there by hand, one line: ")[1].split(" (")[0]
+    (root / "intloom.toml").write_text(line + "\n")
+    assert load_config(root).workflows == ("flows/my_flow.py",)
+
+
 def test_the_scaffolded_gitignore_keeps_host_state_and_bytecode_out_of_git(
         tmp_path: Path) -> None:
     """The host writes workflows/__pycache__/example.cpython-3XX.pyc (its hash-based cache)
