@@ -193,11 +193,15 @@ def scaffold(target: Path) -> Path:
             # A directory init made itself refuses: the umask gave it no write permission,
             # and a chmod of it (gone once taken back) is no fix.
             refused = _umask_refusal(current.parent) or refused
+        wrote = bool(made)
         left = _take_back(made)
         fact = f": {refused[0]}" if refused else ""
         fix = refused[1] if refused else "Check the directory's permissions and free space"
-        kept = (f"; what it wrote could not all be removed ({', '.join(map(str, left))}): "
-                "remove it" if left else "; what it had written is removed")
+        if left:
+            kept = (f"; what it wrote could not all be removed ({', '.join(map(str, left))}): "
+                    "remove it")
+        else:
+            kept = "; what it had written is removed" if wrote else "; nothing was written"
         raise IntloomError(
             "CLI_INIT_FAILED",
             f"Could not write {current} ({exc.strerror}){fact}{kept}. {fix}, then run "

@@ -456,6 +456,22 @@ def test_init_that_fails_midway_takes_back_what_it_wrote(tmp_path: Path) -> None
     assert scaffold(target) == target  # the retry its message advises
 
 
+def test_init_in_a_read_only_directory_says_nothing_was_written(tmp_path: Path) -> None:
+    """Refused its first write, init said "what it had written is removed" when it had
+    written nothing."""
+    target = tmp_path / "ro"
+    target.mkdir()
+    target.chmod(0o555)
+    code, message = _as_a_user(
+        "import sys\nfrom intloom.scaffold import scaffold\nscaffold(sys.argv[1])\n",
+        str(target))
+    assert code == "CLI_INIT_FAILED"
+    assert (f"Could not write {target / 'intloom.toml'} (Permission denied): {target} is not "
+            "writable by you (mode 0555); nothing was written. Run chmod u+wx") in message, message
+    assert "removed" not in message, message
+    assert list(target.iterdir()) == []
+
+
 def test_a_project_whose_config_is_gone_is_named_with_the_way_back(tmp_path: Path) -> None:
     """intloom.toml removed (or renamed) beside a project's .intloom/, a host perhaps still
     serving it: every command, stop included, said "No intloom.toml ... Run intloom init to
