@@ -1,5 +1,5 @@
 """``intloom init``: write a new project into a new or empty directory (version-control
-metadata aside), and nothing else.
+metadata and virtualenvs aside), and nothing else.
 
 The files come from ``intloom/templates/`` (package data). Each is created exclusively, so
 a file that appears concurrently is never overwritten.
@@ -90,7 +90,8 @@ def _check_target(target: Path) -> None:
             f"{target} is a file, not a directory. Pass a new or empty directory to intloom init.",
         )
     try:
-        entries = sorted(set(os.listdir(target)) - _VCS_METADATA)
+        entries = sorted(name for name in set(os.listdir(target)) - _VCS_METADATA
+                         if not _is_virtualenv(target / name))
     except OSError as exc:
         raise IntloomError(
             "CLI_INIT_TARGET_INVALID",
@@ -116,6 +117,13 @@ def _check_target(target: Path) -> None:
             f'{CONFIG_NAME} there by hand, one line: workflows = ["flows/my_flow.py"] (the '
             "paths of your Workflow files, relative to it; docs/authoring.md).",
         )
+
+
+def _is_virtualenv(path: Path) -> bool:
+    """A virtualenv (``python -m venv .venv``, made to install intloom in before init),
+    marked as the Workflow identity marks one (``pyvenv.cfg``): no file of the user's, and
+    init writes nothing into it."""
+    return not os.path.islink(path) and os.path.isfile(path / "pyvenv.cfg")
 
 
 def _check_outside_sources(target: Path) -> None:

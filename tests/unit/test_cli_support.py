@@ -367,6 +367,22 @@ def test_init_takes_a_directory_that_holds_only_a_fresh_repository(tmp_path: Pat
     assert f"{kept} already contains README.md." in refused.value.message
 
 
+def test_init_takes_a_directory_that_holds_only_a_virtualenv(tmp_path: Path) -> None:
+    """python -m venv .venv, pip install intloom, intloom init: refused, "already contains
+    .venv". A virtualenv holds no file of the user's (the identity skips it, too)."""
+    root = tmp_path / "p"
+    (root / ".venv").mkdir(parents=True)
+    (root / ".venv" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    assert scaffold(root) == root.resolve()
+    assert (root / "intloom.toml").is_file()
+    # A directory of the user's that is no virtualenv is still refused.
+    other = tmp_path / "other"
+    (other / "env").mkdir(parents=True)
+    with pytest.raises(IntloomError) as refused:
+        scaffold(other)
+    assert f"{other} already contains env." in refused.value.message
+
+
 def test_init_run_again_says_the_directory_is_a_project_already(tmp_path: Path) -> None:
     """intloom init a second time said "already contains .gitignore, intloom.toml, workflows
     ... choose another one, or write intloom.toml there by hand": it has one."""
