@@ -102,6 +102,9 @@ def test_only_the_invoked_command_is_built(argv: list[str], name: str | None) ->
         # Path("") is "." : the working directory was taken for the project.
         (["--project", "", "status"], "--project is given an empty path"),
         (["stop", "--project="], "--project is given an empty path"),
+        # The same for init's DIR: `intloom init "$DIR"` with DIR unset scaffolded the
+        # working directory (refused here only because it is not empty).
+        (["init", ""], "intloom init is given an empty path"),
     ],
 )
 def test_bad_option_values_are_usage_errors(

@@ -18,9 +18,12 @@ __all__ = ["init"]
 @command
 def init(
     state: CliState,
-    directory: Annotated[
-        Path | None,
+    path: Annotated[
+        str | None,
+        # A str, not a Path: Path("") is ".", and `intloom init "$DIR"` with DIR unset
+        # scaffolded the working directory, as --project "" once chose it (app.main).
         typer.Argument(
+            metavar="DIR",
             help="A new or empty directory (default: the current one).", show_default=False
         ),
     ] = None,
@@ -28,6 +31,11 @@ def init(
     """Scaffold a project: intloom.toml, an example Workflow and a .gitignore."""
     from intloom.scaffold import SCAFFOLD, scaffold
 
+    if path == "":
+        raise UsageError("intloom init is given an empty path; pass the directory to "
+                         "scaffold (a variable that is unset or empty, say), or none for "
+                         "the working directory.")
+    directory = None if path is None else Path(path)
     if (
         directory is not None
         and state.project is not None
