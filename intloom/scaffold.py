@@ -115,7 +115,9 @@ def _check_target(target: Path) -> None:
             f"{target} already contains {shown}. intloom init writes only into a new or empty "
             "directory; choose another one (a new subdirectory will do), or write "
             f'{CONFIG_NAME} there by hand, one line: workflows = ["flows/my_flow.py"] (the '
-            "paths of your Workflow files, relative to it; docs/authoring.md).",
+            "paths of your Workflow files, relative to it; docs/authoring.md), and add "
+            "/.intloom/ to its .gitignore: the host keeps its state there, and its connection "
+            "token, which git must not take.",
         )
 
 
