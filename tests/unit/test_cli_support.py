@@ -432,12 +432,13 @@ def test_the_scaffolded_gitignore_keeps_host_state_and_bytecode_out_of_git(
     root = scaffold(tmp_path / "p")
     subprocess.run([git, "init", "-q", str(root)], check=True, timeout=30)
     asked = [".intloom/runtime/runs/x/wal/0000000001.seg",
-             "workflows/__pycache__/example.cpython-311.pyc", "workflows/example.py",
+             "workflows/__pycache__/example.cpython-311.pyc", ".venv/pyvenv.cfg",
+             "workflows/example.py",
              "intloom.toml"]
     out = subprocess.run([git, "-C", str(root), "-c", "core.excludesFile=/dev/null",
                           "check-ignore", "--no-index", *asked], capture_output=True,
                          text=True, timeout=30)
-    assert out.stdout.splitlines() == asked[:2], out.stderr
+    assert out.stdout.splitlines() == asked[:3], out.stderr
 
 
 def test_init_refuses_a_directory_inside_a_source_tree_of_the_project_around_it(
