@@ -617,8 +617,11 @@ def _register(sources: list[tuple[str, Path, dict[str, LoadedWorkflow] | ErrorVi
             continue
         # The whole source is withheld, as any source that fails (_load_entry): a half-loaded
         # file would run some of its Workflows while start reports it as failed.
-        facts = [_defined_in(name, rels) for name, rels in shared.items()]
         imported = _imported(shared, sources, entries)
+        # Imported: one Workflow object bound in several sources, not two definitions.
+        said = ({name: _bound_in(name, home, importers) for name, home, importers in imported}
+                if imported else {name: _defined_in(name, rels) for name, rels in shared.items()})
+        facts = list(said.values())
         result.problems.append((rel, IntloomError(
             "WORKFLOW_DEFINITION_INVALID",
             _imported_message(rel, imported) if imported else
@@ -627,7 +630,7 @@ def _register(sources: list[tuple[str, Path, dict[str, LoadedWorkflow] | ErrorVi
         for name in outcome:
             if name in shared:
                 which = "neither" if len(shared[name]) == 2 else "none of them"
-                result.withheld[name] = f"{_defined_in(name, shared[name])}, so {which} is loaded"
+                result.withheld[name] = f"{said[name]}, so {which} is loaded"
             else:
                 result.withheld.setdefault(
                     name, f"Workflow {name!r} is not loaded, since its source {rel} is not: "
@@ -666,12 +669,8 @@ def _imported_message(rel: str, imported: list[tuple[str, str, list[str]]]) -> s
     """The problem of ``rel`` when its Workflows are shared only because a source imports
     them: the copy advice ("keep one", "delete it") would have them delete the module
     that other source imports."""
-    facts = []
-    for name, home, importers in imported:
-        facts.append(f"Workflow {name!r} of {home} is also bound at the top level of "
-                     f"{' and '.join(importers)}, which import{'s' if len(importers) == 1 else ''} "
-                     "it, and a Workflow bound at the top level of a listed module is loaded "
-                     "from it")
+    facts = [f"{_bound_in(name, home, importers)}, and a Workflow bound at the top level of "
+             "a listed module is loaded from it" for name, home, importers in imported]
     homes = list(dict.fromkeys(home for _name, home, _others in imported))
     importers = sorted({other for _name, _home, others in imported for other in others})
     count = len(set(homes) | set(importers))
@@ -682,6 +681,12 @@ def _imported_message(rel: str, imported: list[tuple[str, str, list[str]]]) -> s
             "through it, rather than binding the Workflow itself at the top level; or take "
             f"{' and '.join(homes)} out of 'workflows' in intloom.toml; then restart the host "
             "(intloom stop, intloom start).")
+
+
+def _bound_in(name: str, home: str, importers: list[str]) -> str:
+    """The fact of a Workflow ``home`` declares that other sources import (``_imported``)."""
+    return (f"Workflow {name!r} of {home} is also bound at the top level of "
+            f"{' and '.join(importers)}, which import{'s' if len(importers) == 1 else ''} it")
 
 
 def _module_of(rel: str) -> str:

@@ -549,6 +549,13 @@ def test_a_workflow_imported_by_another_source_is_not_called_a_copy(tmp_path: Pa
         assert (f"In {listed[0]}, import the module (import {package}.b) and use its "
                 "Workflow through it") in view.message, view.message
         assert "delete it" not in view.message and "copy" not in view.message, view.message
+    # The Runs' held reason says the same: one Workflow imported, not two definitions.
+    bound = (f"Workflow 'b' of {listed[1]} is also bound at the top level of {listed[0]}, "
+             "which imports it")
+    assert result.withheld == {
+        "b": f"{bound}, so neither is loaded",
+        "a": f"Workflow 'a' is not loaded, since its source {listed[0]} is not: {bound}",
+    }
 
 
 def test_a_copy_beside_the_original_is_named_as_part_of_its_identity(tmp_path: Path) -> None:
