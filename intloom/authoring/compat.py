@@ -144,14 +144,17 @@ def version_change(lw: LoadedWorkflow, state: RunState) -> str:
     return f"; version {state.workflow_version!r} when the Run started, {lw.version!r} now"
 
 
-def failed_sources_note(failed: Sequence[str]) -> str:
+def failed_sources_note(failed: Sequence[str], *, advice: bool = True) -> str:
     """``; SOURCE failed to load ...`` for a Workflow that is not loaded while sources of
     intloom.toml failed to load: its Runs are held for that, most likely, and the fix is in
     that source -- not in putting back a source and an entry that are both still there.
-    Which Workflows a source that fails defines cannot be known, hence "may"."""
+    Which Workflows a source that fails defines cannot be known, hence "may". ``advice``
+    False: the fact alone, for a Run that has ended (no fix applies to it any more)."""
     if not failed:
         return ""
     shown = ", ".join(failed[:3]) + (f" and {len(failed) - 3} more" if len(failed) > 3 else "")
     which = "it" if len(failed) == 1 else "them"
-    return (f"; {shown} (listed in intloom.toml) failed to load and may define it (intloom "
-            f"doctor says why): fix {which}, then intloom stop and intloom start")
+    fact = f"; {shown} (listed in intloom.toml) failed to load and may define it"
+    if not advice:
+        return fact
+    return f"{fact} (intloom doctor says why): fix {which}, then intloom stop and intloom start"

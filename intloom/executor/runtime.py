@@ -129,18 +129,20 @@ class RestoredRun(msgspec.Struct, frozen=True):
 
 
 def _mismatch(state: RunState, workflows: Mapping[str, LoadedWorkflow],
-              withheld: Mapping[str, str], failed: Sequence[str] = ()) -> str | None:
-    """Why the loaded Workflows cannot continue this (readable) journal, or None."""
+              withheld: Mapping[str, str], failed: Sequence[str] = (), *,
+              advice: bool = True) -> str | None:
+    """Why the loaded Workflows cannot continue this (readable) journal, or None; without
+    what to do about it when ``advice`` is False (see ``incompatibility``)."""
     lw = workflows.get(state.workflow)
     if lw is None:
         # A Workflow two sources define is loaded from neither (LoadResult.withheld): say
         # so, rather than only that it is not loaded.
         why = withheld.get(state.workflow)
         if why is not None:
-            return (f"incompatible workflow: {why}; keep only the source the Run started "
-                    "with in intloom.toml")
+            keep = "; keep only the source the Run started with in intloom.toml"
+            return f"incompatible workflow: {why}{keep if advice else ''}"
         return (f"incompatible workflow: Workflow {state.workflow!r} is not loaded"
-                f"{failed_sources_note(failed)}")
+                f"{failed_sources_note(failed, advice=advice)}")
     if lw.identity != state.identity:
         return (
             f"incompatible identity: Workflow {state.workflow!r} changed since the Run "
@@ -164,15 +166,18 @@ def _mismatch(state: RunState, workflows: Mapping[str, LoadedWorkflow],
 
 def incompatibility(
     state: RunState | None, workflows: Mapping[str, LoadedWorkflow], package_version: str,
-    withheld: Mapping[str, str] | None = None, failed: Sequence[str] = (),
+    withheld: Mapping[str, str] | None = None, failed: Sequence[str] = (), *,
+    advice: bool = True,
 ) -> str | None:
     """Why this Run's journal cannot be restored by what is loaded now, or None.
     ``withheld``: why a Workflow some source defines is not loaded (LoadResult.withheld);
-    ``failed``: the sources of intloom.toml that failed to load (LoadResult.failed)."""
+    ``failed``: the sources of intloom.toml that failed to load (LoadResult.failed);
+    ``advice`` False: the facts without what to do, as a Run cancelled while held records
+    them (the fix to continue it no longer applies once it has ended)."""
     if state is None:
         return None
     return unreadable(state, package_version) or _mismatch(state, workflows, withheld or {},
-                                                           failed)
+                                                           failed, advice=advice)
 
 
 class _Halt(NamedTuple):
@@ -228,8 +233,11 @@ class HeldRun:
 
     def __init__(self, run_id: str, state: RunState | None, problem: str, code: str,
                  *, dismissible: bool, lost: str | None = None,
-                 snapshot: str | None = None) -> None:
+                 snapshot: str | None = None, fact: str | None = None) -> None:
         self.run_id = run_id
+        # ``problem`` without its advice to continue the Run: what a cancel records, since
+        # the Run has then ended and "fix the source and restart" no longer applies to it.
+        self.fact = fact if fact is not None else problem
         self.lost = lost  # see RestoredRun
         self.snapshot = snapshot
         self.state = state
@@ -565,7 +573,10 @@ class Runtime:
             return HeldRun(item.run_id, state, why, code, dismissible=False, lost=item.lost,
                            snapshot=item.snapshot)
         whole = unreadable(state, self.package_version) is None
-        return HeldRun(item.run_id, state, why, "JOURNAL_INCOMPATIBLE", dismissible=whole)
+        fact = incompatibility(state, self.workflows, self.package_version, self.withheld,
+                               self.failed, advice=False)
+        return HeldRun(item.run_id, state, why, "JOURNAL_INCOMPATIBLE", dismissible=whole,
+                       fact=fact)
 
     def start_restored(self) -> None:
         """Launch the Runs that resume (needs a running event loop)."""
@@ -1054,7 +1065,7 @@ class Runtime:
                 at=clock.now(), status="failed",
                 error=error_view(
                     "RUN_STOPPED",
-                    f"The Run was stopped while it was held, not restored: {held.problem}.",
+                    f"The Run was stopped while it was held, not restored: {held.fact}.",
                 ),
             )
             try:

@@ -158,7 +158,8 @@ def test_a_run_held_because_its_source_fails_to_load_names_that_source(
 ) -> None:
     """A syntax error in the Workflow's file while its Run waited: the Run was held with
     "Workflow 'example' is not loaded" and doctor's advice to "restore its source and its
-    entry in intloom.toml" -- both still there; the source that fails went unnamed."""
+    entry in intloom.toml" -- both still there; the source that fails went unnamed. Once
+    cancelled, its lastError kept the advice to fix the source and restart."""
     run_id, action = started_waiting(project)
     ok(project.cli("stop", "--json"))
     source = project.root / "workflows" / "example.py"
@@ -173,6 +174,10 @@ def test_a_run_held_because_its_source_fails_to_load_names_that_source(
     problem = preview["problem"]
     assert "workflows/example.py (listed in intloom.toml) failed to load" in problem, problem
     assert "restore its source and its entry" not in problem, problem
+    # Cancelled, it has ended: its record keeps the fact, not the advice to continue it.
+    cancelled = ok(project.cli("cancel", run_id, "--json"))["run"]["lastError"]["message"]
+    assert "workflows/example.py (listed in intloom.toml) failed to load" in cancelled
+    assert "intloom start" not in cancelled and "fix it" not in cancelled, cancelled
     ok(project.cli("stop", "--json"))
 
 
