@@ -281,6 +281,11 @@ class RunSlot:
         self._packing = False
         self._events: list[_Event] = []
         self._events_published = 0
+        # Events the history got beside those counted in _events_published: a publish's
+        # own event, and (restored Runs) one per earlier record in the journal. With it,
+        # how many a follower is not shown is a subtraction (``attach``), not a count kept
+        # on every publish.
+        self._events_beside = 0
         # Woken only when a publish leaves the Run waiting or ended: a client waiting for
         # that is not woken by every record of a busy Run (3 per Step).
         self._stable_waiters: list[asyncio.Future[None]] = []
@@ -413,6 +418,7 @@ class RunSlot:
             events = self._advance(upto)
             if event is not None:
                 events.append(_Event(event, detail, None))  # where the shown state is
+                self._events_beside += 1
             # Views are built only for whoever reads one now (a follower, the log, a
             # waiter): a busy Run nobody follows publishes once per Step.
             shown, subscribers, observer = self.shown, self._subscribers, self.observer
@@ -545,6 +551,8 @@ class RunSlot:
         with self.lock:
             if self.restored_seq is None:  # another follower seeded it meanwhile
                 return
+            # One event per record after the header (_earlier_entries), shown or not.
+            self._events_beside += max(0, self.restored_seq - 1)
             self.restored_seq = None
             held = self.entries_locked()
             room = (self.history.maxlen or 0) - len(held)
@@ -600,13 +608,20 @@ class RunSlot:
         with self.lock:  # no publish between the history read and the subscription
             self._subscribers.add(sink)
             entries = self.entries_locked()
-        return [
+            published = self._events_published + self._events_beside
+        updates = [
             RunUpdate(event=ev.name, run=_at(view, ev.cursor), detail=_detail(ev.name, ev.info),
                       history=True)
             for entry in entries
             for view in (shown(entry),)
             for ev in entry.events
         ]
+        # The history is bounded (_HISTORY, an ended Run's keep_history): say on its first
+        # entry how much came before it, so that a follower does not take it for the start.
+        omitted = published - len(updates)
+        if omitted > 0 and updates:
+            updates[0] = msgspec.structs.replace(updates[0], omitted=omitted)
+        return updates
 
     def detach(self, sink: Callable[[list[RunUpdate]], None]) -> None:
         with self.lock:

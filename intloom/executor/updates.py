@@ -22,3 +22,7 @@ class RunUpdate(msgspec.Struct, frozen=True, gc=False):
     run: RunView
     detail: Any = None
     history: bool = False
+    # On the first entry of a history that does not start at the Run's start: how many
+    # earlier events are no longer held (a host keeps a Run's last entries; its journal
+    # keeps every record, for ``inspect``).
+    omitted: int = 0

@@ -203,7 +203,7 @@ class _Events:
                      and (i + 1 == len(updates) or updates[i + 1].run.status not in _TERMINAL))
             events.append(RunEvent(
                 run=update.run, event=update.event, detail=update.detail,
-                history=update.history, final=final,
+                history=update.history, final=final, omitted=update.omitted,
                 caught_up=self.first and (final or i + 1 == len(updates)),
             ))
             if final:

@@ -318,6 +318,10 @@ class RunEvent(_Msg, tag="run_event", frozen=True):
     # been sent (an earlier host's, then ``restored``, for a restored Run). Added in
     # 2026-12; a host before it never sets it.
     caught_up: bool = False
+    # On the first event of a history that does not start at the Run's start: how many of
+    # the Run's earlier events the host no longer holds, so were not sent (intloom inspect
+    # reads them all from the journal). Added in 2026-12; 0 from a host before it.
+    omitted: int = 0
 
 
 class ErrorReply(_Msg, tag="error", frozen=True):

@@ -467,6 +467,7 @@ def test_a_restored_runs_history_includes_what_the_earlier_host_did(
         follower.close()
     assert [(e.event, e.run.cursor.step, e.run.status) for e in history[:-1]] == before
     assert history[0].event == "stage_pending"
+    assert [e.omitted for e in history] == [0] * len(history)  # the whole of it: no marker
     effect = next(e for e in history if e.event == "effect_done")
     assert effect.run.cursor.step == "write" and effect.detail == {
         "name": "compose", "key": "compose#1"}

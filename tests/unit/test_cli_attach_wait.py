@@ -220,3 +220,22 @@ def test_attach_says_when_its_event_stream_ended_before_the_runs_last_event(
         return
     assert "The event stream of Run RUN-1 ended before its last event" in err, err
     assert "intloom attach RUN-1" in err and "follower_too_slow" in err, err
+
+
+def test_a_history_that_does_not_start_at_the_runs_start_says_so_first(
+        tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """An ended Run keeps its last history entries: attach printed the first one kept as if
+    it were the Run's start. The host's ``omitted`` count comes first, as a line of its own."""
+    from intloom.cli.commands.attach import _Follower
+    from intloom.cli.render import Renderer
+    from intloom.protocol.messages import RunEvent
+
+    running, _ = _views()
+    follower = _Follower(tmp_path, "RUN-1", Renderer(), None)
+    follower._show(RunEvent(run=running, event="executing", history=True, omitted=1234))
+    follower._show(RunEvent(run=running, event="step_result", history=True))
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3, lines
+    assert lines[0] == ("... 1,234 earlier events not shown: the host keeps only a Run's "
+                        "recent history; intloom inspect RUN-1 shows its whole journal.")
+    assert "executing" in lines[1] and "step_result" in lines[2], lines

@@ -1482,7 +1482,8 @@ def test_a_live_follower_sees_every_event_the_history_keeps(
 
 def test_an_ended_run_keeps_the_end_of_its_history() -> None:
     """A host lists up to 1,000 ended Runs: each keeps its last ENDED_HISTORY entries, and a
-    late follower gets exactly the end of what a live one saw."""
+    late follower gets exactly the end of what a live one saw, marked as such (``omitted``:
+    it showed the later events as if they were the start)."""
     from intloom.executor.runtime import ENDED_HISTORY
 
     wf = intloom.Workflow("long", version="1")
@@ -1507,10 +1508,13 @@ def test_an_ended_run_keeps_the_end_of_its_history() -> None:
         assert (await rt.wait_stable(view.run_id)).status == "completed"
         await asyncio.wait_for(follower, 10)
         assert rt.runs[view.run_id].history_size() == ENDED_HISTORY
-        replay = [(u.event, u.run.status)
-                  for batch in [b async for b in rt.subscribe(view.run_id)] for u in batch]
+        updates = [u for batch in [b async for b in rt.subscribe(view.run_id)] for u in batch]
+        replay = [(u.event, u.run.status) for u in updates]
         assert len(live) > len(replay) > ENDED_HISTORY
         assert replay == live[-len(replay):]
+        # The first entry says how much came before it: the history does not read as whole.
+        assert [u.omitted for u in updates] == [len(live) - len(replay)] + [0] * (
+            len(replay) - 1)
 
     run(main)
 

@@ -71,6 +71,16 @@ def event_line(event: RunEvent) -> str:
     return line.rstrip()
 
 
+def omitted_line(event: RunEvent, run_id: str) -> str | None:
+    """The line that goes before a history that does not start at the Run's start (the host
+    keeps a Run's last entries): without it the first event shown read as the first."""
+    count = event.omitted
+    if count <= 0:
+        return None
+    return (f"... {count:,} earlier event{'' if count == 1 else 's'} not shown: the host keeps "
+            f"only a Run's recent history; intloom inspect {run_id} shows its whole journal.")
+
+
 def _key(view: RunView) -> tuple[object, ...]:
     action = view.pending_action.id if view.pending_action else None
     call = view.pending_agent_call.id if view.pending_agent_call else None
@@ -136,14 +146,16 @@ class _Follower(threading.Thread):
         self.broken = False  # the stream ended on an error, not on its final event or close()
 
     def _show(self, event: RunEvent) -> None:
+        before = omitted_line(event, self._run_id)
+        lines = [event_line(event)] if before is None else [before, event_line(event)]
         with self._printing:
             if self._closed:
                 return
             if self._term is None:
-                self._renderer.lines([event_line(event)])
+                self._renderer.lines(lines)
                 return
             with self._term.output():
-                self._renderer.lines([event_line(event)])
+                self._renderer.lines(lines)
 
     def run(self) -> None:
         from intloom.client.client import Client
