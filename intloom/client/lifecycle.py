@@ -649,10 +649,10 @@ def _run_foreground(root: Path, *, port: int | None, strict: bool, progress: Pro
         raise IntloomError("CLI_SERVICE_UNAVAILABLE", "The service exited during initialization.")
     if host.release_problems:
         # Its log was closed before it tried (DESIGN §3): this command is what says it.
+        fix = host.release_moved or ("It stays until removed: fix that, then run intloom "
+                                     "recover (intloom doctor shows it).")
         raise IntloomError(
-            "STORAGE_ERROR",
-            f"The host stopped, but {'; '.join(host.release_problems)}. It stays until "
-            "removed: fix that, then run intloom recover (intloom doctor shows it).",
+            "STORAGE_ERROR", f"The host stopped, but {'; '.join(host.release_problems)}. {fix}",
         )
     if code != 0:
         raise IntloomError(

@@ -186,6 +186,8 @@ class Host:
         # Why the stop kept service.json or service.lock (Ownership.release), for a
         # foreground host's command to say: the log is closed by then.
         self.release_problems: list[str] = []
+        # What to do about them when the project directory was moved (Ownership.moved_fix).
+        self.release_moved: str | None = None
         # A foreground host's command: called with the exit code right before ``os._exit``
         # ends the process (a forced stop, or a thread stuck in user code), so that it can
         # still say what the stop did.
@@ -743,12 +745,14 @@ class Host:
             # ``intloom stop`` reads this line back to say why they stay.
             kept = self.ownership.foreseen()
             if kept:
-                log.warning("service_files_kept", problems=kept,
-                            fix="Fix that, then run intloom recover to remove them.")
+                fix = (self.ownership.moved_fix()
+                       or "Fix that, then run intloom recover to remove them.")
+                log.warning("service_files_kept", problems=kept, fix=fix)
             if failed is not None:
                 log.error("service_start_failed", code=failed.code, message=failed.message)
             else:
                 log.info("service_stopped")
             log.close()
+        self.release_moved = self.ownership.moved_fix()  # before release closes the lock
         problems = self.release_problems = self.ownership.release()
         return 1 if problems or (log is not None and log.failed) else 0

@@ -9,6 +9,7 @@ names this instance: a replacement's files are never ours to delete.
 from __future__ import annotations
 
 import base64
+import contextlib
 import errno
 import fcntl
 import os
@@ -83,6 +84,20 @@ def _kept(path: Path, refused: UnlinkRefusal) -> str:
     return f"{path.name} cannot be removed: {refused.fact}"
 
 
+def _identity(st: os.stat_result) -> tuple[int, int]:
+    return st.st_dev, st.st_ino
+
+
+def _path_of(fd: int) -> str | None:
+    """Where the file open on ``fd`` is now (Linux ``/proc``), or None when that cannot be
+    told (another OS; the file was removed)."""
+    try:
+        now = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return None
+    return None if now.endswith(" (deleted)") or not now.startswith("/") else now
+
+
 class Ownership:
     """The service files of one host instance, from taking the lock to releasing it."""
 
@@ -93,7 +108,14 @@ class Ownership:
         self.identity = identity
         self.started_at = started_at
         self._lock_fd: int | None = None
+        # .intloom/ itself, open: where it is now when the project directory was moved
+        # (``elsewhere``); the lock's own descriptor cannot tell (it was made under a temp
+        # name and linked into place, so /proc names that removed name).
+        self._state_fd: int | None = None
         self._wrote_service = False
+        # The (device, inode) of the service.json this host wrote: at release, a file at
+        # that path is removed only if it is that very file (see ``elsewhere``).
+        self._service_id: tuple[int, int] | None = None
 
     # ----- startup ------------------------------------------------------------------------
 
@@ -109,6 +131,8 @@ class Ownership:
                 f"{self.paths.state} could not be created ({exc.strerror or exc}); nothing was "
                 f"written. {storage_fix(exc, self.paths.state)}",
             ) from None
+        with contextlib.suppress(OSError):  # only ever used to say where the files went
+            self._state_fd = os.open(self.paths.state, os.O_RDONLY | os.O_DIRECTORY)
         record = ServiceLock(
             version=METADATA_VERSION,
             pid=self.identity.pid,
@@ -154,7 +178,11 @@ class Ownership:
         # Set first: a write that failed after its rename still left our file, and release
         # removes it only while it names this instance.
         self._wrote_service = True
-        write_service(self.paths.service_json, info)
+        try:
+            write_service(self.paths.service_json, info)
+        finally:
+            with contextlib.suppress(OSError):  # unknown: release then keeps the file
+                self._service_id = _identity(os.lstat(self.paths.service_json))
 
     # ----- release ------------------------------------------------------------------------
 
@@ -165,6 +193,58 @@ class Ownership:
             and value.pid == self.identity.pid
         )
 
+    def _mine(self, path: Path, ours: tuple[int, int] | None) -> bool:
+        """Whether ``path`` is still the very file this host created (device and inode): a
+        copy of the project put where it was moved from, or a file put back by hand, may
+        name this instance and still not be its own."""
+        try:
+            return ours is not None and _identity(os.lstat(path)) == ours
+        except OSError:
+            return False
+
+    def _moved_to(self) -> Path | None:
+        """Where this host's .intloom/ is now, when the path no longer leads to it: the
+        project directory was moved or renamed while the host ran (a ``.intloom/`` moved
+        alone stops the host at once: ``Host._moved_away``). None when it is where it was,
+        or when that cannot be told; then each file is judged on its own (``release``)."""
+        fd = self._state_fd
+        if fd is None:
+            return None
+        try:
+            ours = _identity(os.fstat(fd))
+            if _identity(os.lstat(self.paths.state)) == ours:
+                return None
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return None
+        now = _path_of(fd)
+        return None if now is None or Path(now) == self.paths.state else Path(now)
+
+    def elsewhere(self) -> str | None:
+        """Why no service file is removed by its path, when the project directory was moved
+        while the host ran (``_moved_to``), with where the files are now; else None.
+        ``moved_fix`` says what to do."""
+        state = self._moved_to()
+        if state is None:
+            return None
+        old = self.paths.state
+        at = "does not exist" if not os.path.lexists(old) else "is another directory"
+        return (f"the project directory was moved while this host ran: its .intloom/ is now "
+                f"{state} and {old} {at}, so no service file was removed by the old path; "
+                f"this host's service.json and service.lock stay in {state}")
+
+    def moved_fix(self) -> str | None:
+        """What to do about the files kept when the project directory was moved while the
+        host ran (``elsewhere``); None when it was not (intloom recover then applies)."""
+        state = self._moved_to()
+        if state is None:
+            return None
+        return (f"Once this host has exited, set its files aside in {state} (mv service.json "
+                "service.json.moved, the same for service.lock and connection.json), then run "
+                f"intloom start in {state.parent} (docs/recovery.md, After moving a project "
+                "directory).")
+
     def foreseen(self) -> list[str]:
         """Why ``release`` will keep a file of ours, as far as can be told before trying it:
         unreadable, or refused an unlink (``fsutil.unlink_refusal``: a read-only
@@ -172,6 +252,9 @@ class Ownership:
         cannot write or may not remove another's file from). Asked while the host's log is
         still open, so the log says why those files stay: release runs after the log is
         closed (DESIGN §3), and a launched host's stderr goes nowhere."""
+        moved = self.elsewhere()
+        if moved is not None:
+            return [moved]
         problems: list[str] = []
         checks = ((self.paths.service_json, self._wrote_service,
                    lambda: read_service(self.paths.service_json, self.paths.root)),
@@ -198,10 +281,12 @@ class Ownership:
         Every step is attempted; the problems are returned, never raised: the log is closed
         by now (``foreseen`` told it what could be told before), so the caller says them.
         """
-        problems: list[str] = []
-        if self._wrote_service:
+        moved = self.elsewhere()
+        problems: list[str] = [] if moved is None else [moved]
+        if self._wrote_service and moved is None:
             try:
-                if self._ours(read_service(self.paths.service_json, self.paths.root)):
+                if (self._ours(read_service(self.paths.service_json, self.paths.root))
+                        and self._mine(self.paths.service_json, self._service_id)):
                     os.unlink(self.paths.service_json)
             except FileNotFoundError:
                 pass
@@ -211,7 +296,9 @@ class Ownership:
                 problems.append(_not_removed(self.paths.service_json, exc))
         if self._lock_fd is not None:
             try:
-                if self._ours(read_lock(self.paths.service_lock)):
+                if (moved is None and self._ours(read_lock(self.paths.service_lock))
+                        and self._mine(self.paths.service_lock,
+                                       _identity(os.fstat(self._lock_fd)))):
                     os.unlink(self.paths.service_lock)
             except FileNotFoundError:
                 pass
@@ -221,5 +308,8 @@ class Ownership:
                 problems.append(_not_removed(self.paths.service_lock, exc))
             fd, self._lock_fd = self._lock_fd, None
             # Closing drops the OS lock; only now may a probe see the lock free.
+            os.close(fd)
+        if self._state_fd is not None:
+            fd, self._state_fd = self._state_fd, None
             os.close(fd)
         return problems

@@ -8,6 +8,7 @@ project never serves beside it."""
 from __future__ import annotations
 
 import json
+import signal
 
 import pytest
 
@@ -93,3 +94,29 @@ def test_a_foreground_host_whose_state_directory_is_moved_says_so_as_an_error(
     assert "put the moved .intloom/ back, then run intloom recover" in error["message"], error
     assert "intloom host:" not in err, err
     assert not project.state.exists()
+
+
+def test_a_foreground_host_whose_project_moved_says_which_files_it_kept(
+        project: Project) -> None:
+    """The project directory renamed under a running host, then Ctrl-C: the stop removed its
+    files by the old path, where there were none, and said nothing -- exit 0, no log line,
+    its service.json and service.lock left in the moved directory without a word."""
+    with foreground_host(project, "--json") as proc:
+        moved = project.root.parent / "moved"
+        project.root.rename(moved)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    state = moved / ".intloom"
+    assert proc.returncode == 1, (out, err)
+    # (Which stream the error document takes after the start's own is not this test's.)
+    [line] = [x for x in (out + err).splitlines() if x.startswith('{"error":')]
+    error = json.loads(line)["error"]
+    fact = (f"the project directory was moved while this host ran: its .intloom/ is now "
+            f"{state} and {project.state} does not exist, so no service file was removed by "
+            "the old path")
+    assert error["code"] == "STORAGE_ERROR" and fact in error["message"], error
+    assert f"set its files aside in {state}" in error["message"], error
+    [log] = (state / "logs").glob("LOG-*.jsonl")
+    [kept] = [json.loads(x) for x in log.read_text().splitlines() if "service_files_kept" in x]
+    assert fact in kept["problems"][0] and f"intloom start in {moved}" in kept["fix"], kept
+    assert (state / "service.json").is_file() and (state / "service.lock").is_file()

@@ -1,0 +1,68 @@
+"""What a host removes at its stop: only the very files it created, and it says when the
+project directory moved under it. Real files, the host's own ``Ownership``, no host."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from pathlib import Path
+
+from intloom.host.logfile import utc_now
+from intloom.host.metadata import METADATA_VERSION, ServiceInfo, current_identity
+from intloom.host.ownership import Ownership
+from intloom.project import ProjectPaths
+
+
+def _owning(root: Path) -> Ownership:
+    root.mkdir()
+    identity = current_identity()
+    owner = Ownership(ProjectPaths(root), str(uuid.uuid4()), identity, utc_now())
+    owner.take_lock()
+    owner.publish_service(ServiceInfo(
+        version=METADATA_VERSION, project_root=str(root), pid=identity.pid,
+        create_time=identity.create_time, instance_id=owner.instance_id, port=1,
+        started_at=owner.started_at, package_version="0", protocol_version=1))
+    return owner
+
+
+def test_a_host_whose_project_moved_removes_nothing_by_the_old_path_and_says_so(
+        tmp_path: Path) -> None:
+    """``mv proj proj.moved`` under a running host, then a copy put back at ``proj`` (``cp -a``:
+    its service files name this very host). The stop read the copies by the old path, found
+    its instance id in them and removed them -- files not its own -- and said nothing of the
+    move: its own files, in the moved directory, stayed behind without a word."""
+    root, moved = tmp_path / "proj", tmp_path / "proj.moved"
+    owner = _owning(root)
+    assert owner.elsewhere() is None and owner.foreseen() == []
+    root.rename(moved)
+    shutil.copytree(moved, root)
+    copies = {name: (root / ".intloom" / name).read_bytes()
+              for name in ("service.json", "service.lock")}
+
+    [fact] = owner.foreseen()  # said while the log is open
+    assert fact == (f"the project directory was moved while this host ran: its .intloom/ is "
+                    f"now {moved}/.intloom and {root}/.intloom is another directory, so no "
+                    "service file was removed by the old path; this host's service.json and "
+                    f"service.lock stay in {moved}/.intloom")
+    fix = owner.moved_fix()
+    assert fix is not None and f"set its files aside in {moved}/.intloom" in fix, fix
+    assert f"intloom start in {moved}" in fix, fix
+
+    assert owner.release() == [fact]
+    for name, data in copies.items():  # the copies are not its files: kept as they are
+        assert (root / ".intloom" / name).read_bytes() == data
+        assert (moved / ".intloom" / name).is_file()  # its own: kept, and named above
+
+
+def test_a_host_removes_only_the_very_files_it_created(tmp_path: Path) -> None:
+    """Not moved, it removes its own files; a service.json put back by hand in place of its
+    own (naming this very host) is not its own, and stays."""
+    root = tmp_path / "proj"
+    owner = _owning(root)
+    assert owner.moved_fix() is None and owner.elsewhere() is None
+    service = root / ".intloom" / "service.json"
+    shutil.copy2(service, tmp_path / "copy.json")
+    (tmp_path / "copy.json").replace(service)
+    assert owner.release() == []
+    assert service.is_file()
+    assert not (root / ".intloom" / "service.lock").exists()
