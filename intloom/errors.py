@@ -173,12 +173,19 @@ class IntloomError(Exception):
     """
 
     def __init__(
-        self, code: str, message: str | None = None, *, retryable: bool | None = None
+        self, code: str, message: str | None = None, *, retryable: bool | None = None,
+        here: str | None = None,
     ) -> None:
         default_message, default_retryable = CATALOGUE.get(code, ("The operation failed.", False))
         self.code = code
         self.message = message if message is not None else default_message
         self.retryable = default_retryable if retryable is None else retryable
+        # The message as intloom doctor says it, when the message advises running intloom
+        # doctor (in doctor's own output that sends its reader back to it): the same facts
+        # and fix, built from the same parts -- never the message edited, which would also
+        # change a path or a quoted value that happened to hold the words. Stays in the
+        # process: an ErrorView carries the message only.
+        self.here = here if here is not None else self.message
         super().__init__(self.message)
 
     def view(self) -> ErrorView:
@@ -186,10 +193,13 @@ class IntloomError(Exception):
         return ErrorView(code=self.code, message=self.message, retryable=self.retryable)
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (self.code, self.message), {"retryable": self.retryable})
+        return (type(self), (self.code, self.message),
+                {"retryable": self.retryable, "here": self.here})
 
     def __setstate__(self, state: dict[str, object] | None) -> None:
         self.retryable = bool((state or {}).get("retryable", False))
+        here = (state or {}).get("here")
+        self.here = here if isinstance(here, str) else self.message
 
     def __repr__(self) -> str:
         return f"IntloomError({self.code!r}, {self.message!r})"

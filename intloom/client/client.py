@@ -87,8 +87,11 @@ _R = TypeVar("_R")
 _CLOSED_HERE: Final = "it was closed (Client.close, or the end of its with block)"
 
 
-def _metadata_invalid(message: str) -> IntloomError:
-    return IntloomError("CLI_SERVICE_METADATA_INVALID", message)
+def _metadata_invalid(fact: str) -> IntloomError:
+    """CLI_SERVICE_METADATA_INVALID: ``fact`` (its sentences, each ending in a period), and
+    to run intloom doctor (which says ``fact`` alone: ``IntloomError.here``)."""
+    return IntloomError("CLI_SERVICE_METADATA_INVALID", f"{fact} Run intloom doctor.",
+                        here=fact)
 
 
 class ServiceStarting(IntloomError):
@@ -102,8 +105,8 @@ class HelloFailed(IntloomError):
     hello did not complete. ``cause`` is what happened (the listener closed, sent what is
     not a host's frame); None when no answer came in time."""
 
-    def __init__(self, message: str, cause: str | None) -> None:
-        super().__init__("CLI_SERVICE_UNAVAILABLE", message)
+    def __init__(self, message: str, cause: str | None, here: str | None = None) -> None:
+        super().__init__("CLI_SERVICE_UNAVAILABLE", message, here=here)
         self.cause = cause
 
 
@@ -449,10 +452,10 @@ class Client:
         if info is None:
             raise _offline(paths, None)
         if info.port != conn.port:
-            raise _metadata_invalid(
-                f"{paths.service_json} names port {info.port} but {paths.connection_json} names "
-                f"{conn.port}. Nothing was sent; run intloom doctor."
-            )
+            fact = (f"{paths.service_json} names port {info.port} but {paths.connection_json} "
+                    f"names {conn.port}. Nothing was sent")
+            raise IntloomError("CLI_SERVICE_METADATA_INVALID", f"{fact}; run intloom doctor.",
+                               here=f"{fact}.")
         gone = _host_gone(info.pid, info.create_time, paths.service_lock)
         if gone is not None:
             # The host died without cleaning up (a crash): whatever listens on its port now
@@ -481,12 +484,14 @@ class Client:
             reply = decode_response(recv_frame(sock, patience=timeout))
         except (OSError, FrameClosed, FrameError) as exc:
             sock.close()
+            fact = (f"The service at 127.0.0.1:{conn.port} did not complete the hello "
+                    f"({exc}): whatever listens there accepted the connection but did not "
+                    "answer as this project's host (a hung, paused or busy host, or another "
+                    "program on the port).")
             raise HelloFailed(
-                f"The service at 127.0.0.1:{conn.port} did not complete the hello ({exc}): "
-                "whatever listens there accepted the connection but did not answer as this "
-                "project's host (a hung, paused or busy host, or another program on the "
-                "port). Run intloom doctor to see which process owns the project.",
+                f"{fact} Run intloom doctor to see which process owns the project.",
                 None if isinstance(exc, TimeoutError) else str(exc),
+                here=f"{fact} The checks below say which process owns the project.",
             ) from None
         except BaseException:
             sock.close()
@@ -509,7 +514,7 @@ class Client:
             raise _metadata_invalid(
                 "The listening service does not match the saved project identity "
                 f"(it is instance {reply.instance_id}, pid {reply.pid}; service.json names "
-                f"{info.instance_id}, pid {info.pid}). Run intloom doctor."
+                f"{info.instance_id}, pid {info.pid})."
             )
         return cls(sock, reply, info, root, request_timeout=request_timeout,
                    connect_timeout=timeout)

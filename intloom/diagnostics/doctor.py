@@ -362,22 +362,8 @@ def _file_problem(read: Callable[[], object]) -> str | None:
     try:
         read()
     except IntloomError as exc:
-        return _here(exc.message)
+        return exc.here
     return None
-
-
-def _here(message: str) -> str:
-    """``message`` without its advice to run intloom doctor: said to the user of another
-    command, in doctor's own output it would send them back here. Every form the messages
-    doctor passes on use: "; run intloom doctor." and the sentence "Run intloom doctor."
-    after a fact (a host that is not the instance service.json names), "(intloom doctor)"
-    as where to find out whether a host runs (a copied project's connection.json: the owner
-    checks say it), and the pointer to which process owns the project."""
-    return (message.replace("; run intloom doctor.", ".")
-            .replace(". Run intloom doctor.", ".")
-            .replace(" (intloom doctor)", "")
-            .replace("Run intloom doctor to see which process owns the project.",
-                     "The checks below say which process owns the project."))
 
 
 class _Context(msgspec.Struct, frozen=True):
@@ -591,7 +577,7 @@ def _connection_check(root: Path, has_owners: bool, running: bool = False,
     try:
         conn: Connection | None = read_connection(paths.connection_json, root)
     except IntloomError as exc:
-        return Check("connection", "attention", _here(exc.message), KEEP_IT)
+        return Check("connection", "attention", exc.here, KEEP_IT)
     if conn is None and has_owners:
         return Check(
             "connection", "attention",
@@ -727,11 +713,6 @@ def _temp_named(temp: TempFile) -> str:
             f"byte{'' if temp.size == 1 else 's'})")
 
 
-def _asked(problem: str) -> str:
-    """The probe's problem, without its advice to run intloom doctor (this is doctor)."""
-    return _here(problem).removesuffix(" Run intloom doctor.")
-
-
 def _ports_differ(paths: ProjectPaths) -> str | None:
     """"service.json names port X and connection.json port Y", when both are valid and
     differ (status reports it as the problem); else None."""
@@ -762,12 +743,13 @@ def run_doctor(root: Path) -> DoctorReport:
     insp: Inspection | None = None
     try:
         insp = inspect(root, probe=True)
-        diagnosis = insp.diagnosis
+        diagnosis, said = insp.diagnosis, insp.here
         port_taken, port_holder = insp.port_taken, insp.port_holder
     except IntloomError as exc:
         # One invalid file must not hide the owner of the other: a live host may hold it.
         diagnosis = Diagnosis(project_root=str(root), status="blocked", message=exc.message,
                               owners=judge_readable_owners(root))
+        said = exc.here
     running = diagnosis.status == "running"
     by_resource = {owner.resource: owner for owner in diagnosis.owners}
     lock_problem = _file_problem(
@@ -790,7 +772,7 @@ def run_doctor(root: Path) -> DoctorReport:
     ports_differ = (None if running or service_problem or connection_problem
                     else _ports_differ(paths))
     # A problem the probe brought back from a host that answered its hello.
-    refused = (_asked(insp.problem) if insp is not None and insp.answered
+    refused = (insp.here if insp is not None and insp.answered
                and insp.problem is not None else None)
 
     def context(other: str, other_problem: str | None) -> _Context:
@@ -833,7 +815,7 @@ def run_doctor(root: Path) -> DoctorReport:
         schema_version=SCHEMA_VERSION,
         project_root=diagnosis.project_root,
         status=diagnosis.status,
-        message=_here(diagnosis.message),
+        message=said,
         owners=diagnosis.owners,
         start_problem=start_problem(root) if diagnosis.status == "offline" else None,
         health=_health(diagnosis.status, checks),

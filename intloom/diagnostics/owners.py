@@ -104,6 +104,9 @@ class Inspection:
     diagnosis: Diagnosis
     snapshot: Snapshot
     problem: str | None = None
+    # The diagnosis message as intloom doctor says it (IntloomError.here): a problem's own
+    # advice to run doctor left out.
+    here: str = ""
     # A saved port that another process holds while every recorded owner is provably gone:
     # recover cannot guard it, so it refuses (docs/recovery.md, "the port is taken").
     port_taken: int | None = None
@@ -245,9 +248,11 @@ def _starting(snap: Snapshot, lock: LockProbe, owners: list[Owner]) -> str | Non
                             "doctor or intloom logs.")
 
 
-def _probe_host(root: Path, snap: Snapshot) -> tuple[ServiceView | None, str | None, bool]:
+def _probe_host(root: Path, snap: Snapshot
+                ) -> tuple[ServiceView | None, IntloomError | None, bool]:
     """Ask a live host who it is. Returns (service, None), (None, problem) or (None, None),
-    and whether the problem is what a host answered (``Inspection.answered``).
+    and whether the problem is what a host answered (``Inspection.answered``). The problem
+    is an error for its two wordings (``IntloomError.here``), never raised.
 
     Only ``CLI_SERVICE_OFFLINE`` (or a host starting) means "no live host"; any other answer
     (closing, an identity mismatch, a rejected token, a listener that is not ours) is a
@@ -261,22 +266,22 @@ def _probe_host(root: Path, snap: Snapshot) -> tuple[ServiceView | None, str | N
         with Client.connect(root) as client:
             hello = client.hello
             if snap.lock.value is not None and snap.lock.value.instance_id != hello.instance_id:
-                return None, (
-                    f"The live host (instance {hello.instance_id}, pid {hello.pid}) is not the "
-                    f"owner named by service.lock (instance {snap.lock.value.instance_id}). "
-                    "No cleanup performed; run intloom doctor."
-                ), True
+                fact = (f"The live host (instance {hello.instance_id}, pid {hello.pid}) is not "
+                        f"the owner named by service.lock (instance "
+                        f"{snap.lock.value.instance_id}). No cleanup performed")
+                return None, IntloomError("CLI_SERVICE_METADATA_INVALID",
+                                          f"{fact}; run intloom doctor.", here=f"{fact}."), True
             return client.status(), None, False
     except IntloomError as exc:
         if exc.code == "CLI_SERVICE_OFFLINE" or isinstance(exc, ServiceStarting):
             return None, None, False  # _classify says what the files show (a start, a stop)
         if exc.code == "CLI_SERVICE_CLOSING":
             # The host's refusal is worded for a refused request; this one asked who it is.
-            return None, STOPPING, False
+            return None, IntloomError(exc.code, STOPPING), False
         # The files themselves were already read strictly; what is left is a listener that
         # is not the recorded host (a mismatch, a foreign program). A hello never answered
         # (CLI_SERVICE_UNAVAILABLE) may still be a busy host's.
-        return None, exc.message, exc.code != "CLI_SERVICE_UNAVAILABLE"
+        return None, exc, exc.code != "CLI_SERVICE_UNAVAILABLE"
 
 
 def _classify(
@@ -310,6 +315,7 @@ def inspect(root: Path, *, probe: bool = True) -> Inspection:
     snap = observe(root)
     service: ServiceView | None = None
     problem: str | None = None
+    here: str | None = None  # the problem as doctor says it
     taken: int | None = None
     holder: str | None = None
     answered = False
@@ -328,15 +334,20 @@ def inspect(root: Path, *, probe: bool = True) -> Inspection:
             holder = port_holder(taken)
             problem = _port_taken_problem(taken, holder, owners)
     elif probe and connection is not None and snap.service.value is not None:
-        service, problem, answered = _probe_host(root, snap)
+        service, refusal, answered = _probe_host(root, snap)
+        if refusal is not None:
+            problem, here = refusal.message, refusal.here
         # Judged again after the probe: a host that was starting may have answered meanwhile.
         lock = probe_lock(snap.paths.service_lock)
         owners = judge_owners(snap, lock)
     status, message = _classify(snap, lock, owners, service, problem)
+    # A problem is the diagnosis's message whenever there is one (_classify), so doctor's
+    # wording is the problem's own.
+    said = here if here is not None else message
     diagnosis = Diagnosis(
         project_root=str(root), status=status, message=message, owners=owners, service=service
     )
-    return Inspection(diagnosis=diagnosis, snapshot=snap, problem=problem,
+    return Inspection(diagnosis=diagnosis, snapshot=snap, problem=problem, here=said,
                       port_taken=taken, port_holder=holder, answered=answered)
 
 

@@ -133,10 +133,9 @@ _PID_MAX: Final = 2**31 - 1
 
 
 def _invalid(path: Path, fact: str) -> IntloomError:
-    return IntloomError(
-        "CLI_SERVICE_METADATA_INVALID",
-        f"{path} {fact}. It was left as it is; run intloom doctor.",
-    )
+    kept = f"{path} {fact}. It was left as it is"
+    return IntloomError("CLI_SERVICE_METADATA_INVALID", f"{kept}; run intloom doctor.",
+                        here=f"{kept}.")
 
 
 def _read(path: Path, kind: type[_T], root: Path | None) -> _T | None:
@@ -172,15 +171,14 @@ def _read(path: Path, kind: type[_T], root: Path | None) -> _T | None:
         if kind is Connection:
             # The usual cause is a project directory moved (or copied) while its host was
             # stopped; the file is only a port and a token, so the fix is to set it aside.
-            raise IntloomError(
-                "CLI_SERVICE_METADATA_INVALID",
-                f"{path} belongs to another project ({saved_root}): the project directory "
-                "was moved or copied since it was written. It was left as it is. If no "
-                "intloom host runs for this directory (intloom doctor), move the file aside "
-                f"(mv {shell_arg(path)} {shell_arg(f'{path}.moved')}); the next intloom "
-                "start saves a new port and "
-                "token and restores the Runs.",
-            )
+            fact = (f"{path} belongs to another project ({saved_root}): the project "
+                    "directory was moved or copied since it was written. It was left as it "
+                    "is. If no intloom host runs for this directory")
+            fix = (f", move the file aside (mv {shell_arg(path)} "
+                   f"{shell_arg(f'{path}.moved')}); the next intloom start saves a new port "
+                   "and token and restores the Runs.")
+            raise IntloomError("CLI_SERVICE_METADATA_INVALID",
+                               f"{fact} (intloom doctor){fix}", here=f"{fact}{fix}")
         raise _invalid(path, f"belongs to another project ({saved_root})")
     return value
 

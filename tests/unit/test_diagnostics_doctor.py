@@ -227,7 +227,7 @@ def test_doctor_does_not_advise_running_doctor(root: Path, tmp_path: Path) -> No
     doctor), move the file aside", and a host that is not the instance service.json names
     ended it with "Run intloom doctor.": advice to run the command being run. The facts and
     the fix stay."""
-    from intloom.diagnostics.doctor import _here
+    from intloom.client.client import _metadata_invalid
     from intloom.host.metadata import Connection, write_connection
 
     paths = ProjectPaths(root)
@@ -240,9 +240,30 @@ def test_doctor_does_not_advise_running_doctor(root: Path, tmp_path: Path) -> No
         assert "belongs to another project" in said and "move the file aside" in said, said
         assert "If no intloom host runs for this directory, move" in said, said
         assert "intloom doctor" not in said, said
-    mismatch = ("The listening service does not match the saved project identity (it is "
-                "instance a, pid 1; service.json names b, pid 1). Run intloom doctor.")
-    assert _here(mismatch) == mismatch.removesuffix(" Run intloom doctor.")
+    fact = ("The listening service does not match the saved project identity (it is "
+            "instance a, pid 1; service.json names b, pid 1).")
+    mismatch = _metadata_invalid(fact)  # as another command says it, and as doctor does
+    assert (mismatch.message, mismatch.here) == (f"{fact} Run intloom doctor.", fact)
+
+
+def test_doctor_says_a_path_as_it_is_whatever_it_contains(tmp_path: Path) -> None:
+    """doctor took the advice to run intloom doctor out of other commands' messages by
+    replacing text: a project under ``notes (intloom doctor)`` had that part of its own path
+    cut out of every message naming one of its files. Its words are now built from the
+    facts, so a path stays as it is."""
+    root = (tmp_path / "notes (intloom doctor)").resolve()
+    shutil.copytree(FIXTURES / "projects" / "basic", root)
+    paths = ProjectPaths(root)
+    paths.state.mkdir(mode=0o700)
+    paths.service_json.write_text("")
+    paths.service_json.chmod(0o600)
+    report = run_doctor(root)
+    empty = f"{paths.service_json} is empty (a crash or a full disk while it was written)."
+    assert report.message.startswith(empty), report.message
+    said = [c.message for c in report.checks if str(paths.service_json) in c.message]
+    assert said and all(empty in message for message in said), said
+    for message in [report.message, *said]:
+        assert "run intloom doctor" not in message, message
 
 
 def test_a_port_the_next_start_may_not_bind_is_not_called_in_use(
