@@ -8,7 +8,6 @@ byte hides nothing but the frame it hit. docs/format.md is the prose version of 
 
 from __future__ import annotations
 
-import contextlib
 import re
 import struct
 import zlib
@@ -195,6 +194,12 @@ class SegmentScan:
     damage: list[Damage] = field(default_factory=list)
     sealed: bool = False
     next_segment: int = 0  # the seal's ``next``: the segment created before this one sealed
+    # Where the first seal ends (0: none). A writer never appends after sealing, so a frame
+    # from there on, however its crc reads, is not part of the segment as written.
+    sealed_end: int = 0
+    # What is wrong with a seal whose crc checks out but whose content is not one a writer
+    # makes (its payload does not decode, or it names a Run or a seq); None: nothing.
+    seal_problem: str | None = None
     # The file was last written after the OS last started (set by the reader from its
     # mtime; None: unknown). Then no crash since can have left unflushed pages in it, and
     # its bytes are exactly what was written: a torn write can only be cut short.
@@ -301,10 +306,8 @@ def _scan_frames(scan: SegmentScan, data: bytes, p: int) -> None:
         if frame is not None:
             scan.frames.append(frame)
             if frame.kind == KIND_SEAL and sealed_at is None:
-                sealed_at = frame.end
-                with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
-                    scan.next_segment = msgspec.msgpack.decode(frame.payload,
-                                                               type=SealNotice).next
+                sealed_at = scan.sealed_end = frame.end
+                _read_seal(scan, frame)
             p = frame.end
             continue
         q = data.find(FRAME_MAGIC, p + 1)
@@ -318,6 +321,20 @@ def _scan_frames(scan: SegmentScan, data: bytes, p: int) -> None:
         )
         p = end
     scan.sealed = sealed_at is not None
+
+
+def _read_seal(scan: SegmentScan, frame: Frame) -> None:
+    """Take the seal's ``next``, and say what is wrong with a seal a writer cannot have
+    written (its crc checks out, so these are the bytes some writer put there)."""
+    wrong: list[str] = []
+    if frame.seq or frame.run_id:
+        wrong.append(f"names Run {frame.run_id!r} and seq {frame.seq} (a seal names neither)")
+    try:
+        scan.next_segment = msgspec.msgpack.decode(frame.payload, type=SealNotice).next
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        wrong.append(f"does not decode ({exc})")
+    if wrong:
+        scan.seal_problem = f"its seal at offset {frame.offset} {' and '.join(wrong)}"
 
 
 def _cut_short(data: bytes, p: int) -> bool:

@@ -40,7 +40,7 @@ Verdict = Literal[
     "ok",  # checksum valid, decodes, and follows the previous record
     "void",  # written by a batch whose write or fsync failed: never part of the journal
     "torn",  # damaged bytes at the end of a segment: a crash mid-append (format.md)
-    "damaged",  # damaged bytes with valid frames after them: corruption
+    "damaged",  # damaged bytes with valid frames after them, or a frame after a seal: corruption
     "undecodable",  # checksum valid but not a record this intloom understands
     "out_of_order",  # a seq that is not the next one (a gap or a repeat)
     "illegal",  # a record the state machine refuses after the previous one
@@ -125,8 +125,18 @@ def read_history(runtime_dir: Path, run_id: str, *,
         cut = voids.get(scan.number)
         found: list[tuple[int, HistoryEntry | None, bytes | None, int]] = []
         for frame in scan.frames:
-            if frame.kind == KIND_RECORD and frame.run_id == run_id:
-                found.append((frame.offset, None, frame.payload, frame.seq))
+            if frame.kind != KIND_RECORD or frame.run_id != run_id:
+                continue
+            if scan.sealed_end and frame.offset >= scan.sealed_end:
+                # Its crc checks out, but a writer never appends after sealing: not part of
+                # the journal as written (reader._after_seal).
+                found.append((frame.offset, HistoryEntry(
+                    seq=frame.seq, file=file, offset=frame.offset, checksum="ok",
+                    verdict="damaged", problem=f"follows the segment's seal (which ends at "
+                    f"offset {scan.sealed_end}): a writer never appends after sealing"),
+                    None, frame.seq))
+                continue
+            found.append((frame.offset, None, frame.payload, frame.seq))
         for damage in scan.damage:
             tail = scan.is_torn(damage)
             claims = [(c.offset, c.seq) for c in damage.candidates if c.run_id == run_id]

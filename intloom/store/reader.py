@@ -495,6 +495,8 @@ def _judge_all(loaded: Loaded, scans: list[SegmentScan], live: dict[str, Snapsho
     incompatible: dict[str, str] = {}
     incompatible_in: dict[str, set[int]] = defaultdict(set)
     bad_headers: dict[int, str] = {}  # segment number -> its damaged header, in words
+    # Each Run's valid record frames that follow a seal: never written by a writer there.
+    after_seal: dict[str, list[tuple[SegmentScan, Frame]]] = defaultdict(list)
 
     for scan in scans:
         cut = voids.get(scan.number)
@@ -531,9 +533,15 @@ def _judge_all(loaded: Loaded, scans: list[SegmentScan], live: dict[str, Snapsho
             loaded.problem_segments.add(scan.number)
         if scan.status == "damaged_header":
             bad_headers[scan.number] = f"{path}, which {scan.problem}"
+        if scan.seal_problem:
+            loaded.files.append(FileProblem(path, "corrupt", scan.seal_problem))
+            loaded.problem_segments.add(scan.number)
+        _after_seal(loaded, scan, cut, after_seal)
         for frame in scan.frames:
             if frame.kind != KIND_RECORD or (cut is not None and frame.offset >= cut):
                 continue
+            if scan.sealed_end and frame.offset >= scan.sealed_end:
+                continue  # not part of the segment as written (_after_seal)
             loaded.stats.frames_read += 1
             frames[frame.run_id].append((scan, frame))
         for damage in scan.damage:
@@ -565,7 +573,7 @@ def _judge_all(loaded: Loaded, scans: list[SegmentScan], live: dict[str, Snapsho
     _lost(loaded, scans, gaps)
     # The run id a damaged frame claims is unverified (the damage may be in it): only Runs
     # known from valid frames or snapshots are judged; the damage itself is a file finding.
-    run_ids = set(frames) | set(live) | set(incompatible)
+    run_ids = set(frames) | set(live) | set(incompatible) | set(after_seal)
     if mode == "verify":
         run_ids |= set(done)
     damaged_snaps = {exc.path.name: exc for exc in loaded.snapshot_errors}
@@ -630,6 +638,19 @@ def _judge_all(loaded: Loaded, scans: list[SegmentScan], live: dict[str, Snapsho
                 "a segment whose header does not check out is never resumed from, though "
                 "those records' own checksums are valid (intloom inspect shows them)",
                 reached=max(frame.seq for _, frame in run_frames))
+        sealed_off = after_seal.get(run_id)
+        if sealed_off and (journal.status == "ok" or not run_frames):
+            scan, frame = sealed_off[0]
+            journal = RunJournal(
+                run_id, journal.state, "corrupt",
+                f"Run {run_id}: its record at {_at(scan, frame)} follows that segment's seal "
+                f"(which ends at offset {scan.sealed_end}): a writer never appends after "
+                "sealing, so the segment was altered after it was closed and where the Run "
+                "got to cannot be known (intloom inspect shows the records)",
+                reached=max(_seq(journal), *(f.seq for _, f in sealed_off)))
+        if sealed_off:
+            run_hits = [*run_hits, *(_Hit(f.seq, _where(s, f.offset), False, s.number)
+                                     for s, f in sealed_off)]
         loaded.journals[run_id] = journal
         covered = snap.seq if snap is not None else 0
         if (mode == "restore" and _ended(journal) and run_id not in loaded.held
@@ -656,6 +677,30 @@ def _judge_all(loaded: Loaded, scans: list[SegmentScan], live: dict[str, Snapsho
         loaded.evidence[run_id] = evidence
     _gone_pinned(loaded, gone_pinned)
     _unnamed_snapshots(loaded, run_ids)
+
+
+def _after_seal(loaded: Loaded, scan: SegmentScan, cut: int | None,
+                after_seal: dict[str, list[tuple[SegmentScan, Frame]]]) -> None:
+    """Report the valid frames that follow a segment's seal, and collect its records by Run.
+
+    A writer seals a segment last (at a close, or once a rotation's next segment exists)
+    and never writes to it again: frames there, their crcs valid or not, are corruption
+    ("anything after a seal"). Read as records, they moved a Run on past what its host
+    wrote, and only reads of that segment saw them."""
+    if not scan.sealed_end:
+        return
+    late = [f for f in scan.frames if f.offset >= scan.sealed_end]
+    if not late:
+        return
+    loaded.problem_segments.add(scan.number)
+    loaded.files.append(FileProblem(
+        f"wal/{scan.name}", "corrupt",
+        f"{len(late)} valid frame(s) follow its seal (the first at offset {late[0].offset}, "
+        f"the seal ending at offset {scan.sealed_end}): a writer never appends after sealing; "
+        "they are not read as records and the file was left as it is"))
+    for frame in late:
+        if frame.kind == KIND_RECORD and (cut is None or frame.offset < cut):
+            after_seal[frame.run_id].append((scan, frame))
 
 
 def _unnamed_snapshots(loaded: Loaded, run_ids: set[str]) -> None:

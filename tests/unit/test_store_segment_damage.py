@@ -7,6 +7,7 @@ import os
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from intloom.errors import IntloomError
@@ -227,3 +228,67 @@ def test_a_last_frame_cut_short_is_torn_whenever_it_was_written(tmp_path: Path) 
     [finding] = read_runs_report(root).files
     assert finding.kind == "torn" and "incomplete frame" in finding.problem
     assert by_id(read_runs_report(root).runs)["RUN-B"].torn_tail
+
+
+def test_records_after_a_seal_hold_their_run_and_are_never_read_as_its_records(
+    tmp_path: Path,
+) -> None:
+    """A writer seals a segment last and never writes to it again, so a frame after the
+    seal is corruption however its crc reads (docs/format.md). Valid record frames put
+    there were read as the Run's next records: RUN-A came back two records further than its
+    host wrote, by every read, and nothing was reported."""
+    from intloom.runtime.records import encode_record
+    from intloom.store.framing import KIND_RECORD, KIND_SEAL, SealNotice, encode_frame
+
+    root = tmp_path / "runtime"
+    records = walk("RUN-A", 8, 1)
+    store = open_store(root)
+    for record in records[:6]:
+        store.append("RUN-A", record)
+    for record in walk("RUN-B", 4, 2):
+        store.append("RUN-B", record)
+    store.sync_blocking()
+    abandon(store)  # unsealed: a restore reads it
+    seg = root / "wal" / segment_name(1)
+    seal = encode_frame(KIND_SEAL, 0, b"", msgspec.msgpack.encode(SealNotice(at="t", frames=10)))
+    late = b"".join(encode_frame(KIND_RECORD, seq, b"RUN-A", encode_record(record))
+                    for seq, record in enumerate(records[6:], start=7))
+    sealed_end = seg.stat().st_size + len(seal)
+    seg.write_bytes(seg.read_bytes() + seal + late)
+    kept = snapshot_files(root)
+
+    for report in (read_runs_report(root), verify_report(root)):
+        runs = by_id(report.runs)
+        assert runs["RUN-B"].status == "ok" and runs["RUN-B"].state.seq == 4
+        a = runs["RUN-A"]
+        assert a.status == "corrupt" and a.state.seq == 6 and a.reached == 8, a
+        assert f"offset {sealed_end} seq 7 follows that segment's seal" in (a.problem or ""), a
+        (finding,) = [f for f in report.files if f.kind == "corrupt"]
+        assert finding.path == "wal/0000000001.seg"
+        assert "2 valid frame(s) follow its seal" in finding.problem, finding
+    assert [e.verdict for e in read_history(root, "RUN-A")][6:] == ["damaged", "damaged"]
+    _restart(root, "INST-2")  # a start holds RUN-A, keeps the segment as it is
+    assert by_id(read_runs_report(root).runs)["RUN-A"].status == "corrupt"
+    assert snapshot_files(root)["wal/0000000001.seg"] == kept["wal/0000000001.seg"]
+
+
+def test_a_seal_that_names_a_run_is_reported(tmp_path: Path) -> None:
+    """A seal's crc checks out but it names a Run and a seq, which no writer's seal does:
+    it was taken as a clean seal without a word."""
+    from intloom.store.framing import KIND_SEAL, SealNotice, encode_frame
+
+    root = tmp_path / "runtime"
+    store = open_store(root)
+    for record in walk("RUN-A", 4, 1):
+        store.append("RUN-A", record)
+    store.sync_blocking()
+    abandon(store)
+    seg = root / "wal" / segment_name(1)
+    offset = seg.stat().st_size
+    payload = msgspec.msgpack.encode(SealNotice(at="t", frames=4))
+    seg.write_bytes(seg.read_bytes() + encode_frame(KIND_SEAL, 5, b"RUN-A", payload))
+
+    report = verify_report(root)
+    (finding,) = [f for f in report.files if f.kind == "corrupt"]
+    assert finding.problem == (f"its seal at offset {offset} names Run 'RUN-A' and seq 5 "
+                               "(a seal names neither)"), finding
