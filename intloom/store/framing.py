@@ -35,6 +35,7 @@ __all__ = [
     "VoidNotice",
     "encode_frame",
     "encode_segment_header",
+    "format_problem",
     "rebuilt_payload",
     "scan_segment",
     "segment_name",
@@ -108,6 +109,16 @@ def segment_number(name: str) -> int | None:
     if _SEGMENT_NAME.fullmatch(name):
         return int(name[:10])
     return None
+
+
+def format_problem(found: int) -> str:
+    """What a file of format ``found`` (not this intloom's) is, and what to do about it."""
+    said = f"is format {found}; this intloom reads {FORMAT_VERSION}"
+    if found > FORMAT_VERSION:
+        return (f"{said} (a newer intloom wrote it: run an intloom that reads format {found} "
+                "to resume or end its Runs; the file is kept as it is)")
+    return (f"{said} (no intloom writes format {found}, so its fixed format field may be "
+            "damaged; the file is kept as it is)")
 
 
 def encode_segment_header(header: SegmentHeader) -> bytes:
@@ -391,7 +402,7 @@ def scan_segment(name: str, number: int, data: bytes) -> SegmentScan:
     if magic == SEGMENT_MAGIC and fmt != FORMAT_VERSION:
         scan.format_found = fmt
         scan.status = "incompatible"
-        scan.problem = f"is format {fmt}; this intloom reads {FORMAT_VERSION}"
+        scan.problem = format_problem(fmt)
         # Best effort only: name the Runs it holds if the frame layout happens to match.
         _scan_frames(scan, data, min(body_end, size))
         return scan
@@ -404,7 +415,14 @@ def scan_segment(name: str, number: int, data: bytes) -> SegmentScan:
     if header is not None and magic == SEGMENT_MAGIC:
         scan.format_found = fmt
         scan.header = header
-        if header.number != number:
+        if header.format != fmt:
+            # The crc covers the body, not the fixed field: the two disagree, and no writer
+            # makes such a header. Which one is right cannot be told, so it does not check
+            # out (the fixed field alone decides "incompatible", docs/format.md).
+            scan.status = "damaged_header"
+            scan.problem = (f"has a damaged file header (its body says format "
+                            f"{header.format}, its fixed format field {fmt})")
+        elif header.number != number:
             scan.problem = f"calls itself segment {header.number}"
         _scan_frames(scan, data, body_end)
         return scan
@@ -426,7 +444,7 @@ def scan_segment(name: str, number: int, data: bytes) -> SegmentScan:
         scan.header = header
         if header.format != FORMAT_VERSION:
             scan.status = "incompatible"
-            scan.problem = f"is format {header.format}; this intloom reads {FORMAT_VERSION}"
+            scan.problem = format_problem(header.format)
             _scan_frames(scan, data, body_end)
             return scan
         scan.status = "damaged_header"

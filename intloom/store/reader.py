@@ -30,6 +30,7 @@ from intloom.store.framing import (
     Frame,
     SegmentScan,
     VoidNotice,
+    format_problem,
     rebuilt_payload,
     scan_segment,
     segment_name,
@@ -520,9 +521,9 @@ def _judge_all(loaded: Loaded, scans: list[SegmentScan], live: dict[str, Snapsho
             loaded.incompatible_segments.append(scan.number)
             names = {f.run_id for f in scan.frames if f.kind == KIND_RECORD}
             names |= {c.run_id for d in scan.damage for c in d.candidates}
-            fmt = f"format {scan.format_found}; this intloom reads {FORMAT_VERSION}"
             for run_id in names:
-                incompatible[run_id] = f"its records in {path} are {fmt}"
+                incompatible[run_id] = (f"its records in {path}, which "
+                                        f"{format_problem(scan.format_found or 0)}")
                 incompatible_in[run_id].add(scan.number)
             if not names:
                 incompatible[f"({path})"] = f"{path} {scan.problem}; its Runs cannot be listed"

@@ -170,6 +170,10 @@ def decode_snapshot(path: Path, data: bytes) -> Snapshot:
         # Run of the project could start (records: runtime/records.py, decode_record).
         raise SnapshotError(path, "does not decode (it holds a value nested more deeply than "
                                   "intloom can decode)") from None
+    if snap.format != fmt:
+        # The crc covers the body, not the fixed field: no writer makes the two disagree.
+        raise SnapshotError(path, f"is damaged (its body says format {snap.format}, its fixed "
+                                  f"format field {fmt})")
     if path.name != snapshot_name(snap.run_id):
         raise SnapshotError(path, f"holds Run {snap.run_id}, whose snapshot has another name")
     return snap

@@ -4,6 +4,7 @@ every damaged file stays byte-identical through reads and through a new host's o
 from __future__ import annotations
 
 import struct
+import zlib
 from pathlib import Path
 
 import msgspec
@@ -1047,3 +1048,19 @@ def test_a_snapshot_nested_too_deeply_to_decode_is_an_unusable_snapshot(tmp_path
     with pytest.raises(SnapshotError) as unusable:
         decode_snapshot(path, data)
     assert "nested more deeply than intloom can decode" in unusable.value.fact
+
+
+def test_a_snapshot_whose_body_says_another_format_than_its_fixed_field_is_unusable(
+        tmp_path: Path) -> None:
+    """As for a segment's header: the body is checksummed, the fixed field is not, and a
+    writer makes them equal. One saying format 2 behind a fixed field of 1 was trusted."""
+    from intloom.store.snapshots import Snapshot, SnapshotError, decode_snapshot
+
+    state = fold([header("RUN-A")])
+    body = msgspec.msgpack.encode(Snapshot(run_id="RUN-A", seq=1, status="ok", state=state,
+                                           format=2))
+    data = struct.pack(">8sHII", b"ILOOMSNP", 1, len(body), zlib.crc32(body)) + body
+    with pytest.raises(SnapshotError) as unusable:
+        decode_snapshot(tmp_path / snapshot_name("RUN-A"), data)
+    assert unusable.value.fact == ("is damaged (its body says format 2, its fixed format "
+                                   "field 1)")

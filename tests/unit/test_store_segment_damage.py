@@ -292,3 +292,76 @@ def test_a_seal_that_names_a_run_is_reported(tmp_path: Path) -> None:
     (finding,) = [f for f in report.files if f.kind == "corrupt"]
     assert finding.problem == (f"its seal at offset {offset} names Run 'RUN-A' and seq 5 "
                                "(a seal names neither)"), finding
+
+
+def _reheader(path: Path, **changes: object) -> None:
+    """Rewrite a segment's header body with ``changes``, its crc and length made to match
+    (the fixed format field left as it is): a header that checks out."""
+    import struct
+    import zlib
+
+    from intloom.store.framing import SegmentHeader
+
+    data = path.read_bytes()
+    magic, fmt, length, _ = struct.unpack_from(">8sHII", data)
+    header = msgspec.msgpack.decode(data[18:18 + length], type=SegmentHeader)
+    body = msgspec.msgpack.encode(msgspec.structs.replace(header, **changes))
+    path.write_bytes(struct.pack(">8sHII", magic, fmt, len(body), zlib.crc32(body)) + body
+                     + data[18 + length:])
+
+
+def test_a_header_whose_body_says_another_format_than_its_fixed_field_is_damaged(
+    tmp_path: Path,
+) -> None:
+    """The header body's ``format`` is checksummed, the fixed field is not, and a writer
+    makes them equal. A body saying format 2 behind a fixed field of 1 was read as format 1
+    without a word, its Runs resumed."""
+    root = tmp_path / "runtime"
+    store = open_store(root)
+    for record in walk("RUN-A", 5, 1):
+        store.append("RUN-A", record)
+    store.sync_blocking()
+    abandon(store)
+    seg = root / "wal" / segment_name(1)
+    _reheader(seg, format=2)
+    kept = seg.read_bytes()
+
+    for report in (read_runs_report(root), verify_report(root)):
+        (finding,) = [f for f in report.files if f.kind == "corrupt"]
+        assert finding.problem == ("has a damaged file header (its body says format 2, its "
+                                   "fixed format field 1)"), finding
+        a = by_id(report.runs)["RUN-A"]
+        assert a.status == "corrupt" and "never resumed from" in (a.problem or ""), a
+    _restart(root, "INST-2")
+    assert by_id(read_runs_report(root).runs)["RUN-A"].status == "corrupt"
+    assert seg.read_bytes() == kept
+
+
+def test_a_newer_format_segment_names_the_version_found_read_and_the_fix(
+    tmp_path: Path,
+) -> None:
+    """A segment a newer intloom wrote (fixed field and body both format 2) is refused with
+    the versions and what to do; it said only "format 2; this intloom reads 1"."""
+    import struct
+
+    root = tmp_path / "runtime"
+    store = open_store(root)
+    for record in walk("RUN-A", 3, 1):
+        store.append("RUN-A", record)
+    store.sync_blocking()
+    abandon(store)
+    seg = root / "wal" / segment_name(1)
+    _reheader(seg, format=2)
+    data = bytearray(seg.read_bytes())
+    struct.pack_into(">H", data, 8, 2)
+    seg.write_bytes(bytes(data))
+
+    report = read_runs_report(root)
+    fact = ("is format 2; this intloom reads 1 (a newer intloom wrote it: run an intloom "
+            "that reads format 2 to resume or end its Runs; the file is kept as it is)")
+    assert [(f.path, f.kind, f.problem) for f in report.files] == [
+        ("wal/0000000001.seg", "incompatible", fact)]
+    a = by_id(report.runs)["RUN-A"]
+    assert a.status == "incompatible", a
+    assert a.problem == f"its records in wal/0000000001.seg, which {fact}"
+    assert seg.read_bytes() == bytes(data)
