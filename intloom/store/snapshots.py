@@ -19,7 +19,12 @@ from typing import Final, Literal
 import msgspec
 
 from intloom.runtime.machine import RunState
-from intloom.runtime.records import FORMAT_VERSION
+from intloom.runtime.records import (
+    FORMAT_VERSION,
+    READ_DEPTH,
+    TooDeep,
+    decode_bounded,
+)
 from intloom.store.files import Layout, read_file
 from intloom.store.framing import VoidNotice
 
@@ -148,6 +153,9 @@ def encode_snapshot(snapshot: Snapshot) -> bytes:
     return _PREFIX.pack(SNAPSHOT_MAGIC, snapshot.format, len(body), zlib.crc32(body)) + body
 
 
+_snapshot_decoder = msgspec.msgpack.Decoder(Snapshot)
+
+
 def decode_snapshot(path: Path, data: bytes) -> Snapshot:
     if len(data) < _PREFIX.size:
         raise SnapshotError(path, "is truncated")
@@ -162,14 +170,14 @@ def decode_snapshot(path: Path, data: bytes) -> Snapshot:
     if len(body) != length or zlib.crc32(body) != crc:
         raise SnapshotError(path, "fails its checksum")
     try:
-        snap = msgspec.msgpack.decode(body, type=Snapshot)
+        snap = decode_bounded(_snapshot_decoder.decode, body)
+    except TooDeep:
+        # A Run's pending task or question held that deep (records: READ_DEPTH): raised as
+        # RecursionError, it escaped the restore and no Run of the project could start.
+        raise SnapshotError(path, f"does not decode (it holds a value nested more deeply than "
+                                  f"intloom can decode: more than {READ_DEPTH} levels)") from None
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise SnapshotError(path, f"does not decode ({exc})") from None
-    except RecursionError:
-        # A Run's pending task or question held that deep: it escaped the restore, and no
-        # Run of the project could start (records: runtime/records.py, decode_record).
-        raise SnapshotError(path, "does not decode (it holds a value nested more deeply than "
-                                  "intloom can decode)") from None
     if snap.format != fmt:
         # The crc covers the body, not the fixed field: no writer makes the two disagree.
         raise SnapshotError(path, f"is damaged (its body says format {snap.format}, its fixed "

@@ -51,3 +51,33 @@ def test_a_record_too_deep_to_decode_holds_its_run_and_the_others_are_read(
     entries = _from_deep_in_the_stack(300, lambda: read_history(root, "RUN-deep"))
     assert entries[-1].verdict == "undecodable" and "nested too deeply" in (
         entries[-1].problem or ""), entries[-1]
+
+
+def test_every_reader_draws_the_line_at_the_same_depth_wherever_it_reads_from(
+    tmp_path: Path,
+) -> None:
+    """msgspec's limit is Python's recursion limit less the stack below the call, and doctor
+    reads ~10 frames shallower than a start: a record ~950 levels deep was read by doctor
+    (and inspect), previewed as a Run to resume, while the start held it as corrupt. Now one
+    limit (``READ_DEPTH`` levels of the record's msgpack) decides for every reader."""
+    from intloom.runtime.records import READ_DEPTH
+
+    root = tmp_path / "runtime"
+    store = open_store(root)
+    # The record's map is one level: a result nested READ_DEPTH - 1 deep is the deepest read.
+    for run_id, depth in (("RUN-edge", READ_DEPTH - 1), ("RUN-past", READ_DEPTH + 40)):
+        store.append(run_id, header(run_id))
+        store.append(run_id, StagePending(at="t", stage="draft"))
+        store.append(run_id, StepReady(at="t", stage="draft", step="s1", state=b"{}"))
+        store.append(run_id, Executing(at="t", stage="draft", step="s1"))
+        store.append(run_id, EffectStarted(at="t", name="e", key="k"))
+        store.append(run_id, EffectDone(at="t", name="e", key="k", result=_nested(depth)))
+    store.sync_blocking()
+    abandon(store)
+
+    for frames in (0, 300):  # a shallow reader (doctor, inspect) and a deeper one (a start)
+        journals = {j.run_id: j for j in _from_deep_in_the_stack(frames, lambda: read_runs(root))}
+        assert journals["RUN-edge"].status == "ok", (frames, journals["RUN-edge"])
+        past = journals["RUN-past"]
+        assert past.status == "corrupt", (frames, past)
+        assert f"more than {READ_DEPTH} levels, the most intloom reads" in (past.problem or "")
