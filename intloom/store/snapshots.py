@@ -184,6 +184,15 @@ def decode_snapshot(path: Path, data: bytes) -> Snapshot:
                                   f"format field {fmt})")
     if path.name != snapshot_name(snap.run_id):
         raise SnapshotError(path, f"holds Run {snap.run_id}, whose snapshot has another name")
+    # Every writer sets ``seq`` from the state it holds: a snapshot saying otherwise would
+    # have a restore skip the records after its state as already summarised.
+    if snap.state is not None and snap.state.run_id != snap.run_id:
+        raise SnapshotError(path, f"is damaged (it names Run {snap.run_id} but holds the state "
+                                  f"of Run {snap.state.run_id})")
+    covers = snap.state.seq if snap.state is not None else 0
+    if snap.seq != covers:
+        raise SnapshotError(path, f"is damaged (it says it covers record {snap.seq}, but the "
+                                  f"state it holds is at record {covers})")
     return snap
 
 

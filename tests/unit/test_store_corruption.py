@@ -1064,3 +1064,54 @@ def test_a_snapshot_whose_body_says_another_format_than_its_fixed_field_is_unusa
         decode_snapshot(tmp_path / snapshot_name("RUN-A"), data)
     assert unusable.value.fact == ("is damaged (its body says format 2, its fixed format "
                                    "field 1)")
+
+
+def _resnapshot(path: Path, **changes: object) -> None:
+    """Rewrite a snapshot's body with ``changes``, its crc and length made to match."""
+    data = path.read_bytes()
+    body = msgspec.msgpack.decode(data[18:])
+    body.update(changes)
+    new = msgspec.msgpack.encode(body)
+    path.write_bytes(data[:10] + struct.pack(">II", len(new), zlib.crc32(new)) + new)
+
+
+def test_a_snapshot_whose_seq_is_not_its_states_is_damaged_and_the_log_read(
+        tmp_path: Path) -> None:
+    """A writer sets a snapshot's ``seq`` from the state it holds. One claiming record 7
+    over a state at record 5 was trusted: the restore skipped records 6 and 7 in the log as
+    already summarised and brought RUN-A back at record 5, where its host had gone on."""
+    root = tmp_path / "runtime"
+    records = walk("RUN-A", 7, 1)
+    store = open_store(root)
+    for record in records[:5]:
+        store.append("RUN-A", record)
+    store.sync_blocking()
+    store.close_blocking()  # snapshot at record 5
+    store = open_store(root, instance_id="INST-2")
+    for record in records[5:]:
+        store.append("RUN-A", record)
+    store.sync_blocking()
+    abandon(store)  # records 6 and 7 in segment 2, which a restore reads
+    snap = root / "snap" / "live" / snapshot_name("RUN-A")
+    _resnapshot(snap, seq=7)
+    kept = snap.read_bytes()
+
+    report = read_runs_report(root)
+    a = by_id(report.runs)["RUN-A"]
+    assert a.status == "ok" and a.state == fold(records), a
+    (finding,) = report.files
+    assert finding.path == f"snap/live/{snap.name}" and finding.kind == "corrupt"
+    assert finding.problem.startswith("is damaged (it says it covers record 7, but the state "
+                                      "it holds is at record 5)"), finding
+    assert snap.read_bytes() == kept
+
+
+def test_a_snapshot_holding_another_runs_state_is_damaged(tmp_path: Path) -> None:
+    """Its ``run_id`` matches its name, its state is another Run's: it was trusted."""
+    from intloom.store.snapshots import Snapshot, SnapshotError, decode_snapshot
+
+    state = fold([header("RUN-B")])
+    data = encode_snapshot(Snapshot(run_id="RUN-A", seq=1, status="ok", state=state))
+    with pytest.raises(SnapshotError) as unusable:
+        decode_snapshot(tmp_path / snapshot_name("RUN-A"), data)
+    assert unusable.value.fact == "is damaged (it names Run RUN-A but holds the state of Run RUN-B)"
