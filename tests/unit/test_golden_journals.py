@@ -16,6 +16,7 @@ import pytest
 from intloom.runtime.machine import restart_verdict
 from intloom.runtime.records import Answered
 from intloom.store import Store, read_history, read_runs, verify_report
+from intloom.store.snapshots import MANIFEST_FORMAT, decode_manifest
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -105,7 +106,14 @@ def test_a_new_host_continues_a_golden_journal(tmp_path: Path) -> None:
         store.sync_blocking(PREFIX + "Waits")
     finally:
         store.close_blocking()
-    after = {j.run_id.removeprefix(PREFIX): j for j in verify_report(runtime).runs}
+    # The format-1 manifest is upgraded to the current format by the host's own write (the
+    # documented upgrade path: formats 1 and 2 are read, the current one is written).
+    manifest = decode_manifest(runtime / "manifest.json",
+                               (runtime / "manifest.json").read_bytes())
+    assert (manifest.format, manifest.open) == (MANIFEST_FORMAT, 0) and manifest.live is not None
+    report = verify_report(runtime)
+    assert report.files == []
+    after = {j.run_id.removeprefix(PREFIX): j for j in report.runs}
     state = after["Waits"].state
     assert after["Waits"].status == "ok" and state is not None
     assert (state.phase, state.seq, state.answer) == ("answered", 6, {"isConfirmed": True})
