@@ -127,6 +127,13 @@ def read_history(runtime_dir: Path, run_id: str, *,
         for frame in scan.frames:
             if frame.kind != KIND_RECORD or frame.run_id != run_id:
                 continue
+            if scan.status == "incompatible":
+                # Another format's frames: this intloom's record decoder says nothing about
+                # them, even when it happens to accept their bytes.
+                found.append((frame.offset, HistoryEntry(
+                    seq=frame.seq, file=file, offset=frame.offset, checksum="ok",
+                    verdict="undecodable", problem=f"{file} {scan.problem}"), None, frame.seq))
+                continue
             if scan.sealed_end and frame.offset >= scan.sealed_end:
                 # Its crc checks out, but a writer never appends after sealing: not part of
                 # the journal as written (reader._after_seal).

@@ -375,6 +375,11 @@ def test_an_incompatible_segment_is_reported_and_untouched(tmp_path: Path) -> No
     for journal in runs.values():
         assert journal.status == "incompatible" and journal.state is None
         assert "format 2; this intloom reads 1" in (journal.problem or "")
+    # inspect's record list: another format's frames are not this intloom's records (they
+    # were listed "ok", decoded as format 1).
+    entries = read_history(root, "RUN-A")
+    assert entries and {e.verdict for e in entries} == {"undecodable"}, entries
+    assert "wal/0000000001.seg is format 2; this intloom reads 1" in (entries[0].problem or "")
 
     store = open_store(root, instance_id="INST-2")  # other Runs still work beside it
     for record in walk("RUN-D", 4, 9):
