@@ -990,8 +990,8 @@ def _judge(loaded: Loaded, run_id: str, frames: list[tuple[SegmentScan, Frame]],
                 break
             if record.format != FORMAT_VERSION:
                 return RunJournal(run_id, None, "incompatible",
-                                  f"its header at {_at(scan, frame)} is format "
-                                  f"{record.format}; this intloom reads {FORMAT_VERSION}")
+                                  f"its header at {_at(scan, frame)} "
+                                  f"{format_problem(record.format)}")
         try:
             state = apply(state, record)
         except IllegalTransition as exc:
