@@ -225,7 +225,9 @@ class AgentClaim:
         self.owner_token: str | None = None
         self.receipts: dict[str, tuple[bytes, str, Any]] = {}
         self.tool_running: str | None = None  # the tool_call_id of the Tool call running
-        self.completing = False  # an on_complete handler is running for this task
+        # The completion whose on_complete handler is running for this task (the runtime's
+        # record of its request), so that another request can be told how it differs.
+        self.completing: object | None = None
 
 
 class RunSlot:

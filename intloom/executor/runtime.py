@@ -455,6 +455,41 @@ class _AgentEnd(msgspec.Struct, frozen=True):
     output: bytes  # sha256 of the completion's output, or of the whole failure message
 
 
+def _ended_as(first: _AgentEnd, this: _AgentEnd) -> str:
+    """How ``first`` ended (or ends) its task, as a refusal of ``this`` request names it:
+    "another output" when the outcome is the one this request sent, which alone would read
+    as if the two were the same."""
+    if first.verb == "fail":
+        return f"failed: {first.shown}"
+    other = (" and another output" if this.verb == "complete" and this.shown == first.shown
+             else "")
+    return f"completed with outcome {first.shown}{other}"
+
+
+def _not_under_way(slot: RunSlot, call_id: str, end: _AgentEnd) -> None:
+    """While a completion's on_complete runs: BUSY for the same request (a retry, which gets
+    the Run's view once that completion has finished); CONFLICT at once for another one, which
+    a retry could not change if that completion is recorded (it was BUSY, and its retry then
+    got CONFLICT)."""
+    running = slot.agent.completing
+    if running is None:
+        return
+    if not isinstance(running, _AgentEnd) or (
+            (running.verb, running.shown, running.output) == (end.verb, end.shown, end.output)):
+        raise IntloomError(
+            "BUSY", f"Agent task {call_id} is being completed by another request; retry "
+            "it to get the Run's view once that one has finished.",
+        )
+    what = "completion" if end.verb == "complete" else "failure"
+    raise IntloomError(
+        "CONFLICT",
+        f"Agent task {call_id} is being completed by another request, with "
+        f"{_ended_as(running, end).removeprefix('completed with ')}; this {what} was not "
+        f"recorded. Once that completion is recorded the task has ended; if its on_complete "
+        f"refuses it, the task stays claimed and this {what} can be sent again.",
+    )
+
+
 class Runtime:
     """Facade used by the host. Every method raises ``IntloomError`` with a catalogue code."""
 
@@ -1209,7 +1244,7 @@ class Runtime:
             raise IntloomError("BUSY", f"Tool call {claim.tool_running} of this task is "
                                "running; a task runs one Tool call at a time. Retry once it "
                                "has returned.")
-        if claim.completing:
+        if claim.completing is not None:
             raise IntloomError("BUSY", f"Agent task {call_id} is being completed; it takes no "
                                "more Tool calls.")
         claim.tool_running = tool_call_id
@@ -1320,10 +1355,9 @@ class Runtime:
             return None
         self._check_owner_of(done.owner_token, owner_token, call_id)
         if (done.verb, done.shown, done.output) != (end.verb, end.shown, end.output):
-            said = ("completed with outcome " if done.verb == "complete" else "failed: ")
             raise IntloomError(
                 "CONFLICT",
-                f"Agent task {call_id} was already {said}{done.shown}; a retry must "
+                f"Agent task {call_id} was already {_ended_as(done, end)}; a retry must "
                 "repeat the same request (the first one is what the Run recorded).",
             )
         # The first request's records may still be on their way to disk: answer with what
@@ -1373,13 +1407,9 @@ class Runtime:
                 f"{sorted(step.routes)}.",
             )
         assert isinstance(step, AgentStep)
-        if slot.agent.completing:
-            raise IntloomError(
-                "BUSY", f"Agent task {call_id} is being completed by another request; retry "
-                "it to get the Run's view once that one has finished.",
-            )
+        _not_under_way(slot, call_id, end)
         _tool_not_running(slot, call_id, "completed")
-        slot.agent.completing = True
+        slot.agent.completing = end
         try:
             async with self._agent_working(
                     run_id, f"client Agent task {call_id}'s on_complete was running (outcome "
@@ -1398,7 +1428,7 @@ class Runtime:
                 f"{clip(without_claim_advice(exc.message), 500)}), and ",
                 self._suspended_for) from None
         finally:
-            slot.agent.completing = False
+            slot.agent.completing = None
         # The handler may have taken a while: a cancel or a stop may have come meanwhile.
         if self.closing:
             _ended_meanwhile(slot, call_id)
@@ -1450,11 +1480,7 @@ class Runtime:
             return repeated
         slot, _call = await self._agent_slot(run_id, call_id)
         self._check_owner(slot, owner_token)
-        if slot.agent.completing:
-            raise IntloomError(
-                "BUSY", f"Agent task {call_id} is being completed by another request; it "
-                "can no longer be failed unless that completion is refused.",
-            )
+        _not_under_way(slot, call_id, end)
         _tool_not_running(slot, call_id, "failed")
         cursor = slot.state.cursor
         now = clock.now()

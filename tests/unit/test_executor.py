@@ -2301,3 +2301,62 @@ def test_a_fault_of_the_host_while_driving_a_run_is_logged_with_where(
     assert run_id == view.run_id
     assert detail["error"] == "TypeError" and detail["detail"] == "a bug of ours"
     assert detail["at"].startswith("test_executor.py:") and detail["at"].endswith(" in broken")
+
+
+def test_a_completion_that_differs_from_one_under_way_is_told_so_not_busy() -> None:
+    """A second completion (or a failure) sent while another completion's on_complete runs
+    got BUSY, "retry it to get the Run's view": a retry that differed was then refused
+    CONFLICT. It is refused CONFLICT at once, naming what is under way; a retry of the same
+    completion is still BUSY (its retry gets the Run's view)."""
+    started, release = asyncio.Event(), asyncio.Event()
+    wf = intloom.Workflow("agent", version="1")
+    st = wf.stage("s")
+
+    @st.agent_step("research", routes={"done": intloom.COMPLETE, "none": intloom.COMPLETE})
+    def research(ctx: Any) -> Any:
+        return {}
+
+    @research.on_complete
+    async def absorb(ctx: Any, result: intloom.AgentResult) -> None:
+        started.set()
+        await release.wait()
+
+    async def main() -> None:
+        rt = Runtime(loaded(wf), MemoryJournal(), package_version="0.1.0")
+        rt.restore([])
+        run_id, call_id, token = await _claimed(rt, "x", "c1")
+        first = asyncio.ensure_future(
+            rt.complete_agent_call(run_id, call_id, token, "done", {"n": 1}))
+        await started.wait()
+
+        async def refused(attempt: Any, code: str) -> str:
+            with pytest.raises(IntloomError) as info:
+                await attempt
+            assert info.value.code == code, info.value.message
+            return info.value.message
+
+        same = await refused(rt.complete_agent_call(run_id, call_id, token, "done", {"n": 1}),
+                             "BUSY")
+        assert "retry it to get the Run's view" in same
+        output = await refused(
+            rt.complete_agent_call(run_id, call_id, token, "done", {"n": 2}), "CONFLICT")
+        assert (f"Agent task {call_id} is being completed by another request, with outcome "
+                "'done' and another output; this completion was not recorded") in output
+        outcome = await refused(
+            rt.complete_agent_call(run_id, call_id, token, "none", {"n": 1}), "CONFLICT")
+        assert "by another request, with outcome 'done'; this completion" in outcome
+        failure = await refused(rt.fail_agent_call(run_id, call_id, token, "gave up"),
+                                "CONFLICT")
+        assert (f"Agent task {call_id} is being completed by another request, with outcome "
+                "'done'; this failure was not recorded") in failure
+        assert "its on_complete refuses it" in failure
+        release.set()
+        done = await first
+        assert done.status == "completed"
+        # Once recorded, a different completion names what differs from the recorded one.
+        later = await refused(
+            rt.complete_agent_call(run_id, call_id, token, "done", {"n": 2}), "CONFLICT")
+        assert (f"Agent task {call_id} was already completed with outcome 'done' and another "
+                "output") in later
+
+    run(main)
