@@ -1165,11 +1165,29 @@ class Runtime:
     async def _agent_slot(self, run_id: str, call_id: str
                           ) -> tuple[RunSlot, PendingAgentCall]:
         slot = self._slot(run_id)
+        _nonempty(call_id, "call_id", "the id of the Run's Agent task (pendingAgentCall.id)")
         call = slot.state.pending_agent_call
         if slot.view().status != "waiting" or call is None or call.id != call_id:
+            owner = self._task_owner(call_id)
+            if owner is not None and owner != run_id:
+                # Told of this Run's own task ("use that one"), the Agent was sent to a task
+                # another Agent may hold, when it had only paired its task with a wrong Run.
+                raise IntloomError(
+                    "CONFLICT", f"Agent task {call_id} is Run {owner}'s task, not Run "
+                    f"{run_id}'s; nothing was done. Send the request with run id {owner}.")
             await self._caught_up(slot)
             raise IntloomError("CONFLICT", _not_current_task(slot, slot.view(), call_id))
         return slot, call
+
+    def _task_owner(self, call_id: str) -> str | None:
+        """The Run whose current or last ended Agent task is ``call_id``, if this host knows it
+        (only on a refusal: it looks through every Run)."""
+        for rid, slot in self.runs.items():
+            call = slot.state.pending_agent_call
+            if call is not None and call.id == call_id:
+                return rid
+        return next((rid for rid, end in self._agent_ended.items() if end.call_id == call_id),
+                    None)
 
     def _check_owner(self, slot: RunSlot, owner_token: str) -> None:
         call = slot.state.pending_agent_call

@@ -2360,3 +2360,32 @@ def test_a_completion_that_differs_from_one_under_way_is_told_so_not_busy() -> N
                 "output") in later
 
     run(main)
+
+
+def test_a_task_sent_with_another_runs_id_names_the_run_it_belongs_to() -> None:
+    """An Agent that paired a task with the wrong Run id was told that Run "now waits on
+    Agent task CALL-…; use that one": another Agent's task. It is told whose task it is."""
+    async def main() -> None:
+        rt = Runtime(loaded(_one_agent_step()), MemoryJournal(), package_version="0.1.0")
+        rt.restore([])
+        first, first_call, token = await _claimed(rt, "x", "c1")
+        second, second_call, _ = await _claimed(rt, "y", "c2")
+        with pytest.raises(IntloomError) as mixed:
+            await rt.complete_agent_call(second, first_call, token, "done", None)
+        assert mixed.value.code == "CONFLICT"
+        assert mixed.value.message == (
+            f"Agent task {first_call} is Run {first}'s task, not Run {second}'s; nothing was "
+            f"done. Send the request with run id {first}.")
+        await rt.complete_agent_call(first, first_call, token, "done", None)
+        with pytest.raises(IntloomError) as ended:  # also once that task has ended
+            await rt.claim_agent_call(second, first_call, "c1")
+        assert f"is Run {first}'s task, not Run {second}'s" in ended.value.message
+        with pytest.raises(IntloomError) as blank:
+            await rt.claim_agent_call(second, "", "c2")
+        assert blank.value.code == "INVALID_REQUEST"
+        assert blank.value.message == (
+            "call_id is empty; give the id of the Run's Agent task (pendingAgentCall.id).")
+        still = rt.get(second).pending_agent_call
+        assert still is not None and still.id == second_call  # nothing was recorded
+
+    run(main)
