@@ -58,6 +58,7 @@ from intloom.runtime.limits import (
     MAX_REQUEST_BYTES,
 )
 from intloom.runtime.machine import (
+    NOT_RESTORED,
     IllegalTransition,
     RunState,
     Verdict,
@@ -432,9 +433,11 @@ def _not_current_task(slot: RunSlot, view: RunView, call_id: str) -> str:
     if view.status == "completed":
         return f"{fact}: the Run has completed and takes no more work."
     if view.status == "failed" and error is not None and error.code == "RUN_INTERRUPTED":
-        return (f"{fact}: the Run was interrupted (RUN_INTERRUPTED: "
-                f"{clip(error.message, _QUOTED_REASON)}); claims, owner tokens and Tool "
-                "receipts are not restored. Start a new Run for this work.")
+        quoted = clip(error.message, _QUOTED_REASON)
+        # A Run interrupted while it waited on a task says so in its own evidence.
+        lost = "" if NOT_RESTORED in quoted else f"; {NOT_RESTORED}"
+        return (f"{fact}: the Run was interrupted (RUN_INTERRUPTED: {quoted}){lost}. Start a "
+                "new Run for this work.")
     if view.status == "failed":
         code = error.code if error is not None else "failed"
         return f"{fact}: the Run has ended failed ({code}) and takes no more work."

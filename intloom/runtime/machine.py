@@ -38,8 +38,13 @@ from intloom.runtime.records import (
     Waiting,
 )
 
+# What a restart drops of a client Agent's task; a refusal that quotes a Run's evidence
+# checks for it, so as not to say it twice.
+NOT_RESTORED: Final = "claims, owner tokens and Tool receipts are not restored"
+
 __all__ = [
     "ALLOWED",
+    "NOT_RESTORED",
     "IllegalTransition",
     "Phase",
     "RestartRow",
@@ -444,8 +449,7 @@ def restart_verdict(state: RunState, has_recover: bool) -> Verdict:
         call = state.pending_agent_call
         return Verdict(
             "interrupted",
-            f"{where} waits on client Agent task {call.id} ({call.phase}); claims, owner "
-            "tokens and Tool receipts are not restored",
+            f"{where} waits on client Agent task {call.id} ({call.phase}); {NOT_RESTORED}",
         )
     if phase == "waiting":
         assert state.pending_action is not None

@@ -2389,3 +2389,31 @@ def test_a_task_sent_with_another_runs_id_names_the_run_it_belongs_to() -> None:
         assert still is not None and still.id == second_call  # nothing was recorded
 
     run(main)
+
+
+def test_a_task_of_a_run_interrupted_while_it_waited_says_what_is_lost_once() -> None:
+    """The refusal quoted the Run's RUN_INTERRUPTED evidence, which already says "claims,
+    owner tokens and Tool receipts are not restored", then said it again."""
+    journal = MemoryJournal()
+
+    async def first() -> tuple[str, str, str]:
+        rt = Runtime(loaded(_one_agent_step()), journal, package_version="0.1.0")
+        rt.restore([])
+        claimed = await _claimed(rt, "x", "c1")
+        await rt.suspend(1)
+        return claimed
+
+    run_id, call_id, token = run(first)
+
+    async def second() -> None:
+        rt = Runtime(loaded(_one_agent_step()), journal, package_version="0.1.0")
+        rt.restore([RestoredRun(run_id, fold(journal.of(run_id)))])
+        rt.start_restored()
+        with pytest.raises(IntloomError) as info:
+            await rt.complete_agent_call(run_id, call_id, token, "done", None)
+        message = info.value.message
+        assert info.value.code == "CONFLICT" and "RUN_INTERRUPTED" in message, message
+        assert message.count("claims, owner tokens and Tool receipts are not restored") == 1
+        assert message.endswith("are not restored.). Start a new Run for this work."), message
+
+    run(second)
