@@ -291,8 +291,11 @@ def _too_large(request: Request | None, reply: msgspec.Struct, size: int) -> Err
         fix = (" List the Runs in pages, as the intloom runs of this version does (an older "
                "client cannot: upgrade it), or narrow the list with --flow.")
     elif isinstance(reply, ToolResult):
-        fix = (" The Tool ran, and a retry with the same tool call id replays this output. "
-               "Make the Tool return less: write large data to a file and return its path.")
+        # "a retry replays this output" read as a way to get it: the replay is as large.
+        fix = (" The Tool ran, and its output is kept: the same call sent again (its tool "
+               "call id) is not run again and gets this same refusal. Make the Tool return "
+               "less (write large data to a file and return its path); until then, complete "
+               "or fail the task without this output.")
     else:
         fix = " intloom logs has the details (reply_too_large); please report it."
     return _error("RESPONSE_TOO_LARGE", fact + fix)

@@ -353,6 +353,12 @@ def test_a_tool_output_too_large_to_send_is_named_not_internal(giant: Project) -
         message = too_large.value.message
         assert "reply to the CallTool request (ToolResult, 5,0" in message, message
         assert "Make the Tool return less" in message
+        # The retry it offered as a way to the output was refused the same way.
+        with pytest.raises(IntloomError) as again:
+            client.call_tool(run.run_id, call.id, token, "tc-1", "huge", None)
+        assert again.value.code == "RESPONSE_TOO_LARGE", again.value
+        assert ("is not run again and gets this same refusal" in message
+                and "complete or fail the task without this output" in message), message
         assert client.get_run(run.run_id).status == "waiting"  # the connection goes on
     logged = _log(giant, "reply_too_large")
     assert logged and logged[-1]["request"] == "CallTool", logged
