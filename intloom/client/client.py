@@ -546,6 +546,8 @@ class Client:
         if self._sock is None and self._closed_why == _CLOSED_HERE:
             return self._closed_meanwhile(request, what)
         self._shut(f"its connection broke during an earlier request ({what})")
+        if timed_out and isinstance(request, CompleteAgentCall):
+            return self._completion_outwaited(request)
         if timed_out and _waits_on_a_run(request):
             return self._outwaited(request, what)
         if timed_out and isinstance(request, CallTool):
@@ -614,6 +616,22 @@ class Client:
             "BUSY while the Tool runs, then returns its output without running it again. To "
             "wait as long as a Tool takes, connect with Client.connect(root, "
             "request_timeout=None).",
+        )
+
+    def _completion_outwaited(self, request: CompleteAgentCall) -> IntloomError:
+        """A completion past ``request_timeout``: as for a Tool call, what helps the Agent is
+        that the same completion is safe to send again (the generic advice, create_run with
+        wait=False, is no request an Agent makes)."""
+        return IntloomError(
+            "PROJECT_REQUEST_FAILED",
+            f"No reply came for the completion of Agent task {request.call_id} (Run "
+            f"{request.run_id}) within {self.request_timeout:g} s. Its on_complete, or the "
+            "Steps its outcome leads to, may still be running in the host (the request was "
+            "not replayed); a host that is paused or hung gives no reply either (check with "
+            "intloom status). Sending the same completion again (the same outcome and output) "
+            "on a new connection (Client.connect) is safe: it is BUSY while its on_complete "
+            "runs, then returns the Run's view; the task is not completed twice. To wait as "
+            "long as that takes, connect with Client.connect(root, request_timeout=None).",
         )
 
     def _outwaited(self, request: Request, what: str) -> IntloomError:

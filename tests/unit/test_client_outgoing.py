@@ -273,6 +273,29 @@ def test_a_tool_call_past_the_request_timeout_says_it_may_still_run_and_how_to_r
     assert "(the same tool_call_id, Tool and input)" in message and "attach" not in message
 
 
+def test_a_completion_past_the_request_timeout_says_sending_it_again_is_safe() -> None:
+    """A completion whose on_complete (or the Steps after it) outlasts ``request_timeout``:
+    the Agent was told to create Runs with wait=False, which it does not do, and not that
+    the same completion sent again is answered with the Run's view, never recorded twice."""
+    import socket
+
+    from intloom.client.client import Client
+
+    ours, hosts = socket.socketpair()
+    with hosts:
+        client = Client(ours, None, None, Path("/nowhere"),  # type: ignore[arg-type]
+                        request_timeout=0.2)
+        with pytest.raises(IntloomError) as info:
+            client.complete_agent_call("RUN-1", "CALL-1", "token", "found", {"n": 1})
+    assert info.value.code == "PROJECT_REQUEST_FAILED"
+    message = info.value.message
+    assert message.startswith("No reply came for the completion of Agent task CALL-1 (Run "
+                              "RUN-1) within 0.2 s. Its on_complete, or the Steps its outcome "
+                              "leads to, may still be running"), message
+    assert "the same outcome and output" in message and "wait=False" not in message
+    assert "request_timeout=None" in message
+
+
 @pytest.mark.parametrize(("given", "said"), [
     ({"request_timeout": 0}, "request_timeout is the seconds a request waits for its reply: "
                              "a finite number > 0, or None to wait as long as its Run takes"),
