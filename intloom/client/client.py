@@ -629,9 +629,9 @@ class Client:
             "Steps its outcome leads to, may still be running in the host (the request was "
             "not replayed); a host that is paused or hung gives no reply either (check with "
             "intloom status). Sending the same completion again (the same outcome and output) "
-            "on a new connection (Client.connect) is safe: it is BUSY while its on_complete "
-            "runs, then returns the Run's view; the task is not completed twice. To wait as "
-            "long as that takes, connect with Client.connect(root, request_timeout=None).",
+            "on a new connection (Client.connect) is safe: it waits for the first one, then "
+            "returns the Run's view; the task is not completed twice. To wait as long as "
+            "that takes, connect with Client.connect(root, request_timeout=None).",
         )
 
     def _outwaited(self, request: Request, what: str) -> IntloomError:

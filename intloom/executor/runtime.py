@@ -457,6 +457,10 @@ class _AgentEnd(msgspec.Struct, frozen=True):
     shown: str
     output: bytes  # sha256 of the completion's output, or of the whole failure message
 
+    def same(self, other: _AgentEnd) -> bool:
+        """The same request, whoever's token it carries (checked on its own)."""
+        return (self.verb, self.shown, self.output) == (other.verb, other.shown, other.output)
+
 
 def _ended_as(first: _AgentEnd, this: _AgentEnd) -> str:
     """How ``first`` ended (or ends) its task, as a refusal of ``this`` request names it:
@@ -469,25 +473,26 @@ def _ended_as(first: _AgentEnd, this: _AgentEnd) -> str:
     return f"completed with outcome {first.shown}{other}"
 
 
+class _UnderWay:
+    """A completion whose on_complete runs (``AgentClaim.completing``): what it sent, and
+    set once it is recorded or refused."""
+
+    def __init__(self, end: _AgentEnd) -> None:
+        self.end = end
+        self.settled = asyncio.Event()
+
+
 def _not_under_way(slot: RunSlot, call_id: str, end: _AgentEnd) -> None:
-    """While a completion's on_complete runs: BUSY for the same request (a retry, which gets
-    the Run's view once that completion has finished); CONFLICT at once for another one, which
-    a retry could not change if that completion is recorded (it was BUSY, and its retry then
-    got CONFLICT)."""
+    """While another completion's on_complete runs: CONFLICT at once, which a retry could not
+    change if that completion is recorded (it was BUSY, and its retry then got CONFLICT)."""
     running = slot.agent.completing
-    if running is None:
+    if not isinstance(running, _UnderWay):
         return
-    if not isinstance(running, _AgentEnd) or (
-            (running.verb, running.shown, running.output) == (end.verb, end.shown, end.output)):
-        raise IntloomError(
-            "BUSY", f"Agent task {call_id} is being completed by another request; retry "
-            "it to get the Run's view once that one has finished.",
-        )
     what = "completion" if end.verb == "complete" else "failure"
     raise IntloomError(
         "CONFLICT",
         f"Agent task {call_id} is being completed by another request, with "
-        f"{_ended_as(running, end).removeprefix('completed with ')}; this {what} was not "
+        f"{_ended_as(running.end, end).removeprefix('completed with ')}; this {what} was not "
         f"recorded. Once that completion is recorded the task has ended; if its on_complete "
         f"refuses it, the task stays claimed and this {what} can be sent again.",
     )
@@ -1375,7 +1380,7 @@ class Runtime:
         if done is None or done.call_id != call_id:
             return None
         self._check_owner_of(done.owner_token, owner_token, call_id)
-        if (done.verb, done.shown, done.output) != (end.verb, end.shown, end.output):
+        if not done.same(end):
             raise IntloomError(
                 "CONFLICT",
                 f"Agent task {call_id} was already {_ended_as(done, end)}; a retry must "
@@ -1414,23 +1419,51 @@ class Runtime:
         slot = self._slot(run_id)
         end = _AgentEnd(call_id, owner_token, "complete", repr(outcome),  # the value, not key order
                         hashlib.sha256(_CANONICAL.encode(output)).digest())
-        repeated = await self._repeated(slot, call_id, owner_token, end)
-        if repeated is not None:
-            return repeated
-        slot, _call = await self._agent_slot(run_id, call_id)
-        self._check_owner(slot, owner_token)
-        cursor = slot.state.cursor
-        step = slot.lw.workflow.stages[cursor.stage].steps[cursor.step or ""]
-        if outcome not in step.routes:
-            raise IntloomError(
-                "INVALID_REQUEST",
-                f"Outcome {outcome!r} is not routed by {step.where}; routed: "
-                f"{sorted(step.routes)}.",
-            )
+        while True:
+            repeated = await self._repeated(slot, call_id, owner_token, end)
+            if repeated is not None:
+                return repeated
+            slot, _call = await self._agent_slot(run_id, call_id)
+            self._check_owner(slot, owner_token)
+            cursor = slot.state.cursor
+            step = slot.lw.workflow.stages[cursor.stage].steps[cursor.step or ""]
+            if outcome not in step.routes:
+                raise IntloomError(
+                    "INVALID_REQUEST",
+                    f"Outcome {outcome!r} is not routed by {step.where}; routed: "
+                    f"{sorted(step.routes)}.",
+                )
+            running = slot.agent.completing
+            if not isinstance(running, _UnderWay) or not running.end.same(end):
+                break
+            # The same completion sent again while the first one's on_complete runs (its
+            # reply lost, or its client timed out): it gets what that one leads to, as a
+            # retry sent after it does (it was BUSY, to be retried until then).
+            await running.settled.wait()
+            done = self._agent_ended.get(run_id)
+            if self.closing and (done is None or done.call_id != call_id):
+                # Not recorded, and the stop lets nothing begin: told as the first one is.
+                _ended_meanwhile(slot, call_id)
+                raise _stopped_in_on_complete(run_id, call_id, outcome,
+                                              reason=self._suspended_for)
         assert isinstance(step, AgentStep)
         _not_under_way(slot, call_id, end)
         _tool_not_running(slot, call_id, "completed")
-        slot.agent.completing = end
+        under_way = _UnderWay(end)
+        slot.agent.completing = under_way
+        try:
+            await self._complete(slot, step, run_id, call_id, owner_token, outcome, output, end)
+        finally:
+            # After the completion is recorded (or refused): a request waiting on it then
+            # finds the task ended, or still claimed.
+            under_way.settled.set()
+        return await self.wait_stable(run_id)
+
+    async def _complete(self, slot: RunSlot, step: AgentStep[Any], run_id: str, call_id: str,
+                        owner_token: str, outcome: str, output: Any, end: _AgentEnd) -> None:
+        """complete_agent_call's on_complete, then its records, durable, and the Run let go
+        on from them."""
+        cursor = slot.state.cursor
         try:
             async with self._agent_working(
                     run_id, f"client Agent task {call_id}'s on_complete was running (outcome "
@@ -1484,7 +1517,6 @@ class Runtime:
         self._agent_ended[run_id] = end
         await self.sync(slot)  # the outcome is durable before routing or reporting
         self.driver.launch(slot)
-        return await self.wait_stable(run_id)
 
     async def fail_agent_call(
         self, run_id: str, call_id: str, owner_token: str, message: str

@@ -2306,8 +2306,8 @@ def test_a_fault_of_the_host_while_driving_a_run_is_logged_with_where(
 def test_a_completion_that_differs_from_one_under_way_is_told_so_not_busy() -> None:
     """A second completion (or a failure) sent while another completion's on_complete runs
     got BUSY, "retry it to get the Run's view": a retry that differed was then refused
-    CONFLICT. It is refused CONFLICT at once, naming what is under way; a retry of the same
-    completion is still BUSY (its retry gets the Run's view)."""
+    CONFLICT. It is refused CONFLICT at once, naming what is under way; the same completion
+    sent again waits for the first and gets the Run's view it leads to (it was BUSY)."""
     started, release = asyncio.Event(), asyncio.Event()
     wf = intloom.Workflow("agent", version="1")
     st = wf.stage("s")
@@ -2335,9 +2335,8 @@ def test_a_completion_that_differs_from_one_under_way_is_told_so_not_busy() -> N
             assert info.value.code == code, info.value.message
             return info.value.message
 
-        same = await refused(rt.complete_agent_call(run_id, call_id, token, "done", {"n": 1}),
-                             "BUSY")
-        assert "retry it to get the Run's view" in same
+        same = asyncio.ensure_future(
+            rt.complete_agent_call(run_id, call_id, token, "done", {"n": 1}))
         output = await refused(
             rt.complete_agent_call(run_id, call_id, token, "done", {"n": 2}), "CONFLICT")
         assert (f"Agent task {call_id} is being completed by another request, with outcome "
@@ -2350,9 +2349,10 @@ def test_a_completion_that_differs_from_one_under_way_is_told_so_not_busy() -> N
         assert (f"Agent task {call_id} is being completed by another request, with outcome "
                 "'done'; this failure was not recorded") in failure
         assert "its on_complete refuses it" in failure
+        assert not same.done(), "the same completion was answered before the first's"
         release.set()
         done = await first
-        assert done.status == "completed"
+        assert done.status == "completed" and await same == done
         # Once recorded, a different completion names what differs from the recorded one.
         later = await refused(
             rt.complete_agent_call(run_id, call_id, token, "done", {"n": 2}), "CONFLICT")
@@ -2417,3 +2417,40 @@ def test_a_task_of_a_run_interrupted_while_it_waited_says_what_is_lost_once() ->
         assert message.endswith("are not restored.). Start a new Run for this work."), message
 
     run(second)
+
+
+def test_the_same_completion_waiting_on_one_a_stop_drops_is_told_what_the_first_is() -> None:
+    """The same completion, waiting on the first one's on_complete when the host stops: the
+    first is not recorded (nothing is written while the host stops), and the one waiting on
+    it is told so in the same words, not that the host is stopping with "no new work"."""
+    started, release = asyncio.Event(), asyncio.Event()
+    wf = intloom.Workflow("agent", version="1")
+    st = wf.stage("s")
+
+    @st.agent_step("research", routes={"done": intloom.COMPLETE})
+    def research(ctx: Any) -> Any:
+        return {}
+
+    @research.on_complete
+    async def absorb(ctx: Any, result: intloom.AgentResult) -> None:
+        started.set()
+        await release.wait()
+
+    async def main() -> None:
+        rt = Runtime(loaded(wf), MemoryJournal(), package_version="0.1.0")
+        rt.restore([])
+        run_id, call_id, token = await _claimed(rt, "x", "c1")
+        sent = [asyncio.ensure_future(
+            rt.complete_agent_call(run_id, call_id, token, "done", {"n": 1})) for _ in "ab"]
+        await started.wait()
+        stopping = asyncio.ensure_future(rt.suspend(5))
+        await asyncio.sleep(0)
+        release.set()
+        await stopping
+        told = await asyncio.gather(*sent, return_exceptions=True)
+        assert all(isinstance(exc, IntloomError) for exc in told), told
+        first, second = (str(exc.message) for exc in told if isinstance(exc, IntloomError))
+        assert first == second, (first, second)
+        assert "the completion was not recorded" in second
+
+    run(main)
