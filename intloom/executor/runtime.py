@@ -1210,10 +1210,13 @@ class Runtime:
         slot, call = await self._agent_slot(run_id, call_id)
         if slot.agent.claim_id is not None:
             if slot.agent.claim_id != claim_id or slot.agent.owner_token is None:
+                # No lease ends a claim: an Agent that died with a claim_id nobody knows
+                # holds its task for good, and only a cancel frees it.
                 raise IntloomError(
                     "CONFLICT", f"Agent task {call_id} is claimed by another claim; a task has "
                     "one claim at a time. Retry with the claim_id that claimed it, or leave "
-                    "the task to that Agent.")
+                    "the task to that Agent; a claim has no lease, so if that Agent is gone "
+                    f"for good, intloom cancel {run_id} ends the task with its Run.")
             return slot.agent.owner_token, call
         slot.agent.claim_id = claim_id
         slot.agent.owner_token = secrets.token_urlsafe(32)

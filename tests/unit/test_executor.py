@@ -775,8 +775,10 @@ def test_agent_step_claim_tools_and_complete() -> None:
         token, claimed = await rt.claim_agent_call(view.run_id, call.id, "c1")
         assert claimed.phase == "claimed"
         assert (await rt.claim_agent_call(view.run_id, call.id, "c1"))[0] == token
-        with pytest.raises(IntloomError, match="another claim"):
+        with pytest.raises(IntloomError, match="another claim") as taken:
             await rt.claim_agent_call(view.run_id, call.id, "c2")
+        # The way out when the claiming Agent is gone (a claim never expires).
+        assert f"intloom cancel {view.run_id} ends the task" in taken.value.message
         out, replayed = await rt.call_tool(view.run_id, call.id, token, "t1", "lookup", 1)
         assert out == {"found": 1} and not replayed
         out, replayed = await rt.call_tool(view.run_id, call.id, token, "t1", "lookup", 1)
