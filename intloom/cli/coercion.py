@@ -39,10 +39,15 @@ def _number(kind: type[Any], value: Any, low: Any, high: Any) -> Any:
     if kind is float and not -math.inf < number < math.inf:  # nan, inf: no range holds them
         raise ValueError(f"{value!r} is not a finite number.")
     if (low is not None and number < low) or (high is not None and number > high):
-        low_text = f"{low}<=" if low is not None else ""
-        high_text = f"<={high}" if high is not None else ""
-        raise ValueError(f"{number} is not in the range {low_text}x{high_text}.")
+        low_text = f"{_shown(low)}<=" if low is not None else ""
+        high_text = f"<={_shown(high)}" if high is not None else ""
+        raise ValueError(f"{_shown(number)} is not in the range {low_text}x{high_text}.")
     return number
+
+
+def _shown(number: Any) -> str:
+    """A float as a person writes it: 1e+09 and -1, not 1000000000.0 and -1.0."""
+    return f"{number:g}" if isinstance(number, float) else str(number)
 
 
 def _flag(value: Any, param: Any, ctx: Any) -> bool:

@@ -94,7 +94,8 @@ def test_only_the_invoked_command_is_built(argv: list[str], name: str | None) ->
     [
         (["start", "--port", "abc"], "'abc' is not an integer."),
         (["start", "--port", "70000"], "70000 is not in the range 0<=x<=65535."),
-        (["stop", "--timeout", "-1"], "-1.0 is not in the range 0.0<=x."),
+        (["stop", "--timeout", "-1"], "-1 is not in the range 0<=x<=1e+09."),
+        (["start", "--timeout", "1e10"], "1e+10 is not in the range 0<=x<=1e+09."),
         (["stop", "--timeout", "soon"], "'soon' is not a number."),
         (["stop", "--timeout", "nan"], "'nan' is not a finite number."),
         (["start", "--timeout", "inf"], "'inf' is not a finite number."),
@@ -750,3 +751,12 @@ def test_stop_facing_crash_leftovers_without_connection_json_says_how_to_clean_u
     assert "remove .intloom/service.lock and .intloom/service.json yourself" in message, message
     assert "kill -TERM" not in message, message
     assert tree(root) == before
+
+
+def test_the_timeout_options_bound_is_the_clients() -> None:
+    """--timeout is bounded while parsing (a usage error, exit 2), by a copy of the bound
+    the client refuses above: the two must not drift apart."""
+    from intloom.cli.commands.service import MAX_TIMEOUT
+    from intloom.client.client import MAX_SECONDS
+
+    assert MAX_TIMEOUT == MAX_SECONDS

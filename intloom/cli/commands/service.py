@@ -15,10 +15,16 @@ if TYPE_CHECKING:
 
 __all__ = ["start", "stop", "stop_lines"]
 
+# intloom.client.client.MAX_SECONDS, above which lifecycle refuses a timeout; imported here
+# it would cost every command's start-up. Checked while parsing, a timeout past it is a usage
+# error (exit 2), as a negative one is, not a failure found once the command has begun.
+MAX_TIMEOUT = 1e9
+
 TimeoutOpt = Annotated[
     float | None,
     typer.Option(
-        "--timeout", metavar="S", min=0.0, help="Give up after S seconds.", show_default=False
+        "--timeout", metavar="S", min=0.0, max=MAX_TIMEOUT, help="Give up after S seconds.",
+        show_default=False,
     ),
 ]
 
