@@ -26,7 +26,9 @@ __all__ = ["CliState", "DebugOpt", "Interrupted", "JsonOpt", "ProjectOpt", "comm
 JsonOpt = Annotated[
     bool,
     typer.Option(
-        "--json", help="Write exactly one JSON document to stdout; no prompts, no colour."
+        "--json",
+        help="Write one JSON document to stdout (logs: one record a line); no prompts, no "
+        "colour.",
     ),
 ]
 ProjectOpt = Annotated[

@@ -760,3 +760,22 @@ def test_the_timeout_options_bound_is_the_clients() -> None:
     from intloom.client.client import MAX_SECONDS
 
     assert MAX_TIMEOUT == MAX_SECONDS
+
+
+@pytest.mark.parametrize(("args", "lines"), [
+    (["init", "--help"], ["Usage: intloom init [OPTIONS] [DIR]"]),
+    (["logs", "--help"], ["Usage: intloom logs [OPTIONS] [RUN]", "(logs: one record a line)"]),
+    (["start", "--help"], ["--port N", "Give up after S seconds (default 300)."]),
+    (["stop", "--help"], ["Give up after S seconds (default 10)."]),
+])
+def test_the_help_spells_the_usage_as_docs_cli_does(
+    capsys: pytest.CaptureFixture[str], args: list[str], lines: list[str],
+) -> None:
+    """The help said ``init [directory]``, ``logs [[RUN]]`` and ``--port <int range>``, gave
+    no default for --timeout, and promised exactly one JSON document from ``logs --json``,
+    where docs/cli.md says ``init [DIR]``, ``logs [RUN]``, ``--port N``, the defaults (300 s
+    for start, 10 s for stop) and that logs streams JSONL."""
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    for line in lines:
+        assert line in out, out

@@ -235,7 +235,7 @@ def logs(
     state: CliState,
     run_id: Annotated[
         str | None,
-        typer.Argument(metavar="[RUN]", help="Only records about this Run.", show_default=False),
+        typer.Argument(metavar="RUN", help="Only records about this Run.", show_default=False),
     ] = None,
     follow: Annotated[
         bool, typer.Option("--follow", "-f", help="Keep printing new records, across restarts.")

@@ -20,13 +20,13 @@ __all__ = ["start", "stop", "stop_lines"]
 # error (exit 2), as a negative one is, not a failure found once the command has begun.
 MAX_TIMEOUT = 1e9
 
-TimeoutOpt = Annotated[
-    float | None,
-    typer.Option(
-        "--timeout", metavar="S", min=0.0, max=MAX_TIMEOUT, help="Give up after S seconds.",
-        show_default=False,
-    ),
-]
+
+def _timeout_option(default: int) -> Any:
+    """--timeout, whose default (lifecycle's) differs between start and stop."""
+    return typer.Option(
+        "--timeout", metavar="S", min=0.0, max=MAX_TIMEOUT,
+        help=f"Give up after S seconds (default {default}).", show_default=False,
+    )
 
 
 @command
@@ -35,8 +35,8 @@ def start(
     port: Annotated[
         int | None,
         typer.Option(
-            "--port", min=0, max=65535, help="Listen on this port (saved for later starts).",
-            show_default=False,
+            "--port", metavar="N", min=0, max=65535,
+            help="Listen on this port (saved for later starts).", show_default=False,
         ),
     ] = None,
     foreground: Annotated[
@@ -48,7 +48,7 @@ def start(
             "--strict", help="Refuse to start when any journal is corrupt or incompatible."
         ),
     ] = False,
-    timeout: TimeoutOpt = None,
+    timeout: Annotated[float | None, _timeout_option(300)] = None,
 ) -> None:
     """Start the project's host (or reuse the one running) and restore its Runs."""
     from intloom.client import lifecycle
@@ -103,7 +103,7 @@ def _report(renderer: Renderer, result: Any) -> None:
 
 
 @command
-def stop(state: CliState, timeout: TimeoutOpt = None) -> None:
+def stop(state: CliState, timeout: Annotated[float | None, _timeout_option(10)] = None) -> None:
     """Ask the running host to stop, once, and wait until it has released its files."""
     from intloom.client import lifecycle
 
