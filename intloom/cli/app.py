@@ -11,6 +11,7 @@ import codecs
 import io
 import os
 import shlex
+import shutil
 import sys
 import traceback
 from collections.abc import Sequence
@@ -33,7 +34,7 @@ except ImportError:  # typer releases that still delegate to click
         NoArgsIsHelpError,
     )
 
-__all__ = ["COMMANDS", "build_app", "main"]
+__all__ = ["COMMANDS", "RICH_HELP_COLUMNS", "build_app", "main"]
 
 # command -> (module under intloom.cli.commands, function). Order is the order of --help.
 COMMANDS: Final[dict[str, tuple[str, str]]] = {
@@ -84,6 +85,16 @@ def _root(
     ctx.ensure_object(CliState).merge(json_mode=json_mode, project=project, debug=debug)
 
 
+# The narrowest terminal on which every command's Rich help shows every word whole
+# (tests/unit/test_cli_output.py checks each command's at this width).
+RICH_HELP_COLUMNS: Final = 80
+
+
+def _rich_help() -> bool:
+    return ("NO_COLOR" not in os.environ and sys.stdout.isatty()
+            and shutil.get_terminal_size().columns >= RICH_HELP_COLUMNS)
+
+
 def build_app(only: str | None = None) -> typer.Typer:
     """The Typer app with every command, or with ``only`` that one.
 
@@ -99,9 +110,9 @@ def build_app(only: str | None = None) -> typer.Typer:
         # NO_COLOR promises plain output even on a terminal, and piped output is plain text
         # without trailing spaces. Rich honours NO_COLOR for colour only (bold and the boxed
         # panels stay), so Typer's Rich help is switched off for both: without a markup mode
-        # Typer prints Click's plain help.
-        rich_markup_mode=None if "NO_COLOR" in os.environ or not sys.stdout.isatty()
-        else "rich",
+        # Typer prints Click's plain help. So it is on a narrow terminal, where Rich's
+        # panels cut option names and words to fit ("--foreg…"); Click's help wraps them.
+        rich_markup_mode="rich" if _rich_help() else None,
         context_settings={"help_option_names": ["-h", "--help"]},
     )
     app.callback()(_root)

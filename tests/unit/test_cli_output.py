@@ -525,3 +525,37 @@ def test_a_suspended_runs_failure_says_to_stop_a_host_that_still_serves(
     assert f"was suspended by its host (RUN_INTERRUPTED), not ended: {said}" in err, err
     assert ("Run intloom stop first if its host still serves (intloom status says; one "
             "whose log failed does), then intloom start, then intloom attach RUN-1.") in err, err
+
+
+def _help_on_a_terminal(monkeypatch: pytest.MonkeyPatch, columns: int, *args: str) -> str:
+    from intloom.cli.app import main
+
+    out = _Tty()
+    monkeypatch.setattr("sys.stdout", out)
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.setenv("COLUMNS", str(columns))
+    assert main([*args, "--help"]) == 0
+    return re.sub(r"\x1b\[[0-9;]*m", "", out.getvalue())
+
+
+def test_a_narrow_terminal_gets_help_that_cuts_no_option_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """At 40 columns Rich's help panels cut names and words to fit: ``--foreg…``,
+    ``--timeo…``, ``incompat…``. Help too narrow for them is Click's, which wraps."""
+    text = _help_on_a_terminal(monkeypatch, 40, "start")
+    assert "…" not in text, text
+    for name in ("--port N", "--foreground", "--strict", "--timeout S", "--project DIR"):
+        assert name in text, text
+    assert "incompatible." in text, text
+
+
+def test_every_commands_rich_help_fits_the_width_it_is_shown_at(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from intloom.cli.app import COMMANDS, RICH_HELP_COLUMNS
+
+    for args in ([], *([name] for name in COMMANDS)):
+        text = _help_on_a_terminal(monkeypatch, RICH_HELP_COLUMNS, *args)
+        assert "╭" in text, text  # Rich's, at that width
+        assert "…" not in text, text
