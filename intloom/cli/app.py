@@ -27,11 +27,12 @@ from intloom.cli.options import CliState, DebugOpt, Interrupted, JsonOpt, Projec
 from intloom.errors import IntloomError, error_view
 
 try:
-    from typer._click.exceptions import ClickException, NoArgsIsHelpError
+    from typer._click.exceptions import ClickException, NoArgsIsHelpError, NoSuchOption
 except ImportError:  # typer releases that still delegate to click
     from click.exceptions import (  # type: ignore[import-not-found, no-redef]
         ClickException,
         NoArgsIsHelpError,
+        NoSuchOption,
     )
 
 __all__ = ["COMMANDS", "RICH_HELP_COLUMNS", "build_app", "main"]
@@ -206,6 +207,28 @@ def _flow_fix(ctx: object, message: str) -> str | None:
     return f"The intent is an option: give it as --intent {shlex.quote(extra)}."
 
 
+def _misplaced_option(exc: ClickException, args: Sequence[str], root: object) -> str | None:
+    """For ``intloom --port 5000 start``: the usage error that says --port is start's, to be
+    given after it. Click only knows that the root has no --port, and suggests --project."""
+    ctx = getattr(exc, "ctx", None)
+    if not isinstance(exc, NoSuchOption) or getattr(ctx, "parent", True) is not None:
+        return None
+    option = exc.option_name
+    commands = getattr(root, "commands", {})
+    for arg in args:  # the command named on the line, the first word that is one
+        sub = commands.get(arg) if arg in COMMANDS else None
+        if sub is None:
+            continue
+        for param in sub.params:
+            if option in (*param.opts, *param.secondary_opts):
+                value = "" if param.is_flag else f" {param.metavar or 'VALUE'}"
+                return (f"{option} is an option of intloom {arg}, not of intloom: give it "
+                        f"after the command: intloom {arg} {option}{value}. Run intloom "
+                        f"{arg} --help for the usage.")
+        return None
+    return None
+
+
 def _usage_message(exc: ClickException, name: str | None = None) -> str:
     ctx = getattr(exc, "ctx", None)
     # An option given without its value is reported with no context: its command's help,
@@ -258,6 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _encodable_stdout(state.json_mode)
     state.debug = "--debug" in args
     name = _command_name(args)
+    command: object = None
     try:
         command = typer.main.get_command(build_app(name))
         coercion.install(command)
@@ -277,7 +301,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.write(exc.format_message() + "\n")
         return exit_codes.OK
     except ClickException as exc:
-        state.renderer.error(error_view("INVALID_REQUEST", _usage_message(exc, name)))
+        message = _misplaced_option(exc, args, command) or _usage_message(exc, name)
+        state.renderer.error(error_view("INVALID_REQUEST", message))
         return exit_codes.USAGE
     except IntloomError as exc:
         state.renderer.error(exc.view())

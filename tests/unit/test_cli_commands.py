@@ -985,3 +985,26 @@ def test_flow_with_a_positional_intent_names_the_intent_option(
     assert client.calls == []
     code, out, _ = cli(capsys, *argv, "--json")
     assert code == 2 and fix in json.loads(out)["error"]["message"]
+
+
+@pytest.mark.parametrize(("args", "fix"), [
+    (["--timeout", "5", "stop"], "--timeout is an option of intloom stop"),
+    (["--port=5000", "start", "--json"], "--port is an option of intloom start"),
+    (["--strict", "start"], "--strict is an option of intloom start"),
+    (["-f", "logs"], "-f is an option of intloom logs"),
+])
+def test_a_commands_option_given_before_the_command_says_where_it_goes(
+    capsys: pytest.CaptureFixture[str], args: list[str], fix: str,
+) -> None:
+    """``intloom --port 5000 start`` said "No such option: --port (Possible options:
+    --project). Run intloom --help", whose page has no --port: nothing said that it is
+    start's option, to be given after ``start``."""
+    code, out, err = cli(capsys, *args)
+    assert code == 2
+    message = json.loads(out)["error"]["message"] if "--json" in args else err
+    command = fix.rsplit(" ", 1)[1]
+    option = fix.split(" ", 1)[0]
+    assert f"{fix}, not of intloom: give it after the command" in message, message
+    assert f"Run intloom {command} --help for the usage." in message, message
+    assert "Possible options" not in message, message
+    assert option in message.split("command", 1)[1], message  # the line to type shows it
