@@ -209,11 +209,17 @@ def _flow_fix(ctx: object, message: str) -> str | None:
 
 def _misplaced_option(exc: ClickException, args: Sequence[str], root: object) -> str | None:
     """For ``intloom --port 5000 start``: the usage error that says --port is start's, to be
-    given after it. Click only knows that the root has no --port, and suggests --project."""
+    given after it (Click only knows that the root has no --port, and suggests --project);
+    for ``intloom runs --version``, that --version is the root's, to be given before it."""
     ctx = getattr(exc, "ctx", None)
-    if not isinstance(exc, NoSuchOption) or getattr(ctx, "parent", True) is not None:
+    if not isinstance(exc, NoSuchOption) or ctx is None:
         return None
     option = exc.option_name
+    if ctx.parent is not None:
+        if not any(option in param.opts for param in ctx.parent.command.params):
+            return None
+        return (f"{option} is an option of intloom, not of {ctx.command_path}: give it "
+                f"before the command: intloom {option}. Run intloom --help for the usage.")
     commands = getattr(root, "commands", {})
     for arg in args:  # the command named on the line, the first word that is one
         sub = commands.get(arg) if arg in COMMANDS else None

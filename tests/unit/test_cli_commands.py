@@ -1008,3 +1008,12 @@ def test_a_commands_option_given_before_the_command_says_where_it_goes(
     assert f"Run intloom {command} --help for the usage." in message, message
     assert "Possible options" not in message, message
     assert option in message.split("command", 1)[1], message  # the line to type shows it
+
+
+def test_version_after_a_command_says_it_goes_before(capsys: pytest.CaptureFixture[str]) -> None:
+    """``intloom runs --version`` said "No such option: --version (Possible options:
+    --json)": --version is the root's alone (docs/cli.md), which nothing said."""
+    code, out, err = cli(capsys, "runs", "--version")
+    assert (code, out) == (2, "")
+    assert ("--version is an option of intloom, not of intloom runs: give it before the "
+            "command: intloom --version. Run intloom --help for the usage.") in err, err
