@@ -176,10 +176,30 @@ def _empty_project(args: Sequence[str]) -> bool:
         arg == "--project" and value == "" for arg, value in pairwise(options))
 
 
-def _json_requested(args: Sequence[str]) -> bool:
-    """Whether ``--json`` was asked for, before parsing (a usage error is still JSON then)."""
-    options = args[: args.index("--")] if "--" in args else args
-    return "--json" in options
+def _value_options(command: object, name: str | None) -> frozenset[str]:
+    """Every spelling of an option, of the root or of command ``name``, that takes a value."""
+    commands = [command]
+    sub = getattr(command, "commands", {}).get(name) if name is not None else None
+    if sub is not None:
+        commands.append(sub)
+    return frozenset(
+        spelling for cmd in commands for param in getattr(cmd, "params", ())
+        if getattr(param, "param_type_name", "") == "option" and not param.is_flag
+        and not param.count for spelling in param.opts)
+
+
+def _json_requested(args: Sequence[str], value_options: frozenset[str] = _VALUE_OPTIONS) -> bool:
+    """Whether ``--json`` was asked for, before parsing (a usage error is still JSON then).
+    A ``--json`` that is an option's value (``--intent --json``, as Click reads it) is not."""
+    value_next = False
+    for arg in args[: args.index("--")] if "--" in args else args:
+        if value_next:
+            value_next = False
+        elif arg == "--json":
+            return True
+        else:
+            value_next = arg in value_options
+    return False
 
 
 _EXTRA: Final = "Got unexpected extra argument(s) ("
@@ -291,6 +311,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         command = typer.main.get_command(build_app(name))
         coercion.install(command)
+        state.json_mode = _json_requested(args, _value_options(command, name))
         repeated = _repeated_option(args, command, name)
         if repeated is not None:
             raise UsageError(f"{repeated} is given more than once; pass it once.")

@@ -1017,3 +1017,20 @@ def test_version_after_a_command_says_it_goes_before(capsys: pytest.CaptureFixtu
     assert (code, out) == (2, "")
     assert ("--version is an option of intloom, not of intloom runs: give it before the "
             "command: intloom --version. Run intloom --help for the usage.") in err, err
+
+
+@pytest.mark.parametrize("argv", [["flow", "example", "--intent", "--json"],
+                                  ["--project", "--json", "flow", "example", "--intent", "x"]])
+def test_json_spelled_as_an_options_value_is_that_value_not_json_mode(
+    capsys: pytest.CaptureFixture[str], client: FakeClient, argv: list[str],
+) -> None:
+    """Click reads ``--intent --json`` as the intent "--json", and the command runs in text
+    mode, but the output was JSON: the scan for --json did not skip options' values, as
+    ``--intent=--json`` (text) does."""
+    code, out, err = cli(capsys, *argv)
+    if argv[0] == "flow":  # the Run is created with that intent, and shown as text
+        assert code == 0 and out.startswith("Waiting for an answer"), out
+        assert ("create_run", "example", "--json", True) in client.calls
+    else:  # the project "--json" does not exist: said as text on stderr
+        assert (code, out) == (1, "")
+        assert err.startswith("Failure · CLI_PROJECT_INVALID: "), err
