@@ -526,7 +526,7 @@ class Workflow:
                 "Give every field a default, or declare @stage.init to build it.",
             )
         try:
-            state()
+            default = state()
         # User code: a __post_init__, a default_factory. Its exit or interrupt is contained
         # as an import's is (loader._import): it ended the host's start (CLI_INTERNAL_ERROR,
         # every Workflow with it) and doctor with its status.
@@ -539,6 +539,21 @@ class Workflow:
                 f"State {shown}() raised {raised}, so the Stage has no default State",
                 "Make the default State valid (check __post_init__ and default_factory), or "
                 "declare @stage.init to build it.",
+            ) from None
+        # Each Run saves the default as its type decodes it (executor/driver.py,
+        # _encode_state): a default that does not decode failed every Run entering the
+        # Stage, as if a Step had left that State, and no load said so.
+        try:
+            msgspec.json.decode(msgspec.json.encode(default), type=state)
+        except Exception as exc:  # a __post_init__ runs again when it decodes
+            fact = message_of(exc) if isinstance(exc, msgspec.ValidationError) else (
+                f"{type(exc).__name__}: {message_of(exc)}")
+            raise _bad(
+                self.name, where,
+                f"the default State {shown}() does not fit its declared types: "
+                f"{clip(fact, 500)}, so every Run entering the Stage would fail there",
+                "Give each field a default of its declared type, or declare @stage.init to "
+                "build the State.",
             ) from None
 
     def schemas(self) -> dict[str, str]:

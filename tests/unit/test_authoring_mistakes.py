@@ -9,7 +9,7 @@ import pathlib
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 import pytest
@@ -296,6 +296,39 @@ def test_a_state_whose_default_raises_names_the_stage_and_the_fix() -> None:
                   r"Stage has no default State\. .*or declare @stage\.init"):
         wf.validate()
     st.init(lambda ctx: _Refuses.__new__(_Refuses))  # an initialiser builds it instead
+    wf.validate()
+
+
+class _DefaultOfAnotherType(msgspec.Struct):
+    n: int = "zero"  # type: ignore[assignment]
+
+
+class _DefaultOutOfBounds(msgspec.Struct):
+    tries: list[Annotated[int, msgspec.Meta(ge=0)]] = msgspec.field(
+        default_factory=lambda: [1, -1])
+
+
+@pytest.mark.parametrize(("state", "fact"), [
+    (_DefaultOfAnotherType, r"Expected `int`, got `str` - at `\$\.n`"),
+    (_DefaultOutOfBounds, r"Expected `int` >= 0 - at `\$\.tries\[1\]`"),
+])
+def test_a_default_state_that_does_not_fit_its_own_types_is_refused_at_load(
+    state: type[msgspec.Struct], fact: str,
+) -> None:
+    """A default of the wrong type (``n: int = "zero"``) loaded, and every Run failed as it
+    entered the Stage, STAGE_STATE_INVALID "Stage 's' default State: the Stage State it left
+    is not a valid ...": found by each Run, not by the load, and worded as if a Step had
+    left it."""
+    wf = intloom.Workflow("w", version="1")
+    st = wf.stage("s", state=state)
+    st.step("a", routes={"ok": intloom.COMPLETE})(lambda ctx: "ok")
+    with _refused(rf"Workflow 'w', Stage 's': the default State .*{state.__qualname__}\(\) does "
+                  rf"not fit its declared types: {fact}, so every Run entering the Stage would "
+                  r"fail there\. Give each field a default of its declared type, or declare "
+                  r"@stage\.init to build the State\.") as info:
+        wf.validate()
+    assert _code(info) == "WORKFLOW_DEFINITION_INVALID"
+    st.init(lambda ctx: state.__new__(state))  # an initialiser builds it instead
     wf.validate()
 
 
