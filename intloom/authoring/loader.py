@@ -378,13 +378,18 @@ _SLOW_IMPORT_S: Final = 10.0
 IMPORT_NOTICE_ENV: Final = "INTLOOM_TEST_IMPORT_NOTICE"
 
 
+def slow_import_after() -> float:
+    """Seconds after which a source still importing is named (doctor, inspect, start)."""
+    return float(os.environ.get(IMPORT_NOTICE_ENV) or _SLOW_IMPORT_S)
+
+
 @contextlib.contextmanager
 def _slow_import_notice() -> Iterator[Callable[[str | None], None]]:
     """A module that waits or loops when imported (a network call, a lock, a prompt on
     another stream) kept doctor and inspect silent forever: a watcher names the source
     they are stuck in, once, and how to stop. Yields ``progress(rel)``: the source being
     imported now, None between sources."""
-    after = float(os.environ.get(IMPORT_NOTICE_ENV) or _SLOW_IMPORT_S)
+    after = slow_import_after()
     try:
         fd = os.dup(2)
     except OSError:  # no stderr to tell

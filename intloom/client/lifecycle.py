@@ -74,6 +74,7 @@ _STEPS: Final = {
     "locking": "Taking the project's service lock...",
     "log_opened": "Reading the configuration...",
     "loading_workflows": "Loading Workflows and restoring Runs...",
+    "imported": "Loading Workflows and restoring Runs...",
     "listening": "Opening the local socket...",
 }
 _TIMEOUT: Final = (
@@ -344,8 +345,12 @@ def start_service(
     on_ready: Callable[[StartResult], None] | None = None,
     on_lost: Callable[[ErrorView], None] | None = None,
     on_stopped: Callable[[StopResult], None] | None = None,
+    slow_import: Callable[[str], None] | None = None,
 ) -> StartResult:
     """Reuse the live host, or launch one and return once it has restored and listens.
+
+    ``slow_import`` is told, once per source, when a launched host is still importing one
+    Workflow source after a while (10 s): a source that loops or waits when imported.
 
     ``foreground`` runs the host in this process until it stops (Ctrl-C is a graceful stop);
     ``on_ready`` is then called once it serves, and the result is returned after it stopped.
@@ -403,7 +408,7 @@ def start_service(
         launches += 1
         try:
             service = _launch(root, port=port, strict=strict, deadline=deadline,
-                              progress=progress)
+                              progress=progress, slow_import=slow_import)
         except IntloomError as exc:
             if exc.code == "CLI_SERVICE_BUSY":
                 continue  # lost the race for the lock: the winner may be the one to reuse
@@ -435,7 +440,8 @@ def _reap_later(proc: subprocess.Popen[bytes]) -> None:
 
 
 def _launch(root: Path, *, port: int | None, strict: bool, deadline: float,
-            progress: Progress | None) -> ServiceView:
+            progress: Progress | None,
+            slow_import: Callable[[str], None] | None = None) -> ServiceView:
     read_fd, write_fd = os.pipe()
     try:
         proc = subprocess.Popen(
@@ -453,12 +459,14 @@ def _launch(root: Path, *, port: int | None, strict: bool, deadline: float,
         os.close(write_fd)  # only the child holds the write end now: EOF means it is gone
     if progress is not None:
         progress(_STEPS["launched"])
+    importing = _Importing()
     try:
-        service = _await_ready(proc, read_fd, deadline, progress)
+        service = _await_ready(proc, read_fd, deadline, progress, importing, slow_import)
     except IntloomError as exc:
         killed = _stop_child(proc)
         if exc.code == "CLI_SERVICE_TIMEOUT":
-            raise _start_timeout(ProjectPaths(root), proc.pid, killed) from None
+            raise _start_timeout(ProjectPaths(root), proc.pid, killed,
+                                 importing.fact()) from None
         raise
     except BaseException:
         _stop_child(proc)
@@ -469,28 +477,84 @@ def _launch(root: Path, *, port: int | None, strict: bool, deadline: float,
     return service
 
 
+@dataclass
+class _Importing:
+    """The Workflow source the starting host is importing (readiness step ``importing``),
+    since when, and whether its slowness was said: an import that loops or waits kept
+    ``start`` silent until its --timeout (300 s by default), which then named no source."""
+
+    source: str | None = None
+    since: float = 0.0
+    told: bool = False
+
+    def seen(self, message: dict[str, Any]) -> None:
+        step = message.get("step")
+        source = message.get("source")
+        if step == "importing" and isinstance(source, str):
+            self.source, self.since, self.told = _printable(source), time.monotonic(), False
+        elif step is not None:
+            self.source = None
+
+    def fact(self) -> str:
+        """What a timeout adds: the source it was still importing, if any."""
+        if self.source is None:
+            return ""
+        return (f" It was still importing {self.source} (for {time.monotonic() - self.since:.0f} "
+                "s): a Workflow source that waits or loops while it is imported keeps the host "
+                f"from starting. Check what {self.source} does when it is imported (intloom "
+                "doctor imports it too, and names it).")
+
+    def died(self) -> str:
+        """What a host that died while starting adds: the source it was importing, if any."""
+        if self.source is None:
+            return ""
+        return (f" It was importing {self.source}: a Workflow source that ends the process "
+                "when it is imported (os._exit(), a signal, a crashing extension) ends the "
+                f"host with it. Check what {self.source} does when it is imported.")
+
+    def check(self, slow_import: Callable[[str], None] | None) -> None:
+        if slow_import is None or self.source is None or self.told:
+            return
+        from intloom.authoring.loader import slow_import_after  # only once a source imports
+
+        after = slow_import_after()
+        if time.monotonic() - self.since >= after:
+            self.told = True
+            slow_import(f"Still importing {self.source} after {after:g} s: a Workflow source "
+                        "that waits or loops while it is imported keeps the host from "
+                        f"starting, and this start waits until its --timeout. Ctrl-C stops "
+                        f"it; check what {self.source} does when it is imported.")
+
+
+def _printable(text: str) -> str:
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+
+
 def _await_ready(proc: subprocess.Popen[bytes], fd: int, deadline: float,
-                 progress: Progress | None) -> ServiceView:
+                 progress: Progress | None, importing: _Importing,
+                 slow_import: Callable[[str], None] | None = None) -> ServiceView:
     buf = b""
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise IntloomError("CLI_SERVICE_TIMEOUT", _TIMEOUT)  # _launch completes the message
         readable, _, _ = select.select([fd], [], [], min(remaining, 0.5))
+        importing.check(slow_import)
         if not readable:
             continue
         chunk = os.read(fd, 65536)
         if not chunk:
-            raise _died_starting(proc)
+            raise _died_starting(proc, importing)
         buf += chunk
         while b"\n" in buf:
             line, buf = buf.split(b"\n", 1)
-            outcome = _ready_line(line, progress)
+            outcome = _ready_line(line, progress, importing)
             if outcome is not None:
                 return outcome
 
 
-def _died_starting(proc: subprocess.Popen[bytes]) -> IntloomError:
+def _died_starting(proc: subprocess.Popen[bytes],
+                   importing: _Importing | None = None) -> IntloomError:
     """The host closed its readiness pipe without a word: it died (killed, out of memory, a
     crashing extension) or exited from user code imported while it started."""
     try:
@@ -509,16 +573,19 @@ def _died_starting(proc: subprocess.Popen[bytes]) -> IntloomError:
     return IntloomError(
         "CLI_SERVICE_UNAVAILABLE",
         f"The service exited during initialization: the host (pid {proc.pid}) {how} before "
-        "it reported ready. Its log in .intloom/logs/ says how far it got. Run intloom "
-        "doctor: the service.lock it may have left is stale, and intloom recover removes it "
-        "before the next intloom start.",
+        f"it reported ready.{importing.died() if importing else ''} Its log in "
+        ".intloom/logs/ says how far it got. Run intloom doctor: the service.lock it may have "
+        "left is stale, and intloom recover removes it before the next intloom start.",
     )
 
 
-def _ready_line(line: bytes, progress: Progress | None) -> ServiceView | None:
+def _ready_line(line: bytes, progress: Progress | None,
+                importing: _Importing) -> ServiceView | None:
     try:
         message = json.loads(line)
         event = message["event"]
+        if event == "progress":
+            importing.seen(message)
         if event == "ready":
             return msgspec.convert(message["service"], ServiceView)
         if event == "error":
@@ -527,7 +594,8 @@ def _ready_line(line: bytes, progress: Progress | None) -> ServiceView | None:
                                retryable=bool(err.get("retryable", False)))
         if event == "progress" and progress is not None:
             step = str(message["step"])
-            progress(_STEPS.get(step, step))
+            progress(f"Importing {importing.source}..." if step == "importing"
+                     and importing.source is not None else _STEPS.get(step, step))
         return None
     except IntloomError:
         raise
@@ -556,12 +624,14 @@ def _stop_child(proc: subprocess.Popen[bytes]) -> bool:
     return False
 
 
-def _start_timeout(paths: ProjectPaths, pid: int, killed: bool) -> IntloomError:
-    """The start deadline passed: say what became of the host we launched, truthfully."""
+def _start_timeout(paths: ProjectPaths, pid: int, killed: bool,
+                   stuck: str = "") -> IntloomError:
+    """The start deadline passed: say what became of the host we launched, truthfully, and
+    the source it was stuck importing (``stuck``, _Importing.fact), if any."""
     if not killed:
         return IntloomError(
             "CLI_SERVICE_TIMEOUT",
-            f"{_TIMEOUT}; the host that was launched (pid {pid}) stopped and released its "
+            f"{_TIMEOUT}.{stuck} The host that was launched (pid {pid}) stopped and released its "
             "files. Start again with a longer --timeout, or see .intloom/logs/ for the slow "
             "step.",
         )
@@ -572,7 +642,7 @@ def _start_timeout(paths: ProjectPaths, pid: int, killed: bool) -> IntloomError:
     if lock is None or lock.pid != pid:
         return IntloomError(
             "CLI_SERVICE_TIMEOUT",
-            f"{_TIMEOUT}; the host that was launched (pid {pid}) did not stop within "
+            f"{_TIMEOUT}.{stuck} The host that was launched (pid {pid}) did not stop within "
             f"{_TERMINATE_GRACE:g} s of SIGTERM and was killed. Start again with a longer "
             "--timeout, or see .intloom/logs/ for the slow step.",
         )
@@ -588,7 +658,7 @@ def _start_timeout(paths: ProjectPaths, pid: int, killed: bool) -> IntloomError:
         )
     return IntloomError(
         "CLI_SERVICE_TIMEOUT",
-        f"{_TIMEOUT}; the host that was launched (pid {pid}) did not stop within "
+        f"{_TIMEOUT}.{stuck} The host that was launched (pid {pid}) did not stop within "
         f"{_TERMINATE_GRACE:g} s of SIGTERM and was killed, so its {paths.service_lock} "
         f"remains and blocks the next start. {cleanup}; then start again with a longer "
         "--timeout.",

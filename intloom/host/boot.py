@@ -204,15 +204,17 @@ def boot(
     package_version: str,
     strict: bool,
     importing: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext,
+    progress: Callable[[str | None], None] | None = None,
 ) -> Booted:
     """Load Workflows, open the store, restore every Run. Raises IntloomError on failure.
 
     ``importing`` wraps the import of the Workflow modules only (user code, before anything
-    is written): the host makes a stop signal interrupt it there.
+    is written): the host makes a stop signal interrupt it there. ``progress`` is told each
+    Workflow source as its import begins, and None once it ended.
     """
     paths = ProjectPaths(root)
     with importing(), _as_a_script_imports():
-        result = load_workflows(root, config)
+        result = load_workflows(root, config, progress=progress)
     for source, view in result.problems:
         log.error("workflow_load_failed", source=source, code=view.code, message=view.message)
     for lw in result.workflows.values():

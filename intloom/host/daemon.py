@@ -155,9 +155,10 @@ class _ImportInterrupted(BaseException):
     WORKFLOW_LOAD_FAILED problem and goes on to the next entry, lets it through.
     """
 
-    def __init__(self, sig: int) -> None:
+    def __init__(self, sig: int, source: str | None) -> None:
         super().__init__(sig)
         self.sig = sig
+        self.source = source  # the Workflow source importing when the signal came
 
 
 class Host:
@@ -181,6 +182,7 @@ class Host:
         self._stop: asyncio.Event | None = None
         self._forced: asyncio.Event | None = None
         self._stop_reason = ""
+        self._importing_source: str | None = None  # the Workflow source importing now
         self.force_exit = False
         self.log_error: str | None = None  # the host log failed: no new work (LOG_WRITE_FAILED)
         # Why the stop kept service.json or service.lock (Ownership.release), for a
@@ -325,7 +327,7 @@ class Host:
             return
 
         def interrupt(signum: int, _frame: object) -> None:
-            raise _ImportInterrupted(signum)
+            raise _ImportInterrupted(signum, self._importing_source)
 
         previous = {sig: signal.signal(sig, interrupt) for sig in self._signals}
         try:
@@ -333,6 +335,10 @@ class Host:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+    def _import_progress(self, source: str | None) -> None:
+        self._importing_source = source
+        self.ready.importing(source)
 
     def _on_signal(self, sig: signal.Signals) -> None:
         assert self._stop is not None and self._forced is not None
@@ -456,10 +462,12 @@ class Host:
             self.booted = boot(
                 self.paths.root, config, log, instance_id=self.instance_id,
                 package_version=__version__, strict=opts.strict, importing=self._importing,
+                progress=self._import_progress,
             )
         except _ImportInterrupted as exc:
             name = signal.Signals(exc.sig).name
-            log.info("startup_interrupted", signal=name, step="loading_workflows")
+            log.info("startup_interrupted", signal=name, step="loading_workflows",
+                     source=exc.source)
             raise _Abort(IntloomError(
                 "CLI_SERVICE_CLOSING",
                 f"The host was asked to stop ({name}) while it imported Workflows; it did not "

@@ -1,7 +1,8 @@
 """The readiness pipe: how a starting host tells its launcher how startup went.
 
 The launcher passes the write end of a pipe (``--ready-fd``). The host writes JSON lines:
-``{"event": "progress", "step": ...}`` while it starts, then exactly one of
+``{"event": "progress", "step": ...}`` while it starts (``"step": "importing"`` adds the
+``"source"`` being imported, and ``"imported"`` says that import ended), then exactly one of
 ``{"event": "ready", "service": ServiceView}`` (after restore, listen and ``service.json``) or
 ``{"event": "error", "error": {code, message, retryable}}``, and closes its end. A launcher
 that sees end-of-file without either knows the host exited during initialisation.
@@ -56,6 +57,17 @@ class ReadyChannel:
         if self._on_progress is not None:
             self._on_progress(step)
         self._send({"event": "progress", "step": step})
+
+    def importing(self, source: str | None) -> None:
+        """The Workflow source whose import begins now, or None once it ended: a launcher
+        whose start outlasts its deadline names the source it is stuck in (an import that
+        loops or waits), which no other step of the start can name."""
+        if source is None:
+            self.progress("imported")
+            return
+        if self._on_progress is not None:
+            self._on_progress("importing")
+        self._send({"event": "progress", "step": "importing", "source": source})
 
     def ready(self, service: ServiceView) -> None:
         if self._on_ready is not None:

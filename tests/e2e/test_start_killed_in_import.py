@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from intloom.authoring.loader import IMPORT_NOTICE_ENV
 from tests.helpers import CliResult, Project, eventually, ok, one_source_project, reaped
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
@@ -68,6 +69,7 @@ def test_a_first_start_killed_in_a_workflow_import_is_recovered_as_doctor_says(
     assert first.code != 0 and error["code"] == "CLI_SERVICE_UNAVAILABLE"
     # The facts (which process, how it ended) and the way out.
     assert f"pid {lock['pid']}) was killed by SIGKILL" in error["message"], error
+    assert "It was importing workflows/slow.py: " in error["message"], error
     assert "intloom doctor" in error["message"] and "intloom recover" in error["message"]
     assert (slow.state / "service.lock").exists()  # stale: its owner was killed
     (slow.root / "release").write_text("")  # doctor imports the Workflows too
@@ -78,6 +80,26 @@ def test_a_first_start_killed_in_a_workflow_import_is_recovered_as_doctor_says(
     service = ok(slow.cli("start", "--json"))["service"]
     assert service["port"] == connection["port"]  # the port the killed start had saved
     ok(slow.cli("stop", "--json"))
+
+
+def test_a_start_stuck_in_a_workflow_import_names_the_source(slow: Project) -> None:
+    """A source that loops or waits when imported kept ``start`` silent until its --timeout
+    (300 s by default), whose error then named no source ("within --timeout; ... see
+    .intloom/logs/ for the slow step"), and the log said only ``loading_workflows``. The
+    start now says which source it is still importing, while it waits and when it gives
+    up, and the host's log names it too."""
+    started = slow.cli("start", "--timeout", "3", env={IMPORT_NOTICE_ENV: "0.2"})
+    assert started.code != 0, started
+    assert ("Still importing workflows/slow.py after 0.2 s: a Workflow source that waits or "
+            "loops while it is imported keeps the host from starting") in started.stderr, started
+    assert "CLI_SERVICE_TIMEOUT" in started.stderr, started
+    assert "It was still importing workflows/slow.py (for " in started.stderr, started
+    assert "Check what workflows/slow.py does when it is imported" in started.stderr, started
+    [log] = (slow.state / "logs").iterdir()
+    [interrupted] = [line for line in map(json.loads, log.read_text().splitlines())
+                     if line["event"] == "startup_interrupted"]
+    assert interrupted["source"] == "workflows/slow.py", interrupted
+    assert not (slow.state / "service.lock").exists()  # it stopped and let go
 
 
 @contextlib.contextmanager

@@ -498,7 +498,8 @@ def lifecycle(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
     fake = types.ModuleType("intloom.client.lifecycle")
 
     def start_service(root: Path, **kwargs: Any) -> StartResult:
-        calls.append(("start", root, {k: v for k, v in kwargs.items() if k != "progress"}))
+        calls.append(("start", root, {k: v for k, v in kwargs.items()
+                                      if k not in ("progress", "slow_import")}))
         assert callable(kwargs["progress"])
         return StartResult(SERVICE, reused=bool(kwargs.get("port") == 5000))
 

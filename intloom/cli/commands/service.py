@@ -83,7 +83,10 @@ def start(
                                 on_lost=renderer.error, on_stopped=stopped, **kwargs)
         return
     with renderer.spinner("Starting the intloom service...") as update:
-        result = lifecycle.start_service(root, progress=update, **kwargs)
+        # On a terminal the spinner's line says it (a note would be drawn over); elsewhere
+        # a note on stderr, since nothing else is said until the --timeout.
+        slow = update if renderer.rich_err else renderer.note
+        result = lifecycle.start_service(root, progress=update, slow_import=slow, **kwargs)
     _report(renderer, result)
 
 
