@@ -23,11 +23,11 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import CodeType, FrameType, ModuleType
+from types import CodeType, FrameType, ModuleType, TracebackType
 from typing import Any, Final
 
 from intloom.authoring.identity import in_source_tree, source_root, workflow_identity
-from intloom.authoring.workflow import WORKFLOW_MODULE_PREFIX, Workflow
+from intloom.authoring.workflow import WORKFLOW_MODULE_PREFIX, DefinitionError, Workflow
 from intloom.errors import ErrorView, IntloomError, as_call, clip, message_of
 from intloom.project import Config, link_loop
 
@@ -258,9 +258,9 @@ def _import(root: Path, entry: Path) -> ModuleType:
     sys.modules[module_name] = module
     try:
         spec.loader.exec_module(module)
-    except IntloomError:
+    except IntloomError as exc:  # a definition mistake, raised by the call that made it
         sys.modules.pop(module_name, None)
-        raise
+        raise _placed(root, exc, _innermost(root, exc.__traceback__)) from None
     # A module's SystemExit (sys.exit(), argparse reading intloom's command line) or
     # KeyboardInterrupt is contained as a Step's is (executor/driver.py, _contained): it
     # would otherwise end the host, or the doctor and inspect that import it, with every
@@ -299,6 +299,31 @@ def _shown(root: Path, filename: str) -> str | None:
     return resolved.relative_to(root).as_posix() if resolved.is_relative_to(root) else None
 
 
+def _innermost(root: Path, tb: TracebackType | None) -> tuple[str, int] | None:
+    """The innermost frame of a project file (relative path, line): the one to look at."""
+    root = root.resolve()
+    found = None
+    while tb is not None:
+        shown_file = _shown(root, tb.tb_frame.f_code.co_filename)
+        if shown_file is not None:
+            found = (shown_file, tb.tb_lineno)
+        tb = tb.tb_next
+    return found
+
+
+def _placed(root: Path, exc: IntloomError, at: tuple[str, int] | None) -> IntloomError:
+    """``exc`` naming the file and line it is about (``at``: a project file, or an
+    absolute path ``_shown`` makes relative), first: "Step 'a' is defined twice" or a
+    route to a Step that does not exist said where in which file only by its names."""
+    if at is None:
+        return exc
+    shown = _shown(root.resolve(), at[0]) if os.path.isabs(at[0]) else at[0]
+    if shown is None:
+        return exc
+    return IntloomError(exc.code, f"{shown}, line {at[1]}: {exc.message}",
+                        retryable=exc.retryable)
+
+
 def _failure(root: Path, exc: BaseException) -> str:
     """The exception's type and message, and where in the project it was raised."""
     root = root.resolve()
@@ -312,13 +337,8 @@ def _failure(root: Path, exc: BaseException) -> str:
         text = (exc.text or "").strip()
         shown = f": `{clip(text, 500)}`" if text else ""
         return f"{type(exc).__name__}: {clip(str(exc.msg), 500)} ({at}){shown}"
-    where = ""
-    tb = exc.__traceback__
-    while tb is not None:  # the innermost frame of a project file is the one to look at
-        shown_file = _shown(root, tb.tb_frame.f_code.co_filename)
-        if shown_file is not None:
-            where = f" (line {tb.tb_lineno} of {shown_file})"
-        tb = tb.tb_next
+    innermost = _innermost(root, exc.__traceback__)
+    where = f" (line {innermost[1]} of {innermost[0]})" if innermost else ""
     # An exit or interrupt is named as the driver names a Step's (``SystemExit(2)``).
     # An exception without a message is named alone (``raise ValueError``), as a Step's is.
     text = message_of(exc) if isinstance(exc, Exception) else ""
@@ -771,7 +791,10 @@ def _load_entry(root: Path, rel: str, entry: Path) -> dict[str, LoadedWorkflow]:
     # Workflows while `start` reports it as failed.
     mine: dict[str, tuple[LoadedWorkflow, str]] = {}
     for wf, name in found.items():
-        wf.validate()
+        try:
+            wf.validate()
+        except DefinitionError as exc:
+            raise _placed(root, exc, exc.at) from None
         if wf.name in mine:
             raise IntloomError(
                 "WORKFLOW_DEFINITION_INVALID",

@@ -29,6 +29,7 @@ __all__ = [
     "COMPLETE",
     "AgentStep",
     "Complete",
+    "DefinitionError",
     "Stage",
     "Step",
     "ToStage",
@@ -125,10 +126,28 @@ def _shown_type(value: object) -> str:
     return f"{module}.{value.__qualname__}"
 
 
-def _bad(workflow: str, where: str, fact: str, fix: str) -> IntloomError:
-    return IntloomError(
+class DefinitionError(IntloomError):
+    """``WORKFLOW_DEFINITION_INVALID``, with ``at``: the file and line that declared what it
+    names (a Step's decorator, a ``wf.stage(...)`` call), when it is found after the module
+    was imported (``Workflow.validate``), where no frame of the author's file is left to
+    name it. The loader shows ``at`` relative to the project."""
+
+    at: tuple[str, int] | None = None
+
+
+def _bad(workflow: str, where: str, fact: str, fix: str,
+         at: tuple[str, int] | None = None) -> DefinitionError:
+    error = DefinitionError(
         "WORKFLOW_DEFINITION_INVALID", f"Workflow {workflow!r}, {where}: {fact}. {fix}"
     )
+    error.at = at
+    return error
+
+
+def _caller(depth: int) -> tuple[str, int]:
+    """The file and line ``depth`` frames above the caller: the author's declaration."""
+    frame = sys._getframe(depth + 1)
+    return frame.f_code.co_filename, frame.f_lineno
 
 
 _NAME_RULE: Final = "Use 1-64 letters, digits, '_', '-' or '.', starting with a letter or digit."
@@ -215,6 +234,7 @@ class Step(Generic[S]):
     """A code Step: ``fn(ctx) -> outcome`` (sync or async), with optional ``recover``."""
 
     kind = "code"
+    declared_at: tuple[str, int] | None = None  # the decorator's file and line
 
     def __init__(
         self, stage: Stage[S], name: str, fn: Callable[..., Any], routes: Mapping[str, Target]
@@ -294,6 +314,8 @@ class AgentStep(Step[S]):
 class Stage(Generic[S]):
     """A named group of Steps sharing one typed State; its first Step is its entry."""
 
+    declared_at: tuple[str, int] | None = None  # the file and line of its wf.stage(...)
+
     def __init__(self, workflow: Workflow, name: str, state: type[S] | None) -> None:
         self.workflow = workflow
         self.name = name
@@ -372,7 +394,9 @@ class Stage(Generic[S]):
         def decorate(fn: Callable[..., Any]) -> Step[S]:
             _check_fn(self.workflow.name, f"Stage {self.name!r}, Step {name!r}",
                       "@stage.step(...)", fn, "ctx", "`def name(ctx) -> str` (or `async def`)")
-            return self._add(Step(self, name, fn, routes))
+            step = Step(self, name, fn, routes)
+            step.declared_at = _caller(1)
+            return self._add(step)
 
         return decorate
 
@@ -403,6 +427,7 @@ class Stage(Generic[S]):
                       "@stage.agent_step(...)", fn, "ctx",
                       "`def name(ctx) -> dict` returning the task")
             step = AgentStep(self, name, fn, routes, agent, declared)
+            step.declared_at = _caller(1)
             self._add(step)
             return step
 
@@ -436,8 +461,10 @@ class Workflow:
         self.version = version
         self.stages: dict[str, Stage[Any]] = {}
         # The file that declared it: the loader tells a source that defines a Workflow from
-        # one that binds another source's by importing it (loader._register).
-        self.declared_in: str = sys._getframe(1).f_code.co_filename
+        # one that binds another source's by importing it (loader._register). The line is
+        # for validate's errors (DefinitionError.at).
+        self.declared_at = _caller(1)
+        self.declared_in: str = self.declared_at[0]
 
     @overload
     def stage(self, name: str, *, state: type[StructT]) -> Stage[StructT]: ...
@@ -459,6 +486,7 @@ class Workflow:
                 "Declare the State as `class MyState(msgspec.Struct): ...`.",
             )
         stage: Stage[S] = Stage(self, name, state)
+        stage.declared_at = _caller(1)
         self.stages[name] = stage
         return stage
 
@@ -467,42 +495,53 @@ class Workflow:
         return next(iter(self.stages.values()))
 
     def validate(self) -> None:
-        """Check the whole graph: every route names something that exists."""
+        """Check the whole graph: every route names something that exists. An error names
+        the file and line that declared what it is about (``DefinitionError.at``)."""
         if not self.stages:
             raise _bad(
-                self.name, "definition", "it has no Stage", "Declare one with wf.stage(...)."
+                self.name, "definition", "it has no Stage", "Declare one with wf.stage(...).",
+                self.declared_at,
             )
         for stage in self.stages.values():
-            if not stage.steps:
-                raise _bad(self.name, f"Stage {stage.name!r}", "the Stage has no Step",
-                           "Declare one with @stage.step(...).")
-            if stage.state_type is not None:
-                self._check_state(stage, stage.state_type)
-            for step in stage.steps.values():
-                for outcome, target in step.routes.items():
-                    if (isinstance(target, str) and target not in stage.steps
-                            and target in self.stages):
-                        raise _bad(
-                            self.name, step.where,
-                            f"outcome {outcome!r} routes to {target!r}, which is a Stage, not "
-                            f"a Step of Stage {stage.name!r} (a plain name routes within the "
-                            "Stage)",
-                            f'Route to it with intloom.ToStage("{target}").',
-                        )
-                    if isinstance(target, str) and target not in stage.steps:
-                        raise _bad(
-                            self.name, step.where,
-                            f"outcome {outcome!r} routes to Step {target!r}, which Stage "
-                            f"{stage.name!r} does not have",
-                            f"Use one of {sorted(stage.steps)}, or intloom.ToStage(...).",
-                        )
-                    if isinstance(target, ToStage) and target.stage not in self.stages:
-                        raise _bad(
-                            self.name, step.where,
-                            f"outcome {outcome!r} routes to Stage {target.stage!r}, which does "
-                            "not exist",
-                            f"Use one of {sorted(self.stages)}.",
-                        )
+            try:
+                self._validate_stage(stage)
+            except DefinitionError as exc:
+                if exc.at is None:
+                    exc.at = stage.declared_at
+                raise
+
+    def _validate_stage(self, stage: Stage[Any]) -> None:
+        if not stage.steps:
+            raise _bad(self.name, f"Stage {stage.name!r}", "the Stage has no Step",
+                       "Declare one with @stage.step(...).")
+        if stage.state_type is not None:
+            self._check_state(stage, stage.state_type)
+        for step in stage.steps.values():
+            for outcome, target in step.routes.items():
+                if (isinstance(target, str) and target not in stage.steps
+                        and target in self.stages):
+                    raise _bad(
+                        self.name, step.where,
+                        f"outcome {outcome!r} routes to {target!r}, which is a Stage, not "
+                        f"a Step of Stage {stage.name!r} (a plain name routes within the "
+                        "Stage)",
+                        f'Route to it with intloom.ToStage("{target}").', step.declared_at,
+                    )
+                if isinstance(target, str) and target not in stage.steps:
+                    raise _bad(
+                        self.name, step.where,
+                        f"outcome {outcome!r} routes to Step {target!r}, which Stage "
+                        f"{stage.name!r} does not have",
+                        f"Use one of {sorted(stage.steps)}, or intloom.ToStage(...).",
+                        step.declared_at,
+                    )
+                if isinstance(target, ToStage) and target.stage not in self.stages:
+                    raise _bad(
+                        self.name, step.where,
+                        f"outcome {outcome!r} routes to Stage {target.stage!r}, which does "
+                        "not exist",
+                        f"Use one of {sorted(self.stages)}.", step.declared_at,
+                    )
 
     def has_recover(self, stage: str, step: str | None) -> bool:
         st = self.stages.get(stage)

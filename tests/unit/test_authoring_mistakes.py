@@ -485,6 +485,67 @@ def test_whatever_a_source_raises_it_alone_fails_named_and_the_others_load(
     assert "KeyboardInterrupt (line 3 of workflows/interrupts/wf.py)" in interrupts.message
 
 
+PLACED = {
+    "twice": textwrap.dedent('''
+        import intloom
+
+        wf = intloom.Workflow("twice", version="1")
+        s = wf.stage("s")
+
+
+        @s.step("a", routes={"ok": intloom.COMPLETE})
+        def a(ctx: intloom.StepContext[None]) -> str:
+            return "ok"
+
+
+        @s.step("a", routes={"ok": intloom.COMPLETE})
+        def b(ctx: intloom.StepContext[None]) -> str:
+            return "ok"
+    '''),
+    "route": textwrap.dedent('''
+        import intloom
+
+        wf = intloom.Workflow("route", version="1")
+        s = wf.stage("s")
+
+
+        @s.step("a", routes={"ok": "b"})
+        def a(ctx: intloom.StepContext[None]) -> str:
+            return "ok"
+    '''),
+    "empty": textwrap.dedent('''
+        import intloom
+
+        wf = intloom.Workflow("empty", version="1")
+        s = wf.stage("s")
+        t = wf.stage("t")
+
+
+        @s.step("a", routes={"ok": intloom.ToStage("t")})
+        def a(ctx: intloom.StepContext[None]) -> str:
+            return "ok"
+    '''),
+}
+
+
+def test_a_definition_mistake_names_the_file_and_line_that_made_it(tmp_path: Path) -> None:
+    """A mistake found while the module imports (a Step defined twice) or when its Workflow
+    is checked after it (a route to a Step that does not exist, a Stage without Steps) named
+    the Workflow, the Stage and the Step, but not where in which file, as an exception
+    raised there does: the second of two Steps with one name is found only by reading."""
+    result = load_workflows(tmp_path, _project(tmp_path, PLACED))
+    assert list(result.workflows) == ["good"]
+    problems = {rel: view.message for rel, view in result.problems}
+    for name, line, rest in (
+        ("twice", 13, "Workflow 'twice', Stage 's': Step 'a' is defined twice."),
+        ("route", 8, "Workflow 'route', Stage 's', Step 'a': outcome 'ok' routes to Step 'b', "
+                     "which Stage 's' does not have."),
+        ("empty", 6, "Workflow 'empty', Stage 't': the Stage has no Step."),
+    ):
+        message = problems[f"workflows/{name}/wf.py"]
+        assert message.startswith(f"workflows/{name}/wf.py, line {line}: {rest}"), message
+
+
 def test_a_real_ctrl_c_while_importing_still_interrupts(tmp_path: Path) -> None:
     # The module signals its own process, as a person's Ctrl-C would while doctor imports.
     config = _project(tmp_path, {"slow": (
