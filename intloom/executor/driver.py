@@ -1063,6 +1063,29 @@ def _encode_state(value: Any, where: str | Step[Any], state_type: type | None,
     return data
 
 
+def _not_an_outcome(where: str, outcome: Any, step: Step[Any]) -> IntloomError:
+    """STEP_RESULT_INVALID for what a Step (or ``recover``) returned instead of an outcome.
+    An awaitable is named as one: ``return helper(ctx)`` in an ``async def`` Step, for
+    ``return await helper(ctx)``, read "returned <coroutine object helper at 0x...>" as if
+    the Step had returned a strange value, and the coroutine's "never awaited" warning went
+    to the host's /dev/null."""
+    routes = sorted(step.routes)
+    if inspect.isawaitable(outcome):
+        if inspect.iscoroutine(outcome):
+            outcome.close()  # it never runs: no "never awaited" warning on top
+        return IntloomError(
+            "STEP_RESULT_INVALID",
+            f"{where} returned {_shown(outcome, 200)} without awaiting it, so it never ran. "
+            f"Await it and return its outcome (`return await ...`), a non-empty outcome "
+            f"string, one of {routes}.",
+        )
+    return IntloomError(
+        "STEP_RESULT_INVALID",
+        f"{where} returned {_shown(outcome, 200)}; return a non-empty outcome string, one of "
+        f"{routes}.",
+    )
+
+
 def _check_any(value: Any, parts: _AnyParts, where: str | Step[Any]) -> None:
     """Refuse the State ``value`` when a part of it typed Any holds what JSON cannot carry
     (``_any_gap``): the next Step would get another value than the one left."""
@@ -2007,11 +2030,7 @@ class Driver:
         """Append the Step's ``step_result``; returns its time stamp. ``where``: what
         returned it, when not the Step itself (its ``recover``)."""
         if not isinstance(outcome, str) or not outcome:
-            raise IntloomError(
-                "STEP_RESULT_INVALID",
-                f"{where or step.where} returned {_shown(outcome, 200)}; return a "
-                f"non-empty outcome string, one of {sorted(step.routes)}.",
-            )
+            raise _not_an_outcome(where or step.where, outcome, step)
         if type(outcome) is not str:
             # A str subclass (numpy.str_, a library's text type) is its text: the journal
             # holds plain strings, and refused it as a value it cannot encode.

@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import decimal
 import enum
+import gc
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from datetime import datetime
 from typing import Annotated, Any, NamedTuple, TypedDict
@@ -268,6 +270,38 @@ def test_outcome_without_route_fails_the_run() -> None:
         assert "surprise" in view.last_error.message
 
     run(main)
+
+
+def test_an_async_step_returning_an_unawaited_coroutine_is_told_to_await_it() -> None:
+    """``return helper(ctx)`` in an ``async def`` Step failed STEP_RESULT_INVALID "returned
+    <coroutine object helper at 0x...>; return a non-empty outcome string", which did not say
+    the call was never awaited (nor ran), and Python's "never awaited" warning went nowhere."""
+    wf = intloom.Workflow("unawaited", version="1")
+    st = wf.stage("s")
+
+    async def helper(ctx: Any) -> str:
+        return "ok"
+
+    @st.step("a", routes={"ok": intloom.COMPLETE})
+    async def a(ctx: Any) -> Any:
+        return helper(ctx)
+
+    async def main() -> None:
+        rt = Runtime(loaded(wf), MemoryJournal(), package_version="0.1.0")
+        rt.restore([])
+        view = await rt.wait_stable((await rt.create_run("unawaited", "go")).run_id)
+        assert view.status == "failed" and view.last_error is not None
+        assert view.last_error.code == "STEP_RESULT_INVALID"
+        message = view.last_error.message
+        assert message.startswith("Stage 's', Step 'a' returned <coroutine object "), message
+        assert "without awaiting it, so it never ran. Await it and return its outcome " \
+            "(`return await ...`), a non-empty outcome string, one of ['ok']." in message
+
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        run(main)
+        gc.collect()  # a coroutine left unawaited warns once it is collected
+    assert not [w for w in said if "never awaited" in str(w.message)], said
 
 
 # StopIteration: a future refuses to carry one; carried raw, it broke the hand-back of every
