@@ -109,11 +109,14 @@ class Renderer:
         # Set once stdout has its one document: an error after it (a foreground host that
         # stops on its own after its start result) goes to stderr, never as a second one.
         self.documented = False
+        # Where the document goes while stdout's descriptor is lent to stderr (``--json
+        # start --foreground``: what the Workflows write must not precede or follow it).
+        self.out_stream: TextIO | None = None
 
     # Streams are looked up at call time so that redirection (tests, pagers) is honoured.
     @property
     def out(self) -> TextIO:
-        return sys.stdout
+        return self.out_stream or sys.stdout
 
     @property
     def err(self) -> TextIO:

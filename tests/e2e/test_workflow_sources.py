@@ -18,7 +18,14 @@ from typing import Any
 import pytest
 
 from tests.e2e.test_cli_e2e import only_json, run_cli
-from tests.helpers import Project, ok, reaped, started_waiting
+from tests.helpers import (
+    Project,
+    foreground_host,
+    ok,
+    one_source_project,
+    reaped,
+    started_waiting,
+)
 from tests.unit.test_authoring_mistakes import SOURCES
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
@@ -754,3 +761,45 @@ def _loads_in_doctor_and_in_the_host(acc: Project, source: str) -> None:
     service = ok(acc.cli("start", "--json"))["service"]
     assert (service["workflowCount"], service["workflowProblems"]) == (2, []), (
         service["workflowProblems"])
+
+
+TALKS = textwrap.dedent('''
+    import os
+    import sys
+
+    import intloom
+
+    print("printed when imported")
+    os.write(1, b"written to fd 1 when imported\\n")
+    print("to stderr when imported", file=sys.stderr)
+
+    wf = intloom.Workflow("talks", version="1")
+    s = wf.stage("s")
+
+
+    @s.step("a", routes={"ok": intloom.COMPLETE})
+    def a(ctx: intloom.StepContext[None]) -> str:
+        print("printed by the Step")
+        return "ok"
+''')
+
+
+def test_json_start_foreground_keeps_stdout_to_its_one_document(tmp_path: Path) -> None:
+    """``intloom --json start --foreground`` with a source that prints when imported wrote
+    that output to stdout ahead of the one JSON document the command promises there, and
+    a Step's ``print`` after it: a script's ``json.loads`` of stdout failed. In JSON mode
+    what the Workflows write goes to stderr; stdout holds the document alone."""
+    project = one_source_project(tmp_path, "talks", TALKS)
+    try:
+        with foreground_host(project, "--json") as proc:
+            run = ok(project.cli("flow", "talks", "--intent", "x", "--json"))["run"]
+            assert run["status"] == "completed", run
+            ok(project.cli("stop", "--json"))
+            out, err = proc.communicate(timeout=30)
+    finally:
+        project.reap()
+    assert proc.returncode == 0, (out, err)
+    assert json.loads(out)["service"]["pid"] == proc.pid, out  # one document, nothing else
+    for said in ("printed when imported", "written to fd 1 when imported",
+                 "to stderr when imported", "printed by the Step"):
+        assert said in err, (said, err)
