@@ -528,11 +528,14 @@ class Workflow:
                         f'Route to it with intloom.ToStage("{target}").', step.declared_at,
                     )
                 if isinstance(target, str) and target not in stage.steps:
+                    # "COMPLETE" (or "complete", "end") as text is a Step name like any
+                    # other: the fix named only Steps and ToStage, never how to end the Run.
                     raise _bad(
                         self.name, step.where,
                         f"outcome {outcome!r} routes to Step {target!r}, which Stage "
                         f"{stage.name!r} does not have",
-                        f"Use one of {sorted(stage.steps)}, or intloom.ToStage(...).",
+                        f"Use one of {sorted(stage.steps)}, intloom.ToStage(...), or "
+                        "intloom.COMPLETE (not the text) to end the Run.",
                         step.declared_at,
                     )
                 if isinstance(target, ToStage) and target.stage not in self.stages:

@@ -546,6 +546,19 @@ def test_a_definition_mistake_names_the_file_and_line_that_made_it(tmp_path: Pat
         assert message.startswith(f"workflows/{name}/wf.py, line {line}: {rest}"), message
 
 
+def test_a_route_to_complete_as_text_says_to_use_intloom_complete() -> None:
+    """``routes={"done": "COMPLETE"}`` was refused as a route to a Step that does not exist,
+    with the fix "Use one of ['a'], or intloom.ToStage(...)": how to end the Run was not
+    said."""
+    wf = intloom.Workflow("w", version="1")
+    wf.stage("s").step("a", routes={"done": "COMPLETE"})(lambda ctx: "done")
+    with _refused(r"Workflow 'w', Stage 's', Step 'a': outcome 'done' routes to Step "
+                  r"'COMPLETE', which Stage 's' does not have\. Use one of \['a'\], "
+                  r"intloom\.ToStage\(\.\.\.\), or intloom\.COMPLETE \(not the text\) to end "
+                  r"the Run\.$"):
+        wf.validate()
+
+
 def test_a_real_ctrl_c_while_importing_still_interrupts(tmp_path: Path) -> None:
     # The module signals its own process, as a person's Ctrl-C would while doctor imports.
     config = _project(tmp_path, {"slow": (
