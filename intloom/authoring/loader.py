@@ -31,7 +31,13 @@ from intloom.authoring.workflow import WORKFLOW_MODULE_PREFIX, DefinitionError, 
 from intloom.errors import ErrorView, IntloomError, as_call, clip, message_of
 from intloom.project import Config, link_loop
 
-__all__ = ["LoadResult", "LoadedWorkflow", "load_workflows", "load_workflows_offline"]
+__all__ = [
+    "LoadResult",
+    "LoadedWorkflow",
+    "load_workflows",
+    "load_workflows_offline",
+    "slow_import_notice",
+]
 
 
 @dataclass(frozen=True)
@@ -385,7 +391,7 @@ def load_workflows_offline(root: Path, config: Config) -> LoadResult:
     sys.dont_write_bytecode = True
     try:
         # The notice writes to stderr as it was before _their_output takes it over.
-        with _slow_import_notice() as progress, _their_output(), _in_directory(root), \
+        with slow_import_notice() as progress, _their_output(), _in_directory(root), \
                 _stdin_at_end():
             return load_workflows(root, config, progress=progress)
     finally:
@@ -404,11 +410,11 @@ def slow_import_after() -> float:
 
 
 @contextlib.contextmanager
-def _slow_import_notice() -> Iterator[Callable[[str | None], None]]:
+def slow_import_notice() -> Iterator[Callable[[str | None], None]]:
     """A module that waits or loops when imported (a network call, a lock, a prompt on
-    another stream) kept doctor and inspect silent forever: a watcher names the source
-    they are stuck in, once, and how to stop. Yields ``progress(rel)``: the source being
-    imported now, None between sources."""
+    another stream) kept doctor, inspect and ``start --foreground`` silent forever: a
+    watcher names the source they are stuck in, once, and how to stop. Yields
+    ``progress(rel)``: the source being imported now, None between sources."""
     after = slow_import_after()
     try:
         fd = os.dup(2)

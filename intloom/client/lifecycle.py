@@ -669,18 +669,25 @@ def _run_foreground(root: Path, *, port: int | None, strict: bool, progress: Pro
                     on_ready: Callable[[StartResult], None] | None,
                     on_lost: Callable[[ErrorView], None] | None = None,
                     on_stopped: Callable[[StopResult], None] | None = None) -> StartResult:
+    from intloom.authoring.loader import slow_import_notice
     from intloom.host.daemon import Host, HostOptions, with_test_hooks
     from intloom.host.readiness import ReadyChannel
 
     ready: list[ServiceView] = []
     failure: list[ErrorView] = []
+    # A source that loops or waits when imported held this terminal silent: named on
+    # stderr after a while, as doctor does. Its watcher ends once the host serves.
+    watching = contextlib.ExitStack()
+    importing = watching.enter_context(slow_import_notice())
 
     def seen(service: ServiceView) -> None:
+        watching.close()
         ready.append(service)
         if on_ready is not None:
             on_ready(StartResult(service=service, reused=False))
 
-    channel = ReadyChannel(on_progress=progress, on_ready=seen, on_failed=failure.append)
+    channel = ReadyChannel(on_progress=progress, on_ready=seen, on_failed=failure.append,
+                           on_importing=importing)
     # A launched host works in the project root (_launch): so does this one, or a Workflow
     # reading a project file by a relative path loaded, and a Step wrote, only in one of them.
     # The directory to go back to is held open, not named: one removed since (a shell left in
@@ -709,6 +716,7 @@ def _run_foreground(root: Path, *, port: int | None, strict: bool, progress: Pro
         os.chdir(root)
         code = host.run()
     finally:
+        watching.close()
         if previous is not None:
             with contextlib.suppress(OSError):
                 os.fchdir(previous)

@@ -35,8 +35,10 @@ class ReadyChannel:
         on_progress: Callable[[str], None] | None = None,
         on_ready: Callable[[ServiceView], None] | None = None,
         on_failed: Callable[[ErrorView], None] | None = None,
+        on_importing: Callable[[str | None], None] | None = None,
     ) -> None:
         self._fd = fd
+        self._on_importing = on_importing
         self._on_progress = on_progress
         self._on_ready = on_ready
         self._on_failed = on_failed
@@ -62,6 +64,8 @@ class ReadyChannel:
         """The Workflow source whose import begins now, or None once it ended: a launcher
         whose start outlasts its deadline names the source it is stuck in (an import that
         loops or waits), which no other step of the start can name."""
+        if self._on_importing is not None:
+            self._on_importing(source)
         if source is None:
             self.progress("imported")
             return

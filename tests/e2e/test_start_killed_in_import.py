@@ -10,6 +10,8 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -100,6 +102,32 @@ def test_a_start_stuck_in_a_workflow_import_names_the_source(slow: Project) -> N
                      if line["event"] == "startup_interrupted"]
     assert interrupted["source"] == "workflows/slow.py", interrupted
     assert not (slow.state / "service.lock").exists()  # it stopped and let go
+
+
+def test_a_foreground_start_stuck_in_a_workflow_import_names_the_source(
+    slow: Project, tmp_path: Path,
+) -> None:
+    """``start --foreground`` imports the sources in its own process: one that waits when
+    imported held the terminal silent (no spinner, no note) for as long as it waited."""
+    said = tmp_path / "stderr.txt"
+    with said.open("w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "intloom", "start", "--foreground"], cwd=slow.root,
+            stdout=subprocess.DEVNULL, stderr=err,
+            env={**os.environ, "NO_COLOR": "1", IMPORT_NOTICE_ENV: "0.2"})
+    slow.pids.add(proc.pid)
+    try:
+        eventually(lambda: "Still importing workflows/slow.py after 0.2 s" in said.read_text(),
+                   timeout=20, what="the foreground start to name the slow source")
+        (slow.root / "release").write_text("")
+        eventually((slow.state / "service.json").exists, timeout=20, what="the host to serve")
+        ok(slow.cli("stop", "--json"))
+        assert proc.wait(timeout=30) == 0, said.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    assert said.read_text().count("Still importing") == 1, said.read_text()
 
 
 @contextlib.contextmanager
