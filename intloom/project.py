@@ -11,7 +11,7 @@ from intloom.errors import IntloomError
 
 __all__ = [
     "CONFIG_NAME", "STATE_PATH_BYTES", "Config", "ProjectPaths", "find_root", "link_loop",
-    "load_config", "require_short_path", "require_utf8_path",
+    "load_config", "removed_working_directory", "require_short_path", "require_utf8_path",
 ]
 
 CONFIG_NAME = "intloom.toml"
@@ -105,6 +105,20 @@ def require_short_path(root: Path, code: str = "CLI_PROJECT_INVALID") -> Path:
     )
 
 
+def removed_working_directory(path: Path) -> str | None:
+    """Why ``path`` has no absolute form, when it is relative and the working directory it
+    is relative to has no name any more (removed since the shell entered it); else None.
+    Resolving it raised FileNotFoundError, which named the path, not the directory gone."""
+    if path.is_absolute():
+        return None
+    try:
+        os.getcwd()
+    except OSError as exc:
+        return (f"{path} is relative to the working directory, which cannot be examined "
+                f"({exc.strerror or exc}): it was removed, or may not be read")
+    return None
+
+
 def find_root(start: Path, *, explicit: bool = False) -> Path:
     """The project root: ``start`` itself when explicit, else the nearest ancestor with a config.
 
@@ -116,6 +130,13 @@ def find_root(start: Path, *, explicit: bool = False) -> Path:
         # A symbolic link loop: Python before 3.13 raises RuntimeError for it, not OSError.
         why = (os.strerror(errno.ELOOP) if isinstance(exc, RuntimeError)
                else exc.strerror or str(exc))
+        gone = removed_working_directory(start)
+        if gone is not None:
+            raise IntloomError(
+                "CLI_PROJECT_INVALID",
+                f"{gone}. Change to an existing directory, or pass the project's root to "
+                "--project as an absolute path.",
+            ) from None
         raise IntloomError(
             "CLI_PROJECT_INVALID",
             f"{start} cannot be examined ({why}). Pass the project's root to --project.",

@@ -14,7 +14,12 @@ from pathlib import Path
 from typing import Final
 
 from intloom.errors import IntloomError
-from intloom.project import CONFIG_NAME, require_short_path, require_utf8_path
+from intloom.project import (
+    CONFIG_NAME,
+    removed_working_directory,
+    require_short_path,
+    require_utf8_path,
+)
 
 __all__ = ["SCAFFOLD", "scaffold"]
 
@@ -166,7 +171,16 @@ def _check_outside_sources(target: Path) -> None:
 
 def scaffold(target: Path) -> Path:
     """Create the project at ``target`` (new or empty directory); returns its absolute root."""
-    root = Path(os.path.abspath(target))
+    try:
+        root = Path(os.path.abspath(target))
+    except OSError:
+        # Only a relative target reaches the working directory, and only a removed one fails.
+        gone = removed_working_directory(target) or f"{target} cannot be made absolute"
+        raise IntloomError(
+            "CLI_INIT_TARGET_INVALID",
+            f"{gone}; nothing was written. Pass the directory as an absolute path, or change "
+            "to an existing directory first.",
+        ) from None
     _check_target(root)
     _check_outside_sources(root)
     current = root / "."

@@ -351,6 +351,32 @@ def test_scaffold_refusals(tmp_path: Path) -> None:
     assert scaffold(tmp_path / "empty-ok") == (tmp_path / "empty-ok").resolve()
 
 
+def test_a_relative_path_from_a_removed_working_directory_names_that_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """From a shell left in a directory removed since, `intloom init notes` failed
+    CLI_INTERNAL_ERROR (os.path.abspath raised), and `--project ../notes` said "../notes
+    cannot be examined (No such file or directory)" of a project that exists."""
+    from intloom.project import find_root
+
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)  # restored at teardown, by its absolute path
+    gone.rmdir()
+    with pytest.raises(IntloomError) as made:
+        scaffold(Path("notes"))
+    assert made.value.code == "CLI_INIT_TARGET_INVALID"
+    assert made.value.message.startswith(
+        "notes is relative to the working directory, which cannot be examined ("), made.value
+    assert "absolute path" in made.value.message
+    with pytest.raises(IntloomError) as found:
+        find_root(Path("../notes"), explicit=True)
+    assert found.value.code == "CLI_PROJECT_INVALID"
+    assert found.value.message.startswith(
+        "../notes is relative to the working directory, which cannot be examined ("), found.value
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_init_takes_a_directory_that_holds_only_a_fresh_repository(tmp_path: Path) -> None:
     """mkdir p && cd p && git init && intloom init was refused, "already contains .git":
     the metadata holds no file of the user's, and init writes nothing into it."""
