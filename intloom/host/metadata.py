@@ -168,6 +168,17 @@ def _read(path: Path, kind: type[_T], root: Path | None) -> _T | None:
                        "can have started at")
     saved_root = getattr(value, "project_root", None)
     if root is not None and saved_root is not None and saved_root != str(root):
+        if _same_directory(saved_root, root):
+            # A bind mount (or another mount of the same file system) shows one directory
+            # under two paths that resolve() cannot join: "moved or copied", and its fix of
+            # moving connection.json aside, were false of it, and wrong under a live host.
+            raise IntloomError(
+                "CLI_SERVICE_METADATA_INVALID",
+                f"{path} was written for {saved_root}, which is this same directory reached "
+                "by another path (a bind mount, say); intloom knows a project by the one "
+                "path its host was started with. It was left as it is. Pass --project "
+                f"{shell_arg(saved_root)}, or change to that directory, then try again.",
+            )
         if kind is Connection:
             # The usual cause is a project directory moved (or copied) while its host was
             # stopped; the file is only a port and a token, so the fix is to set it aside.
@@ -181,6 +192,14 @@ def _read(path: Path, kind: type[_T], root: Path | None) -> _T | None:
                                f"{fact} (intloom doctor){fix}", here=f"{fact}{fix}")
         raise _invalid(path, f"belongs to another project ({saved_root})")
     return value
+
+
+def _same_directory(saved: str, root: Path) -> bool:
+    """Whether the path a metadata file records is ``root`` itself under another name."""
+    try:
+        return os.path.isabs(saved) and os.path.samefile(saved, root)
+    except (OSError, ValueError):  # gone, unreadable, or a NUL in a hand-edited file
+        return False
 
 
 def _is_date(ts: float) -> bool:

@@ -102,6 +102,42 @@ def test_replace_file_is_one_item_of_replace_files(
     assert (tmp_path / "a").read_bytes() == b"new a"
 
 
+def test_metadata_of_the_same_directory_under_another_path_names_the_path_to_use(
+    tmp_path: Path,
+) -> None:
+    """A project reached through a bind mount (one directory, two paths that resolve()
+    cannot join, here an unresolved link stands in for it) was told its connection.json
+    "belongs to another project ... moved or copied" and to move the file aside, which is
+    false of it and, under its live host, no fix. A truly other directory still is."""
+    from intloom.host.metadata import read_connection, read_service
+
+    root = tmp_path / "proj"
+    (root / ".intloom").mkdir(parents=True)
+    alias = tmp_path / "alias"
+    alias.symlink_to(root)
+    conn = {"version": 1, "projectRoot": str(root), "port": 40000, "token": "t" * 43}
+    service = {"version": 1, "projectRoot": str(root), "pid": os.getpid(), "createTime": 1.0,
+               "instanceId": "i", "port": 40000, "startedAt": "2026-01-01T00:00:00.000Z",
+               "packageVersion": "0", "protocolVersion": 1, "logFile": "LOG-x.jsonl"}
+    for name, data in (("connection.json", conn), ("service.json", service)):
+        path = root / ".intloom" / name
+        path.write_text(json.dumps(data))
+        path.chmod(0o600)
+    for read, name in ((read_connection, "connection.json"), (read_service, "service.json")):
+        with pytest.raises(IntloomError) as info:
+            read(alias / ".intloom" / name, alias)
+        message = info.value.message
+        assert info.value.code == "CLI_SERVICE_METADATA_INVALID"
+        assert f"was written for {root}, which is this same directory" in message, message
+        assert f"Pass --project {root}" in message, message
+        assert "moved or copied" not in message and "mv " not in message, message
+    other = tmp_path / "copy"
+    other.mkdir()
+    with pytest.raises(IntloomError) as info:
+        read_connection(root / ".intloom" / "connection.json", other)
+    assert "moved or copied" in info.value.message, info.value.message
+
+
 def test_metadata_that_is_not_a_private_file_names_the_fix_its_fact_calls_for(
     tmp_path: Path,
 ) -> None:
