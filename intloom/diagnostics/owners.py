@@ -29,6 +29,7 @@ from intloom.host.liveness import (
 )
 from intloom.host.metadata import ServiceInfo, ServiceLock, boot_id, read_lock, read_service
 from intloom.host.observe import Observed, Snapshot, observe, observe_file
+from intloom.host.portholder import port_holder
 from intloom.project import ProjectPaths
 from intloom.protocol.messages import ServiceView
 
@@ -184,32 +185,6 @@ def bind_refusal(port: int) -> OSError | None:
 def port_free(port: int) -> bool:
     """Whether ``recover`` could hold 127.0.0.1:``port`` now (bound, never listened on)."""
     return bind_refusal(port) is None
-
-
-def port_holder(port: int) -> str | None:
-    """The process listening on ``port``, in words ("pid 123 (python3 -m http.server)"),
-    or None when the OS does not say (another user's process needs privileges to be named)."""
-    import psutil
-
-    try:
-        conns = psutil.net_connections(kind="tcp")
-    except (psutil.Error, OSError):
-        return None
-    pids = sorted({c.pid for c in conns
-                   if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN
-                   and c.pid is not None})
-    if not pids:
-        return None
-    named: list[str] = []
-    for pid in pids:
-        # Its name only: another program's command line may hold secrets, and spans lines.
-        try:
-            name = psutil.Process(pid).name()
-        except psutil.Error:
-            name = ""
-        name = "".join(ch if ch.isprintable() else "?" for ch in name)
-        named.append(f"pid {pid} ({name})" if name else f"pid {pid}")
-    return ", ".join(named)
 
 
 def _port_taken_problem(port: int, holder: str | None, owners: list[Owner]) -> str:

@@ -37,12 +37,14 @@ import msgspec
 from intloom import __version__
 from intloom.errors import ErrorView, IntloomError
 from intloom.executor.runtime import Runtime
+from intloom.fsutil import shell_arg
 from intloom.host.allocator import keep_large_buffers_mapped
 from intloom.host.boot import Booted, boot, check_error
 from intloom.host.handlers import Handlers
 from intloom.host.logfile import HostLog, utc_now
 from intloom.host.metadata import METADATA_VERSION, ServiceInfo, current_identity, storage_fix
 from intloom.host.ownership import Ownership, new_token
+from intloom.host.portholder import describe, listeners
 from intloom.host.readiness import ReadyChannel
 from intloom.host.server import Limits, Server, bind_port, descriptors, descriptors_fix
 from intloom.project import ProjectPaths, load_config, require_short_path
@@ -138,6 +140,22 @@ def _log_write_failed(path: Path, cause: str, errno: int | None) -> IntloomError
         f"The host log {path} could not be written ({cause}); the host did not start. "
         f"{storage_fix(OSError(errno, cause), written, replaced=False)}",
     )
+
+
+def _listener(port: int, exc: OSError) -> str:
+    """Who holds ``port``, as the rest of a sentence, when the bind failed for being taken:
+    with two projects set to one port, "Address already in use" left the user to find which
+    of their other projects holds it, and how to free it."""
+    if exc.errno != errno.EADDRINUSE:
+        return ""
+    found = listeners(port)
+    if not found:
+        return f"; find its listener with: ss -ltnp 'sport = :{port}'"
+    said = f"; {', '.join(map(describe, found))}, listens there"
+    projects = [one.project for one in found if one.project is not None]
+    if projects:
+        said += f" (intloom --project {shell_arg(str(projects[0]))} stop frees it)"
+    return said
 
 
 class _MovedAway(Exception):
@@ -448,8 +466,8 @@ class Host:
         except OSError as exc:
             raise IntloomError(
                 "CLI_SERVICE_UNAVAILABLE",
-                f"The host could not listen on 127.0.0.1:{port} ({exc.strerror or exc}). "
-                f"{fix}.",
+                f"The host could not listen on 127.0.0.1:{port} ({exc.strerror or exc})"
+                f"{_listener(port, exc)}. {fix}.",
             ) from None
         self.port = int(self._sock.getsockname()[1])
         self.ownership.publish_connection(saved, self.port, token)
@@ -490,7 +508,8 @@ class Host:
             raise IntloomError(
                 "CLI_SERVICE_UNAVAILABLE",
                 f"The host could not listen on 127.0.0.1:{self.port} ({exc.strerror or exc}): "
-                f"another program took the port while the Workflows were imported. {fix}.",
+                "another program took the port while the Workflows were imported"
+                f"{_listener(self.port, exc)}. {fix}.",
             ) from None
         if log.failed:
             raise _log_write_failed(log.path, log.failure or "unknown error",

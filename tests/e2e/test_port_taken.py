@@ -13,12 +13,13 @@ import json
 import os
 import socket
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 
-from tests.helpers import Project, junk_listener, snapshot_files
+from tests.helpers import Project, junk_listener, make_project, snapshot_files
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -224,3 +225,30 @@ def test_a_taken_port_that_intloom_toml_sets_is_fixed_there(project: Project) ->
     message = refused.json["error"]["message"]
     assert f"127.0.0.1:{port}" in message and f"change port in {config}" in message, message
     assert "--port 0" not in message, message
+    assert f"; pid {os.getpid()} (" in message and "listens there" in message, message
+
+
+def test_two_projects_set_to_one_port_name_the_project_that_holds_it(
+        project: Project, tmp_path: Path) -> None:
+    """Two projects whose intloom.toml set the same port: the second start said only
+    "Address already in use", leaving the user to find which of their projects holds it."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    other = make_project(tmp_path / "second")
+    for each in (project, other):
+        config = each.root / "intloom.toml"
+        config.write_text(config.read_text() + f"port = {port}\n")
+    try:
+        assert project.cli("start").code == 0
+        refused = other.cli("start", "--json")
+    finally:
+        other.reap()
+    assert refused.code == 1, refused.stdout
+    assert refused.json["error"]["code"] == "CLI_SERVICE_UNAVAILABLE"
+    message = refused.json["error"]["message"]
+    assert f"127.0.0.1:{port}" in message, message
+    assert f"; pid {project.host_pid()} (" in message, message
+    assert (f"), the intloom host of the project {project.root}, listens there (intloom "
+            f"--project {project.root} stop frees it)") in message, message
+    assert f"change port in {other.root / 'intloom.toml'}" in message, message
