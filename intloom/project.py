@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,7 +12,8 @@ from intloom.errors import IntloomError
 
 __all__ = [
     "CONFIG_NAME", "STATE_PATH_BYTES", "Config", "ProjectPaths", "find_root", "link_loop",
-    "load_config", "removed_working_directory", "require_short_path", "require_utf8_path",
+    "load_config", "locale_misreads", "removed_working_directory", "require_short_path",
+    "require_utf8_path",
 ]
 
 CONFIG_NAME = "intloom.toml"
@@ -61,6 +63,23 @@ class Config:
     port: int | None
 
 
+def locale_misreads(text: str) -> str | None:
+    """What to do, when ``text`` (a path, or an argument from the command line) holds lone
+    surrogates only because Python reads bytes as ASCII here (the C locale with
+    ``PYTHONUTF8=0``), its bytes being UTF-8 all along; else None. Saying they were not
+    UTF-8, and to rename a directory with convmv, was false of them."""
+    encoding = sys.getfilesystemencoding()
+    if encoding.lower().replace("-", "") == "utf8":
+        return None
+    try:
+        os.fsencode(text).decode("utf-8")
+    except (UnicodeError, ValueError):
+        return None
+    return (f"its bytes are UTF-8, but Python reads the command line and file names here as "
+            f"{encoding} (the locale's encoding; Python's UTF-8 mode is off): set a UTF-8 "
+            "locale (export LC_ALL=C.UTF-8) or PYTHONUTF8=1, then try again")
+
+
 def require_utf8_path(root: Path, code: str = "CLI_PROJECT_INVALID") -> Path:
     """``root``, if its path is valid UTF-8; ``code`` otherwise, naming it with its bytes
     escaped. The project's path is written into its JSON metadata and sent to its host, so
@@ -70,6 +89,11 @@ def require_utf8_path(root: Path, code: str = "CLI_PROJECT_INVALID") -> Path:
         text.encode("utf-8")
     except UnicodeEncodeError:
         shown = os.fsencode(text).decode("utf-8", errors="backslashreplace")
+        misread = locale_misreads(text)
+        if misread is not None:
+            raise IntloomError(
+                code, f"The path {shown} cannot be recorded: {misread}. Nothing was written.",
+            ) from None
         raise IntloomError(
             code,
             f"The path {shown} is not valid UTF-8, and intloom records a project's path in "

@@ -8,6 +8,7 @@ from typing import Any, Final
 import msgspec
 
 from intloom.errors import IntloomError
+from intloom.project import locale_misreads
 
 __all__ = ["MAX_INPUT", "interactive", "read_answer", "read_intent"]
 
@@ -199,6 +200,11 @@ def read_answer(answer: str) -> Any:
         try:
             data = answer.encode("utf-8")
         except UnicodeEncodeError:
+            misread = locale_misreads(answer)
+            if misread is not None:
+                raise IntloomError(
+                    "INVALID_REQUEST", f"ANSWER cannot be read: {misread}. Nothing was sent.",
+                ) from None
             # argv bytes that are not UTF-8 reach Python as lone surrogates.
             raise IntloomError(
                 "INVALID_REQUEST",

@@ -14,6 +14,7 @@ from typing import Final
 import msgspec
 
 from intloom.errors import IntloomError
+from intloom.project import locale_misreads
 from intloom.protocol.framing import FrameError, encode_frame
 from intloom.protocol.messages import MAX_FRAME, Answer, CallTool, CompleteAgentCall, Request
 
@@ -97,6 +98,23 @@ def _culprit(request: Request, bad: Callable[[object], bool] | None = None) -> s
     return "a value"
 
 
+def _misread(request: Request) -> str | None:
+    """The locale's fix, when the request's first lone surrogate is in UTF-8 bytes Python
+    read as ASCII (``locale_misreads``), else None: then the bytes themselves are at fault."""
+    hit: list[str] = []
+
+    def bad(value: object) -> bool:
+        if _not_utf8(value):
+            hit.append(typing.cast(str, value))
+            return True
+        return False
+
+    for info in msgspec.structs.fields(type(request)):
+        if _find(getattr(request, info.name), info.encode_name, bad) is not None:
+            break
+    return locale_misreads(hit[0]) if hit else None
+
+
 def _unsendable(request: Request, exc: BaseException) -> IntloomError:
     """INVALID_REQUEST for a request msgpack cannot encode: which value, why, what to do."""
     if isinstance(exc, OverflowError):
@@ -104,8 +122,11 @@ def _unsendable(request: Request, exc: BaseException) -> IntloomError:
                 "the protocol nor a Run's journal can hold (msgpack: -2**63 to 2**64-1). Send "
                 "it as a string, or as a number in that range")
     elif isinstance(exc, UnicodeEncodeError):
-        fact = (f"{_culprit(request, _not_utf8)} holds text that is not valid Unicode (a lone "
-                "surrogate, as bytes that are not UTF-8 decode to). Send UTF-8 text")
+        culprit = _culprit(request, _not_utf8)
+        misread = _misread(request)
+        fact = (f"{culprit} cannot be read: {misread}" if misread is not None else
+                f"{culprit} holds text that is not valid Unicode (a lone surrogate, as bytes "
+                "that are not UTF-8 decode to). Send UTF-8 text")
     elif isinstance(exc, RecursionError):
         fact = f"{_culprit(request)} is nested too deeply. Flatten it"
     else:

@@ -377,6 +377,51 @@ def test_a_relative_path_from_a_removed_working_directory_names_that_directory(
     assert list(tmp_path.iterdir()) == []
 
 
+_READ_AS_ASCII = r"""
+import json, os, sys
+from pathlib import Path
+from intloom.cli.inputs import read_answer
+from intloom.client.outgoing import frame_of
+from intloom.errors import IntloomError
+from intloom.project import require_utf8_path
+from intloom.protocol.messages import CreateRun
+
+def said(call):
+    try:
+        call()
+    except IntloomError as exc:
+        return exc.message
+    return None
+
+utf8, latin1 = os.fsdecode("/p/caf\u00e9".encode()), os.fsdecode(b"/p/caf\xe9")
+print(json.dumps({
+    "encoding": sys.getfilesystemencoding(),
+    "path": said(lambda: require_utf8_path(Path(utf8))),
+    "intent": said(lambda: frame_of(CreateRun(workflow="w", intent=utf8))),
+    "answer": said(lambda: read_answer(utf8)),
+    "latin1": said(lambda: require_utf8_path(Path(latin1))),
+}))
+"""
+
+
+def test_utf8_read_as_ascii_under_a_c_locale_says_so_not_that_it_is_no_utf8() -> None:
+    """Under LC_ALL=C with PYTHONUTF8=0 Python reads argv and file names as ASCII: a UTF-8
+    project path was called "not valid UTF-8" with the fix to rename it with convmv, and a
+    UTF-8 intent "not valid Unicode ... Send UTF-8 text"; the locale is at fault."""
+    env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0",
+           "PYTHONCOERCECLOCALE": "0", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", _READ_AS_ASCII], capture_output=True,
+                          text=True, env=env, timeout=30, check=True)
+    said = json.loads(proc.stdout)
+    assert said["encoding"] == "ascii", said
+    for key in ("path", "intent", "answer"):
+        assert "its bytes are UTF-8, but Python reads the command line and file names here "\
+            "as ascii" in said[key], said
+        assert "export LC_ALL=C.UTF-8) or PYTHONUTF8=1" in said[key], said
+        assert "convmv" not in said[key] and "Send UTF-8 text" not in said[key], said
+    assert "is not valid UTF-8" in said["latin1"] and "convmv" in said["latin1"], said
+
+
 def test_init_takes_a_directory_that_holds_only_a_fresh_repository(tmp_path: Path) -> None:
     """mkdir p && cd p && git init && intloom init was refused, "already contains .git":
     the metadata holds no file of the user's, and init writes nothing into it."""
