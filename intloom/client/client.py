@@ -25,7 +25,7 @@ from intloom.host.metadata import (
     read_connection,
     read_service,
 )
-from intloom.project import CONFIG_NAME, ProjectPaths, enclosing
+from intloom.project import CONFIG_NAME, ProjectPaths, enclosing, removed_working_directory
 from intloom.protocol.framing import (
     FrameClosed,
     FrameError,
@@ -250,7 +250,17 @@ def resolved_root(root: object, caller: str) -> Path:
             f"{type(root).__name__}. Nothing was sent.",
         )
     assert isinstance(root, str | os.PathLike)
-    return Path(root).resolve()
+    try:
+        return Path(root).resolve()
+    except OSError:
+        # Only a relative root reaches the working directory, and only a removed one fails:
+        # a bare FileNotFoundError named neither.
+        gone = removed_working_directory(Path(root))
+        raise IntloomError(
+            "CLI_PROJECT_INVALID",
+            f"{caller}({str(root)!r}): {gone or 'the root cannot be made absolute'}. Pass the "
+            "project's root as an absolute path. Nothing was sent.",
+        ) from None
 
 
 def not_a_project(root: Path, caller: str = "Client.connect") -> IntloomError:

@@ -377,6 +377,26 @@ def test_a_relative_path_from_a_removed_working_directory_names_that_directory(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_client_connect_to_a_relative_root_from_a_removed_working_directory_names_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Client.connect("../notes") from a directory removed since raised a bare
+    FileNotFoundError, naming neither the root nor the directory gone."""
+    from intloom.client import Client
+
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)  # restored at teardown, by its absolute path
+    gone.rmdir()
+    with pytest.raises(IntloomError) as info:
+        Client.connect("../notes")
+    assert info.value.code == "CLI_PROJECT_INVALID"
+    assert info.value.message.startswith(
+        "Client.connect('../notes'): ../notes is relative to the working directory, which "
+        "cannot be examined ("), info.value.message
+    assert info.value.message.endswith("as an absolute path. Nothing was sent.")
+
+
 _READ_AS_ASCII = r"""
 import json, os, sys
 from pathlib import Path
