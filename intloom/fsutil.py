@@ -32,6 +32,7 @@ __all__ = [
     "fsync_dir",
     "hold_temp",
     "injected_write_fault",
+    "open_exclusive",
     "os_lock",
     "privacy_fix",
     "private_file_problem",
@@ -434,14 +435,38 @@ def check_private_dir(path: Path) -> None:
 def ensure_private_dir(path: Path) -> None:
     """Create ``path`` as 0700 if missing (parents too); then check it is private."""
     try:
-        os.mkdir(path, 0o700)
+        _make_private_dir(path)
     except FileExistsError:
         pass
     except FileNotFoundError:
         ensure_private_dir(path.parent)
         with contextlib.suppress(FileExistsError):
-            os.mkdir(path, 0o700)
+            _make_private_dir(path)
     check_private_dir(path)
+
+
+def open_exclusive(path: Path, flags: int, mode: int = 0o600) -> int:
+    """``os.open`` of a file it creates (``flags`` hold ``O_CREAT|O_EXCL``), with exactly
+    ``mode``: open's mode passes through the umask, and one that masks the owner's bits
+    (0777) made the state's files 0000, so a host started but no command could read its
+    connection.json, nor stop it. Removed again if its mode cannot be set."""
+    fd = os.open(path, flags, mode)
+    try:
+        os.fchmod(fd, mode)
+    except OSError:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        raise
+    return fd
+
+
+def _make_private_dir(path: Path) -> None:
+    os.mkdir(path, 0o700)
+    # mkdir's mode passes through the umask: one that masks the owner's bits (0277, 0777)
+    # made it 0500 or 0000, which refused the files the host writes next, and each directory
+    # of the state in turn asked for its own chmod. Only a directory made here is set.
+    os.chmod(path, 0o700, follow_symlinks=False)
 
 
 def read_private(path: Path, *, max_bytes: int | None = 1 << 20) -> bytes | None:
@@ -546,7 +571,7 @@ def replace_files(directory: Path, items: list[tuple[str, bytes]], *, mode: int 
         for name, data in items:
             # os.urandom, not secrets: keeps hashlib/OpenSSL off the CLI start-up path.
             tmp = directory / f".{name}.{os.urandom(8).hex()}.tmp"
-            fds.append(os.open(
+            fds.append(open_exclusive(
                 tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode))
             temps.append((tmp, directory / name))
             hold_temp(fds[-1])

@@ -25,7 +25,7 @@ from typing import Any, Final, Literal
 
 import msgspec
 
-from intloom.fsutil import ensure_private_dir, fsync_dir
+from intloom.fsutil import ensure_private_dir, fsync_dir, open_exclusive
 
 __all__ = ["LOG_SCHEMA_VERSION", "HostLog", "Level", "utc_now"]
 
@@ -81,7 +81,7 @@ class HostLog:
         for _ in range(1000):
             path = logs_dir / _log_name(moment)
             try:
-                fd = os.open(
+                fd = open_exclusive(
                     path,
                     os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOFOLLOW
                     | os.O_CLOEXEC,

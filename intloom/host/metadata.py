@@ -24,6 +24,7 @@ from intloom.fsutil import (
     fsync_dir,
     hold_temp,
     injected_write_fault,
+    open_exclusive,
     privacy_fix,
     read_private,
     shell_arg,
@@ -306,8 +307,8 @@ def create_lock_file(path: Path, lock: ServiceLock) -> int:
     try:
         # Inside the try: a directory that refuses new files (EPERM, EROFS, ENOSPC) is a
         # storage fault of this file like any failed write, not a bug of the host.
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o600)
+        fd = open_exclusive(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                            | os.O_CLOEXEC, 0o600)
     except OSError as exc:
         raise _write_failed(path, exc, "no lock file was created") from None
     linked = False

@@ -22,6 +22,7 @@ from intloom.fsutil import (
     check_private_dir,
     ensure_private_dir,
     fsync_dir,
+    open_exclusive,
     privacy_fix,
     private_file_problem,
     read_private,
@@ -188,7 +189,7 @@ def read_file(path: Path) -> bytes | None:
 
 def open_new(path: Path) -> int:
     """Create ``path`` exclusively (0600, no follow) for appending; FileExistsError if taken."""
-    return os.open(
+    return open_exclusive(
         path,
         os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_APPEND | os.O_CLOEXEC,
         0o600,

@@ -102,6 +102,40 @@ def test_replace_file_is_one_item_of_replace_files(
     assert (tmp_path / "a").read_bytes() == b"new a"
 
 
+def test_the_state_keeps_its_modes_under_a_umask_that_masks_the_owners_bits(
+    tmp_path: Path,
+) -> None:
+    """mkdir and open take their mode through the umask: under 0777 the state's directories
+    and files came out 0000 (under 0277, 0500 and 0400), so a host started but no command
+    could read its connection.json or stop it; lifecycle.md says 0700 and 0600."""
+    from intloom.fsutil import atomic_write, ensure_private_dir
+    from intloom.host.logfile import HostLog
+    from intloom.host.metadata import ServiceLock, create_lock_file
+    from intloom.store.files import open_new
+
+    state = tmp_path / ".intloom" / "runtime"
+    lock = ServiceLock(version=1, pid=os.getpid(), create_time=1.0, boot_id="b",
+                       instance_id="i", started_at="2026-01-01T00:00:00.000Z")
+    previous = os.umask(0o777)
+    try:
+        ensure_private_dir(state)
+        atomic_write(state / "manifest.json", b"{}")
+        os.close(open_new(state / "0000000001.seg"))
+        os.close(create_lock_file(tmp_path / ".intloom" / "service.lock", lock))
+        log = HostLog.open(tmp_path / ".intloom" / "logs")
+    finally:
+        os.umask(previous)
+    log.close()  # sealed: 0400
+    modes = {str(p.relative_to(tmp_path)): stat.S_IMODE(p.lstat().st_mode)
+             for p in (tmp_path / ".intloom").rglob("*")}
+    modes[".intloom"] = stat.S_IMODE((tmp_path / ".intloom").lstat().st_mode)
+    assert modes == {
+        ".intloom": 0o700, ".intloom/runtime": 0o700, ".intloom/logs": 0o700,
+        ".intloom/runtime/manifest.json": 0o600, ".intloom/runtime/0000000001.seg": 0o600,
+        ".intloom/service.lock": 0o600, f".intloom/logs/{log.path.name}": 0o400,
+    }, modes
+
+
 def test_metadata_of_the_same_directory_under_another_path_names_the_path_to_use(
     tmp_path: Path,
 ) -> None:
