@@ -358,8 +358,17 @@ def _journalable(value: Any, what: str) -> Any:
     return value
 
 
-def _not_current(slot: RunSlot, action_id: str) -> str:
-    """Why ``action_id`` cannot be answered now, and what can be."""
+def _not_current(slot: RunSlot, action_id: str, elsewhere: RunSlot | None = None) -> str:
+    """Why ``action_id`` cannot be answered now, and what can be. ``elsewhere``: another Run
+    that waits on ``action_id``, which the answer was surely meant for."""
+    if elsewhere is not None:
+        # Not "answer the one this Run waits on": the answer was written for the other
+        # Run's questions, and sent here it would be taken for good.
+        kind = elsewhere.view().pending_action
+        what = f"{kind.kind} " if kind is not None else ""
+        return (f"Action {action_id} is Run {elsewhere.run_id}'s pending {what}action, not Run "
+                f"{slot.run_id}'s; nothing was recorded. Send the answer to the Run that asks "
+                f"it: intloom answer {elsewhere.run_id} {action_id} ANSWER.")
     gist = _answered_as(slot, action_id)
     fact = (f"Action {action_id} is not (or no longer) Run {slot.run_id}'s unanswered action"
             if gist is None else
@@ -829,10 +838,36 @@ class Runtime:
                 raise held.error()
             raise IntloomError(
                 "NOT_FOUND",
-                f"Run {run_id!r} is not known to this host. intloom runs lists the current "
-                "Runs; intloom inspect reads any Run's journal offline.",
+                f"Run {run_id!r} is not known to this host.{self._not_a_run(run_id)} intloom "
+                "runs lists the current Runs; intloom inspect reads any Run's journal offline.",
             )
         return slot
+
+    def _waiting_on(self, action_id: str, but: RunSlot | None = None) -> RunSlot | None:
+        """The Run (other than ``but``) whose view waits on question or confirmation
+        ``action_id``, if any. Only on a refusal's path: it looks at every Run."""
+        if not action_id.startswith("ASK-"):
+            return None
+        for slot in tuple(self.runs.values()):  # a snapshot: a worker may retire a Run
+            if slot is but:
+                continue
+            view = slot.view()
+            if (view.status == "waiting" and view.pending_action is not None
+                    and view.pending_action.id == action_id):
+                return slot
+        return None
+
+    def _not_a_run(self, run_id: str) -> str:
+        """What an id given as a Run's is, when it is an action's (RUN and ACTION swapped)."""
+        owner = self._waiting_on(run_id)
+        if owner is not None:
+            return (f" {run_id} is the id of Run {owner.run_id}'s pending action, not of a "
+                    f"Run: give {owner.run_id} as the Run (intloom answer takes the Run's id, "
+                    "then the action's).")
+        if run_id.startswith(("ASK-", "CALL-")):
+            return (f" {run_id} is an action's or an Agent task's id, not a Run's (a Run's id "
+                    "begins RUN-; intloom answer takes the Run's id, then the action's).")
+        return ""
 
     def _admit(self) -> None:
         if self.closing:
@@ -971,7 +1006,8 @@ class Runtime:
         action = slot.state.pending_action
         if slot.view().status != "waiting" or action is None or action.id != action_id:
             await self._caught_up(slot)
-            raise IntloomError("CONFLICT", _not_current(slot, action_id))
+            raise IntloomError("CONFLICT", _not_current(slot, action_id,
+                                                        self._waiting_on(action_id, slot)))
         try:
             typed = validate_answer(action.kind, action.request, answer)
         except IntloomError as exc:

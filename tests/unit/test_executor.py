@@ -179,6 +179,39 @@ def test_confirm_then_reject_then_approve_completes() -> None:
     assert calls == ["prep", "charge-effect", "ask", "prep", "charge-effect", "ask"]
 
 
+def test_an_action_of_another_run_is_refused_naming_the_run_that_asks_it() -> None:
+    """An answer sent with another waiting Run's action id was told to answer this Run's
+    action instead: the answer, written for the other Run, would then be taken here for
+    good. So are ids given the wrong way round (ACTION as RUN)."""
+    journal = MemoryJournal()
+
+    async def main() -> None:
+        rt = Runtime(loaded(make_confirm_wf([])), journal, package_version="0.1.0")
+        rt.restore([])
+        one = await rt.wait_stable((await rt.create_run("confirm", "one")).run_id)
+        two = await rt.wait_stable((await rt.create_run("confirm", "two")).run_id)
+        assert one.pending_action is not None and two.pending_action is not None
+        asks = two.pending_action.id
+        with pytest.raises(IntloomError) as crossed:
+            await rt.answer(one.run_id, asks, {"isConfirmed": True})
+        assert crossed.value.code == "CONFLICT"
+        assert (f"is Run {two.run_id}'s pending confirmation action, not Run {one.run_id}'s; "
+                "nothing was recorded") in crossed.value.message
+        assert f"intloom answer {two.run_id} {asks} ANSWER" in crossed.value.message
+        assert one.pending_action.id not in crossed.value.message
+        with pytest.raises(IntloomError) as swapped:
+            await rt.answer(asks, one.run_id, {"isConfirmed": True})
+        assert swapped.value.code == "NOT_FOUND"
+        assert f"is the id of Run {two.run_id}'s pending action, not of a Run: give " \
+               f"{two.run_id} as the Run" in swapped.value.message
+        with pytest.raises(IntloomError, match=r"CALL-x is an action's or an Agent task's id, "
+                           r"not a Run's \(a Run's id begins RUN-"):
+            rt.get("CALL-x")
+        assert rt.get(one.run_id) == one and rt.get(two.run_id) == two
+
+    run(main)
+
+
 def test_first_valid_answer_wins() -> None:
     journal = MemoryJournal()
 
