@@ -212,6 +212,10 @@ def read_answer(answer: str) -> Any:
                 "nothing was sent. Pass the answer as UTF-8 text (set a UTF-8 locale, or "
                 "write it to a UTF-8 file and pass - to read it from stdin).",
             ) from None
+    # A file an editor saved as "UTF-8 with BOM" (Notepad, PowerShell's Out-File) and piped
+    # in was refused as "invalid character (byte 0)", a byte the person cannot see; JSON
+    # lets a reader ignore it (RFC 8259, section 8.1), and outside a string it means nothing.
+    data = data.removeprefix(b"\xef\xbb\xbf")
     if not data.strip():
         raise IntloomError("INVALID_REQUEST", f"ANSWER is empty. {ANSWER_SHAPES}")
     try:

@@ -384,6 +384,20 @@ def test_answer_parses_json_and_reads_stdin(
                        ("RUN-1", "ACT-2", [{"questionId": "q"}])]
 
 
+def test_an_answer_file_saved_with_a_utf8_bom_is_read(
+    capsys: pytest.CaptureFixture[str], client: FakeClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A UTF-8 file with a byte order mark, piped in, was refused "invalid character (byte
+    0)": a byte its editor does not show."""
+    client.result = run_view("completed")
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(
+        io.BytesIO(b'\xef\xbb\xbf{"isConfirmed": true, "feedback": "\xef\xbb\xbfkept"}\r\n')))
+    assert cli(capsys, "answer", "RUN-1", "ACT-1", "-")[0] == 0
+    # Only the mark before the JSON: one inside a string is the person's text.
+    assert [c[1:] for c in client.calls if c[0] == "answer"] == [
+        ("RUN-1", "ACT-1", {"isConfirmed": True, "feedback": "\ufeffkept"})]
+
+
 def test_answer_that_is_not_json(capsys: pytest.CaptureFixture[str], client: FakeClient) -> None:
     code, out, _ = cli(capsys, "answer", "RUN-1", "ACT-1", "{yes", "--json")
     assert code == 1
