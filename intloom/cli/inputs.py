@@ -229,6 +229,17 @@ def read_answer(answer: str) -> Any:
                 "\\ud800 alone), which is not valid Unicode text; nothing was sent. Write the "
                 "character itself, or both halves of its pair (\\ud83d\\ude00 is one character).",
             ) from None
+        if data.lstrip()[:1] not in (b"[", b"{"):
+            # The answer's text alone (`intloom answer RUN ACTION fix`): msgspec's reason
+            # ("Input data was truncated", "invalid character (byte 0)") says nothing of that.
+            text = data.decode("utf-8", "replace").strip()
+            shown = text if len(text) <= 40 else f"{text[:40]}..."
+            raise IntloomError(
+                "INVALID_REQUEST",
+                f"ANSWER {shown!r} is not JSON: ANSWER is the whole answer as JSON, and a "
+                f'question\'s text goes in its "answer" field; nothing was sent. {ANSWER_SHAPES} '
+                "intloom runs prints the command to fill in for each waiting Run.",
+            ) from None
         raise IntloomError(
             "INVALID_REQUEST", f"ANSWER is not valid JSON ({exc}). {ANSWER_SHAPES}"
         ) from None

@@ -406,6 +406,24 @@ def test_answer_that_is_not_json(capsys: pytest.CaptureFixture[str], client: Fak
     assert client.calls == []
 
 
+@pytest.mark.parametrize("bare", ["fix", "yes", "won't fix", "y" * 50],
+                         ids=["fix", "yes", "label", "long"])
+def test_an_answer_given_as_bare_text_says_answer_is_the_whole_answer_as_json(
+        capsys: pytest.CaptureFixture[str], client: FakeClient, bare: str) -> None:
+    """The answer's text alone was refused with msgspec's reason: "Input data was truncated"
+    for fix, "invalid character (byte 0)" for yes."""
+    code, out, _ = cli(capsys, "answer", "RUN-1", "ACT-1", bare, "--json")
+    assert code == 1
+    error = json.loads(out)["error"]
+    shown = bare if len(bare) <= 40 else f"{bare[:40]}..."
+    assert error["code"] == "INVALID_REQUEST"
+    assert error["message"].startswith(
+        f"ANSWER {shown!r} is not JSON: ANSWER is the whole answer as JSON"), error
+    assert "truncated" not in error["message"] and "byte 0" not in error["message"]
+    assert '"isConfirmed": true' in error["message"] and "nothing was sent" in error["message"]
+    assert client.calls == []
+
+
 @pytest.mark.parametrize(("text", "said"), [
     ("<text>", "The answer to question 'note' is still the placeholder '<text>'"),
     ("<fix|wontfix or text>",
