@@ -304,20 +304,28 @@ def validate_answer(kind: str, request: Any, raw: Any) -> Confirmation | list[Qu
         try:
             return msgspec.convert(raw, Confirmation)
         except msgspec.ValidationError as exc:
+            # A questions answer sent here: "Expected `object`, got `array`" alone did not
+            # say that the action is of the other kind.
+            other = (" This action is a confirmation, not questions."
+                     if isinstance(raw, list) else "")
             raise IntloomError(
                 "INVALID_REQUEST",
-                f"A confirmation answer is {{\"isConfirmed\": bool, \"feedback\"?: str}} ({exc}).",
+                f"A confirmation answer is {{\"isConfirmed\": bool, \"feedback\"?: str}} "
+                f"({exc}).{other}",
             ) from None
+    questions = {q["id"]: q for q in request}
+    asked = ", ".join(map(repr, questions))
     try:
         answers = msgspec.convert(raw, list[QuestionAnswer])
     except msgspec.ValidationError as exc:
+        other = (" This action asks questions, not for a confirmation."
+                 if isinstance(raw, dict) and "isConfirmed" in raw else "")
+        # The ids to answer: a person who sent the wrong shape has no entry to copy them from.
         raise IntloomError(
             "INVALID_REQUEST",
             "A questions answer is a list of {\"questionId\", \"isSkipped\", \"answer\"?} "
-            f"({exc}).",
+            f"({exc}), one entry for each question asked here: {asked}.{other}",
         ) from None
-    questions = {q["id"]: q for q in request}
-    asked = ", ".join(map(repr, questions))
     seen: set[str] = set()
     for item in answers:
         q = questions.get(item.question_id)

@@ -17,6 +17,7 @@ import msgspec
 import pytest
 
 import intloom
+from intloom.authoring.interaction import validate_answer
 from intloom.authoring.loader import LoadedWorkflow
 from intloom.errors import IntloomError
 from intloom.executor.driver import Driver
@@ -1133,6 +1134,10 @@ def test_questions_are_validated() -> None:
             ([{"questionId": "note", "isSkipped": True, "answer": "x"}],
              "drop the answer, or send it with \"isSkipped\": false."),
             ({"isConfirmed": True}, "A questions answer is a list"),
+            # The other kind's answer says so, and names the ids to answer.
+            ({"isConfirmed": True}, "(Expected `array`, got `object`), one entry for each "
+             "question asked here: 'name', 'note'. This action asks questions, not for a "
+             "confirmation."),
         ):
             with pytest.raises(IntloomError) as info:
                 await rt.answer(view.run_id, aid, bad)
@@ -1151,6 +1156,19 @@ def test_questions_are_validated() -> None:
         assert done.status == "completed"
 
     run(main)
+
+
+def test_a_questions_answer_to_a_confirmation_says_it_is_a_confirmation() -> None:
+    """"Expected `object`, got `array`" alone did not say the action is of the other kind."""
+    with pytest.raises(IntloomError) as info:
+        validate_answer("confirmation", {"context": 1},
+                        [{"questionId": "q", "isSkipped": False, "answer": "yes"}])
+    assert info.value.message.endswith(
+        "(Expected `object`, got `array`). This action is a confirmation, not questions."
+    ), info.value.message
+    with pytest.raises(IntloomError) as info:
+        validate_answer("confirmation", {"context": 1}, {"isConfirmed": "yes"})
+    assert "not questions" not in info.value.message
 
 
 def test_changed_identity_or_schema_is_reported_and_not_loaded() -> None:
