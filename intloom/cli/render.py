@@ -504,6 +504,10 @@ def service_lines(service: Mapping[str, Any], title: str = "Service running") ->
         f" · completed {service.get('completedRuns', 0)} · failed or stopped "
         f"{service.get('failedRuns', 0)}"
     )
+    if service.get("waitingRuns"):
+        # The count alone left a person to guess where the questions are.
+        lines.append("Waiting  intloom runs shows what each waiting Run asks, and the command "
+                     "that answers it")
     store_problems = [p for p in service.get("storeProblems") or [] if isinstance(p, Mapping)]
     for problem in store_problems:
         lines.append(f"Store file .intloom/runtime/{problem.get('path', '?')} · "

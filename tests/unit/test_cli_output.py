@@ -389,6 +389,18 @@ def test_a_host_whose_only_workflow_failed_to_load_does_not_say_the_others_run()
         render.service_lines({**base, "workflowCount": 2}))
 
 
+def test_status_with_waiting_runs_says_where_to_see_what_they_ask() -> None:
+    """``status`` and ``start`` counted the waiting Runs and said nothing of where their
+    questions and the answer command are."""
+    base = {"projectRoot": "/p", "port": 1, "pid": 2, "instanceId": "i", "workflowCount": 1}
+    hint = ("Waiting  intloom runs shows what each waiting Run asks, and the command that "
+            "answers it")
+    waiting = render.service_lines({**base, "waitingRuns": 2})
+    assert waiting[waiting.index("Runs running 0 · waiting 2 · completed 0 · failed or "
+                                 "stopped 0") + 1] == hint, waiting
+    assert hint not in render.service_lines({**base, "waitingRuns": 0})
+
+
 def test_attach_waits_for_the_whole_history_before_it_prompts_or_ends(tmp_path: Any) -> None:
     """A restored Run's history shows its view twice: the earlier host's `waiting`, then
     `restored`. The display has caught up only once the host's `caughtUp` event (or a live
