@@ -32,6 +32,13 @@ def interactive(json_mode: bool) -> bool:
         return False
 
 
+def _is_terminal(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
 # What to do instead, by what was too large.
 _TOO_LARGE: Final = {
     "intent file": "Put large input in a file your Steps read, and pass its path (or a short "
@@ -54,6 +61,13 @@ def _read_stdin(code: str, what: str) -> bytes:
     try:
         if stdin is None:
             raise OSError("stdin is closed")
+        if _is_terminal(stdin):
+            # Nothing piped in: the read waits for the person to type it, and a silent
+            # cursor looked like a hung command.
+            noun = what.removesuffix(" file")
+            sys.stderr.write(f"Reading the {noun} from stdin: type or paste it, then press "
+                             "Ctrl-D on a line of its own (Ctrl-C cancels).\n")
+            sys.stderr.flush()
         return stdin.buffer.read(MAX_INPUT + 1)
     except (OSError, ValueError) as exc:
         fact = ("stdin is closed" if stdin is None or isinstance(exc, ValueError)

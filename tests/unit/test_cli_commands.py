@@ -398,6 +398,27 @@ def test_an_answer_file_saved_with_a_utf8_bom_is_read(
         ("RUN-1", "ACT-1", {"isConfirmed": True, "feedback": "\ufeffkept"})]
 
 
+class _TerminalStdin(io.TextIOWrapper):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_answer_from_stdin_on_a_terminal_says_how_to_end_it(
+    capsys: pytest.CaptureFixture[str], client: FakeClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``intloom answer RUN ACTION -`` with nothing piped in waited, silent, for the person
+    to type the answer and end it: it looked like a hung command."""
+    client.result = run_view("completed")
+    monkeypatch.setattr("sys.stdin", _TerminalStdin(io.BytesIO(b'{"isConfirmed": true}')))
+    code, out, err = cli(capsys, "answer", "RUN-1", "ACT-1", "-", "--json")
+    assert code == 0 and json.loads(out)["run"]["status"] == "completed"
+    assert err == ("Reading the answer from stdin: type or paste it, then press Ctrl-D on a "
+                   "line of its own (Ctrl-C cancels).\n")
+    # Piped, as in the test above, nothing is said.
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b'{"isConfirmed": true}')))
+    assert cli(capsys, "answer", "RUN-1", "ACT-1", "-", "--json")[2] == ""
+
+
 def test_answer_that_is_not_json(capsys: pytest.CaptureFixture[str], client: FakeClient) -> None:
     code, out, _ = cli(capsys, "answer", "RUN-1", "ACT-1", "{yes", "--json")
     assert code == 1
