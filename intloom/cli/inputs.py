@@ -243,6 +243,22 @@ def read_answer(answer: str) -> Any:
                 "\\ud800 alone), which is not valid Unicode text; nothing was sent. Write the "
                 "character itself, or both halves of its pair (\\ud83d\\ude00 is one character).",
             ) from None
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as bad:
+            # Only stdin can get here (argv is refused above). A UTF-16 file, what Windows
+            # PowerShell's > writes, was called "not JSON" or "Invalid UTF-8 encoded string".
+            utf16 = data.startswith((b"\xff\xfe", b"\xfe\xff"))
+            what = ("it begins with a UTF-16 byte order mark: the file is UTF-16, as Windows "
+                    "PowerShell's > writes it" if utf16 else
+                    f"byte {bad.start:,} is 0x{data[bad.start]:02x}")
+            how = ("iconv -f UTF-16 -t UTF-8, or Out-File -Encoding utf8" if utf16 else
+                   "iconv -f ITS-ENCODING -t UTF-8")
+            raise IntloomError(
+                "INVALID_REQUEST",
+                f"The answer read from stdin (-) is not UTF-8 text ({what}); nothing was sent. "
+                f"Save it as UTF-8 ({how}) and pass it again.",
+            ) from None
         if data.lstrip()[:1] not in (b"[", b"{"):
             # The answer's text alone (`intloom answer RUN ACTION fix`): msgspec's reason
             # ("Input data was truncated", "invalid character (byte 0)") says nothing of that.

@@ -398,6 +398,27 @@ def test_an_answer_file_saved_with_a_utf8_bom_is_read(
         ("RUN-1", "ACT-1", {"isConfirmed": True, "feedback": "\ufeffkept"})]
 
 
+@pytest.mark.parametrize(("data", "said"), [
+    ('{"isConfirmed": true}'.encode("utf-16"),
+     "it begins with a UTF-16 byte order mark: the file is UTF-16"),
+    (b'{"isConfirmed": true, "feedback": "caf\xe9"}', "(byte 38 is 0xe9); nothing was sent"),
+    (b"\xff", "byte 0 is 0xff"),
+], ids=["utf16", "latin1", "binary"])
+def test_an_answer_from_stdin_that_is_not_utf8_says_so(
+    capsys: pytest.CaptureFixture[str], client: FakeClient, monkeypatch: pytest.MonkeyPatch,
+    data: bytes, said: str,
+) -> None:
+    """A UTF-16 answer file was refused as bare text "'\ufffd\ufffd{...' is not JSON", a
+    Latin-1 one as "not valid JSON (Invalid UTF-8 encoded string)"."""
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(data)))
+    code, out, _ = cli(capsys, "answer", "RUN-1", "ACT-1", "-", "--json")
+    assert code == 1
+    message = json.loads(out)["error"]["message"]
+    assert message.startswith("The answer read from stdin (-) is not UTF-8 text ("), message
+    assert said in message and "nothing was sent. Save it as UTF-8" in message, message
+    assert client.calls == []
+
+
 class _TerminalStdin(io.TextIOWrapper):
     def isatty(self) -> bool:
         return True
