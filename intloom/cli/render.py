@@ -308,7 +308,9 @@ def asked(run: Mapping[str, Any]) -> tuple[str, list[str], str] | None:
         if len(text) > _CONTEXT_MAX:
             text = f"{text[:_CONTEXT_MAX]}... (--json shows all of it)"
         command = _answer_command(run_id, action_id, {"isConfirmed": True})
-        return "Confirm", [text], f'{command}  (false declines; "feedback" is optional)'
+        # The hint above the command, not after it: a person copies the command's whole line,
+        # and "... '{...}'  (false declines; ...)" was a shell syntax error there.
+        return "Confirm", [text, '(false declines; "feedback" is optional)'], command
     lines: list[str] = []
     template: list[dict[str, Any]] = []
     for question in request if isinstance(request, list) else []:

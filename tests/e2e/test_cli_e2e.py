@@ -770,8 +770,8 @@ def _answer_command(text: str, prefix: str) -> list[str]:
     import shlex
 
     line = next(x for x in text.splitlines() if x.lstrip().startswith(prefix))
-    command = line.lstrip()[len(prefix):].split("  (", 1)[0]
-    argv = shlex.split(command)
+    # The whole line after its label: a person copies it whole.
+    argv = shlex.split(line.lstrip()[len(prefix):])
     assert argv[:2] == ["intloom", "answer"], line
     return argv[1:]
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import shlex
 import sys
 import types
 from dataclasses import dataclass, field
@@ -515,9 +516,13 @@ def test_runs_text_and_flow_filter(capsys: pytest.CaptureFixture[str], client: F
     # Then, after a blank line, what the waiting one asks (the failed one asks nothing).
     assert lines[2:] == [
         "", "RUN-1 waits on ACT-1 (confirmation):", '  {"draft":"d"}',
-        "  answer: intloom answer RUN-1 ACT-1 '{\"isConfirmed\":true}'  (false declines; "
-        '"feedback" is optional)',
+        '  (false declines; "feedback" is optional)',
+        "  answer: intloom answer RUN-1 ACT-1 '{\"isConfirmed\":true}'",
     ]
+    # The answer line holds the command alone: copied whole, it runs ("... '{...}'  (false
+    # declines; ...)" was a shell syntax error).
+    assert shlex.split(lines[-1].removeprefix("  answer: ")) == [
+        "intloom", "answer", "RUN-1", "ACT-1", '{"isConfirmed":true}']
     assert ("runs", "example") in client.calls and ("runs", None) in client.calls
     # Runs the start held are not the host's: named below, never hidden behind "no Runs".
     client.held = ["RUN-9"]
