@@ -139,6 +139,43 @@ def _invalid(path: Path, fact: str) -> IntloomError:
                         here=f"{kept}.")
 
 
+def _version_skew(path: Path, data: bytes, kind: type[_Meta]) -> IntloomError | None:
+    """The refusal of a file another metadata version wrote, judged before the strict
+    decode: another version's file may hold keys this one does not know, which read as
+    damage ("unknown field") and led to fixing by hand the file of a host that runs."""
+    try:
+        doc = msgspec.json.decode(data)
+    except msgspec.DecodeError:
+        return None  # not JSON: the strict decode says so
+    if not isinstance(doc, dict):
+        return None
+    version = doc.get("version")
+    if type(version) is not int or version == METADATA_VERSION:
+        return None  # no version, or a wrong type: the strict decode names the field
+    from intloom import __version__
+
+    package = doc.get("packageVersion")
+    writer = "a newer intloom" if version > METADATA_VERSION else "an older intloom"
+    if isinstance(package, str) and package and len(package) <= 40 and package != __version__:
+        writer += f" ({package})"
+    fact = (f"{path} has metadata version {version}; this intloom ({__version__}) reads "
+            f"version {METADATA_VERSION}: {writer} wrote it. It was left as it is")
+    if kind is Connection:
+        fix = (f"Once no host of that intloom runs for this project (stop it with the intloom "
+               f"that started it), move the file aside (mv {shell_arg(path)} "
+               f"{shell_arg(f'{path}.moved')}); the next intloom start saves a new port and "
+               "token and restores the Runs.")
+    else:
+        pid = doc.get("pid")
+        term = (f", or kill -TERM {pid} (a graceful stop)"
+                if type(pid) is int and 1 <= pid <= _PID_MAX else "")
+        fix = ("Stop the host of that intloom with the intloom that started it (intloom "
+               f"stop){term}, then run intloom start with this one. If that host has exited, "
+               "the intloom that wrote the file removes it (intloom recover).")
+    return IntloomError("CLI_SERVICE_METADATA_INVALID", f"{fact}. {fix}",
+                        here=f"{fact}. {fix}")
+
+
 def _read(path: Path, kind: type[_T], root: Path | None) -> _T | None:
     try:
         data = read_private(path, max_bytes=64 * 1024)
@@ -148,14 +185,13 @@ def _read(path: Path, kind: type[_T], root: Path | None) -> _T | None:
         return None
     if not data.strip():
         raise _invalid(path, "is empty (a crash or a full disk while it was written)")
+    skew = _version_skew(path, data, kind)
+    if skew is not None:
+        raise skew
     try:
         value = msgspec.json.decode(data, type=kind)
     except msgspec.DecodeError as exc:
         raise _invalid(path, f"is not valid metadata ({exc})") from None
-    if value.version != METADATA_VERSION:  # type: ignore[attr-defined]
-        raise _invalid(
-            path, f"has version {value.version}; this intloom reads {METADATA_VERSION}"  # type: ignore[attr-defined]
-        )
     pid = getattr(value, "pid", None)
     if pid is not None and not 1 <= pid <= _PID_MAX:
         # Every reader, not only diagnosis: probing such a number raised (psutil refuses a
