@@ -144,6 +144,26 @@ def _token_refused(paths: ProjectPaths, port: int, info: ServiceInfo) -> Intloom
     )
 
 
+def _protocol_refused(info: ServiceInfo) -> IntloomError:
+    """PROTOCOL_MISMATCH for a hello the host refused for this client's protocol: an
+    intloom upgraded (or downgraded) while its host ran. The host's own words, from a host of
+    any version, said to "restart the host with this version" without saying how, and this
+    intloom's stop cannot do it: its hello is refused the same way."""
+    from intloom import __version__
+
+    theirs = (f"intloom {info.package_version}, " if info.package_version
+              and info.package_version != __version__ else "")
+    return IntloomError(
+        "PROTOCOL_MISMATCH",
+        f"The host running for this project (pid {info.pid}, {theirs}socket protocol "
+        f"{info.protocol_version}) refused this intloom ({__version__}, socket protocol "
+        f"{PROTOCOL}): it speaks another protocol. Nothing was sent, so this intloom cannot "
+        "stop it either. Restart the host with this intloom: stop it with the intloom that "
+        f"started it (intloom stop), or with kill -TERM {info.pid} (a graceful stop: its "
+        "Runs are suspended at their last checkpoint), then run intloom start with this one.",
+    )
+
+
 def _unreachable_host(paths: ProjectPaths, root: Path) -> IntloomError | None:
     """connection.json missing while the host service.json names still runs and holds the
     project's OS lock: "offline, run intloom start" was a false fact, and that start only
@@ -512,6 +532,10 @@ class Client:
                 # The host's own words tell a client to read the token from connection.json,
                 # which is what this one did: the fact is that the file changed under the host.
                 raise _token_refused(paths, conn.port, info)
+            if (reply.error.code == "PROTOCOL_MISMATCH"
+                    and info.protocol_version != PROTOCOL):
+                # Else the files do not say which protocol the host speaks: its words do.
+                raise _protocol_refused(info)
             raise _raise_reply(reply)
         if not isinstance(reply, HelloOk):
             sock.close()

@@ -47,3 +47,73 @@ def test_metadata_of_another_version_is_refused_by_its_version_with_the_way_out(
                     "graceful stop), then run intloom start with this one") in message, message
         assert refused.value.here == message
         assert path.read_bytes() == msgspec.json.encode(doc)
+
+
+def test_a_host_of_another_protocol_is_named_with_both_versions_and_the_way_to_restart_it(
+    tmp_path: Path,
+) -> None:
+    """intloom upgraded while its host ran, the new one speaking another socket protocol:
+    every command showed the host's "Use the intloom client that matches the running host,
+    or restart the host with this version.", and intloom stop, the way to restart it, only
+    said "The service rejected shutdown (PROTOCOL_MISMATCH: ...)" since its hello is
+    refused too. The listener answers as a host of that protocol does, its frame written by
+    hand; service.json says what the host wrote of itself."""
+    import contextlib
+    import os
+    import socket
+    import struct
+    import threading
+    import uuid
+
+    from intloom.client import Client
+    from intloom.client.lifecycle import stop_service_report
+    from intloom.host.metadata import ServiceInfo, write_service
+    from intloom.project import ProjectPaths
+    from intloom.protocol.messages import PROTOCOL
+    from tests.unit.diagnostics_support import (
+        create_time,
+        make_root,
+        write_connection_json,
+        write_lock,
+    )
+
+    root = make_root(tmp_path)
+    theirs = PROTOCOL + 1
+    refusal = msgspec.msgpack.encode({"op": "error", "error": {
+        "code": "PROTOCOL_MISMATCH", "retryable": False,
+        "message": f"The client speaks protocol {PROTOCOL}; this host speaks {theirs}."}})
+    pid = os.getpid()
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        instance = str(uuid.uuid4())
+        write_lock(root, pid, create_time(pid), instance_id=instance)
+        write_service(ProjectPaths(root).service_json, ServiceInfo(
+            version=METADATA_VERSION, project_root=str(root), pid=pid,
+            create_time=create_time(pid), instance_id=instance, port=port,
+            started_at="2026-12-09T00:00:00.000Z", package_version="0.2.0",
+            protocol_version=theirs))
+        write_connection_json(root, port)
+
+        def refuse_hellos() -> None:
+            with contextlib.suppress(OSError):
+                for _ in range(2):
+                    peer, _ = listener.accept()
+                    with peer:
+                        peer.recv(4096)
+                        peer.sendall(struct.pack(">I", len(refusal)) + refusal)
+
+        threading.Thread(target=refuse_hellos, daemon=True).start()
+        with pytest.raises(IntloomError) as connecting:
+            Client.connect(root, timeout=5)
+        with pytest.raises(IntloomError) as stopping:
+            stop_service_report(root, timeout=5)
+    both = (f"(pid {pid}, intloom 0.2.0, socket protocol {theirs}) refused this intloom "
+            f"({__version__}, socket protocol {PROTOCOL})")
+    way = (f"stop it with the intloom that started it (intloom stop), or with kill -TERM {pid} "
+           "(a graceful stop: its Runs are suspended at their last checkpoint), then run "
+           "intloom start with this one")
+    assert connecting.value.code == "PROTOCOL_MISMATCH", connecting.value.message
+    for message in (connecting.value.message, stopping.value.message):
+        assert both in message and way in message, message
