@@ -146,9 +146,10 @@ def _token_refused(paths: ProjectPaths, port: int, info: ServiceInfo) -> Intloom
 
 def _protocol_refused(info: ServiceInfo) -> IntloomError:
     """PROTOCOL_MISMATCH for a hello the host refused for this client's protocol: an
-    intloom upgraded (or downgraded) while its host ran. The host's own words, from a host of
-    any version, said to "restart the host with this version" without saying how, and this
-    intloom's stop cannot do it: its hello is refused the same way."""
+    intloom upgraded (or downgraded) while its host ran. The words of a host before 2026-12-02
+    said to "restart the host with this version" without saying how, and this intloom's stop
+    cannot do it: its hello is refused the same way. Said from the client's side, so the
+    facts hold whatever the host's version."""
     from intloom import __version__
 
     theirs = (f"intloom {info.package_version}, " if info.package_version

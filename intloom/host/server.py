@@ -416,9 +416,12 @@ class Server:
         if first.protocol != PROTOCOL:
             raise _Refused(_error(
                 "PROTOCOL_MISMATCH",
-                f"The client speaks protocol {first.protocol}; this host speaks {PROTOCOL}. "
-                "Use the intloom client that matches the running host, or restart the host "
-                "with this version.",
+                f"The client speaks socket protocol {first.protocol}; this host (pid "
+                f"{self.hello.pid}, intloom {self.hello.package_version}) speaks {PROTOCOL}, "
+                "so nothing was done. Use an intloom that speaks protocol "
+                f"{PROTOCOL}, or restart this host with the client's intloom: stop it with "
+                f"the intloom that started it (intloom stop) or kill -TERM {self.hello.pid} "
+                "(a graceful stop), then run intloom start with the client's.",
             ))
         if not hmac.compare_digest(first.token.encode("utf-8", "replace"), self._token):
             self.log.warning("connection_refused", reason="unauthorized", client=first.client[:80])

@@ -19,7 +19,7 @@ import pytest
 from intloom.client.client import Client
 from intloom.errors import IntloomError
 from intloom.host.server import Limits
-from intloom.protocol.messages import MAX_FRAME, PROTOCOL, HelloOk, StatusReply
+from intloom.protocol.messages import MAX_FRAME, PROTOCOL, ErrorReply, HelloOk, StatusReply
 from tests.helpers import Project, eventually
 from tests.integration.host_support import (
     closed,
@@ -66,6 +66,14 @@ def test_wrong_protocol_is_refused(project: Project) -> None:
         assert error_code(response) == "PROTOCOL_MISMATCH"
         assert closed(sock)
     assert serves(project.root, service.instance_id)
+    # A client of another intloom prints these words as they are: which intloom the host is
+    # and how to restart it with the client's, not "restart the host with this version".
+    assert isinstance(response, ErrorReply)
+    message = response.error.message
+    assert (f"protocol {PROTOCOL + 1}; this host (pid {service.pid}, intloom "
+            f"{service.package_version}) speaks {PROTOCOL}") in message, message
+    assert (f"(intloom stop) or kill -TERM {service.pid} (a graceful stop), then run intloom "
+            "start with the client's") in message, message
 
 
 @pytest.mark.parametrize(
