@@ -26,7 +26,7 @@ from intloom.protocol.messages import PROTOCOL, ServiceView, WorkflowInfo
 
 __all__ = ["SourceChange", "against_host", "since_log", "since_start"]
 
-Change = Literal["listed", "unlisted", "edited", "unreadable", "config", "port"]
+Change = Literal["listed", "unlisted", "edited", "unreadable", "config", "port", "intloom"]
 
 
 @dataclass(frozen=True)
@@ -37,8 +37,9 @@ class SourceChange:
     (loaded, no longer listed), ``edited`` (its source tree's identity is not the loaded
     one), ``unreadable`` (it is gone, or its tree cannot be hashed now), ``config``
     (``intloom.toml`` itself cannot be read now), ``port`` (``intloom.toml`` sets another
-    port than the host listens on: the next start listens there). ``workflow``: the loaded
-    Workflow's name, when there is one.
+    port than the host listens on: the next start listens there), ``intloom`` (the host is
+    of another intloom than the one installed now; ``source`` is ``intloom``). ``workflow``:
+    the loaded Workflow's name, when there is one.
     """
 
     source: str
@@ -50,10 +51,19 @@ class SourceChange:
 def since_start(root: Path, service: ServiceView, flows: list[WorkflowInfo]
                 ) -> list[SourceChange]:
     """How the project on disk differs from what the running host loaded."""
+    upgraded = []
+    if service.package_version and (service.package_version, service.protocol_version) != (
+            __version__, PROTOCOL):
+        # intloom installed anew (pip install -U) while its host ran: the host goes on with
+        # the code it imported, and a reuse said nothing of it, so the upgrade seemed done.
+        upgraded.append(SourceChange(
+            "intloom", "intloom", f"The host runs intloom {service.package_version} (socket "
+            f"protocol {service.protocol_version}), the one installed when it started; "
+            f"intloom {__version__} (socket protocol {PROTOCOL}) is installed now."))
     try:
         config = load_config(root)
     except IntloomError as exc:
-        return [SourceChange("intloom.toml", "config", exc.message)]
+        return [*upgraded, SourceChange("intloom.toml", "config", exc.message)]
     # Sources are compared by path, not by spelling, as the loader takes them: an entry
     # respelled (./workflows/x.py for workflows/x.py) was said to be listed and not loaded,
     # and loaded and no longer listed, with the advice that a restart holds its Runs, when
@@ -63,10 +73,11 @@ def since_start(root: Path, service: ServiceView, flows: list[WorkflowInfo]
     for info in flows:
         loaded.setdefault(info.source, []).append(info)
     loaded_paths = {os.path.normpath(source) for source in loaded}
-    out = [SourceChange(source, "listed", f"{source} is listed in intloom.toml; the host "
-                        "started before and has not loaded it.")
-           for source in dict.fromkeys(config.workflows)
-           if os.path.normpath(source) not in loaded_paths]
+    out = upgraded + [
+        SourceChange(source, "listed", f"{source} is listed in intloom.toml; the host started "
+                     "before and has not loaded it.")
+        for source in dict.fromkeys(config.workflows)
+        if os.path.normpath(source) not in loaded_paths]
     # start --port N listens on N whatever intloom.toml says: a port there is a change only
     # when it is not the one the host started with (a host that does not say: any other).
     started_with = service.config_port

@@ -662,7 +662,7 @@ def _with_host(root: Path, service: ServiceView, check: Check,
     found = " ".join([c.message for c in changes] + fixed)
     todo = ("The running host runs what it loaded at its start (new Runs too). To load the "
             "change: intloom stop, then intloom start")
-    if any(c.change != "listed" for c in changes):
+    if any(c.change not in ("listed", "intloom") for c in changes):
         todo += (" (the unfinished Runs of a changed Workflow are then held: finish or cancel "
                  "them first, or keep the old code; the journals check lists them)")
     return Check("workflows", "attention",

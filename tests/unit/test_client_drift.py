@@ -4,6 +4,7 @@ and status would say."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 
 from intloom import __version__
 from intloom.authoring.identity import workflow_identity
+from intloom.cli.render import changed_lines
 from intloom.client.drift import since_log, since_start
 from intloom.protocol.messages import ServiceView, WorkflowInfo
 
@@ -106,11 +108,19 @@ def test_a_source_that_failed_to_load_and_is_unlisted_is_not_said_to_run(
 
 def test_another_intlooms_host_is_not_judged_by_identity(tmp_path: Path) -> None:
     """The identity hashes intloom's protocol version in: a host of another version would
-    differ for every tree, edited or not. Listing changes are still said."""
+    differ for every tree, edited or not. Listing changes are still said, and so is the
+    version itself: intloom upgraded while its host ran (pip install -U), start reused the
+    host with no word of it, and the host went on with the old code."""
     root = _project(tmp_path, "wf/a", "wf/b")
     flows = [WorkflowInfo(name="a", version="1", source="wf/a", stages=["s"], identity="0" * 64)]
     changes = since_start(root, _service(root, version="0.0.1"), flows)
-    assert [(c.source, c.change) for c in changes] == [("wf/b", "listed")]
+    assert [(c.source, c.change) for c in changes] == [("intloom", "intloom"), ("wf/b", "listed")]
+    assert changes[0].message == (
+        "The host runs intloom 0.0.1 (socket protocol 1), the one installed when it started; "
+        f"intloom {__version__} (socket protocol 1) is installed now.")
+    assert changed_lines([dataclasses.asdict(c) for c in changes])[-1] == (
+        "New Runs use what the host loaded when it started. To load the change: intloom stop, "
+        "then intloom start.")
     assert [c.change for c in since_start(root, _service(root), flows)] == ["listed", "edited"]
 
 

@@ -104,6 +104,8 @@ def _not_loaded(state: CliState, client: Client, exc: IntloomError) -> IntloomEr
         changes = since_start(state.root(), client.status(), client.workflows())
     except IntloomError:
         return exc  # the host went meanwhile: its own answer stands
+    # Another intloom installed since the host started is no reason for a missing Workflow.
+    changes = [c for c in changes if c.change != "intloom"]
     if not changes:
         return exc
     found = " ".join(c.message for c in changes)
