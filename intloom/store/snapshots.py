@@ -234,10 +234,13 @@ def decode_manifest(path: Path, data: bytes) -> Manifest:
     except msgspec.DecodeError:
         raise SnapshotError(path, "is not valid JSON") from None
     if fmt not in _MANIFEST_FORMATS:
-        raise SnapshotError(
-            path, f"is format {fmt}; this intloom reads "
-            f"{' and '.join(map(str, _MANIFEST_FORMATS))}", incompatible=True
-        )
+        known = ", ".join(map(str, _MANIFEST_FORMATS[:-1])) + f" and {MANIFEST_FORMAT}"
+        # As a segment's finding does: a later format is a newer intloom's (a downgrade),
+        # not damage; the user learns which intloom reads it.
+        newer = (" (a newer intloom wrote it: an intloom that reads manifest format "
+                 f"{fmt} reads it)" if type(fmt) is int and fmt > MANIFEST_FORMAT else "")
+        raise SnapshotError(path, f"is format {fmt}; this intloom reads {known}{newer}",
+                            incompatible=True)
     try:
         manifest = _manifest_decoder.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:

@@ -117,3 +117,21 @@ def test_a_host_of_another_protocol_is_named_with_both_versions_and_the_way_to_r
     assert connecting.value.code == "PROTOCOL_MISMATCH", connecting.value.message
     for message in (connecting.value.message, stopping.value.message):
         assert both in message and way in message, message
+
+
+def test_a_manifest_of_a_later_format_is_named_as_a_newer_intlooms(tmp_path: Path) -> None:
+    """A manifest a newer intloom wrote (a downgrade): it was "is format 4; this intloom
+    reads 1 and 2 and 3", which does not tell a newer file from a damaged one, where a
+    newer segment's finding says a newer intloom wrote it."""
+    from intloom.store.snapshots import MANIFEST_FORMAT, SnapshotError, decode_manifest
+
+    later = MANIFEST_FORMAT + 1
+    path = tmp_path / "manifest.json"
+    data = msgspec.json.encode({"format": later, "start": 1, "pinned": [], "voids": [],
+                                "added": True, "checksum": "00000000"})
+    with pytest.raises(SnapshotError) as refused:
+        decode_manifest(path, data)
+    assert refused.value.incompatible
+    assert (f"is format {later}; this intloom reads 1, 2 and {MANIFEST_FORMAT} (a newer "
+            f"intloom wrote it: an intloom that reads manifest format {later} reads it)"
+            ) in str(refused.value), str(refused.value)
