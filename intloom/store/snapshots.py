@@ -250,6 +250,12 @@ def decode_manifest(path: Path, data: bytes) -> Manifest:
                             f"{'has no' if manifest.live is None else 'has a'} `live` field)")
     if manifest.open and manifest.format < 3:
         raise SnapshotError(path, f"is invalid (format {fmt} has an `open` field)")
+    if not manifest.checksum:
+        # Builds of 2026-11-30 before format 1 was fixed wrote none: "fails its checksum"
+        # named a bit flip that never happened. Still untrusted, so read past as damage is.
+        raise SnapshotError(path, "has no checksum, so it cannot be told from a damaged one "
+                            "(an intloom build from before format 1 was released wrote it, or "
+                            "it was edited)")
     if manifest.checksum != _manifest_crc(manifest):
         raise SnapshotError(path, "fails its checksum")
     return manifest

@@ -135,3 +135,18 @@ def test_a_manifest_of_a_later_format_is_named_as_a_newer_intlooms(tmp_path: Pat
     assert (f"is format {later}; this intloom reads 1, 2 and {MANIFEST_FORMAT} (a newer "
             f"intloom wrote it: an intloom that reads manifest format {later} reads it)"
             ) in str(refused.value), str(refused.value)
+
+
+def test_a_manifest_without_a_checksum_is_not_said_to_fail_it(tmp_path: Path) -> None:
+    """The manifest the builds of 2026-11-30 before format 1 was fixed wrote, byte for byte
+    in its shape (no checksum key): read past as before, but it "fails its checksum" named
+    damage that never happened."""
+    from intloom.store.snapshots import SnapshotError, decode_manifest
+
+    data = (b'{"format":1,"start":2,"pinned":[],"voids":[],'
+            b'"updatedAt":"2026-11-30T03:00:00.000000+00:00"}')
+    with pytest.raises(SnapshotError) as refused:
+        decode_manifest(tmp_path / "manifest.json", data)
+    assert not refused.value.incompatible
+    assert refused.value.fact.startswith("has no checksum, so it cannot be told from a "
+                                         "damaged one"), refused.value.fact
