@@ -36,7 +36,7 @@ from intloom.executor.history import pack, shown, unpack
 from intloom.executor.history import plain_view as _plain_view
 from intloom.executor.updates import RunUpdate
 from intloom.executor.workers import Batch, Inbox, NoThread, Relay, Workers
-from intloom.runtime.limits import MAX_EFFECT_ID, MAX_OUTCOME
+from intloom.runtime.limits import MAX_EFFECT_ID, MAX_OUTCOME, MAX_RECORD_BYTES
 from intloom.runtime.machine import (
     IllegalTransition,
     RunState,
@@ -61,6 +61,7 @@ from intloom.runtime.records import (
     Terminal,
     Waiting,
     check_encodable,
+    encode_record,
 )
 
 if TYPE_CHECKING:
@@ -1287,11 +1288,46 @@ class _Hooks:
         # effect, and a crash there must find the effect's result (a payment id, say) in
         # the journal, not an effect in flight whose outcome is unknown (DESIGN §5).
         rt = self.driver.rt
-        rt.append(
-            self.slot,
-            EffectDone(at=clock.now(), name=name, key=key, ok=ok, result=result, error=error),
-        )
+        record = EffectDone(at=clock.now(), name=name, key=key, ok=ok, result=result,
+                            error=error)
+        try:
+            rt.append(self.slot, record)
+        except IntloomError as exc:
+            if exc.code != "RUN_STATE_INVALID":
+                raise
+            await self._unrecorded(record)
         await rt.sync(self.slot)
+
+    async def _unrecorded(self, record: EffectDone) -> NoReturn:
+        """End the Run when an effect's end cannot be journaled (a result beyond a record's
+        limit). The effect ran, yet the journal holds it in flight, so nothing more of the Run
+        can be recorded: left to the Step, the refusal said "nothing was recorded" (as if the
+        effect had not run), a Step that caught it and went on was failed as the host's
+        CLI_INTERNAL_ERROR (IllegalTransition), and its next effect was refused as nested in
+        one still running."""
+        slot = self.slot
+        state = slot.state
+        code = code_at(state.cursor)
+        if state.executing_kind == "recover":
+            code = f"{code} recover"
+        try:  # measured as the store frames it (Runtime.complete_agent_call does the same)
+            size = len(encode_record(record)) + len(slot.run_id) + 64
+            fact = (f"a result the journal cannot hold: {size:,} bytes encoded, and a record "
+                    f"holds at most {MAX_RECORD_BYTES:,}")
+        except UNENCODABLE as exc:
+            fact = f"a result the journal cannot encode ({type(exc).__name__}: {exc})"
+        error = IntloomError(
+            "RUN_STATE_INVALID",
+            f"{code}: effect {record.name!r} (key {record.key!r}) ran and returned {fact}, "
+            "so its end was not recorded: the journal shows it started with its outcome "
+            "unknown, and the Run cannot go on, whatever the Step does next. The effect did "
+            "run: check its target before starting the work again. Return less from an "
+            "effect: write large data to a file (or a store of your own) and return its path "
+            "or id.",
+        )
+        await self.driver._fail(slot, error.view())
+        slot.owned = False  # the Step's outcome, and any later effect, go unrecorded
+        raise error
 
     def _on_loop(self, make: Callable[[], Coroutine[Any, Any, None]]) -> None:
         """Run a journal coroutine on the host's loop from a Step's thread, and wait for it."""

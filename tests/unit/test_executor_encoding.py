@@ -821,3 +821,51 @@ def _verified_after(root: Path, main: Callable[[], Awaitable[str]]) -> tuple[str
     [journal] = [j for j in verify(root) if j.run_id == run_id]
     assert journal.status == "ok", journal.problem
     return run_id, journal
+
+
+@pytest.mark.parametrize("step_kind", ["sync-catches", "async"])
+def test_an_effect_result_too_large_for_the_journal_fails_the_run_saying_the_effect_ran(
+    tmp_path: Path, step_kind: str,
+) -> None:
+    """An effect whose result passes a journal record's 64 MiB has run, but its end cannot be
+    recorded. The Run failed with "its EffectDone record ... nothing was recorded" (as if the
+    effect had not run), and a Step that caught the error and went on was failed as the
+    host's CLI_INTERNAL_ERROR (IllegalTransition), or its next effect was refused as nested
+    in one "still running". The Run now fails saying the effect ran, whatever the Step does."""
+    root = tmp_path / "runtime"
+    wf = intloom.Workflow("big", version="1")
+    st = wf.stage("s")
+    ran: list[str] = []
+
+    def fetch() -> str:
+        ran.append("fetch")
+        return "x" * (64 << 20)
+
+    if step_kind == "async":
+        @st.step("a", routes={"ok": intloom.COMPLETE})
+        async def a(ctx: Any) -> str:
+            await ctx.aeffect("fetch", fetch, key="order-9")
+            return "ok"
+    else:
+        @st.step("a", routes={"ok": intloom.COMPLETE})
+        def b(ctx: Any) -> str:
+            with pytest.raises(IntloomError):
+                ctx.effect("fetch", fetch, key="order-9")
+            with pytest.raises(IntloomError):  # the Run has ended: nothing more is called
+                ctx.effect("after", ran.append, "after")
+            return "ok"
+
+    view = _settled(root, wf)
+    assert ran == ["fetch"]
+    assert view.status == "failed" and view.last_error is not None, view
+    assert view.last_error.code == "RUN_STATE_INVALID", view.last_error
+    message = view.last_error.message
+    for fact in ("Stage 's', Step 'a': effect 'fetch' (key 'order-9') ran and returned",
+                 "67,108,864", "its end was not recorded", "The effect did run",
+                 "check its target", "return its path or id"):
+        assert fact in message, message
+    assert "nothing was recorded" not in message, message
+    phases = [type(e.record).__name__ for e in read_history(root, view.run_id)]
+    assert phases[-2:] == ["EffectStarted", "Terminal"], phases
+    [journal] = [j for j in verify(root) if j.run_id == view.run_id]
+    assert journal.status == "ok", journal
