@@ -473,19 +473,20 @@ def restart_verdict(state: RunState, has_recover: bool) -> Verdict:
             f"the answer to {action_id} was accepted but {where} has no recover entry",
         )
     # executing, effect_started, effect_done: user code was running.
+    kind = state.executing_kind or "step"
+    # ``where`` already names the Step ("Step a/b") or the Stage ("Stage 'a'"): only the
+    # initialiser and the recover entry need saying which part of it was running -- also of
+    # an effect in flight, which its reader looks for in that code, not in the Step's.
+    what = {"init": f"the initialiser of {where}",
+            "recover": f"the recover entry of {where}"}.get(kind, where)
     if state.effect_in_flight is not None:
         eff = state.effect_in_flight
         return Verdict(
             "interrupted",
-            f"{where} was running effect {eff.name!r} (key {eff.key!r}, started {eff.started_at}) "
+            f"{what} was running effect {eff.name!r} (key {eff.key!r}, started {eff.started_at}) "
             "and its outcome is unknown",
             effect=eff,
         )
-    kind = state.executing_kind or "step"
-    # ``where`` already names the Step ("Step a/b") or the Stage ("Stage 'a'"): only the
-    # initialiser and the recover entry need saying which part of it was running.
-    what = {"init": f"the initialiser of {where}",
-            "recover": f"the recover entry of {where}"}.get(kind, where)
     done = state.last_effect if phase == "effect_done" else None
     if done is not None:
         return Verdict("interrupted", f"{what} was running after its effect {done.name!r} "

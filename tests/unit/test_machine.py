@@ -195,6 +195,28 @@ def test_what_was_running_without_an_effect_is_named_once() -> None:
         "the initialiser of Stage 'a' was running; no effect was in flight")
 
 
+def test_an_effect_in_flight_names_the_initialiser_or_recover_that_ran_it() -> None:
+    """An effect in flight in a Stage's initialiser or a Step's recover was said to be run by
+    "Step a/s1" (or "Stage 'a'"): its reader looked for it in the Step's code."""
+    recover = fold([
+        header(), StagePending(at="t", stage="a"), StepReady(at="t", stage="a", step="s1"),
+        Executing(at="t", stage="a", step="s1"), Waiting(at="t", action=_action("a", "s1", 1)),
+        Answered(at="t", action_id="ASK-1", answer={"isConfirmed": True}),
+        Executing(at="t", stage="a", step="s1", kind="recover"),
+        EffectStarted(at="t1", name="refund", key="order-7"),
+    ])
+    init = fold([header(), StagePending(at="t", stage="a"),
+                 Executing(at="t", stage="a", step=None, kind="init"),
+                 EffectStarted(at="t1", name="fetch", key="fetch#1")])
+    assert recover is not None and init is not None
+    assert restart_verdict(recover, has_recover=True).reason == (
+        "the recover entry of Step a/s1 was running effect 'refund' (key 'order-7', started "
+        "t1) and its outcome is unknown")
+    assert restart_verdict(init, has_recover=True).reason == (
+        "the initialiser of Stage 'a' was running effect 'fetch' (key 'fetch#1', started t1) "
+        "and its outcome is unknown")
+
+
 def test_effect_done_must_close_the_started_effect() -> None:
     start = fold([
         header(), StagePending(at="t", stage="a"), StepReady(at="t", stage="a", step="s1"),
