@@ -254,10 +254,14 @@ class StepContext(Generic[S]):
             raise self._stale(f"ctx.effect({name!r}, ...)", "effect",
                               "the effect was not called")
         if threading.current_thread() is self._hooks.loop_thread:
+            # Named as every other refusal of the call names its code: "Step s/None" was how
+            # an async initialiser was called here, and nothing said the effect had not run.
             raise IntloomError(
                 "STEP_INTERACTION_INVALID",
-                f"Step {self.stage}/{self.step} is async: use `await ctx.aeffect(...)` there; "
-                "ctx.effect is for sync Steps.",
+                f"{self.where} is async and called ctx.effect({name!r}, ...), which is for "
+                "sync code: it would run the effect on the host's event loop, holding up "
+                "every Run. The effect was not called and nothing was recorded. Write "
+                "`result = await ctx.aeffect(...)` there.",
             )
         if inspect.iscoroutinefunction(fn):
             raise IntloomError(

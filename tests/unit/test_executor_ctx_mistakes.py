@@ -752,3 +752,34 @@ def test_an_effect_started_from_another_thread_as_the_first_one_starts_finds_its
     with pytest.raises(IntloomError) as refused:  # the other effect's key was kept
         ctx.effect("again", lambda: None, key="other#1")
     assert refused.value.code == "STEP_INTERACTION_INVALID"
+
+
+@pytest.mark.parametrize("where", ["init", "step"])
+def test_ctx_effect_in_async_code_names_that_code_and_says_the_effect_did_not_run(
+    tmp_path: Path, where: str,
+) -> None:
+    """ctx.effect in an async initialiser was refused as made in "Step s/None", and in any
+    async code without saying that the effect had not run and nothing was recorded."""
+    ran: list[str] = []
+    wf = intloom.Workflow("w", version="1")
+    st = wf.stage("s")
+    if where == "init":
+        @st.init
+        async def init(ctx: Any) -> None:
+            ctx.effect("charge", ran.append, "charged")
+
+    @st.step("a", routes={"ok": intloom.COMPLETE})
+    async def a(ctx: Any) -> str:
+        ctx.effect("charge", ran.append, "charged")
+        return "ok"
+
+    view = _settle(tmp_path / "runtime", wf)
+    assert ran == [] and view.last_error is not None
+    assert view.last_error.code == "STEP_INTERACTION_INVALID"
+    named = "Stage 's' initialiser" if where == "init" else "Stage 's', Step 'a'"
+    message = view.last_error.message
+    for fact in (f"{named} is async and called ctx.effect('charge', ...)",
+                 "The effect was not called and nothing was recorded",
+                 "`result = await ctx.aeffect(...)`"):
+        assert fact in message, message
+    assert "EffectStarted" not in _phases(tmp_path / "runtime", view.run_id)
