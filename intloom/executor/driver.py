@@ -1345,8 +1345,12 @@ class _Hooks:
         self._on_loop(lambda: self._begin(name, key, "ctx.effect"))
         try:
             value = call()
-        except Exception as exc:
-            error = f"{type(exc).__name__}: {message_of(exc)}"
+        except BaseException as exc:
+            # SystemExit, KeyboardInterrupt, CancelledError raised by the function end the
+            # effect too: left without an effect_done, the journal held it in flight and a
+            # retry under its key was refused as nested in an effect "still running".
+            error = (f"{type(exc).__name__}: {message_of(exc)}" if isinstance(exc, Exception)
+                     else _raised(exc))
             self._on_loop(lambda: self._end(name, key, False, None, error))
             raise
         if inspect.isawaitable(value):
@@ -1392,6 +1396,9 @@ class _Hooks:
                     how = "raised by the effect"
                 await self._end(name, key, False, None,
                                 f"CancelledError: {how}; its outcome is unknown")
+            raise
+        except BaseException as exc:  # SystemExit, KeyboardInterrupt: as effect_sync's
+            await self._end(name, key, False, None, _raised(exc))
             raise
         await self._end(name, key, True, _plain(value), None)
         return value

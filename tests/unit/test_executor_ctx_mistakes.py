@@ -783,3 +783,47 @@ def test_ctx_effect_in_async_code_names_that_code_and_says_the_effect_did_not_ru
                  "`result = await ctx.aeffect(...)`"):
         assert fact in message, message
     assert "EffectStarted" not in _phases(tmp_path / "runtime", view.run_id)
+
+
+@pytest.mark.parametrize("step_kind", ["sync", "async"])
+def test_an_effect_raising_a_base_exception_is_journaled_done_and_may_be_retried(
+    tmp_path: Path, step_kind: str,
+) -> None:
+    """An effect whose function raised SystemExit or KeyboardInterrupt (not an Exception) got
+    no effect_done: the journal held it in flight, and its retry under its key -- which the
+    docs allow a call that raised -- was refused as started "while effect 'charge' (key
+    'charge#1') was still running"."""
+    calls: list[int] = []
+
+    def charge() -> str:
+        calls.append(1)
+        if len(calls) == 1:
+            raise SystemExit(3) if step_kind == "sync" else KeyboardInterrupt
+        return "paid"
+
+    wf = intloom.Workflow("w", version="1")
+    st = wf.stage("s")
+    if step_kind == "sync":
+        @st.step("a", routes={"ok": intloom.COMPLETE})
+        def a(ctx: Any) -> str:
+            try:
+                ctx.effect("charge", charge, key="order-1")
+            except (SystemExit, KeyboardInterrupt):
+                assert ctx.effect("charge", charge, key="order-1") == "paid"
+            return "ok"
+    else:
+        @st.step("a", routes={"ok": intloom.COMPLETE})
+        async def b(ctx: Any) -> str:
+            try:
+                await ctx.aeffect("charge", charge, key="order-1")
+            except (SystemExit, KeyboardInterrupt):
+                assert await ctx.aeffect("charge", charge, key="order-1") == "paid"
+            return "ok"
+
+    root = tmp_path / "runtime"
+    view = _settle(root, wf)
+    assert view.status == "completed", view.last_error
+    done = [e.record for e in read_history(root, view.run_id) if type(e.record) is EffectDone]
+    expected = "SystemExit: 3" if step_kind == "sync" else "KeyboardInterrupt"
+    assert [(d.key, d.ok, d.error) for d in done] == [
+        ("order-1", False, expected), ("order-1", True, None)], done
