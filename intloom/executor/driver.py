@@ -1253,6 +1253,15 @@ class _Hooks:
 
     async def _begin(self, name: str, key: str, via: str) -> None:
         rt = self.driver.rt
+        if not self.slot.owned:
+            # Ended under the Step (an effect's end it could not record, a cancel): said
+            # before the checks below, which would call an effect the Run's end cut short
+            # "still running".
+            raise IntloomError(
+                "EXECUTION_OWNERSHIP_LOST",
+                f"Run {self.slot.run_id} has ended (it was stopped, cancelled or failed); "
+                f"effect {name!r} (key {key!r}) was not called and nothing was recorded.",
+            )
         check_effect_ids(self.slot.state.cursor, name, key, via)  # named by the call it is
         running = self.slot.state.effect_in_flight
         pending = self.slot.state.pending_action

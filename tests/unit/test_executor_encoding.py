@@ -836,6 +836,7 @@ def test_an_effect_result_too_large_for_the_journal_fails_the_run_saying_the_eff
     wf = intloom.Workflow("big", version="1")
     st = wf.stage("s")
     ran: list[str] = []
+    refused: list[IntloomError] = []
 
     def fetch() -> str:
         ran.append("fetch")
@@ -851,12 +852,16 @@ def test_an_effect_result_too_large_for_the_journal_fails_the_run_saying_the_eff
         def b(ctx: Any) -> str:
             with pytest.raises(IntloomError):
                 ctx.effect("fetch", fetch, key="order-9")
-            with pytest.raises(IntloomError):  # the Run has ended: nothing more is called
+            with pytest.raises(IntloomError) as after:  # the Run has ended: nothing more
                 ctx.effect("after", ran.append, "after")
+            refused.append(after.value)
             return "ok"
 
     view = _settled(root, wf)
     assert ran == ["fetch"]
+    if step_kind != "async":  # told that the Run ended, not that 'fetch' was still running
+        assert [(e.code, "has ended" in e.message) for e in refused] == [
+            ("EXECUTION_OWNERSHIP_LOST", True)], refused
     assert view.status == "failed" and view.last_error is not None, view
     assert view.last_error.code == "RUN_STATE_INVALID", view.last_error
     message = view.last_error.message
