@@ -10,11 +10,8 @@ Fields are only ever added with defaults; a tag is never reused for another mean
 
 from __future__ import annotations
 
-import sys
-import threading
 from collections.abc import Callable
-from types import FrameType
-from typing import Any, Final, Literal, TypeVar
+from typing import Any, Final, Literal
 
 import msgspec
 
@@ -24,7 +21,6 @@ from intloom.runtime.model import PendingAction, PendingAgentCall
 __all__ = [
     "FORMAT_VERSION",
     "PROTOCOL_VERSION",
-    "READ_DEPTH",
     "Answered",
     "EffectDone",
     "EffectStarted",
@@ -36,12 +32,9 @@ __all__ = [
     "StepReady",
     "StepResult",
     "Terminal",
-    "TooDeep",
     "Waiting",
-    "decode_bounded",
     "decode_record",
     "encode_record",
-    "nested_too_deep",
 ]
 
 # The on-disk journal format. Bump on any change a reader of the old version would
@@ -177,93 +170,13 @@ def check_encodable(value: Any) -> None:
     _encoder.encode(value)
 
 
-# The deepest nesting of msgpack containers a reader decodes (a record, a snapshot), counted
-# from the outermost map, whatever the stack below the reader. msgspec's own limit is
-# Python's recursion limit less that stack, so it differed between readers: doctor, a few
-# frames shallower than a start, read a record ~10 levels deeper than the start refused, and
-# previewed as resumable a Run the start held. The writer keeps values within
-# plainjson.MAX_DEPTH (500), a few levels inside a record; this leaves room for records
-# earlier builds wrote (a start ~30 frames deep read up to ~970).
-READ_DEPTH: Final = 900
-
-# A translate table: 1 for the bytes that may start a msgpack map or array (fixmap,
-# fixarray, array 16/32, map 16/32). Nesting N deep takes at least N of them.
-_CONTAINERS: Final = bytes(1 if 0x80 <= b < 0xA0 or 0xDC <= b <= 0xDF else 0
-                           for b in range(256))
-_ROOM: Final = threading.Lock()
-
-T = TypeVar("T")
-
-
-def _shallow(data: bytes) -> bool:
-    """True when ``data`` cannot nest more than ``READ_DEPTH`` deep (the usual record): too
-    few bytes, or too few that may start a container. Cheap: no decoding."""
-    return len(data) <= READ_DEPTH or data.translate(_CONTAINERS).count(1) <= READ_DEPTH
-
-
-def _with_room(decode: Callable[[bytes], T], data: bytes) -> T:
-    """``decode(data)`` with room for ``READ_DEPTH`` levels below the caller's stack, however
-    deep it is: the recursion limit is raised for the call, then put back."""
-    depth = 0
-    frame: FrameType | None = sys._getframe()
-    while frame is not None:
-        depth, frame = depth + 1, frame.f_back
-    with _ROOM:
-        limit = sys.getrecursionlimit()
-        need = depth + READ_DEPTH + 64
-        if need > limit:
-            sys.setrecursionlimit(need)
-        try:
-            return decode(data)
-        finally:
-            if need > limit:
-                sys.setrecursionlimit(limit)
-
-
-def nested_too_deep(data: bytes) -> bool:
-    """Whether msgpack ``data`` nests containers more than ``READ_DEPTH`` deep, the same
-    answer from any stack. Raises ``msgspec.DecodeError`` for bytes that are no msgpack."""
-    if _shallow(data):
-        return False
-    try:
-        value = _with_room(msgspec.msgpack.decode, data)
-    except RecursionError:
-        return True  # deeper than the room given, itself deeper than READ_DEPTH
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if depth > READ_DEPTH:
-            return True
-        parts = item.values() if isinstance(item, dict) else item
-        stack.extend((part, depth + 1) for part in parts if isinstance(part, (list, dict)))
-    return False
-
-
-class TooDeep(msgspec.DecodeError):
-    """Bytes nested more than ``READ_DEPTH`` deep: refused by every reader alike."""
-
-
-def decode_bounded(decode: Callable[[bytes], T], data: bytes) -> T:
-    """``decode(data)`` if ``data`` nests at most ``READ_DEPTH`` deep, from any stack;
-    ``TooDeep`` (a ``msgspec.DecodeError``) otherwise."""
-    if len(data) <= READ_DEPTH or data.translate(_CONTAINERS).count(1) <= READ_DEPTH:
-        try:  # the usual record, and no context manager: a restore decodes ~84k of them
-            return decode(data)
-        except RecursionError:
-            pass  # a caller deep in the stack: decoded again with room below it
-    if nested_too_deep(data):
-        raise TooDeep(f"a value in it is nested too deeply to decode (more than {READ_DEPTH} "
-                      "levels, the most intloom reads)")
-    return _with_room(decode, data)
-
-
 def decode_record(data: bytes) -> Record:
     """Decode one record; raises ``msgspec.DecodeError`` or ``msgspec.ValidationError``.
-    A record nested more than ``READ_DEPTH`` deep is refused by every reader alike (a
-    restore runs deep inside a start; raised as RecursionError, it failed the whole start)."""
-    if len(data) <= READ_DEPTH or data.translate(_CONTAINERS).count(1) <= READ_DEPTH:
-        try:  # decode_bounded's fast path, one call fewer: a restore decodes ~84k records
-            return _decoder.decode(data)
-        except RecursionError:
-            pass
-    return decode_bounded(_decoder.decode, data)
+    The journal's readers use ``intloom.store.depth.decode_record``, which draws the line
+    for deeply nested records at the same depth from any stack (this module is the pure
+    engine: no recursion limits, no locks)."""
+    try:
+        return _decoder.decode(data)
+    except RecursionError:
+        raise msgspec.DecodeError("a value in the record is nested too deeply to decode "
+                                  "here (Python's recursion limit)") from None

@@ -14,7 +14,8 @@ from typing import Final, Literal
 import msgspec
 
 from intloom.runtime.machine import IllegalTransition, RunState, apply
-from intloom.runtime.records import Record, decode_record
+from intloom.runtime.records import Record
+from intloom.store.depth import decode_record
 from intloom.store.files import Layout, check_dir, list_names, read_file
 from intloom.store.framing import (
     FRAME_MAGIC,

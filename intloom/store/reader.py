@@ -21,7 +21,8 @@ import msgspec
 
 from intloom.errors import IntloomError
 from intloom.runtime.machine import IllegalTransition, RunState, apply
-from intloom.runtime.records import FORMAT_VERSION, Header, Record, decode_record
+from intloom.runtime.records import FORMAT_VERSION, Header, Record
+from intloom.store.depth import decode_record
 from intloom.store.files import Layout, check_dir, check_file, list_names, read_file
 from intloom.store.framing import (
     KIND_RECORD,

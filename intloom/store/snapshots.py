@@ -19,12 +19,8 @@ from typing import Final, Literal
 import msgspec
 
 from intloom.runtime.machine import RunState
-from intloom.runtime.records import (
-    FORMAT_VERSION,
-    READ_DEPTH,
-    TooDeep,
-    decode_bounded,
-)
+from intloom.runtime.records import FORMAT_VERSION
+from intloom.store.depth import READ_DEPTH, TooDeep, decode_bounded
 from intloom.store.files import Layout, read_file
 from intloom.store.framing import VoidNotice
 

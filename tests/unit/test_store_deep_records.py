@@ -60,7 +60,7 @@ def test_every_reader_draws_the_line_at_the_same_depth_wherever_it_reads_from(
     reads ~10 frames shallower than a start: a record ~950 levels deep was read by doctor
     (and inspect), previewed as a Run to resume, while the start held it as corrupt. Now one
     limit (``READ_DEPTH`` levels of the record's msgpack) decides for every reader."""
-    from intloom.runtime.records import READ_DEPTH
+    from intloom.store.depth import READ_DEPTH
 
     root = tmp_path / "runtime"
     store = open_store(root)
