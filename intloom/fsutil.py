@@ -34,6 +34,7 @@ __all__ = [
     "injected_write_fault",
     "open_exclusive",
     "os_lock",
+    "path_of",
     "privacy_fix",
     "private_file_problem",
     "read_private",
@@ -396,6 +397,16 @@ def privacy_fix(error: PrivacyError) -> str:
         return (f"Move it aside (mv {path} {shell_arg(f'{error.path}.bad')}), or put the real "
                 "file or directory there instead of it; then try again")
     return "Check it (ls -l), then try again"
+
+
+def path_of(fd: int) -> str | None:
+    """Where the file or directory open on ``fd`` is now (Linux ``/proc``), or None when
+    that cannot be told (another OS; it was removed)."""
+    try:
+        now = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return None
+    return None if now.endswith(" (deleted)") or not now.startswith("/") else now
 
 
 def fsync_dir(path: Path) -> None:

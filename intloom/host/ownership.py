@@ -19,7 +19,13 @@ from pathlib import Path
 from typing import Final
 
 from intloom.errors import IntloomError
-from intloom.fsutil import PrivacyError, UnlinkRefusal, ensure_private_dir, unlink_refusal
+from intloom.fsutil import (
+    PrivacyError,
+    UnlinkRefusal,
+    ensure_private_dir,
+    path_of,
+    unlink_refusal,
+)
 from intloom.host.metadata import (
     METADATA_VERSION,
     Connection,
@@ -86,16 +92,6 @@ def _kept(path: Path, refused: UnlinkRefusal) -> str:
 
 def _identity(st: os.stat_result) -> tuple[int, int]:
     return st.st_dev, st.st_ino
-
-
-def _path_of(fd: int) -> str | None:
-    """Where the file open on ``fd`` is now (Linux ``/proc``), or None when that cannot be
-    told (another OS; the file was removed)."""
-    try:
-        now = os.readlink(f"/proc/self/fd/{fd}")
-    except OSError:
-        return None
-    return None if now.endswith(" (deleted)") or not now.startswith("/") else now
 
 
 class Ownership:
@@ -218,7 +214,7 @@ class Ownership:
             pass
         except OSError:
             return None
-        now = _path_of(fd)
+        now = path_of(fd)
         return None if now is None or Path(now) == self.paths.state else Path(now)
 
     def elsewhere(self) -> str | None:

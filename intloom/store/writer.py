@@ -27,7 +27,7 @@ from zlib import crc32
 import msgspec
 
 from intloom.errors import IntloomError
-from intloom.fsutil import fsync_dir
+from intloom.fsutil import fsync_dir, path_of
 from intloom.runtime.machine import IllegalTransition, RunState, apply
 from intloom.runtime.ports import CheckpointFailed, JournalPort, RecordTooLarge
 from intloom.runtime.records import PROTOCOL_VERSION, Record, Terminal, encode_record
@@ -226,6 +226,11 @@ class Store:
         self.unsummarised: list[tuple[NotSummarised, str]] = []
         self._sealed = False
         self._dir_lock = -1  # lock_dir's fd on the runtime directory, closed last
+        # The runtime directory this store opened, held open: every write by path (a new
+        # segment, snapshots, the manifest) first checks that the path still leads to it
+        # (``_elsewhere``). A project directory moved while its host ran leaves the path
+        # to nothing, or to a copy put back there, whose journal is another host's.
+        self._home_fd = -1
 
     # ------------------------------------------------------------------ opening
 
@@ -297,6 +302,8 @@ class Store:
                     faults=plan, segment_bytes=segment_bytes, restored=restored,
                     inline_max_sync_s=inline_max_sync_s)
         store._dir_lock = held
+        with contextlib.suppress(OSError):  # then nothing can be told: writes go by path
+            store._home_fd = os.open(runtime_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         for run_id, journal in loaded.journals.items():
             seq = journal.state.seq if journal.state else 0
             # A held Run (its snapshot file is damaged) is never dirty: never snapshotted.
@@ -328,6 +335,7 @@ class Store:
             store._new_segment(b"")
         except OSError as exc:
             store._stop_worker()
+            store._unhome()
             raise create_failed(layout.wal, layout.wal / segment_name(store._next_number),
                                 f"cannot hold a new segment ({exc.strerror})", exc) from None
         # A crashed host's unsynced bytes were read from the page cache: make them as
@@ -980,6 +988,11 @@ class Store:
         notice = VoidNotice(segment=old, offset=offset, cause=cause)
         self._voids.append(notice)
         frame = encode_frame(KIND_VOID, 0, b"", msgspec.msgpack.encode(notice))
+        moved = self._elsewhere()
+        if moved is not None:
+            self._poisoned = (f"{cause}; no replacement segment was created ({moved}), so no "
+                              "later checkpoint can be trusted")
+            return
         try:
             self._new_segment(frame)
         except OSError as exc:
@@ -995,6 +1008,8 @@ class Store:
         its void notice, would go unnoticed, the Runs resumed from before it. No snapshot is
         written, so a restore still reads the failed segment and notices its loss too."""
         self._join_compaction()  # the manifest never moves back
+        if self._moved("replacement"):
+            return
         try:
             compact(self.layout, {}, start=self._start, pinned=self._pinned,
                     voids=self._voids, segment=self._number, held=self._held,
@@ -1021,6 +1036,14 @@ class Store:
         if self._size < self._rotate_retry_at:
             return
         old_fd, old_number, old_frames = self._fd, self._number, self._frames
+        moved = self._elsewhere()
+        if moved is not None:
+            # Appending goes on in the open segment (by its descriptor: it went along).
+            self._rotate_retry_at = self._size + min(self._segment_bytes, _ROTATE_MIN)
+            if not self._rotate_failing:
+                self._rotate_failing = True
+                self._not_summarised(NotSummarised("segment", moved, _MOVED_FIX), "rotation")
+            return
         try:
             self._new_segment(b"")
         except OSError as exc:
@@ -1059,6 +1082,8 @@ class Store:
         and inline flushes stop as soon as the disk is slow (``_INLINE_MAX_SYNC_S``).
         """
         self._join_compaction()
+        if self._moved("rotation"):
+            return
         copies = {run_id: Track(base=t.base, seq=t.seq, status=t.status, problem=t.problem,
                                 reached=t.reached, dirty=True)
                   for run_id, t in self._tracks.items() if t.dirty}
@@ -1127,6 +1152,8 @@ class Store:
     def _compact(self, start: int) -> None:
         # On failure the manifest does not move: restores read more of the log, correctly.
         self._join_compaction()
+        if self._moved("stop"):
+            return
         try:
             compact(self.layout, self._tracks, start=start, pinned=self._pinned,
                     voids=self._voids, segment=self._number, held=self._held,
@@ -1180,9 +1207,55 @@ class Store:
 
     def _unlock(self) -> None:
         """Let the next host open the runtime directory (after the last write and snapshot)."""
+        self._unhome()
         if self._dir_lock >= 0:
             os.close(self._dir_lock)
             self._dir_lock = -1
+
+    def _unhome(self) -> None:
+        if self._home_fd >= 0:
+            fd, self._home_fd = self._home_fd, -1
+            os.close(fd)
+
+    # ------------------------------------------------------------------ moved away
+
+    def _elsewhere(self) -> str | None:
+        """Why nothing may be written by the store's path any more: it no longer leads to
+        the directory this store opened (the project directory was moved or renamed while
+        the host ran). None while it does, or when that cannot be told."""
+        fd = self._home_fd
+        if fd < 0:
+            return None
+        try:
+            ours = os.fstat(fd)
+            there = os.lstat(self.layout.root)
+            if (there.st_dev, there.st_ino) == (ours.st_dev, ours.st_ino):
+                return None
+            at = "is another directory"
+        except (FileNotFoundError, NotADirectoryError):
+            at = "does not exist"
+        except OSError:
+            return None
+        now = path_of(fd)
+        where = f"; it is now {now}" if now is not None else ""
+        return (f"the runtime directory this host opened was moved while it ran{where}, and "
+                f"{self.layout.root} {at}, so nothing was written by that path")
+
+    def _moved(self, when: str) -> bool:
+        """Skip a compaction (at ``when``) whose snapshots and manifest would be written by
+        a path that leads elsewhere now: into a copy of the project put back there, they
+        would mix two hosts' journals. Said in the log, as a compaction that failed is."""
+        moved = self._elsewhere()
+        if moved is None:
+            return False
+        self._not_summarised(NotSummarised("snapshots", moved, _MOVED_FIX), when)
+        return True
+
+
+_MOVED_FIX: Final = (
+    "Stop this host, set its service files aside where the project is now and start it "
+    "there (docs/recovery.md, After moving a project directory): its Runs restore from the "
+    "log it kept writing in the moved directory.")
 
 
 class _Notify:

@@ -1,0 +1,44 @@
+"""A project directory moved (or renamed) while its host ran: the store's closing snapshots
+and manifest were written by the old path. With a copy of the project put back there
+(``cp -a``), they landed in the copy's runtime directory, beside another journal."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from intloom.store import read_runs_report
+from tests.helpers import snapshot_files
+from tests.unit.test_store_support import by_id, open_store, walk
+
+A = walk("RUN-A", 8, 1)
+
+
+def test_a_store_whose_directory_moved_writes_nothing_into_a_copy_at_the_old_path(
+        tmp_path: Path) -> None:
+    root = tmp_path / "proj" / "runtime"
+    store = open_store(root)
+    for record in A[:4]:
+        store.append("RUN-A", record)
+    store.sync_blocking()
+    moved = tmp_path / "moved"
+    (tmp_path / "proj").rename(moved)
+    shutil.copytree(moved, tmp_path / "proj", symlinks=True)  # the copy put back
+    copied = snapshot_files(root)
+    for record in A[4:]:
+        store.append("RUN-A", record)
+    store.sync_blocking()
+    store.close_blocking()
+
+    assert snapshot_files(root) == copied  # the copy: not a byte written
+    [(exc, when)] = store.unsummarised
+    assert when == "stop" and exc.what == "snapshots", exc
+    assert (f"the runtime directory this host opened was moved while it ran; it is now "
+            f"{moved / 'runtime'}, and {root} is another directory, so nothing was written "
+            "by that path") == exc.cause
+    assert exc.fix is not None and "After moving a project directory" in exc.fix
+    # Where it went, the log holds every record (sealed through the segment's descriptor):
+    # the next start there restores the Run to its last record, reading the segment.
+    assert by_id(read_runs_report(moved / "runtime").runs)["RUN-A"].state.seq == len(A)
+    # And the copy restores the Run as it was copied.
+    assert by_id(read_runs_report(root).runs)["RUN-A"].state.seq == 4
