@@ -68,6 +68,7 @@ class CliState:
         # The exit code a command has decided before it prints (doctor's verdict, a failed
         # Run's 1): still its exit code if the reader goes away mid-print (``| head``).
         self.verdict: int | None = None
+        self._renderer: Renderer | None = None
 
     def merge(self, *, json_mode: bool, project: Path | None, debug: bool) -> None:
         self.json_mode = self.json_mode or json_mode
@@ -77,7 +78,16 @@ class CliState:
 
     @property
     def renderer(self) -> Renderer:
-        return Renderer(json_mode=self.json_mode)
+        """One for the invocation: it knows whether stdout has its one document already,
+        so that an error after it (``main``'s, for a ``start --foreground`` whose stop
+        failed) goes to stderr, never as a second document."""
+        made = self._renderer
+        if made is not None and made.json_mode == self.json_mode:
+            return made
+        renderer = self._renderer = Renderer(json_mode=self.json_mode)  # --json came later
+        if made is not None:
+            renderer.documented = made.documented
+        return renderer
 
     def root(self) -> Path:
         """The project root; CLI_PROJECT_INVALID (creating nothing) outside a project."""

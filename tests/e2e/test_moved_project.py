@@ -100,7 +100,9 @@ def test_a_foreground_host_whose_project_moved_says_which_files_it_kept(
         project: Project) -> None:
     """The project directory renamed under a running host, then Ctrl-C: the stop removed its
     files by the old path, where there were none, and said nothing -- exit 0, no log line,
-    its service.json and service.lock left in the moved directory without a word."""
+    its service.json and service.lock left in the moved directory without a word. Then its
+    error came as a second document on stdout (the command's error, said once the host had
+    returned, by a renderer that did not know stdout had its document already)."""
     with foreground_host(project, "--json") as proc:
         moved = project.root.parent / "moved"
         project.root.rename(moved)
@@ -108,8 +110,9 @@ def test_a_foreground_host_whose_project_moved_says_which_files_it_kept(
         out, err = proc.communicate(timeout=30)
     state = moved / ".intloom"
     assert proc.returncode == 1, (out, err)
-    # (Which stream the error document takes after the start's own is not this test's.)
-    [line] = [x for x in (out + err).splitlines() if x.startswith('{"error":')]
+    started = json.loads(out)  # one document: the start result
+    assert started["service"]["pid"] == proc.pid, out
+    [line] = [x for x in err.splitlines() if x.startswith('{"error":')]
     error = json.loads(line)["error"]
     fact = (f"the project directory was moved while this host ran: its .intloom/ is now "
             f"{state} and {project.state} does not exist, so no service file was removed by "
