@@ -300,8 +300,34 @@ def _encodable_stdout(json_mode: bool) -> None:
         stream.reconfigure(errors="backslashreplace")
 
 
+def _standard_fds() -> None:
+    """Put ``/dev/null`` on a standard descriptor that was closed (``intloom start
+    --foreground >&-``, a supervisor that closes stdout). Python then sets ``sys.stdout``
+    (or stderr) to None, and every command failed as an internal error on its first look
+    at it; and the next file opened took the number: the host's own ``service.lock`` or
+    log became the stdout of a subprocess a Step starts, and its output went into them."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+            continue
+        except OSError:
+            pass
+        try:
+            null = os.open(os.devnull, os.O_RDWR)
+        except OSError:
+            return  # nothing to put there: the commands say what they can
+        if null != fd:
+            os.dup2(null, fd)
+            os.close(null)
+        name = ("stdin", "stdout", "stderr")[fd]
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(fd, "r" if fd == 0 else "w",  # noqa: SIM115 (for life)
+                                    encoding="utf-8", closefd=False))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code (see ``intloom.cli.exit_codes``)."""
+    _standard_fds()
     args = list(sys.argv[1:] if argv is None else argv)
     state = CliState(json_mode=_json_requested(args))
     _encodable_stdout(state.json_mode)
