@@ -86,7 +86,7 @@ class CliState:
             return made
         renderer = self._renderer = Renderer(json_mode=self.json_mode)  # --json came later
         if made is not None:
-            renderer.documented = made.documented
+            renderer.documented, renderer.stdout = made.documented, made.stdout
         return renderer
 
     def root(self) -> Path:

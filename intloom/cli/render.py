@@ -109,14 +109,14 @@ class Renderer:
         # Set once stdout has its one document: an error after it (a foreground host that
         # stops on its own after its start result) goes to stderr, never as a second one.
         self.documented = False
-        # Where the document goes while stdout's descriptor is lent to stderr (``--json
-        # start --foreground``: what the Workflows write must not precede or follow it).
-        self.out_stream: TextIO | None = None
+        # Where the document goes when not sys.stdout: a ``start --foreground --json``
+        # keeps stdout for it alone (``intloom.cli.streams``).
+        self.stdout: TextIO | None = None
 
     # Streams are looked up at call time so that redirection (tests, pagers) is honoured.
     @property
     def out(self) -> TextIO:
-        return self.out_stream or sys.stdout
+        return sys.stdout if self.stdout is None else self.stdout
 
     @property
     def err(self) -> TextIO:

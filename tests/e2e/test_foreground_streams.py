@@ -5,16 +5,59 @@ stderr; and a supervisor may start it with one of them closed."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import REPO, foreground_host, ok, one_source_project
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
+
+PRINTS = '''
+import sys
+import msgspec
+import intloom
+
+class S(msgspec.Struct):
+    n: int = 0
+
+wf = intloom.Workflow("prints", version="1")
+main = wf.stage("main", state=S)
+
+@main.step("say", routes={"done": intloom.COMPLETE})
+def say(ctx: intloom.StepContext[S]) -> str:
+    print("said on stdout", flush=True)
+    print("said on stderr", file=sys.stderr, flush=True)
+    return "done"
+'''
+
+
+def test_a_json_foreground_host_keeps_stdout_for_its_document_and_its_steps_never_fail_on_a_reader_gone(  # noqa: E501
+        tmp_path: Path) -> None:
+    """With ``--json``, a Step's ``print`` came on stdout after the start's document (no
+    JSON reader reads that); and a Step that printed once stderr's reader had gone (``2>&1
+    | head -1``, a closed terminal) failed its Run with BrokenPipeError."""
+    project = one_source_project(tmp_path, "prints", PRINTS)
+    try:
+        with foreground_host(project, "--json") as proc:
+            assert proc.stderr is not None and proc.stdout is not None
+            proc.stderr.close()  # the reader of stderr goes away
+            run = ok(project.cli("flow", "prints", "--intent", "x", "--json"))["run"]
+            assert run["status"] == "completed", run
+            proc.send_signal(signal.SIGTERM)
+            with proc.stdout:
+                out = proc.stdout.read()
+            assert proc.wait(timeout=30) == 0
+        started = json.loads(out)  # the one document: nothing the Step printed
+        assert started["service"]["pid"] == proc.pid, out
+    finally:
+        project.reap()
+
 
 def test_a_command_started_with_stdout_closed_works_as_with_dev_null(tmp_path: Path) -> None:
     """``intloom start --foreground >&-`` (or any command): Python sets sys.stdout to None,

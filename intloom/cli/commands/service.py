@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
-import sys
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -63,6 +59,10 @@ def start(
     if timeout is not None:
         kwargs["timeout"] = timeout
     if foreground:
+        from intloom.cli.streams import foreground_streams
+
+        foreground_streams(renderer)
+
         # The host runs here until it stops: say so once it serves, not when it has gone.
         def ready(result: Any) -> None:
             _report(renderer, result)
@@ -83,9 +83,8 @@ def start(
                 for line in stop_lines(done, first=kept):
                     renderer.note(line)
 
-        with _their_output_to_stderr(renderer):
-            lifecycle.start_service(root, progress=lambda _text: None, on_ready=ready,
-                                    on_lost=renderer.error, on_stopped=stopped, **kwargs)
+        lifecycle.start_service(root, progress=lambda _text: None, on_ready=ready,
+                                on_lost=renderer.error, on_stopped=stopped, **kwargs)
         return
     with renderer.spinner("Starting the intloom service...") as update:
         # On a terminal the spinner's line says it (a note would be drawn over); elsewhere
@@ -93,37 +92,6 @@ def start(
         slow = update if renderer.rich_err else renderer.note
         result = lifecycle.start_service(root, progress=update, slow_import=slow, **kwargs)
     _report(renderer, result)
-
-
-@contextlib.contextmanager
-def _their_output_to_stderr(renderer: Renderer) -> Iterator[None]:
-    """With ``--json``, a foreground host's Workflows write to stderr: their modules and
-    Steps run in this process, and what they printed (or wrote to descriptor 1) went to
-    stdout around the one document a ``--json`` command writes there, which a script then
-    failed to parse. The document is written through a copy of the real stdout."""
-    if not renderer.json_mode:
-        yield  # in a terminal, the Steps' output is what --foreground is for (authoring.md)
-        return
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):
-            stream.flush()
-    try:
-        kept = os.dup(1)
-        os.dup2(2, 1)
-    except OSError:  # no stdout, or no stderr to lend it to: as it was
-        yield
-        return
-    renderer.out_stream = open(kept, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
-    try:
-        yield
-    finally:
-        with contextlib.suppress(OSError, ValueError):
-            sys.stdout.flush()  # theirs: to stderr still
-        with contextlib.suppress(OSError, ValueError):  # a reader gone: its error was said
-            renderer.out_stream.close()  # flushes the document
-        renderer.out_stream = None
-        os.dup2(kept, 1)
-        os.close(kept)
 
 
 def _report(renderer: Renderer, result: Any) -> None:

@@ -1,0 +1,73 @@
+"""The standard streams of ``start --foreground``: the host and its Workflows' code run in
+the command's process, and share its stdout and stderr for as long as the host serves.
+
+Two promises hold there as for any command. With ``--json`` stdout carries one document:
+what the Workflows print (a Step's ``print``, a subprocess's output, an import-time
+message) goes to stderr instead. And a reader that goes away (``| head -1``, a closed
+terminal) is no failure: what is printed after is dropped, where a Step's ``print`` raised
+``BrokenPipeError`` and failed its Run (STEP_EXECUTION_FAILED).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from typing import Any, TextIO, cast
+
+from intloom.cli.render import Renderer
+
+__all__ = ["foreground_streams"]
+
+
+class _ReaderMayGo:
+    """A standard stream whose reader may go away while the host serves: from then on,
+    what is written to it is dropped, and its descriptor leads to ``/dev/null`` (a
+    subprocess started later writes there, not into a closed pipe)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self._gone = False
+
+    def write(self, text: str) -> int:
+        if not self._gone:
+            try:
+                return self._stream.write(text)
+            except BrokenPipeError:
+                self._went()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self._gone:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._went()
+
+    def _went(self) -> None:
+        self._gone = True
+        with contextlib.suppress(OSError, ValueError):
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, self._stream.fileno())
+            os.close(null)
+        # What the stream still buffers would fail its next flush, and Python's at exit.
+        with contextlib.suppress(OSError, ValueError):
+            self._stream.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def foreground_streams(renderer: Renderer) -> None:
+    """Set this process's streams up for a host serving in it (see the module's doc)."""
+    if renderer.json_mode:
+        # The document is written through a descriptor of its own; descriptor 1 leads to
+        # stderr, so output written there below Python (a subprocess's) follows too.
+        with contextlib.suppress(OSError, ValueError):
+            sys.stdout.flush()
+            kept = os.dup(sys.stdout.fileno())
+            os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+            renderer.stdout = cast(TextIO, _ReaderMayGo(
+                open(kept, "w", encoding="utf-8")))  # noqa: SIM115 (the command's life)
+    sys.stdout = cast(TextIO, _ReaderMayGo(sys.stdout))
+    sys.stderr = cast(TextIO, _ReaderMayGo(sys.stderr))
