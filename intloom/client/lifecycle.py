@@ -722,6 +722,11 @@ def _run_foreground(root: Path, *, port: int | None, strict: bool, progress: Pro
                 os.fchdir(previous)
             os.close(previous)
     if failure:
+        if failure[0].code == "CLI_SERVICE_CLOSING" and host.stop_signal == "SIGINT":
+            # Ctrl-C before it served: the command was interrupted (exit 130, nothing on
+            # stdout, docs/cli.md), not a start that failed. SIGTERM and SIGHUP come from a
+            # supervisor or a closed terminal: the start did not happen, CLI_SERVICE_CLOSING.
+            raise KeyboardInterrupt
         raise IntloomError(failure[0].code, failure[0].message, retryable=failure[0].retryable)
     if not ready:
         raise IntloomError("CLI_SERVICE_UNAVAILABLE", "The service exited during initialization.")

@@ -201,6 +201,10 @@ class Host:
         self._forced: asyncio.Event | None = None
         self._stop_reason = ""
         self._importing_source: str | None = None  # the Workflow source importing now
+        # The signal that first asked this host to stop (SIGINT, ...), if one did: a
+        # foreground start that Ctrl-C ended before it served exits as any command
+        # interrupted does.
+        self.stop_signal: str | None = None
         self.force_exit = False
         self.log_error: str | None = None  # the host log failed: no new work (LOG_WRITE_FAILED)
         # Why the stop kept service.json or service.lock (Ownership.release), for a
@@ -368,6 +372,7 @@ class Host:
             return
         if self.log is not None:
             self.log.info("signal_received", signal=sig.name, action="stop")
+        self.stop_signal = self.stop_signal or sig.name
         self.request_stop(f"signal {sig.name}")
 
     def request_stop(self, reason: str) -> None:
@@ -484,6 +489,7 @@ class Host:
             )
         except _ImportInterrupted as exc:
             name = signal.Signals(exc.sig).name
+            self.stop_signal = self.stop_signal or name
             log.info("startup_interrupted", signal=name, step="loading_workflows",
                      source=exc.source)
             raise _Abort(IntloomError(

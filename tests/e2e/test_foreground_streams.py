@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, foreground_host, ok, one_source_project
+from tests.helpers import REPO, eventually, foreground_host, ok, one_source_project
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 
@@ -70,3 +70,33 @@ def test_a_command_started_with_stdout_closed_works_as_with_dev_null(tmp_path: P
              "PYTHONPATH": str(REPO)})
     assert proc.returncode == 1, proc.stderr
     assert "Failure · CLI_PROJECT_INVALID" in proc.stderr, proc.stderr
+
+
+SLOW_IMPORT = '''
+import pathlib
+import time
+pathlib.Path("importing").touch()
+time.sleep(30)
+'''
+
+
+def test_ctrl_c_before_a_foreground_host_serves_is_an_interrupted_command(
+        tmp_path: Path) -> None:
+    """Ctrl-C while the Workflows import (a slow start in a terminal): the command exited 1
+    with CLI_SERVICE_CLOSING, with --json as a document on stdout, where docs/cli.md says
+    Ctrl-C exits 130 with nothing on stdout. (SIGTERM there stays CLI_SERVICE_CLOSING.)"""
+    project = one_source_project(tmp_path, "slow", SLOW_IMPORT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "intloom", "start", "--foreground", "--json"],
+        cwd=project.root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(REPO)})
+    project.pids.add(proc.pid)
+    try:
+        eventually(lambda: (project.root / "importing").exists() or None, timeout=20,
+                   what="the Workflow's import to begin")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+        assert (proc.returncode, out, err) == (130, "", "")
+        assert not (project.state / "service.lock").exists()  # it released its files
+    finally:
+        project.reap()
