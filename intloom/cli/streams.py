@@ -5,12 +5,13 @@ Two promises hold there as for any command. With ``--json`` stdout carries one d
 what the Workflows print (a Step's ``print``, a subprocess's output, an import-time
 message) goes to stderr instead. And a reader that goes away (``| head -1``, a closed
 terminal) is no failure: what is printed after is dropped, where a Step's ``print`` raised
-``BrokenPipeError`` and failed its Run (STEP_EXECUTION_FAILED).
+``BrokenPipeError`` (or EIO, the terminal closed) and failed its Run (STEP_EXECUTION_FAILED).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import sys
 from typing import Any, TextIO, cast
@@ -18,6 +19,9 @@ from typing import Any, TextIO, cast
 from intloom.cli.render import Renderer
 
 __all__ = ["foreground_streams"]
+
+# A pipe whose reader went away (``| head -1``); a terminal that was closed (its hangup).
+_GONE = frozenset({errno.EPIPE, errno.EIO})
 
 
 class _ReaderMayGo:
@@ -33,7 +37,9 @@ class _ReaderMayGo:
         if not self._gone:
             try:
                 return self._stream.write(text)
-            except BrokenPipeError:
+            except OSError as exc:
+                if exc.errno not in _GONE:
+                    raise
                 self._went()
         return len(text)
 
@@ -41,7 +47,9 @@ class _ReaderMayGo:
         if not self._gone:
             try:
                 self._stream.flush()
-            except BrokenPipeError:
+            except OSError as exc:
+                if exc.errno not in _GONE:
+                    raise
                 self._went()
 
     def _went(self) -> None:
