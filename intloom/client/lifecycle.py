@@ -48,6 +48,7 @@ from intloom.protocol.messages import ServiceView
 
 if TYPE_CHECKING:
     from intloom.client.drift import SourceChange
+    from intloom.host.daemon import Host
 
 __all__ = [
     "CutRun",
@@ -697,7 +698,14 @@ def _run_foreground(root: Path, *, port: int | None, strict: bool, progress: Pro
     except OSError:  # unreadable: there is nothing to go back to
         previous = None
     host = Host(with_test_hooks(HostOptions(root=root, port=port, strict=strict)), channel)
-    host.last_words = on_lost
+    lost: list[ErrorView] = []
+
+    def last_words(view: ErrorView) -> None:
+        lost.append(view)
+        if on_lost is not None:
+            on_lost(view)
+
+    host.last_words = last_words
     said: list[StopResult] = []
 
     def stopped(code: int) -> None:
@@ -711,7 +719,17 @@ def _run_foreground(root: Path, *, port: int | None, strict: bool, progress: Pro
         if on_stopped is not None:
             on_stopped(said[0])
 
-    host.before_exit = stopped
+    def ending(code: int) -> None:
+        """``before_exit``: the host ends the process itself (a second signal, a thread
+        stuck in user code), so what its stop ended with is said now or never: a stop that
+        kept its files exited 1 without a word."""
+        error = None if not ready or failure or lost else _stop_error(host, ready[0], code)
+        if error is None:
+            stopped(code)
+        elif on_lost is not None:
+            on_lost(error.view())
+
+    host.before_exit = ending
     try:
         os.chdir(root)
         code = host.run()
@@ -730,20 +748,28 @@ def _run_foreground(root: Path, *, port: int | None, strict: bool, progress: Pro
         raise IntloomError(failure[0].code, failure[0].message, retryable=failure[0].retryable)
     if not ready:
         raise IntloomError("CLI_SERVICE_UNAVAILABLE", "The service exited during initialization.")
+    error = _stop_error(host, ready[0], code)
+    if error is not None:
+        raise error
+    stopped(code)
+    return StartResult(service=ready[0], reused=False, stop=said[0] if said else None)
+
+
+def _stop_error(host: Host, service: ServiceView, code: int) -> IntloomError | None:
+    """What a foreground host that served ended with, or None when it stopped as asked."""
     if host.release_problems:
         # Its log was closed before it tried (DESIGN §3): this command is what says it.
         fix = host.release_moved or ("It stays until removed: fix that, then run intloom "
                                      "recover (intloom doctor shows it).")
-        raise IntloomError(
+        return IntloomError(
             "STORAGE_ERROR", f"The host stopped, but {'; '.join(host.release_problems)}. {fix}",
         )
     if code != 0:
-        raise IntloomError(
+        return IntloomError(
             "CLI_INTERNAL_ERROR",
-            f"The host stopped after an error; see .intloom/logs/{ready[0].log_file}.",
+            f"The host stopped after an error; see .intloom/logs/{service.log_file}.",
         )
-    stopped(code)
-    return StartResult(service=ready[0], reused=False, stop=said[0] if said else None)
+    return None
 
 
 # ----- stop ----------------------------------------------------------------------------------

@@ -100,3 +100,57 @@ def test_ctrl_c_before_a_foreground_host_serves_is_an_interrupted_command(
         assert not (project.state / "service.lock").exists()  # it released its files
     finally:
         project.reap()
+
+
+STUCK = '''
+import pathlib
+import time
+import msgspec
+import intloom
+
+class S(msgspec.Struct):
+    n: int = 0
+
+wf = intloom.Workflow("stuck", version="1")
+main = wf.stage("main", state=S)
+
+@main.step("nap", routes={"done": intloom.COMPLETE})
+def nap(ctx: intloom.StepContext[S]) -> str:
+    pathlib.Path("stepping").touch()
+    time.sleep(30)  # on a thread: the stop's grace waits for it
+    return "done"
+'''
+
+
+def test_a_second_ctrl_c_says_what_the_stop_kept(tmp_path: Path) -> None:
+    """A second Ctrl-C ends the process from inside the host (``os._exit``): a stop that
+    kept its files there (the project directory moved meanwhile) exited 1 without a word,
+    where the first Ctrl-C alone says STORAGE_ERROR with the fix."""
+    project = one_source_project(tmp_path, "stuck", STUCK)
+    flow: subprocess.Popen[bytes] | None = None
+    try:
+        with foreground_host(project) as proc:
+            flow = subprocess.Popen(
+                [sys.executable, "-m", "intloom", "flow", "stuck", "--intent", "x"],
+                cwd=project.root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                env={**os.environ, "PYTHONPATH": str(REPO)})
+            eventually(lambda: (project.root / "stepping").exists() or None,
+                       what="the Step to run")
+            moved = tmp_path / "moved"
+            project.root.rename(moved)
+            proc.send_signal(signal.SIGINT)
+            logs = moved / ".intloom" / "logs"
+            eventually(lambda: any("signal_received" in log.read_text()
+                                   for log in logs.glob("LOG-*.jsonl")) or None,
+                       what="the first Ctrl-C to be taken")
+            proc.send_signal(signal.SIGINT)
+            _out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 1, err
+        assert "Failure · STORAGE_ERROR: The host stopped, but the project directory was " \
+            "moved while this host ran" in err, err
+        assert f"intloom start in {moved}" in err, err
+    finally:
+        if flow is not None:
+            flow.kill()
+            flow.wait(timeout=10)
+        project.reap()
