@@ -3,7 +3,8 @@ the command's process, and share its stdout and stderr for as long as the host s
 
 Two promises hold there as for any command. With ``--json`` stdout carries one document:
 what the Workflows print (a Step's ``print``, a subprocess's output, an import-time
-message) goes to stderr instead. And a reader that goes away (``| head -1``, a closed
+message) goes to stderr instead. Each line goes out as it is printed, also into a pipe (a
+supervisor's log). And a reader that goes away (``| head -1``, a closed
 terminal) is no failure: what is printed after is dropped, where a Step's ``print`` raised
 ``BrokenPipeError`` (or EIO, the terminal closed) and failed its Run (STEP_EXECUTION_FAILED).
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import io
 import os
 import sys
 from typing import Any, TextIO, cast
@@ -77,5 +79,10 @@ def foreground_streams(renderer: Renderer) -> None:
             os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
             renderer.stdout = cast(TextIO, _ReaderMayGo(
                 open(kept, "w", encoding="utf-8")))  # noqa: SIM115 (the command's life)
+    # Piped (a supervisor's log, | tee), stdout is block-buffered: what a Step printed
+    # showed up 8 KiB at a time, or only when the host stopped.
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        with contextlib.suppress(ValueError, OSError):
+            sys.stdout.reconfigure(line_buffering=True)
     sys.stdout = cast(TextIO, _ReaderMayGo(sys.stdout))
     sys.stderr = cast(TextIO, _ReaderMayGo(sys.stderr))

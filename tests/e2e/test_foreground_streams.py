@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -31,30 +32,45 @@ main = wf.stage("main", state=S)
 
 @main.step("say", routes={"done": intloom.COMPLETE})
 def say(ctx: intloom.StepContext[S]) -> str:
-    print("said on stdout", flush=True)
-    print("said on stderr", file=sys.stderr, flush=True)
+    print("said on stdout")
+    print("said on stderr", file=sys.stderr)
     return "done"
 '''
 
 
 def test_a_json_foreground_host_keeps_stdout_for_its_document_and_its_steps_never_fail_on_a_reader_gone(  # noqa: E501
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With ``--json``, a Step's ``print`` came on stdout after the start's document (no
-    JSON reader reads that); and a Step that printed once stderr's reader had gone (``2>&1
-    | head -1``, a closed terminal) failed its Run with BrokenPipeError."""
+    JSON reader reads that), and only once 8 KiB had gathered or the host stopped (stdout
+    piped: a supervisor's log); and a Step that printed once stderr's reader had gone
+    (``2>&1 | head -1``, a closed terminal) failed its Run with BrokenPipeError."""
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)  # as a supervisor starts it
     project = one_source_project(tmp_path, "prints", PRINTS)
     try:
         with foreground_host(project, "--json") as proc:
             assert proc.stderr is not None and proc.stdout is not None
-            proc.stderr.close()  # the reader of stderr goes away
+            started = json.loads(proc.stdout.readline())  # the document, once it serves
+            assert started["service"]["pid"] == proc.pid, started
             run = ok(project.cli("flow", "prints", "--intent", "x", "--json"))["run"]
+            assert run["status"] == "completed", run
+            seen: list[str] = []
+            err = proc.stderr.fileno()
+
+            def said() -> bool | None:
+                ready, _, _ = select.select([err], [], [], 0.05)
+                if ready:
+                    seen.append(os.read(err, 4096).decode())
+                return "said on stdout\n" in "".join(seen) or None
+
+            eventually(said, timeout=5, what="the Step's print on stderr while it serves")
+            proc.stderr.close()  # the reader of stderr goes away
+            run = ok(project.cli("flow", "prints", "--intent", "y", "--json"))["run"]
             assert run["status"] == "completed", run
             proc.send_signal(signal.SIGTERM)
             with proc.stdout:
-                out = proc.stdout.read()
+                rest = proc.stdout.read()
             assert proc.wait(timeout=30) == 0
-        started = json.loads(out)  # the one document: nothing the Step printed
-        assert started["service"]["pid"] == proc.pid, out
+        assert rest == "", rest  # nothing after the one document
     finally:
         project.reap()
 
