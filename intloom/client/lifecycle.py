@@ -765,7 +765,7 @@ def _stop_error(host: Host, service: ServiceView, code: int) -> IntloomError | N
             "STORAGE_ERROR", f"The host stopped, but {'; '.join(host.release_problems)}. {fix}",
         )
     if code != 0:
-        return IntloomError(
+        return host.log_lost() or IntloomError(
             "CLI_INTERNAL_ERROR",
             f"The host stopped after an error; see .intloom/logs/{service.log_file}.",
         )

@@ -679,6 +679,22 @@ class Host:
             reason=f"{self.log_error} The host suspended the Run and refuses new work.",
         ))
 
+    def log_lost(self) -> IntloomError | None:
+        """LOG_WRITE_FAILED for a host whose log failed after it served (it exits 1 when
+        stopped), for a foreground host's command to end with: it said CLI_INTERNAL_ERROR
+        (exit 70, a bug) and pointed at that very log. None while the log held."""
+        log = self.log
+        if log is None or not log.failed:
+            return None
+        cause = log.failure or "unknown error"
+        fix = storage_fix(OSError(log.failure_errno or 0, cause), log.path, replaced=False)
+        return IntloomError(
+            "LOG_WRITE_FAILED",
+            f"The host stopped, but its log {log.path} could not be written ({cause}), so "
+            "what it did since is missing from it; it suspended its Runs at their last "
+            f"saved boundaries, and the next intloom start resumes them. {fix}",
+        )
+
     def _fatal(self, exc: BaseException) -> None:
         if self.log is not None:
             self.log.fatal("process_failed", origin="uncaught_exception",

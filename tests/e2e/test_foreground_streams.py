@@ -1,4 +1,5 @@
-"""``start --foreground`` under a supervisor, a pipe or a terminal: its standard streams.
+"""``start --foreground`` under a supervisor, a pipe or a terminal: its standard streams,
+its signals, and what it says and exits with when it ends.
 
 The host and its Workflows' code run in the command's process and share its stdout and
 stderr; and a supervisor may start it with one of them closed."""
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, eventually, foreground_host, ok, one_source_project
+from tests.helpers import REPO, Project, eventually, foreground_host, ok, one_source_project
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 
@@ -170,3 +171,17 @@ def test_a_second_ctrl_c_says_what_the_stop_kept(tmp_path: Path) -> None:
             flow.kill()
             flow.wait(timeout=10)
         project.reap()
+
+
+def test_a_foreground_host_whose_log_failed_ends_with_log_write_failed(
+        project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A log that fails while the host serves (a full disk) makes the host exit 1 when
+    stopped (docs/lifecycle.md); its foreground command said CLI_INTERNAL_ERROR, exit 70
+    (a bug in intloom), and sent the reader to that very log."""
+    monkeypatch.setenv("INTLOOM_TEST_LOG_FAIL_AT", "signal_received")
+    with foreground_host(project) as proc:
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 1, err
+    assert "Failure · LOG_WRITE_FAILED: The host stopped, but its log " in err, err
+    assert "(No space left on device" in err and "Free disk space" in err, err
