@@ -403,7 +403,8 @@ def start_service(
             raise _busy(paths)
         if foreground:
             return _run_foreground(root, port=port, strict=strict, progress=progress,
-                                   on_ready=on_ready, on_lost=on_lost, on_stopped=on_stopped)
+                                   on_ready=on_ready, on_lost=on_lost, on_stopped=on_stopped,
+                                   deadline=deadline)
         if launches >= _MAX_LAUNCHES:
             raise _busy(paths)
         launches += 1
@@ -669,7 +670,8 @@ def _start_timeout(paths: ProjectPaths, pid: int, killed: bool,
 def _run_foreground(root: Path, *, port: int | None, strict: bool, progress: Progress | None,
                     on_ready: Callable[[StartResult], None] | None,
                     on_lost: Callable[[ErrorView], None] | None = None,
-                    on_stopped: Callable[[StopResult], None] | None = None) -> StartResult:
+                    on_stopped: Callable[[StopResult], None] | None = None,
+                    deadline: float | None = None) -> StartResult:
     from intloom.authoring.loader import slow_import_notice
     from intloom.host.daemon import Host, HostOptions, with_test_hooks
     from intloom.host.readiness import ReadyChannel
@@ -680,14 +682,44 @@ def _run_foreground(root: Path, *, port: int | None, strict: bool, progress: Pro
     # stderr after a while, as doctor does. Its watcher ends once the host serves.
     watching = contextlib.ExitStack()
     importing = watching.enter_context(slow_import_notice())
+    # --timeout bounds the start here too, as the launcher bounds a host it launched: at
+    # the deadline the host is sent SIGTERM, which interrupts a slow Workflow import, and
+    # it releases its files. It was not bounded at all: --timeout 60 waited for ever.
+    starting = threading.Lock()
+    timed_out: list[bool] = []
+
+    def too_late() -> None:
+        with starting:
+            if not ready and not failure:
+                timed_out.append(True)
+                host.too_late = True
+                # And a signal: it interrupts a Workflow import, which checks no flag.
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    timer = None if deadline is None else threading.Timer(
+        max(0.0, deadline - time.monotonic()), too_late)
 
     def seen(service: ServiceView) -> None:
         watching.close()
-        ready.append(service)
+        with starting:
+            ready.append(service)
+        if timer is not None:
+            timer.cancel()
         if on_ready is not None:
             on_ready(StartResult(service=service, reused=False))
 
-    channel = ReadyChannel(on_progress=progress, on_ready=seen, on_failed=failure.append,
+    armed: list[bool] = []
+
+    def step(name: str) -> None:
+        # The first step is taken once the host handles SIGTERM (before, it would kill
+        # the process): only now may the deadline's SIGTERM come.
+        if timer is not None and not armed:
+            armed.append(True)
+            timer.start()
+        if progress is not None:
+            progress(name)
+
+    channel = ReadyChannel(on_progress=step, on_ready=seen, on_failed=failure.append,
                            on_importing=importing)
     # A launched host works in the project root (_launch): so does this one, or a Workflow
     # reading a project file by a relative path loaded, and a Step wrote, only in one of them.
@@ -732,14 +764,25 @@ def _run_foreground(root: Path, *, port: int | None, strict: bool, progress: Pro
     host.before_exit = ending
     try:
         os.chdir(root)
+        if timer is not None:
+            timer.daemon = True
         code = host.run()
     finally:
         watching.close()
+        if timer is not None:
+            timer.cancel()
         if previous is not None:
             with contextlib.suppress(OSError):
                 os.fchdir(previous)
             os.close(previous)
     if failure:
+        if timed_out and failure[0].code == "CLI_SERVICE_CLOSING":
+            raise IntloomError(
+                "CLI_SERVICE_TIMEOUT",
+                f"{_TIMEOUT}; the host was stopped at the deadline (SIGTERM) and released its "
+                "files. Start again with a longer --timeout, or make the Workflow modules "
+                "quicker to import.",
+            )
         if failure[0].code == "CLI_SERVICE_CLOSING" and host.stop_signal == "SIGINT":
             # Ctrl-C before it served: the command was interrupted (exit 130, nothing on
             # stdout, docs/cli.md), not a start that failed. SIGTERM and SIGHUP come from a

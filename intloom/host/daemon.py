@@ -205,6 +205,11 @@ class Host:
         # foreground start that Ctrl-C ended before it served exits as any command
         # interrupted does.
         self.stop_signal: str | None = None
+        # Set (from another thread) by ``start --foreground --timeout`` once its deadline
+        # passed before the host served: a start that got that far still does not serve.
+        # A signal alone is handled on the loop, which a start busy in a long step without
+        # an await (a large restore) reaches only after it has reported ready.
+        self.too_late = False
         self.force_exit = False
         self.log_error: str | None = None  # the host log failed: no new work (LOG_WRITE_FAILED)
         # Why the stop kept service.json or service.lock (Ownership.release), for a
@@ -293,7 +298,7 @@ class Host:
         try:
             try:
                 await self.startup()
-                if self._stop.is_set():
+                if self._stop.is_set() or self.too_late:
                     raise _Abort(IntloomError(
                         "CLI_SERVICE_CLOSING",
                         "The host was asked to stop while it was starting; it did not start.",

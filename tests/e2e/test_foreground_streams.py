@@ -119,6 +119,25 @@ def test_ctrl_c_before_a_foreground_host_serves_is_an_interrupted_command(
         project.reap()
 
 
+def test_a_foreground_start_keeps_its_timeout(tmp_path: Path) -> None:
+    """``start --foreground --timeout 0.5`` with a Workflow that takes 30 s to import: the
+    timeout bounded nothing, and the command waited the 30 s, then served."""
+    project = one_source_project(tmp_path, "slow", SLOW_IMPORT)
+    try:
+        result = project.cli("start", "--foreground", "--timeout", "0.5", "--json",
+                             timeout=20)
+        assert result.code == 1, result
+        error = result.json["error"]
+        assert error["code"] == "CLI_SERVICE_TIMEOUT", error
+        assert "the host was stopped at the deadline (SIGTERM) and released its files" \
+            in error["message"], error
+        assert (project.root / "importing").exists()  # it was cut in the import
+        assert not (project.state / "service.lock").exists()
+    finally:
+        project.reap()
+
+
+
 STUCK = '''
 import pathlib
 import time
