@@ -42,3 +42,28 @@ def test_a_store_whose_directory_moved_writes_nothing_into_a_copy_at_the_old_pat
     assert by_id(read_runs_report(moved / "runtime").runs)["RUN-A"].state.seq == len(A)
     # And the copy restores the Run as it was copied.
     assert by_id(read_runs_report(root).runs)["RUN-A"].state.seq == 4
+
+
+def test_a_store_whose_directory_moved_rotates_no_segment_into_the_old_path(
+        tmp_path: Path) -> None:
+    """The same move under a busy host: a rotation created its new segment (and its
+    compaction the snapshots and manifest) by the old path, in the copy's wal/."""
+    records = walk("RUN-B", 40, 2)
+    root = tmp_path / "proj" / "runtime"
+    store = open_store(root, segment_bytes=1024)
+    store.append("RUN-B", records[0])
+    store.sync_blocking()
+    moved = tmp_path / "moved"
+    (tmp_path / "proj").rename(moved)
+    shutil.copytree(moved, tmp_path / "proj", symlinks=True)
+    copied = snapshot_files(root)
+    for record in records[1:]:
+        store.append("RUN-B", record)
+        store.sync_blocking()
+    store.close_blocking()
+
+    assert snapshot_files(root) == copied
+    assert [(exc.what, when) for exc, when in store.unsummarised] == [
+        ("segment", "rotation"), ("snapshots", "stop")]  # the rotation said once
+    assert sorted(p.name for p in (moved / "runtime" / "wal").iterdir()) == ["0000000001.seg"]
+    assert by_id(read_runs_report(moved / "runtime").runs)["RUN-B"].state.seq == len(records)
