@@ -358,6 +358,10 @@ class Host:
 
         previous = {sig: signal.signal(sig, interrupt) for sig in self._signals}
         try:
+            if self.too_late:
+                # The deadline's SIGTERM came before this handler was in place: the loop's
+                # handler holds it, and would act only once the imports had all run.
+                raise _ImportInterrupted(signal.SIGTERM)
             yield
         finally:
             for sig, handler in previous.items():

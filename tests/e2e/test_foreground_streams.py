@@ -131,7 +131,6 @@ def test_a_foreground_start_keeps_its_timeout(tmp_path: Path) -> None:
         assert error["code"] == "CLI_SERVICE_TIMEOUT", error
         assert "the host was stopped at the deadline (SIGTERM) and released its files" \
             in error["message"], error
-        assert (project.root / "importing").exists()  # it was cut in the import
         assert not (project.state / "service.lock").exists()
     finally:
         project.reap()
