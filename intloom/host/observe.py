@@ -50,10 +50,11 @@ class Snapshot:
 
 
 def _invalid(path: Path, fact: str) -> IntloomError:
-    return IntloomError(
-        "CLI_SERVICE_METADATA_INVALID",
-        f"{path} {fact}. It was left as it is; run intloom doctor.",
-    )
+    # doctor reads these files through observe_file too: it says the finding without the
+    # advice to run it (IntloomError.here), as metadata's own findings do.
+    kept = f"{path} {fact}. It was left as it is"
+    return IntloomError("CLI_SERVICE_METADATA_INVALID", f"{kept}; run intloom doctor.",
+                        here=f"{kept}.")
 
 
 def observe_file(path: Path, kind: type[_M], read: Callable[[Path], _M | None]) -> Observed[_M]:

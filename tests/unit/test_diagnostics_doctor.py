@@ -489,3 +489,32 @@ def test_port_0_in_intloom_toml_checks_the_saved_port_the_next_start_takes(root:
     assert check.status == "attention", check
     assert f"Port {port} on 127.0.0.1 (the port saved in connection.json)" in check.message, (
         check.message)
+
+
+def test_doctor_names_a_service_file_that_keeps_changing_without_sending_its_reader_back(
+    root: Path,
+) -> None:
+    """A service.lock or service.json rewritten every time doctor read it is reported as
+    such; the report said "run intloom doctor." in doctor's own output once doctor stopped
+    editing other commands' messages (IntloomError.here), as observe's finding had none."""
+    from intloom.diagnostics.doctor import _file_problem
+    from intloom.host.metadata import ServiceLock, read_lock
+    from intloom.host.observe import observe_file
+
+    paths = ProjectPaths(root)
+    paths.state.mkdir(mode=0o700, exist_ok=True)
+    lock = ServiceLock(version=1, pid=os.getpid(), create_time=1.0, boot_id="b",
+                       instance_id="i", started_at="2026-12-02T10:00:00Z")
+    paths.service_lock.write_bytes(msgspec.json.encode(lock))
+    paths.service_lock.chmod(0o600)
+    reads = iter(range(2, 1000))
+
+    def rewritten(path: Path) -> ServiceLock | None:
+        """What a read saw: the file as a writer left it just before the bytes were read."""
+        value = read_lock(path)
+        assert value is not None
+        return msgspec.structs.replace(value, pid=next(reads))
+
+    said = _file_problem(lambda: observe_file(paths.service_lock, ServiceLock, rewritten))
+    assert said is not None and "changed every time it was read" in said, said
+    assert str(paths.service_lock) in said and "intloom doctor" not in said, said
