@@ -459,7 +459,11 @@ def void_notices(notices: list[VoidNotice], scans: list[SegmentScan],
     notices = list(notices)
     for scan in scans:
         for frame in scan.frames:
-            if frame.kind == KIND_VOID:
+            # A writer puts a notice first in a fresh segment, never after a seal: one there
+            # is corruption (reported as such, _after_seal), and read, it would void records
+            # the Run's host wrote and take the Run back to before them.
+            if frame.kind == KIND_VOID and not (scan.sealed_end
+                                                and frame.offset >= scan.sealed_end):
                 try:
                     notices.append(msgspec.msgpack.decode(frame.payload, type=VoidNotice))
                 except (msgspec.DecodeError, msgspec.ValidationError):

@@ -365,3 +365,38 @@ def test_a_newer_format_segment_names_the_version_found_read_and_the_fix(
     assert a.status == "incompatible", a
     assert a.problem == f"its records in wal/0000000001.seg, which {fact}"
     assert seg.read_bytes() == bytes(data)
+
+
+def test_a_void_notice_after_a_seal_voids_nothing(tmp_path: Path) -> None:
+    """A writer puts a void notice first in a fresh segment, never after a seal: one there
+    is corruption, like a record there, and is not read. It was read as a notice all the
+    same: it voided RUN-A's last four records, and every read took RUN-A back to record 4,
+    to run again what its host had recorded as done."""
+    from intloom.store.framing import (
+        KIND_SEAL,
+        KIND_VOID,
+        SealNotice,
+        VoidNotice,
+        encode_frame,
+    )
+
+    root = tmp_path / "runtime"
+    store = open_store(root)
+    for record in walk("RUN-A", 8, 1):
+        store.append("RUN-A", record)
+    store.sync_blocking()
+    abandon(store)  # unsealed: a restore reads it
+    seg = root / "wal" / segment_name(1)
+    data = seg.read_bytes()
+    fifth = next(f.offset for f in scan_segment(seg.name, 1, data).frames if f.seq == 5)
+    seal = encode_frame(KIND_SEAL, 0, b"", msgspec.msgpack.encode(SealNotice(at="t", frames=8)))
+    void = encode_frame(KIND_VOID, 0, b"", msgspec.msgpack.encode(
+        VoidNotice(segment=1, offset=fifth, cause="a write failed")))
+    seg.write_bytes(data + seal + void)
+
+    for report in (read_runs_report(root), verify_report(root)):
+        a = by_id(report.runs)["RUN-A"]
+        assert a.status == "ok" and a.state.seq == 8, a
+        (finding,) = [f for f in report.files if f.kind == "corrupt"]
+        assert "1 valid frame(s) follow its seal" in finding.problem, finding
+    assert [e.verdict for e in read_history(root, "RUN-A")] == ["ok"] * 8
