@@ -46,8 +46,14 @@ def _number(kind: type[Any], value: Any, low: Any, high: Any) -> Any:
 
 
 def _shown(number: Any) -> str:
-    """A float as a person writes it: 1e+09 and -1, not 1000000000.0 and -1.0."""
-    return f"{number:g}" if isinstance(number, float) else str(number)
+    """A float as a person writes it: 1e+09 and -1, not 1000000000.0 and -1.0; all its
+    digits when six do not hold it (1000000001 past a bound of 1e+09 read "1e+09")."""
+    if not isinstance(number, float):
+        return str(number)
+    short = f"{number:g}"
+    if float(short) == number:
+        return short
+    return str(int(number)) if number.is_integer() else repr(number)
 
 
 def _flag(value: Any, param: Any, ctx: Any) -> bool:

@@ -96,6 +96,11 @@ def test_only_the_invoked_command_is_built(argv: list[str], name: str | None) ->
         (["start", "--port", "70000"], "70000 is not in the range 0<=x<=65535."),
         (["stop", "--timeout", "-1"], "-1 is not in the range 0<=x<=1e+09."),
         (["start", "--timeout", "1e10"], "1e+10 is not in the range 0<=x<=1e+09."),
+        # Just past the bound: written to 6 digits (1e+09), it read as inside the range.
+        (["start", "--timeout", "1000000001"], "1000000001 is not in the range 0<=x<=1e+09."),
+        (["stop", "--timeout", "1000000000.5"],
+         "1000000000.5 is not in the range 0<=x<=1e+09."),
+        (["stop", "--timeout", "-0.0000001"], "-1e-07 is not in the range 0<=x<=1e+09."),
         (["stop", "--timeout", "soon"], "'soon' is not a number."),
         (["stop", "--timeout", "nan"], "'nan' is not a finite number."),
         (["start", "--timeout", "inf"], "'inf' is not a finite number."),
