@@ -32,7 +32,13 @@ from pathlib import Path
 from intloom.errors import IntloomError
 from intloom.runtime.records import PROTOCOL_VERSION
 
-__all__ = ["in_source_tree", "source_files", "source_root", "workflow_identity"]
+__all__ = [
+    "in_source_tree",
+    "in_virtualenv",
+    "source_files",
+    "source_root",
+    "workflow_identity",
+]
 
 # Directories that are never source: bytecode caches (rewritten by merely running the code)
 # and JavaScript dependencies. Every dot name is skipped too: version control, intloom's own
@@ -56,6 +62,17 @@ def _is_virtualenv(path: Path) -> bool:
     """A virtualenv (``python -m venv``, virtualenv, uv) marks its root with ``pyvenv.cfg``:
     an entry at the project root must not hash the installed packages of ``.venv``."""
     return (path / "pyvenv.cfg").is_file()
+
+
+def in_virtualenv(root: Path, path: Path) -> bool:
+    """Whether ``path``, under ``root``, lies in a virtualenv made inside it (``.venv``):
+    its packages, intloom's own files among them, are installed there, not the project's."""
+    parent = root
+    for part in path.relative_to(root).parts[:-1]:
+        parent = parent / part
+        if _is_virtualenv(parent):
+            return True
+    return False
 
 
 def _unreadable(root: Path) -> Callable[[OSError], None]:

@@ -26,7 +26,12 @@ from pathlib import Path
 from types import CodeType, FrameType, ModuleType, TracebackType
 from typing import Any, Final
 
-from intloom.authoring.identity import in_source_tree, source_root, workflow_identity
+from intloom.authoring.identity import (
+    in_source_tree,
+    in_virtualenv,
+    source_root,
+    workflow_identity,
+)
 from intloom.authoring.workflow import WORKFLOW_MODULE_PREFIX, DefinitionError, Workflow
 from intloom.errors import ErrorView, IntloomError, as_call, clip, message_of
 from intloom.project import Config, link_loop
@@ -295,14 +300,18 @@ def _fix(exc: BaseException) -> str:
 def _shown(root: Path, filename: str) -> str | None:
     """``filename`` relative to the project, or None when it is not a project file: frames of
     ``<frozen importlib._bootstrap>`` or ``<string>`` name no file (resolved, such a name
-    would pass as a relative path under the working directory)."""
+    would pass as a relative path under the working directory), and a package installed in a
+    virtualenv inside the project (intloom's own files among them) is not the author's: the
+    frame to name is the project file that called it."""
     if not filename or (filename.startswith("<") and filename.endswith(">")):
         return None
     path = Path(filename)
     if not path.is_absolute():
         return None
     resolved = path.resolve()
-    return resolved.relative_to(root).as_posix() if resolved.is_relative_to(root) else None
+    if not resolved.is_relative_to(root) or in_virtualenv(root, resolved):
+        return None
+    return resolved.relative_to(root).as_posix()
 
 
 def _innermost(root: Path, tb: TracebackType | None) -> tuple[str, int] | None:

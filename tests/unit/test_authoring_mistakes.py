@@ -780,3 +780,41 @@ def test_an_entry_under_a_symlink_loop_is_named_as_a_loop_not_as_missing(
     assert itself.message.startswith(
         f"self.py (from intloom.toml) cannot be reached under {tmp_path}: self.py is a "
         "symbolic link that leads into a loop of links"), itself.message
+
+
+def test_a_definition_mistake_made_through_a_package_of_the_projects_virtualenv_names_the_source(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A virtualenv inside the project (``python -m venv .venv`` before ``intloom init``, as
+    docs/authoring.md suggests) is under the project root, and so are intloom's own files
+    installed in it: a Step defined twice was placed at the innermost frame under the root,
+    ``.venv/lib/.../intloom/authoring/workflow.py, line 332``, not the author's source. A
+    package installed there (here: one that adds the Steps) is no project source either."""
+    site = tmp_path / ".venv" / "lib" / "python3.11" / "site-packages"
+    site.mkdir(parents=True)
+    (tmp_path / ".venv" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (site / "intloom_test_venv_steps.py").write_text(textwrap.dedent('''
+        import intloom
+
+
+        def add_twice(stage):
+            for _ in range(2):
+                stage.step("a", routes={"ok": intloom.COMPLETE})(lambda ctx: "ok")
+    '''))
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.delitem(sys.modules, "intloom_test_venv_steps", raising=False)
+    source = textwrap.dedent('''
+        import intloom
+        import intloom_test_venv_steps
+
+        wf = intloom.Workflow("lib", version="1")
+        s = wf.stage("s")
+        intloom_test_venv_steps.add_twice(s)
+    ''')
+    result = load_workflows(tmp_path, _project(tmp_path, {"lib": source}))
+    monkeypatch.delitem(sys.modules, "intloom_test_venv_steps", raising=False)
+    [(rel, view)] = result.problems
+    assert rel == "workflows/lib/wf.py"
+    assert view.message.startswith(
+        "workflows/lib/wf.py, line 7: Workflow 'lib', Stage 's': Step 'a' is defined twice."
+    ), view.message
