@@ -133,6 +133,22 @@ def _is_virtualenv(path: Path) -> bool:
     return not os.path.islink(path) and os.path.isfile(path / "pyvenv.cfg")
 
 
+def _other_virtualenvs(root: Path) -> bytes:
+    """The .gitignore lines for the virtualenvs ``root`` holds beside ``.venv`` (which the
+    template names): init took the directory for them (``_check_target``), and a Python
+    before 3.13 writes no .gitignore into a virtualenv, so git add -A took all of it."""
+    try:
+        names = sorted(name for name in os.listdir(root)
+                       if name != ".venv" and _is_virtualenv(root / name))
+    except OSError:
+        return b""
+    # Anchored (/name/), with the characters git reads as a pattern escaped; a name with a
+    # line break cannot be written as one line.
+    lines = ["/" + "".join(f"\\{c}" if c in "\\*?[" else c for c in name) + "/\n"
+             for name in names if "\n" not in name and "\r" not in name]
+    return "".join(lines).encode("utf-8", "surrogateescape")
+
+
 def _check_outside_sources(target: Path) -> None:
     """Refuse a ``target`` inside a Workflow source tree of the project that encloses it.
     The example written there joined that tree, and so the identity of the Workflows loaded
@@ -193,9 +209,12 @@ def scaffold(target: Path) -> Path:
         for relative, template in SCAFFOLD.items():
             current = root / relative
             _make_dirs(current.parent, made)
+            data = _template(template)
+            if relative == ".gitignore":
+                data += _other_virtualenvs(root)
             with open(current, "xb") as fh:
                 made.append(current)
-                fh.write(_template(template))
+                fh.write(data)
     except NotADirectoryError:
         _take_back(made)
         raise IntloomError(

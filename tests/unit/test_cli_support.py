@@ -875,3 +875,27 @@ def test_the_help_spells_the_usage_as_docs_cli_does(
     out = capsys.readouterr().out
     for line in lines:
         assert line in out, out
+
+
+def test_init_keeps_a_virtualenv_it_was_given_out_of_git_whatever_its_name(
+        tmp_path: Path) -> None:
+    """init takes a directory holding a virtualenv of any name (``python -m venv venv``), but
+    its .gitignore named only /.venv/: git add -A committed the whole of venv/ (a Python
+    before 3.13 writes no .gitignore into it)."""
+    root = tmp_path / "p"
+    for name in ("venv", ".venv", "my env*"):
+        (root / name).mkdir(parents=True)
+        (root / name / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    scaffold(root)
+    lines = (root / ".gitignore").read_text().splitlines()
+    assert "/venv/" in lines and "/my env\\*/" in lines, lines
+    assert lines.count("/.venv/") == 1, lines
+    git = shutil.which("git")
+    if git is None:
+        return
+    subprocess.run([git, "init", "-q", str(root)], check=True, timeout=30)
+    asked = ["venv/pyvenv.cfg", "my env*/pyvenv.cfg", "my envx/pyvenv.cfg"]
+    out = subprocess.run([git, "-C", str(root), "-c", "core.excludesFile=/dev/null",
+                          "check-ignore", "--no-index", *asked], capture_output=True,
+                         text=True, timeout=30)
+    assert out.stdout.splitlines() == asked[:2], out.stderr
