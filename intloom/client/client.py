@@ -178,7 +178,10 @@ def _unreachable_host(paths: ProjectPaths, root: Path) -> IntloomError | None:
         return None
     if os_lock(paths.service_lock)[0] != "held":
         return None  # never advise signalling a pid that does not hold this project
-    return _metadata_invalid(
+    # Its own way out, whoever reads it: not _metadata_invalid, whose "Run intloom doctor."
+    # would follow the fix already given.
+    return IntloomError(
+        "CLI_SERVICE_METADATA_INVALID",
         f"{paths.connection_json} is missing, but the host {paths.service_json.name} names "
         f"(pid {info.pid}, port {info.port}) still runs and holds the project's lock: a "
         "client reads the host's port and token only from that file, so nothing can reach "

@@ -899,3 +899,29 @@ def test_init_keeps_a_virtualenv_it_was_given_out_of_git_whatever_its_name(
                           "check-ignore", "--no-index", *asked], capture_output=True,
                          text=True, timeout=30)
     assert out.stdout.splitlines() == asked[:2], out.stderr
+
+
+def test_a_host_left_unreachable_is_named_with_its_own_way_out_and_no_more(
+    tmp_path: Path,
+) -> None:
+    """connection.json removed while its host runs: the message gives the way out (put the
+    file back, or kill -TERM PID and start). Once _metadata_invalid added "Run intloom
+    doctor." to every message (IntloomError.here), this one ended with it too, after the
+    fix it had already given."""
+    from intloom.client.client import _unreachable_host
+    from intloom.project import ProjectPaths
+    from tests.unit.diagnostics_support import (
+        crash_leftovers,
+        create_time,
+        lock_holder,
+        make_root,
+    )
+
+    root = make_root(tmp_path)
+    pid = os.getpid()
+    crash_leftovers(root, pid, create_time(pid), connection=False)
+    with lock_holder(root / ".intloom" / "service.lock"):
+        error = _unreachable_host(ProjectPaths(root), root)
+    assert error is not None and error.code == "CLI_SERVICE_METADATA_INVALID", error
+    assert error.message.endswith("then run intloom start, which writes a new one."), error
+    assert error.here == error.message
