@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from intloom.runtime.records import EffectDone, EffectStarted, Executing, StagePending, StepReady
 from intloom.store import read_history, read_runs, verify
 from tests.unit.test_store_support import abandon, header, open_store
@@ -81,3 +83,37 @@ def test_every_reader_draws_the_line_at_the_same_depth_wherever_it_reads_from(
         past = journals["RUN-past"]
         assert past.status == "corrupt", (frames, past)
         assert f"more than {READ_DEPTH} levels, the most intloom reads" in (past.problem or "")
+
+
+def test_a_large_state_costs_its_decode_alone_and_a_deep_record_past_it_is_still_refused(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The depth check counted every byte that may start a container in records over
+    ``READ_DEPTH`` bytes, a Stage State's bytes included (opaque to the record: nothing in
+    them nests it): a restore of Runs with 20 KB States decoded ~9x slower than before the
+    check. The bytes outside the State bound how deep a record can nest."""
+    import msgspec
+
+    from intloom.runtime.records import StepResult, Waiting, encode_record
+    from intloom.store import depth
+    from intloom.store.depth import READ_DEPTH, TooDeep, decode_record
+
+    # Every byte of the State may start a container (0x91: a one-item array).
+    state = b"\x91" * 200_000
+    data = encode_record(StepResult(at="t", stage="s", step="a", outcome="next", state=state))
+
+    # The usual record is decoded once and returned: the slow path (a second, untyped
+    # decode and a walk of it) is not taken for a State's bytes. Asserted by the path, not
+    # by a timing: the suite holds no timing assertion.
+    def slow_path(*_args: object) -> None:
+        raise AssertionError("a large State took the slow depth check")
+
+    monkeypatch.setattr(depth, "decode_bounded", slow_path)
+    assert decode_record(data).state == state  # type: ignore[union-attr]
+    monkeypatch.undo()
+
+    # Outside a State, nesting is still refused however large the State beside it.
+    deep = msgspec.msgpack.encode(
+        {**msgspec.msgpack.decode(encode_record(Waiting(at="t", state=state))),
+         "extra": _nested(READ_DEPTH + 5)})
+    with pytest.raises(TooDeep):
+        decode_record(deep)
