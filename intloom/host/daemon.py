@@ -361,7 +361,7 @@ class Host:
             if self.too_late:
                 # The deadline's SIGTERM came before this handler was in place: the loop's
                 # handler holds it, and would act only once the imports had all run.
-                raise _ImportInterrupted(signal.SIGTERM)
+                raise _ImportInterrupted(signal.SIGTERM, self._importing_source)
             yield
         finally:
             for sig, handler in previous.items():
