@@ -117,3 +117,37 @@ def test_a_large_state_costs_its_decode_alone_and_a_deep_record_past_it_is_still
          "extra": _nested(READ_DEPTH + 5)})
     with pytest.raises(TooDeep):
         decode_record(deep)
+
+
+def test_a_wide_result_is_judged_by_its_record_and_agrees_with_the_slow_path_at_the_line(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An effect result of many small maps (more than READ_DEPTH bytes that may start a
+    container) was decoded untyped, walked, then decoded again with room: ~8x a plain
+    decode at every restore. It is judged by a walk of the record decoded once, and the line
+    falls where the slow path (``nested_too_deep``) draws it, from any stack."""
+    from intloom.runtime.records import EffectDone, encode_record
+    from intloom.store import depth
+    from intloom.store.depth import READ_DEPTH, TooDeep, decode_record, nested_too_deep
+
+    rows = [{"id": i, "tags": [i, {"k": "v"}]} for i in range(1_000)]
+    wide = encode_record(EffectDone(at="t", name="e", key="k", result=rows))
+
+    def slow_path(*_args: object) -> None:
+        raise AssertionError("a wide result took the slow depth check")
+
+    monkeypatch.setattr(depth, "decode_bounded", slow_path)
+    assert decode_record(wide).result == rows  # type: ignore[union-attr]
+    monkeypatch.undo()
+
+    # The record's map is level 1; its result adds the levels of its own nesting. Padded
+    # with rows so that the walk, not the byte count, decides.
+    for nesting, refused in ((READ_DEPTH - 1, False), (READ_DEPTH, True)):
+        data = encode_record(EffectDone(at="t", name="e", key="k",
+                                        result=[rows, _nested(nesting - 1)]))
+        assert nested_too_deep(data) is refused, nesting
+        for frames in (0, 300):
+            if refused:
+                with pytest.raises(TooDeep):
+                    _from_deep_in_the_stack(frames, lambda data=data: decode_record(data))
+            else:
+                _from_deep_in_the_stack(frames, lambda data=data: decode_record(data))
