@@ -359,11 +359,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exit_codes.USAGE
     except IntloomError as exc:
         state.renderer.error(exc.view())
+        _say_where(state)
         return exit_codes.for_exception(exc)
     except (KeyboardInterrupt, typer.Abort) as exc:
         # Once, whatever ended the command: Ctrl-C in it (Interrupted, with its own words
         # for flow and answer), a prompt given up (Abort) or Ctrl-C before it began.
         state.renderer.note(exc.note if isinstance(exc, Interrupted) else "Interrupted.")
+        _say_where(state)
         return exit_codes.for_exception(
             exc if isinstance(exc, KeyboardInterrupt) else KeyboardInterrupt()
         )
@@ -386,4 +388,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         )
         return exit_codes.for_exception(exc)
+    try:
+        _say_where(state)
+    except BrokenPipeError:
+        return _reader_gone(state)
     return result if isinstance(result, int) else exit_codes.OK
+
+
+def _say_where(state: CliState) -> None:
+    """Once, last: where the commands printed for a person to copy must run, when that is
+    not the working directory (docs/cli.md, "Commands to copy")."""
+    line = state.elsewhere()
+    if line is not None:
+        state.renderer.note(line)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from intloom.cli.render import Renderer
+from intloom.cli.render import CopyableWatch, Renderer
 
 if TYPE_CHECKING:
     from intloom.client.client import Client
@@ -69,6 +69,10 @@ class CliState:
         # Run's 1): still its exit code if the reader goes away mid-print (``| head``).
         self.verdict: int | None = None
         self._renderer: Renderer | None = None
+        # The root this invocation resolved, once it did, and whether a command line for a
+        # person to copy was printed: main() compares that root with the working directory's.
+        self.resolved: Path | None = None
+        self.copyable = CopyableWatch()
 
     def merge(self, *, json_mode: bool, project: Path | None, debug: bool) -> None:
         self.json_mode = self.json_mode or json_mode
@@ -84,7 +88,8 @@ class CliState:
         made = self._renderer
         if made is not None and made.json_mode == self.json_mode:
             return made
-        renderer = self._renderer = Renderer(json_mode=self.json_mode)  # --json came later
+        renderer = self._renderer = Renderer(json_mode=self.json_mode,  # --json came later
+                                             watch=self.copyable)
         if made is not None:
             renderer.documented, renderer.stdout = made.documented, made.stdout
         return renderer
@@ -94,8 +99,34 @@ class CliState:
         from intloom.project import find_root
 
         if self.project is not None:
-            return find_root(self.project, explicit=True)
-        return find_root(working_directory())
+            self.resolved = find_root(self.project, explicit=True)
+        else:
+            self.resolved = find_root(working_directory())
+        return self.resolved
+
+    def elsewhere(self) -> str | None:
+        """When this invocation's project is not the working directory's (``--project``
+        from elsewhere) and it printed commands to copy: the line saying where to run them.
+        Copied as they are, they would act on the working directory's project, or fail."""
+        if self.json_mode or not self.copyable.seen or self.resolved is None:
+            return None
+        if self.project is None:
+            return None  # the root is the working directory's, by definition
+        from intloom.errors import IntloomError
+        from intloom.fsutil import shell_arg
+        from intloom.project import find_root
+
+        try:
+            here: Path | None = find_root(working_directory())
+        except IntloomError:
+            here = None
+        if here == self.resolved:
+            return None
+        there = (f"the project at {shell_arg(here)}" if here is not None
+                 else "no project (the working directory is in none)")
+        root = shell_arg(self.resolved)
+        return (f"The intloom commands above are for {root}; run from here they would act on "
+                f"{there}. Run them from {root}, or add --project {root} to them.")
 
     def client(self, *, waits: bool = False) -> Client:
         """A verified connection to this project's live host.

@@ -25,6 +25,7 @@ from intloom.cli.inputs import TEXT_PLACEHOLDER, options_placeholder
 from intloom.errors import CATALOGUE, STARTING, ErrorView
 
 __all__ = [
+    "CopyableWatch",
     "Renderer",
     "asked",
     "asked_lines",
@@ -101,11 +102,43 @@ def _json_text(doc: Mapping[str, Any]) -> str:
         return json.dumps(msgspec.to_builtins(doc), separators=(",", ":"))
 
 
+class CopyableWatch:
+    """Whether text mode printed a command line for a person to run (``intloom stop``,
+    ``intloom answer RUN ...``), whoever built it: the CLI, the diagnostics or the host.
+
+    Such a line runs against the project of the shell's working directory, which is not
+    always the one this invocation used (``--project``): main() then says once where to
+    run them (docs/cli.md, "Commands to copy"). Watching what is written, rather than
+    adding ``--project`` to each hint, covers the host's messages too, which cannot know
+    the client's working directory, and leaves every hint as short as it is in the usual
+    case.
+    """
+
+    def __init__(self) -> None:
+        self.seen = False
+        self._pattern: re.Pattern[str] | None = None
+
+    def __call__(self, text: str) -> None:
+        if self.seen:
+            return
+        if self._pattern is None:
+            from intloom.cli.app import COMMANDS  # loaded already: main() is the caller
+
+            # ``intloom --help`` and ``intloom --project DIR stop`` do not match: neither
+            # depends on the working directory.
+            self._pattern = re.compile(
+                r"(?<![\w.-])intloom (?:" + "|".join(map(re.escape, COMMANDS)) + r")\b")
+        self.seen = self._pattern.search(text) is not None
+
+
 class Renderer:
     """Writes documents, lines, tables, spinners and errors for one command invocation."""
 
-    def __init__(self, *, json_mode: bool = False) -> None:
+    def __init__(self, *, json_mode: bool = False,
+                 watch: Callable[[str], None] | None = None) -> None:
         self.json_mode = json_mode
+        # Sees every line of text mode's lines, notes and errors (CopyableWatch).
+        self.watch = watch
         # Set once stdout has its one document: an error after it (a foreground host that
         # stops on its own after its start result) goes to stderr, never as a second one.
         self.documented = False
@@ -147,12 +180,18 @@ class Renderer:
 
     def lines(self, lines: Sequence[str]) -> None:
         for text in lines:
+            self._watched(text)
             self.out.write(printable(text) + "\n")
         self.out.flush()
+
+    def _watched(self, text: str) -> None:
+        if self.watch is not None:
+            self.watch(text)
 
     def note(self, text: str) -> None:
         """Progress and hints for a person: stderr, never in JSON mode."""
         if not self.json_mode:
+            self._watched(text)
             self.err.write(printable(text) + "\n")
             self.err.flush()
 
@@ -171,6 +210,7 @@ class Renderer:
         elif self.json_mode:
             self.document({"error": view})  # code, message and retryable, always all three
         else:
+            self._watched(view.message)
             self.err.write(printable(f"Failure · {view.code}: {view.message}") + "\n")
             self.err.flush()
 

@@ -171,9 +171,11 @@ def test_attach_detaches_on_ctrl_c_before_its_first_view(project: Project) -> No
     finally:
         os.kill(host, signal.SIGCONT)
     assert (proc.returncode, out) == (exit_codes.OK, ""), (proc.returncode, out, err)
-    assert err == ("Detached from RUN-20260101T000000000Z-x before its first view; nothing "
-                   "was done to it. intloom attach RUN-20260101T000000000Z-x attaches "
-                   "again.\n"), err
+    said, where = err.splitlines()  # the second: where to run it (--project, from elsewhere)
+    assert said == ("Detached from RUN-20260101T000000000Z-x before its first view; nothing "
+                    "was done to it. intloom attach RUN-20260101T000000000Z-x attaches "
+                    "again."), err
+    assert where.startswith("The intloom commands above are for "), err
 
 
 def test_ctrl_c_while_attach_closes_after_its_view_keeps_what_was_shown(
@@ -325,7 +327,10 @@ def test_ctrl_c_while_flow_waits_says_the_run_goes_on(proj: Project) -> None:
     assert out == ""
     # Silence left people guessing whether the Run was lost with the command.
     assert "goes on in the host" in err and "intloom runs" in err, err
-    assert len(err.splitlines()) == 1, err  # said once: not followed by "Interrupted."
+    # Said once: not followed by "Interrupted.", only by where to run what it names (the
+    # CLI ran with --project, from a working directory outside the project).
+    _, where = err.splitlines()
+    assert where.startswith("The intloom commands above are for "), err
     [run] = ok(proj.cli("runs", "--json"))["runs"]
     assert run["status"] == "running"
     hold.unlink()

@@ -1114,3 +1114,69 @@ def test_json_spelled_as_an_options_value_is_that_value_not_json_mode(
     else:  # the project "--json" does not exist: said as text on stderr
         assert (code, out) == (1, "")
         assert err.startswith("Failure · CLI_PROJECT_INVALID: "), err
+
+
+# ----- commands to copy, printed for another project than the working directory's ------------
+
+
+def _where_line(err: str) -> str | None:
+    lines = [line for line in err.splitlines() if line.startswith("The intloom commands above")]
+    return lines[0] if lines else None
+
+
+@pytest.mark.parametrize("here_is_a_project", [False, True])
+def test_commands_printed_for_another_project_say_where_to_run_them(
+    capsys: pytest.CaptureFixture[str], client: FakeClient, proj: Path,
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch,
+    here_is_a_project: bool,
+) -> None:
+    """``intloom answer RUN ...`` copied into a shell in another directory ran against that
+    directory's project (NOT_FOUND, or a stop or cancel of the wrong one): the line after
+    them names the project they are for and the --project to add."""
+    here = tmp_path_factory.mktemp("elsewhere with space")
+    if here_is_a_project:
+        (here / "intloom.toml").write_text("workflows = []\n")
+    monkeypatch.chdir(here)
+    code, out, err = cli(capsys, "--project", str(proj), "flow", "example", "--intent", "n")
+    assert code == 0
+    assert "intloom answer RUN-1 ACT-1" in out
+    root = shlex.quote(str(proj.resolve()))
+    there = (f"the project at {shlex.quote(str(here.resolve()))}" if here_is_a_project
+             else "no project (the working directory is in none)")
+    where = (f"The intloom commands above are for {root}; run from here they would act on "
+             f"{there}. Run them from {root}, or add --project {root} to them.")
+    assert err.splitlines()[-1] == where and err.count(where) == 1, err  # once, last
+    # An error whose fix is a command (the host's words, as the CLI cannot build them) too.
+    client.already_ended = False
+
+    def missing(run_id: str) -> tuple[RunView, bool]:
+        raise IntloomError("NOT_FOUND", f"Run {run_id} does not exist. intloom runs lists "
+                           "the Runs.")
+
+    monkeypatch.setattr(client, "cancel", missing)
+    code, _, err = cli(capsys, "cancel", "RUN-9", "--project", str(proj))
+    assert code == 1
+    assert err.splitlines()[-1] == where, err
+
+
+def test_commands_printed_for_the_working_directorys_project_stay_as_they_are(
+    capsys: pytest.CaptureFixture[str], client: FakeClient, proj: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The usual case keeps its hints short: no line when the working directory (a
+    subdirectory too) resolves to the same root, in JSON mode, or with no command printed."""
+    (proj / "workflows").mkdir()
+    monkeypatch.chdir(proj / "workflows")
+    for argv in (["flow", "example", "--intent", "n"],
+                 ["--project", str(proj), "flow", "example", "--intent", "n"]):
+        code, out, err = cli(capsys, *argv)
+        assert code == 0 and "intloom answer RUN-1" in out
+        assert _where_line(err) is None
+    monkeypatch.chdir(proj.parent)
+    code, out, err = cli(capsys, "--project", str(proj), "--json", "flow", "example",
+                         "--intent", "n")
+    assert code == 0 and err == ""
+    json.loads(out)
+    client.result = run_view("completed")
+    code, out, err = cli(capsys, "--project", str(proj), "flow", "example", "--intent", "n")
+    assert code == 0 and "intloom" not in out + err
