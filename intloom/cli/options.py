@@ -73,6 +73,7 @@ class CliState:
         # person to copy was printed: main() compares that root with the working directory's.
         self.resolved: Path | None = None
         self.copyable = CopyableWatch()
+        self._here_root: tuple[Path | None] | None = None  # the working directory's, once
 
     def merge(self, *, json_mode: bool, project: Path | None, debug: bool) -> None:
         self.json_mode = self.json_mode or json_mode
@@ -104,24 +105,45 @@ class CliState:
             self.resolved = find_root(working_directory())
         return self.resolved
 
+    def _here(self) -> tuple[bool, Path | None]:
+        """Whether the working directory resolves to another root than this invocation's
+        (only ``--project`` from elsewhere can), and that root (None: in no project)."""
+        if self.resolved is None or self.project is None:
+            return False, None  # without --project the root is the working directory's
+        if self._here_root is None:
+            from intloom.errors import IntloomError
+            from intloom.project import find_root
+
+            try:
+                self._here_root = (find_root(working_directory()),)
+            except IntloomError:
+                self._here_root = (None,)
+        here = self._here_root[0]
+        return here != self.resolved, here
+
+    def intloom(self) -> str:
+        """How a command this invocation prints for a person begins: ``intloom``, or
+        ``intloom --project ROOT`` when, copied as it is, it would reach the working
+        directory's project instead (or none). Call it once the root is resolved."""
+        if not self._here()[0]:
+            return "intloom"
+        from intloom.fsutil import shell_arg
+
+        assert self.resolved is not None  # _here said so
+        return f"intloom --project {shell_arg(self.resolved)}"
+
     def elsewhere(self) -> str | None:
         """When this invocation's project is not the working directory's (``--project``
-        from elsewhere) and it printed commands to copy: the line saying where to run them.
-        Copied as they are, they would act on the working directory's project, or fail."""
-        if self.json_mode or not self.copyable.seen or self.resolved is None:
+        from elsewhere) and it printed commands to copy without --project: the line saying
+        where to run them. Copied as they are, they would act on the working directory's
+        project, or fail."""
+        if self.json_mode or not self.copyable.seen:
             return None
-        if self.project is None:
-            return None  # the root is the working directory's, by definition
-        from intloom.errors import IntloomError
+        differs, here = self._here()
+        if not differs or self.resolved is None:
+            return None
         from intloom.fsutil import shell_arg
-        from intloom.project import find_root
 
-        try:
-            here: Path | None = find_root(working_directory())
-        except IntloomError:
-            here = None
-        if here == self.resolved:
-            return None
         there = (f"the project at {shell_arg(here)}" if here is not None
                  else "no project (the working directory is in none)")
         root = shell_arg(self.resolved)

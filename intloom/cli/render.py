@@ -108,10 +108,10 @@ class CopyableWatch:
 
     Such a line runs against the project of the shell's working directory, which is not
     always the one this invocation used (``--project``): main() then says once where to
-    run them (docs/cli.md, "Commands to copy"). Watching what is written, rather than
-    adding ``--project`` to each hint, covers the host's messages too, which cannot know
-    the client's working directory, and leaves every hint as short as it is in the usual
-    case.
+    run them (docs/cli.md, "Commands to copy"). A Run's own command lines carry the
+    ``--project`` instead (CliState.intloom), and ``intloom --project DIR ...`` does not
+    count; watching what is written covers every other hint in prose, the host's messages
+    too, which cannot know the client's working directory and are not rewritten here.
     """
 
     def __init__(self) -> None:
@@ -328,15 +328,17 @@ def _option_text(option: Mapping[str, Any]) -> str:
     return f"{shown}: {option['description']}" if option.get("description") else shown
 
 
-def _answer_command(run_id: str, action_id: str, answer: Any) -> str:
+def _answer_command(intloom: str, run_id: str, action_id: str, answer: Any) -> str:
     # JSON as one shell word: ids and texts may hold quotes.
-    return f"intloom answer {run_id} {action_id} {shlex.quote(_compact(answer))}"
+    return f"{intloom} answer {run_id} {action_id} {shlex.quote(_compact(answer))}"
 
 
-def asked(run: Mapping[str, Any]) -> tuple[str, list[str], str] | None:
+def asked(run: Mapping[str, Any], *, intloom: str = "intloom"
+          ) -> tuple[str, list[str], str] | None:
     """What a waiting Run asks a person: ("Confirm" or "Ask", lines saying what, and the
     ``intloom answer`` command to send an answer, placeholders in ``<...>``); None when it
-    does not wait for a person."""
+    does not wait for a person. ``intloom``: how the commands begin (``intloom --project
+    ROOT`` when the working directory is not in the Run's project: CliState.intloom)."""
     action = run.get("pendingAction")
     if run.get("status") != "waiting" or not isinstance(action, Mapping):
         return None
@@ -347,7 +349,7 @@ def asked(run: Mapping[str, Any]) -> tuple[str, list[str], str] | None:
         text = _compact(context)
         if len(text) > _CONTEXT_MAX:
             text = f"{text[:_CONTEXT_MAX]}... (--json shows all of it)"
-        command = _answer_command(run_id, action_id, {"isConfirmed": True})
+        command = _answer_command(intloom, run_id, action_id, {"isConfirmed": True})
         # The hint above the command, not after it: a person copies the command's whole line,
         # and "... '{...}'  (false declines; ...)" was a shell syntax error there.
         return "Confirm", [text, '(false declines; "feedback" is optional)'], command
@@ -369,12 +371,12 @@ def asked(run: Mapping[str, Any]) -> tuple[str, list[str], str] | None:
         else:
             placeholder = TEXT_PLACEHOLDER
         template.append({"questionId": qid, "isSkipped": False, "answer": placeholder})
-    return "Ask", lines, _answer_command(run_id, action_id, template)
+    return "Ask", lines, _answer_command(intloom, run_id, action_id, template)
 
 
-def asked_lines(run: Mapping[str, Any]) -> list[str]:
+def asked_lines(run: Mapping[str, Any], *, intloom: str = "intloom") -> list[str]:
     """``asked(run)`` for a list of Runs (``runs``): a header naming the Run, then indented."""
-    found = asked(run)
+    found = asked(run, intloom=intloom)
     if found is None:
         return []
     action = run.get("pendingAction")
@@ -387,9 +389,11 @@ def asked_lines(run: Mapping[str, Any]) -> list[str]:
     ]
 
 
-def run_lines(run: Mapping[str, Any], *, suspended: bool = False) -> list[str]:
+def run_lines(run: Mapping[str, Any], *, suspended: bool = False,
+              intloom: str = "intloom") -> list[str]:
     """A Run view for a person: title, ids, where it stands, and what to do next.
-    ``suspended``: the Run's event stream ended with ``suspended`` (see ``_suspended``)."""
+    ``suspended``: the Run's event stream ended with ``suspended`` (see ``_suspended``).
+    ``intloom``: how its commands begin (see ``asked``)."""
     run_id = run.get("runId", "?")
     lines = [
         f"{run_title(run)} · {run.get('flowName', '?')}",
@@ -397,16 +401,16 @@ def run_lines(run: Mapping[str, Any], *, suspended: bool = False) -> list[str]:
         f"Cursor  {_cursor(run)}",
     ]
     if run.get("status") == "running":
-        lines.append(f"Follow  intloom attach {run_id}")
+        lines.append(f"Follow  {intloom} attach {run_id}")
     action = run.get("pendingAction")
     if run.get("status") == "waiting" and isinstance(action, Mapping):
         lines.append(f"Action  {action.get('id')} ({action.get('kind')})")
-        found = asked(run)
+        found = asked(run, intloom=intloom)
         if found is not None:
             label, what, command = found
             lines.extend(f"{label if i == 0 else '':<8}{line}" for i, line in enumerate(what))
             lines.append(f"Answer  {command}")
-        lines.append(f"Resume  intloom attach {run_id}")
+        lines.append(f"Resume  {intloom} attach {run_id}")
     call = run.get("pendingAgentCall")
     if run.get("status") == "waiting" and isinstance(call, Mapping):
         lines.append(f"Agent   {call.get('agentId')} · task {call.get('id')} · {call.get('phase')}")
@@ -419,7 +423,7 @@ def run_lines(run: Mapping[str, Any], *, suspended: bool = False) -> list[str]:
         tools = call.get("tools")
         if isinstance(tools, list) and tools:
             lines.append(f"Tools   {', '.join(map(str, tools))}")
-        lines.append(f"Follow  intloom attach {run_id}  (a client Agent claims and completes "
+        lines.append(f"Follow  {intloom} attach {run_id}  (a client Agent claims and completes "
                      "the task through intloom.client.Client)")
     if run.get("status") == "failed":
         err = _error_of(run)
@@ -437,13 +441,13 @@ def run_lines(run: Mapping[str, Any], *, suspended: bool = False) -> list[str]:
             lines.append(
                 "Suspended by its host, not ended: committed data is retained, and the next "
                 "intloom start restores the Run as said above (stop a host that still runs "
-                f"first). Then follow it: intloom attach {run_id}"
+                f"first). Then follow it: {intloom} attach {run_id}"
             )
         elif run.get("dismissed"):
             lines.append(f"{err.get('code', 'UNKNOWN')}: {err.get('message', '')}")
             lines.append(
                 "You dismissed it: it does not come back on a restart. Its journal keeps the "
-                f"evidence: intloom inspect {run_id}"
+                f"evidence: {intloom} inspect {run_id}"
             )
         else:
             lines.append(f"{err.get('code', 'UNKNOWN')}: {err.get('message', '')}")

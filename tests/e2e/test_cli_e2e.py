@@ -765,15 +765,16 @@ def test_piped_tables_are_not_padded(project: Project) -> None:
     assert len(ready) < 80, ready  # name, version, readiness, identity, source
 
 
-def _answer_command(text: str, prefix: str) -> list[str]:
-    """The ``intloom answer`` command a text output offers, as argv after ``intloom``."""
+def _answer_command(text: str, prefix: str, root: Path) -> list[str]:
+    """The ``intloom answer`` command a text output offers, as argv after ``intloom
+    --project ROOT`` (Project.cli runs from outside the project, so the command names it)."""
     import shlex
 
     line = next(x for x in text.splitlines() if x.lstrip().startswith(prefix))
     # The whole line after its label: a person copies it whole.
     argv = shlex.split(line.lstrip()[len(prefix):])
-    assert argv[:2] == ["intloom", "answer"], line
-    return argv[1:]
+    assert argv[:4] == ["intloom", "--project", str(root), "answer"], line
+    return argv[3:]
 
 
 def test_text_output_says_what_a_waiting_run_asks(asks_project: Project) -> None:
@@ -792,9 +793,9 @@ def test_text_output_says_what_a_waiting_run_asks(asks_project: Project) -> None
         assert ("options: fix (fix it) · wontfix (won't fix): close it as is · duplicate"
                 in shown), shown
         assert "note (skippable): A note for the reporter?" in shown, shown
-        assert f"intloom answer {run_id} {action_id} '[" in shown, shown
+        assert f" answer {run_id} {action_id} '[" in shown, shown
 
-    argv = _answer_command(flow.stdout, "Answer  ")
+    argv = _answer_command(flow.stdout, "Answer  ", project.root)
     argv[-1] = (argv[-1].replace("<fix|wontfix|duplicate or text>", "fix")
                 .replace("<text>", "it's fixed"))
     confirm = project.cli(*argv)
@@ -802,7 +803,7 @@ def test_text_output_says_what_a_waiting_run_asks(asks_project: Project) -> None
     assert 'Confirm {"fix":"ticket 7","note":"it\'s fixed"}' in confirm.stdout, confirm.stdout
     listed = project.cli("runs").stdout
     assert '  {"fix":"ticket 7","note":"it\'s fixed"}' in listed, listed
-    done = project.cli(*_answer_command(listed, "answer: "))
+    done = project.cli(*_answer_command(listed, "answer: ", project.root))
     assert done.code == 0 and done.stdout.startswith("Completed · triage"), done
 
 

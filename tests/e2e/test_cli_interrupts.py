@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import select
+import shlex
 import signal
 import subprocess
 import sys
@@ -171,11 +172,10 @@ def test_attach_detaches_on_ctrl_c_before_its_first_view(project: Project) -> No
     finally:
         os.kill(host, signal.SIGCONT)
     assert (proc.returncode, out) == (exit_codes.OK, ""), (proc.returncode, out, err)
-    said, where = err.splitlines()  # the second: where to run it (--project, from elsewhere)
-    assert said == ("Detached from RUN-20260101T000000000Z-x before its first view; nothing "
-                    "was done to it. intloom attach RUN-20260101T000000000Z-x attaches "
-                    "again."), err
-    assert where.startswith("The intloom commands above are for "), err
+    # With --project, from a working directory outside the project: the command reaches it.
+    assert err == ("Detached from RUN-20260101T000000000Z-x before its first view; nothing "
+                   f"was done to it. intloom --project {shlex.quote(str(project.root))} "
+                   "attach RUN-20260101T000000000Z-x attaches again.\n"), err
 
 
 def test_ctrl_c_while_attach_closes_after_its_view_keeps_what_was_shown(
@@ -326,11 +326,10 @@ def test_ctrl_c_while_flow_waits_says_the_run_goes_on(proj: Project) -> None:
     assert proc.returncode == exit_codes.INTERRUPTED, (out, err)
     assert out == ""
     # Silence left people guessing whether the Run was lost with the command.
-    assert "goes on in the host" in err and "intloom runs" in err, err
-    # Said once: not followed by "Interrupted.", only by where to run what it names (the
-    # CLI ran with --project, from a working directory outside the project).
-    _, where = err.splitlines()
-    assert where.startswith("The intloom commands above are for "), err
+    # The CLI ran with --project, from a working directory outside the project.
+    assert "goes on in the host" in err, err
+    assert f"intloom --project {shlex.quote(str(proj.root))} runs" in err, err
+    assert len(err.splitlines()) == 1, err  # said once: not followed by "Interrupted."
     [run] = ok(proj.cli("runs", "--json"))["runs"]
     assert run["status"] == "running"
     hold.unlink()
@@ -353,7 +352,8 @@ def test_ctrl_c_while_answer_waits_names_the_run_to_attach(proj: Project) -> Non
         out, err = proc.communicate(timeout=20)
     assert proc.returncode == exit_codes.INTERRUPTED, (out, err)
     assert out == ""
-    assert f"intloom attach {run_id}" in err, err
+    # --project, from a working directory outside the project: the command reaches it.
+    assert f"intloom --project {shlex.quote(str(proj.root))} attach {run_id}" in err, err
     hold.unlink()
 
 

@@ -1125,29 +1125,28 @@ def _where_line(err: str) -> str | None:
 
 
 @pytest.mark.parametrize("here_is_a_project", [False, True])
-def test_commands_printed_for_another_project_say_where_to_run_them(
+def test_commands_printed_for_another_project_reach_it(
     capsys: pytest.CaptureFixture[str], client: FakeClient, proj: Path,
     tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch,
     here_is_a_project: bool,
 ) -> None:
     """``intloom answer RUN ...`` copied into a shell in another directory ran against that
-    directory's project (NOT_FOUND, or a stop or cancel of the wrong one): the line after
-    them names the project they are for and the --project to add."""
+    directory's project (NOT_FOUND, or a stop or cancel of the wrong one). The Run's own
+    command lines carry --project; a message with a command in its prose (the host's, which
+    cannot know this directory) is followed by a line naming the project and the --project."""
     here = tmp_path_factory.mktemp("elsewhere with space")
     if here_is_a_project:
         (here / "intloom.toml").write_text("workflows = []\n")
     monkeypatch.chdir(here)
     code, out, err = cli(capsys, "--project", str(proj), "flow", "example", "--intent", "n")
     assert code == 0
-    assert "intloom answer RUN-1 ACT-1" in out
     root = shlex.quote(str(proj.resolve()))
-    there = (f"the project at {shlex.quote(str(here.resolve()))}" if here_is_a_project
-             else "no project (the working directory is in none)")
-    where = (f"The intloom commands above are for {root}; run from here they would act on "
-             f"{there}. Run them from {root}, or add --project {root} to them.")
-    assert err.splitlines()[-1] == where and err.count(where) == 1, err  # once, last
-    # An error whose fix is a command (the host's words, as the CLI cannot build them) too.
-    client.already_ended = False
+    assert f"Answer  intloom --project {root} answer RUN-1 ACT-1 '{{" in out, out
+    assert f"Resume  intloom --project {root} attach RUN-1\n" in out, out
+    assert _where_line(err) is None, err  # nothing printed that needs it
+    client.runs_found = [run_view()]
+    code, out, _ = cli(capsys, "runs", "--project", str(proj))
+    assert code == 0 and f"  answer: intloom --project {root} answer RUN-1 ACT-1 '" in out, out
 
     def missing(run_id: str) -> tuple[RunView, bool]:
         raise IntloomError("NOT_FOUND", f"Run {run_id} does not exist. intloom runs lists "
@@ -1156,7 +1155,11 @@ def test_commands_printed_for_another_project_say_where_to_run_them(
     monkeypatch.setattr(client, "cancel", missing)
     code, _, err = cli(capsys, "cancel", "RUN-9", "--project", str(proj))
     assert code == 1
-    assert err.splitlines()[-1] == where, err
+    there = (f"the project at {shlex.quote(str(here.resolve()))}" if here_is_a_project
+             else "no project (the working directory is in none)")
+    where = (f"The intloom commands above are for {root}; run from here they would act on "
+             f"{there}. Run them from {root}, or add --project {root} to them.")
+    assert err.splitlines()[-1] == where and err.count(where) == 1, err  # once, last
 
 
 def test_commands_printed_for_the_working_directorys_project_stay_as_they_are(
@@ -1170,7 +1173,7 @@ def test_commands_printed_for_the_working_directorys_project_stay_as_they_are(
     for argv in (["flow", "example", "--intent", "n"],
                  ["--project", str(proj), "flow", "example", "--intent", "n"]):
         code, out, err = cli(capsys, *argv)
-        assert code == 0 and "intloom answer RUN-1" in out
+        assert code == 0 and "Answer  intloom answer RUN-1" in out, out
         assert _where_line(err) is None
     monkeypatch.chdir(proj.parent)
     code, out, err = cli(capsys, "--project", str(proj), "--json", "flow", "example",

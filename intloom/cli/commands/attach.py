@@ -496,7 +496,8 @@ def attach(state: CliState, run_id: RunArg) -> int:
                 except (KeyboardInterrupt, typer.Abort):
                     detached = True
                     state.renderer.note(f"Detached from {run_id}; the Run is left as it "
-                                        f"was. intloom attach {run_id} attaches again.")
+                                        f"was. {state.intloom()} attach {run_id} attaches "
+                                        "again.")
             except IntloomError as exc:
                 failed = exc
                 raise
@@ -508,7 +509,8 @@ def attach(state: CliState, run_id: RunArg) -> int:
             # Ctrl-C while connecting or asking for the first view: a detach all the same
             # (attach never touches the Run), not "Interrupted." and 130 a moment earlier.
             state.renderer.note(f"Detached from {run_id} before its first view; nothing was "
-                                f"done to it. intloom attach {run_id} attaches again.")
+                                f"done to it. {state.intloom()} attach {run_id} attaches "
+                                "again.")
             return exit_codes.OK
         # Ctrl-C while the connection closed: what was shown stands, and so does the end.
     if followed is None:

@@ -29,14 +29,16 @@ def finish_run(state: CliState, run: RunView, *, prefix: list[str] | None = None
     data = plain(run)
     code = state.verdict = exit_codes.for_run_status(run.status)
     state.renderer.result({"run": run},
-                          lambda: [*(prefix or []), *run_lines(data, suspended=suspended)])
+                          lambda: [*(prefix or []),
+                                   *run_lines(data, suspended=suspended,
+                                              intloom=state.intloom())])
     if code != exit_codes.OK and not state.json_mode:
         err = data.get("lastError") or {}
         code_ = err.get("code", "an error")
         # An interrupted Run has not necessarily ended: a host stop suspends a Run that the
         # next start continues; its own message says which (executor RunSlot.view).
         said = str(err.get("message") or "").strip()
-        then = f"Run intloom inspect {run.run_id} for its journal."
+        then = f"Run {state.intloom()} inspect {run.run_id} for its journal."
         if code_ == "RUN_INTERRUPTED" and suspended and not run.dismissed:
             fact = f"was suspended by its host (RUN_INTERRUPTED), not ended: {said}"
             # A stop suspends the Runs of a host that exits; a lost log, of one that serves
@@ -86,9 +88,10 @@ def flow(
                 raise _not_loaded(state, client, exc) from None
     except KeyboardInterrupt:
         # Ctrl-C ends the wait, not the Run; the id is not known before the reply.
+        intloom = state.intloom()
         raise Interrupted(
             "Stopped waiting (Ctrl-C). A Run this command created goes on in the host: "
-            "intloom runs lists it, and intloom attach RUN follows it.") from None
+            f"{intloom} runs lists it, and {intloom} attach RUN follows it.") from None
     # Only a start restores a Run RUN_INTERRUPTED, so a Run created here that reads so was
     # suspended by its host (intloom stop while it ran): it has not ended.
     return finish_run(state, run, suspended=True)
@@ -172,8 +175,9 @@ def runs(
     renderer.table(["RUN", "WORKFLOW", "STATUS", "CURSOR", "UPDATED"], [run_row(v) for v in views])
     # What each waiting Run asks, so that an answer can be composed from this output alone.
     asks: list[str] = []
+    intloom = state.intloom()
     for view in views:
-        block = asked_lines(view)
+        block = asked_lines(view, intloom=intloom)
         if block:
             asks.extend(["", *block])  # a blank line: the table's rows end above
     if asks:
@@ -205,7 +209,7 @@ def answer(
     except KeyboardInterrupt:
         raise Interrupted(
             f"Stopped waiting (Ctrl-C). If the host took the answer, the Run goes on with it: "
-            f"intloom attach {run_id} shows where it is.") from None
+            f"{state.intloom()} attach {run_id} shows where it is.") from None
     # The Run took this answer, so no start had restored it RUN_INTERRUPTED: a reply that
     # reads so is its host suspending it (intloom stop while it ran on), not its end.
     return finish_run(state, run, suspended=True)
@@ -222,4 +226,5 @@ def cancel(state: CliState, run_id: RunArg) -> None:
     ):
         prefix.append("The Run has ended; no stop is needed.")
     data = plain(run)
-    state.renderer.result({"run": run}, lambda: [*prefix, *run_lines(data)])
+    state.renderer.result({"run": run},
+                          lambda: [*prefix, *run_lines(data, intloom=state.intloom())])
