@@ -320,7 +320,9 @@ def _standard_fds() -> None:
             os.dup2(null, fd)
             os.close(null)
         name = ("stdin", "stdout", "stderr")[fd]
-        if getattr(sys, name) is None:
+        # sys.stdin stays None: reading "-" then says stdin is closed (cli.inputs), where
+        # /dev/null would read as an empty answer or intent. Descriptor 0 is still taken.
+        if fd != 0 and getattr(sys, name) is None:
             setattr(sys, name, open(fd, "r" if fd == 0 else "w",  # noqa: SIM115 (for life)
                                     encoding="utf-8", closefd=False))
 
