@@ -87,7 +87,7 @@ def _cause(exc: OSError | IntloomError) -> str:
 
 def compact(layout: Layout, tracks: dict[str, Track], *, start: int, pinned: list[int],
             voids: list[VoidNotice], segment: int, held: Collection[str] = (),
-            open_segment: int = 0, write_manifest: bool = True) -> None:
+            open_segment: int = 0, write_manifest: bool = True, at_once: bool = False) -> None:
     """Snapshot every dirty Run, then point the manifest at segment ``start``.
 
     ``write_manifest`` False: snapshots only; the manifest stays as it is (a host that
@@ -105,10 +105,13 @@ def compact(layout: Layout, tracks: dict[str, Track], *, start: int, pinned: lis
     out (it relies on their pinned segments instead), so a restore after such a file is moved
     out stays bounded.
 
+    ``at_once``: fsync many snapshot files together (``atomic_write_many``), for a host's
+    open and close, when no Run waits on the disk meanwhile.
+
     Raises ``NotSummarised`` when a file could not be written.
     """
     try:
-        written = _snapshot_all(layout, tracks, segment)
+        written = _snapshot_all(layout, tracks, segment, at_once)
     except (OSError, IntloomError) as exc:
         raise NotSummarised("snapshots", _cause(exc)) from None
     try:
@@ -131,7 +134,7 @@ def compact(layout: Layout, tracks: dict[str, Track], *, start: int, pinned: lis
 _Folded = dict[str, tuple[RunState | None, Status, str | None, int]]
 
 
-def _snapshot_all(layout: Layout, tracks: dict[str, Track], segment: int
+def _snapshot_all(layout: Layout, tracks: dict[str, Track], segment: int, at_once: bool
                   ) -> tuple[_Folded, str]:
     """Write every dirty Run's snapshot (``compact``): what each was folded to, and the
     time stamp they carry."""
@@ -166,7 +169,7 @@ def _snapshot_all(layout: Layout, tracks: dict[str, Track], segment: int
             live.append(item)
         else:
             unchanged.append(item[0])  # done/ already says this; only its live copy goes
-    atomic_write_many(layout.done, done)
+    atomic_write_many(layout.done, done, at_once=at_once)
     removed = False
     for name in [name for name, _ in done] + unchanged:
         with contextlib.suppress(FileNotFoundError):
@@ -174,7 +177,7 @@ def _snapshot_all(layout: Layout, tracks: dict[str, Track], segment: int
             removed = True
     if removed:
         fsync_dir(layout.live)
-    atomic_write_many(layout.live, live)
+    atomic_write_many(layout.live, live, at_once=at_once)
     return folded, stamp
 
 

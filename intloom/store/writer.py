@@ -357,7 +357,7 @@ class Store:
                 compact(layout, store._tracks, start=store._number,
                         pinned=store._pinned, voids=store._voids, segment=store._number,
                         held=store._held, open_segment=store._number,
-                        write_manifest=not store._manifest_kept)
+                        write_manifest=not store._manifest_kept, at_once=True)
                 store._start = store._number
             except NotSummarised as exc:
                 store._not_summarised(exc, "open")
@@ -1157,7 +1157,7 @@ class Store:
         try:
             compact(self.layout, self._tracks, start=start, pinned=self._pinned,
                     voids=self._voids, segment=self._number, held=self._held,
-                    write_manifest=not self._manifest_kept)
+                    write_manifest=not self._manifest_kept, at_once=True)
         except NotSummarised as exc:
             self._not_summarised(exc, "stop")
 
