@@ -1117,6 +1117,13 @@ class Store:
             return
         self._compactor = compactor
 
+    def snapshots_due(self) -> int:
+        """How many Runs have written since their last snapshot: the files a close writes
+        (what a stop's bound on the close scales with)."""
+        with self._tracks_lock:
+            return sum(1 for track in self._tracks.values()
+                       if track.dirty and track.status != "incompatible")
+
     def compaction_idle(self, timeout: float | None = None) -> bool:
         """Wait until no snapshot compaction runs (at most ``timeout`` s); whether none does.
 
