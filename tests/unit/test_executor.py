@@ -1002,6 +1002,26 @@ def _one_agent_step() -> intloom.Workflow:
     return wf
 
 
+def _on_complete_held(outcomes: tuple[str, ...]
+                      ) -> tuple[intloom.Workflow, asyncio.Event, asyncio.Event]:
+    """An Agent Step whose on_complete sets ``started``, then waits for ``release``: a
+    completion held under way. Its outcomes each complete the Run."""
+    started, release = asyncio.Event(), asyncio.Event()
+    wf = intloom.Workflow("agent", version="1")
+    st = wf.stage("s")
+
+    @st.agent_step("research", routes=dict.fromkeys(outcomes, intloom.COMPLETE))
+    def research(ctx: Any) -> Any:
+        return {}
+
+    @research.on_complete
+    async def absorb(ctx: Any, result: intloom.AgentResult) -> None:
+        started.set()
+        await release.wait()
+
+    return wf, started, release
+
+
 async def _claimed(rt: Runtime, intent: str, claim_id: str) -> tuple[str, str, str]:
     """A new Run of 'agent', its task claimed: (run id, call id, owner token)."""
     view = await rt.wait_stable((await rt.create_run("agent", intent)).run_id)
@@ -2395,18 +2415,7 @@ def test_a_completion_that_differs_from_one_under_way_is_told_so_not_busy() -> N
     got BUSY, "retry it to get the Run's view": a retry that differed was then refused
     CONFLICT. It is refused CONFLICT at once, naming what is under way; the same completion
     sent again waits for the first and gets the Run's view it leads to (it was BUSY)."""
-    started, release = asyncio.Event(), asyncio.Event()
-    wf = intloom.Workflow("agent", version="1")
-    st = wf.stage("s")
-
-    @st.agent_step("research", routes={"done": intloom.COMPLETE, "none": intloom.COMPLETE})
-    def research(ctx: Any) -> Any:
-        return {}
-
-    @research.on_complete
-    async def absorb(ctx: Any, result: intloom.AgentResult) -> None:
-        started.set()
-        await release.wait()
+    wf, started, release = _on_complete_held(("done", "none"))
 
     async def main() -> None:
         rt = Runtime(loaded(wf), MemoryJournal(), package_version="0.1.0")
@@ -2510,18 +2519,7 @@ def test_the_same_completion_waiting_on_one_a_stop_drops_is_told_what_the_first_
     """The same completion, waiting on the first one's on_complete when the host stops: the
     first is not recorded (nothing is written while the host stops), and the one waiting on
     it is told so in the same words, not that the host is stopping with "no new work"."""
-    started, release = asyncio.Event(), asyncio.Event()
-    wf = intloom.Workflow("agent", version="1")
-    st = wf.stage("s")
-
-    @st.agent_step("research", routes={"done": intloom.COMPLETE})
-    def research(ctx: Any) -> Any:
-        return {}
-
-    @research.on_complete
-    async def absorb(ctx: Any, result: intloom.AgentResult) -> None:
-        started.set()
-        await release.wait()
+    wf, started, release = _on_complete_held(("done",))
 
     async def main() -> None:
         rt = Runtime(loaded(wf), MemoryJournal(), package_version="0.1.0")
