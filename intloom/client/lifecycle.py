@@ -142,7 +142,7 @@ def _owner_gone(paths: ProjectPaths, pid: int, create_time: float, boot: str | N
     from intloom.host.liveness import judge, probe_lock, probe_process
     from intloom.host.metadata import boot_id
 
-    process = probe_process(pid, create_time, boot, boot_id())
+    process = probe_process(pid, create_time, boot, boot_id(), paths.service_lock)
     if process.state != "gone":
         return False
     return judge(probe_lock(paths.service_lock), process) == "gone"
@@ -154,11 +154,11 @@ def _os_lock(paths: ProjectPaths) -> str:
     return probe_lock(paths.service_lock).state
 
 
-def _owner_alive(pid: int, create_time: float, boot: str | None) -> bool:
+def _owner_alive(paths: ProjectPaths, pid: int, create_time: float, boot: str | None) -> bool:
     from intloom.host.liveness import probe_process
     from intloom.host.metadata import boot_id
 
-    return probe_process(pid, create_time, boot, boot_id()).state == "alive"
+    return probe_process(pid, create_time, boot, boot_id(), paths.service_lock).state == "alive"
 
 
 def _checked_timeout(timeout: float) -> float:
@@ -248,8 +248,8 @@ def _released_by_stop(paths: ProjectPaths, info: ServiceInfo, deadline: float) -
         if time.monotonic() >= deadline:
             return False
         if time.monotonic() >= settle and (not _log_says_stopping(paths, info)
-                                           or not _owner_alive(info.pid, info.create_time,
-                                                               None)
+                                           or not _owner_alive(paths, info.pid,
+                                                               info.create_time, None)
                                            or paused(info.pid)):
             return False  # not stopping; or it died, or was paused, on its way out
         time.sleep(_POLL)  # a poll while the stopping host finishes
@@ -315,7 +315,7 @@ def _lock_owner(paths: ProjectPaths) -> Literal["absent", "starting", "stale"]:
             return "stale"
         if lock is None:
             return "absent"
-        if not _owner_alive(lock.pid, lock.create_time, lock.boot_id):
+        if not _owner_alive(paths, lock.pid, lock.create_time, lock.boot_id):
             # A host finishing its stop removes its lock, then exits: between our read and
             # the probe it may have done both. Only a lock still naming that owner is stale.
             try:
@@ -908,7 +908,7 @@ def _unmatched_connection(paths: ProjectPaths, info: ServiceInfo, conn: Connecti
             "service.lock free, remove .intloom/service.lock and .intloom/service.json "
             "yourself, then run intloom start (it writes a new connection.json)."
             if conn is None else "Run intloom doctor: it says what to do with its files."))
-    elif (_owner_alive(target.pid, target.create_time, target.boot_id)
+    elif (_owner_alive(paths, target.pid, target.create_time, target.boot_id)
           and _os_lock(paths) == "held"):
         way = ("Put back the connection.json that host wrote; or stop the host directly "
                f"(kill -TERM {target.pid}: a graceful stop), then run intloom start"

@@ -125,7 +125,8 @@ def judge_owners(snap: Snapshot, lock: LockProbe) -> list[Owner]:
     state = snap.paths.state
     info = snap.service.value
     if info is not None:
-        proc = probe_process(info.pid, info.create_time, None, current_boot)
+        proc = probe_process(info.pid, info.create_time, None, current_boot,
+                             snap.paths.service_lock)
         owners.append(Owner(
             resource="service_info",
             path=str(snap.paths.service_json.relative_to(state.parent)),
@@ -135,7 +136,8 @@ def judge_owners(snap: Snapshot, lock: LockProbe) -> list[Owner]:
         ))
     held = snap.lock.value
     if held is not None:
-        proc = probe_process(held.pid, held.create_time, held.boot_id, current_boot)
+        proc = probe_process(held.pid, held.create_time, held.boot_id, current_boot,
+                             snap.paths.service_lock)
         owners.append(Owner(
             resource="service_lock",
             path=str(snap.paths.service_lock.relative_to(state.parent)),

@@ -32,6 +32,7 @@ __all__ = [
     "LockProbe",
     "OwnerStatus",
     "ProcessProbe",
+    "holds_flock",
     "holds_open",
     "host_starting",
     "judge",
@@ -99,8 +100,34 @@ def _iso(ts: float) -> str:
     )
 
 
+def holds_flock(pid: int, path: Path) -> bool | None:
+    """Whether process ``pid`` holds the OS lock (flock) on the file at ``path``, from the
+    kernel's ``/proc/locks``; None when that cannot be told (no ``/proc``, the file gone)."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+        with open("/proc/locks", encoding="ascii", errors="replace") as locks:
+            text = locks.read()
+    except OSError:
+        return None
+    want = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+    for line in text.splitlines():
+        # "1: FLOCK  ADVISORY  WRITE 1234 fe:00:2146553 0 EOF"; a waiter's line reads
+        # "1: -> FLOCK ...": it holds nothing, and its fields are one to the right.
+        parts = line.split()
+        if len(parts) < 6 or parts[1] != "FLOCK":
+            continue
+        try:
+            major, minor, inode = parts[5].split(":")
+            if int(parts[4]) == pid and (int(major, 16), int(minor, 16), int(inode)) == want:
+                return True
+        except ValueError:
+            continue
+    return False
+
+
 def probe_process(
-    pid: int, create_time: float, saved_boot_id: str | None, current_boot_id: str
+    pid: int, create_time: float, saved_boot_id: str | None, current_boot_id: str,
+    lock_path: Path | None = None,
 ) -> ProcessProbe:
     """Judge the process side of one owner: ``gone`` only on proof, ``alive`` on a match.
 
@@ -108,6 +135,10 @@ def probe_process(
     that is why ``judge`` also needs the OS lock to be free before it calls the owner gone.
 
     ``saved_boot_id`` is ``None`` when the metadata does not record one (``service.json``).
+    ``lock_path``: the ``service.lock`` the owner holds the OS lock on for its life. A
+    create time read now is the boot time plus the process's age, and the boot time moves
+    when the system clock is set (an NTP step): a pid whose create time no longer matches
+    but that holds that lock (the kernel says so) is the owner, not a pid reused.
     """
     evidence: list[Evidence] = []
     if saved_boot_id is not None:
@@ -149,6 +180,15 @@ def probe_process(
         evidence.append(Evidence("process", f"pid {pid} could not be inspected ({exc})"))
         return ProcessProbe("unknown", evidence)
     if abs(actual - create_time) > CREATE_TIME_TOLERANCE:
+        if lock_path is not None and holds_flock(pid, lock_path):
+            evidence.append(Evidence(
+                "create_time",
+                f"pid {pid} reads as started at {_iso(actual)}, not at {_iso(create_time)} as "
+                f"recorded, but it holds the OS lock on {lock_path.name} (the kernel's "
+                "/proc/locks): it is the owner, and the system clock was set since it "
+                "started",
+            ))
+            return ProcessProbe("alive", evidence)
         evidence.append(Evidence(
             "create_time",
             f"pid {pid} now belongs to a process started at {_iso(actual)}, not the owner "
@@ -201,7 +241,8 @@ def starting_owner(paths: ProjectPaths) -> ServiceLock | None:
         return None  # unreadable: doctor says why; nothing here is proof of a start
     if lock is None:
         return None
-    process = probe_process(lock.pid, lock.create_time, lock.boot_id, boot_id())
+    process = probe_process(lock.pid, lock.create_time, lock.boot_id, boot_id(),
+                            paths.service_lock)
     starting = host_starting(
         service_json=os.path.lexists(paths.service_json),
         os_lock=probe_lock(paths.service_lock).state,

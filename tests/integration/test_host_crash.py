@@ -14,6 +14,7 @@ import pytest
 from intloom.client.lifecycle import start_service, stop_service
 from intloom.errors import IntloomError
 from intloom.fsutil import ensure_private_dir
+from intloom.project import ProjectPaths
 from tests.helpers import Project, eventually, pid_alive, snapshot_files
 from tests.integration.host_support import metadata, start
 
@@ -159,13 +160,14 @@ def test_a_lock_removed_by_its_exiting_owner_while_start_judges_it_is_not_stale(
         real = lifecycle._owner_alive
         probed: list[int] = []
 
-        def exits_meanwhile(pid: int, create_time: float, boot: str | None) -> bool:
+        def exits_meanwhile(paths: ProjectPaths, pid: int, create_time: float, boot: str | None
+                            ) -> bool:
             if not probed:
                 probed.append(pid)
                 lock.unlink()  # the stopping host removes its lock ...
                 sleeper.kill()  # ... and exits
                 sleeper.wait()
-            return real(pid, create_time, boot)
+            return real(paths, pid, create_time, boot)
 
         monkeypatch.setattr(lifecycle, "_owner_alive", exits_meanwhile)
         result = start(project, timeout=60)

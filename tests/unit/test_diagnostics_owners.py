@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import subprocess
@@ -18,6 +19,7 @@ from intloom.errors import IntloomError
 from intloom.host.liveness import (
     Evidence,
     OwnerStatus,
+    holds_flock,
     host_starting,
     probe_lock,
     probe_process,
@@ -57,6 +59,36 @@ def test_reused_pid_with_another_create_time_is_gone(tmp_path: Path) -> None:
     assert (owner.resource, owner.pid, owner.status) == ("service_lock", proc.pid, "gone")
     assert {"create_time", "os_lock", "boot_id"} <= _checks(owner.evidence)
     assert any("reused" in e.found for e in owner.evidence)
+
+
+def test_an_owner_holding_its_lock_is_alive_when_the_clock_moved_its_create_time(
+        tmp_path: Path) -> None:
+    """A create time read now is the boot time plus the process's age, and the boot time
+    moves when the system clock is set (seen on this VM: /proc/stat's btime moved ~14 s in
+    a session). A live host then read as "the pid was reused" in doctor, though it held its
+    service.lock. The kernel's /proc/locks names who holds it: the owner, alive."""
+    root = make_root(tmp_path)
+    lock_path = ProjectPaths(root).service_lock
+    me = os.getpid()
+    recorded = create_time(me) - 14  # as read before the clock was set back 14 s
+    write_lock(root, me, recorded)
+    assert probe_process(me, recorded, None, boot_id(), lock_path).state == "gone"
+    fd = os.open(lock_path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # as the host holds it, for its life
+        assert holds_flock(me, lock_path) is True
+        probe = probe_process(me, recorded, None, boot_id(), lock_path)
+        assert probe.state == "alive", probe
+        assert any("holds the OS lock on service.lock" in e.found for e in probe.evidence)
+        [owner] = diagnose(root, probe=False).owners
+        assert owner.status == "alive", owner
+    finally:
+        os.close(fd)
+    # Another process's lock on the file proves nothing about this pid.
+    with live_process() as proc, lock_holder(lock_path):
+        assert holds_flock(proc.pid, lock_path) is False
+        assert probe_process(proc.pid, create_time(proc.pid) - 14, None, boot_id(),
+                             lock_path).state == "gone"
 
 
 def test_live_pid_with_matching_create_time_is_alive(tmp_path: Path) -> None:
