@@ -112,8 +112,22 @@ def _is_async(fn: Callable[..., Any]) -> bool:
         return inspect.iscoroutinefunction(fn)
 
 
+# Set on an exception an effect's function raised (``_Hooks``): the Step's failure then
+# names that effect, which ran and is journaled done with the error (inspect showed it; the
+# Run's error named only the Step).
+_FROM_EFFECT: Final = "_intloom_effect"
+
+
 def _user_failed(where: str, exc: BaseException) -> IntloomError:
-    return IntloomError("STEP_EXECUTION_FAILED", f"{where} raised {_raised(exc)}")
+    effect = getattr(exc, _FROM_EFFECT, None)
+    raised_by = (f", from effect {effect[0]!r} (key {effect[1]!r}), journaled done with that "
+                 "error" if isinstance(effect, tuple) and len(effect) == 2 else "")
+    return IntloomError("STEP_EXECUTION_FAILED", f"{where} raised {_raised(exc)}{raised_by}")
+
+
+def _mark_effect(exc: BaseException, name: str, key: str) -> None:
+    with contextlib.suppress(AttributeError, TypeError):  # an exception with __slots__
+        setattr(exc, _FROM_EFFECT, (name, key))
 
 
 async def _left_behind(ctx: StepContext[Any], where: str | Step[Any],
@@ -1361,6 +1375,7 @@ class _Hooks:
             error = (f"{type(exc).__name__}: {message_of(exc)}" if isinstance(exc, Exception)
                      else _raised(exc))
             self._on_loop(lambda: self._end(name, key, False, None, error))
+            _mark_effect(exc, name, key)
             raise
         if inspect.isawaitable(value):
             # A sync callable that returned a coroutine (an async function behind a lambda,
@@ -1388,6 +1403,7 @@ class _Hooks:
         except Exception as exc:
             await self._end(name, key, False, None,
                             f"{type(exc).__name__}: {message_of(exc)}")
+            _mark_effect(exc, name, key)
             raise
         except asyncio.CancelledError:
             if self.slot.owned and not self.driver.cutting:

@@ -447,9 +447,11 @@ def test_an_exception_whose_message_cannot_be_built_is_named_by_its_type(
     ok(mistakes.cli("start", "--json"))
     error = _failure(mistakes, kind)
     assert error["code"] == "STEP_EXECUTION_FAILED", error
+    from_effect = (", from effect 'charge' (key 'order-7'), journaled done with that error"
+                   if kind == "unprintable_effect" else "")
     assert error["message"] == (
         f"Stage 'main', Step '{kind}' raised Unprintable: (its message cannot be shown: its "
-        "__str__ raised RuntimeError)"), error
+        f"__str__ raised RuntimeError){from_effect}"), error
     if kind == "unprintable_effect":
         run_id = ok(mistakes.cli("runs", "--json"))["runs"][-1]["runId"]
         [done] = [r["record"] for r in ok(mistakes.cli("inspect", run_id, "--json"))[

@@ -368,6 +368,40 @@ def test_step_exception_fails_with_its_type_but_no_traceback(
     sync_path.check()
 
 
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_step_failed_by_its_effects_exception_names_the_effect(kind: str) -> None:
+    """The Step's error named only the Step: which effect raised, and that it ran and is
+    journaled done with that error, was in inspect alone (an exception the Step raises
+    itself names none: test_step_exception_fails_with_its_type_but_no_traceback)."""
+    wf = intloom.Workflow("boom", version="1")
+    st = wf.stage("s")
+
+    def charge() -> None:
+        raise ValueError("card declined")
+
+    if kind == "sync":
+        @st.step("a", routes={"ok": intloom.COMPLETE})
+        def a(ctx: Any) -> str:
+            ctx.effect("charge", charge, key="order-7")
+            return "ok"
+    else:
+        @st.step("a", routes={"ok": intloom.COMPLETE})
+        async def a_async(ctx: Any) -> str:
+            await ctx.aeffect("charge", charge, key="order-7")
+            return "ok"
+
+    async def main() -> None:
+        rt = Runtime(loaded(wf), MemoryJournal(), package_version="0.1.0")
+        rt.restore([])
+        view = await rt.wait_stable((await rt.create_run("boom", "go")).run_id)
+        assert view.last_error is not None and view.last_error.code == "STEP_EXECUTION_FAILED"
+        assert view.last_error.message.endswith(
+            "raised ValueError: card declined, from effect 'charge' (key 'order-7'), "
+            "journaled done with that error"), view.last_error.message
+
+    run(main)
+
+
 def test_cancel_is_terminal_and_idempotent() -> None:
     journal = MemoryJournal()
 
