@@ -222,16 +222,23 @@ def snapshot_files(root: Path) -> dict[str, bytes]:
     return out
 
 
-@contextlib.contextmanager
-def foreground_host(project: Project, *options: str) -> Iterator[subprocess.Popen[str]]:
-    """``intloom [options] start --foreground`` run in the project root, handed over once it
-    serves (its ``service.json`` written); killed and reaped on the way out if it still runs.
-    Its output is piped (text): ``proc.communicate`` reads it."""
+def spawn_foreground(project: Project, *options: str) -> subprocess.Popen[str]:
+    """``intloom [options] start --foreground`` started in the project root, its output
+    piped (text), its pid in ``project.pids`` for ``project.reap``; not waited for."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "intloom", *options, "start", "--foreground"],
         cwd=project.root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(REPO)})
     project.pids.add(proc.pid)
+    return proc
+
+
+@contextlib.contextmanager
+def foreground_host(project: Project, *options: str) -> Iterator[subprocess.Popen[str]]:
+    """``intloom [options] start --foreground`` run in the project root, handed over once it
+    serves (its ``service.json`` written); killed and reaped on the way out if it still runs.
+    Its output is piped (text): ``proc.communicate`` reads it."""
+    proc = spawn_foreground(project, *options)
     try:
         eventually(lambda: (project.state / "service.json").exists() or None, timeout=20,
                    what="the foreground host to serve")

@@ -16,7 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, Project, eventually, foreground_host, ok, one_source_project
+from tests.helpers import (
+    REPO,
+    Project,
+    eventually,
+    foreground_host,
+    ok,
+    one_source_project,
+    spawn_foreground,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 
@@ -103,11 +111,7 @@ def test_ctrl_c_before_a_foreground_host_serves_is_an_interrupted_command(
     with CLI_SERVICE_CLOSING, with --json as a document on stdout, where docs/cli.md says
     Ctrl-C exits 130 with nothing on stdout. (SIGTERM there stays CLI_SERVICE_CLOSING.)"""
     project = one_source_project(tmp_path, "slow", SLOW_IMPORT)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "intloom", "start", "--foreground", "--json"],
-        cwd=project.root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(REPO)})
-    project.pids.add(proc.pid)
+    proc = spawn_foreground(project, "--json")
     try:
         eventually(lambda: (project.root / "importing").exists() or None, timeout=20,
                    what="the Workflow's import to begin")
