@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from intloom.runtime.records import EffectDone, EffectStarted, Executing, StagePending, StepReady
-from intloom.store import read_history, read_runs, verify
+from intloom.store import Store, read_history, read_runs, verify
 from tests.unit.test_store_support import abandon, header, open_store
 
 
@@ -19,6 +19,16 @@ def _nested(depth: int) -> Any:
     for _ in range(depth):
         value = [value]
     return value
+
+
+def _append_effect_result(store: Store, run_id: str, result: Any) -> None:
+    """A Run's records up to an effect that returned ``result``."""
+    store.append(run_id, header(run_id))
+    store.append(run_id, StagePending(at="t", stage="draft"))
+    store.append(run_id, StepReady(at="t", stage="draft", step="s1", state=b"{}"))
+    store.append(run_id, Executing(at="t", stage="draft", step="s1"))
+    store.append(run_id, EffectStarted(at="t", name="e", key="k"))
+    store.append(run_id, EffectDone(at="t", name="e", key="k", result=result))
 
 
 def _from_deep_in_the_stack(frames: int, fn: Any) -> Any:
@@ -35,12 +45,7 @@ def test_a_record_too_deep_to_decode_holds_its_run_and_the_others_are_read(
     root = tmp_path / "runtime"
     store = open_store(root)
     for run_id, depth in (("RUN-deep", 900), ("RUN-plain", 1)):
-        store.append(run_id, header(run_id))
-        store.append(run_id, StagePending(at="t", stage="draft"))
-        store.append(run_id, StepReady(at="t", stage="draft", step="s1", state=b"{}"))
-        store.append(run_id, Executing(at="t", stage="draft", step="s1"))
-        store.append(run_id, EffectStarted(at="t", name="e", key="k"))
-        store.append(run_id, EffectDone(at="t", name="e", key="k", result=_nested(depth)))
+        _append_effect_result(store, run_id, _nested(depth))
     store.sync_blocking()
     abandon(store)  # a crash: the restore reads the log
 
@@ -68,12 +73,7 @@ def test_every_reader_draws_the_line_at_the_same_depth_wherever_it_reads_from(
     store = open_store(root)
     # The record's map is one level: a result nested READ_DEPTH - 1 deep is the deepest read.
     for run_id, depth in (("RUN-edge", READ_DEPTH - 1), ("RUN-past", READ_DEPTH + 40)):
-        store.append(run_id, header(run_id))
-        store.append(run_id, StagePending(at="t", stage="draft"))
-        store.append(run_id, StepReady(at="t", stage="draft", step="s1", state=b"{}"))
-        store.append(run_id, Executing(at="t", stage="draft", step="s1"))
-        store.append(run_id, EffectStarted(at="t", name="e", key="k"))
-        store.append(run_id, EffectDone(at="t", name="e", key="k", result=_nested(depth)))
+        _append_effect_result(store, run_id, _nested(depth))
     store.sync_blocking()
     abandon(store)
 
