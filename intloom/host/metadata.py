@@ -140,9 +140,10 @@ def _invalid(path: Path, fact: str) -> IntloomError:
 
 
 def _version_skew(path: Path, data: bytes, kind: type[_Meta]) -> IntloomError | None:
-    """The refusal of a file another metadata version wrote, judged before the strict
-    decode: another version's file may hold keys this one does not know, which read as
-    damage ("unknown field") and led to fixing by hand the file of a host that runs."""
+    """The refusal of a file another metadata version wrote (None: not one), asked when the
+    strict decode refused it or read another version: another version's file may hold keys
+    this one does not know, which read as damage ("unknown field") and led to fixing by
+    hand the file of a host that runs."""
     try:
         doc = msgspec.json.decode(data)
     except msgspec.DecodeError:
@@ -185,13 +186,16 @@ def _read(path: Path, kind: type[_T], root: Path | None) -> _T | None:
         return None
     if not data.strip():
         raise _invalid(path, "is empty (a crash or a full disk while it was written)")
-    skew = _version_skew(path, data, kind)
-    if skew is not None:
-        raise skew
     try:
         value = msgspec.json.decode(data, type=kind)
     except msgspec.DecodeError as exc:
-        raise _invalid(path, f"is not valid metadata ({exc})") from None
+        # Judged by its version first: another version's keys read as damage here.
+        skew = _version_skew(path, data, kind)
+        raise (skew or _invalid(path, f"is not valid metadata ({exc})")) from None
+    if value.version != METADATA_VERSION:  # type: ignore[attr-defined]
+        raise (_version_skew(path, data, kind) or _invalid(
+            path, f"has version {value.version}; this intloom reads "  # type: ignore[attr-defined]
+            f"{METADATA_VERSION}"))
     pid = getattr(value, "pid", None)
     if pid is not None and not 1 <= pid <= _PID_MAX:
         # Every reader, not only diagnosis: probing such a number raised (psutil refuses a
