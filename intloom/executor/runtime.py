@@ -96,6 +96,10 @@ __all__ = [
 ]
 
 _MAX_RECEIPTS = 256
+# What one task's receipts may hold (inputs as canonical JSON, outputs as sent), counted
+# before a new call runs: a call that crosses it still keeps its receipt, so a task holds
+# at most this plus one request and one reply frame until it ends.
+_MAX_RECEIPT_BYTES = 32 << 20
 # Tool inputs are compared as values: the same JSON object with its keys in another order is
 # the same input (an Agent may re-serialise its arguments on a retry).
 _CANONICAL: Final = msgspec.msgpack.Encoder(order="deterministic")
@@ -1305,6 +1309,16 @@ class Runtime:
                 f"{tool_call_id} was not run. Repeating an earlier call (its tool_call_id and "
                 "input) still returns its output; otherwise complete or fail the task.",
             )
+        if claim.receipt_bytes >= _MAX_RECEIPT_BYTES:
+            raise IntloomError(
+                "CONFLICT",
+                f"Agent task {call_id} keeps {claim.receipt_bytes / (1 << 20):.1f} MiB of Tool "
+                f"call receipts (inputs and outputs), past the {_MAX_RECEIPT_BYTES >> 20} MiB "
+                f"one task may keep until it ends; Tool call {tool_call_id} was not run. "
+                "Repeating an earlier call (its tool_call_id and input) still returns its "
+                "output; otherwise complete or fail the task, and keep large data out of Tool "
+                "inputs and outputs (pass a path or an id).",
+            )
         if claim.tool_running is not None:
             raise IntloomError("BUSY", f"Tool call {claim.tool_running} of this task is "
                                "running; a task runs one Tool call at a time. Retry once it "
@@ -1337,7 +1351,7 @@ class Runtime:
                     clip(f"Tool {tool!r} returned what cannot be sent: {unsendable}. Return "
                          "large integers as strings and text as valid Unicode; nothing was "
                          "kept, so the call may be made again."))
-            msgspec.msgpack.encode(output)
+            sent = len(msgspec.msgpack.encode(output))
         except IntloomError:
             raise
         except Exception as exc:
@@ -1348,6 +1362,7 @@ class Runtime:
         finally:
             claim.tool_running = None
         claim.receipts[tool_call_id] = (encoded, tool, output)
+        claim.receipt_bytes += len(encoded) + sent
         return output, False
 
     async def _unless_cut(self, work: Awaitable[Any],

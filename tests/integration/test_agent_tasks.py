@@ -825,6 +825,30 @@ def test_a_task_past_its_tool_call_limit_is_told_so_not_to_retry(
     assert client.complete_agent_call(run.run_id, call, token, "done", {}).status == "completed"
 
 
+def test_a_task_past_its_receipt_bytes_is_told_so_not_to_retry(
+        looping: tuple[Client, Project]) -> None:
+    """Receipts were bounded in number only: 256 calls of inputs and outputs near the frame's
+    4 MiB each kept ~2 GiB of one task's receipts in the host until the task ended. Past
+    32 MiB a new call is CONFLICT before it runs; the call that crossed the line kept its
+    receipt and still replays."""
+    client, _ = looping
+    run, call, token = _claimed(client, "looping")
+    blob = "x" * (1 << 20)  # echoed: each call keeps ~2 MiB (its input and its output)
+    made = 0
+    with pytest.raises(IntloomError) as refused:
+        while made < 64:  # 32 MiB is reached after 16; the bound keeps a broken limit finite
+            client.call_tool(run.run_id, call, token, f"tc-{made}", "search", {"b": blob})
+            made += 1
+    assert made == 16, made
+    assert refused.value.code == "CONFLICT" and refused.value.retryable is False
+    message = refused.value.message
+    assert f"Agent task {call} keeps 32.0 MiB of Tool call receipts" in message, message
+    assert f"tc-{made} was not run" in message and "complete or fail the task" in message
+    last = client.call_tool(run.run_id, call, token, f"tc-{made - 1}", "search", {"b": blob})
+    assert last == ({"found": {"b": blob}}, True)
+    assert client.complete_agent_call(run.run_id, call, token, "done", {}).status == "completed"
+
+
 MISUSED = textwrap.dedent('''
     from typing import Any
 
