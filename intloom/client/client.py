@@ -834,7 +834,12 @@ class Client:
         return self._call(Status(), StatusReply).service
 
     def stop(self, instance_id: str) -> bool:
-        return self._call(Stop(instance_id=instance_id), Stopping).stopping
+        return self.stop_reply(instance_id).stopping
+
+    def stop_reply(self, instance_id: str) -> Stopping:
+        """``stop``'s whole reply: ``within`` says how many seconds the host's stop may take
+        (None from a host older than it)."""
+        return self._call(Stop(instance_id=instance_id), Stopping)
 
     def workflows(self) -> list[WorkflowInfo]:
         return self._call(ListWorkflows(), WorkflowsReply).workflows

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import select
 import signal
@@ -21,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple
 
@@ -945,6 +947,54 @@ class _Asked(NamedTuple):
 
     unsent: str | None  # why it was not sent, in words; None: sent (its reply may be lost)
     stopping: bool = False  # the host said it is stopping (its reply, or a refusal)
+    # When (monotonic) the host said its stop would be over (its reply's ``within``); None
+    # when it did not say (an older host, a lost reply, a refusal).
+    until: float | None = None
+
+
+# ``stop``'s deadline without --timeout, unless the host says its stop may take longer.
+_STOP_TIMEOUT: Final = 10.0
+
+
+def _within(seconds: float | None) -> float | None:
+    """A host's ``within`` as a wait: None unless a finite number, kept to 0..MAX_SECONDS."""
+    if seconds is None or not math.isfinite(seconds):
+        return None
+    return min(max(seconds, 0.0), MAX_SECONDS)
+
+
+def _logged_until(log: Path | None) -> float | None:
+    """When (monotonic) the stop the host's log says it began should be over: its
+    ``service_stopping`` line's ``within`` from that line's time. For a stop that found the
+    host already stopping, which gets no reply of its own to say it."""
+    tail = _log_tail(log)
+    if tail is None:
+        return None
+    for line in reversed(tail.splitlines()):
+        if b'"event":"service_stopping"' not in line:
+            continue
+        try:
+            event = json.loads(line)
+            began = datetime.fromisoformat(event["time"]).timestamp()
+            within = _within(event.get("within"))
+        except (ValueError, KeyError, TypeError):
+            return None
+        if within is None:
+            return None  # an older host's line
+        # Never longer than ``within`` from now, should the clock have been set back.
+        return time.monotonic() + max(0.0, min(within, began + within - time.time()))
+    return None
+
+
+def _stop_deadline(deadline: float, asked: _Asked, log: Path | None) -> float:
+    """The deadline of a stop given no --timeout: its own, or the host's when later (what it
+    said its stop may take, in its reply or its log): a host closing 30,000 new snapshots
+    takes longer than 10 s, and a stop that gave up on it then reported a timeout for a host
+    that went on to stop cleanly."""
+    until = asked.until
+    if until is None and asked.stopping:
+        until = _logged_until(log)
+    return deadline if until is None else max(deadline, until)
 
 
 def _request_stop(root: Path, paths: ProjectPaths, target: _Target,
@@ -991,7 +1041,7 @@ def _request_stop(root: Path, paths: ProjectPaths, target: _Target,
         left = max(_MIN_WAIT, deadline - time.monotonic())
         client.request_timeout = client.connect_timeout = left
         try:
-            client.stop(target.instance_id)
+            reply = client.stop_reply(target.instance_id)
         except IntloomError as exc:
             if exc.code == "CLI_SERVICE_CLOSING":
                 return _Asked(None, stopping=True)
@@ -1017,11 +1067,14 @@ def _request_stop(root: Path, paths: ProjectPaths, target: _Target,
             raise IntloomError(
                 "CLI_SERVICE_UNAVAILABLE", f"The service rejected shutdown ({exc.code})."
             ) from None
-    return _Asked(None, stopping=True)
+    within = _within(reply.within)
+    return _Asked(None, stopping=True,
+                  until=None if within is None else time.monotonic() + within)
 
 
 def _stop_timed_out(target: _Target, timeout: float, asked: _Asked) -> str:
     """CLI_SERVICE_TIMEOUT's message: what is known of the host, and what to do."""
+    timeout = round(timeout, 1)  # the seconds waited, the host's own bound among them
     if asked.unsent == _NOT_REACHED:
         # Nothing was asked of the host (--timeout 0, or one the reading of its files used
         # up): doctor would find nothing wrong; a longer --timeout is what helps.
@@ -1035,29 +1088,33 @@ def _stop_timed_out(target: _Target, timeout: float, asked: _Asked) -> str:
                 f"{target.pid}) within {timeout:g} s. Run intloom doctor. {said}")
     # It said it is stopping: a Step still running holds the stop for up to the host's
     # grace, and doctor would only report an owner that is alive. Waiting is what helps.
+    bound = (" (past the longest it said its stop may take)"
+             if asked.until is not None and time.monotonic() >= asked.until else "")
     return (f"The host (pid {target.pid}) is still stopping: it suspends its Runs at their "
             "boundaries (a Step still running gets the host's grace to reach one) and then "
-            f"releases its files, which it had not done within {timeout:g} s. {said} Run "
-            "intloom stop again to wait for it (a longer --timeout waits longer); if it never "
-            "finishes, run intloom doctor.")
+            f"releases its files, which it had not done within {timeout:g} s{bound}. {said} "
+            "Run intloom stop again to wait for it (a longer --timeout waits longer); if it "
+            "never finishes, run intloom doctor.")
 
 
-def stop_service(root: str | os.PathLike[str], *, timeout: float = 10.0) -> bool:
+def stop_service(root: str | os.PathLike[str], *, timeout: float | None = None) -> bool:
     """Stop the observed host instance. ``False`` when offline (nothing is created)."""
     return stop_service_report(root, timeout=timeout).stopped
 
 
 def stop_service_report(root: str | os.PathLike[str], *,
-                        timeout: float = 10.0) -> StopResult:
+                        timeout: float | None = None) -> StopResult:
     """Stop the observed host instance, and say which Runs it cut mid-Step.
 
     Never signals and never cleans up: crash leftovers are CLI_SERVICE_BUSY with every file
     byte-identical; a host that does not release its files in time is CLI_SERVICE_TIMEOUT.
+    ``timeout`` None: 10 s, or as long as the host says its stop may take, when longer.
     """
     from intloom.host.observe import observe
 
     # The whole stop, the hello and the request included, keeps to ``timeout``.
-    deadline = time.monotonic() + _checked_timeout(timeout)
+    began = time.monotonic()
+    deadline = began + _checked_timeout(_STOP_TIMEOUT if timeout is None else timeout)
     root = resolved_root(root, "stop_service")
     paths = ProjectPaths(root)
     if root.is_file():  # intloom.toml itself: observing .intloom/ below it raised OSError
@@ -1075,10 +1132,12 @@ def stop_service_report(root: str | os.PathLike[str], *,
         raise _unmatched_connection(paths, info, conn, target)
     tried = False  # the request is tried at most once, whether or not it could be sent
     asked = _Asked("the host was still starting and never served requests")
+    log = _log_path(paths, info.log_file) if info is not None else None
     if info is not None:
         asked = _request_stop(root, paths, target, deadline)
         tried = True
-    log = _log_path(paths, info.log_file) if info is not None else None
+        if timeout is None:
+            deadline = _stop_deadline(deadline, asked, log)
     while True:
         if _released(paths, target):
             return _with_changes(root, _stopped(log), log)
@@ -1095,9 +1154,13 @@ def stop_service_report(root: str | os.PathLike[str], *,
             if now_info is not None and now_info.instance_id == target.instance_id:
                 asked = _request_stop(root, paths, target, deadline)
                 tried = True
+                if timeout is None:
+                    deadline = _stop_deadline(
+                        deadline, asked, _log_path(paths, now_info.log_file))
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise IntloomError("CLI_SERVICE_TIMEOUT", _stop_timed_out(target, timeout, asked))
+            raise IntloomError("CLI_SERVICE_TIMEOUT",
+                               _stop_timed_out(target, deadline - began, asked))
         time.sleep(min(_POLL, remaining))  # a poll between two reads of the metadata
 
 

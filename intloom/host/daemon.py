@@ -83,6 +83,18 @@ def store_close_bound(snapshots: int) -> float:
     return _CLOSE_BOUND_S + snapshots * _CLOSE_S_PER_SNAPSHOT
 
 
+# The suspension's bound past the grace: up to 1 s for the cancelled Steps to end
+# (Driver.drain), and a margin (see ``Host._release``).
+_SUSPEND_MARGIN_S: Final = 2.0
+# The suspension also passes over every loaded Run without yielding (Runtime.suspend and
+# outlook), which no timeout cuts short: 95,000 waiting Runs took 14 s (0.15 ms each, on
+# the 2-vCPU VM at load 8, 2026-12-02). What a stop tells a client counts 0.5 ms a Run.
+_SUSPEND_S_PER_RUN: Final = 0.0005
+# What a stop does unbounded after closing the store (writing and sealing the log, removing
+# its files, exiting), given room in the bound it tells a client: seconds, generously.
+_RELEASE_MARGIN_S: Final = 5.0
+
+
 def _identity(st: os.stat_result) -> tuple[int, int]:
     return (st.st_dev, st.st_ino)
 
@@ -523,7 +535,8 @@ class Host:
                         project_root=str(self.paths.root), protocol=PROTOCOL,
                         package_version=__version__, features=list(FEATURES))
         handlers = Handlers(self.booted.runtime, instance_id=self.instance_id,
-                            service_view=self.service_view, workflows=self.booted.workflows)
+                            service_view=self.service_view, workflows=self.booted.workflows,
+                            stop_within=self.stop_within)
         self.server = Server(handlers, log, hello=hello, token=token,
                              on_stop=lambda: self.request_stop("stop request"),
                              limits=opts.limits)
@@ -772,9 +785,26 @@ class Host:
                            detail=str(exc)[:500])
         return True
 
+    def stop_within(self) -> float:
+        """Seconds a stop begun now may take until this host has released its files: the sum
+        of its steps' bounds (``_release``), told to ``intloom stop`` so that it waits as
+        long as that rather than a fixed time (a close with 30,000 new snapshots takes 30 s)."""
+        snapshots = runs = 0
+        if self.booted is not None:
+            runs = len(self.booted.runtime.runs)
+            # A Run whose Step is still running may checkpoint before it is suspended.
+            snapshots = (self.booted.store.snapshots_due()
+                         + self.booted.runtime.counts().get("running", 0))
+        return round(self.options.suspend_grace + _SUSPEND_MARGIN_S + runs * _SUSPEND_S_PER_RUN
+                     + Server.close_bound(self.options.drain_grace)
+                     + store_close_bound(snapshots) + _RELEASE_MARGIN_S, 3)
+
     async def shutdown(self) -> int:
         if self.log is not None:
-            self.log.info("service_stopping", reason=self._stop_reason)
+            # ``within``: how long this stop may take; a stop that finds the host already
+            # stopping (refused at its hello) reads it here, as it gets no reply of its own.
+            self.log.info("service_stopping", reason=self._stop_reason,
+                          within=self.stop_within())
         return await self._release(failed=None)
 
     async def _release(self, failed: ErrorView | None) -> int:
@@ -789,7 +819,7 @@ class Host:
             # margin: cut at grace + 1 s, a Step that swallows its cancellation also cut the
             # suspension of every other Run, and with it runs_cut_at_stop.
             await self._bounded("suspend", self._suspend(self.booted.runtime),
-                                self.options.suspend_grace + 2.0)
+                                self.options.suspend_grace + _SUSPEND_MARGIN_S)
         if self.server is not None:
             cancelled = await self.server.close(self.options.drain_grace)
             if cancelled and self.log is not None:

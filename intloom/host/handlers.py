@@ -61,11 +61,13 @@ class Handlers:
         instance_id: str,
         service_view: Callable[[], ServiceView],
         workflows: list[WorkflowInfo],
+        stop_within: Callable[[], float] | None = None,
     ) -> None:
         self.runtime = runtime
         self.instance_id = instance_id
         self.service_view = service_view
         self.workflows = workflows
+        self.stop_within = stop_within
 
     def next_start(self, run_id: str) -> Verdict | None:
         """What the next start does with Run ``run_id``, when already settled (RunSlot's
@@ -104,7 +106,7 @@ class Handlers:
                         f"This host is instance {self.instance_id}, not {instance_id}; the stop "
                         "request was refused. Check intloom status and retry.",
                     )
-                return Stopping()
+                return Stopping(within=self.stop_within() if self.stop_within else None)
             case ListWorkflows():
                 return WorkflowsReply(workflows=self.workflows)
             case CreateRun(workflow=workflow, intent=intent, wait=wait):

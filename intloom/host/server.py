@@ -65,6 +65,8 @@ if TYPE_CHECKING:
 __all__ = ["Limits", "Server"]
 
 LOCALHOST: Final = "127.0.0.1"
+# At close, how long cancelled sessions, then the listener, get to end (each).
+_CLOSE_WAIT: Final = 2.0
 
 
 # Test-only: "LO-HI", the ports a port-0 bind picks from instead of the kernel's ephemeral
@@ -616,6 +618,11 @@ class Server:
         if self._server is not None:
             self._server.close()
 
+    @staticmethod
+    def close_bound(grace: float) -> float:
+        """The longest ``close(grace)`` takes: the grace, then each wait after it."""
+        return grace + 2 * _CLOSE_WAIT
+
     async def close(self, grace: float) -> int:
         """Close the listener, let requests in flight answer for ``grace`` s, then cancel.
 
@@ -631,9 +638,9 @@ class Server:
         for t in remaining:
             t.cancel()
         if remaining:
-            await asyncio.wait(remaining, timeout=2.0)
+            await asyncio.wait(remaining, timeout=_CLOSE_WAIT)
         if self._server is not None:
             with contextlib.suppress(Exception):
-                async with asyncio.timeout(2.0):
+                async with asyncio.timeout(_CLOSE_WAIT):
                     await self._server.wait_closed()
         return cancelled

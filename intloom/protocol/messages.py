@@ -280,6 +280,10 @@ class StatusReply(_Msg, tag="status_reply", frozen=True):
 
 class Stopping(_Msg, tag="stopping", frozen=True):
     stopping: bool = True
+    # Seconds this host's stop may take from its reply until it has released its files: the
+    # sum of its own bounds, which grows with the snapshots its close writes. A client waits
+    # that long rather than a fixed time. Added 2026-12; absent (None) from an older host.
+    within: float | None = None
 
 
 class WorkflowsReply(_Msg, tag="workflows", frozen=True):

@@ -19,7 +19,7 @@ import pytest
 from intloom.client.client import Client
 from intloom.client.lifecycle import start_service
 from intloom.errors import IntloomError
-from tests.helpers import REPO, Project, eventually, foreground_host, pid_alive
+from tests.helpers import REPO, Project, eventually, foreground_host, ok, pid_alive
 from tests.integration.host_support import metadata, start
 
 
@@ -314,3 +314,45 @@ def test_start_does_not_wait_out_its_timeout_for_a_stopping_host_that_was_paused
     finally:
         os.kill(service.pid, signal.SIGCONT)
         (project.root / "gate").touch()
+
+
+def test_a_plain_stop_waits_as_long_as_the_host_says_its_stop_may_take(
+    project: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``intloom stop`` without --timeout gave up after 10 s whatever the host's stop had to
+    do: a host closing 30,000 new snapshots (or holding a Step for its grace) went on to stop
+    cleanly while the command reported CLI_SERVICE_TIMEOUT. Here the grace (12 s) holds the
+    stop past those 10 s: the stop that sent the request waits for the bound the host's reply
+    gave, and a second stop, refused at its hello as the host is stopping, for the bound
+    the host's log gave. Both report the stop, and the Run it cut."""
+    (project.root / "workflows" / "stuck.py").write_text(GATE_STEP)
+    (project.root / "intloom.toml").write_text('workflows = ["workflows/stuck.py"]\n')
+    monkeypatch.setenv("INTLOOM_TEST_SUSPEND_GRACE", "12")
+    service = start(project).service
+    stops: list[Any] = []
+    first = threading.Thread(target=lambda: stops.append(project.cli("stop", "--json")))
+    try:
+        with Client.connect(project.root) as client:
+            run_id = client.create_run("stuck", "go", wait=False).run_id
+        eventually(lambda: (project.root / "entered").exists(), timeout=10,
+                   what="the Step to start")
+        first.start()
+        eventually(lambda: "service_stopping" in _events(project, service.log_file),
+                   timeout=10, what="the graceful stop to begin")
+        second = project.cli("stop", "--json")
+        first.join(60)
+        assert not first.is_alive(), "the first stop did not end"
+        for done in (stops[0], second):
+            doc = ok(done)
+            assert doc["stopped"] is True, doc
+            assert [cut["runId"] for cut in doc["cut"]] == [run_id], doc
+        assert _released(project, service.pid)
+        assert service.log_file is not None
+        lines = (project.state / "logs" / service.log_file).read_text().splitlines()
+        stopping = next(e for e in map(json.loads, lines) if e["event"] == "service_stopping")
+        # The grace, then closing connections and the store, then sealing the log.
+        assert stopping["within"] > 12 + 10, stopping
+    finally:
+        (project.root / "gate").touch()
+        if first.is_alive():
+            first.join(60)

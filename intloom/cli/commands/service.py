@@ -21,7 +21,7 @@ __all__ = ["start", "stop", "stop_lines"]
 MAX_TIMEOUT = 1e9
 
 
-def _timeout_option(default: int) -> Any:
+def _timeout_option(default: str) -> Any:
     """--timeout, whose default (lifecycle's) differs between start and stop."""
     return typer.Option(
         "--timeout", metavar="S", min=0.0, max=MAX_TIMEOUT,
@@ -48,7 +48,7 @@ def start(
             "--strict", help="Refuse to start when any journal is corrupt or incompatible."
         ),
     ] = False,
-    timeout: Annotated[float | None, _timeout_option(300)] = None,
+    timeout: Annotated[float | None, _timeout_option("300")] = None,
 ) -> None:
     """Start the project's host (or reuse the one running) and restore its Runs."""
     from intloom.client import lifecycle
@@ -110,7 +110,9 @@ def _report(renderer: Renderer, result: Any) -> None:
 
 
 @command
-def stop(state: CliState, timeout: Annotated[float | None, _timeout_option(10)] = None) -> None:
+def stop(state: CliState, timeout: Annotated[
+        float | None, _timeout_option("10, or as long as the host says its stop may take")
+] = None) -> None:
     """Ask the running host to stop, once, and wait until it has released its files."""
     from intloom.client import lifecycle
 
