@@ -34,6 +34,7 @@ __all__ = [
     "doctor_lines",
     "history_rows",
     "log_line",
+    "named_runs",
     "plain",
     "printable",
     "recover_lines",
@@ -478,6 +479,20 @@ def _ids(value: Any) -> list[str]:
     return [str(v) for v in value] if isinstance(value, list) else []
 
 
+# The Run ids one line of text names: a restore that interrupted or held 30,000 Runs made
+# status, start and runs print each on one line of 1.4 MB. The JSON keeps every id.
+NAMED_RUNS: Final = 20
+
+
+def named_runs(ids: Sequence[str], more: str) -> str:
+    """``ids`` joined, the first ``NAMED_RUNS`` of them, then how many more and ``more``:
+    where they are all listed."""
+    shown = ", ".join(ids[:NAMED_RUNS])
+    if len(ids) <= NAMED_RUNS:
+        return shown
+    return f"{shown} and {len(ids) - NAMED_RUNS} more ({more})"
+
+
 def restore_lines(restore: Mapping[str, Any] | None) -> list[str]:
     """What the last restore did, by restart-table outcome; nothing when there was nothing."""
     if not restore:
@@ -494,13 +509,14 @@ def restore_lines(restore: Mapping[str, Any] | None) -> list[str]:
     ]
     if interrupted:
         lines.append(
-            f"Interrupted (RUN_INTERRUPTED, nothing replayed): {', '.join(interrupted)}. "
+            "Interrupted (RUN_INTERRUPTED, nothing replayed): "
+            f"{named_runs(interrupted, 'intloom runs lists them all')}. "
             "Run intloom inspect RUN to see what was in flight."
         )
     if attention:
         lines.append(
-            f"Needs attention (journal kept as is, not loaded): {', '.join(attention)}. "
-            "Run intloom doctor."
+            "Needs attention (journal kept as is, not loaded): "
+            f"{named_runs(attention, 'intloom doctor lists them all')}. Run intloom doctor."
         )
     return lines
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from intloom.client.client import Client
 from tests.helpers import REPO, CliResult, Project, eventually, snapshot_files
 
 pytestmark = pytest.mark.e2e
@@ -194,3 +195,32 @@ def test_start_foreground_serves_until_ctrl_c(project: Project) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=10)
+
+
+def test_status_names_a_bounded_number_of_interrupted_runs_and_counts_the_rest(
+    asks_project: Project,
+) -> None:
+    """A restore that interrupts thousands of Runs (waits without recover, a kill -9 while
+    they ran) made start and status name every one on one line (1.4 MB for 30,000). The
+    text names the first 20 and counts the rest, saying where they are all listed; the JSON
+    keeps every id."""
+    project = asks_project
+    _ok(project.cli("start", "--json"))
+    with Client.connect(project.root) as client:
+        runs = [client.create_run("triage", f"ticket {i}").run_id for i in range(23)]
+    _ok(project.cli("stop", "--json"))
+    started = _ok(project.cli("start", "--json"))
+    assert sorted(started["service"]["restore"]["interrupted"]) == sorted(runs)
+    status = project.cli("status")
+    assert status.code == 0, status.stderr
+    line = next(x for x in status.stdout.splitlines() if x.startswith("Interrupted ("))
+    named = [run for run in runs if run in line]
+    assert len(named) == 20, line
+    assert line.endswith("and 3 more (intloom runs lists them all). Run intloom inspect RUN "
+                         "to see what was in flight."), line
+    assert sorted(_ok(project.cli("status", "--json"))["service"]["restore"]["interrupted"]
+                  ) == sorted(runs)
+    # Where the line points: every interrupted Run is listed there.
+    listed = {run["runId"] for run in _ok(project.cli("runs", "--json"))["runs"]}
+    assert listed == set(runs)
+    _ok(project.cli("stop", "--json"))

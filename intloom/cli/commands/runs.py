@@ -9,7 +9,7 @@ import typer
 from intloom.cli import exit_codes
 from intloom.cli.inputs import interactive, read_answer, read_intent
 from intloom.cli.options import CliState, Interrupted, command
-from intloom.cli.render import asked_lines, plain, run_lines, run_row
+from intloom.cli.render import asked_lines, named_runs, plain, run_lines, run_row
 from intloom.errors import IntloomError, error_view
 
 if TYPE_CHECKING:
@@ -166,7 +166,8 @@ def runs(
         renderer.document({"runs": found})
         return
     held_lines = ([f"Not listed, needs attention (journal kept as is, not loaded): "
-                   f"{', '.join(held)}. Run intloom doctor."] if held else [])
+                   f"{named_runs(held, 'intloom doctor lists them all')}. Run intloom doctor."]
+                  if held else [])
     if not found:
         renderer.lines([f"The current service has no Runs of Workflow {flow!r}." if flow
                         else "The current service has no Runs.", *held_lines])
