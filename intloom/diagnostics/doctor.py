@@ -336,26 +336,12 @@ def _loose_segment(wal: Path) -> PrivacyError | None:
 
 
 def _loose_store_file(runtime: Path) -> PrivacyError | None:
-    """``manifest.json`` or the first ``snap/live/`` snapshot, when it is not a private
-    regular file of ours (a directory, a link, another user's, open to others): a start's
-    restore refuses it (STORAGE_ERROR), so it is named here with its fix, as a segment is.
-    ``snap/done/`` is not listed: no start or doctor reads it (``inspect`` does)."""
-    from intloom.store.snapshots import is_snapshot_name
-
-    problem = private_file_problem(runtime / "manifest.json")
-    if problem is not None:
-        return problem
-    live = runtime / "snap" / "live"
-    try:
-        names = sorted(os.listdir(live))
-    except OSError:
-        return None  # none yet, or one the directory checks above named
-    for name in names:
-        if is_snapshot_name(name):
-            problem = private_file_problem(live / name)
-            if problem is not None:
-                return problem
-    return None
+    """``manifest.json``, when it is not a private regular file of ours (a directory, a
+    link, another user's, open to others): a start's restore refuses it (STORAGE_ERROR), so
+    it is named here with its fix, as a segment is. A snapshot in ``snap/live/`` or
+    ``snap/done/`` is not: such a file is its Run's problem, which the journals check
+    reports as a start does (the Run read from the log, the file kept)."""
+    return private_file_problem(runtime / "manifest.json")
 
 
 def _file_problem(read: Callable[[], object]) -> str | None:

@@ -29,6 +29,7 @@ from intloom.fsutil import (
     private_file_problem,
     read_private,
     replace_files,
+    shell_arg,
     write_all,
     write_refusal,
 )
@@ -46,6 +47,7 @@ __all__ = [
     "read_file",
     "remove_temps",
     "storage_error",
+    "unusable_file",
     "write_all",
 ]
 
@@ -115,6 +117,21 @@ def check_file(path: Path) -> None:
     problem = private_file_problem(path)
     if problem is not None:
         raise _from_privacy(problem)
+
+
+def unusable_file(path: Path) -> tuple[str, str | None] | None:
+    """Why a file of one Run (a snapshot) may not be read, from an ``lstat`` alone, and a
+    fix other than moving it out, if one is safe: None when it is a private regular file of
+    ours or absent. Nothing is opened, so a link is never followed."""
+    problem = private_file_problem(path)
+    if problem is None:
+        return None
+    fix = None
+    if problem.fact.startswith("has mode"):
+        fix = f"chmod 600 {shell_arg(path)} if its content is yours"
+    elif problem.fact.startswith("is owned by uid"):
+        fix = f"chown it to yourself (uid {os.getuid()}) if its content is yours"
+    return problem.fact, fix
 
 
 def ensure_dir(path: Path) -> None:

@@ -232,12 +232,19 @@ def _snapshots(layout: Layout, directory: Path, loaded: Loaded) -> dict[str, Sna
             loaded.files.append(FileProblem(
                 _rel(layout, path), kind,
                 f"{exc.fact}; every segment was read instead and the file was left as it is "
-                "(move it out of the runtime directory to let intloom write it again)"))
+                f"({_snapshot_fix(exc)})"))
             continue
         loaded.stats.snapshots_read += 1
         if snap is not None:
             out[snap.run_id] = snap
     return out
+
+
+def _snapshot_fix(exc: SnapshotError) -> str:
+    """What to do about an unusable snapshot file: moving it out always works (its Run is
+    then judged from the whole log); a wrong mode or owner can also be put right."""
+    out = "move it out of the runtime directory to let intloom write it again"
+    return out if exc.fix is None else f"{exc.fix}, or {out}"
 
 
 _EXPECTED: Final = {"": {"wal", "snap", "manifest.json"}, "snap": {"live", "done"}}
@@ -383,8 +390,9 @@ _BOOT_MARGIN_NS: Final = 2_000_000_000
 def refused_file(root: Path) -> IntloomError | None:
     """The STORAGE_ERROR a start's restore raises on the first store file it reads and
     refuses (a link, a directory, another owner, group/other bits): ``manifest.json``,
-    each snapshot in ``snap/live/``, each segment from the manifest's start (every one
-    without a usable manifest) and each pinned one; None when none is refused. From an
+    each segment from the manifest's start (every one without a usable manifest) and each
+    pinned one; None when none is refused. A snapshot is not among them: such a file is
+    its Run's problem (reported, the Run read from the log), not the store's. From an
     ``lstat`` of each and the manifest's few bytes, without reading the log: ``status``
     names it before it says to run intloom start. Directories are judged by the caller
     (doctor's runtime_dir check), and what only a whole read finds is not judged here."""
@@ -397,10 +405,8 @@ def refused_file(root: Path) -> IntloomError | None:
             manifest = read_manifest(layout)
         except SnapshotError:
             manifest = None  # damaged: kept as it is, and every segment is read instead
-        if check_dir(layout.snap) and check_dir(layout.live):
-            for name in list_names(layout.live):
-                if is_snapshot_name(name):
-                    check_file(layout.live / name)
+        if check_dir(layout.snap):
+            check_dir(layout.live)
         numbers, _ = _list_wal(layout)
         start = manifest.start if manifest is not None else 0
         pinned = set(manifest.pinned) if manifest is not None else set()
@@ -856,8 +862,7 @@ def _read_done(loaded: Loaded, run_id: str) -> tuple[Snapshot | None, str | None
         loaded.files.append(FileProblem(
             rel, "incompatible" if exc.incompatible else "corrupt",
             f"{exc.fact}; the Run's records are read from the log instead and the file was "
-            "left as it is (move it out of the runtime directory to let intloom write it "
-            "again)"))
+            f"left as it is ({_snapshot_fix(exc)})"))
         loaded.held.add(run_id)
         return None, f"{rel} {exc.fact}"
     loaded.stats.snapshots_read += snap is not None

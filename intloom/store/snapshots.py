@@ -21,7 +21,7 @@ import msgspec
 from intloom.runtime.machine import RunState
 from intloom.runtime.records import FORMAT_VERSION
 from intloom.store.depth import READ_DEPTH, TooDeep, decode_bounded
-from intloom.store.files import Layout, read_file
+from intloom.store.files import Layout, read_file, unusable_file
 from intloom.store.framing import VoidNotice
 
 __all__ = [
@@ -130,12 +130,15 @@ class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename="
 
 
 class SnapshotError(Exception):
-    """A snapshot or manifest file that cannot be used; ``fact`` says why."""
+    """A snapshot or manifest file that cannot be used; ``fact`` says why, and ``fix``, when
+    set, what to do instead of moving the file out (a mode or an owner to put right)."""
 
-    def __init__(self, path: Path, fact: str, incompatible: bool = False) -> None:
+    def __init__(self, path: Path, fact: str, incompatible: bool = False,
+                 fix: str | None = None) -> None:
         self.path = path
         self.fact = fact
         self.incompatible = incompatible
+        self.fix = fix
         super().__init__(f"{path} {fact}")
 
 
@@ -193,7 +196,15 @@ def decode_snapshot(path: Path, data: bytes) -> Snapshot:
 
 
 def read_snapshot(path: Path) -> Snapshot | None:
-    """The snapshot at ``path``; None if absent; SnapshotError if unusable."""
+    """The snapshot at ``path``; None if absent; SnapshotError if unusable.
+
+    A snapshot holds one Run: one that is a link, not a regular file, another user's or open
+    to others is that Run's problem, as a damaged one is, never the whole store's (DESIGN
+    section 5). It is judged from an ``lstat`` and never opened, so nothing behind a link or
+    in a FIFO or device is touched."""
+    unusable = unusable_file(path)
+    if unusable is not None:
+        raise SnapshotError(path, unusable[0], fix=unusable[1])
     data = read_file(path)
     if data is None:
         return None

@@ -158,6 +158,92 @@ def test_start_lists_a_damaged_snapshot_it_read_past(project: Project) -> None:
     assert snap.read_bytes() == bytes(data)
 
 
+def _plant(kind: str, snap: Path, outside: Path) -> str:
+    """Make one Run's snapshot file unusable as ``kind`` says; the fact a reader states."""
+    if kind == "symlink":  # to a good copy of itself: still never followed
+        outside.write_bytes(snap.read_bytes())
+        outside.chmod(0o600)
+        snap.unlink()
+        snap.symlink_to(outside)
+        return "is a symbolic link; intloom never follows links"
+    if kind in ("directory", "fifo"):
+        snap.unlink()
+        if kind == "directory":
+            snap.mkdir(mode=0o700)
+        else:
+            os.mkfifo(snap, 0o600)
+        return "is not a regular file"
+    if kind == "mode-0644":
+        snap.chmod(0o644)
+        return "has mode 0644; private files must be 0600"
+    os.chown(snap, 12345, -1)
+    return "is owned by uid 12345, not by you"
+
+
+def _as_is(path: Path) -> tuple[object, ...]:
+    st = os.lstat(path)
+    body = (os.readlink(path) if os.path.islink(path) else
+            path.read_bytes() if path.is_file() else None)
+    return st.st_mode, st.st_uid, st.st_ino, st.st_size, st.st_mtime_ns, body
+
+
+@pytest.mark.parametrize("kind", ["symlink", "directory", "fifo", "mode-0644", "other-owner"])
+def test_one_unusable_snapshot_holds_back_no_run(project: Project, kind: str) -> None:
+    """One Run's snap/live/ file a link, a directory, a FIFO, open to others or another
+    user's refused the whole store (STORAGE_ERROR at start, inspect and verify; status
+    and doctor said start refuses): no Run restored. It is judged as a damaged snapshot
+    is: reported with its fact and fix, never opened nor written over, and every Run (its
+    own from the log) restores, by start, doctor, inspect and verify alike."""
+    if kind == "other-owner" and os.getuid() != 0:
+        pytest.skip("chown to another user needs root")
+    from intloom.store.reader import verify_report
+    from intloom.store.snapshots import snapshot_name
+
+    ok(project.cli("start", "--json"))
+    runs = [ok(project.cli("flow", "example", "--intent", f"r{i}", "--json"))["run"]
+            for i in range(3)]
+    ok(project.cli("stop", "--json"))  # the stop snapshots the waiting Runs
+    victim = runs[1]
+    name = snapshot_name(victim["runId"])
+    rel = f"snap/live/{name}"
+    snap = project.state / "runtime" / rel
+    outside = project.root.parent / "outside.snap"
+    fact = _plant(kind, snap, outside)
+    planted = _as_is(snap)
+    copy = outside.read_bytes() if kind == "symlink" else None
+    waiting = sorted(run["runId"] for run in runs)
+
+    doctor = project.cli("doctor", "--json").json
+    checks = {check["id"]: check for check in doctor["checks"]}
+    assert checks["runtime_dir"]["status"] == "ok", checks["runtime_dir"]
+    journals = checks["journals"]
+    assert journals["status"] == "attention" and f"{rel} is corrupt: {fact}" in (
+        journals["message"]), journals
+    assert "3 verified, 0 corrupt" in journals["message"], journals
+    assert "start refuses" not in project.cli("status").stdout
+
+    inspected = ok(project.cli("inspect", victim["runId"], "--json"))
+    assert inspected["run"]["status"] == "waiting", inspected["run"]
+    assert [(f["path"], f["kind"]) for f in inspected["files"]] == [(rel, "corrupt")]
+    report = verify_report(project.state / "runtime")
+    assert sorted((j.run_id, j.status) for j in report.runs) == [(r, "ok") for r in waiting]
+    [finding] = [f for f in report.files if f.path == rel]
+    assert finding.problem.startswith(f"{fact}; every segment was read instead"), finding
+
+    for _ in range(2):  # and again after a stop whose compaction passed the file by
+        service = ok(project.cli("start", "--json"))["service"]
+        assert [(p["path"], p["kind"]) for p in service["storeProblems"]] == [
+            (rel, "corrupt")], service["storeProblems"]
+        assert fact in service["storeProblems"][0]["problem"]
+        assert sorted(service["restore"]["waiting"]) == waiting, service["restore"]
+        listed = {r["runId"]: r for r in ok(project.cli("runs", "--json"))["runs"]}
+        assert listed[victim["runId"]]["pendingAction"] == victim["pendingAction"]
+        ok(project.cli("stop", "--json"))
+        assert _as_is(snap) == planted  # never opened, replaced or "repaired"
+        if copy is not None:
+            assert outside.read_bytes() == copy
+
+
 def test_doctor_flags_a_segment_that_is_not_private(project: Project) -> None:
     """A start never reads the old segment again, but inspect reads them all."""
     ok(project.cli("start", "--json"))

@@ -709,10 +709,10 @@ def test_status_offline_says_when_start_would_refuse_intloom_toml_in_text_and_js
 def test_status_offline_names_a_store_file_start_refuses(
     capsys: pytest.CaptureFixture[str], proj: Path
 ) -> None:
-    """.intloom/runtime/manifest.json a directory (then a snap/live/ snapshot a link): start
-    fails STORAGE_ERROR on it, yet status said only "offline. Run intloom start.". It names
-    the file, the fact and the fix, in the words of the restore that refuses it, and
-    changes nothing."""
+    """.intloom/runtime/manifest.json a directory: start fails STORAGE_ERROR on it, yet
+    status said only "offline. Run intloom start.". It names the file, the fact and the
+    fix, in the words of the restore that refuses it, and changes nothing. A snapshot that
+    is a link is not named: a start reports it and restores every Run."""
     from intloom.errors import IntloomError
     from intloom.store.reader import load
     from tests.unit.diagnostics_support import tree
@@ -721,22 +721,24 @@ def test_status_offline_names_a_store_file_start_refuses(
     for directory in (proj / ".intloom", runtime, runtime / "snap", runtime / "snap" / "live"):
         directory.mkdir(mode=0o700)
     (runtime / "manifest.json").mkdir(mode=0o700)
+    before = tree(proj)
+    with pytest.raises(IntloomError) as start:
+        load(runtime, "restore")  # what a start's restore raises on it
+    assert start.value.code == "STORAGE_ERROR"
+    line = f"But intloom start refuses the project as it is: {start.value.message}"
+    code, out, _ = cli(capsys, "status")
+    assert code == 0 and out.splitlines()[-1] == line, out
+    assert f"{runtime / 'manifest.json'} is " in line and "move it aside" in line, line
+    assert json.loads(cli(capsys, "status", "--json")[1])["startProblem"] == line
+    assert tree(proj) == before
+    (runtime / "manifest.json").rmdir()
     snapshot = runtime / "snap" / "live" / f"{'a' * 64}.snap"
-    for step in ("manifest", "snapshot"):
-        if step == "snapshot":
-            (runtime / "manifest.json").rmdir()
-            snapshot.symlink_to(proj / "elsewhere.snap")
-        before = tree(proj)
-        with pytest.raises(IntloomError) as start:
-            load(runtime, "restore")  # what a start's restore raises on it
-        assert start.value.code == "STORAGE_ERROR"
-        line = f"But intloom start refuses the project as it is: {start.value.message}"
-        code, out, _ = cli(capsys, "status")
-        assert code == 0 and out.splitlines()[-1] == line, out
-        named = runtime / "manifest.json" if step == "manifest" else snapshot
-        assert f"{named} is " in line and "move it aside" in line, line
-        assert json.loads(cli(capsys, "status", "--json")[1])["startProblem"] == line
-        assert tree(proj) == before
+    snapshot.symlink_to(proj / "elsewhere.snap")
+    loaded = load(runtime, "restore")
+    assert [(f.path, f.kind) for f in loaded.files] == [(f"snap/live/{snapshot.name}",
+                                                         "corrupt")]
+    assert json.loads(cli(capsys, "status", "--json")[1])["startProblem"] is None
+    assert snapshot.is_symlink()
 
 
 @pytest.mark.parametrize(("health", "code"), [("healthy", 0), ("attention", 3), ("blocked", 4)])

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from intloom.errors import IntloomError
+from intloom.runtime.machine import fold
 from intloom.store import read_history, read_runs, read_runs_report, verify, verify_report
+from intloom.store.snapshots import snapshot_name
 from tests.helpers import snapshot_files
 from tests.unit.test_store_support import abandon, by_id, open_store, run_child, walk
 
@@ -119,23 +121,81 @@ def test_a_symlinked_segment_is_refused_and_its_target_untouched(tmp_path: Path)
     assert outside.read_bytes() == b"not yours"
 
 
-def test_a_symlinked_snapshot_is_refused_on_read_and_write(tmp_path: Path) -> None:
+def test_a_symlinked_snapshot_holds_back_only_its_run_and_is_never_followed(
+    tmp_path: Path,
+) -> None:
+    """A link at one Run's snapshot refused the whole store (STORAGE_ERROR): no Run
+    restored. It is that Run's problem, as a damaged snapshot is: reported, never followed
+    nor written through, and the Run read from the log."""
     root = tmp_path / "runtime"
     _fill(root)
     live = root / "snap" / "live"
-    victim = sorted(live.iterdir())[0]
+    victim = live / snapshot_name("RUN-1")
     outside = tmp_path / "outside.snap"
     outside.write_bytes(victim.read_bytes())
     os.chmod(outside, 0o600)
     victim.unlink()
     victim.symlink_to(outside)
     kept = outside.read_bytes()
-    with pytest.raises(IntloomError) as info:
-        read_runs(root)
-    assert info.value.code == "STORAGE_ERROR" and victim.name in info.value.message
-    with pytest.raises(IntloomError):
-        open_store(root)
+    rel = f"snap/live/{victim.name}"
+    for report in (read_runs_report(root), verify_report(root)):
+        assert [(f.path, f.kind) for f in report.files] == [(rel, "corrupt")], report.files
+        assert "is a symbolic link; intloom never follows links" in report.files[0].problem
+        assert {j.run_id: j.state for j in report.runs} == {
+            f"RUN-{i}": fold(walk(f"RUN-{i}", 12, i)) for i in range(3)}
+    store = open_store(root)
+    store.append("RUN-1", walk("RUN-1", 13, 1)[-1])  # its Run goes on, from the log
+    store.sync_blocking()
+    store.close_blocking()  # and its snapshot is not written through the link
     assert outside.read_bytes() == kept and victim.is_symlink()
+    assert by_id(read_runs(root))["RUN-1"].state == fold(walk("RUN-1", 13, 1))
+
+
+@pytest.mark.parametrize("kind", ["symlink", "directory", "mode-0644"])
+def test_an_unusable_done_snapshot_is_reported_and_never_written_over(
+    tmp_path: Path, kind: str
+) -> None:
+    """snap/done/ holds one file per ended Run: one that is a link, a directory or open to
+    others made every inspect (a verify) fail STORAGE_ERROR, and a compaction in which a
+    Run ending at that name failed whole (no snapshot, no manifest written)."""
+    root = tmp_path / "runtime"
+    store = open_store(root)
+    for run_id, seed in (("RUN-END", 4), ("RUN-LIVE", 5)):
+        for record in walk(run_id, 8, seed):
+            store.append(run_id, record)
+    store.sync_blocking()
+    store.close_blocking()
+    done = root / "snap" / "done" / snapshot_name("RUN-END")
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"precious")
+    os.chmod(outside, 0o600)
+    if kind == "symlink":
+        done.symlink_to(outside)
+    elif kind == "directory":
+        done.mkdir(mode=0o700)
+    else:
+        done.write_bytes(b"planted")
+        done.chmod(0o644)
+    before = os.lstat(done)
+    told: list[str] = []
+    store = open_store(root, instance_id="INST-2")
+    store.on_unsummarised = lambda exc, when: told.append(f"{when}: {exc}")
+    store.append("RUN-END", walk("RUN-END", 8, 4, terminal=True)[-1])  # RUN-END ends here
+    store.sync_blocking()
+    store.close_blocking()
+    assert told == []  # the close's compaction wrote every snapshot and the manifest
+    after = os.lstat(done)
+    assert (after.st_mode, after.st_ino, after.st_size) == (
+        before.st_mode, before.st_ino, before.st_size)
+    assert outside.read_bytes() == b"precious"
+    rel = f"snap/done/{done.name}"
+    report = verify_report(root)
+    assert (rel, "corrupt") in {(f.path, f.kind) for f in report.files}, report.files
+    ended = by_id(report.runs)["RUN-END"]
+    assert ended.status == "ok" and ended.state is not None
+    assert ended.state.phase == "terminal"
+    assert [j.run_id for j in read_runs(root)] == ["RUN-LIVE"]
+    assert [h.verdict for h in read_history(root, "RUN-LIVE")] == ["ok"] * 8
 
 
 def test_group_or_other_bits_are_refused(tmp_path: Path) -> None:
