@@ -39,7 +39,6 @@ from intloom.fsutil import (
     check_private_dir,
     file_problem,
     privacy_fix,
-    private_file_problem,
     shell_arg,
     unlink_refusal,
     write_refusal,
@@ -129,8 +128,8 @@ def start_problem(root: Path) -> str | None:
     """What the ``intloom start`` an offline diagnosis suggests would run into on the
     project as it is: a refusal or failure on its state directories (group/other bits, or
     private but not writable by us), with the fix, on its intloom.toml (invalid: its
-    error names the key), or on a store file its restore refuses (``manifest.json`` a
-    directory, a snapshot that is a link: the file, the fact and the fix); or, for a flag
+    error names the key), or on a store file its restore refuses (a segment it reads that
+    is a link or a directory: the file, the fact and the fix); or, for a flag
     that only snapshot compaction runs into, what happens instead; None when nothing stands
     in its way. The diagnosis leaves modes to
     doctor's runtime_dir check and the configuration to its config check, but "Run intloom
@@ -263,7 +262,9 @@ def _runtime_dir_check(paths: ProjectPaths) -> Check:
                      f"{fix}, then run intloom doctor again.")
     # Before "no logs/ yet": a runtime/ without logs/ (a project copied without its logs)
     # still holds files a start refuses.
-    loose = _loose_segment(paths.runtime / "wal") or _loose_store_file(paths.runtime)
+    # manifest.json and the snapshots are not looked at here: such a file is read past as a
+    # damaged one is, and the journals check reports it, as a start does.
+    loose = _loose_segment(paths.runtime / "wal")
     if loose is not None:
         # A start reads only the segments it needs, but inspect reads them all and would
         # refuse for every Run.
@@ -333,15 +334,6 @@ def _loose_segment(wal: Path) -> PrivacyError | None:
         if problem is not None:
             return PrivacyError(Path(entry.path), problem)
     return None
-
-
-def _loose_store_file(runtime: Path) -> PrivacyError | None:
-    """``manifest.json``, when it is not a private regular file of ours (a directory, a
-    link, another user's, open to others): a start's restore refuses it (STORAGE_ERROR), so
-    it is named here with its fix, as a segment is. A snapshot in ``snap/live/`` or
-    ``snap/done/`` is not: such a file is its Run's problem, which the journals check
-    reports as a start does (the Run read from the log, the file kept)."""
-    return private_file_problem(runtime / "manifest.json")
 
 
 def _file_problem(read: Callable[[], object]) -> str | None:

@@ -120,9 +120,11 @@ def check_file(path: Path) -> None:
 
 
 def unusable_file(path: Path) -> tuple[str, str | None] | None:
-    """Why a file of one Run (a snapshot) may not be read, from an ``lstat`` alone, and a
-    fix other than moving it out, if one is safe: None when it is a private regular file of
-    ours or absent. Nothing is opened, so a link is never followed."""
+    """Why a snapshot or the manifest may not be read, from an ``lstat`` alone, and a fix
+    other than moving it out, if one is safe: None when it is a private regular file of
+    ours or absent. Nothing is opened, so a link is never followed. Such a file is read past
+    as a damaged one is; only its Run (a snapshot), or how much of the log a restore reads
+    (the manifest), depends on it."""
     problem = private_file_problem(path)
     if problem is None:
         return None

@@ -331,10 +331,11 @@ def load(root: Path, mode: Mode = "restore", *, whole: bool = False) -> Loaded:
         kind: Literal["incompatible", "corrupt"] = (
             "incompatible" if exc.incompatible else "corrupt"
         )
+        out = "move it out of the runtime directory to let intloom write a new one"
         manifest_finding = FileProblem(
             "manifest.json", kind,
             f"{exc.fact}; every segment was read instead and no new manifest is written over "
-            "it (move it out of the runtime directory to let intloom write a new one)")
+            f"it ({out if exc.fix is None else f'{exc.fix}, or {out}'})")
         full = True
     loaded.segment_numbers = numbers
     loaded.files.extend(strays)
@@ -389,10 +390,10 @@ _BOOT_MARGIN_NS: Final = 2_000_000_000
 
 def refused_file(root: Path) -> IntloomError | None:
     """The STORAGE_ERROR a start's restore raises on the first store file it reads and
-    refuses (a link, a directory, another owner, group/other bits): ``manifest.json``,
-    each segment from the manifest's start (every one without a usable manifest) and each
-    pinned one; None when none is refused. A snapshot is not among them: such a file is
-    its Run's problem (reported, the Run read from the log), not the store's. From an
+    refuses (a link, a directory, another owner, group/other bits): each segment from the
+    manifest's start (every one without a usable manifest) and each pinned one; None when
+    none is refused. Neither a snapshot nor the manifest is among them: such a file is read
+    past as a damaged one is (reported, the log read instead). From an
     ``lstat`` of each and the manifest's few bytes, without reading the log: ``status``
     names it before it says to run intloom start. Directories are judged by the caller
     (doctor's runtime_dir check), and what only a whole read finds is not judged here."""
@@ -400,7 +401,6 @@ def refused_file(root: Path) -> IntloomError | None:
     try:
         if not check_dir(root):
             return None
-        check_file(layout.manifest)
         try:
             manifest = read_manifest(layout)
         except SnapshotError:

@@ -269,7 +269,14 @@ def decode_manifest(path: Path, data: bytes) -> Manifest:
 
 
 def read_manifest(layout: Layout) -> Manifest | None:
-    """The manifest; None if there is none yet; SnapshotError if unusable."""
+    """The manifest; None if there is none yet; SnapshotError if unusable.
+
+    One that is a link, not a regular file, another user's or open to others is never
+    opened: like a damaged one it only makes every restore read the whole log, and nothing
+    writes over it, so no Run need wait for it to be put right."""
+    unusable = unusable_file(layout.manifest)
+    if unusable is not None:
+        raise SnapshotError(layout.manifest, unusable[0], fix=unusable[1])
     data = read_file(layout.manifest)
     if data is None:
         return None

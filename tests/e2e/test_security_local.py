@@ -159,7 +159,7 @@ def test_a_state_directory_that_is_not_private_is_refused(
 # ----- links are never followed --------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["connection.json", "service.json", "runtime/manifest.json",
+@pytest.mark.parametrize("name", ["connection.json", "service.json",
                                   "runtime/wal/0000000002.seg"])
 def test_a_link_planted_in_the_state_is_refused_and_its_target_untouched(
     project: Project, name: str
@@ -183,6 +183,31 @@ def test_a_link_planted_in_the_state_is_refused_and_its_target_untouched(
         link.write_bytes(saved)
         link.chmod(0o600)
     start(project)  # with the link moved aside, the project starts again
+
+
+def test_a_link_planted_at_the_manifest_is_never_followed_and_holds_back_no_run(
+    project: Project,
+) -> None:
+    """runtime/manifest.json a link refused the whole store. Read past as a damaged manifest
+    is: never opened, reported, every segment read instead, nothing written through it."""
+    start(project)
+    with Client.connect(project.root) as client:
+        waiting = client.create_run("example", "links")
+    assert stop_service(project.root)
+    victim = project.root.parent / "victim"
+    victim.write_bytes(b"precious")
+    link = project.state / "runtime" / "manifest.json"
+    link.unlink()
+    link.symlink_to(victim)
+    started = project.cli("start", "--json")
+    assert started.code == 0, started.stderr
+    [problem] = started.json["service"]["storeProblems"]
+    assert (problem["path"], problem["kind"]) == ("manifest.json", "corrupt"), problem
+    assert problem["problem"].startswith("is a symbolic link; intloom never follows links")
+    with Client.connect(project.root) as client:
+        assert client.get_run(waiting.run_id).pending_action == waiting.pending_action
+    assert stop_service(project.root)  # its compaction writes no manifest over the link
+    assert victim.read_bytes() == b"precious" and link.is_symlink()
 
 
 def test_a_link_swapped_in_while_the_host_runs_is_not_written_through(project: Project) -> None:

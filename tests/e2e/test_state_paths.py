@@ -244,6 +244,45 @@ def test_one_unusable_snapshot_holds_back_no_run(project: Project, kind: str) ->
             assert outside.read_bytes() == copy
 
 
+@pytest.mark.parametrize("kind", ["symlink", "directory", "fifo", "mode-0644", "other-owner"])
+def test_an_unusable_manifest_holds_back_no_run(project: Project, kind: str) -> None:
+    """runtime/manifest.json a link, a directory, a FIFO, open to others or another user's
+    refused the whole store (STORAGE_ERROR at start and inspect): no Run restored. The
+    manifest only says which segments a restore may skip, so it is read past as a damaged
+    one is: reported, never opened nor written over, every segment read instead."""
+    if kind == "other-owner" and os.getuid() != 0:
+        pytest.skip("chown to another user needs root")
+    ok(project.cli("start", "--json"))
+    runs = [ok(project.cli("flow", "example", "--intent", f"r{i}", "--json"))["run"]
+            for i in range(3)]
+    ok(project.cli("stop", "--json"))
+    manifest = project.state / "runtime" / "manifest.json"
+    outside = project.root.parent / "outside.json"
+    fact = _plant(kind, manifest, outside)
+    planted = _as_is(manifest)
+    copy = outside.read_bytes() if kind == "symlink" else None
+    waiting = sorted(run["runId"] for run in runs)
+
+    checks = {c["id"]: c for c in project.cli("doctor", "--json").json["checks"]}
+    assert checks["runtime_dir"]["status"] == "ok", checks["runtime_dir"]
+    assert checks["journals"]["status"] == "attention", checks["journals"]
+    assert f"manifest.json is corrupt: {fact}" in checks["journals"]["message"]
+    assert "3 verified, 0 corrupt" in checks["journals"]["message"], checks["journals"]
+    assert "start refuses" not in project.cli("status").stdout
+    inspected = ok(project.cli("inspect", runs[0]["runId"], "--json"))
+    assert inspected["run"]["status"] == "waiting", inspected["run"]
+    for _ in range(2):  # and again after a stop that wrote no manifest over it
+        service = ok(project.cli("start", "--json"))["service"]
+        assert [(p["path"], p["kind"]) for p in service["storeProblems"]] == [
+            ("manifest.json", "corrupt")], service["storeProblems"]
+        assert fact in service["storeProblems"][0]["problem"]
+        assert sorted(service["restore"]["waiting"]) == waiting, service["restore"]
+        ok(project.cli("stop", "--json"))
+        assert _as_is(manifest) == planted
+        if copy is not None:
+            assert outside.read_bytes() == copy
+
+
 def test_doctor_flags_a_segment_that_is_not_private(project: Project) -> None:
     """A start never reads the old segment again, but inspect reads them all."""
     ok(project.cli("start", "--json"))

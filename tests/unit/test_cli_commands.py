@@ -709,18 +709,21 @@ def test_status_offline_says_when_start_would_refuse_intloom_toml_in_text_and_js
 def test_status_offline_names_a_store_file_start_refuses(
     capsys: pytest.CaptureFixture[str], proj: Path
 ) -> None:
-    """.intloom/runtime/manifest.json a directory: start fails STORAGE_ERROR on it, yet
-    status said only "offline. Run intloom start.". It names the file, the fact and the
-    fix, in the words of the restore that refuses it, and changes nothing. A snapshot that
-    is a link is not named: a start reports it and restores every Run."""
+    """.intloom/runtime/wal/0000000001.seg a directory: start fails STORAGE_ERROR on it,
+    yet status said only "offline. Run intloom start.". It names the file, the fact and the
+    fix, in the words of the restore that refuses it, and changes nothing. A manifest.json
+    that is a directory, or a snapshot that is a link, is not named: a start reports it as
+    a damaged file and restores every Run."""
     from intloom.errors import IntloomError
     from intloom.store.reader import load
     from tests.unit.diagnostics_support import tree
 
     runtime = proj / ".intloom" / "runtime"
-    for directory in (proj / ".intloom", runtime, runtime / "snap", runtime / "snap" / "live"):
+    for directory in (proj / ".intloom", runtime, runtime / "wal", runtime / "snap",
+                      runtime / "snap" / "live"):
         directory.mkdir(mode=0o700)
-    (runtime / "manifest.json").mkdir(mode=0o700)
+    segment = runtime / "wal" / "0000000001.seg"
+    segment.mkdir(mode=0o700)
     before = tree(proj)
     with pytest.raises(IntloomError) as start:
         load(runtime, "restore")  # what a start's restore raises on it
@@ -728,15 +731,16 @@ def test_status_offline_names_a_store_file_start_refuses(
     line = f"But intloom start refuses the project as it is: {start.value.message}"
     code, out, _ = cli(capsys, "status")
     assert code == 0 and out.splitlines()[-1] == line, out
-    assert f"{runtime / 'manifest.json'} is " in line and "move it aside" in line, line
+    assert f"{segment} is " in line and "move it aside" in line, line
     assert json.loads(cli(capsys, "status", "--json")[1])["startProblem"] == line
     assert tree(proj) == before
-    (runtime / "manifest.json").rmdir()
+    segment.rmdir()
+    (runtime / "manifest.json").mkdir(mode=0o700)
     snapshot = runtime / "snap" / "live" / f"{'a' * 64}.snap"
     snapshot.symlink_to(proj / "elsewhere.snap")
     loaded = load(runtime, "restore")
-    assert [(f.path, f.kind) for f in loaded.files] == [(f"snap/live/{snapshot.name}",
-                                                         "corrupt")]
+    assert sorted((f.path, f.kind) for f in loaded.files) == [
+        ("manifest.json", "corrupt"), (f"snap/live/{snapshot.name}", "corrupt")]
     assert json.loads(cli(capsys, "status", "--json")[1])["startProblem"] is None
     assert snapshot.is_symlink()
 

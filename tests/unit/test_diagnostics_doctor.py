@@ -199,31 +199,35 @@ def test_public_runtime_dir_is_attention(root: Path) -> None:
 
 
 def test_a_store_file_that_is_no_regular_file_is_named_with_its_fix(root: Path) -> None:
-    """manifest.json a directory: a start refuses it, yet the runtime_dir check said "ok"
-    (only a segment was looked at) and the journals check said "Fix the runtime directory".
-    It names the file and what to do; the file is kept. A snapshot that is a link is its
-    Run's problem, not the store's: the journals check names it, as a start reports it."""
+    """A segment a directory: a start refuses it, and the runtime_dir check names the file
+    and what to do; the file is kept. manifest.json a directory, or a snapshot a link, is
+    read past as a damaged file is (it refused the whole store): the journals check names
+    it, as a start reports it, and runtime_dir has nothing to say."""
     runtime = ProjectPaths(root).runtime
     live = runtime / "snap" / "live"
-    for directory in (runtime.parent, runtime, runtime / "snap", live):
+    for directory in (runtime.parent, runtime, runtime / "wal", runtime / "snap", live):
         directory.mkdir(mode=0o700)
-    manifest = runtime / "manifest.json"
-    manifest.mkdir(mode=0o700)
+    segment = runtime / "wal" / "0000000001.seg"
+    segment.mkdir(mode=0o700)
     check = {c.id: c for c in run_doctor(root).checks}["runtime_dir"]
     assert (check.status, check.message) == (
-        "attention", f"{manifest} is not a regular file."), check
+        "attention", f"{segment} is not a regular file."), check
     assert check.next is not None and check.next.startswith(
-        f"Move it aside (mv {manifest} {manifest}.bad)") and KEEP_IT in check.next, check.next
-    assert os.path.isdir(manifest)
-    manifest.rmdir()
+        f"Move it aside (mv {segment} {segment}.bad)") and KEEP_IT in check.next, check.next
+    assert os.path.isdir(segment)
+    segment.rmdir()
+    manifest = runtime / "manifest.json"
+    manifest.mkdir(mode=0o700)
     snapshot = live / f"{'b' * 64}.snap"
     snapshot.symlink_to(root / "elsewhere.snap")
     checks = {c.id: c for c in run_doctor(root).checks}
     assert checks["runtime_dir"].status == "ok", checks["runtime_dir"]
     assert checks["journals"].status == "attention", checks["journals"]
-    assert (f"snap/live/{snapshot.name} is corrupt: is a symbolic link; intloom never "
-            "follows links") in checks["journals"].message, checks["journals"]
-    assert snapshot.is_symlink()
+    for said in ("manifest.json is corrupt: is not a regular file",
+                 f"snap/live/{snapshot.name} is corrupt: is a symbolic link; intloom never "
+                 "follows links"):
+        assert said in checks["journals"].message, checks["journals"]
+    assert snapshot.is_symlink() and manifest.is_dir()
 
 
 def test_doctor_does_not_advise_running_doctor(root: Path, tmp_path: Path) -> None:
