@@ -45,10 +45,18 @@ def message_of(exc: BaseException) -> str:
     raises (a library's exception missing what its message is built from) is named here,
     rather than escaping from the error handling that reports it."""
     try:
-        return str(exc)
+        text = str(exc)
     except Exception as inner:
         return (f"(its message cannot be shown: its __str__ raised "
                 f"{type(inner).__name__})")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        # A lone surrogate (os.fsdecode of a name that is not UTF-8): neither the journal nor
+        # the socket can carry it, and the Run's failure record itself failed to encode,
+        # leaving the Run "running" for ever. Kept as its escape, as text mode shows it.
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
 
 
 # How a host in its start-up is described, by status and doctor and in the refusal a request

@@ -40,7 +40,8 @@ MISTAKES = textwrap.dedent('''
              "nested_effects", "duplicate_key", "exits", "float_wait", "set_wait",
              "confirm_dropped", "ask_dropped", "aeffect_dropped", "confirm_twice_at_once",
              "effect_while_waiting", "wait_while_effect", "unprintable",
-             "unprintable_effect", "exits_unprintably", "interrupted_unprintably"]
+             "unprintable_effect", "exits_unprintably", "interrupted_unprintably",
+             "surrogate", "surrogate_effect"]
     wf = intloom.Workflow("mistakes", version="1.0.0")
     main = wf.stage("main", state=Box)
 
@@ -211,6 +212,24 @@ MISTAKES = textwrap.dedent('''
     @main.step("unprintable_effect", routes={"done": intloom.COMPLETE})
     def unprintable_effect(ctx: intloom.StepContext[Box]) -> str:
         ctx.effect("charge", refuse, key="order-7")
+        return "done"
+
+
+    def lone_surrogate() -> None:
+        # A str a Python exception may hold (os.fsdecode of a name that is not UTF-8, say)
+        # that UTF-8, and so the journal and the socket, cannot carry.
+        raise ValueError("bad name \\udcff here")
+
+
+    @main.step("surrogate", routes={"done": intloom.COMPLETE})
+    def surrogate(ctx: intloom.StepContext[Box]) -> str:
+        lone_surrogate()
+        return "done"
+
+
+    @main.step("surrogate_effect", routes={"done": intloom.COMPLETE})
+    def surrogate_effect(ctx: intloom.StepContext[Box]) -> str:
+        ctx.effect("charge", lone_surrogate, key="order-7")
         return "done"
 
 
@@ -458,6 +477,33 @@ def test_an_exception_whose_message_cannot_be_built_is_named_by_its_type(
             "records"] if r["phase"] == "effect_done"]
         assert (done["ok"], done["error"]) == (False, (
             "Unprintable: (its message cannot be shown: its __str__ raised RuntimeError)"))
+    ok(mistakes.cli("stop", "--json"))
+
+
+@pytest.mark.parametrize("kind", ["surrogate", "surrogate_effect"])
+def test_an_exception_message_utf8_cannot_carry_fails_the_run_naming_it(
+    mistakes: Project, kind: str,
+) -> None:
+    """A message holding a lone surrogate could not be journaled: the failure's own record
+    raised UnicodeEncodeError, the Run stayed "running" for ever with nothing driving it,
+    and nothing was logged. The message now keeps the character as its escape."""
+    ok(mistakes.cli("start", "--json"))
+    run_id = ok(mistakes.cli("flow", "mistakes", "--intent", kind, "--detach", "--json"))[
+        "run"]["runId"]
+    run = eventually(lambda: next(
+        (r for r in ok(mistakes.cli("runs", "--json"))["runs"]
+         if r["runId"] == run_id and r["status"] != "running"), None),
+        timeout=20, what=f"{run_id} to end")
+    from_effect = (", from effect 'charge' (key 'order-7'), journaled done with that error"
+                   if kind == "surrogate_effect" else "")
+    assert run["status"] == "failed", run
+    assert run["lastError"]["message"] == (
+        f"Stage 'main', Step '{kind}' raised ValueError: bad name \\udcff here{from_effect}"
+    ), run
+    if kind == "surrogate_effect":
+        [done] = [r["record"] for r in ok(mistakes.cli("inspect", run_id, "--json"))[
+            "records"] if r["phase"] == "effect_done"]
+        assert (done["ok"], done["error"]) == (False, "ValueError: bad name \\udcff here")
     ok(mistakes.cli("stop", "--json"))
 
 
