@@ -224,7 +224,9 @@ class Renderer:
             from rich.markup import escape
             from rich.table import Table
 
-            console = Console(file=self.out)
+            # emoji=False: ":warning:" in an intent is text, as "[red]" is (escape() leaves
+            # emoji codes to Rich, which drew them as the emoji).
+            console = Console(file=self.out, emoji=False)
             widths = [max(cell_len(cell) for cell in (name, *(row[i] for row in rows)))
                       for i, name in enumerate(columns)]
             if sum(widths) + 2 * (len(widths) - 1) > console.width:
@@ -269,7 +271,7 @@ class Renderer:
         from rich.console import Console
         from rich.markup import escape
 
-        console = Console(file=self.err)
+        console = Console(file=self.err, emoji=False)  # as in table()
         with console.status(escape(printable(text))) as status:
             yield lambda new: status.update(escape(printable(new)))
 

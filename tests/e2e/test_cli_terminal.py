@@ -6,15 +6,17 @@ from __future__ import annotations
 import errno
 import os
 import pty
+import re
 import select
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import REPO, Project, ok, one_source_project
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 
@@ -83,3 +85,77 @@ def test_without_no_color_the_terminal_help_is_richs(tmp_path: Path) -> None:
     # The probe sees escapes when there are some, so their absence above means something.
     assert ESC in out and BOX in out
     assert b"Usage:" in out and b"RUN" in out
+
+
+# A Workflow that fails with its Run's intent as the message: each text below reaches the
+# terminal as an intent (inspect's table, Rich's on a terminal) and as an error (attach).
+ECHO = '''
+import intloom
+
+wf = intloom.Workflow("echo", version="1")
+main = wf.stage("main")
+
+
+@main.step("fail", routes={"done": intloom.COMPLETE})
+def fail(ctx: intloom.StepContext[None]) -> str:
+    raise RuntimeError(ctx.intent)
+'''
+
+# Each kind of text a terminal would obey, or Rich would read, and how text mode shows it.
+HOSTILE = {
+    "osc_title": ("a\x1b]0;pwned\x07b", "a\\x1b]0;pwned\\x07b"),
+    "csi_clear": ("a\x1b[2J\x1b[Hb", "a\\x1b[2J\\x1b[Hb"),
+    "c1_csi": ("a\x9b31mb", "a\\x9b31mb"),
+    "carriage_return": ("fake\rreal", "fake\\rreal"),
+    "backspace": ("ab\x08\x08cd", "ab\\x08\\x08cd"),
+    "bidi_override": ("a\u202etxt.exe", "a\\u202etxt.exe"),
+    "nul": ("a\x00b", "a\\x00b"),
+    "newline_prompt": ("a\nConfirm? [y/n]: ", "a\\nConfirm? [y/n]: "),
+    "rich_markup": ("[red]a[/red] [bold]b", "[red]a[/red] [bold]b"),
+    "rich_link": ("[link=https://evil.example]c[/link]", "[link=https://evil.example]c[/link]"),
+    "rich_emoji": (":warning: :red_heart:", ":warning: :red_heart:"),
+}
+# What Rich itself writes (bold headers): Select Graphic Rendition, nothing else.
+_SGR = re.compile(rb"\x1b\[[0-9;]*m")
+
+
+@pytest.fixture(scope="module")
+def hostile_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Project,
+                                                                               dict[str, str]]]:
+    """One host, and a failed Run per kind of ``HOSTILE`` text (its intent and message)."""
+    tmp = tmp_path_factory.mktemp("hostile")
+    project = one_source_project(tmp, "echo", ECHO)
+    try:  # as reaped() does: the host is reaped when the set-up fails too
+        ok(project.cli("start", "--json"))
+        runs = {}
+        for kind, (text, _) in HOSTILE.items():
+            (tmp / kind).write_text(text, newline="")
+            result = project.cli("flow", "echo", "--intent-file", str(tmp / kind), "--json")
+            assert result.code == 1, (result.code, result.stdout, result.stderr)
+            # --json keeps the text exactly, whatever text mode shows of it.
+            assert result.json["run"]["lastError"]["message"].endswith(text), result.stdout
+            runs[kind] = result.json["run"]["runId"]
+        yield project, runs
+        ok(project.cli("stop", "--json"))
+    finally:
+        project.track_host()
+        project.reap()
+
+
+@pytest.mark.parametrize("kind", list(HOSTILE))
+@pytest.mark.parametrize("args", [["inspect"], ["attach"]], ids=["inspect", "attach"])
+def test_workflow_text_reaches_a_rich_terminal_shown_not_obeyed(
+    hostile_runs: tuple[Project, dict[str, str]], kind: str, args: list[str],
+) -> None:
+    """Rich is on (a terminal, no NO_COLOR): inspect draws its table with it. An emoji code
+    (":warning:") in an intent was drawn as the emoji there: Rich read it as markup."""
+    project, runs = hostile_runs
+    code, out = on_a_terminal(["--project", str(project.root), *args, runs[kind]],
+                              project.root, no_color=False)
+    assert code == (0 if args == ["inspect"] else 1), out
+    shown = out.decode("utf-8")
+    assert HOSTILE[kind][1] in shown, shown
+    # Only Rich's own colours, and the pty's line ends: nothing of the text as a control.
+    rest = _SGR.sub(b"", out).replace(b"\r\n", b"\n")
+    assert not re.search(rb"[\x00-\x08\x0b-\x1f\x7f]", rest), rest
+    assert not re.search("[\x80-\x9f\u202a-\u202e\u2066-\u2069\u26a0\u2764]", shown), shown
