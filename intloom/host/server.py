@@ -167,6 +167,12 @@ def _bind_any_of(ports: str) -> socket.socket:
     raise OSError(errno.EADDRINUSE, f"no free port in {ports} ({TEST_PORTS_ENV})")
 
 
+# Connections past ``Limits.max_connections`` that may still ask who the host is or stop it,
+# one request each: a client that leaks its connections fills the cap for the idle timeout,
+# and intloom stop and intloom status must not wait that out (nor need a signal).
+CONTROL_SLOTS: Final = 4
+
+
 # Requests that start or change work; the others only read (or stop the host).
 _WORK: Final = (CreateRun, Answer, Cancel, ClaimAgentCall, CallTool, CompleteAgentCall,
                 FailAgentCall)
@@ -327,6 +333,7 @@ class Server:
         self._server: asyncio.Server | None = None
         self._sessions: set[asyncio.Task[None]] = set()
         self._busy: set[asyncio.Task[None]] = set()  # sessions inside a request
+        self._control: set[asyncio.Task[None]] = set()  # sessions past the cap (CONTROL_SLOTS)
         self._idle = asyncio.Event()  # set whenever no session is inside a request
         self._idle.set()
 
@@ -344,7 +351,8 @@ class Server:
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
-        if len(self._sessions) >= self.limits.max_connections:
+        control = len(self._sessions) - len(self._control) >= self.limits.max_connections
+        if control and len(self._control) >= CONTROL_SLOTS:
             self.log.warning("connection_refused", reason="too_many_connections",
                              limit=self.limits.max_connections)
             await self._send_quietly(writer, _error(
@@ -367,8 +375,10 @@ class Server:
             await self._close(writer)
             return
         self._sessions.add(task)
+        if control:
+            self._control.add(task)
         try:
-            await self._session(reader, writer, task)
+            await self._session(reader, writer, task, control=control)
         except _Refused as refused:
             if refused.reply is not None:
                 await self._send_quietly(writer, refused.reply)
@@ -384,6 +394,7 @@ class Server:
             self.log.error("connection_failed", error=type(exc).__name__, detail=str(exc)[:500])
         finally:
             self._sessions.discard(task)
+            self._control.discard(task)
             self._leave(task)
             await self._close(writer)
 
@@ -449,13 +460,17 @@ class Server:
             ))
 
     async def _session(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, task: asyncio.Task[None]
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, task: asyncio.Task[None],
+        *, control: bool = False,
     ) -> None:
+        """``control``: a connection past the cap (CONTROL_SLOTS), served one status or stop
+        request, at the hello's pace."""
         await self._handshake(reader)
         await self._write(writer, self.hello)
         while True:
             try:
-                body = await self._read(reader, self.limits.idle_timeout)
+                body = await self._read(reader, self.limits.hello_timeout if control
+                                        else self.limits.idle_timeout)
             except FrameClosed as closed:
                 if closed.clean:
                     return
@@ -466,6 +481,15 @@ class Server:
                 # The frame boundary is intact, so the connection can go on.
                 await self._write(writer, _error("INVALID_REQUEST", f"{exc}."))
                 continue
+            if control and not isinstance(request, (Status, Stop)):
+                raise _Refused(_error(
+                    "BUSY",
+                    f"The host already serves {self.limits.max_connections} connections, the "
+                    f"most it serves; past them it takes only a status or a stop. The "
+                    f"{type(request).__name__} request was refused; nothing was done. Close "
+                    "idle clients (the host closes a connection idle for "
+                    f"{self.limits.idle_timeout:g} s) and retry.",
+                ))
             self._busy.add(task)
             self._idle.clear()
             try:
@@ -478,6 +502,8 @@ class Server:
                 self._leave(task)
             if isinstance(request, Stop) and isinstance(reply, Stopping):
                 self.on_stop()
+            if control:
+                return
 
     def _leave(self, task: asyncio.Task[None]) -> None:
         self._busy.discard(task)

@@ -18,7 +18,7 @@ import pytest
 
 from intloom.client.client import Client
 from intloom.errors import IntloomError
-from intloom.host.server import Limits
+from intloom.host.server import CONTROL_SLOTS, Limits
 from intloom.protocol.messages import MAX_FRAME, PROTOCOL, ErrorReply, HelloOk, StatusReply
 from tests.helpers import Project, eventually
 from tests.integration.host_support import (
@@ -276,6 +276,16 @@ def test_connection_cap_refuses_the_extra_connection(
             sock.sendall(hello_frame(token_of(project)))
             assert isinstance(reply(sock), HelloOk)
             held.append(sock)
+        # Past the cap, a connection is served a status or a stop only.
+        with Client.connect(project.root) as client, pytest.raises(IntloomError) as refused:
+            client.runs()
+        assert refused.value.code == "BUSY"
+        for _ in range(CONTROL_SLOTS):
+            sock = raw(service.port)
+            sock.sendall(hello_frame(token_of(project)))
+            assert isinstance(reply(sock), HelloOk)
+            held.append(sock)
+        # Past those, the hello itself is refused.
         with pytest.raises(IntloomError) as refused:
             Client.connect(project.root)
         assert refused.value.code == "BUSY"
@@ -285,6 +295,42 @@ def test_connection_cap_refuses_the_extra_connection(
     # Freed slots are usable again.
     eventually(lambda: _serves_quietly(project, service.instance_id), timeout=10,
                what="the host to accept connections again")
+
+
+def test_stop_and_status_still_work_when_the_connection_cap_is_reached(
+    project: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A script that leaks its clients holds every slot for the idle timeout (600 s): stop
+    # was refused BUSY ("The service rejected shutdown"), status said "blocked", and the
+    # only way out was a signal. A stop or a status must still get through; other requests
+    # stay refused, saying so.
+    monkeypatch.setenv("INTLOOM_TEST_MAX_CONNECTIONS", "3")
+    service = start(project).service
+    held: list[socket.socket] = []
+    try:
+        for _ in range(3):
+            sock = raw(service.port)
+            sock.sendall(hello_frame(token_of(project)))
+            assert isinstance(reply(sock), HelloOk)
+            held.append(sock)
+        status = project.cli("status", "--json")
+        assert status.code == 0, (status.stdout, status.stderr)
+        assert status.json.get("service", {}).get("instanceId") == service.instance_id, (
+            status.stdout)
+        runs = project.cli("runs", "--json")
+        assert runs.code == 1 and runs.json["error"]["code"] == "BUSY", runs.stdout
+        message = runs.json["error"]["message"]
+        assert "already serves 3 connections" in message, message
+        assert "ListRuns request was refused; nothing was done" in message, message
+        stopped = project.cli("stop", "--json")
+        assert stopped.code == 0 and stopped.json["stopped"] is True, (stopped.stdout,
+                                                                        stopped.stderr)
+        # Every held connection is closed by the stop, not left to the idle timeout.
+        assert all(closed(sock) for sock in held)
+    finally:
+        for sock in held:
+            sock.close()
+    assert not (project.state / "service.json").exists()
 
 
 def _serves_quietly(project: Project, instance_id: str) -> bool:
