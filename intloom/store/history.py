@@ -8,6 +8,7 @@ records). It is for one Run on demand, never for startup. Read-only.
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from pathlib import Path
 from typing import Final, Literal
 
@@ -21,6 +22,7 @@ from intloom.store.framing import (
     FRAME_MAGIC,
     KIND_RECORD,
     KIND_VOID,
+    SegmentScan,
     VoidNotice,
     rebuilt_payload,
     scan_segment,
@@ -35,7 +37,7 @@ from intloom.store.snapshots import (
     snapshot_name,
 )
 
-__all__ = ["HistoryEntry", "read_history", "read_summary"]
+__all__ = ["HistoryEntry", "read_histories", "read_history", "read_summary"]
 
 Verdict = Literal[
     "ok",  # checksum valid, decodes, and follows the previous record
@@ -89,23 +91,34 @@ def read_history(runtime_dir: Path, run_id: str, *,
     that record leaves ends the list at the same place (``Store.history``). ``inspect``
     reads everything.
     """
+    return read_histories(runtime_dir, [run_id], damage_elsewhere=damage_elsewhere)[run_id]
+
+
+def read_histories(runtime_dir: Path, run_ids: Collection[str], *,
+                   damage_elsewhere: bool = True) -> dict[str, list[HistoryEntry]]:
+    """``read_history`` of each of ``run_ids``, from one read of the log: the Runs of a
+    busy log share its segments, and reading it once per Run multiplied the wait of the
+    last one asked (many followers of restored Runs at once) by their number. A segment
+    skipped only when it holds none of their ids (``damage_elsewhere=False``)."""
     layout = Layout(runtime_dir)
     if not check_dir(runtime_dir) or not check_dir(layout.wal):
-        return []
+        return {run_id: [] for run_id in run_ids}
     scans = []
-    wanted = run_id.encode()
+    ids = frozenset(run_ids)
+    wanted = [run_id.encode() for run_id in ids]
     for name in list_names(layout.wal):
         number = segment_number(name)
         if number is None:
             continue
         data = read_file(layout.wal / name)
-        if data is not None and (damage_elsewhere or not _unrelated(data, wanted)):
+        if data is not None and (damage_elsewhere
+                                 or not all(_unrelated(data, w) for w in wanted)):
             scan = scan_segment(name, number, data)
             scan.written_this_boot = written_this_boot(layout.wal / name)
-            # Keep only what this Run's history needs (its records and the void notices), so
-            # memory holds one segment at a time, not the whole log.
+            # Keep only what these Runs' histories need (their records and the void
+            # notices), so memory holds one segment at a time, not the whole log.
             scan.frames = [f for f in scan.frames if f.kind == KIND_VOID
-                           or (f.kind == KIND_RECORD and f.run_id == run_id)]
+                           or (f.kind == KIND_RECORD and f.run_id in ids)]
             scans.append(scan)
             del data, scan
     scans.sort(key=lambda s: s.number)
@@ -117,7 +130,12 @@ def read_history(runtime_dir: Path, run_id: str, *,
     except SnapshotError:
         pass  # a damaged manifest only loses void notices the segments repeat
     voids = void_cuts(notices, scans)
+    return {run_id: _judged(layout, scans, voids, run_id) for run_id in ids}
 
+
+def _judged(layout: Layout, scans: list[SegmentScan], voids: dict[int, int],
+            run_id: str) -> list[HistoryEntry]:
+    """``run_id``'s records in ``scans``, judged one by one (``read_history``)."""
     entries: list[HistoryEntry] = []
     state: RunState | None = None
     expected = 1

@@ -17,7 +17,7 @@ import queue
 import signal
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,7 +58,7 @@ from intloom.store.framing import (
     encode_segment_header,
     segment_name,
 )
-from intloom.store.history import read_history
+from intloom.store.history import HistoryEntry, read_histories
 from intloom.store.reader import StoreReport, load
 
 __all__ = ["DEFAULT_SEGMENT_BYTES", "Store"]
@@ -197,6 +197,10 @@ class Store:
         self._thread.start()
         # Writer-thread state (touched by one flush job at a time).
         self._history_lock = threading.Lock()  # one whole-log read at a time (history)
+        # The callers waiting for a read (by Run) and what a read found for them.
+        self._history_mutex = threading.Lock()
+        self._history_waiting: Counter[str] = Counter()
+        self._history_read: dict[str, list[HistoryEntry]] = {}
         self._tracks: dict[str, Track] = {}
         self._fd = -1
         self._number = 0
@@ -670,15 +674,35 @@ class Store:
     def history(self, run_id: str, upto_seq: int) -> list[Record]:
         """The Run's records 1..``upto_seq`` read back from the log (``JournalPort.history``).
 
-        Reads every segment, one caller at a time, and decodes those that hold the Run's
-        records or a void notice: each read holds one segment and this Run's records in
-        memory while it runs. A torn or void record never happened (the next host wrote that
-        seq again); a record being appended meanwhile is past ``upto_seq``. Any other damage
-        ends the list there (or the gap it leaves does: ``read_history``).
+        Reads every segment, one read at a time, and decodes those that hold the Run's
+        records or a void notice: each read holds one segment and these Runs' records in
+        memory while it runs. One read serves every Run whose caller waits for it when it
+        begins: the log is the same for all, and one read per Run made the last of many
+        followers of restored Runs wait for all the reads before its own. A torn or void
+        record never happened (the next host wrote that seq again); a record being appended
+        meanwhile is past ``upto_seq``. Any other damage ends the list there (or the gap it
+        leaves does: ``read_history``).
         """
         records: list[Record] = []
-        with self._history_lock:
-            entries = read_history(self.layout.root, run_id, damage_elsewhere=False)
+        with self._history_mutex:
+            self._history_waiting[run_id] += 1
+        try:
+            with self._history_lock:
+                with self._history_mutex:
+                    found = self._history_read.get(run_id)
+                    wanted = set(self._history_waiting) - set(self._history_read)
+                if found is None:
+                    read = read_histories(self.layout.root, wanted, damage_elsewhere=False)
+                    found = read[run_id]
+                    with self._history_mutex:
+                        self._history_read.update(read)
+        finally:
+            with self._history_mutex:
+                self._history_waiting[run_id] -= 1
+                if self._history_waiting[run_id] <= 0:
+                    del self._history_waiting[run_id]
+                    self._history_read.pop(run_id, None)
+        entries = found
         for entry in entries:
             if entry.seq > upto_seq:
                 break

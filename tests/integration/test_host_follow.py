@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 import textwrap
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -117,3 +118,81 @@ def _reset(sock: socket.socket) -> bool:
     except OSError:
         return True
     return False
+
+
+# Each Run writes a few MiB (its effects' results) and then waits: a log of several Runs
+# that a follower of any of them, once restored, reads back for its history.
+HEAVY = textwrap.dedent('''
+    import intloom
+
+
+    heavy = intloom.Workflow("heavy", version="1")
+    work = heavy.stage("work")
+
+
+    @work.step("fill", routes={"filled": "wait"})
+    def fill(ctx):
+        for i in range(4):
+            ctx.effect("blob", str, "x" * 1_000_000, key=str(i))
+        return "filled"
+
+
+    @work.step("wait", routes={"ok": intloom.COMPLETE})
+    async def wait(ctx):
+        answer = await ctx.confirm({"go": True})
+        return "ok"
+
+
+    @wait.recover
+    def wait_recover(ctx, saved):
+        return "ok"
+''')
+
+
+@pytest.fixture
+def heavy(tmp_path: Path) -> Iterator[Project]:
+    yield from reaped(one_source_project(tmp_path, "heavy", HEAVY))
+
+
+def _read_bytes(pid: int) -> int:
+    """Bytes the process has read (files and sockets alike), as the kernel counts them."""
+    with open(f"/proc/{pid}/io", encoding="ascii") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("rchar:"))
+
+
+@pytest.mark.skipif(not Path("/proc/self/io").exists(), reason="needs /proc/<pid>/io")
+def test_followers_of_restored_runs_at_once_share_one_read_of_the_log(
+    heavy: Project,
+) -> None:
+    # The first follower of a restored Run reads its earlier history from the log: every
+    # segment, one read at a time. Each follower had a read of its own, so the last of many
+    # waited for all of them (8 followers of a busy project's restored Runs: 76 s for the
+    # last one's first event). Reads that begin while others wait now serve them all.
+    project = heavy
+    start(project)
+    with Client.connect(project.root) as client:
+        runs = [client.create_run("heavy", "{}", wait=True).run_id for _ in range(6)]
+    assert project.cli("stop", "--json").code == 0
+    log = sum(f.stat().st_size for f in (project.state / "runtime" / "wal").iterdir())
+    assert log > 20_000_000
+    pid = start(project).service.pid
+    before = _read_bytes(pid)
+    firsts: dict[str, RunEvent] = {}
+
+    def follow(run_id: str) -> None:
+        with Client.connect(project.root) as client:
+            stream = client.subscribe(run_id)
+            firsts[run_id] = next(stream)
+            stream.close()
+
+    threads = [threading.Thread(target=follow, args=(run_id,)) for run_id in runs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert sorted(firsts) == sorted(runs)
+    assert all(event.history for event in firsts.values())
+    reads = (_read_bytes(pid) - before) / log
+    # One read for the first follower, one for those that came while it ran (a third
+    # for a late one at most); one each was six.
+    assert reads < 3.5, f"the host read the log {reads:.1f} times for 6 followers"
