@@ -2,8 +2,9 @@
 
 The launcher's contract (``intloom.client.lifecycle``): the host reports over ``--ready-fd``
 as described in ``intloom.host.readiness`` and exits 0 after a clean stop, 1 otherwise.
-Test-only knobs: ``INTLOOM_TEST_HELLO_TIMEOUT``, ``INTLOOM_TEST_IDLE_TIMEOUT`` and
-``INTLOOM_TEST_WRITE_TIMEOUT`` (seconds) shorten the connection timeouts,
+Test-only knobs: ``INTLOOM_TEST_HELLO_TIMEOUT``, ``INTLOOM_TEST_IDLE_TIMEOUT``,
+``INTLOOM_TEST_FRAME_TIMEOUT`` and ``INTLOOM_TEST_WRITE_TIMEOUT`` (seconds) shorten the
+connection timeouts,
 ``INTLOOM_TEST_MAX_CONNECTIONS`` lowers the connection cap, ``INTLOOM_TEST_FOLLOW_BACKLOG``
 (bytes) a follower's backlog, ``INTLOOM_TEST_SUSPEND_GRACE``
 shortens how long a stop waits for Steps in flight, ``INTLOOM_TEST_FATAL=1`` raises right

@@ -190,6 +190,9 @@ class Limits:
     # the token from making the host hold MAX_FRAME bytes per connection (256 x 4 MiB).
     hello_frame: int = 16 * 1024
     idle_timeout: float = 600.0  # between two requests of an authenticated connection
+    # From a frame's length prefix to its last byte: a frame begun and left unfinished would
+    # hold up to MAX_FRAME bytes for the idle timeout (256 such peers: 1 GiB).
+    frame_timeout: float = 30.0
     write_timeout: float = 30.0  # a peer that stops reading loses its connection
     # Bytes a follower's connection may hold unsent, beyond its history, before the next batch
     # of its Run's events (``FollowBacklog``): over it, the follower is disconnected (its
@@ -402,7 +405,8 @@ class Server:
                     size: int = MAX_FRAME) -> bytes:
         try:
             async with asyncio.timeout(limit):
-                return await read_frame(reader, limit=size)
+                return await read_frame(reader, limit=size,
+                                        body_timeout=self.limits.frame_timeout)
         except TimeoutError:
             raise _Refused(None) from None  # slow or idle: just close
         except FrameError as exc:

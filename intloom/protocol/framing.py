@@ -117,18 +117,28 @@ def decode_response(body: bytes) -> Response:
 # ----- asyncio (host) ------------------------------------------------------------------------
 
 
-async def read_frame(reader: asyncio.StreamReader, *, limit: int = MAX_FRAME) -> bytes:
-    """One frame body. Raises FrameClosed at EOF and FrameError for a bad length prefix."""
+async def read_frame(reader: asyncio.StreamReader, *, limit: int = MAX_FRAME,
+                     body_timeout: float | None = None) -> bytes:
+    """One frame body. Raises FrameClosed at EOF and FrameError for a bad length prefix, or
+    for a body that does not follow its length prefix within ``body_timeout`` seconds."""
     try:
         header = await reader.readexactly(HEADER_SIZE)
     except EOFError as exc:  # asyncio.IncompleteReadError is an EOFError
         raise FrameClosed(clean=not getattr(exc, "partial", b"")) from None
     (length,) = _HEADER.unpack(header)
     _check_length(length, limit)
+    import asyncio  # loaded already by whoever awaits this; not on the CLI's start-up path
+
     try:
-        return await reader.readexactly(length)
+        async with asyncio.timeout(body_timeout):
+            return await reader.readexactly(length)
     except EOFError:
         raise FrameClosed(clean=False) from None
+    except TimeoutError:
+        raise FrameError(
+            f"the rest of a frame of {length} bytes did not arrive within {body_timeout:g} s "
+            "of its length prefix", fatal=True,
+        ) from None
 
 
 async def write_frame(writer: asyncio.StreamWriter, message: msgspec.Struct) -> None:

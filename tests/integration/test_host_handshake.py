@@ -169,6 +169,27 @@ def test_idle_authenticated_connection_is_closed(
     assert serves(project.root, service.instance_id)
 
 
+def test_an_authenticated_peer_that_stops_mid_frame_is_closed_after_the_frame_timeout(
+    project: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A frame begun and never finished held up to 4 MiB of the host's memory for the idle
+    # timeout (600 s): 100 such peers took its RSS from 31 MiB to 432 MiB for ten minutes.
+    # Once its length prefix has come, the rest must follow within the frame timeout.
+    monkeypatch.setenv("INTLOOM_TEST_FRAME_TIMEOUT", "0.5")
+    service = start(project).service
+    with raw(service.port) as sock:
+        sock.sendall(hello_frame(token_of(project)))
+        assert isinstance(reply(sock), HelloOk)
+        sock.sendall(frame(b"\x00" * 1_000_000)[:500_000])
+        refused = reply(sock)
+        assert error_code(refused) == "INVALID_REQUEST"
+        message = refused.error.message  # type: ignore[union-attr]
+        assert "of a frame of 1000000 bytes" in message, message
+        assert "The connection was closed" in message, message
+        assert closed(sock)
+    assert serves(project.root, service.instance_id)
+
+
 def test_a_client_whose_idle_connection_the_host_closed_connects_again_before_sending(
     project: Project, monkeypatch: pytest.MonkeyPatch
 ) -> None:
