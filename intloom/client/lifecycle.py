@@ -1027,6 +1027,17 @@ def _request_stop(root: Path, paths: ProjectPaths, target: _Target,
             if _released(paths, target):
                 return _Asked("the host had already released its files")
             raise
+        if exc.code == "BUSY":
+            # Its connections (or descriptors) are all taken: "close idle clients" alone
+            # leaves a user whose leaked clients hold them with no way to stop it.
+            raise IntloomError(
+                "CLI_SERVICE_UNAVAILABLE",
+                f"The host (pid {target.pid}) refused the connection, so the stop request was "
+                f"not sent and it runs on: {exc.message} Retry intloom stop in a moment, or "
+                f"stop it with kill -TERM {target.pid} (a graceful stop: it suspends its Runs "
+                "at their boundaries, then exits).",
+                retryable=True,
+            ) from None
         raise IntloomError(
             "CLI_SERVICE_UNAVAILABLE",
             f"The service rejected shutdown ({exc.code}: {exc.message})",

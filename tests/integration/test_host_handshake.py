@@ -354,6 +354,32 @@ def test_stop_and_status_still_work_when_the_connection_cap_is_reached(
     assert not (project.state / "service.json").exists()
 
 
+def test_a_stop_refused_at_the_connection_cap_says_how_to_stop_the_host(
+    project: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # With every slot taken, past the cap too, intloom stop said only "The service rejected
+    # shutdown (BUSY: ... Close idle clients and retry.)": no pid, no other way to stop it.
+    monkeypatch.setenv("INTLOOM_TEST_MAX_CONNECTIONS", "1")
+    service = start(project).service
+    held: list[socket.socket] = []
+    try:
+        for _ in range(1 + CONTROL_SLOTS):
+            sock = raw(service.port)
+            sock.sendall(hello_frame(token_of(project)))
+            assert isinstance(reply(sock), HelloOk)
+            held.append(sock)
+        stopped = project.cli("stop", "--json")
+    finally:
+        for sock in held:
+            sock.close()
+    assert stopped.code == 1, stopped.stdout
+    error = stopped.json["error"]
+    assert error["code"] == "CLI_SERVICE_UNAVAILABLE", error
+    assert "the stop request was not sent and it runs on" in error["message"], error
+    assert f"kill -TERM {service.pid}" in error["message"], error
+    assert serves(project.root, service.instance_id)
+
+
 def _serves_quietly(project: Project, instance_id: str) -> bool:
     try:
         return serves(project.root, instance_id)
