@@ -17,9 +17,11 @@ import os
 import random
 import resource
 import socket
+import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
@@ -165,6 +167,11 @@ def _bind_any_of(ports: str) -> socket.socket:
             if exc.errno != errno.EADDRINUSE:
                 raise
     raise OSError(errno.EADDRINUSE, f"no free port in {ports} ({TEST_PORTS_ENV})")
+
+
+# Seconds between two connection_refused lines of one capacity reason: a client retrying a
+# BUSY in a loop wrote ~1,100 lines (140 KB) a second, without end.
+REFUSED_QUIET: Final = 60.0
 
 
 # Connections past ``Limits.max_connections`` that may still ask who the host is or stop it,
@@ -337,6 +344,8 @@ class Server:
         self._sessions: set[asyncio.Task[None]] = set()
         self._busy: set[asyncio.Task[None]] = set()  # sessions inside a request
         self._control: set[asyncio.Task[None]] = set()  # sessions past the cap (CONTROL_SLOTS)
+        self._refusals: Counter[str] = Counter()  # refused since the last line, by reason
+        self._refused_at: dict[str, float] = {}  # monotonic time of that line
         self._idle = asyncio.Event()  # set whenever no session is inside a request
         self._idle.set()
 
@@ -356,8 +365,7 @@ class Server:
         assert task is not None
         control = len(self._sessions) - len(self._control) >= self.limits.max_connections
         if control and len(self._control) >= CONTROL_SLOTS:
-            self.log.warning("connection_refused", reason="too_many_connections",
-                             limit=self.limits.max_connections)
+            self._refused("too_many_connections", limit=self.limits.max_connections)
             await self._send_quietly(writer, _error(
                 "BUSY",
                 f"The host already serves {self.limits.max_connections} connections. Close "
@@ -368,8 +376,8 @@ class Server:
         fds = descriptors()
         if fds is not None and fds[1] - fds[0] < FD_RESERVE:
             count, soft = fds
-            self.log.warning("connection_refused", reason="too_few_descriptors", open=count,
-                             limit=soft, connections=len(self._sessions))
+            self._refused("too_few_descriptors", open=count, limit=soft,
+                          connections=len(self._sessions))
             await self._send_quietly(writer, _error(
                 "BUSY",
                 "The host cannot serve another connection without running out of file "
@@ -400,6 +408,19 @@ class Server:
             self._control.discard(task)
             self._leave(task)
             await self._close(writer)
+
+    def _refused(self, reason: str, **context: Any) -> None:
+        """Log a connection refused for want of room: the first at once, then at most one
+        line a ``REFUSED_QUIET`` per reason, with ``times``, the refusals since the last
+        line (this one included)."""
+        self._refusals[reason] += 1
+        now = time.monotonic()
+        said = self._refused_at.get(reason)
+        if said is not None and now - said < REFUSED_QUIET:
+            return
+        self._refused_at[reason] = now
+        self.log.warning("connection_refused", reason=reason,
+                         times=self._refusals.pop(reason), **context)
 
     async def _read(self, reader: asyncio.StreamReader, limit: float,
                     size: int = MAX_FRAME) -> bytes:

@@ -380,6 +380,33 @@ def test_a_stop_refused_at_the_connection_cap_says_how_to_stop_the_host(
     assert serves(project.root, service.instance_id)
 
 
+def test_connections_refused_at_the_cap_are_logged_once_with_a_count(
+    project: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A client retrying its BUSY in a loop wrote one connection_refused line per attempt
+    # (~1,100 lines, 140 KB, a second), without end.
+    monkeypatch.setenv("INTLOOM_TEST_MAX_CONNECTIONS", "1")
+    service = start(project).service
+    held: list[socket.socket] = []
+    try:
+        for _ in range(1 + CONTROL_SLOTS):
+            sock = raw(service.port)
+            sock.sendall(hello_frame(token_of(project)))
+            assert isinstance(reply(sock), HelloOk)
+            held.append(sock)
+        for _ in range(30):
+            with raw(service.port) as sock:
+                assert error_code(reply(sock)) == "BUSY"
+    finally:
+        for sock in held:
+            sock.close()
+    log = next((project.state / "logs").glob("LOG-*.jsonl")).read_text().splitlines()
+    refused = [entry for entry in map(json.loads, log) if entry["event"] == "connection_refused"]
+    assert len(refused) == 1, refused[:3]
+    assert refused[0]["reason"] == "too_many_connections" and refused[0]["times"] == 1
+    assert serves(project.root, service.instance_id)
+
+
 def _serves_quietly(project: Project, instance_id: str) -> bool:
     try:
         return serves(project.root, instance_id)
