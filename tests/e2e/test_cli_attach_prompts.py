@@ -361,3 +361,42 @@ def test_attach_without_an_event_stream_stops_following_an_agent_task(
     assert (f"The Run's event stream ended (or could not be opened) while it still waits on "
             f"task {call}; attach stops following") in text, text[:2000]
     assert ok(project.cli("runs", "--json"))["runs"][0]["status"] == "waiting"
+
+
+def test_attach_whose_stream_was_never_opened_says_so_not_that_it_read_too_slowly(
+    soak_project: Project,
+) -> None:
+    """attach's event stream refused at the host's connection cap, then the host stopped:
+    attach said the stream "ended before its last event (a host closes the stream of a
+    follower that reads its events too slowly: its log then says follower_too_slow)", which
+    no log said. It says the stream could not be opened, and why."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    project = soak_project
+    # One connection: attach's own; its stream's is refused (BUSY).
+    ok(project.cli("start", "--json", env={"INTLOOM_TEST_MAX_CONNECTIONS": "1"}))
+    run_id = ok(project.cli("flow", "soak-ticker", "--intent", "goal=100000 delay=0.05",
+                            "--detach", "--json"))["run"]["runId"]
+    port = json.loads((project.state / "connection.json").read_text())["port"]
+    attach = subprocess.Popen(
+        [sys.executable, "-m", "intloom", "--project", str(project.root), "attach", run_id],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "NO_COLOR": "1"})
+    try:
+        def connected() -> bool:  # attach holds the one slot: its main connection
+            return any(c.raddr and c.raddr.port == port and c.status == "ESTABLISHED"
+                       for c in psutil.Process(attach.pid).net_connections())
+
+        eventually(connected, timeout=20, what="attach to connect")
+        ok(project.cli("stop", "--json"))
+        out, err = attach.communicate(timeout=30)
+    finally:
+        attach.kill()
+        attach.wait()
+    assert attach.returncode == 1, (out, err)
+    assert "RUN_INTERRUPTED" in out, out
+    assert "too slowly" not in err and "follower_too_slow" not in err, err
+    assert f"The event stream of Run {run_id} could not be opened (" in err, err

@@ -144,6 +144,7 @@ class _Follower(threading.Thread):
         self._printing = threading.Lock()
         self._closed = False
         self.broken = False  # the stream ended on an error, not on its final event or close()
+        self.broke_with: IntloomError | None = None  # that error
 
     def _show(self, event: RunEvent) -> None:
         before = omitted_line(event, self._run_id)
@@ -171,12 +172,13 @@ class _Follower(threading.Thread):
                         self._term.wake()
                     if event.final:
                         break
-        except IntloomError:
+        except IntloomError as exc:
             # The stream is a display only; the view on the main connection decides, and
             # says why when the host went away. One that still answers cut this stream
-            # (a follower too slow for it): ``cut_short`` says so.
+            # (a follower too slow for it), or refused it: ``cut_short`` says so.
             with self._cond:
                 self.broken = not self._closed
+                self.broke_with = exc
         except Exception:
             # Not the stream's: stdout gone (``attach RUN | head -1``), which the final
             # view's print meets too, and which is no failure to speak of.
@@ -255,6 +257,13 @@ class _Follower(threading.Thread):
         one shown are missing from the display."""
         with self._cond:
             return self.broken and self.final is None
+
+    def cut_note(self) -> str:
+        """What ``cut_short`` means, from the stream's own error: one never opened (refused
+        at the host's connection cap, or by a stopping host) was said to have been closed
+        for reading too slowly."""
+        with self._cond:
+            return _cut_short(self._run_id, self.broke_with, opened=bool(self._seen))
 
     def past_task(self, view: RunView) -> None:
         """Block until the stream shows the Run no longer waiting on ``view``'s Agent task
@@ -343,7 +352,12 @@ def _still_asked(client: Client, run_id: str, action_id: str,
     return check
 
 
-def _cut_short(run_id: str) -> str:
+def _cut_short(run_id: str, error: IntloomError | None = None, *, opened: bool = True) -> str:
+    if not opened and error is not None:
+        return (f"The event stream of Run {run_id} could not be opened ({error.code}: "
+                f"{error.message}), so none of its events were shown, only the Run as the "
+                f"host reported it. intloom attach {run_id} tries again, and intloom inspect "
+                f"{run_id} shows every record.")
     return (f"The event stream of Run {run_id} ended before its last event (a host closes the "
             "stream of a follower that reads its events too slowly: its log then says "
             "follower_too_slow), so the events after the last one shown are missing. intloom "
@@ -412,7 +426,7 @@ def _follow(state: CliState, client: Client, run_id: str,
                 continue
             if view.status != "waiting" or action is None or term is None:
                 if follower.cut_short():
-                    state.renderer.note(_cut_short(run_id))
+                    state.renderer.note(follower.cut_note())
                 return view, follower.suspended(view)
             term.check = _still_asked(client, run_id, action.id, follower)
             try:
