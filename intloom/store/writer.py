@@ -197,10 +197,12 @@ class Store:
         self._thread.start()
         # Writer-thread state (touched by one flush job at a time).
         self._history_lock = threading.Lock()  # one whole-log read at a time (history)
-        # The callers waiting for a read (by Run) and what a read found for them.
+        # The callers waiting for a read (by Run), what a read found for them and the number
+        # of that read (reads are numbered as they begin: ``_history_reads``).
         self._history_mutex = threading.Lock()
         self._history_waiting: Counter[str] = Counter()
-        self._history_read: dict[str, list[HistoryEntry]] = {}
+        self._history_read: dict[str, tuple[int, list[HistoryEntry]]] = {}
+        self._history_reads = 0
         self._tracks: dict[str, Track] = {}
         self._fd = -1
         self._number = 0
@@ -686,16 +688,25 @@ class Store:
         records: list[Record] = []
         with self._history_mutex:
             self._history_waiting[run_id] += 1
+            asked = self._history_reads  # only a read begun after this may serve it
         try:
             with self._history_lock:
                 with self._history_mutex:
-                    found = self._history_read.get(run_id)
-                    wanted = set(self._history_waiting) - set(self._history_read)
+                    hit = self._history_read.get(run_id)
+                    # A read begun before this call could miss records up to ``upto_seq``
+                    # (another follower of the same Run, served by it, still holds it here).
+                    found = hit[1] if hit is not None and hit[0] > asked else None
+                    if found is None:
+                        self._history_reads += 1
+                        began = self._history_reads
+                        wanted = set(self._history_waiting)
                 if found is None:
                     read = read_histories(self.layout.root, wanted, damage_elsewhere=False)
                     found = read[run_id]
                     with self._history_mutex:
-                        self._history_read.update(read)
+                        for rid, entries in read.items():
+                            if rid in self._history_waiting:
+                                self._history_read[rid] = (began, entries)
         finally:
             with self._history_mutex:
                 self._history_waiting[run_id] -= 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -169,3 +170,53 @@ def test_a_loop_waiter_is_woken_by_a_thread_flush(tmp_path: Path) -> None:
     journals = by_id(read_runs(root))
     assert journals["RUN-L"].state == fold(loop_run)
     assert journals["RUN-T"].state == fold(thread_run)
+
+
+def test_a_history_read_begun_before_a_call_never_serves_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Followers waiting together share one read of the log (``Store.history``), but a read
+    that began before a call may lack records the call asks for: a second follower of the
+    same Run, arriving while the first still held a read's result, was served those records
+    and got a history cut short of its ``upto_seq``."""
+    import intloom.store.writer as writer_module
+
+    records = walk("RUN-A", 5, 1)
+    store = open_store(tmp_path / "runtime")
+    try:
+        for record in records[:3]:
+            store.append("RUN-A", record)
+        store.sync_blocking()
+        read_done, go_on = threading.Event(), threading.Event()
+        real = writer_module.read_histories
+        reads: list[set[str]] = []
+
+        def paused(*args: object, **kwargs: object) -> object:
+            found = real(*args, **kwargs)  # type: ignore[arg-type]
+            reads.append(set(found))
+            if len(reads) == 1:  # the first read: held until the second caller has asked
+                read_done.set()
+                go_on.wait(timeout=10)
+            return found
+
+        monkeypatch.setattr(writer_module, "read_histories", paused)
+        got: dict[str, list[Record]] = {}
+        first = threading.Thread(target=lambda: got.update(first=store.history("RUN-A", 3)))
+        first.start()
+        assert read_done.wait(timeout=10)
+        for record in records[3:]:
+            store.append("RUN-A", record)
+        store.sync_blocking()  # records 4 and 5 are in the log after that read
+        second = threading.Thread(target=lambda: got.update(second=store.history("RUN-A", 5)))
+        second.start()
+        deadline = time.monotonic() + 10
+        while store._history_waiting["RUN-A"] < 2:  # the second caller has asked
+            assert time.monotonic() < deadline, "the second history call never asked"
+            time.sleep(0.001)
+        go_on.set()
+        first.join(timeout=10)
+        second.join(timeout=10)
+        assert got["first"] == records[:3]
+        assert got["second"] == records, len(got["second"])
+        assert len(reads) == 2  # the second call read the log again
+    finally:
+        store.close_blocking()
