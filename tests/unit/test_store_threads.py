@@ -179,6 +179,7 @@ def test_a_history_read_begun_before_a_call_never_serves_it(
     same Run, arriving while the first still held a read's result, was served those records
     and got a history cut short of its ``upto_seq``."""
     import intloom.store.writer as writer_module
+    from intloom.store.history import read_histories as real
 
     records = walk("RUN-A", 5, 1)
     store = open_store(tmp_path / "runtime")
@@ -187,7 +188,6 @@ def test_a_history_read_begun_before_a_call_never_serves_it(
             store.append("RUN-A", record)
         store.sync_blocking()
         read_done, go_on = threading.Event(), threading.Event()
-        real = writer_module.read_histories
         reads: list[set[str]] = []
 
         def paused(*args: object, **kwargs: object) -> object:
