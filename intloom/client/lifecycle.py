@@ -1165,9 +1165,10 @@ def stop_service_report(root: str | os.PathLike[str], *,
             if now_info is not None and now_info.instance_id == target.instance_id:
                 asked = _request_stop(root, paths, target, deadline)
                 tried = True
+                # Its log says what the stop did to the Runs; unknown until it served.
+                log = _log_path(paths, now_info.log_file)
                 if timeout is None:
-                    deadline = _stop_deadline(
-                        deadline, asked, _log_path(paths, now_info.log_file))
+                    deadline = _stop_deadline(deadline, asked, log)
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise IntloomError("CLI_SERVICE_TIMEOUT",

@@ -307,6 +307,47 @@ def test_a_host_killed_at_the_start_deadline_is_reported_with_its_lock_and_recov
     assert start(project).reused is False
 
 
+def test_a_stop_that_waits_out_the_start_up_reports_what_the_stop_did_to_the_runs(
+    project: Project, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stop that finds the host still starting (only service.lock) sends its request once
+    the host serves, but read no log: it said "Unfinished Runs were suspended" with
+    ``suspended: null`` and no cut Runs, whatever the host's log said of them."""
+    hold = project.root / "hold"
+    _slow_import(project, "import pathlib, time\n"
+                 "while (pathlib.Path(__file__).parent.parent / 'hold').exists(): "
+                 "time.sleep(0.01)")
+    start(project)
+    with Client.connect(project.root) as client:
+        assert client.create_run("example", "notes").status == "waiting"
+    assert stop_service(project.root) is True
+    hold.write_text("")  # the next start waits in the import until it is gone
+    started: list[StartResult] = []
+    starting = threading.Thread(
+        target=lambda: started.append(start_service(project.root, timeout=60)))
+    starting.start()
+    try:
+        eventually(lambda: (project.state / "service.lock").exists(), timeout=30,
+                   what="the host to take its lock")
+        project.track_host()
+        assert not (project.state / "service.json").exists()  # still starting
+        real = lifecycle._released
+
+        def released(*args: Any) -> bool:
+            hold.unlink(missing_ok=True)  # the stop has observed the start-up: let it serve
+            return real(*args)
+
+        monkeypatch.setattr(lifecycle, "_released", released)
+        result = lifecycle.stop_service_report(project.root, timeout=60)
+    finally:
+        hold.unlink(missing_ok=True)
+        starting.join(timeout=60)
+    restore = started[0].service.restore if started else None
+    assert restore is not None and len(restore.waiting) == 1, started
+    assert result.stopped is True
+    assert result.suspended == 1, result  # the restored waiting Run, from the host's log
+
+
 def test_a_clean_stop_with_an_open_connection_logs_no_error(project: Project) -> None:
     """The stop cancels the sessions still open; that is no task error in the log."""
     service = start(project).service
