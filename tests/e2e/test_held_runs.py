@@ -64,6 +64,12 @@ def test_a_run_held_for_a_changed_workflow_says_so_and_cancel_dismisses_it(
     assert ok(project.cli("cancel", run_id, "--json"))["run"] == cancelled  # idempotent
     attached = project.cli("attach", run_id, "--json")  # a stopped Run: exit 1, shown once
     assert attached.code == 1 and attached.json["run"] == cancelled
+    # The host refuses a stream for it (the Run ended while held): that is no cut stream,
+    # and attach must not say events are missing from what it showed.
+    shown = project.cli("attach", run_id)
+    assert shown.code == 1 and shown.stdout.startswith("Stopped · example"), shown
+    assert "ended before its last event" not in shown.stderr, shown.stderr
+    assert shown.stderr.startswith("Failure · CLI_RUN_FAILED: "), shown.stderr
     assert refused(project.cli("answer", run_id, action, YES, "--json"), "CONFLICT")
     doctor = project.cli("doctor", "--json")
     assert doctor.code == 0, doctor.stdout

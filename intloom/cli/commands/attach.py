@@ -59,6 +59,10 @@ _SIGNAL_LOOK: Final = 0.1
 # A host that is stopping answers CLI_SERVICE_CLOSING until it goes: the same for a prompt.
 _CONNECTION_LOST: Final = frozenset({"PROJECT_REQUEST_FAILED", "PROJECT_CONNECTION_FAILED",
                                      "CLI_SERVICE_CLOSING"})
+# How a stream ends with events missing: its connection breaks (a follower too slow is
+# cut), or the host would not open it for now (BUSY at its connection cap, its stop).
+_STREAM_CUT: Final = frozenset({"PROJECT_REQUEST_FAILED", "PROJECT_CONNECTION_FAILED", "BUSY",
+                                "CLI_SERVICE_CLOSING"})
 
 
 def event_line(event: RunEvent) -> str:
@@ -175,9 +179,11 @@ class _Follower(threading.Thread):
         except IntloomError as exc:
             # The stream is a display only; the view on the main connection decides, and
             # says why when the host went away. One that still answers cut this stream
-            # (a follower too slow for it), or refused it: ``cut_short`` says so.
+            # (a follower too slow for it), or refused it for now (its connection cap, its
+            # stop): ``cut_short`` says so. A stream refused for the Run itself (one that
+            # ended while held has none) misses nothing: the final view says it all.
             with self._cond:
-                self.broken = not self._closed
+                self.broken = not self._closed and exc.code in _STREAM_CUT
                 self.broke_with = exc
         except Exception:
             # Not the stream's: stdout gone (``attach RUN | head -1``), which the final
