@@ -41,6 +41,7 @@ __all__ = [
     "LoadedWorkflow",
     "load_workflows",
     "load_workflows_offline",
+    "raised_at",
     "slow_import_notice",
 ]
 
@@ -152,6 +153,9 @@ class _SourceTrees(importlib.abc.MetaPathFinder):
         # journal's identity does not name (start says the host runs the code it loaded).
         self.loaded_roots: dict[str, str] = {}
         self.loaded: dict[str, bytes] = {}
+        # Each loaded tree's project root (resolved), which paths in Run errors are shown
+        # relative to (``raised_at``).
+        self.projects: dict[str, Path] = {}
 
     def check_unchanged(self, path: str, source: bytes) -> None:
         """Refuse a module imported after the load (``compiled`` is None then) from a loaded
@@ -324,6 +328,38 @@ def _innermost(root: Path, tb: TracebackType | None) -> tuple[str, int] | None:
             found = (shown_file, tb.tb_lineno)
         tb = tb.tb_next
     return found
+
+
+def raised_at(tb: TracebackType | None) -> tuple[str, int] | None:
+    """Where in a loaded Workflow's source tree user code raised: the innermost frame of
+    ``tb`` there (its path relative to the project, line), not intloom's own frames nor a
+    library's, which the author did not write. None when no frame is in a loaded tree."""
+    trees = [(Path(tree), project) for tree, project in _TREES.projects.items()]
+    if not trees:
+        return None
+    shown: dict[str, str | None] = {}  # by file: a deep recursion repeats its files
+    found = None
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename
+        if name not in shown:
+            shown[name] = _in_tree(trees, name)
+        file = shown[name]
+        if file is not None:
+            found = (file, tb.tb_lineno)
+        tb = tb.tb_next
+    return found
+
+
+def _in_tree(trees: list[tuple[Path, Path]], name: str) -> str | None:
+    """``name`` (a frame's file) relative to its project, when it is in one of ``trees``."""
+    path = Path(name)
+    if not path.is_absolute():  # <frozen ...>, <string>
+        return None
+    real = Path(os.path.realpath(path))
+    for tree, project in trees:
+        if in_source_tree(tree, path) or in_source_tree(Path(os.path.realpath(tree)), real):
+            return _shown(project, name)
+    return None
 
 
 def _placed(root: Path, exc: IntloomError, at: tuple[str, int] | None) -> IntloomError:
@@ -826,4 +862,5 @@ def _load_entry(root: Path, rel: str, entry: Path) -> dict[str, LoadedWorkflow]:
         _TREES.loaded.update(hashed)
         _TREES.loaded_roots.setdefault(os.path.normpath(source_root(entry)),
                                        f"{wf.name} {wf.version}")
+        _TREES.projects.setdefault(os.path.normpath(source_root(entry)), root.resolve())
     return {wf_name: lw for wf_name, (lw, _name) in mine.items()}

@@ -24,7 +24,7 @@ from intloom.authoring.agent import AgentResult
 from intloom.authoring.compat import deterministic_json
 from intloom.authoring.context import ContextHooks, StepContext, finish, left_behind, unawaited
 from intloom.authoring.interaction import confirmation_request, json_gap, questions_request
-from intloom.authoring.loader import LoadedWorkflow
+from intloom.authoring.loader import LoadedWorkflow, raised_at
 from intloom.authoring.workflow import AgentStep, Complete, Stage, Step, ToStage
 from intloom.errors import ErrorView, IntloomError, as_call, clip, error_view, message_of
 from intloom.executor import clock
@@ -122,7 +122,13 @@ def _user_failed(where: str, exc: BaseException) -> IntloomError:
     effect = getattr(exc, _FROM_EFFECT, None)
     raised_by = (f", from effect {effect[0]!r} (key {effect[1]!r}), journaled done with that "
                  "error" if isinstance(effect, tuple) and len(effect) == 2 else "")
-    return IntloomError("STEP_EXECUTION_FAILED", f"{where} raised {_raised(exc)}{raised_by}")
+    # Where in the Workflow's source it raised: the Step's name alone left an author with many
+    # Steps (and helpers) to guess. Said right after the exception's type, ahead of its text,
+    # which may be cut (MAX_MESSAGE); no traceback, which a record could not hold.
+    at = raised_at(exc.__traceback__)
+    line = f" at line {at[1]} of {at[0]}" if at is not None else ""
+    return IntloomError("STEP_EXECUTION_FAILED",
+                        f"{where} raised {_raised(exc, line)}{raised_by}")
 
 
 def _mark_effect(exc: BaseException, name: str, key: str) -> None:
@@ -189,13 +195,14 @@ def _refused_effects(ctx: StepContext[Any], where: str, raised: BaseException | 
     ) from None
 
 
-def _raised(exc: BaseException) -> str:
+def _raised(exc: BaseException, at: str = "") -> str:
     """What user code raised, as errors name it: its type and message, or, for what
-    ``_contained`` had to carry in a stand-in, the original and what to do instead."""
+    ``_contained`` had to carry in a stand-in, the original and what to do instead; ``at``
+    (where it raised) follows the type."""
     if isinstance(exc, _Escaped):
-        return exc.described
+        return f"{exc.named}{at}{exc.why}"
     text = message_of(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return f"{type(exc).__name__}{at}: {text}" if text else f"{type(exc).__name__}{at}"
 
 
 class _Escaped(Exception):
@@ -206,18 +213,19 @@ class _Escaped(Exception):
         name = type(exc).__name__
         if isinstance(exc, Exception):  # StopIteration: an ordinary mistake
             text = message_of(exc)
-            why = f"{name}: {text}" if text else name
+            self.named, self.why = name, f": {text}" if text else ""
         else:
-            call = as_call(exc)
             what = ("exit the process, which is the host of every Run"
                     if isinstance(exc, SystemExit) else
                     "interrupt the process, which is the host of every Run"
                     if isinstance(exc, KeyboardInterrupt) else
                     f"raise {name}, a BaseException the host keeps for itself")
-            why = (f"{call} (Workflow code must not {what}; raise an exception instead to "
-                   "fail the Run)")
-        super().__init__(why)
-        self.described = why
+            self.named = as_call(exc)
+            self.why = (f" (Workflow code must not {what}; raise an exception instead to "
+                        "fail the Run)")
+        super().__init__(f"{self.named}{self.why}")
+        # The original's frames: the Run's error says where in the Workflow it was raised.
+        self.__traceback__ = exc.__traceback__
 
 
 def _contained(exc: BaseException) -> BaseException:

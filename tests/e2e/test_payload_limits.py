@@ -195,7 +195,10 @@ def test_a_huge_exception_message_is_cut_and_every_command_still_works(giant: Pr
     error = run["lastError"]
     assert error["code"] == "STEP_EXECUTION_FAILED"
     message = error["message"]
-    assert message.startswith("Stage 's', Step 'exc5m' raised RuntimeError: EEEE"), message[:80]
+    # Where it raised comes before the text, which is cut.
+    line = GIANT.splitlines().index('    raise RuntimeError("E" * 5_000_000)') + 1
+    assert message.startswith(f"Stage 's', Step 'exc5m' raised RuntimeError at line {line} of "
+                              "workflows/giant/giant.py: EEEE"), message[:120]
     # 4,096 characters kept, then the marker naming what was cut.
     assert message[:MAX_MESSAGE].endswith("E") and len(message) < MAX_MESSAGE + 60
     assert MARKER.search(message) and "4,995,9" in message, message[-60:]
@@ -381,8 +384,8 @@ def test_text_output_escapes_control_characters(giant: Project) -> None:
     ok(giant.cli("start", "--json"))
     text = _flow(giant, "uni")
     assert text.code == 1
-    shown = ("ValueError: ünïcødé 💥 \\x00 nul \\n newline \\x1b[31mred \\u202e rtl "
-             "\\x9b csi")
+    shown = ("of workflows/giant/giant.py: ünïcødé 💥 \\x00 nul \\n newline \\x1b[31mred "
+             "\\u202e rtl \\x9b csi")
     assert shown in text.stdout, text.stdout
     for stream in (text.stdout, text.stderr):
         assert not re.search("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202e]", stream), repr(stream)

@@ -432,7 +432,9 @@ def test_a_step_that_exits_fails_its_run_and_says_so(mistakes: Project) -> None:
     error = _failure(mistakes, "exits")
     assert error["code"] == "STEP_EXECUTION_FAILED", error
     message = error["message"]
-    assert message.startswith("Stage 'main', Step 'exits' raised SystemExit(3) ("), message
+    line = MISTAKES.splitlines().index("    raise SystemExit(3)") + 1
+    assert message.startswith(f"Stage 'main', Step 'exits' raised SystemExit(3) at line {line} "
+                              "of workflows/mistakes/mistakes.py ("), message
     assert "must not exit the process" in message and "raise an exception instead" in message
     assert ok(mistakes.cli("status", "--json"))["service"]  # the host is still serving
     ok(mistakes.cli("stop", "--json"))
@@ -468,9 +470,11 @@ def test_an_exception_whose_message_cannot_be_built_is_named_by_its_type(
     assert error["code"] == "STEP_EXECUTION_FAILED", error
     from_effect = (", from effect 'charge' (key 'order-7'), journaled done with that error"
                    if kind == "unprintable_effect" else "")
+    line = MISTAKES.splitlines().index("    raise Unprintable()") + 1
     assert error["message"] == (
-        f"Stage 'main', Step '{kind}' raised Unprintable: (its message cannot be shown: its "
-        f"__str__ raised RuntimeError){from_effect}"), error
+        f"Stage 'main', Step '{kind}' raised Unprintable at line {line} of "
+        "workflows/mistakes/mistakes.py: (its message cannot be shown: its __str__ raised "
+        f"RuntimeError){from_effect}"), error
     if kind == "unprintable_effect":
         run_id = ok(mistakes.cli("runs", "--json"))["runs"][-1]["runId"]
         [done] = [r["record"] for r in ok(mistakes.cli("inspect", run_id, "--json"))[
