@@ -73,6 +73,10 @@ class StepContext(Generic[S]):
     # need not build two dicts.
     _effect_counts: dict[str, int] | None = None
     _used_keys: dict[str, tuple[str, bool, bool]]
+    # " recover" in the context given to a Step's ``recover``: its mistakes are named as
+    # recover's (the Step's body, where its author looked, did not run). A class default, as
+    # ``_calls``: a Step pays nothing for it.
+    _part: str = ""
 
     def __init__(
         self,
@@ -312,10 +316,11 @@ class StepContext(Generic[S]):
 
     @property
     def where(self) -> str:
-        """The Step (or Stage initialiser) this context belongs to, as errors name it."""
+        """The Step (its ``recover``, or a Stage initialiser) this context belongs to, as
+        errors name it."""
         if self.step is None:
             return f"Stage {self.stage!r} initialiser"
-        return f"Stage {self.stage!r}, Step {self.step!r}"
+        return f"Stage {self.stage!r}, Step {self.step!r}{self._part}"
 
     def _track(self, call: _Unawaited[T]) -> _Unawaited[T]:
         """Keep ``call`` for ``unawaited``: one never awaited would otherwise be dropped

@@ -68,7 +68,7 @@ if TYPE_CHECKING:
     from intloom.executor.runtime import Runtime
 
 __all__ = ["AgentClaim", "Driver", "RunObserver", "RunSlot", "check_effect_ids", "code_at",
-           "still_claimed", "without_claim_advice"]
+           "running_code", "still_claimed", "without_claim_advice"]
 
 # (event, run id, detail, status): told of a Run's milestones, e.g. to write the host log.
 # (event, run id, detail, status) -> whether the host log now holds it (None: not said).
@@ -743,14 +743,14 @@ def _earlier_entries(earlier: Callable[[], list[Record]]) -> list[_Entry]:
     return list(entries)
 
 
-def check_effect_ids(cursor: Cursor, name: str, key: str, via: str = "ctx.effect") -> None:
+def check_effect_ids(state: RunState, name: str, key: str, via: str = "ctx.effect") -> None:
     """STEP_INTERACTION_INVALID for an effect name or key past ``MAX_EFFECT_ID``, naming
     the call (``via``) that was given it."""
     for what, value in (("name", name), ("key", key)):
         if len(value) > MAX_EFFECT_ID:
             raise IntloomError(
                 "STEP_INTERACTION_INVALID",
-                f"{code_at(cursor)}: the effect {what} given to {via} is {len(value):,} "
+                f"{running_code(state)}: the effect {what} given to {via} is {len(value):,} "
                 f"characters ({clip(repr(value), 60)}), over the {MAX_EFFECT_ID:,}-character "
                 "limit; the effect was not called and nothing was recorded. Use a short name, "
                 "and a short key (a hash or an id of the data rather than the data itself).",
@@ -761,6 +761,13 @@ def code_at(cursor: Cursor) -> str:
     """The user code at ``cursor`` (a Step, or a Stage's initialiser), as errors about what
     it handed over name it."""
     return f"{_where(cursor)} initialiser" if cursor.step is None else _where(cursor)
+
+
+def running_code(state: RunState) -> str:
+    """``code_at`` the Run's cursor, naming a Step's ``recover`` when that is what runs: an
+    error about what it did sent its author to the Step's body, which did not run."""
+    code = code_at(state.cursor)
+    return f"{code} recover" if state.executing_kind == "recover" else code
 
 
 def _where(cursor: Cursor) -> str:
@@ -1285,7 +1292,7 @@ class _Hooks:
                 f"Run {self.slot.run_id} has ended (it was stopped, cancelled or failed); "
                 f"effect {name!r} (key {key!r}) was not called and nothing was recorded.",
             )
-        check_effect_ids(self.slot.state.cursor, name, key, via)  # named by the call it is
+        check_effect_ids(self.slot.state, name, key, via)  # named by the call it is
         running = self.slot.state.effect_in_flight
         pending = self.slot.state.pending_action
         busy: str | None = None
@@ -1305,7 +1312,7 @@ class _Hooks:
         if busy is not None:
             raise IntloomError(
                 "STEP_INTERACTION_INVALID",
-                f"{_where(self.slot.state.cursor)} started effect {name!r} (key {key!r}) while "
+                f"{running_code(self.slot.state)} started effect {name!r} (key {key!r}) while "
                 f"{busy}",
             )
         rt.append(self.slot, EffectStarted(at=clock.now(), name=name, key=key))
@@ -1339,9 +1346,7 @@ class _Hooks:
         one still running."""
         slot = self.slot
         state = slot.state
-        code = code_at(state.cursor)
-        if state.executing_kind == "recover":
-            code = f"{code} recover"
+        code = running_code(state)
         try:  # measured as the store frames it (Runtime.complete_agent_call does the same)
             size = len(encode_record(record)) + len(slot.run_id) + 64
             fact = (f"a result the journal cannot hold: {size:,} bytes encoded, and a record "
@@ -1397,7 +1402,7 @@ class _Hooks:
             self._on_loop(lambda: self._end(name, key, False, None, f"{problem}."))
             raise IntloomError(
                 "STEP_INTERACTION_INVALID",
-                f"{code_at(self.slot.state.cursor)}: {problem}; its effect_done records it "
+                f"{running_code(self.slot.state)}: {problem}; its effect_done records it "
                 "failed. Make the Step `async def` and write `await ctx.aeffect(...)`.",
             )
         self._on_loop(lambda: self._end(name, key, True, _plain(value), None))
@@ -1441,7 +1446,7 @@ class _Hooks:
         state = self.slot.state
         if state.executing_kind is None or state.phase == "terminal":
             return None
-        return code_at(state.cursor)
+        return running_code(state)
 
     def before_wait(self, kind: str) -> None:
         """A Step may wait (whether it awaits properly is the context's to check); an
@@ -1460,7 +1465,7 @@ class _Hooks:
     async def wait(self, kind: str, request: Any, state: Any) -> Any:
         slot = self.slot
         rt = self.driver.rt
-        where = _where(slot.state.cursor)
+        where = running_code(slot.state)
         # A second wait, or a wait while an effect runs, alongside it (asyncio.gather): the
         # journal records one at a time, and the first one's record is still being flushed
         # (slot.waiter is set only after it), so the state is what says so.
@@ -2180,6 +2185,7 @@ class Driver:
         )
         await rt.sync(slot)
         ctx = self._ctx(slot, step.name)
+        ctx._part = " recover"  # what it does wrong is named as recover's, not the Step's
         assert step.recover_fn is not None
         where = f"{step.where} recover"
         outcome = await self._user(slot, where, step.recover_fn, ctx, recovery)

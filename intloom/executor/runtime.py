@@ -45,7 +45,7 @@ from intloom.executor.driver import (
     RunObserver,
     RunSlot,
     check_effect_ids,
-    code_at,
+    running_code,
     still_claimed,
     without_claim_advice,
 )
@@ -68,7 +68,7 @@ from intloom.runtime.machine import (
     to_view,
     unreadable,
 )
-from intloom.runtime.model import Cursor, PendingAgentCall, RunView
+from intloom.runtime.model import PendingAgentCall, RunView
 from intloom.runtime.plainjson import json_problem, wire_problem
 from intloom.runtime.ports import CheckpointFailed, JournalPort, RecordTooLarge
 from intloom.runtime.records import (
@@ -307,7 +307,7 @@ def strict_refusal(attention: list[tuple[str, str]]) -> IntloomError:
     )
 
 
-def _check_request(cursor: Cursor, what: str, request: Any, fix: str) -> None:
+def _check_request(code: str, what: str, request: Any, fix: str) -> None:
     """STEP_INTERACTION_INVALID when ``request`` is over MAX_REQUEST_BYTES as JSON."""
     try:
         size = len(msgspec.json.encode(request))
@@ -316,7 +316,7 @@ def _check_request(cursor: Cursor, what: str, request: Any, fix: str) -> None:
     if size > MAX_REQUEST_BYTES:
         raise IntloomError(
             "STEP_INTERACTION_INVALID",
-            f"{code_at(cursor)}: {what} is {size:,} bytes as JSON, over the "
+            f"{code}: {what} is {size:,} bytes as JSON, over the "
             f"{MAX_REQUEST_BYTES:,}-byte limit; nothing was recorded and the Run does not "
             f"wait. {fix}",
         )
@@ -717,16 +717,16 @@ class Runtime:
                 self._log_cut(slot, f"effect {record.name!r} ({record.key})", record.error)
                 record = msgspec.structs.replace(record, error=clip(record.error))
         elif type(record) is EffectStarted:
-            check_effect_ids(slot.state.cursor, record.name, record.key)
+            check_effect_ids(slot.state, record.name, record.key)
         elif record.action is not None:  # Waiting, for a person
             kind = record.action.kind
             what = ("the context given to ctx.confirm" if kind == "confirmation"
                     else "the questions given to ctx.ask")
-            _check_request(record.action.cursor, what, record.action.request,
+            _check_request(running_code(slot.state), what, record.action.request,
                            "Keep what a person reads short: put large data in a file (or a "
                            "store of your own) and show its path or a summary instead.")
         elif record.agent_call is not None:  # Waiting, for a client Agent
-            _check_request(slot.state.cursor, "the Agent task it returned",
+            _check_request(running_code(slot.state), "the Agent task it returned",
                            record.agent_call.request,
                            "Put large input where the Agent's Tools can read it (a file, a "
                            "store of your own) and pass a reference (a path, an id) instead.")
