@@ -198,10 +198,11 @@ class _ImportInterrupted(BaseException):
     WORKFLOW_LOAD_FAILED problem and goes on to the next entry, lets it through.
     """
 
-    def __init__(self, sig: int, source: str | None) -> None:
+    def __init__(self, sig: int, source: str | None, *, before: bool = False) -> None:
         super().__init__(sig)
         self.sig = sig
         self.source = source  # the Workflow source importing when the signal came
+        self.before = before  # it came before the first import began
 
 
 class Host:
@@ -226,6 +227,9 @@ class Host:
         self._forced: asyncio.Event | None = None
         self._stop_reason = ""
         self._importing_source: str | None = None  # the Workflow source importing now
+        # The first stop signal that came while the start-up ran without awaiting (see
+        # ``_noting``), whose loop handler runs only at the start-up's first await.
+        self._noted: int | None = None
         # The signal that first asked this host to stop (SIGINT, ...), if one did: a
         # foreground start that Ctrl-C ended before it served exits as any command
         # interrupted does.
@@ -322,8 +326,9 @@ class Host:
         loop.set_exception_handler(self._loop_error)
         try:
             try:
-                await self.startup()
-                if self._stop.is_set() or self.too_late:
+                with self._noting():
+                    await self.startup()
+                if self._stop.is_set() or self.too_late or self._noted is not None:
                     raise _Abort(IntloomError(
                         "CLI_SERVICE_CLOSING",
                         "The host was asked to stop while it was starting; it did not start.",
@@ -363,6 +368,30 @@ class Host:
         return installed
 
     @contextlib.contextmanager
+    def _noting(self) -> Iterator[None]:
+        """While the start-up runs, a stop signal is noted as it arrives.
+
+        The start-up awaits nothing until its Workflows are imported and its Runs restored,
+        so the loop's handler for a signal that came before the imports began ran only once
+        all of them had (30 s of a slow module's import later), after the host had reported
+        ready. The loop still hears the signal (the wakeup fd); this only notes it now, for
+        ``_importing`` and the start-up's end to act on."""
+        if not self._signals:  # not the main thread: whoever owns the signals decides
+            yield
+            return
+
+        def note(signum: int, _frame: object) -> None:
+            if self._noted is None:
+                self._noted = signum
+
+        previous = {sig: signal.signal(sig, note) for sig in self._signals}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    @contextlib.contextmanager
     def _importing(self) -> Iterator[None]:
         """While Workflow modules import, a stop signal interrupts the import.
 
@@ -379,6 +408,8 @@ class Host:
             return
 
         def interrupt(signum: int, _frame: object) -> None:
+            if self._noted is None:  # for the start-up's end, should a module swallow this
+                self._noted = signum
             raise _ImportInterrupted(signum, self._importing_source)
 
         previous = {sig: signal.signal(sig, interrupt) for sig in self._signals}
@@ -387,6 +418,8 @@ class Host:
                 # The deadline's SIGTERM came before this handler was in place: the loop's
                 # handler holds it, and would act only once the imports had all run.
                 raise _ImportInterrupted(signal.SIGTERM, self._importing_source)
+            if self._noted is not None:  # a signal that came before (``_noting``)
+                raise _ImportInterrupted(self._noted, None, before=True)
             yield
         finally:
             for sig, handler in previous.items():
@@ -526,11 +559,23 @@ class Host:
             self.stop_signal = self.stop_signal or name
             log.info("startup_interrupted", signal=name, step="loading_workflows",
                      source=exc.source)
+            when = "before it imported" if exc.before else "while it imported"
             raise _Abort(IntloomError(
                 "CLI_SERVICE_CLOSING",
-                f"The host was asked to stop ({name}) while it imported Workflows; it did not "
-                "start and released its files.",
+                f"The host was asked to stop ({name}) {when} Workflows; it did not start "
+                "and released its files.",
             )) from None
+        if self._noted is not None:
+            # Came while the store opened and the Runs were restored (or a module swallowed
+            # the interruption): said now, before the host listens and its Runs resume.
+            name = signal.Signals(self._noted).name
+            self.stop_signal = self.stop_signal or name
+            log.info("startup_interrupted", signal=name, step="restoring_runs", source=None)
+            raise _Abort(IntloomError(
+                "CLI_SERVICE_CLOSING",
+                f"The host was asked to stop ({name}) while it was starting; it did not start "
+                "and released its files.",
+            ))
         self.ready.progress("listening")
         hello = HelloOk(instance_id=self.instance_id, pid=self.identity.pid,
                         project_root=str(self.paths.root), protocol=PROTOCOL,

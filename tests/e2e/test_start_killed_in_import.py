@@ -9,10 +9,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,7 @@ from typing import Any
 import pytest
 
 from intloom.authoring.loader import IMPORT_NOTICE_ENV
-from tests.helpers import CliResult, Project, eventually, ok, one_source_project, reaped
+from tests.helpers import REPO, CliResult, Project, eventually, ok, one_source_project, reaped
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -226,3 +228,145 @@ def test_doctor_during_a_normal_start_says_the_host_is_starting(held: Project) -
         f"{lock['startedAt']})"), check
     assert "stopping" not in check["message"], check
     ok(held.cli("stop", "--json"))
+
+
+# Sleeps when imported, as a module that calls a slow service at import time does.
+SLEEPS = '''
+import time
+from pathlib import Path
+
+import intloom
+
+(Path(__file__).resolve().parent.parent / "importing").write_text("the import started")
+time.sleep(20)
+
+wf = intloom.Workflow("slow", version="1")
+st = wf.stage("s")
+
+
+@st.step("a", routes={"ok": intloom.COMPLETE})
+def a(ctx: intloom.StepContext[None]) -> str:
+    return "ok"
+'''
+
+
+def _ready_lines(fd: int, deadline: float) -> list[dict[str, Any]]:
+    """Every readiness line the host writes on ``fd`` until it closes its end."""
+    data = b""
+    while time.monotonic() < deadline:
+        readable, _, _ = select.select([fd], [], [], 0.5)
+        if readable:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return [json.loads(line) for line in data.splitlines()]
+            data += chunk
+    raise AssertionError(f"the host did not close its readiness pipe: {data[-500:]!r}")
+
+
+@pytest.fixture
+def sleeps(tmp_path: Path) -> Iterator[Project]:
+    yield from reaped(one_source_project(tmp_path, "slow", SLEEPS))
+
+
+def _full_pipe() -> tuple[int, int, int]:
+    """A pipe whose buffer is full: (read end, write end, how many bytes fill it)."""
+    read_fd, write_fd = os.pipe()
+    filled = 0
+    os.set_blocking(write_fd, False)
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            filled += os.write(write_fd, b"x" * 4096)
+    os.set_blocking(write_fd, True)
+    return read_fd, write_fd, filled
+
+
+def test_a_stop_signal_before_the_workflow_import_stops_the_start_at_once(
+    sleeps: Project,
+) -> None:
+    """A SIGTERM that came after the host installed its handlers but before its Workflow
+    import began was seen only when the start-up first awaited, after every import: the
+    host sat through a module's 20 s import, reported ready (the launcher said started),
+    and stopped at once. The start now ends before any import, saying so.
+
+    The host is held at its first readiness report, before the imports, by a readiness pipe
+    that is full (its launcher not reading yet), and signalled there."""
+    read_fd, write_fd, filled = _full_pipe()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-P", "-m", "intloom.host", "--project", str(sleeps.root),
+             "--ready-fd", str(write_fd)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            pass_fds=(write_fd,), cwd=sleeps.root, env={**os.environ, "PYTHONPATH": str(REPO)})
+        sleeps.pids.add(proc.pid)
+        os.close(write_fd)
+        write_fd = -1
+        try:
+            wchan = Path(f"/proc/{proc.pid}/wchan")
+            eventually(lambda: wchan.read_text().endswith("pipe_write"), timeout=20,
+                       what="the host to block on its first readiness report")
+            os.kill(proc.pid, signal.SIGTERM)
+            began = time.monotonic()
+            while filled:  # the filler out: the host's report goes through, and it goes on
+                filled -= len(os.read(read_fd, filled))
+            lines = _ready_lines(read_fd, began + 60)
+            took = time.monotonic() - began
+            assert proc.wait(timeout=30) != 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+    finally:
+        os.close(read_fd)
+        if write_fd >= 0:
+            os.close(write_fd)
+    ended = [line for line in lines if line["event"] != "progress"]
+    assert ended == [{"event": "error", "error": {
+        "code": "CLI_SERVICE_CLOSING", "retryable": False, "message": (
+            "The host was asked to stop (SIGTERM) before it imported Workflows; it did not "
+            "start and released its files.")}}], lines
+    assert took < 10, took  # not after the module's 20 s import
+    assert not (sleeps.root / "importing").exists()  # no Workflow code ran
+    [log] = (sleeps.state / "logs").iterdir()
+    logged = [json.loads(line) for line in log.read_text().splitlines()]
+    [interrupted] = [e for e in logged if e["event"] == "startup_interrupted"]
+    assert (interrupted["signal"], interrupted["source"]) == ("SIGTERM", None), interrupted
+    assert logged[-1]["event"] == "log_closed"
+    assert not (sleeps.state / "service.lock").exists()  # it let go of everything
+
+
+# Its import catches whatever interrupts it, as a module with a bare ``except:`` does.
+SWALLOWS = SLEEPS.replace("time.sleep(20)\n", "try:\n    time.sleep(20)\nexcept BaseException:\n"
+                          "    pass\n")
+
+
+@pytest.fixture
+def swallows(tmp_path: Path) -> Iterator[Project]:
+    yield from reaped(one_source_project(tmp_path, "slow", SWALLOWS))
+
+
+def test_a_stop_signal_a_workflow_import_swallowed_still_stops_the_start(
+    swallows: Project,
+) -> None:
+    """A module that caught the SIGTERM's interruption of its import let the start go on:
+    the host reported ready (start said started, exit 0), then stopped at once. The start
+    now ends before it serves, and says it was asked to stop."""
+    started: list[CliResult] = []
+    starting = threading.Thread(
+        target=lambda: started.append(swallows.cli("start", "--json")))
+    starting.start()
+    try:
+        eventually((swallows.root / "importing").exists, timeout=20,
+                   what="the import to start")
+        lock = json.loads((swallows.state / "service.lock").read_text())
+        swallows.pids.add(lock["pid"])
+        os.kill(lock["pid"], signal.SIGTERM)
+    finally:
+        starting.join(timeout=60)
+    [result] = started
+    assert result.code != 0, result
+    assert result.json["error"] == {"code": "CLI_SERVICE_CLOSING", "retryable": False,
+                                    "message": "The host was asked to stop (SIGTERM) while it "
+                                    "was starting; it did not start and released its "
+                                    "files."}, result
+    assert not (swallows.state / "service.json").exists()
+    assert not (swallows.state / "service.lock").exists()
