@@ -346,10 +346,31 @@ class Stage(Generic[S]):
         for outcome, target in routes.items():
             _check_name(self.workflow.name, where, "outcome", outcome)
             if not isinstance(target, (str, ToStage, Complete)):
-                raise _bad(
-                    self.workflow.name, where, f"outcome {outcome!r} routes to {target!r}",
-                    'Route to a Step name, intloom.ToStage("name") or intloom.COMPLETE.',
-                )
+                what, fix = self._wrong_target(target)
+                raise _bad(self.workflow.name, where, f"outcome {outcome!r} routes to {what}",
+                           fix)
+
+    def _wrong_target(self, target: object) -> tuple[str, str]:
+        """A route target that is none of a name, ToStage and COMPLETE, as its author knows
+        it, and the fix: the Step or Stage object itself (a decorated function is one) was
+        shown as ``<intloom.authoring.workflow.Step object at 0x...>``."""
+        usual = 'Route to a Step name, intloom.ToStage("name") or intloom.COMPLETE.'
+        if isinstance(target, Step):
+            if target.stage is self:
+                return (f"Step {target.name!r} itself, not its name",
+                        f"Route to it by name: {target.name!r}.")
+            return (f"Step {target.name!r} of Stage {target.stage.name!r} itself",
+                    f'A route leaves the Stage only through its first Step: '
+                    f'intloom.ToStage("{target.stage.name}").')
+        if isinstance(target, Stage):
+            return (f"Stage {target.name!r} itself",
+                    f'Route to it with intloom.ToStage("{target.name}").')
+        if target is ToStage:
+            return ("the class intloom.ToStage",
+                    'Route to intloom.ToStage("name"), naming the Stage to enter.')
+        if callable(target):
+            return f"the {type(target).__name__} {callable_name(target)!r}", usual
+        return clip(repr(target), 200), usual
 
     def _check_tools(self, step_name: str, tools: object) -> list[Tool]:
         """``tools`` as a list of distinct ``intloom.Tool``s. A function passed as it is, a

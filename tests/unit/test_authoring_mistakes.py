@@ -248,6 +248,39 @@ def test_a_route_to_a_stage_name_says_it_is_a_stage_and_to_use_to_stage() -> Non
         wf.validate()
 
 
+def _helper(ctx: Any) -> str:
+    return "ok"
+
+
+@pytest.mark.parametrize(("target", "said"), [
+    ("same", "routes to Step 'review' itself, not its name. Route to it by name: 'review'."),
+    ("other", "routes to Step 'post' of Stage 'publish' itself. A route leaves the Stage only "
+              'through its first Step: intloom.ToStage("publish").'),
+    ("stage", "routes to Stage 'publish' itself. Route to it with intloom.ToStage(\"publish\")."),
+    ("class", 'routes to the class intloom.ToStage. Route to intloom.ToStage("name"), naming '
+              "the Stage to enter."),
+    ("function", "routes to the function '_helper'. Route to a Step name, "
+                 'intloom.ToStage("name") or intloom.COMPLETE.'),
+])
+def test_a_route_to_a_step_or_stage_object_names_it_and_the_fix(target: str, said: str) -> None:
+    """A decorated Step (or a Stage) given as a route target, rather than its name, was named
+    ``<intloom.authoring.workflow.Step object at 0x7f...>``: intloom's class and an address,
+    neither the Step nor what to write."""
+    wf = intloom.Workflow("notes", version="1")
+    draft = wf.stage("draft")
+    publish = wf.stage("publish")
+    post = publish.step("post", routes={"ok": intloom.COMPLETE})(lambda ctx: "ok")
+    review = draft.step("review", routes={"ok": intloom.COMPLETE})(lambda ctx: "ok")
+    given: Any = {"same": review, "other": post, "stage": publish, "class": intloom.ToStage,
+                  "function": _helper}[target]
+    with pytest.raises(IntloomError) as refused:
+        draft.step("write", routes={"ok": given})(lambda ctx: "ok")
+    assert refused.value.code == "WORKFLOW_DEFINITION_INVALID"
+    assert refused.value.message == (
+        f"Workflow 'notes', Stage 'draft', Step 'write': outcome 'ok' {said}"), refused.value
+    assert "0x" not in refused.value.message and "intloom.authoring" not in refused.value.message
+
+
 class _PathState(msgspec.Struct):
     out: pathlib.Path = pathlib.Path("notes.md")
 
