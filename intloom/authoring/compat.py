@@ -129,10 +129,17 @@ def state_problem(lw: LoadedWorkflow, state: RunState) -> str | None:
                 f"building {st_type.__name__} raised {raised}")
     # Saved as encoded, or (a State with sets, floats, ...) in the deterministic order the
     # driver saves it in.
-    if (msgspec.json.encode(decoded) != state.stage_state
-            and deterministic_json(decoded) != state.stage_state):
-        return (f"the State saved in Stage {state.cursor.stage!r} no longer matches its "
-                "schema output")
+    again = msgspec.json.encode(decoded)
+    if again != state.stage_state and deterministic_json(decoded) != state.stage_state:
+        # The Workflow and its schemas are as they were (checked first): building the State
+        # changed what it was given. "no longer matches its schema output" named neither
+        # that nor the values, and read as a schema change nobody made.
+        saved = state.stage_state.decode("utf-8", "replace")
+        return (f"the State saved in Stage {state.cursor.stage!r} ({clip(saved, 200)}) "
+                f"decodes as {st_type.__name__} to another value "
+                f"({clip(again.decode('utf-8', 'replace'), 200)}): {st_type.__name__} does "
+                "not keep what was saved (a field it lacks, or a __post_init__ that sets "
+                "fields, say), so the Run would go on from a State it never saved")
     return None
 
 

@@ -4,6 +4,7 @@ subprocesses; every host is reaped."""
 
 from __future__ import annotations
 
+import json
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -598,3 +599,55 @@ def _failed(mistakes: Project, kind: str) -> dict[str, Any]:
 
     error: dict[str, Any] = eventually(ended, timeout=30, what=f"{kind} to fail")["lastError"]
     return error
+
+
+CHANGES_ITSELF = textwrap.dedent('''
+    """A State whose __post_init__ changes what it is given: every decode changes it."""
+
+    import msgspec
+
+    import intloom
+
+
+    class Counted(msgspec.Struct):
+        n: int = 0
+
+        def __post_init__(self) -> None:
+            self.n += 1
+
+
+    wf = intloom.Workflow("counted", version="1.0.0")
+    main = wf.stage("main", state=Counted)
+
+
+    @main.step("wait", routes={"done": intloom.COMPLETE})
+    async def wait(ctx: intloom.StepContext[Counted]) -> str:
+        await ctx.confirm({"n": ctx.state.n})
+        return "done"
+
+
+    @wait.recover
+    def wait_recover(ctx: intloom.StepContext[Counted], saved: intloom.Recovery) -> str:
+        return "done"
+''')
+
+
+def test_a_state_that_changes_as_it_is_built_is_named_as_such_at_restart(tmp_path: Path) -> None:
+    """Held at the restart, such a Run was said to be "incompatible schema: the State saved in
+    Stage 'main' no longer matches its schema output", though neither the Workflow nor its
+    schema had changed: it names the values and the cause now."""
+    for project in reaped(one_source_project(tmp_path, "counted", CHANGES_ITSELF)):
+        ok(project.cli("start", "--json"))
+        run = ok(project.cli("flow", "counted", "--intent", "i", "--json"))["run"]
+        assert run["status"] == "waiting", run
+        ok(project.cli("stop", "--json"))
+        restore = ok(project.cli("start", "--json"))["service"]["restore"]
+        assert restore["needsAttention"] == [run["runId"]], restore
+        logged = [json.loads(line) for line in project.cli("logs", "--json").stdout.splitlines()]
+        [held] = [e for e in logged if e["event"] == "run_needs_attention"]
+        assert held["problem"] == (
+            "incompatible schema: the State saved in Stage 'main' ({\"n\":2}) decodes as "
+            "Counted to another value ({\"n\":3}): Counted does not keep what was saved (a "
+            "field it lacks, or a __post_init__ that sets fields, say), so the Run would go "
+            "on from a State it never saved"), held
+        ok(project.cli("stop", "--json"))

@@ -1257,7 +1257,8 @@ def test_changed_identity_or_schema_is_reported_and_not_loaded() -> None:
     tampered = msgspec.structs.replace(state, stage_state=b'{"n":1,"extra":true}')
     rt = Runtime(changed, MemoryJournal(), package_version="0.1.0")
     assert rt.restore([RestoredRun(run_id, tampered)]).needs_attention == [run_id]
-    assert "no longer matches" in rt.attention[0][1]
+    assert ("the State saved in Stage 'main' ({\"n\":1,\"extra\":true}) decodes as Count to "
+            "another value ({\"n\":1}): Count does not keep what was saved") in rt.attention[0][1]
 
     newer = msgspec.structs.replace(state, package_version="99.0.0")
     rt = Runtime(changed, MemoryJournal(), package_version="0.1.0")
