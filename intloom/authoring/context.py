@@ -267,6 +267,8 @@ class StepContext(Generic[S]):
                 "every Run. The effect was not called and nothing was recorded. Write "
                 "`result = await ctx.aeffect(...)` there.",
             )
+        if not callable(fn):
+            raise _not_a_function(self.where, "ctx.effect", name, fn)
         if inspect.iscoroutinefunction(fn):
             raise IntloomError(
                 "STEP_INTERACTION_INVALID",
@@ -303,6 +305,8 @@ class StepContext(Generic[S]):
                 "awaited in an async Step. Use `ctx.effect(...)` in a sync Step, or make the "
                 "Step `async def` and write `result = await ctx.aeffect(...)`.",
             )
+        if not callable(fn):
+            raise _not_a_function(self.where, "await ctx.aeffect", name, fn)
         key = self._key(name, key)
         return self._track(_Unawaited(self._aeffect(name, key, lambda: fn(*args, **kwargs)),
                                       self, "aeffect", (name, key)))
@@ -378,6 +382,27 @@ class StepContext(Generic[S]):
 
 _KEEP_NONE: Final = ("Use the ctx the running Step was given (pass it to helpers as an "
                      "argument); do not keep one in a global or a closure for a later Step.")
+
+
+def _not_a_function(where: str, call: str, name: str, fn: object) -> IntloomError:
+    """The refusal of an effect given what cannot be called, most often what a call of its
+    function returned (``ctx.effect("charge", charge(order))``): that failed in the effect as
+    "'dict' object is not callable", journaled as the effect's failure, though the call had
+    run already, outside the journal."""
+    if inspect.iscoroutine(fn):
+        fn.close()  # never awaited: closed, it warns nobody on the host's stderr
+        what = (f"a coroutine ({getattr(fn, '__qualname__', '?')}(...) was called, not "
+                "passed; it never ran)")
+    else:
+        shown = "None" if fn is None else f"a {type(fn).__name__}"
+        what = (f"{shown}, which cannot be called (if a call returned it, that call ran "
+                "outside the journal)")
+    return IntloomError(
+        "STEP_INTERACTION_INVALID",
+        f"{where} passed {what} to {call}({name!r}, ...) as the effect's function. The effect "
+        f"was not called and nothing was recorded. Pass the function and its arguments, "
+        f"uncalled: `{call}({name!r}, fn, *args)`.",
+    )
 
 
 def _check_questions(where: str, questions: Any) -> None:

@@ -42,7 +42,7 @@ MISTAKES = textwrap.dedent('''
              "confirm_dropped", "ask_dropped", "aeffect_dropped", "confirm_twice_at_once",
              "effect_while_waiting", "wait_while_effect", "unprintable",
              "unprintable_effect", "exits_unprintably", "interrupted_unprintably",
-             "surrogate", "surrogate_effect"]
+             "surrogate", "surrogate_effect", "effect_called", "aeffect_called"]
     wf = intloom.Workflow("mistakes", version="1.0.0")
     main = wf.stage("main", state=Box)
 
@@ -231,6 +231,26 @@ MISTAKES = textwrap.dedent('''
     @main.step("surrogate_effect", routes={"done": intloom.COMPLETE})
     def surrogate_effect(ctx: intloom.StepContext[Box]) -> str:
         ctx.effect("charge", lone_surrogate, key="order-7")
+        return "done"
+
+
+    def charge(order: str) -> dict[str, str]:
+        return {"charged": order}
+
+
+    async def acharge(order: str) -> dict[str, str]:
+        return {"charged": order}
+
+
+    @main.step("effect_called", routes={"done": intloom.COMPLETE})
+    def effect_called(ctx: intloom.StepContext[Box]) -> str:
+        ctx.effect("charge", charge("order-7"))  # called, not passed
+        return "done"
+
+
+    @main.step("aeffect_called", routes={"done": intloom.COMPLETE})
+    async def aeffect_called(ctx: intloom.StepContext[Box]) -> str:
+        await ctx.aeffect("charge", acharge("order-7"))  # called, not passed
         return "done"
 
 
@@ -651,3 +671,27 @@ def test_a_state_that_changes_as_it_is_built_is_named_as_such_at_restart(tmp_pat
             "field it lacks, or a __post_init__ that sets fields, say), so the Run would go "
             "on from a State it never saved"), held
         ok(project.cli("stop", "--json"))
+
+
+@pytest.mark.parametrize(("kind", "call", "what"), [
+    ("effect_called", "ctx.effect", "a dict, which cannot be called (if a call returned it, "
+                                    "that call ran outside the journal)"),
+    ("aeffect_called", "await ctx.aeffect", "a coroutine (acharge(...) was called, not passed; "
+                                            "it never ran)"),
+])
+def test_an_effect_given_its_functions_result_is_refused_before_it_is_journaled(
+    mistakes: Project, kind: str, call: str, what: str,
+) -> None:
+    """``ctx.effect("charge", charge(order))`` calls charge outside the journal, then hands
+    its result over: that was journaled as the effect, started and done with "TypeError:
+    'dict' object is not callable" (a coroutine: the same, and Python's "never awaited"
+    warning), which named neither the mistake nor the fix."""
+    ok(mistakes.cli("start", "--json"))
+    error = _failure(mistakes, kind)
+    assert error == {"code": "STEP_INTERACTION_INVALID", "retryable": False, "message": (
+        f"Stage 'main', Step '{kind}' passed {what} to {call}('charge', ...) as the effect's "
+        "function. The effect was not called and nothing was recorded. Pass the function and "
+        f"its arguments, uncalled: `{call}('charge', fn, *args)`.")}, error
+    run_id = ok(mistakes.cli("runs", "--json"))["runs"][-1]["runId"]
+    assert [p for p, _ in _phases(mistakes, run_id) if p.startswith("effect")] == []
+    ok(mistakes.cli("stop", "--json"))
