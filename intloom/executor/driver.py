@@ -226,6 +226,9 @@ class _Escaped(Exception):
         super().__init__(f"{self.named}{self.why}")
         # The original's frames: the Run's error says where in the Workflow it was raised.
         self.__traceback__ = exc.__traceback__
+        effect = getattr(exc, _FROM_EFFECT, None)
+        if effect is not None:  # raised by an effect's function: the error names the effect
+            setattr(self, _FROM_EFFECT, effect)
 
 
 def _contained(exc: BaseException) -> BaseException:
@@ -1438,6 +1441,7 @@ class _Hooks:
             raise
         except BaseException as exc:  # SystemExit, KeyboardInterrupt: as effect_sync's
             await self._end(name, key, False, None, _raised(exc))
+            _mark_effect(exc, name, key)
             raise
         await self._end(name, key, True, _plain(value), None)
         return value

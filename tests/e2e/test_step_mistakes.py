@@ -42,7 +42,7 @@ MISTAKES = textwrap.dedent('''
              "confirm_dropped", "ask_dropped", "aeffect_dropped", "confirm_twice_at_once",
              "effect_while_waiting", "wait_while_effect", "unprintable",
              "unprintable_effect", "exits_unprintably", "interrupted_unprintably",
-             "surrogate", "surrogate_effect", "effect_called", "aeffect_called"]
+             "surrogate", "surrogate_effect", "effect_called", "aeffect_called", "effect_exits", "aeffect_exits"]
     wf = intloom.Workflow("mistakes", version="1.0.0")
     main = wf.stage("main", state=Box)
 
@@ -252,6 +252,22 @@ MISTAKES = textwrap.dedent('''
     async def aeffect_called(ctx: intloom.StepContext[Box]) -> str:
         await ctx.aeffect("charge", acharge("order-7"))  # called, not passed
         return "done"
+
+
+    @main.step("effect_exits", routes={"done": intloom.COMPLETE})
+    def effect_exits(ctx: intloom.StepContext[Box]) -> str:
+        ctx.effect("bye", exit_with, 4, key="k4")
+        return "done"
+
+
+    @main.step("aeffect_exits", routes={"done": intloom.COMPLETE})
+    async def aeffect_exits(ctx: intloom.StepContext[Box]) -> str:
+        await ctx.aeffect("bye", exit_with, 5, key="k5")
+        return "done"
+
+
+    def exit_with(code: int) -> None:
+        raise SystemExit(code)
 
 
     @main.step("exits", routes={"done": intloom.COMPLETE})
@@ -694,4 +710,21 @@ def test_an_effect_given_its_functions_result_is_refused_before_it_is_journaled(
         f"its arguments, uncalled: `{call}('charge', fn, *args)`.")}, error
     run_id = ok(mistakes.cli("runs", "--json"))["runs"][-1]["runId"]
     assert [p for p, _ in _phases(mistakes, run_id) if p.startswith("effect")] == []
+    ok(mistakes.cli("stop", "--json"))
+
+
+@pytest.mark.parametrize(("kind", "code"), [("effect_exits", 4), ("aeffect_exits", 5)])
+def test_an_effect_that_exits_is_named_by_the_runs_error(
+    mistakes: Project, kind: str, code: int,
+) -> None:
+    """An effect's function raising SystemExit failed the Run naming only the Step: the
+    effect, journaled done with that exit, was not named, as it is for an exception."""
+    ok(mistakes.cli("start", "--json"))
+    error = _failure(mistakes, kind)
+    line = MISTAKES.splitlines().index("    raise SystemExit(code)") + 1
+    assert error == {"code": "STEP_EXECUTION_FAILED", "retryable": False, "message": (
+        f"Stage 'main', Step '{kind}' raised SystemExit({code}) at line {line} of "
+        "workflows/mistakes/mistakes.py (Workflow code must not exit the process, which is the "
+        "host of every Run; raise an exception instead to fail the Run), from effect 'bye' "
+        f"(key 'k{code}'), journaled done with that error")}, error
     ok(mistakes.cli("stop", "--json"))
