@@ -125,10 +125,40 @@ def _user_failed(where: str, exc: BaseException) -> IntloomError:
     # Where in the Workflow's source it raised: the Step's name alone left an author with many
     # Steps (and helpers) to guess. Said right after the exception's type, ahead of its text,
     # which may be cut (MAX_MESSAGE); no traceback, which a record could not hold.
-    at = raised_at(exc.__traceback__)
-    line = f" at line {at[1]} of {at[0]}" if at is not None else ""
     return IntloomError("STEP_EXECUTION_FAILED",
-                        f"{where} raised {_raised(exc, line)}{raised_by}")
+                        f"{where} raised {_placed(exc)}{_grouped(exc)}{raised_by}")
+
+
+def _placed(exc: BaseException) -> str:
+    """``_raised`` with the line of the Workflow's source that raised it, if one did."""
+    at = raised_at(exc.__traceback__)
+    return _raised(exc, f" at line {at[1]} of {at[0]}" if at is not None else "")
+
+
+# How many of an exception group's exceptions its Run's error names.
+_GROUP_SHOWN: Final = 3
+
+
+def _grouped(exc: BaseException) -> str:
+    """What an exception group holds (an asyncio.TaskGroup's, say), each with its own line:
+    the group's own message, "unhandled errors in a TaskGroup (1 sub-exception)", named
+    neither what was raised nor where."""
+    if not isinstance(exc, BaseExceptionGroup):
+        return ""
+    leaves: list[BaseException] = []
+    total = 0
+    pending: list[BaseException] = [exc]  # depth first, in order; no recursion: any depth
+    while pending:
+        one = pending.pop()
+        if isinstance(one, BaseExceptionGroup):
+            pending.extend(reversed(one.exceptions))
+            continue
+        total += 1
+        if len(leaves) < _GROUP_SHOWN:
+            leaves.append(one)
+    shown = "; ".join(_placed(_contained(leaf)) for leaf in leaves)
+    more = f"; and {total - len(leaves)} more" if total > len(leaves) else ""
+    return f": {shown}{more}" if shown else ""
 
 
 def _mark_effect(exc: BaseException, name: str, key: str) -> None:

@@ -42,7 +42,12 @@ MISTAKES = textwrap.dedent('''
              "confirm_dropped", "ask_dropped", "aeffect_dropped", "confirm_twice_at_once",
              "effect_while_waiting", "wait_while_effect", "unprintable",
              "unprintable_effect", "exits_unprintably", "interrupted_unprintably",
+<<<<<<< HEAD
              "surrogate", "surrogate_effect", "effect_called", "aeffect_called", "effect_exits", "aeffect_exits"]
+=======
+             "effect_called", "aeffect_called", "effect_exits", "aeffect_exits",
+             "task_group"]
+>>>>>>> 67d5520 (executor: a Step whose exception group failed it (an asyncio.TaskGroup's) was said to raise "unhandled errors in a TaskGroup (1 sub-exception)"; the error now names the first three exceptions it holds, each with its line, and how many more)
     wf = intloom.Workflow("mistakes", version="1.0.0")
     main = wf.stage("main", state=Box)
 
@@ -263,6 +268,18 @@ MISTAKES = textwrap.dedent('''
     @main.step("aeffect_exits", routes={"done": intloom.COMPLETE})
     async def aeffect_exits(ctx: intloom.StepContext[Box]) -> str:
         await ctx.aeffect("bye", exit_with, 5, key="k5")
+        return "done"
+
+
+    async def decline(n: int) -> None:
+        raise ValueError(f"card {n} declined")
+
+
+    @main.step("task_group", routes={"done": intloom.COMPLETE})
+    async def task_group(ctx: intloom.StepContext[Box]) -> str:
+        async with asyncio.TaskGroup() as group:
+            for n in range(5):
+                group.create_task(decline(n))
         return "done"
 
 
@@ -727,4 +744,22 @@ def test_an_effect_that_exits_is_named_by_the_runs_error(
         "workflows/mistakes/mistakes.py (Workflow code must not exit the process, which is the "
         "host of every Run; raise an exception instead to fail the Run), from effect 'bye' "
         f"(key 'k{code}'), journaled done with that error")}, error
+    ok(mistakes.cli("stop", "--json"))
+
+
+def test_an_exception_group_names_what_it_holds_and_where(mistakes: Project) -> None:
+    """A Step whose asyncio.TaskGroup failed was said to raise "ExceptionGroup: unhandled
+    errors in a TaskGroup (5 sub-exceptions)": neither what its tasks raised nor where."""
+    ok(mistakes.cli("start", "--json"))
+    error = _failure(mistakes, "task_group")
+    lines = MISTAKES.splitlines()
+    group = lines.index("    async with asyncio.TaskGroup() as group:") + 1
+    decline = lines.index('    raise ValueError(f"card {n} declined")') + 1
+    where = "workflows/mistakes/mistakes.py"
+    assert error == {"code": "STEP_EXECUTION_FAILED", "retryable": False, "message": (
+        f"Stage 'main', Step 'task_group' raised ExceptionGroup at line {group} of {where}: "
+        "unhandled errors in a TaskGroup (5 sub-exceptions): "
+        f"ValueError at line {decline} of {where}: card 0 declined; "
+        f"ValueError at line {decline} of {where}: card 1 declined; "
+        f"ValueError at line {decline} of {where}: card 2 declined; and 2 more")}, error
     ok(mistakes.cli("stop", "--json"))
