@@ -509,7 +509,13 @@ class RunSlot:
                     if ev.name in _MILESTONES:
                         if view is None:
                             view = self.view()
-                        observer(ev.name, self.run_id, _detail(ev.name, ev.info), view.status)
+                        detail = _detail(ev.name, ev.info)
+                        error = view.last_error
+                        if ev.name == "terminal" and error is not None:
+                            # The host log said only "failed": why (a Step's exception, its
+                            # file and line) was in the journal and the Run's view alone.
+                            detail = {"code": error.code, "message": error.message}
+                        observer(ev.name, self.run_id, detail, view.status)
         if not stable:
             return
         # Without an override the view's status is the shown state's: no view to build.

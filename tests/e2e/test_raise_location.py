@@ -5,6 +5,7 @@ host, real CLI subprocesses; every host is reaped."""
 
 from __future__ import annotations
 
+import json
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -203,3 +204,16 @@ def test_the_line_survives_a_long_message_and_a_long_path(tmp_path: Path) -> Non
         assert ok(project.cli("inspect", run_id, "--json"))["run"]["lastError"]["message"] \
             == message
         ok(project.cli("stop", "--json"))
+
+
+def test_the_host_log_says_why_a_run_failed(shop: Project) -> None:
+    """The host log's ``run_terminal`` said only ``status=failed``: why (the exception, its
+    file and line) was in the journal and the Run's view alone. It carries the error now."""
+    ok(shop.cli("start", "--json"))
+    run_id, error = _error(shop, "helper")
+    logged = [json.loads(line) for line in shop.cli("logs", run_id, "--json").stdout.splitlines()]
+    [terminal] = [e for e in logged if e["event"] == "run_terminal"]
+    assert (terminal["status"], terminal["code"], terminal["message"]) == (
+        "failed", "STEP_EXECUTION_FAILED", error["message"]), terminal
+    assert "line 5 of workflows/shop/helpers.py" in terminal["message"]
+    ok(shop.cli("stop", "--json"))
