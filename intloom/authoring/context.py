@@ -274,8 +274,9 @@ class StepContext(Generic[S]):
                 "STEP_INTERACTION_INVALID",
                 f"{self.where} passed {callable_name(fn)!r}, an async function, to "
                 "ctx.effect, which calls it in this sync Step: it would return a coroutine "
-                "that never runs. The effect was not called and nothing was recorded. Make the "
-                "Step `async def` and write `await ctx.aeffect(...)`, or pass a sync function.",
+                "that never runs. The effect was not called and nothing was recorded. Make "
+                f"{self._code} `async def` and write `await ctx.aeffect(...)`, or pass a sync "
+                "function.",
             )
         key = self._key(name, key)
         try:
@@ -302,8 +303,8 @@ class StepContext(Generic[S]):
             raise IntloomError(
                 "STEP_INTERACTION_INVALID",
                 f"{self.where} is sync and called ctx.aeffect, whose effect runs only when "
-                "awaited in an async Step. Use `ctx.effect(...)` in a sync Step, or make the "
-                "Step `async def` and write `result = await ctx.aeffect(...)`.",
+                "awaited in an async Step. Use `ctx.effect(...)` in a sync Step, or make "
+                f"{self._code} `async def` and write `result = await ctx.aeffect(...)`.",
             )
         if not callable(fn):
             raise _not_a_function(self.where, "await ctx.aeffect", name, fn)
@@ -326,6 +327,13 @@ class StepContext(Generic[S]):
             return f"Stage {self.stage!r} initialiser"
         return f"Stage {self.stage!r}, Step {self.step!r}{self._part}"
 
+    @property
+    def _code(self) -> str:
+        """The code this context was given to, as a fix names it ("make the Step async")."""
+        if self.step is None:
+            return "the initialiser"
+        return "recover" if self._part else "the Step"
+
     def _track(self, call: _Unawaited[T]) -> _Unawaited[T]:
         """Keep ``call`` for ``unawaited``: one never awaited would otherwise be dropped
         without a word (no question asked, no effect run, the Step's outcome recorded)."""
@@ -342,7 +350,7 @@ class StepContext(Generic[S]):
             raise IntloomError(
                 "STEP_INTERACTION_INVALID",
                 f"{self.where} is sync and called ctx.{call}, which waits for a person and "
-                f"works only in an async Step. Make the Step `async def` and write "
+                f"works only in an async Step. Make {self._code} `async def` and write "
                 f"`{example}`.",
             )
 

@@ -809,6 +809,13 @@ def running_code(state: RunState) -> str:
     return f"{code} recover" if state.executing_kind == "recover" else code
 
 
+def _code_kind(state: RunState) -> str:
+    """The user code running, as a fix names it: "make the Step `async def`"."""
+    if state.cursor.step is None:
+        return "the initialiser"
+    return "recover" if state.executing_kind == "recover" else "the Step"
+
+
 def _where(cursor: Cursor) -> str:
     """The Step at ``cursor`` as errors name it (``Step.where``'s form)."""
     if cursor.step is None:
@@ -1442,7 +1449,8 @@ class _Hooks:
             raise IntloomError(
                 "STEP_INTERACTION_INVALID",
                 f"{running_code(self.slot.state)}: {problem}; its effect_done records it "
-                "failed. Make the Step `async def` and write `await ctx.aeffect(...)`.",
+                f"failed. Make {_code_kind(self.slot.state)} `async def` and write `await "
+                "ctx.aeffect(...)`.",
             )
         self._on_loop(lambda: self._end(name, key, True, _plain(value), None))
         return value

@@ -114,12 +114,15 @@ RECOVERS = textwrap.dedent('''
 # kind -> a fact of its error besides where it happened
 FACTS = {
     "state_dict": "assigned ctx.state a dict",
-    "aeffect_sync": "is sync and called ctx.aeffect",
-    "effect_async_fn": "passed 'coro', an async function, to ctx.effect",
+    "aeffect_sync": "is sync and called ctx.aeffect, whose effect runs only when awaited in an "
+                    "async Step. Use `ctx.effect(...)` in a sync Step, or make recover "
+                    "`async def`",
+    "effect_async_fn": "Make recover `async def` and write `await ctx.aeffect(...)`",
     "dup_key": "gave effect 'b' the key 'k', already the key of effect 'a'",
     "nested": "started effect 'inner' (key 'inner#1') while effect 'outer'",
-    "confirm_sync": "is sync and called ctx.confirm",
-    "effect_awaitable": ": effect 'x' (key 'x#1') returned coroutine",
+    "confirm_sync": "is sync and called ctx.confirm, which waits for a person and works only "
+                    "in an async Step. Make recover `async def`",
+    "effect_awaitable": "records it failed. Make recover `async def`",
     "confirm_unawaited": "called ctx.confirm({'n': 2}) without awaiting it",
     "ask_text": ": ctx.ask was given str 'what?'",
     "long_key": ": the effect key given to ctx.effect is 2,000 characters",
