@@ -418,6 +418,17 @@ def _check_questions(where: str, questions: Any) -> None:
     later, inside intloom, as an AttributeError that names neither the Step nor the fix."""
     fix = ('Pass a list of intloom.Question, e.g. '
            '[intloom.Question(id="topic", question="What is it about?")].')
+    if isinstance(questions, Iterator):
+        # A generator expression, map(...): named by its type, not "<generator object
+        # <genexpr> at 0x...>", and with the one-character fix.
+        if inspect.isgenerator(questions):
+            questions.close()
+        raise IntloomError(
+            "STEP_INTERACTION_INVALID",
+            f"{where}: ctx.ask was given a {type(questions).__name__}, not a list of "
+            "questions; nothing was asked. Make it a list: `[intloom.Question(...) for ...]` "
+            "rather than `(... for ...)`, or `list(...)` of it.",
+        )
     if not isinstance(questions, (list, tuple)):
         raise IntloomError(
             "STEP_INTERACTION_INVALID",

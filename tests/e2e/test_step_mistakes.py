@@ -46,8 +46,12 @@ MISTAKES = textwrap.dedent('''
              "surrogate", "surrogate_effect", "effect_called", "aeffect_called", "effect_exits", "aeffect_exits"]
 =======
              "effect_called", "aeffect_called", "effect_exits", "aeffect_exits",
+<<<<<<< HEAD
              "task_group"]
 >>>>>>> 67d5520 (executor: a Step whose exception group failed it (an asyncio.TaskGroup's) was said to raise "unhandled errors in a TaskGroup (1 sub-exception)"; the error now names the first three exceptions it holds, each with its line, and how many more)
+=======
+             "task_group", "ask_generator"]
+>>>>>>> 49d9cda (authoring: ctx.ask given a generator expression was refused naming '<generator object ... at 0x...>'; it now says it got a generator and to write a list comprehension (or list(...)))
     wf = intloom.Workflow("mistakes", version="1.0.0")
     main = wf.stage("main", state=Box)
 
@@ -68,6 +72,12 @@ MISTAKES = textwrap.dedent('''
     @main.step("ask_text", routes={"done": intloom.COMPLETE})
     async def ask_text(ctx: intloom.StepContext[Box]) -> str:
         await ctx.ask("what?")
+        return "done"
+
+
+    @main.step("ask_generator", routes={"done": intloom.COMPLETE})
+    async def ask_generator(ctx: intloom.StepContext[Box]) -> str:
+        await ctx.ask(intloom.Question(id=f"q{n}", question="Which?") for n in range(2))
         return "done"
 
 
@@ -373,6 +383,9 @@ FIX = "Pass a list of intloom.Question"
 @pytest.mark.parametrize(("kind", "facts"), [
     ("ask_dicts", ["Stage 'main', Step 'ask_dicts'", "question 0", "dict", FIX]),
     ("ask_text", ["Stage 'main', Step 'ask_text'", "str 'what?'", FIX]),
+    ("ask_generator", ["Stage 'main', Step 'ask_generator': ctx.ask was given a generator, "
+                       "not a list of questions; nothing was asked. Make it a list: "
+                       "`[intloom.Question(...) for ...]` rather than `(... for ...)`"]),
     ("confirm_sync", ["Stage 'main', Step 'confirm_sync' is sync", "ctx.confirm",
                       "Make the Step `async def`", "await ctx.confirm("]),
     ("confirm_unawaited", ["Stage 'main', Step 'confirm_unawaited'", "without awaiting",
