@@ -42,16 +42,8 @@ MISTAKES = textwrap.dedent('''
              "confirm_dropped", "ask_dropped", "aeffect_dropped", "confirm_twice_at_once",
              "effect_while_waiting", "wait_while_effect", "unprintable",
              "unprintable_effect", "exits_unprintably", "interrupted_unprintably",
-<<<<<<< HEAD
-             "surrogate", "surrogate_effect", "effect_called", "aeffect_called", "effect_exits", "aeffect_exits"]
-=======
-             "effect_called", "aeffect_called", "effect_exits", "aeffect_exits",
-<<<<<<< HEAD
-             "task_group"]
->>>>>>> 67d5520 (executor: a Step whose exception group failed it (an asyncio.TaskGroup's) was said to raise "unhandled errors in a TaskGroup (1 sub-exception)"; the error now names the first three exceptions it holds, each with its line, and how many more)
-=======
-             "task_group", "ask_generator"]
->>>>>>> 49d9cda (authoring: ctx.ask given a generator expression was refused naming '<generator object ... at 0x...>'; it now says it got a generator and to write a list comprehension (or list(...)))
+             "surrogate", "surrogate_effect", "effect_called", "aeffect_called", "effect_exits",
+             "aeffect_exits", "task_group", "ask_generator"]
     wf = intloom.Workflow("mistakes", version="1.0.0")
     main = wf.stage("main", state=Box)
 
