@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -35,6 +36,14 @@ FAIL_HOOK: Final = "INTLOOM_TEST_LOG_FAIL_AT"
 Level = Literal["debug", "info", "warning", "error", "fatal"]
 
 _encoder: Final = msgspec.json.Encoder(enc_hook=str)
+# Valid JSON as they are, but U+2028, U+2029 and U+0085 end a line for readers that split
+# text on Unicode line breaks (str.splitlines, many log tools): one record read as several.
+# JSON strings are the only place they can occur, so their escapes read back the same.
+_LINE_BREAK: Final = re.compile(rb"\xe2\x80[\xa8\xa9]|\xc2\x85")
+
+
+def _line_break_escape(match: re.Match[bytes]) -> bytes:
+    return b"\\u%04x" % ord(match.group().decode("utf-8"))
 
 
 def utc_now() -> str:
@@ -121,6 +130,8 @@ class HostLog:
         if self._fd is None:
             return False
         line = _encoder.encode({"time": utc_now(), "level": level, "event": event, **context})
+        if _LINE_BREAK.search(line) is not None:  # rare: most lines are not copied again
+            line = _LINE_BREAK.sub(_line_break_escape, line)
         # After a line cut short, the next one starts on a line of its own.
         data = (b"\n" if self._cut else b"") + line + b"\n"
         try:
