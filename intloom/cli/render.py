@@ -61,14 +61,28 @@ def plain(obj: Any) -> Any:
 # an escape sequence, NUL and CR hide what precedes them, a newline would break a one-line
 # error), the Unicode line and paragraph separators, the bidirectional overrides and
 # isolates (they reorder what follows on the line), and lone surrogates (not encodable
-# text). Every other character, emoji and accents included, is shown as it is.
-_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069"
-                     "\ud800-\udfff]")
+# text). Also what shows as nothing, so that a Run id or an answer could look like another:
+# the directional marks (LRM, RLM, ALM), the zero-width space, word joiner and invisible
+# operators, and the BOM. Every other character, emoji and accents included, is shown as
+# it is.
+_HIDDEN = ("\x00-\x1f\x7f-\x9f\u061c\u200b\u200e\u200f\u2028\u2029\u202a-\u202e"
+           "\u2060-\u2064\u2066-\u2069\ufeff\ud800-\udfff")
+_UNSAFE = re.compile(f"[{_HIDDEN}\u200c\u200d]")
+# The zero-width joiner and non-joiner make emoji sequences (a family emoji is three joined
+# by U+200D) and Persian and Indic words: between two other non-ASCII characters they are
+# shown as they are. Next to ASCII (a Run id, an answer) or at an end of the text they
+# join nothing visible, only hide, so they are escaped there.
+_JOINERS: Final = frozenset("\u200c\u200d")
+_JOINS = re.compile(f"[^\x00-\x7f{_HIDDEN}\u200c\u200d]")
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
 def _escaped(match: re.Match[str]) -> str:
     char = match.group()
+    if char in _JOINERS:
+        text, at = match.string, match.start()
+        if at > 0 and _JOINS.match(text, at - 1) and _JOINS.match(text, at + 1):
+            return char
     named = _NAMED.get(char)
     if named is not None:
         return named
@@ -78,8 +92,9 @@ def _escaped(match: re.Match[str]) -> str:
 
 def printable(text: str) -> str:
     """``text`` safe to write to a terminal or a pipe, on one line: each character of
-    ``_UNSAFE`` becomes its Python escape (``\\x1b``, ``\\n``, ``\\u202e``). Applied by
-    every text-mode write of the Renderer; JSON output is never touched."""
+    ``_UNSAFE`` (but a joiner between two non-ASCII characters) becomes its Python escape
+    (``\\x1b``, ``\\n``, ``\\u202e``). Applied by every text-mode write of the Renderer;
+    JSON output is never touched."""
     return _UNSAFE.sub(_escaped, text)
 
 

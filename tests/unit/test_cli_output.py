@@ -324,6 +324,21 @@ def test_printable_escapes_what_a_terminal_would_obey_and_keeps_the_rest() -> No
     assert render.printable(family) == family
 
 
+def test_printable_escapes_what_shows_as_nothing() -> None:
+    # Directional marks, zero-width characters and the BOM: "RUN-a\u200fb" looked like
+    # "RUN-ab" on a terminal.
+    hidden = "a\u200eb\u200fc\u061cd\u200be\u2060f\u2062g\ufeffh"
+    assert render.printable(hidden) == (
+        "a\\u200eb\\u200fc\\u061cd\\u200be\\u2060f\\u2062g\\ufeffh")
+    # A joiner next to ASCII, or at an end, joins nothing visible.
+    assert render.printable("RUN-a\u200db\u200cc") == "RUN-a\\u200db\\u200cc"
+    assert render.printable("\u200d👩 👩\u200d") == "\\u200d👩 👩\\u200d"
+    assert render.printable("👩\u200d\u200f👩") == "👩\\u200d\\u200f👩"
+    # Between two other non-ASCII characters it joins: emoji sequences, Persian words.
+    for joined in ("❤\ufe0f\u200d🔥", "👩\u200d💻", "می\u200cخواهم"):
+        assert render.printable(joined) == joined
+
+
 def test_every_text_write_escapes_workflow_text(capsys: pytest.CaptureFixture[str]) -> None:
     renderer = Renderer()
     renderer.lines([f"message {HOSTILE}"])
