@@ -348,6 +348,44 @@ def _tool_not_running(slot: RunSlot, call_id: str, verb: str) -> None:
             f"can be {verb} once it has returned (retry then).")
 
 
+def _unjournalable(record: Any, exc: BaseException) -> str:
+    """Why the journal refused ``record`` (where in it, what), that nothing was recorded, and
+    the fix."""
+    if isinstance(exc, UnicodeEncodeError) and isinstance(exc.object, str):
+        text, at = exc.object, exc.start
+        where = _text_at(record, text)
+        named = f"{where} ({text[:40]!r})" if where else repr(text[:40])
+        return (f"{named} is not valid Unicode: it holds a lone surrogate, {text[at]!r} at "
+                f"index {at}; nothing was recorded. Text kept in the journal (a question, an "
+                "outcome, an effect's name or key) must be valid Unicode: a lone surrogate "
+                "comes from bytes decoded with errors='surrogateescape' (os.fsdecode, a file "
+                "name); decode them with errors='replace', or keep their hex, instead.")
+    found: str | None = None
+    with contextlib.suppress(*UNENCODABLE):
+        found = wire_problem(msgspec.to_builtins(record))
+    fact = found.removeprefix("$.") if found is not None else f"{type(exc).__name__}: {exc}"
+    return (f"{fact}; nothing was recorded. Values kept in the journal must be "
+            "msgpack-encodable (integers within 64 bits).")
+
+
+def _text_at(record: Any, text: str) -> str | None:
+    """Where ``text`` first sits in ``record`` (``action.request[0].question``), if found."""
+    with contextlib.suppress(*UNENCODABLE):
+        stack: list[tuple[Any, str]] = [(msgspec.to_builtins(record), "")]
+        while stack:
+            item, path = stack.pop()
+            if item is text or (isinstance(item, str) and item == text):
+                return path.lstrip(".") or None
+            if isinstance(item, dict):
+                parts = [(v, f"{path}.{k}") for k, v in item.items()]
+            elif isinstance(item, (list, tuple)):
+                parts = [(v, f"{path}[{i}]") for i, v in enumerate(item)]
+            else:
+                continue
+            stack.extend(reversed(parts))  # in order: a name is found before its key
+    return None
+
+
 def _journalable(value: Any, what: str) -> Any:
     """``value`` if the journal can hold it (msgpack: integers within 64 bits, plain types);
     INVALID_REQUEST naming it otherwise, before anything is recorded."""
@@ -689,8 +727,7 @@ class Runtime:
             raise IntloomError(
                 "RUN_STATE_INVALID",
                 f"Run {slot.run_id}: its {type(record).__name__} record cannot be written to "
-                f"the journal ({type(exc).__name__}: {exc}); nothing was recorded. Values "
-                "kept in the journal must be msgpack-encodable (integers within 64 bits).",
+                f"the journal: {_unjournalable(record, exc)}",
             ) from None
         finally:
             if lock is not None:

@@ -770,3 +770,64 @@ def test_an_exception_group_names_what_it_holds_and_where(mistakes: Project) -> 
         f"ValueError at line {decline} of {where}: card 1 declined; "
         f"ValueError at line {decline} of {where}: card 2 declined; and 2 more")}, error
     ok(mistakes.cli("stop", "--json"))
+
+
+SURROGATE_TEXT = textwrap.dedent('''
+    """Steps handing the journal text with a lone surrogate; the intent picks where."""
+
+    import intloom
+
+    wf = intloom.Workflow("surrogates", version="1.0.0")
+    main = wf.stage("main")
+
+
+    @main.step("pick", routes={"question": "question", "effect": "effect", "done": "done"})
+    def pick(ctx: intloom.StepContext[None]) -> str:
+        return ctx.intent if ctx.intent in ("question", "effect") else "done"
+
+
+    @main.step("question", routes={"done": intloom.COMPLETE})
+    async def question(ctx: intloom.StepContext[None]) -> str:
+        await ctx.ask([intloom.Question(id="q", question="Q \\udcff")])
+        return "done"
+
+
+    @main.step("effect", routes={"done": intloom.COMPLETE})
+    def effect(ctx: intloom.StepContext[None]) -> str:
+        ctx.effect("charge", lambda: 1, key="order-\\udcff")
+        return "done"
+
+
+    @main.step("done", routes={"done": intloom.COMPLETE})
+    def done(ctx: intloom.StepContext[None]) -> str:
+        return "done\\udcff"
+''')
+
+
+def test_text_with_a_lone_surrogate_is_refused_naming_it(tmp_path: Path) -> None:
+    """A question, an effect's key or an outcome holding a lone surrogate was refused with
+    "Values kept in the journal must be msgpack-encodable (integers within 64 bits)", which
+    named neither the text nor the fix. The error names where the text is, the character
+    and its index, and how to decode such bytes."""
+    fix = ("nothing was recorded. Text kept in the journal (a question, an outcome, an "
+           "effect's name or key) must be valid Unicode: a lone surrogate comes from bytes "
+           "decoded with errors='surrogateescape' (os.fsdecode, a file name); decode them "
+           "with errors='replace', or keep their hex, instead.")
+    expected = {
+        "question": ("Waiting", "action.request[0].question ('Q \\udcff')", 2),
+        "effect": ("EffectStarted", "key ('order-\\udcff')", 6),
+        "outcome": ("StepResult", "outcome ('done\\udcff')", 4),
+    }
+    for project in reaped(one_source_project(tmp_path, "surrogates", SURROGATE_TEXT)):
+        ok(project.cli("start", "--json"))
+        for intent, (record, named, index) in expected.items():
+            flowed = project.cli("flow", "surrogates", "--intent", intent, "--json")
+            assert flowed.code == 1, flowed.stdout
+            run = flowed.json["run"]
+            assert run["status"] == "failed", run
+            assert run["lastError"]["code"] == "RUN_STATE_INVALID", run
+            assert run["lastError"]["message"] == (
+                f"Run {run['runId']}: its {record} record cannot be written to the journal: "
+                f"{named} is not valid Unicode: it holds a lone surrogate, '\\udcff' at index "
+                f"{index}; {fix}"), run
+        ok(project.cli("stop", "--json"))
