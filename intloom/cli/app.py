@@ -10,6 +10,7 @@ from __future__ import annotations
 import codecs
 import io
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -17,9 +18,10 @@ import traceback
 from collections.abc import Sequence
 from importlib import import_module
 from itertools import pairwise
-from typing import Annotated, Final
+from typing import Annotated, Any, Final
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 
 from intloom.cli import coercion, exit_codes
 from intloom.cli.inputs import UsageError
@@ -96,6 +98,35 @@ def _rich_help() -> bool:
             and shutil.get_terminal_size().columns >= RICH_HELP_COLUMNS)
 
 
+def _help_params(params: list[Any]) -> list[Any]:
+    """``params`` with every flag's metavar empty: this Typer's Rich help otherwise shows
+    ``<bool>`` after a flag (``--detach <bool>``), as if it took a value, and ``--detach
+    true`` is a usage error. Click's plain help never shows a flag's metavar."""
+    for param in params:
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+    return params
+
+
+def _usage_pieces(pieces: list[str]) -> list[str]:
+    """The usage line's pieces with a required argument written as docs/cli.md writes it,
+    ``WORKFLOW``, not this Typer's ``{WORKFLOW}``."""
+    return [re.sub(r"^\{([^{}]+)\}", r"\1", piece) for piece in pieces]
+
+
+class _Command(TyperCommand):
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _help_params(super().get_params(ctx))
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        return _usage_pieces(super().collect_usage_pieces(ctx))
+
+
+class _Group(TyperGroup):
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _help_params(super().get_params(ctx))
+
+
 def build_app(only: str | None = None) -> typer.Typer:
     """The Typer app with every command, or with ``only`` that one.
 
@@ -115,12 +146,13 @@ def build_app(only: str | None = None) -> typer.Typer:
         # panels cut option names and words to fit ("--foreg…"); Click's help wraps them.
         rich_markup_mode="rich" if _rich_help() else None,
         context_settings={"help_option_names": ["-h", "--help"]},
+        cls=_Group,
     )
     app.callback()(_root)
     for name, (module, function) in COMMANDS.items():
         if only is None or name == only:
             command = getattr(import_module(f"intloom.cli.commands.{module}"), function)
-            app.command(name)(command)
+            app.command(name, cls=_Command)(command)
     return app
 
 

@@ -87,6 +87,23 @@ def test_without_no_color_the_terminal_help_is_richs(tmp_path: Path) -> None:
     assert b"Usage:" in out and b"RUN" in out
 
 
+def test_terminal_help_shows_flags_as_flags_and_arguments_as_the_docs_do(
+    tmp_path: Path,
+) -> None:
+    """Rich's help showed every flag as taking a value (``--detach <bool>``, ``-h --help
+    <bool>``), though ``--detach true`` is a usage error, and the usage line read
+    ``{WORKFLOW}`` where docs/cli.md writes ``WORKFLOW``."""
+    code, out = on_a_terminal(["flow", "--help"], tmp_path, no_color=False)
+    assert code == 0, out
+    assert BOX in out, out  # Rich's help, at 100 columns
+    text = _SGR.sub(b"", out).decode()
+    assert "Usage: intloom flow [OPTIONS] WORKFLOW " in text, text
+    assert "<bool>" not in text and "{" not in text, text
+    assert re.search(r"│ --detach +Return as soon as the Run is created\.", text), text
+    assert re.search(r"│ --help +-h +Show this message and exit\.", text), text
+    assert re.search(r"│ --intent +TEXT +What the Run is for\.", text), text
+
+
 # A Workflow that fails with its Run's intent as the message: each text below reaches the
 # terminal as an intent (inspect's table, Rich's on a terminal) and as an error (attach).
 ECHO = '''

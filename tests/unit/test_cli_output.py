@@ -586,3 +586,22 @@ def test_every_commands_rich_help_fits_the_width_it_is_shown_at(
         text = _help_on_a_terminal(monkeypatch, RICH_HELP_COLUMNS, *args)
         assert "╭" in text, text  # Rich's, at that width
         assert "…" not in text, text
+
+
+def test_no_help_shows_a_flag_as_taking_a_value_or_braces_an_argument(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Rich's help wrote ``--json <bool>`` and both helps ``answer [OPTIONS] {RUN} {ACTION}
+    {ANSWER}``; docs/cli.md writes ``intloom answer RUN ACTION ANSWER``."""
+    from intloom.cli.app import COMMANDS, main
+
+    for args in ([], *([name] for name in COMMANDS)):
+        text = _help_on_a_terminal(monkeypatch, 100, *args)
+        assert "╭" in text, text
+        assert "<bool>" not in text and "{" not in text, text
+    monkeypatch.undo()
+    assert main(["answer", "--help"]) == 0
+    plain = capsys.readouterr().out
+    assert plain.startswith("Usage: intloom answer [OPTIONS] RUN ACTION ANSWER\n"), plain
+    assert main(["logs", "--help"]) == 0
+    assert capsys.readouterr().out.startswith("Usage: intloom logs [OPTIONS] [RUN]\n")
