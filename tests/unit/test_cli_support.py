@@ -861,7 +861,9 @@ def test_the_timeout_options_bound_is_the_clients() -> None:
 @pytest.mark.parametrize(("args", "lines"), [
     (["init", "--help"], ["Usage: intloom init [OPTIONS] [DIR]"]),
     (["logs", "--help"], ["Usage: intloom logs [OPTIONS] [RUN]", "(logs: one record a line)"]),
-    (["start", "--help"], ["--port N", "Give up after S seconds (default 300)."]),
+    (["start", "--help"], ["--port N", "Give up after S seconds (default 300).",
+                           "Listen on this port; later starts reuse it unless intloom.toml "
+                           "sets a port."]),
     (["stop", "--help"], ["Give up after S seconds (default 10, or as long as the host says "
                           "its stop may take)."]),
 ])
@@ -871,7 +873,8 @@ def test_the_help_spells_the_usage_as_docs_cli_does(
     """The help said ``init [directory]``, ``logs [[RUN]]`` and ``--port <int range>``, gave
     no default for --timeout, and promised exactly one JSON document from ``logs --json``,
     where docs/cli.md says ``init [DIR]``, ``logs [RUN]``, ``--port N``, the defaults (300 s
-    for start, 10 s for stop) and that logs streams JSONL."""
+    for start, 10 s for stop) and that logs streams JSONL. ``--port`` said "(saved for later
+    starts)", but a port set in intloom.toml wins over the saved one."""
     assert main(args) == 0
     out = " ".join(capsys.readouterr().out.split())  # as if unwrapped
     for line in lines:

@@ -36,7 +36,8 @@ def start(
         int | None,
         typer.Option(
             "--port", metavar="N", min=0, max=65535,
-            help="Listen on this port (saved for later starts).", show_default=False,
+            help="Listen on this port; later starts reuse it unless intloom.toml sets a port.",
+            show_default=False,
         ),
     ] = None,
     foreground: Annotated[
