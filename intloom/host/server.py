@@ -410,9 +410,9 @@ class Server:
             await self._close(writer)
 
     def _refused(self, reason: str, **context: Any) -> None:
-        """Log a connection refused for want of room: the first at once, then at most one
-        line a ``REFUSED_QUIET`` per reason, with ``times``, the refusals since the last
-        line (this one included)."""
+        """Log a connection refused (for want of room, or a wrong token): the first at
+        once, then at most one line a ``REFUSED_QUIET`` per reason, with ``times``, the
+        refusals since the last line (this one included)."""
         self._refusals[reason] += 1
         now = time.monotonic()
         said = self._refused_at.get(reason)
@@ -462,7 +462,9 @@ class Server:
                 "(a graceful stop), then run intloom start with the client's.",
             ))
         if not hmac.compare_digest(first.token.encode("utf-8", "replace"), self._token):
-            self.log.warning("connection_refused", reason="unauthorized", client=first.client[:80])
+            # Rate-limited as the capacity refusals are: a peer retrying a wrong token (or
+            # a flood of them) wrote one line per connection, without end.
+            self._refused("unauthorized", client=first.client[:80])
             raise _Refused(_error(
                 "UNAUTHORIZED",
                 "The connection token was not accepted. Read it from this project's "

@@ -420,3 +420,19 @@ def test_stop_with_a_foreign_instance_id_is_a_conflict(project: Project) -> None
         client.stop("00000000-0000-4000-8000-000000000000")
     assert refused.value.code == "CONFLICT"
     assert serves(project.root, service.instance_id)
+
+
+def test_wrong_token_refusals_are_logged_once_with_a_count(project: Project) -> None:
+    # Each wrong-token connection wrote its own connection_refused line: a peer retrying a
+    # stale token (or a flood of them) filled the log.
+    service = start(project).service
+    for _ in range(30):
+        with raw(service.port) as sock:
+            sock.sendall(hello_frame("x" * 43))
+            assert error_code(reply(sock)) == "UNAUTHORIZED"
+    assert serves(project.root, service.instance_id)
+    log = next((project.state / "logs").glob("LOG-*.jsonl")).read_text().splitlines()
+    refused = [entry for entry in map(json.loads, log) if entry["event"] == "connection_refused"]
+    assert len(refused) == 1, refused[:3]
+    assert refused[0]["reason"] == "unauthorized" and refused[0]["times"] == 1, refused
+    assert refused[0]["client"], refused
