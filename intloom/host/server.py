@@ -178,6 +178,10 @@ REFUSED_QUIET: Final = 60.0
 # one request each: a client that leaks its connections fills the cap for the idle timeout,
 # and intloom stop and intloom status must not wait that out (nor need a signal).
 CONTROL_SLOTS: Final = 4
+# From accept to a control slot's one request (its hello included): the CLI sends both at
+# once. With the hello timeout, four peers that said hello and then nothing held every slot
+# for 30 s, and intloom stop was refused that long.
+CONTROL_TIMEOUT: Final = 3.0
 
 
 # Requests that start or change work; the others only read (or stop the host).
@@ -435,8 +439,9 @@ class Server:
                 _error("INVALID_REQUEST", f"{exc}. The connection was closed.")
             ) from None
 
-    async def _handshake(self, reader: asyncio.StreamReader) -> None:
-        body = await self._read(reader, self.limits.hello_timeout, self.limits.hello_frame)
+    async def _handshake(self, reader: asyncio.StreamReader, limit: float | None = None) -> None:
+        body = await self._read(reader, self.limits.hello_timeout if limit is None else limit,
+                                self.limits.hello_frame)
         try:
             first = decode_first(body)
         except FrameError:
@@ -491,13 +496,16 @@ class Server:
         *, control: bool = False,
     ) -> None:
         """``control``: a connection past the cap (CONTROL_SLOTS), served one status or stop
-        request, at the hello's pace."""
-        await self._handshake(reader)
+        request, sent within CONTROL_TIMEOUT of its accept."""
+        # Past the cap, the hello and the one request share one short deadline.
+        deadline = (asyncio.get_running_loop().time() + CONTROL_TIMEOUT) if control else None
+        await self._handshake(reader, None if deadline is None else CONTROL_TIMEOUT)
         await self._write(writer, self.hello)
         while True:
             try:
-                body = await self._read(reader, self.limits.hello_timeout if control
-                                        else self.limits.idle_timeout)
+                body = await self._read(
+                    reader, self.limits.idle_timeout if deadline is None
+                    else max(0.0, deadline - asyncio.get_running_loop().time()))
             except FrameClosed as closed:
                 if closed.clean:
                     return

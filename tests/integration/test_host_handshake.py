@@ -380,6 +380,39 @@ def test_a_stop_refused_at_the_connection_cap_says_how_to_stop_the_host(
     assert serves(project.root, service.instance_id)
 
 
+def test_control_slots_held_by_silent_peers_free_up_for_a_stop_within_seconds(
+    project: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Four peers past the cap that said hello and then nothing held every control slot for
+    # the 30 s hello timeout: intloom stop was refused (BUSY) all that time.
+    monkeypatch.setenv("INTLOOM_TEST_MAX_CONNECTIONS", "1")
+    service = start(project).service
+    held: list[socket.socket] = []
+    try:
+        for _ in range(1 + CONTROL_SLOTS):
+            sock = raw(service.port)
+            sock.sendall(hello_frame(token_of(project)))
+            assert isinstance(reply(sock), HelloOk)
+            held.append(sock)
+        # The silent control connections are closed by the host, well before the hello
+        # timeout; the one inside the cap stays (it is idle, not past the cap).
+        for sock in held[1:]:
+            try:
+                assert closed(sock)
+            except TimeoutError:
+                pytest.fail("a silent control connection was still open after 10 s")
+
+        def stopped() -> bool:
+            result = project.cli("stop", "--json")
+            return result.code == 0 and result.json["stopped"] is True
+
+        eventually(stopped, timeout=10, what="intloom stop to be served past the cap")
+    finally:
+        for sock in held:
+            sock.close()
+    assert not (project.state / "service.json").exists()
+
+
 def test_connections_refused_at_the_cap_are_logged_once_with_a_count(
     project: Project, monkeypatch: pytest.MonkeyPatch
 ) -> None:
