@@ -386,6 +386,10 @@ _READS: Final = frozenset({"Status", "ListWorkflows", "GetRun", "WaitRun", "List
                            "Subscribe"})
 
 
+class _Reset(Exception):
+    """The host reset the connection before it read the request (``Client._call``)."""
+
+
 def _waits_on_a_run(request: Request) -> bool:
     """Whether the host replies only once a Run waits or ends (as long as its Steps take)."""
     if isinstance(request, CreateRun):
@@ -718,9 +722,29 @@ class Client:
         try:
             sock.settimeout(self.request_timeout)
             sock.sendall(frame)
+        except (ConnectionResetError, BrokenPipeError):
+            raise self._reset(request) from None
         except OSError as exc:
             raise self._broken(request, str(exc)) from None
         return sock
+
+    def _reset(self, request: Request) -> _Reset:
+        """A host resets a connection only as it closes it with bytes of it unread (a
+        request that came as it stopped, or as it exited): one that had read the request
+        whole has nothing unread, and its close is an end of file. So nothing was done,
+        and, as for a connection it closed while idle, connecting again is safe -- to the
+        same host instance only."""
+        what = _REQUEST_WORDS.get(type(request).__name__, f"the {type(request).__name__} request")
+        self._shut(f"the host reset it without reading {what}: nothing was done", reopen=True)
+        return _Reset()
+
+    def _reset_again(self, request: Request) -> IntloomError:
+        what = _REQUEST_WORDS.get(type(request).__name__, f"the {type(request).__name__} request")
+        return IntloomError(
+            "PROJECT_CONNECTION_FAILED",
+            f"The host reset the connection without reading {what}, then did so again on a "
+            "new connection: nothing was done. Run intloom status, then send it again once "
+            "the host serves.", retryable=False)
 
     def _no_connection(self) -> IntloomError:
         return IntloomError(
@@ -773,6 +797,10 @@ class Client:
             sock.settimeout(_SIGNAL_SLICE if patience is None
                             else min(_SIGNAL_SLICE, patience))
             reply = decode_response(recv_frame(sock, patience=patience))
+        except ConnectionResetError:
+            if stream or self._sock is not sock:
+                raise self._broken(request, "the host reset the connection") from None
+            raise self._reset(request) from None
         except TimeoutError:
             raise self._broken(request, f"no reply within {self.request_timeout} s",
                                timed_out=True) from None
@@ -813,7 +841,16 @@ class Client:
             if self._streaming is not None:
                 raise self._streaming_error()
             try:
-                reply = self._receive(self._send(request), request)
+                try:
+                    reply = self._receive(self._send(request), request)
+                except _Reset:
+                    # Not read, so not acted on: sent again once, on a new connection to
+                    # the same host instance (a stopping host refuses its hello: the
+                    # error is CLI_SERVICE_CLOSING's, "Nothing was sent").
+                    try:
+                        reply = self._receive(self._send(request), request)
+                    except _Reset:
+                        raise self._reset_again(request) from None
             except IntloomError:
                 raise
             except BaseException as exc:
@@ -906,7 +943,13 @@ class Client:
         with self._turn:
             if self._streaming is not None:
                 raise self._streaming_error()
-            sock = self._send(request)
+            try:
+                sock = self._send(request)
+            except _Reset:  # not read: as in _call
+                try:
+                    sock = self._send(request)
+                except _Reset:
+                    raise self._reset_again(request) from None
             self._streaming = run_id
         try:
             while True:

@@ -348,6 +348,9 @@ class Server:
         self._sessions: set[asyncio.Task[None]] = set()
         self._busy: set[asyncio.Task[None]] = set()  # sessions inside a request
         self._control: set[asyncio.Task[None]] = set()  # sessions past the cap (CONTROL_SLOTS)
+        # Each session's streams, for close() to end its input.
+        self._streams: dict[asyncio.Task[None],
+                            tuple[asyncio.StreamReader, asyncio.StreamWriter]] = {}
         self._refusals: Counter[str] = Counter()  # refused since the last line, by reason
         self._refused_at: dict[str, float] = {}  # monotonic time of that line
         self._idle = asyncio.Event()  # set whenever no session is inside a request
@@ -390,6 +393,7 @@ class Server:
             await self._close(writer)
             return
         self._sessions.add(task)
+        self._streams[task] = (reader, writer)
         if control:
             self._control.add(task)
         try:
@@ -409,6 +413,7 @@ class Server:
             self.log.error("connection_failed", error=type(exc).__name__, detail=str(exc)[:500])
         finally:
             self._sessions.discard(task)
+            self._streams.pop(task, None)
             self._control.discard(task)
             self._leave(task)
             await self._close(writer)
@@ -695,13 +700,36 @@ class Server:
             async with asyncio.timeout(grace):
                 await self._idle.wait()  # replies of requests in flight are being written
         remaining = list(self._sessions)
-        cancelled = sum(1 for t in remaining if t in self._busy)
-        for t in remaining:
+        busy = [t for t in remaining if t in self._busy]
+        for t in busy:
             t.cancel()
+        # A session waiting for its next request is not cancelled: a request sent as the
+        # stop began (or while the loop was busy suspending Runs) may be in its socket,
+        # unread, and cancelling dropped it unanswered -- PROJECT_REQUEST_FAILED, "the host
+        # may have acted on it". One pass of the loop reads what the sockets hold; then each
+        # such session reads no more, answers what it has (CLI_SERVICE_CLOSING, nothing
+        # done) and ends at the end of its input. A request that arrives later is never
+        # read, and the kernel resets its connection (the client can tell: no reply).
+        await asyncio.sleep(0)
+        idle = [self._streams[t] for t in remaining if t not in busy and t in self._streams]
+        for _, writer in idle:
+            transport = writer.transport
+            if isinstance(transport, asyncio.ReadTransport):
+                transport.pause_reading()
+        # Reads the loop polled before the pause still deliver their bytes: let them.
+        await asyncio.sleep(0)
+        for reader, _ in idle:
+            reader.feed_eof()
         if remaining:
-            await asyncio.wait(remaining, timeout=_CLOSE_WAIT)
+            # Half the wait for those answers, half for what a cancel leaves to do.
+            _, late = await asyncio.wait(remaining, timeout=_CLOSE_WAIT / 2)
+            for t in late:
+                if t not in busy:
+                    t.cancel()  # a peer that does not read its last reply
+            if late:
+                await asyncio.wait(late, timeout=_CLOSE_WAIT / 2)
         if self._server is not None:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(_CLOSE_WAIT):
                     await self._server.wait_closed()
-        return cancelled
+        return len(busy)

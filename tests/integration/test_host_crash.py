@@ -4,13 +4,18 @@ the user's back. start and stop refuse with CLI_SERVICE_BUSY and leave every byt
 from __future__ import annotations
 
 import json
+import os
+import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
+from pathlib import Path
 
 import pytest
 
+from intloom.client.client import Client
 from intloom.client.lifecycle import start_service, stop_service
 from intloom.errors import IntloomError
 from intloom.fsutil import ensure_private_dir
@@ -198,3 +203,51 @@ def test_logs_json_stays_jsonl_when_a_crash_tore_the_last_line(project: Project)
     assert records[-1]["level"] == "error"
     assert records[-1]["line"].startswith('{"time": "2026-12-01T00:00:00.000Z"')
     assert snapshot_files(project.root) == before
+
+
+def _unread_bytes(port: int, peer: int) -> int:
+    """Bytes the host's end of the connection 127.0.0.1:``port`` <- ``peer`` holds unread
+    (its Recv-Q, from /proc/net/tcp)."""
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, remote, queues = fields[1], fields[2], fields[4]
+        if int(local.split(":")[1], 16) == port and int(remote.split(":")[1], 16) == peer:
+            return int(queues.split(":")[1], 16)
+    return 0
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads /proc/net/tcp")
+def test_a_request_the_host_never_read_is_said_not_done(project: Project) -> None:
+    # A host resets a connection only as it closes it with bytes unread: here a request sent
+    # to a paused host that is then killed (a stopping host does the same with one that
+    # comes too late). The client said PROJECT_REQUEST_FAILED, "the host may have acted on
+    # it", though the host never read it.
+    service = start(project).service
+    client = Client.connect(project.root)
+    assert client._sock is not None
+    peer = client._sock.getsockname()[1]
+    failed: list[IntloomError] = []
+
+    def ask() -> None:
+        try:
+            client.runs()
+        except IntloomError as exc:
+            failed.append(exc)
+
+    asking = threading.Thread(target=ask, daemon=True)
+    try:
+        os.kill(service.pid, signal.SIGSTOP)
+        asking.start()
+        eventually(lambda: _unread_bytes(service.port, peer) > 0,
+                   what="the request to wait unread in the paused host's socket")
+        project.kill_host()
+        asking.join(timeout=30)
+        assert not asking.is_alive(), "the request never returned"
+    finally:
+        client.close()
+    assert len(failed) == 1, failed
+    error = failed[0]
+    assert error.code == "PROJECT_CONNECTION_FAILED", error
+    assert "the host reset it without reading the list of Runs: nothing was done" in (
+        error.message), error.message
+    assert "may have acted" not in error.message, error.message
