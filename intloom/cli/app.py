@@ -400,6 +400,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # for flow and answer), a prompt given up (Abort) or Ctrl-C before it began.
         state.renderer.note(exc.note if isinstance(exc, Interrupted) else "Interrupted.")
         _say_where(state)
+        if state.terminated:
+            return exit_codes.TERMINATED
         return exit_codes.for_exception(
             exc if isinstance(exc, KeyboardInterrupt) else KeyboardInterrupt()
         )
@@ -426,7 +428,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         _say_where(state)
     except BrokenPipeError:
         return _reader_gone(state)
-    return result if isinstance(result, int) else exit_codes.OK
+    code = result if isinstance(result, int) else exit_codes.OK
+    # attach detaches on a SIGTERM as on Ctrl-C, but whoever sent it learns it took.
+    return exit_codes.TERMINATED if state.terminated and code == exit_codes.OK else code
 
 
 def _say_where(state: CliState) -> None:

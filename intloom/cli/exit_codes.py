@@ -41,6 +41,8 @@ DOCTOR_BLOCKED: Final = 4
 INTERNAL: Final = 70
 # Ctrl-C outside attach (128 + SIGINT, as shells report it).
 INTERRUPTED: Final = 130
+# SIGTERM to a command that waits on a Run (128 + SIGTERM): its wait ends, as for Ctrl-C.
+TERMINATED: Final = 143
 
 _DIAGNOSIS_BLOCKED = frozenset({"blocked"})
 _DIAGNOSIS_ATTENTION = frozenset({"recovery_required"})

@@ -7,9 +7,11 @@ functions take a :class:`CliState` and only their own options.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
-from collections.abc import Callable
+import signal
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -21,7 +23,7 @@ if TYPE_CHECKING:
     from intloom.client.client import Client
 
 __all__ = ["CliState", "DebugOpt", "Interrupted", "JsonOpt", "ProjectOpt", "command",
-           "working_directory"]
+           "sigterm_as_ctrl_c", "working_directory"]
 
 JsonOpt = Annotated[
     bool,
@@ -68,6 +70,7 @@ class CliState:
         # The exit code a command has decided before it prints (doctor's verdict, a failed
         # Run's 1): still its exit code if the reader goes away mid-print (``| head``).
         self.verdict: int | None = None
+        self.terminated = False  # a SIGTERM ended the wait (sigterm_as_ctrl_c)
         self._renderer: Renderer | None = None
         # The root this invocation resolved, once it did, and whether a command line for a
         # person to copy was printed: main() compares that root with the working directory's.
@@ -120,6 +123,10 @@ class CliState:
                 self._here_root = (None,)
         here = self._here_root[0]
         return here != self.resolved, here
+
+    def stopped_by(self) -> str:
+        """What ended a wait, in the words a person used: ``Ctrl-C`` or ``SIGTERM``."""
+        return "SIGTERM" if self.terminated else "Ctrl-C"
 
     def intloom(self) -> str:
         """How a command this invocation prints for a person begins: ``intloom``, or
@@ -198,6 +205,23 @@ def command(fn: Callable[..., Any]) -> Callable[..., Any]:
     wrapper.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
     wrapper.__annotations__ = {p.name: p.annotation for p in parameters}
     return wrapper
+
+
+@contextlib.contextmanager
+def sigterm_as_ctrl_c(state: CliState) -> Iterator[None]:
+    """A SIGTERM ends the command as Ctrl-C does (a KeyboardInterrupt in the main thread),
+    for the commands that wait on a Run: its default ended flow, answer or attach with exit
+    143 and not a word, though the Run goes on in the host. main() exits TERMINATED."""
+
+    def terminated(_signo: int, _frame: object) -> None:
+        state.terminated = True
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def working_directory() -> Path:

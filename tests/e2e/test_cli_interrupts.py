@@ -394,3 +394,65 @@ def test_doctor_stuck_importing_a_workflow_says_which_and_ctrl_c_ends_it(
             proc.kill()
         proc.communicate(timeout=10)
         project.reap()
+
+
+def test_sigterm_while_flow_waits_says_the_run_goes_on(proj: Project) -> None:
+    # SIGTERM (a supervisor, a timeout, kill) ended flow's wait with exit 143 and not a word:
+    # the Run goes on in the host, as it does after Ctrl-C, which says so.
+    ok(proj.cli("start", "--json"))
+    gates = proj.root / "gates"
+    gates.mkdir()
+    hold = gates / "step:fetch.hold"
+    hold.write_text("held")
+    port = host_port(proj)
+    with cli_child(proj, "flow", "reference", "--intent", "wait here") as proc:
+        eventually((gates / "step:fetch.entered").exists, timeout=15, what="the Step held")
+        eventually(lambda: connected(proc, port), timeout=20, what="flow to wait")
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=20)
+    assert proc.returncode == exit_codes.TERMINATED, (out, err)
+    assert out == ""
+    assert err.startswith("Stopped waiting (SIGTERM). "), err
+    assert "goes on in the host" in err, err
+    assert f"intloom --project {shlex.quote(str(proj.root))} runs" in err, err
+    assert len(err.splitlines()) == 1, err
+    [run] = ok(proj.cli("runs", "--json"))["runs"]
+    assert run["status"] == "running"
+    hold.unlink()
+
+
+def test_sigterm_while_answer_waits_names_the_run_to_attach(proj: Project) -> None:
+    ok(proj.cli("start", "--json"))
+    run = ok(proj.cli("flow", "reference", "--intent", "x", "--json"))["run"]
+    assert run["status"] == "waiting", run
+    gates = proj.root / "gates"
+    gates.mkdir()
+    hold = gates / "step:fetch.hold"
+    hold.write_text("held")
+    port = host_port(proj)
+    run_id, action = run["runId"], run["pendingAction"]["id"]
+    with cli_child(proj, "answer", run_id, action, '{"isConfirmed": false}') as proc:
+        eventually((gates / "step:fetch.entered").exists, timeout=15, what="the Step held")
+        eventually(lambda: connected(proc, port), timeout=20, what="answer to wait")
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=20)
+    assert proc.returncode == exit_codes.TERMINATED, (out, err)
+    assert out == ""
+    assert err.startswith("Stopped waiting (SIGTERM). "), err
+    assert f"intloom --project {shlex.quote(str(proj.root))} attach {run_id}" in err, err
+    hold.unlink()
+
+
+def test_sigterm_detaches_attach_and_exits_143(proj: Project) -> None:
+    run_id, hold = running_run(proj)
+    port = host_port(proj)
+    with cli_child(proj, "attach", run_id) as proc:
+        eventually(lambda: connected(proc, port), timeout=20, what="attach to connect")
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=20)
+    assert proc.returncode == exit_codes.TERMINATED, (out, err)
+    assert f"Detached from {run_id}; the Run is left as it was." in err, err
+    assert "Traceback" not in err, err
+    [run] = ok(proj.cli("runs", "--json"))["runs"]
+    assert run["status"] == "running"
+    hold.unlink()

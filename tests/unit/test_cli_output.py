@@ -32,8 +32,9 @@ def test_every_known_error_exits_failure_and_the_rest_are_distinct() -> None:
     codes = {
         exit_codes.OK, exit_codes.FAILURE, exit_codes.USAGE, exit_codes.DOCTOR_ATTENTION,
         exit_codes.DOCTOR_BLOCKED, exit_codes.INTERNAL, exit_codes.INTERRUPTED,
+        exit_codes.TERMINATED,
     }
-    assert len(codes) == 7
+    assert len(codes) == 8
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,7 @@ import typer
 from intloom.cli import exit_codes
 from intloom.cli.commands.runs import RunArg, finish_run
 from intloom.cli.inputs import interactive
-from intloom.cli.options import CliState, command
+from intloom.cli.options import CliState, command, sigterm_as_ctrl_c
 from intloom.cli.render import Renderer, plain
 from intloom.errors import IntloomError
 
@@ -55,6 +55,9 @@ _DETACH_LOOK: Final = 2.0
 # untimed one slept on until the next event, which a Run waiting on an Agent task may not
 # send for hours.
 _SIGNAL_LOOK: Final = 0.1
+# The signals that end a wait with a KeyboardInterrupt: SIGTERM as Ctrl-C does
+# (sigterm_as_ctrl_c), held off where SIGINT is.
+_INTERRUPTS: Final = frozenset({signal.SIGINT, signal.SIGTERM})
 # What a look at the Run says when its host is gone (the connection broke or was closed).
 # A host that is stopping answers CLI_SERVICE_CLOSING until it goes: the same for a prompt.
 _CONNECTION_LOST: Final = frozenset({"PROJECT_REQUEST_FAILED", "PROJECT_CONNECTION_FAILED",
@@ -105,7 +108,7 @@ def _wait(cond: threading.Condition, done: Callable[[], bool],
                                                           deadline - time.monotonic())
         if left <= 0:
             return
-        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, _INTERRUPTS)
         try:
             cond.wait(left)
         finally:
@@ -119,7 +122,7 @@ def _start_without_sigint(thread: threading.Thread) -> None:
     the kernel would run its handler on another thread, which flags the main thread all the
     same, and the KeyboardInterrupt lands where the mask was to keep it out. With every
     thread of attach's holding it off, it waits, pending, for the main thread."""
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, _INTERRUPTS)
     try:
         thread.start()
     finally:
@@ -502,8 +505,13 @@ def attach(state: CliState, run_id: RunArg) -> int:
     Ctrl-C detaches and leaves the Run as it is. Exit 0 when it completes or still waits,
     1 when it fails or was stopped.
     """
-    if state.json_mode:
-        return _attach_json(state, run_id)
+    with sigterm_as_ctrl_c(state):
+        if state.json_mode:
+            return _attach_json(state, run_id)
+        return _attach_text(state, run_id)
+
+
+def _attach_text(state: CliState, run_id: str) -> int:
     followed: tuple[RunView, bool] | None = None
     detached = False
     failed: IntloomError | None = None

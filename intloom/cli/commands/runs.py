@@ -8,7 +8,7 @@ import typer
 
 from intloom.cli import exit_codes
 from intloom.cli.inputs import interactive, read_answer, read_intent
-from intloom.cli.options import CliState, Interrupted, command
+from intloom.cli.options import CliState, Interrupted, command, sigterm_as_ctrl_c
 from intloom.cli.render import asked_lines, named_runs, plain, run_lines, run_row
 from intloom.errors import IntloomError, error_view
 
@@ -78,7 +78,7 @@ def flow(
     """
     text = read_intent(intent, intent_file, prompt=interactive(state.json_mode))
     try:
-        with (state.client(waits=not detach) as client,
+        with (sigterm_as_ctrl_c(state), state.client(waits=not detach) as client,
               state.renderer.spinner(f"Running {workflow}...")):
             try:
                 run = client.create_run(workflow, text, wait=not detach)
@@ -90,8 +90,9 @@ def flow(
         # Ctrl-C ends the wait, not the Run; the id is not known before the reply.
         intloom = state.intloom()
         raise Interrupted(
-            "Stopped waiting (Ctrl-C). A Run this command created goes on in the host: "
-            f"{intloom} runs lists it, and {intloom} attach RUN follows it.") from None
+            f"Stopped waiting ({state.stopped_by()}). A Run this command created goes on in "
+            f"the host: {intloom} runs lists it, and {intloom} attach RUN follows it."
+        ) from None
     # Only a start restores a Run RUN_INTERRUPTED, so a Run created here that reads so was
     # suspended by its host (intloom stop while it ran): it has not ended.
     return finish_run(state, run, suspended=True)
@@ -204,13 +205,14 @@ def answer(
     """
     value = read_answer(answer_json)
     try:
-        with (state.client(waits=True) as client,
+        with (sigterm_as_ctrl_c(state), state.client(waits=True) as client,
               state.renderer.spinner("Delivering the answer...")):
             run = client.answer(run_id, action_id, value)
     except KeyboardInterrupt:
         raise Interrupted(
-            f"Stopped waiting (Ctrl-C). If the host took the answer, the Run goes on with it: "
-            f"{state.intloom()} attach {run_id} shows where it is.") from None
+            f"Stopped waiting ({state.stopped_by()}). If the host took the answer, the Run "
+            f"goes on with it: {state.intloom()} attach {run_id} shows where it is."
+        ) from None
     # The Run took this answer, so no start had restored it RUN_INTERRUPTED: a reply that
     # reads so is its host suspending it (intloom stop while it ran on), not its end.
     return finish_run(state, run, suspended=True)
