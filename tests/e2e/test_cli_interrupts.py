@@ -456,3 +456,26 @@ def test_sigterm_detaches_attach_and_exits_143(proj: Project) -> None:
     [run] = ok(proj.cli("runs", "--json"))["runs"]
     assert run["status"] == "running"
     hold.unlink()
+
+
+def test_attach_whose_stream_missed_the_suspend_says_the_run_goes_on(
+    proj: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A stop whose suspend event never reached attach's stream (here the stream is refused
+    # at the connection cap; a restored Run's history still being read does the same) left
+    # attach with only the main connection's view, failed/RUN_INTERRUPTED: it said
+    # "Failure does not undo committed data", as for a Run that ended.
+    monkeypatch.setenv("INTLOOM_TEST_MAX_CONNECTIONS", "1")
+    monkeypatch.setenv("INTLOOM_TEST_SUSPEND_GRACE", "1")
+    run_id, hold = running_run(proj)
+    port = host_port(proj)
+    with cli_child(proj, "attach", run_id) as proc:
+        eventually(lambda: connected(proc, port), timeout=20, what="attach to connect")
+        stopped = proj.cli("stop", "--json")
+        assert stopped.code == 0 and stopped.json["stopped"] is True, stopped
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == exit_codes.RUN_FAILED, (out, err)
+    assert "Suspended by its host, not ended" in out, out
+    assert "Failure does not undo committed data" not in out, out
+    assert f"The Run {run_id} was suspended by its host (RUN_INTERRUPTED), not ended" in err, err
+    hold.unlink()

@@ -396,6 +396,17 @@ def _look(client: Client, run_id: str, follower: _Follower, what: str) -> RunVie
         ) from None
 
 
+def _suspended_meanwhile(began: RunView, view: RunView) -> bool:
+    """``view`` is failed/RUN_INTERRUPTED (not dismissed) and ``began`` was not failed: the
+    host attach follows suspended the Run (only a start restores one RUN_INTERRUPTED, and
+    attach keeps to one host instance). A stop can end the stream before its ``suspended``
+    event (one still reading a restored Run's history, or refused at the cap), and the
+    view alone then read as a Run that ended."""
+    error = view.last_error
+    return (began.status != "failed" and view.status == "failed" and not view.dismissed
+            and error is not None and error.code == "RUN_INTERRUPTED")
+
+
 def _follow(state: CliState, client: Client, run_id: str,
             view: RunView) -> tuple[RunView, bool]:
     """Wait, prompt and answer until the Run is terminal, or waits with no one to answer
@@ -404,6 +415,7 @@ def _follow(state: CliState, client: Client, run_id: str,
     (``_Follower.suspended``)."""
     from intloom.cli.prompts import Terminal, prompt_answer
 
+    began = view
     term = Terminal() if interactive(state.json_mode) else None
     follower = _Follower(state.root(), run_id, state.renderer, term)
     _start_without_sigint(follower)
@@ -436,7 +448,7 @@ def _follow(state: CliState, client: Client, run_id: str,
             if view.status != "waiting" or action is None or term is None:
                 if follower.cut_short():
                     state.renderer.note(follower.cut_note())
-                return view, follower.suspended(view)
+                return view, follower.suspended(view) or _suspended_meanwhile(began, view)
             term.check = _still_asked(client, run_id, action.id, follower)
             try:
                 value = prompt_answer(plain(action), term)
