@@ -143,9 +143,18 @@ class HostLog:
         except OSError as exc:
             self._lost(exc)
             return False
+        if written < len(data):
+            # A full disk takes what fits and returns the count, without an error: writing
+            # the rest gets the kernel's reason (ENOSPC), which a count alone only guesses.
+            try:
+                written += os.write(self._fd, data[written:])
+            except OSError as exc:
+                self._cut = True
+                self._lost(OSError(exc.errno, f"{exc.strerror} after {written} of "
+                                              f"{len(data)} bytes of a line"))
+                return False
         self._cut = written < len(data)
         if self._cut:
-            # A full disk takes what fits and returns the count, without an error.
             self._lost(OSError(errno.ENOSPC, f"only {written} of {len(data)} bytes of a line "
                                              "were written (disk full?)"))
             return False

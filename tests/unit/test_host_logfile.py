@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from pathlib import Path
@@ -21,15 +22,19 @@ def test_a_line_cut_short_is_lost_and_the_next_starts_on_its_own_line(
     log = HostLog.open(logs)
     real = os.write
     cuts = [40]
+    refusals = [OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))]
 
-    def short_once(fd: int, data: bytes) -> int:  # the disk, full for one write
+    def short_once(fd: int, data: bytes) -> int:  # the disk, full for one line
         if cuts:
             return real(fd, data[:cuts.pop()])
+        if refusals:  # the rest of that line: the kernel's reason
+            raise refusals.pop()
         return real(fd, data)
 
     monkeypatch.setattr(os, "write", short_once)
     assert log.error("run_checkpoint_failed", runId="RUN-1", cause="x" * 200) is False
-    assert log.failed and log.failure is not None and "only 40 of" in log.failure
+    assert log.failed and log.failure is not None
+    assert log.failure.startswith("No space left on device after 40 of "), log.failure
     assert log.info("after", n=1) is True
     log.close()
     lines = log.path.read_bytes().splitlines()

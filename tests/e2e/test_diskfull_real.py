@@ -1,0 +1,100 @@
+"""A real full disk: a project on a small tmpfs, filled to the last byte by a file beside it.
+
+The fault-injection tests (test_diskfault_*.py) fail a write on purpose; these let the
+kernel refuse it, as a user meets it: a log line cut short, a checkpoint refused. Mounting
+needs root (and permission to mount): elsewhere they skip, saying so.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from intloom.client.client import Client
+from tests.helpers import FIXTURES, Project, eventually, reaped
+from tests.integration.host_support import hello_frame, reply, start
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def small_disk() -> Iterator[Path]:
+    """A 2 MiB tmpfs, unmounted at teardown whatever happened."""
+    mount = Path(tempfile.mkdtemp(prefix="intloom-fulldisk-"))
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)],
+                          capture_output=True, text=True)
+    if made.returncode != 0:
+        mount.rmdir()
+        pytest.skip(f"a real full disk needs a tmpfs mount, and mount was refused "
+                    f"({made.stderr.strip() or made.returncode}): run as root to test it")
+    try:
+        yield mount
+    finally:
+        if subprocess.run(["umount", str(mount)], capture_output=True).returncode != 0:
+            # A process of the test still inside it: detach it now, it goes when they do.
+            subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+        mount.rmdir()
+
+
+@pytest.fixture
+def full_project(small_disk: Path) -> Iterator[Project]:
+    """fixtures/projects/basic on the small disk; its hosts are killed before the unmount."""
+    root = small_disk / "proj"
+    shutil.copytree(FIXTURES / "projects" / "basic", root)
+    yield from reaped(Project(root=root))
+
+
+def fill(disk: Path) -> Path:
+    """Take every free byte of ``disk`` with one file (removed to free the space again)."""
+    filler = disk / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    chunk = b"\0" * 65536
+    try:
+        while True:
+            try:
+                if os.write(fd, chunk) < len(chunk):
+                    chunk = chunk[: max(1, len(chunk) // 2)]
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+                if len(chunk) == 1:
+                    return filler
+                chunk = chunk[: len(chunk) // 2]
+    finally:
+        os.close(fd)
+
+
+def refused_hello(port: int) -> None:
+    """A connection with a wrong token: the host logs it, and writes no checkpoint."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(hello_frame("x" * 43))
+        reply(sock)
+
+
+def log_error(project: Project, port: int) -> str | None:
+    refused_hello(port)
+    with Client.connect(project.root) as client:
+        return client.status().log_error
+
+
+def test_a_log_line_cut_short_by_a_full_disk_names_no_space_left_on_device(
+    full_project: Project, small_disk: Path,
+) -> None:
+    """A full disk takes the part of a log line that fits and returns the count: the host
+    said "only 46 of 177 bytes of a line were written (disk full?)", a guess, not the
+    kernel's ENOSPC."""
+    service = start(full_project).service
+    fill(small_disk)
+    error = eventually(lambda: log_error(full_project, service.port), timeout=30,
+                       what="a log line to be refused by the full disk")
+    assert "No space left on device" in error, error
+    assert "disk full?" not in error, error
+    assert service.log_file is not None and service.log_file in error
