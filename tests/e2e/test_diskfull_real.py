@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from intloom.client.client import Client
+from intloom.errors import IntloomError
 from tests.helpers import FIXTURES, Project, eventually, reaped
 from tests.integration.host_support import hello_frame, reply, start
 
@@ -98,3 +99,54 @@ def test_a_log_line_cut_short_by_a_full_disk_names_no_space_left_on_device(
     assert "No space left on device" in error, error
     assert "disk full?" not in error, error
     assert service.log_file is not None and service.log_file in error
+
+
+def test_a_stop_whose_log_the_full_disk_cut_promises_no_resumption(
+    full_project: Project, small_disk: Path,
+) -> None:
+    """The disk filled under a host: checkpoints failed, then its log. Its stop's lines
+    never reached the log, and the stop said "Unfinished Runs were suspended at their last
+    checkpoint ... Run intloom start to resume them", of Runs failed by a checkpoint, which
+    the next start reports RUN_INTERRUPTED."""
+    service = start(full_project).service
+    with Client.connect(full_project.root) as client:
+        waiting = client.create_run("example", "kept")
+    assert waiting.pending_action is not None
+    filler = fill(small_disk)
+    failed: list[str] = []  # Runs that got as far as a Step before a checkpoint failed
+    with Client.connect(full_project.root) as client:
+        for n in range(50):
+            try:
+                run = client.create_run("example", f"busy {n}")
+            except IntloomError as exc:
+                assert exc.code in ("RUN_CHECKPOINT_FAILED", "LOG_WRITE_FAILED"), exc
+                break
+            if run.status == "failed":
+                assert run.last_error is not None
+                assert run.last_error.code == "RUN_CHECKPOINT_FAILED", run.last_error
+                failed.append(run.run_id)
+    assert failed, "no Run got as far as a Step before the full disk refused a checkpoint"
+    eventually(lambda: log_error(full_project, service.port), timeout=30,
+               what="a log line to be refused by the full disk")
+
+    stopped = full_project.cli("stop")
+    assert stopped.code == 0, stopped
+    assert "resume" not in stopped.stdout, stopped.stdout
+    assert stopped.stdout.startswith(
+        "The original service instance stopped. Its log does not say what the stop did to "
+        "the unfinished Runs"), stopped.stdout
+    assert "intloom doctor previews" in stopped.stdout
+    assert "Traceback" not in stopped.stdout + stopped.stderr
+
+    doctor = full_project.cli("doctor", "--json")  # offline, on the full disk
+    assert "Traceback" not in doctor.stderr, doctor  # exit 3: it needs attention
+    preview = {run["runId"]: run["verdict"]["row"] for run in doctor.json["runs"]}
+    assert preview[waiting.run_id] == "restore_wait"
+    filler.unlink()
+    restored = start(full_project).service.restore
+    assert restored is not None and waiting.run_id in restored.waiting
+    for run_id in failed:  # what the stop would have promised to resume
+        assert run_id in restored.interrupted and preview[run_id] == "interrupted"
+    with Client.connect(full_project.root) as client:
+        assert client.get_run(waiting.run_id).pending_action == waiting.pending_action
+    assert full_project.cli("stop").code == 0

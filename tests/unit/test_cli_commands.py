@@ -639,8 +639,9 @@ def test_stop_text_names_the_runs_it_cut(capsys: pytest.CaptureFixture[str], pro
         "never records); the next start reports them RUN_INTERRUPTED and replays nothing:",
         "  RUN-a: Step main/pay was running",
         "  ... and 2 more (intloom start lists them all).",
-        "Other unfinished Runs were suspended at their last checkpoint; committed data is "
-        "retained. Run intloom start to resume them.",
+        "Its log does not say what the stop did to the other unfinished Runs (the log "
+        "cannot be read, or its last lines were never written, as on a full disk): intloom "
+        "doctor previews what the next start does with each.",
     ]
 
 
@@ -1035,8 +1036,9 @@ def test_logs_keep_a_line_that_is_not_utf8_exactly_and_mark_it(
         "dismissed, held, or failed by a checkpoint): the next start reports them again "
         "(intloom doctor previews it)."]),
     (dict(), [  # an older host, or a log that cannot be read: nothing is counted
-        "The original service instance stopped. Unfinished Runs were suspended at their last "
-        "checkpoint; committed data is retained. Run intloom start to resume them."]),
+        "The original service instance stopped. Its log does not say what the stop did to "
+        "the unfinished Runs (the log cannot be read, or its last lines were never written, "
+        "as on a full disk): intloom doctor previews what the next start does with each."]),
 ])
 def test_stop_text_says_what_the_next_start_does_with_the_runs(
     result: dict[str, Any], expected: list[str],

@@ -180,8 +180,13 @@ def stop_lines(result: StopResult,
         lines += _listed(result.lost, lost)
     saved = ("suspended at their last checkpoint; committed data is retained. Run intloom "
              "start to resume them.")
-    if result.suspended is None:  # a host that does not say how many
-        lines.append(f"{'Other unfinished' if n or lost else 'Unfinished'} Runs were {saved}")
+    if result.suspended is None:
+        # A host that did not say (its log's last lines unwritten, as on a full disk, or an
+        # older host): its Runs may have failed by a checkpoint, which no start resumes.
+        lines.append(
+            f"Its log does not say what the stop did to the {'other ' if n or lost else ''}"
+            "unfinished Runs (the log cannot be read, or its last lines were never written, "
+            "as on a full disk): intloom doctor previews what the next start does with each.")
         return _joined(lines)
     rest = result.suspended - n - lost
     if rest > 0:
