@@ -153,7 +153,8 @@ def create_failed(path: Path, created: Path, fact: str, exc: OSError) -> Intloom
     say). Only created, never replaced: an append-only directory is not what refuses."""
     fix = "check the disk and its directory"
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        fix = "free disk space (or quota) for it"
+        # Only a start creates these: it failed, so the user's next step is another one.
+        fix = "free disk space (or quota) for it, then start again"
     elif exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         refused = write_refusal(created, replaced=False)
         if refused is not None:

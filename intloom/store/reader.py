@@ -516,9 +516,11 @@ def _judge_all(loaded: Loaded, scans: list[SegmentScan], live: dict[str, Snapsho
         if scan.status == "empty":
             # Torn as a cut-short header is (what a crash while creating the segment
             # leaves), but there is no header to end inside of: said as it is.
+            # A full disk leaves it too: the file is made, its header is refused (ENOSPC).
             loaded.files.append(FileProblem(path, "torn", "has 0 bytes (an empty file, no "
                                             "header): what a crash right after the segment "
-                                            "was created leaves; it holds no record"))
+                                            "was created leaves, or a full disk that refused "
+                                            "its header; it holds no record"))
             continue
         if scan.status == "torn_header":
             loaded.files.append(FileProblem(path, "torn", "ends inside its file header "

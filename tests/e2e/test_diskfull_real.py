@@ -150,3 +150,39 @@ def test_a_stop_whose_log_the_full_disk_cut_promises_no_resumption(
     with Client.connect(full_project.root) as client:
         assert client.get_run(waiting.run_id).pending_action == waiting.pending_action
     assert full_project.cli("stop").code == 0
+
+
+def test_a_start_the_full_disk_refused_a_segment_says_what_next_and_doctor_why(
+    full_project: Project, small_disk: Path,
+) -> None:
+    """The disk had room for the lock, the log and connection.json, not the first segment:
+    the start said "free disk space (or quota) for it." and stopped there, and doctor then
+    called the empty segment it left what a crash leaves."""
+    page = 4096
+    failed = None
+    for pages in range(1, 9):  # as little room as gets the start to its first segment
+        filler = fill(small_disk)
+        os.truncate(filler, max(0, filler.stat().st_size - pages * page))
+        result = full_project.cli("start")
+        assert result.code != 0, (pages, result)  # a full disk never starts a host
+        assert "Traceback" not in result.stdout + result.stderr
+        if "cannot hold a new segment" in result.stderr:
+            failed = result
+            break
+    assert failed is not None, "no room left got the start as far as its first segment"
+    assert "STORAGE_ERROR" in failed.stderr and "No space left on device" in failed.stderr
+    assert "free disk space (or quota) for it, then start again." in failed.stderr, failed
+    empty = [p for p in (full_project.state / "runtime" / "wal").iterdir()
+             if p.stat().st_size == 0]
+    assert len(empty) == 1, empty  # kept: nothing is deleted to make room
+
+    doctor = full_project.cli("doctor", "--json")  # read-only, on the full disk
+    assert "Traceback" not in doctor.stderr, doctor
+    [journals] = [c for c in doctor.json["checks"] if c["id"] == "journals"]
+    assert f"wal/{empty[0].name} is torn: has 0 bytes" in journals["message"], journals
+    assert "or a full disk that refused its header" in journals["message"], journals
+
+    (small_disk / "filler").unlink()
+    assert start(full_project).service.restore is not None
+    assert empty[0].exists() and empty[0].stat().st_size == 0
+    assert full_project.cli("stop").code == 0

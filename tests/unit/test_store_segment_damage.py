@@ -110,7 +110,8 @@ def test_an_empty_segment_is_called_empty_not_a_header_it_ends_inside(tmp_path: 
         [finding] = [f for f in report.files if f.path == "wal/0000000003.seg"]
         assert (finding.kind, finding.problem) == ("torn", (
             "has 0 bytes (an empty file, no header): what a crash right after the segment "
-            "was created leaves; it holds no record")), finding
+            "was created leaves, or a full disk that refused its header; it holds no "
+            "record")), finding
     assert snapshot_files(root) == before and empty.exists()
 
 
