@@ -609,6 +609,8 @@ def service_lines(service: Mapping[str, Any], title: str = "Service running") ->
         lines.append(f"Journal error {service['journalError']}. Every checkpoint fails until "
                      "the host restarts: run intloom stop, free space on the disk that holds "
                      ".intloom/runtime (or fix it), then intloom start.")
+    if service.get("compactionError"):
+        lines.append(f"Compaction {service['compactionError']}")
     restore = service.get("restore")
     lines.extend(restore_lines(restore if isinstance(restore, Mapping) else None))
     return lines

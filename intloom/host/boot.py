@@ -19,7 +19,7 @@ from intloom.authoring.loader import LoadedWorkflow, load_workflows
 from intloom.errors import ErrorView, IntloomError
 from intloom.executor.runtime import RestoredRun, Runtime, incompatibility, strict_refusal
 from intloom.fsutil import PrivacyError
-from intloom.host.logfile import HostLog
+from intloom.host.logfile import HostLog, utc_now
 from intloom.host.metadata import privacy_invalid
 from intloom.project import Config, ProjectPaths
 from intloom.protocol.messages import RestoreSummary, StoreProblem, WorkflowInfo, WorkflowProblem
@@ -42,6 +42,9 @@ class Booted:
     # The sources that failed to load: start and status name them (not only flows and the log).
     problems: list[WorkflowProblem] = field(default_factory=list)
     store_problems: list[StoreProblem] = field(default_factory=list)
+    # The last compaction that wrote nothing past its failure (``store_compaction_failed``),
+    # in words, for status: a full disk that refuses snapshots was only in the log.
+    compactions: list[str] = field(default_factory=list)
 
     async def close(self) -> None:
         """Close the store: flush what was accepted, snapshot, seal the segment."""
@@ -111,7 +114,7 @@ _NOT_SUMMARISED: Final = ("The next start reads more of the log instead (slower;
 _DISK_FIX: Final = "Free disk space, or fix the permissions of .intloom/runtime."
 
 
-def _watch_compactions(store: Store, log: HostLog) -> None:
+def _watch_compactions(store: Store, log: HostLog, last: list[str]) -> None:
     """Log each compaction that could not write its snapshots or ``manifest.json``
     (``store_compaction_failed``): the store carries on without them, correctly, and nothing
     else would say that the disk refuses them. Told on the store's threads; logged on the
@@ -119,8 +122,11 @@ def _watch_compactions(store: Store, log: HostLog) -> None:
     delivers its end after it)."""
 
     def said(exc: NotSummarised, when: str) -> None:
+        effect = f"{_NOT_SUMMARISED} {exc.fix or _DISK_FIX}"
         log.warning("store_compaction_failed", what=exc.what, when=when, cause=exc.cause,
-                    effect=f"{_NOT_SUMMARISED} {exc.fix or _DISK_FIX}")
+                    effect=effect)
+        last[:] = [f"{exc.what} could not be written at {when} ({utc_now()}): {exc.cause}. "
+                   f"{effect}"]
 
     for exc, when in store.unsummarised:  # the one at open, before anyone listened
         said(exc, when)
@@ -142,13 +148,14 @@ def _watch_compactions(store: Store, log: HostLog) -> None:
 
 
 def _open_store(
-    paths: ProjectPaths, log: HostLog, *, instance_id: str, package_version: str, strict: bool
+    paths: ProjectPaths, log: HostLog, *, instance_id: str, package_version: str, strict: bool,
+    compactions: list[str],
 ) -> tuple[Store, list[RestoredRun]]:
     """Open the journal store (it reads itself back once) and hand its Runs to restore."""
     # The host holds the store's directory lock (lock_dir) from before the import on.
     store = Store.open(paths.runtime, instance_id=instance_id, package_version=package_version,
                        locked=True)
-    _watch_compactions(store, log)
+    _watch_compactions(store, log, compactions)
     report = store.restored
     for problem in report.files:
         log.warning("store_file_problem", path=problem.path, kind=problem.kind,
@@ -224,8 +231,10 @@ def boot(
     if strict:
         _refuse_before_writing(paths, result.workflows, package_version, result.withheld,
                                failed)
+    compactions: list[str] = []
     store, restored = _open_store(paths, log, instance_id=instance_id,
-                                  package_version=package_version, strict=strict)
+                                  package_version=package_version, strict=strict,
+                                  compactions=compactions)
     try:
         def on_event(event: str, run_id: str, detail: Any, status: str) -> bool:
             fields = detail if isinstance(detail, dict) else {}
@@ -253,6 +262,7 @@ def boot(
         runtime=runtime,
         store=store,
         summary=summary,
+        compactions=compactions,
         workflows=_workflow_infos(result.workflows, result.problems),
         problems=[WorkflowProblem(source=source, code=view.code, message=view.message)
                   for source, view in result.problems],

@@ -651,6 +651,8 @@ class Host:
             restore=summary,
             log_error=self.log_error,
             journal_error=self.booted.store.broken if self.booted is not None else None,
+            compaction_error=(self.booted.compactions[-1] if self.booted is not None
+                              and self.booted.compactions else None),
             workflow_problems=problems,
             store_problems=store_problems,
             config_port=self.config_port,

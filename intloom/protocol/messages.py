@@ -251,6 +251,10 @@ class ServiceView(msgspec.Struct, frozen=True, rename="camel"):
     # Set when the journal takes no more checkpoints in this process (a failed write left no
     # segment to write to): every Run's next checkpoint fails until a restart. Added 2026-12.
     journal_error: str | None = None
+    # The last compaction (snapshots, manifest.json, a rotation's segment) that could not be
+    # written, as the log's ``store_compaction_failed`` says it: harmless (the next start
+    # reads more of the log) but a full disk's first sign. Added 2026-12.
+    compaction_error: str | None = None
     # The sources that failed to load (the others run; their Runs are held until they load).
     workflow_problems: list[WorkflowProblem] = msgspec.field(default_factory=list)
     # The store files the last restore read past; every start lists them until they are

@@ -186,3 +186,37 @@ def test_a_start_the_full_disk_refused_a_segment_says_what_next_and_doctor_why(
     assert start(full_project).service.restore is not None
     assert empty[0].exists() and empty[0].stat().st_size == 0
     assert full_project.cli("stop").code == 0
+
+
+def test_a_compaction_the_full_disk_refused_is_in_status_not_only_the_log(
+    full_project: Project, small_disk: Path,
+) -> None:
+    """Snapshots a full disk refused at a host's stop and again at the next open: the host
+    ran on (correctly: the next start reads more of the log), and only its log said so;
+    status looked healthy while the disk refused every compaction."""
+    start(full_project)
+    with Client.connect(full_project.root) as client:
+        # Its State and view hold the intent twice: a snapshot of some 200 KB; its records
+        # (some 400 KB) stay in the first segment, whose rotation would snapshot it first.
+        waiting = client.create_run("example", "x" * 100_000)
+    assert waiting.status == "waiting", waiting
+    filler = fill(small_disk)
+    assert full_project.cli("stop").code == 0  # its snapshots refused, the stop completes
+    # Room for the start's small files, not for that Run's snapshot.
+    os.truncate(filler, filler.stat().st_size - 96 * 1024)
+    start(full_project)
+    with Client.connect(full_project.root) as client:
+        status = client.status()
+        assert client.get_run(waiting.run_id).pending_action == waiting.pending_action
+    error = status.compaction_error
+    assert error is not None, status
+    assert error.startswith("snapshots could not be written at open ("), error
+    assert "No space left on device" in error and "nothing is lost" in error, error
+    shown = full_project.cli("status")
+    assert f"Compaction {error}" in shown.stdout, shown
+    assert full_project.cli("stop").code == 0
+    filler.unlink()
+    again = start(full_project).service  # room again: the Run is as it was
+    assert again.compaction_error is None, again
+    assert again.restore is not None and waiting.run_id in again.restore.waiting
+    assert full_project.cli("stop").code == 0
