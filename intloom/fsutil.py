@@ -33,6 +33,7 @@ __all__ = [
     "fsync_dir",
     "hold_temp",
     "injected_write_fault",
+    "no_inode_left",
     "open_exclusive",
     "os_lock",
     "path_of",
@@ -358,6 +359,22 @@ def _search_refusal(path: Path) -> tuple[str, str] | None:
             return None
         here = step
     return None
+
+
+def no_inode_left(directory: Path) -> str | None:
+    """When the file system holding ``directory`` has no inode left for us, what to do, a
+    sentence without its end: ENOSPC says the same for no block and no inode, and "free
+    disk space" misleads where df shows plenty. None when it has inodes, or does not count
+    them (f_files 0: btrfs and others)."""
+    try:
+        fs = os.statvfs(directory)
+    except OSError:
+        return None
+    if fs.f_files == 0 or fs.f_favail > 0:
+        return None
+    return (f"its file system has no inode left (df -i {shell_arg(directory)} shows 0 "
+            "free), whatever free space df shows: remove files there (or give it more "
+            "inodes)")
 
 
 def shell_arg(path: Path | str) -> str:

@@ -24,6 +24,7 @@ from intloom.fsutil import (
     fsync_dir,
     hold_temp,
     injected_write_fault,
+    no_inode_left,
     open_exclusive,
     privacy_fix,
     read_private,
@@ -292,6 +293,9 @@ def storage_fix(exc: OSError, path: Path, *, replaced: bool = True) -> str:
     directory does not refuse."""
     directory = path.parent
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        inodes = no_inode_left(directory) if exc.errno == errno.ENOSPC else None
+        if inodes is not None:
+            return f"{inodes[:1].upper()}{inodes[1:]}, then start again."
         return f"Free disk space (or quota) for {directory}, then start again."
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         refused = write_refusal(path, replaced=replaced)

@@ -24,6 +24,7 @@ from intloom.fsutil import (
     check_private_dir,
     ensure_private_dir,
     fsync_dir,
+    no_inode_left,
     open_exclusive,
     privacy_fix,
     private_file_problem,
@@ -154,7 +155,8 @@ def create_failed(path: Path, created: Path, fact: str, exc: OSError) -> Intloom
     fix = "check the disk and its directory"
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         # Only a start creates these: it failed, so the user's next step is another one.
-        fix = "free disk space (or quota) for it, then start again"
+        inodes = no_inode_left(path) if exc.errno == errno.ENOSPC else None
+        fix = f"{inodes or 'free disk space (or quota) for it'}, then start again"
     elif exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         refused = write_refusal(created, replaced=False)
         if refused is not None:

@@ -46,6 +46,24 @@ def small_disk() -> Iterator[Path]:
 
 
 @pytest.fixture
+def few_inodes() -> Iterator[Path]:
+    """A tmpfs with blocks to spare and 40 inodes, unmounted at teardown whatever happened."""
+    mount = Path(tempfile.mkdtemp(prefix="intloom-inodes-"))
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m,nr_inodes=40", "tmpfs",
+                           str(mount)], capture_output=True, text=True)
+    if made.returncode != 0:
+        mount.rmdir()
+        pytest.skip(f"a real full disk needs a tmpfs mount, and mount was refused "
+                    f"({made.stderr.strip() or made.returncode}): run as root to test it")
+    try:
+        yield mount
+    finally:
+        if subprocess.run(["umount", str(mount)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+        mount.rmdir()
+
+
+@pytest.fixture
 def full_project(small_disk: Path) -> Iterator[Project]:
     """fixtures/projects/basic on the small disk; its hosts are killed before the unmount."""
     root = small_disk / "proj"
@@ -220,3 +238,39 @@ def test_a_compaction_the_full_disk_refused_is_in_status_not_only_the_log(
     assert again.compaction_error is None, again
     assert again.restore is not None and waiting.run_id in again.restore.waiting
     assert full_project.cli("stop").code == 0
+
+
+def test_a_start_out_of_inodes_says_so_not_free_disk_space(few_inodes: Path) -> None:
+    """ENOSPC is also a file system with free blocks and no inode left: the start said
+    "Free disk space (or quota)", and df showed plenty of it."""
+    project = Project(root=few_inodes / "proj")
+    shutil.copytree(FIXTURES / "projects" / "basic", project.root)
+    (project.root / ".intloom").mkdir(mode=0o700)
+    taken: list[Path] = []
+    try:
+        while True:  # every inode left, with empty files: no block is used
+            path = few_inodes / f"inode-{len(taken)}"
+            try:
+                path.touch()
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC, exc
+                break
+            taken.append(path)
+        assert os.statvfs(few_inodes).f_bfree > 0
+        result = project.cli("start")
+        project.reap()
+        assert result.code != 0, result
+        assert "Traceback" not in result.stdout + result.stderr
+        assert "STORAGE_ERROR" in result.stderr and "No space left on device" in result.stderr
+        assert "no inode left" in result.stderr and "df -i" in result.stderr, result.stderr
+        assert "Free disk space (or quota)" not in result.stderr, result.stderr
+    finally:
+        project.reap()
+        for path in taken:
+            path.unlink()
+    started = project.cli("start")  # inodes again: it starts
+    try:
+        assert started.code == 0, started
+    finally:
+        project.cli("stop")
+        project.reap()
