@@ -18,7 +18,7 @@ from typing import Any, Final
 from intloom.authoring.loader import LoadedWorkflow, load_workflows
 from intloom.errors import ErrorView, IntloomError
 from intloom.executor.runtime import RestoredRun, Runtime, incompatibility, strict_refusal
-from intloom.fsutil import PrivacyError
+from intloom.fsutil import PrivacyError, no_inode_left
 from intloom.host.logfile import HostLog, utc_now
 from intloom.host.metadata import privacy_invalid
 from intloom.project import Config, ProjectPaths
@@ -122,7 +122,10 @@ def _watch_compactions(store: Store, log: HostLog, last: list[str]) -> None:
     delivers its end after it)."""
 
     def said(exc: NotSummarised, when: str) -> None:
-        effect = f"{_NOT_SUMMARISED} {exc.fix or _DISK_FIX}"
+        # No inode left is ENOSPC too, and "free disk space" misleads where df shows plenty.
+        inodes = None if exc.fix else no_inode_left(store.layout.root)
+        fix = f"{inodes[:1].upper()}{inodes[1:]}." if inodes else exc.fix or _DISK_FIX
+        effect = f"{_NOT_SUMMARISED} {fix}"
         log.warning("store_compaction_failed", what=exc.what, when=when, cause=exc.cause,
                     effect=effect)
         last[:] = [f"{exc.what} could not be written at {when} ({utc_now()}): {exc.cause}. "

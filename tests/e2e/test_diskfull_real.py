@@ -8,6 +8,7 @@ needs root (and permission to mount): elsewhere they skip, saying so.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 import socket
@@ -274,3 +275,42 @@ def test_a_start_out_of_inodes_says_so_not_free_disk_space(few_inodes: Path) -> 
     finally:
         project.cli("stop")
         project.reap()
+
+
+def test_a_compaction_out_of_inodes_says_so_not_free_disk_space(few_inodes: Path) -> None:
+    """Snapshots refused for want of inodes (ENOSPC, with free blocks) said "Free disk
+    space, or fix the permissions of .intloom/runtime" in the log (and in status)."""
+    project = Project(root=few_inodes / "proj")
+    shutil.copytree(FIXTURES / "projects" / "basic", project.root)
+    taken: list[Path] = []
+    try:
+        log = start(project).service.log_file
+        assert log is not None
+        with Client.connect(project.root) as client:
+            for n in range(3):
+                assert client.create_run("example", f"r{n}").status == "waiting"
+        while True:  # every inode left
+            path = few_inodes / f"inode-{len(taken)}"
+            try:
+                path.touch()
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC, exc
+                break
+            taken.append(path)
+        assert project.cli("stop").code == 0  # no inode for its snapshots
+        lines = [json.loads(line) for line in (project.state / "logs" / log).read_text()
+                 .splitlines()]
+        [failed] = [e for e in lines if e["event"] == "store_compaction_failed"]
+        assert (failed["what"], failed["when"]) == ("snapshots", "stop"), failed
+        assert "no inode left" in failed["effect"] and "df -i" in failed["effect"], failed
+        assert "Free disk space" not in failed["effect"], failed
+        for path in taken:
+            path.unlink()
+        taken.clear()
+        restore = start(project).service.restore
+        assert restore is not None and len(restore.waiting) == 3
+        assert project.cli("stop").code == 0
+    finally:
+        project.reap()
+        for path in taken:
+            path.unlink()
