@@ -501,39 +501,53 @@ def _ids(value: Any) -> list[str]:
 NAMED_RUNS: Final = 20
 
 
-def named_runs(ids: Sequence[str], more: str) -> str:
+def named_runs(ids: Sequence[str], more: str, total: int | None = None) -> str:
     """``ids`` joined, the first ``NAMED_RUNS`` of them, then how many more and ``more``:
-    where they are all listed."""
-    shown = ", ".join(ids[:NAMED_RUNS])
-    if len(ids) <= NAMED_RUNS:
+    where they are all listed. ``total``: how many there are, when ``ids`` is the first of
+    them only (a host's restore lists are cut at ``RESTORE_LISTED``)."""
+    named = ids[:NAMED_RUNS]
+    shown = ", ".join(named)
+    total = max(total or 0, len(ids))
+    if total <= len(named):
         return shown
-    return f"{shown} and {len(ids) - NAMED_RUNS} more ({more})"
+    return f"{shown} and {total - len(named)} more ({more})"
+
+
+def restore_count(restore: Mapping[str, Any], key: str) -> int:
+    """How many Runs the restore list ``key`` has: ``counts`` says, as a host cuts each list;
+    a host before it listed them all."""
+    counts = restore.get("counts")
+    listed = len(_ids(restore.get(key)))
+    if isinstance(counts, Mapping) and isinstance(counts.get(key), int):
+        return max(int(counts[key]), listed)
+    return listed
 
 
 def restore_lines(restore: Mapping[str, Any] | None) -> list[str]:
     """What the last restore did, by restart-table outcome; nothing when there was nothing."""
     if not restore:
         return []
-    resumed = _ids(restore.get("resumed"))
-    waiting = _ids(restore.get("waiting"))
-    interrupted = _ids(restore.get("interrupted"))
-    attention = _ids(restore.get("needsAttention"))
+    resumed, waiting, interrupted, attention = (
+        restore_count(restore, key)
+        for key in ("resumed", "waiting", "interrupted", "needsAttention"))
     if not (resumed or waiting or interrupted or attention):
         return ["Restore  no unfinished Runs to restore"]
     lines = [
-        f"Restore  resumed {len(resumed)} · waiting {len(waiting)} · "
-        f"interrupted {len(interrupted)} · needs attention {len(attention)}"
+        f"Restore  resumed {resumed} · waiting {waiting} · "
+        f"interrupted {interrupted} · needs attention {attention}"
     ]
     if interrupted:
+        named = named_runs(_ids(restore.get("interrupted")), "intloom runs lists them all",
+                           interrupted)
         lines.append(
-            "Interrupted (RUN_INTERRUPTED, nothing replayed): "
-            f"{named_runs(interrupted, 'intloom runs lists them all')}. "
+            f"Interrupted (RUN_INTERRUPTED, nothing replayed): {named}. "
             "Run intloom inspect RUN to see what was in flight."
         )
     if attention:
+        named = named_runs(_ids(restore.get("needsAttention")),
+                           "intloom doctor lists them all", attention)
         lines.append(
-            "Needs attention (journal kept as is, not loaded): "
-            f"{named_runs(attention, 'intloom doctor lists them all')}. Run intloom doctor."
+            f"Needs attention (journal kept as is, not loaded): {named}. Run intloom doctor."
         )
     return lines
 

@@ -279,8 +279,9 @@ def _reuse(root: Path, service: ServiceView, port: int | None, strict: bool = Fa
         held = service.restore.needs_attention if service.restore is not None else []
         damaged = [p for p in service.store_problems if p.kind != "torn"]
         if held or damaged:
+            count = service.restore.count("needs_attention") if service.restore else 0
             found = "; ".join(
-                ([f"{len(held)} Run(s) it did not restore (first: {held[0]})"] if held else [])
+                ([f"{count} Run(s) it did not restore (first: {held[0]})"] if held else [])
                 + ([f"{len(damaged)} damaged file(s) (first: {damaged[0].path})"]
                    if damaged else []))
             raise IntloomError(

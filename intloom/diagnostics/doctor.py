@@ -787,6 +787,9 @@ def run_doctor(root: Path) -> DoctorReport:
     journals_check, runs = preview_runs(
         paths, loaded, host_running=running,
         interrupted_by_host=frozenset(restore.interrupted) if restore is not None else frozenset(),
+        # The host names the first RESTORE_LISTED only: any of the others may be one.
+        host_list_cut=restore is not None
+        and restore.count("interrupted") > len(restore.interrupted),
     )
     checks.append(journals_check)
     return DoctorReport(

@@ -162,7 +162,7 @@ def check_journals_dir(paths: ProjectPaths) -> None:
 
 def preview_runs(
     paths: ProjectPaths, loaded: LoadResult | None, *, host_running: bool,
-    interrupted_by_host: frozenset[str] = frozenset(),
+    interrupted_by_host: frozenset[str] = frozenset(), host_list_cut: bool = False,
 ) -> tuple[Check, list[RunPreview]]:
     """The ``journals`` check and one preview per unfinished or unrestorable Run.
 
@@ -171,6 +171,7 @@ def preview_runs(
     ``interrupted_by_host``: with a host running, the Runs its start restored as
     interrupted (its restore summary). Only those need a person now: a live Run whose
     journal a restart would interrupt (a wait without recover, a Step running) is fine.
+    ``host_list_cut``: that summary names only the first of them, so any may be one.
     """
     from intloom.store.reader import load
 
@@ -253,7 +254,7 @@ def preview_runs(
     interrupted = sum(
         1 for p in previews
         if p.journal == "verified" and p.verdict.row == "interrupted"
-        and (not host_running or p.run_id in interrupted_by_host)
+        and (not host_running or host_list_cut or p.run_id in interrupted_by_host)
     )
     if interrupted:
         nexts.append(("Check" if host_running else "After intloom start, check")

@@ -51,7 +51,10 @@ from intloom.project import ProjectPaths, load_config, require_short_path
 from intloom.protocol.messages import (
     FEATURES,
     PROTOCOL,
+    RESTORE_LISTED,
     HelloOk,
+    RestoreCounts,
+    RestoreSummary,
     ServiceView,
     StoreProblem,
     WorkflowProblem,
@@ -122,6 +125,7 @@ class HostOptions:
     limits: Limits = field(default_factory=Limits)
     suspend_grace: float = 5.0  # Steps in flight get this long to reach a boundary
     drain_grace: float = 1.0  # replies in flight get this long to be written
+    restore_listed: int = RESTORE_LISTED  # Run ids per restore list in a reply
 
 
 # Test-only knobs (seconds, or counts), for a launched and a foreground host alike.
@@ -143,8 +147,10 @@ def with_test_hooks(options: HostOptions) -> HostOptions:
         if os.environ.get(name):
             limits = replace(limits, **{attribute: kind(os.environ[name])})
     grace = os.environ.get("INTLOOM_TEST_SUSPEND_GRACE")
+    listed = os.environ.get("INTLOOM_TEST_RESTORE_LISTED")
     return replace(options, limits=limits,
-                   suspend_grace=float(grace) if grace else options.suspend_grace)
+                   suspend_grace=float(grace) if grace else options.suspend_grace,
+                   restore_listed=int(listed) if listed else options.restore_listed)
 
 
 class _Abort(Exception):
@@ -624,13 +630,8 @@ class Host:
         if self.booted is not None:
             counts = self.booted.runtime.counts()
             summary = self.booted.summary
-            if summary is not None and summary.needs_attention:
-                # A held Run that cancel has since ended needs nothing any more.
-                held = self.booted.runtime.held
-                still = [r for r in summary.needs_attention
-                         if r not in held or held[r].ended is None]
-                if len(still) != len(summary.needs_attention):
-                    summary = msgspec.structs.replace(summary, needs_attention=still)
+            if summary is not None:
+                summary = self._listed(summary)
             workflow_count = sum(1 for w in self.booted.workflows if w.ready)
             problems = self.booted.problems
             store_problems = self.booted.store_problems
@@ -657,6 +658,22 @@ class Host:
             store_problems=store_problems,
             config_port=self.config_port,
         )
+
+    def _listed(self, summary: RestoreSummary) -> RestoreSummary:
+        """``summary`` as a reply carries it: its lists cut to their first
+        ``restore_listed`` ids (``counts`` has how many each has), less the held Runs that
+        cancel has since ended, which need nothing any more."""
+        still = summary.needs_attention
+        if still and self.booted is not None:
+            held = self.booted.runtime.held
+            still = [r for r in still if r not in held or held[r].ended is None]
+        most = self.options.restore_listed
+        lists = (summary.resumed, summary.waiting, summary.interrupted, still)
+        return msgspec.structs.replace(
+            summary, resumed=summary.resumed[:most], waiting=summary.waiting[:most],
+            interrupted=summary.interrupted[:most], needs_attention=still[:most],
+            counts=RestoreCounts(*(len(ids) for ids in lists)),
+            omitted=sum(max(0, len(ids) - most) for ids in lists))
 
     # ----- serve ---------------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ __all__ = [
     "MAX_FRAME",
     "MAX_PAGE",
     "PROTOCOL",
+    "RESTORE_LISTED",
     "Answer",
     "CallTool",
     "Cancel",
@@ -39,6 +40,7 @@ __all__ = [
     "ListWorkflows",
     "Request",
     "Response",
+    "RestoreCounts",
     "RestoreSummary",
     "RunEvent",
     "RunReply",
@@ -61,6 +63,10 @@ MAX_FRAME: Final = 4 * 1024 * 1024
 # The most encoded bytes of Run views one RunsReply page carries: a frame, less room for the
 # reply's own fields.
 MAX_PAGE: Final = MAX_FRAME - 64 * 1024
+# The Run ids each of a reply's restore lists names at most (``RestoreSummary.counts`` has
+# how many there are): every id of 89,000 restored Runs took a StatusReply over the frame,
+# and status, runs and doctor failed for a healthy host. 4 x 1,000 ids are ~170 KB.
+RESTORE_LISTED: Final = 1000
 
 
 class _Msg(msgspec.Struct, frozen=True, tag_field="op", rename="camel", omit_defaults=True):
@@ -201,14 +207,33 @@ Request = (
 # ----- responses ---------------------------------------------------------------------------
 
 
+class RestoreCounts(msgspec.Struct, frozen=True, rename="camel"):
+    """How many Run ids each of ``RestoreSummary``'s lists has, listed or not."""
+
+    resumed: int = 0
+    waiting: int = 0
+    interrupted: int = 0
+    needs_attention: int = 0
+
+
 class RestoreSummary(msgspec.Struct, frozen=True, rename="camel"):
-    """What the last restore did, by restart-table outcome (every key, even when empty)."""
+    """What the last restore did, by restart-table outcome (every key, even when empty).
+    In a reply each list names its first ``RESTORE_LISTED`` ids; ``counts`` has them all."""
 
     resumed: list[str] = msgspec.field(default_factory=list)
     waiting: list[str] = msgspec.field(default_factory=list)
     interrupted: list[str] = msgspec.field(default_factory=list)
     needs_attention: list[str] = msgspec.field(default_factory=list)
     terminal_skipped: int = 0
+    # Added 2026-12: how many ids each list has, and how many of them, in all, the lists
+    # leave out (0: every id is listed). None and 0 from an older host, whose lists are whole.
+    counts: RestoreCounts | None = None
+    omitted: int = 0
+
+    def count(self, key: str) -> int:
+        """How many Runs the list ``key`` (a field name) has, listed or not."""
+        listed: list[str] = getattr(self, key)
+        return len(listed) if self.counts is None else int(getattr(self.counts, key))
 
 
 class WorkflowProblem(msgspec.Struct, frozen=True, rename="camel"):

@@ -48,3 +48,25 @@ def test_an_interrupted_run_needs_attention_until_it_is_dismissed(
     code, dismissed = _journals(project)
     assert code == 0 and dismissed["status"] == "ok", dismissed
     assert "2 unfinished" not in dismissed["message"] and "1 interrupted" in dismissed["message"]
+
+
+def test_interrupted_runs_past_those_the_host_lists_still_need_attention(
+    soak_project: Project,
+) -> None:
+    """A host names the first RESTORE_LISTED interrupted Runs only (a Status reply of
+    100,000 ids was over the frame): doctor must not take an unlisted one for a live Run."""
+    project = soak_project
+    assert project.cli("start").code == 0
+    for n in range(3):  # no recover entry: the next start interrupts each
+        run = project.cli("flow", "soak-ask", "--intent", f"cut {n}", "--json").json["run"]
+        assert run["status"] == "waiting", run
+    assert project.cli("stop").code == 0
+    started = project.cli("start", "--json", env={"INTLOOM_TEST_RESTORE_LISTED": "1"})
+    restore = started.json["service"]["restore"]
+    assert restore["counts"]["interrupted"] == 3 and len(restore["interrupted"]) == 1, restore
+
+    assert project.cli("cancel", restore["interrupted"][0], "--json").code == 0  # dismissed
+    code, check = _journals(project)
+    assert code == 3 and check["status"] == "attention", check  # the two others
+    assert check["next"].startswith("Check each interrupted Run"), check
+    assert project.cli("stop").code == 0

@@ -156,18 +156,21 @@ def runs(
     """List the Runs of the current host (new ones and restored unfinished ones)."""
     renderer = state.renderer
     held: list[str] = []
+    held_count = 0
     with state.client() as client:
         found = client.runs(flow)  # NOT_FOUND for a Workflow the host did not load
         if not renderer.json_mode and flow is None:
             # Unfinished Runs the host holds are not its Runs: a person reading "no Runs"
             # would not look for them. (--json keeps DESIGN's document; status has them.)
             restore = client.status().restore
-            held = restore.needs_attention if restore is not None else []
+            if restore is not None:
+                held, held_count = restore.needs_attention, restore.count("needs_attention")
     if renderer.json_mode:
         renderer.document({"runs": found})
         return
     held_lines = ([f"Not listed, needs attention (journal kept as is, not loaded): "
-                   f"{named_runs(held, 'intloom doctor lists them all')}. Run intloom doctor."]
+                   f"{named_runs(held, 'intloom doctor lists them all', held_count)}. "
+                   "Run intloom doctor."]
                   if held else [])
     if not found:
         renderer.lines([f"The current service has no Runs of Workflow {flow!r}." if flow
