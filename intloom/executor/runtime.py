@@ -117,6 +117,10 @@ _QUOTED_REASON: Final = 600
 # Records that carry what user code handed over (an exception's text, an effect's name and
 # key, a request for a person or an Agent): ``Runtime.append`` bounds them (``_bounded``).
 _BOUNDED: Final = frozenset({Terminal, EffectStarted, EffectDone, Waiting})
+# Runs a stop's suspension (``suspend``, ``outlook``) passes over between two yields to the
+# event loop: passing over 95,000 Runs in one go (14 s) left the host's bound on it
+# (``Host._release``) to a timeout that could not fire, and Status unanswered meanwhile.
+_SUSPEND_BATCH: Final = 2000
 
 
 class RestoredRun(msgspec.Struct, frozen=True):
@@ -1655,21 +1659,26 @@ class Runtime:
         self.closing = True
         self.driver.stopping = True
         self._suspended_for = reason
-        for slot in self.runs.values():
+        # A copy: the loop yields (see _SUSPEND_BATCH), and a Run may be dropped meanwhile.
+        for n, slot in enumerate(builtins.list(self.runs.values()), 1):
             if slot.view().status == "waiting":
                 slot.suspend(reason)
+            if n % _SUSPEND_BATCH == 0:
+                await asyncio.sleep(0)
         # Tools and on_complete handlers get the same grace as Steps (they are user code
         # with outside effects too): a stop must not end the process under them unannounced.
         work = builtins.list(self._agent_work)
         await asyncio.gather(self.driver.drain(grace),
                              asyncio.wait(work, timeout=grace) if work else asyncio.sleep(0))
         cut: builtins.list[tuple[str, str]] = []
-        for run_id, slot in self.runs.items():
+        for n, (run_id, slot) in enumerate(builtins.list(self.runs.items()), 1):
             if slot.view().status == "running":
                 slot.suspend(reason)
                 what = slot.cut_verdict()
                 if what is not None:
                     cut.append((run_id, what))
+            if n % _SUSPEND_BATCH == 0:
+                await asyncio.sleep(0)
         cut.extend(self._agent_dropped)
         # Not a Run that ended (a cancel) while its Tool call or on_complete ran: the next
         # start does not load it, so it does not come back RUN_INTERRUPTED.
@@ -1681,14 +1690,14 @@ class Runtime:
         slot = self.runs.get(run_id)
         return slot is not None and slot.shown.phase == "terminal"
 
-    def outlook(self) -> tuple[builtins.list[tuple[str, Verdict]], int]:
+    async def outlook(self) -> tuple[builtins.list[tuple[str, Verdict]], int]:
         """After ``suspend``: each suspended Run with what the next start does with it, and
         how many other Runs are unfinished as this host found or left them -- restored as
         RUN_INTERRUPTED and not dismissed, held, or failed by a checkpoint (the next start
         restores that one from its last durable record): it reports each of them again."""
         out: builtins.list[tuple[str, Verdict]] = []
         others = 0
-        for run_id, slot in self.runs.items():
+        for n, (run_id, slot) in enumerate(builtins.list(self.runs.items()), 1):
             verdict = slot.outlook()
             if verdict is not None:
                 out.append((run_id, verdict))
@@ -1696,6 +1705,8 @@ class Runtime:
                 # What is durable, not what was appended: a terminal record whose flush
                 # failed leaves the Run unfinished on disk, and the next start restores it.
                 others += 1
+            if n % _SUSPEND_BATCH == 0:
+                await asyncio.sleep(0)
         others += sum(1 for held in self.held.values() if held.ended is None)
         return out, others
 

@@ -89,9 +89,9 @@ def store_close_bound(snapshots: int) -> float:
 # The suspension's bound past the grace: up to 1 s for the cancelled Steps to end
 # (Driver.drain), and a margin (see ``Host._release``).
 _SUSPEND_MARGIN_S: Final = 2.0
-# The suspension also passes over every loaded Run without yielding (Runtime.suspend and
-# outlook), which no timeout cuts short: 95,000 waiting Runs took 14 s (0.15 ms each, on
-# the 2-vCPU VM at load 8, 2026-12-02). What a stop tells a client counts 0.5 ms a Run.
+# The suspension also passes over every loaded Run (Runtime.suspend and outlook, yielding
+# every few thousand): 95,000 waiting Runs took 14 s (0.15 ms each, on the 2-vCPU VM at
+# load 8, 2026-12-02). Its bound, and what a stop tells a client, count 0.5 ms a Run.
 _SUSPEND_S_PER_RUN: Final = 0.0005
 # What a stop does unbounded after closing the store (writing and sealing the log, removing
 # its files, exiting), given room in the bound it tells a client: seconds, generously.
@@ -802,6 +802,18 @@ class Host:
     # ----- shutdown ------------------------------------------------------------------------
 
     async def _suspend(self, runtime: Runtime) -> None:
+        # Off while it runs: each full collection walks every Run in memory, and waking each
+        # waiting Run's task set off enough of them to take 5.5 s of the 14 s that 95,000
+        # live Runs took (py-spy). Its garbage is freed by reference counts, the rest at exit.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            await self._suspended(runtime)
+        finally:
+            if collecting:
+                gc.enable()
+
+    async def _suspended(self, runtime: Runtime) -> None:
         cut = await runtime.suspend(grace=self.options.suspend_grace)
         if self.log is None:
             return
@@ -813,7 +825,7 @@ class Host:
                                    for run_id, evidence in cut[:_CUT_LISTED]])
         # And this one to say how many Runs the next start resumes, and which it cannot:
         # a wait without recover, a client Agent task (the cut Runs are named above).
-        outlook, others = runtime.outlook()
+        outlook, others = await runtime.outlook()
         named = {run_id for run_id, _ in cut}
         lost = [(run_id, v.reason) for run_id, v in outlook
                 if v.row == "interrupted" and run_id not in named]
@@ -854,15 +866,19 @@ class Host:
         """Seconds a stop begun now may take until this host has released its files: the sum
         of its steps' bounds (``_release``), told to ``intloom stop`` so that it waits as
         long as that rather than a fixed time (a close with 30,000 new snapshots takes 30 s)."""
-        snapshots = runs = 0
+        snapshots = 0
         if self.booted is not None:
-            runs = len(self.booted.runtime.runs)
             # A Run whose Step is still running may checkpoint before it is suspended.
             snapshots = (self.booted.store.snapshots_due()
                          + self.booted.runtime.counts().get("running", 0))
-        return round(self.options.suspend_grace + _SUSPEND_MARGIN_S + runs * _SUSPEND_S_PER_RUN
-                     + Server.close_bound(self.options.drain_grace)
+        return round(self._suspend_bound() + Server.close_bound(self.options.drain_grace)
                      + store_close_bound(snapshots) + _RELEASE_MARGIN_S, 3)
+
+    def _suspend_bound(self) -> float:
+        """Seconds a stop waits for the suspension: the grace, up to 1 s for the cancelled
+        Steps to end (Driver.drain), a margin, and a share per loaded Run it passes over."""
+        runs = len(self.booted.runtime.runs) if self.booted is not None else 0
+        return self.options.suspend_grace + _SUSPEND_MARGIN_S + runs * _SUSPEND_S_PER_RUN
 
     async def shutdown(self) -> int:
         if self.log is not None:
@@ -884,7 +900,7 @@ class Host:
             # margin: cut at grace + 1 s, a Step that swallows its cancellation also cut the
             # suspension of every other Run, and with it runs_cut_at_stop.
             await self._bounded("suspend", self._suspend(self.booted.runtime),
-                                self.options.suspend_grace + _SUSPEND_MARGIN_S)
+                                self._suspend_bound())
         if self.server is not None:
             cancelled = await self.server.close(self.options.drain_grace)
             if cancelled and self.log is not None:
