@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -87,7 +88,8 @@ def _cause(exc: OSError | IntloomError) -> str:
 
 def compact(layout: Layout, tracks: dict[str, Track], *, start: int, pinned: list[int],
             voids: list[VoidNotice], segment: int, held: Collection[str] = (),
-            open_segment: int = 0, write_manifest: bool = True, at_once: bool = False) -> None:
+            open_segment: int = 0, write_manifest: bool = True, at_once: bool = False,
+            stop: threading.Event | None = None) -> None:
     """Snapshot every dirty Run, then point the manifest at segment ``start``.
 
     ``write_manifest`` False: snapshots only; the manifest stays as it is (a host that
@@ -108,10 +110,13 @@ def compact(layout: Layout, tracks: dict[str, Track], *, start: int, pinned: lis
     ``at_once``: fsync many snapshot files together (``atomic_write_many``), for a host's
     open and close, when no Run waits on the disk meanwhile.
 
+    ``stop``: once set, no further group of snapshot files is begun, and ``WritesStopped``
+    is raised with the manifest and ``tracks`` as they were (a restore reads more of the log).
+
     Raises ``NotSummarised`` when a file could not be written.
     """
     try:
-        written = _snapshot_all(layout, tracks, segment, at_once)
+        written = _snapshot_all(layout, tracks, segment, at_once, stop)
     except (OSError, IntloomError) as exc:
         raise NotSummarised("snapshots", _cause(exc)) from None
     try:
@@ -134,8 +139,8 @@ def compact(layout: Layout, tracks: dict[str, Track], *, start: int, pinned: lis
 _Folded = dict[str, tuple[RunState | None, Status, str | None, int]]
 
 
-def _snapshot_all(layout: Layout, tracks: dict[str, Track], segment: int, at_once: bool
-                  ) -> tuple[_Folded, str]:
+def _snapshot_all(layout: Layout, tracks: dict[str, Track], segment: int, at_once: bool,
+                  stop: threading.Event | None = None) -> tuple[_Folded, str]:
     """Write every dirty Run's snapshot (``compact``): what each was folded to, and the
     time stamp they carry."""
     stamp = now()
@@ -169,7 +174,7 @@ def _snapshot_all(layout: Layout, tracks: dict[str, Track], segment: int, at_onc
             live.append(item)
         else:
             unchanged.append(item[0])  # done/ already says this; only its live copy goes
-    atomic_write_many(layout.done, done, at_once=at_once)
+    atomic_write_many(layout.done, done, at_once=at_once, stop=stop)
     removed = False
     for name in [name for name, _ in done] + unchanged:
         with contextlib.suppress(FileNotFoundError):
@@ -177,7 +182,7 @@ def _snapshot_all(layout: Layout, tracks: dict[str, Track], segment: int, at_onc
             removed = True
     if removed:
         fsync_dir(layout.live)
-    atomic_write_many(layout.live, live, at_once=at_once)
+    atomic_write_many(layout.live, live, at_once=at_once, stop=stop)
     return folded, stamp
 
 

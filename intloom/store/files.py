@@ -37,6 +37,7 @@ from intloom.fsutil import (
 
 __all__ = [
     "Layout",
+    "WritesStopped",
     "atomic_write_many",
     "check_dir",
     "check_file",
@@ -272,8 +273,13 @@ class _Fsyncs:
             self._jobs.put(None)
 
 
+class WritesStopped(Exception):
+    """``atomic_write_many`` stopped before its last file, as its ``stop`` asked: each file
+    it wrote is whole and durable, the others untouched."""
+
+
 def atomic_write_many(directory: Path, items: list[tuple[str, bytes]], *,
-                      at_once: bool = False) -> None:
+                      at_once: bool = False, stop: threading.Event | None = None) -> None:
     """Replace each ``directory/name`` atomically; one directory fsync covers the batch.
 
     Each file goes to an exclusive temp file beside its target, is fsynced, then renamed
@@ -285,6 +291,8 @@ def atomic_write_many(directory: Path, items: list[tuple[str, bytes]], *,
     caller for whom nothing else waits on the disk meanwhile (a host's open and close).
     Faster by far for many files, but they crowd the disk: a rotation's compaction, whose
     disk busy Runs' log flushes share, fsyncs one file after another.
+
+    ``stop``: once set, no further group is begun (``WritesStopped``).
     """
     if not items:
         return
@@ -292,6 +300,8 @@ def atomic_write_many(directory: Path, items: list[tuple[str, bytes]], *,
     fsyncs = _Fsyncs(_FSYNCS_AT_ONCE) if at_once and len(items) > 1 else None
     try:
         for at in range(0, len(items), _FILES_AT_ONCE):
+            if stop is not None and stop.is_set():
+                raise WritesStopped(directory)
             group = items[at:at + _FILES_AT_ONCE]
             try:
                 if fsyncs is None:
