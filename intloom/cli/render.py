@@ -602,9 +602,13 @@ def service_lines(service: Mapping[str, Any], title: str = "Service running") ->
         lines.append("Waiting  intloom runs shows what each waiting Run asks, and the command "
                      "that answers it")
     store_problems = [p for p in service.get("storeProblems") or [] if isinstance(p, Mapping)]
-    for problem in store_problems:
+    for problem in store_problems[:NAMED_RUNS]:
         lines.append(f"Store file .intloom/runtime/{problem.get('path', '?')} · "
                      f"{problem.get('kind', '?')}: {problem.get('problem', '?')}")
+    omitted = service.get("storeProblemsOmitted")
+    more = len(store_problems[NAMED_RUNS:]) + (omitted if isinstance(omitted, int) else 0)
+    if more > 0:
+        lines.append(f"Store files  and {more} more (intloom doctor lists them all)")
     if any(p.get("kind") != "missing" for p in store_problems):
         lines.append("Damaged and unexpected files are kept byte-identical and read past; "
                      "intloom doctor says what each means and what to do.")

@@ -282,7 +282,8 @@ def _reuse(root: Path, service: ServiceView, port: int | None, strict: bool = Fa
             count = service.restore.count("needs_attention") if service.restore else 0
             found = "; ".join(
                 ([f"{count} Run(s) it did not restore (first: {held[0]})"] if held else [])
-                + ([f"{len(damaged)} damaged file(s) (first: {damaged[0].path})"]
+                + ([f"{len(damaged) + service.store_problems_omitted} damaged file(s) "
+                    f"(first: {damaged[0].path})"]
                    if damaged else []))
             raise IntloomError(
                 "CLI_SERVICE_CONFLICT",

@@ -8,8 +8,9 @@ connection timeouts,
 ``INTLOOM_TEST_MAX_CONNECTIONS`` lowers the connection cap, ``INTLOOM_TEST_FOLLOW_BACKLOG``
 (bytes) a follower's backlog, ``INTLOOM_TEST_SUSPEND_GRACE``
 shortens how long a stop waits for Steps in flight, ``INTLOOM_TEST_RESTORE_LISTED`` lowers
-how many Run ids each of a reply's restore lists names, ``INTLOOM_TEST_FATAL=1`` raises right
-after ready, and ``INTLOOM_TEST_PORTS=LO-HI`` confines a port-0 bind to those ports.
+how many Run ids each of a reply's restore lists names (and store problems it lists),
+``INTLOOM_TEST_FATAL=1`` raises right after ready, and ``INTLOOM_TEST_PORTS=LO-HI``
+confines a port-0 bind to those ports.
 """
 
 from __future__ import annotations

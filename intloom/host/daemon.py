@@ -125,7 +125,7 @@ class HostOptions:
     limits: Limits = field(default_factory=Limits)
     suspend_grace: float = 5.0  # Steps in flight get this long to reach a boundary
     drain_grace: float = 1.0  # replies in flight get this long to be written
-    restore_listed: int = RESTORE_LISTED  # Run ids per restore list in a reply
+    restore_listed: int = RESTORE_LISTED  # a reply's ids per restore list, and store problems
 
 
 # Test-only knobs (seconds, or counts), for a launched and a foreground host alike.
@@ -655,7 +655,8 @@ class Host:
             compaction_error=(self.booted.compactions[-1] if self.booted is not None
                               and self.booted.compactions else None),
             workflow_problems=problems,
-            store_problems=store_problems,
+            store_problems=store_problems[:self.options.restore_listed],
+            store_problems_omitted=max(0, len(store_problems) - self.options.restore_listed),
             config_port=self.config_port,
         )
 

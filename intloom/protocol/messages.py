@@ -65,7 +65,8 @@ MAX_FRAME: Final = 4 * 1024 * 1024
 MAX_PAGE: Final = MAX_FRAME - 64 * 1024
 # The Run ids each of a reply's restore lists names at most (``RestoreSummary.counts`` has
 # how many there are): every id of 89,000 restored Runs took a StatusReply over the frame,
-# and status, runs and doctor failed for a healthy host. 4 x 1,000 ids are ~170 KB.
+# and status, runs and doctor failed for a healthy host. 4 x 1,000 ids are ~170 KB. Also
+# the store problems a ServiceView lists (~450 bytes each).
 RESTORE_LISTED: Final = 1000
 
 
@@ -283,8 +284,12 @@ class ServiceView(msgspec.Struct, frozen=True, rename="camel"):
     # The sources that failed to load (the others run; their Runs are held until they load).
     workflow_problems: list[WorkflowProblem] = msgspec.field(default_factory=list)
     # The store files the last restore read past; every start lists them until they are
-    # dealt with (the journal is never written over them).
+    # dealt with (the journal is never written over them). The first RESTORE_LISTED only:
+    # 100,000 snapshots moved out of snap/live/ made a 38 MB StatusReply.
     store_problems: list[StoreProblem] = msgspec.field(default_factory=list)
+    # How many more there are than ``store_problems`` lists (0: all listed). Added 2026-12;
+    # 0 from an older host, which lists them all.
+    store_problems_omitted: int = 0
     # The port intloom.toml set when this host started (null: none), which ``port`` is not
     # when start was given --port: what changed on disk since is judged against it
     # (client/drift.py). Absent from a host of an intloom before it.

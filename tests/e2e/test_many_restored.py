@@ -73,3 +73,27 @@ def test_waiting_runs_past_the_listed_ones_are_counted(project: Project) -> None
     assert "Restore  resumed 0 · waiting 3 · interrupted 0 · needs attention 0" \
         in status.stdout, status.stdout
     ok(project.cli("stop", "--json"))
+
+
+def test_store_problems_past_the_listed_ones_are_counted_and_the_files_kept(
+    project: Project,
+) -> None:
+    """100,000 snapshots moved out of snap/live/ made a StatusReply of 38 MB: status said
+    blocked, and start --json printed each of them."""
+    waiting_runs(project, 1)
+    ok(project.cli("stop", "--json"))
+    live = project.state / "runtime" / "snap" / "live"
+    strays = {live / f"stray-{n}.txt": f"not intloom's {n}\n".encode() for n in range(5)}
+    for path, data in strays.items():
+        path.write_bytes(data)
+
+    service = ok(project.cli("start", "--json", env=LISTED))["service"]
+    assert [p["kind"] for p in service["storeProblems"]] == ["unexpected"] * 2, service
+    assert service["storeProblemsOmitted"] == 3
+    assert ok(project.cli("status", "--json"))["service"]["storeProblems"] \
+        == service["storeProblems"]
+    status = project.cli("status")
+    assert status.stdout.count("Store file .intloom/runtime/snap/live/stray-") == 2, status
+    assert "Store files  and 3 more (intloom doctor lists them all)" in status.stdout
+    ok(project.cli("stop", "--json"))
+    assert {path: path.read_bytes() for path in strays} == strays
