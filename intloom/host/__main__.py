@@ -7,7 +7,9 @@ Test-only knobs: ``INTLOOM_TEST_HELLO_TIMEOUT``, ``INTLOOM_TEST_IDLE_TIMEOUT``,
 connection timeouts,
 ``INTLOOM_TEST_MAX_CONNECTIONS`` lowers the connection cap, ``INTLOOM_TEST_FOLLOW_BACKLOG``
 (bytes) a follower's backlog, ``INTLOOM_TEST_SUSPEND_GRACE``
-shortens how long a stop waits for Steps in flight, ``INTLOOM_TEST_RESTORE_LISTED`` lowers
+shortens how long a stop waits for Steps in flight, ``INTLOOM_TEST_REFUSED_QUIET`` (seconds)
+the quiet period between two ``connection_refused`` lines of one reason,
+``INTLOOM_TEST_RESTORE_LISTED`` lowers
 how many Run ids each of a reply's restore lists names (and store problems it lists),
 ``INTLOOM_TEST_FATAL=1`` raises right after ready, and ``INTLOOM_TEST_PORTS=LO-HI``
 confines a port-0 bind to those ports.

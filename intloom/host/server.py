@@ -169,9 +169,6 @@ def _bind_any_of(ports: str) -> socket.socket:
     raise OSError(errno.EADDRINUSE, f"no free port in {ports} ({TEST_PORTS_ENV})")
 
 
-# Seconds between two connection_refused lines of one capacity reason: a client retrying a
-# BUSY in a loop wrote ~1,100 lines (140 KB) a second, without end.
-REFUSED_QUIET: Final = 60.0
 
 
 # Connections past ``Limits.max_connections`` that may still ask who the host is or stop it,
@@ -204,6 +201,9 @@ class Limits:
     # From a frame's length prefix to its last byte: a frame begun and left unfinished would
     # hold up to MAX_FRAME bytes for the idle timeout (256 such peers: 1 GiB).
     frame_timeout: float = 30.0
+    # Seconds between two connection_refused lines of one reason (a wrong token, the cap):
+    # a client retrying a BUSY in a loop wrote ~1,100 lines (140 KB) a second, without end.
+    refused_quiet: float = 60.0
     write_timeout: float = 30.0  # a peer that stops reading loses its connection
     # Bytes a follower's connection may hold unsent, beyond its history, before the next batch
     # of its Run's events (``FollowBacklog``): over it, the follower is disconnected (its
@@ -420,12 +420,12 @@ class Server:
 
     def _refused(self, reason: str, **context: Any) -> None:
         """Log a connection refused (for want of room, or a wrong token): the first at
-        once, then at most one line a ``REFUSED_QUIET`` per reason, with ``times``, the
-        refusals since the last line (this one included)."""
+        once, then at most one line a ``Limits.refused_quiet`` per reason, with ``times``,
+        the refusals since the last line (this one included)."""
         self._refusals[reason] += 1
         now = time.monotonic()
         said = self._refused_at.get(reason)
-        if said is not None and now - said < REFUSED_QUIET:
+        if said is not None and now - said < self.limits.refused_quiet:
             return
         self._refused_at[reason] = now
         self.log.warning("connection_refused", reason=reason,

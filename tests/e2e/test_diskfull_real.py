@@ -65,8 +65,11 @@ def few_inodes() -> Iterator[Path]:
 
 
 @pytest.fixture
-def full_project(small_disk: Path) -> Iterator[Project]:
-    """fixtures/projects/basic on the small disk; its hosts are killed before the unmount."""
+def full_project(small_disk: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Project]:
+    """fixtures/projects/basic on the small disk; its hosts are killed before the unmount.
+    Each wrong-token connection is logged (no quiet period): how these tests make the host
+    write a log line and no checkpoint."""
+    monkeypatch.setenv("INTLOOM_TEST_REFUSED_QUIET", "0")
     root = small_disk / "proj"
     shutil.copytree(FIXTURES / "projects" / "basic", root)
     yield from reaped(Project(root=root))
