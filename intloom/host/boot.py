@@ -26,6 +26,7 @@ from intloom.protocol.messages import RestoreSummary, StoreProblem, WorkflowInfo
 from intloom.store import Store, StoreReport, read_runs_report
 from intloom.store.compaction import NotSummarised
 from intloom.store.files import Layout
+from intloom.store.reader import FileProblem
 from intloom.store.snapshots import snapshot_name
 
 __all__ = ["Booted", "boot", "check_error"]
@@ -131,9 +132,17 @@ def _watch_compactions(store: Store, log: HostLog, last: list[str]) -> None:
         last[:] = [f"{exc.what} could not be written at {when} ({utc_now()}): {exc.cause}. "
                    f"{effect}"]
 
+    def kept(problem: FileProblem) -> None:
+        # What the next start (and doctor, now) reports of that file, in the same words.
+        log.warning("store_file_problem", path=problem.path, kind=problem.kind,
+                    problem=problem.problem)
+
     for exc, when in store.unsummarised:  # the one at open, before anyone listened
         said(exc, when)
     store.unsummarised.clear()
+    for problem in store.kept_files:
+        kept(problem)
+    store.kept_files.clear()
     try:
         loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
     except RuntimeError:
@@ -147,7 +156,15 @@ def _watch_compactions(store: Store, log: HostLog, last: list[str]) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is left to tell
             loop.call_soon_threadsafe(said, exc, when)
 
+    def told_kept(problem: FileProblem) -> None:
+        if loop is None or threading.current_thread() is here:
+            kept(problem)
+            return
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(kept, problem)
+
     store.on_unsummarised = told
+    store.on_kept_file = told_kept
 
 
 def _open_store(

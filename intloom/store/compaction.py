@@ -13,14 +13,15 @@ import threading
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 
 from intloom.errors import IntloomError
 from intloom.fsutil import fsync_dir
 from intloom.runtime.machine import IllegalTransition, RunState, apply
 from intloom.runtime.records import Record
-from intloom.store.files import Layout, atomic_write_many, list_names
+from intloom.store.files import Layout, atomic_write_many, list_names, unusable_file
 from intloom.store.framing import VoidNotice, segment_number
-from intloom.store.reader import Status
+from intloom.store.reader import FileProblem, Status, snapshot_finding
 from intloom.store.snapshots import (
     MANIFEST_FORMAT,
     Manifest,
@@ -89,7 +90,8 @@ def _cause(exc: OSError | IntloomError) -> str:
 def compact(layout: Layout, tracks: dict[str, Track], *, start: int, pinned: list[int],
             voids: list[VoidNotice], segment: int, held: Collection[str] = (),
             open_segment: int = 0, write_manifest: bool = True, at_once: bool = False,
-            stop: threading.Event | None = None) -> None:
+            stop: threading.Event | None = None,
+            kept: dict[str, FileProblem] | None = None) -> None:
     """Snapshot every dirty Run, then point the manifest at segment ``start``.
 
     ``write_manifest`` False: snapshots only; the manifest stays as it is (a host that
@@ -113,10 +115,17 @@ def compact(layout: Layout, tracks: dict[str, Track], *, start: int, pinned: lis
     ``stop``: once set, no further group of snapshot files is begun, and ``WritesStopped``
     is raised with the manifest and ``tracks`` as they were (a restore reads more of the log).
 
+    ``kept``: filled (by Run) with the snapshot files found unusable (a link, a FIFO, another
+    owner's, open to others: planted while the host ran) and left exactly as they are. Such
+    a Run's track stays as it was (dirty: each compaction looks again), and its file stays in
+    the manifest's live set, so every restore reads the whole log (as for a damaged snapshot)
+    until the file is moved out; the other Runs' snapshots are written.
+
     Raises ``NotSummarised`` when a file could not be written.
     """
+    refused: dict[str, FileProblem] = {} if kept is None else kept
     try:
-        written = _snapshot_all(layout, tracks, segment, at_once, stop)
+        written = _snapshot_all(layout, tracks, segment, at_once, refused, stop)
     except (OSError, IntloomError) as exc:
         raise NotSummarised("snapshots", _cause(exc)) from None
     try:
@@ -140,18 +149,28 @@ _Folded = dict[str, tuple[RunState | None, Status, str | None, int]]
 
 
 def _snapshot_all(layout: Layout, tracks: dict[str, Track], segment: int, at_once: bool,
+                  kept: dict[str, FileProblem],
                   stop: threading.Event | None = None) -> tuple[_Folded, str]:
     """Write every dirty Run's snapshot (``compact``): what each was folded to, and the
-    time stamp they carry."""
+    time stamp they carry. A target (or an ended Run's live/ copy) that is not a private
+    regular file of ours is left as it is and named in ``kept``: renamed over or unlinked,
+    whatever was planted there would be gone, and a link refused the whole group."""
     stamp = now()
     live: list[tuple[str, bytes]] = []
     done: list[tuple[str, bytes]] = []
     unchanged: list[str] = []  # ended Runs whose done/ snapshot already says it all
     folded: _Folded = {}
+    owners: dict[str, str] = {}  # snapshot name: its Run
     for run_id, track in tracks.items():
         if not track.dirty or track.status == "incompatible":
             continue  # incompatible data stays in a pinned segment, read as it is
         state, status, problem = track.folded()
+        name = snapshot_name(run_id)
+        planted = _unusable(layout.live / name)
+        if planted is not None:
+            kept[run_id] = snapshot_finding(layout, planted)
+            continue
+        owners[name] = run_id
         # A corrupt Run (read so, or made so by a record its fold refused here) reached at
         # least its last durable record.
         reached = max(track.reached, track.seq) if status == "corrupt" else 0
@@ -159,15 +178,15 @@ def _snapshot_all(layout: Layout, tracks: dict[str, Track], segment: int, at_onc
         snap = Snapshot(run_id=run_id, seq=state.seq if state else 0, status=status,
                         state=state, problem=problem, segment=segment, written_at=stamp,
                         reached=reached)
-        item = (snapshot_name(run_id), encode_snapshot(snap))
+        item = (name, encode_snapshot(snap))
         terminal = status == "ok" and state is not None and state.phase == "terminal"
         if not terminal:
             live.append(item)
             continue
-        kept = _done_kept(layout, snap)
-        if kept is None:
+        there = _done_kept(layout, snap, kept)
+        if there is None:
             done.append(item)
-        elif not kept:
+        elif not there:
             # A damaged file is evidence: never renamed over. The ended Run's snapshot goes
             # to live/ instead, so no restore takes it for unfinished; the next restore
             # reports the damaged file.
@@ -177,6 +196,11 @@ def _snapshot_all(layout: Layout, tracks: dict[str, Track], segment: int, at_onc
     atomic_write_many(layout.done, done, at_once=at_once, stop=stop)
     removed = False
     for name in [name for name, _ in done] + unchanged:
+        # Checked again just before: planted since the check above, it would be gone.
+        planted = _unusable(layout.live / name)
+        if planted is not None:
+            kept[owners[name]] = snapshot_finding(layout, planted)
+            continue
         with contextlib.suppress(FileNotFoundError):
             os.unlink(layout.live / name)
             removed = True
@@ -200,13 +224,23 @@ def _write_manifest(layout: Layout, *, start: int, pinned: list[int], voids: lis
     atomic_write_many(layout.root, [("manifest.json", encode_manifest(manifest))])
 
 
-def _done_kept(layout: Layout, snap: Snapshot) -> bool | None:
+def _unusable(path: Path) -> SnapshotError | None:
+    """Why the file at ``path`` may be neither renamed over nor unlinked, from an ``lstat``:
+    None when it is absent or a private regular file of ours."""
+    unusable = unusable_file(path)
+    return None if unusable is None else SnapshotError(path, unusable[0], fix=unusable[1])
+
+
+def _done_kept(layout: Layout, snap: Snapshot, kept: dict[str, FileProblem]) -> bool | None:
     """Whether the file ``done/`` already holds for this ended Run stays as it is: None when
-    there is none (write it), False when it is damaged (never written over), True when it
-    already holds this very snapshot (nothing to write)."""
+    there is none (write it), False when it is damaged (never written over; one that is not
+    a private regular file of ours is named in ``kept``), True when it already holds this
+    very snapshot (nothing to write)."""
     try:
         there = read_snapshot(layout.done / snapshot_name(snap.run_id))
-    except SnapshotError:
+    except SnapshotError as exc:
+        if unusable_file(exc.path) is not None:
+            kept[snap.run_id] = snapshot_finding(layout, exc)
         return False
     if there is None:
         return None

@@ -59,6 +59,7 @@ __all__ = [
     "read_runs",
     "read_runs_report",
     "refused_file",
+    "snapshot_finding",
     "verify",
     "verify_report",
 ]
@@ -226,18 +227,22 @@ def _snapshots(layout: Layout, directory: Path, loaded: Loaded) -> dict[str, Sna
             snap = read_snapshot(path)
         except SnapshotError as exc:
             loaded.snapshot_errors.append(exc)
-            kind: Literal["incompatible", "corrupt"] = (
-                "incompatible" if exc.incompatible else "corrupt"
-            )
-            loaded.files.append(FileProblem(
-                _rel(layout, path), kind,
-                f"{exc.fact}; every segment was read instead and the file was left as it is "
-                f"({_snapshot_fix(exc)})"))
+            loaded.files.append(snapshot_finding(layout, exc))
             continue
         loaded.stats.snapshots_read += 1
         if snap is not None:
             out[snap.run_id] = snap
     return out
+
+
+def snapshot_finding(layout: Layout, exc: SnapshotError) -> FileProblem:
+    """The finding for an unusable snapshot file: what a restore (start, doctor, inspect)
+    reports, and what a compaction that leaves the file as it is logs."""
+    kind: Literal["incompatible", "corrupt"] = "incompatible" if exc.incompatible else "corrupt"
+    return FileProblem(
+        _rel(layout, exc.path), kind,
+        f"{exc.fact}; every segment was read instead and the file was left as it is "
+        f"({_snapshot_fix(exc)})")
 
 
 def _snapshot_fix(exc: SnapshotError) -> str:

@@ -60,7 +60,7 @@ from intloom.store.framing import (
     segment_name,
 )
 from intloom.store.history import HistoryEntry, read_histories
-from intloom.store.reader import StoreReport, load
+from intloom.store.reader import FileProblem, StoreReport, load
 
 __all__ = ["DEFAULT_SEGMENT_BYTES", "Store"]
 
@@ -236,6 +236,11 @@ class Store:
         # host sets it (the one at open), they wait in ``unsummarised``.
         self.on_unsummarised: Callable[[NotSummarised, str], None] | None = None
         self.unsummarised: list[tuple[NotSummarised, str]] = []
+        # Likewise for each snapshot file a compaction found planted (not a private regular
+        # file of ours) and left as it is: told once per path while this host lives.
+        self.on_kept_file: Callable[[FileProblem], None] | None = None
+        self.kept_files: list[FileProblem] = []
+        self._kept_told: set[str] = set()
         self._sealed = False
         self._dir_lock = -1  # lock_dir's fd on the runtime directory, closed last
         # The runtime directory this store opened, held open: every write by path (a new
@@ -335,6 +340,7 @@ class Store:
                 pinned |= loaded.evidence.get(run_id, set())
         store._pinned = sorted(pinned)
         store._held = frozenset(loaded.held)
+        store._kept_told = {problem.path for problem in loaded.files}  # the restore's report
         # Every notice read, not only the manifest's: after a crash, the replacement
         # segment's first frame was the only record that a failed batch's bytes are void.
         store._voids = list(loaded.voids)
@@ -365,15 +371,30 @@ class Store:
         # the manifest does not move: the next restore reads more, correctly (only a loss of
         # that segment would then go unnoticed).
         if summarise:
+            kept: dict[str, FileProblem] = {}
             try:
                 compact(layout, store._tracks, start=store._number,
                         pinned=store._pinned, voids=store._voids, segment=store._number,
                         held=store._held, open_segment=store._number,
-                        write_manifest=not store._manifest_kept, at_once=True)
+                        write_manifest=not store._manifest_kept, at_once=True, kept=kept)
                 store._start = store._number
             except NotSummarised as exc:
                 store._not_summarised(exc, "open")
+            store._tell_kept(kept)
         return store
+
+    def _tell_kept(self, kept: dict[str, FileProblem]) -> None:
+        """Tell of the snapshot files a compaction left as they are (``compact``'s ``kept``)
+        that were not told of yet."""
+        for problem in kept.values():
+            if problem.path in self._kept_told:
+                continue
+            self._kept_told.add(problem.path)
+            hook = self.on_kept_file
+            if hook is None:
+                self.kept_files.append(problem)
+            else:
+                hook(problem)
 
     def _not_summarised(self, exc: NotSummarised, when: str) -> None:
         """A compaction (at ``when``: open, rotation, replacement, stop) wrote nothing past
@@ -1132,17 +1153,24 @@ class Store:
         pinned, voids, segment = list(self._pinned), list(self._voids), self._number
 
         def work() -> None:
+            planted: dict[str, FileProblem] = {}
             try:
                 compact(self.layout, copies, start=start, pinned=pinned, voids=voids,
                         segment=segment, held=self._held, open_segment=start,
-                        write_manifest=not self._manifest_kept, stop=self._closing)
+                        write_manifest=not self._manifest_kept, stop=self._closing,
+                        kept=planted)
             except NotSummarised as exc:
                 # The manifest did not move: restores read more of the log, correctly.
                 self._not_summarised(exc, "rotation")
                 return
             except WritesStopped:
                 return  # the close writes them: their tracks stay dirty
+            finally:
+                self._tell_kept(planted)
             self._start = start
+            for run_id in planted:
+                if run_id in copies and copies[run_id].dirty:
+                    del seqs[run_id]  # not snapshotted: stays dirty, looked at again next time
             kept = set(copies)  # compact() drops the terminal Runs it moved to done/
             self._jobs.put((lambda: self._settle(seqs, kept), lambda _: None))
 
@@ -1204,12 +1232,14 @@ class Store:
         self._join_compaction()
         if self._moved("stop"):
             return
+        kept: dict[str, FileProblem] = {}
         try:
             compact(self.layout, self._tracks, start=start, pinned=self._pinned,
                     voids=self._voids, segment=self._number, held=self._held,
-                    write_manifest=not self._manifest_kept, at_once=True)
+                    write_manifest=not self._manifest_kept, at_once=True, kept=kept)
         except NotSummarised as exc:
             self._not_summarised(exc, "stop")
+        self._tell_kept(kept)
 
     def _close_job(self) -> None:
         if self._poisoned is None:

@@ -214,6 +214,7 @@ def test_a_link_swapped_in_while_the_host_runs_is_not_written_through(project: P
     start(project)
     with Client.connect(project.root) as client:
         waiting = client.create_run("example", "links")
+        beside = client.create_run("example", "beside")
     assert waiting.status == "waiting"
     victim = project.root.parent / "victim"
     victim.write_bytes(b"precious")
@@ -222,6 +223,8 @@ def test_a_link_swapped_in_while_the_host_runs_is_not_written_through(project: P
     link.symlink_to(victim)
     assert stop_service(project.root)  # the snapshot write is refused; the stop completes
     assert victim.read_bytes() == b"precious" and link.is_symlink()
+    # The link held up no other Run's snapshot.
+    assert (link.parent / snapshot_name(beside.run_id)).is_file()
     # Reported, kept, never followed; the log still holds the Run: it comes back as it was.
     started = project.cli("start", "--json")
     assert started.code == 0, started.stderr
@@ -232,6 +235,52 @@ def test_a_link_swapped_in_while_the_host_runs_is_not_written_through(project: P
         assert client.get_run(waiting.run_id).pending_action == waiting.pending_action
     assert stop_service(project.root)
     assert victim.read_bytes() == b"precious" and link.is_symlink()
+
+
+def _plant(path: Path, kind: str) -> Callable[[], bool]:
+    """Plant a file intloom must not write over at ``path``; a check that it is untouched."""
+    if kind == "fifo":
+        os.mkfifo(path, 0o600)
+        return lambda: stat.S_ISFIFO(os.lstat(path).st_mode)
+    path.write_bytes(b"planted")
+    path.chmod(0o644)
+    return lambda: (path.read_bytes() == b"planted"
+                    and stat.S_IMODE(os.lstat(path).st_mode) == 0o644)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "mode-0644"])
+def test_a_file_planted_at_a_snapshot_while_the_host_runs_is_kept(
+        project: Project, kind: str) -> None:
+    service = start(project).service
+    with Client.connect(project.root) as client:
+        waiting = client.create_run("example", "planted")
+        other = client.create_run("example", "beside")
+    assert waiting.pending_action is not None
+    live = project.state / "runtime" / "snap" / "live"
+    planted = live / snapshot_name(waiting.run_id)
+    untouched = _plant(planted, kind)
+    with Client.connect(project.root) as client:
+        answered = client.answer(waiting.run_id, waiting.pending_action.id,
+                                 {"isConfirmed": False})
+    assert answered.status == "waiting" and answered.pending_action is not None
+    assert stop_service(project.root)  # its compaction leaves the planted file as it is
+    assert untouched(), f"{planted} was written over"
+    # Every other Run's snapshot is still written.
+    assert (live / snapshot_name(other.run_id)).is_file()
+    assert service.log_file is not None
+    events = [json.loads(line) for line in
+              (project.state / "logs" / service.log_file).read_text().splitlines()]
+    [told] = [e for e in events if e["event"] == "store_file_problem"]
+    assert told["path"] == f"snap/live/{planted.name}", told
+    # The next start reports it in the same words, and the log restores the Run as answered.
+    started = project.cli("start", "--json")
+    assert started.code == 0, started.stderr
+    [problem] = started.json["service"]["storeProblems"]
+    assert (problem["path"], problem["problem"]) == (told["path"], told["problem"])
+    with Client.connect(project.root) as client:
+        assert client.get_run(waiting.run_id).pending_action == answered.pending_action
+    assert stop_service(project.root)
+    assert untouched()
 
 
 # ----- the network ---------------------------------------------------------------------------

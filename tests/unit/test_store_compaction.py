@@ -331,3 +331,62 @@ def test_a_close_stops_a_rotations_compaction_and_writes_its_snapshots_itself(
     assert sorted(j.run_id for j in journals) == runs
     assert all(j.status == "ok" for j in journals)
     assert len(list((tmp_path / "snap" / "live").iterdir())) == len(runs)
+
+
+def test_a_fifo_planted_at_a_snapshot_before_a_rotation_is_kept(tmp_path: Path) -> None:
+    """A compaction behind a rotation leaves a file planted at a Run's snapshot name as it
+    is, tells of it once, writes the other Runs' snapshots, and looks again next time."""
+    import os
+    import stat
+
+    from intloom.store.snapshots import snapshot_name
+
+    planted = tmp_path / "snap" / "live" / snapshot_name("RUN-A")
+    store = open_store(tmp_path, segment_bytes=SEGMENT)
+    a, b = walk("RUN-A", 3_000, 3), walk("RUN-B", 3_000, 4)
+    try:
+        store.append("RUN-A", a[0])
+        store.sync_blocking()
+        os.mkfifo(planted, 0o600)
+        for i in range(1, 3_000):
+            store.append("RUN-A", a[i])
+            store.append("RUN-B", b[i - 1])
+            if i % 100 == 0:
+                store.sync_blocking()
+        store.sync_blocking()
+        assert store.compaction_idle(timeout=30)
+        assert stat.S_ISFIFO(os.lstat(planted).st_mode)
+        assert (tmp_path / "snap" / "live" / snapshot_name("RUN-B")).is_file()
+        assert [p.path for p in store.kept_files] == [f"snap/live/{planted.name}"]
+    finally:
+        store.close_blocking()
+    assert stat.S_ISFIFO(os.lstat(planted).st_mode)
+    report = read_runs_report(tmp_path)
+    assert [f.path for f in report.files] == [f"snap/live/{planted.name}"]
+    assert report.stats.full  # the log stands in for the planted file
+    runs = by_id(report.runs)
+    assert runs["RUN-A"].state == fold(a[:3_000])
+    assert runs["RUN-B"].state == fold(b[:2_999])
+
+
+def test_an_ended_runs_planted_live_file_is_not_unlinked(tmp_path: Path) -> None:
+    import os
+    import stat
+
+    from intloom.store.snapshots import snapshot_name
+
+    records = walk("RUN-A", 10, 5, terminal=True)
+    _write(tmp_path, "RUN-A", records[:6], crash=False)
+    live = tmp_path / "snap" / "live" / snapshot_name("RUN-A")
+    store = open_store(tmp_path, instance_id="INST-2")
+    try:
+        for record in records[6:]:
+            store.append("RUN-A", record)
+        store.sync_blocking()
+        live.unlink()
+        os.mkfifo(live, 0o600)
+    finally:
+        store.close_blocking()
+    assert stat.S_ISFIFO(os.lstat(live).st_mode)  # neither renamed over nor unlinked
+    assert [p.path for p in store.kept_files] == [f"snap/live/{live.name}"]
+    assert by_id(verify(tmp_path))["RUN-A"].state == fold(records)
