@@ -28,7 +28,7 @@ from intloom.store.framing import (
     scan_segment,
     segment_number,
 )
-from intloom.store.reader import void_cuts, written_this_boot
+from intloom.store.reader import unread_segment, void_cuts, written_this_boot
 from intloom.store.snapshots import (
     Snapshot,
     SnapshotError,
@@ -103,13 +103,19 @@ def read_histories(runtime_dir: Path, run_ids: Collection[str], *,
     layout = Layout(runtime_dir)
     if not check_dir(runtime_dir) or not check_dir(layout.wal):
         return {run_id: [] for run_id in run_ids}
+    notices: list[VoidNotice] = []
+    try:
+        manifest = read_manifest(layout)
+        notices.extend(manifest.voids if manifest else [])
+    except SnapshotError:
+        manifest = None  # a damaged manifest only loses void notices the segments repeat
     scans = []
     ids = frozenset(run_ids)
     wanted = [run_id.encode() for run_id in ids]
     for name in list_names(layout.wal):
         number = segment_number(name)
-        if number is None:
-            continue
+        if number is None or unread_segment(layout, manifest, number) is not None:
+            continue  # no start reads it; verify's finding names it
         data = read_file(layout.wal / name)
         if data is not None and (damage_elsewhere
                                  or not all(_unrelated(data, w) for w in wanted)):
@@ -122,13 +128,6 @@ def read_histories(runtime_dir: Path, run_ids: Collection[str], *,
             scans.append(scan)
             del data, scan
     scans.sort(key=lambda s: s.number)
-
-    notices: list[VoidNotice] = []
-    try:
-        manifest = read_manifest(layout)
-        notices.extend(manifest.voids if manifest else [])
-    except SnapshotError:
-        pass  # a damaged manifest only loses void notices the segments repeat
     voids = void_cuts(notices, scans)
     return {run_id: _judged(layout, scans, voids, run_id) for run_id in ids}
 

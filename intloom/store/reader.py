@@ -23,7 +23,14 @@ from intloom.errors import IntloomError
 from intloom.runtime.machine import IllegalTransition, RunState, apply
 from intloom.runtime.records import FORMAT_VERSION, Header, Record
 from intloom.store.depth import decode_record
-from intloom.store.files import Layout, check_dir, check_file, list_names, read_file
+from intloom.store.files import (
+    Layout,
+    check_dir,
+    check_file,
+    list_names,
+    read_file,
+    unusable_file,
+)
 from intloom.store.framing import (
     KIND_RECORD,
     KIND_VOID,
@@ -60,6 +67,7 @@ __all__ = [
     "read_runs_report",
     "refused_file",
     "snapshot_finding",
+    "unread_segment",
     "verify",
     "verify_report",
 ]
@@ -159,6 +167,8 @@ class Loaded:
     # manifest moves past it) while the segment it voids still is (pinned).
     voids: list[VoidNotice] = field(default_factory=list)
     snapshot_errors: list[SnapshotError] = field(default_factory=list)
+    # Segments a whole-log read left unread (``unread_segment``): each has its finding.
+    unread: list[int] = field(default_factory=list)
     live_names: set[str] = field(default_factory=set)  # snap/live/ files, damaged ones too
     files: list[FileProblem] = field(default_factory=list)
     stats: ScanStats = field(default_factory=ScanStats)
@@ -360,6 +370,10 @@ def load(root: Path, mode: Mode = "restore", *, whole: bool = False) -> Loaded:
         # Not the live/ files the manifest relies on: a compaction cut short (harmless), or a
         # snapshot gone, whose Run only the segments before ``start`` still hold.
         full = True
+    # What a start reads every segment for; else it reads from the manifest's start on.
+    bounded = not whole and manifest is not None and not (
+        loaded.manifest_error or loaded.snapshot_errors
+        or (manifest.live is not None and live_set(loaded.live_names) != manifest.live))
     loaded.stats.full = full
     start = loaded.start = 0 if full or manifest is None else manifest.start
     pinned = set() if manifest is None else set(manifest.pinned)
@@ -372,6 +386,12 @@ def load(root: Path, mode: Mode = "restore", *, whole: bool = False) -> Loaded:
         if number < start and number not in pinned:
             continue
         name = f"{number:010d}.seg"
+        unread = (unread_segment(layout, manifest, number)
+                  if mode == "verify" and bounded else None)
+        if unread is not None:
+            loaded.files.append(unread)
+            loaded.unread.append(number)
+            continue
         data = read_file(layout.wal / name)
         if data is None:
             continue
@@ -391,6 +411,29 @@ def load(root: Path, mode: Mode = "restore", *, whole: bool = False) -> Loaded:
 # A file last written this long after the OS started is taken as written since it started
 # (the boot time is computed from two clocks read one after the other).
 _BOOT_MARGIN_NS: Final = 2_000_000_000
+
+
+def unread_segment(layout: Layout, manifest: Manifest | None, number: int
+                   ) -> FileProblem | None:
+    """For a read of the whole log (inspect, verify): the finding for segment ``number`` when
+    no start reads it (below a usable manifest's ``start``, not pinned) and it is not a
+    private regular file of ours (judged from an ``lstat``). Such a segment is not read:
+    nothing in it can be trusted, yet a start does without it, so it is one file's finding,
+    not a refusal of every inspect. None otherwise: read it, and a refusal stands, as it
+    does for a start."""
+    if manifest is None or number >= manifest.start or number in manifest.pinned:
+        return None
+    path = layout.wal / segment_name(number)
+    unusable = unusable_file(path)
+    if unusable is None:
+        return None
+    fact, fix = unusable
+    out = "move it out of the runtime directory if it is not one intloom wrote"
+    return FileProblem(
+        _rel(layout, path), "corrupt",
+        f"{fact}; it was not read (no start reads it: it is below the manifest's start), so "
+        f"the records it holds are not shown and were not checked "
+        f"({out if fix is None else f'{fix}, or {out}'})")
 
 
 def refused_file(root: Path) -> IntloomError | None:
@@ -1038,9 +1081,12 @@ def _judge(loaded: Loaded, run_id: str, frames: list[tuple[SegmentScan, Frame]],
         # Old segments are never deleted: a snapshot is a summary of records the log holds.
         first = frames[0][1].seq if frames else snap.seq + 1
         missing = min(first - 1, snap.seq)
+        where = ("are gone or cut short; intloom never removes them" if not loaded.unread
+                 else "are gone, cut short, or among those not read: " + ", ".join(
+                     f"wal/{segment_name(n)}" for n in loaded.unread) + " (see its finding)")
         problem = (f"records 1..{missing} are missing from the log: only its snapshot "
                    f"({snapshot_name(run_id)}) summarises them (the segments that held them "
-                   "are gone or cut short; intloom never removes them)")
+                   f"{where})")
     if (problem is None and from_scratch and snap is not None and snap.status == "ok"
             and expected - 1 < snap.seq):
         problem = (f"the log ends at record {expected - 1} but its snapshot "

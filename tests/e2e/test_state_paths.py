@@ -283,21 +283,44 @@ def test_an_unusable_manifest_holds_back_no_run(project: Project, kind: str) -> 
             assert outside.read_bytes() == copy
 
 
-def test_doctor_flags_a_segment_that_is_not_private(project: Project) -> None:
-    """A start never reads the old segment again, but inspect reads them all."""
+def test_a_segment_no_start_reads_that_is_not_private_is_a_finding_not_a_refusal(
+        project: Project) -> None:
+    """A start never reads the old segment again, so neither does inspect: it names it as a
+    finding of every Run's inspect (before 2026-12-02 it refused them all with
+    STORAGE_ERROR). A segment a start reads stays refused by both."""
     ok(project.cli("start", "--json"))
     run = ok(project.cli("flow", "example", "--intent", "i", "--json"))["run"]
     ok(project.cli("stop", "--json"))
-    first = sorted((project.state / "runtime" / "wal").iterdir())[0]
+    ok(project.cli("start", "--json"))
+    later = ok(project.cli("flow", "example", "--intent", "j", "--json"))["run"]
+    first, current = sorted((project.state / "runtime" / "wal").iterdir())[:2]
     first.chmod(0o644)
     doctor = project.cli("doctor", "--json")
     [check] = [c for c in doctor.json["checks"] if c["id"] == "runtime_dir"]
     assert check["status"] == "attention", check
     assert f"{first} has mode 0644" in check["message"]
     assert f"chmod 600 {first}" in check["next"]
-    inspect = project.cli("inspect", run["runId"], "--json")
-    assert inspect.json["error"]["code"] == "STORAGE_ERROR"  # what doctor warns about
-    assert f"chmod 600 {first}" in inspect.json["error"]["message"]
+    for run_id in (run["runId"], later["runId"]):
+        inspected = ok(project.cli("inspect", run_id, "--json"))
+        [finding] = inspected["files"]
+        assert (finding["path"], finding["kind"]) == (f"wal/{first.name}", "corrupt")
+        assert finding["problem"].startswith("has mode 0644; private files must be 0600; it "
+                                             "was not read"), finding
+        assert f"chmod 600 {first}" in finding["problem"]
+        assert inspected["run"]["status"] == "waiting", inspected["run"]
+    # The Run whose records it holds: not shown, named as not read, restored from its
+    # snapshot; the file is kept as it is.
+    old = ok(project.cli("inspect", run["runId"], "--json"))
+    assert f"not read: wal/{first.name}" in old["run"]["problem"], old["run"]
+    assert old["run"]["restoreVerdict"] == "ok"
+    assert first.stat().st_mode & 0o777 == 0o644
+    project.kill_host()  # the segment it wrote stays one the next start reads
+    ok(project.cli("recover", "--json"))
+    current.chmod(0o644)  # so both refuse it
+    assert project.cli("start", "--json").json["error"]["code"] == "STORAGE_ERROR"
+    refused = project.cli("inspect", later["runId"], "--json")
+    assert refused.json["error"]["code"] == "STORAGE_ERROR", refused.stdout
+    assert f"chmod 600 {current}" in refused.json["error"]["message"]
 
 
 def test_a_damaged_segment_put_back_from_a_copy_lets_the_held_run_go_on(

@@ -211,9 +211,17 @@ def test_group_or_other_bits_are_refused(tmp_path: Path) -> None:
     os.chmod(root, 0o700)
     segment = root / "wal" / "0000000001.seg"
     os.chmod(segment, 0o644)
-    with pytest.raises(IntloomError) as info:
-        verify(root)
-    assert "0644" in info.value.message and "0000000001.seg" in info.value.message
+    # Below the manifest's start (a clean close): no start reads it, nor does a verify,
+    # which names it; a restore that must read it refuses it.
+    [finding] = verify_report(root).files
+    assert (finding.path, finding.kind) == ("wal/0000000001.seg", "corrupt")
+    assert finding.problem.startswith("has mode 0644; private files must be 0600; it was "
+                                      "not read"), finding
+    (root / "manifest.json").rename(tmp_path / "manifest.json")
+    for read in (read_runs, verify):
+        with pytest.raises(IntloomError) as info:
+            read(root)
+        assert "0644" in info.value.message and "0000000001.seg" in info.value.message
     assert _mode(segment) == 0o644  # reported, never "fixed"
 
 
