@@ -126,7 +126,7 @@ def _watch_compactions(store: Store, log: HostLog, last: list[str]) -> None:
         # No inode left is ENOSPC too, and "free disk space" misleads where df shows plenty.
         inodes = None if exc.fix else no_inode_left(store.layout.root)
         fix = f"{inodes[:1].upper()}{inodes[1:]}." if inodes else exc.fix or _DISK_FIX
-        effect = f"{_NOT_SUMMARISED} {fix}"
+        effect = exc.effect or f"{_NOT_SUMMARISED} {fix}"
         log.warning("store_compaction_failed", what=exc.what, when=when, cause=exc.cause,
                     effect=effect)
         last[:] = [f"{exc.what} could not be written at {when} ({utc_now()}): {exc.cause}. "

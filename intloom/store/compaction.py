@@ -19,7 +19,7 @@ from intloom.errors import IntloomError
 from intloom.fsutil import fsync_dir
 from intloom.runtime.machine import IllegalTransition, RunState, apply
 from intloom.runtime.records import Record
-from intloom.store.files import Layout, atomic_write_many, list_names, unusable_file
+from intloom.store.files import Layout, atomic_write_many, check_dir, list_names, unusable_file
 from intloom.store.framing import VoidNotice, segment_number
 from intloom.store.reader import FileProblem, Status, snapshot_finding
 from intloom.store.snapshots import (
@@ -74,11 +74,14 @@ class NotSummarised(Exception):
     says why. Nothing is lost by it (the manifest did not move past what the snapshots
     hold, so restores read more of the log), but the host says so in its log."""
 
-    def __init__(self, what: str, cause: str, fix: str | None = None) -> None:
+    def __init__(self, what: str, cause: str, fix: str | None = None,
+                 effect: str | None = None) -> None:
         super().__init__(f"{what}: {cause}")
         self.what = what
         self.cause = cause
         self.fix = fix  # what to do, when it is not the disk's fault
+        # What it costs, when not only a slower restore (the next start refuses the store).
+        self.effect = effect
 
 
 def _cause(exc: OSError | IntloomError) -> str:
@@ -124,6 +127,15 @@ def compact(layout: Layout, tracks: dict[str, Track], *, start: int, pinned: lis
     Raises ``NotSummarised`` when a file could not be written.
     """
     refused: dict[str, FileProblem] = {} if kept is None else kept
+    try:
+        # Replaced while the host ran (a link to a directory elsewhere, a loose mode): every
+        # write below goes by path, and would go through it.
+        for directory in (layout.snap, layout.live, layout.done):
+            check_dir(directory)
+    except IntloomError as exc:
+        raise NotSummarised("snapshots", _cause(exc), effect=(
+            "No snapshot is written while it is so, and the next intloom start refuses the "
+            "store until it is put right as the cause says (nothing is lost).")) from None
     try:
         written = _snapshot_all(layout, tracks, segment, at_once, refused, stop)
     except (OSError, IntloomError) as exc:

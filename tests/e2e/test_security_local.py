@@ -237,6 +237,40 @@ def test_a_link_swapped_in_while_the_host_runs_is_not_written_through(project: P
     assert victim.read_bytes() == b"precious" and link.is_symlink()
 
 
+def test_a_snap_directory_swapped_for_a_link_while_the_host_runs_is_not_written_through(
+        project: Project) -> None:
+    service = start(project).service
+    with Client.connect(project.root) as client:
+        waiting = client.create_run("example", "snap-link")
+    assert waiting.pending_action is not None
+    snap = project.state / "runtime" / "snap"
+    real = project.root.parent / "snap-real"
+    snap.rename(real)
+    snap.symlink_to(real)
+    before = {p.name for p in (real / "live").iterdir()}
+    with Client.connect(project.root) as client:
+        answered = client.answer(waiting.run_id, waiting.pending_action.id,
+                                 {"isConfirmed": False})
+    assert answered.pending_action is not None
+    assert stop_service(project.root)  # its compaction writes nothing through the link
+    assert {p.name for p in (real / "live").iterdir()} == before
+    assert service.log_file is not None
+    events = [json.loads(line) for line in
+              (project.state / "logs" / service.log_file).read_text().splitlines()]
+    [failed] = [e for e in events if e["event"] == "store_compaction_failed"]
+    assert failed["cause"].startswith(f"Checkpoint store path {snap} is a symbolic link"), failed
+    assert "the next intloom start refuses the store" in failed["effect"], failed
+    refused = project.cli("start", "--json")
+    assert refused.json["error"]["code"] == "STORAGE_ERROR", refused.stdout
+    snap.unlink()
+    real.rename(snap)  # put right: the log holds the answer
+    started = project.cli("start", "--json")
+    assert started.code == 0, started.stderr
+    with Client.connect(project.root) as client:
+        assert client.get_run(waiting.run_id).pending_action == answered.pending_action
+    assert stop_service(project.root)
+
+
 def _plant(path: Path, kind: str) -> Callable[[], bool]:
     """Plant a file intloom must not write over at ``path``; a check that it is untouched."""
     if kind == "fifo":
