@@ -27,7 +27,7 @@ from zlib import crc32
 import msgspec
 
 from intloom.errors import IntloomError
-from intloom.fsutil import fsync_dir, path_of
+from intloom.fsutil import file_problem, fsync_dir, path_of
 from intloom.runtime.machine import IllegalTransition, RunState, apply
 from intloom.runtime.ports import CheckpointFailed, JournalPort, RecordTooLarge
 from intloom.runtime.records import PROTOCOL_VERSION, Record, Terminal, encode_record
@@ -241,6 +241,7 @@ class Store:
         self.on_kept_file: Callable[[FileProblem], None] | None = None
         self.kept_files: list[FileProblem] = []
         self._kept_told: set[str] = set()
+        self._kept_lock = threading.Lock()  # told from the writer's and the compactor's threads
         self._sealed = False
         self._dir_lock = -1  # lock_dir's fd on the runtime directory, closed last
         # The runtime directory this store opened, held open: every write by path (a new
@@ -387,9 +388,10 @@ class Store:
         """Tell of the snapshot files a compaction left as they are (``compact``'s ``kept``)
         that were not told of yet."""
         for problem in kept.values():
-            if problem.path in self._kept_told:
-                continue
-            self._kept_told.add(problem.path)
+            with self._kept_lock:
+                if problem.path in self._kept_told:
+                    continue
+                self._kept_told.add(problem.path)
             hook = self.on_kept_file
             if hook is None:
                 self.kept_files.append(problem)
@@ -1083,6 +1085,7 @@ class Store:
         """Seal the current segment; ``next_segment``: the one a rotation created first."""
         if self._fd < 0:
             return
+        self._check_sealing()
         try:
             payload = msgspec.msgpack.encode(SealNotice(at=now(), frames=self._frames,
                                                         next=next_segment))
@@ -1094,10 +1097,37 @@ class Store:
             os.close(self._fd)
             self._fd = -1
 
+    def _check_sealing(self) -> None:
+        """Tell (as ``store_file_problem``) of the segment about to be sealed when another
+        program changed it while this host wrote it: cut short or written to, removed, or
+        opened to others. Judged once, from an ``fstat`` at its seal (a rotation, a close),
+        never per flush: appending goes on by descriptor either way, and nothing else would
+        say that the log lost records that the Runs' snapshots still hold."""
+        try:
+            st = os.fstat(self._fd)
+        except OSError:
+            return
+        name = f"wal/{segment_name(self._number)}"
+        facts = []
+        if st.st_nlink == 0:
+            facts.append("was removed from wal/ while this host wrote it: the records it held "
+                         "are gone from the log")
+        elif st.st_size != self._size:
+            facts.append(
+                f"is {st.st_size} bytes, but this host wrote {self._size} to it: another "
+                "program cut it short or wrote to it while the host ran, so records in it may "
+                "be lost from the log (the Runs' snapshots still hold their state; intloom "
+                "inspect shows which records are missing)")
+        loose = file_problem(st)
+        if loose is not None and st.st_nlink:
+            facts.append(f"{loose} (changed while this host wrote it)")
+        if facts:
+            self._tell_kept({name: FileProblem(name, "corrupt", "; ".join(facts))})
+
     def _rotate(self) -> None:
         if self._size < self._rotate_retry_at:
             return
-        old_fd, old_number, old_frames = self._fd, self._number, self._frames
+        old_fd, old_number, old_frames, old_size = self._fd, self._number, self._frames, self._size
         moved = self._elsewhere()
         if moved is not None:
             # Appending goes on in the open segment (by its descriptor: it went along).
@@ -1124,7 +1154,7 @@ class Store:
             return
         self._rotate_failing = False
         new_fd, new_number, new_size, new_frames = self._fd, self._number, self._size, 0
-        self._fd, self._number, self._frames = old_fd, old_number, old_frames
+        self._fd, self._number, self._frames, self._size = old_fd, old_number, old_frames, old_size
         # The new segment is durable: the seal names it, for a restore to notice if it is
         # lost before the compaction below moves the manifest to it.
         self._seal(new_number)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import stat
 import threading
 from pathlib import Path
@@ -386,3 +387,38 @@ def test_unexpected_files_in_the_store_are_reported_and_kept(
     assert sorted(f.path for f in verified.files if f.kind == "unexpected") == sorted(strays)
     assert {rel: (root / rel).read_bytes() for rel in strays} == strays
     assert {j.run_id: j.state for j in restored.runs} == before  # nothing else changed
+
+
+@pytest.mark.parametrize("change", ["truncate", "chmod"])
+def test_a_segment_changed_under_the_writer_is_told_at_its_seal(
+        tmp_path: Path, change: str) -> None:
+    """Cut short or opened to others by another program while a host appends to it: the
+    host goes on by descriptor, and says so (store_file_problem) when it seals it."""
+    root = tmp_path / "runtime"
+    records = walk("RUN-A", 30, 3)
+    store = open_store(root)
+    try:
+        for record in records[:20]:
+            store.append("RUN-A", record)
+        store.sync_blocking()
+        [segment] = sorted((root / "wal").iterdir())
+        if change == "truncate":
+            os.truncate(segment, segment.stat().st_size - 40)
+        else:
+            os.chmod(segment, 0o640)
+        for record in records[20:]:
+            store.append("RUN-A", record)
+        store.sync_blocking()
+    finally:
+        store.close_blocking()
+    [told] = store.kept_files
+    assert (told.path, told.kind) == (f"wal/{segment.name}", "corrupt")
+    if change == "truncate":
+        found = re.match(r"is (\d+) bytes, but this host wrote (\d+) to it: another program "
+                         r"cut it short or wrote to it while the host ran", told.problem)
+        assert found is not None, told
+        assert int(found[2]) - int(found[1]) == 40
+    else:
+        assert told.problem == ("has mode 0640; private files must be 0600 (changed while "
+                                "this host wrote it)")
+    assert _mode(segment) == (0o640 if change == "chmod" else 0o600)  # never "fixed"
