@@ -14,6 +14,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Literal
 
 from intloom.errors import IntloomError
 from intloom.fsutil import fsync_dir
@@ -118,8 +119,9 @@ def compact(layout: Layout, tracks: dict[str, Track], *, start: int, pinned: lis
     ``stop``: once set, no further group of snapshot files is begun, and ``WritesStopped``
     is raised with the manifest and ``tracks`` as they were (a restore reads more of the log).
 
-    ``kept``: filled (by Run) with the snapshot files found unusable (a link, a FIFO, another
-    owner's, open to others: planted while the host ran) and left exactly as they are. Such
+    ``kept``: filled with the files found unusable (a link, a FIFO, another owner's, open to
+    others: planted while the host ran) and left exactly as they are, by Run for a snapshot
+    (``manifest.json`` for the manifest, which is then not written). Such
     a Run's track stays as it was (dirty: each compaction looks again), and its file stays in
     the manifest's live set, so every restore reads the whole log (as for a damaged snapshot)
     until the file is moved out; the other Runs' snapshots are written.
@@ -143,7 +145,7 @@ def compact(layout: Layout, tracks: dict[str, Track], *, start: int, pinned: lis
     try:
         if write_manifest:
             _write_manifest(layout, start=start, pinned=pinned, voids=voids, held=held,
-                            open_segment=open_segment, stamp=written[1])
+                            open_segment=open_segment, stamp=written[1], kept=refused)
     except (OSError, IntloomError) as exc:
         raise NotSummarised("manifest.json", _cause(exc)) from None
     for run_id, (state, status, problem, reached) in written[0].items():
@@ -223,8 +225,17 @@ def _snapshot_all(layout: Layout, tracks: dict[str, Track], segment: int, at_onc
 
 
 def _write_manifest(layout: Layout, *, start: int, pinned: list[int], voids: list[VoidNotice],
-                    held: Collection[str], open_segment: int, stamp: str) -> None:
-    if not _manifest_usable(layout):
+                    held: Collection[str], open_segment: int, stamp: str,
+                    kept: dict[str, FileProblem]) -> None:
+    unusable = _manifest_problem(layout)
+    if unusable is not None:
+        # Found so since this host read it (replaced while it ran): said, not only skipped.
+        kind: Literal["incompatible", "corrupt"] = (
+            "incompatible" if unusable.incompatible else "corrupt")
+        out = "move it out of the runtime directory to let intloom write a new one"
+        kept["manifest.json"] = FileProblem("manifest.json", kind, (
+            f"{unusable.fact}; no new manifest is written over it, so the next start reads "
+            f"every segment ({out if unusable.fix is None else f'{unusable.fix}, or {out}'})"))
         return
     # The live/ files as they now are: a restore listing other names reads everything.
     unused = {snapshot_name(run_id) for run_id in held}
@@ -261,14 +272,16 @@ def _done_kept(layout: Layout, snap: Snapshot, kept: dict[str, FileProblem]) -> 
     return True if same else None
 
 
-def _manifest_usable(layout: Layout) -> bool:
-    """True unless a manifest exists that this intloom cannot read (damaged or newer), or
-    that is provably damaged (ahead of the log: see ``manifest_ahead``)."""
+def _manifest_problem(layout: Layout) -> SnapshotError | None:
+    """None unless a manifest exists that this intloom cannot read (damaged, newer, not a
+    private regular file), or that is provably damaged (ahead of the log: see
+    ``manifest_ahead``): then why."""
     try:
         manifest = read_manifest(layout)
-    except SnapshotError:
-        return False
+    except SnapshotError as exc:
+        return exc
     if manifest is None:
-        return True
+        return None
     numbers = [n for n in map(segment_number, list_names(layout.wal)) if n is not None]
-    return manifest_ahead(manifest, max(numbers, default=0)) is None
+    ahead = manifest_ahead(manifest, max(numbers, default=0))
+    return None if ahead is None else SnapshotError(layout.manifest, ahead)

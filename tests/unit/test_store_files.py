@@ -422,3 +422,30 @@ def test_a_segment_changed_under_the_writer_is_told_at_its_seal(
         assert told.problem == ("has mode 0640; private files must be 0600 (changed while "
                                 "this host wrote it)")
     assert _mode(segment) == (0o640 if change == "chmod" else 0o600)  # never "fixed"
+
+
+def test_a_manifest_replaced_by_a_directory_while_the_writer_runs_is_told_and_kept(
+        tmp_path: Path) -> None:
+    root = tmp_path / "runtime"
+    records = walk("RUN-A", 12, 3)
+    store = open_store(root)
+    try:
+        for record in records[:6]:
+            store.append("RUN-A", record)
+        store.sync_blocking()
+        (root / "manifest.json").rename(tmp_path / "manifest.json")
+        (root / "manifest.json").mkdir(mode=0o700)
+        (root / "manifest.json" / "inside").write_bytes(b"keep")
+        for record in records[6:]:
+            store.append("RUN-A", record)
+        store.sync_blocking()
+    finally:
+        store.close_blocking()
+    [told] = store.kept_files
+    assert (told.path, told.kind) == ("manifest.json", "corrupt")
+    assert told.problem.startswith("is not a regular file; no new manifest is written over "
+                                   "it, so the next start reads every segment"), told
+    assert (root / "manifest.json" / "inside").read_bytes() == b"keep"
+    report = read_runs_report(root)
+    assert [f.path for f in report.files] == ["manifest.json"] and report.stats.full
+    assert by_id(report.runs)["RUN-A"].state == fold(records)
