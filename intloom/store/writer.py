@@ -37,6 +37,7 @@ from intloom.store.faults import FaultPlan
 from intloom.store.files import (
     Layout,
     WritesStopped,
+    check_dir,
     create_failed,
     ensure_dir,
     lock_dir,
@@ -1135,6 +1136,21 @@ class Store:
             if not self._rotate_failing:
                 self._rotate_failing = True
                 self._not_summarised(NotSummarised("segment", moved, _MOVED_FIX), "rotation")
+            return
+        try:
+            # Replaced while the host ran (by a link to a directory elsewhere): the new
+            # segment would be created there, and the next start, refusing the link, would
+            # never read it.
+            check_dir(self.layout.wal)
+        except IntloomError as exc:
+            self._rotate_retry_at = self._size + min(self._segment_bytes, _ROTATE_MIN)
+            if not self._rotate_failing:
+                self._rotate_failing = True
+                self._not_summarised(NotSummarised(
+                    "segment", exc.message,
+                    effect="The current segment grows on (written by its descriptor); the "
+                    "rotation is tried again after each further MiB. The next intloom start "
+                    "refuses the store until wal/ is put right as the cause says."), "rotation")
             return
         try:
             self._new_segment(b"")

@@ -67,3 +67,38 @@ def test_a_store_whose_directory_moved_rotates_no_segment_into_the_old_path(
         ("segment", "rotation"), ("snapshots", "stop")]  # the rotation said once
     assert sorted(p.name for p in (moved / "runtime" / "wal").iterdir()) == ["0000000001.seg"]
     assert by_id(read_runs_report(moved / "runtime").runs)["RUN-B"].state.seq == len(records)
+
+
+def test_a_wal_directory_swapped_for_a_link_gets_no_segment_through_it(
+        tmp_path: Path) -> None:
+    """Replaced by a link while the writer runs, ``wal/`` is not rotated into: the open
+    segment grows on (by its descriptor), the refusal is told once, and once ``wal/`` is put
+    back every record is in it."""
+    from intloom.runtime.machine import fold
+
+    root = tmp_path / "runtime"
+    real = tmp_path / "wal-real"
+    records = walk("RUN-A", 3_000, 3)
+    store = open_store(root, segment_bytes=64 << 10)
+    try:
+        store.append("RUN-A", records[0])
+        store.sync_blocking()
+        (root / "wal").rename(real)
+        (root / "wal").symlink_to(real)
+        for i, record in enumerate(records[1:], 1):
+            store.append("RUN-A", record)
+            if i % 100 == 0:
+                store.sync_blocking()
+        store.sync_blocking()
+    finally:
+        store.close_blocking()
+    assert [p.name for p in real.iterdir()] == ["0000000001.seg"]  # nothing through the link
+    told = [(exc.what, exc.cause) for exc, when in store.unsummarised if when == "rotation"]
+    assert told == [("segment", f"Checkpoint store path {root / 'wal'} is a symbolic link; "
+                     "intloom never follows links in its state; move it aside "
+                     f"(mv {root / 'wal'} {root / 'wal'}.bad), or put the real file or "
+                     "directory there instead of it; then try again.")], told
+    (root / "wal").unlink()
+    real.rename(root / "wal")
+    report = read_runs_report(root)
+    assert by_id(report.runs)["RUN-A"].state == fold(records)
