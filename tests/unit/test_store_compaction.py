@@ -297,6 +297,7 @@ def test_a_close_stops_a_rotations_compaction_and_writes_its_snapshots_itself(
 
     real = replace_files
     groups: list[str] = []  # the thread that wrote each group of live/ snapshot files
+    writing = threading.Event()  # the compaction is at its first group of live/ files
     store = open_store(tmp_path, segment_bytes=SEGMENT)
 
     def closing() -> bool:
@@ -306,6 +307,7 @@ def test_a_close_stops_a_rotations_compaction_and_writes_its_snapshots_itself(
     def held(directory: Path, group: list[tuple[str, bytes]], **kwargs: Any) -> None:
         name = threading.current_thread().name
         if name == "intloom-compact" and directory.name == "live" and not groups:
+            writing.set()
             # Its first group is held until the close has begun (not past 5 s: an intloom
             # whose close does not say so lets the compaction write everything).
             with contextlib.suppress(AssertionError):
@@ -324,6 +326,9 @@ def test_a_close_stops_a_rotations_compaction_and_writes_its_snapshots_itself(
         runs.append(run_id)
     assert store._compactor is not None, "no rotation started a compaction"
     assert len(runs) > 64, len(runs)  # more than one group of snapshot files for it
+    # The close begins once the compaction writes (begun before, it stops the compaction
+    # before its first group, which tells nothing of a group under way).
+    assert writing.wait(timeout=10), "the rotation's compaction never wrote its snapshots"
     store.close_blocking()
     assert groups.count("intloom-compact") == 1, groups  # then it stopped
     assert groups.count("MainThread") == -(-len(runs) // 64), groups  # the close: every Run
