@@ -213,8 +213,11 @@ def _as_a_script_imports() -> Iterator[None]:
     except RuntimeError:  # not on a loop (a test calling boot directly): as a script already
         yield
         return
+    # Made before the host's loop is hidden: one that cannot be made (no descriptor left,
+    # ``ulimit -n``) left it hidden, and the failed start could then release nothing.
+    fresh = asyncio.new_event_loop()
     asyncio._set_running_loop(None)
-    asyncio.set_event_loop(asyncio.new_event_loop())
+    asyncio.set_event_loop(fresh)
     try:
         yield
     finally:

@@ -1,0 +1,70 @@
+"""``intloom start`` under a small open-file limit (``ulimit -n``): every start it cannot
+make fails with the host's own error and leaves no ``service.lock`` or ``service.json``.
+
+With 12 to 14 descriptors the host failed to make the event loop Workflow imports run
+beside, with the host's own loop already hidden from asyncio: its failed start could then
+not release anything (``no running event loop``). It exited 1 without a word on the
+readiness pipe, and its stale lock made every later start CLI_SERVICE_BUSY until recover.
+
+Real CLI and host subprocesses; the limit is set in the CLI's process and inherited by the
+host it launches.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import Project, eventually, pid_alive
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+
+
+def _start_limited(project: Project, limit: int) -> subprocess.CompletedProcess[str]:
+    def lower() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "intloom", "--project", str(project.root), "start",
+             "--json", "--timeout", "60"],
+            capture_output=True, text=True, timeout=90, preexec_fn=lower,
+            env={**os.environ, "NO_COLOR": "1"},
+        )
+    finally:
+        project.track_host()
+
+
+def _stop_started(project: Project) -> None:
+    """SIGTERM (a graceful stop) for a host that did start: with so few descriptors it may
+    have none left for the stop request's connection."""
+    pid = project.host_pid()
+    os.kill(pid, signal.SIGTERM)
+    eventually(lambda: not pid_alive(pid) and not (project.state / "service.lock").exists(),
+               timeout=30, what=f"the host (pid {pid}) to stop and release its files")
+
+
+def test_a_start_refused_for_want_of_descriptors_releases_the_project(
+        project: Project) -> None:
+    failures: dict[int, str] = {}
+    for limit in range(8, 20):
+        result = _start_limited(project, limit)
+        if result.returncode == 0:
+            _stop_started(project)
+            continue
+        error = json.loads(result.stdout)["error"]
+        failures[limit] = error["code"]
+        left = [p.name for p in (project.state / "service.lock",
+                                 project.state / "service.json") if p.exists()]
+        assert not left, (limit, left, error)
+        # The host said why (its code, not the launcher's "exited during initialization",
+        # which only a host that dies without a word gets).
+        assert "exited during initialization" not in error["message"], (limit, error)
+    # The limits that cannot start a host do fail, and were all checked above.
+    assert 8 in failures and 12 in failures, failures
