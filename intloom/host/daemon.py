@@ -64,6 +64,9 @@ from intloom.store.files import ensure_dir, lock_dir
 __all__ = ["Host", "HostOptions"]
 
 _SIGNALS: Final = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# Signals the host has no use for, whose default action ends a process: a log rotation
+# tool's ``kill -USR1`` ended the host without a word and left its service files stale.
+_IGNORED: Final = (signal.SIGUSR1, signal.SIGUSR2)
 # How long a foreground host, once stopped, waits for the default executor's threads.
 _EXECUTOR_WAIT_S: Final = 2.0
 _CUT_LISTED: Final = 50  # Runs named in runs_cut_at_stop; count has them all
@@ -328,8 +331,10 @@ class Host:
         self._loop = loop
         self._stop = asyncio.Event()
         self._forced = asyncio.Event()
+        # A program running a foreground host in its own process may handle these itself.
+        theirs = {sig: signal.getsignal(sig) for sig in _IGNORED}
         installed = self._install_signals(loop)
-        self._signals = installed
+        self._signals = [sig for sig in installed if sig in _SIGNALS]
         loop.set_exception_handler(self._loop_error)
         try:
             try:
@@ -363,12 +368,16 @@ class Host:
         finally:
             for sig in installed:
                 loop.remove_signal_handler(sig)
+                handler = theirs.get(sig)
+                if handler is not None:
+                    signal.signal(sig, handler)
 
     def _install_signals(self, loop: asyncio.AbstractEventLoop) -> list[signal.Signals]:
         installed: list[signal.Signals] = []
-        for sig in _SIGNALS:
+        for sig in (*_SIGNALS, *_IGNORED):
             try:
-                loop.add_signal_handler(sig, self._on_signal, sig)
+                loop.add_signal_handler(
+                    sig, self._on_signal if sig in _SIGNALS else self._on_ignored, sig)
             except (ValueError, RuntimeError):  # not the main thread: the caller owns signals
                 continue
             installed.append(sig)
@@ -448,6 +457,10 @@ class Host:
             self.log.info("signal_received", signal=sig.name, action="stop")
         self.stop_signal = self.stop_signal or sig.name
         self.request_stop(f"signal {sig.name}")
+
+    def _on_ignored(self, sig: signal.Signals) -> None:
+        if self.log is not None:
+            self.log.warning("signal_received", signal=sig.name, action="ignore")
 
     def request_stop(self, reason: str) -> None:
         assert self._stop is not None

@@ -356,3 +356,26 @@ def test_a_plain_stop_waits_as_long_as_the_host_says_its_stop_may_take(
         (project.root / "gate").touch()
         if first.is_alive():
             first.join(60)
+
+
+def test_a_signal_the_host_does_not_use_is_logged_and_ignored(project: Project) -> None:
+    """SIGUSR1 and SIGUSR2 (log rotation tools send them) used to end the host at once, by
+    their default action: no line in its log, its service files left stale, its Runs cut."""
+    service = start(project).service
+    for sig in (signal.SIGUSR1, signal.SIGUSR2):
+        os.kill(service.pid, sig)
+
+    def ignored() -> list[dict[str, Any]] | None:
+        assert service.log_file is not None
+        lines = [json.loads(line) for line in
+                 (project.state / "logs" / service.log_file).read_text().splitlines()]
+        found = [e for e in lines if e["event"] == "signal_received"
+                 and e.get("action") == "ignore"]
+        return found if len(found) == 2 else None
+
+    seen = eventually(ignored, timeout=10, what="both signals logged as ignored")
+    assert sorted(e["signal"] for e in seen) == ["SIGUSR1", "SIGUSR2"]
+    assert pid_alive(service.pid)
+    with Client.connect(project.root) as client:
+        assert client.status().pid == service.pid
+    assert metadata(project, "service.json")["pid"] == service.pid
