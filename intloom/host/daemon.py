@@ -381,6 +381,10 @@ class Host:
             except (ValueError, RuntimeError):  # not the main thread: the caller owns signals
                 continue
             installed.append(sig)
+        # A blocked signal mask survives fork and exec: a host launched by a program that
+        # blocks them (a supervisor, a thread that spawns) left every kill -TERM pending.
+        if installed:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, installed)
         return installed
 
     @contextlib.contextmanager

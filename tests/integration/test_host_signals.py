@@ -379,3 +379,28 @@ def test_a_signal_the_host_does_not_use_is_logged_and_ignored(project: Project) 
     with Client.connect(project.root) as client:
         assert client.status().pid == service.pid
     assert metadata(project, "service.json")["pid"] == service.pid
+
+
+def test_a_host_launched_with_the_stop_signals_blocked_still_stops_on_them(
+        project: Project) -> None:
+    """A blocked signal mask survives fork and exec: a host launched by a program that blocks
+    SIGTERM, SIGINT and SIGHUP (as some supervisors and threaded programs do) left every
+    ``kill -TERM`` pending for ever, and a start --timeout's SIGTERM ended in a SIGKILL."""
+    stops = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+
+    def blocked() -> None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, stops)
+
+    result = subprocess.run(
+        [sys.executable, "-m", "intloom", "--project", str(project.root), "start", "--json"],
+        capture_output=True, text=True, timeout=60, preexec_fn=blocked,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
+    project.track_host()
+    assert result.returncode == 0, result.stderr
+    service = json.loads(result.stdout)["service"]
+    pid = service["pid"]
+    os.kill(pid, signal.SIGTERM)
+    eventually(lambda: _released(project, pid), timeout=15,
+               what="the host to stop on SIGTERM and release its files")
+    assert "signal_received" in _events(project, service["logFile"])
