@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import resource
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
@@ -295,11 +297,37 @@ def boot(
     )
 
 
+def starved(exc: BaseException) -> str | None:
+    """What the host ran short of, and the fix, when ``exc`` is the want of a resource the
+    limits of the shell that ran ``intloom start`` set (it inherits them); else None."""
+    if isinstance(exc, OSError) and exc.errno == errno.EMFILE:
+        try:
+            soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        except (OSError, ValueError):
+            soft = resource.RLIM_INFINITY
+        limit = "" if soft == resource.RLIM_INFINITY else f" (ulimit -n is {soft})"
+        return (f"it ran out of file descriptors{limit}. Raise the limit (ulimit -n 1024) in "
+                "the shell, then run intloom start again")
+    if isinstance(exc, OSError) and exc.errno == errno.ENFILE:
+        return ("the system's table of open files is full. Close programs that hold many "
+                "files, then run intloom start again")
+    thread = isinstance(exc, RuntimeError) and "can't start new thread" in str(exc)
+    if isinstance(exc, MemoryError) or thread or (
+            isinstance(exc, OSError) and exc.errno == errno.ENOMEM):
+        return ("it ran out of memory or threads (ulimit -v, ulimit -u). Raise the limit in "
+                "the shell or free memory, then run intloom start again")
+    return None
+
+
 def check_error(exc: BaseException, log_name: str | None) -> IntloomError:
     """The IntloomError to report for a startup failure; the details of others go to the log."""
     if isinstance(exc, IntloomError):
         return exc
     if isinstance(exc, PrivacyError):
         return privacy_invalid(exc)
+    short = starved(exc)
+    if short is not None:
+        return IntloomError("CLI_SERVICE_UNAVAILABLE",
+                            f"The host could not start: {short}.")
     where = f" The log .intloom/logs/{log_name} has the details." if log_name else ""
     return IntloomError("CLI_INTERNAL_ERROR", f"The host failed while starting.{where}")

@@ -39,7 +39,7 @@ from intloom.errors import ErrorView, IntloomError
 from intloom.executor.runtime import Runtime
 from intloom.fsutil import shell_arg
 from intloom.host.allocator import keep_large_buffers_mapped
-from intloom.host.boot import Booted, boot, check_error
+from intloom.host.boot import Booted, boot, check_error, starved
 from intloom.host.handlers import Handlers
 from intloom.host.logfile import HostLog, utc_now
 from intloom.host.metadata import METADATA_VERSION, ServiceInfo, current_identity, storage_fix
@@ -560,10 +560,13 @@ class Host:
         try:
             self._sock = bind_port(port)
         except OSError as exc:
+            # No socket to be had is no port taken: "Free the port" sent the user after a
+            # listener that does not exist.
+            short = starved(exc)
             raise IntloomError(
                 "CLI_SERVICE_UNAVAILABLE",
                 f"The host could not listen on 127.0.0.1:{port} ({exc.strerror or exc})"
-                f"{_listener(port, exc)}. {fix}.",
+                + (f": {short}." if short else f"{_listener(port, exc)}. {fix}."),
             ) from None
         self.port = int(self._sock.getsockname()[1])
         self.ownership.publish_connection(saved, self.port, token)

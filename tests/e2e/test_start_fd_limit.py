@@ -1,10 +1,13 @@
 """``intloom start`` under a small open-file limit (``ulimit -n``): every start it cannot
-make fails with the host's own error and leaves no ``service.lock`` or ``service.json``.
+make fails with the host's own error, which names the lack of descriptors, and leaves no
+``service.lock`` or ``service.json``.
 
 With 12 to 14 descriptors the host failed to make the event loop Workflow imports run
 beside, with the host's own loop already hidden from asyncio: its failed start could then
 not release anything (``no running event loop``). It exited 1 without a word on the
 readiness pipe, and its stale lock made every later start CLI_SERVICE_BUSY until recover.
+Once it released them, it said only "The host failed while starting"; and binding its port
+without a descriptor left said "Free the port" of a port no one held.
 
 Real CLI and host subprocesses; the limit is set in the CLI's process and inherited by the
 host it launches.
@@ -64,7 +67,11 @@ def test_a_start_refused_for_want_of_descriptors_releases_the_project(
                                  project.state / "service.json") if p.exists()]
         assert not left, (limit, left, error)
         # The host said why (its code, not the launcher's "exited during initialization",
-        # which only a host that dies without a word gets).
-        assert "exited during initialization" not in error["message"], (limit, error)
+        # which only a host that dies without a word gets), and never a wrong cause: the
+        # port was free, and "The host failed while starting" named none.
+        message = error["message"]
+        assert "exited during initialization" not in message, (limit, error)
+        assert "Free the port" not in message, (limit, error)
+        assert "Too many open files" in message or "ulimit -n" in message, (limit, error)
     # The limits that cannot start a host do fail, and were all checked above.
     assert 8 in failures and 12 in failures, failures
