@@ -335,6 +335,11 @@ class Host:
         theirs = {sig: signal.getsignal(sig) for sig in _IGNORED}
         installed = self._install_signals(loop)
         self._signals = [sig for sig in installed if sig in _SIGNALS]
+        # SIGCHLD ignored survives exec, and the kernel then reaps every child itself: a
+        # Step's subprocess.run() read 0 of a program that failed. Default while it serves.
+        children = signal.getsignal(signal.SIGCHLD) if installed else None
+        if children == signal.SIG_IGN:
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         loop.set_exception_handler(self._loop_error)
         try:
             try:
@@ -371,6 +376,8 @@ class Host:
                 handler = theirs.get(sig)
                 if handler is not None:
                     signal.signal(sig, handler)
+            if children == signal.SIG_IGN:
+                signal.signal(signal.SIGCHLD, signal.SIG_IGN)
 
     def _install_signals(self, loop: asyncio.AbstractEventLoop) -> list[signal.Signals]:
         installed: list[signal.Signals] = []

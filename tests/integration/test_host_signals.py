@@ -404,3 +404,47 @@ def test_a_host_launched_with_the_stop_signals_blocked_still_stops_on_them(
     eventually(lambda: _released(project, pid), timeout=15,
                what="the host to stop on SIGTERM and release its files")
     assert "signal_received" in _events(project, service["logFile"])
+
+
+EXIT_CODE_STEP = textwrap.dedent('''
+    from __future__ import annotations
+
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import intloom
+
+    wf = intloom.Workflow("child", version="1.0.0")
+    main = wf.stage("main")
+
+
+    @main.step("run", routes={"done": intloom.COMPLETE})
+    def run(ctx: intloom.StepContext[None]) -> str:
+        code = subprocess.run([sys.executable, "-c", "raise SystemExit(3)"]).returncode
+        (Path(__file__).resolve().parent.parent / "code").write_text(str(code))
+        return "done"
+''')
+
+
+def test_a_step_sees_its_child_process_exit_status_though_the_launcher_ignored_sigchld(
+        project: Project) -> None:
+    """SIGCHLD ignored survives exec, and then the kernel reaps every child at once: a host
+    launched by a program that ignores it ran Steps whose subprocess.run() said 0 of a
+    program that failed."""
+    (project.root / "workflows" / "child.py").write_text(EXIT_CODE_STEP)
+    (project.root / "intloom.toml").write_text('workflows = ["workflows/child.py"]\n')
+
+    def ignored() -> None:
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+
+    result = subprocess.run(
+        [sys.executable, "-m", "intloom", "--project", str(project.root), "start", "--json"],
+        capture_output=True, text=True, timeout=60, preexec_fn=ignored,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
+    project.track_host()
+    assert result.returncode == 0, result.stderr
+    run = ok(project.cli("flow", "child", "--intent", "go", "--json"))["run"]
+    assert run["status"] == "completed", run
+    assert (project.root / "code").read_text() == "3"
