@@ -297,6 +297,14 @@ def storage_fix(exc: OSError, path: Path, *, replaced: bool = True) -> str:
         if inodes is not None:
             return f"{inodes[:1].upper()}{inodes[1:]}, then start again."
         return f"Free disk space (or quota) for {directory}, then start again."
+    # No descriptor to open it with is no matter of the disk, which "Check the disk" sent
+    # the user to examine.
+    if exc.errno == errno.EMFILE:
+        return ("The host ran out of file descriptors (it inherits the ulimit -n of the shell "
+                "that ran intloom start): raise the limit (ulimit -n 1024), then start again.")
+    if exc.errno == errno.ENFILE:
+        return ("The system's table of open files is full: close programs that hold many "
+                "files, then start again.")
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         refused = write_refusal(path, replaced=replaced)
         if refused is not None:

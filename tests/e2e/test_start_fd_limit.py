@@ -73,5 +73,8 @@ def test_a_start_refused_for_want_of_descriptors_releases_the_project(
         assert "exited during initialization" not in message, (limit, error)
         assert "Free the port" not in message, (limit, error)
         assert "Too many open files" in message or "ulimit -n" in message, (limit, error)
+        if error["code"] == "LOG_WRITE_FAILED" or "service.lock" in message:
+            # Its lock and its log were no matter of the disk ("Check the disk and ...").
+            assert "ulimit -n" in message and "Check the disk" not in message, (limit, error)
     # The limits that cannot start a host do fail, and were all checked above.
     assert 8 in failures and 12 in failures, failures
