@@ -463,11 +463,24 @@ def _launch(root: Path, *, port: int | None, strict: bool, deadline: float,
         ) from None
     finally:
         os.close(write_fd)  # only the child holds the write end now: EOF means it is gone
-    if progress is not None:
-        progress(_STEPS["launched"])
     importing = _Importing()
+    caught = _catch_sigterm()
     try:
+        if progress is not None:
+            progress(_STEPS["launched"])
         service = _await_ready(proc, read_fd, deadline, progress, importing, slow_import)
+    except _Terminated:
+        # A second SIGTERM while the host stops may end this command as it would have: the
+        # host was already told to stop.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        caught = False
+        _stop_child(proc)
+        raise IntloomError(
+            "CLI_SERVICE_CLOSING",
+            f"This start was asked to stop (SIGTERM) before the host it launched (pid "
+            f"{proc.pid}) served, so it stopped that host: the start did not happen. Run "
+            "intloom start again and let it finish (its --timeout bounds it by itself).",
+        ) from None
     except IntloomError as exc:
         killed = _stop_child(proc)
         if exc.code == "CLI_SERVICE_TIMEOUT":
@@ -478,9 +491,33 @@ def _launch(root: Path, *, port: int | None, strict: bool, deadline: float,
         _stop_child(proc)
         raise
     finally:
+        if caught:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.close(read_fd)
     _reap_later(proc)
     return service
+
+
+class _Terminated(Exception):
+    """SIGTERM reached a start waiting for the host it launched."""
+
+
+def _on_sigterm(_signum: int, _frame: object) -> None:
+    raise _Terminated
+
+
+def _catch_sigterm() -> bool:
+    """While a start waits for its host, SIGTERM (``timeout``, a supervisor) is what Ctrl-C
+    is: its default action ended the command and left the half-started host to serve,
+    unknown to whoever gave up on the start. Only that default is replaced (a program that
+    handles or ignores SIGTERM itself keeps its way). True when it was replaced."""
+    if signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        return False
+    try:
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    except ValueError:  # not the main thread: its signals are the caller's
+        return False
+    return True
 
 
 @dataclass

@@ -22,7 +22,16 @@ from typing import Any
 import pytest
 
 from intloom.authoring.loader import IMPORT_NOTICE_ENV
-from tests.helpers import REPO, CliResult, Project, eventually, ok, one_source_project, reaped
+from tests.helpers import (
+    REPO,
+    CliResult,
+    Project,
+    eventually,
+    ok,
+    one_source_project,
+    pid_alive,
+    reaped,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -370,3 +379,33 @@ def test_a_stop_signal_a_workflow_import_swallowed_still_stops_the_start(
                                     "files."}, result
     assert not (swallows.state / "service.json").exists()
     assert not (swallows.state / "service.lock").exists()
+
+
+def test_a_start_sent_sigterm_while_it_waits_stops_the_host_it_launched(slow: Project) -> None:
+    """``timeout 30 intloom start`` (SIGTERM), or a supervisor's stop, while the host was
+    still importing ended the command by SIGTERM's default action and left the half-started
+    host to go on and serve, unknown to whoever gave up on the start; Ctrl-C already stopped
+    it. The start now stops the host it launched and says so (CLI_SERVICE_CLOSING)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "intloom", "--project", str(slow.root), "start", "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "NO_COLOR": "1"})
+    slow.pids.add(proc.pid)
+    try:
+        eventually((slow.root / "importing").exists, timeout=20, what="the import to start")
+        host = json.loads((slow.state / "service.lock").read_text())["pid"]
+        slow.pids.add(host)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        (slow.root / "release").write_text("")  # a host still importing finishes
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    assert proc.returncode == 1, (proc.returncode, out, err)
+    error = json.loads(out)["error"]
+    assert error["code"] == "CLI_SERVICE_CLOSING", error
+    assert f"(pid {host})" in error["message"], error
+    eventually(lambda: not pid_alive(host), timeout=10, what=f"the host (pid {host}) to exit")
+    assert not (slow.state / "service.lock").exists()
+    assert not (slow.state / "service.json").exists()
