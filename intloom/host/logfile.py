@@ -19,6 +19,7 @@ import contextlib
 import errno
 import os
 import re
+import resource
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -150,13 +151,24 @@ class HostLog:
                 written += os.write(self._fd, data[written:])
             except OSError as exc:
                 self._cut = True
-                self._lost(OSError(exc.errno, f"{exc.strerror} after {written} of "
-                                              f"{len(data)} bytes of a line"))
+                at = f"{exc.strerror} after {written} of {len(data)} bytes of a line"
+                limit = _size_limit() if exc.errno == errno.EFBIG else None
+                if limit is not None:  # "File too large": the limit, not the disk
+                    at += f": the log reached the file size limit (ulimit -f is {limit} bytes)"
+                self._lost(OSError(exc.errno, at))
                 return False
         self._cut = written < len(data)
         if self._cut:
-            self._lost(OSError(errno.ENOSPC, f"only {written} of {len(data)} bytes of a line "
-                                             "were written (disk full?)"))
+            # Still short (the rest was taken in part too): the count is all there is. A full
+            # disk does this; so does the file size limit (ulimit -f), which "disk full?"
+            # sent the user to look past.
+            cut = f"only {written} of {len(data)} bytes of a line were written"
+            limit = _size_limit()
+            if limit is not None and _size(self._fd) >= limit:
+                self._lost(OSError(errno.EFBIG, f"{cut}: the log reached the file size limit "
+                                                f"(ulimit -f is {limit} bytes)"))
+            else:
+                self._lost(OSError(errno.ENOSPC, f"{cut} (disk full?)"))
             return False
         return True
 
@@ -205,3 +217,19 @@ class HostLog:
             return
         self.write("fatal", event, **context)
         self._finish(seal=False)
+
+
+def _size_limit() -> int | None:
+    """The file size limit (RLIMIT_FSIZE) in bytes, None when there is none."""
+    try:
+        soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    except (OSError, ValueError):
+        return None
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+def _size(fd: int) -> int:
+    try:
+        return os.fstat(fd).st_size
+    except OSError:
+        return -1

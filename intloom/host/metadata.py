@@ -305,6 +305,9 @@ def storage_fix(exc: OSError, path: Path, *, replaced: bool = True) -> str:
     if exc.errno == errno.ENFILE:
         return ("The system's table of open files is full: close programs that hold many "
                 "files, then start again.")
+    if exc.errno == errno.EFBIG:
+        return ("The host inherits the file size limit (ulimit -f) of the shell that ran "
+                "intloom start: raise it (ulimit -f unlimited), then start again.")
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         refused = write_refusal(path, replaced=replaced)
         if refused is not None:

@@ -78,3 +78,28 @@ def test_a_start_refused_for_want_of_descriptors_releases_the_project(
             assert "ulimit -n" in message and "Check the disk" not in message, (limit, error)
     # The limits that cannot start a host do fail, and were all checked above.
     assert 8 in failures and 12 in failures, failures
+
+
+def test_a_start_that_reaches_the_file_size_limit_names_it(project: Project) -> None:
+    """``ulimit -f``: a write that reaches the limit takes what fits, as a full disk does, so
+    the host's log said "(disk full?)" and "Free disk space" of a disk with room to spare."""
+    limit = 512
+
+    def lower() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "intloom", "--project", str(project.root), "start",
+             "--json"],
+            capture_output=True, text=True, timeout=60, preexec_fn=lower,
+            env={**os.environ, "NO_COLOR": "1"},
+        )
+    finally:
+        project.track_host()
+    assert result.returncode == 1, result
+    error = json.loads(result.stdout)["error"]
+    assert error["code"] == "LOG_WRITE_FAILED", error
+    assert f"ulimit -f is {limit} bytes" in error["message"], error
+    assert "disk full" not in error["message"] and "Free disk space" not in error["message"]
+    assert not (project.state / "service.lock").exists()
