@@ -341,6 +341,12 @@ def _check_seconds(name: str, value: object, what: str, other: str) -> None:
 HELLO_CAP_ENV: Final = "INTLOOM_TEST_CLIENT_HELLO_TIMEOUT"
 
 
+def _paused(pid: int) -> bool:
+    from intloom.host.liveness import paused  # psutil: only on this failure path
+
+    return paused(pid)
+
+
 def _hello_cap() -> float | None:
     """``HELLO_CAP_ENV`` as seconds; a value that is no positive number is ignored (a
     timeout of 0 would make the socket non-blocking, and a test hook must not fail a CLI)."""
@@ -522,6 +528,13 @@ class Client:
             reply = decode_response(recv_frame(sock, patience=timeout))
         except (OSError, FrameClosed, FrameError) as exc:
             sock.close()
+            if isinstance(exc, TimeoutError) and _paused(info.pid):
+                # Which of "hung, paused or busy" it is can be read: say it, and the fix.
+                fact = (f"The host (pid {info.pid}) is stopped by a signal (SIGSTOP, Ctrl-Z or "
+                        f"a debugger): it accepted the connection on 127.0.0.1:{conn.port} "
+                        "but cannot answer until it is resumed.")
+                raise HelloFailed(f"{fact} Resume it with kill -CONT {info.pid}, then try "
+                                  "again.", None, here=fact) from None
             fact = (f"The service at 127.0.0.1:{conn.port} did not complete the hello "
                     f"({exc}): whatever listens there accepted the connection but did not "
                     "answer as this project's host (a hung, paused or busy host, or another "

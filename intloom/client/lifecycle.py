@@ -1059,9 +1059,14 @@ def _request_stop(root: Path, paths: ProjectPaths, target: _Target,
             return _Asked(f"the host (pid {target.pid}) accepted the connection but did not "
                           f"answer the hello as this project's host ({exc.cause})")
         if exc.code == "CLI_SERVICE_UNAVAILABLE":
-            # Accepted but no hello within the deadline: paused, hung or busy.
+            # Accepted but no hello within the deadline: paused, hung or busy. Paused can be
+            # read, and has its own fix.
+            from intloom.host.liveness import paused
+
+            why = (f"it is stopped by a signal (SIGSTOP, Ctrl-Z or a debugger): kill -CONT "
+                   f"{target.pid} resumes it" if paused(target.pid) else "paused, hung or busy")
             return _Asked(f"the host (pid {target.pid}) accepted the connection but did not "
-                          f"answer the hello within {remaining:.1f} s (paused, hung or busy)")
+                          f"answer the hello within {remaining:.1f} s ({why})")
         if exc.code == "CLI_SERVICE_METADATA_INVALID":
             if _released(paths, target):
                 return _Asked("the host had already released its files")

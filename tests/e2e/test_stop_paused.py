@@ -34,6 +34,9 @@ def test_stop_timeout_bounds_the_hello_and_says_the_request_was_not_sent(
     assert error["code"] == "CLI_SERVICE_TIMEOUT"
     assert "The stop request was not sent" in error["message"], error["message"]
     assert "did not answer the hello" in error["message"]
+    # Paused is read, not guessed among "paused, hung or busy"; and how to resume it.
+    assert "it is stopped by a signal" in error["message"], error["message"]
+    assert f"kill -CONT {pid}" in error["message"], error["message"]
     assert "not resent" not in error["message"]
     # The client's own hello timeout is 5 s; the command must keep to its 1 s (plus the
     # interpreter's start-up and one poll, generously bounded on a shared 2-core machine).

@@ -448,3 +448,22 @@ def test_a_step_sees_its_child_process_exit_status_though_the_launcher_ignored_s
     run = ok(project.cli("flow", "child", "--intent", "go", "--json"))["run"]
     assert run["status"] == "completed", run
     assert (project.root / "code").read_text() == "3"
+
+
+def test_a_command_to_a_host_stopped_by_sigstop_says_so_and_how_to_resume_it(
+        project: Project) -> None:
+    """A host paused by SIGSTOP (Ctrl-Z, a debugger) left every command at "a hung, paused
+    or busy host, or another program on the port", though which it is can be read."""
+    pid = start(project).service.pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        runs = project.cli("runs", "--json",
+                           env={"INTLOOM_TEST_CLIENT_HELLO_TIMEOUT": "0.5"})
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    error = runs.json["error"]
+    assert error["code"] == "CLI_SERVICE_UNAVAILABLE", error
+    assert f"The host (pid {pid}) is stopped by a signal" in error["message"], error
+    assert f"kill -CONT {pid}" in error["message"], error
+    with Client.connect(project.root) as client:  # resumed, it answers again
+        assert client.status().pid == pid
