@@ -13,7 +13,7 @@ import inspect
 import pathlib
 import re
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar, overload
 
@@ -82,6 +82,14 @@ class ToStage:
 
 
 Target = str | ToStage | Complete
+# What the host calls, as a type checker sees a user's functions: a Step typed against
+# another Stage's State, or returning no outcome string, was accepted (``Callable[..., Any]``)
+# and failed only at run time. Sync or async: the host awaits what an ``async def`` returns.
+StepFn = Callable[["StepContext[S]"], "str | Awaitable[str]"]
+InitFn = Callable[["StepContext[S]"], "S | Awaitable[S]"]
+RecoverFn = Callable[["StepContext[S]", "Recovery"], "str | Awaitable[str]"]
+CompleteFn = Callable[["StepContext[S]", "AgentResult"], "Awaitable[None] | None"]
+AgentFn = Callable[["StepContext[S]"], Any]
 
 
 @dataclass(frozen=True)
@@ -251,7 +259,7 @@ class Step(Generic[S]):
     def where(self) -> str:  # asked on every run of the Step, used in its errors
         return f"Stage {self.stage.name!r}, Step {self.name!r}"
 
-    def recover(self, fn: Callable[[StepContext[S], Recovery], Any]) -> Callable[..., Any]:
+    def recover(self, fn: RecoverFn[S]) -> RecoverFn[S]:
         """Declare the cross-process continuation of this Step's wait (used after a restart)."""
         wf = self.stage.workflow.name
         if self.recover_fn is not None:
@@ -284,7 +292,7 @@ class AgentStep(Step[S]):
         self.tools = {t.name: t for t in tools}
         self.complete_fn: Callable[..., Any] | None = None
 
-    def recover(self, fn: Callable[[StepContext[S], Recovery], Any]) -> Callable[..., Any]:
+    def recover(self, fn: RecoverFn[S]) -> RecoverFn[S]:
         """Refused: an Agent task is never restored (claims, owner tokens and Tool receipts
         live only in the host's memory), so a ``recover`` here could never run."""
         raise _bad(
@@ -295,8 +303,7 @@ class AgentStep(Step[S]):
             "Remove the recover entry; keep what a new Run would need in the Stage State.",
         )
 
-    def on_complete(self, fn: Callable[[StepContext[S], AgentResult], Any]
-                    ) -> Callable[..., Any]:
+    def on_complete(self, fn: CompleteFn[S]) -> CompleteFn[S]:
         """Declare how the Agent's completion changes the State: ``fn(ctx, result) -> None``
         may assign ``ctx.state``; that State is saved with the Agent's outcome. It runs
         before anything is written: if it raises, the completion is refused (the task stays
@@ -407,12 +414,12 @@ class Stage(Generic[S]):
 
     def step(
         self, name: str, *, routes: Mapping[str, Target]
-    ) -> Callable[[Callable[..., Any]], Step[S]]:
+    ) -> Callable[[StepFn[S]], Step[S]]:
         """Declare a code Step. Its function returns an outcome string found in ``routes``."""
         _check_name(self.workflow.name, f"Stage {self.name!r}", "Step", name)
         self._check_routes(name, routes)
 
-        def decorate(fn: Callable[..., Any]) -> Step[S]:
+        def decorate(fn: StepFn[S]) -> Step[S]:
             _check_fn(self.workflow.name, f"Stage {self.name!r}, Step {name!r}",
                       "@stage.step(...)", fn, "ctx", "`def name(ctx) -> str` (or `async def`)")
             step = Step(self, name, fn, routes)
@@ -428,7 +435,7 @@ class Stage(Generic[S]):
         routes: Mapping[str, Target],
         tools: Sequence[Tool] = (),
         agent: str = "default",
-    ) -> Callable[[Callable[..., Any]], AgentStep[S]]:
+    ) -> Callable[[AgentFn[S]], AgentStep[S]]:
         """Declare an Agent Step: its function returns the task for a client Agent."""
         _check_name(self.workflow.name, f"Stage {self.name!r}", "Step", name)
         self._check_routes(name, routes)
@@ -443,7 +450,7 @@ class Stage(Generic[S]):
                            agent, str) else f"agent {agent!r} is blank",
                        'Name the Agent that takes its tasks, e.g. agent="reviewer"')
 
-        def decorate(fn: Callable[..., Any]) -> AgentStep[S]:
+        def decorate(fn: AgentFn[S]) -> AgentStep[S]:
             _check_fn(self.workflow.name, f"Stage {self.name!r}, Step {name!r}",
                       "@stage.agent_step(...)", fn, "ctx",
                       "`def name(ctx) -> dict` returning the task")
@@ -454,7 +461,7 @@ class Stage(Generic[S]):
 
         return decorate
 
-    def init(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def init(self, fn: InitFn[S]) -> InitFn[S]:
         """Declare the Stage initialiser: ``fn(ctx) -> State`` (runs as a durable boundary)."""
         if self.init_fn is not None:
             raise _bad(
