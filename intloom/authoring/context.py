@@ -11,7 +11,7 @@ import inspect
 import threading
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterator
-from typing import Any, Final, Generic, Protocol, TypeVar
+from typing import Any, Final, Generic, Protocol, TypeVar, overload
 
 import msgspec
 
@@ -286,6 +286,15 @@ class StepContext(Generic[S]):
         except BaseException:
             self._failed(name, key)
             raise
+
+    # The value an awaited ``ctx.aeffect`` gives is what ``fn`` returns (awaited when it is
+    # awaitable): typed Any, every use of it went unchecked.
+    @overload
+    def aeffect(self, name: str, fn: Callable[..., Awaitable[T]], *args: Any,
+                key: str | None = None, **kwargs: Any) -> Coroutine[Any, Any, T]: ...
+    @overload
+    def aeffect(self, name: str, fn: Callable[..., T], *args: Any,
+                key: str | None = None, **kwargs: Any) -> Coroutine[Any, Any, T]: ...
 
     def aeffect(self, name: str, fn: Callable[..., Any], *args: Any,
                 key: str | None = None, **kwargs: Any) -> Coroutine[Any, Any, Any]:

@@ -15,6 +15,7 @@ from tests.helpers import REPO
 _GOOD = '''
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import msgspec
@@ -30,6 +31,10 @@ class Draft(msgspec.Struct):
 
 def fetch(url: str) -> dict[str, int]:
     return {"n": len(url)}
+
+
+async def afetch(url: str) -> list[str]:
+    return [url]
 
 
 def search(query: Any) -> list[str]:
@@ -60,6 +65,9 @@ async def review(ctx: StepContext[Draft]) -> str:
     reveal_type(answer)  # R3
     answers = await ctx.ask([intloom.Question(id="t", question="Topic?")])
     reveal_type(answers)  # R4
+    reveal_type(await ctx.aeffect("afetch", afetch, "u"))  # R5
+    reveal_type(await ctx.aeffect("fetch", fetch, "u", key="k"))  # R6
+    reveal_type(await ctx.aeffect("thread", asyncio.to_thread, fetch, "u"))  # R7
     return "ok" if answer.confirmed else "again"
 
 
@@ -176,6 +184,9 @@ def test_a_correct_workflow_checks_clean_with_each_call_typed(tmp_path: Path) ->
     assert revealed[at["R2"]] == "dict[str, int]"
     assert revealed[at["R3"]] == "intloom.authoring.interaction.Confirmation"
     assert revealed[at["R4"]] == "list[intloom.authoring.interaction.QuestionAnswer]"
+    assert revealed[at["R5"]] == "list[str]"
+    assert revealed[at["R6"]] == "dict[str, int]"
+    assert revealed[at["R7"]] == "Any"  # asyncio.to_thread is generic: not solved, not refused
 
 
 def test_each_misuse_of_the_decorators_is_a_type_error_at_its_line(tmp_path: Path) -> None:
