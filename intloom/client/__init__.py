@@ -22,3 +22,9 @@ def __getattr__(name: str) -> Any:
 
         return getattr(client, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    # The public names only, loaded on use as above: without it dir() listed Any and
+    # TYPE_CHECKING and not Client, and help(intloom.client) showed no class at all.
+    return sorted(__all__)
