@@ -104,6 +104,7 @@ class StepContext(Generic[S]):
 
     @property
     def state(self) -> S:
+        """The Stage State; assign a value of the Stage's State type to replace it."""
         return self._state
 
     @state.setter

@@ -25,6 +25,9 @@ __all__ = [
 
 
 class Option(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A suggested answer to a Question: a person picks its ``label``; the answer is its
+    ``id``."""
+
     id: str
     label: str
     description: str | None = None

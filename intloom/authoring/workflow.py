@@ -257,6 +257,7 @@ class Step(Generic[S]):
 
     @functools.cached_property
     def where(self) -> str:  # asked on every run of the Step, used in its errors
+        """The Step as errors name it: ``Stage 'draft', Step 'write'``."""
         return f"Stage {self.stage.name!r}, Step {self.name!r}"
 
     def recover(self, fn: RecoverFn[S]) -> RecoverFn[S]:
@@ -332,6 +333,7 @@ class Stage(Generic[S]):
 
     @property
     def entry(self) -> Step[S]:
+        """The first Step declared: where a Run entering the Stage starts."""
         return next(iter(self.steps.values()))
 
     def _add(self, step: Step[S]) -> Step[S]:
@@ -520,6 +522,7 @@ class Workflow:
 
     @property
     def entry(self) -> Stage[Any]:
+        """The first Stage declared: where every Run starts."""
         return next(iter(self.stages.values()))
 
     def validate(self) -> None:
@@ -575,6 +578,7 @@ class Workflow:
                     )
 
     def has_recover(self, stage: str, step: str | None) -> bool:
+        """Whether Step ``step`` of Stage ``stage`` declares a ``recover``."""
         st = self.stages.get(stage)
         found = st.steps.get(step) if st is not None and step is not None else None
         return found is not None and found.recover_fn is not None

@@ -466,6 +466,9 @@ class Client:
         timeout: float = 5.0,
         request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT,
     ) -> Client:
+        """The verified connection to the host of the project at ``root`` (see the class).
+        ``timeout``: seconds for the connection and hello; ``request_timeout``: seconds each
+        request waits for its reply (None: as long as its Run takes)."""
         _check_seconds("timeout", timeout, "the seconds the hello may take", "")
         if request_timeout is not None:
             _check_seconds("request_timeout", request_timeout,
@@ -575,6 +578,7 @@ class Client:
                    connect_timeout=timeout)
 
     def close(self) -> None:
+        """Close the connection; a later request on this Client is refused."""
         self._shut(_CLOSED_HERE)
 
     def _shut(self, why: str, *, reopen: bool = False) -> None:
@@ -881,9 +885,12 @@ class Client:
     # ----- requests ------------------------------------------------------------------------
 
     def status(self) -> ServiceView:
+        """The host's ``ServiceView`` (``intloom status``)."""
         return self._call(Status(), StatusReply).service
 
     def stop(self, instance_id: str) -> bool:
+        """Ask the host ``instance_id`` (``client.hello.instance_id``) to stop; True once it
+        is stopping. It may still be releasing its files: ``intloom stop`` waits for that."""
         return self.stop_reply(instance_id).stopping
 
     def stop_reply(self, instance_id: str) -> Stopping:
@@ -892,15 +899,20 @@ class Client:
         return self._call(Stop(instance_id=instance_id), Stopping)
 
     def workflows(self) -> list[WorkflowInfo]:
+        """The Workflow sources the host loaded, and those that failed (``intloom flows``)."""
         return self._call(ListWorkflows(), WorkflowsReply).workflows
 
     def create_run(self, workflow: str, intent: str, *, wait: bool = True) -> RunView:
+        """Start a Run of ``workflow``; its view once it is not running (``wait``), else at
+        once."""
         return self._call(CreateRun(workflow=workflow, intent=intent, wait=wait), RunReply).run
 
     def get_run(self, run_id: str) -> RunView:
+        """The Run's view now."""
         return self._call(GetRun(run_id=run_id), RunReply).run
 
     def wait_run(self, run_id: str) -> RunView:
+        """The Run's view once it is not running (waiting, completed or failed)."""
         return self._call(WaitRun(run_id=run_id), RunReply).run
 
     def runs(self, flow: str | None = None) -> list[RunView]:
@@ -940,9 +952,13 @@ class Client:
         )
 
     def answer(self, run_id: str, action_id: str, answer: Any) -> RunView:
+        """Answer the Run's pending action ``action_id`` (a confirmation's
+        ``{"isConfirmed": bool}``, or one entry per question); the view once the Run is not
+        running."""
         return self._call(Answer(run_id=run_id, action_id=action_id, answer=answer), RunReply).run
 
     def cancel(self, run_id: str) -> tuple[RunView, bool]:
+        """Cancel the Run: its view, and whether it had already ended."""
         reply = self._call(Cancel(run_id=run_id), RunReply)
         return reply.run, reply.already_ended
 
@@ -991,6 +1007,8 @@ class Client:
     def claim_agent_call(
         self, run_id: str, call_id: str, claim_id: str
     ) -> tuple[str, PendingAgentCall]:
+        """Claim the Agent task ``call_id`` as ``claim_id``: the owner token every later call
+        on it needs, and the task. The same ``claim_id`` gets the same token."""
         reply = self._call(ClaimAgentCall(run_id=run_id, call_id=call_id, claim_id=claim_id),
                            Claimed)
         return reply.owner_token, reply.call
@@ -999,6 +1017,8 @@ class Client:
         self, run_id: str, call_id: str, owner_token: str, tool_call_id: str, tool: str,
         input: Any = None,
     ) -> tuple[Any, bool]:
+        """Run the task's Tool ``tool`` in the host once per ``tool_call_id``: its output, and
+        whether it was replayed from an earlier call with that id."""
         reply = self._call(
             CallTool(run_id=run_id, call_id=call_id, owner_token=owner_token,
                      tool_call_id=tool_call_id, tool=tool, input=input),
@@ -1009,6 +1029,8 @@ class Client:
     def complete_agent_call(
         self, run_id: str, call_id: str, owner_token: str, outcome: str, output: Any = None
     ) -> RunView:
+        """Complete the Agent task with ``outcome`` (one of the Step's routes) and
+        ``output``; the Run's next stable view."""
         return self._call(
             CompleteAgentCall(run_id=run_id, call_id=call_id, owner_token=owner_token,
                               outcome=outcome, output=output),
@@ -1018,6 +1040,7 @@ class Client:
     def fail_agent_call(
         self, run_id: str, call_id: str, owner_token: str, message: str
     ) -> RunView:
+        """Fail the Agent task: the Run fails with AGENT_TASK_FAILED and ``message``."""
         return self._call(
             FailAgentCall(run_id=run_id, call_id=call_id, owner_token=owner_token,
                           message=message),

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import pydoc
 import re
 
@@ -22,3 +23,37 @@ def test_dir_and_help_of_the_client_package_show_its_public_classes() -> None:
 def test_dir_of_intloom_is_its_public_names() -> None:
     assert dir(intloom) == sorted(intloom.__all__)
     assert all(not name.startswith("_") or name == "__version__" for name in intloom.__all__)
+
+
+def _own_doc(value: object) -> str:
+    """The docstring written for ``value`` itself: a msgspec Struct without one shows
+    msgspec.Struct's ("A base class for defining efficient serializable objects")."""
+    if isinstance(value, type):
+        return value.__dict__.get("__doc__") or ""
+    if isinstance(value, property):
+        value = value.fget
+    elif isinstance(value, functools.cached_property):
+        value = value.func
+    elif isinstance(value, (classmethod, staticmethod)):
+        value = value.__func__
+    return getattr(value, "__doc__", None) or ""
+
+
+def test_every_public_name_and_member_has_a_docstring_of_its_own() -> None:
+    public: dict[str, object] = {name: getattr(intloom, name) for name in intloom.__all__
+                                 if isinstance(getattr(intloom, name), type)}
+    public |= {f"intloom.client.{name}": getattr(intloom.client, name)
+               for name in intloom.client.__all__}
+    missing = []
+    for name, cls in public.items():
+        if not _own_doc(cls).strip():
+            missing.append(name)
+        assert isinstance(cls, type)
+        for member, value in vars(cls).items():
+            if member.startswith("_") or not (
+                    callable(value) or isinstance(value, (property, functools.cached_property,
+                                                          classmethod, staticmethod))):
+                continue
+            if not _own_doc(value).strip():
+                missing.append(f"{name}.{member}")
+    assert missing == []
