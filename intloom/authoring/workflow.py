@@ -97,7 +97,7 @@ class Tool:
     """A capability a client Agent may call through the host, once per tool call id."""
 
     name: str
-    fn: Callable[..., Any]
+    fn: Callable[[Any], Any]  # called with the input the Agent sent
     description: str = ""
 
     def __post_init__(self) -> None:

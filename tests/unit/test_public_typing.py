@@ -152,6 +152,13 @@ def ag(ctx: StepContext[Draft]) -> dict[str, str]:
 @ag.on_complete  # E
 def ag_done(ctx: StepContext[Draft], result: intloom.AgentResult) -> str:
     return "x"
+
+
+def two_inputs(query: str, limit: int) -> list[str]:
+    return []
+
+
+TOOLS = [intloom.Tool("two", two_inputs)]  # E
 '''
 
 
@@ -193,5 +200,5 @@ def test_each_misuse_of_the_decorators_is_a_type_error_at_its_line(tmp_path: Pat
     out, status, _err = _mypy(tmp_path, _BAD)
     errors = sorted({int(m.group(1)) for m in re.finditer(r":(\d+): error:", out)})
     marked = [n for n, line in enumerate(_BAD.splitlines(), 1) if line.endswith("# E")]
-    assert len(marked) == 6 and errors == marked, out
+    assert len(marked) == 7 and errors == marked, out
     assert status == 1
