@@ -467,6 +467,13 @@ def run_lines(run: Mapping[str, Any], *, suspended: bool = False,
                 "You dismissed it: it does not come back on a restart. Its journal keeps the "
                 f"evidence: {intloom} inspect {run_id}"
             )
+        elif err.get("code") == "RUN_CHECKPOINT_FAILED":
+            lines.append(f"RUN_CHECKPOINT_FAILED: {err.get('message', '')}")
+            lines.append(
+                "Stopped by this host, not necessarily ended: the next intloom start restores "
+                "the Run from its last durable checkpoint (it may wait, resume or complete, "
+                "or be reported RUN_INTERRUPTED); intloom doctor previews it."
+            )
         else:
             lines.append(f"{err.get('code', 'UNKNOWN')}: {err.get('message', '')}")
             lines.append(

@@ -867,8 +867,12 @@ class Runtime:
         where = slot.checkpoint_where = self._log_cause(slot.run_id, {"cause": cause}, "failed")
         slot.override = ErrorView(
             code="RUN_CHECKPOINT_FAILED",
-            message=f"{error_view('RUN_CHECKPOINT_FAILED').message} Earlier effects are not "
-            f"rolled back. {where}",
+            # Not "cannot safely continue": the next start brings the Run back from its last
+            # durable record by the restart table (DESIGN §6), which may wait, resume or end.
+            message="The Run recovery checkpoint could not be saved, so this host stopped the "
+            "Run; earlier effects are not rolled back. What the next intloom start does with "
+            "it depends on its last durable checkpoint (the restart table): intloom doctor "
+            f"previews it. {where}",
         )
         slot.revoke(IntloomError("RUN_CHECKPOINT_FAILED"))
         slot.publish("failed", {"code": "RUN_CHECKPOINT_FAILED"})

@@ -15,7 +15,11 @@ from tests.helpers import Project, ok
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
-CATALOGUE = "The Run recovery checkpoint could not be saved. Execution cannot safely continue."
+CATALOGUE = (
+    "The Run recovery checkpoint could not be saved, so this host stopped the Run; earlier "
+    "effects are not rolled back. What the next intloom start does with it depends on its "
+    "last durable checkpoint (the restart table): intloom doctor previews it."
+)
 
 
 def test_checkpoint_failure_view_has_no_cause_and_the_log_has_it(project: Project) -> None:
@@ -28,7 +32,7 @@ def test_checkpoint_failure_view_has_no_cause_and_the_log_has_it(project: Projec
     error = run["lastError"]
     assert error["code"] == "RUN_CHECKPOINT_FAILED"
     assert error["message"] == (
-        f"{CATALOGUE} Earlier effects are not rolled back. The host log has the cause "
+        f"{CATALOGUE} The host log has the cause "
         f"(intloom logs {run_id})."
     )
     listed = [r for r in ok(project.cli("runs", "--json"))["runs"] if r["runId"] == run_id]
@@ -64,7 +68,7 @@ def test_a_cause_the_log_could_not_keep_is_not_promised_in_the_view(project: Pro
     error = run["lastError"]
     assert error["code"] == "RUN_CHECKPOINT_FAILED"
     assert error["message"] == (
-        f"{CATALOGUE} Earlier effects are not rolled back. The host could not write the cause "
+        f"{CATALOGUE} The host could not write the cause "
         "to its log either (the disk is full or failing); intloom inspect shows where the "
         "journal stops."), error
     logged = project.cli("logs", run["runId"], "--json").stdout

@@ -317,3 +317,36 @@ def test_a_compaction_out_of_inodes_says_so_not_free_disk_space(few_inodes: Path
         project.reap()
         for path in taken:
             path.unlink()
+
+
+def test_a_run_a_full_disk_failed_by_a_checkpoint_is_not_said_to_be_over(
+    full_project: Project, small_disk: Path,
+) -> None:
+    """A Run failed by a checkpoint said "Execution cannot safely continue" (attach, flow)
+    and "Failure does not undo committed data" as for a Run that ended, and the next start
+    brought it back by the restart table (DESIGN §6)."""
+    start(full_project)
+    filler = fill(small_disk)
+    for n in range(50):  # until a Run gets as far as a Step before a checkpoint fails
+        flowed = full_project.cli("flow", "example", "--intent", f"busy {n}")
+        if "RUN_CHECKPOINT_FAILED" in flowed.stdout:
+            break
+    assert flowed.code == 1 and "RUN_CHECKPOINT_FAILED" in flowed.stdout, flowed
+    run_id = next(line.split()[1] for line in flowed.stdout.splitlines()
+                  if line.startswith("Run "))
+    for shown in (flowed.stdout, full_project.cli("attach", run_id).stdout):
+        assert "RUN_CHECKPOINT_FAILED" in shown, shown
+        assert "cannot safely continue" not in shown, shown
+        assert "Failure does not undo committed data" not in shown, shown
+        assert "so this host stopped the Run" in shown, shown
+        assert "intloom doctor previews it" in shown, shown
+    listed = full_project.cli("runs")
+    assert f"{run_id}" in listed.stdout and "this host stopped the Run" in listed.stdout, listed
+    assert full_project.cli("stop").code == 0
+    doctor = full_project.cli("doctor", "--json")
+    preview = {run["runId"]: run["verdict"]["row"] for run in doctor.json["runs"]}
+    assert run_id in preview, doctor.json["runs"]  # the next start decides, not this host
+    filler.unlink()
+    restore = start(full_project).service.restore
+    assert restore is not None and run_id in restore.interrupted + restore.waiting, restore
+    assert full_project.cli("stop").code == 0

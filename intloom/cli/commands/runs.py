@@ -187,6 +187,10 @@ def runs(
             asks.extend(["", *block])  # a blank line: the table's rows end above
     if asks:
         renderer.lines(asks)
+    if any(((v.get("lastError") or {}).get("code")) == "RUN_CHECKPOINT_FAILED" for v in views):
+        renderer.lines(["", "RUN_CHECKPOINT_FAILED: this host stopped the Run, which is not "
+                        "necessarily ended: the next intloom start restores it from its last "
+                        "durable checkpoint (intloom doctor previews it)."])
     if held_lines:
         renderer.lines(["", *held_lines])
 
