@@ -857,6 +857,11 @@ class Runtime:
         return ("The host could not write the cause to its log either (the disk is full or "
                 "failing); intloom inspect shows where the journal stops.")
 
+    def stopped_by_checkpoint(self) -> int:
+        """How many Runs this host holds that a failed checkpoint stopped: a suspension does
+        not suspend them, and what a host says it did to its Runs must not count them."""
+        return sum(1 for slot in self.runs.values() if slot.checkpoint_where is not None)
+
     def fail_checkpoint(self, slot: RunSlot, cause: str) -> None:
         """RUN_CHECKPOINT_FAILED: the Run stops; nothing more is written for it."""
         if slot.view().status in ("completed", "failed"):

@@ -797,9 +797,11 @@ class Host:
             return  # startup reports it before ready; a stop is already under way
         self.server.refusal = ErrorView(
             code="LOG_WRITE_FAILED",
-            message=f"{self.log_error} The host refuses new work and suspended its Runs at "
-            "their last saved boundaries. Run intloom stop, free disk space (or fix "
-            ".intloom/logs), then intloom start: the Runs resume as the restart table allows.",
+            message=f"{self.log_error} The host refuses new work and suspended its running "
+            f"Runs at their last saved boundaries{self._checkpoint_stopped()}. Run intloom "
+            "stop, free disk space (or fix .intloom/logs), then intloom start: each unfinished "
+            "Run comes back from its last durable checkpoint by the restart table (intloom "
+            "doctor previews it).",
             retryable=False,
         )
         self._log_suspend = asyncio.ensure_future(self.booted.runtime.suspend(
@@ -819,9 +821,21 @@ class Host:
         return IntloomError(
             "LOG_WRITE_FAILED",
             f"The host stopped, but its log {log.path} could not be written ({cause}), so "
-            "what it did since is missing from it; it suspended its Runs at their last "
-            f"saved boundaries, and the next intloom start resumes them. {fix}",
+            "what it did since is missing from it; it suspended its running Runs at their "
+            f"last saved boundaries{self._checkpoint_stopped()}, and the next intloom start "
+            "brings each unfinished Run back from its last durable checkpoint by the restart "
+            f"table (intloom doctor previews it). {fix}",
         )
+
+    def _checkpoint_stopped(self) -> str:
+        """The Runs a failed checkpoint had stopped before the log failed: a suspension
+        leaves them as they are, so "suspended its Runs" alone said what did not happen."""
+        count = self.booted.runtime.stopped_by_checkpoint() if self.booted is not None else 0
+        if count == 0:
+            return ""
+        runs = "1 Run" if count == 1 else f"{count} Runs"
+        return (f"; {runs} that a failed checkpoint had already stopped "
+                "(failed/RUN_CHECKPOINT_FAILED) it did not suspend")
 
     def _fatal(self, exc: BaseException) -> None:
         if self.log is not None:

@@ -350,3 +350,36 @@ def test_a_run_a_full_disk_failed_by_a_checkpoint_is_not_said_to_be_over(
     restore = start(full_project).service.restore
     assert restore is not None and run_id in restore.interrupted + restore.waiting, restore
     assert full_project.cli("stop").code == 0
+
+
+def test_a_host_whose_log_the_full_disk_refused_does_not_say_it_suspended_failed_runs(
+    full_project: Project, small_disk: Path,
+) -> None:
+    """The refusal of new work said "suspended its Runs at their last saved boundaries" of
+    Runs a failed checkpoint had already stopped, which no suspension touches."""
+    service = start(full_project).service
+    fill(small_disk)
+    failed: list[str] = []
+    with Client.connect(full_project.root) as client:
+        for n in range(50):
+            try:
+                run = client.create_run("example", f"busy {n}")
+            except IntloomError as exc:
+                assert exc.code in ("RUN_CHECKPOINT_FAILED", "LOG_WRITE_FAILED"), exc
+                break
+            if run.status == "failed":
+                failed.append(run.run_id)
+    assert failed, "no Run got as far as a Step before the full disk refused a checkpoint"
+    eventually(lambda: log_error(full_project, service.port), timeout=30,
+               what="a log line to be refused by the full disk")
+    with Client.connect(full_project.root) as client, \
+            pytest.raises(IntloomError) as refused:
+        client.create_run("example", "later")
+    assert refused.value.code == "LOG_WRITE_FAILED", refused.value
+    message = refused.value.message
+    runs = "1 Run" if len(failed) == 1 else f"{len(failed)} Runs"
+    assert (f"suspended its running Runs at their last saved boundaries; {runs} that a "
+            "failed checkpoint had already stopped (failed/RUN_CHECKPOINT_FAILED) it did not "
+            "suspend.") in message, message
+    assert "from its last durable checkpoint" in message, message
+    assert full_project.cli("stop").code == 0
