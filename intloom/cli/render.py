@@ -631,9 +631,10 @@ def service_lines(service: Mapping[str, Any], title: str = "Service running") ->
     if service.get("logError"):
         lines.append(f"Log error {service['logError']} New work is refused; run intloom stop.")
     if service.get("journalError"):
+        fix = (f"; {service['journalFix']};" if service.get("journalFix") else
+               ", free space on the disk that holds .intloom/runtime (or fix it),")
         lines.append(f"Journal error {service['journalError']}. Every checkpoint fails until "
-                     "the host restarts: run intloom stop, free space on the disk that holds "
-                     ".intloom/runtime (or fix it), then intloom start.")
+                     f"the host restarts: run intloom stop{fix} then intloom start.")
     if service.get("compactionError"):
         lines.append(f"Compaction {service['compactionError']}")
     restore = service.get("restore")

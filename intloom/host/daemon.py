@@ -37,7 +37,7 @@ import msgspec
 from intloom import __version__
 from intloom.errors import ErrorView, IntloomError
 from intloom.executor.runtime import Runtime
-from intloom.fsutil import shell_arg
+from intloom.fsutil import no_inode_left, shell_arg
 from intloom.host.allocator import keep_large_buffers_mapped
 from intloom.host.boot import Booted, boot, check_error, starved
 from intloom.host.handlers import Handlers
@@ -663,6 +663,7 @@ class Host:
             workflow_count = sum(1 for w in self.booted.workflows if w.ready)
             problems = self.booted.problems
             store_problems = self.booted.store_problems
+        journal_error = self.booted.store.broken if self.booted is not None else None
         return ServiceView(
             project_root=str(self.paths.root),
             pid=self.identity.pid,
@@ -679,7 +680,8 @@ class Host:
             failed_runs=counts.get("failed", 0),
             restore=summary,
             log_error=self.log_error,
-            journal_error=self.booted.store.broken if self.booted is not None else None,
+            journal_error=journal_error,
+            journal_fix=self._journal_fix() if journal_error is not None else None,
             compaction_error=(self.booted.compactions[-1] if self.booted is not None
                               and self.booted.compactions else None),
             workflow_problems=problems,
@@ -808,6 +810,14 @@ class Host:
             grace=self.options.suspend_grace,
             reason=f"{self.log_error} The host suspended the Run and refuses new work.",
         ))
+
+    def _journal_fix(self) -> str | None:
+        """What frees a broken journal when it is not space: ENOSPC says the same for no
+        block and no inode, and status advised freeing space where df showed plenty."""
+        if self.booted is None:
+            return None
+        inodes = no_inode_left(self.booted.store.layout.root)
+        return None if inodes is None else f"for .intloom/runtime, {inodes}"
 
     def log_lost(self) -> IntloomError | None:
         """LOG_WRITE_FAILED for a host whose log failed after it served (it exits 1 when

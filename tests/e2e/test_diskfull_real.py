@@ -383,3 +383,40 @@ def test_a_host_whose_log_the_full_disk_refused_does_not_say_it_suspended_failed
             "suspend.") in message, message
     assert "from its last durable checkpoint" in message, message
     assert full_project.cli("stop").code == 0
+
+
+def test_a_journal_out_of_inodes_is_not_told_to_free_disk_space_in_status(
+    few_inodes: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A failed write (injected) whose replacement segment found no inode left: status said
+    "free space on the disk that holds .intloom/runtime", and df showed plenty of it."""
+    monkeypatch.setenv("INTLOOM_FAULT", "fail_sync=3")
+    project = Project(root=few_inodes / "proj")
+    shutil.copytree(FIXTURES / "projects" / "basic", project.root)
+    taken: list[Path] = []
+    try:
+        start(project)
+        while True:  # every inode left
+            path = few_inodes / f"inode-{len(taken)}"
+            try:
+                path.touch()
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC, exc
+                break
+            taken.append(path)
+        with Client.connect(project.root) as client:
+            run = client.create_run("example", "no inode")
+            assert run.last_error is not None and run.last_error.code == "RUN_CHECKPOINT_FAILED"
+            status = client.status()
+        assert status.journal_error is not None, status
+        assert status.journal_fix is not None and "no inode left" in status.journal_fix, status
+        shown = project.cli("status").stdout
+        line = next(x for x in shown.splitlines() if x.startswith("Journal error "))
+        assert "no inode left" in line and "df -i" in line, line
+        assert "free space on the disk" not in line, line
+        assert line.endswith("then intloom start."), line
+        assert project.cli("stop").code == 0
+    finally:
+        project.reap()
+        for path in taken:
+            path.unlink()

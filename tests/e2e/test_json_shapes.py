@@ -14,8 +14,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
 SERVICE_KEYS = {"projectRoot", "pid", "instanceId", "port", "startedAt", "packageVersion",
                 "logFile", "workflowCount", "runningRuns", "waitingRuns", "completedRuns",
-                "failedRuns", "restore", "logError", "journalError", "compactionError",
-                "workflowProblems"}
+                "failedRuns", "restore", "logError", "journalError", "journalFix",
+                "compactionError", "workflowProblems"}
 RESTORE_KEYS = {"resumed", "waiting", "interrupted", "needsAttention", "terminalSkipped"}
 
 
