@@ -686,6 +686,76 @@ def _temp_files_check(paths: ProjectPaths) -> Check:
     return Check("temp_files", "attention", " ".join(message), ". ".join(todo))
 
 
+# The end of the last host's log that doctor reads for its compactions: the stop's lines are
+# its last, and a log is a diagnostic, read no further than this.
+_LOG_TAIL: Final = 256 * 1024
+
+
+def _log_tail(logs: Path) -> tuple[str, bytes] | None:
+    """The newest host log (``LOG-<start>.jsonl``: the last host's), its name and its last
+    ``_LOG_TAIL`` bytes; None when there is none that is a regular file to read. Never
+    through a link, never blocked by a FIFO put in its place."""
+    try:
+        names = sorted(e.name for e in os.scandir(logs)
+                       if e.name.startswith("LOG-") and e.name.endswith(".jsonl"))
+    except OSError:
+        return None
+    if not names:
+        return None
+    try:
+        fd = os.open(logs / names[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        with open(fd, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                return None
+            fh.seek(max(0, st.st_size - _LOG_TAIL))
+            return names[-1], fh.read(_LOG_TAIL)
+    except OSError:
+        return None
+
+
+def _compaction_check(paths: ProjectPaths) -> Check | None:
+    """The last host's failed compaction (``store_compaction_failed``) that the next start
+    meets: one at its stop, or one no clean stop followed. Only its log said so once the
+    host was gone, and status shows it (compactionError) only while a host runs."""
+    found = _log_tail(paths.logs)
+    if found is None:
+        return None
+    name, tail = found
+    failed: dict[str, object] | None = None
+    for line in tail.splitlines():
+        try:
+            record = msgspec.json.decode(line)
+        except msgspec.DecodeError:
+            continue  # the first, cut by the tail, or one a full disk cut short
+        if not isinstance(record, dict):
+            continue
+        if record.get("event") == "store_compaction_failed":
+            failed = record
+        elif record.get("event") == "service_stopped" and failed is not None \
+                and failed.get("when") != "stop":
+            failed = None  # a later compaction (the stop's) wrote what that one could not
+    if failed is None:
+        return None
+    return Check(
+        "compaction", "attention",
+        f"The last host could not write {failed.get('what', 'its snapshots')} at "
+        f"{failed.get('when', '?')} ({failed.get('time', '?')}, "
+        f".intloom/logs/{name}): {failed.get('cause', '?')}. The next intloom start reads "
+        "more of the journal instead (slower; nothing is lost), and a disk that refused them "
+        "may refuse its start too.",
+        str(failed.get("effect") or "Free disk space, or fix the permissions of "
+            ".intloom/runtime.").removeprefix(_NOT_SUMMARISED).strip(),
+    )
+
+
+_NOT_SUMMARISED: Final = ("The next start reads more of the log instead (slower; nothing is "
+                          "lost).")
+
+
 def _temp_named(temp: TempFile) -> str:
     return (f"{Path(temp.path).name} (for {temp.target}, {temp.size:,} "
             f"byte{'' if temp.size == 1 else 's'})")
@@ -792,6 +862,10 @@ def run_doctor(root: Path) -> DoctorReport:
         and restore.count("interrupted") > len(restore.interrupted),
     )
     checks.append(journals_check)
+    if not running:
+        compaction = _compaction_check(paths)
+        if compaction is not None:
+            checks.append(compaction)
     return DoctorReport(
         schema_version=SCHEMA_VERSION,
         project_root=diagnosis.project_root,

@@ -420,3 +420,33 @@ def test_a_journal_out_of_inodes_is_not_told_to_free_disk_space_in_status(
         project.reap()
         for path in taken:
             path.unlink()
+
+
+def test_a_compaction_the_full_disk_refused_at_a_stop_is_in_doctor_offline(
+    full_project: Project, small_disk: Path,
+) -> None:
+    """Snapshots a full disk refused at a host's stop were only in its log: doctor, the
+    command to run before the next start, said nothing of them."""
+    start(full_project)
+    with Client.connect(full_project.root) as client:
+        waiting = client.create_run("example", "x" * 100_000)  # a snapshot of some 200 KB
+    assert waiting.status == "waiting", waiting
+    filler = fill(small_disk)
+    assert full_project.cli("stop").code == 0  # its snapshots refused, the stop completes
+    os.truncate(filler, filler.stat().st_size - 64 * 1024)  # room for doctor's reading
+    doctor = full_project.cli("doctor", "--json")
+    assert "Traceback" not in doctor.stderr, doctor
+    assert doctor.code == 3, doctor  # attention
+    [check] = [c for c in doctor.json["checks"] if c["id"] == "compaction"]
+    assert check["status"] == "attention", check
+    assert check["message"].startswith("The last host could not write snapshots at stop ("), check
+    assert "No space left on device" in check["message"], check
+    assert check["next"].startswith("Free disk space"), check
+    text = full_project.cli("doctor").stdout
+    assert "compaction · attention: The last host could not write snapshots" in text, text
+    filler.unlink()
+    again = start(full_project).service  # room again: the stop's snapshots are written
+    assert again.restore is not None and waiting.run_id in again.restore.waiting
+    assert full_project.cli("stop").code == 0
+    after = full_project.cli("doctor", "--json")
+    assert not [c for c in after.json["checks"] if c["id"] == "compaction"], after.json
