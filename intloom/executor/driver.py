@@ -143,6 +143,8 @@ def _grouped(exc: BaseException) -> str:
     """What an exception group holds (an asyncio.TaskGroup's, say), each with its own line:
     the group's own message, "unhandled errors in a TaskGroup (1 sub-exception)", named
     neither what was raised nor where."""
+    if isinstance(exc, _Escaped) and exc.group is not None:
+        exc = exc.group  # held back as an exit (a KeyboardInterrupt in it), named all the same
     if not isinstance(exc, BaseExceptionGroup):
         return ""
     leaves: list[BaseException] = []
@@ -241,9 +243,14 @@ class _Escaped(Exception):
 
     def __init__(self, exc: BaseException) -> None:
         name = type(exc).__name__
+        # A BaseExceptionGroup (an exit or interrupt in it): ``_grouped`` lists what it holds.
+        self.group = exc if isinstance(exc, BaseExceptionGroup) else None
         if isinstance(exc, Exception):  # StopIteration: an ordinary mistake
             text = message_of(exc)
             self.named, self.why = name, f": {text}" if text else ""
+        elif self.group is not None:
+            self.named = name
+            self.why = f": {self.group.message} (it holds an exit or an interrupt)"
         else:
             what = ("exit the process, which is the host of every Run"
                     if isinstance(exc, SystemExit) else
@@ -1644,7 +1651,9 @@ class Driver:
         if _is_async(fn):
             try:
                 return await fn(*args)
-            except (SystemExit, KeyboardInterrupt, GeneratorExit) as exc:
+            except (SystemExit, KeyboardInterrupt, GeneratorExit, BaseExceptionGroup) as exc:
+                if isinstance(exc, Exception):  # an ExceptionGroup: an ordinary failure
+                    raise
                 raise _contained(exc) from None
         return await self._call_sync(fn, *args)
 

@@ -2574,3 +2574,45 @@ def test_the_same_completion_waiting_on_one_a_stop_drops_is_told_what_the_first_
         assert "the completion was not recorded" in second
 
     run(main)
+
+
+# A BaseExceptionGroup (KeyboardInterrupt or SystemExit inside) is held back from the host as
+# an exit; its error named the group's repr, not each thing it held, as an ExceptionGroup's does.
+@pytest.mark.parametrize(("held", "named"), [
+    (KeyboardInterrupt("ctrl-c"), "KeyboardInterrupt('ctrl-c') (Workflow code must not "
+                                  "interrupt the process"),
+    (SystemExit(3), "SystemExit(3) (Workflow code must not exit the process"),
+])
+@pytest.mark.parametrize("where", ["sync step", "async init"])
+def test_a_base_exception_group_from_user_code_names_what_it_holds(
+        sync_path: SyncPath, held: BaseException, named: str, where: str) -> None:
+    wf = intloom.Workflow("boom", version="1")
+    st = wf.stage("s")
+
+    def raise_group() -> None:
+        raise BaseExceptionGroup("two failed", [ValueError("bad input"), held])
+
+    @st.step("a", routes={"ok": intloom.COMPLETE})
+    def a(ctx: Any) -> str:
+        raise_group()
+        return "ok"
+
+    if where == "async init":
+        @st.init
+        async def init(ctx: Any) -> None:
+            raise_group()
+
+    async def main() -> None:
+        rt = Runtime(loaded(wf), MemoryJournal(), package_version="0.1.0")
+        rt.restore([])
+        view = await rt.wait_stable((await rt.create_run("boom", "go")).run_id)
+        assert view.status == "failed" and view.last_error is not None
+        message = view.last_error.message
+        assert view.last_error.code == "STEP_EXECUTION_FAILED"
+        assert " raised BaseExceptionGroup" in message, message
+        assert ": two failed (it holds an exit or an interrupt): ValueError: bad input; " \
+            f"{named}" in message, message
+
+    run(main)
+    if where == "sync step":  # the async initialiser fails the Run before any sync Step
+        sync_path.check()
