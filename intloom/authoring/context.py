@@ -89,10 +89,12 @@ class StepContext(Generic[S]):
         state_type: type[S] | None,
         hooks: ContextHooks,
     ) -> None:
-        self.run_id = run_id
-        self.intent = intent
-        self.stage = stage
-        self.step = step
+        # Read-only below: errors and the journal name the Step by them, so a Step that
+        # assigned ctx.step had its later errors name another Step.
+        self._run_id = run_id
+        self._intent = intent
+        self._stage = stage
+        self._step = step
         self._state = state
         # ``_Over`` once the code this context was given to is over (``finish``): a context
         # kept past it (in a global, a closure, a thread) would have its effects and waits
@@ -101,6 +103,46 @@ class StepContext(Generic[S]):
         # running pays nothing for it (a flag of its own measured ~18 ns per assignment).
         self._state_type: type[Any] | None = state_type
         self._hooks = hooks
+
+    @property
+    def run_id(self) -> str:
+        return self._run_id
+
+    @run_id.setter
+    def run_id(self, value: object) -> None:
+        raise self._fixed("run_id", "the Run")
+
+    @property
+    def intent(self) -> str:
+        return self._intent
+
+    @intent.setter
+    def intent(self, value: object) -> None:
+        raise self._fixed("intent", "the Run's intent, as it was created with")
+
+    @property
+    def stage(self) -> str:
+        return self._stage
+
+    @stage.setter
+    def stage(self, value: object) -> None:
+        raise self._fixed("stage", "the Stage running")
+
+    @property
+    def step(self) -> str | None:
+        return self._step
+
+    @step.setter
+    def step(self, value: object) -> None:
+        raise self._fixed("step", "the Step running")
+
+    def _fixed(self, field: str, what: str) -> IntloomError:
+        return IntloomError(
+            "STEP_INTERACTION_INVALID",
+            f"{self.where} assigned ctx.{field}, which is read-only: it is {what}, as the "
+            "journal and every error name it, and it stays as it was. Keep a value of your "
+            "own in a local variable, or in ctx.state to keep it between Steps.",
+        )
 
     @property
     def state(self) -> S:

@@ -827,3 +827,36 @@ def test_an_effect_raising_a_base_exception_is_journaled_done_and_may_be_retried
     expected = "SystemExit: 3" if step_kind == "sync" else "KeyboardInterrupt"
     assert [(d.key, d.ok, d.error) for d in done] == [
         ("order-1", False, expected), ("order-1", True, None)], done
+
+
+@pytest.mark.parametrize(("field", "what"), [
+    ("step", "the Step running"), ("stage", "the Stage running"),
+    ("run_id", "the Run"), ("intent", "the Run's intent"),
+])
+def test_a_step_assigning_its_contexts_names_is_refused_and_its_errors_still_name_it(
+        tmp_path: Path, field: str, what: str) -> None:
+    """ctx.step = "other" was taken: the Step's later errors named Step 'other'."""
+    refused: list[IntloomError] = []
+    wf = intloom.Workflow("fixed", version="1")
+    st = wf.stage("s")
+
+    @st.step("a", routes={"ok": intloom.COMPLETE})
+    def a(ctx: intloom.StepContext[None]) -> str:
+        try:
+            setattr(ctx, field, "other")
+        except IntloomError as exc:
+            refused.append(exc)
+        assert getattr(ctx, field) != "other"
+        ctx.state = 5  # type: ignore[assignment]  # an error that names the Step
+        return "ok"
+
+    view = _settle(tmp_path, wf)
+    assert len(refused) == 1 and refused[0].code == "STEP_INTERACTION_INVALID"
+    assert refused[0].message.startswith(
+        f"Stage 's', Step 'a' assigned ctx.{field}, which is read-only: it is {what}"), \
+        refused[0].message
+    assert view.status == "failed" and view.last_error is not None
+    assert view.last_error.code == "STAGE_STATE_INVALID"
+    assert view.last_error.message.startswith("Stage 's', Step 'a' assigned ctx.state a int, "
+                                              "but Stage 's' has no State"), \
+        view.last_error.message
