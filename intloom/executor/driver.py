@@ -2048,7 +2048,9 @@ class Driver:
                 if ctx._calls is not None:
                     await _left_behind(ctx, step, exc)
                 raise
-            except (SystemExit, KeyboardInterrupt, GeneratorExit) as exc:
+            except (SystemExit, KeyboardInterrupt, GeneratorExit, BaseExceptionGroup) as exc:
+                # A group holding an exit (an async Step's TaskGroup) escaped to _drive and left
+                # the Run running for ever; an ExceptionGroup here is named as an Exception.
                 if ctx._calls is not None:
                     await _left_behind(ctx, step, exc)
                 raise _user_failed(step.where, _contained(exc)) from None
