@@ -702,19 +702,10 @@ def _log_tail(logs: Path) -> tuple[str, bytes] | None:
         return None
     if not names:
         return None
-    try:
-        fd = os.open(logs / names[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        with open(fd, "rb") as fh:
-            st = os.fstat(fh.fileno())
-            if not stat.S_ISREG(st.st_mode):
-                return None
-            fh.seek(max(0, st.st_size - _LOG_TAIL))
-            return names[-1], fh.read(_LOG_TAIL)
-    except OSError:
-        return None
+    from intloom.client.hostlog import read_log
+
+    data = read_log(logs / names[-1], _LOG_TAIL, tail=True)
+    return None if data is None else (names[-1], data)
 
 
 def _compaction_check(paths: ProjectPaths) -> Check | None:
