@@ -27,11 +27,10 @@ from tests.integration.host_support import hello_frame, reply, start
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture
-def small_disk() -> Iterator[Path]:
-    """A 2 MiB tmpfs, unmounted at teardown whatever happened."""
-    mount = Path(tempfile.mkdtemp(prefix="intloom-fulldisk-"))
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)],
+def _tmpfs(prefix: str, options: str) -> Iterator[Path]:
+    """A tmpfs mounted with ``options``, unmounted at teardown whatever happened."""
+    mount = Path(tempfile.mkdtemp(prefix=prefix))
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount)],
                           capture_output=True, text=True)
     if made.returncode != 0:
         mount.rmdir()
@@ -47,21 +46,15 @@ def small_disk() -> Iterator[Path]:
 
 
 @pytest.fixture
+def small_disk() -> Iterator[Path]:
+    """A 2 MiB tmpfs."""
+    yield from _tmpfs("intloom-fulldisk-", "size=2m")
+
+
+@pytest.fixture
 def few_inodes() -> Iterator[Path]:
-    """A tmpfs with blocks to spare and 40 inodes, unmounted at teardown whatever happened."""
-    mount = Path(tempfile.mkdtemp(prefix="intloom-inodes-"))
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m,nr_inodes=40", "tmpfs",
-                           str(mount)], capture_output=True, text=True)
-    if made.returncode != 0:
-        mount.rmdir()
-        pytest.skip(f"a real full disk needs a tmpfs mount, and mount was refused "
-                    f"({made.stderr.strip() or made.returncode}): run as root to test it")
-    try:
-        yield mount
-    finally:
-        if subprocess.run(["umount", str(mount)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(mount)], capture_output=True)
-        mount.rmdir()
+    """A tmpfs with blocks to spare and 40 inodes."""
+    yield from _tmpfs("intloom-inodes-", "size=2m,nr_inodes=40")
 
 
 @pytest.fixture
