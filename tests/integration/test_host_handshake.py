@@ -37,6 +37,18 @@ from tests.integration.host_support import (
 )
 
 
+def _greeted(project: Project, port: int, n: int) -> list[socket.socket]:
+    """``n`` connections that said hello with the project's token and were greeted: each
+    holds one of the host's connection slots until closed."""
+    greeted = []
+    for _ in range(n):
+        sock = raw(port)
+        greeted.append(sock)
+        sock.sendall(hello_frame(token_of(project)))
+        assert isinstance(reply(sock), HelloOk)
+    return greeted
+
+
 def test_hello_ok_matches_service_json(project: Project) -> None:
     service = start(project).service
     with Client.connect(project.root) as client:
@@ -292,20 +304,12 @@ def test_connection_cap_refuses_the_extra_connection(
     service = start(project).service
     held: list[socket.socket] = []
     try:
-        for _ in range(3):
-            sock = raw(service.port)
-            sock.sendall(hello_frame(token_of(project)))
-            assert isinstance(reply(sock), HelloOk)
-            held.append(sock)
+        held.extend(_greeted(project, service.port, 3))
         # Past the cap, a connection is served a status or a stop only.
         with Client.connect(project.root) as client, pytest.raises(IntloomError) as refused:
             client.runs()
         assert refused.value.code == "BUSY"
-        for _ in range(CONTROL_SLOTS):
-            sock = raw(service.port)
-            sock.sendall(hello_frame(token_of(project)))
-            assert isinstance(reply(sock), HelloOk)
-            held.append(sock)
+        held.extend(_greeted(project, service.port, CONTROL_SLOTS))
         # Past those, the hello itself is refused.
         with pytest.raises(IntloomError) as refused:
             Client.connect(project.root)
@@ -329,11 +333,7 @@ def test_stop_and_status_still_work_when_the_connection_cap_is_reached(
     service = start(project).service
     held: list[socket.socket] = []
     try:
-        for _ in range(3):
-            sock = raw(service.port)
-            sock.sendall(hello_frame(token_of(project)))
-            assert isinstance(reply(sock), HelloOk)
-            held.append(sock)
+        held.extend(_greeted(project, service.port, 3))
         status = project.cli("status", "--json")
         assert status.code == 0, (status.stdout, status.stderr)
         assert status.json.get("service", {}).get("instanceId") == service.instance_id, (
@@ -363,11 +363,7 @@ def test_a_stop_refused_at_the_connection_cap_says_how_to_stop_the_host(
     service = start(project).service
     held: list[socket.socket] = []
     try:
-        for _ in range(1 + CONTROL_SLOTS):
-            sock = raw(service.port)
-            sock.sendall(hello_frame(token_of(project)))
-            assert isinstance(reply(sock), HelloOk)
-            held.append(sock)
+        held.extend(_greeted(project, service.port, 1 + CONTROL_SLOTS))
         stopped = project.cli("stop", "--json")
     finally:
         for sock in held:
@@ -389,11 +385,7 @@ def test_control_slots_held_by_silent_peers_free_up_for_a_stop_within_seconds(
     service = start(project).service
     held: list[socket.socket] = []
     try:
-        for _ in range(1 + CONTROL_SLOTS):
-            sock = raw(service.port)
-            sock.sendall(hello_frame(token_of(project)))
-            assert isinstance(reply(sock), HelloOk)
-            held.append(sock)
+        held.extend(_greeted(project, service.port, 1 + CONTROL_SLOTS))
         # The silent control connections are closed by the host, well before the hello
         # timeout; the one inside the cap stays (it is idle, not past the cap).
         for sock in held[1:]:
@@ -422,11 +414,7 @@ def test_connections_refused_at_the_cap_are_logged_once_with_a_count(
     service = start(project).service
     held: list[socket.socket] = []
     try:
-        for _ in range(1 + CONTROL_SLOTS):
-            sock = raw(service.port)
-            sock.sendall(hello_frame(token_of(project)))
-            assert isinstance(reply(sock), HelloOk)
-            held.append(sock)
+        held.extend(_greeted(project, service.port, 1 + CONTROL_SLOTS))
         for _ in range(30):
             with raw(service.port) as sock:
                 assert error_code(reply(sock)) == "BUSY"
