@@ -103,3 +103,21 @@ def test_a_start_that_reaches_the_file_size_limit_names_it(project: Project) -> 
     assert f"ulimit -f is {limit} bytes" in error["message"], error
     assert "disk full" not in error["message"] and "Free disk space" not in error["message"]
     assert not (project.state / "service.lock").exists()
+
+
+def test_a_journal_out_of_descriptors_names_the_limit_not_the_disk(project: Project) -> None:
+    """With 15 to 17 descriptors the host's metadata fits but its journal's directory or
+    first segment does not: STORAGE_ERROR said "check the disk and its directory"."""
+    storage: dict[int, str] = {}
+    for limit in (15, 16, 17):
+        result = _start_limited(project, limit)
+        if result.returncode == 0:
+            _stop_started(project)
+            continue
+        error = json.loads(result.stdout)["error"]
+        if error["code"] == "STORAGE_ERROR":
+            storage[limit] = error["message"]
+    assert storage, "no start failed in the journal: the limits no longer reach it"
+    for limit, message in storage.items():
+        assert "Too many open files" in message, (limit, message)
+        assert "ulimit -n" in message and "check the disk" not in message, (limit, message)
