@@ -37,7 +37,7 @@ except ImportError:  # typer releases that still delegate to click
         NoSuchOption,
     )
 
-__all__ = ["COMMANDS", "RICH_HELP_COLUMNS", "build_app", "main"]
+__all__ = ["COMMANDS", "HELP", "RICH_HELP_COLUMNS", "build_app", "main"]
 
 # command -> (module under intloom.cli.commands, function). Order is the order of --help.
 COMMANDS: Final[dict[str, tuple[str, str]]] = {
@@ -55,6 +55,34 @@ COMMANDS: Final[dict[str, tuple[str, str]]] = {
     "attach": ("attach", "attach"),
     "inspect": ("inspect", "inspect"),
     "logs": ("logs", "logs"),
+}
+# command -> its help. Typer reads a command's docstring, which python -OO (PYTHONOPTIMIZE=2)
+# strips: the help is given explicitly (tests/unit/test_cli_help.py keeps each the same as
+# its command's docstring).
+HELP: Final[dict[str, str]] = {
+    "init": "Scaffold a project: intloom.toml, an example Workflow and a .gitignore.",
+    "start": "Start the project's host (or reuse the one running) and restore its Runs.",
+    "stop": "Ask the running host to stop, once, and wait until it has released its files.",
+    "status": "Say whether the host is running, offline, or what blocks it. Exits 0 when "
+              "diagnosable.",
+    "doctor": "Check configuration, owners, Workflows and every journal; preview each "
+              "restart.\n\nExit 0 healthy, 3 when something needs attention, 4 when blocked.",
+    "recover": "Remove stale service files (service.json, service.lock) once their owner is "
+               "gone.",
+    "flow": "Create a Run and wait for its first question, confirmation or end.\n\nExit 0 "
+            "when it waits or completes, 1 when it fails.",
+    "flows": "List the Workflows the host loaded, with their identity and readiness.",
+    "runs": "List the Runs of the current host (new ones and restored unfinished ones).",
+    "answer": "Answer a pending question or confirmation, then wait for the next stable "
+              "state.\n\nExit 0 unless the Run then fails.",
+    "cancel": "Stop a Run for good (failed/RUN_STOPPED). Repeating it returns the same "
+              "snapshot.",
+    "attach": "Show a Run's history and live events; on a terminal, answer what it asks."
+              "\n\nCtrl-C detaches and leaves the Run as it is. Exit 0 when it completes or "
+              "still waits,\n1 when it fails or was stopped.",
+    "inspect": "Show a Run's journal, phase by phase, with verification results. Works "
+               "offline.",
+    "logs": "Show the host log (structured), optionally for one Run. Works offline.",
 }
 # Options of the root that take a value: the token after them is not a command name.
 _VALUE_OPTIONS: Final = frozenset({"--project"})
@@ -152,7 +180,7 @@ def build_app(only: str | None = None) -> typer.Typer:
     for name, (module, function) in COMMANDS.items():
         if only is None or name == only:
             command = getattr(import_module(f"intloom.cli.commands.{module}"), function)
-            app.command(name, cls=_Command)(command)
+            app.command(name, cls=_Command, help=HELP[name])(command)
     return app
 
 
