@@ -6,11 +6,11 @@ load Workflows, open the store, restore every Run -> listen on 127.0.0.1 -> writ
 ``connection.json`` (only when missing or its port changed) -> write ``service.json`` last ->
 report ready to the launcher.
 
-Shutdown order (a Stop request or SIGTERM/SIGINT/SIGHUP): refuse new work -> suspend Runs at
-their boundaries (checkpoints kept) -> close connections and the listener -> close the store ->
-``log_closed`` and seal the log -> remove our ``service.json`` and ``service.lock``. A second
-signal cuts the graceful waits short. An unexpected exception is fatal: it is logged as
-``process_failed`` and the files are left exactly as a crash would leave them.
+Shutdown order (a Stop request or SIGTERM/SIGINT/SIGHUP/SIGQUIT): refuse new work -> suspend
+Runs at their boundaries (checkpoints kept) -> close connections and the listener -> close the
+store -> ``log_closed`` and seal the log -> remove our ``service.json`` and ``service.lock``.
+A second signal cuts the graceful waits short. An unexpected exception is fatal: it is logged
+as ``process_failed`` and the files are left exactly as a crash would leave them.
 """
 
 from __future__ import annotations
@@ -63,10 +63,15 @@ from intloom.store.files import ensure_dir, lock_dir
 
 __all__ = ["Host", "HostOptions"]
 
-_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# SIGQUIT (Ctrl-\) is a stop too, as it is for nginx and gunicorn: its default action dumped
+# core and left the service files stale; the Python and JVM habit of a thread dump would
+# leave a user who meant "quit" with a host still serving.
+_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 # Signals the host has no use for, whose default action ends a process: a log rotation
-# tool's ``kill -USR1`` ended the host without a word and left its service files stale.
-_IGNORED: Final = (signal.SIGUSR1, signal.SIGUSR2)
+# tool's ``kill -USR1`` (or a stray timer's SIGALRM, SIGVTALRM or SIGPROF) ended the host
+# without a word and left its service files stale.
+_IGNORED: Final = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM, signal.SIGVTALRM,
+                   signal.SIGPROF)
 # How long a foreground host, once stopped, waits for the default executor's threads.
 _EXECUTOR_WAIT_S: Final = 2.0
 _CUT_LISTED: Final = 50  # Runs named in runs_cut_at_stop; count has them all

@@ -42,9 +42,12 @@ def _sealed(project: Project, log_file: str | None) -> bool:
     return stat.S_IMODE((project.state / "logs" / log_file).stat().st_mode) == 0o400
 
 
-def test_sigterm_is_a_graceful_stop(project: Project) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGQUIT], ids=lambda sig: sig.name)
+def test_sigterm_and_sigquit_are_a_graceful_stop(project: Project, sig: signal.Signals) -> None:
+    """SIGQUIT (Ctrl-\\) too: its default action ended the host without a word and left its
+    service files stale."""
     service = start(project).service
-    os.kill(service.pid, signal.SIGTERM)
+    os.kill(service.pid, sig)
     eventually(lambda: _released(project, service.pid), timeout=10,
                what="the host to release its files")
     events = _events(project, service.log_file)
@@ -358,11 +361,15 @@ def test_a_plain_stop_waits_as_long_as_the_host_says_its_stop_may_take(
             first.join(60)
 
 
+IGNORED = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM, signal.SIGVTALRM, signal.SIGPROF)
+
+
 def test_a_signal_the_host_does_not_use_is_logged_and_ignored(project: Project) -> None:
-    """SIGUSR1 and SIGUSR2 (log rotation tools send them) used to end the host at once, by
-    their default action: no line in its log, its service files left stale, its Runs cut."""
+    """SIGUSR1 and SIGUSR2 (log rotation tools send them), and SIGALRM, SIGVTALRM and SIGPROF
+    (a stray timer), used to end the host at once, by their default action: no line in its
+    log, its service files left stale, its Runs cut."""
     service = start(project).service
-    for sig in (signal.SIGUSR1, signal.SIGUSR2):
+    for sig in IGNORED:
         os.kill(service.pid, sig)
 
     def ignored() -> list[dict[str, Any]] | None:
@@ -371,10 +378,10 @@ def test_a_signal_the_host_does_not_use_is_logged_and_ignored(project: Project) 
                  (project.state / "logs" / service.log_file).read_text().splitlines()]
         found = [e for e in lines if e["event"] == "signal_received"
                  and e.get("action") == "ignore"]
-        return found if len(found) == 2 else None
+        return found if len(found) == len(IGNORED) else None
 
-    seen = eventually(ignored, timeout=10, what="both signals logged as ignored")
-    assert sorted(e["signal"] for e in seen) == ["SIGUSR1", "SIGUSR2"]
+    seen = eventually(ignored, timeout=10, what="every signal logged as ignored")
+    assert sorted(e["signal"] for e in seen) == sorted(sig.name for sig in IGNORED)
     assert pid_alive(service.pid)
     with Client.connect(project.root) as client:
         assert client.status().pid == service.pid
