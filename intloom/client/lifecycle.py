@@ -448,6 +448,33 @@ def _reap_later(proc: subprocess.Popen[bytes]) -> None:
 def _launch(root: Path, *, port: int | None, strict: bool, deadline: float,
             progress: Progress | None,
             slow_import: Callable[[str], None] | None = None) -> ServiceView:
+    children = _report_children()
+    try:
+        return _launch_reported(root, port=port, strict=strict, deadline=deadline,
+                                progress=progress, slow_import=slow_import)
+    finally:
+        if children:
+            signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+
+
+def _report_children() -> bool:
+    """A program that ignores SIGCHLD (inherited across exec) has the kernel reap its
+    children: the host's exit status was lost, and a host killed while it started was said
+    to have "exited with status 0". SIGCHLD gets its default action while the start waits
+    for the host (restored after, for a caller running start in its own process). True when
+    it was changed."""
+    if signal.getsignal(signal.SIGCHLD) != signal.SIG_IGN:
+        return False
+    try:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    except ValueError:  # not the main thread: _died_starting says the status is unknown
+        return False
+    return True
+
+
+def _launch_reported(root: Path, *, port: int | None, strict: bool, deadline: float,
+                     progress: Progress | None,
+                     slow_import: Callable[[str], None] | None) -> ServiceView:
     read_fd, write_fd = os.pipe()
     try:
         proc = subprocess.Popen(
@@ -606,7 +633,11 @@ def _died_starting(proc: subprocess.Popen[bytes],
         # _launch stops it next (_stop_child): say what it did, not that it still runs.
         how = "closed its readiness pipe without a word (it is being stopped)"
     else:
-        if code >= 0:
+        if signal.getsignal(signal.SIGCHLD) == signal.SIG_IGN:
+            # The kernel reaped it (_report_children could not reset SIGCHLD off the main
+            # thread): wait() says 0 whatever ended it.
+            how = "exited (how is unknown: this process ignores SIGCHLD)"
+        elif code >= 0:
             how = f"exited with status {code}"
         else:
             try:

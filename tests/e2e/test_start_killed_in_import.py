@@ -409,3 +409,47 @@ def test_a_start_sent_sigterm_while_it_waits_stops_the_host_it_launched(slow: Pr
     eventually(lambda: not pid_alive(host), timeout=10, what=f"the host (pid {host}) to exit")
     assert not (slow.state / "service.lock").exists()
     assert not (slow.state / "service.json").exists()
+
+
+def _sigchld_ignored() -> None:
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # inherited across exec, as from a wrapper
+
+
+def test_a_start_whose_caller_ignores_sigchld_says_how_its_host_died(slow: Project) -> None:
+    """A program that ignores SIGCHLD ran ``intloom start``: the kernel reaped the host it
+    launched, so a host killed while it imported was said to have "exited with status 0"."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "intloom", "--project", str(slow.root), "start", "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "NO_COLOR": "1"}, preexec_fn=_sigchld_ignored)
+    slow.pids.add(proc.pid)
+    try:
+        eventually((slow.root / "importing").exists, timeout=20, what="the import to start")
+        host = json.loads((slow.state / "service.lock").read_text())["pid"]
+        slow.pids.add(host)
+        os.kill(host, signal.SIGKILL)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    assert proc.returncode == 1, (proc.returncode, out, err)
+    error = json.loads(out)["error"]
+    assert error["code"] == "CLI_SERVICE_UNAVAILABLE", error
+    assert f"the host (pid {host}) was killed by SIGKILL" in error["message"], error
+
+
+def test_a_start_whose_caller_ignores_sigchld_gives_its_hosts_exit_status(
+        tmp_path: Path) -> None:
+    project = one_source_project(tmp_path, "dies", "import os\nos._exit(3)\n")
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "intloom", "--project", str(project.root), "start",
+             "--json"], capture_output=True, text=True, timeout=60,
+            env={**os.environ, "NO_COLOR": "1"}, preexec_fn=_sigchld_ignored)
+    finally:
+        project.track_host()
+        project.reap()
+    assert result.returncode == 1, result
+    error = json.loads(result.stdout)["error"]
+    assert "exited with status 3" in error["message"], error
