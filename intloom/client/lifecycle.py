@@ -45,6 +45,7 @@ from intloom.host.metadata import (
     read_lock,
     read_service,
 )
+from intloom.host.signals import HANDLED
 from intloom.project import CONFIG_NAME, ProjectPaths
 from intloom.protocol.messages import ServiceView
 
@@ -476,6 +477,10 @@ def _launch_reported(root: Path, *, port: int | None, strict: bool, deadline: fl
                      progress: Progress | None,
                      slow_import: Callable[[str], None] | None) -> ServiceView:
     read_fd, write_fd = os.pipe()
+    # The host inherits the blocked mask across fork and exec and unblocks these once it
+    # handles them: a kill -TERM in its first moments (before its interpreter had even
+    # loaded) ended it by the default action. Here they wait only for the fork.
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED)
     try:
         proc = subprocess.Popen(
             _host_command(root, port, strict, write_fd),
@@ -489,6 +494,7 @@ def _launch_reported(root: Path, *, port: int | None, strict: bool, deadline: fl
             f"Could not launch the project host ({exc.strerror or exc}).",
         ) from None
     finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
         os.close(write_fd)  # only the child holds the write end now: EOF means it is gone
     importing = _Importing()
     caught = _catch_sigterm()
@@ -556,10 +562,12 @@ class _Importing:
     source: str | None = None
     since: float = 0.0
     told: bool = False
+    locking: bool = False  # the host said it takes service.lock: before, it wrote nothing
 
     def seen(self, message: dict[str, Any]) -> None:
         step = message.get("step")
         source = message.get("source")
+        self.locking = self.locking or step == "locking"
         if step == "importing" and isinstance(source, str):
             self.source, self.since, self.told = _printable(source), time.monotonic(), False
         elif step is not None:
@@ -644,6 +652,15 @@ def _died_starting(proc: subprocess.Popen[bytes],
                 how = f"was killed by {signal.Signals(-code).name}"
             except ValueError:  # a real-time signal has no name of its own
                 how = f"was killed by signal {-code}"
+    if importing is not None and not importing.locking:
+        # Killed before its handlers were in place (a kill -TERM in its first moments):
+        # neither a log nor a lock to send the user to.
+        return IntloomError(
+            "CLI_SERVICE_UNAVAILABLE",
+            f"The service exited during initialization: the host (pid {proc.pid}) {how} "
+            "before it took service.lock or opened a log, so it left nothing behind. Run "
+            "intloom start again.",
+        )
     return IntloomError(
         "CLI_SERVICE_UNAVAILABLE",
         f"The service exited during initialization: the host (pid {proc.pid}) {how} before "

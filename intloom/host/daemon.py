@@ -47,6 +47,7 @@ from intloom.host.ownership import Ownership, new_token
 from intloom.host.portholder import describe, listeners
 from intloom.host.readiness import ReadyChannel
 from intloom.host.server import Limits, Server, bind_port, descriptors, descriptors_fix
+from intloom.host.signals import IGNORED, STOPS
 from intloom.project import ProjectPaths, load_config, require_short_path
 from intloom.protocol.messages import (
     FEATURES,
@@ -63,15 +64,8 @@ from intloom.store.files import ensure_dir, lock_dir
 
 __all__ = ["Host", "HostOptions"]
 
-# SIGQUIT (Ctrl-\) is a stop too, as it is for nginx and gunicorn: its default action dumped
-# core and left the service files stale; the Python and JVM habit of a thread dump would
-# leave a user who meant "quit" with a host still serving.
-_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
-# Signals the host has no use for, whose default action ends a process: a log rotation
-# tool's ``kill -USR1`` (or a stray timer's SIGALRM, SIGVTALRM or SIGPROF) ended the host
-# without a word and left its service files stale.
-_IGNORED: Final = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM, signal.SIGVTALRM,
-                   signal.SIGPROF)
+_SIGNALS: Final = STOPS
+_IGNORED: Final = IGNORED
 # How long a foreground host, once stopped, waits for the default executor's threads.
 _EXECUTOR_WAIT_S: Final = 2.0
 _CUT_LISTED: Final = 50  # Runs named in runs_cut_at_stop; count has them all
@@ -349,6 +343,13 @@ class Host:
         try:
             try:
                 with self._noting():
+                    # A blocked signal mask survives fork and exec: a host launched by a
+                    # program that blocks them (a supervisor, a thread that spawns) left every
+                    # kill -TERM pending; __main__ blocks them until now itself. Unblocked
+                    # only once _noting is in place: a stop that came while they were
+                    # blocked is then noted, and stops the start instead of its first serve.
+                    if installed:
+                        signal.pthread_sigmask(signal.SIG_UNBLOCK, installed)
                     await self.startup()
                 if self._stop.is_set() or self.too_late or self._noted is not None:
                     raise _Abort(IntloomError(
@@ -393,10 +394,6 @@ class Host:
             except (ValueError, RuntimeError):  # not the main thread: the caller owns signals
                 continue
             installed.append(sig)
-        # A blocked signal mask survives fork and exec: a host launched by a program that
-        # blocks them (a supervisor, a thread that spawns) left every kill -TERM pending.
-        if installed:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, installed)
         return installed
 
     @contextlib.contextmanager

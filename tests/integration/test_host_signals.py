@@ -12,6 +12,7 @@ import sys
 import textwrap
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -474,3 +475,46 @@ def test_a_command_to_a_host_stopped_by_sigstop_says_so_and_how_to_resume_it(
     assert f"kill -CONT {pid}" in error["message"], error
     with Client.connect(project.root) as client:  # resumed, it answers again
         assert client.status().pid == pid
+
+
+def _start_with_site(project: Project, tmp_path: Path, site: str) -> dict[str, Any]:
+    """``intloom start`` whose host runs ``site`` (a sitecustomize on PYTHONPATH, which the
+    host inherits) as its interpreter starts: before any line of intloom."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(
+        "import os, signal, sys\n"
+        "if 'intloom.host' in sys.orig_argv:\n"
+        f"    {site}\n")
+    env = {**os.environ, "NO_COLOR": "1",
+           "PYTHONPATH": os.pathsep.join((str(tmp_path / "site"), str(REPO)))}
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "intloom", "--project", str(project.root), "start",
+             "--json"], capture_output=True, text=True, timeout=60, env=env)
+    finally:
+        project.track_host()
+    assert result.returncode == 1, result
+    error: dict[str, Any] = json.loads(result.stdout)["error"]
+    return error
+
+
+def test_a_sigterm_in_the_hosts_first_moments_stops_its_start(
+        project: Project, tmp_path: Path) -> None:
+    """Before the host installed its handlers (~0.2 s of imports), SIGTERM ended it by its
+    default action; once unblocked, it was heard only after the host had reported ready."""
+    error = _start_with_site(project, tmp_path, "os.kill(os.getpid(), signal.SIGTERM)")
+    assert error["code"] == "CLI_SERVICE_CLOSING", error
+    assert "asked to stop (SIGTERM)" in error["message"], error
+    assert not (project.state / "service.lock").exists()
+    assert not (project.state / "service.json").exists()
+
+
+def test_a_host_killed_before_it_took_its_lock_is_said_to_leave_nothing(
+        project: Project, tmp_path: Path) -> None:
+    """The start sent the user to a log and a stale service.lock that did not exist."""
+    error = _start_with_site(project, tmp_path, "os.kill(os.getpid(), signal.SIGKILL)")
+    assert error["code"] == "CLI_SERVICE_UNAVAILABLE", error
+    assert "was killed by SIGKILL before it took service.lock or opened a log" in \
+        error["message"], error
+    assert "intloom recover" not in error["message"], error
+    assert not (project.state / "service.lock").exists()

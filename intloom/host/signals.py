@@ -1,0 +1,21 @@
+"""The signals the host handles, for whoever must hold them off until it does (its
+``__main__`` and the launcher): imports nothing else, so it is in place in the host's first
+moments."""
+
+from __future__ import annotations
+
+import signal
+from typing import Final
+
+__all__ = ["HANDLED", "IGNORED", "STOPS"]
+
+# SIGQUIT (Ctrl-\) is a stop too, as it is for nginx and gunicorn: its default action dumped
+# core and left the service files stale; the Python and JVM habit of a thread dump would
+# leave a user who meant "quit" with a host still serving.
+STOPS: Final = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+# Signals the host has no use for, whose default action ends a process: a log rotation
+# tool's ``kill -USR1`` (or a stray timer's SIGALRM, SIGVTALRM or SIGPROF) ended the host
+# without a word and left its service files stale.
+IGNORED: Final = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM, signal.SIGVTALRM,
+                  signal.SIGPROF)
+HANDLED: Final = frozenset((*STOPS, *IGNORED))
