@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import errno
 import resource
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
@@ -208,7 +209,9 @@ def _as_a_script_imports() -> Iterator[None]:
     itself up on ``asyncio.get_event_loop()`` (``run_until_complete``, the older idiom) got
     the running host loop, "This event loop is already running", and a task it created there
     would have run inside the host. It gets a loop of its own, as a script's first
-    ``get_event_loop()`` makes; that loop is left open, since the module may keep it.
+    ``get_event_loop()`` makes; that loop is left open when a module kept it (or something on
+    it), and closed otherwise: unclosed, its collection said "ResourceWarning: unclosed event
+    loop" under python -X dev (PYTHONDEVMODE=1).
     """
     try:
         running = asyncio.get_running_loop()
@@ -220,11 +223,17 @@ def _as_a_script_imports() -> Iterator[None]:
     fresh = asyncio.new_event_loop()
     asyncio._set_running_loop(None)
     asyncio.set_event_loop(fresh)
+    # The references to it now: the thread's (set_event_loop), its own (its self-pipe's
+    # reader) and ours. Any more after the imports are a module's (a global, a task or a
+    # callback scheduled on it), and then it stays open.
+    own = sys.getrefcount(fresh)
     try:
         yield
     finally:
         asyncio._set_running_loop(running)
         asyncio.set_event_loop(running)
+        if sys.getrefcount(fresh) < own and not fresh.is_running():
+            fresh.close()
 
 
 def boot(

@@ -21,10 +21,11 @@ import resource
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from tests.helpers import Project, eventually, pid_alive
+from tests.helpers import Project, eventually, one_source_project, pid_alive
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -105,18 +106,42 @@ def test_a_start_that_reaches_the_file_size_limit_names_it(project: Project) -> 
     assert not (project.state / "service.lock").exists()
 
 
-def test_a_journal_out_of_descriptors_names_the_limit_not_the_disk(project: Project) -> None:
-    """With 15 to 17 descriptors the host's metadata fits but its journal's directory or
-    first segment does not: STORAGE_ERROR said "check the disk and its directory"."""
+HOLDS_FILES = '''
+import asyncio
+
+import intloom
+
+# A loop of its own that the Workflow keeps (the host leaves it open): its descriptors stay
+# taken when the store opens the journal.
+_LOOP = asyncio.get_event_loop()
+
+wf = intloom.Workflow("holds", version="1")
+st = wf.stage("s")
+
+
+@st.step("a", routes={"ok": intloom.COMPLETE})
+def a(ctx: intloom.StepContext[None]) -> str:
+    return "ok"
+'''
+
+
+def test_a_journal_out_of_descriptors_names_the_limit_not_the_disk(tmp_path: Path) -> None:
+    """With the descriptors left for the journal's directory or first segment but not for
+    both, STORAGE_ERROR said "check the disk and its directory"."""
+    project = one_source_project(tmp_path, "holds", HOLDS_FILES)
     storage: dict[int, str] = {}
-    for limit in (15, 16, 17):
-        result = _start_limited(project, limit)
-        if result.returncode == 0:
-            _stop_started(project)
-            continue
-        error = json.loads(result.stdout)["error"]
-        if error["code"] == "STORAGE_ERROR":
-            storage[limit] = error["message"]
+    try:
+        for limit in range(14, 20):
+            result = _start_limited(project, limit)
+            if result.returncode == 0:
+                _stop_started(project)
+                continue
+            error = json.loads(result.stdout)["error"]
+            if error["code"] == "STORAGE_ERROR":
+                storage[limit] = error["message"]
+    finally:
+        project.track_host()
+        project.reap()
     assert storage, "no start failed in the journal: the limits no longer reach it"
     for limit, message in storage.items():
         assert "Too many open files" in message, (limit, message)
