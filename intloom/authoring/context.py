@@ -106,6 +106,7 @@ class StepContext(Generic[S]):
 
     @property
     def run_id(self) -> str:
+        """The Run's id (read-only)."""
         return self._run_id
 
     @run_id.setter
@@ -114,6 +115,7 @@ class StepContext(Generic[S]):
 
     @property
     def intent(self) -> str:
+        """The intent the Run was created with (read-only)."""
         return self._intent
 
     @intent.setter
@@ -122,6 +124,7 @@ class StepContext(Generic[S]):
 
     @property
     def stage(self) -> str:
+        """The Stage running (read-only)."""
         return self._stage
 
     @stage.setter
@@ -130,6 +133,7 @@ class StepContext(Generic[S]):
 
     @property
     def step(self) -> str | None:
+        """The Step running; None in a Stage initialiser (read-only)."""
         return self._step
 
     @step.setter
