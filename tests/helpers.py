@@ -277,3 +277,22 @@ def junk_listener(port: int, reply: bytes) -> Iterator[None]:
         sock.close()
         thread.join(timeout=5)
         assert not thread.is_alive()
+
+
+def run_mypy(args: list[str]) -> tuple[str, str, int]:
+    """``mypy.api.run(args)`` in this process, which it leaves as it found it: mypy raises
+    the recursion limit for itself (to 16,384), and a test run after it in the same worker
+    then saw a value 5,000 levels deep encode where it raised RecursionError; it also sets
+    the cyclic collector's thresholds for itself."""
+    import gc
+
+    from mypy import api
+
+    limit, thresholds, collecting = sys.getrecursionlimit(), gc.get_threshold(), gc.isenabled()
+    try:
+        return api.run(args)
+    finally:
+        sys.setrecursionlimit(limit)
+        gc.set_threshold(*thresholds)
+        if collecting:
+            gc.enable()

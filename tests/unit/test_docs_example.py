@@ -9,11 +9,9 @@ import sys
 import textwrap
 from pathlib import Path
 
-from mypy import api
-
 from intloom.authoring.loader import LoadedWorkflow
 from intloom.executor.runtime import Runtime
-from tests.helpers import REPO
+from tests.helpers import REPO, run_mypy
 from tests.unit.memjournal import MemoryJournal
 
 
@@ -68,6 +66,6 @@ def test_every_python_example_in_the_docs_type_checks(tmp_path: Path) -> None:
     # intloom from the repository: the test venv's editable install is an import hook, which
     # mypy does not follow.
     (tmp_path / "mypy.ini").write_text(f"[mypy]\nmypy_path = {REPO}\n")
-    out, err, status = api.run(["--strict", "--config-file", str(tmp_path / "mypy.ini"),
+    out, err, status = run_mypy(["--strict", "--config-file", str(tmp_path / "mypy.ini"),
                                 "--cache-dir", str(tmp_path / "cache"), *files])
     assert status == 0, out + err

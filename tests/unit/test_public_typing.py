@@ -8,9 +8,7 @@ import re
 import textwrap
 from pathlib import Path
 
-from mypy import api
-
-from tests.helpers import REPO
+from tests.helpers import REPO, run_mypy
 
 _GOOD = '''
 from __future__ import annotations
@@ -167,7 +165,7 @@ def _mypy(tmp_path: Path, source: str) -> tuple[str, int, str]:
     install is an import hook, which mypy does not follow)."""
     (tmp_path / "user_wf.py").write_text(textwrap.dedent(source))
     (tmp_path / "mypy.ini").write_text(f"[mypy]\nmypy_path = {REPO}\n")
-    out, err, status = api.run([
+    out, err, status = run_mypy([
         "--strict", "--config-file", str(tmp_path / "mypy.ini"),
         "--cache-dir", str(tmp_path / "cache"), "--no-error-summary",
         str(tmp_path / "user_wf.py"),
