@@ -335,7 +335,12 @@ def test_ctrl_c_while_flow_waits_says_the_run_goes_on(proj: Project) -> None:
     hold.unlink()
 
 
-def test_ctrl_c_while_answer_waits_names_the_run_to_attach(proj: Project) -> None:
+@pytest.mark.parametrize(("sig", "code", "said"), [
+    (signal.SIGINT, exit_codes.INTERRUPTED, ""),
+    (signal.SIGTERM, exit_codes.TERMINATED, "Stopped waiting (SIGTERM). "),
+])
+def test_ctrl_c_or_sigterm_while_answer_waits_names_the_run_to_attach(
+        proj: Project, sig: signal.Signals, code: int, said: str) -> None:
     ok(proj.cli("start", "--json"))
     run = ok(proj.cli("flow", "reference", "--intent", "x", "--json"))["run"]
     assert run["status"] == "waiting", run
@@ -348,10 +353,11 @@ def test_ctrl_c_while_answer_waits_names_the_run_to_attach(proj: Project) -> Non
     with cli_child(proj, "answer", run_id, action, '{"isConfirmed": false}') as proc:
         eventually((gates / "step:fetch.entered").exists, timeout=15, what="the Step held")
         eventually(lambda: connected(proc, port), timeout=20, what="answer to wait")
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         out, err = proc.communicate(timeout=20)
-    assert proc.returncode == exit_codes.INTERRUPTED, (out, err)
+    assert proc.returncode == code, (out, err)
     assert out == ""
+    assert err.startswith(said), err
     # --project, from a working directory outside the project: the command reaches it.
     assert f"intloom --project {shlex.quote(str(proj.root))} attach {run_id}" in err, err
     hold.unlink()
@@ -418,28 +424,6 @@ def test_sigterm_while_flow_waits_says_the_run_goes_on(proj: Project) -> None:
     assert len(err.splitlines()) == 1, err
     [run] = ok(proj.cli("runs", "--json"))["runs"]
     assert run["status"] == "running"
-    hold.unlink()
-
-
-def test_sigterm_while_answer_waits_names_the_run_to_attach(proj: Project) -> None:
-    ok(proj.cli("start", "--json"))
-    run = ok(proj.cli("flow", "reference", "--intent", "x", "--json"))["run"]
-    assert run["status"] == "waiting", run
-    gates = proj.root / "gates"
-    gates.mkdir()
-    hold = gates / "step:fetch.hold"
-    hold.write_text("held")
-    port = host_port(proj)
-    run_id, action = run["runId"], run["pendingAction"]["id"]
-    with cli_child(proj, "answer", run_id, action, '{"isConfirmed": false}') as proc:
-        eventually((gates / "step:fetch.entered").exists, timeout=15, what="the Step held")
-        eventually(lambda: connected(proc, port), timeout=20, what="answer to wait")
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=20)
-    assert proc.returncode == exit_codes.TERMINATED, (out, err)
-    assert out == ""
-    assert err.startswith("Stopped waiting (SIGTERM). "), err
-    assert f"intloom --project {shlex.quote(str(proj.root))} attach {run_id}" in err, err
     hold.unlink()
 
 
