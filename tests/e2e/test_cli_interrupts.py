@@ -311,7 +311,13 @@ def test_ctrl_c_while_the_cli_imports_exits_130_without_a_traceback(
     assert proc.stderr == ("" if json_mode else "Interrupted.\n"), proc.stderr
 
 
-def test_ctrl_c_while_flow_waits_says_the_run_goes_on(proj: Project) -> None:
+@pytest.mark.parametrize(("sig", "code", "said"), [
+    (signal.SIGINT, exit_codes.INTERRUPTED, ""),
+    # SIGTERM (a supervisor, a timeout, kill) ended flow's wait with exit 143 and not a word.
+    (signal.SIGTERM, exit_codes.TERMINATED, "Stopped waiting (SIGTERM). "),
+])
+def test_ctrl_c_or_sigterm_while_flow_waits_says_the_run_goes_on(
+        proj: Project, sig: signal.Signals, code: int, said: str) -> None:
     ok(proj.cli("start", "--json"))
     gates = proj.root / "gates"
     gates.mkdir()
@@ -321,10 +327,11 @@ def test_ctrl_c_while_flow_waits_says_the_run_goes_on(proj: Project) -> None:
     with cli_child(proj, "flow", "reference", "--intent", "wait here") as proc:
         eventually((gates / "step:fetch.entered").exists, timeout=15, what="the Step held")
         eventually(lambda: connected(proc, port), timeout=20, what="flow to wait")
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         out, err = proc.communicate(timeout=20)
-    assert proc.returncode == exit_codes.INTERRUPTED, (out, err)
+    assert proc.returncode == code, (out, err)
     assert out == ""
+    assert err.startswith(said), err
     # Silence left people guessing whether the Run was lost with the command.
     # The CLI ran with --project, from a working directory outside the project.
     assert "goes on in the host" in err, err
@@ -400,31 +407,6 @@ def test_doctor_stuck_importing_a_workflow_says_which_and_ctrl_c_ends_it(
             proc.kill()
         proc.communicate(timeout=10)
         project.reap()
-
-
-def test_sigterm_while_flow_waits_says_the_run_goes_on(proj: Project) -> None:
-    # SIGTERM (a supervisor, a timeout, kill) ended flow's wait with exit 143 and not a word:
-    # the Run goes on in the host, as it does after Ctrl-C, which says so.
-    ok(proj.cli("start", "--json"))
-    gates = proj.root / "gates"
-    gates.mkdir()
-    hold = gates / "step:fetch.hold"
-    hold.write_text("held")
-    port = host_port(proj)
-    with cli_child(proj, "flow", "reference", "--intent", "wait here") as proc:
-        eventually((gates / "step:fetch.entered").exists, timeout=15, what="the Step held")
-        eventually(lambda: connected(proc, port), timeout=20, what="flow to wait")
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=20)
-    assert proc.returncode == exit_codes.TERMINATED, (out, err)
-    assert out == ""
-    assert err.startswith("Stopped waiting (SIGTERM). "), err
-    assert "goes on in the host" in err, err
-    assert f"intloom --project {shlex.quote(str(proj.root))} runs" in err, err
-    assert len(err.splitlines()) == 1, err
-    [run] = ok(proj.cli("runs", "--json"))["runs"]
-    assert run["status"] == "running"
-    hold.unlink()
 
 
 def test_sigterm_detaches_attach_and_exits_143(proj: Project) -> None:
