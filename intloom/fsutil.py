@@ -33,6 +33,7 @@ __all__ = [
     "fsync_dir",
     "hold_temp",
     "injected_write_fault",
+    "limit_fix",
     "no_inode_left",
     "open_exclusive",
     "os_lock",
@@ -375,6 +376,23 @@ def no_inode_left(directory: Path) -> str | None:
     return (f"its file system has no inode left (df -i {shell_arg(directory)} shows 0 "
             "free), whatever free space df shows: remove files there (or give it more "
             "inodes)")
+
+
+def limit_fix(code: int | None) -> str | None:
+    """What to do when a write or a create failed for a limit of the process or the system
+    rather than of the disk (no descriptor left, the file size limit), a sentence without
+    its end; None for any other errno. "Check the disk" sent the user to examine a disk
+    that was fine."""
+    if code == errno.EMFILE:
+        return ("the host ran out of file descriptors (it inherits the ulimit -n of the shell "
+                "that ran intloom start): raise the limit (ulimit -n 1024), then start again")
+    if code == errno.ENFILE:
+        return ("the system's table of open files is full: close programs that hold many "
+                "files, then start again")
+    if code == errno.EFBIG:
+        return ("the host inherits the file size limit (ulimit -f) of the shell that ran "
+                "intloom start: raise it (ulimit -f unlimited), then start again")
+    return None
 
 
 def shell_arg(path: Path | str) -> str:

@@ -24,6 +24,7 @@ from intloom.fsutil import (
     fsync_dir,
     hold_temp,
     injected_write_fault,
+    limit_fix,
     no_inode_left,
     open_exclusive,
     privacy_fix,
@@ -297,17 +298,9 @@ def storage_fix(exc: OSError, path: Path, *, replaced: bool = True) -> str:
         if inodes is not None:
             return f"{inodes[:1].upper()}{inodes[1:]}, then start again."
         return f"Free disk space (or quota) for {directory}, then start again."
-    # No descriptor to open it with is no matter of the disk, which "Check the disk" sent
-    # the user to examine.
-    if exc.errno == errno.EMFILE:
-        return ("The host ran out of file descriptors (it inherits the ulimit -n of the shell "
-                "that ran intloom start): raise the limit (ulimit -n 1024), then start again.")
-    if exc.errno == errno.ENFILE:
-        return ("The system's table of open files is full: close programs that hold many "
-                "files, then start again.")
-    if exc.errno == errno.EFBIG:
-        return ("The host inherits the file size limit (ulimit -f) of the shell that ran "
-                "intloom start: raise it (ulimit -f unlimited), then start again.")
+    limited = limit_fix(exc.errno)  # no descriptor, the file size limit: not the disk
+    if limited is not None:
+        return f"{limited[:1].upper()}{limited[1:]}."
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         refused = write_refusal(path, replaced=replaced)
         if refused is not None:

@@ -24,6 +24,7 @@ from intloom.fsutil import (
     check_private_dir,
     ensure_private_dir,
     fsync_dir,
+    limit_fix,
     no_inode_left,
     open_exclusive,
     privacy_fix,
@@ -158,14 +159,8 @@ def create_failed(path: Path, created: Path, fact: str, exc: OSError) -> Intloom
         # Only a start creates these: it failed, so the user's next step is another one.
         inodes = no_inode_left(path) if exc.errno == errno.ENOSPC else None
         fix = f"{inodes or 'free disk space (or quota) for it'}, then start again"
-    elif exc.errno == errno.EMFILE:
-        # No descriptor left is no matter of the disk, which "check the disk" sent the user
-        # to examine (the same fix metadata.storage_fix gives).
-        fix = ("the host ran out of file descriptors (it inherits the ulimit -n of the shell "
-               "that ran intloom start): raise the limit (ulimit -n 1024), then start again")
-    elif exc.errno == errno.ENFILE:
-        fix = ("the system's table of open files is full: close programs that hold many "
-               "files, then start again")
+    elif exc.errno in (errno.EMFILE, errno.ENFILE):
+        fix = limit_fix(exc.errno) or fix  # no descriptor left: not the disk's
     elif exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         refused = write_refusal(created, replaced=False)
         if refused is not None:
