@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from intloom.runtime.ports import CheckpointFailed
 from intloom.runtime.records import Record
 from intloom.store import FaultPlan, read_runs
 from intloom.store.writer import Store
+from tests.helpers import eventually
 from tests.unit.test_store_support import by_id, open_store, walk
 
 
@@ -208,10 +208,8 @@ def test_a_history_read_begun_before_a_call_never_serves_it(
         store.sync_blocking()  # records 4 and 5 are in the log after that read
         second = threading.Thread(target=lambda: got.update(second=store.history("RUN-A", 5)))
         second.start()
-        deadline = time.monotonic() + 10
-        while store._history_waiting["RUN-A"] < 2:  # the second caller has asked
-            assert time.monotonic() < deadline, "the second history call never asked"
-            time.sleep(0.001)
+        eventually(lambda: store._history_waiting["RUN-A"] >= 2, timeout=10,
+                   what="the second history call to ask")
         go_on.set()
         first.join(timeout=10)
         second.join(timeout=10)
