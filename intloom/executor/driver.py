@@ -15,7 +15,7 @@ import reprlib
 import threading
 import traceback
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator
 from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 import msgspec
@@ -28,6 +28,7 @@ from intloom.authoring.loader import LoadedWorkflow, raised_at
 from intloom.authoring.workflow import AgentStep, Complete, Stage, Step, ToStage
 from intloom.errors import ErrorView, IntloomError, as_call, clip, error_view, message_of
 from intloom.executor import clock
+from intloom.executor.crew import Crews
 from intloom.executor.history import FACTS as _FACTS
 from intloom.executor.history import Entry as _Entry
 from intloom.executor.history import Event as _Event
@@ -35,7 +36,7 @@ from intloom.executor.history import detail as _detail
 from intloom.executor.history import pack, shown, unpack
 from intloom.executor.history import plain_view as _plain_view
 from intloom.executor.updates import RunUpdate
-from intloom.executor.workers import Batch, Inbox, NoThread, Relay, Workers
+from intloom.executor.workers import Inbox, NoThread, Workers
 from intloom.runtime.limits import MAX_EFFECT_ID, MAX_OUTCOME, MAX_RECORD_BYTES
 from intloom.runtime.machine import (
     IllegalTransition,
@@ -94,7 +95,7 @@ _Codec = tuple[Callable[[bytes], Any], "bool | None", "bool | _AnyParts"]
 _CODECS: dict[type, _Codec] = {}
 _QUIET = ("EXECUTION_OWNERSHIP_LOST", "RUN_CHECKPOINT_FAILED")
 # Where the thread driving a Run's sync Steps gave the Run back to the loop (_steps_here).
-_NEXT = "next"  # not a sync Step, or other Runs write too: the loop runs it
+_NEXT = "next"  # not a sync Step: the loop runs it
 _SYNC = "sync"  # the route ended the Run: make it durable
 _BACK = "back"  # a stop, a lost Run or a new Stage: back to _drive
 _AWAIT = "await"  # the sync Step returned an awaitable: the loop awaits it
@@ -1564,15 +1565,6 @@ class _Hooks:
             slot.waiter = None
 
 
-class _NotDurable(Exception):
-    """A sync Step's ``executing`` record was not made durable, or not shown: what stopped
-    ``Driver._durable`` for it (``cause``), to raise in the Run's task instead."""
-
-    def __init__(self, cause: BaseException) -> None:
-        super().__init__(str(cause))
-        self.cause = cause
-
-
 def _close(value: Any) -> None:
     """Release a sync call's result that nobody will await: a coroutine is closed (left to
     the collector, it would warn "never awaited" on a stderr nobody reads)."""
@@ -1611,26 +1603,18 @@ class Driver:
         self.tasks: set[asyncio.Task[None]] = set()
         self.loop_thread = threading.current_thread()
         self.workers = Workers()
-        # Sync Steps are driven on a worker thread, one after another (see _steps_here);
-        # False: every sync Step is a call from the loop (a hand-off there and back).
-        self.steps_on_threads = True
         # The loop Runs are driven on (set by launch): asyncio.get_running_loop() costs a
         # getpid() syscall per call, and the Step path would ask it for every Step.
         self.loop: asyncio.AbstractEventLoop | None = None
         self._inbox: Inbox | None = None
-        # The Inbox of the loop Runs are driven on (set by launch): a Step's task runs on
-        # that loop, so _run_step need not ask which loop runs (``_loop_inbox``, per Step).
-        self._steps_inbox: Inbox | None = None
-        # Starts the sync Steps of Runs driven from that loop, a loop iteration's in one
-        # batch (see Relay).
-        self._relay: Relay | None = None
+        # Drive the sync Steps of Runs on that loop, many Runs per worker thread (see Crews).
+        self._crews: Crews | None = None
 
     def launch(self, slot: RunSlot) -> None:
         self.loop_thread = threading.current_thread()
         loop = self.loop = asyncio.get_running_loop()
-        if self._steps_inbox is None or self._steps_inbox.loop is not loop:
-            self._steps_inbox = Inbox(loop)
-            self._relay = Relay(self._steps_inbox, self.workers, gate=self._durable)
+        if self._crews is None or self._crews.loop is not loop:
+            self._crews = Crews(self.workers, loop, self.rt.sync_crew)
         task = loop.create_task(self._drive(slot))
         slot.task = task
         self.tasks.add(task)
@@ -1658,8 +1642,7 @@ class Driver:
         return await self._call_sync(fn, *args)
 
     def _loop_inbox(self) -> Inbox:
-        """Where worker threads hand results to the running loop (one Inbox per loop;
-        a sync Step's own result goes through ``_steps_inbox``, made by ``launch``)."""
+        """Where worker threads hand results to the running loop (one Inbox per loop)."""
         loop = self.loop
         if loop is None or not loop.is_running():
             loop = asyncio.get_running_loop()
@@ -1687,21 +1670,16 @@ class Driver:
         return result
 
     def _start_sync(self, inbox: Inbox, fn: Callable[..., Any], *args: Any,
-                    gated: tuple[RunSlot, tuple[RunState, int]] | None = None,
                     ) -> asyncio.Future[Any]:
         """``fn(*args)`` started on a worker thread: the future of what it returns or raises,
-        settled through ``inbox`` (the running loop's; ``_call_sync`` awaits the future, a
-        Step's is awaited by ``_run_step`` itself). ``gated`` (a sync Step's Run and its
-        ``mark()`` after ``executing``): started through the Relay, with the other calls of
-        this loop iteration, once that is durable; the future raises ``_NotDurable`` if it
-        is not (see ``_durable``)."""
+        settled through ``inbox`` (the running loop's), for ``_call_sync`` to await."""
         # What loop.create_future() returns, without its Python frame (asyncio's own loop).
         future: asyncio.Future[Any] = _Future(loop=inbox.loop)
 
-        def body(batch: Batch | None = None) -> None:
+        def body() -> None:
             if future.done():
                 # The task awaiting it was cancelled (a cancel, a stop's cut) before a
-                # worker took the call up, or ``_durable`` refused it: it never starts.
+                # worker took the call up: it never starts.
                 return
             try:
                 result = fn(*args)
@@ -1712,76 +1690,12 @@ class Driver:
                     # Naming it failed: the future must still settle, or the Run waits on
                     # it for ever (this thread would end with nothing delivered).
                     contained = failed
-                inbox.put(future, False, contained, None, batch)
+                inbox.put(future, False, contained, None)
                 return
-            inbox.put(future, True, result, _close, batch)
+            inbox.put(future, True, result, _close)
 
-        if gated is None:
-            self.workers.submit(body)
-        else:
-            relay = self._relay
-            assert relay is not None, "a Run is driven only after launch()"
-            relay.submit(body, (gated, future))
+        self.workers.submit(body)
         return future
-
-    def _durable(self, tags: list[Any], go: Callable[[], None]) -> None:
-        """A Relay batch's gate: once the sync Steps' ``executing`` records (and everything
-        else appended so far) are resolved, show each Run durable and ``go``: the Relay
-        starts the Steps.
-
-        One callback for the batch where each Step's task waited for the flush on its own:
-        a task wake-up and a ``sync`` coroutine fewer per sync Step (callgrind, 64 sync
-        Runs: ~18k instructions, 12 %). A Step whose Run a failed write finished
-        (``failure``, as ``sync(run_id)`` asks: that write may have been settled before
-        this batch asked) gets ``_NotDurable`` instead and never starts; so does one whose
-        Run could not be shown. One whose Run was cancelled meanwhile is neither shown nor
-        started, as when its task waited for the flush."""
-        rt = self.rt
-        journal = rt.journal
-
-        def refuse(exc: BaseException) -> None:
-            for _gated, future in tags:
-                if not future.done():
-                    future.set_exception(_NotDurable(exc))
-
-        def durable() -> None:
-            try:
-                for (slot, upto), future in tags:
-                    if future.done():
-                        continue
-                    failed = journal.failure(slot.run_id)
-                    if failed is not None:
-                        future.set_exception(_NotDurable(failed))
-                        continue
-                    try:
-                        rt.show_durable(slot, upto)
-                    except Exception as exc:  # the host's failure: raised in the Run's task
-                        future.set_exception(_NotDurable(exc))
-            except BaseException as exc:
-                refuse(exc)  # nothing starts that was not checked
-                raise
-            finally:
-                try:
-                    go()
-                except BaseException as exc:  # no worker could be started: the Runs fail
-                    refuse(exc)
-                    raise
-
-        try:
-            journal.after_durable(durable)
-        except BaseException as exc:
-            refuse(exc)
-            go()
-            raise
-
-    def _not_durable(self, slot: RunSlot, cause: BaseException) -> NoReturn:
-        """Raise for a sync Step that ``_durable`` refused, as ``_run_step`` does when it
-        waits for the flush itself: a failed write fails the Run (``settle``); anything
-        else is raised as it is, outside the Step's own errors."""
-        if isinstance(cause, CheckpointFailed | OSError):  # as Runtime.sync settles them
-            self.rt.settle(slot, cause)  # raises: only a Run the failure names is given it
-            raise IntloomError("RUN_CHECKPOINT_FAILED") from None
-        raise cause
 
     # ------------------------------------------------------------------ the loop
 
@@ -1976,8 +1890,7 @@ class Driver:
             fn = step.fn
             is_async = _is_async(fn)
             awaiting: Any = None  # what the Step returned, when a thread ran it
-            if (not is_async and step.kind != "agent" and self.steps_on_threads
-                    and rt.journal.alone(slot.run_id)):
+            if not is_async and step.kind != "agent":  # driven by a crew (_steps_here)
                 how, pending = await self._on_thread(slot)
                 if how == _SYNC:
                     await rt.sync(slot)
@@ -1989,24 +1902,18 @@ class Driver:
                         return
                     continue
                 step, ctx, awaiting = pending  # _AWAIT: its outcome is awaited here
-            else:
+            else:  # an async Step, or an Agent Step's task
                 rt.append_boundary(
                     slot, Executing(at=clock.now(), stage=step.stage.name, step=step.name))
-                if is_async or step.kind == "agent":
-                    # rt.sync(slot), without its coroutine: one fewer per Step, and one
-                    # level fewer for every resumption of this task to pass through
-                    # (callgrind, 64 async Runs: ~1.0-1.6k fewer instructions per Step).
-                    try:
-                        upto = slot.mark()
-                        await rt.journal.sync(slot.run_id)
-                        rt.show_durable(slot, upto)
-                    except (CheckpointFailed, OSError) as exc:
-                        rt.settle(slot, exc)
-                else:
-                    # A sync Step: its task does not wait for the flush itself; the Relay
-                    # starts the Step once the flush is done (``_durable``), one wait for
-                    # every Step started in this loop iteration.
+                # rt.sync(slot), without its coroutine: one fewer per Step, and one level
+                # fewer for every resumption of this task to pass through (callgrind, 64
+                # async Runs: ~1.0-1.6k fewer instructions per Step).
+                try:
                     upto = slot.mark()
+                    await rt.journal.sync(slot.run_id)
+                    rt.show_durable(slot, upto)
+                except (CheckpointFailed, OSError) as exc:
+                    rt.settle(slot, exc)
                 ctx = self._ctx(slot, step.name, step.stage)
             if step.kind == "agent":
                 request = await self._user(slot, step.where, step.fn, ctx)
@@ -2025,25 +1932,9 @@ class Driver:
                 return
             try:  # errors converted as _user converts them
                 try:
-                    if awaiting is not None:
-                        outcome = await awaiting
-                    elif is_async:
-                        outcome = await fn(ctx)
-                    else:  # _call_sync's body, without its coroutine: one per sync Step
-                        inbox = self._steps_inbox
-                        assert inbox is not None, "a Run is driven only after launch()"
-                        future = self._start_sync(inbox, fn, ctx, gated=(slot, upto))
-                        try:
-                            outcome = await future
-                        except asyncio.CancelledError:
-                            _let_go_of(future, _close)
-                            raise
-                        if type(outcome) is not str and inspect.isawaitable(outcome):
-                            outcome = await outcome
+                    outcome = await (fn(ctx) if awaiting is None else awaiting)
                 finally:
                     finish(ctx)
-            except _NotDurable as failed:  # its executing record is not durable: never ran
-                self._not_durable(slot, failed.cause)
             except (IntloomError, asyncio.CancelledError) as exc:
                 if ctx._calls is not None:
                     await _left_behind(ctx, step, exc)
@@ -2070,23 +1961,22 @@ class Driver:
                 return
 
     async def _on_thread(self, slot: RunSlot) -> tuple[str, Any]:
-        """Drive the Run's sync Steps on a worker thread (``_steps_here``) until it gives
-        the Run back; a failed checkpoint it met is settled here, on the loop."""
+        """Drive the Run's sync Steps in a crew, on a worker thread (``_steps_here``), until
+        it gives the Run back; a failed checkpoint it met is settled here, on the loop."""
         inbox = self._loop_inbox()
         future: asyncio.Future[tuple[str, Any]] = inbox.loop.create_future()
         journal = self.rt.journal
 
-        def body() -> None:
-            result: Any
-            ok, result = True, None
-            try:
-                result = self._steps_here(slot)
-            except BaseException as exc:  # delivered to the awaiting driver
-                ok, result = False, _contained(exc)
-            finally:
-                slot.thread_ctx = None  # not kept alive with the slot
-                slot.off_thread()
-                journal.unshare()
+        def done(ok: bool, result: Any) -> None:
+            # On the crew's thread, once it gives the Run back; nothing here may raise.
+            if not ok:
+                try:
+                    result = _contained(result)
+                except Exception as failed:  # naming it failed: the future must still settle
+                    result = failed
+            slot.thread_ctx = None  # not kept alive with the slot
+            slot.off_thread()
+            journal.unshare()
             inbox.put(future, ok, result, _let_go)
 
         # Raised here, on the loop, before the thread exists: the loop never takes either
@@ -2094,7 +1984,9 @@ class Driver:
         slot.on_thread = True
         journal.share()
         try:
-            self.workers.submit(body)
+            crews = self._crews
+            assert crews is not None, "a Run is driven only after launch()"
+            crews.join(self._steps_here(slot), done)
         except BaseException:  # no thread will lower them
             journal.unshare()
             slot.off_thread()
@@ -2116,29 +2008,29 @@ class Driver:
             self.rt.settle(slot, exc)  # raises: the thread only reports its own Run's failure
             raise IntloomError("RUN_CHECKPOINT_FAILED") from None
 
-    def _steps_here(self, slot: RunSlot) -> tuple[str, Any]:
-        """The Step loop of ``_run_step``, on a worker thread, for consecutive sync Steps.
+    def _steps_here(self, slot: RunSlot) -> Generator[RunSlot, None, tuple[str, Any]]:
+        """The Step loop of ``_run_step``, advanced by a crew's worker thread (``Crews``),
+        for consecutive sync Steps.
 
         Each Step still costs an ``executing`` record made durable before the Step is called
-        and a ``step_result`` after it, exactly as on the loop; what this saves is the two
-        thread hand-offs per Step of calling a sync Step from the loop (~70-120 us on a
-        2-vCPU VM, against a ~150 us fdatasync). This thread appends, flushes (group commit
-        with the loop and other such threads: ``Store.sync_threadsafe``) and shows the
-        Run's progress itself; it gives the Run back to the loop at any boundary that needs
-        the loop: a Step that is not sync, a new Stage, the end, a stop or a lost Run.
+        and a ``step_result`` after it, exactly as on the loop: at each ``executing`` this
+        yields its Run, and the crew makes the round's records durable with one flush and
+        shows them (``Runtime.sync_crew``) before it advances the Run again. What this saves
+        is the thread hand-offs and the loop's bookkeeping per Step of calling a sync Step
+        from the loop. It gives the Run back to the loop at any boundary that needs the
+        loop: a Step that is not sync, a new Stage, the end, a stop or a lost Run.
         """
         rt = self.rt
-        journal = rt.journal
         while True:
             if self.stopping:  # before each Step, and while the loop handed the Run over
                 return _BACK, None
             step = self._step(slot)
             fn = step.fn
-            if step.kind == "agent" or _is_async(fn) or not journal.alone(slot.run_id):
+            if step.kind == "agent" or _is_async(fn):
                 return _NEXT, None
             rt.append_boundary(
                 slot, Executing(at=clock.now(), stage=step.stage.name, step=step.name))
-            rt.sync_here(slot)
+            yield slot  # the crew makes it durable and shows it (Runtime.sync_crew)
             # Shown to the loop before ownership and the cut are checked: a cancel or a cut
             # after the check finds this ctx to finish (_on_thread); one before it, the
             # Step never called. A cut leaves the Run owned until the stop takes it

@@ -798,18 +798,35 @@ class Runtime:
         if slot.shown.phase == "terminal":
             self._retire(slot)
 
-    def sync_here(self, slot: RunSlot) -> None:
-        """``sync`` from the thread driving the Run's sync Steps (not the loop's): blocks
-        until the Run's records are durable, then shows them -- on this thread when nobody
-        on the loop needs telling, else through the loop. A failed checkpoint is raised as
-        it is, for the loop to settle (``settle``)."""
-        upto = slot.mark()
-        self.journal.sync_threadsafe(slot.run_id)
-        if not slot.publish_here(upto):
-            loop = self.driver.loop
-            assert loop is not None, "a Run is driven on a thread only after launch()"
-            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is told
-                loop.call_soon_threadsafe(slot.publish, None, None, upto)
+    def sync_crew(self, slots: list[RunSlot]) -> list[BaseException | None]:
+        """``sync`` from a crew's thread (``executor.crew``) for the Runs it advanced this
+        round: one flush makes every record appended so far durable; then each Run is shown
+        -- on this thread when nobody on the loop needs telling, else through the loop.
+        Returns, per Run, None or what its Step loop must raise: its failed checkpoint (for
+        the loop to settle, ``settle``)."""
+        marks = [slot.mark() for slot in slots]
+        journal = self.journal
+        # One flush for all: a Run's own failure is asked of it below (``failure``), as
+        # ``sync(run_id)`` would raise it, whichever flush held its records.
+        with contextlib.suppress(CheckpointFailed):
+            journal.sync_threadsafe(None)
+        told: list[BaseException | None] = []
+        loop = self.driver.loop
+        assert loop is not None, "a Run is driven on a thread only after launch()"
+        for slot, upto in zip(slots, marks, strict=True):
+            failed = journal.failure(slot.run_id)
+            if failed is not None:
+                told.append(failed)
+                continue
+            try:
+                if not slot.publish_here(upto):
+                    with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is told
+                        loop.call_soon_threadsafe(slot.publish, None, None, upto)
+            except Exception as exc:  # the host's failure: raised in the Run's task
+                told.append(exc)
+                continue
+            told.append(None)
+        return told
 
     def settle(self, slot: RunSlot, exc: CheckpointFailed | OSError) -> None:
         """A checkpoint failed: its Runs fail. Raises RUN_CHECKPOINT_FAILED when ``slot`` is

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Protocol
 
 from intloom.runtime.machine import RunState
@@ -50,12 +49,6 @@ class JournalPort(Protocol):
 
     async def sync(self, run_id: str | None = None) -> None: ...
 
-    def after_durable(self, callback: Callable[[], None]) -> None:
-        """From the loop, after this loop iteration's appends: ``callback()`` once every
-        record appended before the call is durable or failed (``failure`` tells which
-        Runs' failed); possibly before this returns."""
-        ...
-
     def failure(self, run_id: str) -> CheckpointFailed | None:
         """The failed write that finished ``run_id`` in this process, if any: what
         ``sync(run_id)`` would raise."""
@@ -69,12 +62,8 @@ class JournalPort(Protocol):
         """From that thread, once it is done."""
         ...
 
-    def alone(self, run_id: str) -> bool:
-        """True while only ``run_id`` has been writing lately (nobody joins its flushes)."""
-        ...
-
-    def sync_threadsafe(self, run_id: str) -> None:
-        """``sync`` for one Run, blocking, from a thread other than the event loop's."""
+    def sync_threadsafe(self, run_id: str | None) -> None:
+        """``sync``, blocking, from a thread other than the event loop's."""
         ...
 
     def history(self, run_id: str, upto_seq: int) -> list[Record]:

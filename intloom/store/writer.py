@@ -184,8 +184,8 @@ class Store:
         # batches are written one at a time, in the order they were taken.
         self._inflight: _Batch | None = None
         self._kick: asyncio.Handle | None = None  # a flush scheduled for this loop iteration
-        # (appended, what waits for it): a sync()'s future, or an after_durable callback.
-        self._waiters: list[tuple[int, asyncio.Future[None] | _Notify]] = []
+        # (appended, the future of the sync() that waits for it).
+        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._closed = False
         # The Run that alone wrote the last ``_solo_count`` batches (None: several did).
         self._solo_run: str | None = None
@@ -607,35 +607,6 @@ class Store:
             with self._lock:
                 self._check(low, high, run_id)
 
-    def after_durable(self, callback: Callable[[], None]) -> None:
-        """From the loop, once this loop iteration's appends are done (a callback scheduled
-        after them): call ``callback()`` on the loop once every record appended before the
-        call is resolved, durable or failed (ask ``failure`` per Run). It may be called
-        before this returns.
-
-        One callback where each waiting Run would resume its task; and with no flush due
-        or under way, the flush starts at once rather than in the next loop iteration
-        (``sync`` leaves that iteration for the other Runs woken with it to join).
-        """
-        high = self._appended
-        start = False
-        lock = self._lock if self._shared else None
-        if lock is not None:
-            lock.acquire()
-        try:
-            resolved = self._resolved >= high
-            if not resolved:
-                self._waiters.append((high, _Notify(callback)))
-                start = (self._inflight is None and self._kick is None
-                         and bool(self._pending))
-        finally:
-            if lock is not None:
-                lock.release()
-        if resolved:
-            self._notify(callback)
-        elif start:
-            self._flush_next()
-
     def failure(self, run_id: str) -> CheckpointFailed | None:
         """The failed write that finished ``run_id`` in this process, if one did: what
         ``sync(run_id)`` raises. A Run's records before it are durable; the rest never
@@ -650,16 +621,9 @@ class Store:
         replacement segment, or an internal error of the writer); None while it can."""
         return self._poisoned
 
-    def _notify(self, callback: Callable[[], None]) -> None:
-        try:
-            callback()
-        except Exception as exc:  # the caller's bug: the store's other waiters still wake
-            self._running_loop().call_exception_handler(
-                {"message": "an after_durable callback failed", "exception": exc})
-
-    def sync_threadsafe(self, run_id: str) -> None:
-        """``sync`` from a thread other than the loop's (one driving sync Steps): block until
-        every record appended before the call is durable.
+    def sync_threadsafe(self, run_id: str | None) -> None:
+        """``sync`` from a thread other than the loop's (a crew's, driving sync Steps): block
+        until every record appended before the call is durable. Raises as ``sync`` does.
 
         The thread writes the batch itself when no other flush is under way -- no hand-off
         to the loop or the store's thread, which would cost two thread wake-ups per flush --
@@ -795,11 +759,6 @@ class Store:
         with self._lock:
             self._shared -= 1
 
-    def alone(self, run_id: str) -> bool:
-        """True while ``run_id`` has been the only Run writing (its last ``_SOLO_BATCHES``
-        batches held nobody else's records): nobody would join its flushes. Advisory."""
-        return self._solo_run == run_id and self._solo_count >= _SOLO_BATCHES
-
     def _solo(self) -> bool:
         """True when no other Run could join the next flush: flush without a hand-off."""
         first = self._pending_first
@@ -854,8 +813,8 @@ class Store:
 
     def _wake(self) -> None:
         """Resume every waiter whose records are resolved; start the flush the others need."""
-        ready: list[asyncio.Future[None] | _Notify] = []
-        later: list[tuple[int, asyncio.Future[None] | _Notify]] = []
+        ready: list[asyncio.Future[None]] = []
+        later: list[tuple[int, asyncio.Future[None]]] = []
         lock = self._lock if self._shared else None
         if lock is not None:
             lock.acquire()
@@ -875,9 +834,7 @@ class Store:
             # Records appended while the last batch was on disk: start their flush now.
             self._flush_next()
         for waiter in ready:
-            if isinstance(waiter, _Notify):
-                self._notify(waiter.callback)
-            elif not waiter.done():
+            if not waiter.done():
                 waiter.set_result(None)
 
     def _submit(self, batch: _Batch) -> None:
@@ -1384,15 +1341,6 @@ _MOVED_FIX: Final = (
     "Stop this host, set its service files aside where the project is now and start it "
     "there (docs/recovery.md, After moving a project directory): its Runs restore from the "
     "log it kept writing in the moved directory.")
-
-
-class _Notify:
-    """An ``after_durable`` callback among the waiters (told apart from a ``sync``'s future)."""
-
-    __slots__ = ("callback",)
-
-    def __init__(self, callback: Callable[[], None]) -> None:
-        self.callback = callback
 
 
 def _conforms(store: Store) -> JournalPort:

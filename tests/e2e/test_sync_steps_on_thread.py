@@ -1,16 +1,15 @@
-"""A lone Run's sync Steps are driven on a worker thread, which flushes the journal itself
-(intloom/executor/driver.py, ``_steps_here``). The real host dies or fails at a flush well
-inside such a stretch -- the thread's own flushes alternate with the loop's (each tick's
-effect is journaled through the loop) -- and the restart keeps every promise it keeps for
-the loop: the journal verifies, nothing ran twice, and the Run completes or is reported
-RUN_INTERRUPTED.
+"""A Run's sync Steps are driven by a crew on a worker thread, which flushes the journal
+itself (intloom/executor/crew.py, ``Driver._steps_here``). The real host dies or fails at a
+flush well inside such a stretch -- the crew's own flushes alternate with the loop's (each
+tick's effect is journaled through the loop) -- and the restart keeps every promise it
+keeps for the loop: the journal verifies, nothing ran twice, and the Run completes or is
+reported RUN_INTERRUPTED.
 
 Faults come only through ``INTLOOM_FAULT`` (docs/format.md, "Testing hooks"). A lone
-ticker (fixtures/projects/threads) is handed to a thread once it has written alone for 8
-flushes; from its 10th on, the thread writes the even flushes (executing, with the last
-tick's result) and the loop the odd ones (each tick's effect_started): 40 is the thread's,
-41 the loop's. Each tick notes which way it was driven, so the tests also prove that the
-thread path was the one taken.
+ticker (fixtures/projects/threads) is driven by a crew from its first tick: each tick's
+flushes are the crew's (executing, with the last tick's result) and then two of the loop's
+(the tick's effect_started and effect_done), so of 40, 41 and 42 one is the crew's. Each
+tick notes which way it was driven, so the tests also prove that the crew was the one.
 """
 
 from __future__ import annotations
@@ -81,11 +80,11 @@ def _ticker_under(project: Project, monkeypatch: pytest.MonkeyPatch, fault: str,
     return service, run.run_id
 
 
-# Every flush across the hand-over from the loop to the thread (the 10th) and a dozen ticks
-# driven there, then each kind of crash on a flush of each side.
+# Every flush of the first ten ticks, then each kind of crash on three flushes in a row: one
+# of them the crew's, two the loop's.
 _CRASHES = [f"crash_after_sync={n}" for n in range(5, 31)] + [
-    "crash_after_sync=40", "crash_after_sync=41", "crash_before_sync=40",
-    "crash_before_sync=41", "torn_write=40", "torn_write=41"]
+    f"{kind}={n}" for kind in ("crash_after_sync", "crash_before_sync", "torn_write")
+    for n in (40, 41, 42)]
 
 
 @pytest.mark.timeout(120)
@@ -96,7 +95,7 @@ def test_a_crash_while_a_thread_drives_sync_steps(
     project = threads_project
     service, run_id = _ticker_under(project, monkeypatch, fault, "crash")
     project.wait_released(service.pid, timeout=60)  # the host SIGKILLed itself at that flush
-    if int(fault.split("=")[1]) >= 12:  # past the hand-over: the thread drove the ticks
+    if int(fault.split("=")[1]) >= 12:  # a few ticks in: the crew drove them
         assert "thread" in _driven(project, run_id).values()
     monkeypatch.delenv("INTLOOM_FAULT")
     ok(project.cli("--json", "recover"))
@@ -109,7 +108,7 @@ def test_a_crash_while_a_thread_drives_sync_steps(
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("fault", ["fail_sync=40", "fail_sync=41"])
+@pytest.mark.parametrize("fault", ["fail_sync=40", "fail_sync=41", "fail_sync=42"])
 def test_a_failed_flush_while_a_thread_drives_sync_steps(
     threads_project: Project, monkeypatch: pytest.MonkeyPatch, fault: str
 ) -> None:
@@ -122,10 +121,10 @@ def test_a_failed_flush_while_a_thread_drives_sync_steps(
         # The host keeps serving, and a new lone Run is driven the same way to its end.
         other = client.create_run("thread-ticker", f"disk goal={GOAL}")
         assert client.wait_run(other.run_id).status == "completed"
-        # Both were driven on a thread once alone: the failed one until its flush failed.
+        # Both were driven by a crew: the failed one until its flush failed.
         assert "thread" in _driven(project, run_id).values()
         driven = _driven(project, other.run_id)
-        assert [driven[n] for n in range(10, GOAL + 1)] == ["thread"] * (GOAL - 9), driven
+        assert [driven[n] for n in range(1, GOAL + 1)] == ["thread"] * GOAL, driven
         assert client.status().instance_id == service.instance_id
     assert stop_service(project.root)
     monkeypatch.delenv("INTLOOM_FAULT")

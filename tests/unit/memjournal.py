@@ -4,9 +4,7 @@ and every end-to-end test runs the real one)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
-from collections.abc import Callable
 
 from intloom.runtime.ports import CheckpointFailed
 from intloom.runtime.records import Record
@@ -29,11 +27,6 @@ class MemoryJournal:
         await asyncio.sleep(0)  # yield like a real flush would
         self._flush()
 
-    def after_durable(self, callback: Callable[[], None]) -> None:
-        with contextlib.suppress(CheckpointFailed):  # told through failure()
-            self._flush()
-        callback()
-
     def failure(self, run_id: str) -> CheckpointFailed | None:
         return self.failed.get(run_id)
 
@@ -43,12 +36,7 @@ class MemoryJournal:
     def unshare(self) -> None:
         pass
 
-    def alone(self, run_id: str) -> bool:
-        # Sync Steps are called from the loop; test_executor.py also runs every test with a
-        # journal that says True (a lone Run's sync Steps driven on their own thread).
-        return False
-
-    def sync_threadsafe(self, run_id: str) -> None:
+    def sync_threadsafe(self, run_id: str | None) -> None:
         self._flush()
 
     def _flush(self) -> None:

@@ -23,7 +23,6 @@ from intloom.errors import IntloomError
 from intloom.executor.driver import Driver
 from intloom.executor.runtime import RestoredRun, Runtime
 from intloom.executor.updates import RunUpdate
-from intloom.executor.workers import Relay
 from intloom.runtime.machine import fold
 from intloom.runtime.model import RunView
 from intloom.runtime.ports import CheckpointFailed
@@ -44,27 +43,20 @@ class Count(msgspec.Struct):
 
 
 class SyncPath:
-    """Which way this test runs sync Steps, and how many times a worker took a Run."""
+    """How many times a crew took a Run (``Driver._steps_here``)."""
 
-    def __init__(self, name: str) -> None:
-        self.name = name
+    def __init__(self) -> None:
         self.handed = 0
 
     def check(self) -> None:
-        """For a test whose Run reaches a sync Step: the path it names was the one taken."""
-        if self.name == "on_thread":
-            assert self.handed > 0, "no Run was driven on a worker thread"
-        else:
-            assert self.handed == 0, "a Run was driven on a worker thread"
+        """For a test whose Run reaches a sync Step: a crew drove it."""
+        assert self.handed > 0, "no Run was driven by a crew"
 
 
-@pytest.fixture(autouse=True, params=["on_thread", "from_loop"])
-def sync_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> SyncPath:
-    """Every test both ways a sync Step can be run: a Run driven on a worker thread (what a
-    Run that writes alone gets, Store.alone) and each Step called from the loop."""
-    path = SyncPath(str(request.param))
-    alone = path.name == "on_thread"
-    monkeypatch.setattr(MemoryJournal, "alone", lambda self, run_id: alone)
+@pytest.fixture(autouse=True)
+def sync_path(monkeypatch: pytest.MonkeyPatch) -> SyncPath:
+    """Counts the Runs handed to crews, for tests to check that their sync Steps were."""
+    path = SyncPath()
     real = Driver._steps_here
 
     def counted(self: Driver, slot: Any) -> Any:
@@ -595,8 +587,8 @@ def test_a_step_refused_for_want_of_a_thread_never_runs_once_a_worker_frees_up(
 
 def test_a_sync_step_whose_executing_record_fails_to_flush_never_runs(
         sync_path: SyncPath) -> None:
-    # From the loop, a sync Step's task does not wait for that flush itself: the Relay's
-    # batch does (Driver._durable), and must refuse the Step rather than start it.
+    # A crew makes its round's records durable for all its Runs at once (Runtime.sync_crew)
+    # and must raise the failure in this Run rather than start its Step.
     calls: list[str] = []
     wf = intloom.Workflow("refused", version="1")
     st = wf.stage("s")
@@ -621,12 +613,11 @@ def test_a_sync_step_whose_executing_record_fails_to_flush_never_runs(
     sync_path.check()
 
 
-@pytest.mark.parametrize("sync_path", ["from_loop"], indirect=True)  # Runs among others
-def test_a_sync_step_that_waits_for_another_runs_step_in_its_batch_is_not_stuck(
-        sync_path: SyncPath, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Two Runs in step start their sync Steps in one loop iteration: one batch, one worker.
-    # The first waits for the second; run in turn on that worker, they would wait for ever:
-    # the Relay must move the second to a worker of its own.
+def test_a_sync_step_that_waits_for_another_runs_step_in_its_crew_is_not_stuck(
+        sync_path: SyncPath) -> None:
+    # Two Runs in step join one crew in one loop iteration: one thread advances both. The
+    # first waits for the second; run in turn on that thread, they would wait for ever: the
+    # loop's look must move the second to a crew of its own.
     other_ran = threading.Event()
     wf = intloom.Workflow("pair", version="1")
     st = wf.stage("s")
@@ -638,25 +629,19 @@ def test_a_sync_step_that_waits_for_another_runs_step_in_its_batch_is_not_stuck(
         other_ran.set()
         return "ok"
 
-    sizes: list[int] = []
-    real = Relay._hand_over
-
-    def counted(self: Relay, batch: Any) -> None:
-        sizes.append(len(batch.jobs))
-        real(self, batch)
-
-    monkeypatch.setattr(Relay, "_hand_over", counted)
-
-    async def main() -> list[RunView]:
+    async def main() -> tuple[list[RunView], int]:
         rt = Runtime(loaded(wf), MemoryJournal(), package_version="0.1.0")
         rt.restore([])
-        # Created together (one flush), so they reach Step a together; "wait" first: its
-        # call is the first of the batch.
+        # Created together (one flush), so they reach Step a together; "wait" first: it
+        # is the first its crew advances.
         runs = await asyncio.gather(*(rt.create_run("pair", i) for i in ("wait", "set")))
-        return [await rt.wait_stable(view.run_id) for view in runs]
+        views = [await rt.wait_stable(view.run_id) for view in runs]
+        crews = rt.driver._crews
+        assert crews is not None
+        return views, crews.splits
 
-    views = run(main)
-    assert sizes and max(sizes) == 2, f"the two Steps were not one batch: {sizes}"
+    views, splits = run(main)
+    assert splits >= 1, "the two Runs were never in one crew"
     assert [v.status for v in views] == ["completed", "completed"], views
     sync_path.check()
 
@@ -743,17 +728,16 @@ def test_a_cancel_or_a_stops_cut_ends_a_running_sync_steps_ctx_at_once_on_either
 
 
 class _HeldAtB(MemoryJournal):
-    """Holds the flush of Step b's ``executing`` (the thread's or the loop's) until let go."""
+    """Holds the flush of Step b's ``executing`` (the crew's or the loop's) until let go."""
 
     def __init__(self) -> None:
         super().__init__()
         self.holding, self.let_go = threading.Event(), threading.Event()
-        self.held: set[asyncio.Task[None]] = set()
 
     def _at_b(self) -> bool:
         return any(type(r) is Executing and r.step == "b" for _, r in self.pending)
 
-    def sync_threadsafe(self, run_id: str) -> None:
+    def sync_threadsafe(self, run_id: str | None) -> None:
         if self._at_b():
             self.holding.set()
             assert self.let_go.wait(10)
@@ -764,19 +748,6 @@ class _HeldAtB(MemoryJournal):
             self.holding.set()
             assert await asyncio.to_thread(self.let_go.wait, 10)
         await super().sync(run_id)
-
-    def after_durable(self, callback: Callable[[], None]) -> None:
-        # The loop's sync Steps wait here (the Relay's batch), not in sync.
-        if not self._at_b():
-            super().after_durable(callback)
-            return
-        self.holding.set()
-
-        async def held() -> None:
-            assert await asyncio.to_thread(self.let_go.wait, 10)
-            MemoryJournal.after_durable(self, callback)
-
-        self.held.add(asyncio.get_running_loop().create_task(held()))
 
 
 def test_a_sync_step_whose_executing_is_still_being_written_when_a_stop_cuts_is_never_called(
@@ -799,20 +770,10 @@ def test_a_sync_step_whose_executing_is_still_being_written_when_a_stop_cuts_is_
         return "ok"
 
     journal = _HeldAtB()
-    reached: list[None] = []  # jobs the workers finished
 
     async def main() -> str:
         rt = Runtime(loaded(wf), journal, package_version="0.1.0")
         rt.restore([])
-        workers, submit = rt.driver.workers, rt.driver.workers.submit
-
-        def counted(job: Callable[[], None]) -> None:
-            def run_then_count() -> None:
-                job()
-                reached.append(None)
-            submit(run_then_count)
-
-        workers.submit = counted  # type: ignore[method-assign]
         run_id = (await rt.create_run("cut", "go")).run_id
         assert await asyncio.to_thread(journal.holding.wait, 10)
         slot = rt.runs[run_id]
@@ -829,13 +790,6 @@ def test_a_sync_step_whose_executing_is_still_being_written_when_a_stop_cuts_is_
 
         slot.suspend = late  # type: ignore[method-assign]
         await rt.suspend(grace=0.05)
-        if journal.held:  # from the loop: the Relay's batch waits for the held flush
-            before = len(reached)
-            await asyncio.gather(*journal.held)  # it comes back: the batch goes to a worker
-            deadline = time.monotonic() + 10
-            while len(reached) == before:  # polled: the worker takes Step b's call up
-                assert time.monotonic() < deadline, "no worker took the batch up"
-                await asyncio.sleep(0.005)
         return run_id
 
     run_id = run(main)
@@ -1533,7 +1487,6 @@ def test_a_cancel_while_a_failed_checkpoint_is_unsettled_does_not_hang_the_loop(
     run(main)
 
 
-@pytest.mark.parametrize("sync_path", ["on_thread"], indirect=True)  # only it hands back
 def test_a_stop_during_the_hand_back_starts_no_new_step(sync_path: SyncPath) -> None:
     """A sync Step hands the Run back for an async one while the host begins to stop: the
     async Step must not start (as on the loop, where nothing lies between the stop check
@@ -1556,7 +1509,7 @@ def test_a_stop_during_the_hand_back_starts_no_new_step(sync_path: SyncPath) -> 
     real = Driver._steps_here  # the fixture's counting wrapper
 
     def widened(self: Driver, slot: Any) -> Any:
-        result = real(self, slot)
+        result = yield from real(self, slot)  # the crew advances it
         returned.set()
         assert go.wait(10)  # the hop back to the loop, held open until the stop began
         return result

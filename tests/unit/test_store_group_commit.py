@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import threading
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -129,92 +128,36 @@ def test_enospc_mid_write_voids_the_half_written_batch(tmp_path: Path) -> None:
     assert journal.status == "ok" and journal.state == fold(a[:1]) and not journal.torn_tail
 
 
-def test_after_durable_calls_back_once_the_records_before_it_are_resolved(
+def test_sync_threadsafe_without_a_run_flushes_everything_and_failure_names_each_run(
         tmp_path: Path) -> None:
+    """What a crew's thread does once per round (``Runtime.sync_crew``): one
+    ``sync_threadsafe(None)`` for every Run it advanced, then ``failure`` per Run -- also
+    for a failed write another caller's flush had settled before the crew asked."""
     root = tmp_path / "runtime"
-    a, b = walk("RUN-A", 2, 1), walk("RUN-B", 2, 2)
+    a, b = walk("RUN-A", 3, 1), walk("RUN-B", 3, 2)
 
     async def main() -> None:
-        # Flushes written on the loop whatever the disk's speed (the counts below).
         store = open_store(root, faults=FaultPlan(fail_sync=frozenset({2})),
                            inline_max_sync_s=float("inf"))
-        told: list[tuple[str, int]] = []
-
-        def on(name: str) -> Any:
-            # What another process reads at the moment of the callback: the records.
-            return lambda: told.append((name, len(read_runs(root))))
-
+        store.share()  # as the loop does before a crew appends
         store.append("RUN-A", a[0])
         store.append("RUN-B", b[0])
-        store.after_durable(on("first"))  # no flush was due: it starts at once
-        assert store.flushes == 1 and told == [("first", 2)]  # both Runs durable by then
-        store.after_durable(on("nothing pending"))  # told at once, nothing to flush
-        assert store.flushes == 1 and told[-1][0] == "nothing pending"
+        await asyncio.to_thread(store.sync_threadsafe, None)
+        # Both Runs durable: what another process reads now.
+        assert store.flushes == 1 and len(read_runs(root)) == 2
         assert store.failure("RUN-A") is None and store.failure("RUN-B") is None
+        store.append("RUN-A", a[1])  # the next Steps' executing, say
         store.append("RUN-B", b[1])
-        store.after_durable(on("failed"))  # flush 2 fails: told all the same
-        assert store.flushes == 2 and told[-1][0] == "failed"
-        failed = store.failure("RUN-B")
-        assert failed is not None and failed.run_ids == {"RUN-B"}
-        assert store.failure("RUN-A") is None  # not in the failed batch
-        with pytest.raises(CheckpointFailed):
-            await store.sync("RUN-B")
-        await store.sync("RUN-A")
-        await store.close()
-
-    asyncio.run(main())
-
-
-def test_a_failure_settled_before_after_durable_is_asked_still_names_its_runs(
-        tmp_path: Path) -> None:
-    """A record appended, then flushed and failed by another caller's sync, before the
-    callback is asked for: the callback comes at once, and ``failure`` names the Run (what
-    a Relay batch's gate asks before starting a Step)."""
-    a, b = walk("RUN-A", 2, 1), walk("RUN-B", 2, 2)
-
-    async def main() -> None:
-        store = open_store(tmp_path / "runtime", faults=FaultPlan(fail_sync=frozenset({2})),
-                           inline_max_sync_s=float("inf"))
-        store.append("RUN-A", a[0])
-        store.append("RUN-B", b[0])
-        await store.sync()
-        store.append("RUN-A", a[1])  # a sync Step's executing, say
-        store.append("RUN-B", b[1])
-        with pytest.raises(CheckpointFailed):
-            await store.sync("RUN-B")  # another Run's flush takes both, and fails
-        told: list[None] = []
-        store.after_durable(lambda: told.append(None))
-        assert told == [None]
-        failed = store.failure("RUN-A")
-        assert failed is not None and failed.run_ids == {"RUN-A", "RUN-B"}
-        await store.close()
-
-    asyncio.run(main())
-
-
-def test_an_after_durable_callback_that_raises_wakes_the_others_all_the_same(
-        tmp_path: Path) -> None:
-    a = walk("RUN-A", 1, 1)
-
-    async def main() -> None:
-        loop = asyncio.get_running_loop()
-        reported: list[Any] = []
-        loop.set_exception_handler(lambda _loop, context: reported.append(context))
-        store = open_store(tmp_path / "runtime")
-        store.append("RUN-A", a[0])
-        waiting = asyncio.ensure_future(store.sync("RUN-A"))
-        await asyncio.sleep(0)  # a yield: its flush is now due at the end of this iteration
-        told: list[str] = []
-
-        def broken() -> None:
-            raise RuntimeError("the callback's own bug")
-
-        store.after_durable(broken)  # both join the flush already due, the broken one first
-        store.after_durable(lambda: told.append("after it"))
-        await asyncio.wait_for(waiting, 10)
-        assert told == ["after it"]  # woken by the same flush all the same
-        assert [(c.get("message"), type(c.get("exception"))) for c in reported] == [
-            ("an after_durable callback failed", RuntimeError)]
+        with pytest.raises(CheckpointFailed) as info:  # flush 2 fails: it names both
+            await asyncio.to_thread(store.sync_threadsafe, None)
+        assert info.value.run_ids == {"RUN-A", "RUN-B"}
+        for run_id in ("RUN-A", "RUN-B"):
+            failed = store.failure(run_id)
+            assert failed is not None and failed.run_ids == {"RUN-A", "RUN-B"}
+        # Settled before it was asked: nothing left to flush, and it returns at once.
+        await asyncio.to_thread(store.sync_threadsafe, None)
+        assert store.flushes == 2
+        store.unshare()
         await store.close()
 
     asyncio.run(main())

@@ -1,0 +1,146 @@
+"""Crews (executor/crew.py): one worker thread advances many Runs' Step loops a round at a
+time with one flush per round, throws a failed flush into the Run it failed, splits off
+Runs held up by one that blocks or by a round of calls that each wait a little, and leaves
+once it has nothing left to drive."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Generator
+from typing import Any
+
+import pytest
+
+from intloom.executor.crew import Crews
+from intloom.executor.workers import Workers
+from tests.helpers import eventually
+
+
+class Flushes:
+    """A flush that records the tags of each call; ``fail`` names tags to fail once."""
+
+    def __init__(self, fail: frozenset[str] = frozenset()) -> None:
+        self.rounds: list[list[str]] = []
+        self.fail = set(fail)
+        self.threads: set[int] = set()
+
+    def __call__(self, tags: list[Any]) -> list[BaseException | None]:
+        self.rounds.append(list(tags))
+        self.threads.add(threading.get_ident())
+        told: list[BaseException | None] = []
+        for tag in tags:
+            if tag in self.fail:
+                self.fail.discard(tag)
+                told.append(OSError(f"{tag}: no space left on device"))
+            else:
+                told.append(None)
+        return told
+
+
+def _steps(name: str, count: int, each: Any = None) -> Generator[str, None, str]:
+    for _ in range(count):
+        if each is not None:
+            each()
+        yield name
+    return f"{name} done"
+
+
+async def _drive(crews: Crews, gens: dict[str, Generator[str, None, str]],
+                 limit_s: float = 20.0) -> dict[str, tuple[bool, Any]]:
+    loop = asyncio.get_running_loop()
+    futures = {name: loop.create_future() for name in gens}
+
+    def done_of(name: str) -> Any:
+        def done(ok: bool, value: Any) -> None:
+            loop.call_soon_threadsafe(futures[name].set_result, (ok, value))
+        return done
+
+    for name, gen in gens.items():
+        crews.join(gen, done_of(name))
+    results = await asyncio.wait_for(asyncio.gather(*futures.values()), limit_s)
+    return dict(zip(gens, results, strict=True))
+
+
+@pytest.mark.timeout(30)
+def test_one_thread_advances_every_run_with_one_flush_per_round() -> None:
+    flushes = Flushes()
+
+    async def main() -> dict[str, tuple[bool, Any]]:
+        crews = Crews(Workers(idle_s=2.0, name="intloom-step-test-crew"),
+                      asyncio.get_running_loop(), flushes)
+        return await _drive(crews, {n: _steps(n, 5) for n in ("a", "b", "c")})
+
+    results = asyncio.run(main())
+    assert results == {n: (True, f"{n} done") for n in ("a", "b", "c")}
+    # Joined in one loop turn: every round holds all three, in the order they joined.
+    assert flushes.rounds == [["a", "b", "c"]] * 5
+    assert len(flushes.threads) == 1
+
+
+@pytest.mark.timeout(30)
+def test_a_failed_flush_is_raised_in_its_run_alone() -> None:
+    flushes = Flushes(fail=frozenset({"b"}))
+
+    async def main() -> dict[str, tuple[bool, Any]]:
+        crews = Crews(Workers(idle_s=2.0, name="intloom-step-test-crew-fail"),
+                      asyncio.get_running_loop(), flushes)
+        return await _drive(crews, {n: _steps(n, 3) for n in ("a", "b")})
+
+    results = asyncio.run(main())
+    assert results["a"] == (True, "a done")
+    ok, raised = results["b"]
+    assert not ok and isinstance(raised, OSError) and "b: no space" in str(raised)
+    assert flushes.rounds == [["a", "b"], ["a"], ["a"]]
+
+
+@pytest.mark.timeout(30)
+def test_runs_whose_calls_each_wait_a_little_run_side_by_side() -> None:
+    """Each advance waits 5 ms (I/O): one thread would take 8 x 5 ms per round. An advance
+    past its budget (the loop's look), or a round past its own, moves the Runs not yet
+    advanced to a new crew, and a crew whose rounds stay that slow is not merged back: the
+    calls overlap."""
+    running = 0
+    most = 0
+    lock = threading.Lock()
+
+    def wait_a_little() -> None:
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+        time.sleep(0.005)
+        with lock:
+            running -= 1
+
+    flushes = Flushes()
+
+    async def main() -> tuple[dict[str, tuple[bool, Any]], int]:
+        crews = Crews(Workers(idle_s=2.0, name="intloom-step-test-crew-round"),
+                      asyncio.get_running_loop(), flushes)
+        names = [f"r{i}" for i in range(8)]
+        results = await _drive(crews, {n: _steps(n, 4, wait_a_little) for n in names})
+        return results, crews.splits
+
+    results, splits = asyncio.run(main())
+    assert all(ok for ok, _ in results.values())
+    assert splits >= 1 and most >= 2
+    assert sorted(tag for r in flushes.rounds for tag in r) == sorted(
+        f"r{i}" for i in range(8) for _ in range(4))
+
+
+@pytest.mark.timeout(30)
+def test_a_crew_with_nothing_left_leaves_and_the_next_run_starts_one() -> None:
+    flushes = Flushes()
+    name = "intloom-step-test-crew-leave"
+
+    async def main() -> None:
+        crews = Crews(Workers(idle_s=2.0, name=name), asyncio.get_running_loop(), flushes)
+        assert (await _drive(crews, {"a": _steps("a", 2)}))["a"] == (True, "a done")
+        eventually(lambda: crews._open is None and not crews._live, what="the crew to leave")
+        assert (await _drive(crews, {"b": _steps("b", 2)}))["b"] == (True, "b done")
+        eventually(lambda: crews._open is None and not crews._live, what="the crew to leave")
+
+    asyncio.run(main())
+    assert flushes.rounds == [["a"], ["a"], ["b"], ["b"]]
