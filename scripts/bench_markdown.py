@@ -286,12 +286,10 @@ def render(report: dict[str, Any], chart: str | None) -> str:
         "the JSON); the ratio is the median of "
         "the neighbouring pairs' ratios, so that a change in the disk's latency during the "
         "run hits both sides of each pair. An `async` Step runs on the host's event loop; a "
-        "`sync` Step runs on a worker thread (it must never block the loop). A Run that has "
-        "been the only one writing for 8 flushes (as here, after its first few Steps) is "
-        "driven on one worker thread, which journals and flushes its sync Steps itself; with "
-        f"other Runs writing (the {runs}-Run figures), the sync Steps started in one turn of the "
-        "event loop wait for one flush together and run one after another on one worker "
-        "thread, which hands their results back together (docs/format.md).",
+        "`sync` Step runs on a worker thread (it must never block the loop): a crew, one "
+        "worker thread that drives many Runs' sync Steps a round at a time, journals them "
+        "and makes each round durable with one flush itself (here a crew of one; in the "
+        f"{runs}-Run figures, one crew for all {runs}) (docs/format.md).",
         "",
         f"`concurrency` runs, in one warmed store, 1 Run of {_fmt(solo)} Steps and {runs} "
         f"concurrent Runs of {_fmt(per_run)} Steps each, alternating ({runs} staggered, 1, "
@@ -565,6 +563,23 @@ harness; the figures quoted here are from those sessions, not from this run):
   Run's task still waited for its own flush had changed nothing (2026-12-01, below): the
   task wake-ups were the larger part.
 
+- **Sync Steps driven by crews** (2026-12-02, `concurrency --kind sync`): a sync Step of a
+  Run among others was still handed from the loop to a worker and back (in batches, above),
+  and a Run writing alone was driven on a thread of its own. Now one worker thread, a crew,
+  drives many Runs' chains of sync Steps a round at a time: it advances each Run to its next
+  `executing` (the Step, its `step_result`, its route), makes the round durable with one
+  flush, shows the Runs and starts the next round, with no task, future or flush waiter on
+  the loop per Step. A Step that has run 1 ms (the loop's look), or a round of 4 ms, moves
+  the Runs not yet advanced to a new crew, which rejoins once a round of it takes under
+  1 ms (docs/format.md). Three runs of each in alternating processes: 8.55-9.40× (46,100-
+  51,400 Steps/s, 18.2-20.7 µs of CPU per Step) against 6.62-7.81× (35,300-40,700 Steps/s,
+  21.9-26.8 µs), every pair higher; one sync Run unchanged (`steps --kind sync` 1.17 and
+  1.27× against 1.20 and 1.22×), 64 async Runs within the noise (37,200-40,000 against
+  33,900-38,600 Steps/s in two pairs). This replaced the Relay and the lone Run's own
+  thread. Measured and not kept: each of the 64 Runs driven by a thread of its own, group
+  committing through the store (10,900 Steps/s against 33,700 in the same session, 22.7
+  Steps per flush: 64 threads contending for the GIL).
+
 What is left, from profiles taken while building this harness (`py-spy`, `cProfile`,
 `strace -c`, `-X importtime`; figures are from those sessions, not this run):
 
@@ -577,23 +592,14 @@ What is left, from profiles taken while building this harness (`py-spy`, `cProfi
   without, 128.1k without packing) and ~11k on 2026-12-02 (133.2k with it, 122.0k with a
   history of two entries; 3.5k of that the cyclic collector), ~9k since its entries are
   `gc=False` structs (130.9k): what a follower and `runs` show of it is what DESIGN asks for.
-- A sync Step must not block the event loop, so it runs on a worker thread. A Run alone
-  is driven there (above); with other Runs writing, a loop iteration's sync Steps run as a
-  batch on one worker (above), and 64 sync Runs still spend more CPU per Step than async
-  ones (39-46 against ~30 µs in the runs of 2026-12-02; callgrind 141.9k against 131.5k
-  instructions): each Step's call and result cross to the worker and back, and while the
-  worker runs the batch the loop mostly waits for it (one of them runs Python at a time;
-  what overlaps is the worker's calls with the loop's fdatasync). Their ratio is against
-  one sync Run, which the thread-driven Run made ~1.6× faster, so it fell from 8.75×
-  (2026-11-30 09:27 UTC) to 5.3-5.9× while the 64 Runs' own Steps/s did not move, and the
-  batches brought it back to 6.3-7.3×. Measured and not kept: all 64 Runs driven on their
-  own threads (~12,500 Steps/s: 64 threads contending for the GIL; 23 Steps per flush
-  where the loop grouped 47 in the same session), and, on 2026-12-01, the round's sync
-  Steps handed over as one batch to one worker while each Run's task still waited for its
-  own flush (25,000-27,000 Steps/s then, unchanged). With the hand-off removed altogether
-  (the Step called on the loop, an experiment only, since a Step that blocks would stall
-  every Run), `concurrency --kind sync` gave 6.05× and 6.23× against 5.52× and 5.59× with
-  it, in alternating processes on 2026-12-01, before the compaction and batching changes.
+- A sync Step must not block the event loop, so it runs on a worker thread, where a crew
+  drives it (above). With 64 Runs a sync Step now costs less CPU than an async one (18-21
+  against 24-26 µs in the runs of 2026-12-02): an async Step must run on the loop, whose
+  asyncio bookkeeping per Step (a task wake-up, the Step's coroutine, a flush waiter) the
+  crew does without. The history of this figure: its ratio is against one sync Run, which
+  the thread-driven Run made ~1.6× faster, so it fell from 8.75× (2026-11-30 09:27 UTC) to
+  5.3-5.9× while the 64 Runs' own Steps/s did not move; Relay batches brought it to
+  6.3-7.3× and crews to 8.5-9.4×.
 - Thread-driven sync Steps cost what async ones do (~105-135 µs of CPU per Step with the
   write and fdatasync, ~60 µs of it the floor's own), so against the peers both sit on the
   5× line and the VM decides: the two `peers` runs after the change gave 4.23× and 4.48×

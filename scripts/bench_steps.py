@@ -105,6 +105,7 @@ async def _timed(store: Store, rt: Runtime, lw: LoadedWorkflow, runs: int,
     """Time ``runs`` concurrent Runs of ``steps`` Steps each, in an open, warmed store."""
     runtime_dir = store.layout.root
     flushes, size = store.flushes, _segment_bytes(runtime_dir)
+    splits = _splits(rt)
     gc.collect()
     started, cpu = time.perf_counter(), time.process_time()
     await _runs(rt, lw, runs, together)
@@ -112,8 +113,16 @@ async def _timed(store: Store, rt: Runtime, lw: LoadedWorkflow, runs: int,
     flushes, size = store.flushes - flushes, _segment_bytes(runtime_dir) - size
     total = runs * steps
     return {"elapsed_s": elapsed, "cpu_s": cpu, "steps": total, "flushes": flushes,
+            "crew_splits": _splits(rt) - splits,
             "bytes": size, "us_per_step": elapsed / total * 1e6,
             "cpu_us_per_step": cpu / total * 1e6, "steps_per_s": total / elapsed}
+
+
+def _splits(rt: Runtime) -> int:
+    """How many times sync Steps' crews split so far (executor/crew.py): a crew held up by a
+    Step, or a slow round, moves Runs to another thread, whose flushes are its own."""
+    crews = rt.driver._crews
+    return 0 if crews is None else crews.splits
 
 
 # What one measurement runs: (Runs, Steps per Run, created together).
@@ -251,6 +260,7 @@ def bench_concurrency(args: Any) -> dict[str, Any]:
                 "cpu_us_per_step": rnd(median([r["cpu_us_per_step"] for r in many])),
                 "solo_cpu_us_per_step": rnd(median([r["cpu_us_per_step"] for r in one])),
                 "steps_per_flush": rnd(median([r["steps"] / r["flushes"] for r in many]), 1),
+                "crew_splits": [r["crew_splits"] for r in many],
                 # Seconds spent, outside the timings, waiting for a compaction the previous
                 # measurement started, before each kind of measurement (all repetitions).
                 "compaction_wait_s": _waits(items),
