@@ -239,15 +239,17 @@ class Crews:
         flush is due) to a new crew on another thread. ``crew`` keeps what its thread is
         advancing (or flushing) and takes no arrivals any more. False: no thread could be
         started; nothing moved, and the crew's thread goes on driving them all. Its thread
-        flushes what it took out of ``due`` on its own (``due`` is then empty)."""
-        moving = list(crew.queue)
-        if not keep_due:
-            moving += crew.due
-        if not moving:
+        flushes what it took out of ``due`` on its own (``due`` is then empty).
+
+        The Runs whose flush is due stay due in the new crew: each has appended a boundary
+        (a Step's ``executing``) that must be durable before the Run goes on."""
+        due = [] if keep_due else crew.due
+        if not crew.queue and not due:
             return False
         new = _Crew()
-        new.queue.extend(moving)
-        new.size = len(moving)
+        new.queue.extend(crew.queue)
+        new.due = list(due)
+        new.size = len(new.queue) + len(new.due)
         try:
             self._workers.submit(lambda: self._run(new))
         except RuntimeError:  # no thread could be started: a process or memory limit
@@ -255,7 +257,7 @@ class Crews:
         crew.queue.clear()
         if not keep_due:
             crew.due = []
-        crew.size -= len(moving)
+        crew.size -= new.size
         crew.closed = True
         self._live.add(new)
         if self._open is crew or self._open is None:

@@ -1,7 +1,8 @@
 """Crews (executor/crew.py): one worker thread advances many Runs' Step loops a round at a
 time with one flush per round, throws a failed flush into the Run it failed, splits off
-Runs held up by one that blocks or by a round of calls that each wait a little, and leaves
-once it has nothing left to drive."""
+Runs held up by one that blocks or by a round of calls that each wait a little (never
+advancing a Run past a boundary no flush has covered), and leaves once it has nothing left
+to drive."""
 
 from __future__ import annotations
 
@@ -144,3 +145,44 @@ def test_a_crew_with_nothing_left_leaves_and_the_next_run_starts_one() -> None:
 
     asyncio.run(main())
     assert flushes.rounds == [["a"], ["a"], ["b"], ["b"]]
+
+
+@pytest.mark.timeout(30)
+def test_no_run_is_advanced_past_a_boundary_its_flush_has_not_covered() -> None:
+    """Each advance ends at a boundary that must be durable before the Run goes on: a Run
+    moved to a new crew by the loop's look, after its advance and before its crew's flush,
+    must be flushed by the new crew before it is advanced again."""
+    flushed: dict[str, int] = {}
+    lock = threading.Lock()
+    release = threading.Event()
+
+    def flush(tags: list[Any]) -> list[BaseException | None]:
+        with lock:
+            for tag in tags:
+                flushed[tag] = flushed.get(tag, 0) + 1
+        return [None] * len(tags)
+
+    def steps(name: str, count: int, block_at: int | None = None) -> Generator[str, None, str]:
+        for i in range(count):
+            if i == block_at:
+                assert release.wait(10)
+            with lock:
+                before = flushed.get(name, 0)
+            yield name
+            with lock:
+                assert flushed.get(name, 0) == before + 1, f"{name} went on unflushed"
+        return name
+
+    async def main() -> dict[str, tuple[bool, Any]]:
+        crews = Crews(Workers(idle_s=2.0, name="intloom-step-test-crew-due"),
+                      asyncio.get_running_loop(), flush)
+        # "b" is advanced before "a" in each round: when "a" blocks in its second advance,
+        # "b" has just yielded and waits for the crew's flush.
+        task = asyncio.ensure_future(_drive(crews, {"b": steps("b", 6), "a": steps("a", 6, 1),
+                                                    "c": steps("c", 6)}))
+        await asyncio.to_thread(eventually, lambda: crews.splits, what="the look's split")
+        release.set()
+        return await task
+
+    results = asyncio.run(main())
+    assert results == {n: (True, n) for n in ("b", "a", "c")}, results
