@@ -262,6 +262,10 @@ class Crews:
         self._live.add(new)
         if self._open is crew or self._open is None:
             self._open = new
+        else:
+            # Split off a crew that was itself split off: not the open crew either, so it
+            # goes back into that one once cheap, like ``crew`` (open, it never would).
+            new.closed = True
         self.splits += 1
         self._look_soon(new)
         return True

@@ -186,3 +186,58 @@ def test_no_run_is_advanced_past_a_boundary_its_flush_has_not_covered() -> None:
 
     results = asyncio.run(main())
     assert results == {n: (True, n) for n in ("b", "a", "c")}, results
+
+
+
+@pytest.mark.timeout(30)
+def test_a_crew_split_off_a_closed_crew_merges_back_once_cheap() -> None:
+    """A slow round splits the open crew: the Runs not yet advanced become the open crew, and
+    the crew they left is closed. A slow round of that closed crew splits it again; the crew
+    split off it is not the open one either. Once the Steps are cheap again every split-off
+    crew must go back into the open crew, not flush its Runs on a thread of its own for the
+    rest of their lives."""
+    split_twice = threading.Event()
+    stop = threading.Event()
+
+    def steps(name: str, waits: tuple[float, ...] = ()) -> Generator[str, None, str]:
+        for wait_s in waits:
+            time.sleep(wait_s)  # I/O: the advance itself takes this long
+            yield name
+        if name == "a":
+            split_twice.set()  # its third advance: the closed crew's split is done
+        while not stop.is_set():
+            yield name
+        return name
+
+    flushes = Flushes()
+
+    async def main() -> dict[str, tuple[bool, Any]]:
+        loop = asyncio.get_running_loop()
+        # The loop is held below while the splits happen: no look interferes, and only
+        # rounds past round_s split.
+        crews = Crews(Workers(idle_s=2.0, name="intloom-step-test-crew-remerge"), loop,
+                      flushes, round_s=0.03)
+        futures = {name: loop.create_future() for name in "abcdef"}
+
+        def done_of(name: str) -> Any:
+            return lambda ok, value: loop.call_soon_threadsafe(
+                futures[name].set_result, (ok, value))
+
+        # Round 1: a, b and c take 30 ms together, so d, e and f become the open crew;
+        # round 2 of the closed crew: a alone takes 40 ms, so b and c are split off it.
+        waits = {"a": (0.01, 0.04), "b": (0.01,), "c": (0.01,)}
+        for name in "abcdef":
+            crews.join(steps(name, waits.get(name, ())), done_of(name))
+        try:
+            assert split_twice.wait(10), "the closed crew's round never split it"
+            assert crews.splits == 2, crews.splits
+            await asyncio.to_thread(
+                eventually, lambda: len(crews._live) == 1 and crews._open in crews._live,
+                timeout=5.0, what="every split-off crew to merge back into the open crew")
+        finally:
+            stop.set()
+        return dict(zip(futures, await asyncio.wait_for(asyncio.gather(*futures.values()), 10),
+                        strict=True))
+
+    results = asyncio.run(main())
+    assert results == {n: (True, n) for n in "abcdef"}
