@@ -69,7 +69,7 @@ class _Member:
 class _Crew:
     """One thread's Runs. Every field is read and written under ``Crews._lock``."""
 
-    __slots__ = ("closed", "due", "queue", "since", "size")
+    __slots__ = ("closed", "due", "queue", "refused", "since", "size")
 
     def __init__(self) -> None:
         self.queue: deque[_Member] = deque()  # to advance in this round (arrivals join it)
@@ -79,6 +79,9 @@ class _Crew:
         self.since: float | None = None
         # It was split, or its thread is leaving (nothing left): it takes no arrivals.
         self.closed = False
+        # The ``since`` of the advance for which a split found no thread to start: the look
+        # does not try again (a thread start per tick) until another advance is held up.
+        self.refused: float | None = None
 
 
 class Crews:
@@ -277,8 +280,10 @@ class Crews:
         with self._lock:
             for crew in tuple(self._live):
                 since = crew.since
-                if crew.size >= 2 and since is not None and now - since >= self._budget_s:
-                    self._split(crew, keep_due=False)
+                if (crew.size >= 2 and since is not None and now - since >= self._budget_s
+                        and crew.refused != since
+                        and not self._split(crew, keep_due=False)):
+                    crew.refused = since
             busy = self._looking = any(crew.size >= 2 for crew in self._live)
         if busy:
             self.loop.call_later(self._tick_s, self._look)

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from intloom.executor.crew import Crews
-from intloom.executor.workers import Workers
+from intloom.executor.workers import NoThread, Workers
 from tests.helpers import eventually
 
 
@@ -188,7 +188,6 @@ def test_no_run_is_advanced_past_a_boundary_its_flush_has_not_covered() -> None:
     assert results == {n: (True, n) for n in ("b", "a", "c")}, results
 
 
-
 @pytest.mark.timeout(30)
 def test_a_crew_split_off_a_closed_crew_merges_back_once_cheap() -> None:
     """A slow round splits the open crew: the Runs not yet advanced become the open crew, and
@@ -241,3 +240,57 @@ def test_a_crew_split_off_a_closed_crew_merges_back_once_cheap() -> None:
 
     results = asyncio.run(main())
     assert results == {n: (True, n) for n in "abcdef"}
+
+
+class _OneThread(Workers):
+    """Workers that start one thread and then none (a process limit): counts the tries."""
+
+    def __init__(self) -> None:
+        super().__init__(idle_s=2.0, name="intloom-step-test-crew-limit")
+        self.tries = 0
+
+    def submit(self, job: Any) -> None:
+        self.tries += 1
+        if self.tries > 1:
+            raise NoThread("can't start new thread")
+        super().submit(job)
+
+
+@pytest.mark.timeout(30)
+def test_a_split_with_no_thread_to_start_is_not_retried_every_tick() -> None:
+    """Under a process limit a split finds no thread: the crew's thread goes on driving
+    both Runs, and the loop's look must not try to start a thread every tick while the
+    Step stays blocked."""
+    release = threading.Event()
+    workers = _OneThread()
+
+    def steps(name: str, block: bool) -> Generator[str, None, str]:
+        yield name
+        if block:
+            assert release.wait(10)
+        yield name
+        return name
+
+    async def main() -> dict[str, tuple[bool, Any]]:
+        crews = Crews(workers, asyncio.get_running_loop(), Flushes())
+        looks: list[int] = []
+        look = crews._look
+
+        def counted() -> None:
+            looks.append(workers.tries)
+            look()
+
+        crews._look = counted  # type: ignore[method-assign]
+        task = asyncio.ensure_future(_drive(crews, {"a": steps("a", True),
+                                                    "b": steps("b", False)}))
+        # The split is tried (and refused) once the Step has run for the budget; then the
+        # look comes every tick while the Step stays blocked.
+        await asyncio.to_thread(
+            eventually, lambda: sum(1 for t in looks if t >= 2) >= 20, what="20 looks")
+        tries = workers.tries
+        release.set()
+        results = await task
+        assert tries == 2, f"{tries - 1} threads were tried for one blocked Step"
+        return results
+
+    assert asyncio.run(main()) == {"a": (True, "a"), "b": (True, "b")}
