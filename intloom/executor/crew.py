@@ -77,7 +77,9 @@ class _Crew:
         self.size = 0  # Runs it drives: queued, due, being advanced or flushed
         # When the advance now running began (None: none is): read by the loop's look.
         self.since: float | None = None
-        # It was split, or its thread is leaving (nothing left): it takes no arrivals.
+        # It takes no arrivals: it was split, or split off a crew that was not the open one
+        # (either goes back into the open crew after a round under ``budget_s``), or its
+        # thread is leaving (nothing left).
         self.closed = False
         # The ``since`` of the advance for which a split found no thread to start: the look
         # does not try again (a thread start per tick) until another advance is held up.
