@@ -569,22 +569,26 @@ harness; the figures quoted here are from those sessions, not from this run):
   drives many Runs' chains of sync Steps a round at a time: it advances each Run to its next
   `executing` (the Step, its `step_result`, its route), makes the round durable with one
   flush, shows the Runs and starts the next round, with no task, future or flush waiter on
-  the loop per Step. A Step that has run 1 ms (the loop's look), or a round of 4 ms, moves
-  the Runs not yet advanced to a new crew, which rejoins once a round of it takes under
-  1 ms (docs/format.md). Three runs of each in alternating processes: 8.55-9.40× (46,100-
-  51,400 Steps/s, 18.2-20.7 µs of CPU per Step) against 6.62-7.81× (35,300-40,700 Steps/s,
-  21.9-26.8 µs), every pair higher; one sync Run unchanged (`steps --kind sync` 1.17 and
-  1.27× against 1.20 and 1.22×), 64 async Runs within the noise (37,200-40,000 against
-  33,900-38,600 Steps/s in two pairs). This replaced the Relay and the lone Run's own
-  thread. Measured and not kept: each of the 64 Runs driven by a thread of its own, group
-  committing through the store (10,900 Steps/s against 33,700 in the same session, 22.7
-  Steps per flush: 64 threads contending for the GIL).
+  the loop per Step. A Step that has run 1 ms (the loop's look), or a round of 4 ms that
+  waited outside the GIL, moves the Runs not yet advanced to a new crew, which rejoins once
+  a round of it takes under 1 ms or waited for the GIL (docs/format.md). Three runs of each
+  in alternating processes: 8.55-9.40× (46,100-51,400 Steps/s, 18.2-20.7 µs of CPU per
+  Step) against 6.62-7.81× (35,300-40,700 Steps/s, 21.9-26.8 µs), every pair higher; one
+  sync Run unchanged (`steps --kind sync` 1.17 and 1.27× against 1.20 and 1.22×), 64 async
+  Runs within the noise (37,200-40,000 against 33,900-38,600 Steps/s in two pairs). 64
+  async and 64 sync Runs in one host, 300 Steps each: 33,100-48,700 Steps/s and 0-3 splits
+  per run, where crews split on any slow round had given 25,300-50,900 Steps/s, some runs
+  with 141-166 splits (rounds slow for want of the GIL), and the old code 40,700-43,200.
+  This replaced the Relay and the lone Run's own thread. Measured and not kept: each of the
+  64 Runs driven by a thread of its own, group committing through the store (10,900
+  Steps/s against 33,700 in the same session, 22.7 Steps per flush: 64 threads contending
+  for the GIL).
 
 What is left, from profiles taken while building this harness (`py-spy`, `cProfile`,
 `strace -c`, `-X importtime`; figures are from those sessions, not this run):
 
-- A sync Step still costs the loop more CPU than an async one: with fdatasync a no-op,
-  ~37 µs against ~25 µs per Step with 64 Runs (2026-12-01), of which callgrind's
+- Before crews (above), a sync Step cost the loop more CPU than an async one: with
+  fdatasync a no-op, ~37 µs against ~25 µs per Step with 64 Runs (2026-12-01), of which callgrind's
   instruction counts explain only ~20 %; context switches are few (+2.7k over 19,200 Steps,
   `perf stat`) and `perf` shows no single hot spot: the rest is the caches and the GIL
   passed between the loop and the workers, which an instruction count does not see. A Run's

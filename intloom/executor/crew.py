@@ -13,9 +13,12 @@ at it every tick; once its thread has been advancing one Run for ``budget_s`` (a
 blocks: a request, a lock, a sleep), the crew's other Runs move to a new crew on another
 thread, and the blocked thread keeps only that Run. Likewise, once a round's advances have
 taken ``round_s`` together, the Runs not yet advanced move to a new crew: Steps that each
-wait a little (I/O) then run side by side, a crew per few Runs. A crew split off goes back
-into the open crew (the one arrivals join) after a round that took less than ``budget_s``:
-one Step that blocked does not leave its Run flushing on its own for the rest of the Run.
+wait a little (I/O) then run side by side, a crew per few Runs. Not when the process was
+busy on its CPUs meanwhile (``_busy``): the round then waited for the GIL (the loop busy
+with async Runs, another crew), which another thread would only wait for too. A crew split
+off goes back into the open crew (the one arrivals join) after a round that took less than
+``budget_s``, or one that waited for the GIL: one Step that blocked does not leave its Run
+flushing on its own for the rest of the Run.
 
 A Run is handed over as a generator (``Driver._steps_here``): ``send(None)`` advances it to
 its next boundary, where it yields what ``flush`` is given (its Run) once its records are
@@ -51,6 +54,13 @@ _ROUND_S: Final = 0.004
 _TICK_S: Final = 0.0005
 
 Flush = Callable[[list[Any]], list[BaseException | None]]
+
+
+def _busy(began: float, cpu_began: float) -> bool:
+    """True when the process spent at least half the time since ``began`` (perf_counter)
+    on CPU: its threads were running, so a crew's slow round waited for the GIL, not for
+    I/O, a lock or a sleep -- and splitting it would only add a thread that waits too."""
+    return time.process_time() - cpu_began >= (time.perf_counter() - began) / 2
 Done = Callable[[bool, Any], None]
 
 
@@ -138,9 +148,13 @@ class Crews:
         lock = self._lock
         flush = self._flush
         clock = time.perf_counter
+        cpu = time.process_time
         round_s = self._round_s
         while True:
             used = 0.0
+            # The process's CPU time over the round's: a round slow for want of the GIL
+            # (the loop or another crew busy in Python) is not one that waited outside it.
+            began_round, cpu_round = clock(), cpu()
             while True:
                 lock.acquire()  # not ``with``: a with-statement costs more, once per Step
                 try:
@@ -148,9 +162,12 @@ class Crews:
                     if not queue:
                         break
                     if used >= round_s and len(queue) > 1:
-                        if self._split(crew, keep_due=True):
+                        if (not _busy(began_round, cpu_round)
+                                and self._split(crew, keep_due=True)):
                             break
-                        used = 0.0  # no thread to split to: again after another round's worth
+                        # No thread to split to, or no waiting to spread: again after
+                        # another round's worth.
+                        used = 0.0
                     member = queue.popleft()
                     began = crew.since = clock()
                 finally:
@@ -195,7 +212,8 @@ class Crews:
                 crew.queue.extendleft(reversed(due))  # the same order as before, arrivals after
                 # Split off, and its Runs are cheap again (the Step that blocked is done):
                 # back into the open crew, whose flushes they share again.
-                if crew.closed and used < self._budget_s and self._merge(crew):
+                if (crew.closed and (used < self._budget_s or _busy(began_round, cpu_round))
+                        and self._merge(crew)):
                     return
             finally:
                 lock.release()

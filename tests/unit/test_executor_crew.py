@@ -205,6 +205,11 @@ def test_a_crew_split_off_a_closed_crew_merges_back_once_cheap() -> None:
         if name == "a":
             split_twice.set()  # its third advance: the closed crew's split is done
         while not stop.is_set():
+            if name in "def":
+                # The open crew waits too (I/O): busy in Python, it would keep the process
+                # on its CPU, and a slow round is then one that waited for the GIL, which
+                # splitting does not help (crew._busy).
+                time.sleep(0.001)
             yield name
         return name
 
@@ -294,3 +299,52 @@ def test_a_split_with_no_thread_to_start_is_not_retried_every_tick() -> None:
         return results
 
     assert asyncio.run(main()) == {"a": (True, "a"), "b": (True, "b")}
+
+
+class _BusyClock:
+    """A stand-in for the ``time`` module crews read: every reading is 1 ms later, and the
+    process's CPU time keeps pace with the wall clock -- a process whose threads were busy
+    in Python all along (the loop with async Runs, another crew), so a crew's slow round
+    waited for the GIL."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._now = 1000.0
+
+    def _tick(self) -> float:
+        with self._lock:
+            self._now += 0.001
+            return self._now
+
+    def perf_counter(self) -> float:
+        return self._tick()
+
+    def process_time(self) -> float:
+        return self._tick()
+
+
+@pytest.mark.timeout(30)
+def test_a_round_slow_for_want_of_the_gil_is_not_split(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A crew whose rounds are slow because its thread waits for the GIL is not split:
+    another thread would only wait too, and flush on its own. A host with busy async and
+    sync Runs split its crews over and over (141-166 splits in one of 300 Steps per Run, at
+    half the Steps/s). Only rounds that waited outside the GIL (the process off its CPUs:
+    I/O, a lock, a sleep) are split, as in the test above."""
+    from intloom.executor import crew as crew_module
+
+    monkeypatch.setattr(crew_module, "time", _BusyClock())
+    flushes = Flushes()
+
+    async def main() -> tuple[dict[str, tuple[bool, Any]], int]:
+        # The look's budget out of the way: only the round's budget could split.
+        crews = Crews(Workers(idle_s=2.0, name="intloom-step-test-crew-gil"),
+                      asyncio.get_running_loop(), flushes, budget_s=60.0, round_s=0.002)
+        results = await _drive(crews, {f"r{i}": _steps(f"r{i}", 5) for i in range(8)})
+        return results, crews.splits
+
+    results, splits = asyncio.run(main())
+    assert all(ok for ok, _ in results.values())
+    assert splits == 0, f"{splits} splits of crews that only waited for the GIL"
+    assert len(flushes.threads) == 1
+    assert flushes.rounds == [[f"r{i}" for i in range(8)]] * 5
