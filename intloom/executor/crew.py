@@ -210,7 +210,8 @@ class Crews:
             lock.acquire()
             try:
                 crew.queue.extendleft(reversed(due))  # the same order as before, arrivals after
-                # Split off, and its Runs are cheap again (the Step that blocked is done):
+                # Split off, and its Runs are cheap again (the Step that blocked is done),
+                # or its round only waited for the GIL, which another thread does not help:
                 # back into the open crew, whose flushes they share again.
                 if (crew.closed and (used < self._budget_s or _busy(began_round, cpu_round))
                         and self._merge(crew)):
