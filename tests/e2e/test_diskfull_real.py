@@ -63,9 +63,7 @@ def full_project(small_disk: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[
     Each wrong-token connection is logged (no quiet period): how these tests make the host
     write a log line and no checkpoint."""
     monkeypatch.setenv("INTLOOM_TEST_REFUSED_QUIET", "0")
-    root = small_disk / "proj"
-    shutil.copytree(FIXTURES / "projects" / "basic", root)
-    yield from reaped(Project(root=root))
+    yield from reaped(basic_project(small_disk / "proj"))
 
 
 def fill(disk: Path) -> Path:
@@ -86,6 +84,32 @@ def fill(disk: Path) -> Path:
                 chunk = chunk[: len(chunk) // 2]
     finally:
         os.close(fd)
+
+
+def take_inodes(disk: Path, taken: list[Path]) -> None:
+    """Take every inode left on ``disk`` with empty files (no block is used), each noted in
+    ``taken`` as it is made, so that the test gives them back (``give_back``) whatever
+    happens."""
+    while True:
+        path = disk / f"inode-{len(taken)}"
+        try:
+            path.touch()
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC, exc
+            return
+        taken.append(path)
+
+
+def give_back(taken: list[Path]) -> None:
+    for path in taken:
+        path.unlink()
+    taken.clear()
+
+
+def basic_project(root: Path) -> Project:
+    """A copy of fixtures/projects/basic at ``root``."""
+    shutil.copytree(FIXTURES / "projects" / "basic", root)
+    return Project(root=root)
 
 
 def refused_hello(port: int) -> None:
@@ -240,19 +264,11 @@ def test_a_compaction_the_full_disk_refused_is_in_status_not_only_the_log(
 def test_a_start_out_of_inodes_says_so_not_free_disk_space(few_inodes: Path) -> None:
     """ENOSPC is also a file system with free blocks and no inode left: the start said
     "Free disk space (or quota)", and df showed plenty of it."""
-    project = Project(root=few_inodes / "proj")
-    shutil.copytree(FIXTURES / "projects" / "basic", project.root)
+    project = basic_project(few_inodes / "proj")
     (project.root / ".intloom").mkdir(mode=0o700)
     taken: list[Path] = []
     try:
-        while True:  # every inode left, with empty files: no block is used
-            path = few_inodes / f"inode-{len(taken)}"
-            try:
-                path.touch()
-            except OSError as exc:
-                assert exc.errno == errno.ENOSPC, exc
-                break
-            taken.append(path)
+        take_inodes(few_inodes, taken)
         assert os.statvfs(few_inodes).f_bfree > 0
         result = project.cli("start")
         project.reap()
@@ -263,8 +279,7 @@ def test_a_start_out_of_inodes_says_so_not_free_disk_space(few_inodes: Path) -> 
         assert "Free disk space (or quota)" not in result.stderr, result.stderr
     finally:
         project.reap()
-        for path in taken:
-            path.unlink()
+        give_back(taken)
     started = project.cli("start")  # inodes again: it starts
     try:
         assert started.code == 0, started
@@ -276,8 +291,7 @@ def test_a_start_out_of_inodes_says_so_not_free_disk_space(few_inodes: Path) -> 
 def test_a_compaction_out_of_inodes_says_so_not_free_disk_space(few_inodes: Path) -> None:
     """Snapshots refused for want of inodes (ENOSPC, with free blocks) said "Free disk
     space, or fix the permissions of .intloom/runtime" in the log (and in status)."""
-    project = Project(root=few_inodes / "proj")
-    shutil.copytree(FIXTURES / "projects" / "basic", project.root)
+    project = basic_project(few_inodes / "proj")
     taken: list[Path] = []
     try:
         log = start(project).service.log_file
@@ -285,14 +299,7 @@ def test_a_compaction_out_of_inodes_says_so_not_free_disk_space(few_inodes: Path
         with Client.connect(project.root) as client:
             for n in range(3):
                 assert client.create_run("example", f"r{n}").status == "waiting"
-        while True:  # every inode left
-            path = few_inodes / f"inode-{len(taken)}"
-            try:
-                path.touch()
-            except OSError as exc:
-                assert exc.errno == errno.ENOSPC, exc
-                break
-            taken.append(path)
+        take_inodes(few_inodes, taken)
         assert project.cli("stop").code == 0  # no inode for its snapshots
         lines = [json.loads(line) for line in (project.state / "logs" / log).read_text()
                  .splitlines()]
@@ -300,16 +307,13 @@ def test_a_compaction_out_of_inodes_says_so_not_free_disk_space(few_inodes: Path
         assert (failed["what"], failed["when"]) == ("snapshots", "stop"), failed
         assert "no inode left" in failed["effect"] and "df -i" in failed["effect"], failed
         assert "Free disk space" not in failed["effect"], failed
-        for path in taken:
-            path.unlink()
-        taken.clear()
+        give_back(taken)
         restore = start(project).service.restore
         assert restore is not None and len(restore.waiting) == 3
         assert project.cli("stop").code == 0
     finally:
         project.reap()
-        for path in taken:
-            path.unlink()
+        give_back(taken)
 
 
 def test_a_run_a_full_disk_failed_by_a_checkpoint_is_not_said_to_be_over(
@@ -384,19 +388,11 @@ def test_a_journal_out_of_inodes_is_not_told_to_free_disk_space_in_status(
     """A failed write (injected) whose replacement segment found no inode left: status said
     "free space on the disk that holds .intloom/runtime", and df showed plenty of it."""
     monkeypatch.setenv("INTLOOM_FAULT", "fail_sync=3")
-    project = Project(root=few_inodes / "proj")
-    shutil.copytree(FIXTURES / "projects" / "basic", project.root)
+    project = basic_project(few_inodes / "proj")
     taken: list[Path] = []
     try:
         start(project)
-        while True:  # every inode left
-            path = few_inodes / f"inode-{len(taken)}"
-            try:
-                path.touch()
-            except OSError as exc:
-                assert exc.errno == errno.ENOSPC, exc
-                break
-            taken.append(path)
+        take_inodes(few_inodes, taken)
         with Client.connect(project.root) as client:
             run = client.create_run("example", "no inode")
             assert run.last_error is not None and run.last_error.code == "RUN_CHECKPOINT_FAILED"
@@ -411,8 +407,7 @@ def test_a_journal_out_of_inodes_is_not_told_to_free_disk_space_in_status(
         assert project.cli("stop").code == 0
     finally:
         project.reap()
-        for path in taken:
-            path.unlink()
+        give_back(taken)
 
 
 def test_a_compaction_the_full_disk_refused_at_a_stop_is_in_doctor_offline(
