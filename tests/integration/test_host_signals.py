@@ -12,6 +12,7 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -389,6 +390,20 @@ def test_a_signal_the_host_does_not_use_is_logged_and_ignored(project: Project) 
     assert metadata(project, "service.json")["pid"] == service.pid
 
 
+def _started_from(project: Project, preexec: Callable[[], None]) -> dict[str, Any]:
+    """``intloom start --json`` run by a launcher that ran ``preexec`` before the exec (its
+    signal mask or dispositions, which the host inherits); the started service's view."""
+    result = subprocess.run(
+        [sys.executable, "-m", "intloom", "--project", str(project.root), "start", "--json"],
+        capture_output=True, text=True, timeout=60, preexec_fn=preexec,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
+    project.track_host()
+    assert result.returncode == 0, result.stderr
+    service: dict[str, Any] = json.loads(result.stdout)["service"]
+    return service
+
+
 def test_a_host_launched_with_the_stop_signals_blocked_still_stops_on_them(
         project: Project) -> None:
     """A blocked signal mask survives fork and exec: a host launched by a program that blocks
@@ -399,14 +414,7 @@ def test_a_host_launched_with_the_stop_signals_blocked_still_stops_on_them(
     def blocked() -> None:
         signal.pthread_sigmask(signal.SIG_BLOCK, stops)
 
-    result = subprocess.run(
-        [sys.executable, "-m", "intloom", "--project", str(project.root), "start", "--json"],
-        capture_output=True, text=True, timeout=60, preexec_fn=blocked,
-        env={**os.environ, "NO_COLOR": "1"},
-    )
-    project.track_host()
-    assert result.returncode == 0, result.stderr
-    service = json.loads(result.stdout)["service"]
+    service = _started_from(project, blocked)
     pid = service["pid"]
     os.kill(pid, signal.SIGTERM)
     eventually(lambda: _released(project, pid), timeout=15,
@@ -446,13 +454,7 @@ def test_a_step_sees_its_child_process_exit_status_though_the_launcher_ignored_s
     def ignored() -> None:
         signal.signal(signal.SIGCHLD, signal.SIG_IGN)
 
-    result = subprocess.run(
-        [sys.executable, "-m", "intloom", "--project", str(project.root), "start", "--json"],
-        capture_output=True, text=True, timeout=60, preexec_fn=ignored,
-        env={**os.environ, "NO_COLOR": "1"},
-    )
-    project.track_host()
-    assert result.returncode == 0, result.stderr
+    _started_from(project, ignored)
     run = ok(project.cli("flow", "child", "--intent", "go", "--json"))["run"]
     assert run["status"] == "completed", run
     assert (project.root / "code").read_text() == "3"
