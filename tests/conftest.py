@@ -1,8 +1,12 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import signal
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 import pytest
 
@@ -27,6 +31,45 @@ def pytest_configure(config: pytest.Config) -> None:
     # for two): it takes the slice of the one it replaces, never one above 32767.
     first = _SLICED_PORTS.start + int(worker.removeprefix("gw")) % count * span
     os.environ[TEST_PORTS_ENV] = f"{first}-{first + span - 1}"
+
+
+# The signals whose handling the code under test changes (Ctrl-C, a stop, a hang-up, Ctrl-\\).
+_WATCHED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
+
+_Handler = Callable[[int, FrameType | None], Any] | int | None
+
+
+def _signal_state() -> tuple[list[_Handler], frozenset[int]]:
+    handlers: list[_Handler] = [signal.getsignal(s) for s in _WATCHED]
+    return handlers, frozenset(signal.pthread_sigmask(signal.SIG_BLOCK, []))
+
+
+@pytest.fixture(autouse=True)
+def _signals_left_as_found() -> Iterator[None]:
+    """Fail a test that leaves a signal handler or the main thread's signal mask changed.
+
+    A later test in the same worker inherits them: one left SIGINT handled or blocked, and
+    the Ctrl-C test that ran after it in that worker failed ("DID NOT RAISE"), while the
+    test that changed them passed. Restored either way, so only the culprit fails."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    handlers, mask = _signal_state()
+    yield
+    now_handlers, now_mask = _signal_state()
+    changed = [f"{signal.Signals(s).name}: {before!r} -> {after!r}"
+               for s, before, after in zip(_WATCHED, handlers, now_handlers, strict=True)
+               if after is not before and after != before]
+    for s, before in zip(_WATCHED, handlers, strict=True):
+        if before is not None:
+            signal.signal(s, before)
+    if now_mask != mask:
+        changed.append(f"blocked signals: {sorted(mask)} -> {sorted(now_mask)}")
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    if changed:
+        pytest.fail("the test left signal handling changed for the tests after it: "
+                    + "; ".join(changed), pytrace=False)
 
 
 @pytest.fixture
