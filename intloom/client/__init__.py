@@ -1,27 +1,62 @@
 """The Python client of a project's host: ``Client.connect(root)``, one method per request.
 
+The views its methods return are re-exported here, so an Agent or a script can annotate
+with them: ``RunView`` (a Run, as ``runs --json`` shows it) and its ``Cursor``,
+``PendingAction``, ``PendingAgentCall`` and ``ErrorView``; ``RunEvent`` (``subscribe``),
+``ServiceView`` (``status``), ``WorkflowInfo`` (``workflows``) and ``Stopping``
+(``stop_reply``).
+
 ``intloom.client.lifecycle`` (imported on demand) starts and stops the host;
 ``intloom.client.hostlog`` names its log without a socket.
 """
 
 from __future__ import annotations
 
+from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from intloom.client.client import Client, ServiceStarting
+    from intloom.errors import ErrorView
+    from intloom.protocol.messages import RunEvent, ServiceView, Stopping, WorkflowInfo
+    from intloom.runtime.model import Cursor, PendingAction, PendingAgentCall, RunView
 
-__all__ = ["Client", "ServiceStarting"]
+__all__ = [
+    "Client",
+    "Cursor",
+    "ErrorView",
+    "PendingAction",
+    "PendingAgentCall",
+    "RunEvent",
+    "RunView",
+    "ServiceStarting",
+    "ServiceView",
+    "Stopping",
+    "WorkflowInfo",
+]
+
+# Where each name is defined; loaded on first use, so that a submodule that needs no socket
+# (hostlog, for ``intloom logs``) is imported without the client's socket and protocol stack.
+_WHERE = {
+    "Client": "intloom.client.client",
+    "ServiceStarting": "intloom.client.client",
+    "ErrorView": "intloom.errors",
+    "RunEvent": "intloom.protocol.messages",
+    "ServiceView": "intloom.protocol.messages",
+    "Stopping": "intloom.protocol.messages",
+    "WorkflowInfo": "intloom.protocol.messages",
+    "Cursor": "intloom.runtime.model",
+    "PendingAction": "intloom.runtime.model",
+    "PendingAgentCall": "intloom.runtime.model",
+    "RunView": "intloom.runtime.model",
+}
 
 
 def __getattr__(name: str) -> Any:
-    # On first use: a submodule that needs no socket (hostlog, for ``intloom logs``) is
-    # imported without the client's socket and protocol stack.
-    if name in __all__:
-        from intloom.client import client
-
-        return getattr(client, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(module), name)
 
 
 def __dir__() -> list[str]:

@@ -316,6 +316,8 @@ class StatusReply(_Msg, tag="status_reply", frozen=True):
 
 
 class Stopping(_Msg, tag="stopping", frozen=True):
+    """The host's reply to a stop request (``Client.stop_reply``): it has begun to stop."""
+
     stopping: bool = True
     # Seconds this host's stop may take from its reply until it has released its files: the
     # sum of its own bounds, which grows with the snapshots its close writes. A client waits

@@ -6,18 +6,41 @@ from __future__ import annotations
 import functools
 import pydoc
 import re
+import typing
 
 import intloom
 import intloom.client
 
 
 def test_dir_and_help_of_the_client_package_show_its_public_classes() -> None:
-    assert dir(intloom.client) == ["Client", "ServiceStarting"]
+    assert dir(intloom.client) == ["Client", "Cursor", "ErrorView", "PendingAction",
+                                   "PendingAgentCall", "RunEvent", "RunView",
+                                   "ServiceStarting", "ServiceView", "Stopping",
+                                   "WorkflowInfo"]
     # TextDoc's bold is a character, a backspace, then the character again.
     text = re.sub(".\b", "", pydoc.render_doc(intloom.client, renderer=pydoc.TextDoc()))
     assert "class Client(builtins.object)" in text
     assert "class ServiceStarting(intloom.errors.IntloomError)" in text
     assert "__getattr__" not in text
+
+
+def test_the_client_package_names_the_views_its_methods_return() -> None:
+    # An Agent annotates with them (``def handle(run: RunView)``) without importing the
+    # modules that define them; the same classes, so isinstance holds on what it gets.
+    from intloom.client.client import Client
+    from intloom.errors import ErrorView
+    from intloom.protocol.messages import RunEvent, ServiceView, Stopping, WorkflowInfo
+    from intloom.runtime.model import Cursor, PendingAction, PendingAgentCall, RunView
+
+    homes = {"Client": Client, "Cursor": Cursor, "ErrorView": ErrorView,
+             "PendingAction": PendingAction, "PendingAgentCall": PendingAgentCall,
+             "RunEvent": RunEvent, "RunView": RunView, "ServiceView": ServiceView,
+             "Stopping": Stopping, "WorkflowInfo": WorkflowInfo}
+    for name, cls in homes.items():
+        assert getattr(intloom.client, name) is cls, name
+    hints = typing.get_type_hints(Client.get_run)
+    assert hints["return"] is intloom.client.RunView
+    assert typing.get_type_hints(Client.status)["return"] is intloom.client.ServiceView
 
 
 def test_dir_of_intloom_is_its_public_names() -> None:

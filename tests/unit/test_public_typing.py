@@ -20,6 +20,7 @@ import msgspec
 
 import intloom
 from intloom import AgentResult, Recovery, StepContext
+from intloom.client import Client, PendingAgentCall, RunView
 
 
 class Draft(msgspec.Struct):
@@ -88,6 +89,17 @@ async def agent_done(ctx: StepContext[None], result: AgentResult) -> None:
 @publish.init
 async def publish_init(ctx: StepContext[None]) -> None:
     return None
+
+
+def agent_loop(root: str) -> RunView:
+    with Client.connect(root) as client:
+        run = client.create_run("typed", "notes")
+        call: PendingAgentCall | None = run.pending_agent_call
+        reveal_type(call)  # R8
+        for event in client.subscribe(run.run_id):
+            reveal_type(event)  # R9
+            run = event.run
+        return run
 '''
 
 # Each misuse is marked ``# E``: mypy must report an error on exactly those lines.
@@ -192,6 +204,9 @@ def test_a_correct_workflow_checks_clean_with_each_call_typed(tmp_path: Path) ->
     assert revealed[at["R5"]] == "list[str]"
     assert revealed[at["R6"]] == "dict[str, int]"
     assert revealed[at["R7"]] == "Any"  # asyncio.to_thread is generic: not solved, not refused
+    # The views re-exported by intloom.client are the classes the Client's methods return.
+    assert revealed[at["R8"]] == "intloom.runtime.model.PendingAgentCall | None"
+    assert revealed[at["R9"]] == "intloom.protocol.messages.RunEvent"
 
 
 def test_each_misuse_of_the_decorators_is_a_type_error_at_its_line(tmp_path: Path) -> None:
