@@ -1041,6 +1041,11 @@ class _Asked(NamedTuple):
 
 # ``stop``'s deadline without --timeout, unless the host says its stop may take longer.
 _STOP_TIMEOUT: Final = 10.0
+# ... and for a host still starting (importing its Workflows, restoring its Runs), which can
+# be asked to stop only once it serves: as long as ``start`` gives a host by default. With
+# 10 s, a stop during a slow import timed out, unsent, and the host then served on.
+_STARTING_TIMEOUT: Final = 300.0
+_STARTING: Final = "the host was still starting and never served requests"
 
 
 def _within(seconds: float | None) -> float | None:
@@ -1186,6 +1191,14 @@ def _stop_timed_out(target: _Target, timeout: float, asked: _Asked) -> str:
                 "intloom stop again with a longer --timeout (the default is 10 s).")
     said = ("The stop request was sent once and not resent." if asked.unsent is None
             else f"The stop request was not sent: {asked.unsent}.")
+    if asked.unsent == _STARTING:
+        # doctor would find a live owner and nothing wrong: what helps is the host's pid.
+        return (f"The host (pid {target.pid}) was still starting after {timeout:g} s "
+                "(importing its Workflows or restoring its Runs) and never served requests, "
+                "so the stop request was not sent and it goes on starting. Run intloom stop "
+                "again once it has started (intloom status says when; a longer --timeout "
+                f"waits for it), or stop its start now with kill -TERM {target.pid} (a "
+                "graceful stop: it interrupts a Workflow's import at once).")
     if not asked.stopping:
         return ("Cannot verify resource cleanup by the original instance (pid "
                 f"{target.pid}) within {timeout:g} s. Run intloom doctor. {said}")
@@ -1205,13 +1218,15 @@ def stop_service(root: str | os.PathLike[str], *, timeout: float | None = None) 
     return stop_service_report(root, timeout=timeout).stopped
 
 
-def stop_service_report(root: str | os.PathLike[str], *,
-                        timeout: float | None = None) -> StopResult:
+def stop_service_report(root: str | os.PathLike[str], *, timeout: float | None = None,
+                        starting: Callable[[str], None] | None = None) -> StopResult:
     """Stop the observed host instance, and say which Runs it cut mid-Step.
 
     Never signals and never cleans up: crash leftovers are CLI_SERVICE_BUSY with every file
     byte-identical; a host that does not release its files in time is CLI_SERVICE_TIMEOUT.
-    ``timeout`` None: 10 s, or as long as the host says its stop may take, when longer.
+    ``timeout`` None: 10 s, or as long as the host says its stop may take, when longer; a
+    host still starting is waited for up to 300 s (as ``start`` waits), then asked.
+    ``starting`` is told, once, when the host is still starting, what the stop waits for.
     """
     from intloom.host.observe import observe
 
@@ -1234,13 +1249,16 @@ def stop_service_report(root: str | os.PathLike[str], *,
     if info is not None and (conn is None or conn.port != info.port):
         raise _unmatched_connection(paths, info, conn, target)
     tried = False  # the request is tried at most once, whether or not it could be sent
-    asked = _Asked("the host was still starting and never served requests")
+    asked = _Asked(_STARTING)
     log = _log_path(paths, info.log_file) if info is not None else None
     if info is not None:
         asked = _request_stop(root, paths, target, deadline)
         tried = True
         if timeout is None:
             deadline = _stop_deadline(deadline, asked, log)
+    elif timeout is None:
+        deadline = began + _STARTING_TIMEOUT
+    told = starting is None
     while True:
         if _released(paths, target):
             return _with_changes(root, _stopped(log), log)
@@ -1255,12 +1273,19 @@ def stop_service_report(root: str | os.PathLike[str], *,
             except IntloomError:
                 now_info = None
             if now_info is not None and now_info.instance_id == target.instance_id:
+                if timeout is None:  # from now on, as for a host found serving
+                    deadline = time.monotonic() + _STOP_TIMEOUT
                 asked = _request_stop(root, paths, target, deadline)
                 tried = True
                 # Its log says what the stop did to the Runs; unknown until it served.
                 log = _log_path(paths, now_info.log_file)
                 if timeout is None:
                     deadline = _stop_deadline(deadline, asked, log)
+            elif not told:
+                told = True
+                assert starting is not None
+                starting(f"The service (pid {target.pid}) is still starting: it is asked to "
+                         "stop once it serves.")
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise IntloomError("CLI_SERVICE_TIMEOUT",

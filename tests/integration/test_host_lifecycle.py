@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import stat
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -346,6 +349,96 @@ def test_a_stop_that_waits_out_the_start_up_reports_what_the_stop_did_to_the_run
     assert restore is not None and len(restore.waiting) == 1, started
     assert result.stopped is True
     assert result.suspended == 1, result  # the restored waiting Run, from the host's log
+
+
+def _held_start(project: Project, started: list[Any]) -> tuple[Any, threading.Thread]:
+    """A start (on a thread) whose host waits in its Workflow's import while ``hold`` exists;
+    returns ``hold`` and the thread, once the host holds its lock."""
+    hold = project.root / "hold"
+    _slow_import(project, "import pathlib, time\n"
+                 "while (pathlib.Path(__file__).parent.parent / 'hold').exists(): "
+                 "time.sleep(0.01)")
+    hold.write_text("")
+
+    def launch() -> None:
+        try:
+            started.append(start_service(project.root, timeout=60))
+        except IntloomError as exc:
+            started.append(exc)
+
+    starting = threading.Thread(target=launch)
+    starting.start()
+    eventually(lambda: (project.state / "service.lock").exists(), timeout=30,
+               what="the host to take its lock")
+    project.track_host()
+    return hold, starting
+
+
+def test_a_stop_without_timeout_waits_for_a_host_still_starting_and_stops_it(
+    project: Project, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stop during a start that takes longer than the stop's 10 s (a slow import) gave up
+    with CLI_SERVICE_TIMEOUT, its request unsent, and the host then served on. It now waits
+    for the host to serve, up to 300 s as a start does, and then stops it."""
+    monkeypatch.setattr(lifecycle, "_STOP_TIMEOUT", 0.3)  # the old deadline, passed below
+    started: list[Any] = []
+    hold, starting = _held_start(project, started)
+    told: list[str] = []
+    began = [0.0]
+    real = lifecycle._released
+
+    def released(*args: Any) -> bool:
+        # Each poll of the stop: the import goes on until the stop's old deadline is past.
+        if began[0] == 0.0:
+            began[0] = time.monotonic()
+        elif time.monotonic() - began[0] > 1.0:
+            hold.unlink(missing_ok=True)
+        return real(*args)
+
+    monkeypatch.setattr(lifecycle, "_released", released)
+    try:
+        pid = metadata(project, "service.lock")["pid"]
+        result = lifecycle.stop_service_report(project.root, starting=told.append)
+    finally:
+        hold.unlink(missing_ok=True)
+        starting.join(timeout=60)
+    assert result.stopped is True
+    assert told == [f"The service (pid {pid}) is still starting: it is asked to stop once "
+                    "it serves."]
+    assert len(started) == 1 and isinstance(started[0], StartResult), started  # it served
+    assert not (project.state / "service.lock").exists()
+    assert not pid_alive(pid)
+
+
+def test_a_stop_that_times_out_on_a_starting_host_gives_its_pid_to_stop_the_start(
+    project: Project,
+) -> None:
+    """The timeout said "Run intloom doctor", which finds a live owner and nothing wrong. It
+    now says the host was still starting, that nothing was sent, and how to stop the start:
+    the kill -TERM it names ends it."""
+    started: list[Any] = []
+    hold, starting = _held_start(project, started)
+    try:
+        pid = metadata(project, "service.lock")["pid"]
+        stopped = project.cli("stop", "--timeout", "0.5")
+        assert stopped.code == 1, stopped
+        assert "CLI_SERVICE_TIMEOUT" in stopped.stderr
+        assert (f"The service (pid {pid}) is still starting: it is asked to stop once it "
+                "serves.") in stopped.stderr
+        said = " ".join(stopped.stderr.split())
+        assert f"The host (pid {pid}) was still starting after 0.5 s" in said
+        assert "the stop request was not sent" in said and "intloom doctor" not in said
+        assert f"kill -TERM {pid}" in said
+        assert pid_alive(pid)  # a stop never signals
+        os.kill(pid, signal.SIGTERM)  # what the message says to do
+        starting.join(timeout=60)
+    finally:
+        hold.unlink(missing_ok=True)
+        starting.join(timeout=60)
+    assert len(started) == 1 and isinstance(started[0], IntloomError), started
+    assert started[0].code == "CLI_SERVICE_CLOSING", started[0]
+    eventually(lambda: not pid_alive(pid), timeout=30, what="the host to exit")
+    assert not (project.state / "service.lock").exists()
 
 
 def test_a_clean_stop_with_an_open_connection_logs_no_error(project: Project) -> None:

@@ -112,7 +112,8 @@ def _report(renderer: Renderer, result: Any) -> None:
 
 @command
 def stop(state: CliState, timeout: Annotated[
-        float | None, _timeout_option("10, or as long as the host says its stop may take")
+        float | None, _timeout_option("10, or as long as the host says its stop may take; 300 "
+                                       "for a host still starting")
 ] = None) -> None:
     """Ask the running host to stop, once, and wait until it has released its files."""
     from intloom.client import lifecycle
@@ -121,7 +122,11 @@ def stop(state: CliState, timeout: Annotated[
     kwargs: dict[str, Any] = {}
     if timeout is not None:
         kwargs["timeout"] = timeout
-    with state.renderer.spinner("Stopping the intloom service...") as _update:
+    renderer = state.renderer
+    with renderer.spinner("Stopping the intloom service...") as update:
+        # On a terminal the spinner's line says what it waits for; elsewhere a note on
+        # stderr, since a host still starting may keep this stop silent for minutes.
+        kwargs["starting"] = update if renderer.rich_err else renderer.note
         result = lifecycle.stop_service_report(root, **kwargs)
     stopped = result.stopped
 
