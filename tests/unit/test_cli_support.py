@@ -865,7 +865,7 @@ def test_the_timeout_options_bound_is_the_clients() -> None:
                            "Listen on this port; later starts reuse it unless intloom.toml "
                            "sets a port."]),
     (["stop", "--help"], ["Give up after S seconds (default 10, or as long as the host says "
-                          "its stop may take)."]),
+                          "its stop may take; 300 for a host still starting)."]),
 ])
 def test_the_help_spells_the_usage_as_docs_cli_does(
     capsys: pytest.CaptureFixture[str], args: list[str], lines: list[str],
