@@ -1046,6 +1046,9 @@ _STOP_TIMEOUT: Final = 10.0
 # 10 s, a stop during a slow import timed out, unsent, and the host then served on.
 _STARTING_TIMEOUT: Final = 300.0
 _STARTING: Final = "the host was still starting and never served requests"
+# A host on its way out also has only its lock, for a moment: one still seen so after this
+# long is starting, and the stop says what it waits for.
+_STARTING_SAID: Final = 0.5
 
 
 def _within(seconds: float | None) -> float | None:
@@ -1281,7 +1284,7 @@ def stop_service_report(root: str | os.PathLike[str], *, timeout: float | None =
                 log = _log_path(paths, now_info.log_file)
                 if timeout is None:
                     deadline = _stop_deadline(deadline, asked, log)
-            elif not told:
+            elif not told and time.monotonic() - began >= _STARTING_SAID:
                 told = True
                 assert starting is not None
                 starting(f"The service (pid {target.pid}) is still starting: it is asked to "
