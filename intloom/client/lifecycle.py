@@ -497,21 +497,21 @@ def _launch_reported(root: Path, *, port: int | None, strict: bool, deadline: fl
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
         os.close(write_fd)  # only the child holds the write end now: EOF means it is gone
     importing = _Importing()
-    caught = _catch_sigterm()
+    caught = _catch_stop_signals()
     try:
         if progress is not None:
             progress(_STEPS["launched"])
         service = _await_ready(proc, read_fd, deadline, progress, importing, slow_import)
-    except _Terminated:
-        # A second SIGTERM while the host stops may end this command as it would have: the
+    except _Terminated as terminated:
+        # A second signal while the host stops may end this command as it would have: the
         # host was already told to stop.
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        caught = False
+        _uncatch(caught)
+        caught = []
         _stop_child(proc)
         raise IntloomError(
             "CLI_SERVICE_CLOSING",
-            f"This start was asked to stop (SIGTERM) before the host it launched (pid "
-            f"{proc.pid}) served, so it stopped that host: the start did not happen. Run "
+            f"This start was asked to stop ({terminated.name}) before the host it launched "
+            f"(pid {proc.pid}) served, so it stopped that host: the start did not happen. Run "
             "intloom start again and let it finish (its --timeout bounds it by itself).",
         ) from None
     except IntloomError as exc:
@@ -524,33 +524,49 @@ def _launch_reported(root: Path, *, port: int | None, strict: bool, deadline: fl
         _stop_child(proc)
         raise
     finally:
-        if caught:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        _uncatch(caught)
         os.close(read_fd)
     _reap_later(proc)
     return service
 
 
 class _Terminated(Exception):
-    """SIGTERM reached a start waiting for the host it launched."""
+    """SIGTERM or SIGQUIT reached a start waiting for the host it launched."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
 
 
-def _on_sigterm(_signum: int, _frame: object) -> None:
-    raise _Terminated
+def _on_stop_signal(signum: int, _frame: object) -> None:
+    raise _Terminated(signal.Signals(signum).name)
 
 
-def _catch_sigterm() -> bool:
-    """While a start waits for its host, SIGTERM (``timeout``, a supervisor) is what Ctrl-C
-    is: its default action ended the command and left the half-started host to serve,
-    unknown to whoever gave up on the start. Only that default is replaced (a program that
-    handles or ignores SIGTERM itself keeps its way). True when it was replaced."""
-    if signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
-        return False
-    try:
-        signal.signal(signal.SIGTERM, _on_sigterm)
-    except ValueError:  # not the main thread: its signals are the caller's
-        return False
-    return True
+# SIGTERM (``timeout``, a supervisor) and SIGQUIT (Ctrl-\ in the terminal): their default
+# actions ended the command and left the half-started host (in a session of its own, so the
+# terminal's Ctrl-\ never reaches it) to serve, unknown to whoever gave up on the start.
+_STOP_SIGNALS: Final = (signal.SIGTERM, signal.SIGQUIT)
+
+
+def _catch_stop_signals() -> list[signal.Signals]:
+    """While a start waits for its host, SIGTERM and SIGQUIT are what Ctrl-C is. Only their
+    default is replaced (a program that handles or ignores one itself keeps its way).
+    Returns the signals whose handler was replaced."""
+    caught: list[signal.Signals] = []
+    for signum in _STOP_SIGNALS:
+        if signal.getsignal(signum) != signal.SIG_DFL:
+            continue
+        try:
+            signal.signal(signum, _on_stop_signal)
+        except ValueError:  # not the main thread: its signals are the caller's
+            break
+        caught.append(signum)
+    return caught
+
+
+def _uncatch(caught: list[signal.Signals]) -> None:
+    for signum in caught:
+        signal.signal(signum, signal.SIG_DFL)
 
 
 @dataclass

@@ -381,11 +381,15 @@ def test_a_stop_signal_a_workflow_import_swallowed_still_stops_the_start(
     assert not (swallows.state / "service.lock").exists()
 
 
-def test_a_start_sent_sigterm_while_it_waits_stops_the_host_it_launched(slow: Project) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGQUIT])
+def test_a_start_sent_sigterm_while_it_waits_stops_the_host_it_launched(
+        slow: Project, signum: signal.Signals) -> None:
     """``timeout 30 intloom start`` (SIGTERM), or a supervisor's stop, while the host was
     still importing ended the command by SIGTERM's default action and left the half-started
     host to go on and serve, unknown to whoever gave up on the start; Ctrl-C already stopped
-    it. The start now stops the host it launched and says so (CLI_SERVICE_CLOSING)."""
+    it. The start now stops the host it launched and says so (CLI_SERVICE_CLOSING). Ctrl-\\
+    (SIGQUIT, which the terminal sends to the start alone: the host has a session of its
+    own) dumped the start's core and likewise left the host to serve."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "intloom", "--project", str(slow.root), "start", "--json"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -395,7 +399,7 @@ def test_a_start_sent_sigterm_while_it_waits_stops_the_host_it_launched(slow: Pr
         eventually((slow.root / "importing").exists, timeout=20, what="the import to start")
         host = json.loads((slow.state / "service.lock").read_text())["pid"]
         slow.pids.add(host)
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signum)
         out, err = proc.communicate(timeout=30)
     finally:
         (slow.root / "release").write_text("")  # a host still importing finishes
@@ -406,6 +410,7 @@ def test_a_start_sent_sigterm_while_it_waits_stops_the_host_it_launched(slow: Pr
     error = json.loads(out)["error"]
     assert error["code"] == "CLI_SERVICE_CLOSING", error
     assert f"(pid {host})" in error["message"], error
+    assert f"This start was asked to stop ({signum.name})" in error["message"], error
     eventually(lambda: not pid_alive(host), timeout=10, what=f"the host (pid {host}) to exit")
     assert not (slow.state / "service.lock").exists()
     assert not (slow.state / "service.json").exists()
