@@ -606,3 +606,28 @@ def test_no_help_shows_a_flag_as_taking_a_value_or_braces_an_argument(
     assert plain.startswith("Usage: intloom answer [OPTIONS] RUN ACTION ANSWER\n"), plain
     assert main(["logs", "--help"]) == 0
     assert capsys.readouterr().out.startswith("Usage: intloom logs [OPTIONS] [RUN]\n")
+
+
+def test_doctor_names_the_first_runs_that_need_a_person_and_counts_the_rest() -> None:
+    """30,000 held Runs printed 10.8 MB of preview lines. The text names those that need a
+    person first (interrupted, held), up to DOCTOR_RUNS_SHOWN, and counts the rest by row;
+    the JSON keeps every preview."""
+    def preview(n: int, row: str, problem: str | None = None) -> dict[str, Any]:
+        return {"runId": f"RUN-{n}", "verdict": {"row": row, "reason": f"why {n}"},
+                **({"problem": problem} if problem else {})}
+
+    runs = ([preview(n, "resume") for n in range(70)] + [preview(70, "interrupted")]
+            + [preview(n, "restore_wait") for n in range(71, 100)]
+            + [preview(100, "resume", "held: the Workflow changed")])
+    lines = render.doctor_lines({"status": "offline", "message": "m", "owners": [],
+                                 "checks": [], "runs": runs})
+    named = [line for line in lines if line.startswith("  RUN-")]
+    assert len(named) == render.DOCTOR_RUNS_SHOWN == 50
+    assert named[:2] == ["  RUN-70 · interrupted: why 70", "  RUN-100 · resume: why 100"]
+    assert "    held: the Workflow changed" in lines
+    assert named[2] == "  RUN-0 · resume: why 0"  # then in the report's order
+    assert lines[-1] == ("  ... and 51 more (29 restore_wait, 22 resume): intloom doctor "
+                         "--json lists every Run with its reason.")
+    few = render.doctor_lines({"status": "offline", "message": "m", "owners": [],
+                               "checks": [], "runs": runs[:3]})
+    assert not any(line.startswith("  ...") for line in few)
