@@ -625,7 +625,9 @@ def test_stop(capsys: pytest.CaptureFixture[str], proj: Path,
         "cut": [{"runId": "RUN-a", "evidence": "Step main/pay was running"}], "cutCount": 3,
         "lost": [], "lostCount": 0, "suspended": None, "others": 0,
         "changedSinceLoad": []}
-    assert lifecycle == [("stop", proj.resolve(), {"timeout": 3.0})]
+    assert [(op, root, {k: v for k, v in kw.items() if k != "starting"})
+            for op, root, kw in lifecycle] == [("stop", proj.resolve(), {"timeout": 3.0})]
+    assert callable(lifecycle[0][2]["starting"])  # told while a starting host is awaited
 
 
 def test_stop_text_names_the_runs_it_cut(capsys: pytest.CaptureFixture[str], proj: Path,
