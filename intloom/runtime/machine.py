@@ -138,6 +138,9 @@ class RunState(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     last_effect: EffectRef | None = None
     last_error: ErrorView | None = None
     dismissed: bool = False
+    # recover waited and goes on after its answer in the same host: that answer's
+    # ``executing`` says "step" (the code that waited resumes), and is recover's.
+    recover_resumed: bool = False
 
 
 def _illegal(state: RunState | None, record: Record, why: str) -> IllegalTransition:
@@ -208,6 +211,7 @@ def _apply_stage_pending(state: RunState, record: StagePending, seq: int) -> Run
         cursor=Cursor(stage=record.stage),
         status="running",
         executing_kind=None,
+        recover_resumed=False,
         stage_state=None,
         outcome=None,
         output=None,
@@ -228,6 +232,7 @@ def _apply_step_ready(state: RunState, record: StepReady, seq: int) -> RunState:
         cursor=Cursor(stage=record.stage, step=record.step),
         status="running",
         executing_kind=None,
+        recover_resumed=False,
         stage_state=record.state,
         outcome=None,
         output=None,
@@ -261,6 +266,7 @@ def _apply_step_result(state: RunState, record: StepResult, seq: int) -> RunStat
         cursor=_cursor(state, record.stage, record.step),
         status="running",
         executing_kind=None,
+        recover_resumed=False,
         stage_state=record.state,
         outcome=record.outcome,
         output=record.output,
@@ -321,12 +327,14 @@ def _apply_executing(state: RunState, record: Executing, seq: int) -> RunState:
         raise _illegal(state, record, "only an Agent task resumes from a wait")
     if record.stage != state.cursor.stage:
         raise _illegal(state, record, f"the Run is in Stage {state.cursor.stage!r}")
+    resumed = kind == "step" and state.phase == "answered" and state.executing_kind == "recover"
     return msgspec.structs.replace(
         state,
         phase="executing", seq=seq, updated_at=record.at,
         cursor=_cursor(state, record.stage, record.step),
         status="running",
-        executing_kind=kind,
+        executing_kind="recover" if resumed else kind,
+        recover_resumed=resumed,
         pending_agent_call=None if kind == "agent" else state.pending_agent_call,
     )
 
@@ -384,11 +392,13 @@ _FOLD: Final[dict[type, _Fold]] = {
 
 
 def _answer_untouched(state: RunState) -> bool:
-    """The Step resumed after an accepted answer and has not acted on it durably yet: its
-    journal ends at ``executing`` with the answer saved and no effect since."""
+    """The Step (or a recover that waited) resumed after an accepted answer and has not
+    acted on it durably yet: its journal ends at ``executing`` with the answer saved and no
+    effect since. A recover that a restart started with the answer is not: it is not run
+    again."""
     return (
         state.phase == "executing"
-        and state.executing_kind == "step"
+        and (state.executing_kind == "step" or state.recover_resumed)
         and state.answered_action is not None
         and state.effect_in_flight is None
         and state.last_effect is None

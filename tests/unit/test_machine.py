@@ -217,6 +217,34 @@ def test_an_effect_in_flight_names_the_initialiser_or_recover_that_ran_it() -> N
         "and its outcome is unknown")
 
 
+def test_a_recover_that_waited_and_goes_on_after_its_answer_is_still_recover() -> None:
+    """The ``executing`` written with the answer to recover's own wait was folded as the
+    Step's: its effect in flight, and its mistakes, were named as the Step's body's. The
+    restart rows stay: untouched, recover is called with that answer; once it is running
+    after a restart's answer, it is not run again."""
+    asked_again: list[Record] = [
+        header(), StagePending(at="t", stage="a"), StepReady(at="t", stage="a", step="s1"),
+        Executing(at="t", stage="a", step="s1"), Waiting(at="t", action=_action("a", "s1", 1)),
+        Answered(at="t", action_id="ASK-1", answer={"isConfirmed": True}),
+        Executing(at="t", stage="a", step="s1", kind="recover"),
+        Waiting(at="t", action=_action("a", "s1", 2)),
+        Answered(at="t", action_id="ASK-2", answer={"isConfirmed": False}),
+    ]
+    resumed = fold([*asked_again, Executing(at="t", stage="a", step="s1")])
+    assert resumed is not None and resumed.executing_kind == "recover"
+    verdict = restart_verdict(resumed, has_recover=True)
+    assert (verdict.row, verdict.reason) == (
+        "recover", "the answer to ASK-2 was accepted; Step a/s1 continues in recover")
+    again = apply(resumed, Executing(at="t", stage="a", step="s1", kind="recover"))
+    assert restart_verdict(again, has_recover=True).row == "interrupted"
+    in_flight = apply(resumed, EffectStarted(at="t1", name="refund", key="order-7"))
+    assert restart_verdict(in_flight, has_recover=True).reason == (
+        "the recover entry of Step a/s1 was running effect 'refund' (key 'order-7', started "
+        "t1) and its outcome is unknown")
+    routed = apply(resumed, StepResult(at="t", stage="a", step="s1", outcome="ok"))
+    assert not routed.recover_resumed
+
+
 def test_effect_done_must_close_the_started_effect() -> None:
     start = fold([
         header(), StagePending(at="t", stage="a"), StepReady(at="t", stage="a", step="s1"),

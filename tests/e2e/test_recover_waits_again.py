@@ -1,0 +1,132 @@
+"""A ``recover`` that waits again and is answered in the same host is still ``recover``: the
+``executing`` written with that answer was folded as the Step's, so what recover did next was
+named as the Step's body (which had not run) -- its mistakes ("Stage 'main', Step 'x': the
+effect key ...") and, after a crash, the effect it had in flight ("Step main/x was running
+effect ..."), where the docs promise "the recover entry". Real host, real CLI subprocesses, a
+real stop and a real SIGKILL; every process is reaped."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import Project, eventually, ok, one_source_project, reaped
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+AGAIN = textwrap.dedent('''
+    import asyncio
+
+    import msgspec
+
+    import intloom
+
+
+    class S(msgspec.Struct):
+        n: int = 0
+
+
+    wf = intloom.Workflow("again", version="1.0.0")
+    main = wf.stage("main", state=S)
+
+
+    @main.step("pick", routes={"long_key": "long_key", "in_flight": "in_flight"})
+    def pick(ctx: intloom.StepContext[S]) -> str:
+        return ctx.intent
+
+
+    async def forever() -> None:
+        await asyncio.Event().wait()  # the host is killed while it runs
+
+
+    async def rec_long_key(ctx, saved):
+        await ctx.confirm({"second": "long_key"})
+        await ctx.aeffect("x", forever, key="k" * 2000)
+        return "done"
+
+
+    async def rec_in_flight(ctx, saved):
+        await ctx.confirm({"second": "in_flight"})
+        await ctx.aeffect("hold", forever)
+        return "done"
+
+
+    def waits(kind):
+        @main.step(kind, routes={"done": intloom.COMPLETE})
+        async def step(ctx: intloom.StepContext[S]) -> str:
+            await ctx.confirm({"first": kind})
+            return "done"
+
+        step.recover(globals()[f"rec_{kind}"])
+
+
+    for kind in ("long_key", "in_flight"):
+        waits(kind)
+''')
+
+YES = '{"isConfirmed": true}'
+
+
+@pytest.fixture
+def again(tmp_path: Path) -> Iterator[Project]:
+    yield from reaped(one_source_project(tmp_path, "again", AGAIN))
+
+
+def _recover_asks_again(project: Project, kind: str, run: dict[str, Any]) -> str:
+    """Answer the restored wait: recover runs and asks again; its new action's id."""
+    view = ok(project.cli("answer", run["runId"], run["pendingAction"]["id"], YES,
+                          "--json"))["run"]
+    assert view["status"] == "waiting", view
+    assert view["pendingAction"]["request"] == {"context": {"second": kind}}, view
+    return str(view["pendingAction"]["id"])
+
+
+def _phase(project: Project, run_id: str) -> str | None:
+    phase: str | None = project.cli("inspect", run_id, "--json").json["run"].get("phase")
+    return phase
+
+
+def test_what_recover_does_after_its_own_answer_is_named_as_recovers(again: Project) -> None:
+    ok(again.cli("start", "--json"))
+    runs = {kind: ok(again.cli("flow", "again", "--intent", kind, "--json"))["run"]
+            for kind in ("long_key", "in_flight")}
+    ok(again.cli("stop", "--json"))
+    ok(again.cli("start", "--json"))  # each answer now goes to the Step's recover
+    second = {kind: _recover_asks_again(again, kind, run) for kind, run in runs.items()}
+
+    run_id = runs["long_key"]["runId"]
+    failed = again.cli("answer", run_id, second["long_key"], YES, "--json").json["run"]
+    assert failed["lastError"]["code"] == "STEP_INTERACTION_INVALID", failed
+    assert failed["lastError"]["message"].startswith(
+        "Stage 'main', Step 'long_key' recover: the effect key given to ctx.aeffect is 2,000 "
+        "characters"), failed
+
+    # The answer's reply waits for a Run that never settles: its client dies with the host.
+    run_id = runs["in_flight"]["runId"]
+    answering = subprocess.Popen(
+        [sys.executable, "-m", "intloom", "--project", str(again.root), "answer", run_id,
+         second["in_flight"], YES, "--json"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        eventually(lambda: _phase(again, run_id) == "effect_started", timeout=30,
+                   what="recover's effect 'hold' to be journaled as started")
+        again.kill_host()
+        answering.wait(timeout=30)
+    finally:
+        if answering.poll() is None:
+            answering.kill()
+            answering.wait()
+    ok(again.cli("recover", "--json"))
+    ok(again.cli("start", "--json"))
+    view = ok(again.cli("runs", "--json"))["runs"]
+    error = next(run for run in view if run["runId"] == run_id)["lastError"]
+    assert error["code"] == "RUN_INTERRUPTED", error
+    assert "the recover entry of Step main/in_flight was running effect 'hold' (key 'hold#1'" \
+        in error["message"], error
+    ok(again.cli("stop", "--json"))
