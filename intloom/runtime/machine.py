@@ -141,6 +141,9 @@ class RunState(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     # recover waited and goes on after its answer in the same host: that answer's
     # ``executing`` says "step" (the code that waited resumes), and is recover's.
     recover_resumed: bool = False
+    # The last effect the running recover entry started, kept across its waits: a restart
+    # that continued such a wait would run recover again from its start, and call it again.
+    recover_effect: EffectRef | None = None
 
 
 def _illegal(state: RunState | None, record: Record, why: str) -> IllegalTransition:
@@ -212,6 +215,7 @@ def _apply_stage_pending(state: RunState, record: StagePending, seq: int) -> Run
         status="running",
         executing_kind=None,
         recover_resumed=False,
+        recover_effect=None,
         stage_state=None,
         outcome=None,
         output=None,
@@ -233,6 +237,7 @@ def _apply_step_ready(state: RunState, record: StepReady, seq: int) -> RunState:
         status="running",
         executing_kind=None,
         recover_resumed=False,
+        recover_effect=None,
         stage_state=record.state,
         outcome=None,
         output=None,
@@ -245,8 +250,9 @@ def _apply_effect_started(state: RunState, record: EffectStarted, seq: int) -> R
     if state.executing_kind not in ("step", "recover", "init"):
         raise _illegal(state, record, "effects run only inside user code")
     ref = EffectRef(name=record.name, key=record.key, started_at=record.at)
-    return msgspec.structs.replace(state, phase="effect_started", seq=seq, updated_at=record.at,
-                                   effect_in_flight=ref)
+    return msgspec.structs.replace(
+        state, phase="effect_started", seq=seq, updated_at=record.at, effect_in_flight=ref,
+        recover_effect=ref if state.executing_kind == "recover" else state.recover_effect)
 
 
 def _apply_effect_done(state: RunState, record: EffectDone, seq: int) -> RunState:
@@ -267,6 +273,7 @@ def _apply_step_result(state: RunState, record: StepResult, seq: int) -> RunStat
         status="running",
         executing_kind=None,
         recover_resumed=False,
+        recover_effect=None,
         stage_state=record.state,
         outcome=record.outcome,
         output=record.output,
@@ -335,6 +342,7 @@ def _apply_executing(state: RunState, record: Executing, seq: int) -> RunState:
         status="running",
         executing_kind="recover" if resumed else kind,
         recover_resumed=resumed,
+        recover_effect=state.recover_effect if resumed else None,
         pending_agent_call=None if kind == "agent" else state.pending_agent_call,
     )
 
@@ -461,9 +469,13 @@ def restart_verdict(state: RunState, has_recover: bool) -> Verdict:
             "interrupted",
             f"{where} waits on client Agent task {call.id} ({call.phase}); {NOT_RESTORED}",
         )
+    repeated = _recover_would_repeat(state)
     if phase == "waiting":
         assert state.pending_action is not None
         action = state.pending_action
+        if repeated is not None:
+            return Verdict("interrupted", f"the recover entry of {where} waits on "
+                           f"{action.kind} {action.id} after it ran {repeated}")
         if has_recover:
             return Verdict(
                 "restore_wait", f"{where} waits on {action.kind} {action.id}; the wait is restored"
@@ -474,6 +486,9 @@ def restart_verdict(state: RunState, has_recover: bool) -> Verdict:
         )
     if phase == "answered" or _answer_untouched(state):
         action_id = state.answered_action.id if state.answered_action else "?"
+        if repeated is not None:
+            return Verdict("interrupted", f"the answer to {action_id} was accepted, but the "
+                           f"recover entry of {where} had asked it after it ran {repeated}")
         if has_recover:
             return Verdict(
                 "recover", f"the answer to {action_id} was accepted; {where} continues in recover"
@@ -503,6 +518,18 @@ def restart_verdict(state: RunState, has_recover: bool) -> Verdict:
                        f"(key {done.key!r}) ended, its end recorded (intloom inspect shows "
                        "how); no effect was in flight")
     return Verdict("interrupted", f"{what} was running; no effect was in flight")
+
+
+def _recover_would_repeat(state: RunState) -> str | None:
+    """Why a wait of the recover entry (or its answer) cannot be continued, or None: the
+    original coroutine is gone, so only recover run again from its start could continue it,
+    and that would call the effect it recorded before asking again (DESIGN section 6: no
+    replay)."""
+    eff = state.recover_effect
+    if eff is None:
+        return None
+    return (f"effect {eff.name!r} (key {eff.key!r}, started {eff.started_at}): recover would "
+            "run again from its start and call it again")
 
 
 def interrupted_message(state: RunState) -> str:

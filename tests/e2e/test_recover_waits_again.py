@@ -7,6 +7,7 @@ real stop and a real SIGKILL; every process is reaped."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -22,6 +23,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
 AGAIN = textwrap.dedent('''
     import asyncio
+    import pathlib
 
     import msgspec
 
@@ -36,9 +38,13 @@ AGAIN = textwrap.dedent('''
     main = wf.stage("main", state=S)
 
 
-    @main.step("pick", routes={"long_key": "long_key", "in_flight": "in_flight"})
+    @main.step("pick", routes={"long_key": "long_key", "in_flight": "in_flight",
+                               "charges": "charges"})
     def pick(ctx: intloom.StepContext[S]) -> str:
         return ctx.intent
+
+
+    MARKER = pathlib.Path(__file__).resolve().parent.parent / "charges.log"
 
 
     async def forever() -> None:
@@ -57,6 +63,18 @@ AGAIN = textwrap.dedent('''
         return "done"
 
 
+    def charge(marker):
+        with open(marker, "a") as fh:  # outside the journal: how often it really ran
+            fh.write("charged\\n")
+        return "ch_1"
+
+
+    async def rec_charges(ctx, saved):
+        await ctx.aeffect("charge", charge, MARKER)
+        await ctx.confirm({"charged": True})
+        return "done"
+
+
     def waits(kind):
         @main.step(kind, routes={"done": intloom.COMPLETE})
         async def step(ctx: intloom.StepContext[S]) -> str:
@@ -66,7 +84,7 @@ AGAIN = textwrap.dedent('''
         step.recover(globals()[f"rec_{kind}"])
 
 
-    for kind in ("long_key", "in_flight"):
+    for kind in ("long_key", "in_flight", "charges"):
         waits(kind)
 ''')
 
@@ -129,4 +147,34 @@ def test_what_recover_does_after_its_own_answer_is_named_as_recovers(again: Proj
     assert error["code"] == "RUN_INTERRUPTED", error
     assert "the recover entry of Step main/in_flight was running effect 'hold' (key 'hold#1'" \
         in error["message"], error
+    ok(again.cli("stop", "--json"))
+
+
+def test_a_wait_recover_makes_after_an_effect_is_not_restored_to_call_it_again(
+        again: Project) -> None:
+    """Answered after a restart, such a wait calls recover again from its start, and recover
+    called the effect it had recorded again (the journal held 'charge#1' done twice)."""
+    ok(again.cli("start", "--json"))
+    run = ok(again.cli("flow", "again", "--intent", "charges", "--json"))["run"]
+    ok(again.cli("stop", "--json"))
+    ok(again.cli("start", "--json"))
+    view = ok(again.cli("answer", run["runId"], run["pendingAction"]["id"], YES,
+                        "--json"))["run"]
+    assert view["pendingAction"]["request"] == {"context": {"charged": True}}, view
+    marker = again.root / "charges.log"
+    assert marker.read_text() == "charged\n"
+    ok(again.cli("stop", "--json"))
+    preview = again.cli("doctor", "--json").json
+    ok(again.cli("start", "--json"))
+    runs = ok(again.cli("runs", "--json"))["runs"]
+    error = next(r for r in runs if r["runId"] == run["runId"])["lastError"]
+    assert error["code"] == "RUN_INTERRUPTED", error
+    assert ("the recover entry of Step main/charges waits on confirmation "
+            f"{view['pendingAction']['id']} after it ran effect 'charge' (key 'charge#1', "
+            in error["message"]), error
+    assert "recover would run again from its start and call it again" in error["message"]
+    assert "recover would run again" in json.dumps(preview), preview
+    refused = again.cli("answer", run["runId"], view["pendingAction"]["id"], YES, "--json")
+    assert refused.code == 1 and refused.json["error"]["code"] == "CONFLICT", refused
+    assert marker.read_text() == "charged\n"
     ok(again.cli("stop", "--json"))

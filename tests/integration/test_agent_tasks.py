@@ -565,8 +565,9 @@ def test_a_stop_gives_a_running_tool_its_grace(project: Project,
     lines = stopped.stdout.splitlines()
     assert lines[0] == (
         "The original service instance stopped. 1 Run waits on what the next start cannot "
-        "restore (a question or confirmation whose Step has no recover, or a task for a "
-        "client Agent); it reports it RUN_INTERRUPTED:"), lines
+        "restore (a question or confirmation whose Step has no recover, or that recover "
+        "asked after running an effect, or a task for a client Agent); it reports it "
+        "RUN_INTERRUPTED:"), lines
     assert "(claimed); claims, owner tokens and Tool receipts are not restored" in lines[1]
     assert len(lines) == 2, lines
 

@@ -1016,8 +1016,9 @@ def test_logs_keep_a_line_that_is_not_utf8_exactly_and_mark_it(
     (dict(suspended=3, lost=[("RUN-w", "Stage 'a', Step 'b' waits with no recover")],
           lost_count=1), [
         "The original service instance stopped. 1 Run waits on what the next start cannot "
-        "restore (a question or confirmation whose Step has no recover, or a task for a "
-        "client Agent); it reports it RUN_INTERRUPTED:",
+        "restore (a question or confirmation whose Step has no recover, or that recover "
+        "asked after running an effect, or a task for a client Agent); it reports it "
+        "RUN_INTERRUPTED:",
         "  RUN-w: Stage 'a', Step 'b' waits with no recover",
         "2 other unfinished Runs were suspended at their last checkpoint; committed data is "
         "retained. Run intloom start to resume them."]),
@@ -1029,7 +1030,8 @@ def test_logs_keep_a_line_that_is_not_utf8_exactly_and_mark_it(
         "next start reports it RUN_INTERRUPTED and replays nothing:",
         "  RUN-c: Step main/pay was running",
         "1 Run waits on what the next start cannot restore (a question or confirmation whose "
-        "Step has no recover, or a task for a client Agent); it reports it RUN_INTERRUPTED:",
+        "Step has no recover, or that recover asked after running an effect, or a task for a "
+        "client Agent); it reports it RUN_INTERRUPTED:",
         "  RUN-w: an Agent task"]),
     (dict(suspended=1, others=2), [
         "The original service instance stopped. 1 unfinished Run was suspended at its last "

@@ -14,6 +14,7 @@ from intloom.runtime.machine import (
     RunState,
     apply,
     fold,
+    interrupted_message,
     restart_verdict,
 )
 from intloom.runtime.model import Cursor, PendingAction, PendingAgentCall
@@ -243,6 +244,49 @@ def test_a_recover_that_waited_and_goes_on_after_its_answer_is_still_recover() -
         "t1) and its outcome is unknown")
     routed = apply(resumed, StepResult(at="t", stage="a", step="s1", outcome="ok"))
     assert not routed.recover_resumed
+
+
+def test_a_wait_recover_makes_after_an_effect_is_not_continued_by_running_it_again() -> None:
+    """Only recover run again from its start can continue a wait recover made (its coroutine
+    is gone): one that had recorded an effect before asking would call it again. The Step's
+    own effects before its wait are not recover's to repeat, nor are a recover's without
+    an effect; and the answer's reset of ``last_effect`` does not forget recover's."""
+    def asks(*, recover_charges: bool, step_charges: bool = False) -> list[Record]:
+        charge: list[Record] = [EffectStarted(at="t1", name="charge", key="charge#1"),
+                  EffectDone(at="t2", name="charge", key="charge#1", ok=True)]
+        none: list[Record] = []
+        return [
+            header(), StagePending(at="t", stage="a"), StepReady(at="t", stage="a", step="s1"),
+            Executing(at="t", stage="a", step="s1"), *(charge if step_charges else none),
+            Waiting(at="t", action=_action("a", "s1", 1)),
+            Answered(at="t", action_id="ASK-1", answer={"isConfirmed": True}),
+            Executing(at="t", stage="a", step="s1", kind="recover"),
+            *(charge if recover_charges else none),
+            Waiting(at="t", action=_action("a", "s1", 2)),
+        ]
+
+    def verdict(records: list[Record]) -> tuple[str, str]:
+        state = fold(records)
+        assert state is not None
+        found = restart_verdict(state, has_recover=True)
+        return found.row, found.reason
+
+    repeat = ("effect 'charge' (key 'charge#1', started t1): recover would run again from "
+              "its start and call it again")
+    answered = Answered(at="t", action_id="ASK-2", answer={"isConfirmed": True})
+    resumed = Executing(at="t", stage="a", step="s1")
+    assert verdict(asks(recover_charges=True)) == (
+        "interrupted", f"the recover entry of Step a/s1 waits on confirmation ASK-2 after it "
+        f"ran {repeat}")
+    for tail in ([answered], [answered, resumed]):
+        assert verdict([*asks(recover_charges=True), *tail]) == (
+            "interrupted", "the answer to ASK-2 was accepted, but the recover entry of Step "
+            f"a/s1 had asked it after it ran {repeat}")
+    assert verdict(asks(recover_charges=False, step_charges=True))[0] == "restore_wait"
+    assert verdict([*asks(recover_charges=False), answered, resumed])[0] == "recover"
+    state = fold(asks(recover_charges=True))
+    assert state is not None
+    assert interrupted_message(state).endswith(f"after it ran {repeat}.")
 
 
 def test_effect_done_must_close_the_started_effect() -> None:

@@ -179,8 +179,9 @@ def stop_lines(result: StopResult,
     if lost:
         lines.append(
             f"{'1 Run waits' if lost == 1 else f'{lost} Runs wait'} on what the next start "
-            "cannot restore (a question or confirmation whose Step has no recover, or a task "
-            f"for a client Agent); it reports {'it' if lost == 1 else 'them'} "
+            "cannot restore (a question or confirmation whose Step has no recover, or that "
+            "recover asked after running an effect, or a task for a client Agent); it "
+            f"reports {'it' if lost == 1 else 'them'} "
             "RUN_INTERRUPTED:")
         lines += _listed(result.lost, lost)
     saved = ("suspended at their last checkpoint; committed data is retained. Run intloom "
