@@ -418,7 +418,9 @@ def _not_current(slot: RunSlot, action_id: str, elsewhere: RunSlot | None = None
     gist = _answered_as(slot, action_id)
     fact = (f"Action {action_id} is not (or no longer) Run {slot.run_id}'s unanswered action"
             if gist is None else
-            f"Action {action_id} of Run {slot.run_id} was already answered by another "
+            # "Earlier", not "another": a retry of the very answer accepted before a lost
+            # reply or a crash is refused here too.
+            f"Action {action_id} of Run {slot.run_id} was already answered by an earlier "
             f"request ({gist})")
     call = slot.state.pending_agent_call
     action = slot.state.pending_action

@@ -162,7 +162,7 @@ def test_confirm_then_reject_then_approve_completes() -> None:
         again = await rt.answer(view.run_id, first.id, {"isConfirmed": False})
         assert again.pending_action is not None and again.pending_action.id != first.id
         # The stale action id is now a CONFLICT naming how it was answered, and what is next.
-        with pytest.raises(IntloomError, match=r"already answered by another request "
+        with pytest.raises(IntloomError, match=r"already answered by an earlier request "
                            rf"\(declined\); it waits on {again.pending_action.id}"):
             await rt.answer(view.run_id, first.id, {"isConfirmed": True})
         done = await rt.answer(view.run_id, again.pending_action.id, {"isConfirmed": True})
@@ -225,7 +225,7 @@ def test_first_valid_answer_wins() -> None:
         # Each loser is told what won, not that the Run is "waiting with no question
         # pending" (its view, until the winner's answer is durable).
         for error in errors:
-            assert "already answered by another request (confirmed)" in error.message, error
+            assert "already answered by an earlier request (confirmed)" in error.message, error
             assert "nothing was recorded" in error.message and "pending" not in error.message
 
     run(main)
@@ -246,7 +246,7 @@ def test_an_answer_after_the_run_went_on_from_another_answer_is_told_that_answer
             await rt.answer(view.run_id, action, {"isConfirmed": False})
         assert late.value.code == "CONFLICT"
         message = late.value.message
-        assert f"Action {action} of Run {view.run_id} was already answered by another " \
+        assert f"Action {action} of Run {view.run_id} was already answered by an earlier " \
                "request (confirmed)" in message, message
         assert "it has completed and takes no answer; nothing was recorded" in message
 
