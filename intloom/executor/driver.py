@@ -288,7 +288,7 @@ class AgentClaim:
         self.claim_id: str | None = None
         self.owner_token: str | None = None
         self.receipts: dict[str, tuple[bytes, str, Any]] = {}
-        self.receipt_bytes = 0  # the receipts' inputs and outputs, encoded (their bound)
+        self.receipt_bytes = 0  # the receipts' ids, inputs and outputs, encoded (their bound)
         self.tool_running: str | None = None  # the tool_call_id of the Tool call running
         # The completion whose on_complete handler is running for this task (the runtime's
         # record of its request), so that another request can be told how it differs.

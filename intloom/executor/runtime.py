@@ -96,9 +96,10 @@ __all__ = [
 ]
 
 _MAX_RECEIPTS = 256
-# What one task's receipts may hold (inputs as canonical JSON, outputs as sent), counted
-# before a new call runs: a call that crosses it still keeps its receipt, so a task holds
-# at most this plus one request and one reply frame until it ends.
+# What one task's receipts may hold (their ids, inputs as canonical JSON, outputs as sent),
+# counted before a new call runs: a call that crosses it still keeps its receipt, so a task
+# holds at most this plus one request and one reply frame until it ends. The id counts: it is
+# the receipt's key, as large as a frame allows, and uncounted 256 of them held ~1 GiB.
 _MAX_RECEIPT_BYTES = 32 << 20
 # Tool inputs are compared as values: the same JSON object with its keys in another order is
 # the same input (an Agent may re-serialise its arguments on a retry).
@@ -1382,11 +1383,11 @@ class Runtime:
             raise IntloomError(
                 "CONFLICT",
                 f"Agent task {call_id} keeps {claim.receipt_bytes / (1 << 20):.1f} MiB of Tool "
-                f"call receipts (inputs and outputs), past the {_MAX_RECEIPT_BYTES >> 20} MiB "
-                f"one task may keep until it ends; Tool call {tool_call_id} was not run. "
-                "Repeating an earlier call (its tool_call_id and input) still returns its "
-                "output; otherwise complete or fail the task, and keep large data out of Tool "
-                "inputs and outputs (pass a path or an id).",
+                f"call receipts (ids, inputs and outputs), past the "
+                f"{_MAX_RECEIPT_BYTES >> 20} MiB one task may keep until it ends; Tool call "
+                f"{tool_call_id} was not run. Repeating an earlier call (its tool_call_id and "
+                "input) still returns its output; otherwise complete or fail the task, and keep "
+                "large data out of Tool call ids, inputs and outputs (pass a path or an id).",
             )
         if claim.tool_running is not None:
             raise IntloomError("BUSY", f"Tool call {claim.tool_running} of this task is "
@@ -1431,7 +1432,8 @@ class Runtime:
         finally:
             claim.tool_running = None
         claim.receipts[tool_call_id] = (encoded, tool, output)
-        claim.receipt_bytes += len(encoded) + sent
+        claim.receipt_bytes += (len(tool_call_id.encode("utf-8", "surrogatepass"))
+                                + len(encoded) + sent)
         return output, False
 
     async def _unless_cut(self, work: Awaitable[Any],

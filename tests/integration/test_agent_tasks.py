@@ -850,6 +850,29 @@ def test_a_task_past_its_receipt_bytes_is_told_so_not_to_retry(
     assert client.complete_agent_call(run.run_id, call, token, "done", {}).status == "completed"
 
 
+
+def test_a_tasks_receipt_bytes_count_its_tool_call_ids(
+        looping: tuple[Client, Project]) -> None:
+    """The receipts' bound counted inputs and outputs only: an Agent sending tool call ids
+    near the frame's 4 MiB (a document as the id) with small inputs kept up to 256 of them,
+    ~1 GiB of one task's ids in the host, while the task counted a few bytes. The ids count."""
+    client, _ = looping
+    run, call, token = _claimed(client, "looping")
+    made = 0
+    with pytest.raises(IntloomError) as refused:
+        while made < 64:  # 32 MiB of ids is reached after 16; the bound keeps it finite
+            client.call_tool(run.run_id, call, token, f"{made:02d}" + "i" * (2 << 20),
+                             "search", {"n": made})
+            made += 1
+    assert made == 16, made
+    assert refused.value.code == "CONFLICT" and refused.value.retryable is False
+    message = refused.value.message
+    assert f"Agent task {call} keeps 32.0 MiB of Tool call receipts" in message, message
+    # The call that crossed the line kept its receipt, and the task can still end.
+    assert client.call_tool(run.run_id, call, token, "15" + "i" * (2 << 20), "search",
+                            {"n": 15}) == ({"found": {"n": 15}}, True)
+    assert client.complete_agent_call(run.run_id, call, token, "done", {}).status == "completed"
+
 MISUSED = textwrap.dedent('''
     from typing import Any
 
