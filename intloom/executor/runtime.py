@@ -438,6 +438,13 @@ def _not_current(slot: RunSlot, action_id: str, elsewhere: RunSlot | None = None
         # not an empty "waiting" or "running".
         return (f"{fact}, which was accepted first; nothing was recorded of this answer. "
                 f"intloom attach {slot.run_id} follows the Run on from that answer.")
+    task = view.pending_agent_call
+    if view.status == "waiting" and task is not None:
+        # Not "no question or confirmation pending": the Run waits, on work no answer does.
+        return (f"{fact}; it waits on client Agent task {task.id} ({task.phase}), which a "
+                "client Agent claims and completes through intloom.client, not intloom "
+                f"answer; nothing was recorded. intloom attach {slot.run_id} follows it to "
+                "its next question.")
     error = view.last_error
     if view.status == "failed" and error is not None and error.code == "RUN_INTERRUPTED":
         then = ("it has been dismissed" if view.dismissed else

@@ -295,6 +295,22 @@ def test_answering_an_agent_task_as_a_question_says_what_it_is(client: Client) -
                        "Client.complete_agent_call).")
 
 
+
+def test_answering_another_id_on_a_run_waiting_for_its_agent_names_the_task(
+        client: Client, project: Project) -> None:
+    """An answer naming another id (a stale one, a typo) on a Run waiting for its client
+    Agent was told the Run "is waiting with no question or confirmation pending" and that
+    attach "follows it to its next question", as if nothing were pending: the task is."""
+    run, call_id = _task(client)
+    answered = project.cli("answer", run.run_id, "ASK-gone", '{"isConfirmed": true}')
+    assert answered.code == 1, answered
+    assert "Failure · CONFLICT: Action ASK-gone is not (or no longer)" in answered.stderr
+    assert (f"it waits on client Agent task {call_id} (available), which a client Agent "
+            "claims and completes through intloom.client, not intloom answer; nothing was "
+            "recorded.") in answered.stderr, answered.stderr
+    assert "no question or confirmation pending" not in answered.stderr
+    assert client.get_run(run.run_id).pending_agent_call == run.pending_agent_call
+
 LOOPING = textwrap.dedent('''
     import os
     import time
