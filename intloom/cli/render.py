@@ -394,8 +394,27 @@ def asked(run: Mapping[str, Any], *, intloom: str = "intloom"
 
 
 def asked_lines(run: Mapping[str, Any], *, intloom: str = "intloom") -> list[str]:
-    """``asked(run)`` for a list of Runs (``runs``): a header naming the Run, then indented."""
+    """``asked(run)`` for a list of Runs (``runs``): a header naming the Run, then indented;
+    for a Run waiting on a client Agent, its task (no command answers that)."""
     found = asked(run, intloom=intloom)
+    call = run.get("pendingAgentCall")
+    if found is None and run.get("status") == "waiting" and isinstance(call, Mapping):
+        # status sends a person here for "what each waiting Run asks": a bare "waiting" row
+        # left the task's id, phase and Agent to --json.
+        task = _compact(call.get("request"))
+        if len(task) > _CONTEXT_MAX:
+            task = f"{task[:_CONTEXT_MAX]}... (--json shows all of it)"
+        tools = call.get("tools")
+        run_id = run.get("runId", "?")
+        return [
+            f"{run_id} waits on client Agent task {call.get('id', '?')} "
+            f"({call.get('phase', '?')}, for Agent {str(call.get('agentId', '?'))!r}):",
+            f"  task: {task}",
+            *([f"  tools: {', '.join(map(str, tools))}"] if isinstance(tools, list) and tools
+              else []),
+            "  a client Agent claims and completes it through intloom.client.Client; "
+            f"{intloom} attach {run_id} follows it",
+        ]
     if found is None:
         return []
     action = run.get("pendingAction")

@@ -311,6 +311,27 @@ def test_answering_another_id_on_a_run_waiting_for_its_agent_names_the_task(
     assert "no question or confirmation pending" not in answered.stderr
     assert client.get_run(run.run_id).pending_agent_call == run.pending_agent_call
 
+
+def test_runs_text_says_what_a_run_waiting_for_its_agent_waits_on(
+        client: Client, project: Project) -> None:
+    """runs printed a Run waiting for a client Agent as a bare "waiting" row, while status
+    points there for "what each waiting Run asks": the task's id, phase, Agent and Tools were
+    in --json only. Each such Run gets a block, as a Run waiting for a person does."""
+    available, first = _task(client)
+    claimed, second, _token = _claimed(client)
+    listed = project.cli("runs")
+    assert listed.code == 0, listed
+    for run, call, phase in ((available, first, "available"), (claimed, second, "claimed")):
+        block = (f"{run.run_id} waits on client Agent task {call} ({phase}, for Agent "
+                 "'default'):\n"
+                 '  task: {"topic":"rust async runtimes"}\n'
+                 "  a client Agent claims and completes it through intloom.client.Client; "
+                 f"intloom --project {project.root} attach {run.run_id} follows it")
+        assert block in listed.stdout, listed.stdout
+    assert "answer:" not in listed.stdout  # no intloom answer command for an Agent's task
+    status = project.cli("status")
+    assert "Waiting  intloom runs shows what each waiting Run" in status.stdout, status
+
 LOOPING = textwrap.dedent('''
     import os
     import time
