@@ -1432,9 +1432,14 @@ class Runtime:
         except IntloomError:
             raise
         except Exception as exc:
+            # No receipt: the Agent must learn that resending the call (as receipts invite)
+            # runs the Tool again, after it may have acted; cut so that this is never lost.
+            raised = clip(f"Tool {tool!r} raised {type(exc).__name__}: {message_of(exc)}", 3600)
             raise IntloomError(
                 "TOOL_EXECUTION_FAILED",
-                clip(f"Tool {tool!r} raised {type(exc).__name__}: {message_of(exc)}"),
+                f"{raised.removesuffix('.')}. No receipt was kept, so the same call sent again "
+                "runs the Tool again (it may have acted before it raised); to run it once "
+                "only, do not send this call again.",
             ) from None
         finally:
             claim.tool_running = None

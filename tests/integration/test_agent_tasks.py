@@ -369,6 +369,12 @@ LOOPING = textwrap.dedent('''
         raise RuntimeError("no")  # never reached in these tests: refused BUSY first
 
 
+    def flaky(input: Any) -> Any:
+        with open(input["log"], "a") as log:  # it acts, then raises
+            log.write("ran\\n")
+        raise RuntimeError("quota exceeded")
+
+
     def wide(input: Any) -> Any:
         # JSON, but more than msgpack carries: an integer beyond 64 bits, a lone surrogate.
         return {"n": [1, 2**70]} if input.get("int") else {"s": "a\\udcffb"}
@@ -376,7 +382,7 @@ LOOPING = textwrap.dedent('''
 
     @main.agent_step("look", routes={"again": "look", "done": intloom.COMPLETE},
                      tools=[intloom.Tool("slow", slow), intloom.Tool("search", search),
-                            intloom.Tool("boom", boom),
+                            intloom.Tool("boom", boom), intloom.Tool("flaky", flaky),
                             intloom.Tool("setty", setty), intloom.Tool("wide", wide)])
     def look(ctx: intloom.StepContext[None]) -> Any:
         return {"topic": ctx.intent}
@@ -493,6 +499,25 @@ def test_agent_requests_refuse_what_is_not_json_or_empty_and_stale_tasks_say_why
     stale = _refused(lambda: client.call_tool(run.run_id, call, token, "tc-2", "search", {}),
                      "CONFLICT")
     assert "the Run has ended failed (AGENT_TASK_FAILED)" in stale
+
+
+def test_a_tool_that_raised_says_the_same_call_runs_it_again(
+        looping: tuple[Client, Project]) -> None:
+    """A Tool that raised was answered "Tool 'flaky' raised RuntimeError: ..." and nothing
+    more: an Agent that resends a call as receipts invite (same tool_call_id) could not tell
+    it runs the Tool again, after it may already have acted. The refusal says so."""
+    client, project = looping
+    run, call, token = _claimed(client, "looping")
+    log = project.root / "flaky.log"
+    for n in (1, 2):
+        message = _refused(lambda: client.call_tool(run.run_id, call, token, "tc-f", "flaky",
+                                                    {"log": str(log)}),
+                           "TOOL_EXECUTION_FAILED")
+        assert message == (
+            "Tool 'flaky' raised RuntimeError: quota exceeded. No receipt was kept, so the "
+            "same call sent again runs the Tool again (it may have acted before it raised); "
+            "to run it once only, do not send this call again."), message
+        assert log.read_text() == "ran\n" * n  # it did run again
 
 
 class _Running(NamedTuple):
