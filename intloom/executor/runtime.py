@@ -1516,7 +1516,16 @@ class Runtime:
         done = self._agent_ended.get(slot.run_id)
         if done is None or done.call_id != call_id:
             return None
-        self._check_owner_of(done.owner_token, owner_token, call_id)
+        if not hmac.compare_digest(done.owner_token, owner_token):
+            # Not "claim_agent_call again for the token": an ended task takes no claim.
+            how = (f"failed: {done.shown}" if done.verb == "fail" else
+                   f"completed with outcome {done.shown}")
+            await self._caught_up(slot)
+            raise IntloomError(
+                "CONFLICT",
+                f"Agent task {call_id} has ended ({how}), and the owner token does not match "
+                "the claim that ended it, so this is not that claim's retry; nothing was done. "
+                + _not_current_task(slot, slot.view(), call_id))
         if not done.same(end):
             raise IntloomError(
                 "CONFLICT",

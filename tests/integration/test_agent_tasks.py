@@ -130,9 +130,19 @@ def test_a_retried_completion_gets_the_runs_view_and_a_different_one_conflicts(
     assert f"Agent task {call_id} was already completed with outcome 'found'" in message
     message = _refused(lambda: client.complete_agent_call(
         run.run_id, call_id, "not-the-token", "found", {"items": ["a"], "n": 1}), "CONFLICT")
-    # The task, the fact and the fix (it said only "does not match the task's claim").
-    assert f"The owner token does not match Agent task {call_id}'s claim" in message
-    assert "claim_agent_call again with the same claim_id returns it" in message
+    # The task, the fact and the fix. It advised claim_agent_call again for the token, which
+    # on an ended task is refused CONFLICT ("not Run ...'s current task"): a dead end.
+    assert message.startswith(
+        f"Agent task {call_id} has ended (completed with outcome 'found'), and the owner token "
+        "does not match the claim that ended it, so this is not that claim's retry; nothing "
+        f"was done. Agent task {call_id} is not Run {run.run_id}'s current task: the Run now "
+        f"waits on confirmation {first.pending_action.id if first.pending_action else '?'} "
+        "for a person"), message
+    assert "claim_agent_call again" not in message
+    failed = _refused(lambda: client.fail_agent_call(run.run_id, call_id, "not-the-token",
+                                                     "gave up"), "CONFLICT")
+    assert failed.startswith(f"Agent task {call_id} has ended (completed with outcome "
+                             "'found'), and the owner token does not match"), failed
     # The person's confirmation, asked after the Agent's result, is unchanged by the retries.
     assert client.get_run(run.run_id) == first
 
