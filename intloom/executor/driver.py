@@ -69,7 +69,7 @@ if TYPE_CHECKING:
     from intloom.executor.runtime import Runtime
 
 __all__ = ["AgentClaim", "Driver", "RunObserver", "RunSlot", "check_effect_ids", "code_at",
-           "running_code", "still_claimed", "without_claim_advice"]
+           "running_code", "still_claimed", "user_raised", "without_claim_advice"]
 
 # (event, run id, detail, status): told of a Run's milestones, e.g. to write the host log.
 # (event, run id, detail, status) -> whether the host log now holds it (None: not said).
@@ -236,6 +236,11 @@ def _raised(exc: BaseException, at: str = "") -> str:
         return f"{exc.named}{at}{exc.why}"
     text = message_of(exc)
     return f"{type(exc).__name__}{at}: {text}" if text else f"{type(exc).__name__}{at}"
+
+
+def user_raised(exc: BaseException) -> str:
+    """``_raised`` for the runtime (a Tool's exception): never the stand-in's own name."""
+    return _raised(exc)
 
 
 class _Escaped(Exception):

@@ -37,7 +37,7 @@ from intloom.authoring.context import Recovery
 from intloom.authoring.interaction import validate_answer
 from intloom.authoring.loader import LoadedWorkflow
 from intloom.authoring.workflow import AgentStep
-from intloom.errors import MAX_MESSAGE, ErrorView, IntloomError, clip, error_view, message_of
+from intloom.errors import MAX_MESSAGE, ErrorView, IntloomError, clip, error_view
 from intloom.executor import clock
 from intloom.executor.driver import (
     AgentClaim,
@@ -47,6 +47,7 @@ from intloom.executor.driver import (
     check_effect_ids,
     running_code,
     still_claimed,
+    user_raised,
     without_claim_advice,
 )
 from intloom.executor.updates import RunUpdate
@@ -1434,7 +1435,7 @@ class Runtime:
         except Exception as exc:
             # No receipt: the Agent must learn that resending the call (as receipts invite)
             # runs the Tool again, after it may have acted; cut so that this is never lost.
-            raised = clip(f"Tool {tool!r} raised {type(exc).__name__}: {message_of(exc)}", 3600)
+            raised = clip(f"Tool {tool!r} raised {user_raised(exc)}", 3600)
             raise IntloomError(
                 "TOOL_EXECUTION_FAILED",
                 f"{raised.removesuffix('.')}. No receipt was kept, so the same call sent again "

@@ -385,6 +385,12 @@ LOOPING = textwrap.dedent('''
         raise RuntimeError("quota exceeded")
 
 
+    def exits(input: Any) -> Any:
+        if input.get("bare"):
+            raise RuntimeError()  # no message
+        raise SystemExit(3)
+
+
     def wide(input: Any) -> Any:
         # JSON, but more than msgpack carries: an integer beyond 64 bits, a lone surrogate.
         return {"n": [1, 2**70]} if input.get("int") else {"s": "a\\udcffb"}
@@ -393,7 +399,8 @@ LOOPING = textwrap.dedent('''
     @main.agent_step("look", routes={"again": "look", "done": intloom.COMPLETE},
                      tools=[intloom.Tool("slow", slow), intloom.Tool("search", search),
                             intloom.Tool("boom", boom), intloom.Tool("flaky", flaky),
-                            intloom.Tool("setty", setty), intloom.Tool("wide", wide)])
+                            intloom.Tool("setty", setty), intloom.Tool("wide", wide),
+                            intloom.Tool("exits", exits)])
     def look(ctx: intloom.StepContext[None]) -> Any:
         return {"topic": ctx.intent}
 
@@ -528,6 +535,24 @@ def test_a_tool_that_raised_says_the_same_call_runs_it_again(
             "same call sent again runs the Tool again (it may have acted before it raised); "
             "to run it once only, do not send this call again."), message
         assert log.read_text() == "ran\n" * n  # it did run again
+
+
+def test_a_tool_that_exits_or_raises_no_message_is_named_as_it_raised(
+        looping: tuple[Client, Project]) -> None:
+    """A Tool that raised SystemExit was named by the host's internal stand-in ("raised
+    _Escaped: SystemExit(3) ..."), and one that raised an exception without a message as
+    "raised RuntimeError: ." -- named as the Step's and on_complete's exceptions are."""
+    client, _ = looping
+    run, call, token = _claimed(client, "looping")
+    exited = _refused(lambda: client.call_tool(run.run_id, call, token, "tc-x", "exits", {}),
+                      "TOOL_EXECUTION_FAILED")
+    assert exited.startswith("Tool 'exits' raised SystemExit(3) (Workflow code must not exit "
+                             "the process, which is the host of every Run;"), exited
+    assert "_Escaped" not in exited
+    bare = _refused(lambda: client.call_tool(run.run_id, call, token, "tc-b", "exits",
+                                             {"bare": True}), "TOOL_EXECUTION_FAILED")
+    assert bare.startswith("Tool 'exits' raised RuntimeError. No receipt was kept"), bare
+    assert client.get_run(run.run_id).status == "waiting"  # the host and the task go on
 
 
 class _Running(NamedTuple):
