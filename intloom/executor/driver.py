@@ -2104,7 +2104,16 @@ class Driver:
         except asyncio.CancelledError as exc:
             if ctx._calls is not None:
                 _refused_effects(ctx, where, exc)
-            raise
+            task = asyncio.current_task()
+            if task is None or task.cancelling():
+                raise  # the host's (a stop past its grace, the request's connection gone)
+            # The handler's own: passed on, it ended the request with no reply, as if the
+            # host had crashed. Refused as anything else it raises.
+            raise IntloomError(
+                "INVALID_REQUEST",
+                f"{where} refused the Agent's result (outcome {result.outcome!r}): "
+                f"{clip(_raised(exc))}. {_STILL_CLAIMED}",
+            ) from None
         except IntloomError as exc:
             # A misused ctx (a State of the wrong type, an effect): the Agent must learn, as
             # for any refusal, that nothing was recorded and what it can do.

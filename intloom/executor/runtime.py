@@ -1432,7 +1432,12 @@ class Runtime:
             sent = len(msgspec.msgpack.encode(output))
         except IntloomError:
             raise
-        except Exception as exc:
+        except (Exception, asyncio.CancelledError) as exc:
+            task = asyncio.current_task()
+            if isinstance(exc, asyncio.CancelledError) and (task is None or task.cancelling()):
+                raise  # this request's own cancellation (its connection gone, a stop)
+            # A CancelledError the Tool raised itself: passed on, it ended the request with
+            # no reply, as if the host had crashed.
             # No receipt: the Agent must learn that resending the call (as receipts invite)
             # runs the Tool again, after it may have acted; cut so that this is never lost.
             raised = clip(f"Tool {tool!r} raised {user_raised(exc)}", 3600)

@@ -305,7 +305,6 @@ def test_answering_an_agent_task_as_a_question_says_what_it_is(client: Client) -
                        "Client.complete_agent_call).")
 
 
-
 def test_answering_another_id_on_a_run_waiting_for_its_agent_names_the_task(
         client: Client, project: Project) -> None:
     """An answer naming another id (a stale one, a typo) on a Run waiting for its client
@@ -342,7 +341,9 @@ def test_runs_text_says_what_a_run_waiting_for_its_agent_waits_on(
     status = project.cli("status")
     assert "Waiting  intloom runs shows what each waiting Run" in status.stdout, status
 
+
 LOOPING = textwrap.dedent('''
+    import asyncio
     import os
     import time
     from typing import Any
@@ -391,6 +392,14 @@ LOOPING = textwrap.dedent('''
         raise SystemExit(3)
 
 
+    async def acancel(input: Any) -> Any:
+        raise asyncio.CancelledError()  # the Tool's own: nothing cancelled the request
+
+
+    def scancel(input: Any) -> Any:
+        raise asyncio.CancelledError()
+
+
     def wide(input: Any) -> Any:
         # JSON, but more than msgpack carries: an integer beyond 64 bits, a lone surrogate.
         return {"n": [1, 2**70]} if input.get("int") else {"s": "a\\udcffb"}
@@ -400,7 +409,8 @@ LOOPING = textwrap.dedent('''
                      tools=[intloom.Tool("slow", slow), intloom.Tool("search", search),
                             intloom.Tool("boom", boom), intloom.Tool("flaky", flaky),
                             intloom.Tool("setty", setty), intloom.Tool("wide", wide),
-                            intloom.Tool("exits", exits)])
+                            intloom.Tool("exits", exits),
+                            intloom.Tool("acancel", acancel), intloom.Tool("scancel", scancel)])
     def look(ctx: intloom.StepContext[None]) -> Any:
         return {"topic": ctx.intent}
 
@@ -411,6 +421,8 @@ LOOPING = textwrap.dedent('''
             held(result.output["until"])
             if result.output.get("refuse"):
                 raise ValueError("not this one")
+        if result.output == "cancel":
+            raise asyncio.CancelledError()  # its own, as a Tool's above
 ''')
 
 
@@ -553,6 +565,30 @@ def test_a_tool_that_exits_or_raises_no_message_is_named_as_it_raised(
                                              {"bare": True}), "TOOL_EXECUTION_FAILED")
     assert bare.startswith("Tool 'exits' raised RuntimeError. No receipt was kept"), bare
     assert client.get_run(run.run_id).status == "waiting"  # the host and the task go on
+
+
+def test_a_tool_or_on_complete_raising_cancelled_error_is_refused_not_cut_off(
+        looping: tuple[Client, Project]) -> None:
+    """A Tool (async or sync) or an on_complete that raised CancelledError itself took the
+    host's request handler down with it: no reply, the connection closed, the Agent told "the
+    host may have stopped or crashed", a task_error in the host log. It is what it raised."""
+    client, _ = looping
+    run, call, token = _claimed(client, "looping")
+    for tool in ("acancel", "scancel"):
+        message = _refused(lambda tool=tool: client.call_tool(
+            run.run_id, call, token, f"tc-{tool}", tool, {}), "TOOL_EXECUTION_FAILED")
+        assert message.startswith(f"Tool {tool!r} raised CancelledError. No receipt was "
+                                  "kept"), message
+    refused = _refused(lambda: client.complete_agent_call(run.run_id, call, token, "done",
+                                                          "cancel"), "INVALID_REQUEST")
+    assert refused == (
+        "Stage 'main', Step 'look' on_complete refused the Agent's result (outcome 'done'): "
+        "CancelledError. Nothing was recorded and the task stays claimed: complete it again "
+        "with a corrected output, or fail it."), refused
+    # The same connection goes on, and the task is as it was: claimed, and completes.
+    assert client.call_tool(run.run_id, call, token, "tc-1", "search", {}) == (
+        {"found": {}}, False)
+    assert client.complete_agent_call(run.run_id, call, token, "done", {}).status == "completed"
 
 
 class _Running(NamedTuple):
