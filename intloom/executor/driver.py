@@ -25,7 +25,7 @@ from intloom.authoring.compat import deterministic_json
 from intloom.authoring.context import ContextHooks, StepContext, finish, left_behind, unawaited
 from intloom.authoring.interaction import confirmation_request, json_gap, questions_request
 from intloom.authoring.loader import LoadedWorkflow, raised_at
-from intloom.authoring.workflow import AgentStep, Complete, Stage, Step, ToStage
+from intloom.authoring.workflow import AgentStep, Complete, Stage, Step, Tool, ToStage
 from intloom.errors import ErrorView, IntloomError, as_call, clip, error_view, message_of
 from intloom.executor import clock
 from intloom.executor.crew import Crews
@@ -1922,13 +1922,17 @@ class Driver:
                 ctx = self._ctx(slot, step.name, step.stage)
             if step.kind == "agent":
                 request = await self._user(slot, step.where, step.fn, ctx)
+                tools: dict[str, Tool] = getattr(step, "tools", {})
                 call = PendingAgentCall(
                     id=clock.call_id(),
                     agent_id=getattr(step, "agent", "default"),
                     phase="available",
                     request=_plain(request, step),
-                    tools=sorted(getattr(step, "tools", {})),
+                    tools=sorted(tools),
                     created_at=clock.now(),
+                    tool_descriptions={name: tool.description
+                                       for name, tool in sorted(tools.items())
+                                       if tool.description},
                 )
                 rt.append(slot, Waiting(at=call.created_at, agent_call=call,
                                         state=_encode_state(ctx.state, step,

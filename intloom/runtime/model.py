@@ -49,7 +49,8 @@ class PendingAction(msgspec.Struct, frozen=True, rename="camel", gc=False):
     created_at: str
 
 
-class PendingAgentCall(msgspec.Struct, frozen=True, rename="camel", gc=False):
+class PendingAgentCall(msgspec.Struct, frozen=True, rename="camel", omit_defaults=True,
+                       gc=False):
     """A task published for a client Agent."""
 
     id: str
@@ -58,6 +59,10 @@ class PendingAgentCall(msgspec.Struct, frozen=True, rename="camel", gc=False):
     request: Any
     tools: list[str]
     created_at: str
+    # What each Tool is for (``intloom.Tool(..., description=...)``), by name, for those
+    # given one: the Agent that calls them had only their names. Added 2026-12; left out
+    # when empty, so a task without descriptions is encoded as before.
+    tool_descriptions: dict[str, str] = msgspec.field(default_factory=dict)
 
 
 class EffectRef(msgspec.Struct, frozen=True, rename="camel", gc=False):

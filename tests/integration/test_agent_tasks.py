@@ -406,7 +406,8 @@ LOOPING = textwrap.dedent('''
 
 
     @main.agent_step("look", routes={"again": "look", "done": intloom.COMPLETE},
-                     tools=[intloom.Tool("slow", slow), intloom.Tool("search", search),
+                     tools=[intloom.Tool("slow", slow),
+                            intloom.Tool("search", search, description="Finds a topic's notes."),
                             intloom.Tool("boom", boom), intloom.Tool("flaky", flaky),
                             intloom.Tool("setty", setty), intloom.Tool("wide", wide),
                             intloom.Tool("exits", exits),
@@ -468,6 +469,27 @@ def test_a_task_does_not_end_under_a_running_tool_and_its_receipts_stay_its_own(
     stale = _refused(lambda: client.call_tool(run.run_id, first, token, "tc-9", "search", {}),
                      "CONFLICT")
     assert f"now waits on Agent task {second} (claimed); use that one" in stale
+
+
+def test_the_task_tells_the_agent_what_each_described_tool_is_for(
+        looping: tuple[Client, Project]) -> None:
+    """``intloom.Tool(..., description=...)`` was checked and then kept from the Agent: the
+    task named its Tools only. The task now carries each description, in the view a client
+    gets and in ``runs --json``; Tools without one are named as before."""
+    client, project = looping
+    run = client.create_run("looping", "topic")
+    call = run.pending_agent_call
+    assert call is not None
+    assert call.tool_descriptions == {"search": "Finds a topic's notes."}
+    assert "slow" in call.tools and "search" in call.tools
+    token, claimed = client.claim_agent_call(run.run_id, call.id, "agent-1")
+    assert claimed.tool_descriptions == call.tool_descriptions
+    listed = project.cli("runs", "--json")
+    assert listed.code == 0, listed
+    [shown] = [r for r in listed.json["runs"] if r["runId"] == run.run_id]
+    assert shown["pendingAgentCall"]["toolDescriptions"] == {
+        "search": "Finds a topic's notes."}
+    client.fail_agent_call(run.run_id, call.id, token, "done looking")
 
 
 def test_tool_receipts_compare_values_and_name_what_differs(
