@@ -125,6 +125,24 @@ _BOUNDED: Final = frozenset({Terminal, EffectStarted, EffectDone, Waiting})
 _SUSPEND_BATCH: Final = 2000
 
 
+def _one_number_type(value: Any) -> Any:
+    """``value`` with each integral float (exact in a double) as the int it equals: JSON has
+    one type of number, and an Agent that re-serialises ``1.0`` as ``1`` (JavaScript does)
+    resends the same input, which was refused as "other input". Plain JSON, bounded in depth
+    (``_plain_json``)."""
+    kind = type(value)
+    if kind is float:
+        return int(value) if value.is_integer() and abs(value) <= _EXACT else value
+    if kind is dict:
+        return {key: _one_number_type(item) for key, item in value.items()}
+    if kind is list:
+        return [_one_number_type(item) for item in value]
+    return value
+
+
+_EXACT: Final = 2.0 ** 53
+
+
 class RestoredRun(msgspec.Struct, frozen=True):
     """One Run as the store read it back: its folded state, or why it cannot be restored."""
 
@@ -1358,7 +1376,8 @@ class Runtime:
         _nonempty(tool_call_id, "tool_call_id", "an id the Agent picks for each Tool call")
         _plain_json(input, f"The input of Tool call {tool_call_id}")
         claim = slot.agent  # this task's: a task ending meanwhile does not touch the next one
-        encoded = _CANONICAL.encode(input)  # the same JSON value, whatever its keys' order
+        # The same JSON value, whatever its keys' order or its numbers' spelling.
+        encoded = _CANONICAL.encode(_one_number_type(input))
         receipt = claim.receipts.get(tool_call_id)
         if receipt is not None:
             if receipt[1] != tool:

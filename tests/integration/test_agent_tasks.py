@@ -500,6 +500,11 @@ def test_tool_receipts_compare_values_and_name_what_differs(
     # The same JSON object with its keys in another order is the same input.
     again = client.call_tool(run.run_id, call, token, "tc-5", "search", {"a": 1, "q": "x"})
     assert again == (first[0], True)
+    # So is one whose numbers are spelled otherwise (JavaScript re-serialises 1.0 as 1).
+    assert client.call_tool(run.run_id, call, token, "tc-5", "search",
+                            {"q": "x", "a": 1.0}) == (first[0], True)
+    assert "other input" in _refused(lambda: client.call_tool(
+        run.run_id, call, token, "tc-5", "search", {"a": 1.5, "q": "x"}), "CONFLICT")
     other = _refused(lambda: client.call_tool(run.run_id, call, token, "tc-5", "slow",
                                               {"a": 1, "q": "x"}), "CONFLICT")
     assert "to Tool 'search', not 'slow'" in other
