@@ -239,8 +239,13 @@ def _raised(exc: BaseException, at: str = "") -> str:
 
 
 def user_raised(exc: BaseException) -> str:
-    """``_raised`` for the runtime (a Tool's exception): never the stand-in's own name."""
-    return _raised(exc)
+    """``_placed`` for the runtime (a Tool's exception): never the stand-in's own name, and
+    the line of the Workflow's source that raised it, as for a Step's. A Tool's exception
+    fails its call, not the Run, and the stand-in's advice says so."""
+    return _placed(exc).replace(_INSTEAD, "raise an exception instead to fail the Tool call)")
+
+
+_INSTEAD: Final = "raise an exception instead to fail the Run)"
 
 
 class _Escaped(Exception):
@@ -264,8 +269,7 @@ class _Escaped(Exception):
                     if isinstance(exc, KeyboardInterrupt) else
                     f"raise {name}, a BaseException the host keeps for itself")
             self.named = as_call(exc)
-            self.why = (f" (Workflow code must not {what}; raise an exception instead to "
-                        "fail the Run)")
+            self.why = f" (Workflow code must not {what}; {_INSTEAD}"
         super().__init__(f"{self.named}{self.why}")
         # The original's frames: the Run's error says where in the Workflow it was raised.
         self.__traceback__ = exc.__traceback__
