@@ -127,11 +127,13 @@ def since_start(root: Path, service: ServiceView, flows: list[WorkflowInfo]
                 out.append(SourceChange(source, "unreadable", exc.message, info.name))
                 continue
             if now != info.identity:
+                # ``now`` hashes the new files with the loaded version, which an edit may
+                # have bumped: an identity no Workflow need have, so it is not named.
                 out.append(SourceChange(
                     source, "edited",
                     f"{source} changed since the host loaded {info.name} {info.version} "
-                    f"(identity {info.identity[:12]}, now {now[:12]}); the host runs the code "
-                    "it loaded.", info.name))
+                    f"(identity {info.identity[:12]}); the host runs the code it loaded.",
+                    info.name))
     return out
 
 

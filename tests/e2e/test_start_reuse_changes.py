@@ -5,6 +5,7 @@ host, real CLI subprocesses; every host is reaped."""
 
 from __future__ import annotations
 
+import re
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -106,6 +107,31 @@ def test_a_reused_host_names_what_changed_since_it_started(project: Project) -> 
     assert sorted(w["name"] for w in ok(project.cli("flows", "--json"))["workflows"]) == [
         "memo", "note"]
     assert _workflows_check(project)["status"] == "ok"
+
+
+def test_a_version_bump_is_not_given_an_identity_no_workflow_has(project: Project) -> None:
+    """A Workflow's version bumped while its host runs: start's reuse and doctor said the
+    source changed "(identity OLD, now X)", X hashed from the new tree with the *loaded*
+    version, an identity no Workflow has; doctor's own line gave the real one beside it, and
+    the next start's flows (and every held Run's message) another. Only identities a
+    Workflow has are named."""
+    loaded = ok(project.cli("start", "--json"))
+    old = next(w["identity"] for w in ok(project.cli("flows", "--json"))["workflows"])
+    source = project.root / "workflows" / "note" / "__init__.py"
+    source.write_text(source.read_text().replace('version="1.0.0"', 'version="1.1.0"'))
+    edited = next(c for c in ok(project.cli("start", "--json"))["changedSinceStart"]
+                  if c["change"] == "edited")
+    check = _workflows_check(project)
+    ok(project.cli("stop", "--json"))
+    restarted = ok(project.cli("start", "--json"))
+    assert restarted["service"]["pid"] != loaded["service"]["pid"]
+    new = next(w["identity"] for w in ok(project.cli("flows", "--json"))["workflows"])
+    assert new != old
+    for message in (edited["message"], check["message"]):
+        assert f"changed since the host loaded note 1.0.0 (identity {old[:12]}" in message
+        named = set(re.findall(r"\b[0-9a-f]{12}\b", message))
+        assert named <= {old[:12], new[:12]}, (named, old, new, message)
+    ok(project.cli("stop", "--json"))
 
 
 def test_doctor_names_a_source_the_host_failed_to_load_that_loads_now(
