@@ -976,6 +976,25 @@ def test_logs_for_a_run_include_host_records_naming_it_and_show_a_torn_last_line
     assert "in the newest log (try --all" in err
 
 
+def test_logs_say_the_newest_log_is_empty_rather_than_print_nothing(
+    capsys: pytest.CaptureFixture[str], proj: Path
+) -> None:
+    """A host killed between creating its log and writing its first line leaves an empty
+    LOG file; ``intloom logs`` printed nothing and said nothing, as if it had failed."""
+    logs = proj / ".intloom" / "logs"
+    logs.mkdir(parents=True, mode=0o700)
+    older = {"ts": "T1", "level": "info", "event": "log_opened"}
+    (logs / "LOG-20260101T000000000Z.jsonl").write_text(json.dumps(older) + "\n")
+    (logs / "LOG-20260102T000000000Z.jsonl").write_text("")
+    code, out, err = cli(capsys, "logs")
+    assert code == 0 and out == ""
+    assert ("The newest log, LOG-20260102T000000000Z.jsonl, has no record yet: its host "
+            "wrote none (it ended, or was killed, as it started). intloom logs --all shows "
+            "the earlier hosts' logs.") in " ".join(err.split()), err
+    code, out, err = cli(capsys, "logs", "--all")
+    assert code == 0 and "log_opened" in out and "has no record yet" not in err
+
+
 def test_logs_keep_a_line_that_is_not_utf8_exactly_and_mark_it(
     capsys: pytest.CaptureFixture[str], proj: Path
 ) -> None:

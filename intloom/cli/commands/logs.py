@@ -271,3 +271,10 @@ def logs(
             where = ("in any log" if all_files
                      else "in the newest log (try --all for the earlier hosts' logs)")
             renderer.note(f"No log records about {run_id} {where}.")
+        elif not all_files:
+            # A host killed between creating its log and writing a line leaves an empty
+            # file, which printed nothing at all, as if logs had failed.
+            newest = _hosts_log(root, logs_dir) or log_files(logs_dir)[-1]
+            renderer.note(f"The newest log, {newest.name}, has no record yet: its host wrote "
+                          "none (it ended, or was killed, as it started). intloom logs --all "
+                          "shows the earlier hosts' logs.")
