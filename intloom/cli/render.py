@@ -54,7 +54,29 @@ _ALIGN_MAX = 80
 
 def plain(obj: Any) -> Any:
     """``obj`` as JSON-shaped builtins, with the wire's field names."""
-    return msgspec.to_builtins(obj, str_keys=True)
+    try:
+        return msgspec.to_builtins(obj, str_keys=True)
+    except TypeError:
+        # An effect's result keeps a dict's None, bool or tuple keys in the journal as they
+        # are (msgpack holds them); a JSON document cannot, so inspect shows each key as its
+        # JSON text rather than failing on the whole journal.
+        return _json_keys(msgspec.to_builtins(obj))
+
+
+def _json_keys(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key if isinstance(key, str) else _key_text(key): _json_keys(item)
+                for key, item in value.items()}
+    if isinstance(value, list):
+        return [_json_keys(item) for item in value]
+    return value
+
+
+def _key_text(key: Any) -> str:
+    if isinstance(key, int | float) and not isinstance(key, bool):
+        text: str = msgspec.to_builtins({key: None}, str_keys=True).popitem()[0]
+        return text  # as str_keys writes it
+    return _json_encoder.encode(key).decode()
 
 
 # What a terminal would act on instead of showing, in text a Workflow or a person supplied

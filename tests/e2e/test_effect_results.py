@@ -28,6 +28,7 @@ VALUES = {
     "datetime": lambda: datetime.datetime(2026, 1, 2, 3, 4, 5),
     "bytes": lambda: b"\\x00\\xff",
     "bigint": lambda: 2**70,
+    "keys": lambda: {None: 1, (1, 2): "a", True: "b", 3: "c"},
 }
 wf = intloom.Workflow("eff", version="1")
 st = wf.stage("s")
@@ -59,6 +60,9 @@ CASES: dict[str, tuple[str, Any]] = {
     "datetime": ("datetime.datetime(2026, 1, 2, 3, 4, 5)", "2026-01-02T03:04:05"),
     "bytes": (r"b'\x00\xff'", "AP8="),
     "bigint": ("1180591620717411303424", {"repr": "1180591620717411303424"}),
+    # msgpack keeps these keys as they are; a JSON document shows each as its JSON text
+    "keys": ("{None: 1, (1, 2): 'a', True: 'b', 3: 'c'}",
+             {"null": 1, "[1,2]": "a", "true": "b", "3": "c"}),
 }
 
 
