@@ -41,7 +41,8 @@ __all__ = [
 S = TypeVar("S")
 # A Stage State: checked at run time too (stage()), for users without a type checker.
 StructT = TypeVar("StructT", bound=msgspec.Struct)
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+# \Z, not $: $ also matches before a final newline, which let "notes\n" through.
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 # The loader imports each Workflow source under this prefix (+ a hash of its path), so two
 # sources may share a file name; errors show a user's class without it (_shown_type).
 WORKFLOW_MODULE_PREFIX: Final = "_intloom_wf_"

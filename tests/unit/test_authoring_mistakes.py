@@ -103,6 +103,27 @@ def test_a_tool_needs_a_valid_name_and_a_function_of_the_agents_input() -> None:
     intloom.Tool("web.search-2_x", lambda q: [q])  # what the name rule allows
 
 
+def _declare(kind: str, name: str) -> None:
+    wf = intloom.Workflow(name if kind == "Workflow" else "w", version="1")
+    st = wf.stage(name if kind == "Stage" else "s")
+    if kind == "Tool":
+        intloom.Tool(name, len)
+    outcome = name if kind == "outcome" else "done"
+    st.step(name if kind == "Step" else "write", routes={outcome: intloom.COMPLETE})(
+        lambda ctx: "done")
+    wf.validate()
+
+
+@pytest.mark.parametrize("kind", ["Workflow", "Stage", "Step", "outcome", "Tool"])
+def test_a_name_ending_in_a_newline_is_refused_like_any_other_character(kind: str) -> None:
+    """``$`` matches before a final newline: ``Workflow("notes\\n")`` loaded, its name broke
+    every one-line view, and a Step returning "done" missed its route "done\\n"."""
+    with _refused(rf"{kind} name 'done\\n' is not valid\. Use 1-64 letters") as info:
+        _declare(kind, "done\n")
+    assert _code(info) == "WORKFLOW_DEFINITION_INVALID"
+    _declare(kind, "done")  # the same name without the newline is fine
+
+
 def test_an_agent_steps_tools_that_are_not_a_list_of_tools_are_refused_with_the_fix() -> None:
     """``tools=[search]`` (the function itself), ``tools=intloom.Tool(...)`` or a dict of
     functions raised AttributeError or TypeError from the import, which named neither the
