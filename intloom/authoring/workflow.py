@@ -144,8 +144,15 @@ class DefinitionError(IntloomError):
     at: tuple[str, int] | None = None
 
 
+# The internal module name as a type's repr (``Optional[...]``, a union) and msgspec's own
+# messages spell it: a user's class inside a type that is not a class is named as
+# _shown_type names a class, as its author wrote it.
+_MODULE_NAMED = re.compile(rf"\b{WORKFLOW_MODULE_PREFIX}[0-9a-f]+\.")
+
+
 def _bad(workflow: str, where: str, fact: str, fix: str,
          at: tuple[str, int] | None = None) -> DefinitionError:
+    fact, fix = _MODULE_NAMED.sub("", fact), _MODULE_NAMED.sub("", fix)
     error = DefinitionError(
         "WORKFLOW_DEFINITION_INVALID", f"Workflow {workflow!r}, {where}: {fact}. {fix}"
     )

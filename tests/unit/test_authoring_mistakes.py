@@ -601,6 +601,72 @@ def test_a_definition_mistake_names_the_file_and_line_that_made_it(tmp_path: Pat
         assert message.startswith(f"workflows/{name}/wf.py, line {line}: {rest}"), message
 
 
+UNIONS = {
+    "optional": textwrap.dedent('''
+        from typing import Optional
+
+        import msgspec
+        import intloom
+
+
+        class Notes(msgspec.Struct):
+            n: int = 0
+
+
+        wf = intloom.Workflow("optional", version="1")
+        s = wf.stage("s", state=Optional[Notes])  # type: ignore[arg-type]
+
+
+        @s.step("a", routes={"ok": intloom.COMPLETE})
+        def a(ctx: intloom.StepContext[None]) -> str:
+            return "ok"
+    '''),
+    "union": textwrap.dedent('''
+        from typing import Union
+
+        import msgspec
+        import intloom
+
+
+        class Draft(msgspec.Struct):
+            n: int = 0
+
+
+        class Final(msgspec.Struct):
+            m: int = 0
+
+
+        class Notes(msgspec.Struct):
+            doc: Union[Draft, Final, None] = None
+
+
+        wf = intloom.Workflow("union", version="1")
+        s = wf.stage("s", state=Notes)
+
+
+        @s.step("a", routes={"ok": intloom.COMPLETE})
+        def a(ctx: intloom.StepContext[Notes]) -> str:
+            return "ok"
+    '''),
+}
+
+
+def test_a_definition_mistake_names_a_users_class_inside_a_type_as_the_author_wrote_it(
+        tmp_path: Path) -> None:
+    """A class is named without the internal module name its source is imported under, and
+    so is one inside a type that is not a class (``Optional[Notes]``, a union of Structs):
+    those were shown as ``typing.Optional[_intloom_wf_56f138bcc83a.Notes]``."""
+    result = load_workflows(tmp_path, _project(tmp_path, UNIONS))
+    problems = {rel: view.message for rel, view in result.problems}
+    optional = problems["workflows/optional/wf.py"]
+    assert "state typing.Optional[Notes] (a _UnionGenericAlias, not a class)" in optional
+    union = problems["workflows/union/wf.py"]
+    assert "field 'doc' has type typing.Union[Draft, Final, NoneType]" in union
+    assert "type `typing.Union[Draft, Final, NoneType]` is not supported" in union
+    for message in (optional, union):
+        assert "_intloom_wf_" not in message, message
+
+
 def test_a_route_to_complete_as_text_says_to_use_intloom_complete() -> None:
     """``routes={"done": "COMPLETE"}`` was refused as a route to a Step that does not exist,
     with the fix "Use one of ['a'], or intloom.ToStage(...)": how to end the Run was not
