@@ -77,6 +77,9 @@ class StepContext(Generic[S]):
     # recover's (the Step's body, where its author looked, did not run). A class default, as
     # ``_calls``: a Step pays nothing for it.
     _part: str = ""
+    # The wait (its kind and action id) this context's code stopped awaiting before it was
+    # answered (``abandoned``), for ``unawaited``: a class default, as ``_calls``.
+    _abandoned: tuple[str, str] | None = None
 
     def __init__(
         self,
@@ -422,7 +425,11 @@ class StepContext(Generic[S]):
         return self._track(_Unawaited(self._confirm(context), self, "confirm", context))
 
     async def _confirm(self, context: Any) -> Confirmation:
-        answer = await self._hooks.wait("confirmation", context, self._state)
+        try:
+            answer = await self._hooks.wait("confirmation", context, self._state)
+        except asyncio.CancelledError as exc:
+            self._abandoned = getattr(exc, _ABANDONED, None) or self._abandoned
+            raise
         assert isinstance(answer, Confirmation)
         return answer
 
@@ -439,7 +446,11 @@ class StepContext(Generic[S]):
         return self._track(_Unawaited(self._ask(questions), self, "ask", questions))
 
     async def _ask(self, questions: list[Question]) -> list[QuestionAnswer]:
-        answer = await self._hooks.wait("questions", questions, self._state)
+        try:
+            answer = await self._hooks.wait("questions", questions, self._state)
+        except asyncio.CancelledError as exc:
+            self._abandoned = getattr(exc, _ABANDONED, None) or self._abandoned
+            raise
         assert isinstance(answer, list)
         return answer
 
@@ -609,6 +620,18 @@ class _Unawaited(Coroutine[Any, Any, T]):
         raise self._misuse()
 
 
+# The attribute ``abandoned`` sets on the CancelledError that ended a wait the Step itself
+# cancelled (never on one of the host's: a stop, a cancel of the Run).
+_ABANDONED: Final = "_intloom_abandoned_wait"
+
+
+def abandoned(exc: asyncio.CancelledError, kind: str, action_id: str) -> None:
+    """Mark ``exc`` as ending the wait ``action_id`` (``kind``) that its Step cancelled
+    itself (asyncio.wait_for's timeout, a cancelled task): the journal still waits for the
+    answer, so the Step cannot go on to an outcome (``unawaited`` names it)."""
+    setattr(exc, _ABANDONED, (kind, action_id))
+
+
 def finish(ctx: StepContext[Any]) -> None:
     """The code ``ctx`` was given to is over (it returned or raised), or the Run no longer
     waits for it (a cancel, or a stop's grace that ran out, while a sync Step's thread still
@@ -647,12 +670,25 @@ def unawaited(ctx: StepContext[Any], returned: bool
             created.append(call)
         elif state == inspect.CORO_SUSPENDED:
             suspended.append(call)
-    if not created and not suspended:
+    dropped = ctx._abandoned if returned else None
+    if not created and not suspended and dropped is None:
         return None
     # A call not begun is found through the task created with it; one begun knows its task.
     tasks = _tasks_of(created) if created else {}
     facts: list[str] = []
     fixes: list[str] = []
+    if dropped is not None:
+        # Its outcome would follow a wait the journal still holds open (the answer may yet
+        # come): no record can, so the Run fails here, naming the wait.
+        kind, action_id = dropped
+        facts.append(
+            f"stopped waiting for its {kind} {action_id} before it was answered (its await "
+            "was cancelled: a timeout such as asyncio.wait_for's, or a cancel of the task "
+            "awaiting it), and the Run still waits for that answer, so it cannot go on to an "
+            "outcome")
+        waited = "confirm" if kind == "confirmation" else "ask"
+        fixes.append(f"Await ctx.{waited}(...) until it is answered: a wait has no timeout (a "
+                     "person can decline it, or cancel the Run)")
     for call in created:
         task = tasks.get(id(call))
         if task is None:

@@ -22,7 +22,14 @@ import msgspec
 
 from intloom.authoring.agent import AgentResult
 from intloom.authoring.compat import deterministic_json
-from intloom.authoring.context import ContextHooks, StepContext, finish, left_behind, unawaited
+from intloom.authoring.context import (
+    ContextHooks,
+    StepContext,
+    abandoned,
+    finish,
+    left_behind,
+    unawaited,
+)
 from intloom.authoring.interaction import confirmation_request, json_gap, questions_request
 from intloom.authoring.loader import LoadedWorkflow, raised_at
 from intloom.authoring.workflow import AgentStep, Complete, Stage, Step, Tool, ToStage
@@ -1570,6 +1577,12 @@ class _Hooks:
         slot.waiter = self.loop.create_future()
         try:
             return await slot.waiter
+        except asyncio.CancelledError as exc:
+            if slot.owned and not self.driver.cutting and not self.driver.stopping:
+                # Not the host's doing (a cancel, a stop): the Step cancelled its own wait
+                # (asyncio.wait_for around it), while the journal still waits for the answer.
+                abandoned(exc, kind, action.id)
+            raise
         finally:
             slot.waiter = None
 

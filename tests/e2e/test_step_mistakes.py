@@ -41,7 +41,8 @@ MISTAKES = textwrap.dedent('''
              "unencodable_state", "aeffect_sync", "wrong_field", "wrong_field_wait",
              "nested_effects", "duplicate_key", "exits", "float_wait", "set_wait",
              "confirm_dropped", "ask_dropped", "aeffect_dropped", "confirm_twice_at_once",
-             "effect_while_waiting", "wait_while_effect", "unprintable",
+             "effect_while_waiting", "wait_while_effect", "confirm_timed_out",
+             "ask_cancelled", "unprintable",
              "unprintable_effect", "exits_unprintably", "interrupted_unprintably",
              "surrogate", "surrogate_effect", "effect_called", "aeffect_called", "effect_exits",
              "aeffect_exits", "task_group", "ask_generator"]
@@ -107,6 +108,24 @@ MISTAKES = textwrap.dedent('''
     @main.step("confirm_twice_at_once", routes={"done": intloom.COMPLETE})
     async def confirm_twice_at_once(ctx: intloom.StepContext[Box]) -> str:
         await asyncio.gather(ctx.confirm({"n": 1}), ctx.confirm({"n": 2}))
+        return "done"
+
+
+    @main.step("confirm_timed_out", routes={"done": intloom.COMPLETE})
+    async def confirm_timed_out(ctx: intloom.StepContext[Box]) -> str:
+        try:
+            await asyncio.wait_for(ctx.confirm({"n": 1}), 0.05)
+        except TimeoutError:
+            pass  # "nobody answered in time": the Run still waits in its journal
+        return "done"
+
+
+    @main.step("ask_cancelled", routes={"done": intloom.COMPLETE})
+    async def ask_cancelled(ctx: intloom.StepContext[Box]) -> str:
+        asked = asyncio.ensure_future(ctx.ask([intloom.Question(id="q", question="Go?")]))
+        await asyncio.sleep(0.05)
+        asked.cancel()
+        await asyncio.gather(asked, return_exceptions=True)
         return "done"
 
 
@@ -438,6 +457,33 @@ def test_waiting_alongside_another_wait_or_an_effect_names_the_step_and_the_fix(
     assert error["code"] == "STEP_INTERACTION_INVALID", error
     for fact in facts:
         assert fact in error["message"], (fact, error["message"])
+    ok(mistakes.cli("stop", "--json"))
+
+
+@pytest.mark.parametrize(("kind", "facts"), [
+    ("confirm_timed_out", [
+        "Stage 'main', Step 'confirm_timed_out' stopped waiting for its confirmation ASK-",
+        "before it was answered (its await was cancelled", "asyncio.wait_for",
+        "Await ctx.confirm(...) until it is answered"]),
+    ("ask_cancelled", [
+        "Stage 'main', Step 'ask_cancelled' stopped waiting for its questions ASK-",
+        "Await ctx.ask(...) until it is answered"]),
+])
+def test_a_step_that_stops_waiting_before_the_answer_names_the_wait_and_the_fix(
+    mistakes: Project, kind: str, facts: list[str],
+) -> None:
+    """A Step whose wait was cancelled under it (``asyncio.wait_for`` around
+    ``ctx.confirm``, or a cancelled task that awaited ``ctx.ask``) and that then returned
+    its outcome failed the Run with CLI_INTERNAL_ERROR "The host failed while driving the Run
+    (IllegalTransition)": its journal still waited for the answer. Nothing is recorded of
+    the outcome, and the error names the wait and the fix."""
+    error = _failed(mistakes, kind)
+    assert error["code"] == "STEP_INTERACTION_INVALID", error
+    for fact in facts:
+        assert fact in error["message"], (fact, error["message"])
+    run_id = ok(mistakes.cli("runs", "--json"))["runs"][-1]["runId"]
+    phases = [r["phase"] for r in ok(mistakes.cli("inspect", run_id, "--json"))["records"]]
+    assert phases[-2:] == ["waiting", "terminal"], phases
     ok(mistakes.cli("stop", "--json"))
 
 
