@@ -833,6 +833,24 @@ def running_code(state: RunState) -> str:
     return f"{code} recover" if state.executing_kind == "recover" else code
 
 
+def _effect_left_running(state: RunState, exc: Exception) -> IntloomError | None:
+    """The Run's error when user code ended (a sync Step returned, say) while an effect it had
+    handed to a thread of its own still ran: what the code left (its outcome, its State) may
+    not be journaled before that effect's end, and the machine refused it as such."""
+    running = state.effect_in_flight
+    if (not isinstance(exc, IllegalTransition) or running is None
+            or exc.got in ("effect_started", "effect_done")):
+        return None
+    return IntloomError(
+        "STEP_INTERACTION_INVALID",
+        f"{running_code(state)} returned while effect {running.name!r} (key {running.key!r}) "
+        "was still running, in a thread of its own: an effect's end is journaled before what "
+        "follows it, so its outcome was not recorded, and the effect is shown in flight (its "
+        "outcome unknown; check its target). Wait for (join) each thread that uses ctx before "
+        f"{_code_kind(state)} returns.",
+    )
+
+
 def _code_kind(state: RunState) -> str:
     """The user code running, as a fix names it: "make the Step `async def`"."""
     if state.cursor.step is None:
@@ -1762,7 +1780,11 @@ class Driver:
                 return
             await self._fail(slot, exc.view())
         except Exception as exc:  # a bug of ours must fail the Run, not leave it "running"
-            if slot.owned:
+            stray = _effect_left_running(slot.state, exc) if slot.owned else None
+            if stray is not None:
+                await self._fail(slot, stray.view())
+                slot.owned = False  # the stray effect's end goes unrecorded, as after a cancel
+            elif slot.owned:
                 self._log_fault(slot, exc)
                 await self._fail(slot, error_view(
                     "CLI_INTERNAL_ERROR",

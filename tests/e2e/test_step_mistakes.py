@@ -4,6 +4,7 @@ subprocesses; every host is reaped."""
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import textwrap
@@ -876,4 +877,72 @@ def test_text_with_a_lone_surrogate_is_refused_naming_it(tmp_path: Path) -> None
                 f"Run {run['runId']}: its {record} record cannot be written to the journal: "
                 f"{named} is not valid Unicode: it holds a lone surrogate, '\\udcff' at index "
                 f"{index}; {fix}"), run
+        ok(project.cli("stop", "--json"))
+
+
+def _text_of(path: Path) -> str | None:
+    return path.read_text() if path.exists() else None
+
+
+LEFT_RUNNING = textwrap.dedent('''
+    """A sync Step that hands an effect to a thread of its own and returns without it."""
+
+    import threading
+    import time
+    from pathlib import Path
+
+    import intloom
+
+    SEEN = Path(__file__).resolve().parent.parent / "thread.log"
+    wf = intloom.Workflow("stray", version="1.0.0")
+    main = wf.stage("main")
+
+
+    BEGUN = threading.Event()
+
+
+    def slow() -> str:
+        BEGUN.set()  # called once its effect_started is journaled
+        time.sleep(1.0)  # a payment API taking its time
+        return "charged"
+
+
+    @main.step("charge", routes={"done": intloom.COMPLETE})
+    def charge(ctx: intloom.StepContext[None]) -> str:
+        def run() -> None:
+            try:
+                SEEN.write_text(f"returned {ctx.effect('pay', slow)}")
+            except Exception as exc:
+                SEEN.write_text(f"{type(exc).__name__} {getattr(exc, 'code', '')}: {exc}")
+
+        threading.Thread(target=run).start()
+        BEGUN.wait(10)  # the Step returns while the effect runs
+        return "done"
+''')
+
+
+def test_a_step_that_returns_while_its_threads_effect_runs_names_the_effect_and_the_fix(
+        tmp_path: Path) -> None:
+    """A sync Step whose own thread was still running an effect when the Step returned
+    failed its Run with CLI_INTERNAL_ERROR "The host failed while driving the Run
+    (IllegalTransition)", and the thread's effect then raised IllegalTransition ("record 7
+    (effect_done) cannot follow terminal"). The Run fails naming the Step, the effect in
+    flight and the fix; the effect's end, after the Run's, is refused as any work of an
+    ended Run is."""
+    for project in reaped(one_source_project(tmp_path, "stray", LEFT_RUNNING)):
+        ok(project.cli("start", "--json"))
+        run = project.cli("flow", "stray", "--intent", "i", "--json").json["run"]
+        error = run["lastError"]
+        assert error["code"] == "STEP_INTERACTION_INVALID", run
+        for fact in ("Stage 'main', Step 'charge' returned while effect 'pay' (key 'pay#1') "
+                     "was still running", "its outcome was not recorded",
+                     "Wait for (join) each thread that uses ctx before the Step returns"):
+            assert fact in error["message"], (fact, error["message"])
+        log = project.root / "thread.log"
+        seen = eventually(functools.partial(_text_of, log), timeout=10,
+                          what="the thread's effect to end")
+        assert seen.startswith("IntloomError EXECUTION_OWNERSHIP_LOST: "), seen
+        report = ok(project.cli("inspect", run["runId"], "--json"))
+        assert [r["phase"] for r in report["records"]][-2:] == ["effect_started", "terminal"]
+        assert report["run"]["effectInFlight"]["key"] == "pay#1", report["run"]
         ok(project.cli("stop", "--json"))
