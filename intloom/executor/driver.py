@@ -1415,6 +1415,14 @@ class _Hooks:
         # effect, and a crash there must find the effect's result (a payment id, say) in
         # the journal, not an effect in flight whose outcome is unknown (DESIGN §5).
         rt = self.driver.rt
+        if self.slot.state.phase == "terminal":
+            # Ended under an effect a thread of the Step's ran (the Step raised meanwhile):
+            # the machine would refuse the record after the Run's end.
+            raise IntloomError(
+                "EXECUTION_OWNERSHIP_LOST",
+                f"Run {self.slot.run_id} ended while effect {name!r} (key {key!r}) ran; its "
+                "end was not recorded (the journal shows it in flight, its outcome unknown).",
+            )
         record = EffectDone(at=clock.now(), name=name, key=key, ok=ok, result=result,
                             error=error)
         try:

@@ -916,7 +916,9 @@ LEFT_RUNNING = textwrap.dedent('''
                 SEEN.write_text(f"{type(exc).__name__} {getattr(exc, 'code', '')}: {exc}")
 
         threading.Thread(target=run).start()
-        BEGUN.wait(10)  # the Step returns while the effect runs
+        BEGUN.wait(10)  # the Step ends while the effect runs
+        if ctx.intent == "raise":
+            raise ValueError("card declined")
         return "done"
 ''')
 
@@ -945,4 +947,24 @@ def test_a_step_that_returns_while_its_threads_effect_runs_names_the_effect_and_
         report = ok(project.cli("inspect", run["runId"], "--json"))
         assert [r["phase"] for r in report["records"]][-2:] == ["effect_started", "terminal"]
         assert report["run"]["effectInFlight"]["key"] == "pay#1", report["run"]
+        ok(project.cli("stop", "--json"))
+
+
+def test_an_effect_a_thread_still_ran_when_its_step_raised_ends_as_the_runs_lost_work(
+        tmp_path: Path) -> None:
+    """When the Step raised (its error failing the Run) while its thread's effect ran, that
+    effect's end raised the machine's IllegalTransition in the thread ("record 7
+    (effect_done) cannot follow terminal"), as no Workflow code can act on; it raises
+    EXECUTION_OWNERSHIP_LOST naming the effect, and the Run keeps the Step's own error."""
+    for project in reaped(one_source_project(tmp_path, "stray", LEFT_RUNNING)):
+        ok(project.cli("start", "--json"))
+        run = project.cli("flow", "stray", "--intent", "raise", "--json").json["run"]
+        assert run["lastError"]["code"] == "STEP_EXECUTION_FAILED", run
+        assert "card declined" in run["lastError"]["message"], run
+        seen = eventually(functools.partial(_text_of, project.root / "thread.log"),
+                          timeout=10, what="the thread's effect to end")
+        assert seen.startswith("IntloomError EXECUTION_OWNERSHIP_LOST: "), seen
+        assert "effect 'pay' (key 'pay#1')" in seen, seen
+        report = ok(project.cli("inspect", run["runId"], "--json"))
+        assert [r["phase"] for r in report["records"]][-2:] == ["effect_started", "terminal"]
         ok(project.cli("stop", "--json"))
