@@ -359,6 +359,10 @@ class StepContext(Generic[S]):
             raise self._stale(f"ctx.aeffect({name!r}, ...)", "effect",
                               "the effect was not called")
         if threading.current_thread() is not self._hooks.loop_thread:
+            elsewhere = _another_loop(self.where, "aeffect", "result = await ctx.aeffect(...)",
+                                      self._code)
+            if elsewhere is not None:
+                raise elsewhere
             raise IntloomError(
                 "STEP_INTERACTION_INVALID",
                 f"{self.where} is sync and called ctx.aeffect, whose effect runs only when "
@@ -406,6 +410,9 @@ class StepContext(Generic[S]):
         """confirm/ask wait for a person, which only an async Step can do: called from a sync
         one (always on a worker thread) they would return a coroutine nobody awaits."""
         if threading.current_thread() is not self._hooks.loop_thread:
+            elsewhere = _another_loop(self.where, call, example, self._code)
+            if elsewhere is not None:
+                raise elsewhere
             raise IntloomError(
                 "STEP_INTERACTION_INVALID",
                 f"{self.where} is sync and called ctx.{call}, which waits for a person and "
@@ -453,6 +460,23 @@ class StepContext(Generic[S]):
             raise
         assert isinstance(answer, list)
         return answer
+
+
+def _another_loop(where: str, call: str, example: str, code: str) -> IntloomError | None:
+    """The refusal of ``ctx.<call>`` made on an event loop of a thread's own (``asyncio.run``
+    handed to ``asyncio.to_thread`` by an async Step, or run by a sync one): "is sync" named a
+    fact the author of an async Step could not find. None on a thread without a loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+    return IntloomError(
+        "STEP_INTERACTION_INVALID",
+        f"{where} called ctx.{call} on an event loop other than the host's (asyncio.run in a "
+        "thread, say), where the journal cannot follow it; nothing was recorded. Write "
+        f"`{example}` in {code} itself, on the host's loop (make it `async def` if it is not; "
+        "hand only blocking calls to a thread).",
+    )
 
 
 _KEEP_NONE: Final = ("Use the ctx the running Step was given (pass it to helpers as an "

@@ -43,7 +43,7 @@ MISTAKES = textwrap.dedent('''
              "nested_effects", "duplicate_key", "exits", "float_wait", "set_wait",
              "confirm_dropped", "ask_dropped", "aeffect_dropped", "confirm_twice_at_once",
              "effect_while_waiting", "wait_while_effect", "confirm_timed_out",
-             "ask_cancelled", "unprintable",
+             "ask_cancelled", "aeffect_other_loop", "unprintable",
              "unprintable_effect", "exits_unprintably", "interrupted_unprintably",
              "surrogate", "surrogate_effect", "effect_called", "aeffect_called", "effect_exits",
              "aeffect_exits", "task_group", "ask_generator"]
@@ -127,6 +127,16 @@ MISTAKES = textwrap.dedent('''
         await asyncio.sleep(0.05)
         asked.cancel()
         await asyncio.gather(asked, return_exceptions=True)
+        return "done"
+
+
+    async def _charge(ctx: intloom.StepContext[Box]) -> None:
+        await ctx.aeffect("charge", asyncio.sleep, 0)
+
+
+    @main.step("aeffect_other_loop", routes={"done": intloom.COMPLETE})
+    async def aeffect_other_loop(ctx: intloom.StepContext[Box]) -> str:
+        await asyncio.to_thread(asyncio.run, _charge(ctx))
         return "done"
 
 
@@ -422,6 +432,11 @@ FIX = "Pass a list of intloom.Question"
                         "while effect 'outer'", "cannot be nested", "one after another"]),
     ("duplicate_key", ["Stage 'main', Step 'duplicate_key' gave effect 'two' the key 'k'",
                        "already the key of effect 'one'", "its own key"]),
+    # An async Step's call awaited on an event loop of a thread's own was named as a sync
+    # Step's ("is sync and called ctx.aeffect"), a fact its author could not find.
+    ("aeffect_other_loop", ["Stage 'main', Step 'aeffect_other_loop' called "
+                            "ctx.aeffect on an event loop other than the host's",
+                            "await ctx.aeffect(...)` in the Step itself"]),
 ])
 def test_a_misused_interaction_names_the_step_and_the_fix(
     mistakes: Project, kind: str, facts: list[str]
