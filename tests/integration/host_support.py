@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 import struct
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import msgspec
 
 from intloom.client.client import Client
 from intloom.client.lifecycle import StartResult, start_service
+from intloom.errors import IntloomError
 from intloom.protocol.framing import FrameClosed, decode_response, recv_frame
 from intloom.protocol.messages import PROTOCOL, ErrorReply, Response
 from tests.helpers import Project
@@ -100,3 +102,19 @@ def serves(root: Path, instance_id: str) -> bool:
     """The same host instance still answers a verified status."""
     with Client.connect(root) as client:
         return client.status().instance_id == instance_id
+
+
+def start_on_a_thread(project: Project, timeout: float) -> tuple[threading.Thread, list[Any]]:
+    """``start_service`` on a thread of its own, for a start the test interrupts or waits
+    out: its StartResult, or the IntloomError it raised, lands in the list."""
+    outcome: list[Any] = []
+
+    def launch() -> None:
+        try:
+            outcome.append(start_service(project.root, timeout=timeout))
+        except IntloomError as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=launch)
+    thread.start()
+    return thread, outcome

@@ -10,6 +10,7 @@ import stat
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,7 +20,7 @@ from intloom.client.client import Client
 from intloom.client.lifecycle import StartResult, start_service, stop_service
 from intloom.errors import IntloomError
 from tests.helpers import Project, eventually, pid_alive, snapshot_files
-from tests.integration.host_support import connection_closed, metadata, start
+from tests.integration.host_support import connection_closed, metadata, start, start_on_a_thread
 
 
 def _log_lines(project: Project, name: str) -> list[dict[str, Any]]:
@@ -351,27 +352,19 @@ def test_a_stop_that_waits_out_the_start_up_reports_what_the_stop_did_to_the_run
     assert result.suspended == 1, result  # the restored waiting Run, from the host's log
 
 
-def _held_start(project: Project, started: list[Any]) -> tuple[Any, threading.Thread]:
+def _held_start(project: Project) -> tuple[Path, threading.Thread, list[Any]]:
     """A start (on a thread) whose host waits in its Workflow's import while ``hold`` exists;
-    returns ``hold`` and the thread, once the host holds its lock."""
+    returns ``hold``, the thread and what the start came to, once the host holds its lock."""
     hold = project.root / "hold"
     _slow_import(project, "import pathlib, time\n"
                  "while (pathlib.Path(__file__).parent.parent / 'hold').exists(): "
                  "time.sleep(0.01)")
     hold.write_text("")
-
-    def launch() -> None:
-        try:
-            started.append(start_service(project.root, timeout=60))
-        except IntloomError as exc:
-            started.append(exc)
-
-    starting = threading.Thread(target=launch)
-    starting.start()
+    starting, started = start_on_a_thread(project, timeout=60)
     eventually(lambda: (project.state / "service.lock").exists(), timeout=30,
                what="the host to take its lock")
     project.track_host()
-    return hold, starting
+    return hold, starting, started
 
 
 def test_a_stop_without_timeout_waits_for_a_host_still_starting_and_stops_it(
@@ -381,8 +374,7 @@ def test_a_stop_without_timeout_waits_for_a_host_still_starting_and_stops_it(
     with CLI_SERVICE_TIMEOUT, its request unsent, and the host then served on. It now waits
     for the host to serve, up to 300 s as a start does, and then stops it."""
     monkeypatch.setattr(lifecycle, "_STOP_TIMEOUT", 0.3)  # the old deadline, passed below
-    started: list[Any] = []
-    hold, starting = _held_start(project, started)
+    hold, starting, started = _held_start(project)
     told: list[str] = []
     began = [0.0]
     real = lifecycle._released
@@ -416,8 +408,7 @@ def test_a_stop_that_times_out_on_a_starting_host_gives_its_pid_to_stop_the_star
     """The timeout said "Run intloom doctor", which finds a live owner and nothing wrong. It
     now says the host was still starting, that nothing was sent, and how to stop the start:
     the kill -TERM it names ends it."""
-    started: list[Any] = []
-    hold, starting = _held_start(project, started)
+    hold, starting, started = _held_start(project)
     try:
         pid = metadata(project, "service.lock")["pid"]
         stopped = project.cli("stop", "--timeout", "1.5")

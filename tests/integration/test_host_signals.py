@@ -22,7 +22,7 @@ from intloom.client.client import Client
 from intloom.client.lifecycle import start_service
 from intloom.errors import IntloomError
 from tests.helpers import REPO, Project, eventually, foreground_host, ok, pid_alive
-from tests.integration.host_support import metadata, start
+from tests.integration.host_support import metadata, start, start_on_a_thread
 
 
 def _released(project: Project, pid: int) -> bool:
@@ -167,16 +167,7 @@ def test_signal_during_startup_aborts_it_and_releases_everything(
     (project.root / "workflows" / "__init__.py").write_text("")
     (project.root / "workflows" / "slow.py").write_text(SLOW_IMPORT)
     (project.root / "intloom.toml").write_text('workflows = ["workflows/slow.py"]\n')
-    outcome: list[Any] = []
-
-    def run() -> None:
-        try:
-            outcome.append(start_service(project.root, timeout=40))
-        except IntloomError as exc:
-            outcome.append(exc)
-
-    thread = threading.Thread(target=run)
-    thread.start()
+    thread, outcome = start_on_a_thread(project, timeout=40)
     try:
         eventually(lambda: (project.root / "importing").exists(), timeout=20,
                    what="the host to load Workflows")
