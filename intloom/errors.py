@@ -12,8 +12,8 @@ from typing import Final
 import msgspec
 
 __all__ = [
-    "CATALOGUE", "MAX_MESSAGE", "STARTING", "ErrorView", "IntloomError", "as_call", "clip",
-    "error_view", "message_of", "starting_message",
+    "CATALOGUE", "MAX_MESSAGE", "STARTING", "ErrorView", "IntloomError", "a_an", "as_call",
+    "clip", "error_view", "message_of", "starting_message",
 ]
 
 # The most characters of an error message a Run keeps (its lastError, an effect's failure):
@@ -69,6 +69,19 @@ def starting_message(pid: int, since: str, then: str) -> str:
     return (f"{STARTING} (pid {pid}, since {since}): it holds the project's lock and is "
             "loading its Workflows and restoring its Runs; it serves once it writes "
             f"service.json. {then}")
+
+
+# Names starting with a vowel letter said as "you" ("a UUID", "a UserDict"): the others
+# starting with a, e, i, o or u take "an" ("an int", "an object", "an Update").
+_YOU: Final = ("uni", "use", "usa", "usu", "uti", "uu", "ura", "ure", "uri", "ubi")
+
+
+def a_an(name: str) -> str:
+    """``name`` (a type's, as messages show it) with its indefinite article: "an int", "a
+    Notes". Built from a type name, a fixed "a" read "a int", "a object"."""
+    lower = name.lower()
+    vowel = lower[:1] in ("a", "e", "i", "o", "u") and not lower.startswith(_YOU)
+    return f"{'an' if vowel else 'a'} {name}"
 
 
 def clip(text: str, limit: int = MAX_MESSAGE) -> str:

@@ -17,7 +17,7 @@ import msgspec
 
 from intloom.authoring.interaction import Confirmation, Question, QuestionAnswer
 from intloom.authoring.workflow import callable_name
-from intloom.errors import IntloomError
+from intloom.errors import IntloomError, a_an
 from intloom.runtime.model import PendingAction
 
 __all__ = ["ContextHooks", "Recovery", "StepContext", "finish", "left_behind", "unawaited"]
@@ -168,15 +168,15 @@ class StepContext(Generic[S]):
                 name = state_type.__name__
                 raise IntloomError(
                     "STAGE_STATE_INVALID",
-                    f"{self.where} assigned ctx.state a {type(value).__name__}; Stage "
-                    f"{self.stage!r} State is a {name}. Assign a {name} "
+                    f"{self.where} assigned ctx.state {a_an(type(value).__name__)}; Stage "
+                    f"{self.stage!r} State is {a_an(name)}. Assign {a_an(name)} "
                     f"(`ctx.state = {name}(...)`) or change a field of ctx.state.",
                 )
         elif value is not None:
             # It would be saved, but no later context decodes it: the value would be lost.
             raise IntloomError(
                 "STAGE_STATE_INVALID",
-                f"{self.where} assigned ctx.state a {type(value).__name__}, but Stage "
+                f"{self.where} assigned ctx.state {a_an(type(value).__name__)}, but Stage "
                 f"{self.stage!r} has no State. Declare one (`wf.stage({self.stage!r}, "
                 "state=YourStruct)`) to keep it between Steps.",
             )
@@ -493,7 +493,7 @@ def _not_a_function(where: str, call: str, name: str, fn: object) -> IntloomErro
         what = (f"a coroutine ({getattr(fn, '__qualname__', '?')}(...) was called, not "
                 "passed; it never ran)")
     else:
-        shown = "None" if fn is None else f"a {type(fn).__name__}"
+        shown = "None" if fn is None else a_an(type(fn).__name__)
         what = (f"{shown}, which cannot be called (if a call returned it, that call ran "
                 "outside the journal)")
     return IntloomError(
@@ -516,7 +516,7 @@ def _check_questions(where: str, questions: Any) -> None:
             questions.close()
         raise IntloomError(
             "STEP_INTERACTION_INVALID",
-            f"{where}: ctx.ask was given a {type(questions).__name__}, not a list of "
+            f"{where}: ctx.ask was given {a_an(type(questions).__name__)}, not a list of "
             "questions; nothing was asked. Make it a list: `[intloom.Question(...) for ...]` "
             "rather than `(... for ...)`, or `list(...)` of it.",
         )

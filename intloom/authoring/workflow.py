@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar, overload
 
 import msgspec
 
-from intloom.errors import IntloomError, as_call, clip, message_of
+from intloom.errors import IntloomError, a_an, as_call, clip, message_of
 
 if TYPE_CHECKING:
     from intloom.authoring.agent import AgentResult
@@ -128,7 +128,7 @@ def _shown_type(value: object) -> str:
     module is imported under an internal name (``WORKFLOW_MODULE_PREFIX``), which means nothing
     to its author; the class's own name is what they can find in their file."""
     if not isinstance(value, type):
-        return f"{value!r} (a {type(value).__name__}, not a class)"
+        return f"{value!r} ({a_an(type(value).__name__)}, not a class)"
     module = value.__module__
     if module == "builtins" or module.startswith(WORKFLOW_MODULE_PREFIX):
         return value.__qualname__

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Final, TypeVar
 
 from intloom.client.outgoing import frame_of
-from intloom.errors import IntloomError, starting_message
+from intloom.errors import IntloomError, a_an, starting_message
 from intloom.fsutil import PrivacyError, check_private_dir, os_lock, search_refused
 from intloom.host.metadata import (
     CREATE_TIME_TOLERANCE,
@@ -875,7 +875,7 @@ class Client:
                 raise
         if not isinstance(reply, expect):
             self._shut(f"the host answered an earlier request ({type(request).__name__}) "
-                       f"with a {type(reply).__name__}")
+                       f"with {a_an(type(reply).__name__)}")
             raise IntloomError(
                 "PROJECT_RESPONSE_INVALID",
                 f"The service answered {type(request).__name__} with {type(reply).__name__}.",
@@ -985,7 +985,7 @@ class Client:
                 event = self._receive(sock, request, stream=True)
                 if not isinstance(event, RunEvent):
                     raise IntloomError("PROJECT_RESPONSE_INVALID",
-                                       f"The service streamed a {type(event).__name__}.")
+                                       f"The service streamed {a_an(type(event).__name__)}.")
                 yield event
                 if event.final:
                     return

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
-from intloom.errors import MAX_MESSAGE, ErrorView, IntloomError, clip, error_view
+from intloom.errors import MAX_MESSAGE, ErrorView, IntloomError, a_an, clip, error_view
 from intloom.host.handlers import Handlers
 from intloom.host.logfile import HostLog
 from intloom.protocol.framing import (
@@ -458,8 +458,8 @@ class Server:
         if not isinstance(first, Hello):
             raise _Refused(_error(
                 "INVALID_REQUEST",
-                f"A {type(first).__name__} request arrived before the hello. Send the hello "
-                "first; the connection was closed.",
+                f"A{a_an(type(first).__name__)[1:]} request arrived before the hello. Send the "
+                "hello first; the connection was closed.",
             ))
         if first.protocol != PROTOCOL:
             raise _Refused(_error(

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Final, TypeVar
 
 import msgspec
 
+from intloom.errors import a_an
 from intloom.protocol.messages import MAX_FRAME, Hello, Request, Response
 
 if TYPE_CHECKING:
@@ -73,7 +74,7 @@ def encode_frame(message: msgspec.Struct) -> bytes:
     body = _encoder.encode(message)
     if len(body) > MAX_FRAME:
         raise FrameError(
-            f"a {type(message).__name__} of {len(body)} bytes exceeds the {MAX_FRAME}-byte "
+            f"{a_an(type(message).__name__)} of {len(body)} bytes exceeds the {MAX_FRAME}-byte "
             "frame limit",
             fatal=False,
             size=len(body),

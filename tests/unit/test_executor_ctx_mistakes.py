@@ -857,6 +857,6 @@ def test_a_step_assigning_its_contexts_names_is_refused_and_its_errors_still_nam
         refused[0].message
     assert view.status == "failed" and view.last_error is not None
     assert view.last_error.code == "STAGE_STATE_INVALID"
-    assert view.last_error.message.startswith("Stage 's', Step 'a' assigned ctx.state a int, "
+    assert view.last_error.message.startswith("Stage 's', Step 'a' assigned ctx.state an int, "
                                               "but Stage 's' has no State"), \
         view.last_error.message
