@@ -231,6 +231,20 @@ class StepContext(Generic[S]):
                     f"effect in flight by it): pass this call of {name!r} a key= of its own, "
                     f"or give {other} another key= (one not of the form name#n).",
                 )
+            if used[0] != name:
+                # Whether or not that effect raised: a retry is a call of the same name under
+                # the same key, so "only a call that raised" read as if this one qualified.
+                other = used[0]
+                raise IntloomError(
+                    "STEP_INTERACTION_INVALID",
+                    f"{self.where} gave effect {name!r} the key {key!r}, already {whose} of "
+                    f"{holder} in this Step. A key names one effect in the journal "
+                    f"(RUN_INTERRUPTED names the effect in flight by it), so {key!r} belongs "
+                    f"to effect {other!r}: only a call of {other!r} may reuse it, to retry it "
+                    f"after it raised. Give effect {name!r} its own key (or leave key= "
+                    "out: the default, name#n, counts the calls of each name), or call "
+                    f"{other!r} under {key!r} if this call is its retry.",
+                )
             raise IntloomError(
                 "STEP_INTERACTION_INVALID",
                 f"{self.where} gave effect {name!r} the key {key!r}, already {whose} of "

@@ -46,7 +46,7 @@ MISTAKES = textwrap.dedent('''
              "ask_cancelled", "aeffect_other_loop", "unprintable",
              "unprintable_effect", "exits_unprintably", "interrupted_unprintably",
              "surrogate", "surrogate_effect", "effect_called", "aeffect_called", "effect_exits",
-             "aeffect_exits", "task_group", "ask_generator"]
+             "aeffect_exits", "task_group", "ask_generator", "retry_under_other_name"]
     wf = intloom.Workflow("mistakes", version="1.0.0")
     main = wf.stage("main", state=Box)
 
@@ -230,6 +230,20 @@ MISTAKES = textwrap.dedent('''
     def duplicate_key(ctx: intloom.StepContext[Box]) -> str:
         ctx.effect("one", print, "one", key="k")
         ctx.effect("two", print, "two", key="k")
+        return "done"
+
+
+    def declined() -> None:
+        raise ValueError("card declined")
+
+
+    @main.step("retry_under_other_name", routes={"done": intloom.COMPLETE})
+    def retry_under_other_name(ctx: intloom.StepContext[Box]) -> str:
+        try:
+            ctx.effect("a", declined, key="k")
+        except ValueError:
+            pass
+        ctx.effect("b", print, "b", key="k")
         return "done"
 
 
@@ -432,6 +446,13 @@ FIX = "Pass a list of intloom.Question"
                         "while effect 'outer'", "cannot be nested", "one after another"]),
     ("duplicate_key", ["Stage 'main', Step 'duplicate_key' gave effect 'two' the key 'k'",
                        "already the key of effect 'one'", "its own key"]),
+    # Effect 'a' raised, so "Only a call that raised may be retried under its key" read as
+    # if 'b' should have been allowed: a retry is the same name under the same key.
+    ("retry_under_other_name", [
+        "Stage 'main', Step 'retry_under_other_name' gave effect 'b' the key 'k', already the "
+        "key of effect 'a' in this Step", "'k' belongs to effect 'a': only a call of 'a' may "
+        "reuse it, to retry it after it raised", "Give effect 'b' its own key",
+        "or call 'a' under 'k' if this call is its retry"]),
     # An async Step's call awaited on an event loop of a thread's own was named as a sync
     # Step's ("is sync and called ctx.aeffect"), a fact its author could not find.
     ("aeffect_other_loop", ["Stage 'main', Step 'aeffect_other_loop' called "
