@@ -13,9 +13,20 @@ import inspect
 import pathlib
 import re
 import sys
+import types
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar, overload
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Final,
+    Generic,
+    TypeVar,
+    Union,
+    get_args,
+    get_origin,
+    overload,
+)
 
 import msgspec
 
@@ -658,6 +669,35 @@ _INSTEAD: Final[dict[type, str]] = {
 }
 
 
+def _untagged(annotation: object) -> list[type]:
+    """The untagged Structs of the first union in ``annotation`` holding two or more: msgspec
+    cannot tell them apart in JSON, so such a union has no schema until they are tagged."""
+    args = get_args(annotation)
+    if get_origin(annotation) in (Union, types.UnionType):
+        structs = [a for a in args if isinstance(a, type) and issubclass(a, msgspec.Struct)
+                   and a.__struct_config__.tag is None]
+        if len(structs) > 1:
+            return structs
+    for arg in args:
+        found = _untagged(arg)
+        if found:
+            return found
+    return []
+
+
+def _tag_fix(field: str, annotation: object) -> str | None:
+    """The fix for a field whose union holds untagged Structs: declaring another type (the
+    general advice) would lose the Structs, and a tag is msgspec's own fix."""
+    untagged = _untagged(annotation)
+    if not untagged:
+        return None
+    shown = [_shown_type(t) for t in untagged]
+    names = f"{', '.join(shown[:-1])} and {shown[-1]}"
+    return (f"Tag the Structs in {field!r}: msgspec tells {names} apart in JSON "
+            f"only by a tag, so declare each with one (`class {untagged[0].__name__}("
+            f"msgspec.Struct, tag=True)`), or declare {field!r} as a single Struct type.")
+
+
 def _instead(annotation: object) -> str:
     if isinstance(annotation, type):
         if issubclass(annotation, pathlib.PurePath):
@@ -691,7 +731,7 @@ def _state_schema(workflow: str, where: str, state: type[Any]) -> bytes:
                     f"State {_shown_type(state)} field {f.name!r} has type "
                     f"{_shown_annotation(f.type)}, which has no JSON Schema"
                     + (f" ({clip(cause, 500)})" if cause else ""),
-                    f"Declare {f.name!r} as {_instead(f.type)}.",
+                    _tag_fix(f.name, f.type) or f"Declare {f.name!r} as {_instead(f.type)}.",
                 ) from None
         raise _bad(
             workflow, where, f"State {_shown_type(state)} has no JSON Schema ({reason})",

@@ -336,6 +336,60 @@ def test_a_state_without_a_json_schema_names_stage_field_and_what_to_use(
         assert f"Declare {field!r} as {instead}" in message, message
 
 
+class _Card(msgspec.Struct):
+    last4: str = ""
+
+
+class _Invoice(msgspec.Struct):
+    number: int = 0
+
+
+class _TaggedCard(msgspec.Struct, tag=True):
+    last4: str = ""
+
+
+class _TaggedInvoice(msgspec.Struct, tag=True):
+    number: int = 0
+
+
+class _UntaggedUnion(msgspec.Struct):
+    u: _Card | _Invoice | None = None
+
+
+class _UntaggedInList(msgspec.Struct):
+    paid: list[_Card | _Invoice] = []
+
+
+class _TaggedUnion(msgspec.Struct):
+    u: _TaggedCard | _TaggedInvoice | None = None
+
+
+@pytest.mark.parametrize(("state", "field"), [(_UntaggedUnion, "u"), (_UntaggedInList, "paid")])
+def test_a_union_of_untagged_structs_is_told_to_tag_them(
+    state: type[msgspec.Struct], field: str,
+) -> None:
+    """The advice was "Declare 'u' as a JSON type: str, int, ...", which would lose the
+    Structs: msgspec needs them tagged to tell them apart."""
+    wf = intloom.Workflow("union", version="1")
+    wf.stage("s", state=state).step("a", routes={"ok": intloom.COMPLETE})(lambda ctx: "ok")
+    with pytest.raises(IntloomError) as info:
+        wf.validate()
+    assert _code(info) == "WORKFLOW_DEFINITION_INVALID"
+    message = info.value.message
+    assert f"field {field!r} has type " in message and "which has no JSON Schema" in message
+    module = "tests.unit.test_authoring_mistakes"  # a Workflow module's classes go unprefixed
+    assert (f"Tag the Structs in {field!r}: msgspec tells {module}._Card and {module}._Invoice "
+            "apart in JSON only by a tag, so declare each with one (`class _Card(msgspec."
+            f"Struct, tag=True)`), or declare {field!r} as a single Struct type.") in message, \
+        message
+    assert "as a JSON type" not in message, message
+    # Tagged as advised, the same union loads.
+    tagged = intloom.Workflow("tagged", version="1")
+    tagged.stage("s", state=_TaggedUnion).step("a", routes={"ok": intloom.COMPLETE})(
+        lambda ctx: "ok")
+    tagged.validate()
+
+
 class _Refuses(msgspec.Struct):
     n: int = 0
 
