@@ -292,6 +292,21 @@ class Step(Generic[S]):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
 
+    if not TYPE_CHECKING:  # a type checker keeps reporting on_complete as no code Step's
+        def __getattr__(self, name: str) -> Any:
+            # Only a lookup that found nothing comes here: the executor's own reads of a
+            # Step are attributes every Step has, or an Agent Step's own.
+            if name == "on_complete":
+                raise _bad(
+                    self.stage.workflow.name, self.where,
+                    "on_complete belongs to Agent Steps, and this is a code Step (declared "
+                    "with `stage.step(...)`), whose function returns its outcome itself",
+                    "Declare it with `stage.agent_step(...)` to have an Agent do its work, or "
+                    "remove the on_complete entry and change ctx.state in the Step.",
+                )
+            raise AttributeError(
+                f"{type(self).__name__!r} object has no attribute {name!r}", name=name, obj=self)
+
 
 class AgentStep(Step[S]):
     """A Step whose work is done by a client Agent: ``fn(ctx)`` returns the task request."""

@@ -250,6 +250,44 @@ def test_on_complete_must_take_ctx_and_result() -> None:
 # ----- what a message says --------------------------------------------------------------
 
 
+def test_on_complete_on_a_code_step_is_a_definition_mistake_naming_the_step(
+        tmp_path: Path) -> None:
+    """It was a bare AttributeError ("'Step' object has no attribute 'on_complete'") failing
+    the import (WORKFLOW_LOAD_FAILED), with no Step named and no fix."""
+    config = _project(tmp_path, {"oncomplete": textwrap.dedent('''
+        import intloom
+
+        wf = intloom.Workflow("c", version="1")
+        s = wf.stage("s")
+
+
+        @s.step("write", routes={"ok": intloom.COMPLETE})
+        def write(ctx: intloom.StepContext[None]) -> str:
+            return "ok"
+
+
+        @write.on_complete
+        def done(ctx, result):
+            pass
+    ''')})
+    result = load_workflows(tmp_path, config)
+    assert list(result.workflows) == ["good"]
+    view = dict(result.problems)["workflows/oncomplete/wf.py"]
+    assert view.code == "WORKFLOW_DEFINITION_INVALID", view
+    assert view.message.startswith(
+        "workflows/oncomplete/wf.py, line 13: Workflow 'c', Stage 's', Step 'write': "
+        "on_complete belongs to Agent Steps, and this is a code Step (declared with "
+        "`stage.step(...)`)"), view.message
+    assert "Declare it with `stage.agent_step(...)`" in view.message, view.message
+    assert "AttributeError" not in view.message, view.message
+    # Any other missing attribute is still an AttributeError, as hasattr/getattr expect.
+    step = intloom.Workflow("d", version="1").stage("s").step(
+        "a", routes={"ok": intloom.COMPLETE})(lambda ctx: "ok")
+    assert not hasattr(step, "tools") and getattr(step, "agent", "default") == "default"
+    with pytest.raises(AttributeError, match="'Step' object has no attribute 'nope'"):
+        step.nope  # type: ignore[attr-defined]  # noqa: B018
+
+
 def test_a_version_that_is_not_a_string_says_so_not_that_it_is_empty() -> None:
     with _refused(r"Workflow 'x', definition: version 1 \(an int\) is not a string\. Pass it as "
                   r'text: version="1"') as info:

@@ -154,6 +154,11 @@ def ok_recover(ctx: StepContext[Draft], saved: Recovery) -> None:
     return None
 
 
+@ok.on_complete  # E
+def ok_done(ctx: StepContext[Draft], result: intloom.AgentResult) -> None:
+    return None
+
+
 @draft.agent_step("ag", routes={"done": intloom.COMPLETE})
 def ag(ctx: StepContext[Draft]) -> dict[str, str]:
     return {}
@@ -213,5 +218,5 @@ def test_each_misuse_of_the_decorators_is_a_type_error_at_its_line(tmp_path: Pat
     out, status, _err = _mypy(tmp_path, _BAD)
     errors = sorted({int(m.group(1)) for m in re.finditer(r":(\d+): error:", out)})
     marked = [n for n, line in enumerate(_BAD.splitlines(), 1) if line.endswith("# E")]
-    assert len(marked) == 7 and errors == marked, out
+    assert len(marked) == 8 and errors == marked, out
     assert status == 1
