@@ -841,11 +841,14 @@ def _effect_left_running(state: RunState, exc: Exception) -> IntloomError | None
     if (not isinstance(exc, IllegalTransition) or running is None
             or exc.got in ("effect_started", "effect_done")):
         return None
+    # An initialiser returns a State, not an outcome: "its outcome" sent its author looking
+    # for one.
+    left = "the State it returned" if state.cursor.step is None else "its outcome"
     return IntloomError(
         "STEP_INTERACTION_INVALID",
         f"{running_code(state)} returned while effect {running.name!r} (key {running.key!r}) "
         "was still running, in a thread of its own: an effect's end is journaled before what "
-        "follows it, so its outcome was not recorded, and the effect is shown in flight (its "
+        f"follows it, so {left} was not recorded, and the effect is shown in flight (its "
         "outcome unknown; check its target). Wait for (join) each thread that uses ctx before "
         f"{_code_kind(state)} returns.",
     )

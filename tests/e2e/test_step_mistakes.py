@@ -986,6 +986,61 @@ def test_a_step_that_returns_while_its_threads_effect_runs_names_the_effect_and_
         ok(project.cli("stop", "--json"))
 
 
+INIT_LEFT_RUNNING = textwrap.dedent('''
+    """A sync Stage initialiser that hands an effect to a thread of its own and returns."""
+
+    import threading
+    import time
+
+    import msgspec
+
+    import intloom
+
+    class Order(msgspec.Struct):
+        paid: bool = False
+
+    wf = intloom.Workflow("stray_init", version="1.0.0")
+    main = wf.stage("main", state=Order)
+    BEGUN = threading.Event()
+
+
+    def slow() -> str:
+        BEGUN.set()
+        time.sleep(1.0)
+        return "charged"
+
+
+    @main.init
+    def start(ctx: intloom.StepContext[Order]) -> Order:
+        threading.Thread(target=lambda: ctx.effect("pay", slow)).start()
+        BEGUN.wait(10)  # the initialiser ends while the effect runs
+        return Order()
+
+
+    @main.step("s", routes={"done": intloom.COMPLETE})
+    def s(ctx: intloom.StepContext[Order]) -> str:
+        return "done"
+''')
+
+
+def test_an_initialiser_that_returns_while_its_threads_effect_runs_names_its_state(
+        tmp_path: Path) -> None:
+    """The message said "its outcome was not recorded" of an initialiser, which returns a
+    State, not an outcome."""
+    for project in reaped(one_source_project(tmp_path, "stray_init", INIT_LEFT_RUNNING)):
+        ok(project.cli("start", "--json"))
+        run = project.cli("flow", "stray_init", "--intent", "i", "--json").json["run"]
+        error = run["lastError"]
+        assert error["code"] == "STEP_INTERACTION_INVALID", run
+        assert error["message"].startswith(
+            "Stage 'main' initialiser returned while effect 'pay' (key 'pay#1') was still "
+            "running, in a thread of its own: an effect's end is journaled before what "
+            "follows it, so the State it returned was not recorded"), error["message"]
+        assert "outcome was not recorded" not in error["message"], error["message"]
+        assert "before the initialiser returns." in error["message"], error["message"]
+        ok(project.cli("stop", "--json"))
+
+
 def test_an_effect_a_thread_still_ran_when_its_step_raised_ends_as_the_runs_lost_work(
         tmp_path: Path) -> None:
     """When the Step raised (its error failing the Run) while its thread's effect ran, that
