@@ -80,6 +80,7 @@ from intloom.runtime.records import (
     Executing,
     Header,
     StagePending,
+    StepReady,
     StepResult,
     Terminal,
     Waiting,
@@ -370,6 +371,26 @@ def _tool_not_running(slot: RunSlot, call_id: str, verb: str) -> None:
         raise IntloomError(
             "BUSY", f"Tool call {running} of Agent task {call_id} is still running; the task "
             f"can be {verb} once it has returned (retry then).")
+
+
+def _too_large(state: RunState, record: Any, exc: RecordTooLarge) -> str:
+    """Why the journal refused ``record`` as too large, naming the code whose State it holds
+    (``state``: the Run before it) in the words of docs/authoring.md's Limits. Built only on
+    that refusal: the record class's name ("StepResult") meant nothing to a Step's author."""
+    code = running_code(state)
+    limit = f"{exc.size:,} bytes encoded, beyond the journal's {exc.limit:,} bytes per record"
+    saved = getattr(record, "state", None)
+    if isinstance(saved, bytes):
+        what = ("the State it returned" if type(record) is StepReady
+                else "its wait (with the State it left)" if type(record) is Waiting
+                else "its result (the outcome with the State it left)")
+        return (f"{code} left a State of {len(saved):,} bytes as JSON: {what} is {limit}, "
+                "so nothing was recorded. Keep the Stage's State to what a restart needs: "
+                "write large data to a file (or a store of your own) and keep its path or id "
+                "in the State.")
+    return (f"{code}: its {type(record).__struct_config__.tag} record is {limit}, so nothing "
+            "was recorded. Keep a Stage's State and an effect's result small: write large "
+            "data to a file (or a store of your own) and keep its path or id.")
 
 
 def _unjournalable(record: Any, exc: BaseException) -> str:
@@ -749,13 +770,7 @@ class Runtime:
         except CheckpointFailed as exc:  # an earlier batch of this Run failed: it cannot write
             failed = exc
         except RecordTooLarge as exc:
-            raise IntloomError(
-                "RUN_STATE_INVALID",
-                f"Run {slot.run_id}: its {type(record).__name__} record is {exc.size:,} bytes "
-                f"encoded, beyond the journal's {exc.limit:,} bytes per record; nothing was "
-                "recorded. Keep a Stage's State and an effect's result small: write large "
-                "data to a file (or a store of your own) and keep its path or id.",
-            ) from None
+            raise IntloomError("RUN_STATE_INVALID", _too_large(slot.state, record, exc)) from None
         except UNENCODABLE as exc:
             raise IntloomError(
                 "RUN_STATE_INVALID",

@@ -986,6 +986,45 @@ def test_a_step_that_returns_while_its_threads_effect_runs_names_the_effect_and_
         ok(project.cli("stop", "--json"))
 
 
+TOO_LARGE = textwrap.dedent('''
+    """A Step that leaves a State beyond a journal record's 64 MiB."""
+
+    import msgspec
+
+    import intloom
+
+    class Notes(msgspec.Struct):
+        blob: str = ""
+
+    wf = intloom.Workflow("too_large", version="1.0.0")
+    main = wf.stage("main", state=Notes)
+
+
+    @main.step("fill", routes={"done": intloom.COMPLETE})
+    def fill(ctx: intloom.StepContext[Notes]) -> str:
+        ctx.state = Notes(blob="x" * (65 << 20))
+        return "done"
+''')
+
+
+def test_a_state_too_large_for_the_journal_names_the_step_that_left_it(tmp_path: Path) -> None:
+    """The Run failed "Run RUN-...: its StepResult record is 68,157,601 bytes encoded", naming
+    an internal record class and no Step."""
+    for project in reaped(one_source_project(tmp_path, "too_large", TOO_LARGE)):
+        ok(project.cli("start", "--json"))
+        run = project.cli("flow", "too_large", "--intent", "i", "--json").json["run"]
+        error = run["lastError"]
+        assert error["code"] == "RUN_STATE_INVALID", run
+        message = error["message"]
+        assert re.match(
+            r"Stage 'main', Step 'fill' left a State of 68,157,4\d\d bytes as JSON: its result "
+            r"\(the outcome with the State it left\) is 68,157,\d{3} bytes encoded, beyond the "
+            r"journal's 67,108,864 bytes per record, so nothing was recorded\. Keep the Stage's "
+            r"State to what a restart needs: write large data to a file", message), message
+        assert "StepResult" not in message and run["runId"] not in message, message
+        ok(project.cli("stop", "--json"))
+
+
 INIT_LEFT_RUNNING = textwrap.dedent('''
     """A sync Stage initialiser that hands an effect to a thread of its own and returns."""
 

@@ -675,11 +675,40 @@ def test_a_state_too_large_for_a_journal_record_fails_the_run_and_the_journal_re
     assert view.status == "failed" and view.last_error is not None
     assert view.last_error.code == "RUN_STATE_INVALID"
     message = view.last_error.message
-    assert "StepResult record" in message and "67,108,864" in message, message
+    # It named the record's class ("its StepResult record is ...") and no Step.
+    assert message.startswith("Stage 's', Step 'grow' left a State of 67,108,8"), message
+    assert "its result (the outcome with the State it left) is " in message, message
+    assert "beyond the journal's 67,108,864 bytes per record" in message, message
     assert "nothing was recorded" in message and "file" in message, message
+    assert "StepResult" not in message, message
     [journal] = [j for j in verify(root) if j.run_id == view.run_id]
     assert journal.status == "ok" and journal.state is not None, journal
     assert journal.state.status == "failed"
+
+
+def test_an_initialisers_state_too_large_for_a_journal_record_names_the_initialiser(
+    tmp_path: Path,
+) -> None:
+    """Named "its StepReady record", a class no initialiser's author has met."""
+    root = tmp_path / "runtime"
+    wf = intloom.Workflow("big", version="1")
+    st = wf.stage("s", state=_Blob)
+
+    @st.init
+    def start(ctx: Any) -> _Blob:
+        return _Blob("x" * (64 << 20))
+
+    @st.step("a", routes={"ok": intloom.COMPLETE})
+    def a(ctx: Any) -> str:
+        return "ok"
+
+    view = _settled(root, wf)
+    assert view.status == "failed" and view.last_error is not None
+    assert view.last_error.code == "RUN_STATE_INVALID"
+    message = view.last_error.message
+    assert message.startswith("Stage 's' initialiser left a State of 67,108,8"), message
+    assert "the State it returned is " in message, message
+    assert "StepReady" not in message, message
 
 
 def _nested_list(depth: int) -> Any:
