@@ -36,7 +36,7 @@ from intloom.client.client import (
     not_a_project,
     resolved_root,
 )
-from intloom.errors import ErrorView, IntloomError
+from intloom.errors import ErrorView, IntloomError, starting_message
 from intloom.fsutil import write_refusal
 from intloom.host.metadata import (
     Connection,
@@ -266,6 +266,26 @@ def _busy(paths: ProjectPaths) -> IntloomError:
     )
 
 
+def _still_starting(paths: ProjectPaths) -> IntloomError:
+    """CLI_SERVICE_TIMEOUT for a start whose --timeout ran out waiting for another start's
+    host, live and still starting: "locked, no live host answers" sent the reader to
+    recover, over a host that status calls starting."""
+    try:
+        lock = read_lock(paths.service_lock)
+    except IntloomError:
+        lock = None
+    if lock is None:  # gone or rewritten meanwhile: nothing certain to name
+        return _busy(paths)
+    return IntloomError(
+        "CLI_SERVICE_TIMEOUT",
+        f"{_TIMEOUT}, waiting for another start's host. " + starting_message(
+            lock.pid, lock.started_at,
+            "This command launched nothing. Wait for it (intloom status says when it "
+            "serves; a longer --timeout waits for it), or stop its start with kill -TERM "
+            f"{lock.pid} (it interrupts a Workflow's import at once)."),
+    )
+
+
 def _reuse(root: Path, service: ServiceView, port: int | None, strict: bool = False
            ) -> StartResult:
     if port is not None and port != service.port:
@@ -405,7 +425,7 @@ def start_service(
             if owner == "starting" and time.monotonic() < deadline:
                 time.sleep(_POLL)  # a poll until the starting host answers
                 continue
-            raise _busy(paths)
+            raise _still_starting(paths) if owner == "starting" else _busy(paths)
         if foreground:
             return _run_foreground(root, port=port, strict=strict, progress=progress,
                                    on_ready=on_ready, on_lost=on_lost, on_stopped=on_stopped,

@@ -207,3 +207,27 @@ def test_a_foreground_host_whose_log_failed_ends_with_log_write_failed(
     assert proc.returncode == 1, err
     assert "Failure · LOG_WRITE_FAILED: The host stopped, but its log " in err, err
     assert "(No space left on device" in err and "Free disk space" in err, err
+
+
+def test_a_start_that_waited_out_its_timeout_on_a_starting_host_names_that_host(
+        tmp_path: Path) -> None:
+    """A second terminal's ``start`` (``--foreground`` or not) while the first terminal's
+    host still imports its Workflows: at its --timeout it said CLI_SERVICE_BUSY "locked ...
+    no live host answers ... intloom recover", of a live host that status calls starting."""
+    project = one_source_project(tmp_path, "slow", SLOW_IMPORT)
+    proc = spawn_foreground(project)
+    try:
+        eventually(lambda: (project.root / "importing").exists() or None, timeout=20,
+                   what="the Workflow's import to begin")
+        for options in (("--foreground",), ()):
+            result = project.cli("start", *options, "--timeout", "1", "--json", timeout=20)
+            assert result.code == 1, result
+            error = result.json["error"]
+            assert error["code"] == "CLI_SERVICE_TIMEOUT", (options, error)
+            assert f"The service is starting (pid {proc.pid}, since " in error["message"], error
+            assert "recover" not in error["message"], error
+        assert proc.poll() is None  # the first terminal's start goes on
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    finally:
+        project.reap()
