@@ -863,6 +863,7 @@ def _run_foreground(root: Path, *, port: int | None, strict: bool, progress: Pro
             on_lost(view)
 
     host.last_words = last_words
+    host.keep_ignored = True
     said: list[StopResult] = []
 
     def stopped(code: int) -> None:

@@ -269,6 +269,11 @@ class Host:
         # command says the error a host ends with when it stops serving on its own
         # (``_left_home``), before the process exits as a crash would.
         self.last_words: Callable[[ErrorView], None] | None = None
+        # Set by ``start --foreground``: a stop signal its command was started with ignored
+        # (nohup's SIGHUP; SIGINT and SIGQUIT of ``cmd &`` in a script) stays ignored, as in
+        # any program; handling it stopped a nohup'd host when its terminal closed. SIGTERM
+        # is handled even so: a supervisor's stop.
+        self.keep_ignored = False
         # accept() failing for want of a resource (EMFILE): asyncio reports it once per
         # pending connection and retries every second, a thousand log lines a second that
         # would fill the disk under the log. Said once a minute, with how often it happened.
@@ -388,6 +393,9 @@ class Host:
     def _install_signals(self, loop: asyncio.AbstractEventLoop) -> list[signal.Signals]:
         installed: list[signal.Signals] = []
         for sig in (*_SIGNALS, *_IGNORED):
+            if (self.keep_ignored and sig in _SIGNALS and sig != signal.SIGTERM
+                    and signal.getsignal(sig) == signal.SIG_IGN):
+                continue
             try:
                 loop.add_signal_handler(
                     sig, self._on_signal if sig in _SIGNALS else self._on_ignored, sig)

@@ -231,3 +231,37 @@ def test_a_start_that_waited_out_its_timeout_on_a_starting_host_names_that_host(
         proc.communicate(timeout=30)
     finally:
         project.reap()
+
+
+def test_a_foreground_host_keeps_the_stop_signals_it_was_started_with_ignored(
+        project: Project) -> None:
+    """``nohup intloom start --foreground &`` (SIGHUP ignored), or ``cmd &`` in a script
+    (SIGINT ignored): the host handled them anyway, so closing the terminal stopped the
+    nohup'd host. SIGTERM still stops it."""
+
+    def ignoring() -> None:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "intloom", "start", "--foreground"], cwd=project.root,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=ignoring,
+        env={**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(REPO)})
+    project.pids.add(proc.pid)
+    try:
+        eventually(lambda: (project.state / "service.json").exists() or None, timeout=20,
+                   what="the foreground host to serve")
+        proc.send_signal(signal.SIGHUP)
+        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+        events = [json.loads(line) for log in (project.state / "logs").glob("LOG-*.jsonl")
+                  for line in log.read_text().splitlines()]
+        received = [e["signal"] for e in events if e["event"] == "signal_received"]
+        assert received == ["SIGTERM"], received
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+        project.reap()
