@@ -392,6 +392,7 @@ def start_service(
     if not (root / CONFIG_NAME).is_file():
         raise not_a_project(root, "start_service")  # not Client.connect's words: not called
     launches = 0
+    lost: IntloomError | None = None  # a foreground host's lost race for the lock
     while True:
         seen = _saved_service(paths)
         try:
@@ -427,9 +428,19 @@ def start_service(
                 continue
             raise _still_starting(paths) if owner == "starting" else _busy(paths)
         if foreground:
-            return _run_foreground(root, port=port, strict=strict, progress=progress,
-                                   on_ready=on_ready, on_lost=on_lost, on_stopped=on_stopped,
-                                   deadline=deadline)
+            if lost is not None:  # the winner has gone already: this process ran a host once
+                raise lost
+            try:
+                return _run_foreground(root, port=port, strict=strict, progress=progress,
+                                       on_ready=on_ready, on_lost=on_lost,
+                                       on_stopped=on_stopped, deadline=deadline)
+            except IntloomError as exc:
+                # Lost the race for the lock to another terminal's start: said "locked, use
+                # recover" of a live host. Its start is waited for, then named as it is.
+                if exc.code != "CLI_SERVICE_BUSY":
+                    raise
+                lost = exc
+                continue
         if launches >= _MAX_LAUNCHES:
             raise _busy(paths)
         launches += 1

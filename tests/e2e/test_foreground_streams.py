@@ -265,3 +265,47 @@ def test_a_foreground_host_keeps_the_stop_signals_it_was_started_with_ignored(
             proc.kill()
             proc.wait(timeout=10)
         project.reap()
+
+
+# ``intloom start --foreground`` whose look at service.lock came just before another
+# terminal's start took it (the first look is made to find it absent): its own host then
+# lost the race for the lock.
+LATE_LOOK = '''
+import sys
+import intloom.client.lifecycle as lifecycle
+looked = []
+real = lifecycle._lock_owner
+def late(paths):
+    if not looked:
+        looked.append(True)
+        return "absent"
+    return real(paths)
+lifecycle._lock_owner = late
+sys.argv = ["intloom", "start", "--foreground", "--timeout", "2", "--json"]
+from intloom.cli.entry import run
+run()
+'''
+
+
+def test_a_foreground_start_that_lost_the_race_for_the_lock_names_the_winner(
+        tmp_path: Path) -> None:
+    """Two ``start --foreground`` at once: the one whose host lost the race for the lock
+    said CLI_SERVICE_BUSY "locked ... use intloom recover only after its owner has
+    exited", of the other terminal's live host."""
+    project = one_source_project(tmp_path, "slow", SLOW_IMPORT)
+    winner = spawn_foreground(project)
+    try:
+        eventually(lambda: (project.root / "importing").exists() or None, timeout=20,
+                   what="the first start's Workflow import to begin")
+        loser = subprocess.run(
+            [sys.executable, "-c", LATE_LOOK], cwd=project.root, capture_output=True,
+            text=True, timeout=30, env={**os.environ, "PYTHONPATH": str(REPO)})
+        assert loser.returncode == 1, loser
+        error = json.loads(loser.stdout)["error"]
+        assert error["code"] == "CLI_SERVICE_TIMEOUT", error
+        assert f"The service is starting (pid {winner.pid}, since " in error["message"], error
+        assert winner.poll() is None  # the winner goes on starting
+        winner.send_signal(signal.SIGTERM)
+        winner.communicate(timeout=30)
+    finally:
+        project.reap()
