@@ -15,7 +15,9 @@ import contextlib
 import errno
 import io
 import os
+import select
 import sys
+import threading
 from typing import Any, TextIO, cast
 
 from intloom.cli.render import Renderer
@@ -42,7 +44,7 @@ class _ReaderMayGo:
             except OSError as exc:
                 if exc.errno not in _GONE:
                     raise
-                self._went()
+                self.went()
         return len(text)
 
     def flush(self) -> None:
@@ -52,9 +54,9 @@ class _ReaderMayGo:
             except OSError as exc:
                 if exc.errno not in _GONE:
                     raise
-                self._went()
+                self.went()
 
-    def _went(self) -> None:
+    def went(self) -> None:
         self._gone = True
         with contextlib.suppress(OSError, ValueError):
             null = os.open(os.devnull, os.O_WRONLY)
@@ -84,5 +86,28 @@ def foreground_streams(renderer: Renderer) -> None:
     if isinstance(sys.stdout, io.TextIOWrapper):
         with contextlib.suppress(ValueError, OSError):
             sys.stdout.reconfigure(line_buffering=True)
-    sys.stdout = cast(TextIO, _ReaderMayGo(sys.stdout))
-    sys.stderr = cast(TextIO, _ReaderMayGo(sys.stderr))
+    streams = [_ReaderMayGo(sys.stdout), _ReaderMayGo(sys.stderr)]
+    sys.stdout, sys.stderr = (cast(TextIO, stream) for stream in streams)
+    threading.Thread(target=_watch, args=(streams,), name="intloom-streams",
+                     daemon=True).start()
+
+
+def _watch(streams: list[_ReaderMayGo]) -> None:
+    """Leads a stream to ``/dev/null`` as soon as its reader goes away, not at the host's
+    next write to it: a Step's subprocess writing into the closed pipe meanwhile (``|
+    head -1`` had its line) died of SIGPIPE and failed its Run."""
+    poller = select.poll()
+    watched: dict[int, list[_ReaderMayGo]] = {}
+    for stream in streams:
+        try:
+            fd = stream.fileno()
+        except (OSError, ValueError):  # closed, or no descriptor: nothing to watch
+            continue
+        if fd not in watched:
+            poller.register(fd, 0)  # only POLLERR / POLLHUP: a reader gone, a hangup
+        watched.setdefault(fd, []).append(stream)
+    while watched:
+        for fd, _events in poller.poll():
+            poller.unregister(fd)
+            for stream in watched.pop(fd, []):
+                stream.went()

@@ -309,3 +309,41 @@ def test_a_foreground_start_that_lost_the_race_for_the_lock_names_the_winner(
         winner.communicate(timeout=30)
     finally:
         project.reap()
+
+
+ECHOES = '''
+import subprocess
+import msgspec
+import intloom
+
+class S(msgspec.Struct):
+    n: int = 0
+
+wf = intloom.Workflow("echoes", version="1")
+main = wf.stage("main", state=S)
+
+@main.step("say", routes={"done": intloom.COMPLETE})
+def say(ctx: intloom.StepContext[S]) -> str:
+    subprocess.run(["echo", "said by a child"], check=True)
+    return "done"
+'''
+
+
+def test_a_steps_subprocess_writing_to_a_stdout_whose_reader_went_away_does_not_fail(
+        tmp_path: Path) -> None:
+    """``intloom start --foreground | head -1``: once head had gone, a Step's subprocess
+    that wrote to stdout died of SIGPIPE (its Run failed, STEP_EXECUTION_FAILED), since
+    nothing had been written there by the host itself to find the reader gone."""
+    project = one_source_project(tmp_path, "echoes", ECHOES)
+    try:
+        with foreground_host(project) as proc:
+            assert proc.stdout is not None
+            assert proc.stdout.readline().startswith("Service started")
+            proc.stdout.close()  # head -1 has its line, and exits
+            run = ok(project.cli("flow", "echoes", "--intent", "x", "--json"))["run"]
+            assert run["status"] == "completed", run
+            proc.send_signal(signal.SIGTERM)
+            _out, err = proc.communicate(timeout=30)
+            assert proc.returncode == 0, err
+    finally:
+        project.reap()
