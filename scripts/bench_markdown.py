@@ -617,6 +617,16 @@ What is left, from profiles taken while building this harness (`py-spy`, `cProfi
   against LangGraph's ~950-1,250 µs per Step, so ≥ 5× needs a Step within ~30-60 µs of a
   130-250 µs fdatasync: it is met or missed by the machine's noise (4.2-5.5× in the runs
   made this session).
+- Below the append floor: on this VM's ext4 (2026-12-02), `write`+`fdatasync` of 121 bytes
+  cost 86-91 µs overwriting a zero-filled or `posix_fallocate`d file against 127-131 µs
+  appending (the size change is what costs: `FALLOC_FL_KEEP_SIZE` saved nothing, nor did
+  `O_DSYNC` or `RWF_DSYNC`). Preallocated segments would take ~40 µs off a lone Run's Step,
+  lifting the peer ratio to ~6-8×, but lower the 64-Run ratio by as much (next point: ~8×
+  to ~6.3×), and a zero tail and a torn write inside it are a reader format change; not
+  done. Handing each batch to the store's thread as soon as it forms, so that the loop runs
+  other Runs' Steps during the fdatasync, measured worse with 64 async Runs (34,300-37,900
+  Steps/s against 35,000-43,400 for the loop's own flush, alternating processes): more
+  flushes and thread wake-ups per Step.
 - Faster solo Steps move the 64-Run ratio the other way (its baseline is one Run, bound by
   the fdatasync): only cuts in the loop's CPU per Step, or in what slows its flushes (the
   compactions' disk work, below), raise it. With 64 Runs the loop
