@@ -372,6 +372,7 @@ def start_service(
     on_lost: Callable[[ErrorView], None] | None = None,
     on_stopped: Callable[[StopResult], None] | None = None,
     slow_import: Callable[[str], None] | None = None,
+    on_stopping: Callable[[str], None] | None = None,
 ) -> StartResult:
     """Reuse the live host, or launch one and return once it has restored and listens.
 
@@ -385,6 +386,8 @@ def start_service(
     in user code: the host ends with ``os._exit``).
     ``on_lost`` is called with the error of a foreground host that stops serving on its own
     (its ``.intloom/`` moved away): the process then exits at once, as a crash would.
+    ``on_stopping`` is told, once, as a foreground host's stop begins with Runs still
+    running, what the stop waits for and how to stop at once.
     """
     deadline = time.monotonic() + _checked_timeout(timeout)
     root = resolved_root(root, "start_service")
@@ -433,7 +436,8 @@ def start_service(
             try:
                 return _run_foreground(root, port=port, strict=strict, progress=progress,
                                        on_ready=on_ready, on_lost=on_lost,
-                                       on_stopped=on_stopped, deadline=deadline)
+                                       on_stopped=on_stopped, on_stopping=on_stopping,
+                                       deadline=deadline)
             except IntloomError as exc:
                 # Lost the race for the lock to another terminal's start: said "locked, use
                 # recover" of a live host. Its start is waited for, then named as it is.
@@ -807,6 +811,7 @@ def _run_foreground(root: Path, *, port: int | None, strict: bool, progress: Pro
                     on_ready: Callable[[StartResult], None] | None,
                     on_lost: Callable[[ErrorView], None] | None = None,
                     on_stopped: Callable[[StopResult], None] | None = None,
+                    on_stopping: Callable[[str], None] | None = None,
                     deadline: float | None = None) -> StartResult:
     from intloom.authoring.loader import slow_import_notice
     from intloom.host.daemon import Host, HostOptions, with_test_hooks
@@ -875,6 +880,20 @@ def _run_foreground(root: Path, *, port: int | None, strict: bool, progress: Pro
 
     host.last_words = last_words
     host.keep_ignored = True
+    # Kept ignored (Host.keep_ignored): a second Ctrl-C then stops nothing.
+    ctrl_c = signal.getsignal(signal.SIGINT) != signal.SIG_IGN
+
+    def stopping(running: int, grace: float) -> None:
+        runs = "1 running Run" if running == 1 else f"{running} running Runs"
+        again = ("a second Ctrl-C (or any stop signal)" if ctrl_c
+                 else f"a second stop signal (kill -TERM {os.getpid()})")
+        if on_stopping is not None:
+            on_stopping(
+                f"Stopping: waiting up to {grace:g} s for the Steps of {runs} to reach their "
+                "checkpoint (the next start reports what is still running then "
+                f"RUN_INTERRUPTED); {again} stops at once, without waiting.")
+
+    host.on_stopping = stopping
     said: list[StopResult] = []
 
     def stopped(code: int) -> None:

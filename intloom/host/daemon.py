@@ -274,6 +274,10 @@ class Host:
         # any program; handling it stopped a nohup'd host when its terminal closed. SIGTERM
         # is handled even so: a supervisor's stop.
         self.keep_ignored = False
+        # Set by ``start --foreground``: told, as a stop begins with Runs still running, how
+        # many and the grace it waits for them; else the terminal said nothing for up to the
+        # grace after a Ctrl-C, with no word that a second one stops at once.
+        self.on_stopping: Callable[[int, float], None] | None = None
         # accept() failing for want of a resource (EMFILE): asyncio reports it once per
         # pending connection and retries every second, a thousand log lines a second that
         # would fill the disk under the log. Said once a minute, with how often it happened.
@@ -949,6 +953,9 @@ class Host:
             # stopping (refused at its hello) reads it here, as it gets no reply of its own.
             self.log.info("service_stopping", reason=self._stop_reason,
                           within=self.stop_within())
+        running = self.booted.runtime.counts()["running"] if self.booted is not None else 0
+        if running and self.on_stopping is not None:
+            self.on_stopping(running, self.options.suspend_grace)
         return await self._release(failed=None)
 
     async def _release(self, failed: ErrorView | None) -> int:

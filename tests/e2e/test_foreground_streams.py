@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -346,4 +347,60 @@ def test_a_steps_subprocess_writing_to_a_stdout_whose_reader_went_away_does_not_
             _out, err = proc.communicate(timeout=30)
             assert proc.returncode == 0, err
     finally:
+        project.reap()
+
+
+def _spawn_with_ctrl_c(project: Project, *options: str,
+                       sigint: Any = signal.SIG_DFL) -> subprocess.Popen[str]:
+    """``intloom start --foreground`` with SIGINT as a terminal's shell gives it (``sigint``;
+    a test runner started in the background has it ignored, which the child inherits)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "intloom", "start", "--foreground", *options],
+        cwd=project.root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, sigint),
+        env={**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(REPO)})
+    project.pids.add(proc.pid)
+    return proc
+
+
+def test_the_first_ctrl_c_with_a_step_running_says_what_the_stop_waits_for(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C with a Step still running: the terminal said nothing for up to the stop's
+    grace, and nothing of a second Ctrl-C stopping at once."""
+    monkeypatch.setenv("INTLOOM_TEST_SUSPEND_GRACE", "60")
+    project = one_source_project(tmp_path, "stuck", STUCK)
+    proc = _spawn_with_ctrl_c(project)
+    flow: subprocess.Popen[bytes] | None = None
+    try:
+        assert proc.stderr is not None
+        eventually(lambda: (project.state / "service.json").exists() or None, timeout=20,
+                   what="the foreground host to serve")
+        flow = subprocess.Popen(
+            [sys.executable, "-m", "intloom", "flow", "stuck", "--intent", "x", "--detach"],
+            cwd=project.root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONPATH": str(REPO)})
+        eventually(lambda: (project.root / "stepping").exists() or None,
+                   what="the Step to run")
+        proc.send_signal(signal.SIGINT)
+        lines: list[str] = []
+        while not lines or not lines[-1].startswith("Stopping:"):
+            line = proc.stderr.readline()
+            assert line, f"stderr ended first: {lines}"
+            lines.append(line)
+        assert proc.poll() is None  # said while the stop waits, not once it is over
+        assert lines[-1] == (
+            "Stopping: waiting up to 60 s for the Steps of 1 running Run to reach their "
+            "checkpoint (the next start reports what is still running then RUN_INTERRUPTED); "
+            "a second Ctrl-C (or any stop signal) stops at once, without waiting.\n"), lines
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=30)
+        assert "The service stopped at once (a second Ctrl-C or signal)" in err, err
+        assert err.count("Stopping:") == 0, err  # said once
+    finally:
+        if flow is not None:
+            flow.kill()
+            flow.wait(timeout=10)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
         project.reap()

@@ -85,7 +85,8 @@ def start(
                     renderer.note(line)
 
         lifecycle.start_service(root, progress=lambda _text: None, on_ready=ready,
-                                on_lost=renderer.error, on_stopped=stopped, **kwargs)
+                                on_lost=renderer.error, on_stopped=stopped,
+                                on_stopping=renderer.note, **kwargs)
         return
     with renderer.spinner("Starting the intloom service...") as update:
         # On a terminal the spinner's line says it (a note would be drawn over); elsewhere
