@@ -404,3 +404,29 @@ def test_the_first_ctrl_c_with_a_step_running_says_what_the_stop_waits_for(
             proc.kill()
             proc.wait(timeout=10)
         project.reap()
+
+
+def test_a_foreground_host_started_with_sigint_ignored_says_what_stops_it(
+        project: Project) -> None:
+    """``cmd &`` in a script starts it with SIGINT ignored, which the host keeps ignored:
+    its ready line still said "Ctrl-C stops the host gracefully"."""
+    proc = _spawn_with_ctrl_c(project, sigint=signal.SIG_IGN)
+    try:
+        assert proc.stderr is not None
+        lines: list[str] = []
+        while not lines or not lines[-1].startswith("Running in the foreground"):
+            line = proc.stderr.readline()
+            assert line, f"stderr ended first: {lines}"
+            lines.append(line)
+        assert lines[-1] == (
+            "Running in the foreground; Ctrl-C does not stop it (this command was started "
+            "with SIGINT ignored, as cmd & in a script starts it): stop it with intloom stop "
+            f"from another terminal, or kill -TERM {proc.pid}.\n"), lines
+        ok(project.cli("stop", "--json"))  # what it says stops it does
+        proc.communicate(timeout=30)
+        assert proc.returncode == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+        project.reap()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -63,11 +64,18 @@ def start(
         from intloom.cli.streams import foreground_streams
 
         foreground_streams(renderer)
+        # Inherited ignored (cmd & in a script), SIGINT stays ignored (Host.keep_ignored):
+        # "Ctrl-C stops the host" then sent the reader to a key that does nothing.
+        ctrl_c = signal.getsignal(signal.SIGINT) != signal.SIG_IGN
 
         # The host runs here until it stops: say so once it serves, not when it has gone.
         def ready(result: Any) -> None:
             _report(renderer, result)
-            renderer.note("Running in the foreground; Ctrl-C stops the host gracefully.")
+            renderer.note(
+                "Running in the foreground; Ctrl-C stops the host gracefully." if ctrl_c
+                else "Running in the foreground; Ctrl-C does not stop it (this command was "
+                "started with SIGINT ignored, as cmd & in a script starts it): stop it with "
+                f"intloom stop from another terminal, or kill -TERM {result.service.pid}.")
 
         def stopped(done: StopResult) -> None:
             """What intloom stop would have printed: the Runs the stop cut (the next start
