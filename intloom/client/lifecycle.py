@@ -69,6 +69,8 @@ _POLL: Final = 0.05
 _TERMINATE_GRACE: Final = 3.0
 _MAX_LAUNCHES: Final = 3
 _LOCK_SETTLE: Final = 1.0
+# How long a start waits for another start's host before it says so (``waiting``).
+_WAITING_SAID_AFTER: Final = 1.0
 # The least a hello or request gets when a deadline is all but spent: a socket timeout of 0
 # would make it non-blocking (an instant failure, not a bounded wait).
 _MIN_WAIT: Final = 0.05
@@ -286,6 +288,23 @@ def _still_starting(paths: ProjectPaths) -> IntloomError:
     )
 
 
+def _waiting_for(paths: ProjectPaths, timeout: float, foreground: bool) -> str | None:
+    """What a start waiting for another start's host says of it, or None when its lock
+    cannot be read now (rewritten meanwhile: said at the next poll)."""
+    try:
+        lock = read_lock(paths.service_lock)
+    except IntloomError:
+        return None
+    if lock is None:
+        return None
+    then = ("says CLI_SERVICE_CONFLICT once it serves (one host per project)" if foreground
+            else "reuses it once it serves")
+    return ("Waiting for another start's host. " + starting_message(
+        lock.pid, lock.started_at,
+        f"This start waits up to its --timeout ({timeout:g} s) and {then}. Ctrl-C stops "
+        f"waiting (that start goes on); kill -TERM {lock.pid} stops that start."))
+
+
 def _reuse(root: Path, service: ServiceView, port: int | None, strict: bool = False
            ) -> StartResult:
     if port is not None and port != service.port:
@@ -373,6 +392,7 @@ def start_service(
     on_stopped: Callable[[StopResult], None] | None = None,
     slow_import: Callable[[str], None] | None = None,
     on_stopping: Callable[[str], None] | None = None,
+    waiting: Callable[[str], None] | None = None,
 ) -> StartResult:
     """Reuse the live host, or launch one and return once it has restored and listens.
 
@@ -388,6 +408,8 @@ def start_service(
     (its ``.intloom/`` moved away): the process then exits at once, as a crash would.
     ``on_stopping`` is told, once, as a foreground host's stop begins with Runs still
     running, what the stop waits for and how to stop at once.
+    ``waiting`` is told, once, when this start has waited a while (1 s) for another start's
+    host, still starting: whose, and how to stop waiting or stop that start.
     """
     deadline = time.monotonic() + _checked_timeout(timeout)
     root = resolved_root(root, "start_service")
@@ -396,6 +418,7 @@ def start_service(
         raise not_a_project(root, "start_service")  # not Client.connect's words: not called
     launches = 0
     lost: IntloomError | None = None  # a foreground host's lost race for the lock
+    waited: float | None = None  # since when this start waits for another start's host
     while True:
         seen = _saved_service(paths)
         try:
@@ -427,6 +450,15 @@ def start_service(
             # A host that is starting right now (a concurrent start) will answer soon;
             # anything else behind a lock file is for doctor and recover, never for us.
             if owner == "starting" and time.monotonic() < deadline:
+                # Another terminal's start may import for minutes: this one was silent
+                # until its --timeout (300 s), with nothing to say whose start it waited for.
+                now = time.monotonic()
+                waited = now if waited is None else waited
+                if waiting is not None and now - waited >= _WAITING_SAID_AFTER:
+                    said = _waiting_for(paths, timeout, foreground)
+                    if said is not None:
+                        waiting(said)
+                        waiting = None
                 time.sleep(_POLL)  # a poll until the starting host answers
                 continue
             raise _still_starting(paths) if owner == "starting" else _busy(paths)

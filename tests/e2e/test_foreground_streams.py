@@ -430,3 +430,38 @@ def test_a_foreground_host_started_with_sigint_ignored_says_what_stops_it(
             proc.kill()
             proc.wait(timeout=10)
         project.reap()
+
+
+def test_a_start_waiting_for_another_starts_host_says_so(tmp_path: Path) -> None:
+    """A second terminal's ``start`` (``--foreground`` or not) without --timeout while the
+    first terminal's host still imports its Workflows waited silently, for up to 300 s."""
+    project = one_source_project(tmp_path, "slow", SLOW_IMPORT)
+    first = spawn_foreground(project)
+    try:
+        eventually(lambda: (project.root / "importing").exists() or None, timeout=20,
+                   what="the Workflow's import to begin")
+        for options, then in ((("--foreground",), "says CLI_SERVICE_CONFLICT once it serves"),
+                              ((), "reuses it once it serves")):
+            second = subprocess.Popen(
+                [sys.executable, "-m", "intloom", "start", *options], cwd=project.root,
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                env={**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(REPO)})
+            project.pids.add(second.pid)
+            try:
+                assert second.stderr is not None
+                line = second.stderr.readline()
+                assert line.startswith(
+                    f"Waiting for another start's host. The service is starting (pid "
+                    f"{first.pid}, since "), (options, line)
+                assert f"This start waits up to its --timeout (300 s) and {then}" in line, line
+                assert f"kill -TERM {first.pid} stops that start." in line, line
+                assert second.poll() is None  # said while it waits
+            finally:
+                second.kill()
+                second.communicate(timeout=10)  # and closes its pipe
+        assert first.poll() is None  # the first terminal's start goes on
+    finally:
+        if first.poll() is None:
+            first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=30)
+        project.reap()

@@ -578,7 +578,7 @@ def lifecycle(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
 
     def start_service(root: Path, **kwargs: Any) -> StartResult:
         calls.append(("start", root, {k: v for k, v in kwargs.items()
-                                      if k not in ("progress", "slow_import")}))
+                                      if k not in ("progress", "slow_import", "waiting")}))
         assert callable(kwargs["progress"])
         return StartResult(SERVICE, reused=bool(kwargs.get("port") == 5000))
 

@@ -94,13 +94,14 @@ def start(
 
         lifecycle.start_service(root, progress=lambda _text: None, on_ready=ready,
                                 on_lost=renderer.error, on_stopped=stopped,
-                                on_stopping=renderer.note, **kwargs)
+                                on_stopping=renderer.note, waiting=renderer.note, **kwargs)
         return
     with renderer.spinner("Starting the intloom service...") as update:
         # On a terminal the spinner's line says it (a note would be drawn over); elsewhere
         # a note on stderr, since nothing else is said until the --timeout.
         slow = update if renderer.rich_err else renderer.note
-        result = lifecycle.start_service(root, progress=update, slow_import=slow, **kwargs)
+        result = lifecycle.start_service(root, progress=update, slow_import=slow,
+                                         waiting=slow, **kwargs)
     _report(renderer, result)
 
 
