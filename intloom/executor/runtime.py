@@ -393,6 +393,12 @@ def _too_large(state: RunState, record: Any, exc: RecordTooLarge) -> str:
             "data to a file (or a store of your own) and keep its path or id.")
 
 
+def _phase(record: Any) -> str:
+    """The record's phase as ``inspect`` shows it (``step_result``), not its class's name."""
+    tag = type(record).__struct_config__.tag
+    return tag if isinstance(tag, str) else type(record).__name__
+
+
 def _unjournalable(record: Any, exc: BaseException) -> str:
     """Why the journal refused ``record`` (where in it, what), that nothing was recorded, and
     the fix."""
@@ -774,8 +780,8 @@ class Runtime:
         except UNENCODABLE as exc:
             raise IntloomError(
                 "RUN_STATE_INVALID",
-                f"Run {slot.run_id}: its {type(record).__name__} record cannot be written to "
-                f"the journal: {_unjournalable(record, exc)}",
+                f"Run {slot.run_id}: its {_phase(record)} record cannot be written to the "
+                f"journal: {_unjournalable(record, exc)}",
             ) from None
         finally:
             if lock is not None:

@@ -897,9 +897,9 @@ def test_text_with_a_lone_surrogate_is_refused_naming_it(tmp_path: Path) -> None
            "decoded with errors='surrogateescape' (os.fsdecode, a file name); decode them "
            "with errors='replace', or keep their hex, instead.")
     expected = {
-        "question": ("Waiting", "action.request[0].question ('Q \\udcff')", 2),
-        "effect": ("EffectStarted", "key ('order-\\udcff')", 6),
-        "outcome": ("StepResult", "outcome ('done\\udcff')", 4),
+        "question": ("waiting", "action.request[0].question ('Q \\udcff')", 2),
+        "effect": ("effect_started", "key ('order-\\udcff')", 6),
+        "outcome": ("step_result", "outcome ('done\\udcff')", 4),
     }
     for project in reaped(one_source_project(tmp_path, "surrogates", SURROGATE_TEXT)):
         ok(project.cli("start", "--json"))
