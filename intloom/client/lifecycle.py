@@ -860,10 +860,13 @@ def _run_foreground(root: Path, *, port: int | None, strict: bool, progress: Pro
     # it releases its files. It was not bounded at all: --timeout 60 waited for ever.
     starting = threading.Lock()
     timed_out: list[bool] = []
+    stuck: list[str] = []  # the import it was stuck in at the deadline (_Importing.fact)
 
     def too_late() -> None:
         with starting:
             if not ready and not failure:
+                # Taken now: the import the signal interrupts still reports its end.
+                stuck.append(where.fact())
                 timed_out.append(True)
                 host.too_late = True
                 # And a signal: it interrupts a Workflow import, which checks no flag.
@@ -883,17 +886,28 @@ def _run_foreground(root: Path, *, port: int | None, strict: bool, progress: Pro
 
     armed: list[bool] = []
 
+    # Where the start was when its deadline came: a timeout named the import as the slow
+    # part even when the host was taking its lock or restoring Runs.
+    where = _Importing()
+
     def step(name: str) -> None:
         # The first step is taken once the host handles SIGTERM (before, it would kill
         # the process): only now may the deadline's SIGTERM come.
         if timer is not None and not armed:
             armed.append(True)
             timer.start()
+        if name != "importing":  # told with its source, by import_began
+            where.seen({"step": name})
         if progress is not None:
             progress(name)
 
+    def import_began(source: str | None) -> None:
+        if source is not None:
+            where.seen({"step": "importing", "source": source})
+        importing(source)
+
     channel = ReadyChannel(on_progress=step, on_ready=seen, on_failed=failure.append,
-                           on_importing=importing)
+                           on_importing=import_began)
     # A launched host works in the project root (_launch): so does this one, or a Workflow
     # reading a project file by a relative path loaded, and a Step wrote, only in one of them.
     # The directory to go back to is held open, not named: one removed since (a shell left in
@@ -968,8 +982,8 @@ def _run_foreground(root: Path, *, port: int | None, strict: bool, progress: Pro
             raise IntloomError(
                 "CLI_SERVICE_TIMEOUT",
                 f"{_TIMEOUT}; the host was stopped at the deadline (SIGTERM) and released its "
-                "files. Start again with a longer --timeout, or make the Workflow modules "
-                "quicker to import.",
+                f"files.{stuck[0]} Start again with a longer --timeout"
+                + ("." if stuck[0] else ", or see .intloom/logs/ for the slow step."),
             )
         if failure[0].code == "CLI_SERVICE_CLOSING" and host.stop_signal == "SIGINT":
             # Ctrl-C before it served: the command was interrupted (exit 130, nothing on

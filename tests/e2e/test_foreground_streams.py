@@ -136,7 +136,30 @@ def test_a_foreground_start_keeps_its_timeout(tmp_path: Path) -> None:
         assert error["code"] == "CLI_SERVICE_TIMEOUT", error
         assert "the host was stopped at the deadline (SIGTERM) and released its files" \
             in error["message"], error
+        # Like a background start's timeout, it names the source the import was stuck in.
+        assert "It was still importing workflows/slow.py (for " in error["message"], error
         assert not (project.state / "service.lock").exists()
+    finally:
+        project.reap()
+
+
+def test_a_foreground_timeout_outside_an_import_does_not_blame_the_import(
+        tmp_path: Path) -> None:
+    """The foreground --timeout message always said "make the Workflow modules quicker to
+    import", even when the deadline came while the host took its lock or restored Runs.
+    With no Workflow listed there is no import to blame: it points at the log instead."""
+    project = one_source_project(tmp_path, "unused", "")
+    (project.root / "intloom.toml").write_text("workflows = []\n")
+    try:
+        result = project.cli("start", "--foreground", "--timeout", "0.001", "--json",
+                             timeout=20)
+        assert result.code == 1, result
+        error = result.json["error"]
+        assert error["code"] == "CLI_SERVICE_TIMEOUT", error
+        assert error["message"].endswith(
+            "released its files. Start again with a longer --timeout, or see "
+            ".intloom/logs/ for the slow step."), error
+        assert "import" not in error["message"], error
     finally:
         project.reap()
 
