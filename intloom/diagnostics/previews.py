@@ -8,7 +8,7 @@ row of the restart table (DESIGN section 6) that will apply, with the reason. Re
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
 import msgspec
 
@@ -136,15 +136,22 @@ def _preview(journal: RunJournal, loaded: LoadResult | None) -> RunPreview | Non
     problem = unreadable(state, __version__) or (
         _incompatibility(state, loaded) if loaded is not None else None)
     if problem is not None:
-        return _make(
-            journal, "incompatible",
-            PreviewVerdict(
-                "needs_attention", "the journal is incompatible with the loaded Workflow; it "
-                "is kept byte-identical and not restored",
-            ),
-            problem,
-        )
+        return _make(journal, "incompatible", _held(state), problem)
     return _make(journal, "verified", _verdict(state, loaded), None)
+
+
+_HELD: Final = ("the journal is incompatible with the loaded Workflow; it is kept "
+                "byte-identical and not restored")
+
+
+def _held(state: RunState) -> PreviewVerdict:
+    """A held Run's verdict. One whose code was running an effect names it, as an interrupted
+    one does: a Run held for a changed Workflow is often ended with ``cancel``, and no
+    restart ever says what was in flight before that."""
+    if state.effect_in_flight is None:
+        return PreviewVerdict("needs_attention", _HELD)
+    said = restart_verdict(state, has_recover=False)
+    return PreviewVerdict("needs_attention", f"{_HELD}; {said.reason}", said.effect)
 
 
 def preview_run(journal: RunJournal, loaded: LoadResult | None) -> RunPreview | None:

@@ -184,3 +184,35 @@ def test_sigkill_while_recover_runs_is_interrupted_not_replayed(proj: Project) -
     counts = counters(proj.root)[run_id]
     assert counts["recover:approve"] == 1 and counts["step:approve"] == 1
     ok(proj.cli("stop", "--json"))
+
+
+def test_a_run_held_for_a_changed_workflow_still_names_the_effect_in_flight(
+    proj: Project,
+) -> None:
+    """The way out for a Run held by a changed Workflow is ``cancel``, which ends it without a
+    restart ever saying what it was doing: doctor is where a person learns of the effect."""
+    hold(proj, "effect:download")
+    pid = ok(proj.cli("start", "--json"))["service"]["pid"]
+    run_id = ok(proj.cli("flow", "reference", "--intent", "kill, then change", "--detach",
+                         "--json"))["run"]["runId"]
+    entered(proj, "effect:download")
+    proj.kill_host()
+    wait_killed(proj, pid)
+    assert ok(proj.cli("recover", "--json"))["recovered"] is True
+    source = proj.root / "workflows" / "reference" / "reference.py"
+    source.write_text(source.read_text() + "\n# changed after the crash\n")
+
+    seen = preview(proj, run_id)
+    assert (seen["journal"], seen["verdict"]["row"]) == ("incompatible", "needs_attention")
+    key = f"download-{run_id[-6:]}"
+    effect = seen["verdict"].get("effect")  # it was missing: only inspect said it
+    assert effect is not None and (effect["name"], effect["key"]) == ("download", key), seen
+    reason = seen["verdict"]["reason"]
+    assert f"running effect 'download' (key '{key}'" in reason and effect["startedAt"] in reason
+
+    text = proj.cli("doctor")
+    assert text.code == 3, (text.code, text.stdout, text.stderr)
+    [line] = [x for x in text.stdout.splitlines() if x.strip().startswith(run_id)]
+    assert f"needs_attention: {reason}" in line
+    assert ok(proj.cli("inspect", run_id, "--json"))["run"]["restart"] == seen["verdict"]
+    (proj.root / "gates" / "effect:download.hold").unlink()
