@@ -189,6 +189,17 @@ def probe_process(
                 "started",
             ))
             return ProcessProbe("alive", evidence)
+        if actual < create_time:
+            # No pid goes to a process older than its first holder: the owner recorded it
+            # in another pid namespace (a container), or the clock was set since.
+            evidence.append(Evidence(
+                "create_time",
+                f"pid {pid} belongs to a process started at {_iso(actual)}, before the owner "
+                f"started at {_iso(create_time)}, so it is not the owner: the owner recorded "
+                "its pid in another pid namespace (a container), or the system clock was set "
+                "since",
+            ))
+            return ProcessProbe("gone", evidence)
         evidence.append(Evidence(
             "create_time",
             f"pid {pid} now belongs to a process started at {_iso(actual)}, not the owner "

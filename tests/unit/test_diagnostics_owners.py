@@ -61,6 +61,28 @@ def test_reused_pid_with_another_create_time_is_gone(tmp_path: Path) -> None:
     assert any("reused" in e.found for e in owner.evidence)
 
 
+def test_a_pid_held_by_a_process_older_than_the_owner_is_not_called_reused(
+        tmp_path: Path) -> None:
+    """A host run in another pid namespace (a container, ``unshare --pid``) records its pid
+    there: pid 3 there is, here, a process that started long before it (a kernel thread).
+    That is no reuse -- no pid is handed out again to a process older than its first
+    holder -- and "the pid was reused" misled a person looking for the host. The verdict
+    still rests on the lock: free, the owner is gone; held, unknown."""
+    root = make_root(tmp_path)
+    with live_process() as proc:
+        recorded = create_time(proc.pid) + 1000  # the owner started after this process
+        write_lock(root, proc.pid, recorded)
+        write_connection_json(root, 4242)
+        [owner] = diagnose(root, probe=False).owners
+        with lock_holder(ProjectPaths(root).service_lock):
+            [held] = diagnose(root, probe=False).owners
+    assert (owner.status, held.status) == ("gone", "unknown")
+    [found] = [e.found for e in owner.evidence if e.check == "create_time"]
+    assert "reused" not in found, found
+    assert f"pid {proc.pid} belongs to a process started at" in found
+    assert "before the owner started" in found and "another pid namespace" in found
+
+
 def test_an_owner_holding_its_lock_is_alive_when_the_clock_moved_its_create_time(
         tmp_path: Path) -> None:
     """A create time read now is the boot time plus the process's age, and the boot time
