@@ -82,7 +82,8 @@ def probe_lock(path: Path) -> LockProbe:
         )
     if state == "held":
         return LockProbe(
-            "held", Evidence("os_lock", f"the OS lock on {name} is held by a live process")
+            "held", Evidence("os_lock", f"the OS lock on {name} is held by a live process"
+                             f"{_holders(path)}")
         )
     if state == "unopenable":
         return LockProbe(
@@ -100,9 +101,10 @@ def _iso(ts: float) -> str:
     )
 
 
-def holds_flock(pid: int, path: Path) -> bool | None:
-    """Whether process ``pid`` holds the OS lock (flock) on the file at ``path``, from the
-    kernel's ``/proc/locks``; None when that cannot be told (no ``/proc``, the file gone)."""
+def flock_holders(path: Path) -> list[int] | None:
+    """The pids holding the OS lock (flock) on the file at ``path``, from the kernel's
+    ``/proc/locks``; None when that cannot be told (no ``/proc``, the file gone). A holder
+    in no pid namespace of ours reads as 0 or -1 there, and is left out."""
     try:
         st = os.stat(path, follow_symlinks=False)
         with open("/proc/locks", encoding="ascii", errors="replace") as locks:
@@ -110,6 +112,7 @@ def holds_flock(pid: int, path: Path) -> bool | None:
     except OSError:
         return None
     want = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+    found: list[int] = []
     for line in text.splitlines():
         # "1: FLOCK  ADVISORY  WRITE 1234 fe:00:2146553 0 EOF"; a waiter's line reads
         # "1: -> FLOCK ...": it holds nothing, and its fields are one to the right.
@@ -118,11 +121,32 @@ def holds_flock(pid: int, path: Path) -> bool | None:
             continue
         try:
             major, minor, inode = parts[5].split(":")
-            if int(parts[4]) == pid and (int(major, 16), int(minor, 16), int(inode)) == want:
-                return True
+            pid = int(parts[4])
+            if (int(major, 16), int(minor, 16), int(inode)) == want and pid > 0:
+                found.append(pid)
         except ValueError:
             continue
-    return False
+    return found
+
+
+def holds_flock(pid: int, path: Path) -> bool | None:
+    """Whether process ``pid`` holds the OS lock (flock) on the file at ``path``, from the
+    kernel's ``/proc/locks``; None when that cannot be told (no ``/proc``, the file gone)."""
+    holders = flock_holders(path)
+    return None if holders is None else pid in holders
+
+
+def _holders(path: Path) -> str:
+    """Who holds the lock, for the evidence: the pid and its process name (never its command
+    line, which may hold secrets), so a person need not hunt for it with fuser; empty when
+    the kernel does not say."""
+    named: list[str] = []
+    for pid in dict.fromkeys(flock_holders(path) or []):
+        try:
+            named.append(f"pid {pid} ({psutil.Process(pid).name()})")
+        except psutil.Error:
+            named.append(f"pid {pid}")
+    return f": {', '.join(named)} (the kernel's /proc/locks)" if named else ""
 
 
 def probe_process(

@@ -7,6 +7,8 @@ start → flow (waiting) → SIGKILL → status → stop / start refused → doc
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -168,3 +170,38 @@ def test_foreign_listener_on_the_saved_port_blocks_recover(project: Project) -> 
     # With the port free again the same leftovers recover normally.
     assert _ok(project.cli("recover", "--json"))["recovered"] is True
     _ok(project.cli("start", "--json"))
+
+
+
+def test_a_lock_held_after_the_host_died_names_the_process_holding_it(
+    project: Project,
+) -> None:
+    """The host is gone but another process holds the OS lock on service.lock (a Step's
+    child that kept it, a tool of the user's): nothing may be cleaned up, and the evidence
+    names that process (it said "a live process" only), so letting it exit does not start
+    with a hunt for it."""
+    _crash(project)
+    files = snapshot_files(project.state)
+    with subprocess.Popen(
+        [sys.executable, "-c",
+         "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDONLY); "
+         "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.read()",
+         str(project.state / "service.lock")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    ) as holder:
+        try:
+            assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+            named = f"held by a live process: pid {holder.pid} ("
+            status = _ok(project.cli("status", "--json"))
+            assert status["status"] == "blocked"
+            found = [e["found"] for o in status["owners"] for e in o["evidence"]
+                     if e["check"] == "os_lock"]
+            assert len(found) == 2 and all(named in f for f in found), found
+            error = _error(project.cli("recover", "--json"), "CLI_RECOVERY_BLOCKED")
+            assert named in error["message"], error
+            doctor = project.cli("doctor")
+            assert doctor.code == 4 and named in doctor.stdout, (doctor.code, doctor.stdout)
+            assert snapshot_files(project.state) == files
+        finally:
+            holder.kill()
+    assert _ok(project.cli("recover", "--json"))["recovered"] is True
