@@ -1261,11 +1261,15 @@ class Runtime:
                 return held.ended, True
             if not held.dismissible or held.state is None:
                 raise held.error()
+            # Its code may have been cut mid-effect: say so, as a cancel of a live Run does;
+            # no restart names it once the Run has ended.
+            cut = ("" if held.state.effect_in_flight is None else
+                   f" {restart_verdict(held.state, has_recover=False).reason}.")
             record = Terminal(
                 at=clock.now(), status="failed",
                 error=error_view(
                     "RUN_STOPPED",
-                    f"The Run was stopped while it was held, not restored: {held.fact}.",
+                    f"The Run was stopped while it was held, not restored: {held.fact}.{cut}",
                 ),
             )
             try:

@@ -216,3 +216,29 @@ def test_a_run_held_for_a_changed_workflow_still_names_the_effect_in_flight(
     assert f"needs_attention: {reason}" in line
     assert ok(proj.cli("inspect", run_id, "--json"))["run"]["restart"] == seen["verdict"]
     (proj.root / "gates" / "effect:download.hold").unlink()
+
+
+def test_cancelling_a_held_run_records_the_effect_it_cut(proj: Project) -> None:
+    """A cancel of a live Run cut mid-effect says so in its error ("stopped while ... was
+    running effect"); one of a Run held for a changed Workflow said only why it was held."""
+    hold(proj, "effect:download")
+    pid = ok(proj.cli("start", "--json"))["service"]["pid"]
+    run_id = ok(proj.cli("flow", "reference", "--intent", "kill, change, cancel", "--detach",
+                         "--json"))["run"]["runId"]
+    entered(proj, "effect:download")
+    proj.kill_host()
+    source = proj.root / "workflows" / "reference" / "reference.py"
+    source.write_text(source.read_text() + "\n# changed after the crash\n")
+    restore = restart_after_kill(proj, pid)["restore"]
+    assert restore["needsAttention"] == [run_id]
+
+    ended = ok(proj.cli("cancel", run_id, "--json"))["run"]
+    assert ended["status"] == "failed" and ended["lastError"]["code"] == "RUN_STOPPED"
+    message = ended["lastError"]["message"]
+    key = f"download-{run_id[-6:]}"
+    assert "while it was held" in message, message
+    assert f"running effect 'download' (key '{key}'" in message, message
+    inspected = ok(proj.cli("inspect", run_id, "--json"))["run"]
+    assert inspected["lastError"]["message"] == message  # as recorded in the journal
+    (proj.root / "gates" / "effect:download.hold").unlink()
+    ok(proj.cli("stop", "--json"))
