@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final, Literal, NamedTuple
 
 import msgspec
+import psutil
 
 from intloom.diagnostics.checks import KEEP_IT, Check
 from intloom.diagnostics.owners import (
@@ -471,6 +472,23 @@ def _owner_check(
             "intloom doctor again. Do not delete locks whose owners are still active.",
             owner.evidence,
         )
+    if (owner.status == "alive" and ctx.lock_unheld is not None
+            and holds_open(pid, ctx.lock_unheld) is False):
+        # As for invalid metadata above: only a pid proved not to have the file open is
+        # named as no host of the project. "Wait a moment" never ended for such a pid.
+        return Check(
+            check_id, "attention",
+            f"{name} names pid {pid} ({_process_name(pid)}), which is alive but does not hold "
+            "this project's service.lock (its OS lock is free and the pid has no descriptor "
+            "open on it; a host keeps both for its whole life, and lets go of them only as "
+            "its stop ends), so it is not this project's host.",
+            f"Run intloom doctor again in a moment. If it still says this, do not signal pid "
+            f"{pid}: confirm what it is with ps -p {pid} -o args, then move this project's "
+            "service.json and service.lock aside by hand (intloom keeps them as they are) "
+            "and run intloom doctor again.",
+            [*owner.evidence, Evidence("lock_descriptor",
+                                       f"pid {pid} has no descriptor open on service.lock")],
+        )
     if owner.status == "alive":
         return Check(
             check_id, "attention",
@@ -513,6 +531,14 @@ def _owner_check(
         "start.",
         owner.evidence,
     )
+
+
+def _process_name(pid: int) -> str:
+    """A process's name for a message (never its command line, which may hold secrets)."""
+    try:
+        return str(psutil.Process(pid).name())
+    except psutil.Error:
+        return "its name cannot be read"
 
 
 def _next_port_check(conn: Connection | None, config: Config | None) -> Check | None:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from typing import Any
 
+import psutil
 import pytest
 
 from intloom.client.client import Client
@@ -204,4 +205,38 @@ def test_a_lock_held_after_the_host_died_names_the_process_holding_it(
             assert snapshot_files(project.state) == files
         finally:
             holder.kill()
+    assert _ok(project.cli("recover", "--json"))["recovered"] is True
+
+
+def test_metadata_naming_a_live_process_that_is_no_host_says_so(project: Project) -> None:
+    """service.json and service.lock name a live process, with its create time, that holds
+    neither the project's lock nor any descriptor on service.lock: a host keeps both for
+    its life, so it is not this project's host. Nothing may be cleaned up while it lives,
+    and doctor said "it may be starting or stopping. Wait a moment", which never ends."""
+    _crash(project)
+    with subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                          stdin=subprocess.PIPE) as other:
+        try:
+            name = psutil.Process(other.pid).name()
+            for file in ("service.json", "service.lock"):
+                path = project.state / file
+                data = json.loads(path.read_text())
+                data.update(pid=other.pid, createTime=round(psutil.Process(other.pid)
+                                                            .create_time(), 2))
+                path.write_text(json.dumps(data, separators=(",", ":")))
+            files = snapshot_files(project.state)
+            assert _ok(project.cli("status", "--json"))["status"] == "blocked"
+            _error(project.cli("recover", "--json"), "CLI_RECOVERY_BLOCKED")
+            doctor = project.cli("doctor", "--json")
+            assert doctor.code == 4, (doctor.code, doctor.stdout, doctor.stderr)
+            checks = {c["id"]: c for c in doctor.json["checks"]}
+            for check in (checks["owner.service_lock"], checks["owner.service_json"]):
+                assert f"pid {other.pid} ({name})" in check["message"], check
+                assert "does not hold this project's service.lock" in check["message"], check
+                assert "Wait a moment" not in check["next"], check
+                assert f"ps -p {other.pid}" in check["next"], check
+                assert "lock_descriptor" in {e["check"] for e in check["evidence"]}, check
+            assert snapshot_files(project.state) == files
+        finally:
+            other.kill()
     assert _ok(project.cli("recover", "--json"))["recovered"] is True
