@@ -1509,7 +1509,22 @@ class _Hooks:
         return value
 
     async def effect_async(self, name: str, key: str, call: Callable[[], Any]) -> Any:
-        await self._begin(name, key, "ctx.aeffect")
+        try:
+            await self._begin(name, key, "ctx.aeffect")
+        except asyncio.CancelledError:
+            running = self.slot.state.effect_in_flight
+            if (self.slot.owned and not self.driver.cutting and running is not None
+                    and running.key == key):
+                # The Step cancelled it while its effect_started was being flushed (a
+                # timeout, a task it cancelled, a gather's sibling failing): left without
+                # an end, the journal held in flight an effect that never ran, and the
+                # Step's retry and every later effect were refused as nested in it.
+                why = ("its Step ended without awaiting the task that ran it"
+                       if left_behind(asyncio.current_task()) else "a timeout or a cancel "
+                       "in the Step")
+                await self._end(name, key, False, None, "CancelledError: cancelled before "
+                                f"its function was called ({why}); it did not run")
+            raise
         try:
             value = call()
             if inspect.isawaitable(value):
