@@ -837,9 +837,17 @@ def _effect_left_running(state: RunState, exc: Exception) -> IntloomError | None
     """The Run's error when user code ended (a sync Step returned, say) while an effect it had
     handed to a thread of its own still ran: what the code left (its outcome, its State) may
     not be journaled before that effect's end, and the machine refused it as such."""
+    if not isinstance(exc, IllegalTransition) or exc.got in ("effect_started", "effect_done"):
+        return None
     running = state.effect_in_flight
-    if (not isinstance(exc, IllegalTransition) or running is None
-            or exc.got in ("effect_started", "effect_done")):
+    shown = "the effect is shown in flight (its outcome unknown; check its target)"
+    if (running is None and exc.previous == "effect_started" and exc.seq == state.seq
+            and state.phase == "effect_done"):
+        # The effect ended between the refusal and now (its end reached the loop first):
+        # still the Step's mistake, not the host's fault (CLI_INTERNAL_ERROR).
+        running = state.last_effect
+        shown = "the effect ended just after, its end recorded (intloom inspect shows it)"
+    if running is None:
         return None
     # An initialiser returns a State, not an outcome: "its outcome" sent its author looking
     # for one.
@@ -848,9 +856,8 @@ def _effect_left_running(state: RunState, exc: Exception) -> IntloomError | None
         "STEP_INTERACTION_INVALID",
         f"{running_code(state)} returned while effect {running.name!r} (key {running.key!r}) "
         "was still running, in a thread of its own: an effect's end is journaled before what "
-        f"follows it, so {left} was not recorded, and the effect is shown in flight (its "
-        "outcome unknown; check its target). Wait for (join) each thread that uses ctx before "
-        f"{_code_kind(state)} returns.",
+        f"follows it, so {left} was not recorded, and {shown}. Wait for (join) each thread "
+        f"that uses ctx before {_code_kind(state)} returns.",
     )
 
 

@@ -986,6 +986,96 @@ def test_a_step_that_returns_while_its_threads_effect_runs_names_the_effect_and_
         ok(project.cli("stop", "--json"))
 
 
+# The thread's effect returns while the host's loop is held (by another Run's async Step,
+# which blocks it on purpose), so its end reaches the loop before the Step's refused
+# outcome does: the effect has ended by the time the host handles that refusal.
+ENDS_FIRST = textwrap.dedent('''
+    """A sync Step returns while its thread's effect runs; the effect ends just after."""
+
+    import os
+    import threading
+    import time
+    from pathlib import Path
+
+    import intloom
+
+    HERE = Path(os.environ["ENDS_FIRST_DIR"])
+
+
+    def wait_for(name: str) -> None:
+        deadline = time.monotonic() + 30
+        while not (HERE / name).exists():
+            assert time.monotonic() < deadline, name
+            time.sleep(0.005)
+
+
+    wf = intloom.Workflow("ends_first", version="1.0.0")
+    main = wf.stage("main")
+
+
+    @main.step("pick", routes={"charge": "charge", "block": "block"})
+    def pick(ctx: intloom.StepContext[None]) -> str:
+        return ctx.intent
+
+
+    @main.step("charge", routes={"done": intloom.COMPLETE})
+    def charge(ctx: intloom.StepContext[None]) -> str:
+        def pay() -> str:
+            (HERE / "paying").touch()
+            wait_for("held")
+            return "ch_1"
+
+        def run() -> None:
+            try:
+                ctx.effect("pay", pay)
+            except Exception:
+                pass
+
+        threading.Thread(target=run).start()
+        wait_for("held")
+        time.sleep(0.1)  # the thread hands the effect's end to the held loop first
+        (HERE / "returning").touch()
+        return "done"
+
+
+    @main.step("block", routes={"done": intloom.COMPLETE})
+    async def block(ctx: intloom.StepContext[None]) -> str:
+        (HERE / "held").touch()
+        wait_for("returning")
+        time.sleep(0.3)  # holds the loop while the Step's outcome is refused
+        return "done"
+''')
+
+
+def test_a_step_that_returns_while_its_threads_effect_ends_names_the_effect_not_a_fault(
+        tmp_path: Path) -> None:
+    """When the thread's effect ended between the refusal of the Step's outcome and the host
+    handling it, the Run failed CLI_INTERNAL_ERROR "The host failed while driving the Run
+    (IllegalTransition)" (one Run in ten of a Step that returns while its thread runs
+    effects). It fails as when the effect is still running, naming it, and says that its
+    end was recorded."""
+    signals = tmp_path / "signals"
+    signals.mkdir()
+    env = {"ENDS_FIRST_DIR": str(signals)}
+    for project in reaped(one_source_project(tmp_path, "ends_first", ENDS_FIRST)):
+        ok(project.cli("start", "--json", env=env))
+        run = ok(project.cli("flow", "ends_first", "--intent", "charge", "--detach", "--json"))
+        eventually(lambda: (signals / "paying").exists(), what="the thread's effect to start")
+        ok(project.cli("flow", "ends_first", "--intent", "block", "--detach", "--json"))
+        run = project.cli("attach", run["run"]["runId"], "--json").json["run"]
+        error = run["lastError"]
+        assert error["code"] == "STEP_INTERACTION_INVALID", run
+        for fact in ("Stage 'main', Step 'charge' returned while effect 'pay' (key 'pay#1') "
+                     "was still running", "its outcome was not recorded",
+                     "the effect ended just after, its end recorded",
+                     "Wait for (join) each thread that uses ctx before the Step returns"):
+            assert fact in error["message"], (fact, error["message"])
+        report = ok(project.cli("inspect", run["runId"], "--json"))
+        assert [r["phase"] for r in report["records"]][-3:] == [
+            "effect_started", "effect_done", "terminal"]
+        ok(project.cli("stop", "--json"))
+
+
 TOO_LARGE = textwrap.dedent('''
     """A Step that leaves a State beyond a journal record's 64 MiB."""
 
