@@ -747,7 +747,7 @@ def unawaited(ctx: StepContext[Any], returned: bool
         # the Run's terminal record, where its effect_done can no longer be written.
         task = call._task
         if task is not None and not task.done() and task is not asyncio.current_task():
-            _LEFT_BEHIND.add(task)
+            _LEFT_BEHIND[task] = returned
             task.cancel()
             running.append(task)
             if returned:
@@ -762,14 +762,18 @@ def unawaited(ctx: StepContext[Any], returned: bool
     return "; it ".join(facts), ". ".join(dict.fromkeys(fixes)) + ".", running
 
 
-# Tasks ``unawaited`` cancelled because their Step returned without them: an effect they
-# ran records that as its cause, not a timeout (``left_behind``).
-_LEFT_BEHIND: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
+# Tasks ``unawaited`` cancelled because their Step ended without them, with whether it
+# returned (else it raised): an effect they ran records that as its cause, not a timeout
+# (``left_behind``).
+_LEFT_BEHIND: weakref.WeakKeyDictionary[asyncio.Task[Any], bool] = weakref.WeakKeyDictionary()
 
 
-def left_behind(task: asyncio.Task[Any] | None) -> bool:
-    """True for a task cancelled because the Step that started it returned without it."""
-    return task is not None and task in _LEFT_BEHIND
+def left_behind(task: asyncio.Task[Any] | None) -> str | None:
+    """How the Step that started ``task`` ended ("returned", "raised") when it was cancelled
+    because of that end; None for any other task."""
+    if task is None or task not in _LEFT_BEHIND:
+        return None
+    return "returned" if _LEFT_BEHIND[task] else "raised"
 
 
 _AWAIT_TASK: Final = ("Await each task you start (asyncio.create_task, asyncio.gather) before "

@@ -1526,9 +1526,9 @@ class _Hooks:
                 # timeout, a task it cancelled, a gather's sibling failing): left without
                 # an end, the journal held in flight an effect that never ran, and the
                 # Step's retry and every later effect were refused as nested in it.
-                why = ("its Step ended without awaiting the task that ran it"
-                       if left_behind(asyncio.current_task()) else "a timeout or a cancel "
-                       "in the Step")
+                ended = left_behind(asyncio.current_task())
+                why = ("a timeout or a cancel in the Step" if ended is None else
+                       f"its Step {ended} before the task that ran it had ended")
                 await self._end(name, key, False, None, "CancelledError: cancelled before "
                                 f"its function was called ({why}); it did not run")
             raise
@@ -1548,9 +1548,12 @@ class _Hooks:
                 # it (asyncio.wait_for around it), or its function raised CancelledError
                 # itself: the effect is over, so later effects and a retry may start.
                 task = asyncio.current_task()
-                if left_behind(task):
+                ended = left_behind(task)
+                if ended == "returned":
                     how = ("cancelled because its Step returned without awaiting the task "
                            "that ran it")
+                elif ended == "raised":
+                    how = "cancelled because its Step raised before the task that ran it had ended"
                 elif task is not None and task.cancelling():
                     how = "cancelled before it returned (a timeout in the Step)"
                 else:

@@ -36,6 +36,11 @@ SOURCE = textwrap.dedent('''
     main = wf.stage("main", state=Calls)
 
 
+    @main.step("pick", routes={"go": "go", "gather": "gather"})
+    def pick(ctx: intloom.StepContext[Calls]) -> str:
+        return ctx.intent
+
+
     @main.step("go", routes={"done": intloom.COMPLETE})
     async def go(ctx: intloom.StepContext[Calls]) -> str:
         calls = []
@@ -54,6 +59,17 @@ SOURCE = textwrap.dedent('''
         await ctx.aeffect("after", asyncio.sleep, 0)
         ctx.state = Calls(charged=len(calls))
         return "done"
+
+
+    @main.step("gather", routes={"done": intloom.COMPLETE})
+    async def gather(ctx: intloom.StepContext[Calls]) -> str:
+        async def declined() -> None:
+            await asyncio.sleep(0.05)  # the effect beside it has been called by then
+            raise ValueError("card declined")
+
+        await asyncio.gather(ctx.aeffect("charge", asyncio.sleep, 30, key="k"), declined())
+        return "done"
+
 ''')
 
 
@@ -71,7 +87,7 @@ def _effects(project: Project, run_id: str) -> list[tuple[str, Any, Any, Any]]:
 
 def _state(project: Project, run_id: str) -> Any:
     records = ok(project.cli("inspect", run_id, "--json"))["records"]
-    [result] = [r for r in records if r["phase"] == "step_result"]
+    result = [r for r in records if r["phase"] == "step_result"][-1]
     return json.loads(base64.b64decode(result["record"]["state"]))
 
 
@@ -94,4 +110,22 @@ def test_an_effect_cancelled_before_its_call_is_journaled_done_and_the_step_goes
         ("effect_started", "after#1", None), ("effect_done", "after#1", True)], effects
     assert _state(cancels, run["runId"]) == {"charged": 1}  # the retry's call, only
     assert "In flight" not in cancels.cli("inspect", run["runId"]).stdout
+    ok(cancels.cli("stop", "--json"))
+
+
+def test_an_effect_cancelled_because_its_step_raised_says_the_step_raised(
+        cancels: Project) -> None:
+    """A gather's effect, cancelled when the coroutine beside it failed the Step, was
+    journaled "cancelled because its Step returned without awaiting the task that ran it":
+    the Step had raised, and its error is the Run's."""
+    ok(cancels.cli("start", "--json"))
+    run = cancels.cli("flow", "cancels", "--intent", "gather", "--json").json["run"]
+    assert run["lastError"]["code"] == "STEP_EXECUTION_FAILED", run
+    assert "card declined" in run["lastError"]["message"], run
+    effects = _effects(cancels, run["runId"])
+    assert effects == [
+        ("effect_started", "k", None, None),
+        ("effect_done", "k", False, "CancelledError: cancelled because its Step raised "
+                                    "before the task that ran it had ended; its outcome is "
+                                    "unknown")], effects
     ok(cancels.cli("stop", "--json"))

@@ -290,7 +290,7 @@ def test_a_raising_steps_sibling_effect_is_cancelled_and_journaled_before_the_en
     assert type(history[-1]).__name__ == "Terminal"
     done = {r.name: r for r in history if isinstance(r, EffectDone)}
     assert set(done) == {"slow"}, history
-    assert not done["slow"].ok and "cancelled because its Step returned" in (
+    assert not done["slow"].ok and "cancelled because its Step raised" in (
         done["slow"].error or ""), done["slow"].error
 
 
