@@ -1415,6 +1415,12 @@ class _Hooks:
             )
         rt.append(self.slot, EffectStarted(at=clock.now(), name=name, key=key))
         await rt.sync(self.slot)
+        if via == "ctx.aeffect":
+            # One turn of the loop with the effect in flight: an effect started alongside it
+            # (asyncio.gather, a TaskGroup) begins now and is refused, as documented. A flush
+            # made inline (an idle host) never yielded, so the same Step passed on an idle
+            # host and failed on a busy one.
+            await asyncio.sleep(0)
         if not self.slot.owned:  # cancelled or stopped while the start was being flushed
             raise IntloomError(
                 "EXECUTION_OWNERSHIP_LOST", "The Run was stopped; the effect was not called."

@@ -36,7 +36,7 @@ SOURCE = textwrap.dedent('''
     main = wf.stage("main", state=Calls)
 
 
-    @main.step("pick", routes={"go": "go", "gather": "gather"})
+    @main.step("pick", routes={"go": "go", "gather": "gather", "together": "together"})
     def pick(ctx: intloom.StepContext[Calls]) -> str:
         return ctx.intent
 
@@ -68,6 +68,14 @@ SOURCE = textwrap.dedent('''
             raise ValueError("card declined")
 
         await asyncio.gather(ctx.aeffect("charge", asyncio.sleep, 30, key="k"), declined())
+        return "done"
+
+
+    @main.step("together", routes={"done": intloom.COMPLETE})
+    async def together(ctx: intloom.StepContext[Calls]) -> str:
+        for _ in range(20):  # an idle host's flushes go inline after a few
+            await ctx.aeffect("warm", lambda: None)
+        await asyncio.gather(ctx.aeffect("a", lambda: 1), ctx.aeffect("b", lambda: 2))
         return "done"
 
 ''')
@@ -128,4 +136,22 @@ def test_an_effect_cancelled_because_its_step_raised_says_the_step_raised(
         ("effect_done", "k", False, "CancelledError: cancelled because its Step raised "
                                     "before the task that ran it had ended; its outcome is "
                                     "unknown")], effects
+    ok(cancels.cli("stop", "--json"))
+
+
+def test_effects_started_together_are_refused_on_an_idle_host_too(cancels: Project) -> None:
+    """Two ctx.aeffect in one asyncio.gather were refused only when a flush handed off to the
+    store (a busy host): on an idle host, whose flushes go inline, both ran one after the
+    other and the Step passed, so the same code failed only under load."""
+    ok(cancels.cli("start", "--json"))
+    run = cancels.cli("flow", "cancels", "--intent", "together", "--json").json["run"]
+    error = run.get("lastError")
+    assert error is not None and error["code"] == "STEP_INTERACTION_INVALID", run
+    assert error["message"] == (
+        "Stage 'main', Step 'together' started effect 'b' (key 'b#1') while effect 'a' (key "
+        "'a#1') was still running: effects cannot be nested or run at the same time, each is "
+        "journaled on its own. Call them one after another in the Step, not from inside "
+        "another effect's function."), error
+    assert [e[:2] for e in _effects(cancels, run["runId"])][-3:] == [
+        ("effect_done", "warm#20"), ("effect_started", "a#1"), ("effect_done", "a#1")]
     ok(cancels.cli("stop", "--json"))
