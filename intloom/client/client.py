@@ -80,6 +80,10 @@ RUNS_PAGE_BYTES: Final = 1 << 20
 # the host replied. Longer waits are read in slices of this (recv_frame's ``patience``).
 _SIGNAL_SLICE: Final = 0.25
 
+# How long a broken stream's check that its host still serves (``_cut_by_host``) may take:
+# a host that is gone refuses at once; a hung one is not waited for.
+_PROBE: Final = 2.0
+
 _R = TypeVar("_R")
 
 
@@ -600,11 +604,16 @@ class Client:
 
     # ----- transport -----------------------------------------------------------------------
 
-    def _broken(self, request: Request, fact: str, *, timed_out: bool = False) -> IntloomError:
+    def _broken(self, request: Request, fact: str, *, timed_out: bool = False,
+                stream: bool = False) -> IntloomError:
         what = _REQUEST_WORDS.get(type(request).__name__, f"the {type(request).__name__} request")
         if self._sock is None and self._closed_why == _CLOSED_HERE:
             return self._closed_meanwhile(request, what)
         self._shut(f"its connection broke during an earlier request ({what})")
+        if stream and isinstance(request, Subscribe):  # its events were being read
+            cut = self._cut_by_host(request)
+            if cut is not None:
+                return cut
         if timed_out and isinstance(request, CompleteAgentCall):
             return self._completion_outwaited(request)
         if timed_out and _waits_on_a_run(request):
@@ -641,6 +650,32 @@ class Client:
             "PROJECT_REQUEST_FAILED",
             f"No reply came for {what}: {cause}{detail}. It was not replayed, since the host "
             f"may have acted on it. Run intloom status{then}.",
+        )
+
+    def _cut_by_host(self, request: Subscribe) -> IntloomError | None:
+        """A stream broken while its host instance still serves: that host closed it, which
+        it does to a follower that left too many of its events unread (follower_too_slow),
+        and the Run went on. "The host may have stopped or crashed" sent the program to wait
+        for a host that ran all along. None when the host does not answer as the same
+        instance (gone, stopping, another one): then the usual words hold."""
+        try:
+            probe = Client.connect(self.root, timeout=min(self.connect_timeout, _PROBE),
+                                   request_timeout=_PROBE)
+        except IntloomError:
+            return None
+        with probe:
+            if probe.hello.instance_id != self.hello.instance_id:
+                return None
+        run_id = request.run_id
+        return IntloomError(
+            "PROJECT_REQUEST_FAILED",
+            f"The event stream of Run {run_id} ended before its final event, and its host "
+            f"(pid {self.hello.pid}) still serves: a host closes the stream of a follower "
+            "that leaves too many of its events unread (its log then says "
+            "follower_too_slow) and goes on with the Run. The events after the last one "
+            f"received are missing here. Subscribe again (intloom attach {run_id}) to see "
+            f"its recent history, or intloom inspect {run_id} for every record; read the "
+            "events as they come to keep up.",
         )
 
     def _closed_meanwhile(self, request: Request, what: str) -> IntloomError:
@@ -816,13 +851,14 @@ class Client:
             reply = decode_response(recv_frame(sock, patience=patience))
         except ConnectionResetError:
             if stream or self._sock is not sock:
-                raise self._broken(request, "the host reset the connection") from None
+                raise self._broken(request, "the host reset the connection",
+                                   stream=stream) from None
             raise self._reset(request) from None
         except TimeoutError:
             raise self._broken(request, f"no reply within {self.request_timeout} s",
                                timed_out=True) from None
         except (OSError, FrameClosed) as exc:
-            raise self._broken(request, str(exc)) from None
+            raise self._broken(request, str(exc), stream=stream) from None
         except FrameError as exc:
             self._shut("the host's reply to an earlier request was not a valid frame")
             raise IntloomError("PROJECT_RESPONSE_INVALID", f"{exc}.") from None

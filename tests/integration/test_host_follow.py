@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from intloom.client.client import Client
+from intloom.errors import IntloomError
 from intloom.protocol.messages import RunEvent
 from tests.helpers import Project, eventually, one_source_project, reaped
 from tests.integration.host_support import encode, hello_frame, raw, reply, start, token_of
@@ -108,6 +109,33 @@ def test_a_follower_that_stops_reading_a_busy_run_is_disconnected_at_the_bound(
             # Closed by the host: a byte sent now meets a reset (the kernel may still hold
             # bytes the host wrote before; reading them at this window would take minutes).
             eventually(lambda: _reset(sock), timeout=10, what="the follower's connection closed")
+        assert client.get_run(run.run_id).status == "running"
+        client.cancel(run.run_id)
+
+
+
+def test_a_client_cut_as_too_slow_is_told_its_host_still_serves(
+    busy: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Client's own stream cut at the bound: its error said "the host may have stopped
+    or crashed" and to wait "once a host runs", while the host served on."""
+    monkeypatch.setenv("INTLOOM_TEST_FOLLOW_BACKLOG", str(64 * 1024))
+    start(busy)
+    with Client.connect(busy.root) as client, Client.connect(busy.root) as follower:
+        run = client.create_run("busy", "{}", wait=False)
+        stream = follower.subscribe(run.run_id)
+        next(stream)  # subscribed; from here on, nothing is read until the host cuts it
+        (log,) = (busy.state / "logs").iterdir()
+        eventually(lambda: "follower_too_slow" in log.read_text(), timeout=20,
+                   what="the host to close the follower that stopped reading")
+        with pytest.raises(IntloomError) as caught:
+            for _event in stream:
+                pass
+        assert caught.value.code == "PROJECT_REQUEST_FAILED"
+        message = caught.value.message
+        assert "may have stopped or crashed" not in message, message
+        assert f"its host (pid {follower.hello.pid}) still serves" in message, message
+        assert "follower_too_slow" in message and f"intloom inspect {run.run_id}" in message
         assert client.get_run(run.run_id).status == "running"
         client.cancel(run.run_id)
 
