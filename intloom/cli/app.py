@@ -8,6 +8,7 @@ written by the one renderer and turned into an exit code by the one mapping.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import io
 import os
 import re
@@ -394,6 +395,46 @@ def main(argv: Sequence[str] | None = None) -> int:
     state = CliState(json_mode=_json_requested(args))
     _encodable_stdout(state.json_mode)
     state.debug = "--debug" in args
+    try:
+        return _main(state, args)
+    except OSError as exc:
+        # Raised by a write to stdout as main reported an error there (JSON mode), or let
+        # through below: a traceback, where the error was only the output's.
+        if not _output_refused(exc):
+            raise
+        return _output_failed(state, exc)
+
+
+def _output_refused(exc: BaseException) -> bool:
+    """``exc`` is stdout refusing what was written (a full disk, an I/O error), not a fault
+    of intloom's."""
+    from intloom.cli.render import OutputFailed
+
+    return isinstance(exc, OutputFailed)
+
+
+def _output_failed(state: CliState, exc: OSError) -> int:
+    """CLI_OUTPUT_FAILED on stderr (in JSON mode too: stdout takes nothing more), and stdout
+    pointed at /dev/null, so that the interpreter's last flush does not fail again."""
+    import errno
+
+    name = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+    view = error_view(
+        "CLI_OUTPUT_FAILED",
+        f"intloom could not write its output to stdout: {exc.strerror} ({name}). The output "
+        "is cut short there, but what the command did stands: attach and logs change "
+        "nothing, and a Run that flow, answer or cancel acted on is as the host left it "
+        "(intloom runs shows it). Free space where stdout goes, or send it elsewhere.")
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, state.renderer.out.fileno())
+    os.close(devnull)
+    state.renderer.documented = True  # a JSON error document goes to stderr
+    with contextlib.suppress(OSError):
+        state.renderer.error(view)
+    return exit_codes.FAILURE
+
+
+def _main(state: CliState, args: list[str]) -> int:
     name = _command_name(args)
     command: object = None
     try:
@@ -442,6 +483,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _reader_gone(state)
         raise
     except Exception as exc:
+        if _output_refused(exc):
+            raise
         if state.debug:
             traceback.print_exc(file=sys.stderr)
         state.renderer.error(

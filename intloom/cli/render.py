@@ -27,6 +27,7 @@ from intloom.errors import CATALOGUE, STARTING, ErrorView
 
 __all__ = [
     "CopyableWatch",
+    "OutputFailed",
     "Renderer",
     "asked",
     "asked_lines",
@@ -170,6 +171,21 @@ class CopyableWatch:
         self.seen = self._pattern.search(text) is not None
 
 
+class OutputFailed(OSError):
+    """stdout refused what was written to it (a full disk, an I/O error): a fault of where
+    the output goes, not of intloom's (a reader gone, EPIPE, stays a BrokenPipeError)."""
+
+
+@contextmanager
+def _writing() -> Iterator[None]:
+    try:
+        yield
+    except (BrokenPipeError, OutputFailed):
+        raise
+    except OSError as exc:
+        raise OutputFailed(exc.errno, exc.strerror) from exc
+
+
 class Renderer:
     """Writes documents, lines, tables, spinners and errors for one command invocation."""
 
@@ -204,24 +220,27 @@ class Renderer:
 
     def document(self, doc: Mapping[str, Any]) -> None:
         """The single JSON document of a ``--json`` invocation."""
-        self.out.write(_json_text(doc) + "\n")
-        self.out.flush()
+        with _writing():
+            self.out.write(_json_text(doc) + "\n")
+            self.out.flush()
         self.documented = True
 
     def raw(self, text: str) -> None:
         """Already-formatted output (a JSONL log record), written as is, flushed at once."""
-        self.out.write(text)
-        self.out.flush()
+        with _writing():
+            self.out.write(text)
+            self.out.flush()
 
     # Every text-mode write below passes its text through ``printable``: lines are built
     # from Workflow and user data (messages, questions, intents), and nothing of it may
     # reach a terminal as a control character or an escape sequence.
 
     def lines(self, lines: Sequence[str]) -> None:
-        for text in lines:
-            self._watched(text)
-            self.out.write(printable(text) + "\n")
-        self.out.flush()
+        with _writing():
+            for text in lines:
+                self._watched(text)
+                self.out.write(printable(text) + "\n")
+            self.out.flush()
 
     def _watched(self, text: str) -> None:
         if self.watch is not None:
@@ -255,6 +274,10 @@ class Renderer:
 
     def table(self, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
         """A Rich table on a terminal; aligned plain lines (no header) when piped."""
+        with _writing():
+            self._table(columns, rows)
+
+    def _table(self, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
         rows = [[printable(cell) for cell in row] for row in rows]
         if self.rich_out:
             from rich.cells import cell_len

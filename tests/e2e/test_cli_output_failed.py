@@ -1,0 +1,50 @@
+"""stdout that refuses what is written to it (a full disk: /dev/full) while attach or logs
+prints: a known error on stderr, not CLI_INTERNAL_ERROR "report it", nor a traceback in JSON
+mode, whose error document was written to the same stdout and failed again."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import Project, started_waiting
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90),
+              pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")]
+
+
+def _to_full(project: Project, *args: str) -> subprocess.CompletedProcess[str]:
+    with open("/dev/full", "w") as full:
+        return subprocess.run(
+            [sys.executable, "-m", "intloom", "--project", str(project.root), *args],
+            stdout=full, stderr=subprocess.PIPE, text=True, timeout=60,
+            env={**os.environ, "NO_COLOR": "1"})
+
+
+@pytest.mark.parametrize("args", [["attach"], ["logs"]])
+def test_a_full_stdout_is_a_known_error_in_text(project: Project, args: list[str]) -> None:
+    run_id, _ = started_waiting(project)
+    result = _to_full(project, *args, run_id)
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr and "CLI_INTERNAL_ERROR" not in result.stderr
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("Failure · CLI_OUTPUT_FAILED: ") and "stdout" in line
+    assert "No space left on device (ENOSPC)" in line, line
+
+
+@pytest.mark.parametrize("args", [["attach"], ["logs"], ["attach", "RUN-nope"]])
+def test_a_full_stdout_is_one_error_document_on_stderr_in_json(
+    project: Project, args: list[str]
+) -> None:
+    run_id, _ = started_waiting(project)
+    result = _to_full(project, "--json", *args, *([run_id] if len(args) == 1 else []))
+    assert result.returncode == 1, result.stderr
+    (line,) = result.stderr.splitlines()
+    error = json.loads(line)["error"]
+    assert error["code"] == "CLI_OUTPUT_FAILED" and error["retryable"] is False
+    assert "ENOSPC" in error["message"]
