@@ -590,9 +590,10 @@ class Server:
             if backlog.too_slow(buffered):
                 # The peer reads slower than its Run publishes: end it rather than buffer
                 # without bound (a drain would block the publish, and every other Run).
-                self.log.warning("follower_too_slow", run_id=request.run_id,
-                                 buffered=buffered, limit=backlog.limit,
-                                 history=backlog.history)
+                # runId as every record about a Run has it; run_id kept for its readers.
+                self.log.warning("follower_too_slow", runId=request.run_id,
+                                 run_id=request.run_id, buffered=buffered,
+                                 limit=backlog.limit, history=backlog.history)
                 done.set_exception(_Refused(None))
                 transport.abort()
                 return

@@ -4,6 +4,7 @@ bound on what a slow reader makes the host hold) hold without a task between the
 
 from __future__ import annotations
 
+import json
 import socket
 import textwrap
 import threading
@@ -109,6 +110,11 @@ def test_a_follower_that_stops_reading_a_busy_run_is_disconnected_at_the_bound(
             # Closed by the host: a byte sent now meets a reset (the kernel may still hold
             # bytes the host wrote before; reading them at this window would take minutes).
             eventually(lambda: _reset(sock), timeout=10, what="the follower's connection closed")
+        # Keyed runId as every other record about a Run (jq 'select(.runId == ...)'
+        # missed it, keyed run_id only).
+        (cut,) = [record for line in log.read_text().splitlines()
+                  for record in (json.loads(line),) if record["event"] == "follower_too_slow"]
+        assert cut["runId"] == run.run_id
         assert client.get_run(run.run_id).status == "running"
         client.cancel(run.run_id)
 
