@@ -5,6 +5,7 @@ bound on what a slow reader makes the host hold) hold without a task between the
 from __future__ import annotations
 
 import json
+import os
 import socket
 import textwrap
 import threading
@@ -230,3 +231,44 @@ def test_followers_of_restored_runs_at_once_share_one_read_of_the_log(
     # One read for the first follower, one for those that came while it ran (a third
     # for a late one at most); one each was six.
     assert reads < 3.5, f"the host read the log {reads:.1f} times for 6 followers"
+
+
+def test_attach_waits_for_a_history_the_host_is_slow_to_send(
+    project: Project, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The first follower of a restored Run waits while the host reads its earlier records
+    from the journal (seconds, on a log of some GB). attach gave the history the 3 s it gives
+    a display that lags: without a terminal it printed the Run's view with no history at all,
+    and on one it prompted, the history printed under the prompt. Here the host is held
+    (SIGSTOP) past that bound, then let go."""
+    import signal
+
+    from intloom.cli.commands import attach
+    from intloom.cli.render import Renderer
+
+    monkeypatch.setattr(attach, "_CATCH_UP", 0.2)
+    start(project)
+    with Client.connect(project.root) as client:
+        run = client.create_run("example", "notes")
+    assert run.status == "waiting"
+    with Client.connect(project.root) as client:
+        client.stop(client.hello.instance_id)
+    eventually(lambda: not (project.state / "service.json").exists(), what="the host to stop")
+    pid = start(project).service.pid
+    with Client.connect(project.root) as client:
+        view = client.get_run(run.run_id)
+    follower = attach._Follower(project.root, run.run_id, Renderer(), None)
+    os.kill(pid, signal.SIGSTOP)
+    resume = threading.Timer(1.0, os.kill, (pid, signal.SIGCONT))  # the slow read's length
+    try:
+        resume.start()
+        follower.start()
+        follower.catch_up(view)
+        shown = capsys.readouterr().out
+    finally:
+        resume.cancel()
+        os.kill(pid, signal.SIGCONT)
+        follower.close(wait=False)
+        follower.join(timeout=10)
+    assert "  restored  " in shown and "  waiting  " in shown, (
+        f"attach went ahead of the history it had not received yet:\n{shown}")

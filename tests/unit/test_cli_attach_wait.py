@@ -108,7 +108,8 @@ def _views() -> tuple[Any, Any]:
 
 
 def test_attach_waits_for_a_display_that_lags_but_still_shows_events(
-        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
     """A slow reader (``intloom attach RUN | slow``) kept being fed, but 3 s after the Run
     ended attach printed the final view anyway and closed the stream: the last ~100 of
     3,000 Steps' events and ``terminal`` were never shown, and one event line landed in the
@@ -140,11 +141,15 @@ def test_attach_waits_for_a_display_that_lags_but_still_shows_events(
     assert follower.final is not None, "the final view went ahead of the events still shown"
     feeder.join(timeout=10)
 
+    # No event at all (not even the history, which the host may be slow to send: it is
+    # given _FIRST_BATCH, not _CATCH_UP): it still goes ahead, and says so.
+    monkeypatch.setattr(commands.attach, "_FIRST_BATCH", 0.3)
     stalled = _Follower(tmp_path, "RUN-1", Renderer(), None)
     stalled.met(["caughtUp"])
     started = time.monotonic()
-    stalled.catch_up(done)  # no event at all: it still goes ahead, after _CATCH_UP
+    stalled.catch_up(done)
     assert time.monotonic() - started < 5
+    assert "The history of Run RUN-1 did not arrive within 0.3 s" in capsys.readouterr().err
 
 
 def test_an_event_is_never_printed_once_attach_closed_its_stream(

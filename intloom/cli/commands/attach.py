@@ -45,6 +45,12 @@ __all__ = ["attach"]
 # cut off after 3 s in all, its remaining events dropped and the last one printed in the
 # middle of the final view.
 _CATCH_UP: Final = 3.0
+# How long attach waits for the stream's first batch (the history) before it goes ahead:
+# no display lag, but the host preparing it. The first follower of a restored Run waits for
+# the host to read the Run's earlier records from the journal, seconds on a log of some GB:
+# given only _CATCH_UP, attach printed the Run's view with no history (without a terminal),
+# or prompted, the history then printed under the prompt.
+_FIRST_BATCH: Final = 60.0
 # Answers that leave the Run waiting: say why, then look again.
 _RETRY_CODES: Final = frozenset({"INVALID_REQUEST", "CONFLICT"})
 # How long a detach (Ctrl-C with --json) may take to look at the Run once more.
@@ -142,6 +148,7 @@ class _Follower(threading.Thread):
         self._cond = threading.Condition()
         self._seen: list[RunView] = []
         self._caught_up = False  # the history up to the subscription has all arrived
+        self._late = False  # the history did not come within _FIRST_BATCH (said once)
         self._done = False
         self.final: RunView | None = None  # as the stream's final event showed the Run
         self.final_event: str | None = None  # that event's name ("suspended", "terminal", ...)
@@ -250,8 +257,20 @@ class _Follower(threading.Thread):
 
     def catch_up(self, view: RunView) -> None:
         """Wait until the display has shown ``view``, while it keeps showing events: it
-        goes ahead once no event came for ``_CATCH_UP``."""
+        goes ahead once no event came for ``_CATCH_UP`` (for the first one, the history,
+        ``_FIRST_BATCH``)."""
         with self._cond:
+            if not self._seen and not self._late:
+                _wait(self._cond, lambda: self._done or bool(self._seen),
+                      timeout=_FIRST_BATCH)
+                if not self._seen and not self._done:
+                    self._late = True  # said once; later waits give it _CATCH_UP only
+                    self._renderer.note(
+                        f"The history of Run {self._run_id} did not arrive within "
+                        f"{_FIRST_BATCH:g} s (the host reads a restored Run's earlier records "
+                        "from its journal when it is first followed), so attach goes on "
+                        f"without waiting for it. intloom inspect {self._run_id} shows "
+                        "every record.")
             shown = -1
             while shown != len(self._seen) and not self._reached(view):
                 shown = len(self._seen)
