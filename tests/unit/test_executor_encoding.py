@@ -94,7 +94,7 @@ def test_a_step_asking_with_a_value_the_journal_cannot_hold_fails_cleanly(tmp_pa
         view = await rt.wait_stable((await rt.create_run("ask", "go")).run_id)
         assert view.status == "failed" and view.last_error is not None
         assert view.last_error.code == "RUN_STATE_INVALID"
-        assert "Waiting record" in view.last_error.message
+        assert "its waiting record cannot be written" in view.last_error.message
         await store.close()
         return view.run_id
 
