@@ -413,8 +413,7 @@ def _owner_check(
             f"Do not signal pid {pid}: it may serve another project. Confirm with ps -p {pid} "
             "-o args, then move this project's service.json and service.lock aside by hand "
             "(intloom keeps them as they are) and run intloom doctor again.",
-            [*owner.evidence, Evidence("lock_descriptor",
-                                       f"pid {pid} has no descriptor open on service.lock")],
+            _without_descriptor(owner),
         )
     if owner.status == "alive" and ctx.invalid is not None and not paused(pid):
         return Check(
@@ -486,8 +485,7 @@ def _owner_check(
             f"{pid}: confirm what it is with ps -p {pid} -o args, then move this project's "
             "service.json and service.lock aside by hand (intloom keeps them as they are) "
             "and run intloom doctor again.",
-            [*owner.evidence, Evidence("lock_descriptor",
-                                       f"pid {pid} has no descriptor open on service.lock")],
+            _without_descriptor(owner),
         )
     if owner.status == "alive":
         return Check(
@@ -531,6 +529,13 @@ def _owner_check(
         "start.",
         owner.evidence,
     )
+
+
+def _without_descriptor(owner: Owner) -> list[Evidence]:
+    """The owner's evidence, and that its pid has no descriptor open on service.lock: what
+    proves a live pid is no host of this project."""
+    return [*owner.evidence, Evidence("lock_descriptor",
+                                      f"pid {owner.pid} has no descriptor open on service.lock")]
 
 
 def _process_name(pid: int) -> str:
