@@ -225,6 +225,20 @@ def _starting(snap: Snapshot, lock: LockProbe, owners: list[Owner]) -> str | Non
                             "doctor or intloom logs.")
 
 
+def _paused_start(snap: Snapshot, lock: LockProbe, owners: list[Owner]) -> str | None:
+    """The message for a host stopped by a signal in its start-up, or None: status gave it
+    the generic "a resource owner still exists", and only doctor said it was paused."""
+    held = snap.lock.value
+    owner = next((o.status for o in owners if o.resource == "service_lock"), None)
+    if (held is None or snap.service.value is not None or lock.state != "held"
+            or owner != "alive" or not paused(held.pid)):
+        return None
+    return (f"The host starting since {held.started_at} (pid {held.pid}) is paused (stopped by "
+            "a signal: SIGSTOP, Ctrl-Z or a debugger): it holds the project's lock and "
+            f"finishes starting only once resumed. Resume it with kill -CONT {held.pid} (or "
+            "fg in its terminal), then run intloom status again.")
+
+
 def _probe_host(root: Path, snap: Snapshot
                 ) -> tuple[ServiceView | None, IntloomError | None, bool]:
     """Ask a live host who it is. Returns (service, None), (None, problem) or (None, None),
@@ -275,6 +289,9 @@ def _classify(
         # Before the missing-connection wording: a first start writes connection.json a
         # moment after it takes the lock, and the project is not in trouble meanwhile.
         return "blocked", starting
+    paused_start = _paused_start(snap, lock, owners)
+    if paused_start is not None:
+        return "blocked", paused_start
     if any(owner.status != "gone" for owner in owners):
         if not has_connection:
             return "blocked", MESSAGES["no_connection"]

@@ -152,7 +152,13 @@ def test_live_owner_holding_its_lock_before_service_json_is_starting(
     assert diagnosis.status == "blocked"  # DESIGN's state: an owner is alive
     assert diagnosis.message.startswith(
         f"{STARTING} (pid {proc.pid}, since 2026-11-30T00:00:00.000Z)"), diagnosis.message
-    assert stopped.message == MESSAGES["owner_exists" if connection else "no_connection"]
+    # Paused, it is said to be (status gave the generic "owner still exists", or without
+    # connection.json "recovery is unsafe", and only doctor named the pause).
+    assert stopped.status == "blocked"
+    assert stopped.message.startswith(
+        f"The host starting since 2026-11-30T00:00:00.000Z (pid {proc.pid}) is paused"), \
+        stopped.message
+    assert f"kill -CONT {proc.pid}" in stopped.message
 
 
 @pytest.mark.parametrize(("service_json", "os_lock", "owner", "owner_paused", "starting"), [
