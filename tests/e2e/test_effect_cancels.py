@@ -63,11 +63,17 @@ SOURCE = textwrap.dedent('''
 
     @main.step("gather", routes={"done": intloom.COMPLETE})
     async def gather(ctx: intloom.StepContext[Calls]) -> str:
+        called = asyncio.Event()
+
+        async def charge() -> None:
+            called.set()
+            await asyncio.sleep(30)
+
         async def declined() -> None:
-            await asyncio.sleep(0.05)  # the effect beside it has been called by then
+            await asyncio.wait_for(called.wait(), 30)  # the effect beside it was called
             raise ValueError("card declined")
 
-        await asyncio.gather(ctx.aeffect("charge", asyncio.sleep, 30, key="k"), declined())
+        await asyncio.gather(ctx.aeffect("charge", charge, key="k"), declined())
         return "done"
 
 

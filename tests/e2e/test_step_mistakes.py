@@ -993,20 +993,36 @@ ENDS_FIRST = textwrap.dedent('''
     """A sync Step returns while its thread's effect runs; the effect ends just after."""
 
     import os
+    import sys
     import threading
     import time
+    from collections.abc import Callable
     from pathlib import Path
 
     import intloom
 
     HERE = Path(os.environ["ENDS_FIRST_DIR"])
+    STEPPED: list[threading.Thread] = []  # the thread that ran charge (a crew's)
+
+
+    def until(done: Callable[[], bool], what: str) -> None:
+        deadline = time.monotonic() + 30
+        while not done():
+            assert time.monotonic() < deadline, what
+            time.sleep(0.005)
 
 
     def wait_for(name: str) -> None:
-        deadline = time.monotonic() + 30
-        while not (HERE / name).exists():
-            assert time.monotonic() < deadline, name
-            time.sleep(0.005)
+        until((HERE / name).exists, name)
+
+
+    def stack(thread: threading.Thread) -> list[str]:
+        """Where ``thread`` is now, innermost last: each frame's file and function."""
+        frame, out = sys._current_frames().get(thread.ident or 0), []
+        while frame is not None:
+            out.append(f"{frame.f_code.co_filename}:{frame.f_code.co_name}")
+            frame = frame.f_back
+        return out[::-1]
 
 
     wf = intloom.Workflow("ends_first", version="1.0.0")
@@ -1031,9 +1047,14 @@ ENDS_FIRST = textwrap.dedent('''
             except Exception:
                 pass
 
-        threading.Thread(target=run).start()
+        STEPPED.append(threading.current_thread())
+        payer = threading.Thread(target=run)
+        payer.start()
         wait_for("held")
-        time.sleep(0.1)  # the thread hands the effect's end to the held loop first
+        # Until the thread has handed the effect's end to the held loop and waits for it
+        # (in a concurrent.futures result): that end then reaches the loop first.
+        until(lambda: any(f.endswith("concurrent/futures/_base.py:result")
+                          for f in stack(payer)), "the effect's end handed to the loop")
         (HERE / "returning").touch()
         return "done"
 
@@ -1042,7 +1063,10 @@ ENDS_FIRST = textwrap.dedent('''
     async def block(ctx: intloom.StepContext[None]) -> str:
         (HERE / "held").touch()
         wait_for("returning")
-        time.sleep(0.3)  # holds the loop while the Step's outcome is refused
+        # The loop is held until the crew's thread is done with charge's refused outcome
+        # (handed to the loop too, after the effect's end) and has left the crew.
+        until(lambda: not any("executor/crew.py" in f for f in stack(STEPPED[0])),
+              "charge's outcome handed to the loop")
         return "done"
 ''')
 
