@@ -58,6 +58,7 @@ __all__ = [
     "Progress",
     "StartResult",
     "StopResult",
+    "ctrl_c_stops",
     "start_service",
     "stop_service",
     "stop_service_report",
@@ -839,6 +840,13 @@ def _start_timeout(paths: ProjectPaths, pid: int, killed: bool,
     )
 
 
+def ctrl_c_stops() -> bool:
+    """Whether Ctrl-C reaches a foreground host started now: SIGINT inherited ignored
+    (``cmd &`` in a script) stays ignored (Host.keep_ignored), and a Ctrl-C then stops
+    nothing, so what the terminal is told must not say it does."""
+    return signal.getsignal(signal.SIGINT) != signal.SIG_IGN
+
+
 def _run_foreground(root: Path, *, port: int | None, strict: bool, progress: Progress | None,
                     on_ready: Callable[[StartResult], None] | None,
                     on_lost: Callable[[ErrorView], None] | None = None,
@@ -859,15 +867,14 @@ def _run_foreground(root: Path, *, port: int | None, strict: bool, progress: Pro
     # the deadline the host is sent SIGTERM, which interrupts a slow Workflow import, and
     # it releases its files. It was not bounded at all: --timeout 60 waited for ever.
     starting = threading.Lock()
-    timed_out: list[bool] = []
-    stuck: list[str] = []  # the import it was stuck in at the deadline (_Importing.fact)
+    # Once the deadline passed: the import it was stuck in then (_Importing.fact), or "".
+    timed_out: list[str] = []
 
     def too_late() -> None:
         with starting:
             if not ready and not failure:
                 # Taken now: the import the signal interrupts still reports its end.
-                stuck.append(where.fact())
-                timed_out.append(True)
+                timed_out.append(where.fact())
                 host.too_late = True
                 # And a signal: it interrupts a Workflow import, which checks no flag.
                 os.kill(os.getpid(), signal.SIGTERM)
@@ -926,8 +933,7 @@ def _run_foreground(root: Path, *, port: int | None, strict: bool, progress: Pro
 
     host.last_words = last_words
     host.keep_ignored = True
-    # Kept ignored (Host.keep_ignored): a second Ctrl-C then stops nothing.
-    ctrl_c = signal.getsignal(signal.SIGINT) != signal.SIG_IGN
+    ctrl_c = ctrl_c_stops()
 
     def stopping(running: int, grace: float) -> None:
         runs = "1 running Run" if running == 1 else f"{running} running Runs"
@@ -982,8 +988,8 @@ def _run_foreground(root: Path, *, port: int | None, strict: bool, progress: Pro
             raise IntloomError(
                 "CLI_SERVICE_TIMEOUT",
                 f"{_TIMEOUT}; the host was stopped at the deadline (SIGTERM) and released its "
-                f"files.{stuck[0]} Start again with a longer --timeout"
-                + ("." if stuck[0] else ", or see .intloom/logs/ for the slow step."),
+                f"files.{timed_out[0]} Start again with a longer --timeout"
+                + ("." if timed_out[0] else ", or see .intloom/logs/ for the slow step."),
             )
         if failure[0].code == "CLI_SERVICE_CLOSING" and host.stop_signal == "SIGINT":
             # Ctrl-C before it served: the command was interrupted (exit 130, nothing on

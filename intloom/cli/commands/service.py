@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import signal
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -64,9 +63,7 @@ def start(
         from intloom.cli.streams import foreground_streams
 
         foreground_streams(renderer)
-        # Inherited ignored (cmd & in a script), SIGINT stays ignored (Host.keep_ignored):
-        # "Ctrl-C stops the host" then sent the reader to a key that does nothing.
-        ctrl_c = signal.getsignal(signal.SIGINT) != signal.SIG_IGN
+        ctrl_c = lifecycle.ctrl_c_stops()
 
         # The host runs here until it stops: say so once it serves, not when it has gone.
         def ready(result: Any) -> None:
