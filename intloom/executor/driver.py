@@ -677,7 +677,8 @@ class RunSlot:
         self.suspended = True
         self.suspend_reason = reason
         self.revoke(IntloomError("EXECUTION_OWNERSHIP_LOST"))
-        self.publish("suspended")
+        # When: the view's updatedAt is its last record's, and a stop writes none.
+        self.publish("suspended", {"at": clock.now()})
 
     async def seed(
         self, earlier: Callable[[], list[Record]] | None = None,

@@ -705,7 +705,10 @@ class Runtime:
                 resumed.append(state.run_id)
             # Published once the row is applied: the event shows the Run as restored (an
             # interrupted one failed), not as its last record left it.
-            slot.publish("restored", {"row": verdict.row, "reason": verdict.reason})
+            # ``at``: the restore's time (the view's updatedAt is its last record's, written
+            # by the earlier host), so that a follower sees the downtime.
+            slot.publish("restored", {"row": verdict.row, "reason": verdict.reason,
+                                      "at": clock.now()})
         if strict and attention:
             raise strict_refusal(self.attention)
         return RestoreSummary(

@@ -17,6 +17,7 @@ from intloom.client import lifecycle
 from intloom.client.client import Client
 from intloom.client.lifecycle import stop_service, stop_service_report
 from intloom.errors import IntloomError
+from intloom.executor import clock
 from intloom.protocol.messages import MAX_FRAME, RunEvent
 from intloom.runtime.model import RunView
 from tests.helpers import Project, eventually, foreground_host, pid_alive, snapshot_files
@@ -452,6 +453,7 @@ def test_a_restored_runs_history_includes_what_the_earlier_host_did(
     else:
         project.kill_host()
         assert project.cli("recover", "--json").code == 0
+    restart_at = clock.now()
     start(project)
     follower = Client.connect(project.root)
     stream = follower.subscribe(waiting.run_id)
@@ -473,6 +475,35 @@ def test_a_restored_runs_history_includes_what_the_earlier_host_did(
         "name": "compose", "key": "compose#1"}
     assert history[-1].run.status == "waiting"
     assert history[-1].run.pending_action == waiting.pending_action
+    # ``restored`` says when: the view's updatedAt is the earlier host's last record's.
+    assert history[-1].detail["at"] >= restart_at > history[-1].run.updated_at, (
+        history[-1].detail, restart_at, history[-1].run.updated_at)
+
+
+def test_a_followers_suspended_event_says_when_the_host_stopped(project: Project) -> None:
+    """A stop writes no record, so the view's updatedAt is the Run's last record's: the
+    ``suspended`` event carries the stop's own time (attach prints it)."""
+    start(project)
+    with Client.connect(project.root) as client:
+        waiting = client.create_run("example", "notes")
+    assert waiting.status == "waiting"
+    follower = Client.connect(project.root)
+    rest: list[RunEvent] = []
+    reader = threading.Thread(target=lambda: rest.extend(follower.subscribe(waiting.run_id)))
+    try:
+        reader.start()
+        eventually(lambda: any(e.event == "waiting" for e in rest), what="the Run's history")
+        stop_at = clock.now()
+        assert stop_service(project.root, timeout=20) is True
+        reader.join(timeout=20)
+        assert not reader.is_alive(), "the stream did not end with the host's stop"
+    finally:
+        follower.close()
+        reader.join(timeout=10)
+    suspended = [e for e in rest if e.event == "suspended"]
+    assert len(suspended) == 1, [e.event for e in rest]
+    at = suspended[0].detail["at"]
+    assert at >= stop_at > suspended[0].run.updated_at, (at, stop_at, suspended[0].run)
 
 
 @pytest.mark.parametrize("how", ["stop", "kill"])

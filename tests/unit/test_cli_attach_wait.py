@@ -244,3 +244,22 @@ def test_a_history_that_does_not_start_at_the_runs_start_says_so_first(
     assert lines[0] == ("... 1,234 earlier events not shown: the host keeps only a Run's "
                         "recent history; intloom inspect RUN-1 shows its whole journal.")
     assert "executing" in lines[1] and "step_result" in lines[2], lines
+
+
+def test_a_stop_or_a_restart_is_shown_at_its_own_time_not_the_last_records() -> None:
+    """A Run's view keeps its last record's updatedAt through a stop and a restart (neither
+    writes a record): ``suspended`` and ``restored`` lines showed it, hiding the downtime.
+    They show the time their event carries; a record's event shows the view's time."""
+    from intloom.cli.commands.attach import event_line
+    from intloom.protocol.messages import RunEvent
+
+    running, _ = _views()
+    later = "2099-01-01T00:00:00.000Z"
+    restored = event_line(RunEvent(run=running, event="restored",
+                                   detail={"row": "restore_wait", "reason": "r", "at": later}))
+    suspended = event_line(RunEvent(run=running, event="suspended", detail={"at": later}))
+    record = event_line(RunEvent(run=running, event="executing"))
+    assert restored.startswith(f"{later}  restored "), restored
+    assert suspended.startswith(f"{later}  suspended "), suspended
+    assert record.startswith(f"{running.updated_at}  executing "), record
+    assert running.updated_at != later

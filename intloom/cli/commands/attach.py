@@ -78,7 +78,12 @@ def event_line(event: RunEvent) -> str:
     run = plain(event.run)
     cursor = run.get("cursor") or {}
     where = f"{cursor.get('stage', '-')}/{cursor.get('step') or '-'}"
-    line = f"{run.get('updatedAt', '')}  {event.event:<16} {where:<24} {run.get('status', '')}"
+    # An event that is no record (a host's stop, a restart) has its own time: the Run's
+    # updatedAt, its last record's, hid how long it was down.
+    detail = event.detail
+    at = detail.get("at") if isinstance(detail, dict) else None
+    when = at if isinstance(at, str) else run.get("updatedAt", "")
+    line = f"{when}  {event.event:<16} {where:<24} {run.get('status', '')}"
     if isinstance(event.detail, str) and event.detail:
         line += f"  {event.detail}"
     return line.rstrip()
