@@ -774,6 +774,60 @@ def _compaction_check(paths: ProjectPaths) -> Check | None:
     )
 
 
+def _tool_calls_cut(tail: bytes) -> dict[str, str]:
+    """Per Run, the Tool call its last host's log shows started and never returned: a
+    ``run_tool_started`` with no ``run_tool_ended`` after it (the host was killed during
+    the call), or one ended by the stop's grace (``CLI_SERVICE_CLOSING``)."""
+    started: dict[tuple[str, str], dict[str, object]] = {}
+    cut: dict[tuple[str, str], str] = {}
+    for line in tail.splitlines():
+        try:
+            record = msgspec.json.decode(line)
+        except msgspec.DecodeError:
+            continue  # the first, cut by the tail, or one a full disk cut short
+        if not isinstance(record, dict) or not str(record.get("event", "")).startswith(
+                "run_tool_"):
+            continue
+        key = (str(record.get("runId")), str(record.get("toolCallId")))
+        if record["event"] == "run_tool_started":
+            started[key] = record
+            cut.pop(key, None)
+        elif record["event"] == "run_tool_ended" and key in started:
+            begun = started.pop(key)
+            if record.get("outcome") == "CLI_SERVICE_CLOSING":
+                cut[key] = (f"Tool call {key[1]} (Tool {begun.get('tool')!r}, started "
+                            f"{begun.get('time', '?')}) was still running when the stop's "
+                            "grace ran out")
+    for key, begun in started.items():
+        cut[key] = (f"Tool call {key[1]} (Tool {begun.get('tool')!r}) started "
+                    f"{begun.get('time', '?')} and never returned: it was running when the "
+                    "host went")
+    found: dict[str, str] = {}
+    for (run_id, _), said in cut.items():
+        found[run_id] = f"{found[run_id]}; {said}" if run_id in found else said
+    return found
+
+
+def _with_tool_calls(paths: ProjectPaths, runs: list[RunPreview]) -> list[RunPreview]:
+    """``runs``, a Run whose Agent task's Tool call the last host left unfinished saying
+    which (its log's word: Tool calls are not journaled, so the restart table names only
+    the task, and its outcome is for the user to check)."""
+    tasks = [p for p in runs if p.verdict.row == "interrupted" and "Agent task" in
+             p.verdict.reason]
+    found = _log_tail(paths.logs) if tasks else None
+    if found is None:
+        return runs
+    name, tail = found
+    cut = _tool_calls_cut(tail)
+    if not cut:
+        return runs
+    said = {p.run_id: msgspec.structs.replace(p, verdict=msgspec.structs.replace(
+                p.verdict, reason=f"{p.verdict.reason}; the last host's log "
+                f"(.intloom/logs/{name}) says {cut[p.run_id]}, so check what that Tool did"))
+            for p in tasks if p.run_id in cut}
+    return [said.get(p.run_id, p) for p in runs]
+
+
 _NOT_SUMMARISED: Final = ("The next start reads more of the log instead (slower; nothing is "
                           "lost).")
 
@@ -885,6 +939,7 @@ def run_doctor(root: Path) -> DoctorReport:
     )
     checks.append(journals_check)
     if not running:
+        runs = _with_tool_calls(paths, runs)
         compaction = _compaction_check(paths)
         if compaction is not None:
             checks.append(compaction)

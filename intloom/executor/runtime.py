@@ -21,6 +21,7 @@ import hashlib
 import hmac
 import secrets
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final, Literal, NamedTuple
 
@@ -1452,6 +1453,12 @@ class Runtime:
             raise IntloomError("BUSY", f"Agent task {call_id} is being completed; it takes no "
                                "more Tool calls.")
         claim.tool_running = tool_call_id
+        # Logged, not journaled (a receipt is not restored): after a kill during the call,
+        # the log says which Tool was running, where the restart names only the task.
+        ids = {"callId": call_id, "toolCallId": tool_call_id, "tool": tool}
+        self._log_tool(slot, "tool_started", ids)
+        began = time.monotonic()
+        ended = "raised"
         try:
             async with self._agent_working(
                     run_id, f"client Agent task {call_id} was running Tool call {tool_call_id} "
@@ -1477,11 +1484,14 @@ class Runtime:
                          "large integers as strings and text as valid Unicode; nothing was "
                          "kept, so the call may be made again."))
             sent = len(msgspec.msgpack.encode(output))
-        except IntloomError:
+            ended = "returned"
+        except IntloomError as exc:
+            ended = exc.code  # the output refused, or the call cut by a stop
             raise
         except (Exception, asyncio.CancelledError) as exc:
             task = asyncio.current_task()
             if isinstance(exc, asyncio.CancelledError) and (task is None or task.cancelling()):
+                ended = "cancelled"
                 raise  # this request's own cancellation (its connection gone, a stop)
             # A CancelledError the Tool raised itself: passed on, it ended the request with
             # no reply, as if the host had crashed.
@@ -1496,10 +1506,16 @@ class Runtime:
             ) from None
         finally:
             claim.tool_running = None
+            self._log_tool(slot, "tool_ended", {
+                **ids, "outcome": ended, "ms": round((time.monotonic() - began) * 1000, 1)})
         claim.receipts[tool_call_id] = (encoded, tool, output)
         claim.receipt_bytes += (len(tool_call_id.encode("utf-8", "surrogatepass"))
                                 + len(encoded) + sent)
         return output, False
+
+    def _log_tool(self, slot: RunSlot, event: str, fields: dict[str, Any]) -> None:
+        if self.on_event is not None:
+            self.on_event(event, slot.run_id, fields, slot.view().status)
 
     async def _unless_cut(self, work: Awaitable[Any],
                           cut: Callable[[], IntloomError]) -> Any:

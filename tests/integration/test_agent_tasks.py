@@ -818,6 +818,55 @@ def test_an_on_complete_whose_run_is_cancelled_then_stopped_is_not_called_interr
     assert run.run_id not in stopped.stdout, stopped.stdout
 
 
+def _log_records(project: Project, event: str) -> list[dict[str, Any]]:
+    records = []
+    for log in sorted((project.state / "logs").glob("LOG-*.jsonl")):
+        for line in log.read_text().splitlines():
+            record = json.loads(line)
+            if record["event"] == event:
+                records.append(record)
+    return records
+
+
+def test_tool_calls_are_logged_and_doctor_names_the_one_a_kill_cut(
+        project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tool calls are not journaled (their receipts are not restored): after a kill -9
+    during one, the restart table named only the Agent task ("CALL-... (claimed)"), and
+    nothing said which Tool had been running. The host log has each call's start and end,
+    and doctor names the call the crash left unfinished."""
+    _looping_host(project, "10", monkeypatch)
+    with Client.connect(project.root) as client:
+        run, call, token = _claimed(client, "looping")
+        assert client.call_tool(run.run_id, call, token, "tc-0", "search", {"q": 1}) == (
+            {"found": {"q": 1}}, False)
+        with pytest.raises(IntloomError):
+            client.call_tool(run.run_id, call, token, "tc-f", "flaky",
+                             {"log": str(project.root / "flaky.log")})
+        running = _running_tool(client, project, "slow",
+                                {"until": str(project.root / "release-tool")})
+    ended = {r["toolCallId"]: r for r in _log_records(project, "run_tool_ended")}
+    assert ended["tc-0"]["outcome"] == "returned" and ended["tc-0"]["runId"] == run.run_id
+    assert ended["tc-f"]["outcome"] == "raised" and ended["tc-f"]["tool"] == "flaky"
+    started = [(r["runId"], r["toolCallId"], r["tool"])
+               for r in _log_records(project, "run_tool_started")]
+    assert started == [(run.run_id, "tc-0", "search"), (run.run_id, "tc-f", "flaky"),
+                       (running.run.run_id, "tc-1", "slow")], started
+    try:
+        project.kill_host()
+    finally:
+        (project.root / "release-tool").write_text("go")
+        running.caller.join(timeout=30)
+    assert "tc-1" not in {r["toolCallId"] for r in _log_records(project, "run_tool_ended")}
+    doctor = project.cli("--json", "doctor")
+    previews = {p["runId"]: p for p in json.loads(doctor.stdout)["runs"]}
+    reason = previews[running.run.run_id]["verdict"]["reason"]
+    assert f"waits on client Agent task {running.call} (claimed)" in reason, reason
+    assert "says Tool call tc-1 (Tool 'slow') started " in reason, reason
+    assert "and never returned: it was running when the host went" in reason, reason
+    # The first Run's task was claimed too, but no Tool call of it was running.
+    assert "Tool call" not in previews[run.run_id]["verdict"]["reason"], previews[run.run_id]
+
+
 def test_a_tool_still_running_at_the_end_of_the_grace_is_named(
         project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
     _looping_host(project, "0.5", monkeypatch)
@@ -835,6 +884,11 @@ def test_a_tool_still_running_at_the_end_of_the_grace_is_named(
     assert "1 Run still had a Step, Tool or on_complete running" in lines[0], lines
     assert lines[1].startswith(f"  {run.run_id}: client Agent task "), lines
     assert "was running Tool call tc-1 (Tool 'slow') and its outcome is unknown" in lines[1]
+    # doctor, after the stop, still names it (from the log): the next start names the task.
+    doctor = json.loads(project.cli("--json", "doctor").stdout)
+    reason = {p["runId"]: p for p in doctor["runs"]}[run.run_id]["verdict"]["reason"]
+    assert "says Tool call tc-1 (Tool 'slow', started " in reason, reason
+    assert "was still running when the stop's grace ran out" in reason, reason
     # The Agent was cut off with PROJECT_REQUEST_FAILED ("No reply came for the Tool call
     # ... the host may have stopped or crashed"), not the code a stop gives elsewhere.
     assert running.results == ["CLI_SERVICE_CLOSING", (
