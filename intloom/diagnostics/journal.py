@@ -16,6 +16,7 @@ from intloom.store import (
     read_runs,
     read_summary,
     verify_report,
+    verify_run,
 )
 
 __all__ = ["missing_segments", "read_journal", "restored_journal"]
@@ -23,20 +24,20 @@ __all__ = ["missing_segments", "read_journal", "restored_journal"]
 
 def read_journal(runtime: Path, run_id: str
                  ) -> tuple[list[HistoryEntry], RunJournal | None, list[FileProblem]]:
-    """The Run's records in order (empty when it has none), its journal as verified from
-    the whole log, terminal Runs included (``read_runs`` judges only the ones a start
-    restores), and the whole-file findings of that read (a damaged or stray file in
-    ``snap/done/`` or in a segment no start reads: inspect is the one command that reports
-    them). A Run whose records are all gone from the log but whose snapshot remains gets
-    that snapshot as its one entry."""
-    entries = read_history(runtime, run_id)
+    """The Run's records in order (empty when it has none), its journal as the whole verify
+    judges it, terminal Runs included (``read_runs`` judges only the ones a start
+    restores), and the whole-file findings of what that read (``verify_run``: the Run's
+    own segments and snapshot, the whole store when the Run is not sound). A Run whose
+    records are all gone from the log but whose snapshot remains gets that snapshot as its
+    one entry."""
+    report = verify_run(runtime, run_id)
+    entries = read_history(runtime, run_id, segments=set(report.segments))
     if not entries:
         # No record in the log: a Run its snapshot still names lost its records (damage,
         # reported as such by verify); only a Run nothing names is unknown.
         entries = read_summary(runtime, run_id)
         if not entries:
             return [], None, []
-    report = verify_report(runtime)
     journal = next((j for j in report.runs if j.run_id == run_id), None)
     return entries, journal, list(report.files)
 

@@ -18,6 +18,7 @@ from intloom.store.reader import (
     read_runs_report,
     verify,
     verify_report,
+    verify_run,
 )
 from intloom.store.writer import DEFAULT_SEGMENT_BYTES, Store
 
@@ -37,4 +38,5 @@ __all__ = [
     "read_summary",
     "verify",
     "verify_report",
+    "verify_run",
 ]

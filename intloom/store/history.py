@@ -1,16 +1,16 @@
 """One Run's journal, phase by phase, with where each record lives and whether it checks out.
 
-This is what ``intloom inspect`` shows. It reads every segment (compacted ones too), so its
-time grows with the log; its memory does not (one segment at a time, plus this Run's
-records). It is for one Run on demand, never for startup. Read-only.
+This is what ``intloom inspect`` shows. It reads every segment (compacted ones too), or those
+it is given (``segments``: the ones a verify of the Run read), so its time grows with the
+log; its memory does not (one segment at a time, plus this Run's records). It is for one
+Run on demand, never for startup. Read-only.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Collection
 from pathlib import Path
-from typing import Final, Literal
+from typing import Literal
 
 import msgspec
 
@@ -19,7 +19,6 @@ from intloom.runtime.records import Record
 from intloom.store.depth import decode_record
 from intloom.store.files import Layout, check_dir, list_names, read_file
 from intloom.store.framing import (
-    FRAME_MAGIC,
     KIND_RECORD,
     KIND_VOID,
     SegmentScan,
@@ -28,7 +27,7 @@ from intloom.store.framing import (
     scan_segment,
     segment_number,
 )
-from intloom.store.reader import unread_segment, void_cuts, written_this_boot
+from intloom.store.reader import VOID_FRAME, unread_segment, void_cuts, written_this_boot
 from intloom.store.snapshots import (
     Snapshot,
     SnapshotError,
@@ -65,23 +64,18 @@ class HistoryEntry(msgspec.Struct, frozen=True, omit_defaults=True):
     problem: str | None = None
 
 
-# Any frame of kind KIND_VOID: the marker, the length and crc (8 bytes), then the kind byte
-# (framing.py). Matching more than the valid void frames only costs a full scan.
-_VOID_FRAME: Final = re.compile(re.escape(FRAME_MAGIC) + b".{8}" + bytes([KIND_VOID]), re.DOTALL)
-
-
 def _phase(record: Record) -> str:
     return str(type(record).__struct_config__.tag)
 
 
 def _unrelated(data: bytes, run_id: bytes) -> bool:
     """True when no valid frame in ``data`` is a record of ``run_id`` or a void notice: every
-    valid record frame holds its Run's id verbatim, every void frame matches _VOID_FRAME."""
-    return run_id not in data and _VOID_FRAME.search(data) is None
+    valid record frame holds its Run's id verbatim, every void frame matches VOID_FRAME."""
+    return run_id not in data and VOID_FRAME.search(data) is None
 
 
-def read_history(runtime_dir: Path, run_id: str, *,
-                 damage_elsewhere: bool = True) -> list[HistoryEntry]:
+def read_history(runtime_dir: Path, run_id: str, *, damage_elsewhere: bool = True,
+                 segments: Collection[int] | None = None) -> list[HistoryEntry]:
     """Every record of ``run_id`` in log order, judged one by one. Read-only.
 
     ``damage_elsewhere=False`` skips (does not scan) the segments whose bytes hold neither
@@ -89,17 +83,20 @@ def read_history(runtime_dir: Path, run_id: str, *,
     of not listing a damaged record of this Run whose id bytes were hit, in such a segment.
     A reader that stops at the first record that is not ``ok`` loses nothing by it: the gap
     that record leaves ends the list at the same place (``Store.history``). ``inspect``
-    reads everything.
+    reads what the verify of that Run read (``segments``: ``verify_run``'s).
     """
-    return read_histories(runtime_dir, [run_id], damage_elsewhere=damage_elsewhere)[run_id]
+    return read_histories(runtime_dir, [run_id], damage_elsewhere=damage_elsewhere,
+                          segments=segments)[run_id]
 
 
 def read_histories(runtime_dir: Path, run_ids: Collection[str], *,
-                   damage_elsewhere: bool = True) -> dict[str, list[HistoryEntry]]:
+                   damage_elsewhere: bool = True, segments: Collection[int] | None = None
+                   ) -> dict[str, list[HistoryEntry]]:
     """``read_history`` of each of ``run_ids``, from one read of the log: the Runs of a
     busy log share its segments, and reading it once per Run multiplied the wait of the
     last one asked (many followers of restored Runs at once) by their number. A segment
-    skipped only when it holds none of their ids (``damage_elsewhere=False``)."""
+    skipped only when it holds none of their ids (``damage_elsewhere=False``), or when it is
+    not among ``segments`` (given: only those are read)."""
     layout = Layout(runtime_dir)
     if not check_dir(runtime_dir) or not check_dir(layout.wal):
         return {run_id: [] for run_id in run_ids}
@@ -116,6 +113,8 @@ def read_histories(runtime_dir: Path, run_ids: Collection[str], *,
         number = segment_number(name)
         if number is None or unread_segment(layout, manifest, number) is not None:
             continue  # no start reads it; verify's finding names it
+        if segments is not None and number not in segments:
+            continue
         data = read_file(layout.wal / name)
         if data is not None and (damage_elsewhere
                                  or not all(_unrelated(data, w) for w in wanted)):

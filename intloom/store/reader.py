@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import re
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -32,6 +33,7 @@ from intloom.store.files import (
     unusable_file,
 )
 from intloom.store.framing import (
+    FRAME_MAGIC,
     KIND_RECORD,
     KIND_VOID,
     Damage,
@@ -70,6 +72,7 @@ __all__ = [
     "unread_segment",
     "verify",
     "verify_report",
+    "verify_run",
 ]
 
 Status = Literal["ok", "corrupt", "incompatible"]
@@ -77,6 +80,9 @@ Status = Literal["ok", "corrupt", "incompatible"]
 # restore over a large damaged region among many Runs to well under a second; beyond it the
 # owner is left unknown, which is the cautious answer.
 _MAX_CRC_TRIALS: Final = 256 << 20
+# Any frame of kind KIND_VOID: the marker, the length and crc (8 bytes), then the kind byte
+# (framing.py). Matching more than the valid void frames only costs a full scan.
+VOID_FRAME: Final = re.compile(re.escape(FRAME_MAGIC) + b".{8}" + bytes([KIND_VOID]), re.DOTALL)
 Mode = Literal["restore", "verify"]
 
 
@@ -125,6 +131,8 @@ class StoreReport(msgspec.Struct):
     runs: list[RunJournal]
     files: list[FileProblem]
     stats: ScanStats
+    # The segments this read scanned, in order (``verify_run`` scans only some).
+    segments: list[int] = msgspec.field(default_factory=list)
 
 
 @dataclass
@@ -170,6 +178,8 @@ class Loaded:
     # Segments a whole-log read left unread (``unread_segment``): each has its finding.
     unread: list[int] = field(default_factory=list)
     live_names: set[str] = field(default_factory=set)  # snap/live/ files, damaged ones too
+    # For a read of one Run (``only``): the segments whose bytes hold its id, in order.
+    holding: list[int] = field(default_factory=list)
     files: list[FileProblem] = field(default_factory=list)
     stats: ScanStats = field(default_factory=ScanStats)
 
@@ -245,6 +255,60 @@ def _snapshots(layout: Layout, directory: Path, loaded: Loaded) -> dict[str, Sna
     return out
 
 
+def _snapshot_of(layout: Layout, loaded: Loaded, run_id: str) -> dict[str, Snapshot]:
+    """``run_id``'s ``done/`` snapshot, judged as ``_snapshots`` judges each file there: a
+    verify of one Run reads no other Run's (a done/ file per Run that ever ended). A name
+    there intloom never writes is still reported: listing costs little, reading a lot."""
+    if not check_dir(layout.done):
+        return {}
+    for name in list_names(layout.done):
+        if not name.startswith(".") and not is_snapshot_name(name):
+            loaded.files.append(FileProblem(_rel(layout, layout.done / name), "unexpected",
+                                            "is not a file intloom writes; it was left alone"))
+    try:
+        snap = read_snapshot(layout.done / snapshot_name(run_id))
+    except SnapshotError as exc:
+        loaded.snapshot_errors.append(exc)
+        loaded.files.append(snapshot_finding(layout, exc))
+        return {}
+    if snap is None:
+        return {}
+    loaded.stats.snapshots_read += 1
+    return {snap.run_id: snap}
+
+
+def _segments_of(layout: Layout, manifest: Manifest | None, numbers: list[int], run_id: str,
+                 through_end: bool, judged: Callable[[Layout, Manifest | None, int],
+                                                     FileProblem | None] | None,
+                 loaded: Loaded) -> set[int]:
+    """The segments a verify of ``run_id`` alone scans: every one from the first to the last
+    whose bytes hold its id (a damaged record of it lost its id only where its seqs then
+    jump, between two of them), through the end of the log with ``through_end`` (damage
+    after its last record may have held its next one), and any holding a void frame. Every
+    valid frame of a Run holds its id verbatim, so a segment without it holds none of its
+    records; scanning frame by frame is the cost, reading the bytes is not."""
+    key = run_id.encode()
+    holding: list[int] = []
+    chosen: set[int] = set()
+    for number in numbers:
+        if judged is not None and judged(layout, manifest, number) is not None:
+            chosen.add(number)  # never read: the caller gives its finding
+            continue
+        data = read_file(layout.wal / segment_name(number))
+        if data is None:
+            continue
+        if key in data:
+            holding.append(number)
+        elif VOID_FRAME.search(data) is not None:
+            chosen.add(number)
+    if holding or through_end:
+        low = holding[0] if holding else min(numbers, default=0)
+        high = max(numbers, default=0) if through_end else holding[-1]
+        chosen.update(n for n in numbers if low <= n <= high)
+    loaded.holding = holding
+    return chosen
+
+
 def snapshot_finding(layout: Layout, exc: SnapshotError) -> FileProblem:
     """The finding for an unusable snapshot file: what a restore (start, doctor, inspect)
     reports, and what a compaction that leaves the file as it is logs."""
@@ -294,11 +358,14 @@ def _list_wal(layout: Layout) -> tuple[list[int], list[FileProblem]]:
     return sorted(numbers), strays
 
 
-def load(root: Path, mode: Mode = "restore", *, whole: bool = False) -> Loaded:
+def load(root: Path, mode: Mode = "restore", *, whole: bool = False,
+         only: str | None = None, through_end: bool = False) -> Loaded:
     """Read the store at ``root`` (restore: bounded; verify: everything). Read-only.
 
     A bounded read that finds a Run it cannot judge from what it read (``Loaded.partial``)
-    is done again over the whole log (``whole``)."""
+    is done again over the whole log (``whole``). ``only`` (a verify of one Run,
+    ``verify_run``): judge that Run alone, from its own ``done/`` snapshot and the segments
+    ``_segments_of`` picks, not every Run of the log."""
     layout = Layout(root)
     loaded = Loaded(layout=layout)
     if not check_dir(root):
@@ -361,7 +428,8 @@ def load(root: Path, mode: Mode = "restore", *, whole: bool = False) -> Loaded:
 
     _unexpected_names(layout, loaded)
     live = _snapshots(layout, layout.live, loaded)
-    done = _snapshots(layout, layout.done, loaded) if mode == "verify" else {}
+    done = ({} if mode != "verify" else _snapshots(layout, layout.done, loaded)
+            if only is None else _snapshot_of(layout, loaded, only))
     if loaded.snapshot_errors:
         full = True  # without a trusted snapshot, only the whole log can rebuild that Run
     manifest = loaded.manifest
@@ -381,13 +449,17 @@ def load(root: Path, mode: Mode = "restore", *, whole: bool = False) -> Loaded:
     unsummarised = {n for n in numbers if manifest is None or n >= manifest.start
                     or n in pinned}
 
+    judged = unread_segment if mode == "verify" and bounded else None
+    chosen = (None if only is None else
+              _segments_of(layout, manifest, numbers, only, through_end, judged, loaded))
     scans: list[SegmentScan] = []
     for number in numbers:
         if number < start and number not in pinned:
             continue
+        if chosen is not None and number not in chosen:
+            continue
         name = f"{number:010d}.seg"
-        unread = (unread_segment(layout, manifest, number)
-                  if mode == "verify" and bounded else None)
+        unread = judged(layout, manifest, number) if judged is not None else None
         if unread is not None:
             loaded.files.append(unread)
             loaded.unread.append(number)
@@ -402,7 +474,7 @@ def load(root: Path, mode: Mode = "restore", *, whole: bool = False) -> Loaded:
         scans.append(scan)
     loaded.segments_read = [s.number for s in scans]
 
-    _judge_all(loaded, scans, live, done, mode, unsummarised)
+    _judge_all(loaded, scans, live, done, mode, unsummarised, only)
     if loaded.partial and not full:
         return load(root, mode, whole=True)
     return loaded
@@ -547,7 +619,8 @@ def _voids(loaded: Loaded, scans: list[SegmentScan]) -> dict[int, int]:
 
 
 def _judge_all(loaded: Loaded, scans: list[SegmentScan], live: dict[str, Snapshot],
-               done: dict[str, Snapshot], mode: Mode, unsummarised: set[int]) -> None:
+               done: dict[str, Snapshot], mode: Mode, unsummarised: set[int],
+               only: str | None = None) -> None:
     voids = _voids(loaded, scans)
     frames: dict[str, list[tuple[SegmentScan, Frame]]] = defaultdict(list)
     hits: dict[str, list[_Hit]] = defaultdict(list)
@@ -658,7 +731,8 @@ def _judge_all(loaded: Loaded, scans: list[SegmentScan], live: dict[str, Snapsho
     present, highest = set(loaded.segment_numbers), max(loaded.segment_numbers, default=0)
     gone_pinned = set() if loaded.manifest is None else {
         n for n in loaded.manifest.pinned if n not in present and n < highest}
-    for run_id in sorted(run_ids):
+    # Every Run read still takes part in telling whose frame damaged bytes were (_owner).
+    for run_id in sorted(run_ids) if only is None else [only] if only in run_ids else []:
         if run_id in incompatible:
             loaded.journals[run_id] = RunJournal(run_id, None, "incompatible",
                                                  incompatible[run_id])
@@ -738,7 +812,16 @@ def _judge_all(loaded: Loaded, scans: list[SegmentScan], live: dict[str, Snapsho
             evidence |= loaded.gone.get(run_id, set()) | gone_pinned
         loaded.evidence[run_id] = evidence
     _gone_pinned(loaded, gone_pinned)
-    _unnamed_snapshots(loaded, run_ids)
+    if only is None:
+        _unnamed_snapshots(loaded, run_ids)
+    else:
+        # Another Run's damaged snapshot is that Run's finding (start and doctor give it):
+        # this read left that Run's segments unread, so anything it said of it would guess
+        # (that no record names the Run, say).
+        mine = snapshot_name(only)
+        theirs = {_rel(loaded.layout, exc.path) for exc in loaded.snapshot_errors
+                  if exc.path.name != mine}
+        loaded.files = [f for f in loaded.files if f.path not in theirs]
 
 
 def _after_seal(loaded: Loaded, scan: SegmentScan, cut: int | None,
@@ -1166,6 +1249,31 @@ def read_ended(runtime_dir: Path, run_id: str) -> RunJournal | None:
 def verify_report(runtime_dir: Path) -> StoreReport:
     """Every Run judged from the whole log, snapshots cross-checked, whole-file findings."""
     return _report(load(runtime_dir, "verify"), include_terminal=True)
+
+
+def verify_run(runtime_dir: Path, run_id: str) -> StoreReport:
+    """``verify_report`` for one Run (``inspect RUN``): its verdict as the whole verify gives
+    it, with the findings of what it read, at the cost of that Run's segments, not the log's.
+
+    An ended Run is judged from the segments holding its id and its ``done/`` snapshot;
+    an unfinished one also from every segment after them (its next record may be in damage
+    there). A Run that is not then found sound is judged by the whole verify instead, whose
+    findings it returns: whose frame damaged bytes were can depend on other Runs' records
+    anywhere in the log, and a verdict against this Run must be the one ``verify`` gives."""
+    for through_end in (False, True):
+        loaded = load(runtime_dir, "verify", only=run_id, through_end=through_end)
+        journal = loaded.journals.get(run_id)
+        if journal is None and not loaded.holding:
+            # No segment holds its id and no snapshot names it: no Run of that id.
+            return StoreReport([], list(loaded.files), loaded.stats, loaded.segments_read)
+        if journal is not None and journal.status == "ok" and (through_end or _ended(journal)):
+            return StoreReport([journal], list(loaded.files), loaded.stats,
+                               loaded.segments_read)
+        if journal is not None and journal.status != "ok":
+            break  # found unsound already: reading on to the log's end would not settle it
+    whole = load(runtime_dir, "verify")
+    return StoreReport([j for j in whole.journals.values() if j.run_id == run_id],
+                       list(whole.files), whole.stats, whole.segments_read)
 
 
 def verify(runtime_dir: Path) -> list[RunJournal]:

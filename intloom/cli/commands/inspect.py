@@ -175,9 +175,10 @@ def inspect(state: CliState, run_id: RunArg) -> None:
             run["verdict"] = "incompatible"
             run["problem"] = restart.get("problem")
     records = [plain(entry) for entry in entries]
-    # Whole-file findings of the full read: doctor and start read neither snap/done/ nor
-    # the segments below the manifest's start, so this is where their damage and strays
-    # are told.
+    # Whole-file findings of what was read (the Run's segments and snapshot, or the whole
+    # store for a Run found unsound): doctor and start read neither snap/done/ nor the
+    # segments below the manifest's start, so this is where their damage and strays are
+    # told.
     files = [{"path": f.path, "kind": f.kind, "problem": f.problem} for f in found]
     renderer = state.renderer
     if renderer.json_mode:

@@ -1,0 +1,166 @@
+"""``intloom inspect RUN`` judges one Run from what that Run needs (its own segments, its
+snapshot, and for an unfinished Run every segment after its last record), not the whole
+store: on 32,000 ended Runs it ran a whole verify and took seconds. These build a real
+store with the real writer (one segment per host), damage it, and run the real CLI."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from intloom.store import verify_report, verify_run
+from tests.helpers import Project, make_project, ok, reaped, snapshot_files
+from tests.unit.test_store_support import abandon, frames_of, open_store, walk
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Iterator[Project]:
+    yield from reaped(make_project(tmp_path))
+
+
+def _runtime(project: Project) -> Path:
+    project.state.mkdir(mode=0o700, exist_ok=True)
+    return project.state / "runtime"
+
+
+def _host(runtime: Path, runs: dict[str, int], *, ended: bool = True,
+          crash: bool = False) -> None:
+    """One host instance writing ``runs`` (id -> records) into a segment of its own."""
+    store = open_store(runtime)
+    for n, (run_id, count) in enumerate(runs.items()):
+        for record in walk(run_id, count, n, terminal=ended):
+            store.append(run_id, record)
+    store.sync_blocking()
+    if crash:
+        abandon(store)
+    else:
+        store.close_blocking()
+
+
+def _flip(segment: Path, run_id: str, index: int) -> int:
+    """Flip a byte inside the payload of ``run_id``'s ``index``-th frame: its offset."""
+    frame = frames_of(segment, run_id)[index]
+    data = bytearray(segment.read_bytes())
+    data[frame.end - 3] ^= 0xFF
+    segment.write_bytes(bytes(data))
+    return frame.offset
+
+
+def test_inspect_leaves_damage_in_another_runs_segment_to_verify(project: Project) -> None:
+    runtime = _runtime(project)
+    _host(runtime, {"RUN-X": 12})
+    _host(runtime, {"RUN-A": 10})
+    seg1 = runtime / "wal" / "0000000001.seg"
+    offset = _flip(seg1, "RUN-X", 4)
+    before = snapshot_files(project.state)
+
+    # RUN-A has no record in segment 1: inspect neither scans it nor reports it.
+    assert verify_run(runtime, "RUN-A").segments == [2]
+    doc = ok(project.cli("inspect", "RUN-A", "--json"))
+    assert doc["run"]["verdict"] == "ok" and doc["run"]["phase"] == "terminal", doc["run"]
+    assert "files" not in doc, doc["files"]
+    assert [r["seq"] for r in doc["records"]] == list(range(1, 11))
+
+    # The whole verify still reports it, by path and offset.
+    found = [f for f in verify_report(runtime).files if f.path == "wal/0000000001.seg"]
+    assert [f.kind for f in found] == ["corrupt"], found
+    assert re.search(rf"bytes {offset}\.\.\d+ are damaged", found[0].problem), found
+
+    # RUN-X, whose frame it is: corrupt at that record, the finding given, the row marked.
+    doc = ok(project.cli("inspect", "RUN-X", "--json"))
+    assert doc["run"]["verdict"] == "corrupt", doc["run"]
+    assert f"wal/0000000001.seg offset {offset}" in doc["run"]["problem"], doc["run"]
+    assert {"path": "wal/0000000001.seg", "kind": "corrupt",
+            "problem": found[0].problem} in doc["files"]
+    [bad] = [r for r in doc["records"] if r["checksum"] == "bad"]
+    assert (bad["seq"], bad["offset"], bad["verdict"]) == (5, offset, "damaged"), bad
+    text = project.cli("inspect", "RUN-X")
+    assert text.code == 0 and "journal corrupt" in text.stdout.splitlines()[0], text.stdout
+    assert "File wal/0000000001.seg is corrupt" in text.stdout
+    assert snapshot_files(project.state) == before
+
+
+def test_inspect_of_an_unfinished_run_reads_the_log_after_it(project: Project) -> None:
+    """A Run left waiting by a killed host, its last frame torn; an ended Run after it in a
+    later host's segment. inspect reads on past the unfinished Run's own segment, and says
+    the tail is torn (not corrupt) with its offset."""
+    runtime = _runtime(project)
+    _host(runtime, {"RUN-E": 6, "RUN-T": 9}, ended=False, crash=True)
+    seg1 = runtime / "wal" / "0000000001.seg"
+    last = frames_of(seg1, "RUN-T")[-1]
+    assert last.end == seg1.stat().st_size
+    with seg1.open("r+b") as fh:
+        fh.truncate(last.end - 5)
+    _host(runtime, {"RUN-F": 5})
+    before = snapshot_files(project.state)
+
+    report = verify_run(runtime, "RUN-T")
+    assert report.segments == [1, 2], report.segments  # 2: the next host's segment
+    assert [(j.status, j.torn_tail) for j in report.runs] == [("ok", True)], report.runs
+    doc = ok(project.cli("inspect", "RUN-T", "--json"))
+    # (its verdict is the restart's: the walk's Workflow identity is not the project's)
+    assert doc["run"]["tornTail"] is True and doc["run"]["phase"] != "terminal", doc["run"]
+    [torn] = [f for f in doc["files"] if f["kind"] == "torn"]
+    assert torn["path"] == "wal/0000000001.seg"
+    assert f"at offset {last.offset}" in torn["problem"], torn
+    [row] = [r for r in doc["records"] if r["verdict"] == "torn"]
+    assert (row["seq"], row["offset"]) == (9, last.offset)
+    assert snapshot_files(project.state) == before
+
+
+def test_inspect_names_a_missing_segment_that_may_hold_the_runs_next_record(
+        project: Project) -> None:
+    """A host killed while writing RUN-M's records, and its segment deleted since: the
+    manifest names it as the one that host had open. inspect of RUN-M (unfinished, its
+    earlier records in segment 2) says it is held for it; RUN-E, ended in segment 1 before
+    that, is sound (the loss is a fact of the store's manifest, and listed as such)."""
+    runtime = _runtime(project)
+    _host(runtime, {"RUN-E": 6})
+    store = open_store(runtime)
+    for record in walk("RUN-M", 5, 3):
+        store.append("RUN-M", record)
+    store.sync_blocking()
+    store.close_blocking()  # RUN-M's snapshot covers 1..5 (segment 2)
+    _host(runtime, {"RUN-Z": 4}, ended=False, crash=True)  # segment 3, then lost
+    (runtime / "wal" / "0000000003.seg").unlink()
+    before = snapshot_files(project.state)
+
+    doc = ok(project.cli("inspect", "RUN-M", "--json"))
+    assert doc["run"]["verdict"] == "corrupt", doc["run"]
+    assert "wal/0000000003.seg, which is missing" in doc["run"]["problem"], doc["run"]
+    assert any(f["path"] == "wal/0000000003.seg" and f["kind"] == "missing"
+               for f in doc["files"]), doc["files"]
+    doc = ok(project.cli("inspect", "RUN-E", "--json"))
+    assert doc["run"]["verdict"] == "ok" and doc["run"]["status"] == "failed", doc["run"]
+    assert snapshot_files(project.state) == before
+
+
+def test_inspect_says_nothing_it_cannot_know_of_another_runs_damaged_snapshot(
+        project: Project) -> None:
+    """RUN-W's ``snap/live/`` snapshot is damaged; its records are in segment 1, which a
+    read of RUN-A (segment 2) does not scan. Its finding there said that no record in the
+    log names RUN-W, "this file is its only trace": false. inspect RUN-A leaves that file to
+    RUN-W's inspect (and to doctor and start); the whole verify reports it as it is."""
+    from intloom.store.snapshots import snapshot_name
+
+    runtime = _runtime(project)
+    _host(runtime, {"RUN-W": 6}, ended=False)
+    _host(runtime, {"RUN-A": 6})
+    snap = runtime / "snap" / "live" / snapshot_name("RUN-W")
+    data = bytearray(snap.read_bytes())
+    data[-3] ^= 0xFF
+    snap.write_bytes(bytes(data))
+    before = snapshot_files(project.state)
+
+    doc = ok(project.cli("inspect", "RUN-A", "--json"))
+    assert doc["run"]["verdict"] == "ok" and "files" not in doc, doc.get("files")
+    path = f"snap/live/{snap.name}"
+    [whole] = [f for f in verify_report(runtime).files if f.path == path]
+    assert whole.kind == "corrupt" and "only trace" not in whole.problem, whole
+    doc = ok(project.cli("inspect", "RUN-W", "--json"))
+    [mine] = [f for f in doc["files"] if f["path"] == path]
+    assert mine["problem"] == whole.problem, mine
+    assert snapshot_files(project.state) == before
