@@ -18,8 +18,10 @@ from intloom.store import (
     verify_report,
     verify_run,
 )
+from intloom.store.files import Layout, read_file
+from intloom.store.framing import segment_header
 
-__all__ = ["missing_segments", "read_journal", "restored_journal"]
+__all__ = ["missing_segments", "read_journal", "restored_journal", "written_by"]
 
 
 def read_journal(runtime: Path, run_id: str
@@ -56,3 +58,16 @@ def missing_segments(runtime: Path) -> list[str]:
     with no journal left may have had its records only there."""
     return sorted(f.path for f in verify_report(runtime).files
                   if f.kind == "missing" and f.path.startswith("wal/"))
+
+
+def written_by(runtime: Path, entries: list[HistoryEntry]) -> str | None:
+    """The host instance that wrote the Run's last readable record: the instance id in the
+    header of the segment holding it. None when that record is not in a segment (only a
+    snapshot summarises it) or the segment's header does not check out."""
+    last = next((e for e in reversed(entries) if e.verdict == "ok"
+                 and e.file.startswith("wal/")), None)
+    if last is None:
+        return None
+    data = read_file(Layout(runtime).wal / last.file.removeprefix("wal/"))
+    header = None if data is None else segment_header(data)
+    return header.instance_id if header is not None else None

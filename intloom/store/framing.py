@@ -38,6 +38,7 @@ __all__ = [
     "format_problem",
     "rebuilt_payload",
     "scan_segment",
+    "segment_header",
     "segment_name",
     "segment_number",
 ]
@@ -374,6 +375,17 @@ def _recover_header(data: bytes, hcrc: int) -> tuple[int, SegmentHeader] | None:
             except (msgspec.DecodeError, msgspec.ValidationError):
                 continue
     return None
+
+
+def segment_header(data: bytes) -> SegmentHeader | None:
+    """The header of a segment whose bytes are ``data``, when it checks out (its marker,
+    format and crc); None otherwise. Only the header is read, not the frames after it."""
+    if len(data) < _SEG_PREFIX.size:
+        return None
+    magic, fmt, hlen, _ = _SEG_PREFIX.unpack_from(data, 0)
+    if magic != SEGMENT_MAGIC or fmt != FORMAT_VERSION:
+        return None
+    return scan_segment("", 0, data[:_SEG_PREFIX.size + hlen]).header
 
 
 def scan_segment(name: str, number: int, data: bytes) -> SegmentScan:

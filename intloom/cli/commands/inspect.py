@@ -91,7 +91,13 @@ def _summary(run_id: str, journal: Any, restored: Any = None,
 
 
 def _text(run: Mapping[str, Any]) -> list[str]:
-    head = f"Run {run['runId']} · {run.get('status')}"
+    gone = run.get("hostGone")
+    if isinstance(gone, Mapping):
+        # The journal's last word is not what runs shows once a host restored the Run: say
+        # both, so the two commands do not seem to disagree.
+        head = f"Run {run['runId']} · interrupted (journal: {run.get('status')}; host gone)"
+    else:
+        head = f"Run {run['runId']} · {run.get('status')}"
     if run.get("workflow"):
         head += f" · {run['workflow']}"
     if run.get("verdict"):
@@ -127,6 +133,15 @@ def _text(run: Mapping[str, Any]) -> list[str]:
     restart = run.get("restart")
     if isinstance(restart, Mapping):
         lines.append(f"On restart: {restart.get('row')}: {restart.get('reason')}.")
+    if isinstance(gone, Mapping):
+        running = gone.get("runningHost")
+        if isinstance(running, Mapping):
+            after = (f"the host running now (pid {running.get('pid')}) started after it and "
+                     "restored the Run as failed (RUN_INTERRUPTED), as intloom runs lists it")
+        else:
+            after = "the next start fails the Run with RUN_INTERRUPTED"
+        lines.append(f"The host that ran it (instance {gone.get('instanceId')}) is gone: "
+                     f"{after}, replaying nothing; intloom cancel {run['runId']} dismisses it.")
     if run.get("tornTail"):
         lines.append("The last record is torn (an unfinished write); it is ignored, not removed.")
     return lines
@@ -150,10 +165,45 @@ def _restart(root: Path, journal: Any) -> dict[str, Any] | None:
     return None if preview is None else plain(preview)
 
 
+def _host_gone(root: Path, writer: str | None) -> dict[str, Any] | None:
+    """``{instanceId, runningHost?: {pid, instanceId}}`` when the host instance that wrote
+    the Run's last record is provably not running (no owner of that instance is alive or
+    unknown, judged as status judges owners, without asking a host); None when it may be,
+    or when that cannot be told. Such a Run is no host's: the next start, or the host
+    running now, has it as the restart table says."""
+    from intloom.diagnostics.owners import inspect as observe_owners
+
+    if writer is None:
+        return None
+    try:
+        seen = observe_owners(root, probe=False)
+    except IntloomError:
+        return None  # unreadable metadata: no claim about any host
+    recorded = {"service_info": seen.snapshot.service.value,
+                "service_lock": seen.snapshot.lock.value}
+    running = None
+    for owner in seen.diagnosis.owners:
+        meta = recorded.get(owner.resource)
+        if owner.status == "gone" or meta is None:
+            continue
+        if meta.instance_id == writer:
+            return None  # its own host may still run it
+        running = {"pid": owner.pid, "instanceId": meta.instance_id}
+    gone: dict[str, Any] = {"instanceId": writer}
+    if running is not None:
+        gone["runningHost"] = running
+    return gone
+
+
 @command
 def inspect(state: CliState, run_id: RunArg) -> None:
     """Show a Run's journal, phase by phase, with verification results. Works offline."""
-    from intloom.diagnostics.journal import missing_segments, read_journal, restored_journal
+    from intloom.diagnostics.journal import (
+        missing_segments,
+        read_journal,
+        restored_journal,
+        written_by,
+    )
     from intloom.diagnostics.previews import check_journals_dir
     from intloom.project import ProjectPaths
 
@@ -174,6 +224,10 @@ def inspect(state: CliState, run_id: RunArg) -> None:
         if restart["journal"] == "incompatible" and run.get("verdict") == "ok":
             run["verdict"] = "incompatible"
             run["problem"] = restart.get("problem")
+        if run["restart"].get("row") == "interrupted":
+            gone = _host_gone(state.root(), written_by(runtime, entries))
+            if gone is not None:
+                run["hostGone"] = gone
     records = [plain(entry) for entry in entries]
     # Whole-file findings of what was read (the Run's segments and snapshot, or the whole
     # store for a Run found unsound): doctor and start read neither snap/done/ nor the
