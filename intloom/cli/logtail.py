@@ -90,6 +90,9 @@ class LogTail:
         self._current: Path | None = None
         self._offset = 0
         self._partial = b""
+        # Where the line being emitted starts: its file and byte offset (an unreadable line
+        # is reported by both; ``emit`` takes the text alone).
+        self.line_at: tuple[Path, int] | None = None
         # Names sort by the wall clock at each host's start, which may have been moved back
         # since an earlier host ran: the log of the host service.json names is the newest
         # whatever its name, and a file is new when it was not seen, not when it sorts later.
@@ -121,7 +124,7 @@ class LogTail:
             self._seen.add(path)
             if self._partial:
                 # A newer host exists, so the older file will not grow: show its torn end.
-                self._emit(self._partial.decode("utf-8", errors="surrogateescape"))
+                self._emit_partial()
             self._release()
             self._current, self._offset, self._partial, self._file = path, 0, b"", None
             self._read_from(path)
@@ -131,8 +134,15 @@ class LogTail:
         a crashed host's torn last line is shown (marked by the printer) rather than held
         back for ever."""
         if self._partial.strip():
-            self._emit(self._partial.decode("utf-8", errors="surrogateescape"))
+            self._emit_partial()
         self._partial = b""
+
+    def _emit_at(self, line: bytes, offset: int) -> None:
+        self.line_at = None if self._current is None else (self._current, offset)
+        self._emit(line.decode("utf-8", errors="surrogateescape"))
+
+    def _emit_partial(self) -> None:
+        self._emit_at(self._partial, self._offset - len(self._partial))
 
     def _open(self, path: Path) -> int | None:
         """``path`` opened for reading; None when it is gone or no regular file (named)."""
@@ -185,18 +195,20 @@ class LogTail:
         while chunk := os.read(fd, 1 << 16):
             chunks.append(chunk)
         data = b"".join(chunks)
+        at = self._offset - len(self._partial)
         self._offset += len(data)
         data = self._partial + data
         *lines, self._partial = data.split(b"\n")
         for line in lines:
             if line.strip():
-                self._emit(line.decode("utf-8", errors="surrogateescape"))
+                self._emit_at(line, at)
+            at += len(line) + 1
 
     def _restart(self, path: Path, fact: str) -> None:
         if self._partial.strip():
             # The end of a line that will not be completed here: shown as torn, as finish()
             # shows one, rather than dropped.
-            self._emit(self._partial.decode("utf-8", errors="surrogateescape"))
+            self._emit_partial()
         self._offset, self._partial = 0, b""
         if self._on_reread is not None:
             self._on_reread(path, fact)

@@ -967,7 +967,10 @@ def test_logs_for_a_run_include_host_records_naming_it_and_show_a_torn_last_line
     assert shown[0] == "T1 info    run_created runId=RUN-1 port=null"
     assert shown[1].startswith("T2 warning runs_cut_at_stop count=1 runs=[") and (
         "Tool call t5 was running" in shown[1])
-    assert shown[2].startswith("- ????? unreadable log line: ") and "process_failed" in shown[2]
+    at = len(text) - len(text.rsplit("\n", 1)[1])
+    assert shown[2].startswith("- ????? unreadable log line (.intloom/logs/"
+                               f"LOG-20260101T000000000Z.jsonl at byte {at}): ") and (
+        "process_failed" in shown[2])
     assert len(shown) == 3
     code, out, err = cli(capsys, "logs", "--all", "RUN-9")
     assert code == 0 and out == ""
@@ -1019,11 +1022,15 @@ def test_logs_keep_a_line_that_is_not_utf8_exactly_and_mark_it(
     assert shown[1]["m"] == "a\ufffdb"
     assert shown[2] == {"time": None, "level": "error", "event": "unreadable_line",
                         "line": '{"time":"T3","runId":"RUN-1","ev\ufffd',
-                        "lineBase64": base64.b64encode(torn).decode()}, shown[2]
+                        "lineBase64": base64.b64encode(torn).decode(),
+                        "file": ".intloom/logs/LOG-20260101T000000000Z.jsonl",
+                        "offset": len(good) + len(bad) + 2}, shown[2]
     assert len(shown) == 3
     code, out, _ = cli(capsys, "logs", "RUN-1")
     assert out.splitlines()[1:] == ["T2 error   run_failed runId=RUN-1 m=a\\udcffb",
-                                    '- ????? unreadable log line: {"time":"T3","runId":"RUN-1",'
+                                    "- ????? unreadable log line (.intloom/logs/LOG-20260101T"
+                                    f"000000000Z.jsonl at byte {len(good) + len(bad) + 2}): "
+                                    '{"time":"T3","runId":"RUN-1",'
                                     '"ev\\udcfe'], out
 
 

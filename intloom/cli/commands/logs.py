@@ -52,9 +52,20 @@ def _invalid_utf8(line: str) -> bytes | None:
     return None
 
 
-def _printer(renderer: Renderer, run_id: str | None) -> tuple[Callable[[str], None], list[int]]:
-    """An ``emit`` for LogTail, and a one-item counter of the lines it printed."""
+def _printer(renderer: Renderer, run_id: str | None, root: Path,
+             where: Callable[[], tuple[Path, int] | None]
+             ) -> tuple[Callable[[str], None], list[int]]:
+    """An ``emit`` for LogTail, and a one-item counter of the lines it printed. ``where``
+    gives the file and byte offset of the line being emitted (``LogTail.line_at``)."""
     printed = [0]
+
+    def place() -> dict[str, Any]:
+        at = where()
+        if at is None:
+            return {}
+        path, offset = at
+        return {"file": str(path.relative_to(root)) if path.is_relative_to(root) else str(path),
+                "offset": offset}
 
     def emit(line: str) -> None:
         # LogTail decodes with surrogateescape: a byte that is not UTF-8 (damage, a foreign
@@ -78,9 +89,11 @@ def _printer(renderer: Renderer, run_id: str | None) -> tuple[Callable[[str], No
             if not isinstance(record, Mapping):
                 # A torn or damaged line is no JSON record: passed on raw, it broke every
                 # JSONL reader of the stream. It is wrapped as one, its text kept.
+                # Its file and offset: with --all, or beside a good copy, "which line" is
+                # otherwise left to guess.
                 readable = msgspec.json.encode(
                     {"time": None, "level": "error", "event": "unreadable_line",
-                     "line": readable, **exact}).decode()
+                     "line": readable, **exact, **place()}).decode()
             elif exact:
                 readable = msgspec.json.encode({**record, **exact}).decode()
             renderer.raw(readable + "\n")
@@ -92,7 +105,9 @@ def _printer(renderer: Renderer, run_id: str | None) -> tuple[Callable[[str], No
                     record = json.loads(line)
             renderer.lines([log_line(record)])
         else:
-            renderer.lines([f"- ????? unreadable log line: {line[:200]}"])
+            at = place()
+            shown = f" ({at['file']} at byte {at['offset']})" if at else ""
+            renderer.lines([f"- ????? unreadable log line{shown}: {line[:200]}"])
 
     return emit, printed
 
@@ -252,9 +267,12 @@ def logs(
     logs_dir = paths.logs
     _refuse_links(paths.state, logs_dir)
     renderer = state.renderer
-    emit, printed = _printer(renderer, run_id)
+    tails: list[LogTail] = []  # the printer asks the tail where each line is
+    emit, printed = _printer(renderer, run_id, root,
+                             lambda: tails[0].line_at if tails else None)
     tail = LogTail(logs_dir, emit, all_files=all_files, on_skipped=_skipped(renderer, root),
                    newest=_hosts_log(root, logs_dir), on_reread=_reread(renderer, root))
+    tails.append(tail)
     if follow:
         # The backlog too: Ctrl-C while it still printed (a long log, a slow reader) ended
         # with 130 and "Interrupted.", not the 0 a follow stops with (docs/cli.md).

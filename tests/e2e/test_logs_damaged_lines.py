@@ -1,0 +1,43 @@
+"""``intloom logs`` showed an unreadable line (torn by a crash, damaged, not UTF-8) without
+saying where it is: with ``--all`` not even in which host's log, and never at which byte, so
+the damage could not be looked at or cut out of a copy. It now names the file and the
+line's byte offset, in text and as ``file``/``offset`` of its ``unreadable_line`` record.
+Real host, SIGKILL, real CLI; the log is kept byte-identical."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.helpers import Project, ok, snapshot_files
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+
+def test_an_unreadable_log_line_is_named_by_file_and_offset(project: Project) -> None:
+    first = ok(project.cli("start", "--json"))["service"]
+    project.kill_host()
+    old = project.state / "logs" / first["logFile"]
+    size = old.stat().st_size
+    damaged = b'{"time": "T", "level": "info", "ev\xff\n'
+    with open(old, "ab") as fh:
+        fh.write(damaged + b'{"time": "T2", "level": "info", "event": "fine"}\n{"torn')
+    ok(project.cli("recover", "--json"))
+    ok(project.cli("start", "--json"))  # a second log, so --all reads two files
+    ok(project.cli("stop", "--json"))
+    before = snapshot_files(project.state)
+
+    result = project.cli("logs", "--all", "--json")
+    assert result.code == 0, result.stderr
+    bad = [r for r in map(json.loads, result.stdout.splitlines())
+           if r["event"] == "unreadable_line"]
+    shown = f".intloom/logs/{first['logFile']}"
+    assert [(r["file"], r["offset"]) for r in bad] == [
+        (shown, size), (shown, size + len(damaged) + 49)], bad
+
+    text = project.cli("logs", "--all")
+    assert text.code == 0, text.stderr
+    assert f"- ????? unreadable log line ({shown} at byte {size}): " in text.stdout
+    assert f"({shown} at byte {size + len(damaged) + 49}): {{\"torn" in text.stdout
+    assert snapshot_files(project.state) == before
