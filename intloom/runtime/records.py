@@ -19,6 +19,8 @@ from intloom.errors import ErrorView
 from intloom.runtime.model import PendingAction, PendingAgentCall
 
 __all__ = [
+    "FORMAT1_FORMAT",
+    "FORMAT1_PROTOCOL",
     "FORMAT_VERSION",
     "PROTOCOL_VERSION",
     "Answered",
@@ -42,6 +44,13 @@ __all__ = [
 FORMAT_VERSION: Final = 1
 # The Workflow protocol version, hashed into every Workflow identity.
 PROTOCOL_VERSION: Final = "2026-11-30"
+# What a format-1 header record that leaves out ``format`` or ``protocol`` (the writer omits a
+# field at its default) was written with: format 1's, fixed when it was defined. Tied to the
+# two above, an intloom that bumped the protocol read every Run written before as of its own
+# protocol, and held it as a changed Workflow (or its journal as corrupt) rather than as
+# another intloom's.
+FORMAT1_FORMAT: Final = 1
+FORMAT1_PROTOCOL: Final = "2026-11-30"
 
 ExecutingKind = Literal["init", "step", "recover", "agent"]
 
@@ -59,9 +68,9 @@ class Header(_Rec, tag="header", frozen=True):
     identity: str
     schemas: dict[str, str]
     intent: str
-    format: int = FORMAT_VERSION
+    format: int = FORMAT1_FORMAT
     package_version: str = ""
-    protocol: str = PROTOCOL_VERSION
+    protocol: str = FORMAT1_PROTOCOL
 
 
 class StagePending(_Rec, tag="stage_pending", frozen=True):

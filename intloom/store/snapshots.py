@@ -19,7 +19,7 @@ from typing import Final, Literal
 import msgspec
 
 from intloom.runtime.machine import RunState
-from intloom.runtime.records import FORMAT_VERSION
+from intloom.runtime.records import FORMAT1_FORMAT, FORMAT_VERSION
 from intloom.store.depth import READ_DEPTH, TooDeep, decode_bounded
 from intloom.store.files import Layout, read_file, unusable_file
 from intloom.store.framing import VoidNotice
@@ -61,7 +61,9 @@ class Snapshot(msgspec.Struct, frozen=True, omit_defaults=True):
     # found there later cannot hide a record this snapshot does not cover.
     segment: int = 0
     written_at: str = ""
-    format: int = FORMAT_VERSION
+    # Format 1's, not this build's: a later format's reader would take a format-1 body that
+    # leaves it out for its own format, and the snapshot for a damaged one.
+    format: int = FORMAT1_FORMAT
     # A corrupt Run's furthest known seq (``RunJournal.reached``); 0, and not written, for an
     # ok one. Added within format 1: a reader without it ignores the key.
     reached: int = 0

@@ -150,3 +150,66 @@ def test_a_manifest_without_a_checksum_is_not_said_to_fail_it(tmp_path: Path) ->
     assert not refused.value.incompatible
     assert refused.value.fact.startswith("has no checksum, so it cannot be told from a "
                                          "damaged one"), refused.value.fact
+
+
+def _later_intloom(tmp_path: Path, edits: dict[str, tuple[str, str]]) -> Path:
+    """A copy of this intloom's package with lines edited as a later release would have them
+    (e.g. a bumped Workflow protocol): the build that will read today's files, without
+    installing one. Returns the directory to put on PYTHONPATH."""
+    import shutil
+
+    import intloom
+
+    site = tmp_path / "later"
+    package = site / "intloom"
+    shutil.copytree(Path(intloom.__file__).parent, package,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for relative, (old, new) in edits.items():
+        path = package / relative
+        text = path.read_text()
+        assert text.count(old) == 1, (path, old)
+        path.write_text(text.replace(old, new))
+    return site
+
+
+def test_a_later_intloom_with_another_workflow_protocol_reads_todays_runs_as_todays(
+    tmp_path: Path,
+) -> None:
+    """A header record leaves out its protocol at the default, and that default was this
+    build's PROTOCOL_VERSION: an intloom that bumps it read every Run written before as of
+    its own protocol. inspect called each such Run's journal corrupt ("its snapshot ...
+    disagrees with the log"), and a Run read from the log (after a crash) was held as
+    "Workflow 'x' changed ... restore the code the Run started with", the code unchanged.
+    The default is format 1's, whatever a later build speaks."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.unit.test_golden_journals import _digest, _private_copy
+
+    runtime = _private_copy(tmp_path)
+    before = _digest(runtime)
+    later = _later_intloom(tmp_path, {"runtime/records.py": (
+        'PROTOCOL_VERSION: Final = "2026-11-30"', 'PROTOCOL_VERSION: Final = "2027-01-01"')})
+    script = (
+        "import json, sys, intloom\n"
+        "from intloom.runtime.machine import unreadable\n"
+        "from intloom.store import verify_report\n"
+        "report = verify_report(__import__('pathlib').Path(sys.argv[1]))\n"
+        "print(json.dumps({'file': intloom.__file__, 'runs': {j.run_id: [j.status, j.problem,"
+        " j.state and j.state.protocol, j.state and unreadable(j.state, '0.1.0')]"
+        " for j in report.runs}}))\n")
+    done = subprocess.run([sys.executable, "-c", script, str(runtime)], capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(later)},
+                          cwd=tmp_path,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    assert found["file"].startswith(str(later)), found["file"]
+    assert len(found["runs"]) == 7, found
+    for run_id, (status, problem, protocol, why) in found["runs"].items():
+        assert (status, problem, protocol) == ("ok", None, "2026-11-30"), (run_id, problem)
+        assert why == ("incompatible protocol: journal has 2026-11-30, this intloom speaks "
+                       "2027-01-01"), (run_id, why)
+    assert _digest(runtime) == before
