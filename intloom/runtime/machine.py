@@ -564,12 +564,44 @@ def to_view(state: RunState, *, status: RunStatus | None = None,
     )
 
 
-def _version_tuple(v: str) -> tuple[int, ...]:
-    parts: list[int] = []
-    for piece in v.split("."):
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts)
+# Where a version's suffix puts it against its release, as pip orders them (PEP 440): a dev
+# build or pre-release before it, a post-release after it. Longer tags first ("rc" before "r").
+_SUFFIX_RANKS: Final = (("dev", 0), ("alpha", 1), ("a", 1), ("beta", 2), ("b", 2), ("rc", 3),
+                        ("c", 3), ("pre", 3), ("post", 5), ("rev", 5), ("r", 5))
+_RELEASE_RANK: Final = 4
+
+
+def _leading_int(text: str) -> tuple[int, int]:
+    """The ASCII number ``text`` starts with (0 for none) and how many characters it took."""
+    end = 0
+    while end < len(text) and "0" <= text[end] <= "9":
+        end += 1
+    return (int(text[:end]) if end else 0), end
+
+
+def _version_key(v: str) -> tuple[tuple[int, ...], int, int]:
+    """An intloom version in pip's order, for the checks that matter here: release numbers
+    (trailing zeros dropped, so 1.0 is 1.0.0), then a pre-release, dev or post suffix. The
+    digits of every piece were read as one number before, so 1.0.0rc1 was 1.0.1: newer than
+    the 1.0.0 that follows it, whose host then held every Run the candidate wrote."""
+    text = v.strip().lower().removeprefix("v").split("+", 1)[0]  # +local: same release
+    numbers: list[int] = []
+    while True:
+        number, used = _leading_int(text)
+        if not used:
+            break
+        numbers.append(number)
+        text = text[used:]
+        if not (text.startswith(".") and _leading_int(text[1:])[1]):
+            break
+        text = text[1:]
+    while numbers and numbers[-1] == 0:
+        numbers.pop()
+    rest = text.lstrip(".-_")
+    for tag, rank in _SUFFIX_RANKS:
+        if rest.startswith(tag):
+            return tuple(numbers), rank, _leading_int(rest[len(tag):].lstrip(".-_"))[0]
+    return tuple(numbers), _RELEASE_RANK, 0
 
 
 def unreadable(state: RunState, package_version: str) -> str | None:
@@ -580,7 +612,7 @@ def unreadable(state: RunState, package_version: str) -> str | None:
             f"incompatible protocol: journal has {state.protocol}, this intloom speaks "
             f"{PROTOCOL_VERSION}"
         )
-    if state.package_version and _version_tuple(state.package_version) > _version_tuple(
+    if state.package_version and _version_key(state.package_version) > _version_key(
         package_version
     ):
         return (

@@ -213,3 +213,48 @@ def test_a_later_intloom_with_another_workflow_protocol_reads_todays_runs_as_tod
         assert why == ("incompatible protocol: journal has 2026-11-30, this intloom speaks "
                        "2027-01-01"), (run_id, why)
     assert _digest(runtime) == before
+
+
+@pytest.mark.parametrize(("writer", "reader", "refused"), [
+    ("0.2.0rc1", "0.2.0", False),  # the release after its candidate: an upgrade
+    ("0.2.0b1", "0.2.0", False),
+    ("0.2.0.dev3", "0.2.0", False),
+    ("1.0.0rc1", "1.0.0", False),
+    ("0.2.0", "0.2.0rc1", True),  # the candidate after the release: a downgrade
+    ("0.2.0rc2", "0.2.0rc1", True),
+    ("0.2.0.post1", "0.2.0", True),
+    ("0.10.0", "0.9.0", True),
+    ("1.0", "1.0.0", False),
+    ("0.1.0+local", "0.1.0", False),
+])
+def test_a_journal_of_a_pre_release_is_read_by_its_release(
+    tmp_path: Path, writer: str, reader: str, refused: bool,
+) -> None:
+    """intloom 1.0.0rc1 then 1.0.0 (pip install -U): every Run the candidate wrote was held
+    as "written by intloom 1.0.0rc1, newer than this 1.0.0; upgrade intloom" (the version's
+    digits read as 1.0.1), and cancel refused it, on the release it asked for. A pre-release
+    or dev build comes before its release, as pip orders them."""
+    from intloom.runtime.machine import unreadable
+    from intloom.runtime.records import Header, StagePending
+    from intloom.store import read_runs
+    from tests.unit.test_store_support import open_store
+
+    run_id = "RUN-20261203T000000000Z-skew"
+    store = open_store(tmp_path)
+    try:
+        store.append(run_id, Header(at="2026-12-03T00:00:00.000Z", run_id=run_id,
+                                    workflow="example", workflow_version="1.0.0",
+                                    identity="0" * 64, schemas={"draft": "f" * 64},
+                                    intent="i", package_version=writer))
+        store.append(run_id, StagePending(at="2026-12-03T00:00:00.001Z", stage="draft"))
+        store.sync_blocking(run_id)
+    finally:
+        store.close_blocking()
+    [journal] = read_runs(tmp_path)
+    assert journal.state is not None and journal.state.package_version == writer
+    why = unreadable(journal.state, reader)
+    if refused:
+        assert why == (f"incompatible package: written by intloom {writer}, newer than this "
+                       f"{reader}; upgrade intloom"), why
+    else:
+        assert why is None, why
