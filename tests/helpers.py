@@ -222,6 +222,27 @@ def snapshot_files(root: Path) -> dict[str, bytes]:
     return out
 
 
+def later_intloom(tmp_path: Path, edits: dict[str, tuple[str, str]]) -> dict[str, str]:
+    """The environment that runs a copy of this intloom's package with lines edited as a
+    later release would have them (another version, a bumped protocol): the other side of
+    an upgrade, without installing one. ``edits`` maps a path inside the package to (old,
+    new), each old line found exactly once. Hosts a start launches inherit it."""
+    import intloom
+
+    site = tmp_path / "later-intloom"
+    package = site / "intloom"
+    shutil.copytree(Path(intloom.__file__).parent, package,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for relative, (old, new) in edits.items():
+        path = package / relative
+        text = path.read_text()
+        assert text.count(old) == 1, (path, old)
+        path.write_text(text.replace(old, new))
+    # PYTHONSAFEPATH: python -m and -c put the working directory first on sys.path, and the
+    # repository's own intloom would be imported from there.
+    return {"PYTHONPATH": str(site), "PYTHONSAFEPATH": "1"}
+
+
 def spawn_foreground(project: Project, *options: str) -> subprocess.Popen[str]:
     """``intloom [options] start --foreground`` started in the project root, its output
     piped (text), its pid in ``project.pids`` for ``project.reap``; not waited for."""

@@ -1257,6 +1257,12 @@ def _request_stop(root: Path, paths: ProjectPaths, target: _Target,
                 "at their boundaries, then exits).",
                 retryable=True,
             ) from None
+        if exc.code in ("PROTOCOL_MISMATCH", "UNAUTHORIZED"):
+            # The host refused the hello (another socket protocol, a token not its own): no
+            # stop was sent, so "the service rejected shutdown" blamed a request it never got,
+            # under another code than every other command gives. Its own words say how to
+            # stop it.
+            raise
         raise IntloomError(
             "CLI_SERVICE_UNAVAILABLE",
             f"The service rejected shutdown ({exc.code}: {exc.message})",

@@ -152,26 +152,6 @@ def test_a_manifest_without_a_checksum_is_not_said_to_fail_it(tmp_path: Path) ->
                                          "damaged one"), refused.value.fact
 
 
-def _later_intloom(tmp_path: Path, edits: dict[str, tuple[str, str]]) -> Path:
-    """A copy of this intloom's package with lines edited as a later release would have them
-    (e.g. a bumped Workflow protocol): the build that will read today's files, without
-    installing one. Returns the directory to put on PYTHONPATH."""
-    import shutil
-
-    import intloom
-
-    site = tmp_path / "later"
-    package = site / "intloom"
-    shutil.copytree(Path(intloom.__file__).parent, package,
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    for relative, (old, new) in edits.items():
-        path = package / relative
-        text = path.read_text()
-        assert text.count(old) == 1, (path, old)
-        path.write_text(text.replace(old, new))
-    return site
-
-
 def test_a_later_intloom_with_another_workflow_protocol_reads_todays_runs_as_todays(
     tmp_path: Path,
 ) -> None:
@@ -186,11 +166,12 @@ def test_a_later_intloom_with_another_workflow_protocol_reads_todays_runs_as_tod
     import subprocess
     import sys
 
+    from tests.helpers import later_intloom
     from tests.unit.test_golden_journals import _digest, _private_copy
 
     runtime = _private_copy(tmp_path)
     before = _digest(runtime)
-    later = _later_intloom(tmp_path, {"runtime/records.py": (
+    later = later_intloom(tmp_path, {"runtime/records.py": (
         'PROTOCOL_VERSION: Final = "2026-11-30"', 'PROTOCOL_VERSION: Final = "2027-01-01"')})
     script = (
         "import json, sys, intloom\n"
@@ -201,12 +182,11 @@ def test_a_later_intloom_with_another_workflow_protocol_reads_todays_runs_as_tod
         " j.state and j.state.protocol, j.state and unreadable(j.state, '0.1.0')]"
         " for j in report.runs}}))\n")
     done = subprocess.run([sys.executable, "-c", script, str(runtime)], capture_output=True,
-                          text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(later)},
-                          cwd=tmp_path,
+                          text=True, timeout=60, env={**os.environ, **later},
                           check=False)
     assert done.returncode == 0, done.stderr
     found = json.loads(done.stdout)
-    assert found["file"].startswith(str(later)), found["file"]
+    assert found["file"].startswith(later["PYTHONPATH"]), found["file"]
     assert len(found["runs"]) == 7, found
     for run_id, (status, problem, protocol, why) in found["runs"].items():
         assert (status, problem, protocol) == ("ok", None, "2026-11-30"), (run_id, problem)
