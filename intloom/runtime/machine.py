@@ -608,10 +608,17 @@ def unreadable(state: RunState, package_version: str) -> str | None:
     """Why this intloom (``package_version``) cannot take the journal's records as they
     are, or None. The host's restore and doctor's preview both ask it."""
     if state.protocol != PROTOCOL_VERSION:
-        return (
-            f"incompatible protocol: journal has {state.protocol}, this intloom speaks "
-            f"{PROTOCOL_VERSION}"
-        )
+        # Which side is newer decides the fix: "journal has X, this intloom speaks Y" left a
+        # user to guess whether to upgrade or to go back to the intloom that wrote it.
+        writer = (f"intloom {state.package_version}" if state.package_version
+                  else "another intloom")
+        said = (f"incompatible protocol: written by {writer} with Workflow protocol "
+                f"{state.protocol}, {{}} than this intloom's {PROTOCOL_VERSION} "
+                f"({package_version})")
+        if state.protocol > PROTOCOL_VERSION:  # dates, YYYY-MM-DD
+            return f"{said.format('newer')}; upgrade intloom"
+        return (f"{said.format('older')}, which no longer runs it; continue or end the Run "
+                f"with {writer}")
     if state.package_version and _version_key(state.package_version) > _version_key(
         package_version
     ):

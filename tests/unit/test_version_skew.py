@@ -179,7 +179,7 @@ def test_a_later_intloom_with_another_workflow_protocol_reads_todays_runs_as_tod
         "from intloom.store import verify_report\n"
         "report = verify_report(__import__('pathlib').Path(sys.argv[1]))\n"
         "print(json.dumps({'file': intloom.__file__, 'runs': {j.run_id: [j.status, j.problem,"
-        " j.state and j.state.protocol, j.state and unreadable(j.state, '0.1.0')]"
+        " j.state and j.state.protocol, j.state and unreadable(j.state, '9.0.0')]"
         " for j in report.runs}}))\n")
     done = subprocess.run([sys.executable, "-c", script, str(runtime)], capture_output=True,
                           text=True, timeout=60, env={**os.environ, **later},
@@ -190,8 +190,9 @@ def test_a_later_intloom_with_another_workflow_protocol_reads_todays_runs_as_tod
     assert len(found["runs"]) == 7, found
     for run_id, (status, problem, protocol, why) in found["runs"].items():
         assert (status, problem, protocol) == ("ok", None, "2026-11-30"), (run_id, problem)
-        assert why == ("incompatible protocol: journal has 2026-11-30, this intloom speaks "
-                       "2027-01-01"), (run_id, why)
+        assert why == ("incompatible protocol: written by intloom 0.1.0 with Workflow protocol "
+                       "2026-11-30, older than this intloom's 2027-01-01 (9.0.0), which no "
+                       "longer runs it; continue or end the Run with intloom 0.1.0"), (run_id, why)
     assert _digest(runtime) == before
 
 
@@ -238,3 +239,32 @@ def test_a_journal_of_a_pre_release_is_read_by_its_release(
                        f"{reader}; upgrade intloom"), why
     else:
         assert why is None, why
+
+
+def test_a_journal_of_a_newer_workflow_protocol_says_to_upgrade(tmp_path: Path) -> None:
+    """A Run written by an intloom of a later Workflow protocol, read after a downgrade, was
+    held as "incompatible protocol: journal has 2027-01-01, this intloom speaks 2026-11-30":
+    neither which side is newer nor what to do (the Run read by a later intloom said the
+    same, where the way out is the other one)."""
+    from intloom.runtime.machine import unreadable
+    from intloom.runtime.records import PROTOCOL_VERSION, Header, StagePending
+    from intloom.store import read_runs
+    from tests.unit.test_store_support import open_store
+
+    run_id = "RUN-20261203T000000000Z-proto"
+    store = open_store(tmp_path)
+    try:
+        store.append(run_id, Header(at="2026-12-03T00:00:00.000Z", run_id=run_id,
+                                    workflow="example", workflow_version="1.0.0",
+                                    identity="0" * 64, schemas={"draft": "f" * 64},
+                                    intent="i", package_version="9.0.0",
+                                    protocol="2027-01-01"))
+        store.append(run_id, StagePending(at="2026-12-03T00:00:00.001Z", stage="draft"))
+        store.sync_blocking(run_id)
+    finally:
+        store.close_blocking()
+    [journal] = read_runs(tmp_path)
+    assert journal.state is not None
+    assert unreadable(journal.state, __version__) == (
+        "incompatible protocol: written by intloom 9.0.0 with Workflow protocol 2027-01-01, "
+        f"newer than this intloom's {PROTOCOL_VERSION} ({__version__}); upgrade intloom")
