@@ -133,25 +133,31 @@ def _preview(journal: RunJournal, loaded: LoadResult | None) -> RunPreview | Non
         return None
     # As the host's restore judges it: first whether this intloom may read the journal at
     # all (one a newer intloom wrote is held, "upgrade intloom"), then the Workflow.
-    problem = unreadable(state, __version__) or (
+    other_intloom = unreadable(state, __version__)
+    problem = other_intloom or (
         _incompatibility(state, loaded) if loaded is not None else None)
     if problem is not None:
-        return _make(journal, "incompatible", _held(state), problem)
+        return _make(journal, "incompatible",
+                     _held(state, _HELD_VERSION if other_intloom else _HELD), problem)
     return _make(journal, "verified", _verdict(state, loaded), None)
 
 
 _HELD: Final = ("the journal is incompatible with the loaded Workflow; it is kept "
                 "byte-identical and not restored")
+# A journal another intloom wrote is held whatever the Workflow: "incompatible with the
+# loaded Workflow" sent a user looking for an edit to undo after an upgrade or downgrade.
+_HELD_VERSION: Final = ("the journal was written by an intloom this one does not continue; "
+                        "it is kept byte-identical and not restored")
 
 
-def _held(state: RunState) -> PreviewVerdict:
+def _held(state: RunState, held: str) -> PreviewVerdict:
     """A held Run's verdict. One whose code was running an effect names it, as an interrupted
     one does: a Run held for a changed Workflow is often ended with ``cancel``, and no
     restart ever says what was in flight before that."""
     if state.effect_in_flight is None:
-        return PreviewVerdict("needs_attention", _HELD)
+        return PreviewVerdict("needs_attention", held)
     said = restart_verdict(state, has_recover=False)
-    return PreviewVerdict("needs_attention", f"{_HELD}; {said.reason}", said.effect)
+    return PreviewVerdict("needs_attention", f"{held}; {said.reason}", said.effect)
 
 
 def preview_run(journal: RunJournal, loaded: LoadResult | None) -> RunPreview | None:

@@ -13,6 +13,7 @@ import msgspec
 import pytest
 
 import tests.helpers
+from intloom import __version__
 from intloom.authoring.loader import load_workflows
 from intloom.diagnostics import run_doctor
 from intloom.diagnostics.doctor import DoctorReport
@@ -224,3 +225,26 @@ def test_a_lost_segments_advice_before_any_start_is_what_following_it_does(
     store.close_blocking()
     assert held["RUN-B"] == "corrupt" and live.exists()
     assert "once a start has held it" in advice, advice
+
+
+def test_a_run_another_intloom_wrote_is_previewed_as_held_for_that_not_for_its_workflow(
+    root: Path,
+) -> None:
+    """A Run a newer intloom wrote (a downgrade), its Workflow unchanged: doctor and inspect
+    said "the journal is incompatible with the loaded Workflow", which sent the user looking
+    for an edit, when the problem line says to upgrade intloom. A Run held for its Workflow
+    keeps those words."""
+    header = _header(root, "RUN-newer")
+    newer = msgspec.structs.replace(header, package_version="9.0.0")
+    _write(root, {"RUN-newer": [newer, StagePending(at=AT, stage="draft")],
+                  "RUN-changed": [_header(root, "RUN-changed", identity="f" * 64),
+                                  StagePending(at=AT, stage="draft")]})
+    previews = {p.run_id: p for p in run_doctor(root).runs}
+    held = previews["RUN-newer"]
+    assert (held.journal, held.verdict.row) == ("incompatible", "needs_attention")
+    assert held.verdict.reason == ("the journal was written by an intloom this one does not "
+                                   "continue; it is kept byte-identical and not restored")
+    assert (held.problem or "").endswith(f"newer than this {__version__}; upgrade intloom"), (
+        held.problem)
+    assert previews["RUN-changed"].verdict.reason.startswith(
+        "the journal is incompatible with the loaded Workflow"), previews["RUN-changed"]
