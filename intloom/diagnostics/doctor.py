@@ -368,6 +368,7 @@ class _Context(msgspec.Struct, frozen=True):
     # but the hello failed (a token it refuses, another instance than service.json names):
     # the owner is not "starting or stopping", and waiting changes nothing.
     refused: str | None = None
+    refused_code: str | None = None  # that refusal's code
     host_pid: int | None = None  # the running host's, when it answered
 
 
@@ -466,6 +467,14 @@ def _owner_check(
             check_id, "attention",
             f"{name} names pid {pid}, which is alive and answers on the project's port, but "
             f"the hello failed, so no client reaches it: {ctx.refused}",
+            # A host of another socket protocol was started by another intloom (an upgrade
+            # while it ran): nothing was changed by hand, and that intloom's stop suspends
+            # its Runs as this one's cannot.
+            f"Leave {name} as it is while pid {pid} runs. Restart the host with this intloom: "
+            "stop it with the intloom that started it (intloom stop), or with kill -TERM "
+            f"{pid} (a graceful stop: its Runs are suspended at their last checkpoint); then "
+            "run intloom start with this one. Do not delete locks whose owners are still "
+            "active." if ctx.refused_code == "PROTOCOL_MISMATCH" else
             f"Leave {name} as it is while pid {pid} runs. Put back what was changed by hand, "
             f"or stop pid {pid} directly (kill -TERM {pid}: a graceful stop); then run "
             "intloom doctor again. Do not delete locks whose owners are still active.",
@@ -898,6 +907,7 @@ def run_doctor(root: Path) -> DoctorReport:
     # A problem the probe brought back from a host that answered its hello.
     refused = (insp.here if insp is not None and insp.answered
                and insp.problem is not None else None)
+    refused_code = insp.refused_code if refused is not None and insp is not None else None
 
     def context(other: str, other_problem: str | None) -> _Context:
         # recover refuses while any of the three metadata files is invalid, or
@@ -909,6 +919,7 @@ def run_doctor(root: Path) -> DoctorReport:
                         port_taken=port_taken, port_holder=port_holder,
                         lock_unheld=lock_unheld, starting_since=starting_since,
                         ports_differ=ports_differ, refused=refused,
+                        refused_code=refused_code,
                         host_pid=diagnosis.service.pid if diagnosis.service else None)
 
     config_check, config = _config_check(root)

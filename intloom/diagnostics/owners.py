@@ -116,6 +116,9 @@ class Inspection:
     # instance than the metadata names): waiting for it to finish starting or stopping
     # changes nothing. False for a hello never answered (a hung or busy host) and the rest.
     answered: bool = False
+    # The code of that answer (PROTOCOL_MISMATCH, UNAUTHORIZED, ...), None without one: the
+    # way out differs (restart the host with this intloom, or put a file back).
+    refused_code: str | None = None
 
 
 def judge_owners(snap: Snapshot, lock: LockProbe) -> list[Owner]:
@@ -313,6 +316,7 @@ def inspect(root: Path, *, probe: bool = True) -> Inspection:
     taken: int | None = None
     holder: str | None = None
     answered = False
+    refused_code: str | None = None
     lock = probe_lock(snap.paths.service_lock)
     owners = judge_owners(snap, lock)
     connection = snap.connection.value
@@ -331,6 +335,7 @@ def inspect(root: Path, *, probe: bool = True) -> Inspection:
         service, refusal, answered = _probe_host(root, snap)
         if refusal is not None:
             problem, here = refusal.message, refusal.here
+            refused_code = refusal.code if answered else None
         # Judged again after the probe: a host that was starting may have answered meanwhile.
         lock = probe_lock(snap.paths.service_lock)
         owners = judge_owners(snap, lock)
@@ -342,7 +347,8 @@ def inspect(root: Path, *, probe: bool = True) -> Inspection:
         project_root=str(root), status=status, message=message, owners=owners, service=service
     )
     return Inspection(diagnosis=diagnosis, snapshot=snap, problem=problem, here=said,
-                      port_taken=taken, port_holder=holder, answered=answered)
+                      port_taken=taken, port_holder=holder, answered=answered,
+                      refused_code=refused_code)
 
 
 def diagnose(root: Path, *, probe: bool = True) -> Diagnosis:

@@ -53,3 +53,31 @@ def test_stop_refused_by_a_host_of_another_protocol_says_so_in_the_hosts_words(
     assert f"kill -TERM {service['pid']}" in error["message"], error["message"]
     assert snapshot_files(project.state) == before
     assert ok(project.cli("stop", "--json", env=later))["stopped"] is True
+
+
+def test_doctor_says_to_restart_a_host_of_another_protocol_not_to_undo_an_edit(
+    project: Project, tmp_path: Path,
+) -> None:
+    """doctor beside a host of another socket protocol: its owner checks said "Put back what
+    was changed by hand, or stop pid N directly": nothing was changed by hand (intloom was
+    upgraded), and the way that suspends the Runs, intloom stop of the intloom that started
+    the host, was left out. Now each says to restart the host with this intloom."""
+    later = _later(tmp_path)
+    pid = ok(project.cli("start", "--json", env=later))["service"]["pid"]
+    before = snapshot_files(project.state)
+
+    doctor = project.cli("doctor", "--json")
+
+    assert doctor.code == 4, (doctor.stdout, doctor.stderr)
+    owners = [c for c in doctor.json["checks"] if c["id"].startswith("owner.")]
+    assert [c["id"] for c in owners] == ["owner.service_lock", "owner.service_json"], owners
+    for check in owners:
+        name = check["id"].removeprefix("owner.").replace("_", ".")
+        assert check["next"] == (
+            f"Leave {name} as it is while pid {pid} runs. Restart the host with this intloom: "
+            f"stop it with the intloom that started it (intloom stop), or with kill -TERM "
+            f"{pid} (a graceful stop: its Runs are suspended at their last checkpoint); then "
+            "run intloom start with this one. Do not delete locks whose owners are still "
+            "active."), check
+    assert snapshot_files(project.state) == before
+    assert ok(project.cli("stop", "--json", env=later))["stopped"] is True
