@@ -164,8 +164,14 @@ def decode_snapshot(path: Path, data: bytes) -> Snapshot:
     if magic != SNAPSHOT_MAGIC:
         raise SnapshotError(path, "is not an intloom snapshot")
     if fmt != FORMAT_VERSION:
+        # As a segment's and a manifest's findings do: a later format is a newer intloom's
+        # (a downgrade), not damage.
+        newer = (" (a newer intloom wrote it: an intloom that reads snapshot format "
+                 f"{fmt} reads it)" if fmt > FORMAT_VERSION else
+                 f" (no intloom writes format {fmt}, so its fixed format field may be damaged)")
         raise SnapshotError(
-            path, f"is format {fmt}; this intloom reads {FORMAT_VERSION}", incompatible=True
+            path, f"is format {fmt}; this intloom reads {FORMAT_VERSION}{newer}",
+            incompatible=True
         )
     body = data[_PREFIX.size :]
     if len(body) != length or zlib.crc32(body) != crc:

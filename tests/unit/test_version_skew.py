@@ -268,3 +268,42 @@ def test_a_journal_of_a_newer_workflow_protocol_says_to_upgrade(tmp_path: Path) 
     assert unreadable(journal.state, __version__) == (
         "incompatible protocol: written by intloom 9.0.0 with Workflow protocol 2027-01-01, "
         f"newer than this intloom's {PROTOCOL_VERSION} ({__version__}); upgrade intloom")
+
+
+def test_a_snapshot_of_a_later_format_is_named_as_a_newer_intlooms(tmp_path: Path) -> None:
+    """A snapshot a newer intloom wrote (a downgrade) was "is format 2; this intloom reads
+    1", where a segment or manifest of a later format says a newer intloom wrote it. The
+    Run is read from the log instead, and the file kept as it is."""
+    from intloom.runtime.records import FORMAT_VERSION, Header, StagePending
+    from intloom.store import read_runs_report
+    from intloom.store.snapshots import decode_snapshot, encode_snapshot
+    from tests.unit.test_store_support import open_store
+
+    run_id = "RUN-20261203T000000000Z-snapfmt"
+    store = open_store(tmp_path)
+    try:
+        store.append(run_id, Header(at="2026-12-03T00:00:00.000Z", run_id=run_id,
+                                    workflow="example", workflow_version="1.0.0",
+                                    identity="0" * 64, schemas={"draft": "f" * 64},
+                                    intent="i", package_version=__version__))
+        store.append(run_id, StagePending(at="2026-12-03T00:00:00.001Z", stage="draft"))
+        store.sync_blocking(run_id)
+    finally:
+        store.close_blocking()
+    [path] = (tmp_path / "snap" / "live").iterdir()
+    later = FORMAT_VERSION + 1
+    snap = decode_snapshot(path, path.read_bytes())
+    path.write_bytes(encode_snapshot(msgspec.structs.replace(snap, format=later)))
+    before = path.read_bytes()
+
+    report = read_runs_report(tmp_path)
+
+    [finding] = report.files
+    assert (finding.kind, finding.path) == ("incompatible", f"snap/live/{path.name}"), finding
+    assert finding.problem.startswith(
+        f"is format {later}; this intloom reads {FORMAT_VERSION} (a newer intloom wrote it: "
+        f"an intloom that reads snapshot format {later} reads it); every segment was read "
+        "instead"), finding.problem
+    [journal] = report.runs
+    assert (journal.status, journal.state and journal.state.phase) == ("ok", "stage_pending")
+    assert path.read_bytes() == before
