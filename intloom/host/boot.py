@@ -84,8 +84,11 @@ def _damaged(paths: ProjectPaths, report: StoreReport) -> IntloomError | None:
     if not damaged:
         return None
     first = damaged[0]
+    # Files only of another format (a newer intloom's, after a downgrade) are no damage:
+    # JOURNAL_CORRUPT told a script a damaged disk where upgrading intloom is the fix.
+    incompatible = all(f.kind == "incompatible" for f in damaged)
     return IntloomError(
-        "JOURNAL_CORRUPT",
+        "JOURNAL_INCOMPATIBLE" if incompatible else "JOURNAL_CORRUPT",
         f"--strict: {len(damaged)} file(s) under {paths.runtime} need attention; "
         f"first: {first.path} ({first.kind}: {first.problem}). Nothing was changed; run "
         "intloom doctor.",

@@ -81,3 +81,51 @@ def test_doctor_says_to_restart_a_host_of_another_protocol_not_to_undo_an_edit(
             "active."), check
     assert snapshot_files(project.state) == before
     assert ok(project.cli("stop", "--json", env=later))["stopped"] is True
+
+
+def _newer_segment(segment: Path, fmt: int) -> None:
+    """Rewrite ``segment``'s file header as an intloom of format ``fmt`` writes it (its fixed
+    field and its body alike), through the store's own encoder; the frames stay as they are."""
+    import struct
+
+    import msgspec
+
+    from intloom.store.framing import SegmentHeader, encode_segment_header
+
+    data = segment.read_bytes()
+    prefix = struct.Struct(">8sHII")
+    _, _, length, _ = prefix.unpack_from(data, 0)
+    header = msgspec.msgpack.decode(data[prefix.size:prefix.size + length], type=SegmentHeader)
+    segment.write_bytes(encode_segment_header(msgspec.structs.replace(header, format=fmt))
+                        + data[prefix.size + length:])
+
+
+def test_strict_start_refuses_a_newer_intlooms_segment_as_incompatible_not_corrupt(
+    project: Project,
+) -> None:
+    """After a downgrade, start --strict over a segment of a later format refused with
+    JOURNAL_CORRUPT, the code for damage, though its finding (and every Run in it) is
+    incompatible: a script telling a downgrade from a damaged disk could not. The code is
+    JOURNAL_INCOMPATIBLE now, and nothing is written."""
+    ok(project.cli("start", "--json"))
+    run_id = ok(project.cli("flow", "example", "--intent", "x", "--json"))["run"]["runId"]
+    # Killed, so a start reads its segment (a clean stop's snapshots would stand in for it).
+    project.kill_host()
+    ok(project.cli("recover", "--json"))
+    runtime = project.state / "runtime"
+    [segment] = (runtime / "wal").iterdir()
+    _newer_segment(segment, 2)
+    before = snapshot_files(runtime)
+
+    strict = project.cli("start", "--strict", "--json")
+
+    assert strict.code == 1, (strict.stdout, strict.stderr)
+    error = strict.json["error"]
+    assert error["code"] == "JOURNAL_INCOMPATIBLE", error
+    assert (f"first: wal/{segment.name} (incompatible: is format 2; this intloom reads 1 (a "
+            "newer intloom wrote it") in error["message"], error["message"]
+    assert snapshot_files(runtime) == before
+    restore = ok(project.cli("start", "--json"))["service"]["restore"]
+    assert restore["needsAttention"] == [run_id], restore
+    ok(project.cli("stop", "--json"))
+    assert (runtime / "wal" / segment.name).read_bytes() == before[f"wal/{segment.name}"]
