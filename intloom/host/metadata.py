@@ -141,6 +141,32 @@ def _invalid(path: Path, fact: str) -> IntloomError:
                         here=f"{kept}.")
 
 
+def _exited(state: Path, doc: dict[str, object]) -> str | None:
+    """How the host another metadata version's file names (``pid``, ``createTime``) is
+    proven gone, or None: as an owner is judged gone (DESIGN section 3), its OS lock on
+    service.lock free and its pid no process's, a zombie's, or another process's now."""
+    from intloom.fsutil import os_lock
+
+    pid, created = doc.get("pid"), doc.get("createTime")
+    if (type(pid) is not int or not 1 <= pid <= _PID_MAX
+            or not isinstance(created, int | float) or isinstance(created, bool)
+            or os_lock(state / "service.lock")[0] not in ("free", "absent")):
+        return None
+    import psutil  # as current_identity: not on every command's path
+
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return "a zombie: it exited and waits to be reaped"
+        if abs(proc.create_time() - created) > CREATE_TIME_TOLERANCE:
+            return f"pid {pid} is another process now, started after it"
+    except psutil.NoSuchProcess:
+        return "no process has that pid"
+    except psutil.Error:
+        return None  # access denied: not proven
+    return None
+
+
 def _version_skew(path: Path, data: bytes, kind: type[_Meta]) -> IntloomError | None:
     """The refusal of a file another metadata version wrote (None: not one), asked when the
     strict decode refused it or read another version: another version's file may hold keys
@@ -170,11 +196,24 @@ def _version_skew(path: Path, data: bytes, kind: type[_Meta]) -> IntloomError | 
                "token and restores the Runs.")
     else:
         pid = doc.get("pid")
-        term = (f", or kill -TERM {pid} (a graceful stop)"
-                if type(pid) is int and 1 <= pid <= _PID_MAX else "")
-        fix = ("Stop the host of that intloom with the intloom that started it (intloom "
-               f"stop){term}, then run intloom start with this one. If that host has exited, "
-               "the intloom that wrote the file removes it (intloom recover).")
+        exited = _exited(path.parent, doc)
+        if exited is not None:
+            # A newer intloom's host that died, read after a downgrade: "kill -TERM PID"
+            # named a pid no process had (or another program, once reused), and "the
+            # intloom that wrote it removes it" one that may be uninstalled.
+            moves = "; ".join(
+                f"mv {shell_arg(path.parent / name)} {shell_arg(path.parent / f'{name}.moved')}"
+                for name in ("service.json", "service.lock"))
+            fix = (f"pid {pid}, the host it names, has exited ({exited}), and nothing holds "
+                   "the project's lock: no host of that intloom runs. The intloom that wrote "
+                   "the file removes it (intloom recover); with this one, move service.json "
+                   f"and service.lock out of .intloom/ ({moves}), then run intloom start.")
+        else:
+            term = (f", or kill -TERM {pid} (a graceful stop)"
+                    if type(pid) is int and 1 <= pid <= _PID_MAX else "")
+            fix = ("Stop the host of that intloom with the intloom that started it (intloom "
+                   f"stop){term}, then run intloom start with this one. If that host has "
+                   "exited, the intloom that wrote the file removes it (intloom recover).")
     return IntloomError("CLI_SERVICE_METADATA_INVALID", f"{fact}. {fix}",
                         here=f"{fact}. {fix}")
 

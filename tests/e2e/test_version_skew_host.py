@@ -129,3 +129,45 @@ def test_strict_start_refuses_a_newer_intlooms_segment_as_incompatible_not_corru
     assert restore["needsAttention"] == [run_id], restore
     ok(project.cli("stop", "--json"))
     assert (runtime / "wal" / segment.name).read_bytes() == before[f"wal/{segment.name}"]
+
+
+def test_the_files_of_a_newer_intlooms_host_that_died_do_not_say_to_signal_its_pid(
+    project: Project, tmp_path: Path,
+) -> None:
+    """A host of an intloom with a later metadata version killed, then this intloom (a
+    downgrade): once connection.json was moved aside as told, recover and doctor said of
+    service.lock "Stop the host of that intloom ..., or kill -TERM PID", a pid no process
+    had any more (or another program, once reused), and that the intloom that wrote the
+    files removes them, which may be uninstalled. They now say that the pid has exited and
+    how to clear the files with this intloom; following that, start works."""
+    later = later_intloom(tmp_path, {
+        "__init__.py": (f'__version__ = "{__version__}"', '__version__ = "9.0.0"'),
+        "host/metadata.py": ("METADATA_VERSION: Final = 1", "METADATA_VERSION: Final = 2")})
+    ok(project.cli("start", "--json", env=later))
+    pid = project.kill_host()
+    state = project.state
+    first = project.cli("start", "--json").json["error"]["message"]
+    assert first.startswith(f"{state}/connection.json has metadata version 2"), first
+    (state / "connection.json").rename(state / "connection.json.moved")  # as it says
+    before = snapshot_files(state)
+
+    recover = project.cli("recover", "--json")
+    doctor = project.cli("doctor", "--json")
+
+    assert recover.code == 1, (recover.stdout, recover.stderr)
+    message = recover.json["error"]["message"]
+    assert recover.json["error"]["code"] == "CLI_SERVICE_METADATA_INVALID", message
+    assert "has metadata version 2" in message and "a newer intloom" in message, message
+    assert f"kill -TERM {pid}" not in message, message
+    # Its evidence: no process has the pid, or a zombie (a host no one reaped yet).
+    assert f"pid {pid}, the host it names, has exited (" in message, message
+    assert (f"move service.json and service.lock out of .intloom/ (mv {state}/service.json "
+            f"{state}/service.json.moved; mv {state}/service.lock {state}/service.lock.moved)"
+            ) in message, message
+    owners = [c for c in doctor.json["checks"] if c["id"].startswith("owner.")]
+    assert len(owners) == 2 and all(f"kill -TERM {pid}" not in c["message"] for c in owners)
+    assert snapshot_files(state) == before
+    for name in ("service.json", "service.lock"):
+        (state / name).rename(state / f"{name}.moved")
+    ok(project.cli("start", "--json"))
+    ok(project.cli("stop", "--json"))

@@ -21,16 +21,25 @@ def test_metadata_of_another_version_is_refused_by_its_version_with_the_way_out(
     holding a key this version does not know was "not valid metadata (Object contains unknown
     field ...)", damage to fix by hand, while that intloom's host may be running; the
     version, both versions and how to restart the host with this intloom are named."""
+    from tests.unit.diagnostics_support import create_time, live_process
+
     root = tmp_path.resolve()
+    # The host a file names runs (its pid and create time a live process's): the way out is
+    # to stop it. tests/e2e/test_version_skew_host.py has one that has exited.
+    with live_process() as host:
+        _refused_by_version(root, host.pid, create_time(host.pid))
+
+
+def _refused_by_version(root: Path, pid: int, created: float) -> None:
     newer = METADATA_VERSION + 1
-    doc = {"version": newer, "projectRoot": str(root), "pid": 4242, "createTime": 1.0,
+    doc = {"version": newer, "projectRoot": str(root), "pid": pid, "createTime": created,
            "instanceId": "i", "port": 4000, "startedAt": "2026-12-09T00:00:00.000Z",
            "packageVersion": "9.9.9", "protocolVersion": 2, "logFile": None, "bootId": "b",
            "token": "t" * 43, "added": {"in": "a later version"}}
     for name, read in (("service.json", lambda p: read_service(p, root)),
                        ("service.lock", read_lock),
                        ("connection.json", lambda p: read_connection(p, root))):
-        path = tmp_path / name
+        path = root / name
         path.write_bytes(msgspec.json.encode(doc))
         path.chmod(0o600)
         with pytest.raises(IntloomError) as refused:
@@ -43,7 +52,7 @@ def test_metadata_of_another_version_is_refused_by_its_version_with_the_way_out(
         if name == "connection.json":
             assert "move the file aside" in message, message
         else:
-            assert ("with the intloom that started it (intloom stop), or kill -TERM 4242 (a "
+            assert (f"with the intloom that started it (intloom stop), or kill -TERM {pid} (a "
                     "graceful stop), then run intloom start with this one") in message, message
         assert refused.value.here == message
         assert path.read_bytes() == msgspec.json.encode(doc)
