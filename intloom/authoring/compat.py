@@ -99,6 +99,18 @@ def cursor_problem(lw: LoadedWorkflow, state: RunState) -> str | None:
     if cursor.step is not None and cursor.step not in stage.steps:
         return (f"Workflow {lw.name!r} as loaded has no Step {cursor.stage}/{cursor.step}, "
                 f"where the Run is: {_OUTSIDE}")
+    if state.phase == "step_result" and cursor.step is not None:
+        # Routing the saved outcome is the restart's next act: without a route for it the
+        # Run failed STEP_OUTCOME_NOT_HANDLED for good, and putting the code back could no
+        # longer bring it back.
+        routes = stage.steps[cursor.step].routes
+        if state.outcome not in routes:
+            return (f"Workflow {lw.name!r} as loaded has no route for outcome "
+                    f"{state.outcome!r}, which Step {cursor.stage}/{cursor.step} returned "
+                    f"before the restart (its routes now: {sorted(routes)}): its routes "
+                    "changed outside the Workflow's source tree, which the identity does not "
+                    "cover, or it never routed that outcome and the host stopped before that "
+                    "failure was recorded (docs/authoring.md, Changing a Workflow)")
     return None
 
 

@@ -24,6 +24,7 @@ from intloom.client import Client
 from intloom.errors import IntloomError
 from intloom.project import ProjectPaths, load_config
 from intloom.runtime.records import Header, Record, StagePending
+from intloom.store import read_history
 from intloom.store.writer import Store
 from tests.helpers import (
     CliResult,
@@ -330,4 +331,92 @@ def test_a_journal_a_newer_intloom_wrote_is_previewed_as_start_holds_it(
         restore = ok(project.cli("start", "--json"))["service"]["restore"]
         assert restore["needsAttention"] == [newer], restore
         assert restore["waiting"] == [run["runId"]], restore
+        ok(project.cli("stop", "--json"))
+
+
+# A builder outside the tree whose first Step's outcome is OUTCOME; the Step routes it to
+# the second, which completes the Run.
+ROUTED = textwrap.dedent('''
+    import msgspec
+
+    import intloom
+
+    ROUTED_AS = "done"
+
+
+    class Count(msgspec.Struct):
+        n: int = 0
+
+
+    def build(wf):
+        s = wf.stage("s", state=Count)
+
+        @s.step("first", routes={ROUTED_AS: "second"})
+        def first(ctx):
+            ctx.state = Count(n=1)
+            return "done"
+
+        @s.step("second", routes={"done": intloom.COMPLETE})
+        def second(ctx):
+            return "done"
+''')
+
+
+def test_a_saved_outcome_the_loaded_step_no_longer_routes_is_held_until_it_does(
+    tmp_path: Path,
+) -> None:
+    """A Run whose journal ends at a Step's result (a crash tore off what followed it) is
+    routed at the restart. When the outcome's route was renamed outside the tree, doctor
+    previewed "route", and start failed the Run STEP_OUTCOME_NOT_HANDLED for good: putting
+    the code back could not bring it back. It is held instead, and continues once it is."""
+    root = tmp_path / "proj"
+    (root / "workflows").mkdir(parents=True)
+    (root / "common").mkdir()
+    (root / "common" / "__init__.py").write_text("")
+    parts = root / "common" / "routed.py"
+    parts.write_text(ROUTED)
+    (root / "workflows" / "flow.py").write_text(
+        ENTRY.replace("common.parts", "common.routed"))
+    (root / "intloom.toml").write_text('workflows = ["workflows/flow.py"]\n')
+    project = Project(root=root)
+    with contextlib.ExitStack() as stack:
+        stack.callback(project.reap)
+        # The host kills itself before it syncs its 3rd batch: the first Step's result and
+        # the second Step's start, written but not durable.
+        ok(project.cli("start", "--json", env={"INTLOOM_FAULT": "crash_before_sync=3"}))
+        pid = project.host_pid()
+        project.cli("flow", "shared", "--intent", "x", "--json")
+        project.wait_released(pid)
+        ok(project.cli("recover", "--json"))
+        runtime = project.state / "runtime"
+        [run_id] = [r["runId"] for r in project.cli("doctor", "--json").json["runs"]]
+        entries = read_history(runtime, run_id)
+        phases = [e.phase for e in entries]
+        assert phases[-3:] == ["step_result", "step_ready", "executing"], phases
+        # A torn write that kept exactly the batch's first record: the journal ends there.
+        with open(runtime / entries[-2].file, "r+b") as fh:
+            fh.truncate(entries[-2].offset)
+        assert _preview(project, run_id)["verdict"]["row"] == "route"
+
+        parts.write_text(ROUTED.replace('ROUTED_AS = "done"', 'ROUTED_AS = "finished"'))
+        before = _wal(project)
+        preview = _preview(project, run_id)
+        assert preview["code"] == 3, preview
+        assert preview["verdict"]["row"] == "needs_attention", preview
+        assert "no route for outcome 'done', which Step s/first returned" in \
+            preview["problem"], preview
+        restore = ok(project.cli("start", "--json"))["service"]["restore"]
+        assert restore["needsAttention"] == [run_id] and restore["resumed"] == [], restore
+        held = project.cli("attach", run_id, "--json")
+        assert held.json["error"]["code"] == "JOURNAL_INCOMPATIBLE", held
+        assert "no route for outcome 'done'" in held.json["error"]["message"], held
+        ok(project.cli("stop", "--json"))
+        after = _wal(project)
+        assert {name: after[name] for name in before} == before
+
+        parts.write_text(ROUTED)  # the route is back: the Run goes on from its outcome
+        restore = ok(project.cli("start", "--json"))["service"]["restore"]
+        assert restore["resumed"] == [run_id], restore
+        run = eventually(lambda: _ended(project, run_id), timeout=20, what="the Run to end")
+        assert run["status"] == "completed" and run["cursor"]["step"] == "second", run
         ok(project.cli("stop", "--json"))
