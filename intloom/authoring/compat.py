@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from intloom.runtime.machine import RunState
 
 __all__ = ["DETERMINISTIC", "cursor_problem", "deterministic_json", "failed_sources_note",
-           "state_problem", "version_change"]
+           "schema_changes", "state_problem", "version_change"]
 
 # The order the driver saves a State in when plain encoding is not deterministic (a State
 # with sets: executor/driver.py, _encode_state); the restore judges it by the same encoder.
@@ -81,6 +81,20 @@ def _sets_sorted(value: Any) -> Any:
 # Why a Run is held for a definition that changed outside the tree, and where to look.
 _OUTSIDE = ("its definition changed outside the Workflow's source tree, which the identity "
             "does not cover (docs/authoring.md, Changing a Workflow)")
+
+
+def schema_changes(lw: LoadedWorkflow, state: RunState) -> list[str]:
+    """Each Stage the Run started with that the loaded Workflow no longer declares, or
+    whose State schema it changed, in words. A Stage gone was called "State schema
+    changed", which sent the user looking for an edit of a State class they never made."""
+    out: list[str] = []
+    for stage, fingerprint in sorted(state.schemas.items()):
+        now = lw.schemas.get(stage)
+        if now is None:
+            out.append(f"Stage {stage!r} is no longer declared")
+        elif now != fingerprint:
+            out.append(f"the State schema of Stage {stage!r} changed")
+    return out
 
 
 def cursor_problem(lw: LoadedWorkflow, state: RunState) -> str | None:

@@ -16,6 +16,7 @@ from intloom import __version__
 from intloom.authoring.compat import (
     cursor_problem,
     failed_sources_note,
+    schema_changes,
     state_problem,
     version_change,
 )
@@ -70,13 +71,10 @@ def _incompatibility(state: RunState, loaded: LoadResult) -> str | None:
                 f"{state.identity[:12]}…, the loaded code is {wf.identity[:12]}…"
                 f"{version_change(wf, state)} (restore the code the Run started with to "
                 "resume it)")
-    changed = sorted(
-        stage for stage, fingerprint in state.schemas.items()
-        if wf.schemas.get(stage) != fingerprint
-    )
-    if changed:
-        return (f"the State schema of Stage(s) {', '.join(changed)} changed since the Run "
-                "started (restore the code the Run started with to resume it)")
+    changes = schema_changes(wf, state)
+    if changes:
+        return (f"since the Run started, {'; '.join(changes)} (restore the code the Run "
+                "started with to resume it)")
     moved = cursor_problem(wf, state)
     if moved is not None:
         return f"{moved} (restore the code the Run started with to resume it)"

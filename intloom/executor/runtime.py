@@ -31,6 +31,7 @@ from intloom.authoring.agent import AgentResult
 from intloom.authoring.compat import (
     cursor_problem,
     failed_sources_note,
+    schema_changes,
     state_problem,
     version_change,
 )
@@ -180,12 +181,9 @@ def _mismatch(state: RunState, workflows: Mapping[str, LoadedWorkflow],
             f"started (journal {state.identity[:12]}, loaded {lw.identity[:12]}"
             f"{version_change(lw, state)})"
         )
-    for stage, fingerprint in state.schemas.items():
-        if lw.schemas.get(stage) != fingerprint:
-            return (
-                f"incompatible schema: Stage {stage!r} State schema changed since the Run "
-                "started"
-            )
+    changes = schema_changes(lw, state)
+    if changes:
+        return f"incompatible schema: since the Run started, {'; '.join(changes)}"
     moved = cursor_problem(lw, state)
     if moved is not None:
         return f"incompatible definition: {moved}"

@@ -420,3 +420,43 @@ def test_a_saved_outcome_the_loaded_step_no_longer_routes_is_held_until_it_does(
         run = eventually(lambda: _ended(project, run_id), timeout=20, what="the Run to end")
         assert run["status"] == "completed" and run["cursor"]["step"] == "second", run
         ok(project.cli("stop", "--json"))
+
+
+# A second Stage, declared by the builder after the first (a Stage without State).
+SECOND_STAGE = '''
+    t = wf.stage("t")
+
+    @t.step("end", routes={"done": intloom.COMPLETE})
+    def end(ctx):
+        return "done"
+'''
+
+
+def test_a_stage_no_longer_declared_is_named_as_gone_not_as_a_changed_schema(
+    shared: Project,
+) -> None:
+    """Stage 't' removed outside the tree while a Run waited in Stage 's': the Run was held
+    for "Stage 't' State schema changed", an edit of a State class nobody made."""
+    parts = shared.root / "common" / "parts.py"
+    _parts(shared.root, NO_POST_INIT)
+    parts.write_text(parts.read_text() + SECOND_STAGE)
+    run_id, action = started_waiting(shared, "shared", "wait")
+    ok(shared.cli("stop", "--json"))
+    _parts(shared.root, NO_POST_INIT)  # without Stage 't'
+
+    preview = _preview(shared, run_id)
+    assert preview["verdict"]["row"] == "needs_attention", preview
+    assert "since the Run started, Stage 't' is no longer declared" in preview["problem"], \
+        preview
+    assert "schema" not in preview["problem"], preview
+    ok(shared.cli("start", "--json"))
+    held = shared.cli("answer", run_id, action, '{"isConfirmed": true}', "--json")
+    assert held.json["error"]["code"] == "JOURNAL_INCOMPATIBLE", held
+    message = held.json["error"]["message"]
+    assert "since the Run started, Stage 't' is no longer declared" in message, held
+    assert "schema changed" not in message, held
+    ok(shared.cli("stop", "--json"))
+
+    parts.write_text(parts.read_text() + SECOND_STAGE)
+    assert ok(shared.cli("start", "--json"))["service"]["restore"]["waiting"] == [run_id]
+    ok(shared.cli("stop", "--json"))
