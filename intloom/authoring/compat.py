@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from intloom.runtime.machine import RunState
 
 __all__ = ["DETERMINISTIC", "cursor_problem", "deterministic_json", "failed_sources_note",
-           "schema_changes", "state_problem", "version_change"]
+           "schema_changes", "state_problem", "version_change", "what_changed"]
 
 # The order the driver saves a State in when plain encoding is not deterministic (a State
 # with sets: executor/driver.py, _encode_state); the restore judges it by the same encoder.
@@ -83,6 +83,19 @@ _OUTSIDE = ("its definition changed outside the Workflow's source tree, which th
             "does not cover (docs/authoring.md, Changing a Workflow)")
 
 
+def _missing_place(lw: LoadedWorkflow, state: RunState) -> str | None:
+    """``Stage 's'`` or ``Step s/x``: where the Run is, when the loaded Workflow lacks it."""
+    if state.phase in ("header", "terminal"):
+        return None
+    cursor = state.cursor
+    stage = lw.workflow.stages.get(cursor.stage)
+    if stage is None:
+        return f"Stage {cursor.stage!r}"
+    if cursor.step is not None and cursor.step not in stage.steps:
+        return f"Step {cursor.stage}/{cursor.step}"
+    return None
+
+
 def schema_changes(lw: LoadedWorkflow, state: RunState) -> list[str]:
     """Each Stage the Run started with that the loaded Workflow no longer declares, or
     whose State schema it changed, in words. A Stage gone was called "State schema
@@ -97,35 +110,54 @@ def schema_changes(lw: LoadedWorkflow, state: RunState) -> list[str]:
     return out
 
 
+def what_changed(lw: LoadedWorkflow, state: RunState) -> str:
+    """``; version 'a' when the Run started, 'b' now; the State schema of Stage 's'
+    changed; ...``: what the journal can tell of an edit that changed the identity (the
+    version, the Stages' State schemas, the place the Run is at), else ``""``. Two hashes
+    alone told the user neither whether their edit reached the Run's State nor its Step."""
+    facts = schema_changes(lw, state)
+    place = _missing_place(lw, state)
+    if place is not None and not any(fact.startswith(place) for fact in facts):
+        facts.append(f"{place}, where the Run is, is no longer declared")
+    unrouted = _unrouted(lw, state)
+    if unrouted is not None:
+        facts.append(f"no route now for {unrouted}")
+    return version_change(lw, state) + "".join(f"; {fact}" for fact in facts)
+
+
 def cursor_problem(lw: LoadedWorkflow, state: RunState) -> str | None:
     """Why the loaded Workflow has no place for the Run's cursor, or None.
 
     A Run that has only its header has no cursor yet (it enters the entry Stage); an ended
     Run is never continued.
     """
-    if state.phase in ("header", "terminal"):
-        return None
-    cursor = state.cursor
-    stage = lw.workflow.stages.get(cursor.stage)
-    if stage is None:
-        return (f"Workflow {lw.name!r} as loaded has no Stage {cursor.stage!r}, where the Run "
-                f"is: {_OUTSIDE}")
-    if cursor.step is not None and cursor.step not in stage.steps:
-        return (f"Workflow {lw.name!r} as loaded has no Step {cursor.stage}/{cursor.step}, "
-                f"where the Run is: {_OUTSIDE}")
-    if state.phase == "step_result" and cursor.step is not None:
-        # Routing the saved outcome is the restart's next act: without a route for it the
-        # Run failed STEP_OUTCOME_NOT_HANDLED for good, and putting the code back could no
-        # longer bring it back.
-        routes = stage.steps[cursor.step].routes
-        if state.outcome not in routes:
-            return (f"Workflow {lw.name!r} as loaded has no route for outcome "
-                    f"{state.outcome!r}, which Step {cursor.stage}/{cursor.step} returned "
-                    f"before the restart (its routes now: {sorted(routes)}): its routes "
-                    "changed outside the Workflow's source tree, which the identity does not "
-                    "cover, or it never routed that outcome and the host stopped before that "
-                    "failure was recorded (docs/authoring.md, Changing a Workflow)")
+    place = _missing_place(lw, state)
+    if place is not None:
+        return (f"Workflow {lw.name!r} as loaded has no {place}, where the Run is: "
+                f"{_OUTSIDE}")
+    unrouted = _unrouted(lw, state)
+    if unrouted is not None:
+        return (f"Workflow {lw.name!r} as loaded has no route for {unrouted}: its routes "
+                "changed outside the Workflow's source tree, which the identity does not "
+                "cover, or it never routed that outcome and the host stopped before that "
+                "failure was recorded (docs/authoring.md, Changing a Workflow)")
     return None
+
+
+def _unrouted(lw: LoadedWorkflow, state: RunState) -> str | None:
+    """``outcome 'x', which Step s/y returned before the restart (its routes now: [...])``
+    when the Run's journal ends at that Step's result and the loaded Step does not route it:
+    routing it is the restart's next act, and without a route the Run failed
+    STEP_OUTCOME_NOT_HANDLED for good, which putting the code back could not undo."""
+    cursor = state.cursor
+    if state.phase != "step_result" or cursor.step is None:
+        return None
+    stage = lw.workflow.stages.get(cursor.stage)
+    step = stage.steps.get(cursor.step) if stage is not None else None
+    if step is None or state.outcome in step.routes:
+        return None
+    return (f"outcome {state.outcome!r}, which Step {cursor.stage}/{cursor.step} returned "
+            f"before the restart (its routes now: {sorted(step.routes)})")
 
 
 def state_problem(lw: LoadedWorkflow, state: RunState) -> str | None:

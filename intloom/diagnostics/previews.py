@@ -18,7 +18,7 @@ from intloom.authoring.compat import (
     failed_sources_note,
     schema_changes,
     state_problem,
-    version_change,
+    what_changed,
 )
 from intloom.diagnostics.checks import Check, CheckStatus
 from intloom.errors import IntloomError
@@ -54,6 +54,13 @@ class RunPreview(msgspec.Struct, frozen=True, rename="camel", omit_defaults=True
     torn_tail: bool = False
 
 
+def _back(state: RunState) -> str:
+    """The two ways on for a Run held for its changed code: ``doctor`` and ``inspect`` gave
+    only the first, and ``inspect RUN`` is where a user reading one Run looks for both."""
+    return (f"(restore the code the Run started with to resume it, or end it with intloom "
+            f"cancel {state.run_id})")
+
+
 def _incompatibility(state: RunState, loaded: LoadResult) -> str | None:
     wf = loaded.workflows.get(state.workflow)
     withheld = loaded.withheld.get(state.workflow)
@@ -69,18 +76,16 @@ def _incompatibility(state: RunState, loaded: LoadResult) -> str | None:
     if wf.identity != state.identity:
         return (f"Workflow {state.workflow!r} changed: the journal was written by identity "
                 f"{state.identity[:12]}…, the loaded code is {wf.identity[:12]}…"
-                f"{version_change(wf, state)} (restore the code the Run started with to "
-                "resume it)")
+                f"{what_changed(wf, state)} {_back(state)}")
     changes = schema_changes(wf, state)
     if changes:
-        return (f"since the Run started, {'; '.join(changes)} (restore the code the Run "
-                "started with to resume it)")
+        return f"since the Run started, {'; '.join(changes)} {_back(state)}"
     moved = cursor_problem(wf, state)
     if moved is not None:
-        return f"{moved} (restore the code the Run started with to resume it)"
+        return f"{moved} {_back(state)}"
     saved = state_problem(wf, state)
     if saved is not None:  # judged as the host's restore judges it
-        return f"{saved} (restore the code the Run started with to resume it)"
+        return f"{saved} {_back(state)}"
     return None
 
 

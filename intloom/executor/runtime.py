@@ -33,7 +33,7 @@ from intloom.authoring.compat import (
     failed_sources_note,
     schema_changes,
     state_problem,
-    version_change,
+    what_changed,
 )
 from intloom.authoring.context import Recovery
 from intloom.authoring.interaction import validate_answer
@@ -179,7 +179,7 @@ def _mismatch(state: RunState, workflows: Mapping[str, LoadedWorkflow],
         return (
             f"incompatible identity: Workflow {state.workflow!r} changed since the Run "
             f"started (journal {state.identity[:12]}, loaded {lw.identity[:12]}"
-            f"{version_change(lw, state)})"
+            f"{what_changed(lw, state)})"
         )
     changes = schema_changes(lw, state)
     if changes:

@@ -214,3 +214,41 @@ def test_a_source_listed_twice_is_not_named_as_failed_for_a_run_it_cannot_define
     assert "failed to load" not in problem, problem
     assert "restore its source and its entry in intloom.toml" in problem, problem
     ok(project.cli("stop", "--json"))
+
+
+def test_a_run_held_for_an_edit_of_its_source_names_what_changed_and_both_ways_on(
+    project: Project,
+) -> None:
+    """A field's type changed (int -> str) and the waiting Step renamed: what held the Run
+    named only two identity hashes, so the user could not tell that the edit reached the
+    Run's State and its Step; doctor and inspect did not say that cancel ends it."""
+    run_id, action = started_waiting(project)
+    ok(project.cli("stop", "--json"))
+    source = project.root / "workflows" / "example.py"
+    text = source.read_text()
+    source.write_text(text.replace("attempts: int = 0", 'attempts: str = "0"')
+                      .replace("ctx.state.attempts + 1", "int(ctx.state.attempts) + 1")
+                      .replace("attempts=attempt", "attempts=str(attempt)")
+                      .replace('"written": "review"', '"written": "check"')
+                      .replace('@draft.step("review"', '@draft.step("check"'))
+    facts = ("the State schema of Stage 'draft' changed; Step draft/review, where the Run is, "
+             "is no longer declared")
+
+    doctor = project.cli("doctor", "--json")
+    [preview] = [r for r in doctor.json["runs"] if r["runId"] == run_id]
+    assert facts in preview["problem"], preview
+    assert f"or end it with intloom cancel {run_id}" in preview["problem"], preview
+    inspected = ok(project.cli("inspect", run_id, "--json"))["run"]
+    assert facts in inspected["problem"] and f"intloom cancel {run_id}" in \
+        inspected["problem"], inspected
+    assert ok(project.cli("start", "--json"))["service"]["restore"]["needsAttention"] == [run_id]
+    message = refused(project.cli("answer", run_id, action, YES, "--json"),
+                      "JOURNAL_INCOMPATIBLE")
+    assert facts in message and f"intloom cancel {run_id}" in message, message
+    ok(project.cli("stop", "--json"))
+
+    source.write_text(text)  # the edit reverted: the Run waits on the same action again
+    assert ok(project.cli("start", "--json"))["service"]["restore"]["waiting"] == [run_id]
+    answered = ok(project.cli("answer", run_id, action, YES, "--json"))
+    assert answered["run"]["status"] == "completed", answered
+    ok(project.cli("stop", "--json"))
