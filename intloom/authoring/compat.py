@@ -21,13 +21,14 @@ import msgspec
 from intloom.errors import as_call, clip, message_of
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
 
     from intloom.authoring.loader import LoadedWorkflow
     from intloom.runtime.machine import RunState
 
 __all__ = ["DETERMINISTIC", "cursor_problem", "deterministic_json", "failed_sources_note",
-           "schema_changes", "state_problem", "version_change", "what_changed"]
+           "not_defined_note", "schema_changes", "state_problem", "version_change",
+           "what_changed"]
 
 # The order the driver saves a State in when plain encoding is not deterministic (a State
 # with sets: executor/driver.py, _encode_state); the restore judges it by the same encoder.
@@ -207,6 +208,19 @@ def version_change(lw: LoadedWorkflow, state: RunState) -> str:
     if lw.version == state.workflow_version:
         return ""
     return f"; version {state.workflow_version!r} when the Run started, {lw.version!r} now"
+
+
+def not_defined_note(workflows: Mapping[str, LoadedWorkflow]) -> str:
+    """``: no source of intloom.toml defines it now (they define 'b' from workflows/b.py)``,
+    for a Workflow that is not loaded while every source loaded: the source and its entry
+    may well be there, defining the Workflow under another name (``Workflow("b", ...)``
+    renamed), and "restore its source and its entry" sent the user looking for neither."""
+    shown = [f"{lw.name!r} from {lw.source}" for lw in sorted(workflows.values(),
+                                                            key=lambda lw: lw.name)]
+    if not shown:
+        return ": no source of intloom.toml defines it now (none defines a Workflow)"
+    more = f" and {len(shown) - 3} more" if len(shown) > 3 else ""
+    return f": no source of intloom.toml defines it now (they define {', '.join(shown[:3])}{more})"
 
 
 def failed_sources_note(failed: Sequence[str], *, advice: bool = True) -> str:

@@ -16,6 +16,7 @@ from intloom import __version__
 from intloom.authoring.compat import (
     cursor_problem,
     failed_sources_note,
+    not_defined_note,
     schema_changes,
     state_problem,
     what_changed,
@@ -71,8 +72,10 @@ def _incompatibility(state: RunState, loaded: LoadResult) -> str | None:
         note = failed_sources_note(loaded.failed)
         if note:
             return f"Workflow {state.workflow!r} is not loaded, so the Run cannot be restored{note}"
-        return (f"Workflow {state.workflow!r} is not loaded, so the Run cannot be restored "
-                "(restore its source and its entry in intloom.toml)")
+        return (f"Workflow {state.workflow!r} is not loaded, so the Run cannot be restored"
+                f"{not_defined_note(loaded.workflows)} (put back the source that defined it, "
+                "under the name it had, and its entry in intloom.toml, to resume it, or end "
+                f"it with intloom cancel {state.run_id})")
     if wf.identity != state.identity:
         return (f"Workflow {state.workflow!r} changed: the journal was written by identity "
                 f"{state.identity[:12]}…, the loaded code is {wf.identity[:12]}…"

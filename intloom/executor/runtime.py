@@ -31,6 +31,7 @@ from intloom.authoring.agent import AgentResult
 from intloom.authoring.compat import (
     cursor_problem,
     failed_sources_note,
+    not_defined_note,
     schema_changes,
     state_problem,
     what_changed,
@@ -174,7 +175,7 @@ def _mismatch(state: RunState, workflows: Mapping[str, LoadedWorkflow],
             keep = "; keep only the source the Run started with in intloom.toml"
             return f"incompatible workflow: {why}{keep if advice else ''}"
         return (f"incompatible workflow: Workflow {state.workflow!r} is not loaded"
-                f"{failed_sources_note(failed, advice=advice)}")
+                f"{failed_sources_note(failed, advice=advice) or not_defined_note(workflows)}")
     if lw.identity != state.identity:
         return (
             f"incompatible identity: Workflow {state.workflow!r} changed since the Run "

@@ -212,7 +212,8 @@ def test_a_source_listed_twice_is_not_named_as_failed_for_a_run_it_cannot_define
     [preview] = [r for r in doctor.json["runs"] if r["runId"] == run_id]
     problem = preview["problem"]
     assert "failed to load" not in problem, problem
-    assert "restore its source and its entry in intloom.toml" in problem, problem
+    assert "put back the source that defined it, under the name it had, and its entry in " \
+        "intloom.toml" in problem, problem
     ok(project.cli("stop", "--json"))
 
 
@@ -251,4 +252,34 @@ def test_a_run_held_for_an_edit_of_its_source_names_what_changed_and_both_ways_o
     assert ok(project.cli("start", "--json"))["service"]["restore"]["waiting"] == [run_id]
     answered = ok(project.cli("answer", run_id, action, YES, "--json"))
     assert answered["run"]["status"] == "completed", answered
+    ok(project.cli("stop", "--json"))
+
+
+def test_a_run_whose_workflow_was_renamed_is_told_which_names_the_sources_define(
+    project: Project,
+) -> None:
+    """``Workflow("example")`` renamed in its own source: the held Run was told to "restore
+    its source and its entry in intloom.toml", both of which were there."""
+    run_id, action = started_waiting(project)
+    ok(project.cli("stop", "--json"))
+    source = project.root / "workflows" / "example.py"
+    text = source.read_text()
+    source.write_text(text.replace('intloom.Workflow("example"', 'intloom.Workflow("sample"'))
+    fact = ("Workflow 'example' is not loaded, so the Run cannot be restored: no source of "
+            "intloom.toml defines it now (they define 'sample' from workflows/example.py)")
+
+    doctor = project.cli("doctor", "--json")
+    [preview] = [r for r in doctor.json["runs"] if r["runId"] == run_id]
+    assert fact in preview["problem"], preview
+    assert "under the name it had" in preview["problem"], preview
+    assert f"intloom cancel {run_id}" in preview["problem"], preview
+    assert ok(project.cli("start", "--json"))["service"]["restore"]["needsAttention"] == [run_id]
+    message = refused(project.cli("answer", run_id, action, YES, "--json"),
+                      "JOURNAL_INCOMPATIBLE")
+    assert "no source of intloom.toml defines it now (they define 'sample' from " \
+        "workflows/example.py)" in message, message
+    ok(project.cli("stop", "--json"))
+
+    source.write_text(text)
+    assert ok(project.cli("start", "--json"))["service"]["restore"]["waiting"] == [run_id]
     ok(project.cli("stop", "--json"))
