@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy as copy_module
 import dataclasses
+import posixpath
 from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
@@ -123,7 +124,17 @@ def what_changed(lw: LoadedWorkflow, state: RunState) -> str:
     unrouted = _unrouted(lw, state)
     if unrouted is not None:
         facts.append(f"no route now for {unrouted}")
-    return version_change(lw, state) + "".join(f"; {fact}" for fact in facts)
+    version = version_change(lw, state)
+    if not facts and not version:
+        # Nothing the journal records changed: two hashes alone left the user of a Workflow
+        # they never touched (one sharing its directory with the one edited) at a loss.
+        tree = (posixpath.dirname(lw.source) or ".") if lw.source.endswith((".py", ".pyi")) \
+            else lw.source.rstrip("/")
+        facts.append(f"its version, its Stages' State schemas and the Step the Run is at are "
+                     f"as they were, so what changed is a file of its source tree, {tree}/ (a "
+                     "Step's code, a helper, another Workflow's file there, a comment: every "
+                     "byte counts; docs/authoring.md, Changing a Workflow)")
+    return version + "".join(f"; {fact}" for fact in facts)
 
 
 def cursor_problem(lw: LoadedWorkflow, state: RunState) -> str | None:

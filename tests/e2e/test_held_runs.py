@@ -283,3 +283,37 @@ def test_a_run_whose_workflow_was_renamed_is_told_which_names_the_sources_define
     source.write_text(text)
     assert ok(project.cli("start", "--json"))["service"]["restore"]["waiting"] == [run_id]
     ok(project.cli("stop", "--json"))
+
+
+def test_a_run_held_for_an_edit_of_another_workflow_in_its_directory_is_told_where_to_look(
+    project: Project,
+) -> None:
+    """Workflow 'other' shares workflows/ with example.py, which was edited: other's Run was
+    held for "changed" with two hashes, although nothing of 'other' the journal records
+    changed, and nothing pointed at its source tree."""
+    workflows = project.root / "workflows"
+    (workflows / "other.py").write_text(
+        (workflows / "example.py").read_text().replace('"example"', '"other"'))
+    (project.root / "intloom.toml").write_text(
+        'workflows = ["workflows/example.py", "workflows/other.py"]\n')
+    run_id, action = started_waiting(project, "other")
+    ok(project.cli("stop", "--json"))
+    example = workflows / "example.py"
+    text = example.read_text()
+    example.write_text(text + "# edited while other's Run waited\n")
+    fact = ("its version, its Stages' State schemas and the Step the Run is at are as they "
+            "were, so what changed is a file of its source tree, workflows/")
+
+    doctor = project.cli("doctor", "--json")
+    [preview] = [r for r in doctor.json["runs"] if r["runId"] == run_id]
+    assert "Workflow 'other' changed" in preview["problem"] and fact in preview["problem"], \
+        preview
+    assert ok(project.cli("start", "--json"))["service"]["restore"]["needsAttention"] == [run_id]
+    message = refused(project.cli("answer", run_id, action, YES, "--json"),
+                      "JOURNAL_INCOMPATIBLE")
+    assert fact in message, message
+    ok(project.cli("stop", "--json"))
+
+    example.write_text(text)
+    assert ok(project.cli("start", "--json"))["service"]["restore"]["waiting"] == [run_id]
+    ok(project.cli("stop", "--json"))
