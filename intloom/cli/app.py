@@ -55,6 +55,7 @@ COMMANDS: Final[dict[str, tuple[str, str]]] = {
     "cancel": ("runs", "cancel"),
     "attach": ("attach", "attach"),
     "inspect": ("inspect", "inspect"),
+    "verify": ("verify", "verify"),
     "logs": ("logs", "logs"),
 }
 # command -> its help. Typer reads a command's docstring, which python -OO (PYTHONOPTIMIZE=2)
@@ -83,6 +84,9 @@ HELP: Final[dict[str, str]] = {
               "still waits,\n1 when it fails or was stopped.",
     "inspect": "Show a Run's journal, phase by phase, with verification results. Works "
                "offline.",
+    "verify": "Check every journal and file of the store, old segments too. Works offline."
+              "\n\nExit 0 when everything checks out, 3 when something is damaged or "
+              "unexpected.",
     "logs": "Show the host log (structured), optionally for one Run. Works offline.",
 }
 # Options of the root that take a value: the token after them is not a command name.

@@ -164,3 +164,40 @@ def test_inspect_says_nothing_it_cannot_know_of_another_runs_damaged_snapshot(
     [mine] = [f for f in doc["files"] if f["path"] == path]
     assert mine["problem"] == whole.problem, mine
     assert snapshot_files(project.state) == before
+
+
+def test_verify_reads_the_whole_store_and_names_every_finding(project: Project) -> None:
+    """``inspect RUN`` no longer reports other Runs' damage, and start and doctor read only
+    what a restore reads: ``intloom verify`` is the command that reads everything (old
+    segments, every snap/done/ file), names each finding and exits 3, changing nothing."""
+    runtime = _runtime(project)
+    _host(runtime, {"RUN-X": 12})
+    _host(runtime, {"RUN-A": 10, "RUN-W": 4}, ended=False, crash=True)
+    sound = ok(project.cli("verify", "--json"))
+    assert sound["sound"] is True and sound["problems"] == [] and sound["files"] == []
+    assert sound["runs"] == {"total": 3, "ok": 3, "corrupt": 0, "incompatible": 0,
+                             "unfinished": 2}, sound["runs"]
+    assert sound["segmentsRead"] == 2, sound
+    text = project.cli("verify")
+    assert text.code == 0 and text.stdout.startswith("Verified 3 Runs (2 unfinished) in 2 "
+                                                     "segments, "), text.stdout
+    assert text.stdout.rstrip().endswith("every journal and file checks out."), text.stdout
+
+    seg1 = runtime / "wal" / "0000000001.seg"
+    offset = _flip(seg1, "RUN-X", 4)
+    before = snapshot_files(project.state)
+    damaged = project.cli("verify", "--json")
+    assert damaged.code == 3, (damaged.code, damaged.stdout, damaged.stderr)
+    doc = damaged.json
+    assert doc["sound"] is False and doc["runs"]["corrupt"] == 1, doc
+    [problem] = doc["problems"]
+    assert problem["runId"] == "RUN-X" and problem["status"] == "corrupt", problem
+    assert f"wal/0000000001.seg offset {offset}" in problem["problem"], problem
+    assert [f["path"] for f in doc["files"]] == ["wal/0000000001.seg"], doc["files"]
+    text = project.cli("verify")
+    assert text.code == 3, text
+    assert "1 corrupt, 0 incompatible, 1 file finding." in text.stdout.splitlines()[0]
+    assert "  RUN-X is corrupt: " in text.stdout, text.stdout
+    assert "  File wal/0000000001.seg is corrupt: " in text.stdout, text.stdout
+    assert "Nothing was changed" in text.stdout, text.stdout
+    assert snapshot_files(project.state) == before
