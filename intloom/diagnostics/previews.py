@@ -265,9 +265,13 @@ def preview_runs(
         nexts.append(f"{len(unexpected)} file(s) intloom did not write are in the runtime "
                      "directory: find out what put them there, then move them out of it "
                      "(intloom never reads, moves or removes them).")
-    if any(f.kind not in ("missing", "unexpected") for f in store.files):
-        nexts.append("Damaged files are kept byte-identical: never restored, rewritten or "
-                     "removed.")
+    kept = {f.kind for f in store.files} - {"missing", "unexpected"}
+    if kept:
+        # A newer intloom's file is no damage: "Damaged files" sent the user looking for one.
+        what = ("Files of another format (another intloom's)" if kept == {"incompatible"}
+                else "Damaged files and files of another format" if "incompatible" in kept
+                else "Damaged files")
+        nexts.append(f"{what} are kept byte-identical: never restored, rewritten or removed.")
     # An interrupted Run needs a person until it is dismissed (its journal then ends), whether
     # or not a host has restored it meanwhile as failed/RUN_INTERRUPTED.
     interrupted = sum(

@@ -316,3 +316,36 @@ def test_a_snapshot_of_a_later_format_is_named_as_a_newer_intlooms(tmp_path: Pat
     [journal] = report.runs
     assert (journal.status, journal.state and journal.state.phase) == ("ok", "stage_pending")
     assert path.read_bytes() == before
+
+
+def test_doctor_calls_a_later_formats_file_another_intlooms_not_damaged(tmp_path: Path) -> None:
+    """doctor's journals check listed a newer intloom's snapshot under "Damaged files are
+    kept byte-identical", which sent the user looking for damage that is not there."""
+    from intloom.diagnostics.previews import preview_runs
+    from intloom.project import ProjectPaths
+    from intloom.runtime.records import FORMAT_VERSION, Header
+    from intloom.store.snapshots import decode_snapshot, encode_snapshot
+    from tests.unit.test_store_support import open_store
+
+    paths = ProjectPaths(tmp_path)
+    paths.state.mkdir(mode=0o700)
+    run_id = "RUN-20261203T000000000Z-docfmt"
+    store = open_store(paths.runtime)
+    try:
+        store.append(run_id, Header(at="2026-12-03T00:00:00.000Z", run_id=run_id,
+                                    workflow="example", workflow_version="1.0.0",
+                                    identity="0" * 64, schemas={"draft": "f" * 64},
+                                    intent="i", package_version=__version__))
+        store.sync_blocking(run_id)
+    finally:
+        store.close_blocking()
+    [path] = (paths.runtime / "snap" / "live").iterdir()
+    snap = decode_snapshot(path, path.read_bytes())
+    path.write_bytes(encode_snapshot(msgspec.structs.replace(snap, format=FORMAT_VERSION + 1)))
+
+    check, _ = preview_runs(paths, None, host_running=False)
+
+    assert check.next is not None
+    assert ("Files of another format (another intloom's) are kept byte-identical"
+            in check.next), check.next
+    assert "Damaged files" not in check.next, check.next
