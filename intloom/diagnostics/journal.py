@@ -11,6 +11,7 @@ from intloom.store import (
     FileProblem,
     HistoryEntry,
     RunJournal,
+    StoreReport,
     read_ended,
     read_history,
     read_runs,
@@ -21,7 +22,13 @@ from intloom.store import (
 from intloom.store.files import Layout, read_file
 from intloom.store.framing import segment_header
 
-__all__ = ["missing_segments", "read_journal", "restored_journal", "written_by"]
+__all__ = ["missing_segments", "read_journal", "restored_journal", "verify_store",
+           "written_by"]
+
+
+def verify_store(runtime: Path) -> StoreReport:
+    """Every journal and file of the store, judged (``intloom verify``)."""
+    return verify_report(runtime)
 
 
 def read_journal(runtime: Path, run_id: str

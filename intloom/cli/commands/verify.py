@@ -21,8 +21,9 @@ __all__ = ["verify"]
 
 def _document(root: str, report: Any, seconds: float) -> dict[str, Any]:
     statuses = Counter(j.status for j in report.runs)
-    unfinished = sum(1 for j in report.runs
-                     if j.state is not None and j.state.phase != "terminal")
+    # Of the sound ones: a corrupt Run's fold stops at the damage, short of its end.
+    unfinished = sum(1 for j in report.runs if j.status == "ok"
+                     and j.state is not None and j.state.phase != "terminal")
     problems = [{"runId": j.run_id, "status": j.status, "problem": j.problem}
                 for j in sorted(report.runs, key=lambda j: j.run_id) if j.status != "ok"]
     files = [{"path": f.path, "kind": f.kind, "problem": f.problem} for f in report.files]
@@ -67,15 +68,15 @@ def verify(state: CliState) -> int:
 
     Exit 0 when everything checks out, 3 when something is damaged or unexpected.
     """
+    from intloom.diagnostics.journal import verify_store
     from intloom.diagnostics.previews import check_journals_dir
     from intloom.project import ProjectPaths
-    from intloom.store import verify_report
 
     root = state.root()
     paths = ProjectPaths(root)
     check_journals_dir(paths)  # never read journals through a link
     began = time.monotonic()
-    report = verify_report(paths.runtime)
+    report = verify_store(paths.runtime)
     doc = _document(str(root), report, time.monotonic() - began)
     state.verdict = exit_codes.OK if doc["sound"] else exit_codes.DOCTOR_ATTENTION
     state.renderer.result(doc, lambda: _lines(doc))
