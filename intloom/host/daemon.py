@@ -185,7 +185,11 @@ def _listener(port: int, exc: OSError) -> str:
     found = listeners(port)
     if not found:
         return f"; find its listener with: ss -ltnp 'sport = :{port}'"
-    said = f"; {', '.join(map(describe, found))}, listens there"
+    # Only an appositive ("pid N (name), the intloom host of the project X") is closed by a
+    # comma: "pid N (name), listens there" read as a slip.
+    closing = "," if found[-1].project is not None else ""
+    verb = "listens" if len(found) == 1 else "listen"
+    said = f"; {', '.join(map(describe, found))}{closing} {verb} there"
     projects = [one.project for one in found if one.project is not None]
     if projects:
         said += f" (intloom --project {shell_arg(str(projects[0]))} stop frees it)"
