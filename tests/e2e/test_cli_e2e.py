@@ -338,6 +338,30 @@ def test_intent_file_errors_name_the_file_as_given(project: Project) -> None:
     assert not project.state.exists()
 
 
+def test_an_intent_file_at_the_limit_with_its_newline_creates_the_run(project: Project) -> None:
+    """A trailing newline is not part of the intent (docs/cli.md), so it does not count
+    against the 1 MiB limit: a file holding an intent of exactly the limit and the line
+    break an editor ends it with was refused as "larger than the limit", though the host
+    takes that intent."""
+    ok(project.cli("start", "--json"))
+    at_limit = project.root / "at limit.txt"
+    at_limit.write_bytes(b"x" * (1 << 20) + b"\r\n")
+    run = ok(project.cli("flow", "example", "--intent-file", str(at_limit), "--detach",
+                         "--json"))["run"]
+    header = ok(project.cli("inspect", run["runId"], "--json"))["records"][0]["record"]
+    assert header["intent"] == "x" * (1 << 20)
+    piped = project.cli("flow", "example", "--intent-file", "-", "--detach", "--json",
+                        input="x" * (1 << 20) + "\n")
+    assert piped.code == 0, piped.stdout
+    # One byte more than the limit is still refused, newline or not, before anything is sent.
+    over = project.root / "over.txt"
+    over.write_bytes(b"x" * ((1 << 20) + 1) + b"\n")
+    refused = project.cli("flow", "example", "--intent-file", str(over), "--json")
+    assert refused.json["error"]["code"] == "CLI_INTENT_FILE_INVALID", refused.stdout
+    assert len(ok(project.cli("runs", "--json"))["runs"]) == 2
+    ok(project.cli("stop", "--json"))
+
+
 @pytest.mark.parametrize(("args", "code", "what"), [
     (["flow", "example", "--intent-file", "-"], "CLI_INTENT_FILE_INVALID", "The intent"),
     (["answer", "RUN-x", "ASK-y", "-"], "INVALID_REQUEST", "The answer"),
