@@ -121,8 +121,9 @@ def _check_target(target: Path) -> None:
             "directory; choose another one (a new subdirectory will do), or write "
             f'{CONFIG_NAME} there by hand, one line: workflows = ["flows/my_flow.py"] (the '
             "paths of your Workflow files, relative to it; docs/authoring.md), and add "
-            "/.intloom/ to its .gitignore: the host keeps its state there, and its connection "
-            "token, which git must not take.",
+            "/.intloom/ and __pycache__/ to its .gitignore: the host keeps its state and its "
+            "connection token in .intloom/, which git must not take, and caches your "
+            "Workflows' bytecode in __pycache__/.",
         )
 
 

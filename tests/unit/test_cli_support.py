@@ -511,8 +511,9 @@ def test_init_in_a_project_of_the_users_says_what_intloom_toml_to_write(tmp_path
     assert message.startswith(f"{root} already contains pyproject.toml. "), message
     assert list(root.iterdir()) == [root / "pyproject.toml"]
     # Made by hand, the project gets no .gitignore from init: git add -A took .intloom/,
-    # its connection token included.
-    assert "and add /.intloom/ to its .gitignore" in message, message
+    # its connection token included, and the bytecode the host writes beside the Workflows
+    # (docs/authoring.md names both).
+    assert "and add /.intloom/ and __pycache__/ to its .gitignore" in message, message
     # The line it gives is one load_config takes as it is.
     line = message.split("intloom.toml there by hand, one line: ")[1].split(" (")[0]
     (root / "intloom.toml").write_text(line + "\n")
