@@ -10,6 +10,7 @@ import contextlib
 import os
 import select
 import socket
+import sys
 import threading
 from collections.abc import Generator
 from pathlib import Path
@@ -351,6 +352,30 @@ def _paused(pid: int) -> bool:
     return paused(pid)
 
 
+def _on_hosts_loop(pid: int) -> IntloomError | None:
+    """INVALID_REQUEST when this thread runs the event loop of the host ``pid`` itself (an
+    async Step, Tool or on_complete connecting to its own project): the client blocks until
+    the reply, which that loop alone could send, so every Run and the CLI stalled for the
+    hello's timeout, then "a hung, paused or busy host ... run intloom doctor", a false
+    lead. asyncio is only looked at in the host's process, which has imported it."""
+    if pid != os.getpid() or "asyncio" not in sys.modules:
+        return None
+    import asyncio
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # no loop runs in this thread: a worker thread's Step or Tool
+        return None
+    return IntloomError(
+        "INVALID_REQUEST",
+        f"Client.connect was called on the event loop of this project's host (pid {pid}), "
+        "from an async Step, Tool or on_complete: the client blocks until the host replies, "
+        "and the host cannot reply while its loop waits, so every Run would stall. Nothing "
+        "was sent. Make that function a plain def (sync Steps, Tools and on_complete run on "
+        "a worker thread), or call the client there with await asyncio.to_thread(...).",
+    )
+
+
 def _hello_cap() -> float | None:
     """``HELLO_CAP_ENV`` as seconds; a value that is no positive number is ignored (a
     timeout of 0 would make the socket non-blocking, and a test hook must not fail a CLI)."""
@@ -432,6 +457,9 @@ class Client:
     is not plain data, over 4 MiB), or an argument of the wrong type (``wait="no"``,
     ``runs(3)``), is ``INVALID_REQUEST`` naming the value; nothing is sent.
 
+    Every method blocks until its reply: from asyncio code, call it with
+    ``await asyncio.to_thread(...)`` (on the host's own loop, ``connect`` is refused).
+
     One connection, one request at a time: threads sharing a Client take turns. A request
     interrupted before its reply (Ctrl-C) closes the connection, as its reply may still
     come; the next request connects again and the interrupted one is never resent. While
@@ -507,6 +535,9 @@ class Client:
                     f"names {conn.port}. Nothing was sent")
             raise IntloomError("CLI_SERVICE_METADATA_INVALID", f"{fact}; run intloom doctor.",
                                here=f"{fact}.")
+        blocked = _on_hosts_loop(info.pid)
+        if blocked is not None:
+            raise blocked
         gone = _host_gone(info.pid, info.create_time, paths.service_lock)
         if gone is not None:
             # The host died without cleaning up (a crash): whatever listens on its port now
