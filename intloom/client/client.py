@@ -713,6 +713,19 @@ class Client:
         """A request whose Client the program closed (from another thread) before its reply
         came: the host is not to blame, as "the host may have stopped or crashed" said."""
         run_id = getattr(request, "run_id", None)
+        closed = ("this Client was closed (Client.close, or the end of its with block, in "
+                  "another thread) while the request waited for its reply")
+        if type(request).__name__ in _READS:
+            # A watcher thread's wait_run or stream, ended by the program: "the host may have
+            # acted on it ... before retrying" sent it looking for an effect a read never has.
+            lead = (f"The event stream of Run {run_id} ended before its final event"
+                    if isinstance(request, Subscribe) else
+                    f"No reply came for {what}{f' (Run {run_id})' if run_id else ''}")
+            return IntloomError(
+                "PROJECT_REQUEST_FAILED",
+                f"{lead}: {closed}. It only reads, so nothing changed: to go on, connect "
+                "again (Client.connect) and send it again.",
+            )
         if run_id:
             what = f"{what} (Run {run_id})"
             check = f"check with get_run({run_id!r}) or intloom attach {run_id}"
@@ -720,9 +733,8 @@ class Client:
             check = "check with intloom status and intloom runs"
         return IntloomError(
             "PROJECT_REQUEST_FAILED",
-            f"No reply came for {what}: this Client was closed (Client.close, or the end of "
-            "its with block, in another thread) while the request waited for its reply. It "
-            "was not replayed, since the host may have acted on it; connect again "
+            f"No reply came for {what}: {closed}. It was not replayed, since the host may "
+            "have acted on it; connect again "
             f"(Client.connect) and {check} before retrying.",
         )
 

@@ -3,14 +3,17 @@ what each failure says."""
 
 from __future__ import annotations
 
+import sys
 import textwrap
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from intloom.client.client import Client
-from tests.helpers import Project, one_source_project, reaped
+from intloom.errors import IntloomError
+from tests.helpers import Project, eventually, one_source_project, reaped
 from tests.integration.host_support import start
 
 pytestmark = pytest.mark.timeout(60)
@@ -60,6 +63,7 @@ def self_calling(tmp_path: Path) -> Iterator[Project]:
     yield from reaped(one_source_project(tmp_path, "selfcall", SELF_CALL))
 
 
+
 def test_a_client_on_the_hosts_own_loop_is_refused_at_once_naming_the_fix(
         self_calling: Project) -> None:
     """An async Step connecting to its own project's host blocked the host's event loop for
@@ -80,3 +84,82 @@ def test_a_client_on_the_hosts_own_loop_is_refused_at_once_naming_the_fix(
         done = client.create_run("selfcall", "thread")
         assert done.status == "completed", done
         assert client.status().pid == service.pid
+
+
+NAP = textwrap.dedent('''
+    import asyncio
+
+    import msgspec
+
+    import intloom
+
+
+    class Nothing(msgspec.Struct):
+        pass
+
+
+    wf = intloom.Workflow("nap", version="1")
+    main = wf.stage("main", state=Nothing)
+
+
+    @main.step("nap", routes={"done": intloom.COMPLETE})
+    async def nap(ctx: intloom.StepContext[Nothing]) -> str:
+        await asyncio.sleep(float(ctx.intent))
+        return "done"
+''')
+
+
+@pytest.fixture
+def napping(tmp_path: Path) -> Iterator[Project]:
+    yield from reaped(one_source_project(tmp_path, "nap", NAP))
+
+
+def _receiving(thread: threading.Thread) -> bool:
+    """True once ``thread`` waits in the client for a reply: its request is sent."""
+    frame = sys._current_frames().get(thread.ident or -1)
+    while frame is not None:
+        if frame.f_code.co_name == "_receive":
+            return True
+        frame = frame.f_back
+    return False
+
+
+@pytest.mark.parametrize("read", ["wait_run", "subscribe"])
+def test_a_read_whose_client_another_thread_closed_is_not_said_to_have_been_acted_on(
+        napping: Project, read: str) -> None:
+    """A watcher thread in wait_run (or iterating subscribe) whose Client the program closed
+    was told "It was not replayed, since the host may have acted on it ... before retrying"
+    (and a stream, "No reply came"): a read changes nothing, so it says that it only reads
+    and may be sent again on a new connection."""
+    start(napping)
+    client = Client.connect(napping.root, request_timeout=None)
+    failed: list[IntloomError] = []
+    try:
+        run = client.create_run("nap", "30", wait=False)
+
+        def watch() -> None:
+            try:
+                if read == "wait_run":
+                    client.wait_run(run.run_id)
+                else:
+                    for _ in client.subscribe(run.run_id):
+                        pass
+            except IntloomError as exc:
+                failed.append(exc)
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        eventually(lambda: _receiving(watcher), what="the request to wait for its reply")
+    finally:
+        client.close()
+    watcher.join(timeout=10)
+    assert not watcher.is_alive(), "the read went on after close()"
+    (error,) = failed
+    assert error.code == "PROJECT_REQUEST_FAILED", error
+    message = error.message
+    assert "this Client was closed (Client.close" in message, message
+    assert "may have acted" not in message, message
+    assert "It only reads, so nothing changed" in message, message
+    if read == "subscribe":
+        assert message.startswith(
+            f"The event stream of Run {run.run_id} ended before its final event"), message
