@@ -859,11 +859,13 @@ class Client:
             self._shut(f"{why}, and connecting again failed")
             # The connection is lost either way: say so, with why connecting again failed.
             # That error stays its cause, for a caller to tell a host shutting down
-            # (CLI_SERVICE_CLOSING) from one gone without parsing the words.
+            # (CLI_SERVICE_CLOSING) from one gone without parsing the words. Its fix alone
+            # (intloom start) left a program retrying on this Client, refused again.
             raise IntloomError(
                 "PROJECT_CONNECTION_FAILED",
                 f"This client's connection is gone ({why}), and connecting again failed "
-                f"({exc.code}: {exc.message}) Nothing was sent.",
+                f"({exc.code}: {exc.message}) Nothing was sent. This Client stays closed: "
+                "once a host serves, connect again (Client.connect) and send it there.",
                 retryable=False,
             ) from exc
         if fresh.hello.instance_id != self.hello.instance_id:

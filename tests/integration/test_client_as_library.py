@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from intloom.client.client import Client
+from intloom.client.lifecycle import stop_service
 from intloom.errors import IntloomError
 from tests.helpers import Project, eventually, one_source_project, reaped
 from tests.integration.host_support import start
@@ -163,3 +164,24 @@ def test_a_read_whose_client_another_thread_closed_is_not_said_to_have_been_acte
     if read == "subscribe":
         assert message.startswith(
             f"The event stream of Run {run.run_id} ended before its final event"), message
+
+
+def test_a_client_whose_host_stopped_says_to_connect_again(project: Project) -> None:
+    """One Client kept across a host's stop: its next request said only "connecting again
+    failed (CLI_SERVICE_OFFLINE: ... Run intloom start.) Nothing was sent.", and a program
+    that started the host and retried on the same Client was refused again. The message now
+    says that this Client is done and to connect a new one once a host serves."""
+    start(project)
+    with Client.connect(project.root) as client:
+        assert stop_service(project.root) is True
+        with pytest.raises(IntloomError) as first:
+            client.status()
+        assert first.value.code == "PROJECT_CONNECTION_FAILED", first.value
+        assert first.value.retryable is False
+        message = first.value.message
+        assert "connecting again failed (CLI_SERVICE_OFFLINE: " in message, message
+        assert message.endswith(
+            "Nothing was sent. This Client stays closed: once a host serves, connect again "
+            "(Client.connect) and send it there."), message
+        assert isinstance(first.value.__cause__, IntloomError)
+        assert first.value.__cause__.code == "CLI_SERVICE_OFFLINE"
