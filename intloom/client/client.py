@@ -830,16 +830,19 @@ class Client:
         and, as for a connection it closed while idle, connecting again is safe -- to the
         same host instance only."""
         what = _REQUEST_WORDS.get(type(request).__name__, f"the {type(request).__name__} request")
-        self._shut(f"the host reset it without reading {what}: nothing was done", reopen=True)
+        # "the request for": a request's words may be a verb's ("reading the Run"), and
+        # "without reading reading the Run" was said.
+        self._shut(f"the host reset it without reading the request for {what}: nothing was "
+                   "done", reopen=True)
         return _Reset()
 
     def _reset_again(self, request: Request) -> IntloomError:
         what = _REQUEST_WORDS.get(type(request).__name__, f"the {type(request).__name__} request")
         return IntloomError(
             "PROJECT_CONNECTION_FAILED",
-            f"The host reset the connection without reading {what}, then did so again on a "
-            "new connection: nothing was done. Run intloom status, then send it again once "
-            "the host serves.", retryable=False)
+            f"The host reset the connection without reading the request for {what}, then "
+            "did so again on a new connection: nothing was done. Run intloom status, then "
+            "send it again once the host serves.", retryable=False)
 
     def _no_connection(self) -> IntloomError:
         return IntloomError(

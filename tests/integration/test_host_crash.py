@@ -217,7 +217,13 @@ def _unread_bytes(port: int, peer: int) -> int:
 
 
 @pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads /proc/net/tcp")
-def test_a_request_the_host_never_read_is_said_not_done(project: Project) -> None:
+@pytest.mark.parametrize(("request_", "said"), [
+    ("runs", "the request for the list of Runs"),
+    # Said "without reading reading the Run" (and "without reading waiting on the Run").
+    ("get_run", "the request for reading the Run"),
+])
+def test_a_request_the_host_never_read_is_said_not_done(
+        project: Project, request_: str, said: str) -> None:
     # A host resets a connection only as it closes it with bytes unread: here a request sent
     # to a paused host that is then killed (a stopping host does the same with one that
     # comes too late). The client said PROJECT_REQUEST_FAILED, "the host may have acted on
@@ -230,7 +236,10 @@ def test_a_request_the_host_never_read_is_said_not_done(project: Project) -> Non
 
     def ask() -> None:
         try:
-            client.runs()
+            if request_ == "runs":
+                client.runs()
+            else:
+                client.get_run("RUN-1")
         except IntloomError as exc:
             failed.append(exc)
 
@@ -248,6 +257,6 @@ def test_a_request_the_host_never_read_is_said_not_done(project: Project) -> Non
     assert len(failed) == 1, failed
     error = failed[0]
     assert error.code == "PROJECT_CONNECTION_FAILED", error
-    assert "the host reset it without reading the list of Runs: nothing was done" in (
+    assert f"the host reset it without reading {said}: nothing was done" in (
         error.message), error.message
     assert "may have acted" not in error.message, error.message
