@@ -3,6 +3,9 @@ what each failure says."""
 
 from __future__ import annotations
 
+import os
+import pickle
+import signal
 import sys
 import textwrap
 import threading
@@ -185,3 +188,26 @@ def test_a_client_whose_host_stopped_says_to_connect_again(project: Project) -> 
             "(Client.connect) and send it there."), message
         assert isinstance(first.value.__cause__, IntloomError)
         assert first.value.__cause__.code == "CLI_SERVICE_OFFLINE"
+
+
+def test_a_hello_failure_keeps_its_words_across_processes(
+        project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A HelloFailed (here a paused host's) raised in a worker process (ProcessPoolExecutor,
+    multiprocessing: they pickle it) arrived with the code as its message and its message as
+    its cause: "CLI_SERVICE_UNAVAILABLE" was all the program could print."""
+    from intloom.client.client import HELLO_CAP_ENV, HelloFailed
+
+    service = start(project).service
+    monkeypatch.setenv(HELLO_CAP_ENV, "0.3")
+    os.kill(service.pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(HelloFailed) as failed:
+            Client.connect(project.root)
+    finally:
+        os.kill(service.pid, signal.SIGCONT)
+    sent = failed.value
+    assert f"The host (pid {service.pid}) is stopped by a signal" in sent.message
+    got = pickle.loads(pickle.dumps(sent))
+    assert type(got) is HelloFailed
+    assert (got.code, got.message, got.cause, got.retryable, got.here, str(got)) == (
+        sent.code, sent.message, sent.cause, sent.retryable, sent.here, str(sent))
