@@ -467,8 +467,9 @@ class Client:
     ``await asyncio.to_thread(...)`` (on the host's own loop, ``connect`` is refused).
 
     One connection, one request at a time: threads sharing a Client take turns. A request
-    interrupted before its reply (Ctrl-C) closes the connection, as its reply may still
-    come; the next request connects again and the interrupted one is never resent. While
+    interrupted before its reply (Ctrl-C), or given none within ``request_timeout``, closes
+    the connection, as its reply may still come; the next request connects again and the
+    interrupted one is never resent. While
     ``subscribe`` streams, the connection is the stream's, and any other request on it is
     refused (``INVALID_REQUEST``): use a second Client for requests meanwhile.
     """
@@ -484,8 +485,9 @@ class Client:
         self._turn = threading.Lock()
         self._streaming: str | None = None  # the Run whose events hold the connection
         # Why the connection is gone (said by the next request), and whether the next
-        # request may connect again: only after a stream closed early, when nothing was in
-        # flight -- never after a broken request, whose fate is unknown.
+        # request may connect again: after a stream closed early, or a request given up on
+        # (interrupted, timed out) and never resent -- never after a broken request, whose
+        # host may be gone.
         self._closed_why = "it was closed (Client.close, or the end of its with block)"
         self._reopen = False
         self.hello = hello
@@ -646,7 +648,16 @@ class Client:
         what = _REQUEST_WORDS.get(type(request).__name__, f"the {type(request).__name__} request")
         if self._sock is None and self._closed_why == _CLOSED_HERE:
             return self._closed_meanwhile(request, what)
-        self._shut(f"its connection broke during an earlier request ({what})")
+        if timed_out:
+            # As after Ctrl-C (_interrupted): its reply may still come on this connection, so
+            # it is closed, and the next request connects again, to the same host instance;
+            # the one timed out is never resent. Shut for good, the Client refused the very
+            # get_run, wait_run or runs() the timeout's message tells the program to send.
+            limit = f"{self.request_timeout:g} s"
+            self._shut(f"{what} got no reply within {limit} and was not sent again",
+                       reopen=True)
+        else:
+            self._shut(f"its connection broke during an earlier request ({what})")
         if stream and isinstance(request, Subscribe):  # its events were being read
             cut = self._cut_by_host(request)
             if cut is not None:

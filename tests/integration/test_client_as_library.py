@@ -211,3 +211,26 @@ def test_a_hello_failure_keeps_its_words_across_processes(
     assert type(got) is HelloFailed
     assert (got.code, got.message, got.cause, got.retryable, got.here, str(got)) == (
         sent.code, sent.message, sent.cause, sent.retryable, sent.here, str(sent))
+
+
+def test_a_request_past_its_timeout_leaves_the_client_able_to_follow_the_run(
+        napping: Project) -> None:
+    """wait_run past request_timeout said to "follow the Run with get_run or wait_run" (and
+    create_run, to "find it with runs()"), but the Client refused every later request: "its
+    connection broke during an earlier request", which it had not. As after Ctrl-C, the
+    connection whose reply may still come is closed and the next request connects again, to
+    the same host instance; the timed-out request is never sent again."""
+    start(napping)
+    with Client.connect(napping.root, request_timeout=0.5) as client:
+        run = client.create_run("nap", "30", wait=False)
+        with pytest.raises(IntloomError) as waited:
+            client.wait_run(run.run_id)
+        assert waited.value.code == "PROJECT_REQUEST_FAILED", waited.value
+        assert "follow the Run with get_run or wait_run" in waited.value.message
+        now = client.get_run(run.run_id)
+        assert (now.run_id, now.status) == (run.run_id, "running"), now
+        with pytest.raises(IntloomError) as created:
+            client.create_run("nap", "30")
+        assert "find it with runs()" in created.value.message, created.value
+        naps = [view for view in client.runs() if view.flow_name == "nap"]
+        assert len(naps) == 2, naps  # the timed-out create_run was sent once, not again
