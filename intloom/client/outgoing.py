@@ -76,6 +76,35 @@ def _find(value: object, where: str, bad: Callable[[object], bool]) -> str | Non
     return None
 
 
+def _cycle_at(value: object, where: str) -> tuple[str, str] | None:
+    """Where ``value`` (at ``where``) holds one of its own containers inside itself: the
+    path of the reference and of the container it refers back to. Iterative, as ``_find``;
+    the containers open at each step are exactly the current item's ancestors."""
+    stack: list[tuple[str, object, bool]] = [(where, value, False)]
+    open_at: dict[int, str] = {}
+    closed: set[int] = set()
+    while stack:
+        path, item, leaving = stack.pop()
+        if not isinstance(item, dict | list | tuple):
+            continue
+        if leaving:
+            del open_at[id(item)]
+            closed.add(id(item))
+            continue
+        if id(item) in open_at:
+            return path, open_at[id(item)]
+        if id(item) in closed:
+            continue  # shared, not circular: walked once
+        open_at[id(item)] = path
+        stack.append((path, item, True))
+        if isinstance(item, dict):
+            children = [(f"{path}.{_label(key)}", child) for key, child in item.items()]
+        else:
+            children = [(f"{path}[{i}]", child) for i, child in enumerate(item)]
+        stack.extend((child_path, child, False) for child_path, child in reversed(children))
+    return None
+
+
 def not_unicode_at(value: object, where: str) -> str | None:
     """The path (from ``where``) of the first str in ``value``, or key, holding a lone
     surrogate: text that is not valid Unicode, so neither msgpack nor JSON can carry it."""
@@ -96,6 +125,15 @@ def _culprit(request: Request, bad: Callable[[object], bool] | None = None) -> s
         except _UNENCODABLE:
             return info.encode_name
     return "a value"
+
+
+def _cycle(request: Request) -> tuple[str, str] | None:
+    """The first reference cycle in ``request``'s fields (``_cycle_at``), by wire name."""
+    for info in msgspec.structs.fields(type(request)):
+        found = _cycle_at(getattr(request, info.name), info.encode_name)
+        if found is not None:
+            return found
+    return None
 
 
 def _misread(request: Request) -> str | None:
@@ -128,7 +166,12 @@ def _unsendable(request: Request, exc: BaseException) -> IntloomError:
                 f"{culprit} holds text that is not valid Unicode (a lone surrogate, as bytes "
                 "that are not UTF-8 decode to). Send UTF-8 text")
     elif isinstance(exc, RecursionError):
-        fact = f"{_culprit(request)} is nested too deeply. Flatten it"
+        cycle = _cycle(request)
+        # "Flatten it" cannot end a value that holds itself: msgpack recursed round it.
+        fact = (f"{cycle[0]} refers back to {cycle[1]}, which holds it (a reference cycle), "
+                "so it has no end to send. Send a copy without the cycle (copy.deepcopy "
+                "keeps it)" if cycle is not None else
+                f"{_culprit(request)} is nested too deeply. Flatten it")
     else:
         fact = (f"{_culprit(request)} cannot be encoded ({exc}). Send "
                 "plain data: dict, list, str, int, float, bool or None")

@@ -135,3 +135,21 @@ def test_an_argument_of_the_wrong_type_is_named_before_sending(
     assert message.startswith(starts), message
     assert "frame" not in message, message
     assert client.runs() == []  # the connection is as it was
+
+
+def test_a_value_that_contains_itself_is_named_as_a_cycle_not_as_deep(client: Client) -> None:
+    """An answer or output holding a reference to itself (``notes["self"] = notes``) was
+    refused as "nested too deeply. Flatten it": no flattening ends a cycle. It is now named
+    where it loops back, with its fix; the wait and the connection are as they were."""
+    run, action = _waiting(client)
+    feedback: dict[str, Any] = {"text": "ok"}
+    feedback["again"] = [1, feedback]
+    message = _refused(lambda: client.answer(run.run_id, action,
+                                             {"isConfirmed": True, "extra": feedback}))
+    assert message.startswith(
+        "Cannot send the Answer request: answer.extra.again[1] refers back to answer.extra, "
+        "which holds it (a reference cycle), so it has no end to send. Send a copy without the "
+        "cycle (copy.deepcopy keeps it)."), message
+    assert "nested too deeply" not in message
+    still = client.get_run(run.run_id)
+    assert still.pending_action is not None and still.pending_action.id == action
