@@ -121,15 +121,17 @@ class HelloFailed(IntloomError):
                 {"retryable": self.retryable, "here": self.here})
 
 
-def _offline(paths: ProjectPaths, message: str | None) -> IntloomError:
+def _offline(paths: ProjectPaths, message: str | None, *,
+             service_json_gone: bool = False) -> IntloomError:
     """CLI_SERVICE_OFFLINE with ``message``, unless a host holds the project in its start-up
     (``service.json`` is written last): "offline, run intloom start" was untrue there, and
-    start would only wait for that host."""
+    start would only wait for that host. ``service_json_gone``: the host service.json names
+    is proven gone, so the file is a crashed host's, which a start replaces once it serves."""
     if not os.path.lexists(paths.service_lock):
         return IntloomError("CLI_SERVICE_OFFLINE", message)
     from intloom.host.liveness import starting_owner  # psutil: only on this failure path
 
-    lock = starting_owner(paths)
+    lock = starting_owner(paths, service_json_gone=service_json_gone)
     if lock is None:
         return IntloomError("CLI_SERVICE_OFFLINE", message)
     return ServiceStarting(
@@ -549,11 +551,13 @@ class Client:
         gone = _host_gone(info.pid, info.create_time, paths.service_lock)
         if gone is not None:
             # The host died without cleaning up (a crash): whatever listens on its port now
-            # is not it, and must not be handed the token.
-            raise IntloomError(
-                "CLI_SERVICE_OFFLINE",
+            # is not it, and must not be handed the token. A start may be under way over its
+            # file: "offline ... Run intloom status" for the whole start-up was untrue.
+            raise _offline(
+                paths,
                 f"The local service is unavailable: {paths.service_json.name} names pid "
                 f"{info.pid}, {gone}. Nothing was sent. Run intloom status.",
+                service_json_gone=True,
             )
         cap = _hello_cap()
         if cap is not None:

@@ -268,8 +268,10 @@ def host_starting(*, service_json: bool, os_lock: Literal["free", "held", "unkno
     return not service_json and os_lock == "held" and owner == "alive" and not owner_paused
 
 
-def starting_owner(paths: ProjectPaths) -> ServiceLock | None:
-    """The lock record of a host in its start-up (``host_starting``, read now), or None."""
+def starting_owner(paths: ProjectPaths, *, service_json_gone: bool = False) -> ServiceLock | None:
+    """The lock record of a host in its start-up (``host_starting``, read now), or None.
+    ``service_json_gone``: the caller proved the host ``service.json`` names gone (a crashed
+    host's file, which the starting one replaces once it serves): it counts as absent."""
     try:
         lock = read_lock(paths.service_lock)
     except IntloomError:
@@ -279,7 +281,7 @@ def starting_owner(paths: ProjectPaths) -> ServiceLock | None:
     process = probe_process(lock.pid, lock.create_time, lock.boot_id, boot_id(),
                             paths.service_lock)
     starting = host_starting(
-        service_json=os.path.lexists(paths.service_json),
+        service_json=not service_json_gone and os.path.lexists(paths.service_json),
         os_lock=probe_lock(paths.service_lock).state,
         owner=process.state,
         owner_paused=paused(lock.pid),

@@ -3,6 +3,7 @@ what each failure says."""
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import signal
@@ -14,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from intloom.client.client import Client
+from intloom.client.client import Client, ServiceStarting
 from intloom.client.lifecycle import stop_service
 from intloom.errors import IntloomError
-from tests.helpers import Project, eventually, one_source_project, reaped
-from tests.integration.host_support import start
+from tests.helpers import Project, eventually, lock_free, one_source_project, pid_alive, reaped
+from tests.integration.host_support import start, start_on_a_thread
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -234,3 +235,44 @@ def test_a_request_past_its_timeout_leaves_the_client_able_to_follow_the_run(
         assert "find it with runs()" in created.value.message, created.value
         naps = [view for view in client.runs() if view.flow_name == "nap"]
         assert len(naps) == 2, naps  # the timed-out create_run was sent once, not again
+
+
+def test_a_host_starting_over_a_crashed_hosts_service_json_is_said_to_be_starting(
+        project: Project) -> None:
+    """A start over a service.json a dead host left (its lock gone, so start goes ahead and
+    replaces the file once it serves): for the whole start-up, Client.connect said
+    CLI_SERVICE_OFFLINE, "service.json names pid N, which no longer exists ... Run intloom
+    status", not retryable, while a host was starting. It is now ServiceStarting, naming the
+    starting host, retryable, as when no service.json is left."""
+    first = start(project).service
+    left = (project.state / "service.json").read_bytes()
+    assert stop_service(project.root) is True
+    eventually(lambda: not pid_alive(first.pid), what="the first host to exit")
+    (project.state / "service.json").write_bytes(left)  # as a crash leaves it
+    (project.state / "service.json").chmod(0o600)
+    source = project.root / "workflows" / "example.py"
+    hold = project.root / "hold"
+    source.write_bytes(source.read_bytes().replace(
+        b"import msgspec\n", b"import msgspec\nimport pathlib, time\n"
+        b"while (pathlib.Path(__file__).parent.parent / 'hold').exists(): time.sleep(0.01)\n",
+        1))
+    hold.write_text("")
+    starting, started = start_on_a_thread(project, timeout=60)
+    try:
+        eventually(lambda: not lock_free(project.state / "service.lock"), timeout=30,
+                   what="the new host to hold its lock")
+        project.track_host()
+        pid = json.loads((project.state / "service.lock").read_bytes())["pid"]
+        assert json.loads((project.state / "service.json").read_bytes())["pid"] == first.pid
+        with pytest.raises(IntloomError) as refused:
+            Client.connect(project.root)
+        assert isinstance(refused.value, ServiceStarting), refused.value
+        assert refused.value.code == "CLI_SERVICE_UNAVAILABLE"
+        assert refused.value.retryable is True
+        assert f"The service is starting (pid {pid}" in refused.value.message
+    finally:
+        hold.unlink(missing_ok=True)
+        starting.join(timeout=60)
+    assert len(started) == 1 and not isinstance(started[0], IntloomError), started
+    with Client.connect(project.root) as client:
+        assert client.status().pid == pid
