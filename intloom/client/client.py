@@ -903,9 +903,16 @@ class Client:
                 "and waits from the old host may be interrupted (check with get_run).",
                 retryable=False,
             )
-        self._sock, fresh._sock = fresh._sock, None
-        assert self._sock is not None
-        return self._sock
+        sock = self._sock = fresh._sock
+        fresh._sock = None
+        assert sock is not None
+        if self._closed_why == _CLOSED_HERE:
+            # close() from another thread while the hello waited: the Client took the new
+            # socket anyway, sent the request and served on, and the socket was never
+            # closed. Checked after taking it, so a close() at any point is honoured.
+            self._shut(_CLOSED_HERE)
+            raise self._no_connection()
+        return sock
 
     def _receive(self, sock: socket.socket, request: Request, *,
                  stream: bool = False) -> Response:

@@ -119,11 +119,11 @@ def napping(tmp_path: Path) -> Iterator[Project]:
     yield from reaped(one_source_project(tmp_path, "nap", NAP))
 
 
-def _receiving(thread: threading.Thread) -> bool:
-    """True once ``thread`` waits in the client for a reply: its request is sent."""
+def _in(thread: threading.Thread, function: str) -> bool:
+    """True while ``thread`` runs ``function`` (anywhere in its stack)."""
     frame = sys._current_frames().get(thread.ident or -1)
     while frame is not None:
-        if frame.f_code.co_name == "_receive":
+        if frame.f_code.co_name == function:
             return True
         frame = frame.f_back
     return False
@@ -154,7 +154,7 @@ def test_a_read_whose_client_another_thread_closed_is_not_said_to_have_been_acte
 
         watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()
-        eventually(lambda: _receiving(watcher), what="the request to wait for its reply")
+        eventually(lambda: _in(watcher, "_receive"), what="the request to wait for its reply")
     finally:
         client.close()
     watcher.join(timeout=10)
@@ -276,3 +276,46 @@ def test_a_host_starting_over_a_crashed_hosts_service_json_is_said_to_be_startin
     assert len(started) == 1 and not isinstance(started[0], IntloomError), started
     with Client.connect(project.root) as client:
         assert client.status().pid == pid
+
+
+def test_a_client_closed_while_it_connects_again_stays_closed(project: Project) -> None:
+    """A Client whose stream was closed early connects again before its next request; a
+    close() from another thread while that hello waited (a busy host) was undone when it
+    completed: the request went out, every later one too, and the new socket was never
+    closed (a ResourceWarning at exit). The closed Client now stays closed, nothing sent."""
+    service = start(project).service
+    client = Client.connect(project.root, timeout=30)
+    outcome: list[object] = []
+    try:
+        run = client.create_run("example", "notes")
+        for _ in client.subscribe(run.run_id):
+            break  # the stream's connection is closed: the next request connects again
+
+        def ask() -> None:
+            try:
+                outcome.append(client.status())
+            except IntloomError as exc:
+                outcome.append(exc)
+
+        asking = threading.Thread(target=ask, daemon=True)
+        os.kill(service.pid, signal.SIGSTOP)  # the hello waits until SIGCONT
+        try:
+            asking.start()
+            eventually(lambda: _in(asking, "_reconnect") and _in(asking, "recv_frame"),
+                       what="the request to wait in its new connection's hello")
+            client.close()
+        finally:
+            os.kill(service.pid, signal.SIGCONT)
+        asking.join(timeout=30)
+        assert not asking.is_alive()
+        (refused,) = outcome
+        assert isinstance(refused, IntloomError), refused
+        assert refused.code == "PROJECT_CONNECTION_FAILED", refused
+        assert refused.message.startswith(
+            "This Client has no connection: it was closed (Client.close"), refused.message
+        assert "Nothing was sent" in refused.message
+        with pytest.raises(IntloomError) as after:
+            client.status()
+        assert after.value.code == "PROJECT_CONNECTION_FAILED"
+    finally:
+        client.close()
