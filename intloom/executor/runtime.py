@@ -1421,9 +1421,15 @@ class Runtime:
         step = slot.lw.workflow.stages[slot.state.cursor.stage].steps[slot.state.cursor.step or ""]
         tools = getattr(step, "tools", {})
         if tool not in tools:
+            # "declared: []" gave a Python repr and no fix: say what the Agent may call, and
+            # where a missing Tool is declared.
+            declared = (f"declares {', '.join(repr(name) for name in sorted(tools))}"
+                        if tools else "declares no Tools")
             raise IntloomError(
                 "INVALID_REQUEST",
-                f"Tool {tool!r} is not declared on {step.where}; declared: {sorted(tools)}.",
+                f"Tool {tool!r} is not declared on {step.where}, which {declared}; nothing was "
+                "run. An Agent calls only the Tools its task lists (pending_agent_call.tools); "
+                "to give it this one, declare it on the Step (tools=[intloom.Tool(name, fn)]).",
             )
         if len(claim.receipts) >= _MAX_RECEIPTS:
             # A limit, not a busy resource: retrying never helps (it was BUSY, retryable).

@@ -493,6 +493,35 @@ def test_the_task_tells_the_agent_what_each_described_tool_is_for(
     client.fail_agent_call(run.run_id, call.id, token, "done looking")
 
 
+def test_a_tool_the_step_does_not_declare_names_the_ones_it_does_and_the_fix(
+        client: Client) -> None:
+    """call_tool with a Tool the Step does not declare said only "declared: []" (a Python
+    list's repr, for a Step with no Tools): no fix, and not that nothing was run. It now says
+    which Tools the task may call, that nothing ran, and where the names are listed."""
+    run, call, token = _claimed(client)
+    refused = _refused(lambda: client.call_tool(run.run_id, call, token, "tc-1", "search", {}),
+                       "INVALID_REQUEST")
+    assert refused == (
+        "Tool 'search' is not declared on Stage 'main', Step 'look', which declares no "
+        "Tools; nothing was run. An Agent calls only the Tools its task lists "
+        "(pending_agent_call.tools); to give it this one, declare it on the Step "
+        "(tools=[intloom.Tool(name, fn)]).")
+    task = client.get_run(run.run_id).pending_agent_call  # as it was: still claimed
+    assert task is not None and (task.id, task.phase) == (call, "claimed"), task
+
+
+def test_a_tool_misspelt_by_the_agent_names_the_tools_it_may_call(
+        looping: tuple[Client, Project]) -> None:
+    client, _ = looping
+    run, call, token = _claimed(client, "looping")
+    refused = _refused(lambda: client.call_tool(run.run_id, call, token, "tc-1", "serch", {}),
+                       "INVALID_REQUEST")
+    assert refused.startswith(
+        "Tool 'serch' is not declared on Stage 'main', Step 'look', which declares 'acancel', "
+        "'boom', 'exits', 'flaky', 'scancel', 'search', 'setty', 'slow', 'wide'; nothing was "
+        "run. An Agent calls only the Tools its task lists"), refused
+
+
 def test_tool_receipts_compare_values_and_name_what_differs(
         looping: tuple[Client, Project]) -> None:
     client, _ = looping
