@@ -988,6 +988,16 @@ class Runtime:
             return (f" {run_id} is the id of Run {owner.run_id}'s pending action, not of a "
                     f"Run: give {owner.run_id} as the Run (intloom answer takes the Run's id, "
                     "then the action's).")
+        if run_id.startswith("CALL-"):
+            # An Agent's ids swapped: "intloom answer takes ..." told it of a command it
+            # does not use, and not whose task the id is.
+            for slot in tuple(self.runs.values()):  # a snapshot, as in _waiting_on
+                task = slot.view().pending_agent_call
+                if task is not None and task.id == run_id:
+                    return (f" {run_id} is the id of Run {slot.run_id}'s Agent task, not of a "
+                            f"Run: give {slot.run_id} as the Run (claim_agent_call, call_tool, "
+                            "complete_agent_call and fail_agent_call take the Run's id, then "
+                            "the task's).")
         if run_id.startswith(("ASK-", "CALL-")):
             return (f" {run_id} is an action's or an Agent task's id, not a Run's (a Run's id "
                     "begins RUN-; intloom answer takes the Run's id, then the action's).")

@@ -522,6 +522,25 @@ def test_a_tool_misspelt_by_the_agent_names_the_tools_it_may_call(
         "run. An Agent calls only the Tools its task lists"), refused
 
 
+def test_a_task_id_given_as_the_run_names_the_run_and_the_order_of_ids(
+        client: Client) -> None:
+    """claim_agent_call(call_id, run_id, ...) (ids the wrong way round) was NOT_FOUND saying
+    "an action's or an Agent task's id ... intloom answer takes the Run's id, then the
+    action's": not which Run's task it is, nor what an Agent passes. As for an action's id,
+    it now names the Run whose task it is and the order the Agent calls take."""
+    run, call = _task(client)
+    for swapped in (lambda: client.claim_agent_call(call, run.run_id, "agent-1"),
+                    lambda: client.fail_agent_call(call, run.run_id, "token", "gave up")):
+        refused = _refused(swapped, "NOT_FOUND")
+        assert refused.startswith(
+            f"Run {call!r} is not known to this host. {call} is the id of Run {run.run_id}'s "
+            f"Agent task, not of a Run: give {run.run_id} as the Run (claim_agent_call, "
+            "call_tool, complete_agent_call and fail_agent_call take the Run's id, then the "
+            "task's)."), refused
+    task = client.get_run(run.run_id).pending_agent_call  # untouched: still available
+    assert task is not None and (task.id, task.phase) == (call, "available"), task
+
+
 def test_tool_receipts_compare_values_and_name_what_differs(
         looping: tuple[Client, Project]) -> None:
     client, _ = looping
