@@ -101,10 +101,13 @@ class Handlers:
                 return StatusReply(service=self.service_view())
             case Stop(instance_id=instance_id):
                 if instance_id != self.instance_id:
+                    # "Check intloom status and retry" sent the same id back, refused again.
                     raise IntloomError(
                         "CONFLICT",
-                        f"This host is instance {self.instance_id}, not {instance_id}; the stop "
-                        "request was refused. Check intloom status and retry.",
+                        f"This host is instance {self.instance_id}, not {instance_id!r}; the "
+                        "stop request was refused and the host runs on. Pass the id of the "
+                        "host to stop: the one its hello gave "
+                        "(Client.stop(client.hello.instance_id)), or intloom status shows it.",
                     )
                 return Stopping(within=self.stop_within() if self.stop_within else None)
             case ListWorkflows():

@@ -319,3 +319,21 @@ def test_a_client_closed_while_it_connects_again_stays_closed(project: Project) 
         assert after.value.code == "PROJECT_CONNECTION_FAILED"
     finally:
         client.close()
+
+
+@pytest.mark.parametrize("wrong", ["", "d1614619-99c9-4cd1-842f-5201ad0a1786"])
+def test_a_stop_naming_another_instance_says_which_id_to_pass(
+        project: Project, wrong: str) -> None:
+    """Client.stop with an id that is not this host's said "not ; the stop request was
+    refused. Check intloom status and retry" (an empty id unquoted, and a retry with it is
+    refused the same). It now quotes the id, says the host runs on, and which id to pass."""
+    service = start(project).service
+    with Client.connect(project.root) as client:
+        with pytest.raises(IntloomError) as refused:
+            client.stop(wrong)
+        assert refused.value.code == "CONFLICT"
+        assert refused.value.message == (
+            f"This host is instance {service.instance_id}, not {wrong!r}; the stop request "
+            "was refused and the host runs on. Pass the id of the host to stop: the one its "
+            "hello gave (Client.stop(client.hello.instance_id)), or intloom status shows it.")
+        assert client.status().instance_id == service.instance_id
