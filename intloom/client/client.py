@@ -681,15 +681,20 @@ class Client:
         if type(request).__name__ in _READS:
             # "The host may have acted on it" would send a person looking for an effect a
             # read cannot have had; it is still not resent here (the host may be gone).
-            if run_id:
-                what = f"{what} (Run {run_id})"
+            lead = f"No reply came for {what}"
+            if stream and isinstance(request, Subscribe):
+                # Its events came until the cut: "no reply came" was untrue.
+                lead = f"The event stream of Run {run_id} ended before its final event"
+                again = f"then subscribe again (intloom attach {run_id}) once a host runs"
+            elif run_id:
+                lead = f"{lead} (Run {run_id})"
                 again = f"then intloom attach {run_id} once a host runs"
             else:
                 again = "then run the command again once a host runs"
             return IntloomError(
                 "PROJECT_REQUEST_FAILED",
-                f"No reply came for {what}: {cause}{detail}. It only reads, so it is safe "
-                f"to send again: run intloom status, {again}.",
+                f"{lead}: {cause}{detail}. It only reads, so it is safe to send again: run "
+                f"intloom status, {again}.",
             )
         if run_id:
             what = f"{what} (Run {run_id})"

@@ -337,3 +337,32 @@ def test_a_stop_naming_another_instance_says_which_id_to_pass(
             "was refused and the host runs on. Pass the id of the host to stop: the one its "
             "hello gave (Client.stop(client.hello.instance_id)), or intloom status shows it.")
         assert client.status().instance_id == service.instance_id
+
+
+def test_a_stream_whose_host_died_says_the_stream_ended_not_that_no_reply_came(
+        napping: Project) -> None:
+    """A subscribe stream cut by its host's death, after events had come, said "No reply came
+    for following the Run": it now says the event stream ended before its final event, and
+    to subscribe again once a host runs."""
+    start(napping)
+    client = Client.connect(napping.root)
+    seen = 0
+    try:
+        run = client.create_run("nap", "30", wait=False)
+        with pytest.raises(IntloomError) as cut:
+            for _ in client.subscribe(run.run_id):
+                seen += 1
+                if seen == 1:
+                    napping.kill_host()
+    finally:
+        client.close()
+    assert seen >= 1
+    assert cut.value.code == "PROJECT_REQUEST_FAILED", cut.value
+    message = cut.value.message
+    assert message.startswith(
+        f"The event stream of Run {run.run_id} ended before its final event: the connection "
+        "closed: the host may have stopped or crashed"), message
+    assert "No reply came" not in message
+    assert message.endswith("It only reads, so it is safe to send again: run intloom status, "
+                            f"then subscribe again (intloom attach {run.run_id}) once a host "
+                            "runs."), message
