@@ -609,11 +609,13 @@ def restore_lines(restore: Mapping[str, Any] | None) -> list[str]:
         f"interrupted {interrupted} · needs attention {attention}"
     ]
     if interrupted:
-        named = named_runs(_ids(restore.get("interrupted")), "intloom runs lists them all",
-                           interrupted)
+        ids = _ids(restore.get("interrupted"))
+        named = named_runs(ids, "intloom runs lists them all", interrupted)
+        # One Run: its own id, ready to paste, not the placeholder.
+        which = ids[0] if interrupted == 1 and len(ids) == 1 else "RUN"
         lines.append(
             f"Interrupted (RUN_INTERRUPTED, nothing replayed): {named}. "
-            "Run intloom inspect RUN to see what was in flight."
+            f"Run intloom inspect {which} to see what was in flight."
         )
     if attention:
         named = named_runs(_ids(restore.get("needsAttention")),

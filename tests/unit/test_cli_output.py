@@ -174,6 +174,10 @@ def test_restore_lines_name_interrupted_runs() -> None:
     lines = render.restore_lines({"resumed": ["RUN-a"], "interrupted": ["RUN-b"]})
     assert lines[0] == "Restore  resumed 1 · waiting 0 · interrupted 1 · needs attention 0"
     assert "RUN-b" in lines[1]
+    # One Run interrupted: the command to see it names it, ready to paste.
+    assert lines[1].endswith("Run intloom inspect RUN-b to see what was in flight."), lines
+    two = render.restore_lines({"interrupted": ["RUN-b", "RUN-c"]})
+    assert two[1].endswith("Run intloom inspect RUN to see what was in flight."), two
     assert render.restore_lines(None) == []
 
 
