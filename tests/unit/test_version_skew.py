@@ -225,21 +225,10 @@ def test_a_journal_of_a_pre_release_is_read_by_its_release(
     digits read as 1.0.1), and cancel refused it, on the release it asked for. A pre-release
     or dev build comes before its release, as pip orders them."""
     from intloom.runtime.machine import unreadable
-    from intloom.runtime.records import Header, StagePending
     from intloom.store import read_runs
-    from tests.unit.test_store_support import open_store
 
     run_id = "RUN-20261203T000000000Z-skew"
-    store = open_store(tmp_path)
-    try:
-        store.append(run_id, Header(at="2026-12-03T00:00:00.000Z", run_id=run_id,
-                                    workflow="example", workflow_version="1.0.0",
-                                    identity="0" * 64, schemas={"draft": "f" * 64},
-                                    intent="i", package_version=writer))
-        store.append(run_id, StagePending(at="2026-12-03T00:00:00.001Z", stage="draft"))
-        store.sync_blocking(run_id)
-    finally:
-        store.close_blocking()
+    _one_run(tmp_path, run_id, writer)
     [journal] = read_runs(tmp_path)
     assert journal.state is not None and journal.state.package_version == writer
     why = unreadable(journal.state, reader)
@@ -283,22 +272,12 @@ def test_a_snapshot_of_a_later_format_is_named_as_a_newer_intlooms(tmp_path: Pat
     """A snapshot a newer intloom wrote (a downgrade) was "is format 2; this intloom reads
     1", where a segment or manifest of a later format says a newer intloom wrote it. The
     Run is read from the log instead, and the file kept as it is."""
-    from intloom.runtime.records import FORMAT_VERSION, Header, StagePending
+    from intloom.runtime.records import FORMAT_VERSION
     from intloom.store import read_runs_report
     from intloom.store.snapshots import decode_snapshot, encode_snapshot
-    from tests.unit.test_store_support import open_store
 
     run_id = "RUN-20261203T000000000Z-snapfmt"
-    store = open_store(tmp_path)
-    try:
-        store.append(run_id, Header(at="2026-12-03T00:00:00.000Z", run_id=run_id,
-                                    workflow="example", workflow_version="1.0.0",
-                                    identity="0" * 64, schemas={"draft": "f" * 64},
-                                    intent="i", package_version=__version__))
-        store.append(run_id, StagePending(at="2026-12-03T00:00:00.001Z", stage="draft"))
-        store.sync_blocking(run_id)
-    finally:
-        store.close_blocking()
+    _one_run(tmp_path, run_id, __version__)
     [path] = (tmp_path / "snap" / "live").iterdir()
     later = FORMAT_VERSION + 1
     snap = decode_snapshot(path, path.read_bytes())
@@ -323,22 +302,13 @@ def test_doctor_calls_a_later_formats_file_another_intlooms_not_damaged(tmp_path
     kept byte-identical", which sent the user looking for damage that is not there."""
     from intloom.diagnostics.previews import preview_runs
     from intloom.project import ProjectPaths
-    from intloom.runtime.records import FORMAT_VERSION, Header
+    from intloom.runtime.records import FORMAT_VERSION
     from intloom.store.snapshots import decode_snapshot, encode_snapshot
-    from tests.unit.test_store_support import open_store
 
     paths = ProjectPaths(tmp_path)
     paths.state.mkdir(mode=0o700)
     run_id = "RUN-20261203T000000000Z-docfmt"
-    store = open_store(paths.runtime)
-    try:
-        store.append(run_id, Header(at="2026-12-03T00:00:00.000Z", run_id=run_id,
-                                    workflow="example", workflow_version="1.0.0",
-                                    identity="0" * 64, schemas={"draft": "f" * 64},
-                                    intent="i", package_version=__version__))
-        store.sync_blocking(run_id)
-    finally:
-        store.close_blocking()
+    _one_run(paths.runtime, run_id, __version__, stage=False)
     [path] = (paths.runtime / "snap" / "live").iterdir()
     snap = decode_snapshot(path, path.read_bytes())
     path.write_bytes(encode_snapshot(msgspec.structs.replace(snap, format=FORMAT_VERSION + 1)))
@@ -349,3 +319,22 @@ def test_doctor_calls_a_later_formats_file_another_intlooms_not_damaged(tmp_path
     assert ("Files of another format (another intloom's) are kept byte-identical"
             in check.next), check.next
     assert "Damaged files" not in check.next, check.next
+
+
+def _one_run(root: Path, run_id: str, writer: str, *, stage: bool = True) -> None:
+    """A store at ``root`` holding one Run that ``writer`` (a package version) created: its
+    header, and its first Stage unless ``stage`` is False."""
+    from intloom.runtime.records import Header, StagePending
+    from tests.unit.test_store_support import open_store
+
+    store = open_store(root)
+    try:
+        store.append(run_id, Header(at="2026-12-03T00:00:00.000Z", run_id=run_id,
+                                    workflow="example", workflow_version="1.0.0",
+                                    identity="0" * 64, schemas={"draft": "f" * 64},
+                                    intent="i", package_version=writer))
+        if stage:
+            store.append(run_id, StagePending(at="2026-12-03T00:00:00.001Z", stage="draft"))
+        store.sync_blocking(run_id)
+    finally:
+        store.close_blocking()
