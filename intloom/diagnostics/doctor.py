@@ -398,8 +398,10 @@ def _owner_check(
         return Check(check_id, "ok", f"No {name}: no host owns the project through it.", None)
     pid = owner.pid
     running = ctx.running
-    if (owner.status == "alive" and ctx.invalid is not None and ctx.lock_unheld is not None
-            and holds_open(pid, ctx.lock_unheld) is False):
+    # Looked at once (it reads the pid's open files), for the two checks below.
+    not_its_host = (owner.status == "alive" and ctx.lock_unheld is not None
+                    and holds_open(pid, ctx.lock_unheld) is False)
+    if not_its_host and ctx.invalid is not None:
         # Fail closed: a free lock alone is also what a first start looks like between
         # creating service.lock and locking it. Only a pid proved not to have the file open
         # is another project's host; one that may have it is judged as holding the project.
@@ -480,8 +482,7 @@ def _owner_check(
             "intloom doctor again. Do not delete locks whose owners are still active.",
             owner.evidence,
         )
-    if (owner.status == "alive" and ctx.lock_unheld is not None
-            and holds_open(pid, ctx.lock_unheld) is False):
+    if not_its_host:
         # As for invalid metadata above: only a pid proved not to have the file open is
         # named as no host of the project. "Wait a moment" never ended for such a pid.
         return Check(
