@@ -58,15 +58,22 @@ def listed(project: Project, run_id: str) -> dict[str, Any]:
     return dict(run)
 
 
-def test_sigkill_while_an_effect_runs_interrupts_the_run_and_names_the_effect(
-    proj: Project,
-) -> None:
+def killed_mid_effect(proj: Project, intent: str) -> tuple[str, int]:
+    """A host started, a Run of ``reference`` whose ``download`` effect is held running,
+    then the host SIGKILLed: the Run's id and the killed host's pid."""
     hold(proj, "effect:download")
     pid = ok(proj.cli("start", "--json"))["service"]["pid"]
-    run_id = ok(proj.cli("flow", "reference", "--intent", "kill mid-effect", "--detach",
+    run_id = ok(proj.cli("flow", "reference", "--intent", intent, "--detach",
                          "--json"))["run"]["runId"]
     entered(proj, "effect:download")
     proj.kill_host()
+    return run_id, pid
+
+
+def test_sigkill_while_an_effect_runs_interrupts_the_run_and_names_the_effect(
+    proj: Project,
+) -> None:
+    run_id, pid = killed_mid_effect(proj, "kill mid-effect")
     before = counters(proj.root)[run_id]
     assert before == {"init:prepare": 1, "step:fetch": 1, "effect:download": 1}
 
@@ -191,12 +198,7 @@ def test_a_run_held_for_a_changed_workflow_still_names_the_effect_in_flight(
 ) -> None:
     """The way out for a Run held by a changed Workflow is ``cancel``, which ends it without a
     restart ever saying what it was doing: doctor is where a person learns of the effect."""
-    hold(proj, "effect:download")
-    pid = ok(proj.cli("start", "--json"))["service"]["pid"]
-    run_id = ok(proj.cli("flow", "reference", "--intent", "kill, then change", "--detach",
-                         "--json"))["run"]["runId"]
-    entered(proj, "effect:download")
-    proj.kill_host()
+    run_id, pid = killed_mid_effect(proj, "kill, then change")
     wait_killed(proj, pid)
     assert ok(proj.cli("recover", "--json"))["recovered"] is True
     source = proj.root / "workflows" / "reference" / "reference.py"
@@ -221,12 +223,7 @@ def test_a_run_held_for_a_changed_workflow_still_names_the_effect_in_flight(
 def test_cancelling_a_held_run_records_the_effect_it_cut(proj: Project) -> None:
     """A cancel of a live Run cut mid-effect says so in its error ("stopped while ... was
     running effect"); one of a Run held for a changed Workflow said only why it was held."""
-    hold(proj, "effect:download")
-    pid = ok(proj.cli("start", "--json"))["service"]["pid"]
-    run_id = ok(proj.cli("flow", "reference", "--intent", "kill, change, cancel", "--detach",
-                         "--json"))["run"]["runId"]
-    entered(proj, "effect:download")
-    proj.kill_host()
+    run_id, pid = killed_mid_effect(proj, "kill, change, cancel")
     source = proj.root / "workflows" / "reference" / "reference.py"
     source.write_text(source.read_text() + "\n# changed after the crash\n")
     restore = restart_after_kill(proj, pid)["restore"]
