@@ -749,11 +749,11 @@ def _log_tail(logs: Path) -> tuple[str, bytes] | None:
     return None if data is None else (names[-1], data)
 
 
-def _compaction_check(paths: ProjectPaths) -> Check | None:
+def _compaction_check(found: tuple[str, bytes] | None) -> Check | None:
     """The last host's failed compaction (``store_compaction_failed``) that the next start
     meets: one at its stop, or one no clean stop followed. Only its log said so once the
-    host was gone, and status shows it (compactionError) only while a host runs."""
-    found = _log_tail(paths.logs)
+    host was gone, and status shows it (compactionError) only while a host runs. ``found``:
+    that log's name and tail (``_log_tail``)."""
     if found is None:
         return None
     name, tail = found
@@ -818,14 +818,15 @@ def _tool_calls_cut(tail: bytes) -> dict[str, str]:
     return found
 
 
-def _with_tool_calls(paths: ProjectPaths, runs: list[RunPreview]) -> list[RunPreview]:
+def _with_tool_calls(found: tuple[str, bytes] | None, runs: list[RunPreview]
+                     ) -> list[RunPreview]:
     """``runs``, a Run whose Agent task's Tool call the last host left unfinished saying
     which (its log's word: Tool calls are not journaled, so the restart table names only
-    the task, and its outcome is for the user to check)."""
+    the task, and its outcome is for the user to check). ``found``: as for
+    ``_compaction_check``."""
     tasks = [p for p in runs if p.verdict.row == "interrupted" and "Agent task" in
              p.verdict.reason]
-    found = _log_tail(paths.logs) if tasks else None
-    if found is None:
+    if not tasks or found is None:
         return runs
     name, tail = found
     cut = _tool_calls_cut(tail)
@@ -951,8 +952,9 @@ def run_doctor(root: Path) -> DoctorReport:
     )
     checks.append(journals_check)
     if not running:
-        runs = _with_tool_calls(paths, runs)
-        compaction = _compaction_check(paths)
+        tail = _log_tail(paths.logs)  # the last host's: read once for both
+        runs = _with_tool_calls(tail, runs)
+        compaction = _compaction_check(tail)
         if compaction is not None:
             checks.append(compaction)
     return DoctorReport(
