@@ -12,9 +12,9 @@ import contextlib
 import errno
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Final, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple
 
 import msgspec
 import psutil
@@ -749,6 +749,18 @@ def _log_tail(logs: Path) -> tuple[str, bytes] | None:
     return None if data is None else (names[-1], data)
 
 
+def _records(tail: bytes) -> Iterator[dict[str, Any]]:
+    """The log records in ``tail``, skipping a line that is no JSON object: the first, cut
+    by the tail, or one a full disk cut short."""
+    for line in tail.splitlines():
+        try:
+            record = msgspec.json.decode(line)
+        except msgspec.DecodeError:
+            continue
+        if isinstance(record, dict):
+            yield record
+
+
 def _compaction_check(found: tuple[str, bytes] | None) -> Check | None:
     """The last host's failed compaction (``store_compaction_failed``) that the next start
     meets: one at its stop, or one no clean stop followed. Only its log said so once the
@@ -758,13 +770,7 @@ def _compaction_check(found: tuple[str, bytes] | None) -> Check | None:
         return None
     name, tail = found
     failed: dict[str, object] | None = None
-    for line in tail.splitlines():
-        try:
-            record = msgspec.json.decode(line)
-        except msgspec.DecodeError:
-            continue  # the first, cut by the tail, or one a full disk cut short
-        if not isinstance(record, dict):
-            continue
+    for record in _records(tail):
         if record.get("event") == "store_compaction_failed":
             failed = record
         elif record.get("event") == "service_stopped" and failed is not None \
@@ -790,13 +796,8 @@ def _tool_calls_cut(tail: bytes) -> dict[str, str]:
     the call), or one ended by the stop's grace (``CLI_SERVICE_CLOSING``)."""
     started: dict[tuple[str, str], dict[str, object]] = {}
     cut: dict[tuple[str, str], str] = {}
-    for line in tail.splitlines():
-        try:
-            record = msgspec.json.decode(line)
-        except msgspec.DecodeError:
-            continue  # the first, cut by the tail, or one a full disk cut short
-        if not isinstance(record, dict) or not str(record.get("event", "")).startswith(
-                "run_tool_"):
+    for record in _records(tail):
+        if not str(record.get("event", "")).startswith("run_tool_"):
             continue
         key = (str(record.get("runId")), str(record.get("toolCallId")))
         if record["event"] == "run_tool_started":
