@@ -469,6 +469,8 @@ def _main(state: CliState, args: list[str]) -> int:
         _say_where(state)
         return exit_codes.for_exception(exc)
     except (KeyboardInterrupt, typer.Abort) as exc:
+        if state.reader_gone:
+            return _reader_gone(state)  # its wait ended for that (readerwatch): no Ctrl-C
         # Once, whatever ended the command: Ctrl-C in it (Interrupted, with its own words
         # for flow and answer), a prompt given up (Abort) or Ctrl-C before it began.
         state.renderer.note(exc.note if isinstance(exc, Interrupted) else "Interrupted.")
@@ -499,11 +501,14 @@ def _main(state: CliState, args: list[str]) -> int:
             )
         )
         return exit_codes.for_exception(exc)
+    code = result if isinstance(result, int) else exit_codes.OK
+    if state.reader_gone:
+        _reader_gone(state)  # the wait ended for that (readerwatch): nobody to tell where
+        return code
     try:
         _say_where(state)
     except BrokenPipeError:
         return _reader_gone(state)
-    code = result if isinstance(result, int) else exit_codes.OK
     # attach detaches on a SIGTERM as on Ctrl-C, but whoever sent it learns it took.
     return exit_codes.TERMINATED if state.terminated and code == exit_codes.OK else code
 

@@ -71,6 +71,8 @@ class CliState:
         # Run's 1): still its exit code if the reader goes away mid-print (``| head``).
         self.verdict: int | None = None
         self.terminated = False  # a SIGTERM ended the wait (sigterm_as_ctrl_c)
+        # stdout's reader went away while the command waited (readerwatch): it ends quietly.
+        self.reader_gone = False
         self._renderer: Renderer | None = None
         # The root this invocation resolved, once it did, and whether a command line for a
         # person to copy was printed: main() compares that root with the working directory's.

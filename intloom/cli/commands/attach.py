@@ -28,6 +28,7 @@ from intloom.cli import exit_codes
 from intloom.cli.commands.runs import RunArg, finish_run
 from intloom.cli.inputs import interactive
 from intloom.cli.options import CliState, command, sigterm_as_ctrl_c
+from intloom.cli.readerwatch import READER_GONE_SIGNAL, ends_wait_when_reader_goes
 from intloom.cli.render import Renderer, plain
 from intloom.errors import IntloomError
 
@@ -62,8 +63,8 @@ _DETACH_LOOK: Final = 2.0
 # send for hours.
 _SIGNAL_LOOK: Final = 0.1
 # The signals that end a wait with a KeyboardInterrupt: SIGTERM as Ctrl-C does
-# (sigterm_as_ctrl_c), held off where SIGINT is.
-_INTERRUPTS: Final = frozenset({signal.SIGINT, signal.SIGTERM})
+# (sigterm_as_ctrl_c), and stdout's reader going (readerwatch), held off where SIGINT is.
+_INTERRUPTS: Final = frozenset({signal.SIGINT, signal.SIGTERM, READER_GONE_SIGNAL})
 # What a look at the Run says when its host is gone (the connection broke or was closed).
 # A host that is stopping answers CLI_SERVICE_CLOSING until it goes: the same for a prompt.
 _CONNECTION_LOST: Final = frozenset({"PROJECT_REQUEST_FAILED", "PROJECT_CONNECTION_FAILED",
@@ -506,6 +507,8 @@ def _attach_json(state: CliState, run_id: str) -> int:
             seen = client.get_run(run_id)
             view = client.wait_run(run_id) if seen.status == "running" else seen
     except (KeyboardInterrupt, typer.Abort):
+        if view is None and state.reader_gone:
+            return exit_codes.OK  # no one reads a document any more; main() ends it quietly
         if view is None:
             return _detach_json(state, run_id, seen)
         # Ctrl-C while the connection closed: the wait was over, and its end stands (a
@@ -541,10 +544,16 @@ def attach(state: CliState, run_id: RunArg) -> int:
     Ctrl-C detaches and leaves the Run as it is. Exit 0 when it completes or still waits,
     1 when it fails or was stopped.
     """
-    with sigterm_as_ctrl_c(state):
+    with sigterm_as_ctrl_c(state), ends_wait_when_reader_goes(partial(_reader_left, state)):
         if state.json_mode:
             return _attach_json(state, run_id)
         return _attach_text(state, run_id)
+
+
+def _reader_left(state: CliState) -> None:
+    """stdout's reader went away (``attach RUN | head -1`` had its line): attach ends now,
+    as a detach, rather than at the Run's next event, its next write."""
+    state.reader_gone = True
 
 
 def _attach_text(state: CliState, run_id: str) -> int:
@@ -559,6 +568,8 @@ def _attach_text(state: CliState, run_id: str) -> int:
                     followed = _follow(state, client, run_id, view)
                 except (KeyboardInterrupt, typer.Abort):
                     detached = True
+                    if state.reader_gone:
+                        return exit_codes.OK  # main() ends it quietly
                     state.renderer.note(f"Detached from {run_id}; the Run is left as it "
                                         f"was. {state.intloom()} attach {run_id} attaches "
                                         "again.")
@@ -569,6 +580,8 @@ def _attach_text(state: CliState, run_id: str) -> int:
         if failed is not None:
             # Ctrl-C while the connection closed on an error: the error stands.
             raise failed from None
+        if state.reader_gone:
+            return exit_codes.OK
         if not detached and followed is None:
             # Ctrl-C while connecting or asking for the first view: a detach all the same
             # (attach never touches the Run), not "Interrupted." and 130 a moment earlier.

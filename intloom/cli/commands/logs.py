@@ -22,6 +22,7 @@ import typer
 
 from intloom.cli.logtail import LogTail, log_files
 from intloom.cli.options import CliState, command
+from intloom.cli.readerwatch import on_reader_gone
 from intloom.cli.render import Renderer, log_line
 from intloom.errors import IntloomError
 
@@ -170,10 +171,10 @@ def _project_removed(root: Path) -> IntloomError:
     )
 
 
-def _follow(tail: LogTail, root: Path, logs_dir: Path) -> None:
+def _follow(tail: LogTail, root: Path, logs_dir: Path, stop: threading.Event) -> None:
+    """Print what the logs gain until ``stop`` is set (SIGTERM, or the reader went)."""
     import watchfiles
 
-    stop = threading.Event()
     previous = signal.signal(signal.SIGTERM, lambda _signo, _frame: stop.set())
     try:
         while not stop.is_set():
@@ -209,7 +210,7 @@ def _follow(tail: LogTail, root: Path, logs_dir: Path) -> None:
                     raise  # not that race: a failure of the watch itself
                 continue
             if not moved:
-                return  # stopped by SIGTERM
+                return  # stopped: SIGTERM, or stdout's reader went away
     finally:
         signal.signal(signal.SIGTERM, previous)
 
@@ -276,9 +277,15 @@ def logs(
     if follow:
         # The backlog too: Ctrl-C while it still printed (a long log, a slow reader) ended
         # with 130 and "Interrupted.", not the 0 a follow stops with (docs/cli.md).
-        with contextlib.suppress(KeyboardInterrupt):
+        stop = threading.Event()
+
+        def gone() -> None:  # ``logs -f | grep -m1 ...`` had its line: stop now, quietly
+            state.reader_gone = True
+            stop.set()
+
+        with contextlib.suppress(KeyboardInterrupt), on_reader_gone(gone):
             tail.pump()
-            _follow(tail, root, logs_dir)
+            _follow(tail, root, logs_dir, stop)
         return
     tail.pump()
     tail.finish()

@@ -1,0 +1,97 @@
+"""A pipe's reader that goes away while ``attach`` or ``logs --follow`` waits with nothing to
+print ends the command then, quietly, as ``tail -f`` does (intloom/cli/readerwatch.py).
+
+Before, ``intloom attach RUN | head -1`` and ``intloom logs --follow | grep -m1 ...`` learnt
+of it only at their next write: the Run's next event, the host's next log line, here never
+(the Step is held, the log idle), so each test below would wait out its deadline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from tests.e2e.test_cli_interrupts import connected, host_port, running_run
+from tests.helpers import REPO, Project, eventually, ok
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
+
+
+def _reader_leaves(proc: subprocess.Popen[str]) -> tuple[int, str]:
+    """Close the only read end of ``proc``'s stdout; its exit code and stderr."""
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    code = proc.wait(timeout=20)  # TimeoutExpired: it waits on, as it did before
+    return code, proc.stderr.read()
+
+
+@contextlib.contextmanager
+def piped_child(project: Project, *args: str, background: bool = False
+                ) -> Iterator[subprocess.Popen[str]]:
+    """The real CLI, its stdout a pipe this test reads; ``background``: with SIGINT ignored,
+    as a script's background job (``... | head -1 &``) has it. Killed and reaped."""
+    previous = signal.signal(signal.SIGINT,
+                             signal.SIG_IGN if background else signal.default_int_handler)
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "intloom", "--project", str(project.root), *args],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(REPO)},
+        )
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=10)
+
+
+@pytest.mark.parametrize(("json_mode", "background"),
+                         [(False, False), (True, False), (False, True)])
+def test_attach_ends_when_its_reader_goes_and_leaves_the_run(
+        proj: Project, json_mode: bool, background: bool) -> None:
+    run_id, hold = running_run(proj)
+    port = host_port(proj)
+    args = ["attach", run_id, *(["--json"] if json_mode else [])]
+    with piped_child(proj, *args, background=background) as proc:
+        assert proc.stdout is not None
+        eventually(lambda: connected(proc, port), timeout=20, what="attach to connect")
+        if not json_mode:  # text: the history comes first, as `| head -1` reads it
+            ready, _, _ = select.select([proc.stdout], [], [], 20)
+            assert ready, "attach printed nothing"
+            assert proc.stdout.readline().strip()
+        code, err = _reader_leaves(proc)
+    assert code == 0, (code, err)
+    assert err == "", err  # no "Detached ..." for a reader that has gone, no traceback
+    [run] = ok(proj.cli("runs", "--json"))["runs"]
+    assert (run["runId"], run["status"]) == (run_id, "running")  # left as it was
+    hold.unlink()
+    eventually(lambda: ok(proj.cli("runs", "--json"))["runs"][0]["status"] == "waiting",
+               timeout=20, what="the Run to go on to its first wait")
+
+
+def test_logs_follow_ends_when_its_reader_goes(project: Project) -> None:
+    logs = project.state / "logs"
+    logs.mkdir(parents=True, mode=0o700)
+    os.chmod(project.state, 0o700)
+    log = logs / "LOG-20260101T000000000Z.jsonl"
+    log.write_text(json.dumps({"time": "T1", "level": "info", "event": "first"}) + "\n")
+    os.chmod(log, 0o600)
+    with piped_child(project, "logs", "--follow") as proc:
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], 20)
+        assert ready, "logs --follow printed nothing"
+        assert "first" in proc.stdout.readline()  # what `grep -m1 first` waited for
+        code, err = _reader_leaves(proc)
+    assert code == 0, (code, err)
+    assert err == "", err
