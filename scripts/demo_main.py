@@ -22,15 +22,17 @@ def say(text: str) -> None:
     print(f"\n{BOLD}== {text}{RESET}", flush=True)
 
 
-def _run(project: Path | None, args: tuple[str, ...], json_mode: bool) -> tuple[int, str, str]:
-    where = ["--project", str(project)] if project is not None else []
-    cmd = [*INTLOOM, *where, *args, *(["--json"] if json_mode else [])]
+def _run(where: Path, args: tuple[str, ...], json_mode: bool) -> tuple[int, str, str]:
+    """``intloom ARGS`` run in ``where``, as a person who typed ``cd`` there would run it
+    (with --project from elsewhere, each command ended by saying where its commands to copy
+    must run)."""
+    cmd = [*INTLOOM, *args, *(["--json"] if json_mode else [])]
     env = {**os.environ, "NO_COLOR": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, cwd=where)
     return proc.returncode, proc.stdout, proc.stderr
 
 
-def show(project: Path | None, *args: str, ok: tuple[int, ...] = (0,)) -> None:
+def show(project: Path, *args: str, ok: tuple[int, ...] = (0,)) -> None:
     """Run `intloom ARGS` as a person would and print what it prints."""
     print(f"$ intloom {' '.join(shlex.quote(a) for a in args)}", flush=True)
     code, out, err = _run(project, args, json_mode=False)
@@ -40,7 +42,7 @@ def show(project: Path | None, *args: str, ok: tuple[int, ...] = (0,)) -> None:
         raise SystemExit(f"intloom {' '.join(args)} exited {code}")
 
 
-def data(project: Path | None, *args: str) -> Any:
+def data(project: Path, *args: str) -> Any:
     """Run `intloom ARGS --json` quietly and return its JSON (for ids the narration needs)."""
     code, out, err = _run(project, args, json_mode=True)
     if code != 0:
@@ -48,7 +50,7 @@ def data(project: Path | None, *args: str) -> Any:
     return json.loads(out)
 
 
-def cli(project: Path | None, *args: str) -> Any:
+def cli(project: Path, *args: str) -> Any:
     """Run `intloom ARGS --json`, print a one-line summary, and return the JSON."""
     print(f"$ intloom {' '.join(shlex.quote(a) for a in args)} --json", flush=True)
     result = data(project, *args)
@@ -74,7 +76,8 @@ def main() -> None:
         host_pid: int | None = None
         try:
             say("1. Create a project: one Workflow (an effect, a routed outcome, a confirmation)")
-            show(None, "init", str(project))
+            show(project.parent, "init", project.name)
+            print(f"$ cd {project.name}")
             say("2. Start the host in the background")
             show(project, "start")
             service = data(project, "status")["service"]

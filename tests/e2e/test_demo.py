@@ -24,3 +24,7 @@ def test_demo_survives_a_stop_and_a_crash() -> None:
     assert "Recovery plan: .intloom/service.json, .intloom/service.lock." in out
     assert "Completed · example" in out
     assert out.rstrip().endswith("nothing ran twice.")
+    # Run in the project, as `cd` then `intloom ...` reads: no command to copy needs
+    # --project, and none ends by saying where such commands must run.
+    assert "--project" not in out, out
+    assert "The intloom commands above are for" not in out, out
