@@ -711,16 +711,25 @@ class Host:
     def _listed(self, summary: RestoreSummary) -> RestoreSummary:
         """``summary`` as a reply carries it: its lists cut to their first
         ``restore_listed`` ids (``counts`` has how many each has), less the held Runs that
-        cancel has since ended, which need nothing any more."""
+        cancel has since ended and the interrupted Runs it has since dismissed, which need
+        nothing any more (listed, a dismissed Run was still "to see what was in flight")."""
         still = summary.needs_attention
-        if still and self.booted is not None:
-            held = self.booted.runtime.held
-            still = [r for r in still if r not in held or held[r].ended is None]
+        interrupted = summary.interrupted
+        if self.booted is not None:
+            runtime = self.booted.runtime
+            if still:
+                held = runtime.held
+                still = [r for r in still if r not in held or held[r].ended is None]
+            if interrupted:
+                # Only a dismissal ends an interrupted Run; an ended Run may have been dropped
+                # from the host's list since (past its ended Runs' cap): gone means ended.
+                interrupted = [r for r in interrupted if (slot := runtime.runs.get(r))
+                               is not None and slot.shown.phase != "terminal"]
         most = self.options.restore_listed
-        lists = (summary.resumed, summary.waiting, summary.interrupted, still)
+        lists = (summary.resumed, summary.waiting, interrupted, still)
         return msgspec.structs.replace(
             summary, resumed=summary.resumed[:most], waiting=summary.waiting[:most],
-            interrupted=summary.interrupted[:most], needs_attention=still[:most],
+            interrupted=interrupted[:most], needs_attention=still[:most],
             counts=RestoreCounts(*(len(ids) for ids in lists)),
             omitted=sum(max(0, len(ids) - most) for ids in lists))
 

@@ -70,3 +70,38 @@ def test_interrupted_runs_past_those_the_host_lists_still_need_attention(
     assert code == 3 and check["status"] == "attention", check  # the two others
     assert check["next"].startswith("Check each interrupted Run"), check
     assert project.cli("stop").code == 0
+
+
+def test_a_dismissed_run_leaves_what_status_and_a_reused_start_say_to_look_at(
+    soak_project: Project,
+) -> None:
+    """The restore summary a running host gives (``status``, a reused ``start``) named a Run
+    it had restored RUN_INTERRUPTED after a person dismissed it ("Run intloom inspect ... to
+    see what was in flight"), as if it still needed them; a cancelled held Run already left it."""
+    project = soak_project
+    assert project.cli("start").code == 0
+    cut = [project.cli("flow", "soak-ask", "--intent", f"cut {n}", "--json").json["run"]["runId"]
+           for n in range(2)]  # no recover entry: the next start interrupts each
+    assert project.cli("stop").code == 0
+    restore = project.cli("start", "--json").json["service"]["restore"]
+    assert sorted(restore["interrupted"]) == sorted(cut), restore
+
+    dismissed, kept = cut
+    assert project.cli("cancel", dismissed, "--json").json["run"]["dismissed"] is True
+    for command in ("status", "start"):
+        summary = project.cli(command, "--json").json["service"]["restore"]
+        assert summary["interrupted"] == [kept], (command, summary)
+        assert summary["counts"]["interrupted"] == 1, (command, summary)
+        text = project.cli(command)
+        assert text.code == 0, text
+        assert "interrupted 1 ·" in text.stdout and dismissed not in text.stdout, text.stdout
+        assert f"Interrupted (RUN_INTERRUPTED, nothing replayed): {kept}." in text.stdout
+
+    assert project.cli("cancel", kept, "--json").code == 0
+    text = project.cli("status")
+    # Nothing of what the restore did needs anyone now (as when a held Run is cancelled).
+    assert "Restore  no unfinished Runs to restore" in text.stdout, text.stdout
+    assert "Interrupted (" not in text.stdout and kept not in text.stdout, text.stdout
+    # Still what the start did with the Runs it restored: failed, as runs lists them.
+    assert "failed or stopped 2" in text.stdout, text.stdout
+    assert project.cli("stop").code == 0
