@@ -551,7 +551,10 @@ def run_row(run: Mapping[str, Any]) -> list[str]:
     status = str(run.get("status", "?"))
     code = _error_of(run).get("code")
     if code:
-        status = f"{status} ({code})"
+        # A dismissed Run (cancel on one restored RUN_INTERRUPTED) needs nothing any more:
+        # without the word, it read as one still waiting to be checked (--json has
+        # "dismissed": true).
+        status = f"{status} ({code}, dismissed)" if run.get("dismissed") else f"{status} ({code})"
     return [
         str(run.get("runId", "?")),
         str(run.get("flowName", "?")),

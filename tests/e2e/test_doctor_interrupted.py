@@ -105,3 +105,25 @@ def test_a_dismissed_run_leaves_what_status_and_a_reused_start_say_to_look_at(
     # Still what the start did with the Runs it restored: failed, as runs lists them.
     assert "failed or stopped 2" in text.stdout, text.stdout
     assert project.cli("stop").code == 0
+
+
+def test_runs_says_which_interrupted_run_was_dismissed(soak_project: Project) -> None:
+    """``runs --json`` marks a dismissed Run (``dismissed: true``); the text listed it as
+    ``failed (RUN_INTERRUPTED)``, the same as one still to be checked and dismissed."""
+    project = soak_project
+    assert project.cli("start").code == 0
+    cut = [project.cli("flow", "soak-ask", "--intent", f"cut {n}", "--json").json["run"]["runId"]
+           for n in range(2)]  # no recover entry: the next start interrupts each
+    assert project.cli("stop").code == 0
+    assert project.cli("start").code == 0
+    dismissed, kept = cut
+    assert project.cli("cancel", dismissed, "--json").json["run"]["dismissed"] is True
+
+    listed = {r["runId"]: r for r in project.cli("runs", "--json").json["runs"]}
+    assert listed[dismissed].get("dismissed") is True and "dismissed" not in listed[kept]
+    text = project.cli("runs")
+    assert text.code == 0, text
+    rows = {line.split()[0]: line for line in text.stdout.splitlines() if line.startswith("RUN-")}
+    assert "failed (RUN_INTERRUPTED, dismissed)" in rows[dismissed], text.stdout
+    assert "failed (RUN_INTERRUPTED)" in rows[kept] and "dismissed" not in rows[kept], text.stdout
+    assert project.cli("stop").code == 0
