@@ -548,7 +548,7 @@ def _not_current_task(slot: RunSlot, view: RunView, call_id: str) -> str:
         # A Run interrupted while it waited on a task says so in its own evidence.
         lost = "" if NOT_RESTORED in quoted else f"; {NOT_RESTORED}"
         return (f"{fact}: the Run was interrupted (RUN_INTERRUPTED: {quoted}){lost}. Start a "
-                "new Run for this work.")
+                f"new Run for this work; intloom cancel {slot.run_id} dismisses it.")
     if view.status == "failed":
         code = error.code if error is not None else "failed"
         return f"{fact}: the Run has ended failed ({code}) and takes no more work."

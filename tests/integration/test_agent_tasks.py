@@ -245,7 +245,8 @@ def test_a_task_retried_after_its_run_was_interrupted_quotes_the_runs_error_boun
                               "Run was interrupted (RUN_INTERRUPTED: Execution was "), message
     assert "more characters cut]" in message, message
     assert message.endswith("claims, owner tokens and Tool receipts are not restored. Start "
-                            "a new Run for this work."), message
+                            f"a new Run for this work; intloom cancel {run.run_id} dismisses "
+                            "it."), message
     assert len(message) < 1000, len(message)
 
 

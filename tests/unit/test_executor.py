@@ -2498,7 +2498,8 @@ def test_a_task_of_a_run_interrupted_while_it_waited_says_what_is_lost_once() ->
         message = info.value.message
         assert info.value.code == "CONFLICT" and "RUN_INTERRUPTED" in message, message
         assert message.count("claims, owner tokens and Tool receipts are not restored") == 1
-        assert message.endswith("are not restored.). Start a new Run for this work."), message
+        assert message.endswith("are not restored.). Start a new Run for this work; intloom "
+                                f"cancel {run_id} dismisses it."), message
 
     run(second)
 
