@@ -212,6 +212,39 @@ def _unfilled(value: Any) -> tuple[str, str] | None:
     return None
 
 
+class _Members(list[tuple[str, Any]]):
+    """A JSON object's members as written, in order, repeated names kept (``_twice``)."""
+
+
+def _twice(data: bytes) -> tuple[str, str] | None:
+    """(where, name) of the first object in ``data`` (valid JSON) that names a member twice.
+    msgspec, like most readers, keeps the last one, others the first (RFC 8259, section 4:
+    "unpredictable"): {"isConfirmed": true, "isConfirmed": false} was taken as declined."""
+    # Imported here: only an answer needs it (see _lone_surrogate).
+    import json
+
+    try:
+        value = json.loads(data, object_pairs_hook=_Members)
+    except (ValueError, RecursionError):
+        return None
+    stack: list[tuple[Any, str]] = [(value, "ANSWER")]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, _Members):
+            seen: set[str] = set()
+            for name, _ in item:
+                if name in seen:
+                    return path, name
+                seen.add(name)
+            parts = [(member, f"{path}.{name}") for name, member in item]
+        elif isinstance(item, list):
+            parts = [(member, f"{path}[{i}]") for i, member in enumerate(item)]
+        else:
+            continue
+        stack.extend(reversed(parts))  # in order: the first repeat is named
+    return None
+
+
 def read_answer(answer: str) -> Any:
     """ANSWER as JSON (``-`` reads it from stdin); INVALID_REQUEST naming the shapes otherwise."""
     if answer == "-":
@@ -284,6 +317,16 @@ def read_answer(answer: str) -> Any:
         raise IntloomError(
             "INVALID_REQUEST", f"ANSWER is nested too deeply to read. {ANSWER_SHAPES}"
         ) from None
+    twice = _twice(data) if b"{" in data else None
+    if twice is not None:
+        where, name = twice
+        member = msgspec.json.encode(name).decode()
+        raise IntloomError(
+            "INVALID_REQUEST",
+            f"{where} has the member {member} twice, so which one counts is unclear (JSON "
+            "readers differ: some keep the first, some the last); nothing was sent. Keep one "
+            f"{member} and send the answer again.",
+        )
     unfilled = _unfilled(value)
     if unfilled is not None:
         qid, text = unfilled

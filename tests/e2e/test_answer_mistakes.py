@@ -1,0 +1,59 @@
+"""Mistakes a person makes answering a Run's question or confirmation with ``intloom
+answer``: each is refused with what was wrong, and the Run still waits on the same action.
+Real host, real CLI subprocesses; every host is reaped."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import Project, make_project, ok, reaped, started_waiting
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+
+@pytest.fixture
+def asks(tmp_path: Path) -> Iterator[Project]:
+    yield from reaped(make_project(tmp_path, "asks"))
+
+
+def _still_waits(project: Project, run_id: str, action_id: str) -> None:
+    run = ok(project.cli("attach", run_id, "--json"))["run"]
+    assert run["status"] == "waiting" and run["pendingAction"]["id"] == action_id, run
+
+
+def test_an_answer_naming_a_member_twice_is_refused_not_read_as_its_last(
+        asks: Project) -> None:
+    """JSON with a member named twice was read as its last one: '{"isConfirmed": true,
+    "isConfirmed": false}' declined the confirmation, for good (other readers take the
+    first). Which one the person meant is unclear, so nothing is sent."""
+    run_id, action_id = started_waiting(asks, "triage")
+    twice = json.dumps([{"questionId": "resolution", "isSkipped": False, "answer": "fix"},
+                        {"questionId": "note", "isSkipped": True}])
+    twice = twice.replace('"answer": "fix"', '"answer": "wontfix", "answer": "fix"')
+    result = asks.cli("answer", run_id, action_id, twice, "--json")
+    assert result.code == 1, result
+    error = result.json["error"]
+    assert error["code"] == "INVALID_REQUEST", error
+    assert error["message"].startswith(
+        'ANSWER[0] has the member "answer" twice, so which one counts is unclear'), error
+    assert "nothing was sent" in error["message"]
+    _still_waits(asks, run_id, action_id)
+    # The questions answered (fix), the confirmation it routes to, given twice.
+    ok(asks.cli("answer", run_id, action_id, twice.replace('"answer": "wontfix", ', ""),
+                "--json"))
+    run = ok(asks.cli("attach", run_id, "--json"))["run"]
+    confirm = run["pendingAction"]["id"]
+    assert run["pendingAction"]["kind"] == "confirmation", run
+    result = asks.cli("answer", run_id, confirm, '{"isConfirmed": true, "isConfirmed": false}')
+    assert result.code == 1 and result.stdout == "", result
+    assert ('Failure · INVALID_REQUEST: ANSWER has the member "isConfirmed" twice'
+            in result.stderr), result
+    _still_waits(asks, run_id, confirm)
+    # A repeat inside a string is text, not a member.
+    feedback = json.dumps({"isConfirmed": True, "feedback": '{"a": 1, "a": 2}'})
+    assert ok(asks.cli("answer", run_id, confirm, feedback, "--json"))["run"]["status"] == \
+        "completed"
