@@ -341,6 +341,10 @@ class RunSlot:
         # The last answer this host accepted (action id, its decision): an answer that
         # comes after it is told what won. Memory only, like claims.
         self.last_answer: tuple[str, str] | None = None
+        # Every answer the Run's journal holds (action id -> its decision), read on a
+        # refusal's path when memory cannot tell (an earlier host accepted it), and the seq
+        # it was read up to (``Runtime._recall_answers``).
+        self.recalled: tuple[int, dict[str, str]] | None = None
         # The seq the Run was restored at (None: created by this host). Its earlier records
         # are read from the journal into the history when a follower first asks (_seed).
         self.restored_seq: int | None = None

@@ -513,6 +513,10 @@ def _not_current(slot: RunSlot, action_id: str, elsewhere: RunSlot | None = None
             f"was recorded. intloom attach {slot.run_id} follows it to its next question.")
 
 
+# The length of an action's id (clock.action_id): ASK- and 21 characters.
+_ACTION_ID_LENGTH: Final = 25
+
+
 def _answered_as(slot: RunSlot, action_id: str) -> str | None:
     """How ``action_id`` was answered, when it was (as a refusal names it), else None."""
     if slot.last_answer is not None and slot.last_answer[0] == action_id:
@@ -520,6 +524,8 @@ def _answered_as(slot: RunSlot, action_id: str) -> str | None:
     answered = slot.state.answered_action  # a restored Run's, before its Step returns
     if answered is not None and answered.id == action_id:
         return _answer_gist(slot.state.answer)
+    if slot.recalled is not None:  # read from the journal (Runtime._recall_answers)
+        return slot.recalled[1].get(action_id)
     return None
 
 
@@ -1139,6 +1145,9 @@ class Runtime:
         slot = self._slot(run_id)
         action = slot.state.pending_action
         if slot.view().status != "waiting" or action is None or action.id != action_id:
+            if self._waiting_on(action_id, slot) is None:  # else that Run's, not an answer
+                await self._recall_answers(slot, action_id)
+            # Last: what a racing request appended meanwhile is shown (see _caught_up).
             await self._caught_up(slot)
             raise IntloomError("CONFLICT", _not_current(slot, action_id,
                                                         self._waiting_on(action_id, slot)))
@@ -1167,6 +1176,29 @@ class Runtime:
             await self._answer_saved(slot, action_id)
             slot.deliver(typed)
         return await self.wait_stable(run_id)
+
+    async def _recall_answers(self, slot: RunSlot, action_id: str) -> None:
+        """Before a refusal of ``action_id``: when memory cannot tell how it was answered,
+        read the answers the Run's journal holds (``slot.recalled``). Memory holds only this
+        host's last answer, so the retry of an answer accepted before a crash (its reply
+        lost with the host) was told its action was "not (or no longer)" the Run's, and not
+        that its answer had been taken. Only for an id shaped as an action's (``ASK-`` and 21
+        characters, clock.action_id) that no other Run waits on, once per seq of the Run;
+        reading fails quietly (the refusal then says what memory knows)."""
+        if (not action_id.startswith("ASK-") or len(action_id) != _ACTION_ID_LENGTH
+                or _answered_as(slot, action_id) is not None):
+            return
+        # What is durable, so the journal reads it back. An answer appended and not yet
+        # durable is this host's last one, which memory names (slot.last_answer).
+        seq = slot.shown.seq
+        if slot.recalled is not None and slot.recalled[0] == seq:
+            return
+        try:
+            records = await self.driver.offload(self.journal.history, slot.run_id, seq)
+        except Exception:  # a refusal is worded without it
+            return
+        slot.recalled = (seq, {record.action_id: _answer_gist(record.answer)
+                               for record in records if type(record) is Answered})
 
     async def _answer_saved(self, slot: RunSlot, action_id: str) -> None:
         """``sync`` for an answer. Its failure is the answerer's to hear in full: the reply

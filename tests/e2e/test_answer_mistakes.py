@@ -57,3 +57,48 @@ def test_an_answer_naming_a_member_twice_is_refused_not_read_as_its_last(
     feedback = json.dumps({"isConfirmed": True, "feedback": '{"a": 1, "a": 2}'})
     assert ok(asks.cli("answer", run_id, confirm, feedback, "--json"))["run"]["status"] == \
         "completed"
+
+
+@pytest.fixture
+def basic(tmp_path: Path) -> Iterator[Project]:
+    yield from reaped(make_project(tmp_path, "basic"))
+
+
+def test_an_answer_sent_again_after_a_crash_is_told_it_was_taken(basic: Project) -> None:
+    """The reply to an answer can be lost with its host (kill -9): `answer` then says to
+    check the Run before retrying. A retry after the next start was told its action "is not
+    (or no longer)" the Run's, not that the answer had been accepted: memory held only
+    this host's last answer, and the answer was the earlier host's. It reads it from the
+    journal now. The same holds for an answer this host took before its last one."""
+    run_id, first = started_waiting(basic)
+    run = ok(basic.cli("answer", run_id, first, '{"isConfirmed": false}', "--json"))["run"]
+    second = run["pendingAction"]["id"]  # declined: the draft is written again, then asked
+    assert second != first, run
+    basic.kill_host()
+    ok(basic.cli("recover", "--json"))
+    ok(basic.cli("start", "--json"))
+    _still_waits(basic, run_id, second)  # the wait restored, the same action
+
+    result = basic.cli("answer", run_id, first, '{"isConfirmed": false}', "--json")
+    assert result.code == 1, result
+    error = result.json["error"]
+    assert error["code"] == "CONFLICT", error
+    assert error["message"].startswith(
+        f"Action {first} of Run {run_id} was already answered by an earlier request "
+        f"(declined); it waits on {second} (confirmation)."), error
+    _still_waits(basic, run_id, second)
+
+    # Answered by this host, then again: a retry of the first is told so too.
+    run = ok(basic.cli("answer", run_id, second, '{"isConfirmed": false}', "--json"))["run"]
+    third = run["pendingAction"]["id"]
+    run = ok(basic.cli("answer", run_id, third, '{"isConfirmed": false}', "--json"))["run"]
+    fourth = run["pendingAction"]["id"]
+    result = basic.cli("answer", run_id, second, '{"isConfirmed": true}', "--json")
+    assert result.json["error"]["message"].startswith(
+        f"Action {second} of Run {run_id} was already answered by an earlier request "
+        f"(declined); it waits on {fourth} (confirmation)."), result
+    # An id no answer ever had is still "not (or no longer)" the Run's.
+    result = basic.cli("answer", run_id, "ASK-" + "x" * 21, '{"isConfirmed": true}', "--json")
+    assert result.json["error"]["message"].startswith(
+        f"Action ASK-{'x' * 21} is not (or no longer) Run {run_id}'s unanswered action"), result
+    _still_waits(basic, run_id, fourth)
