@@ -529,6 +529,24 @@ def _answered_as(slot: RunSlot, action_id: str) -> str | None:
     return None
 
 
+def _from_answer(state: RunState) -> str | None:
+    """What a cancel cuts when the Run was going on from an accepted answer (its Step resumed
+    with it, or its recover was given it), else None: "The Run was stopped." alone left the
+    person whose answer had been accepted (their ``answer`` got that view as its reply) not
+    knowing that it was, nor whether the Step had acted on it."""
+    action = state.answered_action
+    if action is None or state.status != "running" or state.phase == "waiting":
+        return None
+    cursor = state.cursor
+    code = (f"the recover entry of Step {cursor.stage}/{cursor.step}"
+            if state.executing_kind == "recover" else f"Step {cursor.stage}/{cursor.step}")
+    done = state.last_effect
+    since = (f"; effect {done.name!r} (key {done.key!r}) had run since" if done is not None
+             else "; no effect had run since")
+    return (f"{code} was going on from the accepted answer to {action.kind} {action.id} "
+            f"({_answer_gist(state.answer)}){since}")
+
+
 def _answer_gist(answer: Any) -> str:
     """An accepted answer, as a refusal names it: its decision, never a person's text."""
     if isinstance(answer, dict) and isinstance(answer.get("isConfirmed"), bool):
@@ -1249,7 +1267,7 @@ class Runtime:
                     # A Tool call or on_complete goes on after the cancel (user code is never
                     # stopped mid-call): named as a stop names it, not left to "stopped.".
                     cut = next((what for working, what in self._agent_work.values()
-                                if working == run_id), None)
+                                if working == run_id), _from_answer(slot.state))
         if ended:
             if slot.shown.phase != "terminal":
                 # Another request (a cancel, or the Run's own last Step) appended the end and

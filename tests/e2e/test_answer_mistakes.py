@@ -5,12 +5,23 @@ Real host, real CLI subprocesses; every host is reaped."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import Project, make_project, ok, reaped, started_waiting
+from tests.helpers import (
+    Project,
+    eventually,
+    make_project,
+    ok,
+    one_source_project,
+    reaped,
+    started_waiting,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -102,3 +113,57 @@ def test_an_answer_sent_again_after_a_crash_is_told_it_was_taken(basic: Project)
     assert result.json["error"]["message"].startswith(
         f"Action ASK-{'x' * 21} is not (or no longer) Run {run_id}'s unanswered action"), result
     _still_waits(basic, run_id, fourth)
+
+
+SLOW_AFTER_ANSWER = '''
+from __future__ import annotations
+
+import asyncio
+
+import intloom
+
+wf = intloom.Workflow("gate", version="1.0.0")
+main = wf.stage("main")
+
+
+@main.step("approve", routes={"done": intloom.COMPLETE})
+async def approve(ctx: intloom.StepContext[None]) -> str:
+    await ctx.confirm({"deploy": ctx.intent})
+    await asyncio.sleep(600)  # work that is no effect: the cancel comes meanwhile
+    return "done"
+'''
+
+
+@pytest.fixture
+def gate(tmp_path: Path) -> Iterator[Project]:
+    yield from reaped(one_source_project(tmp_path, "gate", SLOW_AFTER_ANSWER))
+
+
+def test_a_cancel_after_an_accepted_answer_says_the_answer_was_taken(gate: Project) -> None:
+    """A cancel while the Step went on from an accepted answer ended the Run with "The Run
+    was stopped." alone, which is also what the answer's own command printed as its reply:
+    the person could not tell that the answer had been accepted, nor whether the Step had
+    acted on it. The Run's error now names the answer and what ran since."""
+    run_id, action_id = started_waiting(gate, "gate", "v2")
+    answering = subprocess.Popen(
+        [sys.executable, "-m", "intloom", "--project", str(gate.root), "answer", run_id,
+         action_id, '{"isConfirmed": true}'],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "NO_COLOR": "1"})
+    try:
+        eventually(lambda: any(r["phase"] == "answered" for r in ok(
+            gate.cli("inspect", run_id, "--json"))["records"]) or None,
+            timeout=30, what="the answer to be accepted")
+        cancelled = ok(gate.cli("cancel", run_id, "--json"))["run"]
+        out, err = answering.communicate(timeout=60)
+    finally:
+        if answering.poll() is None:
+            answering.kill()
+            answering.wait(timeout=10)
+    said = (f"The Run was stopped while Step main/approve was going on from the accepted "
+            f"answer to confirmation {action_id} (confirmed); no effect had run since.")
+    assert cancelled["status"] == "failed", cancelled
+    assert cancelled["lastError"] == {"code": "RUN_STOPPED", "message": said,
+                                      "retryable": False}, cancelled
+    assert answering.returncode == 1, (out, err)
+    assert f"RUN_STOPPED: {said}" in out, out
