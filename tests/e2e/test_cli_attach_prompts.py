@@ -198,7 +198,7 @@ def test_a_prompt_ends_with_the_run_moved_on_elsewhere(
             stopper = threading.Thread(target=lambda: stops.append(project.cli("stop")))
             stopper.start()
             try:  # the prompt is left while the stop still waits for the busy Step
-                term.expect("is no longer pending")
+                term.expect(f"{asked} was not answered: the host suspended the Run")
             finally:
                 gate.touch()
                 stopper.join(timeout=30)
@@ -212,8 +212,16 @@ def test_a_prompt_ends_with_the_run_moved_on_elsewhere(
     if elsewhere == "kill":  # nothing left to ask: says so, and how to look again
         assert "Failure · " in shown and "connection to the host was lost" in shown, term.text()
         assert f"intloom attach {run_id}" in shown, term.text()
+    elif elsewhere == "cancel":
+        assert f"{asked} is no longer pending (the Run moved on elsewhere)" in term.text()
     else:
-        assert f"{asked} is no longer pending" in term.text(), term.text()
+        # Suspended, its wait kept for the next start: not "moved on elsewhere", which it
+        # said of a Run that had not moved and whose same action the next start restores.
+        assert (f"{asked} was not answered: the host suspended the Run while it waited "
+                "(intloom stop, or a log it could not write); nothing was answered here, "
+                "and the wait is kept for the next start.") in term.text(), term.text()
+        assert "moved on elsewhere" not in term.text(), term.text()
+    if elsewhere != "kill":
         error = "RUN_STOPPED" if elsewhere == "cancel" else "RUN_INTERRUPTED"
         assert error in shown and "Failure · CLI_RUN_FAILED" in shown, term.text()
     if elsewhere.startswith("stop"):

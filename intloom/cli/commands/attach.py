@@ -478,8 +478,17 @@ def _follow(state: CliState, client: Client, run_id: str,
             try:
                 value = prompt_answer(plain(action), term)
             except _MovedOn as moved:
-                term.say(f"{action.id} is no longer pending (the Run moved on elsewhere); "
-                         "nothing was answered here.")
+                if follower.suspended(moved.view) or _suspended_meanwhile(began, moved.view):
+                    # Not "moved on elsewhere": nothing took the action, and the journal
+                    # still ends at its wait, for the next start (restored when its Step
+                    # has recover: then asked again, with the same id).
+                    term.say(f"{action.id} was not answered: the host suspended the Run "
+                             "while it waited (intloom stop, or a log it could not write); "
+                             "nothing was answered here, and the wait is kept for the next "
+                             "start.")
+                else:
+                    term.say(f"{action.id} is no longer pending (the Run moved on "
+                             "elsewhere); nothing was answered here.")
                 view = moved.view
                 continue
             try:
