@@ -46,7 +46,8 @@ def _is_terminal(stream: Any) -> bool:
 _TOO_LARGE: Final = {
     "intent file": "Put large input in a file your Steps read, and pass its path (or a short "
                    "description) as the intent.",
-    "answer": "Put large text in a file and answer with its path.",
+    "answer": "Put large text in a file the Step can read, and give its path as the answer's "
+              "text (a question's answer, or a confirmation's feedback).",
 }
 
 

@@ -330,6 +330,12 @@ def test_intent_file_errors_name_the_file_as_given(project: Project) -> None:
                                  "is larger than the 1,048,576-byte limit"), big.stderr
     piped = project.cli("flow", "example", "--intent-file", "-", input="x" * (2 << 20))
     assert "The intent read from stdin (-) is larger than" in piped.stderr, piped.stderr
+    # answer takes no path: the fix names where a path goes (a text the Step reads).
+    answer = project.cli("answer", "RUN-1", "ASK-1", "-", input="x" * (2 << 20))
+    assert answer.code == 1 and "larger than the 1,048,576-byte limit" in answer.stderr
+    assert answer.stderr.rstrip().endswith(
+        "Put large text in a file the Step can read, and give its path as the answer's text "
+        "(a question's answer, or a confirmation's feedback)."), answer.stderr
     empty = project.cli("flow", "example", "--intent-file", str(blank))
     assert empty.code == 1, empty.stderr
     # The fact is about the file: "The intent is blank" sent people looking at --intent.
