@@ -438,6 +438,9 @@ class Store:
             raise
         self._fd, self._number, self._size = fd, number, len(header) + len(first)
         self._writers = set()
+        # A failed rotation's retry point counts the bytes of the segment it failed in; a new
+        # segment rotates by its own size (kept, it grew as large as the failed one first).
+        self._rotate_retry_at = 0
         self._frames = 1 if first else 0
         self._next_number = number + 1
 

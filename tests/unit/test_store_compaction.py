@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import intloom.store.writer as writer
 from intloom.runtime.machine import fold
-from intloom.store import read_history, read_runs, read_runs_report, verify
+from intloom.store import FaultPlan, read_history, read_runs, read_runs_report, verify
 from tests.helpers import eventually
 from tests.unit.test_store_support import abandon, by_id, open_store, walk
 
@@ -264,6 +264,28 @@ def test_a_rotation_that_fails_is_told_once_and_not_tried_at_every_flush(
     assert told == [("segment", "rotation")], told
     assert "ulimit -n" in (store.unsummarised[0][0].fix or "")
     store.close_blocking()
+    [journal] = read_runs(tmp_path)
+    assert journal.status == "ok" and journal.state == fold(records)
+
+
+def test_a_segment_after_a_failed_rotation_rotates_at_the_usual_size(tmp_path: Path) -> None:
+    # A rotation that cannot create its segment (a full disk) is tried again once another
+    # segment's worth is written. The retry point was measured in the failed segment's
+    # bytes and kept after the retry succeeded: the next segment grew to the failed one's
+    # size before it rotated (after a long disk-full episode, hundreds of MB that a restore
+    # after a crash decodes, instead of at most ``segment_bytes``).
+    records = walk("RUN-A", 4_000, 5)
+    store = open_store(tmp_path, segment_bytes=SEGMENT,
+                       faults=FaultPlan(fail_segment=frozenset({2})))  # the 1st rotation's
+    for first in range(0, len(records), 10):
+        for record in records[first : first + 10]:
+            store.append("RUN-A", record)
+        store.sync_blocking()
+    store.close_blocking()
+    sizes = [p.stat().st_size for p in sorted((tmp_path / "wal").iterdir())]
+    assert sizes[0] >= 2 * SEGMENT, sizes  # the failed rotation: it grew one more segment
+    assert all(size < SEGMENT + (8 << 10) for size in sizes[1:]), sizes  # one batch past
+    assert len(sizes) >= 4, sizes
     [journal] = read_runs(tmp_path)
     assert journal.status == "ok" and journal.state == fold(records)
 
