@@ -216,18 +216,25 @@ class SegmentScan:
     # mtime; None: unknown). Then no crash since can have left unflushed pages in it, and
     # its bytes are exactly what was written: a torn write can only be cut short.
     written_this_boot: bool | None = None
+    # A later segment that this one's writer (the same instance id in its header) wrote
+    # past its header: its number (0: none). A writer stops appending to a segment before
+    # it writes into the next one (a rotation seals this one first; a failed write voids
+    # the rest of it), so no crash of that writer left this one's end cut short: damage
+    # there is corruption (set by the reader, which looks at the later files in wal/).
+    went_on: int = 0
 
     def is_torn(self, damage: Damage) -> bool:
         """Whether ``damage`` is a torn tail (a crash mid-append) rather than corruption.
 
-        Only damage running to the end of an unsealed segment can be. Bytes cut short
-        (``Damage.cut_short``) always are. A length-complete last frame that fails its
+        Only damage running to the end of an unsealed segment can be, and only when its
+        writer did not go on to write a later segment (``went_on``). Bytes cut short
+        (``Damage.cut_short``) then always are. A length-complete last frame that fails its
         checksum is what a crash of the OS can leave (its pages reached the disk out of
         order, some never): it is taken as torn only when the OS may have restarted since the
         segment was last written; otherwise no crash can have produced it, and it is damage.
         docs/format.md has the reasoning.
         """
-        if not damage.at_tail or damage.after_seal:
+        if not damage.at_tail or damage.after_seal or self.went_on:
             return False
         return damage.cut_short or self.written_this_boot is not True
 
@@ -386,6 +393,15 @@ def segment_header(data: bytes) -> SegmentHeader | None:
     if magic != SEGMENT_MAGIC or fmt != FORMAT_VERSION:
         return None
     return scan_segment("", 0, data[:_SEG_PREFIX.size + hlen]).header
+
+
+def segment_header_end(data: bytes) -> tuple[SegmentHeader, int] | None:
+    """The header of a segment whose first bytes are ``data`` and where it ends, when it
+    checks out (``segment_header``); None otherwise."""
+    header = segment_header(data)
+    if header is None:
+        return None
+    return header, _SEG_PREFIX.size + _SEG_PREFIX.unpack_from(data, 0)[2]
 
 
 def scan_segment(name: str, number: int, data: bytes) -> SegmentScan:

@@ -27,7 +27,13 @@ from intloom.store.framing import (
     scan_segment,
     segment_number,
 )
-from intloom.store.reader import VOID_FRAME, unread_segment, void_cuts, written_this_boot
+from intloom.store.reader import (
+    VOID_FRAME,
+    unread_segment,
+    void_cuts,
+    went_on,
+    written_this_boot,
+)
 from intloom.store.snapshots import (
     Snapshot,
     SnapshotError,
@@ -109,7 +115,9 @@ def read_histories(runtime_dir: Path, run_ids: Collection[str], *,
     scans = []
     ids = frozenset(run_ids)
     wanted = [run_id.encode() for run_id in ids]
-    for name in list_names(layout.wal):
+    names = list_names(layout.wal)
+    numbers = sorted(n for n in map(segment_number, names) if n is not None)
+    for name in names:
         number = segment_number(name)
         if number is None or unread_segment(layout, manifest, number) is not None:
             continue  # no start reads it; verify's finding names it
@@ -120,6 +128,7 @@ def read_histories(runtime_dir: Path, run_ids: Collection[str], *,
                                  or not all(_unrelated(data, w) for w in wanted)):
             scan = scan_segment(name, number, data)
             scan.written_this_boot = written_this_boot(layout.wal / name)
+            scan.went_on = went_on(layout, scan, numbers)
             # Keep only what these Runs' histories need (their records and the void
             # notices), so memory holds one segment at a time, not the whole log.
             scan.frames = [f for f in scan.frames if f.kind == KIND_VOID

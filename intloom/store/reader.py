@@ -11,6 +11,7 @@ import contextlib
 import itertools
 import os
 import re
+import stat
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -43,6 +44,7 @@ from intloom.store.framing import (
     format_problem,
     rebuilt_payload,
     scan_segment,
+    segment_header_end,
     segment_name,
     segment_number,
 )
@@ -471,6 +473,7 @@ def load(root: Path, mode: Mode = "restore", *, whole: bool = False,
         loaded.stats.bytes_read += len(data)
         scan = scan_segment(name, number, data)
         scan.written_this_boot = written_this_boot(layout.wal / name)
+        scan.went_on = went_on(layout, scan, numbers)
         scans.append(scan)
     loaded.segments_read = [s.number for s in scans]
 
@@ -562,9 +565,57 @@ def written_this_boot(path: Path) -> bool | None:
     return None
 
 
+def went_on(layout: Layout, scan: SegmentScan, numbers: list[int]) -> int:
+    """The first segment after ``scan`` in ``numbers`` (wal/) that ``scan``'s writer -- the
+    same instance id in its header -- wrote past its header, 0 if none (``SegmentScan.went_on``).
+
+    Looked for only when ``scan`` ends in damage, so a read of a sound log opens nothing
+    more. A header-only segment does not count: a rotation whose directory fsync failed
+    leaves one, and its writer goes on appending to the segment before it. Only a file's
+    first bytes are read, never through a link.
+    """
+    if scan.header is None or not scan.damage or not scan.damage[-1].at_tail:
+        return 0
+    writer = scan.header.instance_id
+    for number in numbers:
+        if number <= scan.number:
+            continue
+        head = read_head(layout.wal / segment_name(number))
+        if head is None:
+            continue
+        data, size = head
+        found = segment_header_end(data)
+        if found is not None and found[0].instance_id == writer and size > found[1]:
+            return number
+    return 0
+
+
+def read_head(path: Path, limit: int = 8192) -> tuple[bytes, int] | None:
+    """A regular file's first ``limit`` bytes and its size (never through a link); None when
+    it cannot be read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        return os.read(fd, limit), st.st_size
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 def tail_finding(scan: SegmentScan, damage: Damage) -> str:
     """What a segment's damaged last bytes are, in words (for a torn or a damaged tail)."""
     size = damage.end - damage.start
+    if scan.went_on:
+        return (f"bytes {damage.start}..{damage.end} at its end are damaged (its last frame is "
+                f"{'cut short' if damage.cut_short else 'whole but fails its checksum'}, yet "
+                f"the host that wrote it went on to write wal/{segment_name(scan.went_on)}, "
+                "so no crash ended it mid-append: it was cut short or damaged since)")
     if damage.cut_short:
         return (f"ends with {size} bytes of an incomplete frame at offset {damage.start} "
                 "(a crash mid-append; not corruption)")

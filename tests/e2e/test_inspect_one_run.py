@@ -6,6 +6,7 @@ store with the real writer (one segment per host), damage it, and run the real C
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,8 +29,9 @@ def _runtime(project: Project) -> Path:
 
 def _host(runtime: Path, runs: dict[str, int], *, ended: bool = True,
           crash: bool = False) -> None:
-    """One host instance writing ``runs`` (id -> records) into a segment of its own."""
-    store = open_store(runtime)
+    """One host instance writing ``runs`` (id -> records) into a segment of its own (with
+    an instance id of its own, as every host has)."""
+    store = open_store(runtime, instance_id=f"INST-{uuid.uuid4()}")
     for n, (run_id, count) in enumerate(runs.items()):
         for record in walk(run_id, count, n, terminal=ended):
             store.append(run_id, record)

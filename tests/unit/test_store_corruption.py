@@ -703,7 +703,7 @@ def test_store_history_passes_over_a_torn_record_the_next_host_wrote_again(
     abandon(first)
     segment = root / "wal" / "0000000001.seg"
     segment.write_bytes(segment.read_bytes()[:-10])  # a crash in the middle of record 6
-    second = open_store(root)
+    second = open_store(root, instance_id="INST-2")  # another host: another instance id
     assert by_id(second.restored.runs)["RUN-A"].state.seq == 5
     for record in records[5:]:
         second.append("RUN-A", record)
@@ -1121,3 +1121,52 @@ def test_a_snapshot_holding_another_runs_state_is_damaged(tmp_path: Path) -> Non
     with pytest.raises(SnapshotError) as unusable:
         decode_snapshot(tmp_path / snapshot_name("RUN-A"), data)
     assert unusable.value.fact == "is damaged (it names Run RUN-A but holds the state of Run RUN-B)"
+
+
+def test_a_segment_cut_short_after_its_host_went_on_is_damage_not_a_torn_tail(
+        tmp_path: Path) -> None:
+    """A host appends to a segment only until it writes into the next one (a rotation seals
+    the old one first), so a cut-short end of a segment whose host went on to write a later
+    one is no crash's torn tail: it was cut short since. Read as torn ("a crash mid-append;
+    not corruption", accepted by ``start --strict``), the Run whose last record was cut
+    off, with the manifest and its snapshot gone (a read of the whole log), was restored
+    one record earlier as if that record had never been written."""
+    root = tmp_path / "runtime"
+    a, b = walk("RUN-A", 12, 1), walk("RUN-B", 5_000, 2)
+    store = open_store(root, instance_id="INST-1", segment_bytes=64 << 10)
+    for record in a[:-1]:
+        store.append("RUN-A", record)
+    store.sync_blocking()
+    i = 0
+    while store._size < (64 << 10) - 2_000:  # RUN-B fills the segment near its rotation
+        store.append("RUN-B", b[i])
+        store.sync_blocking()
+        i += 1
+    store.append("RUN-A", a[-1])  # RUN-A's last record, in segment 1
+    store.sync_blocking()
+    while store._number == 1:  # ... then the rotation, and records in segment 2
+        store.append("RUN-B", b[i])
+        store.sync_blocking()
+        i += 1
+    for record in b[i : i + 20]:
+        store.append("RUN-B", record)
+    store.sync_blocking()
+    abandon(store)
+    first = root / "wal" / "0000000001.seg"
+    data = first.read_bytes()
+    last_a = [f for f in scan_segment(first.name, 1, data).frames if f.run_id == "RUN-A"][-1]
+    assert last_a.seq == 12
+    first.write_bytes(data[: last_a.offset + 20])  # cut inside RUN-A's record 12
+    (root / "manifest.json").unlink()
+    (root / "snap" / "live" / snapshot_name("RUN-A")).unlink()
+    kept = snapshot_files(root)
+
+    report = verify_report(root)
+    [finding] = [f for f in report.files if f.path == "wal/0000000001.seg"]
+    assert finding.kind == "corrupt", finding
+    assert f"{last_a.offset}..{last_a.offset + 20}" in finding.problem
+    assert "went on to write wal/0000000002.seg" in finding.problem
+    journal = by_id(read_runs(root))["RUN-A"]
+    assert journal.status == "corrupt" and "may have held its record 12" in (journal.problem
+                                                                             or ""), journal
+    assert snapshot_files(root) == kept
