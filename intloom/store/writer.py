@@ -369,9 +369,11 @@ class Store:
                 finally:
                     os.close(fd)
         # Always, even with nothing to summarise: the manifest names the segment just
-        # created (``open``), so that a start finding it gone knows it existed. On failure
-        # the manifest does not move: the next restore reads more, correctly (only a loss of
-        # that segment would then go unnoticed).
+        # created (``open``), so that a start finding it gone knows it existed. When the
+        # snapshots fail, ``start`` does not move (the next restore reads more, correctly)
+        # but the manifest still names the new segment, as after a failed write's
+        # replacement segment: without it, that segment lost later went unnoticed and its
+        # Runs resumed from an older point. Only a failed manifest write leaves it unnamed.
         if summarise:
             kept: dict[str, FileProblem] = {}
             try:
@@ -382,6 +384,11 @@ class Store:
                 store._start = store._number
             except NotSummarised as exc:
                 store._not_summarised(exc, "open")
+                if exc.what == "snapshots" and not store._manifest_kept:
+                    with contextlib.suppress(NotSummarised):
+                        compact(layout, {}, start=store._start, pinned=store._pinned,
+                                voids=store._voids, segment=store._number,
+                                held=store._held, open_segment=store._number, kept=kept)
             store._tell_kept(kept)
         return store
 

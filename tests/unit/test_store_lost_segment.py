@@ -97,6 +97,39 @@ def test_a_lost_segment_a_host_opened_holds_the_runs_it_may_have_moved_on(
     assert runs["RUN-A"].state is not None and runs["RUN-A"].state.seq == 12
 
 
+def test_a_host_whose_snapshots_failed_at_open_still_names_its_segment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After a crash, a host's open snapshots the Runs the crashed segment holds, then
+    writes the manifest naming its own new segment (``open``). When those snapshots failed
+    (EIO, a quota), the manifest was not written at all: that segment, lost later, was
+    named by nothing, and a Run that went on in it came back from an older point."""
+    from intloom.fsutil import WRITE_FAULT_ENV
+
+    root = tmp_path / "runtime"
+    store = open_store(root, instance_id="INST-1")
+    for record in A[:6]:
+        store.append("RUN-A", record)
+    store.sync_blocking()
+    abandon(store)  # a crash: RUN-A's records 1..6 in segment 1, no snapshot
+    monkeypatch.setenv(WRITE_FAULT_ENV, "*.snap=EIO")
+    store = open_store(root, instance_id="INST-2")
+    assert [(exc.what, when) for exc, when in store.unsummarised] == [("snapshots", "open")]
+    assert decode_manifest(root / "manifest.json", (root / "manifest.json").read_bytes()).open == 2
+    for record in A[6:]:
+        store.append("RUN-A", record)
+    store.sync_blocking()
+    abandon(store)  # killed again, RUN-A's records 7..12 in segment 2 only
+    monkeypatch.delenv(WRITE_FAULT_ENV)
+    (root / SEG2).unlink()
+
+    report = read_runs_report(root)
+    assert (SEG2, "missing") in {(f.path, f.kind) for f in report.files}, report.files
+    run = by_id(report.runs)["RUN-A"]
+    # Before: 'ok' at record 6, as if records 7..12 had never been written.
+    assert run.status == "corrupt" and "record 7" in (run.problem or ""), run
+
+
 def test_without_a_copy_moving_a_held_runs_snapshot_aside_accepts_the_loss(
     tmp_path: Path,
 ) -> None:
