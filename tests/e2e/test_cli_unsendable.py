@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import CliResult, Project, ok
+from tests.helpers import CliResult, Project, ok, started_waiting
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
@@ -88,3 +88,21 @@ def test_answer_with_bytes_that_are_not_utf8_is_refused_not_a_crash(project: Pro
     assert message.startswith("ANSWER holds bytes that are not UTF-8 text"), message
     assert "nothing was sent" in message and "Pass the answer as UTF-8" in message
     assert ok(project.cli("runs", "--json"))["runs"] == [run]  # the wait is unchanged
+
+
+def test_inspect_of_a_run_id_that_is_not_utf8_is_refused_not_a_crash(project: Project) -> None:
+    # inspect reads the store offline: with a runtime/ to read, such an id reached the
+    # snapshot's file name and failed CLI_INTERNAL_ERROR (exit 70), where attach and cancel
+    # refuse it as INVALID_REQUEST (exit 1).
+    run_id, _ = started_waiting(project)
+    for when in ("running", "stopped"):
+        bad = run_id + "\udcff"  # argv bytes that are not UTF-8 (0xff): a lone surrogate
+        message = refused(project.cli("inspect", bad, "--json"))
+        assert message.startswith("RUN 'RUN-") and "holds bytes that are not UTF-8" in message
+        assert "Check the Run id" in message, message
+        text = project.cli("inspect", bad)
+        assert (text.code, text.stdout) == (1, ""), (when, text)
+        assert text.stderr.startswith("Failure · INVALID_REQUEST: RUN "), text.stderr
+        assert "\\udcff" in text.stderr and "Traceback" not in text.stderr
+        assert ok(project.cli("inspect", run_id, "--json"))["run"]["runId"] == run_id
+        ok(project.cli("stop", "--json"))
