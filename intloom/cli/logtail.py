@@ -18,6 +18,7 @@ __all__ = ["LogTail", "log_files", "scan_logs"]
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 Skipped = Callable[[Path, str], None]  # a log-named entry that is no log, and what it is
+Refused = Callable[[Path, OSError], None]  # a log file the OS would not open, and its error
 Reread = Callable[[Path, str], None]  # a followed file read again from its start, and why
 
 
@@ -74,13 +75,16 @@ class LogTail:
     its newline arrives. An entry named like a log that is not a regular file is handed to
     ``on_skipped`` once, with what it is. A file being followed that shrank (truncated, by
     hand or by a ``copytruncate`` rotation) or that another file replaced is read again from
-    its start, and handed to ``on_reread`` with what happened to it.
+    its start, and handed to ``on_reread`` with what happened to it. A log file that cannot
+    be opened (EACCES: mode 0000, another user's) is handed to ``on_refused`` once, with the
+    error: it was passed over in silence, as if it were empty.
     """
 
     def __init__(self, logs_dir: Path, emit: Callable[[str], None], *, all_files: bool,
                  on_skipped: Skipped | None = None, newest: Path | None = None,
-                 on_reread: Reread | None = None) -> None:
+                 on_reread: Reread | None = None, on_refused: Refused | None = None) -> None:
         self._dir = logs_dir
+        self._on_refused = on_refused
         self._emit = emit
         self._on_skipped = on_skipped
         self._on_reread = on_reread
@@ -151,6 +155,10 @@ class LogTail:
         except OSError as exc:
             if exc.errno == errno.ELOOP:  # replaced by a link since it was listed
                 self._skip(path, "a symbolic link")
+            elif (exc.errno not in (errno.ENOENT, errno.ENOTDIR) and path not in self._reported
+                  and self._on_refused is not None):
+                self._reported.add(path)
+                self._on_refused(path, exc)
             return None
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):  # replaced since it was listed

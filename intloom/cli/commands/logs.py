@@ -153,6 +153,16 @@ def _reread(renderer: Renderer, root: Path) -> Callable[[Path, str], None]:
     return report
 
 
+def _refusal(path: Path, exc: OSError) -> tuple[str, str]:
+    """Why the log ``path`` could not be opened, and the fix (without a full stop)."""
+    if isinstance(exc, PermissionError):
+        from intloom.fsutil import read_refusal  # only on this refusal
+
+        return read_refusal(path)
+    return (f"{path} cannot be read ({exc.strerror or exc})",
+            "Check the file (ls -l shows what it is)")
+
+
 def _watch_target(root: Path, logs_dir: Path) -> tuple[Path, bool]:
     """The nearest existing directory to watch, and whether to watch it recursively."""
     if logs_dir.is_dir():
@@ -271,8 +281,21 @@ def logs(
     tails: list[LogTail] = []  # the printer asks the tail where each line is
     emit, printed = _printer(renderer, run_id, root,
                              lambda: tails[0].line_at if tails else None)
+    refused: list[tuple[str, str]] = []
+
+    def on_refused(path: Path, exc: OSError) -> None:
+        # A log the OS would not open (mode 0000, another user's) printed nothing, exit 0,
+        # and the newest one was then said to have "no record yet: its host wrote none".
+        fact, fix = _refusal(path, exc)
+        if not follow:
+            refused.append((fact, fix))  # the command fails once every readable log is shown
+            return
+        _file_note(renderer, root, "unreadable_file", path, fact, lambda shown: (
+            f"{fact}; its records are not shown. {fix}."))
+
     tail = LogTail(logs_dir, emit, all_files=all_files, on_skipped=_skipped(renderer, root),
-                   newest=_hosts_log(root, logs_dir), on_reread=_reread(renderer, root))
+                   newest=_hosts_log(root, logs_dir), on_reread=_reread(renderer, root),
+                   on_refused=on_refused)
     tails.append(tail)
     if follow:
         # The backlog too: Ctrl-C while it still printed (a long log, a slow reader) ended
@@ -289,6 +312,18 @@ def logs(
         return
     tail.pump()
     tail.finish()
+    if refused:
+        facts = "; ".join(fact for fact, _ in refused)
+        fixes = "; ".join(dict.fromkeys(fix for _, fix in refused))
+        others = " (the other logs' records are)" if all_files else ""
+        raise IntloomError(
+            "STORAGE_ERROR",
+            f"{facts}: {'its' if len(refused) == 1 else 'their'} records are not shown"
+            f"{others}. {fixes}, then run intloom "
+            "logs again; the "
+            f"{'file was' if len(refused) == 1 else 'files were'} left as "
+            f"{'it is' if len(refused) == 1 else 'they are'}.",
+        )
     if printed[0] == 0:
         if not log_files(logs_dir):
             renderer.note(f"No host log yet under {logs_dir}; intloom start writes one.")

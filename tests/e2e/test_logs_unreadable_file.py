@@ -1,0 +1,70 @@
+"""``intloom logs`` with a log file it may not open (mode 0000, another user's): the file
+was passed over in silence, exit 0, and the newest one was then said to have "no record yet:
+its host wrote none (it ended, or was killed, as it started)" -- false, and the records of
+the host it asked about were missing without a word. It now fails STORAGE_ERROR (exit 1)
+naming the file, its mode and the chmod, after every log it could read; the file is kept
+as it is. Real host and real CLI; as root, without the capabilities that let root read any
+file (setpriv), so that the mode binds."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from tests.helpers import REPO, CliResult, Project, ok, snapshot_files
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+
+def _as_a_user(project: Project, *args: str) -> CliResult:
+    prefix: list[str] = []
+    if os.geteuid() == 0:
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            pytest.skip("root reads any file, and setpriv (util-linux) is not here to drop that")
+        drop = "-dac_override,-dac_read_search"
+        prefix = [setpriv, f"--bounding-set={drop}", f"--inh-caps={drop}"]
+    proc = subprocess.run(
+        [*prefix, sys.executable, "-m", "intloom", "--project", str(project.root), *args],
+        capture_output=True, text=True, timeout=60,
+        env={**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(REPO)})
+    return CliResult(proc.returncode, proc.stdout, proc.stderr)
+
+
+def test_a_log_that_cannot_be_read_fails_naming_it_not_called_empty(project: Project) -> None:
+    first = ok(project.cli("start", "--json"))["service"]
+    ok(project.cli("stop", "--json"))
+    second = ok(project.cli("start", "--json"))["service"]
+    run = ok(project.cli("flow", "example", "--intent", "notes", "--json"))["run"]
+    ok(project.cli("stop", "--json"))
+    newest = project.state / "logs" / second["logFile"]
+    newest.chmod(0)
+    before = snapshot_files(project.state)
+    shown = str(newest)
+    fix = f"Run chmod u+r {shown}"
+
+    for args in ((), (run["runId"],)):
+        text = _as_a_user(project, "logs", *args)
+        assert (text.code, text.stdout) == (1, ""), (args, text)
+        assert text.stderr.startswith(
+            f"Failure · STORAGE_ERROR: {shown} is not readable by you (mode 0000): its records "
+            "are not shown."), text.stderr
+        assert fix in text.stderr and "no record yet" not in text.stderr, text.stderr
+        assert "No log records about" not in text.stderr, text.stderr
+
+    result = _as_a_user(project, "logs", "--all", "--json")
+    assert result.code == 1, (result.stdout, result.stderr)
+    lines: list[dict[str, Any]] = [json.loads(line) for line in result.stdout.splitlines()]
+    error = lines[-1]["error"]
+    assert (error["code"], error["retryable"]) == ("STORAGE_ERROR", False), error
+    assert fix in error["message"] and "the other logs' records are" in error["message"]
+    # The readable (first) log is shown in full before the error.
+    assert lines[0]["event"] == "log_opened" and lines[0]["instanceId"] == first["instanceId"]
+    assert lines[-2]["event"] == "log_closed", lines[-2]
+    assert snapshot_files(project.state) == before  # the file is left as it is
