@@ -13,7 +13,9 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["LogTail", "log_files", "scan_logs"]
+from intloom.errors import IntloomError
+
+__all__ = ["LogTail", "log_files", "scan_logs", "unlistable"]
 
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
@@ -45,6 +47,10 @@ def scan_logs(logs_dir: Path) -> tuple[list[Path], list[tuple[Path, str]]]:
         names = os.listdir(logs_dir)
     except (FileNotFoundError, NotADirectoryError):
         return [], []
+    except OSError as exc:
+        # Unhandled, a logs/ (or .intloom/) its user may not read or search ended intloom
+        # logs with CLI_INTERNAL_ERROR, exit 70.
+        raise unlistable(logs_dir, exc) from None
     found: list[Path] = []
     skipped: list[tuple[Path, str]] = []
     for name in names:
@@ -60,6 +66,24 @@ def scan_logs(logs_dir: Path) -> tuple[list[Path], list[tuple[Path, str]]]:
         else:
             skipped.append((path, _not_regular(mode)))
     return sorted(found), sorted(skipped)
+
+
+def unlistable(logs_dir: Path, exc: OSError) -> IntloomError:
+    """STORAGE_ERROR for a logs directory that cannot be listed: why, and the fix."""
+    from intloom.fsutil import read_refusal, shell_arg
+
+    if isinstance(exc, PermissionError):
+        fact, fix = read_refusal(logs_dir)
+        if fix.startswith("Run chmod u+r "):  # a directory is listed with r and searched with x
+            fix = f"Run chmod 700 {shell_arg(logs_dir)}"
+    else:
+        fact = f"{logs_dir} cannot be listed ({exc.strerror or exc})"
+        fix = "Check it (ls -ld shows what it is)"
+    return IntloomError(
+        "STORAGE_ERROR",
+        f"The host logs cannot be listed: {fact}. Nothing was read, and nothing was changed. "
+        f"{fix}, then run intloom logs again.",
+    )
 
 
 def log_files(logs_dir: Path) -> list[Path]:

@@ -68,3 +68,29 @@ def test_a_log_that_cannot_be_read_fails_naming_it_not_called_empty(project: Pro
     assert lines[0]["event"] == "log_opened" and lines[0]["instanceId"] == first["instanceId"]
     assert lines[-2]["event"] == "log_closed", lines[-2]
     assert snapshot_files(project.state) == before  # the file is left as it is
+
+
+@pytest.mark.parametrize("where", [".intloom/logs", ".intloom"])
+def test_a_logs_directory_that_cannot_be_listed_is_storage_error_not_a_crash(
+    project: Project, where: str,
+) -> None:
+    """A .intloom/logs/ its user may not read (or a .intloom/ it may not search) ended
+    intloom logs with CLI_INTERNAL_ERROR, exit 70: os.listdir's PermissionError escaped."""
+    ok(project.cli("start", "--json"))
+    ok(project.cli("stop", "--json"))
+    directory = project.root / where
+    directory.chmod(0)
+    try:
+        for args in ((), ("--all",), ("--follow",)):
+            text = _as_a_user(project, "logs", *args)
+            assert (text.code, text.stdout) == (1, ""), (args, text)
+            assert text.stderr.startswith(
+                "Failure · STORAGE_ERROR: The host logs cannot be listed: "
+                f"{directory}"), text.stderr
+            assert f"chmod {'700' if where.endswith('logs') else 'u+x'} {directory}" in \
+                text.stderr, text.stderr
+        result = _as_a_user(project, "logs", "--json")
+        assert result.code == 1, (result.stdout, result.stderr)
+        assert result.json["error"]["code"] == "STORAGE_ERROR", result.stdout
+    finally:
+        directory.chmod(0o700)

@@ -20,7 +20,7 @@ from typing import Annotated, Any, Final
 import msgspec
 import typer
 
-from intloom.cli.logtail import LogTail, log_files
+from intloom.cli.logtail import LogTail, log_files, unlistable
 from intloom.cli.options import CliState, command
 from intloom.cli.readerwatch import on_reader_gone
 from intloom.cli.render import Renderer, log_line
@@ -245,6 +245,8 @@ def _refuse_links(*directories: Path) -> None:
             st = os.lstat(directory)
         except FileNotFoundError:
             return  # no logs yet: said below, and --follow waits for them
+        except OSError as exc:  # .intloom/ that may not be searched: named, with its fix
+            raise unlistable(directories[-1], exc) from None
         # Modes are not judged here (status does not either): doctor reports them.
         problem = dir_problem(st, private=False)
         if problem is not None:
