@@ -66,9 +66,10 @@ _APPEND_FL: Final = 0x20
 class PrivacyError(Exception):
     """A path is not the private, regular, user-owned thing it must be. ``fact`` says why."""
 
-    def __init__(self, path: Path, fact: str) -> None:
+    def __init__(self, path: Path, fact: str, fix: str | None = None) -> None:
         self.path = path
         self.fact = fact
+        self.fix = fix  # privacy_fix's words, when the fact alone does not give them
         super().__init__(f"{path}: {fact}")
 
 
@@ -422,6 +423,8 @@ def privacy_fix(error: PrivacyError) -> str:
     """What to do about ``error``, by its fact: a wrong mode is fixed with chmod, but a
     link, a file of the wrong kind or another user's file is not."""
     fact, path = error.fact, shell_arg(error.path)
+    if error.fix is not None:
+        return error.fix
     if fact.startswith("has mode"):
         mode = "700" if "0700" in fact else "600"
         return f"Run chmod {mode} {path}, then try again"
@@ -474,6 +477,16 @@ def check_private_dir(path: Path) -> None:
         st = os.lstat(path)
     except FileNotFoundError:
         raise PrivacyError(path, "does not exist") from None
+    except PermissionError:
+        # A parent this user may not search (.intloom/ at mode 0000): escaped as a bare
+        # PermissionError, and status, doctor, verify and inspect failed CLI_INTERNAL_ERROR.
+        found = _search_refusal(path)
+        if found is None:
+            raise PrivacyError(path, "cannot be looked at (Permission denied)",
+                               "Check the directories on its path (ls -ld), then try "
+                               "again") from None
+        raise PrivacyError(path, f"cannot be reached: {found[0]}",
+                           f"{found[1]}; then try again") from None
     problem = dir_problem(st)
     if problem is not None:
         raise PrivacyError(path, problem)

@@ -179,6 +179,14 @@ def check_journals_dir(paths: ProjectPaths) -> None:
     check_state_dir(paths.state)
 
 
+def journals_present(paths: ProjectPaths) -> bool:
+    """Whether ``.intloom/runtime`` exists; STORAGE_ERROR naming the directory that refuses a
+    search when that cannot be told (``Path.exists`` let a PermissionError out)."""
+    from intloom.store.files import present
+
+    return present(paths.runtime)
+
+
 def preview_runs(
     paths: ProjectPaths, loaded: LoadResult | None, *, host_running: bool,
     interrupted_by_host: frozenset[str] = frozenset(), host_list_cut: bool = False,
@@ -192,6 +200,7 @@ def preview_runs(
     journal a restart would interrupt (a wait without recover, a Step running) is fine.
     ``host_list_cut``: that summary names only the first of them, so any may be one.
     """
+    from intloom.store.files import present
     from intloom.store.reader import load
 
     try:
@@ -199,9 +208,9 @@ def preview_runs(
     except IntloomError as exc:
         return Check("journals", "attention", f"The journals were not read: {exc.message}",
                      "Fix .intloom first; its files are kept as they are."), []
-    if not paths.runtime.exists():
-        return Check("journals", "ok", "No Run journals yet.", None), []
     try:
+        if not present(paths.runtime):
+            return Check("journals", "ok", "No Run journals yet.", None), []
         store = load(paths.runtime, "restore")
     except IntloomError as exc:
         return Check("journals", "attention", exc.message,

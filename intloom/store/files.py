@@ -47,6 +47,7 @@ __all__ = [
     "list_names",
     "lock_dir",
     "open_new",
+    "present",
     "read_file",
     "remove_temps",
     "storage_error",
@@ -110,6 +111,20 @@ def check_dir(path: Path) -> bool:
         if exc.fact == "does not exist":
             return False
         raise _from_privacy(exc) from None
+    return True
+
+
+def present(path: Path) -> bool:
+    """Whether ``path`` exists (a link counts), from an ``lstat``. A parent this user may not
+    search raises the STORAGE_ERROR naming that directory and its fix: ``Path.exists`` let the
+    PermissionError out, and doctor and inspect failed CLI_INTERNAL_ERROR (exit 70)."""
+    try:
+        os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except PermissionError:
+        check_dir(path)  # raises, naming the directory that refuses the search
+        raise
     return True
 
 

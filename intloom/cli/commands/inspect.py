@@ -225,7 +225,7 @@ def inspect(state: CliState, run_id: RunArg) -> None:
         restored_journal,
         written_by,
     )
-    from intloom.diagnostics.previews import check_journals_dir
+    from intloom.diagnostics.previews import check_journals_dir, journals_present
     from intloom.project import ProjectPaths
 
     paths = ProjectPaths(state.root())
@@ -234,7 +234,7 @@ def inspect(state: CliState, run_id: RunArg) -> None:
         raise bad
     check_journals_dir(paths)  # never read journals through a link
     runtime = paths.runtime
-    if not runtime.exists():
+    if not journals_present(paths):  # a .intloom/ that may not be searched: STORAGE_ERROR
         raise _not_found(run_id, runtime)
     entries, journal, found = read_journal(runtime, run_id)
     if not entries:

@@ -1,0 +1,63 @@
+"""A directory of .intloom/ its user may not search (mode 0000: .intloom/ itself, runtime/,
+runtime/snap/): status, doctor, verify and inspect failed "CLI_INTERNAL_ERROR: The local
+operation failed", exit 70 -- an lstat (check_private_dir) or Path.exists under it let
+the PermissionError out. Each now names the directory that refuses the search and the
+chmod u+x, with the exit its command has for a known problem, and changes nothing. Real
+host and CLI; as root, without the capabilities that let root pass any mode (setpriv)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import REPO, CliResult, Project, ok, started_waiting
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+
+
+def _as_a_user(project: Project, *args: str) -> CliResult:
+    prefix: list[str] = []
+    if os.geteuid() == 0:
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            pytest.skip("root passes any mode, and setpriv (util-linux) is not here to drop that")
+        drop = "-dac_override,-dac_read_search"
+        prefix = [setpriv, f"--bounding-set={drop}", f"--inh-caps={drop}"]
+    proc = subprocess.run(
+        [*prefix, sys.executable, "-m", "intloom", "--project", str(project.root), *args],
+        capture_output=True, text=True, timeout=60,
+        env={**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(REPO)})
+    return CliResult(proc.returncode, proc.stdout, proc.stderr)
+
+
+@pytest.mark.parametrize("where", [".intloom", ".intloom/runtime", ".intloom/runtime/snap"])
+def test_a_state_directory_that_cannot_be_searched_is_named_not_a_crash(
+    project: Project, where: str,
+) -> None:
+    run_id, _ = started_waiting(project)
+    ok(project.cli("stop", "--json"))
+    directory = project.root / where
+    directory.chmod(0)
+    fix = f"chmod u+x {directory}"
+    try:
+        commands = {"doctor": (3, 4), "verify": (1,), "inspect": (1,)}
+        if where != ".intloom":  # status reads .intloom/'s own files first
+            commands["status"] = (0,)
+        for command, codes in commands.items():
+            args = (command, run_id) if command == "inspect" else (command,)
+            result = _as_a_user(project, *args)
+            said = result.stdout + result.stderr
+            assert result.code in codes, (command, result)
+            assert "CLI_INTERNAL_ERROR" not in said and "Traceback" not in said, (command, said)
+            # The directory that refuses, and a chmod for it (u+x where a path under it could
+            # not even be looked up; the store's "chmod it to 0700" where it was listed).
+            assert str(directory) in said and "chmod" in said, (command, said)
+            if command in ("doctor", "status"):
+                assert f"{directory} (mode 0000" in said and fix in said, (command, said)
+    finally:
+        directory.chmod(0o700)
+    assert ok(project.cli("inspect", run_id, "--json"))["run"]["runId"] == run_id
