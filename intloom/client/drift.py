@@ -48,6 +48,21 @@ class SourceChange:
     workflow: str | None = None
 
 
+def _refused(entry: Path) -> str | None:
+    """Why ``entry`` cannot even be looked up (a directory on its way this user may not
+    search), with the fix; None when it can (whether or not it exists)."""
+    try:
+        os.lstat(entry)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        from intloom.fsutil import search_refused
+
+        found = search_refused(entry) if isinstance(exc, PermissionError) else None
+        return found if found is not None else f"{exc.strerror or exc}"
+    return None
+
+
 def since_start(root: Path, service: ServiceView, flows: list[WorkflowInfo]
                 ) -> list[SourceChange]:
     """How the project on disk differs from what the running host loaded."""
@@ -115,6 +130,14 @@ def since_start(root: Path, service: ServiceView, flows: list[WorkflowInfo]
                 out.append(SourceChange(
                     source, "unreadable", f"{loop} The host runs {info.name} {info.version} "
                     "as it loaded it.", info.name))
+                break
+            refused = _refused(entry)
+            if refused is not None:
+                # Path.exists() let the PermissionError out: status, start (reusing the
+                # host) and doctor failed CLI_INTERNAL_ERROR, exit 70.
+                out.append(SourceChange(
+                    source, "unreadable", f"{source} cannot be looked at: {refused}. The host "
+                    f"runs {info.name} {info.version} as it loaded it.", info.name))
                 break
             if not entry.exists() and not entry.is_symlink():
                 out.append(SourceChange(

@@ -61,3 +61,30 @@ def test_a_state_directory_that_cannot_be_searched_is_named_not_a_crash(
     finally:
         directory.chmod(0o700)
     assert ok(project.cli("inspect", run_id, "--json"))["run"]["runId"] == run_id
+
+
+def test_a_workflow_directory_that_cannot_be_searched_under_a_running_host(
+    project: Project,
+) -> None:
+    """While a host runs, its Workflows' directory at mode 0000: status, start (reusing the
+    host) and doctor compare the sources with what the host loaded, and Path.exists() let the
+    PermissionError out (CLI_INTERNAL_ERROR, exit 70). The source is now said to be
+    unreadable, naming the directory and its chmod u+x; the host runs on."""
+    service = ok(project.cli("start", "--json"))["service"]
+    directory = project.root / "workflows"
+    directory.chmod(0)
+    try:
+        for command, codes in (("status", (0,)), ("start", (0,)), ("doctor", (3,))):
+            result = _as_a_user(project, command)
+            said = result.stdout + result.stderr
+            assert result.code in codes, (command, result)
+            assert "CLI_INTERNAL_ERROR" not in said, (command, said)
+            assert "workflows/example.py cannot be looked at" in said, (command, said)
+            assert f"chmod u+x {directory}" in said, (command, said)
+        status = _as_a_user(project, "status", "--json")
+        changed = status.json["changedSinceStart"]
+        assert [(c["source"], c["change"]) for c in changed] == [
+            ("workflows/example.py", "unreadable")], changed
+    finally:
+        directory.chmod(0o755)
+    assert ok(project.cli("status", "--json"))["service"]["pid"] == service["pid"]
