@@ -173,7 +173,11 @@ def find_root(start: Path, *, explicit: bool = False) -> Path:
             from intloom.fsutil import search_refused  # only on this refusal
 
             # EACCES: the path may well be the root; the permissions on the way refuse it.
-            refused = search_refused(start) if isinstance(exc, PermissionError) else None
+            # Looked up through the config: a root that may not be searched itself (mode
+            # 0000) refuses only the look-up of its intloom.toml, and was told "Pass the
+            # project's root to --project" when it was that root.
+            refused = (search_refused(start / CONFIG_NAME) if isinstance(exc, PermissionError)
+                       else None)
             fix = f"{refused}." if refused else "Pass the project's root to --project."
             raise IntloomError(
                 "CLI_PROJECT_INVALID",
@@ -215,7 +219,23 @@ def find_root(start: Path, *, explicit: bool = False) -> Path:
                ". Pass the project's root to --project, or run intloom init there."),
         )
     for candidate in (start, *start.parents):
-        if (candidate / CONFIG_NAME).is_file():
+        try:
+            found = (candidate / CONFIG_NAME).is_file()
+        except OSError as exc:
+            # A working directory (or a parent) this user may not search: is_file() let the
+            # PermissionError out, and every command failed CLI_INTERNAL_ERROR, exit 70.
+            from intloom.fsutil import search_refused  # only on this refusal
+
+            refused = (search_refused(candidate / CONFIG_NAME)
+                       if isinstance(exc, PermissionError) else None)
+            raise IntloomError(
+                "CLI_PROJECT_INVALID",
+                f"Cannot look for {CONFIG_NAME} in {candidate} ({exc.strerror or exc}), so "
+                "the project root cannot be found. "
+                + (f"{refused}, or pass --project DIR." if refused else
+                   "Check its permissions (ls -ld), or pass --project DIR."),
+            ) from None
+        if found:
             return require_utf8_path(candidate)
     orphan = next(filter(None, map(_config_gone, (start, *start.parents))), None)
     raise IntloomError(

@@ -88,3 +88,34 @@ def test_a_workflow_directory_that_cannot_be_searched_under_a_running_host(
     finally:
         directory.chmod(0o755)
     assert ok(project.cli("status", "--json"))["service"]["pid"] == service["pid"]
+
+
+def test_a_project_root_that_cannot_be_searched_names_it_and_the_chmod(
+    project: Project,
+) -> None:
+    """The project's root at mode 0000. Run from inside it, every command failed
+    CLI_INTERNAL_ERROR (exit 70): the upward search's is_file() let the PermissionError out.
+    Given as --project, it said "cannot be examined (Permission denied). Pass the project's
+    root to --project." -- it was that root. Both now name it and the chmod u+x."""
+    if os.geteuid() == 0 and shutil.which("setpriv") is None:
+        pytest.skip("root passes any mode, and setpriv (util-linux) is not here to drop that")
+    prefix = ([shutil.which("setpriv") or "", "--bounding-set=-dac_override,-dac_read_search",
+               "--inh-caps=-dac_override,-dac_read_search"] if os.geteuid() == 0 else [])
+    root = project.root
+    fix = f"chmod u+x {root}"
+    root.chmod(0)
+    try:
+        for where, args in (("inside", ()), ("--project", ("--project", str(root)))):
+            for command in ("status", "runs"):
+                proc = subprocess.run(
+                    [*prefix, sys.executable, "-m", "intloom", *args, command, "--json"],
+                    cwd=root, capture_output=True, text=True, timeout=60,
+                    env={**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(REPO)})
+                assert proc.returncode == 1, (where, command, proc.stdout, proc.stderr)
+                error = CliResult(proc.returncode, proc.stdout, proc.stderr).json["error"]
+                assert error["code"] == "CLI_PROJECT_INVALID", (where, error)
+                assert f"{root} (mode 0000" in error["message"], (where, error)
+                assert fix in error["message"], (where, error)
+                assert "Pass the project's root" not in error["message"], (where, error)
+    finally:
+        root.chmod(0o755)
