@@ -313,6 +313,17 @@ def _starts_with_bom(path: Path) -> bool:
         return False
 
 
+def _not_utf8_config(path: Path, exc: UnicodeDecodeError) -> str:
+    """Where ``path`` stops being UTF-8 (line, column and the byte), and the fix."""
+    data = exc.object if isinstance(exc.object, bytes) else b""
+    at = exc.start
+    line = data.count(b"\n", 0, at) + 1
+    column = at - (data.rfind(b"\n", 0, at) + 1) + 1
+    byte = f"byte 0x{data[at]:02x}" if at < len(data) else "its end"
+    return (f"{path} is not UTF-8 text ({byte} at line {line}, column {column}), and TOML "
+            "files are UTF-8. Save it as UTF-8 (iconv -f ITS-ENCODING -t UTF-8), then retry.")
+
+
 def load_config(root: Path) -> Config:
     """Parse and check ``intloom.toml``. Errors name the key, never echo its value."""
     import tomllib  # only commands that read the config pay for the TOML parser
@@ -333,6 +344,10 @@ def load_config(root: Path) -> Config:
                 "Save it as UTF-8 without a BOM (the encoding \"UTF-8\", not \"UTF-8 with "
                 "BOM\"), then retry.",
             ) from None
+        if isinstance(exc, UnicodeDecodeError):
+            # Python's own words ("'utf-8' codec can't decode byte 0xe9 in position 1027:
+            # invalid continuation byte") named a character offset no editor shows.
+            raise IntloomError("INVALID_REQUEST", _not_utf8_config(path, exc)) from None
         # The parser's message names a line and column, not the file's contents.
         raise IntloomError(
             "INVALID_REQUEST", f"{path} is not valid TOML ({exc}). Fix the file and retry."

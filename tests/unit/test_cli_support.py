@@ -659,6 +659,22 @@ def test_a_config_saved_with_a_byte_order_mark_is_named_as_such(tmp_path: Path) 
     assert "UTF-8 without a BOM" in message, message
 
 
+def test_a_config_that_is_not_utf8_names_the_line_column_and_byte(tmp_path: Path) -> None:
+    """Saved as Latin-1, intloom.toml was "not valid TOML ('utf-8' codec can't decode byte
+    0xe9 in position 31: invalid continuation byte)": Python's words, and an offset in the
+    file no editor shows."""
+    from intloom.project import load_config
+
+    (tmp_path / "intloom.toml").write_bytes(b'workflows = ["w.py"]\n# caf\xe9 notes\n')
+    with pytest.raises(IntloomError) as refused:
+        load_config(tmp_path)
+    assert refused.value.code == "INVALID_REQUEST"
+    message = refused.value.message
+    assert message == (f"{tmp_path / 'intloom.toml'} is not UTF-8 text (byte 0xe9 at line 2, "
+                       "column 6), and TOML files are UTF-8. Save it as UTF-8 (iconv -f "
+                       "ITS-ENCODING -t UTF-8), then retry."), message
+
+
 def test_a_config_its_user_may_not_read_is_named_with_its_mode_and_the_fix(
         tmp_path: Path) -> None:
     """An intloom.toml of mode 0000 ended status, start and doctor with CLI_INTERNAL_ERROR
