@@ -542,6 +542,12 @@ def read_private(path: Path, *, max_bytes: int | None = 1 << 20) -> bytes | None
     except OSError as exc:
         if exc.errno == errno.ELOOP or os.path.islink(path):
             raise PrivacyError(path, "is a symbolic link; intloom never follows links") from None
+        if isinstance(exc, PermissionError):
+            # "cannot be opened: Permission denied ... Check it (ls -l)" pointed at the file
+            # when the refusal was its mode, or a .intloom/ this user may not search.
+            fact, fix = read_refusal(path)
+            raise PrivacyError(path, f"cannot be opened: {exc.strerror}: {fact}",
+                               f"{fix}, then try again") from None
         raise PrivacyError(path, f"cannot be opened: {exc.strerror}") from None
     try:
         st = os.fstat(fd)

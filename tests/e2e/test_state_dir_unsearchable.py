@@ -119,3 +119,30 @@ def test_a_project_root_that_cannot_be_searched_names_it_and_the_chmod(
                 assert "Pass the project's root" not in error["message"], (where, error)
     finally:
         root.chmod(0o755)
+
+
+@pytest.mark.parametrize("where", [".intloom/connection.json", ".intloom"])
+def test_metadata_that_cannot_be_opened_names_why_and_the_chmod(
+    project: Project, where: str,
+) -> None:
+    """connection.json at mode 0000 (or a .intloom/ that may not be searched): "... cannot be
+    opened: Permission denied. It was left as it is. Check it (ls -l), then try again." --
+    for .intloom/ it named a file that was fine and not the directory at fault. The refusal
+    is now named (the file's mode, or the directory's) with its chmod."""
+    ok(project.cli("start", "--json"))
+    ok(project.cli("stop", "--json"))
+    target = project.root / where
+    fix = f"chmod {'u+x' if where == '.intloom' else 'u+r'} {target}"
+    target.chmod(0)
+    try:
+        for command in ("status", "start", "recover"):
+            result = _as_a_user(project, command, "--json")
+            assert result.code == 1, (command, result)
+            error = result.json["error"]
+            assert error["code"] == "CLI_SERVICE_METADATA_INVALID", (command, error)
+            assert f"{target} (mode 0000" in error["message"] or (
+                f"{target} is not readable by you (mode 0000)" in error["message"]), error
+            assert fix in error["message"] and "Check it (ls -l)" not in error["message"], error
+    finally:
+        target.chmod(0o700 if where == ".intloom" else 0o600)
+    assert not (project.state / "service.lock").exists()
