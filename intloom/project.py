@@ -313,15 +313,22 @@ def _starts_with_bom(path: Path) -> bool:
         return False
 
 
-def _not_utf8_config(path: Path, exc: UnicodeDecodeError) -> str:
-    """Where ``path`` stops being UTF-8 (line, column and the byte), and the fix."""
-    data = exc.object if isinstance(exc.object, bytes) else b""
-    at = exc.start
-    line = data.count(b"\n", 0, at) + 1
-    column = at - (data.rfind(b"\n", 0, at) + 1) + 1
-    byte = f"byte 0x{data[at]:02x}" if at < len(data) else "its end"
-    return (f"{path} is not UTF-8 text ({byte} at line {line}, column {column}), and TOML "
-            "files are UTF-8. Save it as UTF-8 (iconv -f ITS-ENCODING -t UTF-8), then retry.")
+def _not_utf8(path: Path, data: bytes, exc: UnicodeDecodeError) -> str:
+    """What to say of a config whose bytes are not UTF-8: where, as a line and column an
+    editor shows, and the fix. Python's "can't decode byte 0xe9 in position 1234" named a
+    byte offset no editor shows, and the file was called "not valid TOML" while its TOML
+    may well be fine."""
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return (f"{path} is saved as UTF-16 (it starts with a UTF-16 byte-order mark), and "
+                "TOML files are UTF-8. Save it as UTF-8 (the encoding \"UTF-8\", not "
+                "\"UTF-16\" or \"Unicode\"), then retry.")
+    before = data[:exc.start]
+    line = before.count(b"\n") + 1
+    column = len(before[before.rfind(b"\n") + 1:].decode("utf-8", errors="replace")) + 1
+    return (f"{path} is not UTF-8 text: the byte 0x{data[exc.start]:02x} at line {line}, "
+            f"column {column} is not UTF-8, and TOML files are UTF-8 (a file saved as "
+            "Latin-1 or Windows-1252 holds such bytes). Save it as UTF-8, or retype what "
+            "is there, then retry.")
 
 
 def load_config(root: Path) -> Config:
@@ -330,13 +337,19 @@ def load_config(root: Path) -> Config:
 
     path = root / CONFIG_NAME
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        data = path.read_bytes()
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise IntloomError("INVALID_REQUEST", _not_utf8(path, data, exc)) from None
+        # As read_text() read it: universal newlines (a lone CR ends a line too).
+        raw = tomllib.loads(text.replace("\r\n", "\n").replace("\r", "\n"))
     except FileNotFoundError:
         raise IntloomError(
             "CLI_PROJECT_INVALID", f"{path} is missing. Run intloom init to create it."
         ) from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        if isinstance(exc, tomllib.TOMLDecodeError) and _starts_with_bom(path):
+    except tomllib.TOMLDecodeError as exc:
+        if _starts_with_bom(path):
             # What the parser says ("line 1, column 1") points at nothing a person sees.
             raise IntloomError(
                 "INVALID_REQUEST",
@@ -344,10 +357,6 @@ def load_config(root: Path) -> Config:
                 "Save it as UTF-8 without a BOM (the encoding \"UTF-8\", not \"UTF-8 with "
                 "BOM\"), then retry.",
             ) from None
-        if isinstance(exc, UnicodeDecodeError):
-            # Python's own words ("'utf-8' codec can't decode byte 0xe9 in position 1027:
-            # invalid continuation byte") named a character offset no editor shows.
-            raise IntloomError("INVALID_REQUEST", _not_utf8_config(path, exc)) from None
         # The parser's message names a line and column, not the file's contents.
         raise IntloomError(
             "INVALID_REQUEST", f"{path} is not valid TOML ({exc}). Fix the file and retry."

@@ -670,9 +670,9 @@ def test_a_config_that_is_not_utf8_names_the_line_column_and_byte(tmp_path: Path
         load_config(tmp_path)
     assert refused.value.code == "INVALID_REQUEST"
     message = refused.value.message
-    assert message == (f"{tmp_path / 'intloom.toml'} is not UTF-8 text (byte 0xe9 at line 2, "
-                       "column 6), and TOML files are UTF-8. Save it as UTF-8 (iconv -f "
-                       "ITS-ENCODING -t UTF-8), then retry."), message
+    assert message.startswith(f"{tmp_path / 'intloom.toml'} is not UTF-8 text: the byte 0xe9 "
+                              "at line 2, column 6 is not UTF-8"), message
+    assert "Save it as UTF-8" in message and "position" not in message, message
 
 
 def test_a_config_its_user_may_not_read_is_named_with_its_mode_and_the_fix(

@@ -1,0 +1,87 @@
+"""``intloom.toml`` as a user writes it: each mistake in it is named by ``start``,
+``status`` and ``doctor`` in the same words, with where it is and the fix, and the file is
+left byte-identical. Real CLI subprocesses; a host that a test starts is reaped."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import Project, reaped
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+SOURCE = '''import intloom
+
+wf = intloom.Workflow("note", version="1.0.0")
+s = wf.stage("s")
+
+
+@s.step("only", routes={"done": intloom.COMPLETE})
+def only(ctx: intloom.StepContext[None]) -> str:
+    return "done"
+'''
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Iterator[Project]:
+    root = tmp_path / "proj"
+    (root / "workflows").mkdir(parents=True)
+    (root / "workflows" / "note.py").write_text(SOURCE)
+    (root / "intloom.toml").write_text('workflows = ["workflows/note.py"]\n')
+    yield from reaped(Project(root=root))
+
+
+def refusals(project: Project, config: bytes) -> list[str]:
+    """``config`` written as intloom.toml: the message start, status and doctor give for it
+    (each with its documented exit code), checking the file is kept as it was."""
+    path = project.root / "intloom.toml"
+    path.write_bytes(config)
+    start = project.cli("start", "--json")
+    assert start.code == 1, (start.code, start.stdout, start.stderr)
+    assert start.json["error"]["code"] == "INVALID_REQUEST", start.stdout
+    status = project.cli("status", "--json")
+    assert status.code == 0, (status.code, status.stdout, status.stderr)
+    doctor = project.cli("doctor", "--json")
+    assert doctor.code == 3, (doctor.code, doctor.stdout, doctor.stderr)
+    check = next(c for c in doctor.json["checks"] if c["id"] == "config")
+    assert check["status"] == "attention", check
+    assert path.read_bytes() == config
+    message = start.json["error"]["message"]
+    refused = "But intloom start refuses the project as it is: "
+    assert status.json["startProblem"] == refused + message
+    assert check["message"] == message
+    return [message]
+
+
+def test_bytes_that_are_not_utf8_are_named_by_line_and_column(project: Project) -> None:
+    """A config saved as Latin-1 (a comment with "café") was "not valid TOML ('utf-8' codec
+    can't decode byte 0xe9 in position 51: invalid start byte)": an offset no editor shows,
+    and TOML that was fine called invalid. It names the line and column, and the fix."""
+    config = b'workflows = [\n  "workflows/note.py",  # caf\xe9\n]\n'
+    (message,) = refusals(project, config)
+    path = project.root / "intloom.toml"
+    assert message == (
+        f"{path} is not UTF-8 text: the byte 0xe9 at line 2, column 30 is not UTF-8, and "
+        "TOML files are UTF-8 (a file saved as Latin-1 or Windows-1252 holds such bytes). "
+        "Save it as UTF-8, or retype what is there, then retry."), message
+
+
+def test_a_config_saved_as_utf16_says_so(project: Project) -> None:
+    """An editor's "Unicode" (UTF-16) was byte 0xff "in position 0" of invalid TOML."""
+    config = '\ufeffworkflows = ["workflows/note.py"]\n'.encode("utf-16-le")
+    (message,) = refusals(project, config)
+    assert "is saved as UTF-16 (it starts with a UTF-16 byte-order mark)" in message, message
+    assert 'Save it as UTF-8 (the encoding "UTF-8"' in message, message
+
+
+def test_crlf_and_lone_cr_line_endings_load_as_before(project: Project) -> None:
+    """Read as bytes now, the config still ends lines as read_text() did."""
+    for config in (b'workflows = ["workflows/note.py"]\r\nport = 0\r\n',
+                   b'workflows = ["workflows/note.py"]\rport = 0\r'):
+        (project.root / "intloom.toml").write_bytes(config)
+        doctor = project.cli("doctor", "--json")
+        check = next(c for c in doctor.json["checks"] if c["id"] == "config")
+        assert check["status"] == "ok", check
