@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import sys
 from dataclasses import dataclass
@@ -331,6 +332,54 @@ def _not_utf8(path: Path, data: bytes, exc: UnicodeDecodeError) -> str:
             "is there, then retry.")
 
 
+def _toml_type(value: object) -> str:
+    """What TOML calls ``value``'s type, with its article, as a message names it."""
+    import datetime
+
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, datetime.datetime):
+        return "a date-time"
+    kinds: tuple[tuple[type, str], ...] = (
+        (str, "a string"), (int, "an integer"), (float, "a float"), (list, "an array"),
+        (dict, "a table"), (datetime.date, "a date"), (datetime.time, "a time"))
+    return next((name for kind, name in kinds if isinstance(value, kind)), "a value")
+
+
+def _wrong_workflows(workflows: object) -> str | None:
+    """What is wrong with the value of 'workflows', every wrong entry named by its place
+    (first is 1); None when it is a list of non-empty strings. "must be a list of paths"
+    alone did not say what was there: a single string, which entry, an empty one."""
+    if isinstance(workflows, str):
+        return ("'workflows' is a string, not a list of paths: write it in brackets, "
+                f"workflows = [{json.dumps(workflows, ensure_ascii=False)}].")
+    example = ('\'workflows\' must be a list of paths (files or packages) relative to the '
+               'project root, e.g. workflows = ["workflows/example.py"].')
+    if not isinstance(workflows, list):
+        return f"'workflows' is {_toml_type(workflows)}, not a list; {example}"
+    wrong = [f"entry {place} is " + ("empty" if entry == "" else _toml_type(entry))
+             for place, entry in enumerate(workflows, 1)
+             if not isinstance(entry, str) or not entry]
+    if not wrong:
+        return None
+    return f"in 'workflows', {', '.join(wrong)}, not a path in quotes; {example}"
+
+
+def _wrong_port(port: object) -> str:
+    """What is wrong with the value of 'port' (a port number is no secret; a string's text
+    is shown only when it is a port number, to say to write it without quotes)."""
+    if isinstance(port, bool):
+        return f"'port' is a boolean ({'true' if port else 'false'}), not a number"
+    if isinstance(port, int):
+        return f"'port' is {port}, outside 0 to 65535"
+    if isinstance(port, str):
+        if port.strip().isascii() and port.strip().isdigit() and int(port) <= 65535:
+            return (f"'port' is a string (write it without quotes: port = "
+                    f"{int(port)})")
+        return "'port' is a string, not a number"
+    return f"'port' is {_toml_type(port)}, not an integer"
+
+
 def load_config(root: Path) -> Config:
     """Parse and check ``intloom.toml``. Errors name the key, never echo its value."""
     import tomllib  # only commands that read the config pay for the TOML parser
@@ -380,11 +429,11 @@ def load_config(root: Path) -> Config:
             f"{', '.join(sorted(_KNOWN_KEYS))}. Remove or rename it.",
         )
     workflows = raw.get("workflows", [])
-    if not isinstance(workflows, list) or not all(isinstance(w, str) and w for w in workflows):
+    wrong = _wrong_workflows(workflows)
+    if wrong is not None:
         raise IntloomError(
             "INVALID_REQUEST",
-            f"{path}: 'workflows' must be a list of paths (files or packages) relative to "
-            'the project root, e.g. workflows = ["workflows/example.py"].',
+            f"{path}: {wrong}",
         )
     if any("\x00" in entry for entry in workflows):
         # The loader failed the source as WORKFLOW_DEFINITION_INVALID, "checking its
@@ -409,6 +458,8 @@ def load_config(root: Path) -> Config:
         not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535
     ):
         raise IntloomError(
-            "INVALID_REQUEST", f"{path}: 'port' must be an integer from 0 to 65535."
+            "INVALID_REQUEST",
+            f"{path}: {_wrong_port(port)}; 'port' must be an integer from 0 to 65535 "
+            "(0 or absent: the first start picks a free port and keeps it).",
         )
     return Config(workflows=tuple(workflows), port=port)

@@ -85,3 +85,27 @@ def test_crlf_and_lone_cr_line_endings_load_as_before(project: Project) -> None:
         doctor = project.cli("doctor", "--json")
         check = next(c for c in doctor.json["checks"] if c["id"] == "config")
         assert check["status"] == "ok", check
+
+
+@pytest.mark.parametrize(("config", "fact"), [
+    ('workflows = "workflows/note.py"\n',
+     "'workflows' is a string, not a list of paths: write it in brackets, "
+     'workflows = ["workflows/note.py"].'),
+    ('workflows = ["workflows/note.py", 3, ""]\n',
+     "in 'workflows', entry 2 is an integer, entry 3 is empty, not a path in quotes; "),
+    ('[workflows]\nnote = "workflows/note.py"\n', "'workflows' is a table, not a list; "),
+    ('workflows = ["workflows/note.py"]\nport = 70000\n', "'port' is 70000, outside 0 to 65535; "),
+    ('workflows = ["workflows/note.py"]\nport = "8765"\n',
+     "'port' is a string (write it without quotes: port = 8765); "),
+    ('workflows = ["workflows/note.py"]\nport = true\n',
+     "'port' is a boolean (true), not a number; "),
+    ('workflows = ["workflows/note.py"]\nport = 8765.0\n', "'port' is a float, not an integer; "),
+], ids=["workflows-string", "workflows-entries", "workflows-table", "port-range",
+        "port-quoted", "port-boolean", "port-float"])
+def test_a_wrong_value_says_what_is_there_and_how_to_write_it(
+        project: Project, config: str, fact: str) -> None:
+    """A wrong value said only what was expected ("'port' must be an integer from 0 to
+    65535"), never what was found: a quoted "8765", a single string where a list goes, or
+    which of ten entries was empty. It names what is there, then the fix."""
+    (message,) = refusals(project, config.encode())
+    assert message.startswith(f"{project.root / 'intloom.toml'}: {fact}"), message
