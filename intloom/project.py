@@ -332,6 +332,42 @@ def _not_utf8(path: Path, data: bytes, exc: UnicodeDecodeError) -> str:
             "is there, then retry.")
 
 
+def _nested_known(value: object, trail: str) -> str | None:
+    """The dotted name of the first known key inside the table ``value`` (``trail`` its
+    own name), as ``[tool.intloom]`` copied from a pyproject.toml, or a ``port =`` line
+    written below a ``[table]`` header, put it; else None."""
+    if not isinstance(value, dict):
+        return None
+    for key, inner in value.items():
+        if key in _KNOWN_KEYS:
+            return f"{trail}.{key}"
+        found = _nested_known(inner, f"{trail}.{key}")
+        if found is not None:
+            return found
+    return None
+
+
+def _unknown_keys(raw: dict[str, object], unknown: list[str]) -> str:
+    """The refusal of ``unknown`` keys: every one of them (fixing the first only to be told
+    of the next was a round trip per key), each with the known key it is a slip of, or
+    the known key found inside it."""
+    import difflib
+
+    def described(key: str) -> str:
+        inside = _nested_known(raw[key], key)
+        if inside is not None:
+            return (f"{key!r} (a table holding {inside!r}: intloom.toml takes its keys at the "
+                    "top level, before any [table] header)")
+        close = difflib.get_close_matches(key.lower(), sorted(_KNOWN_KEYS), n=1)
+        return f"{key!r} (did you mean {close[0]!r}?)" if close else repr(key)
+
+    names = [described(key) for key in unknown]
+    listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+    return (f"unknown key{'s' if len(names) > 1 else ''} {listed}. Known keys: "
+            f"{', '.join(sorted(_KNOWN_KEYS))}. Remove or rename "
+            f"{'them' if len(names) > 1 else 'it'}.")
+
+
 def _toml_type(value: object) -> str:
     """What TOML calls ``value``'s type, with its article, as a message names it."""
     import datetime
@@ -423,11 +459,7 @@ def load_config(root: Path) -> Config:
         raise IntloomError("CLI_PROJECT_INVALID", f"{fact}. {fix}, then retry.") from None
     unknown = sorted(set(raw) - _KNOWN_KEYS)
     if unknown:
-        raise IntloomError(
-            "INVALID_REQUEST",
-            f"{path}: unknown key {unknown[0]!r}. Known keys: "
-            f"{', '.join(sorted(_KNOWN_KEYS))}. Remove or rename it.",
-        )
+        raise IntloomError("INVALID_REQUEST", f"{path}: {_unknown_keys(raw, unknown)}")
     workflows = raw.get("workflows", [])
     wrong = _wrong_workflows(workflows)
     if wrong is not None:

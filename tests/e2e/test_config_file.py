@@ -109,3 +109,24 @@ def test_a_wrong_value_says_what_is_there_and_how_to_write_it(
     which of ten entries was empty. It names what is there, then the fix."""
     (message,) = refusals(project, config.encode())
     assert message.startswith(f"{project.root / 'intloom.toml'}: {fact}"), message
+
+
+@pytest.mark.parametrize(("config", "fact"), [
+    ('workflows = ["workflows/note.py"]\nprot = 8765\n',
+     "unknown key 'prot' (did you mean 'port'?). Known keys: port, workflows. "
+     "Remove or rename it."),
+    ('workflow = ["workflows/note.py"]\ncolour = "red"\n',
+     "unknown keys 'colour' and 'workflow' (did you mean 'workflows'?). Known keys: port, "
+     "workflows. Remove or rename them."),
+    ('[tool.intloom]\nworkflows = ["workflows/note.py"]\n',
+     "unknown key 'tool' (a table holding 'tool.intloom.workflows': intloom.toml takes its "
+     "keys at the top level, before any [table] header). Known keys: port, workflows. "
+     "Remove or rename it."),
+], ids=["typo", "two-keys", "table"])
+def test_unknown_keys_are_all_named_with_the_known_key_meant(
+        project: Project, config: str, fact: str) -> None:
+    """Only the first unknown key was named, so a config with two slips took two rounds,
+    and "unknown key 'prot'" or "unknown key 'tool'" (a [tool.intloom] table copied from a
+    pyproject.toml) did not say which known key was meant or where it went."""
+    (message,) = refusals(project, config.encode())
+    assert message == f"{project.root / 'intloom.toml'}: {fact}", message
