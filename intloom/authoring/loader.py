@@ -15,6 +15,7 @@ import importlib.util
 import marshal
 import os
 import signal
+import stat
 import sys
 import tempfile
 import textwrap
@@ -803,6 +804,28 @@ def _several_message(rel: str, facts: list[str], shared: dict[str, list[str]],
     return text
 
 
+_SPECIAL_FILES: Final = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+                         (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def _not_python(entry: Path) -> str | None:
+    """What ``entry`` is when it cannot be a Workflow source, else None. Any file was run
+    as Python: a listed FIFO held start and doctor until their deadline (reading it waited
+    for a writer), and README.md or a listed intloom.toml was executed as code."""
+    try:
+        mode = os.stat(entry).st_mode
+    except OSError:
+        return None  # _import names what the OS says of it
+    if stat.S_ISDIR(mode):
+        return None
+    for test, kind in _SPECIAL_FILES:
+        if test(mode):
+            return kind
+    if entry.suffix != ".py":
+        return "not a Python file (its name does not end in .py)"
+    return None
+
+
 def _load_entry(root: Path, rel: str, entry: Path) -> dict[str, LoadedWorkflow]:
     """Import one entry and return its Workflows, all of them or none (an IntloomError)."""
     try:
@@ -825,6 +848,14 @@ def _load_entry(root: Path, rel: str, entry: Path) -> dict[str, LoadedWorkflow]:
         raise IntloomError(
             "WORKFLOW_LOAD_FAILED",
             f"{rel} is a symbolic link; name the real file or package instead.",
+        )
+    other = _not_python(entry)
+    if other is not None:
+        raise IntloomError(
+            "WORKFLOW_LOAD_FAILED",
+            f"{rel} (from intloom.toml) is {other}, and a Workflow source is a Python file "
+            "(its name ends in .py) or a package (a directory with __init__.py); nothing "
+            "of it was read. Name a .py file or a package in 'workflows' in intloom.toml.",
         )
     module = _import(root, entry)
     # One Workflow object may be bound to several names; the first names it.

@@ -130,3 +130,34 @@ def test_unknown_keys_are_all_named_with_the_known_key_meant(
     pyproject.toml) did not say which known key was meant or where it went."""
     (message,) = refusals(project, config.encode())
     assert message == f"{project.root / 'intloom.toml'}: {fact}", message
+
+
+def test_a_source_that_is_no_python_file_is_refused_unread_and_the_rest_runs(
+        project: Project) -> None:
+    """Any listed path was run as Python: a FIFO (workflows/feed.py) held start and doctor
+    until their deadline, waiting for a writer, and a notes.txt listed by mistake was
+    executed. Each is now a source that failed to load, named with what it is; nothing of
+    it is read, and the host starts with the others."""
+    import os
+
+    os.mkfifo(project.root / "workflows" / "feed.py")
+    (project.root / "notes.txt").write_text('open("executed", "w").close()\n')
+    (project.root / "intloom.toml").write_text(
+        'workflows = ["workflows/note.py", "workflows/feed.py", "notes.txt"]\n')
+    started = project.cli("start", "--json", "--timeout", "20")
+    assert started.code == 0, (started.code, started.stdout, started.stderr)
+    service = started.json["service"]
+    assert service["workflowCount"] == 1, service
+    problems = {p["source"]: p for p in service["workflowProblems"]}
+    assert set(problems) == {"workflows/feed.py", "notes.txt"}, problems
+    assert problems["workflows/feed.py"]["message"].startswith(
+        "workflows/feed.py (from intloom.toml) is a FIFO (named pipe), and a Workflow source "
+        "is a Python file (its name ends in .py) or a package"), problems
+    assert problems["notes.txt"]["message"].startswith(
+        "notes.txt (from intloom.toml) is not a Python file (its name does not end in .py)"
+    ), problems
+    assert not (project.root / "executed").exists()
+    doctor = project.cli("doctor", "--json", timeout=30)
+    check = next(c for c in doctor.json["checks"] if c["id"] == "workflows")
+    assert "is a FIFO (named pipe)" in check["message"], check
+    assert project.cli("stop", "--json").code == 0
