@@ -826,6 +826,50 @@ def _not_python(entry: Path) -> str | None:
     return None
 
 
+def _near_miss(root: Path, rel: str) -> str:
+    """The rest of a missing entry's message: the path under ``root`` it is a slip of (a
+    missing .py, another case, a stray space, a typo), found part by part among what each
+    directory holds; else where the path stops existing. "does not exist ... Fix the path"
+    alone left the user to find out which part was wrong."""
+    import difflib
+
+    parts = [part for part in rel.split("/") if part not in ("", ".")]
+    have: list[str] = []
+    for at, part in enumerate(parts):
+        here = root.joinpath(*have)
+        try:
+            found = part == ".." or (here / part).exists()
+        except OSError:  # a directory you may not search: the entry's own error says more
+            return ""
+        if found:
+            have.append(part)
+            continue
+        try:
+            names = sorted(os.listdir(here))
+        except NotADirectoryError:
+            return f" {'/'.join(have)} is a file, not a directory."
+        except OSError:
+            return ""
+        last = at == len(parts) - 1
+        fits = [name for name in names
+                if name.casefold() in {part.strip().casefold(),
+                                       (part.strip() + ".py").casefold() if last else ""}]
+        if not fits:  # a typo of the name, compared without its suffix (.py weighs much)
+            stems = {Path(name).stem: name for name in names
+                     if Path(name).suffix == Path(part).suffix}
+            fits = [stems[stem] for stem in difflib.get_close_matches(
+                Path(part).stem, list(stems), n=1, cutoff=0.75)]
+        if not fits:
+            where = "/".join(have)
+            return f" {where + '/' if where else 'The project root'} holds no {part!r}."
+        have.append(fits[0])
+    if have == parts:
+        return ""
+    meant = "/".join(have)
+    return f" Did you mean {meant!r}" + (
+        " (without the spaces)?" if meant == rel.strip() else "?")
+
+
 def _load_entry(root: Path, rel: str, entry: Path) -> dict[str, LoadedWorkflow]:
     """Import one entry and return its Workflows, all of them or none (an IntloomError)."""
     try:
@@ -842,7 +886,8 @@ def _load_entry(root: Path, rel: str, entry: Path) -> dict[str, LoadedWorkflow]:
     if missing:
         raise IntloomError(
             "WORKFLOW_LOAD_FAILED",
-            f"{rel} (from intloom.toml) does not exist under {root}. Fix the path.",
+            f"{rel} (from intloom.toml) does not exist under {root}."
+            + _near_miss(root, rel) + " Fix the path.",
         )
     if entry.is_symlink():
         raise IntloomError(

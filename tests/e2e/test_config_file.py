@@ -161,3 +161,30 @@ def test_a_source_that_is_no_python_file_is_refused_unread_and_the_rest_runs(
     check = next(c for c in doctor.json["checks"] if c["id"] == "workflows")
     assert "is a FIFO (named pipe)" in check["message"], check
     assert project.cli("stop", "--json").code == 0
+
+
+@pytest.mark.parametrize(("entry", "rest"), [
+    ("workflows/note", "Did you mean 'workflows/note.py'?"),
+    ("Workflows/note.py", "Did you mean 'workflows/note.py'?"),
+    ("workflows/note.py ", "Did you mean 'workflows/note.py' (without the spaces)?"),
+    ("workflows/noet.py", "Did you mean 'workflows/note.py'?"),
+    ("workflows/other.py", "workflows/ holds no 'other.py'."),
+    ("flows/note.py", "The project root holds no 'flows'."),
+    ("workflows/note.py/x.py", "workflows/note.py is a file, not a directory."),
+], ids=["no-suffix", "case", "space", "typo", "no-file", "no-dir", "below-a-file"])
+def test_a_missing_source_names_the_path_it_is_a_slip_of(
+        project: Project, entry: str, rest: str) -> None:
+    """A missing source was "does not exist under ROOT. Fix the path." and no more: a
+    missing .py, a capital, a trailing space in the quotes (invisible in the message) or
+    a swapped letter left the user to compare the path with the disk by hand."""
+    (project.root / "intloom.toml").write_text(f'workflows = ["{entry}"]\n')
+    started = project.cli("start", "--json")
+    assert started.code == 0, (started.code, started.stdout, started.stderr)
+    (problem,) = started.json["service"]["workflowProblems"]
+    assert problem["message"] == (
+        f"{entry} (from intloom.toml) does not exist under {project.root}. {rest} "
+        "Fix the path."), problem
+    doctor = project.cli("doctor", "--json")
+    check = next(c for c in doctor.json["checks"] if c["id"] == "workflows")
+    assert f"{rest} Fix the path." in check["message"], check
+    assert project.cli("stop", "--json").code == 0
