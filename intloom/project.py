@@ -12,7 +12,8 @@ from pathlib import Path
 from intloom.errors import IntloomError
 
 __all__ = [
-    "CONFIG_NAME", "STATE_PATH_BYTES", "Config", "ProjectPaths", "find_root", "link_loop",
+    "CONFIG_NAME", "STATE_PATH_BYTES", "Config", "ProjectPaths", "config_not_a_file",
+    "find_root", "link_loop",
     "load_config", "locale_misreads", "removed_working_directory", "require_short_path",
     "require_utf8_path",
 ]
@@ -144,6 +145,48 @@ def removed_working_directory(path: Path) -> str | None:
     return None
 
 
+def config_not_a_file(directory: Path) -> str | None:
+    """Why ``directory``'s ``intloom.toml``, when there is one that is not a regular file
+    (or a link to one), cannot be the project's config, with the fix; else None. Such a
+    config was passed over as absent: "No intloom.toml ... Run intloom init", while
+    ``init`` said the directory holds one, to ``start`` there -- or the search went on
+    upward and took the enclosing project for this one."""
+    import stat
+
+    config = directory / CONFIG_NAME
+    try:
+        here = os.lstat(config)
+    except OSError:
+        return None
+    fact: str | None = None
+    if stat.S_ISLNK(here.st_mode):
+        try:
+            leads = os.readlink(config)
+        except OSError:
+            leads = "?"
+        try:
+            there = os.stat(config).st_mode
+        except OSError as exc:
+            fact = (f"a symbolic link to {leads}, which "
+                    + ("does not exist" if exc.errno == errno.ENOENT else
+                       f"cannot be read ({exc.strerror or exc})"))
+        else:
+            fact = None if stat.S_ISREG(there) else f"a symbolic link to {leads}, " + (
+                "a directory" if stat.S_ISDIR(there) else "which is not a regular file")
+    elif stat.S_ISDIR(here.st_mode):
+        fact = "a directory"
+    elif not stat.S_ISREG(here.st_mode):
+        kinds = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+                 (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+        fact = next((kind for test, kind in kinds if test(here.st_mode)), "not a regular file")
+    if fact is None:
+        return None
+    return (f"{config} is {fact}, and a project's {CONFIG_NAME} is a file (or a link to "
+            "one) that intloom reads its configuration from. Put the file there (from "
+            "version control, or write one listing the Workflow sources, e.g. "
+            'workflows = ["workflows/example.py"]), then run the command again.')
+
+
 def find_root(start: Path, *, explicit: bool = False) -> Path:
     """The project root: ``start`` itself when explicit, else the nearest ancestor with a config.
 
@@ -186,6 +229,9 @@ def find_root(start: Path, *, explicit: bool = False) -> Path:
             ) from None
         if is_root:
             return require_utf8_path(start)
+        broken = config_not_a_file(start)
+        if broken is not None:
+            raise IntloomError("CLI_PROJECT_INVALID", broken)
         # "X has no intloom.toml" was false of the config file itself (passed as other
         # tools take theirs) and said nothing of a path that does not exist.
         if is_file:
@@ -238,6 +284,9 @@ def find_root(start: Path, *, explicit: bool = False) -> Path:
             ) from None
         if found:
             return require_utf8_path(candidate)
+        broken = config_not_a_file(candidate)
+        if broken is not None:  # this directory is the project: not the one around it
+            raise IntloomError("CLI_PROJECT_INVALID", broken)
     orphan = next(filter(None, map(_config_gone, (start, *start.parents))), None)
     raise IntloomError(
         "CLI_PROJECT_INVALID",

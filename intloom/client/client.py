@@ -26,7 +26,13 @@ from intloom.host.metadata import (
     read_connection,
     read_service,
 )
-from intloom.project import CONFIG_NAME, ProjectPaths, enclosing, removed_working_directory
+from intloom.project import (
+    CONFIG_NAME,
+    ProjectPaths,
+    config_not_a_file,
+    enclosing,
+    removed_working_directory,
+)
 from intloom.protocol.framing import (
     FrameClosed,
     FrameError,
@@ -313,6 +319,9 @@ def not_a_project(root: Path, caller: str = "Client.connect") -> IntloomError:
             f"{root} is a file, not a directory: {caller} takes the project's root, the "
             f"directory that holds {CONFIG_NAME}{here}. Nothing was sent.",
         )
+    broken = config_not_a_file(root)
+    if broken is not None:
+        return IntloomError("CLI_PROJECT_INVALID", f"{broken} Nothing was sent.")
     exists = root.exists()
     around = enclosing(root) if exists else None
     fact = (f"has no {CONFIG_NAME}: it is inside the project {around}" if around is not None

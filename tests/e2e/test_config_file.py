@@ -188,3 +188,54 @@ def test_a_missing_source_names_the_path_it_is_a_slip_of(
     check = next(c for c in doctor.json["checks"] if c["id"] == "workflows")
     assert f"{rest} Fix the path." in check["message"], check
     assert project.cli("stop", "--json").code == 0
+
+
+def test_a_config_that_is_no_file_is_named_and_the_project_around_is_not_taken(
+        tmp_path: Path) -> None:
+    """A project whose intloom.toml is a link that leads nowhere (its target moved), a
+    directory or a FIFO was passed over as if it had none: inside another project, status
+    reported that outer project as this one's; alone, "No intloom.toml ... Run intloom
+    init", while init answered that the directory holds intloom.toml, to start there."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    outer = tmp_path / "outer"
+    inner = outer / "tools" / "inner"
+    inner.mkdir(parents=True)
+    (outer / "intloom.toml").write_text("workflows = []\n")
+    env = {**os.environ, "NO_COLOR": "1"}
+
+    def cli(*args: str) -> tuple[int, dict[str, object]]:
+        done = subprocess.run([sys.executable, "-m", "intloom", *args, "--json"], cwd=inner,
+                              capture_output=True, text=True, timeout=60, env=env)
+        return done.returncode, json.loads(done.stdout)
+
+    fix = (", and a project's intloom.toml is a file (or a link to one) that intloom reads "
+           "its configuration from. Put the file there (from version control, or write one "
+           'listing the Workflow sources, e.g. workflows = ["workflows/example.py"]), then '
+           "run the command again.")
+    config = inner / "intloom.toml"
+    for kind, fact in [
+        ("link", "a symbolic link to ../../shared/intloom.toml, which does not exist"),
+        ("directory", "a directory"),
+        ("fifo", "a FIFO (named pipe)"),
+    ]:
+        if kind == "link":
+            config.symlink_to("../../shared/intloom.toml")
+        elif kind == "directory":
+            config.mkdir()
+        else:
+            os.mkfifo(config)
+        for args in (("status",), ("doctor",), ("--project", str(inner), "start")):
+            code, reply = cli(*args)
+            assert code == 1, (args, code, reply)
+            assert reply == {"error": {
+                "code": "CLI_PROJECT_INVALID", "message": f"{config} is {fact}{fix}",
+                "retryable": False}}, (args, reply)
+        assert not (inner / ".intloom").exists() and not (outer / ".intloom").exists()
+        if kind == "directory":
+            config.rmdir()
+        else:
+            config.unlink()
