@@ -601,6 +601,20 @@ def _their_output() -> Iterator[None]:
                     sys.stderr.flush()
 
 
+def _source_key(entry: Path) -> Path:
+    """What makes two entries one source: the real path of the directories leading to it
+    (``lnkdir/x.py`` with lnkdir a link to workflows/ is workflows/x.py), and a package's
+    ``__init__.py`` is its package. Compared by spelling only (normpath), such a pair was
+    two sources defining the same Workflows: neither loaded, and the message said to
+    delete the "copy" or rename its Workflow. The entry itself is not resolved: a link
+    there is refused as one (_load_entry), not reported as a repeat of its target."""
+    spelled = Path(os.path.normpath(entry))
+    key = Path(os.path.realpath(spelled.parent)) / spelled.name
+    if key.name == "__init__.py" and not key.is_symlink():
+        return key.parent
+    return key
+
+
 def load_workflows(root: Path, config: Config, *,
                    progress: Callable[[str | None], None] | None = None) -> LoadResult:
     """Import every entry and register its Workflows. Problems are collected, not raised.
@@ -623,8 +637,7 @@ def load_workflows(root: Path, config: Config, *,
             entry = root / rel
             # The same source listed twice (or spelled two ways) is one source: importing it
             # again would run its module twice and report its Workflows as defined twice.
-            # Spelling only (normpath): resolving would follow a link, which _load_entry refuses.
-            key = Path(os.path.normpath(entry))
+            key = _source_key(entry)
             first = listed.get(key)
             if first is not None:
                 same = "twice" if first == rel else f"twice (as {first!r} and {rel!r})"

@@ -239,3 +239,31 @@ def test_a_config_that_is_no_file_is_named_and_the_project_around_is_not_taken(
             config.rmdir()
         else:
             config.unlink()
+
+
+@pytest.mark.parametrize(("first", "again"), [
+    ("workflows/note.py", "linked/note.py"),
+    ("pkg", "pkg/__init__.py"),
+], ids=["linked-directory", "package-init"])
+def test_one_source_spelled_two_ways_is_loaded_once_not_held_as_two_definitions(
+        project: Project, first: str, again: str) -> None:
+    """The same file listed through a linked directory, or a package listed both as pkg and
+    pkg/__init__.py, counted as two sources defining one Workflow: neither loaded, its Runs
+    were held, and the message said to delete the "copy" (the package's own __init__.py)
+    or rename the Workflow. It is one source listed twice: loaded from the first entry."""
+    (project.root / "linked").symlink_to("workflows")
+    (project.root / "pkg").mkdir()
+    (project.root / "pkg" / "__init__.py").write_text(SOURCE)
+    (project.root / "intloom.toml").write_text(f'workflows = ["{first}", "{again}"]\n')
+    started = project.cli("start", "--json")
+    assert started.code == 0, (started.code, started.stdout, started.stderr)
+    service = started.json["service"]
+    assert service["workflowCount"] == 1, service
+    assert service["workflowProblems"] == [{
+        "source": again, "code": "WORKFLOW_LOAD_FAILED",
+        "message": f"{again} is listed in intloom.toml twice (as {first!r} and {again!r}); "
+                   "it is loaded once, from the first. Remove the repeated entry from "
+                   "'workflows'."}], service["workflowProblems"]
+    run = project.cli("flow", "note", "--intent", "x", "--json")
+    assert run.code == 0 and run.json["run"]["status"] == "completed", run
+    assert project.cli("stop", "--json").code == 0
