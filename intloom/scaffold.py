@@ -150,6 +150,23 @@ def _other_virtualenvs(root: Path) -> bytes:
     return "".join(lines).encode("utf-8", "surrogateescape")
 
 
+def _listed_anyway(config: Path) -> tuple[str, ...]:
+    """The 'workflows' entries of a config that ``load_config`` refuses for another reason
+    (a misspelt key, a bad port): they are the trees its next start loads once the slip is
+    fixed, so init must not write into them either. Nothing when it cannot be parsed."""
+    import tomllib
+
+    try:
+        listed = tomllib.loads(config.read_text(encoding="utf-8")).get("workflows")
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return ()
+    if not isinstance(listed, list):
+        return ()
+    return tuple(entry for entry in listed
+                 if isinstance(entry, str) and entry and "\x00" not in entry
+                 and not os.path.isabs(entry))
+
+
 def _check_outside_sources(target: Path) -> None:
     """Refuse a ``target`` inside a Workflow source tree of the project that encloses it.
     The example written there joined that tree, and so the identity of the Workflows loaded
@@ -163,8 +180,8 @@ def _check_outside_sources(target: Path) -> None:
         return
     try:
         listed = load_config(around).workflows
-    except IntloomError:  # its own start names that; what it lists cannot be told
-        return
+    except IntloomError:  # its own start names that; what it lists may still be read
+        listed = _listed_anyway(around / CONFIG_NAME)
     from intloom.authoring.identity import in_source_tree, source_root  # only when nested
 
     written = [real / name for name in SCAFFOLD if name.endswith(".py")]

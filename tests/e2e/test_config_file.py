@@ -4,6 +4,7 @@ left byte-identical. Real CLI subprocesses; a host that a test starts is reaped.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -196,7 +197,6 @@ def test_a_config_that_is_no_file_is_named_and_the_project_around_is_not_taken(
     directory or a FIFO was passed over as if it had none: inside another project, status
     reported that outer project as this one's; alone, "No intloom.toml ... Run intloom
     init", while init answered that the directory holds intloom.toml, to start there."""
-    import json
     import os
     import subprocess
     import sys
@@ -267,3 +267,29 @@ def test_one_source_spelled_two_ways_is_loaded_once_not_held_as_two_definitions(
     run = project.cli("flow", "note", "--intent", "x", "--json")
     assert run.code == 0 and run.json["run"]["status"] == "completed", run
     assert project.cli("stop", "--json").code == 0
+
+
+def test_init_reads_the_trees_of_a_project_whose_config_has_a_slip(tmp_path: Path) -> None:
+    """intloom init refuses a directory inside the source tree of the project around it,
+    whose Runs the example written there would hold as changed. With a misspelt key (or a
+    bad port) in that project's intloom.toml, init wrote there all the same: the trees it
+    lists were not read. They are, unless the file cannot be parsed at all."""
+    import subprocess
+    import sys
+
+    def init(target: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "intloom", "init", str(target), "--json"],
+                              capture_output=True, text=True, timeout=60)
+
+    outer = tmp_path / "outer"
+    assert init(outer).returncode == 0
+    with (outer / "intloom.toml").open("a") as config:
+        config.write("prot = 8765\n")
+    refused = init(outer / "workflows" / "new")
+    assert refused.returncode == 1, (refused.stdout, refused.stderr)
+    error = json.loads(refused.stdout)["error"]
+    assert error["code"] == "CLI_INIT_TARGET_INVALID", error
+    assert f"inside the project {outer}, in the source tree {outer / 'workflows'}" in (
+        error["message"]), error
+    assert not (outer / "workflows" / "new").exists()
+    assert init(outer / "tools").returncode == 0  # outside every tree: still fine
