@@ -669,6 +669,13 @@ def service_lines(service: Mapping[str, Any], title: str = "Service running") ->
         failed = f" · {len(problems)} failed to load" if problems else ""
         lines.append(f"Workflows {service['workflowCount']} loaded{failed}")
     lines.extend(_workflow_problem_lines(problems, service.get("workflowCount")))
+    if service.get("workflowCount") == 0 and "workflowProblems" in service and not problems:
+        # An empty intloom.toml (or workflows = []) read "Workflows 0 loaded" and no more,
+        # until a flow failed NOT_FOUND; doctor said it, this did not.
+        lines.append("No Workflow source was listed in intloom.toml when the host started, so "
+                     "no Run can be started: "
+                     'add one (e.g. workflows = ["workflows/example.py"]), then intloom stop '
+                     "and intloom start.")
     lines.append(
         f"Runs running {service.get('runningRuns', 0)} · waiting {service.get('waitingRuns', 0)}"
         f" · completed {service.get('completedRuns', 0)} · failed or stopped "

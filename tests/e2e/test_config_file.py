@@ -293,3 +293,21 @@ def test_init_reads_the_trees_of_a_project_whose_config_has_a_slip(tmp_path: Pat
         error["message"]), error
     assert not (outer / "workflows" / "new").exists()
     assert init(outer / "tools").returncode == 0  # outside every tree: still fine
+
+
+@pytest.mark.parametrize("config", [b"", b"workflows = []\n"], ids=["empty-file", "empty-list"])
+def test_a_host_started_with_no_source_listed_says_so_and_how_to_add_one(
+        project: Project, config: bytes) -> None:
+    """An empty intloom.toml (`touch intloom.toml`, a save that lost its contents) started a
+    host that said "Workflows 0 loaded" and no more, until a flow failed NOT_FOUND; doctor
+    named it, start and status did not."""
+    (project.root / "intloom.toml").write_bytes(config)
+    said = ('No Workflow source was listed in intloom.toml when the host started, so no Run '
+            'can be started: add one (e.g. workflows = ["workflows/example.py"]), then '
+            "intloom stop and intloom start.")
+    started = project.cli("start")
+    assert started.code == 0, (started.stdout, started.stderr)
+    assert said in started.stdout.splitlines(), started.stdout
+    status = project.cli("status")
+    assert said in status.stdout.splitlines(), status.stdout
+    assert project.cli("stop", "--json").code == 0
