@@ -384,16 +384,21 @@ def _not_utf8(path: Path, data: bytes, exc: UnicodeDecodeError) -> str:
 def _nested_known(value: object, trail: str) -> str | None:
     """The dotted name of the first known key inside the table ``value`` (``trail`` its
     own name), as ``[tool.intloom]`` copied from a pyproject.toml, or a ``port =`` line
-    written below a ``[table]`` header, put it; else None."""
-    if not isinstance(value, dict):
-        return None
-    for key, inner in value.items():
-        if key in _KNOWN_KEYS:
-            return f"{trail}.{key}"
-        found = _nested_known(inner, f"{trail}.{key}")
-        if found is not None:
-            return found
+    written below a ``[table]`` header, put it; else None. Walked without recursion: a
+    dotted key may nest tables deeper than Python's stack."""
+    pending: list[tuple[object, str]] = [(value, trail)]
+    while pending:
+        table, name = pending.pop()
+        if not isinstance(table, dict):
+            continue
+        known = sorted(set(table) & _KNOWN_KEYS)
+        if known:
+            return f"{name}.{known[0]}"
+        pending.extend((inner, f"{name}.{key}") for key, inner in reversed(table.items()))
     return None
+
+
+_NAMED_KEYS = 20  # unknown keys named in one message; the rest are counted
 
 
 def _unknown_keys(raw: dict[str, object], unknown: list[str]) -> str:
@@ -405,12 +410,16 @@ def _unknown_keys(raw: dict[str, object], unknown: list[str]) -> str:
     def described(key: str) -> str:
         inside = _nested_known(raw[key], key)
         if inside is not None:
+            if len(inside) > 120:  # a dotted key thousands of tables deep
+                inside = f"{inside[:60]}...{inside[-40:]}"
             return (f"{key!r} (a table holding {inside!r}: intloom.toml takes its keys at the "
                     "top level, before any [table] header)")
         close = difflib.get_close_matches(key.lower(), sorted(_KNOWN_KEYS), n=1)
         return f"{key!r} (did you mean {close[0]!r}?)" if close else repr(key)
 
-    names = [described(key) for key in unknown]
+    names = [described(key) for key in unknown[:_NAMED_KEYS]]
+    if len(unknown) > _NAMED_KEYS:
+        names.append(f"{len(unknown) - _NAMED_KEYS:,} more")
     listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
     return (f"unknown key{'s' if len(names) > 1 else ''} {listed}. Known keys: "
             f"{', '.join(sorted(_KNOWN_KEYS))}. Remove or rename "

@@ -311,3 +311,18 @@ def test_a_host_started_with_no_source_listed_says_so_and_how_to_add_one(
     status = project.cli("status")
     assert said in status.stdout.splitlines(), status.stdout
     assert project.cli("stop", "--json").code == 0
+
+
+def test_unknown_keys_in_bulk_or_deeply_nested_are_named_within_bounds(
+        project: Project) -> None:
+    """Naming every unknown key must not turn a config with hundreds of them into a
+    message as long, nor a dotted key thousands of tables deep into a crash."""
+    many = "".join(f"key{n:03} = 1\n" for n in range(300))
+    (message,) = refusals(project, f'workflows = ["workflows/note.py"]\n{many}'.encode())
+    assert "'key000', 'key001'" in message and "'key019' and 280 more." in message, message
+    deep = "a." + ".".join(["b"] * 3000) + ".port = 1\n"
+    (message,) = refusals(project, f'workflows = ["workflows/note.py"]\n{deep}'.encode())
+    assert message.startswith(f"{project.root / 'intloom.toml'}: unknown key 'a' (a table "
+                              "holding 'a.b.b."), message
+    assert "....b.b." in message and ".b.port': intloom.toml takes its keys" in message
+    assert len(message) < 600, len(message)
