@@ -169,6 +169,26 @@ def ok(result: CliResult) -> Any:
     return result.json
 
 
+def cli_as_a_user(project: Project, *args: str) -> CliResult:
+    """The CLI as a user whose file modes bind: as root (this sandbox), without the
+    capabilities that let root read and search anything (setpriv, util-linux); skips the
+    test where setpriv is missing."""
+    prefix: list[str] = []
+    if os.geteuid() == 0:
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            import pytest  # only a test that needs the modes to bind skips
+
+            pytest.skip("root passes any mode, and setpriv (util-linux) is not here to drop that")
+        drop = "-dac_override,-dac_read_search"
+        prefix = [setpriv, f"--bounding-set={drop}", f"--inh-caps={drop}"]
+    proc = subprocess.run(
+        [*prefix, sys.executable, "-m", "intloom", "--project", str(project.root), *args],
+        capture_output=True, text=True, timeout=60,
+        env={**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(REPO)})
+    return CliResult(proc.returncode, proc.stdout, proc.stderr)
+
+
 def started_waiting(project: Project, workflow: str = "example",
                     intent: str = "notes") -> tuple[str, str]:
     """Start the project's host and a Run of ``workflow`` that waits for a person (the

@@ -40,9 +40,12 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
 
 @contextlib.contextmanager
-def cli_child(project: Project, *args: str) -> Iterator[subprocess.Popen[str]]:
-    """The real CLI as a child that Ctrl-C reaches; killed and reaped on the way out."""
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+def cli_child(project: Project, *args: str, background: bool = False
+              ) -> Iterator[subprocess.Popen[str]]:
+    """The real CLI as a child that Ctrl-C reaches (``background``: with SIGINT ignored, as
+    a script's background job has it); killed and reaped on the way out."""
+    previous = signal.signal(signal.SIGINT,
+                             signal.SIG_IGN if background else signal.default_int_handler)
     try:
         proc = subprocess.Popen(
             [sys.executable, "-m", "intloom", "--project", str(project.root), *args],

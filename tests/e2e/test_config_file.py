@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import Project, reaped
+from tests.helpers import Project, one_source_project, reaped
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -28,11 +28,7 @@ def only(ctx: intloom.StepContext[None]) -> str:
 
 @pytest.fixture
 def project(tmp_path: Path) -> Iterator[Project]:
-    root = tmp_path / "proj"
-    (root / "workflows").mkdir(parents=True)
-    (root / "workflows" / "note.py").write_text(SOURCE)
-    (root / "intloom.toml").write_text('workflows = ["workflows/note.py"]\n')
-    yield from reaped(Project(root=root))
+    yield from reaped(one_source_project(tmp_path, "note", SOURCE))
 
 
 def refusals(project: Project, config: bytes) -> list[str]:

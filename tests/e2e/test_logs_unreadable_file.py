@@ -9,32 +9,13 @@ file (setpriv), so that the mode binds."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
 from typing import Any
 
 import pytest
 
-from tests.helpers import REPO, CliResult, Project, ok, snapshot_files
+from tests.helpers import Project, cli_as_a_user, ok, snapshot_files
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
-
-
-def _as_a_user(project: Project, *args: str) -> CliResult:
-    prefix: list[str] = []
-    if os.geteuid() == 0:
-        setpriv = shutil.which("setpriv")
-        if setpriv is None:
-            pytest.skip("root reads any file, and setpriv (util-linux) is not here to drop that")
-        drop = "-dac_override,-dac_read_search"
-        prefix = [setpriv, f"--bounding-set={drop}", f"--inh-caps={drop}"]
-    proc = subprocess.run(
-        [*prefix, sys.executable, "-m", "intloom", "--project", str(project.root), *args],
-        capture_output=True, text=True, timeout=60,
-        env={**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(REPO)})
-    return CliResult(proc.returncode, proc.stdout, proc.stderr)
 
 
 def test_a_log_that_cannot_be_read_fails_naming_it_not_called_empty(project: Project) -> None:
@@ -50,7 +31,7 @@ def test_a_log_that_cannot_be_read_fails_naming_it_not_called_empty(project: Pro
     fix = f"Run chmod u+r {shown}"
 
     for args in ((), (run["runId"],)):
-        text = _as_a_user(project, "logs", *args)
+        text = cli_as_a_user(project, "logs", *args)
         assert (text.code, text.stdout) == (1, ""), (args, text)
         assert text.stderr.startswith(
             f"Failure · STORAGE_ERROR: {shown} is not readable by you (mode 0000): its records "
@@ -58,7 +39,7 @@ def test_a_log_that_cannot_be_read_fails_naming_it_not_called_empty(project: Pro
         assert fix in text.stderr and "no record yet" not in text.stderr, text.stderr
         assert "No log records about" not in text.stderr, text.stderr
 
-    result = _as_a_user(project, "logs", "--all", "--json")
+    result = cli_as_a_user(project, "logs", "--all", "--json")
     assert result.code == 1, (result.stdout, result.stderr)
     lines: list[dict[str, Any]] = [json.loads(line) for line in result.stdout.splitlines()]
     error = lines[-1]["error"]
@@ -82,14 +63,14 @@ def test_a_logs_directory_that_cannot_be_listed_is_storage_error_not_a_crash(
     directory.chmod(0)
     try:
         for args in ((), ("--all",), ("--follow",)):
-            text = _as_a_user(project, "logs", *args)
+            text = cli_as_a_user(project, "logs", *args)
             assert (text.code, text.stdout) == (1, ""), (args, text)
             assert text.stderr.startswith(
                 "Failure · STORAGE_ERROR: The host logs cannot be listed: "
                 f"{directory}"), text.stderr
             assert f"chmod {'700' if where.endswith('logs') else 'u+x'} {directory}" in \
                 text.stderr, text.stderr
-        result = _as_a_user(project, "logs", "--json")
+        result = cli_as_a_user(project, "logs", "--json")
         assert result.code == 1, (result.stdout, result.stderr)
         assert result.json["error"]["code"] == "STORAGE_ERROR", result.stdout
     finally:

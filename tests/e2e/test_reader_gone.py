@@ -8,19 +8,15 @@ of it only at their next write: the Run's next event, the host's next log line, 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import select
-import signal
 import subprocess
-import sys
-from collections.abc import Iterator
 
 import pytest
 
-from tests.e2e.test_cli_interrupts import connected, host_port, running_run
-from tests.helpers import REPO, Project, eventually, ok
+from tests.e2e.test_cli_interrupts import cli_child, connected, host_port, running_run
+from tests.helpers import Project, eventually, ok
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
@@ -33,29 +29,6 @@ def _reader_leaves(proc: subprocess.Popen[str]) -> tuple[int, str]:
     return code, proc.stderr.read()
 
 
-@contextlib.contextmanager
-def piped_child(project: Project, *args: str, background: bool = False
-                ) -> Iterator[subprocess.Popen[str]]:
-    """The real CLI, its stdout a pipe this test reads; ``background``: with SIGINT ignored,
-    as a script's background job (``... | head -1 &``) has it. Killed and reaped."""
-    previous = signal.signal(signal.SIGINT,
-                             signal.SIG_IGN if background else signal.default_int_handler)
-    try:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "intloom", "--project", str(project.root), *args],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env={**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(REPO)},
-        )
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate(timeout=10)
-
-
 @pytest.mark.parametrize(("json_mode", "background"),
                          [(False, False), (True, False), (False, True)])
 def test_attach_ends_when_its_reader_goes_and_leaves_the_run(
@@ -63,7 +36,7 @@ def test_attach_ends_when_its_reader_goes_and_leaves_the_run(
     run_id, hold = running_run(proj)
     port = host_port(proj)
     args = ["attach", run_id, *(["--json"] if json_mode else [])]
-    with piped_child(proj, *args, background=background) as proc:
+    with cli_child(proj, *args, background=background) as proc:
         assert proc.stdout is not None
         eventually(lambda: connected(proc, port), timeout=20, what="attach to connect")
         if not json_mode:  # text: the history comes first, as `| head -1` reads it
@@ -87,7 +60,7 @@ def test_logs_follow_ends_when_its_reader_goes(project: Project) -> None:
     log = logs / "LOG-20260101T000000000Z.jsonl"
     log.write_text(json.dumps({"time": "T1", "level": "info", "event": "first"}) + "\n")
     os.chmod(log, 0o600)
-    with piped_child(project, "logs", "--follow") as proc:
+    with cli_child(project, "logs", "--follow") as proc:
         assert proc.stdout is not None
         ready, _, _ = select.select([proc.stdout], [], [], 20)
         assert ready, "logs --follow printed nothing"

@@ -14,24 +14,9 @@ import sys
 
 import pytest
 
-from tests.helpers import REPO, CliResult, Project, ok, started_waiting
+from tests.helpers import REPO, CliResult, Project, cli_as_a_user, ok, started_waiting
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
-
-
-def _as_a_user(project: Project, *args: str) -> CliResult:
-    prefix: list[str] = []
-    if os.geteuid() == 0:
-        setpriv = shutil.which("setpriv")
-        if setpriv is None:
-            pytest.skip("root passes any mode, and setpriv (util-linux) is not here to drop that")
-        drop = "-dac_override,-dac_read_search"
-        prefix = [setpriv, f"--bounding-set={drop}", f"--inh-caps={drop}"]
-    proc = subprocess.run(
-        [*prefix, sys.executable, "-m", "intloom", "--project", str(project.root), *args],
-        capture_output=True, text=True, timeout=60,
-        env={**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(REPO)})
-    return CliResult(proc.returncode, proc.stdout, proc.stderr)
 
 
 @pytest.mark.parametrize("where", [".intloom", ".intloom/runtime", ".intloom/runtime/snap"])
@@ -49,7 +34,7 @@ def test_a_state_directory_that_cannot_be_searched_is_named_not_a_crash(
             commands["status"] = (0,)
         for command, codes in commands.items():
             args = (command, run_id) if command == "inspect" else (command,)
-            result = _as_a_user(project, *args)
+            result = cli_as_a_user(project, *args)
             said = result.stdout + result.stderr
             assert result.code in codes, (command, result)
             assert "CLI_INTERNAL_ERROR" not in said and "Traceback" not in said, (command, said)
@@ -75,13 +60,13 @@ def test_a_workflow_directory_that_cannot_be_searched_under_a_running_host(
     directory.chmod(0)
     try:
         for command, codes in (("status", (0,)), ("start", (0,)), ("doctor", (3,))):
-            result = _as_a_user(project, command)
+            result = cli_as_a_user(project, command)
             said = result.stdout + result.stderr
             assert result.code in codes, (command, result)
             assert "CLI_INTERNAL_ERROR" not in said, (command, said)
             assert "workflows/example.py cannot be looked at" in said, (command, said)
             assert f"chmod u+x {directory}" in said, (command, said)
-        status = _as_a_user(project, "status", "--json")
+        status = cli_as_a_user(project, "status", "--json")
         changed = status.json["changedSinceStart"]
         assert [(c["source"], c["change"]) for c in changed] == [
             ("workflows/example.py", "unreadable")], changed
@@ -136,7 +121,7 @@ def test_metadata_that_cannot_be_opened_names_why_and_the_chmod(
     target.chmod(0)
     try:
         for command in ("status", "start", "recover"):
-            result = _as_a_user(project, command, "--json")
+            result = cli_as_a_user(project, command, "--json")
             assert result.code == 1, (command, result)
             error = result.json["error"]
             assert error["code"] == "CLI_SERVICE_METADATA_INVALID", (command, error)
