@@ -293,6 +293,15 @@ def resolved_root(root: object, caller: str) -> Path:
             f"{type(root).__name__}. Nothing was sent.",
         )
     assert isinstance(root, str | os.PathLike)
+    if (os.fspath(root) if isinstance(root, os.PathLike) else root) == "":
+        # Path("") is ".": an unset variable (os.environ.get("ROOT", "")) reached the working
+        # directory's project, where the CLI refuses an empty --project.
+        raise IntloomError(
+            "INVALID_REQUEST",
+            f"{caller}(''): the root is an empty path (a variable that is unset or empty, "
+            "say); pass the project's root directory, the one holding intloom.toml. Nothing "
+            "was sent.",
+        )
     try:
         return Path(root).resolve()
     except OSError:

@@ -387,3 +387,22 @@ def test_a_root_that_is_no_path_is_refused(root: Any, call: str) -> None:
         f"{call}({root!r}): the root is the path of a project's directory (the one "
         f"holding intloom.toml), a str or a pathlib.Path, not {type(root).__name__}. Nothing "
         "was sent.")
+
+
+@pytest.mark.parametrize("call", ["Client.connect", "start_service", "stop_service"])
+def test_an_empty_root_is_refused_not_taken_as_the_working_directory(
+        call: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Path("")`` is ".": ``Client.connect(os.environ.get("ROOT", ""))`` reached the working
+    directory's project (here a real one, which would have been started or stopped), where
+    the CLI refuses an empty --project."""
+    from intloom.client import lifecycle
+    from intloom.client.client import Client
+
+    (tmp_path / "intloom.toml").write_text("workflows = []\n")
+    monkeypatch.chdir(tmp_path)
+    made = Client.connect if call == "Client.connect" else getattr(lifecycle, call)
+    with pytest.raises(IntloomError) as info:
+        made("")
+    assert info.value.code == "INVALID_REQUEST", info.value
+    assert info.value.message.startswith(f"{call}(''): the root is an empty path"), info.value
+    assert not (tmp_path / ".intloom").exists()  # nothing was started there
