@@ -54,7 +54,7 @@ from intloom.runtime.machine import (
     to_view,
 )
 from intloom.runtime.model import Cursor, PendingAction, PendingAgentCall, RunView
-from intloom.runtime.plainjson import MAX_DEPTH, deeper_than, wire_problem
+from intloom.runtime.plainjson import MAX_DEPTH, deeper_than, json_path, wire_problem
 from intloom.runtime.ports import CheckpointFailed
 from intloom.runtime.records import (
     UNENCODABLE,
@@ -1149,6 +1149,16 @@ def _encode_state(value: Any, where: str | Step[Any], state_type: type | None,
     except UNENCODABLE as exc:
         if not isinstance(where, str):
             where = where.where
+        lone = _lone_surrogate(value) if isinstance(exc, UnicodeEncodeError) else None
+        if lone is not None:
+            raise IntloomError(
+                "STAGE_STATE_INVALID",
+                f"{where}: the Stage State it left ({type(value).__name__}) holds text that is "
+                f"not valid Unicode: {lone}. A lone surrogate comes from bytes decoded with "
+                "errors='surrogateescape' (os.fsdecode, a file name); decode them with "
+                "errors='replace', keep their hex, or keep the bytes in a `bytes` field; "
+                "this State was not saved.",
+            ) from None
         raise IntloomError(
             "STAGE_STATE_INVALID",
             f"{where}: the Stage State it left ({type(value).__name__}) cannot be encoded as "
@@ -1195,6 +1205,37 @@ def _encode_state(value: Any, where: str | Step[Any], state_type: type | None,
     if slot is not None:
         slot.decoded = (data, decoded)
     return data
+
+
+def _lone_surrogate(value: Any) -> str | None:
+    """``$.files[2] ('a\\udcff') holds a lone surrogate, '\\udcff' at index 1``: the first
+    text (a value or a dict key) of the State ``value`` that UTF-8 cannot carry, by its path
+    as the State is encoded (a renamed field by its encoded name), or None (an error path)."""
+    try:
+        plain = msgspec.to_builtins(value, str_keys=False)
+    except (Exception, RecursionError):
+        return None
+    stack: list[tuple[Any, Any, int]] = [(plain, None, 0)]
+    while stack:
+        item, place, depth = stack.pop()
+        texts: list[tuple[str, str]] = []
+        if isinstance(item, str):
+            texts.append((item, json_path(place)))
+        elif depth < MAX_DEPTH and isinstance(item, dict):
+            for key, part in reversed(item.items()):
+                if isinstance(key, str):
+                    texts.append((key, f"a key of {json_path(place)}"))
+                stack.append((part, (place, key), depth + 1))
+        elif depth < MAX_DEPTH and isinstance(item, (list, tuple, set, frozenset)):
+            stack.extend((part, (place, i), depth + 1)
+                         for i, part in reversed(list(enumerate(item))))
+        for text, named in texts:
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                return (f"{named} ({clip(repr(text), 60)}) holds a lone surrogate, "
+                        f"{text[exc.start]!r} at index {exc.start}")
+    return None
 
 
 def _not_an_outcome(where: str, outcome: Any, step: Step[Any]) -> IntloomError:
