@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import inspect
 import math
 import os
@@ -1049,7 +1050,9 @@ def _mark_any(info: msgspec.inspect.Type, found: set[int], done: dict[int, bool]
     else:
         parts = []
     # Every part is looked at (no short cut): the walk asks of each whether it holds Any.
-    held = isinstance(info, mi.AnyType) | any([_mark_any(p, found, done) for p in parts])
+    # A datetime or time is checked too (_zone_gap): its time zone may not survive JSON.
+    held = isinstance(info, (mi.AnyType, mi.DateTimeType, mi.TimeType)) | any(
+        [_mark_any(p, found, done) for p in parts])
     done[key] = held
     if held:
         found.add(key)
@@ -1070,6 +1073,10 @@ def _any_gap(value: Any, parts: _AnyParts) -> tuple[str, str] | None:
             continue
         if isinstance(info, mi.AnyType):
             gap = json_gap(item, place, _KEPT_GAPS)
+            if gap is not None:
+                return gap
+        elif isinstance(info, (mi.DateTimeType, mi.TimeType)):
+            gap = _zone_gap(item, place)
             if gap is not None:
                 return gap
         elif isinstance(info, mi.Metadata):
@@ -1097,6 +1104,44 @@ def _any_gap(value: Any, parts: _AnyParts) -> tuple[str, str] | None:
                 if keyed and not isinstance(key, str):
                     return json_gap({key: None}, place, _KEPT_GAPS)
                 stack.append((part, info.value_type, (place, key)))
+    return None
+
+
+# The names of UTC's zones (ZoneInfo's keys, pytz's and dateutil's UTC): at offset 0 always,
+# so JSON's "Z" (timezone.utc) loses nothing of them.
+_UTC_NAMES: Final = frozenset({"UTC", "Etc/UTC", "Etc/Universal", "Etc/Zulu", "Universal", "GMT",
+                               "Etc/GMT", "Zulu", "tzutc()"})
+
+
+def _zone_gap(item: Any, place: Any) -> tuple[str, str] | None:
+    """Where a State's datetime (or time) has a time zone JSON cannot carry, and the fix.
+    JSON (RFC 3339) keeps a UTC offset, to the minute, and no zone: a ZoneInfo's datetime
+    came back to the next Step at a fixed offset (its daylight-saving rules gone, so adding a
+    day across a change gave the wrong hour), a time's ZoneInfo (which has no offset without
+    a date) was dropped, and an offset with seconds was rounded (another instant)."""
+    if not isinstance(item, (datetime.datetime, datetime.time)) or item.tzinfo is None:
+        return None
+    zone = item.tzinfo
+    offset = item.utcoffset()
+    kind = type(item).__name__
+    fix = ("Store it in UTC (`value.astimezone(datetime.timezone.utc)` for a datetime) and "
+           "keep the zone's name in a str field (`zoneinfo.ZoneInfo(name)` rebuilds it), or "
+           "give it a fixed offset of whole minutes (`datetime.timezone(timedelta(hours=1))`).")
+    if offset is None:
+        return (f"{json_path(place)} is a {kind} in time zone {str(zone)!r}, which has no "
+                "UTC offset without a date: JSON would keep no zone at all, and the next Step "
+                f"would get a naive {kind}", fix)
+    if offset % datetime.timedelta(minutes=1):
+        return (f"{json_path(place)} is a {kind} at UTC offset {offset}, which JSON writes to "
+                f"the minute: the next Step would get another {kind}", fix)
+    fixed = datetime.timezone(offset)
+    if not offset and str(zone) in _UTC_NAMES:
+        return None  # UTC by another class (ZoneInfo("UTC"), pytz.utc): it has no rules
+    if type(zone) is not datetime.timezone or str(zone) != str(fixed):
+        return (f"{json_path(place)} is a {kind} in time zone {str(zone)!r}, of which JSON "
+                f"keeps only the UTC offset ({fixed}): the next Step would get a {kind} at "
+                "that fixed offset, without the zone's name or its daylight-saving rules",
+                fix)
     return None
 
 
