@@ -34,7 +34,7 @@ from intloom.authoring.context import (
 from intloom.authoring.interaction import confirmation_request, json_gap, questions_request
 from intloom.authoring.loader import LoadedWorkflow, raised_at
 from intloom.authoring.workflow import AgentStep, Complete, Stage, Step, Tool, ToStage
-from intloom.errors import ErrorView, IntloomError, as_call, clip, error_view, message_of
+from intloom.errors import ErrorView, IntloomError, a_an, as_call, clip, error_view, message_of
 from intloom.executor import clock
 from intloom.executor.crew import Crews
 from intloom.executor.history import FACTS as _FACTS
@@ -1051,7 +1051,9 @@ def _mark_any(info: msgspec.inspect.Type, found: set[int], done: dict[int, bool]
         parts = []
     # Every part is looked at (no short cut): the walk asks of each whether it holds Any.
     # A datetime or time is checked too (_zone_gap): its time zone may not survive JSON.
-    held = isinstance(info, (mi.AnyType, mi.DateTimeType, mi.TimeType)) | any(
+    # So is a Struct with subclasses: one of them with fields of its own would lose them.
+    held = (isinstance(info, (mi.AnyType, mi.DateTimeType, mi.TimeType))
+            or (isinstance(info, mi.StructType) and bool(info.cls.__subclasses__()))) | any(
         [_mark_any(p, found, done) for p in parts])
     done[key] = held
     if held:
@@ -1082,8 +1084,22 @@ def _any_gap(value: Any, parts: _AnyParts) -> tuple[str, str] | None:
         elif isinstance(info, mi.Metadata):
             stack.append((item, info.type, place))
         elif isinstance(info, mi.UnionType):
-            stack.extend((item, member, place) for member in info.types)
+            # A Struct of a type the union names is walked as that type only: one member's
+            # subclass may be another member (tagged), which the decode keeps as itself.
+            exact = [m for m in info.types
+                     if isinstance(m, mi.StructType) and type(item) is m.cls]
+            stack.extend((item, member, place) for member in exact or info.types)
         elif isinstance(info, (mi.StructType, mi.DataclassType, mi.NamedTupleType)):
+            if isinstance(info, mi.StructType) and isinstance(item, info.cls) and (
+                    type(item) is not info.cls):
+                lost = _extra_fields(item, info.cls)
+                if lost:
+                    base = info.cls.__name__
+                    return (f"{json_path(place)} is {a_an(type(item).__name__)}, a subclass "
+                            f"of its declared type {base}, with fields {base} does not have "
+                            f"({', '.join(lost)}): it would be saved as {base}, and the next "
+                            "Step would get it without them",
+                            f"Declare them in {base}, or store {a_an(base)}.")
             if isinstance(item, info.cls):
                 stack.extend((getattr(item, f.name), f.type, (place, f.encode_name))
                              for f in info.fields)
@@ -1229,6 +1245,8 @@ def _encode_state(value: Any, where: str | Step[Any], state_type: type | None,
             "type; this State was not saved.",
         ) from None
     if not codec[1] or type(value) is not state_type:
+        if type(value) is not state_type:
+            _check_subclass(value, state_type, where)
         resave = codec[2]
         if resave is False:
             data = msgspec.json.encode(decoded)
@@ -1303,6 +1321,32 @@ def _not_an_outcome(where: str, outcome: Any, step: Step[Any]) -> IntloomError:
         "STEP_RESULT_INVALID",
         f"{where} returned {_shown(outcome, 200)}; return a non-empty outcome string, one of "
         f"{routes}.",
+    )
+
+
+def _extra_fields(value: Any, declared: type) -> list[str]:
+    """The fields of the Struct ``value`` (of a subclass of ``declared``) that ``declared``
+    lacks: a decode as ``declared`` drops them."""
+    own = getattr(type(value), "__struct_fields__", ())
+    known = set(getattr(declared, "__struct_fields__", ()))
+    return [name for name in own if name not in known]
+
+
+def _check_subclass(value: Any, state_type: type, where: str | Step[Any]) -> None:
+    """Refuse a State of a subclass of ``state_type`` with fields of its own: it is saved
+    as ``state_type`` decodes it, so the next Step would get it without them."""
+    lost = _extra_fields(value, state_type)
+    if not lost:
+        return
+    if not isinstance(where, str):
+        where = where.where
+    shown, base = type(value).__name__, state_type.__name__
+    raise IntloomError(
+        "STAGE_STATE_INVALID",
+        f"{where}: the Stage State it left is {a_an(shown)}, a subclass of the Stage's State "
+        f"type {base}, with fields {base} does not have ({', '.join(lost)}): it is saved as "
+        f"{base}, so the next Step would get it without them. Declare them in {base}, or "
+        f"assign {a_an(base)}; this State was not saved.",
     )
 
 
