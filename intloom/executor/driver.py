@@ -1739,6 +1739,15 @@ class _Hooks:
         asked = "a confirmation" if kind == "confirmation" else "questions"
         pending = slot.state.pending_action
         running = slot.state.effect_in_flight
+        if self.driver.stopping and (pending is not None or not slot.owned):
+            # The stop ended this Step's wait (its cancellation) and the Step asks again: a
+            # retry loop that catches everything around ctx.confirm. Refused at once, that
+            # loop spun on the host's event loop without ever yielding, so the stop never got
+            # past its grace, no other Run or command was served, and the refusals it kept
+            # (one per call) grew the host until the OOM killer ended it, its files left
+            # stale. Nobody can answer a wait now; it waits for the stop, whose cut cancels
+            # it again (the wait already recorded restores on the next start).
+            await self.loop.create_future()
         if pending is not None or slot.waiter is not None:
             what = (f"its wait on {pending.kind} {pending.id} was still unanswered" if pending
                     else "its previous wait was still being answered")
