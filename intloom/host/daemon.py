@@ -66,6 +66,37 @@ __all__ = ["Host", "HostOptions"]
 
 _SIGNALS: Final = STOPS
 _IGNORED: Final = IGNORED
+
+# The signal handlers a process forked by Workflow code gets back (``multiprocessing`` with
+# its fork start method, ``os.fork()``), while a host serves; None when none serves.
+_restore_in_child: dict[signal.Signals, Any] | None = None
+_fork_hook_registered = False
+
+
+def _forked_children_keep(handlers: dict[signal.Signals, Any] | None) -> None:
+    """From now on, a child forked in this process gets ``handlers`` back (None: nothing)."""
+    global _restore_in_child, _fork_hook_registered
+    _restore_in_child = handlers
+    if handlers is not None and not _fork_hook_registered:
+        os.register_at_fork(after_in_child=_in_forked_child)
+        _fork_hook_registered = True
+
+
+def _in_forked_child() -> None:
+    """A child forked by a Step inherits the loop's signal handlers and its wakeup fd (a
+    socket shared with the host): a signal to the child was written to the host's loop,
+    which took it as its own, so ``multiprocessing.Pool.terminate()`` (a ``with Pool()``
+    block's end) SIGTERMed the host, and the child itself ignored it. The child gets the
+    handlers the process had before the host installed its own, and no wakeup fd."""
+    global _restore_in_child
+    handlers, _restore_in_child = _restore_in_child, None
+    if handlers is None:
+        return
+    with contextlib.suppress(ValueError, OSError):
+        signal.set_wakeup_fd(-1)
+    for sig, handler in handlers.items():
+        with contextlib.suppress(ValueError, OSError, TypeError):
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
 # How long a foreground host, once stopped, waits for the default executor's threads.
 _EXECUTOR_WAIT_S: Final = 2.0
 _CUT_LISTED: Final = 50  # Runs named in runs_cut_at_stop; count has them all
@@ -345,7 +376,9 @@ class Host:
         self._forced = asyncio.Event()
         # A program running a foreground host in its own process may handle these itself.
         theirs = {sig: signal.getsignal(sig) for sig in _IGNORED}
+        before = {sig: signal.getsignal(sig) for sig in (*_SIGNALS, *_IGNORED)}
         installed = self._install_signals(loop)
+        _forked_children_keep(before if installed else None)
         self._signals = [sig for sig in installed if sig in _SIGNALS]
         # SIGCHLD ignored survives exec, and the kernel then reaps every child itself: a
         # Step's subprocess.run() read 0 of a program that failed. Default while it serves.
@@ -397,6 +430,7 @@ class Host:
                     signal.signal(sig, handler)
             if children == signal.SIG_IGN:
                 signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+            _forked_children_keep(None)
 
     def _install_signals(self, loop: asyncio.AbstractEventLoop) -> list[signal.Signals]:
         installed: list[signal.Signals] = []
