@@ -71,13 +71,18 @@ _IGNORED: Final = IGNORED
 # its fork start method, ``os.fork()``), while a host serves; None when none serves.
 _restore_in_child: dict[signal.Signals, Any] | None = None
 _fork_hook_registered = False
+# The host serving in this process, whose files and sockets a forked child lets go of.
+_serving_host: Host | None = None
 
 
-def _forked_children_keep(handlers: dict[signal.Signals, Any] | None) -> None:
-    """From now on, a child forked in this process gets ``handlers`` back (None: nothing)."""
-    global _restore_in_child, _fork_hook_registered
+def _forked_children_keep(handlers: dict[signal.Signals, Any] | None,
+                          host: Host | None = None) -> None:
+    """From now on, a child forked in this process gets ``handlers`` back (None: nothing)
+    and lets go of ``host``'s files and sockets."""
+    global _restore_in_child, _fork_hook_registered, _serving_host
     _restore_in_child = handlers
-    if handlers is not None and not _fork_hook_registered:
+    _serving_host = host
+    if (handlers is not None or host is not None) and not _fork_hook_registered:
         os.register_at_fork(after_in_child=_in_forked_child)
         _fork_hook_registered = True
 
@@ -88,8 +93,12 @@ def _in_forked_child() -> None:
     which took it as its own, so ``multiprocessing.Pool.terminate()`` (a ``with Pool()``
     block's end) SIGTERMed the host, and the child itself ignored it. The child gets the
     handlers the process had before the host installed its own, and no wakeup fd."""
-    global _restore_in_child
+    global _restore_in_child, _serving_host
     handlers, _restore_in_child = _restore_in_child, None
+    host, _serving_host = _serving_host, None
+    if host is not None:
+        with contextlib.suppress(Exception):
+            _let_go_of_host(host)
     if handlers is None:
         return
     with contextlib.suppress(ValueError, OSError):
@@ -112,6 +121,51 @@ _HOME_LOOK: Final = 0.2
 # its snapshots were lost, and the next start read the whole log and wrote them all again.
 _CLOSE_BOUND_S: Final = 10.0
 _CLOSE_S_PER_SNAPSHOT: Final = 0.001
+
+
+def _let_go_of_host(host: Host) -> None:
+    """In a child forked by Workflow code: the host's descriptors (its files under
+    ``.intloom/``, with the OS locks of ``service.lock`` and the checkpoint store, and its
+    sockets on the project's port) are pointed at /dev/null. Inherited, they kept the locks
+    and the port for as long as the child lived (a Pool kept in a global, a worker that
+    outlives its Step): after ``intloom stop`` the next ``start`` failed BUSY ("Another
+    process holds the checkpoint store"). The numbers stay valid, so the child's copies of
+    the host's objects close nothing of its own."""
+    state = os.path.realpath(host.paths.state)
+    port = host.port
+    devnull = os.open(os.devnull, os.O_RDWR)
+    try:
+        for name in os.listdir("/proc/self/fd"):
+            fd = int(name)
+            if fd <= 2 or fd == devnull:
+                continue
+            try:
+                target = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:
+                continue
+            ours = target == state or target.startswith(state + os.sep)
+            if ours or (target.startswith("socket:") and port and _on_port(fd, port)):
+                os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+
+
+def _on_port(fd: int, port: int) -> bool:
+    """Whether ``fd`` is a TCP socket on 127.0.0.1:``port`` (the host's listener or one of
+    its connections)."""
+    try:
+        sock = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        return False
+    try:
+        if sock.family != socket.AF_INET:
+            return False
+        address = sock.getsockname()
+        return bool(address[0] == "127.0.0.1" and address[1] == port)
+    except OSError:
+        return False
+    finally:
+        sock.close()
 
 
 def store_close_bound(snapshots: int) -> float:
@@ -378,7 +432,7 @@ class Host:
         theirs = {sig: signal.getsignal(sig) for sig in _IGNORED}
         before = {sig: signal.getsignal(sig) for sig in (*_SIGNALS, *_IGNORED)}
         installed = self._install_signals(loop)
-        _forked_children_keep(before if installed else None)
+        _forked_children_keep(before if installed else None, self)
         self._signals = [sig for sig in installed if sig in _SIGNALS]
         # SIGCHLD ignored survives exec, and the kernel then reaps every child itself: a
         # Step's subprocess.run() read 0 of a program that failed. Default while it serves.
