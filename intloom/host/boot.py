@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import os
 import resource
 import sys
 import threading
@@ -239,6 +240,30 @@ def _as_a_script_imports() -> Iterator[None]:
             fresh.close()
 
 
+@contextlib.contextmanager
+def _standard_descriptors_kept() -> Iterator[None]:
+    """Descriptors 0, 1 and 2 a Workflow module closed when imported (``os.close(2)``,
+    ``sys.stderr.close()``, a library that detaches itself) are put back on /dev/null
+    afterwards. Left closed, the next files the host opened took their numbers: the
+    checkpoint log became descriptor 2, so a Step's ``logging.warning(...)`` (or any write to
+    stderr) was appended to the journal between its records, and ``intloom verify`` found
+    the segment corrupt."""
+    try:
+        yield
+    finally:
+        for fd in (0, 1, 2):
+            try:
+                os.fstat(fd)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    null = os.open(os.devnull, os.O_RDWR)
+                    if null != fd:  # the lowest free number: this one, when it is free
+                        os.dup2(null, fd, inheritable=True)
+                        os.close(null)
+                    else:
+                        os.set_inheritable(fd, True)
+
+
 def boot(
     root: Path,
     config: Config,
@@ -257,7 +282,7 @@ def boot(
     Workflow source as its import begins, and None once it ended.
     """
     paths = ProjectPaths(root)
-    with importing(), _as_a_script_imports():
+    with importing(), _as_a_script_imports(), _standard_descriptors_kept():
         result = load_workflows(root, config, progress=progress)
     for source, view in result.problems:
         log.error("workflow_load_failed", source=source, code=view.code, message=view.message)
