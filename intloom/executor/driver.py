@@ -1516,6 +1516,13 @@ class _Hooks:
 
     async def _begin(self, name: str, key: str, via: str) -> None:
         rt = self.driver.rt
+        if (via == "ctx.aeffect" and self.driver.stopping
+                and (not self.slot.owned or self.slot.state.effect_in_flight is not None)):
+            # The stop cut this async Step's effect (it stays in flight, for the next start
+            # to name) and the Step calls another: a retry loop catching everything around
+            # ctx.aeffect. Refused at once, that loop spun on the host's event loop without
+            # yielding, as around ctx.confirm (see wait). It waits for the stop instead.
+            await self.loop.create_future()
         if not self.slot.owned:
             # Ended under the Step (an effect's end it could not record, a cancel): said
             # before the checks below, which would call an effect the Run's end cut short

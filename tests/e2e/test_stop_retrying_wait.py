@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import Project, ok, one_source_project, reaped
+from tests.helpers import Project, eventually, ok, one_source_project, reaped
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -89,4 +89,59 @@ def test_a_step_retrying_its_wait_through_a_stop_does_not_hang_it(proj: Project)
     assert runs[retry["runId"]]["lastError"]["code"] == "RUN_INTERRUPTED"
     verified = proj.cli("verify", "--json")
     assert verified.code == 0, (verified.stdout, verified.stderr)
+    ok(proj.cli("stop", "--json"))
+
+
+EFFECT_SOURCE = '''
+import asyncio
+from pathlib import Path
+
+import intloom
+
+SEEN = Path(__file__).resolve().parent.parent / "seen.txt"
+
+retry = intloom.Workflow("retry-effect", version="1")
+rs = retry.stage("s")
+
+
+@rs.step("a", routes={"ok": intloom.COMPLETE})
+async def a(ctx: intloom.StepContext[None]) -> str:
+    for n in range(2000):  # bounded, as above
+        try:
+            await ctx.aeffect("nap", asyncio.sleep, 100, key=f"k{n}")
+        except BaseException as exc:  # the mistake under test
+            with SEEN.open("a") as f:
+                f.write(type(exc).__name__ + "\\n")
+    return "ok"
+'''
+
+
+@pytest.fixture
+def effect_proj(tmp_path: Path) -> Iterator[Project]:
+    yield from reaped(one_source_project(tmp_path, "retry", EFFECT_SOURCE))
+
+
+def test_a_step_retrying_its_effect_through_a_stop_is_interrupted(
+    effect_proj: Project,
+) -> None:
+    """The same loop around ``ctx.aeffect``: the stop's cut left effect k0 in flight, the
+    Step spun through refusals on the host's loop and returned, and its Run was recorded
+    failed STEP_INTERACTION_INVALID instead of RUN_INTERRUPTED naming the effect."""
+    proj = effect_proj
+    env = {"INTLOOM_TEST_SUSPEND_GRACE": "1"}
+    ok(proj.cli("start", "--json", env=env))
+    run = ok(proj.cli("flow", "retry-effect", "--intent", "x", "--detach", "--json"))["run"]
+    run_id = run["runId"]
+    eventually(lambda: "effect_started" in proj.cli("inspect", run_id).stdout,
+               timeout=20, what="the effect to be in flight")
+    stopped = ok(proj.cli("stop", "--json", "--timeout", "60"))
+    assert stopped["stopped"] is True
+    seen = proj.root / "seen.txt"
+    kinds = seen.read_text().split() if seen.exists() else []
+    assert set(kinds) <= {"CancelledError"}, kinds[:5]
+    ok(proj.cli("start", "--json"))
+    [view] = [r for r in ok(proj.cli("runs", "--json"))["runs"] if r["runId"] == run_id]
+    assert view["status"] == "failed"
+    assert view["lastError"]["code"] == "RUN_INTERRUPTED", view["lastError"]
+    assert "'nap'" in view["lastError"]["message"], view["lastError"]
     ok(proj.cli("stop", "--json"))
