@@ -231,18 +231,28 @@ def test_ctrl_c_while_attach_json_closes_after_its_wait_keeps_the_end(
     assert doc["run"]["lastError"]["code"] == "RUN_STOPPED"
 
 
-def test_logs_follow_stops_on_ctrl_c_without_a_word(project: Project) -> None:
+def one_line_log(project: Project) -> None:
+    """The project's logs/ with one log of one record (event "first"), as a host leaves it."""
     logs = project.state / "logs"
     logs.mkdir(parents=True, mode=0o700)
     os.chmod(project.state, 0o700)
     log = logs / "LOG-20260101T000000000Z.jsonl"
     log.write_text(json.dumps({"time": "T1", "level": "info", "event": "first"}) + "\n")
     os.chmod(log, 0o600)
+
+
+def followed_first_line(proc: subprocess.Popen[str]) -> str:
+    """The first line ``logs --follow`` printed (within 20 s)."""
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], 20)
+    assert ready, "logs --follow printed nothing"
+    return proc.stdout.readline()
+
+
+def test_logs_follow_stops_on_ctrl_c_without_a_word(project: Project) -> None:
+    one_line_log(project)
     with cli_child(project, "logs", "--follow") as proc:
-        assert proc.stdout is not None
-        ready, _, _ = select.select([proc.stdout], [], [], 20)
-        assert ready, "logs --follow printed nothing"
-        assert "first" in proc.stdout.readline()
+        assert "first" in followed_first_line(proc)
         # The watcher runs a thread of its own: with it, Ctrl-C lands inside the watch.
         eventually(lambda: psutil.Process(proc.pid).num_threads() > 1, timeout=20,
                    what="logs --follow to watch")

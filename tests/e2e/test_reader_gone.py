@@ -8,14 +8,19 @@ of it only at their next write: the Run's next event, the host's next log line, 
 
 from __future__ import annotations
 
-import json
-import os
 import select
 import subprocess
 
 import pytest
 
-from tests.e2e.test_cli_interrupts import cli_child, connected, host_port, running_run
+from tests.e2e.test_cli_interrupts import (
+    cli_child,
+    connected,
+    followed_first_line,
+    host_port,
+    one_line_log,
+    running_run,
+)
 from tests.helpers import Project, eventually, ok
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
@@ -54,17 +59,9 @@ def test_attach_ends_when_its_reader_goes_and_leaves_the_run(
 
 
 def test_logs_follow_ends_when_its_reader_goes(project: Project) -> None:
-    logs = project.state / "logs"
-    logs.mkdir(parents=True, mode=0o700)
-    os.chmod(project.state, 0o700)
-    log = logs / "LOG-20260101T000000000Z.jsonl"
-    log.write_text(json.dumps({"time": "T1", "level": "info", "event": "first"}) + "\n")
-    os.chmod(log, 0o600)
+    one_line_log(project)
     with cli_child(project, "logs", "--follow") as proc:
-        assert proc.stdout is not None
-        ready, _, _ = select.select([proc.stdout], [], [], 20)
-        assert ready, "logs --follow printed nothing"
-        assert "first" in proc.stdout.readline()  # what `grep -m1 first` waited for
+        assert "first" in followed_first_line(proc)  # what `grep -m1 first` waited for
         code, err = _reader_leaves(proc)
     assert code == 0, (code, err)
     assert err == "", err
