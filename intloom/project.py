@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import json
 import os
 import sys
 from dataclasses import dataclass
@@ -12,10 +11,19 @@ from pathlib import Path
 from intloom.errors import IntloomError
 
 __all__ = [
-    "CONFIG_NAME", "STATE_PATH_BYTES", "Config", "ProjectPaths", "config_not_a_file",
-    "find_root", "link_loop",
-    "load_config", "locale_misreads", "removed_working_directory", "require_short_path",
+    "CONFIG_NAME",
+    "STATE_PATH_BYTES",
+    "Config",
+    "ProjectPaths",
+    "config_not_a_file",
+    "find_root",
+    "link_loop",
+    "load_config",
+    "locale_misreads",
+    "removed_working_directory",
+    "require_short_path",
     "require_utf8_path",
+    "special_file",
 ]
 
 CONFIG_NAME = "intloom.toml"
@@ -145,6 +153,17 @@ def removed_working_directory(path: Path) -> str | None:
     return None
 
 
+def special_file(mode: int) -> str | None:
+    """What a file of ``mode`` is when it is a FIFO, a socket or a device, in words; else
+    None. Such a file read as a config or a Workflow source waits for a writer, or never
+    ends."""
+    import stat
+
+    kinds = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+    return next((kind for test, kind in kinds if test(mode)), None)
+
+
 def config_not_a_file(directory: Path) -> str | None:
     """Why ``directory``'s ``intloom.toml``, when there is one that is not a regular file
     (or a link to one), cannot be the project's config, with the fix; else None. Such a
@@ -176,9 +195,7 @@ def config_not_a_file(directory: Path) -> str | None:
     elif stat.S_ISDIR(here.st_mode):
         fact = "a directory"
     elif not stat.S_ISREG(here.st_mode):
-        kinds = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
-                 (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
-        fact = next((kind for test, kind in kinds if test(here.st_mode)), "not a regular file")
+        fact = special_file(here.st_mode) or "not a regular file"
     if fact is None:
         return None
     return (f"{config} is {fact}, and a project's {CONFIG_NAME} is a file (or a link to "
@@ -445,6 +462,8 @@ def _wrong_workflows(workflows: object) -> str | None:
     (first is 1); None when it is a list of non-empty strings. "must be a list of paths"
     alone did not say what was there: a single string, which entry, an empty one."""
     if isinstance(workflows, str):
+        import json  # only on this refusal: every command imports this module
+
         return ("'workflows' is a string, not a list of paths: write it in brackets, "
                 f"workflows = [{json.dumps(workflows, ensure_ascii=False)}].")
     example = ('\'workflows\' must be a list of paths (files or packages) relative to the '

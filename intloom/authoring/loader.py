@@ -35,7 +35,7 @@ from intloom.authoring.identity import (
 )
 from intloom.authoring.workflow import WORKFLOW_MODULE_PREFIX, DefinitionError, Workflow
 from intloom.errors import ErrorView, IntloomError, as_call, clip, message_of
-from intloom.project import Config, link_loop
+from intloom.project import Config, link_loop, special_file
 
 __all__ = [
     "LoadResult",
@@ -817,10 +817,6 @@ def _several_message(rel: str, facts: list[str], shared: dict[str, list[str]],
     return text
 
 
-_SPECIAL_FILES: Final = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
-                         (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
-
-
 def _not_python(entry: Path) -> str | None:
     """What ``entry`` is when it cannot be a Workflow source, else None. Any file was run
     as Python: a listed FIFO held start and doctor until their deadline (reading it waited
@@ -831,9 +827,9 @@ def _not_python(entry: Path) -> str | None:
         return None  # _import names what the OS says of it
     if stat.S_ISDIR(mode):
         return None
-    for test, kind in _SPECIAL_FILES:
-        if test(mode):
-            return kind
+    special = special_file(mode)
+    if special is not None:
+        return special
     if entry.suffix != ".py":
         return "not a Python file (its name does not end in .py)"
     return None
