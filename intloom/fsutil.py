@@ -25,6 +25,7 @@ __all__ = [
     "PrivacyError",
     "UnlinkBar",
     "UnlinkRefusal",
+    "above_standard",
     "atomic_write",
     "check_private_dir",
     "dir_problem",
@@ -38,6 +39,7 @@ __all__ = [
     "open_exclusive",
     "os_lock",
     "path_of",
+    "plug_standard",
     "privacy_fix",
     "private_file_problem",
     "read_private",
@@ -509,16 +511,57 @@ def open_exclusive(path: Path, flags: int, mode: int = 0o600) -> int:
     """``os.open`` of a file it creates (``flags`` hold ``O_CREAT|O_EXCL``), with exactly
     ``mode``: open's mode passes through the umask, and one that masks the owner's bits
     (0777) made the state's files 0000, so a host started but no command could read its
-    connection.json, nor stop it. Removed again if its mode cannot be set."""
+    connection.json, nor stop it. Removed again if its mode cannot be set. Never 0, 1 or
+    2 (``above_standard``)."""
     fd = os.open(path, flags, mode)
     try:
         os.fchmod(fd, mode)
+        fd = above_standard(fd)
     except OSError:
         os.close(fd)
         with contextlib.suppress(OSError):
             os.unlink(path)
         raise
     return fd
+
+
+def above_standard(fd: int) -> int:
+    """``fd`` itself when above 2; else a close-on-exec duplicate above 2, with /dev/null put
+    on the low number in the same ``dup2``.
+
+    A Step may free 0, 1 or 2 at any time (``os.close(1)``, ``sys.stderr.close()``), and the
+    host's next descriptor took the number: a new segment, snapshot or log, or a command's
+    connection, then received the Step's next ``print``. Checked where the host takes a
+    descriptor, not after each Step: three ``fstat`` per Step cost ~15 % of a busy Step's
+    CPU. A write racing the few microseconds between the ``open`` and this move can still
+    land in the file; a Step that keeps writing to a descriptor it closed is told EBADF."""
+    if fd > 2:
+        return fd
+    high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
+    try:
+        plug_standard(fd)
+    except OSError:
+        os.close(high)
+        raise
+    return high
+
+
+def plug_standard(*fds: int) -> None:
+    """Put /dev/null on each of ``fds`` (0, 1 or 2) that is free, or that holds a file of
+    the host's to be moved off it (``above_standard``): inheritable, as standard streams
+    are."""
+    for fd in fds:
+        null = os.open(os.devnull, os.O_RDWR)
+        if null == fd:  # it was free: the lowest free number is this one
+            os.set_inheritable(fd, True)
+            continue
+        try:
+            os.dup2(null, fd, inheritable=True)
+        finally:
+            if null > 2:
+                os.close(null)
+            else:  # another free standard number: keep it plugged
+                os.set_inheritable(null, True)
 
 
 def _make_private_dir(path: Path) -> None:

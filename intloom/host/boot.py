@@ -22,7 +22,7 @@ from typing import Any, Final
 from intloom.authoring.loader import LoadedWorkflow, load_workflows
 from intloom.errors import ErrorView, IntloomError
 from intloom.executor.runtime import RestoredRun, Runtime, incompatibility, strict_refusal
-from intloom.fsutil import PrivacyError, no_inode_left
+from intloom.fsutil import PrivacyError, no_inode_left, plug_standard
 from intloom.host.logfile import HostLog, utc_now
 from intloom.host.metadata import privacy_invalid
 from intloom.project import Config, ProjectPaths
@@ -256,12 +256,7 @@ def _standard_descriptors_kept() -> Iterator[None]:
                 os.fstat(fd)
             except OSError:
                 with contextlib.suppress(OSError):
-                    null = os.open(os.devnull, os.O_RDWR)
-                    if null != fd:  # the lowest free number: this one, when it is free
-                        os.dup2(null, fd, inheritable=True)
-                        os.close(null)
-                    else:
-                        os.set_inheritable(fd, True)
+                    plug_standard(fd)
 
 
 def boot(

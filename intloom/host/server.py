@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import fcntl
 import hmac
 import os
 import random
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Final
 import msgspec
 
 from intloom.errors import MAX_MESSAGE, ErrorView, IntloomError, a_an, clip, error_view
+from intloom.fsutil import plug_standard
 from intloom.host.handlers import Handlers
 from intloom.host.logfile import HostLog
 from intloom.protocol.framing import (
@@ -136,7 +138,7 @@ def _bind(port: int, *, reuse_first: bool) -> socket.socket:
     # sets TCP_NODELAY on accepted connections only when the listening socket's proto is
     # IPPROTO_TCP. With proto 0, Nagle's algorithm held small replies and events back for up
     # to the peer's 40 ms delayed ACK (an event's p99 went from ~5 ms to ~30 ms).
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock = _Listener(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         # As asyncio's start_server does: a port a stopped host left in TIME_WAIT is free.
         if reuse_first:
@@ -149,6 +151,31 @@ def _bind(port: int, *, reuse_first: bool) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+class _Listener(socket.socket):
+    """The host's listening socket: a connection it accepts is never descriptor 0, 1 or 2.
+
+    A Step that closed stdout or stderr (``os.close(1)``) left the number free, the next
+    connection took it, and the Step's next ``print`` went into a command's socket: the
+    client read a broken frame (PROJECT_RESPONSE_INVALID). asyncio's accept loop calls this
+    ``accept``; the cost is one comparison per connection, none per Step."""
+
+    def accept(self) -> tuple[socket.socket, Any]:
+        conn, address = super().accept()
+        low = conn.fileno()
+        if low > 2:
+            return conn, address
+        try:
+            high = fcntl.fcntl(low, fcntl.F_DUPFD_CLOEXEC, 3)
+        except OSError:
+            conn.close()
+            raise
+        moved = socket.socket(conn.family, conn.type, conn.proto, fileno=high)
+        conn.detach()
+        # /dev/null replaces the connection's low number in one dup2, never left free.
+        plug_standard(low)
+        return moved, address
 
 
 def _bind_any_of(ports: str) -> socket.socket:
