@@ -399,7 +399,8 @@ def test_a_stop_without_timeout_waits_for_a_host_still_starting_and_stops_it(
                     "it serves."]
     assert len(started) == 1 and isinstance(started[0], StartResult), started  # it served
     assert not (project.state / "service.lock").exists()
-    assert not pid_alive(pid)
+    # The lock is let go before the interpreter's own exit, which a loaded machine stretches.
+    eventually(lambda: not pid_alive(pid), timeout=20, what=f"host {pid} to exit")
 
 
 def test_a_stop_that_times_out_on_a_starting_host_gives_its_pid_to_stop_the_start(
