@@ -409,7 +409,7 @@ def scanner(soak: Soak) -> None:
 
 
 def _answer_for(kind: str, request: Any, rng: random.Random) -> Any:
-    if kind == "confirmation":
+    if kind == "user_ask_confirmation":
         return {"isConfirmed": rng.random() > 0.2}
     return [
         {"questionId": q["id"], "isSkipped": True} if q.get("isSkippable") and rng.random() < 0.5
@@ -424,7 +424,7 @@ def _do_job(soak: Soak, client: Client, job: tuple[Any, ...], rng: random.Random
         answer = _answer_for(kind, request, rng)
         client.answer(run_id, action_id, answer)
         soak.count("answers", 1)
-        if kind == "confirmation" and not answer["isConfirmed"]:
+        if kind == "user_ask_confirmation" and not answer["isConfirmed"]:
             soak.count("answers.declined", 1)
         return
     _, run_id, call_id, _epoch = job

@@ -24,7 +24,7 @@ from typing import Any
 import msgspec
 import typer
 
-from intloom.cli.render import printable
+from intloom.cli.render import CONFIRMATION, printable
 
 __all__ = ["Terminal", "prompt_answer"]
 
@@ -227,7 +227,7 @@ def prompt_answer(action: Mapping[str, Any], term: Terminal) -> Any:
     """Ask a person, on ``term``, for the answer to ``action`` (a PendingAction as plain
     data)."""
     request = action.get("request")
-    if action.get("kind") == "confirmation":
+    if action.get("kind") == CONFIRMATION:
         return _confirmation(term, request)
     questions = [q for q in request or [] if isinstance(q, Mapping)]
     return [_question(term, q) for q in questions]

@@ -397,6 +397,17 @@ def _answer_command(intloom: str, run_id: str, action_id: str, answer: Any) -> s
     return f"{intloom} answer {run_id} {action_id} {shlex.quote(_compact(answer))}"
 
 
+# A pendingAction's kind, as views carry it (the reference's values).
+CONFIRMATION: Final = "user_ask_confirmation"
+_KIND_WORDS: Final = {CONFIRMATION: "confirmation", "user_ask_questions": "questions"}
+
+
+def kind_word(action: Mapping[str, Any]) -> str:
+    """A pendingAction's kind in text: "confirmation" or "questions"."""
+    kind = action.get("kind", "?")
+    return _KIND_WORDS.get(kind, str(kind)) if isinstance(kind, str) else "?"
+
+
 def asked(run: Mapping[str, Any], *, intloom: str = "intloom"
           ) -> tuple[str, list[str], str] | None:
     """What a waiting Run asks a person: ("Confirm" or "Ask", lines saying what, and the
@@ -408,7 +419,7 @@ def asked(run: Mapping[str, Any], *, intloom: str = "intloom"
         return None
     run_id, action_id = str(run.get("runId", "?")), str(action.get("id", "?"))
     request = action.get("request")
-    if action.get("kind") == "confirmation":
+    if action.get("kind") == CONFIRMATION:
         context = request.get("context") if isinstance(request, Mapping) else request
         text = _compact(context)
         if len(text) > _CONTEXT_MAX:
@@ -466,7 +477,7 @@ def asked_lines(run: Mapping[str, Any], *, intloom: str = "intloom") -> list[str
     action = action if isinstance(action, Mapping) else {}
     _label, what, command = found
     return [
-        f"{run.get('runId', '?')} waits on {action.get('id', '?')} ({action.get('kind', '?')}):",
+        f"{run.get('runId', '?')} waits on {action.get('id', '?')} ({kind_word(action)}):",
         *(f"  {line}" for line in what),
         f"  answer: {command}",
     ]
@@ -487,7 +498,7 @@ def run_lines(run: Mapping[str, Any], *, suspended: bool = False,
         lines.append(f"Follow  {intloom} attach {run_id}")
     action = run.get("pendingAction")
     if run.get("status") == "waiting" and isinstance(action, Mapping):
-        lines.append(f"Action  {action.get('id')} ({action.get('kind')})")
+        lines.append(f"Action  {action.get('id')} ({kind_word(action)})")
         found = asked(run, intloom=intloom)
         if found is not None:
             label, what, command = found

@@ -54,7 +54,7 @@ from intloom.runtime.machine import (
     restart_verdict,
     to_view,
 )
-from intloom.runtime.model import Cursor, PendingAction, PendingAgentCall, RunView
+from intloom.runtime.model import Cursor, PendingAgentCall, RunView, WaitingAction
 from intloom.runtime.plainjson import MAX_DEPTH, deeper_than, json_path, wire_problem
 from intloom.runtime.ports import CheckpointFailed
 from intloom.runtime.records import (
@@ -1770,7 +1770,7 @@ class _Hooks:
             confirmation_request(request, where) if kind == "confirmation"
             else questions_request(request, where)
         )
-        action = PendingAction(
+        action = WaitingAction(
             id=clock.action_id(),
             kind=kind,  # type: ignore[arg-type]
             request=wire,

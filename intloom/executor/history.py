@@ -21,7 +21,7 @@ import msgspec
 
 from intloom.errors import ErrorView
 from intloom.runtime.machine import RunState, to_view
-from intloom.runtime.model import Cursor, PendingAction, PendingAgentCall, RunView
+from intloom.runtime.model import Cursor, PendingAgentCall, RunView, WaitingAction
 from intloom.runtime.records import Answered, EffectDone, EffectStarted, StepResult
 
 __all__ = ["FACTS", "Entry", "Event", "detail", "pack", "plain_view", "shown", "unpack"]
@@ -64,7 +64,7 @@ FACTS: Final[dict[type, Callable[[Any], Any]]] = {
 
 # The fields of a state its plain view is made of (``to_view``), beside those no record
 # changes (run id, Workflow, version, creation time), which ``unpack`` takes from the Run.
-_Shown = tuple[Cursor, str, str, PendingAction | None, PendingAgentCall | None,
+_Shown = tuple[Cursor, str, str, WaitingAction | None, PendingAgentCall | None,
                ErrorView | None, str, bool]
 _encoder: Final = msgspec.msgpack.Encoder()
 _decoder: Final = msgspec.msgpack.Decoder(list[tuple[tuple[Event, ...], RunView | _Shown]])

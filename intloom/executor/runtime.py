@@ -72,7 +72,7 @@ from intloom.runtime.machine import (
     to_view,
     unreadable,
 )
-from intloom.runtime.model import PendingAgentCall, RunView
+from intloom.runtime.model import PendingAgentCall, RunView, shown_action
 from intloom.runtime.plainjson import json_problem, wire_problem
 from intloom.runtime.ports import CheckpointFailed, JournalPort, RecordTooLarge
 from intloom.runtime.records import (
@@ -457,7 +457,7 @@ def _not_current(slot: RunSlot, action_id: str, elsewhere: RunSlot | None = None
     if elsewhere is not None:
         # Not "answer the one this Run waits on": the answer was written for the other
         # Run's questions, and sent here it would be taken for good.
-        kind = elsewhere.view().pending_action
+        kind = elsewhere.state.pending_action
         what = f"{kind.kind} " if kind is not None else ""
         return (f"Action {action_id} is Run {elsewhere.run_id}'s pending {what}action, not Run "
                 f"{slot.run_id}'s; nothing was recorded. Send the answer to the Run that asks "
@@ -559,7 +559,7 @@ def _answer_gist(answer: Any) -> str:
 def _not_current_task(slot: RunSlot, view: RunView, call_id: str) -> str:
     """Why Agent task ``call_id`` takes no more requests, and what the Agent can do."""
     fact = f"Agent task {call_id} is not Run {slot.run_id}'s current task"
-    call, action, error = view.pending_agent_call, view.pending_action, view.last_error
+    call, action, error = view.pending_agent_call, slot.state.pending_action, view.last_error
     if view.status == "waiting" and call is not None:
         return f"{fact}: the Run now waits on Agent task {call.id} ({call.phase}); use that one."
     if view.status == "waiting" and action is not None:
@@ -1908,7 +1908,7 @@ class Runtime:
         assert state.answered_action is not None
         action = state.answered_action
         typed = validate_answer(action.kind, action.request, state.answer)
-        return Recovery(action=action, answer=typed)
+        return Recovery(action=shown_action(action, state.workflow), answer=typed)
 
 
 def _retrieved(task: asyncio.Future[Any]) -> None:

@@ -58,7 +58,9 @@ __all__ = [
     "WorkflowsReply",
 ]
 
-PROTOCOL: Final = 1
+# 2 (2026-12): a Run view's pendingAction.kind is the reference's ``user_ask_confirmation``
+# or ``user_ask_questions`` (was ``confirmation``, ``questions``), and it gains ``flowName``.
+PROTOCOL: Final = 2
 MAX_FRAME: Final = 4 * 1024 * 1024
 # The most encoded bytes of Run views one RunsReply page carries: a frame, less room for the
 # reply's own fields.

@@ -17,10 +17,11 @@ from intloom.errors import CATALOGUE, ErrorView
 from intloom.runtime.model import (
     Cursor,
     EffectRef,
-    PendingAction,
     PendingAgentCall,
     RunStatus,
     RunView,
+    WaitingAction,
+    shown_action,
 )
 from intloom.runtime.records import (
     PROTOCOL_VERSION,
@@ -130,9 +131,9 @@ class RunState(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     stage_state: bytes | None = None
     outcome: str | None = None
     output: Any = None
-    pending_action: PendingAction | None = None
+    pending_action: WaitingAction | None = None
     pending_agent_call: PendingAgentCall | None = None
-    answered_action: PendingAction | None = None
+    answered_action: WaitingAction | None = None
     answer: Any = None
     effect_in_flight: EffectRef | None = None
     last_effect: EffectRef | None = None
@@ -556,7 +557,9 @@ def to_view(state: RunState, *, status: RunStatus | None = None,
         status=final_status,
         created_at=state.created_at,
         updated_at=state.updated_at,
-        pending_action=state.pending_action if final_status == "waiting" else None,
+        pending_action=(shown_action(state.pending_action, state.workflow)
+                        if final_status == "waiting" and state.pending_action is not None
+                        else None),
         pending_agent_call=state.pending_agent_call if final_status == "waiting" else None,
         last_error=last_error or state.last_error,
         phase=state.phase,

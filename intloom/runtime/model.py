@@ -23,12 +23,19 @@ __all__ = [
     "EffectRef",
     "PendingAction",
     "PendingAgentCall",
+    "PendingKind",
     "RunStatus",
     "RunView",
+    "WaitingAction",
+    "shown_action",
 ]
 
 RunStatus = Literal["running", "waiting", "completed", "failed"]
+# As journaled (``waiting`` records, snapshots) and as the executor branches on it.
 ActionKind = Literal["confirmation", "questions"]
+# As shown (Run views, events, ``Recovery.action``): the TypeScript IntLoom's values
+# (``PendingUserAction.kind``), so that a script reading ``pendingAction.kind`` reads both.
+PendingKind = Literal["user_ask_confirmation", "user_ask_questions"]
 AgentPhase = Literal["available", "claimed"]
 
 
@@ -39,14 +46,37 @@ class Cursor(msgspec.Struct, frozen=True, gc=False):
     step: str | None = None
 
 
-class PendingAction(msgspec.Struct, frozen=True, rename="camel", gc=False):
-    """A question or confirmation waiting for a person."""
+class WaitingAction(msgspec.Struct, frozen=True, rename="camel", gc=False):
+    """A question or confirmation waiting for a person, as the journal holds it."""
 
     id: str
     kind: ActionKind
     request: Any
     cursor: Cursor
     created_at: str
+
+
+class PendingAction(msgspec.Struct, frozen=True, rename="camel", gc=False):
+    """A question or confirmation waiting for a person, as a Run's view shows it: the
+    reference's ``PendingUserAction`` (id, flowName, cursor, kind, request, createdAt)."""
+
+    id: str
+    flow_name: str
+    cursor: Cursor
+    kind: PendingKind
+    request: Any
+    created_at: str
+
+
+_SHOWN: dict[str, PendingKind] = {"confirmation": "user_ask_confirmation",
+                                  "questions": "user_ask_questions"}
+
+
+def shown_action(action: WaitingAction, flow_name: str) -> PendingAction:
+    """``action`` as views show it. Built only for a Run that waits on a person."""
+    return PendingAction(id=action.id, flow_name=flow_name, cursor=action.cursor,
+                         kind=_SHOWN[action.kind], request=action.request,
+                         created_at=action.created_at)
 
 
 class PendingAgentCall(msgspec.Struct, frozen=True, rename="camel", omit_defaults=True,

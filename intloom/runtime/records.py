@@ -16,7 +16,7 @@ from typing import Any, Final, Literal
 import msgspec
 
 from intloom.errors import ErrorView
-from intloom.runtime.model import PendingAction, PendingAgentCall
+from intloom.runtime.model import PendingAgentCall, WaitingAction
 
 __all__ = [
     "FORMAT1_FORMAT",
@@ -125,7 +125,7 @@ class StepResult(_Rec, tag="step_result", frozen=True):
 class Waiting(_Rec, tag="waiting", frozen=True):
     """Durable before a question, confirmation or Agent task is exposed."""
 
-    action: PendingAction | None = None
+    action: WaitingAction | None = None
     agent_call: PendingAgentCall | None = None
     state: bytes | None = None
 

@@ -119,7 +119,7 @@ def wait_stopped(project: Project, pid: int) -> None:
 
 def answer_for(action: dict[str, Any]) -> Any:
     """The answer the drive gives: confirm, or answer every question (skip the skippable)."""
-    if action["kind"] == "confirmation":
+    if action["kind"] == "user_ask_confirmation":
         return {"isConfirmed": True}
     out: list[dict[str, Any]] = []
     for question in action["request"]:

@@ -58,7 +58,7 @@ def test_an_answer_naming_a_member_twice_is_refused_not_read_as_its_last(
                 "--json"))
     run = ok(asks.cli("attach", run_id, "--json"))["run"]
     confirm = run["pendingAction"]["id"]
-    assert run["pendingAction"]["kind"] == "confirmation", run
+    assert run["pendingAction"]["kind"] == "user_ask_confirmation", run
     result = asks.cli("answer", run_id, confirm, '{"isConfirmed": true, "isConfirmed": false}')
     assert result.code == 1 and result.stdout == "", result
     assert ('Failure · INVALID_REQUEST: ANSWER has the member "isConfirmed" twice'

@@ -115,9 +115,12 @@ def at_the_confirmation(project: Project, intent: str) -> tuple[str, str]:
     """A Run of ``triage`` whose questions are answered: it waits on the confirmation."""
     ok(project.cli("start", "--json"))
     run = ok(project.cli("flow", "triage", "--intent", intent, "--json"))["run"]
+    # The reference's PendingUserAction: its kinds, and the flow named.
+    assert run["pendingAction"]["kind"] == "user_ask_questions", run
+    assert run["pendingAction"]["flowName"] == "triage", run
     run = ok(project.cli("answer", run["runId"], run["pendingAction"]["id"], QUESTIONS_FIX,
                          "--json"))["run"]
-    assert run["pendingAction"]["kind"] == "confirmation", run
+    assert run["pendingAction"]["kind"] == "user_ask_confirmation", run
     return str(run["runId"]), str(run["pendingAction"]["id"])
 
 
@@ -133,7 +136,7 @@ def test_a_prompt_answered_elsewhere_gives_way_to_the_next_one(asks_project: Pro
         term.keys("3")  # typed at the stale prompt, no Enter: must not answer the next one
         term.expect("3")  # echoed: the terminal holds it
         now = ok(project.cli("answer", run_id, asked, QUESTIONS_FIX, "--json"))["run"]
-        assert now["pendingAction"]["kind"] == "confirmation", now
+        assert now["pendingAction"]["kind"] == "user_ask_confirmation", now
         moved = term.expect("Confirm? [y/n]: ")
         assert f"{asked} is no longer pending" in moved, term.text()
         assert "Confirmation requested:" in moved and "CONFLICT" not in moved, term.text()

@@ -49,7 +49,8 @@ async def a(ctx: intloom.StepContext[None]) -> str:
 
 @a.recover
 def a_recover(ctx: intloom.StepContext[None], saved: intloom.Recovery) -> str:
-    _seen(f"recover {ctx.intent} {type(saved.answer).__name__}")
+    _seen(f"recover {ctx.intent} {type(saved.answer).__name__} {saved.action.kind} "
+          f"{saved.action.flow_name}")
     return "ok"
 '''
 
@@ -91,6 +92,6 @@ def test_a_step_gets_its_effects_value_and_a_restart_never_hands_it_the_recorded
         assert ended["run"]["status"] == "completed", ended
     seen = (eff.root / "seen.log").read_text().splitlines()
     expected = [f"step {intent} {got}" for intent, (got, _r) in CASES.items()]
-    expected += [f"recover {intent} Confirmation" for intent in CASES]
+    expected += [f"recover {intent} Confirmation user_ask_confirmation eff" for intent in CASES]
     assert seen == expected
     ok(eff.cli("stop", "--json"))

@@ -98,7 +98,7 @@ def test_the_agents_output_reaches_the_next_step_through_on_complete(client: Cli
     done = client.complete_agent_call(run.run_id, call_id, token, "found",
                                       {"items": ["tokio", "smol"]})
     assert done.status == "waiting" and done.pending_action is not None, done
-    assert done.pending_action.kind == "confirmation"
+    assert done.pending_action.kind == "user_ask_confirmation"
     assert done.pending_action.request == {"context": {"findings": ["tokio", "smol"]}}
 
 

@@ -33,7 +33,8 @@ def run_view(status: str = "waiting", code: str | None = None) -> RunView:
     action = None
     if status == "waiting":
         action = PendingAction(
-            id="ACT-1", kind="confirmation", request={"context": {"draft": "d"}},
+            id="ACT-1", flow_name="f", kind="user_ask_confirmation",
+            request={"context": {"draft": "d"}},
             cursor=Cursor("draft", "review"), created_at=T0,
         )
     error = ErrorView(code=code, message=f"{code} message") if code else None

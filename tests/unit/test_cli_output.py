@@ -20,7 +20,7 @@ RUN: dict[str, Any] = {
     "status": "waiting",
     "createdAt": "2026-01-01T00:00:00.000Z",
     "updatedAt": "2026-01-01T00:00:01.000Z",
-    "pendingAction": {"id": "ACT-1", "kind": "confirmation", "request": {"context": {}}},
+    "pendingAction": {"id": "ACT-1", "kind": "user_ask_confirmation", "request": {"context": {}}},
 }
 
 
@@ -234,14 +234,14 @@ def test_a_long_cell_does_not_widen_every_row_of_a_piped_table(
 def test_a_waiting_run_says_what_it_asks_and_how_to_answer() -> None:
     import shlex
 
-    long = {**RUN, "pendingAction": {"id": "ACT-1", "kind": "confirmation",
+    long = {**RUN, "pendingAction": {"id": "ACT-1", "kind": "user_ask_confirmation",
                                      "request": {"context": {"draft": "y" * 1000}}}}
     lines = render.run_lines(long)
     context = next(x for x in lines if x.startswith("Confirm "))
     assert len(context) < 400 and context.endswith("... (--json shows all of it)")
     assert "Answer  intloom answer RUN-1 ACT-1 '{\"isConfirmed\":true}'" in "\n".join(lines)
 
-    odd = {**RUN, "pendingAction": {"id": "ACT-2", "kind": "questions", "request": [
+    odd = {**RUN, "pendingAction": {"id": "ACT-2", "kind": "user_ask_questions", "request": [
         {"id": "it's", "question": "Q?", "isSkippable": False}]}}
     label, what, command = render.asked(odd) or ("", [], "")
     assert (label, what) == ("Ask", ["it's: Q?"])
@@ -256,7 +256,7 @@ def test_a_question_and_an_option_are_shown_with_their_descriptions() -> None:
     """flow, answer and runs showed a question's id, text and options but dropped the
     descriptions the Step gave them (attach shows both): a person answering from that text
     never read "Answer with an ISO date" or what an option means."""
-    run = {**RUN, "pendingAction": {"id": "ACT-3", "kind": "questions", "request": [
+    run = {**RUN, "pendingAction": {"id": "ACT-3", "kind": "user_ask_questions", "request": [
         {"id": "when", "question": "Due?", "description": "An ISO date", "isSkippable": False,
          "options": [{"id": "now", "label": "Today", "description": "ships at once"},
                      {"id": "later", "label": "later"}]}]}}
@@ -354,7 +354,7 @@ def test_every_text_write_escapes_workflow_text(capsys: pytest.CaptureFixture[st
     assert out == f"message {ESCAPED}\n{ESCAPED}  x\n"
     assert err == f"{ESCAPED}\nFailure · STEP_EXECUTION_FAILED: {ESCAPED}\n"
     # What a waiting Run asks goes through the same writes.
-    run = {**RUN, "pendingAction": {"id": "A", "kind": "questions", "request": [
+    run = {**RUN, "pendingAction": {"id": "A", "kind": "user_ask_questions", "request": [
         {"id": "q", "question": "clear?\x1b[2J", "options": [{"id": "o", "label": "\x07"}]}]}}
     renderer.lines(render.run_lines(run))
     out = capsys.readouterr().out
@@ -429,8 +429,9 @@ def test_attach_waits_for_the_whole_history_before_it_prompts_or_ends(tmp_path: 
     from intloom.protocol.messages import RunEvent
     from intloom.runtime.model import Cursor, PendingAction, RunView
 
-    action = PendingAction(id="ASK-1", kind="confirmation", cursor=Cursor(stage="s", step="a"),
-                           request={"context": "ok?"}, created_at="2026-12-01T00:00:00.000Z")
+    action = PendingAction(id="ASK-1", flow_name="f", kind="user_ask_confirmation",
+                           cursor=Cursor(stage="s", step="a"), request={"context": "ok?"},
+                           created_at="2026-12-01T00:00:00.000Z")
     view = RunView(run_id="RUN-1", flow_name="f", cursor=Cursor(stage="s", step="a"),
                    status="waiting", created_at="2026-12-01T00:00:00.000Z",
                    updated_at="2026-12-01T00:00:01.000Z", pending_action=action)

@@ -15,7 +15,7 @@ from intloom import __version__
 from intloom.authoring.identity import workflow_identity
 from intloom.cli.render import changed_lines
 from intloom.client.drift import since_log, since_start
-from intloom.protocol.messages import ServiceView, WorkflowInfo
+from intloom.protocol.messages import PROTOCOL, ServiceView, WorkflowInfo
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -116,8 +116,8 @@ def test_another_intlooms_host_is_not_judged_by_identity(tmp_path: Path) -> None
     changes = since_start(root, _service(root, version="0.0.1"), flows)
     assert [(c.source, c.change) for c in changes] == [("intloom", "intloom"), ("wf/b", "listed")]
     assert changes[0].message == (
-        "The host runs intloom 0.0.1 (socket protocol 1), the one installed when it started; "
-        f"intloom {__version__} (socket protocol 1) is installed now.")
+        f"The host runs intloom 0.0.1 (socket protocol {PROTOCOL}), the one installed when it "
+        f"started; intloom {__version__} (socket protocol {PROTOCOL}) is installed now.")
     assert changed_lines([dataclasses.asdict(c) for c in changes])[-1] == (
         "New Runs use what the host loaded when it started. To load the change: intloom stop, "
         "then intloom start.")

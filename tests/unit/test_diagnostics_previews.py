@@ -18,7 +18,7 @@ from intloom.authoring.loader import load_workflows
 from intloom.diagnostics import run_doctor
 from intloom.diagnostics.doctor import DoctorReport
 from intloom.project import ProjectPaths, load_config
-from intloom.runtime.model import Cursor, PendingAction
+from intloom.runtime.model import Cursor, WaitingAction
 from intloom.runtime.records import (
     EffectStarted,
     Executing,
@@ -69,8 +69,8 @@ def _write(root: Path, runs: dict[str, list[Record]]) -> None:
         store.close_blocking()
 
 
-def _action() -> PendingAction:
-    return PendingAction(id="ASK-1", kind="confirmation", request={"draft": "d"},
+def _action() -> WaitingAction:
+    return WaitingAction(id="ASK-1", kind="confirmation", request={"draft": "d"},
                          cursor=Cursor("draft", "review"), created_at=AT)
 
 

@@ -1125,7 +1125,7 @@ def test_questions_are_validated() -> None:
         rt = Runtime(loaded(wf), MemoryJournal(), package_version="0.1.0")
         rt.restore([])
         view = await rt.wait_stable((await rt.create_run("q", "go")).run_id)
-        assert view.pending_action is not None and view.pending_action.kind == "questions"
+        assert view.pending_action is not None and view.pending_action.kind == "user_ask_questions"
         aid = view.pending_action.id
         # Each refusal names the Run, the action and the question, and says what to send.
         for bad, says in (

@@ -17,7 +17,7 @@ from intloom.runtime.machine import (
     interrupted_message,
     restart_verdict,
 )
-from intloom.runtime.model import Cursor, PendingAction, PendingAgentCall
+from intloom.runtime.model import Cursor, PendingAgentCall, WaitingAction
 from intloom.runtime.records import (
     Answered,
     EffectDone,
@@ -43,8 +43,8 @@ def header(run_id: str = "RUN-1") -> Header:
     )
 
 
-def _action(stage: str, step: str | None, n: int) -> PendingAction:
-    return PendingAction(
+def _action(stage: str, step: str | None, n: int) -> WaitingAction:
+    return WaitingAction(
         id=f"ASK-{n}", kind="confirmation", request={"context": n},
         cursor=Cursor(stage, step), created_at="t",
     )

@@ -1038,12 +1038,12 @@ def test_a_record_nested_too_deeply_to_decode_holds_its_run_not_the_host(
 def test_a_snapshot_nested_too_deeply_to_decode_is_an_unusable_snapshot(tmp_path: Path) -> None:
     """The same for a snapshot: a Run waiting on an Agent task nested that deep is kept in
     its snapshot at a stop, and reading it back raised RecursionError instead of naming it."""
-    from intloom.runtime.model import Cursor, PendingAction
+    from intloom.runtime.model import Cursor, WaitingAction
     from intloom.runtime.records import Executing, StagePending, Waiting
     from intloom.store.snapshots import Snapshot, SnapshotError, decode_snapshot
 
     deep = msgspec.Raw(b"\x91" * 100_000 + b"\x01")
-    action = PendingAction(id="ASK-1", kind="confirmation", request=deep,
+    action = WaitingAction(id="ASK-1", kind="confirmation", request=deep,
                            cursor=Cursor(stage="s", step="s1"), created_at="t4")
     state = fold([header("RUN-A"), StagePending(at="t1", stage="s"),
                   StepReady(at="t2", stage="s", step="s1"),

@@ -14,7 +14,7 @@ import pytest
 
 from intloom.errors import ErrorView
 from intloom.runtime.machine import RunState, fold
-from intloom.runtime.model import Cursor, PendingAction
+from intloom.runtime.model import Cursor, WaitingAction
 from intloom.runtime.ports import CheckpointFailed
 from intloom.runtime.records import (
     Answered,
@@ -67,7 +67,7 @@ def _next(state: RunState | None, rng: random.Random, i: int, allow_terminal: bo
         if roll < 0.35:
             return EffectStarted(at=at, name="call", key=f"k{i}")
         if roll < 0.5:
-            action = PendingAction(id=f"ASK-{i}", kind="confirmation", request={"n": i},
+            action = WaitingAction(id=f"ASK-{i}", kind="confirmation", request={"n": i},
                                    cursor=state.cursor, created_at=at)
             return Waiting(at=at, action=action)
         return StepResult(at=at, stage=stage, step=state.cursor.step or "s1", outcome="ok",
