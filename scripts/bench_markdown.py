@@ -306,7 +306,8 @@ def render(report: dict[str, Any], chart: str | None) -> str:
         "on average 32 Runs to group, 52.6 Steps per flush instead of 63.6. That staggered "
         "start is still measured in the same run and shown in the table, for reference.",
         "",
-        "`peers` runs the same workload in a fresh process per variant and repetition, with "
+        "`peers` runs the same workload in a fresh process per variant and repetition (each "
+        "repetition starting one variant later in the order, since 2026-12-03), with "
         "the peers installed from the package index into their own virtual environment "
         "(`.bench-venv/`): DBOS with its SQLite system database (its default; its docs "
         "recommend Postgres for production, which is not measured here) and LangGraph with "

@@ -70,7 +70,11 @@ def bench_peers(args: Any) -> dict[str, Any]:
     runs: dict[str, list[dict[str, Any]]] = {v: [] for v in chosen}
     with scratch(args.dir, "bench-peers-") as base:
         for rep in range(args.repeats):
-            for variant in chosen:
+            # Each repetition starts one variant later: in a fixed order intloom_sync always
+            # ran right after intloom_async, so whatever one left behind (page cache, the
+            # disk's writeback, CPU frequency) fell on the same neighbour every time.
+            turn = rep % len(chosen)
+            for variant in chosen[turn:] + chosen[:turn]:
                 where = base / f"{variant}-{rep}"
                 where.mkdir()
                 result = run_child(variant, args.steps, where)
