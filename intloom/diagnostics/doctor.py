@@ -12,9 +12,9 @@ import contextlib
 import errno
 import os
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple
+from typing import TYPE_CHECKING, Final, Literal, NamedTuple
 
 import msgspec
 import psutil
@@ -54,6 +54,7 @@ from intloom.host.metadata import (
     read_service,
 )
 from intloom.host.observe import observe_file
+from intloom.host.toolcalls import last_log, log_records, tool_calls_cut
 from intloom.project import Config, ProjectPaths, load_config
 from intloom.protocol.messages import ServiceView
 
@@ -727,50 +728,16 @@ def _temp_files_check(paths: ProjectPaths) -> Check:
     return Check("temp_files", "attention", " ".join(message), ". ".join(todo))
 
 
-# The end of the last host's log that doctor reads for its compactions: the stop's lines are
-# its last, and a log is a diagnostic, read no further than this.
-_LOG_TAIL: Final = 256 * 1024
-
-
-def _log_tail(logs: Path) -> tuple[str, bytes] | None:
-    """The newest host log (``LOG-<start>.jsonl``: the last host's), its name and its last
-    ``_LOG_TAIL`` bytes; None when there is none that is a regular file to read. Never
-    through a link, never blocked by a FIFO put in its place."""
-    try:
-        names = sorted(e.name for e in os.scandir(logs)
-                       if e.name.startswith("LOG-") and e.name.endswith(".jsonl"))
-    except OSError:
-        return None
-    if not names:
-        return None
-    from intloom.client.hostlog import read_log
-
-    data = read_log(logs / names[-1], _LOG_TAIL, tail=True)
-    return None if data is None else (names[-1], data)
-
-
-def _records(tail: bytes) -> Iterator[dict[str, Any]]:
-    """The log records in ``tail``, skipping a line that is no JSON object: the first, cut
-    by the tail, or one a full disk cut short."""
-    for line in tail.splitlines():
-        try:
-            record = msgspec.json.decode(line)
-        except msgspec.DecodeError:
-            continue
-        if isinstance(record, dict):
-            yield record
-
-
 def _compaction_check(found: tuple[str, bytes] | None) -> Check | None:
     """The last host's failed compaction (``store_compaction_failed``) that the next start
     meets: one at its stop, or one no clean stop followed. Only its log said so once the
     host was gone, and status shows it (compactionError) only while a host runs. ``found``:
-    that log's name and tail (``_log_tail``)."""
+    that log's name and tail (``last_log``)."""
     if found is None:
         return None
     name, tail = found
     failed: dict[str, object] | None = None
-    for record in _records(tail):
+    for record in log_records(tail):
         if record.get("event") == "store_compaction_failed":
             failed = record
         elif record.get("event") == "service_stopped" and failed is not None \
@@ -790,52 +757,21 @@ def _compaction_check(found: tuple[str, bytes] | None) -> Check | None:
     )
 
 
-def _tool_calls_cut(tail: bytes) -> dict[str, str]:
-    """Per Run, the Tool call its last host's log shows started and never returned: a
-    ``run_tool_started`` with no ``run_tool_ended`` after it (the host was killed during
-    the call), or one ended by the stop's grace (``CLI_SERVICE_CLOSING``)."""
-    started: dict[tuple[str, str], dict[str, object]] = {}
-    cut: dict[tuple[str, str], str] = {}
-    for record in _records(tail):
-        if not str(record.get("event", "")).startswith("run_tool_"):
-            continue
-        key = (str(record.get("runId")), str(record.get("toolCallId")))
-        if record["event"] == "run_tool_started":
-            started[key] = record
-            cut.pop(key, None)
-        elif record["event"] == "run_tool_ended" and key in started:
-            begun = started.pop(key)
-            if record.get("outcome") == "CLI_SERVICE_CLOSING":
-                cut[key] = (f"Tool call {key[1]} (Tool {begun.get('tool')!r}, started "
-                            f"{begun.get('time', '?')}) was still running when the stop's "
-                            "grace ran out")
-    for key, begun in started.items():
-        cut[key] = (f"Tool call {key[1]} (Tool {begun.get('tool')!r}) started "
-                    f"{begun.get('time', '?')} and never returned: it was running when the "
-                    "host went")
-    found: dict[str, str] = {}
-    for (run_id, _), said in cut.items():
-        found[run_id] = f"{found[run_id]}; {said}" if run_id in found else said
-    return found
-
-
 def _with_tool_calls(found: tuple[str, bytes] | None, runs: list[RunPreview]
                      ) -> list[RunPreview]:
     """``runs``, a Run whose Agent task's Tool call the last host left unfinished saying
     which (its log's word: Tool calls are not journaled, so the restart table names only
-    the task, and its outcome is for the user to check). ``found``: as for
-    ``_compaction_check``."""
+    the task, and its outcome is for the user to check). ``found``: the last host's log
+    (``last_log``)."""
     tasks = [p for p in runs if p.verdict.row == "interrupted" and "Agent task" in
              p.verdict.reason]
     if not tasks or found is None:
         return runs
-    name, tail = found
-    cut = _tool_calls_cut(tail)
+    cut = tool_calls_cut(found)
     if not cut:
         return runs
     said = {p.run_id: msgspec.structs.replace(p, verdict=msgspec.structs.replace(
-                p.verdict, reason=f"{p.verdict.reason}; the last host's log "
-                f"(.intloom/logs/{name}) says {cut[p.run_id]}, so check what that Tool did"))
+                p.verdict, reason=f"{p.verdict.reason}; {cut[p.run_id]}"))
             for p in tasks if p.run_id in cut}
     return [said.get(p.run_id, p) for p in runs]
 
@@ -953,7 +889,7 @@ def run_doctor(root: Path) -> DoctorReport:
     )
     checks.append(journals_check)
     if not running:
-        tail = _log_tail(paths.logs)  # the last host's: read once for both
+        tail = last_log(paths.logs)  # the last host's: read once for both
         runs = _with_tool_calls(tail, runs)
         compaction = _compaction_check(tail)
         if compaction is not None:

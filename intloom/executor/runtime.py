@@ -684,8 +684,14 @@ class Runtime:
 
     # ------------------------------------------------------------------ restore
 
-    def restore(self, runs: list[RestoredRun], *, strict: bool = False) -> RestoreSummary:
-        """Classify restored Runs by the restart table. Once, before any Run exists."""
+    def restore(self, runs: list[RestoredRun], *, strict: bool = False,
+                tool_calls: Callable[[], Mapping[str, str]] | None = None) -> RestoreSummary:
+        """Classify restored Runs by the restart table. Once, before any Run exists.
+
+        ``tool_calls``: per Run, what the last host's log says of a Tool call its Agent task
+        left running (not journaled); called at most once, and only for an interrupted Run
+        that waited on an Agent task."""
+        cut: Mapping[str, str] | None = None
         if self._restored or self.runs:
             raise IntloomError("CONFLICT", "restore runs once, before any Run is created.")
         self._restored = True
@@ -711,12 +717,20 @@ class Runtime:
             slot = RunSlot(state=state, lw=lw, observer=self.on_event)
             slot.restored_seq = state.seq
             self._keep(slot)
+            shown: dict[str, Any] = {"row": verdict.row, "reason": verdict.reason}
             if verdict.row == "interrupted":
                 slot.owned = False
+                also = None
+                if state.pending_agent_call is not None and tool_calls is not None:
+                    if cut is None:
+                        cut = tool_calls()
+                    also = cut.get(state.run_id)
+                if also is not None:
+                    shown["toolCall"] = also  # logged, for the host after this one
                 # Clipped: it names the effect in flight, whose key a journal written before
                 # MAX_EFFECT_ID existed may hold at any length.
                 slot.override = ErrorView(
-                    code="RUN_INTERRUPTED", message=clip(interrupted_message(state)),
+                    code="RUN_INTERRUPTED", message=clip(interrupted_message(state, also)),
                     retryable=False,
                 )
                 interrupted.append(state.run_id)
@@ -731,8 +745,7 @@ class Runtime:
             # interrupted one failed), not as its last record left it.
             # ``at``: the restore's time (the view's updatedAt is its last record's, written
             # by the earlier host), so that a follower sees the downtime.
-            slot.publish("restored", {"row": verdict.row, "reason": verdict.reason,
-                                      "at": clock.now()})
+            slot.publish("restored", {**shown, "at": clock.now()})
         if strict and attention:
             raise strict_refusal(self.attention)
         return RestoreSummary(

@@ -25,6 +25,7 @@ from intloom.executor.runtime import RestoredRun, Runtime, incompatibility, stri
 from intloom.fsutil import PrivacyError, no_inode_left, plug_standard
 from intloom.host.logfile import HostLog, utc_now
 from intloom.host.metadata import privacy_invalid
+from intloom.host.toolcalls import last_log, tool_calls_cut
 from intloom.project import Config, ProjectPaths
 from intloom.protocol.messages import RestoreSummary, StoreProblem, WorkflowInfo, WorkflowProblem
 from intloom.store import Store, StoreReport, read_runs_report
@@ -301,7 +302,8 @@ def boot(
 
         runtime = Runtime(result.workflows, store, package_version=package_version,
                           on_event=on_event, withheld=result.withheld, failed=failed)
-        summary = runtime.restore(restored, strict=strict)
+        summary = runtime.restore(restored, strict=strict,
+                                  tool_calls=lambda: _tool_calls_cut(paths, log))
     except BaseException:
         store.close_blocking()
         raise
@@ -327,6 +329,12 @@ def boot(
         store_problems=[StoreProblem(path=f.path, kind=f.kind, problem=f.problem)
                         for f in store.restored.files if f.kind != "torn"],
     )
+
+
+def _tool_calls_cut(paths: ProjectPaths, log: HostLog) -> dict[str, str]:
+    """What the log of the host before this one says of the Tool calls it left running."""
+    found = last_log(paths.logs, before=log.path.name)
+    return {} if found is None else tool_calls_cut(found)
 
 
 def starved(exc: BaseException) -> str | None:

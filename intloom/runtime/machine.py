@@ -533,11 +533,13 @@ def _recover_would_repeat(state: RunState) -> str | None:
             "run again from its start and call it again")
 
 
-def interrupted_message(state: RunState) -> str:
-    """The RUN_INTERRUPTED message for a Run restored from ``state``: names the effect, if any."""
+def interrupted_message(state: RunState, also: str | None = None) -> str:
+    """The RUN_INTERRUPTED message for a Run restored from ``state``: names the effect, if any.
+    ``also``: what else is known of what was in flight (a Tool call, from a host log)."""
     default = CATALOGUE["RUN_INTERRUPTED"][0]
     verdict = restart_verdict(state, has_recover=False)
-    return f"{default} Evidence: {verdict.reason}."
+    more = f"; {also}" if also else ""
+    return f"{default} Evidence: {verdict.reason}{more}."
 
 
 def _where(cursor: Cursor) -> str:

@@ -19,7 +19,7 @@ import pytest
 from intloom.client.client import Client
 from intloom.errors import IntloomError
 from intloom.runtime.model import RunView
-from tests.helpers import CliResult, Project, eventually
+from tests.helpers import CliResult, Project, eventually, ok
 from tests.integration.host_support import hello_frame, reply, start
 
 pytestmark = pytest.mark.timeout(60)
@@ -915,6 +915,27 @@ def test_tool_calls_are_logged_and_doctor_names_the_one_a_kill_cut(
     assert "and never returned: it was running when the host went" in reason, reason
     # The first Run's task was claimed too, but no Tool call of it was running.
     assert "Tool call" not in previews[run.run_id]["verdict"]["reason"], previews[run.run_id]
+    # The Run's own RUN_INTERRUPTED names the call too, not doctor alone, and still does
+    # after the next restart, whose host's log no longer holds the call's start.
+    killed_log = sorted((project.state / "logs").glob("LOG-*.jsonl"))[-1].name
+    ok(project.cli("recover", "--json"))
+    for restart in range(2):
+        start(project)
+        with Client.connect(project.root) as client:
+            cut_run = client.get_run(running.run.run_id)
+            other = client.get_run(run.run_id)
+        assert cut_run.last_error is not None and other.last_error is not None
+        message = cut_run.last_error.message
+        assert cut_run.last_error.code == "RUN_INTERRUPTED", (restart, message)
+        assert f"waits on client Agent task {running.call} (claimed)" in message, message
+        assert (f"the log of the host it ran on (.intloom/logs/{killed_log}) says Tool call "
+                "tc-1 (Tool 'slow') started ") in message, (restart, message)
+        assert "Tool call" not in other.last_error.message, other.last_error.message
+        ok(project.cli("stop", "--json"))
+    doctor = project.cli("--json", "doctor")
+    previews = {p["runId"]: p for p in json.loads(doctor.stdout)["runs"]}
+    assert "says Tool call tc-1 (Tool 'slow') started " in (
+        previews[running.run.run_id]["verdict"]["reason"]), previews[running.run.run_id]
 
 
 def test_a_tool_still_running_at_the_end_of_the_grace_is_named(
@@ -947,6 +968,14 @@ def test_a_tool_still_running_at_the_end_of_the_grace_is_named(
         "unknown and no output is returned. The next start reports Run "
         f"{run.run_id} RUN_INTERRUPTED (claims, owner tokens and Tool receipts are not "
         "restored); once it has started, start a new Run for this work.")], running.results
+    # And the next start does as that reply says, naming the Tool call as well.
+    start(project)
+    with Client.connect(project.root) as client:
+        error = client.get_run(run.run_id).last_error
+    assert error is not None and error.code == "RUN_INTERRUPTED", error
+    assert "says Tool call tc-1 (Tool 'slow', started " in error.message, error.message
+    assert "was still running when the stop's grace ran out, so check what that Tool did" \
+        in error.message, error.message
 
 
 def test_an_on_complete_still_running_at_the_end_of_the_grace_is_told_closing(

@@ -1,0 +1,114 @@
+"""What the last host's log says of the Tool calls it left running.
+
+Tool calls are not journaled (their receipts are not restored), so the restart table can
+name only the Agent task a crash cut. The host log has each call's start and end: the next
+host reads its predecessor's log to name the call in the Run's ``RUN_INTERRUPTED``
+message, and logs what it named with the Run's ``run_restored`` record (``toolCall``), so
+that the host after it still names it. ``doctor`` reads the same. A log is a diagnostic:
+with it gone, the Run is still interrupted, named by its task only.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Final
+
+import msgspec
+
+__all__ = ["LOG_TAIL", "last_log", "log_records", "read_log", "tool_calls_cut"]
+
+# The end of a host's log read for this: a stop's or a crash's last lines are there, and a
+# log is read no further than this.
+LOG_TAIL: Final = 256 * 1024
+
+
+def read_log(path: Path | None, limit: int, *, tail: bool) -> bytes | None:
+    """At most ``limit`` bytes of the log at ``path``, its last ones when ``tail``, else its
+    first; None when it is not a regular file that can be read. Never through a link, never
+    blocked by a FIFO put in its place (an ``open`` of one waits for a writer for ever)."""
+    if path is None:
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        with open(fd, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                return None
+            if tail:
+                fh.seek(max(0, st.st_size - limit))
+            return fh.read(limit)
+    except OSError:
+        return None
+
+
+def last_log(logs: Path, *, before: str | None = None) -> tuple[str, bytes] | None:
+    """The newest host log (``LOG-<start>.jsonl``) whose name sorts before ``before`` (a
+    starting host's own; None: any), its name and its last ``LOG_TAIL`` bytes; None when
+    there is none that is a regular file to read."""
+    try:
+        names = sorted(e.name for e in os.scandir(logs)
+                       if e.name.startswith("LOG-") and e.name.endswith(".jsonl")
+                       and (before is None or e.name < before))
+    except OSError:
+        return None
+    if not names:
+        return None
+    data = read_log(logs / names[-1], LOG_TAIL, tail=True)
+    return None if data is None else (names[-1], data)
+
+
+def log_records(tail: bytes) -> Iterator[dict[str, Any]]:
+    """The log records in ``tail``, skipping a line that is no JSON object: the first, cut
+    by the tail, or one a full disk cut short."""
+    for line in tail.splitlines():
+        try:
+            record = msgspec.json.decode(line)
+        except msgspec.DecodeError:
+            continue
+        if isinstance(record, dict):
+            yield record
+
+
+def tool_calls_cut(found: tuple[str, bytes]) -> dict[str, str]:
+    """Per Run, what the log ``found`` (name, tail) says of the Tool call its host left
+    unfinished: a ``run_tool_started`` with no ``run_tool_ended`` after it (the host was
+    killed during the call), one ended by the stop's grace (``CLI_SERVICE_CLOSING``), or
+    what that host itself named when it restored the Run (``run_restored``'s
+    ``toolCall``). Each is a clause: "the log of the host it ran on (...) says ..."."""
+    name, tail = found
+    started: dict[tuple[str, str], dict[str, Any]] = {}
+    cut: dict[tuple[str, str], str] = {}
+    carried: dict[str, str] = {}
+    for record in log_records(tail):
+        event = str(record.get("event", ""))
+        if event == "run_restored" and isinstance(record.get("toolCall"), str):
+            carried[str(record.get("runId"))] = record["toolCall"]
+            continue
+        if not event.startswith("run_tool_"):
+            continue
+        key = (str(record.get("runId")), str(record.get("toolCallId")))
+        if event == "run_tool_started":
+            started[key] = record
+            cut.pop(key, None)
+        elif event == "run_tool_ended" and key in started:
+            begun = started.pop(key)
+            if record.get("outcome") == "CLI_SERVICE_CLOSING":
+                cut[key] = (f"Tool call {key[1]} (Tool {begun.get('tool')!r}, started "
+                            f"{begun.get('time', '?')}) was still running when the stop's "
+                            "grace ran out")
+    for key, begun in started.items():
+        cut[key] = (f"Tool call {key[1]} (Tool {begun.get('tool')!r}) started "
+                    f"{begun.get('time', '?')} and never returned: it was running when the "
+                    "host went")
+    said: dict[str, str] = {}
+    for (run_id, _), text in cut.items():
+        said[run_id] = f"{said[run_id]}; {text}" if run_id in said else text
+    found_here = {run_id: f"the log of the host it ran on (.intloom/logs/{name}) says {text}, "
+                  "so check what that Tool did" for run_id, text in said.items()}
+    return {**carried, **found_here}
