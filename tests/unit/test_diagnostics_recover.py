@@ -251,6 +251,40 @@ def test_lock_taken_during_recovery_is_a_conflict(
     assert tree(root) == before
 
 
+def test_an_owner_no_longer_provably_gone_under_the_lock_is_a_conflict(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The re-check under the port and the lock judges the owners again, not only the files:
+    an owner proved gone by the diagnosis that can no longer be inspected once recover holds
+    the lock (/proc remounted with hidepid meanwhile) is unknown, and nothing is removed."""
+    import psutil
+
+    root = make_root(tmp_path)
+    pid = dead_pid()
+    crash_leftovers(root, pid, 1_000_000.0)
+    _user_data(root)
+    real_process, real_take_lock = psutil.Process, recover_module._take_lock
+
+    def denied(target: int | None = None) -> psutil.Process:
+        if target == pid:
+            raise psutil.AccessDenied(pid)
+        return real_process(target)
+
+    def take_lock_then_hide_the_owner(path: Path) -> int | None:
+        fd = real_take_lock(path)
+        monkeypatch.setattr(psutil, "Process", denied)
+        return fd  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(recover_module, "_take_lock", take_lock_then_hide_the_owner)
+    before = tree(root)
+    with pytest.raises(IntloomError) as caught:
+        recover(root, dry_run=False)
+    assert caught.value.code == "CLI_RECOVERY_CONFLICT", caught.value
+    assert f"(pid {pid}) is no longer provably gone" in caught.value.message, caught.value
+    assert "Nothing was removed" in caught.value.message, caught.value
+    assert tree(root) == before
+
+
 def test_port_guard_turns_clients_away_with_an_error_frame() -> None:
     port = free_port()
     with PortGuard(port, reply=recover_module._guard_reply(port)):
