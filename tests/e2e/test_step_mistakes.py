@@ -929,7 +929,8 @@ LEFT_RUNNING = textwrap.dedent('''
 
     import intloom
 
-    SEEN = Path(__file__).resolve().parent.parent / "thread.log"
+    HERE = Path(__file__).resolve().parent.parent
+    SEEN = HERE / "thread.log"
     wf = intloom.Workflow("stray", version="1.0.0")
     main = wf.stage("main")
 
@@ -939,7 +940,11 @@ LEFT_RUNNING = textwrap.dedent('''
 
     def slow() -> str:
         BEGUN.set()  # called once its effect_started is journaled
-        time.sleep(1.0)  # a payment API taking its time
+        # A payment API taking its time: until the test has seen the Run end (a deadline
+        # keeps a failed test short).
+        deadline = time.monotonic() + 30
+        while not (HERE / "release").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
         return "charged"
 
 
@@ -976,6 +981,7 @@ def test_a_step_that_returns_while_its_threads_effect_runs_names_the_effect_and_
                      "was still running", "its outcome was not recorded",
                      "Wait for (join) each thread that uses ctx before the Step returns"):
             assert fact in error["message"], (fact, error["message"])
+        (project.root / "release").write_text("")  # the Run has ended: the effect may end
         log = project.root / "thread.log"
         seen = eventually(functools.partial(_text_of, log), timeout=10,
                           what="the thread's effect to end")
@@ -1144,6 +1150,7 @@ INIT_LEFT_RUNNING = textwrap.dedent('''
 
     import threading
     import time
+    from pathlib import Path
 
     import msgspec
 
@@ -1155,11 +1162,15 @@ INIT_LEFT_RUNNING = textwrap.dedent('''
     wf = intloom.Workflow("stray_init", version="1.0.0")
     main = wf.stage("main", state=Order)
     BEGUN = threading.Event()
+    RELEASE = Path(__file__).resolve().parent.parent / "release"
 
 
     def slow() -> str:
         BEGUN.set()
-        time.sleep(1.0)
+        # Until the test has seen the Run end (a deadline keeps a failed test short).
+        deadline = time.monotonic() + 30
+        while not RELEASE.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
         return "charged"
 
 
@@ -1191,6 +1202,7 @@ def test_an_initialiser_that_returns_while_its_threads_effect_runs_names_its_sta
             "follows it, so the State it returned was not recorded"), error["message"]
         assert "outcome was not recorded" not in error["message"], error["message"]
         assert "before the initialiser returns." in error["message"], error["message"]
+        (project.root / "release").write_text("")  # the Run has ended: the effect may end
         ok(project.cli("stop", "--json"))
 
 
@@ -1205,6 +1217,7 @@ def test_an_effect_a_thread_still_ran_when_its_step_raised_ends_as_the_runs_lost
         run = project.cli("flow", "stray", "--intent", "raise", "--json").json["run"]
         assert run["lastError"]["code"] == "STEP_EXECUTION_FAILED", run
         assert "card declined" in run["lastError"]["message"], run
+        (project.root / "release").write_text("")  # the Run has ended: the effect may end
         seen = eventually(functools.partial(_text_of, project.root / "thread.log"),
                           timeout=10, what="the thread's effect to end")
         assert seen.startswith("IntloomError EXECUTION_OWNERSHIP_LOST: "), seen
