@@ -95,6 +95,7 @@ def test_kill_at_every_flush(tmp_path: Path, mode: str) -> None:
     loaded = load_workflows(root := _project(tmp_path, 0), load_config(root))
     chain = loaded.workflows["chain"]
     rows: collections.Counter[str] = collections.Counter()
+    in_flight = 0  # crash points whose journal ends with an effect started, not done
     n = 0
     with ThreadPoolExecutor(2) as pool:
         ahead: collections.deque[Future[_Attempt]] = collections.deque()
@@ -136,6 +137,7 @@ def test_kill_at_every_flush(tmp_path: Path, mode: str) -> None:
                     assert view["status"] == "failed"
                     assert view["lastError"]["code"] == "RUN_INTERRUPTED"
                     if state.effect_in_flight is not None:
+                        in_flight += 1
                         assert state.effect_in_flight.name in view["lastError"]["message"]
                     assert after == before  # nothing was replayed
                 else:
@@ -148,4 +150,7 @@ def test_kill_at_every_flush(tmp_path: Path, mode: str) -> None:
     assert n > 5
     # The sweep reached the rows this Workflow can reach.
     assert rows["resume"] and rows["interrupted"] and rows["restore_wait"], rows
+    # effect_started is durable before the effect is called (DESIGN section 5): some crash
+    # point must find an effect in flight, or the check that the message names it never ran.
+    assert in_flight, f"no crash point left an effect in flight (rows {dict(rows)})"
     print(f"{mode}: {n - 1} crash points, rows {dict(rows)}")
