@@ -545,9 +545,10 @@ def test_a_command_during_a_stop_is_told_the_host_is_stopping(
 ) -> None:
     """While the stop waits for a Step (the grace), the host still answers: commands get
     CLI_SERVICE_CLOSING, not a closed port, and status does not call it a stuck owner."""
-    # The start below waits out the grace (the gate opens only at the end): 3 s holds the
-    # two CLI checks before it with room, where 5 s was only time spent.
-    monkeypatch.setenv("INTLOOM_TEST_SUSPEND_GRACE", "3")
+    # A grace no check below can outlast: with 3 s, two CLI commands on a loaded machine
+    # took longer, the host had stopped, and status said "offline". The gate opens once the
+    # start below has been told the host is stopping, so nobody waits the grace out.
+    monkeypatch.setenv("INTLOOM_TEST_SUSPEND_GRACE", "40")
     (project.root / "workflows" / "gated.py").write_text(GATED)
     (project.root / "intloom.toml").write_text('workflows = ["workflows/gated.py"]\n')
     start(project)
@@ -571,7 +572,21 @@ def test_a_command_during_a_stop_is_told_the_host_is_stopping(
             "status says offline once it has; intloom start waits for that, then starts a "
             "new host."), status.stdout
         # A start meanwhile waits for the stopping host to let go, then launches a new one.
+        real_live_service = lifecycle._live_service
+        told: list[str] = []
+
+        def live_service(root: Any) -> Any:  # the real one; the Step goes on once refused
+            try:
+                return real_live_service(root)
+            except IntloomError as exc:
+                if exc.code == "CLI_SERVICE_CLOSING" and not told:
+                    told.append(exc.code)
+                    (project.root / "gate").touch()
+                raise
+
+        monkeypatch.setattr(lifecycle, "_live_service", live_service)
         restarted = start(project, timeout=30)
+        assert told == ["CLI_SERVICE_CLOSING"], "the start never met the stopping host"
         assert restarted.reused is False
     finally:
         (project.root / "gate").touch()  # the Step reaches its boundary; the stop completes
