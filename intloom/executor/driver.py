@@ -1779,7 +1779,15 @@ class _Hooks:
         )
         rt.append(slot, Waiting(at=action.created_at, action=action,
                                 state=_encode_state(state, where, stage.state_type)))
-        await rt.sync(slot)
+        try:
+            await rt.sync(slot)
+        except asyncio.CancelledError as exc:
+            if slot.owned and not self.driver.cutting and not self.driver.stopping:
+                # The Step cancelled its wait (asyncio.wait_for's timeout) while the waiting
+                # record was being made durable: the journal waits for the answer all the
+                # same, so the Step cannot go on to an outcome (as below, once shown).
+                abandoned(exc, kind, action.id)
+            raise
         if self.driver.stopping:
             # The wait is durable and restores on the next start; nobody can answer it now.
             slot.suspend()

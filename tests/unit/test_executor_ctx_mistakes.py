@@ -5,6 +5,7 @@ Run completed anyway), and a Stage initialiser's value in a Stage without State.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import threading
 import warnings
@@ -860,3 +861,59 @@ def test_a_step_assigning_its_contexts_names_is_refused_and_its_errors_still_nam
     assert view.last_error.message.startswith("Stage 's', Step 'a' assigned ctx.state an int, "
                                               "but Stage 's' has no State"), \
         view.last_error.message
+
+
+def test_a_wait_the_step_cancels_while_it_is_being_saved_names_the_wait_and_the_fix(
+        tmp_path: Path) -> None:
+    """``asyncio.wait_for(ctx.confirm(...), t)`` whose ``t`` ran out while the host was still
+    making the confirmation's waiting record durable (a slow disk) failed the Run with
+    CLI_INTERNAL_ERROR "The host failed while driving the Run (IllegalTransition)": the Step
+    went on to an outcome after a wait the journal holds open. It is named as when the
+    timeout comes after the wait was shown."""
+    from intloom.runtime.records import Waiting
+
+    wf = intloom.Workflow("timed", version="1")
+    st = wf.stage("s")
+
+    @st.step("a", routes={"done": intloom.COMPLETE})
+    async def a(ctx: intloom.StepContext[None]) -> str:
+        with contextlib.suppress(TimeoutError):  # "nobody answered in time"
+            await asyncio.wait_for(ctx.confirm({"n": 1}), 0.05)
+        return "done"
+
+    root = tmp_path / "runtime"
+
+    async def main() -> RunView:
+        store = open_store(root)
+        real_append, real_sync = store.append, store.sync
+        waits: list[str] = []
+
+        def append(run_id: str, record: Any, state: Any = None) -> None:
+            if isinstance(record, Waiting):
+                waits.append(run_id)
+            real_append(run_id, record, state)
+
+        async def sync(run_id: str | None = None) -> None:
+            if waits:
+                waits.clear()
+                # The flush of the waiting record outlasts the Step's patience: only the
+                # Step's own timeout ends this wait (a later flush makes the record durable).
+                await asyncio.Event().wait()
+            await real_sync(run_id)
+
+        store.append = append  # type: ignore[method-assign]
+        store.sync = sync  # type: ignore[method-assign]
+        rt = _runtime(store, wf)
+        view = await rt.wait_stable((await rt.create_run(wf.name, "go")).run_id)
+        await store.close()
+        return view
+
+    view = asyncio.run(asyncio.wait_for(main(), 20))
+    assert view.status == "failed", view
+    assert view.last_error is not None
+    assert view.last_error.code == "STEP_INTERACTION_INVALID", view.last_error
+    message = view.last_error.message
+    assert message.startswith(
+        "Stage 's', Step 'a' stopped waiting for its confirmation ASK-"), message
+    assert "Await ctx.confirm(...) until it is answered" in message, message
+    assert _phases(root, view.run_id)[-2:] == ["Waiting", "Terminal"]
