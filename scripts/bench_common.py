@@ -18,6 +18,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -180,12 +181,19 @@ def bench_env(**extra: str) -> dict[str, str]:
 
 
 def wait4_spawn(cmd: Sequence[str], *, cwd: Path | None = None,
-                env: dict[str, str] | None = None) -> tuple[float, float, float]:
-    """(wall s, CPU s, peak RSS MiB) of one process, spawn to reap, output discarded."""
+                env: dict[str, str] | None = None,
+                timeout: float = 300.0) -> tuple[float, float, float]:
+    """(wall s, CPU s, peak RSS MiB) of one process, spawn to reap, output discarded; one
+    still running after ``timeout`` s is killed (and reported as failed)."""
     started = time.perf_counter()
     proc = subprocess.Popen(list(cmd), cwd=cwd, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
-    _, status, usage = os.wait4(proc.pid, 0)
+    watchdog = threading.Timer(timeout, proc.kill)  # wait4 itself has no timeout
+    watchdog.start()
+    try:
+        _, status, usage = os.wait4(proc.pid, 0)
+    finally:
+        watchdog.cancel()
     elapsed = time.perf_counter() - started
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:

@@ -111,11 +111,19 @@ def _peer(framework: str, base: Path) -> dict[str, Any]:
     side = where / "side.txt"
 
     def spawn(mode: str) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
-            [str(python), str(CHILD), framework, mode, str(STEPS), str(SLOW), str(PEER_SLEEP),
-             str(where)],
-            stdout=subprocess.DEVNULL, stderr=open(where / f"{mode}.err", "ab"),
-            env=bench_env(), cwd=where)
+        with open(where / f"{mode}.err", "ab") as err:  # the child has its own copy
+            return subprocess.Popen(
+                [str(python), str(CHILD), framework, mode, str(STEPS), str(SLOW),
+                 str(PEER_SLEEP), str(where)],
+                stdout=subprocess.DEVNULL, stderr=err, env=bench_env(), cwd=where)
+
+    def finish(child: subprocess.Popen[bytes]) -> None:
+        try:
+            child.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            child.kill()  # never left running behind the benchmark
+            child.wait()
+            raise
 
     proc = spawn("run")
     try:
@@ -125,12 +133,12 @@ def _peer(framework: str, base: Path) -> dict[str, Any]:
         proc.wait()
     started = time.perf_counter()
     first = spawn("recover")
-    first.wait(timeout=300)
+    finish(first)
     recovered_s = time.perf_counter() - started
     lines_after_first = len(read_side(side))
     report = json.loads((where / "recover.json").read_text())
     second = spawn("recover")
-    second.wait(timeout=300)
+    finish(second)
     return {
         **_tally(side),
         "status_after_recovery": report["status"],
