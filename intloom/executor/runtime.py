@@ -515,6 +515,26 @@ def _not_current(slot: RunSlot, action_id: str, elsewhere: RunSlot | None = None
 
 # The length of an action's id (clock.action_id): ASK- and 21 characters.
 _ACTION_ID_LENGTH: Final = 25
+_RUN_ID_LENGTH: Final = 45  # clock.run_id: RUN-, a stamp to the ms, 21 random characters
+
+
+def _ended_before(state: RunState, action_id: str, gist: str | None) -> str:
+    """Why an answer to a Run that ended, and that this host no longer holds, is refused:
+    how the Run ended, and whether the journal holds an answer to ``action_id``."""
+    rid = state.run_id
+    fact = (f"Action {action_id} of Run {rid} was already answered by an earlier request "
+            f"({gist})" if gist is not None else
+            f"Action {action_id} is not (or no longer) Run {rid}'s unanswered action")
+    error = state.last_error
+    if state.status == "completed":
+        how = "has completed"
+    elif error is not None and error.code == "RUN_STOPPED":
+        how = "was stopped (RUN_STOPPED, by a cancel)"
+    else:
+        how = f"has failed ({error.code if error is not None else 'no error recorded'})"
+    return (f"{fact}; the Run {how} and takes no answer; nothing was recorded. It ended "
+            f"before this host started, or long enough ago that intloom runs no longer lists "
+            f"it: intloom inspect {rid} shows its journal.")
 
 
 def _answered_as(slot: RunSlot, action_id: str) -> str | None:
@@ -1173,6 +1193,8 @@ class Runtime:
     async def answer(self, run_id: str, action_id: str, answer: Any) -> RunView:
         """Accept an answer (CONFLICT / INVALID_REQUEST otherwise); returns the next stable view."""
         self._admit()
+        if run_id not in self.runs and run_id not in self.held:
+            await self._refuse_if_ended(run_id, action_id)
         slot = self._slot(run_id)
         action = slot.state.pending_action
         if slot.view().status != "waiting" or action is None or action.id != action_id:
@@ -1207,6 +1229,27 @@ class Runtime:
             await self._answer_saved(slot, action_id)
             slot.deliver(typed)
         return await self.wait_stable(run_id)
+
+    async def _refuse_if_ended(self, run_id: str, action_id: str) -> None:
+        """CONFLICT, as for a Run this host holds, for an answer to a Run that ended and is no
+        longer held: one that ended before this host started (the retry of an answer whose
+        reply a crash took), or ended here long ago. "Not known to this host" said neither
+        that the Run had ended nor that the answer had been taken. Returns for any other
+        id (NOT_FOUND follows). Only for ids shaped as a Run's; reading fails quietly."""
+        if not run_id.startswith("RUN-") or len(run_id) != _RUN_ID_LENGTH:
+            return
+        try:
+            state = await self.driver.offload(self.journal.ended, run_id)
+            gist: str | None = None
+            if state is not None and action_id.startswith("ASK-"):
+                records = await self.driver.offload(self.journal.history, run_id, state.seq)
+                gist = next((_answer_gist(r.answer) for r in records
+                             if type(r) is Answered and r.action_id == action_id), None)
+        except Exception:  # NOT_FOUND is worded without it
+            return
+        if state is None:
+            return
+        raise IntloomError("CONFLICT", _ended_before(state, action_id, gist))
 
     async def _recall_answers(self, slot: RunSlot, action_id: str) -> None:
         """Before a refusal of ``action_id``: when memory cannot tell how it was answered,

@@ -71,3 +71,9 @@ class JournalPort(Protocol):
         does not read back whole (damage is ``inspect``'s to report). Blocking file I/O:
         call it from a worker thread."""
         ...
+
+    def ended(self, run_id: str) -> RunState | None:
+        """The last state of a Run that ended before this process opened the journal (it is
+        never restored), as its journal holds it; None when none did. Blocking file I/O:
+        call it from a worker thread."""
+        ...

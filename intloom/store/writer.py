@@ -15,6 +15,7 @@ import errno
 import os
 import queue
 import signal
+import sys
 import threading
 import time
 from collections import Counter, deque
@@ -61,7 +62,7 @@ from intloom.store.framing import (
     segment_name,
 )
 from intloom.store.history import HistoryEntry, read_histories
-from intloom.store.reader import FileProblem, StoreReport, load
+from intloom.store.reader import FileProblem, StoreReport, load, read_ended
 
 __all__ = ["DEFAULT_SEGMENT_BYTES", "Store"]
 
@@ -727,6 +728,22 @@ class Store:
                 break
             records.append(entry.record)
         return records
+
+    def ended(self, run_id: str) -> RunState | None:
+        """The last state of a Run that has ended, not held by this process (``JournalPort.
+        ended``): its ``done/`` snapshot, else the fold of its records in the log (a Run
+        that ended just before a crash has no snapshot yet). None for a Run that has not
+        ended, or whose journal does not read back whole to its end."""
+        found = read_ended(self.layout.root, run_id)
+        if found is not None and found.state is not None and found.state.phase == "terminal":
+            return found.state
+        state: RunState | None = None
+        try:
+            for record in self.history(run_id, sys.maxsize):
+                state = apply(state, record)
+        except IllegalTransition:
+            return None
+        return state if state is not None and state.phase == "terminal" else None
 
     def _running_loop_from_thread(self) -> asyncio.AbstractEventLoop:
         loop = self._loop

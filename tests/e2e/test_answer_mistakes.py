@@ -115,6 +115,49 @@ def test_an_answer_sent_again_after_a_crash_is_told_it_was_taken(basic: Project)
     _still_waits(basic, run_id, fourth)
 
 
+def test_an_answer_sent_again_to_a_run_that_ended_is_told_it_ended(basic: Project) -> None:
+    """The retry of an answer whose reply a crash took, to a Run that then completed, was
+    NOT_FOUND "not known to this host", once a later host had started: it said neither that
+    the Run had ended nor that the answer had been taken. It now says both (CONFLICT, as for
+    a Run the host holds), from the log right after a crash and from the Run's snapshot
+    after a stop; a Run stopped by a cancel says so too."""
+    run_id, action_id = started_waiting(basic)
+    run = ok(basic.cli("answer", run_id, action_id, '{"isConfirmed": true}', "--json"))["run"]
+    assert run["status"] == "completed", run
+    basic.kill_host()
+    ok(basic.cli("recover", "--json"))
+    ok(basic.cli("start", "--json"))
+
+    def retried() -> str:
+        result = basic.cli("answer", run_id, action_id, '{"isConfirmed": true}', "--json")
+        assert result.code == 1, result
+        error = result.json["error"]
+        assert error["code"] == "CONFLICT", error
+        return str(error["message"])
+
+    said = (f"Action {action_id} of Run {run_id} was already answered by an earlier request "
+            "(confirmed); the Run has completed and takes no answer; nothing was recorded.")
+    assert retried().startswith(said)
+    ok(basic.cli("stop", "--json"))  # the Run's journal is summarised in its snapshot
+    ok(basic.cli("start", "--json"))
+    message = retried()
+    assert message.startswith(said), message
+    assert f"intloom inspect {run_id} shows its journal" in message
+
+    stopped, asked = started_waiting(basic)
+    ok(basic.cli("cancel", stopped, "--json"))
+    ok(basic.cli("stop", "--json"))
+    ok(basic.cli("start", "--json"))
+    result = basic.cli("answer", stopped, asked, '{"isConfirmed": true}', "--json")
+    assert result.json["error"]["message"].startswith(
+        f"Action {asked} is not (or no longer) Run {stopped}'s unanswered action; the Run was "
+        "stopped (RUN_STOPPED, by a cancel) and takes no answer"), result
+    # A Run no journal holds is still not known.
+    unknown = run_id[:-1] + ("x" if run_id[-1] != "x" else "y")
+    result = basic.cli("answer", unknown, action_id, '{"isConfirmed": true}', "--json")
+    assert result.json["error"]["code"] == "NOT_FOUND", result
+
+
 SLOW_AFTER_ANSWER = '''
 from __future__ import annotations
 

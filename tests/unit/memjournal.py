@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
+from intloom.runtime.machine import RunState, apply
 from intloom.runtime.ports import CheckpointFailed
 from intloom.runtime.records import Record
 
@@ -53,6 +54,12 @@ class MemoryJournal:
 
     def history(self, run_id: str, upto_seq: int) -> list[Record]:
         return self.of(run_id)[:upto_seq]
+
+    def ended(self, run_id: str) -> RunState | None:
+        state: RunState | None = None
+        for record in self.of(run_id):
+            state = apply(state, record)
+        return state if state is not None and state.phase == "terminal" else None
 
     def of(self, run_id: str) -> list[Record]:
         return [r for rid, r in self.records if rid == run_id]
