@@ -58,14 +58,14 @@ _INSTEAD: Final = {
 }
 
 
-def _read_stdin(code: str, what: str) -> bytes:
+def _read_stdin(code: str, what: str, hint: bool) -> bytes:
     # A script or service manager may start the CLI without descriptor 0 (``<&-``): Python
     # then has no sys.stdin at all, and a descriptor it has may still fail to read.
     stdin = sys.stdin
     try:
         if stdin is None:
             raise OSError("stdin is closed")
-        if _is_terminal(stdin):
+        if hint and _is_terminal(stdin):
             # Nothing piped in: the read waits for the person to type it, and a silent
             # cursor looked like a hung command.
             noun = what.removesuffix(" file")
@@ -82,9 +82,11 @@ def _read_stdin(code: str, what: str) -> bytes:
         ) from None
 
 
-def _read_bytes(source: str, code: str, what: str) -> bytes:
+def _read_bytes(source: str, code: str, what: str, *, hint: bool = True) -> bytes:
+    """``hint``: say on stderr, when stdin is a terminal, how to end what is typed (a
+    person's note: never with --json, whose stderr holds at most its error document)."""
     if source == "-":
-        data = _read_stdin(code, what)
+        data = _read_stdin(code, what, hint)
         # "intent file" names a path; what stdin held is the intent itself.
         subject = f"The {what.removesuffix(' file')} read from stdin (-)"
     else:
@@ -136,12 +138,14 @@ def _prompt_intent() -> str:
         term.close()
 
 
-def read_intent(intent: str | None, intent_file: str | None, *, prompt: bool) -> str:
-    """The intent from --intent, --intent-file (``-`` is stdin) or, on a terminal, a prompt."""
+def read_intent(intent: str | None, intent_file: str | None, *, prompt: bool,
+                hint: bool = True) -> str:
+    """The intent from --intent, --intent-file (``-`` is stdin) or, on a terminal, a prompt.
+    ``hint``: as for ``read_answer``."""
     if intent is not None and intent_file is not None:
         raise UsageError("--intent and --intent-file are mutually exclusive; pass one.")
     if intent_file is not None:
-        data = _read_bytes(intent_file, "CLI_INTENT_FILE_INVALID", "intent file")
+        data = _read_bytes(intent_file, "CLI_INTENT_FILE_INVALID", "intent file", hint=hint)
         try:
             # The newline ``echo`` and editors add is not part of what was meant.
             text = data.decode("utf-8").rstrip("\r\n")
@@ -246,10 +250,12 @@ def _twice(data: bytes) -> tuple[str, str] | None:
     return None
 
 
-def read_answer(answer: str) -> Any:
-    """ANSWER as JSON (``-`` reads it from stdin); INVALID_REQUEST naming the shapes otherwise."""
+def read_answer(answer: str, *, hint: bool = True) -> Any:
+    """ANSWER as JSON (``-`` reads it from stdin); INVALID_REQUEST naming the shapes otherwise.
+    ``hint``: say how to end an answer typed at a terminal (False with --json: its stderr
+    holds nothing but an error document)."""
     if answer == "-":
-        data = _read_bytes("-", "INVALID_REQUEST", "answer")
+        data = _read_bytes("-", "INVALID_REQUEST", "answer", hint=hint)
     else:
         try:
             data = answer.encode("utf-8")

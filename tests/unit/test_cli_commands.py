@@ -430,16 +430,25 @@ def test_answer_from_stdin_on_a_terminal_says_how_to_end_it(
     capsys: pytest.CaptureFixture[str], client: FakeClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``intloom answer RUN ACTION -`` with nothing piped in waited, silent, for the person
-    to type the answer and end it: it looked like a hung command."""
+    to type the answer and end it: it looked like a hung command. With --json the hint is
+    not said (it was, on stderr, which --json keeps for its one error document, as every
+    other person's note is kept out); nor is it for ``flow --intent-file -``."""
     client.result = run_view("completed")
+    monkeypatch.setattr("sys.stdin", _TerminalStdin(io.BytesIO(b'{"isConfirmed": true}')))
+    code, out, err = cli(capsys, "answer", "RUN-1", "ACT-1", "-")
+    assert code == 0 and "Completed" in out, out
+    assert err == ("Reading the answer from stdin: type or paste it, then press Ctrl-D on a "
+                   "line of its own (Ctrl-C cancels).\n")
     monkeypatch.setattr("sys.stdin", _TerminalStdin(io.BytesIO(b'{"isConfirmed": true}')))
     code, out, err = cli(capsys, "answer", "RUN-1", "ACT-1", "-", "--json")
     assert code == 0 and json.loads(out)["run"]["status"] == "completed"
-    assert err == ("Reading the answer from stdin: type or paste it, then press Ctrl-D on a "
-                   "line of its own (Ctrl-C cancels).\n")
-    # Piped, as in the test above, nothing is said.
+    assert err == "", err
+    monkeypatch.setattr("sys.stdin", _TerminalStdin(io.BytesIO(b"write the notes")))
+    code, out, err = cli(capsys, "flow", "example", "--intent-file", "-", "--json")
+    assert err == "" and "run" in json.loads(out), (code, out, err)
+    # Piped, nothing is said.
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b'{"isConfirmed": true}')))
-    assert cli(capsys, "answer", "RUN-1", "ACT-1", "-", "--json")[2] == ""
+    assert cli(capsys, "answer", "RUN-1", "ACT-1", "-")[2] == ""
 
 
 def test_answer_that_is_not_json(capsys: pytest.CaptureFixture[str], client: FakeClient) -> None:

@@ -76,7 +76,8 @@ def flow(
 
     Exit 0 when it waits or completes, 1 when it fails.
     """
-    text = read_intent(intent, intent_file, prompt=interactive(state.json_mode))
+    text = read_intent(intent, intent_file, prompt=interactive(state.json_mode),
+                       hint=not state.json_mode)
     try:
         with (sigterm_as_ctrl_c(state), state.client(waits=not detach) as client,
               state.renderer.spinner(f"Running {workflow}...")):
@@ -210,7 +211,7 @@ def answer(
 
     Exit 0 unless the Run then fails.
     """
-    value = read_answer(answer_json)
+    value = read_answer(answer_json, hint=not state.json_mode)
     try:
         with (sigterm_as_ctrl_c(state), state.client(waits=True) as client,
               state.renderer.spinner("Delivering the answer...")):
