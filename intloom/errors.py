@@ -7,13 +7,14 @@ the flat :class:`ErrorView` -- never a cause, a stack or a secret.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Final
 
 import msgspec
 
 __all__ = [
     "CATALOGUE", "MAX_MESSAGE", "STARTING", "ErrorView", "IntloomError", "a_an", "as_call",
-    "clip", "error_view", "message_of", "starting_message",
+    "clip", "error_view", "message_of", "quoted", "quoting_bounded", "starting_message",
 ]
 
 # The most characters of an error message a Run keeps (its lastError, an effect's failure):
@@ -89,6 +90,25 @@ def clip(text: str, limit: int = MAX_MESSAGE) -> str:
     if len(text) <= limit:
         return text
     return f"{text[:limit]}... [{len(text) - limit:,} more characters cut]"
+
+
+# How much of a string a person gave (an id, a name) a message quotes: ids and names are
+# short, and one of megabytes, quoted whole, made the message as long.
+QUOTED: Final = 200
+
+
+def quoted(value: str) -> str:
+    """``value`` as a message quotes it: whole when short, else its start and its length."""
+    return value if len(value) <= QUOTED else f"{value[:QUOTED]}… ({len(value):,} characters)"
+
+
+def quoting_bounded(message: str, values: Iterable[object], longer_than: int = QUOTED) -> str:
+    """``message`` with each string of ``values`` longer than ``longer_than`` that it quotes
+    cut as ``quoted`` cuts it."""
+    for value in values:
+        if isinstance(value, str) and len(value) > max(longer_than, QUOTED) and value in message:
+            message = message.replace(value, quoted(value))
+    return message
 
 
 class ErrorView(msgspec.Struct, frozen=True, gc=False):

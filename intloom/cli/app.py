@@ -27,7 +27,7 @@ from typer.core import TyperCommand, TyperGroup
 from intloom.cli import coercion, exit_codes
 from intloom.cli.inputs import UsageError
 from intloom.cli.options import CliState, DebugOpt, Interrupted, JsonOpt, ProjectOpt
-from intloom.errors import IntloomError, error_view
+from intloom.errors import ErrorView, IntloomError, error_view, quoting_bounded
 
 try:
     from typer._click.exceptions import ClickException, NoArgsIsHelpError, NoSuchOption
@@ -438,6 +438,9 @@ def _output_failed(state: CliState, exc: OSError) -> int:
     return exit_codes.FAILURE
 
 
+_PATH_MAX: Final = 4096  # Linux's longest path: a longer argument is no path
+
+
 def _main(state: CliState, args: list[str]) -> int:
     name = _command_name(args)
     command: object = None
@@ -465,7 +468,14 @@ def _main(state: CliState, args: list[str]) -> int:
         state.renderer.error(error_view("INVALID_REQUEST", message))
         return exit_codes.USAGE
     except IntloomError as exc:
-        state.renderer.error(exc.view())
+        view = exc.view()
+        # An id or name typed on the command line, of a megabyte say, is quoted by its start
+        # and length: quoted whole, the error was as long (the host cuts what it quotes).
+        # Not one that may be a path (PATH_MAX): a path is named whole, to be found.
+        message = quoting_bounded(view.message, args, longer_than=_PATH_MAX)
+        if message != view.message:
+            view = ErrorView(code=view.code, message=message, retryable=view.retryable)
+        state.renderer.error(view)
         _say_where(state)
         return exit_codes.for_exception(exc)
     except (KeyboardInterrupt, typer.Abort) as exc:

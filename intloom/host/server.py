@@ -26,7 +26,15 @@ from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
-from intloom.errors import MAX_MESSAGE, ErrorView, IntloomError, a_an, clip, error_view
+from intloom.errors import (
+    MAX_MESSAGE,
+    ErrorView,
+    IntloomError,
+    a_an,
+    clip,
+    error_view,
+    quoting_bounded,
+)
 from intloom.fsutil import plug_standard
 from intloom.host.handlers import Handlers
 from intloom.host.logfile import HostLog
@@ -257,20 +265,14 @@ class FollowBacklog:
         return buffered > self.limit + self.history
 
 
-# How much of one of its request's own strings an error quotes once the error is long: ids,
-# names and outcomes are short, and one of megabytes, quoted whole, made the reply as long
-# (past the frame: RESPONSE_TOO_LARGE, "please report it", logged as the host's fault).
-_QUOTED: Final = 200
-
-
 def _quoting_bounded(view: ErrorView, request: Request) -> ErrorView:
-    """``view`` with each long string of ``request`` it quotes cut to its start and length,
-    then the message cut to MAX_MESSAGE (the fix comes last: cut only when still over)."""
-    message = view.message
-    for name in request.__struct_fields__:
-        value = getattr(request, name, None)
-        if isinstance(value, str) and len(value) > _QUOTED and value in message:
-            message = message.replace(value, f"{value[:_QUOTED]}… ({len(value):,} characters)")
+    """``view`` with each long string of ``request`` it quotes cut to its start and length
+    (ids, names and outcomes are short, and one of megabytes, quoted whole, made the reply as
+    long: past the frame, RESPONSE_TOO_LARGE, "please report it", logged as the host's
+    fault), then the message cut to MAX_MESSAGE (the fix comes last: cut only when still
+    over)."""
+    message = quoting_bounded(
+        view.message, (getattr(request, name, None) for name in request.__struct_fields__))
     return ErrorView(code=view.code, message=clip(message), retryable=view.retryable)
 
 

@@ -158,6 +158,28 @@ def test_an_answer_sent_again_to_a_run_that_ended_is_told_it_ended(basic: Projec
     assert result.json["error"]["code"] == "NOT_FOUND", result
 
 
+def test_a_huge_typed_id_is_quoted_by_its_start_and_length(basic: Project) -> None:
+    """`intloom inspect <130,000-character id>` wrote the whole id back in its error (and
+    `logs ID` in its note): the host cut what it quotes, the CLI's own errors did not. Every
+    command that echoes a typed id now quotes its first 200 characters and its length."""
+    run_id, action_id = started_waiting(basic)
+    huge = "RUN-" + "a" * 130_000
+    cut = "a" * 196 + "… (130,004 characters)"
+    for args in (("inspect", huge), ("attach", huge), ("cancel", huge),
+                 ("answer", huge, action_id, '{"isConfirmed": true}'),
+                 ("answer", run_id, "ASK-" + "b" * 130_000, '{"isConfirmed": true}'),
+                 ("logs", huge)):
+        for json_mode in ((), ("--json",)):
+            result = basic.cli(*args, *json_mode)
+            shown = result.stdout + result.stderr
+            assert len(shown) < 2_000, (args[0], json_mode, len(shown), shown[:300])
+            assert "… (130,004 characters)" in shown or (json_mode and args[0] == "logs"), \
+                (args[0], json_mode, shown[:600])
+    said = basic.cli("inspect", huge, "--json").json["error"]["message"]
+    assert said.startswith(f"No journal for Run 'RUN-{cut}' under "), said
+    _still_waits(basic, run_id, action_id)
+
+
 SLOW_AFTER_ANSWER = '''
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ from intloom.cli.logtail import LogTail, log_files, unlistable
 from intloom.cli.options import CliState, command
 from intloom.cli.readerwatch import on_reader_gone
 from intloom.cli.render import Renderer, log_line
-from intloom.errors import IntloomError
+from intloom.errors import IntloomError, quoted
 
 __all__ = ["logs"]
 
@@ -332,7 +332,7 @@ def logs(
         elif run_id is not None:
             where = ("in any log" if all_files
                      else "in the newest log (try --all for the earlier hosts' logs)")
-            renderer.note(f"No log records about {run_id} {where}.")
+            renderer.note(f"No log records about {quoted(run_id)} {where}.")
         elif not all_files:
             # A host killed between creating its log and writing a line leaves an empty
             # file, which printed nothing at all, as if logs had failed.
