@@ -361,6 +361,29 @@ def link_loop(root: Path, rel: str) -> str | None:
             f"{fix}")
 
 
+def link_leads(link: Path, root: Path, within: str = "the project") -> str:
+    """Where the symbolic link ``link`` leads, as "a symbolic link ..." goes on: "to" the
+    link's own text and, when that differs, the path it reaches (relative to ``root`` when
+    under it), or that it reaches nothing. "Is a symbolic link; name the real file" left the
+    person to find that file with ls -l. ``within`` names ``root``."""
+    try:
+        text = os.readlink(link)
+    except OSError as exc:
+        return f"whose target cannot be read ({exc.strerror or exc})"
+    try:
+        real = link.resolve(strict=True)
+    except (OSError, RuntimeError) as exc:
+        why = ("which does not exist" if getattr(exc, "errno", None) == errno.ENOENT
+               else f"which cannot be reached ({getattr(exc, 'strerror', None) or exc})")
+        return f"to {text}, {why}"
+    try:
+        shown = real.relative_to(root.resolve()).as_posix()
+    except (ValueError, OSError, RuntimeError):
+        return f"to {text}" + ("" if str(real) == text else f", which is {real}") + \
+            f", outside {within}"
+    return f"to {text}" + ("" if shown == text else f", which is {shown} in {within}")
+
+
 def enclosing(directory: Path) -> Path | None:
     """The nearest parent of ``directory`` that holds a config: the project it is in."""
     for candidate in directory.parents:

@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping, MutableMapping
 from pathlib import Path
 
 from intloom.errors import IntloomError
+from intloom.project import link_leads
 from intloom.runtime.records import PROTOCOL_VERSION
 
 __all__ = [
@@ -52,9 +53,10 @@ _PYTHON = (".py", ".pyi")
 def _refuse_link(path: Path, root: Path) -> IntloomError:
     return IntloomError(
         "WORKFLOW_LOAD_FAILED",
-        f"{path} is a symbolic link in the source tree {root}. A Workflow's identity covers "
-        "the bytes of its source files there; replace the link with the file it points "
-        "to, or keep the Workflow in a directory of its own.",
+        f"{path} is a symbolic link {link_leads(path, root, 'its source tree')}, in the "
+        f"source tree {root}. A Workflow's identity covers the bytes of its source files "
+        "there; replace the link with the file it points to, or keep the Workflow in a "
+        "directory of its own.",
     )
 
 

@@ -35,7 +35,7 @@ from intloom.authoring.identity import (
 )
 from intloom.authoring.workflow import WORKFLOW_MODULE_PREFIX, DefinitionError, Workflow
 from intloom.errors import ErrorView, IntloomError, as_call, clip, message_of
-from intloom.project import Config, link_loop, special_file
+from intloom.project import Config, link_leads, link_loop, special_file
 
 __all__ = [
     "LoadResult",
@@ -901,7 +901,10 @@ def _load_entry(root: Path, rel: str, entry: Path) -> dict[str, LoadedWorkflow]:
     if entry.is_symlink():
         raise IntloomError(
             "WORKFLOW_LOAD_FAILED",
-            f"{rel} is a symbolic link; name the real file or package instead.",
+            f"{rel} (from intloom.toml) is a symbolic link {link_leads(entry, root)}; "
+            "intloom loads a Workflow from the real file or package only: a source's "
+            "identity covers its own bytes, not wherever a link points today. Name the "
+            "real file or package in 'workflows' in intloom.toml instead.",
         )
     other = _not_python(entry)
     if other is not None:

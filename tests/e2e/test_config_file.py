@@ -265,6 +265,32 @@ def test_one_source_spelled_two_ways_is_loaded_once_not_held_as_two_definitions(
     assert project.cli("stop", "--json").code == 0
 
 
+def test_a_listed_source_that_is_a_symbolic_link_names_where_it_leads(
+        project: Project) -> None:
+    """A Workflow source listed in intloom.toml that is a symbolic link was refused as "is
+    a symbolic link; name the real file or package instead", without saying which file that
+    is. The refusal names where the link leads: the file in the project to list instead, a
+    target outside the project, or one that does not exist."""
+    (project.root / "shared").mkdir()
+    (project.root / "shared" / "real.py").write_text(SOURCE)
+    (project.root / "workflows" / "link.py").symlink_to("../shared/real.py")
+    (project.root / "workflows" / "gone.py").symlink_to("/nonexistent/flow.py")
+    (project.root / "intloom.toml").write_text(
+        'workflows = ["workflows/link.py", "workflows/gone.py"]\n')
+    started = project.cli("start", "--json")
+    assert started.code == 0, started
+    problems = {p["source"]: p["message"] for p in started.json["service"]["workflowProblems"]}
+    assert problems["workflows/link.py"].startswith(
+        "workflows/link.py (from intloom.toml) is a symbolic link to ../shared/real.py, "
+        "which is shared/real.py in the project; intloom loads a Workflow from the real "
+        "file or package only"), problems
+    assert problems["workflows/gone.py"].startswith(
+        "workflows/gone.py (from intloom.toml) is a symbolic link to /nonexistent/flow.py, "
+        "which does not exist;"), problems
+    assert "Name the real file or package in 'workflows'" in problems["workflows/gone.py"]
+    assert project.cli("stop", "--json").code == 0
+
+
 def test_init_reads_the_trees_of_a_project_whose_config_has_a_slip(tmp_path: Path) -> None:
     """intloom init refuses a directory inside the source tree of the project around it,
     whose Runs the example written there would hold as changed. With a misspelt key (or a

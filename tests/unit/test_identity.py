@@ -86,6 +86,8 @@ def test_a_symbolic_link_anywhere_in_the_tree_is_refused_by_name(tmp_path: Path)
     assert refused.value.code == "WORKFLOW_LOAD_FAILED"
     assert str(link) in refused.value.message
     assert "directory of its own" in refused.value.message
+    # Where it leads, outside the tree it is in.
+    assert f"is a symbolic link to {target}, outside its source tree" in refused.value.message
 
 
 def test_the_scaffolded_advice_on_further_workflows_keeps_the_example_apart(
