@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Final, TypeVar
 
 from intloom.client.outgoing import frame_of
-from intloom.errors import IntloomError, a_an, starting_message
+from intloom.errors import IntloomError, a_an, error_view, starting_message
 from intloom.fsutil import PrivacyError, check_private_dir, os_lock, search_refused
 from intloom.host.metadata import (
     CREATE_TIME_TOLERANCE,
@@ -31,6 +31,7 @@ from intloom.project import (
     ProjectPaths,
     config_not_a_file,
     enclosing,
+    load_config,
     removed_working_directory,
 )
 from intloom.protocol.framing import (
@@ -134,12 +135,12 @@ def _offline(paths: ProjectPaths, message: str | None, *,
     start would only wait for that host. ``service_json_gone``: the host service.json names
     is proven gone, so the file is a crashed host's, which a start replaces once it serves."""
     if not os.path.lexists(paths.service_lock):
-        return IntloomError("CLI_SERVICE_OFFLINE", message)
+        return IntloomError("CLI_SERVICE_OFFLINE", _start_refused(paths, message))
     from intloom.host.liveness import starting_owner  # psutil: only on this failure path
 
     lock = starting_owner(paths, service_json_gone=service_json_gone)
     if lock is None:
-        return IntloomError("CLI_SERVICE_OFFLINE", message)
+        return IntloomError("CLI_SERVICE_OFFLINE", _start_refused(paths, message))
     return ServiceStarting(
         "CLI_SERVICE_UNAVAILABLE",
         starting_message(lock.pid, lock.started_at, "Nothing was sent. Retry in a moment "
@@ -147,6 +148,18 @@ def _offline(paths: ProjectPaths, message: str | None, *,
                          "doctor or intloom logs."),
         retryable=True,
     )
+
+
+def _start_refused(paths: ProjectPaths, message: str | None) -> str | None:
+    """``message`` (None: the catalogue's), followed, when the intloom start it suggests
+    would refuse the project's intloom.toml, by why (the file, the line, the fix): "Run
+    intloom start" alone sent people into that refusal. Only on the offline path."""
+    try:
+        load_config(paths.root)
+    except IntloomError as invalid:
+        said = message if message is not None else error_view("CLI_SERVICE_OFFLINE").message
+        return f"{said} But intloom start refuses the project as it is: {invalid.message}"
+    return message
 
 
 def _token_refused(paths: ProjectPaths, port: int, info: ServiceInfo) -> IntloomError:

@@ -291,6 +291,27 @@ def test_a_listed_source_that_is_a_symbolic_link_names_where_it_leads(
     assert project.cli("stop", "--json").code == 0
 
 
+def test_commands_of_an_offline_project_with_a_broken_config_name_it(project: Project) -> None:
+    """With no host running, `intloom runs`, `flow` and `flows` said only "Run intloom
+    start in this project first" of a project whose intloom.toml cannot be parsed; that
+    start then refused it. They say so now (the file, why, the fix), as status does; with
+    a config that parses, the message is as it was."""
+    config = project.root / "intloom.toml"
+    good = config.read_text()
+    config.write_text(good + "workflows = [\n")
+    for args in (("runs",), ("flow", "note", "--intent", "x"), ("flows",)):
+        result = project.cli(*args, "--json")
+        assert result.code == 1, result
+        error = result.json["error"]
+        assert error["code"] == "CLI_SERVICE_OFFLINE", error
+        assert error["message"].startswith(
+            "Run intloom start in this project first. But intloom start refuses the project "
+            f"as it is: {config} is not valid TOML ("), error
+    config.write_text(good)
+    error = project.cli("runs", "--json").json["error"]
+    assert error["message"] == "Run intloom start in this project first.", error
+
+
 def test_init_reads_the_trees_of_a_project_whose_config_has_a_slip(tmp_path: Path) -> None:
     """intloom init refuses a directory inside the source tree of the project around it,
     whose Runs the example written there would hold as changed. With a misspelt key (or a
