@@ -7,6 +7,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 from intloom.errors import IntloomError
 
@@ -516,13 +517,35 @@ def _wrong_port(port: object) -> str:
     return f"'port' is {_toml_type(port)}, not an integer"
 
 
+# The largest intloom.toml read: it lists Workflow sources and a port, a few lines. One of
+# 100 MB (a log pasted in, a generated file) was parsed by every command, status taking
+# 1.5 s, and held in memory by each.
+MAX_CONFIG: Final = 1 << 20
+
+
+def read_config_bytes(path: Path) -> bytes:
+    """The bytes of ``path`` (an intloom.toml); INVALID_REQUEST naming its size and the limit,
+    unread, past ``MAX_CONFIG``. OSError as ``open`` raises it."""
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        data = fh.read(MAX_CONFIG + 1) if size <= MAX_CONFIG else b""
+    if size > MAX_CONFIG or len(data) > MAX_CONFIG:
+        raise IntloomError(
+            "INVALID_REQUEST",
+            f"{path} is {max(size, len(data)):,} bytes, over the {MAX_CONFIG:,}-byte (1 MiB) "
+            f"limit of {CONFIG_NAME}, so it was not read. It lists the Workflow sources and "
+            "a port, a few lines: move anything else it holds into a file of its own, then "
+            "retry.")
+    return data
+
+
 def load_config(root: Path) -> Config:
     """Parse and check ``intloom.toml``. Errors name the key, never echo its value."""
     import tomllib  # only commands that read the config pay for the TOML parser
 
     path = root / CONFIG_NAME
     try:
-        data = path.read_bytes()
+        data = read_config_bytes(path)
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError as exc:

@@ -16,6 +16,7 @@ from typing import Final
 from intloom.errors import IntloomError
 from intloom.project import (
     CONFIG_NAME,
+    read_config_bytes,
     removed_working_directory,
     require_short_path,
     require_utf8_path,
@@ -157,8 +158,9 @@ def _listed_anyway(config: Path) -> tuple[str, ...]:
     import tomllib
 
     try:
-        listed = tomllib.loads(config.read_text(encoding="utf-8")).get("workflows")
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        text = read_config_bytes(config).decode("utf-8")
+        listed = tomllib.loads(text.replace("\r\n", "\n").replace("\r", "\n")).get("workflows")
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, IntloomError):
         return ()
     if not isinstance(listed, list):
         return ()

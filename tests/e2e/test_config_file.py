@@ -312,6 +312,37 @@ def test_commands_of_an_offline_project_with_a_broken_config_name_it(project: Pr
     assert error["message"] == "Run intloom start in this project first.", error
 
 
+def test_a_config_past_one_mib_is_refused_unread_naming_its_size(project: Project) -> None:
+    """An intloom.toml of 100 MB (a log pasted in) was parsed by every command: status took
+    1.5 s. One past 1 MiB is refused unread, naming the file, its size and the limit; one
+    of exactly 1 MiB still loads. The file is left byte-identical."""
+    config = project.root / "intloom.toml"
+    good = config.read_bytes()
+    limit = 1 << 20
+    pad = b"# " + b"x" * 97 + b"\n"
+    exact = good + pad * ((limit - len(good)) // len(pad))
+    exact += b"#" * (limit - len(exact) - 1) + b"\n"
+    assert len(exact) == limit
+    config.write_bytes(exact)
+    started = project.cli("start", "--json")
+    assert started.code == 0, started
+    assert project.cli("stop", "--json").code == 0
+
+    big = exact + pad * 1000
+    config.write_bytes(big)
+    said = (f"{config} is {len(big):,} bytes, over the 1,048,576-byte (1 MiB) limit of "
+            "intloom.toml, so it was not read.")
+    refused = project.cli("start", "--json")
+    assert refused.code == 1, refused
+    error = refused.json["error"]
+    assert error["code"] == "INVALID_REQUEST" and error["message"].startswith(said), error
+    status = project.cli("status", "--json").json
+    assert said in status["startProblem"], status
+    offline = project.cli("runs", "--json").json["error"]
+    assert said in offline["message"], offline
+    assert config.read_bytes() == big
+
+
 def test_init_reads_the_trees_of_a_project_whose_config_has_a_slip(tmp_path: Path) -> None:
     """intloom init refuses a directory inside the source tree of the project around it,
     whose Runs the example written there would hold as changed. With a misspelt key (or a
