@@ -399,6 +399,16 @@ def _phase(record: Any) -> str:
     return tag if isinstance(tag, str) else type(record).__name__
 
 
+def _record_at(slot: RunSlot, record: Any) -> str:
+    """The Stage and Step ``record`` is about (its own, else the Run's cursor), as errors
+    name them: "Run RUN: its step_result record cannot be written" named no Step."""
+    stage = getattr(record, "stage", None)
+    step = getattr(record, "step", None)
+    if not isinstance(stage, str):
+        stage, step = slot.state.cursor.stage, slot.state.cursor.step
+    return f"Stage {stage!r}" if not isinstance(step, str) else f"Stage {stage!r}, Step {step!r}"
+
+
 def _unjournalable(record: Any, exc: BaseException) -> str:
     """Why the journal refused ``record`` (where in it, what), that nothing was recorded, and
     the fix."""
@@ -840,8 +850,8 @@ class Runtime:
         except UNENCODABLE as exc:
             raise IntloomError(
                 "RUN_STATE_INVALID",
-                f"Run {slot.run_id}: its {_phase(record)} record cannot be written to the "
-                f"journal: {_unjournalable(record, exc)}",
+                f"Run {slot.run_id}, {_record_at(slot, record)}: its {_phase(record)} record "
+                f"cannot be written to the journal: {_unjournalable(record, exc)}",
             ) from None
         finally:
             if lock is not None:

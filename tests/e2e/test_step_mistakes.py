@@ -891,28 +891,29 @@ def test_text_with_a_lone_surrogate_is_refused_naming_it(tmp_path: Path) -> None
     """A question, an effect's key or an outcome holding a lone surrogate was refused with
     "Values kept in the journal must be msgpack-encodable (integers within 64 bits)", which
     named neither the text nor the fix. The error names where the text is, the character
-    and its index, and how to decode such bytes."""
+    and its index, and how to decode such bytes; and the Stage and Step (it named the Run
+    alone)."""
     fix = ("nothing was recorded. Text kept in the journal (a question, an outcome, an "
            "effect's name or key) must be valid Unicode: a lone surrogate comes from bytes "
            "decoded with errors='surrogateescape' (os.fsdecode, a file name); decode them "
            "with errors='replace', or keep their hex, instead.")
     expected = {
-        "question": ("waiting", "action.request[0].question ('Q \\udcff')", 2),
-        "effect": ("effect_started", "key ('order-\\udcff')", 6),
-        "outcome": ("step_result", "outcome ('done\\udcff')", 4),
+        "question": ("question", "waiting", "action.request[0].question ('Q \\udcff')", 2),
+        "effect": ("effect", "effect_started", "key ('order-\\udcff')", 6),
+        "outcome": ("done", "step_result", "outcome ('done\\udcff')", 4),
     }
     for project in reaped(one_source_project(tmp_path, "surrogates", SURROGATE_TEXT)):
         ok(project.cli("start", "--json"))
-        for intent, (record, named, index) in expected.items():
+        for intent, (step, record, named, index) in expected.items():
             flowed = project.cli("flow", "surrogates", "--intent", intent, "--json")
             assert flowed.code == 1, flowed.stdout
             run = flowed.json["run"]
             assert run["status"] == "failed", run
             assert run["lastError"]["code"] == "RUN_STATE_INVALID", run
             assert run["lastError"]["message"] == (
-                f"Run {run['runId']}: its {record} record cannot be written to the journal: "
-                f"{named} is not valid Unicode: it holds a lone surrogate, '\\udcff' at index "
-                f"{index}; {fix}"), run
+                f"Run {run['runId']}, Stage 'main', Step '{step}': its {record} record "
+                f"cannot be written to the journal: {named} is not valid Unicode: it holds a "
+                f"lone surrogate, '\\udcff' at index {index}; {fix}"), run
         ok(project.cli("stop", "--json"))
 
 
