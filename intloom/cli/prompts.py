@@ -185,10 +185,23 @@ def _option_line(number: int, option: Mapping[str, Any]) -> str:
     return f"  {number}. {shown}{extra}"
 
 
+def _by_label(options: list[Mapping[str, Any]], raw: str
+              ) -> tuple[int, Mapping[str, Any]] | None:
+    """The one option (its number and itself) whose label is ``raw``, case aside; None when
+    no option's is, or several are (then ``raw`` is an answer as typed)."""
+    if not raw:
+        return None
+    folded = raw.casefold()
+    found = [(number, option) for number, option in enumerate(options, start=1)
+             if str(option.get("label") or option.get("id")).casefold() == folded]
+    return found[0] if len(found) == 1 else None
+
+
 def _question(term: Terminal, question: Mapping[str, Any]) -> dict[str, Any]:
     """One question's answer entry. A number picks an option and answers with its id (the
-    stable identifier a Step routes on; the label is for people and may change); any other
-    text is the answer as typed (options are suggestions)."""
+    stable identifier a Step routes on; the label is for people and may change), and so
+    does the label of exactly one option, typed in any case; any other text is the answer
+    as typed (options are suggestions)."""
     qid = str(question.get("id"))
     skippable = bool(question.get("isSkippable", False))
     term.say(f"{question.get('question', qid)}")
@@ -218,6 +231,16 @@ def _question(term: Terminal, question: Mapping[str, Any]) -> dict[str, Any]:
                 "number, use intloom answer)."
             )
             continue
+        picked = _by_label(options, raw)
+        if picked is not None:
+            number, option = picked
+            oid = str(option.get("id"))
+            if oid != raw:
+                # Sent as typed, an option's label was free text, not that option: a Step
+                # routing on option ids failed on it, or took it for another answer.
+                term.say(f"Picked option {number}, {option.get('label') or oid} [{oid}]: the "
+                         f"answer is its id, {oid}.")
+            return {"questionId": qid, "isSkipped": False, "answer": oid}
         if raw:
             return {"questionId": qid, "isSkipped": False, "answer": raw}
         term.say("This question needs an answer.")

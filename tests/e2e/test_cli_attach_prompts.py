@@ -98,6 +98,29 @@ def test_free_text_is_still_an_answer_when_a_question_has_options(
     ]
 
 
+def test_an_options_label_typed_picks_that_option(asks_project: Project) -> None:
+    """Typing an option's label (WON'T FIX for "2. won't fix [wontfix]") was sent as free
+    text, which a Step routing on option ids does not know. The label of exactly one option,
+    in any case, picks it: the answer is its id, and attach says which it picked."""
+    project = asks_project
+    ok(project.cli("start", "--json"))
+    run_id = ok(project.cli("flow", "triage", "--intent", "ticket 9", "--json"))["run"]["runId"]
+    with Terminal(["--project", str(project.root), "attach", run_id], project.root) as term:
+        term.expect("What should happen to this ticket?")
+        term.expect("]: ")
+        term.type("WON'T FIX")
+        told = term.expect("A note for the reporter?")
+        assert "Picked option 2, won't fix [wontfix]: the answer is its id, wontfix." in told, \
+            told
+        term.expect("]: ")
+        term.type("")
+        assert term.finish() == 0, term.text()
+    assert answered(project, run_id) == [
+        {"questionId": "resolution", "isSkipped": False, "answer": "wontfix"},
+        {"questionId": "note", "isSkipped": True},
+    ]
+
+
 # ----- a prompt whose action is no longer pending -----------------------------------------
 #
 # Another client (or the host's end) moves the Run on while attach sits at a prompt: attach
