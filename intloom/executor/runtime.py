@@ -1139,7 +1139,7 @@ class Runtime:
 
     async def wait_stable(self, run_id: str) -> RunView:
         """The Run's view once it is waiting or terminal."""
-        ended = self._held_ended(run_id)
+        ended = self._held_ended(run_id) or await self.ended_view(run_id)
         if ended is not None:
             return ended
         slot = self._slot(run_id)
@@ -1154,6 +1154,35 @@ class Runtime:
         if ended is not None:
             return ended
         return self._slot(run_id).view()
+
+    async def get_any(self, run_id: str) -> RunView:
+        """``get``, and the view of a Run that ended before this host started
+        (``ended_view``) rather than NOT_FOUND."""
+        try:
+            return self.get(run_id)
+        except IntloomError as exc:
+            if exc.code != "NOT_FOUND":
+                raise
+            ended = await self.ended_view(run_id)
+            if ended is None:
+                raise
+            return ended
+
+    async def ended_view(self, run_id: str) -> RunView | None:
+        """The last view of a Run this host does not hold because it ended before the host
+        started (a start restores unfinished Runs only), as its journal holds it; None for
+        any other id. After a restart, ``cancel RUN`` repeated returned NOT_FOUND where
+        DESIGN has it return the same snapshot, and ``attach``/``get_run`` of a Run that
+        had completed said it was "not known". Only for ids shaped as a Run's; reading
+        fails quietly (NOT_FOUND follows)."""
+        if (run_id in self.runs or run_id in self.held or not run_id.startswith("RUN-")
+                or len(run_id) != _RUN_ID_LENGTH):
+            return None
+        try:
+            state = await self.driver.offload(self.journal.ended, run_id)
+        except Exception:  # NOT_FOUND is worded without it
+            return None
+        return None if state is None else to_view(state)
 
     def _held_ended(self, run_id: str) -> RunView | None:
         """The view of a held Run this host cancelled (None for any other Run)."""
@@ -1316,6 +1345,9 @@ class Runtime:
         held = self.held.get(run_id) if run_id not in self.runs else None
         if held is not None:
             return await self._cancel_held(held)
+        before = await self.ended_view(run_id)
+        if before is not None:  # ended before this host started: the same snapshot
+            return before, True
         slot = self._slot(run_id)
         # A worker driving the Run appends under this lock: whether the Run has ended and
         # taking it from that worker are decided at once (it may be appending its end).

@@ -121,7 +121,7 @@ class Handlers:
                     view = await rt.wait_stable(view.run_id)
                 return RunReply(run=view)
             case GetRun(run_id=run_id):
-                return RunReply(run=rt.get(run_id))
+                return RunReply(run=await rt.get_any(run_id))
             case WaitRun(run_id=run_id):
                 return RunReply(run=await rt.wait_stable(run_id))
             case ListRuns(flow=flow, page_bytes=page_bytes, after=after):
@@ -166,7 +166,16 @@ class Handlers:
         sent nothing, when there is no such Run. ``fail``: the stream broke (a bug), from
         inside a publish: the follower loses its stream, never the Run its publish."""
         events = _Events(send, fail)
-        slot, history = await self.runtime.attach(run_id, events.live)
+        try:
+            slot, history = await self.runtime.attach(run_id, events.live)
+        except IntloomError as exc:
+            ended = await self.runtime.ended_view(run_id) if exc.code == "NOT_FOUND" else None
+            if ended is None:
+                raise
+            # Ended before this host started: its end, at once (its events are in the
+            # journal, which intloom inspect reads).
+            events.end(ended)
+            return events.close
         events.stop = functools.partial(slot.detach, events.live)
         if history:
             events.live(history)

@@ -293,7 +293,8 @@ def _closing(request: Request, then: Verdict | None) -> ErrorReply:
     (the hello's refusal says the same), unless it cannot succeed then.
 
     ``then`` is the Run's restart-table row when already settled (RunSlot.next_start): an
-    ended Run is not loaded again, an answer to a wait the next start reports
+    ended Run takes no answer nor Agent request (a read or a cancel of it is answered from
+    its journal after the next start), an answer to a wait the next start reports
     RUN_INTERRUPTED cannot be taken, and a client Agent's request never can (its claim and
     owner token are not restored). A read or a cancel of a Run reported RUN_INTERRUPTED
     works (a cancel dismisses it), and a Run still running is not judged yet: its Step has
@@ -310,10 +311,10 @@ def _closing(request: Request, then: Verdict | None) -> ErrorReply:
         lost = f"The next start reports Run {run_id} RUN_INTERRUPTED ({then.reason})"
     elif isinstance(request, _AGENT):
         lost = "The next start does not restore claims, owner tokens or Tool receipts"
-    if then is not None and then.row == "terminal":
-        then_do = (f"Run {run_id} has ended, and the next start does not load ended Runs, so "
-                   f"sending it again then cannot succeed; intloom inspect {run_id} reads its "
-                   "journal, with or without a host.")
+    if then is not None and then.row == "terminal" and isinstance(request, (Answer, *_AGENT)):
+        # A read or a cancel of it is answered from its journal after the next start.
+        then_do = (f"Run {run_id} has ended, so sending it again then cannot succeed; intloom "
+                   f"inspect {run_id} reads its journal, with or without a host.")
     elif lost is not None:
         then_do = (f"{lost}, so sending it again then cannot succeed; once that start has "
                    "run, start a new Run for this work.")

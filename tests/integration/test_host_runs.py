@@ -896,9 +896,10 @@ def test_a_read_or_cancel_refused_during_a_stop_is_told_to_send_it_again_when_it
 def test_a_request_about_an_ended_run_refused_during_a_stop_is_not_told_to_send_it_again(
     project: Project, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A GetRun, Cancel or Subscribe of a Run that had ended was told "run it again once the
-    service is offline": the next start does not load ended Runs, so it is NOT_FOUND then.
-    It is told so, and that intloom inspect reads the Run's journal."""
+    """A GetRun, Cancel or Subscribe of a Run that had ended, refused during a stop, is told
+    to send it again after the next start, which answers it from the Run's journal (it was
+    NOT_FOUND there: a start loads unfinished Runs only). An Answer to it cannot succeed
+    then, and is told so, and that intloom inspect reads the Run's journal."""
     _beside_gated(project, monkeypatch, "20")
     with Client.connect(project.root) as client, Client.connect(project.root) as follower:
         waiting = client.create_run("example", "notes")
@@ -910,16 +911,21 @@ def test_a_request_about_an_ended_run_refused_during_a_stop_is_not_told_to_send_
             "get": lambda: client.get_run(ended.run_id),
             "cancel": lambda: client.cancel(ended.run_id),
             "subscribe": lambda: next(iter(follower.subscribe(ended.run_id))),
+            "answer": lambda: client.answer(ended.run_id, waiting.pending_action.id,
+                                            {"isConfirmed": True}),
         })
     for name, message in messages.items():
-        assert (f"Run {ended.run_id} has ended, and the next start does not load ended Runs, "
-                "so sending it again then cannot succeed; intloom inspect "
-                f"{ended.run_id} reads its journal") in message, (name, message)
-        assert "Run it again" not in message, (name, message)
+        if name == "answer":
+            assert (f"Run {ended.run_id} has ended, so sending it again then cannot succeed; "
+                    f"intloom inspect {ended.run_id} reads its journal") in message, message
+            assert "Run it again" not in message, message
+        else:
+            assert "Run it again once intloom status says the service is offline" in message, (
+                name, message)
     start(project)
-    with Client.connect(project.root) as client, pytest.raises(IntloomError) as later:
-        client.get_run(ended.run_id)
-    assert later.value.code == "NOT_FOUND", later.value
+    with Client.connect(project.root) as client:
+        assert client.get_run(ended.run_id) == ended
+        assert client.cancel(ended.run_id) == (ended, True)
 
 
 @pytest.mark.parametrize("how", ["dismissed", "held"])
@@ -927,8 +933,8 @@ def test_a_run_ended_by_a_cancel_after_a_restart_is_not_told_to_send_it_again(
     project: Project, monkeypatch: pytest.MonkeyPatch, how: str
 ) -> None:
     """A Run restored RUN_INTERRUPTED and dismissed, or held and cancelled, has ended: a
-    GetRun, Cancel or Subscribe of it refused during a stop was told "run it again once the
-    service is offline", where the next start does not load it (NOT_FOUND)."""
+    GetRun, Cancel or Subscribe of it refused during a stop is told to send it again after
+    the next start, which answers it from the Run's journal."""
     _beside_gated(project, monkeypatch, "20", "agentic")
     with Client.connect(project.root) as client:
         agentic = client.create_run("agentic", "look")
@@ -947,13 +953,13 @@ def test_a_run_ended_by_a_cancel_after_a_restart_is_not_told_to_send_it_again(
             "subscribe": lambda: next(iter(follower.subscribe(run_id))),
         })
     for name, message in messages.items():
-        assert (f"Run {run_id} has ended, and the next start does not load ended Runs, so "
-                "sending it again then cannot succeed") in message, (name, message)
-        assert "Run it again" not in message, (name, message)
+        assert "Run it again once intloom status says the service is offline" in message, (
+            name, message)
     start(project)
-    with Client.connect(project.root) as client, pytest.raises(IntloomError) as later:
-        client.get_run(run_id)
-    assert later.value.code == "NOT_FOUND", later.value
+    with Client.connect(project.root) as client:
+        again = client.get_run(run_id)
+        assert (again.status, again.last_error) == (ended.status, ended.last_error), again
+        assert client.cancel(run_id)[1] is True
 
 
 def test_an_answer_to_a_run_restored_interrupted_refused_during_a_stop_is_not_told_to_retry(
