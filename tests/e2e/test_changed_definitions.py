@@ -208,7 +208,10 @@ def test_a_wait_in_a_step_the_loaded_workflow_no_longer_has_is_held(shared: Proj
     assert "The current service has no Runs." in listed.stdout, listed
     assert f"Not listed, needs attention (journal kept as is, not loaded): {run_id}. Run " \
         "intloom doctor." in " ".join(listed.stdout.split()), listed
-    assert ok(shared.cli("runs", "--json")) == {"runs": []}
+    # A script reading runs --json is told of it too, beside DESIGN's document.
+    assert ok(shared.cli("runs", "--json")) == {"runs": [], "needsAttention": [run_id],
+                                                "needsAttentionCount": 1}
+    assert ok(shared.cli("runs", "--flow", "shared", "--json")) == {"runs": []}
     ok(shared.cli("stop", "--json"))
 
     (shared.root / "common" / "parts.py").write_text(text)

@@ -51,6 +51,8 @@ def test_held_runs_past_the_listed_ones_are_counted_by_start_status_and_runs(
     assert runs.code == 0, runs
     assert f"Not listed, needs attention (journal kept as is, not loaded): {named}." \
         in runs.stdout, runs.stdout
+    document = ok(project.cli("runs", "--json"))
+    assert (document["needsAttention"], document["needsAttentionCount"]) == (listed, 5), document
 
     # A held Run that cancel ended leaves the list and its count.
     ok(project.cli("cancel", listed[0], "--json"))

@@ -160,14 +160,18 @@ def runs(
     held_count = 0
     with state.client() as client:
         found = client.runs(flow)  # NOT_FOUND for a Workflow the host did not load
-        if not renderer.json_mode and flow is None:
-            # Unfinished Runs the host holds are not its Runs: a person reading "no Runs"
-            # would not look for them. (--json keeps DESIGN's document; status has them.)
+        if flow is None:
+            # Unfinished Runs the host holds are not its Runs: a person reading "no Runs",
+            # or a script reading {"runs": []}, would not look for them.
             restore = client.status().restore
             if restore is not None:
                 held, held_count = restore.needs_attention, restore.count("needs_attention")
     if renderer.json_mode:
-        renderer.document({"runs": found})
+        # DESIGN's {runs} document, plus (only when there are any) the held Runs' ids: the
+        # first 1,000 (restore.needsAttention), and how many there are in all.
+        extra = ({"needsAttention": held, "needsAttentionCount": held_count}
+                 if held_count else {})
+        renderer.document({"runs": found, **extra})
         return
     held_lines = ([f"Not listed, needs attention (journal kept as is, not loaded): "
                    f"{named_runs(held, 'intloom doctor lists them all', held_count)}. "
