@@ -546,7 +546,13 @@ def test_runs_text_and_flow_filter(capsys: pytest.CaptureFixture[str], client: F
         "The current service has no Runs.",
         "Not listed, needs attention (journal kept as is, not loaded): RUN-9. Run intloom "
         "doctor."]
-    code, out, _ = cli(capsys, "runs", "--json")  # the document DESIGN gives, unchanged
+    # DESIGN's document, and the held Runs beside it (a script would not see them either).
+    code, out, _ = cli(capsys, "runs", "--json")
+    assert json.loads(out) == {"runs": [], "needsAttention": ["RUN-9"], "needsAttentionCount": 1}
+    code, out, _ = cli(capsys, "runs", "--flow", "example", "--json")
+    assert json.loads(out) == {"runs": []}
+    client.held = []
+    code, out, _ = cli(capsys, "runs", "--json")  # none held: the document as DESIGN gives it
     assert json.loads(out) == {"runs": []}
 
 
