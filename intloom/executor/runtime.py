@@ -53,6 +53,7 @@ from intloom.executor.driver import (
     user_raised,
     without_claim_advice,
 )
+from intloom.executor.history import plain_view
 from intloom.executor.updates import RunUpdate
 from intloom.protocol.messages import MAX_PAGE, RestoreSummary
 from intloom.runtime.limits import (
@@ -1182,7 +1183,7 @@ class Runtime:
             state = await self.driver.offload(self.journal.ended, run_id)
         except Exception:  # NOT_FOUND is worded without it
             return None
-        return None if state is None else to_view(state)
+        return None if state is None else plain_view(state)  # a dismissal shown, too
 
     def _held_ended(self, run_id: str) -> RunView | None:
         """The view of a held Run this host cancelled (None for any other Run)."""
