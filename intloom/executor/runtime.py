@@ -1176,14 +1176,20 @@ class Runtime:
         DESIGN has it return the same snapshot, and ``attach``/``get_run`` of a Run that
         had completed said it was "not known". Only for ids shaped as a Run's; reading
         fails quietly (NOT_FOUND follows)."""
+        state = await self._ended_state(run_id)
+        return None if state is None else plain_view(state)  # a dismissal shown, too
+
+    async def _ended_state(self, run_id: str) -> RunState | None:
+        """The journal's last state of a Run this host does not hold and that has ended
+        (``JournalPort.ended``); None for any other id, and when it cannot be read."""
         if (run_id in self.runs or run_id in self.held or not run_id.startswith("RUN-")
                 or len(run_id) != _RUN_ID_LENGTH):
             return None
         try:
-            state = await self.driver.offload(self.journal.ended, run_id)
+            state: RunState | None = await self.driver.offload(self.journal.ended, run_id)
         except Exception:  # NOT_FOUND is worded without it
             return None
-        return None if state is None else plain_view(state)  # a dismissal shown, too
+        return state
 
     def _held_ended(self, run_id: str) -> RunView | None:
         """The view of a held Run this host cancelled (None for any other Run)."""
@@ -1233,8 +1239,7 @@ class Runtime:
     async def answer(self, run_id: str, action_id: str, answer: Any) -> RunView:
         """Accept an answer (CONFLICT / INVALID_REQUEST otherwise); returns the next stable view."""
         self._admit()
-        if run_id not in self.runs and run_id not in self.held:
-            await self._refuse_if_ended(run_id, action_id)
+        await self._refuse_if_ended(run_id, action_id)
         slot = self._slot(run_id)
         action = slot.state.pending_action
         if slot.view().status != "waiting" or action is None or action.id != action_id:
@@ -1276,19 +1281,15 @@ class Runtime:
         reply a crash took), or ended here long ago. "Not known to this host" said neither
         that the Run had ended nor that the answer had been taken. Returns for any other
         id (NOT_FOUND follows). Only for ids shaped as a Run's; reading fails quietly."""
-        if not run_id.startswith("RUN-") or len(run_id) != _RUN_ID_LENGTH:
+        state = await self._ended_state(run_id)
+        if state is None:
             return
-        try:
-            state = await self.driver.offload(self.journal.ended, run_id)
-            gist: str | None = None
-            if state is not None and action_id.startswith("ASK-"):
+        gist: str | None = None
+        if action_id.startswith("ASK-"):
+            with contextlib.suppress(Exception):  # the refusal is worded without it
                 records = await self.driver.offload(self.journal.history, run_id, state.seq)
                 gist = next((_answer_gist(r.answer) for r in records
                              if type(r) is Answered and r.action_id == action_id), None)
-        except Exception:  # NOT_FOUND is worded without it
-            return
-        if state is None:
-            return
         raise IntloomError("CONFLICT", _ended_before(state, action_id, gist))
 
     async def _recall_answers(self, slot: RunSlot, action_id: str) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import fcntl
 import hmac
 import os
 import random
@@ -35,7 +34,7 @@ from intloom.errors import (
     error_view,
     quoting_bounded,
 )
-from intloom.fsutil import plug_standard
+from intloom.fsutil import above_standard
 from intloom.host.handlers import Handlers
 from intloom.host.logfile import HostLog
 from intloom.protocol.framing import (
@@ -175,15 +174,12 @@ class _Listener(socket.socket):
         if low > 2:
             return conn, address
         try:
-            high = fcntl.fcntl(low, fcntl.F_DUPFD_CLOEXEC, 3)
+            high = above_standard(low)  # /dev/null now holds ``low``, in one dup2
         except OSError:
             conn.close()
             raise
-        moved = socket.socket(conn.family, conn.type, conn.proto, fileno=high)
-        conn.detach()
-        # /dev/null replaces the connection's low number in one dup2, never left free.
-        plug_standard(low)
-        return moved, address
+        conn.detach()  # its number is /dev/null's now: not to be closed as the connection
+        return socket.socket(conn.family, conn.type, conn.proto, fileno=high), address
 
 
 def _bind_any_of(ports: str) -> socket.socket:
