@@ -80,6 +80,8 @@ class StepContext(Generic[S]):
     # The wait (its kind and action id) this context's code stopped awaiting before it was
     # answered (``abandoned``), for ``unawaited``: a class default, as ``_calls``.
     _abandoned: tuple[str, str] | None = None
+    # How many entries ``_calls`` may hold before the finished ones are dropped (``_track``).
+    _prune_at: int = 256
 
     def __init__(
         self,
@@ -418,6 +420,13 @@ class StepContext(Generic[S]):
         if calls is None:
             calls = self._calls = []
         calls.append(call)
+        if len(calls) >= self._prune_at:
+            # A Step awaiting ctx.aeffect in a long loop kept every call until it ended
+            # (~360 bytes each): only one not yet finished can be named at the end. Dropped in
+            # bulk, each time the list doubles, so a call costs O(1) on average.
+            calls[:] = [c for c in calls
+                        if inspect.getcoroutinestate(c._coro) != inspect.CORO_CLOSED]
+            self._prune_at = max(StepContext._prune_at, 2 * len(calls))
         return call
 
     def _async_only(self, call: str, example: str) -> None:

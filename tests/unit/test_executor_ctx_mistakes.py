@@ -17,6 +17,7 @@ import msgspec
 import pytest
 
 import intloom
+from intloom.authoring.context import StepContext
 from intloom.authoring.loader import LoadedWorkflow
 from intloom.errors import IntloomError
 from intloom.executor.runtime import RestoredRun, Runtime
@@ -917,3 +918,40 @@ def test_a_wait_the_step_cancels_while_it_is_being_saved_names_the_wait_and_the_
         "Stage 's', Step 'a' stopped waiting for its confirmation ASK-"), message
     assert "Await ctx.confirm(...) until it is answered" in message, message
     assert _phases(root, view.run_id)[-2:] == ["Waiting", "Terminal"]
+
+
+def _looping(calls: int, forget_at: int | None, sizes: list[int]) -> intloom.Workflow:
+    wf = intloom.Workflow("loops", version="1")
+    st = wf.stage("s")
+
+    @st.step("a", routes={"ok": intloom.COMPLETE})
+    async def a(ctx: Any) -> str:
+        for n in range(calls):
+            if n == forget_at:
+                ctx.aeffect("forgotten", str, n)
+            await ctx.aeffect("each", str, n, key=f"k{n}")
+            sizes.append(len(ctx._calls))
+        return "ok"
+
+    return wf
+
+
+def test_a_step_awaiting_effects_in_a_long_loop_keeps_only_the_unfinished_calls(
+        tmp_path: Path) -> None:
+    """Every ctx.aeffect call was kept until the Step ended (to name one never awaited), so a
+    Step looping over a million effects held a million of them. Only unfinished calls stay."""
+    sizes: list[int] = []
+    view = _settle(tmp_path, _looping(1000, None, sizes))
+    assert view.status == "completed", view
+    assert len(sizes) == 1000
+    assert max(sizes) <= StepContext._prune_at, max(sizes)
+
+
+@pytest.mark.parametrize("forget_at", [0, 700])
+def test_a_call_never_awaited_among_many_awaited_ones_is_still_named(
+        tmp_path: Path, no_unawaited_warning: None, forget_at: int) -> None:
+    """Dropping finished calls keeps the one never awaited, before or after a drop."""
+    view = _settle(tmp_path, _looping(800, forget_at, []))
+    assert view.status == "failed", view
+    assert view.last_error is not None
+    assert "ctx.aeffect('forgotten', ...)" in view.last_error.message, view.last_error
