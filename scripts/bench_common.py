@@ -109,8 +109,9 @@ def raw_floor(directory: Path, writes: int, size: int, *, warmup: int = 50) -> t
 # ----- the machine -----------------------------------------------------------------------------
 
 
-def machine() -> dict[str, Any]:
-    """What the figures were measured on, for the report."""
+def machine(scratch_dir: str | None = None) -> dict[str, Any]:
+    """What the figures were measured on, for the report; ``scratch_dir``: where their
+    scratch files went (``--dir``; default: the system temp dir)."""
     info: dict[str, Any] = {
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
@@ -125,7 +126,7 @@ def machine() -> dict[str, Any]:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemTotal"):
                 info["memory_gib"] = round(int(line.split()[1]) / 2**20, 1)
-    info["filesystem"] = filesystem(Path(tempfile.gettempdir()))
+    info["filesystem"] = filesystem(Path(scratch_dir or tempfile.gettempdir()))
     info["load_average"] = load_average()
     return info
 

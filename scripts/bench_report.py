@@ -56,6 +56,9 @@ def bench_all(args: argparse.Namespace, figures: dict[str, Figure],
         if name in skip:
             continue
         options = defaults(name)
+        # ``all --dir`` is every figure's ``--dir``: each figure's defaults name none, so
+        # without this the figures measured the system temp dir's disk, not the one asked.
+        options.dir = args.dir
         if args.quick:
             for key, value in QUICK[name].items():
                 setattr(options, key, value)
@@ -66,7 +69,7 @@ def bench_all(args: argparse.Namespace, figures: dict[str, Figure],
         results[name]["load_average"] = load_average()
         print(json.dumps(results[name]), flush=True)
     total = time.perf_counter() - started
-    report = {"machine": machine(), "load_before": load_before,
+    report = {"machine": machine(args.dir), "load_before": load_before,
               "cpu_calibration_ms": [calibration_before, cpu_calibration_ms()],
               "total_seconds": round(total, 1),
               "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

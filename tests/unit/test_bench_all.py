@@ -1,0 +1,60 @@
+"""``scripts/bench all`` hands its own options to every figure it runs, and its report names
+what was measured where. The figures here are stand-ins that record the options they were
+given (test_bench_smoke runs the real ones): what is checked is the plumbing of ``all``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scripts.bench_common import filesystem
+from scripts.bench_report import bench_all
+from scripts.benchmarks import build_parser, parser_defaults
+
+
+def _all_args(argv: list[str]) -> argparse.Namespace:
+    args = build_parser().parse_args(["all", *argv])
+    assert args.figure == "all"
+    return args
+
+
+def _recording(seen: dict[str, argparse.Namespace]) -> dict[str, Any]:
+    def figure(name: str) -> Any:
+        def run(options: argparse.Namespace) -> dict[str, Any]:
+            seen[name] = options
+            return {"figure": name}
+        return run
+    return {name: figure(name) for name in ("first", "second")}
+
+
+def _defaults(name: str) -> argparse.Namespace:
+    return parser_defaults("memory")  # a real figure's defaults: its --dir is None
+
+
+@pytest.mark.timeout(30)
+def test_all_runs_every_figure_in_the_directory_it_was_given(tmp_path: Path) -> None:
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    out = tmp_path / "out"
+    seen: dict[str, argparse.Namespace] = {}
+    args = _all_args(["--dir", str(scratch), "--out", str(out), "--no-chart"])
+    report = bench_all(args, _recording(seen), _defaults)
+    assert {name: options.dir for name, options in seen.items()} == {
+        "first": str(scratch), "second": str(scratch)}
+    # The report's "scratch files on ..." names the file system of that directory.
+    assert report["machine"]["filesystem"] == filesystem(scratch)
+    written = json.loads((out / "performance.json").read_text())
+    assert written["machine"]["filesystem"] == filesystem(scratch)
+    assert (out / "performance.md").read_text().startswith("# Performance")
+
+
+@pytest.mark.timeout(30)
+def test_all_without_dir_leaves_each_figure_its_default(tmp_path: Path) -> None:
+    seen: dict[str, argparse.Namespace] = {}
+    args = _all_args(["--out", str(tmp_path), "--no-chart"])
+    bench_all(args, _recording(seen), _defaults)
+    assert [options.dir for options in seen.values()] == [None, None]
