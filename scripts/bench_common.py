@@ -78,6 +78,21 @@ def judged(ratio: float, target: float, *, at_most: bool, digits: int) -> tuple[
     return shown(ratio, digits, at_most=at_most), verdict(ratio, target, at_most=at_most)
 
 
+def worst(kinds: dict[str, dict[str, Any]], *, at_most: bool) -> str:
+    """Of the kinds of one figure (each with its ``ratio`` and ``verdict``), the one that
+    fares worst against the target: one "not met" before any "met", then the larger ratio
+    where the target is a ceiling (``at_most``), the smaller where it is a floor.
+
+    A figure's headline (its top-level ``ratio`` and ``verdict``, its bar in the chart) is
+    that kind's: a figure is met only when every kind of it is.
+    """
+    def badness(kind: str) -> tuple[bool, float]:
+        ratio = float(kinds[kind]["ratio"])
+        return kinds[kind]["verdict"] != "met", ratio if at_most else -ratio
+
+    return max(kinds, key=badness)
+
+
 # ----- the disk floor --------------------------------------------------------------------------
 
 

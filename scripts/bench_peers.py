@@ -14,7 +14,17 @@ import sys
 from pathlib import Path
 from typing import Any, Final
 
-from scripts.bench_common import REPO, VENV_PY, bench_env, judged, median, note, rnd, scratch
+from scripts.bench_common import (
+    REPO,
+    VENV_PY,
+    bench_env,
+    judged,
+    median,
+    note,
+    rnd,
+    scratch,
+    worst,
+)
 
 BENCH_VENV: Final = REPO / ".bench-venv"
 PEER_PY: Final = BENCH_VENV / "bin" / "python"
@@ -108,6 +118,11 @@ def bench_peers(args: Any) -> dict[str, Any]:
                 out[f"ratio_{kind}"], out[f"verdict_{kind}"] = judged(
                     rows[fastest]["us_per_step"] / rows[ours]["us_per_step"], 5,
                     at_most=False, digits=2)
-        if "ratio_async" in out:
-            out["ratio"], out["verdict"] = out["ratio_async"], out["verdict_async"]
+        # The headline is the kind that fares worst (bench_common.worst), not async's.
+        kinds = {kind: {"ratio": out[f"ratio_{kind}"], "verdict": out[f"verdict_{kind}"]}
+                 for kind in ("async", "sync") if f"ratio_{kind}" in out}
+        if kinds:
+            headline = worst(kinds, at_most=False)
+            out.update(ratio=kinds[headline]["ratio"], verdict=kinds[headline]["verdict"],
+                       headline_kind=headline)
     return out

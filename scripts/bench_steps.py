@@ -22,7 +22,7 @@ import intloom
 from intloom.authoring.loader import LoadedWorkflow
 from intloom.executor.runtime import Runtime
 from intloom.store import Store
-from scripts.bench_common import judged, median, rnd, scratch, shown
+from scripts.bench_common import judged, median, rnd, scratch, shown, worst
 
 PAYLOAD = "x" * 64
 
@@ -213,9 +213,12 @@ def bench_steps(args: Any) -> dict[str, Any]:
                 "bytes_per_flush": round(ours[-1]["bytes"] / ours[-1]["flushes"]),
                 "compaction_wait_s": _waits(items),
             }
-    head = out["kinds"][kinds[0]]
+    # The headline is the kind that fares worst: with async first, a sync kind that missed
+    # the target left the figure "met" at the top of the JSON and green in the chart.
+    headline = worst(out["kinds"], at_most=True)
+    head = out["kinds"][headline]
     out.update(us_per_step=head["us_per_step"], floor_us_per_step=head["floor_us_per_step"],
-               ratio=head["ratio"], verdict=head["verdict"], headline_kind=kinds[0])
+               ratio=head["ratio"], verdict=head["verdict"], headline_kind=headline)
     return out
 
 
@@ -273,7 +276,8 @@ def bench_concurrency(args: Any) -> dict[str, Any]:
                                                    for r in staggered]), 1),
                 },
             }
-    head = out["kinds"][kinds[0]]
+    headline = worst(out["kinds"], at_most=False)  # as in bench_steps
+    head = out["kinds"][headline]
     out.update(steps_per_s=head["steps_per_s"], solo_steps_per_s=head["solo_steps_per_s"],
-               ratio=head["ratio"], verdict=head["verdict"], headline_kind=kinds[0])
+               ratio=head["ratio"], verdict=head["verdict"], headline_kind=headline)
     return out

@@ -121,5 +121,80 @@ def test_the_report_names_the_sizes_the_run_measured() -> None:
     assert "- **8 Runs (async)**: 3× one Run" in text
     assert "1 Run of 100 Steps and 8 concurrent Runs of 20 Steps each" in text
     assert "with 20 waiting Runs" in text
-    assert [b[0] for b in target_bars(figures)] == ["8 Runs vs 1, Steps/s (≥ 8×)",
+    assert [b[0] for b in target_bars(figures)] == ["8 Runs vs 1, Steps/s, async Steps (≥ 8×)",
                                                     "start: 20 vs 0 Runs (≤ 2×)"]
+
+
+def _step_session(ratios: dict[str, float]) -> Any:
+    """A stand-in for bench_steps._session whose Runs take ``ratios[kind]`` times the floor."""
+    async def session(base: Path, kind: str, sizes: Any, order: list[str],
+                      warmup: int) -> list[tuple[str, dict[str, Any]]]:
+        run = {"us_per_step": 100.0 * ratios[kind], "cpu_us_per_step": 50.0, "flushes": 100,
+               "steps": 100, "bytes": 59_200, "compaction_wait_s": 0.0}
+        floor = {"us_per_step": 100.0, "cpu_us_per_step": 9.0, "compaction_wait_s": 0.0}
+        return [(n, run if n == "main" else floor) for n in order]
+    return session
+
+
+def test_a_figure_is_met_only_when_every_kind_of_step_is(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The headline (top-level ratio and verdict, and the chart) is the kind that fared
+    worst: it was async's, so a sync kind that missed left the figure "met"."""
+    from scripts.bench_chart import MET, NOT_MET, target_bars
+
+    monkeypatch.setattr(bench_steps, "_session", _step_session({"async": 1.2, "sync": 1.6}))
+    args = argparse.Namespace(kind="both", steps=100, repeats=2, warmup=1, dir=str(tmp_path))
+    steps = bench_steps.bench_steps(args)
+    assert [steps["kinds"][k]["verdict"] for k in ("async", "sync")] == ["met", "not met"]
+    assert (steps["verdict"], steps["headline_kind"], steps["ratio"]) == ("not met", "sync", 1.6)
+
+    elapsed = {"intloom_async": 0.5, "intloom_sync": 2.0, "langgraph_loop": 5.0}
+
+    def child(variant: str, steps: int, directory: Path) -> dict[str, Any]:
+        return {"elapsed_s": elapsed[variant], "cpu_s": 0.1, "peak_rss_mib": 1.0, "extra": {}}
+
+    monkeypatch.setattr(bench_peers, "run_child", child)
+    args = argparse.Namespace(only=",".join(elapsed), steps=1000, repeats=1, dir=str(tmp_path))
+    peers = bench_peers.bench_peers(args)
+    assert (peers["verdict_async"], peers["verdict_sync"]) == ("met", "not met")
+    assert (peers["verdict"], peers["headline_kind"], peers["ratio"]) == ("not met", "sync", 2.5)
+
+    # The chart draws each kind against the target, in the colour of its own verdict.
+    bars = target_bars({"steps": steps, "peers": peers})
+    assert [(label, colour) for label, _, _, colour in bars] == [
+        ("µs/Step vs floor, async Steps (≤ 1.5×)", MET),
+        ("µs/Step vs floor, sync Steps (≤ 1.5×)", NOT_MET),
+        ("faster peer ÷ intloom, async Steps (≥ 5×)", MET),
+        ("faster peer ÷ intloom, sync Steps (≥ 5×)", NOT_MET),
+    ]
+
+
+def test_the_concurrency_headline_is_the_kind_further_below_its_target(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    per_s = {"async": 9_000.0, "sync": 7_000.0}  # against 1,000/s for one Run
+
+    async def session(base: Path, kind: str, sizes: Any, order: list[str],
+                      warmup: int) -> list[tuple[str, dict[str, Any]]]:
+        def run(name: str) -> dict[str, Any]:
+            rate = 1_000.0 if name == "one" else per_s[kind]
+            return {"steps_per_s": rate, "cpu_us_per_step": 20.0, "steps": 600,
+                    "flushes": 10, "crew_splits": 0, "compaction_wait_s": 0.0}
+        return [(n, run(n)) for n in order]
+
+    monkeypatch.setattr(bench_steps, "_session", session)
+    args = argparse.Namespace(kind="both", runs=64, steps=300, solo_steps=3000, repeats=2,
+                              dir=str(tmp_path))
+    out = bench_steps.bench_concurrency(args)
+    assert [out["kinds"][k]["verdict"] for k in ("async", "sync")] == ["met", "not met"]
+    assert (out["verdict"], out["headline_kind"], out["ratio"]) == ("not met", "sync", 7.0)
+
+    from scripts.bench_common import worst
+
+    kinds = {"async": {"ratio": 8.4, "verdict": "met"}, "sync": {"ratio": 9.2, "verdict": "met"}}
+    assert worst(kinds, at_most=False) == "async"
+    kinds["sync"] = {"ratio": 7.9, "verdict": "not met"}
+    assert worst(kinds, at_most=False) == "sync"
+    assert worst({"async": {"ratio": 1.1, "verdict": "met"},
+                  "sync": {"ratio": 1.3, "verdict": "met"}}, at_most=True) == "sync"
