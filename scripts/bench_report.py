@@ -47,6 +47,10 @@ def _ensure_matplotlib() -> bool:
 def bench_all(args: argparse.Namespace, figures: dict[str, Figure],
               defaults: Callable[[str], argparse.Namespace]) -> dict[str, Any]:
     skip = {s for s in args.skip.split(",") if s}
+    unknown = sorted(skip - set(figures))
+    if unknown:  # a misspelt name would leave its figure in, to run for minutes
+        raise SystemExit(f"scripts/bench all --skip: unknown figure(s) {', '.join(unknown)}; "
+                         f"nothing was run. The figures are: {', '.join(figures)}.")
     out_dir = Path(args.out) if args.out else REPO / "docs"
     results: dict[str, Any] = {}
     load_before = load_average()

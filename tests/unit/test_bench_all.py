@@ -58,3 +58,14 @@ def test_all_without_dir_leaves_each_figure_its_default(tmp_path: Path) -> None:
     args = _all_args(["--out", str(tmp_path), "--no-chart"])
     bench_all(args, _recording(seen), _defaults)
     assert [options.dir for options in seen.values()] == [None, None]
+
+
+@pytest.mark.timeout(30)
+def test_all_refuses_to_skip_a_figure_it_does_not_have(tmp_path: Path) -> None:
+    seen: dict[str, argparse.Namespace] = {}
+    args = _all_args(["--skip", "first,secnod", "--out", str(tmp_path), "--no-chart"])
+    with pytest.raises(SystemExit) as refused:
+        bench_all(args, _recording(seen), _defaults)
+    assert "unknown figure(s) secnod" in str(refused.value)
+    assert "The figures are: first, second." in str(refused.value)
+    assert seen == {} and not (tmp_path / "performance.md").exists()  # nothing ran
