@@ -44,10 +44,20 @@ VARIANTS: Final = {
 PEERS: Final = ("dbos_sqlite", "langgraph_loop", "langgraph_chain")
 
 
+# The interpreters found to import the peers in this process: the probe imports DBOS and
+# LangGraph (~1.5 s on a 2-vCPU VM), and every peer child used to run it again (15 times
+# in a default ``peers`` figure, ~20 s of its time).
+_PROBED: set[Path] = set()
+
+
 def ensure_peer_venv() -> Path:
-    """``.bench-venv`` with the peers installed; created with pip on first use."""
+    """``.bench-venv`` with the peers installed; created with pip on first use. Checked
+    once per process."""
+    if PEER_PY in _PROBED:
+        return PEER_PY
     probe = [str(PEER_PY), "-c", "import dbos, langgraph.graph, langgraph.checkpoint.sqlite"]
     if PEER_PY.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
+        _PROBED.add(PEER_PY)
         return PEER_PY
     note(f"creating {BENCH_VENV} with {', '.join(PEER_PACKAGES)} from the package index")
     base = getattr(sys, "_base_executable", sys.executable)
@@ -56,6 +66,7 @@ def ensure_peer_venv() -> Path:
                    check=True)
     subprocess.run([str(PEER_PY), "-m", "pip", "install", "--quiet", *PEER_PACKAGES], check=True)
     subprocess.run(probe, check=True)
+    _PROBED.add(PEER_PY)
     return PEER_PY
 
 

@@ -1,6 +1,7 @@
-"""``scripts/bench all`` hands its own options to every figure it runs, and its report names
-what was measured where. The figures here are stand-ins that record the options they were
-given (test_bench_smoke runs the real ones): what is checked is the plumbing of ``all``."""
+"""The plumbing of ``scripts/bench``: ``all`` hands its own options to every figure it runs,
+and its report names what was measured where; the peers' interpreter is checked once. The
+figures here are stand-ins that record the options they were given (test_bench_smoke runs
+the real ones)."""
 
 from __future__ import annotations
 
@@ -69,3 +70,21 @@ def test_all_refuses_to_skip_a_figure_it_does_not_have(tmp_path: Path) -> None:
     assert "unknown figure(s) secnod" in str(refused.value)
     assert "The figures are: first, second." in str(refused.value)
     assert seen == {} and not (tmp_path / "performance.md").exists()  # nothing ran
+
+
+@pytest.mark.timeout(30)
+def test_the_peers_interpreter_is_probed_once_per_run(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Each peer child used to import DBOS and LangGraph once more first (~1.5 s each, 15
+    times in a default ``peers`` figure). Here the peers' interpreter is a stand-in that
+    counts how often it is started."""
+    from scripts import bench_peers
+
+    started = tmp_path / "started"
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\necho probe >> '{started}'\n")
+    python.chmod(0o755)
+    monkeypatch.setattr(bench_peers, "PEER_PY", python)
+    assert [bench_peers.ensure_peer_venv() for _ in range(3)] == [python] * 3
+    assert started.read_text().splitlines() == ["probe"]
