@@ -55,6 +55,10 @@ def incomplete(errors: list[str], running: int, runs: int) -> list[str]:
 
 
 def bench_events(args: Any) -> dict[str, Any]:
+    if not 1 <= args.followers <= args.runs:  # each follower follows a Run of its own
+        raise SystemExit(f"scripts/bench events: --followers {args.followers} must be between "
+                         f"1 and --runs ({args.runs}): each follower follows one of the busy "
+                         "Runs. Nothing was run.")
     out: dict[str, Any] = {"figure": "events", "runs": args.runs, "followers": args.followers,
                            "seconds": args.seconds, "target": "p99 <= 10 ms"}
     with scratch(args.dir, "bench-events-") as base, project(base) as host:

@@ -88,3 +88,17 @@ def test_the_peers_interpreter_is_probed_once_per_run(
     monkeypatch.setattr(bench_peers, "PEER_PY", python)
     assert [bench_peers.ensure_peer_venv() for _ in range(3)] == [python] * 3
     assert started.read_text().splitlines() == ["probe"]
+
+
+@pytest.mark.parametrize("followers", [2, 0])
+def test_events_refuses_more_followers_than_runs_before_starting_a_host(
+    tmp_path: Path, followers: int
+) -> None:
+    from scripts.bench_events import bench_events
+
+    args = build_parser().parse_args(["events", "--runs", "1", "--followers", str(followers),
+                                      "--dir", str(tmp_path)])
+    with pytest.raises(SystemExit) as refused:
+        bench_events(args)
+    assert f"--followers {followers} must be between 1 and --runs (1)" in str(refused.value)
+    assert list(tmp_path.iterdir()) == []  # no project, no host
