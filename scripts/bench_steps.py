@@ -125,6 +125,14 @@ def _splits(rt: Runtime) -> int:
     return 0 if crews is None else crews.splits
 
 
+def _own(base: Path, kind: str) -> Path:
+    """Each kind's own directory: the sync kind measured in the store the async kind had
+    filled (its segments, snapshots and manifest) was not measured as the async one was."""
+    path = base / kind
+    path.mkdir()
+    return path
+
+
 # What one measurement runs: (Runs, Steps per Run, created together).
 Size = tuple[int, int, bool]
 
@@ -192,8 +200,8 @@ def bench_steps(args: Any) -> dict[str, Any]:
         order += ["main", "floor"] if rep % 2 == 0 else ["floor", "main"]
     with scratch(args.dir, "bench-steps-") as base:
         for kind in kinds:
-            items = asyncio.run(_session(base, kind, {"main": (1, args.steps, True)}, order,
-                                         args.warmup))
+            items = asyncio.run(_session(_own(base, kind), kind,
+                                         {"main": (1, args.steps, True)}, order, args.warmup))
             ours = [r for n, r in items if n == "main"]
             floors = [r for n, r in items if n == "floor"]
             ratios = [o["us_per_step"] / f["us_per_step"] for o, f in zip(ours, floors,
@@ -244,7 +252,7 @@ def bench_concurrency(args: Any) -> dict[str, Any]:
                               "staggered": (args.runs, args.steps, False)}
     with scratch(args.dir, "bench-conc-") as base:
         for kind in kinds:
-            items = asyncio.run(_session(base, kind, sizes, order, 20))
+            items = asyncio.run(_session(_own(base, kind), kind, sizes, order, 20))
             one = [r for n, r in items if n == "one"]
             many = [r for n, r in items if n == "many"]
             staggered = [r for n, r in items if n == "staggered"]
