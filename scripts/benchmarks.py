@@ -158,7 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("all", "every figure; writes docs/performance.md and docs/performance.png")
     p.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
-    p.add_argument("--out", default=None, help="directory for the report (default: docs/)")
+    p.add_argument("--out", default=None,
+                   help="directory for the report (default: docs/; with --quick a new temp dir)")
     p.add_argument("--skip", default="", help="comma list of figures to leave out")
     p.add_argument("--no-chart", action="store_true", help="leave the PNG out (no matplotlib)")
     return parser

@@ -102,3 +102,20 @@ def test_events_refuses_more_followers_than_runs_before_starting_a_host(
         bench_events(args)
     assert f"--followers {followers} must be between 1 and --runs (1)" in str(refused.value)
     assert list(tmp_path.iterdir()) == []  # no project, no host
+
+
+@pytest.mark.timeout(30)
+def test_a_quick_run_without_out_leaves_the_measured_report_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``all --quick`` wrote its smoke-sized figures over docs/performance.md by default."""
+    import tempfile
+
+    from scripts.bench_common import REPO
+
+    docs = {name: (REPO / "docs" / name).read_bytes()
+            for name in ("performance.md", "performance.json")}
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    bench_all(_all_args(["--quick", "--no-chart"]), {}, _defaults)
+    assert {name: (REPO / "docs" / name).read_bytes() for name in docs} == docs
+    [written] = tmp_path.glob("bench-quick-*/performance.md")
+    assert written.read_text().startswith("# Performance")
