@@ -299,7 +299,7 @@ def test_runs_lists_every_run_when_together_they_exceed_a_frame(giant: Project) 
 def _legacy_run(project: Project, monkeypatch: pytest.MonkeyPatch) -> str:
     """A Run waiting on a 5 MB confirmation, journaled as an intloom without request limits
     did: the real Runtime and store, in this process, with the limit lifted."""
-    monkeypatch.setattr("intloom.executor.runtime.MAX_REQUEST_BYTES", 1 << 30, raising=False)
+    monkeypatch.setattr("intloom.executor.runtime.MAX_REQUEST_BYTES", 1 << 30)
 
     async def write() -> str:
         loaded = load_workflows(project.root, load_config(project.root))

@@ -31,7 +31,7 @@ def _asks() -> dict[str, LoadedWorkflow]:
 def test_a_stop_yields_to_the_event_loop_between_batches_of_runs(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(runtime_module, "_SUSPEND_BATCH", 10, raising=False)
+    monkeypatch.setattr(runtime_module, "_SUSPEND_BATCH", 10)
 
     async def go() -> None:
         rt = Runtime(_asks(), MemoryJournal(), package_version="0.1.0")
