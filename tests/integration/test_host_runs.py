@@ -57,7 +57,11 @@ GATED = textwrap.dedent('''
     def held_call(intent: str) -> str:
         with open(HERE / "calls.log", "a") as fh:
             fh.write(intent + "\\n")
+        deadline = time.monotonic() + 30  # longer than any test holds it
         while not (HERE / "gate").exists():
+            if time.monotonic() > deadline:  # fails the Run, with why, not a hang
+                raise TimeoutError(f"{HERE / 'gate'} was not created within 30 s: the test "
+                                   "holding this Step never let it go on")
             time.sleep(0.01)  # user code: an external call that takes a while
         return intent.upper()
 

@@ -81,7 +81,11 @@ GATE_STEP = textwrap.dedent('''
 
     def wait_for_gate() -> str:
         (HERE / "entered").touch()
+        deadline = time.monotonic() + 30  # longer than any test holds it
         while not (HERE / "gate").exists():
+            if time.monotonic() > deadline:  # fails the Run, with why, not a hang
+                raise TimeoutError(f"{HERE / 'gate'} was not created within 30 s: the test "
+                                   "holding this Step never let it go on")
             time.sleep(0.01)  # user code stuck in an external call
         return "done"
 
@@ -154,7 +158,11 @@ SLOW_IMPORT = textwrap.dedent('''
 
     HERE = Path(__file__).resolve().parent.parent
     (HERE / "importing").touch()
+    deadline = time.monotonic() + 30  # longer than any test holds it
     while not (HERE / "gate").exists():
+        if time.monotonic() > deadline:  # fails the start, with why, not a hang
+            raise TimeoutError(f"{HERE / 'gate'} was not created within 30 s: the test "
+                               "holding this import never let it go on")
         time.sleep(0.01)  # a Workflow module that takes a while to import
 
     from workflows.example import wf  # noqa: E402,F401
@@ -239,7 +247,11 @@ TO_THREAD_STEP = textwrap.dedent('''
 
     def blocking_call() -> None:
         (HERE / "entered").touch()
+        deadline = time.monotonic() + 30  # longer than the test waits for the host to exit
         while not (HERE / "gate").exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{HERE / 'gate'} was not created within 30 s: the test "
+                                   "holding this call never let it go on")
             time.sleep(0.01)  # user code stuck in an external call, on asyncio's executor
 
 
