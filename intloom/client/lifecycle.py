@@ -1160,6 +1160,9 @@ class _Asked(NamedTuple):
 
 # ``stop``'s deadline without --timeout, unless the host says its stop may take longer.
 _STOP_TIMEOUT: Final = 10.0
+# Test-only: that deadline in seconds instead, so a test of a stop that outlasts it need not
+# hold a host's stop past 10 s (the host's INTLOOM_TEST_SUSPEND_GRACE shortens the other side).
+STOP_TIMEOUT_ENV: Final = "INTLOOM_TEST_STOP_TIMEOUT"
 # ... and for a host still starting (importing its Workflows, restoring its Runs), which can
 # be asked to stop only once it serves: as long as ``start`` gives a host by default. With
 # 10 s, a stop during a slow import timed out, unsent, and the host then served on.
@@ -1168,6 +1171,16 @@ _STARTING: Final = "the host was still starting and never served requests"
 # A host on its way out also has only its lock, for a moment: one still seen so after this
 # long is starting, and the stop says what it waits for.
 _STARTING_SAID: Final = 0.5
+
+
+def _default_stop_timeout() -> float:
+    """``_STOP_TIMEOUT``, or ``STOP_TIMEOUT_ENV`` when that is a positive number of seconds (any
+    other value is ignored: a test hook must not fail a CLI)."""
+    try:
+        value = float(os.environ.get(STOP_TIMEOUT_ENV) or "nan")
+    except ValueError:
+        return _STOP_TIMEOUT
+    return value if 0 < value <= MAX_SECONDS else _STOP_TIMEOUT  # NaN compares False
 
 
 def _within(seconds: float | None) -> float | None:
@@ -1360,7 +1373,7 @@ def stop_service_report(root: str | os.PathLike[str], *, timeout: float | None =
 
     # The whole stop, the hello and the request included, keeps to ``timeout``.
     began = time.monotonic()
-    deadline = began + _checked_timeout(_STOP_TIMEOUT if timeout is None else timeout)
+    deadline = began + _checked_timeout(_default_stop_timeout() if timeout is None else timeout)
     root = resolved_root(root, "stop_service")
     paths = ProjectPaths(root)
     if root.is_file():  # intloom.toml itself: observing .intloom/ below it raised OSError
@@ -1402,7 +1415,7 @@ def stop_service_report(root: str | os.PathLike[str], *, timeout: float | None =
                 now_info = None
             if now_info is not None and now_info.instance_id == target.instance_id:
                 if timeout is None:  # from now on, as for a host found serving
-                    deadline = time.monotonic() + _STOP_TIMEOUT
+                    deadline = time.monotonic() + _default_stop_timeout()
                 asked = _request_stop(root, paths, target, deadline)
                 tried = True
                 # Its log says what the stop did to the Runs; unknown until it served.

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from intloom.client.client import Client
-from intloom.client.lifecycle import start_service
+from intloom.client.lifecycle import STOP_TIMEOUT_ENV, start_service
 from intloom.errors import IntloomError
 from tests.helpers import REPO, Project, eventually, foreground_host, ok, pid_alive
 from tests.integration.host_support import metadata, start, start_on_a_thread
@@ -329,13 +329,16 @@ def test_a_plain_stop_waits_as_long_as_the_host_says_its_stop_may_take(
 ) -> None:
     """``intloom stop`` without --timeout gave up after 10 s whatever the host's stop had to
     do: a host closing 30,000 new snapshots (or holding a Step for its grace) went on to stop
-    cleanly while the command reported CLI_SERVICE_TIMEOUT. Here the grace (12 s) holds the
-    stop past those 10 s: the stop that sent the request waits for the bound the host's reply
-    gave, and a second stop, refused at its hello as the host is stopping, for the bound
-    the host's log gave. Both report the stop, and the Run it cut."""
+    cleanly while the command reported CLI_SERVICE_TIMEOUT. Here the grace holds the stop
+    past the stop's own deadline (those 10 s, and the grace 12 s, scaled down by their test
+    hooks to 2 s and 5 s): the stop that sent the request waits for the bound the host's
+    reply gave, and a second stop, refused at its hello as the host is stopping, for the
+    bound the host's log gave. Both report the stop, and the Run it cut."""
     (project.root / "workflows" / "stuck.py").write_text(GATE_STEP)
     (project.root / "intloom.toml").write_text('workflows = ["workflows/stuck.py"]\n')
-    monkeypatch.setenv("INTLOOM_TEST_SUSPEND_GRACE", "12")
+    own, grace = 2, 5  # the stop's deadline without --timeout; the grace outlasts it
+    monkeypatch.setenv(STOP_TIMEOUT_ENV, str(own))
+    monkeypatch.setenv("INTLOOM_TEST_SUSPEND_GRACE", str(grace))
     service = start(project).service
     stops: list[Any] = []
     first = threading.Thread(target=lambda: stops.append(project.cli("stop", "--json")))
@@ -359,11 +362,26 @@ def test_a_plain_stop_waits_as_long_as_the_host_says_its_stop_may_take(
         lines = (project.state / "logs" / service.log_file).read_text().splitlines()
         stopping = next(e for e in map(json.loads, lines) if e["event"] == "service_stopping")
         # The grace, then closing connections and the store, then sealing the log.
-        assert stopping["within"] > 12 + 10, stopping
+        assert stopping["within"] > grace + 10, stopping
     finally:
         (project.root / "gate").touch()
         if first.is_alive():
             first.join(60)
+
+
+@pytest.mark.parametrize(("value", "seconds"), [
+    ("2", 2.0), ("0.5", 0.5), ("", 10.0), ("x", 10.0), ("0", 10.0), ("-1", 10.0),
+    ("nan", 10.0), ("inf", 10.0),
+])
+def test_the_stop_timeout_hook_takes_only_a_positive_number_of_seconds(
+    monkeypatch: pytest.MonkeyPatch, value: str, seconds: float
+) -> None:
+    """The hook the test above scales the stop's own deadline down with: anything but a
+    positive number of seconds leaves the 10 s (a test hook must not fail a CLI)."""
+    from intloom.client.lifecycle import _default_stop_timeout
+
+    monkeypatch.setenv(STOP_TIMEOUT_ENV, value)
+    assert _default_stop_timeout() == seconds
 
 
 IGNORED = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM, signal.SIGVTALRM, signal.SIGPROF)
