@@ -9,7 +9,9 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -187,8 +189,53 @@ def _as_is(path: Path) -> tuple[object, ...]:
     return st.st_mode, st.st_uid, st.st_ino, st.st_size, st.st_mtime_ns, body
 
 
+@pytest.fixture(scope="module")
+def _three_waiting_built(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Path, list[dict[str, Any]]]:
+    """A stopped project with three waiting Runs of the example, snapshotted by the stop,
+    built once for the module: the tree kept aside, and the three Runs' views."""
+    base = tmp_path_factory.mktemp("three-waiting")
+    builder = make_project(base)
+    try:
+        ok(builder.cli("start", "--json"))
+        runs = [ok(builder.cli("flow", "example", "--intent", f"r{i}", "--json"))["run"]
+                for i in range(3)]
+        ok(builder.cli("stop", "--json"))  # the stop snapshots the waiting Runs
+    finally:
+        builder.track_host()
+        builder.reap()
+    template = base / "template"
+    builder.root.rename(template)
+    return template, runs
+
+
+@pytest.fixture
+def three_waiting(
+    _three_waiting_built: tuple[Path, list[dict[str, Any]]],
+) -> Iterator[tuple[Project, list[dict[str, Any]]]]:
+    """A copy of the built project at the very path it was built in (its connection.json
+    names that root), as ``cp -a`` makes one (modes and times kept, links copied as links);
+    every host started for it is killed at teardown, then the copy and what a test put
+    beside it are removed."""
+    template, runs = _three_waiting_built
+    root = template.parent / "proj"
+    shutil.copytree(template, root, symlinks=True)
+    project = Project(root=root)
+    try:
+        yield project, json.loads(json.dumps(runs))
+    finally:
+        project.track_host()
+        project.reap()
+        shutil.rmtree(root)
+        for name in ("outside.snap", "outside.json"):
+            (template.parent / name).unlink(missing_ok=True)
+
+
 @pytest.mark.parametrize("kind", ["symlink", "directory", "fifo", "mode-0644", "other-owner"])
-def test_one_unusable_snapshot_holds_back_no_run(project: Project, kind: str) -> None:
+def test_one_unusable_snapshot_holds_back_no_run(
+    three_waiting: tuple[Project, list[dict[str, Any]]], kind: str
+) -> None:
     """One Run's snap/live/ file a link, a directory, a FIFO, open to others or another
     user's refused the whole store (STORAGE_ERROR at start, inspect and verify; status
     and doctor said start refuses): no Run restored. It is judged as a damaged snapshot
@@ -199,10 +246,7 @@ def test_one_unusable_snapshot_holds_back_no_run(project: Project, kind: str) ->
     from intloom.store.reader import verify_report
     from intloom.store.snapshots import snapshot_name
 
-    ok(project.cli("start", "--json"))
-    runs = [ok(project.cli("flow", "example", "--intent", f"r{i}", "--json"))["run"]
-            for i in range(3)]
-    ok(project.cli("stop", "--json"))  # the stop snapshots the waiting Runs
+    project, runs = three_waiting  # stopped, three Runs waiting, snapshotted by the stop
     victim = runs[1]
     name = snapshot_name(victim["runId"])
     rel = f"snap/live/{name}"
@@ -245,17 +289,16 @@ def test_one_unusable_snapshot_holds_back_no_run(project: Project, kind: str) ->
 
 
 @pytest.mark.parametrize("kind", ["symlink", "directory", "fifo", "mode-0644", "other-owner"])
-def test_an_unusable_manifest_holds_back_no_run(project: Project, kind: str) -> None:
+def test_an_unusable_manifest_holds_back_no_run(
+    three_waiting: tuple[Project, list[dict[str, Any]]], kind: str
+) -> None:
     """runtime/manifest.json a link, a directory, a FIFO, open to others or another user's
     refused the whole store (STORAGE_ERROR at start and inspect): no Run restored. The
     manifest only says which segments a restore may skip, so it is read past as a damaged
     one is: reported, never opened nor written over, every segment read instead."""
     if kind == "other-owner" and os.getuid() != 0:
         pytest.skip("chown to another user needs root")
-    ok(project.cli("start", "--json"))
-    runs = [ok(project.cli("flow", "example", "--intent", f"r{i}", "--json"))["run"]
-            for i in range(3)]
-    ok(project.cli("stop", "--json"))
+    project, runs = three_waiting  # stopped, three Runs waiting, snapshotted by the stop
     manifest = project.state / "runtime" / "manifest.json"
     outside = project.root.parent / "outside.json"
     fact = _plant(kind, manifest, outside)
