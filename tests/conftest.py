@@ -17,11 +17,23 @@ from tests.helpers import Project, make_project, reaped
 _SLICED_PORTS = range(10000, 32768)
 
 
+def _ctrl_c_as_a_terminal_gives_it() -> None:
+    """SIGINT back to Python's default when the suite was started with it ignored (``cmd &``
+    in a script, ``nohup``-like runners): every host and CLI a test launches inherits an
+    ignored SIGINT, a foreground host rightly keeps it so (Host.keep_ignored), and each
+    Ctrl-C test waited out its timeout and failed (15 of them, ~5 min). They are written for
+    a terminal's Ctrl-C, which is what this gives them; pytest's own Ctrl-C works again too."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    """Under pytest-xdist, each worker's hosts pick their ports from a slice of their own.
+    """Ctrl-C as a terminal gives it (above). Under pytest-xdist, each worker's hosts pick
+    their ports from a slice of their own.
     A host restarted on its project's saved port must find it free; with every worker's
     hosts drawing on the kernel's one ephemeral range, another worker's host could be
     listening there by then (a stray CLI_SERVICE_UNAVAILABLE, now and then)."""
+    _ctrl_c_as_a_terminal_gives_it()
     worker = os.environ.get("PYTEST_XDIST_WORKER")  # "gw0", "gw1", ...; unset when serial
     if worker is None or TEST_PORTS_ENV in os.environ:
         return
