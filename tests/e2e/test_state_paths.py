@@ -4,14 +4,15 @@ Real host and CLI; every file is checked byte-identical afterwards."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -27,12 +28,101 @@ from tests.helpers import (
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
+T = TypeVar("T")
 
-def test_a_logs_path_that_is_not_a_directory_is_reported_by_doctor_and_start(
-    project: Project,
-) -> None:
+
+# Most tests here need a project that has been through a start and a stop, some with Runs
+# left waiting, before they plant what they test. Each such state is built once per module
+# (every command checked as before) and each test gets a copy of it as ``cp -a`` makes one
+# (modes and times kept, links copied as links) at the very path it was built in: its
+# connection.json names that root, and a copy elsewhere is refused as a moved project.
+
+
+def _built(base: Path, steps: Callable[[Project], T]) -> tuple[Path, T]:
+    """The basic fixture project at ``base``/proj taken through ``steps``, then kept aside
+    as ``base``/template; and what ``steps`` returned."""
+    builder = make_project(base)
+    try:
+        made = steps(builder)
+    finally:
+        builder.track_host()
+        builder.reap()
+    template = base / "template"
+    builder.root.rename(template)
+    return template, made
+
+
+@contextlib.contextmanager
+def _copy_of(template: Path) -> Iterator[Project]:
+    """A copy of ``template`` where it was built; every host started for it is killed at
+    the end, then the copy and whatever a test put beside it are removed."""
+    root = template.parent / "proj"
+    shutil.copytree(template, root, symlinks=True)
+    project = Project(root=root)
+    try:
+        yield project
+    finally:
+        project.track_host()
+        project.reap()
+        for top, dirs, _ in os.walk(root):  # a test that failed may have left one 0500
+            for name in dirs:
+                if not os.path.islink(os.path.join(top, name)):
+                    os.chmod(os.path.join(top, name), 0o700)
+        for left in template.parent.iterdir():
+            if left != template:
+                if left.is_dir() and not left.is_symlink():
+                    shutil.rmtree(left)
+                else:
+                    left.unlink()
+
+
+def _start_and_stop(project: Project) -> None:
     ok(project.cli("start", "--json"))
     ok(project.cli("stop", "--json"))
+
+
+@pytest.fixture(scope="module")
+def _stopped_built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _built(tmp_path_factory.mktemp("stopped"), _start_and_stop)[0]
+
+
+@pytest.fixture
+def stopped(_stopped_built: Path) -> Iterator[Project]:
+    """A project started once and stopped: no Runs, one sealed host log."""
+    with _copy_of(_stopped_built) as project:
+        yield project
+
+
+def _three_flows(project: Project) -> list[dict[str, Any]]:
+    ok(project.cli("start", "--json"))
+    runs = [ok(project.cli("flow", "example", "--intent", f"r{i}", "--json"))["run"]
+            for i in range(3)]
+    ok(project.cli("stop", "--json"))  # the stop snapshots the waiting Runs
+    return runs
+
+
+@pytest.fixture(scope="module")
+def _three_waiting_built(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Path, list[dict[str, Any]]]:
+    return _built(tmp_path_factory.mktemp("three-waiting"), _three_flows)
+
+
+@pytest.fixture
+def three_waiting(
+    _three_waiting_built: tuple[Path, list[dict[str, Any]]],
+) -> Iterator[tuple[Project, list[dict[str, Any]]]]:
+    """A project started once, with three Runs of the example left waiting, then stopped
+    (the stop snapshots them); and the three Runs' views."""
+    template, runs = _three_waiting_built
+    with _copy_of(template) as project:
+        yield project, json.loads(json.dumps(runs))
+
+
+def test_a_logs_path_that_is_not_a_directory_is_reported_by_doctor_and_start(
+    stopped: Project,
+) -> None:
+    project = stopped  # started once and stopped
     logs = project.state / "logs"
     for log in logs.iterdir():
         log.chmod(0o600)
@@ -74,10 +164,9 @@ def test_journals_are_never_read_through_a_linked_state_directory(project: Proje
 
 @pytest.mark.parametrize("linked", [".intloom", ".intloom/logs"])
 def test_logs_are_never_read_through_a_linked_state_or_logs_directory(
-    project: Project, linked: str
+    stopped: Project, linked: str
 ) -> None:
-    ok(project.cli("start", "--json"))
-    ok(project.cli("stop", "--json"))
+    project = stopped  # started once and stopped
     path = project.root / linked
     real = project.root / "elsewhere"
     path.rename(real)
@@ -99,10 +188,9 @@ def test_logs_are_never_read_through_a_linked_state_or_logs_directory(
     ".intloom/runtime/snap", ".intloom/runtime/snap/live", ".intloom/runtime/snap/done",
 ])
 def test_status_does_not_send_to_a_start_that_refuses_a_loose_state_directory(
-    project: Project, loose: str
+    stopped: Project, loose: str
 ) -> None:
-    ok(project.cli("start", "--json"))
-    ok(project.cli("stop", "--json"))
+    project = stopped  # started once and stopped
     path = project.root / loose
     path.chmod(0o755)
     refused = project.cli("start")
@@ -119,11 +207,10 @@ def test_status_does_not_send_to_a_start_that_refuses_a_loose_state_directory(
     ok(project.cli("stop", "--json"))
 
 
-def test_doctor_flags_a_host_log_others_may_read(project: Project) -> None:
+def test_doctor_flags_a_host_log_others_may_read(stopped: Project) -> None:
     """A log holds what the Runs did (Step errors, reasons); DESIGN: every file is 0600. No
     start reads an old log again, so doctor is the only one to tell."""
-    ok(project.cli("start", "--json"))
-    ok(project.cli("stop", "--json"))
+    project = stopped  # started once and stopped
     [log] = (project.state / "logs").iterdir()
     sealed = log.stat().st_mode & 0o777
     log.chmod(0o644)
@@ -187,49 +274,6 @@ def _as_is(path: Path) -> tuple[object, ...]:
     body = (os.readlink(path) if os.path.islink(path) else
             path.read_bytes() if path.is_file() else None)
     return st.st_mode, st.st_uid, st.st_ino, st.st_size, st.st_mtime_ns, body
-
-
-@pytest.fixture(scope="module")
-def _three_waiting_built(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> tuple[Path, list[dict[str, Any]]]:
-    """A stopped project with three waiting Runs of the example, snapshotted by the stop,
-    built once for the module: the tree kept aside, and the three Runs' views."""
-    base = tmp_path_factory.mktemp("three-waiting")
-    builder = make_project(base)
-    try:
-        ok(builder.cli("start", "--json"))
-        runs = [ok(builder.cli("flow", "example", "--intent", f"r{i}", "--json"))["run"]
-                for i in range(3)]
-        ok(builder.cli("stop", "--json"))  # the stop snapshots the waiting Runs
-    finally:
-        builder.track_host()
-        builder.reap()
-    template = base / "template"
-    builder.root.rename(template)
-    return template, runs
-
-
-@pytest.fixture
-def three_waiting(
-    _three_waiting_built: tuple[Path, list[dict[str, Any]]],
-) -> Iterator[tuple[Project, list[dict[str, Any]]]]:
-    """A copy of the built project at the very path it was built in (its connection.json
-    names that root), as ``cp -a`` makes one (modes and times kept, links copied as links);
-    every host started for it is killed at teardown, then the copy and what a test put
-    beside it are removed."""
-    template, runs = _three_waiting_built
-    root = template.parent / "proj"
-    shutil.copytree(template, root, symlinks=True)
-    project = Project(root=root)
-    try:
-        yield project, json.loads(json.dumps(runs))
-    finally:
-        project.track_host()
-        project.reap()
-        shutil.rmtree(root)
-        for name in ("outside.snap", "outside.json"):
-            (template.parent / name).unlink(missing_ok=True)
 
 
 @pytest.mark.parametrize("kind", ["symlink", "directory", "fifo", "mode-0644", "other-owner"])
@@ -500,13 +544,12 @@ def _as_plain_user() -> list[str]:
 
 @pytest.mark.parametrize("where", [".intloom", ".intloom/logs", ".intloom/runtime/wal"])
 def test_doctor_reports_a_state_directory_it_cannot_write(
-    project: Project, where: str,
+    stopped: Project, where: str,
 ) -> None:
     """A .intloom/ directory made read-only (0500): start fails (STORAGE_ERROR,
     LOG_WRITE_FAILED), yet doctor said "ok: ... are private directories (0700) of yours"
     and exited 0. It now names the directory, its mode and the fix, and exits 3."""
-    ok(project.cli("start", "--json"))
-    ok(project.cli("stop", "--json"))
+    project = stopped  # started once and stopped
     path = project.root / where
     prefix = _as_plain_user()
     env = {**os.environ, "NO_COLOR": "1"}
