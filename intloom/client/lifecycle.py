@@ -42,6 +42,7 @@ from intloom.host.metadata import (
     Connection,
     ServiceInfo,
     ServiceLock,
+    read_connection,
     read_lock,
     read_service,
 )
@@ -262,11 +263,44 @@ def _released_by_stop(paths: ProjectPaths, info: ServiceInfo, deadline: float) -
 
 
 def _busy(paths: ProjectPaths) -> IntloomError:
-    return IntloomError(
-        "CLI_SERVICE_BUSY",
-        f"The project service is locked ({paths.service_lock} exists, and no live host "
-        "answers). Run intloom doctor; use intloom recover only after its owner has exited.",
-    )
+    message = (f"The project service is locked ({paths.service_lock} exists, and no live host "
+               "answers). Run intloom doctor; use intloom recover only after its owner has "
+               "exited.")
+    taken = _taken_after_exit(paths)
+    return IntloomError("CLI_SERVICE_BUSY", message if taken is None else f"{message} {taken}")
+
+
+def _taken_after_exit(paths: ProjectPaths) -> str | None:
+    """What stands in the way when every recorded owner has provably exited and another
+    program holds the project's saved port, in status's and doctor's words (the port, its
+    holder, the fix), or None. The refusal said only "locked ... run intloom doctor": the
+    recover it led to refuses on that port, and only status and doctor named its holder."""
+    from intloom.host.portholder import bind_refusal, port_holder
+
+    try:
+        lock = read_lock(paths.service_lock)
+        info = read_service(paths.service_json, paths.root)
+        conn = read_connection(paths.connection_json, paths.root)
+    except IntloomError:
+        return None  # doctor names the invalid file
+    owners: list[tuple[int, float, str | None]] = []
+    if lock is not None:
+        owners.append((lock.pid, lock.create_time, lock.boot_id))
+    if info is not None:
+        owners.append((info.pid, info.create_time, None))
+    if not owners or not all(_owner_gone(paths, *owner) for owner in owners):
+        return None
+    ports = [saved.port for saved in (conn, info) if saved is not None]
+    port = next((p for p in dict.fromkeys(ports) if bind_refusal(p) is not None), None)
+    if port is None:
+        return None
+    holder = port_holder(port) or f"not identified; find it with: ss -ltnp 'sport = :{port}'"
+    pids = ", ".join(sorted({str(pid) for pid, _, _ in owners}))
+    return (f"Its owner (pid {pids}) has exited, but port {port} on 127.0.0.1, this "
+            f"project's saved port, is in use by another process ({holder}): intloom recover "
+            "refuses while the port is taken, and a host cannot serve the project on it. Stop "
+            "that process (or wait until it has exited), then run intloom recover, then "
+            "intloom start.")
 
 
 def _still_starting(paths: ProjectPaths) -> IntloomError:

@@ -29,7 +29,7 @@ from intloom.host.liveness import (
 )
 from intloom.host.metadata import ServiceInfo, ServiceLock, boot_id, read_lock, read_service
 from intloom.host.observe import Observed, Snapshot, observe, observe_file
-from intloom.host.portholder import port_holder
+from intloom.host.portholder import bind_refusal, port_holder
 from intloom.project import ProjectPaths
 from intloom.protocol.messages import ServiceView
 
@@ -169,22 +169,6 @@ def judge_readable_owners(root: Path) -> list[Owner]:
         info = observe_file(paths.service_json, ServiceInfo, lambda p: read_service(p, root))
     snap = Snapshot(paths, lock, info, Observed(None, None))
     return judge_owners(snap, probe_lock(paths.service_lock))
-
-
-def bind_refusal(port: int) -> OSError | None:
-    """Why ``recover`` (or a start) could not bind 127.0.0.1:``port`` now, or None (bound,
-    never listened on): EADDRINUSE when another socket has it, else the bind's own refusal
-    (EACCES for a privileged port)."""
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        # As PortGuard binds: past TIME_WAIT leftovers, never beside a listener.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError as exc:
-            return exc
-    return None
 
 
 def port_free(port: int) -> bool:

@@ -16,7 +16,7 @@ from intloom.project import CONFIG_NAME
 if TYPE_CHECKING:
     import psutil
 
-__all__ = ["Listener", "describe", "listeners", "port_holder"]
+__all__ = ["Listener", "bind_refusal", "describe", "listeners", "port_holder"]
 
 
 class Listener(NamedTuple):
@@ -53,6 +53,22 @@ def listeners(port: int) -> list[Listener] | None:
         found.append(Listener(pid, _printable(name),
                               _served_project(proc) if proc is not None else None))
     return found
+
+
+def bind_refusal(port: int) -> OSError | None:
+    """Why ``recover`` (or a start) could not bind 127.0.0.1:``port`` now, or None (bound,
+    never listened on): EADDRINUSE when another socket has it, else the bind's own refusal
+    (EACCES for a privileged port)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # As PortGuard binds: past TIME_WAIT leftovers, never beside a listener.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError as exc:
+            return exc
+    return None
 
 
 def port_holder(port: int) -> str | None:

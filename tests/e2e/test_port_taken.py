@@ -253,3 +253,26 @@ def test_two_projects_set_to_one_port_name_the_project_that_holds_it(
     assert (f"), the intloom host of the project {project.root}, listens there (intloom "
             f"--project {project.root} stop frees it)") in message, message
     assert f"change port in {other.root / 'intloom.toml'}" in message, message
+
+
+def test_a_start_after_a_crash_names_the_program_on_the_saved_port(project: Project) -> None:
+    """After a SIGKILL, another program on the saved port: status and doctor named it, but
+    start said only "locked ... run intloom doctor", sending the reader to a recover that
+    refuses. The refusal now names the port, its holder and the way out; it touches
+    nothing."""
+    assert project.cli("start").code == 0
+    port = json.loads((project.state / "connection.json").read_text())["port"]
+    dead = project.kill_host()
+    before = snapshot_files(project.state)
+    with silent_listener(port):
+        refused = project.cli("start", "--json")
+    assert refused.code == 1, refused.stdout
+    error = refused.json["error"]
+    assert error["code"] == "CLI_SERVICE_BUSY"
+    message = error["message"]
+    assert "Run intloom doctor; use intloom recover only after its owner has exited" in message
+    assert f"Its owner (pid {dead}) has exited, but port {port} on 127.0.0.1" in message, message
+    assert f"in use by another process (pid {os.getpid()} ({psutil.Process().name()}))" in message
+    assert ("Stop that process (or wait until it has exited), then run intloom recover, then "
+            "intloom start.") in message, message
+    assert snapshot_files(project.state) == before  # nothing touched, no host launched
