@@ -578,6 +578,44 @@ def _from_answer(state: RunState) -> str | None:
             f"({_answer_gist(state.answer)}){since}")
 
 
+# How much of what a cancelled wait asked its cancel's message quotes (--json of the Run's
+# inspect shows all of it).
+_ASKED_GIST: Final = 120
+
+
+def _waited_on(state: RunState) -> str | None:
+    """The wait a cancel ends, when the Run waits on a person or a client Agent (what was
+    asked, by whom), else None: "The Run was stopped." alone left the person who had been
+    asked (or the Agent's owner) to find out that their answer or task was now refused."""
+    if state.status != "waiting":
+        return None
+    cursor = state.cursor
+    where = f"Step {cursor.stage}/{cursor.step}"
+    action, call = state.pending_action, state.pending_agent_call
+    if action is not None:
+        asked = action.request  # a confirmation's context, as intloom runs shows it
+        if action.kind == "confirmation" and isinstance(asked, dict) and "context" in asked:
+            asked = asked["context"]
+        return (f"{where} waited on {action.kind} {action.id} for a person "
+                f"({_gist(asked)}); that wait is ended, and an answer to it is refused")
+    if call is not None:
+        return (f"{where} waited on client Agent task {call.id} ({call.phase}, for Agent "
+                f"{call.agent_id!r}: {_gist(call.request)}); the task is withdrawn, and the "
+                "Agent's further requests for it are refused")
+    return None
+
+
+def _gist(request: Any) -> str:
+    """What a wait asked, as compact JSON cut to ``_ASKED_GIST`` characters."""
+    try:
+        text = msgspec.json.encode(request).decode()
+    except (TypeError, ValueError, UnicodeDecodeError):
+        text = repr(request)
+    if len(text) <= _ASKED_GIST:
+        return text
+    return f"{text[:_ASKED_GIST]}... ({len(text):,} characters)"
+
+
 def _answer_gist(answer: Any) -> str:
     """An accepted answer, as a refusal names it: its decision, never a person's text."""
     if isinstance(answer, dict) and isinstance(answer.get("isConfirmed"), bool):
@@ -1367,7 +1405,8 @@ class Runtime:
                     # A Tool call or on_complete goes on after the cancel (user code is never
                     # stopped mid-call): named as a stop names it, not left to "stopped.".
                     cut = next((what for working, what in self._agent_work.values()
-                                if working == run_id), _from_answer(slot.state))
+                                if working == run_id),
+                               _from_answer(slot.state) or _waited_on(slot.state))
         if ended:
             if slot.shown.phase != "terminal":
                 # Another request (a cancel, or the Run's own last Step) appended the end and

@@ -42,8 +42,11 @@ def test_defaults_are_printed_not_left_out(soak_project: Project) -> None:
         ("topic", False), ("note", True)]
 
     cancelled = _json(project, "cancel", asked["runId"])["run"]
-    assert cancelled["lastError"] == {"code": "RUN_STOPPED", "message": "The Run was stopped.",
-                                      "retryable": False}
+    error = cancelled["lastError"]
+    assert error.keys() == {"code", "message", "retryable"}, error
+    assert (error["code"], error["retryable"]) == ("RUN_STOPPED", False), error
+    # The message names the wait the cancel ended (test_cancel_names_the_wait).
+    assert error["message"].startswith("The Run was stopped while Step "), error
     status = _json(project, "status")["service"]
     assert status.keys() >= SERVICE_KEYS and status["failedRuns"] == 1
     assert status["runningRuns"] == status["waitingRuns"] == status["completedRuns"] == 0
