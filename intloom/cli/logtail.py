@@ -20,6 +20,7 @@ __all__ = ["LogTail", "log_files", "scan_logs", "unlistable"]
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 Skipped = Callable[[Path, str], None]  # a log-named entry that is no log, and what it is
+Foreign = Callable[[Path], None]  # an entry under a name no host writes in logs/
 Refused = Callable[[Path, OSError], None]  # a log file the OS would not open, and its error
 Reread = Callable[[Path, str], None]  # a followed file read again from its start, and why
 
@@ -39,22 +40,27 @@ def _not_regular(mode: int) -> str:
     return "of an unknown kind"
 
 
-def scan_logs(logs_dir: Path) -> tuple[list[Path], list[tuple[Path, str]]]:
-    """The log files, oldest first (their names sort by UTC time), and the entries named
-    like one that are not regular files, with what each is: never opened or followed (a
-    FIFO would block a reader, a link may lead anywhere), but named, not passed over."""
+def scan_logs(logs_dir: Path) -> tuple[list[Path], list[tuple[Path, str]], list[Path]]:
+    """The log files, oldest first (their names sort by UTC time); the entries named like
+    one that are not regular files, with what each is: never opened or followed (a FIFO
+    would block a reader, a link may lead anywhere), but named, not passed over; and the
+    entries under a name no host writes there (not ``LOG-*.jsonl``; dot names left out, as
+    the store's check leaves them), sorted: never read, but named too."""
     try:
         names = os.listdir(logs_dir)
     except (FileNotFoundError, NotADirectoryError):
-        return [], []
+        return [], [], []
     except OSError as exc:
         # Unhandled, a logs/ (or .intloom/) its user may not read or search ended intloom
         # logs with CLI_INTERNAL_ERROR, exit 70.
         raise unlistable(logs_dir, exc) from None
     found: list[Path] = []
     skipped: list[tuple[Path, str]] = []
+    foreign: list[Path] = []
     for name in names:
         if not (name.startswith("LOG-") and name.endswith(".jsonl")):
+            if not name.startswith("."):
+                foreign.append(logs_dir / name)
             continue
         path = logs_dir / name
         try:
@@ -65,7 +71,7 @@ def scan_logs(logs_dir: Path) -> tuple[list[Path], list[tuple[Path, str]]]:
             found.append(path)
         else:
             skipped.append((path, _not_regular(mode)))
-    return sorted(found), sorted(skipped)
+    return sorted(found), sorted(skipped), sorted(foreign)
 
 
 def unlistable(logs_dir: Path, exc: OSError) -> IntloomError:
@@ -101,13 +107,17 @@ class LogTail:
     hand or by a ``copytruncate`` rotation) or that another file replaced is read again from
     its start, and handed to ``on_reread`` with what happened to it. A log file that cannot
     be opened (EACCES: mode 0000, another user's) is handed to ``on_refused`` once, with the
-    error: it was passed over in silence, as if it were empty.
+    error: it was passed over in silence, as if it were empty. An entry under a name no host
+    writes there (notes.txt, a renamed copy) is handed to ``on_foreign`` once: it too was
+    passed over in silence.
     """
 
     def __init__(self, logs_dir: Path, emit: Callable[[str], None], *, all_files: bool,
                  on_skipped: Skipped | None = None, newest: Path | None = None,
-                 on_reread: Reread | None = None, on_refused: Refused | None = None) -> None:
+                 on_reread: Reread | None = None, on_refused: Refused | None = None,
+                 on_foreign: Foreign | None = None) -> None:
         self._dir = logs_dir
+        self._on_foreign = on_foreign
         self._on_refused = on_refused
         self._emit = emit
         self._on_skipped = on_skipped
@@ -137,9 +147,13 @@ class LogTail:
             self._on_skipped(path, what)
 
     def _scan(self) -> list[Path]:
-        found, skipped = scan_logs(self._dir)
+        found, skipped, foreign = scan_logs(self._dir)
         for path, what in skipped:
             self._skip(path, what)
+        for path in foreign:
+            if path not in self._reported and self._on_foreign is not None:
+                self._reported.add(path)
+                self._on_foreign(path)
         return sorted(found, key=lambda path: (path == self._newest, path))
 
     def pump(self) -> None:

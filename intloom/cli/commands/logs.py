@@ -128,6 +128,20 @@ def _skipped(renderer: Renderer, root: Path) -> Callable[[Path, str], None]:
     return report
 
 
+def _foreign(renderer: Renderer, root: Path) -> Callable[[Path], None]:
+    """An ``on_foreign`` for LogTail: an entry in ``.intloom/logs/`` under a name no host
+    writes is named, on stderr or as a record of the --json stream, as the other commands
+    name unexpected files (kept as they are); it was passed over in silence."""
+
+    def report(path: Path) -> None:
+        fact = "it is not a log intloom writes (a host writes only LOG-<UTC>.jsonl there)"
+        _file_note(renderer, root, "unexpected_file", path, fact, lambda shown: (
+            f"Passed over {shown}: {fact}; intloom logs does not read it and left it as it "
+            "is. Move it out of .intloom/logs/ unless you need it there."))
+
+    return report
+
+
 def _file_note(renderer: Renderer, root: Path, event: str, path: Path, fact: str,
                text: Callable[[str], str]) -> None:
     """What happened to a log file: a warning record of the --json stream, or ``text`` (given
@@ -297,7 +311,7 @@ def logs(
 
     tail = LogTail(logs_dir, emit, all_files=all_files, on_skipped=_skipped(renderer, root),
                    newest=_hosts_log(root, logs_dir), on_reread=_reread(renderer, root),
-                   on_refused=on_refused)
+                   on_refused=on_refused, on_foreign=_foreign(renderer, root))
     tails.append(tail)
     if follow:
         # The backlog too: Ctrl-C while it still printed (a long log, a slow reader) ended
