@@ -244,7 +244,10 @@ class IntloomError(Exception):
         self.here = here if isinstance(here, str) else self.message
 
     def __repr__(self) -> str:
-        return f"IntloomError({self.code!r}, {self.message!r})"
+        # Its own class: a HelloFailed or a DefinitionError read "IntloomError(...)" in a
+        # traceback's chained cause, a log's %r or a REPL, so except clauses for the subclass
+        # looked wrong beside it.
+        return f"{type(self).__name__}({self.code!r}, {self.message!r})"
 
 
 def error_view(code: str, message: str | None = None) -> ErrorView:

@@ -212,6 +212,9 @@ def test_a_hello_failure_keeps_its_words_across_processes(
     assert type(got) is HelloFailed
     assert (got.code, got.message, got.cause, got.retryable, got.here, str(got)) == (
         sent.code, sent.message, sent.cause, sent.retryable, sent.here, str(sent))
+    # Its repr names its own class: it read "IntloomError(...)" in a log's %r or a REPL.
+    assert repr(sent) == f"HelloFailed('CLI_SERVICE_UNAVAILABLE', {sent.message!r})"
+    assert repr(got) == repr(sent)
 
 
 def test_a_request_past_its_timeout_leaves_the_client_able_to_follow_the_run(
