@@ -46,6 +46,7 @@ __all__ = [
     "read_refusal",
     "replace_file",
     "replace_files",
+    "search_refusal",
     "search_refused",
     "shell_arg",
     "unlink_fix",
@@ -68,10 +69,14 @@ _APPEND_FL: Final = 0x20
 class PrivacyError(Exception):
     """A path is not the private, regular, user-owned thing it must be. ``fact`` says why."""
 
-    def __init__(self, path: Path, fact: str, fix: str | None = None) -> None:
+    def __init__(self, path: Path, fact: str, fix: str | None = None, *,
+                 unseen: bool = False) -> None:
         self.path = path
         self.fact = fact
         self.fix = fix  # privacy_fix's words, when the fact alone does not give them
+        # A directory on the way refused the look-up: whether ``path`` exists is unknown, so
+        # nothing is said to have been "left as it is" of it.
+        self.unseen = unseen
         super().__init__(f"{path}: {fact}")
 
 
@@ -341,6 +346,11 @@ def search_refused(path: Path) -> str | None:
     return None if found is None else f"{found[0]}. {found[1]}"
 
 
+def search_refusal(path: Path) -> tuple[str, str] | None:
+    """``search_refused``'s fact and fix, apart (the fix without a full stop)."""
+    return _search_refusal(path)
+
+
 def _search_refusal(path: Path) -> tuple[str, str] | None:
     """``search_refused``'s fact and fix, apart."""
     here = Path(path.anchor or "/")
@@ -354,11 +364,12 @@ def _search_refusal(path: Path) -> tuple[str, str] | None:
             except OSError:
                 return None
             mode, who = stat.S_IMODE(st.st_mode), os.geteuid()
-            bit = "o+x" if who != st.st_uid else "u+x"
-            return (f"{here} (mode {mode:04o}, owner uid {st.st_uid}) does not let this user "
-                    f"(uid {who}) search it, so nothing under it can be looked at",
-                    f"Have its owner grant search (chmod {bit} {shell_arg(here)}, or g+x for "
-                    "a group you are in), or run as a user who may")
+            fact = (f"{here} (mode {mode:04o}, owner uid {st.st_uid}) does not let this user "
+                    f"(uid {who}) search it, so nothing under it can be looked at")
+            if who == st.st_uid:  # "have its owner grant" told its owner to ask someone
+                return fact, f"Run chmod u+x {shell_arg(here)}"
+            return (fact, f"Have its owner grant search (chmod o+x {shell_arg(here)}, or g+x "
+                    "for a group you are in), or run as a user who may")
         except OSError:
             return None
         here = step
@@ -586,8 +597,16 @@ def read_private(path: Path, *, max_bytes: int | None = 1 << 20) -> bytes | None
         if exc.errno == errno.ELOOP or os.path.islink(path):
             raise PrivacyError(path, "is a symbolic link; intloom never follows links") from None
         if isinstance(exc, PermissionError):
+            searched = _search_refusal(path)
+            if searched is not None:
+                # A directory on the way may not be searched: whether the file is there at
+                # all cannot be told. "service.lock cannot be opened" was said of a file
+                # that did not exist, and the directory at fault came second.
+                fact, fix = searched
+                raise PrivacyError(path, f"cannot be looked at, nor can whether it exists: "
+                                   f"{fact}", f"{fix}, then try again", unseen=True) from None
             # "cannot be opened: Permission denied ... Check it (ls -l)" pointed at the file
-            # when the refusal was its mode, or a .intloom/ this user may not search.
+            # when the refusal was its mode.
             fact, fix = read_refusal(path)
             raise PrivacyError(path, f"cannot be opened: {exc.strerror}: {fact}",
                                f"{fix}, then try again") from None

@@ -40,6 +40,7 @@ from intloom.fsutil import (
     check_private_dir,
     file_problem,
     privacy_fix,
+    search_refusal,
     shell_arg,
     unlink_refusal,
     write_refusal,
@@ -373,12 +374,22 @@ class _Context(msgspec.Struct, frozen=True):
     host_pid: int | None = None  # the running host's, when it answered
 
 
+def _keep_it(path: Path) -> str:
+    """The next step for a metadata file that is a problem: KEEP_IT, or, when a directory on
+    the way may not be searched (so the file may not even exist), that directory's fix:
+    "intloom keeps it exactly as it is" was said of a file none could see."""
+    refused = search_refusal(path)
+    if refused is None:
+        return KEEP_IT
+    return f"{refused[1]}, then run intloom doctor again; nothing was changed."
+
+
 def _owner_check(
     check_id: str, name: str, path: Path, owner: Owner | None, problem: str | None,
     ctx: _Context,
 ) -> Check:
     if problem is not None:
-        return Check(check_id, "attention", problem, KEEP_IT)
+        return Check(check_id, "attention", problem, _keep_it(path))
     if owner is None:
         if path.exists() or path.is_symlink():
             # Fail closed: a file that is there is never reported absent.
@@ -597,7 +608,7 @@ def _connection_check(root: Path, has_owners: bool, running: bool = False,
     try:
         conn: Connection | None = read_connection(paths.connection_json, root)
     except IntloomError as exc:
-        return Check("connection", "attention", exc.here, KEEP_IT)
+        return Check("connection", "attention", exc.here, _keep_it(paths.connection_json))
     if conn is None and has_owners:
         return Check(
             "connection", "attention",
@@ -691,6 +702,21 @@ def _with_host(root: Path, service: ServiceView, check: Check,
 
 
 def _temp_files_check(paths: ProjectPaths) -> Check:
+    try:
+        os.listdir(paths.state)
+    except PermissionError:
+        # "ok: No temp file ... is left" was said of a .intloom/ that could not be listed.
+        from intloom.fsutil import read_refusal  # only on this refusal
+
+        fact, fix = read_refusal(paths.state)
+        if fix.startswith("Run chmod u+r "):  # a directory is listed with r, searched with x
+            fix = f"Run chmod 700 {shell_arg(paths.state)}"
+        return Check("temp_files", "not_checked",
+                     f"Temp files an interrupted write left in .intloom/ cannot be looked for: "
+                     f"{fact}, so it cannot be listed.", f"{fix}, then run intloom doctor "
+                     "again; nothing was changed.")
+    except OSError:
+        pass  # absent (nothing was ever written there) or no directory: runtime_dir says so
     left, unsure = metadata_temps(paths)
     if not left and not unsure:
         return Check("temp_files", "ok",

@@ -127,7 +127,8 @@ def privacy_invalid(exc: PrivacyError) -> IntloomError:
     with the fix its fact calls for."""
     return IntloomError(
         "CLI_SERVICE_METADATA_INVALID",
-        f"{exc.path} {exc.fact}. It was left as it is. {privacy_fix(exc)}.",
+        f"{exc.path} {exc.fact}. "
+        f"{'Nothing was changed' if exc.unseen else 'It was left as it is'}. {privacy_fix(exc)}.",
     )
 
 

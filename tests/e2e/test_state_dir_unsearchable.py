@@ -131,3 +131,50 @@ def test_metadata_that_cannot_be_opened_names_why_and_the_chmod(
     finally:
         target.chmod(0o700 if where == ".intloom" else 0o600)
     assert not (project.state / "service.lock").exists()
+
+
+def test_doctor_names_the_unsearchable_state_directory_not_files_it_cannot_see(
+    project: Project,
+) -> None:
+    """.intloom/ at mode 0000 after a clean stop (no service.lock, no service.json): doctor
+    said "service.lock cannot be opened: Permission denied" of files that did not exist,
+    "intloom keeps it exactly as it is" of them, and "ok: No temp file ... is left in
+    .intloom/" of a directory it could not list. It now says that the directory may not be
+    searched, so whether each file exists cannot be told, with the chmod as the next step,
+    and the temp-file check is not_checked."""
+    ok(project.cli("start", "--json"))
+    ok(project.cli("stop", "--json"))
+    assert not (project.state / "service.lock").exists()
+    state = project.state
+    state.chmod(0)
+    try:
+        doctor = cli_as_a_user(project, "doctor", "--json")
+        status = cli_as_a_user(project, "status", "--json")
+    finally:
+        state.chmod(0o700)
+    assert doctor.code in (3, 4), doctor
+    checks = {c["id"]: c for c in doctor.json["checks"]}
+    refusal = f"{state} (mode 0000, owner uid {os.getuid()}) does not let this user"
+    for check_id, name in (("owner.service_lock", "service.lock"),
+                           ("owner.service_json", "service.json"),
+                           ("connection", "connection.json")):
+        check = checks[check_id]
+        assert check["status"] == "attention", check
+        message = check["message"]
+        assert message.startswith(
+            f"{state / name} cannot be looked at, nor can whether it exists: {refusal}"), check
+        assert "cannot be opened" not in message and "left as it is" not in message, check
+        assert check["next"] == (f"Run chmod u+x {state}, then run intloom doctor again; "
+                                 "nothing was changed."), check
+    temps = checks["temp_files"]
+    assert temps["status"] == "not_checked", temps
+    assert f"{state} is not readable by you (mode 0000), so it cannot be listed" in (
+        temps["message"]), temps
+    assert temps["next"].startswith(f"Run chmod 700 {state}, then run intloom doctor"), temps
+
+    assert status.code == 1, status
+    error = status.json["error"]
+    assert error["code"] == "CLI_SERVICE_METADATA_INVALID", error
+    assert "cannot be opened" not in error["message"], error
+    assert f"Nothing was changed. Run chmod u+x {state}, then try again." in error["message"]
+    assert not (state / "service.lock").exists()  # nothing was created
