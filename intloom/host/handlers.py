@@ -182,7 +182,14 @@ class Handlers:
         if not events.done and slot.ended():
             # The Run ended before the follower came (or while its history was read): say so
             # explicitly, so a follower never waits on a closed stream.
-            events.end(history[-1].run if history else self.runtime.get(run_id))
+            # At the time of the last event shown, when it has its own: a Run restored as
+            # interrupted ends at its ``restored`` event, and its view's updatedAt (its last
+            # record's, from before the crash) put the end line before that event.
+            last = history[-1] if history else None
+            at = last.detail.get("at") if last is not None and isinstance(
+                last.detail, dict) else None
+            events.end(last.run if last is not None else self.runtime.get(run_id),
+                       at if isinstance(at, str) else None)
         return events.close
 
 
@@ -226,9 +233,12 @@ class _Events:
         self.first = False
         self.send(events)
 
-    def end(self, run: RunView) -> None:
+    def end(self, run: RunView, at: str | None = None) -> None:
+        """The event that says the Run has ended; ``at``: its time, when it is not the
+        view's updatedAt (an event that is no record has its own, as ``restored`` does)."""
         self.close()
-        self.send([RunEvent(run=run, event="end", final=True)])
+        self.send([RunEvent(run=run, event="end", final=True,
+                            detail=None if at is None else {"at": at})])
 
     def close(self) -> None:
         self.done = True

@@ -50,3 +50,25 @@ def test_inspect_of_a_run_whose_host_is_gone_agrees_with_runs(soak_project: Proj
     text = project.cli("inspect", live["runId"]).stdout
     assert text.splitlines()[0].startswith(f"Run {live['runId']} · waiting · "), text
     ok(project.cli("stop", "--json"))
+
+
+def test_attach_of_an_interrupted_run_never_goes_back_in_time(soak_project: Project) -> None:
+    """attach of a Run restored as RUN_INTERRUPTED: its history ended with an ``end`` line
+    at the Run's updatedAt (its last record's, from before the crash), earlier than the
+    ``restored`` line above it. The end now carries the time of the event it follows."""
+    project = soak_project
+    ok(project.cli("start", "--json"))
+    run_id = ok(project.cli("flow", "soak-ask", "--intent", "cut", "--json"))["run"]["runId"]
+    project.kill_host()
+    ok(project.cli("recover", "--json"))
+    ok(project.cli("start", "--json"))
+
+    shown = project.cli("attach", run_id)
+    assert shown.code == 1, shown  # interrupted: failed
+    events = [line.split()[:2] for line in shown.stdout.splitlines()
+              if line[:4].isdigit() and "T" in line[:11]]
+    names = [name for _, name in events]
+    assert names[-2:] == ["restored", "end"], shown.stdout
+    times = [at for at, _ in events]
+    assert times == sorted(times), shown.stdout  # ISO-8601 UTC: text order is time order
+    assert times[-1] == times[-2], shown.stdout  # the end is the restore's
