@@ -348,8 +348,10 @@ def test_ctrl_c_or_sigterm_while_flow_waits_says_the_run_goes_on(
     # Silence left people guessing whether the Run was lost with the command.
     # The CLI ran with --project, from a working directory outside the project.
     assert "goes on in the host" in err, err
-    assert f"intloom --project {shlex.quote(str(proj.root))} runs" in err, err
+    assert f"intloom --project {shlex.quote(str(proj.root))} runs --flow reference" in err, err
     assert len(err.splitlines()) == 1, err  # said once: not followed by "Interrupted."
+    # No reply, so no id: "attach RUN" read as an id to copy; it is said to be unknown.
+    assert "attach RUN" not in err and "its id is not known here" in err, err
     [run] = ok(proj.cli("runs", "--json"))["runs"]
     assert run["status"] == "running"
     hold.unlink()

@@ -88,11 +88,16 @@ def flow(
                     raise
                 raise _not_loaded(state, client, exc) from None
     except KeyboardInterrupt:
-        # Ctrl-C ends the wait, not the Run; the id is not known before the reply.
+        # Ctrl-C ends the wait, not the Run; the id is not known before the reply, and
+        # "attach RUN" read as a Run's id to copy.
+        from intloom.fsutil import shell_arg
+
         intloom = state.intloom()
         raise Interrupted(
             f"Stopped waiting ({state.stopped_by()}). A Run this command created goes on in "
-            f"the host: {intloom} runs lists it, and {intloom} attach RUN follows it."
+            "the host, but its id is not known here: the host had not replied yet. "
+            f"{intloom} runs --flow {shell_arg(workflow)} lists it with its id (the newest "
+            f"one, if you started no other); {intloom} attach with that id follows it."
         ) from None
     # Only a start restores a Run RUN_INTERRUPTED, so a Run created here that reads so was
     # suspended by its host (intloom stop while it ran): it has not ended.
