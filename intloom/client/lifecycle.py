@@ -270,11 +270,12 @@ def _busy(paths: ProjectPaths) -> IntloomError:
     return IntloomError("CLI_SERVICE_BUSY", message if taken is None else f"{message} {taken}")
 
 
-def _taken_after_exit(paths: ProjectPaths) -> str | None:
+def _taken_after_exit(paths: ProjectPaths, *, lead: bool = True) -> str | None:
     """What stands in the way when every recorded owner has provably exited and another
     program holds the project's saved port, in status's and doctor's words (the port, its
     holder, the fix), or None. The refusal said only "locked ... run intloom doctor": the
-    recover it led to refuses on that port, and only status and doctor named its holder."""
+    recover it led to refuses on that port, and only status and doctor named its holder.
+    ``lead=False`` leaves out that the owner has exited, for a message that said so."""
     from intloom.host.portholder import bind_refusal, port_holder
 
     try:
@@ -296,7 +297,8 @@ def _taken_after_exit(paths: ProjectPaths) -> str | None:
         return None
     holder = port_holder(port) or f"not identified; find it with: ss -ltnp 'sport = :{port}'"
     pids = ", ".join(sorted({str(pid) for pid, _, _ in owners}))
-    return (f"Its owner (pid {pids}) has exited, but port {port} on 127.0.0.1, this "
+    start = f"Its owner (pid {pids}) has exited, but port" if lead else "But port"
+    return (f"{start} {port} on 127.0.0.1, this "
             f"project's saved port, is in use by another process ({holder}): intloom recover "
             "refuses while the port is taken, and a host cannot serve the project on it. Stop "
             "that process (or wait until it has exited), then run intloom recover, then "
@@ -1095,8 +1097,12 @@ def _unverified(paths: ProjectPaths, target: _Target, asked: _Asked,
     else:
         why = "it was killed or crashed"
     names = " and ".join(f"{paths.state.name}/{path.name}" for path in left)
+    # Another program on the saved port makes the recover this sends the reader to refuse:
+    # named, as start, status and doctor name it.
+    taken = None if kept or asked.stopping else _taken_after_exit(paths, lead=False)
     return (f"{_STOP_UNVERIFIED} Its host (pid {target.pid}) has exited and left "
-            f"{names} behind: {why}. Every file was left as it is.")
+            f"{names} behind: {why}. Every file was left as it is."
+            + ("" if taken is None else f" {taken}"))
 
 
 def _unremovable(left: list[Path], them: str, state: str) -> str:

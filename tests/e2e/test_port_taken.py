@@ -276,3 +276,24 @@ def test_a_start_after_a_crash_names_the_program_on_the_saved_port(project: Proj
     assert ("Stop that process (or wait until it has exited), then run intloom recover, then "
             "intloom start.") in message, message
     assert snapshot_files(project.state) == before  # nothing touched, no host launched
+
+
+def test_a_stop_after_a_crash_names_the_program_on_the_saved_port(project: Project) -> None:
+    """The same for stop: "Its host has exited ... Run intloom doctor and explicitly recover"
+    led to a recover that refuses on the taken port; the program is now named too."""
+    assert project.cli("start").code == 0
+    port = json.loads((project.state / "connection.json").read_text())["port"]
+    dead = project.kill_host()
+    before = snapshot_files(project.state)
+    with silent_listener(port):
+        refused = project.cli("stop", "--json")
+    assert refused.code == 1, refused.stdout
+    error = refused.json["error"]
+    assert error["code"] == "CLI_SERVICE_BUSY"
+    message = error["message"]
+    assert f"Its host (pid {dead}) has exited and left" in message, message
+    assert (f"it was killed or crashed. Every file was left as it is. But port {port} on "
+            "127.0.0.1, this project's saved port, is in use by another process (pid "
+            f"{os.getpid()} ({psutil.Process().name()}))") in message, message
+    assert "Stop that process (or wait until it has exited), then run intloom recover" in message
+    assert snapshot_files(project.state) == before
