@@ -624,7 +624,12 @@ What is left, from profiles taken while building this harness (`py-spy`, `cProfi
   `O_DSYNC` or `RWF_DSYNC`). Preallocated segments would take ~40 µs off a lone Run's Step,
   lifting the peer ratio to ~6-8×, but lower the 64-Run ratio by as much (next point: ~8×
   to ~6.3×), and a zero tail and a torn write inside it are a reader format change; not
-  done. Handing each batch to the store's thread as soon as it forms, so that the loop runs
+  done. A prototype (zero-filled 1 MiB ahead of the write position, frames written with `pwrite`
+  over the zeros, benchmarks only) measured that trade on 2026-12-03, alternating with the
+  code of the day: `peers` 5.83× async and 6.66× sync against 4.90-5.40× and 4.29-5.18×,
+  `steps` 0.81-0.89× the append floor against 1.20-1.21×, and `concurrency` 6.34-6.58×
+  async against 7.88-8.30× (64 Runs stayed at ~21-23 µs of CPU per Step either way).
+  Handing each batch to the store's thread as soon as it forms, so that the loop runs
   other Runs' Steps during the fdatasync, measured worse with 64 async Runs (34,300-37,900
   Steps/s against 35,000-43,400 for the loop's own flush, alternating processes): more
   flushes and thread wake-ups per Step.
