@@ -235,19 +235,23 @@ class IntloomError(Exception):
         return ErrorView(code=self.code, message=self.message, retryable=self.retryable)
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (self.code, self.message),
-                {"retryable": self.retryable, "here": self.here})
-
-    def __setstate__(self, state: dict[str, object] | None) -> None:
-        self.retryable = bool((state or {}).get("retryable", False))
-        here = (state or {}).get("here")
-        self.here = here if isinstance(here, str) else self.message
+        # Rebuilt without calling __init__, whose signature is each subclass's own: calling
+        # it with (code, message) could not rebuild a UsageError (one argument), and lost
+        # what a subclass keeps beside them (a DefinitionError's ``at``).
+        return (_rebuilt, (type(self), self.args), dict(self.__dict__))
 
     def __repr__(self) -> str:
         # Its own class: a HelloFailed or a DefinitionError read "IntloomError(...)" in a
         # traceback's chained cause, a log's %r or a REPL, so except clauses for the subclass
         # looked wrong beside it.
         return f"{type(self).__name__}({self.code!r}, {self.message!r})"
+
+
+def _rebuilt(cls: type[IntloomError], args: tuple[object, ...]) -> IntloomError:
+    """An IntloomError (of any subclass) as pickled, before its attributes are set back."""
+    error = cls.__new__(cls)
+    Exception.__init__(error, *args)
+    return error
 
 
 def error_view(code: str, message: str | None = None) -> ErrorView:

@@ -121,12 +121,6 @@ class HelloFailed(IntloomError):
         super().__init__("CLI_SERVICE_UNAVAILABLE", message, here=here)
         self.cause = cause
 
-    def __reduce__(self) -> tuple[object, ...]:
-        # IntloomError's would call this __init__ with (code, message): a process pool's
-        # worker handed back the code as the message and the message as the cause.
-        return (type(self), (self.message, self.cause),
-                {"retryable": self.retryable, "here": self.here})
-
 
 def _offline(paths: ProjectPaths, message: str | None, *,
              service_json_gone: bool = False) -> IntloomError:
