@@ -465,8 +465,7 @@ def _main(state: CliState, args: list[str]) -> int:
         return exit_codes.OK
     except ClickException as exc:
         message = _misplaced_option(exc, args, command) or _usage_message(exc, name)
-        state.renderer.error(error_view("INVALID_REQUEST", message))
-        return exit_codes.USAGE
+        return _failed(state, error_view("INVALID_REQUEST", message), exit_codes.USAGE)
     except IntloomError as exc:
         view = exc.view()
         # An id or name typed on the command line, of a megabyte say, is quoted by its start
@@ -475,9 +474,7 @@ def _main(state: CliState, args: list[str]) -> int:
         message = quoting_bounded(view.message, args, longer_than=_PATH_MAX)
         if message != view.message:
             view = ErrorView(code=view.code, message=message, retryable=view.retryable)
-        state.renderer.error(view)
-        _say_where(state)
-        return exit_codes.for_exception(exc)
+        return _failed(state, view, exit_codes.for_exception(exc), where=True)
     except (KeyboardInterrupt, typer.Abort) as exc:
         if state.reader_gone:
             return _reader_gone(state)  # its wait ended for that (readerwatch): no Ctrl-C
@@ -503,14 +500,15 @@ def _main(state: CliState, args: list[str]) -> int:
             raise
         if state.debug:
             traceback.print_exc(file=sys.stderr)
-        state.renderer.error(
+        return _failed(
+            state,
             error_view(
                 "CLI_INTERNAL_ERROR",
                 "The local operation failed. Rerun with --debug to see the traceback, "
                 "and report it.",
-            )
+            ),
+            exit_codes.for_exception(exc),
         )
-        return exit_codes.for_exception(exc)
     code = result if isinstance(result, int) else exit_codes.OK
     if state.reader_gone:
         _reader_gone(state)  # the wait ended for that (readerwatch): nobody to tell where
@@ -521,6 +519,20 @@ def _main(state: CliState, args: list[str]) -> int:
         return _reader_gone(state)
     # attach detaches on a SIGTERM as on Ctrl-C, but whoever sent it learns it took.
     return exit_codes.TERMINATED if state.terminated and code == exit_codes.OK else code
+
+
+def _failed(state: CliState, view: ErrorView, code: int, *, where: bool = False) -> int:
+    """Report a failure and return its exit code. A reader of the error that went away
+    (``intloom --json runs | head -1``, whose error document is on stdout) is no one to
+    tell, and no traceback: the command still ends with the failure's own code, so that
+    ``set -o pipefail`` sees it."""
+    try:
+        state.renderer.error(view)
+        if where:
+            _say_where(state)
+    except BrokenPipeError:
+        _reader_gone(state)
+    return code
 
 
 def _say_where(state: CliState) -> None:

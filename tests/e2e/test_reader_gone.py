@@ -8,8 +8,10 @@ of it only at their next write: the Run's next event, the host's next log line, 
 
 from __future__ import annotations
 
+import os
 import select
 import subprocess
+import sys
 
 import pytest
 
@@ -65,3 +67,41 @@ def test_logs_follow_ends_when_its_reader_goes(project: Project) -> None:
         code, err = _reader_leaves(proc)
     assert code == 0, (code, err)
     assert err == "", err
+
+
+def _closed_pipe_run(project: Project, args: list[str], stream: str) -> tuple[int, str]:
+    """Run the CLI with ``stream`` (stdout or stderr) writing into a pipe whose reader is
+    already gone (``| head -1`` that has read its line); the exit code and the other
+    stream's text."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # every write into the pipe now fails with EPIPE
+    try:
+        gone = {stream: write_end}
+        proc = subprocess.run(
+            [sys.executable, "-m", "intloom", "--project", str(project.root), *args],
+            stdout=gone.get("stdout", subprocess.PIPE),
+            stderr=gone.get("stderr", subprocess.PIPE),
+            env={**os.environ, "NO_COLOR": "1"}, timeout=60, check=False)
+    finally:
+        os.close(write_end)
+    other = proc.stderr if stream == "stdout" else proc.stdout
+    return proc.returncode, other.decode()
+
+
+@pytest.mark.parametrize(("args", "stream", "code"), [
+    (["--json", "runs"], "stdout", 1),             # CLI_SERVICE_OFFLINE, a JSON document
+    (["--json", "runs", "--bogus"], "stdout", 2),  # a usage error, a JSON document
+    (["runs"], "stderr", 1),                       # Failure · CLI_SERVICE_OFFLINE on stderr
+    (["runs", "--bogus"], "stderr", 2),
+])
+def test_an_error_to_a_reader_that_went_away_keeps_its_exit_code_and_no_traceback(
+        project: Project, args: list[str], stream: str, code: int) -> None:
+    # `intloom --json runs | head -1` with no host: the error is the one document, and a
+    # reader gone before it was written raised BrokenPipeError out of the error report
+    # itself (a traceback on stderr, exit 1 whatever the error's code was).
+    exit_code, other = _closed_pipe_run(project, args, stream)
+    assert exit_code == code, (exit_code, other)
+    assert "Traceback" not in other and "BrokenPipeError" not in other, other
+    if stream == "stdout":
+        assert other == "", other  # nothing said: there is no one to tell
+    assert not project.state.exists()  # outside the error, nothing was created
