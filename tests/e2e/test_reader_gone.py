@@ -8,10 +8,13 @@ of it only at their next write: the Run's next event, the host's next log line, 
 
 from __future__ import annotations
 
+import fcntl
 import os
 import select
 import subprocess
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -23,7 +26,7 @@ from tests.e2e.test_cli_interrupts import (
     one_line_log,
     running_run,
 )
-from tests.helpers import Project, eventually, ok
+from tests.helpers import Project, eventually, ok, one_source_project, reaped
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
@@ -105,3 +108,66 @@ def test_an_error_to_a_reader_that_went_away_keeps_its_exit_code_and_no_tracebac
     if stream == "stdout":
         assert other == "", other  # nothing said: there is no one to tell
     assert not project.state.exists()  # outside the error, nothing was created
+
+
+LOOPS_THEN_FAILS = '''
+import msgspec
+
+import intloom
+
+
+class Count(msgspec.Struct):
+    n: int = 0
+
+
+wf = intloom.Workflow("loops", version="1.0.0")
+main = wf.stage("main", state=Count)
+
+
+@main.step("again", routes={"again": "again"})
+def again(ctx: intloom.StepContext[Count]) -> str:
+    if ctx.state.n >= 120:
+        raise RuntimeError("gave up")
+    ctx.state = Count(n=ctx.state.n + 1)
+    return "again"
+'''
+
+
+@pytest.fixture
+def looping(tmp_path: Path) -> Iterator[Project]:
+    yield from reaped(one_source_project(tmp_path, "loops", LOOPS_THEN_FAILS))
+
+
+def test_attach_of_a_failed_run_keeps_exit_1_when_its_reader_goes(looping: Project) -> None:
+    # `intloom attach RUN | head -1` under `set -o pipefail` on a Run that has failed:
+    # attach knows the Run failed before it prints its history, but a reader gone during
+    # the history ended it as a detach, exit 0 -- the Run read as fine.
+    ok(looping.cli("start", "--json"))
+    run = looping.cli("flow", "loops", "--intent", "loop", "--json").json["run"]
+    assert (run["status"], run["lastError"]["code"]) == ("failed", "STEP_EXECUTION_FAILED")
+    read_end, write_end = os.pipe()
+    fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, 4096)  # the history (200 events) overfills it
+    with os.fdopen(read_end, "rb") as reader:
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "intloom", "--project", str(looping.root),
+                 "attach", run["runId"]],
+                stdout=write_end, stderr=subprocess.PIPE, text=True,
+                env={**os.environ, "NO_COLOR": "1"})
+        finally:
+            os.close(write_end)
+        try:
+            ready, _, _ = select.select([reader], [], [], 20)
+            assert ready, "attach printed nothing"
+            assert reader.read(1)  # `head -1` has its line and goes
+        except BaseException:
+            proc.kill()
+            raise
+    try:
+        _, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 1, (proc.returncode, err)
+    assert "Traceback" not in err, err

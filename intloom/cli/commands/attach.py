@@ -559,6 +559,12 @@ def attach(state: CliState, run_id: RunArg) -> int:
         return _attach_text(state, run_id)
 
 
+def _reached(state: CliState) -> int:
+    """The exit code attach had reached when its reader went away: the Run's, when attach
+    knew its end, else a detach's 0."""
+    return exit_codes.OK if state.verdict is None else state.verdict
+
+
 def _reader_left(state: CliState) -> None:
     """stdout's reader went away (``attach RUN | head -1`` had its line): attach ends now,
     as a detach, rather than at the Run's next event, its next write."""
@@ -573,12 +579,17 @@ def _attach_text(state: CliState, run_id: str) -> int:
         with state.client(waits=True) as client:
             try:
                 view = client.get_run(run_id)
+                if view.status in ("completed", "failed"):
+                    # Its end is known before its history is printed: a reader that goes
+                    # away meanwhile (``attach RUN | head -1``) leaves the exit code the
+                    # Run's (1 for a failed one), as --json does, not a detach's 0.
+                    state.verdict = exit_codes.for_run_status(view.status)
                 try:
                     followed = _follow(state, client, run_id, view)
                 except (KeyboardInterrupt, typer.Abort):
                     detached = True
                     if state.reader_gone:
-                        return exit_codes.OK  # main() ends it quietly
+                        return _reached(state)  # main() ends it quietly
                     state.renderer.note(f"Detached from {run_id}; the Run is left as it "
                                         f"was. {state.intloom()} attach {run_id} attaches "
                                         "again.")
@@ -590,7 +601,7 @@ def _attach_text(state: CliState, run_id: str) -> int:
             # Ctrl-C while the connection closed on an error: the error stands.
             raise failed from None
         if state.reader_gone:
-            return exit_codes.OK
+            return _reached(state)
         if not detached and followed is None:
             # Ctrl-C while connecting or asking for the first view: a detach all the same
             # (attach never touches the Run), not "Interrupted." and 130 a moment earlier.
