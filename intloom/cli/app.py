@@ -126,8 +126,9 @@ def _root(
 RICH_HELP_COLUMNS: Final = 80
 
 
-def _rich_help() -> bool:
-    return ("NO_COLOR" not in os.environ and sys.stdout.isatty()
+def _rich_help(json_mode: bool = False) -> bool:
+    # --json promises no colour on stdout: its --help is Click's plain text, as when piped.
+    return (not json_mode and "NO_COLOR" not in os.environ and sys.stdout.isatty()
             and shutil.get_terminal_size().columns >= RICH_HELP_COLUMNS)
 
 
@@ -160,8 +161,9 @@ class _Group(TyperGroup):
         return _help_params(super().get_params(ctx))
 
 
-def build_app(only: str | None = None) -> typer.Typer:
-    """The Typer app with every command, or with ``only`` that one.
+def build_app(only: str | None = None, *, json_mode: bool = False) -> typer.Typer:
+    """The Typer app with every command, or with ``only`` that one (``json_mode``: for a
+    command line holding ``--json``, whose help is plain).
 
     A command's module is imported only when it is registered, so ``intloom runs`` does not
     pay for importing ``logs``, ``attach`` and the rest (start-up time is a requirement).
@@ -177,7 +179,7 @@ def build_app(only: str | None = None) -> typer.Typer:
         # panels stay), so Typer's Rich help is switched off for both: without a markup mode
         # Typer prints Click's plain help. So it is on a narrow terminal, where Rich's
         # panels cut option names and words to fit ("--foreg…"); Click's help wraps them.
-        rich_markup_mode="rich" if _rich_help() else None,
+        rich_markup_mode="rich" if _rich_help(json_mode) else None,
         context_settings={"help_option_names": ["-h", "--help"]},
         cls=_Group,
     )
@@ -445,7 +447,7 @@ def _main(state: CliState, args: list[str]) -> int:
     name = _command_name(args)
     command: object = None
     try:
-        command = typer.main.get_command(build_app(name))
+        command = typer.main.get_command(build_app(name, json_mode=state.json_mode))
         coercion.install(command)
         state.json_mode = _json_requested(args, _value_options(command, name))
         repeated = _repeated_option(args, command, name)

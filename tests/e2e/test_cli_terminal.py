@@ -87,6 +87,18 @@ def test_without_no_color_the_terminal_help_is_richs(tmp_path: Path) -> None:
     assert b"Usage:" in out and b"RUN" in out
 
 
+@pytest.mark.parametrize("args", [
+    ["--json", "attach", "--help"], ["attach", "--help", "--json"], ["--json", "--help"],
+])
+def test_json_help_on_a_terminal_is_plain(tmp_path: Path, args: list[str]) -> None:
+    """--json promises no colour on stdout (docs/cli.md, "Shared options"), but its --help
+    on a terminal was Rich's, escapes and boxes, as without it."""
+    code, out = on_a_terminal(args, tmp_path, no_color=False)
+    assert code == 0, out
+    assert ESC not in out and BOX not in out, out
+    assert b"Usage: intloom" in out
+
+
 def test_terminal_help_shows_flags_as_flags_and_arguments_as_the_docs_do(
     tmp_path: Path,
 ) -> None:
