@@ -139,7 +139,26 @@ def _help_params(params: list[Any]) -> list[Any]:
     for param in params:
         if getattr(param, "is_flag", False) and param.metavar is None:
             param.metavar = ""
+        if param.name == "help" and not getattr(param.callback, "guarded", False):
+            param.callback = _help_written(param.callback)
     return params
+
+
+def _help_written(show: Any) -> Any:
+    """Click's ``--help`` callback, writing as every output does: a stdout that refuses it
+    (``intloom --help > /dev/full``) is CLI_OUTPUT_FAILED (main()), not an internal error."""
+    from intloom.cli.render import OutputFailed
+
+    def guarded(*args: Any) -> Any:
+        try:
+            return show(*args)
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise OutputFailed(exc.errno, exc.strerror) from exc
+
+    guarded.guarded = True  # type: ignore[attr-defined]
+    return guarded
 
 
 def _usage_pieces(pieces: list[str]) -> list[str]:
@@ -462,8 +481,12 @@ def _main(state: CliState, args: list[str]) -> int:
             args=args, prog_name="intloom", standalone_mode=False, obj=state
         )
     except NoArgsIsHelpError as exc:
-        # Bare ``intloom`` shows the help, which is not a failure.
-        sys.stdout.write(exc.format_message() + "\n")
+        # Bare ``intloom`` shows the help, which is not a failure; written as every output
+        # is (a reader gone is no failure, a full disk is CLI_OUTPUT_FAILED: main()).
+        try:
+            state.renderer.raw(exc.format_message() + "\n")
+        except BrokenPipeError:
+            return _reader_gone(state)
         return exit_codes.OK
     except ClickException as exc:
         message = _misplaced_option(exc, args, command) or _usage_message(exc, name)

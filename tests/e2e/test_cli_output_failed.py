@@ -48,3 +48,17 @@ def test_a_full_stdout_is_one_error_document_on_stderr_in_json(
     error = json.loads(line)["error"]
     assert error["code"] == "CLI_OUTPUT_FAILED" and error["retryable"] is False
     assert "ENOSPC" in error["message"]
+
+
+@pytest.mark.parametrize("args", [[], ["--help"], ["runs", "--help"], ["attach", "-h"]])
+def test_help_to_a_full_stdout_is_a_known_error(tmp_path: Path, args: list[str]) -> None:
+    # `intloom` alone (its help) and every --help wrote the help with no guard: a full
+    # stdout was a traceback (bare `intloom`) or CLI_INTERNAL_ERROR, exit 70, "report it".
+    with open("/dev/full", "w") as full:
+        result = subprocess.run([sys.executable, "-m", "intloom", *args], cwd=tmp_path,
+                                stdout=full, stderr=subprocess.PIPE, text=True, timeout=60,
+                                env={**os.environ, "NO_COLOR": "1"})
+    assert result.returncode == 1, result.stderr
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("Failure · CLI_OUTPUT_FAILED: "), line
+    assert "No space left on device (ENOSPC)" in line, line

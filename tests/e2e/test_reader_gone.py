@@ -81,9 +81,11 @@ def _closed_pipe_run(project: Project, args: list[str], stream: str) -> tuple[in
     try:
         gone = {stream: write_end}
         proc = subprocess.run(
-            [sys.executable, "-m", "intloom", "--project", str(project.root), *args],
+            # No arguments at all is bare `intloom` (its help): run in the project then.
+            [sys.executable, "-m", "intloom",
+             *(["--project", str(project.root)] if args else []), *args],
             stdout=gone.get("stdout", subprocess.PIPE),
-            stderr=gone.get("stderr", subprocess.PIPE),
+            stderr=gone.get("stderr", subprocess.PIPE), cwd=project.root,
             env={**os.environ, "NO_COLOR": "1"}, timeout=60, check=False)
     finally:
         os.close(write_end)
@@ -171,3 +173,10 @@ def test_attach_of_a_failed_run_keeps_exit_1_when_its_reader_goes(looping: Proje
             proc.communicate()
     assert proc.returncode == 1, (proc.returncode, err)
     assert "Traceback" not in err, err
+
+
+def test_bare_intloom_to_a_reader_that_went_away_is_no_failure(project: Project) -> None:
+    # `intloom | head -1`: bare intloom prints its help, written with no guard: a
+    # BrokenPipeError traceback on stderr, exit 1.
+    exit_code, err = _closed_pipe_run(project, [], "stdout")
+    assert (exit_code, err) == (0, "")
