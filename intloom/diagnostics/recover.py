@@ -228,11 +228,18 @@ def _blocked_message(diagnosis: Diagnosis) -> str:
 def recover(root: Path, *, dry_run: bool) -> RecoverResult:
     """Remove stale host resources after their owner is verifiably gone (or plan it).
 
-    Raises CLI_RECOVERY_BLOCKED (nothing touched), CLI_RECOVERY_CONFLICT (something changed
-    while it worked) or CLI_SERVICE_METADATA_INVALID (the file is kept as it is).
+    Raises CLI_RECOVERY_BLOCKED (nothing touched; for invalid metadata too, with the
+    reader's finding: DESIGN names it among what blocks recover) or CLI_RECOVERY_CONFLICT
+    (something changed while it worked).
     """
     root = root.resolve()
-    insp = inspect(root, probe=True)
+    try:
+        insp = inspect(root, probe=True)
+    except IntloomError as exc:
+        if exc.code != "CLI_SERVICE_METADATA_INVALID":
+            raise
+        raise IntloomError("CLI_RECOVERY_BLOCKED", f"{exc.message} No cleanup performed.",
+                           here=f"{exc.here} No cleanup performed.") from exc
     diagnosis = insp.diagnosis
     if diagnosis.status == "running":
         raise IntloomError(

@@ -156,7 +156,7 @@ def test_the_files_of_a_newer_intlooms_host_that_died_do_not_say_to_signal_its_p
 
     assert recover.code == 1, (recover.stdout, recover.stderr)
     message = recover.json["error"]["message"]
-    assert recover.json["error"]["code"] == "CLI_SERVICE_METADATA_INVALID", message
+    assert recover.json["error"]["code"] == "CLI_RECOVERY_BLOCKED", message  # DESIGN
     assert "has metadata version 2" in message and "a newer intloom" in message, message
     assert f"kill -TERM {pid}" not in message, message
     # Its evidence: no process has the pid, or a zombie (a host no one reaped yet).
