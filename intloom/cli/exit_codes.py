@@ -19,6 +19,7 @@ __all__ = [
     "INTERRUPTED",
     "OK",
     "RUN_FAILED",
+    "TERMINATED",
     "USAGE",
     "for_doctor",
     "for_exception",
