@@ -207,3 +207,41 @@ def test_verify_reads_the_whole_store_and_names_every_finding(project: Project) 
     assert "  File wal/0000000001.seg is corrupt: " in text.stdout, text.stdout
     assert "Nothing was changed" in text.stdout, text.stdout
     assert snapshot_files(project.state) == before
+
+
+@pytest.mark.timeout(60)
+def test_inspect_holds_its_own_records_not_the_other_runs_it_reads_past(
+        project: Project) -> None:
+    """A Run whose records sit before and after another Run's many: judging it alone reads
+    the segments between (whose frame damage there was depends on them) but keeps only its
+    own payloads. It held every payload it read: inspect of a 14-record Run spanning 573 MB
+    of another Run's 1 MB States took 618 MB."""
+    runtime = _runtime(project)
+    store = open_store(runtime, instance_id=f"INST-{uuid.uuid4()}")
+    mine, theirs = walk("RUN-A", 10, 0, terminal=True), walk("RUN-B", 3000, 1, terminal=True)
+    for record in mine[:4]:
+        store.append("RUN-A", record)
+    for record in theirs:
+        store.append("RUN-B", record)
+    for record in mine[4:]:
+        store.append("RUN-A", record)
+    store.sync_blocking()
+    store.close_blocking()
+    segments = sorted((runtime / "wal").glob("*.seg"))
+    own = sum(len(f.payload) for seg in segments for f in frames_of(seg, "RUN-A"))
+    other = sum(len(f.payload) for seg in segments for f in frames_of(seg, "RUN-B"))
+    assert other > 50 * own, (own, other)
+    before = snapshot_files(project.state)
+
+    report = verify_run(runtime, "RUN-A")
+    assert [(j.run_id, j.status) for j in report.runs] == [("RUN-A", "ok")], report.runs
+    assert report.stats.frames_read >= 3010, report.stats  # it read past RUN-B's frames
+    # ...and held RUN-A's payloads (and a seal's few bytes), not RUN-B's.
+    assert own <= report.stats.payload_bytes_held < own + 1024, (own, report.stats)
+    # The whole verify, which judges every Run, holds them all.
+    assert verify_report(runtime).stats.payload_bytes_held >= own + other
+
+    doc = ok(project.cli("inspect", "RUN-A", "--json"))
+    assert doc["run"]["verdict"] == "ok" and doc["run"]["phase"] == "terminal", doc["run"]
+    assert [r["seq"] for r in doc["records"]] == list(range(1, 11))
+    assert snapshot_files(project.state) == before
