@@ -19,7 +19,7 @@ from typing import Final, Literal
 import msgspec
 
 from intloom import __version__
-from intloom.authoring.identity import workflow_identity
+from intloom.authoring.identity import Trees, workflow_identity
 from intloom.errors import IntloomError
 from intloom.project import link_loop, load_config
 from intloom.protocol.messages import PROTOCOL, ServiceView, WorkflowInfo
@@ -116,6 +116,7 @@ def since_start(root: Path, service: ServiceView, flows: list[WorkflowInfo]
     # tree, edited or not.
     if service.package_version != __version__ or service.protocol_version != PROTOCOL:
         return out
+    trees: Trees = {}  # each source tree read once, for all the Workflows that share it
     for source, infos in loaded.items():
         if os.path.normpath(source) not in listed:
             continue
@@ -145,7 +146,7 @@ def since_start(root: Path, service: ServiceView, flows: list[WorkflowInfo]
                     f"{info.name} {info.version} as it loaded it.", info.name))
                 break  # one line for the source, whichever of its Workflows
             try:
-                now = workflow_identity(info.name, info.version, entry)
+                now = workflow_identity(info.name, info.version, entry, trees=trees)
             except IntloomError as exc:
                 out.append(SourceChange(source, "unreadable", exc.message, info.name))
                 continue
