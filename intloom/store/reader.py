@@ -127,8 +127,9 @@ class ScanStats(msgspec.Struct):
     records_decoded: int = 0
     snapshots_read: int = 0
     full: bool = False
-    # Payload bytes of the frames the read holds until it judges (all of them together):
-    # the whole log's for a whole read, one Run's own for ``verify_run`` (``load(only=)``).
+    # Payload bytes of the frames the read holds until it judges: the whole log's for a
+    # whole verify, one Run's own for ``verify_run`` (``load(only=)``). Not counted by a
+    # restore (a start's read), which would pay a pass over every frame for it.
     payload_bytes_held: int = 0
 
 
@@ -486,7 +487,8 @@ def load(root: Path, mode: Mode = "restore", *, whole: bool = False,
             # States held all of it: 618 MB).
             scan.frames = [_placed(f) if f.kind == KIND_RECORD and f.run_id != only else f
                            for f in scan.frames]
-        loaded.stats.payload_bytes_held += sum(len(f.payload) for f in scan.frames)
+        if mode != "restore":  # a start's read pays no pass over every frame for it
+            loaded.stats.payload_bytes_held += sum(len(f.payload) for f in scan.frames)
         scans.append(scan)
     loaded.segments_read = [s.number for s in scans]
 
