@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import socket
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,8 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.helpers import Project, junk_listener, make_project, snapshot_files
+from intloom.host.metadata import CREATE_TIME_TOLERANCE
+from tests.helpers import Project, eventually, junk_listener, make_project, snapshot_files
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -137,6 +139,11 @@ def test_a_reused_pid_on_the_dead_hosts_port_is_not_handed_the_token(
 ) -> None:
     """The dead host's pid now belongs to another live process -- this one, which also
     holds the port: pid and port both match, only the create time tells them apart."""
+    # Only when they are further apart than the tolerance: run alone (-n 0), this process
+    # could be under a second older than the host, which then reads as the same process.
+    me = psutil.Process()
+    eventually(lambda: time.time() - me.create_time() > 2 * CREATE_TIME_TOLERANCE,
+               timeout=10, what="this process to be older than the create-time tolerance")
     assert project.cli("start").code == 0
     connection = json.loads((project.state / "connection.json").read_text())
     project.kill_host()
@@ -255,45 +262,42 @@ def test_two_projects_set_to_one_port_name_the_project_that_holds_it(
     assert f"change port in {other.root / 'intloom.toml'}" in message, message
 
 
+def _busy_after_a_crash(project: Project, command: str) -> tuple[int, int, str]:
+    """Start a host, SIGKILL it, and run ``command`` while another program listens on the
+    saved port: refused CLI_SERVICE_BUSY, nothing touched, no host launched. (The dead
+    host's pid, the port, the refusal's message.)"""
+    assert project.cli("start").code == 0
+    port = json.loads((project.state / "connection.json").read_text())["port"]
+    dead = project.kill_host()
+    before = snapshot_files(project.state)
+    with silent_listener(port):
+        refused = project.cli(command, "--json")
+    assert refused.code == 1, refused.stdout
+    error = refused.json["error"]
+    assert error["code"] == "CLI_SERVICE_BUSY"
+    assert snapshot_files(project.state) == before
+    return dead, port, error["message"]
+
+
 def test_a_start_after_a_crash_names_the_program_on_the_saved_port(project: Project) -> None:
     """After a SIGKILL, another program on the saved port: status and doctor named it, but
     start said only "locked ... run intloom doctor", sending the reader to a recover that
     refuses. The refusal now names the port, its holder and the way out; it touches
     nothing."""
-    assert project.cli("start").code == 0
-    port = json.loads((project.state / "connection.json").read_text())["port"]
-    dead = project.kill_host()
-    before = snapshot_files(project.state)
-    with silent_listener(port):
-        refused = project.cli("start", "--json")
-    assert refused.code == 1, refused.stdout
-    error = refused.json["error"]
-    assert error["code"] == "CLI_SERVICE_BUSY"
-    message = error["message"]
+    dead, port, message = _busy_after_a_crash(project, "start")
     assert "Run intloom doctor; use intloom recover only after its owner has exited" in message
     assert f"Its owner (pid {dead}) has exited, but port {port} on 127.0.0.1" in message, message
     assert f"in use by another process (pid {os.getpid()} ({psutil.Process().name()}))" in message
     assert ("Stop that process (or wait until it has exited), then run intloom recover, then "
             "intloom start.") in message, message
-    assert snapshot_files(project.state) == before  # nothing touched, no host launched
 
 
 def test_a_stop_after_a_crash_names_the_program_on_the_saved_port(project: Project) -> None:
     """The same for stop: "Its host has exited ... Run intloom doctor and explicitly recover"
     led to a recover that refuses on the taken port; the program is now named too."""
-    assert project.cli("start").code == 0
-    port = json.loads((project.state / "connection.json").read_text())["port"]
-    dead = project.kill_host()
-    before = snapshot_files(project.state)
-    with silent_listener(port):
-        refused = project.cli("stop", "--json")
-    assert refused.code == 1, refused.stdout
-    error = refused.json["error"]
-    assert error["code"] == "CLI_SERVICE_BUSY"
-    message = error["message"]
+    dead, port, message = _busy_after_a_crash(project, "stop")
     assert f"Its host (pid {dead}) has exited and left" in message, message
     assert (f"it was killed or crashed. Every file was left as it is. But port {port} on "
             "127.0.0.1, this project's saved port, is in use by another process (pid "
             f"{os.getpid()} ({psutil.Process().name()}))") in message, message
     assert "Stop that process (or wait until it has exited), then run intloom recover" in message
-    assert snapshot_files(project.state) == before
