@@ -284,7 +284,7 @@ def write_refusal(path: Path, *, replaced: bool = True) -> tuple[str, str] | Non
                 return None
             target = target.parent
         except PermissionError:
-            return _search_refusal(target.parent)
+            return search_refusal(target.parent)
         except OSError:
             return None
     refused = unlink_refusal(target)
@@ -317,7 +317,7 @@ def read_refusal(path: Path) -> tuple[str, str]:
     try:
         st = os.stat(path)
     except PermissionError:
-        found = _search_refusal(path)
+        found = search_refusal(path)
         if found is not None:
             return found
         return (f"{path} cannot be read by you", "Check its permissions and owner (ls -l)")
@@ -342,17 +342,12 @@ def search_refused(path: Path) -> str | None:
     refuses this user a search (no ``x`` bit for it), with its mode, owner and the fix; None
     when no directory on the way is found refusing (the refusal came from elsewhere: an LSM,
     a file system's own rules). Found by looking up each step, as the kernel does."""
-    found = _search_refusal(path)
+    found = search_refusal(path)
     return None if found is None else f"{found[0]}. {found[1]}"
 
 
 def search_refusal(path: Path) -> tuple[str, str] | None:
     """``search_refused``'s fact and fix, apart (the fix without a full stop)."""
-    return _search_refusal(path)
-
-
-def _search_refusal(path: Path) -> tuple[str, str] | None:
-    """``search_refused``'s fact and fix, apart."""
     here = Path(path.anchor or "/")
     for part in path.parts[1:]:
         step = here / part
@@ -493,7 +488,7 @@ def check_private_dir(path: Path) -> None:
     except PermissionError:
         # A parent this user may not search (.intloom/ at mode 0000): escaped as a bare
         # PermissionError, and status, doctor, verify and inspect failed CLI_INTERNAL_ERROR.
-        found = _search_refusal(path)
+        found = search_refusal(path)
         if found is None:
             raise PrivacyError(path, "cannot be looked at (Permission denied)",
                                "Check the directories on its path (ls -ld), then try "
@@ -597,7 +592,7 @@ def read_private(path: Path, *, max_bytes: int | None = 1 << 20) -> bytes | None
         if exc.errno == errno.ELOOP or os.path.islink(path):
             raise PrivacyError(path, "is a symbolic link; intloom never follows links") from None
         if isinstance(exc, PermissionError):
-            searched = _search_refusal(path)
+            searched = search_refusal(path)
             if searched is not None:
                 # A directory on the way may not be searched: whether the file is there at
                 # all cannot be told. "service.lock cannot be opened" was said of a file

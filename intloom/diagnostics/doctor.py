@@ -40,6 +40,7 @@ from intloom.fsutil import (
     check_private_dir,
     file_problem,
     privacy_fix,
+    read_refusal,
     search_refusal,
     shell_arg,
     unlink_refusal,
@@ -706,8 +707,6 @@ def _temp_files_check(paths: ProjectPaths) -> Check:
         os.listdir(paths.state)
     except PermissionError:
         # "ok: No temp file ... is left" was said of a .intloom/ that could not be listed.
-        from intloom.fsutil import read_refusal  # only on this refusal
-
         fact, fix = read_refusal(paths.state)
         if fix.startswith("Run chmod u+r "):  # a directory is listed with r, searched with x
             fix = f"Run chmod 700 {shell_arg(paths.state)}"

@@ -611,9 +611,7 @@ def _gist(request: Any) -> str:
         text = msgspec.json.encode(request).decode()
     except (TypeError, ValueError, UnicodeDecodeError):
         text = repr(request)
-    if len(text) <= _ASKED_GIST:
-        return text
-    return f"{text[:_ASKED_GIST]}... ({len(text):,} characters)"
+    return clip(text, _ASKED_GIST)
 
 
 def _answer_gist(answer: Any) -> str:
