@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import select
 import shlex
 import signal
@@ -71,6 +72,22 @@ def connected(proc: subprocess.Popen[str], port: int) -> bool:
         return False
     return any(c.status == psutil.CONN_ESTABLISHED and c.raddr and c.raddr.port == port
                for c in connections)
+
+
+def replies_read(proc: subprocess.Popen[str], port: int) -> bool:
+    """``proc`` holds a connection to the host on ``port`` with nothing unread in its
+    receive queue (/proc/net/tcp's rx_queue): every reply sent to it so far was read."""
+    if not connected(proc, port):
+        return False
+    ours = {c.laddr.port for c in psutil.Process(proc.pid).net_connections(kind="tcp")
+            if c.raddr and c.raddr.port == port}
+    for line in Path(f"/proc/{proc.pid}/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, remote, queues = fields[1], fields[2], fields[4]
+        if (int(local.split(":")[1], 16) in ours and int(remote.split(":")[1], 16) == port
+                and int(queues.split(":")[1], 16) != 0):
+            return False
+    return True
 
 
 def host_port(project: Project) -> int:
@@ -339,7 +356,9 @@ def test_ctrl_c_or_sigterm_while_flow_waits_says_the_run_goes_on(
     port = host_port(proj)
     with cli_child(proj, "flow", "reference", "--intent", "wait here") as proc:
         eventually((gates / "step:fetch.entered").exists, timeout=15, what="the Step held")
-        eventually(lambda: connected(proc, port), timeout=20, what="flow to wait")
+        # The host replied to the creation before the Step began; once flow has read that
+        # reply it knows the Run's id.
+        eventually(lambda: replies_read(proc, port), timeout=20, what="flow to wait")
         proc.send_signal(sig)
         out, err = proc.communicate(timeout=20)
     assert proc.returncode == code, (out, err)
@@ -347,14 +366,40 @@ def test_ctrl_c_or_sigterm_while_flow_waits_says_the_run_goes_on(
     assert err.startswith(said), err
     # Silence left people guessing whether the Run was lost with the command.
     # The CLI ran with --project, from a working directory outside the project.
-    assert "goes on in the host" in err, err
-    assert f"intloom --project {shlex.quote(str(proj.root))} runs --flow reference" in err, err
-    assert len(err.splitlines()) == 1, err  # said once: not followed by "Interrupted."
-    # No reply, so no id: "attach RUN" read as an id to copy; it is said to be unknown.
-    assert "attach RUN" not in err and "its id is not known here" in err, err
     [run] = ok(proj.cli("runs", "--json"))["runs"]
     assert run["status"] == "running"
+    # The Run is created by one request and waited for by another, so its id is known: it
+    # was "not known here" when one request did both.
+    intloom = f"intloom --project {shlex.quote(str(proj.root))}"
+    assert f"Run {run['runId']} goes on in the host: {intloom} attach {run['runId']} " \
+        "follows it." in err, err
+    assert len(err.splitlines()) == 1, err  # said once: not followed by "Interrupted."
     hold.unlink()
+
+
+def test_a_host_gone_while_flow_waits_names_the_run_it_created(proj: Project) -> None:
+    """The error of a wait that failed says the Run exists: its advice to run the request
+    again would, for flow, create a second Run."""
+    ok(proj.cli("start", "--json"))
+    gates = proj.root / "gates"
+    gates.mkdir()
+    (gates / "step:fetch.hold").write_text("held")
+    port = host_port(proj)
+    with cli_child(proj, "flow", "reference", "--intent", "wait here") as proc:
+        eventually((gates / "step:fetch.entered").exists, timeout=15, what="the Step held")
+        eventually(lambda: replies_read(proc, port), timeout=20, what="flow to wait")
+        proj.kill_host()
+        out, err = proc.communicate(timeout=20)
+    assert proc.returncode != 0, (out, err)
+    assert out == ""
+    assert "Traceback" not in err, err
+    named = re.search(r"This command created Run (RUN-\S+), which is not lost: running "
+                      r"intloom --project \S+ flow again would create another Run\.", err)
+    assert named is not None, err
+    run_id = named.group(1)
+    assert f"attach {run_id}" in err, err
+    # The Run named is the one the killed host's journal holds.
+    assert ok(proj.cli("inspect", run_id, "--json"))["run"]["runId"] == run_id, err
 
 
 @pytest.mark.parametrize(("sig", "code", "said"), [

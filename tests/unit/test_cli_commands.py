@@ -268,9 +268,11 @@ def test_flow_waits_by_default_and_detach_does_not(
     assert code == 0
     assert json.loads(out)["run"]["pendingAction"]["id"] == "ACT-1"
     cli(capsys, "flow", "example", "--intent", "notes", "--detach")
-    creates = [c for c in client.calls if c[0] == "create_run"]
-    assert creates == [("create_run", "example", "notes", True),
-                       ("create_run", "example", "notes", False)]
+    # Created, then waited for in a request of its own (a Ctrl-C while it waits can name
+    # the Run); --detach does not wait.
+    calls = [c for c in client.calls if c[0] in ("create_run", "wait_run")]
+    assert calls == [("create_run", "example", "notes", False), ("wait_run", "RUN-1"),
+                     ("create_run", "example", "notes", False)]
 
 
 @pytest.mark.parametrize("argv", [["flow", "example", "--intent", "notes"],
@@ -1164,7 +1166,7 @@ def test_json_spelled_as_an_options_value_is_that_value_not_json_mode(
     code, out, err = cli(capsys, *argv)
     if argv[0] == "flow":  # the Run is created with that intent, and shown as text
         assert code == 0 and out.startswith("Waiting for an answer"), out
-        assert ("create_run", "example", "--json", True) in client.calls
+        assert ("create_run", "example", "--json", False) in client.calls
     else:  # the project "--json" does not exist: said as text on stderr
         assert (code, out) == (1, "")
         assert err.startswith("Failure · CLI_PROJECT_INVALID: "), err

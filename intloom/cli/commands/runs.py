@@ -78,21 +78,36 @@ def flow(
     """
     text = read_intent(intent, intent_file, prompt=interactive(state.json_mode),
                        hint=not state.json_mode)
+    # Created, then waited for in a second request on the same connection: a Ctrl-C, or a
+    # failure (a stop, a crash) while it waits, can then name the Run. One request that
+    # created and waited left the id unknown until the Run was stable.
+    created: str | None = None
     try:
         with (sigterm_as_ctrl_c(state), state.client(waits=not detach) as client,
               state.renderer.spinner(f"Running {workflow}...")):
             try:
-                run = client.create_run(workflow, text, wait=not detach)
+                run = client.create_run(workflow, text, wait=False)
             except IntloomError as exc:
                 if exc.code != "NOT_FOUND":
                     raise
                 raise _not_loaded(state, client, exc) from None
+            if not detach:
+                created = run.run_id
+                try:
+                    run = client.wait_run(created)
+                except IntloomError as exc:
+                    raise _created_anyway(state, created, exc) from None
     except KeyboardInterrupt:
-        # Ctrl-C ends the wait, not the Run; the id is not known before the reply, and
-        # "attach RUN" read as a Run's id to copy.
+        intloom = state.intloom()
+        if created is not None:
+            raise Interrupted(
+                f"Stopped waiting ({state.stopped_by()}). Run {created} goes on in the host: "
+                f"{intloom} attach {created} follows it."
+            ) from None
+        # Ctrl-C before the host replied: the id is not known, and "attach RUN" read as a
+        # Run's id to copy.
         from intloom.fsutil import shell_arg
 
-        intloom = state.intloom()
         raise Interrupted(
             f"Stopped waiting ({state.stopped_by()}). A Run this command created goes on in "
             "the host, but its id is not known here: the host had not replied yet. "
@@ -102,6 +117,22 @@ def flow(
     # Only a start restores a Run RUN_INTERRUPTED, so a Run created here that reads so was
     # suspended by its host (intloom stop while it ran): it has not ended.
     return finish_run(state, run, suspended=True)
+
+
+def _created_anyway(state: CliState, run_id: str, exc: IntloomError) -> IntloomError:
+    """``exc``, from waiting for Run ``run_id`` that this command created, saying so: the
+    host's advice to send the request again (a stop began meanwhile) would, for ``flow``,
+    create a second Run."""
+    intloom = state.intloom()
+    # The client's own error for a lost connection already says how to follow it.
+    follow = "" if f"attach {run_id}" in exc.message else (
+        f" {intloom} attach {run_id} follows it once a host serves it.")
+    return IntloomError(
+        exc.code,
+        f"{exc.message} This command created Run {run_id}, which is not lost: running "
+        f"{intloom} flow again would create another Run.{follow}",
+        retryable=False,
+    )
 
 
 def _not_loaded(state: CliState, client: Client, exc: IntloomError) -> IntloomError:
