@@ -69,7 +69,8 @@ def target_bars(figures: dict[str, Any]) -> list[tuple[str, float, str, str]]:
     """
     bars = []
     for key, label, how in TARGETS:
-        if key not in figures:
+        # A figure that failed has no measurements (nor the sizes its label names).
+        if key not in figures or figures[key].get("verdict") == "error":
             continue
         name, _, target = label.format_map(figures[key]).rpartition(" (")
         for suffix, part in _kinds(key, figures[key]):

@@ -221,8 +221,29 @@ def _borderline(f: dict[str, Any]) -> list[str]:
     return out
 
 
+# What each figure is held to, for the row of one that failed (the others carry their own).
+TARGETS: dict[str, str] = {
+    "steps": "≤ 1.5×", "concurrency": "≥ 8×", "peers": "≥ 5× fewer", "restart": "≤ 1.5×",
+    "restore": "≤ 2×", "cli": "≤ 1.3×", "memory": "≤ 2×", "events": "p99 ≤ 10 ms",
+    "crash": "intloom 1 (failed/RUN_INTERRUPTED)",
+}
+
+
+def _errors(errored: dict[str, Any]) -> list[str]:
+    return [f"- **{name}**: the figure failed, so nothing of it was measured: "
+            f"{_one_line(e.get('error', '?'))} (its traceback is in `performance.json`)."
+            for name, e in errored.items()]
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
 def render(report: dict[str, Any], chart: str | None) -> str:
-    f = report["figures"]
+    # A figure that raised has its error and no measurements: every section below reads only
+    # the measured ones, and the summary and the "not reached" list name the failed ones.
+    errored = {k: v for k, v in report["figures"].items() if v.get("verdict") == "error"}
+    f = {k: v for k, v in report["figures"].items() if k not in errored}
     m = report["machine"]
     parts = [
         "# Performance",
@@ -259,7 +280,9 @@ def render(report: dict[str, Any], chart: str | None) -> str:
         "## Summary",
         "",
         _table(["figure", "measured", "baseline (same run)", "ratio", "target", "verdict"],
-               _summary(f)),
+               _summary(f) + [[f"`{name}`", "failed: " + _one_line(e.get("error", "?"))[:200],
+                               "—", "—", TARGETS.get(name, "—"), "error"]
+                              for name, e in errored.items()]),
         "",
     ]
     if chart:
@@ -401,7 +424,7 @@ def render(report: dict[str, Any], chart: str | None) -> str:
             f"{_fmt(e['events'])} events.",
             "",
         ]
-    unmet = _unmet(f)
+    unmet = _errors(errored) + _unmet(f)
     parts += ["## Where a target is not reached, or only at the median", ""]
     parts += unmet or ["Every target was met in this run."]
     parts += ["", ANALYSIS]

@@ -13,6 +13,7 @@ import json
 import subprocess
 import tempfile
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -73,16 +74,24 @@ def bench_all(args: argparse.Namespace, figures: dict[str, Figure],
                 setattr(options, key, value)
         note(f"== {name}")
         began = time.perf_counter()
-        results[name] = run(options)
+        try:
+            results[name] = run(options)
+        except Exception as exc:
+            # One figure that raised used to end the whole run, its hours of other figures
+            # unwritten; it is now reported as failed, with its error, and the rest run.
+            results[name] = failed(name, exc)
+            note(f"{name} failed: {results[name]['error']}")
         results[name]["seconds"] = round(time.perf_counter() - began, 1)
         results[name]["load_average"] = load_average()
         print(json.dumps(results[name]), flush=True)
     total = time.perf_counter() - started
-    report = {"machine": machine(args.dir), "load_before": load_before,
+    failures = [name for name, got in results.items() if got.get("verdict") == "error"]
+    report: dict[str, Any] = {"machine": machine(args.dir), "load_before": load_before,
               "cpu_calibration_ms": [calibration_before, cpu_calibration_ms()],
               "total_seconds": round(total, 1),
               "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-              "quick": bool(args.quick), "figures": results}
+              "quick": bool(args.quick), "figures": results,
+              "failed": failures}
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "performance.json").write_text(json.dumps(report, indent=1) + "\n")
     chart = None
@@ -94,5 +103,15 @@ def bench_all(args: argparse.Namespace, figures: dict[str, Figure],
 
     (out_dir / "performance.md").write_text(render(report, chart.name if chart else None))
     note(f"all: {total:.0f} s; wrote {out_dir / 'performance.md'}"
-         + (f" and {chart}" if chart else ""))
+         + (f" and {chart}" if chart else "")
+         + (f"; FAILED: {', '.join(failures)}" if failures else ""))
     return report
+
+
+def failed(name: str, exc: Exception) -> dict[str, Any]:
+    """The result of a figure that raised: verdict "error", the error and where it was."""
+    return {
+        "figure": name, "verdict": "error",
+        "error": f"{type(exc).__name__}: {exc}"[:2000],
+        "traceback": "".join(traceback.format_exception(exc))[-4000:],
+    }

@@ -3,7 +3,9 @@
 Every figure but ``events`` (an absolute p99) and ``crash`` (counts) is compared against a
 baseline measured in the same run, on the same disk -- never a hard-coded number.
 ``scripts/bench all`` runs every figure and regenerates ``docs/performance.md`` and
-``docs/performance.png``. See docs/performance.md for the method.
+``docs/performance.png``. A figure that raises is reported with verdict "error" and its
+error, the others still run and are written, and ``all`` then exits 1 naming it. See
+docs/performance.md for the method.
 
     steps        µs per durable Step (1 Run) vs raw write+fdatasync of the same bytes
     concurrency  aggregate durable Steps/s, 64 concurrent Runs vs 1 Run
@@ -173,7 +175,11 @@ def parser_defaults(figure: str) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     if args.figure == "all":
-        _all(args)
+        report = _all(args)
+        if report["failed"]:  # the report is written; the exit status says it is incomplete
+            raise SystemExit(f"scripts/bench all: {len(report['failed'])} figure(s) failed: "
+                             f"{', '.join(report['failed'])}; each one's error is in "
+                             "performance.json and performance.md, the other figures ran.")
         return
     emit(FIGURES[args.figure](args))
 

@@ -119,3 +119,60 @@ def test_a_quick_run_without_out_leaves_the_measured_report_alone(
     assert {name: (REPO / "docs" / name).read_bytes() for name in docs} == docs
     [written] = tmp_path.glob("bench-quick-*/performance.md")
     assert written.read_text().startswith("# Performance")
+
+
+def _one_fails(seen: dict[str, argparse.Namespace]) -> dict[str, Any]:
+    def broken(options: argparse.Namespace) -> dict[str, Any]:
+        seen["broken"] = options
+        raise RuntimeError("intloom start exited 1: the host did not answer")
+
+    def fine(options: argparse.Namespace) -> dict[str, Any]:
+        seen["fine"] = options
+        return {"figure": "memory", "runs": 3, "rss_mib": 30.0, "baseline_rss_mib": 20.0,
+                "idle_rss_mib": 20.0, "live_rss_mib": 30.0, "restored_rss_mib": 29.0,
+                "kib_per_run": 1.0, "ratio": 1.5, "verdict": "met"}
+
+    return {"restore": broken, "memory": fine}
+
+
+@pytest.mark.timeout(30)
+def test_a_figure_that_raises_is_reported_as_failed_and_the_others_still_run(
+    tmp_path: Path,
+) -> None:
+    """A figure that raised ended `bench all`: no figure after it ran, nothing was written."""
+    seen: dict[str, argparse.Namespace] = {}
+    args = _all_args(["--out", str(tmp_path), "--no-chart"])
+    report = bench_all(args, _one_fails(seen), _defaults)
+    assert set(seen) == {"broken", "fine"}  # the figure after the failed one ran
+    assert report["failed"] == ["restore"]
+    written = json.loads((tmp_path / "performance.json").read_text())
+    failed = written["figures"]["restore"]
+    assert failed["verdict"] == "error"
+    assert failed["error"] == "RuntimeError: intloom start exited 1: the host did not answer"
+    assert "raise RuntimeError" in failed["traceback"]
+    assert written["figures"]["memory"]["verdict"] == "met"
+    assert written["failed"] == ["restore"]
+    text = (tmp_path / "performance.md").read_text()
+    assert ("| `restore` | failed: RuntimeError: intloom start exited 1: the host did not "
+            "answer | — | — | ≤ 2× | error |") in text
+    assert "- **restore**: the figure failed" in text
+    assert "Every target was met in this run." not in text
+    assert "| host RSS, 3 waiting Runs | 30 MiB |" in text  # the other figure is reported
+    from scripts.bench_chart import target_bars
+
+    assert [bar[0] for bar in target_bars(written["figures"])] == [
+        "RSS: 3 Runs vs idle (≤ 2×)"]  # the chart draws what was measured, skips the error
+
+
+@pytest.mark.timeout(30)
+def test_bench_all_exits_non_zero_naming_the_figure_that_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from scripts import benchmarks
+
+    seen: dict[str, argparse.Namespace] = {}
+    monkeypatch.setattr(benchmarks, "FIGURES", _one_fails(seen))
+    with pytest.raises(SystemExit) as ended:
+        benchmarks.main(["all", "--out", str(tmp_path), "--no-chart"])
+    assert str(ended.value).startswith("scripts/bench all: 1 figure(s) failed: restore;")
+    assert (tmp_path / "performance.md").exists()
