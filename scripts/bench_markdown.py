@@ -189,7 +189,8 @@ def _unmet(f: dict[str, Any]) -> list[str]:
     out += _borderline(f)
     for key, target in (("restore", 2), ("memory", 2), ("cli", 1.3)):
         if key in f and f[key]["verdict"] != "met":
-            out.append(f"- **{key}**: {_judged(f[key]['ratio'])}× against ≤ {target}×.")
+            out.append(f"- **{key}**: {_judged(f[key]['ratio'])}× against ≤ {target}×"
+                       + "".join(f"; {why}" for why in f[key].get("incomplete", [])) + ".")
     if "restart" in f:
         for mode in ("after_stop", "after_kill"):
             if f["restart"][mode]["verdict"] != "met":
@@ -362,7 +363,9 @@ def render(report: dict[str, Any], chart: str | None) -> str:
         "before each start; the host reads the log written since the last snapshot, which "
         f"segment rotation bounds to ~1 MiB). `restore` does the same with {_fmt(waiting)} "
         "waiting Runs "
-        "against none.",
+        "against none; after each start timed, the host is asked (`status`, `runs`) what it "
+        "restored, and a start that did not restore every Run, waiting, makes the figure "
+        "\"not met\" (a host that restored fewer would start faster).",
         "",
     ]
     if "restart" in f:

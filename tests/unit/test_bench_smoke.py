@@ -92,6 +92,9 @@ def test_concurrency_reports_runs_started_together_and_staggered(
 def test_restart_figures_restore_what_they_built(results: dict[str, dict[str, Any]]) -> None:
     assert results["restart"]["records"] > results["restart"]["baseline_records"] > 0
     assert results["restore"]["restored_waiting"] == 5
+    assert results["restore"]["restored"] == [
+        {"status_waiting": 5, "listed": 5, "listed_waiting": 5}]  # checked at the start timed
+    assert results["restore"]["incomplete"] == []
 
 
 def test_crash_figure_shows_the_in_flight_effect_ran_once(
