@@ -175,9 +175,14 @@ def _unmet(f: dict[str, Any]) -> list[str]:
             if p.get(f"verdict_{kind}") == "not met":
                 need = p["faster_peer_us_per_step"] / 5
                 have = p["variants"][f"intloom_{kind}"]["us_per_step"]
+                if have <= need:  # not met for a peer's setting alone, said below
+                    continue
                 out.append(f"- **vs peers ({kind} Step)**: {_judged(p[f'ratio_{kind}'])}× fewer µs "
                            f"than {p['faster_peer']}; 5× needs ≤ {_fmt(need, ' µs')} per Step, "
                            f"intloom took {_fmt(have, ' µs')} ({_fmt(have - need, ' µs')} over).")
+        for why in p.get("not_durable", []):
+            out.append(f"- **vs peers**: not met whatever the ratio: a peer was measured with "
+                       f"a setting that is not durable: {why}.")
     if "concurrency" in f:
         for kind, k in f["concurrency"]["kinds"].items():
             if k["verdict"] != "met":
@@ -337,6 +342,11 @@ def render(report: dict[str, Any], chart: str | None) -> str:
         "recommend Postgres for production, which is not measured here) and LangGraph with "
         "`SqliteSaver` and `durability=\"sync\"`, as one node looped (the shape of intloom's "
         "workflow) and as a chain of distinct nodes. Each Step returns a ~100-byte dict. "
+        "Each peer's child reads its settings back (SQLite's `synchronous` and "
+        "`journal_mode`, the Steps or checkpoints it recorded, LangGraph's durability): a "
+        "peer measured with commits not synced before the next Step (`synchronous` below "
+        "FULL, journal off or in memory, durability other than `sync`) or with fewer records "
+        "than Steps makes the figure \"not met\", with the reason, whatever its ratio. "
         "Imports, launch and compile are outside the timed region; CPU is the whole "
         "process's. The ratio is against the faster peer.",
         "",

@@ -22,6 +22,9 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 WARMUP = 10
+# LangGraph's durability mode: "sync" writes each checkpoint before the next super-step (its
+# default, "async", writes it in the background). Reported back, for bench_peers to check.
+DURABILITY = "sync"
 
 
 class S(TypedDict):
@@ -185,15 +188,16 @@ def _langgraph(n: int, d: Path, shape: str) -> tuple[float, dict[str, Any]]:
     warm, app = build(WARMUP).compile(checkpointer=saver), build(n).compile(checkpointer=saver)
     warm.invoke({"last": {}, "i": -1, "target": WARMUP},
                 {"configurable": {"thread_id": "warm"}, "recursion_limit": WARMUP + 10},
-                durability="sync")
+                durability=DURABILITY)
     config = {"configurable": {"thread_id": "main"}, "recursion_limit": n + 10}
     started = _start()
-    out = app.invoke({"last": {}, "i": -1, "target": n}, config, durability="sync")
+    out = app.invoke({"last": {}, "i": -1, "target": n}, config, durability=DURABILITY)
     elapsed = _stop(started)
     assert out["i"] == n - 1, out["i"]
     extra = {
         "langgraph": version("langgraph"),
         "langgraph-checkpoint-sqlite": version("langgraph-checkpoint-sqlite"),
+        "durability": DURABILITY,
         "journal_mode": conn.execute("PRAGMA journal_mode").fetchone()[0],
         "synchronous": conn.execute("PRAGMA synchronous").fetchone()[0],
         "checkpoints": conn.execute(

@@ -16,6 +16,19 @@ from scripts import bench_peers, bench_steps
 from scripts.bench_markdown import _summary
 
 
+def durable(variant: str, steps: int) -> dict[str, Any]:
+    """What a peer's child reads back when measured as it should be (DBOS and LangGraph
+    with their SQLite defaults, LangGraph with durability "sync"): see
+    /work/shared/reference/anchors.md and bench_peer_child.py."""
+    if variant == "dbos_sqlite":
+        return {"dbos": "3.4.0", "journal_mode": "delete", "synchronous": 2,
+                "recorded_steps": steps}
+    if variant.startswith("langgraph"):
+        return {"langgraph": "1.2.24", "durability": "sync", "journal_mode": "wal",
+                "synchronous": 2, "checkpoints": steps + 2}
+    return {}
+
+
 def _consistent(ratio: float, target: float, said: str, *, at_most: bool) -> bool:
     meets = ratio <= target if at_most else ratio >= target
     return meets == (said == "met")
@@ -28,7 +41,8 @@ def test_peer_ratio_is_shown_on_the_side_of_its_verdict(
     elapsed = {"intloom_async": intloom_s, "intloom_sync": intloom_s, "langgraph_loop": 5.0}
 
     def child(variant: str, steps: int, directory: Path) -> dict[str, Any]:
-        return {"elapsed_s": elapsed[variant], "cpu_s": 0.1, "peak_rss_mib": 1.0, "extra": {}}
+        return {"elapsed_s": elapsed[variant], "cpu_s": 0.1, "peak_rss_mib": 1.0,
+                "extra": durable(variant, steps)}
 
     monkeypatch.setattr(bench_peers, "run_child", child)
     args = argparse.Namespace(only=",".join(elapsed), steps=1000, repeats=1, dir=str(tmp_path))
@@ -152,7 +166,8 @@ def test_a_figure_is_met_only_when_every_kind_of_step_is(
     elapsed = {"intloom_async": 0.5, "intloom_sync": 2.0, "langgraph_loop": 5.0}
 
     def child(variant: str, steps: int, directory: Path) -> dict[str, Any]:
-        return {"elapsed_s": elapsed[variant], "cpu_s": 0.1, "peak_rss_mib": 1.0, "extra": {}}
+        return {"elapsed_s": elapsed[variant], "cpu_s": 0.1, "peak_rss_mib": 1.0,
+                "extra": durable(variant, steps)}
 
     monkeypatch.setattr(bench_peers, "run_child", child)
     args = argparse.Namespace(only=",".join(elapsed), steps=1000, repeats=1, dir=str(tmp_path))
@@ -198,3 +213,69 @@ def test_the_concurrency_headline_is_the_kind_further_below_its_target(
     assert worst(kinds, at_most=False) == "sync"
     assert worst({"async": {"ratio": 1.1, "verdict": "met"},
                   "sync": {"ratio": 1.3, "verdict": "met"}}, at_most=True) == "sync"
+
+
+@pytest.mark.parametrize(("variant", "change", "reason"), [
+    ("dbos_sqlite", {"synchronous": 1},
+     "dbos_sqlite: SQLite synchronous=1, not FULL (2) or EXTRA (3): a commit is not synced "
+     "to the disk before the next Step"),
+    ("langgraph_loop", {"synchronous": 0},
+     "langgraph_loop: SQLite synchronous=0, not FULL (2) or EXTRA (3): a commit is not "
+     "synced to the disk before the next Step"),
+    ("langgraph_chain", {"journal_mode": "memory"},
+     "langgraph_chain: SQLite journal_mode='memory': a commit does not survive a crash"),
+    ("langgraph_loop", {"durability": "async"},
+     "langgraph_loop: durability='async', not \"sync\": checkpoints are written in the "
+     "background"),
+    ("dbos_sqlite", {"recorded_steps": 999},
+     "dbos_sqlite: recorded_steps=999 for 1000 Steps: not every Step was recorded"),
+    ("langgraph_loop", {"checkpoints": None},
+     "langgraph_loop: checkpoints=None for 1000 Steps: not every Step was recorded"),
+])
+def test_a_peer_measured_with_a_setting_that_is_not_durable_makes_the_figure_not_met(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, variant: str, change: dict[str, Any],
+    reason: str,
+) -> None:
+    """The peers' read-back settings were reported and never checked: a peer run with
+    commits left to the OS would have been faster, and intloom's ratio against it "met"."""
+    from scripts.bench_markdown import _unmet
+
+    # intloom 10x faster than every peer: met on the ratio alone.
+    elapsed = {"intloom_async": 0.1, "intloom_sync": 0.1, "dbos_sqlite": 1.0,
+               "langgraph_loop": 1.0, "langgraph_chain": 1.0}
+
+    def child(name: str, steps: int, directory: Path) -> dict[str, Any]:
+        extra = durable(name, steps)
+        if name == variant and directory.name.endswith("-1"):  # one repetition of two
+            extra = {k: v for k, v in {**extra, **change}.items() if v is not None}
+        return {"elapsed_s": elapsed[name], "cpu_s": 0.1, "peak_rss_mib": 1.0, "extra": extra}
+
+    monkeypatch.setattr(bench_peers, "run_child", child)
+    args = argparse.Namespace(only=",".join(elapsed), steps=1000, repeats=2, dir=str(tmp_path))
+    out = bench_peers.bench_peers(args)
+    assert out["not_durable"] == [reason]
+    assert (out["verdict_async"], out["verdict_sync"], out["verdict"]) == ("not met",) * 3
+    assert out["ratio"] == 10.0  # the ratio is still shown as measured
+    assert _unmet({"peers": out}) == [
+        "- **vs peers**: not met whatever the ratio: a peer was measured with a setting that "
+        f"is not durable: {reason}."]
+
+
+def test_peers_measured_durably_are_met_on_their_ratio(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    elapsed = {"intloom_async": 0.1, "intloom_sync": 0.1, "dbos_sqlite": 1.0,
+               "langgraph_loop": 1.0, "langgraph_chain": 1.0}
+
+    def child(name: str, steps: int, directory: Path) -> dict[str, Any]:
+        return {"elapsed_s": elapsed[name], "cpu_s": 0.1, "peak_rss_mib": 1.0,
+                "extra": durable(name, steps)}
+
+    monkeypatch.setattr(bench_peers, "run_child", child)
+    args = argparse.Namespace(only=",".join(elapsed), steps=1000, repeats=2, dir=str(tmp_path))
+    out = bench_peers.bench_peers(args)
+    assert out["not_durable"] == []
+    assert (out["verdict_async"], out["verdict_sync"]) == ("met", "met")
+    extra = durable("dbos_sqlite", 1000)
+    assert bench_peers.not_durable("dbos_sqlite", 1000, {**extra, "synchronous": 3}) == []
+    assert bench_peers.not_durable("intloom_async", 1000, {}) == []  # not a peer
