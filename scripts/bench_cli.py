@@ -3,7 +3,8 @@
 Both are whole processes, timed from spawn to reap (``os.wait4``), interleaved after warm-up
 rounds that fill the bytecode caches. ``PYTHONDONTWRITEBYTECODE`` is removed from the
 children's environment so that the caches are written and used, as on a user's machine.
-A ``python -c pass`` row shows the interpreter's own start-up.
+A ``python -c pass`` row shows the interpreter's own start-up. The order of the commands
+changes every round (``bench_common.round_order``), so that none always runs first.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from scripts.bench_common import (
     note,
     project,
     rnd,
+    round_order,
     scratch,
     wait4_spawn,
 )
@@ -56,9 +58,13 @@ def bench_cli(args: Any) -> dict[str, Any]:
             for cmd in commands.values():
                 wait4_spawn(cmd, cwd=host.root, env=env)
         samples: dict[str, list[tuple[float, float, float]]] = {k: [] for k in commands}
-        for _ in range(args.repeats):
-            for name, cmd in commands.items():
-                samples[name].append(wait4_spawn(cmd, cwd=host.root, env=env))
+        orders: list[list[str]] = []
+        for rep in range(args.repeats):
+            # Run in a fixed order, `runs` always came first, right after the previous
+            # round's `pass`, and `typer` always after it.
+            orders.append(round_order(list(commands), rep))
+            for name in orders[-1]:
+                samples[name].append(wait4_spawn(commands[name], cwd=host.root, env=env))
         note("cli: profiling imports of `intloom runs --json`")
         profile = import_profile(["-m", "intloom", "runs", "--json"], host.root)
         host.stop()
@@ -79,5 +85,5 @@ def bench_cli(args: Any) -> dict[str, Any]:
         "baseline_wall_ms": rows["typer"]["wall_ms"], "ratio": ratio,
         "ratio_cpu": rnd(rows["runs"]["cpu_ms"] / rows["typer"]["cpu_ms"], 3),
         "over_typer_ms": rnd(rows["runs"]["wall_ms"] - rows["typer"]["wall_ms"]),
-        "verdict": verdict, "import_profile": profile,
+        "verdict": verdict, "import_profile": profile, "orders": orders,
     }

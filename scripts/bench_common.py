@@ -93,6 +93,20 @@ def worst(kinds: dict[str, dict[str, Any]], *, at_most: bool) -> str:
     return max(kinds, key=badness)
 
 
+def round_order(names: Sequence[str], round_: int) -> list[str]:
+    """The order to run ``names`` in, round ``round_`` (0, 1, ...) of interleaved repeats.
+
+    Each round starts one name later, and every other cycle of ``len(names)`` rounds runs
+    them backwards: over ``2 * len(names)`` rounds each name runs first, and before each
+    other name, equally often. In a fixed order whatever one left behind (page cache, the
+    CPU's frequency, a neighbour's burst) fell on the same next one every time.
+    """
+    count = len(names)
+    forward = list(names) if (round_ // count) % 2 == 0 else list(reversed(names))
+    turn = round_ % count
+    return forward[turn:] + forward[:turn]
+
+
 # ----- the disk floor --------------------------------------------------------------------------
 
 

@@ -399,7 +399,9 @@ def render(report: dict[str, Any], chart: str | None) -> str:
     if "cli" in f:
         c = f["cli"]
         parts += [
-            "`cli` times whole processes from spawn to reap, interleaved, after warm-up rounds, "
+            "`cli` times whole processes from spawn to reap, interleaved in an order that "
+            "changes every round (each first, and before each other, equally often; since "
+            "2026-12-03), after warm-up rounds, "
             "with **bytecode caches warm**: `PYTHONDONTWRITEBYTECODE` is removed from the "
             "children's environment (the development shell sets it). "
             + ", ".join(f"`{k}` {_fmt(v['wall_ms'], ' ms')} wall / "
