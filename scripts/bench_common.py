@@ -346,12 +346,34 @@ def side_step(ctx):
 '''
 
 
+# Every process a Host's CLI calls start carries this variable, set to the Host's own tag,
+# and passes it on (the CLI gives the host its environment): how ``close`` finds a host that
+# never named itself in .intloom/, as one whose start timed out may not have.
+TAG_ENV = "INTLOOM_BENCH_HOST"
+
+
+def tagged(tag: str) -> set[int]:
+    """The live processes of this user whose environment holds ``TAG_ENV=tag``."""
+    marker = f"{TAG_ENV}={tag}".encode()
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):  # gone meanwhile, or another user's
+            if marker in (entry / "environ").read_bytes().split(b"\0"):
+                found.add(int(entry.name))
+    found.discard(os.getpid())
+    return found
+
+
 @dataclass
 class Host:
     """A scratch project and the hosts started for it; ``close`` stops or kills them all."""
 
     root: Path
     pids: set[int] = field(default_factory=set)
+    tag: str = field(default_factory=lambda: uuid.uuid4().hex)
+    timeout: float = 600.0  # seconds one CLI command may take before it is killed
 
     @classmethod
     def create(cls, parent: Path, name: str = "proj") -> Host:
@@ -364,12 +386,15 @@ class Host:
     def cli(self, *args: str, check: bool = True) -> tuple[float, Any]:
         """(wall s, JSON reply) of ``intloom --project ROOT ARGS --json``."""
         started = time.perf_counter()
-        proc = subprocess.run(
-            [str(INTLOOM), "--project", str(self.root), *args, "--json"],
-            capture_output=True, text=True, timeout=600, env=bench_env(), cwd=self.root,
-        )
+        try:
+            proc = subprocess.run(
+                [str(INTLOOM), "--project", str(self.root), *args, "--json"],
+                capture_output=True, text=True, timeout=self.timeout,
+                env=bench_env(**{TAG_ENV: self.tag}), cwd=self.root,
+            )
+        finally:
+            self._track()  # also when the command timed out: its host may still be there
         elapsed = time.perf_counter() - started
-        self._track()
         data = json.loads(proc.stdout) if proc.stdout.strip() else None
         if check and proc.returncode != 0:
             raise RuntimeError(f"intloom {' '.join(args)} exited {proc.returncode}: "
@@ -405,11 +430,13 @@ class Host:
         return Client.connect(self.root, request_timeout=None)
 
     def close(self) -> None:
-        """Stop the live host; kill any process we started that is still there."""
+        """Stop the live host; kill any process we started that is still there: those its
+        files named, and those carrying this Host's tag (a host whose start timed out
+        before it wrote them, a CLI command still running)."""
         with contextlib.suppress(Exception):
             if (self.root / ".intloom" / "service.json").exists():
                 self.cli("stop", check=False)
-        for pid in self.pids:
+        for pid in self.pids | tagged(self.tag):
             if not pid_gone(pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
