@@ -352,9 +352,9 @@ def side_step(ctx):
 TAG_ENV = "INTLOOM_BENCH_HOST"
 
 
-def tagged(tag: str) -> set[int]:
-    """The live processes of this user whose environment holds ``TAG_ENV=tag``."""
-    marker = f"{TAG_ENV}={tag}".encode()
+def tagged(tag: str, name: str = TAG_ENV) -> set[int]:
+    """The live processes of this user whose environment holds ``name=tag``."""
+    marker = f"{name}={tag}".encode()
     found = set()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():

@@ -13,23 +13,15 @@ from pathlib import Path
 import pytest
 
 from scripts.bench_common import Host
-from tests.helpers import eventually, pid_alive
+from tests.helpers import eventually, pid_alive, processes_with
 
 # A Workflow module whose import never ends: the host hangs while it loads Workflows.
 HANG = "\nimport time as _time\n\n_time.sleep(300)\n"
 
 
 def _hosts_of(root: Path) -> list[int]:
-    """Host processes serving ``root`` (their cwd), found without the harness's help."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            cmd = (entry / "cmdline").read_bytes().split(b"\0")
-            if b"intloom.host" in cmd and Path(os.readlink(entry / "cwd")) == root:
-                found.append(int(entry.name))
-    return found
+    """Host processes serving ``root``, found without the harness's help."""
+    return processes_with(b"intloom.host", b"--project\0" + bytes(root) + b"\0")
 
 
 @pytest.mark.timeout(90)
@@ -42,7 +34,7 @@ def test_close_kills_a_host_whose_start_timed_out(tmp_path: Path) -> None:
     try:
         with pytest.raises(subprocess.TimeoutExpired):
             host.start()
-        hung = eventually(lambda: _hosts_of(host.root.resolve()), what="the hung host")
+        hung = eventually(lambda: _hosts_of(host.root), what="the hung host")
         assert not (host.root / ".intloom" / "service.json").exists()  # it never served
         host.close()
         assert [pid for pid in hung if pid_alive(pid)] == []

@@ -9,16 +9,23 @@ the peer figures run only their intloom and floor sides.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
+import threading
+import uuid
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.helpers import REPO
+from scripts.bench_common import tagged
+from tests.helpers import REPO, eventually, pid_alive, processes_with
 
 TINY: dict[str, list[str]] = {
     "steps": ["--steps", "40", "--repeats", "2", "--warmup", "5"],
@@ -34,11 +41,34 @@ TINY: dict[str, list[str]] = {
 }
 
 
+# Set, with a value of its own, in the environment of each figure's process, which every
+# process it starts inherits: a figure killed at its timeout left its hosts running.
+RUN_ENV = "INTLOOM_BENCH_SMOKE_RUN"
+
+
+def _figure(argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """``scripts/bench ARGV``; whatever it started and left is killed after, however it
+    ended (a figure killed at its timeout left its hosts running)."""
+    tag = uuid.uuid4().hex
+    try:
+        return subprocess.run([sys.executable, "-m", "scripts.benchmarks", *argv],
+                              cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, RUN_ENV: tag})
+    finally:
+        left = tagged(tag, RUN_ENV)
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for pid in left:
+            eventually(partial(_gone, pid), what=f"process {pid} to end")
+
+
+def _gone(pid: int) -> bool:
+    return not pid_alive(pid)
+
+
 def _bench(figure: str, tmp: Path) -> dict[str, Any]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "scripts.benchmarks", figure, *TINY[figure], "--dir", str(tmp)],
-        cwd=REPO, capture_output=True, text=True, timeout=50,
-    )
+    proc = _figure([figure, *TINY[figure], "--dir", str(tmp)], timeout=50)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
     assert len(lines) == 1, proc.stdout  # one JSON object, progress goes to stderr
@@ -117,3 +147,28 @@ def test_report_renders_from_the_figures(results: dict[str, dict[str, Any]]) -> 
     assert text.startswith("# Performance")
     assert "| µs per durable Step, 1 Run (async Step) |" in text
     assert "The same kill under intloom, DBOS and LangGraph" in text
+
+
+@pytest.mark.timeout(120)
+def test_a_figure_killed_before_it_ends_leaves_no_host(tmp_path: Path) -> None:
+    """A figure killed at the smoke test's timeout left its hosts running. Here one is
+    killed (SIGKILL, as the timeout does) while its host serves."""
+    argv = ["events", "--runs", "1", "--followers", "1", "--seconds", "300",
+            "--dir", str(tmp_path)]
+    ended: list[subprocess.CompletedProcess[str]] = []
+    runner = threading.Thread(target=lambda: ended.append(_figure(argv, timeout=100)))
+    runner.start()
+    hosts: list[int] = []
+    try:
+        hosts = eventually(lambda: processes_with(b"intloom.host", bytes(tmp_path)),
+                           timeout=60, what="the figure's host")
+        [figure] = processes_with(b"scripts.benchmarks", b"--seconds\0" + b"300", bytes(tmp_path))
+        os.kill(figure, signal.SIGKILL)
+        runner.join(60)
+        assert ended[0].returncode == -signal.SIGKILL
+        assert [pid for pid in hosts if pid_alive(pid)] == []
+    finally:
+        for pid in hosts:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        runner.join(60)
