@@ -241,6 +241,10 @@ class Limits:
     # events are written from the publish, which cannot wait for a slow reader). A few MiB:
     # seconds of the busiest Run's events.
     follow_backlog: int = 8 * 1024 * 1024
+    # The kernel's send buffer of a follower's connection, in bytes; 0: the kernel's own,
+    # autotuned to 4 MiB here. Tests lower it (INTLOOM_TEST_FOLLOW_SNDBUF) so that a reader
+    # that stops is found past the backlog in moments instead of after MiBs of events.
+    follow_sndbuf: int = 0
 
 
 @dataclass(slots=True)
@@ -604,6 +608,10 @@ class Server:
             return
 
         transport = writer.transport
+        if self.limits.follow_sndbuf:
+            sock = transport.get_extra_info("socket")
+            if sock is not None:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.limits.follow_sndbuf)
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         backlog = FollowBacklog(self.limits.follow_backlog)
 

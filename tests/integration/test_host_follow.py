@@ -45,6 +45,9 @@ BUSY = textwrap.dedent('''
 ''')
 
 
+FOLLOW_SNDBUF = 16 * 1024
+
+
 @pytest.fixture
 def busy(tmp_path: Path) -> Iterator[Project]:
     yield from reaped(one_source_project(tmp_path, "busy", BUSY))
@@ -96,6 +99,9 @@ def test_a_follower_that_stops_reading_a_busy_run_is_disconnected_at_the_bound(
     """With events written from the publish, nothing waits for a slow reader: past the
     bound of bytes unsent, the host closes that connection (the Run, and the host, go on)."""
     monkeypatch.setenv("INTLOOM_TEST_FOLLOW_BACKLOG", str(64 * 1024))
+    # The follower's kernel send buffer held ~4 MiB (autotuned) before any of the backlog
+    # did: 1-12 s of events, by the disk's fsync speed. A small one is full in moments.
+    monkeypatch.setenv("INTLOOM_TEST_FOLLOW_SNDBUF", str(FOLLOW_SNDBUF))
     service = start(busy).service
     with Client.connect(busy.root) as client:
         run = client.create_run("busy", "{}", wait=False)
@@ -127,6 +133,9 @@ def test_a_client_cut_as_too_slow_is_told_its_host_still_serves(
     """The Client's own stream cut at the bound: its error said "the host may have stopped
     or crashed" and to wait "once a host runs", while the host served on."""
     monkeypatch.setenv("INTLOOM_TEST_FOLLOW_BACKLOG", str(64 * 1024))
+    # The follower's kernel send buffer held ~4 MiB (autotuned) before any of the backlog
+    # did: 1-12 s of events, by the disk's fsync speed. A small one is full in moments.
+    monkeypatch.setenv("INTLOOM_TEST_FOLLOW_SNDBUF", str(FOLLOW_SNDBUF))
     start(busy)
     with Client.connect(busy.root) as client, Client.connect(busy.root) as follower:
         run = client.create_run("busy", "{}", wait=False)
