@@ -1,7 +1,10 @@
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import signal
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,6 +18,43 @@ from tests.helpers import Project, make_project, reaped
 
 # Below the kernel's ephemeral range (32768 up, by default): no port-0 bind or connect there.
 _SLICED_PORTS = range(10000, 32768)
+# Ports per worker: 22 slices, for the workers of every suite running on this machine at once.
+_SLICE = 1024
+# The lock file of each slice a worker holds, open for the worker's life: the kernel lets the
+# lock go when the worker ends, however it ends.
+_HELD: list[int] = []
+
+
+def claim_ports() -> str:
+    """``LO-HI``, a slice of ``_SLICED_PORTS`` no other live test process holds.
+
+    A slice used to be chosen by the worker's number alone, so two suites running at once
+    (two clones, two users) gave their gw0s the same ports, and a host restarted on its saved
+    port could find the other suite's host there. Each slice now has a lock file under
+    ``$TMPDIR/intloom-test-ports/``; the first one free is taken (``flock``, released by the
+    kernel when this process ends, so a crashed worker holds nothing).
+    """
+    locks = Path(tempfile.gettempdir()) / "intloom-test-ports"
+    locks.mkdir(mode=0o1777, exist_ok=True)
+    with contextlib.suppress(OSError):  # shared by every user's suites; not ours to change
+        locks.chmod(0o1777)
+    for index in range(len(_SLICED_PORTS) // _SLICE):
+        path = locks / f"slice-{index}.lock"
+        # Read-only: a lock file another user created is locked all the same.
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o444)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        _HELD.append(fd)
+        first = _SLICED_PORTS.start + index * _SLICE
+        return f"{first}-{first + _SLICE - 1}"
+    raise pytest.UsageError(
+        f"Every one of the {len(_SLICED_PORTS) // _SLICE} port slices under {locks} is held "
+        "by another running test process (its lock file is locked), so this worker has no "
+        f"ports of its own. Let those suites finish, run fewer workers, or set "
+        f"{TEST_PORTS_ENV}=LO-HI to choose the ports yourself.")
 
 
 def _ctrl_c_as_a_terminal_gives_it() -> None:
@@ -29,7 +69,8 @@ def _ctrl_c_as_a_terminal_gives_it() -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     """Ctrl-C as a terminal gives it (above). Under pytest-xdist, each worker's hosts pick
-    their ports from a slice of their own.
+    their ports from a slice of their own, which no other running suite's worker holds
+    (``claim_ports``); ``INTLOOM_TEST_PORTS``, when set, is used instead.
     A host restarted on its project's saved port must find it free; with every worker's
     hosts drawing on the kernel's one ephemeral range, another worker's host could be
     listening there by then (a stray CLI_SERVICE_UNAVAILABLE, now and then)."""
@@ -37,12 +78,7 @@ def pytest_configure(config: pytest.Config) -> None:
     worker = os.environ.get("PYTEST_XDIST_WORKER")  # "gw0", "gw1", ...; unset when serial
     if worker is None or TEST_PORTS_ENV in os.environ:
         return
-    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    span = len(_SLICED_PORTS) // count
-    # A worker started in place of one that crashed is named past the count (gw2, gw3, ...
-    # for two): it takes the slice of the one it replaces, never one above 32767.
-    first = _SLICED_PORTS.start + int(worker.removeprefix("gw")) % count * span
-    os.environ[TEST_PORTS_ENV] = f"{first}-{first + span - 1}"
+    os.environ[TEST_PORTS_ENV] = claim_ports()
 
 
 # The signals whose handling the code under test changes (Ctrl-C, a stop, a hang-up, Ctrl-\\).
