@@ -450,13 +450,19 @@ def _output_failed(state: CliState, exc: OSError) -> int:
         "is cut short there, but what the command did stands: attach and logs change "
         "nothing, and a Run that flow, answer or cancel acted on is as the host left it "
         "(intloom runs shows it). Free space where stdout goes, or send it elsewhere.")
+    _error_to_stderr(state, view)
+    return exit_codes.FAILURE
+
+
+def _error_to_stderr(state: CliState, view: ErrorView) -> None:
+    """``view`` on stderr once stdout refused what was written: stdout is pointed at
+    /dev/null, so that the interpreter's last flush does not fail again."""
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, state.renderer.out.fileno())
     os.close(devnull)
     state.renderer.documented = True  # a JSON error document goes to stderr
     with contextlib.suppress(OSError):
         state.renderer.error(view)
-    return exit_codes.FAILURE
 
 
 _PATH_MAX: Final = 4096  # Linux's longest path: a longer argument is no path
@@ -557,6 +563,13 @@ def _failed(state: CliState, view: ErrorView, code: int, *, where: bool = False)
             _say_where(state)
     except BrokenPipeError:
         _reader_gone(state)
+    except OSError as exc:
+        if not _output_refused(exc):
+            raise
+        # A --json error whose document a full stdout refused: the command's own error is
+        # what a script must learn, by its code and its exit code (a usage error stays 2),
+        # not CLI_OUTPUT_FAILED, which says only where the document could not go.
+        _error_to_stderr(state, view)
     return code
 
 

@@ -37,7 +37,7 @@ def test_a_full_stdout_is_a_known_error_in_text(project: Project, args: list[str
     assert "No space left on device (ENOSPC)" in line, line
 
 
-@pytest.mark.parametrize("args", [["attach"], ["logs"], ["attach", "RUN-nope"]])
+@pytest.mark.parametrize("args", [["attach"], ["logs"]])
 def test_a_full_stdout_is_one_error_document_on_stderr_in_json(
     project: Project, args: list[str]
 ) -> None:
@@ -48,6 +48,25 @@ def test_a_full_stdout_is_one_error_document_on_stderr_in_json(
     error = json.loads(line)["error"]
     assert error["code"] == "CLI_OUTPUT_FAILED" and error["retryable"] is False
     assert "ENOSPC" in error["message"]
+
+
+@pytest.mark.parametrize(("args", "code", "exit_code"), [
+    (["attach", "RUN-nope"], "NOT_FOUND", 1),
+    (["cancel", "RUN-nope"], "NOT_FOUND", 1),
+    (["runs", "--bogus"], "INVALID_REQUEST", 2),
+])
+def test_a_json_error_a_full_stdout_refuses_is_that_error_on_stderr(
+    project: Project, args: list[str], code: str, exit_code: int
+) -> None:
+    # The error's document was written to stdout, which refused it: only CLI_OUTPUT_FAILED
+    # (exit 1) was said, so a script lost NOT_FOUND, and a usage error's 2.
+    started_waiting(project)
+    result = _to_full(project, "--json", *args)
+    assert result.returncode == exit_code, result.stderr
+    (line,) = result.stderr.splitlines()
+    error = json.loads(line)["error"]
+    assert error["code"] == code, error
+    assert "RUN-nope" in error["message"] or "--bogus" in error["message"]
 
 
 @pytest.mark.parametrize("args", [[], ["--help"], ["runs", "--help"], ["attach", "-h"]])
