@@ -474,7 +474,14 @@ def _main(state: CliState, args: list[str]) -> int:
     try:
         command = typer.main.get_command(build_app(name, json_mode=state.json_mode))
         coercion.install(command)
-        state.json_mode = _json_requested(args, _value_options(command, name))
+        json_mode = _json_requested(args, _value_options(command, name))
+        if json_mode != state.json_mode:
+            # The first guess knew only the root's options that take a value: with the
+            # command's, ``flow X --intent --json --help`` asks for no JSON (--json is the
+            # intent), and its help is the terminal's, as without it. Rare: built again.
+            state.json_mode = json_mode
+            command = typer.main.get_command(build_app(name, json_mode=json_mode))
+            coercion.install(command)
         repeated = _repeated_option(args, command, name)
         if repeated is not None:
             raise UsageError(f"{repeated} is given more than once; pass it once.")

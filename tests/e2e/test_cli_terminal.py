@@ -99,6 +99,24 @@ def test_json_help_on_a_terminal_is_plain(tmp_path: Path, args: list[str]) -> No
     assert b"Usage: intloom" in out
 
 
+@pytest.mark.parametrize("args", [
+    ["flow", "example", "--intent", "--json", "--help"],
+    ["flow", "example", "--intent", "--json", "--json", "--help"],
+    ["flow", "example", "--intent", "--project", "--json", "--help"],
+])
+def test_help_follows_the_json_click_parses_not_the_word(
+    tmp_path: Path, args: list[str]
+) -> None:
+    """A ``--json`` that is ``--intent``'s value asks for no JSON: the help stays the
+    terminal's (Rich's) as without it; one after ``--intent --project`` is the option, and
+    its help is plain. The app was built from a first look that knew only ``--project``."""
+    code, out = on_a_terminal(args, tmp_path, no_color=False)
+    assert code == 0, out
+    rich = args.count("--json") == 1 and "--project" not in args
+    assert (ESC in out and BOX in out) is rich, out
+    assert b"Usage:" in out and b"WORKFLOW" in out
+
+
 def test_terminal_help_shows_flags_as_flags_and_arguments_as_the_docs_do(
     tmp_path: Path,
 ) -> None:
