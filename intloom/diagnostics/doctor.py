@@ -238,6 +238,48 @@ def unwritable_state_dirs(paths: ProjectPaths) -> list[Unwritable]:
     return found
 
 
+class _Unsearchable(NamedTuple):
+    """``.intloom/`` that this user may not search: nothing under it can be looked at."""
+
+    fact: str  # naming the directory, its mode and owner, and this user
+    fix: str  # without a full stop
+
+
+def _unsearchable_state(paths: ProjectPaths) -> _Unsearchable | None:
+    """``.intloom/`` itself refusing search (mode 0000, 0600): then every check of a file
+    under it (the owners, connection.json, temp files, the journals) would repeat the same
+    refusal, each in its own words, as five findings where there is one."""
+    try:
+        os.lstat(paths.state)
+    except OSError:
+        return None  # not there, or its parent refuses: those checks say it themselves
+    try:
+        os.lstat(paths.state / "service.lock")
+    except PermissionError:
+        pass
+    except OSError:
+        return None
+    else:
+        return None
+    refused = search_refusal(paths.state / "service.lock")
+    if refused is None:
+        return None
+    fact, fix = refused
+    with contextlib.suppress(OSError):
+        if os.stat(paths.state).st_uid == os.geteuid():
+            # Search alone (u+x) would leave it unlistable: the temp_files check would then
+            # be the next refusal. 0700 is the mode intloom gives it.
+            fix = f"Run chmod 700 {shell_arg(paths.state)}"
+    return _Unsearchable(fact, fix)
+
+
+def _skipped(check_id: str, what: str) -> Check:
+    """A check not made because ``.intloom/`` cannot be searched (runtime_dir says so)."""
+    return Check(check_id, "not_checked",
+                 f"Not checked: {what} cannot be looked at while .intloom/ cannot be searched "
+                 "(runtime_dir above).", None)
+
+
 def _runtime_dir_check(paths: ProjectPaths) -> Check:
     try:
         check_private_dir(paths.state)
@@ -887,6 +929,9 @@ def run_doctor(root: Path) -> DoctorReport:
                         host_pid=diagnosis.service.pid if diagnosis.service else None)
 
     config_check, config = _config_check(root)
+    blind = _unsearchable_state(paths)
+    if blind is not None:
+        return _blind_report(root, paths, diagnosis, config_check, config, blind)
     checks = [
         config_check,
         _runtime_dir_check(paths),
@@ -929,5 +974,39 @@ def run_doctor(root: Path) -> DoctorReport:
         health=_health(diagnosis.status, checks),
         checks=checks,
         runs=runs,
+        service=diagnosis.service,
+    )
+
+
+def _blind_report(root: Path, paths: ProjectPaths, diagnosis: Diagnosis, config_check: Check,
+                  config: Config | None, blind: _Unsearchable) -> DoctorReport:
+    """The report when ``.intloom/`` cannot be searched: one finding, in ``runtime_dir``,
+    naming the directory, the fact and the fix; the checks of what lies under it are
+    ``not_checked`` because of it. The diagnosis stays blocked: a host may own the project
+    through files no one here can look at."""
+    fact = blind.fact[:1].upper() + blind.fact[1:]
+    said = f"{fact}. Nothing was changed. {blind.fix}, then run intloom doctor again."
+    workflows_check, _loaded = _workflows_check(root, config)
+    checks = [
+        config_check,
+        Check("runtime_dir", "attention", f"{fact}.",
+              f"{blind.fix}, then run intloom doctor again; nothing was changed."),
+        _skipped("owner.service_lock", "service.lock"),
+        _skipped("owner.service_json", "service.json"),
+        _skipped("connection", "connection.json"),
+        _skipped("temp_files", "a temp file an interrupted write left in .intloom/"),
+        workflows_check,
+        _skipped("journals", "the journals in .intloom/runtime/"),
+    ]
+    return DoctorReport(
+        schema_version=SCHEMA_VERSION,
+        project_root=diagnosis.project_root,
+        status=diagnosis.status,
+        message=said,
+        owners=diagnosis.owners,
+        start_problem=None,
+        health=_health(diagnosis.status, checks),
+        checks=checks,
+        runs=[],
         service=diagnosis.service,
     )
