@@ -36,6 +36,7 @@ __all__ = [
     "injected_write_fault",
     "limit_fix",
     "no_inode_left",
+    "not_regular",
     "open_exclusive",
     "os_lock",
     "path_of",
@@ -369,6 +370,22 @@ def search_refusal(path: Path) -> tuple[str, str] | None:
             return None
         here = step
     return None
+
+
+def not_regular(mode: int) -> str:
+    """What an entry that is not a regular file is, in words (``intloom logs`` and doctor
+    name such an entry where a host writes only regular files)."""
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "of an unknown kind"
 
 
 def no_inode_left(directory: Path) -> str | None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Final
 
 from intloom.errors import IntloomError
+from intloom.fsutil import not_regular
 
 __all__ = ["LogTail", "log_files", "scan_logs", "unlistable"]
 
@@ -25,21 +26,6 @@ Skipped = Callable[[Path, str], None]  # a log-named entry that is no log, and w
 Foreign = Callable[[Path], None]  # an entry under a name no host writes in logs/
 Refused = Callable[[Path, OSError], None]  # a log file the OS would not open, and its error
 Reread = Callable[[Path, str], None]  # a followed file read again from its start, and why
-
-
-def _not_regular(mode: int) -> str:
-    """What an entry that is not a regular file is, in words."""
-    if stat.S_ISLNK(mode):
-        return "a symbolic link"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO (named pipe)"
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    return "of an unknown kind"
 
 
 def scan_logs(logs_dir: Path) -> tuple[list[Path], list[tuple[Path, str]], list[Path]]:
@@ -72,7 +58,7 @@ def scan_logs(logs_dir: Path) -> tuple[list[Path], list[tuple[Path, str]], list[
         if stat.S_ISREG(mode):
             found.append(path)
         else:
-            skipped.append((path, _not_regular(mode)))
+            skipped.append((path, not_regular(mode)))
     return sorted(found), sorted(skipped), sorted(foreign)
 
 
@@ -203,7 +189,7 @@ class LogTail:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):  # replaced since it was listed
             os.close(fd)
-            self._skip(path, _not_regular(mode))
+            self._skip(path, not_regular(mode))
             return None
         return fd
 

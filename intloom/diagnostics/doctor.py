@@ -39,6 +39,7 @@ from intloom.fsutil import (
     PrivacyError,
     check_private_dir,
     file_problem,
+    not_regular,
     privacy_fix,
     read_refusal,
     search_refusal,
@@ -361,6 +362,45 @@ def _loose_log(logs: Path) -> _LooseLog | None:
             mode = stat.S_IMODE(st.st_mode) if ours and st.st_mode & 0o077 else None
             return _LooseLog(PrivacyError(Path(entry.path), problem), mode)
     return None
+
+
+_NAMED: Final = 20  # stray entries of logs/ named one by one; the rest are counted
+
+
+def _stray_logs_check(logs: Path) -> Check | None:
+    """``log_files``, only when ``.intloom/logs/`` holds an entry no host writes: a name
+    other than ``LOG-*.jsonl`` (notes, a renamed copy), or one of that name that is no
+    regular file (a link, a FIFO). ``intloom logs`` names them as it passes over them (the
+    same rule: dot names left out); doctor was silent about them. Never read or touched."""
+    try:
+        entries = sorted(os.scandir(logs), key=lambda e: e.name)
+    except OSError:
+        return None  # no logs/ yet, or one runtime_dir names as unlistable
+    found: list[str] = []
+    for entry in entries:
+        if entry.name.startswith("."):
+            continue
+        shown = f".intloom/logs/{entry.name}"
+        if not (entry.name.startswith("LOG-") and entry.name.endswith(".jsonl")):
+            found.append(f"{shown} (not a log intloom writes)")
+            continue
+        try:
+            mode = entry.stat(follow_symlinks=False).st_mode
+        except OSError:
+            continue  # gone since the listing (a host pruning its old logs)
+        if not stat.S_ISREG(mode):
+            found.append(f"{shown} ({not_regular(mode)}, not a regular file)")
+    if not found:
+        return None
+    named = ", ".join(found[:_NAMED])
+    more = f", and {len(found) - _NAMED} more" if len(found) > _NAMED else ""
+    return Check(
+        "log_files", "attention",
+        f"{len(found)} entr{'y' if len(found) == 1 else 'ies'} in .intloom/logs/ no host "
+        f"wrote (a host writes only regular files named LOG-<UTC>.jsonl there): {named}"
+        f"{more}. intloom logs passes over them and names them; they are kept as they are.",
+        "Find out what put them there, then move them out of .intloom/logs/ unless you need "
+        "them there (intloom never reads, moves or removes them).")
 
 
 def _loose_segment(wal: Path) -> PrivacyError | None:
@@ -958,6 +998,9 @@ def run_doctor(root: Path) -> DoctorReport:
         and restore.count("interrupted") > len(restore.interrupted),
     )
     checks.append(journals_check)
+    stray_logs = _stray_logs_check(paths.logs)
+    if stray_logs is not None:
+        checks.append(stray_logs)
     if not running:
         tail = last_log(paths.logs)  # the last host's: read once for both
         runs = _with_tool_calls(tail, runs)

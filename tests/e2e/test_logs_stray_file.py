@@ -6,6 +6,8 @@ stream), never read, and kept byte-identical. Real host and real CLI."""
 from __future__ import annotations
 
 import json
+import os
+import stat
 
 import pytest
 
@@ -42,3 +44,42 @@ def test_a_stray_file_in_the_logs_directory_is_named_and_kept(project: Project) 
     opened = [r for r in records if r["event"] == "log_opened"]
     assert [r["instanceId"] for r in opened] == [service["instanceId"]]
     assert snapshot_files(project.state) == before  # read, never changed
+
+
+def test_doctor_names_the_stray_entries_of_the_logs_directory_and_keeps_them(
+    project: Project,
+) -> None:
+    """Only intloom logs named them: doctor said nothing of a file under a name no host
+    writes, nor of an entry named like a log that is no regular file (a FIFO, a link). It
+    now has a log_files check (attention) naming each; nothing is read or changed."""
+    ok(project.cli("start", "--json"))
+    ok(project.cli("stop", "--json"))
+    healthy = ok(project.cli("doctor", "--json"))
+    assert "log_files" not in [c["id"] for c in healthy["checks"]], healthy["checks"]
+    logs = project.state / "logs"
+    (logs / "notes.txt").write_bytes(b'{"event":"not a log"}\n')
+    os.mkfifo(logs / "LOG-fifo.jsonl", 0o600)  # opened, it would block doctor
+    (logs / "LOG-link.jsonl").symlink_to(logs / "notes.txt")
+    (logs / ".hidden").write_bytes(b"dot names are left out, as logs leaves them\n")
+    before = snapshot_files(project.state)
+
+    result = project.cli("doctor", "--json", timeout=60)
+    assert result.code == 3, (result.stdout, result.stderr)
+    (check,) = [c for c in result.json["checks"] if c["id"] == "log_files"]
+    assert check["status"] == "attention", check
+    assert check["message"].startswith("3 entries in .intloom/logs/ no host wrote"), check
+    for shown in (".intloom/logs/notes.txt (not a log intloom writes)",
+                  ".intloom/logs/LOG-fifo.jsonl (a FIFO (named pipe), not a regular file)",
+                  ".intloom/logs/LOG-link.jsonl (a symbolic link, not a regular file)"):
+        assert shown in check["message"], check
+    assert ".hidden" not in check["message"], check
+    assert "move them out of .intloom/logs/" in check["next"], check
+    others = [c for c in result.json["checks"] if c["id"] != "log_files"]
+    assert all(c["status"] == "ok" for c in others), others
+
+    text = project.cli("doctor")
+    assert text.code == 3, text
+    assert "log_files · attention: 3 entries in .intloom/logs/" in text.stdout, text.stdout
+    assert snapshot_files(project.state) == before  # read, never changed
+    assert stat.S_ISFIFO(os.lstat(logs / "LOG-fifo.jsonl").st_mode)
+    assert os.readlink(logs / "LOG-link.jsonl") == str(logs / "notes.txt")
