@@ -151,17 +151,18 @@ def _other_virtualenvs(root: Path) -> bytes:
     return "".join(lines).encode("utf-8", "surrogateescape")
 
 
-def _listed_anyway(config: Path) -> tuple[str, ...]:
+def _listed_anyway(config: Path) -> tuple[str, ...] | None:
     """The 'workflows' entries of a config that ``load_config`` refuses for another reason
     (a misspelt key, a bad port): they are the trees its next start loads once the slip is
-    fixed, so init must not write into them either. Nothing when it cannot be parsed."""
+    fixed, so init must not write into them either. None when it cannot be read or
+    parsed: then no one can tell which trees those are."""
     import tomllib
 
     try:
         text = read_config_bytes(config).decode("utf-8")
         listed = tomllib.loads(text.replace("\r\n", "\n").replace("\r", "\n")).get("workflows")
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, IntloomError):
-        return ()
+        return None
     if not isinstance(listed, list):
         return ()
     return tuple(entry for entry in listed
@@ -182,8 +183,22 @@ def _check_outside_sources(target: Path) -> None:
         return
     try:
         listed = load_config(around).workflows
-    except IntloomError:  # its own start names that; what it lists may still be read
-        listed = _listed_anyway(around / CONFIG_NAME)
+    except IntloomError as invalid:  # its own start names that; what it lists may be read
+        anyway = _listed_anyway(around / CONFIG_NAME)
+        if anyway is None:
+            # Unparseable, its trees cannot be told: any directory of that project may be
+            # one (a file at its root covers all of it). Every command that acts on it
+            # refuses it until it is fixed; init, which may change what it loads, too.
+            raise IntloomError(
+                "CLI_INIT_TARGET_INVALID",
+                f"{target} is inside the project {around}, and its {CONFIG_NAME} cannot be "
+                f"read as a configuration: {invalid.message} Until it can, the directories "
+                "that project loads Workflows from cannot be told, and the example intloom "
+                "init writes could join one of them (its unfinished Runs would be held as "
+                "changed at its next start); nothing was written. Fix that file first, or "
+                f"choose a directory outside {around}.",
+            ) from None
+        listed = anyway
     from intloom.authoring.identity import in_source_tree, source_root  # only when nested
 
     written = [real / name for name in SCAFFOLD if name.endswith(".py")]

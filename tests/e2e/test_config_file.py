@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import Project, one_source_project, reaped
+from tests.helpers import Project, one_source_project, reaped, snapshot_files
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -367,6 +367,44 @@ def test_init_reads_the_trees_of_a_project_whose_config_has_a_slip(tmp_path: Pat
         error["message"]), error
     assert not (outer / "workflows" / "new").exists()
     assert init(outer / "tools").returncode == 0  # outside every tree: still fine
+
+
+@pytest.mark.parametrize("damage", [b"workflows = [\n", b"workflows = [\"caf\xe9.py\"]\n"],
+                         ids=["not-toml", "not-utf8"])
+def test_init_inside_a_project_whose_config_cannot_be_parsed_writes_nothing(
+        tmp_path: Path, damage: bytes) -> None:
+    """With the intloom.toml of the project around it unparseable, init wrote the new
+    project anywhere in it: which trees that project loads could not be read, and none was
+    taken to be one, so the example could join a tree and hold its Runs as changed. Every
+    command acting on that project refuses the file until it is fixed; init now too, naming
+    it and its fault, and writes nothing. Once it parses, the same init works."""
+    import subprocess
+    import sys
+
+    def init(target: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "intloom", "init", str(target), "--json"],
+                              capture_output=True, text=True, timeout=60)
+
+    outer = tmp_path / "outer"
+    assert init(outer).returncode == 0
+    config = outer / "intloom.toml"
+    good = config.read_bytes()
+    config.write_bytes(damage)
+    before = snapshot_files(outer)
+    refused = init(outer / "tools")
+    assert refused.returncode == 1, (refused.stdout, refused.stderr)
+    error = json.loads(refused.stdout)["error"]
+    assert error["code"] == "CLI_INIT_TARGET_INVALID", error
+    assert error["message"].startswith(
+        f"{outer / 'tools'} is inside the project {outer}, and its intloom.toml cannot be "
+        f"read as a configuration: {config} "), error
+    assert "nothing was written" in error["message"], error
+    assert f"Fix that file first, or choose a directory outside {outer}." in (
+        error["message"]), error
+    assert not (outer / "tools").exists()
+    assert snapshot_files(outer) == before  # the file at fault is kept as it is
+    config.write_bytes(good)
+    assert init(outer / "tools").returncode == 0
 
 
 @pytest.mark.parametrize("config", [b"", b"workflows = []\n"], ids=["empty-file", "empty-list"])
