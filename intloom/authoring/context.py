@@ -82,6 +82,9 @@ class StepContext(Generic[S]):
     _abandoned: tuple[str, str] | None = None
     # How many entries ``_calls`` may hold before the finished ones are dropped (``_track``).
     _prune_at: int = 256
+    # The thread (not the host's loop) that was told, once, that this context is over
+    # (``_stale``): a class default, as ``_calls``.
+    _refused_on: threading.Thread | None = None
 
     def __init__(
         self,
@@ -266,6 +269,18 @@ class StepContext(Generic[S]):
         """The refusal of ``call`` through this context once its code is over: the journal
         would record it as the code running now (``what``: an effect, a wait), whose
         restart facts it would then falsify."""
+        here = threading.current_thread()
+        if here is not self._hooks.loop_thread:
+            if self._refused_on is here:
+                # Told already, and calling again: a retry loop that catches everything, on
+                # the thread of a sync Step the Run no longer waits for (a cancel, a stop's
+                # grace that ran out). Refused at once, it spun at 100 % of a core until the
+                # host exited, or for good after a cancel. Nothing it calls can be recorded
+                # any more, so the thread waits here until the host exits (workers are
+                # daemon threads; a Step never waits for another's thread). Never on the
+                # loop: that would hold up every Run.
+                _PARKED.wait()
+            self._refused_on = here
         over, recorded = self._over_while()
         return IntloomError(
             "STEP_INTERACTION_INVALID",
@@ -501,6 +516,9 @@ def _another_loop(where: str, call: str, example: str, code: str) -> IntloomErro
         "hand only blocking calls to a thread).",
     )
 
+
+# Never set: what a thread calling again through a ctx that is over waits on (``_stale``).
+_PARKED: Final = threading.Event()
 
 _KEEP_NONE: Final = ("Use the ctx the running Step was given (pass it to helpers as an "
                      "argument); do not keep one in a global or a closure for a later Step.")
