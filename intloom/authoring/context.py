@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import sys
 import threading
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterator
@@ -20,7 +21,8 @@ from intloom.authoring.workflow import callable_name
 from intloom.errors import IntloomError, a_an
 from intloom.runtime.model import PendingAction
 
-__all__ = ["ContextHooks", "Recovery", "StepContext", "finish", "left_behind", "unawaited"]
+__all__ = ["ContextHooks", "Recovery", "StepContext", "finish", "left_behind", "running_here",
+           "unawaited"]
 
 S = TypeVar("S")
 T = TypeVar("T")
@@ -706,6 +708,22 @@ def finish(ctx: StepContext[Any]) -> None:
     if ctx._state_type is None:
         ctx._stateless = True
     ctx._state_type = _Over
+
+
+def running_here() -> StepContext[Any] | None:
+    """The context of the code (a Step, an initialiser, ``recover``) that this call comes
+    from, found on the calling thread's stack: the innermost one not over. None on a thread
+    that runs no such code (a thread a Step started, any other program).
+
+    Looked up only on an error path (a Client in a Step waiting for its own Run): the Step
+    path records nothing for it, so a Step pays nothing."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        for value in frame.f_locals.values():
+            if isinstance(value, StepContext) and value._state_type is not _Over:
+                return value
+        frame = frame.f_back  # type: ignore[assignment]
+    return None
 
 
 def unawaited(ctx: StepContext[Any], returned: bool

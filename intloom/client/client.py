@@ -409,6 +409,31 @@ def _on_hosts_loop(pid: int) -> IntloomError | None:
     )
 
 
+def _waits_for_itself(pid: int, run_id: str) -> IntloomError | None:
+    """STEP_INTERACTION_INVALID when the code asking to wait for Run ``run_id`` is that
+    Run's own Step (initialiser, ``recover``), run by the host ``pid`` in this process: the
+    Run neither waits nor ends before that code returns, so the request waited out
+    ``request_timeout`` and then failed, naming a host that might be hung. The host cannot
+    tell (a request does not say what sent it), so the client looks, in the host's process
+    only, and only at the code on this thread's stack (a thread the Step started is not)."""
+    if pid != os.getpid():
+        return None
+    context = sys.modules.get("intloom.authoring.context")
+    if context is None:  # not imported: no Step has run in this process
+        return None
+    ctx = context.running_here()
+    if ctx is None or ctx.run_id != run_id:
+        return None
+    return IntloomError(
+        "STEP_INTERACTION_INVALID",
+        f"{ctx.where} called wait_run({run_id!r}) on its own Run: a Step cannot wait for "
+        f"its own Run, which neither waits nor ends until that code returns, so the request "
+        "would only have waited out the client's request_timeout and failed. Nothing was "
+        "sent. Return the Step's outcome and let the Run go on; wait for the Run from "
+        f"outside it (intloom attach {run_id}, or a client in another program).",
+    )
+
+
 def _hello_cap() -> float | None:
     """``HELLO_CAP_ENV`` as seconds; a value that is no positive number is ignored (a
     timeout of 0 would make the socket non-blocking, and a test hook must not fail a CLI)."""
@@ -1055,6 +1080,9 @@ class Client:
 
     def wait_run(self, run_id: str) -> RunView:
         """The Run's view once it is not running (waiting, completed or failed)."""
+        itself = _waits_for_itself(self.info.pid, run_id)
+        if itself is not None:
+            raise itself
         return self._call(WaitRun(run_id=run_id), RunReply).run
 
     def runs(self, flow: str | None = None) -> list[RunView]:
