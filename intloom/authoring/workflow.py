@@ -30,6 +30,7 @@ from typing import (
 
 import msgspec
 
+from intloom.authoring.savecheck import encode_state
 from intloom.errors import IntloomError, a_an, as_call, clip, message_of
 
 if TYPE_CHECKING:
@@ -159,6 +160,10 @@ class DefinitionError(IntloomError):
 # messages spell it: a user's class inside a type that is not a class is named as
 # _shown_type names a class, as its author wrote it.
 _MODULE_NAMED = re.compile(rf"\b{WORKFLOW_MODULE_PREFIX}[0-9a-f]+\.")
+
+
+# What names the default State to ``encode_state`` (``_check_state``), cut from its message.
+_DEFAULT: Final = "\x00default"
 
 
 def _bad(workflow: str, where: str, fact: str, fix: str,
@@ -662,6 +667,21 @@ class Workflow:
                 f"{clip(fact, 500)}, so every Run entering the Stage would fail there",
                 "Give each field a default of its declared type, or declare @stage.init to "
                 "build the State.",
+            ) from None
+        # Decoding is not all a saved State passes (encode_state): a part typed Any holding
+        # a set, a datetime in a zone with rules, say, decode, and the save refused them,
+        # failing every Run entering the Stage while load and doctor said nothing.
+        try:
+            encode_state(default, _DEFAULT, state)
+        except IntloomError as exc:
+            said = exc.message.removeprefix(f"{_DEFAULT}: the Stage State it left")
+            for end in ("; this State was not saved.", " This State was not saved."):
+                said = said.removesuffix(end)
+            raise _bad(
+                self.name, where, f"the default State {shown}(){said.rstrip('. ')}",
+                "Every Run entering the Stage would fail there, as the check that refused "
+                "it is the one each saved State passes: change that default, or declare "
+                "@stage.init to build the State.",
             ) from None
 
     def schemas(self) -> dict[str, str]:

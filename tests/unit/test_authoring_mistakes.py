@@ -4,11 +4,13 @@ source raises, the loader names that source and loads the others."""
 
 from __future__ import annotations
 
+import datetime
 import functools
 import pathlib
 import signal
 import sys
 import textwrap
+import zoneinfo
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -475,6 +477,42 @@ def test_a_default_state_that_does_not_fit_its_own_types_is_refused_at_load(
                   r"@stage\.init to build the State\.") as info:
         wf.validate()
     assert _code(info) == "WORKFLOW_DEFINITION_INVALID"
+    st.init(lambda ctx: state.__new__(state))  # an initialiser builds it instead
+    wf.validate()
+
+
+class _DefaultSetInAny(msgspec.Struct):
+    seen: Any = msgspec.field(default_factory=set)
+
+
+class _DefaultZonedTime(msgspec.Struct):
+    at: datetime.datetime = msgspec.field(default_factory=lambda: datetime.datetime(
+        2026, 3, 1, 9, tzinfo=zoneinfo.ZoneInfo("Europe/Paris")))
+
+
+@pytest.mark.parametrize(("state", "fact"), [
+    (_DefaultSetInAny, r"\$\.seen is a set, in a part of the State typed Any: it would be "
+                       r"saved as a list"),
+    (_DefaultZonedTime, r"\$\.at is a datetime in time zone 'Europe/Paris', of which JSON "
+                        r"keeps only the UTC offset"),
+])
+def test_a_default_state_the_save_check_refuses_is_refused_at_load(
+    state: type[msgspec.Struct], fact: str,
+) -> None:
+    """A default that decodes as its type but that the save check refuses (a set in a part
+    typed Any, a datetime in a zone with rules) loaded, and every Run failed as it entered
+    the Stage, STAGE_STATE_INVALID "Stage 's' default State: the Stage State it left cannot
+    be saved as it is": found by each Run, not by the load or doctor."""
+    wf = intloom.Workflow("w", version="1")
+    st = wf.stage("s", state=state)
+    st.step("a", routes={"ok": intloom.COMPLETE})(lambda ctx: "ok")
+    with _refused(rf"Workflow 'w', Stage 's': the default State .*{state.__qualname__}\(\) "
+                  rf"cannot be saved as it is: {fact}.*\. Every Run entering the Stage would "
+                  r"fail there.*: change that default, or declare @stage\.init to build the "
+                  r"State\.$") as info:
+        wf.validate()
+    assert _code(info) == "WORKFLOW_DEFINITION_INVALID"
+    assert "This State was not saved" not in str(info.value)
     st.init(lambda ctx: state.__new__(state))  # an initialiser builds it instead
     wf.validate()
 

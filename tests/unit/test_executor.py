@@ -2294,7 +2294,7 @@ class _Plain(msgspec.Struct):
 def test_a_state_that_may_hold_a_set_is_told_apart(annotation: Any, holds: bool) -> None:
     """Only such a State is saved with sorted sets (and dict keys): a set nested in a
     TypedDict, a NamedTuple or an Annotated type counts too."""
-    from intloom.executor.driver import _has_set
+    from intloom.authoring.savecheck import has_set as _has_set
 
     assert _has_set(msgspec.inspect.type_info(annotation)) is holds
 

@@ -542,7 +542,8 @@ class Loose(msgspec.Struct):
 def test_only_state_types_typed_any_somewhere_are_walked_and_only_along_those_parts() -> None:
     """A State type with no part typed Any pays no check (typed sets round-trip as sets);
     one that refers to itself is walked down to its parts typed Any, however deep."""
-    from intloom.executor.driver import _any_gap, _state_codec
+    from intloom.authoring.savecheck import any_gap as _any_gap
+    from intloom.authoring.savecheck import state_codec as _state_codec
 
     for typed in (Tree, Score):
         assert isinstance(_state_codec(typed)[2], bool), typed
