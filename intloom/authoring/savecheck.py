@@ -276,10 +276,21 @@ def any_gap(value: Any, parts: _AnyParts) -> tuple[str, str] | None:
                 pairs = zip(item, info.item_types, strict=False)  # lengths: decode checked
                 stack.extend((part, kind, (place, i)) for i, (part, kind) in enumerate(pairs))
         elif isinstance(info, (mi.DictType, mi.FrozenDictType)) and isinstance(item, dict):
-            keyed = isinstance(info.key_type, mi.AnyType)
+            key_type = info.key_type
+            while isinstance(key_type, mi.Metadata):  # Annotated[datetime, Meta(tz=True)]
+                key_type = key_type.type
+            keyed = isinstance(key_type, mi.AnyType)
+            # A key is a datetime's (time's) text as a value is: its zone's rules are lost
+            # the same way, and two keys that JSON writes alike would become one.
+            zoned = isinstance(key_type, (mi.DateTimeType, mi.TimeType))
             for key, part in item.items():
                 if keyed and not isinstance(key, str):
                     return json_gap({key: None}, place, _KEPT_GAPS)
+                if zoned:
+                    named = f"a key of {json_path(place)} ({clip(str(key), 60)})"
+                    gap = _zone_gap(key, place, named)
+                    if gap is not None:
+                        return gap
                 stack.append((part, info.value_type, (place, key)))
     return None
 
@@ -290,7 +301,7 @@ _UTC_NAMES: Final = frozenset({"UTC", "Etc/UTC", "Etc/Universal", "Etc/Zulu", "U
                                "Etc/GMT", "Zulu", "tzutc()"})
 
 
-def _zone_gap(item: Any, place: Any) -> tuple[str, str] | None:
+def _zone_gap(item: Any, place: Any, named: str | None = None) -> tuple[str, str] | None:
     """Where a State's datetime (or time) has a time zone JSON cannot carry, and the fix.
     JSON (RFC 3339) keeps a UTC offset, to the minute, and no zone: a ZoneInfo's datetime
     came back to the next Step at a fixed offset (its daylight-saving rules gone, so adding a
@@ -298,6 +309,7 @@ def _zone_gap(item: Any, place: Any) -> tuple[str, str] | None:
     a date) was dropped, and an offset with seconds was rounded (another instant)."""
     if not isinstance(item, (datetime.datetime, datetime.time)) or item.tzinfo is None:
         return None
+    subject = json_path(place) if named is None else named  # named: a dict key's words
     zone = item.tzinfo
     offset = item.utcoffset()
     kind = type(item).__name__
@@ -305,17 +317,17 @@ def _zone_gap(item: Any, place: Any) -> tuple[str, str] | None:
            "keep the zone's name in a str field (`zoneinfo.ZoneInfo(name)` rebuilds it), or "
            "give it a fixed offset of whole minutes (`datetime.timezone(timedelta(hours=1))`).")
     if offset is None:
-        return (f"{json_path(place)} is a {kind} in time zone {str(zone)!r}, which has no "
+        return (f"{subject} is a {kind} in time zone {str(zone)!r}, which has no "
                 "UTC offset without a date: JSON would keep no zone at all, and the next Step "
                 f"would get a naive {kind}", fix)
     if offset % datetime.timedelta(minutes=1):
-        return (f"{json_path(place)} is a {kind} at UTC offset {offset}, which JSON writes to "
+        return (f"{subject} is a {kind} at UTC offset {offset}, which JSON writes to "
                 f"the minute: the next Step would get another {kind}", fix)
     fixed = datetime.timezone(offset)
     if not offset and str(zone) in _UTC_NAMES:
         return None  # UTC by another class (ZoneInfo("UTC"), pytz.utc): it has no rules
     if type(zone) is not datetime.timezone or str(zone) != str(fixed):
-        return (f"{json_path(place)} is a {kind} in time zone {str(zone)!r}, of which JSON "
+        return (f"{subject} is a {kind} in time zone {str(zone)!r}, of which JSON "
                 f"keeps only the UTC offset ({fixed}): the next Step would get a {kind} at "
                 "that fixed offset, without the zone's name or its daylight-saving rules",
                 fix)

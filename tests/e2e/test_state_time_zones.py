@@ -65,6 +65,8 @@ SOURCE = textwrap.dedent('''
     class Plan(msgspec.Struct):
         when: dt.datetime = dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc)
         slots: list[Slot] = []
+        by_day: dict[dt.datetime, int] = {}
+        by_hour: dict[dt.time, int] = {}
 
 
     FIXED = dt.datetime(2026, 3, 28, 12, 0, tzinfo=dt.timezone(dt.timedelta(hours=-3)))
@@ -78,16 +80,20 @@ SOURCE = textwrap.dedent('''
             ctx.state = Plan(when=dt.datetime(2026, 3, 28, 12, 0, tzinfo=Paris()))
         elif ctx.intent == "time":
             ctx.state = Plan(slots=[Slot(), Slot(at=dt.time(9, 30, tzinfo=Paris()))])
+        elif ctx.intent == "key-zone":
+            ctx.state = Plan(by_day={FIXED: 1, dt.datetime(2026, 3, 28, 12, 0, tzinfo=Paris()): 2})
+        elif ctx.intent == "key-time":
+            ctx.state = Plan(by_hour={dt.time(9, 30, tzinfo=Paris()): 1})
         elif ctx.intent == "seconds":
             ctx.state = Plan(when=FIXED.replace(tzinfo=dt.timezone(dt.timedelta(seconds=19))))
         else:
             at = dt.time(9, 30, tzinfo=Utc() if ctx.intent == "utc" else dt.timezone.utc)
-            ctx.state = Plan(when=FIXED, slots=[Slot(at=at)])
+            ctx.state = Plan(when=FIXED, slots=[Slot(at=at)], by_day={FIXED: 1})
         return "set"
 
 
     def same(state: Plan) -> bool:
-        return (repr(state.when) == repr(FIXED)
+        return (repr(state.when) == repr(FIXED) and repr(list(state.by_day)) == repr([FIXED])
                 and repr(state.slots[0].at) == repr(dt.time(9, 30, tzinfo=dt.timezone.utc)))
 
 
@@ -113,7 +119,8 @@ FIX = ("Store it in UTC (`value.astimezone(datetime.timezone.utc)` for a datetim
 def test_a_time_zone_json_cannot_carry_is_refused_naming_the_field(tmp_path: Path) -> None:
     """Saved, the zone's datetime came back at a fixed offset (+01:00; a day added across the
     daylight-saving change then gave the wrong hour) and the time's zone was dropped, with
-    no word said; the offset with seconds was rounded to another instant."""
+    no word said; the offset with seconds was rounded to another instant. So were dict keys
+    of those types, which the check did not look at."""
     expected = {
         "zone": ("$.when is a datetime in time zone 'Europe/Paris', of which JSON keeps only "
                  "the UTC offset (UTC+01:00): the next Step would get a datetime at that "
@@ -123,6 +130,14 @@ def test_a_time_zone_json_cannot_carry_is_refused_naming_the_field(tmp_path: Pat
                  "would get a naive time"),
         "seconds": ("$.when is a datetime at UTC offset 0:00:19, which JSON writes to the "
                     "minute: the next Step would get another datetime"),
+        # Keys as values: saved as text, they lost their zone the same way, unchecked.
+        "key-zone": ("a key of $.by_day (2026-03-28 12:00:00+01:00) is a datetime in time zone "
+                     "'Europe/Paris', of which JSON keeps only the UTC offset (UTC+01:00): the "
+                     "next Step would get a datetime at that fixed offset, without the zone's "
+                     "name or its daylight-saving rules"),
+        "key-time": ("a key of $.by_hour (09:30:00) is a time in time zone 'Europe/Paris', which "
+                     "has no UTC offset without a date: JSON would keep no zone at all, and the "
+                     "next Step would get a naive time"),
     }
     for project in reaped(one_source_project(tmp_path, "plan", SOURCE)):
         ok(project.cli("start", "--json"))
