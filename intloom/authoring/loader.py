@@ -28,6 +28,7 @@ from types import CodeType, FrameType, ModuleType, TracebackType
 from typing import Any, Final
 
 from intloom.authoring.identity import (
+    Reads,
     in_source_tree,
     in_virtualenv,
     source_root,
@@ -148,6 +149,11 @@ class _SourceTrees(importlib.abc.MetaPathFinder):
         # hashed: a file saved between its import and the hashing would otherwise give the
         # code that runs the identity of other bytes.
         self.compiled: dict[str, bytes] | None = None
+        # While load_workflows runs: the bytes read of the tree files not (yet) imported, by
+        # path, with their lstat then (``workflow_identity``'s ``reads``): every single-file
+        # Workflow of a directory hashes the whole directory, and each read every file again
+        # (300 files: 44,850 reads; ``Reads``).
+        self.reads: Reads | None = None
         # Each loaded Workflow's tree (root -> "name version"), and the sha256 of the bytes
         # its identity took for each file, by path: a module a Step imports only once it
         # runs is read then, and must still be those bytes, or the Run would run code its
@@ -679,10 +685,12 @@ def _compiled_kept() -> Iterator[None]:
     the entries are imported and hashed, and forget them then: a Step importing a tree
     module later must not grow them for the host's life."""
     _TREES.compiled = {}
+    _TREES.reads = Reads()
     try:
         yield
     finally:
         _TREES.compiled = None
+        _TREES.reads = None
 
 
 def _register(sources: list[tuple[str, Path, dict[str, LoadedWorkflow] | ErrorView]],
@@ -944,7 +952,8 @@ def _load_entry(root: Path, rel: str, entry: Path) -> dict[str, LoadedWorkflow]:
         mine[wf.name] = (LoadedWorkflow(
             workflow=wf,
             source=rel,
-            identity=workflow_identity(wf.name, wf.version, entry, _TREES.compiled, hashed),
+            identity=workflow_identity(wf.name, wf.version, entry, _TREES.compiled, hashed,
+                                       reads=_TREES.reads),
             schemas=wf.schemas(),
         ), name)
         _TREES.loaded.update(hashed)
