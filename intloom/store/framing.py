@@ -36,6 +36,7 @@ __all__ = [
     "encode_frame",
     "encode_segment_header",
     "format_problem",
+    "frame_of",
     "rebuilt_payload",
     "scan_segment",
     "segment_header",
@@ -273,6 +274,13 @@ def _frame_at(data: bytes, p: int, size: int, view: memoryview | None = None) ->
     except UnicodeDecodeError:
         return None
     return Frame(kind, seq, run_id, data[rid_end:end], p, end)
+
+
+def frame_of(data: bytes) -> Frame | None:
+    """The frame ``data`` is exactly, if it is one whole frame that checks out; None
+    otherwise (a read taking a frame's bytes again, which may have changed since)."""
+    frame = _frame_at(data, 0, len(data))
+    return frame if frame is not None and frame.end == len(data) else None
 
 
 def _candidates(data: bytes, start: int, end: int, size: int) -> list[Candidate]:
