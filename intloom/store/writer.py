@@ -63,6 +63,7 @@ from intloom.store.framing import (
 )
 from intloom.store.history import HistoryEntry, read_histories
 from intloom.store.reader import FileProblem, StoreReport, load, read_ended
+from intloom.store.snapshots import snapshot_name
 
 __all__ = ["DEFAULT_SEGMENT_BYTES", "Store"]
 
@@ -737,6 +738,17 @@ class Store:
         found = read_ended(self.layout.root, run_id)
         if found is not None and found.state is not None and found.state.phase == "terminal":
             return found.state
+        if not self._tracked(run_id):
+            # Nothing a start reads holds it: any Run with records there (since the
+            # manifest's start, or pinned) is tracked until its done/ snapshot is written.
+            # Its track goes only after that write, so the file is looked at again. Without
+            # a file there (a mistyped id) the log was read whole for nothing: every segment
+            # of a log of some GB. A damaged file is still stood in for by the log.
+            found = read_ended(self.layout.root, run_id)
+            if found is not None and found.state is not None and found.state.phase == "terminal":
+                return found.state
+            if not os.path.lexists(self.layout.done / snapshot_name(run_id)):
+                return None
         state: RunState | None = None
         try:
             for record in self.history(run_id, sys.maxsize):
@@ -744,6 +756,12 @@ class Store:
         except IllegalTransition:
             return None
         return state if state is not None and state.phase == "terminal" else None
+
+    def _tracked(self, run_id: str) -> bool:
+        """Whether this store keeps a track of ``run_id``: restored from the segments a
+        start reads, or appended to since, and not yet in a ``done/`` snapshot."""
+        with self._tracks_lock:
+            return run_id in self._tracks
 
     def _running_loop_from_thread(self) -> asyncio.AbstractEventLoop:
         loop = self._loop
