@@ -9,6 +9,7 @@ Run on demand, never for startup. Read-only.
 from __future__ import annotations
 
 from collections.abc import Collection
+from datetime import datetime
 from pathlib import Path
 from typing import Literal
 
@@ -25,10 +26,13 @@ from intloom.store.framing import (
     VoidNotice,
     rebuilt_payload,
     scan_segment,
+    segment_header_end,
+    segment_name,
     segment_number,
 )
 from intloom.store.reader import (
     VOID_FRAME,
+    read_head,
     unread_segment,
     void_cuts,
     went_on,
@@ -42,7 +46,7 @@ from intloom.store.snapshots import (
     snapshot_name,
 )
 
-__all__ = ["HistoryEntry", "read_histories", "read_history", "read_summary"]
+__all__ = ["HistoryEntry", "first_segment", "read_histories", "read_history", "read_summary"]
 
 Verdict = Literal[
     "ok",  # checksum valid, decodes, and follows the previous record
@@ -96,13 +100,13 @@ def read_history(runtime_dir: Path, run_id: str, *, damage_elsewhere: bool = Tru
 
 
 def read_histories(runtime_dir: Path, run_ids: Collection[str], *,
-                   damage_elsewhere: bool = True, segments: Collection[int] | None = None
-                   ) -> dict[str, list[HistoryEntry]]:
+                   damage_elsewhere: bool = True, segments: Collection[int] | None = None,
+                   since: int = 0) -> dict[str, list[HistoryEntry]]:
     """``read_history`` of each of ``run_ids``, from one read of the log: the Runs of a
     busy log share its segments, and reading it once per Run multiplied the wait of the
     last one asked (many followers of restored Runs at once) by their number. A segment
     skipped only when it holds none of their ids (``damage_elsewhere=False``), or when it is
-    not among ``segments`` (given: only those are read)."""
+    not among ``segments`` (given: only those are read), or numbered below ``since``."""
     layout = Layout(runtime_dir)
     if not check_dir(runtime_dir) or not check_dir(layout.wal):
         return {run_id: [] for run_id in run_ids}
@@ -121,7 +125,7 @@ def read_histories(runtime_dir: Path, run_ids: Collection[str], *,
         number = segment_number(name)
         if number is None or unread_segment(layout, manifest, number) is not None:
             continue  # no start reads it; verify's finding names it
-        if segments is not None and number not in segments:
+        if (segments is not None and number not in segments) or number < since:
             continue
         data = read_file(layout.wal / name)
         if data is not None and (damage_elsewhere
@@ -138,6 +142,49 @@ def read_histories(runtime_dir: Path, run_ids: Collection[str], *,
     scans.sort(key=lambda s: s.number)
     voids = void_cuts(notices, scans)
     return {run_id: _judged(layout, scans, voids, run_id) for run_id in ids}
+
+
+def first_segment(runtime_dir: Path, created_at: str) -> int:
+    """The last segment created at or before ``created_at`` (a Run's header's ``at``): the
+    segment a writer had open then, below which it wrote none of that Run's records, if its
+    writers' clocks went forward. 0 (read them all) when that cannot be told: a segment's
+    header that does not check out, a time that does not parse, no segment that old.
+
+    A guess from clocks, so a caller checks what it read from there (``Store.history``:
+    the Run's first record) and reads the whole log when it is not there. Found by
+    bisection over the segments' headers (their first bytes), never by reading them."""
+    try:
+        created = datetime.fromisoformat(created_at)
+    except ValueError:
+        return 0
+    if created.tzinfo is None:
+        return 0
+    layout = Layout(runtime_dir)
+    numbers = sorted(n for n in map(segment_number, list_names(layout.wal)) if n is not None)
+    found, lo, hi = 0, 0, len(numbers)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        at = _created(layout, numbers[mid])
+        if at is None:
+            return 0
+        if at <= created:
+            found, lo = numbers[mid], mid + 1
+        else:
+            hi = mid
+    return found
+
+
+def _created(layout: Layout, number: int) -> datetime | None:
+    """When segment ``number``'s header says it was created; None when that cannot be read."""
+    head = read_head(layout.wal / segment_name(number))
+    found = None if head is None else segment_header_end(head[0])
+    if found is None:
+        return None
+    try:
+        at = datetime.fromisoformat(found[0].created_at)
+    except ValueError:
+        return None
+    return at if at.tzinfo is not None else None
 
 
 def _judged(layout: Layout, scans: list[SegmentScan], voids: dict[int, int],

@@ -61,7 +61,7 @@ from intloom.store.framing import (
     encode_segment_header,
     segment_name,
 )
-from intloom.store.history import HistoryEntry, read_histories
+from intloom.store.history import HistoryEntry, first_segment, read_histories
 from intloom.store.reader import FileProblem, StoreReport, load, read_ended
 from intloom.store.snapshots import snapshot_name
 
@@ -205,7 +205,8 @@ class Store:
         # of that read (reads are numbered as they begin: ``_history_reads``).
         self._history_mutex = threading.Lock()
         self._history_waiting: Counter[str] = Counter()
-        self._history_read: dict[str, tuple[int, list[HistoryEntry]]] = {}
+        # Run -> (the read's number, its entries, the segment it began at: 0 for all).
+        self._history_read: dict[str, tuple[int, list[HistoryEntry], int]] = {}
         self._history_reads = 0
         self._tracks: dict[str, Track] = {}
         self._fd = -1
@@ -690,8 +691,17 @@ class Store:
         record never happened (the next host wrote that seq again); a record being appended
         meanwhile is past ``upto_seq``. Any other damage ends the list there (or the gap it
         leaves does: ``read_history``).
+
+        The read begins at the segment each Run's header went to, as the segments' creation
+        times and the Run's own tell it (``first_segment``; the earliest of the Runs it
+        serves): reading every segment of an old log, some GB, for a Run begun in its last
+        ones made the first follower of a restored Run, and the answer recalled behind a
+        ``CONFLICT``, wait seconds. A read from there that does not give the Run's first
+        record (clocks that went back, damage) is done again over the whole log for that
+        Run. One that does gives what the whole log gives: every later record of the Run
+        was written after that one, so in a segment from there on (a torn or void copy of
+        a record is written again later, never earlier).
         """
-        records: list[Record] = []
         with self._history_mutex:
             self._history_waiting[run_id] += 1
             asked = self._history_reads  # only a read begun after this may serve it
@@ -702,33 +712,43 @@ class Store:
                     # A read begun before this call could miss records up to ``upto_seq``
                     # (another follower of the same Run, served by it, still holds it here).
                     found = hit[1] if hit is not None and hit[0] > asked else None
+                    since = hit[2] if hit is not None else 0
                     if found is None:
                         self._history_reads += 1
                         began = self._history_reads
                         wanted = set(self._history_waiting)
                 if found is None:
-                    read = read_histories(self.layout.root, wanted, damage_elsewhere=False)
+                    since = min(self._first_segment(rid) for rid in wanted)
+                    read = read_histories(self.layout.root, wanted, damage_elsewhere=False,
+                                          since=since)
                     found = read[run_id]
                     with self._history_mutex:
                         for rid, entries in read.items():
                             if rid in self._history_waiting:
-                                self._history_read[rid] = (began, entries)
+                                self._history_read[rid] = (began, entries, since)
         finally:
             with self._history_mutex:
                 self._history_waiting[run_id] -= 1
                 if self._history_waiting[run_id] <= 0:
                     del self._history_waiting[run_id]
                     self._history_read.pop(run_id, None)
-        entries = found
-        for entry in entries:
-            if entry.seq > upto_seq:
-                break
-            if entry.verdict in ("torn", "void"):
-                continue
-            if entry.verdict != "ok" or entry.record is None or entry.seq != len(records) + 1:
-                break
-            records.append(entry.record)
+        records = _records(found, upto_seq)
+        if since and not records and upto_seq > 0:
+            whole = read_histories(self.layout.root, [run_id], damage_elsewhere=False)
+            records = _records(whole[run_id], upto_seq)
         return records
+
+    def _first_segment(self, run_id: str) -> int:
+        """The segment a read of ``run_id``'s records begins at (``first_segment``), from
+        the Run's creation time as its track or its ``done/`` snapshot holds it; 0 (every
+        segment) when neither does."""
+        with self._tracks_lock:
+            track = self._tracks.get(run_id)
+            state = track.base if track is not None else None
+        if state is None and track is None:
+            ended = read_ended(self.layout.root, run_id)
+            state = ended.state if ended is not None else None
+        return 0 if state is None else first_segment(self.layout.root, state.created_at)
 
     def ended(self, run_id: str) -> RunState | None:
         """The last state of a Run that has ended, not held by this process (``JournalPort.
@@ -1390,3 +1410,18 @@ _MOVED_FIX: Final = (
 
 def _conforms(store: Store) -> JournalPort:
     return store  # mypy checks here that Store implements the port
+
+
+def _records(entries: list[HistoryEntry], upto_seq: int) -> list[Record]:
+    """A Run's records 1..``upto_seq`` from its history entries, up to the first that is
+    not ``ok`` or not the next seq (a torn or void record never happened)."""
+    records: list[Record] = []
+    for entry in entries:
+        if entry.seq > upto_seq:
+            break
+        if entry.verdict in ("torn", "void"):
+            continue
+        if entry.verdict != "ok" or entry.record is None or entry.seq != len(records) + 1:
+            break
+        records.append(entry.record)
+    return records

@@ -6,11 +6,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import msgspec
 import pytest
 
-import intloom.store.history as history
+from intloom.runtime.records import Record
+from intloom.store.compaction import now
+from intloom.store.files import read_file
 from intloom.store.snapshots import snapshot_name
-from tests.unit.test_store_support import open_store, walk
+from tests.unit.test_store_support import frames_of, open_store, walk
 
 UNKNOWN = "RUN-01KBZZZZZZZZZZZZZZZZZZZZZZ"
 
@@ -18,13 +21,13 @@ UNKNOWN = "RUN-01KBZZZZZZZZZZZZZZZZZZZZZZ"
 def _segments_read(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The segment files the history reads open, in order (a spy on the real read)."""
     read: list[str] = []
-    real: Callable[[Path], bytes | None] = history.read_file
+    real: Callable[[Path], bytes | None] = read_file
 
     def counted(path: Path) -> bytes | None:
         read.append(path.name)
         return real(path)
 
-    monkeypatch.setattr(history, "read_file", counted)
+    monkeypatch.setattr("intloom.store.history.read_file", counted)
     return read
 
 
@@ -76,5 +79,69 @@ def test_a_run_ended_since_the_start_is_read_from_the_log_until_its_snapshot_is_
         state = store.ended(run)
         assert state is not None and state.phase == "terminal"
         assert read, "the log was not read"
+    finally:
+        store.close_blocking()
+
+
+def _log(root: Path, at: str | None) -> tuple[list[Record], list[Record], int]:
+    """Six ended Runs over several segments, then RUN-X (unfinished) and RUN-Y (ended),
+    whose headers say ``at`` (None: when they are written); closed cleanly. Returns their
+    records and the first segment holding RUN-X's."""
+    store = open_store(root, segment_bytes=4096)
+    for i in range(6):
+        run = f"RUN-{i:026d}"
+        for record in walk(run, 12, i, terminal=True):
+            store.append(run, record)
+        store.sync_blocking()
+    runs: list[list[Record]] = []
+    for run, seed, ended in (("RUN-" + "X" * 26, 7, False), ("RUN-" + "Y" * 26, 8, True)):
+        records = walk(run, 12, seed, terminal=ended)
+        records[0] = msgspec.structs.replace(records[0], at=at or now())
+        for record in records:
+            store.append(run, record)
+        store.sync_blocking()
+        runs.append(records)
+    store.close_blocking()
+    segments = sorted((root / "wal").glob("*.seg"))
+    first = next(int(seg.stem) for seg in segments if frames_of(seg, "RUN-" + "X" * 26))
+    assert first > 2, first
+    return runs[0], runs[1], first
+
+
+@pytest.mark.timeout(60)
+def test_a_runs_history_is_read_from_the_segment_its_header_went_to(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first follower of a restored Run, and the answer recalled behind a CONFLICT for an
+    ended one, read every segment of the log (some GB: seconds) to rebuild its history."""
+    root = tmp_path / "runtime"
+    x, y, first = _log(root, None)
+    store = open_store(root, instance_id="INST-2")
+    try:
+        read = _segments_read(monkeypatch)
+        assert store.history("RUN-" + "X" * 26, 12) == x  # restored: its track says when
+        assert read and min(read) == f"{first:010d}.seg", (read, first)
+        read.clear()
+        assert store.history("RUN-" + "Y" * 26, 12) == y  # ended: its done/ snapshot does
+        assert read and min(read) >= f"{first:010d}.seg", (read, first)
+        read.clear()
+        assert store.history("RUN-" + "X" * 26, 1 << 40) == x  # all there is (Store.ended)
+        assert read and min(read) == f"{first:010d}.seg", (read, first)
+    finally:
+        store.close_blocking()
+
+
+@pytest.mark.timeout(60)
+def test_a_read_from_a_header_time_the_segments_contradict_is_done_over_the_whole_log(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A header stamped later than it was written (a clock that went back since) points
+    past the Run's records: what that read gives falls short, and the whole log is read."""
+    root = tmp_path / "runtime"
+    x, _, _ = _log(root, "2999-01-01T00:00:00+00:00")
+    store = open_store(root, instance_id="INST-2")
+    try:
+        read = _segments_read(monkeypatch)
+        assert store.history("RUN-" + "X" * 26, 12) == x
+        assert "0000000001.seg" in read, read
+        assert store.history("RUN-" + "X" * 26, 5) == x[:5]
     finally:
         store.close_blocking()
