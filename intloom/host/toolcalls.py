@@ -18,6 +18,8 @@ from typing import Any, Final
 
 import msgspec
 
+from intloom.host.logfile import LOG_NAME
+
 __all__ = ["LOG_TAIL", "last_log", "log_records", "read_log", "tool_calls_cut"]
 
 # The end of a host's log read for this: a stop's or a crash's last lines are there, and a
@@ -48,19 +50,31 @@ def read_log(path: Path | None, limit: int, *, tail: bool) -> bytes | None:
 
 
 def last_log(logs: Path, *, before: str | None = None) -> tuple[str, bytes] | None:
-    """The newest host log (``LOG-<start>.jsonl``) whose name sorts before ``before`` (a
-    starting host's own; None: any), its name and its last ``LOG_TAIL`` bytes; None when
-    there is none that is a regular file to read."""
+    """The newest host log (``LOG-<start>.jsonl``, a regular file under the name a host
+    gives it) whose name sorts before ``before`` (a starting host's own; None: any), its
+    name and its last ``LOG_TAIL`` bytes; None when there is none, or it cannot be read.
+    Other entries named ``LOG-*.jsonl`` (a copy, a link, a FIFO) are passed over, never
+    opened or followed: no host wrote them, and a stray name such as ``LOG-copy.jsonl``
+    sorts after every host's."""
     try:
-        names = sorted(e.name for e in os.scandir(logs)
-                       if e.name.startswith("LOG-") and e.name.endswith(".jsonl")
-                       and (before is None or e.name < before))
+        with os.scandir(logs) as entries:
+            newest = max((e.name for e in entries if LOG_NAME.fullmatch(e.name)
+                          and (before is None or e.name < before) and _regular(e)),
+                         default=None)
     except OSError:
         return None
-    if not names:
+    if newest is None:
         return None
-    data = read_log(logs / names[-1], LOG_TAIL, tail=True)
-    return None if data is None else (names[-1], data)
+    # The newest only, even unreadable: an older log is of a host before the last one.
+    data = read_log(logs / newest, LOG_TAIL, tail=True)
+    return None if data is None else (newest, data)
+
+
+def _regular(entry: os.DirEntry[str]) -> bool:
+    try:
+        return entry.is_file(follow_symlinks=False)
+    except OSError:
+        return False  # gone since the listing
 
 
 def log_records(tail: bytes) -> Iterator[dict[str, Any]]:

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import socket
+import stat
 import textwrap
 import threading
 from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -936,6 +939,53 @@ def test_tool_calls_are_logged_and_doctor_names_the_one_a_kill_cut(
     previews = {p["runId"]: p for p in json.loads(doctor.stdout)["runs"]}
     assert "says Tool call tc-1 (Tool 'slow') started " in (
         previews[running.run.run_id]["verdict"]["reason"]), previews[running.run.run_id]
+
+
+def test_the_last_hosts_log_is_found_past_entries_no_host_wrote(
+        project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
+    """doctor and the next host took the newest entry named ``LOG-*.jsonl`` as the last
+    host's log: a copy (``LOG-copy.jsonl`` sorts after every stamp), a link or a FIFO there
+    made them name no Tool call, or name one from the wrong file. They read the newest
+    regular file under a name a host gives its log; the others are never opened (a FIFO
+    would block) or followed, and are kept as they are."""
+    _looping_host(project, "10", monkeypatch)
+    with Client.connect(project.root) as client:
+        running = _running_tool(client, project, "slow",
+                                {"until": str(project.root / "release-tool")})
+    try:
+        project.kill_host()
+    finally:
+        (project.root / "release-tool").write_text("go")
+        running.caller.join(timeout=30)
+    logs = project.state / "logs"
+    (killed_log,) = (p.name for p in logs.glob("LOG-*.jsonl"))
+    copy = logs / "LOG-copy.jsonl"
+    copy.write_bytes(b'{"event":"log_opened","note":"a copy, no host wrote it"}\n')
+    link = logs / "LOG-link.jsonl"
+    link.symlink_to(killed_log)
+    # Named as hosts name their logs, a moment after the killed host's and before the next
+    # one's: the next host too would take them as its predecessor's log.
+    moment = datetime.strptime(killed_log, "LOG-%Y%m%dT%H%M%S%fZ.jsonl")
+    stamped = [logs / f"LOG-{m:%Y%m%dT%H%M%S}{m.microsecond // 1000:03d}Z.jsonl"
+               for m in (moment + timedelta(milliseconds=1), moment + timedelta(milliseconds=2))]
+    stamped[0].symlink_to(copy.name)
+    os.mkfifo(stamped[1], 0o600)
+    said = f"the log of the host it ran on (.intloom/logs/{killed_log}) says Tool call tc-1"
+
+    doctor = project.cli("--json", "doctor", timeout=30)  # a FIFO opened would block it
+    reason = {p["runId"]: p for p in json.loads(doctor.stdout)["runs"]}[
+        running.run.run_id]["verdict"]["reason"]
+    assert said in reason, reason
+    ok(project.cli("recover", "--json"))
+    start(project)
+    with Client.connect(project.root) as client:
+        error = client.get_run(running.run.run_id).last_error
+    assert error is not None and error.code == "RUN_INTERRUPTED", error
+    assert said in error.message, error.message
+    ok(project.cli("stop", "--json"))
+    assert copy.read_bytes().endswith(b"no host wrote it\"}\n")
+    assert os.readlink(link) == killed_log and os.readlink(stamped[0]) == copy.name
+    assert stat.S_ISFIFO(os.lstat(stamped[1]).st_mode)
 
 
 def test_a_tool_still_running_at_the_end_of_the_grace_is_named(

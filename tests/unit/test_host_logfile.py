@@ -42,3 +42,24 @@ def test_a_line_cut_short_is_lost_and_the_next_starts_on_its_own_line(
     assert len(lines[1]) == 40  # what the disk kept of the cut line, alone on its line
     after = json.loads(lines[2])
     assert (after["event"], after["n"]) == ("after", 1)
+
+
+@pytest.mark.timeout(30)
+def test_every_name_a_host_gives_its_log_is_a_host_logs_name(tmp_path: Path) -> None:
+    """Readers pick the last host's log by ``LOG_NAME`` (a stray ``LOG-copy.jsonl`` sorted
+    after every host's): each name a host gives its log must match it, those of hosts
+    started in the same millisecond too, and a name no host gives must not."""
+    from intloom.host.logfile import LOG_NAME
+
+    logs = tmp_path / "logs"
+    opened = [HostLog.open(logs) for _ in range(3)]  # likely one millisecond: names bumped
+    try:
+        names = sorted(log.path.name for log in opened)
+    finally:
+        for log in opened:
+            log.close()
+    assert len(set(names)) == 3, names
+    assert all(LOG_NAME.fullmatch(name) for name in names), names
+    for stray in ("LOG-copy.jsonl", "LOG-link.jsonl", f"{names[0]}.bak",
+                  names[0].replace(".jsonl", "-copy.jsonl"), "LOG-20261203T1411000Z.jsonl"):
+        assert not LOG_NAME.fullmatch(stray), stray
