@@ -446,6 +446,9 @@ class _Context(msgspec.Struct, frozen=True):
     # The diagnosis is a host in its start-up (owners.STARTING): its lock record, taken
     # before service.json is written.
     starting_since: str | None = None
+    # service.json is a crashed host's, which the host in its start-up replaces once it
+    # serves (owners._left_by_a_crash).
+    crashed_service_json: bool = False
     # service.json and connection.json, each valid, name different ports: no client
     # reaches the host (it refuses the mismatch), in words.
     ports_differ: str | None = None
@@ -599,6 +602,20 @@ def _owner_check(
             "host (it may be starting or stopping).",
             "Wait a moment and run intloom doctor again. Do not delete locks whose owners are "
             "still active.",
+            owner.evidence,
+        )
+    if (owner.status == "unknown" and name == "service.json" and ctx.crashed_service_json
+            and ctx.starting_since is not None):
+        # Its exit is proven; only the OS lock, which the starting host holds, keeps it
+        # "unknown". "Find the process that holds the project's lock and let it exit" told
+        # the user to stop the start that is about to replace the file.
+        return Check(
+            check_id, "attention",
+            f"{name} names pid {pid}, a host that has exited without removing it (a crash). "
+            f"The host starting since {ctx.starting_since} holds the project's lock (see "
+            f"service.lock) and replaces {name} once it serves.",
+            "Wait a moment and run intloom doctor again (intloom start waits for it). Leave "
+            f"{name} as it is: the starting host replaces it.",
             owner.evidence,
         )
     if owner.status == "unknown":
@@ -964,6 +981,7 @@ def run_doctor(root: Path) -> DoctorReport:
         return _Context(running=running, invalid=invalid,
                         port_taken=port_taken, port_holder=port_holder,
                         lock_unheld=lock_unheld, starting_since=starting_since,
+                        crashed_service_json=insp is not None and insp.crashed_service_json,
                         ports_differ=ports_differ, refused=refused,
                         refused_code=refused_code,
                         host_pid=diagnosis.service.pid if diagnosis.service else None)

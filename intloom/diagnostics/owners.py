@@ -119,6 +119,8 @@ class Inspection:
     # The code of that answer (PROTOCOL_MISMATCH, UNAUTHORIZED, ...), None without one: the
     # way out differs (restart the host with this intloom, or put a file back).
     refused_code: str | None = None
+    # service.json is a crashed host's (``_left_by_a_crash``), under the lock of another.
+    crashed_service_json: bool = False
 
 
 def judge_owners(snap: Snapshot, lock: LockProbe) -> list[Owner]:
@@ -197,27 +199,46 @@ STOPPING: Final = (
 )
 
 
-def _starting(snap: Snapshot, lock: LockProbe, owners: list[Owner]) -> str | None:
+def _left_by_a_crash(snap: Snapshot) -> bool:
+    """Whether ``service.json`` is a crashed host's: it names another instance than
+    ``service.lock`` does, and a process proven gone (no such pid, a zombie, the pid
+    reused). A start over it (the lock was removed by hand) holds the new lock and replaces
+    the file once it serves, so the file does not mean that its start is over. Its owner
+    stays ``unknown`` all the same (DESIGN: never gone while the OS lock is held, here by
+    the starting host), which keeps recover blocked."""
+    info, held = snap.service.value, snap.lock.value
+    if info is None or held is None or info.instance_id == held.instance_id:
+        return False
+    return probe_process(info.pid, info.create_time, None, boot_id(),
+                         snap.paths.service_lock).state == "gone"
+
+
+def _starting(snap: Snapshot, lock: LockProbe, owners: list[Owner],
+              crashed_service_json: bool) -> str | None:
     """The message for a host in its start-up (``liveness.host_starting``, judged from the
     snapshot), or None. DESIGN's state stays ``blocked`` (an owner is alive); the words say
-    it is a normal, passing state."""
+    it is a normal, passing state. A crashed host's ``service.json`` counts as none (the
+    client's ``starting_owner`` judges it so): status said "A resource owner still exists"
+    for the whole of a start over one."""
     held = snap.lock.value
     owner = next((o.status for o in owners if o.resource == "service_lock"), None)
     if held is None or not host_starting(
-            service_json=snap.service.value is not None, os_lock=lock.state, owner=owner,
-            owner_paused=paused(held.pid)):
+            service_json=snap.service.value is not None and not crashed_service_json,
+            os_lock=lock.state, owner=owner, owner_paused=paused(held.pid)):
         return None
     return starting_message(held.pid, held.started_at, "Run intloom status again in a moment "
                             "(intloom start waits for it); if it stays starting, run intloom "
                             "doctor or intloom logs.")
 
 
-def _paused_start(snap: Snapshot, lock: LockProbe, owners: list[Owner]) -> str | None:
+def _paused_start(snap: Snapshot, lock: LockProbe, owners: list[Owner],
+                  crashed_service_json: bool) -> str | None:
     """The message for a host stopped by a signal in its start-up, or None: status gave it
     the generic "a resource owner still exists", and only doctor said it was paused."""
     held = snap.lock.value
     owner = next((o.status for o in owners if o.resource == "service_lock"), None)
-    if (held is None or snap.service.value is not None or lock.state != "held"
+    if (held is None or (snap.service.value is not None and not crashed_service_json)
+            or lock.state != "held"
             or owner != "alive" or not paused(held.pid)):
         return None
     return (f"The host starting since {held.started_at} (pid {held.pid}) is paused (stopped by "
@@ -264,19 +285,19 @@ def _probe_host(root: Path, snap: Snapshot
 
 def _classify(
     snap: Snapshot, lock: LockProbe, owners: list[Owner], service: ServiceView | None,
-    problem: str | None,
+    problem: str | None, crashed_service_json: bool,
 ) -> tuple[DiagnosisStatus, str]:
     if service is not None:
         return "running", MESSAGES["running"]
     has_connection = snap.connection.value is not None
     if problem is not None:
         return "blocked", problem
-    starting = _starting(snap, lock, owners)
+    starting = _starting(snap, lock, owners, crashed_service_json)
     if starting is not None:
         # Before the missing-connection wording: a first start writes connection.json a
         # moment after it takes the lock, and the project is not in trouble meanwhile.
         return "blocked", starting
-    paused_start = _paused_start(snap, lock, owners)
+    paused_start = _paused_start(snap, lock, owners, crashed_service_json)
     if paused_start is not None:
         return "blocked", paused_start
     if any(owner.status != "gone" for owner in owners):
@@ -323,7 +344,8 @@ def inspect(root: Path, *, probe: bool = True) -> Inspection:
         # Judged again after the probe: a host that was starting may have answered meanwhile.
         lock = probe_lock(snap.paths.service_lock)
         owners = judge_owners(snap, lock)
-    status, message = _classify(snap, lock, owners, service, problem)
+    crashed = service is None and _left_by_a_crash(snap)
+    status, message = _classify(snap, lock, owners, service, problem, crashed)
     # A problem is the diagnosis's message whenever there is one (_classify), so doctor's
     # wording is the problem's own.
     said = here if here is not None else message
@@ -332,7 +354,7 @@ def inspect(root: Path, *, probe: bool = True) -> Inspection:
     )
     return Inspection(diagnosis=diagnosis, snapshot=snap, problem=problem, here=said,
                       port_taken=taken, port_holder=holder, answered=answered,
-                      refused_code=refused_code)
+                      refused_code=refused_code, crashed_service_json=crashed)
 
 
 def diagnose(root: Path, *, probe: bool = True) -> Diagnosis:

@@ -239,6 +239,62 @@ def test_doctor_during_a_normal_start_says_the_host_is_starting(held: Project) -
     ok(held.cli("stop", "--json"))
 
 
+def test_status_and_doctor_during_a_start_over_a_crashed_hosts_service_json(
+    held: Project,
+) -> None:
+    """A start over the service.json a killed host left (its service.lock removed by hand)
+    was "A resource owner still exists or its exit cannot be verified" for status and
+    doctor, for the whole start, and doctor said to make the lock's holder (the starting
+    host) exit. They say the host is starting, as without a crashed predecessor; paused,
+    they say so. The dead host's file is read, never changed, until the new host replaces
+    it."""
+    first = ok(held.cli("start", "--json"))["service"]
+    held.kill_host()
+    (held.state / "service.lock").unlink()
+    (held.root / "importing").unlink()
+    crashed = (held.state / "service.json").read_bytes()
+    with _while_starting(held, env={"HOLD_IMPORT": "1"}) as lock:
+        text = held.cli("status")
+        doc = held.cli("status", "--json")
+        doctor = held.cli("doctor", "--json")
+        os.kill(lock["pid"], signal.SIGSTOP)
+        try:
+            eventually(lambda: _stopped(lock["pid"]), timeout=10, what="the host to pause")
+            paused = held.cli("status", "--json")
+        finally:
+            os.kill(lock["pid"], signal.SIGCONT)
+        assert (held.state / "service.json").read_bytes() == crashed
+    starting = f"The service is starting (pid {lock['pid']}, since {lock['startedAt']})"
+    assert text.code == 0 and text.stdout.startswith(starting), text.stdout
+    assert doc.code == 0 and doc.json["status"] == "blocked", doc.json
+    assert doc.json["message"].startswith(starting), doc.json["message"]
+    # DESIGN: an owner is never gone while the OS lock is held (here, by the new host).
+    assert {o["resource"]: o["status"] for o in doc.json["owners"]} == {
+        "service_info": "unknown", "service_lock": "alive"}, doc.json["owners"]
+    report = doctor.json
+    assert report["status"] == "blocked" and report["message"].startswith(starting), report
+    checks = {c["id"]: c for c in report["checks"]}
+    assert checks["owner.service_lock"]["message"].startswith(
+        f"service.lock names pid {lock['pid']}, which is alive and starting"), checks
+    dead = checks["owner.service_json"]
+    assert dead["message"].startswith(
+        f"service.json names pid {first['pid']}, a host that has exited without removing it "
+        f"(a crash). The host starting since {lock['startedAt']} holds the project's lock"
+    ), dead
+    assert "fuser" not in dead["next"] and "Leave service.json as it is" in dead["next"], dead
+    assert paused.json["message"].startswith(
+        f"The host starting since {lock['startedAt']} (pid {lock['pid']}) is paused"), paused.json
+    service = ok(held.cli("status", "--json"))["service"]
+    assert service["pid"] == lock["pid"] and service["instanceId"] != first["instanceId"]
+    ok(held.cli("stop", "--json"))
+
+
+def _stopped(pid: int) -> bool:
+    """``pid`` is stopped by a signal (the state letter T in /proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+        return fh.read().rpartition(") ")[2][:1] == "T"
+
+
 # Sleeps when imported, as a module that calls a slow service at import time does.
 SLEEPS = '''
 import time
