@@ -115,11 +115,14 @@ class ServiceStarting(IntloomError):
 class HelloFailed(IntloomError):
     """CLI_SERVICE_UNAVAILABLE: the listener on the port accepted the connection but the
     hello did not complete. ``cause`` is what happened (the listener closed, sent what is
-    not a host's frame); None when no answer came in time."""
+    not a host's frame); None when no answer came in time. ``paused``: the pid of the host,
+    when that is because a signal stopped it."""
 
-    def __init__(self, message: str, cause: str | None, here: str | None = None) -> None:
+    def __init__(self, message: str, cause: str | None, here: str | None = None,
+                 paused: int | None = None) -> None:
         super().__init__("CLI_SERVICE_UNAVAILABLE", message, here=here)
         self.cause = cause
+        self.paused = paused
 
 
 def _offline(paths: ProjectPaths, message: str | None, *,
@@ -634,7 +637,7 @@ class Client:
                         f"a debugger): it accepted the connection on 127.0.0.1:{conn.port} "
                         "but cannot answer until it is resumed.")
                 raise HelloFailed(f"{fact} Resume it with kill -CONT {info.pid}, then try "
-                                  "again.", None, here=fact) from None
+                                  "again.", None, here=fact, paused=info.pid) from None
             fact = (f"The service at 127.0.0.1:{conn.port} did not complete the hello "
                     f"({exc}): whatever listens there accepted the connection but did not "
                     "answer as this project's host (a hung, paused or busy host, or another "

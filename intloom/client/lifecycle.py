@@ -209,6 +209,22 @@ _CUT_OFF: Final = frozenset(
     {"CLI_SERVICE_UNAVAILABLE", "PROJECT_CONNECTION_FAILED", "PROJECT_REQUEST_FAILED"})
 
 
+def _paused_host(pid: int) -> IntloomError:
+    """CLI_SERVICE_UNAVAILABLE for start against a host stopped by a signal, as for any
+    host that does not answer the hello (docs/lifecycle.md, start step 1), not
+    CLI_SERVICE_BUSY: its way out, "use intloom recover only after its owner has exited",
+    is none for a process that is alive and holds the project. The client's "then try
+    again" left open whether start would launch over it."""
+    return IntloomError(
+        "CLI_SERVICE_UNAVAILABLE",
+        f"The project's host (pid {pid}) is alive but stopped by a signal (SIGSTOP, Ctrl-Z "
+        "or a debugger): it holds the project and answers nothing until it is resumed. "
+        "intloom start did not start a second host beside it. Resume it with kill -CONT "
+        f"{pid}: it then serves again, and intloom start reuses it (or intloom stop stops "
+        "it).",
+    )
+
+
 def _saved_service(paths: ProjectPaths) -> ServiceInfo | None:
     try:
         return read_service(paths.service_json, paths.root)
@@ -471,6 +487,8 @@ def start_service(
             if (exc.code in _CUT_OFF and seen is not None
                     and _released_by_stop(paths, seen, deadline)):
                 continue
+            if isinstance(exc, HelloFailed) and exc.paused is not None:
+                raise _paused_host(exc.paused) from None
             raise
         if service is not None:
             if foreground:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from intloom.client.client import Client
@@ -498,6 +499,33 @@ def test_a_command_to_a_host_stopped_by_sigstop_says_so_and_how_to_resume_it(
     assert f"kill -CONT {pid}" in error["message"], error
     with Client.connect(project.root) as client:  # resumed, it answers again
         assert client.status().pid == pid
+
+
+def test_start_against_a_host_stopped_by_sigstop_says_it_is_alive_and_how_to_resume_it(
+        project: Project) -> None:
+    """start against a paused host gave the client's "then try again", which left open
+    whether a start would launch over it. It is CLI_SERVICE_UNAVAILABLE, as for any host
+    that does not answer (not BUSY, whose way out is recover once the owner has exited):
+    the host is alive, nothing else was started, and kill -CONT resumes it."""
+    pid = start(project).service.pid
+    logs = sorted((project.state / "logs").iterdir())
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        refused = project.cli("start", "--json",
+                              env={"INTLOOM_TEST_CLIENT_HELLO_TIMEOUT": "0.5"})
+        assert psutil.Process(pid).status() == psutil.STATUS_STOPPED
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    error = refused.json["error"]
+    assert refused.code == 1 and error["code"] == "CLI_SERVICE_UNAVAILABLE", refused
+    assert error["message"].startswith(
+        f"The project's host (pid {pid}) is alive but stopped by a signal (SIGSTOP, Ctrl-Z "
+        "or a debugger)"), error
+    assert "did not start a second host" in error["message"], error
+    assert f"Resume it with kill -CONT {pid}: it then serves again" in error["message"], error
+    assert sorted((project.state / "logs").iterdir()) == logs  # no host was launched
+    resumed = ok(project.cli("start", "--json"))
+    assert resumed["reused"] is True and resumed["service"]["pid"] == pid, resumed
 
 
 def _start_with_site(project: Project, tmp_path: Path, site: str) -> dict[str, Any]:

@@ -25,6 +25,7 @@ def _made() -> list[IntloomError]:
         defined,
         ServiceStarting("CLI_SERVICE_UNAVAILABLE", "The host is starting.", retryable=True),
         HelloFailed("The listener closed the connection.", "closed", here="said here"),
+        HelloFailed("The host is stopped by a signal.", None, here="said here", paused=4321),
     ]
 
 
