@@ -366,12 +366,26 @@ def tagged(tag: str, name: str = TAG_ENV) -> set[int]:
     return found
 
 
+def same_process(pid: int, created: float) -> bool:
+    """Whether ``pid`` is the process created at ``created`` (the create time intloom's
+    files record), as intloom's owner checks judge it: a reused pid has another."""
+    import psutil
+
+    from intloom.host.metadata import CREATE_TIME_TOLERANCE
+
+    try:
+        return abs(psutil.Process(pid).create_time() - created) <= CREATE_TIME_TOLERANCE
+    except psutil.Error:
+        return False
+
+
 @dataclass
 class Host:
     """A scratch project and the hosts started for it; ``close`` stops or kills them all."""
 
     root: Path
-    pids: set[int] = field(default_factory=set)
+    # The pids .intloom/'s files named, each with the create time its file recorded.
+    pids: dict[int, float] = field(default_factory=dict)
     tag: str = field(default_factory=lambda: uuid.uuid4().hex)
     timeout: float = 600.0  # seconds one CLI command may take before it is killed
 
@@ -404,7 +418,8 @@ class Host:
     def _track(self) -> None:
         for name in ("service.json", "service.lock"):
             with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-                self.pids.add(int(json.loads((self.root / ".intloom" / name).read_text())["pid"]))
+                owner = json.loads((self.root / ".intloom" / name).read_text())
+                self.pids[int(owner["pid"])] = float(owner["createTime"])
 
     def start(self) -> float:
         """Seconds from spawning ``intloom start`` to its exit, the host ready."""
@@ -430,13 +445,16 @@ class Host:
         return Client.connect(self.root, request_timeout=None)
 
     def close(self) -> None:
-        """Stop the live host; kill any process we started that is still there: those its
-        files named, and those carrying this Host's tag (a host whose start timed out
-        before it wrote them, a CLI command still running)."""
+        """Stop the live host; kill any process we started that is still there: those
+        carrying this Host's tag (a host whose start timed out before it wrote its files, a
+        CLI command still running), and those its files named that are still the process
+        they recorded. A named pid alone is no proof: a host killed earlier leaves it in
+        its files, and the pid may since belong to an unrelated process."""
         with contextlib.suppress(Exception):
             if (self.root / ".intloom" / "service.json").exists():
                 self.cli("stop", check=False)
-        for pid in self.pids | tagged(self.tag):
+        named = {pid for pid, created in self.pids.items() if same_process(pid, created)}
+        for pid in named | tagged(self.tag):
             if not pid_gone(pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
