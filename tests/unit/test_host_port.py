@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import os
 import socket
 
 import pytest
@@ -77,26 +76,6 @@ def test_the_test_ports_hook_confines_a_port_0_bind_and_leaves_a_named_port_alon
         taken.close()
     with bind_port(0) as freed:  # the slice's one port, free again
         assert freed.getsockname()[1] == port
-
-
-def test_every_xdist_worker_even_a_replacement_gets_a_slice_below_the_ephemeral_range(
-        monkeypatch: pytest.MonkeyPatch, pytestconfig: pytest.Config) -> None:
-    """xdist names a worker started after one crashed gw2, gw3, ...: its slice must still
-    be one of the count's, below 32768 (a slice above fell in the kernel's ephemeral range,
-    where connections take their ports, and past 65535 no port could be bound at all)."""
-    from tests.conftest import pytest_configure
-
-    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
-    slices: dict[str, range] = {}
-    for worker in ("gw0", "gw1", "gw2", "gw5"):
-        monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
-        monkeypatch.delenv(TEST_PORTS_ENV, raising=False)
-        pytest_configure(pytestconfig)
-        lo, _, hi = os.environ[TEST_PORTS_ENV].partition("-")
-        slices[worker] = range(int(lo), int(hi) + 1)
-        assert slices[worker].start >= 10000 and slices[worker].stop <= 32768, slices
-    assert not set(slices["gw0"]) & set(slices["gw1"]), slices
-    assert slices["gw2"] == slices["gw0"] and slices["gw5"] == slices["gw1"], slices
 
 
 def test_the_test_ports_hook_never_picks_a_port_another_host_bound_and_is_not_yet_listening(

@@ -60,10 +60,11 @@ def test_two_suites_gw0_at_once_get_ports_of_their_own(tmp_path: Path) -> None:
     finally:
         _end(first)
         _end(second)
-    # Both ended: their slices are free again, and the next worker gets the first one back.
+    # Both ended: their slices are free again, and the next worker gets the lower one back
+    # (the two started together, so either may have taken it).
     third = _worker(tmp_path)
     try:
-        assert _ports(third) == mine
+        assert _ports(third) == min(mine, theirs, key=lambda ports: ports.start)
     finally:
         _end(third)
 
@@ -92,3 +93,39 @@ def test_ports_given_in_the_environment_are_used_as_given(tmp_path: Path) -> Non
     finally:
         _end(worker)
     assert not (tmp_path / "intloom-test-ports").exists()  # nothing claimed
+
+
+# Every slice there is, claimed by one process (each claim opens its lock file again, a lock
+# of its own), then one more.
+EVERY = """
+import pytest
+from tests.conftest import claim_ports
+taken = []
+try:
+    while True:
+        taken.append(claim_ports())
+except pytest.UsageError as exc:
+    print(" ".join(taken))
+    print(exc)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_every_slice_is_below_the_ephemeral_range_and_one_too_many_is_refused(
+        tmp_path: Path) -> None:
+    """However many workers run at once (xdist names a worker started after one crashed
+    gw2, gw3, ...), none gets a port in the kernel's ephemeral range (32768 up), where
+    connections take theirs; past the last slice the worker is refused, saying why."""
+    env = {k: v for k, v in os.environ.items() if k != TEST_PORTS_ENV}
+    done = subprocess.run([sys.executable, "-c", EVERY], cwd=REPO, text=True,
+                          capture_output=True, timeout=50, env={**env, "TMPDIR": str(tmp_path)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    taken, refusal = done.stdout.splitlines()[0], "\n".join(done.stdout.splitlines()[1:])
+    slices = [range(int(lo), int(hi) + 1)
+              for lo, hi in (item.split("-") for item in taken.split())]
+    assert len(slices) >= 2, slices
+    ports = [port for ports in slices for port in ports]
+    assert len(ports) == len(set(ports)), slices  # disjoint
+    assert min(ports) >= 10000 and max(ports) < 32768, slices
+    assert f"Every one of the {len(slices)} port slices" in refusal, refusal
+    assert TEST_PORTS_ENV in refusal, refusal
