@@ -388,12 +388,15 @@ def _paused(pid: int) -> bool:
     return paused(pid)
 
 
-def _on_hosts_loop(pid: int) -> IntloomError | None:
+def _on_hosts_loop(pid: int, what: str = "Client.connect was called"
+                   ) -> IntloomError | None:
     """INVALID_REQUEST when this thread runs the event loop of the host ``pid`` itself (an
     async Step, Tool or on_complete connecting to its own project): the client blocks until
     the reply, which that loop alone could send, so every Run and the CLI stalled for the
     hello's timeout, then "a hung, paused or busy host ... run intloom doctor", a false
-    lead. asyncio is only looked at in the host's process, which has imported it."""
+    lead. The same for each request (``what``) of a Client connected off the loop (a worker
+    thread, ``asyncio.to_thread``) and then used on it: it waited out request_timeout.
+    asyncio is only looked at in the host's process, which has imported it."""
     if pid != os.getpid() or "asyncio" not in sys.modules:
         return None
     import asyncio
@@ -404,8 +407,8 @@ def _on_hosts_loop(pid: int) -> IntloomError | None:
         return None
     return IntloomError(
         "INVALID_REQUEST",
-        f"Client.connect was called on the event loop of this project's host (pid {pid}), "
-        "from an async Step, Tool or on_complete: the client blocks until the host replies, "
+        f"{what} on the event loop of this project's host (pid {pid}), from an async "
+        "Step, Tool or on_complete: the client blocks until the host replies, "
         "and the host cannot reply while its loop waits, so every Run would stall. Nothing "
         "was sent. Make that function a plain def (sync Steps, Tools and on_complete run on "
         "a worker thread), or call the client there with await asyncio.to_thread(...).",
@@ -1024,6 +1027,10 @@ class Client:
         )
 
     def _call(self, request: Request, expect: type[_R]) -> _R:
+        blocked = _on_hosts_loop(self.info.pid,
+                                 f"A {type(request).__name__} request was made through a Client")
+        if blocked is not None:
+            raise blocked
         with self._turn:
             if self._streaming is not None:
                 raise self._streaming_error()

@@ -48,10 +48,11 @@ SELF_CALL = textwrap.dedent('''
             return client.status().pid
 
 
-    @main.step("on_loop", routes={"done": intloom.COMPLETE, "thread": "in_thread"})
+    @main.step("on_loop", routes={"done": intloom.COMPLETE, "thread": "in_thread",
+                                  "later": "connected_off_loop"})
     async def on_loop(ctx: intloom.StepContext[Seen]) -> str:
-        if ctx.intent == "thread":
-            return "thread"
+        if ctx.intent in ("thread", "later"):
+            return ctx.intent
         ctx.state = Seen(pid=host_pid())
         return "done"
 
@@ -59,6 +60,16 @@ SELF_CALL = textwrap.dedent('''
     @main.step("in_thread", routes={"done": intloom.COMPLETE})
     async def in_thread(ctx: intloom.StepContext[Seen]) -> str:
         ctx.state = Seen(pid=await asyncio.to_thread(host_pid))
+        return "done"
+
+
+    @main.step("connected_off_loop", routes={"done": intloom.COMPLETE})
+    async def connected_off_loop(ctx: intloom.StepContext[Seen]) -> str:
+        client = await asyncio.to_thread(Client.connect, ROOT, request_timeout=30)
+        try:
+            ctx.state = Seen(pid=client.status().pid)  # on the loop: refused, not stalled
+        finally:
+            client.close()
         return "done"
 ''')
 
@@ -89,6 +100,25 @@ def test_a_client_on_the_hosts_own_loop_is_refused_at_once_naming_the_fix(
         done = client.create_run("selfcall", "thread")
         assert done.status == "completed", done
         assert client.status().pid == service.pid
+
+
+def test_a_client_connected_off_the_loop_then_used_on_it_is_refused_at_once(
+        self_calling: Project) -> None:
+    """A Client connected on a worker thread (asyncio.to_thread) and then called on the
+    host's own loop blocked that loop for the request's whole timeout (every Run and the CLI
+    stalled), then failed as if the host were hung: only Client.connect was checked. Each
+    request is refused before it is sent, as connect is."""
+    service = start(self_calling).service
+    with Client.connect(self_calling.root) as client:
+        failed = client.create_run("selfcall", "later")
+        assert failed.status == "failed", failed
+        assert failed.last_error is not None
+        assert failed.last_error.code == "INVALID_REQUEST", failed.last_error
+        message = failed.last_error.message
+        assert message.startswith("A Status request was made through a Client on the event "
+                                  f"loop of this project's host (pid {service.pid})"), message
+        assert "Nothing was sent" in message and "asyncio.to_thread" in message, message
+        assert client.status().pid == service.pid  # the host's loop was never held
 
 
 NAP = textwrap.dedent('''
