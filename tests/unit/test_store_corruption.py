@@ -35,6 +35,7 @@ from tests.helpers import snapshot_files
 from tests.unit.test_store_support import (
     abandon,
     by_id,
+    flip,
     frames_of,
     header,
     open_store,
@@ -61,12 +62,6 @@ def _crashed_host(root: Path, *, close: bool = False) -> Path:
     return root / "wal" / "0000000001.seg"
 
 
-def _flip(path: Path, offset: int) -> None:
-    data = bytearray(path.read_bytes())
-    data[offset] ^= 0x5A
-    path.write_bytes(bytes(data))
-
-
 def _expected(run: str, n: int = N):  # type: ignore[no-untyped-def]
     return fold(walk(run, N, RUNS[run])[:n])
 
@@ -77,7 +72,7 @@ def test_a_flipped_byte_blames_one_run_with_its_location(tmp_path: Path, where: 
     segment = _crashed_host(root)
     hit = frames_of(segment, "RUN-B")[5]  # record 6 of RUN-B, mid-segment
     offset = {"payload": hit.end - 3, "magic": hit.offset + 1, "length": hit.offset + 6}[where]
-    _flip(segment, offset)
+    flip(segment, offset)
     damaged = segment.read_bytes()
 
     runs = by_id(read_runs(root))
@@ -114,7 +109,7 @@ def test_a_damaged_segment_put_back_from_a_copy_restores_the_run(tmp_path: Path)
     segment = _crashed_host(root)
     good = segment.read_bytes()
     hit = frames_of(segment, "RUN-B")[5]
-    _flip(segment, hit.end - 3)
+    flip(segment, hit.end - 3)
     store = open_store(root, instance_id="INST-2")  # holds it, snapshots it as corrupt
     assert by_id(store.restored.runs)["RUN-B"].status == "corrupt"
     store.close_blocking()
@@ -150,7 +145,7 @@ def test_a_corrupt_run_whose_damage_is_gone_from_the_log_stays_held(
     hit = frames_of(segment, "RUN-B")[5]
     older = (good[:hit.offset] if copy == "older"  # from before record 6 was written
              else good[:max(frames_of(segment, run)[8].end for run in RUNS)])
-    _flip(segment, hit.end - 3)
+    flip(segment, hit.end - 3)
     store = open_store(root, instance_id="INST-2")
     held = by_id(store.restored.runs)["RUN-B"]
     assert held.status == "corrupt"
@@ -277,7 +272,7 @@ def test_an_ended_run_begun_in_a_pinned_segment_without_its_done_file_is_not_res
     z = _ended_after_a_pinned_segment(root)
     done = root / "snap" / "done" / snapshot_name("RUN-Z")
     if done_file == "damaged":
-        _flip(done, 40)
+        flip(done, 40)
     else:
         done.rename(tmp_path / done.name)
     kept = done.read_bytes() if done.exists() else None
@@ -307,7 +302,7 @@ def test_a_damaged_seq_is_no_seq_the_run_must_reach(tmp_path: Path, byte: int) -
     root = tmp_path / "runtime"
     segment = _crashed_host(root)
     good = segment.read_bytes()
-    _flip(segment, frames_of(segment, "RUN-B")[5].offset + byte)
+    flip(segment, frames_of(segment, "RUN-B")[5].offset + byte)
     store = open_store(root, instance_id="INST-2")
     assert by_id(store.restored.runs)["RUN-B"].status == "corrupt"
     store.close_blocking()
@@ -323,7 +318,7 @@ def test_a_corrupt_snapshot_from_before_reached_keeps_its_verdict(tmp_path: Path
     root = tmp_path / "runtime"
     segment = _crashed_host(root)
     good = segment.read_bytes()
-    _flip(segment, frames_of(segment, "RUN-B")[5].end - 3)
+    flip(segment, frames_of(segment, "RUN-B")[5].end - 3)
     store = open_store(root, instance_id="INST-2")
     store.close_blocking()
     live = root / "snap" / "live" / snapshot_name("RUN-B")
@@ -339,7 +334,7 @@ def test_damage_to_a_runs_last_record_is_still_reported(tmp_path: Path) -> None:
     root = tmp_path / "runtime"
     segment = _crashed_host(root)
     last_a = frames_of(segment, "RUN-A")[-1]
-    _flip(segment, last_a.end - 2)
+    flip(segment, last_a.end - 2)
     runs = by_id(read_runs(root))
     assert runs["RUN-A"].status == "corrupt"
     assert f"offset {last_a.offset}" in (runs["RUN-A"].problem or "")
@@ -351,7 +346,7 @@ def test_damage_in_a_compacted_segment_is_found_by_verify_only(tmp_path: Path) -
     root = tmp_path / "runtime"
     segment = _crashed_host(root, close=True)
     hit = frames_of(segment, "RUN-C")[3]
-    _flip(segment, hit.end - 1)
+    flip(segment, hit.end - 1)
     damaged = segment.read_bytes()
     runs = by_id(read_runs(root))
     assert all(j.status == "ok" for j in runs.values())
@@ -477,7 +472,7 @@ def test_a_damaged_snapshot_falls_back_to_the_whole_log(tmp_path: Path) -> None:
     root = tmp_path / "runtime"
     _crashed_host(root, close=True)
     victim = root / "snap" / "live" / snapshot_name("RUN-B")
-    _flip(victim, 30)
+    flip(victim, 30)
     kept = victim.read_bytes()
     report = read_runs_report(root)
     assert report.stats.full
@@ -509,7 +504,7 @@ def test_a_damaged_snapshot_the_log_cannot_stand_in_for_needs_attention(tmp_path
     _crashed_host(root, close=True)
     _more(root, "INST-2", N + 2)
     victim = root / "snap" / "live" / snapshot_name("RUN-B")
-    _flip(victim, 30)
+    flip(victim, 30)
     kept = victim.read_bytes()
     first = root / "wal" / "0000000001.seg"
     first.rename(tmp_path / first.name)  # the log's beginning is gone (not intloom's doing)
@@ -597,7 +592,7 @@ def test_an_idle_run_known_only_from_its_snapshot_may_own_the_damage(
     hit = frames_of(segment, "RUN-X")[1]
     for offset in {"length": [hit.offset + 6], "payload": [hit.end - 2],
                    "run_id+payload": [hit.offset + 24, hit.end - 2]}[where]:
-        _flip(segment, offset)
+        flip(segment, offset)
     runs = by_id(read_runs(root))
     x = runs["RUN-X"]  # its seqs show the gap whatever the damage
     assert x.status == "corrupt" and f"offset {hit.offset}" in (x.problem or "")
@@ -625,7 +620,7 @@ def test_a_run_held_for_damage_no_run_owns_is_not_freed_by_a_copy_where_it_ends(
     good = segment.read_bytes()
     hit = frames_of(segment, "RUN-X")[1]
     for offset in (hit.offset + 24, hit.end - 2):  # its run id and its payload: no owner
-        _flip(segment, offset)
+        flip(segment, offset)
     store = open_store(root, instance_id="INST-3")
     held = by_id(store.restored.runs)["RUN-IDLE"]
     store.close_blocking()
@@ -682,7 +677,7 @@ def test_store_history_reads_a_runs_records_up_to_a_seq_and_stops_at_damage(
         assert store.history("RUN-A", N) == walk("RUN-A", N, RUNS["RUN-A"])
         assert store.history("RUN-A", 4) == walk("RUN-A", N, RUNS["RUN-A"])[:4]
         assert store.history("RUN-missing", N) == []
-        _flip(segment, frames_of(segment, "RUN-B")[5].end - 3)  # record 6 of RUN-B
+        flip(segment, frames_of(segment, "RUN-B")[5].end - 3)  # record 6 of RUN-B
         assert store.history("RUN-B", N) == walk("RUN-B", N, RUNS["RUN-B"])[:5]
         assert store.history("RUN-C", N) == walk("RUN-C", N, RUNS["RUN-C"])
     finally:
@@ -785,12 +780,12 @@ def test_a_damaged_done_snapshot_is_never_written_over(tmp_path: Path, how: str)
     live snapshot that pins the segment), its damaged done/ file is reported and kept."""
     root = tmp_path / "runtime"
     done, live = _ended_and_live(root)
-    _flip(done, 40)
+    flip(done, 40)
     kept = done.read_bytes()
     if how == "manifest_moved_out":
         (root / "manifest.json").rename(tmp_path / "manifest.json")
     else:
-        _flip(live, 30)
+        flip(live, 30)
     rel = f"snap/done/{done.name}"
     report = read_runs_report(root)  # what doctor reads: the file a start reads is reported
     assert (rel, "corrupt") in {(f.path, f.kind) for f in report.files}
@@ -812,7 +807,7 @@ def test_healthy_done_snapshots_are_not_rewritten_at_each_start(tmp_path: Path) 
     root = tmp_path / "runtime"
     done, live = _ended_and_live(root)
     before = done.read_bytes()
-    _flip(live, 30)  # pins segment 1: every start reads RUN-END's records again
+    flip(live, 30)  # pins segment 1: every start reads RUN-END's records again
     for i in range(3):
         open_store(root, instance_id=f"INST-{i + 2}").close_blocking()
         assert done.read_bytes() == before
@@ -918,7 +913,7 @@ def _ended_after_a_pinned_segment(root: Path) -> list[Record]:
     store.sync_blocking()
     abandon(store)
     segment = root / "wal" / "0000000001.seg"
-    _flip(segment, frames_of(segment, "RUN-B")[4].end - 3)  # RUN-B held: segment 1 pinned
+    flip(segment, frames_of(segment, "RUN-B")[4].end - 3)  # RUN-B held: segment 1 pinned
     store = open_store(root, instance_id="INST-2")
     assert by_id(store.restored.runs)["RUN-Z"].state == fold(z[:3])
     for record in z[3:]:
@@ -970,7 +965,7 @@ def test_damaged_history_of_an_ended_run_is_no_missing_live_snapshot(tmp_path: P
     store.close_blocking()
     assert (root / "snap" / "done" / snapshot_name("RUN-E")).exists()
     segment = root / "wal" / "0000000001.seg"
-    _flip(segment, frames_of(segment, "RUN-E")[3].end - 3)
+    flip(segment, frames_of(segment, "RUN-E")[3].end - 3)
     before = snapshot_files(root)
 
     report = verify_report(root)
@@ -989,7 +984,7 @@ def test_a_damaged_snapshot_whose_run_no_record_names_says_the_run_is_not_restor
     root = tmp_path / "runtime"
     _crashed_host(root, close=True).unlink()
     live = root / "snap" / "live" / snapshot_name("RUN-B")
-    _flip(live, len(live.read_bytes()) - 5)
+    flip(live, len(live.read_bytes()) - 5)
     kept = live.read_bytes()
     report = read_runs_report(root)
     assert set(by_id(report.runs)) == {"RUN-A", "RUN-C"}

@@ -10,12 +10,23 @@ import msgspec
 import pytest
 
 from intloom.runtime.records import Record
+from intloom.store import Store
 from intloom.store.compaction import now
 from intloom.store.files import read_file
 from intloom.store.snapshots import snapshot_name
 from tests.unit.test_store_support import frames_of, open_store, walk
 
 UNKNOWN = "RUN-01KBZZZZZZZZZZZZZZZZZZZZZZ"
+
+
+def _six_ended(store: Store) -> None:
+    """Six ended Runs of 12 records, each made durable on its own (several segments at
+    4 KiB)."""
+    for i in range(6):
+        run = f"RUN-{i:026d}"
+        for record in walk(run, 12, i, terminal=True):
+            store.append(run, record)
+        store.sync_blocking()
 
 
 def _segments_read(monkeypatch: pytest.MonkeyPatch) -> list[str]:
@@ -37,11 +48,7 @@ def test_an_id_no_file_names_is_not_looked_for_in_every_segment(
     """A mistyped Run id read every segment of the log (some GB) to answer NOT_FOUND."""
     root = tmp_path / "runtime"
     store = open_store(root, segment_bytes=4096)
-    for i in range(6):
-        run = f"RUN-{i:026d}"
-        for record in walk(run, 12, i, terminal=True):
-            store.append(run, record)
-        store.sync_blocking()
+    _six_ended(store)
     store.close_blocking()
     assert len(list((root / "wal").glob("*.seg"))) > 1
     ended = "RUN-" + "0" * 26
@@ -88,11 +95,7 @@ def _log(root: Path, at: str | None) -> tuple[list[Record], list[Record], int]:
     whose headers say ``at`` (None: when they are written); closed cleanly. Returns their
     records and the first segment holding RUN-X's."""
     store = open_store(root, segment_bytes=4096)
-    for i in range(6):
-        run = f"RUN-{i:026d}"
-        for record in walk(run, 12, i, terminal=True):
-            store.append(run, record)
-        store.sync_blocking()
+    _six_ended(store)
     runs: list[list[Record]] = []
     for run, seed, ended in (("RUN-" + "X" * 26, 7, False), ("RUN-" + "Y" * 26, 8, True)):
         records = walk(run, 12, seed, terminal=ended)

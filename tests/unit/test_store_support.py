@@ -119,6 +119,13 @@ def abandon(store: Store) -> None:
     store._closed = True
 
 
+def flip(path: Path, offset: int) -> None:
+    """Damage ``path``: the byte at ``offset`` XORed with 0x5A."""
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x5A
+    path.write_bytes(bytes(data))
+
+
 def frames_of(segment: Path, run_id: str) -> list[Frame]:
     """The valid record frames of ``run_id`` in one segment file, in order."""
     scan = scan_segment(segment.name, 0, segment.read_bytes())

@@ -19,6 +19,7 @@ from tests.unit.test_store_support import (
     STAGES,
     abandon,
     by_id,
+    flip,
     frames_of,
     header,
     open_store,
@@ -87,12 +88,6 @@ def _crashed(root: Path) -> Path:
     return root / "wal" / "0000000001.seg"
 
 
-def _flip(path: Path, offset: int) -> None:
-    data = bytearray(path.read_bytes())
-    data[offset] ^= 0x5A
-    path.write_bytes(bytes(data))
-
-
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("damage", ["none", "payload", "magic", "length", "tail", "cut"])
 def test_a_verify_by_place_finds_what_one_holding_every_payload_finds(
@@ -106,7 +101,7 @@ def test_a_verify_by_place_finds_what_one_holding_every_payload_finds(
     elif damage != "none":
         offset = {"payload": hit.end - 3, "magic": hit.offset + 1, "length": hit.offset + 6,
                   "tail": last.end - 2}[damage]
-        _flip(segment, offset)
+        flip(segment, offset)
     before = snapshot_files(root)
 
     lean = verify_report(root)
@@ -132,7 +127,7 @@ def test_a_segment_changed_between_the_two_reads_is_judged_from_one_read(
         nonlocal calls
         calls += 1
         if calls == 1:
-            _flip(segment, hit.end - 3)
+            flip(segment, hit.end - 3)
         judge_all(*args, **kwargs)
 
     monkeypatch.setattr(reader, "_judge_all", damaged_meanwhile)
