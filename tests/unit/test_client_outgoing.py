@@ -8,6 +8,7 @@ import decimal
 import enum
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import msgspec
@@ -16,6 +17,10 @@ import pytest
 from intloom.client.outgoing import frame_of
 from intloom.errors import IntloomError
 from intloom.protocol.messages import Answer, CallTool, CompleteAgentCall
+
+# The host a socketpair stands in for: no process, so never this one (a Client checks
+# that it is not called on its own host's event loop, by the host's pid).
+NO_HOST: Any = SimpleNamespace(pid=0)
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -224,7 +229,7 @@ def test_a_client_closed_by_another_thread_ends_its_request_and_says_so() -> Non
     from intloom.client.client import Client
 
     ours, hosts = socket.socketpair()
-    client = Client(ours, None, None, Path("/nowhere"),  # type: ignore[arg-type]
+    client = Client(ours, None, NO_HOST, Path("/nowhere"),  # type: ignore[arg-type]
                     request_timeout=5.0)
     failed: list[IntloomError] = []
 
@@ -262,7 +267,7 @@ def test_a_tool_call_past_the_request_timeout_says_it_may_still_run_and_how_to_r
 
     ours, hosts = socket.socketpair()
     with hosts:
-        client = Client(ours, None, None, Path("/nowhere"),  # type: ignore[arg-type]
+        client = Client(ours, None, NO_HOST, Path("/nowhere"),  # type: ignore[arg-type]
                         request_timeout=0.2)
         with pytest.raises(IntloomError) as info:
             client.call_tool("RUN-1", "CALL-1", "token", "tc-1", "search", {"q": "x"})
@@ -283,7 +288,7 @@ def test_a_completion_past_the_request_timeout_says_sending_it_again_is_safe() -
 
     ours, hosts = socket.socketpair()
     with hosts:
-        client = Client(ours, None, None, Path("/nowhere"),  # type: ignore[arg-type]
+        client = Client(ours, None, NO_HOST, Path("/nowhere"),  # type: ignore[arg-type]
                         request_timeout=0.2)
         with pytest.raises(IntloomError) as info:
             client.complete_agent_call("RUN-1", "CALL-1", "token", "found", {"n": 1})
