@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from tests.cli_runner import run_cli
+
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "fixtures"
 
@@ -130,10 +132,8 @@ class Project:
     def cli(self, *args: str, input: str | None = None, timeout: float = 60.0,
             env: dict[str, str] | None = None) -> CliResult:
         full_env = {**os.environ, "NO_COLOR": "1", **(env or {})}
-        proc = subprocess.run(
-            [sys.executable, "-m", "intloom", "--project", str(self.root), *args],
-            input=input, capture_output=True, text=True, timeout=timeout, env=full_env,
-        )
+        proc = run_cli(["--project", str(self.root), *args], env=full_env, input=input,
+                       timeout=timeout)
         self.track_host()
         return CliResult(proc.returncode, proc.stdout, proc.stderr)
 

@@ -1,0 +1,164 @@
+"""The suite's way of running the command (tests/cli_runner.py: forked from a server that
+imported it once) gives what a fresh ``python -m intloom`` gives: the same status, output,
+files and modes, and a timeout kills the command as ``subprocess.run`` does."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests import cli_runner
+from tests.cli_runner import FRESH_ENV, run_cli
+from tests.helpers import eventually, pid_alive
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _fresh(args: list[str], env: dict[str, str], input: str | None = None,
+           ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "intloom", *args], input=input,
+                          capture_output=True, text=True, timeout=60, env=env)
+
+
+def _served(args: list[str], env: dict[str, str], input: str | None = None,
+            ) -> subprocess.CompletedProcess[str]:
+    assert os.environ.get(FRESH_ENV) != "1", "this test compares the served command"
+    return run_cli(args, env=env, input=input)
+
+
+@pytest.fixture
+def env() -> Iterator[dict[str, str]]:
+    yield {**os.environ, "NO_COLOR": "1"}
+
+
+def _same(a: subprocess.CompletedProcess[str], b: subprocess.CompletedProcess[str],
+          swap: tuple[str, str] = ("", "")) -> None:
+    assert (a.returncode, a.stdout, a.stderr) == (
+        b.returncode, b.stdout.replace(*swap), b.stderr.replace(*swap))
+
+
+@pytest.mark.parametrize("args", [
+    ["--help"],
+    ["no-such-command"],
+    ["runs", "--json", "--no-such-option"],
+    ["answer", "--help"],
+], ids=["help", "unknown-command", "unknown-option", "command-help"])
+def test_usage_and_help_read_as_from_a_fresh_interpreter(args: list[str],
+                                                         env: dict[str, str]) -> None:
+    fresh, served = _fresh(args, env), _served(args, env)
+    _same(fresh, served)
+    assert "intloom" in fresh.stdout + fresh.stderr
+
+
+def test_errors_stdin_and_working_directory_match(tmp_path: Path, env: dict[str, str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    results = []
+    for name, run in (("a", _fresh), ("b", _served)):
+        monkeypatch.chdir(tmp_path / name)
+        results.append([
+            run(["status", "--json"], env),  # no project here: found from the cwd
+            run(["answer", "RUN-1", "ASK-1", "-", "--json"], env, input="{not json"),
+            run(["answer", "RUN-1", "ASK-1", "-"], env, input=""),
+        ])
+    for fresh, served in zip(*results, strict=True):
+        assert fresh.returncode != 0
+        _same(fresh, served, (str(tmp_path / "b"), str(tmp_path / "a")))
+
+
+def test_init_writes_the_same_files_with_the_callers_umask(tmp_path: Path,
+                                                           env: dict[str, str]) -> None:
+    old = os.umask(0o027)
+    try:
+        fresh = _fresh(["--project", str(tmp_path / "a"), "init", "--json"], env)
+        served = _served(["--project", str(tmp_path / "b"), "init", "--json"], env)
+    finally:
+        os.umask(old)
+    assert fresh.returncode == 0, fresh.stderr
+    _same(fresh, served, (str(tmp_path / "b"), str(tmp_path / "a")))
+
+    def tree(root: Path) -> dict[str, tuple[int, bytes]]:
+        return {str(p.relative_to(root)): (p.stat().st_mode, p.read_bytes() if p.is_file()
+                                           else b"") for p in sorted(root.rglob("*"))}
+
+    made = tree(tmp_path / "a")
+    assert made and all(mode & 0o027 == 0 for mode, _ in made.values())
+    assert tree(tmp_path / "b") == made
+
+
+def test_a_timeout_kills_the_command_and_says_so(tmp_path: Path, env: dict[str, str]) -> None:
+    root = tmp_path / "proj"
+    assert _fresh(["--project", str(root), "init", "--json"], env).returncode == 0
+    server = psutil.Process(cli_runner._the_server().proc.pid)
+    with pytest.raises(subprocess.TimeoutExpired):  # with no host, it follows the log file
+        run_cli(["--project", str(root), "logs", "--follow"], env=env, timeout=1.5)
+    eventually(lambda: not server.children(), what="the command to be killed and reaped")
+
+
+def _signal_lines(pid: int) -> dict[str, str] | None:
+    """The signals ``pid`` ignores, blocks and catches, once it catches SIGTERM (which
+    ``logs --follow`` does while it follows)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    lines = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+    found = {key: lines[key] for key in ("SigIgn", "SigBlk", "SigCgt")}
+    return found if int(found["SigCgt"], 16) & (1 << (signal.SIGTERM - 1)) else None
+
+
+def test_signals_ignored_blocked_and_caught_are_as_after_an_exec(tmp_path: Path,
+                                                                  env: dict[str, str]) -> None:
+    root = tmp_path / "proj"
+    assert _fresh(["--project", str(root), "init", "--json"], env).returncode == 0
+    args = [sys.executable, "-m", "intloom", "--project", str(root), "logs", "--follow"]
+    server = psutil.Process(cli_runner._the_server().proc.pid)
+    previous = signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR2})
+    fresh = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    served = threading.Thread(target=lambda: _swallow(lambda: run_cli(args[3:], env=env,
+                                                                      timeout=30)))
+    try:
+        served.start()
+        child = eventually(lambda: server.children(), what="the served command").pop()
+        want = eventually(lambda: _signal_lines(fresh.pid), what="the fresh command's")
+        got = eventually(lambda: _signal_lines(child.pid), what="the served command's")
+        assert got == want
+        assert int(want["SigIgn"], 16) & (1 << (signal.SIGUSR1 - 1))
+        assert int(want["SigBlk"], 16) & (1 << (signal.SIGUSR2 - 1))
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        signal.signal(signal.SIGUSR1, previous)
+        fresh.kill()
+        fresh.wait()
+        for process in server.children():
+            process.kill()
+        served.join(timeout=30)
+
+
+def _swallow(call: Callable[[], object]) -> None:
+    with contextlib.suppress(Exception):
+        call()  # the test kills it
+
+
+def test_the_server_is_shared_and_ends_when_its_worker_lets_go(env: dict[str, str]) -> None:
+    first = cli_runner._the_server()
+    assert run_cli(["--help"], env=env).returncode == 0
+    assert cli_runner._the_server() is first and pid_alive(first.proc.pid)
+    assert first.proc.stdin is not None
+    first.proc.stdin.close()  # as when the worker ends, however it ends
+    eventually(lambda: first.proc.poll() is not None, what="the server to end")
+    assert first.proc.returncode == 0
+    assert run_cli(["--help"], env=env).returncode == 0
+    assert cli_runner._the_server() is not first
