@@ -715,8 +715,9 @@ def running_here() -> StepContext[Any] | None:
     from, found on the calling thread's stack: the innermost one not over. None on a thread
     that runs no such code (a thread a Step started, any other program).
 
-    Looked up by ``Client.wait_run`` in the host's own process only (a Step waiting for its
-    own Run is refused): the Step path records nothing for it, so a Step pays nothing."""
+    Looked up by ``Client.wait_run`` and ``Client.subscribe`` in the host's own process
+    only (a Step waiting for its own Run is refused): the Step path records nothing for
+    it, so a Step pays nothing."""
     frame = sys._getframe(1)
     while frame is not None:
         for value in frame.f_locals.values():

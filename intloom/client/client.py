@@ -415,13 +415,24 @@ def _on_hosts_loop(pid: int, what: str = "Client.connect was called"
     )
 
 
-def _waits_for_itself(pid: int, run_id: str) -> IntloomError | None:
-    """STEP_INTERACTION_INVALID when the code asking to wait for Run ``run_id`` is that
-    Run's own Step (initialiser, ``recover``), run by the host ``pid`` in this process: the
-    Run neither waits nor ends before that code returns, so the request waited out
-    ``request_timeout`` and then failed, naming a host that might be hung. The host cannot
-    tell (a request does not say what sent it), so the client looks, in the host's process
-    only, and only at the code on this thread's stack (a thread the Step started is not)."""
+# What a Step waiting for its own Run would have got, per call.
+_SELF_WAIT: Final = {
+    "wait_run": "the request would only have waited out the client's request_timeout and "
+                "failed",
+    # No timeout between events: the Run's first Step that did this never ended.
+    "subscribe": "its stream, which has no timeout between events, would never have reached "
+                 "its final event and the Run would have hung for good",
+}
+
+
+def _waits_for_itself(pid: int, run_id: str, call: str) -> IntloomError | None:
+    """STEP_INTERACTION_INVALID when the code asking to wait for Run ``run_id`` (``call``:
+    ``wait_run``, ``subscribe``) is that Run's own Step (initialiser, ``recover``), run by
+    the host ``pid`` in this process: the Run neither waits nor ends before that code
+    returns, so ``wait_run`` waited out ``request_timeout`` and then failed, naming a host
+    that might be hung, and ``subscribe`` hung the Run for good. The host cannot tell (a
+    request does not say what sent it), so the client looks, in the host's process only,
+    and only at the code on this thread's stack (a thread the Step started is not)."""
     if pid != os.getpid():
         return None
     context = sys.modules.get("intloom.authoring.context")
@@ -432,11 +443,11 @@ def _waits_for_itself(pid: int, run_id: str) -> IntloomError | None:
         return None
     return IntloomError(
         "STEP_INTERACTION_INVALID",
-        f"{ctx.where} called wait_run({run_id!r}) on its own Run: a Step cannot wait for "
-        f"its own Run, which neither waits nor ends until that code returns, so the request "
-        "would only have waited out the client's request_timeout and failed. Nothing was "
-        "sent. Return the Step's outcome and let the Run go on; wait for the Run from "
-        f"outside it (intloom attach {run_id}, or a client in another program).",
+        f"{ctx.where} called {call}({run_id!r}) on its own Run: a Step cannot wait for "
+        f"its own Run, which neither waits nor ends until that code returns, so "
+        f"{_SELF_WAIT[call]}. Nothing was sent. Return the Step's outcome and let the Run "
+        f"go on; wait for the Run from outside it (intloom attach {run_id}, or a client in "
+        "another program).",
     )
 
 
@@ -1090,7 +1101,7 @@ class Client:
 
     def wait_run(self, run_id: str) -> RunView:
         """The Run's view once it is not running (waiting, completed or failed)."""
-        itself = _waits_for_itself(self.info.pid, run_id)
+        itself = _waits_for_itself(self.info.pid, run_id, "wait_run")
         if itself is not None:
             raise itself
         return self._call(WaitRun(run_id=run_id), RunReply).run
@@ -1148,6 +1159,9 @@ class Client:
         Closing the iterator early closes the connection: a stream cannot be abandoned half
         way and the connection reused.
         """
+        itself = _waits_for_itself(self.info.pid, run_id, "subscribe")
+        if itself is not None:
+            raise itself
         request = Subscribe(run_id=run_id)
         with self._turn:
             if self._streaming is not None:

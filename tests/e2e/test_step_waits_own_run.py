@@ -1,7 +1,8 @@
 """A sync Step that waits for its own Run through the Python client (``wait_run``) waited
 out the client's ``request_timeout`` (300 s by default) and then failed with
 PROJECT_REQUEST_FAILED, which says the host may be hung: the Run neither waits nor ends
-until that Step returns. The client now refuses it at once, naming the Run and the Step;
+until that Step returns. One that followed its own Run (``subscribe``, no timeout between
+events) hung it for good. The client now refuses both at once, naming the Run and the Step;
 waiting for another Run from a Step still works."""
 
 from __future__ import annotations
@@ -28,16 +29,19 @@ waits = intloom.Workflow("waits", version="1")
 ws = waits.stage("s")
 
 
-def _wait(ctx: intloom.StepContext[None], run_id: str) -> str:
+def _wait(ctx: intloom.StepContext[None], call: str, run_id: str) -> str:
     # Long enough that the refusal, not the timeout, is what the test sees.
     with Client.connect(ROOT, request_timeout=60) as client:
+        if call == "subscribe":  # up to the history's end, then closed
+            return next(e for e in client.subscribe(run_id) if e.caught_up).run.status
         return client.wait_run(run_id).status
 
 
 @ws.step("a", routes={"waiting": intloom.COMPLETE})
 def a(ctx: intloom.StepContext[None]) -> str:
-    # Its own Run (intent "self"), or the Run the intent names; from a helper, as real code.
-    return _wait(ctx, ctx.run_id if ctx.intent == "self" else ctx.intent)
+    # The intent is "CALL RUN": RUN "self" is its own Run. From a helper, as real code.
+    call, target = ctx.intent.split()
+    return _wait(ctx, call, ctx.run_id if target == "self" else target)
 
 
 gate = intloom.Workflow("gate", version="1")
@@ -55,10 +59,11 @@ def proj(tmp_path: Path) -> Iterator[Project]:
     yield from reaped(one_source_project(tmp_path, "waits", SOURCE))
 
 
-def test_a_step_waiting_for_its_own_run_is_refused_at_once(proj: Project) -> None:
+@pytest.mark.parametrize("call", ["wait_run", "subscribe"])
+def test_a_step_waiting_for_its_own_run_is_refused_at_once(proj: Project, call: str) -> None:
     ok(proj.cli("start", "--json"))
     began = time.monotonic()
-    result = proj.cli("flow", "waits", "--intent", "self", "--json")
+    result = proj.cli("flow", "waits", "--intent", f"{call} self", "--json")
     took = time.monotonic() - began
     assert result.code == 1, (result.stdout, result.stderr)
     run = result.json["run"]
@@ -66,7 +71,7 @@ def test_a_step_waiting_for_its_own_run_is_refused_at_once(proj: Project) -> Non
     error = run["lastError"]
     assert error["code"] == "STEP_INTERACTION_INVALID", error
     run_id = run["runId"]
-    for fact in (f"Stage 's', Step 'a' called wait_run({run_id!r}) on its own Run",
+    for fact in (f"Stage 's', Step 'a' called {call}({run_id!r}) on its own Run",
                  "a Step cannot wait for its own Run", "Nothing was sent",
                  f"intloom attach {run_id}"):
         assert fact in error["message"], (fact, error["message"])
@@ -76,6 +81,7 @@ def test_a_step_waiting_for_its_own_run_is_refused_at_once(proj: Project) -> Non
     # Another Run, waited for from a Step, is waited for as before.
     gate = ok(proj.cli("flow", "gate", "--intent", "x", "--json"))["run"]
     assert gate["status"] == "waiting"
-    other = ok(proj.cli("flow", "waits", "--intent", gate["runId"], "--json"))["run"]
+    other = ok(proj.cli("flow", "waits", "--intent", f"{call} {gate['runId']}",
+                        "--json"))["run"]
     assert other["status"] == "completed", other
     ok(proj.cli("stop", "--json"))
