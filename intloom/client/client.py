@@ -419,9 +419,8 @@ def _on_hosts_loop(pid: int, what: str = "Client.connect was called"
 _SELF_WAIT: Final = {
     "wait_run": "the request would only have waited out the client's request_timeout and "
                 "failed",
-    # No timeout between events: the Run's first Step that did this never ended.
     "subscribe": "its stream, which has no timeout between events, would never have reached "
-                 "its final event and the Run would have hung for good",
+                 "its final event and the Run would have hung until the host stopped",
 }
 
 
@@ -430,9 +429,10 @@ def _waits_for_itself(pid: int, run_id: str, call: str) -> IntloomError | None:
     ``wait_run``, ``subscribe``) is that Run's own Step (initialiser, ``recover``), run by
     the host ``pid`` in this process: the Run neither waits nor ends before that code
     returns, so ``wait_run`` waited out ``request_timeout`` and then failed, naming a host
-    that might be hung, and ``subscribe`` hung the Run for good. The host cannot tell (a
-    request does not say what sent it), so the client looks, in the host's process only,
-    and only at the code on this thread's stack (a thread the Step started is not)."""
+    that might be hung, and ``subscribe`` hung the Run until the host stopped. The host
+    cannot tell (a request does not say what sent it), so the client looks, in the host's
+    process only, and only at the code on this thread's stack (a thread the Step started is
+    not)."""
     if pid != os.getpid():
         return None
     context = sys.modules.get("intloom.authoring.context")

@@ -2,8 +2,8 @@
 out the client's ``request_timeout`` (300 s by default) and then failed with
 PROJECT_REQUEST_FAILED, which says the host may be hung: the Run neither waits nor ends
 until that Step returns. One that followed its own Run (``subscribe``, no timeout between
-events) hung it for good. The client now refuses both at once, naming the Run and the Step;
-waiting for another Run from a Step still works."""
+events) hung it until the host stopped. The client now refuses both at once, naming the
+Run and the Step; waiting for another Run from a Step still works."""
 
 from __future__ import annotations
 
