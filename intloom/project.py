@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +14,7 @@ from intloom.errors import IntloomError
 
 __all__ = [
     "CONFIG_NAME",
+    "LOG_NAME",
     "STATE_PATH_BYTES",
     "Config",
     "ProjectPaths",
@@ -28,6 +30,11 @@ __all__ = [
 ]
 
 CONFIG_NAME = "intloom.toml"
+# The names a host gives its log in ``.intloom/logs/`` (``LOG-<UTC to the ms>Z.jsonl``), and
+# only those: every reader of that directory (the next host, doctor, ``intloom logs``) takes
+# an entry as a host's log by this one rule. ``LOG-<anything>.jsonl`` (a copy, a link) sorts
+# after every stamp ("LOG-copy" > "LOG-2026..."), so it was taken as the last host's log.
+LOG_NAME: Final = re.compile(r"LOG-[0-9]{8}T[0-9]{9}Z\.jsonl")
 _KNOWN_KEYS = {"workflows", "port"}
 
 

@@ -16,6 +16,7 @@ from typing import Final
 
 from intloom.errors import IntloomError
 from intloom.fsutil import not_regular
+from intloom.project import LOG_NAME
 
 __all__ = ["LogTail", "log_files", "scan_logs", "unlistable"]
 
@@ -32,7 +33,7 @@ def scan_logs(logs_dir: Path) -> tuple[list[Path], list[tuple[Path, str]], list[
     """The log files, oldest first (their names sort by UTC time); the entries named like
     one that are not regular files, with what each is: never opened or followed (a FIFO
     would block a reader, a link may lead anywhere), but named, not passed over; and the
-    entries under a name no host writes there (not ``LOG-*.jsonl``; dot names left out, as
+    entries under a name no host writes there (not ``LOG_NAME``'s; dot names left out, as
     the store's check leaves them), sorted: never read, but named too."""
     try:
         names = os.listdir(logs_dir)
@@ -46,7 +47,7 @@ def scan_logs(logs_dir: Path) -> tuple[list[Path], list[tuple[Path, str]], list[
     skipped: list[tuple[Path, str]] = []
     foreign: list[Path] = []
     for name in names:
-        if not (name.startswith("LOG-") and name.endswith(".jsonl")):
+        if not LOG_NAME.fullmatch(name):
             if not name.startswith("."):
                 foreign.append(logs_dir / name)
             continue

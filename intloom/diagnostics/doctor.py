@@ -58,7 +58,7 @@ from intloom.host.metadata import (
 )
 from intloom.host.observe import observe_file
 from intloom.host.toolcalls import last_log, log_records, tool_calls_cut
-from intloom.project import Config, ProjectPaths, load_config
+from intloom.project import LOG_NAME, Config, ProjectPaths, load_config
 from intloom.protocol.messages import ServiceView
 
 if TYPE_CHECKING:
@@ -343,14 +343,14 @@ class _LooseLog(NamedTuple):
 
 
 def _loose_log(logs: Path) -> _LooseLog | None:
-    """The first host log (``LOG-*.jsonl``, a regular file) others may read, or that is not
+    """The first host log (named as ``LOG_NAME``, a regular file) others may read, or that is not
     ours, if any. An entry of another kind is named by ``intloom logs``, which skips it."""
     try:
         entries = sorted(os.scandir(logs), key=lambda e: e.name)
     except OSError:
         return None  # no logs/ yet, or none to read: nothing others can read either
     for entry in entries:
-        if not (entry.name.startswith("LOG-") and entry.name.endswith(".jsonl")):
+        if not LOG_NAME.fullmatch(entry.name):
             continue
         try:
             st = entry.stat(follow_symlinks=False)
@@ -369,7 +369,7 @@ _NAMED: Final = 20  # stray entries of logs/ named one by one; the rest are coun
 
 def _stray_logs_check(logs: Path) -> Check | None:
     """``log_files``, only when ``.intloom/logs/`` holds an entry no host writes: a name
-    other than ``LOG-*.jsonl`` (notes, a renamed copy), or one of that name that is no
+    other than a host's (``LOG_NAME``: notes, a renamed copy), or one of that name that is no
     regular file (a link, a FIFO). ``intloom logs`` names them as it passes over them (the
     same rule: dot names left out); doctor was silent about them. Never read or touched."""
     try:
@@ -381,7 +381,7 @@ def _stray_logs_check(logs: Path) -> Check | None:
         if entry.name.startswith("."):
             continue
         shown = f".intloom/logs/{entry.name}"
-        if not (entry.name.startswith("LOG-") and entry.name.endswith(".jsonl")):
+        if not LOG_NAME.fullmatch(entry.name):
             found.append(f"{shown} (not a log intloom writes)")
             continue
         try:

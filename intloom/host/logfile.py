@@ -29,7 +29,7 @@ import msgspec
 
 from intloom.fsutil import ensure_private_dir, fsync_dir, open_exclusive
 
-__all__ = ["LOG_NAME", "LOG_SCHEMA_VERSION", "HostLog", "Level", "utc_now"]
+__all__ = ["LOG_SCHEMA_VERSION", "HostLog", "Level", "utc_now"]
 
 LOG_SCHEMA_VERSION: Final = 1
 FAIL_HOOK: Final = "INTLOOM_TEST_LOG_FAIL_AT"
@@ -52,13 +52,10 @@ def utc_now() -> str:
 
 
 def _log_name(moment: datetime) -> str:
+    """A name ``LOG_NAME`` (intloom/project.py) matches, as every reader expects."""
     return f"LOG-{moment.strftime('%Y%m%dT%H%M%S')}{moment.microsecond // 1000:03d}Z.jsonl"
 
 
-# The names ``_log_name`` gives, and only those: a reader picking the last host's log by
-# name must not take a copy or a link someone named ``LOG-<anything>.jsonl``, which sorts
-# after every stamp ("LOG-copy" > "LOG-2026...").
-LOG_NAME: Final = re.compile(r"LOG-[0-9]{8}T[0-9]{9}Z\.jsonl")
 
 
 def _discard(fd: int, path: Path) -> None:

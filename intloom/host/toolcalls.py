@@ -18,7 +18,7 @@ from typing import Any, Final
 
 import msgspec
 
-from intloom.host.logfile import LOG_NAME
+from intloom.project import LOG_NAME
 
 __all__ = ["LOG_TAIL", "last_log", "log_records", "read_log", "tool_calls_cut"]
 

@@ -1,7 +1,10 @@
 """``intloom logs`` with a file in ``.intloom/logs/`` under a name no host writes (notes, a
 renamed copy): it was passed over without a word, while the other commands name the
 unexpected files they find. It is now named (stderr in text, a warning record of the --json
-stream), never read, and kept byte-identical. Real host and real CLI."""
+stream), never read, and kept byte-identical. A copy named ``LOG-copy.jsonl`` is one of
+them: ``logs`` read it as another host's log (every line twice), while doctor and the next
+host passed it over; all of them now take a host's log by its exact name. Real host and
+real CLI."""
 
 from __future__ import annotations
 
@@ -20,14 +23,16 @@ def test_a_stray_file_in_the_logs_directory_is_named_and_kept(project: Project) 
     service = ok(project.cli("start", "--json"))["service"]
     ok(project.cli("stop", "--json"))
     logs = project.state / "logs"
+    (log,) = logs.iterdir()
     (logs / "notes.txt").write_bytes(b'{"event":"not a log"}\n')
     (logs / "LOG-copy.jsonl.bak").write_bytes(b"a renamed copy\n")
+    (logs / "LOG-copy.jsonl").write_bytes(log.read_bytes())  # a copy kept beside it
     before = snapshot_files(project.state)
 
     text = project.cli("logs")
     assert text.code == 0, text.stderr
     assert "log_opened" in text.stdout and "not a log" not in text.stdout, text.stdout
-    for name in ("notes.txt", "LOG-copy.jsonl.bak"):
+    for name in ("notes.txt", "LOG-copy.jsonl.bak", "LOG-copy.jsonl"):
         assert (f"Passed over .intloom/logs/{name}: it is not a log intloom writes (a host "
                 "writes only LOG-<UTC>.jsonl there); intloom logs does not read it and left "
                 "it as it is. Move it out of .intloom/logs/ unless you need it there."
@@ -37,7 +42,8 @@ def test_a_stray_file_in_the_logs_directory_is_named_and_kept(project: Project) 
     assert streamed.code == 0, streamed.stderr
     records = [json.loads(line) for line in streamed.stdout.splitlines()]
     notes = [r for r in records if r["event"] == "unexpected_file"]
-    assert [r["file"] for r in notes] == [".intloom/logs/LOG-copy.jsonl.bak",
+    assert [r["file"] for r in notes] == [".intloom/logs/LOG-copy.jsonl",
+                                          ".intloom/logs/LOG-copy.jsonl.bak",
                                           ".intloom/logs/notes.txt"], notes
     assert all(r["level"] == "warning" and "not a log intloom writes" in r["fact"]
                for r in notes), notes
@@ -50,16 +56,19 @@ def test_doctor_names_the_stray_entries_of_the_logs_directory_and_keeps_them(
     project: Project,
 ) -> None:
     """Only intloom logs named them: doctor said nothing of a file under a name no host
-    writes, nor of an entry named like a log that is no regular file (a FIFO, a link). It
-    now has a log_files check (attention) naming each; nothing is read or changed."""
+    writes, nor of an entry named as a host's log that is no regular file (a FIFO, a link).
+    It now has a log_files check (attention) naming each, by the rule every reader of the
+    directory uses (a ``LOG-copy.jsonl`` too); nothing is read or changed."""
     ok(project.cli("start", "--json"))
     ok(project.cli("stop", "--json"))
     healthy = ok(project.cli("doctor", "--json"))
     assert "log_files" not in [c["id"] for c in healthy["checks"]], healthy["checks"]
     logs = project.state / "logs"
+    fifo, link = (logs / f"LOG-20260101T00000000{n}Z.jsonl" for n in (1, 2))  # hosts' names
     (logs / "notes.txt").write_bytes(b'{"event":"not a log"}\n')
-    os.mkfifo(logs / "LOG-fifo.jsonl", 0o600)  # opened, it would block doctor
-    (logs / "LOG-link.jsonl").symlink_to(logs / "notes.txt")
+    (logs / "LOG-copy.jsonl").write_bytes(b'{"event":"log_opened"}\n')
+    os.mkfifo(fifo, 0o600)  # opened, it would block doctor
+    link.symlink_to(logs / "notes.txt")
     (logs / ".hidden").write_bytes(b"dot names are left out, as logs leaves them\n")
     before = snapshot_files(project.state)
 
@@ -67,10 +76,11 @@ def test_doctor_names_the_stray_entries_of_the_logs_directory_and_keeps_them(
     assert result.code == 3, (result.stdout, result.stderr)
     (check,) = [c for c in result.json["checks"] if c["id"] == "log_files"]
     assert check["status"] == "attention", check
-    assert check["message"].startswith("3 entries in .intloom/logs/ no host wrote"), check
+    assert check["message"].startswith("4 entries in .intloom/logs/ no host wrote"), check
     for shown in (".intloom/logs/notes.txt (not a log intloom writes)",
-                  ".intloom/logs/LOG-fifo.jsonl (a FIFO (named pipe), not a regular file)",
-                  ".intloom/logs/LOG-link.jsonl (a symbolic link, not a regular file)"):
+                  ".intloom/logs/LOG-copy.jsonl (not a log intloom writes)",
+                  f".intloom/logs/{fifo.name} (a FIFO (named pipe), not a regular file)",
+                  f".intloom/logs/{link.name} (a symbolic link, not a regular file)"):
         assert shown in check["message"], check
     assert ".hidden" not in check["message"], check
     assert "move them out of .intloom/logs/" in check["next"], check
@@ -79,7 +89,7 @@ def test_doctor_names_the_stray_entries_of_the_logs_directory_and_keeps_them(
 
     text = project.cli("doctor")
     assert text.code == 3, text
-    assert "log_files · attention: 3 entries in .intloom/logs/" in text.stdout, text.stdout
+    assert "log_files · attention: 4 entries in .intloom/logs/" in text.stdout, text.stdout
     assert snapshot_files(project.state) == before  # read, never changed
-    assert stat.S_ISFIFO(os.lstat(logs / "LOG-fifo.jsonl").st_mode)
-    assert os.readlink(logs / "LOG-link.jsonl") == str(logs / "notes.txt")
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert os.readlink(link) == str(logs / "notes.txt")

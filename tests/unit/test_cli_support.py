@@ -28,6 +28,9 @@ _NOT_ON_THE_QUERY_PATH = (
     "intloom.cli.commands.attach",
 )
 
+# Host log names (LOG_NAME), oldest first.
+LOG1, LOG2, LOG3 = (f"LOG-20260101T00000000{n}Z.jsonl" for n in (1, 2, 3))
+
 
 def test_a_query_imports_only_what_it_needs(tmp_path: Path) -> None:
     (tmp_path / "intloom.toml").write_text("workflows = []\n")
@@ -233,18 +236,18 @@ def test_a_reader_that_goes_away_keeps_the_verdict_the_exit_code_carries(
 def test_log_tail_holds_back_partial_lines_and_follows_new_files(tmp_path: Path) -> None:
     logs = tmp_path / "logs"
     logs.mkdir()
-    (logs / "LOG-1.jsonl").write_text('{"a": 1}\n')
-    (logs / "LOG-2.jsonl").write_text('{"b": 1}\n{"b": 2')
+    (logs / LOG1).write_text('{"a": 1}\n')
+    (logs / LOG2).write_text('{"b": 1}\n{"b": 2')
     (logs / "other.txt").write_text("ignored\n")
     seen: list[str] = []
     tail = LogTail(logs, seen.append, all_files=False)
     tail.pump()
     assert seen == ['{"b": 1}']  # newest file only; the torn line waits
-    with open(logs / "LOG-2.jsonl", "a") as fh:
+    with open(logs / LOG2, "a") as fh:
         fh.write('}\n')
     tail.pump()
     assert seen[-1] == '{"b": 2}'
-    (logs / "LOG-3.jsonl").write_text('{"c": 1}\n')
+    (logs / LOG3).write_text('{"c": 1}\n')
     tail.pump()
     assert seen == ['{"b": 1}', '{"b": 2}', '{"c": 1}']
     everything: list[str] = []
@@ -258,7 +261,7 @@ def test_log_tail_reads_a_followed_file_again_once_it_is_truncated_or_replaced(
     the lines written after it were not shown until the file grew past that offset again,
     and then from the middle of a line. One replaced by a new file was read from the old
     offset too."""
-    log = tmp_path / "LOG-1.jsonl"
+    log = tmp_path / LOG1
     log.write_text('{"a": 1}\n{"a": 2}\n')
     seen: list[str] = []
     reread: list[tuple[str, str]] = []
@@ -271,12 +274,12 @@ def test_log_tail_reads_a_followed_file_again_once_it_is_truncated_or_replaced(
         fh.write('{"b": 1}\n')
     tail.pump()
     assert seen == ['{"a": 1}', '{"a": 2}', '{"b": 1}']
-    assert reread == [("LOG-1.jsonl", "it was truncated from 18 to 9 bytes")]
+    assert reread == [(LOG1, "it was truncated from 18 to 9 bytes")]
     log.rename(tmp_path / "old")
     log.write_text('{"c": 1}\n{"c": 2}\n')  # longer than the old one: no shrink to see
     tail.pump()
     assert seen[3:] == ['{"c": 1}', '{"c": 2}']
-    assert reread[1:] == [("LOG-1.jsonl", "it was replaced by another file")]
+    assert reread[1:] == [(LOG1, "it was replaced by another file")]
     tail.pump()
     assert len(seen) == 5 and len(reread) == 2  # read once, said once
 
@@ -284,7 +287,7 @@ def test_log_tail_reads_a_followed_file_again_once_it_is_truncated_or_replaced(
 def test_log_tail_reads_on_in_a_followed_file_removed_or_moved_away(tmp_path: Path) -> None:
     """A followed log removed (or moved away) while its host still writes into it was
     reopened by its name at each read: every line the host wrote after that was lost."""
-    log = tmp_path / "LOG-1.jsonl"
+    log = tmp_path / LOG1
     log.write_text('{"a": 1}\n')
     seen: list[str] = []
     reread: list[str] = []
@@ -305,26 +308,26 @@ def test_log_tail_reads_on_in_a_followed_file_removed_or_moved_away(tmp_path: Pa
 
 
 def test_log_files_skip_links(tmp_path: Path) -> None:
-    (tmp_path / "LOG-1.jsonl").write_text("")
-    (tmp_path / "LOG-2.jsonl").symlink_to(tmp_path / "LOG-1.jsonl")
-    assert log_files(tmp_path) == [tmp_path / "LOG-1.jsonl"]
+    (tmp_path / LOG1).write_text("")
+    (tmp_path / LOG2).symlink_to(tmp_path / LOG1)
+    assert log_files(tmp_path) == [tmp_path / LOG1]
     assert log_files(tmp_path / "missing") == []
 
 
 def test_log_tail_names_each_entry_that_is_no_log_once_even_when_following(
         tmp_path: Path) -> None:
-    (tmp_path / "LOG-1.jsonl").write_text('{"a": 1}\n')
-    (tmp_path / "LOG-2.jsonl").symlink_to(tmp_path / "LOG-1.jsonl")
+    (tmp_path / LOG1).write_text('{"a": 1}\n')
+    (tmp_path / LOG2).symlink_to(tmp_path / LOG1)
     skipped: list[tuple[str, str]] = []
     seen: list[str] = []
     tail = LogTail(tmp_path, seen.append, all_files=False,
                    on_skipped=lambda path, what: skipped.append((path.name, what)))
     tail.pump()
-    os.mkfifo(tmp_path / "LOG-3.jsonl")  # appears while following: never opened
+    os.mkfifo(tmp_path / LOG3)  # appears while following: never opened
     tail.pump()
     tail.pump()
     assert seen == ['{"a": 1}']
-    assert skipped == [("LOG-2.jsonl", "a symbolic link"), ("LOG-3.jsonl", "a FIFO (named pipe)")]
+    assert skipped == [(LOG2, "a symbolic link"), (LOG3, "a FIFO (named pipe)")]
 
 
 # ----- scaffold ------------------------------------------------------------------------------

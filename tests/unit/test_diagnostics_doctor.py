@@ -346,10 +346,10 @@ def test_a_log_or_segment_removed_while_doctor_lists_it_is_skipped(
                       paths.runtime / "snap", paths.runtime / "snap" / "live",
                       paths.runtime / "snap" / "done"):
         directory.mkdir(mode=0o700)
-    gone = [paths.logs / "LOG-20260101T000000Z-a.jsonl", paths.runtime / "wal" / "0.seg"]
+    gone = [paths.logs / "LOG-20260101T000000001Z.jsonl", paths.runtime / "wal" / "0.seg"]
     for path in gone:
         path.write_bytes(b"")
-    readable = paths.logs / "LOG-20260101T000000Z-b.jsonl"
+    readable = paths.logs / "LOG-20260101T000000002Z.jsonl"
     readable.write_bytes(b"")
     readable.chmod(0o644)
     real = os.scandir

@@ -49,7 +49,7 @@ def test_every_name_a_host_gives_its_log_is_a_host_logs_name(tmp_path: Path) -> 
     """Readers pick the last host's log by ``LOG_NAME`` (a stray ``LOG-copy.jsonl`` sorted
     after every host's): each name a host gives its log must match it, those of hosts
     started in the same millisecond too, and a name no host gives must not."""
-    from intloom.host.logfile import LOG_NAME
+    from intloom.project import LOG_NAME
 
     logs = tmp_path / "logs"
     opened = [HostLog.open(logs) for _ in range(3)]  # likely one millisecond: names bumped
