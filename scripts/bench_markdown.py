@@ -112,9 +112,18 @@ def _table(head: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def _peers(f: dict[str, Any]) -> str:
+def _absent(name: str, errored: dict[str, Any]) -> str:
+    """What a section says of a figure with no measurements: that it failed (and why), or
+    that this run did not measure it."""
+    if name in errored:
+        why = _one_line(errored[name].get("error", "?"))[:200]
+        return f"_Failed in this run: {why} (see the summary above)._"
+    return "_Not measured in this run._"
+
+
+def _peers(f: dict[str, Any], errored: dict[str, Any]) -> str:
     if "peers" not in f:
-        return "_Not measured in this run._"
+        return _absent("peers", errored)
     p = f["peers"]
     rows = []
     for name, v in p["variants"].items():
@@ -138,9 +147,9 @@ def _recovery_time(v: dict[str, Any]) -> str:
     return text
 
 
-def _crash(f: dict[str, Any]) -> str:
+def _crash(f: dict[str, Any], errored: dict[str, Any]) -> str:
     if "crash" not in f:
-        return "_Not measured in this run._"
+        return _absent("crash", errored)
     fw = f["crash"]["frameworks"]
     names = list(fw)
     rows = [
@@ -350,7 +359,7 @@ def render(report: dict[str, Any], chart: str | None) -> str:
         "Imports, launch and compile are outside the timed region; CPU is the whole "
         "process's. The ratio is against the faster peer.",
         "",
-        _peers(f),
+        _peers(f, errored),
         "",
         "## The same kill under intloom, DBOS and LangGraph",
         "",
@@ -359,7 +368,7 @@ def render(report: dict[str, Any], chart: str | None) -> str:
         "file, SIGKILLs the process as soon as Step 6 has started, recovers with each "
         "framework's own mechanism, and recovers once more to check that nothing else runs.",
         "",
-        _crash(f),
+        _crash(f, errored),
         "",
         "## Restart cost",
         "",

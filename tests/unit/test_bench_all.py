@@ -165,6 +165,24 @@ def test_a_figure_that_raises_is_reported_as_failed_and_the_others_still_run(
 
 
 @pytest.mark.timeout(30)
+def test_a_failed_peers_or_crash_section_says_it_failed_not_that_it_was_not_measured(
+    tmp_path: Path,
+) -> None:
+    """Their sections said "Not measured in this run" of a figure that ran and failed."""
+    figures = _one_fails({})
+    figures = {"peers": figures["restore"], "crash": figures["restore"],
+               "memory": figures["memory"]}
+    args = _all_args(["--out", str(tmp_path), "--no-chart"])
+    report = bench_all(args, figures, _defaults)
+    assert report["failed"] == ["peers", "crash"]
+    text = (tmp_path / "performance.md").read_text()
+    said = ("_Failed in this run: RuntimeError: intloom start exited 1: the host did not "
+            "answer (see the summary above)._")
+    assert text.count(said) == 2, text
+    assert "_Not measured in this run._" not in text
+
+
+@pytest.mark.timeout(30)
 def test_bench_all_exits_non_zero_naming_the_figure_that_failed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -99,7 +99,7 @@ def test_a_recovery_time_says_which_steps_it_ran_again() -> None:
     fw = {"intloom": framework({"process 1": [1, 2, 3, 4, 5, 6]}),
           "dbos": framework({"process 1": [1, 2, 3, 4, 5, 6], "process 2": [6, 7, 8, 9, 10]},
                             step_sleep_s=2.0)}
-    row = next(ln for ln in _crash({"crash": {"frameworks": fw}}).splitlines()
+    row = next(ln for ln in _crash({"crash": {"frameworks": fw}}, {}).splitlines()
                if ln.startswith("| recovery wall time"))
     assert row == ("| recovery wall time | 4.68 s | 4.68 s, which ran Steps [6, 7, 8, 9, 10] "
                    "(Step 6 sleeps 2 s) |")
