@@ -41,6 +41,7 @@ class _Server:
         self.dir = tempfile.mkdtemp(prefix="intloom-cli-")
         self.path = os.path.join(self.dir, "s")
         self.settings = {k: v for k, v in os.environ.items() if _read_by_the_interpreter(k)}
+        self.broken = False  # a request failed on its socket: the next call starts another
         self.proc = subprocess.Popen([sys.executable, str(_SERVER), self.path],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         assert self.proc.stdout is not None
@@ -51,7 +52,7 @@ class _Server:
         atexit.register(self.close)
 
     def serves(self, env: dict[str, str]) -> bool:
-        if self.proc.poll() is not None:
+        if self.broken or self.proc.poll() is not None:
             return False
         return {k: v for k, v in env.items() if _read_by_the_interpreter(k)} == self.settings
 
@@ -77,7 +78,9 @@ _server_lock = threading.Lock()
 def _the_server() -> _Server:
     global _server
     with _server_lock:
-        if _server is None or _server.proc.poll() is not None:
+        if _server is None or _server.broken or _server.proc.poll() is not None:
+            if _server is not None:
+                _server.close()
             _server = _Server()
         return _server
 
@@ -101,56 +104,95 @@ def run_cli(args: list[str], *, env: dict[str, str], input: str | None = None,
     if server is None or not server.serves(env):
         return subprocess.run(command, input=input, capture_output=True, text=True,
                               timeout=timeout, env=env)
-    return _through(server, command, env, input, timeout)
+    try:
+        return _through(server, command, env, input, timeout)
+    except _NotForked:
+        # The server went before it forked the command (nothing ran): a fresh one is run.
+        return subprocess.run(command, input=input, capture_output=True, text=True,
+                              timeout=timeout, env=env)
 
 
-def _through(server: _Server, command: list[str], env: dict[str, str], input: str | None,
-             timeout: float) -> subprocess.CompletedProcess[str]:
-    deadline = time.monotonic() + timeout
-    encoding = locale.getpreferredencoding(False)
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
-    in_r, in_w = os.pipe() if input is not None else (0, -1)
+class _NotForked(Exception):
+    pass
+
+
+def _request(command: list[str], env: dict[str, str]) -> bytes:
     # What a fresh child inherits across its exec: ignored signals and this thread's mask
     # (subprocess gives SIGPIPE and SIGXFSZ back their default, which Python then ignores).
     ignored = [int(s) for s in signal.valid_signals()
                if s not in (signal.SIGKILL, signal.SIGSTOP)
                and signal.getsignal(s) == signal.SIG_IGN]
     blocked = [int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])]
-    request = json.dumps({"args": command[3:], "env": env, "cwd": os.getcwd(),
-                          "umask": _umask(), "ignored": ignored, "blocked": blocked}).encode()
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-        try:
-            conn.connect(server.path)
-            message = HEADER.pack(len(request)) + request
-            sent = socket.send_fds(conn, [message], [in_r, out_w, err_w])
-            conn.sendall(message[sent:])
-        finally:
-            for fd in (out_w, err_w, in_r if in_w != -1 else -1):
-                if fd != -1:
-                    os.close(fd)
-        replies = conn.makefile("rb")
-        pid = int(replies.readline())
-        pidfd = -1
-        with contextlib.suppress(ProcessLookupError):
-            pidfd = os.pidfd_open(pid)  # to signal this very process even once it is reaped
-        try:
-            out, err = _exchange(out_r, err_r, in_w, (input or "").encode(encoding), deadline)
-            if out is None or err is None:
-                raise subprocess.TimeoutExpired(command, timeout)
-            conn.settimeout(max(0.0, deadline - time.monotonic()) + 5)
-            status = replies.readline()
-        except BaseException:
-            if pidfd != -1:  # as subprocess.run kills its child on a timeout or any error
-                with contextlib.suppress(ProcessLookupError):
-                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-            raise
-        finally:
-            if pidfd != -1:
-                os.close(pidfd)
+    body = json.dumps({"args": command[3:], "env": env, "cwd": os.getcwd(), "umask": _umask(),
+                       "ignored": ignored, "blocked": blocked}).encode()
+    return HEADER.pack(len(body)) + body
+
+
+def _through(server: _Server, command: list[str], env: dict[str, str], input: str | None,
+             timeout: float) -> subprocess.CompletedProcess[str]:
+    deadline = time.monotonic() + timeout
+    encoding = locale.getpreferredencoding(False)
+    message = _request(command, env)
+    owned: list[int] = []  # this side's descriptors not yet closed, each closed once
+    pidfd = -1
+    try:
+        out_r, out_w = os.pipe()
+        owned += (out_r, out_w)
+        err_r, err_w = os.pipe()
+        owned += (err_r, err_w)
+        in_r, in_w = os.pipe() if input is not None else (0, -1)  # None: this fd 0
+        owned += [fd for fd in (in_r, in_w) if fd > 0]
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            try:
+                conn.connect(server.path)
+                sent = socket.send_fds(conn, [message], [in_r, out_w, err_w])
+                conn.sendall(message[sent:])
+                for fd in (out_w, err_w, in_r):
+                    if fd in owned:
+                        owned.remove(fd)
+                        os.close(fd)  # the command's ends: its copies are its own now
+                line, fds, _flags, _addr = socket.recv_fds(conn, 64, 1)
+                pidfd = fds[0] if fds else -1
+                if not line.endswith(b"\n") or pidfd == -1:
+                    raise ConnectionError(f"the fork server answered {line!r}")
+            except OSError as exc:
+                server.broken = True
+                if pidfd == -1:
+                    raise _NotForked from exc
+                raise
+            # Handed over: _exchange closes these, whatever happens.
+            owned = [fd for fd in owned if fd not in (out_r, err_r, in_w)]
+            out, err, timed_out = _exchange(out_r, err_r, in_w,
+                                            (input or "").encode(encoding), deadline)
+            if timed_out or not _exited(pidfd, deadline):
+                raise subprocess.TimeoutExpired(command, timeout, out, err)
+            conn.settimeout(10)  # the server reaps it and answers at once
+            status = conn.makefile("rb").readline()
+            if not status.endswith(b"\n"):
+                raise RuntimeError(f"the CLI fork server gave no status for {command[3:]}")
+    except BaseException:
+        if pidfd != -1:  # as subprocess.run kills its child (and waits) on any error
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            _exited(pidfd, time.monotonic() + 10)
+        raise
+    finally:
+        for fd in owned:
+            os.close(fd)
+        if pidfd != -1:
+            os.close(pidfd)
     return subprocess.CompletedProcess(
         command, os.waitstatus_to_exitcode(int(status)),
         _text(out, encoding), _text(err, encoding))
+
+
+def _exited(pidfd: int, deadline: float) -> bool:
+    """Whether the process behind ``pidfd`` has ended by ``deadline`` (a pidfd reads as
+    ready once it has: as ``Popen.wait``, a command that closed its outputs is waited for
+    within the timeout too)."""
+    with selectors.DefaultSelector() as selector:
+        selector.register(pidfd, selectors.EVENT_READ)
+        return bool(selector.select(max(0.0, deadline - time.monotonic())))
 
 
 def _text(data: bytes, encoding: str) -> str:
@@ -159,12 +201,14 @@ def _text(data: bytes, encoding: str) -> str:
 
 
 def _exchange(out_r: int, err_r: int, in_w: int, data: bytes,
-              deadline: float) -> tuple[bytes | None, bytes | None]:
+              deadline: float) -> tuple[bytes, bytes, bool]:
     """Write ``data`` to the command's stdin and read both its outputs to their ends, as
-    ``communicate`` does; ``(None, None)`` at the deadline."""
+    ``communicate`` does: what each output gave, and whether the deadline came first.
+    Closes the three descriptors, each once."""
     chunks: dict[int, list[bytes]] = {out_r: [], err_r: []}
     view = memoryview(data)
     unclosed = {out_r, err_r} | ({in_w} if in_w != -1 else set())
+    timed_out = False
     try:
         with selectors.DefaultSelector() as selector:
             selector.register(out_r, selectors.EVENT_READ)
@@ -178,7 +222,8 @@ def _exchange(out_r: int, err_r: int, in_w: int, data: bytes,
             while selector.get_map():
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    return None, None
+                    timed_out = True
+                    break
                 for key, _events in selector.select(remaining):
                     if key.fd == in_w:
                         try:
@@ -196,4 +241,4 @@ def _exchange(out_r: int, err_r: int, in_w: int, data: bytes,
     finally:
         for fd in unclosed:  # each exactly once: another thread may reuse a closed number
             os.close(fd)
-    return b"".join(chunks[out_r]), b"".join(chunks[err_r])
+    return b"".join(chunks[out_r]), b"".join(chunks[err_r]), timed_out

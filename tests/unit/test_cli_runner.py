@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -108,7 +110,53 @@ def test_a_timeout_kills_the_command_and_says_so(tmp_path: Path, env: dict[str, 
     server = psutil.Process(cli_runner._the_server().proc.pid)
     with pytest.raises(subprocess.TimeoutExpired):  # with no host, it follows the log file
         run_cli(["--project", str(root), "logs", "--follow"], env=env, timeout=1.5)
-    eventually(lambda: not server.children(), what="the command to be killed and reaped")
+    # Dead by the time it is said, as subprocess.run waits for the child it killed: at most
+    # a zombie the server has not reaped yet.
+    assert all(child.status() == psutil.STATUS_ZOMBIE for child in _children(server))
+    eventually(lambda: not server.children(), what="the command to be reaped")
+
+
+def _children(process: psutil.Process) -> list[psutil.Process]:
+    found = []
+    for child in process.children():
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.status()
+            found.append(child)
+    return found
+
+
+def test_a_command_whose_caller_went_away_is_killed(tmp_path: Path, env: dict[str, str]) -> None:
+    """A caller gone before the status (an exception, a test's timeout between the request
+    and its reply) left the command running, and the server died on the pid it wrote."""
+    root = tmp_path / "proj"
+    assert _fresh(["--project", str(root), "init", "--json"], env).returncode == 0
+    server = cli_runner._the_server()
+    process = psutil.Process(server.proc.pid)
+    command = [sys.executable, "-m", "intloom", "--project", str(root), "logs", "--follow"]
+    read_end, write_end = os.pipe()
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.connect(server.path)
+            socket.send_fds(conn, [cli_runner._request(command, env)], [0, write_end, write_end])
+            eventually(lambda: process.children(), what="the command to be forked")
+        eventually(lambda: not process.children(), what="the command to be killed")
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    assert server.proc.poll() is None  # still serving
+    assert run_cli(["--help"], env=env).returncode == 0
+
+
+def _descriptors(pid: int) -> list[str] | None:
+    """What ``pid`` holds past fds 0-2, by kind (pipe, socket, eventpoll...), once it
+    catches SIGTERM (``logs --follow`` following)."""
+    if _signal_lines(pid) is None:
+        return None
+    kinds = []
+    for fd in sorted(Path(f"/proc/{pid}/fd").iterdir(), key=lambda p: int(p.name)):
+        if int(fd.name) > 2:
+            kinds.append(re.sub(r"\[\d+\]$", "", os.readlink(fd)))
+    return kinds
 
 
 def _signal_lines(pid: int) -> dict[str, str] | None:
@@ -131,8 +179,8 @@ def test_signals_ignored_blocked_and_caught_are_as_after_an_exec(tmp_path: Path,
     server = psutil.Process(cli_runner._the_server().proc.pid)
     previous = signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR2})
-    fresh = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
+    # Pipes, as the served one has: a command watches a pipe for its reader going away.
+    fresh = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     served = threading.Thread(target=lambda: _swallow(lambda: run_cli(args[3:], env=env,
                                                                       timeout=30)))
     try:
@@ -141,13 +189,15 @@ def test_signals_ignored_blocked_and_caught_are_as_after_an_exec(tmp_path: Path,
         want = eventually(lambda: _signal_lines(fresh.pid), what="the fresh command's")
         got = eventually(lambda: _signal_lines(child.pid), what="the served command's")
         assert got == want
+        # And no descriptor of the server (its listener, selector, other commands' pidfds).
+        assert _descriptors(child.pid) == _descriptors(fresh.pid)
         assert int(want["SigIgn"], 16) & (1 << (signal.SIGUSR1 - 1))
         assert int(want["SigBlk"], 16) & (1 << (signal.SIGUSR2 - 1))
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
         signal.signal(signal.SIGUSR1, previous)
         fresh.kill()
-        fresh.wait()
+        fresh.communicate()
         for process in server.children():
             process.kill()
         served.join(timeout=30)
