@@ -107,7 +107,7 @@ def run_cli(args: list[str], *, env: dict[str, str], input: str | None = None,
     try:
         return _through(server, command, env, input, timeout)
     except _NotForked:
-        # The server went before it forked the command (nothing ran): a fresh one is run.
+        # The server was gone before it read the request (nothing ran): a fresh one runs.
         return subprocess.run(command, input=input, capture_output=True, text=True,
                               timeout=timeout, env=env)
 
@@ -145,21 +145,24 @@ def _through(server: _Server, command: list[str], env: dict[str, str], input: st
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
             try:
                 conn.connect(server.path)
-                sent = socket.send_fds(conn, [message], [in_r, out_w, err_w])
-                conn.sendall(message[sent:])
-                for fd in (out_w, err_w, in_r):
-                    if fd in owned:
-                        owned.remove(fd)
-                        os.close(fd)  # the command's ends: its copies are its own now
-                line, fds, _flags, _addr = socket.recv_fds(conn, 64, 1)
-                pidfd = fds[0] if fds else -1
-                if not line.endswith(b"\n") or pidfd == -1:
-                    raise ConnectionError(f"the fork server answered {line!r}")
+                socket.send_fds(conn, [message[:1]], [in_r, out_w, err_w])
             except OSError as exc:
                 server.broken = True
-                if pidfd == -1:
-                    raise _NotForked from exc
+                raise _NotForked from exc  # it has not read a byte of the request
+            conn.sendall(message[1:])
+            for fd in (out_w, err_w, in_r):
+                if fd in owned:
+                    owned.remove(fd)
+                    os.close(fd)  # the command's ends: its copies are its own now
+            try:
+                line, fds, _flags, _addr = socket.recv_fds(conn, 64, 1)
+            except OSError:
+                server.broken = True
                 raise
+            pidfd = fds[0] if fds else -1
+            if not line.endswith(b"\n") or pidfd == -1:
+                server.broken = True  # it died, or is not the server: never run it twice
+                raise RuntimeError(f"the CLI fork server answered {line!r} to {command[3:]}")
             # Handed over: _exchange closes these, whatever happens.
             owned = [fd for fd in owned if fd not in (out_r, err_r, in_w)]
             out, err, timed_out = _exchange(out_r, err_r, in_w,

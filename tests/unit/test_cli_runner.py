@@ -218,3 +218,17 @@ def test_the_server_is_shared_and_ends_when_its_worker_lets_go(env: dict[str, st
     assert first.proc.returncode == 0
     assert run_cli(["--help"], env=env).returncode == 0
     assert cli_runner._the_server() is not first
+
+
+def test_a_server_gone_before_the_request_runs_the_command_fresh_and_leaks_nothing(
+        env: dict[str, str]) -> None:
+    """A request that failed on its socket leaked this process's three pipe ends, and the
+    test failed instead of running its command."""
+    server = cli_runner._the_server()
+    os.unlink(server.path)  # it no longer answers there
+    before = len(os.listdir("/proc/self/fd"))
+    result = run_cli(["--help"], env=env)
+    assert result.returncode == 0 and "intloom" in result.stdout, result
+    assert len(os.listdir("/proc/self/fd")) == before
+    assert cli_runner._the_server() is not server  # the next call starts another
+    assert server.proc.poll() is not None  # and the old one was closed
