@@ -56,8 +56,6 @@ def _log_name(moment: datetime) -> str:
     return f"LOG-{moment.strftime('%Y%m%dT%H%M%S')}{moment.microsecond // 1000:03d}Z.jsonl"
 
 
-
-
 def _discard(fd: int, path: Path) -> None:
     """Close and remove a log file that never became a log of anything (its directory's
     fsync or its first line failed), so that a failed start leaves no file behind."""
