@@ -1,6 +1,7 @@
 """The suite's way of running the command (tests/cli_runner.py: forked from a server that
 imported it once) gives what a fresh ``python -m intloom`` gives: the same status, output,
-files and modes, and a timeout kills the command as ``subprocess.run`` does."""
+files and modes, signal state and descriptors; a timeout, or a caller gone, kills the
+command as ``subprocess.run`` does; a server gone leaks nothing and runs nothing twice."""
 
 from __future__ import annotations
 
@@ -112,16 +113,15 @@ def test_a_timeout_kills_the_command_and_says_so(tmp_path: Path, env: dict[str, 
         run_cli(["--project", str(root), "logs", "--follow"], env=env, timeout=1.5)
     # Dead by the time it is said, as subprocess.run waits for the child it killed: at most
     # a zombie the server has not reaped yet.
-    assert all(child.status() == psutil.STATUS_ZOMBIE for child in _children(server))
+    assert all(status == psutil.STATUS_ZOMBIE for status in _statuses(server.children()))
     eventually(lambda: not server.children(), what="the command to be reaped")
 
 
-def _children(process: psutil.Process) -> list[psutil.Process]:
-    found = []
-    for child in process.children():
-        with contextlib.suppress(psutil.NoSuchProcess):
-            child.status()
-            found.append(child)
+def _statuses(processes: list[psutil.Process]) -> list[str]:
+    found: list[str] = []
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):  # reaped meanwhile
+            found.append(process.status())
     return found
 
 
