@@ -47,7 +47,7 @@ from intloom.host.ownership import Ownership, new_token
 from intloom.host.portholder import describe, listeners
 from intloom.host.readiness import ReadyChannel
 from intloom.host.server import Limits, Server, bind_port, descriptors, descriptors_fix
-from intloom.host.signals import IGNORED, STOPS
+from intloom.host.signals import HANDLED, IGNORED, STOPS
 from intloom.project import ProjectPaths, load_config, require_short_path
 from intloom.protocol.messages import (
     FEATURES,
@@ -73,6 +73,8 @@ _restore_in_child: dict[signal.Signals, Any] | None = None
 _fork_hook_registered = False
 # The host serving in this process, whose files and sockets a forked child lets go of.
 _serving_host: Host | None = None
+# The forking thread's signal mask from before ``_before_fork`` held the host's signals.
+_forking = threading.local()
 
 
 def _forked_children_keep(handlers: dict[signal.Signals, Any] | None,
@@ -83,8 +85,30 @@ def _forked_children_keep(handlers: dict[signal.Signals, Any] | None,
     _restore_in_child = handlers
     _serving_host = host
     if (handlers is not None or host is not None) and not _fork_hook_registered:
-        os.register_at_fork(after_in_child=_in_forked_child)
+        os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                            after_in_child=_in_forked_child)
         _fork_hook_registered = True
+
+
+def _before_fork() -> None:
+    """Hold the host's signals in the forking thread (and so in the child) until the child
+    has its own handlers back. A signal that reached the child before its at-fork hook ran
+    (``Pool.terminate()`` of a worker not yet scheduled on a loaded machine; any earlier
+    at-fork hook) ran the inherited handler, which wrote it to the host's wakeup fd: the
+    host took it as its own and stopped. Held, it waits, then meets the default handler."""
+    if _restore_in_child is not None:
+        _forking.mask = signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED)
+
+
+def _after_fork_in_parent() -> None:
+    _restore_mask()
+
+
+def _restore_mask() -> None:
+    mask = getattr(_forking, "mask", None)
+    if mask is not None:
+        _forking.mask = None
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def _in_forked_child() -> None:
@@ -96,16 +120,20 @@ def _in_forked_child() -> None:
     global _restore_in_child, _serving_host
     handlers, _restore_in_child = _restore_in_child, None
     host, _serving_host = _serving_host, None
-    if host is not None:
-        with contextlib.suppress(Exception):
-            _let_go_of_host(host)
-    if handlers is None:
-        return
-    with contextlib.suppress(ValueError, OSError):
-        signal.set_wakeup_fd(-1)
-    for sig, handler in handlers.items():
-        with contextlib.suppress(ValueError, OSError, TypeError):
-            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+    try:
+        if host is not None:
+            with contextlib.suppress(Exception):
+                _let_go_of_host(host)
+        if handlers is None:
+            return
+        with contextlib.suppress(ValueError, OSError):
+            signal.set_wakeup_fd(-1)
+        for sig, handler in handlers.items():
+            with contextlib.suppress(ValueError, OSError, TypeError):
+                signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+    finally:
+        with contextlib.suppress(ValueError, OSError):
+            _restore_mask()  # what the child was sent meanwhile now meets its own handlers
 # How long a foreground host, once stopped, waits for the default executor's threads.
 _EXECUTOR_WAIT_S: Final = 2.0
 _CUT_LISTED: Final = 50  # Runs named in runs_cut_at_stop; count has them all
