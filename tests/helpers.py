@@ -169,8 +169,8 @@ class Project:
     def reap(self) -> None:
         """SIGKILL every host started for the project, and every process still running with
         ``--project ROOT`` in its command line: a process a Step forked (a Pool worker) has
-        its host's, and one whose host died before the Step could end it was left running
-        for good after a failed test (its parent gone)."""
+        its host's, and one whose host died before the Step could end it was still running
+        22 min after a failed test (its parent gone)."""
         strays = processes_with(b"--project\0" + bytes(self.root) + b"\0")
         for pid in [*self.pids, *(pid for pid in strays if pid not in self.pids)]:
             if pid == os.getpid() or not pid_alive(pid):
