@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ __all__ = [
     "removed_working_directory",
     "require_short_path",
     "require_utf8_path",
+    "scan_logs",
     "special_file",
 ]
 
@@ -36,6 +38,40 @@ CONFIG_NAME = "intloom.toml"
 # after every stamp ("LOG-copy" > "LOG-2026..."), so it was taken as the last host's log.
 LOG_NAME: Final = re.compile(r"LOG-[0-9]{8}T[0-9]{9}Z\.jsonl")
 _KNOWN_KEYS = {"workflows", "port"}
+
+
+def scan_logs(logs_dir: Path) -> tuple[list[Path], list[tuple[Path, str]], list[Path]]:
+    """What ``.intloom/logs/`` holds, by the one rule its readers share (``intloom logs``,
+    doctor): the host logs (``LOG_NAME``, regular files), oldest first (their names sort by
+    UTC time); the entries under a host log's name that are no regular file, with what each
+    is (never to be opened or followed: a FIFO would block a reader, a link may lead
+    anywhere); and the entries under a name no host writes there (dot names left out, as the
+    store's check leaves them), each sorted. Nothing when there is no such directory;
+    OSError when it cannot be listed or searched."""
+    from intloom.fsutil import not_regular
+
+    try:
+        names = os.listdir(logs_dir)
+    except (FileNotFoundError, NotADirectoryError):
+        return [], [], []
+    found: list[Path] = []
+    skipped: list[tuple[Path, str]] = []
+    foreign: list[Path] = []
+    for name in names:
+        if not LOG_NAME.fullmatch(name):
+            if not name.startswith("."):
+                foreign.append(logs_dir / name)
+            continue
+        path = logs_dir / name
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            continue  # gone since the listing (a host pruning its old logs)
+        if stat.S_ISREG(mode):
+            found.append(path)
+        else:
+            skipped.append((path, not_regular(mode)))
+    return sorted(found), sorted(skipped), sorted(foreign)
 
 
 @dataclass(frozen=True)

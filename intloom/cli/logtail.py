@@ -16,7 +16,7 @@ from typing import Final
 
 from intloom.errors import IntloomError
 from intloom.fsutil import not_regular
-from intloom.project import LOG_NAME
+from intloom.project import scan_logs as project_scan_logs
 
 __all__ = ["LogTail", "log_files", "scan_logs", "unlistable"]
 
@@ -30,37 +30,13 @@ Reread = Callable[[Path, str], None]  # a followed file read again from its star
 
 
 def scan_logs(logs_dir: Path) -> tuple[list[Path], list[tuple[Path, str]], list[Path]]:
-    """The log files, oldest first (their names sort by UTC time); the entries named like
-    one that are not regular files, with what each is: never opened or followed (a FIFO
-    would block a reader, a link may lead anywhere), but named, not passed over; and the
-    entries under a name no host writes there (not ``LOG_NAME``'s; dot names left out, as
-    the store's check leaves them), sorted: never read, but named too."""
+    """``intloom.project.scan_logs``, with a directory that cannot be listed or searched as
+    STORAGE_ERROR (``unlistable``): unhandled, a logs/ (or .intloom/) its user may not read
+    or search ended intloom logs with CLI_INTERNAL_ERROR, exit 70."""
     try:
-        names = os.listdir(logs_dir)
-    except (FileNotFoundError, NotADirectoryError):
-        return [], [], []
+        return project_scan_logs(logs_dir)
     except OSError as exc:
-        # Unhandled, a logs/ (or .intloom/) its user may not read or search ended intloom
-        # logs with CLI_INTERNAL_ERROR, exit 70.
         raise unlistable(logs_dir, exc) from None
-    found: list[Path] = []
-    skipped: list[tuple[Path, str]] = []
-    foreign: list[Path] = []
-    for name in names:
-        if not LOG_NAME.fullmatch(name):
-            if not name.startswith("."):
-                foreign.append(logs_dir / name)
-            continue
-        path = logs_dir / name
-        try:
-            mode = os.lstat(path).st_mode
-        except FileNotFoundError:
-            continue
-        if stat.S_ISREG(mode):
-            found.append(path)
-        else:
-            skipped.append((path, not_regular(mode)))
-    return sorted(found), sorted(skipped), sorted(foreign)
 
 
 def unlistable(logs_dir: Path, exc: OSError) -> IntloomError:

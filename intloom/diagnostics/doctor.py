@@ -39,7 +39,6 @@ from intloom.fsutil import (
     PrivacyError,
     check_private_dir,
     file_problem,
-    not_regular,
     privacy_fix,
     read_refusal,
     search_refusal,
@@ -58,7 +57,7 @@ from intloom.host.metadata import (
 )
 from intloom.host.observe import observe_file
 from intloom.host.toolcalls import last_log, log_records, tool_calls_cut
-from intloom.project import LOG_NAME, Config, ProjectPaths, load_config
+from intloom.project import Config, ProjectPaths, load_config, scan_logs
 from intloom.protocol.messages import ServiceView
 
 if TYPE_CHECKING:
@@ -343,24 +342,22 @@ class _LooseLog(NamedTuple):
 
 
 def _loose_log(logs: Path) -> _LooseLog | None:
-    """The first host log (named as ``LOG_NAME``, a regular file) others may read, or that is not
-    ours, if any. An entry of another kind is named by ``intloom logs``, which skips it."""
+    """The first host log (``scan_logs``: a regular file under a host's log name) others may
+    read, or that is not ours, if any. An entry of another kind is ``log_files``'s."""
     try:
-        entries = sorted(os.scandir(logs), key=lambda e: e.name)
+        found, _, _ = scan_logs(logs)
     except OSError:
-        return None  # no logs/ yet, or none to read: nothing others can read either
-    for entry in entries:
-        if not LOG_NAME.fullmatch(entry.name):
-            continue
+        return None  # none to read: nothing others can read either
+    for path in found:
         try:
-            st = entry.stat(follow_symlinks=False)
+            st = os.lstat(path)
         except OSError:
             continue  # gone since the listing (a host pruning its old logs): none to read
         problem = file_problem(st) if stat.S_ISREG(st.st_mode) else None
         if problem is not None:
             ours = st.st_uid == os.getuid()
             mode = stat.S_IMODE(st.st_mode) if ours and st.st_mode & 0o077 else None
-            return _LooseLog(PrivacyError(Path(entry.path), problem), mode)
+            return _LooseLog(PrivacyError(path, problem), mode)
     return None
 
 
@@ -371,25 +368,14 @@ def _stray_logs_check(logs: Path) -> Check | None:
     """``log_files``, only when ``.intloom/logs/`` holds an entry no host writes: a name
     other than a host's (``LOG_NAME``: notes, a renamed copy), or one of that name that is no
     regular file (a link, a FIFO). ``intloom logs`` names them as it passes over them (the
-    same rule: dot names left out); doctor was silent about them. Never read or touched."""
+    same ``scan_logs``); doctor was silent about them. Never read or touched."""
     try:
-        entries = sorted(os.scandir(logs), key=lambda e: e.name)
+        _, skipped, foreign = scan_logs(logs)
     except OSError:
-        return None  # no logs/ yet, or one runtime_dir names as unlistable
-    found: list[str] = []
-    for entry in entries:
-        if entry.name.startswith("."):
-            continue
-        shown = f".intloom/logs/{entry.name}"
-        if not LOG_NAME.fullmatch(entry.name):
-            found.append(f"{shown} (not a log intloom writes)")
-            continue
-        try:
-            mode = entry.stat(follow_symlinks=False).st_mode
-        except OSError:
-            continue  # gone since the listing (a host pruning its old logs)
-        if not stat.S_ISREG(mode):
-            found.append(f"{shown} ({not_regular(mode)}, not a regular file)")
+        return None  # one runtime_dir names as unlistable
+    found = [f".intloom/logs/{name} ({why})" for name, why in sorted(
+        [(path.name, "not a log intloom writes") for path in foreign]
+        + [(path.name, f"{what}, not a regular file") for path, what in skipped])]
     if not found:
         return None
     named = ", ".join(found[:_NAMED])

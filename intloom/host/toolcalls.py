@@ -18,7 +18,7 @@ from typing import Any, Final
 
 import msgspec
 
-from intloom.project import LOG_NAME
+from intloom.project import scan_logs
 
 __all__ = ["LOG_TAIL", "last_log", "log_records", "read_log", "tool_calls_cut"]
 
@@ -53,28 +53,19 @@ def last_log(logs: Path, *, before: str | None = None) -> tuple[str, bytes] | No
     """The newest host log (``LOG-<start>.jsonl``, a regular file under the name a host
     gives it) whose name sorts before ``before`` (a starting host's own; None: any), its
     name and its last ``LOG_TAIL`` bytes; None when there is none, or it cannot be read.
-    Other entries named ``LOG-*.jsonl`` (a copy, a link, a FIFO) are passed over, never
-    opened or followed: no host wrote them, and a stray name such as ``LOG-copy.jsonl``
-    sorts after every host's."""
+    Other entries (``scan_logs``: a copy, a link, a FIFO) are passed over, never opened or
+    followed: no host wrote them, and a stray name such as ``LOG-copy.jsonl`` sorts after
+    every host's."""
     try:
-        with os.scandir(logs) as entries:
-            newest = max((e.name for e in entries if LOG_NAME.fullmatch(e.name)
-                          and (before is None or e.name < before) and _regular(e)),
-                         default=None)
+        found, _, _ = scan_logs(logs)
     except OSError:
         return None
+    newest = max((p.name for p in found if before is None or p.name < before), default=None)
     if newest is None:
         return None
     # The newest only, even unreadable: an older log is of a host before the last one.
     data = read_log(logs / newest, LOG_TAIL, tail=True)
     return None if data is None else (newest, data)
-
-
-def _regular(entry: os.DirEntry[str]) -> bool:
-    try:
-        return entry.is_file(follow_symlinks=False)
-    except OSError:
-        return False  # gone since the listing
 
 
 def log_records(tail: bytes) -> Iterator[dict[str, Any]]:

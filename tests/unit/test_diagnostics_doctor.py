@@ -369,7 +369,19 @@ def test_a_log_or_segment_removed_while_doctor_lists_it_is_skipped(
                 os.unlink(entry.path)
         return listed
 
+    real_listdir = os.listdir
+
+    def listdir(path: Any = ".") -> list[str]:
+        listed = real_listdir(path)
+        if isinstance(path, int):  # a listing of a descriptor: nothing of ours
+            return listed
+        for name in listed:  # likewise for a listing by name (the logs' scan_logs)
+            if Path(path, name) in gone:
+                os.unlink(Path(path, name))
+        return listed
+
     monkeypatch.setattr(os, "scandir", scandir)
+    monkeypatch.setattr(os, "listdir", listdir)
     check = {c.id: c for c in run_doctor(root).checks}["runtime_dir"]
     assert check.status == "attention", check
     assert check.message == (f"{readable} has mode 0644: others may read what the Runs did "
