@@ -926,10 +926,11 @@ def _run_foreground(root: Path, *, port: int | None, strict: bool, progress: Pro
 
     def too_late() -> None:
         with starting:
-            if not ready and not failure:
+            # host.expire() is False once the host committed to serve (service.json is
+            # written): a deadline that came a moment after must not stop a host that serves.
+            if not ready and not failure and host.expire():
                 # Taken now: the import the signal interrupts still reports its end.
                 timed_out.append(where.fact())
-                host.too_late = True
                 # And a signal: it interrupts a Workflow import, which checks no flag.
                 os.kill(os.getpid(), signal.SIGTERM)
 

@@ -139,6 +139,10 @@ _EXECUTOR_WAIT_S: Final = 2.0
 _CUT_LISTED: Final = 50  # Runs named in runs_cut_at_stop; count has them all
 # Test hook: raise inside the host right after it reports ready, to exercise process_failed.
 FATAL_HOOK: Final = "INTLOOM_TEST_FATAL"
+# Test hook: ``WHERE:SIGNAL`` sends the host SIGNAL at that point of its start-up, which no
+# outside timing reaches reliably: "listening" (it listens; service.json is not yet written)
+# or "published" (service.json is written; the start-up has not yet returned).
+START_SIGNAL_HOOK: Final = "INTLOOM_TEST_START_SIGNAL"
 # How often a serving host looks whether .intloom/runtime/ is still the directory it locked
 # (``Host._moved_away``): the longest a second host started after a move serves beside it.
 _HOME_LOOK: Final = 0.2
@@ -270,6 +274,12 @@ def with_test_hooks(options: HostOptions) -> HostOptions:
                    restore_listed=int(listed) if listed else options.restore_listed)
 
 
+def _test_signal(where: str) -> None:
+    hook = os.environ.get(START_SIGNAL_HOOK)
+    if hook is not None and hook.partition(":")[0] == where:
+        os.kill(os.getpid(), signal.Signals[hook.partition(":")[2]])
+
+
 class _Abort(Exception):
     """Startup ended without a fault of its own (a signal arrived): report, then release."""
 
@@ -366,6 +376,11 @@ class Host:
         # A signal alone is handled on the loop, which a start busy in a long step without
         # an await (a large restore) reaches only after it has reported ready.
         self.too_late = False
+        # The start's commit point (``_commit``): once service.json is about to be written,
+        # the host serves, and a stop asked for after that stops a host that served. The lock
+        # makes the deadline's ``expire`` (another thread) and the commit one decision.
+        self._committing = threading.Lock()
+        self._serving = False
         self.force_exit = False
         self.log_error: str | None = None  # the host log failed: no new work (LOG_WRITE_FAILED)
         # Why the stop kept service.json or service.lock (Ownership.release), for a
@@ -480,11 +495,6 @@ class Host:
                     if installed:
                         signal.pthread_sigmask(signal.SIG_UNBLOCK, installed)
                     await self.startup()
-                if self._stop.is_set() or self.too_late or self._noted is not None:
-                    raise _Abort(IntloomError(
-                        "CLI_SERVICE_CLOSING",
-                        "The host was asked to stop while it was starting; it did not start.",
-                    ))
             except BaseException as exc:
                 log_name = self.log.name if self.log is not None else None
                 error = exc.error if isinstance(exc, _Abort) else check_error(exc, log_name)
@@ -734,17 +744,9 @@ class Host:
                 f"The host was asked to stop ({name}) {when} Workflows; it did not start "
                 "and released its files.",
             )) from None
-        if self._noted is not None:
-            # Came while the store opened and the Runs were restored (or a module swallowed
-            # the interruption): said now, before the host listens and its Runs resume.
-            name = signal.Signals(self._noted).name
-            self.stop_signal = self.stop_signal or name
-            log.info("startup_interrupted", signal=name, step="restoring_runs", source=None)
-            raise _Abort(IntloomError(
-                "CLI_SERVICE_CLOSING",
-                f"The host was asked to stop ({name}) while it was starting; it did not start "
-                "and released its files.",
-            ))
+        # Came while the store opened and the Runs were restored (or a module swallowed the
+        # interruption): said now, before the host listens and its Runs resume.
+        self._abort_if_asked(log, "restoring_runs")
         self.ready.progress("listening")
         hello = HelloOk(instance_id=self.instance_id, pid=self.identity.pid,
                         project_root=str(self.paths.root), protocol=PROTOCOL,
@@ -769,6 +771,8 @@ class Host:
         if log.failed:
             raise _log_write_failed(log.path, log.failure or "unknown error",
                                     log.failure_errno)
+        _test_signal("listening")
+        self._commit(log)
         self.ownership.publish_service(ServiceInfo(
             version=METADATA_VERSION,
             project_root=str(self.paths.root),
@@ -781,8 +785,50 @@ class Host:
             protocol_version=PROTOCOL,
             log_file=self.log.name,
         ))
+        _test_signal("published")
         self.booted.runtime.start_restored()
         log.info("service_ready", port=self.port, workflows=len(self.booted.workflows))
+
+    def _commit(self, log: HostLog) -> None:
+        """The start's commit point, right before service.json says the host serves: a stop
+        asked for until now ends the start (``_Abort``); one asked for after it stops a host
+        that served, by the loop's handler at ``serve``'s first await (the wakeup fd hears
+        every signal, ``_noting``'s or not). The start's end decided it instead, after
+        service.json was written: ``start --foreground`` said a Ctrl-C that came then had
+        interrupted it before it served (exit 130), of a host whose service.json a script
+        waiting for it had already read."""
+        with self._committing:
+            self._abort_if_asked(log, "listening")
+            self._serving = True
+
+    def expire(self) -> bool:
+        """``start --foreground --timeout``'s deadline, from its timer's thread: True when it
+        ends the start (``too_late`` is set, for the start-up to act on), False when the host
+        already serves, which a deadline that came a moment later must not stop."""
+        with self._committing:
+            if self._serving:
+                return False
+            self.too_late = True
+            return True
+
+    def _abort_if_asked(self, log: HostLog, step: str) -> None:
+        """``_Abort`` when a stop was asked for since the start-up began: a signal (noted by
+        ``_noting``, or handled on the loop at an await), a stop request, or the deadline
+        (``expire``), whose SIGTERM may not have come yet."""
+        assert self._stop is not None
+        if self._noted is None and not self._stop.is_set() and not self.too_late:
+            return
+        name = (signal.Signals(self._noted).name if self._noted is not None
+                else "SIGTERM" if self.too_late else self.stop_signal)
+        if name is not None:
+            self.stop_signal = self.stop_signal or name
+        log.info("startup_interrupted", signal=name, step=step, source=None)
+        asked = f"asked to stop ({name})" if name is not None else "asked to stop"
+        raise _Abort(IntloomError(
+            "CLI_SERVICE_CLOSING",
+            f"The host was {asked} while it was starting; it did not start and released its "
+            "files.",
+        ))
 
     def service_view(self) -> ServiceView:
         counts: dict[str, int] = {}

@@ -1,0 +1,145 @@
+"""A start commits when it writes ``service.json``: a stop signal before that ends the start,
+one after it stops a host that served. A script that waits for ``service.json`` and then
+sends Ctrl-C to ``start --foreground`` was told, now and then, that the start had been
+interrupted before it served (exit 130, nothing on stdout): the host decided only once its
+start-up returned, a moment after it wrote the file. ``INTLOOM_TEST_START_SIGNAL`` sends the
+signal at either side of the commit, which no outside timing reaches reliably. Real host
+processes, real signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO, Project, eventually
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+
+def _foreground(project: Project, where: str) -> tuple[int, str, str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "intloom", "start", "--foreground"],
+        cwd=project.root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(REPO),
+             "INTLOOM_TEST_START_SIGNAL": f"{where}:SIGINT"})
+    project.pids.add(proc.pid)
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    return proc.returncode, out, err
+
+
+def _events(project: Project, starts: int = 1) -> list[dict[str, object]]:
+    """The last start's log lines, once ``starts`` starts each wrote one (stamped names sort
+    by time)."""
+    logs = sorted((project.state / "logs").iterdir())
+    assert len(logs) == starts, logs
+    return [json.loads(line) for line in logs[-1].read_text().splitlines()]
+
+
+def test_ctrl_c_right_after_service_json_stops_a_host_that_served(project: Project) -> None:
+    code, out, err = _foreground(project, "published")
+    assert code == 0, (out, err)  # 130 when the start's end decided, as before
+    assert "Traceback" not in err, err
+    assert "started" in out.lower(), out  # it reported ready, then said what the stop did
+    events = [e["event"] for e in _events(project)]
+    assert "startup_interrupted" not in events, events
+    ready = events.index("service_ready")
+    assert events.index("signal_received", ready) < events.index("service_stopping", ready)
+    assert events[-1] == "log_closed", events
+    assert not (project.state / "service.json").exists()
+    assert not (project.state / "service.lock").exists()
+
+
+def test_ctrl_c_before_service_json_ends_the_start(project: Project) -> None:
+    code, out, err = _foreground(project, "listening")
+    assert code == 130, (code, out, err)  # an interrupted command, as any other
+    assert out == "", out
+    logged = _events(project)
+    events = [e["event"] for e in logged]
+    assert "service_ready" not in events, events
+    [interrupted] = [e for e in logged if e["event"] == "startup_interrupted"]
+    assert (interrupted["signal"], interrupted["step"]) == ("SIGINT", "listening"), interrupted
+    assert events[-1] == "log_closed", events
+    assert not (project.state / "service.json").exists()
+    assert not (project.state / "service.lock").exists()
+
+
+def test_a_launched_host_signalled_on_either_side_of_the_commit(
+    project: Project, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The background start says what happened: before the commit, CLI_SERVICE_CLOSING;
+    after it, started (the host then stops, as a host that served does)."""
+    monkeypatch.setenv("INTLOOM_TEST_START_SIGNAL", "listening:SIGTERM")
+    refused = project.cli("--json", "start")
+    assert refused.code != 0, refused
+    assert refused.json["error"] == {
+        "code": "CLI_SERVICE_CLOSING", "retryable": False,
+        "message": "The host was asked to stop (SIGTERM) while it was starting; it did not "
+        "start and released its files."}, refused
+    assert not (project.state / "service.lock").exists()
+
+    monkeypatch.setenv("INTLOOM_TEST_START_SIGNAL", "published:SIGTERM")
+    started = project.cli("--json", "start")
+    assert started.code == 0, started
+    pid = started.json["service"]["pid"]
+    project.pids.add(pid)
+    eventually(lambda: not (project.state / "service.lock").exists(), timeout=30,
+               what="the host to stop after it served")
+    logged = _events(project, starts=2)
+    events = [e["event"] for e in logged]
+    assert events.count("service_ready") == 1 and events[-1] == "log_closed", events
+    assert [e.get("signal") for e in logged if e["event"] == "signal_received"] == [
+        "SIGTERM"], logged
+
+
+def test_a_deadline_that_passes_after_the_commit_does_not_stop_the_host(
+    project: Project,
+) -> None:
+    """``start --foreground --timeout``'s timer asked whether the host had reported ready,
+    which it does a moment after it writes service.json: a deadline in that moment stopped
+    a host whose service.json had been written (CLI_SERVICE_TIMEOUT). It now asks the host,
+    which decides at its commit. The host stops itself right after writing service.json
+    (SIGSTOP, the whole process and its timer) until the deadline has passed; once resumed,
+    the timer finds a host that serves."""
+    import time
+
+    timeout = 3.0
+    began = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "intloom", "start", "--foreground", "--timeout", str(timeout)],
+        cwd=project.root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(REPO),
+             "INTLOOM_TEST_START_SIGNAL": "published:SIGSTOP"})
+    project.pids.add(proc.pid)
+    try:
+        stat = Path(f"/proc/{proc.pid}/stat")
+        eventually(lambda: stat.read_text().rpartition(")")[2].split()[0] == "T",
+                   timeout=30, what="the host to stop itself after writing service.json")
+        assert time.monotonic() - began < timeout, "the start took longer than its deadline"
+        # The timer's moment: waited for on the clock, which is what it watches.
+        eventually(lambda: time.monotonic() - began > timeout + 0.5, timeout=timeout + 5,
+                   what="the deadline to pass")
+        os.kill(proc.pid, signal.SIGCONT)
+        status = project.cli("--json", "status")
+        assert status.code == 0 and status.json["service"]["pid"] == proc.pid, status
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    assert proc.returncode == 0, (out, err)
+    assert "CLI_SERVICE_TIMEOUT" not in err and "Traceback" not in err, err
+    # The deadline sent no SIGTERM: the only stop is the test's Ctrl-C.
+    assert [(e["signal"], e["action"]) for e in _events(project)
+            if e["event"] == "signal_received"] == [("SIGINT", "stop")]
