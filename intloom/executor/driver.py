@@ -15,6 +15,7 @@ import threading
 import traceback
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator
+from functools import partial
 from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 import msgspec
@@ -506,7 +507,8 @@ class RunSlot:
             # waiter): a busy Run nobody follows publishes once per Step.
             shown, subscribers, observer = self.shown, self._subscribers, self.observer
             overridden = self.override is not None or self.suspended  # as _overridden()
-            view = self.view() if subscribers or overridden else None
+            # Not for followers when nothing is new: ``show_early`` showed it already.
+            view = self.view() if (subscribers and events) or overridden else None
             if events:
                 kept = view if overridden and shown.phase != "terminal" else None
                 # A tuple, not the list: a tuple of gc=False events is untracked by the
@@ -550,6 +552,12 @@ class RunSlot:
             for waiter in stable:
                 if not waiter.done():
                     waiter.set_result(None)
+
+    @property
+    def followed(self) -> bool:
+        """Somebody is attached (``subscribe``): what a flush makes durable is worth showing
+        at once."""
+        return bool(self._subscribers)
 
     def publish_here(self, upto: tuple[RunState, int]) -> bool:
         """``publish(upto=upto)`` from the thread driving the Run's sync Steps, when nobody
@@ -1689,6 +1697,10 @@ class Driver:
                 # async Runs: ~1.0-1.6k fewer instructions per Step).
                 try:
                     upto = slot.mark()
+                    if slot.followed:
+                        # Shown as soon as the flush ends, not at this task's turn after it,
+                        # which comes once the Runs woken before it have each run a Step.
+                        rt.journal.when_durable(partial(rt.show_early, slot, upto))
                     await rt.journal.sync(slot.run_id)
                     rt.show_durable(slot, upto)
                 except (CheckpointFailed, OSError) as exc:

@@ -948,6 +948,13 @@ class Runtime:
         except (CheckpointFailed, OSError) as exc:
             self.settle(slot, exc)
 
+    def show_early(self, slot: RunSlot, upto: tuple[RunState, int]) -> None:
+        """``when_durable``'s call, ahead of the Run's task: show its followers what the
+        flush made durable up to ``upto``, unless the flush failed for it (its task settles
+        that). The task's own ``show_durable`` then finds nothing new to show."""
+        if self.journal.failure(slot.run_id) is None:
+            slot.publish(upto=upto)
+
     def show_durable(self, slot: RunSlot, upto: tuple[RunState, int]) -> None:
         """``sync``'s end, once the journal has made the Run durable up to ``upto`` (its
         ``mark()`` before the flush): show it, and retire the Run if that ended it."""

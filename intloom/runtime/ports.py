@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from intloom.runtime.machine import RunState
@@ -52,6 +53,12 @@ class JournalPort(Protocol):
     def failure(self, run_id: str) -> CheckpointFailed | None:
         """The failed write that finished ``run_id`` in this process, if any: what
         ``sync(run_id)`` would raise."""
+        ...
+
+    def when_durable(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` on the event loop once every record appended so far is durable or
+        failed (``failure`` tells which), before ``sync`` resumes the coroutines waiting for
+        the same flush; from the loop."""
         ...
 
     def share(self) -> None:

@@ -188,6 +188,8 @@ class Store:
         self._kick: asyncio.Handle | None = None  # a flush scheduled for this loop iteration
         # (appended, the future of the sync() that waits for it).
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+        # ``when_durable``'s callbacks, each with the count of records it waits for.
+        self._durable_calls: list[tuple[int, Callable[[], None]]] = []
         self._closed = False
         # The Run that alone wrote the last ``_solo_count`` batches (None: several did).
         self._solo_run: str | None = None
@@ -607,7 +609,7 @@ class Store:
             if inline is not None:
                 self.inline_flushes += 1
                 self._write_out(inline)
-                if self._waiters:
+                if self._waiters or self._durable_calls:
                     self._wake()
                 now = time.perf_counter()
                 if now - self._yielded >= _INLINE_YIELD_S:
@@ -672,7 +674,9 @@ class Store:
                 self._inflight = None
                 if self._flush_waits:
                     self._flushed.notify_all()
-                if self._waiters:  # coroutines on the loop wait for this batch, or after it
+                # Coroutines (or when_durable's callbacks) on the loop wait for this batch,
+                # or one after it.
+                if self._waiters or self._durable_calls:
                     with contextlib.suppress(RuntimeError):  # closed loop: nobody waits
                         self._running_loop_from_thread().call_soon_threadsafe(self._wake)
             if self._failures or self._failed_runs:
@@ -876,10 +880,26 @@ class Store:
         """A segment of ``size`` bytes written by ``writers`` Runs is full (see _ROTATE_MIN)."""
         return size >= min(self._segment_bytes, max(_ROTATE_MIN, _ROTATE_PER_RUN * writers))
 
+    def when_durable(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` on the loop once every record appended so far is resolved, ahead of
+        the coroutines that ``sync`` then resumes (loop thread). Resolved is durable or
+        failed: ``failure`` tells which for a Run. Nothing is called for records a closing
+        store never flushed.
+
+        For what must not wait for its coroutine's turn: the Runs woken by one flush resume
+        one after another, each running its next Step first, so what the last of 64 showed
+        its followers waited for the other 63 Steps (a whole round) after the flush."""
+        high = self._appended
+        if high <= self._resolved:  # nothing to wait for: no flush would come to call it
+            self._running_loop().call_soon(fn)
+            return
+        self._durable_calls.append((high, fn))
+
     def _wake(self) -> None:
         """Resume every waiter whose records are resolved; start the flush the others need."""
         ready: list[asyncio.Future[None]] = []
         later: list[tuple[int, asyncio.Future[None]]] = []
+        due: list[Callable[[], None]] = []
         lock = self._lock if self._shared else None
         if lock is not None:
             lock.acquire()
@@ -891,10 +911,24 @@ class Store:
                 else:
                     ready.append(entry[1])
             self._waiters = later
+            if self._durable_calls:
+                waiting: list[tuple[int, Callable[[], None]]] = []
+                for high, fn in self._durable_calls:
+                    if high > resolved:
+                        waiting.append((high, fn))
+                    else:
+                        due.append(fn)
+                self._durable_calls = waiting
             start = bool(later) and self._kick is None and self._inflight is None
         finally:
             if lock is not None:
                 lock.release()
+        if due:
+            # Queued before the waiters' wake-ups (which set_result queues, below): they run
+            # first, and one that raises is the loop's to report, not this flush's.
+            loop = self._running_loop()
+            for fn in due:
+                loop.call_soon(fn)
         if start:
             # Records appended while the last batch was on disk: start their flush now.
             self._flush_next()

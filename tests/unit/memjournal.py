@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 
 from intloom.runtime.machine import RunState, apply
 from intloom.runtime.ports import CheckpointFailed
@@ -19,6 +20,7 @@ class MemoryJournal:
         self.fail_at: set[int] = set()
         self.failed: dict[str, CheckpointFailed] = {}  # Run -> the failed flush that held it
         self._lock = threading.Lock()  # sync Steps append and flush from their threads
+        self.durable_calls: list[Callable[[], None]] = []
 
     def append(self, run_id: str, record: Record, state: object = None) -> None:
         with self._lock:
@@ -26,7 +28,15 @@ class MemoryJournal:
 
     async def sync(self, run_id: str | None = None) -> None:
         await asyncio.sleep(0)  # yield like a real flush would
-        self._flush()
+        try:
+            self._flush()
+        finally:
+            calls, self.durable_calls = self.durable_calls, []
+            for fn in calls:
+                asyncio.get_running_loop().call_soon(fn)
+
+    def when_durable(self, fn: Callable[[], None]) -> None:
+        self.durable_calls.append(fn)
 
     def failure(self, run_id: str) -> CheckpointFailed | None:
         return self.failed.get(run_id)
