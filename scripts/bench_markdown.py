@@ -515,12 +515,13 @@ harness; the figures quoted here are from those sessions, not from this run):
   wakes resume one after another, each running its next Step before the next Run resumes,
   so a Run showed its followers what the flush had made durable only at its turn: for each
   Run, about a whole round (63 other Steps) after the flush, whatever its place in it. A
-  Run that somebody follows now asks the store to call it back at the flush's end
-  (`Store.when_durable`), ahead of every task the flush wakes, and shows its followers from
-  there; nothing changes for a Run nobody follows. In 7 alternating pairs (old tree, new
-  tree; 64 busy Runs, 4 followers, a slow spell of the VM, calibration ~31 ms) p50 fell
-  from 5.1-6.8 to 2.2-2.8 ms and p99 from 9.1-13.3 to 5.9-8.8 ms, in every pair. (Resuming
-  followed Runs first, tried before, still left each behind the Runs resumed ahead of it.)
+  Run that somebody follows now asks the store to call it back at the end of each flush its
+  task waits for (`Store.when_durable`), ahead of every task the flush wakes, and shows its
+  followers from there; nothing changes for a Run nobody follows. In 7 alternating pairs
+  (old tree, new tree; 64 busy Runs, 4 followers, a slow spell of the VM, calibration
+  ~31 ms) p50 fell from 5.1-6.8 to 2.2-2.8 ms and p99 from 9.1-13.3 to 5.9-8.8 ms, in
+  every pair. (Resuming followed Runs first, tried before, still left each behind the Runs
+  resumed ahead of it.)
 - **A lone Run's sync Steps driven on their thread** (`steps --kind sync`, `peers`): a sync
   Step was handed from the loop to a worker thread and back, 71-122 µs per Step here (each
   wake-up lands on an idle vCPU). A Run that has been the only writer for 8 flushes is now

@@ -926,11 +926,15 @@ def _run_foreground(root: Path, *, port: int | None, strict: bool, progress: Pro
 
     def too_late() -> None:
         with starting:
-            # host.expire() is False once the host committed to serve (service.json is
-            # written): a deadline that came a moment after must not stop a host that serves.
-            if not ready and not failure and host.expire():
-                # Taken now: the import the signal interrupts still reports its end.
+            if not ready and not failure:
+                # Taken before expire(): once the host sees too_late it may abort and return
+                # at once, and its failure must then read as this timeout.
                 timed_out.append(where.fact())
+                # False once the host committed to serve (service.json is written): a
+                # deadline that came a moment after must not stop a host that serves.
+                if not host.expire():
+                    timed_out.clear()
+                    return
                 # And a signal: it interrupts a Workflow import, which checks no flag.
                 os.kill(os.getpid(), signal.SIGTERM)
 

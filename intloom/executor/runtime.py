@@ -943,6 +943,8 @@ class Runtime:
         """Make everything appended durable; a failed batch fails exactly its Runs."""
         try:
             upto = slot.mark()
+            if slot.followed:  # as an async Step's ``executing`` (Driver._run_step)
+                self.journal.when_durable(functools.partial(self.show_early, slot, upto))
             await self.journal.sync(slot.run_id)
             self.show_durable(slot, upto)
         except (CheckpointFailed, OSError) as exc:

@@ -143,6 +143,10 @@ FATAL_HOOK: Final = "INTLOOM_TEST_FATAL"
 # outside timing reaches reliably: "listening" (it listens; service.json is not yet written)
 # or "published" (service.json is written; the start-up has not yet returned).
 START_SIGNAL_HOOK: Final = "INTLOOM_TEST_START_SIGNAL"
+# Test hook: PATH. Right after writing service.json the start-up creates PATH.held and waits
+# (up to 60 s) until PATH exists, its other threads free to run: what a start's deadline
+# that passes in that moment does, without racing the start-up for it.
+HOLD_PUBLISHED_HOOK: Final = "INTLOOM_TEST_HOLD_PUBLISHED"
 # How often a serving host looks whether .intloom/runtime/ is still the directory it locked
 # (``Host._moved_away``): the longest a second host started after a move serves beside it.
 _HOME_LOOK: Final = 0.2
@@ -278,6 +282,12 @@ def _test_signal(where: str) -> None:
     hook = os.environ.get(START_SIGNAL_HOOK)
     if hook is not None and hook.partition(":")[0] == where:
         os.kill(os.getpid(), signal.Signals[hook.partition(":")[2]])
+    held = os.environ.get(HOLD_PUBLISHED_HOOK)
+    if held and where == "published":
+        Path(f"{held}.held").touch()
+        until = time.monotonic() + 60
+        while not os.path.exists(held) and time.monotonic() < until:
+            time.sleep(0.01)
 
 
 class _Abort(Exception):

@@ -889,11 +889,22 @@ class Store:
         For what must not wait for its coroutine's turn: the Runs woken by one flush resume
         one after another, each running its next Step first, so what the last of 64 showed
         its followers waited for the other 63 Steps (a whole round) after the flush."""
-        high = self._appended
-        if high <= self._resolved:  # nothing to wait for: no flush would come to call it
+        # Locked while a crew's thread may flush (``sync_threadsafe``): it reads the calls
+        # to decide whether to wake the loop, and must not miss one added after its batch
+        # resolved these records (the call would wait for some later flush).
+        lock = self._lock if self._shared else None
+        if lock is not None:
+            lock.acquire()
+        try:
+            high = self._appended
+            resolved = high <= self._resolved
+            if not resolved:
+                self._durable_calls.append((high, fn))
+        finally:
+            if lock is not None:
+                lock.release()
+        if resolved:  # nothing to wait for: no flush would come to call it
             self._running_loop().call_soon(fn)
-            return
-        self._durable_calls.append((high, fn))
 
     def _wake(self) -> None:
         """Resume every waiter whose records are resolved; start the flush the others need."""
