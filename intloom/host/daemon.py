@@ -557,7 +557,7 @@ class Host:
         so the loop's handler for a signal that came before the imports began ran only once
         all of them had (30 s of a slow module's import later), after the host had reported
         ready. The loop still hears the signal (the wakeup fd); this only notes it now, for
-        ``_importing`` and the start-up's end to act on."""
+        ``_importing`` and the commit (``_commit``) to act on."""
         if not self._signals:  # not the main thread: whoever owns the signals decides
             yield
             return
