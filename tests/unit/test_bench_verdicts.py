@@ -118,6 +118,22 @@ def test_an_event_sample_missing_a_follower_or_a_run_is_not_met() -> None:
     assert "a follower failed: IntloomError" in line
 
 
+def test_a_step_figure_not_met_is_said_from_its_pairs_not_its_medians() -> None:
+    """The ratio is the median of the Run/floor pairs' ratios; the report subtracted the
+    medians instead, and said "-36.8 µs per Step over the 1.5x line" of a 1.52x figure
+    (2026-12-03's run: 609 µs against a floor of 430.5 µs is 1.41x)."""
+    from scripts.bench_markdown import _unmet
+
+    kind = {"verdict": "not met", "ratio": 1.53, "us_per_step": 609.0,
+            "floor_us_per_step": 430.5, "cpu_us_per_step": 292.9,
+            "floor_cpu_us_per_step": 149.0,
+            "pair_ratios": [1.45, 1.67, 1.56, 1.49, 1.49, 1.33, 1.57, 1.56]}
+    (line,) = _unmet({"steps": {"kinds": {"sync": kind}}})
+    assert "-" not in line[2:], line  # no negative excess after the bullet
+    assert "median of 8 neighbouring pairs' ratios (4 of them above 1.5×)" in line, line
+    assert "609 µs against 430.5 µs" in line, line
+
+
 def test_the_report_names_the_sizes_the_run_measured() -> None:
     from scripts.bench_chart import target_bars
     from scripts.bench_markdown import render
