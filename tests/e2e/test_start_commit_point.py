@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -111,8 +112,6 @@ def test_a_deadline_that_passes_after_the_commit_does_not_stop_the_host(
     which decides at its commit. The start-up holds right after writing service.json
     (``INTLOOM_TEST_HOLD_PUBLISHED``) until the deadline has passed, so the timer always
     fires in that moment."""
-    import time
-
     timeout = 6.0
     gate = tmp_path / "go"
     began = time.monotonic()
