@@ -284,11 +284,13 @@ def later_intloom(tmp_path: Path, edits: dict[str, tuple[str, str]]) -> dict[str
     return {"PYTHONPATH": str(site), "PYTHONSAFEPATH": "1"}
 
 
-def spawn_foreground(project: Project, *options: str) -> subprocess.Popen[str]:
-    """``intloom [options] start --foreground`` started in the project root, its output
-    piped (text), its pid in ``project.pids`` for ``project.reap``; not waited for."""
+def spawn_foreground(project: Project, *options: str,
+                     start_options: tuple[str, ...] = ()) -> subprocess.Popen[str]:
+    """``intloom [options] start --foreground [start_options]`` started in the project
+    root, its output piped (text), its pid in ``project.pids`` for ``project.reap``; not
+    waited for."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "intloom", *options, "start", "--foreground"],
+        [sys.executable, "-m", "intloom", *options, "start", "--foreground", *start_options],
         cwd=project.root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(REPO)})
     project.pids.add(proc.pid)

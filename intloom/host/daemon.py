@@ -278,7 +278,7 @@ def with_test_hooks(options: HostOptions) -> HostOptions:
                    restore_listed=int(listed) if listed else options.restore_listed)
 
 
-def _test_signal(where: str) -> None:
+def _start_hooks(where: str) -> None:
     hook = os.environ.get(START_SIGNAL_HOOK)
     if hook is not None and hook.partition(":")[0] == where:
         os.kill(os.getpid(), signal.Signals[hook.partition(":")[2]])
@@ -781,7 +781,7 @@ class Host:
         if log.failed:
             raise _log_write_failed(log.path, log.failure or "unknown error",
                                     log.failure_errno)
-        _test_signal("listening")
+        _start_hooks("listening")
         self._commit(log)
         self.ownership.publish_service(ServiceInfo(
             version=METADATA_VERSION,
@@ -795,7 +795,7 @@ class Host:
             protocol_version=PROTOCOL,
             log_file=self.log.name,
         ))
-        _test_signal("published")
+        _start_hooks("published")
         self.booted.runtime.start_restored()
         log.info("service_ready", port=self.port, workflows=len(self.booted.workflows))
 

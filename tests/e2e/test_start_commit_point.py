@@ -9,27 +9,21 @@ processes, real signals."""
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, Project, eventually
+from tests.helpers import Project, eventually, spawn_foreground
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
 
-def _foreground(project: Project, where: str) -> tuple[int, str, str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "intloom", "start", "--foreground"],
-        cwd=project.root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(REPO),
-             "INTLOOM_TEST_START_SIGNAL": f"{where}:SIGINT"})
-    project.pids.add(proc.pid)
+def _foreground(project: Project, where: str,
+                monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, str]:
+    monkeypatch.setenv("INTLOOM_TEST_START_SIGNAL", f"{where}:SIGINT")
+    proc = spawn_foreground(project)
     try:
         out, err = proc.communicate(timeout=60)
     finally:
@@ -47,8 +41,10 @@ def _events(project: Project, starts: int = 1) -> list[dict[str, object]]:
     return [json.loads(line) for line in logs[-1].read_text().splitlines()]
 
 
-def test_ctrl_c_right_after_service_json_stops_a_host_that_served(project: Project) -> None:
-    code, out, err = _foreground(project, "published")
+def test_ctrl_c_right_after_service_json_stops_a_host_that_served(
+    project: Project, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    code, out, err = _foreground(project, "published", monkeypatch)
     assert code == 0, (out, err)  # 130 when the start's end decided, as before
     assert "Traceback" not in err, err
     assert "started" in out.lower(), out  # it reported ready, then said what the stop did
@@ -61,8 +57,10 @@ def test_ctrl_c_right_after_service_json_stops_a_host_that_served(project: Proje
     assert not (project.state / "service.lock").exists()
 
 
-def test_ctrl_c_before_service_json_ends_the_start(project: Project) -> None:
-    code, out, err = _foreground(project, "listening")
+def test_ctrl_c_before_service_json_ends_the_start(
+    project: Project, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    code, out, err = _foreground(project, "listening", monkeypatch)
     assert code == 130, (code, out, err)  # an interrupted command, as any other
     assert out == "", out
     logged = _events(project)
@@ -104,7 +102,7 @@ def test_a_launched_host_signalled_on_either_side_of_the_commit(
 
 
 def test_a_deadline_that_passes_after_the_commit_does_not_stop_the_host(
-    project: Project, tmp_path: Path,
+    project: Project, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """``start --foreground --timeout``'s timer asked whether the host had reported ready,
     which it does a moment after it writes service.json: a deadline in that moment stopped
@@ -115,12 +113,8 @@ def test_a_deadline_that_passes_after_the_commit_does_not_stop_the_host(
     timeout = 6.0
     gate = tmp_path / "go"
     began = time.monotonic()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "intloom", "start", "--foreground", "--timeout", str(timeout)],
-        cwd=project.root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(REPO),
-             "INTLOOM_TEST_HOLD_PUBLISHED": str(gate)})
-    project.pids.add(proc.pid)
+    monkeypatch.setenv("INTLOOM_TEST_HOLD_PUBLISHED", str(gate))
+    proc = spawn_foreground(project, start_options=("--timeout", str(timeout)))
     try:
         eventually(lambda: Path(f"{gate}.held").exists(), timeout=timeout,
                    what="the start to write service.json within its --timeout")
