@@ -16,9 +16,10 @@ import shlex
 import stat
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal
+
+import msgspec
 
 __all__ = [
     "WRITE_FAULT_ENV",
@@ -154,8 +155,7 @@ def _inode_flags(path: Path) -> int | None:
 UnlinkBar = Literal["read_only_fs", "immutable", "append_only", "not_writable", "sticky"]
 
 
-@dataclass(frozen=True)
-class UnlinkRefusal:
+class UnlinkRefusal(msgspec.Struct, frozen=True):
     """Why unlinking a file fails: ``bar`` is set on ``where`` (the file itself, or the
     directory holding it), and ``fact`` says so in words, the file called "it"."""
 

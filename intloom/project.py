@@ -7,9 +7,10 @@ import os
 import re
 import stat
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
+
+import msgspec
 
 from intloom.errors import IntloomError
 
@@ -74,8 +75,9 @@ def scan_logs(logs_dir: Path) -> tuple[list[Path], list[tuple[Path, str]], list[
     return sorted(found), sorted(skipped), sorted(foreign)
 
 
-@dataclass(frozen=True)
-class ProjectPaths:
+# Structs, not dataclasses: every command imports this module, and making a dataclass costs
+# ~1 ms of its start-up each (exec'd methods), a Struct ~0.04 ms.
+class ProjectPaths(msgspec.Struct, frozen=True):
     """Every path under a project's ``.intloom/``, computed in one place."""
 
     root: Path
@@ -109,8 +111,7 @@ class ProjectPaths:
         return self.state / "runtime"
 
 
-@dataclass(frozen=True)
-class Config:
+class Config(msgspec.Struct, frozen=True):
     """``intloom.toml``: where Workflows are loaded from, and the host's port (0 = pick one)."""
 
     workflows: tuple[str, ...]

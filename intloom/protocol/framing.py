@@ -9,6 +9,7 @@ This module stays importable without asyncio: the CLI's start-up path imports it
 
 from __future__ import annotations
 
+import functools
 import socket
 import struct
 import time
@@ -42,11 +43,17 @@ _HEADER: Final = struct.Struct(">I")
 HEADER_SIZE: Final = _HEADER.size
 
 _encoder: Final = msgspec.msgpack.Encoder()
-# The first frame is decoded against hello *and* requests so that a request sent before the
-# hello earns "send the hello first" instead of a bare decode error.
-_first_decoder: Final = msgspec.msgpack.Decoder(Hello | Request)
-_request_decoder: Final = msgspec.msgpack.Decoder(Request)
 _response_decoder: Final = msgspec.msgpack.Decoder(Response)
+
+
+@functools.cache
+def _request_decoders() -> tuple[msgspec.msgpack.Decoder[Hello | Request],
+                                 msgspec.msgpack.Decoder[Request]]:
+    """(first frame, later frames): the host's side only, made at the first frame it reads
+    (made at import, they were ~1 ms of every client command's start-up). The first frame
+    is decoded against hello *and* requests so that a request sent before the hello earns
+    "send the hello first" instead of a bare decode error."""
+    return msgspec.msgpack.Decoder(Hello | Request), msgspec.msgpack.Decoder(Request)
 
 
 class FrameError(Exception):
@@ -104,11 +111,11 @@ def _decode(decoder: msgspec.msgpack.Decoder[_T], body: bytes, what: str) -> _T:
 
 
 def decode_first(body: bytes) -> Hello | Request:
-    return _decode(_first_decoder, body, "hello")
+    return _decode(_request_decoders()[0], body, "hello")
 
 
 def decode_request(body: bytes) -> Request:
-    return _decode(_request_decoder, body, "request")
+    return _decode(_request_decoders()[1], body, "request")
 
 
 def decode_response(body: bytes) -> Response:

@@ -53,6 +53,43 @@ def test_a_query_imports_only_what_it_needs(tmp_path: Path) -> None:
     assert loaded == []
 
 
+def test_a_query_builds_nothing_it_does_not_use(tmp_path: Path) -> None:
+    """A ``--json`` query makes no dataclass of intloom's (~1 ms of start-up each), nor the
+    renderer's terminal-escaping patterns or the host's request decoders (~3 ms)."""
+    (tmp_path / "intloom.toml").write_text("workflows = []\n")
+    probe = (
+        "import sys, json\n"
+        "from intloom.cli.app import main\n"
+        f"code = main(['--project', {str(tmp_path)!r}, 'runs', '--json'])\n"
+        "made = sorted(f'{m}.{name}' for m, mod in list(sys.modules.items())\n"
+        "              if m.startswith('intloom') and mod is not None\n"
+        "              for name, value in vars(mod).items()\n"
+        "              if isinstance(value, type) and value.__module__ == m\n"
+        "              and '__dataclass_params__' in vars(value))\n"
+        "from intloom.cli import render\n"
+        "from intloom.protocol import framing\n"
+        "built = [render._patterns.cache_info().currsize,\n"
+        "         framing._request_decoders.cache_info().currsize]\n"
+        "print(json.dumps([code, made, built]))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=30,
+        check=True,
+    ).stdout.splitlines()
+    code, made, built = json.loads(out[-1])
+    assert (code, made, built) == (1, [], [0, 0])
+
+
+def test_printable_escapes_after_its_patterns_are_made_lazily() -> None:
+    from intloom.cli.render import printable
+
+    # Hidden characters escaped; a joiner kept between two non-ASCII characters only.
+    assert printable("a\x1b[31mb\n\u202e") == "a\\x1b[31mb\\n\\u202e"
+    assert printable("\U0001f469\u200d\U0001f467") == "\U0001f469\u200d\U0001f467"
+    assert printable("RUN-1\u200d") == "RUN-1\\u200d"
+
+
 def test_logs_reads_files_without_the_client(tmp_path: Path) -> None:
     """``logs`` needs only the log's name from service.json: it imported the client, its
     socket and the protocol (intloom.client.lifecycle) for it."""
