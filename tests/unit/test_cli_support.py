@@ -32,19 +32,25 @@ _NOT_ON_THE_QUERY_PATH = (
 LOG1, LOG2, LOG3 = (f"LOG-20260101T00000000{n}Z.jsonl" for n in (1, 2, 3))
 
 
-def test_a_query_imports_only_what_it_needs(tmp_path: Path) -> None:
-    (tmp_path / "intloom.toml").write_text("workflows = []\n")
+def _probe(root: Path, command: str, then: str,
+           env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``intloom COMMAND`` through ``main`` in a fresh interpreter, in a project at
+    ``root`` with no host, then ``then`` (Python that sees ``code``, main's exit code)."""
+    (root / "intloom.toml").write_text("workflows = []\n")
     probe = (
         "import sys, json\n"
         "from intloom.cli.app import main\n"
-        f"code = main(['--project', {str(tmp_path)!r}, 'runs', '--json'])\n"
-        "print(json.dumps([code, sorted(sys.modules)]))\n"
+        f"code = main(['--project', {str(root)!r}, *{command.split()!r}])\n" + then
     )
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    out = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=30,
-        check=True,
-    ).stdout.splitlines()
+    return subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=30, check=True,
+        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+    )
+
+
+def test_a_query_imports_only_what_it_needs(tmp_path: Path) -> None:
+    out = _probe(tmp_path, "runs --json",
+                 "print(json.dumps([code, sorted(sys.modules)]))\n").stdout.splitlines()
     assert json.loads(out[0])["error"]["code"] == "CLI_SERVICE_OFFLINE"
     code, modules = json.loads(out[-1])
     assert code == 1
@@ -56,11 +62,7 @@ def test_a_query_imports_only_what_it_needs(tmp_path: Path) -> None:
 def test_a_query_builds_nothing_it_does_not_use(tmp_path: Path) -> None:
     """A ``--json`` query makes no dataclass of intloom's (~1 ms of start-up each), nor the
     renderer's terminal-escaping patterns or the host's request decoders (~3 ms)."""
-    (tmp_path / "intloom.toml").write_text("workflows = []\n")
-    probe = (
-        "import sys, json\n"
-        "from intloom.cli.app import main\n"
-        f"code = main(['--project', {str(tmp_path)!r}, 'runs', '--json'])\n"
+    then = (
         "made = sorted(f'{m}.{name}' for m, mod in list(sys.modules.items())\n"
         "              if m.startswith('intloom') and mod is not None\n"
         "              for name, value in vars(mod).items()\n"
@@ -72,12 +74,7 @@ def test_a_query_builds_nothing_it_does_not_use(tmp_path: Path) -> None:
         "         framing._request_decoders.cache_info().currsize]\n"
         "print(json.dumps([code, made, built]))\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    out = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=30,
-        check=True,
-    ).stdout.splitlines()
-    code, made, built = json.loads(out[-1])
+    code, made, built = json.loads(_probe(tmp_path, "runs --json", then).stdout.splitlines()[-1])
     assert (code, made, built) == (1, [], [0, 0])
 
 
@@ -93,18 +90,8 @@ def test_printable_escapes_after_its_patterns_are_made_lazily() -> None:
 def test_logs_reads_files_without_the_client(tmp_path: Path) -> None:
     """``logs`` needs only the log's name from service.json: it imported the client, its
     socket and the protocol (intloom.client.lifecycle) for it."""
-    (tmp_path / "intloom.toml").write_text("workflows = []\n")
-    probe = (
-        "import sys, json\n"
-        "from intloom.cli.app import main\n"
-        f"code = main(['--project', {str(tmp_path)!r}, 'logs'])\n"
-        "print(json.dumps([code, sorted(sys.modules)]))\n"
-    )
-    env = {**os.environ, "PYTHONPATH": str(REPO), "NO_COLOR": "1"}
-    out = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=30,
-        check=True,
-    )
+    out = _probe(tmp_path, "logs", "print(json.dumps([code, sorted(sys.modules)]))\n",
+                 env={"NO_COLOR": "1"})
     code, modules = json.loads(out.stdout.splitlines()[-1])
     assert code == 0 and "No host log yet" in out.stdout + out.stderr, out
     assert "intloom.client.hostlog" in modules
