@@ -7,7 +7,7 @@ command's start-up together, and the start-up budget (``intloom runs --json`` wi
 ``int`` or ``float`` (with an optional range), which needs no schema machinery, so each one
 gets a small converter here. This uses Typer internals (``_runtime_param``); on a Typer that
 lacks them nothing is installed and Typer's own conversion applies, which is correct, only
-slower (tests/unit/test_cli_startup.py notices).
+slower (tests/unit/test_cli_support.py notices: a query must not import pydantic).
 """
 
 from __future__ import annotations
