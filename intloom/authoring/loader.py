@@ -22,10 +22,11 @@ import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import CodeType, FrameType, ModuleType, TracebackType
 from typing import Any, Final
+
+import msgspec
 
 from intloom.authoring.identity import (
     Reads,
@@ -48,8 +49,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class LoadedWorkflow:
+class LoadedWorkflow(msgspec.Struct, frozen=True):
     """A Workflow as the host knows it: the definition, where it came from, and its identity."""
 
     workflow: Workflow
@@ -69,17 +69,16 @@ class LoadedWorkflow:
         return self.workflow.has_recover(stage, step)
 
 
-@dataclass
-class LoadResult:
-    workflows: dict[str, LoadedWorkflow] = field(default_factory=dict)
-    problems: list[tuple[str, ErrorView]] = field(default_factory=list)
+class LoadResult(msgspec.Struct):
+    workflows: dict[str, LoadedWorkflow] = msgspec.field(default_factory=dict)
+    problems: list[tuple[str, ErrorView]] = msgspec.field(default_factory=list)
     # Workflow name -> why it is not loaded although a source defines it (two sources define
     # it): the restore and doctor hold its Runs for that reason, not as "changed".
-    withheld: dict[str, str] = field(default_factory=dict)
+    withheld: dict[str, str] = msgspec.field(default_factory=dict)
     # The sources whose import failed, each once: a Workflow that is not loaded may be
     # defined in one of them. Not every problem is one (a repeated entry, whose source
     # loaded from its first; a source withheld for a shared name, whose names are known).
-    failed: list[str] = field(default_factory=list)
+    failed: list[str] = msgspec.field(default_factory=list)
 
 
 # A checked hash-based .pyc (PEP 552): flags, then the source's hash, in place of Python's

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal
 
@@ -29,8 +28,7 @@ __all__ = ["SourceChange", "against_host", "since_log", "since_start"]
 Change = Literal["listed", "unlisted", "edited", "unreadable", "config", "port", "intloom"]
 
 
-@dataclass(frozen=True)
-class SourceChange:
+class SourceChange(msgspec.Struct, frozen=True):
     """One difference between the running host's Workflows and the project on disk.
 
     ``change``: ``listed`` (in ``intloom.toml`` now, not loaded by the host), ``unlisted``

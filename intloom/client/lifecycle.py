@@ -21,7 +21,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple
@@ -94,28 +93,25 @@ _STOP_UNVERIFIED: Final = (
 )
 
 
-@dataclass(frozen=True)
-class StartResult:
+class StartResult(msgspec.Struct, frozen=True):
     service: ServiceView
     reused: bool
     # A reused host: how the project on disk differs from what it loaded when it started
     # (``intloom.client.drift``); always empty for a host this start launched.
-    changed: list[SourceChange] = field(default_factory=list)
+    changed: list[SourceChange] = msgspec.field(default_factory=list)
     # A foreground host, once it has stopped: what its stop did to the Runs (the Runs it
     # cut mid-Step among them), as ``stop_service_report`` tells it; None otherwise.
     stop: StopResult | None = None
 
 
-@dataclass(frozen=True)
-class CutRun:
+class CutRun(msgspec.Struct, frozen=True):
     """A Run whose Step was still running when the stop's grace ran out."""
 
     run_id: str
     evidence: str  # what was running, e.g. "Step main/pay was running effect 'charge' ..."
 
 
-@dataclass(frozen=True)
-class StopResult:
+class StopResult(msgspec.Struct, frozen=True):
     stopped: bool
     # The next start reports these RUN_INTERRUPTED; every other unfinished Run was
     # suspended at a checkpoint. From the stopped host's log (empty when it cannot be read).
@@ -126,7 +122,7 @@ class StopResult:
     suspended: int | None = None
     # Of those, not cut, the ones the next start cannot restore either (a wait without
     # recover, a client Agent task): it reports them RUN_INTERRUPTED. At most 50 listed.
-    lost: list[CutRun] = field(default_factory=list)
+    lost: list[CutRun] = msgspec.field(default_factory=list)
     lost_count: int = 0
     # Unfinished Runs the stop did not suspend, as this host found or left them (restored
     # RUN_INTERRUPTED and not dismissed, held, failed by a checkpoint): the next start
@@ -138,7 +134,7 @@ class StopResult:
     # The Workflow sources changed on disk since the host loaded them (client.drift,
     # since_log), for which the next start holds their unfinished Runs, not resumes them:
     # "Run intloom start to resume them" alone was not so. Only ``stop_service_report``.
-    changed: list[SourceChange] = field(default_factory=list)
+    changed: list[SourceChange] = msgspec.field(default_factory=list)
 
 
 # ----- shared --------------------------------------------------------------------------------
@@ -691,8 +687,7 @@ def _uncatch(caught: list[signal.Signals]) -> None:
         signal.signal(signum, signal.SIG_DFL)
 
 
-@dataclass
-class _Importing:
+class _Importing(msgspec.Struct):
     """The Workflow source the starting host is importing (readiness step ``importing``),
     since when, and whether its slowness was said: an import that loops or waits kept
     ``start`` silent until its --timeout (300 s by default), which then named no source."""
@@ -1014,7 +1009,7 @@ def _run_foreground(root: Path, *, port: int | None, strict: bool, progress: Pro
         if said or not ready or failure or host.release_problems or code != 0:
             return  # it failed: its error, raised below, is what is said
         log = _log_path(ProjectPaths(root), ready[0].log_file)
-        said.append(replace(_stopped(log), forced=host.force_exit))
+        said.append(msgspec.structs.replace(_stopped(log), forced=host.force_exit))
         if on_stopped is not None:
             on_stopped(said[0])
 
@@ -1085,8 +1080,7 @@ def _stop_error(host: Host, service: ServiceView, code: int) -> IntloomError | N
 # ----- stop ----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Target:
+class _Target(msgspec.Struct, frozen=True):
     instance_id: str
     pid: int
     create_time: float
@@ -1539,7 +1533,7 @@ def _with_changes(root: Path, result: StopResult, log: Path | None) -> StopResul
         changed = since_log(root, log)
     except (IntloomError, OSError, ValueError):  # advice: the stop itself is done
         return result
-    return replace(result, changed=changed)
+    return msgspec.structs.replace(result, changed=changed)
 
 
 def _stopped(log: Path | None) -> StopResult:

@@ -10,7 +10,6 @@ connection) · ``offline``.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal
 
@@ -98,8 +97,7 @@ class Diagnosis(msgspec.Struct, frozen=True, rename="camel", omit_defaults=True)
     service: ServiceView | None = None
 
 
-@dataclass(frozen=True)
-class Inspection:
+class Inspection(msgspec.Struct, frozen=True):
     """A diagnosis together with the exact reading it was made from (for ``recover``)."""
 
     diagnosis: Diagnosis

@@ -15,9 +15,10 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
+
+import msgspec
 
 from intloom.authoring.loader import LoadedWorkflow, load_workflows
 from intloom.errors import ErrorView, IntloomError
@@ -37,20 +38,19 @@ from intloom.store.snapshots import snapshot_name
 __all__ = ["Booted", "boot", "check_error"]
 
 
-@dataclass
-class Booted:
+class Booted(msgspec.Struct):
     """What startup produced: the Runtime, the open store, and what restore did."""
 
     runtime: Runtime
     store: Store
     summary: RestoreSummary
-    workflows: list[WorkflowInfo] = field(default_factory=list)
+    workflows: list[WorkflowInfo] = msgspec.field(default_factory=list)
     # The sources that failed to load: start and status name them (not only flows and the log).
-    problems: list[WorkflowProblem] = field(default_factory=list)
-    store_problems: list[StoreProblem] = field(default_factory=list)
+    problems: list[WorkflowProblem] = msgspec.field(default_factory=list)
+    store_problems: list[StoreProblem] = msgspec.field(default_factory=list)
     # The last compaction that wrote nothing past its failure (``store_compaction_failed``),
     # in words, for status: a full disk that refuses snapshots was only in the log.
-    compactions: list[str] = field(default_factory=list)
+    compactions: list[str] = msgspec.field(default_factory=list)
 
     async def close(self) -> None:
         """Close the store: flush what was accepted, snapshot, seal the segment."""

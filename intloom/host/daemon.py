@@ -28,7 +28,6 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -240,12 +239,11 @@ _ACCEPT_FAILED: Final = "socket.accept() out of system resource"
 _ACCEPT_QUIET: Final = 60.0  # seconds between two connections_not_accepted lines
 
 
-@dataclass(frozen=True)
-class HostOptions:
+class HostOptions(msgspec.Struct, frozen=True):
     root: Path
     port: int | None = None  # None: intloom.toml's port, else the saved one, else any
     strict: bool = False
-    limits: Limits = field(default_factory=Limits)
+    limits: Limits = msgspec.field(default_factory=Limits)
     suspend_grace: float = 5.0  # Steps in flight get this long to reach a boundary
     drain_grace: float = 1.0  # replies in flight get this long to be written
     restore_listed: int = RESTORE_LISTED  # a reply's ids per restore list, and store problems
@@ -270,12 +268,12 @@ def with_test_hooks(options: HostOptions) -> HostOptions:
     limits = options.limits
     for name, attribute, kind in _TEST_LIMITS:
         if os.environ.get(name):
-            limits = replace(limits, **{attribute: kind(os.environ[name])})
+            limits = msgspec.structs.replace(limits, **{attribute: kind(os.environ[name])})
     grace = os.environ.get("INTLOOM_TEST_SUSPEND_GRACE")
     listed = os.environ.get("INTLOOM_TEST_RESTORE_LISTED")
-    return replace(options, limits=limits,
-                   suspend_grace=float(grace) if grace else options.suspend_grace,
-                   restore_listed=int(listed) if listed else options.restore_listed)
+    return msgspec.structs.replace(
+        options, limits=limits, suspend_grace=float(grace) if grace else options.suspend_grace,
+        restore_listed=int(listed) if listed else options.restore_listed)
 
 
 def _start_hooks(where: str) -> None:

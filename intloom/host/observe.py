@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Generic, TypeVar
 
@@ -33,16 +32,14 @@ _M = TypeVar("_M", ServiceLock, ServiceInfo, Connection)
 _ATTEMPTS: Final = 3
 
 
-@dataclass(frozen=True)
-class Observed(Generic[_M]):
+class Observed(msgspec.Struct, Generic[_M], frozen=True):
     """A metadata file as read: ``value`` is None when the file does not exist."""
 
     value: _M | None
     raw: bytes | None
 
 
-@dataclass(frozen=True)
-class Snapshot:
+class Snapshot(msgspec.Struct, frozen=True):
     paths: ProjectPaths
     lock: Observed[ServiceLock]
     service: Observed[ServiceInfo]

@@ -20,7 +20,6 @@ import socket
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
@@ -219,8 +218,7 @@ _WORK: Final = (CreateRun, Answer, Cancel, ClaimAgentCall, CallTool, CompleteAge
 _AGENT: Final = (ClaimAgentCall, CallTool, CompleteAgentCall, FailAgentCall)
 
 
-@dataclass(frozen=True)
-class Limits:
+class Limits(msgspec.Struct, frozen=True):
     """Bounds on what one peer can cost the host."""
 
     max_connections: int = 256
@@ -247,8 +245,7 @@ class Limits:
     follow_sndbuf: int = 0
 
 
-@dataclass(slots=True)
-class FollowBacklog:
+class FollowBacklog(msgspec.Struct):
     """What a follower may leave unread when the next batch of its Run's events is written:
     ``Limits.follow_backlog`` beyond its history. The history goes out in one write when it
     attaches and is read at the peer's pace, which for a long-lived Run takes a while: a

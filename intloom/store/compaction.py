@@ -11,10 +11,11 @@ import contextlib
 import os
 import threading
 from collections.abc import Collection
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
+
+import msgspec
 
 from intloom.errors import IntloomError
 from intloom.fsutil import fsync_dir
@@ -45,8 +46,7 @@ def now() -> str:
     return datetime.now(UTC).isoformat()
 
 
-@dataclass(slots=True)
-class Track:
+class Track(msgspec.Struct):
     """What the writer knows of one Run: its last snapshot-able state and durable records since."""
 
     base: RunState | None
@@ -54,7 +54,7 @@ class Track:
     status: Status = "ok"
     problem: str | None = None
     reached: int = 0  # corrupt: the furthest seq seen of it (RunJournal.reached)
-    tail: list[Record] = field(default_factory=list)
+    tail: list[Record] = msgspec.field(default_factory=list)
     dirty: bool = False
 
     def folded(self) -> tuple[RunState | None, Status, str | None]:

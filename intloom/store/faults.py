@@ -7,8 +7,9 @@ segment creations) are counted from 1 per process. See docs/format.md, "Testing 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields
 from typing import Final
+
+import msgspec
 
 from intloom.errors import IntloomError
 
@@ -17,8 +18,7 @@ __all__ = ["ENV", "FaultPlan"]
 ENV: Final = "INTLOOM_FAULT"
 
 
-@dataclass(frozen=True)
-class FaultPlan:
+class FaultPlan(msgspec.Struct, frozen=True):
     """Which flush numbers misbehave, and how.
 
     - ``fail_sync``: the write succeeds, then the flush fails with EIO instead of fdatasync.
@@ -32,22 +32,22 @@ class FaultPlan:
       (the first is the one ``Store.open`` creates).
     """
 
-    fail_sync: frozenset[int] = field(default_factory=frozenset)
-    enospc_sync: frozenset[int] = field(default_factory=frozenset)
-    crash_before_sync: frozenset[int] = field(default_factory=frozenset)
-    crash_after_sync: frozenset[int] = field(default_factory=frozenset)
-    torn_write: frozenset[int] = field(default_factory=frozenset)
-    stop_after_sync: frozenset[int] = field(default_factory=frozenset)
-    fail_segment: frozenset[int] = field(default_factory=frozenset)
+    fail_sync: frozenset[int] = msgspec.field(default_factory=frozenset)
+    enospc_sync: frozenset[int] = msgspec.field(default_factory=frozenset)
+    crash_before_sync: frozenset[int] = msgspec.field(default_factory=frozenset)
+    crash_after_sync: frozenset[int] = msgspec.field(default_factory=frozenset)
+    torn_write: frozenset[int] = msgspec.field(default_factory=frozenset)
+    stop_after_sync: frozenset[int] = msgspec.field(default_factory=frozenset)
+    fail_segment: frozenset[int] = msgspec.field(default_factory=frozenset)
 
     def armed(self) -> bool:
         """Whether any fault is planned at all (the writer skips every check otherwise)."""
-        return any(getattr(self, f.name) for f in fields(self))
+        return any(getattr(self, name) for name in self.__struct_fields__)
 
     @classmethod
     def parse(cls, text: str) -> FaultPlan:
         """Parse ``fail_sync=2,torn_write=5``; an unknown name or a bad number is an error."""
-        names = {f.name for f in fields(cls)}
+        names = set(cls.__struct_fields__)
         found: dict[str, set[int]] = {}
         for item in filter(None, (part.strip() for part in text.split(","))):
             name, _, value = item.partition("=")
@@ -68,8 +68,8 @@ class FaultPlan:
     def merged(self, other: FaultPlan | None) -> FaultPlan:
         if other is None:
             return self
-        return FaultPlan(**{f.name: getattr(self, f.name) | getattr(other, f.name)
-                            for f in fields(self)})
+        return FaultPlan(**{name: getattr(self, name) | getattr(other, name)
+                            for name in self.__struct_fields__})
 
     def __bool__(self) -> bool:
-        return any(getattr(self, f.name) for f in fields(self))
+        return any(getattr(self, name) for name in self.__struct_fields__)

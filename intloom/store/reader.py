@@ -15,7 +15,6 @@ import stat
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Literal
 
@@ -143,29 +142,28 @@ class StoreReport(msgspec.Struct):
     segments: list[int] = msgspec.field(default_factory=list)
 
 
-@dataclass
-class Loaded:
+class Loaded(msgspec.Struct):
     """Everything one read found; the writer builds on it at open."""
 
     layout: Layout
     exists: bool = False
-    journals: dict[str, RunJournal] = field(default_factory=dict)
-    dirty: set[str] = field(default_factory=set)  # Runs with frames in the segments read
-    segment_numbers: list[int] = field(default_factory=list)
-    segments_read: list[int] = field(default_factory=list)
-    incompatible_segments: list[int] = field(default_factory=list)
+    journals: dict[str, RunJournal] = msgspec.field(default_factory=dict)
+    dirty: set[str] = msgspec.field(default_factory=set)  # Runs with frames in the segments read
+    segment_numbers: list[int] = msgspec.field(default_factory=list)
+    segments_read: list[int] = msgspec.field(default_factory=list)
+    incompatible_segments: list[int] = msgspec.field(default_factory=list)
     # Segments with a finding that is not a torn tail (damage, a damaged header, a foreign
     # file under a segment's name): a host pins them, so every start reports them again.
-    problem_segments: set[int] = field(default_factory=set)
+    problem_segments: set[int] = msgspec.field(default_factory=set)
     # Segments holding each Run's records, or damage that may have been its records.
-    evidence: dict[str, set[int]] = field(default_factory=dict)
+    evidence: dict[str, set[int]] = msgspec.field(default_factory=dict)
     # For a Run whose records are missing before a later one of its records: the segments
     # missing from wal/ that may have held them (``_gone``). They join its evidence, so a
     # copy put back is read again rather than passed over by a manifest moved past it.
-    gone: dict[str, set[int]] = field(default_factory=dict)
+    gone: dict[str, set[int]] = msgspec.field(default_factory=dict)
     # Segments a host created that are no longer in wal/ (``_lost``): whatever records they
     # held are lost with them. A host never numbers a segment of its own with them.
-    lost: set[int] = field(default_factory=set)
+    lost: set[int] = msgspec.field(default_factory=set)
     # The ``start`` of a manifest refused as ahead of the log (0: none). A host numbers its
     # segments from there: one numbered below it would go unread by every restore that
     # trusts that manifest once the log has caught up with it.
@@ -175,25 +173,24 @@ class Loaded:
     # (its done/ file damaged or moved out): only the whole log shows where it got to.
     partial: bool = False
     # Runs whose snapshot file is damaged: nothing may write over it.
-    held: set[str] = field(default_factory=set)
+    held: set[str] = msgspec.field(default_factory=set)
     manifest: Manifest | None = None
     manifest_error: SnapshotError | None = None
     # Every void notice this read found, the manifest's and the segments' own. A host keeps
     # them all in its manifest: the segment holding a notice may stop being read (the
     # manifest moves past it) while the segment it voids still is (pinned).
-    voids: list[VoidNotice] = field(default_factory=list)
-    snapshot_errors: list[SnapshotError] = field(default_factory=list)
+    voids: list[VoidNotice] = msgspec.field(default_factory=list)
+    snapshot_errors: list[SnapshotError] = msgspec.field(default_factory=list)
     # Segments a whole-log read left unread (``unread_segment``): each has its finding.
-    unread: list[int] = field(default_factory=list)
-    live_names: set[str] = field(default_factory=set)  # snap/live/ files, damaged ones too
+    unread: list[int] = msgspec.field(default_factory=list)
+    live_names: set[str] = msgspec.field(default_factory=set)  # snap/live/ files, damaged ones too
     # For a read of one Run (``only``): the segments whose bytes hold its id, in order.
-    holding: list[int] = field(default_factory=list)
-    files: list[FileProblem] = field(default_factory=list)
-    stats: ScanStats = field(default_factory=ScanStats)
+    holding: list[int] = msgspec.field(default_factory=list)
+    files: list[FileProblem] = msgspec.field(default_factory=list)
+    stats: ScanStats = msgspec.field(default_factory=ScanStats)
 
 
-@dataclass
-class _Hit:
+class _Hit(msgspec.Struct):
     """Damaged bytes that claim to be record ``seq`` of a Run."""
 
     seq: int
@@ -202,8 +199,7 @@ class _Hit:
     number: int
 
 
-@dataclass
-class _Gap:
+class _Gap(msgspec.Struct):
     """Damaged bytes between valid frames, or a lost segment (``missing``): they may have
     held some Run's next record."""
 

@@ -20,7 +20,6 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, NoReturn
 from zlib import crc32
@@ -107,8 +106,7 @@ _LEN_CRC: Final = framing._LEN_CRC
 _Future: Final = asyncio.Future
 
 
-@dataclass(slots=True)
-class _Batch:
+class _Batch(msgspec.Struct):
     entries: list[tuple[str, Record, int, RunState | None]]  # run id, record, seq, fold
     data: bytes
     start: int  # index of its first record among everything ever appended
@@ -116,8 +114,7 @@ class _Batch:
     first_seq: dict[str, int]
 
 
-@dataclass(slots=True)
-class _Failure:
+class _Failure(msgspec.Struct):
     start: int
     end: int
     run_ids: frozenset[str]

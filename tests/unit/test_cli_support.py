@@ -78,6 +78,24 @@ def test_a_query_builds_nothing_it_does_not_use(tmp_path: Path) -> None:
     assert (code, made, built) == (1, [], [0, 0])
 
 
+@pytest.mark.parametrize("command", ["status --json", "stop --json"])
+def test_the_lifecycle_commands_make_no_dataclass(tmp_path: Path, command: str) -> None:
+    """Nor do ``status`` (offline, it reads the store) and ``stop``: the client's lifecycle
+    code, the store's readers and the host's options are Structs (~1 ms saved per class)."""
+    then = (
+        "made = sorted(f'{m}.{name}' for m, mod in list(sys.modules.items())\n"
+        "              if m.startswith('intloom') and mod is not None\n"
+        "              for name, value in vars(mod).items()\n"
+        "              if isinstance(value, type) and value.__module__ == m\n"
+        "              and '__dataclass_params__' in vars(value))\n"
+        "print(json.dumps([made, sorted(sys.modules)]))\n"
+    )
+    made, modules = json.loads(_probe(tmp_path, command, then).stdout.splitlines()[-1])
+    assert made == []
+    if command.startswith("status"):  # so that the store's classes were looked at
+        assert "intloom.store.reader" in modules
+
+
 def test_printable_escapes_after_its_patterns_are_made_lazily() -> None:
     from intloom.cli.render import printable
 

@@ -4,11 +4,11 @@ and status would say."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from intloom import __version__
@@ -118,7 +118,7 @@ def test_another_intlooms_host_is_not_judged_by_identity(tmp_path: Path) -> None
     assert changes[0].message == (
         f"The host runs intloom 0.0.1 (socket protocol {PROTOCOL}), the one installed when it "
         f"started; intloom {__version__} (socket protocol {PROTOCOL}) is installed now.")
-    assert changed_lines([dataclasses.asdict(c) for c in changes])[-1] == (
+    assert changed_lines([msgspec.structs.asdict(c) for c in changes])[-1] == (
         "New Runs use what the host loaded when it started. To load the change: intloom stop, "
         "then intloom start.")
     assert [c.change for c in since_start(root, _service(root), flows)] == ["listed", "edited"]
