@@ -59,15 +59,20 @@ def test_a_query_imports_only_what_it_needs(tmp_path: Path) -> None:
     assert loaded == []
 
 
+# Probe code: the classes intloom's loaded modules define with @dataclass of their own.
+_MADE = (
+    "made = sorted(f'{m}.{name}' for m, mod in list(sys.modules.items())\n"
+    "              if m.startswith('intloom') and mod is not None\n"
+    "              for name, value in vars(mod).items()\n"
+    "              if isinstance(value, type) and value.__module__ == m\n"
+    "              and '__dataclass_params__' in vars(value))\n"
+)
+
+
 def test_a_query_builds_nothing_it_does_not_use(tmp_path: Path) -> None:
     """A ``--json`` query makes no dataclass of intloom's (~1 ms of start-up each), nor the
     renderer's terminal-escaping patterns or the host's request decoders (~3 ms)."""
-    then = (
-        "made = sorted(f'{m}.{name}' for m, mod in list(sys.modules.items())\n"
-        "              if m.startswith('intloom') and mod is not None\n"
-        "              for name, value in vars(mod).items()\n"
-        "              if isinstance(value, type) and value.__module__ == m\n"
-        "              and '__dataclass_params__' in vars(value))\n"
+    then = _MADE + (
         "from intloom.cli import render\n"
         "from intloom.protocol import framing\n"
         "built = [render._patterns.cache_info().currsize,\n"
@@ -82,14 +87,7 @@ def test_a_query_builds_nothing_it_does_not_use(tmp_path: Path) -> None:
 def test_the_lifecycle_commands_make_no_dataclass(tmp_path: Path, command: str) -> None:
     """Nor do ``status`` (offline, it reads the store) and ``stop``: the client's lifecycle
     code, the store's readers and the host's options are Structs (~1 ms saved per class)."""
-    then = (
-        "made = sorted(f'{m}.{name}' for m, mod in list(sys.modules.items())\n"
-        "              if m.startswith('intloom') and mod is not None\n"
-        "              for name, value in vars(mod).items()\n"
-        "              if isinstance(value, type) and value.__module__ == m\n"
-        "              and '__dataclass_params__' in vars(value))\n"
-        "print(json.dumps([made, sorted(sys.modules)]))\n"
-    )
+    then = _MADE + "print(json.dumps([made, sorted(sys.modules)]))\n"
     made, modules = json.loads(_probe(tmp_path, command, then).stdout.splitlines()[-1])
     assert made == []
     if command.startswith("status"):  # so that the store's classes were looked at
