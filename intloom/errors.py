@@ -240,6 +240,12 @@ class IntloomError(Exception):
         # what a subclass keeps beside them (a DefinitionError's ``at``).
         return (_rebuilt, (type(self), self.args), dict(self.__dict__))
 
+    def __str__(self) -> str:
+        # The code first, as the CLI's "Failure · CODE: message" and DBOS's "DBOS Error
+        # <code>:" say it: an uncaught error's traceback, a log's %s and an f-string are
+        # often all a script's user sees, and the code is what a script or a reader looks up.
+        return f"{self.code}: {self.message}"
+
     def __repr__(self) -> str:
         # Its own class: a HelloFailed or a DefinitionError read "IntloomError(...)" in a
         # traceback's chained cause, a log's %r or a REPL, so except clauses for the subclass

@@ -762,6 +762,7 @@ class Client:
                 "PROJECT_REQUEST_FAILED",
                 f"{lead}: {cause}{detail}. It only reads, so it is safe to send again: run "
                 f"intloom status, {again}.",
+                retryable=True,  # as it says: the catalogue's False is for a change's loss
             )
         if run_id:
             what = f"{what} (Run {run_id})"
@@ -818,6 +819,7 @@ class Client:
                 "PROJECT_REQUEST_FAILED",
                 f"{lead}: {closed}. It only reads, so nothing changed: to go on, connect "
                 "again (Client.connect) and send it again.",
+                retryable=True,
             )
         if run_id:
             what = f"{what} (Run {run_id})"
@@ -846,6 +848,7 @@ class Client:
             "BUSY while the Tool runs, then returns its output without running it again. To "
             "wait as long as a Tool takes, connect with Client.connect(root, "
             "request_timeout=None).",
+            retryable=True,  # the same call again is answered by its receipt
         )
 
     def _completion_outwaited(self, request: CompleteAgentCall) -> IntloomError:
@@ -862,6 +865,7 @@ class Client:
             "on a new connection (Client.connect) is safe: it waits for the first one, then "
             "returns the Run's view; the task is not completed twice. To wait as long as "
             "that takes, connect with Client.connect(root, request_timeout=None).",
+            retryable=True,  # the same completion again waits for the first one
         )
 
     def _outwaited(self, request: Request, what: str) -> IntloomError:
@@ -1149,7 +1153,9 @@ class Client:
         return self._call(Answer(run_id=run_id, action_id=action_id, answer=answer), RunReply).run
 
     def cancel(self, run_id: str) -> tuple[RunView, bool]:
-        """Cancel the Run: its view, and whether it had already ended."""
+        """Cancel the Run: its view, and whether it had already ended, so that the cancel
+        changed nothing. A Run restored as failed/RUN_INTERRUPTED has not: its cancel records
+        that it was dismissed (False), and a repeat returns the same view and False."""
         reply = self._call(Cancel(run_id=run_id), RunReply)
         return reply.run, reply.already_ended
 

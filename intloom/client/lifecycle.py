@@ -715,10 +715,19 @@ class _Importing(msgspec.Struct):
                 f"from starting. Check what {self.source} does when it is imported (intloom "
                 "doctor imports it too, and names it).")
 
-    def died(self) -> str:
-        """What a host that died while starting adds: the source it was importing, if any."""
+    def died(self, signum: int | None = None) -> str:
+        """What a host that died while starting adds: the source it was importing, if any.
+        ``signum``: the signal that killed it."""
         if self.source is None:
             return ""
+        if signum == signal.SIGKILL:
+            # Neither caught nor sent by a crash: blaming the source sent people to read an
+            # import that a kill -9, or the kernel short of memory, had cut.
+            return (f" It was importing {self.source}. SIGKILL comes from outside the "
+                    "process: another process (kill -9), or the kernel's out-of-memory "
+                    "killer (dmesg names the pid it killed; a source that allocates a great "
+                    f"deal when it is imported causes it). If neither, check what "
+                    f"{self.source} does when it is imported.")
         return (f" It was importing {self.source}: a Workflow source that ends the process "
                 "when it is imported (os._exit(), a signal, a crashing extension) ends the "
                 f"host with it. Check what {self.source} does when it is imported.")
@@ -768,6 +777,7 @@ def _died_starting(proc: subprocess.Popen[bytes],
                    importing: _Importing | None = None) -> IntloomError:
     """The host closed its readiness pipe without a word: it died (killed, out of memory, a
     crashing extension) or exited from user code imported while it started."""
+    signum: int | None = None
     try:
         code = proc.wait(timeout=_TERMINATE_GRACE)
     except subprocess.TimeoutExpired:
@@ -781,6 +791,7 @@ def _died_starting(proc: subprocess.Popen[bytes],
         elif code >= 0:
             how = f"exited with status {code}"
         else:
+            signum = -code
             try:
                 how = f"was killed by {signal.Signals(-code).name}"
             except ValueError:  # a real-time signal has no name of its own
@@ -797,7 +808,7 @@ def _died_starting(proc: subprocess.Popen[bytes],
     return IntloomError(
         "CLI_SERVICE_UNAVAILABLE",
         f"The service exited during initialization: the host (pid {proc.pid}) {how} before "
-        f"it reported ready.{importing.died() if importing else ''} Its log in "
+        f"it reported ready.{importing.died(signum) if importing else ''} Its log in "
         ".intloom/logs/ says how far it got. Run intloom doctor: the service.lock it may have "
         "left is stale, and intloom recover removes it before the next intloom start.",
     )

@@ -133,7 +133,8 @@ def start_problem(root: Path) -> str | None:
     project as it is: a refusal or failure on its state directories (group/other bits, or
     private but not writable by us), with the fix, on its intloom.toml (invalid: its
     error names the key), or on a store file its restore refuses (a segment it reads that
-    is a link or a directory: the file, the fact and the fix); or, for a flag
+    is a link or a directory: the file, the fact and the fix), or on the port it binds
+    (another process listens there); or, for a flag
     that only snapshot compaction runs into, what happens instead; None when nothing stands
     in its way. The diagnosis leaves modes to
     doctor's runtime_dir check and the configuration to its config check, but "Run intloom
@@ -151,9 +152,18 @@ def start_problem(root: Path) -> str | None:
                 f"{failing[0].fix}.")
     # A start reads intloom.toml next, and refuses one it cannot use (INVALID_REQUEST).
     try:
-        load_config(root)
+        config = load_config(root)
     except IntloomError as invalid:
         return f"But intloom start refuses the project as it is: {invalid.message}"
+    # Then it binds its port (intloom.toml's, else the saved one), before it restores: a
+    # port another process holds fails it, which "Run intloom start" alone did not say.
+    try:
+        conn = read_connection(paths.connection_json, root)
+    except IntloomError as invalid:  # a start reads it strictly, for the port and token
+        return f"But intloom start refuses the project as it is: {invalid.message}"
+    taken = _next_port_check(conn, config)
+    if taken is not None:
+        return f"But {taken.message[:1].lower()}{taken.message[1:]} {taken.next}"
     from intloom.store.reader import refused_file
 
     # Then it restores: a store file it may not read (a directory, a link) fails it.

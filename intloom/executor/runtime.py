@@ -1132,8 +1132,13 @@ class Runtime:
                 "intloom flows.",
                 retryable=False,
             )
-        if not isinstance(intent, str) or not intent.strip():
-            raise IntloomError("INVALID_REQUEST", "The intent must be non-blank text.")
+        if not isinstance(intent, str):
+            raise IntloomError("INVALID_REQUEST", f"The intent is a {type(intent).__name__}, "
+                               "not text; no Run was created. Say what the Run is for.")
+        if not intent.strip():
+            # As the CLI words it: "must be non-blank text" named no fix.
+            raise IntloomError("INVALID_REQUEST", "The intent is blank (empty or only "
+                               "whitespace); no Run was created. Say what the Run is for.")
         size = len(intent.encode("utf-8", "surrogatepass"))
         if size > MAX_INTENT_BYTES:
             raise IntloomError(
@@ -1168,9 +1173,10 @@ class Runtime:
             failure = self.journal.failure(run_id)
             fix = (" The host's journal takes no more checkpoints (after a failed write no "
                    "new segment could be created), so every Run's next one fails until the "
-                   "host restarts: run intloom stop, free space on the disk that holds "
-                   ".intloom/runtime (or fix it), then intloom start, and run the command "
-                   "again." if failure is not None and failure.lasting else
+                   "host restarts: intloom status names the cause and what to fix (space, "
+                   "inodes, or a flag or permission in .intloom/runtime); run intloom stop, "
+                   "fix it, then intloom start, and run the command again."
+                   if failure is not None and failure.lasting else
                    " Check the disk that holds .intloom/runtime (free space, permissions), "
                    "then run the command again.")
             raise IntloomError(

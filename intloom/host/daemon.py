@@ -36,7 +36,7 @@ import msgspec
 from intloom import __version__
 from intloom.errors import ErrorView, IntloomError
 from intloom.executor.runtime import Runtime
-from intloom.fsutil import no_inode_left, shell_arg
+from intloom.fsutil import no_inode_left, shell_arg, write_refusal
 from intloom.host.allocator import keep_large_buffers_mapped
 from intloom.host.boot import Booted, boot, check_error, starved
 from intloom.host.handlers import Handlers
@@ -1011,11 +1011,20 @@ class Host:
 
     def _journal_fix(self) -> str | None:
         """What frees a broken journal when it is not space: ENOSPC says the same for no
-        block and no inode, and status advised freeing space where df showed plenty."""
+        block and no inode, and status advised freeing space where df showed plenty; and a
+        wal/ that refuses the replacement segment (the immutable flag, its mode, a read-only
+        mount: EPERM, EACCES, EROFS), read from the file system as doctor reads it."""
         if self.booted is None:
             return None
-        inodes = no_inode_left(self.booted.store.layout.root)
-        return None if inodes is None else f"for .intloom/runtime, {inodes}"
+        layout = self.booted.store.layout
+        inodes = no_inode_left(layout.root)
+        if inodes is not None:
+            return f"for .intloom/runtime, {inodes}"
+        refused = write_refusal(layout.wal / "next.seg", replaced=False)
+        if refused is None:
+            return None
+        fact, fix = refused
+        return f"{fact}: {fix[:1].lower()}{fix[1:]}"
 
     def log_lost(self) -> IntloomError | None:
         """LOG_WRITE_FAILED for a host whose log failed after it served (it exits 1 when

@@ -280,7 +280,8 @@ class ServiceView(msgspec.Struct, frozen=True, rename="camel"):
     # segment to write to): every Run's next checkpoint fails until a restart. Added 2026-12.
     journal_error: str | None = None
     # What to fix on the disk, with ``journal_error``, when it is not free space: a file
-    # system with no inode left (ENOSPC either way). Null: free space. Added 2026-12.
+    # system with no inode left (ENOSPC either way), or a wal/ that refuses a new segment (a
+    # flag, its mode, a read-only mount). Null: free space. Added 2026-12.
     journal_fix: str | None = None
     # The last compaction (snapshots, manifest.json, a rotation's segment) that could not be
     # written, as the log's ``store_compaction_failed`` says it: harmless (the next start

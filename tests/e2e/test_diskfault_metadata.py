@@ -334,6 +334,37 @@ def test_a_log_directory_that_refuses_the_log_fails_the_start_with_log_write_fai
     start(project)
 
 
+def test_a_journal_whose_wal_refuses_a_new_segment_is_not_told_to_free_disk_space(
+    project: Project, immutable: Callable[[Path], None]
+) -> None:
+    """wal/ and its segments made immutable under a serving host: its next write fails
+    (EPERM) and so does the replacement segment, so the journal takes no more checkpoints.
+    status gave the fix for a full disk ("free space on the disk that holds
+    .intloom/runtime"), where the flag was what to clear."""
+    start(project)
+    wal = project.state / "runtime" / "wal"
+    for segment in sorted(wal.glob("*.seg")):
+        immutable(segment)
+    immutable(wal)
+    with Client.connect(project.root) as client:
+        with pytest.raises(IntloomError) as refused:
+            client.create_run("example", "refused")
+        assert refused.value.code == "RUN_CHECKPOINT_FAILED", refused.value
+        assert "intloom status names the cause and what to fix" in refused.value.message
+        status = client.status()
+    assert status.journal_error is not None and "(EPERM)" in status.journal_error, status
+    clear = f"clear the flag (lsattr -d {wal} shows it) with chattr -i {wal}"
+    assert status.journal_fix == f"{wal} is immutable (chattr +i): {clear}", status
+    line = next(x for x in project.cli("status").stdout.splitlines()
+                if x.startswith("Journal error "))
+    assert f"run intloom stop; {wal} is immutable (chattr +i): {clear}; then intloom start." \
+        in line, line
+    assert "free space" not in line, line
+    for path in (wal, *wal.glob("*.seg")):
+        assert _chattr(path, "-i"), path
+    assert project.cli("stop").code == 0
+
+
 @pytest.mark.parametrize("stuck", ["service.json", "service.lock"])
 def test_recover_that_cannot_remove_a_stale_file_says_which_and_what_was_removed(
     project: Project, immutable: Callable[[Path], None], stuck: str

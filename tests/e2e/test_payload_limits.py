@@ -376,6 +376,12 @@ def test_an_intent_over_one_mib_creates_no_run(giant: Project) -> None:
         assert refused.value.code == "INVALID_REQUEST"
         assert refused.value.message.startswith(
             "The intent is 1,048,577 bytes, over the 1,048,576-byte limit; no Run was created.")
+        for blank in ("", " \n\t"):  # one message for both, naming the fix
+            with pytest.raises(IntloomError) as refused:
+                client.create_run("giant", blank)
+            assert (refused.value.code, refused.value.message) == ("INVALID_REQUEST", (
+                "The intent is blank (empty or only whitespace); no Run was created. Say what "
+                "the Run is for.")), blank
         assert client.runs() == []
     ok(giant.cli("stop", "--json"))
 

@@ -190,7 +190,7 @@ def test_a_read_whose_client_another_thread_closed_is_not_said_to_have_been_acte
     watcher.join(timeout=10)
     assert not watcher.is_alive(), "the read went on after close()"
     (error,) = failed
-    assert error.code == "PROJECT_REQUEST_FAILED", error
+    assert (error.code, error.retryable) == ("PROJECT_REQUEST_FAILED", True), error
     message = error.message
     assert "this Client was closed (Client.close" in message, message
     assert "may have acted" not in message, message
@@ -390,7 +390,7 @@ def test_a_stream_whose_host_died_says_the_stream_ended_not_that_no_reply_came(
     finally:
         client.close()
     assert seen >= 1
-    assert cut.value.code == "PROJECT_REQUEST_FAILED", cut.value
+    assert (cut.value.code, cut.value.retryable) == ("PROJECT_REQUEST_FAILED", True), cut.value
     message = cut.value.message
     assert message.startswith(
         f"The event stream of Run {run.run_id} ended before its final event: the connection "

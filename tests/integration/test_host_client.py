@@ -141,7 +141,8 @@ def test_a_read_whose_reply_is_lost_is_not_said_to_have_been_acted_on(
     publish(project.root, host.port)
     with Client.connect(project.root) as client, pytest.raises(IntloomError) as failed:
         client.wait_run("RUN-1")
-    assert failed.value.code == "PROJECT_REQUEST_FAILED"
+    # retryable as the message says (a script reads it): it was the code's False
+    assert (failed.value.code, failed.value.retryable) == ("PROJECT_REQUEST_FAILED", True)
     message = failed.value.message
     assert message.startswith("No reply came for waiting on the Run (Run RUN-1): the "
                               "connection closed: the host may have stopped or crashed"), message

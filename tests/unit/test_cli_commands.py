@@ -766,6 +766,47 @@ def test_status_offline_names_a_store_file_start_refuses(
     assert snapshot.is_symlink()
 
 
+def test_status_offline_names_a_saved_port_another_process_holds(
+    capsys: pytest.CaptureFixture[str], proj: Path
+) -> None:
+    """The port saved in connection.json taken by another program: start fails on it
+    (CLI_SERVICE_UNAVAILABLE, "could not listen"), yet status said "Run intloom start". It
+    names the port, who holds it and the way out, as doctor's connection check does; and an
+    invalid connection.json, which start refuses, likewise."""
+    import os
+    import socket
+
+    from intloom.diagnostics.doctor import start_problem
+    from intloom.host.metadata import METADATA_VERSION, Connection, write_connection
+    from tests.unit.diagnostics_support import tree
+
+    (proj / ".intloom").mkdir(mode=0o700)
+    saved = proj / ".intloom" / "connection.json"
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        write_connection(saved, Connection(version=METADATA_VERSION, project_root=str(proj),
+                                           port=port, token="t" * 43))
+        before = tree(proj)
+        code, out, _ = cli(capsys, "status")
+        assert code == 0 and out.splitlines()[0].startswith("The service is offline"), out
+        line = out.splitlines()[-1]
+        assert line.startswith(
+            f"But port {port} on 127.0.0.1 (the port saved in connection.json), where the next "
+            f"intloom start would listen, is in use by another process (pid {os.getpid()} "), line
+        assert line.endswith("that start fails. Stop that process, or run intloom start --port "
+                             "0 to pick a new port (saved in connection.json; clients using the "
+                             "old one must be told), then run intloom doctor again."), line
+        assert json.loads(cli(capsys, "status", "--json")[1])["startProblem"] == line
+        assert tree(proj) == before  # nothing created or changed
+    assert json.loads(cli(capsys, "status", "--json")[1])["startProblem"] is None  # freed
+    saved.write_text("{")  # status refuses it itself (CLI_SERVICE_METADATA_INVALID); doctor
+    said = start_problem(proj)  # runs this while it is offline
+    assert said is not None and said.startswith(
+        f"But intloom start refuses the project as it is: {saved} is not valid metadata"), said
+
+
 @pytest.mark.parametrize(("health", "code"), [("healthy", 0), ("attention", 3), ("blocked", 4)])
 def test_doctor_exit_code_follows_health(
     capsys: pytest.CaptureFixture[str], proj: Path, diagnostics: dict[str, Any],

@@ -197,6 +197,35 @@ def test_a_host_killed_by_a_real_time_signal_while_starting_is_named_by_its_numb
     assert f"(pid {proc.pid}) was killed by signal {int(number)} before" in error.message
 
 
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGSEGV], ids=lambda s: s.name)
+def test_a_host_killed_while_importing_blames_the_source_only_for_what_it_can_cause(
+        signum: signal.Signals) -> None:
+    """A kill -9 while the host imported a slow source was put down to the source ("a
+    Workflow source that ends the process when it is imported ... ends the host with it"),
+    though no source sends SIGKILL by a crash: it comes from another process or the
+    kernel's out-of-memory killer. A signal a crash raises (SIGSEGV) still names the
+    source as the likely cause."""
+    from intloom.client.lifecycle import _died_starting, _Importing
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        os.kill(proc.pid, signum)
+        importing = _Importing(locking=True)
+        importing.seen({"step": "importing", "source": "workflows/slow.py"})
+        message = _died_starting(proc, importing).message
+    finally:
+        proc.kill()
+        proc.wait()
+    assert f"(pid {proc.pid}) was killed by {signum.name} before it reported ready." in message
+    blamed = "a Workflow source that ends the process when it is imported"
+    if signum == signal.SIGKILL:
+        assert (" It was importing workflows/slow.py. SIGKILL comes from outside the process: "
+                "another process (kill -9), or the kernel's out-of-memory killer") in message
+        assert blamed not in message, message
+    else:
+        assert f" It was importing workflows/slow.py: {blamed}" in message, message
+
+
 def test_a_store_on_a_file_system_that_cannot_lock_a_directory_still_opens(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -271,7 +271,7 @@ def test_a_tool_call_past_the_request_timeout_says_it_may_still_run_and_how_to_r
                         request_timeout=0.2)
         with pytest.raises(IntloomError) as info:
             client.call_tool("RUN-1", "CALL-1", "token", "tc-1", "search", {"q": "x"})
-    assert info.value.code == "PROJECT_REQUEST_FAILED"
+    assert (info.value.code, info.value.retryable) == ("PROJECT_REQUEST_FAILED", True)
     message = info.value.message
     assert message.startswith("No reply came for Tool call tc-1 (Tool 'search') of Agent task "
                               "CALL-1 (Run RUN-1) within 0.2 s. The Tool may still be running")
@@ -292,7 +292,7 @@ def test_a_completion_past_the_request_timeout_says_sending_it_again_is_safe() -
                         request_timeout=0.2)
         with pytest.raises(IntloomError) as info:
             client.complete_agent_call("RUN-1", "CALL-1", "token", "found", {"n": 1})
-    assert info.value.code == "PROJECT_REQUEST_FAILED"
+    assert (info.value.code, info.value.retryable) == ("PROJECT_REQUEST_FAILED", True)
     message = info.value.message
     assert message.startswith("No reply came for the completion of Agent task CALL-1 (Run "
                               "RUN-1) within 0.2 s. Its on_complete, or the Steps its outcome "
