@@ -112,6 +112,12 @@ class ServiceStarting(IntloomError):
     (start, stop, status) treat it as offline; to a request it is a refusal to retry."""
 
 
+# How to connect again, in the words of both who meet a lost connection: a program (a new
+# Client) and a person at the command line (each intloom command connects anew). "Connect
+# again (Client.connect)" told a CLI user to write Python.
+_AGAIN: Final = "Client.connect, or the intloom command again"
+
+
 class HelloFailed(IntloomError):
     """CLI_SERVICE_UNAVAILABLE: the listener on the port accepted the connection but the
     hello did not complete. ``cause`` is what happened (the listener closed, sent what is
@@ -945,7 +951,7 @@ class Client:
         return IntloomError(
             "PROJECT_CONNECTION_FAILED",
             f"This Client has no connection: {self._closed_why}. Nothing was sent. "
-            "Connect again (Client.connect).", retryable=False)
+            f"Connect again ({_AGAIN}).", retryable=False)
 
     def _reconnect(self, why: str) -> socket.socket:
         # Still safe to connect again until it fails: a Ctrl-C during this connect (a busy
@@ -965,7 +971,7 @@ class Client:
                 "PROJECT_CONNECTION_FAILED",
                 f"This client's connection is gone ({why}), and connecting again failed "
                 f"({exc.code}: {exc.message}) Nothing was sent. This Client stays closed: "
-                "once a host serves, connect again (Client.connect) and send it there.",
+                f"once a host serves, connect again ({_AGAIN}) and send it there.",
                 retryable=False,
             ) from exc
         if fresh.hello.instance_id != self.hello.instance_id:
@@ -975,8 +981,9 @@ class Client:
                 "PROJECT_CONNECTION_FAILED",
                 f"The host this client was connected to (instance {self.hello.instance_id}) "
                 f"has stopped, and another one (instance {fresh.hello.instance_id}) runs the "
-                "project now. Nothing was sent. Connect again (Client.connect); a Run's claims "
-                "and waits from the old host may be interrupted (check with get_run).",
+                f"project now. Nothing was sent. Connect again ({_AGAIN}); a Run's claims and "
+                "waits from the old host may be interrupted (check with get_run, or intloom "
+                "attach RUN).",
                 retryable=False,
             )
         sock = self._sock = fresh._sock

@@ -1,4 +1,5 @@
-"""Which log file the recorded host writes, read from ``service.json`` alone.
+"""Which log file the recorded host writes, read from ``service.json`` alone, and what its
+last lines say of a stop.
 
 Kept apart from the client (no socket, protocol or process stack): ``intloom logs`` reads
 files and only needs this name.
@@ -9,11 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from intloom.errors import IntloomError
-from intloom.host.metadata import read_service
-from intloom.host.toolcalls import read_log
+from intloom.host.metadata import ServiceInfo, read_service
+from intloom.host.toolcalls import LOG_TAIL, read_log
 from intloom.project import ProjectPaths
 
-__all__ = ["host_log_name", "read_log"]
+__all__ = ["LOG_TAIL", "host_log_name", "log_path", "log_says_stopping", "read_log"]
 
 
 def host_log_name(root: Path) -> str | None:
@@ -29,3 +30,18 @@ def host_log_name(root: Path) -> str | None:
         return None
     name = info.log_file if info is not None else None
     return name if name and Path(name).name == name else None
+
+
+def log_path(paths: ProjectPaths, name: str | None) -> Path | None:
+    """The host log ``service.json`` names, in ``.intloom/logs``: a plain name only (the
+    file is not trusted to name a path elsewhere), as ``host_log_name`` reads it."""
+    if not name or Path(name).name != name or name in (".", ".."):
+        return None
+    return paths.logs / name
+
+
+def log_says_stopping(paths: ProjectPaths, info: ServiceInfo) -> bool:
+    """The host's own log has its ``service_stopping`` line: it is on its way out."""
+    # The stop's lines are the log's last: a long log is not read whole.
+    tail = read_log(log_path(paths, info.log_file), LOG_TAIL, tail=True)
+    return tail is not None and b'"event":"service_stopping"' in tail

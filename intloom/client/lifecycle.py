@@ -35,6 +35,7 @@ from intloom.client.client import (
     not_a_project,
     resolved_root,
 )
+from intloom.client.hostlog import LOG_TAIL, log_path, log_says_stopping, read_log
 from intloom.errors import ErrorView, IntloomError, starting_message
 from intloom.fsutil import write_refusal
 from intloom.host.metadata import (
@@ -228,29 +229,10 @@ def _saved_service(paths: ProjectPaths) -> ServiceInfo | None:
         return None  # _live_service reports it
 
 
-_LOG_TAIL: Final = 256 * 1024  # the stop's lines are the log's last; a long log is not read
-
-
-def _log_path(paths: ProjectPaths, name: str | None) -> Path | None:
-    """The host log ``service.json`` names, in ``.intloom/logs``: a plain name only (the
-    file is not trusted to name a path elsewhere), as ``hostlog.host_log_name`` reads it."""
-    if not name or Path(name).name != name or name in (".", ".."):
-        return None
-    return paths.logs / name
-
-
 def _log_tail(log: Path | None) -> bytes | None:
-    """The last ``_LOG_TAIL`` bytes of ``log``; None when it is not a regular file that can
+    """The last ``LOG_TAIL`` bytes of ``log``; None when it is not a regular file that can
     be read. Never through a link, never blocked by a FIFO put in its place."""
-    from intloom.client.hostlog import read_log
-
-    return read_log(log, _LOG_TAIL, tail=True)
-
-
-def _log_says_stopping(paths: ProjectPaths, info: ServiceInfo) -> bool:
-    """The host's own log has its ``service_stopping`` line: it is on its way out."""
-    tail = _log_tail(_log_path(paths, info.log_file))
-    return tail is not None and b'"event":"service_stopping"' in tail
+    return read_log(log, LOG_TAIL, tail=True)
 
 
 def _released_by_stop(paths: ProjectPaths, info: ServiceInfo, deadline: float) -> bool:
@@ -266,12 +248,27 @@ def _released_by_stop(paths: ProjectPaths, info: ServiceInfo, deadline: float) -
             return not paths.service_json.exists() or now is not None
         if time.monotonic() >= deadline:
             return False
-        if time.monotonic() >= settle and (not _log_says_stopping(paths, info)
+        if time.monotonic() >= settle and (not log_says_stopping(paths, info)
                                            or not _owner_alive(paths, info.pid,
                                                                info.create_time, None)
                                            or paused(info.pid)):
             return False  # not stopping; or it died, or was paused, on its way out
         time.sleep(_POLL)  # a poll while the stopping host finishes
+
+
+def _stopping(paths: ProjectPaths, info: ServiceInfo) -> bool:
+    """The host ``info`` names is alive and its log says it is stopping."""
+    return (_owner_alive(paths, info.pid, info.create_time, None)
+            and log_says_stopping(paths, info))
+
+
+def _stop_outlasted(info: ServiceInfo) -> IntloomError:
+    return IntloomError(
+        "CLI_SERVICE_TIMEOUT",
+        f"{_TIMEOUT}, waiting for the host (pid {info.pid}) to finish shutting down: it has "
+        "stopped listening but not exited. This command launched nothing. Run intloom start "
+        "again once intloom status says the service is offline; if the host stays, intloom "
+        "logs says what its stop is doing.")
 
 
 def _busy(paths: ProjectPaths) -> IntloomError:
@@ -496,6 +493,22 @@ def start_service(
                     "run the host in this terminal.",
                 )
             return _reuse(root, service, port, strict)
+        if seen is not None and _stopping(paths, seen):
+            # A host that stopped listening on its way out (it saves its Runs, then removes
+            # its files) still holds the lock, as a start does: waiting for it was said to
+            # be waiting for "another start's host", and its timeout said so too.
+            if time.monotonic() >= deadline:
+                raise _stop_outlasted(seen)
+            now = time.monotonic()
+            waited = now if waited is None else waited
+            if waiting is not None and now - waited >= _WAITING_SAID_AFTER:
+                waiting(f"Waiting for the host (pid {seen.pid}) to finish shutting down: it "
+                        "has stopped listening and is saving its Runs, then exits. This "
+                        f"start then starts a new host (it waits up to its --timeout, "
+                        f"{timeout:g} s).")
+                waiting = None
+            time.sleep(_POLL)  # a poll until the stopping host has exited
+            continue
         owner = _lock_owner(paths)
         if owner != "absent":
             # A host that is starting right now (a concurrent start) will answer soon;
@@ -1019,7 +1032,7 @@ def _run_foreground(root: Path, *, port: int | None, strict: bool, progress: Pro
         its log says the same, and a Run cut mid-Step must be named here too."""
         if said or not ready or failure or host.release_problems or code != 0:
             return  # it failed: its error, raised below, is what is said
-        log = _log_path(ProjectPaths(root), ready[0].log_file)
+        log = log_path(ProjectPaths(root), ready[0].log_file)
         said.append(msgspec.structs.replace(_stopped(log), forced=host.force_exit))
         if on_stopped is not None:
             on_stopped(said[0])
@@ -1459,7 +1472,7 @@ def stop_service_report(root: str | os.PathLike[str], *, timeout: float | None =
         raise _unmatched_connection(paths, info, conn, target)
     tried = False  # the request is tried at most once, whether or not it could be sent
     asked = _Asked(_STARTING)
-    log = _log_path(paths, info.log_file) if info is not None else None
+    log = log_path(paths, info.log_file) if info is not None else None
     if info is not None:
         asked = _request_stop(root, paths, target, deadline)
         tried = True
@@ -1487,7 +1500,7 @@ def stop_service_report(root: str | os.PathLike[str], *, timeout: float | None =
                 asked = _request_stop(root, paths, target, deadline)
                 tried = True
                 # Its log says what the stop did to the Runs; unknown until it served.
-                log = _log_path(paths, now_info.log_file)
+                log = log_path(paths, now_info.log_file)
                 if timeout is None:
                     deadline = _stop_deadline(deadline, asked, log)
             elif not told and time.monotonic() - began >= _STARTING_SAID:

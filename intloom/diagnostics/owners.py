@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Final, Literal
+from typing import Final, Literal, NamedTuple
 
 import msgspec
 
@@ -195,6 +195,15 @@ STOPPING: Final = (
     "The service is shutting down: it is suspending its Runs, then exits. intloom status "
     "says offline once it has; intloom start waits for that, then starts a new host."
 )
+# The same once it has stopped listening (a stop closes its listener after suspending the
+# Runs, then writes their snapshots and removes its files): the port refuses, or resets a
+# hello it had not accepted yet. status said a live owner blocked the project, or blamed
+# "a hung, paused or busy host" at the hello.
+_UNLISTENED: Final = (
+    "The service is shutting down: the host (pid {pid}) has stopped listening on "
+    "127.0.0.1:{port} and is saving its Runs, then exits. intloom status says offline once "
+    "it has; intloom start waits for that, then starts a new host."
+)
 
 
 def _left_by_a_crash(snap: Snapshot) -> bool:
@@ -245,11 +254,17 @@ def _paused_start(snap: Snapshot, lock: LockProbe, owners: list[Owner],
             "fg in its terminal), then run intloom status again.")
 
 
-def _probe_host(root: Path, snap: Snapshot
-                ) -> tuple[ServiceView | None, IntloomError | None, bool]:
-    """Ask a live host who it is. Returns (service, None), (None, problem) or (None, None),
-    and whether the problem is what a host answered (``Inspection.answered``). The problem
-    is an error for its two wordings (``IntloomError.here``), never raised.
+class _Probe(NamedTuple):
+    service: ServiceView | None = None
+    # An error for its two wordings (``IntloomError.here``), never raised.
+    problem: IntloomError | None = None
+    answered: bool = False  # the problem is what a host answered (``Inspection.answered``)
+    # No listener took the hello: the port refused, or cut the hello and then refused.
+    unreached: bool = False
+
+
+def _probe_host(root: Path, snap: Snapshot) -> _Probe:
+    """Ask a live host who it is.
 
     Only ``CLI_SERVICE_OFFLINE`` (or a host starting) means "no live host"; any other answer
     (closing, an identity mismatch, a rejected token, a listener that is not ours) is a
@@ -257,28 +272,58 @@ def _probe_host(root: Path, snap: Snapshot
     """
     # Imported here: the client pulls in the socket stack, which a lock-only diagnosis
     # (and every offline status) does not need.
-    from intloom.client.client import Client, ServiceStarting
+    from intloom.client.client import Client, HelloFailed, ServiceStarting
 
-    try:
-        with Client.connect(root) as client:
-            hello = client.hello
-            if snap.lock.value is not None and snap.lock.value.instance_id != hello.instance_id:
-                fact = (f"The live host (instance {hello.instance_id}, pid {hello.pid}) is not "
-                        f"the owner named by service.lock (instance "
-                        f"{snap.lock.value.instance_id}). No cleanup performed")
-                return None, IntloomError("CLI_SERVICE_METADATA_INVALID",
-                                          f"{fact}; run intloom doctor.", here=f"{fact}."), True
-            return client.status(), None, False
-    except IntloomError as exc:
-        if exc.code == "CLI_SERVICE_OFFLINE" or isinstance(exc, ServiceStarting):
-            return None, None, False  # _classify says what the files show (a start, a stop)
-        if exc.code == "CLI_SERVICE_CLOSING":
-            # The host's refusal is worded for a refused request; this one asked who it is.
-            return None, IntloomError(exc.code, STOPPING), False
-        # The files themselves were already read strictly; what is left is a listener that
-        # is not the recorded host (a mismatch, a foreign program). A hello never answered
-        # (CLI_SERVICE_UNAVAILABLE) may still be a busy host's.
-        return None, exc, exc.code != "CLI_SERVICE_UNAVAILABLE"
+    for attempt in range(2):
+        try:
+            with Client.connect(root) as client:
+                hello = client.hello
+                held = snap.lock.value
+                if held is not None and held.instance_id != hello.instance_id:
+                    fact = (f"The live host (instance {hello.instance_id}, pid {hello.pid}) "
+                            f"is not the owner named by service.lock (instance "
+                            f"{held.instance_id}). No cleanup performed")
+                    return _Probe(problem=IntloomError(
+                        "CLI_SERVICE_METADATA_INVALID", f"{fact}; run intloom doctor.",
+                        here=f"{fact}."), answered=True)
+                return _Probe(service=client.status())
+        except IntloomError as exc:
+            if isinstance(exc, ServiceStarting):
+                return _Probe()  # _classify says what the files show
+            if exc.code == "CLI_SERVICE_OFFLINE":
+                return _Probe(unreached=True)
+            if exc.code == "CLI_SERVICE_CLOSING":
+                # The host's refusal is worded for a refused request; this one asked who it
+                # is.
+                return _Probe(problem=IntloomError(exc.code, STOPPING))
+            if attempt == 0 and isinstance(exc, HelloFailed) and exc.cause is not None:
+                # Cut mid-hello: a stop that closes its listener resets the connections it
+                # had not accepted yet. Asked again, such a host's port refuses.
+                continue
+            # The files themselves were already read strictly; what is left is a listener
+            # that is not the recorded host (a mismatch, a foreign program). A hello never
+            # answered (CLI_SERVICE_UNAVAILABLE) may still be a busy host's.
+            return _Probe(problem=exc, answered=exc.code != "CLI_SERVICE_UNAVAILABLE")
+    raise AssertionError("unreachable: the second attempt returns")
+
+
+def _unlistened(snap: Snapshot, owners: list[Owner]) -> str | None:
+    """The message for a host that stopped listening on its way out, or None.
+
+    Its files name one instance, both owners are alive (the OS lock held), it is not paused,
+    and its own log says ``service_stopping``: a host that served (service.json is written
+    once it listens) closes its listener only at a stop.
+    """
+    info, held = snap.service.value, snap.lock.value
+    if (info is None or held is None or info.instance_id != held.instance_id
+            or len(owners) != 2 or any(owner.status != "alive" for owner in owners)
+            or paused(info.pid)):
+        return None
+    from intloom.client.hostlog import log_says_stopping  # a file read, no socket stack
+
+    if not log_says_stopping(snap.paths, info):
+        return None
+    return _UNLISTENED.format(pid=info.pid, port=info.port)
 
 
 def _classify(
@@ -309,9 +354,38 @@ def _classify(
     return "offline", MESSAGES["offline"]
 
 
+# How many times a diagnosis is made again when the files it was made from changed meanwhile.
+_ATTEMPTS: Final = 3
+
+
 def inspect(root: Path, *, probe: bool = True) -> Inspection:
-    """Diagnose and keep the reading behind it. Raises CLI_SERVICE_METADATA_INVALID."""
+    """Diagnose and keep the reading behind it. Raises CLI_SERVICE_METADATA_INVALID.
+
+    The files are read first and their owners judged after: a host that removes its files
+    and exits in between (the end of a clean stop) was judged gone over files already gone,
+    and status said ``recovery_required``. A diagnosis stands only when the files read again
+    after it are the ones it was made from; else it is made again (a few times: files that
+    keep changing, hosts starting and stopping, get the last one).
+    """
     root = root.resolve()
+    for _ in range(_ATTEMPTS - 1):
+        found = _inspect(root, probe)
+        if found.diagnosis.status in ("running", "offline") or _unchanged(found.snapshot):
+            return found
+    return _inspect(root, probe)
+
+
+def _unchanged(snap: Snapshot) -> bool:
+    """Whether the metadata files are still the bytes ``snap`` read."""
+    try:
+        now = observe(snap.paths.root)
+    except IntloomError:
+        return False  # being replaced, or damaged: the next reading says which
+    return ((now.lock.raw, now.service.raw, now.connection.raw)
+            == (snap.lock.raw, snap.service.raw, snap.connection.raw))
+
+
+def _inspect(root: Path, probe: bool) -> Inspection:
     snap = observe(root)
     service: ServiceView | None = None
     problem: str | None = None
@@ -335,13 +409,16 @@ def inspect(root: Path, *, probe: bool = True) -> Inspection:
             holder = port_holder(taken)
             problem = _port_taken_problem(taken, holder, owners)
     elif probe and connection is not None and snap.service.value is not None:
-        service, refusal, answered = _probe_host(root, snap)
-        if refusal is not None:
-            problem, here = refusal.message, refusal.here
-            refused_code = refusal.code if answered else None
+        found = _probe_host(root, snap)
+        service, answered = found.service, found.answered
+        if found.problem is not None:
+            problem, here = found.problem.message, found.problem.here
+            refused_code = found.problem.code if answered else None
         # Judged again after the probe: a host that was starting may have answered meanwhile.
         lock = probe_lock(snap.paths.service_lock)
         owners = judge_owners(snap, lock)
+        if found.unreached:
+            problem = here = _unlistened(snap, owners)
     crashed = service is None and _left_by_a_crash(snap)
     status, message = _classify(snap, lock, owners, service, problem, crashed)
     # A problem is the diagnosis's message whenever there is one (_classify), so doctor's

@@ -15,7 +15,9 @@ how many Run ids each of a reply's restore lists names (and store problems it li
 ``INTLOOM_TEST_FATAL=1`` raises right after ready, ``INTLOOM_TEST_START_SIGNAL=WHERE:SIGNAL``
 sends the host SIGNAL at that point of its start (``listening``: before service.json is
 written; ``published``: right after), ``INTLOOM_TEST_HOLD_PUBLISHED=PATH`` holds the start
-right after service.json is written until PATH exists, and ``INTLOOM_TEST_PORTS=LO-HI``
+right after service.json is written until PATH exists, ``INTLOOM_TEST_HOLD_UNLISTENED=PATH``
+holds a stop right after it closes its listener until PATH exists, and
+``INTLOOM_TEST_PORTS=LO-HI``
 confines a port-0 bind to those ports.
 """
 

@@ -146,6 +146,10 @@ START_SIGNAL_HOOK: Final = "INTLOOM_TEST_START_SIGNAL"
 # (up to 60 s) until PATH exists, its other threads free to run: what a start's deadline
 # that passes in that moment does, without racing the start-up for it.
 HOLD_PUBLISHED_HOOK: Final = "INTLOOM_TEST_HOLD_PUBLISHED"
+# Test hook: PATH. A stop, once it has closed its listener (before it closes the store and
+# removes its files), creates PATH.held and waits (up to 60 s) until PATH exists: the moment
+# a status or a start meets a host that no longer listens but still holds the project.
+HOLD_UNLISTENED_HOOK: Final = "INTLOOM_TEST_HOLD_UNLISTENED"
 # How often a serving host looks whether .intloom/runtime/ is still the directory it locked
 # (``Host._moved_away``): the longest a second host started after a move serves beside it.
 _HOME_LOOK: Final = 0.2
@@ -280,8 +284,14 @@ def _start_hooks(where: str) -> None:
     hook = os.environ.get(START_SIGNAL_HOOK)
     if hook is not None and hook.partition(":")[0] == where:
         os.kill(os.getpid(), signal.Signals[hook.partition(":")[2]])
-    held = os.environ.get(HOLD_PUBLISHED_HOOK)
-    if held and where == "published":
+    if where == "published":
+        _hold(HOLD_PUBLISHED_HOOK)
+
+
+def _hold(hook: str) -> None:
+    """A test hook's hold: PATH.held is created, then PATH waited for (up to 60 s)."""
+    held = os.environ.get(hook)
+    if held:
         Path(f"{held}.held").touch()
         until = time.monotonic() + 60
         while not os.path.exists(held) and time.monotonic() < until:
@@ -1168,6 +1178,8 @@ class Host:
             cancelled = await self.server.close(self.options.drain_grace)
             if cancelled and self.log is not None:
                 self.log.warning("connections_cancelled", count=cancelled)
+            if os.environ.get(HOLD_UNLISTENED_HOOK):
+                await asyncio.to_thread(_hold, HOLD_UNLISTENED_HOOK)
         store_closed = True
         if self.booted is not None:
             due = self.booted.store.snapshots_due()

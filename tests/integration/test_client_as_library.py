@@ -204,7 +204,8 @@ def test_a_client_whose_host_stopped_says_to_connect_again(project: Project) -> 
     """One Client kept across a host's stop: its next request said only "connecting again
     failed (CLI_SERVICE_OFFLINE: ... Run intloom start.) Nothing was sent.", and a program
     that started the host and retried on the same Client was refused again. The message now
-    says that this Client is done and to connect a new one once a host serves."""
+    says that this Client is done and to connect a new one once a host serves (or, for a
+    person at the command line, to run the command again: not to write Python)."""
     start(project)
     with Client.connect(project.root) as client:
         assert stop_service(project.root) is True
@@ -216,7 +217,7 @@ def test_a_client_whose_host_stopped_says_to_connect_again(project: Project) -> 
         assert "connecting again failed (CLI_SERVICE_OFFLINE: " in message, message
         assert message.endswith(
             "Nothing was sent. This Client stays closed: once a host serves, connect again "
-            "(Client.connect) and send it there."), message
+            "(Client.connect, or the intloom command again) and send it there."), message
         assert isinstance(first.value.__cause__, IntloomError)
         assert first.value.__cause__.code == "CLI_SERVICE_OFFLINE"
 

@@ -111,13 +111,13 @@ def write_lock(root: Path, pid: int, created: float, *, boot: str | None = None,
 
 
 def write_service_json(root: Path, pid: int, created: float, port: int,
-                       instance_id: str) -> None:
+                       instance_id: str, *, log_file: str | None = None) -> None:
     paths = ProjectPaths(root)
     ensure_private_dir(paths.state)
     write_service(paths.service_json, ServiceInfo(
         version=METADATA_VERSION, project_root=str(root), pid=pid, create_time=created,
         instance_id=instance_id, port=port, started_at="2026-11-30T00:00:00.000Z",
-        package_version="0.1.0", protocol_version=1, log_file=None,
+        package_version="0.1.0", protocol_version=1, log_file=log_file,
     ))
 
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import fcntl
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Literal
 
@@ -16,8 +18,10 @@ import pytest
 from intloom.diagnostics import diagnose
 from intloom.diagnostics.owners import MESSAGES, NO_CONNECTION_FIX, STARTING
 from intloom.errors import IntloomError
+from intloom.fsutil import ensure_private_dir
 from intloom.host.liveness import (
     Evidence,
+    LockProbe,
     OwnerStatus,
     holds_flock,
     host_starting,
@@ -32,6 +36,7 @@ from tests.unit.diagnostics_support import (
     crash_leftovers,
     create_time,
     dead_pid,
+    free_port,
     live_process,
     lock_holder,
     make_root,
@@ -257,6 +262,85 @@ def test_no_such_pid_is_gone_and_both_owners_are_listed(tmp_path: Path) -> None:
         ("service_lock", ".intloom/service.lock", "gone"),
     ]
     assert any(f"no process has pid {pid}" in e.found for e in diagnosis.owners[0].evidence)
+
+
+def test_files_removed_while_their_owner_is_judged_are_read_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The end of a clean stop: the host removes its files and exits between the moment a
+    diagnosis reads them and the moment it judges their owner. Judged gone over files that
+    were gone too, status said recovery_required; the files are read again after the
+    judgement, and a diagnosis made from files that changed meanwhile is made again."""
+    from intloom.diagnostics import owners as module
+
+    root = make_root(tmp_path)
+    paths = ProjectPaths(root)
+    with live_process() as proc:
+        crash_leftovers(root, proc.pid, create_time(proc.pid))
+        probes: list[Path] = []
+
+        def host_exits_meanwhile(path: Path) -> LockProbe:
+            if not probes:  # the host finishes its stop: files first, then the process
+                paths.service_json.unlink()
+                paths.service_lock.unlink()
+                proc.kill()
+                proc.wait(timeout=30)
+            probes.append(path)
+            return probe_lock(path)
+
+        monkeypatch.setattr(module, "probe_lock", host_exits_meanwhile)
+        diagnosis = diagnose(root, probe=False)
+    assert (diagnosis.status, diagnosis.message, diagnosis.owners) == (
+        "offline", MESSAGES["offline"], [])
+    assert len(probes) == 2, probes  # judged, then judged again from the files now there
+
+
+def _cuts_one_hello_then_stops_listening(port: int) -> threading.Thread:
+    """A listener that accepts one connection, stops listening, then closes that connection
+    unanswered: what a stop that closes its listener does to a hello it had not answered."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    sock.listen(1)
+
+    def serve() -> None:
+        with sock:
+            conn, _ = sock.accept()
+        conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("log_says", ["service_stopping", "service_ready"])
+def test_a_hello_cut_by_a_host_that_stopped_listening_on_its_way_out(
+        tmp_path: Path, log_says: str) -> None:
+    """The host's files name a live owner holding its lock, the hello is cut and the port
+    then refuses: a host that closed its listener. Its log says it is stopping, so it is
+    shutting down (status blamed "a hung, paused or busy host"); without that line the
+    refusal stays what it was."""
+    root = make_root(tmp_path)
+    paths = ProjectPaths(root)
+    port = free_port()
+    log = "LOG-20261130T000000000Z.jsonl"
+    with live_process() as proc:
+        created = create_time(proc.pid)
+        lock = write_lock(root, proc.pid, created)
+        write_service_json(root, proc.pid, created, port, lock.instance_id, log_file=log)
+        write_connection_json(root, port)
+        ensure_private_dir(paths.logs)
+        (paths.logs / log).write_text(f'{{"event":"{log_says}"}}\n')
+        with lock_holder(paths.service_lock):
+            listener = _cuts_one_hello_then_stops_listening(port)
+            diagnosis = diagnose(root)
+            listener.join(timeout=10)
+    assert diagnosis.status == "blocked"
+    if log_says == "service_stopping":
+        assert diagnosis.message.startswith(
+            f"The service is shutting down: the host (pid {proc.pid}) has stopped listening "
+            f"on 127.0.0.1:{port} and is saving its Runs, then exits."), diagnosis.message
+    else:
+        assert diagnosis.message == MESSAGES["owner_exists"], diagnosis.message
 
 
 def test_gone_owner_without_connection_is_blocked(tmp_path: Path) -> None:

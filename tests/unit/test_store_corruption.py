@@ -357,6 +357,26 @@ def test_damage_in_a_compacted_segment_is_found_by_verify_only(tmp_path: Path) -
     assert segment.read_bytes() == damaged
 
 
+def test_damage_read_only_because_the_manifest_is_damaged_is_covered_by_snapshots(
+        tmp_path: Path) -> None:
+    """With ``manifest.json`` damaged a start reads every segment, compacted ones too. Damage
+    there, in a record an intact ``snap/live/`` snapshot covers, is a file finding: the Run
+    restores from its snapshot (recovery.md), and only ``verify`` blames the Run."""
+    root = tmp_path / "runtime"
+    segment = _crashed_host(root, close=True)
+    hit = frames_of(segment, "RUN-C")[3]
+    flip(segment, hit.end - 1)
+    (root / "manifest.json").write_bytes(b'{"format": 1, "start": "two"}')
+    damaged = segment.read_bytes()
+    report = read_runs_report(root)
+    assert report.stats.full
+    assert ("wal/0000000001.seg", "corrupt") in {(f.path, f.kind) for f in report.files}
+    runs = by_id(report.runs)
+    assert runs["RUN-C"].status == "ok" and runs["RUN-C"].state == _expected("RUN-C")
+    assert by_id(verify(root))["RUN-C"].status == "corrupt"
+    assert segment.read_bytes() == damaged
+
+
 def test_an_incompatible_segment_is_reported_and_untouched(tmp_path: Path) -> None:
     root = tmp_path / "runtime"
     segment = _crashed_host(root)

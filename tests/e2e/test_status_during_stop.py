@@ -1,0 +1,85 @@
+"""A host in the last part of its stop: it has closed its listener (after suspending its
+Runs) but still writes their snapshots, then removes its files. A real host is held at that
+moment (``INTLOOM_TEST_HOLD_UNLISTENED``) while status, doctor, recover and start look at
+it: they used to say a live owner blocked the project ("Do not delete locks"), or blame a
+hung host at the hello; it is a host shutting down, and the project is offline once it has
+exited."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import Project, eventually, pid_alive
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+
+HOOK = "INTLOOM_TEST_HOLD_UNLISTENED"
+
+
+def test_a_host_that_stopped_listening_on_its_way_out_is_shutting_down(
+    project: Project, tmp_path: Path,
+) -> None:
+    gate = tmp_path / "go"
+    assert project.cli("start", env={HOOK: str(gate)}).code == 0
+    pid = project.host_pid()
+    port = int(project.cli("--json", "status").json["service"]["port"])
+    metadata = {name: (project.state / name).read_bytes()
+                for name in ("service.json", "service.lock")}
+    start: subprocess.Popen[str] | None = None
+    try:
+        os.kill(pid, signal.SIGTERM)
+        eventually(lambda: Path(f"{gate}.held").exists(), timeout=60,
+                   what="the stop to close its listener")
+        said = (f"The service is shutting down: the host (pid {pid}) has stopped listening "
+                f"on 127.0.0.1:{port} and is saving its Runs, then exits.")
+
+        status = project.cli("--json", "status")
+        assert status.code == 0, status
+        assert status.json["status"] == "blocked", status.json
+        assert status.json["message"].startswith(said), status.json["message"]
+        text = project.cli("status")
+        assert said in text.stdout, text
+        # A passing state says what to do itself: no "Do not delete locks" under it.
+        assert "Do not delete locks" not in text.stdout, text
+
+        doctor = project.cli("--json", "doctor")
+        assert doctor.code == 4 and doctor.json["message"].startswith(said), doctor
+
+        recover = project.cli("--json", "recover")
+        assert recover.code != 0, recover
+        assert recover.json["error"]["code"] == "CLI_RECOVERY_BLOCKED", recover.json
+        assert recover.json["error"]["message"].startswith(said), recover.json
+        assert {name: (project.state / name).read_bytes()
+                for name in metadata} == metadata  # nothing was removed
+
+        # As the message says, a start waits for the host to exit, then starts a new one;
+        # after a second it says whom it waits for (it said "another start's host").
+        start = subprocess.Popen(
+            [sys.executable, "-m", "intloom", "--project", str(project.root), "start"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "NO_COLOR": "1"})
+        assert start.stderr is not None
+        first = eventually(start.stderr.readline, timeout=60, what="the start's first note")
+        assert first.startswith(f"Waiting for the host (pid {pid}) to finish shutting down"), (
+            first)
+    finally:
+        gate.touch()
+    assert start is not None
+    try:
+        out, err = start.communicate(timeout=120)
+    finally:
+        if start.poll() is None:
+            start.kill()
+            start.wait(timeout=10)
+        project.track_host()
+    assert start.returncode == 0, (out, err)
+    assert "another start" not in err, err
+    assert not pid_alive(pid)
+    assert project.host_pid() != pid
+    assert project.cli("stop").code == 0
