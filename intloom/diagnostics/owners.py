@@ -307,7 +307,7 @@ def _probe_host(root: Path, snap: Snapshot) -> _Probe:
     raise AssertionError("unreachable: the second attempt returns")
 
 
-def _unlistened(snap: Snapshot, owners: list[Owner]) -> str | None:
+def _unlistened(snap: Snapshot, lock: LockProbe, owners: list[Owner]) -> str | None:
     """The message for a host that stopped listening on its way out, or None.
 
     Its files name one instance, both owners are alive (the OS lock held), it is not paused,
@@ -316,6 +316,7 @@ def _unlistened(snap: Snapshot, owners: list[Owner]) -> str | None:
     """
     info, held = snap.service.value, snap.lock.value
     if (info is None or held is None or info.instance_id != held.instance_id
+            or lock.state != "held"
             or len(owners) != 2 or any(owner.status != "alive" for owner in owners)
             or paused(info.pid)):
         return None
@@ -418,7 +419,7 @@ def _inspect(root: Path, probe: bool) -> Inspection:
         lock = probe_lock(snap.paths.service_lock)
         owners = judge_owners(snap, lock)
         if found.unreached:
-            problem = here = _unlistened(snap, owners)
+            problem = here = _unlistened(snap, lock, owners)
     crashed = service is None and _left_by_a_crash(snap)
     status, message = _classify(snap, lock, owners, service, problem, crashed)
     # A problem is the diagnosis's message whenever there is one (_classify), so doctor's

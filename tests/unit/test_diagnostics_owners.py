@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import signal
@@ -312,13 +313,14 @@ def _cuts_one_hello_then_stops_listening(port: int) -> threading.Thread:
     return thread
 
 
-@pytest.mark.parametrize("log_says", ["service_stopping", "service_ready"])
+@pytest.mark.parametrize(("log_says", "os_lock"), [
+    ("service_stopping", True), ("service_ready", True), ("service_stopping", False)])
 def test_a_hello_cut_by_a_host_that_stopped_listening_on_its_way_out(
-        tmp_path: Path, log_says: str) -> None:
+        tmp_path: Path, log_says: str, os_lock: bool) -> None:
     """The host's files name a live owner holding its lock, the hello is cut and the port
     then refuses: a host that closed its listener. Its log says it is stopping, so it is
-    shutting down (status blamed "a hung, paused or busy host"); without that line the
-    refusal stays what it was."""
+    shutting down (status blamed "a hung, paused or busy host"). Without that line, or with
+    the OS lock free (no host holds the project), it is a live owner as before."""
     root = make_root(tmp_path)
     paths = ProjectPaths(root)
     port = free_port()
@@ -330,12 +332,12 @@ def test_a_hello_cut_by_a_host_that_stopped_listening_on_its_way_out(
         write_connection_json(root, port)
         ensure_private_dir(paths.logs)
         (paths.logs / log).write_text(f'{{"event":"{log_says}"}}\n')
-        with lock_holder(paths.service_lock):
+        with lock_holder(paths.service_lock) if os_lock else contextlib.nullcontext():
             listener = _cuts_one_hello_then_stops_listening(port)
             diagnosis = diagnose(root)
             listener.join(timeout=10)
     assert diagnosis.status == "blocked"
-    if log_says == "service_stopping":
+    if log_says == "service_stopping" and os_lock:
         assert diagnosis.message.startswith(
             f"The service is shutting down: the host (pid {proc.pid}) has stopped listening "
             f"on 127.0.0.1:{port} and is saving its Runs, then exits."), diagnosis.message
