@@ -11,10 +11,14 @@ from pathlib import Path
 
 from intloom.errors import IntloomError
 from intloom.host.metadata import ServiceInfo, read_service
-from intloom.host.toolcalls import LOG_TAIL, read_log
+from intloom.host.toolcalls import LOG_TAIL, last_line, read_log
 from intloom.project import ProjectPaths
 
-__all__ = ["LOG_TAIL", "host_log_name", "log_path", "log_says_stopping", "read_log"]
+__all__ = ["LOG_TAIL", "STOPPING", "host_log_name", "last_line", "log_path", "log_says_stopping",
+           "read_log"]
+
+# The line a host logs as its stop begins (``service_stopping``).
+STOPPING = b'"event":"service_stopping"'
 
 
 def host_log_name(root: Path) -> str | None:
@@ -42,6 +46,5 @@ def log_path(paths: ProjectPaths, name: str | None) -> Path | None:
 
 def log_says_stopping(paths: ProjectPaths, info: ServiceInfo) -> bool:
     """The host's own log has its ``service_stopping`` line: it is on its way out."""
-    # The stop's lines are the log's last: a long log is not read whole.
-    tail = read_log(log_path(paths, info.log_file), LOG_TAIL, tail=True)
-    return tail is not None and b'"event":"service_stopping"' in tail
+    # Searched back from the end, past the line per Run the stop logs after it.
+    return last_line(log_path(paths, info.log_file), STOPPING) is not None

@@ -35,7 +35,14 @@ from intloom.client.client import (
     not_a_project,
     resolved_root,
 )
-from intloom.client.hostlog import LOG_TAIL, log_path, log_says_stopping, read_log
+from intloom.client.hostlog import (
+    LOG_TAIL,
+    STOPPING,
+    last_line,
+    log_path,
+    log_says_stopping,
+    read_log,
+)
 from intloom.errors import ErrorView, IntloomError, starting_message
 from intloom.fsutil import write_refusal
 from intloom.host.metadata import (
@@ -206,12 +213,22 @@ _CUT_OFF: Final = frozenset(
     {"CLI_SERVICE_UNAVAILABLE", "PROJECT_CONNECTION_FAILED", "PROJECT_REQUEST_FAILED"})
 
 
-def _paused_host(pid: int) -> IntloomError:
+def _paused_host(pid: int, *, stopping: bool = False) -> IntloomError:
     """CLI_SERVICE_UNAVAILABLE for start against a host stopped by a signal, as for any
     host that does not answer the hello (docs/lifecycle.md, start step 1), not
     CLI_SERVICE_BUSY: its way out, "use intloom recover only after its owner has exited",
     is none for a process that is alive and holds the project. The client's "then try
-    again" left open whether start would launch over it."""
+    again" left open whether start would launch over it. ``stopping``: it was paused after
+    it closed its listener on its way out; it was waited for until --timeout."""
+    if stopping:
+        return IntloomError(
+            "CLI_SERVICE_UNAVAILABLE",
+            f"The project's host (pid {pid}) was shutting down (it had stopped listening and "
+            "was saving its Runs) and is now stopped by a signal (SIGSTOP, Ctrl-Z or a "
+            "debugger): it holds the project until its stop ends. intloom start did not start "
+            f"a second host beside it. Resume it with kill -CONT {pid}: it then finishes its "
+            "stop and exits, and intloom start starts a new host.",
+        )
     return IntloomError(
         "CLI_SERVICE_UNAVAILABLE",
         f"The project's host (pid {pid}) is alive but stopped by a signal (SIGSTOP, Ctrl-Z "
@@ -262,13 +279,13 @@ def _stopping(paths: ProjectPaths, info: ServiceInfo) -> bool:
             and log_says_stopping(paths, info))
 
 
-def _stop_outlasted(info: ServiceInfo) -> IntloomError:
+def _stop_outlasted(info: ServiceInfo, timeout: float) -> IntloomError:
     return IntloomError(
         "CLI_SERVICE_TIMEOUT",
-        f"{_TIMEOUT}, waiting for the host (pid {info.pid}) to finish shutting down: it has "
-        "stopped listening but not exited. This command launched nothing. Run intloom start "
-        "again once intloom status says the service is offline; if the host stays, intloom "
-        "logs says what its stop is doing.")
+        f"intloom start waited its --timeout ({timeout:g} s) for the host (pid {info.pid}) to "
+        "finish shutting down: it has stopped listening but not exited. This command "
+        "launched nothing. Run intloom start again once intloom status says the service is "
+        "offline; if the host stays, intloom logs says what its stop is doing.")
 
 
 def _busy(paths: ProjectPaths) -> IntloomError:
@@ -497,8 +514,12 @@ def start_service(
             # A host that stopped listening on its way out (it saves its Runs, then removes
             # its files) still holds the lock, as a start does: waiting for it was said to
             # be waiting for "another start's host", and its timeout said so too.
+            from intloom.host.liveness import paused  # psutil: only while a host stops
+
+            if paused(seen.pid):
+                raise _paused_host(seen.pid, stopping=True)  # else waited for until --timeout
             if time.monotonic() >= deadline:
-                raise _stop_outlasted(seen)
+                raise _stop_outlasted(seen, timeout)
             now = time.monotonic()
             waited = now if waited is None else waited
             if waiting is not None and now - waited >= _WAITING_SAID_AFTER:
@@ -1275,23 +1296,19 @@ def _logged_until(log: Path | None) -> float | None:
     """When (monotonic) the stop the host's log says it began should be over: its
     ``service_stopping`` line's ``within`` from that line's time. For a stop that found the
     host already stopping, which gets no reply of its own to say it."""
-    tail = _log_tail(log)
-    if tail is None:
+    line = last_line(log, STOPPING)  # before a line per Run the stop suspended
+    if line is None:
         return None
-    for line in reversed(tail.splitlines()):
-        if b'"event":"service_stopping"' not in line:
-            continue
-        try:
-            event = json.loads(line)
-            began = datetime.fromisoformat(event["time"]).timestamp()
-            within = _within(event.get("within"))
-        except (ValueError, KeyError, TypeError):
-            return None
-        if within is None:
-            return None  # an older host's line
-        # Never longer than ``within`` from now, should the clock have been set back.
-        return time.monotonic() + max(0.0, min(within, began + within - time.time()))
-    return None
+    try:
+        event = json.loads(line)
+        began = datetime.fromisoformat(event["time"]).timestamp()
+        within = _within(event.get("within"))
+    except (ValueError, KeyError, TypeError):
+        return None
+    if within is None:
+        return None  # an older host's line
+    # Never longer than ``within`` from now, should the clock have been set back.
+    return time.monotonic() + max(0.0, min(within, began + within - time.time()))
 
 
 def _stop_deadline(deadline: float, asked: _Asked, log: Path | None) -> float:

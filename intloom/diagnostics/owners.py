@@ -2,9 +2,11 @@
 
 Shared by ``status``, ``doctor`` and ``recover``. It reads, probes and judges; it starts
 nothing and creates no file. States, first match wins (DESIGN section 3, reference 4.1):
-``running`` · ``blocked`` (a problem, or an owner alive/unknown) · ``recovery_required``
-(only gone owners, and a valid ``connection.json``) · ``blocked`` (owners, no valid
-connection) · ``offline``.
+``running`` · ``blocked`` by a problem (a host that does not answer, or one shutting down:
+it closed its listener on its way out) · ``blocked`` by a start (in progress, or paused) ·
+``blocked`` (an owner alive or unknown) · ``recovery_required`` (only gone owners, and a
+valid ``connection.json``) · ``blocked`` (owners, no valid connection) · ``offline``. A
+diagnosis made while the files changed under it is made again (``inspect``).
 """
 
 from __future__ import annotations

@@ -20,17 +20,71 @@ import msgspec
 
 from intloom.project import scan_logs
 
-__all__ = ["LOG_TAIL", "last_log", "log_records", "read_log", "tool_calls_cut"]
+__all__ = ["LOG_SCAN", "LOG_TAIL", "last_line", "last_log", "log_records", "read_log",
+           "tool_calls_cut"]
 
 # The end of a host's log read for this: a stop's or a crash's last lines are there, and a
 # log is read no further than this.
 LOG_TAIL: Final = 256 * 1024
+# How far back ``last_line`` looks for one line: a stop logs a line per loaded Run after its
+# ``service_stopping`` (``run_suspended``, ~180 B), so 256 KiB held that line for ~1,400
+# Runs only; 64 MiB holds it for ~300,000.
+LOG_SCAN: Final = 64 * 1024 * 1024
 
 
 def read_log(path: Path | None, limit: int, *, tail: bool) -> bytes | None:
     """At most ``limit`` bytes of the log at ``path``, its last ones when ``tail``, else its
     first; None when it is not a regular file that can be read. Never through a link, never
     blocked by a FIFO put in its place (an ``open`` of one waits for a writer for ever)."""
+    fd = _open_regular(path)
+    if fd is None:
+        return None
+    try:
+        with open(fd, "rb") as fh:
+            if tail:
+                fh.seek(max(0, os.fstat(fd).st_size - limit))
+            return fh.read(limit)
+    except OSError:
+        return None
+
+
+def last_line(path: Path | None, needle: bytes, *, chunk: int = LOG_TAIL,
+              limit: int = LOG_SCAN) -> bytes | None:
+    """The last whole line of the log at ``path`` that holds ``needle``, searched back from
+    its end through at most ``limit`` bytes, ``chunk`` bytes a read; None when there is
+    none there, or the log is not a regular file that can be read (as ``read_log``)."""
+    fd = _open_regular(path)
+    if fd is None:
+        return None
+    try:
+        end = os.fstat(fd).st_size
+        floor = max(0, end - limit)
+        after = b""  # the start of the part already searched, up to its first line break
+        while end > floor:
+            begin = max(floor, end - chunk)
+            data = os.pread(fd, end - begin, begin) + after
+            # A line the read cut at its start is searched with the read before it.
+            cut = data.find(b"\n") + 1 if begin > 0 else 0
+            if begin > 0 and cut == 0:
+                after, end = data, begin  # one line longer than a chunk
+                continue
+            found = data.rfind(needle, cut)
+            if found >= 0:
+                start = data.rfind(b"\n", cut, found) + 1 or cut
+                stop = data.find(b"\n", found)
+                return data[start:stop if stop >= 0 else len(data)]
+            after, end = data[:cut], begin
+        return None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _open_regular(path: Path | None) -> int | None:
+    """A read descriptor of the regular file at ``path``; None when it is not one, or cannot
+    be opened. Never through a link, never blocked by a FIFO put in its place (an ``open``
+    of one waits for a writer for ever)."""
     if path is None:
         return None
     try:
@@ -38,15 +92,13 @@ def read_log(path: Path | None, limit: int, *, tail: bool) -> bytes | None:
     except OSError:
         return None
     try:
-        with open(fd, "rb") as fh:
-            st = os.fstat(fh.fileno())
-            if not stat.S_ISREG(st.st_mode):
-                return None
-            if tail:
-                fh.seek(max(0, st.st_size - limit))
-            return fh.read(limit)
+        regular = stat.S_ISREG(os.fstat(fd).st_mode)
     except OSError:
+        regular = False
+    if not regular:
+        os.close(fd)
         return None
+    return fd
 
 
 def last_log(logs: Path, *, before: str | None = None) -> tuple[str, bytes] | None:

@@ -11,15 +11,19 @@ import os
 import signal
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from intloom.client import Client
+from intloom.host.toolcalls import LOG_TAIL
 from tests.helpers import Project, eventually, pid_alive
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
 HOOK = "INTLOOM_TEST_HOLD_UNLISTENED"
+RUNS = 1_600
 
 
 def test_a_host_that_stopped_listening_on_its_way_out_is_shutting_down(
@@ -81,5 +85,67 @@ def test_a_host_that_stopped_listening_on_its_way_out_is_shutting_down(
     assert start.returncode == 0, (out, err)
     assert "another start" not in err, err
     assert not pid_alive(pid)
+    assert project.host_pid() != pid
+    assert project.cli("stop").code == 0
+
+
+def test_a_stop_of_thousands_of_runs_is_shutting_down_too(
+    project: Project, tmp_path: Path,
+) -> None:
+    # Its stop logs a line per Run after service_stopping: past ~1,450 Runs the line left
+    # the end of the log that status read, and the host was taken for a hung one.
+    gate = tmp_path / "go"
+    assert project.cli("start", env={HOOK: str(gate)}).code == 0
+    pid = project.host_pid()
+
+    def create(part: int) -> None:
+        with Client.connect(project.root) as client:
+            for n in range(part, RUNS, 8):
+                client.create_run("example", f"run {n}", wait=False)
+
+    with ThreadPoolExecutor(8) as pool:  # eight clients: their Runs share each fsync
+        list(pool.map(create, range(8)))
+    try:
+        os.kill(pid, signal.SIGTERM)
+        eventually(lambda: Path(f"{gate}.held").exists(), timeout=120,
+                   what="the stop to close its listener")
+        log = max((project.state / "logs").glob("LOG-*.jsonl"))
+        lines = log.read_bytes()
+        assert len(lines) - lines.index(b'"event":"service_stopping"') > LOG_TAIL
+        status = project.cli("--json", "status")
+        assert status.json["status"] == "blocked", status.json
+        assert status.json["message"].startswith(
+            f"The service is shutting down: the host (pid {pid}) has stopped listening"), (
+            status.json["message"])
+    finally:
+        gate.touch()
+    eventually(lambda: not pid_alive(pid), timeout=120, what="the host to exit")
+    assert project.cli("--json", "status").json["status"] == "offline"
+
+
+def test_start_over_a_host_paused_on_its_way_out_says_so_at_once(
+    project: Project, tmp_path: Path,
+) -> None:
+    # It used to wait for the host to exit until its --timeout, then blame initialization.
+    gate = tmp_path / "go"
+    assert project.cli("start", env={HOOK: str(gate)}).code == 0
+    pid = project.host_pid()
+    try:
+        os.kill(pid, signal.SIGTERM)
+        eventually(lambda: Path(f"{gate}.held").exists(), timeout=60,
+                   what="the stop to close its listener")
+        os.kill(pid, signal.SIGSTOP)
+        start = project.cli("--json", "start", "--timeout", "20", timeout=120)
+        assert start.code != 0, start
+        error = start.json["error"]
+        assert error["code"] == "CLI_SERVICE_UNAVAILABLE", error
+        assert error["message"].startswith(
+            f"The project's host (pid {pid}) was shutting down"), error["message"]
+        assert f"Resume it with kill -CONT {pid}: it then finishes its stop" in error["message"]
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        gate.touch()
+    eventually(lambda: not pid_alive(pid), timeout=120, what="the host to exit")
+    assert project.cli("start").code == 0
     assert project.host_pid() != pid
     assert project.cli("stop").code == 0

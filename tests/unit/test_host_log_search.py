@@ -1,0 +1,95 @@
+"""Finding a host's ``service_stopping`` line from the end of its log (``last_line``).
+
+A stop logs one ``run_suspended`` line per loaded Run after it: with ~1,450 Runs the line
+left the 256 KiB tail that used to be searched, and status, doctor and start took a host
+that was shutting down for a hung one.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from intloom.client import lifecycle
+from intloom.client.hostlog import STOPPING, log_says_stopping
+from intloom.host.metadata import METADATA_VERSION, ServiceInfo
+from intloom.host.toolcalls import LOG_TAIL, last_line
+from intloom.project import ProjectPaths
+
+pytestmark = pytest.mark.timeout(60)
+
+NEEDLE = b"NEEDLE"
+
+
+def naive(data: bytes, needle: bytes) -> bytes | None:
+    return next((line for line in reversed(data.split(b"\n")) if needle in line), None)
+
+
+@settings(max_examples=300, deadline=None)
+@given(lines=st.lists(st.sampled_from([b"", b"a", b"xNEEDLEy", b"NEEDLE", b"b" * 40,
+                                       b"NEED", b"LE", b"c" * 9 + b"NEEDLE"]),
+                      max_size=30),
+       end=st.sampled_from([b"", b"\n"]), chunk=st.integers(1, 64))
+def test_the_last_line_holding_the_needle_is_found_across_any_chunk_size(
+    tmp_path_factory: pytest.TempPathFactory, lines: list[bytes], end: bytes, chunk: int,
+) -> None:
+    path = tmp_path_factory.mktemp("log") / "log.jsonl"
+    data = b"\n".join(lines) + end
+    path.write_bytes(data)
+    assert last_line(path, NEEDLE, chunk=chunk) == naive(data, NEEDLE)
+
+
+def test_a_line_past_the_limit_is_not_read(tmp_path: Path) -> None:
+    path = tmp_path / "log.jsonl"
+    path.write_bytes(b"NEEDLE one\n" + b"x" * 99 + b"\n")
+    assert last_line(path, NEEDLE, chunk=7, limit=100) is None
+    assert last_line(path, NEEDLE, chunk=7, limit=111) == b"NEEDLE one"
+
+
+def test_no_link_fifo_or_missing_file_is_read(tmp_path: Path) -> None:
+    target = tmp_path / "real.jsonl"
+    target.write_bytes(b"NEEDLE\n")
+    (tmp_path / "link.jsonl").symlink_to(target)
+    os.mkfifo(tmp_path / "fifo.jsonl")  # an open of it would wait for a writer for ever
+    for name in ("link.jsonl", "fifo.jsonl", "missing.jsonl"):
+        assert last_line(tmp_path / name, NEEDLE) is None
+    assert last_line(None, NEEDLE) is None
+    assert last_line(target, NEEDLE) == b"NEEDLE"
+
+
+def stop_of_many_runs(log: Path, runs: int) -> None:
+    """A host log as a stop of ``runs`` loaded Runs leaves it midway: its
+    ``service_stopping`` line, then a ``run_suspended`` line per Run."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%S.000+00:00", time.gmtime())
+    lines = [b'{"time":"%s","level":"info","event":"service_ready","port":1}' % now.encode(),
+             b'{"time":"%s","level":"info","event":"service_stopping","reason":"signal",'
+             b'"within":120.0}' % now.encode()]
+    lines += [b'{"time":"%s","level":"info","event":"run_suspended","runId":"RUN-%032d",'
+              b'"status":"waiting","at":"%s"}' % (now.encode(), n, now.encode())
+              for n in range(runs)]
+    log.write_bytes(b"\n".join(lines) + b"\n")
+
+
+def test_a_stop_of_thousands_of_runs_is_still_a_stop(tmp_path: Path) -> None:
+    paths = ProjectPaths(tmp_path)
+    paths.logs.mkdir(parents=True)
+    log = paths.logs / "LOG-2026-12-04T00-00-00-000Z.jsonl"
+    stop_of_many_runs(log, 3_000)
+    assert log.stat().st_size > 2 * LOG_TAIL  # the line is well out of the old tail
+    info = ServiceInfo(version=METADATA_VERSION, project_root=str(tmp_path), pid=1,
+                       create_time=1.0, instance_id="i", port=1,
+                       started_at="2026-12-04T00:00:00.000Z", package_version="0.1.0",
+                       protocol_version=2, log_file=log.name)
+    assert log_says_stopping(paths, info)
+    # A second stop reads how long the first may take from the same line.
+    until = lifecycle._logged_until(log)
+    assert until is not None and 110 < until - time.monotonic() <= 120
+
+    log.write_bytes(log.read_bytes().replace(STOPPING, b'"event":"service_ready"'))
+    assert not log_says_stopping(paths, info)
+    assert lifecycle._logged_until(log) is None
