@@ -128,6 +128,7 @@ def _prompt_intent() -> str:
     from intloom.cli.prompts import Terminal
 
     term = Terminal()
+    term.instead = "--intent-file FILE (- reads standard input)"
     try:
         while True:
             text = term.ask("Intent")

@@ -33,6 +33,10 @@ __all__ = ["Terminal", "prompt_answer"]
 # before select() goes to sleep (or whose handler the kernel runs on another thread) is only
 # flagged for the main thread and wakes no select; an untimed one waited for a key.
 _SIGNAL_LOOK = 0.25
+# The most a terminal in canonical mode passes of one line: Linux's line buffer holds 4,096
+# bytes, the newline included, and drops what is typed past it. A line this long may have
+# lost its end, and sending it would record an answer cut short.
+_LINE_MAX = 4095
 
 
 def _nothing() -> None:
@@ -58,6 +62,9 @@ class Terminal:
         self._closed = False
         self._shown = False  # the open prompt is the last thing on the screen
         self.check: Callable[[], None] = _nothing
+        # Where a line this terminal cannot pass whole (too long, or not text) is given
+        # instead: set by the caller, which knows the command.
+        self.instead = "a file given to the command instead of this prompt"
 
     def close(self) -> None:
         with self._lock:
@@ -87,9 +94,50 @@ class Terminal:
         with self._lock:
             self._write(printable(text) + "\n")
 
+    def fresh(self) -> None:
+        """Forget what was typed before now: keys pressed while the Run ran on, or at an
+        earlier prompt, were not typed for what is asked next (a stray "y" and Enter
+        confirmed a confirmation not yet shown)."""
+        with contextlib.suppress(OSError, termios.error):  # termios.error is no OSError
+            termios.tcflush(self._fd, termios.TCIFLUSH)
+
     def line(self, prompt: str) -> str:
         """Show ``prompt``; the line typed, without its newline. EOF raises ``typer.Abort``;
-        whatever ``check`` raises drops the prompt."""
+        whatever ``check`` raises drops the prompt. A line that may have lost its end, or
+        that is not text in the terminal's encoding, is refused and asked for again."""
+        while True:
+            typed = self._typed(prompt)
+            refusal = self._refusal(typed)
+            if refusal is None:
+                encoding = getattr(sys.stdin, "encoding", None) or "utf-8"
+                return typed.decode(encoding)
+            self.say(refusal)
+
+    def _refusal(self, typed: bytes) -> str | None:
+        """Why ``typed`` is not taken as typed; None when it is."""
+        if len(typed) >= _LINE_MAX and self._canonical():
+            return (f"That line is {len(typed):,} bytes, the most a terminal passes on one "
+                    "line: what was typed past that was dropped, so nothing was taken from "
+                    f"it. Give a long answer with {self.instead}.")
+        encoding = getattr(sys.stdin, "encoding", None) or "utf-8"
+        try:
+            typed.decode(encoding)
+        except UnicodeDecodeError as exc:
+            return (f"That line is not {encoding} text (byte 0x{typed[exc.start]:02x} at "
+                    f"byte {exc.start + 1}), so nothing was taken from it: the terminal's "
+                    f"encoding differs from the locale's ({encoding}). Type it again, set "
+                    f"LANG to a {encoding} locale, or give it with {self.instead}.")
+        return None
+
+    def _canonical(self) -> bool:
+        """The terminal edits lines itself (ICANON): it then passes one of 4,095 bytes at
+        most."""
+        try:
+            return bool(termios.tcgetattr(self._fd)[3] & termios.ICANON)
+        except (OSError, termios.error):
+            return False
+
+    def _typed(self, prompt: str) -> bytes:
         try:
             return self._line(prompt)
         except (KeyboardInterrupt, typer.Abort):
@@ -101,7 +149,7 @@ class Terminal:
                     self._shown = False
             raise
 
-    def _line(self, prompt: str) -> str:
+    def _line(self, prompt: str) -> bytes:
         typed = b""
         while True:
             with self._lock:
@@ -127,8 +175,7 @@ class Terminal:
             if typed.endswith(b"\n"):
                 with self._lock:
                     self._shown = False
-                encoding = getattr(sys.stdin, "encoding", None) or "utf-8"
-                return typed[:-1].decode(encoding, errors="replace")
+                return typed[:-1]
 
     def _drop(self) -> None:
         """End the dropped prompt's line; forget what was typed at it."""
@@ -136,8 +183,7 @@ class Terminal:
             if self._shown:
                 self._write("\n")
                 self._shown = False
-        with contextlib.suppress(OSError, termios.error):  # termios.error is no OSError
-            termios.tcflush(self._fd, termios.TCIFLUSH)
+        self.fresh()
 
     @staticmethod
     def _write(text: str) -> None:
@@ -249,6 +295,7 @@ def _question(term: Terminal, question: Mapping[str, Any]) -> dict[str, Any]:
 def prompt_answer(action: Mapping[str, Any], term: Terminal) -> Any:
     """Ask a person, on ``term``, for the answer to ``action`` (a PendingAction as plain
     data)."""
+    term.fresh()
     request = action.get("request")
     if action.get("kind") == CONFIRMATION:
         return _confirmation(term, request)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import select
+import sys
+import threading
 import time
 from collections.abc import Iterator
 
@@ -154,3 +156,69 @@ def test_the_intent_prompt_given_up_ends_its_line(
         stdin.close()
     told = capsys.readouterr()
     assert (told.out, told.err) == ("", "Intent: \n")
+
+
+def test_keys_typed_before_an_action_is_asked_do_not_answer_it(
+    pty_pair: tuple[int, Terminal], capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A "y" and Enter pressed while the Run ran on (or at an earlier prompt) confirmed a
+    confirmation before it was shown."""
+    from intloom.cli.prompts import prompt_answer
+    from intloom.cli.render import CONFIRMATION
+
+    leader, term = pty_pair
+    os.write(leader, b"y\r")
+    echoed(leader, b"y\r\n")  # the terminal holds the line: typed ahead
+    answers: list[object] = []
+    failures: list[BaseException] = []
+
+    def ask() -> None:
+        try:
+            answers.append(prompt_answer(
+                {"kind": CONFIRMATION, "request": {"context": {"deploy": "v2"}}}, term))
+        except BaseException as exc:  # reported by the test, not lost in the thread
+            failures.append(exc)
+
+    thread = threading.Thread(target=ask, daemon=True)
+    thread.start()
+    seen, deadline = "", time.monotonic() + 10
+    while "Confirm? [y/n]: " not in seen:  # typed only once it was asked
+        assert time.monotonic() < deadline and thread.is_alive(), (seen, failures)
+        seen += capsys.readouterr().err
+        time.sleep(0.01)  # a poll of the captured stderr
+    os.write(leader, b"n\r\r")
+    thread.join(10)
+    assert not failures and answers == [{"isConfirmed": False}], (answers, failures)
+
+
+def test_a_line_that_is_not_text_is_asked_for_again(
+    pty_pair: tuple[int, Terminal], capsys: pytest.CaptureFixture[str],
+) -> None:
+    """It was decoded with replacement characters and recorded as the answer."""
+    leader, term = pty_pair
+    term.instead = "intloom answer RUN ACT -"
+    os.write(leader, b"caf\xe9\rcaf\xc3\xa9\r")
+    assert term.line("Q: ") == "café"
+    told = capsys.readouterr().err
+    encoding = sys.stdin.encoding or "utf-8"
+    assert (f"That line is not {encoding} text (byte 0xe9 at byte 4), so nothing was "
+            "taken from it") in told, told
+    assert "or give it with intloom answer RUN ACT -." in told, told
+    assert told.count("Q: ") == 2, told
+
+
+def test_a_line_the_terminal_may_have_cut_is_asked_for_again(
+    pty_pair: tuple[int, Terminal], capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The terminal passes 4,095 bytes of a line and drops the rest: the answer was
+    recorded cut short, without a word."""
+    leader, term = pty_pair
+    term.instead = "intloom answer RUN ACT -"
+    os.write(leader, b"a" * 5000 + b"\r")
+    echoed(leader, b"\r\n")
+    os.write(leader, b"b" * 4094 + b"\r")  # the longest line that surely arrived whole
+    assert term.line("Q: ") == "b" * 4094
+    told = capsys.readouterr().err
+    assert ("That line is 4,095 bytes, the most a terminal passes on one line: what was "
+            "typed past that was dropped, so nothing was taken from it. Give a long answer "
+            "with intloom answer RUN ACT -.") in told, told

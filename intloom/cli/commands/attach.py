@@ -475,6 +475,8 @@ def _follow(state: CliState, client: Client, run_id: str,
                     state.renderer.note(follower.cut_note())
                 return view, follower.suspended(view) or _suspended_meanwhile(began, view)
             term.check = _still_asked(client, run_id, action.id, follower)
+            term.instead = (f"intloom answer {run_id} {action.id} - (the answer as JSON on "
+                            "standard input)")
             try:
                 value = prompt_answer(plain(action), term)
             except _MovedOn as moved:
