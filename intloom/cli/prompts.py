@@ -37,6 +37,8 @@ _SIGNAL_LOOK = 0.25
 # bytes, the newline included, and drops what is typed past it. A line this long may have
 # lost its end, and sending it would record an answer cut short.
 _LINE_MAX = 4095
+# How much of a refused reply is shown back.
+_SHOWN = 40
 
 
 def _nothing() -> None:
@@ -193,13 +195,16 @@ class Terminal:
     def confirm(self, text: str) -> bool:
         """``text [y/n]: `` until y(es) or n(o); no default."""
         while True:
-            value = self.line(f"{text} [y/n]: ").strip().lower()
+            typed = self.line(f"{text} [y/n]: ").strip()
+            value = typed.lower()
             if value in ("y", "yes"):
                 return True
             if value in ("n", "no"):
                 return False
-            # No default: Enter alone is refused too (see _confirmation).
-            shown = repr(value) if value else "An empty line"
+            # No default: Enter alone is refused too (see _confirmation). What was typed is
+            # shown as typed, and a long line only by its start.
+            cut = typed if len(typed) <= _SHOWN else f"{typed[:_SHOWN]}…"
+            shown = repr(cut) if typed else "An empty line"
             self.say(f"{shown} is not an answer: type y (yes) or n (no); Ctrl-C detaches "
                      "and leaves the Run waiting.")
 

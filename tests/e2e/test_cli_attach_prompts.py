@@ -241,12 +241,16 @@ def test_a_prompt_ends_with_the_run_moved_on_elsewhere(
     elif elsewhere == "cancel":
         assert f"{asked} is no longer pending (the Run moved on elsewhere)" in term.text()
     else:
-        # Suspended, its wait kept for the next start: not "moved on elsewhere", which it
-        # said of a Run that had not moved and whose same action the next start restores.
+        # Suspended: not "moved on elsewhere", which it said of a Run that had not moved.
+        # Nor "the wait is kept for the next start": this confirmation has no recover, and
+        # the host's message below says the next start reports the Run RUN_INTERRUPTED.
         assert (f"{asked} was not answered: the host suspended the Run while it waited "
-                "(intloom stop, or a log it could not write); nothing was answered here, "
-                "and the wait is kept for the next start.") in term.text(), term.text()
+                "(intloom stop, or a log it could not write); nothing was answered here. "
+                "What the next start does with the wait follows.") in term.text(), term.text()
         assert "moved on elsewhere" not in term.text(), term.text()
+        assert "the wait is kept" not in term.text(), term.text()
+        assert ("The next start reports the Run RUN_INTERRUPTED: Step intake/signoff waits on "
+                f"confirmation {asked} but its Step has no recover entry.") in shown, shown
     if elsewhere != "kill":
         error = "RUN_STOPPED" if elsewhere == "cancel" else "RUN_INTERRUPTED"
         assert error in shown and "Failure · CLI_RUN_FAILED" in shown, term.text()

@@ -104,11 +104,13 @@ def test_a_confirmation_typed_wrong_says_what_to_type(
     """"maybe" at ``Confirm? [y/n]`` said only "Error: invalid input": not what was
     refused, nor what to type instead."""
     leader, term = pty_pair
-    os.write(leader, b"maybe\rn\r")
+    os.write(leader, b"Maybe\r" + b"x" * 500 + b"\rn\r")
     assert term.confirm("Confirm?") is False
     told = capsys.readouterr().err
     assert "invalid input" not in told, told
-    assert "'maybe' is not an answer: type y (yes) or n (no)" in told, told
+    # As typed (it was shown lower-cased), and a long line only by its start.
+    assert "'Maybe' is not an answer: type y (yes) or n (no)" in told, told
+    assert f"'{'x' * 40}…' is not an answer" in told and "x" * 41 not in told, told
 
 
 @pytest.mark.parametrize("blank", [b"   ", b""])

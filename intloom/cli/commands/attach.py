@@ -483,11 +483,13 @@ def _follow(state: CliState, client: Client, run_id: str,
                 if follower.suspended(moved.view) or _suspended_meanwhile(began, moved.view):
                     # Not "moved on elsewhere": nothing took the action, and the journal
                     # still ends at its wait, for the next start (restored when its Step
-                    # has recover: then asked again, with the same id).
+                    # has recover: then asked again, with the same id; else the next start
+                    # reports it RUN_INTERRUPTED). Which is in the host's message, shown
+                    # next: "the wait is kept" here contradicted it for a wait without one.
                     term.say(f"{action.id} was not answered: the host suspended the Run "
                              "while it waited (intloom stop, or a log it could not write); "
-                             "nothing was answered here, and the wait is kept for the next "
-                             "start.")
+                             "nothing was answered here. What the next start does with the "
+                             "wait follows.")
                 else:
                     term.say(f"{action.id} is no longer pending (the Run moved on "
                              "elsewhere); nothing was answered here.")
