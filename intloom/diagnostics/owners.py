@@ -265,6 +265,11 @@ class _Probe(NamedTuple):
     unreached: bool = False
 
 
+# A request's connection lost after the hello: before it was sent (the client's own attempt
+# to connect again failed), or before its reply.
+_CONNECTION_LOST: Final = ("PROJECT_CONNECTION_FAILED", "PROJECT_REQUEST_FAILED")
+
+
 def _probe_host(root: Path, snap: Snapshot) -> _Probe:
     """Ask a live host who it is.
 
@@ -301,6 +306,12 @@ def _probe_host(root: Path, snap: Snapshot) -> _Probe:
             if attempt == 0 and isinstance(exc, HelloFailed) and exc.cause is not None:
                 # Cut mid-hello: a stop that closes its listener resets the connections it
                 # had not accepted yet. Asked again, such a host's port refuses.
+                continue
+            if attempt == 0 and exc.code in _CONNECTION_LOST:
+                # The status request lost its connection after the hello (the host was
+                # killed, or stopped, meanwhile): it only reads, so it is sent again, and a
+                # gone host's port refuses. Its own error ("run intloom status") was the
+                # diagnosis of files whose owner had gone.
                 continue
             # The files themselves were already read strictly; what is left is a listener
             # that is not the recorded host (a mismatch, a foreign program). A hello never
