@@ -26,20 +26,30 @@ HOOK = "INTLOOM_TEST_HOLD_UNLISTENED"
 RUNS = 1_600
 
 
+def started_with_the_hook(project: Project, gate: Path) -> int:
+    """A started host that will hold its stop once its listener is closed; its pid."""
+    assert project.cli("start", env={HOOK: str(gate)}).code == 0
+    return project.host_pid()
+
+
+def stopped_until_held(pid: int, gate: Path) -> None:
+    """SIGTERM the host, then wait until its stop has closed its listener and holds."""
+    os.kill(pid, signal.SIGTERM)
+    eventually(lambda: Path(f"{gate}.held").exists(), timeout=120,
+               what="the stop to close its listener")
+
+
 def test_a_host_that_stopped_listening_on_its_way_out_is_shutting_down(
     project: Project, tmp_path: Path,
 ) -> None:
     gate = tmp_path / "go"
-    assert project.cli("start", env={HOOK: str(gate)}).code == 0
-    pid = project.host_pid()
+    pid = started_with_the_hook(project, gate)
     port = int(project.cli("--json", "status").json["service"]["port"])
     metadata = {name: (project.state / name).read_bytes()
                 for name in ("service.json", "service.lock")}
     start: subprocess.Popen[str] | None = None
     try:
-        os.kill(pid, signal.SIGTERM)
-        eventually(lambda: Path(f"{gate}.held").exists(), timeout=60,
-                   what="the stop to close its listener")
+        stopped_until_held(pid, gate)
         said = (f"The service is shutting down: the host (pid {pid}) has stopped listening "
                 f"on 127.0.0.1:{port} and is saving its Runs, then exits.")
 
@@ -95,8 +105,7 @@ def test_a_stop_of_thousands_of_runs_is_shutting_down_too(
     # Its stop logs a line per Run after service_stopping: past ~1,450 Runs the line left
     # the end of the log that status read, and the host was taken for a hung one.
     gate = tmp_path / "go"
-    assert project.cli("start", env={HOOK: str(gate)}).code == 0
-    pid = project.host_pid()
+    pid = started_with_the_hook(project, gate)
 
     def create(part: int) -> None:
         with Client.connect(project.root) as client:
@@ -106,9 +115,7 @@ def test_a_stop_of_thousands_of_runs_is_shutting_down_too(
     with ThreadPoolExecutor(8) as pool:  # eight clients: their Runs share each fsync
         list(pool.map(create, range(8)))
     try:
-        os.kill(pid, signal.SIGTERM)
-        eventually(lambda: Path(f"{gate}.held").exists(), timeout=120,
-                   what="the stop to close its listener")
+        stopped_until_held(pid, gate)
         log = max((project.state / "logs").glob("LOG-*.jsonl"))
         lines = log.read_bytes()
         assert len(lines) - lines.index(b'"event":"service_stopping"') > LOG_TAIL
@@ -128,12 +135,9 @@ def test_start_over_a_host_paused_on_its_way_out_says_so_at_once(
 ) -> None:
     # It used to wait for the host to exit until its --timeout, then blame initialization.
     gate = tmp_path / "go"
-    assert project.cli("start", env={HOOK: str(gate)}).code == 0
-    pid = project.host_pid()
+    pid = started_with_the_hook(project, gate)
     try:
-        os.kill(pid, signal.SIGTERM)
-        eventually(lambda: Path(f"{gate}.held").exists(), timeout=60,
-                   what="the stop to close its listener")
+        stopped_until_held(pid, gate)
         os.kill(pid, signal.SIGSTOP)
         start = project.cli("--json", "start", "--timeout", "20", timeout=120)
         assert start.code != 0, start
