@@ -1323,9 +1323,10 @@ def _stop_deadline(deadline: float, asked: _Asked, log: Path | None) -> float:
 
 
 def _request_stop(root: Path, paths: ProjectPaths, target: _Target,
-                  deadline: float) -> _Asked:
+                  deadline: float, log: Path | None) -> _Asked:
     """Send Stop to the target, at most once, within ``deadline``. Returns when the wait
-    should begin (the request is never resent)."""
+    should begin (the request is never resent). ``log``: the target's own log, which says
+    whether a host that no longer listens is stopping."""
     remaining = deadline - time.monotonic()
     if remaining <= 0:
         return _Asked(_NOT_REACHED)
@@ -1337,6 +1338,12 @@ def _request_stop(root: Path, paths: ProjectPaths, target: _Target,
         if exc.code == "CLI_SERVICE_OFFLINE" or isinstance(exc, ServiceStarting):
             # Starting, to the client: service.json gone and the lock still held, as a host
             # leaves them for a moment on its way out.
+            if last_line(log, STOPPING) is not None:
+                # Its listener closed by a stop begun before this one, it writes its Runs'
+                # snapshots: waited for as long as its log says that stop may take, not
+                # 10 s ("Cannot verify resource cleanup" of a host that went on to stop).
+                return _Asked("the host was already stopping (it had stopped listening)",
+                              stopping=True)
             return _Asked("the host no longer listened on its port")
         if exc.code == "CLI_SERVICE_CLOSING":
             return _Asked("the host was already stopping", stopping=True)
@@ -1491,7 +1498,7 @@ def stop_service_report(root: str | os.PathLike[str], *, timeout: float | None =
     asked = _Asked(_STARTING)
     log = log_path(paths, info.log_file) if info is not None else None
     if info is not None:
-        asked = _request_stop(root, paths, target, deadline)
+        asked = _request_stop(root, paths, target, deadline, log)
         tried = True
         if timeout is None:
             deadline = _stop_deadline(deadline, asked, log)
@@ -1514,10 +1521,10 @@ def stop_service_report(root: str | os.PathLike[str], *, timeout: float | None =
             if now_info is not None and now_info.instance_id == target.instance_id:
                 if timeout is None:  # from now on, as for a host found serving
                     deadline = time.monotonic() + _default_stop_timeout()
-                asked = _request_stop(root, paths, target, deadline)
-                tried = True
                 # Its log says what the stop did to the Runs; unknown until it served.
                 log = log_path(paths, now_info.log_file)
+                asked = _request_stop(root, paths, target, deadline, log)
+                tried = True
                 if timeout is None:
                     deadline = _stop_deadline(deadline, asked, log)
             elif not told and time.monotonic() - began >= _STARTING_SAID:

@@ -7,6 +7,7 @@ exited."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from intloom.client import Client
+from intloom.client.lifecycle import STOP_TIMEOUT_ENV
 from intloom.host.toolcalls import LOG_TAIL
 from tests.helpers import Project, eventually, pid_alive
 
@@ -153,3 +155,37 @@ def test_start_over_a_host_paused_on_its_way_out_says_so_at_once(
     assert project.cli("start").code == 0
     assert project.host_pid() != pid
     assert project.cli("stop").code == 0
+
+
+def test_a_second_stop_waits_for_the_first_as_long_as_its_log_says(
+    project: Project, tmp_path: Path,
+) -> None:
+    # Refused at its port, it waited its own 10 s (1 s here), then said "Cannot verify
+    # resource cleanup" of a host that went on to stop cleanly.
+    gate = tmp_path / "go"
+    pid = started_with_the_hook(project, gate)
+    second: subprocess.Popen[str] | None = None
+    try:
+        stopped_until_held(pid, gate)
+        log = max((project.state / "logs").glob("LOG-*.jsonl")).read_text()
+        within = next(json.loads(line)["within"] for line in log.splitlines()
+                      if '"event":"service_stopping"' in line)
+        assert within > 10, within  # the first stop's bound outlasts the wait below
+        second = subprocess.Popen(
+            [sys.executable, "-m", "intloom", "--project", str(project.root), "--json", "stop"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, STOP_TIMEOUT_ENV: "1"})
+        with pytest.raises(subprocess.TimeoutExpired):
+            second.wait(timeout=3)  # past its own 1 s: it waits for the first stop
+    finally:
+        gate.touch()
+    assert second is not None
+    try:
+        out, err = second.communicate(timeout=60)
+    finally:
+        if second.poll() is None:
+            second.kill()
+            second.wait(timeout=10)
+    assert second.returncode == 0, (out, err)
+    assert json.loads(out)["stopped"] is True, out
+    assert not pid_alive(pid)
