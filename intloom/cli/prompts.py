@@ -113,6 +113,9 @@ class Terminal:
             if refusal is None:
                 encoding = getattr(sys.stdin, "encoding", None) or "utf-8"
                 return typed.decode(encoding)
+            # Before it is said: the rest of a paste, already typed, would answer the prompt
+            # asked again before the person read why.
+            self.fresh()
             self.say(refusal)
 
     def _refusal(self, typed: bytes) -> str | None:

@@ -224,8 +224,8 @@ def _paused_host(pid: int, *, stopping: bool = False) -> IntloomError:
         return IntloomError(
             "CLI_SERVICE_UNAVAILABLE",
             f"The project's host (pid {pid}) was shutting down (it had stopped listening and "
-            "was saving its Runs) and is now stopped by a signal (SIGSTOP, Ctrl-Z or a "
-            "debugger): it holds the project until its stop ends. intloom start did not start "
+            "was saving its Runs) and is now stopped by a signal (SIGSTOP or Ctrl-Z): it "
+            "holds the project until its stop ends. intloom start did not start "
             f"a second host beside it. Resume it with kill -CONT {pid}: it then finishes its "
             "stop and exits, and intloom start starts a new host.",
         )
@@ -268,7 +268,7 @@ def _released_by_stop(paths: ProjectPaths, info: ServiceInfo, deadline: float) -
         if time.monotonic() >= settle and (not log_says_stopping(paths, info)
                                            or not _owner_alive(paths, info.pid,
                                                                info.create_time, None)
-                                           or paused(info.pid)):
+                                           or paused(info.pid, traced=False)):
             return False  # not stopping; or it died, or was paused, on its way out
         time.sleep(_POLL)  # a poll while the stopping host finishes
 
@@ -516,7 +516,8 @@ def start_service(
             # be waiting for "another start's host", and its timeout said so too.
             from intloom.host.liveness import paused  # psutil: only while a host stops
 
-            if paused(seen.pid):
+            # A single sample, and an immediate refusal: a stop traced by strace is not one.
+            if paused(seen.pid, traced=False):
                 raise _paused_host(seen.pid, stopping=True)  # else waited for until --timeout
             if time.monotonic() >= deadline:
                 raise _stop_outlasted(seen, timeout)

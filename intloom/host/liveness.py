@@ -245,12 +245,15 @@ def judge(lock: LockProbe, process: ProcessProbe) -> OwnerStatus:
     return "unknown"
 
 
-def paused(pid: int) -> bool:
+def paused(pid: int, *, traced: bool = True) -> bool:
     """``pid`` is stopped by a signal (SIGSTOP, Ctrl-Z, a debugger): alive, and unable to
-    answer or finish anything until it is resumed."""
+    answer or finish anything until it is resumed. ``traced=False`` leaves out a tracer's
+    stop: under ``strace -p`` a busy process reads as stopped at every other system call,
+    which one sample cannot tell from a debugger holding it."""
+    stopped = ((psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP) if traced
+               else (psutil.STATUS_STOPPED,))
     try:
-        return psutil.Process(pid).status() in (psutil.STATUS_STOPPED,
-                                                 psutil.STATUS_TRACING_STOP)
+        return psutil.Process(pid).status() in stopped
     except psutil.Error:
         return False
 

@@ -53,27 +53,36 @@ def last_line(path: Path | None, needle: bytes, *, chunk: int = LOG_TAIL,
     """The last whole line of the log at ``path`` that holds ``needle``, searched back from
     its end through at most ``limit`` bytes, ``chunk`` bytes a read; None when there is
     none there, or the log is not a regular file that can be read (as ``read_log``)."""
+    if chunk <= 0:
+        raise ValueError(f"last_line: chunk must be positive, not {chunk}")
     fd = _open_regular(path)
     if fd is None:
         return None
     try:
         end = os.fstat(fd).st_size
         floor = max(0, end - limit)
-        after = b""  # the start of the part already searched, up to its first line break
+        # The start of the part already searched, up to its first line break, in pieces:
+        # a line longer than a chunk is joined once, not copied again at every read.
+        after: list[bytes] = []
         while end > floor:
             begin = max(floor, end - chunk)
-            data = os.pread(fd, end - begin, begin) + after
-            # A line the read cut at its start is searched with the read before it.
-            cut = data.find(b"\n") + 1 if begin > 0 else 0
-            if begin > 0 and cut == 0:
-                after, end = data, begin  # one line longer than a chunk
-                continue
+            piece = os.pread(fd, end - begin, begin)
+            if begin == 0 or os.pread(fd, 1, begin - 1) == b"\n":
+                cut = 0  # the read begins a line
+            else:
+                # A line the read cut at its start is searched with the read before it.
+                cut = piece.find(b"\n") + 1
+                if cut == 0:  # within one line longer than a chunk
+                    after.append(piece)
+                    end = begin
+                    continue
+            data = piece + b"".join(reversed(after))
             found = data.rfind(needle, cut)
             if found >= 0:
                 start = data.rfind(b"\n", cut, found) + 1 or cut
                 stop = data.find(b"\n", found)
                 return data[start:stop if stop >= 0 else len(data)]
-            after, end = data[:cut], begin
+            after, end = [piece[:cut]], begin
         return None
     except OSError:
         return None

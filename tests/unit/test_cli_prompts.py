@@ -193,15 +193,35 @@ def test_keys_typed_before_an_action_is_asked_do_not_answer_it(
     assert not failures and answers == [{"isConfirmed": False}], (answers, failures)
 
 
+def asked_again(leader: int, term: Terminal, capsys: pytest.CaptureFixture[str],
+                pasted: bytes, retyped: bytes) -> tuple[str, str]:
+    """``pasted`` (a refused line, then more lines) typed before the prompt, ``retyped``
+    once the refusal is shown: the line the prompt took, and what it said."""
+    os.write(leader, pasted)  # in the pty's buffers once written, wherever the line stops
+    echoed(leader, pasted[:3])
+    got: list[str] = []
+    thread = threading.Thread(target=lambda: got.append(term.line("Q: ")), daemon=True)
+    thread.start()
+    told, deadline = "", time.monotonic() + 10
+    while "That line is" not in told:
+        assert time.monotonic() < deadline and thread.is_alive(), told
+        told += capsys.readouterr().err
+        time.sleep(0.01)  # a poll of the captured stderr
+    os.write(leader, retyped)
+    thread.join(10)
+    return got[0], told + capsys.readouterr().err
+
+
 def test_a_line_that_is_not_text_is_asked_for_again(
     pty_pair: tuple[int, Terminal], capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """It was decoded with replacement characters and recorded as the answer."""
+    """It was decoded with replacement characters and recorded as the answer. The rest of
+    the paste it came in is dropped with it: it answered the prompt asked again."""
     leader, term = pty_pair
     term.instead = "intloom answer RUN ACT -"
-    os.write(leader, b"caf\xe9\rcaf\xc3\xa9\r")
-    assert term.line("Q: ") == "café"
-    told = capsys.readouterr().err
+    got, told = asked_again(leader, term, capsys, b"caf\xe9 au lait\rmerci\r",
+                            "café\r".encode())
+    assert got == "café", told
     encoding = sys.stdin.encoding or "utf-8"
     assert (f"That line is not {encoding} text (byte 0xe9 at byte 4), so nothing was "
             "taken from it") in told, told
@@ -213,14 +233,13 @@ def test_a_line_the_terminal_may_have_cut_is_asked_for_again(
     pty_pair: tuple[int, Terminal], capsys: pytest.CaptureFixture[str],
 ) -> None:
     """The terminal passes 4,095 bytes of a line and drops the rest: the answer was
-    recorded cut short, without a word."""
+    recorded cut short, without a word (and then the paste's next line was)."""
     leader, term = pty_pair
     term.instead = "intloom answer RUN ACT -"
-    os.write(leader, b"a" * 5000 + b"\r")
-    echoed(leader, b"\r\n")
-    os.write(leader, b"b" * 4094 + b"\r")  # the longest line that surely arrived whole
-    assert term.line("Q: ") == "b" * 4094
-    told = capsys.readouterr().err
+    got, told = asked_again(leader, term, capsys,
+                            b"a" * 5000 + b"\rsee the second paragraph\r",
+                            b"b" * 4094 + b"\r")  # the longest line that surely arrives whole
+    assert got == "b" * 4094, told[-300:]
     assert ("That line is 4,095 bytes, the most a terminal passes on one line: what was "
             "typed past that was dropped, so nothing was taken from it. Give a long answer "
-            "with intloom answer RUN ACT -.") in told, told
+            "with intloom answer RUN ACT -.") in told, told[-600:]
