@@ -16,7 +16,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from intloom.client.client import Client, ServiceStarting
+    from intloom.client.client import Client, ServiceStarting, ServiceUnlistened
     from intloom.errors import ErrorView
     from intloom.protocol.messages import RunEvent, ServiceView, Stopping, WorkflowInfo
     from intloom.runtime.model import Cursor, PendingAction, PendingAgentCall, RunView
@@ -30,6 +30,7 @@ __all__ = [
     "RunEvent",
     "RunView",
     "ServiceStarting",
+    "ServiceUnlistened",
     "ServiceView",
     "Stopping",
     "WorkflowInfo",
@@ -40,6 +41,7 @@ __all__ = [
 _WHERE = {
     "Client": "intloom.client.client",
     "ServiceStarting": "intloom.client.client",
+    "ServiceUnlistened": "intloom.client.client",
     "ErrorView": "intloom.errors",
     "RunEvent": "intloom.protocol.messages",
     "ServiceView": "intloom.protocol.messages",

@@ -75,7 +75,8 @@ from intloom.protocol.messages import (
 )
 from intloom.runtime.model import PendingAgentCall, RunView
 
-__all__ = ["DEFAULT_REQUEST_TIMEOUT", "RUNS_PAGE_BYTES", "Client", "HelloFailed", "ServiceStarting"]
+__all__ = ["DEFAULT_REQUEST_TIMEOUT", "RUNS_PAGE_BYTES", "Client", "HelloFailed", "ServiceStarting",
+           "ServiceUnlistened"]
 
 # A request that waits for a Run (flow, answer, wait) may legitimately take a while.
 DEFAULT_REQUEST_TIMEOUT: Final = 300.0
@@ -110,6 +111,28 @@ class ServiceStarting(IntloomError):
     """CLI_SERVICE_UNAVAILABLE, retryable: no host serves yet, as for CLI_SERVICE_OFFLINE,
     but one is in its start-up and will in a moment. Callers that launch or wait for a host
     (start, stop, status) treat it as offline; to a request it is a refusal to retry."""
+
+
+class ServiceUnlistened(IntloomError):
+    """CLI_SERVICE_CLOSING from the client itself: the host ``service.json`` names is alive,
+    not paused, and its log says it is stopping, but its port refuses. Its stop closed the
+    listener after suspending the Runs and now writes their snapshots, then removes its
+    files. "Offline ... Connection refused. Run intloom status" was said of it. Callers
+    that wait for a host to go (start, stop, status) tell it from the host's own refusal."""
+
+
+def _unlistened(paths: ProjectPaths, info: ServiceInfo, port: int) -> ServiceUnlistened | None:
+    """The error for a refused port whose host is on its way out; None for any other."""
+    from intloom.client.hostlog import log_says_stopping  # a log search: this path only
+    from intloom.host.liveness import paused
+
+    if not log_says_stopping(paths, info) or paused(info.pid):
+        return None
+    return ServiceUnlistened(
+        "CLI_SERVICE_CLOSING",
+        f"The service is shutting down: the host (pid {info.pid}) has stopped listening on "
+        f"127.0.0.1:{port} and is saving its Runs, then exits. Nothing was sent. Run "
+        "intloom start once it has (intloom start waits for it), then this again.")
 
 
 # How to connect again, in the words of both who meet a lost connection: a program (a new
@@ -639,6 +662,10 @@ class Client:
         try:
             sock = _dial(conn.port, timeout)
         except OSError as exc:
+            unlistened = (_unlistened(paths, info, conn.port)
+                          if isinstance(exc, ConnectionRefusedError) else None)
+            if unlistened is not None:
+                raise unlistened from None
             raise IntloomError(
                 "CLI_SERVICE_OFFLINE",
                 f"The local service at 127.0.0.1:{conn.port} is unavailable "

@@ -32,6 +32,7 @@ from intloom.client.client import (
     Client,
     HelloFailed,
     ServiceStarting,
+    ServiceUnlistened,
     not_a_project,
     resolved_root,
 )
@@ -194,6 +195,8 @@ def _live_service(root: Path) -> ServiceView | None:
     except IntloomError as exc:
         if exc.code == "CLI_SERVICE_OFFLINE" or isinstance(exc, ServiceStarting):
             return None  # a starting host: _lock_owner waits for it
+        if isinstance(exc, ServiceUnlistened):
+            return None  # on its way out: start's _stopping waits for it, saying whom
         raise
 
 

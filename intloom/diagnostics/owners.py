@@ -279,7 +279,7 @@ def _probe_host(root: Path, snap: Snapshot) -> _Probe:
     """
     # Imported here: the client pulls in the socket stack, which a lock-only diagnosis
     # (and every offline status) does not need.
-    from intloom.client.client import Client, HelloFailed, ServiceStarting
+    from intloom.client.client import Client, HelloFailed, ServiceStarting, ServiceUnlistened
 
     for attempt in range(2):
         try:
@@ -297,8 +297,8 @@ def _probe_host(root: Path, snap: Snapshot) -> _Probe:
         except IntloomError as exc:
             if isinstance(exc, ServiceStarting):
                 return _Probe()  # _classify says what the files show
-            if exc.code == "CLI_SERVICE_OFFLINE":
-                return _Probe(unreached=True)
+            if exc.code == "CLI_SERVICE_OFFLINE" or isinstance(exc, ServiceUnlistened):
+                return _Probe(unreached=True)  # _unlistened says which
             if exc.code == "CLI_SERVICE_CLOSING":
                 # The host's refusal is worded for a refused request; this one asked who it
                 # is.

@@ -74,6 +74,12 @@ def test_a_host_that_stopped_listening_on_its_way_out_is_shutting_down(
         assert {name: (project.state / name).read_bytes()
                 for name in metadata} == metadata  # nothing was removed
 
+        # A command that needs the host hears the same, not "offline ... Connection refused".
+        runs = project.cli("--json", "runs")
+        assert runs.code == 1, runs
+        assert runs.json["error"]["code"] == "CLI_SERVICE_CLOSING", runs.json
+        assert runs.json["error"]["message"].startswith(said), runs.json
+
         # As the message says, a start waits for the host to exit, then starts a new one;
         # after a second it says whom it waits for (it said "another start's host").
         start = subprocess.Popen(

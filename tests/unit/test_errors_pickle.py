@@ -9,7 +9,7 @@ import pytest
 
 from intloom.authoring.workflow import DefinitionError
 from intloom.cli.inputs import UsageError
-from intloom.client.client import HelloFailed, ServiceStarting
+from intloom.client.client import HelloFailed, ServiceStarting, ServiceUnlistened
 from intloom.errors import IntloomError
 
 pytestmark = pytest.mark.timeout(30)
@@ -24,6 +24,7 @@ def _made() -> list[IntloomError]:
         UsageError("--json and --quiet contradict each other."),
         defined,
         ServiceStarting("CLI_SERVICE_UNAVAILABLE", "The host is starting.", retryable=True),
+        ServiceUnlistened("CLI_SERVICE_CLOSING", "The service is shutting down."),
         HelloFailed("The listener closed the connection.", "closed", here="said here"),
         HelloFailed("The host is stopped by a signal.", None, here="said here", paused=4321),
     ]
