@@ -72,6 +72,14 @@ def starting_message(pid: int, since: str, then: str) -> str:
             f"service.json. {then}")
 
 
+def unlistened_message(pid: int, port: int, then: str) -> str:
+    """A host that closed its listener on its way out (pid ``pid``, port ``port``): it saves
+    its Runs, then exits; then what to do. status, doctor and recover say it, and so does a
+    command refused on its way in: one wording, however each goes on."""
+    return (f"The service is shutting down: the host (pid {pid}) has stopped listening on "
+            f"127.0.0.1:{port} and is saving its Runs, then exits. {then}")
+
+
 # Names starting with a vowel letter said as "you" ("a UUID", "a UserDict"): the others
 # starting with a, e, i, o or u take "an" ("an int", "an object", "an Update").
 _YOU: Final = ("uni", "use", "usa", "usu", "uti", "uu", "ura", "ure", "uri", "ubi")

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Final, TypeVar
 
 from intloom.client.outgoing import frame_of
-from intloom.errors import IntloomError, a_an, error_view, starting_message
+from intloom.errors import IntloomError, a_an, error_view, starting_message, unlistened_message
 from intloom.fsutil import PrivacyError, check_private_dir, os_lock, search_refused
 from intloom.host.metadata import (
     CREATE_TIME_TOLERANCE,
@@ -130,9 +130,8 @@ def _unlistened(paths: ProjectPaths, info: ServiceInfo, port: int) -> ServiceUnl
         return None
     return ServiceUnlistened(
         "CLI_SERVICE_CLOSING",
-        f"The service is shutting down: the host (pid {info.pid}) has stopped listening on "
-        f"127.0.0.1:{port} and is saving its Runs, then exits. Nothing was sent. Run "
-        "intloom start once it has (intloom start waits for it), then this again.")
+        unlistened_message(info.pid, port, "Nothing was sent. Run intloom start once it has "
+                           "(intloom start waits for it), then this again."))
 
 
 # How to connect again, in the words of both who meet a lost connection: a program (a new

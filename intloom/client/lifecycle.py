@@ -188,15 +188,14 @@ def _checked_timeout(timeout: float) -> float:
 
 
 def _live_service(root: Path) -> ServiceView | None:
-    """The verified live host's status, or None when it is offline. Other errors propagate."""
+    """The verified live host's status, or None when it is offline. Other errors propagate,
+    ``ServiceUnlistened`` included: start waits for that host, and its log was searched."""
     try:
         with Client.connect(root) as client:
             return client.status()
     except IntloomError as exc:
         if exc.code == "CLI_SERVICE_OFFLINE" or isinstance(exc, ServiceStarting):
             return None  # a starting host: _lock_owner waits for it
-        if isinstance(exc, ServiceUnlistened):
-            return None  # on its way out: start's _stopping waits for it, saying whom
         raise
 
 
@@ -487,8 +486,13 @@ def start_service(
     waited: float | None = None  # since when this start waits for another start's host
     while True:
         seen = _saved_service(paths)
+        # The host refused us on its way out, as its log says: known without searching that
+        # log again (_stopping), which may mean reading megabytes at every poll.
+        closing = False
         try:
             service = _live_service(root)
+        except ServiceUnlistened:
+            service, closing = None, True
         except IntloomError as exc:
             # A host that is stopping (suspending its Runs) releases the project in a few
             # seconds: wait for it, then launch, as for a host still starting.
@@ -513,7 +517,7 @@ def start_service(
                     "run the host in this terminal.",
                 )
             return _reuse(root, service, port, strict)
-        if seen is not None and _stopping(paths, seen):
+        if seen is not None and (closing or _stopping(paths, seen)):
             # A host that stopped listening on its way out (it saves its Runs, then removes
             # its files) still holds the lock, as a start does: waiting for it was said to
             # be waiting for "another start's host", and its timeout said so too.

@@ -17,7 +17,7 @@ from typing import Final, Literal, NamedTuple
 
 import msgspec
 
-from intloom.errors import STARTING, IntloomError, starting_message
+from intloom.errors import STARTING, IntloomError, starting_message, unlistened_message
 from intloom.host.liveness import (
     Evidence,
     LockProbe,
@@ -201,10 +201,9 @@ STOPPING: Final = (
 # Runs, then writes their snapshots and removes its files): the port refuses, or resets a
 # hello it had not accepted yet. status said a live owner blocked the project, or blamed
 # "a hung, paused or busy host" at the hello.
-_UNLISTENED: Final = (
-    "The service is shutting down: the host (pid {pid}) has stopped listening on "
-    "127.0.0.1:{port} and is saving its Runs, then exits. intloom status says offline once "
-    "it has; intloom start waits for that, then starts a new host."
+_UNLISTENED_THEN: Final = (
+    "intloom status says offline once it has; intloom start waits for that, then starts a "
+    "new host."
 )
 
 
@@ -337,7 +336,7 @@ def _unlistened(snap: Snapshot, lock: LockProbe, owners: list[Owner]) -> str | N
 
     if not log_says_stopping(snap.paths, info):
         return None
-    return _UNLISTENED.format(pid=info.pid, port=info.port)
+    return unlistened_message(info.pid, info.port, _UNLISTENED_THEN)
 
 
 def _classify(

@@ -14,11 +14,13 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from intloom.client import Client
+from intloom.client import Client, hostlog, lifecycle
 from intloom.client.lifecycle import STOP_TIMEOUT_ENV
+from intloom.errors import IntloomError
 from intloom.host.toolcalls import LOG_TAIL
 from tests.helpers import Project, eventually, pid_alive
 
@@ -161,6 +163,41 @@ def test_start_over_a_host_paused_on_its_way_out_says_so_at_once(
     assert project.cli("start").code == 0
     assert project.host_pid() != pid
     assert project.cli("stop").code == 0
+
+
+def test_start_waiting_for_that_host_searches_its_log_once_per_poll(
+    project: Project, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The refused connection had searched the log (Client.connect, to say "shutting down"),
+    # then start searched it again to know the host was stopping: two backward scans of a
+    # log of up to 64 MiB every 50 ms.
+    gate = tmp_path / "go"
+    pid = started_with_the_hook(project, gate)
+    scans: list[int] = []
+    polls: list[int] = []
+    search, saved = hostlog.last_line, lifecycle._saved_service
+
+    def counted_search(*args: Any, **kwargs: Any) -> Any:
+        scans.append(1)
+        return search(*args, **kwargs)
+
+    def counted_poll(*args: Any, **kwargs: Any) -> Any:
+        polls.append(1)
+        return saved(*args, **kwargs)
+
+    try:
+        stopped_until_held(pid, gate)
+        monkeypatch.setattr(hostlog, "last_line", counted_search)
+        monkeypatch.setattr(lifecycle, "_saved_service", counted_poll)
+        with pytest.raises(IntloomError) as raised:
+            lifecycle.start_service(project.root, timeout=1.0)
+        assert raised.value.code == "CLI_SERVICE_TIMEOUT", raised.value
+        assert f"for the host (pid {pid}) to finish shutting down" in str(raised.value)
+        assert len(polls) >= 3, polls
+        assert 0 < len(scans) <= len(polls), (len(scans), len(polls))
+    finally:
+        gate.touch()
+    eventually(lambda: not pid_alive(pid), timeout=120, what="the host to exit")
 
 
 def test_a_second_stop_waits_for_the_first_as_long_as_its_log_says(
