@@ -76,8 +76,10 @@ def flow(
 
     Exit 0 when it waits or completes, 1 when it fails.
     """
-    text = read_intent(intent, intent_file, prompt=interactive(state.json_mode),
-                       hint=not state.json_mode)
+    prompt = interactive(state.json_mode)
+    if prompt and intent is None and intent_file is None:
+        _usable(state, workflow)
+    text = read_intent(intent, intent_file, prompt=prompt, hint=not state.json_mode)
     # Created, then waited for in a second request on the same connection: a Ctrl-C, or a
     # failure (a stop, a crash) while it waits, can then name the Run. One request that
     # created and waited left the id unknown until the Run was stable.
@@ -117,6 +119,26 @@ def flow(
     # Only a start restores a Run RUN_INTERRUPTED, so a Run created here that reads so was
     # suspended by its host (intloom stop while it ran): it has not ended.
     return finish_run(state, run, suspended=True)
+
+
+def _usable(state: CliState, workflow: str) -> None:
+    """Before a person is asked for the intent: a host serves and has loaded ``workflow``.
+    An offline host or a misspelt name was said only once they had typed it, and lost it."""
+    with state.client() as client:
+        try:
+            # A blank intent: the host looks up the Workflow first (NOT_FOUND), then refuses
+            # the intent, so no Run can be created by this look.
+            client.create_run(workflow, "", wait=False)
+        except IntloomError as exc:
+            if exc.code == "NOT_FOUND":
+                raise _not_loaded(state, client, exc) from None
+            if exc.code != "INVALID_REQUEST":
+                raise
+            return
+    raise IntloomError(  # a host that took a blank intent: nothing was asked
+        "CLI_INTERNAL_ERROR",
+        f"The host took a blank intent for Workflow {workflow!r} and created a Run of it; "
+        "report this. intloom runs lists it; intloom cancel RUN ends it.")
 
 
 def _created_anyway(state: CliState, run_id: str, exc: IntloomError) -> IntloomError:

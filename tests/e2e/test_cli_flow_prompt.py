@@ -1,0 +1,49 @@
+"""``intloom flow WORKFLOW`` on a terminal without --intent asks for the intent. It used to
+ask first and connect after: a person typed what the Run was for, then learned the host was
+offline or the Workflow's name misspelt, and the intent was lost. What can fail without the
+intent is now found out before the prompt."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e.terminal import Terminal
+from tests.helpers import Project, ok
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
+
+
+def runs_of(project: Project) -> list[object]:
+    return list(ok(project.cli("runs", "--json"))["runs"])
+
+
+def test_an_offline_host_is_said_before_the_intent_is_asked(project: Project) -> None:
+    with Terminal(["--project", str(project.root), "flow", "example"], project.root) as term:
+        code = term.finish()
+    assert code != 0, term.text()
+    assert "Intent:" not in term.text(), term.text()
+    assert "offline" in term.text().lower(), term.text()
+
+
+def test_an_unknown_workflow_is_said_before_the_intent_is_asked(project: Project) -> None:
+    ok(project.cli("start", "--json"))
+    with Terminal(["--project", str(project.root), "flow", "exampel"], project.root) as term:
+        code = term.finish()
+    assert code != 0, term.text()
+    assert "Intent:" not in term.text(), term.text()
+    assert "Workflow 'exampel' is not loaded (loaded: example)" in term.text().replace(
+        "\n", " "), term.text()
+    assert runs_of(project) == []  # the look created nothing
+
+
+def test_a_loaded_workflow_asks_and_creates_one_run(project: Project) -> None:
+    ok(project.cli("start", "--json"))
+    with Terminal(["--project", str(project.root), "flow", "example"], project.root) as term:
+        term.expect("Intent: ")
+        term.type("write the release notes")
+        code = term.finish()
+    assert code == 0, term.text()
+    (run,) = runs_of(project)
+    assert isinstance(run, dict) and run["status"] == "waiting", run  # its review asks
+    header = ok(project.cli("inspect", run["runId"], "--json"))["records"][0]["record"]
+    assert header["intent"] == "write the release notes", header
