@@ -72,6 +72,11 @@ def starting_message(pid: int, since: str, then: str) -> str:
             f"service.json. {then}")
 
 
+# How the host refuses a blank intent; flow's look before its prompt (cli/commands/runs.py)
+# tells that refusal, which follows the Workflow's look-up, from any other.
+BLANK_INTENT: Final = "The intent is blank"
+
+
 def unlistened_message(pid: int, port: int, then: str) -> str:
     """A host that closed its listener on its way out (pid ``pid``, port ``port``): it saves
     its Runs, then exits; then what to do. status, doctor and recover say it, and so does a

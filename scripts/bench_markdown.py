@@ -202,7 +202,7 @@ def _unmet(f: dict[str, Any]) -> list[str]:
                     floor = p["variants"]["raw_fdatasync"]["us_per_step"]
                     out.append(f"  The raw append+fdatasync took {_fmt(floor, ' µs')} per Step "
                                f"in the same harness: {p['faster_peer']} / that floor = "
-                               f"{_fmt(p['ceiling_ratio'])}×, the most a Step made durable by "
+                               f"{_judged(p['ceiling_ratio'])}×, the most a Step made durable by "
                                "one append and fdatasync could show here at no CPU of its own.")
         for why in p.get("not_durable", []):
             out.append(f"- **vs peers**: not met whatever the ratio: a peer was measured with "
@@ -702,8 +702,9 @@ What is left, from profiles taken while building this harness (`py-spy`, `cProfi
   `peers` run gave LangGraph's loop 1,078.7 µs against a raw append+fdatasync of 211.6 µs,
   5.1×, so 5× needed intloom within 4 µs of the floor; it was 42 µs above it (253.8 µs,
   4.25×). The `peers` figure now reports that ceiling (`ceiling_ratio`, and a line under an
-  unmet ratio): below ~5.5×, only a Step cheaper than an append's fdatasync (the
-  preallocated segments below) can meet the target.
+  unmet ratio). Below 5× no Step that waits for an append's fdatasync can meet the target;
+  with that run's 42 µs over a 212 µs floor it needs a ceiling of about 6×, or a Step
+  cheaper than an append's fdatasync (the preallocated segments below).
 - Below the append floor: on this VM's ext4 (2026-12-02), `write`+`fdatasync` of 121 bytes
   cost 86-91 µs overwriting a zero-filled or `posix_fallocate`d file against 127-131 µs
   appending (the size change is what costs: `FALLOC_FL_KEEP_SIZE` saved nothing, nor did

@@ -23,6 +23,7 @@ from scripts.bench_common import (
     note,
     rnd,
     scratch,
+    shown,
     worst,
 )
 
@@ -119,6 +120,13 @@ def run_child(variant: str, steps: int, directory: Path) -> dict[str, Any]:
     return result
 
 
+def ceiling_ratio(peer_us: float, floor_us: float) -> float:
+    """The most a store that makes each Step durable with one append+fdatasync could show
+    against ``peer_us`` at no CPU of its own: the peer ratio's ceiling in this run. Rounded
+    down, as the ratios are (bench_common.shown): to the nearest, 4.995 read "5x"."""
+    return shown(peer_us / floor_us, 2, at_most=False)
+
+
 def bench_peers(args: Any) -> dict[str, Any]:
     """µs per Step of each variant; intloom's ratio against the faster peer (target >= 5)."""
     chosen = args.only.split(",") if args.only else list(VARIANTS)
@@ -164,10 +172,8 @@ def bench_peers(args: Any) -> dict[str, Any]:
         out["faster_peer"] = fastest
         out["faster_peer_us_per_step"] = rows[fastest]["us_per_step"]
         if "raw_fdatasync" in rows:
-            # The most a store that makes each Step durable with one append+fdatasync could
-            # show here at no CPU of its own: the ratio's ceiling in this run.
-            out["ceiling_ratio"] = rnd(
-                rows[fastest]["us_per_step"] / rows["raw_fdatasync"]["us_per_step"], 2)
+            out["ceiling_ratio"] = ceiling_ratio(rows[fastest]["us_per_step"],
+                                                 rows["raw_fdatasync"]["us_per_step"])
         for ours in ("intloom_async", "intloom_sync"):
             if ours in rows:
                 kind = ours.split("_")[1]

@@ -40,7 +40,7 @@ from intloom.authoring.context import Recovery
 from intloom.authoring.interaction import validate_answer
 from intloom.authoring.loader import LoadedWorkflow
 from intloom.authoring.workflow import AgentStep
-from intloom.errors import MAX_MESSAGE, ErrorView, IntloomError, clip, error_view
+from intloom.errors import BLANK_INTENT, MAX_MESSAGE, ErrorView, IntloomError, clip, error_view
 from intloom.executor import clock
 from intloom.executor.driver import (
     AgentClaim,
@@ -1137,7 +1137,7 @@ class Runtime:
                                "not text; no Run was created. Say what the Run is for.")
         if not intent.strip():
             # As the CLI words it: "must be non-blank text" named no fix.
-            raise IntloomError("INVALID_REQUEST", "The intent is blank (empty or only "
+            raise IntloomError("INVALID_REQUEST", f"{BLANK_INTENT} (empty or only "
                                "whitespace); no Run was created. Say what the Run is for.")
         size = len(intent.encode("utf-8", "surrogatepass"))
         if size > MAX_INTENT_BYTES:

@@ -47,3 +47,19 @@ def test_a_loaded_workflow_asks_and_creates_one_run(project: Project) -> None:
     assert isinstance(run, dict) and run["status"] == "waiting", run  # its review asks
     header = ok(project.cli("inspect", run["runId"], "--json"))["records"][0]["record"]
     assert header["intent"] == "write the release notes", header
+
+
+def test_a_workflow_name_that_cannot_be_sent_is_said_before_the_intent_is_asked(
+    project: Project,
+) -> None:
+    """A name not in UTF-8 (argv's byte 0xff): the client refuses to send it, also
+    INVALID_REQUEST, which the look before the prompt took for the host's refusal of its
+    blank intent; the prompt came, and the create failed once the intent was typed."""
+    ok(project.cli("start", "--json"))
+    name = "ex\udcffample"  # os.fsdecode(b"ex\xffample")
+    with Terminal(["--project", str(project.root), "flow", name], project.root) as term:
+        code = term.finish()
+    assert code != 0, term.text()
+    assert "Intent:" not in term.text(), term.text()
+    assert "not valid Unicode" in term.text().replace("\n", " "), term.text()
+    assert runs_of(project) == []

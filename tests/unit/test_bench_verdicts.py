@@ -315,3 +315,19 @@ def test_an_unmet_peer_ratio_says_its_ceiling_once() -> None:
     ceiling = [ln for ln in lines if "/ that floor" in ln]
     assert len(ceiling) == 1, lines
     assert "took 211.6 µs per Step" in ceiling[0] and "= 5.1×" in ceiling[0], ceiling[0]
+
+
+def test_a_ceiling_just_under_five_is_not_shown_as_five() -> None:
+    """Rounded to the nearest, 1079.0 / 216.0 = 4.995 read "= 5x": reachable, it was not."""
+    from scripts.bench_markdown import _unmet
+    from scripts.bench_peers import ceiling_ratio
+
+    ceiling = ceiling_ratio(1079.0, 216.0)
+    assert ceiling == 4.99
+    variants = {"raw_fdatasync": {"us_per_step": 216.0},
+                "intloom_async": {"us_per_step": 260.0}}
+    peers = {"faster_peer": "langgraph_loop", "faster_peer_us_per_step": 1079.0,
+             "ceiling_ratio": ceiling, "variants": variants,
+             "ratio_async": 4.15, "verdict_async": "not met"}
+    (_, line) = _unmet({"peers": peers})
+    assert "= 4.99×" in line, line

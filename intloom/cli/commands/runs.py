@@ -10,7 +10,7 @@ from intloom.cli import exit_codes
 from intloom.cli.inputs import interactive, read_answer, read_intent
 from intloom.cli.options import CliState, Interrupted, command, sigterm_as_ctrl_c
 from intloom.cli.render import asked_lines, named_runs, plain, run_lines, run_row
-from intloom.errors import IntloomError, error_view
+from intloom.errors import BLANK_INTENT, IntloomError, error_view
 
 if TYPE_CHECKING:
     from intloom.client.client import Client
@@ -132,7 +132,9 @@ def _usable(state: CliState, workflow: str) -> None:
         except IntloomError as exc:
             if exc.code == "NOT_FOUND":
                 raise _not_loaded(state, client, exc) from None
-            if exc.code != "INVALID_REQUEST":
+            # Only the host's refusal of the intent says the rest would be taken: a name
+            # the client cannot send is INVALID_REQUEST too, and fails the create the same.
+            if exc.code != "INVALID_REQUEST" or not exc.message.startswith(BLANK_INTENT):
                 raise
             return
     raise IntloomError(  # a host that took a blank intent: nothing was asked
