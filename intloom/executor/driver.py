@@ -34,7 +34,7 @@ from intloom.authoring.loader import LoadedWorkflow, raised_at
 from intloom.authoring.savecheck import encode_state as _encode_state
 from intloom.authoring.savecheck import state_codec as _state_codec
 from intloom.authoring.workflow import AgentStep, Complete, Stage, Step, Tool, ToStage
-from intloom.errors import ErrorView, IntloomError, as_call, clip, error_view, message_of
+from intloom.errors import CATALOGUE, ErrorView, IntloomError, as_call, clip, error_view, message_of
 from intloom.executor import clock
 from intloom.executor.crew import Crews
 from intloom.executor.history import FACTS as _FACTS
@@ -1519,8 +1519,18 @@ class Driver:
             # Run would stay "running" with nothing driving it.
             await self._fail(slot, _user_failed(_where(slot.state.cursor), exc).view())
         except IntloomError as exc:
-            if exc.code in _QUIET or not slot.owned:
+            if not slot.owned:
                 return
+            if exc.code in _QUIET and (self.cutting or self.stopping
+                                       or slot.state.phase == "terminal"):
+                return
+            if exc.code in _QUIET or exc.code not in CATALOGUE:
+                # The host raises these codes only once the Run is no longer its own (a
+                # cancel, a stop, a failed checkpoint), and every code it raises is in the
+                # catalogue: user code raised this one (intloom.IntloomError is public).
+                # Returned quietly, it left the Run "running" for ever, and the Agent whose
+                # completion led to it with no reply.
+                exc = _user_failed(_where(slot.state.cursor), exc)
             await self._fail(slot, exc.view())
         except Exception as exc:  # a bug of ours must fail the Run, not leave it "running"
             stray = _effect_left_running(slot.state, exc) if slot.owned else None

@@ -228,6 +228,25 @@ def _halt(reason: str | None) -> _Halt:
                  "its Runs", f" {reason}")
 
 
+class _ToolRaised(Exception):
+    """An IntloomError a Tool raised itself (``intloom.IntloomError`` is public): the Tool's
+    failure, TOOL_EXECUTION_FAILED. Passed on as itself, its code reached the Agent as the
+    host's -- a retryable BUSY, say, whose retry ran the Tool again."""
+
+    def __init__(self, error: IntloomError) -> None:
+        super().__init__(error.code)
+        self.error = error
+
+
+async def _tool_output(call: Awaitable[Any]) -> Any:
+    """What a Tool returned; an IntloomError it raised, as ``_ToolRaised``. A Tool has no
+    ctx, so nothing of the host's raises into it."""
+    try:
+        return await call
+    except IntloomError as exc:
+        raise _ToolRaised(exc) from None
+
+
 def _stopped_in_on_complete(run_id: str, call_id: str, outcome: str, refused: str = "",
                             reason: str | None = None) -> IntloomError:
     """What an Agent is told when its completion's on_complete ran while the host stopped
@@ -1681,7 +1700,7 @@ class Runtime:
                     run_id, f"client Agent task {call_id} was running Tool call {tool_call_id} "
                     f"(Tool {tool!r}) and its outcome is unknown"):
                 output = await self._unless_cut(
-                    self.driver.call_user(tools[tool].fn, input),
+                    _tool_output(self.driver.call_user(tools[tool].fn, input)),
                     lambda: self._tool_cut(slot, run_id, call_id, tool_call_id, tool))
             returned = json_problem(output)
             if returned is not None:
@@ -1710,6 +1729,8 @@ class Runtime:
             if isinstance(exc, asyncio.CancelledError) and (task is None or task.cancelling()):
                 ended = "cancelled"
                 raise  # this request's own cancellation (its connection gone, a stop)
+            if isinstance(exc, _ToolRaised):
+                exc = exc.error  # named as the Tool raised it
             # A CancelledError the Tool raised itself: passed on, it ended the request with
             # no reply, as if the host had crashed.
             # No receipt: the Agent must learn that resending the call (as receipts invite)
