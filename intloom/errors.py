@@ -72,6 +72,13 @@ def starting_message(pid: int, since: str, then: str) -> str:
             f"service.json. {then}")
 
 
+class LoadInterrupted(BaseException):
+    """The process's own signal handling ending an import of Workflow code (the host's stop
+    signal, a CLI's Ctrl-C). Every other BaseException that code raises -- an exit, an
+    interrupt, a class of its own (``pytest.skip`` at module level raises one) -- is its
+    failure, contained; this one passes."""
+
+
 # How the host refuses a blank intent; flow's look before its prompt (cli/commands/runs.py)
 # tells that refusal, which follows the Workflow's look-up, from any other.
 BLANK_INTENT: Final = "The intent is blank"

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
-from intloom.errors import as_call, clip, message_of
+from intloom.errors import LoadInterrupted, as_call, clip, message_of
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -186,7 +186,9 @@ def state_problem(lw: LoadedWorkflow, state: RunState) -> str | None:
         decoded = msgspec.json.decode(state.stage_state, type=st_type)
     except msgspec.MsgspecError as exc:
         return f"the State saved in Stage {state.cursor.stage!r} no longer decodes ({exc})"
-    except (Exception, SystemExit, KeyboardInterrupt) as exc:
+    except LoadInterrupted:  # the process's own signal: not this code's failure
+        raise
+    except BaseException as exc:
         # User code runs here (a ``__post_init__``): msgspec turns only its ValueError and
         # TypeError into a ValidationError. Anything else (an ``assert``) is this Run's
         # problem, never the host's: it stopped every Run from restoring. So is an exit or

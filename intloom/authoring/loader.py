@@ -36,7 +36,7 @@ from intloom.authoring.identity import (
     workflow_identity,
 )
 from intloom.authoring.workflow import WORKFLOW_MODULE_PREFIX, DefinitionError, Workflow
-from intloom.errors import ErrorView, IntloomError, as_call, clip, message_of
+from intloom.errors import ErrorView, IntloomError, LoadInterrupted, as_call, clip, message_of
 from intloom.project import Config, link_leads, link_loop, special_file
 
 __all__ = [
@@ -282,12 +282,16 @@ def _import(root: Path, entry: Path) -> ModuleType:
     except IntloomError as exc:  # a definition mistake, raised by the call that made it
         sys.modules.pop(module_name, None)
         raise _placed(root, exc, _innermost(root, exc.__traceback__)) from None
-    # A module's SystemExit (sys.exit(), argparse reading intloom's command line) or
-    # KeyboardInterrupt is contained as a Step's is (executor/driver.py, _contained): it
-    # would otherwise end the host, or the doctor and inspect that import it, with every
-    # Workflow. Other BaseExceptions pass: the host's stop-signal interrupt
-    # (host/daemon.py) and a real Ctrl-C here (_real_interrupts) must end the import.
-    except (Exception, SystemExit, KeyboardInterrupt) as exc:
+    except LoadInterrupted:
+        # The host's stop signal (host/daemon.py) or a real Ctrl-C here (_real_interrupts)
+        # must end the import.
+        sys.modules.pop(module_name, None)
+        raise
+    # A module's SystemExit (sys.exit(), argparse reading intloom's command line),
+    # KeyboardInterrupt or any other BaseException (a class of its own, CancelledError,
+    # pytest.skip's) is contained as a Step's is (executor/driver.py, _contained): it would
+    # otherwise end the host, or the doctor and inspect that import it, with every Workflow.
+    except BaseException as exc:
         sys.modules.pop(module_name, None)
         raise IntloomError(
             "WORKFLOW_LOAD_FAILED", f"Importing {entry} failed: {_failure(root, exc)}. "
@@ -304,6 +308,10 @@ def _fix(exc: BaseException) -> str:
     if isinstance(exc, KeyboardInterrupt):
         return ("A Workflow module must not raise KeyboardInterrupt when it is imported: raise "
                 "an exception instead, then restart the host.")
+    if not isinstance(exc, Exception):
+        return (f"A Workflow module must not raise {type(exc).__name__} (a BaseException, "
+                "which the process keeps for itself) when it is imported: raise an exception "
+                "instead, then restart the host.")
     return "Fix the module and restart the host."
 
 
@@ -405,7 +413,7 @@ def _failure(root: Path, exc: BaseException) -> str:
     return f"{clip(what)}{where}"
 
 
-class _Interrupted(BaseException):
+class _Interrupted(LoadInterrupted):
     """A Ctrl-C while the modules import (see ``_real_interrupts``)."""
 
 

@@ -31,7 +31,7 @@ from typing import (
 import msgspec
 
 from intloom.authoring.savecheck import encode_state
-from intloom.errors import IntloomError, a_an, as_call, clip, message_of
+from intloom.errors import IntloomError, LoadInterrupted, a_an, as_call, clip, message_of
 
 if TYPE_CHECKING:
     from intloom.authoring.agent import AgentResult
@@ -643,7 +643,9 @@ class Workflow:
         # User code: a __post_init__, a default_factory. Its exit or interrupt is contained
         # as an import's is (loader._import): it ended the host's start (CLI_INTERNAL_ERROR,
         # every Workflow with it) and doctor with its status.
-        except (Exception, SystemExit, KeyboardInterrupt) as exc:
+        except LoadInterrupted:  # the process's own signal: not this code's failure
+            raise
+        except BaseException as exc:
             # message_of: the exception's __str__ is user code too, and may raise.
             raised = (f"{type(exc).__name__}: {clip(message_of(exc), 500)}"
                       if isinstance(exc, Exception) else as_call(exc))

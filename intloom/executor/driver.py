@@ -1418,9 +1418,12 @@ class Driver:
         if _is_async(fn):
             try:
                 return await fn(*args)
-            except (SystemExit, KeyboardInterrupt, GeneratorExit, BaseExceptionGroup) as exc:
-                if isinstance(exc, Exception):  # an ExceptionGroup: an ordinary failure
-                    raise
+            except (Exception, asyncio.CancelledError):
+                raise
+            except BaseException as exc:
+                # An exit, an interrupt or a BaseException class of user code's own: past the
+                # callers' handlers, it left the Run running for ever (a Stage's init, an
+                # effect, recover) or dropped the request's connection (a Tool, on_complete).
                 raise _contained(exc) from None
         return await self._call_sync(fn, *args)
 
@@ -1744,16 +1747,17 @@ class Driver:
                 if ctx._calls is not None:
                     await _left_behind(ctx, step, exc)
                 raise
-            except (SystemExit, KeyboardInterrupt, GeneratorExit, BaseExceptionGroup) as exc:
-                # A group holding an exit (an async Step's TaskGroup) escaped to _drive and left
-                # the Run running for ever; an ExceptionGroup here is named as an Exception.
-                if ctx._calls is not None:
-                    await _left_behind(ctx, step, exc)
-                raise _user_failed(step.where, _contained(exc)) from None
             except Exception as exc:
                 if ctx._calls is not None:
                     await _left_behind(ctx, step, exc)
                 raise _user_failed(step.where, exc) from None
+            except BaseException as exc:
+                # An exit, an interrupt, a group holding one (an async Step's TaskGroup) or any
+                # other BaseException of user code (a class of its own): each escaped to
+                # _drive and left the Run running for ever.
+                if ctx._calls is not None:
+                    await _left_behind(ctx, step, exc)
+                raise _user_failed(step.where, _contained(exc)) from None
             if ctx._calls is not None:  # it called confirm, ask or aeffect: all awaited?
                 await _left_behind(ctx, step, None)
             at = self._record_outcome(slot, step, outcome, ctx)
@@ -1923,10 +1927,13 @@ class Driver:
         except Exception as exc:
             if ctx._calls is not None:
                 _refused_effects(ctx, where, exc)
+            # What on_complete raises refuses the result; it does not fail the Run.
+            raised = _raised(exc).replace(_INSTEAD, "raise an exception instead to refuse the "
+                                          "result)")
             raise IntloomError(
                 "INVALID_REQUEST",
                 f"{where} refused the Agent's result (outcome {result.outcome!r}): "
-                f"{clip(_raised(exc))}. {_STILL_CLAIMED}",
+                f"{clip(raised)}. {_STILL_CLAIMED}",
             ) from None
         if ctx._calls is not None:
             _refused_effects(ctx, where, None)

@@ -34,7 +34,7 @@ from typing import Any, Final
 import msgspec
 
 from intloom import __version__
-from intloom.errors import ErrorView, IntloomError
+from intloom.errors import ErrorView, IntloomError, LoadInterrupted
 from intloom.executor.runtime import Runtime
 from intloom.fsutil import no_inode_left, shell_arg, write_refusal
 from intloom.host.allocator import keep_large_buffers_mapped
@@ -346,11 +346,11 @@ class _MovedAway(Exception):
         self.fact = fact
 
 
-class _ImportInterrupted(BaseException):
+class _ImportInterrupted(LoadInterrupted):
     """A stop signal arrived while Workflow modules were importing (see ``Host._importing``).
 
-    A BaseException so that the loader, which turns a module's Exception into a
-    WORKFLOW_LOAD_FAILED problem and goes on to the next entry, lets it through.
+    A ``LoadInterrupted`` so that the loader, which turns whatever else a module raises into
+    a WORKFLOW_LOAD_FAILED problem and goes on to the next entry, lets it through.
     """
 
     def __init__(self, sig: int, source: str | None, *, before: bool = False) -> None:

@@ -570,6 +570,11 @@ ESCAPES = {
     # library's banner or a program the module runs would make).
     "prints": ('import os\nprint("loading example workflow")\n'
                'os.write(1, b"fd-level banner\\n")\n\nraise RuntimeError("not today")\n'),
+    # A BaseException of the module's own (pytest.skip at module level raises one), and
+    # asyncio's CancelledError: they passed the loader, failed the host's start
+    # (CLI_INTERNAL_ERROR, no file named) and ended doctor and inspect with a traceback.
+    "based": 'class Skip(BaseException):\n    pass\n\n\nraise Skip("not a workflow")\n',
+    "cancels": 'import asyncio\n\n\n\nraise asyncio.CancelledError()\n',
 }
 
 
@@ -599,6 +604,11 @@ def _check_escapes(named: dict[str, tuple[str, str]]) -> None:
         code, message = named[f"workflows/{name}/wf.py"]
         assert code == "WORKFLOW_LOAD_FAILED"
         assert f"SystemExit({exit_code}) (line 5 of workflows/{name}/wf.py)" in message, message
+    for name, raised in (("based", "Skip('not a workflow')"), ("cancels", "CancelledError")):
+        code, message = named[f"workflows/{name}/wf.py"]
+        assert code == "WORKFLOW_LOAD_FAILED"
+        assert f"{raised} (line 5 of workflows/{name}/wf.py)" in message, message
+        assert "(a BaseException, which the process keeps for itself)" in message, message
 
 
 def test_a_source_raising_anything_at_import_fails_alone_and_the_host_starts(

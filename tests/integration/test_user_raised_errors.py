@@ -66,6 +66,56 @@ RAISING = textwrap.dedent('''
     @gmain.step("after", routes={"ok": intloom.COMPLETE})
     def after(ctx: intloom.StepContext[None]) -> str:
         raise intloom.IntloomError(ctx.intent, "raised after the task")
+
+
+    class Custom(BaseException):
+        pass
+
+
+    async def araise(input: Any = None) -> Any:
+        raise Custom("its own")
+
+
+    bstep_wf = intloom.Workflow("based-step", version="1")
+    bstep = bstep_wf.stage("main")
+    binit_wf = intloom.Workflow("based-init", version="1")
+    binit = binit_wf.stage("main")
+    beffect_wf = intloom.Workflow("based-effect", version="1")
+    beffect = beffect_wf.stage("main")
+    bagent_wf = intloom.Workflow("based-agent", version="1")
+    bagent = bagent_wf.stage("main")
+
+
+    @bstep.step("a", routes={"ok": intloom.COMPLETE})
+    async def a(ctx: intloom.StepContext[None]) -> str:
+        raise Custom("its own")
+
+
+    @binit.init
+    async def init(ctx: intloom.StepContext[None]) -> None:
+        raise Custom("its own")
+
+
+    @binit.step("b", routes={"ok": intloom.COMPLETE})
+    def b(ctx: intloom.StepContext[None]) -> str:
+        return "ok"
+
+
+    @beffect.step("c", routes={"ok": intloom.COMPLETE})
+    async def c(ctx: intloom.StepContext[None]) -> str:
+        await ctx.aeffect("e", araise)
+        return "ok"
+
+
+    @bagent.agent_step("d", routes={"ok": intloom.COMPLETE},
+                       tools=[intloom.Tool("araise", araise)])
+    async def d(ctx: intloom.StepContext[None]) -> Any:
+        return {}
+
+
+    @d.on_complete
+    async def d_done(ctx: intloom.StepContext[None], result: intloom.AgentResult) -> None:
+        raise Custom("its own")
 ''')
 
 QUIET = ["EXECUTION_OWNERSHIP_LOST", "RUN_CHECKPOINT_FAILED"]
@@ -131,3 +181,39 @@ def test_a_tool_raising_an_intloom_error_fails_its_call(client: Client, tool: st
     assert message.startswith(f"Tool {tool!r} raised IntloomError at line"), message
     assert "BUSY" in message and "_ToolRaised" not in message, message
     assert client.get_run(run.run_id).status == "waiting"  # the task goes on
+
+
+KEPT = "raise Custom, a BaseException the host keeps for itself"
+
+
+@pytest.mark.parametrize("workflow", ["based-step", "based-init", "based-effect"])
+def test_async_code_raising_a_base_exception_of_its_own_fails_its_run(
+        client: Client, workflow: str) -> None:
+    """A BaseException class of the Workflow's own (neither an exit nor an interrupt) raised
+    in async code passed every handler: the Run stayed "running" for ever."""
+    run = client.create_run(workflow, "x")
+    assert run.status == "failed", run
+    assert run.last_error is not None
+    assert run.last_error.code == "STEP_EXECUTION_FAILED", run.last_error
+    assert "Custom('its own')" in run.last_error.message, run.last_error.message
+    assert KEPT in run.last_error.message, run.last_error.message
+
+
+def test_a_tool_or_on_complete_raising_a_base_exception_of_its_own_is_refused(
+        client: Client) -> None:
+    """The same from an async Tool or on_complete dropped the Agent's connection ("the host
+    may have stopped or crashed") and logged a task_error."""
+    run = client.create_run("based-agent", "x")
+    call = run.pending_agent_call
+    assert call is not None, run
+    token, _ = client.claim_agent_call(run.run_id, call.id, "agent-1")
+    with pytest.raises(IntloomError) as tool:
+        client.call_tool(run.run_id, call.id, token, "tc-1", "araise", {})
+    assert tool.value.code == "TOOL_EXECUTION_FAILED", tool.value
+    assert KEPT in tool.value.message and "to fail the Tool call" in tool.value.message
+    with pytest.raises(IntloomError) as done:
+        client.complete_agent_call(run.run_id, call.id, token, "ok")
+    assert done.value.code == "INVALID_REQUEST", done.value
+    assert KEPT in done.value.message, done.value.message
+    assert "to refuse the result" in done.value.message, done.value.message
+    assert client.get_run(run.run_id).status == "waiting"  # still claimed, as documented
