@@ -32,6 +32,7 @@ import msgspec
 
 from intloom.authoring.savecheck import encode_state
 from intloom.errors import IntloomError, LoadInterrupted, a_an, as_call, clip, message_of
+from intloom.runtime.limits import MAX_TOOLS_BYTES
 
 if TYPE_CHECKING:
     from intloom.authoring.agent import AgentResult
@@ -133,6 +134,17 @@ class Tool:
             raise IntloomError("WORKFLOW_DEFINITION_INVALID", (
                 f"{where}: description {_shown_value(self.description)} is not a string. "
                 "Pass text, or leave it out."))
+        try:
+            self.description.encode("utf-8")
+        except UnicodeEncodeError as exc:  # a lone surrogate: no view could carry it
+            raise IntloomError("WORKFLOW_DEFINITION_INVALID", (
+                f"{where}: description holds {self.description[exc.start]!r} at character "
+                f"{exc.start:,}, half of a surrogate pair, which no view of the task can "
+                "carry. Pass valid Unicode text.")) from None
+
+
+def _utf8_size(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
 
 
 def _shown_type(value: object) -> str:
@@ -450,6 +462,17 @@ class Stage(Generic[S]):
                 self.workflow.name, where,
                 f"tools {names} are not distinct intloom.Tool objects",
                 "Declare each Tool once with intloom.Tool(name, fn).",
+            )
+        sizes = {t.name: len(t.name) + _utf8_size(t.description) for t in found}
+        if sum(sizes.values()) > MAX_TOOLS_BYTES:
+            largest = max(sizes, key=lambda name: sizes[name])
+            raise _bad(
+                self.workflow.name, where,
+                f"its Tools' names and descriptions are {sum(sizes.values()):,} bytes as UTF-8 "
+                f"(Tool {largest!r}: {sizes[largest]:,}), over the {MAX_TOOLS_BYTES:,}-byte "
+                "limit: every view of its task shows them",
+                "Keep each description to what the Agent needs to pick and call the Tool; put "
+                "longer documentation where a Tool can read it.",
             )
         return found
 

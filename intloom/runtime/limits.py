@@ -19,12 +19,17 @@ __all__ = [
     "MAX_OUTCOME",
     "MAX_RECORD_BYTES",
     "MAX_REQUEST_BYTES",
+    "MAX_TOOLS_BYTES",
 ]
 
 # A question/confirmation request or an Agent task, as JSON: far more than a person reads at
 # a prompt, and 16 such views still fit in one 4 MiB frame. Larger data belongs in a file or
 # a store of your own, with a reference (a path, an id) in the request.
 MAX_REQUEST_BYTES: Final = 256 * 1024
+# An Agent Step's Tools as every view of its task shows them: their names and descriptions,
+# UTF-8 bytes together. A description says what the Agent needs to pick and call a Tool;
+# without a bound, one Step's 5 MB description made every runs and every claim of its task fail.
+MAX_TOOLS_BYTES: Final = 64 * 1024
 # An effect's name or key, in characters (a key is an idempotency key: a hash, a URL, an id).
 MAX_EFFECT_ID: Final = 1024
 # A Run's intent, UTF-8 bytes: the CLI's --intent-file limit, kept by the host for every client.

@@ -1079,3 +1079,26 @@ def test_a_definition_mistake_made_through_a_package_of_the_projects_virtualenv_
     assert view.message.startswith(
         "workflows/lib/wf.py, line 7: Workflow 'lib', Stage 's': Step 'a' is defined twice."
     ), view.message
+
+
+def test_tool_descriptions_too_large_for_a_view_are_refused_when_declared() -> None:
+    """Every view of an Agent task shows its Tools' names and descriptions: one Step's 5 MB
+    description made ``runs`` fail for every Run of the host, and each claim of its task
+    (the claim recorded, its reply too large to send)."""
+    from intloom.runtime.limits import MAX_TOOLS_BYTES
+
+    def fn(value: Any) -> Any:
+        return value
+
+    wf = intloom.Workflow("tooled", version="1")
+    stage = wf.stage("s")
+    half = "é" * (MAX_TOOLS_BYTES // 4)  # two bytes each: half the limit per Tool
+    fits = [intloom.Tool("a", fn, description=half[:-1]), intloom.Tool("b", fn)]
+    stage.agent_step("fine", routes={"ok": intloom.COMPLETE}, tools=fits)(lambda ctx: {})
+    over = [intloom.Tool("a", fn, description=half), intloom.Tool("bb", fn, description=half)]
+    with _refused(r"Step 'big': its Tools' names and descriptions are 65,539 bytes as UTF-8 "
+                  r"\(Tool 'bb': 32,770\), over the 65,536-byte limit") as info:
+        stage.agent_step("big", routes={"ok": intloom.COMPLETE}, tools=over)
+    assert _code(info) == "WORKFLOW_DEFINITION_INVALID"
+    with _refused(r"description holds '\\udcff' at character 1, half of a surrogate pair"):
+        intloom.Tool("c", fn, description="a\udcffb")
