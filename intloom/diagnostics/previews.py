@@ -57,7 +57,14 @@ class RunPreview(msgspec.Struct, frozen=True, rename="camel", omit_defaults=True
 
 def _back(state: RunState) -> str:
     """The two ways on for a Run held for its changed code: ``doctor`` and ``inspect`` gave
-    only the first, and ``inspect RUN`` is where a user reading one Run looks for both."""
+    only the first, and ``inspect RUN`` is where a user reading one Run looks for both. A Run
+    the restart table interrupts whatever its code (one waiting on an Agent task, whose claim
+    is never restored) does not resume with its code put back: said so, it was told to."""
+    verdict = restart_verdict(state, has_recover=False)
+    if verdict.row == "interrupted" and restart_verdict(state, True).row == "interrupted":
+        return (f"(with the code the Run started with put back, the next start would report "
+                f"it RUN_INTERRUPTED, not resume it: {verdict.reason}; end it with intloom "
+                f"cancel {state.run_id})")
     return (f"(restore the code the Run started with to resume it, or end it with intloom "
             f"cancel {state.run_id})")
 

@@ -186,8 +186,9 @@ def test_a_stop_names_the_sources_changed_since_its_host_loaded_them(tmp_path: P
     text = stop_lines(StopResult(stopped=True, cut=[], suspended=1, changed=[change]))
     assert text[-1] == (
         "But wf/a (a) changed since this host loaded it: the next start holds the unfinished "
-        "Runs of a (needs attention) rather than resuming them, unless the code they started "
-        "with is put back; intloom doctor lists them."), text
+        "Runs of a (needs attention) rather than restoring them by the restart table, unless "
+        "the code they started with is put back; intloom doctor lists them and what a start "
+        "would do."), text
     # Another intloom's identities differ for every tree: nothing is judged from them.
     assert since_log(root, _host_log(root, _loaded(root, "wf/a", "a"), version="0.0.1")) == []
 

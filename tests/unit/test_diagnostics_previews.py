@@ -248,3 +248,33 @@ def test_a_run_another_intloom_wrote_is_previewed_as_held_for_that_not_for_its_w
         held.problem)
     assert previews["RUN-changed"].verdict.reason.startswith(
         "the journal is incompatible with the loaded Workflow"), previews["RUN-changed"]
+
+
+def test_a_changed_runs_advice_to_put_its_code_back_is_what_a_start_then_does(
+        root: Path) -> None:
+    """A Run held for its changed code was told "restore the code the Run started with to
+    resume it" also when it waited on an Agent task, which no start resumes (its claim is
+    never restored): with the code put back, the start reported it RUN_INTERRUPTED."""
+    from intloom.runtime.model import PendingAgentCall
+
+    call = PendingAgentCall(id="CALL-1", agent_id="default", phase="available",
+                            request={"topic": "t"}, tools=[], created_at=AT)
+    changed = "f" * 64
+    _write(root, {
+        "RUN-task": [_header(root, "RUN-task", identity=changed),
+                     StagePending(at=AT, stage="draft"),
+                     StepReady(at=AT, stage="draft", step="write"),
+                     Executing(at=AT, stage="draft", step="write"),
+                     Waiting(at=AT, agent_call=call)],
+        "RUN-ready": [_header(root, "RUN-ready", identity=changed),
+                      StagePending(at=AT, stage="draft"),
+                      StepReady(at=AT, stage="draft", step="write")],
+    })
+    problems = {p.run_id: p.problem or "" for p in run_doctor(root).runs}
+    assert "restore the code the Run started with to resume it" in problems["RUN-ready"]
+    task = problems["RUN-task"]
+    assert "to resume it" not in task, task
+    assert ("with the code the Run started with put back, the next start would report it "
+            "RUN_INTERRUPTED, not resume it: Step draft/write waits on client Agent task CALL-1 "
+            "(available)") in task, task
+    assert "end it with intloom cancel RUN-task" in task, task

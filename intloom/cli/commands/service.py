@@ -233,9 +233,11 @@ def _changed_since_load(changed: list[SourceChange]) -> str:
                           change.change, f"{what} cannot be loaded as this host loaded it"))
     names = sorted({change.workflow for change in changed if change.workflow})
     whose = f"of {', '.join(names)} " if names else ""
+    # "Rather than resuming them" promised a resume, with the code put back, to Runs the
+    # restart table interrupts whatever their code (a wait on an Agent task).
     return (f"But {'; '.join(facts)}: the next start holds the unfinished Runs {whose}(needs "
-            "attention) rather than resuming them, unless the code they started with is put "
-            "back; intloom doctor lists them.")
+            "attention) rather than restoring them by the restart table, unless the code they "
+            "started with is put back; intloom doctor lists them and what a start would do.")
 
 
 def _joined(lines: list[str]) -> list[str]:
