@@ -1516,8 +1516,20 @@ class Driver:
                     return
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
-            if task is None or task.cancelling() or not slot.owned or self.cutting:
+            if task is None or not slot.owned or self.cutting:
                 return  # the host's cancellation: a stop, or the Run cancelled
+            if task.cancelling():
+                if self.stopping:
+                    return  # left to the restart table, as every Run a stop finds running
+                # Asked for, but not by the host, which cancels a Run's task only once it has
+                # let go of the Run (a cancel, a checkpoint lost) or cut its stop: by user code
+                # (asyncio.current_task().cancel(), a watchdog's call_later). Ending quietly
+                # left the Run "running" for ever -- or waiting, with nothing to take the
+                # answer -- and one that had ended shown as running.
+                while task.cancelling():
+                    task.uncancel()
+                await self._cancelled_by_user(slot)
+                return
             # Raised by user code, not asked for by anyone: left to end the task quietly, the
             # Run would stay "running" with nothing driving it.
             await self._fail(slot, _user_failed(_where(slot.state.cursor), exc).view())
@@ -1569,6 +1581,22 @@ class Driver:
             observer("internal_error", slot.run_id, {
                 "error": type(exc).__name__, "detail": clip(message_of(exc), 500), "at": at,
             }, slot.view().status)
+
+    async def _cancelled_by_user(self, slot: RunSlot) -> None:
+        """The Run's task was cancelled by its own code: a Run that ended is made durable and
+        shown as it ended; any other fails, saying so."""
+        if slot.state.phase == "terminal":
+            with contextlib.suppress(IntloomError):
+                await self.rt.sync(slot)
+            return
+        await self._fail(slot, error_view(
+            "STEP_EXECUTION_FAILED",
+            f"{_where(slot.state.cursor)}: the task that runs the Run was cancelled by "
+            "Workflow code (asyncio.current_task().cancel(), or a cancel() of that task left "
+            "to run later), which the host does only to stop or cancel a Run; the Run was "
+            "stopped here. To give up on something the Step awaits, put asyncio.timeout(...) "
+            "around it; never cancel the current task.",
+        ))
 
     async def _fail(self, slot: RunSlot, error: ErrorView) -> None:
         rt = self.rt

@@ -17,7 +17,7 @@ import pytest
 
 from intloom.client.client import Client
 from intloom.errors import IntloomError
-from tests.helpers import Project
+from tests.helpers import Project, eventually
 from tests.integration.host_support import start
 
 pytestmark = pytest.mark.timeout(60)
@@ -217,3 +217,81 @@ def test_a_tool_or_on_complete_raising_a_base_exception_of_its_own_is_refused(
     assert KEPT in done.value.message, done.value.message
     assert "to refuse the result" in done.value.message, done.value.message
     assert client.get_run(run.run_id).status == "waiting"  # still claimed, as documented
+
+
+CANCELLING = textwrap.dedent('''
+    import asyncio
+
+    import intloom
+
+    done_wf = intloom.Workflow("cancels-then-returns", version="1")
+    done_st = done_wf.stage("main")
+    sleep_wf = intloom.Workflow("cancels-then-awaits", version="1")
+    sleep_st = sleep_wf.stage("main")
+    wait_wf = intloom.Workflow("cancels-later", version="1")
+    wait_st = wait_wf.stage("main")
+
+
+    @done_st.step("a", routes={"ok": intloom.COMPLETE})
+    async def a(ctx: intloom.StepContext[None]) -> str:
+        task = asyncio.current_task()
+        assert task is not None
+        task.cancel()
+        return "ok"
+
+
+    @sleep_st.step("b", routes={"ok": intloom.COMPLETE})
+    async def b(ctx: intloom.StepContext[None]) -> str:
+        task = asyncio.current_task()
+        assert task is not None
+        task.cancel()
+        await asyncio.sleep(0)
+        return "ok"
+
+
+    @wait_st.step("c", routes={"ok": intloom.COMPLETE})
+    async def c(ctx: intloom.StepContext[None]) -> str:
+        task = asyncio.current_task()
+        assert task is not None
+        asyncio.get_running_loop().call_later(0.2, task.cancel)  # a stray watchdog
+        await ctx.confirm({"go": True})
+        return "ok"
+''')
+
+
+@pytest.fixture
+def cancelling(project: Project) -> Iterator[Client]:
+    (project.root / "workflows" / "cancelling.py").write_text(CANCELLING)
+    (project.root / "intloom.toml").write_text(
+        'workflows = ["workflows/example.py", "workflows/cancelling.py"]\n')
+    start(project)
+    with Client.connect(project.root) as connected:
+        yield connected
+
+
+def test_a_step_that_cancels_its_own_task_then_returns_shows_the_end_it_recorded(
+        cancelling: Client) -> None:
+    """The journal ended "completed" while every view said "running", for ever."""
+    run = cancelling.create_run("cancels-then-returns", "x")
+    assert run.status == "completed", run
+
+
+def test_a_step_whose_own_task_is_cancelled_fails_its_run_saying_so(
+        cancelling: Client) -> None:
+    run = cancelling.create_run("cancels-then-awaits", "x")
+    assert run.status == "failed", run
+    assert run.last_error is not None and run.last_error.code == "STEP_EXECUTION_FAILED"
+    assert "the task that runs the Run was cancelled by Workflow code" in (
+        run.last_error.message), run.last_error.message
+
+
+def test_a_wait_whose_task_a_watchdog_cancels_fails_its_run(cancelling: Client) -> None:
+    """It stayed "waiting" with nothing to take the answer: the answer was accepted, then
+    hung, and the Run was "running" for ever."""
+    run = cancelling.create_run("cancels-later", "x")
+    assert run.status in ("waiting", "failed"), run
+    eventually(lambda: cancelling.get_run(run.run_id).status == "failed", timeout=20,
+               what="the cancelled wait to fail its Run")
+    ended = cancelling.get_run(run.run_id)
+    assert ended.last_error is not None and ended.last_error.code == "STEP_EXECUTION_FAILED"
+    assert ended.pending_action is None, ended
