@@ -1870,8 +1870,10 @@ class Runtime:
         _plain_json(output, "The Agent task's output")
         _journalable(output, "The Agent task's output")
         slot = self._slot(run_id)
-        end = _AgentEnd(call_id, owner_token, "complete", repr(outcome),  # the value, not key order
-                        hashlib.sha256(_CANONICAL.encode(output)).digest())
+        # The value, not key order, nor 1.0 against 1 (a Tool call's retry is compared so):
+        # an Agent that re-serialises its output retries the same completion.
+        end = _AgentEnd(call_id, owner_token, "complete", repr(outcome),
+                        hashlib.sha256(_CANONICAL.encode(_one_number_type(output))).digest())
         while True:
             repeated = await self._repeated(slot, call_id, owner_token, end)
             if repeated is not None:

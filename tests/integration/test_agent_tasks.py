@@ -129,6 +129,10 @@ def test_a_retried_completion_gets_the_runs_view_and_a_different_one_conflicts(
     again = client.complete_agent_call(run.run_id, call_id, token, "found",
                                        {"n": 1, "items": ["a"]})
     assert again == first
+    # So is 1 sent again as 1.0 (JSON has one type of number; a Tool call's retry was
+    # compared so, a completion's refused CONFLICT "another output").
+    assert client.complete_agent_call(run.run_id, call_id, token, "found",
+                                      {"items": ["a"], "n": 1.0}) == first
     message = _refused(lambda: client.complete_agent_call(run.run_id, call_id, token, "found",
                                                           {"items": ["b"]}), "CONFLICT")
     assert f"Agent task {call_id} was already completed with outcome 'found'" in message
