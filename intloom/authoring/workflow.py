@@ -532,6 +532,13 @@ class Stage(Generic[S]):
                 self.workflow.name, f"Stage {self.name!r}", "init is declared twice",
                 "Keep one initialiser per Stage.",
             )
+        if isinstance(fn, Step):
+            # Stacked on a Step's decorator: it loaded, and every Run failed entering the
+            # Stage (the Step's outcome taken for its State).
+            raise _bad(self.workflow.name, f"Stage {self.name!r}",
+                       f"@stage.init decorates Step {fn.name!r} (what the Step's decorator "
+                       "returned), not a function",
+                       "Decorate a def of its own: `def name(ctx) -> State`.")
         _check_fn(self.workflow.name, f"Stage {self.name!r}", "@stage.init", fn, "ctx",
                   "`def name(ctx) -> State`")
         self.init_fn = fn

@@ -1102,3 +1102,15 @@ def test_tool_descriptions_too_large_for_a_view_are_refused_when_declared() -> N
     assert _code(info) == "WORKFLOW_DEFINITION_INVALID"
     with _refused(r"description holds '\\udcff' at character 1, half of a surrogate pair"):
         intloom.Tool("c", fn, description="a\udcffb")
+
+
+def test_an_initialiser_stacked_on_a_step_is_refused_when_declared() -> None:
+    """``@stage.init`` over ``@stage.step(...)`` took the Step object for the initialiser: it
+    loaded, and every Run failed entering the Stage (STAGE_STATE_INVALID)."""
+    wf = intloom.Workflow("stacked", version="1")
+    stage = wf.stage("s")
+    step = stage.step("a", routes={"ok": intloom.COMPLETE})(lambda ctx: "ok")
+    with _refused(r"Stage 's': @stage.init decorates Step 'a' \(what the Step's decorator "
+                  r"returned\), not a function") as info:
+        stage.init(step)
+    assert _code(info) == "WORKFLOW_DEFINITION_INVALID"
