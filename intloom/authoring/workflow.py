@@ -484,6 +484,13 @@ class Stage(Generic[S]):
         self._check_routes(name, routes)
 
         def decorate(fn: StepFn[S]) -> Step[S]:
+            if fn is self.init_fn:
+                # Stacked on @stage.init: the initialiser (it returns a State) became the Step
+                # too, and every Run failed there, its State taken for an outcome.
+                raise _bad(self.workflow.name, f"Stage {self.name!r}, Step {name!r}",
+                           f"@stage.step(...) decorates {callable_name(fn)}, the Stage's "
+                           "initialiser (@stage.init returned it)",
+                           "Decorate a def of its own: `def name(ctx) -> str`.")
             _check_fn(self.workflow.name, f"Stage {self.name!r}, Step {name!r}",
                       "@stage.step(...)", fn, "ctx", "`def name(ctx) -> str` (or `async def`)")
             step = Step(self, name, fn, routes)

@@ -1585,18 +1585,35 @@ class Driver:
     async def _cancelled_by_user(self, slot: RunSlot) -> None:
         """The Run's task was cancelled by its own code: a Run that ended is made durable and
         shown as it ended; any other fails, saying so."""
-        if slot.state.phase == "terminal":
-            with contextlib.suppress(IntloomError):
-                await self.rt.sync(slot)
-            return
-        await self._fail(slot, error_view(
-            "STEP_EXECUTION_FAILED",
-            f"{_where(slot.state.cursor)}: the task that runs the Run was cancelled by "
-            "Workflow code (asyncio.current_task().cancel(), or a cancel() of that task left "
-            "to run later), which the host does only to stop or cancel a Run; the Run was "
-            "stopped here. To give up on something the Step awaits, put asyncio.timeout(...) "
-            "around it; never cancel the current task.",
-        ))
+        # Let go of first, as a cancel does (Runtime.cancel): a crew's thread waiting on this
+        # Run's round went on to its next Step, on a Run that had failed.
+        slot.owned = False
+        if slot.state.phase != "terminal":
+            self.rt.append(slot, Terminal(at=clock.now(), status="failed", error=error_view(
+                "STEP_EXECUTION_FAILED",
+                f"{_where(slot.state.cursor)}: the task that runs the Run was cancelled by "
+                "Workflow code (asyncio.current_task().cancel(), or a cancel() of that task "
+                "left to run later), which the host does only to stop or cancel a Run; the "
+                "Run was stopped here. To give up on something the Step awaits, put "
+                "asyncio.timeout(...) around it; never cancel the current task.",
+            )), force=True)
+        # Made durable and shown in a task of its own: the same code may cancel this task
+        # again (a watchdog that cancels until the task is done), which left the end unshown,
+        # the Run "running" for ever.
+        shown = asyncio.ensure_future(self._durable(slot))
+        while not shown.done():
+            try:
+                await asyncio.shield(shown)
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if self.cutting or task is None:
+                    raise  # the host's own: its stop cuts what is left
+                while task.cancelling():
+                    task.uncancel()
+
+    async def _durable(self, slot: RunSlot) -> None:
+        with contextlib.suppress(IntloomError):  # a failed flush: the view says so
+            await self.rt.sync(slot)
 
     async def _fail(self, slot: RunSlot, error: ErrorView) -> None:
         rt = self.rt

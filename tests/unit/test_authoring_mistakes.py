@@ -1114,3 +1114,21 @@ def test_an_initialiser_stacked_on_a_step_is_refused_when_declared() -> None:
                   r"returned\), not a function") as info:
         stage.init(step)
     assert _code(info) == "WORKFLOW_DEFINITION_INVALID"
+
+
+def test_a_step_stacked_on_the_initialiser_is_refused_when_declared() -> None:
+    """The other way round: the initialiser became the Step too, and every Run failed at it
+    (its State taken for an outcome)."""
+
+    class St(msgspec.Struct):
+        n: int = 0
+
+    wf = intloom.Workflow("stacked2", version="1")
+    stage = wf.stage("s", state=St)
+
+    def both(ctx: Any) -> Any:
+        return St()
+
+    stage.init(both)
+    with _refused(r"Step 'a': @stage.step\(...\) decorates both, the Stage's initialiser"):
+        stage.step("a", routes={"ok": intloom.COMPLETE})(both)
