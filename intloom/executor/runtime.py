@@ -135,14 +135,24 @@ def _one_number_type(value: Any) -> Any:
     one type of number, and an Agent that re-serialises ``1.0`` as ``1`` (JavaScript does)
     resends the same input, which was refused as "other input". Plain JSON, bounded in depth
     (``_plain_json``)."""
-    kind = type(value)
-    if kind is float:
-        return int(value) if value.is_integer() and abs(value) <= _EXACT else value
-    if kind is dict:
-        return {key: _one_number_type(item) for key, item in value.items()}
-    if kind is list:
-        return [_one_number_type(item) for item in value]
-    return value
+    # Without recursion: an output nested 1,000 levels (what _plain_json allows) ran out of
+    # Python's stack here, after the checks that refuse with nothing recorded.
+    holder: list[Any] = [value]
+    todo: list[tuple[Any, Any]] = [(holder, 0)]  # (the copy to write into, the key)
+    while todo:
+        into, key = todo.pop()
+        item = into[key]
+        kind = type(item)
+        if kind is float:
+            if item.is_integer() and abs(item) <= _EXACT:
+                into[key] = int(item)
+        elif kind is dict:
+            into[key] = mapping = dict(item)
+            todo.extend((mapping, name) for name in mapping)
+        elif kind is list:
+            into[key] = items = list(item)
+            todo.extend((items, i) for i in range(len(items)))
+    return holder[0]
 
 
 _EXACT: Final = 2.0 ** 53
