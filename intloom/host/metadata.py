@@ -175,7 +175,7 @@ def _version_skew(path: Path, data: bytes, kind: type[_Meta]) -> IntloomError | 
     hand the file of a host that runs."""
     try:
         doc = msgspec.json.decode(data)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         return None  # not JSON: the strict decode says so
     if not isinstance(doc, dict):
         return None
@@ -234,6 +234,11 @@ def _read(path: Path, kind: type[_T], root: Path | None) -> _T | None:
         # Judged by its version first: another version's keys read as damage here.
         skew = _version_skew(path, data, kind)
         raise (skew or _invalid(path, f"is not valid metadata ({exc})")) from None
+    except RecursionError:
+        # Not a DecodeError: a file nested past the decoder's stack (damage, a hand edit)
+        # failed every command that reads it with CLI_INTERNAL_ERROR.
+        raise _invalid(path, "is not valid metadata (a value in it is nested too deeply "
+                       "to read)") from None
     if value.version != METADATA_VERSION:  # type: ignore[attr-defined]
         raise (_version_skew(path, data, kind) or _invalid(
             path, f"has version {value.version}; this intloom reads "  # type: ignore[attr-defined]

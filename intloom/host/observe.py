@@ -72,7 +72,7 @@ def observe_file(path: Path, kind: type[_M], read: Callable[[Path], _M | None]) 
             continue
         try:
             again = msgspec.json.decode(raw, type=kind)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):
             continue
         if again == value:
             pid = getattr(value, "pid", 1)

@@ -135,7 +135,9 @@ def log_records(tail: bytes) -> Iterator[dict[str, Any]]:
     for line in tail.splitlines():
         try:
             record = msgspec.json.decode(line)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):
+            # RecursionError: a line nested deeper than the decoder's stack (damage, a
+            # foreign writer) failed logs, doctor and a start with CLI_INTERNAL_ERROR.
             continue
         if isinstance(record, dict):
             yield record

@@ -41,3 +41,27 @@ def test_an_unreadable_log_line_is_named_by_file_and_offset(project: Project) ->
     assert f"- ????? unreadable log line ({shown} at byte {size}): " in text.stdout
     assert f"({shown} at byte {size + len(damaged) + 49}): {{\"torn" in text.stdout
     assert snapshot_files(project.state) == before
+
+
+def test_a_log_line_nested_past_the_decoders_stack_is_one_more_unreadable_line(
+    project: Project,
+) -> None:
+    """msgspec raises RecursionError, not DecodeError, for a line nested deeper than its
+    stack: logs and doctor failed with CLI_INTERNAL_ERROR (exit 70) over a killed host's
+    log holding one, and so did the start after it when that host left an Agent task."""
+    first = ok(project.cli("start", "--json"))["service"]
+    project.kill_host()
+    old = project.state / "logs" / first["logFile"]
+    size = old.stat().st_size
+    with open(old, "ab") as fh:
+        fh.write(b"[" * 1100 + b"]" * 1100 + b"\n")
+    before = snapshot_files(project.state)
+    result = project.cli("logs", "--json")
+    assert result.code == 0, (result.stdout[-500:], result.stderr)
+    bad = [r for r in map(json.loads, result.stdout.splitlines())
+           if r["event"] == "unreadable_line"]
+    assert [r["offset"] for r in bad] == [size], bad
+    assert project.cli("logs").code == 0
+    doctor = project.cli("doctor", "--json")
+    assert doctor.code != 70 and doctor.json["status"] == "recovery_required", doctor
+    assert snapshot_files(project.state) == before

@@ -338,3 +338,26 @@ def _one_run(root: Path, run_id: str, writer: str, *, stage: bool = True) -> Non
         store.sync_blocking(run_id)
     finally:
         store.close_blocking()
+
+
+@pytest.mark.parametrize("body", [
+    b"[" * 1100 + b"]" * 1100,
+    b'{"version": 1, "x": ' + b"[" * 1100 + b"]" * 1100 + b"}",
+    b'{"version": 99, "x": ' + b"[" * 1100 + b"]" * 1100 + b"}",
+], ids=["array", "field", "other-version"])
+def test_metadata_nested_past_the_decoders_stack_is_invalid_not_a_crash(
+    tmp_path: Path, body: bytes,
+) -> None:
+    """msgspec raises RecursionError, not DecodeError, for such a file: every command that
+    read it failed with CLI_INTERNAL_ERROR."""
+    root = tmp_path.resolve()
+    for name, read in (("service.json", lambda p: read_service(p, root)),
+                       ("service.lock", read_lock),
+                       ("connection.json", lambda p: read_connection(p, root))):
+        path = root / name
+        path.write_bytes(body)
+        path.chmod(0o600)
+        with pytest.raises(IntloomError) as refused:
+            read(path)
+        assert refused.value.code == "CLI_SERVICE_METADATA_INVALID", refused.value
+        assert path.read_bytes() == body

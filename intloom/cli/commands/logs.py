@@ -76,7 +76,7 @@ def _printer(renderer: Renderer, run_id: str | None, root: Path,
         record: Any = None
         try:
             record = msgspec.json.decode(readable)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):  # nested past the decoder's stack
             record = None
         # An unreadable line (a crashed host's torn last one) is kept when it names the Run.
         if run_id is not None and not (
