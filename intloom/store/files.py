@@ -145,13 +145,27 @@ def unusable_file(path: Path) -> tuple[str, str | None] | None:
     (the manifest), depends on it."""
     problem = private_file_problem(path)
     if problem is None:
-        return None
+        return _unreadable_mode(path)
     fix = None
     if problem.fact.startswith("has mode"):
         fix = f"chmod 600 {shell_arg(path)} if its content is yours"
     elif problem.fact.startswith("is owned by uid"):
         fix = f"chown it to yourself (uid {os.getuid()}) if its content is yours"
     return problem.fact, fix
+
+
+def _unreadable_mode(path: Path) -> tuple[str, str | None] | None:
+    """A private regular file of ours whose mode does not let its owner read it (chmod 000):
+    read, it refused the whole store (STORAGE_ERROR); renamed over, it was gone. Judged
+    from the mode, so the same whoever reads it (root reads it anyway)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return None
+    if not stat.S_ISREG(mode) or mode & stat.S_IRUSR:
+        return None
+    return (f"is not readable by its owner (mode {stat.S_IMODE(mode):04o})",
+            f"chmod 600 {shell_arg(path)} if its content is yours")
 
 
 def ensure_dir(path: Path) -> None:
@@ -234,6 +248,20 @@ def read_file(path: Path) -> bytes | None:
         return read_private(path, max_bytes=None)
     except PrivacyError as exc:
         raise _from_privacy(exc) from None
+
+
+def read_own_file(path: Path) -> bytes | str | None:
+    """``read_file`` for a file only one Run, or only how much of the log a restore reads,
+    depends on (a snapshot, the manifest): why it could not be read, as text, when the file
+    itself refused (its mode binds: ``chmod 000``), instead of STORAGE_ERROR for the store.
+    A directory on the way that refused the look-up is still the store's (``unseen``)."""
+    try:
+        return read_private(path, max_bytes=None)
+    except PrivacyError as exc:
+        if exc.unseen:
+            raise _from_privacy(exc) from None
+        fix = privacy_fix(exc)
+        return f"{exc.fact} ({fix[:1].lower() + fix[1:].rstrip('.')})"
 
 
 def open_new(path: Path) -> int:

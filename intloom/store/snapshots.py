@@ -21,7 +21,7 @@ import msgspec
 from intloom.runtime.machine import RunState
 from intloom.runtime.records import FORMAT1_FORMAT, FORMAT_VERSION
 from intloom.store.depth import READ_DEPTH, TooDeep, decode_bounded
-from intloom.store.files import Layout, read_file, unusable_file
+from intloom.store.files import Layout, read_own_file, unusable_file
 from intloom.store.framing import VoidNotice
 
 __all__ = [
@@ -213,7 +213,11 @@ def read_snapshot(path: Path) -> Snapshot | None:
     unusable = unusable_file(path)
     if unusable is not None:
         raise SnapshotError(path, unusable[0], fix=unusable[1])
-    data = read_file(path)
+    # A file that refuses to be read (chmod 000) is this Run's too: it refused the whole
+    # store (STORAGE_ERROR), so that no Run restored and verify and inspect failed.
+    data = read_own_file(path)
+    if isinstance(data, str):
+        raise SnapshotError(path, data)
     if data is None:
         return None
     return decode_snapshot(path, data)
@@ -285,7 +289,9 @@ def read_manifest(layout: Layout) -> Manifest | None:
     unusable = unusable_file(layout.manifest)
     if unusable is not None:
         raise SnapshotError(layout.manifest, unusable[0], fix=unusable[1])
-    data = read_file(layout.manifest)
+    data = read_own_file(layout.manifest)
+    if isinstance(data, str):
+        raise SnapshotError(layout.manifest, data)
     if data is None:
         return None
     return decode_manifest(layout.manifest, data)

@@ -417,3 +417,50 @@ def test_an_ended_runs_planted_live_file_is_not_unlinked(tmp_path: Path) -> None
     assert stat.S_ISFIFO(os.lstat(live).st_mode)  # neither renamed over nor unlinked
     assert [p.path for p in store.kept_files] == [f"snap/live/{live.name}"]
     assert by_id(verify(tmp_path))["RUN-A"].state == fold(records)
+
+
+def test_a_snapshot_or_manifest_its_owner_cannot_read_is_that_files_finding(
+    tmp_path: Path,
+) -> None:
+    """``chmod 000`` on one Run's snapshot (or on the manifest) refused the whole store with
+    STORAGE_ERROR where the mode binds (no Run restored; verify and inspect failed), and a
+    compaction renamed over it where it does not (root). It is judged from its mode: that
+    Run is read from the log, the others from their snapshots, and the file is kept."""
+    import os
+    import stat
+
+    from intloom.store.snapshots import snapshot_name
+
+    store = open_store(tmp_path)
+    a, b = walk("RUN-A", 5, 1), walk("RUN-B", 5, 2)
+    try:
+        for run_id, records in (("RUN-A", a[:3]), ("RUN-B", b[:3])):
+            for record in records:
+                store.append(run_id, record)
+        store.sync_blocking()
+    finally:
+        store.close_blocking()  # snapshots and the manifest written
+    locked = tmp_path / "snap" / "live" / snapshot_name("RUN-A")
+    manifest = tmp_path / "manifest.json"
+    kept = {path: path.read_bytes() for path in (locked, manifest)}
+    for path in kept:
+        path.chmod(0)
+    report = read_runs_report(tmp_path)
+    assert sorted(f.path for f in report.files) == sorted(
+        ["manifest.json", f"snap/live/{locked.name}"]), report.files
+    assert all("is not readable by its owner (mode 0000)" in f.problem for f in report.files)
+    assert all(f"chmod 600 {path}" in next(f.problem for f in report.files
+                                           if path.name in f.path) for path in kept)
+    runs = by_id(report.runs)
+    assert runs["RUN-A"].state == fold(a[:3]) and runs["RUN-B"].state == fold(b[:3])
+    store = open_store(tmp_path)  # a host over it: writes, compacts on close
+    try:
+        for record in a[3:]:
+            store.append("RUN-A", record)
+        store.sync_blocking()
+    finally:
+        store.close_blocking()
+    for path, data in kept.items():  # never renamed over, nor read and rewritten
+        assert stat.S_IMODE(os.lstat(path).st_mode) == 0, path
+        path.chmod(0o600)
+        assert path.read_bytes() == data, path
