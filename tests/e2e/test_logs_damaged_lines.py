@@ -65,3 +65,27 @@ def test_a_log_line_nested_past_the_decoders_stack_is_one_more_unreadable_line(
     doctor = project.cli("doctor", "--json")
     assert doctor.code != 70 and doctor.json["status"] == "recovery_required", doctor
     assert snapshot_files(project.state) == before
+
+
+def test_a_missing_log_of_the_named_host_is_said_not_replaced_in_silence(
+    project: Project,
+) -> None:
+    """With the log service.json names removed, logs showed the previous host's log, ending
+    in its clean stop, as if it were the running host's."""
+    ok(project.cli("start", "--json"))
+    ok(project.cli("stop", "--json"))
+    second = ok(project.cli("start", "--json"))["service"]
+    try:
+        (project.state / "logs" / second["logFile"]).unlink()
+        text = project.cli("logs")
+        assert text.code == 0, text.stderr
+        assert (f".intloom/logs/{second['logFile']} is missing: service.json names it as its "
+                "host's log") in text.stderr, text.stderr
+        assert "What follows is the newest log left, an earlier host's" in text.stderr
+        assert "service_stopped" in text.stdout  # the earlier host's, shown as such
+        lines = project.cli("logs", "--json").stdout.splitlines()
+        first = json.loads(lines[0])
+        assert (first["event"], first["file"]) == (
+            "missing_file", f".intloom/logs/{second['logFile']}"), first
+    finally:
+        ok(project.cli("stop", "--json"))

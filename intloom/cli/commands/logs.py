@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import os
 import signal
 import threading
 from collections.abc import Callable, Mapping
@@ -309,8 +310,17 @@ def logs(
         _file_note(renderer, root, "unreadable_file", path, fact, lambda shown: (
             f"{fact}; its records are not shown. {fix}."))
 
+    named = _hosts_log(root, logs_dir)
+    if named is not None and not all_files and not os.path.lexists(named):
+        # Its host's log removed (or moved): the newest one left, an earlier host's, was
+        # shown in silence, as if it were that host's (a clean stop read for a killed host).
+        fact = "service.json names this host log, which is not there (removed or moved)"
+        _file_note(renderer, root, "missing_file", named, fact, lambda shown: (
+            f"{shown} is missing: service.json names it as its host's log, and it is not "
+            "there (removed or moved). What follows is the newest log left, an earlier "
+            "host's; intloom logs --all shows every log there is."))
     tail = LogTail(logs_dir, emit, all_files=all_files, on_skipped=_skipped(renderer, root),
-                   newest=_hosts_log(root, logs_dir), on_reread=_reread(renderer, root),
+                   newest=named, on_reread=_reread(renderer, root),
                    on_refused=on_refused, on_foreign=_foreign(renderer, root))
     tails.append(tail)
     if follow:
@@ -350,7 +360,8 @@ def logs(
         elif not all_files:
             # A host killed between creating its log and writing a line leaves an empty
             # file, which printed nothing at all, as if logs had failed.
-            newest = _hosts_log(root, logs_dir) or log_files(logs_dir)[-1]
+            newest = (named if named is not None and os.path.lexists(named)
+                      else log_files(logs_dir)[-1])
             renderer.note(f"The newest log, {newest.name}, has no record yet: its host wrote "
                           "none (it ended, or was killed, as it started). intloom logs --all "
                           "shows the earlier hosts' logs.")
