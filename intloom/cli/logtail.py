@@ -22,6 +22,10 @@ __all__ = ["LogTail", "log_files", "scan_logs", "unlistable"]
 
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _CHUNK: Final = 1 << 16  # bytes read from a log at a time
+# The most of one line kept: a host writes none longer (a record's text is cut at 64 KiB),
+# and a line with no end (a zero-filled tail after a power cut) was joined and split again at
+# every chunk -- a minute and 2 GB for 100 MB -- and then shown whole.
+_LINE_CAP: Final = 1 << 20
 
 Skipped = Callable[[Path, str], None]  # a log-named entry that is no log, and what it is
 Foreign = Callable[[Path], None]  # an entry under a name no host writes in logs/
@@ -93,6 +97,7 @@ class LogTail:
         self._current: Path | None = None
         self._offset = 0
         self._partial = b""
+        self._cut = 0  # bytes of the partial line past _LINE_CAP, read and not kept
         # Where the line being emitted starts: its file and byte offset (an unreadable line
         # is reported by both; ``emit`` takes the text alone).
         self.line_at: tuple[Path, int] | None = None
@@ -134,22 +139,23 @@ class LogTail:
                 self._emit_partial()
             self._release()
             self._current, self._offset, self._partial, self._file = path, 0, b"", None
+            self._cut = 0
             self._read_from(path)
 
     def finish(self) -> None:
         """A last line with no newline yet, emitted as it is: called when not following, so
         a crashed host's torn last line is shown (marked by the printer) rather than held
         back for ever."""
-        if self._partial.strip():
+        if self._partial.strip() or self._cut:
             self._emit_partial()
-        self._partial = b""
+        self._partial, self._cut = b"", 0
 
     def _emit_at(self, line: bytes, offset: int) -> None:
         self.line_at = None if self._current is None else (self._current, offset)
         self._emit(line.decode("utf-8", errors="surrogateescape"))
 
     def _emit_partial(self) -> None:
-        self._emit_at(self._partial, self._offset - len(self._partial))
+        self._emit_at(self._partial, self._offset - len(self._partial) - self._cut)
 
     def _open(self, path: Path) -> int | None:
         """``path`` opened for reading; None when it is gone or no regular file (named)."""
@@ -206,20 +212,40 @@ class LogTail:
         # (a 13 MB log took `intloom logs RUN` to 63 MB; a host's log grows for its life).
         os.lseek(fd, self._offset, os.SEEK_SET)
         while chunk := os.read(fd, _CHUNK):
-            at = self._offset - len(self._partial)
+            at = self._offset - len(self._partial) - self._cut
             self._offset += len(chunk)
-            *lines, self._partial = (self._partial + chunk).split(b"\n")
+            end = chunk.find(b"\n")
+            if end < 0:  # the line goes on: kept up to the cap, never joined again
+                self._keep(chunk)
+                continue
+            self._keep(chunk[:end])
+            first, cut = self._partial, self._cut
+            *lines, self._partial = chunk[end + 1:].split(b"\n")
+            self._cut = 0
+            if first.strip() or cut:  # a line past the cap is shown (cut), never blank
+                self._emit_at(first, at)
+            at += len(first) + cut + 1
             for line in lines:
-                if line.strip():
-                    self._emit_at(line, at)
+                if line.strip() or len(line) > _LINE_CAP:
+                    self._emit_at(line[:_LINE_CAP], at)
                 at += len(line) + 1
+            if len(self._partial) > _LINE_CAP:
+                self._cut, self._partial = (len(self._partial) - _LINE_CAP,
+                                            self._partial[:_LINE_CAP])
+
+    def _keep(self, more: bytes) -> None:
+        """More of the line being read, kept up to ``_LINE_CAP``; the rest counted."""
+        room = _LINE_CAP - len(self._partial)
+        if room > 0:
+            self._partial += more[:room]
+        self._cut += max(0, len(more) - max(room, 0))
 
     def _restart(self, path: Path, fact: str) -> None:
-        if self._partial.strip():
+        if self._partial.strip() or self._cut:
             # The end of a line that will not be completed here: shown as torn, as finish()
             # shows one, rather than dropped.
             self._emit_partial()
-        self._offset, self._partial = 0, b""
+        self._offset, self._partial, self._cut = 0, b"", 0
         if self._on_reread is not None:
             self._on_reread(path, fact)
 
