@@ -121,14 +121,19 @@ RAISING = textwrap.dedent('''
 QUIET = ["EXECUTION_OWNERSHIP_LOST", "RUN_CHECKPOINT_FAILED"]
 
 
-@pytest.fixture
-def client(project: Project) -> Iterator[Client]:
-    (project.root / "workflows" / "raising.py").write_text(RAISING)
+def _serving(project: Project, name: str, source: str) -> Iterator[Client]:
+    """A host for the project with ``source`` added as workflows/``name``.py; a client."""
+    (project.root / "workflows" / f"{name}.py").write_text(source)
     (project.root / "intloom.toml").write_text(
-        'workflows = ["workflows/example.py", "workflows/raising.py"]\n')
+        f'workflows = ["workflows/example.py", "workflows/{name}.py"]\n')
     start(project)
     with Client.connect(project.root) as connected:
         yield connected
+
+
+@pytest.fixture
+def client(project: Project) -> Iterator[Client]:
+    yield from _serving(project, "raising", RAISING)
 
 
 def _line(start: str) -> int:
@@ -261,12 +266,7 @@ CANCELLING = textwrap.dedent('''
 
 @pytest.fixture
 def cancelling(project: Project) -> Iterator[Client]:
-    (project.root / "workflows" / "cancelling.py").write_text(CANCELLING)
-    (project.root / "intloom.toml").write_text(
-        'workflows = ["workflows/example.py", "workflows/cancelling.py"]\n')
-    start(project)
-    with Client.connect(project.root) as connected:
-        yield connected
+    yield from _serving(project, "cancelling", CANCELLING)
 
 
 def test_a_step_that_cancels_its_own_task_then_returns_shows_the_end_it_recorded(

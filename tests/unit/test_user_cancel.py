@@ -41,6 +41,29 @@ async def _runtime(tmp_path: Path, wf: intloom.Workflow) -> tuple[Runtime, Store
     return rt, store
 
 
+async def _ten_runs(tmp_path: Path, wf: intloom.Workflow, pause: float = 0.0,
+                    kept: dict[str, Runtime] | None = None) -> list[Any]:
+    """Ten Runs of ``wf``, one after another, each to its stable view; ``pause`` after each
+    (a crew's late Step, if any, runs meanwhile)."""
+    rt, store = await _runtime(tmp_path, wf)
+    if kept is not None:
+        kept["rt"] = rt
+    try:
+        ended = []
+        for _ in range(10):
+            view = await rt.create_run(wf.name, "x")
+            ended.append(await asyncio.wait_for(rt.wait_stable(view.run_id), 20))
+            await asyncio.sleep(pause)
+        return ended
+    finally:
+        await store.close()
+
+
+def _all_failed(ended: list[Any]) -> None:
+    assert {(v.status, v.last_error.code if v.last_error else None) for v in ended} == {
+        ("failed", "STEP_EXECUTION_FAILED")}, ended
+
+
 def test_no_sync_step_runs_after_its_run_failed_for_a_cancel(tmp_path: Path) -> None:
     runtime: dict[str, Runtime] = {}
     seen: collections.Counter[str] = collections.Counter()
@@ -60,22 +83,7 @@ def test_no_sync_step_runs_after_its_run_failed_for_a_cancel(tmp_path: Path) -> 
         ctx.state = Count(n=ctx.state.n + 1)
         return "done" if ctx.state.n >= 1_000_000 else "again"
 
-    async def main() -> list[Any]:
-        rt, store = await _runtime(tmp_path, wf)
-        runtime["rt"] = rt
-        try:
-            ended = []
-            for _ in range(10):
-                view = await rt.create_run("crewed", "x")
-                ended.append(await asyncio.wait_for(rt.wait_stable(view.run_id), 20))
-                await asyncio.sleep(0.05)  # a crew's late Step, if any, runs meanwhile
-            return ended
-        finally:
-            await store.close()
-
-    ended = asyncio.run(main())
-    assert {(v.status, v.last_error.code if v.last_error else None) for v in ended} == {
-        ("failed", "STEP_EXECUTION_FAILED")}, ended
+    _all_failed(asyncio.run(_ten_runs(tmp_path, wf, pause=0.05, kept=runtime)))
     assert seen["terminal"] == 0, dict(seen)  # no Step ran on a Run that had ended
     assert seen["executing"] > 0, dict(seen)
 
@@ -99,17 +107,4 @@ def test_a_cancel_repeated_until_the_task_ends_still_shows_the_failure(tmp_path:
         await asyncio.sleep(10)
         return "ok"
 
-    async def main() -> list[Any]:
-        rt, store = await _runtime(tmp_path, wf)
-        try:
-            ended = []
-            for _ in range(10):
-                view = await rt.create_run("repeated", "x")
-                ended.append(await asyncio.wait_for(rt.wait_stable(view.run_id), 10))
-            return ended
-        finally:
-            await store.close()
-
-    ended = asyncio.run(main())
-    assert {(v.status, v.last_error.code if v.last_error else None) for v in ended} == {
-        ("failed", "STEP_EXECUTION_FAILED")}, ended
+    _all_failed(asyncio.run(_ten_runs(tmp_path, wf)))
