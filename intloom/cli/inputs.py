@@ -346,3 +346,26 @@ def read_answer(answer: str, *, hint: bool = True) -> Any:
             '"isSkipped": true}.',
         )
     return value
+
+
+def run_id_problem(run_id: str) -> IntloomError | None:
+    """INVALID_REQUEST for a RUN whose command-line bytes are not UTF-8 (they reach Python as
+    lone surrogates) or that is empty, else None. No Run's id holds such bytes (ids are
+    ASCII): reading the store with one failed CLI_INTERNAL_ERROR (exit 70) where attach and
+    cancel refuse it, and logs said it had "no log records about" it, exit 0."""
+    if not run_id:
+        return IntloomError("INVALID_REQUEST", "RUN is empty; nothing was read. Pass a Run's id "
+                            "(RUN-<UTC>-<random>; intloom runs lists the current host's Runs).")
+    try:
+        run_id.encode("utf-8")
+    except UnicodeEncodeError:
+        misread = locale_misreads(run_id)
+        fact = (f"cannot be read: {misread}" if misread is not None else
+                "holds bytes that are not UTF-8 text, as the command line passed them, and no "
+                "Run id does (a Run id is RUN-<UTC>-<random>, in ASCII)")
+        return IntloomError(
+            "INVALID_REQUEST",
+            f"RUN {run_id!r} {fact}; nothing was read. Check the Run id (intloom runs lists "
+            "the current host's Runs).",
+        )
+    return None

@@ -89,3 +89,19 @@ def test_a_missing_log_of_the_named_host_is_said_not_replaced_in_silence(
             "missing_file", f".intloom/logs/{second['logFile']}"), first
     finally:
         ok(project.cli("stop", "--json"))
+
+
+@pytest.mark.parametrize("run_id", ["", "RUN-\udcff"], ids=["empty", "not-utf8"])
+def test_a_run_id_no_run_can_have_is_refused_as_inspect_refuses_it(
+    project: Project, run_id: str,
+) -> None:
+    """logs said "No log records about ..." (exit 0) where inspect refuses such an id."""
+    ok(project.cli("start", "--json"))
+    try:
+        for command in ("logs", "inspect"):
+            result = project.cli(command, run_id, "--json")
+            assert result.code == 1, (command, result.stdout, result.stderr)
+            assert result.json["error"]["code"] == "INVALID_REQUEST", (command, result.json)
+            assert "nothing was read" in result.json["error"]["message"]
+    finally:
+        ok(project.cli("stop", "--json"))

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from intloom.cli.commands.runs import RunArg
+from intloom.cli.inputs import run_id_problem
 from intloom.cli.options import CliState, command
 from intloom.cli.render import history_rows, plain
 from intloom.errors import IntloomError
@@ -39,25 +40,6 @@ def _not_found(run_id: str, where: object, missing: list[str] | None = None) -> 
     )
 
 
-def _not_utf8(run_id: str) -> IntloomError | None:
-    """INVALID_REQUEST for a RUN whose command-line bytes are not UTF-8 (they reach Python as
-    lone surrogates), else None. No Run's id holds such bytes (ids are ASCII), and reading
-    the store with one failed CLI_INTERNAL_ERROR (exit 70) where attach and cancel refuse it."""
-    from intloom.project import locale_misreads
-
-    try:
-        run_id.encode("utf-8")
-    except UnicodeEncodeError:
-        misread = locale_misreads(run_id)
-        fact = (f"cannot be read: {misread}" if misread is not None else
-                "holds bytes that are not UTF-8 text, as the command line passed them, and no "
-                "Run id does (a Run id is RUN-<UTC>-<random>, in ASCII)")
-        return IntloomError(
-            "INVALID_REQUEST",
-            f"RUN {run_id!r} {fact}; nothing was read. Check the Run id (intloom runs lists "
-            "the current host's Runs).",
-        )
-    return None
 
 
 def _went_on(entries: list[Any], state: Any) -> Any:
@@ -229,7 +211,7 @@ def inspect(state: CliState, run_id: RunArg) -> None:
     from intloom.project import ProjectPaths
 
     paths = ProjectPaths(state.root())
-    bad = _not_utf8(run_id)
+    bad = run_id_problem(run_id)
     if bad is not None:
         raise bad
     check_journals_dir(paths)  # never read journals through a link

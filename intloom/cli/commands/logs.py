@@ -290,6 +290,12 @@ def logs(
     """Show the host log (structured), optionally for one Run. Works offline."""
     from intloom.project import ProjectPaths
 
+    if run_id is not None:
+        from intloom.cli.inputs import run_id_problem
+
+        bad = run_id_problem(run_id)
+        if bad is not None:
+            raise bad
     root = state.root()
     paths = ProjectPaths(root)
     logs_dir = paths.logs
