@@ -922,6 +922,9 @@ class Client:
             f"gives no reply either. {find}. To wait as long as its Steps take, connect "
             "with Client.connect(root, request_timeout=None), or create Runs with "
             "create_run(..., wait=False) and then call wait_run.",
+            # A wait_run only reads: sent again, it waits again (a broken connection's says
+            # so). A create or an answer changed something, whose outcome is unknown.
+            retryable=isinstance(request, WaitRun),
         )
 
     def _send(self, request: Request) -> socket.socket:

@@ -1108,6 +1108,24 @@ def test_a_wait_outlasted_by_a_paused_host_does_not_claim_the_steps_still_run(
     assert "if the host is running" in message, message
     assert "intloom runs" in message and "wait_run" in message, message
     assert "request_timeout=None" in message, message
+    assert not late.value.retryable  # a create: sent again, it may create a second Run
+
+
+def test_a_wait_run_outlasted_is_retryable_as_every_read_is(project: Project) -> None:
+    """A wait_run past ``request_timeout`` said retryable=False, though it only reads and its
+    message says to call it again (a broken connection's wait_run said True)."""
+    service = start(project).service
+    with Client.connect(project.root, request_timeout=0.5) as client:
+        run = client.create_run("example", "notes", wait=False)
+        os.kill(service.pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(IntloomError) as late:
+                client.wait_run(run.run_id)
+        finally:
+            os.kill(service.pid, signal.SIGCONT)
+    assert late.value.code == "PROJECT_REQUEST_FAILED", late.value
+    assert late.value.retryable, late.value
+    assert f"wait_run({run.run_id!r})" in late.value.message, late.value.message
 
 
 def test_an_answer_after_a_client_cancel_does_not_credit_the_cli(project: Project) -> None:
