@@ -40,8 +40,6 @@ def _not_found(run_id: str, where: object, missing: list[str] | None = None) -> 
     )
 
 
-
-
 def _went_on(entries: list[Any], state: Any) -> Any:
     """The last readable record past ``state`` (a corrupt journal's fold stops at the damage):
     records that could not be checked against the state machine, but that are the Run's."""

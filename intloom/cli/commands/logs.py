@@ -317,11 +317,15 @@ def logs(
             f"{fact}; its records are not shown. {fix}."))
 
     named = _hosts_log(root, logs_dir)
-    if named is not None and not all_files and not os.path.lexists(named):
+    if named is not None and not os.path.lexists(named):
+        named_gone, named = named, None
+    else:
+        named_gone = None
+    if named_gone is not None and not all_files:
         # Its host's log removed (or moved): the newest one left, an earlier host's, was
         # shown in silence, as if it were that host's (a clean stop read for a killed host).
         fact = "service.json names this host log, which is not there (removed or moved)"
-        _file_note(renderer, root, "missing_file", named, fact, lambda shown: (
+        _file_note(renderer, root, "missing_file", named_gone, fact, lambda shown: (
             f"{shown} is missing: service.json names it as its host's log, and it is not "
             "there (removed or moved). What follows is the newest log left, an earlier "
             "host's; intloom logs --all shows every log there is."))
@@ -366,8 +370,7 @@ def logs(
         elif not all_files:
             # A host killed between creating its log and writing a line leaves an empty
             # file, which printed nothing at all, as if logs had failed.
-            newest = (named if named is not None and os.path.lexists(named)
-                      else log_files(logs_dir)[-1])
+            newest = named or log_files(logs_dir)[-1]
             renderer.note(f"The newest log, {newest.name}, has no record yet: its host wrote "
                           "none (it ended, or was killed, as it started). intloom logs --all "
                           "shows the earlier hosts' logs.")
