@@ -27,6 +27,7 @@ __all__ = [
     "UnlinkBar",
     "UnlinkRefusal",
     "above_standard",
+    "aside",
     "atomic_write",
     "check_private_dir",
     "dir_problem",
@@ -444,6 +445,18 @@ def _ansi_c(char: str) -> str:
     return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
 
 
+def aside(path: Path, suffix: str) -> Path:
+    """Where advice moves a file intloom cannot use: beside it, or, for one inside
+    ``.intloom/``, out of it into the project as ``intloom-<its path there>``. ``inspect``
+    reports every name in the checkpoint store it did not write, and ``doctor`` every one in
+    ``logs/``: a file moved beside it there would be reported again at every look."""
+    for parent in path.parents:
+        if parent.name == ".intloom":
+            inside = "-".join(path.relative_to(parent).parts)
+            return parent.parent / f"intloom-{inside}{suffix}"
+    return Path(f"{path}{suffix}")
+
+
 def privacy_fix(error: PrivacyError) -> str:
     """What to do about ``error``, by its fact: a wrong mode is fixed with chmod, but a
     link, a file of the wrong kind or another user's file is not."""
@@ -454,12 +467,12 @@ def privacy_fix(error: PrivacyError) -> str:
         mode = "700" if "0700" in fact else "600"
         return f"Run chmod {mode} {path}, then try again"
     if fact.startswith("is owned by uid"):
-        return (f"Move it aside (mv {path} {shell_arg(f'{error.path}.foreign')}) or, if its "
-                "content is yours, "
+        return (f"Move it aside (mv {path} {shell_arg(aside(error.path, '.foreign'))}) or, if "
+                "its content is yours, "
                 f"chown it to yourself (uid {os.getuid()}); then try again")
     if fact.startswith(("is a symbolic link", "is not a")):
-        return (f"Move it aside (mv {path} {shell_arg(f'{error.path}.bad')}), or put the real "
-                "file or directory there instead of it; then try again")
+        return (f"Move it aside (mv {path} {shell_arg(aside(error.path, '.bad'))}), or put the "
+                "real file or directory there instead of it; then try again")
     return "Check it (ls -l), then try again"
 
 
