@@ -1005,7 +1005,11 @@ class Client:
             ) from exc
         if fresh.hello.instance_id != self.hello.instance_id:
             fresh.close()
-            self._shut(f"{why}, and connecting again failed")
+            # Said by every later request too: "connecting again failed" sent a program
+            # looking for a host that was not there, when another one serves.
+            self._shut(f"{why}; the host this client was connected to (instance "
+                       f"{self.hello.instance_id}) has stopped, and another one (instance "
+                       f"{fresh.hello.instance_id}) runs the project now")
             raise IntloomError(
                 "PROJECT_CONNECTION_FAILED",
                 f"The host this client was connected to (instance {self.hello.instance_id}) "

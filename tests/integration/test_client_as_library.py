@@ -222,6 +222,26 @@ def test_a_client_whose_host_stopped_says_to_connect_again(project: Project) -> 
         assert first.value.__cause__.code == "CLI_SERVICE_OFFLINE"
 
 
+def test_a_client_whose_host_was_replaced_says_so_at_every_request(project: Project) -> None:
+    """One Client kept across a restart: its first request was refused (another host
+    instance runs the project), but every request after it said "the host closed it, and
+    connecting again failed", though connecting had worked and found the new host."""
+    start(project)
+    with Client.connect(project.root) as client:
+        old = client.hello.instance_id
+        assert stop_service(project.root) is True
+        new = start(project).service.instance_id
+        assert new != old
+        for _ in range(2):
+            with pytest.raises(IntloomError) as refused:
+                client.status()
+            message = refused.value.message
+            assert refused.value.code == "PROJECT_CONNECTION_FAILED", refused.value
+            assert "connecting again failed" not in message, message
+            assert old in message and new in message, message
+            assert "Nothing was sent" in message, message
+
+
 def test_a_hello_failure_keeps_its_words_across_processes(
         project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
     """A HelloFailed (here a paused host's) raised in a worker process (ProcessPoolExecutor,
