@@ -20,6 +20,7 @@ __all__ = [
     "confirmation_request",
     "json_gap",
     "questions_request",
+    "unencodable_part",
     "validate_answer",
 ]
 
@@ -172,6 +173,47 @@ def json_gap(value: Any, at: Any = None, says: dict[str, tuple[str, str]] = SENT
     return None
 
 
+def unencodable_part(value: Any) -> str | None:
+    """``$.meta.handle is object``: the first part of ``value`` msgspec's JSON encoder
+    refuses, by its path as encoded (a renamed field by its encoded name), or None (when no
+    single part is to blame). On an error path only: "cannot be encoded as JSON (Encoding
+    objects of type object is unsupported)" left the user to search a whole State for it."""
+    stack: list[tuple[Any, tuple[Any, str | int] | None, int]] = [(value, None, 0)]
+    seen: set[int] = set()
+    while stack:
+        item, place, depth = stack.pop()
+        if type(item) in _SCALARS:
+            continue
+        parts: list[tuple[str | int, Any]] | None = None
+        if id(item) not in seen and depth < _MAX_DEPTH:
+            if isinstance(item, msgspec.Struct):
+                parts = [(f.encode_name, getattr(item, f.name))
+                         for f in msgspec.structs.fields(item)]
+            elif dataclasses.is_dataclass(item) and not isinstance(item, type):
+                parts = [(f.name, getattr(item, f.name)) for f in dataclasses.fields(item)]
+            elif isinstance(item, dict):
+                for key in item:
+                    try:
+                        msgspec.json.encode({key: None})
+                    except (TypeError, OverflowError, msgspec.EncodeError, UnicodeEncodeError,
+                            RecursionError):
+                        return f"{json_path(place)} has the key {key!r} ({type(key).__name__})"
+                parts = [(key if isinstance(key, str) else repr(key), part)
+                         for key, part in item.items()]
+            elif isinstance(item, (list, tuple, set, frozenset)):
+                parts = list(enumerate(item))
+        if parts is not None:
+            seen.add(id(item))
+            stack.extend((part, (place, key), depth + 1) for key, part in reversed(parts))
+            continue
+        try:
+            msgspec.json.encode(item)
+        except (TypeError, OverflowError, msgspec.EncodeError, UnicodeEncodeError,
+                RecursionError):
+            return f"{json_path(place)} is {type(item).__name__}"
+    return None
+
+
 def confirmation_request(context: Any, where: str) -> dict[str, Any]:
     """The wire request of a confirmation; ``context`` must be JSON-encodable. ``where``
     names the Step asking (``Stage 'a', Step 'b'``), for the error."""
@@ -189,10 +231,12 @@ def confirmation_request(context: Any, where: str) -> dict[str, Any]:
     except RecursionError:
         too_deep = True
     except (TypeError, msgspec.EncodeError, UnicodeEncodeError) as exc:
+        part = unencodable_part(context)
         raise IntloomError(
             "STEP_INTERACTION_INVALID",
-            f"{where}: the context given to ctx.confirm is not JSON-encodable ({exc}). Pass "
-            "plain data (str, numbers, bools, None, lists, dicts, msgspec Structs).",
+            f"{where}: the context given to ctx.confirm is not JSON-encodable "
+            f"({f'{part}: ' if part else ''}{exc}). Pass plain data (str, numbers, bools, "
+            "None, lists, dicts, msgspec Structs).",
         ) from None
     if too_deep:
         raise IntloomError(

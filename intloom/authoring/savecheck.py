@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 import msgspec
 
 from intloom.authoring.compat import deterministic_json
-from intloom.authoring.interaction import json_gap
+from intloom.authoring.interaction import json_gap, unencodable_part
 from intloom.errors import IntloomError, a_an, clip
 from intloom.runtime.plainjson import MAX_DEPTH, json_path
 from intloom.runtime.records import UNENCODABLE
@@ -434,11 +434,12 @@ def encode_state(value: Any, where: str | Step[Any], state_type: type | None,
                 "errors='replace', keep their hex, or keep the bytes in a `bytes` field; "
                 "this State was not saved.",
             ) from None
+        part = unencodable_part(value)
         raise IntloomError(
             "STAGE_STATE_INVALID",
             f"{where}: the Stage State it left ({type(value).__name__}) cannot be encoded as "
-            f"JSON ({exc}). Keep its fields to plain data (str, numbers, bools, None, lists, "
-            "dicts, msgspec Structs).",
+            f"JSON ({f'{part}: ' if part else ''}{exc}). Keep its fields to plain data (str, "
+            "numbers, bools, None, lists, dicts, msgspec Structs).",
         ) from None
     if state_type is None:
         return data

@@ -29,7 +29,12 @@ from intloom.authoring.context import (
     left_behind,
     unawaited,
 )
-from intloom.authoring.interaction import confirmation_request, json_gap, questions_request
+from intloom.authoring.interaction import (
+    confirmation_request,
+    json_gap,
+    questions_request,
+    unencodable_part,
+)
 from intloom.authoring.loader import LoadedWorkflow, raised_at
 from intloom.authoring.savecheck import encode_state as _encode_state
 from intloom.authoring.savecheck import state_codec as _state_codec
@@ -984,7 +989,8 @@ def _unencodable_at(value: Any, exc: BaseException) -> str:
         found = wire_problem(msgspec.to_builtins(value))
         if found is not None:
             return found
-    return f"{type(exc).__name__}: {message_of(exc)}"
+    part = unencodable_part(value)  # what to_builtins refuses too (an object())
+    return f"{part} ({type(exc).__name__})" if part else f"{type(exc).__name__}: {message_of(exc)}"
 
 
 def _shown(value: Any, limit: int | None = None) -> str:

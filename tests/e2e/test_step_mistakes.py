@@ -530,7 +530,7 @@ def test_an_unencodable_state_names_the_step_and_the_fix(mistakes: Project) -> N
     assert error["code"] == "STAGE_STATE_INVALID", error
     message = error["message"]
     assert message.startswith("Stage 'main', Step 'unencodable_state': "), message
-    assert "Box" in message and "cannot be encoded as JSON" in message
+    assert "Box" in message and "cannot be encoded as JSON ($.extra is object: " in message
     assert "plain data" in message
     ok(mistakes.cli("stop", "--json"))
 

@@ -1,0 +1,49 @@
+"""A State or a confirmation's context that msgspec cannot encode is refused naming the part
+to blame: "cannot be encoded as JSON (Encoding objects of type object is unsupported)" left
+the user to search a whole State for it."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import msgspec
+import pytest
+
+from intloom.authoring.interaction import confirmation_request, unencodable_part
+from intloom.authoring.savecheck import encode_state
+from intloom.errors import IntloomError
+
+
+class Box(msgspec.Struct):
+    count: int = 0
+    extra: Any = None
+    renamed: Any = msgspec.field(default=None, name="shownAs")
+
+
+@dataclasses.dataclass
+class Holder:
+    inner: Any
+
+
+def test_the_state_names_the_part_msgspec_refuses() -> None:
+    state = Box(extra={"notes": ["a", Holder(inner=object())]})
+    with pytest.raises(IntloomError) as refused:
+        encode_state(state, "Stage 's', Step 'x'", Box)
+    assert refused.value.code == "STAGE_STATE_INVALID"
+    message = refused.value.message
+    assert message.startswith("Stage 's', Step 'x': the Stage State it left (Box) cannot be "
+                              "encoded as JSON ($.extra.notes[1].inner is object: "), message
+
+
+def test_a_renamed_field_and_a_key_are_named_as_encoded() -> None:
+    assert unencodable_part(Box(renamed=[1, {2, 3}, object()])) == "$.shownAs[2] is object"
+    assert unencodable_part(Box(extra={(1, 2): "v"})) == "$.extra has the key (1, 2) (tuple)"
+    assert unencodable_part(Box(extra={"a": [1, 2**70, "x"]})) is None  # JSON has big ints
+
+
+def test_a_confirmation_context_names_the_part() -> None:
+    with pytest.raises(IntloomError) as refused:
+        confirmation_request({"order": {"id": 4, "client": object()}}, "Stage 's', Step 'x'")
+    assert refused.value.code == "STEP_INTERACTION_INVALID"
+    assert "($.order.client is object: " in refused.value.message, refused.value.message
