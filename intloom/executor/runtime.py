@@ -1505,10 +1505,13 @@ class Runtime:
                 return held.ended, True
             if not held.dismissible or held.state is None:
                 raise held.error()
-            # Its code may have been cut mid-effect: say so, as a cancel of a live Run does;
-            # no restart names it once the Run has ended.
-            cut = ("" if held.state.effect_in_flight is None else
-                   f" {restart_verdict(held.state, has_recover=False).reason}.")
+            # Its code may have been cut (mid-effect, mid-Step, or an Agent task claimed):
+            # say so, as a cancel of a live Run does; no restart names it once the Run has
+            # ended. Only what is interrupted whatever the code declares: a held Run's
+            # code (its recover entry) is not loaded.
+            verdicts = [restart_verdict(held.state, has_recover=has) for has in (False, True)]
+            cut = (f" {verdicts[0].reason}." if all(v.row == "interrupted" for v in verdicts)
+                   else "")
             record = Terminal(
                 at=clock.now(), status="failed",
                 error=error_view(

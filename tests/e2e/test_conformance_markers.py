@@ -239,3 +239,26 @@ def test_cancelling_a_held_run_records_the_effect_it_cut(proj: Project) -> None:
     assert inspected["lastError"]["message"] == message  # as recorded in the journal
     (proj.root / "gates" / "effect:download.hold").unlink()
     ok(proj.cli("stop", "--json"))
+
+
+def test_cancelling_a_held_run_records_the_step_it_cut(proj: Project) -> None:
+    """As the effect above, for a Run killed in a Step with no effect in flight: its cancel
+    said only why it was held, and that the Step had been running was lost with the Run."""
+    hold(proj, "step:fetch")
+    pid = ok(proj.cli("start", "--json"))["service"]["pid"]
+    run_id = ok(proj.cli("flow", "reference", "--intent", "kill mid-step", "--detach",
+                         "--json"))["run"]["runId"]
+    entered(proj, "step:fetch")
+    proj.kill_host()
+    source = proj.root / "workflows" / "reference" / "reference.py"
+    source.write_text(source.read_text() + "\n# changed after the crash\n")
+    assert restart_after_kill(proj, pid)["restore"]["needsAttention"] == [run_id]
+
+    ended = ok(proj.cli("cancel", run_id, "--json"))["run"]
+    message = ended["lastError"]["message"]
+    assert ended["lastError"]["code"] == "RUN_STOPPED", ended
+    assert "while it was held" in message, message
+    assert "fetch was running; no effect was in flight." in message, message
+    (proj.root / "gates" / "step:fetch.hold").unlink()
+    ok(proj.cli("stop", "--json"))
+
