@@ -144,6 +144,10 @@ class StopResult(msgspec.Struct, frozen=True):
     # since_log), for which the next start holds their unfinished Runs, not resumes them:
     # "Run intloom start to resume them" alone was not so. Only ``stop_service_report``.
     changed: list[SourceChange] = msgspec.field(default_factory=list)
+    # False: the host exited before it ever served (its start was given up or failed), not
+    # asked by this stop: it had taken on no Run, so it suspended none and its log says
+    # nothing of them ("its log does not say ..., as on a full disk" blamed the disk).
+    served: bool = True
 
 
 # ----- shared --------------------------------------------------------------------------------
@@ -158,6 +162,15 @@ def _owner_gone(paths: ProjectPaths, pid: int, create_time: float, boot: str | N
     if process.state != "gone":
         return False
     return judge(probe_lock(paths.service_lock), process) == "gone"
+
+
+def _process_gone(paths: ProjectPaths, pid: int, create_time: float, boot: str | None) -> bool:
+    """True only on proof that the process is gone (pid, create time, boot), whoever holds
+    the OS lock."""
+    from intloom.host.liveness import probe_process
+    from intloom.host.metadata import boot_id
+
+    return probe_process(pid, create_time, boot, boot_id(), paths.service_lock).state == "gone"
 
 
 def _os_lock(paths: ProjectPaths) -> str:
@@ -1504,6 +1517,10 @@ def stop_service_report(root: str | os.PathLike[str], *, timeout: float | None =
         raise _unmatched_connection(paths, info, conn, target)
     tried = False  # the request is tried at most once, whether or not it could be sent
     asked = _Asked(_STARTING)
+    # A host already dead cannot be stopped: files of it that vanish during this stop were
+    # removed by another command (intloom recover, which holds the OS lock meanwhile, so
+    # _owner_gone cannot tell), and "The original service instance stopped" was claimed.
+    dead = _process_gone(paths, target.pid, target.create_time, target.boot_id)
     log = log_path(paths, info.log_file) if info is not None else None
     if info is not None:
         asked = _request_stop(root, paths, target, deadline, log)
@@ -1513,12 +1530,20 @@ def stop_service_report(root: str | os.PathLike[str], *, timeout: float | None =
     elif timeout is None:
         deadline = began + _STARTING_TIMEOUT
     told = starting is None
+
+    def released() -> StopResult:
+        if dead:
+            return StopResult(stopped=False, cut=[])  # as once its files are gone
+        if not tried:
+            return StopResult(stopped=True, cut=[], suspended=0, served=False)
+        return _with_changes(root, _stopped(log), log)
+
     while True:
         if _released(paths, target):
-            return _with_changes(root, _stopped(log), log)
+            return released()
         if _owner_gone(paths, target.pid, target.create_time, target.boot_id):
             if _released(paths, target):
-                return _with_changes(root, _stopped(log), log)
+                return released()
             raise IntloomError("CLI_SERVICE_BUSY", _unverified(paths, target, asked, log))
         if not tried:
             # Observed only by its lock (still starting): ask once it serves.

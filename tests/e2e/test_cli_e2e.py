@@ -712,7 +712,7 @@ def test_run_lifecycle_through_the_cli(project: Project) -> None:
     stop = project.cli("stop", "--json")
     assert only_json(stop) == {"projectRoot": str(project.root), "stopped": True, "cut": [],
                                "cutCount": 0, "lost": [], "lostCount": 0, "suspended": 0,
-                               "others": 0, "changedSinceLoad": []}
+                               "others": 0, "changedSinceLoad": [], "served": True}
     assert project.cli("stop").stdout.startswith("The service is not running; no stop is needed.")
     # inspect works offline
     assert project.cli("inspect", run_id).code == 0

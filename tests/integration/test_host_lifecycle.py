@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -500,3 +501,67 @@ def test_start_against_a_hung_host_still_reports_it(
         start_service(project.root, timeout=30)
     assert failed.value.code == "CLI_SERVICE_UNAVAILABLE"
     assert metadata(project, "service.json")["instanceId"] == old.instance_id
+
+
+def test_a_stop_whose_dead_host_another_command_cleans_up_claims_no_stop(
+    project: Project, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A SIGKILLed host's files, removed by intloom recover while a stop polled (recover
+    holds the OS lock, so the stop could not call them leftovers): the stop said "The
+    original service instance stopped", of a host that had crashed. Nothing ran to stop: it
+    says what it says once recover is done, that the service is not running."""
+    import fcntl
+
+    start(project)
+    with Client.connect(project.root) as client:
+        assert client.create_run("example", "notes").status == "waiting"
+    project.kill_host()
+    lock = os.open(project.state / "service.lock", os.O_RDONLY)
+    real = lifecycle._released
+
+    def released(*args: Any) -> bool:
+        # What recover does under the OS lock, after the stop observed the files.
+        (project.state / "service.json").unlink(missing_ok=True)
+        (project.state / "service.lock").unlink(missing_ok=True)
+        return real(*args)
+
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        monkeypatch.setattr(lifecycle, "_released", released)
+        result = lifecycle.stop_service_report(project.root, timeout=10)
+    finally:
+        os.close(lock)
+    assert result.stopped is False, result
+
+
+def test_a_starting_host_that_exits_unasked_is_not_said_to_have_lost_its_log(
+    project: Project, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stop waiting for a host still starting, whose start is then given up (start
+    --timeout, a Ctrl-C: the host gets SIGTERM and exits before it serves): the stop said its
+    log "does not say what the stop did to the unfinished Runs (... as on a full disk)". The
+    host never served, took on no Run, and was not stopped by this stop; it says so."""
+    from intloom.cli.commands.service import stop_fields, stop_lines
+
+    hold, starting, started = _held_start(project)
+    pid = metadata(project, "service.lock")["pid"]
+    real = lifecycle._released
+
+    def released(*args: Any) -> bool:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)  # what a start that gives up does to its host
+        return real(*args)
+
+    monkeypatch.setattr(lifecycle, "_released", released)
+    try:
+        result = lifecycle.stop_service_report(project.root, timeout=30)
+    finally:
+        hold.unlink(missing_ok=True)
+        starting.join(timeout=60)
+    assert (result.stopped, result.served, result.suspended) == (True, False, 0), result
+    [line] = stop_lines(result)
+    assert line.startswith("The original service instance stopped. It exited before it ever "
+                           "served requests (its start was given up, or failed), not asked "
+                           "by this stop"), line
+    assert "full disk" not in line
+    assert stop_fields(result)["served"] is False

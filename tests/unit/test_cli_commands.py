@@ -642,7 +642,7 @@ def test_stop(capsys: pytest.CaptureFixture[str], proj: Path,
         "projectRoot": str(proj.resolve()), "stopped": True,
         "cut": [{"runId": "RUN-a", "evidence": "Step main/pay was running"}], "cutCount": 3,
         "lost": [], "lostCount": 0, "suspended": None, "others": 0,
-        "changedSinceLoad": []}
+        "changedSinceLoad": [], "served": True}
     assert [(op, root, {k: v for k, v in kw.items() if k != "starting"})
             for op, root, kw in lifecycle] == [("stop", proj.resolve(), {"timeout": 3.0})]
     assert callable(lifecycle[0][2]["starting"])  # told while a starting host is awaited

@@ -157,7 +157,7 @@ def stop_fields(result: StopResult) -> dict[str, Any]:
     return {"cut": listed(result.cut), "cutCount": result.cut_count,
             "lost": listed(result.lost), "lostCount": result.lost_count,
             "suspended": result.suspended, "others": result.others,
-            "changedSinceLoad": plain(result.changed)}
+            "changedSinceLoad": plain(result.changed), "served": result.served}
 
 
 def _listed(runs: list[CutRun], count: int) -> list[str]:
@@ -173,6 +173,11 @@ def stop_lines(result: StopResult,
     cannot restore (both come back RUN_INTERRUPTED), and how many it resumes; after
     ``first``, the sentence saying the host stopped."""
     lines = [first]
+    if not result.served:
+        return _joined([first, "It exited before it ever served requests (its start was "
+                        "given up, or failed), not asked by this stop, so it had taken on no "
+                        "Run: the unfinished Runs are as the host before it left them "
+                        "(intloom doctor previews what the next start does with each)."])
     n = result.cut_count
     if n:
         lines.append(
