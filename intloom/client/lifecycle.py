@@ -228,13 +228,29 @@ _CUT_OFF: Final = frozenset(
     {"CLI_SERVICE_UNAVAILABLE", "PROJECT_CONNECTION_FAILED", "PROJECT_REQUEST_FAILED"})
 
 
-def _paused_host(pid: int, *, stopping: bool = False) -> IntloomError:
+def _paused_host(pid: int, *, stopping: bool = False, starting: bool = False,
+                 stop: bool = False) -> IntloomError:
     """CLI_SERVICE_UNAVAILABLE for start against a host stopped by a signal, as for any
     host that does not answer the hello (docs/lifecycle.md, start step 1), not
     CLI_SERVICE_BUSY: its way out, "use intloom recover only after its owner has exited",
     is none for a process that is alive and holds the project. The client's "then try
     again" left open whether start would launch over it. ``stopping``: it was paused after
-    it closed its listener on its way out; it was waited for until --timeout."""
+    it closed its listener on its way out; it was waited for until --timeout. ``starting``:
+    it was paused before it served; start and stop (``stop``) waited for it, silent, for
+    300 s, and advised a kill -TERM that a stopped process does not take."""
+    doing = ("Nothing was sent: a stop can be asked only of a host that serves." if stop
+             else "intloom start did not start a second host beside it.")
+    then = ", and intloom stop stops it" if stop else ", and intloom start reuses it"
+    if starting:
+        return IntloomError(
+            "CLI_SERVICE_UNAVAILABLE",
+            f"The project's host (pid {pid}) is still starting (it holds service.lock and has "
+            "not served yet) and is stopped by a signal (SIGSTOP, Ctrl-Z or a debugger): it "
+            f"will not serve until it is resumed. {doing} Resume it with kill -CONT {pid}: it "
+            f"then finishes its start and serves{then}. To end its start instead, "
+            f"kill -TERM {pid}, then kill -CONT {pid} (a stopped process takes the signal "
+            "only once resumed).",
+        )
     if stopping:
         return IntloomError(
             "CLI_SERVICE_UNAVAILABLE",
@@ -252,6 +268,21 @@ def _paused_host(pid: int, *, stopping: bool = False) -> IntloomError:
         f"{pid}: it then serves again, and intloom start reuses it (or intloom stop stops "
         "it).",
     )
+
+
+def _paused_starting(paths: ProjectPaths) -> int | None:
+    """The pid of the host still starting (it holds the lock, no service.json yet) when it
+    is stopped by a signal; None otherwise (a single sample, as for a stopping host: a
+    start traced by strace is not paused)."""
+    try:
+        lock = read_lock(paths.service_lock)
+    except IntloomError:
+        return None
+    if lock is None:
+        return None
+    from intloom.host.liveness import paused  # psutil: only while a host starts
+
+    return lock.pid if paused(lock.pid, traced=False) else None
 
 
 def _saved_service(paths: ProjectPaths) -> ServiceInfo | None:
@@ -556,6 +587,9 @@ def start_service(
             # A host that is starting right now (a concurrent start) will answer soon;
             # anything else behind a lock file is for doctor and recover, never for us.
             if owner == "starting" and time.monotonic() < deadline:
+                paused_pid = _paused_starting(paths)
+                if paused_pid is not None:
+                    raise _paused_host(paused_pid, starting=True)
                 # Another terminal's start may import for minutes: this one was silent
                 # until its --timeout (300 s), with nothing to say whose start it waited for.
                 now = time.monotonic()
@@ -1547,6 +1581,10 @@ def stop_service_report(root: str | os.PathLike[str], *, timeout: float | None =
             raise IntloomError("CLI_SERVICE_BUSY", _unverified(paths, target, asked, log))
         if not tried:
             # Observed only by its lock (still starting): ask once it serves.
+            from intloom.host.liveness import paused
+
+            if paused(target.pid, traced=False):
+                raise _paused_host(target.pid, starting=True, stop=True)
             try:
                 now_info = read_service(paths.service_json, root)
             except IntloomError:

@@ -565,3 +565,32 @@ def test_a_starting_host_that_exits_unasked_is_not_said_to_have_lost_its_log(
                            "by this stop"), line
     assert "full disk" not in line
     assert stop_fields(result)["served"] is False
+
+
+def test_start_and_stop_refuse_at_once_a_starting_host_that_is_paused(
+    project: Project,
+) -> None:
+    """A host paused (SIGSTOP) while it started: start and stop waited for it, silent, for
+    300 s, and start's note advised kill -TERM, which a stopped process does not take until
+    it is resumed. Both now say at once that it is paused, and how to go on."""
+    hold, starting, started = _held_start(project)
+    pid = metadata(project, "service.lock")["pid"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(IntloomError) as stop_refused:
+            lifecycle.stop_service_report(project.root, timeout=60)
+        with pytest.raises(IntloomError) as start_refused:
+            start_service(project.root, timeout=60)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        hold.unlink(missing_ok=True)
+        starting.join(timeout=60)
+    for refused, doing in ((stop_refused.value, "Nothing was sent"),
+                           (start_refused.value, "did not start a second host")):
+        assert refused.code == "CLI_SERVICE_UNAVAILABLE", refused
+        message = refused.message
+        assert f"host (pid {pid}) is still starting" in message, message
+        assert "stopped by a signal" in message and doing in message, message
+        assert f"kill -CONT {pid}" in message, message
+    assert len(started) == 1 and isinstance(started[0], StartResult), started  # it served
+    assert stop_service(project.root) is True
