@@ -699,12 +699,25 @@ def _next_port_check(conn: Connection | None, config: Config | None) -> Check | 
 
 
 def _connection_check(root: Path, has_owners: bool, running: bool = False,
-                      config: Config | None = None) -> Check:
+                      config: Config | None = None, live_pid: int | None = None) -> Check:
+    """``live_pid``: an owner of the host's files that is alive (or not provably gone)."""
     paths = ProjectPaths(root)
     try:
         conn: Connection | None = read_connection(paths.connection_json, root)
     except IntloomError as exc:
         return Check("connection", "attention", exc.here, _keep_it(paths.connection_json))
+    if conn is None and live_pid is not None:
+        # "Then run intloom recover" of a live host: recover refuses it (the service is
+        # running), as the owner checks beside this one say.
+        return Check(
+            "connection", "attention",
+            f"connection.json is missing while the host's files name a live owner (pid "
+            f"{live_pid}): a client reads the host's port and token only from that file, so "
+            "no command can reach it.",
+            "Put .intloom/connection.json back if you moved it. If it is lost: stop the "
+            f"host directly (kill -TERM {live_pid}: a graceful stop, which suspends its Runs "
+            "at their checkpoints), then run intloom start, which writes a new one.",
+        )
     if conn is None and has_owners:
         return Check(
             "connection", "attention",
@@ -996,7 +1009,9 @@ def run_doctor(root: Path) -> DoctorReport:
                      by_resource.get("service_info"), service_problem,
                      context("service.lock", lock_problem)),
         _connection_check(root, bool(diagnosis.owners) or lock_problem is not None
-                          or service_problem is not None, running, config),
+                          or service_problem is not None, running, config,
+                          next((o.pid for o in diagnosis.owners if o.status != "gone"),
+                               None)),
         _temp_files_check(paths),
     ]
     workflows_check, loaded = _workflows_check(root, config)

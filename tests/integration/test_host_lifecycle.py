@@ -594,3 +594,25 @@ def test_start_and_stop_refuse_at_once_a_starting_host_that_is_paused(
         assert f"kill -CONT {pid}" in message, message
     assert len(started) == 1 and isinstance(started[0], StartResult), started  # it served
     assert stop_service(project.root) is True
+
+
+def test_doctor_gives_a_live_host_whose_connection_json_is_gone_a_way_out_that_works(
+    project: Project,
+) -> None:
+    """connection.json moved away while the host runs: doctor's connection check said to put
+    it back "then run intloom recover", which refuses a running host (its owner checks said
+    to leave the files alone). It now names the host and the kill -TERM that stops it."""
+    from intloom.diagnostics import run_doctor
+
+    pid = start(project).service.pid
+    moved = project.root / "connection.json.moved"
+    (project.state / "connection.json").rename(moved)
+    try:
+        check = {c.id: c for c in run_doctor(project.root).checks}["connection"]
+    finally:
+        moved.rename(project.state / "connection.json")
+    assert check.status == "attention", check
+    assert f"live owner (pid {pid})" in check.message, check.message
+    assert check.next is not None and "intloom recover" not in check.next, check.next
+    assert f"kill -TERM {pid}" in check.next, check.next
+    assert stop_service(project.root) is True
