@@ -251,8 +251,21 @@ class IntloomError(Exception):
         super().__init__(self.message)
 
     def view(self) -> ErrorView:
-        """The flat projection that may leave the process."""
-        return ErrorView(code=self.code, message=self.message, retryable=self.retryable)
+        """The flat projection that may leave the process: its message as text the journal
+        and the socket can carry. An IntloomError raised by a Step with a lone surrogate in
+        its message (a file name, os.fsdecode) failed to encode as the Run's end, and the
+        Run stayed "running" for ever."""
+        message = self.message
+        if type(message) is not str:  # user code may pass anything: the record takes text
+            try:
+                message = str(message)
+            except Exception:
+                message = f"(its message, a {type(message).__name__}, cannot be shown)"
+        try:
+            message.encode("utf-8")
+        except UnicodeEncodeError:
+            message = message.encode("utf-8", "backslashreplace").decode("utf-8")
+        return ErrorView(code=self.code, message=message, retryable=bool(self.retryable))
 
     def __reduce__(self) -> tuple[object, ...]:
         # Rebuilt without calling __init__, whose signature is each subclass's own: calling

@@ -32,7 +32,7 @@ import msgspec
 
 from intloom.authoring.savecheck import encode_state
 from intloom.errors import IntloomError, LoadInterrupted, a_an, as_call, clip, message_of
-from intloom.runtime.limits import MAX_TOOLS_BYTES
+from intloom.runtime.limits import MAX_LABEL, MAX_TOOLS_BYTES
 
 if TYPE_CHECKING:
     from intloom.authoring.agent import AgentResult
@@ -212,6 +212,21 @@ def _check_name(workflow: str, where: str, kind: str, name: object) -> str:
     if not isinstance(name, str) or not _NAME.match(name):
         raise _bad(workflow, where, f"{kind} name {_name_fact(name)}", _NAME_RULE)
     return name
+
+
+def _check_label(workflow: str, where: str, what: str, text: str, fix: str) -> None:
+    """Refuse a version or an agent id that no view of a Run can carry (a lone surrogate:
+    every Run failed, or the host's start) or that would swell every view (``MAX_LABEL``)."""
+    if len(text) > MAX_LABEL:
+        raise _bad(workflow, where, f"{what} is {len(text):,} characters long, over the "
+                   f"{MAX_LABEL}-character limit (every view of its Runs shows it)", fix)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise _bad(workflow, where, f"{what} holds {text[exc.start]!r} at character "
+                   f"{exc.start:,}, half of a surrogate pair, which no view of its Runs can "
+                   "carry (text decoded with errors='surrogateescape', os.fsdecode)",
+                   fix) from None
 
 
 def callable_name(fn: object) -> str:
@@ -520,6 +535,9 @@ class Stage(Generic[S]):
                        f"agent {_shown_value(agent)} is not a string" if not isinstance(
                            agent, str) else f"agent {agent!r} is blank",
                        'Name the Agent that takes its tasks, e.g. agent="reviewer"')
+        _check_label(self.workflow.name, f"Stage {self.name!r}, Step {name!r}", "agent",
+                     agent, 'Name the Agent that takes its tasks in valid Unicode text, '
+                     'e.g. agent="reviewer"')
 
         def decorate(fn: AgentFn[S]) -> AgentStep[S]:
             _check_fn(self.workflow.name, f"Stage {self.name!r}, Step {name!r}",
@@ -563,6 +581,8 @@ class Workflow:
         if not version.strip():
             raise _bad(name, "definition", f"version {version!r} is empty",
                        'Pass version="1.0.0" (any non-empty label).')
+        _check_label(name, "definition", "version", version,
+                     'Pass a short label in valid Unicode text, e.g. version="1.0.0".')
         self.name = name
         self.version = version
         self.stages: dict[str, Stage[Any]] = {}

@@ -37,6 +37,24 @@ FAIL_HOOK: Final = "INTLOOM_TEST_LOG_FAIL_AT"
 Level = Literal["debug", "info", "warning", "error", "fatal"]
 
 _encoder: Final = msgspec.json.Encoder(enc_hook=str)
+
+
+def _escaped(value: Any, depth: int = 0) -> Any:
+    """``value`` with every text UTF-8 cannot carry (a lone surrogate) kept as its escape
+    (``\\udcff``), as errors.message_of keeps such a message."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "backslashreplace").decode("utf-8")
+        return value
+    if depth > 50:
+        return value
+    if isinstance(value, dict):
+        return {_escaped(k, depth + 1): _escaped(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_escaped(v, depth + 1) for v in value]
+    return value
 # Valid JSON as they are, but U+2028, U+2029 and U+0085 end a line for readers that split
 # text on Unicode line breaks (str.splitlines, many log tools): one record read as several.
 # JSON strings are the only place they can occur, so their escapes read back the same.
@@ -131,7 +149,13 @@ class HostLog:
         """Append one line; True when all of it was written."""
         if self._fd is None:
             return False
-        line = _encoder.encode({"time": utc_now(), "level": level, "event": event, **context})
+        record = {"time": utc_now(), "level": level, "event": event, **context}
+        try:
+            line = _encoder.encode(record)
+        except UnicodeEncodeError:
+            # Text holding a lone surrogate (a Workflow's version or error message built
+            # from os.fsdecode): the line failed, and with it the host's start.
+            line = _encoder.encode(_escaped(record))
         if _LINE_BREAK.search(line) is not None:  # rare: most lines are not copied again
             line = _LINE_BREAK.sub(_line_break_escape, line)
         # After a line cut short, the next one starts on a line of its own.

@@ -15,6 +15,7 @@ from typing import Final
 __all__ = [
     "MAX_EFFECT_ID",
     "MAX_INTENT_BYTES",
+    "MAX_LABEL",
     "MAX_LOGGED_MESSAGE",
     "MAX_OUTCOME",
     "MAX_RECORD_BYTES",
@@ -34,6 +35,10 @@ MAX_TOOLS_BYTES: Final = 64 * 1024
 MAX_EFFECT_ID: Final = 1024
 # A Run's intent, UTF-8 bytes: the CLI's --intent-file limit, kept by the host for every client.
 MAX_INTENT_BYTES: Final = 1 << 20
+# A Workflow's version and an Agent Step's agent id, in characters: labels in every view of
+# their Runs. Without a bound, a 5 MB version made every reply listing its Runs too large
+# (runs failed for the whole host until a restart, even after a cancel).
+MAX_LABEL: Final = 256
 # A Step's outcome, in characters. Route outcomes are names of at most 64 characters, so a
 # longer outcome can never be routed; past this one it is not even recorded.
 MAX_OUTCOME: Final = 1024

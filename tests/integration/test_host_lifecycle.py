@@ -543,7 +543,7 @@ def test_a_starting_host_that_exits_unasked_is_not_said_to_have_lost_its_log(
     host never served, took on no Run, and was not stopped by this stop; it says so."""
     from intloom.cli.commands.service import stop_fields, stop_lines
 
-    hold, starting, started = _held_start(project)
+    hold, starting, _started = _held_start(project)
     pid = metadata(project, "service.lock")["pid"]
     real = lifecycle._released
 

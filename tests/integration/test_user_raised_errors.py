@@ -116,6 +116,20 @@ RAISING = textwrap.dedent('''
     @d.on_complete
     async def d_done(ctx: intloom.StepContext[None], result: intloom.AgentResult) -> None:
         raise Custom("its own")
+
+
+    named_wf = intloom.Workflow("unnamable", version="1")
+    named = named_wf.stage("main")
+
+
+    @named.step("upload", routes={"ok": intloom.COMPLETE})
+    def upload(ctx: intloom.StepContext[None]) -> str:
+        import os
+
+        if ctx.intent == "number":
+            raise intloom.IntloomError("INVALID_REQUEST", 404)  # type: ignore[arg-type]
+        name = os.fsdecode(b"report-caf\\xe9.pdf")
+        raise intloom.IntloomError("INVALID_REQUEST", f"cannot upload {name}")
 ''')
 
 QUIET = ["EXECUTION_OWNERSHIP_LOST", "RUN_CHECKPOINT_FAILED"]
@@ -295,3 +309,37 @@ def test_a_wait_whose_task_a_watchdog_cancels_fails_its_run(cancelling: Client) 
     ended = cancelling.get_run(run.run_id)
     assert ended.last_error is not None and ended.last_error.code == "STEP_EXECUTION_FAILED"
     assert ended.pending_action is None, ended
+
+
+@pytest.mark.parametrize("intent", ["surrogate", "number"])
+def test_a_step_raising_an_intloom_error_with_unsendable_text_fails_its_run(
+        client: Client, intent: str) -> None:
+    """A Step's own IntloomError whose message holds a lone surrogate (a file name through
+    os.fsdecode), or is no text at all: the Run's end failed to encode, and the Run stayed
+    "running" for ever. It fails with that code, the text kept as its escape."""
+    run = client.create_run("unnamable", intent)
+    assert run.status == "failed", run
+    assert run.last_error is not None and run.last_error.code == "INVALID_REQUEST", run
+    said = "404" if intent == "number" else "cannot upload report-caf\\udce9.pdf"
+    assert run.last_error.message == said, run.last_error.message
+    assert client.get_run(run.run_id).last_error == run.last_error
+
+
+
+@pytest.mark.parametrize("source", [
+    'import intloom\nraise intloom.IntloomError("WORKFLOW_DEFINITION_INVALID", "bad \\udcff")\n',
+    'import intloom\nwf = intloom.Workflow("surrver", version="1\\udcff")\n',
+])
+def test_a_source_raising_text_with_a_lone_surrogate_does_not_stop_the_host(
+        project: Project, source: str) -> None:
+    """The host's start failed (CLI_INTERNAL_ERROR, "startup_error UnicodeEncodeError" in
+    its log), naming no source, for an IntloomError at import holding a lone surrogate, or
+    a Workflow whose version held one (the log line naming it could not be written). The
+    source is now the one that failed; the host serves the others."""
+    for client in _serving(project, "surrogate", source):
+        flows = {info.source: info for info in client.workflows()}
+        failed = flows["workflows/surrogate.py"]
+        assert failed.ready is False and failed.problem is not None, failed
+        assert "\\udcff" in failed.problem, failed.problem
+        assert flows["workflows/example.py"].ready is True
+        assert client.create_run("example", "notes").status == "waiting"

@@ -171,6 +171,29 @@ def test_an_agent_steps_agent_id_is_a_non_empty_string() -> None:
         assert made.agent == agent
 
 
+def test_a_version_or_agent_id_no_view_can_carry_is_refused_when_declared() -> None:
+    """A version holding a lone surrogate (read from a file with surrogateescape) stopped
+    the host's start (its log line could not be written); an agent id holding one failed
+    every Run (RUN_STATE_INVALID); a 5 MB version or agent id made every reply listing
+    their Runs too large (runs failed for the whole host). Both are labels: refused when
+    declared, naming the fact and the fix."""
+    for version, said in [("1\udcff", r"version holds '\\udcff' at character 1, half of a "
+                                      r"surrogate pair"),
+                          ("v" * 257, r"version is 257 characters long, over the "
+                                      r"256-character limit")]:
+        with _refused(r"Workflow 'w', definition: " + said) as info:
+            intloom.Workflow("w", version=version)
+        assert _code(info) == "WORKFLOW_DEFINITION_INVALID"
+        assert "Pass a short label in valid Unicode text" in info.value.message
+    st = intloom.Workflow("w", version="v" * 256).stage("s")
+    for agent, said in [("bot\udcff", r"agent holds '\\udcff' at character 3"),
+                        ("b" * 300, r"agent is 300 characters long")]:
+        with _refused(r"Workflow 'w', Stage 's', Step 'look': " + said) as info:
+            st.agent_step("look", routes={"ok": intloom.COMPLETE},
+                          agent=agent)(lambda ctx: {})
+        assert _code(info) == "WORKFLOW_DEFINITION_INVALID"
+
+
 def test_recover_taking_the_wrong_parameters_is_refused_when_declared() -> None:
     st = intloom.Workflow("w", version="1").stage("d")
 

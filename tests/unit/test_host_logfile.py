@@ -63,3 +63,16 @@ def test_every_name_a_host_gives_its_log_is_a_host_logs_name(tmp_path: Path) -> 
     for stray in ("LOG-copy.jsonl", "LOG-link.jsonl", f"{names[0]}.bak",
                   names[0].replace(".jsonl", "-copy.jsonl"), "LOG-20261203T1411000Z.jsonl"):
         assert not LOG_NAME.fullmatch(stray), stray
+
+
+def test_a_line_holding_a_lone_surrogate_is_written_with_it_escaped(tmp_path: Path) -> None:
+    """A field with a lone surrogate (a Workflow's version, a message through os.fsdecode)
+    raised UnicodeEncodeError out of the write: at start-up that failed the host's start."""
+    logs = tmp_path / "logs"
+    logs.mkdir(mode=0o700)
+    log = HostLog.open(logs)
+    assert log.info("workflow_loaded", version="1\udcff",
+                    nested={"k\udcfe": ["a\udcfd", 2]}) is True
+    log.close()
+    line = json.loads(log.path.read_bytes().splitlines()[1])
+    assert (line["version"], line["nested"]) == ("1\\udcff", {"k\\udcfe": ["a\\udcfd", 2]})
