@@ -686,6 +686,17 @@ class Workflow:
         where = f"Stage {stage.name!r}"
         shown = _shown_type(state)
         _state_schema(self.name, where, state)
+        keyed = _unkeyable(state)
+        if keyed is not None:
+            path, key = keyed
+            raise _bad(
+                self.name, where,
+                f"State {shown} field {path!r} is a dict keyed by {key}, which JSON cannot "
+                "key an object by (msgspec encodes only str-like or number-like keys): the "
+                "first Run to store an entry there would fail",
+                "Key it by str (or int), and keep the parts in the value or join them into "
+                "the key string.",
+            )
         if stage.init_fn is not None:
             return
         required = [f.name for f in msgspec.structs.fields(state) if f.required]
@@ -800,6 +811,56 @@ def _instead(annotation: object) -> str:
             return _INSTEAD[annotation]
     return ("a JSON type: str, int, float, bool, None, list/dict of those, datetime, bytes, "
             "another msgspec.Struct, or typing.Any")
+
+
+# Dict key types msgspec's JSON encoder refuses (it takes str-like and number-like keys),
+# by their msgspec.inspect class names: the schema and the decoder accept them, so an empty
+# default passes, and only a stored entry fails.
+_UNKEYABLE: Final = frozenset({
+    "BoolType", "NoneType", "TupleType", "VarTupleType", "NamedTupleType", "ListType",
+    "SetType", "FrozenSetType", "DictType", "StructType", "DataclassType", "TypedDictType",
+    "AttrsType",
+})
+
+
+def _unkeyable(state: type[Any]) -> tuple[str, str] | None:
+    """The first dict field of ``state`` (its path, as encoded) whose key type JSON cannot
+    carry, and that type as shown; None when there is none (or the type cannot be read)."""
+    import msgspec.inspect as mi
+
+    try:
+        root = mi.type_info(state)
+    except Exception:
+        return None  # _state_schema has judged the type already
+    stack: list[tuple[Any, str]] = [(root, "")]
+    seen: set[int] = set()
+    while stack:
+        info, path = stack.pop()
+        if id(info) in seen:
+            continue
+        seen.add(id(info))
+        kind = type(info).__name__
+        if isinstance(info, mi.DictType):
+            keys = (info.key_type.types if isinstance(info.key_type, mi.UnionType)
+                    else (info.key_type,))
+            for key in keys:
+                if type(key).__name__ in _UNKEYABLE:
+                    name = getattr(getattr(key, "cls", None), "__name__", None)
+                    plain = type(key).__name__.removesuffix("Type")
+                    return (path.lstrip(".") or "(the State itself)",
+                            name or {"None": "None", "VarTuple": "tuple"}.get(
+                                plain, plain.lower()))
+            stack.append((info.value_type, f"{path}[...]"))
+        elif kind in ("StructType", "DataclassType", "TypedDictType", "AttrsType"):
+            stack.extend((f.type, f"{path}.{getattr(f, 'encode_name', f.name)}")
+                         for f in info.fields)
+        elif isinstance(info, mi.UnionType):
+            stack.extend((t, path) for t in info.types)
+        elif hasattr(info, "item_type"):
+            stack.append((info.item_type, f"{path}[...]"))
+        elif hasattr(info, "item_types"):
+            stack.extend((t, f"{path}[...]") for t in info.item_types)
+    return None
 
 
 def _state_schema(workflow: str, where: str, state: type[Any]) -> bytes:

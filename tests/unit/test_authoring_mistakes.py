@@ -366,6 +366,49 @@ def test_a_route_to_a_step_or_stage_object_names_it_and_the_fix(target: str, sai
     assert "0x" not in refused.value.message and "intloom.authoring" not in refused.value.message
 
 
+class _Pair(msgspec.Struct):
+    by_pair: dict[tuple[int, int], str] = msgspec.field(default_factory=dict)
+
+
+class _BoolKeyed(msgspec.Struct):
+    flags: dict[bool, str] = msgspec.field(default_factory=dict)
+
+
+class _NestedKeyed(msgspec.Struct):
+    rows: list[_Pair] = msgspec.field(default_factory=list)
+
+
+class _FineKeys(msgspec.Struct):
+    by_int: dict[int, str] = msgspec.field(default_factory=dict)
+    by_day: dict[datetime.date, list[dict[str, float]]] = msgspec.field(default_factory=dict)
+
+
+@pytest.mark.parametrize(("state", "field", "key"), [
+    (_BoolKeyed, "flags", "bool"),
+    (_Pair, "by_pair", "tuple"),
+    (_NestedKeyed, "rows[...].by_pair", "tuple"),
+])
+def test_a_state_dict_keyed_by_what_json_cannot_key_is_refused_when_declared(
+    state: type[msgspec.Struct], field: str, key: str,
+) -> None:
+    """Loaded, since its empty default encodes: every Run that stored an entry then failed
+    STAGE_STATE_INVALID, advising plain data (bools included) for the value."""
+    wf = intloom.Workflow("keys", version="1")
+    wf.stage("s", state=state).step("a", routes={"ok": intloom.COMPLETE})(lambda ctx: "ok")
+    with pytest.raises(IntloomError) as info:
+        wf.validate()
+    assert _code(info) == "WORKFLOW_DEFINITION_INVALID"
+    message = info.value.message
+    assert message.startswith("Workflow 'keys', Stage 's': State "), message
+    assert (f"{state.__qualname__} field {field!r} is a dict keyed by {key}, which JSON "
+            "cannot key an object by") in message, message
+    assert "Key it by str (or int)" in info.value.message
+    fine = intloom.Workflow("fine", version="1")
+    fine.stage("s", state=_FineKeys).step("a", routes={"ok": intloom.COMPLETE})(
+        lambda ctx: "ok")
+    fine.validate()
+
+
 class _PathState(msgspec.Struct):
     out: pathlib.Path = pathlib.Path("notes.md")
 
