@@ -843,13 +843,13 @@ def _unkeyable(state: type[Any]) -> tuple[str, str] | None:
         if isinstance(info, mi.DictType):
             keys = (info.key_type.types if isinstance(info.key_type, mi.UnionType)
                     else (info.key_type,))
-            for key in keys:
-                if type(key).__name__ in _UNKEYABLE:
-                    name = getattr(getattr(key, "cls", None), "__name__", None)
-                    plain = type(key).__name__.removesuffix("Type")
-                    return (path.lstrip(".") or "(the State itself)",
-                            name or {"None": "None", "VarTuple": "tuple"}.get(
-                                plain, plain.lower()))
+            # A union with one keyable member (int | None) keys what its Runs store by it.
+            if all(type(key).__name__ in _UNKEYABLE for key in keys):
+                key = keys[0]
+                name = getattr(getattr(key, "cls", None), "__name__", None)
+                plain = type(key).__name__.removesuffix("Type")
+                return (path.lstrip(".") or "(the State itself)",
+                        name or {"None": "None", "VarTuple": "tuple"}.get(plain, plain.lower()))
             stack.append((info.value_type, f"{path}[...]"))
         elif kind in ("StructType", "DataclassType", "TypedDictType", "AttrsType"):
             stack.extend((f.type, f"{path}.{getattr(f, 'encode_name', f.name)}")

@@ -380,6 +380,7 @@ class _NestedKeyed(msgspec.Struct):
 
 class _FineKeys(msgspec.Struct):
     by_int: dict[int, str] = msgspec.field(default_factory=dict)
+    by_maybe: dict[int | None, str] = msgspec.field(default_factory=dict)
     by_day: dict[datetime.date, list[dict[str, float]]] = msgspec.field(default_factory=dict)
 
 
