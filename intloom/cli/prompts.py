@@ -239,6 +239,13 @@ def _option_line(number: int, option: Mapping[str, Any]) -> str:
     return f"  {number}. {shown}{extra}"
 
 
+def _shown_option(option: Mapping[str, Any]) -> str:
+    """``won't fix [wontfix]``, or the id alone when it is the label."""
+    oid = str(option.get("id"))
+    label = str(option.get("label") or oid)
+    return label if label == oid else f"{label} [{oid}]"
+
+
 def _by_label(options: list[Mapping[str, Any]], raw: str
               ) -> tuple[int, Mapping[str, Any]] | None:
     """The one option (its number and itself) whose label is ``raw``, case aside; None when
@@ -274,9 +281,28 @@ def _question(term: Terminal, question: Mapping[str, Any]) -> dict[str, Any]:
         # ASCII digits only: str.isdigit() also accepts "²", which int() refuses.
         if options and raw.isascii() and raw.isdigit():
             number = int(raw)
+            # Options whose ids are numbers ("3", "1", "5"): a number was taken for a
+            # position only, so "1" silently picked the first option, not the one with id
+            # 1, and "5", a real id, was refused.
+            by_id = [(n, o) for n, o in enumerate(options, start=1) if str(o.get("id")) == raw]
             if 1 <= number <= len(options):
                 option = options[number - 1]
-                return {"questionId": qid, "isSkipped": False, "answer": str(option.get("id"))}
+                other = [(n, o) for n, o in by_id if n != number]
+                if other:
+                    term.say(f"{raw} is the number of option {number}, "
+                             f"{_shown_option(option)}, and the id of option {other[0][0]}, "
+                             f"{_shown_option(other[0][1])}: type the label of the one you "
+                             "mean.")
+                    continue
+                oid = str(option.get("id"))
+                if oid != raw:
+                    term.say(f"Picked option {number}, {_shown_option(option)}: the answer "
+                             f"is its id, {oid}.")
+                return {"questionId": qid, "isSkipped": False, "answer": oid}
+            if len(by_id) == 1:
+                term.say(f"Picked option {by_id[0][0]}, {_shown_option(by_id[0][1])}, by its "
+                         "id.")
+                return {"questionId": qid, "isSkipped": False, "answer": raw}
             # A mistyped pick must not become the answer "7": a Step routing on option ids
             # would fail on it.
             term.say(
@@ -292,8 +318,8 @@ def _question(term: Terminal, question: Mapping[str, Any]) -> dict[str, Any]:
             if oid != raw:
                 # Sent as typed, an option's label was free text, not that option: a Step
                 # routing on option ids failed on it, or took it for another answer.
-                term.say(f"Picked option {number}, {option.get('label') or oid} [{oid}]: the "
-                         f"answer is its id, {oid}.")
+                term.say(f"Picked option {number}, {_shown_option(option)}: the answer is "
+                         f"its id, {oid}.")
             return {"questionId": qid, "isSkipped": False, "answer": oid}
         if raw:
             return {"questionId": qid, "isSkipped": False, "answer": raw}

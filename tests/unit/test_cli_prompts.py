@@ -243,3 +243,46 @@ def test_a_line_the_terminal_may_have_cut_is_asked_for_again(
     assert ("That line is 4,095 bytes, the most a terminal passes on one line: what was "
             "typed past that was dropped, so nothing was taken from it. Give a long answer "
             "with intloom answer RUN ACT -.") in told, told[-600:]
+
+
+class _Scripted:
+    """A Terminal's say/ask for prompt_answer: typed lines in order, what was said kept."""
+
+    def __init__(self, typed: list[str]) -> None:
+        self.typed = typed
+        self.said: list[str] = []
+
+    def fresh(self) -> None:
+        pass
+
+    def say(self, text: str) -> None:
+        self.said.append(text)
+
+    def ask(self, prompt: str) -> str:
+        return self.typed.pop(0)
+
+
+def test_options_whose_ids_are_numbers_are_picked_without_a_silent_guess() -> None:
+    """Options with ids 3, 1 and 5: "1" picked the first option (id 3) in silence, not the
+    one whose id is 1, and "5", a real id, was refused as no option's number. A number that
+    is one option's position and another's id is asked again; one that is only an id picks
+    that option; a position picks its option and says which."""
+    from intloom.cli.prompts import prompt_answer
+
+    action = {"kind": "questions", "request": [{"id": "sev", "question": "How bad?",
+                                                 "options": [{"id": "3", "label": "high"},
+                                                             {"id": "1", "label": "low"},
+                                                             {"id": "5", "label": "critical"}]}]}
+    term = _Scripted(["1", "low"])
+    assert prompt_answer(action, term) == [  # type: ignore[arg-type]
+        {"questionId": "sev", "isSkipped": False, "answer": "1"}]
+    assert ("1 is the number of option 1, high [3], and the id of option 2, low [1]: type "
+            "the label of the one you mean.") in term.said, term.said
+    term = _Scripted(["5"])
+    assert prompt_answer(action, term) == [  # type: ignore[arg-type]
+        {"questionId": "sev", "isSkipped": False, "answer": "5"}]
+    assert "Picked option 3, critical [5], by its id." in term.said, term.said
+    term = _Scripted(["2"])  # a position only: option 2, whose id is 1
+    assert prompt_answer(action, term) == [  # type: ignore[arg-type]
+        {"questionId": "sev", "isSkipped": False, "answer": "1"}]
+    assert "Picked option 2, low [1]: the answer is its id, 1." in term.said, term.said
