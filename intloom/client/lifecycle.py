@@ -708,7 +708,8 @@ def _launch_reported(root: Path, *, port: int | None, strict: bool, deadline: fl
     try:
         if progress is not None:
             progress(_STEPS["launched"])
-        service = _await_ready(proc, read_fd, deadline, progress, importing, slow_import)
+        service = _await_ready(proc, read_fd, deadline, progress, importing, slow_import,
+                               paths=ProjectPaths(root))
     except _Terminated as terminated:
         # A second signal while the host stops may end this command as it would have: the
         # host was already told to stop.
@@ -841,7 +842,8 @@ def _printable(text: str) -> str:
 
 def _await_ready(proc: subprocess.Popen[bytes], fd: int, deadline: float,
                  progress: Progress | None, importing: _Importing,
-                 slow_import: Callable[[str], None] | None = None) -> ServiceView:
+                 slow_import: Callable[[str], None] | None = None,
+                 paths: ProjectPaths | None = None) -> ServiceView:
     buf = b""
     while True:
         remaining = deadline - time.monotonic()
@@ -853,7 +855,7 @@ def _await_ready(proc: subprocess.Popen[bytes], fd: int, deadline: float,
             continue
         chunk = os.read(fd, 65536)
         if not chunk:
-            raise _died_starting(proc, importing)
+            raise _died_starting(proc, importing, paths)
         buf += chunk
         while b"\n" in buf:
             line, buf = buf.split(b"\n", 1)
@@ -862,8 +864,8 @@ def _await_ready(proc: subprocess.Popen[bytes], fd: int, deadline: float,
                 return outcome
 
 
-def _died_starting(proc: subprocess.Popen[bytes],
-                   importing: _Importing | None = None) -> IntloomError:
+def _died_starting(proc: subprocess.Popen[bytes], importing: _Importing | None = None,
+                   paths: ProjectPaths | None = None) -> IntloomError:
     """The host closed its readiness pipe without a word: it died (killed, out of memory, a
     crashing extension) or exited from user code imported while it started."""
     signum: int | None = None
@@ -894,12 +896,26 @@ def _died_starting(proc: subprocess.Popen[bytes],
             "before it took service.lock or opened a log, so it left nothing behind. Run "
             "intloom start again.",
         )
+    # Which files it left, when they can be told: killed right after writing service.json,
+    # it left both, and "the service.lock it may have left" named one.
+    left = ([p.name for p in (paths.service_json, paths.service_lock)
+             if os.path.lexists(p)] if paths is not None else None)
+    if left:
+        files = " and ".join(left)
+        then = (f"Run intloom doctor: the {files} it left {'is' if len(left) == 1 else 'are'} "
+                f"stale, and intloom recover removes {'it' if len(left) == 1 else 'them'} "
+                "before the next intloom start.")
+    elif left is None:
+        then = ("Run intloom doctor: the service.lock it may have left is stale, and intloom "
+                "recover removes it before the next intloom start.")
+    else:
+        then = ("It left no service.json or service.lock: run intloom start again (intloom "
+                "doctor says if anything else is wrong).")
     return IntloomError(
         "CLI_SERVICE_UNAVAILABLE",
         f"The service exited during initialization: the host (pid {proc.pid}) {how} before "
         f"it reported ready.{importing.died(signum) if importing else ''} Its log in "
-        ".intloom/logs/ says how far it got. Run intloom doctor: the service.lock it may have "
-        "left is stale, and intloom recover removes it before the next intloom start.",
+        f".intloom/logs/ says how far it got. {then}",
     )
 
 

@@ -135,3 +135,22 @@ def test_a_deadline_that_passes_after_the_commit_does_not_stop_the_host(
     # The deadline sent no SIGTERM: the only stop is the test's Ctrl-C.
     assert [(e["signal"], e["action"]) for e in _events(project)
             if e["event"] == "signal_received"] == [("SIGINT", "stop")]
+
+
+def test_a_host_killed_right_after_service_json_names_both_files_it_left(
+    project: Project, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SIGKILL right after the host wrote service.json: start said "the service.lock it may
+    have left is stale", though it left service.json too (recover removes both)."""
+    monkeypatch.setenv("INTLOOM_TEST_START_SIGNAL", "published:SIGKILL")
+    refused = project.cli("--json", "start")
+    project.track_host()
+    assert refused.code != 0, refused
+    message = refused.json["error"]["message"]
+    assert "was killed by SIGKILL" in message, message
+    assert ("the service.json and service.lock it left are stale, and intloom recover "
+            "removes them before the next intloom start") in message, message
+    assert (project.state / "service.json").exists()
+    monkeypatch.delenv("INTLOOM_TEST_START_SIGNAL")
+    assert project.cli("recover", "--json").code == 0
+    assert not (project.state / "service.json").exists()
