@@ -454,6 +454,27 @@ class _Context(msgspec.Struct, frozen=True):
     refused: str | None = None
     refused_code: str | None = None  # that refusal's code
     host_pid: int | None = None  # the running host's, when it answered
+    # service.json names a live host whose log says no stop, and the diagnosis is no
+    # start-up: it served, and does not answer now (a Step holding the interpreter), where
+    # "it may be starting or stopping; wait a moment" never came true.
+    serving_silent: bool = False
+
+
+def refused_is_none(insp: Inspection | None) -> bool:
+    """No host answered the hello and refused it (a refusal has its own words)."""
+    return insp is None or not (insp.answered and insp.problem is not None)
+
+
+def _serving_silent(paths: ProjectPaths, root: Path) -> bool:
+    """service.json is there and its host's log has no ``service_stopping``: a host that
+    served, not one starting or stopping (whether it lives is the owner check's to judge)."""
+    from intloom.client.hostlog import log_says_stopping
+
+    try:
+        info = read_service(paths.service_json, root)
+    except IntloomError:
+        return False
+    return info is not None and not log_says_stopping(paths, info)
 
 
 def _keep_it(path: Path) -> str:
@@ -590,6 +611,20 @@ def _owner_check(
             "service.json and service.lock aside by hand (intloom keeps them as they are) "
             "and run intloom doctor again.",
             _without_descriptor(owner),
+        )
+    if owner.status == "alive" and ctx.serving_silent:
+        return Check(
+            check_id, "attention",
+            f"{name} names pid {pid}, the host serving this project (it wrote service.json "
+            "once it served, and its log says no stop), which is alive but does not answer: "
+            "something holds it, most often Workflow code (a Step, a Tool, an effect) "
+            "computing in pure Python for long in one call, which holds the interpreter, or "
+            "a machine out of CPU or memory.",
+            "Run intloom doctor again in a moment: it answers once that code returns. If it "
+            f"never does, kill -TERM {pid} stops it as soon as it can run; as a last resort "
+            f"kill -9 {pid}, then intloom recover and intloom start (what was running comes "
+            "back RUN_INTERRUPTED). Do not delete locks whose owners are still active.",
+            owner.evidence,
         )
     if owner.status == "alive":
         return Check(
@@ -976,6 +1011,8 @@ def run_doctor(root: Path) -> DoctorReport:
             starting_since = held.started_at if held is not None else None
     ports_differ = (None if running or service_problem or connection_problem
                     else _ports_differ(paths))
+    serving_silent = (not running and service_problem is None and refused_is_none(insp)
+                      and starting_since is None and _serving_silent(paths, root))
     # A problem the probe brought back from a host that answered its hello.
     refused = (insp.here if insp is not None and insp.answered
                and insp.problem is not None else None)
@@ -993,7 +1030,8 @@ def run_doctor(root: Path) -> DoctorReport:
                         crashed_service_json=insp is not None and insp.crashed_service_json,
                         ports_differ=ports_differ, refused=refused,
                         refused_code=refused_code,
-                        host_pid=diagnosis.service.pid if diagnosis.service else None)
+                        host_pid=diagnosis.service.pid if diagnosis.service else None,
+                        serving_silent=serving_silent)
 
     config_check, config = _config_check(root)
     blind = _unsearchable_state(paths)

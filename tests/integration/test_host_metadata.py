@@ -165,3 +165,48 @@ def test_a_service_lock_removed_under_a_live_host_is_not_called_fine(project: Pr
 
 def _metadata_files(project: Project) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in project.state.iterdir() if p.is_file()}
+
+
+HOG = '''
+import ctypes
+
+import intloom
+
+wf = intloom.Workflow("hog", version="1")
+main = wf.stage("main")
+
+
+@main.step("compute", routes={"ok": intloom.COMPLETE})
+def compute(ctx: intloom.StepContext[None]) -> str:
+    # A C call that keeps the interpreter lock (PyDLL), as a long pure-Python or C
+    # computation does: the host answers nothing meanwhile.
+    open("computing", "w").close()
+    ctypes.PyDLL(None).sleep(120)
+    return "ok"
+'''
+
+
+def test_doctor_tells_a_serving_host_held_by_a_step_from_one_starting_or_stopping(
+        project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Step holding the interpreter: doctor said the host "may be starting or stopping"
+    and to wait a moment, which never came true. It says the host served and what holds
+    it, and names kill -TERM, then kill -9 and recover."""
+    from intloom.client.client import HELLO_CAP_ENV
+
+    (project.root / "workflows" / "hog.py").write_text(HOG)
+    (project.root / "intloom.toml").write_text(
+        'workflows = ["workflows/example.py", "workflows/hog.py"]\n')
+    pid = start(project).service.pid
+    with Client.connect(project.root) as client:
+        client.create_run("hog", "x", wait=False)
+    eventually((project.root / "computing").exists, timeout=30, what="the Step to hold it")
+    monkeypatch.setenv(HELLO_CAP_ENV, "0.3")
+    try:
+        checks = {c.id: c for c in run_doctor(project.root).checks}
+    finally:
+        project.kill_host()
+    check = checks["owner.service_json"]
+    assert check.status == "attention", check
+    assert f"pid {pid}, the host serving this project" in check.message, check.message
+    assert "starting or stopping" not in check.message, check.message
+    assert check.next is not None and f"kill -9 {pid}" in check.next, check.next
