@@ -1932,6 +1932,12 @@ class Runtime:
         """complete_agent_call's on_complete, then its records, durable, and the Run let go
         on from them."""
         cursor = slot.state.cursor
+        # Logged, as a Tool call is (not journaled: nothing of on_complete is, until its
+        # result): after a kill while it ran, the restart named only the claimed task, not
+        # that the Agent had finished and its completion was lost.
+        ids = {"callId": call_id, "outcome": clip(outcome, 200)}
+        self._log_tool(slot, "completion_started", ids)
+        ended = "raised"
         try:
             async with self._agent_working(
                     run_id, f"client Agent task {call_id}'s on_complete was running (outcome "
@@ -1939,7 +1945,9 @@ class Runtime:
                 state = await self._unless_cut(
                     self.driver.absorb(slot, step, AgentResult(outcome, output)),
                     lambda: self._on_complete_cut(slot, run_id, call_id, outcome))
+            ended = "returned"
         except IntloomError as exc:
+            ended = exc.code
             if not self.closing or exc.code == "CLI_SERVICE_CLOSING":
                 raise
             _ended_meanwhile(slot, call_id)
@@ -1951,6 +1959,7 @@ class Runtime:
                 self._suspended_for) from None
         finally:
             slot.agent.completing = None
+            self._log_tool(slot, "completion_ended", {**ids, "ended": ended})
         # The handler may have taken a while: a cancel or a stop may have come meanwhile.
         if self.closing:
             _ended_meanwhile(slot, call_id)

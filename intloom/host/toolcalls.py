@@ -1,4 +1,4 @@
-"""What the last host's log says of the Tool calls it left running.
+"""What the last host's log says of the Tool calls (and Agent completions) it left running.
 
 Tool calls are not journaled (their receipts are not restored), so the restart table can
 name only the Agent task a crash cut. The host log has each call's start and end: the next
@@ -148,7 +148,9 @@ def tool_calls_cut(found: tuple[str, bytes]) -> dict[str, str]:
     unfinished: a ``run_tool_started`` with no ``run_tool_ended`` after it (the host was
     killed during the call), one ended by the stop's grace (``CLI_SERVICE_CLOSING``), or
     what that host itself named when it restored the Run (``run_restored``'s
-    ``toolCall``). Each is a clause: "the log of the host it ran on (...) says ..."."""
+    ``toolCall``); and an Agent's completion whose on_complete never returned
+    (``run_completion_started`` with no ``run_completion_ended``). Each is a clause: "the
+    log of the host it ran on (...) says ..."."""
     name, tail = found
     started: dict[tuple[str, str], dict[str, Any]] = {}
     cut: dict[tuple[str, str], str] = {}
@@ -157,6 +159,14 @@ def tool_calls_cut(found: tuple[str, bytes]) -> dict[str, str]:
         event = str(record.get("event", ""))
         if event == "run_restored" and isinstance(record.get("toolCall"), str):
             carried[str(record.get("runId"))] = record["toolCall"]
+            continue
+        if event.startswith("run_completion_"):
+            # An Agent task's on_complete: its completion is recorded only once it returns.
+            key = (str(record.get("runId")), f"completion {record.get('callId')}")
+            if event == "run_completion_started":
+                started[key] = record
+            elif event == "run_completion_ended":
+                started.pop(key, None)
             continue
         if not event.startswith("run_tool_"):
             continue
@@ -169,14 +179,22 @@ def tool_calls_cut(found: tuple[str, bytes]) -> dict[str, str]:
             if record.get("outcome") == "CLI_SERVICE_CLOSING":
                 cut[key] = (f"Tool call {key[1]} (Tool {begun.get('tool')!r}, started "
                             f"{begun.get('time', '?')}) was still running when the stop's "
-                            "grace ran out")
+                            "grace ran out, so check what that Tool did")
     for key, begun in started.items():
+        if key[1].startswith("completion "):
+            # on_complete runs no effect: nothing to check but that the Agent's work, done,
+            # was lost with it.
+            cut[key] = (f"the Agent completed task {begun.get('callId')} (outcome "
+                        f"{begun.get('outcome')!r}) at {begun.get('time', '?')}, and its "
+                        "on_complete never returned: it was running when the host went, so "
+                        "the completion was not recorded and the Agent's work is lost")
+            continue
         cut[key] = (f"Tool call {key[1]} (Tool {begun.get('tool')!r}) started "
                     f"{begun.get('time', '?')} and never returned: it was running when the "
-                    "host went")
+                    "host went, so check what that Tool did")
     said: dict[str, str] = {}
     for (run_id, _), text in cut.items():
         said[run_id] = f"{said[run_id]}; {text}" if run_id in said else text
-    found_here = {run_id: f"the log of the host it ran on (.intloom/logs/{name}) says {text}, "
-                  "so check what that Tool did" for run_id, text in said.items()}
+    found_here = {run_id: f"the log of the host it ran on (.intloom/logs/{name}) says {text}"
+                  for run_id, text in said.items()}
     return {**carried, **found_here}

@@ -1366,3 +1366,36 @@ def test_a_claim_is_one_claimed_event_not_a_second_waiting_before_it(
     assert names.count("run_waiting") == 1 and names.count("run_claimed") == 1, names
     [claimed] = [e for e in lines if e["event"] == "run_claimed"]
     assert claimed.get("callId") == call_id, claimed
+
+
+def test_a_kill_during_on_complete_names_the_lost_completion(
+        project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kill -9 while a completion's on_complete ran: the restart named only the claimed
+    task, as if the Agent were still at work; that it had finished, and its result was lost
+    with the host, was said nowhere. The host log has the completion's start, and the
+    restart and doctor name it."""
+    _looping_host(project, "10", monkeypatch)
+    release = project.root / "release-complete"
+    with Client.connect(project.root) as client:
+        run, call, token = _claimed(client, "looping")
+    results, completer = _completing(project, run, call, token, {"until": str(release)})
+    try:
+        project.kill_host()
+    finally:
+        release.write_text("go")
+        completer.join(timeout=30)
+    lost = (f"says the Agent completed task {call} (outcome 'done') at ")
+    doctor = project.cli("--json", "doctor")
+    previews = {p["runId"]: p for p in json.loads(doctor.stdout)["runs"]}
+    reason = previews[run.run_id]["verdict"]["reason"]
+    assert lost in reason and "on_complete never returned" in reason, reason
+    assert "check what that Tool did" not in reason, reason
+    ok(project.cli("recover", "--json"))
+    start(project)
+    with Client.connect(project.root) as client:
+        view = client.get_run(run.run_id)
+    assert view.last_error is not None and view.last_error.code == "RUN_INTERRUPTED", view
+    assert lost in view.last_error.message, view.last_error.message
+    assert "the Agent's work is lost" in view.last_error.message, view.last_error.message
+    ended = _log_records(project, "run_completion_ended")
+    assert ended == [], ended  # the killed host never logged its end
