@@ -1959,8 +1959,12 @@ class Driver:
         except asyncio.CancelledError as exc:
             if ctx._calls is not None:
                 _refused_effects(ctx, where, exc)
+            # The handler runs in a task of its own (Runtime._unless_cut), which only the
+            # host cancels besides the handler itself: "cancelling()" was true for the
+            # handler's own cancel too (asyncio.current_task().cancel(), a watchdog's
+            # call_later), passed on, and the request ended with no reply.
             task = asyncio.current_task()
-            if task is None or task.cancelling():
+            if task is None or task in self.rt.host_cancelled:
                 raise  # the host's (a stop past its grace, the request's connection gone)
             # The handler's own: passed on, it ended the request with no reply, as if the
             # host had crashed. Refused as anything else it raises.

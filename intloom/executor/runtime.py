@@ -22,6 +22,7 @@ import hmac
 import secrets
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final, Literal, NamedTuple
 
@@ -756,6 +757,9 @@ class Runtime:
         # Agent work running in the host (a Tool call, an on_complete handler): a stop gives
         # it the Steps' grace, and names what is still running then. Done when it returns.
         self._agent_work: dict[asyncio.Future[None], tuple[str, str]] = {}
+        # The tasks of Agent work (a Tool call, on_complete) the host itself cancelled
+        # (_unless_cut): any other cancel of one is the Workflow code's own, a refusal.
+        self.host_cancelled: weakref.WeakSet[asyncio.Future[Any]] = weakref.WeakSet()
         self._agent_dropped: builtins.list[tuple[str, str]] = []  # its results a stop refused
         # Set when a stop's grace has run out (suspend): a Tool call or on_complete still
         # running then is answered CLI_SERVICE_CLOSING before the host exits (_unless_cut).
@@ -1779,6 +1783,7 @@ class Runtime:
         try:
             await asyncio.wait((task, over), return_when=asyncio.FIRST_COMPLETED)
         except BaseException:
+            self.host_cancelled.add(task)
             task.cancel()
             raise
         finally:
@@ -1787,6 +1792,7 @@ class Runtime:
             return task.result()
         # Cut as a Step past the grace is (Driver.drain): an async Tool is cancelled; a sync
         # one's thread cannot be, and its result goes nowhere.
+        self.host_cancelled.add(task)
         task.cancel()
         task.add_done_callback(_retrieved)
         raise cut()

@@ -275,6 +275,28 @@ CANCELLING = textwrap.dedent('''
         asyncio.get_running_loop().call_later(0.2, task.cancel)  # a stray watchdog
         await ctx.confirm({"go": True})
         return "ok"
+
+
+    agent_wf = intloom.Workflow("cancels-on-complete", version="1")
+    agent_st = agent_wf.stage("main")
+
+
+    @agent_st.agent_step("d", routes={"ok": intloom.COMPLETE, "watchdog": intloom.COMPLETE,
+                                      "now": intloom.COMPLETE})
+    def d(ctx: intloom.StepContext[None]) -> dict[str, str]:
+        return {"topic": "x"}
+
+
+    @d.on_complete
+    async def d_done(ctx: intloom.StepContext[None], result: intloom.AgentResult) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        if result.outcome == "now":
+            task.cancel()
+            await asyncio.sleep(0)
+        elif result.outcome == "watchdog":
+            asyncio.get_running_loop().call_later(0.05, task.cancel)
+            await asyncio.sleep(30)
 ''')
 
 
@@ -343,3 +365,24 @@ def test_a_source_raising_text_with_a_lone_surrogate_does_not_stop_the_host(
         assert "\\udcff" in failed.problem, failed.problem
         assert flows["workflows/example.py"].ready is True
         assert client.create_run("example", "notes").status == "waiting"
+
+
+@pytest.mark.parametrize("outcome", ["now", "watchdog"])
+def test_an_on_complete_that_cancels_its_own_task_refuses_the_result(
+        cancelling: Client, outcome: str) -> None:
+    """The host hung up on the Agent (PROJECT_REQUEST_FAILED, "the host may have stopped or
+    crashed"), a task_error in its log: the handler's own cancel was taken for the host's.
+    It refuses the result as anything else the handler raises: the task stays claimed."""
+    run = cancelling.create_run("cancels-on-complete", "x")
+    call = run.pending_agent_call
+    assert call is not None, run
+    token, _ = cancelling.claim_agent_call(run.run_id, call.id, "agent-1")
+    with pytest.raises(IntloomError) as refused:
+        cancelling.complete_agent_call(run.run_id, call.id, token, outcome)
+    assert refused.value.code == "INVALID_REQUEST", refused.value
+    message = refused.value.message
+    assert "on_complete refused the Agent's result" in message, message
+    assert "CancelledError" in message, message
+    after = cancelling.complete_agent_call(run.run_id, call.id, token, "ok")
+    assert after.status == "completed", after
+
