@@ -251,10 +251,16 @@ class IntloomError(Exception):
         super().__init__(self.message)
 
     def view(self) -> ErrorView:
-        """The flat projection that may leave the process: its message as text the journal
-        and the socket can carry. An IntloomError raised by a Step with a lone surrogate in
-        its message (a file name, os.fsdecode) failed to encode as the Run's end, and the
-        Run stayed "running" for ever."""
+        """The flat projection that may leave the process."""
+        return ErrorView(code=self.code, message=self.message, retryable=self.retryable)
+
+    def recordable(self) -> ErrorView:
+        """``view()`` as a journal record and the socket carry it, for an error Workflow code
+        raised: its message as text, a lone surrogate kept as its escape (``\\udcff``, as
+        ``message_of`` keeps one). A Step's IntloomError with a file name from os.fsdecode
+        in its message failed to encode as the Run's end, and the Run stayed "running" for
+        ever. (A CLI's own error keeps the surrogate: its JSON writes it as an escape that
+        reads back as the path's byte.)"""
         message = self.message
         if type(message) is not str:  # user code may pass anything: the record takes text
             try:

@@ -667,7 +667,7 @@ def load_workflows(root: Path, config: Config, *,
             try:
                 sources.append((rel, entry, _load_entry(root, rel, entry)))
             except IntloomError as exc:
-                sources.append((rel, entry, exc.view()))
+                sources.append((rel, entry, exc.recordable()))
             except Exception as exc:  # a fault no check foresaw: this source only, named
                 # _failure: str(exc) is user code (it raised out of the load, so that no
                 # source loaded), and an exception without arguments read "raised X: ."

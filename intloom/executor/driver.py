@@ -1552,7 +1552,7 @@ class Driver:
                 # Returned quietly, it left the Run "running" for ever, and the Agent whose
                 # completion led to it with no reply.
                 exc = _user_failed(_where(slot.state.cursor), exc)
-            await self._fail(slot, exc.view())
+            await self._fail(slot, exc.recordable())
         except Exception as exc:  # a bug of ours must fail the Run, not leave it "running"
             stray = _effect_left_running(slot.state, exc) if slot.owned else None
             if stray is not None:

@@ -589,7 +589,9 @@ class Server:
         try:
             return await self.handlers.handle(request)
         except IntloomError as exc:
-            return ErrorReply(error=exc.view())
+            # recordable: an on_complete's own IntloomError naming a file through os.fsdecode
+            # (a lone surrogate) failed to encode, and the Agent's connection was dropped.
+            return ErrorReply(error=exc.recordable())
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -641,7 +643,7 @@ class Server:
         try:
             stop = await self.handlers.follow(request.run_id, send, fail)
         except IntloomError as exc:
-            await self._write(writer, ErrorReply(error=exc.view()), request)
+            await self._write(writer, ErrorReply(error=exc.recordable()), request)
             return
         # A follower that hangs up while the Run sits waiting must not pin the stream: any
         # byte or end-of-file from the peer ends it.

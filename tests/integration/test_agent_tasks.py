@@ -1378,13 +1378,13 @@ def test_a_kill_during_on_complete_names_the_lost_completion(
     release = project.root / "release-complete"
     with Client.connect(project.root) as client:
         run, call, token = _claimed(client, "looping")
-    results, completer = _completing(project, run, call, token, {"until": str(release)})
+    _results, completer = _completing(project, run, call, token, {"until": str(release)})
     try:
         project.kill_host()
     finally:
         release.write_text("go")
         completer.join(timeout=30)
-    lost = (f"says the Agent completed task {call} (outcome 'done') at ")
+    lost = f"says the Agent completed task {call} (outcome 'done') at "
     doctor = project.cli("--json", "doctor")
     previews = {p["runId"]: p for p in json.loads(doctor.stdout)["runs"]}
     reason = previews[run.run_id]["verdict"]["reason"]

@@ -130,6 +130,28 @@ RAISING = textwrap.dedent('''
             raise intloom.IntloomError("INVALID_REQUEST", 404)  # type: ignore[arg-type]
         name = os.fsdecode(b"report-caf\\xe9.pdf")
         raise intloom.IntloomError("INVALID_REQUEST", f"cannot upload {name}")
+
+
+    def unnamed(input: Any) -> Any:
+        import os
+
+        name = os.fsdecode(b"report-caf\\xe9.pdf")
+        raise intloom.IntloomError("INVALID_REQUEST", f"cannot upload {name}")
+
+
+    named_agent_wf = intloom.Workflow("unnamable-agent", version="1")
+    named_agent = named_agent_wf.stage("main")
+
+
+    @named_agent.agent_step("ask", routes={"ok": intloom.COMPLETE},
+                            tools=[intloom.Tool("unnamed", unnamed)])
+    def ask(ctx: intloom.StepContext[None]) -> Any:
+        return {}
+
+
+    @ask.on_complete
+    def ask_done(ctx: intloom.StepContext[None], result: intloom.AgentResult) -> None:
+        unnamed(None)
 ''')
 
 QUIET = ["EXECUTION_OWNERSHIP_LOST", "RUN_CHECKPOINT_FAILED"]
@@ -386,3 +408,23 @@ def test_an_on_complete_that_cancels_its_own_task_refuses_the_result(
     after = cancelling.complete_agent_call(run.run_id, call.id, token, "ok")
     assert after.status == "completed", after
 
+
+
+
+def test_a_tool_or_on_complete_raising_an_intloom_error_with_a_lone_surrogate_is_answered(
+        client: Client) -> None:
+    """As a Step's: the Agent is told, the text keeping the surrogate as its escape, and
+    the task goes on."""
+    run = client.create_run("unnamable-agent", "x")
+    call = run.pending_agent_call
+    assert call is not None, run
+    token, _ = client.claim_agent_call(run.run_id, call.id, "agent-1")
+    with pytest.raises(IntloomError) as tool:
+        client.call_tool(run.run_id, call.id, token, "tc-1", "unnamed", {})
+    assert tool.value.code == "TOOL_EXECUTION_FAILED", tool.value
+    assert "cannot upload report-caf\\udce9.pdf" in tool.value.message, tool.value.message
+    with pytest.raises(IntloomError) as completed:
+        client.complete_agent_call(run.run_id, call.id, token, "ok")
+    assert completed.value.code == "INVALID_REQUEST", completed.value
+    assert "report-caf\\udce9.pdf" in completed.value.message, completed.value.message
+    assert client.get_run(run.run_id).status == "waiting"
