@@ -258,6 +258,13 @@ async def _tool_output(call: Awaitable[Any]) -> Any:
         raise _ToolRaised(exc) from None
 
 
+# A Tool whose output is refused ran to its end: "nothing was kept, so the call may be made
+# again" invited a retry that ran it again (a second charge) and was refused the same way.
+_RAN_UNKEPT: Final = ("The Tool ran to its end (it may have acted), but no receipt was kept: "
+                      "the same call sent again runs it again, and is refused the same way "
+                      "until the Tool is fixed (then intloom stop and intloom start).")
+
+
 def _stopped_in_on_complete(run_id: str, call_id: str, outcome: str, refused: str = "",
                             reason: str | None = None) -> IntloomError:
     """What an Agent is told when its completion's on_complete ran while the host stopped
@@ -1725,17 +1732,17 @@ class Runtime:
                 raise IntloomError(
                     "TOOL_EXECUTION_FAILED",
                     clip(f"Tool {tool!r} returned what is not plain JSON data: {returned}. "
-                         "Return str, numbers, booleans, null, lists and objects with string "
-                         "keys; nothing was kept, so the call may be made again."))
+                         f"{_RAN_UNKEPT} Return str, numbers, booleans, null, lists and "
+                         "objects with string keys."))
             unsendable = wire_problem(output)
             if unsendable is not None:
                 # JSON, but not what the reply (msgpack) carries: the Tool returned it, it
                 # did not raise (an OverflowError here read as if the Tool had failed).
                 raise IntloomError(
                     "TOOL_EXECUTION_FAILED",
-                    clip(f"Tool {tool!r} returned what cannot be sent: {unsendable}. Return "
-                         "large integers as strings and text as valid Unicode; nothing was "
-                         "kept, so the call may be made again."))
+                    clip(f"Tool {tool!r} returned what cannot be sent: {unsendable}. "
+                         f"{_RAN_UNKEPT} Return large integers as strings and text as valid "
+                         "Unicode."))
             sent = len(msgspec.msgpack.encode(output))
             ended = "returned"
         except IntloomError as exc:

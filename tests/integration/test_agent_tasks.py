@@ -590,6 +590,10 @@ def test_agent_requests_refuse_what_is_not_json_or_empty_and_stale_tasks_say_why
     returned = _refused(lambda: client.call_tool(run.run_id, call, token, "tc-s", "setty", {}),
                         "TOOL_EXECUTION_FAILED")
     assert "Tool 'setty' returned what is not plain JSON data: $.tags is set" in returned
+    # It ran: sending the call again runs it again ("the call may be made again" invited a
+    # retry that did, a second charge, refused the same way).
+    assert "The Tool ran to its end (it may have acted), but no receipt was kept: the same " \
+        "call sent again runs it again" in returned, returned
     # What the Tool returned, not something it raised: named by its path, and no receipt kept.
     for tool_input, fact in (({"int": True}, "$.n[1] is an integer beyond 64 bits"),
                              ({}, "$.s holds text that is not valid Unicode")):
@@ -597,7 +601,7 @@ def test_agent_requests_refuse_what_is_not_json_or_empty_and_stale_tasks_say_why
             returned = _refused(lambda tool_input=tool_input: client.call_tool(
                 run.run_id, call, token, "tc-w", "wide", tool_input), "TOOL_EXECUTION_FAILED")
             assert f"Tool 'wide' returned what cannot be sent: {fact}" in returned, returned
-            assert "raised" not in returned and "may be made again" in returned
+            assert "raised" not in returned and "sent again runs it again" in returned
     for bad, where in (({"a": b"x"}, "$.a is bytes"), ({"n": float("nan")}, "$.n is nan")):
         message = _refused(lambda bad=bad: client.complete_agent_call(
             run.run_id, call, token, "done", bad), "INVALID_REQUEST")
