@@ -1972,6 +1972,10 @@ class Runtime:
                 self._suspended_for) from None
         finally:
             slot.agent.completing = None
+            if self.closing:
+                # Whatever the handler did, a stopping host records nothing (below): logged
+                # as cut, so that the next host names the lost completion, as after a kill.
+                ended = "CLI_SERVICE_CLOSING"
             self._log_tool(slot, "completion_ended", {**ids, "ended": ended})
         # The handler may have taken a while: a cancel or a stop may have come meanwhile.
         if self.closing:

@@ -149,7 +149,8 @@ def tool_calls_cut(found: tuple[str, bytes]) -> dict[str, str]:
     killed during the call), one ended by the stop's grace (``CLI_SERVICE_CLOSING``), or
     what that host itself named when it restored the Run (``run_restored``'s
     ``toolCall``); and an Agent's completion whose on_complete never returned
-    (``run_completion_started`` with no ``run_completion_ended``). Each is a clause: "the
+    (``run_completion_started`` with no ``run_completion_ended``) or that a stop dropped
+    (ended ``CLI_SERVICE_CLOSING``). Each is a clause: "the
     log of the host it ran on (...) says ..."."""
     name, tail = found
     started: dict[tuple[str, str], dict[str, Any]] = {}
@@ -165,8 +166,14 @@ def tool_calls_cut(found: tuple[str, bytes]) -> dict[str, str]:
             key = (str(record.get("runId")), f"completion {record.get('callId')}")
             if event == "run_completion_started":
                 started[key] = record
-            elif event == "run_completion_ended":
-                started.pop(key, None)
+                cut.pop(key, None)
+            elif event == "run_completion_ended" and key in started:
+                begun = started.pop(key)
+                if record.get("ended") == "CLI_SERVICE_CLOSING":
+                    cut[key] = (f"the Agent completed task {begun.get('callId')} (outcome "
+                                f"{begun.get('outcome')!r}) at {begun.get('time', '?')}, "
+                                "while the host stopped: the completion was not recorded, and "
+                                "the Agent's work is lost")
             continue
         if not event.startswith("run_tool_"):
             continue

@@ -823,6 +823,16 @@ def test_an_on_complete_that_ends_during_a_stop_is_named_not_dropped_silently(
     assert "1 Run still had a Step, Tool or on_complete running" in lines[0], lines
     assert lines[1] == (f"  {run.run_id}: client Agent task {call}'s on_complete ran (outcome "
                         "'done') while the host stopped; the completion was not recorded")
+    # The next start said only that the task had been claimed: that the Agent had finished
+    # and its result was dropped by the stop was lost at the restart.
+    start(project)
+    with Client.connect(project.root) as client:
+        view = client.get_run(run.run_id)
+    assert view.last_error is not None and view.last_error.code == "RUN_INTERRUPTED", view
+    assert (f"says the Agent completed task {call} (outcome 'done') at ") in (
+        view.last_error.message), view.last_error.message
+    assert "while the host stopped: the completion was not recorded" in (
+        view.last_error.message), view.last_error.message
 
 
 def test_an_on_complete_that_refuses_during_a_stop_does_not_say_the_task_stays_claimed(
