@@ -56,7 +56,7 @@ from intloom.host.metadata import (
     read_service,
 )
 from intloom.host.observe import observe_file
-from intloom.host.toolcalls import last_log, log_records, tool_calls_cut
+from intloom.host.toolcalls import evidence_log, last_log, log_records, tool_calls_cut
 from intloom.project import Config, ProjectPaths, load_config, scan_logs
 from intloom.protocol.messages import ServiceView
 
@@ -925,15 +925,18 @@ def _compaction_check(found: tuple[str, bytes] | None) -> Check | None:
     )
 
 
-def _with_tool_calls(found: tuple[str, bytes] | None, runs: list[RunPreview]
-                     ) -> list[RunPreview]:
+def _with_tool_calls(runs: list[RunPreview],
+                     read: Callable[[], tuple[str, bytes] | None]) -> list[RunPreview]:
     """``runs``, a Run whose Agent task's Tool call the last host left unfinished saying
     which (its log's word: Tool calls are not journaled, so the restart table names only
-    the task, and its outcome is for the user to check). ``found``: the last host's log
-    (``last_log``)."""
+    the task, and its outcome is for the user to check). ``read``: the last host's log's
+    evidence (``evidence_log``), read only when a Run waits on an Agent task."""
     tasks = [p for p in runs if p.verdict.row == "interrupted" and "Agent task" in
              p.verdict.reason]
-    if not tasks or found is None:
+    if not tasks:
+        return runs
+    found = read()
+    if found is None:
         return runs
     cut = tool_calls_cut(found)
     if not cut:
@@ -1069,9 +1072,8 @@ def run_doctor(root: Path) -> DoctorReport:
     if stray_logs is not None:
         checks.append(stray_logs)
     if not running:
-        tail = last_log(paths.logs)  # the last host's: read once for both
-        runs = _with_tool_calls(tail, runs)
-        compaction = _compaction_check(tail)
+        runs = _with_tool_calls(runs, lambda: evidence_log(paths.logs))
+        compaction = _compaction_check(last_log(paths.logs))
         if compaction is not None:
             checks.append(compaction)
     return DoctorReport(

@@ -58,6 +58,7 @@ from intloom.executor.history import plain_view
 from intloom.executor.updates import RunUpdate
 from intloom.protocol.messages import MAX_PAGE, RestoreSummary
 from intloom.runtime.limits import (
+    MAX_AGENT_ID,
     MAX_INTENT_BYTES,
     MAX_LOGGED_MESSAGE,
     MAX_RECORD_BYTES,
@@ -394,12 +395,16 @@ def _plain_json(value: Any, what: str) -> None:
                            "and objects with string keys.")
 
 
-def _nonempty(value: str, name: str, what: str) -> None:
+def _nonempty(value: str, name: str, what: str, limit: int | None = None) -> None:
     # Blank counts as empty: a claim id of spaces was taken, and the Agent that then sent
     # its real id was refused CONFLICT for a claim it never made.
     if not value.strip():
         fact = "empty" if not value else f"blank ({value!r})"
         raise IntloomError("INVALID_REQUEST", f"{name} is {fact}; give {what}.")
+    if limit is not None and len(value) > limit:
+        raise IntloomError("INVALID_REQUEST", f"{name} is {len(value):,} characters long, over "
+                           f"the {limit:,}-character limit; nothing was done. Give {what}, "
+                           "short (a counter, a UUID).")
 
 
 def _tool_not_running(slot: RunSlot, call_id: str, verb: str) -> None:
@@ -1625,7 +1630,7 @@ class Runtime:
         self, run_id: str, call_id: str, claim_id: str
     ) -> tuple[str, PendingAgentCall]:
         self._admit()
-        _nonempty(claim_id, "claim_id", "an id the Agent picks for its claim")
+        _nonempty(claim_id, "claim_id", "an id the Agent picks for its claim", MAX_AGENT_ID)
         slot, call = await self._agent_slot(run_id, call_id)
         if slot.agent.claim_id is not None:
             if slot.agent.claim_id != claim_id or slot.agent.owner_token is None:
@@ -1656,7 +1661,8 @@ class Runtime:
         self._admit()
         slot, _call = await self._agent_slot(run_id, call_id)
         self._check_owner(slot, owner_token)
-        _nonempty(tool_call_id, "tool_call_id", "an id the Agent picks for each Tool call")
+        _nonempty(tool_call_id, "tool_call_id", "an id the Agent picks for each Tool call",
+                  MAX_AGENT_ID)
         _plain_json(input, f"The input of Tool call {tool_call_id}")
         claim = slot.agent  # this task's: a task ending meanwhile does not touch the next one
         # The same JSON value, whatever its keys' order or its numbers' spelling.

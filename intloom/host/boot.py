@@ -26,7 +26,7 @@ from intloom.executor.runtime import RestoredRun, Runtime, incompatibility, stri
 from intloom.fsutil import PrivacyError, no_inode_left, plug_standard
 from intloom.host.logfile import HostLog, utc_now
 from intloom.host.metadata import privacy_invalid
-from intloom.host.toolcalls import last_log, tool_calls_cut
+from intloom.host.toolcalls import evidence_log, tool_calls_cut
 from intloom.project import Config, ProjectPaths
 from intloom.protocol.messages import RestoreSummary, StoreProblem, WorkflowInfo, WorkflowProblem
 from intloom.store import Store, StoreReport, read_runs_report
@@ -333,7 +333,7 @@ def boot(
 
 def _tool_calls_cut(paths: ProjectPaths, log: HostLog) -> dict[str, str]:
     """What the log of the host before this one says of the Tool calls it left running."""
-    found = last_log(paths.logs, before=log.path.name)
+    found = evidence_log(paths.logs, before=log.path.name)
     return {} if found is None else tool_calls_cut(found)
 
 

@@ -20,8 +20,8 @@ import msgspec
 
 from intloom.project import scan_logs
 
-__all__ = ["LOG_SCAN", "LOG_TAIL", "last_line", "last_log", "log_records", "read_log",
-           "tool_calls_cut"]
+__all__ = ["LOG_SCAN", "LOG_TAIL", "evidence_log", "last_line", "last_log", "log_records",
+           "read_log", "tool_calls_cut"]
 
 # The end of a host's log read for this: a stop's or a crash's last lines are there, and a
 # log is read no further than this.
@@ -110,6 +110,68 @@ def _open_regular(path: Path | None) -> int | None:
     return fd
 
 
+# The lines ``tool_calls_cut`` reads, found by these (a host writes its JSON compact).
+_EVIDENCE: Final = (b'"event":"run_tool_', b'"event":"run_completion_',
+                    b'"event":"run_restored"')
+_CHUNK: Final = 1 << 20
+
+
+def evidence_log(logs: Path, *, before: str | None = None) -> tuple[str, bytes] | None:
+    """``last_log``'s log, but only its lines of Tool calls, Agent completions and restored
+    Runs, from its last ``LOG_SCAN`` bytes rather than ``LOG_TAIL``: a host busy after a
+    long Tool call began (other Runs' Steps and Tool calls, ~1,500 lines) had pushed that
+    call's start out of the tail, and the restart no longer named it."""
+    newest = _newest_log(logs, before)
+    if newest is None:
+        return None
+    fd = _open_regular(logs / newest)
+    if fd is None:
+        return None
+    kept: list[bytes] = []
+    try:
+        end = os.fstat(fd).st_size
+        at = max(0, end - LOG_SCAN)
+        carry = b""
+        while at < end:
+            piece = os.pread(fd, min(_CHUNK, end - at), at)
+            if not piece:
+                break
+            at += len(piece)
+            data = carry + piece
+            cut = data.rfind(b"\n") + 1 if at < end else len(data)
+            data, carry = data[:cut], data[cut:]
+            kept.extend(_evidence_lines(data))
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return newest, b"\n".join(kept)
+
+
+def _evidence_lines(data: bytes) -> list[bytes]:
+    """The whole lines of ``data`` that hold one of ``_EVIDENCE``, in order (found with
+    ``bytes.find``: a regular expression over 64 MiB of log is far slower)."""
+    starts: set[int] = set()
+    for needle in _EVIDENCE:
+        found = data.find(needle)
+        while found >= 0:
+            starts.add(data.rfind(b"\n", 0, found) + 1)
+            found = data.find(needle, found + len(needle))
+    lines = []
+    for start in sorted(starts):
+        stop = data.find(b"\n", start)
+        lines.append(data[start:] if stop < 0 else data[start:stop])
+    return lines
+
+
+def _newest_log(logs: Path, before: str | None) -> str | None:
+    try:
+        found, _, _ = scan_logs(logs)
+    except OSError:
+        return None
+    return max((p.name for p in found if before is None or p.name < before), default=None)
+
+
 def last_log(logs: Path, *, before: str | None = None) -> tuple[str, bytes] | None:
     """The newest host log (``LOG-<start>.jsonl``, a regular file under the name a host
     gives it) whose name sorts before ``before`` (a starting host's own; None: any), its
@@ -117,11 +179,7 @@ def last_log(logs: Path, *, before: str | None = None) -> tuple[str, bytes] | No
     Other entries (``scan_logs``: a copy, a link, a FIFO) are passed over, never opened or
     followed: no host wrote them, and a stray name such as ``LOG-copy.jsonl`` sorts after
     every host's."""
-    try:
-        found, _, _ = scan_logs(logs)
-    except OSError:
-        return None
-    newest = max((p.name for p in found if before is None or p.name < before), default=None)
+    newest = _newest_log(logs, before)
     if newest is None:
         return None
     # The newest only, even unreadable: an older log is of a host before the last one.

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Final
 
 __all__ = [
+    "MAX_AGENT_ID",
     "MAX_EFFECT_ID",
     "MAX_INTENT_BYTES",
     "MAX_LABEL",
@@ -33,6 +34,9 @@ MAX_REQUEST_BYTES: Final = 256 * 1024
 MAX_TOOLS_BYTES: Final = 64 * 1024
 # An effect's name or key, in characters (a key is an idempotency key: a hash, a URL, an id).
 MAX_EFFECT_ID: Final = 1024
+# An Agent's claim id and Tool call id, in characters: each is in the host log's lines of its
+# calls and in a stop's report (a 1 MiB id made lines a stop's report could not read back).
+MAX_AGENT_ID: Final = 1024
 # A Run's intent, UTF-8 bytes: the CLI's --intent-file limit, kept by the host for every client.
 MAX_INTENT_BYTES: Final = 1 << 20
 # A Workflow's version and an Agent Step's agent id, in characters: labels in every view of

@@ -579,11 +579,18 @@ def test_agent_requests_refuse_what_is_not_json_or_empty_and_stale_tasks_say_why
     # Blank is empty too: a claim of spaces, once taken, refused the Agent's real id.
     assert "claim_id is blank ('  ')" in _refused(
         lambda: client.claim_agent_call(run.run_id, call, "  "), "INVALID_REQUEST")
+    assert "claim_id is 2,000 characters long" in _refused(
+        lambda: client.claim_agent_call(run.run_id, call, "c" * 2000), "INVALID_REQUEST")
     token, _ = client.claim_agent_call(run.run_id, call, "agent-1")
     assert "tool_call_id is empty" in _refused(
         lambda: client.call_tool(run.run_id, call, token, "", "search", {}), "INVALID_REQUEST")
     assert "tool_call_id is blank" in _refused(
         lambda: client.call_tool(run.run_id, call, token, "\t", "search", {}),
+        "INVALID_REQUEST")
+    # Each is logged with its call and named in a stop's report: a 1 MiB id made lines a
+    # stop's report could not read back.
+    assert "tool_call_id is 1,025 characters long, over the 1,024-character limit" in _refused(
+        lambda: client.call_tool(run.run_id, call, token, "t" * 1025, "search", {}),
         "INVALID_REQUEST")
     assert "$.q is bytes" in _refused(lambda: client.call_tool(
         run.run_id, call, token, "tc-1", "search", {"q": b"\x00"}), "INVALID_REQUEST")
@@ -1222,23 +1229,19 @@ def test_a_tasks_receipt_bytes_count_its_tool_call_ids(
         looping: tuple[Client, Project]) -> None:
     """The receipts' bound counted inputs and outputs only: an Agent sending tool call ids
     near the frame's 4 MiB (a document as the id) with small inputs kept up to 256 of them,
-    ~1 GiB of one task's ids in the host, while the task counted a few bytes. The ids count."""
+    ~1 GiB of one task's ids in the host, while the task counted a few bytes. The ids count;
+    and since 2026-12-04 an id is at most 1,024 characters, so a document as the id is
+    refused before the Tool runs, and nothing of it is kept."""
     client, _ = looping
     run, call, token = _claimed(client, "looping")
-    made = 0
     with pytest.raises(IntloomError) as refused:
-        while made < 64:  # 32 MiB of ids is reached after 16; the bound keeps it finite
-            client.call_tool(run.run_id, call, token, f"{made:02d}" + "i" * (2 << 20),
-                             "search", {"n": made})
-            made += 1
-    assert made == 16, made
-    assert refused.value.code == "CONFLICT" and refused.value.retryable is False
-    message = refused.value.message
-    assert f"Agent task {call} keeps 32.0 MiB of Tool call receipts" in message, message
-    # The call that crossed the line kept its receipt, and the task can still end.
-    assert client.call_tool(run.run_id, call, token, "15" + "i" * (2 << 20), "search",
-                            {"n": 15}) == ({"found": {"n": 15}}, True)
+        client.call_tool(run.run_id, call, token, "00" + "i" * (2 << 20), "search", {"n": 0})
+    assert refused.value.code == "INVALID_REQUEST", refused.value
+    assert "tool_call_id is 2,097,154 characters long" in refused.value.message
+    assert client.call_tool(run.run_id, call, token, "00", "search", {"n": 0}) == (
+        {"found": {"n": 0}}, False)
     assert client.complete_agent_call(run.run_id, call, token, "done", {}).status == "completed"
+
 
 MISUSED = textwrap.dedent('''
     from typing import Any
@@ -1413,3 +1416,33 @@ def test_a_kill_during_on_complete_names_the_lost_completion(
     assert "the Agent's work is lost" in view.last_error.message, view.last_error.message
     ended = _log_records(project, "run_completion_ended")
     assert ended == [], ended  # the killed host never logged its end
+
+
+def test_a_tool_call_a_kill_cut_is_named_past_a_busy_hosts_log_tail(
+        project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the last 256 KiB of the killed host's log were read for the Tool call it cut:
+    ~1,500 later lines of a busy host (other Runs' Tool calls) pushed the call's start out,
+    and the restart named the Agent task alone. The log is searched back 64 MiB for them."""
+    _looping_host(project, "10", monkeypatch)
+    with Client.connect(project.root) as client:
+        running = _running_tool(client, project, "slow",
+                                {"until": str(project.root / "release-tool")})
+        for _ in range(6):  # what other Runs' Agents do meanwhile (256 calls a task at most)
+            run, call, token = _claimed(client, "looping")
+            for n in range(250):
+                client.call_tool(run.run_id, call, token, f"tc-busy-{n}", "search", {"q": n})
+    log = sorted((project.state / "logs").glob("LOG-*.jsonl"))[-1]
+    assert log.stat().st_size > 300 * 1024, log.stat().st_size  # past the old tail
+    try:
+        project.kill_host()
+    finally:
+        (project.root / "release-tool").write_text("go")
+        running.caller.join(timeout=30)
+    said = "says Tool call tc-1 (Tool 'slow') started "
+    previews = {p["runId"]: p for p in json.loads(project.cli("--json", "doctor").stdout)["runs"]}
+    assert said in previews[running.run.run_id]["verdict"]["reason"], previews
+    ok(project.cli("recover", "--json"))
+    start(project)
+    with Client.connect(project.root) as client:
+        view = client.get_run(running.run.run_id)
+    assert view.last_error is not None and said in view.last_error.message, view.last_error
