@@ -286,18 +286,18 @@ def _question(term: Terminal, question: Mapping[str, Any]) -> dict[str, Any]:
             # 1, and "5", a real id, was refused.
             by_id = [(n, o) for n, o in enumerate(options, start=1) if str(o.get("id")) == raw]
             if 1 <= number <= len(options):
+                # A position always picks (every option stays pickable by its number, even
+                # when labels are numbers too), and the pick is said, with the option whose
+                # id the number also is.
                 option = options[number - 1]
-                other = [(n, o) for n, o in by_id if n != number]
-                if other:
-                    term.say(f"{raw} is the number of option {number}, "
-                             f"{_shown_option(option)}, and the id of option {other[0][0]}, "
-                             f"{_shown_option(other[0][1])}: type the label of the one you "
-                             "mean.")
-                    continue
                 oid = str(option.get("id"))
+                other = [(n, o) for n, o in by_id if n != number]
+                also = (f" ({raw} is also the id of option {other[0][0]}, "
+                        f"{_shown_option(other[0][1])}: type {other[0][0]} for that one.)"
+                        if other else "")
                 if oid != raw:
                     term.say(f"Picked option {number}, {_shown_option(option)}: the answer "
-                             f"is its id, {oid}.")
+                             f"is its id, {oid}.{also}")
                 return {"questionId": qid, "isSkipped": False, "answer": oid}
             if len(by_id) == 1:
                 term.say(f"Picked option {by_id[0][0]}, {_shown_option(by_id[0][1])}, by its "

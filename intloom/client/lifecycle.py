@@ -245,7 +245,7 @@ def _paused_host(pid: int, *, stopping: bool = False, starting: bool = False,
         return IntloomError(
             "CLI_SERVICE_UNAVAILABLE",
             f"The project's host (pid {pid}) is still starting (it holds service.lock and has "
-            "not served yet) and is stopped by a signal (SIGSTOP, Ctrl-Z or a debugger): it "
+            "not served yet) and is stopped by a signal (SIGSTOP or Ctrl-Z): it "
             f"will not serve until it is resumed. {doing} Resume it with kill -CONT {pid}: it "
             f"then finishes its start and serves{then}. To end its start instead, "
             f"kill -TERM {pid}, then kill -CONT {pid} (a stopped process takes the signal "
@@ -1582,7 +1582,11 @@ def stop_service_report(root: str | os.PathLike[str], *, timeout: float | None =
     told = starting is None
 
     def released() -> StopResult:
-        if dead:
+        # Dead by the process's identity alone is not enough: a host in another pid
+        # namespace, or one a concurrent stop ended between the observe and the probe, reads
+        # as gone too. One that never took the request and whose log says no stop crashed.
+        if dead and asked.unsent is not None and not asked.stopping and (
+                log is None or last_line(log, STOPPING) is None):
             return StopResult(stopped=False, cut=[])  # as once its files are gone
         if not tried:
             return StopResult(stopped=True, cut=[], suspended=0, served=False)

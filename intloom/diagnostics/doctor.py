@@ -735,7 +735,8 @@ def _next_port_check(conn: Connection | None, config: Config | None) -> Check | 
 
 def _connection_check(root: Path, has_owners: bool, running: bool = False,
                       config: Config | None = None, live_pid: int | None = None) -> Check:
-    """``live_pid``: an owner of the host's files that is alive (or not provably gone)."""
+    """``live_pid``: an owner of the host's files that is alive (one whose exit cannot be
+    verified is not advised a kill: its pid may be another process's by now)."""
     paths = ProjectPaths(root)
     try:
         conn: Connection | None = read_connection(paths.connection_json, root)
@@ -1051,7 +1052,7 @@ def run_doctor(root: Path) -> DoctorReport:
                      context("service.lock", lock_problem)),
         _connection_check(root, bool(diagnosis.owners) or lock_problem is not None
                           or service_problem is not None, running, config,
-                          next((o.pid for o in diagnosis.owners if o.status != "gone"),
+                          next((o.pid for o in diagnosis.owners if o.status == "alive"),
                                None)),
         _temp_files_check(paths),
     ]

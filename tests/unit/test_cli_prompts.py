@@ -263,26 +263,31 @@ class _Scripted:
 
 
 def test_options_whose_ids_are_numbers_are_picked_without_a_silent_guess() -> None:
-    """Options with ids 3, 1 and 5: "1" picked the first option (id 3) in silence, not the
-    one whose id is 1, and "5", a real id, was refused as no option's number. A number that
-    is one option's position and another's id is asked again; one that is only an id picks
-    that option; a position picks its option and says which."""
+    """Options with ids 3, 1 and 5: "1" picked the first option (id 3) in silence, though
+    1 is also the second's id, and "5", a real id, was refused as no option's number. A
+    position still picks (every option stays pickable by its number) and says which, naming
+    the option whose id it also is; a number that is only an id picks that option."""
     from intloom.cli.prompts import prompt_answer
 
-    action = {"kind": "questions", "request": [{"id": "sev", "question": "How bad?",
-                                                 "options": [{"id": "3", "label": "high"},
-                                                             {"id": "1", "label": "low"},
-                                                             {"id": "5", "label": "critical"}]}]}
-    term = _Scripted(["1", "low"])
-    assert prompt_answer(action, term) == [  # type: ignore[arg-type]
-        {"questionId": "sev", "isSkipped": False, "answer": "1"}]
-    assert ("1 is the number of option 1, high [3], and the id of option 2, low [1]: type "
-            "the label of the one you mean.") in term.said, term.said
-    term = _Scripted(["5"])
-    assert prompt_answer(action, term) == [  # type: ignore[arg-type]
-        {"questionId": "sev", "isSkipped": False, "answer": "5"}]
-    assert "Picked option 3, critical [5], by its id." in term.said, term.said
-    term = _Scripted(["2"])  # a position only: option 2, whose id is 1
-    assert prompt_answer(action, term) == [  # type: ignore[arg-type]
-        {"questionId": "sev", "isSkipped": False, "answer": "1"}]
-    assert "Picked option 2, low [1]: the answer is its id, 1." in term.said, term.said
+    def asked(options: list[dict[str, str]], typed: str) -> tuple[str, list[str]]:
+        action = {"kind": "questions",
+                  "request": [{"id": "sev", "question": "How bad?", "options": options}]}
+        term = _Scripted([typed])
+        [answer] = prompt_answer(action, term)  # type: ignore[arg-type]
+        return answer["answer"], term.said
+
+    options = [{"id": "3", "label": "high"}, {"id": "1", "label": "low"},
+               {"id": "5", "label": "critical"}]
+    answer, said = asked(options, "1")
+    assert answer == "3", said
+    assert ("Picked option 1, high [3]: the answer is its id, 3. (1 is also the id of option "
+            "2, low [1]: type 2 for that one.)") in said, said
+    answer, said = asked(options, "5")
+    assert answer == "5" and "Picked option 3, critical [5], by its id." in said, said
+    answer, said = asked(options, "2")
+    assert answer == "1" and "Picked option 2, low [1]: the answer is its id, 1." in said, said
+    # Ids that are numbers without labels (the review's case): each is pickable by its number.
+    bare = [{"id": str(n)} for n in (5, 4, 3, 2, 1)]
+    for position in range(1, 6):
+        answer, said = asked(bare, str(position))
+        assert answer == str(6 - position), (position, said)
