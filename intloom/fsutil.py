@@ -446,14 +446,19 @@ def _ansi_c(char: str) -> str:
 
 
 def aside(path: Path, suffix: str) -> Path:
-    """Where advice moves a file intloom cannot use: beside it, or, for one inside
-    ``.intloom/``, out of it into the project as ``intloom-<its path there>``. ``inspect``
-    reports every name in the checkpoint store it did not write, and ``doctor`` every one in
-    ``logs/``: a file moved beside it there would be reported again at every look."""
-    for parent in path.parents:
+    """Where advice moves a file intloom cannot use: beside it, or, for one in the checkpoint
+    store or ``logs/`` (``.intloom/runtime/…``, ``.intloom/logs/…``), into ``.intloom/``
+    itself as ``<its path there, joined by ->``: ``inspect`` reports every name in the store
+    it did not write, and ``doctor`` every one in ``logs/``, so a file moved beside itself
+    there was reported at every look. Not out of ``.intloom/``: that stays private and out
+    of version control, which the project around it may not be."""
+    parents = list(path.parents)
+    for at, parent in enumerate(parents):
         if parent.name == ".intloom":
-            inside = "-".join(path.relative_to(parent).parts)
-            return parent.parent / f"intloom-{inside}{suffix}"
+            inside = path.relative_to(parent).parts
+            if at >= 1 and inside[0] in ("runtime", "logs"):
+                return parent / f"{'-'.join(inside)}{suffix}"
+            break  # the nearest .intloom only: a project may sit below another one
     return Path(f"{path}{suffix}")
 
 

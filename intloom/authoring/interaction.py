@@ -182,7 +182,7 @@ def unencodable_part(value: Any) -> str | None:
     seen: set[int] = set()
     while stack:
         item, place, depth = stack.pop()
-        if type(item) in _SCALARS:
+        if type(item) in _SCALARS or item is msgspec.UNSET:  # UNSET fields are left out
             continue
         parts: list[tuple[str | int, Any]] | None = None
         if id(item) not in seen and depth < _MAX_DEPTH:

@@ -823,6 +823,17 @@ _UNKEYABLE: Final = frozenset({
 })
 
 
+def _unkeyable_key(key: Any) -> bool:
+    """Whether a dict key type (msgspec.inspect) is one JSON cannot key an object by: one of
+    ``_UNKEYABLE``, or a Literal of booleans or None only (``Literal[True]``)."""
+    if type(key).__name__ in _UNKEYABLE:
+        return True
+    if type(key).__name__ != "LiteralType":
+        return False
+    values: tuple[Any, ...] = tuple(getattr(key, "values", ()))
+    return bool(values) and all(v is None or isinstance(v, bool) for v in values)
+
+
 def _unkeyable(state: type[Any]) -> tuple[str, str] | None:
     """The first dict field of ``state`` (its path, as encoded) whose key type JSON cannot
     carry, and that type as shown; None when there is none (or the type cannot be read)."""
@@ -844,14 +855,17 @@ def _unkeyable(state: type[Any]) -> tuple[str, str] | None:
             keys = (info.key_type.types if isinstance(info.key_type, mi.UnionType)
                     else (info.key_type,))
             # A union with one keyable member (int | None) keys what its Runs store by it.
-            if all(type(key).__name__ in _UNKEYABLE for key in keys):
+            if all(_unkeyable_key(key) for key in keys):
                 key = keys[0]
                 name = getattr(getattr(key, "cls", None), "__name__", None)
+                if type(key).__name__ == "LiteralType":
+                    name = f"Literal{list(getattr(key, 'values', ()))}"
                 plain = type(key).__name__.removesuffix("Type")
                 return (path.lstrip(".") or "(the State itself)",
                         name or {"None": "None", "VarTuple": "tuple"}.get(plain, plain.lower()))
             stack.append((info.value_type, f"{path}[...]"))
-        elif kind in ("StructType", "DataclassType", "TypedDictType", "AttrsType"):
+        elif kind in ("StructType", "DataclassType", "TypedDictType", "AttrsType",
+                      "NamedTupleType"):
             stack.extend((f.type, f"{path}.{getattr(f, 'encode_name', f.name)}")
                          for f in info.fields)
         elif isinstance(info, mi.UnionType):

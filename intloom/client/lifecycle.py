@@ -898,8 +898,7 @@ def _died_starting(proc: subprocess.Popen[bytes], importing: _Importing | None =
         )
     # Which files it left, when they can be told: killed right after writing service.json,
     # it left both, and "the service.lock it may have left" named one.
-    left = ([p.name for p in (paths.service_json, paths.service_lock)
-             if os.path.lexists(p)] if paths is not None else None)
+    left = _left_by(proc, paths)
     if left:
         files = " and ".join(left)
         then = (f"Run intloom doctor: the {files} it left {'is' if len(left) == 1 else 'are'} "
@@ -917,6 +916,29 @@ def _died_starting(proc: subprocess.Popen[bytes], importing: _Importing | None =
         f"it reported ready.{importing.died(signum) if importing else ''} Its log in "
         f".intloom/logs/ says how far it got. {then}",
     )
+
+
+def _left_by(proc: subprocess.Popen[bytes], paths: ProjectPaths | None) -> list[str] | None:
+    """The names of the files the exited host ``proc`` left (those naming its pid, or that
+    cannot be read); None when that cannot be told: no paths, or the host has not exited
+    (it is being stopped, and its stop removes its own files)."""
+    if paths is None or proc.returncode is None:
+        return None
+    left: list[str] = []
+    readers: tuple[tuple[Path, Callable[[Path], Any]], ...] = (
+        (paths.service_json, lambda p: read_service(p, paths.root)),
+        (paths.service_lock, read_lock))
+    for path, read in readers:
+        if not os.path.lexists(path):
+            continue
+        try:
+            record = read(path)
+        except IntloomError:
+            left.append(path.name)  # half written, most likely by it
+            continue
+        if record is None or record.pid == proc.pid:
+            left.append(path.name)
+    return left
 
 
 def _ready_line(line: bytes, progress: Progress | None,

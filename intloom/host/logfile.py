@@ -40,8 +40,11 @@ _encoder: Final = msgspec.json.Encoder(enc_hook=str)
 
 
 def _escaped(value: Any, depth: int = 0) -> Any:
-    """``value`` with every text UTF-8 cannot carry (a lone surrogate) kept as its escape
-    (``\\udcff``), as errors.message_of keeps such a message."""
+    """``value`` as plain data with every text UTF-8 cannot carry (a lone surrogate) kept as
+    its escape (``\\udcff``), as errors.message_of keeps such a message; anything else as
+    its escaped ``str`` (what ``enc_hook`` gives it), and past 50 levels as its repr."""
+    if value is None or isinstance(value, bool | int | float):
+        return value
     if isinstance(value, str):
         try:
             value.encode("utf-8")
@@ -49,12 +52,15 @@ def _escaped(value: Any, depth: int = 0) -> Any:
             return value.encode("utf-8", "backslashreplace").decode("utf-8")
         return value
     if depth > 50:
-        return value
+        return _escaped(repr(value)[:500])
     if isinstance(value, dict):
-        return {_escaped(k, depth + 1): _escaped(v, depth + 1) for k, v in value.items()}
-    if isinstance(value, list | tuple):
+        return {_escaped(str(k), depth + 1): _escaped(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
         return [_escaped(v, depth + 1) for v in value]
-    return value
+    try:
+        return _escaped(str(value))
+    except Exception:
+        return f"({type(value).__name__})"
 # Valid JSON as they are, but U+2028, U+2029 and U+0085 end a line for readers that split
 # text on Unicode line breaks (str.splitlines, many log tools): one record read as several.
 # JSON strings are the only place they can occur, so their escapes read back the same.

@@ -12,7 +12,7 @@ import sys
 import textwrap
 import zoneinfo
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, NamedTuple
 
 import msgspec
 import pytest
@@ -378,6 +378,18 @@ class _NestedKeyed(msgspec.Struct):
     rows: list[_Pair] = msgspec.field(default_factory=list)
 
 
+class _Flagged(NamedTuple):
+    by_flag: dict[bool, int]
+
+
+class _InTuples(msgspec.Struct):
+    rows: list[_Flagged] = msgspec.field(default_factory=list)
+
+
+class _LiteralKeyed(msgspec.Struct):
+    only: dict[Literal[True], str] = msgspec.field(default_factory=dict)
+
+
 class _FineKeys(msgspec.Struct):
     by_int: dict[int, str] = msgspec.field(default_factory=dict)
     by_maybe: dict[int | None, str] = msgspec.field(default_factory=dict)
@@ -388,6 +400,8 @@ class _FineKeys(msgspec.Struct):
     (_BoolKeyed, "flags", "bool"),
     (_Pair, "by_pair", "tuple"),
     (_NestedKeyed, "rows[...].by_pair", "tuple"),
+    (_InTuples, "rows[...].by_flag", "bool"),
+    (_LiteralKeyed, "only", "Literal[True]"),
 ])
 def test_a_state_dict_keyed_by_what_json_cannot_key_is_refused_when_declared(
     state: type[msgspec.Struct], field: str, key: str,

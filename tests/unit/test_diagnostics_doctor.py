@@ -212,8 +212,8 @@ def test_a_store_file_that_is_no_regular_file_is_named_with_its_fix(root: Path) 
     check = {c.id: c for c in run_doctor(root).checks}["runtime_dir"]
     assert (check.status, check.message) == (
         "attention", f"{segment} is not a regular file."), check
-    # Out of .intloom/: moved beside it, inspect would report the .bad file for ever.
-    moved = root / "intloom-runtime-wal-0000000001.seg.bad"
+    # Out of the store, into .intloom/: beside it, inspect would report the .bad file for ever.
+    moved = runtime.parent / "runtime-wal-0000000001.seg.bad"
     assert check.next is not None and check.next.startswith(
         f"Move it aside (mv {segment} {moved})") and KEEP_IT in check.next, check.next
     assert os.path.isdir(segment)

@@ -72,7 +72,9 @@ def test_a_line_holding_a_lone_surrogate_is_written_with_it_escaped(tmp_path: Pa
     logs.mkdir(mode=0o700)
     log = HostLog.open(logs)
     assert log.info("workflow_loaded", version="1\udcff",
-                    nested={"k\udcfe": ["a\udcfd", 2]}) is True
+                    nested={"k\udcfe": ["a\udcfd", 2]}, path=Path("p\udcfc"),
+                    names={"s\udcfb"}) is True
     log.close()
     line = json.loads(log.path.read_bytes().splitlines()[1])
     assert (line["version"], line["nested"]) == ("1\\udcff", {"k\\udcfe": ["a\\udcfd", 2]})
+    assert (line["path"], line["names"]) == ("p\\udcfc", ["s\\udcfb"])

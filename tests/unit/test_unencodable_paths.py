@@ -40,6 +40,8 @@ def test_a_renamed_field_and_a_key_are_named_as_encoded() -> None:
     assert unencodable_part(Box(renamed=[1, {2, 3}, object()])) == "$.shownAs[2] is object"
     assert unencodable_part(Box(extra={(1, 2): "v"})) == "$.extra has the key (1, 2) (tuple)"
     assert unencodable_part(Box(extra={"a": [1, 2**70, "x"]})) is None  # JSON has big ints
+    # An UNSET field is left out of the encoding: the part to blame is the next one.
+    assert unencodable_part(Box(extra=msgspec.UNSET, renamed=object())) == "$.shownAs is object"
 
 
 def test_a_confirmation_context_names_the_part() -> None:
