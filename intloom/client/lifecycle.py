@@ -270,14 +270,20 @@ def _paused_host(pid: int, *, stopping: bool = False, starting: bool = False,
     )
 
 
+def _lock_now(paths: ProjectPaths) -> ServiceLock | None:
+    """``service.lock``'s record now; None when there is none or it cannot be read (being
+    written or replaced: the next poll reads it)."""
+    try:
+        return read_lock(paths.service_lock)
+    except IntloomError:
+        return None
+
+
 def _paused_starting(paths: ProjectPaths) -> int | None:
     """The pid of the host still starting (it holds the lock, no service.json yet) when it
     is stopped by a signal; None otherwise (a single sample, as for a stopping host: a
     start traced by strace is not paused)."""
-    try:
-        lock = read_lock(paths.service_lock)
-    except IntloomError:
-        return None
+    lock = _lock_now(paths)
     if lock is None:
         return None
     from intloom.host.liveness import paused  # psutil: only while a host starts
@@ -381,10 +387,7 @@ def _still_starting(paths: ProjectPaths) -> IntloomError:
     """CLI_SERVICE_TIMEOUT for a start whose --timeout ran out waiting for another start's
     host, live and still starting: "locked, no live host answers" sent the reader to
     recover, over a host that status calls starting."""
-    try:
-        lock = read_lock(paths.service_lock)
-    except IntloomError:
-        lock = None
+    lock = _lock_now(paths)
     if lock is None:  # gone or rewritten meanwhile: nothing certain to name
         return _busy(paths)
     return IntloomError(
@@ -400,10 +403,7 @@ def _still_starting(paths: ProjectPaths) -> IntloomError:
 def _waiting_for(paths: ProjectPaths, timeout: float, foreground: bool) -> str | None:
     """What a start waiting for another start's host says of it, or None when its lock
     cannot be read now (rewritten meanwhile: said at the next poll)."""
-    try:
-        lock = read_lock(paths.service_lock)
-    except IntloomError:
-        return None
+    lock = _lock_now(paths)
     if lock is None:
         return None
     then = ("says CLI_SERVICE_CONFLICT once it serves (one host per project)" if foreground
