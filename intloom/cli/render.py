@@ -525,8 +525,11 @@ def run_lines(run: Mapping[str, Any], *, suspended: bool = False,
         tools = call.get("tools")
         if isinstance(tools, list) and tools:
             lines.append(f"Tools   {', '.join(map(str, tools))}")
-        lines.append(f"Follow  {intloom} attach {run_id}  (a client Agent claims and completes "
-                     "the task through intloom.client.Client)")
+        # The command alone on its line, as Answer's: pasted whole, the note after it was a
+        # shell syntax error at its "(".
+        lines.append(f"Follow  {intloom} attach {run_id}")
+        lines.append("        a client Agent claims and completes the task through "
+                     "intloom.client.Client")
     if run.get("status") == "failed":
         err = _error_of(run)
         if err.get("code") == "RUN_STOPPED":

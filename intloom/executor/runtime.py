@@ -1335,6 +1335,9 @@ class Runtime:
     async def answer(self, run_id: str, action_id: str, answer: Any) -> RunView:
         """Accept an answer (CONFLICT / INVALID_REQUEST otherwise); returns the next stable view."""
         self._admit()
+        # An empty id was CONFLICT, "Action  is not (or no longer) ...": a double space.
+        _nonempty(action_id, "action_id", "the id of the action the Run waits on "
+                  "(pendingAction.id, ASK-...)")
         await self._refuse_if_ended(run_id, action_id)
         slot = self._slot(run_id)
         action = slot.state.pending_action

@@ -94,6 +94,11 @@ def test_waiting_run_survives_stop_and_start_then_completes(project: Project) ->
     with Client.connect(project.root) as client:
         assert client.get_run(waiting.run_id) == waiting
         assert [r.run_id for r in client.runs()] == [waiting.run_id]
+        # An empty action id was CONFLICT, "Action  is not (or no longer) ...".
+        with pytest.raises(IntloomError) as empty:
+            client.answer(waiting.run_id, "", {"isConfirmed": True})
+        assert empty.value.code == "INVALID_REQUEST", empty.value
+        assert empty.value.message.startswith("action_id is empty; give the id of the action")
         done = client.answer(waiting.run_id, action_id, {"isConfirmed": True})
     assert done.status == "completed"
 

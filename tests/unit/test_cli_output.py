@@ -149,12 +149,12 @@ def test_a_run_waiting_on_an_agent_shows_the_task_its_tools_and_what_comes_next(
         "id": "CALL-1", "agentId": "default", "phase": "available",
         "request": {"ticket": "login broken"}, "tools": ["lookup", "search"]}}
     lines = render.run_lines(agent)
-    assert lines[-4:] == [
+    assert lines[-5:] == [
         "Agent   default · task CALL-1 · available",
         'Task    {"ticket":"login broken"}',
         "Tools   lookup, search",
-        "Follow  intloom attach RUN-1  (a client Agent claims and completes the task through "
-        "intloom.client.Client)",
+        "Follow  intloom attach RUN-1",  # the command alone: copied whole, it runs
+        "        a client Agent claims and completes the task through intloom.client.Client",
     ]
     long = {**agent, "pendingAgentCall": {**agent["pendingAgentCall"], "tools": [],
                                           "request": {"text": "x" * 400}}}
