@@ -182,8 +182,8 @@ def unencodable_part(value: Any) -> str | None:
     seen: set[int] = set()
     while stack:
         item, place, depth = stack.pop()
-        if type(item) in _SCALARS or item is msgspec.UNSET:  # UNSET fields are left out
-            continue
+        if (type(item) in _SCALARS and type(item) is not int) or item is msgspec.UNSET:
+            continue  # (an int may have more digits than JSON text takes; UNSET is left out)
         parts: list[tuple[str | int, Any]] | None = None
         if id(item) not in seen and depth < _MAX_DEPTH:
             if isinstance(item, msgspec.Struct):
@@ -196,7 +196,7 @@ def unencodable_part(value: Any) -> str | None:
                     try:
                         msgspec.json.encode({key: None})
                     except (TypeError, OverflowError, msgspec.EncodeError, UnicodeEncodeError,
-                            RecursionError):
+                            RecursionError, ValueError):
                         return f"{json_path(place)} has the key {key!r} ({type(key).__name__})"
                 parts = [(key if isinstance(key, str) else repr(key), part)
                          for key, part in item.items()]
@@ -209,7 +209,7 @@ def unencodable_part(value: Any) -> str | None:
         try:
             msgspec.json.encode(item)
         except (TypeError, OverflowError, msgspec.EncodeError, UnicodeEncodeError,
-                RecursionError):
+                RecursionError, ValueError):
             return f"{json_path(place)} is {type(item).__name__}"
     return None
 
@@ -230,7 +230,7 @@ def confirmation_request(context: Any, where: str) -> dict[str, Any]:
         too_deep = deeper_than(msgspec.to_builtins(context))
     except RecursionError:
         too_deep = True
-    except (TypeError, msgspec.EncodeError, UnicodeEncodeError) as exc:
+    except (TypeError, msgspec.EncodeError, UnicodeEncodeError, ValueError) as exc:
         part = unencodable_part(context)
         raise IntloomError(
             "STEP_INTERACTION_INVALID",

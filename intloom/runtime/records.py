@@ -169,9 +169,11 @@ encode_record: Callable[[Record], bytes] = _encoder.encode
 
 # What encoding a record raises for a value it cannot hold (an int beyond 64 bits, an object
 # that is not plain data, a str with a lone surrogate, a value that holds itself or is nested
-# deeper than the stack).
+# deeper than the stack), and what JSON encoding raises for an int of more than 4,300 digits
+# (ValueError: Python's int-to-text limit; a State holding one failed its Run as the host's
+# CLI_INTERNAL_ERROR).
 UNENCODABLE: Final = (OverflowError, TypeError, msgspec.EncodeError, UnicodeEncodeError,
-                      RecursionError)
+                      RecursionError, ValueError)
 
 
 def check_encodable(value: Any) -> None:

@@ -49,3 +49,18 @@ def test_a_confirmation_context_names_the_part() -> None:
         confirmation_request({"order": {"id": 4, "client": object()}}, "Stage 's', Step 'x'")
     assert refused.value.code == "STEP_INTERACTION_INVALID"
     assert "($.order.client is object: " in refused.value.message, refused.value.message
+
+
+def test_an_integer_too_long_for_json_text_is_the_states_fault_not_the_hosts() -> None:
+    """An int of more than 4,300 digits raises ValueError from the JSON encoder (Python's
+    int-to-text limit): the Run failed CLI_INTERNAL_ERROR, "The host failed while driving
+    the Run (ValueError)"."""
+
+    class Limits(msgspec.Struct):
+        limit: int = 0
+
+    with pytest.raises(IntloomError) as refused:
+        encode_state(Limits(limit=10**5000), "Stage 's', Step 'x'", Limits)
+    assert refused.value.code == "STAGE_STATE_INVALID"
+    assert "cannot be encoded as JSON ($.limit is int: " in refused.value.message, \
+        refused.value.message
