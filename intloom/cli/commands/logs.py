@@ -196,6 +196,10 @@ def _project_removed(root: Path) -> IntloomError:
     )
 
 
+def _interrupt(_signo: int, _frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def _follow(tail: LogTail, root: Path, logs_dir: Path, stop: threading.Event) -> None:
     """Print what the logs gain until ``stop`` is set (SIGTERM, or the reader went)."""
     import watchfiles
@@ -342,9 +346,15 @@ def logs(
             state.reader_gone = True
             stop.set()
 
-        with contextlib.suppress(KeyboardInterrupt), on_reader_gone(gone):
-            tail.pump()
-            _follow(tail, root, logs_dir, stop)
+        # While the backlog prints, a SIGTERM stops it as Ctrl-C does (a write blocked on a
+        # slow reader is left only by an exception); _follow then sets its own handler.
+        previous = signal.signal(signal.SIGTERM, _interrupt)
+        try:
+            with contextlib.suppress(KeyboardInterrupt), on_reader_gone(gone):
+                tail.pump()
+                _follow(tail, root, logs_dir, stop)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
         return
     tail.pump()
     tail.finish()
