@@ -243,6 +243,12 @@ class Limits(msgspec.Struct, frozen=True):
     # autotuned to 4 MiB here. Tests lower it (INTLOOM_TEST_FOLLOW_SNDBUF) so that a reader
     # that stops is found past the backlog in moments instead of after MiBs of events.
     follow_sndbuf: int = 0
+    # Bytes all followers' connections may hold unsent together before a new follower is
+    # refused (BUSY): each follower's history is built whole and written at once, so twenty
+    # followers that stopped reading a Run with 84 MB of history held 1.67 GB, for as long as
+    # the Run did not publish. A follower whose history has not drained within
+    # ``write_timeout`` is closed too (``follower_too_slow``), which lets that memory go.
+    follow_held: int = 256 * 1024 * 1024
 
 
 class FollowBacklog(msgspec.Struct):
@@ -375,6 +381,8 @@ class Server:
         self._sessions: set[asyncio.Task[None]] = set()
         self._busy: set[asyncio.Task[None]] = set()  # sessions inside a request
         self._control: set[asyncio.Task[None]] = set()  # sessions past the cap (CONTROL_SLOTS)
+        # The transports of the Subscribe streams now served (Limits.follow_held).
+        self._followers: set[asyncio.WriteTransport] = set()
         # Each session's streams, for close() to end its input.
         self._streams: dict[asyncio.Task[None],
                             tuple[asyncio.StreamReader, asyncio.StreamWriter]] = {}
@@ -611,6 +619,17 @@ class Server:
             sock = transport.get_extra_info("socket")
             if sock is not None:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.limits.follow_sndbuf)
+        held = sum(t.get_write_buffer_size() for t in self._followers)
+        if held > self.limits.follow_held:
+            await self._write(writer, _error(
+                "BUSY",
+                f"The host already holds {held / (1 << 20):,.1f} MiB of Run events its "
+                f"followers have not read (at most {self.limits.follow_held / (1 << 20):,.0f} "
+                "MiB together), so this stream was not begun. A follower that has stopped "
+                f"reading is closed within {self.limits.write_timeout:g} s, which frees it: "
+                "retry then, or close the followers (attach, subscribe) that stopped reading."),
+                request)
+            return
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         backlog = FollowBacklog(self.limits.follow_backlog)
 
@@ -648,11 +667,18 @@ class Server:
         # A follower that hangs up while the Run sits waiting must not pin the stream: any
         # byte or end-of-file from the peer ends it.
         hangup: asyncio.Future[bytes] = asyncio.ensure_future(reader.read(1))
+        # Its history, written whole, is read at the peer's pace; one that stops reading
+        # it held it for as long as its Run did not publish (a waiting Run: for good).
+        drained = asyncio.ensure_future(
+            self._history_drained(writer, backlog, request, done))
+        self._followers.add(transport)
         try:
             await asyncio.wait((done, hangup), return_when=asyncio.FIRST_COMPLETED)
         finally:
+            self._followers.discard(transport)
             stop()
             hangup.cancel()
+            drained.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await hangup
         # Read either way: an exception never retrieved is logged when the future is freed.
@@ -664,6 +690,25 @@ class Server:
         # The final event is buffered: the stream ends once the peer has it (or gives up).
         async with asyncio.timeout(self.limits.write_timeout):
             await writer.drain()
+
+    async def _history_drained(self, writer: asyncio.StreamWriter, backlog: FollowBacklog,
+                               request: Subscribe, done: asyncio.Future[None]) -> None:
+        """Close the stream (``follower_too_slow``) when what it was sent when it began has
+        not drained within ``write_timeout``: its peer stopped reading."""
+        transport = writer.transport
+        try:
+            async with asyncio.timeout(self.limits.write_timeout):
+                await writer.drain()
+        except TimeoutError:
+            if done.done():
+                return
+            self.log.warning("follower_too_slow", runId=request.run_id, run_id=request.run_id,
+                             buffered=transport.get_write_buffer_size(), limit=backlog.limit,
+                             history=backlog.history)
+            done.set_exception(_Refused(None))
+            transport.abort()
+        except (ConnectionError, OSError):
+            pass  # gone: the stream ends by its hang-up
 
     async def _write(self, writer: asyncio.StreamWriter, message: msgspec.Struct,
                      request: Request | None = None) -> None:

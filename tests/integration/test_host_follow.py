@@ -281,3 +281,80 @@ def test_attach_waits_for_a_history_the_host_is_slow_to_send(
         follower.join(timeout=10)
     assert "  restored  " in shown and "  waiting  " in shown, (
         f"attach went ahead of the history it had not received yet:\n{shown}")
+
+
+# A Run with a long history that then waits, publishing nothing: ~200 KB per confirmation.
+ASKER = textwrap.dedent('''
+    import intloom
+
+    asker = intloom.Workflow("asker", version="1")
+    main = asker.stage("main")
+
+
+    @main.step("ask", routes={"again": "ask", "done": intloom.COMPLETE})
+    async def ask(ctx):
+        confirmed = await ctx.confirm({"blob": "x" * 200_000})
+        return "done" if confirmed.confirmed else "again"
+''')
+
+
+@pytest.fixture
+def asker(tmp_path: Path) -> Iterator[Project]:
+    yield from reaped(one_source_project(tmp_path, "asker", ASKER))
+
+
+def _long_history(project: Project, client: Client, rounds: int) -> str:
+    run = client.create_run("asker", "x")
+    for _ in range(rounds):
+        assert run.pending_action is not None, run
+        run = client.answer(run.run_id, run.pending_action.id, {"isConfirmed": False})
+    return run.run_id
+
+
+def _stalled(port: int, project: Project, run_id: str) -> socket.socket:
+    """A subscriber that reads nothing after the hello's reply."""
+    sock = raw(port)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.sendall(hello_frame(token_of(project)))
+    reply(sock)
+    sock.sendall(encode({"op": "subscribe", "runId": run_id}))
+    return sock
+
+
+def test_a_follower_that_never_reads_a_waiting_runs_history_is_closed(
+    asker: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The backlog was checked only when the Run published: a follower that stopped reading
+    the history of a waiting Run (which publishes nothing) held it in the host for good, ~78
+    MB each for an 84 MB history. Not drained within the write timeout, it is closed."""
+    monkeypatch.setenv("INTLOOM_TEST_WRITE_TIMEOUT", "1")
+    monkeypatch.setenv("INTLOOM_TEST_FOLLOW_SNDBUF", str(FOLLOW_SNDBUF))
+    service = start(asker).service
+    with Client.connect(asker.root) as client:
+        run_id = _long_history(asker, client, 10)  # ~4 MB of history
+        with _stalled(service.port, asker, run_id) as sock:
+            (log,) = (asker.state / "logs").iterdir()
+            eventually(lambda: "follower_too_slow" in log.read_text(), timeout=20,
+                       what="the host to close the follower that never read")
+            eventually(lambda: _reset(sock), timeout=10, what="the follower's connection closed")
+        assert client.get_run(run_id).status == "waiting"
+
+
+def test_a_follower_is_refused_while_the_others_hold_too_much_unread(
+    asker: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Twenty followers that stopped reading an 84 MB history held 1.67 GB: each history is
+    built whole. Past a bound on what followers together leave unread, a new one is refused
+    BUSY (retryable), saying why and what frees it."""
+    monkeypatch.setenv("INTLOOM_TEST_FOLLOW_HELD", str(512 * 1024))
+    monkeypatch.setenv("INTLOOM_TEST_FOLLOW_SNDBUF", str(FOLLOW_SNDBUF))
+    service = start(asker).service
+    with Client.connect(asker.root) as client:
+        run_id = _long_history(asker, client, 10)
+        with _stalled(service.port, asker, run_id):
+            with pytest.raises(IntloomError) as refused:
+                eventually(lambda: next(iter(client.subscribe(run_id))) and False,
+                           timeout=20, what="a follower to be refused")
+            assert refused.value.code == "BUSY", refused.value
+            assert refused.value.retryable is True
+            assert "followers have not read" in refused.value.message, refused.value.message
