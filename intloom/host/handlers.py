@@ -237,7 +237,10 @@ class _Events:
         """The event that says the Run has ended; ``at``: its time, when it is not the
         view's updatedAt (an event that is no record has its own, as ``restored`` does)."""
         self.close()
-        self.send([RunEvent(run=run, event="end", final=True,
+        # The first batch's last event is caught up, this one too when it is the only one
+        # (an ended Run the host no longer lists): a client waiting for the mark never saw it.
+        caught_up, self.first = self.first, False
+        self.send([RunEvent(run=run, event="end", final=True, caught_up=caught_up,
                             detail=None if at is None else {"at": at})])
 
     def close(self) -> None:

@@ -106,6 +106,10 @@ def test_waiting_run_survives_stop_and_start_then_completes(project: Project) ->
     start(project)
     with Client.connect(project.root) as client:
         assert client.runs() == []  # terminal Runs of earlier hosts are never reloaded
+        # Its stream is its end alone: the first batch's last event, so caught up (a client
+        # waiting for the mark, as the host advertises it, never saw it here).
+        [end] = list(client.subscribe(waiting.run_id))
+        assert (end.event, end.final, end.caught_up) == ("end", True, True), end
 
 
 def test_hostile_traffic_never_disturbs_a_run_in_flight(project: Project) -> None:
