@@ -164,6 +164,7 @@ class _Follower(threading.Thread):
         self._printing = threading.Lock()
         self._closed = False
         self.broken = False  # the stream ended on an error, not on its final event or close()
+        self.behind = False  # catch_up went ahead of the events (``behind_note``)
         self.broke_with: IntloomError | None = None  # that error
 
     def _show(self, event: RunEvent) -> None:
@@ -282,9 +283,20 @@ class _Follower(threading.Thread):
                 shown = len(self._seen)
                 _wait(self._cond, partial(self._moved_or_reached, view, shown),
                       timeout=_CATCH_UP)
+            # Gone ahead of its events (stdout read too slowly for them, a stream stalled):
+            # those not shown by now never are, since nothing is printed after the view.
+            self.behind = not self._reached(view) and not self._done
 
     def _moved_or_reached(self, view: RunView, shown: int) -> bool:
         return self._reached(view) or len(self._seen) != shown
+
+    def behind_note(self) -> str:
+        """What going ahead of the events means: 944 of 9,004 events were printed, in
+        silence, when attach's stdout was read slowly (``attach RUN | (sleep 6; cat)``)."""
+        return (f"attach went on to the Run's view before its events caught up with it (its "
+                f"output was read more slowly than Run {self._run_id} produced them), so "
+                "the events after the last one shown were not printed. intloom inspect "
+                f"{self._run_id} shows every record.")
 
     def cut_short(self) -> bool:
         """The stream ended on an error before its final event: the events after the last
@@ -473,6 +485,8 @@ def _follow(state: CliState, client: Client, run_id: str,
             if view.status != "waiting" or action is None or term is None:
                 if follower.cut_short():
                     state.renderer.note(follower.cut_note())
+                elif follower.behind:
+                    state.renderer.note(follower.behind_note())
                 return view, follower.suspended(view) or _suspended_meanwhile(began, view)
             term.check = _still_asked(client, run_id, action.id, follower)
             term.instead = (f"intloom answer {run_id} {action.id} - (the answer as JSON on "
