@@ -1981,11 +1981,15 @@ class Runtime:
                 self._suspended_for) from None
         finally:
             slot.agent.completing = None
-            if self.closing:
-                # Whatever the handler did, a stopping host records nothing (below): logged
-                # as cut, so that the next host names the lost completion, as after a kill.
+            if ended == "returned" and self.closing:
+                # Returned, but a stopping host records nothing (below): logged as cut, so
+                # that the next host names the lost completion, as after a kill. A refusal
+                # keeps its code: that result would not have been recorded anyway.
                 ended = "CLI_SERVICE_CLOSING"
-            self._log_tool(slot, "completion_ended", {**ids, "ended": ended})
+            if ended != "returned":
+                self._log_tool(slot, "completion_ended", {**ids, "ended": ended})
+            # Returned: logged once its records are durable (below): a kill before then
+            # loses the completion, and the log's start without an end says so.
         # The handler may have taken a while: a cancel or a stop may have come meanwhile.
         if self.closing:
             _ended_meanwhile(slot, call_id)
@@ -1997,28 +2001,36 @@ class Runtime:
             # The Agent is told the same (it got "no new work", as if nothing had begun).
             raise _stopped_in_on_complete(run_id, call_id, outcome,
                                           reason=self._suspended_for)
-        self._admit()
-        slot, _call = await self._agent_slot(run_id, call_id)
-        self._check_owner(slot, owner_token)
-        now = clock.now()
-        result = StepResult(at=now, stage=cursor.stage, step=cursor.step or "",
-                            outcome=outcome, state=state, output=output)
-        # Measured before the Executing goes in: refused by the journal after it, the Run
-        # would wait on a task that no request could complete any more.
-        size = len(encode_record(result)) + len(run_id) + 64  # + the frame's own fields
-        if size > MAX_RECORD_BYTES:
-            raise still_claimed(IntloomError(
-                "STAGE_STATE_INVALID",
-                f"{step.where} on_complete left a State of {len(state or b''):,} bytes as "
-                f"JSON: with the Agent's output, the completion's record is {size:,} bytes "
-                f"encoded, beyond the journal's {MAX_RECORD_BYTES:,} bytes per record. Keep "
-                "the State small: write large data to a file and keep its path.",
-            ), f"{step.where} on_complete")
-        self.append(slot, Executing(at=now, stage=cursor.stage, step=cursor.step, kind="agent"))
-        self.append(slot, result)
-        slot.agent = AgentClaim()
-        self._agent_ended[run_id] = end
-        await self.sync(slot)  # the outcome is durable before routing or reporting
+        try:
+            self._admit()
+            slot, _call = await self._agent_slot(run_id, call_id)
+            self._check_owner(slot, owner_token)
+            now = clock.now()
+            result = StepResult(at=now, stage=cursor.stage, step=cursor.step or "",
+                                outcome=outcome, state=state, output=output)
+            # Measured before the Executing goes in: refused by the journal after it, the Run
+            # would wait on a task that no request could complete any more.
+            size = len(encode_record(result)) + len(run_id) + 64  # + the frame's own fields
+            if size > MAX_RECORD_BYTES:
+                raise still_claimed(IntloomError(
+                    "STAGE_STATE_INVALID",
+                    f"{step.where} on_complete left a State of {len(state or b''):,} bytes as "
+                    f"JSON: with the Agent's output, the completion's record is {size:,} bytes "
+                    f"encoded, beyond the journal's {MAX_RECORD_BYTES:,} bytes per record. Keep "
+                    "the State small: write large data to a file and keep its path.",
+                ), f"{step.where} on_complete")
+            self.append(slot, Executing(at=now, stage=cursor.stage, step=cursor.step, kind="agent"))
+            self.append(slot, result)
+            slot.agent = AgentClaim()
+            self._agent_ended[run_id] = end
+            await self.sync(slot)  # the outcome is durable before routing or reporting
+        except BaseException as exc:
+            # Refused after on_complete returned (the Run moved on, a record too large), or
+            # its records failed: not recorded, and said so in the log.
+            self._log_tool(slot, "completion_ended", {
+                **ids, "ended": exc.code if isinstance(exc, IntloomError) else "raised"})
+            raise
+        self._log_tool(slot, "completion_ended", {**ids, "ended": "recorded"})
         self.driver.launch(slot)
 
     async def fail_agent_call(

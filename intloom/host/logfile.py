@@ -43,6 +43,8 @@ def _escaped(value: Any, depth: int = 0) -> Any:
     """``value`` as plain data with every text UTF-8 cannot carry (a lone surrogate) kept as
     its escape (``\\udcff``), as errors.message_of keeps such a message; anything else as
     its escaped ``str`` (what ``enc_hook`` gives it), and past 50 levels as its repr."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 4096:
+        return f"(an integer of {value.bit_length():,} bits)"  # past JSON text's limit
     if value is None or isinstance(value, bool | int | float):
         return value
     if isinstance(value, str):
@@ -158,7 +160,7 @@ class HostLog:
         record = {"time": utc_now(), "level": level, "event": event, **context}
         try:
             line = _encoder.encode(record)
-        except UnicodeEncodeError:
+        except (UnicodeEncodeError, ValueError):  # ValueError: an int past 4,300 digits
             # Text holding a lone surrogate (a Workflow's version or error message built
             # from os.fsdecode): the line failed, and with it the host's start.
             line = _encoder.encode(_escaped(record))

@@ -625,10 +625,10 @@ class Server:
                 "BUSY",
                 f"The host already holds {held / (1 << 20):,.1f} MiB of Run events its "
                 f"followers have not read (at most {self.limits.follow_held / (1 << 20):,.0f} "
-                "MiB together), so this stream was not begun. A follower that has stopped "
-                f"reading is closed within {self.limits.write_timeout:g} s, which frees it: "
-                "retry then, or close the followers (attach, subscribe) that stopped reading."),
-                request)
+                "MiB together), so this stream was not begun. A follower that has read none "
+                f"of its history for {self.limits.write_timeout:g} s is closed, which frees "
+                "it: retry then, or close the followers (attach, subscribe) that stopped "
+                "reading."), request)
             return
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         backlog = FollowBacklog(self.limits.follow_backlog)
@@ -659,56 +659,68 @@ class Server:
             if not done.done():
                 done.set_exception(exc)
 
-        try:
-            stop = await self.handlers.follow(request.run_id, send, fail)
-        except IntloomError as exc:
-            await self._write(writer, ErrorReply(error=exc.recordable()), request)
-            return
-        # A follower that hangs up while the Run sits waiting must not pin the stream: any
-        # byte or end-of-file from the peer ends it.
-        hangup: asyncio.Future[bytes] = asyncio.ensure_future(reader.read(1))
-        # Its history, written whole, is read at the peer's pace; one that stops reading
-        # it held it for as long as its Run did not publish (a waiting Run: for good).
-        drained = asyncio.ensure_future(
-            self._history_drained(writer, backlog, request, done))
+        # Counted from its first byte to its last (an ended Run's stream is written whole
+        # inside follow, and its last drain may take the write timeout): follow_held.
         self._followers.add(transport)
         try:
-            await asyncio.wait((done, hangup), return_when=asyncio.FIRST_COMPLETED)
+            try:
+                stop = await self.handlers.follow(request.run_id, send, fail)
+            except IntloomError as exc:
+                await self._write(writer, ErrorReply(error=exc.recordable()), request)
+                return
+            # A follower that hangs up while the Run sits waiting must not pin the stream: any
+            # byte or end-of-file from the peer ends it.
+            hangup: asyncio.Future[bytes] = asyncio.ensure_future(reader.read(1))
+            # Its history, written whole, is read at the peer's pace; one that stops reading
+            # it held it for as long as its Run did not publish (a waiting Run: for good).
+            drained = asyncio.ensure_future(
+                self._history_drained(writer, backlog, request, done))
+            try:
+                await asyncio.wait((done, hangup), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stop()
+                hangup.cancel()
+                drained.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await hangup
+            # Read either way: an exception never retrieved is logged when the future is freed.
+            broke = done.exception() if done.done() else None
+            if hangup.done() and not hangup.cancelled():
+                raise _Refused(None)
+            if broke is not None:
+                raise broke  # _Refused for a follower closed as too slow; else a bug, logged
+            # The final event is buffered: the stream ends once the peer has it (or gives up).
+            async with asyncio.timeout(self.limits.write_timeout):
+                await writer.drain()
         finally:
             self._followers.discard(transport)
-            stop()
-            hangup.cancel()
-            drained.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await hangup
-        # Read either way: an exception never retrieved is logged when the future is freed.
-        broke = done.exception() if done.done() else None
-        if hangup.done() and not hangup.cancelled():
-            raise _Refused(None)
-        if broke is not None:
-            raise broke  # _Refused for a follower closed as too slow; else a bug, logged
-        # The final event is buffered: the stream ends once the peer has it (or gives up).
-        async with asyncio.timeout(self.limits.write_timeout):
-            await writer.drain()
 
     async def _history_drained(self, writer: asyncio.StreamWriter, backlog: FollowBacklog,
                                request: Subscribe, done: asyncio.Future[None]) -> None:
-        """Close the stream (``follower_too_slow``) when what it was sent when it began has
-        not drained within ``write_timeout``: its peer stopped reading."""
+        """Close the stream (``follower_too_slow``) when none of what it was sent when it
+        began has been read for ``write_timeout``: its peer stopped reading (one that reads
+        a long history slowly goes on)."""
         transport = writer.transport
-        try:
-            async with asyncio.timeout(self.limits.write_timeout):
-                await writer.drain()
-        except TimeoutError:
-            if done.done():
-                return
-            self.log.warning("follower_too_slow", runId=request.run_id, run_id=request.run_id,
-                             buffered=transport.get_write_buffer_size(), limit=backlog.limit,
-                             history=backlog.history)
-            done.set_exception(_Refused(None))
-            transport.abort()
-        except (ConnectionError, OSError):
-            pass  # gone: the stream ends by its hang-up
+        left = transport.get_write_buffer_size()
+        while not done.done():
+            try:
+                async with asyncio.timeout(self.limits.write_timeout):
+                    await writer.drain()
+                return  # drained: what follows is the backlog's to judge
+            except TimeoutError:
+                now = transport.get_write_buffer_size()
+                if now < left:
+                    left = now  # read from meanwhile: a long history on its way, no stall
+                    continue
+                if done.done():
+                    return
+                self.log.warning("follower_too_slow", runId=request.run_id,
+                                 run_id=request.run_id, buffered=now, limit=backlog.limit,
+                                 history=backlog.history)
+                done.set_exception(_Refused(None))
+                transport.abort()
+            except (ConnectionError, OSError):
+                return  # gone: the stream ends by its hang-up
 
     async def _write(self, writer: asyncio.StreamWriter, message: msgspec.Struct,
                      request: Request | None = None) -> None:

@@ -206,13 +206,15 @@ def tool_calls_cut(found: tuple[str, bytes]) -> dict[str, str]:
     unfinished: a ``run_tool_started`` with no ``run_tool_ended`` after it (the host was
     killed during the call), one ended by the stop's grace (``CLI_SERVICE_CLOSING``), or
     what that host itself named when it restored the Run (``run_restored``'s
-    ``toolCall``); and an Agent's completion whose on_complete never returned
-    (``run_completion_started`` with no ``run_completion_ended``) or that a stop dropped
+    ``toolCall``); and an Agent's completion never recorded (``run_completion_started``
+    with no ``run_completion_ended``: logged once its records are durable) or that a stop dropped
     (ended ``CLI_SERVICE_CLOSING``). Each is a clause: "the
     log of the host it ran on (...) says ..."."""
     name, tail = found
-    started: dict[tuple[str, str], dict[str, Any]] = {}
-    cut: dict[tuple[str, str], str] = {}
+    # Keyed (runId, kind, id): an Agent picks its Tool call ids, so one could read as any
+    # other kind's if they shared a key's shape.
+    started: dict[tuple[str, str, str], dict[str, Any]] = {}
+    cut: dict[tuple[str, str, str], str] = {}
     carried: dict[str, str] = {}
     for record in log_records(tail):
         event = str(record.get("event", ""))
@@ -221,7 +223,7 @@ def tool_calls_cut(found: tuple[str, bytes]) -> dict[str, str]:
             continue
         if event.startswith("run_completion_"):
             # An Agent task's on_complete: its completion is recorded only once it returns.
-            key = (str(record.get("runId")), f"completion {record.get('callId')}")
+            key = (str(record.get("runId")), "completion", str(record.get("callId")))
             if event == "run_completion_started":
                 started[key] = record
                 cut.pop(key, None)
@@ -235,30 +237,31 @@ def tool_calls_cut(found: tuple[str, bytes]) -> dict[str, str]:
             continue
         if not event.startswith("run_tool_"):
             continue
-        key = (str(record.get("runId")), str(record.get("toolCallId")))
+        key = (str(record.get("runId")), "tool", str(record.get("toolCallId")))
         if event == "run_tool_started":
             started[key] = record
             cut.pop(key, None)
         elif event == "run_tool_ended" and key in started:
             begun = started.pop(key)
             if record.get("outcome") == "CLI_SERVICE_CLOSING":
-                cut[key] = (f"Tool call {key[1]} (Tool {begun.get('tool')!r}, started "
+                cut[key] = (f"Tool call {key[2]} (Tool {begun.get('tool')!r}, started "
                             f"{begun.get('time', '?')}) was still running when the stop's "
                             "grace ran out, so check what that Tool did")
     for key, begun in started.items():
-        if key[1].startswith("completion "):
+        if key[1] == "completion":
             # on_complete runs no effect: nothing to check but that the Agent's work, done,
             # was lost with it.
             cut[key] = (f"the Agent completed task {begun.get('callId')} (outcome "
-                        f"{begun.get('outcome')!r}) at {begun.get('time', '?')}, and its "
-                        "on_complete never returned: it was running when the host went, so "
-                        "the completion was not recorded and the Agent's work is lost")
+                        f"{begun.get('outcome')!r}) at {begun.get('time', '?')}, and the "
+                        "host went before that completion was recorded (while its "
+                        "on_complete ran, or its records were made durable), so the Agent's "
+                        "work is lost")
             continue
-        cut[key] = (f"Tool call {key[1]} (Tool {begun.get('tool')!r}) started "
+        cut[key] = (f"Tool call {key[2]} (Tool {begun.get('tool')!r}) started "
                     f"{begun.get('time', '?')} and never returned: it was running when the "
                     "host went, so check what that Tool did")
     said: dict[str, str] = {}
-    for (run_id, _), text in cut.items():
+    for (run_id, _, _), text in cut.items():
         said[run_id] = f"{said[run_id]}; {text}" if run_id in said else text
     found_here = {run_id: f"the log of the host it ran on (.intloom/logs/{name}) says {text}"
                   for run_id, text in said.items()}

@@ -9,6 +9,7 @@ import os
 import socket
 import textwrap
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -311,10 +312,12 @@ def _long_history(project: Project, client: Client, rounds: int) -> str:
     return run.run_id
 
 
-def _stalled(port: int, project: Project, run_id: str) -> socket.socket:
-    """A subscriber that reads nothing after the hello's reply."""
+def _stalled(port: int, project: Project, run_id: str, *, small: bool = True) -> socket.socket:
+    """A subscriber that reads nothing after the hello's reply (``small``: with a receive
+    buffer of 4 KiB, so the host's side fills in moments)."""
     sock = raw(port)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    if small:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.sendall(hello_frame(token_of(project)))
     reply(sock)
     sock.sendall(encode({"op": "subscribe", "runId": run_id}))
@@ -358,3 +361,55 @@ def test_a_follower_is_refused_while_the_others_hold_too_much_unread(
             assert refused.value.code == "BUSY", refused.value
             assert refused.value.retryable is True
             assert "followers have not read" in refused.value.message, refused.value.message
+
+
+def test_a_follower_that_reads_a_long_history_slowly_is_not_closed(
+    asker: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The history must be read, not read within the write timeout: a follower reading ~8 MB
+    of events at a steady pace, slower than the 1 s timeout set here, gets all of it and its
+    caught-up mark, where the first form of the check closed it after 1 s."""
+    monkeypatch.setenv("INTLOOM_TEST_WRITE_TIMEOUT", "1")
+    monkeypatch.setenv("INTLOOM_TEST_FOLLOW_SNDBUF", str(FOLLOW_SNDBUF))
+    service = start(asker).service
+    with Client.connect(asker.root) as client:
+        run_id = _long_history(asker, client, 20)
+        # Not a 4 KiB receive buffer: over loopback, its window stalls on delayed ACKs.
+        with _stalled(service.port, asker, run_id, small=False) as sock:
+            events = 0
+            began = time.monotonic()
+            sock.settimeout(20)
+            while True:
+                event = reply(sock)
+                assert isinstance(event, RunEvent), event  # not closed as too slow
+                events += 1
+                if event.caught_up:
+                    break
+                time.sleep(0.015)  # the pace of a slow reader, not a wait for anything
+            took = time.monotonic() - began
+        (log,) = (asker.state / "logs").iterdir()
+        assert "follower_too_slow" not in log.read_text()
+        assert took > 1.0, took  # slower than the write timeout, so the test means something
+        assert events > 100, events
+        assert client.get_run(run_id).status == "waiting"
+
+
+def test_the_streams_of_ended_runs_count_toward_what_followers_leave_unread(
+    asker: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An ended Run's stream is written whole before it is counted, and dropped from the
+    count as its final event went out: five followers that never read a completed Run's
+    history were all admitted past the bound, and a sixth was served too."""
+    monkeypatch.setenv("INTLOOM_TEST_FOLLOW_HELD", str(512 * 1024))
+    monkeypatch.setenv("INTLOOM_TEST_FOLLOW_SNDBUF", str(FOLLOW_SNDBUF))
+    service = start(asker).service
+    with Client.connect(asker.root) as client:
+        run_id = _long_history(asker, client, 10)
+        pending = client.get_run(run_id).pending_action
+        assert pending is not None
+        assert client.answer(run_id, pending.id, {"isConfirmed": True}).status == "completed"
+        with _stalled(service.port, asker, run_id):
+            with pytest.raises(IntloomError) as refused:
+                eventually(lambda: next(iter(client.subscribe(run_id))) and False,
+                           timeout=20, what="a follower to be refused")
+            assert refused.value.code == "BUSY", refused.value
