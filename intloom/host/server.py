@@ -246,7 +246,7 @@ class Limits(msgspec.Struct, frozen=True):
     # Bytes all followers' connections may hold unsent together before a new follower is
     # refused (BUSY): each follower's history is built whole and written at once, so twenty
     # followers that stopped reading a Run with 84 MB of history held 1.67 GB, for as long as
-    # the Run did not publish. A follower whose history has not drained within
+    # the Run did not publish. A follower that reads none of its history for
     # ``write_timeout`` is closed too (``follower_too_slow``), which lets that memory go.
     follow_held: int = 256 * 1024 * 1024
 
