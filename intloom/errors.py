@@ -14,7 +14,8 @@ import msgspec
 
 __all__ = [
     "CATALOGUE", "MAX_MESSAGE", "STARTING", "ErrorView", "IntloomError", "a_an", "as_call",
-    "clip", "error_view", "message_of", "quoted", "quoting_bounded", "starting_message",
+    "carried", "clip", "error_view", "message_of", "quoted", "quoting_bounded",
+    "starting_message",
 ]
 
 # The most characters of an error message a Run keeps (its lastError, an effect's failure):
@@ -50,13 +51,18 @@ def message_of(exc: BaseException) -> str:
     except Exception as inner:
         return (f"(its message cannot be shown: its __str__ raised "
                 f"{type(inner).__name__})")
+    # A lone surrogate (os.fsdecode of a name that is not UTF-8): neither the journal nor
+    # the socket can carry it, and the Run's failure record itself failed to encode,
+    # leaving the Run "running" for ever. Kept as its escape, as text mode shows it.
+    return carried(text)
+
+
+def carried(text: str) -> str:
+    """``text`` as UTF-8 can carry it: a lone surrogate kept as its escape (``\\udcff``)."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        # A lone surrogate (os.fsdecode of a name that is not UTF-8): neither the journal nor
-        # the socket can carry it, and the Run's failure record itself failed to encode,
-        # leaving the Run "running" for ever. Kept as its escape, as text mode shows it.
-        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
     return text
 
 
@@ -267,11 +273,8 @@ class IntloomError(Exception):
                 message = str(message)
             except Exception:
                 message = f"(its message, a {type(message).__name__}, cannot be shown)"
-        try:
-            message.encode("utf-8")
-        except UnicodeEncodeError:
-            message = message.encode("utf-8", "backslashreplace").decode("utf-8")
-        return ErrorView(code=self.code, message=message, retryable=bool(self.retryable))
+        return ErrorView(code=self.code, message=carried(message),
+                         retryable=bool(self.retryable))
 
     def __reduce__(self) -> tuple[object, ...]:
         # Rebuilt without calling __init__, whose signature is each subclass's own: calling

@@ -164,26 +164,23 @@ def _owner_gone(paths: ProjectPaths, pid: int, create_time: float, boot: str | N
     return judge(probe_lock(paths.service_lock), process) == "gone"
 
 
-def _process_gone(paths: ProjectPaths, pid: int, create_time: float, boot: str | None) -> bool:
-    """True only on proof that the process is gone (pid, create time, boot), whoever holds
-    the OS lock."""
-    from intloom.host.liveness import probe_process
-    from intloom.host.metadata import boot_id
-
-    return probe_process(pid, create_time, boot, boot_id(), paths.service_lock).state == "gone"
-
-
 def _os_lock(paths: ProjectPaths) -> str:
     from intloom.host.liveness import probe_lock
 
     return probe_lock(paths.service_lock).state
 
 
-def _owner_alive(paths: ProjectPaths, pid: int, create_time: float, boot: str | None) -> bool:
+def _process(paths: ProjectPaths, pid: int, create_time: float, boot: str | None) -> str:
+    """The process's state by its identity (pid, create time, boot), whoever holds the OS
+    lock: "alive", "gone" (only on proof) or "unknown"."""
     from intloom.host.liveness import probe_process
     from intloom.host.metadata import boot_id
 
-    return probe_process(pid, create_time, boot, boot_id(), paths.service_lock).state == "alive"
+    return probe_process(pid, create_time, boot, boot_id(), paths.service_lock).state
+
+
+def _owner_alive(paths: ProjectPaths, pid: int, create_time: float, boot: str | None) -> bool:
+    return _process(paths, pid, create_time, boot) == "alive"
 
 
 def _checked_timeout(timeout: float) -> float:
@@ -1592,7 +1589,7 @@ def stop_service_report(root: str | os.PathLike[str], *, timeout: float | None =
     # A host already dead cannot be stopped: files of it that vanish during this stop were
     # removed by another command (intloom recover, which holds the OS lock meanwhile, so
     # _owner_gone cannot tell), and "The original service instance stopped" was claimed.
-    dead = _process_gone(paths, target.pid, target.create_time, target.boot_id)
+    dead = _process(paths, target.pid, target.create_time, target.boot_id) == "gone"
     log = log_path(paths, info.log_file) if info is not None else None
     if info is not None:
         asked = _request_stop(root, paths, target, deadline, log)

@@ -460,11 +460,6 @@ class _Context(msgspec.Struct, frozen=True):
     serving_silent: bool = False
 
 
-def refused_is_none(insp: Inspection | None) -> bool:
-    """No host answered the hello and refused it (a refusal has its own words)."""
-    return insp is None or not (insp.answered and insp.problem is not None)
-
-
 def _serving_silent(paths: ProjectPaths, root: Path) -> bool:
     """service.json is there and its host's log has no ``service_stopping``: a host that
     served, not one starting or stopping (whether it lives is the owner check's to judge)."""
@@ -1015,12 +1010,12 @@ def run_doctor(root: Path) -> DoctorReport:
             starting_since = held.started_at if held is not None else None
     ports_differ = (None if running or service_problem or connection_problem
                     else _ports_differ(paths))
-    serving_silent = (not running and service_problem is None and refused_is_none(insp)
-                      and starting_since is None and _serving_silent(paths, root))
     # A problem the probe brought back from a host that answered its hello.
     refused = (insp.here if insp is not None and insp.answered
                and insp.problem is not None else None)
     refused_code = insp.refused_code if refused is not None and insp is not None else None
+    serving_silent = (not running and service_problem is None and refused is None
+                      and starting_since is None and _serving_silent(paths, root))
 
     def context(other: str, other_problem: str | None) -> _Context:
         # recover refuses while any of the three metadata files is invalid, or

@@ -27,6 +27,7 @@ from typing import Any, Final, Literal
 
 import msgspec
 
+from intloom.errors import carried
 from intloom.fsutil import ensure_private_dir, fsync_dir, open_exclusive
 
 __all__ = ["LOG_SCHEMA_VERSION", "HostLog", "Level", "utc_now"]
@@ -48,11 +49,7 @@ def _escaped(value: Any, depth: int = 0) -> Any:
     if value is None or isinstance(value, bool | int | float):
         return value
     if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return value.encode("utf-8", "backslashreplace").decode("utf-8")
-        return value
+        return carried(value)
     if depth > 50:
         return _escaped(repr(value)[:500])
     if isinstance(value, dict):
