@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from intloom.cli.commands.runs import RunArg
 from intloom.cli.inputs import run_id_problem
@@ -17,6 +17,12 @@ from intloom.cli.render import history_rows, plain
 from intloom.errors import IntloomError
 
 __all__ = ["inspect"]
+
+
+# inspect works offline, where intloom runs fails (CLI_SERVICE_OFFLINE): name what lists
+# Run ids without a host too.
+_LISTS: Final = ("intloom runs lists a running host's Runs; intloom doctor, with or without "
+                 "a host, lists the unfinished ones")
 
 
 def _not_found(run_id: str, where: object, missing: list[str] | None = None) -> IntloomError:
@@ -30,13 +36,11 @@ def _not_found(run_id: str, where: object, missing: list[str] | None = None) -> 
             f"{'is' if len(missing) == 1 else 'are'} missing (intloom doctor names "
             f"{'it' if len(missing) == 1 else 'them'}), and a Run whose records were only "
             "there has no journal left. Put the segment back from a copy if there is one, "
-            "then run intloom inspect again; otherwise check the Run id (intloom runs lists "
-            "the current host's Runs).",
+            f"then run intloom inspect again; otherwise check the Run id ({_LISTS}).",
         )
     return IntloomError(
         "NOT_FOUND",
-        f"No journal for Run {run_id!r} under {where}. Check the Run id (intloom runs lists "
-        "the current host's Runs).",
+        f"No journal for Run {run_id!r} under {where}. Check the Run id ({_LISTS}).",
     )
 
 
