@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import math
+import typing
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
@@ -185,6 +186,13 @@ class _AnyParts:
         return cls(info, found, sets) if id(info) in found else None
 
 
+def _cls(info: Any) -> type:
+    """The class of a Struct, dataclass or NamedTuple type: a generic one's (``Box[int]``)
+    ``cls`` is its alias, which has no subclasses and refuses ``isinstance``."""
+    cls = info.cls
+    return typing.get_origin(cls) or cls  # type: ignore[no-any-return]
+
+
 def _mark_any(info: msgspec.inspect.Type, found: set[int], done: dict[int, bool]) -> bool:
     """Whether ``info`` is or holds an Any; adds each node that does to ``found``."""
     mi = msgspec.inspect
@@ -214,7 +222,7 @@ def _mark_any(info: msgspec.inspect.Type, found: set[int], done: dict[int, bool]
     # A datetime or time is checked too (_zone_gap): its time zone may not survive JSON.
     # So is a Struct with subclasses: one of them with fields of its own would lose them.
     held = (isinstance(info, (mi.AnyType, mi.DateTimeType, mi.TimeType))
-            or (isinstance(info, mi.StructType) and bool(info.cls.__subclasses__()))) | any(
+            or (isinstance(info, mi.StructType) and bool(_cls(info).__subclasses__()))) | any(
         [_mark_any(p, found, done) for p in parts])
     done[key] = held
     if held:
@@ -248,20 +256,21 @@ def any_gap(value: Any, parts: _AnyParts) -> tuple[str, str] | None:
             # A Struct of a type the union names is walked as that type only: one member's
             # subclass may be another member (tagged), which the decode keeps as itself.
             exact = [m for m in info.types
-                     if isinstance(m, mi.StructType) and type(item) is m.cls]
+                     if isinstance(m, mi.StructType) and type(item) is _cls(m)]
             stack.extend((item, member, place) for member in exact or info.types)
         elif isinstance(info, (mi.StructType, mi.DataclassType, mi.NamedTupleType)):
-            if isinstance(info, mi.StructType) and isinstance(item, info.cls) and (
-                    type(item) is not info.cls):
-                lost = extra_fields(item, info.cls)
+            cls = _cls(info)
+            if isinstance(info, mi.StructType) and isinstance(item, cls) and (
+                    type(item) is not cls):
+                lost = extra_fields(item, cls)
                 if lost:
-                    base = info.cls.__name__
+                    base = cls.__name__
                     return (f"{json_path(place)} is {a_an(type(item).__name__)}, a subclass "
                             f"of its declared type {base}, with fields {base} does not have "
                             f"({', '.join(lost)}): it would be saved as {base}, and the next "
                             "Step would get it without them",
                             f"Declare them in {base}, or store {a_an(base)}.")
-            if isinstance(item, info.cls):
+            if isinstance(item, cls):
                 stack.extend((getattr(item, f.name), f.type, (place, f.encode_name))
                              for f in info.fields)
         elif isinstance(info, mi.TypedDictType):
