@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from intloom.authoring.workflow import Step
 
 __all__ = ["CODECS", "Keeps", "any_gap", "encode_state", "extra_fields", "has_set",
-           "state_codec"]
+           "nonfinite_note", "state_codec"]
 
 
 class Keeps(Protocol):
@@ -398,6 +398,14 @@ def _nonfinite(value: Any, depth: int = 0) -> bool:
     return False
 
 
+def nonfinite_note(exc: Exception, value: Any) -> str:
+    """Why a decode of ``value`` encoded said "got null" of a float field (an error path):
+    JSON has no NaN or infinity, msgspec writes them as null, and the decode then says so of
+    a field that was never set to None. Empty when that is not the case."""
+    return (" (JSON cannot hold NaN or infinity: a float field holding one is written as "
+            "null)" if "got `null`" in str(exc) and _nonfinite(value) else "")
+
+
 def encode_state(value: Any, where: str | Step[Any], state_type: type | None,
                   slot: Keeps | None = None) -> bytes | None:
     """The State's journal bytes; ``where`` names the Step (or initialiser) that set it.
@@ -458,10 +466,7 @@ def encode_state(value: Any, where: str | Step[Any], state_type: type | None,
     except msgspec.DecodeError as exc:
         if not isinstance(where, str):
             where = where.where
-        # JSON has no NaN or infinity: msgspec writes them as null, and the decode then
-        # says "got null" of a field the Step never set to None.
-        why = (" (JSON cannot hold NaN or infinity: a float field holding one is written as "
-               "null)" if "got `null`" in str(exc) and _nonfinite(value) else "")
+        why = nonfinite_note(exc, value)
         raise IntloomError(
             "STAGE_STATE_INVALID",
             f"{where}: the Stage State it left is not a valid {state_type.__name__}: "

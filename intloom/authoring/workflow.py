@@ -30,7 +30,7 @@ from typing import (
 
 import msgspec
 
-from intloom.authoring.savecheck import encode_state
+from intloom.authoring.savecheck import encode_state, nonfinite_note
 from intloom.errors import IntloomError, LoadInterrupted, a_an, as_call, clip, message_of
 from intloom.runtime.limits import MAX_LABEL, MAX_TOOLS_BYTES
 
@@ -734,7 +734,8 @@ class Workflow:
             raise _bad(
                 self.name, where,
                 f"the default State {shown}() does not fit its declared types: "
-                f"{clip(fact, 500)}, so every Run entering the Stage would fail there",
+                f"{clip(fact, 500)}{nonfinite_note(exc, default)}, so every Run entering the "
+                "Stage would fail there",
                 "Give each field a default of its declared type, or declare @stage.init to "
                 "build the State.",
             ) from None

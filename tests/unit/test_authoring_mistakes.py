@@ -538,9 +538,16 @@ class _DefaultOutOfBounds(msgspec.Struct):
         default_factory=lambda: [1, -1])
 
 
+class _DefaultNaN(msgspec.Struct):
+    p: float = float("nan")
+
+
 @pytest.mark.parametrize(("state", "fact"), [
     (_DefaultOfAnotherType, r"Expected `int`, got `str` - at `\$\.n`"),
     (_DefaultOutOfBounds, r"Expected `int` >= 0 - at `\$\.tries\[1\]`"),
+    # "got null" of a float default alone read as if the default were None.
+    (_DefaultNaN, r"Expected `float`, got `null` - at `\$\.p` \(JSON cannot hold NaN or "
+                  r"infinity: a float field holding one is written as null\)"),
 ])
 def test_a_default_state_that_does_not_fit_its_own_types_is_refused_at_load(
     state: type[msgspec.Struct], fact: str,
