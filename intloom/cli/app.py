@@ -14,6 +14,7 @@ import os
 import re
 import shlex
 import shutil
+import stat
 import sys
 import traceback
 from collections.abc import Sequence
@@ -413,9 +414,41 @@ def _standard_fds() -> None:
                                     encoding="utf-8", closefd=False))
 
 
+def _blocking_output() -> None:
+    """Make stdout and stderr block. A parent may hand them over non-blocking (O_NONBLOCK,
+    left by an event loop): a reader slower than the pipe's 64 KiB then made a write fail
+    with EAGAIN, the output cut there (``CLI_OUTPUT_FAILED`` saying to free space), and
+    under ``PYTHONUNBUFFERED=1`` Python dropped the rest of a partial write and the command
+    exited 0 with half a JSON document. A pipe or a terminal is opened again through
+    /proc (a description of its own, made blocking: the parent's stays as it was); any
+    other kind (a socket) is made blocking in place, which nothing else keeps whole."""
+    for fd in (1, 2):
+        try:
+            if os.get_blocking(fd):
+                continue
+            kind = os.fstat(fd).st_mode
+        except OSError:
+            continue
+        if stat.S_ISFIFO(kind) or stat.S_ISCHR(kind):
+            try:
+                # O_NONBLOCK: a pipe whose reader is gone would block this open for ever.
+                again = os.open(f"/proc/self/fd/{fd}",
+                                os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+            except OSError:
+                pass
+            else:
+                os.set_blocking(again, True)
+                os.dup2(again, fd)
+                os.close(again)
+                continue
+        with contextlib.suppress(OSError):
+            os.set_blocking(fd, True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code (see ``intloom.cli.exit_codes``)."""
     _standard_fds()
+    _blocking_output()
     args = list(sys.argv[1:] if argv is None else argv)
     state = CliState(json_mode=_json_requested(args))
     _encodable_stdout(state.json_mode)

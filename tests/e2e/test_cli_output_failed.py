@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import Project, started_waiting
+from tests.helpers import Project, eventually, started_waiting
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90),
               pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")]
@@ -81,3 +81,59 @@ def test_help_to_a_full_stdout_is_a_known_error(tmp_path: Path, args: list[str])
     (line,) = result.stderr.splitlines()
     assert line.startswith("Failure · CLI_OUTPUT_FAILED: "), line
     assert "No space left on device (ENOSPC)" in line, line
+
+
+@pytest.mark.parametrize("unbuffered", [False, True])
+def test_a_non_blocking_stdout_read_slowly_gets_the_whole_output(
+    project: Project, unbuffered: bool,
+) -> None:
+    """A stdout handed over non-blocking (O_NONBLOCK, left by a parent's event loop) whose
+    reader was slower than the pipe's 64 KiB: the write failed with EAGAIN, the output cut
+    there, CLI_OUTPUT_FAILED saying to free space; under PYTHONUNBUFFERED=1 Python dropped
+    the rest of the partial write and the command exited 0 with half its JSON. It now
+    blocks on a description of its own: the whole document, and the parent's pipe end is
+    left non-blocking as it was."""
+    import fcntl
+    import termios
+
+    run_id, _ = started_waiting(project, intent="x" * 120_000)
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    env = {**os.environ, "NO_COLOR": "1"}
+    env.pop("PYTHONUNBUFFERED", None)
+    if unbuffered:
+        env["PYTHONUNBUFFERED"] = "1"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "intloom", "--project", str(project.root), "inspect", run_id,
+         "--json"], stdout=write_end, stderr=subprocess.PIPE, env=env)
+    try:
+        def pending() -> int:
+            size = bytearray(4)
+            fcntl.ioctl(read_end, termios.FIONREAD, size)
+            return int.from_bytes(size, sys.byteorder)
+
+        # The reader is slow: nothing is read until the pipe is full or the command ended.
+        eventually(lambda: pending() >= 65_536 or proc.poll() is not None, timeout=30,
+                   what="the pipe full or the command ended")
+        data = bytearray()
+        while True:
+            eventually(lambda: pending() > 0 or proc.poll() is not None, timeout=30,
+                       what="more output or the command's end")
+            if pending():
+                data += os.read(read_end, 1 << 16)
+            elif proc.poll() is not None:
+                break
+        stderr = proc.stderr.read().decode() if proc.stderr else ""
+        assert proc.wait(timeout=30) == 0, stderr
+        assert stderr == "", stderr
+        assert json.loads(data)["run"]["runId"] == run_id, len(data)
+        assert len(data) > 120_000, len(data)
+        assert not os.get_blocking(write_end)  # the parent's description, as it was
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=30)
+        if proc.stderr:
+            proc.stderr.close()
+        os.close(read_end)
+        os.close(write_end)
