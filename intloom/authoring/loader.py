@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import CodeType, FrameType, ModuleType, TracebackType
-from typing import Any, Final
+from typing import IO, Any, Final
 
 import msgspec
 
@@ -572,6 +572,17 @@ def _in_directory(root: Path) -> Iterator[None]:
 _THEIR_OUTPUT_SHOWN: Final = 64 * 1024
 
 
+def _spool() -> IO[bytes]:
+    """An anonymous file to hold what the imports write. In memory where the system has
+    one (memfd): on a full disk, where doctor and inspect are needed most, no temporary
+    directory was usable and both failed as an internal error (exit 70)."""
+    memfd_create = getattr(os, "memfd_create", None)
+    if memfd_create is not None:
+        with contextlib.suppress(OSError):
+            return open(memfd_create("intloom-import-output", os.MFD_CLOEXEC), "w+b")
+    return tempfile.TemporaryFile()
+
+
 @contextlib.contextmanager
 def _their_output() -> Iterator[None]:
     """Everything the imported modules write -- ``print``, ``sys.stderr``, and file
@@ -584,7 +595,7 @@ def _their_output() -> Iterator[None]:
             with contextlib.suppress(OSError, ValueError):
                 stream.flush()  # what was written before goes where it was meant to
     kept: list[tuple[int, int]] = []
-    with tempfile.TemporaryFile() as spool:
+    with _spool() as spool:
         try:
             for fd in (1, 2):
                 with contextlib.suppress(OSError):  # a descriptor the caller closed: none

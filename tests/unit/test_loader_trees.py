@@ -97,3 +97,31 @@ def test_a_file_saved_or_added_during_the_load_is_hashed_as_it_is_then(tmp_path:
     for name in ("w1", "w2"):
         assert result.workflows[name].identity == workflow_identity(
             name, "1", root / "workflows" / f"{name}.py"), name
+
+
+def test_the_offline_load_needs_no_temporary_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str],
+) -> None:
+    """doctor and inspect spool what the imported sources write in a temporary file: on a
+    full disk (no usable /tmp, /var/tmp nor project directory) tempfile raised
+    FileNotFoundError "No usable temporary directory found" and both failed as an internal
+    error, exit 70, when they are needed most. The spool is in memory (memfd)."""
+    import tempfile
+
+    from intloom.authoring.loader import load_workflows_offline
+
+    def no_directory(*args: object, **kwargs: object) -> None:
+        raise FileNotFoundError(2, "No usable temporary directory found")
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", no_directory)
+    monkeypatch.setattr(tempfile, "mkstemp", no_directory)
+    config = _project(tmp_path, ["spooled"])
+    source = tmp_path / "workflows" / "spooled.py"
+    source.write_text('import os\nprint("printed at import")\nos.write(1, b"fd banner\\n")\n'
+                      + source.read_text())
+    loaded = load_workflows_offline(tmp_path, config)
+    assert not loaded.problems, loaded.problems
+    assert list(loaded.workflows) == ["spooled"]
+    err = capfd.readouterr().err
+    assert "Workflow sources wrote this while they were imported:" in err, err
+    assert "  | printed at import" in err and "  | fd banner" in err, err
