@@ -331,6 +331,11 @@ def find_root(start: Path, *, explicit: bool = False) -> Path:
         try:
             found = (candidate / CONFIG_NAME).is_file()
         except OSError as exc:
+            if exc.errno == errno.ENAMETOOLONG:
+                # A directory deeper than the OS's path limit: no project's root can be
+                # there (require_short_path), but one may be above it. "Check its
+                # permissions" sent the user the wrong way.
+                continue
             # A working directory (or a parent) this user may not search: is_file() let the
             # PermissionError out, and every command failed CLI_INTERNAL_ERROR, exit 70.
             from intloom.fsutil import search_refused  # only on this refusal

@@ -234,6 +234,7 @@ def scaffold(target: Path) -> Path:
         ) from None
     _check_target(root)
     _check_outside_sources(root)
+    _check_umask()
     current = root / "."
     # What this init made, to take back when a later write fails: a half-written project
     # was left behind (intloom.toml, an empty workflows/), and the "run intloom init again"
@@ -286,6 +287,25 @@ def scaffold(target: Path) -> Path:
             "intloom init again.",
         ) from None
     return root.resolve()
+
+
+def _check_umask() -> None:
+    """A umask that takes the owner's read permission (0477) let init write every file and
+    report success, its files mode 0200: the intloom start it then advised was refused,
+    intloom.toml "not readable by you". Refused before anything is written. (A umask that
+    takes the owner's write or search permission fails init's own writes: _umask_refusal.)"""
+    umask = os.umask(0)
+    os.umask(umask)
+    if umask & 0o400:
+        mode = 0o666 & ~umask
+        raise IntloomError(
+            "CLI_INIT_FAILED",
+            f"Your umask ({umask:04o}) takes the owner's read permission, so the files intloom "
+            f"init writes would have mode {mode:04o}: intloom start could not read "
+            "intloom.toml, nor the host its Workflows; nothing was written. Set a umask that "
+            "does not (umask 022, or 077 to keep the project private), then run intloom init "
+            "again.",
+        )
 
 
 def _umask_refusal(directory: Path) -> tuple[str, str] | None:

@@ -649,6 +649,26 @@ def test_init_that_fails_midway_takes_back_what_it_wrote(tmp_path: Path) -> None
     assert scaffold(target) == target  # the retry its message advises
 
 
+def test_init_refuses_a_umask_that_takes_the_owners_read_permission(tmp_path: Path) -> None:
+    """Under umask 0477 init wrote every file mode 0200 and said "Scaffolded": the intloom
+    start it advised was refused, intloom.toml not readable. Refused before any write."""
+    target = tmp_path / "proj"
+    target.mkdir()
+    previous = os.umask(0o477)
+    try:
+        with pytest.raises(IntloomError) as refused:
+            scaffold(target)
+    finally:
+        os.umask(previous)
+    assert refused.value.code == "CLI_INIT_FAILED"
+    assert refused.value.message.startswith(
+        "Your umask (0477) takes the owner's read permission, so the files intloom init "
+        "writes would have mode 0200"), refused.value.message
+    assert "nothing was written. Set a umask that does not (umask 022" in refused.value.message
+    assert list(target.iterdir()) == []
+    assert scaffold(target) == target  # the retry its message advises, under this umask
+
+
 def test_init_in_a_read_only_directory_says_nothing_was_written(tmp_path: Path) -> None:
     """Refused its first write, init said "what it had written is removed" when it had
     written nothing."""
@@ -684,6 +704,29 @@ def test_a_project_whose_config_is_gone_is_named_with_the_way_back(tmp_path: Pat
         assert "Run intloom init" not in message and "run intloom init" not in message
     (root / "intloom.toml").write_text("workflows = []\n")
     assert find_root(root / "workflows") == root
+
+
+def test_a_working_directory_beyond_the_path_limit_finds_the_project_above_it(
+        tmp_path: Path) -> None:
+    """From a directory deeper than PATH_MAX (4,096 bytes), looking for intloom.toml there
+    failed ENAMETOOLONG and every command said "Cannot look for intloom.toml ... Check its
+    permissions (ls -ld), or pass --project DIR": neither is the fix. No project's root can
+    be that long; the search goes on to the directories above it."""
+    from intloom.project import find_root
+
+    root = tmp_path / "proj"
+    root.mkdir()
+    (root / "intloom.toml").write_text("workflows = []\n")
+    deep, fd = root, os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        while len(os.fsencode(str(deep))) <= 4_200:
+            os.mkdir("d" * 200, dir_fd=fd)
+            inner = os.open("d" * 200, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd, deep = inner, deep / ("d" * 200)
+    finally:
+        os.close(fd)
+    assert find_root(deep) == root
 
 
 def test_a_workflows_entry_holding_a_nul_is_a_config_error(tmp_path: Path) -> None:
