@@ -133,6 +133,14 @@ def _rich_help(json_mode: bool = False) -> bool:
             and shutil.get_terminal_size().columns >= RICH_HELP_COLUMNS)
 
 
+def _plain_help_width() -> int | None:
+    """The width Click's plain help wraps to on a terminal narrower than its own floor (it
+    keeps 50 columns, whatever the terminal's): every line then overflowed a 20- or
+    40-column terminal. None (Click's own choice) elsewhere."""
+    columns = shutil.get_terminal_size().columns
+    return max(columns - 2, 10) if columns < 52 else None
+
+
 def _help_params(params: list[Any]) -> list[Any]:
     """``params`` with every flag's metavar empty: this Typer's Rich help otherwise shows
     ``<bool>`` after a flag (``--detach <bool>``), as if it took a value, and ``--detach
@@ -200,7 +208,8 @@ def build_app(only: str | None = None, *, json_mode: bool = False) -> typer.Type
         # Typer prints Click's plain help. So it is on a narrow terminal, where Rich's
         # panels cut option names and words to fit ("--foreg…"); Click's help wraps them.
         rich_markup_mode="rich" if _rich_help(json_mode) else None,
-        context_settings={"help_option_names": ["-h", "--help"]},
+        context_settings={"help_option_names": ["-h", "--help"],
+                          "terminal_width": _plain_help_width()},
         cls=_Group,
     )
     app.callback()(_root)

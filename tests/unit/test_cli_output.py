@@ -581,6 +581,14 @@ def test_a_narrow_terminal_gets_help_that_cuts_no_option_name(
     for name in ("--port N", "--foreground", "--strict", "--timeout S", "--project DIR"):
         assert name in text, text
     assert "incompatible." in text, text
+    # Click's plain help keeps 50 columns whatever the terminal's: at 40 every long line
+    # overflowed it. Each command's help now fits.
+    from intloom.cli.app import COMMANDS
+
+    for args in ([], *([name] for name in COMMANDS)):
+        text = _help_on_a_terminal(monkeypatch, 40, *args)
+        wide = [line for line in text.splitlines() if len(line) > 40]
+        assert not wide, (args, wide)
 
 
 def test_every_commands_rich_help_fits_the_width_it_is_shown_at(
