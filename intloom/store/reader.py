@@ -726,9 +726,12 @@ def tail_finding(scan: SegmentScan, damage: Damage) -> str:
 
 
 def void_notices(notices: list[VoidNotice], scans: list[SegmentScan],
-                 bad: Callable[[SegmentScan, Frame], None] | None = None) -> list[VoidNotice]:
+                 bad: Callable[[SegmentScan, Frame], None] | None = None,
+                 odd: Callable[[SegmentScan, Frame, VoidNotice], None] | None = None,
+                 ) -> list[VoidNotice]:
     """The manifest's ``notices`` and the void notices the segments repeat, each once.
-    ``bad`` is told of a notice that does not decode (it is skipped)."""
+    ``bad`` is told of a notice that does not decode, ``odd`` of one a writer does not
+    write (_writers_notice); neither is obeyed."""
     notices = list(notices)
     for scan in scans:
         for frame in scan.frames:
@@ -738,11 +741,25 @@ def void_notices(notices: list[VoidNotice], scans: list[SegmentScan],
             if frame.kind == KIND_VOID and not (scan.sealed_end
                                                 and frame.offset >= scan.sealed_end):
                 try:
-                    notices.append(msgspec.msgpack.decode(frame.payload, type=VoidNotice))
+                    notice = msgspec.msgpack.decode(frame.payload, type=VoidNotice)
                 except (msgspec.DecodeError, msgspec.ValidationError):
                     if bad is not None:
                         bad(scan, frame)
+                    continue
+                if _writers_notice(scan, frame, notice):
+                    notices.append(notice)
+                elif odd is not None:
+                    odd(scan, frame, notice)
     return list(dict.fromkeys(notices))
+
+
+def _writers_notice(scan: SegmentScan, frame: Frame, notice: VoidNotice) -> bool:
+    """Whether ``notice`` is one a writer writes: the first frame of the fresh segment that
+    replaces a failed one, voiding the failed one's bytes (an earlier segment). Obeyed, a
+    notice elsewhere (later in a segment, or voiding its own segment's bytes or a later
+    one's) made the Runs it named vanish, every command saying all was well."""
+    first = scan.frames[0] is frame and not any(d.start < frame.offset for d in scan.damage)
+    return first and notice.segment < scan.number
 
 
 def void_cuts(notices: list[VoidNotice], scans: list[SegmentScan],
@@ -755,20 +772,35 @@ def void_cuts(notices: list[VoidNotice], scans: list[SegmentScan],
     return voids
 
 
-def _voids(loaded: Loaded, scans: list[SegmentScan]) -> dict[int, int]:
+def _voids(loaded: Loaded, scans: list[SegmentScan]
+           ) -> tuple[dict[int, int], list[tuple[SegmentScan, Frame, VoidNotice]]]:
+    """The void cuts, and the notices a writer does not write (not obeyed, reported)."""
+    odd_ones: list[tuple[SegmentScan, Frame, VoidNotice]] = []
+
     def bad(scan: SegmentScan, frame: Frame) -> None:
         loaded.files.append(FileProblem(f"wal/{scan.name}", "corrupt",
                                         f"void notice at offset {frame.offset} does not decode"))
 
+    def odd(scan: SegmentScan, frame: Frame, notice: VoidNotice) -> None:
+        loaded.problem_segments.add(scan.number)
+        odd_ones.append((scan, frame, notice))
+        loaded.files.append(FileProblem(
+            f"wal/{scan.name}", "corrupt",
+            f"its void notice at offset {frame.offset} voids "
+            f"wal/{segment_name(notice.segment)} from offset {notice.offset}, which a writer "
+            "never writes (its notice is the first frame of a fresh segment and voids an "
+            "earlier one): it is not obeyed, the Runs with records there are not resumed, "
+            "and the file was left as it is"))
+
     loaded.voids = void_notices(list(loaded.manifest.voids) if loaded.manifest else [], scans,
-                                bad)
-    return void_cuts(loaded.voids, [])
+                                bad, odd)
+    return void_cuts(loaded.voids, []), odd_ones
 
 
 def _judge_all(loaded: Loaded, scans: list[SegmentScan], live: dict[str, Snapshot],
                done: dict[str, Snapshot], mode: Mode, unsummarised: set[int],
                only: str | None = None, payloads: _Payloads | None = None) -> None:
-    voids = _voids(loaded, scans)
+    voids, odd_voids = _voids(loaded, scans)
     frames: dict[str, list[tuple[SegmentScan, Frame]]] = defaultdict(list)
     hits: dict[str, list[_Hit]] = defaultdict(list)
     gaps: list[tuple[_Gap, Damage]] = []  # in log order
@@ -934,6 +966,19 @@ def _judge_all(loaded: Loaded, scans: list[SegmentScan], live: dict[str, Snapsho
         if sealed_off:
             run_hits = [*run_hits, *(_Hit(f.seq, _where(s, f.offset), False, s.number)
                                      for s, f in sealed_off)]
+        named = _named_by_odd_void(run_frames, odd_voids)
+        if named is not None and journal.status == "ok":
+            (scan, frame), (by, notice_frame) = named
+            journal = RunJournal(
+                run_id, journal.state, "corrupt",
+                f"Run {run_id}: its record at {_at(scan, frame)} is in bytes that the void "
+                f"notice at wal/{by.name} offset {notice_frame.offset} voids, a notice no writer "
+                "writes there: "
+                "whether those records or the notice are the damage cannot be known, so the "
+                "Run is not resumed (intloom inspect shows the records)",
+                reached=max(f.seq for _, f in run_frames))
+            run_hits = [*run_hits, _Hit(frame.seq, _where(scan, frame.offset), False,
+                                        by.number)]
         loaded.journals[run_id] = journal
         covered = snap.seq if snap is not None else 0
         if (mode == "restore" and _ended(journal) and run_id not in loaded.held
@@ -969,6 +1014,20 @@ def _judge_all(loaded: Loaded, scans: list[SegmentScan], live: dict[str, Snapsho
         theirs = {_rel(loaded.layout, exc.path) for exc in loaded.snapshot_errors
                   if exc.path.name != mine}
         loaded.files = [f for f in loaded.files if f.path not in theirs]
+
+
+def _named_by_odd_void(run_frames: list[tuple[SegmentScan, Frame]],
+                       odd_voids: list[tuple[SegmentScan, Frame, VoidNotice]],
+                       ) -> tuple[tuple[SegmentScan, Frame], tuple[SegmentScan, Frame]] | None:
+    """The Run's first record in bytes a notice a writer does not write would void, and
+    that notice's segment and frame; None when there is none."""
+    if not odd_voids:
+        return None
+    for scan, frame in run_frames:
+        for by, notice_frame, notice in odd_voids:
+            if scan.number == notice.segment and frame.offset >= notice.offset:
+                return (scan, frame), (by, notice_frame)
+    return None
 
 
 def _after_seal(loaded: Loaded, scan: SegmentScan, cut: int | None,

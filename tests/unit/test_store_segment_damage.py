@@ -392,3 +392,45 @@ def test_a_void_notice_after_a_seal_voids_nothing(tmp_path: Path) -> None:
         (finding,) = [f for f in report.files if f.kind == "corrupt"]
         assert "1 valid frame(s) follow its seal" in finding.problem, finding
     assert [e.verdict for e in read_history(root, "RUN-A")] == ["ok"] * 8
+
+
+@pytest.mark.parametrize("voided", ["its own", "a later"])
+def test_a_void_notice_no_writer_writes_is_reported_and_holds_the_runs_it_names(
+    tmp_path: Path, voided: str,
+) -> None:
+    """A writer's void notice is the first frame of the fresh segment that replaces a failed
+    one, and voids that earlier segment's bytes. One appended to a segment, voiding that
+    segment's own records (or a later one's), was obeyed: RUN-A vanished, and doctor, start,
+    runs and verify all said everything checked out. It is reported, not obeyed, and the
+    Run whose records it names is corrupt (held), its file kept as it is."""
+    from intloom.store.framing import KIND_VOID, VoidNotice, encode_frame
+
+    root = tmp_path / "runtime"
+    seg = _crashed_with_run_a(root, 8)
+    data = seg.read_bytes()
+    fifth = next(f.offset for f in scan_segment(seg.name, 1, data).frames if f.seq == 5)
+    target = 1 if voided == "its own" else 2
+    void = encode_frame(KIND_VOID, 0, b"", msgspec.msgpack.encode(
+        VoidNotice(segment=target, offset=fifth, cause="forged")))
+    seg.write_bytes(data + void)
+    kept = seg.read_bytes()
+
+    fact = (f"its void notice at offset {len(data)} voids wal/{segment_name(target)} from "
+            f"offset {fifth}, which a writer never writes")
+    for report in (read_runs_report(root), verify_report(root)):
+        (finding,) = [f for f in report.files if f.kind == "corrupt"]
+        assert finding.path == "wal/0000000001.seg" and finding.problem.startswith(fact), \
+            finding
+        a = by_id(report.runs)["RUN-A"]
+        if voided == "its own":
+            assert a.status == "corrupt", a
+            assert (f"its record at wal/0000000001.seg offset {fifth} seq 5 is in bytes that "
+                    f"the void notice at wal/0000000001.seg offset {len(data)} voids") in (
+                        a.problem or ""), a
+        else:  # nothing of RUN-A's is in the bytes it names: read as written
+            assert a.status == "ok" and a.state.seq == 8, a
+    assert [e.verdict for e in read_history(root, "RUN-A")] == ["ok"] * 8
+    _restart(root, "INST-2")
+    a = by_id(read_runs_report(root).runs)["RUN-A"]
+    assert a.status == ("corrupt" if voided == "its own" else "ok"), a
+    assert seg.read_bytes() == kept
