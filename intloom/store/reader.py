@@ -14,7 +14,7 @@ import re
 import stat
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Final, Literal
 
@@ -30,12 +30,14 @@ from intloom.store.files import (
     check_file,
     list_names,
     read_file,
+    storage_error,
     unusable_file,
 )
 from intloom.store.framing import (
     FRAME_MAGIC,
     KIND_RECORD,
     KIND_VOID,
+    MAX_SEGMENT,
     Damage,
     Frame,
     SegmentScan,
@@ -607,6 +609,22 @@ def unread_segment(layout: Layout, manifest: Manifest | None, number: int
         f"({out if fix is None else f'{fix}, or {out}'})")
 
 
+def numbering_refused(layout: Layout, numbers: Iterable[int]) -> IntloomError | None:
+    """The STORAGE_ERROR a start raises when the highest segment of ``numbers`` leaves no
+    number after it: a new segment would need an eleven-digit name, which no reader takes
+    for a segment, its records lost to every restore. None otherwise."""
+    highest = max(numbers, default=0)
+    if highest < MAX_SEGMENT:
+        return None
+    return storage_error(
+        layout.wal / segment_name(highest),
+        f"has the highest segment number a name can hold ({MAX_SEGMENT}), so no new "
+        "segment can be numbered after it",
+        "if intloom did not write it (intloom doctor lists it as foreign, or as corrupt "
+        "when it copies a real segment), move it out of the wal directory and start "
+        "again; a segment intloom wrote is never renamed")
+
+
 def refused_file(root: Path) -> IntloomError | None:
     """The STORAGE_ERROR a start's restore raises on the first store file it reads and
     refuses (a link, a directory, another owner, group/other bits): each segment from the
@@ -627,6 +645,10 @@ def refused_file(root: Path) -> IntloomError | None:
         if check_dir(layout.snap):
             check_dir(layout.live)
         numbers, _ = _list_wal(layout)
+        # Refused before any file is read, as a start refuses it.
+        refused = numbering_refused(layout, numbers)
+        if refused is not None:
+            return refused
         start = manifest.start if manifest is not None else 0
         pinned = set(manifest.pinned) if manifest is not None else set()
         for number in numbers:

@@ -43,7 +43,6 @@ from intloom.store.files import (
     lock_dir,
     open_new,
     remove_temps,
-    storage_error,
     write_all,
 )
 from intloom.store.framing import (
@@ -61,7 +60,7 @@ from intloom.store.framing import (
     segment_name,
 )
 from intloom.store.history import HistoryEntry, first_segment, read_histories
-from intloom.store.reader import FileProblem, StoreReport, load, read_ended
+from intloom.store.reader import FileProblem, StoreReport, load, numbering_refused, read_ended
 from intloom.store.snapshots import snapshot_name
 
 __all__ = ["DEFAULT_SEGMENT_BYTES", "Store"]
@@ -294,16 +293,9 @@ class Store:
         # reader has read the whole log instead, so every other Run restores as usual.
         loaded = load(runtime_dir, "restore")
         highest = max(loaded.segment_numbers, default=0)
-        if highest >= MAX_SEGMENT:
-            # A new segment would need an eleven-digit name, which no reader takes for a
-            # segment: its records would be lost to every restore. Refused before any write.
-            raise storage_error(
-                layout.wal / segment_name(highest),
-                f"has the highest segment number a name can hold ({MAX_SEGMENT}), so no new "
-                "segment can be numbered after it",
-                "if intloom did not write it (intloom doctor lists it as foreign, or as corrupt "
-                "when it copies a real segment), move it out of the wal directory and start "
-                "again; a segment intloom wrote is never renamed")
+        refused = numbering_refused(layout, loaded.segment_numbers)
+        if refused is not None:
+            raise refused
         remove_temps(layout)
         # While the manifest is unreadable every restore reads the whole log: snapshotting
         # what that read found would rewrite every Run's snapshot at each start for nothing.

@@ -134,6 +134,12 @@ def test_a_stray_file_with_the_highest_segment_name_is_refused_not_numbered_past
     assert str(stray) in message and "highest segment number" in message
     assert "move it out" in message
     assert snapshot_files(root) == before  # refused before writing anything
+    # What status and doctor say a start would run into (startProblem): they said nothing,
+    # and previewed the Runs as restoring.
+    from intloom.store.reader import refused_file
+
+    said = refused_file(root)
+    assert said is not None and said.message == message, said
 
     stray.unlink()  # what the message says to do (here the file was junk)
     store = open_store(root, instance_id="INST-3")
