@@ -1326,10 +1326,16 @@ def _target(info: ServiceInfo | None, lock: ServiceLock | None) -> _Target:
     if info is not None and lock is not None and (
         info.instance_id != lock.instance_id or info.pid != lock.pid
     ):
+        # "name different instances" was said of two files naming one instance and two
+        # pids: the facts are each file's instance and pid.
         raise IntloomError(
             "CLI_SERVICE_CONFLICT",
-            "Service identity changed during inspection (service.json and service.lock name "
-            "different instances). Check the status again.",
+            "Service identity changed during inspection: service.json names instance "
+            f"{info.instance_id} (pid {info.pid}) and service.lock instance "
+            f"{lock.instance_id} (pid {lock.pid}), where one host writes both. Nothing was "
+            "sent. Run intloom status again: a host starting meanwhile is seen whole in a "
+            "moment; if the two still differ, intloom doctor says which owner is alive and "
+            "what to do with the files.",
         )
     if lock is not None:
         return _Target(lock.instance_id, lock.pid, lock.create_time, lock.boot_id)

@@ -854,6 +854,32 @@ def test_stop_after_a_crash_reads_the_hosts_log_only_as_its_own_plain_file(
     assert tree(root) == before
 
 
+def test_stop_names_each_files_instance_and_pid_when_they_differ(tmp_path: Path) -> None:
+    """service.json naming another pid than service.lock (one instance): stop said the two
+    "name different instances", which they did not, and only "Check the status again"."""
+    from intloom.host.metadata import ServiceInfo, read_service, write_service
+    from intloom.project import ProjectPaths
+    from tests.unit.diagnostics_support import crash_leftovers, dead_pid, make_root, tree
+
+    root = make_root(tmp_path)
+    dead = dead_pid()
+    crash_leftovers(root, dead, 1_000_000.0)
+    paths = ProjectPaths(root)
+    info = read_service(paths.service_json, root)
+    assert info is not None
+    os.unlink(paths.service_json)
+    write_service(paths.service_json, ServiceInfo(**{
+        **{f: getattr(info, f) for f in info.__struct_fields__}, "pid": 1}))
+    before = tree(root)
+    with pytest.raises(IntloomError) as refused:
+        stop_service_report(root, timeout=5)
+    assert refused.value.code == "CLI_SERVICE_CONFLICT"
+    assert (f"service.json names instance {info.instance_id} (pid 1) and service.lock "
+            f"instance {info.instance_id} (pid {dead})") in refused.value.message, refused.value
+    assert "Nothing was sent" in refused.value.message and "intloom doctor" in refused.value.message
+    assert tree(root) == before
+
+
 def _stop_into(root: Path, outcome: list[BaseException]) -> None:
     try:
         stop_service_report(root, timeout=5)
