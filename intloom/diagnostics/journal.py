@@ -23,8 +23,8 @@ from intloom.store import (
 from intloom.store.files import Layout, read_file
 from intloom.store.framing import segment_header
 
-__all__ = ["missing_segments", "read_journal", "restored_journal", "verify_store",
-           "written_by"]
+__all__ = ["missing_segments", "read_journal", "restored_journal", "unreadable_snapshots",
+           "verify_store", "written_by"]
 
 
 def verify_store(runtime: Path) -> StoreReport:
@@ -70,6 +70,22 @@ def missing_segments(runtime: Path) -> list[str]:
     found no other."""
     return sorted(f.path for f in read_runs_report(runtime).files
                   if f.kind == "missing" and f.path.startswith("wal/"))
+
+
+def unreadable_snapshots(runtime: Path, run_id: str) -> list[str]:
+    """The snapshots named for ``run_id`` (live, then done) that are there and cannot be
+    read, each as its path under the runtime directory and why: for a Run with no record
+    in the log, the only trace left of it."""
+    from intloom.store.snapshots import SnapshotError, read_snapshot, snapshot_name
+
+    layout = Layout(runtime)
+    found = []
+    for directory in (layout.live, layout.done):
+        try:
+            read_snapshot(directory / snapshot_name(run_id))
+        except SnapshotError as exc:
+            found.append(f"{exc.path.relative_to(runtime)} {exc.fact}")
+    return found
 
 
 def written_by(runtime: Path, entries: list[HistoryEntry]) -> str | None:

@@ -948,6 +948,36 @@ def test_inspect_of_a_run_whose_only_segment_is_gone_names_the_missing_segment(
     assert "back from a copy" in error["message"]
 
 
+def test_inspect_of_a_run_whose_only_trace_is_its_damaged_snapshot_names_that_file(
+    capsys: pytest.CaptureFixture[str], proj: Path
+) -> None:
+    """RUN-A's records gone from the log (its old segment moved out) and its snapshot
+    damaged: doctor named the file as the Run's only trace, inspect RUN-A said "Check the
+    Run id", which was right, and named no file. It names the snapshot and what is wrong."""
+    from intloom.store.snapshots import snapshot_name
+    from tests.unit.test_store_support import open_store, walk
+
+    (proj / ".intloom").mkdir(mode=0o700)
+    runtime = proj / ".intloom" / "runtime"
+    store = open_store(runtime)
+    for record in walk("RUN-A", 3, 1):
+        store.append("RUN-A", record)
+    store.sync_blocking()
+    store.close_blocking()  # RUN-A's snapshot written
+    snap = runtime / "snap" / "live" / snapshot_name("RUN-A")
+    data = bytearray(snap.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    snap.write_bytes(bytes(data))
+    (runtime / "wal" / "0000000001.seg").unlink()
+    code, out, _ = cli(capsys, "inspect", "RUN-A", "--json")
+    error = json.loads(out)["error"]
+    assert code == 1 and error["code"] == "NOT_FOUND", out
+    assert (f"its snapshot snap/live/{snapshot_name('RUN-A')} fails its checksum. That file is "
+            "its only trace, kept as it is") in error["message"], error
+    assert "Check the Run id" not in error["message"], error
+    assert snap.read_bytes() == bytes(data)
+
+
 def test_inspect_does_not_call_an_effect_in_flight_when_the_run_went_on_past_the_damage(
     capsys: pytest.CaptureFixture[str], proj: Path
 ) -> None:

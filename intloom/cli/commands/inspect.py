@@ -25,7 +25,18 @@ _LISTS: Final = ("intloom runs lists a running host's Runs; intloom doctor, with
                  "a host, lists the unfinished ones")
 
 
-def _not_found(run_id: str, where: object, missing: list[str] | None = None) -> IntloomError:
+def _not_found(run_id: str, where: object, missing: list[str] | None = None,
+               unreadable: list[str] | None = None) -> IntloomError:
+    if unreadable:
+        # Its snapshot is there, damaged: the Run id is right, and "check the Run id" would
+        # send the user the wrong way. doctor names the file too; inspect did not.
+        return IntloomError(
+            "NOT_FOUND",
+            f"No readable journal for Run {run_id!r} under {where}: no record of it is in the "
+            f"log, and its snapshot {'; '.join(unreadable)}. That file is its only trace, "
+            "kept as it is: put back a copy of it, or of the Run's segments, from before the "
+            "damage (a backup), then run intloom inspect again.",
+        )
     if missing:
         # A segment a host created is gone: the Run id may well be right, and its records
         # lost with that file. "Check the Run id" alone would send the user the wrong way.
@@ -207,6 +218,7 @@ def inspect(state: CliState, run_id: RunArg) -> None:
         missing_segments,
         read_journal,
         restored_journal,
+        unreadable_snapshots,
         written_by,
     )
     from intloom.diagnostics.previews import check_journals_dir, journals_present
@@ -222,7 +234,8 @@ def inspect(state: CliState, run_id: RunArg) -> None:
         raise _not_found(run_id, runtime)
     entries, journal, found = read_journal(runtime, run_id)
     if not entries:
-        raise _not_found(run_id, runtime, missing_segments(runtime))
+        raise _not_found(run_id, runtime, missing_segments(runtime),
+                         unreadable_snapshots(runtime, run_id))
     restored = restored_journal(runtime, run_id)
     run = _summary(run_id, journal, restored, entries)
     # Judged on what a start reads, as doctor judges it; an ended Run is not loaded.
