@@ -737,14 +737,21 @@ def tail_finding(scan: SegmentScan, damage: Damage) -> str:
     if damage.cut_short:
         return (f"ends with {size} bytes of an incomplete frame at offset {damage.start} "
                 "(a crash mid-append; not corruption)")
+    # Bytes that do not begin with a frame's marker are no frame at all (zeros an OS crash
+    # left in unwritten pages, or bytes appended by something else): "its last frame has
+    # its whole length" said of them stated a fact that was not found.
+    marker = not damage.raw or damage.raw.startswith(FRAME_MAGIC[:len(damage.raw)])
     if scan.is_torn(damage):
-        return (f"ends with a complete-length last frame at offset {damage.start} ({size} "
-                "bytes) that fails its checksum: a crash mid-write or damage. The OS may "
-                "have restarted since the segment was last written, and a crash of the OS "
-                "can leave a frame's pages unwritten, so it is read as a torn tail")
-    return (f"bytes {damage.start}..{damage.end} are damaged (its last frame has its whole "
-            "length but fails its checksum, and the segment was last written after the OS "
-            "last started, so no crash can have torn it)")
+        what = (f"a complete-length last frame at offset {damage.start} ({size} bytes) that "
+                "fails its checksum" if marker else
+                f"{size} bytes at offset {damage.start} that do not begin with a frame's marker")
+        return (f"ends with {what}: a crash mid-write or damage. The OS may have restarted "
+                "since the segment was last written, and a crash of the OS can leave a "
+                "frame's pages unwritten, so it is read as a torn tail")
+    what = ("its last frame has its whole length but fails its checksum" if marker
+            else "its last bytes do not begin with a frame's marker")
+    return (f"bytes {damage.start}..{damage.end} are damaged ({what}, and the segment was "
+            "last written after the OS last started, so no crash can have torn it)")
 
 
 def void_notices(notices: list[VoidNotice], scans: list[SegmentScan],
