@@ -185,6 +185,8 @@ def _open_store(
                        locked=True)
     _watch_compactions(store, log, compactions)
     report = store.restored
+    if store.removed_temps:
+        log.info("store_temp_files_removed", paths=store.removed_temps)
     for problem in report.files:
         log.warning("store_file_problem", path=problem.path, kind=problem.kind,
                     problem=problem.problem)

@@ -364,8 +364,9 @@ def atomic_write_many(directory: Path, items: list[tuple[str, bytes]], *,
             fsync_dir(directory)
 
 
-def remove_temps(layout: Layout) -> int:
-    """Remove the temp files a killed atomic write left; the number removed.
+def remove_temps(layout: Layout) -> list[str]:
+    """Remove the temp files a killed atomic write left; their paths under the runtime
+    directory (the host logs them: a file removed is never removed without a word).
 
     Only the host that holds the project's lock calls this, so no write of ours is in
     progress. A temp file never holds state of its own: it was not yet renamed over its
@@ -373,17 +374,17 @@ def remove_temps(layout: Layout) -> int:
     of exactly the form we create, and only regular files, are removed; anything else is
     left as it is for the reader to report.
     """
-    removed = 0
+    removed: list[str] = []
     for directory, pattern in ((layout.live, _SNAPSHOT_TEMP), (layout.done, _SNAPSHOT_TEMP),
                                (layout.root, _MANIFEST_TEMP)):
-        here = 0
+        here: list[str] = []
         for name in list_names(directory):
             if not pattern.fullmatch(name):
                 continue
             try:
                 if stat.S_ISREG(os.lstat(directory / name).st_mode):
                     os.unlink(directory / name)
-                    here += 1
+                    here.append(str((directory / name).relative_to(layout.root)))
             except OSError:
                 continue  # left in place: readers skip dot files, the next start retries
         if here:

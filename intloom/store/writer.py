@@ -140,6 +140,8 @@ class Store:
         self.instance_id = instance_id
         self.package_version = package_version
         self.restored = restored
+        # The temp files of killed atomic writes this open removed (remove_temps).
+        self.removed_temps: list[str] = []
         self.flushes = 0
         self.records_flushed = 0
         self._faults = faults
@@ -296,7 +298,7 @@ class Store:
         refused = numbering_refused(layout, loaded.segment_numbers)
         if refused is not None:
             raise refused
-        remove_temps(layout)
+        removed = remove_temps(layout)
         # While the manifest is unreadable every restore reads the whole log: snapshotting
         # what that read found would rewrite every Run's snapshot at each start for nothing.
         # A manifest ahead of the log is the exception: this host numbers its segment at
@@ -315,6 +317,7 @@ class Store:
                     faults=plan, segment_bytes=segment_bytes, restored=restored,
                     inline_max_sync_s=inline_max_sync_s)
         store._dir_lock = held
+        store.removed_temps = removed
         with contextlib.suppress(OSError):  # then nothing can be told: writes go by path
             store._home_fd = os.open(runtime_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         for run_id, journal in loaded.journals.items():

@@ -33,3 +33,30 @@ def test_a_second_host_cannot_open_a_live_hosts_store(project: Project) -> None:
     assert pid_alive(first["pid"])  # the live host is untouched...
     assert snapshot_files(runtime) == before  # ...and so is its log: no new segment
     assert not (project.state / "service.lock").exists()  # the failed start cleaned up
+
+
+def test_a_start_names_each_temp_file_it_removes_in_its_log(project: Project) -> None:
+    """A start removes the temp files of killed atomic writes (docs/format.md), which are of
+    a form only it creates; it removed them without a word, in no output and no log. The
+    host log names each one it removes; a dot file of another form is left as it is."""
+    import json
+
+    ok(project.cli("start", "--json"))
+    ok(project.cli("flow", "example", "--intent", "temps", "--json"))
+    ok(project.cli("stop", "--json"))
+    runtime = project.state / "runtime"
+    planted = [".manifest.json.0123456789abcdef.tmp",
+               f"snap/live/.{'a' * 64}.snap.0123456789abcdef.tmp"]
+    for rel in planted:
+        (runtime / rel).write_bytes(b"a killed write\n")
+    other = runtime / ".manifest.json.tmp"
+    other.write_bytes(b"not of the form\n")
+    other.chmod(0o600)
+    started = ok(project.cli("start", "--json"))["service"]
+    log = project.state / "logs" / started["logFile"]
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    [removed] = [e for e in events if e["event"] == "store_temp_files_removed"]
+    assert sorted(removed["paths"]) == sorted(planted), removed
+    assert not any((runtime / rel).exists() for rel in planted)
+    assert other.read_bytes() == b"not of the form\n"
+    ok(project.cli("stop", "--json"))
