@@ -63,6 +63,7 @@ from intloom.runtime.model import Cursor, PendingAgentCall, RunView, WaitingActi
 from intloom.runtime.plainjson import MAX_DEPTH, deeper_than, wire_problem
 from intloom.runtime.ports import CheckpointFailed
 from intloom.runtime.records import (
+    OUTCOME_UNKNOWN,
     UNENCODABLE,
     EffectDone,
     EffectStarted,
@@ -1255,7 +1256,7 @@ class _Hooks:
                 else:
                     how = "raised by the effect"
                 await self._end(name, key, False, None,
-                                f"CancelledError: {how}; its outcome is unknown")
+                                f"CancelledError: {how}; {OUTCOME_UNKNOWN}")
             raise
         except BaseException as exc:  # SystemExit, KeyboardInterrupt: as effect_sync's
             await self._end(name, key, False, None, _raised(exc))

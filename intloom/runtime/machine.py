@@ -24,6 +24,7 @@ from intloom.runtime.model import (
     shown_action,
 )
 from intloom.runtime.records import (
+    OUTCOME_UNKNOWN,
     PROTOCOL_VERSION,
     Answered,
     EffectDone,
@@ -137,6 +138,10 @@ class RunState(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     answer: Any = None
     effect_in_flight: EffectRef | None = None
     last_effect: EffectRef | None = None
+    # The last effect was cancelled before it returned (its effect_done says its outcome is
+    # unknown): what it set going may have run on. Added 2026-12-04, left out when False, so
+    # a snapshot without it reads as before.
+    last_effect_unknown: bool = False
     last_error: ErrorView | None = None
     dismissed: bool = False
     # recover waited and goes on after its answer in the same host: that answer's
@@ -260,8 +265,10 @@ def _apply_effect_done(state: RunState, record: EffectDone, seq: int) -> RunStat
     open_ref = state.effect_in_flight
     if open_ref is None or (open_ref.name, open_ref.key) != (record.name, record.key):
         raise _illegal(state, record, "it does not close the effect that was started")
+    unknown = not record.ok and (record.error or "").endswith(OUTCOME_UNKNOWN)
     return msgspec.structs.replace(state, phase="effect_done", seq=seq, updated_at=record.at,
-                                   effect_in_flight=None, last_effect=open_ref)
+                                   effect_in_flight=None, last_effect=open_ref,
+                                   last_effect_unknown=unknown)
 
 
 def _apply_step_result(state: RunState, record: StepResult, seq: int) -> RunState:
@@ -298,6 +305,7 @@ def _apply_answered(state: RunState, record: Answered, seq: int) -> RunState:
         answered_action=action,
         answer=record.answer,
         last_effect=None,  # from here on, an effect means the answer was acted on
+        last_effect_unknown=False,
     )
 
 
@@ -514,6 +522,13 @@ def restart_verdict(state: RunState, has_recover: bool) -> Verdict:
             effect=eff,
         )
     done = state.last_effect if phase == "effect_done" else None
+    if done is not None and state.last_effect_unknown:
+        # "no effect was in flight" was said of an effect its Step cancelled (a timeout)
+        # while the call it handed to a thread ran on: the journal proves no such thing.
+        return Verdict("interrupted", f"{what} was running after its effect {done.name!r} "
+                       f"(key {done.key!r}) was cancelled before it returned, so its outcome "
+                       "is unknown: what it had set going (a call handed to a thread, say) "
+                       "may have run on (intloom inspect shows its record)", effect=done)
     if done is not None:
         return Verdict("interrupted", f"{what} was running after its effect {done.name!r} "
                        f"(key {done.key!r}) ended, its end recorded (intloom inspect shows "

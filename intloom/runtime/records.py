@@ -22,6 +22,7 @@ __all__ = [
     "FORMAT1_FORMAT",
     "FORMAT1_PROTOCOL",
     "FORMAT_VERSION",
+    "OUTCOME_UNKNOWN",
     "PROTOCOL_VERSION",
     "Answered",
     "EffectDone",
@@ -100,6 +101,13 @@ class EffectStarted(_Rec, tag="effect_started", frozen=True):
 
     name: str
     key: str
+
+
+# How an ``effect_done`` error ends when the effect was cancelled before it returned (a
+# timeout in its Step): what it set going (a call handed to a thread) may still have run on,
+# so a Run interrupted after it must not be told that nothing was in flight (the fold marks
+# it: RunState.last_effect_unknown).
+OUTCOME_UNKNOWN: Final = "its outcome is unknown"
 
 
 class EffectDone(_Rec, tag="effect_done", frozen=True):

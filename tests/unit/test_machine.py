@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -194,6 +195,42 @@ def test_what_was_running_without_an_effect_is_named_once() -> None:
         "Step a/s1 was running; no effect was in flight")
     assert restart_verdict(init, has_recover=True).reason == (
         "the initialiser of Stage 'a' was running; no effect was in flight")
+
+
+def test_an_effect_cancelled_before_it_returned_is_not_called_over() -> None:
+    """An async Step timed out its effect (``asyncio.wait_for`` around ``ctx.aeffect(...,
+    asyncio.to_thread, call)``): its effect_done says "its outcome is unknown", the thread's
+    call still running. Killed then, the Run was told "no effect was in flight", which the
+    journal does not prove. An effect that ended (well or not) is still said to be over."""
+    from intloom.runtime.records import OUTCOME_UNKNOWN, EffectDone
+
+    started: list[Record] = [
+        header(), StagePending(at="t", stage="a"), StepReady(at="t", stage="a", step="s1"),
+        Executing(at="t", stage="a", step="s1"),
+        EffectStarted(at="t1", name="slow", key="slow#1"),
+    ]
+    cancelled = fold([*started, EffectDone(
+        at="t2", name="slow", key="slow#1", ok=False,
+        error=f"CancelledError: cancelled before it returned (a timeout in the Step); "
+              f"{OUTCOME_UNKNOWN}")])
+    assert cancelled is not None and cancelled.last_effect_unknown
+    verdict = restart_verdict(cancelled, has_recover=True)
+    assert verdict.row == "interrupted" and verdict.effect is not None
+    assert verdict.reason == (
+        "Step a/s1 was running after its effect 'slow' (key 'slow#1') was cancelled before it "
+        "returned, so its outcome is unknown: what it had set going (a call handed to a "
+        "thread, say) may have run on (intloom inspect shows its record)")
+    assert "no effect was in flight" not in interrupted_message(cancelled)
+    for ended in (EffectDone(at="t2", name="slow", key="slow#1", result=1),
+                  EffectDone(at="t2", name="slow", key="slow#1", ok=False,
+                             error="ValueError: no")):
+        state = fold([*started, ended])
+        assert state is not None and not state.last_effect_unknown
+        assert restart_verdict(state, has_recover=True).reason.endswith(
+            "no effect was in flight")
+    # Left out of the state's encoding when False: a snapshot is written as before.
+    assert b"last_effect_unknown" not in msgspec.json.encode(fold(
+        [*started, EffectDone(at="t2", name="slow", key="slow#1", result=1)]))
 
 
 def test_an_effect_in_flight_names_the_initialiser_or_recover_that_ran_it() -> None:
