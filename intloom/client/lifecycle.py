@@ -251,8 +251,8 @@ def _paused_host(pid: int, *, stopping: bool = False, starting: bool = False,
     if stopping:
         return IntloomError(
             "CLI_SERVICE_UNAVAILABLE",
-            f"The project's host (pid {pid}) was shutting down (it had stopped listening and "
-            "was saving its Runs) and is now stopped by a signal (SIGSTOP or Ctrl-Z): it "
+            f"The project's host (pid {pid}) was shutting down (its log says a stop began: "
+            "it was suspending its Runs) and is now stopped by a signal (SIGSTOP or Ctrl-Z): it "
             "holds the project until its stop ends. intloom start did not start "
             f"a second host beside it. Resume it with kill -CONT {pid}: it then finishes its "
             "stop and exits, and intloom start starts a new host.",
@@ -546,7 +546,11 @@ def start_service(
                     and _released_by_stop(paths, seen, deadline)):
                 continue
             if isinstance(exc, HelloFailed) and exc.paused is not None:
-                raise _paused_host(exc.paused) from None
+                # Paused in its stop's grace (still listening): resumed, it finishes its stop
+                # and exits. "It then serves again, and intloom start reuses it" was said.
+                stopping = seen is not None and seen.pid == exc.paused and _stopping(paths,
+                                                                                     seen)
+                raise _paused_host(exc.paused, stopping=stopping) from None
             raise
         if service is not None:
             if foreground:

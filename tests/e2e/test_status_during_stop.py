@@ -232,3 +232,73 @@ def test_a_second_stop_waits_for_the_first_as_long_as_its_log_says(
     assert second.returncode == 0, (out, err)
     assert json.loads(out)["stopped"] is True, out
     assert not pid_alive(pid)
+
+
+IN_GRACE = '''
+import time
+from pathlib import Path
+
+import intloom
+
+GATE = Path(__file__).resolve().parent.parent / "gate"
+wf = intloom.Workflow("grace", version="1")
+s = wf.stage("s")
+
+
+@s.step("a", routes={"ok": intloom.COMPLETE})
+def a(ctx: intloom.StepContext[None]) -> str:
+    (GATE.parent / "started").write_text("1")
+    while not GATE.exists():
+        time.sleep(0.05)
+    return "ok"
+'''
+
+
+def test_start_over_a_host_paused_in_its_stops_grace_says_it_finishes_its_stop(
+    tmp_path: Path,
+) -> None:
+    """A host paused (SIGSTOP) while its stop's grace ran, still listening: start timed out
+    its hello and said "Resume it with kill -CONT PID: it then serves again, and intloom
+    start reuses it". Resumed, it finishes its stop and exits; start says so."""
+    from tests.helpers import one_source_project, reaped
+
+    for project in reaped(one_source_project(tmp_path, "grace", IN_GRACE)):
+        _start_over_a_host_paused_in_its_grace(project)
+
+
+def _start_over_a_host_paused_in_its_grace(project: Project) -> None:
+    assert project.cli("start").code == 0
+    pid = project.host_pid()
+    assert project.cli("flow", "grace", "--intent", "i", "--detach").code == 0
+    eventually(lambda: (project.root / "started").exists(), timeout=30,
+               what="the Step to start")
+    stop = subprocess.Popen(
+        [sys.executable, "-m", "intloom", "--project", str(project.root), "stop"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    logs = project.state / "logs"
+    try:
+        eventually(lambda: any(b'"service_stopping"' in log.read_bytes()
+                               for log in logs.glob("LOG-*.jsonl")),
+                   timeout=30, what="the host log's service_stopping")
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            start = project.cli("--json", "start", "--timeout", "30", timeout=120)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert start.code != 0, start
+        error = start.json["error"]
+        assert error["code"] == "CLI_SERVICE_UNAVAILABLE", error
+        assert error["message"].startswith(
+            f"The project's host (pid {pid}) was shutting down"), error["message"]
+        assert (f"Resume it with kill -CONT {pid}: it then finishes its stop and exits"
+                in error["message"]), error["message"]
+        assert "reuses it" not in error["message"], error["message"]
+    finally:
+        (project.root / "gate").touch()
+        try:
+            stop.wait(timeout=60)
+        finally:
+            if stop.poll() is None:
+                stop.kill()
+                stop.wait(timeout=30)
+    eventually(lambda: not pid_alive(pid), timeout=60, what="the host to exit")
