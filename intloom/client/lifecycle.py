@@ -1552,6 +1552,16 @@ def _stop_timed_out(target: _Target, timeout: float, asked: _Asked) -> str:
     # grace, and doctor would only report an owner that is alive. Waiting is what helps.
     bound = (" (past the longest it said its stop may take)"
              if asked.until is not None and time.monotonic() >= asked.until else "")
+    from intloom.host.liveness import paused  # psutil: only on this timeout
+
+    if paused(target.pid, traced=False):
+        # Every other command names the pause and kill -CONT; "run intloom stop again to
+        # wait for it" waited for a process that does nothing until resumed.
+        return (f"The host (pid {target.pid}) began its stop and is stopped by a signal "
+                "(SIGSTOP, Ctrl-Z or a debugger): it suspends nothing and releases nothing "
+                f"until it is resumed, and had not released its files within {timeout:g} s. "
+                f"{said} Resume it with kill -CONT {target.pid}: it then finishes its stop "
+                "and exits (intloom stop again waits for that).")
     return (f"The host (pid {target.pid}) is still stopping: it suspends its Runs at their "
             "boundaries (a Step still running gets the host's grace to reach one) and then "
             f"releases its files, which it had not done within {timeout:g} s{bound}. {said} "

@@ -272,9 +272,10 @@ def _start_over_a_host_paused_in_its_grace(project: Project) -> None:
     assert project.cli("flow", "grace", "--intent", "i", "--detach").code == 0
     eventually(lambda: (project.root / "started").exists(), timeout=30,
                what="the Step to start")
+    # Its --timeout runs out while the host is paused: start's hello to it waits 5 s.
     stop = subprocess.Popen(
-        [sys.executable, "-m", "intloom", "--project", str(project.root), "stop"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [sys.executable, "-m", "intloom", "--project", str(project.root), "--json", "stop",
+         "--timeout", "4"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     logs = project.state / "logs"
     try:
         eventually(lambda: any(b'"service_stopping"' in log.read_bytes()
@@ -293,12 +294,18 @@ def _start_over_a_host_paused_in_its_grace(project: Project) -> None:
         assert (f"Resume it with kill -CONT {pid}: it then finishes its stop and exits"
                 in error["message"]), error["message"]
         assert "reuses it" not in error["message"], error["message"]
+        # The stop whose request it took, and whose time ran out meanwhile, names the pause
+        # too: "still stopping ... run intloom stop again to wait for it" was all it said.
+        out, _ = stop.communicate(timeout=60)
+        assert stop.returncode == 1, out
+        said = json.loads(out)["error"]
+        assert said["code"] == "CLI_SERVICE_TIMEOUT", said
+        assert (f"The host (pid {pid}) began its stop and is stopped by a signal" in
+                said["message"]), said["message"]
+        assert f"Resume it with kill -CONT {pid}" in said["message"], said["message"]
     finally:
         (project.root / "gate").touch()
-        try:
-            stop.wait(timeout=60)
-        finally:
-            if stop.poll() is None:
-                stop.kill()
-                stop.wait(timeout=30)
+        if stop.poll() is None:
+            stop.kill()
+        stop.communicate(timeout=30)
     eventually(lambda: not pid_alive(pid), timeout=60, what="the host to exit")
