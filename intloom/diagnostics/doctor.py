@@ -952,6 +952,15 @@ def _temp_named(temp: TempFile) -> str:
             f"byte{'' if temp.size == 1 else 's'})")
 
 
+def _own_log(paths: ProjectPaths) -> str | None:
+    """The running host's log file name (service.json's); None when it cannot be read."""
+    try:
+        info = read_service(paths.service_json, paths.root)
+    except IntloomError:
+        return None
+    return None if info is None or not info.log_file else Path(info.log_file).name
+
+
 def _ports_differ(paths: ProjectPaths) -> str | None:
     """"service.json names port X and connection.json port Y", when both are valid and
     differ (status reports it as the problem); else None."""
@@ -1067,7 +1076,14 @@ def run_doctor(root: Path) -> DoctorReport:
     stray_logs = _stray_logs_check(paths.logs)
     if stray_logs is not None:
         checks.append(stray_logs)
-    if not running:
+    if running:
+        # The running host named, in each Run it restored RUN_INTERRUPTED, the Tool call its
+        # last host left unfinished (from the log before its own): doctor said only
+        # "waits on client Agent task ... (claimed)". It reads that log as the host did.
+        current = _own_log(paths)
+        if current is not None:
+            runs = _with_tool_calls(runs, lambda: evidence_log(paths.logs, before=current))
+    else:
         runs = _with_tool_calls(runs, lambda: evidence_log(paths.logs))
         compaction = _compaction_check(last_log(paths.logs))
         if compaction is not None:

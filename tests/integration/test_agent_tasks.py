@@ -959,6 +959,13 @@ def test_tool_calls_are_logged_and_doctor_names_the_one_a_kill_cut(
         assert (f"the log of the host it ran on (.intloom/logs/{killed_log}) says Tool call "
                 "tc-1 (Tool 'slow') started ") in message, (restart, message)
         assert "Tool call" not in other.last_error.message, other.last_error.message
+        # doctor beside that host names the call as the host did: it said only that the
+        # Run waits on its task.
+        previews = {p["runId"]: p for p in json.loads(
+            project.cli("--json", "doctor").stdout)["runs"]}
+        reason = previews[running.run.run_id]["verdict"]["reason"]
+        assert "says Tool call tc-1 (Tool 'slow') started " in reason, (restart, reason)
+        assert "Tool call" not in previews[run.run_id]["verdict"]["reason"], previews
         ok(project.cli("stop", "--json"))
     doctor = project.cli("--json", "doctor")
     previews = {p["runId"]: p for p in json.loads(doctor.stdout)["runs"]}
