@@ -218,6 +218,11 @@ class SegmentScan(msgspec.Struct):
     # the rest of it), so no crash of that writer left this one's end cut short: damage
     # there is corruption (set by the reader, which looks at the later files in wal/).
     went_on: int = 0
+    # Where the frames begin (the end of the file header, as read): a writer's void notice
+    # is there, the first frame of the fresh segment that replaces a failed one. Judged
+    # by place, not as frames[0]: a read keeping only some Runs' frames made a notice
+    # written after other frames the first one it kept.
+    frames_from: int = -1
 
     def is_torn(self, damage: Damage) -> bool:
         """Whether ``damage`` is a torn tail (a crash mid-append) rather than corruption.
@@ -320,6 +325,7 @@ def rebuilt_payload(raw: bytes, seq: int, run_id: str) -> bytes | None:
 
 
 def _scan_frames(scan: SegmentScan, data: bytes, p: int) -> None:
+    scan.frames_from = p
     size = len(data)
     view = memoryview(data)
     sealed_at: int | None = None

@@ -609,6 +609,15 @@ def unread_segment(layout: Layout, manifest: Manifest | None, number: int
         f"({out if fix is None else f'{fix}, or {out}'})")
 
 
+def _older_writer(snapped: RunState | None, folded: RunState) -> bool:
+    """Whether ``snapped`` differs from ``folded`` only by a field an intloom before it was
+    added never wrote: ``last_effect_unknown`` (2026-12-04), derived from the records, reads
+    as False from an older snapshot. Such a snapshot is no disagreement with the log (verify
+    called it one after an upgrade); nothing else the snapshot says is excused."""
+    return (snapped is not None and folded.last_effect_unknown
+            and not snapped.last_effect_unknown and msgspec.structs.replace(folded, last_effect_unknown=False) == snapped)
+
+
 def numbering_refused(layout: Layout, numbers: Iterable[int]) -> IntloomError | None:
     """The STORAGE_ERROR a start raises when the highest segment of ``numbers`` leaves no
     number after it: a new segment would need an eleven-digit name, which no reader takes
@@ -787,8 +796,7 @@ def _writers_notice(scan: SegmentScan, frame: Frame, notice: VoidNotice) -> bool
     replaces a failed one, voiding the failed one's bytes (an earlier segment). Obeyed, a
     notice elsewhere (later in a segment, or voiding its own segment's bytes or a later
     one's) made the Runs it named vanish, every command saying all was well."""
-    first = scan.frames[0] is frame and not any(d.start < frame.offset for d in scan.damage)
-    return first and notice.segment < scan.number
+    return frame.offset == scan.frames_from and notice.segment < scan.number
 
 
 def void_cuts(notices: list[VoidNotice], scans: list[SegmentScan],
@@ -1384,7 +1392,8 @@ def _judge(loaded: Loaded, run_id: str, frames: list[tuple[SegmentScan, Frame]],
             break
         expected += 1
         previous = (scan.number, frame.offset)
-        if from_scratch and snap is not None and seq == snap.seq and snap.state != state:
+        if (from_scratch and snap is not None and seq == snap.seq and snap.state != state
+                and not _older_writer(snap.state, state)):
             problem = (f"its snapshot ({snapshot_name(run_id)}) disagrees with the log at "
                        f"{_at(scan, frame)}")
             break

@@ -462,3 +462,75 @@ def test_a_void_notice_no_writer_writes_is_reported_and_holds_the_runs_it_names(
     a = by_id(read_runs_report(root).runs)["RUN-A"]
     assert a.status == ("corrupt" if voided == "its own" else "ok"), a
     assert seg.read_bytes() == kept
+
+
+def test_a_snapshot_an_older_intloom_wrote_without_the_unknown_outcome_flag_agrees(
+    tmp_path: Path,
+) -> None:
+    """``last_effect_unknown`` (2026-12-04) is folded from an ``effect_done`` whose outcome is
+    unknown; a snapshot an older intloom wrote of the same records has no such key, so it
+    reads False. verify, folding the log from its start, called that snapshot one that
+    "disagrees with the log" and the Run corrupt after an upgrade. Any other difference is
+    still one."""
+    from intloom.runtime.records import (
+        OUTCOME_UNKNOWN,
+        EffectDone,
+        EffectStarted,
+        Executing,
+        StagePending,
+        StepReady,
+    )
+    from intloom.store.snapshots import encode_snapshot, read_snapshot, snapshot_name
+    from tests.unit.test_store_support import header
+
+    root = tmp_path / "runtime"
+    store = open_store(root)
+    for record in (header("RUN-1"), StagePending(at="t", stage="a"),
+                   StepReady(at="t", stage="a", step="s1"), Executing(at="t", stage="a", step="s1"),
+                   EffectStarted(at="t1", name="slow", key="slow#1"),
+                   EffectDone(at="t2", name="slow", key="slow#1", ok=False,
+                              error=f"CancelledError: a timeout; {OUTCOME_UNKNOWN}")):
+        store.append("RUN-1", record)
+    store.sync_blocking()
+    store.close_blocking()
+    path = root / "snap" / "live" / snapshot_name("RUN-1")
+    snap = read_snapshot(path)
+    assert snap is not None and snap.state is not None and snap.state.last_effect_unknown
+
+    def rewrite(**changes: object) -> None:
+        assert snap is not None and snap.state is not None
+        older = msgspec.structs.replace(snap, state=msgspec.structs.replace(snap.state,
+                                                                           **changes))
+        path.chmod(0o600)
+        path.write_bytes(encode_snapshot(older))
+        path.chmod(0o400)
+
+    rewrite(last_effect_unknown=False)  # as an older intloom wrote it
+    assert by_id(verify_report(root).runs)["RUN-1"].status == "ok"
+    rewrite(last_effect_unknown=False, intent="other")
+    run = by_id(verify_report(root).runs)["RUN-1"]
+    assert run.status == "corrupt" and "disagrees with the log" in (run.problem or ""), run
+
+
+def test_a_void_notice_after_other_runs_frames_is_not_obeyed_by_inspect_either(
+    tmp_path: Path,
+) -> None:
+    """A notice appended to segment 2, after RUN-B's records, voiding RUN-A's records in
+    segment 1: the reader refused it, but inspect's read kept only RUN-A's frames and the
+    notices, so that notice was the first frame it kept, and RUN-A's records 5 and 6 were
+    shown void. A writer's notice is judged by its place: where the frames begin."""
+    from intloom.store.framing import KIND_VOID, VoidNotice, encode_frame
+
+    root = tmp_path / "runtime"
+    _crashed(root)
+    seg1 = root / "wal" / segment_name(1)
+    fifth = next(f.offset for f in scan_segment(seg1.name, 1, seg1.read_bytes()).frames
+                 if f.seq == 5)
+    seg2 = root / SEG2
+    seg2.write_bytes(seg2.read_bytes() + encode_frame(KIND_VOID, 0, b"", msgspec.msgpack.encode(
+        VoidNotice(segment=1, offset=fifth, cause="forged"))))
+    (root / "manifest.json").unlink()  # every segment read: segment 1's records too
+
+    a = by_id(verify_report(root).runs)["RUN-A"]
+    assert a.status == "corrupt" and "a notice no writer writes there" in (a.problem or ""), a
+    assert [e.verdict for e in read_history(root, "RUN-A")] == ["ok"] * 6
