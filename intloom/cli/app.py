@@ -14,7 +14,6 @@ import os
 import re
 import shlex
 import shutil
-import stat
 import sys
 import traceback
 from collections.abc import Sequence
@@ -423,35 +422,56 @@ def _standard_fds() -> None:
                                     encoding="utf-8", closefd=False))
 
 
+class _Patient(io.RawIOBase):
+    """A descriptor written as a blocking one, whatever its mode: a write that would block
+    (EAGAIN) waits until the descriptor takes more. Its mode is left as it is: the open
+    file description is shared with the parent (a terminal, a socket), which may rely on
+    it."""
+
+    def __init__(self, fd: int) -> None:
+        super().__init__()
+        self._fd = fd
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def isatty(self) -> bool:
+        return os.isatty(self._fd)
+
+    def write(self, data: Any) -> int:
+        import select
+
+        while True:
+            try:
+                return os.write(self._fd, data)
+            except BlockingIOError:
+                select.select([], [self._fd], [])
+
+
 def _blocking_output() -> None:
-    """Make stdout and stderr block. A parent may hand them over non-blocking (O_NONBLOCK,
-    left by an event loop): a reader slower than the pipe's 64 KiB then made a write fail
-    with EAGAIN, the output cut there (``CLI_OUTPUT_FAILED`` saying to free space), and
-    under ``PYTHONUNBUFFERED=1`` Python dropped the rest of a partial write and the command
-    exited 0 with half a JSON document. A pipe or a terminal is opened again through
-    /proc (a description of its own, made blocking: the parent's stays as it was); any
-    other kind (a socket) is made blocking in place, which nothing else keeps whole."""
-    for fd in (1, 2):
+    """Write stdout and stderr as blocking when a parent handed them over non-blocking
+    (O_NONBLOCK, left by an event loop): a reader slower than the pipe's buffer made a
+    write fail with EAGAIN, the output cut there (``CLI_OUTPUT_FAILED`` saying to free
+    space), and under ``PYTHONUNBUFFERED=1`` Python dropped the rest of a partial write and
+    the command exited 0 with half a JSON document. The stream is rebuilt over ``_Patient``,
+    with the settings it had."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if not isinstance(stream, io.TextIOWrapper):
+            continue
         try:
+            fd = stream.fileno()
             if os.get_blocking(fd):
                 continue
-            kind = os.fstat(fd).st_mode
-        except OSError:
+            stream.flush()
+        except (OSError, ValueError):
             continue
-        if stat.S_ISFIFO(kind) or stat.S_ISCHR(kind):
-            try:
-                # O_NONBLOCK: a pipe whose reader is gone would block this open for ever.
-                again = os.open(f"/proc/self/fd/{fd}",
-                                os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-            except OSError:
-                pass
-            else:
-                os.set_blocking(again, True)
-                os.dup2(again, fd)
-                os.close(again)
-                continue
-        with contextlib.suppress(OSError):
-            os.set_blocking(fd, True)
+        setattr(sys, name, io.TextIOWrapper(
+            io.BufferedWriter(_Patient(fd)), encoding=stream.encoding, errors=stream.errors,
+            line_buffering=stream.line_buffering, write_through=stream.write_through))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

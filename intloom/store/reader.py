@@ -615,7 +615,8 @@ def _older_writer(snapped: RunState | None, folded: RunState) -> bool:
     as False from an older snapshot. Such a snapshot is no disagreement with the log (verify
     called it one after an upgrade); nothing else the snapshot says is excused."""
     return (snapped is not None and folded.last_effect_unknown
-            and not snapped.last_effect_unknown and msgspec.structs.replace(folded, last_effect_unknown=False) == snapped)
+            and not snapped.last_effect_unknown
+            and msgspec.structs.replace(folded, last_effect_unknown=False) == snapped)
 
 
 def numbering_refused(layout: Layout, numbers: Iterable[int]) -> IntloomError | None:

@@ -91,8 +91,8 @@ def test_a_non_blocking_stdout_read_slowly_gets_the_whole_output(
     reader was slower than the pipe's 64 KiB: the write failed with EAGAIN, the output cut
     there, CLI_OUTPUT_FAILED saying to free space; under PYTHONUNBUFFERED=1 Python dropped
     the rest of the partial write and the command exited 0 with half its JSON. It now
-    blocks on a description of its own: the whole document, and the parent's pipe end is
-    left non-blocking as it was."""
+    waits for the pipe to take more: the whole document, and the parent's pipe end is left
+    non-blocking as it was."""
     import fcntl
     import termios
 
@@ -113,7 +113,8 @@ def test_a_non_blocking_stdout_read_slowly_gets_the_whole_output(
             return int.from_bytes(size, sys.byteorder)
 
         # The reader is slow: nothing is read until the pipe is full or the command ended.
-        eventually(lambda: pending() >= 65_536 or proc.poll() is not None, timeout=30,
+        capacity = fcntl.fcntl(write_end, fcntl.F_GETPIPE_SZ)
+        eventually(lambda: pending() >= capacity or proc.poll() is not None, timeout=30,
                    what="the pipe full or the command ended")
         data = bytearray()
         while True:
