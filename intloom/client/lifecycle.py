@@ -232,7 +232,8 @@ def _paused_host(pid: int, *, stopping: bool = False, starting: bool = False,
     CLI_SERVICE_BUSY: its way out, "use intloom recover only after its owner has exited",
     is none for a process that is alive and holds the project. The client's "then try
     again" left open whether start would launch over it. ``stopping``: it was paused after
-    it closed its listener on its way out; it was waited for until --timeout. ``starting``:
+    its stop began (in its grace, or after it closed its listener); it was waited for until
+    --timeout, or said to serve again once resumed. ``starting``:
     it was paused before it served; start and stop (``stop``) waited for it, silent, for
     300 s, and advised a kill -TERM that a stopped process does not take."""
     doing = ("Nothing was sent: a stop can be asked only of a host that serves." if stop
@@ -251,8 +252,8 @@ def _paused_host(pid: int, *, stopping: bool = False, starting: bool = False,
     if stopping:
         return IntloomError(
             "CLI_SERVICE_UNAVAILABLE",
-            f"The project's host (pid {pid}) was shutting down (its log says a stop began: "
-            "it was suspending its Runs) and is now stopped by a signal (SIGSTOP or Ctrl-Z): it "
+            f"The project's host (pid {pid}) was shutting down (its log says its stop began) "
+            "and is now stopped by a signal (SIGSTOP or Ctrl-Z): it "
             "holds the project until its stop ends. intloom start did not start "
             f"a second host beside it. Resume it with kill -CONT {pid}: it then finishes its "
             "stop and exits, and intloom start starts a new host.",
@@ -1558,7 +1559,7 @@ def _stop_timed_out(target: _Target, timeout: float, asked: _Asked) -> str:
         # Every other command names the pause and kill -CONT; "run intloom stop again to
         # wait for it" waited for a process that does nothing until resumed.
         return (f"The host (pid {target.pid}) began its stop and is stopped by a signal "
-                "(SIGSTOP, Ctrl-Z or a debugger): it suspends nothing and releases nothing "
+                "(SIGSTOP or Ctrl-Z): it suspends nothing and releases nothing "
                 f"until it is resumed, and had not released its files within {timeout:g} s. "
                 f"{said} Resume it with kill -CONT {target.pid}: it then finishes its stop "
                 "and exits (intloom stop again waits for that).")

@@ -272,10 +272,10 @@ def _start_over_a_host_paused_in_its_grace(project: Project) -> None:
     assert project.cli("flow", "grace", "--intent", "i", "--detach").code == 0
     eventually(lambda: (project.root / "started").exists(), timeout=30,
                what="the Step to start")
-    # Its --timeout runs out while the host is paused: start's hello to it waits 5 s.
+    # Its --timeout runs out while the host is paused: the pause lasts until it has.
     stop = subprocess.Popen(
         [sys.executable, "-m", "intloom", "--project", str(project.root), "--json", "stop",
-         "--timeout", "4"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+         "--timeout", "6"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     logs = project.state / "logs"
     try:
         eventually(lambda: any(b'"service_stopping"' in log.read_bytes()
@@ -284,6 +284,8 @@ def _start_over_a_host_paused_in_its_grace(project: Project) -> None:
         os.kill(pid, signal.SIGSTOP)
         try:
             start = project.cli("--json", "start", "--timeout", "30", timeout=120)
+            eventually(lambda: stop.poll() is not None, timeout=60,
+                       what="the stop's --timeout to run out")
         finally:
             os.kill(pid, signal.SIGCONT)
         assert start.code != 0, start
