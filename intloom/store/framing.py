@@ -186,6 +186,9 @@ class Damage(msgspec.Struct):
     # past the end of the file), all that a write cut short by a crash of the process can
     # leave. False for a length-complete frame that fails its checksum.
     cut_short: bool = False
+    # The bytes begin as a frame does (its marker, or as much of it as they hold): else
+    # they are no frame at all (zeros, bytes appended by something else), however long.
+    marked: bool = True
 
 
 class SegmentScan(msgspec.Struct):
@@ -345,7 +348,7 @@ def _scan_frames(scan: SegmentScan, data: bytes, p: int) -> None:
         scan.damage.append(
             Damage(p, end, q == -1, sealed_at is not None, _candidates(data, p, end, size),
                    data[p:end] if end - p <= _KEEP_DAMAGED else b"",
-                   q == -1 and _cut_short(data, p))
+                   q == -1 and _cut_short(data, p), data.startswith(FRAME_MAGIC[:end - p], p))
         )
         p = end
     scan.sealed = sealed_at is not None

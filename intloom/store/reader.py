@@ -655,7 +655,7 @@ def refused_file(root: Path) -> IntloomError | None:
         if check_dir(layout.snap):
             check_dir(layout.live)
         numbers, _ = _list_wal(layout)
-        # Refused before any file is read, as a start refuses it.
+        # A start refuses it too, once it has read the log: said before any file is read.
         refused = numbering_refused(layout, numbers)
         if refused is not None:
             return refused
@@ -750,7 +750,7 @@ def tail_finding(scan: SegmentScan, damage: Damage) -> str:
     # Bytes that do not begin with a frame's marker are no frame at all (zeros an OS crash
     # left in unwritten pages, or bytes appended by something else): "its last frame has
     # its whole length" said of them stated a fact that was not found.
-    marker = not damage.raw or damage.raw.startswith(FRAME_MAGIC[:len(damage.raw)])
+    marker = damage.marked
     if scan.is_torn(damage):
         what = (f"a complete-length last frame at offset {damage.start} ({size} bytes) that "
                 "fails its checksum" if marker else

@@ -666,7 +666,7 @@ def test_init_refuses_a_umask_that_takes_the_owners_read_permission(tmp_path: Pa
         "writes would have mode 0200"), refused.value.message
     assert "nothing was written. Set a umask that does not (umask 022" in refused.value.message
     assert list(target.iterdir()) == []
-    assert scaffold(target) == target  # the retry its message advises, under this umask
+    assert scaffold(target) == target  # the retry its message advises, the umask put back
 
 
 def test_init_in_a_read_only_directory_says_nothing_was_written(tmp_path: Path) -> None:

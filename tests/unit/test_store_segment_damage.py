@@ -211,25 +211,26 @@ def test_a_complete_last_frame_failing_its_checksum_from_before_boot_is_named_ho
     assert [h.verdict for h in read_history(root, "RUN-B")][-1] == "torn"
 
 
-def test_appended_bytes_that_are_no_frame_are_not_called_one(tmp_path: Path) -> None:
+@pytest.mark.parametrize("size", [200, (1 << 20) + 1])  # past what a Damage keeps of them
+def test_appended_bytes_that_are_no_frame_are_not_called_one(tmp_path: Path, size: int) -> None:
     """200 zero bytes after a segment's last frame were reported as "its last frame has its
     whole length but fails its checksum": there is no frame marker there at all."""
     root = tmp_path / "runtime"
     _crashed(root)
     seg = root / SEG2
     end = seg.stat().st_size
-    seg.write_bytes(seg.read_bytes() + bytes(200))
+    seg.write_bytes(seg.read_bytes() + bytes(size))
     [finding] = read_runs_report(root).files
     assert finding.kind == "corrupt", finding
     assert finding.problem == (
-        f"bytes {end}..{end + 200} are damaged (its last bytes do not begin with a frame's "
+        f"bytes {end}..{end + size} are damaged (its last bytes do not begin with a frame's "
         "marker, and the segment was last written after the OS last started, so no crash can "
         "have torn it)"), finding
     before_boot = _booted_ns() - 3600 * 10**9  # what an OS crash may leave: torn
     os.utime(seg, ns=(before_boot, before_boot))
     [finding] = read_runs_report(root).files
     assert finding.kind == "torn" and finding.problem.startswith(
-        f"ends with 200 bytes at offset {end} that do not begin with a frame's marker: a "
+        f"ends with {size} bytes at offset {end} that do not begin with a frame's marker: a "
         "crash mid-write or damage."), finding
 
 
