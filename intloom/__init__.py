@@ -64,13 +64,17 @@ if TYPE_CHECKING:
     from intloom.errors import IntloomError
 
 
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'intloom' has no attribute {name!r}")
-    value = getattr(import_module(module), name)
-    globals()[name] = value
-    return value
+# Not seen by type checkers: a module __getattr__ typed Any made every name imported from
+# here check, a misspelt one too (`from intloom.client import RunVeiw` passed
+# mypy --strict as Any, and failed at import).
+if not TYPE_CHECKING:
+    def __getattr__(name: str) -> Any:
+        module = _WHERE.get(name)
+        if module is None:
+            raise AttributeError(f"module 'intloom' has no attribute {name!r}")
+        value = getattr(import_module(module), name)
+        globals()[name] = value
+        return value
 
 
 def __dir__() -> list[str]:

@@ -54,11 +54,15 @@ _WHERE = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(import_module(module), name)
+# Not seen by type checkers: a module __getattr__ typed Any made every name imported from
+# here check, a misspelt one too (`from intloom.client import RunVeiw` passed
+# mypy --strict as Any, and failed at import).
+if not TYPE_CHECKING:
+    def __getattr__(name: str) -> Any:
+        module = _WHERE.get(name)
+        if module is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        return getattr(import_module(module), name)
 
 
 def __dir__() -> list[str]:
