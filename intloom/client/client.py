@@ -165,7 +165,18 @@ def _offline(paths: ProjectPaths, message: str | None, *,
 
     lock = starting_owner(paths, service_json_gone=service_json_gone)
     if lock is None:
-        return IntloomError("CLI_SERVICE_OFFLINE", _start_refused(paths, message))
+        # No host answers, and service.lock is left (a host that died in its start-up, or a
+        # crash's leftovers): the "Run intloom start" of the catalogue's message is refused
+        # with CLI_SERVICE_BUSY. Said as status says it, with the way out.
+        said = message if message is not None else error_view("CLI_SERVICE_OFFLINE").message
+        return IntloomError(
+            "CLI_SERVICE_OFFLINE",
+            _start_refused(paths, f"{said.removesuffix(' Run intloom start.')} "
+                                  f"{paths.service_lock} is left, and no host answers for it: "
+                                  "intloom start refuses the project until it is removed "
+                                  "(CLI_SERVICE_BUSY). Run intloom status: once its owner has "
+                                  "exited, intloom recover removes it, then intloom start."),
+        )
     return ServiceStarting(
         "CLI_SERVICE_UNAVAILABLE",
         starting_message(lock.pid, lock.started_at, "Nothing was sent. Retry in a moment "

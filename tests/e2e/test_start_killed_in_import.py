@@ -86,6 +86,12 @@ def test_a_first_start_killed_in_a_workflow_import_is_recovered_as_doctor_says(
             ) in error["message"], error
     assert "intloom doctor" in error["message"] and "intloom recover" in error["message"]
     assert (slow.state / "service.lock").exists()  # stale: its owner was killed
+    # A command that needs the host said "offline. Run intloom start", which start refuses
+    # (CLI_SERVICE_BUSY) over that lock; it names the lock and the way out.
+    offline = slow.cli("runs", "--json").json["error"]
+    assert offline["code"] == "CLI_SERVICE_OFFLINE", offline
+    assert "service.lock is left, and no host answers for it" in offline["message"], offline
+    assert "intloom recover removes it, then intloom start" in offline["message"], offline
     (slow.root / "release").write_text("")  # doctor imports the Workflows too
 
     doctor = slow.cli("doctor", "--json").json
