@@ -775,6 +775,10 @@ class Client:
         if stream and isinstance(request, Subscribe):  # its events were being read
             cut = self._cut_by_host(request)
             if cut is not None:
+                # The same host instance closed a read on purpose and nothing is in flight:
+                # this Client connects again to it at its next request, as after a timeout
+                # (it refused the very "subscribe again" its message advised).
+                self._reopen = True
                 return cut
         if timed_out and isinstance(request, CompleteAgentCall):
             return self._completion_outwaited(request)
@@ -841,9 +845,10 @@ class Client:
             f"(pid {self.hello.pid}) still serves: a host closes the stream of a follower "
             "that leaves too many of its events unread (its log then says "
             "follower_too_slow) and goes on with the Run. The events after the last one "
-            f"received are missing here. Subscribe again (intloom attach {run_id}) to see "
-            f"its recent history, or intloom inspect {run_id} for every record; read the "
-            "events as they come to keep up.",
+            f"received are missing here. Subscribe again (this Client connects again to that "
+            f"host; or intloom attach {run_id}) to see its recent history, or intloom "
+            f"inspect {run_id} for every record; read the events as they come to keep up.",
+            retryable=True,  # a read, and the host that cut it still serves
         )
 
     def _closed_meanwhile(self, request: Request, what: str) -> IntloomError:
@@ -1089,7 +1094,9 @@ class Client:
             "INVALID_REQUEST",
             f"This Client is streaming Run {self._streaming}'s events (subscribe) on its "
             "connection; a request sent on it now would be mixed with them. Nothing was "
-            "sent. Use a second Client (Client.connect) for requests while a stream runs.",
+            "sent. Use a second Client (Client.connect) for requests while a stream runs; "
+            "or, done with the stream, close its generator (events.close()): a break out of a "
+            "loop over a generator kept in a variable leaves it open.",
         )
 
     def _call(self, request: Request, expect: type[_R]) -> _R:

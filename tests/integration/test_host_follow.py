@@ -153,6 +153,10 @@ def test_a_client_cut_as_too_slow_is_told_its_host_still_serves(
         assert "may have stopped or crashed" not in message, message
         assert f"its host (pid {follower.hello.pid}) still serves" in message, message
         assert "follower_too_slow" in message and f"intloom inspect {run.run_id}" in message
+        # A read the host that serves on closed: safe to send again, on this very Client,
+        # which refused it ("its connection broke") with retryable false.
+        assert caught.value.retryable is True
+        assert follower.get_run(run.run_id).run_id == run.run_id
         assert client.get_run(run.run_id).status == "running"
         client.cancel(run.run_id)
 
