@@ -1006,6 +1006,20 @@ class Client:
         try:
             fresh = Client.connect(self.root, timeout=self.connect_timeout,
                                    request_timeout=self.request_timeout)
+        except HelloFailed as exc:
+            # A listener that took the connection and did not answer the hello (a host paused
+            # by a signal, or too busy): that same host may serve again, and nothing is in
+            # flight, so this Client stays free to connect again; "stays closed" lost it for
+            # good, after a kill -CONT its own message advised.
+            self._shut(why, reopen=True)
+            raise IntloomError(
+                "PROJECT_CONNECTION_FAILED",
+                f"This client's connection is gone ({why}), and connecting again failed "
+                f"({exc.code}: {exc.message}) Nothing was sent. This Client connects again "
+                "at its next request, to the same host instance only: send it again once "
+                "that host answers.",
+                retryable=True,
+            ) from exc
         except IntloomError as exc:
             self._shut(f"{why}, and connecting again failed")
             # The connection is lost either way: say so, with why connecting again failed.

@@ -47,3 +47,33 @@ def test_stop_timeout_bounds_the_hello_and_says_the_request_was_not_sent(
     assert ok(project.cli("status", "--json"))["service"]["pid"] == pid
     assert ok(project.cli("stop", "--json"))["stopped"] is True
     eventually(lambda: not pid_alive(pid), timeout=15, what=f"host {pid} to exit")
+
+
+def test_a_client_whose_retry_met_a_paused_host_serves_again_once_it_is_resumed(
+    project: Project,
+) -> None:
+    """A read timed out on a paused host (SIGSTOP) and was sent again on the same Client, as
+    its message says, while the host was still paused: connecting again failed, and the
+    Client "stays closed" for good, though that same host served again after kill -CONT
+    and nothing was in flight."""
+    from intloom.client import Client
+    from intloom.errors import IntloomError
+
+    assert project.cli("start").code == 0
+    pid = project.host_pid()
+    with Client.connect(project.root, timeout=2, request_timeout=1) as client:
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(IntloomError) as first:
+                client.runs()
+            assert first.value.code == "PROJECT_REQUEST_FAILED" and first.value.retryable
+            with pytest.raises(IntloomError) as again:
+                client.runs()
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert again.value.code == "PROJECT_CONNECTION_FAILED", again.value
+        assert again.value.retryable is True, again.value
+        assert "connects again at its next request" in again.value.message, again.value
+        assert client.runs() == []  # the same Client, the same host instance
+    assert ok(project.cli("stop", "--json"))["stopped"] is True
+    eventually(lambda: not pid_alive(pid), timeout=15, what=f"host {pid} to exit")
