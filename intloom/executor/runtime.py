@@ -568,6 +568,7 @@ def _not_current(slot: RunSlot, action_id: str, elsewhere: RunSlot | None = None
 
 # The length of an action's id (clock.action_id): ASK- and 21 characters.
 _ACTION_ID_LENGTH: Final = 25
+_CALL_ID_LENGTH: Final = 26  # clock.call_id: "CALL-" and 21 characters
 _RUN_ID_LENGTH: Final = 45  # clock.run_id: RUN-, a stamp to the ms, 21 random characters
 
 
@@ -665,9 +666,17 @@ def _answer_gist(answer: Any) -> str:
     return "an answer"
 
 
-def _not_current_task(slot: RunSlot, view: RunView, call_id: str) -> str:
-    """Why Agent task ``call_id`` takes no more requests, and what the Agent can do."""
+def _not_current_task(slot: RunSlot, view: RunView, call_id: str,
+                      completed: str | None = None) -> str:
+    """Why Agent task ``call_id`` takes no more requests, and what the Agent can do.
+    ``completed``: the outcome the Run's journal holds for that task's completion, when an
+    earlier host recorded one (``Runtime._recall_completion``)."""
     fact = f"Agent task {call_id} is not Run {slot.run_id}'s current task"
+    if completed is not None:
+        # A retry whose reply was lost with its host: told only that the Run was
+        # interrupted and to start a new Run, the Agent took its work for lost.
+        fact += (f": its completion (outcome {clip(completed, _QUOTED_REASON)!r}) was "
+                 "recorded and the Run went on")
     call, action, error = view.pending_agent_call, slot.state.pending_action, view.last_error
     if view.status == "waiting" and call is not None:
         return f"{fact}: the Run now waits on Agent task {call.id} ({call.phase}); use that one."
@@ -678,6 +687,10 @@ def _not_current_task(slot: RunSlot, view: RunView, call_id: str) -> str:
         return f"{fact}: the Run has completed and takes no more work."
     if view.status == "failed" and error is not None and error.code == "RUN_INTERRUPTED":
         quoted = clip(error.message, _QUOTED_REASON)
+        if completed is not None:
+            return (f"{fact}, then was interrupted (RUN_INTERRUPTED: {quoted}). Nothing was "
+                    "done. Start a new Run for what it had left to do; intloom cancel "
+                    f"{slot.run_id} dismisses it.")
         # A Run interrupted while it waited on a task says so in its own evidence.
         lost = "" if NOT_RESTORED in quoted else f"; {NOT_RESTORED}"
         return (f"{fact}: the Run was interrupted (RUN_INTERRUPTED: {quoted}){lost}. Start a "
@@ -1610,9 +1623,32 @@ class Runtime:
                 raise IntloomError(
                     "CONFLICT", f"Agent task {call_id} is Run {owner}'s task, not Run "
                     f"{run_id}'s; nothing was done. Send the request with run id {owner}.")
+            completed = await self._recall_completion(slot, call_id)
             await self._caught_up(slot)
-            raise IntloomError("CONFLICT", _not_current_task(slot, slot.view(), call_id))
+            raise IntloomError("CONFLICT", _not_current_task(slot, slot.view(), call_id,
+                                                             completed))
         return slot, call
+
+    async def _recall_completion(self, slot: RunSlot, call_id: str) -> str | None:
+        """Before a refusal of ``call_id`` that memory cannot explain (a task of an earlier
+        host: its claims and ends are not restored): the outcome the Run's journal records
+        for that task's completion, or None. Only for an id shaped as a task's
+        (clock.call_id) that this host does not know; reading fails quietly."""
+        if (not call_id.startswith("CALL-") or len(call_id) != _CALL_ID_LENGTH
+                or call_id in (end.call_id for end in self._agent_ended.values())):
+            return None
+        try:
+            records = await self.driver.offload(self.journal.history, slot.run_id,
+                                                slot.shown.seq)
+        except Exception:  # a refusal is worded without it
+            return None
+        task = False  # whether the records read so far are that task's
+        for record in records:
+            if type(record) is Waiting:
+                task = record.agent_call is not None and record.agent_call.id == call_id
+            elif task and type(record) is StepResult:
+                return record.outcome
+        return None
 
     def _task_owner(self, call_id: str) -> str | None:
         """The Run whose current or last ended Agent task is ``call_id``, if this host knows it

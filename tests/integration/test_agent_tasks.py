@@ -248,12 +248,14 @@ def test_a_task_retried_after_its_run_was_interrupted_quotes_the_runs_error_boun
         assert order in error.message  # the Run keeps its evidence whole
         message = _refused(lambda: agent.complete_agent_call(run.run_id, call, token, "found",
                                                              {}), "CONFLICT")
-    assert message.startswith(f"Agent task {call} is not Run {run.run_id}'s current task: the "
-                              "Run was interrupted (RUN_INTERRUPTED: Execution was "), message
+    # Its completion was recorded before the host died (the Run went on to pay): it said
+    # only "the Run was interrupted ... Start a new Run for this work", as if it were lost.
+    assert message.startswith(f"Agent task {call} is not Run {run.run_id}'s current task: its "
+                              "completion (outcome 'found') was recorded and the Run went on, "
+                              "then was interrupted (RUN_INTERRUPTED: Execution was "), message
     assert "more characters cut]" in message, message
-    assert message.endswith("claims, owner tokens and Tool receipts are not restored. Start "
-                            f"a new Run for this work; intloom cancel {run.run_id} dismisses "
-                            "it."), message
+    assert message.endswith("Nothing was done. Start a new Run for what it had left to do; "
+                            f"intloom cancel {run.run_id} dismisses it."), message
     assert len(message) < 1000, len(message)
 
 
