@@ -148,6 +148,15 @@ class CliState:
         project, or fail."""
         if self.json_mode or not self.copyable.seen:
             return None
+        if self.resolved is None and self.project is not None:
+            # Refused before the command looked for its project (an ANSWER that is not
+            # JSON), its message naming a command to copy: the line was left out.
+            from intloom.errors import IntloomError
+
+            try:
+                self.root()
+            except IntloomError:
+                return None  # no project there: its commands would fail anywhere
         differs, here = self._here()
         if not differs or self.resolved is None:
             return None

@@ -1287,6 +1287,11 @@ def test_commands_printed_for_another_project_reach_it(
     where = (f"The intloom commands above are for {root}; run from here they would act on "
              f"{there}. Run them from {root}, or add --project {root} to them.")
     assert err.splitlines()[-1] == where and err.count(where) == 1, err  # once, last
+    # Refused before the command looked for its project (an ANSWER that is not JSON), its
+    # message naming intloom runs: the line was left out.
+    code, _, err = cli(capsys, "--project", str(proj), "answer", "RUN-1", "ACT-1", "notjson")
+    assert code == 1 and "intloom runs prints the command" in err, err
+    assert err.splitlines()[-1] == where, err
 
 
 def test_commands_printed_for_the_working_directorys_project_stay_as_they_are(
