@@ -310,8 +310,9 @@ class Renderer:
                               highlight=False, soft_wrap=True)
                 for row in rows:
                     console.print(escape(row[0]), highlight=False, soft_wrap=True)
-                    console.print("  " + escape(" · ".join(row[1:])), highlight=False,
-                                  soft_wrap=True)
+                    # An empty cell as "-": " ·  · " read as a stray separator.
+                    console.print("  " + escape(" · ".join(cell or "-" for cell in row[1:])),
+                                  highlight=False, soft_wrap=True)
                 return
             table = Table(box=None, header_style="bold", pad_edge=False)
             for name in columns:

@@ -310,10 +310,12 @@ def test_a_very_narrow_terminal_folds_no_header_either(
     run_id = "RUN-20261130T153947918Z-jD4bXnc9sfH8bFJBxyzAbCdEf"
     at = "2026-11-30T15:39:47.933Z"
     Renderer().table(["RUN", "WORKFLOW", "STATUS", "CURSOR", "UPDATED"],
-                     [[run_id, "example", "waiting", "draft/review", at]])
+                     [[run_id, "example", "waiting", "draft/review", at],
+                      [run_id, "example", "", "", at]])  # empty cells (flows' failed source)
     lines = re.sub(r"\x1b\[[0-9;]*m", "", out.getvalue()).splitlines()
     assert lines == ["RUN", "  WORKFLOW · STATUS · CURSOR · UPDATED",
-                     run_id, f"  example · waiting · draft/review · {at}"]
+                     run_id, f"  example · waiting · draft/review · {at}",
+                     run_id, f"  example · - · - · {at}"]  # not "example ·  ·  · ..."
 
 
 HOSTILE = ("ünïcødé 💥 \x00 nul \n newline \x1b[31mred\x1b[0m \r\t \x7f \x9b \u202e rtl "
