@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import secrets
 import time
-from datetime import UTC, datetime
 
 __all__ = ["action_id", "call_id", "now", "run_id"]
 
@@ -41,8 +40,10 @@ def _random(n: int = 21) -> str:
     return secrets.token_urlsafe(16)[:n]
 
 
-def run_id() -> str:
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%f")[:-3] + "Z"
+def run_id(at: str | None = None) -> str:
+    """``RUN-<stamp>-<random>``, its stamp ``at`` (a ``now()``; the clock's now without):
+    read apart, the id's stamp could be a millisecond after the Run's createdAt."""
+    stamp = (at or now()).replace("-", "").replace(":", "").replace(".", "")
     return f"RUN-{stamp}-{_random()}"
 
 

@@ -1206,7 +1206,7 @@ class Runtime:
                 "path (or a short description) as the intent.",
             )
         now = clock.now()
-        run_id = clock.run_id()
+        run_id = clock.run_id(now)
         header = Header(
             at=now,
             run_id=run_id,

@@ -42,3 +42,12 @@ def test_the_cached_second_never_serves_another_second(
         monkeypatch.setattr("intloom.executor.clock.time.time_ns",
                             lambda v=base + offset_ns: v)
         assert clock.now() == _reference(base + offset_ns)
+
+
+def test_a_run_ids_stamp_is_its_created_at() -> None:
+    """The id's stamp was read from the clock apart from the Run's createdAt: it could be a
+    millisecond later than the Run said it was created."""
+    at = "2026-12-04T19:06:28.232Z"
+    run_id = clock.run_id(at)
+    assert run_id.startswith("RUN-20261204T190628232Z-") and len(run_id) == 45, run_id
+    assert clock.run_id().startswith("RUN-2")  # the clock's now, in the same shape
