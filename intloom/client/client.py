@@ -598,6 +598,9 @@ class Client:
         # host may be gone.
         self._closed_why = "it was closed (Client.close, or the end of its with block)"
         self._reopen = False
+        # close() was called: final, whatever a request in another thread then finds (a
+        # reconnect that failed or a stream cut must not make the Client usable again).
+        self._closed_by_program = False
         self.hello = hello
         self.info = info
         self.root = root
@@ -736,10 +739,13 @@ class Client:
 
     def close(self) -> None:
         """Close the connection; a later request on this Client is refused."""
+        self._closed_by_program = True
         self._shut(_CLOSED_HERE)
 
     def _shut(self, why: str, *, reopen: bool = False) -> None:
         sock, self._sock = self._sock, None
+        if self._closed_by_program:
+            why, reopen = _CLOSED_HERE, False
         self._closed_why, self._reopen = why, reopen
         if sock is not None:
             # A request another thread waits on would not notice a bare close (the kernel
@@ -760,7 +766,7 @@ class Client:
     def _broken(self, request: Request, fact: str, *, timed_out: bool = False,
                 stream: bool = False) -> IntloomError:
         what = _REQUEST_WORDS.get(type(request).__name__, f"the {type(request).__name__} request")
-        if self._sock is None and self._closed_why == _CLOSED_HERE:
+        if self._sock is None and self._closed_by_program:
             return self._closed_meanwhile(request, what)
         if timed_out:
             # As after Ctrl-C (_interrupted): its reply may still come on this connection, so
@@ -778,7 +784,7 @@ class Client:
                 # The same host instance closed a read on purpose and nothing is in flight:
                 # this Client connects again to it at its next request, as after a timeout
                 # (it refused the very "subscribe again" its message advised).
-                self._reopen = True
+                self._reopen = not self._closed_by_program
                 return cut
         if timed_out and isinstance(request, CompleteAgentCall):
             return self._completion_outwaited(request)
@@ -1012,6 +1018,8 @@ class Client:
             # flight, so this Client stays free to connect again; "stays closed" lost it for
             # good, after a kill -CONT its own message advised.
             self._shut(why, reopen=True)
+            if self._closed_by_program:  # close() from another thread meanwhile
+                raise self._no_connection() from None
             raise IntloomError(
                 "PROJECT_CONNECTION_FAILED",
                 f"This client's connection is gone ({why}), and connecting again failed "
@@ -1052,7 +1060,7 @@ class Client:
         sock = self._sock = fresh._sock
         fresh._sock = None
         assert sock is not None
-        if self._closed_why == _CLOSED_HERE:
+        if self._closed_by_program:
             # close() from another thread while the hello waited: the Client took the new
             # socket anyway, sent the request and served on, and the socket was never
             # closed. Checked after taking it, so a close() at any point is honoured.
