@@ -165,17 +165,21 @@ def _offline(paths: ProjectPaths, message: str | None, *,
 
     lock = starting_owner(paths, service_json_gone=service_json_gone)
     if lock is None:
-        # No host answers, and service.lock is left (a host that died in its start-up, or a
-        # crash's leftovers): the "Run intloom start" of the catalogue's message is refused
-        # with CLI_SERVICE_BUSY. Said as status says it, with the way out.
-        said = message if message is not None else error_view("CLI_SERVICE_OFFLINE").message
+        from intloom.host.liveness import gone_owner
+
+        left = gone_owner(paths)
+        if left is None:  # an owner alive or unknown: start says what it is
+            return IntloomError("CLI_SERVICE_OFFLINE", _start_refused(paths, message))
+        # A host that died (in its start-up, say) left service.lock: the "Run intloom start"
+        # of the other messages is refused with CLI_SERVICE_BUSY. Said as status says it.
         return IntloomError(
             "CLI_SERVICE_OFFLINE",
-            _start_refused(paths, f"{said.removesuffix(' Run intloom start.')} "
-                                  f"{paths.service_lock} is left, and no host answers for it: "
-                                  "intloom start refuses the project until it is removed "
-                                  "(CLI_SERVICE_BUSY). Run intloom status: once its owner has "
-                                  "exited, intloom recover removes it, then intloom start."),
+            _start_refused(paths, f"The project service is offline: its last host (pid "
+                                  f"{left.pid}) has exited without removing "
+                                  f"{paths.service_lock} (it was killed, or crashed), and "
+                                  "intloom start refuses the project until that file is "
+                                  "removed (CLI_SERVICE_BUSY). Run intloom recover (intloom "
+                                  "doctor says what it removes), then intloom start."),
         )
     return ServiceStarting(
         "CLI_SERVICE_UNAVAILABLE",

@@ -292,6 +292,21 @@ def starting_owner(paths: ProjectPaths, *, service_json_gone: bool = False) -> S
     return lock if starting else None
 
 
+def gone_owner(paths: ProjectPaths) -> ServiceLock | None:
+    """The lock record of ``service.lock`` when its owner is provably gone (``judge``: the
+    process gone and the OS lock free), read now; None otherwise (no file, unreadable, an
+    owner alive or unknown: nothing here is proof)."""
+    try:
+        lock = read_lock(paths.service_lock)
+    except IntloomError:
+        return None
+    if lock is None:
+        return None
+    process = probe_process(lock.pid, lock.create_time, lock.boot_id, boot_id(),
+                            paths.service_lock)
+    return lock if judge(probe_lock(paths.service_lock), process) == "gone" else None
+
+
 def unheld_lock(path: Path) -> tuple[int, int] | None:
     """The identity (device, inode) of ``path`` when it is a regular file whose OS lock
     nobody holds, else None. The lock is probed on the very file opened, and that file is

@@ -90,8 +90,11 @@ def test_a_first_start_killed_in_a_workflow_import_is_recovered_as_doctor_says(
     # (CLI_SERVICE_BUSY) over that lock; it names the lock and the way out.
     offline = slow.cli("runs", "--json").json["error"]
     assert offline["code"] == "CLI_SERVICE_OFFLINE", offline
-    assert "service.lock is left, and no host answers for it" in offline["message"], offline
-    assert "intloom recover removes it, then intloom start" in offline["message"], offline
+    assert offline["message"] == (
+        f"The project service is offline: its last host (pid {lock['pid']}) has exited "
+        f"without removing {slow.state / 'service.lock'} (it was killed, or crashed), and "
+        "intloom start refuses the project until that file is removed (CLI_SERVICE_BUSY). Run "
+        "intloom recover (intloom doctor says what it removes), then intloom start."), offline
     (slow.root / "release").write_text("")  # doctor imports the Workflows too
 
     doctor = slow.cli("doctor", "--json").json
