@@ -25,6 +25,7 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 
 from intloom.cli import coercion, exit_codes
+from intloom.cli.blocking import blocking_output
 from intloom.cli.inputs import UsageError
 from intloom.cli.options import CliState, DebugOpt, Interrupted, JsonOpt, ProjectOpt
 from intloom.errors import ErrorView, IntloomError, error_view, quoting_bounded
@@ -422,62 +423,10 @@ def _standard_fds() -> None:
                                     encoding="utf-8", closefd=False))
 
 
-class _Patient(io.RawIOBase):
-    """A descriptor written as a blocking one, whatever its mode: a write that would block
-    (EAGAIN) waits until the descriptor takes more. Its mode is left as it is: the open
-    file description is shared with the parent (a terminal, a socket), which may rely on
-    it."""
-
-    def __init__(self, fd: int) -> None:
-        super().__init__()
-        self._fd = fd
-
-    def writable(self) -> bool:
-        return True
-
-    def fileno(self) -> int:
-        return self._fd
-
-    def isatty(self) -> bool:
-        return os.isatty(self._fd)
-
-    def write(self, data: Any) -> int:
-        import select
-
-        while True:
-            try:
-                return os.write(self._fd, data)
-            except BlockingIOError:
-                select.select([], [self._fd], [])
-
-
-def _blocking_output() -> None:
-    """Write stdout and stderr as blocking when a parent handed them over non-blocking
-    (O_NONBLOCK, left by an event loop): a reader slower than the pipe's buffer made a
-    write fail with EAGAIN, the output cut there (``CLI_OUTPUT_FAILED`` saying to free
-    space), and under ``PYTHONUNBUFFERED=1`` Python dropped the rest of a partial write and
-    the command exited 0 with half a JSON document. The stream is rebuilt over ``_Patient``,
-    with the settings it had."""
-    for name in ("stdout", "stderr"):
-        stream = getattr(sys, name)
-        if not isinstance(stream, io.TextIOWrapper):
-            continue
-        try:
-            fd = stream.fileno()
-            if os.get_blocking(fd):
-                continue
-            stream.flush()
-        except (OSError, ValueError):
-            continue
-        setattr(sys, name, io.TextIOWrapper(
-            io.BufferedWriter(_Patient(fd)), encoding=stream.encoding, errors=stream.errors,
-            line_buffering=stream.line_buffering, write_through=stream.write_through))
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code (see ``intloom.cli.exit_codes``)."""
     _standard_fds()
-    _blocking_output()
+    blocking_output()
     args = list(sys.argv[1:] if argv is None else argv)
     state = CliState(json_mode=_json_requested(args))
     _encodable_stdout(state.json_mode)

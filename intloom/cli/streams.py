@@ -20,6 +20,7 @@ import sys
 import threading
 from typing import Any, TextIO, cast
 
+from intloom.cli.blocking import text_writer
 from intloom.cli.render import Renderer
 
 __all__ = ["foreground_streams"]
@@ -79,8 +80,9 @@ def foreground_streams(renderer: Renderer) -> None:
             sys.stdout.flush()
             kept = os.dup(sys.stdout.fileno())
             os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
-            renderer.stdout = cast(TextIO, _ReaderMayGo(
-                open(kept, "w", encoding="utf-8")))  # noqa: SIM115 (the command's life)
+            # A non-blocking stdout (a socket) is written through blocking.Patient, as
+            # sys.stdout is (app.main): a plain file over it lost the document to EAGAIN.
+            renderer.stdout = cast(TextIO, _ReaderMayGo(text_writer(kept, encoding="utf-8")))
     # Piped (a supervisor's log, | tee), stdout is block-buffered: what a Step printed
     # showed up 8 KiB at a time, or only when the host stopped.
     if isinstance(sys.stdout, io.TextIOWrapper):

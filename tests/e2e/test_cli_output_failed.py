@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -83,21 +84,34 @@ def test_help_to_a_full_stdout_is_a_known_error(tmp_path: Path, args: list[str])
     assert "No space left on device (ENOSPC)" in line, line
 
 
+@pytest.mark.parametrize("kind", ["pipe", "socket"])
 @pytest.mark.parametrize("unbuffered", [False, True])
 def test_a_non_blocking_stdout_read_slowly_gets_the_whole_output(
-    project: Project, unbuffered: bool,
+    project: Project, unbuffered: bool, kind: str,
 ) -> None:
     """A stdout handed over non-blocking (O_NONBLOCK, left by a parent's event loop) whose
     reader was slower than the pipe's 64 KiB: the write failed with EAGAIN, the output cut
     there, CLI_OUTPUT_FAILED saying to free space; under PYTHONUNBUFFERED=1 Python dropped
-    the rest of the partial write and the command exited 0 with half its JSON. It now
-    waits for the pipe to take more: the whole document, and the parent's pipe end is left
-    non-blocking as it was."""
+    the rest of the partial write and the command exited 0 with half its JSON. A pipe is
+    opened again as a blocking description of the command's own; a socket is written
+    through a writer that waits. Either way the whole document arrives, and the parent's
+    end is left non-blocking as it was."""
     import fcntl
+    import socket
     import termios
 
     run_id, _ = started_waiting(project, intent="x" * 120_000)
-    read_end, write_end = os.pipe()
+    if kind == "pipe":
+        read_end, write_end = os.pipe()
+        full = fcntl.fcntl(write_end, fcntl.F_GETPIPE_SZ)
+    else:
+        ours, theirs = socket.socketpair()
+        ours.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        theirs.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        read_end, write_end = os.dup(ours.fileno()), os.dup(theirs.fileno())
+        ours.close()
+        theirs.close()
+        full = 4096
     os.set_blocking(write_end, False)
     env = {**os.environ, "NO_COLOR": "1"}
     env.pop("PYTHONUNBUFFERED", None)
@@ -112,16 +126,17 @@ def test_a_non_blocking_stdout_read_slowly_gets_the_whole_output(
             fcntl.ioctl(read_end, termios.FIONREAD, size)
             return int.from_bytes(size, sys.byteorder)
 
-        # The reader is slow: nothing is read until the pipe is full or the command ended.
-        capacity = fcntl.fcntl(write_end, fcntl.F_GETPIPE_SZ)
-        eventually(lambda: pending() >= capacity or proc.poll() is not None, timeout=30,
-                   what="the pipe full or the command ended")
+        # The reader is slow: nothing is read until the buffer is full or the command ended,
+        # then 4 KiB at a time (the pause between reads is the reader's speed under test).
+        eventually(lambda: pending() >= full or proc.poll() is not None, timeout=30,
+                   what="the buffer full or the command ended")
         data = bytearray()
         while True:
             eventually(lambda: pending() > 0 or proc.poll() is not None, timeout=30,
                        what="more output or the command's end")
             if pending():
-                data += os.read(read_end, 1 << 16)
+                data += os.read(read_end, 4096)
+                time.sleep(0.002)
             elif proc.poll() is not None:
                 break
         stderr = proc.stderr.read().decode() if proc.stderr else ""
@@ -136,5 +151,24 @@ def test_a_non_blocking_stdout_read_slowly_gets_the_whole_output(
         proc.wait(timeout=30)
         if proc.stderr:
             proc.stderr.close()
+        os.close(read_end)
+        os.close(write_end)
+
+
+def test_a_non_blocking_pipe_is_a_blocking_one_for_what_the_command_starts() -> None:
+    """Written through a waiting writer, the command's own output was whole, but descriptor
+    1 stayed on the parent's non-blocking description: a subprocess (a Step's, under start
+    --foreground) writing there got EAGAIN. A pipe is opened again, blocking, as the
+    command's own."""
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    probe = ("import os, sys\nfrom intloom.cli.blocking import blocking_output\n"
+             "blocking_output()\nsys.stderr.write(str(os.get_blocking(1)))\n")
+    try:
+        done = subprocess.run([sys.executable, "-c", probe], stdout=write_end,
+                              stderr=subprocess.PIPE, text=True, timeout=60)
+        assert done.returncode == 0 and done.stderr == "True", done.stderr
+        assert not os.get_blocking(write_end)
+    finally:
         os.close(read_end)
         os.close(write_end)
