@@ -153,6 +153,16 @@ class HelloFailed(IntloomError):
         self.paused = paused
 
 
+def _another_users(sock: socket.socket, pid: int) -> int | None:
+    """The uid owning the other end of ``sock`` when it is not the user host ``pid`` runs
+    as (``intloom.client.peer``); None when it is, or when either cannot be read."""
+    from intloom.client.peer import peer_uid, process_uid
+
+    host = process_uid(pid)
+    theirs = peer_uid(sock) if host is not None else None
+    return theirs if theirs is not None and theirs != host else None
+
+
 def _offline(paths: ProjectPaths, message: str | None, *,
              service_json_gone: bool = False) -> IntloomError:
     """CLI_SERVICE_OFFLINE with ``message``, unless a host holds the project in its start-up
@@ -688,6 +698,16 @@ class Client:
                 f"The local service at 127.0.0.1:{conn.port} is unavailable "
                 f"({exc.strerror or type(exc).__name__}). Run intloom status.",
             ) from None
+        stranger = _another_users(sock, info.pid)
+        if stranger is not None:
+            sock.close()
+            fact = (f"Whatever listens on 127.0.0.1:{conn.port} runs as another user (uid "
+                    f"{stranger}) than the host {paths.service_json.name} names (pid "
+                    f"{info.pid}, alive): a host closes its port as its stop begins, and "
+                    "another program took it. Nothing was sent, the token included.")
+            raise HelloFailed(f"{fact} Run intloom status: once the host has exited, intloom "
+                              "start starts a new one on the port, or, if it is taken, "
+                              "says so.", "the listener is another user's", here=fact)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             send_frame(sock, Hello(protocol=PROTOCOL, token=conn.token, client="intloom-python"))

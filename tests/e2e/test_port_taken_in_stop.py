@@ -1,0 +1,104 @@
+"""A host closes its port as its stop begins and removes service.json only at its end, alive
+all the while: another local user who bound the freed port in that gap was sent the hello of
+any client connecting then, and with it the project's token, which every later start reuses.
+A client sends its hello only when the end of the connection it reached is the host's user's.
+Real host, a real listener run as another user (root only, with setpriv)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from intloom.client.client import Client
+from intloom.client.peer import peer_uid
+from intloom.errors import IntloomError
+from tests.helpers import Project, eventually, pid_alive
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+HOOK = "INTLOOM_TEST_HOLD_UNLISTENED"
+# Binds the port as soon as it is free, then prints what each connection sends.
+LISTENER = '''
+import socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(sys.argv[1])))
+s.listen(16)
+print("BOUND", flush=True)
+s.settimeout(20)
+while True:
+    c, _ = s.accept()
+    c.settimeout(2)
+    try:
+        print("GOT", c.recv(4096).hex(), flush=True)
+    except OSError:
+        print("GOT nothing", flush=True)
+'''
+
+
+def test_the_peer_of_a_loopback_connection_is_read_from_the_kernels_table() -> None:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    client = socket.create_connection(server.getsockname(), timeout=5)
+    try:
+        assert peer_uid(client) == os.geteuid()
+        port = server.getsockname()[1]
+        ours = client.getsockname()[1]
+        table = ("  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt "
+                 "  uid  timeout inode\n"
+                 f"   0: 0100007F:{port:04X} 0100007F:{ours:04X} 01 00000000:00000000 "
+                 "00:00000000 00000000 65534        0 0 1 0000000000000000 20 4 30 10 -1\n")
+        assert peer_uid(client, table) == 65534
+        assert peer_uid(client, table.splitlines()[0]) is None  # no entry: not known
+    finally:
+        client.close()
+        server.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None
+                    or not Path("/usr/bin/python3").exists(),
+                    reason="needs root, setpriv and /usr/bin/python3 to listen as another user")
+def test_a_client_sends_no_token_to_another_users_listener_in_a_stops_gap(
+    project: Project, tmp_path: Path,
+) -> None:
+    gate = tmp_path / "go"
+    assert project.cli("start", env={HOOK: str(gate)}).code == 0
+    pid = project.host_pid()
+    token = project.state.joinpath("connection.json").read_text()
+    port = int(project.cli("--json", "status").json["service"]["port"])
+    listener: subprocess.Popen[str] | None = None
+    try:
+        os.kill(pid, signal.SIGTERM)
+        eventually(lambda: Path(f"{gate}.held").exists(), timeout=60,
+                   what="the stop to close its listener")
+        listener = subprocess.Popen(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+             "/usr/bin/python3", "-c", LISTENER, str(port)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert listener.stdout is not None
+        said = listener.stdout.readline().strip()
+        assert said == "BOUND", (said, listener.poll())
+        with pytest.raises(IntloomError) as refused:
+            Client.connect(project.root, timeout=5)
+        assert refused.value.code == "CLI_SERVICE_UNAVAILABLE", refused.value
+        assert (f"Whatever listens on 127.0.0.1:{port} runs as another user (uid 65534)"
+                in refused.value.message), refused.value
+        assert "Nothing was sent, the token included" in refused.value.message
+    finally:
+        gate.touch()
+        if listener is not None:
+            listener.kill()
+            out, _ = listener.communicate(timeout=30)
+            # It was connected to, and closed before anything was sent.
+            assert all(line in ("BOUND", "GOT ", "GOT nothing") for line in out.split("\n")
+                       if line), out
+            secret = __import__("json").loads(token)["token"]
+            assert secret.encode().hex() not in out
+    eventually(lambda: not pid_alive(pid), timeout=60, what="the host to exit")
