@@ -249,6 +249,28 @@ def config_not_a_file(directory: Path) -> str | None:
             'workflows = ["workflows/example.py"]), then run the command again.')
 
 
+def _foreign_config(root: Path) -> str | None:
+    """Why the ``intloom.toml`` an upward search found in ``root`` is not taken: it belongs
+    to another user. Found in a shared directory above the working directory (/tmp, say),
+    another user's file made every command, doctor's read-only look too, import that
+    user's Workflow code as this one (git refuses such a repository for the same reason).
+    None when it is ours (or cannot be examined: reading it says why)."""
+    try:
+        owner = os.stat(root / CONFIG_NAME).st_uid
+    except OSError:
+        return None
+    me = os.geteuid()
+    if owner == me:
+        return None
+    from intloom.fsutil import shell_arg  # only on this refusal
+
+    return (f"{root / CONFIG_NAME}, found by searching upward from the working directory, "
+            f"belongs to another user (uid {owner}, not {me}): a command would run the "
+            "Workflow code it lists as you, so that project is not used. If it is the "
+            f"project you mean, pass --project {shell_arg(str(root))}; otherwise run "
+            "intloom init for a project of your own.")
+
+
 def find_root(start: Path, *, explicit: bool = False) -> Path:
     """The project root: ``start`` itself when explicit, else the nearest ancestor with a config.
 
@@ -350,6 +372,9 @@ def find_root(start: Path, *, explicit: bool = False) -> Path:
                    "Check its permissions (ls -ld), or pass --project DIR."),
             ) from None
         if found:
+            foreign = _foreign_config(candidate)
+            if foreign is not None:
+                raise IntloomError("CLI_PROJECT_INVALID", foreign)
             return require_utf8_path(candidate)
         broken = config_not_a_file(candidate)
         if broken is not None:  # this directory is the project: not the one around it

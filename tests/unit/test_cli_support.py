@@ -729,6 +729,29 @@ def test_a_working_directory_beyond_the_path_limit_finds_the_project_above_it(
     assert find_root(deep) == root
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
+def test_an_upward_search_does_not_take_another_users_project(tmp_path: Path) -> None:
+    """An intloom.toml another user put in a shared directory above the working directory
+    (/tmp) was taken as the project: doctor, read-only, imported that user's Workflow code
+    as this one. It is refused, naming the owner and --project for the one meant."""
+    from intloom.project import find_root
+
+    shared = tmp_path / "shared"
+    (shared / "mine").mkdir(parents=True)
+    config = shared / "intloom.toml"
+    config.write_text('workflows = ["evil.py"]\n')
+    os.chown(config, 65534, 65534)
+    with pytest.raises(IntloomError) as refused:
+        find_root(shared / "mine")
+    assert refused.value.code == "CLI_PROJECT_INVALID"
+    assert (f"{config}, found by searching upward from the working directory, belongs to "
+            "another user (uid 65534, not 0)") in refused.value.message, refused.value
+    assert f"pass --project {shared}" in refused.value.message
+    assert find_root(shared, explicit=True) == shared  # the one meant, named
+    os.chown(config, 0, 0)
+    assert find_root(shared / "mine") == shared
+
+
 def test_a_workflows_entry_holding_a_nul_is_a_config_error(tmp_path: Path) -> None:
     """workflows = ["a\\u0000b.py"] loaded, and the source failed "WORKFLOW_DEFINITION_INVALID:
     checking its Workflows raised ValueError: embedded null byte. Fix the definition": the
