@@ -111,20 +111,38 @@ class _FromSource(importlib.machinery.SourceFileLoader):
                 return code
         code = self.source_to_code(source, self.path)
         if cached is not None and not sys.dont_write_bytecode:
-            # set_data writes atomically and gives up quietly where it may not write.
+            # set_data writes atomically and gives up quietly where it may not write. Never
+            # writable by others, whatever the umask (0o666 & ~umask): _cached_code takes no
+            # such file.
             self.set_data(cached, importlib.util.MAGIC_NUMBER
-                          + _HASH_PYC_FLAGS.to_bytes(4, "little") + key + marshal.dumps(code))
+                          + _HASH_PYC_FLAGS.to_bytes(4, "little") + key + marshal.dumps(code),
+                          _mode=0o644)
         return code
 
 
 def _cached_code(cached: str, key: bytes) -> CodeType | None:
     """The code in ``cached`` when it is a hash-based .pyc of this Python for source whose
-    hash is ``key``, else None (absent, timestamp-based, stale, foreign or damaged)."""
+    hash is ``key``, else None (absent, timestamp-based, stale, foreign or damaged).
+
+    Only a file of this user's that no one else may write is taken: its source hash says
+    which source it claims to be compiled from, not that its code is that source's. A host
+    started under a lax umask (000) left ``__pycache__`` writable by all, and another user's
+    .pyc carrying the right hash ran their code in every later start and doctor."""
     try:
-        with open(cached, "rb") as fh:
+        fd = os.open(cached, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if (not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid()
+                or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)):
+            return None
+        with open(fd, "rb", closefd=False) as fh:
             data = fh.read()
     except OSError:
         return None
+    finally:
+        os.close(fd)
     if (len(data) <= _PYC_HEAD or data[:4] != importlib.util.MAGIC_NUMBER
             or not int.from_bytes(data[4:8], "little") & 0b1 or data[8:16] != key):
         return None

@@ -64,6 +64,35 @@ def test_a_tree_module_is_cached_by_the_hash_of_its_bytes(
     assert load() == "3.0.0" and len(compiled) == 3
 
 
+def test_a_cache_someone_else_may_write_is_not_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host started under umask 000 left __pycache__ (and its .pyc) writable by all, and a
+    .pyc another user wrote there with the source's hash ran their code at every later start
+    and doctor: the hash says which source the file claims, not that its code is that
+    source's. A cache is run only when it is this user's and no one else may write it; the
+    host writes its own 0644, whatever the umask."""
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    src = tmp_path / "helpers.py"
+    src.write_text('VERSION = "1.0.0"\n')
+    old = os.umask(0)
+    try:
+        assert _version(_FromSource("helpers", str(src)).get_code("helpers")) == "1.0.0"
+    finally:
+        os.umask(old)
+    cached = Path(importlib.util.cache_from_source(str(src)))
+    assert cached.stat().st_mode & 0o777 == 0o644, oct(cached.stat().st_mode)
+    data = cached.read_bytes()
+    planted = data[:16] + __import__("marshal").dumps(compile('VERSION = "evil"', "x", "exec"))
+    cached.chmod(0o666)  # as another user could have left it
+    cached.write_bytes(planted)
+    assert _version(_FromSource("helpers", str(src)).get_code("helpers")) == "1.0.0"
+    if os.geteuid() == 0:  # another user's file, however its mode reads
+        cached.write_bytes(planted)
+        cached.chmod(0o644)
+        os.chown(cached, 65534, 65534)
+        assert _version(_FromSource("helpers", str(src)).get_code("helpers")) == "1.0.0"
+
+
 def test_no_cache_is_written_where_bytecode_writing_is_off(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """doctor and inspect write nothing (they turn bytecode writing off)."""
