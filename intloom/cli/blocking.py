@@ -31,6 +31,7 @@ class Patient(io.RawIOBase):
     def __init__(self, fd: int) -> None:
         super().__init__()
         self._fd = fd
+        self.name = fd  # as a FileIO over a descriptor says it (sys.stdout.name)
 
     def writable(self) -> bool:
         return True
