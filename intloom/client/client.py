@@ -177,7 +177,9 @@ def _offline(paths: ProjectPaths, message: str | None, *,
     if lock is None:
         from intloom.host.liveness import gone_owner
 
-        left = gone_owner(paths)
+        # With service.json's host proven gone, its message names that host and sends the
+        # user to intloom status, which names the leftovers and the way out.
+        left = None if service_json_gone else gone_owner(paths)
         if left is None:  # an owner alive or unknown: start says what it is
             return IntloomError("CLI_SERVICE_OFFLINE", _start_refused(paths, message))
         # A host that died (in its start-up, say) left service.lock: the "Run intloom start"
