@@ -51,7 +51,11 @@ def _closed_during_a_failed_reconnect(monkeypatch: pytest.MonkeyPatch, client: C
         raise HelloFailed("no answer to the hello", None)
 
     monkeypatch.setattr(Client, "connect", staticmethod(paused_host))
-    closer = threading.Thread(target=lambda: (hello_began.wait(10), client.close()))
+    def close_meanwhile() -> None:
+        hello_began.wait(10)
+        client.close()
+
+    closer = threading.Thread(target=close_meanwhile)
     closer.start()
     with pytest.raises(IntloomError) as first:
         client._send(GetRun(run_id="RUN-1"))
