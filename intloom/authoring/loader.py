@@ -8,6 +8,7 @@ entry is reported with its path and the error, never a traceback; the others sti
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import importlib.abc
 import importlib.machinery
@@ -330,7 +331,23 @@ def _fix(exc: BaseException) -> str:
         return (f"A Workflow module must not raise {type(exc).__name__} (a BaseException, "
                 "which the process keeps for itself) when it is imported: raise an exception "
                 "instead, then restart the host.")
+    if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
+        # The process's limit, not the module: "Fix the module" sent the user to code that
+        # may be fine (and doctor then held its Runs as if the source had changed).
+        return (f"The process ran out of file descriptors ({_fd_limit()}) while importing it, "
+                "which need not be the module's fault: raise the limit (ulimit -n 1024) in the "
+                "shell and run the command again.")
     return "Fix the module and restart the host."
+
+
+def _fd_limit() -> str:
+    import resource
+
+    try:
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (OSError, ValueError):
+        return "its limit could not be read"
+    return f"ulimit -n is {soft}"
 
 
 def _shown(root: Path, filename: str) -> str | None:
@@ -471,6 +488,16 @@ def load_workflows_offline(root: Path, config: Config) -> LoadResult:
         with slow_import_notice() as progress, _their_output(), _in_directory(root), \
                 _stdin_at_end():
             return load_workflows(root, config, progress=progress)
+    except OSError as exc:
+        if exc.errno not in (errno.EMFILE, errno.ENFILE):
+            raise
+        # Setting the import up (its output's spool, stdin on /dev/null) took descriptors
+        # a low ulimit -n did not leave: CLI_INTERNAL_ERROR, exit 70, "report it", was said.
+        raise IntloomError(
+            "WORKFLOW_LOAD_FAILED",
+            f"The Workflow sources were not imported: the process ran out of file "
+            f"descriptors ({_fd_limit()}; {exc.strerror}). Raise the limit (ulimit -n 1024) "
+            "in the shell and run the command again.") from None
     finally:
         sys.dont_write_bytecode = saved
 
@@ -540,7 +567,12 @@ def _stdin_at_end() -> Iterator[None]:
         kept: int | None = os.dup(0)
     except OSError:  # no stdin at all: reading it fails as at /dev/null
         kept = None
-    empty = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        empty = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        if kept is not None:
+            os.close(kept)
+        raise
     previous = sys.stdin
     try:
         os.dup2(empty, 0)

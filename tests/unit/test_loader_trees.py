@@ -125,3 +125,49 @@ def test_the_offline_load_needs_no_temporary_directory(
     err = capfd.readouterr().err
     assert "Workflow sources wrote this while they were imported:" in err, err
     assert "  | printed at import" in err and "  | fd banner" in err, err
+
+
+def test_a_source_whose_import_ran_out_of_descriptors_is_not_called_broken(
+    tmp_path: Path,
+) -> None:
+    """Under a low `ulimit -n`, doctor said a source whose import hit EMFILE failed to load:
+    "Fix the module and restart the host" (and held its Runs as changed). The fact is the
+    process's limit, and the fix is to raise it."""
+    import resource
+
+    from intloom.authoring.loader import load_workflows
+
+    config = _project(tmp_path, ["fds"])
+    source = tmp_path / "workflows" / "fds.py"
+    source.write_text('import errno\nraise OSError(errno.EMFILE, "Too many open files")\n')
+    loaded = load_workflows(tmp_path, config)
+    [(_, problem)] = loaded.problems
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    assert problem.code == "WORKFLOW_LOAD_FAILED", problem
+    assert (f"The process ran out of file descriptors (ulimit -n is {soft}) while importing "
+            "it, which need not be the module's fault: raise the limit (ulimit -n 1024)"
+            ) in problem.message, problem.message
+    assert "Fix the module" not in problem.message
+
+
+def test_an_offline_load_out_of_descriptors_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """doctor under `ulimit -n 10` failed CLI_INTERNAL_ERROR, exit 70, "report it": setting
+    the import up (its output's spool, stdin on /dev/null) ran out of descriptors."""
+    import errno
+
+    from intloom.authoring import loader
+    from intloom.errors import IntloomError
+
+    def no_descriptor() -> None:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(loader, "_spool", no_descriptor)
+    with pytest.raises(IntloomError) as refused:
+        loader.load_workflows_offline(tmp_path, _project(tmp_path, ["any"]))
+    assert refused.value.code == "WORKFLOW_LOAD_FAILED"
+    assert refused.value.message.startswith(
+        "The Workflow sources were not imported: the process ran out of file descriptors "
+        "(ulimit -n is "), refused.value.message
+    assert "Raise the limit (ulimit -n 1024)" in refused.value.message
