@@ -250,25 +250,30 @@ def config_not_a_file(directory: Path) -> str | None:
 
 
 def _foreign_config(root: Path) -> str | None:
-    """Why the ``intloom.toml`` an upward search found in ``root`` is not taken: it belongs
-    to another user. Found in a shared directory above the working directory (/tmp, say),
-    another user's file made every command, doctor's read-only look too, import that
-    user's Workflow code as this one (git refuses such a repository for the same reason).
-    None when it is ours (or cannot be examined: reading it says why)."""
+    """Why the ``intloom.toml`` an upward search found in ``root`` is not taken: it, what a
+    link there leads to, or the directory holding it belongs to another user. Found in a
+    shared directory above the working directory (/tmp, say), another user's project made
+    every command, doctor's read-only look too, import that user's Workflow code as this
+    one (git refuses such a repository for the same reason). Under sudo, the user sudo was
+    run by counts as this one. None when all are ours (or cannot be examined: reading them
+    says why)."""
+    me = os.geteuid()
+    sudo = os.environ.get("SUDO_UID", "") if me == 0 else ""
     try:
-        owner = os.stat(root / CONFIG_NAME).st_uid
+        stats = (os.lstat(root), os.lstat(root / CONFIG_NAME), os.stat(root / CONFIG_NAME))
     except OSError:
         return None
-    me = os.geteuid()
-    if owner == me:
+    owner = next((st.st_uid for st in stats if st.st_uid != me and str(st.st_uid) != sudo),
+                 None)
+    if owner is None:
         return None
     from intloom.fsutil import shell_arg  # only on this refusal
 
     return (f"{root / CONFIG_NAME}, found by searching upward from the working directory, "
-            f"belongs to another user (uid {owner}, not {me}): a command would run the "
-            "Workflow code it lists as you, so that project is not used. If it is the "
-            f"project you mean, pass --project {shell_arg(str(root))}; otherwise run "
-            "intloom init for a project of your own.")
+            f"belongs to another user (uid {owner}, not {me}), or its directory or what it "
+            "links to does: a command would run the Workflow code it lists as you, so that "
+            f"project is not used. If it is the project you mean, pass --project "
+            f"{shell_arg(str(root))}; otherwise run intloom init for a project of your own.")
 
 
 def find_root(start: Path, *, explicit: bool = False) -> Path:

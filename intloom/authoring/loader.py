@@ -334,20 +334,31 @@ def _fix(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
         # The process's limit, not the module: "Fix the module" sent the user to code that
         # may be fine (and doctor then held its Runs as if the source had changed).
-        return (f"The process ran out of file descriptors ({_fd_limit()}) while importing it, "
-                "which need not be the module's fault: raise the limit (ulimit -n 1024) in the "
-                "shell and run the command again.")
+        said = _out_of_descriptors(exc.errno)
+        return f"{said[:1].upper()}{said[1:]}, while importing it: not the module's fault."
     return "Fix the module and restart the host."
 
 
-def _fd_limit() -> str:
+def _out_of_descriptors(code: int | None) -> str:
+    """What ran out, and the fix: the process's limit (EMFILE), which ``ulimit -n`` raises,
+    or the system's file table (ENFILE), which it does not."""
+    if code == errno.ENFILE:
+        return ("the system's table of open files is full (ENFILE): close programs that hold "
+                "many files, or raise fs.file-max, then run the command again")
     import resource
 
     try:
-        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     except (OSError, ValueError):
-        return "its limit could not be read"
-    return f"ulimit -n is {soft}"
+        return ("the process ran out of file descriptors (EMFILE): raise ulimit -n in the "
+                "shell and run the command again")
+    more = max(1024, soft * 2)
+    if hard != resource.RLIM_INFINITY:
+        more = min(more, hard)
+    fix = (f"raise it (ulimit -n {more}) in the shell and run the command again"
+           if more > soft else "its hard limit allows no more: raise that (as root), or run "
+           "fewer programs in this shell")
+    return f"the process ran out of file descriptors (EMFILE; ulimit -n is {soft}): {fix}"
 
 
 def _shown(root: Path, filename: str) -> str | None:
@@ -495,9 +506,8 @@ def load_workflows_offline(root: Path, config: Config) -> LoadResult:
         # a low ulimit -n did not leave: CLI_INTERNAL_ERROR, exit 70, "report it", was said.
         raise IntloomError(
             "WORKFLOW_LOAD_FAILED",
-            f"The Workflow sources were not imported: the process ran out of file "
-            f"descriptors ({_fd_limit()}; {exc.strerror}). Raise the limit (ulimit -n 1024) "
-            "in the shell and run the command again.") from None
+            f"The Workflow sources were not imported: {_out_of_descriptors(exc.errno)}.",
+        ) from None
     finally:
         sys.dont_write_bytecode = saved
 

@@ -153,14 +153,34 @@ class HelloFailed(IntloomError):
         self.paused = paused
 
 
-def _another_users(sock: socket.socket, pid: int) -> int | None:
-    """The uid owning the other end of ``sock`` when it is not the user host ``pid`` runs
-    as (``intloom.client.peer``); None when it is, or when either cannot be read."""
-    from intloom.client.peer import peer_uid, process_uid
+# HelloFailed's cause when the port was another user's: no retry reaches the host there.
+STRANGER: Final = "the listener is another user's"
 
-    host = process_uid(pid)
-    theirs = peer_uid(sock) if host is not None else None
-    return theirs if theirs is not None and theirs != host else None
+
+def _stranger(sock: socket.socket, paths: ProjectPaths) -> str | None:
+    """Why the other end of ``sock`` may not be sent the token, when it may not: a socket
+    there (a listener on the port, the connection's end) belongs to another user than the
+    project's (the owner of connection.json, where the token is), or neither could be found.
+    None when they are the project user's, or when the kernel's tables cannot be read (no
+    /proc: not checked, docs/security.md)."""
+    from intloom.client.peer import owners
+
+    try:
+        owner = os.stat(paths.connection_json).st_uid
+    except OSError:
+        return "connection.json, where the token is, could not be examined"
+    seen = owners(sock)
+    if seen is None:
+        return None
+    others = sorted(uid for uid in seen.listeners if uid != owner)
+    # Kernels before 6.17 show an end not yet accepted as root's: the listener then says.
+    if seen.end is not None and seen.end != owner and (seen.end != 0 or not seen.listeners):
+        others.append(seen.end)
+    if others:
+        return f"runs as another user (uid {others[0]}) than the project's (uid {owner})"
+    if seen.end is None and not seen.listeners:
+        return "is not in the kernel's tables of TCP sockets, so its user cannot be told"
+    return None
 
 
 def _offline(paths: ProjectPaths, message: str | None, *,
@@ -700,16 +720,16 @@ class Client:
                 f"The local service at 127.0.0.1:{conn.port} is unavailable "
                 f"({exc.strerror or type(exc).__name__}). Run intloom status.",
             ) from None
-        stranger = _another_users(sock, info.pid)
+        stranger = _stranger(sock, paths)
         if stranger is not None:
             sock.close()
-            fact = (f"Whatever listens on 127.0.0.1:{conn.port} runs as another user (uid "
-                    f"{stranger}) than the host {paths.service_json.name} names (pid "
-                    f"{info.pid}, alive): a host closes its port as its stop begins, and "
-                    "another program took it. Nothing was sent, the token included.")
+            fact = (f"Whatever listens on 127.0.0.1:{conn.port} {stranger}, so it may not be "
+                    f"the host {paths.service_json.name} names (pid {info.pid}): a host "
+                    "closes its port as its stop begins, and another program may take it. "
+                    "Nothing was sent, the token included.")
             raise HelloFailed(f"{fact} Run intloom status: once the host has exited, intloom "
                               "start starts a new one on the port, or, if it is taken, "
-                              "says so.", "the listener is another user's", here=fact)
+                              "says so.", STRANGER, here=fact)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             send_frame(sock, Hello(protocol=PROTOCOL, token=conn.token, client="intloom-python"))
@@ -1030,6 +1050,20 @@ class Client:
             f"This Client has no connection: {self._closed_why}. Nothing was sent. "
             f"Connect again ({_AGAIN}).", retryable=False)
 
+    def _reconnect_failed(self, why: str, exc: IntloomError) -> IntloomError:
+        self._shut(f"{why}, and connecting again failed")
+        # The connection is lost either way: say so, with why connecting again failed.
+        # That error stays its cause, for a caller to tell a host shutting down
+        # (CLI_SERVICE_CLOSING) from one gone without parsing the words. Its fix alone
+        # (intloom start) left a program retrying on this Client, refused again.
+        return IntloomError(
+            "PROJECT_CONNECTION_FAILED",
+            f"This client's connection is gone ({why}), and connecting again failed "
+            f"({exc.code}: {exc.message}) Nothing was sent. This Client stays closed: "
+            f"once a host serves, connect again ({_AGAIN}) and send it there.",
+            retryable=False,
+        )
+
     def _reconnect(self, why: str) -> socket.socket:
         # Still safe to connect again until it fails: a Ctrl-C during this connect (a busy
         # host slow to answer the hello) left the Client shut for good, "connecting again
@@ -1039,6 +1073,8 @@ class Client:
             fresh = Client.connect(self.root, timeout=self.connect_timeout,
                                    request_timeout=self.request_timeout)
         except HelloFailed as exc:
+            if exc.cause == STRANGER:  # not a host that may answer later: as any failure
+                raise self._reconnect_failed(why, exc) from exc
             # A listener that took the connection and did not answer the hello (a host paused
             # by a signal, or too busy): that same host may serve again, and nothing is in
             # flight, so this Client stays free to connect again; "stays closed" lost it for
@@ -1055,18 +1091,7 @@ class Client:
                 retryable=True,
             ) from exc
         except IntloomError as exc:
-            self._shut(f"{why}, and connecting again failed")
-            # The connection is lost either way: say so, with why connecting again failed.
-            # That error stays its cause, for a caller to tell a host shutting down
-            # (CLI_SERVICE_CLOSING) from one gone without parsing the words. Its fix alone
-            # (intloom start) left a program retrying on this Client, refused again.
-            raise IntloomError(
-                "PROJECT_CONNECTION_FAILED",
-                f"This client's connection is gone ({why}), and connecting again failed "
-                f"({exc.code}: {exc.message}) Nothing was sent. This Client stays closed: "
-                f"once a host serves, connect again ({_AGAIN}) and send it there.",
-                retryable=False,
-            ) from exc
+            raise self._reconnect_failed(why, exc) from exc
         if fresh.hello.instance_id != self.hello.instance_id:
             fresh.close()
             # Said by every later request too: "connecting again failed" sent a program

@@ -1,56 +1,79 @@
 """Who holds the other end of a connection to the host's port, before the token is sent.
 
-A host closes its listening socket as its stop begins and removes ``service.json`` only
-at the end, alive all the while: another local user could bind the freed port in that gap,
-and a client that checked the host's pid alive handed its hello, and the project's token
-(which every later start reuses), to that program. On Linux the kernel's table of TCP
-sockets (``/proc/net/tcp``) names the user owning each end of a loopback connection; the
-hello is sent only when the end this client reached belongs to the host's user.
+A host closes its listening socket as its stop begins and removes ``service.json`` only at
+the end, alive all the while: another local user could bind the freed port in that gap
+(``127.0.0.1``, or ``[::]`` reaching it through a v4-mapped address), and a client that
+checked the host's pid alive handed its hello, and the project's token (which every later
+start reuses), to that program. On Linux the kernel's tables of TCP sockets
+(``/proc/net/tcp`` and ``tcp6``) name the user owning each socket: the listeners on the port
+and, once the host has accepted it, the connection's other end (before that, kernels before
+6.17 show it as root's).
 """
 
 from __future__ import annotations
 
-import os
 import socket
+from typing import NamedTuple
 
-__all__ = ["peer_uid", "process_uid"]
+__all__ = ["Owners", "owners"]
 
-_TABLE = "/proc/net/tcp"
+_TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
+_LISTEN = "0A"
+_V4_LOOPBACK = "0100007F"  # 127.0.0.1, as the tables write it (little-endian words)
+# The listening addresses a connection to 127.0.0.1 reaches: 127.0.0.1, 0.0.0.0, and in
+# tcp6 ``::``, ``::ffff:127.0.0.1`` and ``::ffff:0.0.0.0`` (a dual-stack socket).
+_REACHING = {"0100007F", "00000000", "0" * 32, "0000000000000000FFFF0000" + _V4_LOOPBACK,
+             "0000000000000000FFFF0000" + "00000000"}
 
 
-def _hex(address: tuple[str, int]) -> str:
-    """An IPv4 address and port as ``/proc/net/tcp`` writes them (``0100007F:1F90``)."""
-    host, port = address
-    packed = socket.inet_aton(host)
-    return f"{int.from_bytes(packed, 'little'):08X}:{port:04X}"
+class Owners(NamedTuple):
+    """The uids of the sockets listening where a connection to the port lands, and the uid
+    of this connection's other end (None when its entry was not found)."""
+
+    listeners: frozenset[int]
+    end: int | None
 
 
-def peer_uid(sock: socket.socket, table: str | None = None) -> int | None:
-    """The uid owning the other end of ``sock``, an IPv4 connection (its listener's user,
-    before that end is accepted); None when that cannot be read (no ``/proc``, another
-    family, no such entry). ``table``: the text of ``/proc/net/tcp`` (tests)."""
+def _hex4(address: tuple[str, int]) -> tuple[str, str]:
+    host, port = address[0], address[1]
+    return f"{int.from_bytes(socket.inet_aton(host), 'little'):08X}", f"{port:04X}"
+
+
+def owners(sock: socket.socket, tables: dict[str, str] | None = None) -> Owners | None:
+    """Who owns the sockets ``sock`` (an IPv4 loopback connection) may reach; None when the
+    kernel's tables cannot be read (no ``/proc``). ``tables``: path -> text (tests)."""
     try:
-        ours, theirs = _hex(sock.getsockname()), _hex(sock.getpeername())
-        if table is None:
-            with open(_TABLE, encoding="ascii") as fh:
-                table = fh.read()
+        our_addr, our_port = _hex4(sock.getsockname())
+        their_addr, their_port = _hex4(sock.getpeername())
     except (OSError, ValueError, TypeError):
         return None
-    for line in table.splitlines()[1:]:
-        fields = line.split()
-        # sl, local_address, rem_address, st, tx:rx, tr:when, retrnsmt, uid, ...
-        if len(fields) > 7 and fields[1] == theirs and fields[2] == ours:
+    mapped = "0000000000000000FFFF0000"
+    ends = {(f"{their_addr}:{their_port}", f"{our_addr}:{our_port}"),
+            (f"{mapped}{their_addr}:{their_port}", f"{mapped}{our_addr}:{our_port}")}
+    listeners: set[int] = set()
+    end: int | None = None
+    read = False
+    for path in _TABLES:
+        if tables is not None:
+            text = tables.get(path)
+        else:
             try:
-                return int(fields[7])
-            except ValueError:
-                return None
-    return None
-
-
-def process_uid(pid: int) -> int | None:
-    """The uid process ``pid`` runs as (the owner of its ``/proc`` entry); None when that
-    cannot be read."""
-    try:
-        return os.stat(f"/proc/{pid}").st_uid
-    except OSError:
-        return None
+                with open(path, encoding="ascii") as fh:
+                    text = fh.read()
+            except OSError:
+                text = None
+        if text is None:
+            continue
+        read = True
+        for line in text.splitlines()[1:]:
+            # sl, local_address, rem_address, st, tx:rx, tr:when, retrnsmt, uid, ...
+            fields = line.split()
+            if len(fields) < 8 or not fields[7].isdigit():
+                continue
+            local, remote, state, uid = fields[1], fields[2], fields[3], int(fields[7])
+            addr, _, port = local.rpartition(":")
+            if state == _LISTEN and port == their_port and addr in _REACHING:
+                listeners.add(uid)
+            elif (local, remote) in ends:
+                end = uid
+    return Owners(frozenset(listeners), end) if read else None

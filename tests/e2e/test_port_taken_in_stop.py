@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from intloom.client.client import Client
-from intloom.client.peer import peer_uid
+from intloom.client.peer import owners
 from intloom.errors import IntloomError
 from tests.helpers import Project, eventually, pid_alive
 
@@ -26,9 +26,15 @@ HOOK = "INTLOOM_TEST_HOLD_UNLISTENED"
 # Binds the port as soon as it is free, then prints what each connection sends.
 LISTENER = '''
 import socket, sys
-s = socket.socket()
+if sys.argv[2] == "v6":  # dual-stack: [::] takes connections to 127.0.0.1 too
+    s = socket.socket(socket.AF_INET6)
+    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    where = "::"
+else:
+    s = socket.socket()
+    where = "127.0.0.1"
 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("127.0.0.1", int(sys.argv[1])))
+s.bind((where, int(sys.argv[1])))
 s.listen(16)
 print("BOUND", flush=True)
 s.settimeout(20)
@@ -42,21 +48,33 @@ while True:
 '''
 
 
-def test_the_peer_of_a_loopback_connection_is_read_from_the_kernels_table() -> None:
+_HEAD = ("  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  "
+         "timeout inode\n")
+
+
+def test_the_owners_of_a_loopback_connection_are_read_from_the_kernels_tables() -> None:
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(1)
     client = socket.create_connection(server.getsockname(), timeout=5)
     try:
-        assert peer_uid(client) == os.geteuid()
-        port = server.getsockname()[1]
-        ours = client.getsockname()[1]
-        table = ("  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt "
-                 "  uid  timeout inode\n"
-                 f"   0: 0100007F:{port:04X} 0100007F:{ours:04X} 01 00000000:00000000 "
-                 "00:00000000 00000000 65534        0 0 1 0000000000000000 20 4 30 10 -1\n")
-        assert peer_uid(client, table) == 65534
-        assert peer_uid(client, table.splitlines()[0]) is None  # no entry: not known
+        me = os.geteuid()
+        seen = owners(client)
+        assert seen is not None and seen.listeners == {me}, seen
+        assert seen.end in (me, 0), seen  # 0 before the accept, on kernels before 6.17
+        port, ours = server.getsockname()[1], client.getsockname()[1]
+        mapped = "0000000000000000FFFF0000"
+        tcp6 = _HEAD + (
+            f"   0: {'0' * 32}:{port:04X} {'0' * 32}:0000 0A 00000000:00000000 00:00000000 "
+            "00000000 65534 0 0 1\n"
+            f"   1: {mapped}0100007F:{port:04X} {mapped}0100007F:{ours:04X} 01 "
+            "00000000:00000000 00:00000000 00000000 65534 0 0 1\n")
+        # A dual-stack listener of another user's ([::]) reaches 127.0.0.1 too: its socket
+        # and the connection's end are in tcp6 alone, where the first check never looked.
+        seen = owners(client, {"/proc/net/tcp": _HEAD, "/proc/net/tcp6": tcp6})
+        assert seen == (frozenset({65534}), 65534), seen
+        assert owners(client, {}) is None  # no tables: not known
+        assert owners(client, {"/proc/net/tcp": _HEAD}) == (frozenset(), None)
     finally:
         client.close()
         server.close()
@@ -65,8 +83,9 @@ def test_the_peer_of_a_loopback_connection_is_read_from_the_kernels_table() -> N
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None
                     or not Path("/usr/bin/python3").exists(),
                     reason="needs root, setpriv and /usr/bin/python3 to listen as another user")
+@pytest.mark.parametrize("family", ["v4", "v6"])
 def test_a_client_sends_no_token_to_another_users_listener_in_a_stops_gap(
-    project: Project, tmp_path: Path,
+    project: Project, tmp_path: Path, family: str,
 ) -> None:
     gate = tmp_path / "go"
     assert project.cli("start", env={HOOK: str(gate)}).code == 0
@@ -80,7 +99,7 @@ def test_a_client_sends_no_token_to_another_users_listener_in_a_stops_gap(
                    what="the stop to close its listener")
         listener = subprocess.Popen(
             ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-             "/usr/bin/python3", "-c", LISTENER, str(port)],
+             "/usr/bin/python3", "-c", LISTENER, str(port), family],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         assert listener.stdout is not None
         said = listener.stdout.readline().strip()
@@ -88,8 +107,8 @@ def test_a_client_sends_no_token_to_another_users_listener_in_a_stops_gap(
         with pytest.raises(IntloomError) as refused:
             Client.connect(project.root, timeout=5)
         assert refused.value.code == "CLI_SERVICE_UNAVAILABLE", refused.value
-        assert (f"Whatever listens on 127.0.0.1:{port} runs as another user (uid 65534)"
-                in refused.value.message), refused.value
+        assert (f"Whatever listens on 127.0.0.1:{port} runs as another user (uid 65534) "
+                "than the project's (uid 0)" in refused.value.message), refused.value
         assert "Nothing was sent, the token included" in refused.value.message
     finally:
         gate.touch()

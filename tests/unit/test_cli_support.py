@@ -750,6 +750,24 @@ def test_an_upward_search_does_not_take_another_users_project(tmp_path: Path) ->
     assert find_root(shared, explicit=True) == shared  # the one meant, named
     os.chown(config, 0, 0)
     assert find_root(shared / "mine") == shared
+    # A link there to a config of ours, in a directory of theirs: the root would be theirs.
+    ours = tmp_path / "ours"
+    ours.mkdir()
+    (ours / "intloom.toml").write_text("workflows = []\n")
+    theirs = tmp_path / "theirs"
+    (theirs / "sub").mkdir(parents=True)
+    (theirs / "intloom.toml").symlink_to(ours / "intloom.toml")
+    os.chown(theirs, 65534, 65534)
+    os.lchown(theirs / "intloom.toml", 65534, 65534)
+    with pytest.raises(IntloomError) as linked:
+        find_root(theirs / "sub")
+    assert "belongs to another user (uid 65534, not 0)" in linked.value.message
+    # Under sudo, the user sudo was run by is this one.
+    os.environ["SUDO_UID"] = "65534"
+    try:
+        assert find_root(theirs / "sub") == theirs
+    finally:
+        del os.environ["SUDO_UID"]
 
 
 def test_a_workflows_entry_holding_a_nul_is_a_config_error(tmp_path: Path) -> None:

@@ -128,11 +128,12 @@ def test_the_offline_load_needs_no_temporary_directory(
 
 
 def test_a_source_whose_import_ran_out_of_descriptors_is_not_called_broken(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Under a low `ulimit -n`, doctor said a source whose import hit EMFILE failed to load:
     "Fix the module and restart the host" (and held its Runs as changed). The fact is the
     process's limit, and the fix is to raise it."""
+    import errno
     import resource
 
     from intloom.authoring.loader import load_workflows
@@ -144,10 +145,17 @@ def test_a_source_whose_import_ran_out_of_descriptors_is_not_called_broken(
     [(_, problem)] = loaded.problems
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     assert problem.code == "WORKFLOW_LOAD_FAILED", problem
-    assert (f"The process ran out of file descriptors (ulimit -n is {soft}) while importing "
-            "it, which need not be the module's fault: raise the limit (ulimit -n 1024)"
-            ) in problem.message, problem.message
+    assert (f"The process ran out of file descriptors (EMFILE; ulimit -n is {soft}): "
+            in problem.message), problem.message
+    assert problem.message.endswith(", while importing it: not the module's fault.")
     assert "Fix the module" not in problem.message
+    # Never advice to lower the limit, and the system's table is not the process's.
+    from intloom.authoring.loader import _out_of_descriptors
+
+    for limit in (8, 20_000):
+        monkeypatch.setattr(resource, "getrlimit", lambda _which, n=limit: (n, 1 << 20))
+        assert f"(ulimit -n {max(1024, 2 * limit)})" in _out_of_descriptors(errno.EMFILE)
+    assert "fs.file-max" in _out_of_descriptors(errno.ENFILE)
 
 
 def test_an_offline_load_out_of_descriptors_says_so(
@@ -169,5 +177,4 @@ def test_an_offline_load_out_of_descriptors_says_so(
     assert refused.value.code == "WORKFLOW_LOAD_FAILED"
     assert refused.value.message.startswith(
         "The Workflow sources were not imported: the process ran out of file descriptors "
-        "(ulimit -n is "), refused.value.message
-    assert "Raise the limit (ulimit -n 1024)" in refused.value.message
+        "(EMFILE; ulimit -n is "), refused.value.message
