@@ -65,7 +65,12 @@ def owners(sock: socket.socket, tables: dict[str, str] | None = None) -> Owners 
         if text is None:
             continue
         read = True
+        port_at = f":{their_port} "
         for line in text.splitlines()[1:]:
+            # Every socket of interest has the port in its local address: a busy machine's
+            # table holds thousands of others (TIME_WAIT), each split for nothing per command.
+            if port_at not in line:
+                continue
             # sl, local_address, rem_address, st, tx:rx, tr:when, retrnsmt, uid, ...
             fields = line.split()
             if len(fields) < 8 or not fields[7].isdigit():
