@@ -25,7 +25,6 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 
 from intloom.cli import coercion, exit_codes
-from intloom.cli.blocking import blocking_output
 from intloom.cli.inputs import UsageError
 from intloom.cli.options import CliState, DebugOpt, Interrupted, JsonOpt, ProjectOpt
 from intloom.errors import ErrorView, IntloomError, error_view, quoting_bounded
@@ -423,10 +422,21 @@ def _standard_fds() -> None:
                                     encoding="utf-8", closefd=False))
 
 
+def _blocking(fd: int) -> bool:
+    try:
+        return os.get_blocking(fd)
+    except OSError:
+        return True  # nothing to write there: _standard_fds put what it could
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code (see ``intloom.cli.exit_codes``)."""
     _standard_fds()
-    blocking_output()
+    if not _blocking(1) or not _blocking(2):
+        # Only then: every command's start-up would import it for a case most never meet.
+        from intloom.cli.blocking import blocking_output
+
+        blocking_output()
     args = list(sys.argv[1:] if argv is None else argv)
     state = CliState(json_mode=_json_requested(args))
     _encodable_stdout(state.json_mode)

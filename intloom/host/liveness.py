@@ -271,18 +271,27 @@ def host_starting(*, service_json: bool, os_lock: Literal["free", "held", "unkno
     return not service_json and os_lock == "held" and owner == "alive" and not owner_paused
 
 
+def _lock_owner(paths: ProjectPaths) -> tuple[ServiceLock, ProcessProbe] | None:
+    """``service.lock``'s record, read now, and its owner process probed; None when there is
+    none or it cannot be read (doctor says why: nothing here is proof of anything)."""
+    try:
+        lock = read_lock(paths.service_lock)
+    except IntloomError:
+        return None
+    if lock is None:
+        return None
+    return lock, probe_process(lock.pid, lock.create_time, lock.boot_id, boot_id(),
+                               paths.service_lock)
+
+
 def starting_owner(paths: ProjectPaths, *, service_json_gone: bool = False) -> ServiceLock | None:
     """The lock record of a host in its start-up (``host_starting``, read now), or None.
     ``service_json_gone``: the caller proved the host ``service.json`` names gone (a crashed
     host's file, which the starting one replaces once it serves): it counts as absent."""
-    try:
-        lock = read_lock(paths.service_lock)
-    except IntloomError:
-        return None  # unreadable: doctor says why; nothing here is proof of a start
-    if lock is None:
+    found = _lock_owner(paths)
+    if found is None:
         return None
-    process = probe_process(lock.pid, lock.create_time, lock.boot_id, boot_id(),
-                            paths.service_lock)
+    lock, process = found
     starting = host_starting(
         service_json=not service_json_gone and os.path.lexists(paths.service_json),
         os_lock=probe_lock(paths.service_lock).state,
@@ -296,14 +305,10 @@ def gone_owner(paths: ProjectPaths) -> ServiceLock | None:
     """The lock record of ``service.lock`` when its owner is provably gone (``judge``: the
     process gone and the OS lock free), read now; None otherwise (no file, unreadable, an
     owner alive or unknown: nothing here is proof)."""
-    try:
-        lock = read_lock(paths.service_lock)
-    except IntloomError:
+    found = _lock_owner(paths)
+    if found is None:
         return None
-    if lock is None:
-        return None
-    process = probe_process(lock.pid, lock.create_time, lock.boot_id, boot_id(),
-                            paths.service_lock)
+    lock, process = found
     return lock if judge(probe_lock(paths.service_lock), process) == "gone" else None
 
 

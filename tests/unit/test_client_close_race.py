@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -43,17 +42,18 @@ def _closed_during_a_failed_reconnect(monkeypatch: pytest.MonkeyPatch, client: C
                                       fresh_ours: socket.socket,
                                       fresh_theirs: socket.socket) -> None:
     client._shut("a read timed out", reopen=True)  # as after a timeout: may connect again
-    hello_began = threading.Event()
+    hello_began, closed = threading.Event(), threading.Event()
 
     def paused_host(root: Any, **kw: Any) -> Client:
         hello_began.set()
-        time.sleep(0.3)  # the hello waits on a paused host; close() comes meanwhile
+        closed.wait(10)  # the hello waits on a paused host; close() comes meanwhile
         raise HelloFailed("no answer to the hello", None)
 
     monkeypatch.setattr(Client, "connect", staticmethod(paused_host))
     def close_meanwhile() -> None:
         hello_began.wait(10)
         client.close()
+        closed.set()
 
     closer = threading.Thread(target=close_meanwhile)
     closer.start()
