@@ -183,6 +183,10 @@ def _stranger(sock: socket.socket, paths: ProjectPaths) -> str | None:
     return None
 
 
+_RECOVER_THEN_START: Final = ("Run intloom recover (intloom doctor says what it removes), "
+                              "then intloom start.")
+
+
 def _offline(paths: ProjectPaths, message: str | None, *,
              service_json_gone: bool = False) -> IntloomError:
     """CLI_SERVICE_OFFLINE with ``message``, unless a host holds the project in its start-up
@@ -190,6 +194,8 @@ def _offline(paths: ProjectPaths, message: str | None, *,
     start would only wait for that host. ``service_json_gone``: the host service.json names
     is proven gone, so the file is a crashed host's, which a start replaces once it serves."""
     if not os.path.lexists(paths.service_lock):
+        if service_json_gone and message is not None:
+            message = f"{message} Run intloom status."
         return IntloomError("CLI_SERVICE_OFFLINE", _start_refused(paths, message))
     from intloom.host.liveness import starting_owner  # psutil: only on this failure path
 
@@ -197,9 +203,13 @@ def _offline(paths: ProjectPaths, message: str | None, *,
     if lock is None:
         from intloom.host.liveness import gone_owner
 
-        # With service.json's host proven gone, its message names that host and sends the
-        # user to intloom status, which names the leftovers and the way out.
-        left = None if service_json_gone else gone_owner(paths)
+        left = gone_owner(paths)
+        if service_json_gone and message is not None:
+            # The message names service.json's dead host. With the lock's owner proven gone
+            # too (a kill -9), the way out is recover's, as status would say: "Run intloom
+            # status" was one more command to reach it. Otherwise status says what holds it.
+            then = (_RECOVER_THEN_START if left is not None else "Run intloom status.")
+            return IntloomError("CLI_SERVICE_OFFLINE", _start_refused(paths, f"{message} {then}"))
         if left is None:  # an owner alive or unknown: start says what it is
             return IntloomError("CLI_SERVICE_OFFLINE", _start_refused(paths, message))
         # A host that died (in its start-up, say) left service.lock: the "Run intloom start"
@@ -210,8 +220,7 @@ def _offline(paths: ProjectPaths, message: str | None, *,
                                   f"{left.pid}) has exited without removing "
                                   f"{paths.service_lock} (it was killed, or crashed), and "
                                   "intloom start refuses the project until that file is "
-                                  "removed (CLI_SERVICE_BUSY). Run intloom recover (intloom "
-                                  "doctor says what it removes), then intloom start."),
+                                  f"removed (CLI_SERVICE_BUSY). {_RECOVER_THEN_START}"),
         )
     return ServiceStarting(
         "CLI_SERVICE_UNAVAILABLE",
@@ -701,7 +710,7 @@ class Client:
             raise _offline(
                 paths,
                 f"The local service is unavailable: {paths.service_json.name} names pid "
-                f"{info.pid}, {gone}. Nothing was sent. Run intloom status.",
+                f"{info.pid}, {gone}. Nothing was sent.",
                 service_json_gone=True,
             )
         cap = _hello_cap()

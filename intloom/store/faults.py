@@ -30,6 +30,9 @@ class FaultPlan(msgspec.Struct, frozen=True):
       a host's graceful stop begins at that boundary (conformance sweeps).
     - ``fail_segment``: creating the N-th segment of this process fails with ENOSPC
       (the first is the one ``Store.open`` creates).
+    - ``keep_failed``: when flush N fails, cutting the failed bytes off the segment is
+      refused (EROFS, as on a file system the kernel remounted read-only): they stay on
+      disk, and only the void notice says they never happened.
     """
 
     fail_sync: frozenset[int] = msgspec.field(default_factory=frozenset)
@@ -39,6 +42,7 @@ class FaultPlan(msgspec.Struct, frozen=True):
     torn_write: frozenset[int] = msgspec.field(default_factory=frozenset)
     stop_after_sync: frozenset[int] = msgspec.field(default_factory=frozenset)
     fail_segment: frozenset[int] = msgspec.field(default_factory=frozenset)
+    keep_failed: frozenset[int] = msgspec.field(default_factory=frozenset)
 
     def armed(self) -> bool:
         """Whether any fault is planned at all (the writer skips every check otherwise)."""

@@ -1034,6 +1034,7 @@ class Store:
             code = errno.errorcode.get(exc.errno or 0, str(exc.errno))
             cause = (f"{step} of {where} failed at offset {offset}: "
                      f"{exc.strerror or exc} ({code})")
+            self._cut_off(offset, armed and n in plan.keep_failed)
             self._abandon(offset, cause)
             return cause
         self._size += len(data)
@@ -1101,6 +1102,23 @@ class Store:
                 except IllegalTransition as exc:
                     return None, str(exc)
         return state, None
+
+    def _cut_off(self, offset: int, refused: bool) -> None:
+        """Cut the failed batch's bytes off the segment, durably, where the disk lets us.
+
+        The void notice alone needs a new segment and a manifest: on a full disk neither can
+        be made, and a write that ENOSPC cut short (or an fdatasync that failed) leaves whole
+        frames behind it, which the next start read as records. An ``answered`` the client
+        was told had failed then came back, applied. Cutting needs no free space. Best
+        effort: a disk that refuses it (read-only, failing) still gets the notice, below.
+        ``refused``: the ``keep_failed`` fault (a test of the notice without the cut)."""
+        try:
+            if refused:
+                raise OSError(errno.EROFS, "Read-only file system (injected)")
+            os.ftruncate(self._fd, offset)
+            os.fdatasync(self._fd)
+        except OSError:
+            return
 
     def _abandon(self, offset: int, cause: str) -> None:
         """Never write to this segment again; void its failed region in a fresh one."""

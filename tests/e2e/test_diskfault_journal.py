@@ -2,8 +2,9 @@
 
 The Run whose checkpoint could not be written fails with RUN_CHECKPOINT_FAILED, the host
 keeps serving other Runs, and after a restart nothing of the failed batch is read as a
-record: the journal verifies, the failed records are ``void``, and the Run comes back from
-its last durable boundary as the restart table says. Faults are injected only through
+record: the journal verifies, the failed records are cut off the segment (or, where the
+disk refuses the cut, ``void``), and the Run comes back from its last durable boundary as
+the restart table says. Faults are injected only through
 ``INTLOOM_FAULT`` (docs/format.md, "Testing hooks"), read by the host at start.
 """
 
@@ -40,14 +41,18 @@ def _restart_clean(project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
     start(project)
 
 
-def _judge_after_restart(project: Project, run_id: str) -> None:
-    """Nothing half-written reads as valid; the effect ran at most once and only if announced."""
+def _judge_after_restart(project: Project, run_id: str, kept: bool) -> None:
+    """Nothing half-written reads as valid; the effect ran at most once and only if announced.
+    ``kept``: the cut of the failed batch was refused (``keep_failed``), so a notice voids it."""
     report = verify_report(_runtime(project))
     assert [r for r in report.runs if r.status != "ok"] == []
     assert [f for f in report.files if f.kind not in ("torn",)] == []
     history = read_history(_runtime(project), run_id)
     verdicts = Counter(e.verdict for e in history)
-    assert verdicts["void"] >= 1, verdicts  # the failed batch is on disk, and never a record
+    if kept:
+        assert verdicts["void"] >= 1, verdicts  # the failed batch is on disk, never a record
+    else:
+        assert verdicts["void"] == 0, verdicts  # it was cut off: nothing of it is left
     assert set(verdicts) <= {"ok", "void", "torn"}, verdicts
     durable = [e.record for e in history if e.verdict == "ok"]
     started = {r.key for r in durable if isinstance(r, EffectStarted)}
@@ -58,7 +63,8 @@ def _judge_after_restart(project: Project, run_id: str) -> None:
     assert max(_counters(project).values(), default=1) == 1
 
 
-@pytest.mark.parametrize("fault", ["fail_sync=3", "enospc_sync=3"])
+@pytest.mark.parametrize("fault", ["fail_sync=3", "enospc_sync=3", "fail_sync=3,keep_failed=3",
+                                   "enospc_sync=3,keep_failed=3"])
 def test_a_failed_journal_write_fails_only_its_run_and_nothing_half_written_counts(
     soak_project: Project, monkeypatch: pytest.MonkeyPatch, fault: str
 ) -> None:
@@ -76,7 +82,7 @@ def test_a_failed_journal_write_fails_only_its_run_and_nothing_half_written_coun
         assert client.wait_run(other.run_id).status == "completed"
         assert client.status().instance_id == service.instance_id
     _restart_clean(project, monkeypatch)
-    _judge_after_restart(project, failed.run_id)
+    _judge_after_restart(project, failed.run_id, "keep_failed" in fault)
     with Client.connect(project.root) as client:
         again = client.get_run(failed.run_id)
         # Its journal ends at the last durable record: a Step that had started is not re-run.
@@ -110,7 +116,7 @@ def test_no_room_for_a_new_segment_fails_every_later_checkpoint_but_not_the_host
         assert "no replacement segment could be created" in now.journal_error
         assert [r.run_id for r in client.runs()] == [failed.run_id]
     _restart_clean(project, monkeypatch)
-    _judge_after_restart(project, failed.run_id)
+    _judge_after_restart(project, failed.run_id, kept=False)
     with Client.connect(project.root) as client:
         assert client.status().journal_error is None
         fresh = client.create_run("soak-ticker", "disk goal=2 delay=0")

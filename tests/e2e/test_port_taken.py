@@ -131,6 +131,10 @@ def test_a_command_never_hands_the_token_to_a_program_on_a_dead_hosts_port(
     assert (f"names pid {dead}, which no longer exists" in error["message"]
             or f"names pid {dead}, which has exited (a zombie" in error["message"]), error
     assert "Nothing was sent" in error["message"]
+    # Its service.lock's owner is as provably gone: the way out is named, not another hop
+    # through intloom status (which said "Run intloom status" before 2026-12-04).
+    assert error["message"].endswith("Run intloom recover (intloom doctor says what it "
+                                     "removes), then intloom start."), error
     assert received == b"", "a client connected to the program on the dead host's port"
 
 

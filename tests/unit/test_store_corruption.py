@@ -741,7 +741,8 @@ def test_store_history_decodes_only_the_segments_holding_the_run_or_a_void_notic
     must still be found: the record it voids never happened."""
     root = tmp_path / "runtime"
     a, b = walk("RUN-A", 6, 1), walk("RUN-B", 6, 2)
-    store = open_store(root, faults=FaultPlan(fail_sync=frozenset({2})))
+    store = open_store(root, faults=FaultPlan(fail_sync=frozenset({2}),
+                                              keep_failed=frozenset({2})))
     store.append("RUN-A", a[0])
     store.append("RUN-B", b[0])
     store.sync_blocking()  # segment 1

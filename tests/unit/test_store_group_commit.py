@@ -71,7 +71,9 @@ def test_a_failed_fsync_fails_exactly_its_batch(tmp_path: Path) -> None:
     a, b, c = walk("RUN-A", 6, 1), walk("RUN-B", 6, 2), walk("RUN-C", 6, 3)
 
     async def main() -> None:
-        store = open_store(root, faults=FaultPlan(fail_sync=frozenset({3})))
+        # keep_failed: the failed bytes stay (a disk that refuses the cut), for the notice.
+        store = open_store(root, faults=FaultPlan(fail_sync=frozenset({3}),
+                                                  keep_failed=frozenset({3})))
         for run, recs in (("RUN-A", a), ("RUN-B", b), ("RUN-C", c)):
             store.append(run, recs[0])
         await store.sync()  # flush 1
@@ -200,7 +202,8 @@ def test_records_appended_while_a_failing_batch_is_on_disk_are_dropped(tmp_path:
     async def main() -> None:
         # A slow disk's path (never inline): the batch is on the store's thread, and the
         # loop keeps appending meanwhile.
-        store = open_store(root, faults=FaultPlan(fail_sync=frozenset({2})),
+        store = open_store(root, faults=FaultPlan(fail_sync=frozenset({2}),
+                                                  keep_failed=frozenset({2})),
                            inline_max_sync_s=0.0)
         for record in a:
             store.append("RUN-A", record)
@@ -250,7 +253,8 @@ def test_a_failed_batch_stays_void_once_the_segment_naming_it_is_no_longer_read(
     damage too). Its void bytes must not read back as records: RUN-X's creation failed, and
     its caller was told so; it must never be restored and run."""
     root = tmp_path / "runtime"
-    store = open_store(root, faults=FaultPlan(fail_sync=frozenset({2})))
+    store = open_store(root, faults=FaultPlan(fail_sync=frozenset({2}),
+                                              keep_failed=frozenset({2})))
     for record in walk("RUN-D", 3, 1):
         store.append("RUN-D", record)
     store.sync_blocking()
@@ -305,6 +309,39 @@ def test_when_no_replacement_segment_can_be_made_every_later_sync_fails(tmp_path
     journals = by_id(read_runs(root))
     assert journals["RUN-A"].state == fold(a[:1]) and "RUN-B" not in journals
     assert by_id(verify(root))["RUN-A"].state == fold(a[:1])
+
+
+@pytest.mark.parametrize("fault", ["fail_sync", "enospc_sync"])
+def test_a_failed_batch_no_void_notice_could_name_is_cut_off_its_segment(
+    tmp_path: Path, fault: str,
+) -> None:
+    """A full disk: the batch fails, and neither the replacement segment that would void it
+    nor a manifest can be written; then the host stops or dies. The records of the failed
+    batch that reached the file (all of them after a failed fdatasync, the whole frames of a
+    write ENOSPC cut short) read back as records at the next start: RUN-X's second record
+    (an answer, say) was reported failed to its client, and came back applied. They are now
+    cut off the segment, which needs no free space; the bytes before them stay as they were."""
+    root = tmp_path / "runtime"
+    x = walk("RUN-X", 6, 1)
+    store = open_store(root, faults=FaultPlan(**{fault: frozenset({2})},
+                                              fail_segment=frozenset({2})))
+    store.append("RUN-X", x[0])
+    store.sync_blocking()
+    segment = root / "wal" / "0000000001.seg"
+    durable = segment.read_bytes()
+    for record in x[1:5]:
+        store.append("RUN-X", record)
+    with pytest.raises(CheckpointFailed):
+        store.sync_blocking("RUN-X")
+    store.append("RUN-Y", walk("RUN-Y", 1, 2)[0])
+    with pytest.raises(CheckpointFailed) as info:
+        store.sync_blocking("RUN-Y")
+    assert "no replacement segment could be created" in info.value.cause, info.value.cause
+    abandon(store)  # the host dies: no manifest names the void
+    assert segment.read_bytes() == durable
+    for journals in (read_runs(root), verify(root)):
+        journal = by_id(journals)["RUN-X"]
+        assert journal.status == "ok" and journal.state == fold(x[:1]), journal
 
 
 def test_append_after_close_is_refused(tmp_path: Path) -> None:
