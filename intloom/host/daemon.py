@@ -340,11 +340,13 @@ def _listener(port: int, exc: OSError) -> str:
 
 
 class _MovedAway(Exception):
-    """The project's runtime directory is no longer the one this host locked: ``fact``."""
+    """The project's runtime directory is no longer the one this host locked: ``fact``.
+    ``removed``: that directory was deleted (nothing is left to put back)."""
 
-    def __init__(self, fact: str) -> None:
+    def __init__(self, fact: str, removed: bool = False) -> None:
         super().__init__(fact)
         self.fact = fact
+        self.removed = removed
 
 
 class _ImportInterrupted(LoadInterrupted):
@@ -529,7 +531,7 @@ class Host:
             try:
                 await self.serve()
             except _MovedAway as moved:
-                return self._left_home(moved.fact)
+                return self._left_home(moved.fact, moved.removed)
             except Exception as exc:
                 self._fatal(exc)
                 return 1
@@ -927,9 +929,29 @@ class Host:
         while not self._stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), _HOME_LOOK)
+            removed = self._removed()
+            if removed is not None and not self._stop.is_set():
+                raise _MovedAway(removed, removed=True)
             fact = self._moved_away()
             if fact is not None and not self._stop.is_set():
                 raise _MovedAway(fact)
+
+    def _removed(self) -> str | None:
+        """Why the runtime directory this host locked is known deleted, or None. Removed with
+        the whole project (``rm -rf``), the root's path is gone too, which reads as a project
+        moved as a whole: the host served on into unlinked files, its Steps and effects
+        running with a journal no start could ever read, and took the disk's space unseen
+        (``du`` shows nothing). A deleted directory has no link left."""
+        if self._store_lock < 0:
+            return None
+        try:
+            links = os.fstat(self._store_lock).st_nlink
+        except OSError:
+            return None
+        if links != 0:
+            return None
+        return (f"{self.paths.runtime} was deleted while this host ran (the directory "
+                "itself, with .intloom/ or the whole project)")
 
     def _moved_away(self) -> str | None:
         """Why this host no longer owns the project's state, or None: ``.intloom/`` (or its
@@ -960,17 +982,26 @@ class Host:
                     "locked (.intloom/ or its runtime/ was moved or replaced while it ran)")
         return None
 
-    def _left_home(self, fact: str) -> int:
+    def _left_home(self, fact: str, removed: bool = False) -> int:
         """Stop serving at once, as a crash would: nothing more is written by path (that
         would land in another host's .intloom/, or nowhere), so the store is not closed and
         no service file is removed; the kernel drops the locks and the port with the
         process. The Runs restore from the moved journal, as after a crash, wherever it is
         put back."""
-        message = (f"{fact}. The host stopped serving at once, as a crash would, so that it "
-                   f"and a host started in {self.paths.root} since never both own the "
-                   "project; its Runs stay in the journal it wrote, in the moved directory.")
-        fix = ("Stop any host started since (intloom stop), put the moved .intloom/ back, "
-               "then run intloom recover (this host has exited) and intloom start.")
+        if removed:
+            message = (f"{fact}. The host stopped serving at once, as a crash would: its "
+                       "journal is deleted, so nothing it did from then on could be "
+                       "restored, and its Runs went with it.")
+            fix = ("Put back a copy of the project's .intloom/ if you have one (a backup); "
+                   "otherwise its Runs are lost: run intloom recover where service files are "
+                   "left (this host has exited), then intloom start, which begins with no Run.")
+        else:
+            message = (f"{fact}. The host stopped serving at once, as a crash would, so that "
+                       f"it and a host started in {self.paths.root} since never both own the "
+                       "project; its Runs stay in the journal it wrote, in the moved "
+                       "directory.")
+            fix = ("Stop any host started since (intloom stop), put the moved .intloom/ "
+                   "back, then run intloom recover (this host has exited) and intloom start.")
         if self.log is not None:
             self.log.fatal("state_dir_moved", path=str(self.paths.runtime), message=message,
                            fix=fix)

@@ -8,6 +8,7 @@ project never serves beside it."""
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 
 import pytest
@@ -94,6 +95,26 @@ def test_a_foreground_host_whose_state_directory_is_moved_says_so_as_an_error(
     assert "put the moved .intloom/ back, then run intloom recover" in error["message"], error
     assert "intloom host:" not in err, err
     assert not project.state.exists()
+
+
+@pytest.mark.parametrize("deleted", ["project", "runtime"])
+def test_a_host_whose_project_is_deleted_stops_serving_and_says_its_runs_are_lost(
+        project: Project, deleted: str) -> None:
+    """``rm -rf`` of the whole project under a running host: the root's path was gone too,
+    which read as a project moved as a whole, so the host served on, its Steps and effects
+    running into unlinked files no start could read, the disk's space taken unseen. A
+    deleted runtime directory (no link left) now stops it as a move does, and its error
+    says the Runs went with it rather than "put the moved .intloom/ back"."""
+    with foreground_host(project, "--json") as proc:
+        shutil.rmtree(project.root if deleted == "project" else project.state / "runtime")
+        out, err = proc.communicate(timeout=15)
+    assert proc.returncode == 1, (out, err)
+    [line] = [line for line in err.splitlines() if line.startswith('{"error":')]
+    error = json.loads(line)["error"]
+    assert error["code"] == "STORAGE_ERROR", error
+    assert f"{project.state}/runtime was deleted while this host ran" in error["message"], error
+    assert "otherwise its Runs are lost" in error["message"], error
+    assert "put the moved .intloom/ back" not in error["message"], error
 
 
 def test_a_foreground_host_whose_project_moved_says_which_files_it_kept(
