@@ -854,6 +854,11 @@ def _await_ready(proc: subprocess.Popen[bytes], fd: int, deadline: float,
         readable, _, _ = select.select([fd], [], [], min(remaining, 0.5))
         importing.check(slow_import)
         if not readable:
+            if proc.poll() is not None:
+                # Exited without closing the pipe: a process a Workflow source forked while
+                # it was imported holds its write end, and this start waited until its
+                # --timeout (300 s), then said the host had stopped and left nothing.
+                raise _died_starting(proc, importing, paths)
             continue
         chunk = os.read(fd, 65536)
         if not chunk:

@@ -105,6 +105,45 @@ def test_a_first_start_killed_in_a_workflow_import_is_recovered_as_doctor_says(
     ok(slow.cli("stop", "--json"))
 
 
+FORKS = '''
+import os
+import time
+from pathlib import Path
+
+_HERE = Path(__file__).resolve().parent.parent
+child = os.fork()
+if child == 0:  # keeps every descriptor the host had, its readiness pipe among them
+    time.sleep(60)
+    os._exit(0)
+(_HERE / "child.pid").write_text(str(child))
+os._exit(5)
+'''
+
+
+def test_a_host_whose_workflow_forked_and_exited_in_its_import_is_said_dead_at_once(
+    tmp_path: Path,
+) -> None:
+    """A Workflow source that forks a long-lived child while it is imported, then ends the
+    process: the child held the readiness pipe, so the start waited until its --timeout and
+    then said the host "stopped and released its files" (its service.lock was left). It now
+    notices its host exited and says so at once, with the exit status and the source."""
+    for project in reaped(one_source_project(tmp_path, "forks", FORKS)):
+        child: int | None = None
+        try:
+            started = project.cli("start", "--json", "--timeout", "20")
+            child = int((project.root / "child.pid").read_text())
+            assert started.code == 1, started.stdout
+            error = started.json["error"]
+            assert error["code"] == "CLI_SERVICE_UNAVAILABLE", error
+            assert "exited with status 5 before it reported ready" in error["message"], error
+            assert "It was importing workflows/forks.py" in error["message"], error
+            assert "service.lock" in error["message"], error  # left, and named
+        finally:
+            if child is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child, signal.SIGKILL)
+
+
 def test_a_start_stuck_in_a_workflow_import_names_the_source(slow: Project) -> None:
     """A source that loops or waits when imported kept ``start`` silent until its --timeout
     (300 s by default), whose error then named no source ("within --timeout; ... see
