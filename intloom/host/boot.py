@@ -272,12 +272,14 @@ def boot(
     strict: bool,
     importing: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext,
     progress: Callable[[str | None], None] | None = None,
+    still_home: Callable[[], None] | None = None,
 ) -> Booted:
     """Load Workflows, open the store, restore every Run. Raises IntloomError on failure.
 
     ``importing`` wraps the import of the Workflow modules only (user code, before anything
     is written): the host makes a stop signal interrupt it there. ``progress`` is told each
-    Workflow source as its import begins, and None once it ended.
+    Workflow source as its import begins, and None once it ended. ``still_home`` raises when
+    the project's state moved meanwhile (the store opens by path).
     """
     paths = ProjectPaths(root)
     with importing(), _as_a_script_imports(), _standard_descriptors_kept():
@@ -291,6 +293,8 @@ def boot(
     if strict:
         _refuse_before_writing(paths, result.workflows, package_version, result.withheld,
                                failed)
+    if still_home is not None:
+        still_home()
     compactions: list[str] = []
     store, restored = _open_store(paths, log, instance_id=instance_id,
                                   package_version=package_version, strict=strict,

@@ -752,7 +752,7 @@ class Host:
             self.booted = boot(
                 self.paths.root, config, log, instance_id=self.instance_id,
                 package_version=__version__, strict=opts.strict, importing=self._importing,
-                progress=self._import_progress,
+                progress=self._import_progress, still_home=self._still_home,
             )
         except _ImportInterrupted as exc:
             name = signal.Signals(exc.sig).name
@@ -935,6 +935,34 @@ class Host:
             fact = self._moved_away()
             if fact is not None and not self._stop.is_set():
                 raise _MovedAway(fact)
+
+    def _still_home(self) -> None:
+        """Raise when the project or its ``.intloom/`` moved (or was deleted) since this host
+        locked its runtime directory, as it imported the Workflows: the store opens by path,
+        so it made a new, empty journal at the old place and the start said it had restored
+        no Run, while the Runs were in the moved one (and a project moved as a whole is no
+        longer where this host was started to serve)."""
+        if self._home is None:
+            return
+        fact = self._removed()
+        if fact is None:
+            try:
+                here: tuple[tuple[int, int], tuple[int, int]] | None = (
+                    _identity(os.stat(self.paths.root)),
+                    _identity(os.lstat(self.paths.runtime)))
+            except OSError:
+                here = None
+            if here == self._home:
+                return
+            fact = (f"{self.paths.root} or its .intloom/ was moved while this host started "
+                    "(as it imported the Workflows)")
+        raise IntloomError(
+            "STORAGE_ERROR",
+            f"{fact}: the journal it locked is no longer at {self.paths.runtime}, so it did "
+            "not open its store there (it opens it by path, and would have made a new, empty "
+            "one). Nothing was written there. Run intloom start again where the project is "
+            "now (its connection.json names the old place: the command says how to go on).",
+        )
 
     def _removed(self) -> str | None:
         """Why the runtime directory this host locked is known deleted, or None. Removed with

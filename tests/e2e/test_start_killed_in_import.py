@@ -144,6 +144,36 @@ def test_a_host_whose_workflow_forked_and_exited_in_its_import_is_said_dead_at_o
                     os.kill(child, signal.SIGKILL)
 
 
+@pytest.mark.parametrize("moved", ["state", "project"])
+def test_a_project_moved_while_its_host_imports_fails_the_start_and_writes_nothing_there(
+    slow: Project, moved: str,
+) -> None:
+    """The project (or its .intloom/) moved while the starting host imported its Workflows:
+    the store, opened by path, made a new, empty journal at the old place, and the start
+    said "Service started ... no unfinished Runs to restore" while the Runs were in the
+    moved journal. The start now fails before the store opens, and writes nothing there."""
+    started: list[CliResult] = []
+    starting = threading.Thread(target=lambda: started.append(slow.cli("start", "--json")))
+    starting.start()
+    try:
+        eventually((slow.root / "importing").exists, timeout=20, what="the import to start")
+        slow.pids.add(json.loads((slow.state / "service.lock").read_text())["pid"])
+        if moved == "state":
+            slow.state.rename(slow.root / ".intloom.moved")
+        else:
+            slow.root.rename(slow.root.parent / "moved")
+            slow.root.mkdir()  # what the import waits on is at the old place
+        (slow.root / "release").write_text("")
+    finally:
+        starting.join(timeout=60)
+    [result] = started
+    assert result.code == 1, result.stdout
+    error = result.json["error"]
+    assert error["code"] == "STORAGE_ERROR", error
+    assert "was moved while this host started" in error["message"], error
+    assert not (slow.root / ".intloom").exists()  # no new, empty journal: nothing at all
+
+
 def test_a_start_stuck_in_a_workflow_import_names_the_source(slow: Project) -> None:
     """A source that loops or waits when imported kept ``start`` silent until its --timeout
     (300 s by default), whose error then named no source ("within --timeout; ... see
