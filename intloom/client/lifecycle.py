@@ -588,6 +588,12 @@ def start_service(
         if owner != "absent":
             # A host that is starting right now (a concurrent start) will answer soon;
             # anything else behind a lock file is for doctor and recover, never for us.
+            if owner == "starting":
+                # A starting host has written no service.json yet (it is written last): one
+                # this project cannot use (another project's: the project moved while its
+                # host ran, and connection.json was set aside) is said as status says it,
+                # not waited for until the --timeout as "another start's host".
+                read_service(paths.service_json, paths.root)
             if owner == "starting" and time.monotonic() < deadline:
                 paused_pid = _paused_starting(paths)
                 if paused_pid is not None:

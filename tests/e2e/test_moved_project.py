@@ -8,6 +8,7 @@ project never serves beside it."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 
@@ -95,6 +96,31 @@ def test_a_foreground_host_whose_state_directory_is_moved_says_so_as_an_error(
     assert "put the moved .intloom/ back, then run intloom recover" in error["message"], error
     assert "intloom host:" not in err, err
     assert not project.state.exists()
+
+
+def test_a_start_in_a_project_moved_under_its_host_says_whose_service_json_it_finds(
+        project: Project) -> None:
+    """The project moved while its host ran (it serves on), and its connection.json was set
+    aside as the moved project's errors say: start took the host's held lock for a start in
+    progress and waited its whole --timeout (300 s) for "another start's host", where status
+    said at once that service.json is another project's."""
+    started_waiting(project)
+    pid = project.host_pid()
+    new_root = project.root.parent / "moved"
+    project.root.rename(new_root)
+    moved = Project(root=new_root, pids=project.pids)
+    try:
+        (moved.state / "connection.json").rename(moved.state / "connection.json.moved")
+        status = moved.cli("status", "--json")
+        started = moved.cli("start", "--json", "--timeout", "20")
+        assert started.code == 1, started.stdout
+        error = started.json["error"]
+        assert error["code"] == "CLI_SERVICE_METADATA_INVALID", error
+        assert error["code"] == status.json["error"]["code"], status.stdout
+        assert "belongs to another project" in error["message"], error
+    finally:
+        os.kill(pid, signal.SIGTERM)  # a graceful stop: the Run stays waiting
+        eventually(lambda: not pid_alive(pid), timeout=30, what=f"host {pid} to stop")
 
 
 @pytest.mark.parametrize("deleted", ["project", "runtime"])
