@@ -509,8 +509,8 @@ def _main(state: CliState, args: list[str]) -> int:
         if _empty_project(args):
             # Path("") is ".": `--project "$DIR"` with DIR unset acted on the working
             # directory, where --project selects exactly the directory it names.
-            raise UsageError("--project is given an empty path; pass the project's root "
-                             "directory (a variable that is unset or empty, say).")
+            raise UsageError("--project is given an empty path (a shell variable that is "
+                             "unset or empty, say); pass the project's root directory.")
         result = command.main(
             args=args, prog_name="intloom", standalone_mode=False, obj=state
         )

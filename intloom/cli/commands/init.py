@@ -32,8 +32,8 @@ def init(
     from intloom.scaffold import SCAFFOLD, scaffold
 
     if path == "":
-        raise UsageError("intloom init is given an empty path; pass the directory to "
-                         "scaffold (a variable that is unset or empty, say), or none for "
+        raise UsageError("intloom init is given an empty path (a shell variable that is "
+                         "unset or empty, say); pass the directory to scaffold, or none for "
                          "the working directory.")
     directory = None if path is None else Path(path)
     if (

@@ -242,7 +242,8 @@ def runs(
                         else "The current service has no Runs.", *held_lines])
         return
     views = [plain(r) for r in found]
-    renderer.table(["RUN", "WORKFLOW", "STATUS", "CURSOR", "UPDATED"], [run_row(v) for v in views])
+    renderer.table(["RUN", "WORKFLOW", "STATUS", "STAGE/STEP", "UPDATED"],
+                   [run_row(v) for v in views])
     # What each waiting Run asks, so that an answer can be composed from this output alone.
     asks: list[str] = []
     intloom = state.intloom()
