@@ -153,7 +153,8 @@ def _inode_flags(path: Path) -> int | None:
         os.close(fd)
 
 
-UnlinkBar = Literal["read_only_fs", "immutable", "append_only", "not_writable", "sticky"]
+UnlinkBar = Literal["read_only_fs", "emergency_ro", "immutable", "append_only", "not_writable",
+                    "sticky"]
 
 
 class UnlinkRefusal(msgspec.Struct, frozen=True):
@@ -187,6 +188,10 @@ def unlink_refusal(path: Path) -> UnlinkRefusal | None:
                                  f"the filesystem holding {directory.name} is read-only")
     except OSError:
         pass
+    if _made_read_only(directory):
+        return UnlinkRefusal("emergency_ro", directory,
+                             f"the filesystem holding {directory.name} was made read-only by "
+                             "the kernel after an error")
     for where, name in ((path, "it"), (directory, directory.name)):
         flags = _inode_flags(where)
         if flags is None:
@@ -212,12 +217,37 @@ def unlink_refusal(path: Path) -> UnlinkRefusal | None:
     return None
 
 
+def _made_read_only(directory: Path) -> bool:
+    """Whether the kernel made the file system holding ``directory`` read-only after an error
+    (ext4's errors=remount-ro: ``emergency_ro`` among its superblock's options in
+    /proc/self/mountinfo). statvfs does not say so: its mount stays "rw", and every write
+    fails with EROFS; "an immutable file, or a read-only .intloom" was guessed of it."""
+    try:
+        dev = os.stat(directory).st_dev
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as fh:
+            lines = fh.readlines()
+    except OSError:
+        return False
+    here = f"{os.major(dev)}:{os.minor(dev)}"
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 3 or fields[2] != here or "-" not in fields[3:]:
+            continue
+        after = fields[fields.index("-", 3) + 1:]  # fstype, source, superblock options
+        if len(after) >= 3 and "emergency_ro" in after[2].split(","):
+            return True
+    return False
+
+
 def unlink_fix(refused: UnlinkRefusal, path: Path) -> str:
     """What lifts ``refused`` (``unlink_refusal(path)``), without a full stop: one fix for
     every message that names that bar (recover, a failed write of the host, doctor)."""
     where = shell_arg(refused.where)
     if refused.bar == "read_only_fs":
         return "Remount that filesystem read-write"
+    if refused.bar == "emergency_ro":
+        return ("Check the disk first (dmesg says which error; fsck the file system once it "
+                "is unmounted), then mount it read-write again")
     if refused.bar in ("immutable", "append_only"):
         flag = "-i" if refused.bar == "immutable" else "-a"
         shown = f"lsattr {where}" if refused.where == path else f"lsattr -d {where}"
@@ -299,6 +329,9 @@ def write_refusal(path: Path, *, replaced: bool = True) -> tuple[str, str] | Non
     where = refused.where
     if refused.bar == "read_only_fs":
         fact = f"the file system holding {where} is read-only"
+    elif refused.bar == "emergency_ro":
+        fact = (f"the file system holding {where} was made read-only by the kernel after an "
+                "error")
     elif refused.bar == "immutable":
         fact = f"{where} is immutable (chattr +i)"
     elif refused.bar == "append_only":

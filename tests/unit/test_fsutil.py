@@ -3,6 +3,7 @@ every target is replaced or none is, and nothing is left behind."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -620,3 +621,44 @@ def _lock_to_create(tmp_path: Path) -> tuple[Path, Any]:
                                   instance_id="0f0e0d0c-0b0a-4908-8706-050403020100",
                                   started_at="2026-01-01T00:00:00Z")
     return path, record
+
+
+def test_a_file_system_the_kernel_made_read_only_after_an_error_is_named_as_such(
+        tmp_path: Path) -> None:
+    """ext4 with errors=remount-ro after an error: its mount still says "rw" (statvfs has no
+    ST_RDONLY), only its superblock's ``emergency_ro`` tells, and every write fails with
+    EROFS. status said "free space on the disk", stop guessed "an immutable file, or a
+    read-only .intloom": the fact is now read, with the disk check it calls for."""
+    from intloom.fsutil import write_refusal
+
+    image, mount = tmp_path / "img", tmp_path / "fs"
+    mount.mkdir()
+    with open(image, "wb") as fh:
+        fh.truncate(16 << 20)
+    if shutil.which("mkfs.ext4") is None or subprocess.run(
+            ["mkfs.ext4", "-q", "-F", str(image)], capture_output=True).returncode != 0:
+        pytest.skip("mkfs.ext4 is not available")
+    if subprocess.run(["mount", "-o", "loop,errors=remount-ro", str(image), str(mount)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("a loop mount needs root (and a loop device)")
+    try:
+        (mount / ".intloom").mkdir()
+        assert write_refusal(mount / ".intloom" / "service.lock") is None
+        device = Path(subprocess.run(["findmnt", "-n", "-o", "SOURCE", str(mount)],
+                                     capture_output=True, text=True).stdout.strip()).name
+        trigger = Path("/sys/fs/ext4") / device / "trigger_fs_error"
+        try:
+            trigger.write_text("1")
+        except OSError:
+            pytest.skip(f"{trigger} cannot be written here")
+        with pytest.raises(OSError) as refused:
+            (mount / ".intloom" / "x").write_text("")
+        assert refused.value.errno == errno.EROFS
+        assert not os.statvfs(mount).f_flag & os.ST_RDONLY  # the mount never says it
+        said = write_refusal(mount / ".intloom" / "service.lock")
+        assert said == (f"the file system holding {mount / '.intloom'} was made read-only by "
+                        "the kernel after an error",
+                        "Check the disk first (dmesg says which error; fsck the file system "
+                        "once it is unmounted), then mount it read-write again"), said
+    finally:
+        subprocess.run(["umount", str(mount)], capture_output=True)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import shutil
+import subprocess
 import tempfile
 import threading
 from pathlib import Path
@@ -17,6 +19,7 @@ from hypothesis import strategies as st
 import intloom.store.writer as writer
 from intloom.runtime.machine import fold
 from intloom.store import FaultPlan, read_history, read_runs, read_runs_report, verify
+from intloom.store.compaction import NotSummarised
 from tests.helpers import eventually
 from tests.unit.test_store_support import abandon, by_id, open_store, walk
 
@@ -288,6 +291,35 @@ def test_a_segment_after_a_failed_rotation_rotates_at_the_usual_size(tmp_path: P
     assert len(sizes) >= 4, sizes
     [journal] = read_runs(tmp_path)
     assert journal.status == "ok" and journal.state == fold(records)
+
+
+def test_a_rotation_an_immutable_wal_refuses_names_the_flag_not_free_disk_space(
+    tmp_path: Path,
+) -> None:
+    """A rotation whose new segment wal/ refused (chattr +i: EPERM) said, in the log and in
+    status, "Free disk space, or file descriptors (ulimit -n)": it now says what refused."""
+    if shutil.which("chattr") is None:
+        pytest.skip("chattr is not installed")
+    told: list[NotSummarised] = []
+    records = walk("RUN-A", 4_000, 5)
+    store = open_store(tmp_path, segment_bytes=SEGMENT)
+    store.on_unsummarised = lambda exc, when: told.append(exc)
+    wal = tmp_path / "wal"
+    if subprocess.run(["chattr", "+i", str(wal)], capture_output=True).returncode != 0:
+        store.close_blocking()
+        pytest.skip("chattr +i is not supported here (CAP_LINUX_IMMUTABLE, filesystem)")
+    try:
+        for first in range(0, len(records), 10):
+            for record in records[first : first + 10]:
+                store.append("RUN-A", record)
+            store.sync_blocking()
+    finally:
+        subprocess.run(["chattr", "-i", str(wal)], check=True)
+    store.close_blocking()
+    [refused] = [exc for exc in told if exc.what == "segment"]
+    assert f"{wal} is immutable (chattr +i)" in str(refused.fix), refused.fix
+    assert f"chattr -i {wal}" in str(refused.fix), refused.fix
+    assert "Free disk space" not in str(refused.fix), refused.fix
 
 
 def test_a_stops_bound_on_the_close_grows_with_the_snapshots_it_writes(tmp_path: Path) -> None:
