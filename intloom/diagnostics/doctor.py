@@ -892,6 +892,28 @@ def _temp_files_check(paths: ProjectPaths) -> Check:
     return Check("temp_files", "attention", " ".join(message), ". ".join(todo))
 
 
+def _left_home_check(found: tuple[str, bytes] | None) -> Check | None:
+    """The last host's fatal ``state_dir_moved``: it stopped serving because its
+    ``.intloom/runtime/`` was moved or deleted. With ``runtime/`` alone gone, its log stayed
+    in ``.intloom/logs/``, and doctor said "No .intloom/runtime/ yet" and "stale resources
+    ... recover, then start": a start that begins with no Run, while the Runs may be in a
+    moved directory. ``found``: that log's name and tail (``last_log``)."""
+    if found is None:
+        return None
+    name, tail = found
+    left = next((r for r in log_records(tail) if r.get("event") == "state_dir_moved"), None)
+    if left is None:
+        return None
+    return Check(
+        "state_dir", "attention",
+        f"The last host stopped serving ({left.get('time', '?')}, .intloom/logs/{name}): "
+        f"{left.get('message', '?')}",
+        f"{left.get('fix') or 'Put the moved .intloom/ back.'} Until then, an intloom start "
+        "here begins with the Runs of whatever is at .intloom/runtime/ now (none, if it is "
+        "missing).",
+    )
+
+
 def _compaction_check(found: tuple[str, bytes] | None) -> Check | None:
     """The last host's failed compaction (``store_compaction_failed``) that the next start
     meets: one at its stop, or one no clean stop followed. Only its log said so once the
@@ -1085,9 +1107,13 @@ def run_doctor(root: Path) -> DoctorReport:
             runs = _with_tool_calls(runs, lambda: evidence_log(paths.logs, before=current))
     else:
         runs = _with_tool_calls(runs, lambda: evidence_log(paths.logs))
-        compaction = _compaction_check(last_log(paths.logs))
+        last = last_log(paths.logs)
+        compaction = _compaction_check(last)
         if compaction is not None:
             checks.append(compaction)
+        left_home = _left_home_check(last)
+        if left_home is not None:
+            checks.append(left_home)
     return DoctorReport(
         schema_version=SCHEMA_VERSION,
         project_root=diagnosis.project_root,

@@ -143,6 +143,27 @@ def test_a_host_whose_project_is_deleted_stops_serving_and_says_its_runs_are_los
     assert "put the moved .intloom/ back" not in error["message"], error
 
 
+def test_doctor_names_why_the_last_host_stopped_when_its_runtime_was_deleted(
+        project: Project) -> None:
+    """``rm -rf .intloom/runtime`` under a running host: it stops serving (state_dir_moved,
+    in its log, which stayed in .intloom/logs/), and doctor said "No .intloom/runtime/ yet",
+    "No Run journals yet" and "Run intloom recover, then intloom start": a start that
+    begins with no Run, the deletion said nowhere. It now shows the host's own words."""
+    started_waiting(project)
+    pid = project.host_pid()
+    shutil.rmtree(project.state / "runtime")
+    eventually(lambda: not pid_alive(pid), timeout=10, what=f"host {pid} to stop serving")
+    doctor = project.cli("doctor", "--json")
+    assert doctor.code == 3, doctor.stdout  # attention
+    checks = {c["id"]: c for c in doctor.json["checks"]}
+    left = checks["state_dir"]
+    assert left["status"] == "attention", left
+    assert f"{project.state}/runtime was deleted while this host ran" in left["message"], left
+    assert "otherwise its Runs are lost" in left["next"], left
+    shown = project.cli("doctor").stdout
+    assert "state_dir · attention: The last host stopped serving" in shown, shown
+
+
 def test_a_foreground_host_whose_project_moved_says_which_files_it_kept(
         project: Project) -> None:
     """The project directory renamed under a running host, then Ctrl-C: the stop removed its
