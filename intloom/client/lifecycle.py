@@ -1640,6 +1640,12 @@ def stop_service_report(root: str | os.PathLike[str], *, timeout: float | None =
                 log is None or last_line(log, STOPPING) is None):
             return StopResult(stopped=False, cut=[])  # as once its files are gone
         if not tried:
+            # Seen only by its lock: it may have served and been stopped by a concurrent
+            # stop between two of our polls. "It exited before it ever served ... suspended
+            # 0" was then said of a host that had served and suspended Runs.
+            served_log = _served_log(paths, target.instance_id)
+            if served_log is not None:
+                return _with_changes(root, _stopped(served_log), served_log)
             return StopResult(stopped=True, cut=[], suspended=0, served=False)
         return _with_changes(root, _stopped(log), log)
 
@@ -1679,6 +1685,26 @@ def stop_service_report(root: str | os.PathLike[str], *, timeout: float | None =
             raise IntloomError("CLI_SERVICE_TIMEOUT",
                                _stop_timed_out(target, deadline - began, asked))
         time.sleep(min(_POLL, remaining))  # a poll between two reads of the metadata
+
+
+_SERVED: Final = b'"event":"service_ready"'
+
+
+def _served_log(paths: ProjectPaths, instance_id: str) -> Path | None:
+    """The log of host ``instance_id`` when it says that host served (``service_ready``);
+    None otherwise. Its log is among the newest few: it opened one as it started."""
+    from intloom.project import scan_logs
+
+    try:
+        found, _, _ = scan_logs(paths.logs)
+    except OSError:
+        return None
+    mark = f'"instanceId":"{instance_id}"'.encode()
+    for path in reversed(found[-3:]):
+        head = read_log(path, 4096, tail=False)
+        if head is not None and mark in head.split(b"\n", 1)[0]:
+            return path if last_line(path, _SERVED) is not None else None
+    return None
 
 
 def _stop_lines(log: Path | None) -> list[dict[str, Any]]:

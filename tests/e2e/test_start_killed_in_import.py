@@ -242,6 +242,43 @@ def _while_starting(project: Project, env: dict[str, str] | None = None
     ok(result)
 
 
+def test_a_stop_that_saw_a_starting_host_another_stop_ended_says_it_served(
+        slow: Project) -> None:
+    """A stop that found the host starting (its lock only) asks it once it serves; when a
+    second stop asked first and the host served, stopped and removed its files between two
+    of the first stop's polls, the first said "It exited before it ever served requests ...
+    it had taken on no Run", of a host that had served (and suspended Runs, had it any).
+    The first stop here is paused (SIGSTOP) over that window, to make it certain."""
+    with _while_starting(slow):
+        first = subprocess.Popen([sys.executable, "-m", "intloom", "stop"], cwd=slow.root,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert first.stderr is not None
+            seen = ""
+            while "is still starting" not in seen:  # it observed the lock, and polls
+                line = first.stderr.readline()
+                assert line, (seen, first.wait(timeout=10))
+                seen += line
+            first.send_signal(signal.SIGSTOP)
+        except BaseException:
+            first.kill()
+            first.wait(timeout=10)
+            raise
+    try:
+        second = ok(slow.cli("stop", "--json"))  # the host served: this stop ends it
+        assert second["stopped"] is True and second.get("served", True) is True, second
+        first.send_signal(signal.SIGCONT)
+        out, err = first.communicate(timeout=30)
+    finally:
+        if first.poll() is None:
+            first.send_signal(signal.SIGCONT)
+            first.kill()
+            first.wait(timeout=10)
+    assert first.returncode == 0, (out, err)
+    assert "before it ever served" not in out, out
+    assert "The original service instance stopped." in out, out
+
+
 def test_status_during_a_normal_start_says_the_host_is_starting(slow: Project) -> None:
     """A host that holds its lock while it imports its Workflows is starting, not stuck:
     status said "A resource owner still exists ... Do not delete locks", which reads as a
