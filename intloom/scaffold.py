@@ -170,6 +170,22 @@ def _listed_anyway(config: Path) -> tuple[str, ...] | None:
                  and not os.path.isabs(entry))
 
 
+def _check_outside_state(target: Path) -> None:
+    """Refuse a ``target`` inside a project's ``.intloom/`` (its private host state): a
+    project made there was accepted, and its files were then found there by the enclosing
+    project's ``verify`` ("unexpected") or passed over by its ``doctor``, unexplained."""
+    real = Path(os.path.realpath(target))
+    for state in (real, *real.parents):
+        if state.name == ".intloom" and (state.parent / CONFIG_NAME).is_file():
+            raise IntloomError(
+                "CLI_INIT_TARGET_INVALID",
+                f"{target} is inside {state}, the private host state of the project "
+                f"{state.parent} (its journals, logs and connection token): only intloom's "
+                "host writes there, and a project there would be read as a stray file of "
+                "it; nothing was written. Choose a directory outside it.",
+            )
+
+
 def _check_outside_sources(target: Path) -> None:
     """Refuse a ``target`` inside a Workflow source tree of the project that encloses it.
     The example written there joined that tree, and so the identity of the Workflows loaded
@@ -232,6 +248,7 @@ def scaffold(target: Path) -> Path:
             f"{gone}; nothing was written. Pass the directory as an absolute path, or change "
             "to an existing directory first.",
         ) from None
+    _check_outside_state(root)  # first: a state directory is never empty ("not empty")
     _check_target(root)
     _check_outside_sources(root)
     _check_umask()

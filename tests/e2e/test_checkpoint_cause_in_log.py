@@ -23,8 +23,9 @@ CATALOGUE = (
 
 
 def test_checkpoint_failure_view_has_no_cause_and_the_log_has_it(project: Project) -> None:
-    # Flush 1 makes the Run's creation durable; flush 2 (its Stage starting) hits ENOSPC.
-    ok(project.cli("start", "--json", env={"INTLOOM_FAULT": "enospc_sync=2"}))
+    # Flush 1 makes the Run's creation durable; flush 2 (its Stage starting) hits ENOSPC, and
+    # its bytes stay (keep_failed: a disk that refuses the cut), for inspect to show void.
+    ok(project.cli("start", "--json", env={"INTLOOM_FAULT": "enospc_sync=2,keep_failed=2"}))
     flowed = project.cli("flow", "example", "--intent", "disk full", "--json")
     assert flowed.code == 1, flowed.stdout
     run = flowed.json["run"]

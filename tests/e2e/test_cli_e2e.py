@@ -98,6 +98,23 @@ def test_init_refuses_a_non_empty_directory_and_touches_nothing(tmp_path: Path) 
     assert snapshot_files(tmp_path) == before
 
 
+def test_init_refuses_a_directory_inside_a_projects_private_state(tmp_path: Path) -> None:
+    """``intloom init`` inside another project's .intloom/ was accepted; its files were then
+    "unexpected" to that project's verify, and doctor said nothing of them."""
+    assert run_cli("init", "outer", "--json", cwd=tmp_path).code == 0
+    state = tmp_path / "outer" / ".intloom"
+    (state / "runtime").mkdir(parents=True)
+    before = snapshot_files(tmp_path)
+    for cwd, target in ((state, "x"), (state, "runtime/y"), (tmp_path, "outer/.intloom")):
+        result = run_cli("init", target, "--json", cwd=cwd)
+        assert result.code == 1, (target, result)
+        error = only_json(result)["error"]
+        assert error["code"] == "CLI_INIT_TARGET_INVALID", error
+        assert (f"is inside {state}, the private host state of the project "
+                f"{tmp_path / 'outer'}") in error["message"], error
+        assert snapshot_files(tmp_path) == before
+
+
 def test_init_refuses_a_link_that_leads_to_itself_naming_it(tmp_path: Path) -> None:
     """A link to itself (ELOOP) failed CLI_INTERNAL_ERROR, exit 70."""
     (tmp_path / "loop").symlink_to("loop")

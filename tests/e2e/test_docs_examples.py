@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from intloom.scaffold import scaffold
 from tests.helpers import REPO, Project, ok, reaped
 
 pytestmark = pytest.mark.e2e
@@ -29,12 +30,12 @@ def _worked_example(tmp_path: Path, edit: tuple[str, str] | None = None) -> Proj
     if edit is not None:
         assert source.count(edit[0]) == 1, edit
         source = source.replace(*edit)
-    root = tmp_path / "proj"
-    (root / "workflows").mkdir(parents=True)
+    root = scaffold(tmp_path / "proj")  # intloom init: its workflows/example.py
     (root / "intloom.toml").write_text(toml)
-    entry = re.search(r'workflows = \["(.*?)"\]', toml)
+    entry = re.search(r'workflows = \["workflows/example.py", "(\w+)"\]', toml)
     assert entry is not None, toml
-    (root / entry.group(1)).write_text(source)
+    (root / entry.group(1)).mkdir()  # the package the page puts the example in
+    (root / entry.group(1) / "__init__.py").write_text(source)
     return Project(root=root)
 
 
