@@ -39,6 +39,7 @@ from intloom.fsutil import (
     PrivacyError,
     check_private_dir,
     file_problem,
+    no_inode_left,
     privacy_fix,
     read_refusal,
     search_refusal,
@@ -150,6 +151,9 @@ def start_problem(root: Path) -> str | None:
     if failing:
         return (f"But intloom start fails on the project as it is: {failing[0].fact} "
                 f"{failing[0].fix}.")
+    full = _no_room(paths)
+    if full is not None:
+        return f"But intloom start fails on the project as it is: {full}."
     # A start reads intloom.toml next, and refuses one it cannot use (INVALID_REQUEST).
     try:
         config = load_config(root)
@@ -178,6 +182,33 @@ def start_problem(root: Path) -> str | None:
                 "time), and the log a start reads grows until the flag is cleared. "
                 f"{fix[:1].upper()}{fix[1:]}.")
     return None
+
+
+# Less than a journal segment's header, a log's first lines and a manifest: a start fails.
+_ROOM: Final = 64 << 10
+
+
+def _no_room(paths: ProjectPaths) -> str | None:
+    """The file system that holds the project's state when a start cannot write there: out
+    of space (under ``_ROOM`` free to this user) or of inodes, with the fix. status said
+    "Run intloom start" on a full disk, and that start failed STORAGE_ERROR."""
+    where = next((p for p in (paths.runtime, paths.state, paths.root) if os.path.isdir(p)),
+                 None)
+    if where is None:
+        return None
+    inodes = no_inode_left(where)
+    if inodes is not None:
+        return f"the file system holding {where} is full: {inodes}"
+    try:
+        fs = os.statvfs(where)
+    except OSError:
+        return None
+    free = (fs.f_bfree if os.geteuid() == 0 else fs.f_bavail) * fs.f_frsize
+    if fs.f_blocks == 0 or free >= _ROOM:
+        return None
+    return (f"the file system holding {where} has {free:,} bytes free (df "
+            f"{shell_arg(where)}), too little for the host's log, a journal segment and "
+            "the Runs' snapshots: free disk space (or quota) there, then start")
 
 
 class Unwritable(NamedTuple):

@@ -228,6 +228,34 @@ def test_a_start_the_full_disk_refused_a_segment_says_what_next_and_doctor_why(
     assert full_project.cli("stop").code == 0
 
 
+def test_status_on_a_full_disk_says_the_start_it_suggests_would_fail(
+    full_project: Project, small_disk: Path, few_inodes: Path,
+) -> None:
+    """Offline on a full disk (or one out of inodes), status said "The service is offline.
+    Run intloom start." with no startProblem, and that start failed STORAGE_ERROR."""
+    filler = fill(small_disk)
+    try:
+        status = full_project.cli("status", "--json")
+        assert status.code == 0 and status.json["status"] == "offline", status.stdout
+        problem = status.json["startProblem"]
+        assert problem is not None and problem.startswith(
+            "But intloom start fails on the project as it is: the file system holding "
+            f"{full_project.root}"), problem
+        assert "bytes free" in problem and "free disk space" in problem, problem
+        assert full_project.cli("doctor", "--json").json["startProblem"] == problem
+    finally:
+        filler.unlink()
+    assert full_project.cli("status", "--json").json["startProblem"] is None
+    inodes = basic_project(few_inodes / "proj")
+    taken: list[Path] = []
+    try:
+        take_inodes(few_inodes, taken)
+        problem = inodes.cli("status", "--json").json["startProblem"]
+        assert problem is not None and "no inode left" in problem and "df -i" in problem, problem
+    finally:
+        give_back(taken)
+
+
 def test_a_compaction_the_full_disk_refused_is_in_status_not_only_the_log(
     full_project: Project, small_disk: Path,
 ) -> None:
