@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import CodeType, FrameType, ModuleType, TracebackType
-from typing import IO, Any, Final
+from typing import IO, Any, Final, NoReturn
 
 import msgspec
 
@@ -320,6 +320,10 @@ def _import(root: Path, entry: Path) -> ModuleType:
 
 
 def _fix(exc: BaseException) -> str:
+    if isinstance(exc, _ExitCalled):
+        return ("A Workflow module must not end the process when it is imported (os._exit() "
+                "skips every handler: it ended the host, or doctor, without a word): put "
+                'script code under `if __name__ == "__main__":`, then restart the host.')
     if isinstance(exc, SystemExit):
         return ("A Workflow module must not exit the process when it is imported (sys.exit(), "
                 "or argparse's parse_args() reading intloom's command line): put script code "
@@ -453,10 +457,41 @@ def _failure(root: Path, exc: BaseException) -> str:
     # An exit or interrupt is named as the driver names a Step's (``SystemExit(2)``).
     # An exception without a message is named alone (``raise ValueError``), as a Step's is.
     text = message_of(exc) if isinstance(exc, Exception) else ""
-    what = (f"{type(exc).__name__}: {text}" if text
+    what = (f"os._exit({exc.code!r})" if isinstance(exc, _ExitCalled)
+            else f"{type(exc).__name__}: {text}" if text
             else type(exc).__name__ if isinstance(exc, Exception) else as_call(exc))
     # Cut: the message is shown by start, status and flows (MAX_MESSAGE, docs/authoring.md).
     return f"{clip(what)}{where}"
+
+
+class _ExitCalled(BaseException):
+    """``os._exit(code)`` called by a module while it was imported (``_exits_contained``)."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+@contextlib.contextmanager
+def _exits_contained() -> Iterator[None]:
+    """While the modules import, ``os._exit`` in the importing thread raises ``_ExitCalled``,
+    a load failure of that source as ``sys.exit()`` is: it ended the host with the other
+    Workflows, and doctor, inspect and start --foreground with no word at all (exit status
+    0 for ``os._exit(0)``), as no Python code runs after it. A process the module forked, or
+    another thread, gets the real one."""
+    real = os._exit
+    pid, thread = os.getpid(), threading.current_thread()
+
+    def contained(code: int) -> NoReturn:
+        if os.getpid() != pid or threading.current_thread() is not thread:
+            real(code)
+        raise _ExitCalled(code)
+
+    setattr(os, "_exit", contained)  # noqa: B010 -- mypy refuses assigning a module function
+    try:
+        yield
+    finally:
+        setattr(os, "_exit", real)  # noqa: B010
 
 
 class _Interrupted(LoadInterrupted):
@@ -716,7 +751,7 @@ def load_workflows(root: Path, config: Config, *,
     # that a Workflow two sources define is found whichever order intloom.toml lists them in.
     sources: list[tuple[str, Path, dict[str, LoadedWorkflow] | ErrorView]] = []
     repeated: set[int] = set()  # the indexes in ``sources`` of entries listed again
-    with _real_interrupts(), _compiled_kept():
+    with _real_interrupts(), _exits_contained(), _compiled_kept():
         for rel in config.workflows:
             entry = root / rel
             # The same source listed twice (or spelled two ways) is one source: importing it

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import datetime
 import functools
+import os
 import pathlib
+import posix
 import signal
 import sys
 import textwrap
@@ -722,6 +724,8 @@ SOURCES = {
     "exits": "import sys\n\nimport intloom\n\nsys.exit(0)\n",
     "argv": "import argparse\n\nimport intloom\n\nargparse.ArgumentParser().parse_args()\n",
     "interrupts": "import intloom\n\nraise KeyboardInterrupt\n",
+    # No Python code runs after it: it ended the process (this test's too) with no word.
+    "hardexit": "import os\n\nimport intloom\n\nos._exit(0)\n",
 }
 
 
@@ -756,6 +760,11 @@ def test_whatever_a_source_raises_it_alone_fails_named_and_the_others_load(
     interrupts = problems["workflows/interrupts/wf.py"]
     assert interrupts.code == "WORKFLOW_LOAD_FAILED"
     assert "KeyboardInterrupt (line 3 of workflows/interrupts/wf.py)" in interrupts.message
+    hard = problems["workflows/hardexit/wf.py"]
+    assert hard.code == "WORKFLOW_LOAD_FAILED"
+    assert "failed: os._exit(0) (line 5 of workflows/hardexit/wf.py)" in hard.message, hard
+    assert "must not end the process when it is imported" in hard.message, hard
+    assert os._exit is posix._exit  # the real one again, once the imports are done
 
 
 PLACED = {
