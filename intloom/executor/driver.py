@@ -1984,7 +1984,8 @@ class Driver:
             if ctx._calls is not None:
                 _refused_effects(ctx, where, exc)
             # What on_complete raises refuses the result; it does not fail the Run.
-            raised = _raised(exc).replace(_INSTEAD, "raise an exception instead to refuse the "
+            # Where in the source, as a Step's and a Tool's failure say (it was the one not to).
+            raised = _placed(exc).replace(_INSTEAD, "raise an exception instead to refuse the "
                                           "result)")
             raise IntloomError(
                 "INVALID_REQUEST",
