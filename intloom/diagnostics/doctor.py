@@ -923,6 +923,27 @@ def _temp_files_check(paths: ProjectPaths) -> Check:
     return Check("temp_files", "attention", " ".join(message), ". ".join(todo))
 
 
+def _host_check(service: ServiceView) -> Check | None:
+    """What the running host says is wrong with its own disk: its journal or its log refuse
+    to be written (every checkpoint fails until a restart, or it refuses new work). status
+    said so; doctor, the command that explains, called the project healthy (exit 0) beside
+    a host whose every checkpoint failed. None while neither is the case (a refused
+    compaction is in status: the Runs go on)."""
+    if service.journal_error is not None:
+        fix = service.journal_fix or ("free space on the disk that holds .intloom/runtime "
+                                      "(or fix it)")
+        return Check("host", "attention",
+                     f"The running host's journal takes no more checkpoints: "
+                     f"{service.journal_error}. Every Run's next checkpoint fails until the "
+                     "host restarts.",
+                     f"Run intloom stop; {fix}; then intloom start.")
+    if service.log_error is not None:
+        return Check("host", "attention", f"The running host's log: {service.log_error}",
+                     "It refuses new work: run intloom stop, fix the disk, then intloom "
+                     "start.")
+    return None
+
+
 def _left_home_check(found: tuple[str, bytes] | None) -> Check | None:
     """The last host's fatal ``state_dir_moved``: it stopped serving because its
     ``.intloom/runtime/`` was moved or deleted. With ``runtime/`` alone gone, its log stayed
@@ -1113,6 +1134,9 @@ def run_doctor(root: Path) -> DoctorReport:
                                None)),
         _temp_files_check(paths),
     ]
+    live = _host_check(diagnosis.service) if running and diagnosis.service else None
+    if live is not None:
+        checks.append(live)
     workflows_check, loaded = _workflows_check(root, config)
     if running and config is not None and diagnosis.service is not None:
         workflows_check = _with_host(root, diagnosis.service, workflows_check, loaded)

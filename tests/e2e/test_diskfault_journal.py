@@ -115,6 +115,14 @@ def test_no_room_for_a_new_segment_fails_every_later_checkpoint_but_not_the_host
         assert now.journal_error is not None
         assert "no replacement segment could be created" in now.journal_error
         assert [r.run_id for r in client.runs()] == [failed.run_id]
+    # doctor beside that host called the project healthy (exit 0): status alone said it.
+    doctor = project.cli("doctor", "--json")
+    assert doctor.code == 3, doctor.stdout
+    [host] = [c for c in doctor.json["checks"] if c["id"] == "host"]
+    assert host["status"] == "attention", host
+    assert "journal takes no more checkpoints" in host["message"], host
+    assert "no replacement segment could be created" in host["message"], host
+    assert host["next"].startswith("Run intloom stop; "), host
     _restart_clean(project, monkeypatch)
     _judge_after_restart(project, failed.run_id, kept=False)
     with Client.connect(project.root) as client:
