@@ -300,8 +300,10 @@ def find_root(start: Path, *, explicit: bool = False) -> Path:
         ) from None
     if explicit:
         try:
-            is_root, is_file, exists = ((start / CONFIG_NAME).is_file(), start.is_file(),
-                                        start.exists())
+            # Not a directory: a regular file, or a FIFO, a device (/dev/null), a socket,
+            # which were said to have "no intloom.toml".
+            is_root, exists = (start / CONFIG_NAME).is_file(), start.exists()
+            is_file = exists and not start.is_dir()
         except OSError as exc:  # pathlib answers False for a missing path, not for these
             from intloom.fsutil import search_refused  # only on this refusal
 
@@ -324,10 +326,17 @@ def find_root(start: Path, *, explicit: bool = False) -> Path:
         # "X has no intloom.toml" was false of the config file itself (passed as other
         # tools take theirs) and said nothing of a path that does not exist.
         if is_file:
+            from intloom.fsutil import not_regular  # only on this refusal
+
             where = f" (here {start.parent})" if start.name == CONFIG_NAME else ""
+            try:
+                mode = os.stat(start).st_mode
+            except OSError:
+                mode = stat.S_IFREG
+            kind = "a file" if stat.S_ISREG(mode) else not_regular(mode)
             raise IntloomError(
                 "CLI_PROJECT_INVALID",
-                f"{start} is a file, not a directory: --project takes the project's root, "
+                f"{start} is {kind}, not a directory: --project takes the project's root, "
                 f"the directory that holds {CONFIG_NAME}{where}.",
             )
         if not exists:

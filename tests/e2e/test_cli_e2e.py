@@ -206,7 +206,7 @@ def test_outside_a_project_nothing_is_created(tmp_path: Path, command: list[str]
 
 
 @pytest.mark.parametrize("given", ["the config file", "a missing directory",
-                                   "a directory inside the project"])
+                                   "a directory inside the project", "a FIFO", "a device"])
 def test_a_project_option_that_is_no_directory_says_what_it_is(
     project: Project, tmp_path: Path, given: str,
 ) -> None:
@@ -217,7 +217,10 @@ def test_a_project_option_that_is_no_directory_says_what_it_is(
     intloom init there", which would make a second project inside the first."""
     path = {"the config file": project.root / "intloom.toml",
             "a missing directory": tmp_path / "no-such-dir",
-            "a directory inside the project": project.root / "workflows"}[given]
+            "a directory inside the project": project.root / "workflows",
+            "a FIFO": tmp_path / "fifo", "a device": Path("/dev/null")}[given]
+    if given == "a FIFO":
+        os.mkfifo(path)
     result = run_cli("--project", str(path), "status", "--json", cwd=tmp_path)
     assert result.code == 1, result.stdout
     error = only_json(result)["error"]
@@ -226,6 +229,12 @@ def test_a_project_option_that_is_no_directory_says_what_it_is(
         assert error["message"] == (
             f"{path} is a file, not a directory: --project takes the project's root, the "
             f"directory that holds intloom.toml (here {project.root}).")
+    elif given in ("a FIFO", "a device"):
+        # Said to have "no intloom.toml" (before 2026-12-04), as a directory would be.
+        kind = "a FIFO (named pipe)" if given == "a FIFO" else "a device"
+        assert error["message"] == (
+            f"{path} is {kind}, not a directory: --project takes the project's root, the "
+            "directory that holds intloom.toml.")
     elif given == "a missing directory":
         assert error["message"] == (
             f"{path} does not exist. Pass the project's root to --project, or run intloom "
