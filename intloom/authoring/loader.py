@@ -322,8 +322,9 @@ def _import(root: Path, entry: Path) -> ModuleType:
 def _fix(exc: BaseException) -> str:
     if isinstance(exc, _ExitCalled):
         return ("A Workflow module must not end the process when it is imported (os._exit() "
-                "skips every handler: it ended the host, or doctor, without a word): put "
-                'script code under `if __name__ == "__main__":`, then restart the host.')
+                "skips every handler: it would end the host, with every Workflow, without a "
+                'word): put script code under `if __name__ == "__main__":`, then restart the '
+                "host.")
     if isinstance(exc, SystemExit):
         return ("A Workflow module must not exit the process when it is imported (sys.exit(), "
                 "or argparse's parse_args() reading intloom's command line): put script code "
@@ -473,24 +474,38 @@ class _ExitCalled(BaseException):
 
 
 @contextlib.contextmanager
-def _exits_contained() -> Iterator[None]:
+def _exits_contained() -> Iterator[Callable[[], None]]:
     """While the modules import, ``os._exit`` in the importing thread raises ``_ExitCalled``,
     a load failure of that source as ``sys.exit()`` is: it ended the host with the other
     Workflows, and doctor, inspect and start --foreground with no word at all (exit status
     0 for ``os._exit(0)``), as no Python code runs after it. A process the module forked, or
-    another thread, gets the real one."""
+    another thread, gets the real one, and so does a call after the imports through a
+    reference taken meanwhile (``from os import _exit``). Yields what to call after each
+    import: a process the module forked that went on out of it (``if os.fork(): os._exit(0)``,
+    a module that daemonizes) ends there, rather than go on as a second host, doctor..."""
     real = os._exit
     pid, thread = os.getpid(), threading.current_thread()
+    active = True
 
     def contained(code: int) -> NoReturn:
-        if os.getpid() != pid or threading.current_thread() is not thread:
+        if not active or os.getpid() != pid or threading.current_thread() is not thread:
             real(code)
         raise _ExitCalled(code)
 
+    def strayed() -> None:
+        if os.getpid() != pid:
+            with contextlib.suppress(Exception):
+                sys.stderr.write(f"intloom: process {os.getpid()}, forked by a Workflow module "
+                                 "while it was imported, went on out of its import; it ends "
+                                 "here (the process that imported it goes on).\n")
+                sys.stderr.flush()
+            real(1)
+
     setattr(os, "_exit", contained)  # noqa: B010 -- mypy refuses assigning a module function
     try:
-        yield
+        yield strayed
     finally:
+        active = False
         setattr(os, "_exit", real)  # noqa: B010
 
 
@@ -751,7 +766,7 @@ def load_workflows(root: Path, config: Config, *,
     # that a Workflow two sources define is found whichever order intloom.toml lists them in.
     sources: list[tuple[str, Path, dict[str, LoadedWorkflow] | ErrorView]] = []
     repeated: set[int] = set()  # the indexes in ``sources`` of entries listed again
-    with _real_interrupts(), _exits_contained(), _compiled_kept():
+    with _real_interrupts(), _exits_contained() as strayed, _compiled_kept():
         for rel in config.workflows:
             entry = root / rel
             # The same source listed twice (or spelled two ways) is one source: importing it
@@ -783,6 +798,7 @@ def load_workflows(root: Path, config: Config, *,
                     "definition and restart the host.",
                 ).view()))
             finally:
+                strayed()
                 if progress is not None:
                     progress(None)
     _register(sources, result)

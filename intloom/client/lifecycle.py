@@ -860,12 +860,15 @@ def _await_ready(proc: subprocess.Popen[bytes], fd: int, deadline: float,
         readable, _, _ = select.select([fd], [], [], min(remaining, 0.5))
         importing.check(slow_import)
         if not readable:
-            if proc.poll() is not None:
-                # Exited without closing the pipe: a process a Workflow source forked while
-                # it was imported holds its write end, and this start waited until its
-                # --timeout (300 s), then said the host had stopped and left nothing.
+            if proc.poll() is None:
+                continue
+            # Exited without closing the pipe: a process a Workflow source forked while it
+            # was imported holds its write end, and this start waited until its --timeout
+            # (300 s), then said the host had stopped and left nothing. What it wrote just
+            # before it exited (its own error) is read first.
+            readable, _, _ = select.select([fd], [], [], 0)
+            if not readable:
                 raise _died_starting(proc, importing, paths)
-            continue
         chunk = os.read(fd, 65536)
         if not chunk:
             raise _died_starting(proc, importing, paths)
@@ -1688,6 +1691,7 @@ def stop_service_report(root: str | os.PathLike[str], *, timeout: float | None =
 
 
 _SERVED: Final = b'"event":"service_ready"'
+_SERVED_SEARCHED: Final = 64  # the newest host logs searched for a host's own
 
 
 def _served_log(paths: ProjectPaths, instance_id: str) -> Path | None:
@@ -1700,7 +1704,8 @@ def _served_log(paths: ProjectPaths, instance_id: str) -> Path | None:
     except OSError:
         return None
     mark = f'"instanceId":"{instance_id}"'.encode()
-    for path in reversed(found[-3:]):
+    # Newest first: concurrent starts that failed open logs of their own after it.
+    for path in reversed(found[-_SERVED_SEARCHED:]):
         head = read_log(path, 4096, tail=False)
         if head is not None and mark in head.split(b"\n", 1)[0]:
             return path if last_line(path, _SERVED) is not None else None

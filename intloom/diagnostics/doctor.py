@@ -153,7 +153,7 @@ def start_problem(root: Path) -> str | None:
                 f"{failing[0].fix}.")
     full = _no_room(paths)
     if full is not None:
-        return f"But intloom start fails on the project as it is: {full}."
+        return f"But intloom start is likely to fail on the project as it is: {full}."
     # A start reads intloom.toml next, and refuses one it cannot use (INVALID_REQUEST).
     try:
         config = load_config(root)
@@ -944,14 +944,21 @@ def _host_check(service: ServiceView) -> Check | None:
     return None
 
 
-def _left_home_check(found: tuple[str, bytes] | None) -> Check | None:
+def _has_segments(wal: Path) -> bool:
+    try:
+        return any(name.endswith(".seg") for name in os.listdir(wal))
+    except OSError:
+        return False
+
+
+def _left_home_check(paths: ProjectPaths, found: tuple[str, bytes] | None) -> Check | None:
     """The last host's fatal ``state_dir_moved``: it stopped serving because its
     ``.intloom/runtime/`` was moved or deleted. With ``runtime/`` alone gone, its log stayed
     in ``.intloom/logs/``, and doctor said "No .intloom/runtime/ yet" and "stale resources
     ... recover, then start": a start that begins with no Run, while the Runs may be in a
     moved directory. ``found``: that log's name and tail (``last_log``)."""
-    if found is None:
-        return None
+    if found is None or _has_segments(paths.runtime / "wal"):
+        return None  # put back (its logs with it), or a new journal since: nothing to say
     name, tail = found
     left = next((r for r in log_records(tail) if r.get("event") == "state_dir_moved"), None)
     if left is None:
@@ -1166,7 +1173,7 @@ def run_doctor(root: Path) -> DoctorReport:
         compaction = _compaction_check(last)
         if compaction is not None:
             checks.append(compaction)
-        left_home = _left_home_check(last)
+        left_home = _left_home_check(paths, last)
         if left_home is not None:
             checks.append(left_home)
     return DoctorReport(

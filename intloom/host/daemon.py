@@ -419,6 +419,7 @@ class Host:
         # The project root's and the locked runtime directory's (st_dev, st_ino), once the
         # store is locked: what ``_moved_away`` compares the paths with while serving.
         self._home: tuple[tuple[int, int], tuple[int, int]] | None = None
+        self._linked = False
         # Set by ``start --foreground`` (the host runs in the command's process): how the
         # command says the error a host ends with when it stops serving on its own
         # (``_left_home``), before the process exits as a crash would.
@@ -715,6 +716,10 @@ class Host:
         self._home = (_identity(os.stat(self.paths.root)),
                       _identity(os.fstat(self._store_lock) if self._store_lock >= 0
                                 else os.lstat(self.paths.runtime)))
+        # Whether the runtime directory had a link then: some FUSE file systems show none
+        # for a live one, which must not read as deleted (_removed).
+        self._linked = (self._store_lock >= 0
+                        and os.fstat(self._store_lock).st_nlink > 0)
         port = opts.port
         # port = 0 in intloom.toml fixes no port (the template: "0 or absent: pick a free
         # port once"): the saved port is reused, as DESIGN keeps connection.json's port
@@ -945,23 +950,31 @@ class Host:
         if self._home is None:
             return
         fact = self._removed()
-        if fact is None:
-            try:
-                here: tuple[tuple[int, int], tuple[int, int]] | None = (
-                    _identity(os.stat(self.paths.root)),
-                    _identity(os.lstat(self.paths.runtime)))
-            except OSError:
-                here = None
-            if here == self._home:
-                return
-            fact = (f"{self.paths.root} or its .intloom/ was moved while this host started "
-                    "(as it imported the Workflows)")
+        if fact is not None:
+            raise IntloomError(
+                "STORAGE_ERROR",
+                f"{fact}, as this host started (as it imported the Workflows), so it did not "
+                "open a store there: the Runs went with the deleted journal. Put back a copy "
+                "of the project's .intloom/ if you have one (a backup); otherwise run intloom "
+                "recover where service files are left, then intloom start, which begins with "
+                "no Run.",
+            )
+        try:
+            here: tuple[tuple[int, int], tuple[int, int]] | None = (
+                _identity(os.stat(self.paths.root)),
+                _identity(os.lstat(self.paths.runtime)))
+        except OSError:
+            here = None
+        if here == self._home:
+            return
         raise IntloomError(
             "STORAGE_ERROR",
-            f"{fact}: the journal it locked is no longer at {self.paths.runtime}, so it did "
-            "not open its store there (it opens it by path, and would have made a new, empty "
-            "one). Nothing was written there. Run intloom start again where the project is "
-            "now (its connection.json names the old place: the command says how to go on).",
+            f"{self.paths.root} or its .intloom/ was moved while this host started (as it "
+            "imported the Workflows): the journal it locked is no longer at "
+            f"{self.paths.runtime}, so it did not open its store there (it opens it by path, "
+            "and would have made a new, empty one). Nothing was written there. Run intloom "
+            "start again where the project is now (its connection.json names the old place: "
+            "the command says how to go on).",
         )
 
     def _removed(self) -> str | None:
@@ -970,16 +983,24 @@ class Host:
         moved as a whole: the host served on into unlinked files, its Steps and effects
         running with a journal no start could ever read, and took the disk's space unseen
         (``du`` shows nothing). A deleted directory has no link left."""
-        if self._store_lock < 0:
-            return None
+        if self._store_lock < 0 or not self._linked:
+            return None  # a file system that shows a live directory with no link (FUSE)
         try:
             links = os.fstat(self._store_lock).st_nlink
         except OSError:
             return None
         if links != 0:
             return None
+        try:  # and its path no longer leads to it
+            if _identity(os.lstat(self.paths.runtime)) == self._home_runtime():
+                return None
+        except OSError:
+            pass
         return (f"{self.paths.runtime} was deleted while this host ran (the directory "
                 "itself, with .intloom/ or the whole project)")
+
+    def _home_runtime(self) -> tuple[int, int] | None:
+        return None if self._home is None else self._home[1]
 
     def _moved_away(self) -> str | None:
         """Why this host no longer owns the project's state, or None: ``.intloom/`` (or its

@@ -1015,14 +1015,18 @@ class Store:
         offset = self._size
         armed = self._armed
         step = "write"
+        done = 0  # of ``data``, written: where the segment should end if the batch fails
         try:
             if armed and n in plan.torn_write:
                 write_all(self._fd, data[: len(data) // 2])
                 _die()
             if armed and n in plan.enospc_sync:
                 write_all(self._fd, data[: len(data) // 2])
+                done = len(data) // 2
                 raise OSError(errno.ENOSPC, "No space left on device (injected)")
-            write_all(self._fd, data)
+            done = os.write(self._fd, data)
+            while done < len(data):  # os.write may write fewer bytes than asked
+                done += os.write(self._fd, memoryview(data)[done:])
             if armed and n in plan.crash_before_sync:
                 _die()
             step = "fdatasync"
@@ -1041,7 +1045,7 @@ class Store:
             code = errno.errorcode.get(exc.errno or 0, str(exc.errno))
             cause = (f"{step} of {where} failed at offset {offset}: "
                      f"{exc.strerror or exc} ({code})")
-            self._cut_off(offset, armed and n in plan.keep_failed)
+            self._cut_off(offset, done, armed and n in plan.keep_failed)
             self._abandon(offset, cause)
             return cause
         self._size += len(data)
@@ -1110,18 +1114,25 @@ class Store:
                     return None, str(exc)
         return state, None
 
-    def _cut_off(self, offset: int, refused: bool) -> None:
-        """Cut the failed batch's bytes off the segment, durably, where the disk lets us.
+    def _cut_off(self, offset: int, done: int, refused: bool) -> None:
+        """Cut the failed batch's bytes (``done`` of them, from ``offset``) off the segment,
+        durably, where the disk lets us.
 
         The void notice alone needs a new segment and a manifest: on a full disk neither can
         be made, and a write that ENOSPC cut short (or an fdatasync that failed) leaves whole
         frames behind it, which the next start read as records. An ``answered`` the client
-        was told had failed then came back, applied. Cutting needs no free space. Best
-        effort: a disk that refuses it (read-only, failing) still gets the notice, below.
-        ``refused``: the ``keep_failed`` fault (a test of the notice without the cut)."""
+        was told had failed then came back, applied. Cutting needs no free space on most
+        file systems. Only a segment that ends where this batch's bytes do is cut: another
+        program that wrote to it (appends land at its real end) put bytes this host's
+        count does not know of, and a cut at that count would take acknowledged records with
+        them. Best effort: what is not cut (a read-only or failing disk, a full copy-on-write
+        one) still gets the notice, below. ``refused``: the ``keep_failed`` fault (a test of
+        the notice without the cut)."""
         try:
             if refused:
                 raise OSError(errno.EROFS, "Read-only file system (injected)")
+            if os.fstat(self._fd).st_size != offset + done:
+                return
             os.ftruncate(self._fd, offset)
             os.fdatasync(self._fd)
         except OSError:

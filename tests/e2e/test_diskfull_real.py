@@ -239,7 +239,7 @@ def test_status_on_a_full_disk_says_the_start_it_suggests_would_fail(
         assert status.code == 0 and status.json["status"] == "offline", status.stdout
         problem = status.json["startProblem"]
         assert problem is not None and problem.startswith(
-            "But intloom start fails on the project as it is: the file system holding "
+            "But intloom start is likely to fail on the project as it is: the file system holding "
             f"{full_project.root}"), problem
         assert "bytes free" in problem and "free disk space" in problem, problem
         assert full_project.cli("doctor", "--json").json["startProblem"] == problem

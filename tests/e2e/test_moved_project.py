@@ -70,6 +70,10 @@ def test_a_host_whose_state_directory_is_moved_away_stops_serving(project: Proje
     assert line["level"] == "fatal" and f"{project.state}/runtime is gone" in line["message"]
     assert not project.state.exists()  # it wrote nothing by path once the path led elsewhere
     moved.rename(project.state)  # put back: as after a crash
+    # Its log came back with it, still ending in state_dir_moved: doctor said "put the moved
+    # .intloom/ back" of a project where it was back.
+    checks = [c["id"] for c in project.cli("doctor", "--json").json["checks"]]
+    assert "state_dir" not in checks, checks
     ok(project.cli("recover", "--json"))
     restore = ok(project.cli("start", "--json"))["service"]["restore"]
     assert restore["waiting"] == [run_id], restore

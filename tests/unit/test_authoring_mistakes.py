@@ -10,6 +10,7 @@ import os
 import pathlib
 import posix
 import signal
+import subprocess
 import sys
 import textwrap
 import zoneinfo
@@ -1229,3 +1230,38 @@ def test_a_step_stacked_on_the_initialiser_is_refused_when_declared() -> None:
     stage.init(both)
     with _refused(r"Step 'a': @stage.step\(...\) decorates both, the Stage's initialiser"):
         stage.step("a", routes={"ok": intloom.COMPLETE})(both)
+
+
+CONTAINED_EXITS = r'''
+import os, sys
+from pathlib import Path
+from intloom.authoring.loader import load_workflows
+from intloom.project import Config
+
+root = Path(sys.argv[1])
+result = load_workflows(root, Config(workflows=("keeps.py", "daemon.py"), port=None))
+failed = dict(result.problems)
+print("loaded", sorted(result.workflows), "os._exit(0)" in failed["daemon.py"].message,
+      flush=True)
+import keeps  # the module that kept a reference to os._exit while it was imported
+keeps.hard_exit(7)  # after the imports: the real one
+print("not reached", flush=True)
+'''
+
+
+def test_os_exit_is_contained_only_while_the_sources_import(tmp_path: Path) -> None:
+    """``from os import _exit`` in a module kept the stand-in after the imports: a later call
+    raised instead of ending the process. And a module that daemonizes as it is imported
+    (``if os.fork(): os._exit(0)``) had its child go on out of the import as a second
+    importer (a second host): it ends there."""
+    (tmp_path / "keeps.py").write_text("from os import _exit as hard_exit\n")
+    (tmp_path / "daemon.py").write_text(
+        "import os\nimport intloom\n\nif os.fork():\n    os._exit(0)\n\n"
+        "wf = intloom.Workflow('daemon', version='1')\n")
+    (tmp_path / "run.py").write_text(CONTAINED_EXITS)
+    done = subprocess.run([sys.executable, str(tmp_path / "run.py"), str(tmp_path)],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert done.returncode == 7, (done.stdout, done.stderr)
+    [loaded] = done.stdout.splitlines()  # once: the forked child did not go on
+    assert loaded == "loaded [] True", loaded  # the parent's os._exit: a load failure
+    assert "went on out of its import; it ends here" in done.stderr, done.stderr

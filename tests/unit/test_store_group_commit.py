@@ -344,6 +344,35 @@ def test_a_failed_batch_no_void_notice_could_name_is_cut_off_its_segment(
         assert journal.status == "ok" and journal.state == fold(x[:1]), journal
 
 
+def test_a_failed_batch_is_not_cut_off_a_segment_another_program_wrote_to(
+    tmp_path: Path,
+) -> None:
+    """Segments are appended to (O_APPEND): bytes another program added to the open segment
+    put this host's batches after them, past its own count of the segment's size. A cut at
+    that count took the end of an acknowledged batch with it (the Run read back corrupt).
+    Such a segment is not cut: the void notice alone says the failed batch never happened."""
+    root = tmp_path / "runtime"
+    x = walk("RUN-X", 8, 1)
+    store = open_store(root, faults=FaultPlan(fail_sync=frozenset({3})))
+    store.append("RUN-X", x[0])
+    store.sync_blocking()
+    segment = root / "wal" / "0000000001.seg"
+    with open(segment, "ab") as fh:
+        fh.write(b"\0" * 40)
+    store.append("RUN-X", x[1])
+    store.append("RUN-X", x[2])
+    store.sync_blocking()  # acknowledged: after the 40 bytes
+    acknowledged = segment.read_bytes()
+    store.append("RUN-X", x[3])
+    with pytest.raises(CheckpointFailed):
+        store.sync_blocking("RUN-X")
+    abandon(store)
+    assert segment.read_bytes()[: len(acknowledged)] == acknowledged
+    for journals in (read_runs(root), verify(root)):
+        journal = by_id(journals)["RUN-X"]
+        assert journal.status == "ok" and journal.state == fold(x[:3]), journal
+
+
 def test_append_after_close_is_refused(tmp_path: Path) -> None:
     store = open_store(tmp_path / "runtime")
     store.close_blocking()
