@@ -227,12 +227,12 @@ def preview_runs(
     by_journal = Counter(p.journal for p in previews)
     rows = Counter(p.verdict.row for p in previews if p.journal == "verified")
     torn = sum(1 for p in previews if p.torn_tail)
-    parts = [f"{len(previews)} unfinished Run(s): {by_journal['verified']} verified, "
-             f"{by_journal['corrupt']} corrupt, {by_journal['incompatible']} incompatible"]
+    parts = [f"{len(previews):,} unfinished Run(s): {by_journal['verified']:,} verified, "
+             f"{by_journal['corrupt']:,} corrupt, {by_journal['incompatible']:,} incompatible"]
     if rows:
-        parts.append("on restart: " + ", ".join(f"{n} {row}" for row, n in sorted(rows.items())))
+        parts.append("on restart: " + ", ".join(f"{n:,} {row}" for row, n in sorted(rows.items())))
     if torn:
-        parts.append(f"{torn} with a torn last record (an unfinished write, ignored)")
+        parts.append(f"{torn:,} with a torn last record (an unfinished write, ignored)")
     if loaded is None:
         parts.append("identity and schemas not compared: the Workflows did not load")
     parts.extend(f"{f.path} is {f.kind}: {f.problem}" for f in store.files)

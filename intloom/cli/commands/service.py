@@ -212,10 +212,10 @@ def stop_lines(result: StopResult,
         lines.append(
             f"1 {other}unfinished Run was suspended at its last checkpoint; committed data is "
             "retained. Run intloom start to resume it." if rest == 1
-            else f"{rest} {other}unfinished Runs were {saved}")
+            else f"{rest:,} {other}unfinished Runs were {saved}")
     if result.others:
         lines.append(
-            f"{'1 Run stays' if result.others == 1 else f'{result.others} Runs stay'} "
+            f"{'1 Run stays' if result.others == 1 else f'{result.others:,} Runs stay'} "
             "unfinished as this host found or left "
             f"{'it' if result.others == 1 else 'them'} (interrupted earlier and not dismissed, "
             "held, or failed by a checkpoint): the next start reports "
