@@ -477,6 +477,20 @@ def test_sigterm_detaches_attach_and_exits_143(proj: Project) -> None:
     port = host_port(proj)
     with cli_child(proj, "attach", run_id) as proc:
         eventually(lambda: connected(proc, port), timeout=20, what="attach to connect")
+        # Connected is not shown: a SIGTERM before its first view is "Detached ... before
+        # its first view" (a loaded machine got there). This case is the one after it.
+        assert proc.stdout is not None
+        fd, shown = proc.stdout.fileno(), bytearray()
+
+        def first_view() -> bool:
+            while select.select([fd], [], [], 0)[0]:
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    break
+                shown.extend(chunk)
+            return run_id.encode() in shown
+
+        eventually(first_view, timeout=20, what="attach to show the Run")
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=20)
     assert proc.returncode == exit_codes.TERMINATED, (out, err)
