@@ -686,6 +686,18 @@ class Workflow:
         where = f"Stage {stage.name!r}"
         shown = _shown_type(state)
         _state_schema(self.name, where, state)
+        mixed = _mixed_keys(state)
+        if mixed is not None:
+            path, key = mixed
+            raise _bad(
+                self.name, where,
+                f"State {shown} field {path!r} is a dict keyed by {key}: a JSON object's keys "
+                "are all text, so keys of two types can be one key there (1 and \"1\"), and a "
+                "restart reads each back as one of them: entries were lost, and keys came "
+                "back as the other type, without a word",
+                "Key it by one type (str, or int), and keep which kind a key is in the value "
+                "or in the key string.",
+            )
         keyed = _unkeyable(state)
         if keyed is not None:
             path, key = keyed
@@ -833,6 +845,56 @@ def _unkeyable_key(key: Any) -> bool:
         return False
     values: tuple[Any, ...] = tuple(getattr(key, "values", ()))
     return bool(values) and all(v is None or isinstance(v, bool) for v in values)
+
+
+def _key_shown(key: Any) -> str:
+    """A dict key type (msgspec.inspect) as a message names it."""
+    if type(key).__name__ == "LiteralType":
+        return f"Literal{list(getattr(key, 'values', ()))}"
+    name = getattr(getattr(key, "cls", None), "__name__", None)
+    plain = type(key).__name__.removesuffix("Type")
+    return name or {"None": "None", "VarTuple": "tuple"}.get(plain, plain.lower())
+
+
+def _mixed_keys(state: type[Any]) -> tuple[str, str] | None:
+    """The first dict field of ``state`` (its path) whose keys may be of two JSON-keyable
+    types (``int | str``, ``Enum | int``, ``Literal[1, "1"]``), and that key type as shown;
+    None when there is none. Encoded, both are text, and a decode picks one type for all."""
+    import msgspec.inspect as mi
+
+    try:
+        root = mi.type_info(state)
+    except Exception:
+        return None  # _state_schema has judged the type already
+    stack: list[tuple[Any, str]] = [(root, "")]
+    seen: set[int] = set()
+    while stack:
+        info, path = stack.pop()
+        if id(info) in seen:
+            continue
+        seen.add(id(info))
+        kind = type(info).__name__
+        if isinstance(info, mi.DictType):
+            keys = (info.key_type.types if isinstance(info.key_type, mi.UnionType)
+                    else (info.key_type,))
+            keyable = [key for key in keys if not _unkeyable_key(key)]
+            literal_kinds = {type(v) for key in keyable if type(key).__name__ == "LiteralType"
+                             for v in getattr(key, "values", ()) if v is not None}
+            if len(keyable) > 1 or len(literal_kinds) > 1:
+                return (path.lstrip(".") or "(the State itself)",
+                        " | ".join(_key_shown(key) for key in keyable))
+            stack.append((info.value_type, f"{path}[...]"))
+        elif kind in ("StructType", "DataclassType", "TypedDictType", "AttrsType",
+                      "NamedTupleType"):
+            stack.extend((f.type, f"{path}.{getattr(f, 'encode_name', f.name)}")
+                         for f in info.fields)
+        elif isinstance(info, mi.UnionType):
+            stack.extend((t, path) for t in info.types)
+        elif hasattr(info, "item_type"):
+            stack.append((info.item_type, f"{path}[...]"))
+        elif hasattr(info, "item_types"):
+            stack.extend((t, f"{path}[...]") for t in info.item_types)
+    return None
 
 
 def _unkeyable(state: type[Any]) -> tuple[str, str] | None:

@@ -427,6 +427,35 @@ def test_a_state_dict_keyed_by_what_json_cannot_key_is_refused_when_declared(
     fine.validate()
 
 
+class _EitherKeyed(msgspec.Struct):
+    by: dict[int | str, str] = msgspec.field(default_factory=dict)
+
+
+class _LiteralEither(msgspec.Struct):
+    rows: list[dict[Literal[1, "1"], str]] = msgspec.field(default_factory=list)
+
+
+@pytest.mark.parametrize(("state", "field", "key"), [
+    (_EitherKeyed, "by", "int | str"),
+    (_LiteralEither, "rows[...]", "Literal[1, '1']"),
+])
+def test_a_state_dict_keyed_by_two_types_is_refused_when_declared(
+    state: type[msgspec.Struct], field: str, key: str,
+) -> None:
+    """``dict[int | str, str]`` loaded, and a State holding {1: "a", "1": "b", 2: "c"}
+    came back after the next save as {"1": "b", "2": "c"}: an entry lost, an int key now
+    text, nothing said (JSON keys are all text; a decode picks one type for each)."""
+    wf = intloom.Workflow("keys", version="1")
+    wf.stage("s", state=state).step("a", routes={"ok": intloom.COMPLETE})(lambda ctx: "ok")
+    with pytest.raises(IntloomError) as info:
+        wf.validate()
+    assert _code(info) == "WORKFLOW_DEFINITION_INVALID"
+    message = info.value.message
+    assert (f"{state.__qualname__} field {field!r} is a dict keyed by {key}: a JSON "
+            "object's keys are all text") in message, message
+    assert "Key it by one type (str, or int)" in message, message
+
+
 class _PathState(msgspec.Struct):
     out: pathlib.Path = pathlib.Path("notes.md")
 
