@@ -79,6 +79,52 @@ _NO_SET = (msgspec.inspect.IntType, msgspec.inspect.FloatType, msgspec.inspect.S
            msgspec.inspect.RawType, msgspec.inspect.LiteralType, msgspec.inspect.EnumType)
 
 
+# State types whose decode runs code of theirs (a ``__post_init__`` in it, nested too): a
+# State of one must read back as itself (``_reads_back``). Checked only for them: one more
+# decode per save.
+_BUILDS: Final[dict[type, bool]] = {}
+
+
+def _runs_post_init(info: msgspec.inspect.Type, seen: set[type] | None = None) -> bool:
+    """Whether decoding a value of ``info`` may call a ``__post_init__`` (of a Struct or a
+    dataclass in it)."""
+    mi = msgspec.inspect
+    seen = set() if seen is None else seen
+    if isinstance(info, mi.Metadata):
+        return _runs_post_init(info.type, seen)
+    if isinstance(info, (mi.StructType, mi.DataclassType)):
+        if info.cls in seen:
+            return False
+        seen.add(info.cls)
+        return (getattr(info.cls, "__post_init__", None) is not None
+                or any(_runs_post_init(field.type, seen) for field in info.fields))
+    if isinstance(info, (mi.TypedDictType, mi.NamedTupleType)):
+        if info.cls in seen:
+            return False
+        seen.add(info.cls)
+        return any(_runs_post_init(field.type, seen) for field in info.fields)
+    if isinstance(info, (mi.ListType, mi.VarTupleType, mi.SetType, mi.FrozenSetType)):
+        return _runs_post_init(info.item_type, seen)
+    if isinstance(info, mi.TupleType):
+        return any(_runs_post_init(item, seen) for item in info.item_types)
+    if isinstance(info, (mi.DictType, mi.FrozenDictType)):
+        return _runs_post_init(info.key_type, seen) or _runs_post_init(info.value_type, seen)
+    if isinstance(info, mi.UnionType):
+        return any(_runs_post_init(member, seen) for member in info.types)
+    return False
+
+
+def _builds(state_type: type) -> bool:
+    found = _BUILDS.get(state_type)
+    if found is None:
+        try:
+            found = _runs_post_init(msgspec.inspect.type_info(state_type))
+        except Exception:
+            found = False  # the schema check has judged the type already
+        _BUILDS[state_type] = found
+    return found
+
+
 def has_set(info: msgspec.inspect.Type, seen: set[type] | None = None) -> bool:
     """Whether a value of ``info`` may hold a set or frozenset, whose iteration order (and
     so its encoding) depends on the process's hash seed. A type it does not know may."""
@@ -494,9 +540,38 @@ def encode_state(value: Any, where: str | Step[Any], state_type: type | None,
                 decoded = codec[0](data)
             else:
                 data = msgspec.json.encode(decoded)
+    if _builds(state_type):
+        _reads_back(data, codec[0], where, state_type)
     if slot is not None:
         slot.decoded = (data, decoded)
     return data
+
+
+def _reads_back(data: bytes, decode: Callable[[bytes], Any], where: str | Step[Any],
+                state_type: type) -> None:
+    """Refuse a State whose saved bytes do not read back as themselves, as a restart checks
+    (compat.state_problem): a ``__post_init__`` that changes fields (appends to a list, say)
+    changed it at every Step's read, unnoticed, and the restart then held the Run, saying
+    that the code had changed, when nothing had."""
+    from intloom.authoring.compat import deterministic_json
+
+    try:
+        again = decode(data)
+    except msgspec.DecodeError:
+        return  # the first decode of these bytes passed: a check that passes by turns
+    if msgspec.json.encode(again) == data or deterministic_json(again) == data:
+        return
+    if not isinstance(where, str):
+        where = where.where
+    raise IntloomError(
+        "STAGE_STATE_INVALID",
+        f"{where}: the Stage State it left does not read back as itself: saved as "
+        f"{clip(data.decode('utf-8', 'replace'), 200)}, it decodes as {state_type.__name__} "
+        f"to {clip(msgspec.json.encode(again).decode('utf-8', 'replace'), 200)} (a "
+        "__post_init__ that changes fields runs at every read: each Step, and a restart, "
+        "which would then hold the Run). Make __post_init__ leave a State it is given as it "
+        "is (only check, or set what is missing); this State was not saved.",
+    )
 
 
 def _lone_surrogate(value: Any) -> str | None:

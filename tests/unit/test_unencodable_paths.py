@@ -64,3 +64,37 @@ def test_an_integer_too_long_for_json_text_is_the_states_fault_not_the_hosts() -
     assert refused.value.code == "STAGE_STATE_INVALID"
     assert "cannot be encoded as JSON ($.limit is int: " in refused.value.message, \
         refused.value.message
+
+
+class _Stamped(msgspec.Struct):
+    n: int = 0
+    log: list[str] = msgspec.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.log.append("built")  # at every construction: a decode too
+
+
+class _Trimmed(msgspec.Struct):
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        self.name = self.name.strip()  # the same again on what it already trimmed
+
+
+class _Holds(msgspec.Struct):
+    inner: _Stamped = msgspec.field(default_factory=_Stamped)
+
+
+def test_a_state_whose_post_init_changes_it_at_every_read_is_refused_when_saved() -> None:
+    """Each Step got a State one "built" longer than the one the Step before it left, and
+    the restart then held the Run as if its code had changed. Refused where it is saved,
+    naming the Step; a __post_init__ that gives a read State back as it was saves."""
+    for state in (_Stamped(n=1), _Holds()):
+        with pytest.raises(IntloomError) as info:
+            encode_state(state, "Stage 's', Step 'put'", type(state))
+        assert info.value.code == "STAGE_STATE_INVALID", info.value
+        message = info.value.message
+        assert message.startswith("Stage 's', Step 'put': the Stage State it left does not "
+                                  "read back as itself: saved as "), message
+        assert '"built","built"' in message and "__post_init__" in message, message
+    assert encode_state(_Trimmed(name="  a "), "Step", _Trimmed) == b'{"name":"a"}'
