@@ -438,6 +438,10 @@ class Host:
         # would fill the disk under the log. Said once a minute, with how often it happened.
         self._accept_failures = 0
         self._accept_said_at: float | None = None
+        # The same for an error the loop reports (task_error): by (message, error), when it
+        # was last said and how often it came since.
+        self._task_errors: dict[tuple[str, str | None], tuple[float, int]] = {}
+        self._starved: MemoryError | None = None  # the host itself out of memory: fatal
 
     # ----- entry ---------------------------------------------------------------------------
 
@@ -654,10 +658,24 @@ class Host:
         if isinstance(exc, OSError) and context.get("message") == _ACCEPT_FAILED:
             self._accept_failed(exc)
             return
+        if isinstance(exc, MemoryError) and self._starved is None:
+            # The host's own machinery (the loop's self-pipe read, a callback) out of memory,
+            # not a Step's (the driver fails that Run): it raised again at every turn of the
+            # loop, 11 MiB of log a second, with every client reset. Fatal, as any exception
+            # the host itself raises: serve() ends it, as a crash would (files kept).
+            self._starved = exc
+        message = str(context.get("message", ""))[:500]
+        error = type(exc).__name__ if exc is not None else None
+        now = time.monotonic()
+        said = self._task_errors.get((message, error))
+        if said is not None and now - said[0] < _ACCEPT_QUIET:
+            self._task_errors[(message, error)] = (said[0], said[1] + 1)
+            return  # the same again: said once a minute, with how often (``repeated``)
+        self._task_errors[(message, error)] = (now, 0)
         if self.log is not None:
-            self.log.error("task_error", message=str(context.get("message", ""))[:500],
-                           error=type(exc).__name__ if exc is not None else None,
-                           detail=str(exc)[:500] if exc is not None else None)
+            self.log.error("task_error", message=message, error=error,
+                           detail=str(exc)[:500] if exc is not None else None,
+                           **({"repeated": said[1]} if said is not None and said[1] else {}))
 
     def _accept_failed(self, exc: OSError) -> None:
         """A connection the kernel holds could not be accepted (EMFILE, ENFILE, ENOBUFS,
@@ -940,6 +958,8 @@ class Host:
             fact = self._moved_away()
             if fact is not None and not self._stop.is_set():
                 raise _MovedAway(fact)
+            if self._starved is not None:
+                raise self._starved
 
     def _still_home(self) -> None:
         """Raise when the project or its ``.intloom/`` moved (or was deleted) since this host
@@ -1146,9 +1166,19 @@ class Host:
                 "(failed/RUN_CHECKPOINT_FAILED) it did not suspend")
 
     def _fatal(self, exc: BaseException) -> None:
-        if self.log is not None:
-            self.log.fatal("process_failed", origin="uncaught_exception",
-                           error=type(exc).__name__, detail=str(exc)[:500])
+        if self.log is None:
+            return
+        if isinstance(exc, MemoryError):
+            self.log.fatal("process_failed", origin="out_of_memory", error="MemoryError",
+                           detail="the host itself ran out of memory (its event loop could "
+                           "not go on): its address-space limit (ulimit -v) or the machine's "
+                           "memory; a Step that keeps large data in memory (a global, its "
+                           "State) uses the host's",
+                           fix="Raise the limit or free memory, then run intloom recover "
+                           "and intloom start (the Runs resume by the restart table).")
+            return
+        self.log.fatal("process_failed", origin="uncaught_exception",
+                       error=type(exc).__name__, detail=str(exc)[:500])
 
     # ----- shutdown ------------------------------------------------------------------------
 
