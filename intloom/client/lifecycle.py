@@ -658,7 +658,14 @@ def _host_env() -> dict[str, str]:
 
 def _reap_later(proc: subprocess.Popen[bytes]) -> None:
     """Collect the detached host's exit status whenever it comes, so it never lingers."""
-    threading.Thread(target=proc.wait, name=f"intloom-reap-{proc.pid}", daemon=True).start()
+    try:
+        threading.Thread(target=proc.wait, name=f"intloom-reap-{proc.pid}",
+                         daemon=True).start()
+    except RuntimeError:
+        # No thread to be had (a process limit the host itself started under): the start
+        # had succeeded, and failed CLI_INTERNAL_ERROR here. Unreaped, the host is handed
+        # to init (or a subreaper) once this command exits, which reaps it.
+        return
 
 
 def _launch(root: Path, *, port: int | None, strict: bool, deadline: float,

@@ -12,7 +12,11 @@ __all__ = ["HANDLED", "IGNORED", "STOPS"]
 # SIGQUIT (Ctrl-\) is a stop too, as it is for nginx and gunicorn: its default action dumped
 # core and left the service files stale; the Python and JVM habit of a thread dump would
 # leave a user who meant "quit" with a host still serving.
-STOPS: Final = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+# SIGXCPU (the kernel's warning at a CPU-time limit, ``ulimit -t``, before the hard limit's
+# SIGKILL) and SIGPWR (a power failure, from a UPS daemon) are stops for the same reason:
+# their default actions ended the host with its service files stale and no word in its log.
+STOPS: Final = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGXCPU,
+                signal.SIGPWR)
 # Signals the host has no use for, whose default action ends a process: a log rotation
 # tool's ``kill -USR1`` (or a stray timer's SIGALRM, SIGVTALRM or SIGPROF) ended the host
 # without a word and left its service files stale.

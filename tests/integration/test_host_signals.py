@@ -45,10 +45,11 @@ def _sealed(project: Project, log_file: str | None) -> bool:
     return stat.S_IMODE((project.state / "logs" / log_file).stat().st_mode) == 0o400
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGQUIT], ids=lambda sig: sig.name)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGQUIT, signal.SIGXCPU, signal.SIGPWR],
+                         ids=lambda sig: sig.name)
 def test_sigterm_and_sigquit_are_a_graceful_stop(project: Project, sig: signal.Signals) -> None:
     """SIGQUIT (Ctrl-\\) too: its default action ended the host without a word and left its
-    service files stale."""
+    service files stale. So did SIGXCPU (a CPU-time limit's warning) and SIGPWR."""
     service = start(project).service
     os.kill(service.pid, sig)
     eventually(lambda: _released(project, service.pid), timeout=10,

@@ -411,3 +411,24 @@ def test_an_empty_root_is_refused_not_taken_as_the_working_directory(
     assert info.value.code == "INVALID_REQUEST", info.value
     assert info.value.message.startswith(f"{call}(''): the root is an empty path"), info.value
     assert not (tmp_path / ".intloom").exists()  # nothing was started there
+
+
+def test_a_started_host_that_no_thread_can_reap_is_no_failure(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under a process limit (a pids cgroup) the thread that reaps the started host could
+    not start: the start, which had succeeded, failed CLI_INTERNAL_ERROR (exit 70)."""
+    import subprocess
+    import threading
+
+    from intloom.client.lifecycle import _reap_later
+
+    child = subprocess.Popen(["true"])
+    try:
+        def refused(self: threading.Thread) -> None:
+            raise RuntimeError("can't start new thread")
+
+        monkeypatch.setattr(threading.Thread, "start", refused)
+        _reap_later(child)  # no error: the host is reaped by whoever inherits it
+    finally:
+        monkeypatch.undo()
+        child.wait(timeout=10)
