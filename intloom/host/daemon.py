@@ -45,7 +45,14 @@ from intloom.host.metadata import METADATA_VERSION, ServiceInfo, current_identit
 from intloom.host.ownership import Ownership, new_token
 from intloom.host.portholder import describe, listeners
 from intloom.host.readiness import ReadyChannel
-from intloom.host.server import Limits, Server, bind_port, descriptors, descriptors_fix
+from intloom.host.server import (
+    FD_RESERVE,
+    Limits,
+    Server,
+    bind_port,
+    descriptors,
+    descriptors_fix,
+)
 from intloom.host.signals import HANDLED, IGNORED, STOPS
 from intloom.project import ProjectPaths, load_config, require_short_path
 from intloom.protocol.messages import (
@@ -791,6 +798,18 @@ class Host:
         # Came while the store opened and the Runs were restored (or a module swallowed the
         # interruption): said now, before the host listens and its Runs resume.
         self._abort_if_asked(log, "restoring_runs")
+        fds = descriptors()
+        if fds is not None and fds[1] - fds[0] <= FD_RESERVE:
+            # It would serve nobody: each connection is refused BUSY while fewer than the
+            # reserve are free, and the start had said "Service started" of it.
+            raise IntloomError(
+                "CLI_SERVICE_UNAVAILABLE",
+                f"The host has {fds[0]} of its {fds[1]} file descriptors open once started "
+                "(the ulimit -n of the shell that ran intloom start) and keeps "
+                f"{FD_RESERVE} free for its journal, its log and the Steps, so it could "
+                "serve no connection; it did not start. Raise the limit (ulimit -n 1024) "
+                "in that shell, then run intloom start again.",
+            )
         self.ready.progress("listening")
         hello = HelloOk(instance_id=self.instance_id, pid=self.identity.pid,
                         project_root=str(self.paths.root), protocol=PROTOCOL,
