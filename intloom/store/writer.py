@@ -14,6 +14,7 @@ import contextlib
 import errno
 import os
 import queue
+import resource
 import signal
 import sys
 import threading
@@ -89,6 +90,19 @@ __all__ = ["DEFAULT_SEGMENT_BYTES", "Store"]
 # a compaction failed (``start`` stays), or by the one batch a rotation's check follows.
 DEFAULT_SEGMENT_BYTES: Final = 16 << 20
 _ROTATE_MIN: Final = 1 << 20
+
+
+def _within_file_limit(segment_bytes: int) -> int:
+    """``segment_bytes``, or less under a file size limit (``ulimit -f``, inherited from the
+    shell that started the host): half of it. A segment that reached the limit failed the
+    batch that crossed it (EFBIG), and with it a Run, at every segment's end."""
+    try:
+        soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    except (OSError, ValueError):
+        return segment_bytes
+    if soft == resource.RLIM_INFINITY or soft <= 0:
+        return segment_bytes
+    return max(1, min(segment_bytes, soft // 2))
 _ROTATE_PER_RUN: Final = 256 << 10
 # A flush runs on the loop thread (no hand-off) only when one Run has been the only writer
 # for this many batches and the disk answers fast: measured on a 2-vCPU VM, the thread
@@ -169,7 +183,7 @@ class Store:
         # settled on the store's thread: whoever changes the tracks holds this.
         self._tracks_lock = threading.Lock()
         self._armed = faults.armed()  # a fault is injected at some flush
-        self._segment_bytes = segment_bytes
+        self._segment_bytes = _within_file_limit(segment_bytes)
         # Flush on the loop thread only while an fdatasync takes at most this long
         # (0: never, every flush goes through the store's thread).
         self._inline_max_sync_s = inline_max_sync_s

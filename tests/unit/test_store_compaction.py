@@ -7,6 +7,7 @@ import contextlib
 import errno
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -496,3 +497,38 @@ def test_a_snapshot_or_manifest_its_owner_cannot_read_is_that_files_finding(
         assert stat.S_IMODE(os.lstat(path).st_mode) == 0, path
         path.chmod(0o600)
         assert path.read_bytes() == data, path
+
+
+FILE_LIMITED = r'''
+import resource, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[2])
+from tests.unit.test_store_support import open_store, walk
+
+limit = 64 << 10
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+root = Path(sys.argv[1])
+store = open_store(root)
+records = walk("RUN-A", 3_000, 5)
+for first in range(0, len(records), 10):
+    for record in records[first : first + 10]:
+        store.append("RUN-A", record)
+    store.sync_blocking()  # raised CheckpointFailed (EFBIG) once the segment reached the limit
+store.close_blocking()
+sizes = sorted(p.stat().st_size for p in (root / "wal").glob("*.seg"))
+print(len(sizes), max(sizes) < limit)
+'''
+
+
+def test_segments_rotate_below_the_file_size_limit(tmp_path: Path) -> None:
+    """Under ``ulimit -f`` (inherited from the shell that started the host), a segment that
+    reached the limit failed the batch that crossed it (EFBIG), a Run at every segment's
+    end. Segments now rotate at half the limit."""
+    script = tmp_path / "limited.py"
+    script.write_text(FILE_LIMITED)
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "runtime"),
+                           str(Path(__file__).resolve().parents[2])],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    count, below = done.stdout.split()
+    assert int(count) > 2 and below == "True", done.stdout
