@@ -80,77 +80,73 @@ _NO_SET = (msgspec.inspect.IntType, msgspec.inspect.FloatType, msgspec.inspect.S
 
 
 # State types whose decode runs code of theirs (a ``__post_init__`` in it, nested too): a
-# State of one must read back as itself (``_reads_back``). Checked only for them: one more
+# State of one must read back as itself (``_settled``). Checked only for them: one more
 # decode per save.
 _BUILDS: Final[dict[type, bool]] = {}
 
 
-def _runs_post_init(info: msgspec.inspect.Type, seen: set[type] | None = None) -> bool:
-    """Whether decoding a value of ``info`` may call a ``__post_init__`` (of a Struct or a
-    dataclass in it)."""
+def _any_part(info: msgspec.inspect.Type, hit: Callable[[msgspec.inspect.Type], bool | None],
+              unknown: bool, seen: set[type] | None = None) -> bool:
+    """Whether a value of ``info`` may hold a part ``hit`` says True of (False: none below
+    it; None: look inside), walking Structs, containers and unions; ``unknown``: what a type
+    it does not know is taken to hold."""
     mi = msgspec.inspect
     seen = set() if seen is None else seen
-    if isinstance(info, mi.Metadata):
-        return _runs_post_init(info.type, seen)
-    if isinstance(info, (mi.StructType, mi.DataclassType)):
+    said = hit(info)
+    if said is not None:
+        return said
+    if isinstance(info, mi.Metadata):  # Annotated[..., Meta(...)]
+        return _any_part(info.type, hit, unknown, seen)
+    if isinstance(info, (mi.StructType, mi.DataclassType, mi.TypedDictType,
+                         mi.NamedTupleType)):
         if info.cls in seen:
-            return False
+            return False  # a type that refers to itself: already being looked at
         seen.add(info.cls)
-        return (getattr(info.cls, "__post_init__", None) is not None
-                or any(_runs_post_init(field.type, seen) for field in info.fields))
-    if isinstance(info, (mi.TypedDictType, mi.NamedTupleType)):
-        if info.cls in seen:
-            return False
-        seen.add(info.cls)
-        return any(_runs_post_init(field.type, seen) for field in info.fields)
+        return any(_any_part(field.type, hit, unknown, seen) for field in info.fields)
     if isinstance(info, (mi.ListType, mi.VarTupleType, mi.SetType, mi.FrozenSetType)):
-        return _runs_post_init(info.item_type, seen)
+        return _any_part(info.item_type, hit, unknown, seen)
     if isinstance(info, mi.TupleType):
-        return any(_runs_post_init(item, seen) for item in info.item_types)
+        return any(_any_part(item, hit, unknown, seen) for item in info.item_types)
     if isinstance(info, (mi.DictType, mi.FrozenDictType)):
-        return _runs_post_init(info.key_type, seen) or _runs_post_init(info.value_type, seen)
+        return (_any_part(info.key_type, hit, unknown, seen)
+                or _any_part(info.value_type, hit, unknown, seen))
     if isinstance(info, mi.UnionType):
-        return any(_runs_post_init(member, seen) for member in info.types)
-    return False
+        return any(_any_part(member, hit, unknown, seen) for member in info.types)
+    return unknown
+
+
+def _post_init(info: msgspec.inspect.Type) -> bool | None:
+    """True for a Struct or dataclass with a ``__post_init__`` (a decode runs it)."""
+    mi = msgspec.inspect
+    if (isinstance(info, (mi.StructType, mi.DataclassType))
+            and getattr(info.cls, "__post_init__", None) is not None):
+        return True
+    return None
 
 
 def _builds(state_type: type) -> bool:
     found = _BUILDS.get(state_type)
     if found is None:
         try:
-            found = _runs_post_init(msgspec.inspect.type_info(state_type))
+            found = _any_part(msgspec.inspect.type_info(state_type), _post_init, False)
         except Exception:
             found = False  # the schema check has judged the type already
         _BUILDS[state_type] = found
     return found
 
 
+def _a_set(info: msgspec.inspect.Type) -> bool | None:
+    if isinstance(info, _NO_SET):
+        return False
+    if isinstance(info, (msgspec.inspect.SetType, msgspec.inspect.FrozenSetType)):
+        return True
+    return None
+
+
 def has_set(info: msgspec.inspect.Type, seen: set[type] | None = None) -> bool:
     """Whether a value of ``info`` may hold a set or frozenset, whose iteration order (and
     so its encoding) depends on the process's hash seed. A type it does not know may."""
-    mi = msgspec.inspect
-    seen = set() if seen is None else seen
-    if isinstance(info, _NO_SET):
-        return False
-    if isinstance(info, (mi.SetType, mi.FrozenSetType)):
-        return True
-    if isinstance(info, mi.Metadata):  # Annotated[..., Meta(...)]
-        return has_set(info.type, seen)
-    if isinstance(info, (mi.StructType, mi.DataclassType, mi.TypedDictType,
-                         mi.NamedTupleType)):
-        if info.cls in seen:
-            return False  # a type that refers to itself: already being looked at
-        seen.add(info.cls)
-        return any(has_set(field.type, seen) for field in info.fields)
-    if isinstance(info, (mi.ListType, mi.VarTupleType)):
-        return has_set(info.item_type, seen)
-    if isinstance(info, mi.TupleType):
-        return any(has_set(item, seen) for item in info.item_types)
-    if isinstance(info, (mi.DictType, mi.FrozenDictType)):
-        return has_set(info.key_type, seen) or has_set(info.value_type, seen)
-    if isinstance(info, mi.UnionType):
-        return any(has_set(member, seen) for member in info.types)
-    return True
+    return _any_part(info, _a_set, True, seen)
 
 
 def state_codec(state_type: type) -> _Codec:
@@ -541,36 +537,44 @@ def encode_state(value: Any, where: str | Step[Any], state_type: type | None,
             else:
                 data = msgspec.json.encode(decoded)
     if _builds(state_type):
-        _reads_back(data, codec[0], where, state_type)
+        sets = codec[2] is True or (not isinstance(codec[2], bool) and codec[2].sets)
+        data, decoded = _settled(data, codec[0], where, state_type, sets)
     if slot is not None:
         slot.decoded = (data, decoded)
     return data
 
 
-def _reads_back(data: bytes, decode: Callable[[bytes], Any], where: str | Step[Any],
-                state_type: type) -> None:
-    """Refuse a State whose saved bytes do not read back as themselves, as a restart checks
-    (compat.state_problem): a ``__post_init__`` that changes fields (appends to a list, say)
-    changed it at every Step's read, unnoticed, and the restart then held the Run, saying
-    that the code had changed, when nothing had."""
+def _settled(data: bytes, decode: Callable[[bytes], Any], where: str | Step[Any],
+             state_type: type, sets: bool) -> tuple[bytes, Any]:
+    """The bytes to save for a State type whose decode runs a ``__post_init__``, and what the
+    next Step gets: ``data`` when they read back as themselves, as a restart checks
+    (compat.state_problem); else the State as one read leaves it, when that reads back as
+    itself (a ``__post_init__`` that normalises: strips, lowercases); else refused. One that
+    changes fields at every read (appends to a list, say) changed the State at every Step,
+    unnoticed, and the restart then held the Run, saying its code had changed, when nothing
+    had."""
     from intloom.authoring.compat import deterministic_json
 
-    try:
-        again = decode(data)
-    except msgspec.DecodeError:
-        return  # the first decode of these bytes passed: a check that passes by turns
-    if msgspec.json.encode(again) == data or deterministic_json(again) == data:
-        return
+    again = decode(data)
+    if data in (msgspec.json.encode(again), deterministic_json(again)):
+        return data, again
+    # Saved as the other States are: sets in order, dicts as they are otherwise.
+    settled = deterministic_json(again) if sets else msgspec.json.encode(again)
+    twice = decode(settled)
+    if settled in (msgspec.json.encode(twice), deterministic_json(twice)):
+        return settled, twice
     if not isinstance(where, str):
         where = where.where
     raise IntloomError(
         "STAGE_STATE_INVALID",
         f"{where}: the Stage State it left does not read back as itself: saved as "
-        f"{clip(data.decode('utf-8', 'replace'), 200)}, it decodes as {state_type.__name__} "
-        f"to {clip(msgspec.json.encode(again).decode('utf-8', 'replace'), 200)} (a "
-        "__post_init__ that changes fields runs at every read: each Step, and a restart, "
-        "which would then hold the Run). Make __post_init__ leave a State it is given as it "
-        "is (only check, or set what is missing); this State was not saved.",
+        f"{clip(settled.decode('utf-8', 'replace'), 200)}, it decodes as "
+        f"{state_type.__name__} to "
+        f"{clip(msgspec.json.encode(twice).decode('utf-8', 'replace'), 200)} (a "
+        "__post_init__ that changes fields again at every read runs at each Step, and at a "
+        "restart, which would then hold the Run). Make __post_init__ give a State it has "
+        "already built back as it is (only check, or set what is missing); this State was "
+        "not saved.",
     )
 
 

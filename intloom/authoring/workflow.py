@@ -14,7 +14,7 @@ import pathlib
 import re
 import sys
 import types
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import (
     TYPE_CHECKING,
@@ -853,19 +853,19 @@ def _key_shown(key: Any) -> str:
         return f"Literal{list(getattr(key, 'values', ()))}"
     name = getattr(getattr(key, "cls", None), "__name__", None)
     plain = type(key).__name__.removesuffix("Type")
-    return name or {"None": "None", "VarTuple": "tuple"}.get(plain, plain.lower())
+    return name or {"None": "None", "VarTuple": "tuple", "Decimal": "Decimal",
+                    "UUID": "UUID"}.get(plain, plain.lower())
 
 
-def _mixed_keys(state: type[Any]) -> tuple[str, str] | None:
-    """The first dict field of ``state`` (its path) whose keys may be of two JSON-keyable
-    types (``int | str``, ``Enum | int``, ``Literal[1, "1"]``), and that key type as shown;
-    None when there is none. Encoded, both are text, and a decode picks one type for all."""
+def _dict_keys(state: type[Any]) -> Iterator[tuple[str, tuple[Any, ...]]]:
+    """Each dict in ``state``'s type (msgspec.inspect), as its path (as encoded) and the
+    types its keys may be (one, or a union's members); none when the type cannot be read."""
     import msgspec.inspect as mi
 
     try:
         root = mi.type_info(state)
     except Exception:
-        return None  # _state_schema has judged the type already
+        return  # _state_schema has judged the type already
     stack: list[tuple[Any, str]] = [(root, "")]
     seen: set[int] = set()
     while stack:
@@ -875,14 +875,9 @@ def _mixed_keys(state: type[Any]) -> tuple[str, str] | None:
         seen.add(id(info))
         kind = type(info).__name__
         if isinstance(info, mi.DictType):
-            keys = (info.key_type.types if isinstance(info.key_type, mi.UnionType)
-                    else (info.key_type,))
-            keyable = [key for key in keys if not _unkeyable_key(key)]
-            literal_kinds = {type(v) for key in keyable if type(key).__name__ == "LiteralType"
-                             for v in getattr(key, "values", ()) if v is not None}
-            if len(keyable) > 1 or len(literal_kinds) > 1:
-                return (path.lstrip(".") or "(the State itself)",
-                        " | ".join(_key_shown(key) for key in keyable))
+            yield (path.lstrip(".") or "(the State itself)",
+                   info.key_type.types if isinstance(info.key_type, mi.UnionType)
+                   else (info.key_type,))
             stack.append((info.value_type, f"{path}[...]"))
         elif kind in ("StructType", "DataclassType", "TypedDictType", "AttrsType",
                       "NamedTupleType"):
@@ -894,49 +889,64 @@ def _mixed_keys(state: type[Any]) -> tuple[str, str] | None:
             stack.append((info.item_type, f"{path}[...]"))
         elif hasattr(info, "item_types"):
             stack.extend((t, f"{path}[...]") for t in info.item_types)
+
+
+def _numeric_text(value: object) -> bool:
+    """Whether text ``value`` reads as a number (a JSON key ``"5"`` is then an int's too)."""
+    try:
+        float(str(value))
+    except ValueError:
+        return False
+    return True
+
+
+def _key_kinds(key: Any) -> set[str]:
+    """What a keyable dict key type (msgspec.inspect) writes as a JSON key: ``number`` (int,
+    float, an int Literal or Enum value) and/or ``digits`` (text that may read as a number:
+    any str, a Decimal, a str Literal or Enum value such as "5"); neither for text that
+    never does (a datetime, a UUID, "red")."""
+    import msgspec.inspect as mi
+
+    if isinstance(key, (mi.IntType, mi.FloatType)):
+        return {"number"}
+    if isinstance(key, (mi.StrType, mi.DecimalType)):
+        return {"digits"}
+    if isinstance(key, (mi.LiteralType, mi.EnumType)):
+        values = (getattr(key, "values", ()) if isinstance(key, mi.LiteralType)
+                  else [member.value for member in key.cls])
+        kinds: set[str] = set()
+        for value in values:
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                kinds.add("number")
+            elif isinstance(value, str) and _numeric_text(value):
+                kinds.add("digits")
+        return kinds
+    return set()
+
+
+def _mixed_keys(state: type[Any]) -> tuple[str, str] | None:
+    """The first dict field of ``state`` (its path) whose keys may be a number or text that
+    reads as one (``int | str``, ``Decimal | int``, ``Literal[1, "1"]``, an Enum of "5"
+    beside int), and that key type as shown; None when there is none. A JSON object's keys
+    are all text, so ``1`` and ``"1"`` are one key there, and a decode reads it as one type
+    (``Literal["a"] | str``, ``int | float``, ``datetime | int`` read back as they were)."""
+    for path, keys in _dict_keys(state):
+        keyable = [key for key in keys if not _unkeyable_key(key)]
+        kinds = [_key_kinds(key) for key in keyable]
+        numbers = any("number" in k for k in kinds)
+        digits = any("digits" in k for k in kinds)
+        if numbers and digits:
+            return path, " | ".join(_key_shown(key) for key in keyable)
     return None
 
 
 def _unkeyable(state: type[Any]) -> tuple[str, str] | None:
     """The first dict field of ``state`` (its path, as encoded) whose key type JSON cannot
     carry, and that type as shown; None when there is none (or the type cannot be read)."""
-    import msgspec.inspect as mi
-
-    try:
-        root = mi.type_info(state)
-    except Exception:
-        return None  # _state_schema has judged the type already
-    stack: list[tuple[Any, str]] = [(root, "")]
-    seen: set[int] = set()
-    while stack:
-        info, path = stack.pop()
-        if id(info) in seen:
-            continue
-        seen.add(id(info))
-        kind = type(info).__name__
-        if isinstance(info, mi.DictType):
-            keys = (info.key_type.types if isinstance(info.key_type, mi.UnionType)
-                    else (info.key_type,))
-            # A union with one keyable member (int | None) keys what its Runs store by it.
-            if all(_unkeyable_key(key) for key in keys):
-                key = keys[0]
-                name = getattr(getattr(key, "cls", None), "__name__", None)
-                if type(key).__name__ == "LiteralType":
-                    name = f"Literal{list(getattr(key, 'values', ()))}"
-                plain = type(key).__name__.removesuffix("Type")
-                return (path.lstrip(".") or "(the State itself)",
-                        name or {"None": "None", "VarTuple": "tuple"}.get(plain, plain.lower()))
-            stack.append((info.value_type, f"{path}[...]"))
-        elif kind in ("StructType", "DataclassType", "TypedDictType", "AttrsType",
-                      "NamedTupleType"):
-            stack.extend((f.type, f"{path}.{getattr(f, 'encode_name', f.name)}")
-                         for f in info.fields)
-        elif isinstance(info, mi.UnionType):
-            stack.extend((t, path) for t in info.types)
-        elif hasattr(info, "item_type"):
-            stack.append((info.item_type, f"{path}[...]"))
-        elif hasattr(info, "item_types"):
-            stack.extend((t, f"{path}[...]") for t in info.item_types)
+    for path, keys in _dict_keys(state):
+        # A union with one keyable member (int | None) keys what its Runs store by it.
+        if all(_unkeyable_key(key) for key in keys):
+            return path, _key_shown(keys[0])
     return None
 
 

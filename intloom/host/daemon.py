@@ -53,7 +53,7 @@ from intloom.host.server import (
     descriptors,
     descriptors_fix,
 )
-from intloom.host.signals import HANDLED, IGNORED, STOPS
+from intloom.host.signals import HANDLED, IGNORED, REPEATED, STOPS
 from intloom.project import ProjectPaths, load_config, require_short_path
 from intloom.protocol.messages import (
     FEATURES,
@@ -248,6 +248,10 @@ def _workers_ended(executor: ThreadPoolExecutor, limit: float) -> bool:
 # asyncio's message for an accept() that failed for want of a resource (selector_events).
 _ACCEPT_FAILED: Final = "socket.accept() out of system resource"
 _ACCEPT_QUIET: Final = 60.0  # seconds between two connections_not_accepted lines
+# The loop reporting this many MemoryErrors within these seconds is the host out of memory.
+_STARVED_AFTER: Final = 50
+_STARVED_WITHIN: Final = 10.0
+_TASK_ERRORS_KEPT: Final = 1000  # distinct task_error keys remembered for the quiet period
 
 
 class HostOptions(msgspec.Struct, frozen=True):
@@ -447,7 +451,8 @@ class Host:
         self._accept_said_at: float | None = None
         # The same for an error the loop reports (task_error): by (message, error), when it
         # was last said and how often it came since.
-        self._task_errors: dict[tuple[str, str | None], tuple[float, int]] = {}
+        self._task_errors: dict[tuple[str, str | None, str | None], tuple[float, int]] = {}
+        self._starving: list[float] = []  # when the loop last reported a MemoryError
         self._starved: MemoryError | None = None  # the host itself out of memory: fatal
 
     # ----- entry ---------------------------------------------------------------------------
@@ -637,6 +642,8 @@ class Host:
     def _on_signal(self, sig: signal.Signals) -> None:
         assert self._stop is not None and self._forced is not None
         if self._stop.is_set():
+            if sig in REPEATED:
+                return  # the kernel's next SIGXCPU, not a person's second signal
             self.force_exit = True
             self._forced.set()
             if self.log is not None:
@@ -665,23 +672,30 @@ class Host:
         if isinstance(exc, OSError) and context.get("message") == _ACCEPT_FAILED:
             self._accept_failed(exc)
             return
+        now = time.monotonic()
         if isinstance(exc, MemoryError) and self._starved is None:
-            # The host's own machinery (the loop's self-pipe read, a callback) out of memory,
-            # not a Step's (the driver fails that Run): it raised again at every turn of the
-            # loop, 11 MiB of log a second, with every client reset. Fatal, as any exception
-            # the host itself raises: serve() ends it, as a crash would (files kept).
-            self._starved = exc
+            # Out of memory at every turn of the loop (its self-pipe read, under ulimit -v,
+            # once a Step held memory): 11 MiB of log a second, every client reset, and no
+            # end. Fatal once they keep coming, as any exception the host itself raises:
+            # serve() ends it, as a crash would (files kept). One alone (a callback a Step
+            # scheduled asked for too much) is logged, as any other.
+            recent = [t for t in self._starving if now - t < _STARVED_WITHIN] + [now]
+            self._starving = recent[-_STARVED_AFTER:]
+            if len(recent) >= _STARVED_AFTER:
+                self._starved = exc.with_traceback(None)  # not the frames: their memory
         message = str(context.get("message", ""))[:500]
         error = type(exc).__name__ if exc is not None else None
-        now = time.monotonic()
-        said = self._task_errors.get((message, error))
+        detail = str(exc)[:500] if exc is not None else None
+        key = (message, error, detail)
+        said = self._task_errors.get(key)
         if said is not None and now - said[0] < _ACCEPT_QUIET:
-            self._task_errors[(message, error)] = (said[0], said[1] + 1)
+            self._task_errors[key] = (said[0], said[1] + 1)
             return  # the same again: said once a minute, with how often (``repeated``)
-        self._task_errors[(message, error)] = (now, 0)
+        if len(self._task_errors) >= _TASK_ERRORS_KEPT:
+            self._task_errors.clear()  # messages naming callbacks by address: bounded
+        self._task_errors[key] = (now, 0)
         if self.log is not None:
-            self.log.error("task_error", message=message, error=error,
-                           detail=str(exc)[:500] if exc is not None else None,
+            self.log.error("task_error", message=message, error=error, detail=detail,
                            **({"repeated": said[1]} if said is not None and said[1] else {}))
 
     def _accept_failed(self, exc: OSError) -> None:
@@ -799,7 +813,8 @@ class Host:
         # interruption): said now, before the host listens and its Runs resume.
         self._abort_if_asked(log, "restoring_runs")
         fds = descriptors()
-        if fds is not None and fds[1] - fds[0] <= FD_RESERVE:
+        # Counted with the readiness pipe, which closes once the start is reported.
+        if fds is not None and fds[1] - fds[0] < FD_RESERVE:
             # It would serve nobody: each connection is refused BUSY while fewer than the
             # reserve are free, and the start had said "Service started" of it.
             raise IntloomError(
@@ -1187,6 +1202,11 @@ class Host:
     def _fatal(self, exc: BaseException) -> None:
         if self.log is None:
             return
+        with contextlib.suppress(MemoryError):  # its last line, if memory allows it
+            self._fatal_line(exc)
+
+    def _fatal_line(self, exc: BaseException) -> None:
+        assert self.log is not None
         if isinstance(exc, MemoryError):
             self.log.fatal("process_failed", origin="out_of_memory", error="MemoryError",
                            detail="the host itself ran out of memory (its event loop could "

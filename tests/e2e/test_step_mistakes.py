@@ -785,7 +785,7 @@ def test_a_state_that_changes_as_it_is_built_is_refused_when_the_workflow_loads(
         [problem] = problems
         assert problem["code"] == "WORKFLOW_DEFINITION_INVALID", problem
         assert ("Stage 'main': the default State Counted() does not read back as itself: "
-                'saved as {"n":1}, it decodes as Counted to {"n":2}') in problem["message"], (
+                'saved as {"n":2}, it decodes as Counted to {"n":3}') in problem["message"], (
             problem)
         assert "__post_init__" in problem["message"], problem
         ok(project.cli("stop", "--json"))

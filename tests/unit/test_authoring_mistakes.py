@@ -5,6 +5,7 @@ source raises, the loader names that source and loads the others."""
 from __future__ import annotations
 
 import datetime
+import decimal
 import functools
 import os
 import pathlib
@@ -13,6 +14,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import uuid
 import zoneinfo
 from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple
@@ -435,9 +437,33 @@ class _LiteralEither(msgspec.Struct):
     rows: list[dict[Literal[1, "1"], str]] = msgspec.field(default_factory=list)
 
 
+class _DecimalOrInt(msgspec.Struct):
+    price: dict[decimal.Decimal | int, str] = msgspec.field(default_factory=dict)
+
+
+class _KeysThatReadBack(msgspec.Struct):
+    """Key unions whose JSON keys cannot collide, or read back as the type they were."""
+
+    colour: dict[Literal["red"] | Literal["blue"], int] = msgspec.field(default_factory=dict)
+    named: dict[Literal["a"] | str, int] = msgspec.field(default_factory=dict)
+    number: dict[int | float, int] = msgspec.field(default_factory=dict)
+    when: dict[datetime.datetime | int, int] = msgspec.field(default_factory=dict)
+    ids: dict[uuid.UUID | int, int] = msgspec.field(default_factory=dict)
+    maybe: dict[int | None, int] = msgspec.field(default_factory=dict)
+    mixed_words: dict[Literal[1, "a"], int] = msgspec.field(default_factory=dict)
+
+
+def test_a_state_dict_keyed_by_a_union_that_reads_back_loads() -> None:
+    wf = intloom.Workflow("keys", version="1")
+    wf.stage("s", state=_KeysThatReadBack).step("a", routes={"ok": intloom.COMPLETE})(
+        lambda ctx: "ok")
+    wf.validate()
+
+
 @pytest.mark.parametrize(("state", "field", "key"), [
     (_EitherKeyed, "by", "int | str"),
     (_LiteralEither, "rows[...]", "Literal[1, '1']"),
+    (_DecimalOrInt, "price", "Decimal | int"),
 ])
 def test_a_state_dict_keyed_by_two_types_is_refused_when_declared(
     state: type[msgspec.Struct], field: str, key: str,

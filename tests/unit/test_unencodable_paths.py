@@ -98,3 +98,8 @@ def test_a_state_whose_post_init_changes_it_at_every_read_is_refused_when_saved(
                                   "read back as itself: saved as "), message
         assert '"built","built"' in message and "__post_init__" in message, message
     assert encode_state(_Trimmed(name="  a "), "Step", _Trimmed) == b'{"name":"a"}'
+    # Set after it was built (``ctx.state.name = " a "``): normalised by one read, it reads
+    # back as itself then, so it is saved normalised, as the next Step gets it.
+    later = _Trimmed()
+    later.name = " a "
+    assert encode_state(later, "Step", _Trimmed) == b'{"name":"a"}'
