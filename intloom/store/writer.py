@@ -90,6 +90,16 @@ __all__ = ["DEFAULT_SEGMENT_BYTES", "Store"]
 # a compaction failed (``start`` stays), or by the one batch a rotation's check follows.
 DEFAULT_SEGMENT_BYTES: Final = 16 << 20
 _ROTATE_MIN: Final = 1 << 20
+_ROTATE_PER_RUN: Final = 256 << 10
+# A flush runs on the loop thread (no hand-off) only when one Run has been the only writer
+# for this many batches and the disk answers fast: measured on a 2-vCPU VM, the thread
+# hand-off costs ~90 us against a ~160 us fdatasync, while a solo Run has nobody to wait for.
+_SOLO_BATCHES: Final = 8
+_INLINE_MAX_SYNC_S: Final = 0.002
+# A Run flushing inline suspends nowhere in ``sync``: a lone busy Run of async Steps would
+# hold the loop for as long as the disk stays fast (seconds were seen), and a client's hello,
+# a stop or a timer waited all that time. It yields to the loop at least this often.
+_INLINE_YIELD_S: Final = 0.002
 
 
 def _within_file_limit(segment_bytes: int) -> int:
@@ -103,16 +113,7 @@ def _within_file_limit(segment_bytes: int) -> int:
     if soft == resource.RLIM_INFINITY or soft <= 0:
         return segment_bytes
     return max(1, min(segment_bytes, soft // 2))
-_ROTATE_PER_RUN: Final = 256 << 10
-# A flush runs on the loop thread (no hand-off) only when one Run has been the only writer
-# for this many batches and the disk answers fast: measured on a 2-vCPU VM, the thread
-# hand-off costs ~90 us against a ~160 us fdatasync, while a solo Run has nobody to wait for.
-_SOLO_BATCHES: Final = 8
-_INLINE_MAX_SYNC_S: Final = 0.002
-# A Run flushing inline suspends nowhere in ``sync``: a lone busy Run of async Steps would
-# hold the loop for as long as the disk stays fast (seconds were seen), and a client's hello,
-# a stop or a timer waited all that time. It yields to the loop at least this often.
-_INLINE_YIELD_S: Final = 0.002
+
 
 # framing.encode_frame's parts, for Store.append, which frames a record inline (three
 # records per Step: the call was ~1k instructions per Step, callgrind, 64 Runs). Assigned,
