@@ -52,6 +52,7 @@ __all__ = [
     "search_refusal",
     "search_refused",
     "shell_arg",
+    "storage_fix",
     "unlink_fix",
     "unlink_refusal",
     "write_all",
@@ -436,6 +437,37 @@ def no_inode_left(directory: Path) -> str | None:
     return (f"its file system has no inode left (df -i {shell_arg(directory)} shows 0 "
             "free), whatever free space df shows: remove files there (or give it more "
             "inodes)")
+
+
+def storage_fix(exc: OSError, path: Path, *, replaced: bool = True,
+                then: str = ", then start again") -> str:
+    """What to do about ``path`` (a file or directory being created or replaced) that could
+    not be written: a full disk by its errno; a refusal by what refuses, read from the file
+    system (``write_refusal``: the same fact and fix recover and doctor give); one sentence,
+    ended by ``then`` (a running host's store, which goes on: none).
+    ``replaced=False``: ``path`` is only created (the host log, a WAL segment), which an
+    append-only directory does not refuse."""
+    directory = path.parent
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        inodes = no_inode_left(directory) if exc.errno == errno.ENOSPC else None
+        if inodes is not None:
+            return f"{inodes[:1].upper()}{inodes[1:]}{then}."
+        return f"Free disk space (or quota) for {directory}{then}."
+    limited = limit_fix(exc.errno)  # no descriptor, the file size limit: not the disk
+    if limited is not None:
+        return f"{limited[:1].upper()}{limited[1:]}."
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        refused = write_refusal(path, replaced=replaced)
+        if refused is not None:
+            return f"{refused[0][:1].upper()}{refused[0][1:]}. {refused[1]}{then}."
+        if exc.errno == errno.EROFS:
+            return f"Its file system is read-only: remount it read-write{then}."
+        # Nothing on the file system says why (an LSM, an ACL, a network file system's own
+        # rules): what was looked at is said, so nobody checks it twice.
+        return (f"Its permissions, owner, flags and file system allow the write, so "
+                f"something else refuses it (an ACL: getfacl {shell_arg(directory)}; a security "
+                f"module such as SELinux or AppArmor: its log). Fix that{then}.")
+    return f"Check the disk and {directory}{then}."
 
 
 def limit_fix(code: int | None) -> str | None:

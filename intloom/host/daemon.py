@@ -36,12 +36,12 @@ import msgspec
 from intloom import __version__
 from intloom.errors import ErrorView, IntloomError, LoadInterrupted
 from intloom.executor.runtime import Runtime
-from intloom.fsutil import no_inode_left, shell_arg, write_refusal
+from intloom.fsutil import no_inode_left, shell_arg, storage_fix, write_refusal
 from intloom.host.allocator import keep_large_buffers_mapped
 from intloom.host.boot import Booted, boot, check_error, starved
 from intloom.host.handlers import Handlers
 from intloom.host.logfile import HostLog, utc_now
-from intloom.host.metadata import METADATA_VERSION, ServiceInfo, current_identity, storage_fix
+from intloom.host.metadata import METADATA_VERSION, ServiceInfo, current_identity
 from intloom.host.ownership import Ownership, new_token
 from intloom.host.portholder import describe, listeners
 from intloom.host.readiness import ReadyChannel
@@ -1046,15 +1046,12 @@ class Host:
         if links != 0:
             return None
         try:  # and its path no longer leads to it
-            if _identity(os.lstat(self.paths.runtime)) == self._home_runtime():
+            if self._home is not None and _identity(os.lstat(self.paths.runtime)) == self._home[1]:
                 return None
         except OSError:
             pass
         return (f"{self.paths.runtime} was deleted while this host ran (the directory "
                 "itself, with .intloom/ or the whole project)")
-
-    def _home_runtime(self) -> tuple[int, int] | None:
-        return None if self._home is None else self._home[1]
 
     def _moved_away(self) -> str | None:
         """Why this host no longer owns the project's state, or None: ``.intloom/`` (or its

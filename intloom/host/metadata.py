@@ -8,7 +8,6 @@ the file is left exactly as it is.
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import re
 from datetime import UTC, datetime
@@ -24,14 +23,12 @@ from intloom.fsutil import (
     fsync_dir,
     hold_temp,
     injected_write_fault,
-    limit_fix,
-    no_inode_left,
     open_exclusive,
     privacy_fix,
     read_private,
     shell_arg,
+    storage_fix,
     write_all,
-    write_refusal,
 )
 
 __all__ = [
@@ -48,7 +45,6 @@ __all__ = [
     "read_connection",
     "read_lock",
     "read_service",
-    "storage_fix",
     "write_connection",
     "write_service",
 ]
@@ -329,35 +325,6 @@ def read_connection(path: Path, root: Path) -> Connection | None:
 
 
 _KEPT = "it holds its previous content or the complete new one, never part of a write"
-
-
-def storage_fix(exc: OSError, path: Path, *, replaced: bool = True) -> str:
-    """What to do about ``path`` (a file or directory being created or replaced) that could
-    not be written: a full disk by its errno; a refusal by what refuses, read from the file
-    system (``fsutil.write_refusal``: the same fact and fix recover and doctor give).
-    ``replaced=False``: ``path`` is only created (the host log), which an append-only
-    directory does not refuse."""
-    directory = path.parent
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        inodes = no_inode_left(directory) if exc.errno == errno.ENOSPC else None
-        if inodes is not None:
-            return f"{inodes[:1].upper()}{inodes[1:]}, then start again."
-        return f"Free disk space (or quota) for {directory}, then start again."
-    limited = limit_fix(exc.errno)  # no descriptor, the file size limit: not the disk
-    if limited is not None:
-        return f"{limited[:1].upper()}{limited[1:]}."
-    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        refused = write_refusal(path, replaced=replaced)
-        if refused is not None:
-            return f"{refused[0][:1].upper()}{refused[0][1:]}. {refused[1]}, then start again."
-        if exc.errno == errno.EROFS:
-            return "Its file system is read-only: remount it read-write, then start again."
-        # Nothing on the file system says why (an LSM, an ACL, a network file system's own
-        # rules): what was looked at is said, so nobody checks it twice.
-        return (f"Its permissions, owner, flags and file system allow the write, so "
-                f"something else refuses it (an ACL: getfacl {shell_arg(directory)}; a security "
-                "module such as SELinux or AppArmor: its log). Fix that, then start again.")
-    return f"Check the disk and {directory}, then start again."
 
 
 def _write_failed(path: Path, exc: OSError, left: str = _KEPT) -> IntloomError:

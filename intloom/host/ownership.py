@@ -24,6 +24,7 @@ from intloom.fsutil import (
     UnlinkRefusal,
     ensure_private_dir,
     path_of,
+    storage_fix,
     unlink_refusal,
 )
 from intloom.host.metadata import (
@@ -37,7 +38,6 @@ from intloom.host.metadata import (
     read_connection,
     read_lock,
     read_service,
-    storage_fix,
     write_connection,
     write_service,
 )

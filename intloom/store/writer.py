@@ -28,14 +28,7 @@ from zlib import crc32
 import msgspec
 
 from intloom.errors import IntloomError
-from intloom.fsutil import (
-    file_problem,
-    fsync_dir,
-    limit_fix,
-    no_inode_left,
-    path_of,
-    write_refusal,
-)
+from intloom.fsutil import file_problem, fsync_dir, path_of, storage_fix
 from intloom.runtime.machine import IllegalTransition, RunState, apply
 from intloom.runtime.ports import CheckpointFailed, JournalPort, RecordTooLarge
 from intloom.runtime.records import PROTOCOL_VERSION, Record, Terminal, encode_record
@@ -1275,7 +1268,9 @@ class Store:
                 self._not_summarised(NotSummarised(
                     "segment", f"no new segment could be created ({exc.strerror or exc})",
                     "The current segment grows on; the rotation is tried again after each "
-                    f"further MiB. {self._segment_fix(exc)}"),
+                    # What refused it, as a failed start says it (the flag, the inodes).
+                    "further MiB. " + storage_fix(exc, self.layout.wal / "next.seg",
+                                                  replaced=False, then="")),
                     "rotation")
             return
         self._rotate_failing = False
@@ -1286,25 +1281,6 @@ class Store:
         self._seal(new_number)
         self._fd, self._number, self._size, self._frames = new_fd, new_number, new_size, new_frames
         self._compact_behind(self._number)
-
-    def _segment_fix(self, exc: OSError) -> str:
-        """What lets a new segment be made again, by what refused it: "Free disk space, or
-        file descriptors" was said of an immutable wal/ (EPERM) and of a file system out of
-        inodes (ENOSPC, df showing space to spare)."""
-        wal = self.layout.wal
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            inodes = no_inode_left(wal) if exc.errno == errno.ENOSPC else None
-            fix = inodes if inodes is not None else f"free disk space (or quota) for {wal}"
-        else:
-            fix = limit_fix(exc.errno) or ""
-            refused = (write_refusal(wal / "next.seg", replaced=False)
-                       if not fix and exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
-                       else None)
-            if refused is not None:
-                fix = f"{refused[0]}: {refused[1][:1].lower()}{refused[1][1:]}"
-            elif not fix:
-                fix = f"check the disk and {wal}"
-        return f"{fix[:1].upper()}{fix[1:]}."
 
     def _compact_behind(self, start: int) -> None:
         """Snapshot on a thread of its own, so that flushes never wait for it.

@@ -66,12 +66,7 @@ def cli_child(project: Project, *args: str, background: bool = False
 def connected(proc: subprocess.Popen[str], port: int) -> bool:
     """``proc`` holds a connection to the host (it got past start-up and is attaching)."""
     assert proc.poll() is None, proc.communicate(timeout=10)
-    try:
-        connections = psutil.Process(proc.pid).net_connections(kind="tcp")
-    except psutil.NoSuchProcess:
-        return False
-    return any(c.status == psutil.CONN_ESTABLISHED and c.raddr and c.raddr.port == port
-               for c in connections)
+    return connections(proc, port) >= 1
 
 
 def connections(proc: subprocess.Popen[str], port: int) -> int:

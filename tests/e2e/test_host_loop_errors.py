@@ -40,7 +40,7 @@ async def go(ctx: intloom.StepContext[None]) -> str:
     what = broken if ctx.intent == "again" else starved
     for _ in range(1 if ctx.intent == "once" else 500):
         loop.call_soon(what)
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(0)  # they run in the loop's next turn, before this Step goes on
     return "ok"
 '''
 

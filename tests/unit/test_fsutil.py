@@ -223,7 +223,7 @@ import errno, json, sys
 from pathlib import Path
 from intloom.diagnostics.doctor import unwritable_state_dir
 from intloom.host.daemon import _log_write_failed
-from intloom.host.metadata import storage_fix
+from intloom.fsutil import storage_fix
 from intloom.errors import IntloomError
 from intloom.project import ProjectPaths
 from intloom.store.files import ensure_dir
