@@ -95,17 +95,24 @@ _INLINE_MAX_SYNC_S: Final = 0.002
 _INLINE_YIELD_S: Final = 0.002
 
 
-def _within_file_limit(segment_bytes: int) -> int:
-    """``segment_bytes``, or less under a file size limit (``ulimit -f``, inherited from the
-    shell that started the host): half of it. A segment that reached the limit failed the
-    batch that crossed it (EFBIG), and with it a Run, at every segment's end."""
+def _file_limit() -> int | None:
+    """The file size limit (``ulimit -f``, inherited from the shell that started the host)."""
     try:
         soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
     except (OSError, ValueError):
-        return segment_bytes
+        return None
     if soft == resource.RLIM_INFINITY or soft <= 0:
+        return None
+    return soft
+
+
+def _within_file_limit(segment_bytes: int, limit: int | None) -> int:
+    """``segment_bytes``, or less under a file size limit: half of it. A segment that reached
+    the limit failed the batch that crossed it (EFBIG), and with it a Run, at every segment's
+    end."""
+    if limit is None:
         return segment_bytes
-    return max(1, min(segment_bytes, soft // 2))
+    return max(1, min(segment_bytes, limit // 2))
 
 
 # framing.encode_frame's parts, for Store.append, which frames a record inline (three
@@ -177,7 +184,8 @@ class Store:
         # settled on the store's thread: whoever changes the tracks holds this.
         self._tracks_lock = threading.Lock()
         self._armed = faults.armed()  # a fault is injected at some flush
-        self._segment_bytes = _within_file_limit(segment_bytes)
+        self._file_limit = _file_limit()
+        self._segment_bytes = _within_file_limit(segment_bytes, self._file_limit)
         # Flush on the loop thread only while an fdatasync takes at most this long
         # (0: never, every flush goes through the store's thread).
         self._inline_max_sync_s = inline_max_sync_s
@@ -880,8 +888,15 @@ class Store:
         compactor = self._compactor
         if compactor is None or not compactor.is_alive():
             return False
-        return self._rotation_due(self._size + len(batch.data),
-                                  len(self._writers | batch.first_seq.keys()))
+        return (self._beyond_limit(len(batch.data))
+                or self._rotation_due(self._size + len(batch.data),
+                                      len(self._writers | batch.first_seq.keys())))
+
+    def _beyond_limit(self, size: int) -> bool:
+        """``size`` more bytes would take the segment past the file size limit, and a new
+        segment could hold more of them (this one has frames)."""
+        limit = self._file_limit
+        return limit is not None and self._frames > 0 and self._size + size > limit
 
     def _rotation_due(self, size: int, writers: int) -> bool:
         """A segment of ``size`` bytes written by ``writers`` Runs is full (see _ROTATE_MIN)."""
@@ -1020,6 +1035,11 @@ class Store:
         n = self._flush_no
         plan = self._faults
         data = batch.data
+        if self._beyond_limit(len(data)):
+            # Rotating at half the limit leaves room for ordinary batches, not for one that
+            # carries a State of megabytes: it would fail (EFBIG) where a new segment holds it.
+            with self._tracks_lock:
+                self._rotate()
         offset = self._size
         armed = self._armed
         step = "write"

@@ -510,24 +510,32 @@ resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RL
 root = Path(sys.argv[1])
 store = open_store(root)
 records = walk("RUN-A", 3_000, 5)
-for first in range(0, len(records), 10):
-    for record in records[first : first + 10]:
+sizes = [int(size) for size in sys.argv[3].split(",")]
+first = 0
+while first < len(records):
+    count = sizes[0]
+    sizes.append(sizes.pop(0))
+    for record in records[first : first + count]:
         store.append("RUN-A", record)
     store.sync_blocking()  # raised CheckpointFailed (EFBIG) once the segment reached the limit
+    first += count
 store.close_blocking()
 sizes = sorted(p.stat().st_size for p in (root / "wal").glob("*.seg"))
 print(len(sizes), max(sizes) < limit)
 '''
 
 
-def test_segments_rotate_below_the_file_size_limit(tmp_path: Path) -> None:
+@pytest.mark.parametrize("batches", ["10", "300,500"])
+def test_segments_rotate_below_the_file_size_limit(tmp_path: Path, batches: str) -> None:
     """Under ``ulimit -f`` (inherited from the shell that started the host), a segment that
     reached the limit failed the batch that crossed it (EFBIG), a Run at every segment's
-    end. Segments now rotate at half the limit."""
+    end. Segments now rotate at half the limit; and before a batch too big for what is left
+    (300 records of ~90 bytes take a segment to ~28 KiB, just below half of 64 KiB, where
+    the next 500 would cross the limit)."""
     script = tmp_path / "limited.py"
     script.write_text(FILE_LIMITED)
     done = subprocess.run([sys.executable, str(script), str(tmp_path / "runtime"),
-                           str(Path(__file__).resolve().parents[2])],
+                           str(Path(__file__).resolve().parents[2]), batches],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     count, below = done.stdout.split()
