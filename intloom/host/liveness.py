@@ -144,9 +144,50 @@ def _holders(path: Path) -> str:
     for pid in dict.fromkeys(flock_holders(path) or []):
         try:
             named.append(f"pid {pid} ({psutil.Process(pid).name()})")
+        except psutil.NoSuchProcess:
+            # /proc/locks names the process that took the lock; a child that inherited
+            # its descriptor holds it after that process exits. "A live process: pid N"
+            # named a pid no process has.
+            heirs = [f"pid {heir} ({name})" for heir, name in _lock_heirs(path)]
+            named.append(f"{', '.join(heirs) or 'a process'}, through a descriptor inherited "
+                         f"from pid {pid} (which took the lock and has exited)")
         except psutil.Error:
             named.append(f"pid {pid}")
     return f": {', '.join(named)} (the kernel's /proc/locks)" if named else ""
+
+
+def _lock_heirs(path: Path) -> list[tuple[int, str]]:
+    """The processes with a descriptor open on the file at ``path`` that holds a lock on it
+    (``/proc/PID/fdinfo`` lists the descriptor's locks), with their names. Only looked for
+    when the process that took the lock has exited: it reads every process's descriptors.
+    Another user's processes cannot be read and are left out."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return []
+    identity = (st.st_dev, st.st_ino)
+    found: list[tuple[int, str]] = []
+    for pid in psutil.pids():
+        fds = f"/proc/{pid}/fd"
+        try:
+            names = os.listdir(fds)
+        except OSError:
+            continue
+        for fd in names:
+            try:
+                target = os.stat(f"{fds}/{fd}")
+                if (target.st_dev, target.st_ino) != identity:
+                    continue
+                with open(f"/proc/{pid}/fdinfo/{fd}", encoding="ascii",
+                          errors="replace") as info:
+                    locked = any(line.startswith("lock:") for line in info)
+                name = psutil.Process(pid).name()
+            except (OSError, psutil.Error):
+                continue
+            if locked:
+                found.append((pid, name))
+                break
+    return found
 
 
 def probe_process(

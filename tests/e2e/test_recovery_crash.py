@@ -6,7 +6,9 @@ start → flow (waiting) → SIGKILL → status → stop / start refused → doc
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 import subprocess
 import sys
 from typing import Any
@@ -205,6 +207,44 @@ def test_a_lock_held_after_the_host_died_names_the_process_holding_it(
             assert snapshot_files(project.state) == files
         finally:
             holder.kill()
+    assert _ok(project.cli("recover", "--json"))["recovered"] is True
+
+
+_HANDS_DOWN = """
+import fcntl, os, subprocess, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+fcntl.flock(fd, fcntl.LOCK_EX)
+child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], pass_fds=[fd])
+print(child.pid, flush=True)
+"""
+
+
+def test_a_lock_inherited_from_an_exited_process_names_the_heir(project: Project) -> None:
+    """The process that took the OS lock on service.lock exited, and a child it started
+    holds the lock through the inherited descriptor. /proc/locks still names the exited
+    pid, and the evidence said "held by a live process: pid N" of a pid no process has."""
+    _crash(project)
+    files = snapshot_files(project.state)
+    heir = 0
+    with subprocess.Popen([sys.executable, "-c", _HANDS_DOWN, str(project.state / "service.lock")],
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as taker:
+        try:
+            assert taker.stdout is not None
+            heir = int(taker.stdout.readline())
+            assert taker.wait(timeout=30) == 0  # the taker has exited; its child holds on
+            named = re.compile(
+                rf"held by a live process: pid {heir} \({re.escape(psutil.Process(heir).name())}"
+                rf"\), through a descriptor inherited from pid {taker.pid} \(which took the "
+                r"lock and has exited\)")
+            error = _error(project.cli("recover", "--json"), "CLI_RECOVERY_BLOCKED")
+            assert named.search(error["message"]), error
+            assert snapshot_files(project.state) == files
+        finally:
+            assert taker.stdin is not None
+            taker.stdin.close()  # the heir reads it to its end, then exits
+            if heir:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    psutil.Process(heir).wait(timeout=30)
     assert _ok(project.cli("recover", "--json"))["recovered"] is True
 
 
