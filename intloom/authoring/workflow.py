@@ -93,6 +93,7 @@ class ToStage:
                 f"intloom.ToStage({self.stage!r}): the Stage name {_shown_value(self.stage)} "
                 'is not a string. Pass the name of the Stage to enter, e.g. '
                 'intloom.ToStage("publish").'))
+        object.__setattr__(self, "stage", _plain(self.stage))  # frozen
 
 
 Target = str | ToStage | Complete
@@ -121,6 +122,7 @@ class Tool:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
             raise IntloomError("WORKFLOW_DEFINITION_INVALID", (
                 f"{where}: the Tool name {_name_fact(self.name)}. {_NAME_RULE}"))
+        object.__setattr__(self, "name", _plain(self.name))  # frozen
         if not callable(self.fn):
             raise IntloomError("WORKFLOW_DEFINITION_INVALID", (
                 f"{where}: fn {_shown_value(self.fn)} is not callable. Pass the function the "
@@ -134,6 +136,7 @@ class Tool:
             raise IntloomError("WORKFLOW_DEFINITION_INVALID", (
                 f"{where}: description {_shown_value(self.description)} is not a string. "
                 "Pass text, or leave it out."))
+        object.__setattr__(self, "description", _plain(self.description))
         try:
             self.description.encode("utf-8")
         except UnicodeEncodeError as exc:  # a lone surrogate: no view could carry it
@@ -209,9 +212,17 @@ def _name_fact(name: object) -> str:
 
 
 def _check_name(workflow: str, where: str, kind: str, name: object) -> str:
+    """``name`` as plain text, once it is a valid name."""
     if not isinstance(name, str) or not _NAME.match(name):
         raise _bad(workflow, where, f"{kind} name {_name_fact(name)}", _NAME_RULE)
-    return name
+    return _plain(name)
+
+
+def _plain(text: str) -> str:
+    """``text`` as an exact ``str``. A subclass of str passed every check and then failed
+    every record and reply that carried it (msgspec encodes no str subclass but enums):
+    each Run at its first record, and ``flows`` for all of the host's Workflows."""
+    return text if type(text) is str else str.__str__(text)
 
 
 def _check_label(workflow: str, where: str, what: str, text: str, fix: str) -> None:
@@ -411,19 +422,23 @@ class Stage(Generic[S]):
         self.steps[step.name] = step
         return step
 
-    def _check_routes(self, step_name: str, routes: Mapping[str, Target]) -> None:
+    def _check_routes(self, step_name: str, routes: Mapping[str, Target]) -> dict[str, Target]:
+        """``routes``, each name in it as plain text."""
         where = f"Stage {self.name!r}, Step {step_name!r}"
         if not isinstance(routes, Mapping) or not routes:
             raise _bad(
                 self.workflow.name, where, "routes must be a non-empty mapping",
                 'Map each outcome to a Step name, intloom.ToStage("name") or intloom.COMPLETE.',
             )
+        checked: dict[str, Target] = {}
         for outcome, target in routes.items():
-            _check_name(self.workflow.name, where, "outcome", outcome)
+            plain = _check_name(self.workflow.name, where, "outcome", outcome)
             if not isinstance(target, (str, ToStage, Complete)):
                 what, fix = self._wrong_target(target)
                 raise _bad(self.workflow.name, where, f"outcome {outcome!r} routes to {what}",
                            fix)
+            checked[plain] = _plain(target) if isinstance(target, str) else target
+        return checked
 
     def _wrong_target(self, target: object) -> tuple[str, str]:
         """A route target that is none of a name, ToStage and COMPLETE, as its author knows
@@ -495,8 +510,8 @@ class Stage(Generic[S]):
         self, name: str, *, routes: Mapping[str, Target]
     ) -> Callable[[StepFn[S]], Step[S]]:
         """Declare a code Step. Its function returns an outcome string found in ``routes``."""
-        _check_name(self.workflow.name, f"Stage {self.name!r}", "Step", name)
-        self._check_routes(name, routes)
+        name = _check_name(self.workflow.name, f"Stage {self.name!r}", "Step", name)
+        routes = self._check_routes(name, routes)
 
         def decorate(fn: StepFn[S]) -> Step[S]:
             if fn is self.init_fn:
@@ -523,8 +538,8 @@ class Stage(Generic[S]):
         agent: str = "default",
     ) -> Callable[[AgentFn[S]], AgentStep[S]]:
         """Declare an Agent Step: its function returns the task for a client Agent."""
-        _check_name(self.workflow.name, f"Stage {self.name!r}", "Step", name)
-        self._check_routes(name, routes)
+        name = _check_name(self.workflow.name, f"Stage {self.name!r}", "Step", name)
+        routes = self._check_routes(name, routes)
         declared = self._check_tools(name, tools)
         # The Agent id is in every view of the Run (pendingAgentCall.agentId): one that is
         # no string made each reply listing the Run undecodable (`runs` failed for all).
@@ -538,6 +553,7 @@ class Stage(Generic[S]):
         _check_label(self.workflow.name, f"Stage {self.name!r}, Step {name!r}", "agent",
                      agent, 'Name the Agent that takes its tasks in valid Unicode text, '
                      'e.g. agent="reviewer"')
+        agent = _plain(agent)
 
         def decorate(fn: AgentFn[S]) -> AgentStep[S]:
             _check_fn(self.workflow.name, f"Stage {self.name!r}, Step {name!r}",
@@ -574,7 +590,7 @@ class Workflow:
     """A named, versioned Workflow. Its first Stage is the entry."""
 
     def __init__(self, name: str, *, version: str) -> None:
-        _check_name(str(name), "definition", "Workflow", name)
+        name = _check_name(str(name), "definition", "Workflow", name)
         if not isinstance(version, str):
             raise _bad(name, "definition", f"version {_shown_value(version)} is not a string",
                        f'Pass it as text: version="{version}" (any non-empty label).')
@@ -583,6 +599,7 @@ class Workflow:
                        'Pass version="1.0.0" (any non-empty label).')
         _check_label(name, "definition", "version", version,
                      'Pass a short label in valid Unicode text, e.g. version="1.0.0".')
+        version = _plain(version)
         self.name = name
         self.version = version
         self.stages: dict[str, Stage[Any]] = {}
@@ -599,7 +616,7 @@ class Workflow:
 
     def stage(self, name: str, *, state: type[S] | None = None) -> Stage[S] | Stage[None]:
         """Declare a Stage; ``state`` is a msgspec.Struct type with defaults for every field."""
-        _check_name(self.name, "definition", "Stage", name)
+        name = _check_name(self.name, "definition", "Stage", name)
         if name in self.stages:
             raise _bad(self.name, f"Stage {name!r}", "the Stage is defined twice",
                        "Give every Stage its own name.")

@@ -110,6 +110,34 @@ def test_a_tool_needs_a_valid_name_and_a_function_of_the_agents_input() -> None:
     intloom.Tool("web.search-2_x", lambda q: [q])  # what the name rule allows
 
 
+class _Text(str):
+    """A subclass of str, as a name's type: msgspec encodes none but enums."""
+
+
+def test_names_of_a_str_subclass_are_kept_as_plain_text() -> None:
+    """A str subclass passed every check as a name, version or agent id, and then failed
+    every record and reply that carried it: each Run (RUN_STATE_INVALID, or CLI_INTERNAL_
+    ERROR from `flow`) and `flows` for all of the host's Workflows."""
+    wf = intloom.Workflow(_Text("w"), version=_Text("1"))
+    first, second = wf.stage(_Text("s")), wf.stage(_Text("t"))
+    tool = intloom.Tool(_Text("look"), len, description=_Text("d"))
+    first.step(_Text("a"), routes={_Text("ok"): _Text("b")})(lambda ctx: "ok")
+    first.step(_Text("b"), routes={_Text("ok"): intloom.ToStage(_Text("t"))})(lambda ctx: "ok")
+    agent = second.agent_step(_Text("c"), routes={_Text("ok"): intloom.COMPLETE}, tools=[tool],
+                              agent=_Text("rev"))(lambda ctx: {})
+    wf.validate()
+    texts: list[object] = [wf.name, wf.version, tool.name, tool.description, agent.agent]
+    for stage_name, stage in wf.stages.items():
+        texts += [stage_name, stage.name]
+        for step_name, step in stage.steps.items():
+            texts += [step_name, step.name, *step.routes]
+            texts += [target.stage if isinstance(target, intloom.ToStage) else target
+                      for target in step.routes.values() if target is not intloom.COMPLETE]
+    texts += list(agent.tools)
+    assert len(texts) == 21 and {type(text) for text in texts} == {str}, texts
+    assert msgspec.json.decode(msgspec.json.encode(texts)) == texts
+
+
 def _declare(kind: str, name: str) -> None:
     wf = intloom.Workflow(name if kind == "Workflow" else "w", version="1")
     st = wf.stage(name if kind == "Stage" else "s")
