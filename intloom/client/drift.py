@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
+from datetime import datetime
 from pathlib import Path
 from typing import Final, Literal
 
@@ -23,7 +25,7 @@ from intloom.errors import IntloomError
 from intloom.project import link_loop, load_config
 from intloom.protocol.messages import PROTOCOL, ServiceView, WorkflowInfo
 
-__all__ = ["SourceChange", "against_host", "since_log", "since_start"]
+__all__ = ["SourceChange", "against_host", "changed_tree", "since_log", "since_start"]
 
 Change = Literal["listed", "unlisted", "edited", "unreadable", "config", "port", "intloom"]
 
@@ -153,10 +155,46 @@ def since_start(root: Path, service: ServiceView, flows: list[WorkflowInfo]
                 # have bumped: an identity no Workflow need have, so it is not named.
                 out.append(SourceChange(
                     source, "edited",
-                    f"{source} changed since the host loaded {info.name} {info.version} "
-                    f"(identity {info.identity[:12]}); the host runs the code it loaded.",
-                    info.name))
+                    f"{changed_tree(source)} changed since the host loaded {info.name} "
+                    f"{info.version} (identity {info.identity[:12]}"
+                    f"{_modified_since(root, entry, service.started_at)}); the host runs the "
+                    "code it loaded.", info.name))
     return out
+
+
+def changed_tree(source: str, workflow: str | None = None) -> str:
+    """What changed of an edited ``source`` (its ``workflow``, if named), as a sentence's
+    subject: a package, or the tree of a file source, its directory (the identity covers
+    every Python file there and below). "workflows/example.py changed" was said of three
+    listed files when only their shared helpers.py had."""
+    named = f"{source} ({workflow})" if workflow else source
+    if not source.endswith((".py", ".pyi")):
+        return named
+    return f"the source tree of {named}, {posixpath.dirname(source) or '.'}/,"
+
+
+# How many of the files modified since a host started are named.
+_NAMED_MODIFIED: Final = 3
+
+
+def _modified_since(root: Path, entry: Path, started_at: str) -> str:
+    """``; a.py, helpers.py modified since the host started``: the files of the source tree
+    written since then, which are likely the edit (a hint from their mtimes, not a proof);
+    "" when none is or that cannot be told."""
+    from intloom.authoring.identity import source_files
+
+    try:
+        started = datetime.fromisoformat(started_at).timestamp()
+        files = source_files(entry)
+        names = [path.relative_to(root).as_posix() for _rel, path in files
+                 if path.stat().st_mtime > started]
+    except (ValueError, OSError, IntloomError):
+        return ""
+    if not names:
+        return ""
+    more = len(names) - _NAMED_MODIFIED
+    shown = ", ".join(names[:_NAMED_MODIFIED]) + (f" and {more} more" if more > 0 else "")
+    return f"; {shown} modified since the host started"
 
 
 def against_host(root: Path, service: ServiceView

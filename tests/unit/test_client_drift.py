@@ -193,6 +193,40 @@ def test_a_stop_names_the_sources_changed_since_its_host_loaded_them(tmp_path: P
     assert since_log(root, _host_log(root, _loaded(root, "wf/a", "a"), version="0.0.1")) == []
 
 
+def test_file_sources_sharing_a_directory_name_their_tree_and_the_file_written(
+    tmp_path: Path,
+) -> None:
+    """A file source's identity covers its directory: with only the helpers.py two listed
+    files share edited, start, status and doctor said "wf/a.py changed" and "wf/b.py
+    changed", and stop said so of each, of files no one touched."""
+    from intloom.cli.commands.service import stop_lines
+    from intloom.client.lifecycle import StopResult
+
+    (tmp_path / "wf").mkdir()
+    for name in ("a", "b"):
+        (tmp_path / "wf" / f"{name}.py").write_text(f"# {name}\n")
+    (tmp_path / "wf" / "helpers.py").write_text("X = 1\n")
+    (tmp_path / "intloom.toml").write_text('workflows = ["wf/a.py", "wf/b.py"]\n')
+    flows = [_loaded(tmp_path, "wf/a.py", "a"), _loaded(tmp_path, "wf/b.py", "b")]
+    helpers = tmp_path / "wf" / "helpers.py"
+    helpers.write_text("X = 2\n")
+    os.utime(tmp_path / "wf" / "a.py", (0, 0))  # written before the host started (_service)
+    os.utime(tmp_path / "wf" / "b.py", (0, 0))
+    changes = since_start(tmp_path, _service(tmp_path), flows)
+    assert [(c.source, c.change, c.message) for c in changes] == [
+        (f"wf/{name}.py", "edited",
+         f"the source tree of wf/{name}.py, wf/, changed since the host loaded {name} 1 "
+         f"(identity {flow.identity[:12]}; wf/helpers.py modified since the host started); "
+         "the host runs the code it loaded.") for name, flow in zip("ab", flows, strict=True)]
+    os.utime(helpers, (0, 0))  # the hint is from mtimes: none later than the start, none said
+    assert "modified" not in since_start(tmp_path, _service(tmp_path), flows)[0].message
+    text = stop_lines(StopResult(stopped=True, cut=[], suspended=1, changed=changes))
+    assert text[-1].startswith(
+        "But the source tree of wf/a.py (a), wf/, changed since this host loaded it; the "
+        "source tree of wf/b.py (b), wf/, changed since this host loaded it: the next start "
+        "holds the unfinished Runs of a, b (needs attention)"), text
+
+
 def test_a_stop_reads_what_its_host_loaded_only_from_a_regular_file(tmp_path: Path) -> None:
     """``since_log`` opened the log by name: a FIFO planted there (the stop's own reading of
     it gives up on one) blocked ``intloom stop`` for ever, after the host had stopped; a

@@ -231,9 +231,12 @@ def _changed_since_load(changed: list[SourceChange]) -> str:
     """"Run intloom start to resume them" is not so for the Runs of a Workflow whose source
     changed since the host loaded it: the next start holds them (needs attention)."""
     facts = []
+    from intloom.client.drift import changed_tree
+
     for change in changed:
         what = f"{change.source} ({change.workflow})" if change.workflow else change.source
-        facts.append({"edited": f"{what} changed since this host loaded it",
+        facts.append({"edited": f"{changed_tree(change.source, change.workflow)} changed "
+                      "since this host loaded it",
                       "unlisted": f"{what} is no longer listed in intloom.toml"}.get(
                           change.change, f"{what} cannot be loaded as this host loaded it"))
     names = sorted({change.workflow for change in changed if change.workflow})
