@@ -28,8 +28,8 @@ if TYPE_CHECKING:
     from intloom.runtime.machine import RunState
 
 __all__ = ["DETERMINISTIC", "cursor_problem", "deterministic_json", "failed_sources_note",
-           "not_defined_note", "schema_changes", "state_problem", "version_change",
-           "what_changed"]
+           "not_defined_note", "schema_changes", "schema_problem", "state_problem",
+           "version_change", "what_changed"]
 
 # The order the driver saves a State in when plain encoding is not deterministic (a State
 # with sets: executor/driver.py, _encode_state); the restore judges it by the same encoder.
@@ -170,6 +170,17 @@ def _unrouted(lw: LoadedWorkflow, state: RunState) -> str | None:
         return None
     return (f"outcome {state.outcome!r}, which Step {cursor.stage}/{cursor.step} returned "
             f"before the restart (its routes now: {sorted(step.routes)})")
+
+
+def schema_problem(lw: LoadedWorkflow, state: RunState) -> str | None:
+    """``schema_changes`` in words, for a Run whose identity is the loaded one: the change
+    then came from outside the source tree (a State class in a module of the project
+    root), and "put back the exact Workflow source" alone sent the user to a tree no one
+    had touched."""
+    changes = schema_changes(lw, state)
+    if not changes:
+        return None
+    return f"since the Run started, {'; '.join(changes)}: {_OUTSIDE}"
 
 
 def state_problem(lw: LoadedWorkflow, state: RunState) -> str | None:

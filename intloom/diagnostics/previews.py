@@ -17,7 +17,7 @@ from intloom.authoring.compat import (
     cursor_problem,
     failed_sources_note,
     not_defined_note,
-    schema_changes,
+    schema_problem,
     state_problem,
     what_changed,
 )
@@ -87,9 +87,9 @@ def _incompatibility(state: RunState, loaded: LoadResult) -> str | None:
         return (f"Workflow {state.workflow!r} changed: the journal was written by identity "
                 f"{state.identity[:12]}…, the loaded code is {wf.identity[:12]}…"
                 f"{what_changed(wf, state)} {_back(state)}")
-    changes = schema_changes(wf, state)
-    if changes:
-        return f"since the Run started, {'; '.join(changes)} {_back(state)}"
+    changed = schema_problem(wf, state)
+    if changed is not None:
+        return f"{changed} {_back(state)}"
     moved = cursor_problem(wf, state)
     if moved is not None:
         return f"{moved} {_back(state)}"

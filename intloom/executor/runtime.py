@@ -33,7 +33,7 @@ from intloom.authoring.compat import (
     cursor_problem,
     failed_sources_note,
     not_defined_note,
-    schema_changes,
+    schema_problem,
     state_problem,
     what_changed,
 )
@@ -195,9 +195,9 @@ def _mismatch(state: RunState, workflows: Mapping[str, LoadedWorkflow],
             f"started (journal {state.identity[:12]}, loaded {lw.identity[:12]}"
             f"{what_changed(lw, state)})"
         )
-    changes = schema_changes(lw, state)
-    if changes:
-        return f"incompatible schema: since the Run started, {'; '.join(changes)}"
+    changed = schema_problem(lw, state)
+    if changed is not None:
+        return f"incompatible schema: {changed}"
     moved = cursor_problem(lw, state)
     if moved is not None:
         return f"incompatible definition: {moved}"
@@ -327,8 +327,9 @@ class HeldRun:
         if self.dismissible:
             fix = (
                 "Put back the exact Workflow source the Run started with (as intloom.toml "
-                "lists it) and restart the host (intloom stop, then intloom start) to "
-                f"continue it, or end it for good with intloom cancel {rid}."
+                "lists it, and any module outside it that its definition comes from) and "
+                "restart the host (intloom stop, then intloom start) to continue it, or end "
+                f"it for good with intloom cancel {rid}."
             )
         elif self.code == "JOURNAL_CORRUPT":
             fix = (
