@@ -1035,7 +1035,7 @@ class Store:
         n = self._flush_no
         plan = self._faults
         data = batch.data
-        if self._beyond_limit(len(data)):
+        if self._file_limit is not None and self._beyond_limit(len(data)):
             # Rotating at half the limit leaves room for ordinary batches, not for one that
             # carries a State of megabytes: it would fail (EFBIG) where a new segment holds it.
             with self._tracks_lock:
