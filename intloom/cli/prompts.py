@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import select
+import signal
 import sys
 import termios
 import threading
@@ -26,7 +27,14 @@ import typer
 
 from intloom.cli.render import CONFIRMATION, printable
 
-__all__ = ["Terminal", "prompt_answer"]
+__all__ = ["Terminal", "ctrl_c_ignored", "prompt_answer"]
+
+
+def ctrl_c_ignored() -> bool:
+    """SIGINT was ignored when intloom started (a shell's ``trap '' INT``, a job a script
+    started with ``&``), and Python keeps it so: Ctrl-C does nothing, and a prompt that said
+    "Ctrl-C detaches" sent the user pressing it in vain. EOF (Ctrl-D) still detaches."""
+    return signal.getsignal(signal.SIGINT) is signal.SIG_IGN
 
 
 # The longest a prompt sleeps before it looks whether Ctrl-C came: a SIGINT that lands just
@@ -208,7 +216,8 @@ class Terminal:
             # shown as typed, and a long line only by its start.
             cut = typed if len(typed) <= _SHOWN else f"{typed[:_SHOWN]}…"
             shown = repr(cut) if typed else "An empty line"
-            self.say(f"{shown} is not an answer: type y (yes) or n (no); Ctrl-C detaches "
+            key = "Ctrl-D" if ctrl_c_ignored() else "Ctrl-C"
+            self.say(f"{shown} is not an answer: type y (yes) or n (no); {key} detaches "
                      "and leaves the Run waiting.")
 
     def ask(self, text: str) -> str:

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import os
 import select
+import signal
 import sys
 import threading
 import time
 from collections.abc import Iterator
 
 import pytest
+import typer
 
 from intloom.cli.prompts import Terminal
 
@@ -111,6 +113,26 @@ def test_a_confirmation_typed_wrong_says_what_to_type(
     # As typed (it was shown lower-cased), and a long line only by its start.
     assert "'Maybe' is not an answer: type y (yes) or n (no)" in told, told
     assert f"'{'x' * 40}…' is not an answer" in told and "x" * 41 not in told, told
+
+
+def test_a_confirmation_with_sigint_ignored_names_ctrl_d_not_ctrl_c(
+    pty_pair: tuple[int, Terminal], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Started with SIGINT ignored (a shell's `trap '' INT`, a script's `cmd &`), the prompt
+    said "Ctrl-C detaches", and Ctrl-C did nothing however often it was pressed."""
+    leader, term = pty_pair
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        os.write(leader, b"maybe\r\x04")  # then Ctrl-D: EOF at the prompt asked again
+        with pytest.raises(typer.Abort):
+            term.confirm("Confirm?")
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    told = capsys.readouterr().err
+    assert "type y (yes) or n (no); Ctrl-D detaches and leaves the Run waiting." in told, told
+    os.write(leader, b"maybe\ry\r")
+    assert term.confirm("Confirm?") is True
+    assert "Ctrl-C detaches and leaves the Run waiting." in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("blank", [b"   ", b""])

@@ -14,6 +14,7 @@ on from that view: it asks what the Run now waits on, or shows how it ended.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 import time
@@ -450,7 +451,7 @@ def _follow(state: CliState, client: Client, run_id: str,
     (without a terminal, no one answers here; on one, an Agent task is followed until the
     Agent completes or fails it). Returns the Run's view, and whether its host suspended it
     (``_Follower.suspended``)."""
-    from intloom.cli.prompts import Terminal, prompt_answer
+    from intloom.cli.prompts import Terminal, ctrl_c_ignored, prompt_answer
 
     began = view
     term = Terminal() if interactive(state.json_mode) else None
@@ -467,8 +468,11 @@ def _follow(state: CliState, client: Client, run_id: str,
             if view.status == "waiting" and call is not None and term is not None:
                 # Nothing to answer here, but attach follows the Run: the Agent's work goes
                 # on elsewhere, then what the Run asks next is prompted for here.
+                detach = (f"Ctrl-C is ignored here (so it was where intloom started): kill "
+                          f"-TERM {os.getpid()} detaches." if ctrl_c_ignored() else
+                          "Ctrl-C detaches.")
                 term.say(f"Waiting for the client Agent to complete or fail task {call.id}; "
-                         "its events follow. Ctrl-C detaches.")
+                         f"its events follow. {detach}")
                 follower.past_task(view)
                 view = _look(client, run_id, follower, f"its Agent task {call.id}")
                 task = view.pending_agent_call
