@@ -180,7 +180,10 @@ def schema_problem(lw: LoadedWorkflow, state: RunState) -> str | None:
     changes = schema_changes(lw, state)
     if not changes:
         return None
-    return f"since the Run started, {'; '.join(changes)}: {_OUTSIDE}"
+    return (f"since the Run started, {'; '.join(changes)}: the Workflow's source tree is as "
+            "it was, so this changed outside it, which the identity does not cover (a State "
+            "class or Stage imported from another module, or another msgspec version, which "
+            "describes State types; docs/authoring.md, Changing a Workflow)")
 
 
 def state_problem(lw: LoadedWorkflow, state: RunState) -> str | None:

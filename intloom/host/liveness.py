@@ -32,6 +32,7 @@ __all__ = [
     "LockProbe",
     "OwnerStatus",
     "ProcessProbe",
+    "flock_holders",
     "holds_flock",
     "holds_open",
     "host_starting",
@@ -114,18 +115,14 @@ def flock_holders(path: Path) -> list[int] | None:
     want = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
     found: list[int] = []
     for line in text.splitlines():
-        # "1: FLOCK  ADVISORY  WRITE 1234 fe:00:2146553 0 EOF"; a waiter's line reads
-        # "1: -> FLOCK ...": it holds nothing, and its fields are one to the right.
         parts = line.split()
-        if len(parts) < 6 or parts[1] != "FLOCK":
-            continue
-        try:
-            major, minor, inode = parts[5].split(":")
-            pid = int(parts[4])
-            if (int(major, 16), int(minor, 16), int(inode)) == want and pid > 0:
+        if _locks(parts, want):
+            try:
+                pid = int(parts[4])
+            except ValueError:
+                continue
+            if pid > 0:
                 found.append(pid)
-        except ValueError:
-            continue
     return found
 
 
@@ -141,53 +138,92 @@ def _holders(path: Path) -> str:
     line, which may hold secrets), so a person need not hunt for it with fuser; empty when
     the kernel does not say."""
     named: list[str] = []
+    exited: list[int] = []
     for pid in dict.fromkeys(flock_holders(path) or []):
+        if not _exists(pid):
+            exited.append(pid)
+            continue
         try:
             named.append(f"pid {pid} ({psutil.Process(pid).name()})")
-        except psutil.NoSuchProcess:
-            # /proc/locks names the process that took the lock; a child that inherited
-            # its descriptor holds it after that process exits. "A live process: pid N"
-            # named a pid no process has.
-            heirs = [f"pid {heir} ({name})" for heir, name in _lock_heirs(path)]
-            named.append(f"{', '.join(heirs) or 'a process'}, through a descriptor inherited "
-                         f"from pid {pid} (which took the lock and has exited)")
         except psutil.Error:
             named.append(f"pid {pid}")
-    return f": {', '.join(named)} (the kernel's /proc/locks)" if named else ""
+    told = "the kernel's /proc/locks"
+    if not named:
+        # /proc/locks names the process that took the lock: after it exits, a child that
+        # inherited its descriptor holds it ("a live process: pid N" named a pid no process
+        # had), and in a pid namespace where that process is not seen it names none.
+        took = (f", through a descriptor inherited from {_pids(exited)} (which took the lock "
+                "and has exited)") if exited else ""
+        heirs = _lock_heirs(path)
+        if heirs:
+            named.append(", ".join(f"pid {pid} ({name})" for pid, name in heirs) + took)
+            told = "the kernel's /proc/locks and /proc/PID/fdinfo"
+        elif exited:
+            named.append(f"a process{took}")
+    return f": {', '.join(named)} ({told})" if named else ""
+
+
+def _exists(pid: int) -> bool:
+    """No process has ``pid`` (ESRCH), or one does; psutil's NoSuchProcess is no proof of
+    the first (``/proc`` mounted ``hidepid``, another user's process)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def _pids(pids: list[int]) -> str:
+    return f"pid {pids[0]}" if len(pids) == 1 else "pids " + ", ".join(map(str, pids))
 
 
 def _lock_heirs(path: Path) -> list[tuple[int, str]]:
-    """The processes with a descriptor open on the file at ``path`` that holds a lock on it
-    (``/proc/PID/fdinfo`` lists the descriptor's locks), with their names. Only looked for
-    when the process that took the lock has exited: it reads every process's descriptors.
-    Another user's processes cannot be read and are left out."""
+    """The processes with a descriptor that holds a lock on the file at ``path``, with their
+    names, from each descriptor's ``/proc/PID/fdinfo`` (its lock lines name the file by
+    device and inode: no descriptor's file is looked up, which could hang on a dead network
+    mount). Only looked for when ``/proc/locks`` names no live holder: it reads every
+    process's descriptors. Another user's processes cannot be read and are left out."""
     try:
         st = os.stat(path, follow_symlinks=False)
     except OSError:
         return []
-    identity = (st.st_dev, st.st_ino)
+    want = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
     found: list[tuple[int, str]] = []
     for pid in psutil.pids():
-        fds = f"/proc/{pid}/fd"
         try:
-            names = os.listdir(fds)
+            fds = os.listdir(f"/proc/{pid}/fdinfo")
         except OSError:
             continue
-        for fd in names:
+        for fd in fds:
             try:
-                target = os.stat(f"{fds}/{fd}")
-                if (target.st_dev, target.st_ino) != identity:
-                    continue
                 with open(f"/proc/{pid}/fdinfo/{fd}", encoding="ascii",
                           errors="replace") as info:
-                    locked = any(line.startswith("lock:") for line in info)
-                name = psutil.Process(pid).name()
-            except (OSError, psutil.Error):
+                    lines = [line for line in info if line.startswith("lock:")]
+            except OSError:
                 continue
-            if locked:
-                found.append((pid, name))
+            if any(_locks(line.split()[1:], want) for line in lines):
+                try:
+                    found.append((pid, psutil.Process(pid).name()))
+                except psutil.Error:
+                    found.append((pid, "?"))
                 break
     return found
+
+
+def _locks(parts: list[str], want: tuple[int, int, int]) -> bool:
+    """A line of ``/proc/locks`` (or an fdinfo ``lock:`` line), split: a flock held (not
+    waited for) on the file ``want`` (major, minor, inode)."""
+    # "1: FLOCK  ADVISORY  WRITE 1234 fe:00:2146553 0 EOF"; a waiter's line reads
+    # "1: -> FLOCK ...": it holds nothing, and its fields are one to the right.
+    if len(parts) < 6 or parts[1] != "FLOCK":
+        return False
+    try:
+        major, minor, inode = parts[5].split(":")
+        return (int(major, 16), int(minor, 16), int(inode)) == want
+    except ValueError:
+        return False
 
 
 def probe_process(

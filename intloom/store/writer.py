@@ -95,6 +95,14 @@ _INLINE_MAX_SYNC_S: Final = 0.002
 _INLINE_YIELD_S: Final = 0.002
 
 
+# Under a file size limit, what a segment keeps free past its last batch for its seal frame
+# (~90 bytes): a batch that left less made the seal fail EFBIG part-way, and verify then
+# called the segment's end damaged. And what a new segment's header and seal take: a batch
+# with less room than this below the limit fails in any segment, so none is made for it.
+_SEAL_ROOM: Final = 256
+_SEGMENT_ROOM: Final = 4096
+
+
 def _file_limit() -> int | None:
     """The file size limit (``ulimit -f``, inherited from the shell that started the host)."""
     try:
@@ -609,6 +617,12 @@ class Store:
                         break  # nothing left to make durable (taken by sync_blocking)
                     if self._solo():
                         inline = self._inflight = self._take_batch()
+                        if (inline is not None and self._file_limit is not None
+                                and self._beyond_limit(len(inline.data))):
+                            # It rotates first, and the rotation after it waits for the
+                            # compaction that one began: on the store's thread, not the loop.
+                            self._submit(inline)
+                            inline = None
                     else:
                         # Flush once every Run woken in this loop iteration has appended:
                         # the callback runs after the handles already queued, so one
@@ -885,18 +899,24 @@ class Store:
     def _may_wait_for_compaction(self, batch: _Batch) -> bool:
         """True when this batch rotates the segment while the last compaction still runs:
         the rotation would wait for it, and that wait belongs on the store's thread."""
+        if self._file_limit is not None and self._beyond_limit(len(batch.data)):
+            # It rotates first, then again after it (it fills half the limit at least),
+            # and that rotation waits for the compaction the first began.
+            return True
         compactor = self._compactor
         if compactor is None or not compactor.is_alive():
             return False
-        return (self._beyond_limit(len(batch.data))
-                or self._rotation_due(self._size + len(batch.data),
-                                      len(self._writers | batch.first_seq.keys())))
+        return self._rotation_due(self._size + len(batch.data),
+                                  len(self._writers | batch.first_seq.keys()))
 
     def _beyond_limit(self, size: int) -> bool:
-        """``size`` more bytes would take the segment past the file size limit, and a new
-        segment could hold more of them (this one has frames)."""
+        """``size`` more bytes would leave the segment no room below the file size limit
+        for its seal, and a new segment would hold them (this one has frames; a batch too
+        big for any segment fails where it is, EFBIG, rather than after a rotation)."""
         limit = self._file_limit
-        return limit is not None and self._frames > 0 and self._size + size > limit
+        return (limit is not None and self._frames > 0
+                and self._size + size + _SEAL_ROOM > limit
+                and size + _SEGMENT_ROOM <= limit)
 
     def _rotation_due(self, size: int, writers: int) -> bool:
         """A segment of ``size`` bytes written by ``writers`` Runs is full (see _ROTATE_MIN)."""
@@ -1213,8 +1233,13 @@ class Store:
         try:
             payload = msgspec.msgpack.encode(SealNotice(at=now(), frames=self._frames,
                                                         next=next_segment))
-            write_all(self._fd, encode_frame(KIND_SEAL, 0, b"", payload))
-            os.fdatasync(self._fd)
+            seal = encode_frame(KIND_SEAL, 0, b"", payload)
+            limit = self._file_limit
+            if limit is None or self._size + len(seal) <= limit:
+                # Past the file size limit it would be cut short (EFBIG part-way): a
+                # damaged end, where no seal is only no clean-close mark.
+                write_all(self._fd, seal)
+                os.fdatasync(self._fd)
         except OSError:
             pass  # an unsealed segment only lacks the clean-close mark; its frames stand
         finally:

@@ -111,8 +111,8 @@ def shared(tmp_path: Path) -> Iterator[Project]:
 
 
 # Why a Run is held whose identity is as it was (intloom.authoring.compat).
-OUTSIDE = ("its definition changed outside the Workflow's source tree, which the identity "
-           "does not cover")
+OUTSIDE = ("the Workflow's source tree is as it was, so this changed outside it, which the "
+           "identity does not cover")
 
 
 def _parts(root: Path, post_init: str, next_step: str = "second") -> None:

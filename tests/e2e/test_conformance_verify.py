@@ -92,8 +92,8 @@ def test_a_changed_workflow_or_schema_strands_only_its_own_runs(
     # probe_state.py is outside schema-probe's source tree: its identity did not change,
     # and the Stage schema check is what catches it.
     assert seen[probe["runId"]]["journal"] == "incompatible"
-    assert ("the State schema of Stage 'draft' changed: its definition changed outside the "
-            "Workflow's source tree") in seen[probe["runId"]]["problem"]
+    assert ("the State schema of Stage 'draft' changed: the Workflow's source tree is as it "
+            "was, so this changed outside it") in seen[probe["runId"]]["problem"]
     assert seen[ref["runId"]]["verdict"]["row"] == "restore_wait"
     for run, fact in ((side, "changed"), (probe, "schema")):
         inspected = ok(project.cli("inspect", run["runId"], "--json"))["run"]

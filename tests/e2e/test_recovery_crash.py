@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 import subprocess
 import sys
 from typing import Any
@@ -18,6 +17,7 @@ import pytest
 
 from intloom.client.client import Client
 from intloom.diagnostics import diagnose
+from intloom.host.liveness import flock_holders
 from intloom.protocol.messages import RunEvent
 from tests.helpers import CliResult, Project, junk_listener, snapshot_files
 
@@ -232,12 +232,14 @@ def test_a_lock_inherited_from_an_exited_process_names_the_heir(project: Project
             assert taker.stdout is not None
             heir = int(taker.stdout.readline())
             assert taker.wait(timeout=30) == 0  # the taker has exited; its child holds on
-            named = re.compile(
-                rf"held by a live process: pid {heir} \({re.escape(psutil.Process(heir).name())}"
-                rf"\), through a descriptor inherited from pid {taker.pid} \(which took the "
-                r"lock and has exited\)")
+            # In a pid namespace that does not see the taker, /proc/locks names no one.
+            seen = taker.pid in (flock_holders(project.state / "service.lock") or [])
+            took = (f", through a descriptor inherited from pid {taker.pid} (which took the "
+                    "lock and has exited)") if seen else ""
+            named = (f"held by a live process: pid {heir} ({psutil.Process(heir).name()})"
+                     f"{took} (the kernel's /proc/locks and /proc/PID/fdinfo)")
             error = _error(project.cli("recover", "--json"), "CLI_RECOVERY_BLOCKED")
-            assert named.search(error["message"]), error
+            assert named in error["message"], error
             assert snapshot_files(project.state) == files
         finally:
             assert taker.stdin is not None

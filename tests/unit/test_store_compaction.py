@@ -525,6 +525,48 @@ print(len(sizes), max(sizes) < limit)
 '''
 
 
+SEAL_LIMITED = r'''
+import resource, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[2])
+from tests.unit.test_store_support import open_store, walk
+from intloom.store.reader import verify_report
+
+limit = 64 << 10
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+root = Path(sys.argv[1])
+store = open_store(root)
+store._segment_bytes = limit  # rotating at half the limit would keep every batch far below it
+near = 0
+for record in walk("RUN-A", 3_000, 5):
+    store.append("RUN-A", record)
+    end = store._size + sum(map(len, store._pending_frames))
+    if end >= limit - 90:  # a batch that ends closer to the limit than a seal frame takes
+        near += 1  # the first, alone in its segment; then each after batches of 40
+        store.sync_blocking()
+    elif near and len(store._pending) >= 40:
+        store.sync_blocking()
+store.close_blocking()
+report = verify_report(root)
+print(near, [(f.path, f.kind) for f in report.files])
+'''
+
+
+def test_a_segment_keeps_room_for_its_seal_below_the_file_size_limit(tmp_path: Path) -> None:
+    """A batch that ended within a seal frame's size of ``ulimit -f`` left the rotation
+    after it no room for the seal: it failed EFBIG part-way, and verify called the
+    segment's end damaged. Such a batch now goes to a new segment, and one that fills a
+    segment of its own to there leaves it unsealed."""
+    script = tmp_path / "sealed.py"
+    script.write_text(SEAL_LIMITED)
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "runtime"),
+                           str(Path(__file__).resolve().parents[2])],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    near, files = done.stdout.split(" ", 1)
+    assert int(near) >= 3 and files.strip() == "[]", done.stdout
+
+
 @pytest.mark.parametrize("batches", ["10", "300,500"])
 def test_segments_rotate_below_the_file_size_limit(tmp_path: Path, batches: str) -> None:
     """Under ``ulimit -f`` (inherited from the shell that started the host), a segment that
