@@ -500,7 +500,7 @@ def test_a_snapshot_or_manifest_its_owner_cannot_read_is_that_files_finding(
 
 
 FILE_LIMITED = r'''
-import resource, sys
+import asyncio, resource, sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[2])
 from tests.unit.test_store_support import open_store, walk
@@ -511,17 +511,43 @@ root = Path(sys.argv[1])
 store = open_store(root)
 records = walk("RUN-A", 3_000, 5)
 sizes = [int(size) for size in sys.argv[3].split(",")]
+threaded = inline = 0  # batches past the limit's room, written on the store's thread, inline
+submit, write_out = store._submit, store._write_out
+
+
+def submitted(batch):
+    global threaded
+    threaded += store._beyond_limit(len(batch.data))
+    submit(batch)
+
+
+def written_out(batch):  # on the caller's thread: the loop, or sync_blocking's
+    global inline
+    inline += store._beyond_limit(len(batch.data))
+    write_out(batch)
+
+
+store._submit, store._write_out = submitted, written_out
+
+
+async def flushed() -> None:
+    await store.sync("RUN-A")
+
+
 first = 0
 while first < len(records):
     count = sizes[0]
     sizes.append(sizes.pop(0))
     for record in records[first : first + count]:
         store.append("RUN-A", record)
-    store.sync_blocking()  # raised CheckpointFailed (EFBIG) once the segment reached the limit
+    if sys.argv[4] == "loop":
+        asyncio.run(flushed())
+    else:
+        store.sync_blocking()  # raised CheckpointFailed (EFBIG) once the segment reached the limit
     first += count
 store.close_blocking()
 sizes = sorted(p.stat().st_size for p in (root / "wal").glob("*.seg"))
-print(len(sizes), max(sizes) < limit)
+print(len(sizes), max(sizes) < limit, threaded, inline)
 '''
 
 
@@ -567,18 +593,24 @@ def test_a_segment_keeps_room_for_its_seal_below_the_file_size_limit(tmp_path: P
     assert int(near) >= 3 and files.strip() == "[]", done.stdout
 
 
-@pytest.mark.parametrize("batches", ["10", "300,500"])
-def test_segments_rotate_below_the_file_size_limit(tmp_path: Path, batches: str) -> None:
+@pytest.mark.parametrize(("batches", "flush"), [("10", "thread"), ("300,500", "thread"),
+                                               ("300,500", "loop")])
+def test_segments_rotate_below_the_file_size_limit(tmp_path: Path, batches: str,
+                                                   flush: str) -> None:
     """Under ``ulimit -f`` (inherited from the shell that started the host), a segment that
     reached the limit failed the batch that crossed it (EFBIG), a Run at every segment's
     end. Segments now rotate at half the limit; and before a batch too big for what is left
     (300 records of ~90 bytes take a segment to ~28 KiB, just below half of 64 KiB, where
-    the next 500 would cross the limit)."""
+    the next 500 would cross the limit). A lone Run's flush, which the loop writes itself,
+    hands such a batch to the store's thread: the rotation after it waits for the
+    compaction the first one began."""
     script = tmp_path / "limited.py"
     script.write_text(FILE_LIMITED)
     done = subprocess.run([sys.executable, str(script), str(tmp_path / "runtime"),
-                           str(Path(__file__).resolve().parents[2]), batches],
+                           str(Path(__file__).resolve().parents[2]), batches, flush],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
-    count, below = done.stdout.split()
+    count, below, threaded, inline = done.stdout.split()
     assert int(count) > 2 and below == "True", done.stdout
+    if flush == "loop":  # never on the loop
+        assert int(threaded) >= 3 and inline == "0", done.stdout
