@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import struct
 import zlib
-from typing import Final, Literal
+from typing import Annotated, Final, Literal
 
 import msgspec
 
@@ -30,6 +30,7 @@ __all__ = [
     "Frame",
     "SealNotice",
     "SegmentHeader",
+    "SegmentNumber",
     "SegmentScan",
     "VoidNotice",
     "encode_frame",
@@ -56,6 +57,9 @@ _KEEP_DAMAGED: Final = 1 << 20
 # A segment's file name is its number in exactly ten ASCII digits: the highest number a
 # writer may create, so that no name it writes is one the reader does not take for a segment.
 MAX_SEGMENT: Final = 9_999_999_999
+# A segment number a manifest or a notice names: out of range (written by hand, its
+# checksum put right) it failed every command that read it (CLI_INTERNAL_ERROR), a start too.
+SegmentNumber = Annotated[int, msgspec.Meta(ge=0, le=MAX_SEGMENT)]
 _SEGMENT_NAME: Final = re.compile(r"[0-9]{10}\.seg")
 # The writer's header body is ~150 bytes; a header length beyond this is damage, never a
 # header that a crash cut short.
@@ -83,7 +87,7 @@ class SegmentHeader(msgspec.Struct, frozen=True):
 class VoidNotice(msgspec.Struct, frozen=True):
     """Bytes of ``segment`` from ``offset`` on belong to a batch whose write or fsync failed."""
 
-    segment: int
+    segment: SegmentNumber
     offset: int
     cause: str = ""
 
@@ -96,7 +100,7 @@ class SealNotice(msgspec.Struct, frozen=True):
     # The segment a rotation created, durably, before sealing this one (0: a close, or a
     # writer from before this field). A reader that finds it gone knows records may be
     # lost with it; a reader without the field ignores the key.
-    next: int = 0
+    next: SegmentNumber = 0
 
 
 def segment_name(number: int) -> str:

@@ -22,7 +22,7 @@ from intloom.runtime.machine import RunState
 from intloom.runtime.records import FORMAT1_FORMAT, FORMAT_VERSION
 from intloom.store.depth import READ_DEPTH, TooDeep, decode_bounded
 from intloom.store.files import Layout, read_own_file, unusable_file
-from intloom.store.framing import VoidNotice
+from intloom.store.framing import SegmentNumber, VoidNotice
 
 __all__ = [
     "MANIFEST_FORMAT",
@@ -115,8 +115,8 @@ class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename="
     """Which segments a restore reads, written atomically after the snapshots it relies on."""
 
     format: int
-    start: int = 0
-    pinned: list[int] = msgspec.field(default_factory=list)
+    start: SegmentNumber = 0
+    pinned: list[SegmentNumber] = msgspec.field(default_factory=list)
     voids: list[VoidNotice] = msgspec.field(default_factory=list)
     updated_at: str = ""
     # Format 2: the live snapshots this manifest relies on (None in a format-1 manifest).
@@ -125,7 +125,7 @@ class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename="
     # this manifest (0: written at a clean close). Gone at the next start, it was lost with
     # whatever records it held: without this, a start could not tell that from a clean
     # close whose next segment was never created.
-    open: int = 0
+    open: SegmentNumber = 0
     # crc32 (8 hex digits) of this manifest encoded with checksum "": a bit flip that still
     # parses would otherwise move the restore's start and hide Runs silently.
     checksum: str = ""

@@ -921,6 +921,27 @@ def test_a_manifest_ahead_of_its_log_is_damage_and_kept(tmp_path: Path) -> None:
     assert runs["RUN-D"].state == fold(walk("RUN-D", 5, 9)) and runs["RUN-E"].state == fold(e)
 
 
+@pytest.mark.parametrize("field", [{"open": -2}, {"start": 10_000_000_000}, {"pinned": [-1]}])
+def test_a_manifest_naming_a_segment_no_file_can_be_is_damage(
+    tmp_path: Path, field: dict[str, object],
+) -> None:
+    """A checksum-valid manifest naming a segment number no ten-digit name can hold failed
+    every read of the store with a ValueError (doctor, verify, inspect and start ended
+    CLI_INTERNAL_ERROR, exit 70, and no Run was restored)."""
+    root = tmp_path / "runtime"
+    _crashed_host(root, close=True)
+    manifest = root / "manifest.json"
+    written = decode_manifest(manifest, manifest.read_bytes())
+    manifest.write_bytes(encode_manifest(msgspec.structs.replace(written, **field)))
+    kept = manifest.read_bytes()
+    report = read_runs_report(root)
+    [problem] = [f for f in report.files if f.path == "manifest.json"]
+    [(name, _value)] = field.items()
+    assert problem.kind == "corrupt" and f"at `$.{name}" in problem.problem, problem
+    assert set(by_id(report.runs)) == set(RUNS) and report.stats.full
+    assert manifest.read_bytes() == kept
+
+
 def _ended_after_a_pinned_segment(root: Path) -> list[Record]:
     """RUN-Z's first 3 records in segment 1, kept pinned by RUN-B's damage there; the next
     host restores RUN-Z, goes on with it in its own segment to its end, and closes (which
