@@ -1348,12 +1348,25 @@ def _judge(loaded: Loaded, run_id: str, frames: list[tuple[SegmentScan, Frame]],
     problem: str | None = None
     by_seq = {h.seq: h for h in hits if not h.at_tail}
     previous = (-1, -1)
+    # The covered records read: each is in the log once, in a segment no later than the one
+    # open when the snapshot was written. Any other copy (a segment copied in, or from
+    # another project) was skipped as summarised, and the Run restored from the snapshot
+    # over two histories; a corrupt Run's snapshot, judged again, forgave its own duplicate.
+    summarised: set[int] = set()
+    last_covered = snap.segment if snap is not None and snap.segment else None
 
     for scan, frame in frames:
         seq = frame.seq
         if seq < expected:
             if not from_scratch and seq <= covered:
-                continue  # already summarised by the snapshot
+                if last_covered is not None and scan.number > last_covered:
+                    problem = (f"record {seq}, which its snapshot covers (written while "
+                               f"wal/{segment_name(last_covered)} was open), appears again "
+                               f"in a later segment, at {_at(scan, frame)}")
+                    break
+                if seq not in summarised:
+                    summarised.add(seq)
+                    continue  # already summarised by the snapshot
             problem = f"record {seq} appears twice (again at {_at(scan, frame)})"
             break
         if seq > expected:

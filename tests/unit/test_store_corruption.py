@@ -3,6 +3,7 @@ every damaged file stays byte-identical through reads and through a new host's o
 
 from __future__ import annotations
 
+import shutil
 import struct
 import zlib
 from pathlib import Path
@@ -940,6 +941,40 @@ def test_a_manifest_naming_a_segment_no_file_can_be_is_damage(
     assert problem.kind == "corrupt" and f"at `$.{name}" in problem.problem, problem
     assert set(by_id(report.runs)) == set(RUNS) and report.stats.full
     assert manifest.read_bytes() == kept
+
+
+def test_a_segment_copied_in_stays_a_duplicate_after_its_runs_were_held(tmp_path: Path) -> None:
+    """A segment copied beside itself (cp 0000000001.seg 0000000002.seg): every Run is
+    corrupt ("appears twice"). A host over it then closed, writing each held Run's snapshot
+    (its fold up to the duplicate); judged again from that snapshot, the copy's records
+    were skipped as summarised, and the next start restored all three over two histories."""
+    root = tmp_path / "runtime"
+    segment = _crashed_host(root)
+    shutil.copy2(segment, root / "wal" / "0000000002.seg")  # cp -a
+    first = by_id(read_runs(root))
+    assert {run: j.status for run, j in first.items()} == dict.fromkeys(RUNS, "corrupt")
+    assert all("appears twice" in (j.problem or "") for j in first.values())
+    store = open_store(root, instance_id="INST-2")
+    store.close_blocking()
+    again = by_id(read_runs_report(root).runs)
+    assert {run: j.status for run, j in again.items()} == dict.fromkeys(RUNS, "corrupt"), again
+    assert all("appears twice" in (j.problem or "") for j in again.values()), again
+
+
+def test_a_covered_record_in_a_later_segment_is_a_second_history(tmp_path: Path) -> None:
+    """A closed host's snapshots cover every record of segment 1. A copy of that segment
+    put in as a later one (from a backup, another project) was skipped as summarised: a
+    start restored the Runs from their snapshots, doctor said verified, and only verify,
+    reading from scratch, called them corrupt."""
+    root = tmp_path / "runtime"
+    segment = _crashed_host(root, close=True)
+    _all_restore(root, N)
+    shutil.copy2(segment, root / "wal" / "0000000009.seg")
+    runs = by_id(read_runs_report(root).runs)
+    assert {run: j.status for run, j in runs.items()} == dict.fromkeys(RUNS, "corrupt"), runs
+    problem = runs["RUN-A"].problem or ""
+    assert ("record 1, which its snapshot covers (written while wal/0000000001.seg was "
+            "open), appears again in a later segment, at wal/0000000009.seg") in problem, problem
 
 
 def _ended_after_a_pinned_segment(root: Path) -> list[Record]:
