@@ -499,16 +499,33 @@ def test_a_snapshot_or_manifest_its_owner_cannot_read_is_that_files_finding(
         assert path.read_bytes() == data, path
 
 
-FILE_LIMITED = r'''
+# A store under a 64 KiB file size limit (``ulimit -f``), in a process of its own.
+_LIMITED = r'''
 import asyncio, resource, sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[2])
 from tests.unit.test_store_support import open_store, walk
+from intloom.store.reader import verify_report
 
 limit = 64 << 10
 resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
 root = Path(sys.argv[1])
 store = open_store(root)
+'''
+
+
+def _limited(tmp_path: Path, body: str, *args: str) -> str:
+    """What the store under the limit, doing ``body``, prints."""
+    script = tmp_path / "limited.py"
+    script.write_text(_LIMITED + body)
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "runtime"),
+                           str(Path(__file__).resolve().parents[2]), *args],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+FILE_LIMITED = r'''
 records = walk("RUN-A", 3_000, 5)
 sizes = [int(size) for size in sys.argv[3].split(",")]
 threaded = inline = 0  # batches past the limit's room, written on the store's thread, inline
@@ -552,16 +569,6 @@ print(len(sizes), max(sizes) < limit, threaded, inline)
 
 
 SEAL_LIMITED = r'''
-import resource, sys
-from pathlib import Path
-sys.path.insert(0, sys.argv[2])
-from tests.unit.test_store_support import open_store, walk
-from intloom.store.reader import verify_report
-
-limit = 64 << 10
-resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
-root = Path(sys.argv[1])
-store = open_store(root)
 store._segment_bytes = limit  # rotating at half the limit would keep every batch far below it
 near = 0
 for record in walk("RUN-A", 3_000, 5):
@@ -583,14 +590,9 @@ def test_a_segment_keeps_room_for_its_seal_below_the_file_size_limit(tmp_path: P
     after it no room for the seal: it failed EFBIG part-way, and verify called the
     segment's end damaged. Such a batch now goes to a new segment, and one that fills a
     segment of its own to there leaves it unsealed."""
-    script = tmp_path / "sealed.py"
-    script.write_text(SEAL_LIMITED)
-    done = subprocess.run([sys.executable, str(script), str(tmp_path / "runtime"),
-                           str(Path(__file__).resolve().parents[2])],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    near, files = done.stdout.split(" ", 1)
-    assert int(near) >= 3 and files.strip() == "[]", done.stdout
+    printed = _limited(tmp_path, SEAL_LIMITED)
+    near, files = printed.split(" ", 1)
+    assert int(near) >= 3 and files.strip() == "[]", printed
 
 
 @pytest.mark.parametrize(("batches", "flush"), [("10", "thread"), ("300,500", "thread"),
@@ -604,13 +606,8 @@ def test_segments_rotate_below_the_file_size_limit(tmp_path: Path, batches: str,
     the next 500 would cross the limit). A lone Run's flush, which the loop writes itself,
     hands such a batch to the store's thread: the rotation after it waits for the
     compaction the first one began."""
-    script = tmp_path / "limited.py"
-    script.write_text(FILE_LIMITED)
-    done = subprocess.run([sys.executable, str(script), str(tmp_path / "runtime"),
-                           str(Path(__file__).resolve().parents[2]), batches, flush],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    count, below, threaded, inline = done.stdout.split()
-    assert int(count) > 2 and below == "True", done.stdout
+    printed = _limited(tmp_path, FILE_LIMITED, batches, flush)
+    count, below, threaded, inline = printed.split()
+    assert int(count) > 2 and below == "True", printed
     if flush == "loop":  # never on the loop
-        assert int(threaded) >= 3 and inline == "0", done.stdout
+        assert int(threaded) >= 3 and inline == "0", printed
