@@ -371,8 +371,11 @@ def _runtime_dir_check(paths: ProjectPaths) -> Check:
             fact, fix = log.error.fact, privacy_fix(log.error)
         return Check("runtime_dir", "attention", f"{log.error.path} {fact}.",
                      f"{fix}. {KEEP_IT}")
+    # Private is what is checked (no access for group or others), not 0700: run by root, a
+    # directory chmod 000 was said to be 0700.
     return Check("runtime_dir", "ok", ".intloom/, .intloom/runtime/ (with its wal/ and snap/) "
-                 "and .intloom/logs/ are private directories (0700) of yours.", None)
+                 "and .intloom/logs/ are private directories of yours (closed to others).",
+                 None)
 
 
 class _LooseLog(NamedTuple):
