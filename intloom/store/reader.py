@@ -1434,6 +1434,12 @@ def _judge(loaded: Loaded, run_id: str, frames: list[tuple[SegmentScan, Frame]],
         problem = (f"records 1..{missing} are missing from the log: only its snapshot "
                    f"({snapshot_name(run_id)}) summarises them (the segments that held them "
                    f"{where})")
+        # One of them is there, damaged: "missing ... gone or cut short" sent the user
+        # looking for a segment that is in its place.
+        damaged = next((h for h in hits if h.seq <= missing and not h.at_tail), None)
+        if damaged is not None:
+            problem = (f"record {damaged.seq} at {damaged.where} fails its checksum (its "
+                       f"snapshot, {snapshot_name(run_id)}, summarises records 1..{missing})")
     if (problem is None and from_scratch and snap is not None and snap.status == "ok"
             and expected - 1 < snap.seq):
         problem = (f"the log ends at record {expected - 1} but its snapshot "

@@ -67,6 +67,21 @@ def _expected(run: str, n: int = N):  # type: ignore[no-untyped-def]
     return fold(walk(run, N, RUNS[run])[:n])
 
 
+def test_verify_names_a_damaged_first_record_under_a_snapshot(tmp_path: Path) -> None:
+    """A closed host's snapshots cover every record; RUN-B's first is then damaged. verify
+    (which judges every record) said "records 1..1 are missing from the log ... the
+    segments that held them are gone or cut short", of a segment in its place."""
+    root = tmp_path / "runtime"
+    segment = _crashed_host(root, close=True)
+    first = frames_of(segment, "RUN-B")[0]
+    flip(segment, first.end - 3)
+    b = by_id(verify(root))["RUN-B"]
+    assert b.status == "corrupt", b
+    assert (f"record 1 at wal/0000000001.seg offset {first.offset}") in (b.problem or ""), b
+    assert "fails its checksum (its snapshot" in (b.problem or "") and "missing" not in (
+        b.problem or ""), b
+
+
 @pytest.mark.parametrize("where", ["payload", "magic", "length"])
 def test_a_flipped_byte_blames_one_run_with_its_location(tmp_path: Path, where: str) -> None:
     root = tmp_path / "runtime"
