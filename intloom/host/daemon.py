@@ -431,6 +431,7 @@ class Host:
         # store is locked: what ``_moved_away`` compares the paths with while serving.
         self._home: tuple[tuple[int, int], tuple[int, int]] | None = None
         self._linked = False
+        self._service_back_failed = False
         # Set by ``start --foreground`` (the host runs in the command's process): how the
         # command says the error a host ends with when it stops serving on its own
         # (``_left_home``), before the process exits as a crash would.
@@ -994,6 +995,29 @@ class Host:
                 raise _MovedAway(fact)
             if self._starved is not None:
                 raise self._starved
+            if not self._stop.is_set():
+                self._service_back()
+
+    def _service_back(self) -> None:
+        """``service.json`` removed by hand while this host serves is written again (see
+        ``Ownership.restore_service``); a write refused is logged once, not retried in vain
+        every look."""
+        log = self.log
+        if log is None:
+            return
+        try:
+            restored = self.ownership.restore_service()
+        except (OSError, IntloomError) as exc:
+            if not self._service_back_failed:
+                self._service_back_failed = True
+                log.error("service_json_not_restored", path=str(self.paths.service_json),
+                               message=getattr(exc, "message", None) or str(exc))
+            return
+        if restored:
+            self._service_back_failed = False
+            log.warning("service_json_restored", path=str(self.paths.service_json),
+                             message="service.json was removed while this host served; it "
+                             "was written again, so that commands find the host serving")
 
     def _still_home(self) -> None:
         """Raise when the project or its ``.intloom/`` moved (or was deleted) since this host

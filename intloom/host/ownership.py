@@ -94,6 +94,13 @@ def _identity(st: os.stat_result) -> tuple[int, int]:
     return st.st_dev, st.st_ino
 
 
+def _fd_identity(fd: int | None) -> tuple[int, int] | None:
+    try:
+        return None if fd is None else _identity(os.fstat(fd))
+    except OSError:
+        return None
+
+
 class Ownership:
     """The service files of one host instance, from taking the lock to releasing it."""
 
@@ -112,6 +119,7 @@ class Ownership:
         # The (device, inode) of the service.json this host wrote: at release, a file at
         # that path is removed only if it is that very file (see ``elsewhere``).
         self._service_id: tuple[int, int] | None = None
+        self._service: ServiceInfo | None = None  # what publish_service wrote
 
     # ----- startup ------------------------------------------------------------------------
 
@@ -174,11 +182,28 @@ class Ownership:
         # Set first: a write that failed after its rename still left our file, and release
         # removes it only while it names this instance.
         self._wrote_service = True
+        self._service = info
         try:
             write_service(self.paths.service_json, info)
         finally:
             with contextlib.suppress(OSError):  # unknown: release then keeps the file
                 self._service_id = _identity(os.lstat(self.paths.service_json))
+
+    def restore_service(self) -> bool:
+        """Write ``service.json`` again when it is gone while the host serves (removed by
+        hand); True when it was. Without it every command took the serving host for one
+        still starting: status and doctor said to wait, and start and stop each waited
+        their 300 s for a start that had ended long before. Only a file that is gone is
+        written: one put in its place is another's (release keeps it, foreseen says so)."""
+        if self._service is None:
+            return False
+        try:
+            os.lstat(self.paths.service_json)
+            return False
+        except FileNotFoundError:
+            pass
+        self.publish_service(self._service)
+        return True
 
     # ----- release ------------------------------------------------------------------------
 
@@ -266,6 +291,15 @@ class Ownership:
                 continue
             if not self._ours(value):
                 continue  # gone, or another instance's: not ours to remove anyway
+            ours = (self._service_id if path == self.paths.service_json
+                    else _fd_identity(self._lock_fd))
+            if not self._mine(path, ours):
+                # release keeps it, and stop guessed a crash or an immutable file.
+                problems.append(
+                    f"{path} names this host but is another file than the one it wrote (put "
+                    "back or copied in by hand while it ran), so it is kept: intloom recover "
+                    "removes it once this host has exited")
+                continue
             refused = unlink_refusal(path)
             if refused is not None:
                 problems.append(_kept(path, refused))
