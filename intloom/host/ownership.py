@@ -202,6 +202,8 @@ class Ownership:
             return False
         except FileNotFoundError:
             pass
+        if self._moved_to() is not None:
+            return False  # the project moved as a whole: its file is where it went
         self.publish_service(self._service)
         return True
 
