@@ -733,7 +733,10 @@ def _next_port_check(conn: Connection | None, config: Config | None) -> Check | 
     ``port``, else the saved one; as the host picks it) is taken: that start would fail."""
     if config is not None and config.port:  # 0 fixes no port: the start takes the saved one
         port, source = config.port, "port in intloom.toml"
-        way_out = "change port in intloom.toml (0 picks a free one), then run intloom start."
+        # 0 or no port reuses the saved one (maybe this very port): not a free one.
+        way_out = ("change port in intloom.toml to a free one (or remove it and run intloom "
+                   "start --port 0 once, which picks one and saves it), then run intloom "
+                   "start.")
     elif conn is not None:
         port, source = conn.port, "the port saved in connection.json"
         way_out = ("run intloom start --port 0 to pick a new port (saved in connection.json; "

@@ -768,8 +768,10 @@ class Host:
         # Where the port came from decides the fix: --port 0 once does not help a port that
         # intloom.toml sets, which every later start takes again.
         fix = ("Free the port, or pass another --port (0 picks a free one)" if port is not None
-               else f"Free the port, or change port in {self.paths.config} "
-               "(0, or no port at all, picks a free one)" if configured is not None
+               # 0 or no port reuses the saved one (maybe this very port): not a free one.
+               else f"Free the port, or change port in {self.paths.config} to a free one "
+               "(or remove it and run intloom start --port 0 once, which picks one and saves "
+               "it)" if configured is not None
                else "Free the port, or run intloom start --port 0 to pick a new one "
                "(connection.json is updated)")
         if port is None:
