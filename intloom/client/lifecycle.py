@@ -695,6 +695,25 @@ def _report_children() -> bool:
     return True
 
 
+def _not_launched(root: Path, exc: OSError) -> IntloomError:
+    """The host process could not even be created: what was run, where, and what refused
+    ("Could not launch the project host (Permission denied)" named neither the file nor
+    the fix)."""
+    from intloom.fsutil import search_refused
+
+    why = exc.strerror or str(exc)
+    refused = None
+    if isinstance(exc, PermissionError):
+        refused = search_refused(Path(sys.executable)) or search_refused(root)
+    fix = refused or (
+        f"The host runs with the Python that runs this command: check that this user may "
+        f"run {sys.executable} and enter {root}, then run intloom start again.")
+    return IntloomError(
+        "CLI_SERVICE_UNAVAILABLE",
+        f"Could not launch the project host: {sys.executable} -m intloom.host, in {root}, "
+        f"failed ({why}). {fix}")
+
+
 def _launch_reported(root: Path, *, port: int | None, strict: bool, deadline: float,
                      progress: Progress | None,
                      slow_import: Callable[[str], None] | None) -> ServiceView:
@@ -711,10 +730,7 @@ def _launch_reported(root: Path, *, port: int | None, strict: bool, deadline: fl
         )
     except OSError as exc:
         os.close(read_fd)
-        raise IntloomError(
-            "CLI_SERVICE_UNAVAILABLE",
-            f"Could not launch the project host ({exc.strerror or exc}).",
-        ) from None
+        raise _not_launched(root, exc) from None
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
         os.close(write_fd)  # only the child holds the write end now: EOF means it is gone

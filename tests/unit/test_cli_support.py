@@ -180,6 +180,27 @@ def test_lifecycle_refuses_a_timeout_that_is_no_finite_number_of_seconds(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_host_that_cannot_be_launched_names_what_was_run_and_where(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Creating the host process failed (an interpreter this user may not run): start said
+    "Could not launch the project host (Permission denied)", naming neither."""
+    from intloom.client.lifecycle import _launch_reported
+
+    python = tmp_path / "python"
+    python.write_text("")
+    python.chmod(0o600)  # no execute bit: refused even to root
+    monkeypatch.setattr(sys, "executable", str(python))
+    with pytest.raises(IntloomError) as info:
+        _launch_reported(tmp_path, port=None, strict=False, deadline=0.0, progress=None,
+                         slow_import=None)
+    assert info.value.code == "CLI_SERVICE_UNAVAILABLE"
+    assert info.value.message.startswith(
+        f"Could not launch the project host: {python} -m intloom.host, in {tmp_path}, failed "
+        "(Permission denied). The host runs with the Python that runs this command: check "
+        f"that this user may run {python} and enter {tmp_path}"), info.value.message
+
+
 def test_a_host_killed_by_a_real_time_signal_while_starting_is_named_by_its_number() -> None:
     """signal.Signals has no member for SIGRTMIN+n: naming it raised ValueError, and start
     failed with an internal error instead of saying how the host ended."""
