@@ -1013,13 +1013,13 @@ class Host:
             if not self._service_back_failed:
                 self._service_back_failed = True
                 log.error("service_json_not_restored", path=str(self.paths.service_json),
-                               message=getattr(exc, "message", None) or str(exc))
+                          message=getattr(exc, "message", None) or str(exc))
             return
         if restored:
             self._service_back_failed = False
             log.warning("service_json_restored", path=str(self.paths.service_json),
-                             message="service.json was removed while this host served; it "
-                             "was written again, so that commands find the host serving")
+                        message="service.json was removed while this host served; it was "
+                        "written again, so that commands find the host serving")
 
     def _still_home(self) -> None:
         """Raise when the project or its ``.intloom/`` moved (or was deleted) since this host

@@ -164,8 +164,9 @@ def _holders(path: Path) -> str:
 
 
 def _exists(pid: int) -> bool:
-    """No process has ``pid`` (ESRCH), or one does; psutil's NoSuchProcess is no proof of
-    the first (``/proc`` mounted ``hidepid``, another user's process)."""
+    """Whether a process has ``pid``: False only when the kernel says none does (ESRCH).
+    psutil's NoSuchProcess is no proof of that (``/proc`` mounted ``hidepid``, another
+    user's process)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
