@@ -39,6 +39,7 @@ __all__ = [
     "in_virtualenv",
     "source_files",
     "source_root",
+    "source_stats",
     "workflow_identity",
 ]
 
@@ -101,6 +102,12 @@ def source_root(entry: Path) -> Path:
 def source_files(entry: Path) -> list[tuple[str, Path]]:
     """(relative path, path) of every file in the entry's source tree, sorted."""
     return [(rel, path) for rel, path, _st in _source_stats(entry)]
+
+
+def source_stats(entry: Path) -> list[tuple[str, Path, os.stat_result]]:
+    """``source_files``, each with the lstat it was judged by (a link is refused, so it is
+    the file's own)."""
+    return _source_stats(entry)
 
 
 def _source_stats(entry: Path, dirs: list[tuple[str, _Sig]] | None = None

@@ -181,13 +181,12 @@ def _modified_since(root: Path, entry: Path, started_at: str) -> str:
     """``; a.py, helpers.py modified since the host started``: the files of the source tree
     written since then, which are likely the edit (a hint from their mtimes, not a proof);
     "" when none is or that cannot be told."""
-    from intloom.authoring.identity import source_files
+    from intloom.authoring.identity import source_stats
 
     try:
         started = datetime.fromisoformat(started_at).timestamp()
-        files = source_files(entry)
-        names = [path.relative_to(root).as_posix() for _rel, path in files
-                 if path.stat().st_mtime > started]
+        names = [path.relative_to(root).as_posix() for _rel, path, st in source_stats(entry)
+                 if st.st_mtime > started]
     except (ValueError, OSError, IntloomError):
         return ""
     if not names:
