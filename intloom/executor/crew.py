@@ -179,8 +179,14 @@ class Crews:
                     tag = gen.send(None) if throw is None else gen.throw(throw)
                 except StopIteration as stop:
                     self._leave(crew, member, True, stop.value)
+                    del member, gen
                 except BaseException as exc:  # delivered to the Run's task
                     self._leave(crew, member, False, exc)
+                    # Its traceback holds this frame: with these locals still set, the frame
+                    # held the member, its future, that exception and so the frames of the
+                    # Step that raised (its locals: a State of megabytes) in a cycle, freed
+                    # only by a full collection, which an idle host may not run for hours.
+                    del member, gen
                 else:
                     member.tag = tag
                     lock.acquire()

@@ -61,7 +61,7 @@ from intloom.runtime.machine import (
 )
 from intloom.runtime.model import Cursor, PendingAgentCall, RunView, WaitingAction
 from intloom.runtime.plainjson import MAX_DEPTH, deeper_than, wire_problem
-from intloom.runtime.ports import CheckpointFailed
+from intloom.runtime.ports import CheckpointFailed, JournalPort
 from intloom.runtime.records import (
     OUTCOME_UNKNOWN,
     UNENCODABLE,
@@ -1373,6 +1373,21 @@ def _let_go(handed: tuple[str, Any]) -> None:
         _close(awaiting)
 
 
+def _handed_back(slot: RunSlot, journal: JournalPort, inbox: Inbox,
+                 future: asyncio.Future[tuple[str, Any]], ok: bool, result: Any) -> None:
+    """A crew's ``done`` for ``Driver._on_thread``: on the crew's thread, once it gives the
+    Run back. Nothing here may raise."""
+    if not ok:
+        try:
+            result = _contained(result)
+        except Exception as failed:  # naming it failed: the future must still settle
+            result = failed
+    slot.thread_ctx = None  # not kept alive with the slot
+    slot.off_thread()
+    journal.unshare()
+    inbox.put(future, ok, result, _let_go)
+
+
 def _let_go_of(future: asyncio.Future[Any],
                release: Callable[[Any], None] = _let_go) -> None:
     """``release`` the result of a worker's ``future`` the awaiting task was cancelled out
@@ -1827,19 +1842,6 @@ class Driver:
         inbox = self._loop_inbox()
         future: asyncio.Future[tuple[str, Any]] = inbox.loop.create_future()
         journal = self.rt.journal
-
-        def done(ok: bool, result: Any) -> None:
-            # On the crew's thread, once it gives the Run back; nothing here may raise.
-            if not ok:
-                try:
-                    result = _contained(result)
-                except Exception as failed:  # naming it failed: the future must still settle
-                    result = failed
-            slot.thread_ctx = None  # not kept alive with the slot
-            slot.off_thread()
-            journal.unshare()
-            inbox.put(future, ok, result, _let_go)
-
         # Raised here, on the loop, before the thread exists: the loop never takes either
         # unlocked path while the thread may touch the Run or the store.
         slot.on_thread = True
@@ -1847,7 +1849,10 @@ class Driver:
         try:
             crews = self._crews
             assert crews is not None, "a Run is driven only after launch()"
-            crews.join(self._steps_here(slot), done)
+            # The future goes to the thread in a partial, not a closure: a closure's cell
+            # would tie it to this frame for good (see the finally below).
+            crews.join(self._steps_here(slot),
+                       partial(_handed_back, slot, journal, inbox, future))
         except BaseException:  # no thread will lower them
             journal.unshare()
             slot.off_thread()
@@ -1868,6 +1873,12 @@ class Driver:
         except (CheckpointFailed, OSError) as exc:
             self.rt.settle(slot, exc)  # raises: the thread only reports its own Run's failure
             raise IntloomError("RUN_CHECKPOINT_FAILED") from None
+        finally:
+            # What the thread raised is in the future, and its traceback holds this frame:
+            # a cycle through this local kept the Step's frames (its locals, a State of
+            # megabytes) alive until a full collection, which an idle host may not run for
+            # hours (~49 MB held per failed Run of a Step that had built a 50 MB string).
+            del future
 
     def _steps_here(self, slot: RunSlot) -> Generator[RunSlot, None, tuple[str, Any]]:
         """The Step loop of ``_run_step``, advanced by a crew's worker thread (``Crews``),

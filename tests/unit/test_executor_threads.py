@@ -5,9 +5,11 @@ a cancel still wins, and a Step that blocks holds up no other Run of its crew.""
 from __future__ import annotations
 
 import asyncio
+import gc
 import inspect
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -399,3 +401,61 @@ def test_no_step_starts_whose_executing_a_failed_write_held(tmp_path: Path) -> N
                 violations.append(f"flush {k} failed: {run_id} ran {sorted(called - durable)} "
                                   "with no durable executing")
     assert violations == []
+
+
+class _Held:
+    """A local of the Step that raised: alive as long as its frame is."""
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_step_that_raised_leaves_nothing_of_its_frame_once_its_run_failed(
+        tmp_path: Path, kind: str) -> None:
+    # A sync Step's exception went through the crew's thread and a future whose frames
+    # held each other in cycles: its frames (locals: a State of megabytes) stayed until a
+    # full collection, which an idle host may not run for hours (~49 MB per failed Run).
+    # With the cyclic collector off, only reference counts can free them.
+    held: list[Any] = []
+    wf = intloom.Workflow("boom", version="1")
+    stage = wf.stage("s", state=Tick)
+
+    def body() -> str:
+        local = _Held()
+        held.append(weakref.ref(local))
+        raise RuntimeError("boom")
+
+    if kind == "sync":
+        @stage.step("go", routes={"ok": intloom.COMPLETE})
+        def go(ctx: intloom.StepContext[Tick]) -> str:
+            return body()
+    else:
+        @stage.step("go", routes={"ok": intloom.COMPLETE})
+        async def go(ctx: intloom.StepContext[Tick]) -> str:
+            return body()
+
+    wf.validate()
+    lw = LoadedWorkflow(wf, "test.py", "id-boom", wf.schemas())
+
+    async def main() -> None:
+        store = open_store(tmp_path / "runtime")
+        try:
+            rt = Runtime({lw.name: lw}, store, package_version="0.1.0")
+            rt.restore([])
+            for _ in range(3):
+                view = await rt.create_run(lw.name, "test")
+                final = await asyncio.wait_for(rt.wait_stable(view.run_id), 20)
+                assert final.status == "failed" and final.last_error is not None
+                assert final.last_error.code == "STEP_EXECUTION_FAILED"
+            await _until(lambda: all(ref() is None for ref in held),
+                         "the failed Steps' frames to be freed", 5.0)
+            assert len(held) == 3
+        finally:
+            await store.close()
+
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        asyncio.run(main())
+    finally:
+        if collecting:
+            gc.enable()
