@@ -46,6 +46,7 @@ from intloom.executor.history import FACTS as _FACTS
 from intloom.executor.history import Entry as _Entry
 from intloom.executor.history import Event as _Event
 from intloom.executor.history import detail as _detail
+from intloom.executor.history import kept as _kept
 from intloom.executor.history import pack, shown, unpack
 from intloom.executor.history import plain_view as _plain_view
 from intloom.executor.updates import RunUpdate
@@ -521,7 +522,7 @@ class RunSlot:
                 # cyclic collector at its first pass (a list would stay tracked), so a long
                 # history costs full collections nothing; the entry itself is never tracked
                 # (executor.history).
-                self.history.append(_Entry(tuple(events), shown, kept))
+                self.history.append(_Entry(tuple(events), _kept(shown), kept))
                 if self._packing:  # an ended Run's late event (a cancel's, a dismissal)
                     self._pack()
             stable = self._stable_waiters
@@ -593,7 +594,7 @@ class RunSlot:
                         return False
             events = self._advance(upto)
             if events:
-                self.history.append(_Entry(tuple(events), self.shown, None))
+                self.history.append(_Entry(tuple(events), _kept(self.shown), None))
         finally:
             lock.release()
         return True
@@ -817,7 +818,7 @@ def _earlier_entries(earlier: Callable[[], list[Record]]) -> list[_Entry]:
         except IllegalTransition:
             break  # the journal read back whole; a refusal is the restore's to report
         if type(record) is not Header:
-            entries.append(_Entry((_event_of(record, state),), state, None))
+            entries.append(_Entry((_event_of(record, state),), _kept(state), None))
     return list(entries)
 
 

@@ -24,7 +24,8 @@ from intloom.runtime.machine import RunState, to_view
 from intloom.runtime.model import Cursor, PendingAgentCall, RunView, WaitingAction
 from intloom.runtime.records import Answered, EffectDone, EffectStarted, StepResult
 
-__all__ = ["FACTS", "Entry", "Event", "detail", "pack", "plain_view", "shown", "unpack"]
+__all__ = ["FACTS", "Entry", "Event", "detail", "kept", "pack", "plain_view", "shown",
+           "unpack"]
 
 
 # Events and entries are gc=False structs, not tuples: a busy Run keeps ~5 new objects per
@@ -86,6 +87,23 @@ def detail(name: str, info: Any) -> Any:
     if name == "answered":
         return {"actionId": info}
     return info
+
+
+# The size of Stage State, in bytes, from which an entry keeps its state without it.
+_STATE_KEPT: Final = 1024
+
+
+def kept(state: RunState) -> RunState:
+    """``state`` as an entry keeps it: what its view is made of. Its Stage State and a
+    Step's output are not shown to anyone, and a live Run keeps up to 1,000 entries: with
+    each Step's State in its own, a Run with a 1 MB State held ~1 GB until it ended. Cut
+    only from a big one: a replace per Step would cost every Run for a saving of a few
+    hundred bytes an entry."""
+    stage_state = state.stage_state
+    if (stage_state is not None and len(stage_state) >= _STATE_KEPT) or (
+            state.output is not None):
+        return msgspec.structs.replace(state, stage_state=None, output=None)
+    return state
 
 
 def plain_view(state: RunState) -> RunView:

@@ -1,17 +1,24 @@
 """An ended Run's packed history (executor/history.py) unpacks to entries whose views and
-details are exactly those of the entries packed."""
+details are exactly those of the entries packed; a live Run's entries keep no Stage State."""
 
 from __future__ import annotations
 
+import asyncio
+import tracemalloc
+from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
+import intloom
+from intloom.authoring.loader import LoadedWorkflow
 from intloom.errors import ErrorView
 from intloom.executor.history import FACTS, Entry, Event, detail, pack, shown, unpack
+from intloom.executor.runtime import Runtime
 from intloom.runtime.machine import RunState, apply, to_view
 from intloom.runtime.records import EffectDone
-from tests.unit.test_store_support import walk
+from tests.unit.test_store_support import open_store, walk
 
 
 def _entries(run_id: str, seed: int) -> list[Entry]:
@@ -64,3 +71,80 @@ def test_an_entry_whose_detail_does_not_encode_keeps_the_objects() -> None:
     entry = entries[3]
     entries[3] = Entry((*entry.events, Event("odd", object(), None)), entry.state, entry.view)
     assert pack(entries) is None
+
+
+class Big(msgspec.Struct):
+    n: int = 0
+    blob: str = ""
+
+
+_STEPS = 120
+_STATE_BYTES = 32 * 1024
+
+
+def _big_state_workflow(kind: str) -> LoadedWorkflow:
+    """``_STEPS`` Steps, each giving the Stage a new ~32 KiB State, then a confirmation."""
+    wf = intloom.Workflow(f"big-{kind}", version="1")
+    stage = wf.stage("s", state=Big)
+
+    def advance(ctx: intloom.StepContext[Big]) -> str:
+        n = ctx.state.n + 1
+        ctx.state = Big(n=n, blob=f"{n:08d}" * (_STATE_BYTES // 8))
+        return "again" if n < _STEPS else "ask"
+
+    if kind == "sync":
+        @stage.step("grow", routes={"again": "grow", "ask": "ask"})
+        def grow(ctx: intloom.StepContext[Big]) -> str:
+            return advance(ctx)
+    else:
+        @stage.step("grow", routes={"again": "grow", "ask": "ask"})
+        async def grow(ctx: intloom.StepContext[Big]) -> str:
+            return advance(ctx)
+
+    @stage.step("ask", routes={"ok": intloom.COMPLETE})
+    async def ask(ctx: intloom.StepContext[Big]) -> str:
+        await ctx.confirm({"n": ctx.state.n})
+        return "ok"
+
+    wf.validate()
+    return LoadedWorkflow(wf, "test.py", f"id-big-{kind}", wf.schemas())
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_live_runs_history_does_not_keep_each_steps_state(tmp_path: Path, kind: str) -> None:
+    # Each entry kept the state its publish showed, Stage State and all: a live Run keeps up
+    # to 1,000 entries, so one with a 1 MB State held ~1 GB until it ended.
+    lw = _big_state_workflow(kind)
+    seen: list[Any] = []
+
+    async def main() -> int:
+        store = open_store(tmp_path / "runtime")
+        try:
+            rt = Runtime({lw.name: lw}, store, package_version="0.1.0")
+            rt.restore([])
+            tracemalloc.start()
+            try:
+                before = tracemalloc.get_traced_memory()[0]
+                view = await rt.create_run(lw.name, "test")
+                final = await asyncio.wait_for(rt.wait_stable(view.run_id), 40)
+                grown = tracemalloc.get_traced_memory()[0] - before
+            finally:
+                tracemalloc.stop()
+            assert final.status == "waiting", final
+            # What a follower is shown is unchanged: every Step's events, with their views.
+            slot, history = await rt.attach(view.run_id, seen.extend)
+            slot.detach(seen.extend)
+            results = [u for u in history if u.event == "step_result"]
+            assert len(results) == _STEPS and all(u.run.status == "running"
+                                                      for u in results)
+            assert history[-1].run.status == "waiting"
+            assert history[-1].run.pending_action is not None
+            return grown
+        finally:
+            await store.close()
+
+    grown = asyncio.run(main())
+    # One State is the Run's own (and the store's for its next snapshot); 120 of them were
+    # ~3.9 MB more.
+    assert grown < 20 * _STATE_BYTES, f"{grown} bytes kept for one waiting Run"
