@@ -1122,7 +1122,10 @@ class Runtime:
             f"previews it. {where}",
         )
         slot.revoke(IntloomError("RUN_CHECKPOINT_FAILED"))
-        slot.publish("failed", {"code": "RUN_CHECKPOINT_FAILED"})
+        if self.runs.get(slot.run_id) is slot:
+            slot.publish("failed", {"code": "RUN_CHECKPOINT_FAILED"})
+        # else its creation failed: the Run was never listed, and its refusal says "No Run
+        # was created"; a run_failed in the log had a log reader count a Run that was not.
 
     # ------------------------------------------------------------------ requests
 

@@ -121,6 +121,9 @@ def test_a_run_whose_creation_cannot_be_saved_is_named_and_its_cause_logged(
     [failure] = [r for r in logged if r["event"] == "run_checkpoint_failed"]
     assert "ENOSPC" in failure["cause"], failure
     assert run_id not in project.cli("runs").stdout
+    # The log counted a failed Run that flow says was never created.
+    assert [r["event"] for r in logged if r["event"].startswith("run_")] == [
+        "run_checkpoint_failed"], logged
     # The writer moved to a fresh segment: the command run again works.
     again = ok(project.cli("flow", "example", "--intent", "disk full", "--json"))["run"]
     assert again["status"] == "waiting"
