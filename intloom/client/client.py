@@ -619,7 +619,8 @@ class Client:
     Every method blocks until its reply: from asyncio code, call it with
     ``await asyncio.to_thread(...)`` (on the host's own loop, ``connect`` is refused).
 
-    One connection, one request at a time: threads sharing a Client take turns. A request
+    One connection, one request at a time: threads sharing a Client take turns; a process
+    forked after ``connect`` connects again at its first request. A request
     interrupted before its reply (Ctrl-C), or given none within ``request_timeout``, closes
     the connection, as its reply may still come; the next request connects again and the
     interrupted one is never resent. While
@@ -636,6 +637,8 @@ class Client:
         # A reply is only ever matched to its request by order: two threads sending at once
         # took each other's replies (another Run's view, with no error).
         self._turn = threading.Lock()
+        # The process whose connection ``_sock`` is (``_adopted``).
+        self._pid = os.getpid()
         self._streaming: str | None = None  # the Run whose events hold the connection
         # Why the connection is gone (said by the next request), and whether the next
         # request may connect again: after a stream closed early, or a request given up on
@@ -802,7 +805,9 @@ class Client:
         if self._closed_by_program:
             why, reopen = _CLOSED_HERE, False
         self._closed_why, self._reopen = why, reopen
-        if sock is not None:
+        if sock is not None and self._pid != os.getpid():
+            sock.close()  # a forked child's copy: a shutdown would cut the parent's too
+        elif sock is not None:
             # A request another thread waits on would not notice a bare close (the kernel
             # keeps the socket open under a blocked recv) and waited for its reply anyway,
             # to blame the host: the shutdown ends that wait at once.
@@ -1004,6 +1009,26 @@ class Client:
             retryable=isinstance(request, WaitRun),
         )
 
+    def _adopted(self) -> None:
+        """In a process forked from the one that connected (a ``multiprocessing`` pool made
+        after ``connect``): let go of the parent's connection and connect again, once.
+        Parent and child read replies off the one socket, each taking the other's: another
+        Run's view, with no error, until a frame read from the middle failed. Nothing of
+        the child's is in flight on it; the parent's requests go on undisturbed."""
+        if self._pid == os.getpid():
+            return
+        # The parent's threads may have held these at the fork: the child's copies would
+        # stay held (a request in flight, a stream) with nobody to release them.
+        self._turn = threading.Lock()
+        self._streaming = None
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close()  # this process's descriptor only; no shutdown, the parent's stays
+            self._closed_why = (f"it was made in process {self._pid}, which this one "
+                                f"(pid {os.getpid()}) was forked from")
+            self._reopen = not self._closed_by_program
+        self._pid = os.getpid()
+
     def _send(self, request: Request) -> socket.socket:
         sock = self._sock
         if sock is None and self._reopen:
@@ -1186,6 +1211,7 @@ class Client:
                                  f"A {type(request).__name__} request was made through a Client")
         if blocked is not None:
             raise blocked
+        self._adopted()
         with self._turn:
             if self._streaming is not None:
                 raise self._streaming_error()
@@ -1309,6 +1335,7 @@ class Client:
         if itself is not None:
             raise itself
         request = Subscribe(run_id=run_id)
+        self._adopted()
         with self._turn:
             if self._streaming is not None:
                 raise self._streaming_error()

@@ -420,3 +420,45 @@ def test_a_stream_whose_host_died_says_the_stream_ended_not_that_no_reply_came(
     assert message.endswith("It only reads, so it is safe to send again: run intloom status, "
                             f"then subscribe again (intloom attach {run.run_id}) once a host "
                             "runs."), message
+
+
+_SHARED: list[Client] = []  # the parent's Client, as a forked pool's workers inherit it
+
+
+def _read_in_child(job: tuple[int, list[str]]) -> tuple[int, list[str]]:
+    """In a forked worker: read each Run through the inherited Client, many times over."""
+    turn, run_ids = job
+    client = _SHARED[0]
+    wrong = []
+    for k in range(60):
+        run_id = run_ids[(turn + k) % len(run_ids)]
+        got = client.get_run(run_id).run_id
+        if got != run_id:
+            wrong.append(f"{run_id} read as {got}")
+    return os.getpid(), wrong
+
+
+def test_processes_forked_after_connect_each_read_their_own_replies(project: Project) -> None:
+    """A Client made before a multiprocessing pool (fork, Linux's default): the workers and
+    the parent read replies off one socket, each taking the others' -- another Run's view,
+    with no error, until a frame read from its middle failed."""
+    import multiprocessing
+
+    start(project)
+    with Client.connect(project.root) as client:
+        run_ids = [client.create_run("example", f"fork {i}").run_id for i in range(6)]
+        _SHARED[:] = [client]
+        try:
+            with multiprocessing.get_context("fork").Pool(3) as pool:
+                pending = pool.map_async(_read_in_child, [(i, run_ids) for i in range(6)])
+                # The parent goes on with its own connection meanwhile.
+                for k in range(60):
+                    run_id = run_ids[k % len(run_ids)]
+                    assert client.get_run(run_id).run_id == run_id
+                results = pending.get(timeout=40)
+        finally:
+            _SHARED.clear()
+        assert {pid for pid, _ in results} - {os.getpid()}, results
+        assert [wrong for _, wrong in results if wrong] == []
+        # The parent's connection was left as it was: it still serves, unshaken.
+        assert {view.run_id for view in client.runs()} == set(run_ids)
