@@ -23,7 +23,7 @@ import secrets
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, Literal, NamedTuple
 
 import msgspec
@@ -85,6 +85,7 @@ from intloom.runtime.records import (
     EffectStarted,
     Executing,
     Header,
+    Record,
     StagePending,
     StepReady,
     StepResult,
@@ -580,16 +581,47 @@ def _ended_before(state: RunState, action_id: str, gist: str | None) -> str:
     fact = (f"Action {action_id} of Run {rid} was already answered by an earlier request "
             f"({gist})" if gist is not None else
             f"Action {action_id} is not (or no longer) Run {rid}'s unanswered action")
+    return (f"{fact}; the Run {_how_ended(state)} and takes no answer; nothing was recorded. "
+            f"{_ENDED_BEFORE.format(rid=rid)}")
+
+
+_ENDED_BEFORE: Final = ("It ended before this host started, or long enough ago that intloom "
+                        "runs no longer lists it: intloom inspect {rid} shows its journal.")
+
+
+def _how_ended(state: RunState) -> str:
+    """How an ended Run ended, as a refusal says it: "has completed", "has failed (...)"."""
     error = state.last_error
     if state.status == "completed":
-        how = "has completed"
-    elif error is not None and error.code == "RUN_STOPPED":
-        how = "was stopped (RUN_STOPPED, by a cancel)"
-    else:
-        how = f"has failed ({error.code if error is not None else 'no error recorded'})"
-    return (f"{fact}; the Run {how} and takes no answer; nothing was recorded. It ended "
-            f"before this host started, or long enough ago that intloom runs no longer lists "
-            f"it: intloom inspect {rid} shows its journal.")
+        return "has completed"
+    if error is not None and error.code == "RUN_STOPPED":
+        return "was stopped (RUN_STOPPED, by a cancel)"
+    return f"has failed ({error.code if error is not None else 'no error recorded'})"
+
+
+def _task_of_ended(state: RunState, call_id: str, completed: str | None) -> str:
+    """Why an Agent's request about task ``call_id`` of a Run that ended, and that this host
+    no longer holds, is refused: how the Run ended, and the outcome the journal holds for
+    that task's completion (``completed``), when it holds one."""
+    rid = state.run_id
+    fact = f"Agent task {call_id} is not Run {rid}'s current task"
+    if completed is not None:
+        fact += (f": its completion (outcome {clip(completed, _QUOTED_REASON)!r}) was "
+                 "recorded and the Run went on")
+    return (f"{fact}; the Run {_how_ended(state)} and takes no more work; nothing was done. "
+            f"{_ENDED_BEFORE.format(rid=rid)}")
+
+
+def _task_outcome(records: Iterable[Record], call_id: str) -> str | None:
+    """The outcome ``records`` (a Run's journal) hold for Agent task ``call_id``'s
+    completion, or None."""
+    task = False  # whether the records read so far are that task's
+    for record in records:
+        if type(record) is Waiting:
+            task = record.agent_call is not None and record.agent_call.id == call_id
+        elif task and type(record) is StepResult:
+            return record.outcome
+    return None
 
 
 def _answered_as(slot: RunSlot, action_id: str) -> str | None:
@@ -1616,7 +1648,7 @@ class Runtime:
 
     async def _agent_slot(self, run_id: str, call_id: str
                           ) -> tuple[RunSlot, PendingAgentCall]:
-        slot = self._slot(run_id)
+        slot = await self._agent_run(run_id, call_id)
         _nonempty(call_id, "call_id", "the id of the Run's Agent task (pendingAgentCall.id)")
         call = slot.state.pending_agent_call
         if slot.view().status != "waiting" or call is None or call.id != call_id:
@@ -1646,13 +1678,25 @@ class Runtime:
                                                 slot.shown.seq)
         except Exception:  # a refusal is worded without it
             return None
-        task = False  # whether the records read so far are that task's
-        for record in records:
-            if type(record) is Waiting:
-                task = record.agent_call is not None and record.agent_call.id == call_id
-            elif task and type(record) is StepResult:
-                return record.outcome
-        return None
+        return _task_outcome(records, call_id)
+
+    async def _agent_run(self, run_id: str, call_id: str) -> RunSlot:
+        """``_slot`` for an Agent's request about task ``call_id``: CONFLICT, as for a Run
+        this host holds, when the Run has ended and is no longer held (it ended before this
+        host started: the retry of a completion whose reply a crash or a stop took; or it
+        ended here long ago), naming the outcome its journal holds for that task's
+        completion. "Not known to this host" told an Agent whose work had been recorded that
+        its id was wrong."""
+        if run_id not in self.runs and run_id not in self.held:
+            state = await self._ended_state(run_id)
+            if state is not None:
+                completed = None
+                if call_id.startswith("CALL-") and len(call_id) == _CALL_ID_LENGTH:
+                    with contextlib.suppress(Exception):  # the refusal is worded without it
+                        completed = _task_outcome(await self.driver.offload(
+                            self.journal.history, run_id, state.seq), call_id)
+                raise IntloomError("CONFLICT", _task_of_ended(state, call_id, completed))
+        return self._slot(run_id)
 
     def _task_owner(self, call_id: str) -> str | None:
         """The Run whose current or last ended Agent task is ``call_id``, if this host knows it
@@ -1944,7 +1988,7 @@ class Runtime:
         # Checked before anything is appended.
         _plain_json(output, "The Agent task's output")
         _journalable(output, "The Agent task's output")
-        slot = self._slot(run_id)
+        slot = await self._agent_run(run_id, call_id)
         # The value, not key order, nor 1.0 against 1 (a Tool call's retry is compared so):
         # an Agent that re-serialises its output retries the same completion.
         end = _AgentEnd(call_id, owner_token, "complete", repr(outcome),
@@ -2079,7 +2123,7 @@ class Runtime:
         # As complete_agent_call: an Agent giving up its task while the host stops is told
         # the host is stopping, not CONFLICT because the stop suspended the task meanwhile.
         self._admit()
-        slot = self._slot(run_id)
+        slot = await self._agent_run(run_id, call_id)
         _nonempty(message, "message", "why the Agent gives the task up")
         end = _AgentEnd(call_id, owner_token, "fail", clip(repr(message), _QUOTED),
                         hashlib.sha256(message.encode("utf-8", "surrogatepass")).digest())

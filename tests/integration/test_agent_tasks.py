@@ -1458,3 +1458,43 @@ def test_a_tool_call_a_kill_cut_is_named_past_a_busy_hosts_log_tail(
     with Client.connect(project.root) as client:
         view = client.get_run(running.run.run_id)
     assert view.last_error is not None and said in view.last_error.message, view.last_error
+
+
+def test_agent_requests_on_a_run_that_ended_before_this_host_are_conflict_not_not_found(
+        project: Project, client: Client) -> None:
+    """A completion whose reply a stop (or a crash) took, retried at the next host: the Run
+    had completed with it, and the host holds no ended Run of an earlier one, so every
+    Agent request about its task said NOT_FOUND, "not known to this host" -- telling an
+    Agent whose work had been recorded that its id was wrong."""
+    run, call, token = _claimed(client)
+    done = client.complete_agent_call(run.run_id, call, token, "nothing", {})
+    assert done.status == "completed", done
+    failed_run, failed_call, failed_token = _claimed(client)
+    ended = client.fail_agent_call(failed_run.run_id, failed_call, failed_token, "no source")
+    assert ended.status == "failed", ended
+    client.close()
+    ok(project.cli("stop", "--json"))
+    start(project)
+    with Client.connect(project.root) as agent:
+        assert agent.get_run(run.run_id).status == "completed"  # the journal's last view
+        for retry in (
+            lambda: agent.complete_agent_call(run.run_id, call, token, "nothing", {}),
+            lambda: agent.claim_agent_call(run.run_id, call, "agent-1"),
+            lambda: agent.call_tool(run.run_id, call, token, "t-1", "search", {}),
+        ):
+            message = _refused(retry, "CONFLICT")
+            assert message.startswith(
+                f"Agent task {call} is not Run {run.run_id}'s current task: its completion "
+                "(outcome 'nothing') was recorded and the Run went on; the Run has completed "
+                "and takes no more work; nothing was done. It ended before this host "
+                "started"), message
+            assert f"intloom inspect {run.run_id}" in message, message
+        message = _refused(lambda: agent.fail_agent_call(
+            failed_run.run_id, failed_call, failed_token, "no source"), "CONFLICT")
+        assert message.startswith(
+            f"Agent task {failed_call} is not Run {failed_run.run_id}'s current task; the "
+            "Run has failed ("), message
+        # An id no Run has is still NOT_FOUND.
+        unknown = run.run_id[:-4] + "zzzz"
+        _refused(lambda: agent.complete_agent_call(unknown, call, token, "nothing", {}),
+                 "NOT_FOUND")
