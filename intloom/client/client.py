@@ -601,6 +601,23 @@ def _peer_closed(sock: socket.socket) -> bool:
         return True
 
 
+def _tool_cut(request: CallTool, why: str) -> IntloomError:
+    """A Tool call whose reply will not come (its connection broke, or the program closed its
+    Client): "check with get_run before retrying" pointed to a view that shows no Tool
+    calls, when the receipt makes the same call safe to send again. ``why`` ends with what
+    to do first."""
+    return IntloomError(
+        "PROJECT_REQUEST_FAILED",
+        f"No reply came for Tool call {request.tool_call_id} (Tool {request.tool!r}) of Agent "
+        f"task {request.call_id} (Run {request.run_id}): {why}. The Tool may have run, or "
+        "still run. Sending the same call again (the same tool_call_id, Tool and input) is "
+        "safe: while the host that took it serves, it is BUSY while the Tool runs, then "
+        "returns its output without running it again; a host started since holds no "
+        "receipts, and refuses it (the task came back RUN_INTERRUPTED).",
+        retryable=True,  # the same call again is answered by its receipt, or refused
+    )
+
+
 class Client:
     """A verified, authenticated connection to a project's host.
 
@@ -857,6 +874,8 @@ class Client:
         # A FrameClosed's own words repeat the cause; only where it closed adds a fact.
         fact = fact.removeprefix(str(FrameClosed(clean=True))).strip()
         detail = f" ({fact})" if fact else ""
+        if isinstance(request, CallTool):
+            return _tool_cut(request, f"{cause}{detail}. Run intloom status")
         run_id = getattr(request, "run_id", None)
         if type(request).__name__ in _READS:
             # "The host may have acted on it" would send a person looking for an effect a
@@ -935,6 +954,8 @@ class Client:
                 "again (Client.connect) and send it again.",
                 retryable=True,
             )
+        if isinstance(request, CallTool):
+            return _tool_cut(request, f"{closed}. Connect again (Client.connect)")
         if run_id:
             what = f"{what} (Run {run_id})"
             check = f"check with get_run({run_id!r}) or intloom attach {run_id}"

@@ -1498,3 +1498,52 @@ def test_agent_requests_on_a_run_that_ended_before_this_host_are_conflict_not_no
         unknown = run.run_id[:-4] + "zzzz"
         _refused(lambda: agent.complete_agent_call(unknown, call, token, "nothing", {}),
                  "NOT_FOUND")
+
+
+def test_a_tool_call_cut_by_close_says_the_same_call_is_safe_to_send_again(
+        looping: tuple[Client, Project]) -> None:
+    """A Tool call whose Client another thread closed said "It was not replayed, since the
+    host may have acted on it ... check with get_run before retrying": a view that shows no
+    Tool calls, when the receipt makes the same call safe to send again."""
+    client, project = looping
+    run, call, token = _claimed(client, "looping")
+    release = project.root / "release-tool"
+    agent = Client.connect(project.root)
+    failed: list[IntloomError] = []
+
+    def call_tool() -> None:
+        try:
+            agent.call_tool(run.run_id, call, token, "tc-1", "slow", {"until": str(release)})
+        except IntloomError as exc:
+            failed.append(exc)
+
+    caller = threading.Thread(target=call_tool)
+    caller.start()
+    try:
+        eventually(Path(str(release) + ".started").exists, timeout=10,
+                   what="the Tool call to run in the host")
+        agent.close()
+        caller.join(timeout=20)
+    finally:
+        release.write_text("go")
+        caller.join(timeout=20)
+    [cut] = failed
+    assert cut.code == "PROJECT_REQUEST_FAILED" and cut.retryable is True, cut
+    assert cut.message.startswith(
+        f"No reply came for Tool call tc-1 (Tool 'slow') of Agent task {call} (Run "
+        f"{run.run_id}): this Client was closed"), cut.message
+    assert "Sending the same call again (the same tool_call_id, Tool and input) is safe" in (
+        cut.message)
+    # As it says: the same call again, on a new connection, returns the first output.
+    output = eventually(lambda: _receipt(client, run.run_id, call, token, release),
+                        timeout=20, what="the Tool call's receipt")
+    assert output == ({"slow": str(release)}, True)
+
+
+def _receipt(client: Client, run_id: str, call: str, token: str,
+             release: Path) -> tuple[Any, bool] | None:
+    try:
+        return client.call_tool(run_id, call, token, "tc-1", "slow", {"until": str(release)})
+    except IntloomError as exc:
+        assert exc.code == "BUSY", exc.message  # while the first call still runs
+        return None
