@@ -75,8 +75,10 @@ class JournalPort(Protocol):
 
     def history(self, run_id: str, upto_seq: int) -> list[Record]:
         """The Run's durable records 1..``upto_seq``, in order, up to the first one that
-        does not read back whole (damage is ``inspect``'s to report). Blocking file I/O:
-        call it from a worker thread."""
+        does not read back whole (damage is ``inspect``'s to report). A record may come
+        without its bulk (a Stage State, a Step's output, an effect's result: None), which
+        its callers -- views, events, answers, task outcomes -- never read. Blocking file
+        I/O: call it from a worker thread."""
         ...
 
     def ended(self, run_id: str) -> RunState | None:

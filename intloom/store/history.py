@@ -11,12 +11,19 @@ from __future__ import annotations
 from collections.abc import Collection
 from datetime import datetime
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 
 import msgspec
 
 from intloom.runtime.machine import IllegalTransition, RunState, apply
-from intloom.runtime.records import Record
+from intloom.runtime.records import (
+    EffectDone,
+    Record,
+    StepReady,
+    StepResult,
+    Waiting,
+    encode_record,
+)
 from intloom.store.depth import decode_record
 from intloom.store.files import Layout, check_dir, list_names, read_file
 from intloom.store.framing import (
@@ -99,14 +106,41 @@ def read_history(runtime_dir: Path, run_id: str, *, damage_elsewhere: bool = Tru
                           segments=segments)[run_id]
 
 
+# The size of a record's payload from which ``read_histories(bulk=False)`` keeps it lean.
+_LEAN_FROM: Final = 1024
+
+
+def _lean(payload: bytes) -> bytes:
+    """``payload`` encoded again without its bulk -- a Stage State, a Step's output, an
+    effect's result -- which no reader of a Run's history for the host needs (its views,
+    events, answers and task outcomes). Held with it, a Run's records took the size of its
+    journal in memory: 1.2 GB at the first ``attach`` to a restored Run with 575 MB of them.
+    One that does not decode is kept as it is (its verdict says why)."""
+    try:
+        record = decode_record(payload)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return payload
+    if type(record) in (StepReady, Waiting):
+        lean: Record = msgspec.structs.replace(record, state=None)
+    elif type(record) is StepResult:
+        lean = msgspec.structs.replace(record, state=None, output=None)
+    elif type(record) is EffectDone:
+        lean = msgspec.structs.replace(record, result=None)
+    else:
+        return payload
+    return encode_record(lean)
+
+
 def read_histories(runtime_dir: Path, run_ids: Collection[str], *,
                    damage_elsewhere: bool = True, segments: Collection[int] | None = None,
-                   since: int = 0) -> dict[str, list[HistoryEntry]]:
+                   since: int = 0, bulk: bool = True) -> dict[str, list[HistoryEntry]]:
     """``read_history`` of each of ``run_ids``, from one read of the log: the Runs of a
     busy log share its segments, and reading it once per Run multiplied the wait of the
     last one asked (many followers of restored Runs at once) by their number. A segment
     skipped only when it holds none of their ids (``damage_elsewhere=False``), or when it is
-    not among ``segments`` (given: only those are read), or numbered below ``since``."""
+    not among ``segments`` (given: only those are read), or numbered below ``since``.
+    ``bulk=False``: records without their Stage States, Step outputs and effect results
+    (``_lean``), so memory holds one segment at a time and these Runs' lean records."""
     layout = Layout(runtime_dir)
     if not check_dir(runtime_dir) or not check_dir(layout.wal):
         return {run_id: [] for run_id in run_ids}
@@ -137,6 +171,11 @@ def read_histories(runtime_dir: Path, run_ids: Collection[str], *,
             # notices), so memory holds one segment at a time, not the whole log.
             scan.frames = [f for f in scan.frames if f.kind == KIND_VOID
                            or (f.kind == KIND_RECORD and f.run_id in ids)]
+            if not bulk:
+                scan.frames = [
+                    msgspec.structs.replace(f, payload=_lean(f.payload))
+                    if f.kind == KIND_RECORD and len(f.payload) >= _LEAN_FROM else f
+                    for f in scan.frames]
             scans.append(scan)
             del data, scan
     scans.sort(key=lambda s: s.number)

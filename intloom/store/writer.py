@@ -753,7 +753,7 @@ class Store:
                 if found is None:
                     since = min(self._first_segment(rid) for rid in wanted)
                     read = read_histories(self.layout.root, wanted, damage_elsewhere=False,
-                                          since=since)
+                                          since=since, bulk=False)
                     found = read[run_id]
                     with self._history_mutex:
                         for rid, entries in read.items():
@@ -767,7 +767,8 @@ class Store:
                     self._history_read.pop(run_id, None)
         records = _records(found, upto_seq)
         if since and not records and upto_seq > 0:
-            whole = read_histories(self.layout.root, [run_id], damage_elsewhere=False)
+            whole = read_histories(self.layout.root, [run_id], damage_elsewhere=False,
+                                   bulk=False)
             records = _records(whole[run_id], upto_seq)
         return records
 
