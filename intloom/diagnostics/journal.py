@@ -32,16 +32,18 @@ def verify_store(runtime: Path) -> StoreReport:
     return verify_report(runtime)
 
 
-def read_journal(runtime: Path, run_id: str
+def read_journal(runtime: Path, run_id: str, *, states: bool = True
                  ) -> tuple[list[HistoryEntry], RunJournal | None, list[FileProblem]]:
     """The Run's records in order (empty when it has none), its journal as the whole verify
     judges it, terminal Runs included (``read_runs`` judges only the ones a start
     restores), and the whole-file findings of what that read (``verify_run``: the Run's
     own segments and snapshot, the whole store when the Run is not sound). A Run whose
     records are all gone from the log but whose snapshot remains gets that snapshot as its
-    one entry."""
+    one entry. ``states=False``: each record without its Stage State (None), which the
+    text of ``inspect`` never shows: held, they made its memory ~2.4x the Run's records."""
     report = verify_run(runtime, run_id)
-    entries = read_history(runtime, run_id, segments=set(report.segments))
+    entries = read_history(runtime, run_id, segments=set(report.segments),
+                           without=() if states else ("state",))
     if not entries:
         # No record in the log: a Run its snapshot still names lost its records (damage,
         # reported as such by verify); only a Run nothing names is unknown.

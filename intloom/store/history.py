@@ -16,14 +16,7 @@ from typing import Final, Literal
 import msgspec
 
 from intloom.runtime.machine import IllegalTransition, RunState, apply
-from intloom.runtime.records import (
-    EffectDone,
-    Record,
-    StepReady,
-    StepResult,
-    Waiting,
-    encode_record,
-)
+from intloom.runtime.records import Record, encode_record
 from intloom.store.depth import decode_record
 from intloom.store.files import Layout, check_dir, list_names, read_file
 from intloom.store.framing import (
@@ -53,7 +46,8 @@ from intloom.store.snapshots import (
     snapshot_name,
 )
 
-__all__ = ["HistoryEntry", "first_segment", "read_histories", "read_history", "read_summary"]
+__all__ = ["BULK", "HistoryEntry", "first_segment", "read_histories", "read_history",
+           "read_summary"]
 
 Verdict = Literal[
     "ok",  # checksum valid, decodes, and follows the previous record
@@ -92,7 +86,8 @@ def _unrelated(data: bytes, run_id: bytes) -> bool:
 
 
 def read_history(runtime_dir: Path, run_id: str, *, damage_elsewhere: bool = True,
-                 segments: Collection[int] | None = None) -> list[HistoryEntry]:
+                 segments: Collection[int] | None = None,
+                 without: tuple[str, ...] = ()) -> list[HistoryEntry]:
     """Every record of ``run_id`` in log order, judged one by one. Read-only.
 
     ``damage_elsewhere=False`` skips (does not scan) the segments whose bytes hold neither
@@ -103,44 +98,44 @@ def read_history(runtime_dir: Path, run_id: str, *, damage_elsewhere: bool = Tru
     reads what the verify of that Run read (``segments``: ``verify_run``'s).
     """
     return read_histories(runtime_dir, [run_id], damage_elsewhere=damage_elsewhere,
-                          segments=segments)[run_id]
+                          segments=segments, without=without)[run_id]
 
 
-# The size of a record's payload from which ``read_histories(bulk=False)`` keeps it lean.
+# The size of a record's payload from which ``read_histories(without=...)`` reads it lean.
 _LEAN_FROM: Final = 1024
+# A record's bulk: a Stage State, a Step's output, an effect's result.
+BULK: Final = ("state", "output", "result")
 
 
-def _lean(payload: bytes) -> bytes:
-    """``payload`` encoded again without its bulk -- a Stage State, a Step's output, an
-    effect's result -- which no reader of a Run's history for the host needs (its views,
-    events, answers and task outcomes). Held with it, a Run's records took the size of its
-    journal in memory: 1.2 GB at the first ``attach`` to a restored Run with 575 MB of them.
-    One that does not decode is kept as it is (its verdict says why)."""
+def _lean(payload: bytes, without: tuple[str, ...]) -> bytes:
+    """``payload`` encoded again without the fields ``without`` names (those of its record
+    set to None): what a reader that never shows them need not hold. Held with them, a
+    Run's records took the size of its journal in memory (twice at the peak: 1.2 GB at the
+    first ``attach`` to a restored Run with 575 MB of them). One that does not decode is
+    kept as it is (its verdict says why)."""
     try:
         record = decode_record(payload)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return payload
-    if type(record) in (StepReady, Waiting):
-        lean: Record = msgspec.structs.replace(record, state=None)
-    elif type(record) is StepResult:
-        lean = msgspec.structs.replace(record, state=None, output=None)
-    elif type(record) is EffectDone:
-        lean = msgspec.structs.replace(record, result=None)
-    else:
+    dropped = {name: None for name in without
+               if getattr(record, name, None) is not None}
+    if not dropped:
         return payload
-    return encode_record(lean)
+    return encode_record(msgspec.structs.replace(record, **dropped))
 
 
 def read_histories(runtime_dir: Path, run_ids: Collection[str], *,
                    damage_elsewhere: bool = True, segments: Collection[int] | None = None,
-                   since: int = 0, bulk: bool = True) -> dict[str, list[HistoryEntry]]:
+                   since: int = 0, without: tuple[str, ...] = ()
+                   ) -> dict[str, list[HistoryEntry]]:
     """``read_history`` of each of ``run_ids``, from one read of the log: the Runs of a
     busy log share its segments, and reading it once per Run multiplied the wait of the
     last one asked (many followers of restored Runs at once) by their number. A segment
     skipped only when it holds none of their ids (``damage_elsewhere=False``), or when it is
     not among ``segments`` (given: only those are read), or numbered below ``since``.
-    ``bulk=False``: records without their Stage States, Step outputs and effect results
-    (``_lean``), so memory holds one segment at a time and these Runs' lean records."""
+    ``without``: fields of the records read as None (``BULK``: their Stage States, Step
+    outputs and effect results), so that memory holds one segment at a time and these
+    Runs' records without them (``_lean``)."""
     layout = Layout(runtime_dir)
     if not check_dir(runtime_dir) or not check_dir(layout.wal):
         return {run_id: [] for run_id in run_ids}
@@ -171,9 +166,9 @@ def read_histories(runtime_dir: Path, run_ids: Collection[str], *,
             # notices), so memory holds one segment at a time, not the whole log.
             scan.frames = [f for f in scan.frames if f.kind == KIND_VOID
                            or (f.kind == KIND_RECORD and f.run_id in ids)]
-            if not bulk:
+            if without:
                 scan.frames = [
-                    msgspec.structs.replace(f, payload=_lean(f.payload))
+                    msgspec.structs.replace(f, payload=_lean(f.payload, without))
                     if f.kind == KIND_RECORD and len(f.payload) >= _LEAN_FROM else f
                     for f in scan.frames]
             scans.append(scan)

@@ -60,7 +60,7 @@ from intloom.store.framing import (
     encode_segment_header,
     segment_name,
 )
-from intloom.store.history import HistoryEntry, first_segment, read_histories
+from intloom.store.history import BULK, HistoryEntry, first_segment, read_histories
 from intloom.store.reader import FileProblem, StoreReport, load, numbering_refused, read_ended
 from intloom.store.snapshots import snapshot_name
 
@@ -753,7 +753,7 @@ class Store:
                 if found is None:
                     since = min(self._first_segment(rid) for rid in wanted)
                     read = read_histories(self.layout.root, wanted, damage_elsewhere=False,
-                                          since=since, bulk=False)
+                                          since=since, without=BULK)
                     found = read[run_id]
                     with self._history_mutex:
                         for rid, entries in read.items():
@@ -768,7 +768,7 @@ class Store:
         records = _records(found, upto_seq)
         if since and not records and upto_seq > 0:
             whole = read_histories(self.layout.root, [run_id], damage_elsewhere=False,
-                                   bulk=False)
+                                   without=BULK)
             records = _records(whole[run_id], upto_seq)
         return records
 

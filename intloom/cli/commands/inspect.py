@@ -232,7 +232,9 @@ def inspect(state: CliState, run_id: RunArg) -> None:
     runtime = paths.runtime
     if not journals_present(paths):  # a .intloom/ that may not be searched: STORAGE_ERROR
         raise _not_found(run_id, runtime)
-    entries, journal, found = read_journal(runtime, run_id)
+    # Text shows no Stage State (render._RECORD_SKIP): not read into memory for it.
+    entries, journal, found = read_journal(runtime, run_id,
+                                           states=state.renderer.json_mode)
     if not entries:
         raise _not_found(run_id, runtime, missing_segments(runtime),
                          unreadable_snapshots(runtime, run_id))
