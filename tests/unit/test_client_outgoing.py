@@ -252,9 +252,11 @@ def test_a_client_closed_by_another_thread_ends_its_request_and_says_so() -> Non
     (exc,) = failed
     assert exc.code == "PROJECT_REQUEST_FAILED"
     assert exc.message.startswith(
-        "No reply came for the Tool call (Run RUN-1): this Client was closed (Client.close, "
-        "or the end of its with block, in another thread) while the request waited")
+        "No reply came for Tool call tc-1 (Tool 'search') of Agent task CALL-1 (Run RUN-1): "
+        "this Client was closed (Client.close, or the end of its with block, in another "
+        "thread) while the request waited")
     assert "host may have stopped" not in exc.message
+    assert "Sending the same call again" in exc.message and exc.retryable is True
 
 
 def test_a_tool_call_past_the_request_timeout_says_it_may_still_run_and_how_to_resend() -> None:
