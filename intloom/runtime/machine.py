@@ -46,6 +46,8 @@ NOT_RESTORED: Final = "claims, owner tokens and Tool receipts are not restored"
 
 __all__ = [
     "ALLOWED",
+    "FOLD_FIELDS",
+    "FOLD_VERSION",
     "NOT_RESTORED",
     "IllegalTransition",
     "Phase",
@@ -108,6 +110,21 @@ class IllegalTransition(Exception):
             f"Run {run_id or '?'}: record {seq} ({got}) cannot follow "
             f"{previous or 'the start of the journal'}: {why}"
         )
+
+
+# The fold's version, written in every snapshot (``Snapshot.fold``): raised whenever ``apply``
+# comes to derive a field a snapshot of the version before lacks and a restart decides by.
+# A snapshot an older fold wrote says that field's default where the records say otherwise
+# (a recover that had called an effect, read as one that had not: run again, it called the
+# effect twice), so a reader folds that Run again from its records.
+FOLD_VERSION: Final = 1
+# The fields of RunState that each fold version added: a snapshot of an older fold lacks
+# them (read as their defaults), and so may differ from the log's fold in them alone.
+FOLD_FIELDS: Final[dict[int, tuple[str, ...]]] = {
+    # Before snapshots said their fold (2026-12-05): recover_resumed and recover_effect
+    # (2026-12-02), last_effect_unknown (2026-12-04).
+    1: ("recover_resumed", "recover_effect", "last_effect_unknown"),
+}
 
 
 class RunState(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):

@@ -19,7 +19,7 @@ import msgspec
 
 from intloom.errors import IntloomError
 from intloom.fsutil import fsync_dir
-from intloom.runtime.machine import IllegalTransition, RunState, apply
+from intloom.runtime.machine import FOLD_VERSION, IllegalTransition, RunState, apply
 from intloom.runtime.records import Record
 from intloom.store.files import Layout, atomic_write_many, check_dir, list_names, unusable_file
 from intloom.store.framing import VoidNotice, segment_number
@@ -191,7 +191,7 @@ def _snapshot_all(layout: Layout, tracks: dict[str, Track], segment: int, at_onc
         folded[run_id] = (state, status, problem, reached)
         snap = Snapshot(run_id=run_id, seq=state.seq if state else 0, status=status,
                         state=state, problem=problem, segment=segment, written_at=stamp,
-                        reached=reached)
+                        reached=reached, fold=FOLD_VERSION)
         item = (name, encode_snapshot(snap))
         terminal = status == "ok" and state is not None and state.phase == "terminal"
         if not terminal:

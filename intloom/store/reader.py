@@ -21,7 +21,7 @@ from typing import Final, Literal
 import msgspec
 
 from intloom.errors import IntloomError
-from intloom.runtime.machine import IllegalTransition, RunState, apply
+from intloom.runtime.machine import FOLD_FIELDS, FOLD_VERSION, IllegalTransition, RunState, apply
 from intloom.runtime.records import FORMAT_VERSION, Header, Record
 from intloom.store.depth import decode_record
 from intloom.store.files import (
@@ -441,6 +441,10 @@ def load(root: Path, mode: Mode = "restore", *, whole: bool = False,
             if only is None else _snapshot_of(layout, loaded, only))
     if loaded.snapshot_errors:
         full = True  # without a trusted snapshot, only the whole log can rebuild that Run
+    if any(_unfinished_fold(snap) < FOLD_VERSION for snap in live.values()):
+        # Written by an older fold: its Run is folded again from its first record (_judge),
+        # once; the host writes it a snapshot of this fold.
+        full = True
     manifest = loaded.manifest
     if (manifest is not None and manifest.live is not None
             and live_set(loaded.live_names) != manifest.live):
@@ -609,14 +613,27 @@ def unread_segment(layout: Layout, manifest: Manifest | None, number: int
         f"({out if fix is None else f'{fix}, or {out}'})")
 
 
-def _older_writer(snapped: RunState | None, folded: RunState) -> bool:
-    """Whether ``snapped`` differs from ``folded`` only by a field an intloom before it was
-    added never wrote: ``last_effect_unknown`` (2026-12-04), derived from the records, reads
-    as False from an older snapshot. Such a snapshot is no disagreement with the log (verify
-    called it one after an upgrade); nothing else the snapshot says is excused."""
-    return (snapped is not None and folded.last_effect_unknown
-            and not snapped.last_effect_unknown
-            and msgspec.structs.replace(folded, last_effect_unknown=False) == snapped)
+def _older_fold(snap: Snapshot, folded: RunState) -> bool:
+    """Whether ``snap``'s state differs from ``folded`` only by fields a fold after the
+    snapshot's added (``FOLD_FIELDS``: ``last_effect_unknown`` reads as False from a
+    snapshot written before it existed). Such a snapshot is no disagreement with the log
+    (verify called it one after an upgrade); nothing else the snapshot says is excused."""
+    snapped = snap.state
+    added = [name for version, names in FOLD_FIELDS.items() if version > snap.fold
+             for name in names]
+    if snapped is None or not added:
+        return False
+    return msgspec.structs.replace(
+        folded, **{name: getattr(snapped, name) for name in added}) == snapped
+
+
+def _unfinished_fold(snap: Snapshot | None) -> int:
+    """The fold of ``snap``'s state when it is an unfinished Run's ok snapshot (whose fold a
+    restart decides by), else ``FOLD_VERSION``: nothing to fold again or hold."""
+    if (snap is None or snap.status != "ok" or snap.state is None
+            or snap.state.phase == "terminal"):
+        return FOLD_VERSION
+    return snap.fold
 
 
 def numbering_refused(layout: Layout, numbers: Iterable[int]) -> IntloomError | None:
@@ -1031,6 +1048,8 @@ def _judge_all(loaded: Loaded, scans: list[SegmentScan], live: dict[str, Snapsho
                 loaded.dirty.add(run_id)  # an ended Run's live copy has to go
         if _lost_snapshot(loaded, run_id, journal, run_frames):
             loaded.dirty.add(run_id)  # found in the log: a new snapshot is written for it
+        if _unfinished_fold(snap) < FOLD_VERSION:
+            loaded.dirty.add(run_id)  # a snapshot of this fold replaces it
         own_verdict = journal.status != "ok" and (snap is None or snap.status == "ok")
         if own_verdict or any(scan.number in unsummarised and frame.seq > covered
                               for scan, frame in run_frames):
@@ -1341,7 +1360,19 @@ def _judge(loaded: Loaded, run_id: str, frames: list[tuple[SegmentScan, Frame]],
     # old verdict trusted, so a damaged file put back from a copy restores the Run (the
     # error's own advice), and damage still there is found again. It is trusted only once
     # the read reaches ``reached``: a copy that ends earlier proves nothing past its end.
-    from_scratch = snap is None or (mode == "verify" and bool(frames) and frames[0][1].seq == 1)
+    fold = _unfinished_fold(snap)
+    if fold > FOLD_VERSION and snap is not None:
+        # Folded by a newer intloom: what it derived, this one may not know how to act on.
+        return RunJournal(
+            run_id, snap.state, "incompatible",
+            f"its snapshot (snap/live/{snapshot_name(run_id)}) was written by a newer intloom "
+            f"(fold {fold}; this intloom's is {FOLD_VERSION}); continue or end the Run with "
+            "the intloom that wrote it, or upgrade intloom")
+    # Folded by an older intloom, which did not derive every field a restart decides by
+    # (FOLD_FIELDS): folded again from the log, which holds every record (intloom never
+    # removes a segment), when the read gives it from its first record.
+    from_scratch = snap is None or (
+        (mode == "verify" or fold < FOLD_VERSION) and bool(frames) and frames[0][1].seq == 1)
     state: RunState | None = None if from_scratch or snap is None else snap.state
     covered = 0 if snap is None else snap.seq
     expected = 1 if from_scratch else covered + 1
@@ -1407,7 +1438,7 @@ def _judge(loaded: Loaded, run_id: str, frames: list[tuple[SegmentScan, Frame]],
         expected += 1
         previous = (scan.number, frame.offset)
         if (from_scratch and snap is not None and seq == snap.seq and snap.state != state
-                and not _older_writer(snap.state, state)):
+                and not _older_fold(snap, state)):
             problem = (f"its snapshot ({snapshot_name(run_id)}) disagrees with the log at "
                        f"{_at(scan, frame)}")
             break

@@ -67,6 +67,11 @@ class Snapshot(msgspec.Struct, frozen=True, omit_defaults=True):
     # A corrupt Run's furthest known seq (``RunJournal.reached``); 0, and not written, for an
     # ok one. Added within format 1: a reader without it ignores the key.
     reached: int = 0
+    # The fold that made ``state`` (``machine.FOLD_VERSION``); 0 for a snapshot written
+    # before it was said (2026-12-05). Added within format 1: a reader without it ignores
+    # the key. A reader folds a Run whose snapshot has an older fold again from its records,
+    # and holds one whose snapshot a newer fold wrote.
+    fold: int = 0
 
 
 # The manifest's own format: 2 adds ``live``, 3 adds ``open`` (formats 1 and 2 are still

@@ -178,3 +178,49 @@ def test_a_wait_recover_makes_after_an_effect_is_not_restored_to_call_it_again(
     assert refused.code == 1 and refused.json["error"]["code"] == "CONFLICT", refused
     assert marker.read_text() == "charged\n"
     ok(again.cli("stop", "--json"))
+
+
+def test_an_older_folds_snapshot_of_such_a_wait_is_folded_again_not_trusted(
+        again: Project) -> None:
+    """A snapshot written before the fold derived ``recover_effect`` says none: trusted after
+    an upgrade, doctor called the Run healthy, start restored the wait, and its answer ran
+    recover -- and the effect -- again, while verify called the snapshot corrupt. The Run is
+    folded again from its records, as without a snapshot."""
+    import msgspec
+
+    from intloom.store.snapshots import encode_snapshot, read_snapshot, snapshot_name
+
+    ok(again.cli("start", "--json"))
+    run = ok(again.cli("flow", "again", "--intent", "charges", "--json"))["run"]
+    ok(again.cli("stop", "--json"))
+    ok(again.cli("start", "--json"))
+    view = ok(again.cli("answer", run["runId"], run["pendingAction"]["id"], YES,
+                        "--json"))["run"]
+    marker = again.root / "charges.log"
+    assert marker.read_text() == "charged\n"
+    ok(again.cli("stop", "--json"))
+    path = again.state / "runtime" / "snap" / "live" / snapshot_name(run["runId"])
+    snap = read_snapshot(path)
+    assert snap is not None and snap.state is not None and snap.fold == 1, snap
+    assert snap.state.recover_effect is not None
+    # As an intloom before 2026-12-02 wrote it: no recover fields, no fold.
+    older = msgspec.structs.replace(snap, fold=0, state=msgspec.structs.replace(
+        snap.state, recover_effect=None, recover_resumed=False))
+    mode = path.stat().st_mode
+    path.chmod(0o600)
+    path.write_bytes(encode_snapshot(older))
+    path.chmod(mode)
+
+    verified = again.cli("verify", "--json")
+    assert verified.code == 0 and verified.json["sound"], verified.stdout
+    preview = json.dumps(again.cli("doctor", "--json").json)
+    assert "recover would run again from its start and call it again" in preview, preview
+    ok(again.cli("start", "--json"))
+    runs = ok(again.cli("runs", "--json"))["runs"]
+    error = next(r for r in runs if r["runId"] == run["runId"])["lastError"]
+    assert error["code"] == "RUN_INTERRUPTED", error
+    assert "after it ran effect 'charge' (key 'charge#1'" in error["message"], error
+    refused = again.cli("answer", run["runId"], view["pendingAction"]["id"], YES, "--json")
+    assert refused.code == 1 and refused.json["error"]["code"] == "CONFLICT", refused
+    assert marker.read_text() == "charged\n"
+    ok(again.cli("stop", "--json"))

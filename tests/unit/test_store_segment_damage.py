@@ -498,17 +498,21 @@ def test_a_snapshot_an_older_intloom_wrote_without_the_unknown_outcome_flag_agre
     snap = read_snapshot(path)
     assert snap is not None and snap.state is not None and snap.state.last_effect_unknown
 
-    def rewrite(**changes: object) -> None:
+    def rewrite(fold: int = 0, **changes: object) -> None:
         assert snap is not None and snap.state is not None
-        older = msgspec.structs.replace(snap, state=msgspec.structs.replace(snap.state,
-                                                                           **changes))
+        older = msgspec.structs.replace(
+            snap, fold=fold, state=msgspec.structs.replace(snap.state, **changes))
         path.chmod(0o600)
         path.write_bytes(encode_snapshot(older))
         path.chmod(0o400)
 
-    rewrite(last_effect_unknown=False)  # as an older intloom wrote it
+    rewrite(last_effect_unknown=False)  # as an older intloom wrote it (its fold unsaid: 0)
     assert by_id(verify_report(root).runs)["RUN-1"].status == "ok"
     rewrite(last_effect_unknown=False, intent="other")
+    run = by_id(verify_report(root).runs)["RUN-1"]
+    assert run.status == "corrupt" and "disagrees with the log" in (run.problem or ""), run
+    # A snapshot of this fold that lacks it is no older writer's: it disagrees.
+    rewrite(fold=1, last_effect_unknown=False)
     run = by_id(verify_report(root).runs)["RUN-1"]
     assert run.status == "corrupt" and "disagrees with the log" in (run.problem or ""), run
 
