@@ -114,10 +114,15 @@ class _FromSource(importlib.machinery.SourceFileLoader):
         if cached is not None and not sys.dont_write_bytecode:
             # set_data writes atomically and gives up quietly where it may not write. Never
             # writable by others, whatever the umask (0o666 & ~umask): _cached_code takes no
-            # such file.
+            # such file. Nor readable by those the source is not: a private source's code
+            # (an API key in it, say) was cached 0644 for every user to read.
+            try:
+                readable = os.stat(self.path).st_mode & 0o044
+            except OSError:
+                readable = 0
             self.set_data(cached, importlib.util.MAGIC_NUMBER
                           + _HASH_PYC_FLAGS.to_bytes(4, "little") + key + marshal.dumps(code),
-                          _mode=0o644)
+                          _mode=0o600 | readable)
         return code
 
 

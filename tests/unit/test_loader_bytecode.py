@@ -93,6 +93,28 @@ def test_a_cache_someone_else_may_write_is_not_run(
         assert _version(_FromSource("helpers", str(src)).get_code("helpers")) == "1.0.0"
 
 
+@pytest.mark.parametrize(("source_mode", "cache_mode"),
+                         [(0o600, 0o600), (0o640, 0o640), (0o666, 0o644), (0o400, 0o600)])
+def test_a_cache_is_readable_by_no_one_the_source_is_not_readable_by(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source_mode: int,
+        cache_mode: int) -> None:
+    """A private (0600) Workflow source was cached 0644: its code, an API key in it say, was
+    there for every local user to read (``strings`` on the .pyc)."""
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    src = tmp_path / "secret.py"
+    src.write_text('VERSION = "sk-1"\n')
+    src.chmod(source_mode)
+    old = os.umask(0o022)
+    try:
+        assert _version(_FromSource("secret", str(src)).get_code("secret")) == "sk-1"
+    finally:
+        os.umask(old)
+    cached = Path(importlib.util.cache_from_source(str(src)))
+    assert cached.stat().st_mode & 0o777 == cache_mode, oct(cached.stat().st_mode)
+    # And it is used again: this user's, writable by no one else.
+    assert _version(_FromSource("secret", str(src)).get_code("secret")) == "sk-1"
+
+
 def test_no_cache_is_written_where_bytecode_writing_is_off(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """doctor and inspect write nothing (they turn bytecode writing off)."""
