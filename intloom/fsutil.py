@@ -537,6 +537,13 @@ def privacy_fix(error: PrivacyError) -> str:
         mode = "700" if "0700" in fact else "600"
         return f"Run chmod {mode} {path}, then try again"
     if fact.startswith("is owned by uid"):
+        if os.getuid() == 0:
+            # Root looking at a user's project: "chown it to yourself (uid 0)" would take the
+            # state from its owner, whose own commands then refuse it.
+            owner = fact.removeprefix("is owned by uid").split()[0].strip(",;:")
+            return (f"It is another user's: run intloom as that user (sudo -u '#{owner}' "
+                    "intloom ...); if its content is root's, move it aside (mv "
+                    f"{path} {shell_arg(aside(error.path, '.foreign'))}) and try again")
         return (f"Move it aside (mv {path} {shell_arg(aside(error.path, '.foreign'))}) or, if "
                 "its content is yours, "
                 f"chown it to yourself (uid {os.getuid()}); then try again")

@@ -249,6 +249,21 @@ def config_not_a_file(directory: Path) -> str | None:
             'workflows = ["workflows/example.py"]), then run the command again.')
 
 
+def foreign_owner(root: Path) -> int | None:
+    """The uid of another user who owns ``root``, its ``intloom.toml`` or what that links
+    to: a project whose Workflow code would run as this user without being theirs. Under
+    sudo, the user sudo was run by counts as this one. None when all are ours, or when they
+    cannot be examined (reading them says why)."""
+    me = os.geteuid()
+    sudo = os.environ.get("SUDO_UID", "") if me == 0 else ""
+    try:
+        stats = (os.lstat(root), os.lstat(root / CONFIG_NAME), os.stat(root / CONFIG_NAME))
+    except OSError:
+        return None
+    return next((st.st_uid for st in stats if st.st_uid != me and str(st.st_uid) != sudo),
+                None)
+
+
 def _foreign_config(root: Path) -> str | None:
     """Why the ``intloom.toml`` an upward search found in ``root`` is not taken: it, what a
     link there leads to, or the directory holding it belongs to another user. Found in a
@@ -257,16 +272,10 @@ def _foreign_config(root: Path) -> str | None:
     one (git refuses such a repository for the same reason). Under sudo, the user sudo was
     run by counts as this one. None when all are ours (or cannot be examined: reading them
     says why)."""
-    me = os.geteuid()
-    sudo = os.environ.get("SUDO_UID", "") if me == 0 else ""
-    try:
-        stats = (os.lstat(root), os.lstat(root / CONFIG_NAME), os.stat(root / CONFIG_NAME))
-    except OSError:
-        return None
-    owner = next((st.st_uid for st in stats if st.st_uid != me and str(st.st_uid) != sudo),
-                 None)
+    owner = foreign_owner(root)
     if owner is None:
         return None
+    me = os.geteuid()
     from intloom.fsutil import shell_arg  # only on this refusal
 
     return (f"{root / CONFIG_NAME}, found by searching upward from the working directory, "

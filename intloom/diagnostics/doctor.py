@@ -815,6 +815,22 @@ def _workflows_check(root: Path, config: Config | None) -> tuple[Check, LoadResu
     if config is None:
         return Check("workflows", "not_checked", "Not loaded: the configuration is invalid.",
                      "Correct intloom.toml first."), None
+    from intloom.project import CONFIG_NAME, foreign_owner
+
+    owner = foreign_owner(root)
+    if owner is not None:
+        # Named with --project (the upward search takes no such project): doctor, read-only,
+        # imported that user's code as this one -- as root, for an administrator looking
+        # at a user's project.
+        from intloom.fsutil import shell_arg
+
+        return Check(
+            "workflows", "not_checked",
+            f"Not loaded: {root / CONFIG_NAME} or its directory belongs to another user (uid "
+            f"{owner}, not {os.geteuid()}), and importing its Workflow code would run that "
+            "code as you.",
+            f"Run doctor as that user to check the Workflows: sudo -u '#{owner}' intloom "
+            f"--project {shell_arg(str(root))} doctor."), None
     try:
         result = _load(root, config)
     except IntloomError as exc:

@@ -331,3 +331,51 @@ def test_only_127_0_0_1_is_bound(project: Project) -> None:
         assert conn.laddr.ip == "127.0.0.1", conn
         if conn.raddr:
             assert conn.raddr.ip == "127.0.0.1", conn
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
+def test_doctor_does_not_import_another_users_workflow_code_named_with_project(
+        tmp_path: Path) -> None:
+    """``intloom --project ~alice/p doctor``, run by root (an administrator looking at a
+    user's project): doctor, read-only, imported that user's Workflow code as root -- a
+    source that wrote a file at import wrote it as uid 0. It names the owner and how to run
+    doctor as them, and imports nothing."""
+    from tests.helpers import one_source_project
+
+    marker = tmp_path / "imported"
+    project = one_source_project(tmp_path, "evil", (
+        "import os, pathlib\n"
+        f"pathlib.Path({str(marker)!r}).write_text(str(os.geteuid()))\n"
+        "import intloom\n"
+        'wf = intloom.Workflow("evil", version="1")\n'))
+    for path in (project.root, project.root / "intloom.toml"):
+        os.chown(path, NOBODY, NOBODY)
+    doctor = project.cli("doctor", "--json")
+    assert not marker.exists(), marker.read_text()
+    check = next(c for c in doctor.json["checks"] if c["id"] == "workflows")
+    assert check["status"] == "not_checked", check
+    assert (f"belongs to another user (uid {NOBODY}, not 0), and importing its Workflow code "
+            "would run that code as you") in check["message"], check
+    assert f"sudo -u '#{NOBODY}' intloom --project {project.root} doctor" in check["next"]
+    # Its own project: imported as before.
+    for path in (project.root, project.root / "intloom.toml"):
+        os.chown(path, 0, 0)
+    project.cli("doctor", "--json")
+    assert marker.read_text() == "0"
+
+
+def test_roots_fix_for_another_users_state_is_to_run_as_that_user_not_to_take_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Root diagnosing a user's project was told to "chown it to yourself (uid 0)": the
+    state taken from its owner, whose own commands then refuse it."""
+    from intloom.fsutil import PrivacyError, privacy_fix
+
+    error = PrivacyError(tmp_path / ".intloom", f"is owned by uid {NOBODY}, not by you")
+    monkeypatch.setattr(os, "getuid", lambda: 0)
+    fix = privacy_fix(error)
+    assert fix.startswith(f"It is another user's: run intloom as that user (sudo -u "
+                          f"'#{NOBODY}' intloom ...)"), fix
+    assert "chown" not in fix
+    monkeypatch.setattr(os, "getuid", lambda: 1000)
+    assert "chown it to yourself (uid 1000)" in privacy_fix(error)
