@@ -95,6 +95,9 @@ def _check_target(target: Path) -> None:
             "CLI_INIT_TARGET_INVALID",
             f"{target} is a file, not a directory. Pass a new or empty directory to intloom init.",
         )
+    unsafe = _not_yours(target, st)
+    if unsafe is not None:
+        raise IntloomError("CLI_INIT_TARGET_INVALID", unsafe)
     try:
         entries = sorted(name for name in set(os.listdir(target)) - _VCS_METADATA
                          if not _is_virtualenv(target / name))
@@ -126,6 +129,27 @@ def _check_target(target: Path) -> None:
             "connection token in .intloom/, which git must not take, and caches your "
             "Workflows' bytecode in __pycache__/.",
         )
+
+
+def _not_yours(target: Path, st: os.stat_result) -> str | None:
+    """Why a project in the existing directory ``target`` would not be this user's alone:
+    another user owns it, or every user may write in it. Its Workflow code runs as this
+    user, and whoever may write there may replace it (rename ``workflows/``, plant a file);
+    init wrote there, then the start it advised was refused as another user's project.
+    None when it is fine (under sudo, the user sudo was run by counts as this one)."""
+    me = os.geteuid()
+    sudo = os.environ.get("SUDO_UID", "") if me == 0 else ""
+    if st.st_uid != me and str(st.st_uid) != sudo:
+        return (f"{target} belongs to another user (uid {st.st_uid}, not {me}): the "
+                "Workflow code of a project there runs as you, and its owner may replace it, "
+                "so intloom does not use such a project; nothing was written. Pass a new "
+                "directory, or an empty one of your own.")
+    if st.st_mode & stat.S_IWOTH:
+        return (f"{target} may be written by every user (mode {stat.S_IMODE(st.st_mode):04o}): "
+                "the Workflow code of a project there runs as you, and any of them could "
+                "replace it; nothing was written. Pass a new directory, or make this one "
+                f"yours alone (chmod o-w {target}), then run intloom init again.")
+    return None
 
 
 def _is_virtualenv(path: Path) -> bool:
@@ -262,11 +286,18 @@ def scaffold(target: Path) -> Path:
         for relative, template in SCAFFOLD.items():
             current = root / relative
             _make_dirs(current.parent, made)
+            if current.parent != root and os.path.islink(current.parent):
+                current = current.parent
+                raise FileExistsError(current)  # a link swapped in: never written through
             data = _template(template)
             if relative == ".gitignore":
                 data += _other_virtualenvs(root)
-            with open(current, "xb") as fh:
-                made.append(current)
+            # 0644 (and 0755 directories) whatever the umask takes away: umask 000 made a
+            # project every local user could rewrite, its Workflow code running as you.
+            fd = os.open(current, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, 0o644)
+            made.append(current)
+            with os.fdopen(fd, "wb") as fh:
                 fh.write(data)
     except NotADirectoryError:
         _take_back(made)
@@ -349,7 +380,7 @@ def _make_dirs(directory: Path, made: list[Path]) -> None:
             break
         missing.append(path)
     for path in reversed(missing):
-        path.mkdir()
+        path.mkdir(mode=0o755)
         made.append(path)
 
 

@@ -7,6 +7,7 @@ import math
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -1149,3 +1150,51 @@ def test_a_host_left_unreachable_is_named_with_its_own_way_out_and_no_more(
     assert error is not None and error.code == "CLI_SERVICE_METADATA_INVALID", error
     assert error.message.endswith("then run intloom start, which writes a new one."), error
     assert error.here == error.message
+
+
+def test_init_under_umask_000_writes_a_project_no_other_user_may_rewrite(
+        tmp_path: Path) -> None:
+    """Under umask 000 init made the project 0777 and its files 0666: any local user could
+    rewrite the Workflow code a start then ran as this user (doctor said config ok)."""
+    target = tmp_path / "proj"
+    previous = os.umask(0)
+    try:
+        scaffold(target)
+    finally:
+        os.umask(previous)
+    modes = {str(p.relative_to(tmp_path)): stat.S_IMODE(p.lstat().st_mode)
+             for p in [target, *target.rglob("*")]}
+    assert modes == {"proj": 0o755, "proj/workflows": 0o755, "proj/intloom.toml": 0o644,
+                     "proj/workflows/example.py": 0o644, "proj/.gitignore": 0o644}, modes
+
+
+def test_init_refuses_a_directory_every_user_may_write(tmp_path: Path) -> None:
+    """An empty 0777 directory took a project whose Workflow code any local user could
+    replace (rename workflows/, plant a file), run as this user at every start."""
+    target = tmp_path / "open"
+    target.mkdir()
+    target.chmod(0o777)
+    with pytest.raises(IntloomError) as refused:
+        scaffold(target)
+    assert refused.value.code == "CLI_INIT_TARGET_INVALID"
+    assert refused.value.message.startswith(
+        f"{target} may be written by every user (mode 0777)"), refused.value.message
+    assert f"chmod o-w {target}" in refused.value.message
+    assert list(target.iterdir()) == []
+    target.chmod(0o700)
+    assert scaffold(target) == target  # the fix it names
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
+def test_init_refuses_a_directory_another_user_owns(tmp_path: Path) -> None:
+    """init wrote into another user's empty directory and advised intloom start there, which
+    then refused it as another user's project (the owner may replace its code)."""
+    target = tmp_path / "theirs"
+    target.mkdir()
+    os.chown(target, 65534, 65534)
+    with pytest.raises(IntloomError) as refused:
+        scaffold(target)
+    assert refused.value.code == "CLI_INIT_TARGET_INVALID"
+    assert refused.value.message.startswith(
+        f"{target} belongs to another user (uid 65534, not 0)"), refused.value.message
+    assert list(target.iterdir()) == []
