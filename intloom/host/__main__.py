@@ -5,7 +5,8 @@ as described in ``intloom.host.readiness`` and exits 0 after a clean stop, 1 oth
 Test-only knobs: ``INTLOOM_TEST_HELLO_TIMEOUT``, ``INTLOOM_TEST_IDLE_TIMEOUT``,
 ``INTLOOM_TEST_FRAME_TIMEOUT`` and ``INTLOOM_TEST_WRITE_TIMEOUT`` (seconds) shorten the
 connection timeouts,
-``INTLOOM_TEST_MAX_CONNECTIONS`` lowers the connection cap, ``INTLOOM_TEST_FOLLOW_BACKLOG``
+``INTLOOM_TEST_MAX_CONNECTIONS`` lowers the connection cap, ``INTLOOM_TEST_MAX_UNPROVEN``
+how many of them may be waiting for a hello, ``INTLOOM_TEST_FOLLOW_BACKLOG``
 (bytes) a follower's backlog, ``INTLOOM_TEST_FOLLOW_SNDBUF`` (bytes) the kernel's send buffer
 of a follower's connection, ``INTLOOM_TEST_SUSPEND_GRACE``
 shortens how long a stop waits for Steps in flight, ``INTLOOM_TEST_REFUSED_QUIET`` (seconds)

@@ -275,6 +275,7 @@ _TEST_LIMITS: Final[tuple[tuple[str, str, Callable[[str], Any]], ...]] = (
     ("INTLOOM_TEST_FOLLOW_SNDBUF", "follow_sndbuf", int),
     ("INTLOOM_TEST_FOLLOW_HELD", "follow_held", int),
     ("INTLOOM_TEST_MAX_CONNECTIONS", "max_connections", int),
+    ("INTLOOM_TEST_MAX_UNPROVEN", "max_unproven", int),
 )
 
 

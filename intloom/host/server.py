@@ -222,6 +222,12 @@ class Limits(msgspec.Struct, frozen=True):
     """Bounds on what one peer can cost the host."""
 
     max_connections: int = 256
+    # Connections that have not shown the token yet, at most, counted in ``max_connections``:
+    # past it, the oldest of them is closed for the new one. Peers without the token (any
+    # local user) held every slot, control slots too, by connecting again as each hello
+    # timed out, and the user's own status and stop were refused BUSY for as long; a client
+    # of the project says its hello at once, so it is never the oldest for long.
+    max_unproven: int = 64
     hello_timeout: float = 30.0  # from accept to a complete hello frame
     # A hello is ~100 bytes. Capping it far below MAX_FRAME keeps a peer that has not shown
     # the token from making the host hold MAX_FRAME bytes per connection (256 x 4 MiB).
@@ -381,6 +387,8 @@ class Server:
         self._sessions: set[asyncio.Task[None]] = set()
         self._busy: set[asyncio.Task[None]] = set()  # sessions inside a request
         self._control: set[asyncio.Task[None]] = set()  # sessions past the cap (CONTROL_SLOTS)
+        # Sessions that have not said a valid hello yet, oldest first (Limits.max_unproven).
+        self._unproven: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
         # The transports of the Subscribe streams now served (Limits.follow_held).
         self._followers: set[asyncio.WriteTransport] = set()
         # Each session's streams, for close() to end its input.
@@ -405,6 +413,11 @@ class Server:
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
+        if len(self._unproven) >= self.limits.max_unproven:
+            oldest, its_writer = next(iter(self._unproven.items()))
+            del self._unproven[oldest]
+            self._refused("unproven_evicted", limit=self.limits.max_unproven)
+            its_writer.transport.abort()  # its session ends at its next read
         control = len(self._sessions) - len(self._control) >= self.limits.max_connections
         if control and len(self._control) >= CONTROL_SLOTS:
             self._refused("too_many_connections", limit=self.limits.max_connections)
@@ -429,6 +442,7 @@ class Server:
             return
         self._sessions.add(task)
         self._streams[task] = (reader, writer)
+        self._unproven[task] = writer
         if control:
             self._control.add(task)
         try:
@@ -450,6 +464,7 @@ class Server:
             self._sessions.discard(task)
             self._streams.pop(task, None)
             self._control.discard(task)
+            self._unproven.pop(task, None)
             self._leave(task)
             await self._close(writer)
 
@@ -540,6 +555,7 @@ class Server:
         # Past the cap, the hello and the one request share one short deadline.
         deadline = (asyncio.get_running_loop().time() + CONTROL_TIMEOUT) if control else None
         await self._handshake(reader, None if deadline is None else CONTROL_TIMEOUT)
+        self._unproven.pop(task, None)
         await self._write(writer, self.hello)
         while True:
             try:

@@ -457,3 +457,44 @@ def test_wrong_token_refusals_are_logged_once_with_a_count(project: Project) -> 
     assert len(refused) == 1, refused[:3]
     assert refused[0]["reason"] == "unauthorized" and refused[0]["times"] == 1, refused
     assert refused[0]["client"], refused
+
+
+def test_peers_without_the_token_cannot_hold_every_slot_from_the_users_own_clients(
+    project: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Any local user, without the token, held all 256 slots and the 4 control slots by
+    connecting again as each hello timed out: the user's status, runs and stop were refused
+    BUSY for as long as it went on. Connections that have not said hello are capped; past
+    the cap the oldest of them is closed, and the user's client, which says its hello at
+    once, is served."""
+    monkeypatch.setenv("INTLOOM_TEST_MAX_CONNECTIONS", "8")
+    monkeypatch.setenv("INTLOOM_TEST_MAX_UNPROVEN", "4")
+    service = start(project).service
+    silent = [raw(service.port) for _ in range(12)]  # connected, never a hello
+    try:
+        eventually(lambda: all(_gone(sock) for sock in silent[:8]), timeout=10,
+                   what="the host to close the oldest of the connections without a hello")
+        with Client.connect(project.root) as client:
+            assert client.status().instance_id == service.instance_id
+            assert client.runs() == []
+        # The newest are still held (each until its hello timeout), only they.
+        assert not any(_gone(sock) for sock in silent[9:])
+    finally:
+        for sock in silent:
+            sock.close()
+    log = project.cli("logs", "--json").stdout
+    assert '"reason":"unproven_evicted"' in log.replace(" ", ""), log
+
+
+def _gone(sock: socket.socket) -> bool:
+    """Whether the host has closed ``sock`` (an end of file or a reset waits in it), without
+    waiting."""
+    sock.setblocking(False)
+    try:
+        return sock.recv(1, socket.MSG_PEEK) == b""
+    except BlockingIOError:
+        return False
+    except ConnectionResetError:
+        return True
+    finally:
+        sock.setblocking(True)
