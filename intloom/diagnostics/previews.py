@@ -146,7 +146,7 @@ def _preview(journal: RunJournal, loaded: LoadResult | None) -> RunPreview | Non
         return None
     # As the host's restore judges it: first whether this intloom may read the journal at
     # all (one a newer intloom wrote is held, "upgrade intloom"), then the Workflow.
-    other_intloom = unreadable(state, __version__)
+    other_intloom = unreadable(state, __version__, journal.written_by)
     problem = other_intloom or (
         _incompatibility(state, loaded) if loaded is not None else None)
     if problem is not None:

@@ -173,6 +173,8 @@ class RestoredRun(msgspec.Struct, frozen=True):
     # Run's snap/live/ snapshot, whose removal accepts the loss (docs/recovery.md).
     lost: str | None = None
     snapshot: str | None = None
+    # The newest intloom that wrote a segment holding its records (``RunJournal.written_by``).
+    written_by: str = ""
 
 
 def _mismatch(state: RunState, workflows: Mapping[str, LoadedWorkflow],
@@ -211,7 +213,7 @@ def _mismatch(state: RunState, workflows: Mapping[str, LoadedWorkflow],
 def incompatibility(
     state: RunState | None, workflows: Mapping[str, LoadedWorkflow], package_version: str,
     withheld: Mapping[str, str] | None = None, failed: Sequence[str] = (), *,
-    advice: bool = True,
+    advice: bool = True, written_by: str = "",
 ) -> str | None:
     """Why this Run's journal cannot be restored by what is loaded now, or None.
     ``withheld``: why a Workflow some source defines is not loaded (LoadResult.withheld);
@@ -220,8 +222,8 @@ def incompatibility(
     them (the fix to continue it no longer applies once it has ended)."""
     if state is None:
         return None
-    return unreadable(state, package_version) or _mismatch(state, workflows, withheld or {},
-                                                           failed, advice=advice)
+    return unreadable(state, package_version, written_by) or _mismatch(
+        state, workflows, withheld or {}, failed, advice=advice)
 
 
 class _Halt(NamedTuple):
@@ -863,7 +865,7 @@ class Runtime:
             if state is not None and state.phase == "terminal" and item.problem is None:
                 terminal += 1
                 continue
-            problem = item.problem or self._incompatibility(state)
+            problem = item.problem or self._incompatibility(state, item.written_by)
             if problem is not None or state is None:
                 message = problem or "nothing restorable was found in its journal"
                 self.attention.append((item.run_id, message))
@@ -914,9 +916,9 @@ class Runtime:
             terminal_skipped=terminal,
         )
 
-    def _incompatibility(self, state: RunState | None) -> str | None:
+    def _incompatibility(self, state: RunState | None, written_by: str = "") -> str | None:
         return incompatibility(state, self.workflows, self.package_version, self.withheld,
-                               self.failed)
+                               self.failed, written_by=written_by)
 
     def _held(self, item: RestoredRun, why: str) -> HeldRun:
         state = item.state
@@ -924,9 +926,9 @@ class Runtime:
             code = "JOURNAL_INCOMPATIBLE" if item.status == "incompatible" else "JOURNAL_CORRUPT"
             return HeldRun(item.run_id, state, why, code, dismissible=False, lost=item.lost,
                            snapshot=item.snapshot)
-        whole = unreadable(state, self.package_version) is None
+        whole = unreadable(state, self.package_version, item.written_by) is None
         fact = incompatibility(state, self.workflows, self.package_version, self.withheld,
-                               self.failed, advice=False)
+                               self.failed, advice=False, written_by=item.written_by)
         return HeldRun(item.run_id, state, why, "JOURNAL_INCOMPATIBLE", dismissible=whole,
                        fact=fact)
 

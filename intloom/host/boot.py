@@ -110,7 +110,8 @@ def _refuse_before_writing(
     attention = []
     for journal in report.runs:
         why = journal.problem or incompatibility(journal.state, workflows, package_version,
-                                                 withheld, failed)
+                                                 withheld, failed,
+                                                 written_by=journal.written_by)
         if why is not None or journal.state is None:
             attention.append((journal.run_id, why or "nothing restorable was found in its journal"))
     if attention:
@@ -197,7 +198,8 @@ def _open_store(
     live = Layout(paths.runtime).live
     runs = [RestoredRun(run_id=j.run_id, state=j.state, problem=j.problem, status=j.status,
                         lost=j.lost,
-                        snapshot=None if j.lost is None else str(live / snapshot_name(j.run_id)))
+                        snapshot=None if j.lost is None else str(live / snapshot_name(j.run_id)),
+                        written_by=j.written_by)
             for j in report.runs]
     return store, runs
 

@@ -8,7 +8,7 @@ touches a file, a socket, a clock or a thread: the executor and the store are th
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Final, Literal, NamedTuple
 
 import msgspec
@@ -57,6 +57,7 @@ __all__ = [
     "apply",
     "fold",
     "interrupted_message",
+    "newest_version",
     "restart_verdict",
     "to_view",
     "unreadable",
@@ -641,9 +642,11 @@ def _version_key(v: str) -> tuple[tuple[int, ...], int, int]:
     return tuple(numbers), _RELEASE_RANK, 0
 
 
-def unreadable(state: RunState, package_version: str) -> str | None:
+def unreadable(state: RunState, package_version: str, written_by: str = "") -> str | None:
     """Why this intloom (``package_version``) cannot take the journal's records as they
-    are, or None. The host's restore and doctor's preview both ask it."""
+    are, or None. The host's restore and doctor's preview both ask it. ``written_by``: the
+    newest intloom that wrote a segment holding any of the Run's records (their headers
+    say), when the store read one (``RunJournal.written_by``)."""
     if state.protocol != PROTOCOL_VERSION:
         # Which side is newer decides the fix: "journal has X, this intloom speaks Y" left a
         # user to guess whether to upgrade or to go back to the intloom that wrote it.
@@ -663,4 +666,18 @@ def unreadable(state: RunState, package_version: str) -> str | None:
             f"incompatible package: written by intloom {state.package_version}, newer than "
             f"this {package_version}; upgrade intloom"
         )
+    if written_by and _version_key(written_by) > _version_key(package_version):
+        # Begun by this intloom or an older one, then continued by a newer one (a downgrade
+        # since): its header says only who began it, and the later records, whatever they
+        # came to mean, were taken as this intloom's own.
+        return (
+            f"incompatible package: begun by intloom {state.package_version or 'an older one'}"
+            f", continued by intloom {written_by}, newer than this {package_version}; upgrade "
+            "intloom"
+        )
     return None
+
+
+def newest_version(versions: Iterable[str]) -> str:
+    """The newest of ``versions`` in pip's order ("" for none)."""
+    return max(versions, key=_version_key, default="")

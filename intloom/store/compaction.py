@@ -95,8 +95,9 @@ def compact(layout: Layout, tracks: dict[str, Track], *, start: int, pinned: lis
             voids: list[VoidNotice], segment: int, held: Collection[str] = (),
             open_segment: int = 0, write_manifest: bool = True, at_once: bool = False,
             stop: threading.Event | None = None,
-            kept: dict[str, FileProblem] | None = None) -> None:
+            kept: dict[str, FileProblem] | None = None, writer: str = "") -> None:
     """Snapshot every dirty Run, then point the manifest at segment ``start``.
+    ``writer``: the package version of the intloom writing them (``Snapshot.writer``).
 
     ``write_manifest`` False: snapshots only; the manifest stays as it is (a host that
     judged it damaged keeps it byte-identical for its whole life, also once its own
@@ -139,7 +140,7 @@ def compact(layout: Layout, tracks: dict[str, Track], *, start: int, pinned: lis
             "No snapshot is written while it is so, and the next intloom start refuses the "
             "store until it is put right as the cause says (nothing is lost).")) from None
     try:
-        written = _snapshot_all(layout, tracks, segment, at_once, refused, stop)
+        written = _snapshot_all(layout, tracks, segment, at_once, refused, stop, writer)
     except (OSError, IntloomError) as exc:
         raise NotSummarised("snapshots", _cause(exc)) from None
     try:
@@ -164,7 +165,8 @@ _Folded = dict[str, tuple[RunState | None, Status, str | None, int]]
 
 def _snapshot_all(layout: Layout, tracks: dict[str, Track], segment: int, at_once: bool,
                   kept: dict[str, FileProblem],
-                  stop: threading.Event | None = None) -> tuple[_Folded, str]:
+                  stop: threading.Event | None = None,
+                  writer: str = "") -> tuple[_Folded, str]:
     """Write every dirty Run's snapshot (``compact``): what each was folded to, and the
     time stamp they carry. A target (or an ended Run's live/ copy) that is not a private
     regular file of ours is left as it is and named in ``kept``: renamed over or unlinked,
@@ -191,7 +193,7 @@ def _snapshot_all(layout: Layout, tracks: dict[str, Track], segment: int, at_onc
         folded[run_id] = (state, status, problem, reached)
         snap = Snapshot(run_id=run_id, seq=state.seq if state else 0, status=status,
                         state=state, problem=problem, segment=segment, written_at=stamp,
-                        reached=reached, fold=FOLD_VERSION)
+                        reached=reached, fold=FOLD_VERSION, writer=writer)
         item = (name, encode_snapshot(snap))
         terminal = status == "ok" and state is not None and state.phase == "terminal"
         if not terminal:

@@ -21,7 +21,14 @@ from typing import Final, Literal
 import msgspec
 
 from intloom.errors import IntloomError
-from intloom.runtime.machine import FOLD_FIELDS, FOLD_VERSION, IllegalTransition, RunState, apply
+from intloom.runtime.machine import (
+    FOLD_FIELDS,
+    FOLD_VERSION,
+    IllegalTransition,
+    RunState,
+    apply,
+    newest_version,
+)
 from intloom.runtime.records import FORMAT_VERSION, Header, Record
 from intloom.store.depth import decode_record
 from intloom.store.files import (
@@ -110,6 +117,10 @@ class RunJournal(msgspec.Struct):
     # For a Run held only because a segment is gone that may have held its next record:
     # that segment (relative to the runtime directory), which the refusals name.
     lost: str | None = None
+    # The newest intloom package that wrote a segment holding any of its records read (their
+    # headers say; "" when none says): a Run a newer intloom continued is held by an older
+    # one (machine.unreadable), whose header names only the intloom that began it.
+    written_by: str = ""
 
 
 class FileProblem(msgspec.Struct, frozen=True):
@@ -1034,6 +1045,14 @@ def _judge_all(loaded: Loaded, scans: list[SegmentScan], live: dict[str, Snapsho
                 reached=max(f.seq for _, f in run_frames))
             run_hits = [*run_hits, _Hit(frame.seq, _where(scan, frame.offset), False,
                                         by.number)]
+        # Segments a start no longer reads (below the manifest's start) may hold records a
+        # newer intloom wrote: the snapshot it then wrote of the Run says so.
+        writers = {scan.header.package_version for scan, _ in run_frames
+                   if scan.header is not None and scan.header.package_version}
+        if snap is not None and snap.writer:
+            writers.add(snap.writer)
+        if writers:
+            journal.written_by = newest_version(writers)
         loaded.journals[run_id] = journal
         covered = snap.seq if snap is not None else 0
         if (mode == "restore" and _ended(journal) and run_id not in loaded.held

@@ -72,6 +72,10 @@ class Snapshot(msgspec.Struct, frozen=True, omit_defaults=True):
     # the key. A reader folds a Run whose snapshot has an older fold again from its records,
     # and holds one whose snapshot a newer fold wrote.
     fold: int = 0
+    # The intloom package that wrote it ("" before 2026-12-05). Only a Run with new records,
+    # or one read back from the log, gets a new snapshot: a newer intloom's snapshot says
+    # that intloom continued the Run, which an older one then holds (machine.unreadable).
+    writer: str = ""
 
 
 # The manifest's own format: 2 adds ``live``, 3 adds ``open`` (formats 1 and 2 are still

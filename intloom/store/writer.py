@@ -408,7 +408,8 @@ class Store:
                 compact(layout, store._tracks, start=store._number,
                         pinned=store._pinned, voids=store._voids, segment=store._number,
                         held=store._held, open_segment=store._number,
-                        write_manifest=not store._manifest_kept, at_once=True, kept=kept)
+                        write_manifest=not store._manifest_kept, at_once=True, kept=kept,
+                        writer=store.package_version)
                 store._start = store._number
             except NotSummarised as exc:
                 store._not_summarised(exc, "open")
@@ -416,7 +417,8 @@ class Store:
                     with contextlib.suppress(NotSummarised):
                         compact(layout, {}, start=store._start, pinned=store._pinned,
                                 voids=store._voids, segment=store._number,
-                                held=store._held, open_segment=store._number, kept=kept)
+                                held=store._held, open_segment=store._number, kept=kept,
+                                writer=store.package_version)
             store._tell_kept(kept)
         return store
 
@@ -1222,7 +1224,8 @@ class Store:
         try:
             compact(self.layout, {}, start=self._start, pinned=self._pinned,
                     voids=self._voids, segment=self._number, held=self._held,
-                    open_segment=self._number, write_manifest=not self._manifest_kept)
+                    open_segment=self._number, write_manifest=not self._manifest_kept,
+                    writer=self.package_version)
         except NotSummarised as exc:
             self._not_summarised(exc, "replacement")
 
@@ -1355,7 +1358,7 @@ class Store:
                 compact(self.layout, copies, start=start, pinned=pinned, voids=voids,
                         segment=segment, held=self._held, open_segment=start,
                         write_manifest=not self._manifest_kept, stop=self._closing,
-                        kept=planted)
+                        kept=planted, writer=self.package_version)
             except NotSummarised as exc:
                 # The manifest did not move: restores read more of the log, correctly.
                 self._not_summarised(exc, "rotation")
@@ -1433,7 +1436,8 @@ class Store:
         try:
             compact(self.layout, self._tracks, start=start, pinned=self._pinned,
                     voids=self._voids, segment=self._number, held=self._held,
-                    write_manifest=not self._manifest_kept, at_once=True, kept=kept)
+                    write_manifest=not self._manifest_kept, at_once=True, kept=kept,
+                    writer=self.package_version)
         except NotSummarised as exc:
             self._not_summarised(exc, "stop")
         self._tell_kept(kept)

@@ -171,3 +171,45 @@ def test_the_files_of_a_newer_intlooms_host_that_died_do_not_say_to_signal_its_p
         (state / name).rename(state / f"{name}.moved")
     ok(project.cli("start", "--json"))
     ok(project.cli("stop", "--json"))
+
+
+def _later_version(tmp_path: Path) -> dict[str, str]:
+    """A later intloom of the same socket protocol: only its package version differs."""
+    return later_intloom(tmp_path, {
+        "__init__.py": (f'__version__ = "{__version__}"', '__version__ = "9.0.0"')})
+
+
+def test_a_run_a_newer_intloom_continued_is_held_by_an_older_one(
+    project: Project, tmp_path: Path,
+) -> None:
+    """A Run begun by this intloom and continued by a newer one (its answer taken, its
+    records and snapshot written by 9.0.0), then the newer one downgraded: only the Run's
+    header was asked, which names the intloom that began it, and this one restored the Run
+    and went on appending to a journal a newer intloom had written. A Run the newer one
+    began was held. Both are held now; a Run the newer one never touched restores."""
+    later = _later_version(tmp_path)
+    ok(project.cli("start", "--json"))
+    continued = ok(project.cli("flow", "example", "--intent", "one", "--json"))["run"]
+    untouched = ok(project.cli("flow", "example", "--intent", "two", "--json"))["run"]
+    ok(project.cli("stop", "--json"))
+    ok(project.cli("start", "--json", env=later))
+    answered = ok(project.cli("answer", continued["runId"], continued["pendingAction"]["id"],
+                              '{"isConfirmed": false, "feedback": "again"}', "--json",
+                              env=later))["run"]
+    assert answered["status"] == "waiting", answered
+    ok(project.cli("stop", "--json", env=later))
+
+    doctor = project.cli("doctor", "--json").json
+    assert "continued by intloom 9.0.0, newer than this" in str(doctor), doctor
+    ok(project.cli("start", "--json"))
+    runs = {run["runId"]: run for run in ok(project.cli("runs", "--json"))["runs"]}
+    assert continued["runId"] not in runs, runs  # held, not restored
+    assert runs[untouched["runId"]]["status"] == "waiting", runs
+    refused = project.cli("answer", continued["runId"], answered["pendingAction"]["id"],
+                          '{"isConfirmed": true}', "--json")
+    assert refused.code == 1, refused.stdout
+    error = refused.json["error"]
+    assert error["code"] == "JOURNAL_INCOMPATIBLE", error
+    assert (f"incompatible package: begun by intloom {__version__}, continued by intloom "
+            f"9.0.0, newer than this {__version__}; upgrade intloom") in error["message"], error
+    ok(project.cli("stop", "--json"))

@@ -36,7 +36,7 @@ RECORD_FIELDS = {
     "terminal": {"status", "error", "dismissed"},
 }
 SNAPSHOT = {"run_id", "seq", "status", "state", "problem", "segment", "written_at", "format",
-            "reached", "fold"}
+            "reached", "fold", "writer"}
 MANIFEST = ["format", "start", "pinned", "voids", "updatedAt", "live", "open", "checksum"]
 
 
