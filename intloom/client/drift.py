@@ -24,6 +24,7 @@ from intloom.authoring.identity import Trees, workflow_identity
 from intloom.errors import IntloomError
 from intloom.project import link_loop, load_config
 from intloom.protocol.messages import PROTOCOL, ServiceView, WorkflowInfo
+from intloom.runtime.records import PROTOCOL_VERSION as WORKFLOW_PROTOCOL
 
 __all__ = ["SourceChange", "against_host", "changed_tree", "since_log", "since_start"]
 
@@ -112,10 +113,21 @@ def since_start(root: Path, service: ServiceView, flows: list[WorkflowInfo]
             out.append(SourceChange(
                 source, "unlisted",
                 f"{source} is no longer listed in intloom.toml; {runs}.", names))
-    # The identity hashes the protocol version in: another intloom's would differ for every
-    # tree, edited or not.
-    if service.package_version != __version__ or service.protocol_version != PROTOCOL:
-        return out
+    # The identity hashes the Workflow protocol in: an intloom of another one computes
+    # another identity for every tree, edited or not. One of the same (a host that says
+    # its own) computes the same: an upgrade must not hide that a Workflow was edited,
+    # which holds its Runs at the next start.
+    if service.workflow_protocol:
+        if service.workflow_protocol != WORKFLOW_PROTOCOL:
+            out.append(SourceChange(
+                "intloom", "intloom",
+                f"The host runs Workflow protocol {service.workflow_protocol}; the intloom "
+                f"installed now runs {WORKFLOW_PROTOCOL}, so the next start holds every "
+                "unfinished Run (\"incompatible protocol\"): finish or cancel them first, or "
+                f"keep intloom {service.package_version}."))
+            return out
+    elif service.package_version != __version__ or service.protocol_version != PROTOCOL:
+        return out  # a host too old to say its Workflow protocol: identities not comparable
     trees: Trees = {}  # each source tree read once, for all the Workflows that share it
     for source, infos in loaded.items():
         if os.path.normpath(source) not in listed:

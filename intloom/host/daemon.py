@@ -66,6 +66,7 @@ from intloom.protocol.messages import (
     StoreProblem,
     WorkflowProblem,
 )
+from intloom.runtime.records import PROTOCOL_VERSION as WORKFLOW_PROTOCOL
 from intloom.store.files import ensure_dir, lock_dir
 
 __all__ = ["Host", "HostOptions"]
@@ -951,6 +952,7 @@ class Host:
             store_problems=store_problems[:self.options.restore_listed],
             store_problems_omitted=max(0, len(store_problems) - self.options.restore_listed),
             config_port=self.config_port,
+            workflow_protocol=WORKFLOW_PROTOCOL,
         )
 
     def _listed(self, summary: RestoreSummary) -> RestoreSummary:

@@ -300,6 +300,11 @@ class ServiceView(msgspec.Struct, frozen=True, rename="camel"):
     # when start was given --port: what changed on disk since is judged against it
     # (client/drift.py). Absent from a host of an intloom before it.
     config_port: int | msgspec.UnsetType | None = msgspec.UNSET
+    # The Workflow protocol the host's identities hash in (``runtime.records.
+    # PROTOCOL_VERSION``): an intloom installed since with the same one computes the same
+    # identities, so edits to the Workflows are still told (client/drift.py). "" from a host
+    # of an intloom before it (added 2026-12-05).
+    workflow_protocol: str = ""
 
 
 class WorkflowInfo(msgspec.Struct, frozen=True, rename="camel"):

@@ -124,6 +124,32 @@ def test_another_intlooms_host_is_not_judged_by_identity(tmp_path: Path) -> None
     assert [c.change for c in since_start(root, _service(root), flows)] == ["listed", "edited"]
 
 
+def test_an_upgraded_intloom_of_the_same_workflow_protocol_still_tells_an_edit(
+        tmp_path: Path) -> None:
+    """After pip install -U while a host ran, status said only that another intloom was
+    installed, and to stop and start to load it: a Workflow edited meanwhile, whose Runs
+    that start then held, went unsaid. A host that says its Workflow protocol is judged by
+    identity when it is this intloom's; when it is not, every unfinished Run is said to be
+    held by the next start."""
+    from intloom.runtime.records import PROTOCOL_VERSION
+
+    root = _project(tmp_path, "wf/a")
+    flows = [_loaded(root, "wf/a", "a")]
+    (root / "wf" / "a" / "__init__.py").write_text("# edited\n")
+    same = msgspec.structs.replace(_service(root, version="0.0.1"),
+                                   workflow_protocol=PROTOCOL_VERSION)
+    changes = since_start(root, same, flows)
+    assert [(c.source, c.change) for c in changes] == [("intloom", "intloom"),
+                                                      ("wf/a", "edited")], changes
+    other = msgspec.structs.replace(same, workflow_protocol="2000-01-01")
+    changes = since_start(root, other, flows)
+    assert [(c.source, c.change) for c in changes] == [("intloom", "intloom")] * 2, changes
+    assert changes[1].message == (
+        f"The host runs Workflow protocol 2000-01-01; the intloom installed now runs "
+        f"{PROTOCOL_VERSION}, so the next start holds every unfinished Run (\"incompatible "
+        "protocol\"): finish or cancel them first, or keep intloom 0.0.1.")
+
+
 def test_a_source_gone_from_disk_is_said_to_be_gone(tmp_path: Path) -> None:
     root = _project(tmp_path, "wf/a")
     flows = [_loaded(root, "wf/a", "a")]
