@@ -43,7 +43,11 @@ __all__ = [
 # The on-disk journal format. Bump on any change a reader of the old version would
 # misread; docs/format.md and CHANGELOG.md say what changed.
 FORMAT_VERSION: Final = 1
-# The Workflow protocol version, hashed into every Workflow identity.
+# The Workflow protocol version, hashed into every Workflow identity. Raise it (a date) with
+# any change of what Workflow code receives or may return (``StepContext``, ``Recovery``,
+# ``AgentResult``, answers' shapes): a Run begun under the old one is then held, not handed
+# values its code does not expect. 2026-12-03's ``Recovery.action.kind`` values did not
+# raise it (CHANGELOG, "Socket protocol 2").
 PROTOCOL_VERSION: Final = "2026-11-30"
 # What a format-1 header record that leaves out ``format`` or ``protocol`` (the writer omits a
 # field at its default) was written with: format 1's, fixed when it was defined. Tied to the
