@@ -17,7 +17,8 @@ how many Run ids each of a reply's restore lists names (and store problems it li
 sends the host SIGNAL at that point of its start (``listening``: before service.json is
 written; ``published``: right after), ``INTLOOM_TEST_HOLD_PUBLISHED=PATH`` holds the start
 right after service.json is written until PATH exists, ``INTLOOM_TEST_HOLD_UNLISTENED=PATH``
-holds a stop right after it closes its listener until PATH exists, and
+holds a stop right after it closes its listener until PATH exists (each set one is logged
+as ``test_hooks_armed`` at the start), and
 ``INTLOOM_TEST_PORTS=LO-HI``
 confines a port-0 bind to those ports.
 """
@@ -83,10 +84,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     try:
         root = find_root(Path(args.project), explicit=True)
+        options = with_test_hooks(HostOptions(root=root, port=args.port, strict=args.strict))
     except IntloomError as exc:
         _report_early(args.ready_fd, exc.code, exc.message)
         return 1
-    options = with_test_hooks(HostOptions(root=root, port=args.port, strict=args.strict))
     return Host(options, ReadyChannel(args.ready_fd)).run(own_process=True)
 
 

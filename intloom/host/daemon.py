@@ -282,16 +282,39 @@ _TEST_LIMITS: Final[tuple[tuple[str, str, Callable[[str], Any]], ...]] = (
 
 def with_test_hooks(options: HostOptions) -> HostOptions:
     """``options`` with the test-only knobs set in the environment (``intloom.host``'s
-    docstring lists them): shorter timeouts, a lower connection cap, a shorter grace."""
+    docstring lists them): shorter timeouts, a lower connection cap, a shorter grace. A
+    value that is not a number is INVALID_REQUEST naming the variable (it failed the start
+    CLI_INTERNAL_ERROR, exit 70, naming nothing)."""
     limits = options.limits
-    for name, attribute, kind in _TEST_LIMITS:
-        if os.environ.get(name):
-            limits = msgspec.structs.replace(limits, **{attribute: kind(os.environ[name])})
-    grace = os.environ.get("INTLOOM_TEST_SUSPEND_GRACE")
-    listed = os.environ.get("INTLOOM_TEST_RESTORE_LISTED")
-    return msgspec.structs.replace(
-        options, limits=limits, suspend_grace=float(grace) if grace else options.suspend_grace,
-        restore_listed=int(listed) if listed else options.restore_listed)
+    knobs: tuple[tuple[str, str, Callable[[str], Any]], ...] = (
+        *_TEST_LIMITS, ("INTLOOM_TEST_SUSPEND_GRACE", "suspend_grace", float),
+        ("INTLOOM_TEST_RESTORE_LISTED", "restore_listed", int))
+    values: dict[str, Any] = {}
+    for name, attribute, kind in knobs:
+        text = os.environ.get(name)
+        if not text:
+            continue
+        try:
+            values[attribute] = kind(text)
+        except ValueError:
+            raise IntloomError(
+                "INVALID_REQUEST",
+                f"{name}={text!r} is not {'an integer' if kind is int else 'a number'}. It is "
+                f"a test-only setting of the host: unset it (unset {name}) and start again.",
+            ) from None
+    for _name, attribute, _kind in _TEST_LIMITS:
+        if attribute in values:
+            limits = msgspec.structs.replace(limits, **{attribute: values.pop(attribute)})
+    return msgspec.structs.replace(options, limits=limits, **values)
+
+
+def armed_test_hooks() -> list[str]:
+    """The test-only environment variables set for this host (``INTLOOM_TEST_*`` and
+    ``INTLOOM_FAULT``), each ``NAME=VALUE``: logged at its start, since a stray export of one
+    changes what the host does (a lower connection cap, an injected crash) and said so
+    nowhere."""
+    return sorted(f"{name}={value[:200]}" for name, value in os.environ.items()
+                  if value and (name.startswith("INTLOOM_TEST_") or name == "INTLOOM_FAULT"))
 
 
 def _start_hooks(where: str) -> None:
@@ -740,6 +763,9 @@ class Host:
         log = self.log  # its first line is written: HostLog.open raises otherwise
         self.ready.progress("log_opened")
         log.info("service_starting", port=opts.port, strict=opts.strict)
+        hooks = armed_test_hooks()
+        if hooks:
+            log.warning("test_hooks_armed", hooks=hooks)
         config = load_config(self.paths.root)
         self.config_port = config.port
         saved = self.ownership.saved_connection()

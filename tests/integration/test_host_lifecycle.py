@@ -616,3 +616,24 @@ def test_doctor_gives_a_live_host_whose_connection_json_is_gone_a_way_out_that_w
     assert check.next is not None and "intloom recover" not in check.next, check.next
     assert f"kill -TERM {pid}" in check.next, check.next
     assert stop_service(project.root) is True
+
+
+def test_a_test_only_setting_is_logged_and_a_bad_one_named(
+        project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The INTLOOM_TEST_* and INTLOOM_FAULT settings change what a host does (a lower
+    connection cap, an injected crash) and a stray export of one said so nowhere; one that
+    was not a number failed the start CLI_INTERNAL_ERROR (exit 70), naming nothing."""
+    monkeypatch.setenv("INTLOOM_TEST_HELLO_TIMEOUT", "abc")
+    failed = project.cli("start", "--json")
+    assert failed.code == 1, (failed.stdout, failed.stderr)
+    error = failed.json["error"]
+    assert error["code"] == "INVALID_REQUEST", error
+    assert error["message"] == (
+        "INTLOOM_TEST_HELLO_TIMEOUT='abc' is not a number. It is a test-only setting of the "
+        "host: unset it (unset INTLOOM_TEST_HELLO_TIMEOUT) and start again."), error
+    monkeypatch.setenv("INTLOOM_TEST_HELLO_TIMEOUT", "20")
+    start(project)
+    lines = [json.loads(line) for line in project.cli("logs", "--json").stdout.splitlines()]
+    armed = [line for line in lines if line["event"] == "test_hooks_armed"]
+    assert len(armed) == 1 and "INTLOOM_TEST_HELLO_TIMEOUT=20" in armed[0]["hooks"], armed
+    assert armed[0]["level"] == "warning"
