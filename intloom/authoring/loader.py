@@ -106,8 +106,13 @@ class _FromSource(importlib.machinery.SourceFileLoader):
             cached: str | None = importlib.util.cache_from_source(self.path)
         except NotImplementedError:  # an interpreter without a cache tag
             cached = None
+        # Whom the source may be read by: its cache may be read by no one else.
+        try:
+            readable = os.stat(self.path).st_mode & 0o044
+        except OSError:
+            readable = 0
         if cached is not None:
-            code = _cached_code(cached, key)
+            code = _cached_code(cached, key, readable)
             if code is not None:
                 return code
         code = self.source_to_code(source, self.path)
@@ -116,24 +121,23 @@ class _FromSource(importlib.machinery.SourceFileLoader):
             # writable by others, whatever the umask (0o666 & ~umask): _cached_code takes no
             # such file. Nor readable by those the source is not: a private source's code
             # (an API key in it, say) was cached 0644 for every user to read.
-            try:
-                readable = os.stat(self.path).st_mode & 0o044
-            except OSError:
-                readable = 0
             self.set_data(cached, importlib.util.MAGIC_NUMBER
                           + _HASH_PYC_FLAGS.to_bytes(4, "little") + key + marshal.dumps(code),
                           _mode=0o600 | readable)
         return code
 
 
-def _cached_code(cached: str, key: bytes) -> CodeType | None:
+def _cached_code(cached: str, key: bytes, readable: int = 0o044) -> CodeType | None:
     """The code in ``cached`` when it is a hash-based .pyc of this Python for source whose
     hash is ``key``, else None (absent, timestamp-based, stale, foreign or damaged).
 
     Only a file of this user's that no one else may write is taken: its source hash says
     which source it claims to be compiled from, not that its code is that source's. A host
     started under a lax umask (000) left ``__pycache__`` writable by all, and another user's
-    .pyc carrying the right hash ran their code in every later start and doctor."""
+    .pyc carrying the right hash ran their code in every later start and doctor. Nor one
+    that others may read beyond ``readable`` (the source's group and other read bits): not
+    taken, it is written again with the source's (a 0600 source's cache, written 0644 by an
+    intloom before 2026-12-05, or before a ``chmod`` of the source, stayed readable)."""
     try:
         fd = os.open(cached, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
@@ -141,7 +145,8 @@ def _cached_code(cached: str, key: bytes) -> CodeType | None:
     try:
         st = os.fstat(fd)
         if (not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid()
-                or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)):
+                or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+                or st.st_mode & 0o044 & ~readable):
             return None
         with open(fd, "rb", closefd=False) as fh:
             data = fh.read()

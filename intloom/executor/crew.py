@@ -179,14 +179,15 @@ class Crews:
                     tag = gen.send(None) if throw is None else gen.throw(throw)
                 except StopIteration as stop:
                     self._leave(crew, member, True, stop.value)
-                    del member, gen
+                    del member, gen, throw
                 except BaseException as exc:  # delivered to the Run's task
                     self._leave(crew, member, False, exc)
                     # Its traceback holds this frame: with these locals still set, the frame
-                    # held the member, its future, that exception and so the frames of the
-                    # Step that raised (its locals: a State of megabytes) in a cycle, freed
-                    # only by a full collection, which an idle host may not run for hours.
-                    del member, gen
+                    # held the member, its future, that exception (``throw``, when a failed
+                    # flush was thrown in) and so the frames of the Step that raised (its
+                    # locals: a State of megabytes) in a cycle, freed only by a full
+                    # collection, which an idle host may not run for hours.
+                    del member, gen, throw
                 else:
                     member.tag = tag
                     lock.acquire()
@@ -213,6 +214,9 @@ class Crews:
             for member, raised in zip(due, failed, strict=True):
                 member.tag = None
                 member.throw = raised
+            # The failures are the members' now: held here too, a Run that raises one again
+            # (a failed checkpoint) would tie this frame to it, as above.
+            del failed, raised, member
             lock.acquire()
             try:
                 crew.queue.extendleft(reversed(due))  # the same order as before, arrivals after

@@ -413,9 +413,12 @@ class Server:
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
-        if len(self._unproven) >= self.limits.max_unproven:
+        if self._unproven and len(self._unproven) >= max(1, self.limits.max_unproven):
             oldest, its_writer = next(iter(self._unproven.items()))
             del self._unproven[oldest]
+            # Counted out now, not when its session ends: this connection takes its place.
+            self._sessions.discard(oldest)
+            self._control.discard(oldest)
             self._refused("unproven_evicted", limit=self.limits.max_unproven)
             its_writer.transport.abort()  # its session ends at its next read
         control = len(self._sessions) - len(self._control) >= self.limits.max_connections

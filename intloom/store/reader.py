@@ -639,10 +639,11 @@ def _older_fold(snap: Snapshot, folded: RunState) -> bool:
 
 
 def _unfinished_fold(snap: Snapshot | None) -> int:
-    """The fold of ``snap``'s state when it is an unfinished Run's ok snapshot (whose fold a
-    restart decides by), else ``FOLD_VERSION``: nothing to fold again or hold."""
-    if (snap is None or snap.status != "ok" or snap.state is None
-            or snap.state.phase == "terminal"):
+    """The fold of ``snap``'s state when it is an unfinished Run's snapshot that a read goes
+    on from (an ok one, or a corrupt one judged again: ``_judge``), whose fold a restart
+    decides by; else ``FOLD_VERSION``: nothing to fold again or hold."""
+    if (snap is None or snap.state is None or snap.state.phase == "terminal"
+            or not (snap.status == "ok" or (snap.status == "corrupt" and snap.reached > 0))):
         return FOLD_VERSION
     return snap.fold
 
@@ -1392,6 +1393,19 @@ def _judge(loaded: Loaded, run_id: str, frames: list[tuple[SegmentScan, Frame]],
     # removes a segment), when the read gives it from its first record.
     from_scratch = snap is None or (
         (mode == "verify" or fold < FOLD_VERSION) and bool(frames) and frames[0][1].seq == 1)
+    if fold < FOLD_VERSION and not from_scratch and mode == "restore" and snap is not None:
+        # Its first records are gone or damaged: going on from the snapshot would trust
+        # the defaults it says for what a restart decides by (a recover's effect: called
+        # again), and a snapshot written now would stamp them this fold's.
+        first = frames[0][1].seq if frames else snap.seq + 1
+        return RunJournal(
+            run_id, snap.state, "incompatible",
+            f"its snapshot (snap/live/{snapshot_name(run_id)}) was written by an older "
+            f"intloom (fold {fold}; this intloom's is {FOLD_VERSION}), which did not record "
+            "all that a restart decides by, and the log cannot fold it again: its records "
+            f"1..{first - 1} are not in the log (intloom verify says why); put back the "
+            "segments that held them, or continue or end the Run with the intloom that "
+            "wrote the snapshot")
     state: RunState | None = None if from_scratch or snap is None else snap.state
     covered = 0 if snap is None else snap.seq
     expected = 1 if from_scratch else covered + 1

@@ -73,8 +73,9 @@ class Snapshot(msgspec.Struct, frozen=True, omit_defaults=True):
     # and holds one whose snapshot a newer fold wrote.
     fold: int = 0
     # The intloom package that wrote it ("" before 2026-12-05). Only a Run with new records,
-    # or one read back from the log, gets a new snapshot: a newer intloom's snapshot says
-    # that intloom continued the Run, which an older one then holds (machine.unreadable).
+    # or one read back from the log (its snapshot lost or damaged, or of an older fold), gets
+    # a new snapshot: a newer intloom's snapshot says that intloom continued the Run, or at
+    # least folded it, and an older one then holds it (machine.unreadable).
     writer: str = ""
 
 

@@ -459,3 +459,53 @@ def test_a_step_that_raised_leaves_nothing_of_its_frame_once_its_run_failed(
     finally:
         if collecting:
             gc.enable()
+
+
+class _Weak(msgspec.Struct, weakref=True):
+    n: int = 0
+
+
+@pytest.mark.timeout(30)
+def test_a_run_a_failed_checkpoint_ended_on_a_thread_leaves_nothing_of_its_steps(
+        tmp_path: Path) -> None:
+    # The failed flush was thrown into the Run's Step loop, which raised it again: its
+    # traceback held the crew's frame, whose locals still held that exception, and so the
+    # Step loop's frame and the State it had set, until a full collection.
+    from intloom.store import FaultPlan
+
+    held: list[Any] = []
+    wf = intloom.Workflow("fails", version="1")
+    stage = wf.stage("s", state=_Weak)
+
+    @stage.step("tick", routes={"again": "tick", "done": intloom.COMPLETE})
+    def tick(ctx: intloom.StepContext[_Weak]) -> str:
+        ctx.state = _Weak(n=ctx.state.n + 1)
+        held.append(weakref.ref(ctx.state))
+        return "again" if ctx.state.n < 50 else "done"
+
+    wf.validate()
+    lw = LoadedWorkflow(wf, "test.py", "id-fails", wf.schemas())
+
+    async def main() -> None:
+        store = open_store(tmp_path / "runtime", faults=FaultPlan(fail_sync=frozenset({4})))
+        try:
+            rt = Runtime({lw.name: lw}, store, package_version="0.1.0")
+            rt.restore([])
+            view = await rt.create_run(lw.name, "test")
+            final = await asyncio.wait_for(rt.wait_stable(view.run_id), 20)
+            assert final.last_error is not None, final
+            assert final.last_error.code == "RUN_CHECKPOINT_FAILED", final
+            assert rt.runs[view.run_id].steps_on_thread > 0
+            await _until(lambda: all(ref() is None for ref in held),
+                         "the failed Run's States to be freed", 5.0)
+            assert held
+        finally:
+            await store.close()
+
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        asyncio.run(main())
+    finally:
+        if collecting:
+            gc.enable()

@@ -115,6 +115,26 @@ def test_a_cache_is_readable_by_no_one_the_source_is_not_readable_by(
     assert _version(_FromSource("secret", str(src)).get_code("secret")) == "sk-1"
 
 
+def test_a_cache_readable_beyond_its_source_is_written_again_to_its_mode(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cache written 0644 (by an intloom before the fix, or before the source was made
+    private) stayed readable by every user: it was taken as it was, never written again."""
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    src = tmp_path / "secret.py"
+    src.write_text('VERSION = "sk-2"\n')
+    src.chmod(0o644)
+    old = os.umask(0o022)
+    try:
+        assert _version(_FromSource("secret", str(src)).get_code("secret")) == "sk-2"
+        cached = Path(importlib.util.cache_from_source(str(src)))
+        assert cached.stat().st_mode & 0o777 == 0o644
+        src.chmod(0o600)
+        assert _version(_FromSource("secret", str(src)).get_code("secret")) == "sk-2"
+    finally:
+        os.umask(old)
+    assert cached.stat().st_mode & 0o777 == 0o600, oct(cached.stat().st_mode)
+
+
 def test_no_cache_is_written_where_bytecode_writing_is_off(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """doctor and inspect write nothing (they turn bytecode writing off)."""

@@ -539,3 +539,54 @@ def test_a_void_notice_after_other_runs_frames_is_not_obeyed_by_inspect_either(
     a = by_id(verify_report(root).runs)["RUN-A"]
     assert a.status == "corrupt" and "a notice no writer writes there" in (a.problem or ""), a
     assert [e.verdict for e in read_history(root, "RUN-A")] == ["ok"] * 6
+
+
+def test_an_older_folds_snapshot_whose_run_cannot_be_folded_again_is_held(
+    tmp_path: Path,
+) -> None:
+    """A snapshot an older intloom wrote says the defaults for what its fold did not derive;
+    a start folds that Run again from its first record. With record 1 damaged it went on
+    from the snapshot instead, trusting those defaults, and the snapshot it then wrote was
+    stamped this fold's, so no later start looked again. The Run is held, naming why."""
+    from intloom.runtime.records import (
+        OUTCOME_UNKNOWN,
+        EffectDone,
+        EffectStarted,
+        Executing,
+        StagePending,
+        StepReady,
+    )
+    from intloom.store.snapshots import encode_snapshot, read_snapshot, snapshot_name
+    from tests.unit.test_store_support import flip, frames_of, header
+
+    root = tmp_path / "runtime"
+    store = open_store(root)
+    for record in (header("RUN-1"), StagePending(at="t", stage="a"),
+                   StepReady(at="t", stage="a", step="s1"), Executing(at="t", stage="a", step="s1"),
+                   EffectStarted(at="t1", name="slow", key="slow#1"),
+                   EffectDone(at="t2", name="slow", key="slow#1", ok=False,
+                              error=f"CancelledError: a timeout; {OUTCOME_UNKNOWN}")):
+        store.append("RUN-1", record)
+        store.sync_blocking()
+    store.close_blocking()
+    path = root / "snap" / "live" / snapshot_name("RUN-1")
+    snap = read_snapshot(path)
+    assert snap is not None and snap.state is not None and snap.fold == 1
+    older = msgspec.structs.replace(snap, fold=0, state=msgspec.structs.replace(
+        snap.state, last_effect_unknown=False))
+    path.chmod(0o600)
+    path.write_bytes(encode_snapshot(older))
+    path.chmod(0o400)
+    segment = next(seg for seg in sorted((root / "wal").glob("*.seg"))
+                   if frames_of(seg, "RUN-1"))
+    first = frames_of(segment, "RUN-1")[0]
+    flip(segment, first.end - 2)  # record 1's payload
+    [run] = [j for j in read_runs_report(root).runs if j.run_id == "RUN-1"]
+    assert run.status == "incompatible", run
+    assert ("was written by an older intloom (fold 0; this intloom's is 1), which did not "
+            "record all that a restart decides by, and the log cannot fold it again: its "
+            "records 1..1 are not in the log") in (run.problem or ""), run
+    # Readable from its first record, it is folded again instead (and restores).
+    flip(segment, first.end - 2)
+    [run] = [j for j in read_runs_report(root).runs if j.run_id == "RUN-1"]
+    assert run.status == "ok" and run.state is not None and run.state.last_effect_unknown, run
