@@ -343,7 +343,34 @@ def _busy(paths: ProjectPaths) -> IntloomError:
                "answers). Run intloom doctor; use intloom recover only after its owner has "
                "exited.")
     taken = _taken_after_exit(paths)
+    if taken is None:
+        gone = _gone_owners(paths)
+        if gone is not None:
+            # Said as stop says it: the newcomer who ran start straight after a kill -9 was
+            # told only "locked ... run doctor", as if something still held the project.
+            pids = ", ".join(str(pid) for pid in gone)
+            taken = (f"Its host (pid {pids}) has exited: it was killed or crashed, and left "
+                     "its files behind. Run intloom recover, then intloom start.")
     return IntloomError("CLI_SERVICE_BUSY", message if taken is None else f"{message} {taken}")
+
+
+def _gone_owners(paths: ProjectPaths) -> list[int] | None:
+    """The pids the project's metadata names when every one has provably exited (the
+    recover a refusal sends the reader to then cleans up), else None: one alive, one that
+    cannot be judged, or a file that does not read (doctor names it)."""
+    try:
+        lock = read_lock(paths.service_lock)
+        info = read_service(paths.service_json, paths.root)
+    except IntloomError:
+        return None
+    owners: list[tuple[int, float, str | None]] = []
+    if lock is not None:
+        owners.append((lock.pid, lock.create_time, lock.boot_id))
+    if info is not None:
+        owners.append((info.pid, info.create_time, None))
+    if not owners or not all(_owner_gone(paths, *owner) for owner in owners):
+        return None
+    return sorted({pid for pid, _, _ in owners})
 
 
 def _taken_after_exit(paths: ProjectPaths, *, lead: bool = True) -> str | None:

@@ -38,6 +38,11 @@ def test_sigkill_then_stop_is_busy_and_every_file_is_byte_identical(project: Pro
         start_service(project.root)
     assert again.value.code == "CLI_SERVICE_BUSY"
     assert "intloom doctor" in again.value.message
+    # And, as stop says it, that the host is gone and what to run (it said only "locked").
+    pid = json.loads((project.state / "service.lock").read_text())["pid"]
+    assert again.value.message.endswith(
+        f"Its host (pid {pid}) has exited: it was killed or crashed, and left its files "
+        "behind. Run intloom recover, then intloom start."), again.value.message
     assert snapshot_files(project.root) == before
 
 
