@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -438,3 +439,67 @@ def test_attach_whose_stream_was_never_opened_says_so_not_that_it_read_too_slowl
     assert "RUN_INTERRUPTED" in out, out
     assert "too slowly" not in err and "follower_too_slow" not in err, err
     assert f"The event stream of Run {run_id} could not be opened (" in err, err
+
+
+GATED = """
+import os
+import pathlib
+import time
+
+import intloom
+
+wf = intloom.Workflow("gated", version="1")
+main = wf.stage("main")
+
+
+@main.step("ask", routes={"yes": "work", "no": intloom.COMPLETE})
+async def ask(ctx: intloom.StepContext[None]) -> str:
+    answer = await ctx.confirm({"go": ctx.intent})
+    return "yes" if answer.confirmed else "no"
+
+
+@main.step("work", routes={"done": intloom.COMPLETE})
+def work(ctx: intloom.StepContext[None]) -> str:
+    gate = pathlib.Path(ctx.intent)
+    pathlib.Path(str(gate) + ".working").touch()
+    deadline = time.monotonic() + 20  # the host is killed first; this keeps a failure short
+    while not gate.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return "done"
+"""
+
+
+@pytest.fixture
+def gated_project(tmp_path: Any) -> Iterator[Project]:
+    from tests.helpers import one_source_project, reaped
+
+    yield from reaped(one_source_project(tmp_path, "gated", GATED))
+
+
+def test_an_answer_whose_reply_a_kill_took_is_said_taken_when_the_stream_showed_it(
+        gated_project: Project) -> None:
+    """Answered at attach's prompt, the Run went on into a long Step, and the host was
+    killed: attach said "No reply came for the answer ... It was not replayed, since the
+    host may have acted on it ... check before retrying" under the very lines that showed
+    the answer taken and the next Step started, as if the answer might be lost."""
+    project = gated_project
+    gate = project.root / "gate"
+    working = project.root / "gate.working"
+    ok(project.cli("start", "--json"))
+    run = ok(project.cli("flow", "gated", "--intent", str(gate), "--json"))["run"]
+    asked = run["pendingAction"]["id"]
+    with Terminal(["--project", str(project.root), "attach", run["runId"]], project.root,
+                  timeout=PROMPT_DEADLINE) as term:
+        term.expect("Confirm? [y/n]: ")
+        term.type("y")
+        term.expect("Feedback (optional, Enter to skip): ")
+        term.type("")
+        eventually(working.exists, timeout=20, what="the Step after the confirmation to run")
+        project.kill_host()
+        code = term.finish()
+        shown = term.rest()
+    assert code == 1, term.text()
+    assert "No reply came for the answer" not in shown, term.text()
+    assert (f"The answer to {asked} was taken: the Run's events showed it answered, and "
+            "the Run went on to main/work.") in shown, term.text()
+    assert "Do not answer it again." in shown, term.text()

@@ -165,6 +165,7 @@ class _Follower(threading.Thread):
         self._printing = threading.Lock()
         self._closed = False
         self.broken = False  # the stream ended on an error, not on its final event or close()
+        self.answered: set[str] = set()  # the action ids the stream showed answered
         self.behind = False  # catch_up went ahead of the events (``behind_note``)
         self.broke_with: IntloomError | None = None  # that error
 
@@ -228,6 +229,9 @@ class _Follower(threading.Thread):
         """Note a shown event: how far the display has got."""
         with self._cond:
             self._seen.append(event.run)
+            detail = event.detail
+            if event.event == "answered" and isinstance(detail, dict):
+                self.answered.add(str(detail.get("actionId")))
             self._caught_up = self._caught_up or event.caught_up or not event.history
             if event.final:
                 self.final = event.run
@@ -255,6 +259,11 @@ class _Follower(threading.Thread):
             if seen.updated_at > view.updated_at or _key(seen) == key:
                 return self._seen[i:]
         return []
+
+    def last_seen(self) -> RunView | None:
+        """The Run as the last event shown showed it (None before any)."""
+        with self._cond:
+            return self._seen[-1] if self._seen else None
 
     def last_word(self) -> RunView | None:
         """The Run as the stream's final event showed it, once the stream has ended (given
@@ -516,6 +525,11 @@ def _follow(state: CliState, client: Client, run_id: str,
             try:
                 view = client.answer(run_id, action.id, value)
             except IntloomError as exc:
+                if exc.code in _CONNECTION_LOST:
+                    follower.last_word()  # the stream's last events, if they are on their way
+                    if action.id in follower.answered:
+                        raise _answer_taken(run_id, action.id, follower.last_seen(),
+                                            exc) from None
                 if exc.code not in _RETRY_CODES:
                     raise
                 state.renderer.error(exc.view())
@@ -527,6 +541,26 @@ def _follow(state: CliState, client: Client, run_id: str,
         follower.close()
         if term is not None:
             term.close()
+
+
+def _answer_taken(run_id: str, action_id: str, last: RunView | None,
+                  exc: IntloomError) -> IntloomError:
+    """The answer's reply lost (the host killed while the Run went on with it) when the
+    stream had shown it answered: "No reply came for the answer ... the host may have acted
+    on it ... check before retrying" read as an answer maybe lost, under the very lines that
+    showed it taken."""
+    cursor = last.cursor if last is not None else None
+    went = (f", and the Run went on to {cursor.stage}/{cursor.step}"
+            if cursor is not None and cursor.step else "")
+    return IntloomError(
+        exc.code,
+        f"The answer to {action_id} was taken: the Run's events showed it answered{went}. "
+        "Then the connection to the host was lost before the Run's next wait or end, so "
+        f"what became of the Run after that is not known here. Run intloom status (after a "
+        f"crash, intloom doctor says what the next start does with it); intloom attach "
+        f"{run_id} shows where it got. Do not answer it again.",
+        retryable=False,
+    )
 
 
 def _attach_json(state: CliState, run_id: str) -> int:
