@@ -323,3 +323,25 @@ def test_workflows_sharing_a_directory_have_it_read_once_per_look(
     finally:
         project.track_host()
         project.reap()
+
+
+def test_flows_names_a_source_listed_since_the_host_started(project: Project) -> None:
+    """A source added to intloom.toml while the host ran: flows, where one looks first,
+    listed only what the host had loaded, with no word of the new entry (only flow of its
+    Workflow said it)."""
+    ok(project.cli("start", "--json"))
+    (project.root / "workflows" / "later").mkdir()
+    (project.root / "workflows" / "later" / "__init__.py").write_text(
+        NOTE.replace("NAME", "later"))
+    (project.root / "intloom.toml").write_text(
+        'workflows = ["workflows/note", "workflows/later"]\n')
+    listed = ok(project.cli("flows", "--json"))
+    assert [w["name"] for w in listed["workflows"]] == ["note"], listed
+    assert [(c["source"], c["change"]) for c in listed["changedSinceStart"]] == [
+        ("workflows/later", "listed")], listed
+    text = project.cli("flows")
+    assert text.code == 0, text.stderr
+    assert ("Changed  workflows/later is listed in intloom.toml; the host started before "
+            "and has not loaded it.") in text.stdout, text.stdout
+    assert "To load the change: intloom stop, then intloom start" in text.stdout
+    ok(project.cli("stop", "--json"))

@@ -9,7 +9,7 @@ import typer
 from intloom.cli import exit_codes
 from intloom.cli.inputs import interactive, read_answer, read_intent
 from intloom.cli.options import CliState, Interrupted, command, sigterm_as_ctrl_c
-from intloom.cli.render import asked_lines, named_runs, plain, run_lines, run_row
+from intloom.cli.render import asked_lines, changed_lines, named_runs, plain, run_lines, run_row
 from intloom.errors import BLANK_INTENT, IntloomError, error_view
 
 if TYPE_CHECKING:
@@ -185,14 +185,23 @@ def _not_loaded(state: CliState, client: Client, exc: IntloomError) -> IntloomEr
 @command
 def flows(state: CliState) -> None:
     """List the Workflows the host loaded, with their identity and readiness."""
+    from intloom.client.drift import since_start
+
     with state.client() as client:
         workflows = client.workflows()
+        # What intloom.toml and the sources say now, against what the host loaded at its
+        # start: a source listed since was in no list, and flows is where one looks first.
+        try:
+            changed = plain(since_start(state.root(), client.status(), workflows))
+        except IntloomError:
+            changed = []  # the host went meanwhile: what it loaded no longer matters
     renderer = state.renderer
     if renderer.json_mode:
-        renderer.document({"workflows": workflows})
+        renderer.document({"workflows": workflows, "changedSinceStart": changed})
         return
     if not workflows:
-        renderer.lines(["The current service has no Workflows. Add one to intloom.toml."])
+        renderer.lines(["The current service has no Workflows. Add one to intloom.toml.",
+                        *changed_lines(changed)])
         return
     rows = [
         [
@@ -205,6 +214,8 @@ def flows(state: CliState) -> None:
         for w in workflows
     ]
     renderer.table(["WORKFLOW", "VERSION", "READINESS", "IDENTITY", "SOURCE"], rows)
+    if changed:
+        renderer.lines(["", *changed_lines(changed)])
 
 
 @command
