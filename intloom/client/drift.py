@@ -179,7 +179,9 @@ def changed_tree(source: str, workflow: str | None = None) -> str:
     subject: a package, or the tree of a file source, its directory (the identity covers
     every Python file there and below). "workflows/example.py changed" was said of three
     listed files when only their shared helpers.py had."""
-    named = f"{source} ({workflow})" if workflow else source
+    # "triage (triage)": a package named as its Workflow needs no second name.
+    named = (f"{source} ({workflow})" if workflow and workflow != posixpath.basename(
+        source.rstrip("/")) else source)
     if not source.endswith((".py", ".pyi")):
         return named
     return f"the source tree of {named}, {posixpath.dirname(source) or '.'}/,"

@@ -210,11 +210,13 @@ def test_a_stop_names_the_sources_changed_since_its_host_loaded_them(tmp_path: P
     [change] = since_log(root, log)
     assert (change.source, change.change, change.workflow) == ("wf/a", "edited", "a")
     text = stop_lines(StopResult(stopped=True, cut=[], suspended=1, changed=[change]))
+    # Its Workflow is named once ("wf/a (a)" said it twice), and only the Runs that began
+    # with other code are said to be held: after an edit undone, none are.
     assert text[-1] == (
-        "But wf/a (a) changed since this host loaded it: the next start holds the unfinished "
-        "Runs of a (needs attention) rather than restoring them by the restart table, unless "
-        "the code they started with is put back; intloom doctor lists them and what a start "
-        "would do."), text
+        "But wf/a changed since this host loaded it: the next start holds those unfinished "
+        "Runs of a that began with other code than what is on disk now (needs attention) "
+        "rather than restoring them by the restart table; intloom doctor lists them and what "
+        "a start would do."), text
     # Another intloom's identities differ for every tree: nothing is judged from them.
     assert since_log(root, _host_log(root, _loaded(root, "wf/a", "a"), version="0.0.1")) == []
 
@@ -250,7 +252,8 @@ def test_file_sources_sharing_a_directory_name_their_tree_and_the_file_written(
     assert text[-1].startswith(
         "But the source tree of wf/a.py (a), wf/, changed since this host loaded it; the "
         "source tree of wf/b.py (b), wf/, changed since this host loaded it: the next start "
-        "holds the unfinished Runs of a, b (needs attention)"), text
+        "holds those unfinished Runs of a, b that began with other code than what is on "
+        "disk now (needs attention)"), text
 
 
 def test_a_stop_reads_what_its_host_loaded_only_from_a_regular_file(tmp_path: Path) -> None:

@@ -243,9 +243,12 @@ def _changed_since_load(changed: list[SourceChange]) -> str:
     whose = f"of {', '.join(names)} " if names else ""
     # "Rather than resuming them" promised a resume, with the code put back, to Runs the
     # restart table interrupts whatever their code (a wait on an Agent task).
-    return (f"But {'; '.join(facts)}: the next start holds the unfinished Runs {whose}(needs "
-            "attention) rather than restoring them by the restart table, unless the code they "
-            "started with is put back; intloom doctor lists them and what a start would do.")
+    # Not "unless the code they started with is put back": said after an edit was undone,
+    # of Runs whose code is the code on disk again, it told of a hold that never came.
+    return (f"But {'; '.join(facts)}: the next start holds those unfinished Runs {whose}that "
+            "began with other code than what is on disk now (needs attention) rather than "
+            "restoring them by the restart table; intloom doctor lists them and what a start "
+            "would do.")
 
 
 def _joined(lines: list[str]) -> list[str]:
