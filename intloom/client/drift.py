@@ -174,14 +174,20 @@ def since_start(root: Path, service: ServiceView, flows: list[WorkflowInfo]
     return out
 
 
+def named_source(source: str, workflow: str | None = None) -> str:
+    """``source``, and its ``workflow`` when that is not the source's own name: "triage
+    (triage)" named a package as its Workflow twice."""
+    if workflow and workflow != posixpath.basename(source.rstrip("/")):
+        return f"{source} ({workflow})"
+    return source
+
+
 def changed_tree(source: str, workflow: str | None = None) -> str:
     """What changed of an edited ``source`` (its ``workflow``, if named), as a sentence's
     subject: a package, or the tree of a file source, its directory (the identity covers
     every Python file there and below). "workflows/example.py changed" was said of three
     listed files when only their shared helpers.py had."""
-    # "triage (triage)": a package named as its Workflow needs no second name.
-    named = (f"{source} ({workflow})" if workflow and workflow != posixpath.basename(
-        source.rstrip("/")) else source)
+    named = named_source(source, workflow)
     if not source.endswith((".py", ".pyi")):
         return named
     return f"the source tree of {named}, {posixpath.dirname(source) or '.'}/,"

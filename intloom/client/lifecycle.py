@@ -345,13 +345,29 @@ def _busy(paths: ProjectPaths) -> IntloomError:
     taken = _taken_after_exit(paths)
     if taken is None:
         gone = _gone_owners(paths)
-        if gone is not None:
+        if gone is not None and _recoverable(paths):
             # Said as stop says it: the newcomer who ran start straight after a kill -9 was
             # told only "locked ... run doctor", as if something still held the project.
             pids = ", ".join(str(pid) for pid in gone)
             taken = (f"Its host (pid {pids}) has exited: it was killed or crashed, and left "
                      "its files behind. Run intloom recover, then intloom start.")
     return IntloomError("CLI_SERVICE_BUSY", message if taken is None else f"{message} {taken}")
+
+
+def _recoverable(paths: ProjectPaths) -> bool:
+    """Whether the recover a start refusal would send the reader to can clean up after a
+    host that exited: it reads the saved port from a valid ``connection.json`` (it refuses
+    without one), and a host that stopped as asked but kept its files, its log says why
+    (``service_files_kept``: an immutable file, a read-only ``.intloom/``), which recover
+    meets again. Otherwise doctor is the one to say what to do."""
+    try:
+        info = read_service(paths.service_json, paths.root)
+        if read_connection(paths.connection_json, paths.root) is None:
+            return False
+    except IntloomError:
+        return False
+    log = log_path(paths, info.log_file) if info is not None else None
+    return not _kept_by_log(log)
 
 
 def _gone_owners(paths: ProjectPaths) -> list[int] | None:

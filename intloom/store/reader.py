@@ -1397,15 +1397,18 @@ def _judge(loaded: Loaded, run_id: str, frames: list[tuple[SegmentScan, Frame]],
         # Its first records are gone or damaged: going on from the snapshot would trust
         # the defaults it says for what a restart decides by (a recover's effect: called
         # again), and a snapshot written now would stamp them this fold's.
+        if snap.status == "corrupt":  # held already: its own verdict says why
+            return RunJournal(run_id, snap.state, "corrupt", snap.problem,
+                              reached=snap.reached)
         first = frames[0][1].seq if frames else snap.seq + 1
         return RunJournal(
             run_id, snap.state, "incompatible",
             f"its snapshot (snap/live/{snapshot_name(run_id)}) was written by an older "
             f"intloom (fold {fold}; this intloom's is {FOLD_VERSION}), which did not record "
             "all that a restart decides by, and the log cannot fold it again: its records "
-            f"1..{first - 1} are not in the log (intloom verify says why); put back the "
-            "segments that held them, or continue or end the Run with the intloom that "
-            "wrote the snapshot")
+            f"1..{first - 1} are missing or damaged there (intloom verify says where); put "
+            "back the segments that held them, or continue or end the Run with the intloom "
+            "that wrote the snapshot")
     state: RunState | None = None if from_scratch or snap is None else snap.state
     covered = 0 if snap is None else snap.seq
     expected = 1 if from_scratch else covered + 1

@@ -500,6 +500,6 @@ def test_an_answer_whose_reply_a_kill_took_is_said_taken_when_the_stream_showed_
         shown = term.rest()
     assert code == 1, term.text()
     assert "No reply came for the answer" not in shown, term.text()
-    assert (f"The answer to {asked} was taken: the Run's events showed it answered, and "
+    assert (f"An answer to {asked} was taken: the Run's events showed it answered, and "
             "the Run went on to main/work.") in shown, term.text()
     assert "Do not answer it again." in shown, term.text()

@@ -341,7 +341,10 @@ def test_flows_names_a_source_listed_since_the_host_started(project: Project) ->
         ("workflows/later", "listed")], listed
     text = project.cli("flows")
     assert text.code == 0, text.stderr
+    # On stderr: stdout stays one line per Workflow for a script reading it.
     assert ("Changed  workflows/later is listed in intloom.toml; the host started before "
-            "and has not loaded it.") in text.stdout, text.stdout
-    assert "To load the change: intloom stop, then intloom start" in text.stdout
+            "and has not loaded it.") in text.stderr, text.stderr
+    assert "To load the change: intloom stop, then intloom start" in text.stderr
+    assert text.stdout.strip().splitlines()[-1].split()[0] == "note", text.stdout
+    assert "Changed" not in text.stdout
     ok(project.cli("stop", "--json"))

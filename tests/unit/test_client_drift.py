@@ -280,3 +280,20 @@ def test_a_stop_reads_what_its_host_loaded_only_from_a_regular_file(tmp_path: Pa
         reader.join(timeout=10)
         pytest.fail("since_log blocked on a FIFO at the host log's name")
     assert found == [[]]
+
+
+def test_a_stop_says_every_run_of_a_source_no_longer_listed_is_held() -> None:
+    """For a source no longer listed (or that cannot be loaded) the next start loads no
+    Workflow of it, and holds every one of its Runs whatever their code: "those that began
+    with other code" is said of an edit only."""
+    from intloom.cli.commands.service import stop_lines
+    from intloom.client.drift import SourceChange
+    from intloom.client.lifecycle import StopResult
+
+    change = SourceChange("triage", "unlisted", "triage is no longer listed", "triage")
+    text = stop_lines(StopResult(stopped=True, cut=[], suspended=1, changed=[change]))
+    assert text[-1] == (
+        "But triage is no longer listed in intloom.toml: the next start holds every "
+        "unfinished Run of triage (its Workflow is not loaded then; needs attention) rather "
+        "than restoring them by the restart table; intloom doctor lists them and what a "
+        "start would do."), text

@@ -585,7 +585,7 @@ def test_an_older_folds_snapshot_whose_run_cannot_be_folded_again_is_held(
     assert run.status == "incompatible", run
     assert ("was written by an older intloom (fold 0; this intloom's is 1), which did not "
             "record all that a restart decides by, and the log cannot fold it again: its "
-            "records 1..1 are not in the log") in (run.problem or ""), run
+            "records 1..1 are missing or damaged there") in (run.problem or ""), run
     # Readable from its first record, it is folded again instead (and restores).
     flip(segment, first.end - 2)
     [run] = [j for j in read_runs_report(root).runs if j.run_id == "RUN-1"]

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from intloom.cli.prompts import Terminal
     from intloom.client.client import Client
     from intloom.protocol.messages import RunEvent
-    from intloom.runtime.model import RunView
+    from intloom.runtime.model import PendingAction, RunView
 
 __all__ = ["attach"]
 
@@ -165,7 +165,7 @@ class _Follower(threading.Thread):
         self._printing = threading.Lock()
         self._closed = False
         self.broken = False  # the stream ended on an error, not on its final event or close()
-        self.answered: set[str] = set()  # the action ids the stream showed answered
+        self._answered: set[str] = set()  # the action ids the stream showed answered
         self.behind = False  # catch_up went ahead of the events (``behind_note``)
         self.broke_with: IntloomError | None = None  # that error
 
@@ -231,7 +231,7 @@ class _Follower(threading.Thread):
             self._seen.append(event.run)
             detail = event.detail
             if event.event == "answered" and isinstance(detail, dict):
-                self.answered.add(str(detail.get("actionId")))
+                self._answered.add(str(detail.get("actionId")))
             self._caught_up = self._caught_up or event.caught_up or not event.history
             if event.final:
                 self.final = event.run
@@ -259,6 +259,11 @@ class _Follower(threading.Thread):
             if seen.updated_at > view.updated_at or _key(seen) == key:
                 return self._seen[i:]
         return []
+
+    def was_answered(self, action_id: str) -> bool:
+        """Whether the stream showed ``action_id`` answered."""
+        with self._cond:
+            return action_id in self._answered
 
     def last_seen(self) -> RunView | None:
         """The Run as the last event shown showed it (None before any)."""
@@ -527,8 +532,8 @@ def _follow(state: CliState, client: Client, run_id: str,
             except IntloomError as exc:
                 if exc.code in _CONNECTION_LOST:
                     follower.last_word()  # the stream's last events, if they are on their way
-                    if action.id in follower.answered:
-                        raise _answer_taken(run_id, action.id, follower.last_seen(),
+                    if follower.was_answered(action.id):
+                        raise _answer_taken(run_id, action, follower.last_seen(),
                                             exc) from None
                 if exc.code not in _RETRY_CODES:
                     raise
@@ -543,18 +548,24 @@ def _follow(state: CliState, client: Client, run_id: str,
             term.close()
 
 
-def _answer_taken(run_id: str, action_id: str, last: RunView | None,
+def _answer_taken(run_id: str, action: PendingAction, last: RunView | None,
                   exc: IntloomError) -> IntloomError:
     """The answer's reply lost (the host killed while the Run went on with it) when the
     stream had shown it answered: "No reply came for the answer ... the host may have acted
     on it ... check before retrying" read as an answer maybe lost, under the very lines that
-    showed it taken."""
-    cursor = last.cursor if last is not None else None
-    went = (f", and the Run went on to {cursor.stage}/{cursor.step}"
-            if cursor is not None and cursor.step else "")
+    showed it taken. (An answer: another client's may have won the race; either way the
+    action is answered.)"""
+    asked, cursor = action.cursor, last.cursor if last is not None else None
+    went = ""
+    if cursor is not None and cursor.step:
+        where = f"{cursor.stage}/{cursor.step}"
+        went = (f", and its Step {where} went on with it"
+                if (cursor.stage, cursor.step) == (asked.stage, asked.step)
+                else f", and the Run went on to {where}")
+    action_id = action.id
     return IntloomError(
         exc.code,
-        f"The answer to {action_id} was taken: the Run's events showed it answered{went}. "
+        f"An answer to {action_id} was taken: the Run's events showed it answered{went}. "
         "Then the connection to the host was lost before the Run's next wait or end, so "
         f"what became of the Run after that is not known here. Run intloom status (after a "
         f"crash, intloom doctor says what the next start does with it); intloom attach "

@@ -199,9 +199,11 @@ def flows(state: CliState) -> None:
     if renderer.json_mode:
         renderer.document({"workflows": workflows, "changedSinceStart": changed})
         return
+    # On stderr: stdout stays one line per Workflow for a script that reads it.
     if not workflows:
-        renderer.lines(["The current service has no Workflows. Add one to intloom.toml.",
-                        *changed_lines(changed)])
+        renderer.lines(["The current service has no Workflows. Add one to intloom.toml."])
+        for line in changed_lines(changed):
+            renderer.note(line)
         return
     rows = [
         [
@@ -214,8 +216,8 @@ def flows(state: CliState) -> None:
         for w in workflows
     ]
     renderer.table(["WORKFLOW", "VERSION", "READINESS", "IDENTITY", "SOURCE"], rows)
-    if changed:
-        renderer.lines(["", *changed_lines(changed)])
+    for line in changed_lines(changed):
+        renderer.note(line)
 
 
 @command

@@ -231,10 +231,10 @@ def _changed_since_load(changed: list[SourceChange]) -> str:
     """"Run intloom start to resume them" is not so for the Runs of a Workflow whose source
     changed since the host loaded it: the next start holds them (needs attention)."""
     facts = []
-    from intloom.client.drift import changed_tree
+    from intloom.client.drift import changed_tree, named_source
 
     for change in changed:
-        what = f"{change.source} ({change.workflow})" if change.workflow else change.source
+        what = named_source(change.source, change.workflow)
         facts.append({"edited": f"{changed_tree(change.source, change.workflow)} changed "
                       "since this host loaded it",
                       "unlisted": f"{what} is no longer listed in intloom.toml"}.get(
@@ -243,12 +243,18 @@ def _changed_since_load(changed: list[SourceChange]) -> str:
     whose = f"of {', '.join(names)} " if names else ""
     # "Rather than resuming them" promised a resume, with the code put back, to Runs the
     # restart table interrupts whatever their code (a wait on an Agent task).
-    # Not "unless the code they started with is put back": said after an edit was undone,
-    # of Runs whose code is the code on disk again, it told of a hold that never came.
-    return (f"But {'; '.join(facts)}: the next start holds those unfinished Runs {whose}that "
-            "began with other code than what is on disk now (needs attention) rather than "
-            "restoring them by the restart table; intloom doctor lists them and what a start "
-            "would do.")
+    if any(change.change != "edited" for change in changed):
+        # Not loaded at the next start at all: every Run of it is held, whatever its code.
+        held = f"every unfinished Run {whose}(its Workflow is not loaded then; "
+    else:
+        # Not "unless the code they started with is put back": said after an edit was
+        # undone, of Runs whose code is the code on disk again, it told of a hold that
+        # never came.
+        held = (f"those unfinished Runs {whose}that began with other code than what is on "
+                "disk now (")
+    return (f"But {'; '.join(facts)}: the next start holds {held}needs attention) rather "
+            "than restoring them by the restart table; intloom doctor lists them and what a "
+            "start would do.")
 
 
 def _joined(lines: list[str]) -> list[str]:
