@@ -44,6 +44,12 @@ def test_sigkill_then_stop_is_busy_and_every_file_is_byte_identical(project: Pro
         f"Its host (pid {pid}) has exited: it was killed or crashed, and left its files "
         "behind. Run intloom recover, then intloom start."), again.value.message
     assert snapshot_files(project.root) == before
+    # Without connection.json recover refuses: start does not send the user to it.
+    (project.state / "connection.json").rename(project.root / "connection.json.aside")
+    with pytest.raises(IntloomError) as lost:
+        start_service(project.root)
+    assert lost.value.code == "CLI_SERVICE_BUSY"
+    assert "Run intloom recover, then intloom start" not in lost.value.message, lost.value
 
 
 def test_stale_service_lock_blocks_start_and_is_left_untouched(project: Project) -> None:
