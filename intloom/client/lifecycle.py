@@ -397,25 +397,20 @@ def _taken_after_exit(paths: ProjectPaths, *, lead: bool = True) -> str | None:
     ``lead=False`` leaves out that the owner has exited, for a message that said so."""
     from intloom.host.portholder import bind_refusal, port_holder
 
+    gone = _gone_owners(paths)
+    if gone is None:
+        return None
     try:
-        lock = read_lock(paths.service_lock)
         info = read_service(paths.service_json, paths.root)
         conn = read_connection(paths.connection_json, paths.root)
     except IntloomError:
         return None  # doctor names the invalid file
-    owners: list[tuple[int, float, str | None]] = []
-    if lock is not None:
-        owners.append((lock.pid, lock.create_time, lock.boot_id))
-    if info is not None:
-        owners.append((info.pid, info.create_time, None))
-    if not owners or not all(_owner_gone(paths, *owner) for owner in owners):
-        return None
     ports = [saved.port for saved in (conn, info) if saved is not None]
     port = next((p for p in dict.fromkeys(ports) if bind_refusal(p) is not None), None)
     if port is None:
         return None
     holder = port_holder(port) or f"not identified; find it with: ss -ltnp 'sport = :{port}'"
-    pids = ", ".join(sorted({str(pid) for pid, _, _ in owners}))
+    pids = ", ".join(str(pid) for pid in gone)
     start = f"Its owner (pid {pids}) has exited, but port" if lead else "But port"
     return (f"{start} {port} on 127.0.0.1, this "
             f"project's saved port, is in use by another process ({holder}): intloom recover "

@@ -150,10 +150,9 @@ def test_what_recover_does_after_its_own_answer_is_named_as_recovers(again: Proj
     ok(again.cli("stop", "--json"))
 
 
-def test_a_wait_recover_makes_after_an_effect_is_not_restored_to_call_it_again(
-        again: Project) -> None:
-    """Answered after a restart, such a wait calls recover again from its start, and recover
-    called the effect it had recorded again (the journal held 'charge#1' done twice)."""
+def _charged_then_asked_again(again: Project) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A "charges" Run, stopped at its confirmation and restarted, answered: recover calls
+    its effect once, then asks again. The Run as created, and its view asking again."""
     ok(again.cli("start", "--json"))
     run = ok(again.cli("flow", "again", "--intent", "charges", "--json"))["run"]
     ok(again.cli("stop", "--json"))
@@ -161,8 +160,16 @@ def test_a_wait_recover_makes_after_an_effect_is_not_restored_to_call_it_again(
     view = ok(again.cli("answer", run["runId"], run["pendingAction"]["id"], YES,
                         "--json"))["run"]
     assert view["pendingAction"]["request"] == {"context": {"charged": True}}, view
+    assert (again.root / "charges.log").read_text() == "charged\n"
+    return run, view
+
+
+def test_a_wait_recover_makes_after_an_effect_is_not_restored_to_call_it_again(
+        again: Project) -> None:
+    """Answered after a restart, such a wait calls recover again from its start, and recover
+    called the effect it had recorded again (the journal held 'charge#1' done twice)."""
+    run, view = _charged_then_asked_again(again)
     marker = again.root / "charges.log"
-    assert marker.read_text() == "charged\n"
     ok(again.cli("stop", "--json"))
     preview = again.cli("doctor", "--json").json
     ok(again.cli("start", "--json"))
@@ -190,14 +197,8 @@ def test_an_older_folds_snapshot_of_such_a_wait_is_folded_again_not_trusted(
 
     from intloom.store.snapshots import encode_snapshot, read_snapshot, snapshot_name
 
-    ok(again.cli("start", "--json"))
-    run = ok(again.cli("flow", "again", "--intent", "charges", "--json"))["run"]
-    ok(again.cli("stop", "--json"))
-    ok(again.cli("start", "--json"))
-    view = ok(again.cli("answer", run["runId"], run["pendingAction"]["id"], YES,
-                        "--json"))["run"]
+    run, view = _charged_then_asked_again(again)
     marker = again.root / "charges.log"
-    assert marker.read_text() == "charged\n"
     ok(again.cli("stop", "--json"))
     path = again.state / "runtime" / "snap" / "live" / snapshot_name(run["runId"])
     snap = read_snapshot(path)

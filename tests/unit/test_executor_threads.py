@@ -10,6 +10,7 @@ import inspect
 import threading
 import time
 import weakref
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -407,6 +408,18 @@ class _Held:
     """A local of the Step that raised: alive as long as its frame is."""
 
 
+def _without_the_cyclic_collector(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """``asyncio.run(main())`` with the cyclic collector off: only reference counts free
+    what the test watches, as between an idle host's rare full collections."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        asyncio.run(main())
+    finally:
+        if collecting:
+            gc.enable()
+
+
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("kind", ["sync", "async"])
 def test_a_step_that_raised_leaves_nothing_of_its_frame_once_its_run_failed(
@@ -452,13 +465,7 @@ def test_a_step_that_raised_leaves_nothing_of_its_frame_once_its_run_failed(
         finally:
             await store.close()
 
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        asyncio.run(main())
-    finally:
-        if collecting:
-            gc.enable()
+    _without_the_cyclic_collector(main)
 
 
 class _Weak(msgspec.Struct, weakref=True):
@@ -502,10 +509,4 @@ def test_a_run_a_failed_checkpoint_ended_on_a_thread_leaves_nothing_of_its_steps
         finally:
             await store.close()
 
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        asyncio.run(main())
-    finally:
-        if collecting:
-            gc.enable()
+    _without_the_cyclic_collector(main)

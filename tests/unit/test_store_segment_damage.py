@@ -473,28 +473,10 @@ def test_a_snapshot_an_older_intloom_wrote_without_the_unknown_outcome_flag_agre
     reads False. verify, folding the log from its start, called that snapshot one that
     "disagrees with the log" and the Run corrupt after an upgrade. Any other difference is
     still one."""
-    from intloom.runtime.records import (
-        OUTCOME_UNKNOWN,
-        EffectDone,
-        EffectStarted,
-        Executing,
-        StagePending,
-        StepReady,
-    )
-    from intloom.store.snapshots import encode_snapshot, read_snapshot, snapshot_name
-    from tests.unit.test_store_support import header
+    from intloom.store.snapshots import encode_snapshot, read_snapshot
 
     root = tmp_path / "runtime"
-    store = open_store(root)
-    for record in (header("RUN-1"), StagePending(at="t", stage="a"),
-                   StepReady(at="t", stage="a", step="s1"), Executing(at="t", stage="a", step="s1"),
-                   EffectStarted(at="t1", name="slow", key="slow#1"),
-                   EffectDone(at="t2", name="slow", key="slow#1", ok=False,
-                              error=f"CancelledError: a timeout; {OUTCOME_UNKNOWN}")):
-        store.append("RUN-1", record)
-    store.sync_blocking()
-    store.close_blocking()
-    path = root / "snap" / "live" / snapshot_name("RUN-1")
+    path = _unknown_outcome_run(root)
     snap = read_snapshot(path)
     assert snap is not None and snap.state is not None and snap.state.last_effect_unknown
 
@@ -548,28 +530,11 @@ def test_an_older_folds_snapshot_whose_run_cannot_be_folded_again_is_held(
     a start folds that Run again from its first record. With record 1 damaged it went on
     from the snapshot instead, trusting those defaults, and the snapshot it then wrote was
     stamped this fold's, so no later start looked again. The Run is held, naming why."""
-    from intloom.runtime.records import (
-        OUTCOME_UNKNOWN,
-        EffectDone,
-        EffectStarted,
-        Executing,
-        StagePending,
-        StepReady,
-    )
-    from intloom.store.snapshots import encode_snapshot, read_snapshot, snapshot_name
-    from tests.unit.test_store_support import flip, frames_of, header
+    from intloom.store.snapshots import encode_snapshot, read_snapshot
+    from tests.unit.test_store_support import flip, frames_of
 
     root = tmp_path / "runtime"
-    store = open_store(root)
-    for record in (header("RUN-1"), StagePending(at="t", stage="a"),
-                   StepReady(at="t", stage="a", step="s1"), Executing(at="t", stage="a", step="s1"),
-                   EffectStarted(at="t1", name="slow", key="slow#1"),
-                   EffectDone(at="t2", name="slow", key="slow#1", ok=False,
-                              error=f"CancelledError: a timeout; {OUTCOME_UNKNOWN}")):
-        store.append("RUN-1", record)
-        store.sync_blocking()
-    store.close_blocking()
-    path = root / "snap" / "live" / snapshot_name("RUN-1")
+    path = _unknown_outcome_run(root, one_flush_each=True)
     snap = read_snapshot(path)
     assert snap is not None and snap.state is not None and snap.fold == 1
     older = msgspec.structs.replace(snap, fold=0, state=msgspec.structs.replace(
@@ -590,3 +555,31 @@ def test_an_older_folds_snapshot_whose_run_cannot_be_folded_again_is_held(
     flip(segment, first.end - 2)
     [run] = [j for j in read_runs_report(root).runs if j.run_id == "RUN-1"]
     assert run.status == "ok" and run.state is not None and run.state.last_effect_unknown, run
+
+
+def _unknown_outcome_run(root: Path, *, one_flush_each: bool = False) -> Path:
+    """A Run whose last record is an ``effect_done`` of unknown outcome (folded to
+    ``last_effect_unknown``), written and closed; the path of its ``live/`` snapshot."""
+    from intloom.runtime.records import (
+        OUTCOME_UNKNOWN,
+        EffectDone,
+        EffectStarted,
+        Executing,
+        StagePending,
+        StepReady,
+    )
+    from intloom.store.snapshots import snapshot_name
+    from tests.unit.test_store_support import header
+
+    store = open_store(root)
+    for record in (header("RUN-1"), StagePending(at="t", stage="a"),
+                   StepReady(at="t", stage="a", step="s1"), Executing(at="t", stage="a", step="s1"),
+                   EffectStarted(at="t1", name="slow", key="slow#1"),
+                   EffectDone(at="t2", name="slow", key="slow#1", ok=False,
+                              error=f"CancelledError: a timeout; {OUTCOME_UNKNOWN}")):
+        store.append("RUN-1", record)
+        if one_flush_each:
+            store.sync_blocking()
+    store.sync_blocking()
+    store.close_blocking()
+    return root / "snap" / "live" / snapshot_name("RUN-1")
