@@ -30,6 +30,15 @@ NOTE = textwrap.dedent('''
 ''')
 
 
+def _list_another(project: Project, name: str) -> None:
+    """Add the package ``workflows/<name>`` (a Workflow of that name) to intloom.toml, after
+    ``workflows/note``."""
+    (project.root / "workflows" / name).mkdir()
+    (project.root / "workflows" / name / "__init__.py").write_text(NOTE.replace("NAME", name))
+    (project.root / "intloom.toml").write_text(
+        f'workflows = ["workflows/note", "workflows/{name}"]\n')
+
+
 @pytest.fixture
 def project(tmp_path: Path) -> Iterator[Project]:
     root = tmp_path / "proj"
@@ -47,11 +56,7 @@ def test_a_reused_host_names_what_changed_since_it_started(project: Project) -> 
     assert _workflows_check(project)["status"] == "ok"
 
     (project.root / "workflows" / "note" / "prompt.txt").write_text("a data file of the tree")
-    (project.root / "workflows" / "memo").mkdir()
-    (project.root / "workflows" / "memo" / "__init__.py").write_text(
-        NOTE.replace("NAME", "memo"))
-    (project.root / "intloom.toml").write_text(
-        'workflows = ["workflows/note", "workflows/memo"]\n')
+    _list_another(project, "memo")
     reused = ok(project.cli("start", "--json"))
     assert reused["reused"] is True
     assert reused["service"]["pid"] == first["service"]["pid"]
@@ -330,11 +335,7 @@ def test_flows_names_a_source_listed_since_the_host_started(project: Project) ->
     listed only what the host had loaded, with no word of the new entry (only flow of its
     Workflow said it)."""
     ok(project.cli("start", "--json"))
-    (project.root / "workflows" / "later").mkdir()
-    (project.root / "workflows" / "later" / "__init__.py").write_text(
-        NOTE.replace("NAME", "later"))
-    (project.root / "intloom.toml").write_text(
-        'workflows = ["workflows/note", "workflows/later"]\n')
+    _list_another(project, "later")
     listed = ok(project.cli("flows", "--json"))
     assert [w["name"] for w in listed["workflows"]] == ["note"], listed
     assert [(c["source"], c["change"]) for c in listed["changedSinceStart"]] == [

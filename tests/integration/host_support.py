@@ -87,6 +87,12 @@ def connection_closed(client: Client) -> bool:
     without reading anything or waiting."""
     sock = client._sock
     assert sock is not None
+    return socket_closed(sock)
+
+
+def socket_closed(sock: socket.socket) -> bool:
+    """True when the host has closed ``sock`` (an end of file or a reset waits in it),
+    without reading anything or waiting."""
     try:
         sock.setblocking(False)
         return sock.recv(1, socket.MSG_PEEK) == b""

@@ -32,6 +32,7 @@ from tests.integration.host_support import (
     raw,
     reply,
     serves,
+    socket_closed,
     start,
     token_of,
 )
@@ -472,29 +473,16 @@ def test_peers_without_the_token_cannot_hold_every_slot_from_the_users_own_clien
     service = start(project).service
     silent = [raw(service.port) for _ in range(12)]  # connected, never a hello
     try:
-        eventually(lambda: all(_gone(sock) for sock in silent[:8]), timeout=10,
+        eventually(lambda: all(socket_closed(sock) for sock in silent[:8]), timeout=10,
                    what="the host to close the oldest of the connections without a hello")
         with Client.connect(project.root) as client:
             assert client.status().instance_id == service.instance_id
             assert client.runs() == []
         # The newest are still held (each until its hello timeout), only they.
-        assert not any(_gone(sock) for sock in silent[9:])
+        assert not any(socket_closed(sock) for sock in silent[9:])
     finally:
         for sock in silent:
             sock.close()
     log = project.cli("logs", "--json").stdout
     assert '"reason":"unproven_evicted"' in log.replace(" ", ""), log
 
-
-def _gone(sock: socket.socket) -> bool:
-    """Whether the host has closed ``sock`` (an end of file or a reset waits in it), without
-    waiting."""
-    sock.setblocking(False)
-    try:
-        return sock.recv(1, socket.MSG_PEEK) == b""
-    except BlockingIOError:
-        return False
-    except ConnectionResetError:
-        return True
-    finally:
-        sock.setblocking(True)
