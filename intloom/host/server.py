@@ -558,7 +558,11 @@ class Server:
         # Past the cap, the hello and the one request share one short deadline.
         deadline = (asyncio.get_running_loop().time() + CONTROL_TIMEOUT) if control else None
         await self._handshake(reader, None if deadline is None else CONTROL_TIMEOUT)
-        self._unproven.pop(task, None)
+        if self._unproven.pop(task, None) is None:
+            # Evicted (_accept) while its hello was on its way: its transport is aborted, but
+            # what it had sent is still buffered. Only the drain of the hello's write stood
+            # between that request and a dispatch outside the bookkeeping close() waits on.
+            raise _Refused(None)
         await self._write(writer, self.hello)
         while True:
             try:
