@@ -50,6 +50,7 @@ from intloom.fsutil import (
 from intloom.host.liveness import Evidence, holds_open, paused, unheld_lock
 from intloom.host.metadata import (
     Connection,
+    MetadataDamaged,
     ServiceInfo,
     ServiceLock,
     read_connection,
@@ -772,6 +773,21 @@ def _connection_check(root: Path, has_owners: bool, running: bool = False,
     paths = ProjectPaths(root)
     try:
         conn: Connection | None = read_connection(paths.connection_json, root)
+    except MetadataDamaged as exc:
+        if has_owners or running:
+            return Check("connection", "attention", exc.here, _keep_it(paths.connection_json))
+        # No host owns the project: the file holds only a port and a token, which a start
+        # makes anew. "Fix or move it by hand" left the user to guess what it costs.
+        moved = f"{paths.connection_json}.damaged"
+        return Check(
+            "connection", "attention", exc.here,
+            "No host owns this project, and the file holds only the port and token clients "
+            f"read: move it aside (mv {shell_arg(str(paths.connection_json))} "
+            f"{shell_arg(moved)}), then run intloom start, which saves a new token and "
+            + (f"port {config.port} from intloom.toml" if config is not None and config.port
+               else "a free port")
+            + " and restores the Runs. Nothing of any Run is in it.",
+        )
     except IntloomError as exc:
         return Check("connection", "attention", exc.here, _keep_it(paths.connection_json))
     if conn is None and live_pid is not None:

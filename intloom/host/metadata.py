@@ -35,6 +35,7 @@ __all__ = [
     "CREATE_TIME_TOLERANCE",
     "METADATA_VERSION",
     "Connection",
+    "MetadataDamaged",
     "OwnerIdentity",
     "ServiceInfo",
     "ServiceLock",
@@ -132,10 +133,16 @@ def privacy_invalid(exc: PrivacyError) -> IntloomError:
 _PID_MAX: Final = 2**31 - 1
 
 
+class MetadataDamaged(IntloomError):
+    """A metadata file whose content cannot be read as its kind (not a privacy problem, not
+    another version's file): doctor can name the concrete fix once no host owns the
+    project."""
+
+
 def _invalid(path: Path, fact: str) -> IntloomError:
     kept = f"{path} {fact}. It was left as it is"
-    return IntloomError("CLI_SERVICE_METADATA_INVALID", f"{kept}; run intloom doctor.",
-                        here=f"{kept}.")
+    return MetadataDamaged("CLI_SERVICE_METADATA_INVALID", f"{kept}; run intloom doctor.",
+                           here=f"{kept}.")
 
 
 def _exited(state: Path, doc: dict[str, object]) -> str | None:

@@ -112,6 +112,35 @@ def test_a_lost_connection_json_after_a_crash_has_a_way_out_that_works(
     assert project.cli("stop", "--json").code == 0
 
 
+def test_a_damaged_connection_json_with_no_host_has_a_way_out_that_works(
+    project: Project,
+) -> None:
+    """After a clean stop, a damaged connection.json blocked start, status and recover, and
+    doctor said only "fix or move it by hand". Its next step is now concrete; followed to
+    the letter, the project starts with a new token and the waiting Run is restored."""
+    assert project.cli("start").code == 0
+    run_id = project.cli("flow", "example", "--intent", "kept", "--json").json["run"]["runId"]
+    assert project.cli("stop").code == 0
+    connection = project.state / "connection.json"
+    token = json.loads(connection.read_bytes())["token"]
+    connection.write_bytes(b'{"version": 1,')  # a hand edit cut short
+    assert project.cli("start", "--json").json["error"]["code"] == (
+        "CLI_SERVICE_METADATA_INVALID")
+    doctor = project.cli("doctor", "--json")
+    [check] = [c for c in doctor.json["checks"] if c["id"] == "connection"]
+    assert "is not valid metadata" in check["message"], check
+    step = check["next"]
+    assert "No host owns this project" in step and "restores the Runs" in step, step
+    command = step[step.index("(mv ") + 1:step.index(")", step.index("(mv "))]
+    subprocess.run(command, shell=True, check=True, cwd=project.root, timeout=10)
+    assert (project.state / "connection.json.damaged").read_bytes() == b'{"version": 1,'
+    assert project.cli("start").code == 0
+    assert json.loads(connection.read_bytes())["token"] != token
+    runs = project.cli("runs", "--json").json["runs"]
+    assert [(r["runId"], r["status"]) for r in runs] == [(run_id, "waiting")], runs
+    assert project.cli("stop").code == 0
+
+
 def test_a_copied_project_does_not_advise_signalling_the_original_host(
     project: Project, tmp_path: Path,
 ) -> None:
