@@ -167,8 +167,22 @@ class _Listener(socket.socket):
     client read a broken frame (PROJECT_RESPONSE_INVALID). asyncio's accept loop calls this
     ``accept``; the cost is one comparison per connection, none per Step."""
 
+    # Set by Server.listen: answers (BUSY) and closes a connection accepted while fewer than
+    # FD_RESERVE descriptors are free.
+    refuse: Callable[[socket.socket, int, int], None] | None = None
+
     def accept(self) -> tuple[socket.socket, Any]:
         conn, address = super().accept()
+        if self.refuse is not None:
+            # Checked here, not only in Server._accept: asyncio accepts up to 100 connections
+            # each time this socket is readable, and each waits a few loop passes for its
+            # session, so a burst of plain connects held every free descriptor before one was
+            # checked, and a Step's open() failed EMFILE (its Run failed).
+            fds = descriptors()
+            if fds is not None and fds[1] - fds[0] < FD_RESERVE:
+                self.refuse(conn, *fds)
+                # Ends this batch of accepts quietly; the rest wait for the next loop pass.
+                raise BlockingIOError(errno.EAGAIN, "refused: too few descriptors")
         low = conn.fileno()
         if low > 2:
             return conn, address
@@ -401,12 +415,35 @@ class Server:
 
     async def listen(self, sock: socket.socket) -> int:
         """Accept connections on ``sock`` (from ``bind_port``) and return its port."""
+        if isinstance(sock, _Listener):
+            sock.refuse = self._refuse_short
         self._server = await asyncio.start_server(self._accept, sock=sock, limit=64 * 1024)
         return int(self._server.sockets[0].getsockname()[1])
 
     @property
     def connections(self) -> int:
         return len(self._sessions)
+
+    def _refuse_short(self, conn: socket.socket, count: int, soft: int) -> None:
+        """Close ``conn``, just accepted with fewer than FD_RESERVE descriptors free, after
+        a BUSY saying why: sent without waiting (it fits a fresh socket's buffer), so that
+        the descriptor is free again before the next accept."""
+        self._refused("too_few_descriptors", open=count, limit=soft,
+                      connections=len(self._sessions))
+        try:
+            conn.setblocking(False)
+            conn.send(encode_frame(self._short_of_descriptors(count, soft)))
+        except OSError:
+            pass  # the peer is gone already: nothing to tell
+        finally:
+            conn.close()
+
+    def _short_of_descriptors(self, count: int, soft: int) -> ErrorReply:
+        return _error(
+            "BUSY",
+            "The host cannot serve another connection without running out of file "
+            f"descriptors. {descriptors_fix(count, soft, len(self._sessions))}",
+        )
 
     # ----- per connection ------------------------------------------------------------------
 
@@ -436,11 +473,7 @@ class Server:
             count, soft = fds
             self._refused("too_few_descriptors", open=count, limit=soft,
                           connections=len(self._sessions))
-            await self._send_quietly(writer, _error(
-                "BUSY",
-                "The host cannot serve another connection without running out of file "
-                f"descriptors. {descriptors_fix(count, soft, len(self._sessions))}",
-            ))
+            await self._send_quietly(writer, self._short_of_descriptors(count, soft))
             await self._close(writer)
             return
         self._sessions.add(task)

@@ -6,13 +6,17 @@ Whatever a peer sends, it may cost that peer its connection -- never the host.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
 import socket
 import subprocess
 import sys
+import textwrap
 import threading
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,7 +24,7 @@ from intloom.client.client import Client
 from intloom.errors import IntloomError
 from intloom.host.server import CONTROL_SLOTS, Limits
 from intloom.protocol.messages import MAX_FRAME, PROTOCOL, ErrorReply, HelloOk, StatusReply
-from tests.helpers import Project, eventually
+from tests.helpers import Project, eventually, one_source_project
 from tests.integration.host_support import (
     closed,
     encode,
@@ -263,13 +267,10 @@ def test_peer_that_stops_reading_is_closed_after_the_write_timeout(
     assert serves(project.root, service.instance_id)
 
 
-def test_a_host_short_of_descriptors_refuses_connections_saying_why(project: Project) -> None:
-    # A host started under `ulimit -n 64`, then more clients than it has descriptors for.
-    # Each must hear back -- served, or BUSY naming the limit and the fix -- instead of
-    # waiting unaccepted for its hello to time out; and the log must not flood with one
-    # line per failed accept (asyncio retries them every second: a thousand lines a second).
+def start_limited(project: Project, descriptors: int) -> None:
+    """``intloom start`` under ``ulimit -n descriptors``."""
     def low_limit() -> None:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (descriptors, descriptors))
 
     started = subprocess.run(
         [sys.executable, "-m", "intloom", "--project", str(project.root), "start", "--json"],
@@ -277,6 +278,14 @@ def test_a_host_short_of_descriptors_refuses_connections_saying_why(project: Pro
         env={**os.environ, "NO_COLOR": "1"})
     project.track_host()
     assert started.returncode == 0, started.stderr
+
+
+def test_a_host_short_of_descriptors_refuses_connections_saying_why(project: Project) -> None:
+    # A host started under `ulimit -n 64`, then more clients than it has descriptors for.
+    # Each must hear back -- served, or BUSY naming the limit and the fix -- instead of
+    # waiting unaccepted for its hello to time out; and the log must not flood with one
+    # line per failed accept (asyncio retries them every second: a thousand lines a second).
+    start_limited(project, 64)
     port, token = metadata(project, "connection.json")["port"], token_of(project)
     socks = [raw(port) for _ in range(80)]
     try:
@@ -296,6 +305,60 @@ def test_a_host_short_of_descriptors_refuses_connections_saying_why(project: Pro
     events = [json.loads(line)["event"] for line in log]
     assert "task_error" not in events
     assert events.count("connections_not_accepted") <= 1
+
+
+_OPENER = textwrap.dedent("""
+    import os
+    from pathlib import Path
+
+    import msgspec
+    import intloom
+
+    class S(msgspec.Struct):
+        n: int = 0
+
+    wf = intloom.Workflow("opener", version="1.0.0")
+    st = wf.stage("work", state=S)
+
+    @st.step("tick", routes={"again": "tick", "done": intloom.COMPLETE})
+    def tick(ctx: intloom.StepContext[S]) -> str:
+        os.close(os.open("opened.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
+        ctx.state = S(n=ctx.state.n + 1)
+        return "done" if Path("enough").exists() else "again"
+""")
+
+
+def test_a_burst_of_connections_leaves_the_steps_their_descriptors(tmp_path: Path) -> None:
+    """Under ulimit -n 64, bursts of 120 plain connects (no token needed) failed a Run that
+    was stepping: its Step's open() got EMFILE. asyncio accepted up to 100 at a time before
+    any reached the descriptor check; the check is now made as each is accepted."""
+    project = one_source_project(tmp_path, "opener", _OPENER)
+    try:
+        start_limited(project, 64)
+        flowed = project.cli("flow", "opener", "--intent", "open a file per Step", "--detach",
+                             "--json")
+        run_id = flowed.json["run"]["runId"]
+        port = metadata(project, "connection.json")["port"]
+        for _ in range(10):
+            burst = []
+            for _ in range(120):
+                with contextlib.suppress(OSError):  # refused or reset: the host's choice
+                    burst.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+            for sock in burst:
+                sock.close()
+        (project.root / "enough").touch()
+
+        def ended() -> dict[str, Any] | None:
+            run: dict[str, Any] = project.cli("attach", run_id, "--json").json["run"]
+            return run if run["status"] != "running" else None
+
+        run = eventually(ended, timeout=30, what="the Run to end")
+        assert run["status"] == "completed", run
+        log = project.cli("logs", "--json").stdout.replace(" ", "")
+        assert '"reason":"too_few_descriptors"' in log, "the bursts never reached the limit"
+    finally:
+        project.track_host()
+        project.reap()
 
 
 def test_connection_cap_refuses_the_extra_connection(
