@@ -107,6 +107,11 @@ def _metadata_invalid(fact: str) -> IntloomError:
                         here=fact)
 
 
+class NotThisProjectsHost(IntloomError):
+    """CLI_SERVICE_METADATA_INVALID: service.json names a live pid that does not hold the
+    project's OS lock. Nothing was sent to it; diagnosis judges the owners from the files."""
+
+
 class ServiceStarting(IntloomError):
     """CLI_SERVICE_UNAVAILABLE, retryable: no host serves yet, as for CLI_SERVICE_OFFLINE,
     but one is in its start-up and will in a moment. Callers that launch or wait for a host
@@ -733,6 +738,19 @@ class Client:
                 f"{info.pid}, {gone}. Nothing was sent.",
                 service_json_gone=True,
             )
+        if os_lock(paths.service_lock)[0] == "free":
+            # A live host holds its project's OS lock from before it writes service.json to
+            # after it removes it. Free here, the pid is another directory's host: this
+            # .intloom/ was copied from it, or the project moved while it ran and a copy was
+            # put back in its place. Its hello named the same root, so every command here
+            # acted on that other directory's Runs (a Run "created" here was journaled there).
+            fact = (f"{paths.service_json} names the live pid {info.pid} (port {info.port}), "
+                    f"but the OS lock on {paths.service_lock} is free, so that process is not "
+                    "this project's host: most often it is the host of another copy of this "
+                    "project (this .intloom/ was copied, or the project moved, while it ran). "
+                    "Nothing was sent, the token included.")
+            raise NotThisProjectsHost("CLI_SERVICE_METADATA_INVALID",
+                                      f"{fact} Run intloom doctor.", here=fact)
         cap = _hello_cap()
         if cap is not None:
             # Tests against a paused host would otherwise wait out the whole bound per client.

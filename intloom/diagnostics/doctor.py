@@ -609,6 +609,24 @@ def _owner_check(
             "active.",
             owner.evidence,
         )
+    if not_its_host:
+        # As for invalid metadata above: only a pid proved not to have the file open is
+        # named as no host of the project. "Wait a moment" never ended for such a pid.
+        # Before a refused hello: a client refuses the host of a directory this one was
+        # copied from (its lock is free here), and "stop pid N directly" stopped that
+        # directory's host.
+        return Check(
+            check_id, "attention",
+            f"{name} names pid {pid} ({_process_name(pid)}), which is alive but does not hold "
+            "this project's service.lock (its OS lock is free and the pid has no descriptor "
+            "open on it; a host keeps both for its whole life, and lets go of them only as "
+            "its stop ends), so it is not this project's host.",
+            f"Run intloom doctor again in a moment. If it still says this, do not signal pid "
+            f"{pid}: confirm what it is with ps -p {pid} -o args, then move this project's "
+            "service.json and service.lock aside by hand (intloom keeps them as they are) "
+            "and run intloom doctor again.",
+            _without_descriptor(owner),
+        )
     if owner.status == "alive" and ctx.refused is not None:
         return Check(
             check_id, "attention",
@@ -626,21 +644,6 @@ def _owner_check(
             f"or stop pid {pid} directly (kill -TERM {pid}: a graceful stop); then run "
             "intloom doctor again. Do not delete locks whose owners are still active.",
             owner.evidence,
-        )
-    if not_its_host:
-        # As for invalid metadata above: only a pid proved not to have the file open is
-        # named as no host of the project. "Wait a moment" never ended for such a pid.
-        return Check(
-            check_id, "attention",
-            f"{name} names pid {pid} ({_process_name(pid)}), which is alive but does not hold "
-            "this project's service.lock (its OS lock is free and the pid has no descriptor "
-            "open on it; a host keeps both for its whole life, and lets go of them only as "
-            "its stop ends), so it is not this project's host.",
-            f"Run intloom doctor again in a moment. If it still says this, do not signal pid "
-            f"{pid}: confirm what it is with ps -p {pid} -o args, then move this project's "
-            "service.json and service.lock aside by hand (intloom keeps them as they are) "
-            "and run intloom doctor again.",
-            _without_descriptor(owner),
         )
     if owner.status == "alive" and ctx.serving_silent:
         return Check(

@@ -278,7 +278,13 @@ def _probe_host(root: Path, snap: Snapshot) -> _Probe:
     """
     # Imported here: the client pulls in the socket stack, which a lock-only diagnosis
     # (and every offline status) does not need.
-    from intloom.client.client import Client, HelloFailed, ServiceStarting, ServiceUnlistened
+    from intloom.client.client import (
+        Client,
+        HelloFailed,
+        NotThisProjectsHost,
+        ServiceStarting,
+        ServiceUnlistened,
+    )
 
     for attempt in range(2):
         try:
@@ -294,8 +300,10 @@ def _probe_host(root: Path, snap: Snapshot) -> _Probe:
                         here=f"{fact}."), answered=True)
                 return _Probe(service=client.status())
         except IntloomError as exc:
-            if isinstance(exc, ServiceStarting):
-                return _Probe()  # _classify says what the files show
+            if isinstance(exc, ServiceStarting | NotThisProjectsHost):
+                # _classify says what the files show (for the latter: an owner alive, whose
+                # evidence shows its lock free; doctor says it is not this project's host).
+                return _Probe()
             if exc.code == "CLI_SERVICE_OFFLINE" or isinstance(exc, ServiceUnlistened):
                 return _Probe(unreached=True)  # _unlistened says which
             if exc.code == "CLI_SERVICE_CLOSING":

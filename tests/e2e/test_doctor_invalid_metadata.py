@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import Project, eventually, pid_alive, snapshot_files
+from tests.helpers import Project, eventually, pid_alive, snapshot_files, started_waiting
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -139,6 +139,41 @@ def test_a_damaged_connection_json_with_no_host_has_a_way_out_that_works(
     runs = project.cli("runs", "--json").json["runs"]
     assert [(r["runId"], r["status"]) for r in runs] == [(run_id, "waiting")], runs
     assert project.cli("stop").code == 0
+
+
+def test_a_copy_put_back_where_a_running_project_was_moved_from_reaches_no_host(
+    project: Project,
+) -> None:
+    """The project moved while its host ran, and a copy put back at the old path: the
+    copy's files name the live host, its port, token and root, all copied. The hello
+    matched, so every command in the copy acted on the moved directory's Runs (a Run
+    "created" there was journaled in the other). The host does not hold the copy's lock:
+    no command reaches it, nothing is sent, and doctor says not to signal it."""
+    started_waiting(project)
+    pid = project.host_pid()
+    moved = project.root.with_name("moved")
+    project.root.rename(moved)
+    shutil.copytree(moved, project.root, symlinks=True)
+    before = snapshot_files(moved / ".intloom")
+    flowed = project.cli("flow", "example", "--intent", "in the copy", "--json")
+    assert flowed.code == 1, flowed.stdout
+    error = flowed.json["error"]
+    assert error["code"] == "CLI_SERVICE_METADATA_INVALID", error
+    assert f"names the live pid {pid}" in error["message"], error
+    assert "is not this project's host" in error["message"], error
+    assert "Nothing was sent, the token included" in error["message"], error
+    stop = project.cli("stop", "--json")
+    assert stop.json["error"]["code"] == "CLI_SERVICE_METADATA_INVALID", stop.stdout
+    doctor = project.cli("doctor", "--json")
+    checks = {c["id"]: c for c in doctor.json["checks"]}
+    for owner in ("owner.service_lock", "owner.service_json"):
+        assert "it is not this project's host" in checks[owner]["message"], checks[owner]
+        assert f"do not signal pid {pid}" in checks[owner]["next"], checks[owner]
+    assert pid_alive(pid)
+    # Nothing reached the moved host's files (its log is the one file a request may touch).
+    after = snapshot_files(moved / ".intloom")
+    assert {k: v for k, v in after.items() if "/logs/" not in k} == {
+        k: v for k, v in before.items() if "/logs/" not in k}
 
 
 def test_a_copied_project_does_not_advise_signalling_the_original_host(
