@@ -7,6 +7,7 @@ by another process, ports are really bound.
 from __future__ import annotations
 
 import base64
+import fcntl
 import os
 import secrets
 import socket
@@ -69,6 +70,19 @@ def live_process() -> Iterator[subprocess.Popen[bytes]]:
             yield proc
         finally:
             proc.kill()
+
+
+@contextmanager
+def lock_held_here(path: Path) -> Iterator[None]:
+    """This process holds the OS lock on ``path`` until the block ends, as a host holds its
+    service.lock: a test that plays the host with its own pid (a client refuses a live pid
+    whose lock is free: not the project's host)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        yield
+    finally:
+        os.close(fd)
 
 
 @contextmanager

@@ -961,7 +961,12 @@ def test_stop_says_what_a_listener_answered_to_its_hello_not_that_it_was_silent(
     import struct
     import threading
 
-    from tests.unit.diagnostics_support import crash_leftovers, create_time, make_root
+    from tests.unit.diagnostics_support import (
+        crash_leftovers,
+        create_time,
+        lock_held_here,
+        make_root,
+    )
 
     root = make_root(tmp_path)
     with socket.socket() as listener:
@@ -978,7 +983,8 @@ def test_stop_says_what_a_listener_answered_to_its_hello_not_that_it_was_silent(
                     peer.sendall(struct.pack(">I", 3) + b"\xc1\xc1\xc1")
 
         threading.Thread(target=answer_garbage, daemon=True).start()
-        with pytest.raises(IntloomError) as timed_out:
+        with lock_held_here(root / ".intloom" / "service.lock"), \
+                pytest.raises(IntloomError) as timed_out:
             stop_service_report(root, timeout=0.5)
     message = timed_out.value.message
     assert timed_out.value.code == "CLI_SERVICE_TIMEOUT", message

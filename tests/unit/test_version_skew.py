@@ -81,6 +81,7 @@ def test_a_host_of_another_protocol_is_named_with_both_versions_and_the_way_to_r
     from intloom.protocol.messages import PROTOCOL
     from tests.unit.diagnostics_support import (
         create_time,
+        lock_held_here,
         make_root,
         write_connection_json,
         write_lock,
@@ -114,10 +115,11 @@ def test_a_host_of_another_protocol_is_named_with_both_versions_and_the_way_to_r
                         peer.sendall(struct.pack(">I", len(refusal)) + refusal)
 
         threading.Thread(target=refuse_hellos, daemon=True).start()
-        with pytest.raises(IntloomError) as connecting:
-            Client.connect(root, timeout=5)
-        with pytest.raises(IntloomError) as stopping:
-            stop_service_report(root, timeout=5)
+        with lock_held_here(ProjectPaths(root).service_lock):
+            with pytest.raises(IntloomError) as connecting:
+                Client.connect(root, timeout=5)
+            with pytest.raises(IntloomError) as stopping:
+                stop_service_report(root, timeout=5)
     both = (f"(pid {pid}, intloom 0.2.0, socket protocol {theirs}) refused this intloom "
             f"({__version__}, socket protocol {PROTOCOL})")
     way = (f"stop it with the intloom that started it (intloom stop), or with kill -TERM {pid} "
