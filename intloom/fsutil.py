@@ -434,9 +434,20 @@ def no_inode_left(directory: Path) -> str | None:
         return None
     if fs.f_files == 0 or fs.f_favail > 0:
         return None
+    if fs.f_bavail * fs.f_frsize < _NEARLY_FULL:
+        # Both gone: "whatever free space df shows" sent the user to free inodes alone,
+        # and the next write failed again for want of space.
+        return (f"its file system has neither an inode nor free space left (df -i "
+                f"{shell_arg(directory)} shows 0 inodes free, df {shell_arg(directory)} "
+                "almost no space): remove files there (or give it more space and inodes)")
     return (f"its file system has no inode left (df -i {shell_arg(directory)} shows 0 "
             "free), whatever free space df shows: remove files there (or give it more "
             "inodes)")
+
+
+# Free space under which a file system out of inodes is said to be out of space too: below
+# it, the next segment or snapshot write fails for want of blocks as well.
+_NEARLY_FULL: Final = 1024 * 1024
 
 
 def storage_fix(exc: OSError, path: Path, *, replaced: bool = True,

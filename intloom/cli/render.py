@@ -723,7 +723,11 @@ def service_lines(service: Mapping[str, Any], title: str = "Service running") ->
                if p.get("kind") == "missing"}
     if "snap" in missing:
         lines.append("A missing snapshot was rebuilt from the log and written again.")
-    if "wal" in missing:
+    restore = service.get("restore")
+    held = (restore_count(restore, "needsAttention") if isinstance(restore, Mapping)
+            else None)
+    if "wal" in missing and held != 0:
+        # Not when the restore held no Run: "those Runs are held" was said of none.
         lines.append("A missing segment may have held Runs' records: those Runs are held; "
                      "put the file back from a copy (intloom doctor).")
     if service.get("logFile"):
@@ -737,7 +741,6 @@ def service_lines(service: Mapping[str, Any], title: str = "Service running") ->
                      f"the host restarts: run intloom stop{fix} then intloom start.")
     if service.get("compactionError"):
         lines.append(f"Compaction {service['compactionError']}")
-    restore = service.get("restore")
     lines.extend(restore_lines(restore if isinstance(restore, Mapping) else None))
     return lines
 

@@ -317,6 +317,26 @@ def test_a_start_out_of_inodes_says_so_not_free_disk_space(few_inodes: Path) -> 
         project.reap()
 
 
+def test_out_of_inodes_and_of_space_too_is_said_as_both(few_inodes: Path) -> None:
+    """Out of inodes, the fix said to free inodes "whatever free space df shows": with the
+    blocks gone as well, freeing inodes alone left the next write failing."""
+    from intloom.fsutil import no_inode_left
+
+    (few_inodes / "filler").touch()  # its inode, before they are all taken
+    taken: list[Path] = []
+    try:
+        take_inodes(few_inodes, taken)
+        only_inodes = no_inode_left(few_inodes)
+        assert only_inodes is not None and "whatever free space df shows" in only_inodes
+        fill(few_inodes)
+        both = no_inode_left(few_inodes)
+        assert both is not None and "neither an inode nor free space left" in both, both
+        assert "whatever free space df shows" not in both, both
+    finally:
+        give_back(taken)
+        (few_inodes / "filler").unlink()
+
+
 def test_a_compaction_out_of_inodes_says_so_not_free_disk_space(few_inodes: Path) -> None:
     """Snapshots refused for want of inodes (ENOSPC, with free blocks) said "Free disk
     space, or fix the permissions of .intloom/runtime" in the log (and in status)."""

@@ -423,6 +423,24 @@ def test_status_with_waiting_runs_says_where_to_see_what_they_ask() -> None:
     assert hint not in render.service_lines({**base, "waitingRuns": 0})
 
 
+def test_a_missing_segment_says_runs_are_held_only_when_the_restore_held_some() -> None:
+    """A wal/ segment removed while the host ran: the next start's status said "those Runs
+    are held" beside "needs attention 0"."""
+    base = {"projectRoot": "/p", "port": 1, "pid": 2, "instanceId": "i", "workflowCount": 1,
+            "storeProblems": [{"path": "wal/0000000002.seg", "kind": "missing",
+                               "problem": "is missing"}]}
+    held = "A missing segment may have held Runs' records: those Runs are held"
+
+    def said(restore: dict[str, Any] | None) -> bool:
+        lines = render.service_lines({**base, "restore": restore} if restore else base)
+        return any(line.startswith(held) for line in lines)
+
+    assert not said({"resumed": ["R1"], "waiting": [], "interrupted": [],
+                     "needsAttention": []})
+    assert said({"resumed": [], "waiting": [], "interrupted": [], "needsAttention": ["R2"]})
+    assert said(None)  # a host that says nothing of its restore: as before
+
+
 def test_attach_waits_for_the_whole_history_before_it_prompts_or_ends(tmp_path: Any) -> None:
     """A restored Run's history shows its view twice: the earlier host's `waiting`, then
     `restored`. The display has caught up only once the host's `caughtUp` event (or a live
