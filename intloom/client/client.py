@@ -100,6 +100,12 @@ _R = TypeVar("_R")
 _CLOSED_HERE: Final = "it was closed (Client.close, or the end of its with block)"
 
 
+def _nothing_sent(failed: IntloomError) -> str:
+    """" Nothing was sent." after a failed connect's own message, unless that says it
+    already (a host's CLI_SERVICE_CLOSING does): the sentence came twice in a row."""
+    return "" if "nothing was sent" in failed.message.lower() else " Nothing was sent."
+
+
 def _metadata_invalid(fact: str) -> IntloomError:
     """CLI_SERVICE_METADATA_INVALID: ``fact`` (its sentences, each ending in a period), and
     to run intloom doctor (which says ``fact`` alone: ``IntloomError.here``)."""
@@ -1132,7 +1138,7 @@ class Client:
         return IntloomError(
             "PROJECT_CONNECTION_FAILED",
             f"This client's connection is gone ({why}), and connecting again failed "
-            f"({exc.code}: {exc.message}) Nothing was sent. This Client stays closed: "
+            f"({exc.code}: {exc.message}){_nothing_sent(exc)} This Client stays closed: "
             f"once a host serves, connect again ({_AGAIN}) and send it there.",
             retryable=False,
         )
@@ -1158,7 +1164,7 @@ class Client:
             raise IntloomError(
                 "PROJECT_CONNECTION_FAILED",
                 f"This client's connection is gone ({why}), and connecting again failed "
-                f"({exc.code}: {exc.message}) Nothing was sent. This Client connects again "
+                f"({exc.code}: {exc.message}){_nothing_sent(exc)} This Client connects again "
                 "at its next request, to the same host instance only: send it again once "
                 "that host answers.",
                 retryable=True,

@@ -39,3 +39,15 @@ def test_an_uncaught_error_names_its_code() -> None:
     assert proc.returncode == 1
     assert proc.stderr.rstrip().splitlines()[-1] == (
         "intloom.errors.IntloomError: NOT_FOUND: Run RUN-1 is not known to this host.")
+
+
+def test_a_failed_reconnect_says_nothing_was_sent_once() -> None:
+    """A host's CLI_SERVICE_CLOSING already says "Nothing was sent."; the Client's message
+    around it said it again."""
+    from intloom.client.client import _nothing_sent
+
+    closing = IntloomError("CLI_SERVICE_CLOSING", "The service is shutting down. No request "
+                           "was sent, so nothing was done. Nothing was sent. Run it again.")
+    assert _nothing_sent(closing) == ""
+    assert _nothing_sent(IntloomError("CLI_SERVICE_OFFLINE", "Run intloom start.")) == (
+        " Nothing was sent.")
