@@ -377,6 +377,9 @@ class RunSlot:
         # how many a follower is not shown is a subtraction (``attach``), not a count kept
         # on every publish.
         self._events_beside = 0
+        # (event, detail) shown by the publish that first shows the Run ended, after its
+        # ``terminal`` (Runtime._ended_with): a cancel's "failed", a dismissal.
+        self.after_end: tuple[str, Any] | None = None
         # Woken only when a publish leaves the Run waiting or ended: a client waiting for
         # that is not woken by every record of a busy Run (3 per Step).
         self._stable_waiters: list[asyncio.Future[None]] = []
@@ -507,6 +510,11 @@ class RunSlot:
             lock.acquire()
         try:
             events = self._advance(upto)
+            if self.after_end is not None and events and self.shown.phase == "terminal":
+                # In this publish, after the end: a follower's stream ends with its batch.
+                events.append(_Event(*self.after_end, None))
+                self._events_beside += 1
+                self.after_end = None
             if event is not None:
                 events.append(_Event(event, detail, None))  # where the shown state is
                 self._events_beside += 1
@@ -581,7 +589,7 @@ class RunSlot:
         # more (callgrind), and this runs once per sync Step.
         lock.acquire()
         try:
-            if self._subscribers or self._overridden():
+            if self._subscribers or self._overridden() or self.after_end is not None:
                 return False
             if self._stable_waiters and state.status != "running":
                 return False

@@ -1536,8 +1536,7 @@ class Runtime:
                     Terminal(at=clock.now(), status="failed", error=slot.override, dismissed=True),
                     force=True,
                 )
-                await self._cancel_saved(slot)
-                slot.publish("dismissed", None)
+                await self._ended_with(slot, "dismissed", None, self._cancel_saved)
                 return slot.view(), False
             return view, True
         # An effect cut in flight may have reached its target: say so, as a stop or a
@@ -1550,9 +1549,23 @@ class Runtime:
             force=True,
         )
         slot.revoke(IntloomError("EXECUTION_OWNERSHIP_LOST"))
-        await self._cancel_saved(slot)
-        slot.publish("failed", {"code": "RUN_STOPPED"})
+        await self._ended_with(slot, "failed", {"code": "RUN_STOPPED"}, self._cancel_saved)
         return slot.view(), False
+
+    @staticmethod
+    async def _ended_with(slot: RunSlot, event: str, detail: Any,
+                          save: Callable[[RunSlot], Awaitable[None]]) -> None:
+        """``save(slot)``, the flush that makes the Run's end durable, with ``event`` shown
+        in the publish that shows that end. Published after it, it reached no follower:
+        their stream ends with the batch holding ``terminal``, and only a later attach saw
+        it (in the history, then ``end``)."""
+        slot.after_end = (event, detail)
+        try:
+            await save(slot)
+        finally:
+            left, slot.after_end = slot.after_end, None
+        if left is not None:  # no publish showed the end (none was due): shown on its own
+            slot.publish(event, detail)
 
     async def _cancel_saved(self, slot: RunSlot) -> None:
         """``sync`` for a cancel (or a dismissal): its failure says that the cancel is not on
@@ -2147,8 +2160,7 @@ class Runtime:
         self.append(slot, Terminal(at=now, status="failed", error=err))
         slot.agent = AgentClaim()
         self._agent_ended[run_id] = end
-        await self.sync(slot)
-        slot.publish("failed", {"code": "AGENT_TASK_FAILED"})
+        await self._ended_with(slot, "failed", {"code": "AGENT_TASK_FAILED"}, self.sync)
         return slot.view()
 
     # ------------------------------------------------------------------ lifecycle

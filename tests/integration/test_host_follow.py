@@ -417,3 +417,25 @@ def test_the_streams_of_ended_runs_count_toward_what_followers_leave_unread(
                 eventually(lambda: next(iter(client.subscribe(run_id))) and False,
                            timeout=20, what="a follower to be refused")
             assert refused.value.code == "BUSY", refused.value
+
+
+def test_a_follower_of_a_cancelled_run_sees_what_a_later_attach_sees(
+    project: Project,
+) -> None:
+    """The cancel's `failed` was published after the flush that showed `terminal`, which
+    ends a follower's stream: the follower never saw it, a later attach did (in the
+    history). It is now in the same change, and final."""
+    start(project)
+    with Client.connect(project.root) as client, Client.connect(project.root) as follower:
+        run = client.create_run("example", "notes", wait=True)
+        assert run.status == "waiting"
+        stream = follower.subscribe(run.run_id)
+        live = [next(stream)]  # subscribed: the history is on its way
+        client.cancel(run.run_id)
+        live.extend(stream)
+        late = list(client.subscribe(run.run_id))
+    assert [(e.event, e.final) for e in live[-2:]] == [("terminal", False), ("failed", True)]
+    assert live[-1].detail == {"code": "RUN_STOPPED"}
+    # The same events, each once; a later subscriber's history ends with the Run's end.
+    assert [e.event for e in live] == [e.event for e in late[:-1]]
+    assert (late[-1].event, late[-1].final) == ("end", True)
