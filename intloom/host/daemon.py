@@ -230,6 +230,10 @@ _SUSPEND_S_PER_RUN: Final = 0.0005
 # What a stop does unbounded after closing the store (writing and sealing the log, removing
 # its files, exiting), given room in the bound it tells a client: seconds, generously.
 _RELEASE_MARGIN_S: Final = 5.0
+# A stop step's bound whose timer fired this many seconds late found a loop that did not
+# run (a paused host): the step gets _LATE_GRACE_S more, once (Host._bounded).
+_LATE_TIMER_S: Final = 1.0
+_LATE_GRACE_S: Final = 3.0
 
 
 def _identity(st: os.stat_result) -> tuple[int, int]:
@@ -1312,9 +1316,19 @@ class Host:
         assert self._forced is not None
         step = asyncio.ensure_future(awaitable)
         forced = asyncio.ensure_future(self._forced.wait())
+        loop = asyncio.get_running_loop()
+        began = loop.time()
         try:
             await asyncio.wait({step, forced}, timeout=limit,
                                return_when=asyncio.FIRST_COMPLETED)
+            late = loop.time() - began - limit
+            if not step.done() and not forced.done() and late > _LATE_TIMER_S:
+                # The loop did not run for a while (the host paused by SIGSTOP or a
+                # debugger, a VM suspended): on its return every timer fired at once, the
+                # step's own grace with this bound, which cut the step before it could act
+                # on its grace (the stop's account of the Runs it cut was lost). Once more.
+                await asyncio.wait({step, forced}, timeout=_LATE_GRACE_S,
+                                   return_when=asyncio.FIRST_COMPLETED)
         finally:
             forced.cancel()
             # Until it has taken its cancellation it still counts among the running tasks,

@@ -326,6 +326,44 @@ def test_start_does_not_wait_out_its_timeout_for_a_stopping_host_that_was_paused
         (project.root / "gate").touch()
 
 
+def test_a_host_paused_through_its_stop_grace_still_names_the_runs_it_cut(
+    project: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Paused (SIGSTOP) past its grace and the bound around it, the stopping host found every
+    timer due at once on SIGCONT: the bound cut the suspension before it logged which Runs
+    it cut, and intloom stop blamed the log. The bound's late timer now gives it a moment."""
+    (project.root / "workflows" / "stuck.py").write_text(GATE_STEP)
+    (project.root / "intloom.toml").write_text('workflows = ["workflows/stuck.py"]\n')
+    monkeypatch.setenv("INTLOOM_TEST_SUSPEND_GRACE", "1")  # the suspension's bound: 3 s
+    service = start(project).service
+    try:
+        with Client.connect(project.root) as client:
+            run_id = client.create_run("stuck", "go", wait=False).run_id
+        eventually(lambda: (project.root / "entered").exists(), timeout=10,
+                   what="the Step to start")
+        os.kill(service.pid, signal.SIGTERM)
+        eventually(lambda: "service_stopping" in _events(project, service.log_file),
+                   timeout=10, what="the graceful stop to begin")
+        os.kill(service.pid, signal.SIGSTOP)
+        try:
+            # The pause itself, the fault under test: past the grace and its bound (3 s),
+            # and more than a second past it, so that the bound's timer fires late.
+            time.sleep(5)
+        finally:
+            os.kill(service.pid, signal.SIGCONT)
+        eventually(lambda: _released(project, service.pid), timeout=20,
+                   what="the host to finish its stop")
+        path = project.state / "logs" / str(service.log_file)
+        lines = [json.loads(line) for line in path.read_text().splitlines()]
+        cut = [line for line in lines if line["event"] == "runs_cut_at_stop"]
+        assert cut and cut[0]["runs"][0]["runId"] == run_id, lines[-8:]
+        assert "wait" in cut[0]["runs"][0]["evidence"], cut
+        assert not [line for line in lines if line["event"] == "shutdown_step_cut_short"
+                    and line["step"] == "suspend"], lines[-8:]
+    finally:
+        (project.root / "gate").touch()
+
+
 def test_a_plain_stop_waits_as_long_as_the_host_says_its_stop_may_take(
     project: Project, monkeypatch: pytest.MonkeyPatch
 ) -> None:
