@@ -80,6 +80,9 @@ class LoadResult(msgspec.Struct):
     # defined in one of them. Not every problem is one (a repeated entry, whose source
     # loaded from its first; a source withheld for a shared name, whose names are known).
     failed: list[str] = msgspec.field(default_factory=list)
+    # Those of them that failed for want of file descriptors (SourceStarved): what is not
+    # loaded says nothing of the project then, so doctor compares no Run with it.
+    starved: list[str] = msgspec.field(default_factory=list)
 
 
 # A checked hash-based .pyc (PEP 552): flags, then the source's hash, in place of Python's
@@ -322,11 +325,17 @@ def _import(root: Path, entry: Path) -> ModuleType:
     # otherwise end the host, or the doctor and inspect that import it, with every Workflow.
     except BaseException as exc:
         sys.modules.pop(module_name, None)
-        raise IntloomError(
+        starved = isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE)
+        raise (SourceStarved if starved else IntloomError)(
             "WORKFLOW_LOAD_FAILED", f"Importing {entry} failed: {_failure(root, exc)}. "
             f"{_fix(exc)}",
         ) from None
     return module
+
+
+class SourceStarved(IntloomError):
+    """WORKFLOW_LOAD_FAILED for want of file descriptors while a source was imported: the
+    process's limit, not the module (``LoadResult.starved``)."""
 
 
 def _fix(exc: BaseException) -> str:
@@ -798,6 +807,8 @@ def load_workflows(root: Path, config: Config, *,
             try:
                 sources.append((rel, entry, _load_entry(root, rel, entry)))
             except IntloomError as exc:
+                if isinstance(exc, SourceStarved):
+                    result.starved.append(rel)
                 sources.append((rel, entry, exc.recordable()))
             except Exception as exc:  # a fault no check foresaw: this source only, named
                 # _failure: str(exc) is user code (it raised out of the load, so that no

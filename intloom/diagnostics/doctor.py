@@ -855,6 +855,19 @@ def _workflows_check(root: Path, config: Config | None) -> tuple[Check, LoadResu
     except IntloomError as exc:
         return Check("workflows", "attention", exc.message,
                      "Fix the Workflow sources, then run intloom doctor again."), None
+    if result.starved:
+        # This process's limit, not the project: the Runs are compared with no partial load
+        # (they read as held for a Workflow that only failed to load here).
+        problems = "; ".join(f"{source}: {view.message}" for source, view in result.problems
+                             if source in result.starved)
+        return Check(
+            "workflows", "attention",
+            f"{len(result.starved)} Workflow source(s) could not be imported for want of file "
+            f"descriptors in this doctor process: {problems}",
+            "Give this process more file descriptors, as said above, then run intloom "
+            "doctor again; the sources themselves were not judged, nor the Runs against "
+            "them.",
+        ), None
     loaded = ", ".join(
         f"{wf.name} {wf.version} (identity {wf.identity[:12]})"
         for wf in result.workflows.values()

@@ -186,6 +186,26 @@ def test_broken_workflow_is_attention(root: Path) -> None:
     assert "boom" in workflows.message
 
 
+def test_a_source_doctor_could_not_import_for_want_of_descriptors_judges_no_run(
+    root: Path,
+) -> None:
+    """A doctor under a low ulimit -n failed to open one source: the Runs were compared with
+    what did load and each called incompatible (held), and the fix said to mend the source.
+    Such a source is named for the limit, and no Run is compared (as when nothing loads)."""
+    from intloom.authoring.loader import load_workflows_offline
+    from intloom.project import load_config
+
+    (root / "workflows" / "example.py").write_text(
+        "import errno\nraise OSError(errno.EMFILE, 'Too many open files')\n")
+    assert load_workflows_offline(root, load_config(root)).starved == ["workflows/example.py"]
+    workflows = {c.id: c for c in run_doctor(root).checks}["workflows"]
+    assert workflows.status == "attention"
+    assert "for want of file descriptors" in workflows.message, workflows.message
+    assert workflows.next is not None and "Fix the Workflow sources" not in workflows.next
+    (root / "workflows" / "example.py").write_text("raise RuntimeError('boom')\n")
+    assert load_workflows_offline(root, load_config(root)).starved == []
+
+
 def test_public_runtime_dir_is_attention(root: Path) -> None:
     write_connection_json(root, 4242)
     runtime = ProjectPaths(root).runtime
