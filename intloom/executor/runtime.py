@@ -1407,6 +1407,18 @@ class Runtime:
                 f"The answer to {action_id} of Run {run_id} was refused: {exc.message} Nothing "
                 f"was recorded; the Run still waits on it (intloom attach {run_id} shows it).",
             ) from None
+        broken = self.journal.broken
+        if broken is not None:
+            # Taken, it failed its checkpoint and the Run with it (RUN_CHECKPOINT_FAILED),
+            # though nothing made that failure new: the journal was known dead.
+            raise IntloomError(
+                "RUN_CHECKPOINT_FAILED",
+                f"The answer to {action_id} of Run {run_id} was not taken: the host's journal "
+                f"takes no more checkpoints ({broken}), so it could not be saved. Nothing was "
+                "recorded; the Run still waits on it. intloom status names the cause and what "
+                "to fix: run intloom stop, fix it, then intloom start (intloom doctor "
+                "previews what the restart does with this Run), and answer again.",
+            )
         # From here to the append nothing awaits: the first valid answer wins.
         now = clock.now()
         plain = _journalable(msgspec.to_builtins(typed), "The answer")

@@ -55,6 +55,13 @@ class JournalPort(Protocol):
         ``sync(run_id)`` would raise."""
         ...
 
+    @property
+    def broken(self) -> str | None:
+        """Why no checkpoint can be written any more in this process (no replacement for a
+        failed segment), or None: a request whose record must be saved is refused up front
+        then, its Run left as it is."""
+        ...
+
     def when_durable(self, fn: Callable[[], None]) -> None:
         """Call ``fn`` on the event loop once every record appended so far is durable or
         failed (``failure`` tells which), before ``sync`` resumes the coroutines waiting for

@@ -365,6 +365,38 @@ def test_a_journal_whose_wal_refuses_a_new_segment_is_not_told_to_free_disk_spac
     assert project.cli("stop").code == 0
 
 
+def test_an_answer_to_a_host_whose_journal_is_dead_is_refused_and_the_run_still_waits(
+    project: Project, immutable: Callable[[Path], None]
+) -> None:
+    """Once the journal took no more checkpoints, an answer was taken all the same: its
+    checkpoint failed and the Run with it (RUN_CHECKPOINT_FAILED), though the host knew it
+    could not be saved. It is refused up front, and the Run still waits."""
+    start(project)
+    wal = project.state / "runtime" / "wal"
+    with Client.connect(project.root) as client:
+        waiting = client.create_run("example", "waits")
+        assert waiting.status == "waiting" and waiting.pending_action is not None
+        for segment in sorted(wal.glob("*.seg")):
+            immutable(segment)
+        immutable(wal)
+        with pytest.raises(IntloomError) as refused:
+            client.create_run("example", "breaks the journal")
+        assert client.status().journal_error is not None
+        with pytest.raises(IntloomError) as answered:
+            client.answer(waiting.run_id, waiting.pending_action.id, {"isConfirmed": True})
+        message = answered.value.message
+        assert answered.value.code == "RUN_CHECKPOINT_FAILED", message
+        assert "was not taken" in message and "the Run still waits on it" in message, message
+        assert "intloom stop" in message, message
+        after = client.get_run(waiting.run_id)
+        assert after.status == "waiting", after
+        assert after.pending_action == waiting.pending_action
+    assert refused.value.code == "RUN_CHECKPOINT_FAILED"
+    for path in (wal, *wal.glob("*.seg")):
+        assert _chattr(path, "-i"), path
+    assert project.cli("stop").code == 0
+
+
 @pytest.mark.parametrize("stuck", ["service.json", "service.lock"])
 def test_recover_that_cannot_remove_a_stale_file_says_which_and_what_was_removed(
     project: Project, immutable: Callable[[Path], None], stuck: str

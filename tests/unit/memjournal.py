@@ -21,6 +21,7 @@ class MemoryJournal:
         self.failed: dict[str, CheckpointFailed] = {}  # Run -> the failed flush that held it
         self._lock = threading.Lock()  # sync Steps append and flush from their threads
         self.durable_calls: list[Callable[[], None]] = []
+        self.broken: str | None = None  # JournalPort.broken: set by a test
 
     def append(self, run_id: str, record: Record, state: object = None) -> None:
         with self._lock:
