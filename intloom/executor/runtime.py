@@ -661,6 +661,15 @@ def _from_answer(state: RunState) -> str | None:
 _ASKED_GIST: Final = 120
 
 
+def _running(state: RunState) -> str | None:
+    """The code a cancel cuts when the Run was inside a Step, its initialiser or its recover
+    outside any effect, as a restart names it, else None: "The Run was stopped." said
+    nothing of the Step that was running (a stop named it)."""
+    if state.status != "running" or state.phase not in ("executing", "effect_done"):
+        return None
+    return restart_verdict(state, has_recover=False).reason
+
+
 def _waited_on(state: RunState) -> str | None:
     """The wait a cancel ends, when the Run waits on a person or a client Agent (what was
     asked, by whom), else None: "The Run was stopped." alone left the person who had been
@@ -1530,7 +1539,8 @@ class Runtime:
                     # stopped mid-call): named as a stop names it, not left to "stopped.".
                     cut = next((what for working, what in self._agent_work.values()
                                 if working == run_id),
-                               _from_answer(slot.state) or _waited_on(slot.state))
+                               _from_answer(slot.state) or _waited_on(slot.state)
+                               or _running(slot.state))
         if ended:
             if slot.shown.phase != "terminal":
                 # Another request (a cancel, or the Run's own last Step) appended the end and

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import Project, ok, one_source_project, reaped
+from tests.helpers import Project, eventually, ok, one_source_project, reaped
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -47,6 +47,20 @@ three = delegate.stage("three")
 @three.agent_step("look", routes={"done": intloom.COMPLETE}, agent="researcher")
 def look(ctx: intloom.StepContext[None]) -> dict[str, str]:
     return {"topic": ctx.intent}
+
+
+busy = intloom.Workflow("busy-it", version="1.0.0")
+four = busy.stage("four")
+
+
+@four.step("grind", routes={"done": intloom.COMPLETE})
+async def grind(ctx: intloom.StepContext[None]) -> str:
+    import asyncio
+    from pathlib import Path
+
+    Path("entered").touch()
+    await asyncio.Event().wait()  # code outside any effect, until the cancel cuts it
+    return "done"
 '''
 
 
@@ -88,3 +102,16 @@ def test_a_cancel_names_the_wait_it_ends(waits: Project) -> None:
         f"The Run was stopped while Step three/look waited on client Agent task {task} "
         "(available, for Agent 'researcher': {\"topic\":\"1.0\"}); the task is withdrawn, "
         "and the Agent's further requests for it are refused."), message
+
+
+def test_a_cancel_names_the_step_it_cuts_outside_any_effect(waits: Project) -> None:
+    """A Run cancelled while its Step ran code outside any effect: the message was only "The
+    Run was stopped.", where a stop (and a restart) names the Step."""
+    ok(waits.cli("start", "--json"))
+    run = ok(waits.cli("flow", "busy-it", "--intent", "x", "--detach", "--json"))["run"]
+    eventually(lambda: (waits.root / "entered").exists(), timeout=10,
+               what="the Step to start")
+    stopped = ok(waits.cli("cancel", run["runId"], "--json"))["run"]
+    assert stopped["lastError"]["message"] == (
+        "The Run was stopped while Step four/grind was running; no effect was in flight."
+    ), stopped
