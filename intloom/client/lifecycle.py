@@ -797,6 +797,9 @@ def _launch_reported(root: Path, *, port: int | None, strict: bool, deadline: fl
             raise _start_timeout(ProjectPaths(root), proc.pid, killed,
                                  importing.fact()) from None
         raise
+    except KeyboardInterrupt:
+        killed = _stop_child(proc)
+        raise LaunchInterrupted(proc.pid, killed) from None
     except BaseException:
         _stop_child(proc)
         raise
@@ -805,6 +808,41 @@ def _launch_reported(root: Path, *, port: int | None, strict: bool, deadline: fl
         os.close(read_fd)
     _reap_later(proc)
     return service
+
+
+class LaunchInterrupted(KeyboardInterrupt):
+    """Ctrl-C reached a start waiting for the host it launched, which it then stopped;
+    ``note`` says so (the command said only "Interrupted.")."""
+
+    def __init__(self, pid: int, killed: bool) -> None:
+        super().__init__(pid)
+        self.note = (
+            f"Interrupted: the host this start launched (pid {pid}) had not served yet, so "
+            + ("it could not stop in time and was killed; its files remain: run intloom "
+               "recover, then intloom start." if killed else
+               "it was stopped: the start did not happen. Run intloom start again.")
+        )
+
+
+def stop_interrupted_note(root: Path) -> str:
+    """What a stop cut by Ctrl-C leaves: its request may have gone out, and the host goes on
+    with it; said from the files, read-only (the command said only "Interrupted.")."""
+    paths = ProjectPaths(root)
+    try:
+        info = read_service(paths.service_json, root)
+    except IntloomError:
+        info = None
+    if info is None:
+        return ("Stopped waiting (Ctrl-C). No host serves the project now: intloom status "
+                "says whether it is offline.")
+    log = log_path(paths, info.log_file)
+    if last_line(log, STOPPING) is not None:
+        return (f"Stopped waiting (Ctrl-C). The host (pid {info.pid}) is stopping and goes "
+                "on (it suspends its Runs, then exits): intloom status says offline once it "
+                "has.")
+    return (f"Stopped waiting (Ctrl-C). The host (pid {info.pid}) had not begun to stop; "
+            "if the request had gone out, it still stops. intloom status says whether it "
+            "runs; intloom stop asks again.")
 
 
 class _Terminated(Exception):

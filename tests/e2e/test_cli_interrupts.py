@@ -518,3 +518,62 @@ def test_attach_whose_stream_missed_the_suspend_says_the_run_goes_on(
     assert "Failure does not undo committed data" not in out, out
     assert f"The Run {run_id} was suspended by its host (RUN_INTERRUPTED), not ended" in err, err
     hold.unlink()
+
+
+def _stuck_project(project: Project, source: str, name: str) -> None:
+    (project.root / "workflows" / "__init__.py").write_text("")
+    (project.root / "workflows" / f"{name}.py").write_text(source)
+    (project.root / "intloom.toml").write_text(f'workflows = ["workflows/{name}.py"]\n')
+
+
+def test_ctrl_c_on_a_stop_under_way_says_the_host_goes_on_stopping(
+    project: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C while stop waited for a host in its grace said only "Interrupted.": the host
+    went on and stopped, which nothing said."""
+    from tests.integration.test_host_signals import GATE_STEP
+
+    _stuck_project(project, GATE_STEP, "stuck")
+    monkeypatch.setenv("INTLOOM_TEST_SUSPEND_GRACE", "45")
+    ok(project.cli("start", "--json"))
+    pid = project.host_pid()
+    try:
+        ok(project.cli("flow", "stuck", "--intent", "go", "--detach", "--json"))
+        eventually((project.root / "entered").exists, timeout=10, what="the Step to start")
+        log = next((project.state / "logs").glob("LOG-*.jsonl"))
+        with cli_child(project, "stop") as proc:
+            eventually(lambda: "service_stopping" in log.read_text(), timeout=15,
+                       what="the stop to begin")
+            proc.send_signal(signal.SIGINT)
+            _out, err = proc.communicate(timeout=20)
+        assert proc.returncode == exit_codes.INTERRUPTED, err
+        assert err.startswith(f"Stopped waiting (Ctrl-C). The host (pid {pid}) is stopping "
+                              "and goes on"), err
+        assert "Interrupted." not in err, err
+    finally:
+        (project.root / "gate").touch()
+    eventually(lambda: not (project.state / "service.json").exists(), timeout=20,
+               what="the host to finish its stop")
+
+
+def test_ctrl_c_on_a_start_says_it_stopped_the_host_it_launched(project: Project) -> None:
+    """Ctrl-C while start waited for the host it launched (importing its Workflows): start
+    stopped that host, and said only "Interrupted."."""
+    from tests.integration.test_host_signals import SLOW_IMPORT
+
+    _stuck_project(project, SLOW_IMPORT, "slow")
+    try:
+        with cli_child(project, "start") as proc:
+            eventually((project.root / "importing").exists, timeout=20,
+                       what="the host to import its Workflows")
+            pid = int(json.loads((project.state / "service.lock").read_text())["pid"])
+            project.pids.add(pid)
+            proc.send_signal(signal.SIGINT)
+            _out, err = proc.communicate(timeout=30)
+    finally:
+        (project.root / "gate").touch()
+    assert proc.returncode == exit_codes.INTERRUPTED, err
+    assert err.startswith(f"Interrupted: the host this start launched (pid {pid}) had not "
+                          "served yet, so it was stopped: the start did not happen."), err
+    eventually(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status()
+               == psutil.STATUS_ZOMBIE, timeout=10, what="the launched host to exit")

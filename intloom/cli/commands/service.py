@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from intloom.cli.options import CliState, command
+from intloom.cli.options import CliState, Interrupted, command
 from intloom.cli.render import Renderer, changed_lines, plain, service_lines
 
 if TYPE_CHECKING:
@@ -97,8 +97,11 @@ def start(
         # On a terminal the spinner's line says it (a note would be drawn over); elsewhere
         # a note on stderr, since nothing else is said until the --timeout.
         slow = update if renderer.rich_err else renderer.note
-        result = lifecycle.start_service(root, progress=update, slow_import=slow,
-                                         waiting=slow, **kwargs)
+        try:
+            result = lifecycle.start_service(root, progress=update, slow_import=slow,
+                                             waiting=slow, **kwargs)
+        except lifecycle.LaunchInterrupted as interrupted:
+            raise Interrupted(interrupted.note) from None
     _report(renderer, result)
 
 
@@ -134,7 +137,10 @@ def stop(state: CliState, timeout: Annotated[
         # On a terminal the spinner's line says what it waits for; elsewhere a note on
         # stderr, since a host still starting may keep this stop silent for minutes.
         kwargs["starting"] = update if renderer.rich_err else renderer.note
-        result = lifecycle.stop_service_report(root, **kwargs)
+        try:
+            result = lifecycle.stop_service_report(root, **kwargs)
+        except KeyboardInterrupt:
+            raise Interrupted(lifecycle.stop_interrupted_note(root)) from None
     stopped = result.stopped
 
     def text() -> list[str]:
