@@ -59,7 +59,7 @@ from intloom.host.metadata import (
 )
 from intloom.host.observe import observe_file
 from intloom.host.toolcalls import evidence_log, last_log, log_records, tool_calls_cut
-from intloom.project import Config, ProjectPaths, load_config, scan_logs
+from intloom.project import Config, ProjectPaths, load_config, require_short_path, scan_logs
 from intloom.protocol.messages import ServiceView
 
 if TYPE_CHECKING:
@@ -333,6 +333,13 @@ def _runtime_dir_check(paths: ProjectPaths) -> Check:
                 return Check("runtime_dir", "attention",
                              f"No .intloom/ yet, and intloom start cannot create it: {fact}",
                              f"{fix}, then run intloom doctor again.")
+            try:
+                require_short_path(paths.root)
+            except IntloomError as too_long:
+                return Check("runtime_dir", "attention",
+                             "No .intloom/ yet, and intloom start cannot create its files: "
+                             f"{too_long.message}", "Move the project to a shorter path, "
+                             "then run intloom doctor again.")
             return Check("runtime_dir", "ok",
                          "No .intloom/ yet; intloom start creates it (mode 0700).", None)
         return Check("runtime_dir", "attention", f"{exc.path} {exc.fact}.",

@@ -442,6 +442,16 @@ def _inspect(root: Path, probe: bool) -> Inspection:
             problem = here = _unlistened(snap, lock, owners)
     crashed = service is None and _left_by_a_crash(snap)
     status, message = _classify(snap, lock, owners, service, problem, crashed)
+    if status == "offline":
+        # "Run intloom start" of a root that start refuses (too long a path for the files
+        # it writes): the same refusal now, not after the advice is followed.
+        from intloom.project import require_short_path
+
+        try:
+            require_short_path(root)
+        except IntloomError as exc:
+            message = f"The service is offline, and intloom start refuses this project: " \
+                f"{exc.message}"
     # A problem is the diagnosis's message whenever there is one (_classify), so doctor's
     # wording is the problem's own.
     said = here if here is not None else message

@@ -513,6 +513,15 @@ def test_a_project_path_too_long_for_its_state_files_is_refused_by_init_and_star
     assert init.json["error"]["message"].startswith(f"{root} is {length:,} bytes long")
     assert not os.path.lexists(root / ".intloom")
     assert snapshot_files(root) == before
+    # status and doctor said "offline. Run intloom start" and "intloom start creates it".
+    status = cli.cli("status", "--json")
+    assert "intloom start refuses this project" in status.json["message"], status.stdout
+    assert f"{root} is {length:,} bytes long" in status.json["message"], status.stdout
+    doctor = cli.cli("doctor", "--json")
+    [runtime_dir] = [c for c in doctor.json["checks"] if c["id"] == "runtime_dir"]
+    assert runtime_dir["status"] == "attention", runtime_dir
+    assert "shorter path" in runtime_dir["next"], runtime_dir
+    assert snapshot_files(root) == before
     # A root just short enough starts, and its Run's snapshot (written by the restore of
     # the next start, through a temp file of exactly 4,095 bytes) is written.
     ok_root = _deep_dir(tmp_path / "ok", 4095 - 119)
