@@ -1032,6 +1032,8 @@ class Host:
                 raise self._starved
             if not self._stop.is_set():
                 self._service_back()
+                if self.log is not None:
+                    self.log.restore_if_removed()
 
     def _service_back(self) -> None:
         """``service.json`` removed by hand while this host serves is written again (see

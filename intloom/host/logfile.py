@@ -202,6 +202,53 @@ class HostLog:
             return False
         return True
 
+    def restore_if_removed(self) -> bool:
+        """Write the file again at its path when it was removed while this host writes it
+        (``rm -rf .intloom/logs``), from what the open file holds, and go on there; True
+        when it did. The host wrote on into the unlinked file, and what doctor and the next
+        start read from the log (Tool calls in flight, how the stop went) was lost with it,
+        unsaid. A restore that fails is a lost write (``failed``, ``on_failure``)."""
+        fd = self._fd
+        if fd is None or self.failed:
+            return False
+        try:
+            if os.fstat(fd).st_nlink != 0:
+                return False
+        except OSError:
+            return False
+        try:
+            self._restore(fd)
+        except OSError as exc:
+            self._lost(OSError(exc.errno, f"{self.path} was removed while the host wrote it, "
+                               f"and could not be written again ({exc.strerror or exc})"))
+            return False
+        self.write("warning", "log_restored", path=str(self.path),
+                   message="this log file was removed while the host served; it was written "
+                   "again from the open file, and the host goes on writing it")
+        return True
+
+    def _restore(self, fd: int) -> None:
+        ensure_private_dir(self.path.parent)
+        old = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)  # the unlinked file
+        try:
+            new = open_exclusive(
+                self.path,
+                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o600,
+            )
+            try:
+                _copy(old, new)
+                # The same descriptor number now writes the new file: a line another thread
+                # writes meanwhile goes to one file or the other, whole.
+                os.dup2(new, fd, inheritable=False)
+            finally:
+                os.close(new)
+            _copy(old, fd)  # lines written to the old file between the copy and the switch
+            os.fsync(fd)
+            fsync_dir(self.path.parent)
+        finally:
+            os.close(old)
+
     def _lost(self, exc: OSError) -> None:
         first = not self.failed
         self.failed = True
@@ -247,6 +294,14 @@ class HostLog:
             return
         self.write("fatal", event, **context)
         self._finish(seal=False)
+
+
+def _copy(source: int, target: int) -> None:
+    """The rest of ``source`` (from its offset) appended to ``target``."""
+    while chunk := os.read(source, 1 << 20):
+        view = memoryview(chunk)
+        while view:
+            view = view[os.write(target, view):]
 
 
 def _size_limit() -> int | None:
