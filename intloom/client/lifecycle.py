@@ -268,6 +268,36 @@ def _paused_host(pid: int, *, stopping: bool = False, starting: bool = False,
     )
 
 
+def _stopped_by_signal(pid: int) -> bool:
+    """``pid`` is stopped by a signal (SIGSTOP, Ctrl-Z; not a tracer's stop), from
+    /proc/PID/stat, without psutil (``liveness.paused``), which stop need not import."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rpartition(b") ")[2][:1] == b"T"
+    except OSError:
+        return False
+
+
+def _paused_stop(pid: int, *, stopping: bool) -> IntloomError:
+    """CLI_SERVICE_UNAVAILABLE for a stop of a host stopped by a signal, said at once."""
+    if stopping:
+        return IntloomError(
+            "CLI_SERVICE_UNAVAILABLE",
+            f"The project's host (pid {pid}) was asked to stop, and is stopped by a signal "
+            "(SIGSTOP or Ctrl-Z) before it finished: it finishes nothing until it is resumed. "
+            f"Resume it with kill -CONT {pid}: it then finishes its stop and exits (intloom "
+            "status says offline once it has).",
+        )
+    return IntloomError(
+        "CLI_SERVICE_UNAVAILABLE",
+        f"The project's host (pid {pid}) is alive but stopped by a signal (SIGSTOP, Ctrl-Z or "
+        "a debugger): it answers nothing until it is resumed, so no stop was asked of it: "
+        f"nothing was sent. Resume it with kill -CONT {pid}, then run intloom stop again; or "
+        f"stop it as it is with kill -TERM {pid}, then kill -CONT {pid} (a graceful stop: a "
+        "stopped process takes the signal only once resumed).",
+    )
+
+
 def _lock_now(paths: ProjectPaths) -> ServiceLock | None:
     """``service.lock``'s record now; None when there is none or it cannot be read (being
     written or replaced: the next poll reads it)."""
@@ -1725,6 +1755,9 @@ def stop_service_report(root: str | os.PathLike[str], *, timeout: float | None =
     # _owner_gone cannot tell), and "The original service instance stopped" was claimed.
     dead = _process(paths, target.pid, target.create_time, target.boot_id) == "gone"
     log = log_path(paths, info.log_file) if info is not None else None
+    if info is not None and not dead and _stopped_by_signal(target.pid):
+        # Its hello would wait out the whole --timeout (10 s), then a timeout said it.
+        raise _paused_stop(target.pid, stopping=last_line(log, STOPPING) is not None)
     if info is not None:
         asked = _request_stop(root, paths, target, deadline, log)
         tried = True
@@ -1782,6 +1815,11 @@ def stop_service_report(root: str | os.PathLike[str], *, timeout: float | None =
                 assert starting is not None
                 starting(f"The service (pid {target.pid}) is still starting: it is asked to "
                          "stop once it serves.")
+        elif _stopped_by_signal(target.pid):
+            # Paused on its way out: it finishes nothing until resumed, and the stop waited
+            # out its whole bound (27 s) to say so.
+            raise _paused_stop(target.pid, stopping=asked.unsent is None or asked.stopping
+                               or last_line(log, STOPPING) is not None)
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise IntloomError("CLI_SERVICE_TIMEOUT",

@@ -17,31 +17,31 @@ from tests.helpers import Project, eventually, ok, pid_alive
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
 
-def test_stop_timeout_bounds_the_hello_and_says_the_request_was_not_sent(
+def test_stop_of_a_paused_host_says_so_at_once_and_sends_nothing(
     project: Project,
 ) -> None:
+    """A host paused by SIGSTOP: stop waited out its hello for the whole timeout (10 s by
+    default), then said so in a timeout whose first words blamed the cleanup. It reads the
+    pause first and says it at once, with the way to resume or stop the host; nothing is
+    sent, so the host, resumed, still serves."""
     assert project.cli("start").code == 0
     pid = project.host_pid()
     os.kill(pid, signal.SIGSTOP)
     try:
         began = time.monotonic()
-        stop = project.cli("stop", "--timeout", "1", "--json")
+        stop = project.cli("stop", "--json")
         took = time.monotonic() - began
     finally:
         os.kill(pid, signal.SIGCONT)
     assert stop.code != 0, stop.stdout
     error = stop.json["error"]
-    assert error["code"] == "CLI_SERVICE_TIMEOUT"
-    assert "The stop request was not sent" in error["message"], error["message"]
-    assert "did not answer the hello" in error["message"]
-    # Paused is read, not guessed among "paused, hung or busy"; and how to resume it.
-    assert "it is stopped by a signal" in error["message"], error["message"]
+    assert error["code"] == "CLI_SERVICE_UNAVAILABLE", error
+    assert error["message"].startswith(
+        f"The project's host (pid {pid}) is alive but stopped by a signal"), error["message"]
+    assert "nothing was sent" in error["message"], error["message"]
     assert f"kill -CONT {pid}" in error["message"], error["message"]
-    assert "not resent" not in error["message"]
-    # The client's own hello timeout is 5 s; the command must keep to its 1 s (plus the
-    # interpreter's start-up and one poll, generously bounded on a shared 2-core machine).
-    # One second is as telling as two: a stop that waited out the hello would take 5 s.
-    assert took < 3.5, took
+    # Not the 10 s of the default timeout (generously bounded on a shared 2-core machine).
+    assert took < 5, took
 
     # Resumed, the host never got a stop request: it still serves, and stops when asked.
     assert ok(project.cli("status", "--json"))["service"]["pid"] == pid

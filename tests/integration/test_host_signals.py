@@ -326,6 +326,44 @@ def test_start_does_not_wait_out_its_timeout_for_a_stopping_host_that_was_paused
         (project.root / "gate").touch()
 
 
+def test_a_stop_that_finds_the_stopping_host_paused_says_so_at_once(
+    project: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A host paused (SIGSTOP) in its stop's grace: a second stop waited out the whole bound
+    the host gave for its stop (27 s here), then timed out. It reads the pause and says it,
+    with the kill -CONT that lets the host finish."""
+    from intloom.client.lifecycle import stop_service_report
+
+    (project.root / "workflows" / "stuck.py").write_text(GATE_STEP)
+    (project.root / "intloom.toml").write_text('workflows = ["workflows/stuck.py"]\n')
+    monkeypatch.setenv("INTLOOM_TEST_SUSPEND_GRACE", "45")
+    service = start(project).service
+    try:
+        with Client.connect(project.root) as client:
+            client.create_run("stuck", "go", wait=False)
+            eventually(lambda: (project.root / "entered").exists(), timeout=10,
+                       what="the Step to start")
+            client.stop(service.instance_id)
+        eventually(lambda: "service_stopping" in _events(project, service.log_file),
+                   timeout=10, what="the graceful stop to begin")
+        os.kill(service.pid, signal.SIGSTOP)
+        began = time.monotonic()
+        with pytest.raises(IntloomError) as paused:
+            stop_service_report(project.root, timeout=40)
+        took = time.monotonic() - began
+    finally:
+        os.kill(service.pid, signal.SIGCONT)
+        (project.root / "gate").touch()
+    assert paused.value.code == "CLI_SERVICE_UNAVAILABLE", paused.value
+    assert paused.value.message.startswith(
+        f"The project's host (pid {service.pid}) was asked to stop, and is stopped by a "
+        "signal"), paused.value.message
+    assert f"kill -CONT {service.pid}" in paused.value.message
+    assert took < 10, f"stop waited {took:.1f} s of its 40 s for a paused host"
+    eventually(lambda: _released(project, service.pid), timeout=20,
+               what="the host, resumed, to finish its stop")
+
+
 def test_a_host_paused_through_its_stop_grace_still_names_the_runs_it_cut(
     project: Project, monkeypatch: pytest.MonkeyPatch
 ) -> None:
