@@ -294,12 +294,9 @@ def test_a_foreground_host_exits_though_a_to_thread_call_never_returns(
         (project.root / "gate").touch()
 
 
-def test_start_does_not_wait_out_its_timeout_for_a_stopping_host_that_was_paused(
-    project: Project, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """start waits for a host that is stopping; one paused (SIGSTOP) on its way out finishes
-    nothing, so start reports it (the hello went unanswered) instead of waiting out its whole
-    --timeout."""
+def _stopping_in_its_grace(project: Project, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The project's host started with a Run whose Step is stuck (GATE_STEP, released by
+    the ``gate`` file), then asked to stop: it is in its 45 s grace. Its ServiceView."""
     (project.root / "workflows" / "stuck.py").write_text(GATE_STEP)
     (project.root / "intloom.toml").write_text('workflows = ["workflows/stuck.py"]\n')
     monkeypatch.setenv("INTLOOM_TEST_SUSPEND_GRACE", "45")
@@ -312,6 +309,20 @@ def test_start_does_not_wait_out_its_timeout_for_a_stopping_host_that_was_paused
             client.stop(service.instance_id)
         eventually(lambda: "service_stopping" in _events(project, service.log_file),
                    timeout=10, what="the graceful stop to begin")
+    except BaseException:
+        (project.root / "gate").touch()
+        raise
+    return service
+
+
+def test_start_does_not_wait_out_its_timeout_for_a_stopping_host_that_was_paused(
+    project: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """start waits for a host that is stopping; one paused (SIGSTOP) on its way out finishes
+    nothing, so start reports it (the hello went unanswered) instead of waiting out its whole
+    --timeout."""
+    service = _stopping_in_its_grace(project, monkeypatch)
+    try:
         os.kill(service.pid, signal.SIGSTOP)
         # The same unanswered hello, bounded at 1 s rather than the client's 5 s.
         monkeypatch.setenv("INTLOOM_TEST_CLIENT_HELLO_TIMEOUT", "1")
@@ -334,18 +345,8 @@ def test_a_stop_that_finds_the_stopping_host_paused_says_so_at_once(
     with the kill -CONT that lets the host finish."""
     from intloom.client.lifecycle import stop_service_report
 
-    (project.root / "workflows" / "stuck.py").write_text(GATE_STEP)
-    (project.root / "intloom.toml").write_text('workflows = ["workflows/stuck.py"]\n')
-    monkeypatch.setenv("INTLOOM_TEST_SUSPEND_GRACE", "45")
-    service = start(project).service
+    service = _stopping_in_its_grace(project, monkeypatch)
     try:
-        with Client.connect(project.root) as client:
-            client.create_run("stuck", "go", wait=False)
-            eventually(lambda: (project.root / "entered").exists(), timeout=10,
-                       what="the Step to start")
-            client.stop(service.instance_id)
-        eventually(lambda: "service_stopping" in _events(project, service.log_file),
-                   timeout=10, what="the graceful stop to begin")
         os.kill(service.pid, signal.SIGSTOP)
         began = time.monotonic()
         with pytest.raises(IntloomError) as paused:
