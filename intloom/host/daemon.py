@@ -1032,7 +1032,9 @@ class Host:
                 raise self._starved
             if not self._stop.is_set():
                 self._service_back()
-                if self.log is not None:
+                if (self.log is not None and self.log.removed()
+                        and self.ownership.moved_fix() is None):
+                    # Not after a move: its path would be the old place (a copy put back).
                     self.log.restore_if_removed()
 
     def _service_back(self) -> None:

@@ -101,6 +101,7 @@ class HostLog:
         self.on_failure: Callable[[str], None] | None = None
         self._fail_at = os.environ.get(FAIL_HOOK) or None
         self._failing = False
+        self._restore_tried = False  # restore_if_removed: once
 
     @classmethod
     def open(cls, logs_dir: Path, **context: Any) -> HostLog:
@@ -202,25 +203,35 @@ class HostLog:
             return False
         return True
 
+    def removed(self) -> bool:
+        """The open file has no link left: removed while this host writes it."""
+        fd = self._fd
+        if fd is None:
+            return False
+        try:
+            return os.fstat(fd).st_nlink == 0
+        except OSError:
+            return False
+
     def restore_if_removed(self) -> bool:
         """Write the file again at its path when it was removed while this host writes it
         (``rm -rf .intloom/logs``), from what the open file holds, and go on there; True
         when it did. The host wrote on into the unlinked file, and what doctor and the next
         start read from the log (Tool calls in flight, how the stop went) was lost with it,
-        unsaid. A restore that fails is a lost write (``failed``, ``on_failure``)."""
-        fd = self._fd
-        if fd is None or self.failed:
+        unsaid. Tried once: a restore that cannot be made (a full disk, which the removal
+        did not relieve while the file is open; another file at the path; a directory that
+        is not private) is logged, its partial copy removed, and the host writes on into
+        the open file -- every write still succeeds, so it is no lost write."""
+        if self._fd is None or self.failed or self._restore_tried or not self.removed():
             return False
+        self._restore_tried = True
         try:
-            if os.fstat(fd).st_nlink != 0:
-                return False
-        except OSError:
-            return False
-        try:
-            self._restore(fd)
-        except OSError as exc:
-            self._lost(OSError(exc.errno, f"{self.path} was removed while the host wrote it, "
-                               f"and could not be written again ({exc.strerror or exc})"))
+            self._restore(self._fd)
+        except Exception as exc:  # PrivacyError too: a failed restore must not end the host
+            self.write("error", "log_not_restored", path=str(self.path),
+                       message=f"this log file was removed while the host served, and could "
+                       f"not be written again ({getattr(exc, 'strerror', None) or exc}); the "
+                       "host writes on into the removed file, which its next start cannot read")
             return False
         self.write("warning", "log_restored", path=str(self.path),
                    message="this log file was removed while the host served; it was written "
@@ -238,12 +249,19 @@ class HostLog:
             )
             try:
                 _copy(old, new)
-                # The same descriptor number now writes the new file: a line another thread
-                # writes meanwhile goes to one file or the other, whole.
-                os.dup2(new, fd, inheritable=False)
-            finally:
+                os.fsync(new)
+            except BaseException:
                 os.close(new)
-            _copy(old, fd)  # lines written to the old file between the copy and the switch
+                with contextlib.suppress(OSError):
+                    os.unlink(self.path)  # ours (O_EXCL), and partial: never left as a log
+                raise
+            # The same descriptor number now writes the new file. A line another thread
+            # writes meanwhile is whole in one file or the other; those that reached the old
+            # file after the copy are appended below, after any written to the new one since
+            # (their order may differ by those few lines).
+            os.dup2(new, fd, inheritable=False)
+            os.close(new)
+            _copy(old, fd)
             os.fsync(fd)
             fsync_dir(self.path.parent)
         finally:
