@@ -315,6 +315,19 @@ def _unreachable_host(paths: ProjectPaths, root: Path) -> IntloomError | None:
     )
 
 
+def _not_this_projects(pid: int, lock: Path) -> bool:
+    """Live ``pid`` provably does not hold this project: nobody holds the OS lock on
+    ``lock`` (service.lock) and ``pid`` has no descriptor open on it (a host keeps both for
+    its whole life), as doctor judges it. A free lock alone proves nothing (a file system
+    whose locks other processes do not see, a lock file replaced under its host)."""
+    if os_lock(lock)[0] != "free":
+        return False
+    from intloom.host.liveness import holds_open, unheld_lock  # psutil: only on this path
+
+    identity = unheld_lock(lock)
+    return identity is not None and holds_open(pid, identity) is False
+
+
 def _host_gone(pid: int, create_time: float, lock: Path) -> str | None:
     """Why the host recorded as ``pid`` (created at ``create_time``) is provably gone, or
     None. Gone: no process has the pid, it is a zombie (an exited host its parent has not
@@ -744,7 +757,7 @@ class Client:
                 f"{info.pid}, {gone}. Nothing was sent.",
                 service_json_gone=True,
             )
-        if os_lock(paths.service_lock)[0] == "free":
+        if _not_this_projects(info.pid, paths.service_lock):
             # A live host holds its project's OS lock from before it writes service.json to
             # after it removes it. Free here, the pid is another directory's host: this
             # .intloom/ was copied from it, or the project moved while it ran and a copy was
