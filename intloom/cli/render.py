@@ -726,10 +726,11 @@ def service_lines(service: Mapping[str, Any], title: str = "Service running") ->
     restore = service.get("restore")
     held = (restore_count(restore, "needsAttention") if isinstance(restore, Mapping)
             else None)
-    if "wal" in missing and held != 0:
-        # Not when the restore held no Run: "those Runs are held" was said of none.
-        lines.append("A missing segment may have held Runs' records: those Runs are held; "
-                     "put the file back from a copy (intloom doctor).")
+    if "wal" in missing:
+        # "Those Runs are held" only when the restore held some: it was said of none.
+        lines.append("A missing segment may have held Runs' records"
+                     + (": those Runs are held" if held != 0 else "")
+                     + "; put the file back from a copy (intloom doctor).")
     if service.get("logFile"):
         lines.append(f"Log {service['logFile']}")
     if service.get("logError"):

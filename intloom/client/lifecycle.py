@@ -829,7 +829,12 @@ def _launch_reported(root: Path, *, port: int | None, strict: bool, deadline: fl
         raise
     except KeyboardInterrupt:
         killed = _stop_child(proc)
-        raise LaunchInterrupted(proc.pid, killed) from None
+        left = None
+        if killed:
+            with contextlib.suppress(IntloomError):
+                lock = read_lock(ProjectPaths(root).service_lock)
+                left = lock is not None and lock.pid == proc.pid
+        raise LaunchInterrupted(proc.pid, killed, left is True) from None
     except BaseException:
         _stop_child(proc)
         raise
@@ -844,14 +849,18 @@ class LaunchInterrupted(KeyboardInterrupt):
     """Ctrl-C reached a start waiting for the host it launched, which it then stopped;
     ``note`` says so (the command said only "Interrupted.")."""
 
-    def __init__(self, pid: int, killed: bool) -> None:
+    def __init__(self, pid: int, killed: bool, left: bool = False) -> None:
         super().__init__(pid)
-        self.note = (
-            f"Interrupted: the host this start launched (pid {pid}) had not served yet, so "
-            + ("it could not stop in time and was killed; its files remain: run intloom "
-               "recover, then intloom start." if killed else
-               "it was stopped: the start did not happen. Run intloom start again.")
-        )
+        said = f"Interrupted: the host this start launched (pid {pid}) had not served yet, so "
+        if not killed:
+            self.note = said + "it was stopped: the start did not happen. Run intloom start again."
+        elif left:  # its service.lock, which only recover removes (DESIGN section 3)
+            self.note = said + ("it was killed, not stopping in time; its service.lock "
+                                "remains: run intloom doctor, then intloom recover and intloom "
+                                "start.")
+        else:
+            self.note = said + ("it was killed, not stopping in time, before it held the "
+                                "project: the start did not happen. Run intloom start again.")
 
 
 def stop_interrupted_note(root: Path) -> str:
@@ -861,7 +870,8 @@ def stop_interrupted_note(root: Path) -> str:
     try:
         info = read_service(paths.service_json, root)
     except IntloomError:
-        info = None
+        return (f"Stopped waiting (Ctrl-C). {paths.service_json} cannot be read now, so "
+                "whether the host is stopping is not known: run intloom doctor.")
     if info is None:
         return ("Stopped waiting (Ctrl-C). No host serves the project now: intloom status "
                 "says whether it is offline.")

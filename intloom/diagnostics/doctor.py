@@ -788,7 +788,11 @@ def _connection_check(root: Path, has_owners: bool, running: bool = False,
             return Check("connection", "attention", exc.here, _keep_it(paths.connection_json))
         # No host owns the project: the file holds only a port and a token, which a start
         # makes anew. "Fix or move it by hand" left the user to guess what it costs.
-        moved = f"{paths.connection_json}.damaged"
+        # A name no file has: an earlier .damaged one is kept as it is, never overwritten.
+        moved = next((name for n in range(1000)
+                      if not os.path.lexists(name := f"{paths.connection_json}.damaged"
+                                             + (f".{n}" if n else ""))),
+                     f"{paths.connection_json}.damaged.{os.getpid()}")
         return Check(
             "connection", "attention", exc.here,
             "No host owns this project, and the file holds only the port and token clients "

@@ -1425,8 +1425,9 @@ class Runtime:
                 f"The answer to {action_id} of Run {run_id} was not taken: the host's journal "
                 f"takes no more checkpoints ({broken}), so it could not be saved. Nothing was "
                 "recorded; the Run still waits on it. intloom status names the cause and what "
-                "to fix: run intloom stop, fix it, then intloom start (intloom doctor "
-                "previews what the restart does with this Run), and answer again.",
+                "to fix: run intloom stop, fix it, then intloom start, which brings the Run "
+                f"back by the restart table (waiting on {action_id} again when its Step has "
+                "recover; intloom doctor previews it), and answer it then.",
             )
         # From here to the append nothing awaits: the first valid answer wins.
         now = clock.now()

@@ -1361,8 +1361,9 @@ class Host:
             # A Run whose Step is still running may checkpoint before it is suspended.
             snapshots = (self.booted.store.snapshots_due()
                          + self.booted.runtime.counts().get("running", 0))
+        # Each bounded step may get _LATE_GRACE_S more when its timer fires late (_bounded).
         return round(self._suspend_bound() + Server.close_bound(self.options.drain_grace)
-                     + store_close_bound(snapshots) + _RELEASE_MARGIN_S, 3)
+                     + store_close_bound(snapshots) + _RELEASE_MARGIN_S + 2 * _LATE_GRACE_S, 3)
 
     def _suspend_bound(self) -> float:
         """Seconds a stop waits for the suspension: the grace, up to 1 s for the cancelled

@@ -165,7 +165,8 @@ class _Listener(socket.socket):
     A Step that closed stdout or stderr (``os.close(1)``) left the number free, the next
     connection took it, and the Step's next ``print`` went into a command's socket: the
     client read a broken frame (PROJECT_RESPONSE_INVALID). asyncio's accept loop calls this
-    ``accept``; the cost is one comparison per connection, none per Step."""
+    ``accept``; per connection it also counts the open descriptors (``refuse``: a listing of
+    /proc/self/fd), none of it per Step."""
 
     # Set by Server.listen: answers (BUSY) and closes a connection accepted while fewer than
     # FD_RESERVE descriptors are free.
