@@ -272,7 +272,7 @@ def _start_over_a_host_paused_in_its_grace(project: Project) -> None:
     assert project.cli("flow", "grace", "--intent", "i", "--detach").code == 0
     eventually(lambda: (project.root / "started").exists(), timeout=30,
                what="the Step to start")
-    # Its --timeout runs out while the host is paused: the pause lasts until it has.
+    # The stop, under way, meets the pause (it reads it at its next poll); so does start.
     stop = subprocess.Popen(
         [sys.executable, "-m", "intloom", "--project", str(project.root), "--json", "stop",
          "--timeout", "6"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -296,14 +296,15 @@ def _start_over_a_host_paused_in_its_grace(project: Project) -> None:
         assert (f"Resume it with kill -CONT {pid}: it then finishes its stop and exits"
                 in error["message"]), error["message"]
         assert "reuses it" not in error["message"], error["message"]
-        # The stop whose request it took, and whose time ran out meanwhile, names the pause
-        # too: "still stopping ... run intloom stop again to wait for it" was all it said.
+        # The stop whose request it took names the pause too ("still stopping ... run
+        # intloom stop again to wait for it" was all it said, once its time ran out; it
+        # reads the pause at its next poll now).
         out, _ = stop.communicate(timeout=60)
         assert stop.returncode == 1, out
         said = json.loads(out)["error"]
-        assert said["code"] == "CLI_SERVICE_TIMEOUT", said
-        assert (f"The host (pid {pid}) began its stop and is stopped by a signal" in
-                said["message"]), said["message"]
+        assert said["code"] == "CLI_SERVICE_UNAVAILABLE", said
+        assert (f"The project's host (pid {pid}) was asked to stop, and is stopped by a "
+                "signal" in said["message"]), said["message"]
         assert f"Resume it with kill -CONT {pid}" in said["message"], said["message"]
     finally:
         (project.root / "gate").touch()
