@@ -101,9 +101,15 @@ class _FromSource(importlib.machinery.SourceFileLoader):
     against the source): a large tree is not compiled again at every start."""
 
     def get_code(self, fullname: str) -> CodeType:
-        source = self.get_data(self.path)
+        # After the load, a module of a loaded tree is compiled from the bytes its identity
+        # hashed, kept since: one a Step imports only once it runs was read from the disk
+        # then, and an edit saved meanwhile (a git pull before a restart) failed that Run
+        # for good, or ran code its journal's identity does not name.
+        kept = _TREES.kept_source(self.path)
+        source = kept if kept is not None else self.get_data(self.path)
         _TREES.compiled_from(self.path, source)
-        _TREES.check_unchanged(self.path, source)
+        if kept is None:
+            _TREES.check_unchanged(self.path, source)
         key = importlib.util.source_hash(source)
         try:
             cached: str | None = importlib.util.cache_from_source(self.path)
@@ -191,9 +197,25 @@ class _SourceTrees(importlib.abc.MetaPathFinder):
         # journal's identity does not name (start says the host runs the code it loaded).
         self.loaded_roots: dict[str, str] = {}
         self.loaded: dict[str, bytes] = {}
+        # The bytes those identities took of each Python file of a loaded tree, by path:
+        # what a module imported after the load is compiled from (``kept_source``). Python
+        # files only: a tree's other files (data, docs) are hashed, never imported.
+        self.sources: dict[str, bytes] = {}
         # Each loaded tree's project root (resolved), which paths in Run errors are shown
         # relative to (``raised_at``).
         self.projects: dict[str, Path] = {}
+
+    def kept_source(self, path: str) -> bytes | None:
+        """The bytes a loaded Workflow's identity took of the Python file at ``path``, once
+        the load is over (``compiled`` is None); None for a file it did not take."""
+        if self.compiled is not None or not self.sources:
+            return None
+        kept = self.sources.get(os.path.normpath(path))
+        if kept is None:  # the same file spelled another way (a link, ``..``)?
+            real = os.path.realpath(path)
+            kept = next((data for other, data in self.sources.items()
+                         if os.path.realpath(other) == real), None)
+        return kept
 
     def check_unchanged(self, path: str, source: bytes) -> None:
         """Refuse a module imported after the load (``compiled`` is None then) from a loaded
@@ -1107,6 +1129,11 @@ def _load_entry(root: Path, rel: str, entry: Path) -> dict[str, LoadedWorkflow]:
             schemas=wf.schemas(),
         ), name)
         _TREES.loaded.update(hashed)
+        if _TREES.reads is not None:
+            for path in hashed:
+                taken = _TREES.reads.digests.get(path)
+                if taken is not None and path.endswith(".py"):
+                    _TREES.sources.setdefault(path, taken[0])
         _TREES.loaded_roots.setdefault(os.path.normpath(source_root(entry)),
                                        f"{wf.name} {wf.version}")
         _TREES.projects.setdefault(os.path.normpath(source_root(entry)), root.resolve())

@@ -195,40 +195,60 @@ LAZY = textwrap.dedent('''
 ''')
 
 
-@pytest.mark.parametrize("change", ["edited", "added"])
-def test_a_module_a_step_imports_after_an_edit_does_not_run_under_the_loaded_identity(
-    tmp_path: Path, change: str,
-) -> None:
-    """start says the host runs the code it loaded, and a Run's journal names that code's
-    identity. A tree module a Step imports only when it runs was read for the identity at
-    the host's start, but imported later from the bytes on disk: edited (or added) since,
-    the Run ran code its journal does not name. The import is refused instead, naming the
-    file and the restart that loads it."""
+def _lazy_project(tmp_path: Path, helper: str | None) -> tuple[Project, Path]:
     root = tmp_path / "proj"
     lazy = root / "workflows" / "lazy"
     lazy.mkdir(parents=True)
     (lazy / "__init__.py").write_text(LAZY)
-    if change == "edited":
-        (lazy / "helper.py").write_text('OUTCOME = "old"\n')
+    if helper is not None:
+        (lazy / "helper.py").write_text(helper)
     (root / "intloom.toml").write_text('workflows = ["workflows/lazy"]\n')
-    for project in reaped(Project(root=root)):
+    return Project(root=root), lazy
+
+
+def _outcome(project: Project, run_id: str) -> str:
+    records = ok(project.cli("inspect", run_id, "--json"))["records"]
+    return str(next(r["record"]["outcome"] for r in records if r["phase"] == "step_result"))
+
+
+def test_a_module_a_step_imports_after_an_edit_runs_the_bytes_the_host_loaded(
+    tmp_path: Path,
+) -> None:
+    """start says the host runs the code it loaded, and a Run's journal names that code's
+    identity. A tree module a Step imports only when it runs was read for the identity at
+    the host's start, but imported later from the bytes on disk: edited since, the Run ran
+    code its journal does not name; then the import was refused, failing the Run for good
+    (a file saved, a git pull before a restart). It runs the bytes the host loaded."""
+    made, lazy = _lazy_project(tmp_path, 'OUTCOME = "old"\n')
+    for project in reaped(made):
         ok(project.cli("start", "--json"))
         (lazy / "helper.py").write_text('OUTCOME = "new"\n')
         assert [c["change"] for c in ok(project.cli("start", "--json"))["changedSinceStart"]
                 ] == ["edited"]
-
-        ran = project.cli("flow", "lazy", "--intent", "i", "--json")
-        run = ran.json["run"]
-        assert run["status"] == "failed", run  # not completed through the new code
-        assert run["lastError"]["code"] == "STEP_EXECUTION_FAILED", run
-        message = run["lastError"]["message"]
-        assert f"{lazy / 'helper.py'} changed since the host loaded Workflow lazy 1.0.0" in (
-            message), message
-        assert "intloom stop, then intloom start" in message, message
+        run = ok(project.cli("flow", "lazy", "--intent", "i", "--json"))["run"]
+        assert run["status"] == "completed", run
+        assert _outcome(project, run["runId"]) == "old"
         ok(project.cli("stop", "--json"))
         ok(project.cli("start", "--json"))  # loaded now: the new code, under its identity
-        assert ok(project.cli("flow", "lazy", "--intent", "i", "--json"))["run"][
-            "status"] == "completed"
+        run = ok(project.cli("flow", "lazy", "--intent", "i", "--json"))["run"]
+        assert _outcome(project, run["runId"]) == "new"
+        ok(project.cli("stop", "--json"))
+
+
+def test_a_module_added_to_the_tree_after_the_load_is_not_imported(tmp_path: Path) -> None:
+    """A tree module that was not there when the host loaded the Workflow has no bytes its
+    identity took: its import is refused, naming the file and the restart that loads it."""
+    made, lazy = _lazy_project(tmp_path, None)
+    for project in reaped(made):
+        ok(project.cli("start", "--json"))
+        (lazy / "helper.py").write_text('OUTCOME = "new"\n')
+        run = project.cli("flow", "lazy", "--intent", "i", "--json").json["run"]
+        assert run["status"] == "failed", run  # not completed through code never loaded
+        assert run["lastError"]["code"] == "STEP_EXECUTION_FAILED", run
+        message = run["lastError"]["message"]
+        assert f"{lazy / 'helper.py'} changed since the host loaded Workflow lazy 1.0.0 (it " \
+            "was not in the source tree then)" in message, message
+        assert "intloom stop, then intloom start" in message, message
         ok(project.cli("stop", "--json"))
 
 
