@@ -216,6 +216,7 @@ CATALOGUE: Final[dict[str, tuple[str, bool]]] = {
     "CLI_INIT_TARGET_INVALID": ("The init target is not a directory.", False),
     "CLI_INIT_FAILED": ("The project could not be scaffolded.", False),
     "CLI_INTERNAL_ERROR": ("The local operation failed.", False),
+    "CLI_PLATFORM_UNSUPPORTED": ("intloom runs on Linux (a POSIX system) only.", False),
     "CLI_OUTPUT_FAILED": ("The output could not be written to stdout.", False),
     "PROJECT_CONNECTION_FAILED": ("Could not connect to the project service.", True),
     "PROJECT_REQUEST_FAILED": (

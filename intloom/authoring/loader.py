@@ -15,6 +15,7 @@ import importlib.machinery
 import importlib.util
 import marshal
 import os
+import shlex
 import signal
 import stat
 import sys
@@ -377,6 +378,14 @@ def _fix(exc: BaseException) -> str:
         return (f"A Workflow module must not raise {type(exc).__name__} (a BaseException, "
                 "which the process keeps for itself) when it is imported: raise an exception "
                 "instead, then restart the host.")
+    if isinstance(exc, ModuleNotFoundError) and exc.name:
+        # The host runs the interpreter intloom is installed in (a venv, a pipx one): a
+        # package installed for another Python is not found, and "fix the module" said
+        # nothing of where to install it.
+        top = exc.name.partition(".")[0]
+        return (f"If {top!r} is a package, install it for the Python the host runs: "
+                f"{shlex.quote(sys.executable)} -m pip install {shlex.quote(top)}; if it is a "
+                "module of the project, check its name and place. Then restart the host.")
     if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
         # The process's limit, not the module: "Fix the module" sent the user to code that
         # may be fine (and doctor then held its Runs as if the source had changed).

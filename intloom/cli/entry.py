@@ -24,6 +24,14 @@ __all__ = ["run"]
 
 
 def run() -> NoReturn:
+    if os.name != "posix":
+        # The host and the store use POSIX file locks and descriptors throughout (fcntl,
+        # /proc, fdatasync): on another OS every command failed CLI_INTERNAL_ERROR, exit 70,
+        # "report it".
+        sys.stderr.write(f"Failure · CLI_PLATFORM_UNSUPPORTED: intloom runs on Linux (a "
+                         f"POSIX system), not on {sys.platform}; nothing was done. Run it under "
+                         "Linux (on Windows, in WSL).\n")
+        raise SystemExit(exit_codes.FAILURE)
     gc.disable()
     try:
         from intloom.cli.app import main

@@ -717,11 +717,41 @@ def _host_command(root: Path, port: int | None, strict: bool, ready_fd: int) -> 
 
 
 def _host_env() -> dict[str, str]:
-    # The host runs with -P in the project directory, so it finds intloom where we found it.
+    """The host's environment: this one's, with the directory intloom was imported from
+    added to PYTHONPATH (last) only when the host's interpreter would not find intloom
+    without it. The host runs with -P in the project directory, so a checkout run from its
+    own directory needs it; an installed intloom (a wheel, an editable install) does not,
+    and its whole site-packages on PYTHONPATH went to every program a Step started (another
+    venv's Python loaded this one's packages) and came before the standard library."""
     here = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH", "")) if p)
+    if not _importable_without(here, env.get("PYTHONPATH", "")):
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH", ""), here) if p)
     return env
+
+
+def _importable_without(here: str, pythonpath: str) -> bool:
+    """Whether a fresh ``sys.executable -P`` finds the intloom imported from ``here``: an
+    editable install's import hook serves it, or ``here`` is a site directory, a path a
+    ``.pth`` file adds, or on ``pythonpath``."""
+    return _editable_intloom() or _on_path(here, pythonpath)
+
+
+def _editable_intloom() -> bool:
+    return any(getattr(finder, "__module__", "").startswith("__editable___intloom")
+               for finder in sys.meta_path)
+
+
+def _on_path(here: str, pythonpath: str) -> bool:
+    import site
+
+    real = os.path.realpath(here)
+    named = {os.path.realpath(p) for p in pythonpath.split(os.pathsep) if p}
+    sites = {os.path.realpath(p) for p in [*site.getsitepackages(), site.getusersitepackages()]}
+    if real in named or real in sites:
+        return True
+    # sys.path[0] is the script's directory (or the working directory): -P leaves it out.
+    return any(os.path.realpath(p) == real for p in sys.path[1:] if p)
 
 
 def _reap_later(proc: subprocess.Popen[bytes]) -> None:

@@ -818,6 +818,8 @@ def test_piped_tables_are_not_padded(project: Project) -> None:
     ready = next(line for line in flows if line.startswith("example "))
     broken = next(line for line in flows if line.startswith("workflows/broken.py "))
     assert "No module named 'no_such_module_here'" in broken
+    # Where to install it: the host's own interpreter (it said only "fix the module").
+    assert "install it for the Python the host runs" in broken, broken
     assert len(ready) < 80, ready  # name, version, readiness, identity, source
 
 

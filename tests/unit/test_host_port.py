@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import os
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -100,3 +102,23 @@ def test_the_test_ports_hook_never_picks_a_port_another_host_bound_and_is_not_ye
             assert client.recv(1) == b""
     # A restart on the saved port passes that TIME_WAIT, as it does for a kernel-picked port.
     bind_port(port).close()
+
+
+def test_the_host_gets_no_pythonpath_where_it_finds_intloom_without_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The launcher put the directory intloom came from on the host's PYTHONPATH, first,
+    always: for an installed intloom, its whole site-packages, which every program a Step
+    started inherited (another venv's Python loaded this one's packages). Only a checkout
+    run from its own directory, which the host's -P leaves out, needs it, and gets it last."""
+    from intloom.client import lifecycle
+
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    # This suite's intloom is installed (editable): found without a PYTHONPATH.
+    assert "PYTHONPATH" not in lifecycle._host_env()
+    elsewhere = str(tmp_path)
+    assert not lifecycle._on_path(elsewhere, "")
+    assert lifecycle._on_path(elsewhere, os.pathsep.join(["/x", elsewhere]))
+    monkeypatch.setattr(lifecycle, "_importable_without", lambda here, pythonpath: False)
+    monkeypatch.setenv("PYTHONPATH", "/mine")
+    assert lifecycle._host_env()["PYTHONPATH"].split(os.pathsep)[0] == "/mine"
