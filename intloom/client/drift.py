@@ -28,7 +28,8 @@ from intloom.runtime.records import PROTOCOL_VERSION as WORKFLOW_PROTOCOL
 
 __all__ = ["SourceChange", "against_host", "changed_tree", "since_log", "since_start"]
 
-Change = Literal["listed", "unlisted", "edited", "unreadable", "config", "port", "intloom"]
+Change = Literal["listed", "unlisted", "moved", "edited", "unreadable", "config", "port",
+                 "intloom"]
 
 
 class SourceChange(msgspec.Struct, frozen=True):
@@ -103,9 +104,23 @@ def since_start(root: Path, service: ServiceView, flows: list[WorkflowInfo]
         out.append(SourceChange(
             "intloom.toml", "port", f"intloom.toml sets port {config.port}; the host listens "
             f"on {service.port}, and the next start listens on {config.port}."))
+    newly = [source for source in dict.fromkeys(config.workflows)
+             if os.path.normpath(source) not in loaded_paths]
     for source, infos in loaded.items():
         if os.path.normpath(source) not in listed:
             names = ", ".join(i.name for i in infos if i.ready) or None
+            moved = _moved(root, infos, newly) if names else None
+            if moved is not None:
+                # Listed under another path whose tree hashes to the same identities (a file
+                # alone in its directory moved with it): the next start restores their Runs,
+                # and "no longer listed: its Runs are held" was a false alarm.
+                out.append(SourceChange(
+                    source, "moved",
+                    f"{source} is no longer listed in intloom.toml, and {moved} is: the same "
+                    f"code ({names}, the same identity), which the next start loads from there "
+                    "and continues its Runs with; the host still runs it from where it "
+                    "loaded it.", names))
+                continue
             # No Workflow of it ready: it failed to load at the host's start (boot lists a
             # failed source by its path), so nothing of it runs.
             runs = (f"the host still runs its Workflows ({names})" if names else
@@ -172,6 +187,25 @@ def since_start(root: Path, service: ServiceView, flows: list[WorkflowInfo]
                     f"{_modified_since(root, entry, service.started_at)}); the host runs the "
                     "code it loaded.", info.name))
     return out
+
+
+def _moved(root: Path, infos: list[WorkflowInfo], newly: list[str]) -> str | None:
+    """The newly listed source whose tree gives every ready Workflow of ``infos`` (one
+    source the host loaded, no longer listed) the identity the host loaded it with, or
+    None. Hashed without importing anything: the identity covers the name, the version and
+    the tree's bytes."""
+    ready = [info for info in infos if info.ready]
+    for source in newly:
+        entry = root / source
+        if link_loop(root, source) is not None or _refused(entry) is not None:
+            continue
+        try:
+            if all(workflow_identity(info.name, info.version, entry) == info.identity
+                   for info in ready):
+                return source
+        except (IntloomError, OSError):
+            continue
+    return None
 
 
 def named_source(source: str, workflow: str | None = None) -> str:

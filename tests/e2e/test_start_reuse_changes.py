@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import Project, ok, reaped
+from tests.helpers import Project, make_project, ok, reaped
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -368,4 +368,35 @@ def test_flows_names_a_source_listed_since_the_host_started(project: Project) ->
     assert "To load the change: intloom stop, then intloom start" in text.stderr
     assert text.stdout.strip().splitlines()[-1].split()[0] == "note", text.stdout
     assert "Changed" not in text.stdout
+    ok(project.cli("stop", "--json"))
+
+
+def test_a_workflow_moved_with_its_tree_is_not_said_to_hold_its_runs(tmp_path: Path) -> None:
+    """A Workflow file alone in its directory, moved to another and listed there: its
+    identity is the same, and the next start restores its Runs. status said it was no
+    longer listed and that a restart holds its Runs; stop said the next start holds every
+    unfinished Run of it."""
+    for project in reaped(make_project(tmp_path)):
+        _moved_and_restored(project)
+
+
+def _moved_and_restored(project: Project) -> None:
+    ok(project.cli("start", "--json"))
+    run = ok(project.cli("flow", "example", "--intent", "moved", "--json"))["run"]
+    moved = project.root / "flows" / "example.py"
+    moved.parent.mkdir()
+    (project.root / "workflows" / "example.py").rename(moved)
+    (project.root / "intloom.toml").write_text('workflows = ["flows/example.py"]\n')
+    changed = ok(project.cli("start", "--json"))["changedSinceStart"]
+    assert {c["change"] for c in changed} == {"listed", "moved"}, changed
+    [said] = [c for c in changed if c["change"] == "moved"]
+    assert said["source"] == "workflows/example.py", said
+    assert "flows/example.py is" in said["message"] and "continues its Runs" in said["message"]
+    status = project.cli("status").stdout
+    assert "held" not in status, status
+    stop = project.cli("stop")
+    assert stop.code == 0, stop.stderr
+    assert "holds" not in stop.stdout + stop.stderr, stop.stdout
+    started = ok(project.cli("start", "--json"))["service"]["restore"]
+    assert started["waiting"] == [run["runId"]], started
     ok(project.cli("stop", "--json"))
