@@ -215,8 +215,8 @@ def test_a_stop_names_the_sources_changed_since_its_host_loaded_them(tmp_path: P
     assert text[-1] == (
         "But wf/a changed since this host loaded it: the next start holds those unfinished "
         "Runs of a that began with other code than what is on disk now (needs attention) "
-        "rather than restoring them by the restart table; intloom doctor lists them and what "
-        "a start would do."), text
+        "rather than restoring them by the restart table, whatever the lines above say of "
+        "them; intloom doctor lists them and what a start would do."), text
     # Another intloom's identities differ for every tree: nothing is judged from them.
     assert since_log(root, _host_log(root, _loaded(root, "wf/a", "a"), version="0.0.1")) == []
 

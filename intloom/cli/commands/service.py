@@ -258,9 +258,12 @@ def _changed_since_load(changed: list[SourceChange]) -> str:
         # never came.
         held = (f"those unfinished Runs {whose}that began with other code than what is on "
                 "disk now (")
+    # Said last, after the lines that name Runs the next start reports RUN_INTERRUPTED or
+    # resumes: of those, the ones of these Workflows are held instead (a reader took the
+    # earlier lines for what would happen to every Run).
     return (f"But {'; '.join(facts)}: the next start holds {held}needs attention) rather "
-            "than restoring them by the restart table; intloom doctor lists them and what a "
-            "start would do.")
+            "than restoring them by the restart table, whatever the lines above say of them; "
+            "intloom doctor lists them and what a start would do.")
 
 
 def _joined(lines: list[str]) -> list[str]:
