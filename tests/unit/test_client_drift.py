@@ -295,5 +295,6 @@ def test_a_stop_says_every_run_of_a_source_no_longer_listed_is_held() -> None:
     assert text[-1] == (
         "But triage is no longer listed in intloom.toml: the next start holds every "
         "unfinished Run of triage (its Workflow is not loaded then; needs attention) rather "
-        "than restoring them by the restart table; intloom doctor lists them and what a "
+        "than restoring them by the restart table, whatever the lines above say of them; "
+        "intloom doctor lists them and what a "
         "start would do."), text
