@@ -10,6 +10,7 @@ import os
 import signal
 import time
 
+import psutil
 import pytest
 
 from tests.helpers import Project, eventually, ok, pid_alive
@@ -28,6 +29,10 @@ def test_stop_of_a_paused_host_says_so_at_once_and_sends_nothing(
     pid = project.host_pid()
     os.kill(pid, signal.SIGSTOP)
     try:
+        # Stopped by then, as a host a person paused is (one paused during the stop's hello
+        # is waited for as long as --timeout allows).
+        eventually(lambda: psutil.Process(pid).status() == psutil.STATUS_STOPPED,
+                   timeout=10, what="the host to be stopped by the signal")
         began = time.monotonic()
         stop = project.cli("stop", "--json")
         took = time.monotonic() - began

@@ -348,6 +348,10 @@ def test_a_stop_that_finds_the_stopping_host_paused_says_so_at_once(
     service = _stopping_in_its_grace(project, monkeypatch)
     try:
         os.kill(service.pid, signal.SIGSTOP)
+        # Stopped by then, as a host a person paused is: one paused during the stop's hello
+        # is waited for as long as --timeout allows (a busy host's hello may take long).
+        eventually(lambda: psutil.Process(service.pid).status() == psutil.STATUS_STOPPED,
+                   timeout=10, what="the host to be stopped by the signal")
         began = time.monotonic()
         with pytest.raises(IntloomError) as paused:
             stop_service_report(project.root, timeout=40)
