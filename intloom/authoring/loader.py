@@ -490,6 +490,25 @@ def _placed(root: Path, exc: IntloomError, at: tuple[str, int] | None) -> Intloo
                         retryable=exc.retryable)
 
 
+_PACKAGE: Final = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _raised_in_intloom(exc: BaseException) -> str | None:
+    """``intloom/<module>.py line N`` when the innermost frame of ``exc`` is intloom's own
+    (checking a loaded Workflow, not running its code), else None: a fault there was called
+    a Workflow's ("Fix the definition"), as with a msgspec too old for intloom."""
+    tb = exc.__traceback__
+    if tb is None:
+        return None
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    path = os.path.abspath(tb.tb_frame.f_code.co_filename)
+    if not path.startswith(_PACKAGE + os.sep):
+        return None
+    shown = os.path.relpath(path, os.path.dirname(_PACKAGE))
+    return f"{shown} line {tb.tb_lineno}"
+
+
 def _failure(root: Path, exc: BaseException) -> str:
     """The exception's type and message, and where in the project it was raised."""
     root = root.resolve()
@@ -844,11 +863,18 @@ def load_workflows(root: Path, config: Config, *,
             except Exception as exc:  # a fault no check foresaw: this source only, named
                 # _failure: str(exc) is user code (it raised out of the load, so that no
                 # source loaded), and an exception without arguments read "raised X: ."
-                sources.append((rel, entry, IntloomError(
+                ours = _raised_in_intloom(exc)
+                sources.append((rel, entry, (IntloomError(
+                    "CLI_INTERNAL_ERROR",
+                    f"{rel}: checking its Workflows failed inside intloom, at {ours}: "
+                    f"{_failure(root, exc)}. A fault of intloom or of a package it needs, not "
+                    "of the Workflow: pip check shows a dependency of the wrong version; "
+                    "intloom --debug doctor shows the traceback to report.",
+                ) if ours is not None else IntloomError(
                     "WORKFLOW_DEFINITION_INVALID",
                     f"{rel}: checking its Workflows raised {_failure(root, exc)}. Fix the "
                     "definition and restart the host.",
-                ).view()))
+                )).view()))
             finally:
                 strayed()
                 if progress is not None:

@@ -1142,6 +1142,29 @@ def test_a_fault_no_check_foresaw_fails_only_its_own_source(
                             "an unforeseen fault. Fix the definition and restart the host.")
 
 
+def test_a_fault_inside_intloom_while_checking_is_not_blamed_on_the_workflow(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A fault raised in intloom's own code as it checked a loaded Workflow (a dependency
+    of the wrong version: with a msgspec older than intloom needs, pip check passed and the
+    example failed "AttributeError: module 'msgspec.inspect' has no attribute ...") was
+    called the Workflow's: WORKFLOW_DEFINITION_INVALID, "Fix the definition", of code that
+    was fine. Here a call of intloom's gets a function of another signature (a builtin, so
+    that the innermost frame is intloom's, as with a C extension of the wrong version)."""
+    from intloom.authoring import loader
+
+    config = _project(tmp_path, {})
+    monkeypatch.setattr(loader, "workflow_identity", len)
+    result = load_workflows(tmp_path, config)
+    [(source, view)] = result.problems
+    assert source == "workflows/good/wf.py"
+    assert view.code == "CLI_INTERNAL_ERROR", view
+    assert view.message.startswith(f"{source}: checking its Workflows failed inside intloom, "
+                                   "at intloom/authoring/loader.py line "), view.message
+    assert "not of the Workflow" in view.message and "pip check" in view.message, view.message
+    assert "Fix the definition" not in view.message, view.message
+
+
 # A module-level proxy that reads settings when first touched (django's settings, a
 # werkzeug LocalProxy): the loader's isinstance() asks for its __class__, which raises.
 LAZY = textwrap.dedent('''
