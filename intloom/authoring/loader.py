@@ -868,8 +868,8 @@ def load_workflows(root: Path, config: Config, *,
                     "CLI_INTERNAL_ERROR",
                     f"{rel}: checking its Workflows failed inside intloom, at {ours}: "
                     f"{_failure(root, exc)}. A fault of intloom or of a package it needs, not "
-                    "of the Workflow: pip check shows a dependency of the wrong version; "
-                    "intloom --debug doctor shows the traceback to report.",
+                    "of the Workflow: pip check shows a dependency of the wrong version; if "
+                    "none is, report it with this message.",
                 ) if ours is not None else IntloomError(
                     "WORKFLOW_DEFINITION_INVALID",
                     f"{rel}: checking its Workflows raised {_failure(root, exc)}. Fix the "
