@@ -107,10 +107,10 @@ class _FromSource(importlib.machinery.SourceFileLoader):
         # then, and an edit saved meanwhile (a git pull before a restart) failed that Run
         # for good, or ran code its journal's identity does not name.
         kept = _TREES.kept_source(self.path)
+        if kept is None:
+            _TREES.refuse_added(self.path)
         source = kept if kept is not None else self.get_data(self.path)
         _TREES.compiled_from(self.path, source)
-        if kept is None:
-            _TREES.check_unchanged(self.path, source)
         key = importlib.util.source_hash(source)
         try:
             cached: str | None = importlib.util.cache_from_source(self.path)
@@ -192,15 +192,12 @@ class _SourceTrees(importlib.abc.MetaPathFinder):
         # Workflow of a directory hashes the whole directory, and each read every file again
         # (300 files: 44,850 reads; ``Reads``).
         self.reads: Reads | None = None
-        # Each loaded Workflow's tree (root -> "name version"), and the sha256 of the bytes
-        # its identity took for each file, by path: a module a Step imports only once it
-        # runs is read then, and must still be those bytes, or the Run would run code its
+        # Each loaded Workflow's tree (root -> "name version"), and the bytes its identity
+        # took of each Python file there, by path: a module a Step imports only once it
+        # runs is compiled from them (``kept_source``), or the Run would run code its
         # journal's identity does not name (start says the host runs the code it loaded).
+        # Python files only: a tree's other files (data, docs) are hashed, never imported.
         self.loaded_roots: dict[str, str] = {}
-        self.loaded: dict[str, bytes] = {}
-        # The bytes those identities took of each Python file of a loaded tree, by path:
-        # what a module imported after the load is compiled from (``kept_source``). Python
-        # files only: a tree's other files (data, docs) are hashed, never imported.
         self.sources: dict[str, bytes] = {}
         # Each loaded tree's project root (resolved), which paths in Run errors are shown
         # relative to (``raised_at``).
@@ -218,33 +215,25 @@ class _SourceTrees(importlib.abc.MetaPathFinder):
                          if os.path.realpath(other) == real), None)
         return kept
 
-    def check_unchanged(self, path: str, source: bytes) -> None:
+    def refuse_added(self, path: str) -> None:
         """Refuse a module imported after the load (``compiled`` is None then) from a loaded
-        Workflow's tree whose bytes are not the ones its identity hashed: edited since, or
-        added since. A tree no Workflow was loaded from is left as it was."""
+        Workflow's tree whose identity took no bytes of it (``kept_source``): added since.
+        A tree no Workflow was loaded from is left as it was."""
         if self.compiled is not None or not self.loaded_roots:
             return
         spelled = os.path.normpath(path)
-        known = self.loaded.get(spelled)
-        if known is None:  # the same file spelled another way (a link, ``..``)?
-            real = os.path.realpath(path)
-            known = next((digest for other, digest in self.loaded.items()
-                          if os.path.realpath(other) == real), None)
-        if known is not None and known == hashlib.sha256(source).digest():
-            return
         label = next((label for root, label in self.loaded_roots.items()
                       if in_source_tree(Path(root), Path(spelled))
                       or in_source_tree(Path(os.path.realpath(root)),
                                         Path(os.path.realpath(path)))), None)
         if label is None:
             return
-        then = "" if known is not None else " (it was not in the source tree then)"
         raise ImportError(
-            f"{path} changed since the host loaded Workflow {label}{then}; its identity "
-            "covers this file, so running it now would run code the Run's journal does not "
-            "name. Nothing of it ran. To load the change: intloom stop, then intloom start "
-            "(unfinished Runs of the changed Workflow are then held), or put the file back "
-            "as it was.", name=None, path=path)
+            f"{path} changed since the host loaded Workflow {label} (it was not in the source "
+            "tree then); its identity covers this file, so running it now would run code the "
+            "Run's journal does not name. Nothing of it ran. To load the change: intloom "
+            "stop, then intloom start (unfinished Runs of the changed Workflow are then "
+            "held), or remove the file.", name=None, path=path)
 
     def compiled_from(self, path: str, source: bytes) -> None:
         if self.compiled is not None:
@@ -1163,8 +1152,7 @@ def _load_entry(root: Path, rel: str, entry: Path) -> dict[str, LoadedWorkflow]:
                                        reads=_TREES.reads),
             schemas=wf.schemas(),
         ), name)
-        _TREES.loaded.update(hashed)
-        if _TREES.reads is not None:
+        if _TREES.reads is not None:  # the bytes ``hashed`` was computed from
             for path in hashed:
                 taken = _TREES.reads.digests.get(path)
                 if taken is not None and path.endswith(".py"):

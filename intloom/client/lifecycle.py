@@ -235,7 +235,9 @@ def _paused_host(pid: int, *, stopping: bool = False, starting: bool = False,
     its stop began (in its grace, or after it closed its listener); it was waited for until
     --timeout, or said to serve again once resumed. ``starting``:
     it was paused before it served; start and stop (``stop``) waited for it, silent, for
-    300 s, and advised a kill -TERM that a stopped process does not take."""
+    300 s, and advised a kill -TERM that a stopped process does not take. ``stop`` alone:
+    said by a stop at once (``stopping``: one it or another stop asked), where it waited
+    out its whole --timeout (10 s, or the host's own bound)."""
     doing = ("Nothing was sent: a stop can be asked only of a host that serves." if stop
              else "intloom start did not start a second host beside it.")
     then = ", and intloom stop stops it" if stop else ", and intloom start reuses it"
@@ -248,6 +250,23 @@ def _paused_host(pid: int, *, stopping: bool = False, starting: bool = False,
             f"then finishes its start and serves{then}. To end its start instead, "
             f"kill -TERM {pid}, then kill -CONT {pid} (a stopped process takes the signal "
             "only once resumed).",
+        )
+    if stop and stopping:
+        return IntloomError(
+            "CLI_SERVICE_UNAVAILABLE",
+            f"The project's host (pid {pid}) was asked to stop, and is stopped by a signal "
+            "(SIGSTOP or Ctrl-Z) before it finished: it finishes nothing until it is resumed. "
+            f"Resume it with kill -CONT {pid}: it then finishes its stop and exits (intloom "
+            "status says offline once it has).",
+        )
+    if stop:
+        return IntloomError(
+            "CLI_SERVICE_UNAVAILABLE",
+            f"The project's host (pid {pid}) is alive but stopped by a signal (SIGSTOP, Ctrl-Z "
+            "or a debugger): it answers nothing until it is resumed, so no stop was asked of "
+            f"it: nothing was sent. Resume it with kill -CONT {pid}, then run intloom stop "
+            f"again; or stop it as it is with kill -TERM {pid}, then kill -CONT {pid} (a "
+            "graceful stop: a stopped process takes the signal only once resumed).",
         )
     if stopping:
         return IntloomError(
@@ -276,26 +295,6 @@ def _stopped_by_signal(pid: int) -> bool:
             return fh.read().rpartition(b") ")[2][:1] == b"T"
     except OSError:
         return False
-
-
-def _paused_stop(pid: int, *, stopping: bool) -> IntloomError:
-    """CLI_SERVICE_UNAVAILABLE for a stop of a host stopped by a signal, said at once."""
-    if stopping:
-        return IntloomError(
-            "CLI_SERVICE_UNAVAILABLE",
-            f"The project's host (pid {pid}) was asked to stop, and is stopped by a signal "
-            "(SIGSTOP or Ctrl-Z) before it finished: it finishes nothing until it is resumed. "
-            f"Resume it with kill -CONT {pid}: it then finishes its stop and exits (intloom "
-            "status says offline once it has).",
-        )
-    return IntloomError(
-        "CLI_SERVICE_UNAVAILABLE",
-        f"The project's host (pid {pid}) is alive but stopped by a signal (SIGSTOP, Ctrl-Z or "
-        "a debugger): it answers nothing until it is resumed, so no stop was asked of it: "
-        f"nothing was sent. Resume it with kill -CONT {pid}, then run intloom stop again; or "
-        f"stop it as it is with kill -TERM {pid}, then kill -CONT {pid} (a graceful stop: a "
-        "stopped process takes the signal only once resumed).",
-    )
 
 
 def _lock_now(paths: ProjectPaths) -> ServiceLock | None:
@@ -859,12 +858,8 @@ def _launch_reported(root: Path, *, port: int | None, strict: bool, deadline: fl
         raise
     except KeyboardInterrupt:
         killed = _stop_child(proc)
-        left = None
-        if killed:
-            with contextlib.suppress(IntloomError):
-                lock = read_lock(ProjectPaths(root).service_lock)
-                left = lock is not None and lock.pid == proc.pid
-        raise LaunchInterrupted(proc.pid, killed, left is True) from None
+        left = killed and _lock_left_by(ProjectPaths(root), proc.pid)
+        raise LaunchInterrupted(proc.pid, killed, left) from None
     except BaseException:
         _stop_child(proc)
         raise
@@ -1171,6 +1166,16 @@ def _stop_child(proc: subprocess.Popen[bytes]) -> bool:
     return False
 
 
+def _lock_left_by(paths: ProjectPaths, pid: int) -> bool:
+    """Whether ``service.lock`` names ``pid``, the host this start launched and had to kill:
+    it remains, and only recover removes it (DESIGN section 3)."""
+    try:
+        lock = read_lock(paths.service_lock)
+    except IntloomError:
+        return False
+    return lock is not None and lock.pid == pid
+
+
 def _start_timeout(paths: ProjectPaths, pid: int, killed: bool,
                    stuck: str = "") -> IntloomError:
     """The start deadline passed: say what became of the host we launched, truthfully, and
@@ -1182,11 +1187,7 @@ def _start_timeout(paths: ProjectPaths, pid: int, killed: bool,
             "files. Start again with a longer --timeout, or see .intloom/logs/ for the slow "
             "step.",
         )
-    try:
-        lock = read_lock(paths.service_lock)
-    except IntloomError:
-        lock = None
-    if lock is None or lock.pid != pid:
+    if not _lock_left_by(paths, pid):
         return IntloomError(
             "CLI_SERVICE_TIMEOUT",
             f"{_TIMEOUT}.{stuck} The host that was launched (pid {pid}) did not stop within "
@@ -1736,9 +1737,7 @@ def _stop_timed_out(target: _Target, timeout: float, asked: _Asked) -> str:
     # grace, and doctor would only report an owner that is alive. Waiting is what helps.
     bound = (" (past the longest it said its stop may take)"
              if asked.until is not None and time.monotonic() >= asked.until else "")
-    from intloom.host.liveness import paused  # psutil: only on this timeout
-
-    if paused(target.pid, traced=False):
+    if _stopped_by_signal(target.pid):
         # Every other command names the pause and kill -CONT; "run intloom stop again to
         # wait for it" waited for a process that does nothing until resumed.
         return (f"The host (pid {target.pid}) began its stop and is stopped by a signal "
@@ -1797,7 +1796,8 @@ def stop_service_report(root: str | os.PathLike[str], *, timeout: float | None =
     log = log_path(paths, info.log_file) if info is not None else None
     if info is not None and not dead and _stopped_by_signal(target.pid):
         # Its hello would wait out the whole --timeout (10 s), then a timeout said it.
-        raise _paused_stop(target.pid, stopping=last_line(log, STOPPING) is not None)
+        raise _paused_host(target.pid, stopping=last_line(log, STOPPING) is not None,
+                           stop=True)
     if info is not None:
         asked = _request_stop(root, paths, target, deadline, log)
         tried = True
@@ -1833,9 +1833,7 @@ def stop_service_report(root: str | os.PathLike[str], *, timeout: float | None =
             raise IntloomError("CLI_SERVICE_BUSY", _unverified(paths, target, asked, log))
         if not tried:
             # Observed only by its lock (still starting): ask once it serves.
-            from intloom.host.liveness import paused
-
-            if paused(target.pid, traced=False):
+            if _stopped_by_signal(target.pid):
                 raise _paused_host(target.pid, starting=True, stop=True)
             try:
                 now_info = read_service(paths.service_json, root)
@@ -1858,8 +1856,8 @@ def stop_service_report(root: str | os.PathLike[str], *, timeout: float | None =
         elif _stopped_by_signal(target.pid):
             # Paused on its way out: it finishes nothing until resumed, and the stop waited
             # out its whole bound (27 s) to say so.
-            raise _paused_stop(target.pid, stopping=asked.unsent is None or asked.stopping
-                               or last_line(log, STOPPING) is not None)
+            raise _paused_host(target.pid, stop=True, stopping=asked.unsent is None
+                               or asked.stopping or last_line(log, STOPPING) is not None)
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise IntloomError("CLI_SERVICE_TIMEOUT",

@@ -204,9 +204,10 @@ class HostLog:
         return True
 
     def removed(self) -> bool:
-        """The open file has no link left: removed while this host writes it."""
+        """The open file has no link left (removed while this host writes it), and no
+        restore was tried yet (``restore_if_removed``)."""
         fd = self._fd
-        if fd is None:
+        if fd is None or self.failed or self._restore_tried:
             return False
         try:
             return os.fstat(fd).st_nlink == 0
@@ -222,11 +223,12 @@ class HostLog:
         did not relieve while the file is open; another file at the path; a directory that
         is not private) is logged, its partial copy removed, and the host writes on into
         the open file -- every write still succeeds, so it is no lost write."""
-        if self._fd is None or self.failed or self._restore_tried or not self.removed():
+        fd = self._fd
+        if fd is None or not self.removed():
             return False
         self._restore_tried = True
         try:
-            self._restore(self._fd)
+            self._restore(fd)
         except Exception as exc:  # PrivacyError too: a failed restore must not end the host
             self.write("error", "log_not_restored", path=str(self.path),
                        message=f"this log file was removed while the host served, and could "

@@ -415,9 +415,11 @@ class Server:
         self._idle.set()
 
     async def listen(self, sock: socket.socket) -> int:
-        """Accept connections on ``sock`` (from ``bind_port``) and return its port."""
-        if isinstance(sock, _Listener):
-            sock.refuse = self._refuse_short
+        """Accept connections on ``sock`` (from ``bind_port``: a ``_Listener``, which keeps
+        the descriptor reserve as it accepts) and return its port."""
+        if not isinstance(sock, _Listener):
+            raise TypeError(f"Server.listen takes bind_port's socket, not {sock!r}")
+        sock.refuse = self._refuse_short
         self._server = await asyncio.start_server(self._accept, sock=sock, limit=64 * 1024)
         return int(self._server.sockets[0].getsockname()[1])
 
@@ -433,18 +435,15 @@ class Server:
                       connections=len(self._sessions))
         try:
             conn.setblocking(False)
-            conn.send(encode_frame(self._short_of_descriptors(count, soft)))
+            conn.send(encode_frame(_error(
+                "BUSY",
+                "The host cannot serve another connection without running out of file "
+                f"descriptors. {descriptors_fix(count, soft, len(self._sessions))}",
+            )))
         except OSError:
             pass  # the peer is gone already: nothing to tell
         finally:
             conn.close()
-
-    def _short_of_descriptors(self, count: int, soft: int) -> ErrorReply:
-        return _error(
-            "BUSY",
-            "The host cannot serve another connection without running out of file "
-            f"descriptors. {descriptors_fix(count, soft, len(self._sessions))}",
-        )
 
     # ----- per connection ------------------------------------------------------------------
 
@@ -469,14 +468,7 @@ class Server:
             ))
             await self._close(writer)
             return
-        fds = descriptors()
-        if fds is not None and fds[1] - fds[0] < FD_RESERVE:
-            count, soft = fds
-            self._refused("too_few_descriptors", open=count, limit=soft,
-                          connections=len(self._sessions))
-            await self._send_quietly(writer, self._short_of_descriptors(count, soft))
-            await self._close(writer)
-            return
+        # The descriptor reserve was checked as the connection was accepted (_Listener).
         self._sessions.add(task)
         self._streams[task] = (reader, writer)
         self._unproven[task] = writer

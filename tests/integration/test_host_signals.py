@@ -98,21 +98,37 @@ GATE_STEP = textwrap.dedent('''
 ''')
 
 
-def test_second_signal_cuts_the_graceful_wait_short(
-    project: Project, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _stopping_in_its_grace(project: Project, monkeypatch: pytest.MonkeyPatch,
+                           grace: str = "45", signalled: bool = False) -> tuple[Any, str]:
+    """The project's host started with a Run whose Step is stuck (GATE_STEP, released by
+    the ``gate`` file), then asked to stop (``signalled``: by SIGTERM, else by a client's
+    stop request): it is in its grace. Its ServiceView, and the Run's id."""
     (project.root / "workflows" / "stuck.py").write_text(GATE_STEP)
     (project.root / "intloom.toml").write_text('workflows = ["workflows/stuck.py"]\n')
-    monkeypatch.setenv("INTLOOM_TEST_SUSPEND_GRACE", "45")
+    monkeypatch.setenv("INTLOOM_TEST_SUSPEND_GRACE", grace)
     service = start(project).service
     try:
         with Client.connect(project.root) as client:
-            client.create_run("stuck", "go", wait=False)
-        eventually(lambda: (project.root / "entered").exists(), timeout=10,
-                   what="the Step to start")
-        os.kill(service.pid, signal.SIGTERM)
+            run_id = client.create_run("stuck", "go", wait=False).run_id
+            eventually(lambda: (project.root / "entered").exists(), timeout=10,
+                       what="the Step to start")
+            if not signalled:
+                client.stop(service.instance_id)
+        if signalled:
+            os.kill(service.pid, signal.SIGTERM)
         eventually(lambda: "service_stopping" in _events(project, service.log_file),
                    timeout=10, what="the graceful stop to begin")
+    except BaseException:
+        (project.root / "gate").touch()
+        raise
+    return service, run_id
+
+
+def test_second_signal_cuts_the_graceful_wait_short(
+    project: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    service, _ = _stopping_in_its_grace(project, monkeypatch, signalled=True)
+    try:
         os.kill(service.pid, signal.SIGTERM)
         # Far sooner than the 45 s grace: the second signal forced the exit.
         eventually(lambda: _released(project, service.pid), timeout=10,
@@ -294,34 +310,13 @@ def test_a_foreground_host_exits_though_a_to_thread_call_never_returns(
         (project.root / "gate").touch()
 
 
-def _stopping_in_its_grace(project: Project, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """The project's host started with a Run whose Step is stuck (GATE_STEP, released by
-    the ``gate`` file), then asked to stop: it is in its 45 s grace. Its ServiceView."""
-    (project.root / "workflows" / "stuck.py").write_text(GATE_STEP)
-    (project.root / "intloom.toml").write_text('workflows = ["workflows/stuck.py"]\n')
-    monkeypatch.setenv("INTLOOM_TEST_SUSPEND_GRACE", "45")
-    service = start(project).service
-    try:
-        with Client.connect(project.root) as client:
-            client.create_run("stuck", "go", wait=False)
-            eventually(lambda: (project.root / "entered").exists(), timeout=10,
-                       what="the Step to start")
-            client.stop(service.instance_id)
-        eventually(lambda: "service_stopping" in _events(project, service.log_file),
-                   timeout=10, what="the graceful stop to begin")
-    except BaseException:
-        (project.root / "gate").touch()
-        raise
-    return service
-
-
 def test_start_does_not_wait_out_its_timeout_for_a_stopping_host_that_was_paused(
     project: Project, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """start waits for a host that is stopping; one paused (SIGSTOP) on its way out finishes
     nothing, so start reports it (the hello went unanswered) instead of waiting out its whole
     --timeout."""
-    service = _stopping_in_its_grace(project, monkeypatch)
+    service, _ = _stopping_in_its_grace(project, monkeypatch)
     try:
         os.kill(service.pid, signal.SIGSTOP)
         # The same unanswered hello, bounded at 1 s rather than the client's 5 s.
@@ -345,7 +340,7 @@ def test_a_stop_that_finds_the_stopping_host_paused_says_so_at_once(
     with the kill -CONT that lets the host finish."""
     from intloom.client.lifecycle import stop_service_report
 
-    service = _stopping_in_its_grace(project, monkeypatch)
+    service, _ = _stopping_in_its_grace(project, monkeypatch)
     try:
         os.kill(service.pid, signal.SIGSTOP)
         # Stopped by then, as a host a person paused is: one paused during the stop's hello
@@ -375,18 +370,9 @@ def test_a_host_paused_through_its_stop_grace_still_names_the_runs_it_cut(
     """Paused (SIGSTOP) past its grace and the bound around it, the stopping host found every
     timer due at once on SIGCONT: the bound cut the suspension before it logged which Runs
     it cut, and intloom stop blamed the log. The bound's late timer now gives it a moment."""
-    (project.root / "workflows" / "stuck.py").write_text(GATE_STEP)
-    (project.root / "intloom.toml").write_text('workflows = ["workflows/stuck.py"]\n')
-    monkeypatch.setenv("INTLOOM_TEST_SUSPEND_GRACE", "1")  # the suspension's bound: 3 s
-    service = start(project).service
+    # Grace 1 s: the suspension's bound is 3 s.
+    service, run_id = _stopping_in_its_grace(project, monkeypatch, "1", signalled=True)
     try:
-        with Client.connect(project.root) as client:
-            run_id = client.create_run("stuck", "go", wait=False).run_id
-        eventually(lambda: (project.root / "entered").exists(), timeout=10,
-                   what="the Step to start")
-        os.kill(service.pid, signal.SIGTERM)
-        eventually(lambda: "service_stopping" in _events(project, service.log_file),
-                   timeout=10, what="the graceful stop to begin")
         os.kill(service.pid, signal.SIGSTOP)
         try:
             # The pause itself, the fault under test: past the grace and its bound (3 s),
