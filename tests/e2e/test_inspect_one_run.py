@@ -213,6 +213,41 @@ def test_verify_reads_the_whole_store_and_names_every_finding(project: Project) 
 
 
 @pytest.mark.timeout(60)
+def test_verify_lists_what_a_crash_tears_and_exits_0(project: Project) -> None:
+    """A torn tail and an empty segment are what a crash mid-write (or a full disk) leaves,
+    with no acknowledged record in them: a start restores past them and ``start --strict``
+    accepts them. verify lists them and exits 0; it exited 3 for good after any such crash,
+    since it reads old segments as long as they exist."""
+    runtime = _runtime(project)
+    _host(runtime, {"RUN-A": 6}, ended=False, crash=True)
+    seg1 = runtime / "wal" / "0000000001.seg"
+    last = frames_of(seg1, "RUN-A")[-1]
+    data = seg1.read_bytes()
+    # The next write cut short: the first half of a frame, its length past the file's end.
+    seg1.write_bytes(data + data[last.offset:(last.offset + last.end) // 2])
+    empty = runtime / "wal" / "0000000002.seg"
+    empty.touch(mode=0o600)
+    before = snapshot_files(project.state)
+    doc = ok(project.cli("verify", "--json"))
+    assert doc["sound"] is True and doc["problems"] == [], doc
+    assert sorted((f["path"], f["kind"]) for f in doc["files"]) == [
+        ("wal/0000000001.seg", "torn"), ("wal/0000000002.seg", "torn")], doc["files"]
+    text = project.cli("verify")
+    assert text.code == 0, (text.code, text.stdout, text.stderr)
+    assert "every journal checks out; 2 files are torn, as a crash mid-write or a full " \
+           "disk leaves it (no acknowledged record is lost" in text.stdout, text.stdout
+    assert "  File wal/0000000002.seg is torn: has 0 bytes" in text.stdout, text.stdout
+    assert snapshot_files(project.state) == before
+    # A damaged byte besides still makes it exit 3, the torn files listed with it.
+    _flip(seg1, "RUN-A", 2)
+    damaged = project.cli("verify", "--json")
+    assert damaged.code == 3 and damaged.json["sound"] is False, damaged.stdout
+    assert [(f["path"], f["kind"]) for f in damaged.json["files"]] == [
+        ("wal/0000000001.seg", "corrupt"), ("wal/0000000001.seg", "torn"),
+        ("wal/0000000002.seg", "torn")], damaged.json["files"]
+
+
+@pytest.mark.timeout(60)
 def test_inspect_holds_its_own_records_not_the_other_runs_it_reads_past(
         project: Project) -> None:
     """A Run whose records sit before and after another Run's many: judging it alone reads

@@ -27,9 +27,13 @@ def _document(root: str, report: Any, seconds: float) -> dict[str, Any]:
     problems = [{"runId": j.run_id, "status": j.status, "problem": j.problem}
                 for j in sorted(report.runs, key=lambda j: j.run_id) if j.status != "ok"]
     files = [{"path": f.path, "kind": f.kind, "problem": f.problem} for f in report.files]
+    # A torn file is what a crash mid-write leaves, with nothing acknowledged in it (a start
+    # restores past it and `start --strict` accepts it): listed, but no reason to exit 3
+    # after every such crash, for good (old segments are read here as long as they exist).
+    damaged = [f for f in files if f["kind"] != "torn"]
     return {
         "projectRoot": root,
-        "sound": not problems and not files,
+        "sound": not problems and not damaged,
         "runs": {"total": len(report.runs), "ok": statuses["ok"],
                  "corrupt": statuses["corrupt"], "incompatible": statuses["incompatible"],
                  "unfinished": unfinished},
@@ -54,12 +58,19 @@ def _lines(doc: dict[str, Any]) -> list[str]:
             f"({runs['unfinished']:,} unfinished{among}) in "
             f"{_count(doc['segmentsRead'], 'segment')}, {_count(doc['bytesRead'], 'byte')}, "
             f"{doc['seconds']} s: ")
-    if doc["sound"]:
+    listed = [f"  File {f['path']} is {f['kind']}: {f['problem']}" for f in doc["files"]]
+    if doc["sound"] and not listed:
         return [head + "every journal and file checks out."]
+    if doc["sound"]:
+        torn = len(listed)
+        return [head + "every journal checks out; "
+                f"{_count(torn, 'file')} {'is' if torn == 1 else 'are'} torn, as a crash "
+                "mid-write or a full disk leaves it (no acknowledged record is lost; a "
+                "start restores past it):", *listed]
     lines = [head + f"{runs['corrupt']:,} corrupt, {runs['incompatible']:,} incompatible, "
              f"{_count(len(doc['files']), 'file finding')}."]
     lines.extend(f"  {p['runId']} is {p['status']}: {p['problem']}" for p in doc["problems"])
-    lines.extend(f"  File {f['path']} is {f['kind']}: {f['problem']}" for f in doc["files"])
+    lines.extend(listed)
     lines.append("Nothing was changed: damaged and unexpected files are kept byte-identical. "
                  "intloom inspect RUN shows a Run record by record; docs/recovery.md says "
                  "what each finding means and what to do.")
@@ -70,7 +81,8 @@ def _lines(doc: dict[str, Any]) -> list[str]:
 def verify(state: CliState) -> int:
     """Check every journal and file of the store, old segments too. Works offline.
 
-    Exit 0 when everything checks out, 3 when something is damaged or unexpected.
+    Exit 0 when everything checks out (a file torn by a crash is listed, and is no damage),
+    3 when something is damaged or unexpected.
     """
     from intloom.diagnostics.journal import verify_store
     from intloom.diagnostics.previews import check_journals_dir
