@@ -85,8 +85,8 @@ HELP: Final[dict[str, str]] = {
     "inspect": "Show a Run's journal, phase by phase, with verification results. Works "
                "offline.",
     "verify": "Check every journal and file of the store, old segments too. Works offline."
-              "\n\nExit 0 when everything checks out, 3 when something is damaged or "
-              "unexpected.",
+              "\n\nExit 0 when everything checks out (a file torn by a crash is listed, and "
+              "is no damage),\n3 when something is damaged or unexpected.",
     "logs": "Show the host log (structured), optionally for one Run. Works offline.",
 }
 # Options of the root that take a value: the token after them is not a command name.
