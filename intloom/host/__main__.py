@@ -13,6 +13,8 @@ shortens how long a stop waits for Steps in flight, ``INTLOOM_TEST_REFUSED_QUIET
 the quiet period between two ``connection_refused`` lines of one reason,
 ``INTLOOM_TEST_RESTORE_LISTED`` lowers
 how many Run ids each of a reply's restore lists names (and store problems it lists),
+``INTLOOM_TEST_LOGS_CAP`` (bytes) the host logs' size past which a start removes the oldest
+closed ones,
 ``INTLOOM_TEST_FATAL=1`` raises right after ready, ``INTLOOM_TEST_START_SIGNAL=WHERE:SIGNAL``
 sends the host SIGNAL at that point of its start (``listening``: before service.json is
 written; ``published``: right after), ``INTLOOM_TEST_HOLD_PUBLISHED=PATH`` holds the start

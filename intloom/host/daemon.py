@@ -41,6 +41,7 @@ from intloom.host.allocator import keep_large_buffers_mapped
 from intloom.host.boot import Booted, boot, check_error, starved
 from intloom.host.handlers import Handlers
 from intloom.host.logfile import HostLog, utc_now
+from intloom.host.logretention import LOGS_CAP, prune_logs
 from intloom.host.metadata import METADATA_VERSION, ServiceInfo, current_identity
 from intloom.host.ownership import Ownership, new_token
 from intloom.host.portholder import describe, listeners
@@ -161,6 +162,7 @@ HOLD_UNLISTENED_HOOK: Final = "INTLOOM_TEST_HOLD_UNLISTENED"
 # How often a serving host looks whether .intloom/runtime/ is still the directory it locked
 # (``Host._moved_away``): the longest a second host started after a move serves beside it.
 _HOME_LOOK: Final = 0.2
+_PRUNED_NAMED: Final = 50  # removed logs named in logs_pruned (the count has them all)
 # A stop's bound on closing the store: the base, plus a share per snapshot the close writes
 # (one per Run written since its last snapshot). Measured on a 2-vCPU VM (ext4, load 5-10
 # from others' tests, 2026-12-02): 0.35 ms per snapshot (10,000 in 3.5 s, 20,000 in 7.2 s);
@@ -267,6 +269,7 @@ class HostOptions(msgspec.Struct, frozen=True):
     suspend_grace: float = 5.0  # Steps in flight get this long to reach a boundary
     drain_grace: float = 1.0  # replies in flight get this long to be written
     restore_listed: int = RESTORE_LISTED  # a reply's ids per restore list, and store problems
+    logs_cap: int = LOGS_CAP  # bytes of host logs past which the oldest closed ones go
 
 
 # Test-only knobs (seconds, or counts), for a launched and a foreground host alike.
@@ -292,7 +295,8 @@ def with_test_hooks(options: HostOptions) -> HostOptions:
     limits = options.limits
     knobs: tuple[tuple[str, str, Callable[[str], Any]], ...] = (
         *_TEST_LIMITS, ("INTLOOM_TEST_SUSPEND_GRACE", "suspend_grace", float),
-        ("INTLOOM_TEST_RESTORE_LISTED", "restore_listed", int))
+        ("INTLOOM_TEST_RESTORE_LISTED", "restore_listed", int),
+        ("INTLOOM_TEST_LOGS_CAP", "logs_cap", int))
     values: dict[str, Any] = {}
     for name, attribute, kind in knobs:
         text = os.environ.get(name)
@@ -1019,6 +1023,7 @@ class Host:
         if os.environ.get(FATAL_HOOK) == "1":
             await asyncio.sleep(0)
             raise RuntimeError(f"{FATAL_HOOK} is set: simulated fatal error after ready")
+        self._prune_logs()
         while not self._stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), _HOME_LOOK)
@@ -1036,6 +1041,23 @@ class Host:
                         and self.ownership.moved_fix() is None):
                     # Not after a move: its path would be the old place (a copy put back).
                     self.log.restore_if_removed()
+
+    def _prune_logs(self) -> None:
+        """Old closed host logs removed (``intloom.host.logretention``), once the host is
+        ready: a start's readiness never waits for it, and a failure only says so."""
+        log = self.log
+        if log is None:
+            return
+        try:
+            pruned = prune_logs(self.paths.logs, log.name, now=time.time(),
+                                cap=self.options.logs_cap)
+        except OSError as exc:
+            log.warning("logs_not_pruned", path=str(self.paths.logs),
+                        message=exc.strerror or str(exc))
+            return
+        if pruned.removed:
+            log.info("logs_pruned", count=len(pruned.removed), freed=pruned.freed,
+                     left=pruned.total, removed=pruned.removed[:_PRUNED_NAMED])
 
     def _service_back(self) -> None:
         """``service.json`` removed by hand while this host serves is written again (see
