@@ -649,6 +649,30 @@ def restore_lines(restore: Mapping[str, Any] | None) -> list[str]:
         lines.append(
             f"Needs attention (journal kept as is, not loaded): {named}. Run intloom doctor."
         )
+        lines.extend(_held_why(_ids(restore.get("needsAttention")), restore.get("reasons")))
+    return lines
+
+
+# Reasons a start or status names for its held Runs; doctor says every one, in full.
+_HELD_REASONS: Final = 3
+
+
+def _held_why(ids: list[str], reasons: Any) -> list[str]:
+    """Why the listed held Runs are held, one line per reason (a host before 2026-12-05
+    sends none): "  Why: ..." when one reason holds them all."""
+    if not isinstance(reasons, Mapping):
+        return []
+    groups: dict[str, list[str]] = {}
+    for run_id in ids:
+        why = reasons.get(run_id)
+        if isinstance(why, str) and why:
+            groups.setdefault(_one_line(why), []).append(run_id)
+    if len(groups) == 1 and len(next(iter(groups.values()))) == len(ids):
+        return [f"  Why: {next(iter(groups))}."]
+    lines = [f"  {named_runs(group, 'intloom doctor lists them all')}: {why}."
+             for why, group in list(groups.items())[:_HELD_REASONS]]
+    if len(groups) > _HELD_REASONS:
+        lines.append(f"  And {len(groups) - _HELD_REASONS} more reasons (intloom doctor).")
     return lines
 
 

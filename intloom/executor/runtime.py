@@ -365,6 +365,14 @@ class HeldRun:
         )
 
 
+def held_reason(problem: str, most: int = 200) -> str:
+    """The first clause of why a Run is held (up to its first " (" or "; "), for a line
+    per Run in ``start`` and ``status``; ``doctor`` says the rest."""
+    cuts = [i for i in (problem.find(" ("), problem.find("; ")) if i > 0]
+    short = problem[:min(cuts)] if cuts else problem
+    return short if len(short) <= most else short[:most - 1] + "…"
+
+
 def strict_refusal(attention: list[tuple[str, str]]) -> IntloomError:
     """``start --strict``'s error for Runs that cannot be restored: (run id, why) each."""
     run_id, why = attention[0]

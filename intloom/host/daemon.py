@@ -35,7 +35,7 @@ import msgspec
 
 from intloom import __version__
 from intloom.errors import ErrorView, IntloomError, LoadInterrupted
-from intloom.executor.runtime import Runtime
+from intloom.executor.runtime import Runtime, held_reason
 from intloom.fsutil import no_inode_left, shell_arg, storage_fix, write_refusal
 from intloom.host.allocator import keep_large_buffers_mapped
 from intloom.host.boot import Booted, boot, check_error, starved
@@ -1008,11 +1008,15 @@ class Host:
                                is not None and slot.shown.phase != "terminal"]
         most = self.options.restore_listed
         lists = (summary.resumed, summary.waiting, interrupted, still)
+        listed = set(still[:most])
+        reasons = ({} if self.booted is None else
+                   {r: held_reason(why) for r, why in self.booted.runtime.attention
+                    if r in listed})
         return msgspec.structs.replace(
             summary, resumed=summary.resumed[:most], waiting=summary.waiting[:most],
             interrupted=interrupted[:most], needs_attention=still[:most],
             counts=RestoreCounts(*(len(ids) for ids in lists)),
-            omitted=sum(max(0, len(ids) - most) for ids in lists))
+            omitted=sum(max(0, len(ids) - most) for ids in lists), reasons=reasons)
 
     # ----- serve ---------------------------------------------------------------------------
 

@@ -232,6 +232,9 @@ class RestoreSummary(msgspec.Struct, frozen=True, rename="camel"):
     # leave out (0: every id is listed). None and 0 from an older host, whose lists are whole.
     counts: RestoreCounts | None = None
     omitted: int = 0
+    # Added 2026-12-05: why each listed ``needs_attention`` Run is held, its first clause
+    # (``doctor`` says the rest). Empty from an older host.
+    reasons: dict[str, str] = msgspec.field(default_factory=dict)
 
     def count(self, key: str) -> int:
         """How many Runs the list ``key`` (a field name) has, listed or not."""

@@ -40,6 +40,9 @@ def test_held_runs_past_the_listed_ones_are_counted_by_start_status_and_runs(
     assert restore["counts"] == {"resumed": 0, "waiting": 0, "interrupted": 0,
                                  "needsAttention": 5}, restore
     assert restore["omitted"] == 3
+    # Why each listed one is held: the first clause of what doctor says of it.
+    why = "incompatible identity: Workflow 'example' changed since the Run started"
+    assert restore["reasons"] == {run_id: why for run_id in listed}, restore
     assert ok(project.cli("status", "--json"))["service"]["restore"] == restore
 
     status = project.cli("status")
@@ -47,6 +50,7 @@ def test_held_runs_past_the_listed_ones_are_counted_by_start_status_and_runs(
     assert "Restore  resumed 0 · waiting 0 · interrupted 0 · needs attention 5" in status.stdout
     named = f"{listed[0]}, {listed[1]} and 3 more (intloom doctor lists them all)"
     assert f"Needs attention (journal kept as is, not loaded): {named}." in status.stdout
+    assert f"\n  Why: {why}.\n" in status.stdout, status.stdout
     runs = project.cli("runs")
     assert runs.code == 0, runs
     assert f"Not listed, needs attention (journal kept as is, not loaded): {named}." \

@@ -181,6 +181,22 @@ def test_restore_lines_name_interrupted_runs() -> None:
     assert render.restore_lines(None) == []
 
 
+def test_restore_lines_say_why_runs_are_held_by_reason() -> None:
+    one = render.restore_lines({"needsAttention": ["RUN-a", "RUN-b"],
+                                "reasons": {"RUN-a": "changed", "RUN-b": "changed"}})
+    assert one[1:] == ["Needs attention (journal kept as is, not loaded): RUN-a, RUN-b. "
+                       "Run intloom doctor.", "  Why: changed."], one
+    ids = [f"RUN-{n}" for n in range(6)]
+    reasons = {run_id: f"reason {n % 5}\nwrapped" for n, run_id in enumerate(ids)}
+    del reasons["RUN-5"]  # no reason sent for it: not named under one
+    lines = render.restore_lines({"needsAttention": ids, "reasons": reasons})
+    assert lines[2:] == ["  RUN-0: reason 0 wrapped.", "  RUN-1: reason 1 wrapped.",
+                         "  RUN-2: reason 2 wrapped.",
+                         "  And 2 more reasons (intloom doctor)."], lines
+    # A host before reasons: the line alone, as before.
+    assert len(render.restore_lines({"needsAttention": ["RUN-a"]})) == 2
+
+
 def test_recover_lines() -> None:
     assert render.recover_lines({"dryRun": True, "paths": []}) == [
         "Recovery plan: no stale resources. No cleanup performed."
