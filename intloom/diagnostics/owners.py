@@ -79,13 +79,23 @@ NO_CONNECTION_FIX: Final = (
 )
 
 
+# An owner's status as ``status``, ``doctor`` and ``recover`` show it: IntLoom's words
+# (reference §4.1), so that a script written for one reads the other. ``absent`` is what
+# DESIGN calls gone (proven: the lock free, and the pid dead, reused or a zombie).
+WireStatus = Literal["alive", "absent", "unknown"]
+
+
+def wire_status(status: OwnerStatus) -> WireStatus:
+    return "absent" if status == "gone" else status
+
+
 class Owner(msgspec.Struct, frozen=True, rename="camel"):
     """One recorded owner of a host resource, with what was checked to judge it."""
 
     resource: str  # "service_info" (service.json) or "service_lock" (service.lock)
     path: str
     pid: int
-    status: OwnerStatus
+    status: WireStatus
     evidence: list[Evidence]
 
 
@@ -136,7 +146,7 @@ def judge_owners(snap: Snapshot, lock: LockProbe) -> list[Owner]:
             resource="service_info",
             path=str(snap.paths.service_json.relative_to(state.parent)),
             pid=info.pid,
-            status=judge(lock, proc),
+            status=wire_status(judge(lock, proc)),
             evidence=[*proc.evidence, lock.evidence],
         ))
     held = snap.lock.value
@@ -147,7 +157,7 @@ def judge_owners(snap: Snapshot, lock: LockProbe) -> list[Owner]:
             resource="service_lock",
             path=str(snap.paths.service_lock.relative_to(state.parent)),
             pid=held.pid,
-            status=judge(lock, proc),
+            status=wire_status(judge(lock, proc)),
             evidence=[*proc.evidence, lock.evidence],
         ))
     return owners
@@ -364,7 +374,7 @@ def _classify(
     paused_start = _paused_start(snap, lock, owners, crashed_service_json)
     if paused_start is not None:
         return "blocked", paused_start
-    if any(owner.status != "gone" for owner in owners):
+    if any(owner.status != "absent" for owner in owners):
         if not has_connection:
             return "blocked", MESSAGES["no_connection"]
         return "blocked", MESSAGES["owner_exists"]
@@ -418,7 +428,7 @@ def _inspect(root: Path, probe: bool) -> Inspection:
     lock = probe_lock(snap.paths.service_lock)
     owners = judge_owners(snap, lock)
     connection = snap.connection.value
-    if owners and all(owner.status == "gone" for owner in owners):
+    if owners and all(owner.status == "absent" for owner in owners):
         # The recorded host provably exited: whatever listens on its port now is another
         # program. It gets no hello (and so never the token); it is named instead, because
         # recover cannot hold a taken port and would refuse.

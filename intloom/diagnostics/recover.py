@@ -165,7 +165,7 @@ def _recheck(before: Snapshot, lock_fd: int | None) -> Snapshot | None:
         raise _conflict("service.lock was replaced since it was inspected")
     held = LockProbe("free", Evidence("os_lock", "recover holds the OS lock on service.lock"))
     for owner in judge_owners(now, held):
-        if owner.status != "gone":
+        if owner.status != "absent":
             raise _conflict(f"the owner of {owner.path} (pid {owner.pid}) is no longer "
                             "provably gone")
     return now
@@ -210,7 +210,7 @@ def _blocked_message(diagnosis: Diagnosis) -> str:
     facts: list[str] = []
     held = False  # the OS lock is someone's: fuser finds who
     for owner in diagnosis.owners:
-        if owner.status == "gone":
+        if owner.status == "absent":
             continue
         verdict = "which is alive" if owner.status == "alive" else (
             "whose exit cannot be verified")

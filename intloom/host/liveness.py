@@ -337,7 +337,7 @@ def paused(pid: int, *, traced: bool = True) -> bool:
 
 
 def host_starting(*, service_json: bool, os_lock: Literal["free", "held", "unknown"],
-                  owner: OwnerStatus | None, owner_paused: bool) -> bool:
+                  owner: str | None, owner_paused: bool) -> bool:
     """Whether the facts show a host in its start-up: the one rule for ``starting_owner``
     (fresh reads, for the client) and ``diagnostics.owners`` (its snapshot, for status and
     doctor). A start takes ``service.lock`` first and writes ``service.json`` last, once it

@@ -102,7 +102,7 @@ def test_a_lost_connection_json_after_a_crash_has_a_way_out_that_works(
     assert "remove .intloom/service.lock and .intloom/service.json yourself" in (
         connection["next"]), connection
     owners = {o["resource"]: o["status"] for o in doctor.json["owners"]}
-    assert owners == {"service_info": "gone", "service_lock": "gone"}, doctor.stdout
+    assert owners == {"service_info": "absent", "service_lock": "absent"}, doctor.stdout
     assert not pid_alive(pid)
     for name in ("service.lock", "service.json"):
         (project.state / name).unlink()

@@ -68,7 +68,7 @@ def test_a_foreign_listener_on_the_saved_port_is_named_and_recover_refuses(
     assert " ".join(psutil.Process().cmdline()) not in message
     assert f"the recorded host (pid {dead}) has exited" in message
     assert "did not complete the hello" not in message and "hung" not in message
-    assert {o["status"] for o in status.json["owners"]} == {"gone"}
+    assert {o["status"] for o in status.json["owners"]} == {"absent"}
 
     assert doctor.code == 4, doctor.stdout
     owners = [c for c in doctor.json["checks"] if c["id"].startswith("owner.")]

@@ -70,7 +70,7 @@ def test_crash_status_doctor_recover_start(project: Project) -> None:
 
     status = _ok(project.cli("status", "--json"))
     assert status["status"] == "recovery_required"
-    assert _owners(status) == [("service_info", pid, "gone"), ("service_lock", pid, "gone")]
+    assert _owners(status) == [("service_info", pid, "absent"), ("service_lock", pid, "absent")]
 
     doctor = project.cli("doctor", "--json")
     assert doctor.code == 3, doctor.stderr  # attention: recover is needed

@@ -56,7 +56,7 @@ def test_a_host_killed_after_the_hello_is_judged_by_what_is_left(
     assert found.diagnosis.status == "recovery_required", (found.diagnosis.message,
                                                            found.problem)
     assert found.diagnosis.message == owners.MESSAGES["recovery_required"]
-    assert {owner.status for owner in found.diagnosis.owners} == {"gone"}
+    assert {owner.status for owner in found.diagnosis.owners} == {"absent"}
     assert not found.answered
     monkeypatch.undo()
     assert project.cli("--json", "status").json["status"] == "recovery_required"

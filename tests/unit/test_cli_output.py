@@ -399,7 +399,7 @@ def test_a_terminal_table_neither_obeys_escapes_nor_reads_markup(
 
 @pytest.mark.parametrize(("message", "owner", "footer"), [
     ("A resource owner still exists or its exit cannot be verified.", "alive", True),
-    ("Port 5 on 127.0.0.1 ... is in use by another process (pid 9 (python3)).", "gone", False),
+    ("Port 5 on 127.0.0.1 ... is in use by another process (pid 9 (python3)).", "absent", False),
     ("The service is shutting down: it is suspending its Runs, then exits.", "alive", False),
     # The wording status builds (errors.starting_message), which the renderer recognises.
     (starting_message(9, "2026-01-01T00:00:00.000Z", "Run intloom status again."), "alive",

@@ -145,7 +145,7 @@ def test_invalid_metadata_is_a_blocked_report_not_a_crash(root: Path) -> None:
     assert service.status == "attention"
     assert "service.json is stale" in service.message
     assert service.next is not None and "service.lock is invalid" in service.next
-    assert [(o.resource, o.status) for o in report.owners] == [("service_info", "gone")]
+    assert [(o.resource, o.status) for o in report.owners] == [("service_info", "absent")]
 
 
 def test_missing_connection_json_is_one_story_with_its_way_out(root: Path) -> None:

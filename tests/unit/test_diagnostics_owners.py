@@ -62,7 +62,7 @@ def test_reused_pid_with_another_create_time_is_gone(tmp_path: Path) -> None:
     assert diagnosis.status == "recovery_required"
     assert diagnosis.message == MESSAGES["recovery_required"]
     [owner] = diagnosis.owners
-    assert (owner.resource, owner.pid, owner.status) == ("service_lock", proc.pid, "gone")
+    assert (owner.resource, owner.pid, owner.status) == ("service_lock", proc.pid, "absent")
     assert {"create_time", "os_lock", "boot_id"} <= _checks(owner.evidence)
     assert any("reused" in e.found for e in owner.evidence)
 
@@ -82,7 +82,7 @@ def test_a_pid_held_by_a_process_older_than_the_owner_is_not_called_reused(
         [owner] = diagnose(root, probe=False).owners
         with lock_holder(ProjectPaths(root).service_lock):
             [held] = diagnose(root, probe=False).owners
-    assert (owner.status, held.status) == ("gone", "unknown")
+    assert (owner.status, held.status) == ("absent", "unknown")
     [found] = [e.found for e in owner.evidence if e.check == "create_time"]
     assert "reused" not in found, found
     assert f"pid {proc.pid} belongs to a process started at" in found
@@ -232,7 +232,7 @@ def test_changed_boot_id_is_gone_even_for_a_matching_live_process(tmp_path: Path
         write_connection_json(root, 4242)
         diagnosis = diagnose(root, probe=False)
     [owner] = diagnosis.owners
-    assert owner.status == "gone"
+    assert owner.status == "absent"
     assert any(e.check == "boot_id" and "restarted" in e.found for e in owner.evidence)
 
 
@@ -248,7 +248,7 @@ def test_zombie_owner_is_gone(tmp_path: Path) -> None:
     finally:
         proc.wait(timeout=10)
     [owner] = diagnosis.owners
-    assert owner.status == "gone"
+    assert owner.status == "absent"
     assert any("zombie" in e.found for e in owner.evidence)
 
 
@@ -259,8 +259,8 @@ def test_no_such_pid_is_gone_and_both_owners_are_listed(tmp_path: Path) -> None:
     diagnosis = diagnose(root, probe=False)
     assert diagnosis.status == "recovery_required"
     assert [(o.resource, o.path, o.status) for o in diagnosis.owners] == [
-        ("service_info", ".intloom/service.json", "gone"),
-        ("service_lock", ".intloom/service.lock", "gone"),
+        ("service_info", ".intloom/service.json", "absent"),
+        ("service_lock", ".intloom/service.lock", "absent"),
     ]
     assert any(f"no process has pid {pid}" in e.found for e in diagnosis.owners[0].evidence)
 

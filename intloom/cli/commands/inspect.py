@@ -200,7 +200,7 @@ def _host_gone(root: Path, writer: str | None) -> dict[str, Any] | None:
     running = None
     for owner in seen.diagnosis.owners:
         meta = recorded.get(owner.resource)
-        if owner.status == "gone" or meta is None:
+        if owner.status == "absent" or meta is None:
             continue
         if meta.instance_id == writer:
             return None  # its own host may still run it
