@@ -424,30 +424,39 @@ def not_regular(mode: int) -> str:
 
 
 def no_inode_left(directory: Path) -> str | None:
-    """When the file system holding ``directory`` has no inode left for us, what to do, a
-    sentence without its end: ENOSPC says the same for no block and no inode, and "free
-    disk space" misleads where df shows plenty. None when it has inodes, or does not count
-    them (f_files 0: btrfs and others)."""
+    """When the file system holding ``directory`` has (nearly) no inode left for us, what to
+    do, a sentence without its end: ENOSPC says the same for no block and no inode, and
+    "free disk space" misleads where df shows plenty. None when it has inodes, or does not
+    count them (f_files 0: btrfs and others). Nearly: by the time this looks, the write that
+    failed has removed its temp files (a compaction's snapshots), freeing a few inodes, and
+    a file system that ran out of them said "free disk space" with gigabytes free."""
     try:
         fs = os.statvfs(directory)
     except OSError:
         return None
-    if fs.f_files == 0 or fs.f_favail > 0:
+    if fs.f_files == 0 or fs.f_favail >= min(_FEW_INODES, fs.f_files // 100 + 1):
         return None
+    df_i = f"df -i {shell_arg(directory)} shows {fs.f_favail:,} free"
+    # Not the journal: it holds the Runs, and "remove files there" pointed at .intloom/.
+    which = ("remove files you do not need on that file system (not intloom's journal under "
+             ".intloom/runtime/, which holds your Runs)")
     if fs.f_bavail * fs.f_frsize < _NEARLY_FULL:
         # Both gone: "whatever free space df shows" sent the user to free inodes alone,
         # and the next write failed again for want of space.
-        return (f"its file system has neither an inode nor free space left (df -i "
-                f"{shell_arg(directory)} shows 0 inodes free, df {shell_arg(directory)} "
-                "almost no space): remove files there (or give it more space and inodes)")
-    return (f"its file system has no inode left (df -i {shell_arg(directory)} shows 0 "
-            "free), whatever free space df shows: remove files there (or give it more "
-            "inodes)")
+        return (f"its file system has neither an inode nor free space left ({df_i}, df "
+                f"{shell_arg(directory)} almost no space): {which}, or give it more space "
+                "and inodes")
+    return (f"its file system has no inode left ({df_i}), whatever free space df shows: "
+            f"{which}, or give it more inodes")
 
 
 # Free space under which a file system out of inodes is said to be out of space too: below
 # it, the next segment or snapshot write fails for want of blocks as well.
 _NEARLY_FULL: Final = 1024 * 1024
+# Free inodes under which a file system counts as out of them (and under 1 % of all it has,
+# so that a small one is not always out): what a failed compaction frees again, its temp
+# snapshots removed, is well below this.
+_FEW_INODES: Final = 1024
 
 
 def storage_fix(exc: OSError, path: Path, *, replaced: bool = True,

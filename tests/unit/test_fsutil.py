@@ -17,7 +17,13 @@ from typing import Any
 import pytest
 
 from intloom.errors import IntloomError
-from intloom.fsutil import WRITE_FAULT_ENV, PrivacyError, replace_file, replace_files
+from intloom.fsutil import (
+    WRITE_FAULT_ENV,
+    PrivacyError,
+    no_inode_left,
+    replace_file,
+    replace_files,
+)
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -662,3 +668,33 @@ def test_a_file_system_the_kernel_made_read_only_after_an_error_is_named_as_such
                         "once it is unmounted), then mount it read-write again"), said
     finally:
         subprocess.run(["umount", str(mount)], capture_output=True)
+
+
+def _statvfs(files: int, favail: int, bavail: int) -> os.statvfs_result:
+    # (bsize, frsize, blocks, bfree, bavail, files, ffree, favail, flag, namemax)
+    return os.statvfs_result((4096, 4096, 1 << 20, bavail, bavail, files, favail, favail,
+                              0, 255))
+
+
+@pytest.mark.parametrize(("files", "favail", "said"), [
+    (1_000_000, 0, True),
+    # What a compaction out of inodes leaves once it removed its temp snapshots: a few free
+    # again. It said "Free disk space" with gigabytes free.
+    (1_000_000, 9, True),
+    (1_000_000, 1023, True),
+    (1_000_000, 1024, False),
+    (1500, 9, True),  # a small file system: under 1 % of its inodes
+    (1500, 16, False),
+    (40, 1, False),
+    (0, 0, False),  # no inode count (btrfs): never said
+])
+def test_no_inode_left_counts_nearly_none_as_none(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, files: int, favail: int,
+        said: bool) -> None:
+    monkeypatch.setattr(os, "statvfs", lambda _path: _statvfs(files, favail, 1 << 18))
+    fix = no_inode_left(tmp_path)
+    assert (fix is not None) == said, fix
+    if fix is not None:
+        assert f"shows {favail:,} free" in fix and "whatever free space df shows" in fix, fix
+        # Never "remove files there" of the journal's own directory: it holds the Runs.
+        assert "not intloom's journal under .intloom/runtime/" in fix, fix
