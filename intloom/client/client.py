@@ -1060,8 +1060,10 @@ class Client:
             "waits or ends, so if the host is running, the Run's Steps may still be going "
             "on there (the request was not replayed); a host that is paused or hung "
             f"gives no reply either. {find}. To wait as long as its Steps take, connect "
-            "with Client.connect(root, request_timeout=None), or create Runs with "
-            "create_run(..., wait=False) and then call wait_run.",
+            "with Client.connect(root, request_timeout=None), or "
+            f"{'answer' if isinstance(request, Answer) else 'create Runs'} with "
+            f"{'answer' if isinstance(request, Answer) else 'create_run'}(..., wait=False) "
+            "and then call wait_run.",
             # A wait_run only reads: sent again, it waits again (a broken connection's says
             # so). A create or an answer changed something, whose outcome is unknown.
             retryable=isinstance(request, WaitRun),
@@ -1370,11 +1372,14 @@ class Client:
             f"intloom flows lists the loaded Workflows.{hint}",
         )
 
-    def answer(self, run_id: str, action_id: str, answer: Any) -> RunView:
+    def answer(self, run_id: str, action_id: str, answer: Any, *,
+               wait: bool = True) -> RunView:
         """Answer the Run's pending action ``action_id`` (a confirmation's
         ``{"isConfirmed": bool}``, or one entry per question); the view once the Run is not
-        running."""
-        return self._call(Answer(run_id=run_id, action_id=action_id, answer=answer), RunReply).run
+        running (``wait``), else once the answer is durable (then ``wait_run``: Steps that
+        follow an answer may take longer than ``request_timeout``)."""
+        return self._call(Answer(run_id=run_id, action_id=action_id, answer=answer, wait=wait),
+                          RunReply).run
 
     def cancel(self, run_id: str) -> tuple[RunView, bool]:
         """Cancel the Run: its view, and whether it had already ended, so that the cancel

@@ -1400,8 +1400,10 @@ class Runtime:
             last = at
         return views, 0
 
-    async def answer(self, run_id: str, action_id: str, answer: Any) -> RunView:
-        """Accept an answer (CONFLICT / INVALID_REQUEST otherwise); returns the next stable view."""
+    async def answer(self, run_id: str, action_id: str, answer: Any, *,
+                     wait: bool = True) -> RunView:
+        """Accept an answer (CONFLICT / INVALID_REQUEST otherwise); returns the next stable
+        view, or (``wait`` False) the view once the answer is durable."""
         self._admit()
         # An empty id was CONFLICT, "Action  is not (or no longer) ...": a double space.
         _nonempty(action_id, "action_id", "the id of the action the Run waits on "
@@ -1453,7 +1455,7 @@ class Runtime:
             )
             await self._answer_saved(slot, action_id)
             slot.deliver(typed)
-        return await self.wait_stable(run_id)
+        return await self.wait_stable(run_id) if wait else slot.view()
 
     async def _refuse_if_ended(self, run_id: str, action_id: str) -> None:
         """CONFLICT, as for a Run this host holds, for an answer to a Run that ended and is no

@@ -129,8 +129,8 @@ class Handlers:
                     return RunsReply(runs=rt.list(flow))
                 runs, next_after = rt.list_page(flow, after, page_bytes)
                 return RunsReply(runs=runs, next_after=next_after)
-            case Answer(run_id=run_id, action_id=action_id, answer=answer):
-                return RunReply(run=await rt.answer(run_id, action_id, answer))
+            case Answer(run_id=run_id, action_id=action_id, answer=answer, wait=wait):
+                return RunReply(run=await rt.answer(run_id, action_id, answer, wait=wait))
             case Cancel(run_id=run_id):
                 view, already_ended = await rt.cancel(run_id)
                 return RunReply(run=view, already_ended=already_ended)

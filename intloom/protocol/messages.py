@@ -148,6 +148,9 @@ class Answer(_Msg, tag="answer", frozen=True):
     run_id: str
     action_id: str
     answer: Any
+    # Added 2026-12-05: reply once the answer is durable, not once the Run is stable (an
+    # older host ignores it and waits).
+    wait: bool = True
 
 
 class Cancel(_Msg, tag="cancel", frozen=True):

@@ -1153,3 +1153,29 @@ def test_an_answer_after_a_client_cancel_does_not_credit_the_cli(project: Projec
     assert "by intloom cancel)" not in message, message
     assert "was stopped (RUN_STOPPED, by a cancel: intloom cancel or Client.cancel)" in (
         message), message
+
+
+def test_an_answer_without_wait_replies_once_it_is_durable(project: Project) -> None:
+    """``answer(..., wait=False)`` replies once the answer is saved, as ``create_run``'s
+    does once the Run is: an answer whose next Steps outlast ``request_timeout`` failed
+    PROJECT_REQUEST_FAILED though it had landed at once, and the timeout's advice
+    (``create_run(..., wait=False)``) did not apply to it."""
+    (project.root / "workflows" / "gated.py").write_text(GATED)
+    (project.root / "intloom.toml").write_text(
+        'workflows = ["workflows/example.py", "workflows/gated.py"]\n'
+    )
+    start(project)
+    gate = project.root / "gate"
+    gate.touch()
+    with Client.connect(project.root, request_timeout=5) as client:
+        waiting = client.create_run("gated", "payload")
+        assert waiting.status == "waiting" and waiting.pending_action is not None, waiting
+        gate.unlink()  # declined, the Run goes back to its gated Step, and stays there
+        taken = client.answer(waiting.run_id, waiting.pending_action.id,
+                              {"isConfirmed": False}, wait=False)
+        assert (taken.status, taken.pending_action) == ("running", None), taken
+        assert taken.cursor.step == "review", taken  # the answer is durable; Steps go on
+        gate.touch()
+        again = client.wait_run(waiting.run_id)
+    assert again.status == "waiting" and again.pending_action is not None, again
+    assert again.pending_action.id != waiting.pending_action.id
