@@ -28,7 +28,7 @@ from intloom.runtime.records import PROTOCOL_VERSION as WORKFLOW_PROTOCOL
 
 __all__ = ["SourceChange", "against_host", "changed_tree", "since_log", "since_start"]
 
-Change = Literal["listed", "unlisted", "moved", "edited", "unreadable", "config", "port",
+Change = Literal["listed", "unlisted", "moved", "edited", "retried", "unreadable", "config", "port",
                  "intloom"]
 
 
@@ -37,7 +37,9 @@ class SourceChange(msgspec.Struct, frozen=True):
 
     ``change``: ``listed`` (in ``intloom.toml`` now, not loaded by the host), ``unlisted``
     (loaded, no longer listed), ``edited`` (its source tree's identity is not the loaded
-    one), ``unreadable`` (it is gone, or its tree cannot be hashed now), ``config``
+    one), ``retried`` (a source the host failed to load, with files written since it
+    started: the next start tries it again), ``unreadable`` (it is gone, or its tree
+    cannot be hashed now), ``config``
     (``intloom.toml`` itself cannot be read now), ``port`` (``intloom.toml`` sets another
     port than the host listens on: the next start listens there), ``intloom`` (the host is
     of another intloom than the one installed now; ``source`` is ``intloom``). ``workflow``:
@@ -149,7 +151,16 @@ def since_start(root: Path, service: ServiceView, flows: list[WorkflowInfo]
             continue
         for info in infos:
             if not info.ready:
-                continue  # it failed to load: nothing of it runs, whatever its bytes now
+                # It failed to load: nothing of it runs, whatever its bytes now. Written
+                # since, it is likely fixed, and status said the old failure alone (authoring
+                # .md promises that status and flows say what changed meanwhile).
+                since = _modified_since(root, root / source, service.started_at)
+                if since:
+                    out.append(SourceChange(
+                        source, "retried",
+                        f"{source} failed to load when the host started{since}: the next "
+                        "start loads it again.", None))
+                continue
             entry = root / source
             loop = link_loop(root, source)
             if loop is not None:

@@ -88,7 +88,10 @@ def test_a_source_that_failed_to_load_is_not_called_edited(tmp_path: Path) -> No
     root = _project(tmp_path, "wf/a")
     failed = WorkflowInfo(name="wf/a", version="", identity="", source="wf/a", stages=[],
                           ready=False, problem="WORKFLOW_LOAD_FAILED: ...")
-    assert since_start(root, _service(root), [failed]) == []
+    # Not written since the host started (then it is retried: the test below).
+    later = msgspec.structs.replace(_service(root), started_at="2099-01-01T00:00:00.000Z")
+    assert since_start(root, later, [failed]) == []
+    assert [c.change for c in since_start(root, _service(root), [failed])] == ["retried"]
 
 
 def test_a_source_that_failed_to_load_and_is_unlisted_is_not_said_to_run(
@@ -298,3 +301,24 @@ def test_a_stop_says_every_run_of_a_source_no_longer_listed_is_held() -> None:
         "than restoring them by the restart table, whatever the lines above say of them; "
         "intloom doctor lists them and what a "
         "start would do."), text
+
+
+def test_a_source_that_failed_to_load_and_was_written_since_is_retried(tmp_path: Path) -> None:
+    """A source the host failed to load is compared by its files' mtimes (it has no loaded
+    identity): written since the host started, the next start tries it again. Nothing
+    was said, and status showed the old failure alone after it was fixed."""
+    root = _project(tmp_path, "wf/a", "wf/b")
+    failed = WorkflowInfo(name="wf/b", version="", identity="", source="wf/b", stages=[],
+                          ready=False, problem="WORKFLOW_DEFINITION_INVALID: ...")
+    flows = [_loaded(root, "wf/a", "a"), failed]
+    service = msgspec.structs.replace(_service(root), started_at="2099-01-01T00:00:00.000Z")
+    assert since_start(root, service, flows) == []  # not written since the host started
+    [change] = since_start(root, _service(root), flows)
+    assert (change.source, change.change, change.workflow) == ("wf/b", "retried", None)
+    assert change.message == ("wf/b failed to load when the host started; wf/b/__init__.py "
+                              "modified since the host started: the next start loads it "
+                              "again."), change.message
+    # No hold is warned of: its Runs are held already, and loading it frees them.
+    [said, advice] = changed_lines([msgspec.to_builtins(change)])
+    assert said == f"Changed  {change.message}", said
+    assert "are then held" not in advice, advice
