@@ -151,6 +151,30 @@ def _unlistened(paths: ProjectPaths, info: ServiceInfo, port: int) -> ServiceUnl
 _AGAIN: Final = "Client.connect, or the intloom command again"
 
 
+def _loop_blocked(paths: ProjectPaths, info: ServiceInfo) -> str | None:
+    """Why the host gave no hello, when its log says its event loop is blocked now (an
+    async Step that blocks): "a hung, paused or busy host" sent the user looking."""
+    from intloom.client.hostlog import loop_blocked  # a log search: this path only
+
+    record = loop_blocked(paths, info)
+    if record is None:
+        return None
+    at = record.get("at")
+    run = record.get("runId")
+    where = f" by {at}" if isinstance(at, str) else ""
+    whose = f" (Run {run})" if isinstance(run, str) else ""
+    held = record.get("seconds")
+    for_ = f", for {held:g} s by then," if isinstance(held, (int, float)) else ""
+    return (f"The host (pid {info.pid}) accepted the connection but answers no one: its log "
+            f"says at {record.get('time', '?')} that its event loop was blocked{where}"
+            f"{whose}{for_} and it has not run since (loop_blocked). An async Step (or "
+            "Tool, or on_complete) that blocks holds every client until it returns: make it "
+            "a plain def, or await "
+            "asyncio.to_thread(...) for the blocking call. Try again once it returns; if it "
+            f"never does, intloom stop cannot reach the host either: kill -9 {info.pid}, then "
+            "intloom recover and intloom start (the Run is reported RUN_INTERRUPTED).")
+
+
 class HelloFailed(IntloomError):
     """CLI_SERVICE_UNAVAILABLE: the listener on the port accepted the connection but the
     hello did not complete. ``cause`` is what happened (the listener closed, sent what is
@@ -810,6 +834,9 @@ class Client:
                         "but cannot answer until it is resumed.")
                 raise HelloFailed(f"{fact} Resume it with kill -CONT {info.pid}, then try "
                                   "again.", None, here=fact, paused=info.pid) from None
+            held = _loop_blocked(paths, info) if isinstance(exc, TimeoutError) else None
+            if held is not None:
+                raise HelloFailed(held, None, here=held) from None
             fact = (f"The service at 127.0.0.1:{conn.port} did not complete the hello "
                     f"({exc}): whatever listens there accepted the connection but did not "
                     "answer as this project's host (a hung, paused or busy host, or another "

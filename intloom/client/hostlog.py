@@ -8,6 +8,9 @@ files and only needs this name.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+import msgspec
 
 from intloom.errors import IntloomError
 from intloom.host.metadata import ServiceInfo, read_service
@@ -42,6 +45,24 @@ def log_path(paths: ProjectPaths, name: str | None) -> Path | None:
     if not name or Path(name).name != name or name in (".", ".."):
         return None
     return paths.logs / name
+
+
+def loop_blocked(paths: ProjectPaths, info: ServiceInfo) -> dict[str, Any] | None:
+    """The host's last ``loop_blocked`` line (host/loopwatch.py), when no
+    ``loop_unblocked`` came after it: what holds its event loop now. None otherwise."""
+    line = last_line(log_path(paths, info.log_file), _LOOP)
+    if line is None:
+        return None
+    try:
+        record = msgspec.json.decode(line)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    if not isinstance(record, dict) or record.get("event") != "loop_blocked":
+        return None
+    return record
+
+
+_LOOP = b'"event":"loop_'  # loop_blocked and loop_unblocked
 
 
 def log_says_stopping(paths: ProjectPaths, info: ServiceInfo) -> bool:

@@ -83,8 +83,13 @@ from intloom.runtime.records import (
 if TYPE_CHECKING:
     from intloom.executor.runtime import Runtime
 
-__all__ = ["AgentClaim", "Driver", "RunObserver", "RunSlot", "check_effect_ids", "code_at",
-           "running_code", "still_claimed", "user_raised", "without_claim_advice"]
+__all__ = ["RUN_TASK_PREFIX", "AgentClaim", "Driver", "RunObserver", "RunSlot",
+           "check_effect_ids", "code_at", "running_code", "still_claimed", "user_raised",
+           "without_claim_advice"]
+
+# A Run's task is named for it (``run:<run id>``): what holds a blocked event loop is then
+# named by its Run (host/loopwatch.py), and so is a task a stop abandons.
+RUN_TASK_PREFIX: Final = "run:"
 
 # (event, run id, detail, status): told of a Run's milestones, e.g. to write the host log.
 # (event, run id, detail, status) -> whether the host log now holds it (None: not said).
@@ -1429,7 +1434,7 @@ class Driver:
         loop = self.loop = asyncio.get_running_loop()
         if self._crews is None or self._crews.loop is not loop:
             self._crews = Crews(self.workers, loop, self.rt.sync_crew)
-        task = loop.create_task(self._drive(slot))
+        task = loop.create_task(self._drive(slot), name=f"{RUN_TASK_PREFIX}{slot.run_id}")
         slot.task = task
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)

@@ -42,6 +42,7 @@ from intloom.host.boot import Booted, boot, check_error, starved
 from intloom.host.handlers import Handlers
 from intloom.host.logfile import HostLog, utc_now
 from intloom.host.logretention import LOGS_CAP, prune_logs
+from intloom.host.loopwatch import LoopWatch
 from intloom.host.metadata import METADATA_VERSION, ServiceInfo, current_identity
 from intloom.host.ownership import Ownership, new_token
 from intloom.host.portholder import describe, listeners
@@ -465,6 +466,7 @@ class Host:
         self._home: tuple[tuple[int, int], tuple[int, int]] | None = None
         self._linked = False
         self._service_back_failed = False
+        self._watch: LoopWatch | None = None  # serve starts it, a stop (or a failure) ends it
         # Set by ``start --foreground`` (the host runs in the command's process): how the
         # command says the error a host ends with when it stops serving on its own
         # (``_left_home``), before the process exits as a crash would.
@@ -588,6 +590,9 @@ class Host:
                 return 1
             return await self.shutdown()
         finally:
+            if self._watch is not None:  # a fatal error, a move: no stop closed it
+                self._watch.close()
+                self._watch = None
             for sig in installed:
                 loop.remove_signal_handler(sig)
                 handler = theirs.get(sig)
@@ -1028,6 +1033,9 @@ class Host:
             await asyncio.sleep(0)
             raise RuntimeError(f"{FATAL_HOOK} is set: simulated fatal error after ready")
         self._prune_logs()
+        if self.log is not None and self._watch is None:
+            self._watch = LoopWatch(self.log, self.paths.root)
+            self._watch.start()
         while not self._stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), _HOME_LOOK)
@@ -1398,6 +1406,11 @@ class Host:
         return self.options.suspend_grace + _SUSPEND_MARGIN_S + runs * _SUSPEND_S_PER_RUN
 
     async def shutdown(self) -> int:
+        if self._watch is not None:
+            # A stop's own work (thousands of snapshots written) may hold the loop for
+            # seconds, which is no Step's doing; the stop names Steps it cuts itself.
+            self._watch.close()
+            self._watch = None
         if self.log is not None:
             # ``within``: how long this stop may take; a stop that finds the host already
             # stopping (refused at its hello) reads it here, as it gets no reply of its own.
