@@ -340,7 +340,7 @@ def _import(root: Path, entry: Path) -> ModuleType:
         starved = isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE)
         raise (SourceStarved if starved else IntloomError)(
             "WORKFLOW_LOAD_FAILED", f"Importing {entry} failed: {_failure(root, exc)}. "
-            f"{_fix(exc)}",
+            f"{_fix(exc, root)}",
         ) from None
     return module
 
@@ -350,7 +350,43 @@ class SourceStarved(IntloomError):
     process's limit, not the module (``LoadResult.starved``)."""
 
 
-def _fix(exc: BaseException) -> str:
+def _beside(exc: ImportError, root: Path) -> str | None:
+    """For an import of a module of the project that was not found, though it is a file
+    beside the module that imports it (``from helpers import x`` in workflows/a.py, with
+    workflows/helpers.py there) or a relative import in a single-file entry: how to import
+    it. "pip install helpers" was said first: a stranger's package of that name, maybe."""
+    where = _innermost(root, exc.__traceback__)
+    if where is None:
+        return None
+    importer = root.resolve() / where[0]
+    if isinstance(exc, ModuleNotFoundError) and exc.name:
+        top = exc.name.partition(".")[0]
+        folder = importer.parent
+        found = next((c for c in (folder / f"{top}.py", folder / top / "__init__.py")
+                      if c.is_file()), None)
+        if found is None or folder == root.resolve():
+            return None
+        package = ".".join(folder.relative_to(root.resolve()).parts)
+        return (f"{found.relative_to(root.resolve()).as_posix()} is beside {where[0]}, but "
+                "a Workflow's modules are imported from the project's root, which is on "
+                f"sys.path, not from their own directory: import it as {package}.{top} "
+                f"(from {package}.{top} import ..., or from {package} import {top}). Then "
+                "restart the host.")
+    if "no known parent package" in str(exc):
+        parts = importer.parent.relative_to(root.resolve()).parts
+        absolute = f"from {'.'.join(parts)}.x import ..." if parts else "from x import ..."
+        return (f"{where[0]} is imported as a single file, not as a module of a package, so a "
+                "relative import (from .x import ...) has no package to start from: import "
+                f"the module by its path from the project's root ({absolute}), or list the "
+                "directory as a package entry (with an __init__.py). Then restart the host.")
+    return None
+
+
+def _fix(exc: BaseException, root: Path | None = None) -> str:
+    if isinstance(exc, ImportError) and root is not None:
+        beside = _beside(exc, root)
+        if beside is not None:
+            return beside
     if isinstance(exc, _ExitCalled):
         return ("A Workflow module must not end the process when it is imported (os._exit() "
                 "skips every handler: it would end the host, with every Workflow, without a "

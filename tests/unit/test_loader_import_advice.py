@@ -1,0 +1,60 @@
+"""What a failed import of a Workflow source advises: a module of the project beside the
+source, imported by its bare name, was answered "install it ...: python -m pip install
+helpers" (a stranger's package of that name, maybe); a relative import in a single-file
+entry only "Fix the module". Real files, the real loader."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from intloom.authoring.loader import load_workflows
+from intloom.project import Config
+
+pytestmark = pytest.mark.timeout(60)
+
+SOURCE = '''
+import intloom
+{imports}
+
+wf = intloom.Workflow("w", version="1")
+s = wf.stage("s")
+
+
+@s.step("a", routes={{"ok": intloom.COMPLETE}})
+def a(ctx) -> str:
+    return "ok"
+'''
+
+
+def _problem(root: Path, imports: str) -> str:
+    (root / "flows" / "sub").mkdir(parents=True)
+    (root / "flows" / "sub" / "helpers.py").write_text("LABEL = 'x'\n")
+    (root / "flows" / "sub" / "w.py").write_text(SOURCE.format(imports=imports))
+    result = load_workflows(root, Config(workflows=("flows/sub/w.py",), port=None))
+    [(_source, problem)] = result.problems
+    return problem.message
+
+
+def test_a_module_beside_the_source_is_named_with_the_import_that_finds_it(
+        tmp_path: Path) -> None:
+    said = _problem(tmp_path / "proj", "from helpers import LABEL")
+    assert "No module named 'helpers'" in said, said
+    assert ("flows/sub/helpers.py is beside flows/sub/w.py, but a Workflow's modules are "
+            "imported from the project's root") in said, said
+    assert "import it as flows.sub.helpers (from flows.sub.helpers import ..." in said, said
+    assert "pip install" not in said, said
+
+
+def test_a_relative_import_in_a_single_file_entry_says_how_to_import_instead(
+        tmp_path: Path) -> None:
+    said = _problem(tmp_path / "proj", "from .helpers import LABEL")
+    assert "flows/sub/w.py is imported as a single file" in said, said
+    assert "(from flows.sub.x import ...)" in said, said
+
+
+def test_a_module_found_nowhere_in_the_project_is_still_a_package_to_install(
+        tmp_path: Path) -> None:
+    said = _problem(tmp_path / "proj", "import no_such_module_anywhere_here")
+    assert "install it for the Python the host runs" in said, said
