@@ -12,7 +12,7 @@ import sys
 import threading
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterator
-from typing import Any, Final, Generic, Protocol, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Final, Generic, Protocol, TypeVar, overload
 
 import msgspec
 
@@ -119,36 +119,44 @@ class StepContext(Generic[S]):
         """The Run's id (read-only)."""
         return self._run_id
 
-    @run_id.setter
-    def run_id(self, value: object) -> None:
-        raise self._fixed("run_id", "the Run")
+    if not TYPE_CHECKING:  # read-only to a type checker, which flags an assignment
+
+        @run_id.setter
+        def run_id(self, value: object) -> None:
+            raise self._fixed("run_id", "the Run")
 
     @property
     def intent(self) -> str:
         """The intent the Run was created with (read-only)."""
         return self._intent
 
-    @intent.setter
-    def intent(self, value: object) -> None:
-        raise self._fixed("intent", "the Run's intent, as it was created with")
+    if not TYPE_CHECKING:  # read-only to a type checker, which flags an assignment
+
+        @intent.setter
+        def intent(self, value: object) -> None:
+            raise self._fixed("intent", "the Run's intent, as it was created with")
 
     @property
     def stage(self) -> str:
         """The Stage running (read-only)."""
         return self._stage
 
-    @stage.setter
-    def stage(self, value: object) -> None:
-        raise self._fixed("stage", "the Stage running")
+    if not TYPE_CHECKING:  # read-only to a type checker, which flags an assignment
+
+        @stage.setter
+        def stage(self, value: object) -> None:
+            raise self._fixed("stage", "the Stage running")
 
     @property
     def step(self) -> str | None:
         """The Step running; None in a Stage initialiser (read-only)."""
         return self._step
 
-    @step.setter
-    def step(self, value: object) -> None:
-        raise self._fixed("step", "the Step running")
+    if not TYPE_CHECKING:  # read-only to a type checker, which flags an assignment
+
+        @step.setter
+        def step(self, value: object) -> None:
+            raise self._fixed("step", "the Step running")
 
     def _fixed(self, field: str, what: str) -> IntloomError:
         return IntloomError(

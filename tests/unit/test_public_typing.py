@@ -146,6 +146,10 @@ def init_other(ctx: StepContext[Draft]) -> Other:
 
 @draft.step("ok", routes={"done": intloom.COMPLETE})
 async def ok(ctx: StepContext[Draft]) -> str:
+    # Read-only: refused when the Step runs (STEP_INTERACTION_INVALID), and by mypy (its
+    # setters, typed object, let every assignment check).
+    ctx.run_id = "x"  # E
+    ctx.step = None  # E
     return "done"
 
 
@@ -222,5 +226,5 @@ def test_each_misuse_of_the_decorators_is_a_type_error_at_its_line(tmp_path: Pat
     out, status, _err = _mypy(tmp_path, _BAD)
     errors = sorted({int(m.group(1)) for m in re.finditer(r":(\d+): error:", out)})
     marked = [n for n, line in enumerate(_BAD.splitlines(), 1) if line.endswith("# E")]
-    assert len(marked) == 10 and errors == marked, out
+    assert len(marked) == 12 and errors == marked, out
     assert status == 1
