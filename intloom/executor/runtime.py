@@ -678,6 +678,22 @@ def _running(state: RunState) -> str | None:
     return restart_verdict(state, has_recover=False).reason
 
 
+def _between(state: RunState) -> str | None:
+    """Where a cancel that lands between two Steps finds the Run (a Step's result not yet
+    routed, the next Step or Stage not yet begun), else None: "The Run was stopped." alone
+    left the view's cursor on the Step that had returned, as if it had been cut."""
+    if state.status != "running" or state.phase not in ("step_result", "step_ready",
+                                                        "stage_pending"):
+        return None
+    cursor = state.cursor
+    if state.phase == "step_result":
+        return (f"between Steps: Step {cursor.stage}/{cursor.step} had returned "
+                f"{state.outcome!r} and nothing was cut; the Step it routes to had not begun")
+    ahead = (f"Step {cursor.stage}/{cursor.step}" if state.phase == "step_ready"
+             else f"Stage {cursor.stage}")
+    return f"between Steps: {ahead} had not begun, and nothing was cut"
+
+
 def _waited_on(state: RunState) -> str | None:
     """The wait a cancel ends, when the Run waits on a person or a client Agent (what was
     asked, by whom), else None: "The Run was stopped." alone left the person who had been
@@ -1551,7 +1567,7 @@ class Runtime:
                     cut = next((what for working, what in self._agent_work.values()
                                 if working == run_id),
                                _from_answer(slot.state) or _waited_on(slot.state)
-                               or _running(slot.state))
+                               or _running(slot.state) or _between(slot.state))
         if ended:
             if slot.shown.phase != "terminal":
                 # Another request (a cancel, or the Run's own last Step) appended the end and
