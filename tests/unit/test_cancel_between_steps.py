@@ -6,14 +6,15 @@ from __future__ import annotations
 
 from intloom.executor.runtime import _between
 from intloom.runtime.machine import fold
-from intloom.runtime.records import Executing, StagePending, StepReady, StepResult
+from intloom.runtime.records import Executing, Record, StagePending, StepReady, StepResult
 from tests.unit.test_store_support import header
 
 
 def test_a_cancel_between_steps_says_where_and_that_nothing_was_cut() -> None:
-    entering = [header("RUN-A"), StagePending(at="t1", stage="draft")]
-    ready = [*entering, StepReady(at="t2", stage="draft", step="look", state=b"{}")]
-    returned = [*ready, Executing(at="t3", stage="draft", step="look", kind="step"),
+    entering: list[Record] = [header("RUN-A"), StagePending(at="t1", stage="draft")]
+    ready: list[Record] = [*entering, StepReady(at="t2", stage="draft", step="look",
+                                                state=b"{}")]
+    returned: list[Record] = [*ready, Executing(at="t3", stage="draft", step="look", kind="step"),
                 StepResult(at="t4", stage="draft", step="look", outcome="found", state=b"{}",
                            output=None)]
     said = {phase: _between(state) for phase, records in
