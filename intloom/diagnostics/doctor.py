@@ -954,7 +954,8 @@ def _temp_files_check(paths: ProjectPaths) -> Check:
     left, unsure = metadata_temps(paths)
     if not left and not unsure:
         return Check("temp_files", "ok",
-                     "No temp file of an interrupted write is left in .intloom/.", None)
+                     "No temp file of an interrupted metadata write is left in .intloom/ "
+                     "(the store's own, under runtime/, the next start removes).", None)
     message, todo = [], []
     if left:
         named = ", ".join(_temp_named(t) for t in left)
