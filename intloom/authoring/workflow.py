@@ -488,10 +488,18 @@ class Stage(Generic[S]):
                        f"tools[{i}] is {_shown_value(tool)}, not an intloom.Tool", wrap)
         names = [t.name for t in found]
         if len(set(names)) != len(names):
+            # By name: an Agent calls a Tool by its name, so two Tools (or one listed twice)
+            # under one name cannot both be called; "not distinct objects" misnamed it.
+            twice = sorted({n for n in names if names.count(n) > 1})
+            same = all(found[i] is found[j] for n in twice
+                       for i, a in enumerate(names) if a == n
+                       for j, b in enumerate(names) if b == n)
+            why = ("the same Tool listed twice" if same
+                   else "an Agent calls a Tool by its name")
             raise _bad(
                 self.workflow.name, where,
-                f"tools {names} are not distinct intloom.Tool objects",
-                "Declare each Tool once with intloom.Tool(name, fn).",
+                f"tools {names} name {', '.join(repr(n) for n in twice)} more than once ({why})",
+                "List each Tool once, each under a name of its own: intloom.Tool(name, fn).",
             )
         sizes = {t.name: len(t.name) + _utf8_size(t.description) for t in found}
         if sum(sizes.values()) > MAX_TOOLS_BYTES:

@@ -186,6 +186,22 @@ def test_an_agent_steps_tools_that_are_not_a_list_of_tools_are_refused_with_the_
     assert list(made.tools) == ["a", "b"]  # a generator is read once, not found empty
 
 
+def test_two_tools_under_one_name_are_named_as_such() -> None:
+    """Two Tools under one name said "tools ['t', 't'] are not distinct intloom.Tool
+    objects", which they were: what clashes is the name, by which an Agent calls a Tool."""
+    def search(query: Any) -> list[str]:
+        return []
+
+    st = intloom.Workflow("w", version="1").stage("s")
+    one = intloom.Tool("t", search)
+    for tools, why in [([one, intloom.Tool("t", search)], "an Agent calls a Tool by its name"),
+                       ([one, one], "the same Tool listed twice")]:
+        with _refused(r"Workflow 'w', Stage 's', Step 'look': tools \['t', 't'\] name 't' "
+                      rf"more than once \({why}\)\. List each Tool once") as info:
+            st.agent_step("look", routes={"ok": intloom.COMPLETE}, tools=tools)(lambda ctx: {})
+        assert _code(info) == "WORKFLOW_DEFINITION_INVALID"
+
+
 def test_an_agent_steps_agent_id_is_a_non_empty_string() -> None:
     """``agent=5`` was accepted: the Run's view then carried ``agentId`` 5, which no client
     decodes (PROJECT_RESPONSE_INVALID), so ``flow`` and ``runs`` -- for every Run -- failed.
