@@ -679,6 +679,19 @@ class Workflow:
                         "Stage)",
                         f'Route to it with intloom.ToStage("{target}").', step.declared_at,
                     )
+                owners = [name for name, other in self.stages.items()
+                          if isinstance(target, str) and target in other.steps]
+                if isinstance(target, str) and target not in stage.steps and owners:
+                    # A Step of another Stage: a Run enters a Stage at its first Step only.
+                    raise _bad(
+                        self.name, step.where,
+                        f"outcome {outcome!r} routes to Step {target!r}, which is a Step of "
+                        f"Stage {owners[0]!r}, not of Stage {stage.name!r} (a plain name "
+                        "routes within the Stage)",
+                        f'Route to Stage {owners[0]!r} with intloom.ToStage("{owners[0]}"), '
+                        "which enters it at its first Step, or use one of "
+                        f"{sorted(stage.steps)}.", step.declared_at,
+                    )
                 if isinstance(target, str) and target not in stage.steps:
                     # "COMPLETE" (or "complete", "end") as text is a Step name like any
                     # other: the fix named only Steps and ToStage, never how to end the Run.

@@ -382,6 +382,20 @@ def test_a_route_to_a_stage_name_says_it_is_a_stage_and_to_use_to_stage() -> Non
         wf.validate()
 
 
+def test_a_route_to_another_stages_step_names_its_stage_and_to_stage() -> None:
+    """It said only "which Stage 'draft' does not have" and listed draft's Steps, though
+    the Step was there, in another Stage, which a route enters at its first Step only."""
+    wf = intloom.Workflow("notes", version="1")
+    draft = wf.stage("draft")
+    wf.stage("publish").step("post", routes={"ok": intloom.COMPLETE})(lambda ctx: "ok")
+    draft.step("write", routes={"ok": "post"})(lambda ctx: "ok")
+    with _refused(r"Workflow 'notes', Stage 'draft', Step 'write': outcome 'ok' routes to Step "
+                  r"'post', which is a Step of Stage 'publish', not of Stage 'draft' .*Route "
+                  r'to Stage \'publish\' with intloom\.ToStage\("publish"\), which enters it at '
+                  r"its first Step"):
+        wf.validate()
+
+
 def _helper(ctx: Any) -> str:
     return "ok"
 
