@@ -181,9 +181,10 @@ class StepContext(Generic[S]):
                         return  # what a running Step of a Stage without State may assign
                     raise self._stale_state()
                 name = state_type.__name__
+                given = "None" if value is None else a_an(type(value).__name__)
                 raise IntloomError(
                     "STAGE_STATE_INVALID",
-                    f"{self.where} assigned ctx.state {a_an(type(value).__name__)}; Stage "
+                    f"{self.where} assigned ctx.state {given}; Stage "
                     f"{self.stage!r} State is {a_an(name)}. Assign {a_an(name)} "
                     f"(`ctx.state = {name}(...)`) or change a field of ctx.state.",
                 )

@@ -955,3 +955,20 @@ def test_a_call_never_awaited_among_many_awaited_ones_is_still_named(
     assert view.status == "failed", view
     assert view.last_error is not None
     assert "ctx.aeffect('forgotten', ...)" in view.last_error.message, view.last_error
+
+
+def test_none_assigned_to_a_state_is_said_as_none(tmp_path: Path) -> None:
+    """``ctx.state = None`` in a Stage with State said "assigned ctx.state a NoneType"."""
+    wf = intloom.Workflow("nothing", version="1")
+    st = wf.stage("draft", state=Draft)
+
+    @st.step("write", routes={"ok": intloom.COMPLETE})
+    def write(ctx: intloom.StepContext[Draft]) -> str:
+        ctx.state = None  # type: ignore[assignment]
+        return "ok"
+
+    view = _settle(tmp_path / "runtime", wf)
+    assert view.last_error is not None and view.last_error.code == "STAGE_STATE_INVALID"
+    assert view.last_error.message.startswith(
+        "Stage 'draft', Step 'write' assigned ctx.state None; Stage 'draft' State is a "
+        "Draft."), view.last_error.message
