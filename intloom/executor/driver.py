@@ -347,13 +347,14 @@ class RunSlot:
         self.suspended = False
         self.suspend_reason: str | None = None  # why, when it is not a host stop
         self.restored_wait = False
-        # The last answer this host accepted (action id, its decision): an answer that
-        # comes after it is told what won. Memory only, like claims.
-        self.last_answer: tuple[str, str] | None = None
-        # Every answer the Run's journal holds (action id -> its decision), read on a
-        # refusal's path when memory cannot tell (an earlier host accepted it), and the seq
-        # it was read up to (``Runtime._recall_answers``).
-        self.recalled: tuple[int, dict[str, str]] | None = None
+        # The last answer this host accepted (action id, its decision, the answer as
+        # journaled): an answer that comes after it is told what won, and whether it is
+        # that same answer (a retry after a lost reply). Memory only, like claims.
+        self.last_answer: tuple[str, str, Any] | None = None
+        # Every answer the Run's journal holds (action id -> its decision and the answer),
+        # read on a refusal's path when memory cannot tell (an earlier host accepted it),
+        # and the seq it was read up to (``Runtime._recall_answers``).
+        self.recalled: tuple[int, dict[str, tuple[str, Any]]] | None = None
         # The seq the Run was restored at (None: created by this host). Its earlier records
         # are read from the journal into the history when a follower first asks (_seed).
         self.restored_seq: int | None = None

@@ -38,7 +38,7 @@ from intloom.authoring.compat import (
     what_changed,
 )
 from intloom.authoring.context import Recovery
-from intloom.authoring.interaction import validate_answer
+from intloom.authoring.interaction import Confirmation, QuestionAnswer, validate_answer
 from intloom.authoring.loader import LoadedWorkflow
 from intloom.authoring.workflow import AgentStep
 from intloom.errors import BLANK_INTENT, MAX_MESSAGE, ErrorView, IntloomError, clip, error_view
@@ -516,9 +516,15 @@ def _journalable(value: Any, what: str) -> Any:
     return value
 
 
-def _not_current(slot: RunSlot, action_id: str, elsewhere: RunSlot | None = None) -> str:
+# ``_not_current``'s ``sent`` when the refusal is of no answer of the request's own.
+_UNSENT: Final = object()
+
+
+def _not_current(slot: RunSlot, action_id: str, elsewhere: RunSlot | None = None,
+                 sent: Any = _UNSENT) -> str:
     """Why ``action_id`` cannot be answered now, and what can be. ``elsewhere``: another Run
-    that waits on ``action_id``, which the answer was surely meant for."""
+    that waits on ``action_id``, which the answer was surely meant for; ``sent``: the
+    refused answer, compared with the one recorded."""
     if elsewhere is not None:
         # Not "answer the one this Run waits on": the answer was written for the other
         # Run's questions, and sent here it would be taken for good.
@@ -527,7 +533,14 @@ def _not_current(slot: RunSlot, action_id: str, elsewhere: RunSlot | None = None
         return (f"Action {action_id} is Run {elsewhere.run_id}'s pending {what}action, not Run "
                 f"{slot.run_id}'s; nothing was recorded. Send the answer to the Run that asks "
                 f"it: intloom answer {elsewhere.run_id} {action_id} ANSWER.")
-    gist = _answered_as(slot, action_id)
+    found = _answered_as(slot, action_id)
+    same = None if found is None or sent is _UNSENT else _same_answer(sent, found[1])
+    return _not_current_said(slot, action_id, None if found is None else found[0]) + \
+        _same_note(same)
+
+
+def _not_current_said(slot: RunSlot, action_id: str, gist: str | None) -> str:
+    """``_not_current`` for an action answered as ``gist`` says (None: not answered)."""
     fact = (f"Action {action_id} is not (or no longer) Run {slot.run_id}'s unanswered action"
             if gist is None else
             # "Earlier", not "another": a retry of the very answer accepted before a lost
@@ -584,15 +597,17 @@ _CALL_ID_LENGTH: Final = 26  # clock.call_id: "CALL-" and 21 characters
 _RUN_ID_LENGTH: Final = 45  # clock.run_id: RUN-, a stamp to the ms, 21 random characters
 
 
-def _ended_before(state: RunState, action_id: str, gist: str | None) -> str:
+def _ended_before(state: RunState, action_id: str, found: tuple[str, bool | None] | None
+                  ) -> str:
     """Why an answer to a Run that ended, and that this host no longer holds, is refused:
-    how the Run ended, and whether the journal holds an answer to ``action_id``."""
+    how the Run ended, and whether the journal holds an answer to ``action_id`` (its
+    decision, and whether it is the refused one)."""
     rid = state.run_id
     fact = (f"Action {action_id} of Run {rid} was already answered by an earlier request "
-            f"({gist})" if gist is not None else
+            f"({found[0]})" if found is not None else
             f"Action {action_id} is not (or no longer) Run {rid}'s unanswered action")
     return (f"{fact}; the Run {_how_ended(state)} and takes no answer; nothing was recorded. "
-            f"{_ENDED_BEFORE.format(rid=rid)}")
+            f"{_ENDED_BEFORE.format(rid=rid)}{_same_note(found[1] if found else None)}")
 
 
 _ENDED_BEFORE: Final = ("It ended before this host started, or long enough ago that intloom "
@@ -634,16 +649,49 @@ def _task_outcome(records: Iterable[Record], call_id: str) -> str | None:
     return None
 
 
-def _answered_as(slot: RunSlot, action_id: str) -> str | None:
-    """How ``action_id`` was answered, when it was (as a refusal names it), else None."""
+def _answered_as(slot: RunSlot, action_id: str) -> tuple[str, Any] | None:
+    """How ``action_id`` was answered, when it was (as a refusal names it, and the answer as
+    journaled), else None."""
     if slot.last_answer is not None and slot.last_answer[0] == action_id:
-        return slot.last_answer[1]
+        return slot.last_answer[1], slot.last_answer[2]
     answered = slot.state.answered_action  # a restored Run's, before its Step returns
     if answered is not None and answered.id == action_id:
-        return _answer_gist(slot.state.answer)
+        return _answer_gist(slot.state.answer), slot.state.answer
     if slot.recalled is not None:  # read from the journal (Runtime._recall_answers)
         return slot.recalled[1].get(action_id)
     return None
+
+
+def _same_answer(sent: Any, recorded: Any) -> bool | None:
+    """Whether ``sent`` (a request's answer, decoded JSON) is the answer ``recorded`` (as
+    journaled): each in the form validation gives it (a confirmation's ``feedback`` left
+    out when absent, questions by id, in any order). None when ``sent`` is no answer of
+    that kind: nothing is claimed of it then."""
+    def plain(answer: Any) -> bytes | None:
+        try:
+            if isinstance(answer, dict):
+                return msgspec.json.encode(msgspec.convert(answer, Confirmation))
+            if isinstance(answer, list):
+                items = msgspec.convert(answer, list[QuestionAnswer])
+                return msgspec.json.encode(sorted(items, key=lambda q: q.question_id))
+        except (msgspec.ValidationError, TypeError):
+            return None
+        return None
+
+    mine, theirs = plain(sent), plain(recorded)
+    return None if mine is None or theirs is None else mine == theirs
+
+
+def _same_note(same: bool | None) -> str:
+    """Whether the recorded answer is this very one, as a refusal ends: a retry after a
+    lost reply was told only "already answered by an earlier request", which reads as if
+    another person's answer had won."""
+    if same:
+        return (" The recorded answer is the same as this one: if you sent it before and its "
+                "reply was lost, yours was recorded, and there is nothing more to do.")
+    if same is False:
+        return " The recorded answer is not this one."
+    return ""
 
 
 def _from_answer(state: RunState) -> str | None:
@@ -1424,7 +1472,7 @@ class Runtime:
         # An empty id was CONFLICT, "Action  is not (or no longer) ...": a double space.
         _nonempty(action_id, "action_id", "the id of the action the Run waits on "
                   "(pendingAction.id, ASK-...)")
-        await self._refuse_if_ended(run_id, action_id)
+        await self._refuse_if_ended(run_id, action_id, answer)
         slot = self._slot(run_id)
         action = slot.state.pending_action
         if slot.view().status != "waiting" or action is None or action.id != action_id:
@@ -1433,7 +1481,8 @@ class Runtime:
             # Last: what a racing request appended meanwhile is shown (see _caught_up).
             await self._caught_up(slot)
             raise IntloomError("CONFLICT", _not_current(slot, action_id,
-                                                        self._waiting_on(action_id, slot)))
+                                                        self._waiting_on(action_id, slot),
+                                                        answer))
         try:
             typed = validate_answer(action.kind, action.request, answer)
         except IntloomError as exc:
@@ -1459,7 +1508,7 @@ class Runtime:
         now = clock.now()
         plain = _journalable(msgspec.to_builtins(typed), "The answer")
         self.append(slot, Answered(at=now, action_id=action_id, answer=plain))
-        slot.last_answer = (action_id, _answer_gist(plain))
+        slot.last_answer = (action_id, _answer_gist(plain), plain)
         if slot.restored_wait:
             slot.restored_wait = False
             # `answered` is durable before recover sees the answer
@@ -1473,7 +1522,7 @@ class Runtime:
             slot.deliver(typed)
         return await self.wait_stable(run_id) if wait else slot.view()
 
-    async def _refuse_if_ended(self, run_id: str, action_id: str) -> None:
+    async def _refuse_if_ended(self, run_id: str, action_id: str, answer: Any) -> None:
         """CONFLICT, as for a Run this host holds, for an answer to a Run that ended and is no
         longer held: one that ended before this host started (the retry of an answer whose
         reply a crash took), or ended here long ago. "Not known to this host" said neither
@@ -1482,13 +1531,14 @@ class Runtime:
         state = await self._ended_state(run_id)
         if state is None:
             return
-        gist: str | None = None
+        found: tuple[str, bool | None] | None = None
         if action_id.startswith("ASK-"):
             with contextlib.suppress(Exception):  # the refusal is worded without it
                 records = await self.driver.offload(self.journal.history, run_id, state.seq)
-                gist = next((_answer_gist(r.answer) for r in records
-                             if type(r) is Answered and r.action_id == action_id), None)
-        raise IntloomError("CONFLICT", _ended_before(state, action_id, gist))
+                found = next(((_answer_gist(r.answer), _same_answer(answer, r.answer))
+                              for r in records
+                              if type(r) is Answered and r.action_id == action_id), None)
+        raise IntloomError("CONFLICT", _ended_before(state, action_id, found))
 
     async def _recall_answers(self, slot: RunSlot, action_id: str) -> None:
         """Before a refusal of ``action_id``: when memory cannot tell how it was answered,
@@ -1510,7 +1560,7 @@ class Runtime:
             records = await self.driver.offload(self.journal.history, slot.run_id, seq)
         except Exception:  # a refusal is worded without it
             return
-        slot.recalled = (seq, {record.action_id: _answer_gist(record.answer)
+        slot.recalled = (seq, {record.action_id: (_answer_gist(record.answer), record.answer)
                                for record in records if type(record) is Answered})
 
     async def _answer_saved(self, slot: RunSlot, action_id: str) -> None:

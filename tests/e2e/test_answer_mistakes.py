@@ -97,6 +97,10 @@ def test_an_answer_sent_again_after_a_crash_is_told_it_was_taken(basic: Project)
     assert error["message"].startswith(
         f"Action {first} of Run {run_id} was already answered by an earlier request "
         f"(declined); it waits on {second} (confirmation)."), error
+    # Read back from the journal, the recorded answer is compared with the retried one.
+    same = "The recorded answer is the same as this one: if you sent it before"
+    assert error["message"].endswith(f"{same} and its reply was lost, yours was recorded, "
+                                      "and there is nothing more to do."), error
     _still_waits(basic, run_id, second)
 
     # Answered by this host, then again: a retry of the first is told so too.
@@ -108,6 +112,7 @@ def test_an_answer_sent_again_after_a_crash_is_told_it_was_taken(basic: Project)
     assert result.json["error"]["message"].startswith(
         f"Action {second} of Run {run_id} was already answered by an earlier request "
         f"(declined); it waits on {fourth} (confirmation)."), result
+    assert result.json["error"]["message"].endswith(" The recorded answer is not this one.")
     # An id no answer ever had is still "not (or no longer)" the Run's.
     result = basic.cli("answer", run_id, "ASK-" + "x" * 21, '{"isConfirmed": true}', "--json")
     assert result.json["error"]["message"].startswith(
@@ -137,7 +142,9 @@ def test_an_answer_sent_again_to_a_run_that_ended_is_told_it_ended(basic: Projec
 
     said = (f"Action {action_id} of Run {run_id} was already answered by an earlier request "
             "(confirmed); the Run has completed and takes no answer; nothing was recorded.")
-    assert retried().startswith(said)
+    first = retried()
+    assert first.startswith(said), first
+    assert "The recorded answer is the same as this one" in first, first
     ok(basic.cli("stop", "--json"))  # the Run's journal is summarised in its snapshot
     ok(basic.cli("start", "--json"))
     message = retried()

@@ -227,6 +227,10 @@ def test_first_valid_answer_wins() -> None:
         for error in errors:
             assert "already answered by an earlier request (confirmed)" in error.message, error
             assert "nothing was recorded" in error.message and "pending" not in error.message
+            # The same answer as the winner's: a retry after a lost reply learns it landed.
+            assert error.message.endswith(
+                " The recorded answer is the same as this one: if you sent it before and its "
+                "reply was lost, yours was recorded, and there is nothing more to do."), error
 
     run(main)
 
@@ -249,6 +253,15 @@ def test_an_answer_after_the_run_went_on_from_another_answer_is_told_that_answer
         assert f"Action {action} of Run {view.run_id} was already answered by an earlier " \
                "request (confirmed)" in message, message
         assert "it has completed and takes no answer; nothing was recorded" in message
+        assert message.endswith(" The recorded answer is not this one."), message
+        # Sent again as it was recorded ("feedback" absent either way): the same.
+        with pytest.raises(IntloomError) as retried:
+            await rt.answer(view.run_id, action, {"isConfirmed": True})
+        assert "The recorded answer is the same as this one" in retried.value.message
+        # No answer of that kind: nothing claimed either way.
+        with pytest.raises(IntloomError) as odd:
+            await rt.answer(view.run_id, action, ["not", "a", "confirmation"])
+        assert "The recorded answer" not in odd.value.message, odd.value.message
 
     run(main)
 
