@@ -636,14 +636,6 @@ def load_workflows_offline(root: Path, config: Config) -> LoadResult:
     and what the modules write while they are imported is shown on stderr afterwards, under
     a line saying whose it is (``_their_output``), so that the one JSON document a ``--json``
     command writes to stdout stays whole."""
-    # What these tools import after the load (the store's reader, the host's observation
-    # of the state directory) is imported first: the load puts the project's root first on
-    # sys.path, and a logging.py or asyncio.py of the project there became the standard
-    # library's module for their imports (doctor failed CLI_INTERNAL_ERROR).
-    import intloom.host.observe
-    import intloom.store.files
-    import intloom.store.reader  # noqa: F401
-
     saved = sys.dont_write_bytecode
     sys.dont_write_bytecode = True
     try:

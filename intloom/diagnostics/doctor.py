@@ -836,6 +836,13 @@ def _connection_check(root: Path, has_owners: bool, running: bool = False,
 
 
 def _load(root: Path, config: Config) -> LoadResult:
+    # What doctor imports after the load (the store's reader, the host's observation of the
+    # state directory) is imported first: the load puts the project's root first on
+    # sys.path, and a logging.py or asyncio.py of the project there became the standard
+    # library's module for their imports (doctor failed CLI_INTERNAL_ERROR, exit 70).
+    import intloom.host.observe
+    import intloom.store.files
+    import intloom.store.reader  # noqa: F401
     from intloom.authoring.loader import load_workflows_offline
 
     return load_workflows_offline(root, config)  # doctor is read-only: no __pycache__
