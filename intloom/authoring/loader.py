@@ -1161,9 +1161,18 @@ def _load_entry(root: Path, rel: str, entry: Path) -> dict[str, LoadedWorkflow]:
         if isinstance(value, Workflow):
             found.setdefault(value, name)
     if not found:
+        # Made, and kept only in a list or a dict (ALL = [make("a"), make("b")]): named, so
+        # that "defines no Workflow" does not send the author looking for a missing one.
+        held = {name: [v.name for v in (value.values() if isinstance(value, dict) else value)
+                       if isinstance(v, Workflow)]
+                for name, value in vars(module).items()
+                if isinstance(value, (list, tuple, dict)) and not name.startswith("__")}
+        kept = next(((name, names) for name, names in held.items() if names), None)
+        inside = (f": {kept[0]} holds Workflows {', '.join(map(repr, kept[1]))}, which are "
+                  "not bound to names of their own" if kept else "")
         raise IntloomError(
             "WORKFLOW_LOAD_FAILED",
-            f"{rel} defines no intloom.Workflow at module level. Bind one to a name, "
+            f"{rel} defines no intloom.Workflow at module level{inside}. Bind each to a name, "
             'e.g. wf = intloom.Workflow("name", version="1.0.0").',
         )
     # A source loads whole or not at all: a half-loaded file would run some of its

@@ -58,3 +58,23 @@ def test_a_module_found_nowhere_in_the_project_is_still_a_package_to_install(
         tmp_path: Path) -> None:
     said = _problem(tmp_path / "proj", "import no_such_module_anywhere_here")
     assert "install it for the Python the host runs" in said, said
+
+
+def test_workflows_kept_only_in_a_list_are_named(tmp_path: Path) -> None:
+    """Workflows made and kept only in a list said "defines no intloom.Workflow at module
+    level", which sent the author looking for one that was not there."""
+    root = tmp_path / "proj"
+    (root / "flows").mkdir(parents=True)
+    (root / "flows" / "many.py").write_text(
+        "import intloom\n\n\n"
+        "def make(name: str) -> intloom.Workflow:\n"
+        "    wf = intloom.Workflow(name, version='1')\n"
+        "    wf.stage('s').step('a', routes={'ok': intloom.COMPLETE})(lambda ctx: 'ok')\n"
+        "    return wf\n\n\n"
+        "ALL = [make('one'), make('two')]\n")
+    result = load_workflows(root, Config(workflows=("flows/many.py",), port=None))
+    [(_source, problem)] = result.problems
+    assert problem.message.startswith(
+        "flows/many.py defines no intloom.Workflow at module level: ALL holds Workflows "
+        "'one', 'two', which are not bound to names of their own. Bind each to a name"), \
+        problem.message
