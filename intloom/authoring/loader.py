@@ -382,11 +382,28 @@ def _beside(exc: ImportError, root: Path) -> str | None:
     return None
 
 
+# A decorator of intloom's called the wrong way (a bare @stage.step, @stage.init()): the
+# TypeError Python raises names the missing argument, not how the decorator is written.
+_DECORATOR_USE: Final = {
+    "Stage.step()": 'Declare a Step as @stage.step("name", routes={"outcome": "next_step"}) '
+                    "above its def (routes map each outcome it returns to a Step, "
+                    "intloom.ToStage(...) or intloom.COMPLETE)",
+    "Stage.agent_step()": 'Declare an Agent Step as @stage.agent_step("name", '
+                          'routes={"outcome": ...}) above its def',
+    "Stage.init()": "Write @stage.init without parentheses, above def init(ctx) -> State",
+}
+
+
 def _fix(exc: BaseException, root: Path | None = None) -> str:
     if isinstance(exc, ImportError) and root is not None:
         beside = _beside(exc, root)
         if beside is not None:
             return beside
+    if isinstance(exc, TypeError):
+        use = next((u for call, u in _DECORATOR_USE.items() if str(exc).startswith(call)),
+                   None)
+        if use is not None:
+            return f"{use}. Then restart the host."
     if isinstance(exc, _ExitCalled):
         return ("A Workflow module must not end the process when it is imported (os._exit() "
                 "skips every handler: it would end the host, with every Workflow, without a "

@@ -78,3 +78,25 @@ def test_workflows_kept_only_in_a_list_are_named(tmp_path: Path) -> None:
         "flows/many.py defines no intloom.Workflow at module level: ALL holds Workflows "
         "'one', 'two', which are not bound to names of their own. Bind each to a name"), \
         problem.message
+
+
+@pytest.mark.parametrize(("decorator", "said"), [
+    ("@s.step", 'Declare a Step as @stage.step("name", routes={"outcome": "next_step"})'),
+    ('@s.step("a")', 'Declare a Step as @stage.step("name", routes={"outcome": "next_step"})'),
+    ("@s.init()", "Write @stage.init without parentheses, above def init(ctx) -> State"),
+])
+def test_an_intloom_decorator_written_the_wrong_way_says_how_it_is_written(
+        tmp_path: Path, decorator: str, said: str) -> None:
+    """A bare @stage.step or an @stage.init() failed with Python's TypeError about a missing
+    argument, and "Fix the module"."""
+    root = tmp_path / "proj"
+    (root / "flows").mkdir(parents=True)
+    (root / "flows" / "w.py").write_text(
+        "import intloom\n\nwf = intloom.Workflow('w', version='1')\ns = wf.stage('s')\n\n\n"
+        f"{decorator}\ndef a(ctx):\n    return 'ok'\n")
+    result = load_workflows(root, Config(workflows=("flows/w.py",), port=None))
+    [(_source, problem)] = result.problems
+    assert "TypeError: Stage." in problem.message and "(line 7 of flows/w.py)" in \
+        problem.message, problem.message
+    assert f"). {said}" in problem.message, problem.message
+    assert problem.message.endswith(". Then restart the host."), problem.message
