@@ -423,18 +423,21 @@ def not_regular(mode: int) -> str:
     return "of an unknown kind"
 
 
-def no_inode_left(directory: Path) -> str | None:
-    """When the file system holding ``directory`` has (nearly) no inode left for us, what to
-    do, a sentence without its end: ENOSPC says the same for no block and no inode, and
-    "free disk space" misleads where df shows plenty. None when it has inodes, or does not
-    count them (f_files 0: btrfs and others). Nearly: by the time this looks, the write that
-    failed has removed its temp files (a compaction's snapshots), freeing a few inodes, and
-    a file system that ran out of them said "free disk space" with gigabytes free."""
+def no_inode_left(directory: Path, *, failed: bool = False) -> str | None:
+    """When the file system holding ``directory`` has no inode left for us, what to do, a
+    sentence without its end: ENOSPC says the same for no block and no inode, and "free
+    disk space" misleads where df shows plenty. None when it has inodes, or does not count
+    them (f_files 0: btrfs and others). ``failed``: asked about a write that failed ENOSPC,
+    so nearly none counts as none: by the time this looks, that write has removed its temp
+    files (a compaction's snapshots), freeing a few, and a file system that ran out of them
+    said "free disk space" with gigabytes free. Asked ahead of any write (status, doctor),
+    a few hundred free inodes are no reason to say a start will fail."""
     try:
         fs = os.statvfs(directory)
     except OSError:
         return None
-    if fs.f_files == 0 or fs.f_favail >= min(_FEW_INODES, fs.f_files // 100 + 1):
+    few = min(_FEW_INODES, fs.f_files // 100 + 1) if failed else 1
+    if fs.f_files == 0 or fs.f_favail >= few:
         return None
     df_i = f"df -i {shell_arg(directory)} shows {fs.f_favail:,} free"
     # Not the journal: it holds the Runs, and "remove files there" pointed at .intloom/.
@@ -469,7 +472,7 @@ def storage_fix(exc: OSError, path: Path, *, replaced: bool = True,
     append-only directory does not refuse."""
     directory = path.parent
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        inodes = no_inode_left(directory) if exc.errno == errno.ENOSPC else None
+        inodes = no_inode_left(directory, failed=True) if exc.errno == errno.ENOSPC else None
         if inodes is not None:
             return f"{inodes[:1].upper()}{inodes[1:]}{then}."
         return f"Free disk space (or quota) for {directory}{then}."

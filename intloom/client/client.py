@@ -42,6 +42,7 @@ from intloom.protocol.framing import (
     send_frame,
 )
 from intloom.protocol.messages import (
+    ANSWER_WAIT,
     PROTOCOL,
     Answer,
     CallTool,
@@ -153,26 +154,34 @@ _AGAIN: Final = "Client.connect, or the intloom command again"
 
 def _loop_blocked(paths: ProjectPaths, info: ServiceInfo) -> str | None:
     """Why the host gave no hello, when its log says its event loop is blocked now (an
-    async Step that blocks): "a hung, paused or busy host" sent the user looking."""
+    async Step that blocks, another thread holding the interpreter): "a hung, paused or
+    busy host" sent the user looking."""
     from intloom.client.hostlog import loop_blocked  # a log search: this path only
 
     record = loop_blocked(paths, info)
     if record is None:
         return None
-    at = record.get("at")
-    run = record.get("runId")
-    where = f" by {at}" if isinstance(at, str) else ""
-    whose = f" (Run {run})" if isinstance(run, str) else ""
+    at, run, cause = record.get("at"), record.get("runId"), record.get("cause", "step")
     held = record.get("seconds")
-    for_ = f", for {held:g} s by then," if isinstance(held, (int, float)) else ""
-    return (f"The host (pid {info.pid}) accepted the connection but answers no one: its log "
-            f"says at {record.get('time', '?')} that its event loop was blocked{where}"
-            f"{whose}{for_} and it has not run since (loop_blocked). An async Step (or "
-            "Tool, or on_complete) that blocks holds every client until it returns: make it "
-            "a plain def, or await "
-            "asyncio.to_thread(...) for the blocking call. Try again once it returns; if it "
-            f"never does, intloom stop cannot reach the host either: kill -9 {info.pid}, then "
-            "intloom recover and intloom start (the Run is reported RUN_INTERRUPTED).")
+    where = f" at {at}" if isinstance(at, str) else ""
+    whose = f" (Run {run})" if isinstance(run, str) else ""
+    for_ = f" for {held:g} s" if isinstance(held, (int, float)) else ""
+    said = (f"The host (pid {info.pid}) accepted the connection but answers no one: its log "
+            f"says at {record.get('time', '?')} that its event loop had run nothing{for_}, "
+            "and it has not run since (loop_blocked). ")
+    if cause == "interpreter":
+        said += (f"The loop waits for work but another thread holds the interpreter{where}: "
+                 "most often a plain def Step or Tool computing in pure Python in one long "
+                 "call. Split the work, or run it in a subprocess. ")
+    elif cause == "intloom":
+        said += f"It is intloom's own work{where}, not a Step's. "
+    else:
+        said += (f"Code{where}{whose} holds it: an async Step (or Tool, or on_complete) that "
+                 "blocks holds every client until it returns. Make it a plain def, or await "
+                 "asyncio.to_thread(...) for the blocking call. ")
+    return (f"{said}Try again once it returns; if it never does, intloom stop cannot reach "
+            f"the host either: kill -9 {info.pid}, then intloom recover and intloom start "
+            "(the Run is reported RUN_INTERRUPTED).")
 
 
 class HelloFailed(IntloomError):
@@ -1072,6 +1081,13 @@ class Client:
         the client knows is that no reply came: long Steps and a host that is paused, hung
         or gone look the same from here, so the message says both and how to tell."""
         limit = f"{self.request_timeout:g} s"
+        # answer(wait=False) only where the host honours it: an older host waits anyway.
+        if not isinstance(request, Answer):
+            instead = ", or create Runs with create_run(..., wait=False) and then call wait_run"
+        elif ANSWER_WAIT in self.hello.features:
+            instead = ", or answer with answer(..., wait=False) and then call wait_run"
+        else:
+            instead = ""
         run_id = getattr(request, "run_id", None)
         if run_id:
             what = f"{what} (Run {run_id})"
@@ -1087,10 +1103,7 @@ class Client:
             "waits or ends, so if the host is running, the Run's Steps may still be going "
             "on there (the request was not replayed); a host that is paused or hung "
             f"gives no reply either. {find}. To wait as long as its Steps take, connect "
-            "with Client.connect(root, request_timeout=None), or "
-            f"{'answer' if isinstance(request, Answer) else 'create Runs'} with "
-            f"{'answer' if isinstance(request, Answer) else 'create_run'}(..., wait=False) "
-            "and then call wait_run.",
+            f"with Client.connect(root, request_timeout=None){instead}.",
             # A wait_run only reads: sent again, it waits again (a broken connection's says
             # so). A create or an answer changed something, whose outcome is unknown.
             retryable=isinstance(request, WaitRun),

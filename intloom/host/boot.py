@@ -133,7 +133,8 @@ def _watch_compactions(store: Store, log: HostLog, last: list[str]) -> None:
 
     def said(exc: NotSummarised, when: str) -> None:
         # No inode left is ENOSPC too, and "free disk space" misleads where df shows plenty.
-        inodes = None if exc.fix else no_inode_left(store.layout.root)
+        inodes = None if exc.fix else no_inode_left(
+            store.layout.root, failed=exc.errno == errno.ENOSPC)
         fix = f"{inodes[:1].upper()}{inodes[1:]}." if inodes else exc.fix or _DISK_FIX
         effect = exc.effect or f"{_NOT_SUMMARISED} {fix}"
         log.warning("store_compaction_failed", what=exc.what, when=when, cause=exc.cause,

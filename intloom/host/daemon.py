@@ -584,15 +584,15 @@ class Host:
             try:
                 await self.serve()
             except _MovedAway as moved:
+                self._unwatch()  # before the log ends: the watcher writes to it
                 return self._left_home(moved.fact, moved.removed)
             except Exception as exc:
+                self._unwatch()
                 self._fatal(exc)
                 return 1
             return await self.shutdown()
         finally:
-            if self._watch is not None:  # a fatal error, a move: no stop closed it
-                self._watch.close()
-                self._watch = None
+            self._unwatch()  # whatever else ended the serving (a BaseException)
             for sig in installed:
                 loop.remove_signal_handler(sig)
                 handler = theirs.get(sig)
@@ -1033,9 +1033,7 @@ class Host:
             await asyncio.sleep(0)
             raise RuntimeError(f"{FATAL_HOOK} is set: simulated fatal error after ready")
         self._prune_logs()
-        if self.log is not None and self._watch is None:
-            self._watch = LoopWatch(self.log, self.paths.root)
-            self._watch.start()
+        self._watch_loop()
         while not self._stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), _HOME_LOOK)
@@ -1054,6 +1052,27 @@ class Host:
                     # Not after a move: its path would be the old place (a copy put back).
                     self.log.restore_if_removed()
 
+    def _watch_loop(self) -> None:
+        """The loop's watcher (``LoopWatch``), a help to the user: when its thread cannot
+        start (a thread limit), the host says so and serves on without it."""
+        if self.log is None or self._watch is not None:
+            return
+        watch = LoopWatch(self.log, self.paths.root)
+        try:
+            watch.start()
+        except RuntimeError as exc:
+            watch.close()
+            self.log.warning("loop_watch_unavailable", message=str(exc),
+                             effect="A blocked event loop is not logged (loop_blocked) by "
+                             "this host.")
+            return
+        self._watch = watch
+
+    def _unwatch(self) -> None:
+        if self._watch is not None:
+            self._watch.close()
+            self._watch = None
+
     def _prune_logs(self) -> None:
         """Old closed host logs removed (``intloom.host.logretention``), once the host is
         ready: a start's readiness never waits for it, and a failure only says so."""
@@ -1063,9 +1082,10 @@ class Host:
         try:
             pruned = prune_logs(self.paths.logs, log.name, now=time.time(),
                                 cap=self.options.logs_cap)
-        except OSError as exc:
+        except Exception as exc:  # a housekeeping aid: never the end of a serving host
             log.warning("logs_not_pruned", path=str(self.paths.logs),
-                        message=exc.strerror or str(exc))
+                        message=getattr(exc, "strerror", None) or f"{type(exc).__name__}: "
+                        f"{exc}")
             return
         if pruned.removed:
             log.info("logs_pruned", count=len(pruned.removed), freed=pruned.freed,
@@ -1406,11 +1426,9 @@ class Host:
         return self.options.suspend_grace + _SUSPEND_MARGIN_S + runs * _SUSPEND_S_PER_RUN
 
     async def shutdown(self) -> int:
-        if self._watch is not None:
-            # A stop's own work (thousands of snapshots written) may hold the loop for
-            # seconds, which is no Step's doing; the stop names Steps it cuts itself.
-            self._watch.close()
-            self._watch = None
+        # A stop's own work (thousands of snapshots written) may hold the loop for seconds,
+        # which is no Step's doing; the stop names Steps it cuts itself.
+        self._unwatch()
         if self.log is not None:
             # ``within``: how long this stop may take; a stop that finds the host already
             # stopping (refused at its hello) reads it here, as it gets no reply of its own.

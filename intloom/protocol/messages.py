@@ -18,6 +18,7 @@ from intloom.errors import ErrorView
 from intloom.runtime.model import PendingAgentCall, RunView
 
 __all__ = [
+    "ANSWER_WAIT",
     "CAUGHT_UP",
     "FEATURES",
     "MAX_FRAME",
@@ -98,7 +99,9 @@ class HelloOk(_Msg, tag="hello_ok", frozen=True):
 
 # The features this host announces in its hello.
 CAUGHT_UP: Final = "caughtUp"
-FEATURES: Final = (CAUGHT_UP,)
+# Added 2026-12-05: ``Answer.wait`` is honoured (an older host ignores it and waits).
+ANSWER_WAIT: Final = "answerWait"
+FEATURES: Final = (CAUGHT_UP, ANSWER_WAIT)
 
 
 # ----- requests ----------------------------------------------------------------------------

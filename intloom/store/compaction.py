@@ -76,13 +76,14 @@ class NotSummarised(Exception):
     hold, so restores read more of the log), but the host says so in its log."""
 
     def __init__(self, what: str, cause: str, fix: str | None = None,
-                 effect: str | None = None) -> None:
+                 effect: str | None = None, errno: int | None = None) -> None:
         super().__init__(f"{what}: {cause}")
         self.what = what
         self.cause = cause
         self.fix = fix  # what to do, when it is not the disk's fault
         # What it costs, when not only a slower restore (the next start refuses the store).
         self.effect = effect
+        self.errno = errno  # the OSError's, when one was the cause (ENOSPC: space or inodes)
 
 
 def _cause(exc: OSError | IntloomError) -> str:
@@ -142,13 +143,15 @@ def compact(layout: Layout, tracks: dict[str, Track], *, start: int, pinned: lis
     try:
         written = _snapshot_all(layout, tracks, segment, at_once, refused, stop, writer)
     except (OSError, IntloomError) as exc:
-        raise NotSummarised("snapshots", _cause(exc)) from None
+        raise NotSummarised("snapshots", _cause(exc), errno=getattr(exc, "errno", None)) \
+            from None
     try:
         if write_manifest:
             _write_manifest(layout, start=start, pinned=pinned, voids=voids, held=held,
                             open_segment=open_segment, stamp=written[1], kept=refused)
     except (OSError, IntloomError) as exc:
-        raise NotSummarised("manifest.json", _cause(exc)) from None
+        raise NotSummarised("manifest.json", _cause(exc),
+                            errno=getattr(exc, "errno", None)) from None
     for run_id, (state, status, problem, reached) in written[0].items():
         if status == "ok" and state is not None and state.phase == "terminal":
             del tracks[run_id]

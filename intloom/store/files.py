@@ -186,7 +186,7 @@ def create_failed(path: Path, created: Path, fact: str, exc: OSError) -> Intloom
     fix = "check the disk and its directory"
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         # Only a start creates these: it failed, so the user's next step is another one.
-        inodes = no_inode_left(path) if exc.errno == errno.ENOSPC else None
+        inodes = no_inode_left(path, failed=True) if exc.errno == errno.ENOSPC else None
         fix = f"{inodes or 'free disk space (or quota) for it'}, then start again"
     elif exc.errno in (errno.EMFILE, errno.ENFILE):
         fix = limit_fix(exc.errno) or fix  # no descriptor left: not the disk's

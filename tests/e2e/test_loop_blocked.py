@@ -55,15 +55,16 @@ def test_a_blocked_loop_is_logged_with_its_code_and_run_and_quoted_to_clients(
     run = ok(project.cli("flow", "blocker", "--intent", "5", "--detach", "--json"))["run"]
     [blocked] = eventually(lambda: _events(project, log, "loop_blocked") or None,
                            what="loop_blocked in the host's log")
-    assert blocked["at"] == "blocker/__init__.py:11 in a", blocked
+    assert (blocked["cause"], blocked["at"]) == ("step", "blocker/__init__.py:11 in a"), blocked
     assert blocked["runId"] == run["runId"], blocked
     assert blocked["seconds"] >= 2 and "asyncio.to_thread" in blocked["message"], blocked
     # A command meanwhile is told what holds the host, not "hung, paused or busy".
     refused = project.cli("runs", env={HELLO_CAP_ENV: "1"})
     assert refused.code == 1, (refused.code, refused.stdout, refused.stderr)
     assert "CLI_SERVICE_UNAVAILABLE" in refused.stderr, refused.stderr
-    assert (f"its event loop was blocked by blocker/__init__.py:11 in a (Run {run['runId']})"
-            in refused.stderr), refused.stderr
+    assert "its event loop had run nothing for " in refused.stderr, refused.stderr
+    assert (f"Code at blocker/__init__.py:11 in a (Run {run['runId']}) holds it: an async "
+            "Step") in refused.stderr, refused.stderr
     assert f"kill -9 {service['pid']}" in refused.stderr, refused.stderr
     [unblocked] = eventually(lambda: _events(project, log, "loop_unblocked") or None,
                              timeout=15, what="loop_unblocked in the host's log")

@@ -688,12 +688,16 @@ def _statvfs(files: int, favail: int, bavail: int) -> os.statvfs_result:
     (40, 1, False),
     (0, 0, False),  # no inode count (btrfs): never said
 ])
-def test_no_inode_left_counts_nearly_none_as_none(
+def test_no_inode_left_counts_nearly_none_as_none_after_a_failed_write(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, files: int, favail: int,
         said: bool) -> None:
     monkeypatch.setattr(os, "statvfs", lambda _path: _statvfs(files, favail, 1 << 18))
-    fix = no_inode_left(tmp_path)
+    fix = no_inode_left(tmp_path, failed=True)
     assert (fix is not None) == said, fix
+    # Asked ahead of any write (status, doctor): only none left is none. A start that
+    # needs a dozen inodes was said likely to fail with 899 free.
+    ahead = no_inode_left(tmp_path)
+    assert (ahead is not None) == (said and favail == 0), ahead
     if fix is not None:
         assert f"shows {favail:,} free" in fix and "whatever free space df shows" in fix, fix
         # Never "remove files there" of the journal's own directory: it holds the Runs.
