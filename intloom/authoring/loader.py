@@ -366,15 +366,25 @@ def _beside(exc: ImportError, root: Path) -> str | None:
                       if c.is_file()), None)
         if found is None or folder == root.resolve():
             return None
-        package = ".".join(folder.relative_to(root.resolve()).parts)
-        return (f"{found.relative_to(root.resolve()).as_posix()} is beside {where[0]}, but "
-                "a Workflow's modules are imported from the project's root, which is on "
-                f"sys.path, not from their own directory: import it as {package}.{top} "
-                f"(from {package}.{top} import ..., or from {package} import {top}). Then "
-                "restart the host.")
+        parts = folder.relative_to(root.resolve()).parts
+        beside = (f"{found.relative_to(root.resolve()).as_posix()} is beside {where[0]}, but "
+                  "a Workflow's modules are imported from the project's root, which is on "
+                  "sys.path, not from their own directory")
+        if not all(part.isidentifier() for part in parts):
+            # my-flows/ or 2026/ is no package name: "import my-flows.helpers" is no Python.
+            return (f"{beside}, and {'/'.join(parts)}/ is no Python package name: rename the "
+                    "directory to one (letters, digits and _, not first a digit), then import "
+                    "the module by its path from the root; or list the directory as a package "
+                    "entry (with an __init__.py) and import it relatively (from . import "
+                    f"{top}). Then restart the host.")
+        package = ".".join(parts)
+        return (f"{beside}: import it as {package}.{top} (from {package}.{top} import ..., or "
+                f"from {package} import {top}). Then restart the host.")
     if "no known parent package" in str(exc):
         parts = importer.parent.relative_to(root.resolve()).parts
-        absolute = f"from {'.'.join(parts)}.x import ..." if parts else "from x import ..."
+        absolute = (f"from {'.'.join(parts)}.x import ..." if parts and all(
+            part.isidentifier() for part in parts) else "from x import ..." if not parts
+            else "from a directory named as a Python package")
         return (f"{where[0]} is imported as a single file, not as a module of a package, so a "
                 "relative import (from .x import ...) has no package to start from: import "
                 f"the module by its path from the project's root ({absolute}), or list the "

@@ -672,7 +672,8 @@ def _held_why(ids: list[str], reasons: Any) -> list[str]:
     lines = [f"  {named_runs(group, 'intloom doctor lists them all')}: {why}."
              for why, group in list(groups.items())[:_HELD_REASONS]]
     if len(groups) > _HELD_REASONS:
-        lines.append(f"  And {len(groups) - _HELD_REASONS} more reasons (intloom doctor).")
+        more = len(groups) - _HELD_REASONS
+        lines.append(f"  And {more} more reason{'' if more == 1 else 's'} (intloom doctor).")
     return lines
 
 

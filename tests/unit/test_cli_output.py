@@ -193,6 +193,9 @@ def test_restore_lines_say_why_runs_are_held_by_reason() -> None:
     assert lines[2:] == ["  RUN-0: reason 0 wrapped.", "  RUN-1: reason 1 wrapped.",
                          "  RUN-2: reason 2 wrapped.",
                          "  And 2 more reasons (intloom doctor)."], lines
+    four = render.restore_lines({"needsAttention": ids[:4],
+                                 "reasons": {r: f"reason {n}" for n, r in enumerate(ids[:4])}})
+    assert four[-1] == "  And 1 more reason (intloom doctor).", four
     # A host before reasons: the line alone, as before.
     assert len(render.restore_lines({"needsAttention": ["RUN-a"]})) == 2
 

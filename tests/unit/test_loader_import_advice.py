@@ -100,3 +100,17 @@ def test_an_intloom_decorator_written_the_wrong_way_says_how_it_is_written(
         problem.message, problem.message
     assert f"). {said}" in problem.message, problem.message
     assert problem.message.endswith(". Then restart the host."), problem.message
+
+
+def test_a_module_beside_the_source_in_a_directory_no_package_can_name(tmp_path: Path) -> None:
+    """``my-flows/helpers.py`` beside ``my-flows/w.py``: "import it as my-flows.helpers" was
+    no Python. It says the directory is no package name, and the ways out."""
+    root = tmp_path / "proj"
+    (root / "my-flows").mkdir(parents=True)
+    (root / "my-flows" / "helpers.py").write_text("LABEL = 'x'\n")
+    (root / "my-flows" / "w.py").write_text(SOURCE.format(imports="from helpers import LABEL"))
+    result = load_workflows(root, Config(workflows=("my-flows/w.py",), port=None))
+    [(_source, problem)] = result.problems
+    said = problem.message
+    assert "and my-flows/ is no Python package name: rename the directory" in said, said
+    assert "my-flows.helpers" not in said and "pip install" not in said, said
