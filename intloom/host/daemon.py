@@ -1436,7 +1436,13 @@ class Host:
                           within=self.stop_within())
         running = self.booted.runtime.counts()["running"] if self.booted is not None else 0
         if running and self.on_stopping is not None:
-            self.on_stopping(running, self.options.suspend_grace)
+            # A notice to the foreground command's own stderr, written on a thread of its
+            # own: a supervisor's stalled reader (a full pipe) blocked that write on the
+            # loop, and with it the grace, a second signal and the release of the files.
+            with contextlib.suppress(RuntimeError):  # no thread (a limit): no notice
+                threading.Thread(target=self.on_stopping,
+                                 args=(running, self.options.suspend_grace),
+                                 name="intloom-stopping-notice", daemon=True).start()
         return await self._release(failed=None)
 
     async def _release(self, failed: ErrorView | None) -> int:

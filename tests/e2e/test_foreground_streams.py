@@ -488,3 +488,64 @@ def test_a_start_waiting_for_another_starts_host_says_so(tmp_path: Path) -> None
             first.send_signal(signal.SIGTERM)
         first.communicate(timeout=30)
         project.reap()
+
+
+FLOODS = '''
+import intloom
+
+wf = intloom.Workflow("floods", version="1")
+main = wf.stage("main")
+
+@main.step("say", routes={"done": intloom.COMPLETE})
+def say(ctx: intloom.StepContext[None]) -> str:
+    for n in range(4000):  # far more than a pipe holds: blocks once its reader stalls
+        print(f"line {n} " + "x" * 200, flush=True)
+    return "done"
+'''
+
+
+def _blocked_writing_to_a_pipe(pid: int) -> bool:
+    """Whether a thread of ``pid`` waits in the kernel to write to a full pipe."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            # "pipe_write", or "anon_pipe_write" on newer kernels (6.x).
+            if (task / "wchan").read_text().strip().endswith("pipe_write"):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def test_a_foreground_host_whose_output_pipe_is_full_still_stops_on_sigterm(
+        tmp_path: Path) -> None:
+    """A supervisor whose log reader stalls: the Step's prints filled the pipe, and the
+    stop's notice to stderr, written on the event loop, blocked there, so neither the grace,
+    a second SIGTERM nor ``intloom stop`` could end the host (only SIGKILL, then recover).
+    The notice is written on a thread of its own: the stop goes on and releases the
+    project's files."""
+    project = one_source_project(tmp_path, "floods", FLOODS)
+    read, write = os.pipe()  # its read end is never read: a stalled supervisor
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "intloom", "start", "--foreground"], cwd=project.root,
+        stdin=subprocess.DEVNULL, stdout=write, stderr=write,
+        env={**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(REPO),
+             "INTLOOM_TEST_SUSPEND_GRACE": "1"})
+    os.close(write)
+    project.pids.add(proc.pid)
+    try:
+        service = project.state / "service.json"
+        eventually(service.exists, timeout=30, what="the foreground host to serve")
+        ok(project.cli("flow", "floods", "--intent", "go", "--detach", "--json"))
+        eventually(lambda: _blocked_writing_to_a_pipe(proc.pid), timeout=20,
+                   what="the Step to block on the full pipe")
+        proc.send_signal(signal.SIGTERM)
+        # Released: the stop ran its grace, cut the Step and removed its files.
+        eventually(lambda: not service.exists()
+                   and not (project.state / "service.lock").exists(), timeout=20,
+                   what="the stop to release the project's files")
+        log = next((project.state / "logs").glob("LOG-*.jsonl")).read_text()
+        assert '"event":"log_closed"' in log, log[-2000:]
+    finally:
+        project.reap()
+        proc.wait(timeout=10)
+        os.close(read)
