@@ -133,15 +133,19 @@ class Inspection(msgspec.Struct, frozen=True):
     crashed_service_json: bool = False
 
 
-def judge_owners(snap: Snapshot, lock: LockProbe) -> list[Owner]:
-    """Judge every recorded owner against one probe of the OS lock."""
+def judge_owners(snap: Snapshot, lock: LockProbe, *, lock_is_ours: bool = False
+                 ) -> list[Owner]:
+    """Judge every recorded owner against one probe of the OS lock. ``lock_is_ours``:
+    this process holds that lock (recover, looking again), so who holds it says nothing of
+    an owner: run with the recorded pid (PID 1 in a container, as its host was), recover
+    took its own lock for a live owner's and refused for good (CLI_RECOVERY_CONFLICT)."""
     owners: list[Owner] = []
     current_boot = boot_id()
     state = snap.paths.state
+    held_by = None if lock_is_ours else snap.paths.service_lock
     info = snap.service.value
     if info is not None:
-        proc = probe_process(info.pid, info.create_time, None, current_boot,
-                             snap.paths.service_lock)
+        proc = probe_process(info.pid, info.create_time, None, current_boot, held_by)
         owners.append(Owner(
             resource="service_info",
             path=str(snap.paths.service_json.relative_to(state.parent)),
@@ -152,7 +156,7 @@ def judge_owners(snap: Snapshot, lock: LockProbe) -> list[Owner]:
     held = snap.lock.value
     if held is not None:
         proc = probe_process(held.pid, held.create_time, held.boot_id, current_boot,
-                             snap.paths.service_lock)
+                             held_by)
         owners.append(Owner(
             resource="service_lock",
             path=str(snap.paths.service_lock.relative_to(state.parent)),

@@ -164,7 +164,7 @@ def _recheck(before: Snapshot, lock_fd: int | None) -> Snapshot | None:
     if lock_fd is not None and not _same_file(lock_fd, now.paths.service_lock):
         raise _conflict("service.lock was replaced since it was inspected")
     held = LockProbe("free", Evidence("os_lock", "recover holds the OS lock on service.lock"))
-    for owner in judge_owners(now, held):
+    for owner in judge_owners(now, held, lock_is_ours=lock_fd is not None):
         if owner.status != "absent":
             raise _conflict(f"the owner of {owner.path} (pid {owner.pid}) is no longer "
                             "provably gone")

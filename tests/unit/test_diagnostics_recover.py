@@ -101,6 +101,20 @@ def test_recover_reports_temp_files_of_an_interrupted_write_and_keeps_them(
     assert tmp.read_bytes() == kept
 
 
+def test_recover_run_with_the_pid_the_crashed_host_recorded_recovers(tmp_path: Path) -> None:
+    """A container's host is PID 1, and so is the recover run in the next container: the
+    recorded pid is recover's own, with another create time (reused). Looking again under
+    the lock it had taken, recover took its own hold on service.lock for the owner's (the
+    kernel's /proc/locks names pid 1) and refused for good: CLI_RECOVERY_CONFLICT, "no
+    longer provably gone"."""
+    root = make_root(tmp_path)
+    me = os.getpid()
+    crash_leftovers(root, me, create_time(me) - 3600)  # the pid before, reused by us
+    result = recover(root, dry_run=False)
+    assert (result.recovered, result.paths) == (
+        True, [".intloom/service.json", ".intloom/service.lock"]), result
+
+
 def test_json_shape_matches_intloom(tmp_path: Path) -> None:
     root = make_root(tmp_path)
     crash_leftovers(root, dead_pid(), 1_000_000.0)
