@@ -61,13 +61,29 @@ def new_token() -> str:
     return base64.urlsafe_b64encode(secrets.token_bytes(32)).rstrip(b"=").decode("ascii")
 
 
-def _flock(fd: int) -> bool:
+# What flock says on a file system that has no such locks (some network and FUSE ones).
+NO_FLOCK: Final = (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS)
+
+
+def _flock(fd: int, path: Path) -> bool:
     deadline = time.monotonic() + _FLOCK_PATIENCE
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return True
         except OSError as exc:
+            if exc.errno in NO_FLOCK:
+                # service.lock's OS lock is what keeps a second host out and tells a live
+                # owner from a dead one: without it, a start failed CLI_INTERNAL_ERROR,
+                # "report it", naming nothing.
+                raise IntloomError(
+                    "STORAGE_ERROR",
+                    f"{path} cannot be locked: its file system does not support file locks "
+                    f"(flock: {exc.strerror or exc}), which intloom needs to keep a second "
+                    "host out of the project and to tell a live host from a dead one. Put "
+                    "the project on a local file system (ext4, xfs, btrfs, tmpfs), or mount "
+                    "this one with lock support, then start again.",
+                ) from None
             if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
                 raise
         if time.monotonic() > deadline:
@@ -152,7 +168,7 @@ class Ownership:
                 "CLI_SERVICE_BUSY", BUSY_MESSAGE.format(path=self.paths.service_lock)
             ) from None
         self._lock_fd = fd
-        if not _flock(fd):
+        if not _flock(fd, self.paths.service_lock):
             raise IntloomError(
                 "CLI_SERVICE_BUSY",
                 f"Another process holds the OS lock on {self.paths.service_lock}. Run intloom "

@@ -3,10 +3,16 @@ project directory moved under it. Real files, the host's own ``Ownership``, no h
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import os
 import shutil
 import uuid
 from pathlib import Path
 
+import pytest
+
+from intloom.errors import IntloomError
 from intloom.host.logfile import utc_now
 from intloom.host.metadata import METADATA_VERSION, ServiceInfo, current_identity
 from intloom.host.ownership import Ownership
@@ -66,3 +72,24 @@ def test_a_host_removes_only_the_very_files_it_created(tmp_path: Path) -> None:
     assert owner.release() == []
     assert service.is_file()
     assert not (root / ".intloom" / "service.lock").exists()
+
+
+def test_a_file_system_without_file_locks_is_named_not_an_internal_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """flock failing ENOLCK (a file system without locks: some network and FUSE ones) was
+    re-raised, and the start failed CLI_INTERNAL_ERROR, "report it", naming nothing."""
+    root = tmp_path / "proj"
+    root.mkdir()
+    owner = Ownership(ProjectPaths(root), str(uuid.uuid4()), current_identity(), utc_now())
+
+    def no_locks(fd: int, operation: int) -> None:
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)  # what such a file system answers
+    with pytest.raises(IntloomError) as refused:
+        owner.take_lock()
+    assert refused.value.code == "STORAGE_ERROR", refused.value
+    assert refused.value.message.startswith(
+        f"{ProjectPaths(root).service_lock} cannot be locked: its file system does not "
+        "support file locks (flock: No locks available)"), refused.value.message
+    assert "Put the project on a local file system" in refused.value.message
