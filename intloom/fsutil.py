@@ -32,6 +32,7 @@ __all__ = [
     "check_private_dir",
     "dir_problem",
     "ensure_private_dir",
+    "exclusive_lock",
     "file_problem",
     "fsync_dir",
     "hold_temp",
@@ -112,6 +113,34 @@ def private_file_problem(path: Path) -> PrivacyError | None:
 OsLock = Literal["absent", "free", "held", "unopenable", "unprobeable"]
 
 
+def exclusive_lock(fd: int, path: Path) -> int:
+    """Take the OS lock (flock, LOCK_EX | LOCK_NB) through ``fd``, opened read-only on
+    ``path``: the descriptor that holds it, ``fd`` or, where an exclusive lock needs a
+    descriptor open for writing (NFS emulates flock with POSIX locks: EBADF on a read-only
+    one), the same file opened write-only -- never created or truncated, so nothing
+    changes -- with ``fd`` closed. Raises OSError as flock does (EWOULDBLOCK: held), and
+    EBADF when the file at ``path`` is no longer the one ``fd`` has open. Before, every
+    probe there failed EBADF: a crashed host's lock could never be proved free, and
+    recover never ran."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return fd
+    except OSError as exc:
+        if exc.errno != errno.EBADF:
+            raise
+    writable = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        was, now = os.fstat(fd), os.fstat(writable)
+        if (was.st_dev, was.st_ino) != (now.st_dev, now.st_ino):
+            raise OSError(errno.EBADF, f"{path.name} was replaced while it was locked")
+        fcntl.flock(writable, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BaseException:
+        os.close(writable)
+        raise
+    os.close(fd)
+    return writable
+
+
 def os_lock(path: Path) -> tuple[OsLock, str]:
     """Try the OS lock (flock) on ``path`` without blocking, and release it at once: the
     file is ``absent``, its lock ``free`` (taken and released) or ``held`` by a live
@@ -126,7 +155,7 @@ def os_lock(path: Path) -> tuple[OsLock, str]:
         return "unopenable", exc.strerror or str(exc)
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fd = exclusive_lock(fd, path)
         except OSError as exc:
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
                 return "held", ""

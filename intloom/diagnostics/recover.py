@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import os
 import time
 from pathlib import Path
@@ -39,7 +38,7 @@ from intloom.diagnostics.owners import (
 from intloom.diagnostics.portguard import PortGuard, port_in_use
 from intloom.diagnostics.temps import TempFile, metadata_temps
 from intloom.errors import ErrorView, IntloomError
-from intloom.fsutil import fsync_dir, shell_arg, unlink_fix, unlink_refusal
+from intloom.fsutil import exclusive_lock, fsync_dir, shell_arg, unlink_fix, unlink_refusal
 from intloom.host.liveness import Evidence, LockProbe
 from intloom.host.observe import Snapshot, observe
 from intloom.protocol.framing import encode_frame
@@ -119,8 +118,7 @@ def _take_lock(path: Path) -> int | None:
     deadline = time.monotonic() + _FLOCK_PATIENCE
     while True:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return fd
+            return exclusive_lock(fd, path)  # on NFS, through a writable descriptor
         except OSError as exc:
             if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
                 os.close(fd)

@@ -22,7 +22,7 @@ import msgspec
 import psutil
 
 from intloom.errors import IntloomError
-from intloom.fsutil import os_lock
+from intloom.fsutil import exclusive_lock, os_lock
 from intloom.host.metadata import CREATE_TIME_TOLERANCE, ServiceLock, boot_id, read_lock
 from intloom.project import ProjectPaths
 
@@ -404,7 +404,7 @@ def unheld_lock(path: Path) -> tuple[int, int] | None:
         if not stat.S_ISREG(opened.st_mode):
             return None
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fd = exclusive_lock(fd, path)  # on NFS, through a writable descriptor
         except OSError:
             return None  # held, or not to be probed: not free either way
         fcntl.flock(fd, fcntl.LOCK_UN)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import importlib
 import os
 import shutil
@@ -113,6 +114,33 @@ def test_recover_run_with_the_pid_the_crashed_host_recorded_recovers(tmp_path: P
     result = recover(root, dry_run=False)
     assert (result.recovered, result.paths) == (
         True, [".intloom/service.json", ".intloom/service.lock"]), result
+
+
+def test_recover_on_nfs_like_locks_proves_a_dead_owner_gone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NFS emulates flock with POSIX locks, whose exclusive kind needs a descriptor open for
+    writing: through a read-only one (every probe's) flock fails EBADF. A crashed host's
+    lock could never be proved free, so status, doctor and recover called its owner
+    unknown for good and nothing but deleting files by hand got the project back."""
+    import fcntl as real
+
+    flock = real.flock
+
+    def nfs_flock(fd: int, operation: int) -> None:
+        if (operation & real.LOCK_EX
+                and real.fcntl(fd, real.F_GETFL) & os.O_ACCMODE == os.O_RDONLY):
+            raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+        flock(fd, operation)
+
+    monkeypatch.setattr(real, "flock", nfs_flock)
+    root = make_root(tmp_path)
+    crash_leftovers(root, dead_pid(), 1_000_000.0)
+    before = tree(root)
+    plan = recover(root, dry_run=True)
+    assert plan.paths == [".intloom/service.json", ".intloom/service.lock"], plan
+    assert tree(root) == before  # the probe opened it for writing, and changed nothing
+    result = recover(root, dry_run=False)
+    assert result.recovered, result
 
 
 def test_json_shape_matches_intloom(tmp_path: Path) -> None:
