@@ -735,6 +735,21 @@ def _make_private_dir(path: Path) -> None:
     # made it 0500 or 0000, which refused the files the host writes next, and each directory
     # of the state in turn asked for its own chmod. Only a directory made here is set.
     os.chmod(path, 0o700, follow_symlinks=False)
+    made = os.lstat(path)
+    if stat.S_IMODE(made.st_mode) != 0o700 or made.st_uid != os.getuid():
+        # A file system that ignores chmod or forces an owner (vfat, exFAT, SMB, vboxsf, WSL
+        # drvfs, a bindfs mount): the check after this refused the directory just made,
+        # asking for a chmod that changes nothing, or to run intloom as another user.
+        kept = (f"mode {stat.S_IMODE(made.st_mode):04o} after chmod 700"
+                if stat.S_IMODE(made.st_mode) != 0o700 else
+                f"owner uid {made.st_uid}, not yours ({os.getuid()})")
+        raise PrivacyError(
+            path, f"was just created by intloom, but its file system keeps {kept}: one that "
+            "ignores file modes or sets every file's owner (vfat, exFAT, SMB, vboxsf, WSL's "
+            "drvfs, a bindfs mount) cannot keep intloom's state private",
+            "Put the project on a file system that keeps modes and owners (ext4, xfs, btrfs, "
+            "APFS, tmpfs), or mount this one so that it does (drvfs's metadata option; "
+            "SMB's unix extensions), then try again; the empty directory may be removed")
 
 
 def read_private(path: Path, *, max_bytes: int | None = 1 << 20) -> bytes | None:

@@ -702,3 +702,37 @@ def test_no_inode_left_counts_nearly_none_as_none_after_a_failed_write(
         assert f"shows {favail:,} free" in fix and "whatever free space df shows" in fix, fix
         # Never "remove files there" of the journal's own directory: it holds the Runs.
         assert "not intloom's journal under .intloom/runtime/" in fix, fix
+
+
+def test_a_directory_whose_file_system_ignores_chmod_is_said_so(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a file system that ignores chmod (vfat, SMB, WSL's drvfs, bindfs --chmod-ignore),
+    the .intloom/ just made stayed 0777, and the check after refused it: "has mode 0777; it
+    must be 0700 ... Run chmod 700", which changed nothing, at every start."""
+    from intloom.fsutil import ensure_private_dir
+
+    real_mkdir = os.mkdir
+
+    def loose_mkdir(path: Any, mode: int = 0o777, **kw: Any) -> None:
+        mask = os.umask(0o022)
+        try:
+            real_mkdir(path, 0o777, **kw)  # 0755, whatever was asked
+        finally:
+            os.umask(mask)
+
+    monkeypatch.setattr(os, "mkdir", loose_mkdir)
+    target = tmp_path / "proj" / ".intloom"
+    (tmp_path / "proj").mkdir()
+    real_chmod = os.chmod
+    monkeypatch.setattr(os, "chmod", lambda path, mode, **kw: None)  # ignored
+    try:
+        with pytest.raises(PrivacyError) as refused:
+            ensure_private_dir(target)
+    finally:
+        monkeypatch.setattr(os, "chmod", real_chmod)
+    said = refused.value
+    shown = stat.S_IMODE(target.stat().st_mode)
+    assert shown == 0o755
+    assert said.fact.startswith("was just created by intloom, but its file system keeps mode "
+                                f"{shown:04o} after chmod 700"), said.fact
+    assert said.fix is not None and "file system that keeps modes and owners" in said.fix
