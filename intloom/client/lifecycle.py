@@ -1333,7 +1333,8 @@ def _run_foreground(root: Path, *, port: int | None, strict: bool, progress: Pro
         if said or not ready or failure or host.release_problems or code != 0:
             return  # it failed: its error, raised below, is what is said
         log = log_path(ProjectPaths(root), ready[0].log_file)
-        said.append(msgspec.structs.replace(_stopped(log), forced=host.force_exit))
+        result = _stopped(log)
+        said.append(msgspec.structs.replace(result, forced=result.forced or host.force_exit))
         if on_stopped is not None:
             on_stopped(said[0])
 
@@ -1941,8 +1942,13 @@ def _stopped(log: Path | None) -> StopResult:
     lost: list[CutRun] = []
     lost_count = 0
     others = 0
+    forced = False
     for entry in _stop_lines(log):
         event = entry.get("event")
+        if event == "signal_received" and entry.get("action") == "force":
+            # A second stop signal during the grace: the host stopped at once, before it
+            # counted what it suspended ("its log does not say" read as a lost log).
+            forced = True
         if event not in ("runs_cut_at_stop", "runs_suspended_at_stop"):
             continue
         runs = [CutRun(str(r.get("runId")), str(r.get("evidence")))
@@ -1957,4 +1963,4 @@ def _stopped(log: Path | None) -> StopResult:
             unfinished = entry.get("unfinished")
             others = unfinished if isinstance(unfinished, int) else 0
     return StopResult(stopped=True, cut=cut, cut_count=cut_count, suspended=suspended,
-                      lost=lost, lost_count=lost_count, others=others)
+                      lost=lost, lost_count=lost_count, others=others, forced=forced)

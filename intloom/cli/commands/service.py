@@ -204,6 +204,12 @@ def stop_lines(result: StopResult,
         lines += _listed(result.lost, lost)
     saved = ("suspended at their last checkpoint; committed data is retained. Run intloom "
              "start to resume them.")
+    if result.suspended is None and result.forced:
+        lines.append(
+            "A second stop signal stopped the host at once: it did not wait for the Steps "
+            "still running, and the next start reports their Runs RUN_INTERRUPTED (intloom "
+            "doctor previews it; its log's tasks_abandoned names them). Checkpoints are kept.")
+        return _joined(lines)
     if result.suspended is None:
         # A host that did not say (its log's last lines unwritten, as on a full disk, or an
         # older host): its Runs may have failed by a checkpoint, which no start resumes.
