@@ -223,10 +223,10 @@ LINKED_NOT_LOCKED = textwrap.dedent('''
     flock = ownership._flock
 
 
-    def linked(fd: int) -> bool:
+    def linked(fd: int, path: Path) -> bool:
         print("linked", flush=True)
         sys.stdin.read()  # until the test lets it go; then it takes the lock, and exits
-        return flock(fd)
+        return flock(fd, path)
 
 
     ownership._flock = linked
