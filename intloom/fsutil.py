@@ -132,12 +132,13 @@ def exclusive_lock(fd: int, path: Path) -> int:
     try:
         was, now = os.fstat(fd), os.fstat(writable)
         if (was.st_dev, was.st_ino) != (now.st_dev, now.st_ino):
-            raise OSError(errno.EBADF, f"{path.name} was replaced while it was locked")
+            raise OSError(errno.EBADF, f"{path.name} was replaced while it was probed")
         fcntl.flock(writable, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BaseException:
         os.close(writable)
         raise
-    os.close(fd)
+    with contextlib.suppress(OSError):  # the lock is held through ``writable`` either way
+        os.close(fd)
     return writable
 
 
@@ -145,8 +146,9 @@ def os_lock(path: Path) -> tuple[OsLock, str]:
     """Try the OS lock (flock) on ``path`` without blocking, and release it at once: the
     file is ``absent``, its lock ``free`` (taken and released) or ``held`` by a live
     process, or it could not be told (``unopenable``, ``unprobeable``; the OS's reason is
-    returned with them). Opens read-only and never follows a link: it creates and changes
-    nothing, and psutil is not needed."""
+    returned with them). Opens read-only (write-only too where an exclusive lock needs it:
+    ``exclusive_lock``) and never follows a link: it creates and changes nothing, and
+    psutil is not needed."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:

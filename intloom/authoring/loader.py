@@ -13,6 +13,7 @@ import hashlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import keyword
 import marshal
 import os
 import shlex
@@ -370,7 +371,7 @@ def _beside(exc: ImportError, root: Path) -> str | None:
         beside = (f"{found.relative_to(root.resolve()).as_posix()} is beside {where[0]}, but "
                   "a Workflow's modules are imported from the project's root, which is on "
                   "sys.path, not from their own directory")
-        if not all(part.isidentifier() for part in parts):
+        if not all(part.isidentifier() and not keyword.iskeyword(part) for part in parts):
             # my-flows/ or 2026/ is no package name: "import my-flows.helpers" is no Python.
             return (f"{beside}, and {'/'.join(parts)}/ is no Python package name: rename the "
                     "directory to one (letters, digits and _, not first a digit), then import "

@@ -170,18 +170,19 @@ def _loop_blocked(paths: ProjectPaths, info: ServiceInfo) -> str | None:
             f"says at {record.get('time', '?')} that its event loop had run nothing{for_}, "
             "and it has not run since (loop_blocked). ")
     if cause == "interpreter":
-        said += (f"The loop waits for work but another thread holds the interpreter{where}: "
-                 "most often a plain def Step or Tool computing in pure Python in one long "
-                 "call. Split the work, or run it in a subprocess. ")
+        said += ("The loop waited for work but another thread held the interpreter: most "
+                 "often a plain def Step or Tool in one long call that keeps it (a regular "
+                 "expression on a large text). Split the work, or run it in a subprocess. ")
     elif cause == "intloom":
-        said += f"It is intloom's own work{where}, not a Step's. "
+        said += (f"It is intloom's own work{where}, not a Step's: if it recurs, report it with "
+                 "that log line. ")
     else:
         said += (f"Code{where}{whose} holds it: an async Step (or Tool, or on_complete) that "
                  "blocks holds every client until it returns. Make it a plain def, or await "
                  "asyncio.to_thread(...) for the blocking call. ")
     return (f"{said}Try again once it returns; if it never does, intloom stop cannot reach "
             f"the host either: kill -9 {info.pid}, then intloom recover and intloom start "
-            "(the Run is reported RUN_INTERRUPTED).")
+            "(what was running is reported RUN_INTERRUPTED).")
 
 
 class HelloFailed(IntloomError):

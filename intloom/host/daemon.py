@@ -1276,7 +1276,8 @@ class Host:
         if self.booted is None:
             return None
         layout = self.booted.store.layout
-        inodes = no_inode_left(layout.root)
+        # Broken by a failed write: nearly no inode counts as none (its temp files removed).
+        inodes = no_inode_left(layout.root, failed=True)
         if inodes is not None:
             return f"for .intloom/runtime, {inodes}"
         refused = write_refusal(layout.wal / "next.seg", replaced=False)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import sysconfig
 import threading
 import time
 from pathlib import Path
@@ -31,7 +32,16 @@ BLOCKED_AFTER: Final = 2.0  # seconds without a heartbeat that count as a blocke
 _LOOK: Final = 0.5
 _INTLOOM: Final = str(Path(__file__).resolve().parent.parent) + "/"
 # Where a loop thread waits for work: held there, it is not the loop's code that blocks.
-_IDLE: Final = frozenset({"select", "poll", "epoll", "_run_once", "run_forever"})
+_IDLE: Final = frozenset({"select", "poll", "epoll"})
+# Python's own files and installed packages, which a project may hold (a conda or pixi
+# environment inside it, a project that is $HOME with pyenv's or uv's Pythons): never the
+# project's code, or selectors.py "held" the loop.
+_PYTHON: Final = tuple(sorted({
+    str(Path(p).resolve()) + "/" for p in (
+        sys.prefix, sys.base_prefix, sys.exec_prefix,
+        *(sysconfig.get_paths().get(k, "") for k in ("stdlib", "platstdlib", "purelib",
+                                                      "platlib")))
+    if p}))
 
 Cause = Literal["step", "interpreter", "intloom"]
 
@@ -39,10 +49,11 @@ _ADVICE: Final[dict[Cause, str]] = {
     "step": "An async Step (or Tool, or on_complete) that blocks holds it: make it a plain "
             "def (it runs on a worker thread) or use await asyncio.to_thread(...) for the "
             "blocking call.",
-    "interpreter": "The loop waits for work but cannot take the interpreter: another thread "
-                   "holds it, most often a plain def Step or Tool computing in pure Python in "
-                   "one long call (a regular expression, a loop). Split the work, or run it "
-                   "in a subprocess (concurrent.futures.ProcessPoolExecutor).",
+    "interpreter": "The loop waits for work but could not take the interpreter: another "
+                   "thread held it, most often a plain def Step or Tool in one long call "
+                   "that keeps it (a regular expression on a large text, one huge "
+                   "computation in C). Split the work, or run it in a subprocess "
+                   "(concurrent.futures.ProcessPoolExecutor).",
     "intloom": "It is intloom's own work, not a Step's: if it recurs, report it with this "
                "line.",
 }
@@ -50,8 +61,9 @@ _ADVICE: Final[dict[Cause, str]] = {
 
 class Blocker(NamedTuple):
     """What holds the loop: ``cause`` (``step``: the loop's thread runs a project's code;
-    ``interpreter``: it waits for work, another thread holds the GIL; ``intloom``: its own
-    code), and where, as ``path:line in function`` (a project's path relative to it)."""
+    ``interpreter``: it waits for work, another thread held the GIL; ``intloom``: its own
+    code), and where, as ``path:line in function`` (a project's path relative to it; None
+    for ``interpreter``)."""
 
     cause: Cause
     at: str | None
@@ -68,7 +80,7 @@ def _projects(frame: FrameType, prefix: str) -> bool:
     environment inside the project)."""
     name = frame.f_code.co_filename
     return (name.startswith(prefix) and not name.startswith(_INTLOOM)
-            and "/site-packages/" not in name)
+            and "/site-packages/" not in name and not name.startswith(_PYTHON))
 
 
 def _stack(frame: FrameType | None) -> list[FrameType]:
@@ -83,8 +95,8 @@ def _stack(frame: FrameType | None) -> list[FrameType]:
 def blocked_by(frames: dict[int, FrameType], loop_thread: int, root: Path) -> Blocker:
     """What holds the loop whose thread is ``loop_thread``, from every thread's innermost
     frame (``sys._current_frames()``): the innermost frame of a project file on the loop's
-    thread; else, when that thread waits for work (in ``select``), the innermost project
-    frame of another thread, which holds the interpreter; else intloom's own innermost
+    thread; else, when that thread waits for work (in ``select``), another thread that held
+    the interpreter (not named: which one cannot be told); else intloom's own innermost
     frame on the loop's thread."""
     prefix = str(root) + "/"
     stack = _stack(frames.get(loop_thread))
@@ -92,12 +104,8 @@ def blocked_by(frames: dict[int, FrameType], loop_thread: int, root: Path) -> Bl
     if mine is not None:
         return Blocker("step", _where(mine, prefix))
     if stack and stack[0].f_code.co_name in _IDLE:
-        for ident, frame in frames.items():
-            if ident == loop_thread:
-                continue
-            theirs = next((f for f in _stack(frame) if _projects(f, prefix)), None)
-            if theirs is not None:
-                return Blocker("interpreter", _where(theirs, prefix))
+        # Which other thread held the interpreter cannot be told from here (each waits or
+        # runs alike in its frames), and naming one named an idle Step as often as not.
         return Blocker("interpreter", None)
     ours = next((f for f in stack if f.f_code.co_filename.startswith(_INTLOOM)), None)
     chosen = ours or (stack[0] if stack else None)

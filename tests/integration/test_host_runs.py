@@ -1179,3 +1179,25 @@ def test_an_answer_without_wait_replies_once_it_is_durable(project: Project) -> 
         again = client.wait_run(waiting.run_id)
     assert again.status == "waiting" and again.pending_action is not None, again
     assert again.pending_action.id != waiting.pending_action.id
+
+
+def test_an_answer_outlasted_suggests_answering_without_wait_where_the_host_has_it(
+    project: Project,
+) -> None:
+    """An answer past ``request_timeout`` was told to "create Runs with create_run(...,
+    wait=False)", which does not apply to it; it is told answer(..., wait=False), which
+    this host honours (its hello's ``answerWait``)."""
+    service = start(project).service
+    with Client.connect(project.root, request_timeout=0.5) as client:
+        assert "answerWait" in client.hello.features
+        run = client.create_run("example", "notes")
+        assert run.pending_action is not None, run
+        os.kill(service.pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(IntloomError) as late:
+                client.answer(run.run_id, run.pending_action.id, {"isConfirmed": True})
+        finally:
+            os.kill(service.pid, signal.SIGCONT)
+    message = late.value.message
+    assert "or answer with answer(..., wait=False) and then call wait_run." in message, message
+    assert "create_run(..., wait=False)" not in message, message
