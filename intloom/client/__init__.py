@@ -16,7 +16,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from intloom.client.client import Client, ServiceStarting, ServiceUnlistened
+    from intloom.client.client import Client, HelloFailed, ServiceStarting, ServiceUnlistened
     from intloom.errors import ErrorView
     from intloom.protocol.messages import RunEvent, ServiceView, Stopping, WorkflowInfo
     from intloom.runtime.model import Cursor, PendingAction, PendingAgentCall, RunView
@@ -25,6 +25,7 @@ __all__ = [
     "Client",
     "Cursor",
     "ErrorView",
+    "HelloFailed",
     "PendingAction",
     "PendingAgentCall",
     "RunEvent",
@@ -40,6 +41,7 @@ __all__ = [
 # (hostlog, for ``intloom logs``) is imported without the client's socket and protocol stack.
 _WHERE = {
     "Client": "intloom.client.client",
+    "HelloFailed": "intloom.client.client",
     "ServiceStarting": "intloom.client.client",
     "ServiceUnlistened": "intloom.client.client",
     "ErrorView": "intloom.errors",

@@ -193,7 +193,11 @@ class HelloFailed(IntloomError):
 
     def __init__(self, message: str, cause: str | None, here: str | None = None,
                  paused: int | None = None) -> None:
-        super().__init__("CLI_SERVICE_UNAVAILABLE", message, here=here)
+        # No answer in time (a paused, blocked or busy host) may come later: retryable, as
+        # the same host reached through a request's reconnect says (PROJECT_CONNECTION_FAILED,
+        # retryable). A listener that answered as no host does (cause) will not.
+        super().__init__("CLI_SERVICE_UNAVAILABLE", message, here=here,
+                         retryable=cause is None)
         self.cause = cause
         self.paused = paused
 

@@ -66,6 +66,9 @@ def test_a_blocked_loop_is_logged_with_its_code_and_run_and_quoted_to_clients(
     assert (f"Code at blocker/__init__.py:11 in a (Run {run['runId']}) holds it: an async "
             "Step") in refused.stderr, refused.stderr
     assert f"kill -9 {service['pid']}" in refused.stderr, refused.stderr
+    # It may answer later: retryable, as the same host reached by a request's reconnect.
+    doc = project.cli("--json", "runs", env={HELLO_CAP_ENV: "1"}).json["error"]
+    assert (doc["code"], doc["retryable"]) == ("CLI_SERVICE_UNAVAILABLE", True), doc
     [unblocked] = eventually(lambda: _events(project, log, "loop_unblocked") or None,
                              timeout=15, what="loop_unblocked in the host's log")
     assert unblocked["seconds"] >= 4.5, unblocked

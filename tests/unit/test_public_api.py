@@ -13,8 +13,8 @@ import intloom.client
 
 
 def test_dir_and_help_of_the_client_package_show_its_public_classes() -> None:
-    assert dir(intloom.client) == ["Client", "Cursor", "ErrorView", "PendingAction",
-                                   "PendingAgentCall", "RunEvent", "RunView",
+    assert dir(intloom.client) == ["Client", "Cursor", "ErrorView", "HelloFailed",
+                                   "PendingAction", "PendingAgentCall", "RunEvent", "RunView",
                                    "ServiceStarting", "ServiceUnlistened", "ServiceView",
                                    "Stopping", "WorkflowInfo"]
     # TextDoc's bold is a character, a backspace, then the character again.
@@ -22,6 +22,7 @@ def test_dir_and_help_of_the_client_package_show_its_public_classes() -> None:
     assert "class Client(builtins.object)" in text
     assert "class ServiceStarting(intloom.errors.IntloomError)" in text
     assert "class ServiceUnlistened(intloom.errors.IntloomError)" in text
+    assert "class HelloFailed(intloom.errors.IntloomError)" in text
     assert "__getattr__" not in text
 
 
