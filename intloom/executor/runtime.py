@@ -1595,9 +1595,11 @@ class Runtime:
         held = self.held.get(run_id) if run_id not in self.runs else None
         if held is not None:
             return await self._cancel_held(held)
-        before = await self.ended_view(run_id)
-        if before is not None:  # ended before this host started: the same snapshot
-            return before, True
+        ended_state = await self._ended_state(run_id)
+        if ended_state is not None:  # ended before this host started: the same snapshot
+            # A dismissed Run says False, as a repeat on the host that dismissed it does
+            # (it said True after a restart, for the same dismissal).
+            return plain_view(ended_state), not ended_state.dismissed
         slot = self._slot(run_id)
         # A worker driving the Run appends under this lock: whether the Run has ended and
         # taking it from that worker are decided at once (it may be appending its end).

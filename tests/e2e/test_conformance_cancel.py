@@ -79,6 +79,10 @@ def test_cancelled_and_terminal_runs_never_come_back(proj: Project) -> None:
     assert not any(restore.get(k) for k in ("resumed", "waiting", "interrupted",
                                            "needsAttention")), restore
     assert listed(proj) == {}
+    # Cancelled again after the restart, it reads as it did on the host that dismissed it
+    # (it said the Run "has ended; no stop is needed" there, of the same dismissal).
+    told = proj.cli("cancel", stuck["runId"])
+    assert told.code == 0 and told.stdout.startswith("Dismissed"), told
     doctor = proj.cli("doctor", "--json").json
     assert doctor["runs"] == []
     ok(proj.cli("stop", "--json"))
