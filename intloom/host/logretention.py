@@ -19,6 +19,7 @@ from typing import Final
 import msgspec
 
 from intloom.fsutil import fsync_dir
+from intloom.host.toolcalls import read_log
 from intloom.project import scan_logs
 
 __all__ = ["KEEP_FOR_S", "LOGS_CAP", "Pruned", "prune_logs"]
@@ -38,20 +39,13 @@ class Pruned(msgspec.Struct, frozen=True):
 
 def _closed(path: Path, seen: os.stat_result) -> bool:
     """Whether ``path`` is still the file ``seen`` and its last line is ``log_closed``."""
+    tail = read_log(path, _TAIL, tail=True)  # a regular file, never through a link
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        now = os.lstat(path)
     except OSError:
         return False
-    try:
-        now = os.fstat(fd)
-        if (now.st_dev, now.st_ino) != (seen.st_dev, seen.st_ino):
-            return False
-        size = now.st_size
-        tail = os.pread(fd, min(size, _TAIL), max(0, size - _TAIL))
-    except OSError:
+    if tail is None or (now.st_dev, now.st_ino) != (seen.st_dev, seen.st_ino):
         return False
-    finally:
-        os.close(fd)
     lines = tail.rstrip(b"\n").rsplit(b"\n", 1)
     try:
         last = msgspec.json.decode(lines[-1])
