@@ -1,6 +1,6 @@
 """Noticing that stdout's reader went away while a command waits with nothing to print.
 
-``intloom logs --follow | grep -m1 run_completed`` and ``intloom attach RUN | head -1`` had
+``intloom logs --follow | grep -m1 run_terminal`` and ``intloom attach RUN | head -1`` had
 what they wanted, but the command learnt that its reader was gone only at its next write:
 the host's next log line, the Run's next event, which on an idle host or under a long Step
 may be hours away, the pipeline hanging meanwhile. As coreutils' ``tail -f`` does, the

@@ -1046,6 +1046,22 @@ def _left_home_check(paths: ProjectPaths, found: tuple[str, bytes] | None) -> Ch
     )
 
 
+def runtime_left(root: Path) -> str | None:
+    """For ``status`` and ``recover``: the last host stopped serving because its
+    ``.intloom/runtime/`` was moved or removed (doctor's ``state_dir`` check), as a line
+    with the fix; None otherwise. They said only "stale resources ... recover, then start",
+    and that start began an empty journal while the Runs sat in the moved directory."""
+    paths = ProjectPaths(root)
+    try:
+        found = last_log(paths.logs)
+    except OSError:
+        return None
+    check = _left_home_check(paths, found)
+    if check is None:
+        return None
+    return f"But {check.message[:1].lower()}{check.message[1:]} {check.next}"
+
+
 def _compaction_check(found: tuple[str, bytes] | None) -> Check | None:
     """The last host's failed compaction (``store_compaction_failed``) that the next start
     meets: one at its stop, or one no clean stop followed. Only its log said so once the
@@ -1255,7 +1271,9 @@ def run_doctor(root: Path) -> DoctorReport:
         status=diagnosis.status,
         message=said,
         owners=diagnosis.owners,
-        start_problem=start_problem(root) if diagnosis.status == "offline" else None,
+        start_problem=(start_problem(root) if diagnosis.status == "offline" else None)
+        or (runtime_left(root) if diagnosis.status in ("offline", "recovery_required")
+            else None),
         health=_health(diagnosis.status, checks),
         checks=checks,
         runs=runs,

@@ -195,3 +195,31 @@ def test_a_foreground_host_whose_project_moved_says_which_files_it_kept(
     [kept] = [json.loads(x) for x in log.read_text().splitlines() if "service_files_kept" in x]
     assert fact in kept["problems"][0] and f"intloom start in {moved}" in kept["fix"], kept
     assert (state / "service.json").is_file() and (state / "service.lock").is_file()
+
+
+def test_status_and_recover_say_the_runtime_was_moved_under_the_last_host(
+        project: Project) -> None:
+    """``mv .intloom/runtime .intloom/runtime.old`` under a running host: status said only
+    "stale resources ... Run intloom recover, then intloom start", recover "Run intloom
+    start; committed data is retained", and that start began an empty journal, the waiting
+    Run left in the moved directory. Both now say what the last host's log says, and to
+    put the directory back first."""
+    run_id, _action = started_waiting(project)
+    pid = project.host_pid()
+    (project.state / "runtime").rename(project.state / "runtime.old")
+    eventually(lambda: not pid_alive(pid), timeout=10, what=f"host {pid} to stop serving")
+    project.wait_released(pid)
+    status = project.cli("status", "--json").json
+    assert status["status"] == "recovery_required", status
+    said = status["startProblem"]
+    assert said is not None and said.startswith("But the last host stopped serving ("), said
+    assert "was moved or removed while this host ran" in said, said
+    assert said.endswith("an intloom start here begins with the Runs of whatever is at "
+                         ".intloom/runtime/ now (none, if it is missing)."), said
+    assert said in project.cli("status").stdout
+    recovered = project.cli("recover")
+    assert recovered.code == 0 and said in recovered.stdout, recovered
+    # Put back, the next start restores the Run, and nothing is said any more.
+    (project.state / "runtime.old").rename(project.state / "runtime")
+    restore = ok(project.cli("start", "--json"))["service"]["restore"]
+    assert restore["waiting"] == [run_id], restore

@@ -34,7 +34,7 @@ def _as_mapping(value: Any) -> Mapping[str, Any]:
 def status(state: CliState) -> None:
     """Say whether the host is running, offline, or what blocks it. Exits 0 when diagnosable."""
     from intloom import diagnostics
-    from intloom.diagnostics.doctor import start_problem
+    from intloom.diagnostics.doctor import runtime_left, start_problem
 
     root = state.root()
     diagnosis = diagnostics.diagnose(root)
@@ -42,6 +42,8 @@ def status(state: CliState) -> None:
     service = getattr(diagnosis, "service", None)
     if data.get("status") != "running" or service is None:
         refusal = start_problem(root) if data.get("status") == "offline" else None
+        if refusal is None and data.get("status") in ("offline", "recovery_required"):
+            refusal = runtime_left(root)  # .intloom/runtime/ moved under the last host
         doc = {**{key: data.get(key) for key in _DIAGNOSIS_KEYS}, "startProblem": refusal}
         state.renderer.result(
             doc, lambda: diagnosis_lines(data) + ([refusal] if refusal else []))
@@ -80,7 +82,13 @@ def recover(
 ) -> None:
     """Remove stale service files (service.json, service.lock) once their owner is gone."""
     from intloom import diagnostics
+    from intloom.diagnostics.doctor import runtime_left
 
-    result = diagnostics.recover(state.root(), dry_run=dry_run)
+    root = state.root()
+    result = diagnostics.recover(root, dry_run=dry_run)
     data = _as_mapping(result)
-    state.renderer.result(data, lambda: recover_lines(data))
+    # "Run intloom start" alone, after a host whose .intloom/runtime/ was moved away: that
+    # start begins an empty journal, the Runs left in the moved directory (added in text
+    # only: the JSON keeps IntLoom's shape).
+    left = runtime_left(root) if data.get("recovered") or data.get("dryRun") else None
+    state.renderer.result(data, lambda: recover_lines(data) + ([left] if left else []))
