@@ -296,6 +296,7 @@ def since_log(root: Path, log: Path | None) -> list[SourceChange]:
         return []
     head = data.splitlines()
     version: object = None
+    opened = ""  # when that host started: the files of an edit are those written since
     flows: list[WorkflowInfo] = []
     for line in head:
         try:
@@ -307,6 +308,7 @@ def since_log(root: Path, log: Path | None) -> list[SourceChange]:
         event = entry.get("event")
         if event == "log_opened":
             version = entry.get("packageVersion")
+            opened = str(entry.get("time") or "")
         elif event == "workflow_loaded":
             name, wf_version, identity, source = (
                 entry.get(key) for key in ("workflow", "version", "identity", "source"))
@@ -318,6 +320,8 @@ def since_log(root: Path, log: Path | None) -> list[SourceChange]:
             break
     if version != __version__ or not flows:
         return []
+    # started_at: the stop's "changed" line named no file, where status's named the ones
+    # modified since the host started.
     service = ServiceView(project_root=str(root), pid=0, instance_id="", port=0,
-                          started_at="", package_version=__version__)
+                          started_at=opened, package_version=__version__)
     return [change for change in since_start(root, service, flows) if change.change in _HOLDS]

@@ -189,10 +189,11 @@ def test_a_source_under_a_symlink_loop_is_named_as_a_loop_as_the_loader_does(
     assert "wf is a symbolic link that leads into a loop" in changes["wf/a"].message
 
 
-def _host_log(root: Path, *flows: WorkflowInfo, version: str = __version__) -> Path:
+def _host_log(root: Path, *flows: WorkflowInfo, version: str = __version__,
+              opened: str = "2026-12-01T00:00:00.000Z") -> Path:
     """The head of a host's log, as its start writes it (host/boot.py)."""
     log = root / "LOG-1.jsonl"
-    lines = [{"event": "log_opened", "packageVersion": version}, *(
+    lines = [{"time": opened, "event": "log_opened", "packageVersion": version}, *(
         {"event": "workflow_loaded", "workflow": f.name, "version": f.version,
          "identity": f.identity, "source": f.source} for f in flows),
         {"event": "service_ready"}, {"event": "service_stopping"}]
@@ -212,6 +213,8 @@ def test_a_stop_names_the_sources_changed_since_its_host_loaded_them(tmp_path: P
     (root / "wf" / "a" / "__init__.py").write_text("# edited\n")
     [change] = since_log(root, log)
     assert (change.source, change.change, change.workflow) == ("wf/a", "edited", "a")
+    # The files written since that host started, as status names them (it named none).
+    assert "; wf/a/__init__.py modified since the host started)" in change.message, change
     text = stop_lines(StopResult(stopped=True, cut=[], suspended=1, changed=[change]))
     # Its Workflow is named once ("wf/a (a)" said it twice), and only the Runs that began
     # with other code are said to be held: after an edit undone, none are.
