@@ -1056,7 +1056,11 @@ def runtime_left(root: Path) -> str | None:
         found = last_log(paths.logs)
     except OSError:
         return None
-    check = _left_home_check(paths, found)
+    return _left_home_line(_left_home_check(paths, found))
+
+
+def _left_home_line(check: Check | None) -> str | None:
+    """``_left_home_check``'s finding as ``startProblem``'s line, None without one."""
     if check is None:
         return None
     return f"But {check.message[:1].lower()}{check.message[1:]} {check.next}"
@@ -1249,6 +1253,7 @@ def run_doctor(root: Path) -> DoctorReport:
     stray_logs = _stray_logs_check(paths.logs)
     if stray_logs is not None:
         checks.append(stray_logs)
+    left_home: Check | None = None
     if running:
         # The running host named, in each Run it restored RUN_INTERRUPTED, the Tool call its
         # last host left unfinished (from the log before its own): doctor said only
@@ -1271,9 +1276,10 @@ def run_doctor(root: Path) -> DoctorReport:
         status=diagnosis.status,
         message=said,
         owners=diagnosis.owners,
+        # The state_dir finding above, not the last log read again (runtime_left's).
         start_problem=(start_problem(root) if diagnosis.status == "offline" else None)
-        or (runtime_left(root) if diagnosis.status in ("offline", "recovery_required")
-            else None),
+        or (_left_home_line(left_home)
+            if diagnosis.status in ("offline", "recovery_required") else None),
         health=_health(diagnosis.status, checks),
         checks=checks,
         runs=runs,

@@ -516,12 +516,7 @@ def _journalable(value: Any, what: str) -> Any:
     return value
 
 
-# ``_not_current``'s ``sent`` when the refusal is of no answer of the request's own.
-_UNSENT: Final = object()
-
-
-def _not_current(slot: RunSlot, action_id: str, elsewhere: RunSlot | None = None,
-                 sent: Any = _UNSENT) -> str:
+def _not_current(slot: RunSlot, action_id: str, elsewhere: RunSlot | None, sent: Any) -> str:
     """Why ``action_id`` cannot be answered now, and what can be. ``elsewhere``: another Run
     that waits on ``action_id``, which the answer was surely meant for; ``sent``: the
     refused answer, compared with the one recorded."""
@@ -534,7 +529,7 @@ def _not_current(slot: RunSlot, action_id: str, elsewhere: RunSlot | None = None
                 f"{slot.run_id}'s; nothing was recorded. Send the answer to the Run that asks "
                 f"it: intloom answer {elsewhere.run_id} {action_id} ANSWER.")
     found = _answered_as(slot, action_id)
-    same = None if found is None or sent is _UNSENT else _same_answer(sent, found[1])
+    same = None if found is None else _same_answer(sent, found[1])
     return _not_current_said(slot, action_id, None if found is None else found[0]) + \
         _same_note(same)
 

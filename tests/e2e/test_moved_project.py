@@ -217,6 +217,7 @@ def test_status_and_recover_say_the_runtime_was_moved_under_the_last_host(
     assert said.endswith("an intloom start here begins with the Runs of whatever is at "
                          ".intloom/runtime/ now (none, if it is missing)."), said
     assert said in project.cli("status").stdout
+    assert project.cli("doctor", "--json").json["startProblem"] == said  # the same words
     recovered = project.cli("recover")
     assert recovered.code == 0 and said in recovered.stdout, recovered
     # Put back, the next start restores the Run, and nothing is said any more.
