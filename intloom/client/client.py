@@ -161,28 +161,16 @@ def _loop_blocked(paths: ProjectPaths, info: ServiceInfo) -> str | None:
     record = loop_blocked(paths, info)
     if record is None:
         return None
-    at, run, cause = record.get("at"), record.get("runId"), record.get("cause", "step")
-    held = record.get("seconds")
-    where = f" at {at}" if isinstance(at, str) else ""
-    whose = f" (Run {run})" if isinstance(run, str) else ""
-    for_ = f" for {held:g} s" if isinstance(held, (int, float)) else ""
-    said = (f"The host (pid {info.pid}) accepted the connection but answers no one: its log "
-            f"says at {record.get('time', '?')} that its event loop had run nothing{for_}, "
-            "and it has not run since (loop_blocked). ")
-    if cause == "interpreter":
-        said += ("The loop waited for work but another thread held the interpreter: most "
-                 "often a plain def Step or Tool in one long call that keeps it (a regular "
-                 "expression on a large text). Split the work, or run it in a subprocess. ")
-    elif cause == "intloom":
-        said += (f"It is intloom's own work{where}, not a Step's: if it recurs, report it with "
-                 "that log line. ")
-    else:
-        said += (f"Code{where}{whose} holds it: an async Step (or Tool, or on_complete) that "
-                 "blocks holds every client until it returns. Make it a plain def, or await "
-                 "asyncio.to_thread(...) for the blocking call. ")
-    return (f"{said}Try again once it returns; if it never does, intloom stop cannot reach "
-            f"the host either: kill -9 {info.pid}, then intloom recover and intloom start "
-            "(what was running is reported RUN_INTERRUPTED).")
+    # The host's own words (its cause and advice, host/loopwatch.py), not a copy of them.
+    at, run, message = record.get("at"), record.get("runId"), record.get("message")
+    held = (f"; its loop is held at {at}" + (f" (Run {run})" if isinstance(run, str) else "")
+            if isinstance(at, str) else "")
+    said = message if isinstance(message, str) else "Its event loop has run nothing."
+    return (f"The host (pid {info.pid}) accepted the connection but answers no one. Its log "
+            f"says at {record.get('time', '?')}{held} (loop_blocked): {said} Try again once "
+            f"that returns; if it never does, intloom stop cannot reach the host either: "
+            f"kill -9 {info.pid}, then intloom recover and intloom start (what was running "
+            "is reported RUN_INTERRUPTED).")
 
 
 class HelloFailed(IntloomError):

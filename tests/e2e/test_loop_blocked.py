@@ -62,9 +62,11 @@ def test_a_blocked_loop_is_logged_with_its_code_and_run_and_quoted_to_clients(
     refused = project.cli("runs", env={HELLO_CAP_ENV: "1"})
     assert refused.code == 1, (refused.code, refused.stdout, refused.stderr)
     assert "CLI_SERVICE_UNAVAILABLE" in refused.stderr, refused.stderr
-    assert "its event loop had run nothing for " in refused.stderr, refused.stderr
-    assert (f"Code at blocker/__init__.py:11 in a (Run {run['runId']}) holds it: an async "
-            "Step") in refused.stderr, refused.stderr
+    assert "The host's event loop has run nothing for " in refused.stderr, refused.stderr
+    assert (f"its loop is held at blocker/__init__.py:11 in a (Run {run['runId']}) "
+            "(loop_blocked)") in refused.stderr, refused.stderr
+    assert "An async Step (or Tool, or on_complete) that blocks holds it: make it a plain " \
+           "def" in refused.stderr, refused.stderr
     assert f"kill -9 {service['pid']}" in refused.stderr, refused.stderr
     # It may answer later: retryable, as the same host reached by a request's reconnect.
     doc = project.cli("--json", "runs", env={HELLO_CAP_ENV: "1"}).json["error"]
