@@ -668,6 +668,33 @@ def _tool_cut(request: CallTool, why: str) -> IntloomError:
     )
 
 
+def _agent_end_cut(request: CompleteAgentCall | FailAgentCall, why: str) -> IntloomError:
+    """A completion or failure of an Agent task whose reply will not come: "It was not
+    replayed, since the host may have acted on it ... check with intloom attach before
+    retrying" left the Agent unsure whether sending it again could complete the task twice,
+    when the host answers the same one again with the first one's outcome (as
+    ``_completion_outwaited`` says). ``why`` ends with what to do first."""
+    if isinstance(request, CompleteAgentCall):
+        what = f"the completion of Agent task {request.call_id}"
+        same = "the same completion again (the same outcome and output)"
+        ran = ("Its on_complete, or the Steps its outcome leads to, may have run, or still "
+               "run. ")
+        answer = ("it waits for the first one, then returns the Run's view; the task is not "
+                  "completed twice")
+    else:
+        what = f"giving up Agent task {request.call_id}"
+        same = "the same failure again (the same message)"
+        ran = ""
+        answer = "it returns the Run's view; the task is not failed twice"
+    return IntloomError(
+        "PROJECT_REQUEST_FAILED",
+        f"No reply came for {what} (Run {request.run_id}): {why}. {ran}Sending {same} is "
+        f"safe: while the host that took it serves, {answer}; a host started since refuses "
+        "it and says what became of the task.",
+        retryable=True,  # the same end again is answered by the first one, or refused
+    )
+
+
 class Client:
     """A verified, authenticated connection to a project's host.
 
@@ -942,6 +969,8 @@ class Client:
         detail = f" ({fact})" if fact else ""
         if isinstance(request, CallTool):
             return _tool_cut(request, f"{cause}{detail}. Run intloom status")
+        if isinstance(request, (CompleteAgentCall, FailAgentCall)):
+            return _agent_end_cut(request, f"{cause}{detail}. Run intloom status")
         run_id = getattr(request, "run_id", None)
         if type(request).__name__ in _READS:
             # "The host may have acted on it" would send a person looking for an effect a
@@ -1022,6 +1051,8 @@ class Client:
             )
         if isinstance(request, CallTool):
             return _tool_cut(request, f"{closed}. Connect again (Client.connect)")
+        if isinstance(request, (CompleteAgentCall, FailAgentCall)):
+            return _agent_end_cut(request, f"{closed}. Connect again (Client.connect)")
         if run_id:
             what = f"{what} (Run {run_id})"
             check = f"check with get_run({run_id!r}) or intloom attach {run_id}"

@@ -434,3 +434,49 @@ def test_a_started_host_that_no_thread_can_reap_is_no_failure(
     finally:
         monkeypatch.undo()
         child.wait(timeout=10)
+
+
+@pytest.mark.parametrize("end", ["complete", "fail"])
+def test_an_agent_tasks_end_cut_by_close_says_the_same_one_is_safe_to_send_again(
+        end: str) -> None:
+    """A completion (or failure) of an Agent task whose Client another thread closed said
+    "It was not replayed, since the host may have acted on it ... before retrying", not
+    retryable: the Agent could not tell whether sending it again might complete the task
+    twice, when the host answers the same one again with the first one's outcome."""
+    import socket
+    import threading
+
+    from intloom.client.client import Client
+
+    ours, hosts = socket.socketpair()
+    client = Client(ours, None, NO_HOST, Path("/nowhere"),  # type: ignore[arg-type]
+                    request_timeout=5.0)
+    failed: list[IntloomError] = []
+
+    def call() -> None:
+        try:
+            if end == "complete":
+                client.complete_agent_call("RUN-1", "CALL-1", "token", "done", {"n": 1})
+            else:
+                client.fail_agent_call("RUN-1", "CALL-1", "token", "no source")
+        except IntloomError as exc:
+            failed.append(exc)
+
+    with hosts:
+        hosts.settimeout(5.0)
+        worker = threading.Thread(target=call)
+        worker.start()
+        assert hosts.recv(1 << 16)  # the request is on its way: the host never answers it
+        client.close()
+        worker.join(timeout=10.0)
+    assert not worker.is_alive()
+    (exc,) = failed
+    assert exc.code == "PROJECT_REQUEST_FAILED" and exc.retryable is True, exc
+    task = ("the completion of Agent task CALL-1" if end == "complete"
+            else "giving up Agent task CALL-1")
+    assert exc.message.startswith(
+        f"No reply came for {task} (Run RUN-1): this Client was closed"), exc.message
+    same = ("the same completion again (the same outcome and output)" if end == "complete"
+            else "the same failure again (the same message)")
+    assert f"Sending {same} is safe" in exc.message, exc.message
+    assert "host may have acted on it" not in exc.message
