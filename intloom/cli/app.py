@@ -514,6 +514,11 @@ def _main(state: CliState, args: list[str]) -> int:
         result = command.main(
             args=args, prog_name="intloom", standalone_mode=False, obj=state
         )
+        if result == exit_codes.INTERRUPTED:
+            # Typer returns a bare 130 for a Ctrl-C outside the command (while it parses the
+            # command line; one inside it is Interrupted, options.command), which no command
+            # returns: it ended with no word, where one a moment later said "Interrupted.".
+            raise KeyboardInterrupt
     except NoArgsIsHelpError as exc:
         # Bare ``intloom`` shows the help, which is not a failure; written as every output
         # is (a reader gone is no failure, a full disk is CLI_OUTPUT_FAILED: main()).

@@ -11,14 +11,17 @@ end is frozen so the exit pass has nothing to walk.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import os
 import sys
-import threading
-from typing import NoReturn
 
 from intloom.cli import exit_codes
+
+# What this module imports runs before run()'s guard against a Ctrl-C pressed right after
+# Enter, so it imports as little as it can (typing ~2 ms, threading ~0.7 ms, on a 2-vCPU VM).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import NoReturn
 
 __all__ = ["run"]
 
@@ -57,6 +60,9 @@ def _end_despite_their_threads(code: int) -> None:
     module that started a thread that never ends and is not a daemon (a poller, a metrics
     client) kept the command from exiting once it was done, as Python joins such threads at
     exit. The command's output is flushed and the process ends, as the host's does."""
+    import contextlib
+    import threading
+
     main_thread = threading.main_thread()
     if not any(thread is not main_thread and thread.is_alive() and not thread.daemon
                for thread in threading.enumerate()):

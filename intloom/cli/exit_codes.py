@@ -9,7 +9,11 @@ written for it keep working; the distinct codes below only split what it lumps t
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Final
+
+# Imported by intloom/cli/entry.py before its Ctrl-C guard: typing is not (see there).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Final
 
 __all__ = [
     "DOCTOR_ATTENTION",

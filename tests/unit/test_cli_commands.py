@@ -247,6 +247,21 @@ def test_ctrl_c_in_a_command_says_interrupted_once_on_stderr(
     assert err == ("" if json_mode else "Interrupted.\n")
 
 
+@pytest.mark.parametrize("json_mode", [False, True])
+def test_ctrl_c_while_the_command_line_is_parsed_says_interrupted(
+    capsys: pytest.CaptureFixture[str], client: FakeClient, monkeypatch: pytest.MonkeyPatch,
+    json_mode: bool,
+) -> None:
+    """A Ctrl-C that landed while Typer parsed the command line, before the command began,
+    was a bare exit 130 with nothing on stderr (Typer returns 130 for it instead of raising)."""
+    from typer._click.core import Command
+
+    monkeypatch.setattr(Command, "parse_args", _ctrl_c)
+    code, out, err = cli(capsys, "runs", *(["--json"] if json_mode else []))
+    assert (code, out) == (130, "")
+    assert err == ("" if json_mode else "Interrupted.\n")
+
+
 def test_ctrl_c_while_flow_waits_says_so_once(
     capsys: pytest.CaptureFixture[str], client: FakeClient, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
