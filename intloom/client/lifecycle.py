@@ -898,6 +898,16 @@ def stop_interrupted_note(root: Path) -> str:
         return (f"Stopped waiting (Ctrl-C). {paths.service_json} cannot be read now, so "
                 "whether the host is stopping is not known: run intloom doctor.")
     if info is None:
+        from intloom.host.liveness import starting_owner  # psutil: only on this path
+
+        starting = starting_owner(paths)
+        if starting is not None:
+            # "No host serves ... offline" of a host that served moments later: this stop
+            # waits for a starting host to serve before it asks, so it never asked.
+            return (f"Stopped waiting (Ctrl-C). The host (pid {starting.pid}) is still "
+                    "starting and was not asked to stop: it serves once it has loaded its "
+                    "Workflows and restored its Runs. intloom stop asks it again (once it "
+                    f"serves); kill -TERM {starting.pid} ends its start.")
         return ("Stopped waiting (Ctrl-C). No host serves the project now: intloom status "
                 "says whether it is offline.")
     log = log_path(paths, info.log_file)

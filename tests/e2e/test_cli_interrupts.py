@@ -571,6 +571,42 @@ def test_ctrl_c_on_a_stop_under_way_says_the_host_goes_on_stopping(
                what="the host to finish its stop")
 
 
+def test_ctrl_c_on_a_stop_waiting_for_a_starting_host_says_it_was_not_asked(
+        project: Project) -> None:
+    """Ctrl-C while stop waited for a host still starting (it asks once the host serves)
+    said "No host serves the project now: intloom status says whether it is offline", and
+    the host served moments later, never asked to stop."""
+    from tests.integration.test_host_signals import SLOW_IMPORT
+
+    _stuck_project(project, SLOW_IMPORT, "slow")
+    try:
+        with cli_child(project, "start") as starter:
+            eventually((project.root / "importing").exists, timeout=20,
+                       what="the host to import its Workflows")
+            pid = int(json.loads((project.state / "service.lock").read_text())["pid"])
+            project.pids.add(pid)
+            with cli_child(project, "stop") as stopper:
+                stderr = stopper.stderr
+                assert stderr is not None
+                said: list[str] = []
+                reader = threading.Thread(target=lambda: said.append(stderr.readline()))
+                reader.start()
+                reader.join(timeout=20)  # stop's note that it waits for the host to serve
+                assert said and "is still starting" in said[0], said
+                stopper.send_signal(signal.SIGINT)
+                _out, err = stopper.communicate(timeout=20)
+            assert stopper.returncode == exit_codes.INTERRUPTED, err
+            assert err.startswith(f"Stopped waiting (Ctrl-C). The host (pid {pid}) is still "
+                                  "starting and was not asked to stop"), err
+            assert f"kill -TERM {pid}" in err, err
+            (project.root / "gate").touch()
+            starter.communicate(timeout=30)
+        assert starter.returncode == 0  # as it said: the host served, never asked to stop
+    finally:
+        (project.root / "gate").touch()
+    ok(project.cli("stop", "--json"))
+
+
 def test_ctrl_c_on_a_start_says_it_stopped_the_host_it_launched(project: Project) -> None:
     """Ctrl-C while start waited for the host it launched (importing its Workflows): start
     stopped that host, and said only "Interrupted."."""
