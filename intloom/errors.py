@@ -71,6 +71,10 @@ def carried(text: str) -> str:
 STARTING: Final = "The service is starting"
 
 
+# How a diagnosis of a host on its way out begins (owners.STOPPING, unlistened_message).
+SHUTTING_DOWN: Final = "The service is shutting down"
+
+
 def starting_message(pid: int, since: str, then: str) -> str:
     """A host in its start-up (pid ``pid``, started at ``since``), then what to do."""
     return (f"{STARTING} (pid {pid}, since {since}): it holds the project's lock and is "
@@ -94,7 +98,7 @@ def unlistened_message(pid: int, port: int, then: str) -> str:
     """A host that closed its listener on its way out (pid ``pid``, port ``port``): it saves
     its Runs, then exits; then what to do. status, doctor and recover say it, and so does a
     command refused on its way in: one wording, however each goes on."""
-    return (f"The service is shutting down: the host (pid {pid}) has stopped listening on "
+    return (f"{SHUTTING_DOWN}: the host (pid {pid}) has stopped listening on "
             f"127.0.0.1:{port} and is saving its Runs, then exits. {then}")
 
 

@@ -34,7 +34,7 @@ from intloom.diagnostics.owners import (
 from intloom.diagnostics.owners import port_holder as _holder_of  # a context field's name
 from intloom.diagnostics.previews import RunPreview, preview_runs
 from intloom.diagnostics.temps import TempFile, metadata_temps
-from intloom.errors import IntloomError
+from intloom.errors import SHUTTING_DOWN, IntloomError
 from intloom.fsutil import (
     PrivacyError,
     check_private_dir,
@@ -500,6 +500,10 @@ class _Context(msgspec.Struct, frozen=True):
     # start-up: it served, and does not answer now (a Step holding the interpreter), where
     # "it may be starting or stopping; wait a moment" never came true.
     serving_silent: bool = False
+    # The diagnosis is a host on its way out (its log says its stop began): the owner checks
+    # said it "does not answer ... (it may be starting or stopping)" under a first line
+    # that says it is shutting down.
+    stopping: bool = False
 
 
 def _serving_silent(paths: ProjectPaths, root: Path) -> bool:
@@ -664,6 +668,16 @@ def _owner_check(
             f"never does, kill -TERM {pid} stops it as soon as it can run; as a last resort "
             f"kill -9 {pid}, then intloom recover and intloom start (what was running comes "
             "back RUN_INTERRUPTED). Do not delete locks whose owners are still active.",
+            owner.evidence,
+        )
+    if owner.status == "alive" and ctx.stopping:
+        return Check(
+            check_id, "attention",
+            f"{name} names pid {pid}, which is alive and shutting down (its log says its "
+            "stop began): it suspends its Runs, then exits and removes its service.json and "
+            "service.lock itself.",
+            "Wait for it to exit: intloom status says offline once it has (intloom start "
+            "waits for that). Do not delete locks whose owners are still active.",
             owner.evidence,
         )
     if owner.status == "alive":
@@ -1213,7 +1227,8 @@ def run_doctor(root: Path) -> DoctorReport:
                         ports_differ=ports_differ, refused=refused,
                         refused_code=refused_code,
                         host_pid=diagnosis.service.pid if diagnosis.service else None,
-                        serving_silent=serving_silent)
+                        serving_silent=serving_silent,
+                        stopping=diagnosis.message.startswith(SHUTTING_DOWN))
 
     config_check, config = _config_check(root)
     blind = _unsearchable_state(paths)

@@ -17,7 +17,13 @@ from typing import Final, Literal, NamedTuple
 
 import msgspec
 
-from intloom.errors import STARTING, IntloomError, starting_message, unlistened_message
+from intloom.errors import (
+    SHUTTING_DOWN,
+    STARTING,
+    IntloomError,
+    starting_message,
+    unlistened_message,
+)
 from intloom.host.liveness import (
     Evidence,
     LockProbe,
@@ -208,7 +214,7 @@ def _port_taken_problem(port: int, holder: str | None, owners: list[Owner]) -> s
 # A diagnosis of a host that is stopping (it refuses connections with CLI_SERVICE_CLOSING
 # until it exits). It begins with the error's catalogue text: renderers recognise it so.
 STOPPING: Final = (
-    "The service is shutting down: it is suspending its Runs, then exits. intloom status "
+    f"{SHUTTING_DOWN}: it is suspending its Runs, then exits. intloom status "
     "says offline once it has; intloom start waits for that, then starts a new host."
 )
 # The same once it has stopped listening (a stop closes its listener after suspending the

@@ -68,6 +68,15 @@ def test_a_host_that_stopped_listening_on_its_way_out_is_shutting_down(
 
         doctor = project.cli("--json", "doctor")
         assert doctor.code == 4 and doctor.json["message"].startswith(said), doctor
+        # Its owner checks say the same of each file: they said the host "does not answer
+        # as this project's host (it may be starting or stopping)".
+        checks = {c["id"]: c for c in doctor.json["checks"]}
+        for name in ("service.json", "service.lock"):
+            check = checks[f"owner.{name.replace('.', '_')}"]
+            assert check["message"].startswith(
+                f"{name} names pid {pid}, which is alive and shutting down (its log says "
+                "its stop began)"), check
+            assert check["next"].startswith("Wait for it to exit"), check
 
         recover = project.cli("--json", "recover")
         assert recover.code != 0, recover
