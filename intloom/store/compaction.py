@@ -39,7 +39,7 @@ from intloom.store.snapshots import (
     snapshot_name,
 )
 
-__all__ = ["Track", "compact", "now"]
+__all__ = ["FileId", "Track", "compact", "now"]
 
 
 def now() -> str:
@@ -96,7 +96,8 @@ def compact(layout: Layout, tracks: dict[str, Track], *, start: int, pinned: lis
             voids: list[VoidNotice], segment: int, held: Collection[str] = (),
             open_segment: int = 0, write_manifest: bool = True, at_once: bool = False,
             stop: threading.Event | None = None,
-            kept: dict[str, FileProblem] | None = None, writer: str = "") -> None:
+            kept: dict[str, FileProblem] | None = None, writer: str = "",
+            written: dict[str, FileId] | None = None) -> None:
     """Snapshot every dirty Run, then point the manifest at segment ``start``.
     ``writer``: the package version of the intloom writing them (``Snapshot.writer``).
 
@@ -128,6 +129,11 @@ def compact(layout: Layout, tracks: dict[str, Track], *, start: int, pinned: lis
     the manifest's live set, so every restore reads the whole log (as for a damaged snapshot)
     until the file is moved out; the other Runs' snapshots are written.
 
+    ``written``: the identity of each ``live/`` file this host wrote (kept up to date here),
+    so that one changed since (damaged while the host ran) is kept as one planted is, not
+    renamed over or unlinked. One it has no identity for is read first, and kept if it is
+    damaged. None: no such check (a caller that writes no snapshot).
+
     Raises ``NotSummarised`` when a file could not be written.
     """
     refused: dict[str, FileProblem] = {} if kept is None else kept
@@ -141,18 +147,19 @@ def compact(layout: Layout, tracks: dict[str, Track], *, start: int, pinned: lis
             "No snapshot is written while it is so, and the next intloom start refuses the "
             "store until it is put right as the cause says (nothing is lost).")) from None
     try:
-        written = _snapshot_all(layout, tracks, segment, at_once, refused, stop, writer)
+        folded = _snapshot_all(layout, tracks, segment, at_once, refused, stop, writer,
+                               written)
     except (OSError, IntloomError) as exc:
         raise NotSummarised("snapshots", _cause(exc), errno=getattr(exc, "errno", None)) \
             from None
     try:
         if write_manifest:
             _write_manifest(layout, start=start, pinned=pinned, voids=voids, held=held,
-                            open_segment=open_segment, stamp=written[1], kept=refused)
+                            open_segment=open_segment, stamp=folded[1], kept=refused)
     except (OSError, IntloomError) as exc:
         raise NotSummarised("manifest.json", _cause(exc),
                             errno=getattr(exc, "errno", None)) from None
-    for run_id, (state, status, problem, reached) in written[0].items():
+    for run_id, (state, status, problem, reached) in folded[0].items():
         if status == "ok" and state is not None and state.phase == "terminal":
             del tracks[run_id]
             continue
@@ -169,7 +176,8 @@ _Folded = dict[str, tuple[RunState | None, Status, str | None, int]]
 def _snapshot_all(layout: Layout, tracks: dict[str, Track], segment: int, at_once: bool,
                   kept: dict[str, FileProblem],
                   stop: threading.Event | None = None,
-                  writer: str = "") -> tuple[_Folded, str]:
+                  writer: str = "",
+                  written: dict[str, FileId] | None = None) -> tuple[_Folded, str]:
     """Write every dirty Run's snapshot (``compact``): what each was folded to, and the
     time stamp they carry. A target (or an ended Run's live/ copy) that is not a private
     regular file of ours is left as it is and named in ``kept``: renamed over or unlinked,
@@ -185,7 +193,7 @@ def _snapshot_all(layout: Layout, tracks: dict[str, Track], segment: int, at_onc
             continue  # incompatible data stays in a pinned segment, read as it is
         state, status, problem = track.folded()
         name = snapshot_name(run_id)
-        planted = _unusable(layout.live / name)
+        planted = _unusable(layout.live / name) or _changed(layout.live / name, written)
         if planted is not None:
             kept[run_id] = snapshot_finding(layout, planted)
             continue
@@ -216,17 +224,65 @@ def _snapshot_all(layout: Layout, tracks: dict[str, Track], segment: int, at_onc
     removed = False
     for name in [name for name, _ in done] + unchanged:
         # Checked again just before: planted since the check above, it would be gone.
-        planted = _unusable(layout.live / name)
+        planted = _unusable(layout.live / name) or _changed(layout.live / name, written)
         if planted is not None:
             kept[owners[name]] = snapshot_finding(layout, planted)
             continue
         with contextlib.suppress(FileNotFoundError):
             os.unlink(layout.live / name)
             removed = True
+        if written is not None:
+            written.pop(name, None)
     if removed:
         fsync_dir(layout.live)
+    if written is not None:
+        # Forgotten first: a write that fails part-way leaves files of unknown identity,
+        # which the next compaction reads before it replaces them (_changed).
+        for name, _ in live:
+            written.pop(name, None)
     atomic_write_many(layout.live, live, at_once=at_once, stop=stop)
+    if written is not None:
+        for name, _ in live:
+            with contextlib.suppress(FileNotFoundError):
+                written[name] = _identity(os.lstat(layout.live / name))
     return folded, stamp
+
+
+# What tells a file this host wrote from one written over it since: (inode, size, mtime).
+FileId = tuple[int, int, int]
+
+
+def _identity(st: os.stat_result) -> FileId:
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _changed(path: Path, written: dict[str, FileId] | None) -> SnapshotError | None:
+    """Why the ``live/`` file at ``path`` may be neither renamed over nor unlinked although
+    it is a private regular file of ours: it is not the one this host wrote (damaged, or
+    replaced, while the host ran), or, written before this host wrote it, it reads back
+    damaged. A restore reported such a file and said it was "left as it is"; the next
+    compaction renamed over it, or unlinked it once its Run ended, and the evidence was
+    gone. None when it is absent, this host's own, or reads back whole."""
+    if written is None:
+        return None
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    known = written.get(path.name)
+    if known is None:
+        # Not written by this host yet (the one its restore read, written by an earlier
+        # host) or of unknown identity after a failed write: read, once per Run.
+        try:
+            read_snapshot(path)
+        except SnapshotError as exc:
+            return exc
+        written[path.name] = _identity(st)
+        return None
+    if _identity(st) == known:
+        return None
+    return SnapshotError(path, "was changed since this host wrote it (its inode, size or "
+                               "modification time differ), while the host ran")
 
 
 def _write_manifest(layout: Layout, *, start: int, pinned: list[int], voids: list[VoidNotice],

@@ -33,7 +33,7 @@ from intloom.runtime.machine import IllegalTransition, RunState, apply
 from intloom.runtime.ports import CheckpointFailed, JournalPort, RecordTooLarge
 from intloom.runtime.records import PROTOCOL_VERSION, Record, Terminal, encode_record
 from intloom.store import framing
-from intloom.store.compaction import NotSummarised, Track, compact, now
+from intloom.store.compaction import FileId, NotSummarised, Track, compact, now
 from intloom.store.faults import FaultPlan
 from intloom.store.files import (
     Layout,
@@ -253,6 +253,9 @@ class Store:
         self._rotate_failing = False
         self._pinned: list[int] = []
         self._held: frozenset[str] = frozenset()  # Runs whose snapshot file is damaged
+        # The live/ snapshot files this host wrote, by name (compaction.FileId): one changed
+        # since is evidence, never renamed over nor unlinked.
+        self._live_written: dict[str, FileId] = {}
         # The manifest this host read was refused (damaged, another format, ahead of the log):
         # evidence, never written over while this host lives (compaction writes snapshots only).
         self._manifest_kept = False
@@ -409,7 +412,7 @@ class Store:
                         pinned=store._pinned, voids=store._voids, segment=store._number,
                         held=store._held, open_segment=store._number,
                         write_manifest=not store._manifest_kept, at_once=True, kept=kept,
-                        writer=store.package_version)
+                        writer=store.package_version, written=store._live_written)
                 store._start = store._number
             except NotSummarised as exc:
                 store._not_summarised(exc, "open")
@@ -1358,7 +1361,8 @@ class Store:
                 compact(self.layout, copies, start=start, pinned=pinned, voids=voids,
                         segment=segment, held=self._held, open_segment=start,
                         write_manifest=not self._manifest_kept, stop=self._closing,
-                        kept=planted, writer=self.package_version)
+                        kept=planted, writer=self.package_version,
+                        written=self._live_written)
             except NotSummarised as exc:
                 # The manifest did not move: restores read more of the log, correctly.
                 self._not_summarised(exc, "rotation")
@@ -1437,7 +1441,7 @@ class Store:
             compact(self.layout, self._tracks, start=start, pinned=self._pinned,
                     voids=self._voids, segment=self._number, held=self._held,
                     write_manifest=not self._manifest_kept, at_once=True, kept=kept,
-                    writer=self.package_version)
+                    writer=self.package_version, written=self._live_written)
         except NotSummarised as exc:
             self._not_summarised(exc, "stop")
         self._tell_kept(kept)

@@ -452,6 +452,80 @@ def test_an_ended_runs_planted_live_file_is_not_unlinked(tmp_path: Path) -> None
     assert by_id(verify(tmp_path))["RUN-A"].state == fold(records)
 
 
+def _damage_in_place(path: Path) -> bytes:
+    """Write over ``path``'s bytes through the same inode, as an editor or a stray ``>``
+    does: still a private regular file of ours, only its content is wrong."""
+    damaged = b"GARBAGE-EVIDENCE"
+    with open(path, "r+b") as fh:
+        fh.truncate(0)
+        fh.write(damaged)
+    return damaged
+
+
+def test_a_snapshot_damaged_after_this_host_wrote_it_is_never_renamed_over(
+        tmp_path: Path) -> None:
+    """A live/ snapshot this host wrote, damaged while it ran: a restore (doctor) reports it
+    and says it was "left as it is", and the next compaction renamed a new snapshot over it.
+    It is kept byte-identical through later rotations and the close, told of once, and the
+    log stands in for it."""
+    from intloom.store.snapshots import snapshot_name
+
+    live = tmp_path / "snap" / "live" / snapshot_name("RUN-A")
+    store = open_store(tmp_path, segment_bytes=SEGMENT)
+    a, b = walk("RUN-A", 6_000, 3), walk("RUN-B", 6_000, 4)
+    try:
+        for i in range(3_000):
+            store.append("RUN-A", a[i])
+            store.append("RUN-B", b[i])
+            if i % 100 == 0:
+                store.sync_blocking()
+        store.sync_blocking()
+        assert store.compaction_idle(timeout=30)
+        assert live.is_file()  # written by this host's rotation
+        damaged = _damage_in_place(live)
+        for i in range(3_000, 6_000):
+            store.append("RUN-A", a[i])
+            store.append("RUN-B", b[i])
+            if i % 100 == 0:
+                store.sync_blocking()
+        store.sync_blocking()
+        assert store.compaction_idle(timeout=30)
+        assert live.read_bytes() == damaged
+        assert [p.path for p in store.kept_files] == [f"snap/live/{live.name}"]
+        assert "was changed since this host wrote it" in store.kept_files[0].problem
+    finally:
+        store.close_blocking()
+    assert live.read_bytes() == damaged  # the close's snapshots did not replace it either
+    report = read_runs_report(tmp_path)
+    assert f"snap/live/{live.name}" in [f.path for f in report.files]
+    runs = by_id(report.runs)
+    assert runs["RUN-A"].state == fold(a)
+    assert runs["RUN-B"].state == fold(b)
+
+
+def test_an_ended_runs_snapshot_damaged_while_the_host_ran_is_not_unlinked(
+        tmp_path: Path) -> None:
+    """The snapshot an earlier host wrote, read whole by this host's restore, damaged while
+    this host ran: once the Run ended, its live/ copy was unlinked without a word. It is
+    read before it is removed (this host never wrote it), and kept."""
+    records = walk("RUN-A", 10, 5, terminal=True)
+    _write(tmp_path, "RUN-A", records[:6], crash=False)
+    from intloom.store.snapshots import snapshot_name
+
+    live = tmp_path / "snap" / "live" / snapshot_name("RUN-A")
+    store = open_store(tmp_path, instance_id="INST-2")
+    try:
+        damaged = _damage_in_place(live)
+        for record in records[6:]:
+            store.append("RUN-A", record)
+        store.sync_blocking()
+    finally:
+        store.close_blocking()
+    assert live.read_bytes() == damaged
+    assert [p.path for p in store.kept_files] == [f"snap/live/{live.name}"]
+    assert by_id(verify(tmp_path))["RUN-A"].state == fold(records)
+
+
 def test_a_snapshot_or_manifest_its_owner_cannot_read_is_that_files_finding(
     tmp_path: Path,
 ) -> None:
