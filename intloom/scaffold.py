@@ -7,6 +7,7 @@ a file that appears concurrently is never overwritten.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from importlib.resources import files
@@ -323,7 +324,17 @@ def scaffold(target: Path) -> Path:
         wrote = bool(made)
         left = _take_back(made)
         fact = f": {refused[0]}" if refused else ""
-        fix = refused[1] if refused else "Check the directory's permissions and free space"
+        if refused:
+            fix = refused[1]
+        elif exc.errno == errno.ENAMETOOLONG:
+            # "Check the directory's permissions and free space" sent the reader to look
+            # for what is not wrong.
+            fix = ("Choose a shorter name: a file name is at most 255 bytes on most file "
+                   "systems, and a whole path at most 4,096")
+        elif exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            fix = "Free some space (or inodes) on that file system"
+        else:
+            fix = "Check the directory's permissions and free space"
         if left:
             kept = (f"; what it wrote could not all be removed ({', '.join(map(str, left))}): "
                     "remove it")

@@ -78,6 +78,9 @@ class CliState:
         # person to copy was printed: main() compares that root with the working directory's.
         self.resolved: Path | None = None
         self.copyable = CopyableWatch()
+        # The command says itself where its commands run (init's "cd DIR"), or names none
+        # to copy: elsewhere() adds no line.
+        self.where_said = False
         self._here_root: tuple[Path | None] | None = None  # the working directory's, once
 
     def merge(self, *, json_mode: bool, project: Path | None, debug: bool) -> None:
@@ -146,7 +149,7 @@ class CliState:
         from elsewhere) and it printed commands to copy without --project: the line saying
         where to run them. Copied as they are, they would act on the working directory's
         project, or fail."""
-        if self.json_mode or not self.copyable.seen:
+        if self.json_mode or not self.copyable.seen or self.where_said:
             return None
         if self.resolved is None and self.project is not None:
             # Refused before the command looked for its project (an ANSWER that is not

@@ -281,6 +281,15 @@ def _read(path: Path, kind: type[_T], root: Path | None) -> _T | None:
                    "and token and restores the Runs.")
             raise IntloomError("CLI_SERVICE_METADATA_INVALID",
                                f"{fact} (intloom doctor){fix}", here=f"{fact}{fix}")
+        pid = getattr(value, "pid", None)
+        if pid is not None:
+            # service.json or service.lock: "belongs to another project ... run intloom
+            # doctor" did not say what happened (connection.json's says), nor whose host.
+            raise _invalid(path, f"belongs to another project ({saved_root}): the project "
+                                 "directory was moved or copied since its host (pid "
+                                 f"{pid}) wrote it, and that host may still serve the old "
+                                 "path (intloom doctor says whether it runs, and how to "
+                                 "stop it)")
         raise _invalid(path, f"belongs to another project ({saved_root})")
     return value
 

@@ -98,6 +98,38 @@ def test_init_refuses_a_non_empty_directory_and_touches_nothing(tmp_path: Path) 
     assert snapshot_files(tmp_path) == before
 
 
+def test_init_with_project_from_inside_another_project_adds_no_where_line(
+        tmp_path: Path) -> None:
+    """``intloom --project NEW init`` run from inside another project: its Next: lines begin
+    with ``cd NEW``, yet stderr added "The intloom commands above are for NEW; run from here
+    they would act on the project at ..."; so did its refusal of two targets, which names no
+    command to copy."""
+    assert run_cli("init", "outer", "--json", cwd=tmp_path).code == 0
+    inside = tmp_path / "outer" / "workflows"
+    made = run_cli("--project", str(tmp_path / "new"), "init", cwd=inside)
+    assert made.code == 0, made
+    assert f"cd {tmp_path / 'new'}" in made.stdout, made.stdout
+    assert "commands above" not in made.stderr, made.stderr
+    refused = run_cli("--project", str(tmp_path / "outer"), "init", "other", cwd=tmp_path)
+    assert refused.code == 2, refused
+    assert "got two targets" in refused.stderr, refused.stderr
+    assert "commands above" not in refused.stderr, refused.stderr
+
+
+def test_init_of_a_name_too_long_says_to_choose_a_shorter_one(tmp_path: Path) -> None:
+    """A name past the file system's limit (ENAMETOOLONG) was told to "check the directory's
+    permissions and free space"; the parents init made for it are removed."""
+    before = snapshot_files(tmp_path)
+    result = run_cli("init", f"made/{'x' * 300}", "--json", cwd=tmp_path)
+    assert result.code == 1, result
+    error = only_json(result)["error"]
+    assert error["code"] == "CLI_INIT_FAILED", error
+    assert "(File name too long)" in error["message"], error
+    assert "Choose a shorter name" in error["message"], error
+    assert "permissions" not in error["message"], error
+    assert snapshot_files(tmp_path) == before
+
+
 def test_init_refuses_a_directory_inside_a_projects_private_state(tmp_path: Path) -> None:
     """``intloom init`` inside another project's .intloom/ was accepted; its files were then
     "unexpected" to that project's verify, and doctor said nothing of them."""

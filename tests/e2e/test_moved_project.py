@@ -122,6 +122,13 @@ def test_a_start_in_a_project_moved_under_its_host_says_whose_service_json_it_fi
         assert error["code"] == "CLI_SERVICE_METADATA_INVALID", error
         assert error["code"] == status.json["error"]["code"], status.stdout
         assert "belongs to another project" in error["message"], error
+        # What happened, and whose host: it said only "run intloom doctor".
+        stop = moved.cli("stop", "--json")
+        assert stop.code == 1, stop.stdout
+        said = stop.json["error"]["message"]
+        assert said.startswith(
+            f"{moved.state / 'service.json'} belongs to another project ({project.root}): the "
+            f"project directory was moved or copied since its host (pid {pid}) wrote it"), said
     finally:
         os.kill(pid, signal.SIGTERM)  # a graceful stop: the Run stays waiting
         eventually(lambda: not pid_alive(pid), timeout=30, what=f"host {pid} to stop")

@@ -31,6 +31,10 @@ def init(
     """Scaffold a project: intloom.toml, an example Workflow and a .gitignore."""
     from intloom.scaffold import SCAFFOLD, scaffold
 
+    # Its Next: lines begin with the cd they need, and its refusals name no command to copy
+    # ("intloom init got two targets" is prose): "The intloom commands above are for
+    # --project's root" under them was untrue.
+    state.where_said = True
     if path == "":
         raise UsageError("intloom init is given an empty path (a shell variable that is "
                          "unset or empty, say); pass the directory to scaffold, or none for "
