@@ -1081,7 +1081,7 @@ class Host:
             return
         try:
             pruned = prune_logs(self.paths.logs, log.name, now=time.time(),
-                                cap=self.options.logs_cap)
+                                root=self.paths.root, cap=self.options.logs_cap)
         except Exception as exc:  # a housekeeping aid: never the end of a serving host
             log.warning("logs_not_pruned", path=str(self.paths.logs),
                         message=getattr(exc, "strerror", None) or f"{type(exc).__name__}: "

@@ -1,12 +1,15 @@
 """Old host logs removed at a start: sealed, closed logs older than 14 days, or the oldest of
 them once ``.intloom/logs/`` holds over 1 GiB of host logs (the TypeScript IntLoom's rule).
 
-Only a log provably written to its end by a host that closed cleanly is removed: a regular
-file of ours under a host log's name, with no other link, sealed read-only (0400, as a clean
-close leaves it) and whose last line is ``log_closed``. A crashed host's log (unsealed, no
-``log_closed``) is the evidence ``doctor`` explains a crash from, and is kept until its user
-removes it; so is anything else found there. The starting host's own log and the newest one
-before it (what a start and ``doctor`` read of the host before) are never removed.
+Only a log provably written to its end by a host of this project that closed cleanly is
+removed: a regular file of ours under a host log's name, with no other link, sealed read-only
+(0400, as a clean close leaves it), whose first line is the ``log_opened`` of a host of this
+project directory and whose last line is ``log_closed``. Another project's log copied in is
+kept (so is one from before the project was moved: a start cannot tell it from a copy). A
+crashed host's log (unsealed, no ``log_closed``) is the evidence ``doctor`` explains a crash
+from, and is kept until its user removes it; so is anything else found there. The starting
+host's own log and the newest one before it (what a start and ``doctor`` read of the host
+before) are never removed.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ __all__ = ["KEEP_FOR_S", "LOGS_CAP", "Pruned", "prune_logs"]
 KEEP_FOR_S: Final = 14 * 24 * 3600
 LOGS_CAP: Final = 1 << 30
 _TAIL: Final = 4096  # a log_closed line is ~100 bytes
+# log_opened's line: its project's root (at most PATH_MAX) and a few fields.
+_HEAD: Final = 16384
 
 
 class Pruned(msgspec.Struct, frozen=True):
@@ -37,21 +42,29 @@ class Pruned(msgspec.Struct, frozen=True):
     total: int  # the host logs' bytes left
 
 
-def _closed(path: Path, seen: os.stat_result) -> bool:
-    """Whether ``path`` is still the file ``seen`` and its last line is ``log_closed``."""
-    tail = read_log(path, _TAIL, tail=True)  # a regular file, never through a link
+def _closed(path: Path, seen: os.stat_result, root: Path) -> bool:
+    """Whether ``path`` is still the file ``seen``, its first line is the ``log_opened`` of
+    a host of ``root`` and its last line is ``log_closed``."""
+    # A regular file, never through a link.
+    head, tail = read_log(path, _HEAD, tail=False), read_log(path, _TAIL, tail=True)
     try:
         now = os.lstat(path)
     except OSError:
         return False
-    if tail is None or (now.st_dev, now.st_ino) != (seen.st_dev, seen.st_ino):
+    if head is None or tail is None or (now.st_dev, now.st_ino) != (seen.st_dev, seen.st_ino):
         return False
-    lines = tail.rstrip(b"\n").rsplit(b"\n", 1)
+    first = _line(head.split(b"\n", 1)[0])
+    last = _line(tail.rstrip(b"\n").rsplit(b"\n", 1)[-1])
+    return (first.get("event") == "log_opened" and first.get("projectRoot") == str(root)
+            and last.get("event") == "log_closed")
+
+
+def _line(raw: bytes) -> dict[str, object]:
     try:
-        last = msgspec.json.decode(lines[-1])
+        line = msgspec.json.decode(raw)
     except (msgspec.DecodeError, RecursionError):
-        return False
-    return isinstance(last, dict) and last.get("event") == "log_closed"
+        return {}
+    return line if isinstance(line, dict) else {}
 
 
 def _sealed(seen: os.stat_result) -> bool:
@@ -59,9 +72,10 @@ def _sealed(seen: os.stat_result) -> bool:
             and seen.st_uid == os.geteuid() and seen.st_nlink == 1)
 
 
-def prune_logs(logs_dir: Path, own: str, *, now: float, keep_for: float = KEEP_FOR_S,
-               cap: int = LOGS_CAP) -> Pruned:
-    """Remove the sealed, closed host logs in ``logs_dir`` older than ``keep_for`` seconds
+def prune_logs(logs_dir: Path, own: str, *, now: float, root: Path,
+               keep_for: float = KEEP_FOR_S, cap: int = LOGS_CAP) -> Pruned:
+    """Remove the sealed, closed host logs of the project at ``root`` in ``logs_dir`` older
+    than ``keep_for`` seconds
     (by their last write), then, oldest first, more of them while the host logs hold over
     ``cap`` bytes; never ``own`` (the starting host's log) or the newest log before it.
     Raises OSError when the directory cannot be listed."""
@@ -80,7 +94,7 @@ def prune_logs(logs_dir: Path, own: str, *, now: float, keep_for: float = KEEP_F
     for path, st in seen:
         if path.name in keep or not (now - st.st_mtime > keep_for or total > cap):
             continue
-        if not _sealed(st) or not _closed(path, st):
+        if not _sealed(st) or not _closed(path, st, root):
             continue
         try:
             os.unlink(path)

@@ -26,14 +26,16 @@ def project(tmp_path: Path) -> Iterator[Project]:
 
 
 def _log(logs: Path, stamp: str, *, days_old: float, closed: bool = True, sealed: bool = True,
-         size: int = 0) -> Path:
+         size: int = 0, root: Path | None = None) -> Path:
     """A host log named for ``stamp`` (``20261101T000000000``), last written ``days_old``
-    days ago, its last line ``log_closed`` (else ``process_failed``), 0400 (else 0600)."""
+    days ago, opened by a host of ``root`` (the project whose ``logs`` it is), its last line
+    ``log_closed`` (else ``process_failed``), 0400 (else 0600)."""
     logs.parent.mkdir(mode=0o700, exist_ok=True)
     logs.mkdir(mode=0o700, exist_ok=True)
     path = logs / f"LOG-{stamp}Z.jsonl"
     assert LOG_NAME.fullmatch(path.name)
-    lines = [json.dumps({"event": "log_opened", "pad": "x" * size}),
+    opened = str(root if root is not None else logs.parent.parent)
+    lines = [json.dumps({"event": "log_opened", "projectRoot": opened, "pad": "x" * size}),
              json.dumps({"event": "log_closed" if closed else "process_failed"})]
     path.write_text("\n".join(lines) + "\n")
     path.chmod(0o400 if sealed else 0o600)
@@ -70,6 +72,10 @@ def test_a_start_removes_closed_logs_older_than_14_days_and_keeps_the_rest(
         # The newest before the start's own: what the start and doctor read of the host
         # before, kept however old.
         "newest": _log(logs, "20261006T000000000", days_old=30),
+        # Another project's log copied in, closed and sealed as ours are: not this project's
+        # host's, so not the start's to remove (it was).
+        "copied": _log(logs, "20261001T030000000", days_old=40,
+                       root=project.root.parent / "other"),
     }
     linked = _log(logs, "20261001T120000000", days_old=40)
     os.link(linked, project.root / "elsewhere.jsonl")  # a second name: not ours alone
