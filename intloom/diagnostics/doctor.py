@@ -500,9 +500,9 @@ class _Context(msgspec.Struct, frozen=True):
     # start-up: it served, and does not answer now (a Step holding the interpreter), where
     # "it may be starting or stopping; wait a moment" never came true.
     serving_silent: bool = False
-    # The diagnosis is a host on its way out (its log says its stop began): the owner checks
-    # said it "does not answer ... (it may be starting or stopping)" under a first line
-    # that says it is shutting down.
+    # The diagnosis is a host on its way out (its log, or its reply, says its stop began):
+    # the owner checks said it "does not answer ... (it may be starting or stopping)" under
+    # a first line that says it is shutting down.
     stopping: bool = False
 
 
@@ -673,8 +673,8 @@ def _owner_check(
     if owner.status == "alive" and ctx.stopping:
         return Check(
             check_id, "attention",
-            f"{name} names pid {pid}, which is alive and shutting down (its log says its "
-            "stop began): it suspends its Runs, then exits and removes its service.json and "
+            f"{name} names pid {pid}, which is alive and shutting down (its stop has "
+            "begun): it suspends its Runs, then exits and removes its service.json and "
             "service.lock itself.",
             "Wait for it to exit: intloom status says offline once it has (intloom start "
             "waits for that). Do not delete locks whose owners are still active.",

@@ -8,6 +8,7 @@ manifest moves leaves a restore reading more of the log than needed, never less.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import threading
 from collections.abc import Collection
@@ -21,7 +22,14 @@ from intloom.errors import IntloomError
 from intloom.fsutil import fsync_dir
 from intloom.runtime.machine import FOLD_VERSION, IllegalTransition, RunState, apply
 from intloom.runtime.records import Record
-from intloom.store.files import Layout, atomic_write_many, check_dir, list_names, unusable_file
+from intloom.store.files import (
+    Layout,
+    atomic_write_many,
+    check_dir,
+    list_names,
+    read_own_file,
+    unusable_file,
+)
 from intloom.store.framing import VoidNotice, segment_number
 from intloom.store.reader import FileProblem, Status, snapshot_finding
 from intloom.store.snapshots import (
@@ -29,6 +37,7 @@ from intloom.store.snapshots import (
     Manifest,
     Snapshot,
     SnapshotError,
+    decode_snapshot,
     encode_manifest,
     encode_snapshot,
     is_snapshot_name,
@@ -132,7 +141,11 @@ def compact(layout: Layout, tracks: dict[str, Track], *, start: int, pinned: lis
     ``written``: the identity of each ``live/`` file this host wrote (kept up to date here),
     so that one changed since (damaged while the host ran) is kept as one planted is, not
     renamed over or unlinked. One it has no identity for is read first, and kept if it is
-    damaged. None: no such check (a caller that writes no snapshot).
+    damaged. A kept changed file may still read as a whole snapshot, an older one (a backup
+    put back): the manifest's live set then names it as it cannot be found
+    (``NAME~changed``), so that every restore reads the whole log, also once it is moved
+    out, until a compaction writes that Run's snapshot again. None: no such check (a caller
+    that writes no snapshot).
 
     Raises ``NotSummarised`` when a file could not be written.
     """
@@ -149,13 +162,15 @@ def compact(layout: Layout, tracks: dict[str, Track], *, start: int, pinned: lis
     try:
         folded = _snapshot_all(layout, tracks, segment, at_once, refused, stop, writer,
                                written)
+        changed = folded[2]
     except (OSError, IntloomError) as exc:
         raise NotSummarised("snapshots", _cause(exc), errno=getattr(exc, "errno", None)) \
             from None
     try:
         if write_manifest:
             _write_manifest(layout, start=start, pinned=pinned, voids=voids, held=held,
-                            open_segment=open_segment, stamp=folded[1], kept=refused)
+                            open_segment=open_segment, stamp=folded[1], kept=refused,
+                            changed=changed)
     except (OSError, IntloomError) as exc:
         raise NotSummarised("manifest.json", _cause(exc),
                             errno=getattr(exc, "errno", None)) from None
@@ -177,7 +192,8 @@ def _snapshot_all(layout: Layout, tracks: dict[str, Track], segment: int, at_onc
                   kept: dict[str, FileProblem],
                   stop: threading.Event | None = None,
                   writer: str = "",
-                  written: dict[str, FileId] | None = None) -> tuple[_Folded, str]:
+                  written: dict[str, FileId] | None = None,
+                  ) -> tuple[_Folded, str, set[str]]:
     """Write every dirty Run's snapshot (``compact``): what each was folded to, and the
     time stamp they carry. A target (or an ended Run's live/ copy) that is not a private
     regular file of ours is left as it is and named in ``kept``: renamed over or unlinked,
@@ -186,6 +202,7 @@ def _snapshot_all(layout: Layout, tracks: dict[str, Track], segment: int, at_onc
     live: list[tuple[str, bytes]] = []
     done: list[tuple[str, bytes]] = []
     unchanged: list[str] = []  # ended Runs whose done/ snapshot already says it all
+    changed: set[str] = set()  # live/ files kept as changed since this host wrote them
     folded: _Folded = {}
     owners: dict[str, str] = {}  # snapshot name: its Run
     for run_id, track in tracks.items():
@@ -193,7 +210,11 @@ def _snapshot_all(layout: Layout, tracks: dict[str, Track], segment: int, at_onc
             continue  # incompatible data stays in a pinned segment, read as it is
         state, status, problem = track.folded()
         name = snapshot_name(run_id)
-        planted = _unusable(layout.live / name) or _changed(layout.live / name, written)
+        planted = _unusable(layout.live / name)
+        if planted is None:
+            planted = _changed(layout.live / name, written)
+            if planted is not None:
+                changed.add(name)
         if planted is not None:
             kept[run_id] = snapshot_finding(layout, planted)
             continue
@@ -224,7 +245,11 @@ def _snapshot_all(layout: Layout, tracks: dict[str, Track], segment: int, at_onc
     removed = False
     for name in [name for name, _ in done] + unchanged:
         # Checked again just before: planted since the check above, it would be gone.
-        planted = _unusable(layout.live / name) or _changed(layout.live / name, written)
+        planted = _unusable(layout.live / name)
+        if planted is None:
+            planted = _changed(layout.live / name, written)
+            if planted is not None:
+                changed.add(name)
         if planted is not None:
             kept[owners[name]] = snapshot_finding(layout, planted)
             continue
@@ -242,18 +267,24 @@ def _snapshot_all(layout: Layout, tracks: dict[str, Track], segment: int, at_onc
             written.pop(name, None)
     atomic_write_many(layout.live, live, at_once=at_once, stop=stop)
     if written is not None:
-        for name, _ in live:
+        for name, data in live:
             with contextlib.suppress(FileNotFoundError):
-                written[name] = _identity(os.lstat(layout.live / name))
-    return folded, stamp
+                written[name] = _identity(os.lstat(layout.live / name), data)
+    return folded, stamp, changed
 
 
-# What tells a file this host wrote from one written over it since: (inode, size, mtime).
-FileId = tuple[int, int, int]
+# What tells a file this host wrote from one written over it since: (inode, size, mtime,
+# a digest of its bytes). The digest is read only when the others differ: the same bytes
+# (a touch, a backup tool putting back what it copied) are no change.
+FileId = tuple[int, int, int, bytes]
 
 
-def _identity(st: os.stat_result) -> FileId:
-    return st.st_ino, st.st_size, st.st_mtime_ns
+def _identity(st: os.stat_result, data: bytes) -> FileId:
+    return st.st_ino, st.st_size, st.st_mtime_ns, _digest(data)
+
+
+def _digest(data: bytes) -> bytes:
+    return hashlib.blake2b(data, digest_size=16).digest()
 
 
 def _changed(path: Path, written: dict[str, FileId] | None) -> SnapshotError | None:
@@ -270,24 +301,30 @@ def _changed(path: Path, written: dict[str, FileId] | None) -> SnapshotError | N
     except FileNotFoundError:
         return None
     known = written.get(path.name)
+    if known is not None and (st.st_ino, st.st_size, st.st_mtime_ns) == known[:3]:
+        return None
+    data = read_own_file(path)
+    if isinstance(data, str):
+        return SnapshotError(path, data)
+    if data is None:
+        return None  # gone since the lstat: nothing to keep
     if known is None:
         # Not written by this host yet (the one its restore read, written by an earlier
         # host) or of unknown identity after a failed write: read, once per Run.
         try:
-            read_snapshot(path)
+            decode_snapshot(path, data)
         except SnapshotError as exc:
             return exc
-        written[path.name] = _identity(st)
-        return None
-    if _identity(st) == known:
-        return None
-    return SnapshotError(path, "was changed since this host wrote it (its inode, size or "
-                               "modification time differ), while the host ran")
+    elif _digest(data) != known[3]:
+        return SnapshotError(path, "was changed since this host wrote it (its bytes differ "
+                                   "from the ones it wrote), while the host ran")
+    written[path.name] = _identity(st, data)
+    return None
 
 
 def _write_manifest(layout: Layout, *, start: int, pinned: list[int], voids: list[VoidNotice],
                     held: Collection[str], open_segment: int, stamp: str,
-                    kept: dict[str, FileProblem]) -> None:
+                    kept: dict[str, FileProblem], changed: Collection[str] = ()) -> None:
     unusable = _manifest_problem(layout)
     if unusable is not None:
         # Found so since this host read it (replaced while it ran): said, not only skipped.
@@ -301,7 +338,12 @@ def _write_manifest(layout: Layout, *, start: int, pinned: list[int], voids: lis
     # The live/ files as they now are: a restore listing other names reads everything.
     unused = {snapshot_name(run_id) for run_id in held}
     names = [name for name in list_names(layout.live)
-             if is_snapshot_name(name) and name not in unused]
+             if is_snapshot_name(name) and name not in unused and name not in changed]
+    # Named as no file is: a changed file may read as an older snapshot of its Run, which a
+    # restore from ``start`` would trust, losing the records before ``start``; a set that
+    # does not match live/ makes it read every segment, whether the file is there or moved
+    # out, until a compaction writes the Run's snapshot again.
+    names += [f"{name}~changed" for name in changed]
     manifest = Manifest(format=MANIFEST_FORMAT, start=start, pinned=sorted(set(pinned)),
                         voids=list(voids), updated_at=stamp, live=live_set(names),
                         open=open_segment)

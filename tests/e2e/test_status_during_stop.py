@@ -74,8 +74,8 @@ def test_a_host_that_stopped_listening_on_its_way_out_is_shutting_down(
         for name in ("service.json", "service.lock"):
             check = checks[f"owner.{name.replace('.', '_')}"]
             assert check["message"].startswith(
-                f"{name} names pid {pid}, which is alive and shutting down (its log says "
-                "its stop began)"), check
+                f"{name} names pid {pid}, which is alive and shutting down (its stop has "
+                "begun)"), check
             assert check["next"].startswith("Wait for it to exit"), check
 
         recover = project.cli("--json", "recover")

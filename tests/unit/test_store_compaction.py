@@ -503,6 +503,86 @@ def test_a_snapshot_damaged_after_this_host_wrote_it_is_never_renamed_over(
     assert runs["RUN-B"].state == fold(b)
 
 
+@pytest.mark.parametrize("moved_out", [False, True])
+def test_an_older_snapshot_put_back_while_the_host_ran_never_rolls_its_run_back(
+        tmp_path: Path, moved_out: bool) -> None:
+    """An older, whole snapshot of a Run copied back over the one this host wrote (a backup
+    put back) is kept, as a damaged one is, but it reads as a good snapshot: named in the
+    manifest's live set, the next restore trusted it and read only from the manifest's
+    start, and the Run came back at the older copy's seq, with no finding. Every restore
+    reads the whole log instead, also once the file is moved out."""
+    import os
+    import shutil
+
+    from intloom.store.snapshots import snapshot_name
+
+    live = tmp_path / "snap" / "live" / snapshot_name("RUN-A")
+    store = open_store(tmp_path, segment_bytes=SEGMENT)
+    a, b = walk("RUN-A", 6_000, 3), walk("RUN-B", 6_000, 4)
+    old = tmp_path / "older.snap"
+    try:
+        for i in range(6_000):
+            store.append("RUN-A", a[i])
+            store.append("RUN-B", b[i])
+            if i % 100 == 0:
+                store.sync_blocking()
+                if i == 2_000:
+                    assert store.compaction_idle(timeout=30)
+                    shutil.copy2(live, old)  # a backup, taken while the host ran
+                if i == 4_000:
+                    assert store.compaction_idle(timeout=30)
+                    with open(live, "r+b") as fh:  # put back in place
+                        fh.truncate(0)
+                        fh.write(old.read_bytes())
+        store.sync_blocking()
+        assert store.compaction_idle(timeout=30)
+        assert live.read_bytes() == old.read_bytes()
+        assert [p.path for p in store.kept_files] == [f"snap/live/{live.name}"]
+    finally:
+        store.close_blocking()
+    assert live.read_bytes() == old.read_bytes()
+    if moved_out:
+        os.rename(live, tmp_path / "moved-out.snap")
+    report = read_runs_report(tmp_path)
+    assert report.stats.full  # the whole log, not the older copy and the tail after start
+    runs = by_id(report.runs)
+    assert runs["RUN-A"].status == "ok" and runs["RUN-A"].state == fold(a)
+    assert runs["RUN-B"].state == fold(b)
+
+
+def test_a_snapshot_touched_or_copied_back_unchanged_is_still_this_hosts(
+        tmp_path: Path) -> None:
+    """Its bytes the ones this host wrote (a touch, a backup tool putting back what it
+    copied): no change, so it is written over as usual, and nothing is told."""
+    import os
+    import shutil
+
+    from intloom.store.snapshots import snapshot_name
+
+    live = tmp_path / "snap" / "live" / snapshot_name("RUN-A")
+    store = open_store(tmp_path, segment_bytes=SEGMENT)
+    a = walk("RUN-A", 6_000, 3)
+    try:
+        for i in range(6_000):
+            store.append("RUN-A", a[i])
+            if i % 100 == 0:
+                store.sync_blocking()
+                if i == 3_000:
+                    assert store.compaction_idle(timeout=30)
+                    os.utime(live, (1, 1))  # touched
+                    copy = tmp_path / "copy.snap"
+                    shutil.copy2(live, copy)
+                    os.replace(copy, live)  # another inode, the same bytes
+        store.sync_blocking()
+        assert store.compaction_idle(timeout=30)
+        assert store.kept_files == []
+    finally:
+        store.close_blocking()
+    report = read_runs_report(tmp_path)
+    assert not report.stats.full and report.files == []
+    assert by_id(report.runs)["RUN-A"].state == fold(a)
+
+
 def test_an_ended_runs_snapshot_damaged_while_the_host_ran_is_not_unlinked(
         tmp_path: Path) -> None:
     """The snapshot an earlier host wrote, read whole by this host's restore, damaged while
