@@ -571,6 +571,16 @@ def test_ctrl_c_on_a_stop_under_way_says_the_host_goes_on_stopping(
                what="the host to finish its stop")
 
 
+def _importing_host(project: Project) -> int:
+    """The pid of the host a start launched, once it imports its (slow) Workflow; reaped
+    with the project."""
+    eventually((project.root / "importing").exists, timeout=20,
+               what="the host to import its Workflows")
+    pid = int(json.loads((project.state / "service.lock").read_text())["pid"])
+    project.pids.add(pid)
+    return pid
+
+
 def test_ctrl_c_on_a_stop_waiting_for_a_starting_host_says_it_was_not_asked(
         project: Project) -> None:
     """Ctrl-C while stop waited for a host still starting (it asks once the host serves)
@@ -581,10 +591,7 @@ def test_ctrl_c_on_a_stop_waiting_for_a_starting_host_says_it_was_not_asked(
     _stuck_project(project, SLOW_IMPORT, "slow")
     try:
         with cli_child(project, "start") as starter:
-            eventually((project.root / "importing").exists, timeout=20,
-                       what="the host to import its Workflows")
-            pid = int(json.loads((project.state / "service.lock").read_text())["pid"])
-            project.pids.add(pid)
+            pid = _importing_host(project)
             with cli_child(project, "stop") as stopper:
                 stderr = stopper.stderr
                 assert stderr is not None
@@ -615,10 +622,7 @@ def test_ctrl_c_on_a_start_says_it_stopped_the_host_it_launched(project: Project
     _stuck_project(project, SLOW_IMPORT, "slow")
     try:
         with cli_child(project, "start") as proc:
-            eventually((project.root / "importing").exists, timeout=20,
-                       what="the host to import its Workflows")
-            pid = int(json.loads((project.state / "service.lock").read_text())["pid"])
-            project.pids.add(pid)
+            pid = _importing_host(project)
             proc.send_signal(signal.SIGINT)
             _out, err = proc.communicate(timeout=30)
     finally:

@@ -217,14 +217,12 @@ def test_a_flag_or_an_optional_name_of_the_wrong_type_is_refused_unsent(
     frame_of(ListRuns(flow=None, page_bytes=1, after=0))
 
 
-def test_a_client_closed_by_another_thread_ends_its_request_and_says_so() -> None:
-    """An Agent's watchdog thread closed the Client while a Tool call waited for its reply:
-    the call went on waiting (a bare close does not wake a blocked recv) and then blamed the
-    host ("the connection closed: the host may have stopped or crashed ([Errno 9] Bad file
-    descriptor)"), which was fine."""
+def _closed_while_waiting(request: Any) -> IntloomError:
+    """The error of ``request(client)`` made on a thread through a Client whose host (one
+    end of a socket pair) reads the request and never answers, once this thread closes
+    that Client."""
     import socket
     import threading
-    import time
 
     from intloom.client.client import Client
 
@@ -235,21 +233,34 @@ def test_a_client_closed_by_another_thread_ends_its_request_and_says_so() -> Non
 
     def call() -> None:
         try:
-            client.call_tool("RUN-1", "CALL-1", "token", "tc-1", "search", {"q": "x"})
+            request(client)
         except IntloomError as exc:
             failed.append(exc)
 
     with hosts:
         hosts.settimeout(5.0)
         worker = threading.Thread(target=call)
-        began = time.monotonic()
         worker.start()
         assert hosts.recv(1 << 16)  # the request is on its way: the host never answers it
         client.close()
         worker.join(timeout=10.0)
     assert not worker.is_alive()
-    assert time.monotonic() - began < 4.0  # not the request_timeout
     (exc,) = failed
+    return exc
+
+
+def test_a_client_closed_by_another_thread_ends_its_request_and_says_so() -> None:
+    """An Agent's watchdog thread closed the Client while a Tool call waited for its reply:
+    the call went on waiting (a bare close does not wake a blocked recv) and then blamed the
+    host ("the connection closed: the host may have stopped or crashed ([Errno 9] Bad file
+    descriptor)"), which was fine."""
+    import time
+
+    began = time.monotonic()
+    exc = _closed_while_waiting(
+        lambda client: client.call_tool("RUN-1", "CALL-1", "token", "tc-1", "search",
+                                        {"q": "x"}))
+    assert time.monotonic() - began < 4.0  # not the request_timeout
     assert exc.code == "PROJECT_REQUEST_FAILED"
     assert exc.message.startswith(
         "No reply came for Tool call tc-1 (Tool 'search') of Agent task CALL-1 (Run RUN-1): "
@@ -443,34 +454,10 @@ def test_an_agent_tasks_end_cut_by_close_says_the_same_one_is_safe_to_send_again
     "It was not replayed, since the host may have acted on it ... before retrying", not
     retryable: the Agent could not tell whether sending it again might complete the task
     twice, when the host answers the same one again with the first one's outcome."""
-    import socket
-    import threading
-
-    from intloom.client.client import Client
-
-    ours, hosts = socket.socketpair()
-    client = Client(ours, None, NO_HOST, Path("/nowhere"),  # type: ignore[arg-type]
-                    request_timeout=5.0)
-    failed: list[IntloomError] = []
-
-    def call() -> None:
-        try:
-            if end == "complete":
-                client.complete_agent_call("RUN-1", "CALL-1", "token", "done", {"n": 1})
-            else:
-                client.fail_agent_call("RUN-1", "CALL-1", "token", "no source")
-        except IntloomError as exc:
-            failed.append(exc)
-
-    with hosts:
-        hosts.settimeout(5.0)
-        worker = threading.Thread(target=call)
-        worker.start()
-        assert hosts.recv(1 << 16)  # the request is on its way: the host never answers it
-        client.close()
-        worker.join(timeout=10.0)
-    assert not worker.is_alive()
-    (exc,) = failed
+    exc = _closed_while_waiting(
+        (lambda client: client.complete_agent_call("RUN-1", "CALL-1", "token", "done",
+                                                   {"n": 1})) if end == "complete" else
+        (lambda client: client.fail_agent_call("RUN-1", "CALL-1", "token", "no source")))
     assert exc.code == "PROJECT_REQUEST_FAILED" and exc.retryable is True, exc
     task = ("the completion of Agent task CALL-1" if end == "complete"
             else "giving up Agent task CALL-1")

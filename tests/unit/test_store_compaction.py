@@ -462,6 +462,18 @@ def _damage_in_place(path: Path) -> bytes:
     return damaged
 
 
+def _both(store: writer.Store, a: list[Any], b: list[Any], steps: range) -> None:
+    """Append RUN-A's and RUN-B's records ``steps``, a flush every 100 (segments rotate
+    on the way), then wait for the compaction the last rotation started."""
+    for i in steps:
+        store.append("RUN-A", a[i])
+        store.append("RUN-B", b[i])
+        if i % 100 == 0:
+            store.sync_blocking()
+    store.sync_blocking()
+    assert store.compaction_idle(timeout=30)
+
+
 def test_a_snapshot_damaged_after_this_host_wrote_it_is_never_renamed_over(
         tmp_path: Path) -> None:
     """A live/ snapshot this host wrote, damaged while it ran: a restore (doctor) reports it
@@ -474,22 +486,10 @@ def test_a_snapshot_damaged_after_this_host_wrote_it_is_never_renamed_over(
     store = open_store(tmp_path, segment_bytes=SEGMENT)
     a, b = walk("RUN-A", 6_000, 3), walk("RUN-B", 6_000, 4)
     try:
-        for i in range(3_000):
-            store.append("RUN-A", a[i])
-            store.append("RUN-B", b[i])
-            if i % 100 == 0:
-                store.sync_blocking()
-        store.sync_blocking()
-        assert store.compaction_idle(timeout=30)
+        _both(store, a, b, range(3_000))
         assert live.is_file()  # written by this host's rotation
         damaged = _damage_in_place(live)
-        for i in range(3_000, 6_000):
-            store.append("RUN-A", a[i])
-            store.append("RUN-B", b[i])
-            if i % 100 == 0:
-                store.sync_blocking()
-        store.sync_blocking()
-        assert store.compaction_idle(timeout=30)
+        _both(store, a, b, range(3_000, 6_000))
         assert live.read_bytes() == damaged
         assert [p.path for p in store.kept_files] == [f"snap/live/{live.name}"]
         assert "was changed since this host wrote it" in store.kept_files[0].problem
@@ -521,21 +521,13 @@ def test_an_older_snapshot_put_back_while_the_host_ran_never_rolls_its_run_back(
     a, b = walk("RUN-A", 6_000, 3), walk("RUN-B", 6_000, 4)
     old = tmp_path / "older.snap"
     try:
-        for i in range(6_000):
-            store.append("RUN-A", a[i])
-            store.append("RUN-B", b[i])
-            if i % 100 == 0:
-                store.sync_blocking()
-                if i == 2_000:
-                    assert store.compaction_idle(timeout=30)
-                    shutil.copy2(live, old)  # a backup, taken while the host ran
-                if i == 4_000:
-                    assert store.compaction_idle(timeout=30)
-                    with open(live, "r+b") as fh:  # put back in place
-                        fh.truncate(0)
-                        fh.write(old.read_bytes())
-        store.sync_blocking()
-        assert store.compaction_idle(timeout=30)
+        _both(store, a, b, range(2_000))
+        shutil.copy2(live, old)  # a backup, taken while the host ran
+        _both(store, a, b, range(2_000, 4_000))
+        with open(live, "r+b") as fh:  # put back in place
+            fh.truncate(0)
+            fh.write(old.read_bytes())
+        _both(store, a, b, range(4_000, 6_000))
         assert live.read_bytes() == old.read_bytes()
         assert [p.path for p in store.kept_files] == [f"snap/live/{live.name}"]
     finally:
