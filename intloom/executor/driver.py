@@ -1440,14 +1440,26 @@ class Driver:
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    async def drain(self, grace: float) -> None:
-        if self.tasks:
-            _done, pending = await asyncio.wait(set(self.tasks), timeout=grace)
-            self.cutting = True
-            for task in pending:
-                task.cancel()
-            if pending:
-                await asyncio.wait(pending, timeout=1.0)
+    async def drain(self, grace: float) -> set[asyncio.Task[None]]:
+        """Wait up to ``grace`` seconds for the Runs' tasks to end; the ones still running
+        then, marked as cut (``cutting``) but not yet cancelled: the caller takes their Runs
+        first (``RunSlot.suspend``), then cancels them (``cut``)."""
+        if not self.tasks:
+            return set()
+        _done, pending = await asyncio.wait(set(self.tasks), timeout=grace)
+        self.cutting = True
+        return pending
+
+    @staticmethod
+    async def cut(pending: set[asyncio.Task[None]]) -> None:
+        """Cancel the tasks a stop's grace left running, and give them 1 s to end. Their
+        Runs were taken from them first: a Step that catches the cancellation and raises
+        something else, or returns, had its failure or its outcome written as the Run's
+        end, during the stop, where the next start was to report it RUN_INTERRUPTED."""
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=1.0)
 
     async def call_user(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Call user code: async on the loop; sync on a daemon worker thread (never blocks the

@@ -2282,17 +2282,21 @@ class Runtime:
         # Tools and on_complete handlers get the same grace as Steps (they are user code
         # with outside effects too): a stop must not end the process under them unannounced.
         work = builtins.list(self._agent_work)
-        await asyncio.gather(self.driver.drain(grace),
-                             asyncio.wait(work, timeout=grace) if work else asyncio.sleep(0))
+        pending, _ = await asyncio.gather(
+            self.driver.drain(grace),
+            asyncio.wait(work, timeout=grace) if work else asyncio.sleep(0))
         cut: builtins.list[tuple[str, str]] = []
         for n, (run_id, slot) in enumerate(builtins.list(self.runs.items()), 1):
             if slot.view().status == "running":
+                # Taken before its task is cancelled (Driver.cut): nothing the Step does
+                # with the cancellation reaches the journal.
                 slot.suspend(reason)
                 what = slot.cut_verdict()
                 if what is not None:
                     cut.append((run_id, what))
             if n % _SUSPEND_BATCH == 0:
                 await asyncio.sleep(0)
+        await self.driver.cut(pending)
         cut.extend(self._agent_dropped)
         # Not a Run that ended (a cancel) while its Tool call or on_complete ran: the next
         # start does not load it, so it does not come back RUN_INTERRUPTED.

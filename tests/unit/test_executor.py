@@ -793,9 +793,10 @@ def test_a_sync_step_whose_executing_is_still_being_written_when_a_stop_cuts_is_
         suspend = slot.suspend
 
         def late(reason: str | None = None) -> None:
-            # The cut is done (the Run's task ended): the flush comes back now, and the
-            # stop takes the Run only once the thread (if any) has let it go.
-            assert rt.driver.cutting and slot.task is not None and slot.task.done()
+            # The grace is over (``cutting``), the Run not yet taken nor its task cancelled
+            # (the stop takes the Run first): the flush comes back now, and the stop takes
+            # the Run only once the thread (if any) has let it go.
+            assert rt.driver.cutting and slot.task is not None and not slot.task.done()
             journal.let_go.set()
             # Polled on the loop, held on purpose: nothing of the loop's may run meanwhile.
             eventually(lambda: not slot.on_thread, what="the thread to let the Run go")
@@ -1303,6 +1304,62 @@ def test_held_runs_say_why_and_only_a_whole_journal_can_be_cancelled() -> None:
             assert written.records == [] and written.pending == []
 
         run(untouched)
+
+
+@pytest.mark.parametrize("handling", ["wrap", "swallow", "swallow_idle"])
+def test_an_async_step_that_handles_a_stops_cut_writes_nothing(handling: str) -> None:
+    """A stop's grace ran out on an async Step in an effect; the cancellation it got was
+    caught (wrapped in another error, or swallowed and the Step returned), and the host
+    wrote that as the Run's end during the stop (STEP_EXECUTION_FAILED, or
+    STEP_INTERACTION_INVALID blaming a thread), or the outcome of a Step it had cut: the
+    stop named no Run cut, and the next start restored none RUN_INTERRUPTED. Its Run is
+    taken from it before it is cancelled: nothing follows the Run's last record."""
+    journal = MemoryJournal()
+    wf = intloom.Workflow("cut", version="1")
+    st = wf.stage("s")
+
+    async def slow() -> None:
+        await asyncio.sleep(30)
+
+    @st.step("a", routes={"ok": intloom.COMPLETE})
+    async def a(ctx: Any) -> str:
+        try:
+            if handling == "swallow_idle":
+                await asyncio.sleep(30)
+            else:
+                await ctx.aeffect("charge", slow)
+        except asyncio.CancelledError as exc:
+            if handling == "wrap":
+                raise RuntimeError("charge aborted") from exc
+        return "ok"
+
+    async def main() -> tuple[str, list[tuple[str, str]]]:
+        rt = Runtime(loaded(wf), journal, package_version="0.1.0")
+        rt.restore([])
+        run_id = (await rt.create_run("cut", "go")).run_id
+        started = EffectStarted if handling != "swallow_idle" else Executing
+        for _ in range(500):
+            if any(type(r) is started for r in journal.of(run_id)):
+                break
+            await asyncio.sleep(0.01)  # poll interval while the Step awaits
+        return run_id, await rt.suspend(grace=0.05)
+
+    run_id, cut = run(main)
+    last = journal.of(run_id)[-1]
+    assert type(last) is (Executing if handling == "swallow_idle" else EffectStarted), last
+    assert [r for r, _ in cut] == [run_id], cut  # the stop names it as cut
+    state = fold(journal.of(run_id))
+    assert state is not None and state.phase != "terminal"
+
+    async def second() -> None:
+        rt = Runtime(loaded(wf), journal, package_version="0.1.0")
+        assert rt.restore([RestoredRun(run_id, state)]).interrupted == [run_id]
+        error = rt.get(run_id).last_error
+        assert error is not None and error.code == "RUN_INTERRUPTED"
+        if handling != "swallow_idle":
+            assert "charge" in error.message, error.message
+
+    run(second)
 
 
 def test_interrupted_run_names_its_effect_and_cancel_dismisses_it() -> None:
