@@ -866,6 +866,13 @@ class Client:
             held = _loop_blocked(paths, info) if isinstance(exc, TimeoutError) else None
             if held is not None:
                 raise HelloFailed(held, None, here=held) from None
+            # Closed unanswered by a host whose stop began meanwhile (it reads no hello once
+            # its listener is closed): "a hung, paused or busy host, or another program on
+            # the port", and doctor, were the advice, as a refused port's once was.
+            closing = (_unlistened(paths, info, conn.port)
+                       if isinstance(exc, FrameClosed) else None)
+            if closing is not None:
+                raise closing from None
             fact = (f"The service at 127.0.0.1:{conn.port} did not complete the hello "
                     f"({exc}): whatever listens there accepted the connection but did not "
                     "answer as this project's host (a hung, paused or busy host, or another "

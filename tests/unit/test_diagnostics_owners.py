@@ -345,6 +345,44 @@ def test_a_hello_cut_by_a_host_that_stopped_listening_on_its_way_out(
         assert diagnosis.message == MESSAGES["owner_exists"], diagnosis.message
 
 
+@pytest.mark.parametrize("log_says", ["service_stopping", "service_ready"])
+def test_a_clients_hello_cut_by_a_host_whose_stop_began_is_told_it_is_closing(
+        tmp_path: Path, log_says: str) -> None:
+    """A client that connected just as the stop began: the host closed its connection
+    without reading the hello, and the client said "whatever listens there ... did not
+    answer as this project's host (a hung, paused or busy host, or another program on the
+    port)", sending its user to doctor. Its log says it is stopping: CLI_SERVICE_CLOSING,
+    nothing sent, as for a port already closed. Without that line, the old words stand."""
+    from intloom.client import Client
+
+    root = make_root(tmp_path)
+    paths = ProjectPaths(root)
+    port = free_port()
+    log = "LOG-20261130T000000000Z.jsonl"
+    with live_process() as proc:
+        created = create_time(proc.pid)
+        lock = write_lock(root, proc.pid, created)
+        write_service_json(root, proc.pid, created, port, lock.instance_id, log_file=log)
+        write_connection_json(root, port)
+        ensure_private_dir(paths.logs)
+        (paths.logs / log).write_text(f'{{"event":"{log_says}"}}\n')
+        with lock_holder(paths.service_lock):
+            listener = _cuts_one_hello_then_stops_listening(port)
+            with pytest.raises(IntloomError) as refused:
+                Client.connect(root, timeout=10)
+            listener.join(timeout=10)
+    error = refused.value
+    if log_says == "service_stopping":
+        assert error.code == "CLI_SERVICE_CLOSING", error
+        assert error.message.startswith(
+            f"The service is shutting down: the host (pid {proc.pid}) has stopped listening "
+            f"on 127.0.0.1:{port}"), error.message
+        assert "Nothing was sent" in error.message, error.message
+    else:
+        assert error.code == "CLI_SERVICE_UNAVAILABLE", error
+        assert "did not complete the hello" in error.message, error.message
+
+
 def test_gone_owner_without_connection_is_blocked(tmp_path: Path) -> None:
     root = make_root(tmp_path)
     crash_leftovers(root, dead_pid(), 1_000_000.0, connection=False)
