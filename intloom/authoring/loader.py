@@ -128,6 +128,7 @@ class _FromSource(importlib.machinery.SourceFileLoader):
                 return code
         code = self.source_to_code(source, self.path)
         if cached is not None and not sys.dont_write_bytecode:
+            _cache_dir(os.path.dirname(cached))
             # set_data writes atomically and gives up quietly where it may not write. Never
             # writable by others, whatever the umask (0o666 & ~umask): _cached_code takes no
             # such file. Nor readable by those the source is not: a private source's code
@@ -136,6 +137,15 @@ class _FromSource(importlib.machinery.SourceFileLoader):
                           + _HASH_PYC_FLAGS.to_bytes(4, "little") + key + marshal.dumps(code),
                           _mode=0o600 | readable)
         return code
+
+
+def _cache_dir(path: str) -> None:
+    """Create ``__pycache__`` never writable by others: ``set_data`` makes it with Python's
+    0o777 masked by the umask, so a host started under umask 000 left one any local user
+    could put a .pyc in, which this loader refuses but plain ``python`` (the project's own
+    tests, a script) runs as the project's user. An existing one is left as it is."""
+    with contextlib.suppress(OSError):  # there already, or not ours to make: set_data's
+        os.mkdir(path, 0o755)  # the umask only removes bits: never more than 0o755
 
 
 def _cached_code(cached: str, key: bytes, readable: int = 0o044) -> CodeType | None:

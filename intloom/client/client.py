@@ -366,6 +366,11 @@ def _host_gone(pid: int, create_time: float, lock: Path) -> str | None:
         os.kill(pid, 0)
     except ProcessLookupError:
         return "which no longer exists (the host exited without cleaning up)"
+    except PermissionError:
+        # Another user's process: not a host of ours, but its create time, read below, is
+        # what proves the pid reused. Taken for alive, it went unchecked, and the token was
+        # kept from a squatter on the port only by the listener's owner check (/proc/net).
+        pass
     except OSError:
         return None
     try:

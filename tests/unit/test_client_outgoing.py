@@ -154,6 +154,39 @@ def test_a_zombie_host_is_said_to_have_exited_as_doctor_says_it(tmp_path: Path) 
         "which no longer exists (the host exited without cleaning up)")
 
 
+def test_a_pid_reused_by_another_users_process_is_proven_gone_by_its_create_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A crashed host's pid taken by another user's process: ``kill(pid, 0)`` fails EPERM,
+    which was taken for "alive", so its create time went unchecked and the client dialled
+    whatever that user listened with on the port (only the listener's owner check, from
+    /proc/net, kept the token from it). The process here is the test's own, its signal
+    refused as another user's is; its create time is not the recorded one."""
+    import os
+    import subprocess
+    import time
+
+    from intloom.client.client import _host_gone
+
+    child = subprocess.Popen(["sleep", "30"])
+    real_kill = os.kill
+
+    def refused(pid: int, sig: int) -> None:
+        if pid == child.pid and sig == 0:
+            raise PermissionError(1, "Operation not permitted")
+        real_kill(pid, sig)
+
+    try:
+        monkeypatch.setattr(os, "kill", refused)
+        recorded = time.time() - 3_600  # the crashed host's create time
+        why = _host_gone(child.pid, recorded, tmp_path / "service.lock")
+        monkeypatch.undo()
+        assert why == ("which now belongs to another process (the host exited without "
+                       "cleaning up and its pid was reused)"), why
+    finally:
+        child.kill()
+        child.wait()
+
+
 def test_runs_of_a_workflow_whose_package_failed_to_load_is_not_found() -> None:
     """A source that failed to load is listed by its path, and a package's path is often the
     name of the Workflow it defines (``triage``): ``runs(flow="triage")`` took it for a
