@@ -152,6 +152,33 @@ def test_attach_waits_for_a_display_that_lags_but_still_shows_events(
     assert "The history of Run RUN-1 did not arrive within 0.3 s" in capsys.readouterr().err
 
 
+def test_a_follower_keeps_a_bounded_tail_of_the_views_it_showed(tmp_path: Any) -> None:
+    """attach kept the view of every event it showed: 806 MB over 1.2M events of one long
+    Run followed to its end. It keeps the latest, and still places a view among them: one
+    older than all it kept has been passed; a newer one has not been reached."""
+    import msgspec
+
+    from intloom.cli.commands import attach
+    from intloom.cli.commands.attach import _Follower
+    from intloom.cli.render import Renderer
+    from intloom.protocol.messages import RunEvent
+
+    running, _ = _views()
+    follower = _Follower(tmp_path, "RUN-1", Renderer(), None)
+    follower.met(["caughtUp"])
+    first = msgspec.structs.replace(running, updated_at="2026-12-05T00:00:00.000Z")
+    total = attach._KEEP_SEEN * 3
+    for i in range(total):
+        at = f"2026-12-05T00:{i // 60000 % 60:02d}:{i // 1000 % 60:02d}.{i % 1000:03d}Z"
+        follower.took(RunEvent(run=msgspec.structs.replace(running, updated_at=at),
+                               event="executing"))
+    assert len(follower._seen) == attach._KEEP_SEEN
+    assert follower._taken == total
+    assert follower._reached(first)  # long passed, though no longer kept
+    later = msgspec.structs.replace(running, updated_at="2026-12-05T23:00:00.000Z")
+    assert not follower._reached(later)
+
+
 def test_an_event_is_never_printed_once_attach_closed_its_stream(
         tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
     """The event thread printed an event it had read after attach had closed the stream and

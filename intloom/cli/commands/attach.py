@@ -14,10 +14,12 @@ on from that view: it asks what the Run now waits on, or shows how it ended.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import signal
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -53,6 +55,9 @@ _CATCH_UP: Final = 3.0
 # given only _CATCH_UP, attach printed the Run's view with no history (without a terminal),
 # or prompted, the history then printed under the prompt.
 _FIRST_BATCH: Final = 60.0
+# How many of the latest events' views a follower keeps to place a view among them (the
+# host's own history of a Run is bounded too: its last 1,000 flushes' events).
+_KEEP_SEEN: Final = 4096
 # Answers that leave the Run waiting: say why, then look again.
 _RETRY_CODES: Final = frozenset({"INVALID_REQUEST", "CONFLICT"})
 # How long a detach (Ctrl-C with --json) may take to look at the Run once more.
@@ -153,7 +158,11 @@ class _Follower(threading.Thread):
         self._renderer = renderer
         self._term = term  # the prompts' terminal: woken by every event and by the end
         self._cond = threading.Condition()
-        self._seen: list[RunView] = []
+        # The Run as the latest events showed it: what catch_up and past_task compare a view
+        # with, which is recent. All of them were kept: ~670 B an event, 806 MB over 1.2M
+        # events of one long Run followed to its end.
+        self._seen: deque[RunView] = deque(maxlen=_KEEP_SEEN)
+        self._taken = 0  # events shown so far (the deque's length stops growing)
         self._caught_up = False  # the history up to the subscription has all arrived
         self._late = False  # the history did not come within _FIRST_BATCH (said once)
         self._done = False
@@ -229,6 +238,7 @@ class _Follower(threading.Thread):
         """Note a shown event: how far the display has got."""
         with self._cond:
             self._seen.append(event.run)
+            self._taken += 1
             detail = event.detail
             if event.event == "answered" and isinstance(detail, dict):
                 self._answered.add(str(detail.get("actionId")))
@@ -256,8 +266,9 @@ class _Follower(threading.Thread):
         does not place it)."""
         key = _key(view)
         for i, seen in enumerate(self._seen):
+            # A view older than every one kept is passed by the first of them (later).
             if seen.updated_at > view.updated_at or _key(seen) == key:
-                return self._seen[i:]
+                return list(itertools.islice(self._seen, i, None))
         return []
 
     def was_answered(self, action_id: str) -> bool:
@@ -294,8 +305,8 @@ class _Follower(threading.Thread):
                         f"without waiting for it. intloom inspect {self._run_id} shows "
                         "every record.")
             shown = -1
-            while shown != len(self._seen) and not self._reached(view):
-                shown = len(self._seen)
+            while shown != self._taken and not self._reached(view):
+                shown = self._taken
                 _wait(self._cond, partial(self._moved_or_reached, view, shown),
                       timeout=_CATCH_UP)
             # Gone ahead of its events (stdout read too slowly for them, a stream stalled):
@@ -303,7 +314,7 @@ class _Follower(threading.Thread):
             self.behind = not self._reached(view) and not self._done
 
     def _moved_or_reached(self, view: RunView, shown: int) -> bool:
-        return self._reached(view) or len(self._seen) != shown
+        return self._reached(view) or self._taken != shown
 
     def behind_note(self) -> str:
         """What going ahead of the events means: 944 of 9,004 events were printed, in
