@@ -1398,6 +1398,10 @@ def _handed_back(slot: RunSlot, journal: JournalPort, inbox: Inbox,
         except Exception as failed:  # naming it failed: the future must still settle
             result = failed
     slot.thread_ctx = None  # not kept alive with the slot
+    if not slot.owned:
+        # A Step that returned after a cancel or a stop took its Run: its State, decoded
+        # by the refused _record_outcome, is not kept with an ended Run's slot.
+        slot.decoded = None
     slot.off_thread()
     journal.unshare()
     inbox.put(future, ok, result, _let_go)
@@ -1442,12 +1446,19 @@ class Driver:
 
     async def drain(self, grace: float) -> set[asyncio.Task[None]]:
         """Wait up to ``grace`` seconds for the Runs' tasks to end; the ones still running
-        then, marked as cut (``cutting``) but not yet cancelled: the caller takes their Runs
-        first (``RunSlot.suspend``), then cancels them (``cut``)."""
+        then, marked as cut (``cutting``), their Runs taken from them at once, not yet
+        cancelled: the caller suspends those Runs (``RunSlot.suspend``, which names what was
+        cut), then cancels what is left (``cut``)."""
         if not self.tasks:
             return set()
         _done, pending = await asyncio.wait(set(self.tasks), timeout=grace)
         self.cutting = True
+        # Taken with no await in between: left owned until the caller reached them (its
+        # loop yields every few thousand Runs), a Step went on past the grace, began effects
+        # and wrote its outcome or its end during the stop.
+        for slot in self.rt.runs.values():
+            if slot.task in pending:
+                slot.owned = False
         return pending
 
     @staticmethod

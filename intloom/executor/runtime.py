@@ -2291,9 +2291,12 @@ class Runtime:
             asyncio.wait(work, timeout=grace) if work else asyncio.sleep(0))
         cut: builtins.list[tuple[str, str]] = []
         for n, (run_id, slot) in enumerate(builtins.list(self.runs.items()), 1):
-            if slot.view().status == "running":
-                # Taken before its task is cancelled (Driver.cut): nothing the Step does
-                # with the cancellation reaches the journal.
+            # A task still running may show its Run waiting already (a flush shown ahead
+            # of the task's turn): suspended too, so nothing it does reaches the journal.
+            if slot.task in pending or slot.view().status == "running":
+                # Its task is cancelled after this (Driver.cut), and it was taken from it
+                # already (Driver.drain): nothing the Step does with the cancellation
+                # reaches the journal.
                 slot.suspend(reason)
                 what = slot.cut_verdict()
                 if what is not None:

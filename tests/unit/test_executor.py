@@ -1367,6 +1367,55 @@ def test_an_async_step_that_handles_a_stops_cut_writes_nothing(handling: str) ->
     run(second)
 
 
+@pytest.mark.parametrize("batch", [1, 2000])
+def test_a_step_going_on_past_a_stops_grace_begins_no_effect(
+        batch: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stop took the Runs still running only as its loop reached them (it yields every
+    few thousand Runs): meanwhile a Step past the grace began an effect, which ran, and its
+    outcome and end were written during the stop, or its effect_started was, and the stop
+    named an effect in flight that never ran. Every Run still running is taken the moment
+    the grace ends."""
+    import intloom.executor.runtime as runtime_module
+
+    monkeypatch.setattr(runtime_module, "_SUSPEND_BATCH", batch)
+    ran: list[str] = []
+    journal = MemoryJournal()
+    wf = intloom.Workflow("w", version="1")
+    st = wf.stage("s")
+    runtimes: list[Runtime] = []
+
+    @st.step("a", routes={"ok": intloom.COMPLETE})
+    async def a(ctx: Any) -> str:
+        if ctx.intent == "late":
+            # Still working as the grace ends: a Step's own work, yielding as it goes, with
+            # no event of the host's to wait on (the stop's is what this test is about).
+            while not runtimes[0].driver.cutting:  # noqa: ASYNC110
+                await asyncio.sleep(0)
+            await ctx.aeffect("charge", lambda: ran.append("charged"))
+            return "ok"
+        await asyncio.sleep(30)
+        return "ok"
+
+    async def main() -> tuple[str, list[tuple[str, str]]]:
+        rt = Runtime(loaded(wf), journal, package_version="0.1.0")
+        runtimes.append(rt)
+        rt.restore([])
+        for _ in range(60):
+            await rt.create_run("w", "idle")
+        late = (await rt.create_run("w", "late")).run_id
+        for _ in range(500):
+            if any(type(r) is Executing for r in journal.of(late)):
+                break
+            await asyncio.sleep(0.01)  # poll interval while the Runs start
+        return late, await rt.suspend(grace=0.05)
+
+    late, cut = run(main)
+    assert ran == []
+    assert type(journal.of(late)[-1]) is Executing, journal.of(late)[-1]
+    [said] = [what for run_id, what in cut if run_id == late]
+    assert "charge" not in said, said
+
+
 def test_interrupted_run_names_its_effect_and_cancel_dismisses_it() -> None:
     journal = MemoryJournal()
     gate = threading.Event()
@@ -2685,5 +2734,39 @@ def test_an_ended_run_keeps_no_stage_state_in_memory() -> None:
         # The journal has the State it ended with.
         results = [r for r in journal.of(view.run_id) if type(r) is StepResult]
         assert results and len(results[-1].state or b"") > 200_000
+
+    run(main)
+
+
+def test_a_sync_step_returning_after_its_run_was_cancelled_leaves_no_state_with_it(
+        sync_path: SyncPath) -> None:
+    """A Run cancelled while its sync Step ran on a worker thread: the Step's return was
+    refused, but the State it left, decoded on the way (``slot.decoded``), stayed with the
+    ended Run's slot, which a host lists for 1,000 Runs (5 MB here)."""
+    entered, gate = threading.Event(), threading.Event()
+    journal = MemoryJournal()
+    wf = intloom.Workflow("w", version="1")
+    st = wf.stage("s", state=Big)
+
+    @st.step("a", routes={"ok": intloom.COMPLETE})
+    def a(ctx: Any) -> str:
+        ctx.state = Big(data="x" * 5_000_000)
+        entered.set()
+        assert gate.wait(10)
+        return "ok"
+
+    async def main() -> None:
+        rt = Runtime(loaded(wf), journal, package_version="0.1.0")
+        rt.restore([])
+        run_id = (await rt.create_run("w", "go")).run_id
+        assert await asyncio.to_thread(entered.wait, 10)
+        slot = rt.runs[run_id]
+        view, _ = await rt.cancel(run_id)
+        assert view.status == "failed"
+        gate.set()
+        # Handed back once the thread is done with the Run (its refused outcome included).
+        await asyncio.to_thread(eventually, lambda: slot.thread_ctx is None, timeout=10,
+                                what="the worker to give the Run back")
+        assert slot.decoded is None
 
     run(main)
