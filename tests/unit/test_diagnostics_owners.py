@@ -10,8 +10,9 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import psutil
 import pytest
@@ -313,14 +314,10 @@ def _cuts_one_hello_then_stops_listening(port: int) -> threading.Thread:
     return thread
 
 
-@pytest.mark.parametrize(("log_says", "os_lock"), [
-    ("service_stopping", True), ("service_ready", True), ("service_stopping", False)])
-def test_a_hello_cut_by_a_host_that_stopped_listening_on_its_way_out(
-        tmp_path: Path, log_says: str, os_lock: bool) -> None:
-    """The host's files name a live owner holding its lock, the hello is cut and the port
-    then refuses: a host that closed its listener. Its log says it is stopping, so it is
-    shutting down (status blamed "a hung, paused or busy host"). Without that line, or with
-    the OS lock free (no host holds the project), it is a live owner as before."""
+@contextlib.contextmanager
+def _host_files(tmp_path: Path, log_says: str) -> Iterator[tuple[Path, int, Any]]:
+    """A project whose files name a live process (``proc``) as its host on a free port, its
+    log's one line ``log_says``: (root, port, proc) while the process lives."""
     root = make_root(tmp_path)
     paths = ProjectPaths(root)
     port = free_port()
@@ -332,6 +329,19 @@ def test_a_hello_cut_by_a_host_that_stopped_listening_on_its_way_out(
         write_connection_json(root, port)
         ensure_private_dir(paths.logs)
         (paths.logs / log).write_text(f'{{"event":"{log_says}"}}\n')
+        yield root, port, proc
+
+
+@pytest.mark.parametrize(("log_says", "os_lock"), [
+    ("service_stopping", True), ("service_ready", True), ("service_stopping", False)])
+def test_a_hello_cut_by_a_host_that_stopped_listening_on_its_way_out(
+        tmp_path: Path, log_says: str, os_lock: bool) -> None:
+    """The host's files name a live owner holding its lock, the hello is cut and the port
+    then refuses: a host that closed its listener. Its log says it is stopping, so it is
+    shutting down (status blamed "a hung, paused or busy host"). Without that line, or with
+    the OS lock free (no host holds the project), it is a live owner as before."""
+    with _host_files(tmp_path, log_says) as (root, port, proc):
+        paths = ProjectPaths(root)
         with lock_holder(paths.service_lock) if os_lock else contextlib.nullcontext():
             listener = _cuts_one_hello_then_stops_listening(port)
             diagnosis = diagnose(root)
@@ -355,22 +365,12 @@ def test_a_clients_hello_cut_by_a_host_whose_stop_began_is_told_it_is_closing(
     nothing sent, as for a port already closed. Without that line, the old words stand."""
     from intloom.client import Client
 
-    root = make_root(tmp_path)
-    paths = ProjectPaths(root)
-    port = free_port()
-    log = "LOG-20261130T000000000Z.jsonl"
-    with live_process() as proc:
-        created = create_time(proc.pid)
-        lock = write_lock(root, proc.pid, created)
-        write_service_json(root, proc.pid, created, port, lock.instance_id, log_file=log)
-        write_connection_json(root, port)
-        ensure_private_dir(paths.logs)
-        (paths.logs / log).write_text(f'{{"event":"{log_says}"}}\n')
-        with lock_holder(paths.service_lock):
-            listener = _cuts_one_hello_then_stops_listening(port)
-            with pytest.raises(IntloomError) as refused:
-                Client.connect(root, timeout=10)
-            listener.join(timeout=10)
+    with (_host_files(tmp_path, log_says) as (root, port, proc),
+          lock_holder(ProjectPaths(root).service_lock)):
+        listener = _cuts_one_hello_then_stops_listening(port)
+        with pytest.raises(IntloomError) as refused:
+            Client.connect(root, timeout=10)
+        listener.join(timeout=10)
     error = refused.value
     if log_says == "service_stopping":
         assert error.code == "CLI_SERVICE_CLOSING", error

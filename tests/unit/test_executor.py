@@ -1311,6 +1311,15 @@ def test_held_runs_say_why_and_only_a_whole_journal_can_be_cancelled() -> None:
         run(untouched)
 
 
+async def _recorded(journal: MemoryJournal, run_id: str, kind: type) -> None:
+    """Wait (polling, up to 5 s) until ``run_id`` has a ``kind`` record in ``journal``."""
+    for _ in range(500):
+        if any(type(r) is kind for r in journal.of(run_id)):
+            return
+        await asyncio.sleep(0.01)  # poll interval while the Run's Step gets going
+    raise AssertionError(f"no {kind.__name__} record of {run_id} within 5 s")
+
+
 @pytest.mark.parametrize("handling", ["wrap", "swallow", "swallow_idle"])
 def test_an_async_step_that_handles_a_stops_cut_writes_nothing(handling: str) -> None:
     """A stop's grace ran out on an async Step in an effect; the cancellation it got was
@@ -1342,11 +1351,8 @@ def test_an_async_step_that_handles_a_stops_cut_writes_nothing(handling: str) ->
         rt = Runtime(loaded(wf), journal, package_version="0.1.0")
         rt.restore([])
         run_id = (await rt.create_run("cut", "go")).run_id
-        started = EffectStarted if handling != "swallow_idle" else Executing
-        for _ in range(500):
-            if any(type(r) is started for r in journal.of(run_id)):
-                break
-            await asyncio.sleep(0.01)  # poll interval while the Step awaits
+        await _recorded(journal, run_id,
+                        EffectStarted if handling != "swallow_idle" else Executing)
         return run_id, await rt.suspend(grace=0.05)
 
     run_id, cut = run(main)
@@ -1403,10 +1409,7 @@ def test_a_step_going_on_past_a_stops_grace_begins_no_effect(
         for _ in range(60):
             await rt.create_run("w", "idle")
         late = (await rt.create_run("w", "late")).run_id
-        for _ in range(500):
-            if any(type(r) is Executing for r in journal.of(late)):
-                break
-            await asyncio.sleep(0.01)  # poll interval while the Runs start
+        await _recorded(journal, late, Executing)
         return late, await rt.suspend(grace=0.05)
 
     late, cut = run(main)
