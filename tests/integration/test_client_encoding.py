@@ -114,6 +114,17 @@ def test_a_request_over_the_frame_limit_is_refused_before_sending(client: Client
     assert client.get_run(run.run_id) == run
 
 
+def test_an_intent_over_the_frame_limit_names_the_intents_own_limit(client: Client) -> None:
+    """An intent of 5 MB was refused by the frame's 4 MiB bound, which the message named
+    alone: shrunk to 4 MB, it was refused again, by the host's 1 MiB limit for an intent."""
+    before = len(client.runs())
+    message = _refused(lambda: client.create_run("example", "x" * (5 << 20)))
+    assert message.startswith("The intent is 5,242,880 bytes, over the 1,048,576-byte limit; "
+                              "no Run was created."), message
+    assert "frame limit" not in message
+    assert len(client.runs()) == before  # and the connection still serves
+
+
 @pytest.mark.parametrize(
     ("call", "starts"),
     [
