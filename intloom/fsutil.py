@@ -510,6 +510,11 @@ def storage_fix(exc: OSError, path: Path, *, replaced: bool = True,
     limited = limit_fix(exc.errno)  # no descriptor, the file size limit: not the disk
     if limited is not None:
         return f"{limited[:1].upper()}{limited[1:]}."
+    if exc.errno == errno.ENAMETOOLONG:
+        # "Check the disk" (or a directory's permissions and free space) sent the reader to
+        # look for what is not wrong.
+        return ("Choose a shorter path: a name is at most 255 bytes on most file systems, "
+                f"and a whole path at most 4,096{then}.")
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         refused = write_refusal(path, replaced=replaced)
         if refused is not None:

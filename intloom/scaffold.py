@@ -7,7 +7,6 @@ a file that appears concurrently is never overwritten.
 
 from __future__ import annotations
 
-import errno
 import os
 import stat
 from importlib.resources import files
@@ -314,7 +313,7 @@ def scaffold(target: Path) -> Path:
             "Choose a new or empty directory.",
         ) from None
     except OSError as exc:
-        from intloom.fsutil import write_refusal  # only on this failure
+        from intloom.fsutil import storage_fix, write_refusal  # only on this failure
 
         refused = write_refusal(current, replaced=False)
         if refused is not None and current.parent in made:
@@ -324,17 +323,12 @@ def scaffold(target: Path) -> Path:
         wrote = bool(made)
         left = _take_back(made)
         fact = f": {refused[0]}" if refused else ""
-        if refused:
-            fix = refused[1]
-        elif exc.errno == errno.ENAMETOOLONG:
-            # "Check the directory's permissions and free space" sent the reader to look
-            # for what is not wrong.
-            fix = ("Choose a shorter name: a file name is at most 255 bytes on most file "
-                   "systems, and a whole path at most 4,096")
-        elif exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            fix = "Free some space (or inodes) on that file system"
-        else:
-            fix = "Check the directory's permissions and free space"
+        again = ", then run intloom init again"
+        # Else the store's own advice by errno (a full disk or no inode left, a name too
+        # long, a limit of the process): "check the directory's permissions and free space"
+        # sent the reader to look for what is not wrong.
+        fix = (f"{refused[1]}{again}." if refused
+               else storage_fix(exc, current, replaced=False, then=again))
         if left:
             kept = (f"; what it wrote could not all be removed ({', '.join(map(str, left))}): "
                     "remove it")
@@ -342,8 +336,7 @@ def scaffold(target: Path) -> Path:
             kept = "; what it had written is removed" if wrote else "; nothing was written"
         raise IntloomError(
             "CLI_INIT_FAILED",
-            f"Could not write {current} ({exc.strerror}){fact}{kept}. {fix}, then run "
-            "intloom init again.",
+            f"Could not write {current} ({exc.strerror}){fact}{kept}. {fix}",
         ) from None
     return root.resolve()
 

@@ -24,7 +24,7 @@ from intloom.protocol.messages import (
     CreateRun,
     Request,
 )
-from intloom.runtime.limits import MAX_INTENT_BYTES
+from intloom.runtime.limits import intent_too_large
 
 __all__ = ["frame_of", "not_unicode_at"]
 
@@ -316,17 +316,6 @@ def _item_at(value: object, bad: Callable[[object], bool]) -> object:
     return found[0] if found else None
 
 
-def _intent_too_large(intent: str) -> IntloomError:
-    """The host's words for an intent over its limit (``Runtime.create_run``)."""
-    size = len(intent.encode("utf-8", "surrogatepass"))
-    return IntloomError(
-        "INVALID_REQUEST",
-        f"The intent is {size:,} bytes, over the {MAX_INTENT_BYTES:,}-byte limit; no Run was "
-        "created. Put large input in a file your Steps read, and pass its path (or a short "
-        f"description) as the intent. {_NOTHING_CHANGED}",
-    )
-
-
 def frame_of(request: Request) -> bytes:
     """``request`` as a frame, or INVALID_REQUEST before a byte is sent: the values a caller
     hands over (an answer, a Tool's input, an Agent's output, an intent) are theirs to fix,
@@ -342,7 +331,9 @@ def frame_of(request: Request) -> bytes:
         if isinstance(request, CreateRun) and isinstance(request.intent, str):
             # The frame's bound refused it first; the host's own, 1 MiB, is the one to meet:
             # named alone, a caller shrank the intent to 4 MB and was refused again.
-            raise _intent_too_large(request.intent) from None
+            size = len(request.intent.encode("utf-8", "surrogatepass"))
+            raise IntloomError("INVALID_REQUEST",
+                               f"{intent_too_large(size)} {_NOTHING_CHANGED}") from None
         size = len(msgspec.msgpack.encode(request))
         raise IntloomError(
             "INVALID_REQUEST",

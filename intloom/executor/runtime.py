@@ -63,6 +63,7 @@ from intloom.runtime.limits import (
     MAX_LOGGED_MESSAGE,
     MAX_RECORD_BYTES,
     MAX_REQUEST_BYTES,
+    intent_too_large,
 )
 from intloom.runtime.machine import (
     NOT_RESTORED,
@@ -1317,12 +1318,7 @@ class Runtime:
                                "whitespace); no Run was created. Say what the Run is for.")
         size = len(intent.encode("utf-8", "surrogatepass"))
         if size > MAX_INTENT_BYTES:
-            raise IntloomError(
-                "INVALID_REQUEST",
-                f"The intent is {size:,} bytes, over the {MAX_INTENT_BYTES:,}-byte limit; no "
-                "Run was created. Put large input in a file your Steps read, and pass its "
-                "path (or a short description) as the intent.",
-            )
+            raise IntloomError("INVALID_REQUEST", intent_too_large(size))
         now = clock.now()
         run_id = clock.run_id(now)
         header = Header(

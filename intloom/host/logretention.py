@@ -75,10 +75,9 @@ def _sealed(seen: os.stat_result) -> bool:
 def prune_logs(logs_dir: Path, own: str, *, now: float, root: Path,
                keep_for: float = KEEP_FOR_S, cap: int = LOGS_CAP) -> Pruned:
     """Remove the sealed, closed host logs of the project at ``root`` in ``logs_dir`` older
-    than ``keep_for`` seconds
-    (by their last write), then, oldest first, more of them while the host logs hold over
-    ``cap`` bytes; never ``own`` (the starting host's log) or the newest log before it.
-    Raises OSError when the directory cannot be listed."""
+    than ``keep_for`` seconds (by their last write), then, oldest first, more of them while
+    the host logs hold over ``cap`` bytes; never ``own`` (the starting host's log) or the
+    newest log before it. Raises OSError when the directory cannot be listed."""
     found, _, _ = scan_logs(logs_dir)  # oldest first: their names are their start times
     seen: list[tuple[Path, os.stat_result]] = []
     for path in found:

@@ -22,6 +22,7 @@ __all__ = [
     "MAX_RECORD_BYTES",
     "MAX_REQUEST_BYTES",
     "MAX_TOOLS_BYTES",
+    "intent_too_large",
 ]
 
 # A question/confirmation request or an Agent task, as JSON: far more than a person reads at
@@ -52,3 +53,12 @@ MAX_LOGGED_MESSAGE: Final = 64 * 1024
 # writing it (a reader takes it for damage), and the executor measures a record against it
 # where a refusal must come before the records that precede it are appended.
 MAX_RECORD_BYTES: Final = 64 << 20
+
+
+def intent_too_large(size: int) -> str:
+    """Why an intent of ``size`` UTF-8 bytes is refused, and the fix: the host's words, and a
+    client's that the frame's bound refuses before the host sees it (one sentence for both,
+    so that neither names another limit than the one to meet)."""
+    return (f"The intent is {size:,} bytes, over the {MAX_INTENT_BYTES:,}-byte limit; no Run "
+            "was created. Put large input in a file your Steps read, and pass its path (or a "
+            "short description) as the intent.")

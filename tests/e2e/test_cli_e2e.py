@@ -125,7 +125,8 @@ def test_init_of_a_name_too_long_says_to_choose_a_shorter_one(tmp_path: Path) ->
     error = only_json(result)["error"]
     assert error["code"] == "CLI_INIT_FAILED", error
     assert "(File name too long)" in error["message"], error
-    assert "Choose a shorter name" in error["message"], error
+    assert "Choose a shorter path" in error["message"], error
+    assert error["message"].endswith(", then run intloom init again."), error
     assert "permissions" not in error["message"], error
     assert snapshot_files(tmp_path) == before
 
