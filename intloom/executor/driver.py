@@ -1983,8 +1983,8 @@ class Driver:
             raise IntloomError(
                 "STEP_OUTCOME_NOT_HANDLED",
                 f"{where or step.where} returned an outcome of {len(outcome):,} characters "
-                f"({_shown(outcome, 80)}), which its routes do not handle "
-                f"({sorted(step.routes)}). Return one of them.",
+                f"({_shown(outcome, 80)}), over the {MAX_OUTCOME:,}-character limit; it was not "
+                f"recorded. Return one of its routes: {sorted(step.routes)}.",
             )
         at = clock.now()
         self.rt.append_boundary(

@@ -264,6 +264,7 @@ def test_effect_failures_keys_and_outcomes_are_bounded_in_the_journal(giant: Pro
     assert "returned an outcome of 5,000 characters" in routed["lastError"]["message"]
     # The cut is counted on the whole repr (5,002 characters), not on a shortened one.
     assert "... [4,922 more characters cut])" in routed["lastError"]["message"]
+    assert "over the 1,024-character limit; it was not recorded" in routed["lastError"]["message"]
     assert len(routed["lastError"]["message"]) < 300
     results = [r["record"]["step"] for r in _records(giant, routed["runId"])
                if r["phase"] == "step_result"]
