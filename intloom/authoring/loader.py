@@ -143,9 +143,19 @@ def _cache_dir(path: str) -> None:
     """Create ``__pycache__`` never writable by others: ``set_data`` makes it with Python's
     0o777 masked by the umask, so a host started under umask 000 left one any local user
     could put a .pyc in, which this loader refuses but plain ``python`` (the project's own
-    tests, a script) runs as the project's user. An existing one is left as it is."""
-    with contextlib.suppress(OSError):  # there already, or not ours to make: set_data's
-        os.mkdir(path, 0o755)  # the umask only removes bits: never more than 0o755
+    tests, a script) runs as the project's user. So are the missing directories above it
+    (under ``PYTHONPYCACHEPREFIX`` the cache is a tree of its own; os.makedirs gives its
+    ``mode`` to the last one only). Existing ones are left as they are."""
+    missing: list[str] = []
+    while path and not os.path.isdir(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    for each in reversed(missing):
+        with contextlib.suppress(OSError):  # made meanwhile, or not ours to make: set_data's
+            os.mkdir(each, 0o755)  # the umask only removes bits: never more than 0o755
 
 
 def _cached_code(cached: str, key: bytes, readable: int = 0o044) -> CodeType | None:

@@ -96,6 +96,29 @@ def test_a_cache_someone_else_may_write_is_not_run(
         assert _version(_FromSource("helpers", str(src)).get_code("helpers")) == "1.0.0"
 
 
+def test_a_cache_prefix_tree_is_made_writable_by_no_one_else(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under PYTHONPYCACHEPREFIX a source's cache sits in a tree of its own directories,
+    which Python made 0777 under umask 000: anyone could swap a directory above the .pyc."""
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    prefix = tmp_path / "prefix"
+    monkeypatch.setattr(sys, "pycache_prefix", str(prefix))
+    src = tmp_path / "tree" / "helpers.py"
+    src.parent.mkdir()
+    src.write_text('VERSION = "1.0.0"\n')
+    old = os.umask(0)
+    try:
+        assert _version(_FromSource("helpers", str(src)).get_code("helpers")) == "1.0.0"
+    finally:
+        os.umask(old)
+    cached = Path(importlib.util.cache_from_source(str(src)))
+    assert cached.is_relative_to(prefix) and cached.is_file(), cached
+    made = [cached.parent, *[p for p in cached.parent.parents if p.is_relative_to(prefix)]]
+    assert len(made) > 3
+    modes = {str(p): oct(p.stat().st_mode & 0o777) for p in made}
+    assert set(modes.values()) == {"0o755"}, modes
+
+
 @pytest.mark.parametrize(("source_mode", "cache_mode"),
                          [(0o600, 0o600), (0o640, 0o640), (0o666, 0o644), (0o400, 0o600)])
 def test_a_cache_is_readable_by_no_one_the_source_is_not_readable_by(
