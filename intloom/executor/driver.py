@@ -426,7 +426,14 @@ class RunSlot:
         if st.phase == "terminal" or not self._overridden():
             return _plain_view(st)
         if self.override is not None:
-            return to_view(st, status="failed", last_error=self.override)
+            view = to_view(st, status="failed", last_error=self.override)
+            if self.override.code == "RUN_INTERRUPTED":
+                # Restored so: nothing resumes it, on this start or any later one, so it is
+                # over for a program testing ``phase`` (docs/cli.md), though its journal
+                # still ends where it did (``inspect``) until ``cancel`` dismisses it. One
+                # this host stopped (a failed checkpoint) may resume at the next start.
+                view = msgspec.structs.replace(view, phase="terminal")
+            return view
         stopped = self.suspend_reason or "The host stopped."
         verdict = self._verdict()
         if verdict.row != "interrupted":

@@ -177,6 +177,7 @@ def test_stop_while_a_step_runs_suspends_it_and_restart_reports_interrupted(
     assert "It stopped while Step main/work was running effect 'held-call'" in (
         run.last_error.message), run.last_error.message
     assert "continues from its last saved boundary" not in run.last_error.message
+    assert run.phase == "effect_started"  # suspended, not over: the next start decides
     # The stop says which Run it cut, and not that every Run was suspended at a checkpoint.
     lines = stopped.stdout.splitlines()
     assert ("1 Run still had a Step, Tool or on_complete running when the stop began that "
@@ -186,6 +187,9 @@ def test_stop_while_a_step_runs_suspends_it_and_restart_reports_interrupted(
     assert len(lines) == 2, lines  # it was the only unfinished Run: no "other" to suspend
     view = _restarted_interrupted(project, run.run_id)
     assert view.last_error is not None and "held-call" in view.last_error.message
+    # Over (docs/cli.md: a program tests ``phase``), though its journal ends at the effect.
+    assert view.phase == "terminal", view
+    assert project.cli("inspect", run.run_id, "--json").json["run"]["phase"] == "effect_started"
     # Never replayed: the effect was called once, by the first host.
     (project.root / "gate").touch()
     assert (project.root / "calls.log").read_text() == "payload\n"
