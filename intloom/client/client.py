@@ -1475,18 +1475,29 @@ class Client:
             raise itself
         request = Subscribe(run_id=run_id)
         self._adopted()
-        with self._turn:
-            if self._streaming is not None:
-                raise self._streaming_error()
-            try:
-                sock = self._send(request)
-            except _Reset:  # not read: as in _call
-                try:
-                    sock = self._send(request)
-                except _Reset:
-                    raise self._reset_again(request) from None
-            self._streaming = run_id
+        sock: socket.socket | None = None
+        mine = False  # this stream holds ``_streaming``: cleared however it ends
         try:
+            with self._turn:
+                if self._streaming is not None:
+                    raise self._streaming_error()
+                mine = True
+                try:
+                    try:
+                        sock = self._send(request)
+                    except _Reset:  # not read: as in _call
+                        try:
+                            sock = self._send(request)
+                        except _Reset:
+                            raise self._reset_again(request) from None
+                except IntloomError:
+                    raise
+                except BaseException as exc:
+                    # Ctrl-C once the request may have gone: its events may come on this
+                    # connection, and the next request would read them as its reply.
+                    self._interrupted(request, exc)
+                    raise
+                self._streaming = run_id
             while True:
                 event = self._receive(sock, request, stream=True)
                 if not isinstance(event, RunEvent):
@@ -1501,14 +1512,15 @@ class Client:
             # only a closed generator: Ctrl-C in the wait for the next event leaves a
             # half-read frame too. Only while the stream still owns the Client's socket: a
             # Client the program closed (or one whose request broke) stays as it is.
-            if self._sock is sock:
+            if sock is not None and self._sock is sock:
                 how = ("closed" if isinstance(exc, GeneratorExit)
                        else f"interrupted ({type(exc).__name__})")
                 self._shut(f"its subscribe stream was {how} before its final event",
                            reopen=True)
             raise
         finally:
-            self._streaming = None
+            if mine:
+                self._streaming = None
 
     def claim_agent_call(
         self, run_id: str, call_id: str, claim_id: str

@@ -368,6 +368,37 @@ class _Interrupted(BaseException):
     """Raised by a signal handler in the main thread, as Ctrl-C raises KeyboardInterrupt."""
 
 
+def test_a_stream_interrupted_as_its_request_went_leaves_the_client_usable(
+        project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C just as subscribe's request went out: the host streamed on a connection the
+    Client kept for requests, and the next one read an event as its reply
+    (PROJECT_RESPONSE_INVALID), which closed the Client for good."""
+    from intloom.protocol.messages import Subscribe
+
+    start(project)
+    real = Client._send
+    once = [True]
+
+    def sent_then_interrupted(self: Client, request: Any) -> Any:
+        sock = real(self, request)
+        if isinstance(request, Subscribe) and once[0]:
+            once[0] = False
+            raise _Interrupted  # as a signal handler raises it when sendall returns
+        return sock
+
+    monkeypatch.setattr(Client, "_send", sent_then_interrupted)
+    with Client.connect(project.root) as client:
+        waiting = client.create_run("example", "notes")
+        with pytest.raises(_Interrupted):
+            next(client.subscribe(waiting.run_id))
+        assert not once[0]
+        assert client.get_run(waiting.run_id).status == "waiting"
+        stream = client.subscribe(waiting.run_id)  # not "already streaming"
+        assert next(stream).run.run_id == waiting.run_id
+        stream.close()
+        assert client.get_run(waiting.run_id).status == "waiting"
+
+
 def test_a_stream_interrupted_in_its_wait_leaves_the_client_usable(project: Project) -> None:
     """A stream interrupted while it waits for the next event (Ctrl-C, say): only a closed
     generator shut its connection, so the next request went out on the half-read stream
