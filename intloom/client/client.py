@@ -947,6 +947,18 @@ class Client:
 
     def _broken(self, request: Request, fact: str, *, timed_out: bool = False,
                 stream: bool = False) -> IntloomError:
+        error = self._broken_error(request, fact, timed_out=timed_out, stream=stream)
+        if timed_out and type(error) is IntloomError and _paused(self.info.pid):
+            # Which of "paused or hung" it is can be read, as the hello's timeout reads it.
+            pid = self.info.pid
+            return IntloomError(
+                error.code, f"{error.message} The host (pid {pid}) is stopped by a signal "
+                f"(SIGSTOP, Ctrl-Z or a debugger) and cannot reply until it is resumed: "
+                f"kill -CONT {pid}.", retryable=error.retryable)
+        return error
+
+    def _broken_error(self, request: Request, fact: str, *, timed_out: bool,
+                      stream: bool) -> IntloomError:
         what = _REQUEST_WORDS.get(type(request).__name__, f"the {type(request).__name__} request")
         if self._sock is None and self._closed_by_program:
             return self._closed_meanwhile(request, what)

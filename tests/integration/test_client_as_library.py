@@ -268,6 +268,32 @@ def test_a_hello_failure_keeps_its_words_across_processes(
     assert repr(got) == repr(sent)
 
 
+def test_a_request_a_paused_host_outwaits_says_it_is_paused(project: Project) -> None:
+    """A host paused (SIGSTOP) under a connected Client: its request timed out with "the
+    host did not reply in time" or "paused or hung", though Client.connect names the pause
+    and its fix in the same situation."""
+    service = start(project).service
+    with Client.connect(project.root, request_timeout=0.5) as client:
+        run = client.create_run("example", "notes")
+        os.kill(service.pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(IntloomError) as paused:
+                client.get_run(run.run_id)
+            assert paused.value.code == "PROJECT_REQUEST_FAILED"
+            assert paused.value.retryable
+            assert paused.value.message.endswith(
+                f"The host (pid {service.pid}) is stopped by a signal (SIGSTOP, Ctrl-Z or "
+                f"a debugger) and cannot reply until it is resumed: kill -CONT "
+                f"{service.pid}."), paused.value.message
+            # The next request connects again, and its hello says so too.
+            with pytest.raises(IntloomError) as again:
+                client.wait_run(run.run_id)
+            assert f"Resume it with kill -CONT {service.pid}" in again.value.message
+        finally:
+            os.kill(service.pid, signal.SIGCONT)
+        assert client.get_run(run.run_id).status == "waiting"
+
+
 def test_a_request_past_its_timeout_leaves_the_client_able_to_follow_the_run(
         napping: Project) -> None:
     """wait_run past request_timeout said to "follow the Run with get_run or wait_run" (and

@@ -1113,6 +1113,38 @@ def test_the_python_client_example_in_docs_cli_runs_as_written(project: Project)
     assert out.getvalue() == "completed\n"
 
 
+def test_the_asyncio_cancel_example_in_docs_cli_ends_the_request_at_once(
+        project: Project) -> None:
+    """A task awaiting ``asyncio.to_thread(client.wait_run, ...)`` cancelled: the thread
+    waited on for its reply and asyncio.run with it. docs/cli.md's example closes the
+    Client; asyncio.run returns while the Run still runs its Step."""
+    import asyncio
+    import re
+
+    from intloom.client import RunView
+    from tests.helpers import REPO
+
+    (project.root / "workflows" / "gated.py").write_text(GATED)
+    (project.root / "intloom.toml").write_text('workflows = ["workflows/gated.py"]\n')
+    text = (REPO / "docs" / "cli.md").read_text()
+    section = text[text.index("The client has no async API"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S)
+    assert code is not None and "async def wait_at_most" in code.group(1)
+    scope: dict[str, Any] = {"asyncio": asyncio, "Client": Client, "RunView": RunView}
+    exec(compile(code.group(1), "docs/cli.md", "exec"), scope)
+    start(project)
+    try:
+        with Client.connect(project.root) as client:
+            run = client.create_run("gated", "payload", wait=False)
+            eventually(lambda: (project.root / "calls.log").exists(), timeout=10,
+                       what="the effect to start")
+            assert asyncio.run(scope["wait_at_most"](client, run.run_id, 0.3)) is None
+        with Client.connect(project.root) as other:  # the Step has not ended: not waited for
+            assert other.get_run(run.run_id).status == "running"
+    finally:
+        (project.root / "gate").touch()
+
+
 def test_client_runs_of_an_unloaded_workflow_is_not_found_as_the_cli_says(
         project: Project) -> None:
     """The CLI is an adapter over the client: ``runs(flow=...)`` of a Workflow the host did
