@@ -771,15 +771,19 @@ def service_lines(service: Mapping[str, Any], title: str = "Service running") ->
     return lines
 
 
-def changed_lines(changed: Sequence[Mapping[str, Any]]) -> list[str]:
+def changed_lines(changed: Sequence[Mapping[str, Any]], new_run: str | None = None
+                  ) -> list[str]:
     """A running host's Workflows against the project on disk (``start`` reusing it,
-    ``status``), and what to do about it."""
+    ``status``, ``flow`` for its Workflow: ``new_run``, the Run it created), and what to
+    do about it."""
     if not changed:
         return []
     lines = [f"Changed  {c['message']}" for c in changed]
     edited = any(c["change"] in ("edited", "unlisted", "unreadable") for c in changed)
+    runs = ("New Runs use" if new_run is None else
+            f"Run {new_run}, like every new Run, uses")
     lines.append(
-        "New Runs use what the host loaded when it started. To load the change: intloom stop, "
+        f"{runs} what the host loaded when it started. To load the change: intloom stop, "
         "then intloom start"
         + (" (its unfinished Runs of a changed Workflow are then held: finish or cancel them "
            "first, or keep the old code; intloom doctor lists them)." if edited else "."))

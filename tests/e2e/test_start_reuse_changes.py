@@ -400,3 +400,32 @@ def _moved_and_restored(project: Project) -> None:
     started = ok(project.cli("start", "--json"))["service"]["restore"]
     assert started["waiting"] == [run["runId"]], started
     ok(project.cli("stop", "--json"))
+
+
+def test_flow_of_a_workflow_edited_since_the_host_started_says_its_run_uses_the_old_code(
+        project: Project) -> None:
+    """flow said nothing of an edit (status and a reusing start did): the new Run ran the
+    code the host had loaded, and the next start held it. Only the flow's own Workflow
+    counts: another source listed since is flows' and status's to name."""
+    ok(project.cli("start", "--json"))
+    plain = project.cli("flow", "note", "--intent", "x")
+    assert (plain.code, plain.stderr) == (0, ""), plain.stderr
+    assert "changedSinceStart" not in ok(project.cli("flow", "note", "--intent", "x", "--json"))
+
+    _list_another(project, "memo")  # another source: not this flow's business
+    tree = project.root / "workflows" / "note"
+    (tree / "__init__.py").write_text(NOTE.replace("NAME", "note") + "# edited\n")
+    doc = ok(project.cli("flow", "note", "--intent", "x", "--json"))
+    assert doc["run"]["status"] == "completed"
+    assert [(c["source"], c["change"], c["workflow"]) for c in doc["changedSinceStart"]] == [
+        ("workflows/note", "edited", "note")]
+    text = project.cli("flow", "note", "--intent", "x", "--detach")
+    assert text.code == 0, text.stderr
+    run_id = re.search(r"RUN-\S+", text.stdout)
+    assert run_id is not None, text.stdout
+    changed, advice = text.stderr.splitlines()[:2]  # then where to run the commands
+    assert changed.startswith("Changed  workflows/note changed since the host loaded note "
+                              "1.0.0"), changed
+    assert advice.startswith(f"Run {run_id.group(0)}, like every new Run, uses what the host "
+                             "loaded when it started. To load the change: intloom stop, then "
+                             "intloom start"), advice

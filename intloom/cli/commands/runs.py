@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -14,6 +14,7 @@ from intloom.errors import BLANK_INTENT, IntloomError, error_view
 
 if TYPE_CHECKING:
     from intloom.client.client import Client
+    from intloom.client.drift import SourceChange
     from intloom.runtime.model import RunView
 
 __all__ = ["answer", "cancel", "finish_run", "flow", "flows", "runs"]
@@ -22,13 +23,14 @@ RunArg = Annotated[str, typer.Argument(metavar="RUN", help="The Run's id (RUN-..
 
 
 def finish_run(state: CliState, run: RunView, *, prefix: list[str] | None = None,
-               suspended: bool = False) -> int:
+               suspended: bool = False, extra: dict[str, Any] | None = None) -> int:
     """Print ``{run}`` once; a failed Run also says CLI_RUN_FAILED (text mode) and exits 1.
     ``suspended``: the Run's event stream ended with ``suspended`` (attach saw its host
-    suspend it); the exit code and ``--json`` stay those of any failed/RUN_INTERRUPTED."""
+    suspend it); the exit code and ``--json`` stay those of any failed/RUN_INTERRUPTED.
+    ``extra``: more keys of the JSON document."""
     data = plain(run)
     code = state.verdict = exit_codes.for_run_status(run.status)
-    state.renderer.result({"run": run},
+    state.renderer.result({"run": run, **(extra or {})},
                           lambda: [*(prefix or []),
                                    *run_lines(data, suspended=suspended,
                                               intloom=state.intloom())])
@@ -84,6 +86,7 @@ def flow(
     # failure (a stop, a crash) while it waits, can then name the Run. One request that
     # created and waited left the id unknown until the Run was stable.
     created: str | None = None
+    changed: list[SourceChange] = []
     try:
         with (sigterm_as_ctrl_c(state), state.client(waits=not detach) as client,
               state.renderer.spinner(f"Running {workflow}...")):
@@ -93,6 +96,7 @@ def flow(
                 if exc.code != "NOT_FOUND":
                     raise
                 raise _not_loaded(state, client, exc) from None
+            changed = _edited_since_start(state, client, workflow)
             if not detach:
                 created = run.run_id
                 try:
@@ -116,9 +120,32 @@ def flow(
             f"{intloom} runs --flow {shell_arg(workflow)} lists it with its id (the newest "
             f"one, if you started no other); {intloom} attach with that id follows it."
         ) from None
+    if changed and not state.json_mode:
+        # After the wait: a note under the spinner would be drawn over.
+        for line in changed_lines(plain(changed), new_run=run.run_id):
+            state.renderer.note(line)
     # Only a start restores a Run RUN_INTERRUPTED, so a Run created here that reads so was
     # suspended by its host (intloom stop while it ran): it has not ended.
-    return finish_run(state, run, suspended=True)
+    return finish_run(state, run, suspended=True,
+                      extra={"changedSinceStart": changed} if changed else None)
+
+
+def _edited_since_start(state: CliState, client: Client, workflow: str) -> list[SourceChange]:
+    """How ``workflow``'s source on disk differs from what the host loaded and the new Run
+    runs: an edit said nothing here, though ``status`` and ``start`` said it, and the Run,
+    begun on the old code, was held at the next start. Only its own source's tree is read."""
+    from intloom.client.drift import since_start
+
+    try:
+        infos = client.workflows()
+        source = next((i.source for i in infos if i.name == workflow), None)
+        if source is None:
+            return []
+        changes = since_start(state.root(), client.status(),
+                              [i for i in infos if i.source == source])
+    except IntloomError:
+        return []  # the host went meanwhile: the Run's wait says so
+    return [c for c in changes if c.source == source and c.change in ("edited", "unreadable")]
 
 
 def _usable(state: CliState, workflow: str) -> None:
