@@ -263,4 +263,8 @@ def failed_sources_note(failed: Sequence[str], *, advice: bool = True) -> str:
     fact = f"; {shown} (listed in intloom.toml) failed to load and may define it"
     if not advice:
         return fact
-    return f"{fact} (intloom doctor says why): fix {which}, then intloom stop and intloom start"
+    # "Fix it" alone: a fix that left any byte of the tree other than the Run began with
+    # brought the Run back held as changed instead.
+    return (f"{fact} (intloom doctor says why): make {which} load as the Run started with "
+            f"it (install what it imports, or put back its code: a fix that changes any byte "
+            f"of its source tree holds the Run as changed), then intloom stop and intloom start")

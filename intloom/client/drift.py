@@ -196,7 +196,8 @@ def since_start(root: Path, service: ServiceView, flows: list[WorkflowInfo]
                     f"{changed_tree(source)} changed since the host loaded {info.name} "
                     f"{info.version} (identity {info.identity[:12]}"
                     f"{_modified_since(root, entry, service.started_at)}); the host runs the "
-                    "code it loaded.", info.name))
+                    "Python code it loaded (a data file its Steps open is read as it is now).",
+                    info.name))
     return out
 
 

@@ -61,9 +61,19 @@ def _back(state: RunState) -> str:
     the restart table interrupts whatever its code (one waiting on an Agent task, whose claim
     is never restored) does not resume with its code put back: said so, it was told to."""
     verdict = restart_verdict(state, has_recover=False)
-    if verdict.row == "interrupted" and restart_verdict(state, True).row == "interrupted":
+    with_recover = restart_verdict(state, True)
+    if verdict.row == "interrupted" and with_recover.row == "interrupted":
         return (f"(with the code the Run started with put back, the next start would report "
                 f"it RUN_INTERRUPTED, not resume it: {verdict.reason}; end it with intloom "
+                f"cancel {state.run_id})")
+    if verdict.row != with_recover.row:
+        # A wait: whether it resumes depends on a recover entry of the code it started
+        # with, which the journal does not record. "Restore it to resume it" was untrue of
+        # one without.
+        cursor = state.cursor
+        return (f"(with the code the Run started with put back, the next start resumes its "
+                f"wait only if Step {cursor.stage}/{cursor.step} there has a recover entry; "
+                f"without one it reports the Run RUN_INTERRUPTED; or end it with intloom "
                 f"cancel {state.run_id})")
     return (f"(restore the code the Run started with to resume it, or end it with intloom "
             f"cancel {state.run_id})")

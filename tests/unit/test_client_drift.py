@@ -251,7 +251,8 @@ def test_file_sources_sharing_a_directory_name_their_tree_and_the_file_written(
         (f"wf/{name}.py", "edited",
          f"the source tree of wf/{name}.py, wf/, changed since the host loaded {name} 1 "
          f"(identity {flow.identity[:12]}; wf/helpers.py modified since the host started); "
-         "the host runs the code it loaded.") for name, flow in zip("ab", flows, strict=True)]
+         "the host runs the Python code it loaded (a data file its Steps open is read as it is "
+         "now).") for name, flow in zip("ab", flows, strict=True)]
     os.utime(helpers, (0, 0))  # the hint is from mtimes: none later than the start, none said
     assert "modified" not in since_start(tmp_path, _service(tmp_path), flows)[0].message
     text = stop_lines(StopResult(stopped=True, cut=[], suspended=1, changed=changes))

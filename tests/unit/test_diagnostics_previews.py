@@ -269,9 +269,21 @@ def test_a_changed_runs_advice_to_put_its_code_back_is_what_a_start_then_does(
         "RUN-ready": [_header(root, "RUN-ready", identity=changed),
                       StagePending(at=AT, stage="draft"),
                       StepReady(at=AT, stage="draft", step="write")],
+        "RUN-asked": [_header(root, "RUN-asked", identity=changed),
+                      StagePending(at=AT, stage="draft"),
+                      StepReady(at=AT, stage="draft", step="review"),
+                      Executing(at=AT, stage="draft", step="review"),
+                      Waiting(at=AT, action=_action())],
     })
     problems = {p.run_id: p.problem or "" for p in run_doctor(root).runs}
     assert "restore the code the Run started with to resume it" in problems["RUN-ready"]
+    # A wait resumes only where the code it started with has a recover entry for its Step,
+    # which the journal does not say: "restore it to resume it" was untrue without one.
+    asked = problems["RUN-asked"]
+    assert "to resume it" not in asked, asked
+    assert ("with the code the Run started with put back, the next start resumes its wait "
+            "only if Step draft/review there has a recover entry; without one it reports the "
+            "Run RUN_INTERRUPTED; or end it with intloom cancel RUN-asked") in asked, asked
     task = problems["RUN-task"]
     assert "to resume it" not in task, task
     assert ("with the code the Run started with put back, the next start would report it "
