@@ -133,8 +133,65 @@ def what_changed(lw: LoadedWorkflow, state: RunState) -> str:
         facts.append(f"its version, its Stages' State schemas and the Step the Run is at are "
                      f"as they were, so what changed is a file of its source tree, {tree}/ (a "
                      "Step's code, a helper, another Workflow's file there, a comment: every "
-                     "byte counts; docs/authoring.md, Changing a Workflow)")
+                     "byte counts; docs/authoring.md, Changing a Workflow)"
+                     f"{_written_since(lw, tree, state.created_at)}")
     return version + "".join(f"; {fact}" for fact in facts)
+
+
+def _written_since(lw: LoadedWorkflow, tree: str, created_at: str) -> str:
+    """``; written since the Run began: a.py~``: the files of the tree whose times are later
+    than the Run's creation, likely the edit (a hint from file times: the journal keeps one
+    hash of the whole tree, so which file differs cannot be read from it; a file that is
+    hard to see, an editor's backup say, held Runs with nothing to look for). "" when none
+    is, or that cannot be told."""
+    from datetime import datetime
+
+    from intloom.authoring.identity import named_files
+
+    if not lw.entry:
+        return ""
+    try:
+        since = datetime.fromisoformat(created_at).timestamp()
+    except ValueError:
+        return ""
+    times = _tree_times(lw.entry)
+    if times is None:
+        return ""
+    prefix = "" if tree in ("", ".") else f"{tree}/"
+    names = [f"{prefix}{rel}" for rel, written in times if written > since]
+    if not names:
+        return ""
+    return (f"; from file times, written since the Run began: {named_files(names)} (a "
+            "file removed since leaves no time)")
+
+
+# Each entry's files with the later of their modification and inode change times (a file
+# renamed into the tree, as an editor's backup is, keeps its modification time), kept for
+# _TIMES_FOR_S: a restore or a doctor of 1,000 Runs held for one edit walked the tree once
+# per Run.
+_TIMES: dict[str, tuple[float, list[tuple[str, float]] | None]] = {}
+_TIMES_FOR_S: Final = 2.0
+
+
+def _tree_times(entry: str) -> list[tuple[str, float]] | None:
+    import time
+    from pathlib import Path
+
+    from intloom.authoring.identity import source_stats
+    from intloom.errors import IntloomError
+
+    now = time.monotonic()
+    kept = _TIMES.get(entry)
+    if kept is not None and now - kept[0] < _TIMES_FOR_S:
+        return kept[1]
+    times: list[tuple[str, float]] | None
+    try:
+        times = [(rel, max(st.st_mtime, st.st_ctime))
+                 for rel, _path, st in source_stats(Path(entry))]
+    except (OSError, IntloomError):
+        times = None
+    _TIMES[entry] = (now, times)
+    return times
 
 
 def cursor_problem(lw: LoadedWorkflow, state: RunState) -> str | None:

@@ -28,6 +28,7 @@ import os
 import stat
 from collections.abc import Callable, Mapping, MutableMapping
 from pathlib import Path
+from typing import Final
 
 from intloom.errors import IntloomError
 from intloom.project import link_leads
@@ -37,10 +38,12 @@ __all__ = [
     "Reads",
     "in_source_tree",
     "in_virtualenv",
+    "named_files",
     "source_files",
     "source_root",
     "source_stats",
     "workflow_identity",
+    "written_since",
 ]
 
 # Directories that are never source: bytecode caches (rewritten by merely running the code)
@@ -108,6 +111,25 @@ def source_stats(entry: Path) -> list[tuple[str, Path, os.stat_result]]:
     """``source_files``, each with the lstat it was judged by (a link is refused, so it is
     the file's own)."""
     return _source_stats(entry)
+
+
+# How many of the files an edit likely touched are named.
+_NAMED_FILES: Final = 3
+
+
+def named_files(names: list[str]) -> str:
+    """``a.py, b.py and 2 more``."""
+    more = len(names) - _NAMED_FILES
+    return ", ".join(names[:_NAMED_FILES]) + (f" and {more} more" if more > 0 else "")
+
+
+def written_since(entry: Path, since: float) -> list[Path] | None:
+    """The files of ``entry``'s source tree modified after ``since`` (a POSIX time): likely
+    an edit, a hint from file times, not a proof. None when the tree cannot be listed."""
+    try:
+        return [path for _rel, path, st in _source_stats(entry) if st.st_mtime > since]
+    except (OSError, IntloomError):
+        return None
 
 
 def _source_stats(entry: Path, dirs: list[tuple[str, _Sig]] | None = None

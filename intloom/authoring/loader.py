@@ -59,6 +59,9 @@ class LoadedWorkflow(msgspec.Struct, frozen=True):
     source: str
     identity: str
     schemas: dict[str, str]
+    # Where it was loaded from (the entry's path as the loader opened it): "" for one not
+    # loaded from a file.
+    entry: str = ""
 
     @property
     def name(self) -> str:
@@ -1244,6 +1247,7 @@ def _load_entry(root: Path, rel: str, entry: Path) -> dict[str, LoadedWorkflow]:
             identity=workflow_identity(wf.name, wf.version, entry, _TREES.compiled, hashed,
                                        reads=_TREES.reads),
             schemas=wf.schemas(),
+            entry=str(entry),
         ), name)
         if _TREES.reads is not None:  # the bytes ``hashed`` was computed from
             for path in hashed:

@@ -239,27 +239,24 @@ def changed_tree(source: str, workflow: str | None = None) -> str:
     return f"the source tree of {named}, {posixpath.dirname(source) or '.'}/,"
 
 
-# How many of the files modified since a host started are named.
-_NAMED_MODIFIED: Final = 3
-
-
 def _modified_since(root: Path, entry: Path, started_at: str) -> str:
     """``; a.py, helpers.py modified since the host started``: the files of the source tree
     written since then, which are likely the edit (a hint from their mtimes, not a proof);
     "" when none is or that cannot be told."""
-    from intloom.authoring.identity import source_stats
+    from intloom.authoring.identity import named_files, written_since
 
     try:
         started = datetime.fromisoformat(started_at).timestamp()
-        names = [path.relative_to(root).as_posix() for _rel, path, st in source_stats(entry)
-                 if st.st_mtime > started]
-    except (ValueError, OSError, IntloomError):
+    except ValueError:
         return ""
-    if not names:
+    paths = written_since(entry, started)
+    if not paths:
         return ""
-    more = len(names) - _NAMED_MODIFIED
-    shown = ", ".join(names[:_NAMED_MODIFIED]) + (f" and {more} more" if more > 0 else "")
-    return f"; {shown} modified since the host started"
+    try:
+        names = [path.relative_to(root).as_posix() for path in paths]
+    except ValueError:
+        return ""
+    return f"; {named_files(names)} modified since the host started"
 
 
 def against_host(root: Path, service: ServiceView

@@ -5,6 +5,7 @@ appending one terminal record -- nothing of its journal is rewritten or removed.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -253,6 +254,31 @@ def test_a_run_held_for_an_edit_of_its_source_names_what_changed_and_both_ways_o
     answered = ok(project.cli("answer", run_id, action, YES, "--json"))
     assert answered["run"]["status"] == "completed", answered
     ok(project.cli("stop", "--json"))
+
+
+def test_a_run_held_for_a_file_it_cannot_see_changed_is_told_which_file_was_written(
+    project: Project,
+) -> None:
+    """A file added to the tree (a copy left beside the Workflow, an editor's backup renamed
+    in, keeping its old modification time): the held Run was told only that "a file of its
+    source tree" changed, with nothing in git diff to find. Its times name it; an untouched
+    file is not named."""
+    run_id, _action = started_waiting(project)
+    ok(project.cli("stop", "--json"))
+    tree = project.root / "workflows"
+    backup = tree / "example_old.py"
+    backup.write_text((tree / "example.py").read_text())
+    os.utime(backup, (0, 0))  # as a rename keeps it: only its inode change time is new
+    preview = _problem(project, run_id)
+    assert ("; from file times, written since the Run began: workflows/example_old.py (a file "
+            "removed since leaves no time)") in preview, preview
+    assert "workflows/example.py," not in preview and "workflows/example.py " not in preview
+
+
+def _problem(project: Project, run_id: str) -> str:
+    doctor = project.cli("doctor", "--json")
+    [preview] = [r for r in doctor.json["runs"] if r["runId"] == run_id]
+    return str(preview["problem"])
 
 
 def test_a_run_whose_workflow_was_renamed_is_told_which_names_the_sources_define(
