@@ -1817,6 +1817,7 @@ def stop_service_report(root: str | os.PathLike[str], *, timeout: float | None =
     elif timeout is None:
         deadline = began + _STARTING_TIMEOUT
     told = starting is None
+    lock_free_since: float | None = None  # the OS lock seen free since, with tried False
 
     def released() -> StopResult:
         # Dead by the process's identity alone is not enough: a host in another pid
@@ -1850,6 +1851,17 @@ def stop_service_report(root: str | os.PathLike[str], *, timeout: float | None =
                 now_info = read_service(paths.service_json, root)
             except IntloomError:
                 now_info = None
+            now = time.monotonic()
+            if now_info is None and _os_lock(paths) == "free":
+                # A starting host holds the OS lock from right after its lock file appears:
+                # a live owner that leaves it free is no host (a forged or copied lock), which
+                # start refuses at once (_lock_owner). Waited for, it ran out the 300 s.
+                if lock_free_since is None:
+                    lock_free_since = now
+                elif now - lock_free_since >= _LOCK_SETTLE:
+                    raise _busy(paths)
+            else:
+                lock_free_since = None
             if now_info is not None and now_info.instance_id == target.instance_id:
                 if timeout is None:  # from now on, as for a host found serving
                     deadline = time.monotonic() + _default_stop_timeout()

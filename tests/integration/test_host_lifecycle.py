@@ -596,6 +596,31 @@ def test_start_and_stop_refuse_at_once_a_starting_host_that_is_paused(
     assert stop_service(project.root) is True
 
 
+def test_stop_refuses_at_once_a_live_lock_owner_that_does_not_hold_the_os_lock(
+    project: Project,
+) -> None:
+    """A service.lock naming a live process that is no host (a forged lock, a .intloom/
+    copied while its host started): start refused it at once, CLI_SERVICE_BUSY, but stop
+    took it for a host still starting and waited its 300 s, then called it one."""
+    import subprocess
+    import sys
+
+    from tests.unit.diagnostics_support import create_time, write_lock
+
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        write_lock(project.root, sleeper.pid, create_time(sleeper.pid))
+        before = snapshot_files(project.state)
+        with pytest.raises(IntloomError) as refused:  # not CLI_SERVICE_TIMEOUT, waited out
+            lifecycle.stop_service_report(project.root, timeout=20)
+        assert refused.value.code == "CLI_SERVICE_BUSY", refused.value
+        assert "Run intloom doctor" in refused.value.message, refused.value.message
+        assert snapshot_files(project.state) == before  # nothing touched
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
 def test_doctor_gives_a_live_host_whose_connection_json_is_gone_a_way_out_that_works(
     project: Project,
 ) -> None:
