@@ -345,6 +345,15 @@ def questions_request(questions: list[Question], where: str) -> list[Any]:
     return wire
 
 
+def _text_of_json(raw: Any) -> str:
+    """What to say of an answer that is a string holding JSON (the text a CLI's answer
+    takes, passed to ``Client.answer`` as it is): "got `str`" alone did not say why."""
+    if not isinstance(raw, str) or not raw.lstrip().startswith(("{", "[")):
+        return ""
+    return (" It was given as a string of JSON text: pass the value itself (json.loads of "
+            "the text) to Client.answer.")
+
+
 def validate_answer(kind: str, request: Any, raw: Any) -> Confirmation | list[QuestionAnswer]:
     """The typed answer, or INVALID_REQUEST naming what is wrong. ``raw`` is decoded JSON."""
     if kind == "confirmation":
@@ -354,7 +363,7 @@ def validate_answer(kind: str, request: Any, raw: Any) -> Confirmation | list[Qu
             # A questions answer sent here: "Expected `object`, got `array`" alone did not
             # say that the action is of the other kind.
             other = (" This action is a confirmation, not questions."
-                     if isinstance(raw, list) else "")
+                     if isinstance(raw, list) else _text_of_json(raw))
             raise IntloomError(
                 "INVALID_REQUEST",
                 f"A confirmation answer is {{\"isConfirmed\": bool, \"feedback\"?: str}} "
@@ -366,7 +375,7 @@ def validate_answer(kind: str, request: Any, raw: Any) -> Confirmation | list[Qu
         answers = msgspec.convert(raw, list[QuestionAnswer])
     except msgspec.ValidationError as exc:
         other = (" This action asks questions, not for a confirmation."
-                 if isinstance(raw, dict) and "isConfirmed" in raw else "")
+                 if isinstance(raw, dict) and "isConfirmed" in raw else _text_of_json(raw))
         # The ids to answer: a person who sent the wrong shape has no entry to copy them from.
         raise IntloomError(
             "INVALID_REQUEST",

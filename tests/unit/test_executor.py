@@ -1198,6 +1198,21 @@ def test_a_questions_answer_to_a_confirmation_says_it_is_a_confirmation() -> Non
     assert "not questions" not in info.value.message
 
 
+@pytest.mark.parametrize(("kind", "text"), [("confirmation", '{"isConfirmed": true}'),
+                                            ("questions", '[{"questionId": "q"}]')])
+def test_an_answer_given_as_json_text_says_to_pass_the_value(kind: str, text: str) -> None:
+    """The CLI takes an answer as JSON text; the same text passed to Client.answer was
+    refused "Expected `object`, got `str`", which did not say why."""
+    with pytest.raises(IntloomError) as info:
+        validate_answer(kind, [{"id": "q"}], text)
+    assert info.value.message.endswith(
+        "It was given as a string of JSON text: pass the value itself (json.loads of the "
+        "text) to Client.answer."), info.value.message
+    with pytest.raises(IntloomError) as plain:
+        validate_answer(kind, [{"id": "q"}], "yes")
+    assert "JSON text" not in plain.value.message
+
+
 def test_changed_identity_or_schema_is_reported_and_not_loaded() -> None:
     journal = MemoryJournal()
 
