@@ -90,13 +90,15 @@ def flow(
     try:
         with (sigterm_as_ctrl_c(state), state.client(waits=not detach) as client,
               state.renderer.spinner(f"Running {workflow}...")):
+            # Before the create: after it, the Run's first Step may hold the host's loop (an
+            # async Step that blocks), and --detach returned only once it let go.
+            changed = _edited_since_start(state, client, workflow)
             try:
                 run = client.create_run(workflow, text, wait=False)
             except IntloomError as exc:
                 if exc.code != "NOT_FOUND":
                     raise
                 raise _not_loaded(state, client, exc) from None
-            changed = _edited_since_start(state, client, workflow)
             if not detach:
                 created = run.run_id
                 try:
