@@ -1109,6 +1109,56 @@ def _compaction_check(found: tuple[str, bytes] | None) -> Check | None:
     )
 
 
+# Events after which a host's log ends on purpose: a clean stop's, and the end of a host
+# that found its directory moved away (``_left_home_check`` says that one).
+_ENDS: Final = frozenset({"log_closed", "state_dir_moved"})
+
+
+def _last_host_check(found: tuple[str, bytes] | None, *, current: bool) -> Check | None:
+    """How the last host ended, when its log says it did not stop: the fatal error it
+    logged (``process_failed``), or, with no last word, what that silence means and what
+    it was doing last. Owners "gone" and "killed or crashed" were all doctor said of a
+    crash: the log, kept for it, was read only for other checks. ``found``: that log's
+    name and tail (``last_log``); None when it ended cleanly, or there is none.
+    ``current``: its files are still there (attention, with the way to tell the cause);
+    else recover has cleaned up after it, and this is its history (ok)."""
+    if found is None:
+        return None
+    status: Literal["ok", "attention"] = "attention" if current else "ok"
+    name, tail = found
+    records = list(log_records(tail))
+    if not records or records[-1].get("event") in _ENDS:
+        return None
+    where = f".intloom/logs/{name}"
+    failed = next((r for r in reversed(records) if r.get("event") == "process_failed"), None)
+    if failed is not None:
+        detail = str(failed.get("detail") or "").strip()
+        return Check(
+            "last_host", status,
+            f"The last host failed at {failed.get('time', '?')}: "
+            f"{failed.get('error', '?')}{f': {detail}' if detail else ''} ({where}, "
+            "process_failed). Its Runs are as their journals left them: the restart "
+            "previews below say what a start does with each.",
+            (str(failed.get("fix") or "") or None) if current else None,
+        )
+    last = records[-1]
+    doing = str(last.get("event", "?"))
+    run_id = last.get("runId")
+    if run_id:
+        doing = f"{doing} of Run {run_id}"
+    return Check(
+        "last_host", status,
+        f"The last host's log ({where}) ends at {last.get('time', '?')} with {doing}, and "
+        "no stop or fatal error after it: the host ended without a word. That is a "
+        "SIGKILL (kill -9, the kernel's out-of-memory killer), a crash in native code (a "
+        "segmentation fault, an abort) or os._exit in Workflow code; Python errors are "
+        "logged. The restart previews below say what a start does with each Run.",
+        "To tell which: the kernel logs an out-of-memory kill and a segmentation fault "
+        "(journalctl -k, or dmesg, names the pid); intloom logs shows what the host did last."
+        if current else None,
+    )
+
+
 def _with_tool_calls(runs: list[RunPreview],
                      read: Callable[[], tuple[str, bytes] | None]) -> list[RunPreview]:
     """``runs``, a Run whose Agent task's Tool call the last host left unfinished saying
@@ -1285,6 +1335,12 @@ def run_doctor(root: Path) -> DoctorReport:
         left_home = _left_home_check(paths, last)
         if left_home is not None:
             checks.append(left_home)
+        if diagnosis.status in ("recovery_required", "offline"):
+            # Only a host proven gone (or whose files recover removed) has ended: a paused or
+            # hung one's log ends mid-way too.
+            ended = _last_host_check(last, current=diagnosis.status == "recovery_required")
+            if ended is not None:
+                checks.append(ended)
     return DoctorReport(
         schema_version=SCHEMA_VERSION,
         project_root=diagnosis.project_root,

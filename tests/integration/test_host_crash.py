@@ -17,10 +17,11 @@ import pytest
 
 from intloom.client.client import Client
 from intloom.client.lifecycle import start_service, stop_service
+from intloom.diagnostics.checks import Check
 from intloom.errors import IntloomError
 from intloom.fsutil import ensure_private_dir
 from intloom.project import ProjectPaths
-from tests.helpers import Project, eventually, pid_alive, snapshot_files
+from tests.helpers import Project, eventually, ok, pid_alive, snapshot_files
 from tests.integration.host_support import metadata, start
 
 
@@ -148,6 +149,44 @@ def test_fatal_error_logs_process_failed_and_leaves_the_log_unsealed(
         stop_service(project.root)
     assert busy.value.code == "CLI_SERVICE_BUSY"
     assert snapshot_files(project.root) == before
+    # doctor quotes its last word: it said only that the owner had exited.
+    ended = _last_host(project)
+    assert ended.status == "attention", ended
+    assert ended.message.startswith(
+        f"The last host failed at {lines[-1]['time']}: RuntimeError: INTLOOM_TEST_FATAL is set: "
+        "simulated fatal error after ready (.intloom/logs/"), ended.message
+    assert snapshot_files(project.root) == before
+
+
+def _last_host(project: Project) -> Check:
+    from intloom.diagnostics import run_doctor
+
+    [check] = [c for c in run_doctor(project.root).checks if c.id == "last_host"]
+    return check
+
+
+def test_doctor_says_a_host_killed_ended_without_a_word_and_what_it_did_last(
+        project: Project) -> None:
+    """After a kill -9 doctor said the owners had exited, and nothing of how or when the host
+    ended, though its log, kept for that, shows it stopped mid-way."""
+    from intloom.diagnostics import run_doctor
+
+    start(project)
+    with Client.connect(project.root) as client:
+        run = client.create_run("example", "notes")
+    project.kill_host()
+    ended = _last_host(project)
+    assert ended.status == "attention", ended
+    assert f"with run_waiting of Run {run.run_id}, and no stop or fatal error after it: the " \
+           "host ended without a word. That is a SIGKILL" in ended.message, ended.message
+    assert ended.next is not None and "journalctl -k" in ended.next, ended
+    ok(project.cli("recover", "--json"))
+    history = _last_host(project)  # its files cleaned up: its history, nothing to do
+    assert (history.status, history.next) == ("ok", None), history
+    assert history.message == ended.message
+    ok(project.cli("start", "--json"))
+    ok(project.cli("stop", "--json"))
+    assert "last_host" not in {c.id for c in run_doctor(project.root).checks}
 
 
 def test_a_lock_removed_by_its_exiting_owner_while_start_judges_it_is_not_stale(
