@@ -515,7 +515,15 @@ class Host:
         abandoned: list[asyncio.Task[Any]] = []
         stuck = False
         try:
-            code = loop.run_until_complete(self._main())
+            try:
+                code = loop.run_until_complete(self._main())
+            except Exception as exc:
+                # The loop itself failed (its selector's descriptor closed by Workflow code,
+                # say), which no handler of _main sees: the host died with its traceback in
+                # /dev/null and no process_failed in its log.
+                with contextlib.suppress(Exception):
+                    self._fatal(exc)
+                raise
             abandoned = [t for t in asyncio.all_tasks(loop) if not t.done()]
             if not abandoned and not own_process:
                 loop.run_until_complete(loop.shutdown_asyncgens())

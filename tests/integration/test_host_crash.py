@@ -3,6 +3,7 @@ the user's back. start and stop refuse with CLI_SERVICE_BUSY and leave every byt
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -156,6 +157,45 @@ def test_fatal_error_logs_process_failed_and_leaves_the_log_unsealed(
         f"The last host failed at {lines[-1]['time']}: RuntimeError: INTLOOM_TEST_FATAL is set: "
         "simulated fatal error after ready (.intloom/logs/"), ended.message
     assert snapshot_files(project.root) == before
+
+
+BREAKER = """
+import os
+
+import intloom
+
+wf = intloom.Workflow("breaker", version="1")
+s = wf.stage("s")
+
+
+@s.step("a", routes={"done": intloom.COMPLETE})
+async def a(ctx: intloom.StepContext[None]) -> str:
+    for fd in os.listdir("/proc/self/fd"):  # the event loop's own selector
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:[eventpoll]":
+                os.close(int(fd))
+        except OSError:
+            pass
+    return "done"
+"""
+
+
+def test_a_host_whose_event_loop_fails_logs_process_failed(project: Project) -> None:
+    """Workflow code that broke the event loop itself (closed its selector's descriptor):
+    the exception left the loop, past every handler of the host's, and the host died with
+    its traceback in /dev/null and no last word in its log."""
+    (project.root / "workflows" / "breaker.py").write_text(BREAKER)
+    (project.root / "intloom.toml").write_text('workflows = ["workflows/breaker.py"]\n')
+    service = start(project).service
+    with contextlib.suppress(IntloomError), Client.connect(project.root) as client:
+        client.create_run("breaker", "x")  # its reply never comes: the host dies
+    eventually(lambda: not pid_alive(service.pid), timeout=10, what="the host to die")
+    assert service.log_file is not None
+    lines = (project.state / "logs" / service.log_file).read_text().splitlines()
+    last = json.loads(lines[-1])
+    assert (last["event"], last["error"]) == ("process_failed", "OSError"), last
+    ended = _last_host(project)
+    assert ended.message.startswith(f"The last host failed at {last['time']}: OSError: "), ended
 
 
 def _last_host(project: Project) -> Check:
