@@ -241,6 +241,10 @@ class Store:
         self._history_reads = 0
         self._tracks: dict[str, Track] = {}
         self._fd = -1
+        # Each segment descriptor's file (device, inode), as opened: Workflow code that
+        # closed one, then opened a file that took its number, had every later record
+        # written into that file (a user's), and the Runs the host called saved were lost.
+        self._fd_ids: dict[int, tuple[int, int]] = {}
         self._number = 0
         self._next_number = 1
         self._size = 0
@@ -476,6 +480,8 @@ class Store:
             os.close(fd)  # the partial file stays: a torn header is evidence, not garbage
             self._next_number = number + 1
             raise
+        st = os.fstat(fd)
+        self._fd_ids[fd] = (st.st_dev, st.st_ino)
         self._fd, self._number, self._size = fd, number, len(header) + len(first)
         self._writers = set()
         # A failed rotation's retry point counts the bytes of the segment it failed in; a new
@@ -1067,6 +1073,14 @@ class Store:
             with self._tracks_lock:
                 self._rotate()
         offset = self._size
+        if not self._owned(self._fd):
+            cause = (f"the descriptor of wal/{segment_name(self._number)} was closed by "
+                     "something else in the host (Workflow code that closed a descriptor it "
+                     "did not open?) and no longer opens that segment: nothing more is "
+                     "written through it")
+            self._fd = -1  # not ours to close: it may be another file's now
+            self._abandon(offset, cause)
+            return cause
         armed = self._armed
         step = "write"
         done = 0  # of ``data``, written: where the segment should end if the batch fails
@@ -1192,12 +1206,21 @@ class Store:
         except OSError:
             return
 
+    def _owned(self, fd: int) -> bool:
+        """Whether ``fd`` still opens the segment it was opened for (one ``fstat``)."""
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            return False
+        return self._fd_ids.get(fd) == (st.st_dev, st.st_ino)
+
     def _abandon(self, offset: int, cause: str) -> None:
         """Never write to this segment again; void its failed region in a fresh one."""
         old = self._number
-        # Closing may report the same failure again; the segment is abandoned anyway.
-        with contextlib.suppress(OSError):
-            os.close(self._fd)
+        if self._fd >= 0:
+            # Closing may report the same failure again; the segment is abandoned anyway.
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
         self._fd = -1
         notice = VoidNotice(segment=old, offset=offset, cause=cause)
         self._voids.append(notice)
@@ -1235,6 +1258,9 @@ class Store:
     def _seal(self, next_segment: int = 0) -> None:
         """Seal the current segment; ``next_segment``: the one a rotation created first."""
         if self._fd < 0:
+            return
+        if not self._owned(self._fd):  # closed by another, its number another file's now
+            self._fd = -1
             return
         self._check_sealing()
         try:
@@ -1450,7 +1476,8 @@ class Store:
         if self._poisoned is None:
             self._seal()
         elif self._fd >= 0:
-            os.close(self._fd)
+            if self._owned(self._fd):
+                os.close(self._fd)
             self._fd = -1
         self._compact(self._next_number)
 

@@ -198,6 +198,56 @@ def test_a_host_whose_event_loop_fails_logs_process_failed(project: Project) -> 
     assert ended.message.startswith(f"The last host failed at {last['time']}: OSError: "), ended
 
 
+HIJACK = """
+import os
+
+import intloom
+
+wf = intloom.Workflow("hijack", version="1")
+s = wf.stage("s")
+
+
+@s.step("a", routes={"done": intloom.COMPLETE})
+def a(ctx: intloom.StepContext[None]) -> str:
+    for fd in os.listdir("/proc/self/fd"):  # the journal's segment now opens another file
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.endswith(".seg"):
+            victim = os.open(ctx.intent, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.dup2(victim, int(fd))
+            os.close(victim)
+    return "done"
+"""
+
+
+def test_a_segment_descriptor_taken_over_by_another_file_is_never_written_through(
+        project: Project) -> None:
+    """Workflow code that closed the journal's descriptor and opened a file under its
+    number: every later record went into that file (a user's, overwritten), the Runs the
+    host called saved were lost at the next crash. The flush that finds it fails its own
+    Runs' checkpoints; the others go on in a new segment, and a crash loses none of them."""
+    (project.root / "workflows" / "hijack.py").write_text(HIJACK)
+    (project.root / "intloom.toml").write_text(
+        'workflows = ["workflows/example.py", "workflows/hijack.py"]\n')
+    start(project)
+    victim = project.root / "victim.bin"
+    with Client.connect(project.root) as client:
+        hijacked = client.create_run("hijack", str(victim))
+        assert hijacked.last_error is not None, hijacked
+        assert hijacked.last_error.code == "RUN_CHECKPOINT_FAILED", hijacked
+        waiting = client.create_run("example", "notes")
+        assert waiting.status == "waiting", waiting
+    assert victim.read_bytes() == b""  # not one record written into it
+    project.kill_host()
+    ok(project.cli("recover", "--json"))
+    restored = ok(project.cli("start", "--json"))["service"]["restore"]
+    assert waiting.run_id in restored["waiting"], restored
+    with Client.connect(project.root) as client:
+        assert client.get_run(waiting.run_id).pending_action == waiting.pending_action
+
+
 def _last_host(project: Project) -> Check:
     from intloom.diagnostics import run_doctor
 
