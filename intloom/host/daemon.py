@@ -461,6 +461,7 @@ class Host:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._log_suspend: asyncio.Future[Any] | None = None
         self._signals: list[signal.Signals] = []  # the stop signals this host handles
+        self._installed: list[signal.Signals] = []  # and those it ignores, as installed
         # The project root's and the locked runtime directory's (st_dev, st_ino), once the
         # store is locked: what ``_moved_away`` compares the paths with while serving.
         self._home: tuple[tuple[int, int], tuple[int, int]] | None = None
@@ -560,6 +561,7 @@ class Host:
         installed = self._install_signals(loop)
         _forked_children_keep(before if installed else None, self)
         self._signals = [sig for sig in installed if sig in _SIGNALS]
+        self._installed = installed
         # SIGCHLD ignored survives exec, and the kernel then reaps every child itself: a
         # Step's subprocess.run() read 0 of a program that failed. Default while it serves.
         children = signal.getsignal(signal.SIGCHLD) if installed else None
@@ -1042,9 +1044,11 @@ class Host:
             raise RuntimeError(f"{FATAL_HOOK} is set: simulated fatal error after ready")
         self._prune_logs()
         self._watch_loop()
+        handlers = {sig: signal.getsignal(sig) for sig in self._installed}
         while not self._stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), _HOME_LOOK)
+            self._keep_handlers(handlers)
             removed = self._removed()
             if removed is not None and not self._stop.is_set():
                 raise _MovedAway(removed, removed=True)
@@ -1059,6 +1063,28 @@ class Host:
                         and self.ownership.moved_fix() is None):
                     # Not after a move: its path would be the old place (a copy put back).
                     self.log.restore_if_removed()
+
+    def _keep_handlers(self, handlers: dict[signal.Signals, Any]) -> None:
+        """Put back a signal handler of the host's that code running in it replaced (an
+        async Step's ``signal.signal(SIGTERM, SIG_DFL)``): a later ``kill -TERM``, a
+        supervisor's stop, then killed the host on the spot, unlogged, its files left as a
+        crash leaves them. Seen within ``_HOME_LOOK``; said in the log."""
+        for sig, installed in handlers.items():
+            if signal.getsignal(sig) is installed:
+                continue
+            assert self._loop is not None
+            try:
+                self._loop.add_signal_handler(
+                    sig, self._on_signal if sig in _SIGNALS else self._on_ignored, sig)
+            except (ValueError, RuntimeError):
+                continue
+            handlers[sig] = signal.getsignal(sig)
+            if self.log is not None:
+                self.log.warning(
+                    "signal_handler_replaced", signal=sig.name,
+                    message=f"Code running in the host (a Workflow's Step, Tool or "
+                    f"on_complete) replaced its {sig.name} handler; the host put its own "
+                    "back. Signals belong to the host: use them in a subprocess of your own.")
 
     def _watch_loop(self) -> None:
         """The loop's watcher (``LoopWatch``), a help to the user: when its thread cannot

@@ -480,6 +480,51 @@ def test_a_signal_the_host_does_not_use_is_logged_and_ignored(project: Project) 
     assert metadata(project, "service.json")["pid"] == service.pid
 
 
+RESETTER = textwrap.dedent('''
+    import signal
+
+    import intloom
+
+    wf = intloom.Workflow("resetter", version="1")
+    s = wf.stage("s")
+
+
+    @s.step("a", routes={"done": intloom.COMPLETE})
+    async def a(ctx: intloom.StepContext[None]) -> str:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # what a library may do
+        signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+        return "done"
+''')
+
+
+def test_a_handler_workflow_code_replaced_is_put_back_and_a_sigterm_still_stops_gracefully(
+        project: Project) -> None:
+    """An async Step that set SIGTERM back to its default: the next kill -TERM (a
+    supervisor's stop) killed the host on the spot, with no line in its log and its files
+    left as a crash leaves them."""
+    (project.root / "workflows" / "resetter.py").write_text(RESETTER)
+    (project.root / "intloom.toml").write_text('workflows = ["workflows/resetter.py"]\n')
+    service = start(project).service
+    with Client.connect(project.root) as client:
+        assert client.create_run("resetter", "x").status == "completed"
+
+    def put_back() -> list[str] | None:
+        assert service.log_file is not None
+        lines = [json.loads(line) for line in
+                 (project.state / "logs" / service.log_file).read_text().splitlines()]
+        found = sorted(e["signal"] for e in lines if e["event"] == "signal_handler_replaced")
+        return found if len(found) == 2 else None
+
+    assert eventually(put_back, timeout=10, what="both handlers put back") == ["SIGTERM",
+                                                                                "SIGUSR1"]
+    os.kill(service.pid, signal.SIGUSR1)  # ignored again, not the default's end
+    os.kill(service.pid, signal.SIGTERM)
+    eventually(lambda: _released(project, service.pid), timeout=10,
+               what="the host to stop gracefully")
+    events = _events(project, service.log_file)
+    assert events[-1] == "log_closed" and "signal_received" in events, events
+
+
 def _started_from(project: Project, preexec: Callable[[], None]) -> dict[str, Any]:
     """``intloom start --json`` run by a launcher that ran ``preexec`` before the exec (its
     signal mask or dispositions, which the host inherits); the started service's view."""
