@@ -1114,7 +1114,8 @@ def _compaction_check(found: tuple[str, bytes] | None) -> Check | None:
 _ENDS: Final = frozenset({"log_closed", "state_dir_moved"})
 
 
-def _last_host_check(found: tuple[str, bytes] | None, *, current: bool) -> Check | None:
+def _last_host_check(found: tuple[str, bytes] | None, root: Path, *,
+                     current: bool) -> Check | None:
     """How the last host ended, when its log says it did not stop: the fatal error it
     logged (``process_failed``), or, with no last word, what that silence means and what
     it was doing last. Owners "gone" and "killed or crashed" were all doctor said of a
@@ -1146,6 +1147,20 @@ def _last_host_check(found: tuple[str, bytes] | None, *, current: bool) -> Check
     run_id = last.get("runId")
     if run_id:
         doing = f"{doing} of Run {run_id}"
+    dump = _fault_dump(tail, root)
+    if dump is not None:
+        fault, frame = dump
+        at = f", in {frame}" if frame else ""
+        return Check(
+            "last_host", status,
+            f"The last host crashed after {last.get('time', '?')} (its log's last event: "
+            f"{doing}): Fatal Python error: {fault}{at}. A crash in native code (a C "
+            "extension, ctypes) or an abort; the traceback Python wrote is at the end of "
+            f"{where} (intloom logs shows it). The restart previews below say what a start "
+            "does with each Run.",
+            "Look at the code that traceback names first: the host runs the Workflows' "
+            "code in its own process." if current else None,
+        )
     return Check(
         "last_host", status,
         f"The last host's log ({where}) ends at {last.get('time', '?')} with {doing}, and "
@@ -1157,6 +1172,35 @@ def _last_host_check(found: tuple[str, bytes] | None, *, current: bool) -> Check
         "(journalctl -k, or dmesg, names the pid); intloom logs shows what the host did last."
         if current else None,
     )
+
+
+def _fault_dump(tail: bytes, root: Path) -> tuple[str, str | None] | None:
+    """What Python's fault handler wrote into the log at a fatal signal (``catch_faults``):
+    the error ("Segmentation fault") and where in the thread it hit: its innermost frame
+    (``File "x.py", line 19 in act``), and the innermost of the project's own code under
+    ``root`` when that is another (a crash inside ctypes, called from a Step). None when
+    the log holds no such dump."""
+    text = tail.decode("utf-8", "replace")
+    at = text.rfind("Fatal Python error: ")
+    if at < 0:
+        return None
+    lines = text[at:].splitlines()
+    fault = lines[0].removeprefix("Fatal Python error: ").strip()[:200]
+    frames: list[str] = []
+    for i, line in enumerate(lines):
+        if line.startswith("Current thread"):
+            for each in lines[i + 1:]:
+                if not each.startswith("  File "):
+                    break
+                frames.append(each.strip()[:300])
+            break
+    if not frames:
+        return fault, None
+    inner = f'File "{root}{os.sep}'
+    own = next((f for f in frames if f.startswith(inner) and "site-packages" not in f), None)
+    if own is None or own == frames[0]:
+        return fault, frames[0]
+    return fault, f"{frames[0]}, called from {own}"
 
 
 def _with_tool_calls(runs: list[RunPreview],
@@ -1338,7 +1382,8 @@ def run_doctor(root: Path) -> DoctorReport:
         if diagnosis.status in ("recovery_required", "offline"):
             # Only a host proven gone (or whose files recover removed) has ended: a paused or
             # hung one's log ends mid-way too.
-            ended = _last_host_check(last, current=diagnosis.status == "recovery_required")
+            ended = _last_host_check(last, root,
+                                     current=diagnosis.status == "recovery_required")
             if ended is not None:
                 checks.append(ended)
     return DoctorReport(

@@ -462,6 +462,7 @@ class Host:
         self._log_suspend: asyncio.Future[Any] | None = None
         self._signals: list[signal.Signals] = []  # the stop signals this host handles
         self._installed: list[signal.Signals] = []  # and those it ignores, as installed
+        self._own_process = False  # run(own_process=...)
         # The project root's and the locked runtime directory's (st_dev, st_ino), once the
         # store is locked: what ``_moved_away`` compares the paths with while serving.
         self._home: tuple[tuple[int, int], tuple[int, int]] | None = None
@@ -505,6 +506,7 @@ class Host:
         sealed and the service files removed; a task still running then is user code that
         ignored its cancellation, and is never waited for.
         """
+        self._own_process = own_process
         loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)  # as asyncio.run does, for user code that asks for it
         # The default executor holds user code too (asyncio.to_thread in a Step). Ours, so
@@ -783,6 +785,8 @@ class Host:
             raise _log_write_failed(self.paths.logs, exc.strerror or str(exc),
                                     exc.errno) from None
         self.log.on_failure = self._log_failed
+        if self._own_process:
+            self.log.catch_faults()
         log = self.log  # its first line is written: HostLog.open raises otherwise
         self.ready.progress("log_opened")
         log.info("service_starting", port=opts.port, strict=opts.strict)

@@ -102,6 +102,7 @@ class HostLog:
         self._fail_at = os.environ.get(FAIL_HOOK) or None
         self._failing = False
         self._restore_tried = False  # restore_if_removed: once
+        self._faults = False  # faulthandler writes into this file (catch_faults)
 
     @classmethod
     def open(cls, logs_dir: Path, **context: Any) -> HostLog:
@@ -269,6 +270,21 @@ class HostLog:
         finally:
             os.close(old)
 
+    def catch_faults(self) -> None:
+        """Have Python's fault handler write its traceback of a fatal signal (a segmentation
+        fault, an abort: native code in a Workflow) into this file, the host's last words:
+        the host's stderr is /dev/null, so a native crash left no trace, and doctor could
+        say only that the host ended without a word. Plain text lines among the JSON ones
+        (``intloom logs`` shows them as such); turned off before the file is closed, so
+        its descriptor number, reused, never receives one. For the host's own process only:
+        it takes over the handler of the whole process."""
+        import faulthandler
+
+        if self._fd is None:
+            return
+        faulthandler.enable(file=self._fd, all_threads=True)
+        self._faults = True
+
     def _lost(self, exc: OSError) -> None:
         first = not self.failed
         self.failed = True
@@ -291,6 +307,11 @@ class HostLog:
         fd, self._fd = self._fd, None
         if fd is None:
             return
+        if self._faults:
+            import faulthandler
+
+            faulthandler.disable()
+            self._faults = False
         try:
             os.fsync(fd)
             if seal:

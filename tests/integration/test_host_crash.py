@@ -248,6 +248,51 @@ def test_a_segment_descriptor_taken_over_by_another_file_is_never_written_throug
         assert client.get_run(waiting.run_id).pending_action == waiting.pending_action
 
 
+SEGV = """
+import ctypes
+
+import intloom
+
+wf = intloom.Workflow("segv", version="1")
+s = wf.stage("s")
+
+
+def crash() -> None:
+    ctypes.string_at(0)  # native code reading address 0: SIGSEGV
+
+
+@s.step("a", routes={"done": intloom.COMPLETE})
+def a(ctx: intloom.StepContext[None]) -> str:
+    crash()
+    return "done"
+"""
+
+
+def test_a_native_crash_leaves_its_traceback_in_the_log_and_doctor_names_its_line(
+        project: Project) -> None:
+    """A segmentation fault in native code a Step called: the host's stderr is /dev/null,
+    so nothing said where it died. Python's fault handler writes into the log, doctor
+    names the crash and the project's line, and logs shows the traceback as what it is."""
+    (project.root / "workflows" / "segv.py").write_text(SEGV)
+    (project.root / "intloom.toml").write_text(
+        'workflows = ["workflows/example.py", "workflows/segv.py"]\n')
+    service = start(project).service
+    with contextlib.suppress(IntloomError), Client.connect(project.root) as client:
+        client.create_run("segv", "x")  # its reply never comes: the host dies
+    eventually(lambda: not pid_alive(service.pid), timeout=10, what="the host to die")
+    ended = _last_host(project)
+    assert "Fatal Python error: Segmentation fault, in File " in ended.message, ended
+    assert (f'called from File "{project.root / "workflows" / "segv.py"}", line 11 in crash'
+            in ended.message), ended.message
+    records = [json.loads(line) for line in project.cli("logs", "--json").stdout.splitlines()]
+    dump = [r for r in records if r["event"] == "fault_dump"]
+    assert dump and dump[0]["line"] == "Fatal Python error: Segmentation fault", dump[:2]
+    assert all(r["level"] == "fatal" for r in dump)
+    assert "unreadable_line" not in {r["event"] for r in records}
+    text = project.cli("logs").stdout.splitlines()
+    assert "- fatal   fault_dump Fatal Python error: Segmentation fault" in text, text[-5:]
+
+
 def _last_host(project: Project) -> Check:
     from intloom.diagnostics import run_doctor
 

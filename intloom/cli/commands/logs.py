@@ -60,6 +60,9 @@ def _printer(renderer: Renderer, run_id: str | None, root: Path,
     """An ``emit`` for LogTail, and a one-item counter of the lines it printed. ``where``
     gives the file and byte offset of the line being emitted (``LogTail.line_at``)."""
     printed = [0]
+    # Inside the traceback Python's fault handler wrote at a fatal signal (HostLog.
+    # catch_faults): its plain text lines are the host's last words, not damage.
+    dumping = [False]
 
     def place() -> dict[str, Any]:
         at = where()
@@ -80,6 +83,10 @@ def _printer(renderer: Renderer, run_id: str | None, root: Path,
         except (msgspec.DecodeError, RecursionError):  # nested past the decoder's stack
             record = None
         # An unreadable line (a crashed host's torn last one) is kept when it names the Run.
+        if isinstance(record, Mapping):
+            dumping[0] = False
+        elif line.startswith("Fatal Python error: "):
+            dumping[0] = True
         if run_id is not None and not (
                 _about(record, run_id) if isinstance(record, Mapping) else run_id in line):
             return
@@ -93,9 +100,10 @@ def _printer(renderer: Renderer, run_id: str | None, root: Path,
                 # JSONL reader of the stream. It is wrapped as one, its text kept.
                 # Its file and offset: with --all, or beside a good copy, "which line" is
                 # otherwise left to guess.
+                kind = ({"time": None, "level": "fatal", "event": "fault_dump"} if dumping[0]
+                        else {"time": None, "level": "error", "event": "unreadable_line"})
                 readable = msgspec.json.encode(
-                    {"time": None, "level": "error", "event": "unreadable_line",
-                     "line": readable, **exact, **place()}).decode()
+                    {**kind, "line": readable, **exact, **place()}).decode()
             elif exact:
                 readable = msgspec.json.encode({**record, **exact}).decode()
             renderer.raw(readable + "\n")
@@ -106,6 +114,8 @@ def _printer(renderer: Renderer, run_id: str | None, root: Path,
                 with contextlib.suppress(ValueError):
                     record = json.loads(line)
             renderer.lines([log_line(record)])
+        elif dumping[0]:
+            renderer.lines([f"- fatal   fault_dump {line[:200]}"])  # log_line's columns
         else:
             at = place()
             shown = f" ({at['file']} at byte {at['offset']})" if at else ""
