@@ -460,7 +460,8 @@ def _fix(exc: BaseException, root: Path | None = None) -> str:
         # nothing of where to install it.
         top = exc.name.partition(".")[0]
         return (f"If {top!r} is a package, install it for the Python the host runs: "
-                f"{shlex.quote(sys.executable)} -m pip install {shlex.quote(top)}; if it is a "
+                f"{shlex.quote(sys.executable)} -m pip install {shlex.quote(top)} (the name to "
+                "install may differ from the module's: PyYAML provides yaml); if it is a "
                 "module of the project, check its name and place. Then restart the host.")
     if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
         # The process's limit, not the module: "Fix the module" sent the user to code that
