@@ -160,7 +160,10 @@ def _written_since(lw: LoadedWorkflow, tree: str, created_at: str) -> str:
     prefix = "" if tree in ("", ".") else f"{tree}/"
     names = [f"{prefix}{rel}" for rel, written in times if written > since]
     if not names:
-        return ""
+        # Its identity is its host's load's, older than the Run: an edit between the two
+        # left no file newer than the Run, and "written since" would have named none.
+        return ("; no file of it was written since the Run began, by file times: the edit "
+                "is older (made after the Run's host had loaded the code), or removed a file")
     return (f"; from file times, written since the Run began: {named_files(names)} (a "
             "file removed since leaves no time)")
 

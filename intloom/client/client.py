@@ -951,10 +951,10 @@ class Client:
         if timed_out and type(error) is IntloomError and _paused(self.info.pid):
             # Which of "paused or hung" it is can be read, as the hello's timeout reads it.
             pid = self.info.pid
-            return IntloomError(
-                error.code, f"{error.message} The host (pid {pid}) is stopped by a signal "
-                f"(SIGSTOP, Ctrl-Z or a debugger) and cannot reply until it is resumed: "
-                f"kill -CONT {pid}.", retryable=error.retryable)
+            note = (f"The host (pid {pid}) is stopped by a signal (SIGSTOP, Ctrl-Z or a "
+                    f"debugger) and cannot reply until it is resumed: kill -CONT {pid}.")
+            return IntloomError(error.code, f"{error.message} {note}",
+                                retryable=error.retryable, here=f"{error.here} {note}")
         return error
 
     def _broken_error(self, request: Request, fact: str, *, timed_out: bool,

@@ -26,7 +26,8 @@ from intloom.project import link_loop, load_config
 from intloom.protocol.messages import PROTOCOL, ServiceView, WorkflowInfo
 from intloom.runtime.records import PROTOCOL_VERSION as WORKFLOW_PROTOCOL
 
-__all__ = ["SourceChange", "against_host", "changed_tree", "since_log", "since_start"]
+__all__ = ["SourceChange", "against_host", "changed_tree", "since_log", "since_start",
+           "workflow_since_start"]
 
 Change = Literal["listed", "unlisted", "moved", "edited", "retried", "unreadable", "config", "port",
                  "intloom"]
@@ -199,6 +200,19 @@ def since_start(root: Path, service: ServiceView, flows: list[WorkflowInfo]
                     "Python code it loaded (a data file its Steps open is read as it is now).",
                     info.name))
     return out
+
+
+def workflow_since_start(root: Path, service: ServiceView, flows: list[WorkflowInfo],
+                         workflow: str) -> list[SourceChange]:
+    """How the source of the loaded Workflow ``workflow`` differs on disk from what the
+    host loaded (``edited``, ``unreadable``), for ``flow``: an edit said nothing there,
+    though ``status`` and ``start`` said it, and the new Run, begun on the old code, was
+    held at the next start. Only that source's tree is read."""
+    source = next((i.source for i in flows if i.name == workflow), None)
+    if source is None:
+        return []
+    changes = since_start(root, service, [i for i in flows if i.source == source])
+    return [c for c in changes if c.source == source and c.change in ("edited", "unreadable")]
 
 
 def _moved(root: Path, infos: list[WorkflowInfo], newly: list[str]) -> str | None:

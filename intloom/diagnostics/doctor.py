@@ -1166,8 +1166,10 @@ def _last_host_check(found: tuple[str, bytes] | None, root: Path, *,
         f"The last host's log ({where}) ends at {last.get('time', '?')} with {doing}, and "
         "no stop or fatal error after it: the host ended without a word. That is a "
         "SIGKILL (kill -9, the kernel's out-of-memory killer), a crash in native code (a "
-        "segmentation fault, an abort) or os._exit in Workflow code; Python errors are "
-        "logged. The restart previews below say what a start does with each Run.",
+        "segmentation fault, an abort) or os._exit in Workflow code, since Python errors "
+        "are logged -- unless the host could no longer write its log (a full disk, a file "
+        "size limit), whose later lines, its stop's included, are then missing. The restart "
+        "previews below say what a start does with each Run.",
         "To tell which: the kernel logs an out-of-memory kill and a segmentation fault "
         "(journalctl -k, or dmesg, names the pid); intloom logs shows what the host did last."
         if current else None,
@@ -1180,11 +1182,14 @@ def _fault_dump(tail: bytes, root: Path) -> tuple[str, str | None] | None:
     (``File "x.py", line 19 in act``), and the innermost of the project's own code under
     ``root`` when that is another (a crash inside ctypes, called from a Step). None when
     the log holds no such dump."""
-    text = tail.decode("utf-8", "replace")
-    at = text.rfind("Fatal Python error: ")
-    if at < 0:
+    every = tail.decode("utf-8", "replace").splitlines()
+    # A line of its own: the text inside a logged message (a Step's error quoting a child's
+    # crash) is no dump of this host's.
+    at = next((i for i in range(len(every) - 1, -1, -1)
+               if every[i].startswith("Fatal Python error: ")), None)
+    if at is None:
         return None
-    lines = text[at:].splitlines()
+    lines = every[at:]
     fault = lines[0].removeprefix("Fatal Python error: ").strip()[:200]
     frames: list[str] = []
     for i, line in enumerate(lines):

@@ -67,12 +67,14 @@ def _back(state: RunState) -> str:
                 f"it RUN_INTERRUPTED, not resume it: {verdict.reason}; end it with intloom "
                 f"cancel {state.run_id})")
     if verdict.row != with_recover.row:
-        # A wait: whether it resumes depends on a recover entry of the code it started
-        # with, which the journal does not record. "Restore it to resume it" was untrue of
-        # one without.
+        # A wait, or an accepted answer: whether it goes on depends on a recover entry of
+        # the code it started with, which the journal does not record. "Restore it to
+        # resume it" was untrue of one without.
         cursor = state.cursor
-        return (f"(with the code the Run started with put back, the next start resumes its "
-                f"wait only if Step {cursor.stage}/{cursor.step} there has a recover entry; "
+        goes_on = ("resumes its wait" if state.phase == "waiting" else
+                   "continues it in recover with the accepted answer")
+        return (f"(with the code the Run started with put back, the next start {goes_on} "
+                f"only if Step {cursor.stage}/{cursor.step} there has a recover entry; "
                 f"without one it reports the Run RUN_INTERRUPTED; or end it with intloom "
                 f"cancel {state.run_id})")
     return (f"(restore the code the Run started with to resume it, or end it with intloom "

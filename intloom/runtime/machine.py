@@ -518,15 +518,15 @@ def restart_verdict(state: RunState, has_recover: bool) -> Verdict:
                            f"recover entry of {where} had asked it after it ran {repeated}")
         if has_recover:
             if phase == "executing":
-                # The Step had resumed with the answer: what its code did after the await
-                # recorded no effect, and is not run again. Said so: "the answer was
-                # accepted" alone read as if nothing had run since.
-                cut = ("the code after its await ran without recording an effect and was "
-                       "cut; " if state.executing_kind == "step" else
-                       "the recover entry that asked it ran on without recording an effect "
-                       "and was cut; ")
-                return Verdict("recover", f"the answer to {action_id} was accepted and "
-                               f"delivered; {cut}{where} continues in recover")
+                # The answer may have reached the Step (its executing is written with the
+                # answer, before the delivery): whatever ran after the await recorded no
+                # effect, and is not run again. Said so: "the answer was accepted" alone
+                # read as if nothing could have run since.
+                who = ("the Step" if state.executing_kind == "step" else
+                       "the recover entry that asked it")
+                return Verdict("recover", f"the answer to {action_id} was accepted; any code "
+                               f"{who} ran after it recorded no effect and is not run again; "
+                               f"{where} continues in recover")
             return Verdict(
                 "recover", f"the answer to {action_id} was accepted; {where} continues in recover"
             )

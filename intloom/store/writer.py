@@ -241,10 +241,11 @@ class Store:
         self._history_reads = 0
         self._tracks: dict[str, Track] = {}
         self._fd = -1
-        # Each segment descriptor's file (device, inode), as opened: Workflow code that
-        # closed one, then opened a file that took its number, had every later record
+        # The open segment's file (device, inode), as opened: Workflow code that closed its
+        # descriptor, then opened a file that took its number, had every later record
         # written into that file (a user's), and the Runs the host called saved were lost.
-        self._fd_ids: dict[int, tuple[int, int]] = {}
+        # Kept with the segment, not the number: a new segment may get the same number.
+        self._fd_id: tuple[int, int] | None = None
         self._number = 0
         self._next_number = 1
         self._size = 0
@@ -481,7 +482,7 @@ class Store:
             self._next_number = number + 1
             raise
         st = os.fstat(fd)
-        self._fd_ids[fd] = (st.st_dev, st.st_ino)
+        self._fd_id = (st.st_dev, st.st_ino)
         self._fd, self._number, self._size = fd, number, len(header) + len(first)
         self._writers = set()
         # A failed rotation's retry point counts the bytes of the segment it failed in; a new
@@ -1067,20 +1068,21 @@ class Store:
         n = self._flush_no
         plan = self._faults
         data = batch.data
+        if not self._owned(self._fd):
+            # Before anything else: a rotation would seal through it.
+            cause = (f"the descriptor of wal/{segment_name(self._number)} was closed by "
+                     "something else in the host (Workflow code that closed a descriptor it "
+                     "did not open?) and no longer opens that segment: nothing more is "
+                     "written through it")
+            self._fd = -1  # not ours to close: it may be another file's now
+            self._abandon(self._size, cause)
+            return cause
         if self._file_limit is not None and self._beyond_limit(len(data)):
             # Rotating at half the limit leaves room for ordinary batches, not for one that
             # carries a State of megabytes: it would fail (EFBIG) where a new segment holds it.
             with self._tracks_lock:
                 self._rotate()
         offset = self._size
-        if not self._owned(self._fd):
-            cause = (f"the descriptor of wal/{segment_name(self._number)} was closed by "
-                     "something else in the host (Workflow code that closed a descriptor it "
-                     "did not open?) and no longer opens that segment: nothing more is "
-                     "written through it")
-            self._fd = -1  # not ours to close: it may be another file's now
-            self._abandon(offset, cause)
-            return cause
         armed = self._armed
         step = "write"
         done = 0  # of ``data``, written: where the segment should end if the batch fails
@@ -1207,12 +1209,12 @@ class Store:
             return
 
     def _owned(self, fd: int) -> bool:
-        """Whether ``fd`` still opens the segment it was opened for (one ``fstat``)."""
+        """Whether ``fd`` (the open segment's) still opens that segment (one ``fstat``)."""
         try:
             st = os.fstat(fd)
         except OSError:
             return False
-        return self._fd_ids.get(fd) == (st.st_dev, st.st_ino)
+        return self._fd_id == (st.st_dev, st.st_ino)
 
     def _abandon(self, offset: int, cause: str) -> None:
         """Never write to this segment again; void its failed region in a fresh one."""
@@ -1310,6 +1312,7 @@ class Store:
         if self._size < self._rotate_retry_at:
             return
         old_fd, old_number, old_frames, old_size = self._fd, self._number, self._frames, self._size
+        old_id = self._fd_id
         moved = self._elsewhere()
         if moved is not None:
             # Appending goes on in the open segment (by its descriptor: it went along).
@@ -1353,11 +1356,14 @@ class Store:
             return
         self._rotate_failing = False
         new_fd, new_number, new_size, new_frames = self._fd, self._number, self._size, 0
+        new_id = self._fd_id
         self._fd, self._number, self._frames, self._size = old_fd, old_number, old_frames, old_size
+        self._fd_id = old_id
         # The new segment is durable: the seal names it, for a restore to notice if it is
         # lost before the compaction below moves the manifest to it.
         self._seal(new_number)
         self._fd, self._number, self._size, self._frames = new_fd, new_number, new_size, new_frames
+        self._fd_id = new_id
         self._compact_behind(self._number)
 
     def _compact_behind(self, start: int) -> None:

@@ -275,6 +275,23 @@ def test_a_run_held_for_a_file_it_cannot_see_changed_is_told_which_file_was_writ
     assert "workflows/example.py," not in preview and "workflows/example.py " not in preview
 
 
+def test_a_run_begun_after_an_edit_its_host_had_not_loaded_is_not_told_of_no_file(
+    project: Project,
+) -> None:
+    """An edit made after the host loaded the code, before the Run began (flow after an
+    edit): no file is newer than the Run, and the hint must not read as if nothing was
+    edited."""
+    ok(project.cli("start", "--json"))
+    source = project.root / "workflows" / "example.py"
+    source.write_text(source.read_text() + "# edited before the Run\n")
+    run_id = ok(project.cli("flow", "example", "--intent", "x", "--json"))["run"]["runId"]
+    ok(project.cli("stop", "--json"))
+    problem = _problem(project, run_id)
+    assert ("; no file of it was written since the Run began, by file times: the edit is older "
+            "(made after the Run's host had loaded the code), or removed a file") in problem, \
+        problem
+
+
 def _problem(project: Project, run_id: str) -> str:
     doctor = project.cli("doctor", "--json")
     [preview] = [r for r in doctor.json["runs"] if r["runId"] == run_id]

@@ -565,3 +565,28 @@ def test_doctor_names_a_service_file_that_keeps_changing_without_sending_its_rea
     said = _file_problem(lambda: observe_file(paths.service_lock, ServiceLock, rewritten))
     assert said is not None and "changed every time it was read" in said, said
     assert str(paths.service_lock) in said and "intloom doctor" not in said, said
+
+
+def test_a_fault_dump_is_a_line_of_its_own_not_text_inside_a_logged_message(
+        tmp_path: Path) -> None:
+    """A Step's error quoting a child's "Fatal Python error: Aborted", logged, then a kill
+    -9: doctor said the host had crashed in native code, with a stray '"}' in its words."""
+    from intloom.diagnostics.doctor import _fault_dump, _last_host_check
+
+    logged = (b'{"time":"T1","level":"info","event":"run_created","runId":"RUN-1"}\n'
+              b'{"time":"T2","level":"error","event":"run_failed","runId":"RUN-1",'
+              b'"message":"child said: Fatal Python error: Aborted"}\n')
+    assert _fault_dump(logged, tmp_path) is None
+    check = _last_host_check(("LOG-1.jsonl", logged), tmp_path, current=True)
+    assert check is not None and "ended without a word" in check.message, check
+    own = tmp_path / "workflows" / "w.py"
+    dump = logged + (
+        b"Fatal Python error: Aborted\n\nThread 0x1 (most recent call first):\n"
+        b'  File "/usr/lib/python3.11/threading.py", line 1 in wait\n\n'
+        b"Current thread 0x2 (most recent call first):\n"
+        b'  File "/usr/lib/python3.11/ctypes/__init__.py", line 519 in string_at\n'
+        + f'  File "{own}", line 7 in crash\n'.encode()
+        + b'  File "/x/intloom/host/daemon.py", line 5 in run\n')
+    assert _fault_dump(dump, tmp_path) == (
+        "Aborted", 'File "/usr/lib/python3.11/ctypes/__init__.py", line 519 in string_at, '
+        f'called from File "{own}", line 7 in crash')

@@ -20,6 +20,7 @@ from intloom.diagnostics.doctor import DoctorReport
 from intloom.project import ProjectPaths, load_config
 from intloom.runtime.model import Cursor, WaitingAction
 from intloom.runtime.records import (
+    Answered,
     EffectStarted,
     Executing,
     Header,
@@ -274,11 +275,22 @@ def test_a_changed_runs_advice_to_put_its_code_back_is_what_a_start_then_does(
                       StepReady(at=AT, stage="draft", step="review"),
                       Executing(at=AT, stage="draft", step="review"),
                       Waiting(at=AT, action=_action())],
+        "RUN-answered": [_header(root, "RUN-answered", identity=changed),
+                         StagePending(at=AT, stage="draft"),
+                         StepReady(at=AT, stage="draft", step="review"),
+                         Executing(at=AT, stage="draft", step="review"),
+                         Waiting(at=AT, action=_action()),
+                         Answered(at=AT, action_id="ASK-1", answer={"isConfirmed": True}),
+                         Executing(at=AT, stage="draft", step="review")],
     })
     problems = {p.run_id: p.problem or "" for p in run_doctor(root).runs}
     assert "restore the code the Run started with to resume it" in problems["RUN-ready"]
     # A wait resumes only where the code it started with has a recover entry for its Step,
     # which the journal does not say: "restore it to resume it" was untrue without one.
+    answered = problems["RUN-answered"]
+    assert ("the next start continues it in recover with the accepted answer only if Step "
+            "draft/review there has a recover entry") in answered, answered
+    assert "resumes its wait" not in answered, answered
     asked = problems["RUN-asked"]
     assert "to resume it" not in asked, asked
     assert ("with the code the Run started with put back, the next start resumes its wait "

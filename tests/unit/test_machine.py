@@ -272,14 +272,13 @@ def test_a_recover_that_waited_and_goes_on_after_its_answer_is_still_recover() -
     assert resumed is not None and resumed.executing_kind == "recover"
     verdict = restart_verdict(resumed, has_recover=True)
     assert (verdict.row, verdict.reason) == (
-        "recover", "the answer to ASK-2 was accepted and delivered; the recover entry that "
-        "asked it ran on without recording an effect and was cut; Step a/s1 continues in "
-        "recover")
+        "recover", "the answer to ASK-2 was accepted; any code the recover entry that asked it "
+        "ran after it recorded no effect and is not run again; Step a/s1 continues in recover")
     stepped = fold([*asked_again[:6], Executing(at="t", stage="a", step="s1")])
     assert stepped is not None
     assert restart_verdict(stepped, has_recover=True).reason == (
-        "the answer to ASK-1 was accepted and delivered; the code after its await ran without "
-        "recording an effect and was cut; Step a/s1 continues in recover")
+        "the answer to ASK-1 was accepted; any code the Step ran after it recorded no effect "
+        "and is not run again; Step a/s1 continues in recover")
     answered = fold(asked_again[:6])
     assert answered is not None
     assert restart_verdict(answered, has_recover=True).reason == (

@@ -133,21 +133,16 @@ def flow(
 
 
 def _edited_since_start(state: CliState, client: Client, workflow: str) -> list[SourceChange]:
-    """How ``workflow``'s source on disk differs from what the host loaded and the new Run
-    runs: an edit said nothing here, though ``status`` and ``start`` said it, and the Run,
-    begun on the old code, was held at the next start. Only its own source's tree is read."""
-    from intloom.client.drift import since_start
+    """How ``workflow``'s source on disk differs from what the host loaded, which the new
+    Run runs (``drift.workflow_since_start``); nothing when the host went meanwhile (the
+    Run's create or wait says so)."""
+    from intloom.client.drift import workflow_since_start
 
     try:
-        infos = client.workflows()
-        source = next((i.source for i in infos if i.name == workflow), None)
-        if source is None:
-            return []
-        changes = since_start(state.root(), client.status(),
-                              [i for i in infos if i.source == source])
+        return workflow_since_start(state.root(), client.status(), client.workflows(),
+                                    workflow)
     except IntloomError:
-        return []  # the host went meanwhile: the Run's wait says so
-    return [c for c in changes if c.source == source and c.change in ("edited", "unreadable")]
+        return []
 
 
 def _usable(state: CliState, workflow: str) -> None:
