@@ -12,7 +12,7 @@ import select
 import socket
 import sys
 import threading
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
@@ -95,6 +95,7 @@ _SIGNAL_SLICE: Final = 0.25
 _PROBE: Final = 2.0
 
 _R = TypeVar("_R")
+_T = TypeVar("_T")
 
 
 # Why a Client has no connection once the program closed it.
@@ -1354,6 +1355,26 @@ class Client:
             "loop over a generator kept in a variable leaves it open.",
         )
 
+    def _once(self, request: Request, act: Callable[[], _T]) -> _T:
+        """``act`` (``request`` sent, and its reply read where it has one). A reset means
+        not read, so not acted on: it is tried again once, on a new connection to the same
+        host instance (a stopping host refuses its hello: the error is CLI_SERVICE_CLOSING's,
+        "Nothing was sent"). An interruption (Ctrl-C) closes the connection, whose reply may
+        still come (``_interrupted``)."""
+        try:
+            try:
+                return act()
+            except _Reset:
+                try:
+                    return act()
+                except _Reset:
+                    raise self._reset_again(request) from None
+        except IntloomError:
+            raise
+        except BaseException as exc:
+            self._interrupted(request, exc)
+            raise
+
     def _call(self, request: Request, expect: type[_R]) -> _R:
         blocked = _on_hosts_loop(self.info.pid,
                                  f"A {type(request).__name__} request was made through a Client")
@@ -1363,22 +1384,7 @@ class Client:
         with self._turn:
             if self._streaming is not None:
                 raise self._streaming_error()
-            try:
-                try:
-                    reply = self._receive(self._send(request), request)
-                except _Reset:
-                    # Not read, so not acted on: sent again once, on a new connection to
-                    # the same host instance (a stopping host refuses its hello: the
-                    # error is CLI_SERVICE_CLOSING's, "Nothing was sent").
-                    try:
-                        reply = self._receive(self._send(request), request)
-                    except _Reset:
-                        raise self._reset_again(request) from None
-            except IntloomError:
-                raise
-            except BaseException as exc:
-                self._interrupted(request, exc)
-                raise
+            reply = self._once(request, lambda: self._receive(self._send(request), request))
         if not isinstance(reply, expect):
             self._shut(f"the host answered an earlier request ({type(request).__name__}) "
                        f"with {a_an(type(reply).__name__)}")
@@ -1494,21 +1500,9 @@ class Client:
                 if self._streaming is not None:
                     raise self._streaming_error()
                 mine = True
-                try:
-                    try:
-                        sock = self._send(request)
-                    except _Reset:  # not read: as in _call
-                        try:
-                            sock = self._send(request)
-                        except _Reset:
-                            raise self._reset_again(request) from None
-                except IntloomError:
-                    raise
-                except BaseException as exc:
-                    # Ctrl-C once the request may have gone: its events may come on this
-                    # connection, and the next request would read them as its reply.
-                    self._interrupted(request, exc)
-                    raise
+                # Ctrl-C once the request may have gone: its events may come on this
+                # connection, and the next request would have read them as its reply.
+                sock = self._once(request, lambda: self._send(request))
                 self._streaming = run_id
             while True:
                 event = self._receive(sock, request, stream=True)

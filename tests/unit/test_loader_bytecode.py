@@ -64,6 +64,17 @@ def test_a_tree_module_is_cached_by_the_hash_of_its_bytes(
     assert load() == "3.0.0" and len(compiled) == 3
 
 
+def _cached_under_umask_0(src: Path) -> Path:
+    """``src``, a module, written and loaded under umask 000: its cache file."""
+    src.write_text('VERSION = "1.0.0"\n')
+    old = os.umask(0)
+    try:
+        assert _version(_FromSource("helpers", str(src)).get_code("helpers")) == "1.0.0"
+    finally:
+        os.umask(old)
+    return Path(importlib.util.cache_from_source(str(src)))
+
+
 def test_a_cache_someone_else_may_write_is_not_run(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A host started under umask 000 left __pycache__ (and its .pyc) writable by all, and a
@@ -73,13 +84,7 @@ def test_a_cache_someone_else_may_write_is_not_run(
     host writes its own 0644, whatever the umask."""
     monkeypatch.setattr(sys, "dont_write_bytecode", False)
     src = tmp_path / "helpers.py"
-    src.write_text('VERSION = "1.0.0"\n')
-    old = os.umask(0)
-    try:
-        assert _version(_FromSource("helpers", str(src)).get_code("helpers")) == "1.0.0"
-    finally:
-        os.umask(old)
-    cached = Path(importlib.util.cache_from_source(str(src)))
+    cached = _cached_under_umask_0(src)
     assert cached.stat().st_mode & 0o777 == 0o644, oct(cached.stat().st_mode)
     # Nor its directory, which Python made 0777 under that umask: plain python (the
     # project's tests, a script) runs a .pyc another user puts there.
@@ -105,13 +110,7 @@ def test_a_cache_prefix_tree_is_made_writable_by_no_one_else(
     monkeypatch.setattr(sys, "pycache_prefix", str(prefix))
     src = tmp_path / "tree" / "helpers.py"
     src.parent.mkdir()
-    src.write_text('VERSION = "1.0.0"\n')
-    old = os.umask(0)
-    try:
-        assert _version(_FromSource("helpers", str(src)).get_code("helpers")) == "1.0.0"
-    finally:
-        os.umask(old)
-    cached = Path(importlib.util.cache_from_source(str(src)))
+    cached = _cached_under_umask_0(src)
     assert cached.is_relative_to(prefix) and cached.is_file(), cached
     made = [cached.parent, *[p for p in cached.parent.parents if p.is_relative_to(prefix)]]
     assert len(made) > 3
