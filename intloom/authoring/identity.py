@@ -42,6 +42,7 @@ __all__ = [
     "source_files",
     "source_root",
     "source_stats",
+    "touched_since",
     "workflow_identity",
     "written_since",
 ]
@@ -121,6 +122,22 @@ def named_files(names: list[str]) -> str:
     """``a.py, b.py and 2 more``."""
     more = len(names) - _NAMED_FILES
     return ", ".join(names[:_NAMED_FILES]) + (f" and {more} more" if more > 0 else "")
+
+
+def touched_since(entry: Path, since: float) -> bool:
+    """Whether any file or directory of ``entry``'s source tree was written, created,
+    renamed or removed (a directory's times move then) after ``since`` (a POSIX time), by
+    the later of its modification and inode change times, which no tool sets back. True
+    when the tree cannot be listed: only a False lets a caller skip hashing it."""
+    dirs: list[tuple[str, _Sig]] = []
+    try:
+        files = _source_stats(entry, dirs)
+    except (OSError, IntloomError):
+        return True
+    after = int(since * 1e9)
+    if any(sig[0] == -1 or max(sig[3], sig[4]) > after for _path, sig in dirs):
+        return True
+    return any(max(st.st_mtime_ns, st.st_ctime_ns) > after for _rel, _path, st in files)
 
 
 def written_since(entry: Path, since: float) -> list[Path] | None:

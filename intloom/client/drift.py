@@ -208,8 +208,18 @@ def workflow_since_start(root: Path, service: ServiceView, flows: list[WorkflowI
     host loaded (``edited``, ``unreadable``), for ``flow``: an edit said nothing there,
     though ``status`` and ``start`` said it, and the new Run, begun on the old code, was
     held at the next start. Only that source's tree is read."""
+    from intloom.authoring.identity import touched_since
+
     source = next((i.source for i in flows if i.name == workflow), None)
     if source is None:
+        return []
+    try:
+        started = datetime.fromisoformat(service.started_at).timestamp()
+    except ValueError:
+        started = None
+    if started is not None and not touched_since(root / source, started):
+        # Nothing of its tree written since the host started: the load's bytes are the
+        # tree's, and hashing it (a package holding a model of GBs) is every flow's cost.
         return []
     changes = since_start(root, service, [i for i in flows if i.source == source])
     return [c for c in changes if c.source == source and c.change in ("edited", "unreadable")]

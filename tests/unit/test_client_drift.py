@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -326,3 +327,30 @@ def test_a_source_that_failed_to_load_and_was_written_since_is_retried(tmp_path:
     [said, advice] = changed_lines([msgspec.to_builtins(change)])
     assert said == f"Changed  {change.message}", said
     assert "are then held" not in advice, advice
+
+
+def test_flow_hashes_its_workflow_only_when_its_tree_was_touched_since_the_host_started(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """flow compares its Workflow's tree before each Run: a package holding a model of GBs
+    was read whole by every flow. A tree no file or directory of which was written since the
+    host started is not hashed; one written to is, and its edit named."""
+    import msgspec
+
+    from intloom.client import drift
+
+    root = _project(tmp_path, "wf")
+    flows = [_loaded(root, "wf", "a")]
+    hashed: list[str] = []
+    real = drift.since_start
+
+    def counting(*args: Any, **kw: Any) -> list[drift.SourceChange]:
+        hashed.append("x")
+        return real(*args, **kw)
+
+    monkeypatch.setattr(drift, "since_start", counting)
+    later = msgspec.structs.replace(_service(root), started_at="2999-01-01T00:00:00.000Z")
+    assert drift.workflow_since_start(root, later, flows, "a") == []
+    assert hashed == []  # untouched since the (future) start: not read
+    (root / "wf" / "__init__.py").write_text("# edited\n")
+    changes = drift.workflow_since_start(root, _service(root), flows, "a")
+    assert hashed == ["x"] and [c.change for c in changes] == ["edited"], changes
