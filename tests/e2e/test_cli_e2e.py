@@ -922,3 +922,21 @@ def test_logs_shows_the_running_hosts_log_after_the_clock_was_moved_back(
             "log_opened", service["instanceId"]), shown.stdout
     finally:
         assert project.cli("stop").code == 0
+
+
+def test_runs_shows_the_questions_of_the_first_waiting_runs_and_counts_the_rest(
+        project: Project) -> None:
+    """10,000 waiting Runs printed 50,000 lines of what each asks under the table, which
+    scrolled away: the first 20 are shown, the rest counted, with where to see them."""
+    from intloom.client.client import Client
+
+    ok(project.cli("start", "--json"))
+    with Client.connect(project.root) as client:
+        for n in range(23):
+            assert client.create_run("example", f"notes {n}").status == "waiting"
+    listed = project.cli("runs").stdout
+    assert listed.count("  answer: ") == 20, listed
+    assert listed.rstrip().endswith(
+        "... and 3 more waiting Runs: intloom attach RUN shows what one asks, intloom runs "
+        "--json lists every one."), listed[-300:]
+    assert len(ok(project.cli("runs", "--json"))["runs"]) == 23

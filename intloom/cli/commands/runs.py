@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Final
 
 import typer
 
@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 __all__ = ["answer", "cancel", "finish_run", "flow", "flows", "runs"]
 
 RunArg = Annotated[str, typer.Argument(metavar="RUN", help="The Run's id (RUN-...).")]
+# The waiting Runs whose question ``runs`` prints under its table; the rest are counted.
+_ASKS_SHOWN: Final = 20
 
 
 def finish_run(state: CliState, run: RunView, *, prefix: list[str] | None = None,
@@ -284,10 +286,19 @@ def runs(
     # What each waiting Run asks, so that an answer can be composed from this output alone.
     asks: list[str] = []
     intloom = state.intloom()
+    shown = 0
     for view in views:
+        if shown == _ASKS_SHOWN:
+            # 10,000 waiting Runs gave 50,000 lines of these, under which the table
+            # scrolled away.
+            waiting = sum(1 for v in views if asked_lines(v, intloom=intloom))
+            asks.extend(["", f"... and {waiting - shown:,} more waiting Runs: intloom attach "
+                             f"RUN shows what one asks, intloom runs --json lists every one."])
+            break
         block = asked_lines(view, intloom=intloom)
         if block:
             asks.extend(["", *block])  # a blank line: the table's rows end above
+            shown += 1
     if asks:
         renderer.lines(asks)
     if any(((v.get("lastError") or {}).get("code")) == "RUN_CHECKPOINT_FAILED" for v in views):
