@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import TYPE_CHECKING, Annotated, Any, Final
 
 import typer
@@ -286,19 +287,15 @@ def runs(
     # What each waiting Run asks, so that an answer can be composed from this output alone.
     asks: list[str] = []
     intloom = state.intloom()
-    shown = 0
-    for view in views:
-        if shown == _ASKS_SHOWN:
-            # 10,000 waiting Runs gave 50,000 lines of these, under which the table
-            # scrolled away.
-            waiting = sum(1 for v in views if asked_lines(v, intloom=intloom))
-            asks.extend(["", f"... and {waiting - shown:,} more waiting Runs: intloom attach "
-                             f"RUN shows what one asks, intloom runs --json lists every one."])
-            break
-        block = asked_lines(view, intloom=intloom)
-        if block:
-            asks.extend(["", *block])  # a blank line: the table's rows end above
-            shown += 1
+    blocks = (block for block in (asked_lines(v, intloom=intloom) for v in views) if block)
+    for block in itertools.islice(blocks, _ASKS_SHOWN):
+        asks.extend(["", *block])  # a blank line: the table's rows end above
+    # The rest counted: 10,000 waiting Runs gave 50,000 lines of these, under which the
+    # table scrolled away.
+    more = sum(1 for _ in blocks)
+    if more:
+        asks.extend(["", f"... and {more:,} more waiting Runs: intloom attach RUN shows what "
+                         "one asks, intloom runs --json lists every one."])
     if asks:
         renderer.lines(asks)
     if any(((v.get("lastError") or {}).get("code")) == "RUN_CHECKPOINT_FAILED" for v in views):
