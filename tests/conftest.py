@@ -81,6 +81,12 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ[TEST_PORTS_ENV] = claim_ports()
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: one worker more than the CPUs this process may run on (pyproject.toml
+    caps it): a worker mostly waits on a host, a subprocess or an fdatasync."""
+    return len(os.sched_getaffinity(0)) + 1
+
+
 # The signals whose handling the code under test changes (Ctrl-C, a stop, a hang-up, Ctrl-\\).
 _WATCHED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 

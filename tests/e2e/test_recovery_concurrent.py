@@ -20,10 +20,10 @@ from tests.helpers import CliResult, Project
 
 pytestmark = pytest.mark.e2e
 
-# Each round costs about half a second of three CLI processes. The suite runs 15: a race
-# that 15 rounds never hit is still found by the deeper run the issue asked for, fifty
+# Each round costs about half a second of three CLI processes. The suite runs 8: a race
+# that 8 rounds never hit is still found by the deeper run the issue asked for, fifty
 # rounds or more: INTLOOM_RECOVERY_ROUNDS=50 scripts/test tests/e2e/test_recovery_concurrent.py
-ROUNDS = int(os.environ.get("INTLOOM_RECOVERY_ROUNDS", "15"))
+ROUNDS = int(os.environ.get("INTLOOM_RECOVERY_ROUNDS", "8"))
 
 RECOVER_ERRORS = {"CLI_RECOVERY_BLOCKED", "CLI_RECOVERY_CONFLICT"}
 START_ERRORS = {"CLI_SERVICE_BUSY", "CLI_SERVICE_UNAVAILABLE", "CLI_SERVICE_CLOSING"}

@@ -10,7 +10,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -296,22 +296,36 @@ def test_files_removed_while_their_owner_is_judged_are_read_again(
     assert len(probes) == 2, probes  # judged, then judged again from the files now there
 
 
-def _cuts_one_hello_then_stops_listening(port: int) -> threading.Thread:
+def _cuts_one_hello_then_stops_listening(port: int) -> Callable[[], None]:
     """A listener that accepts one connection, stops listening, then closes that connection
-    unanswered: what a stop that closes its listener does to a hello it had not answered."""
+    unanswered: what a stop that closes its listener does to a hello it had not answered.
+    Returns what ends it: a diagnosis that never connects (no OS lock held: nothing to ask)
+    left it in ``accept`` for the join's 10 s, and its socket open after the test."""
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", port))
     sock.listen(1)
+    accepted = threading.Event()
 
     def serve() -> None:
         with sock:
-            conn, _ = sock.accept()
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                return  # shut down by finish(): no connection came
+            accepted.set()
         conn.close()
+
+    def finish() -> None:
+        if not accepted.is_set():
+            with contextlib.suppress(OSError):  # closed by serve() meanwhile
+                sock.shutdown(socket.SHUT_RDWR)
+        thread.join(timeout=10)
+        assert not thread.is_alive(), "the listener did not end"
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
-    return thread
+    return finish
 
 
 @contextlib.contextmanager
@@ -343,9 +357,9 @@ def test_a_hello_cut_by_a_host_that_stopped_listening_on_its_way_out(
     with _host_files(tmp_path, log_says) as (root, port, proc):
         paths = ProjectPaths(root)
         with lock_holder(paths.service_lock) if os_lock else contextlib.nullcontext():
-            listener = _cuts_one_hello_then_stops_listening(port)
+            finish = _cuts_one_hello_then_stops_listening(port)
             diagnosis = diagnose(root)
-            listener.join(timeout=10)
+            finish()
     assert diagnosis.status == "blocked"
     if log_says == "service_stopping" and os_lock:
         assert diagnosis.message.startswith(
@@ -367,10 +381,10 @@ def test_a_clients_hello_cut_by_a_host_whose_stop_began_is_told_it_is_closing(
 
     with (_host_files(tmp_path, log_says) as (root, port, proc),
           lock_holder(ProjectPaths(root).service_lock)):
-        listener = _cuts_one_hello_then_stops_listening(port)
+        finish = _cuts_one_hello_then_stops_listening(port)
         with pytest.raises(IntloomError) as refused:
             Client.connect(root, timeout=10)
-        listener.join(timeout=10)
+        finish()
     error = refused.value
     if log_says == "service_stopping":
         assert error.code == "CLI_SERVICE_CLOSING", error
