@@ -68,6 +68,40 @@ def _refused(entry: Path) -> str | None:
     return None
 
 
+# A file's times come from the kernel's coarse clock, which runs up to a tick behind
+# time.time(), and started_at is cut to the millisecond (some file systems keep 2 s): a file
+# written just after the host started could carry a time before it. Any tree touched this
+# close to the start is hashed.
+_TIME_SLACK_S: Final = 2.0
+
+
+class _Untouched:
+    """Whether a source's tree is untouched since the host started: then the bytes the host
+    loaded are still the tree's, and hashing it (a package holding a model of GBs, every
+    file read whole) is no call's cost. Each tree is listed once per call, however many
+    single-file sources share its directory (1,000 of them listed it 1,000 times)."""
+
+    def __init__(self, started_at: str) -> None:
+        try:
+            self.since: float | None = (
+                datetime.fromisoformat(started_at).timestamp() - _TIME_SLACK_S)
+        except ValueError:
+            self.since = None
+        self.seen: dict[tuple[str, bool], bool] = {}
+
+    def __call__(self, entry: Path) -> bool:
+        from intloom.authoring.identity import source_root, touched_since
+
+        if self.since is None:
+            return False
+        root = source_root(entry)
+        key = (os.path.normpath(root), root != entry)
+        found = self.seen.get(key)
+        if found is None:
+            found = self.seen[key] = not touched_since(entry, self.since)
+        return found
+
+
 def since_start(root: Path, service: ServiceView, flows: list[WorkflowInfo]
                 ) -> list[SourceChange]:
     """How the project on disk differs from what the running host loaded."""
@@ -147,6 +181,7 @@ def since_start(root: Path, service: ServiceView, flows: list[WorkflowInfo]
     elif service.package_version != __version__ or service.protocol_version != PROTOCOL:
         return out  # a host too old to say its Workflow protocol: identities not comparable
     trees: Trees = {}  # each source tree read once, for all the Workflows that share it
+    untouched = _Untouched(service.started_at)
     for source, infos in loaded.items():
         if os.path.normpath(source) not in listed:
             continue
@@ -184,6 +219,8 @@ def since_start(root: Path, service: ServiceView, flows: list[WorkflowInfo]
                     source, "unreadable", f"{source} no longer exists; the host runs "
                     f"{info.name} {info.version} as it loaded it.", info.name))
                 break  # one line for the source, whichever of its Workflows
+            if untouched(entry):
+                continue
             try:
                 now = workflow_identity(info.name, info.version, entry, trees=trees)
             except IntloomError as exc:
@@ -208,18 +245,10 @@ def workflow_since_start(root: Path, service: ServiceView, flows: list[WorkflowI
     host loaded (``edited``, ``unreadable``), for ``flow``: an edit said nothing there,
     though ``status`` and ``start`` said it, and the new Run, begun on the old code, was
     held at the next start. Only that source's tree is read."""
-    from intloom.authoring.identity import touched_since
-
     source = next((i.source for i in flows if i.name == workflow), None)
     if source is None:
         return []
-    try:
-        started = datetime.fromisoformat(service.started_at).timestamp()
-    except ValueError:
-        started = None
-    if started is not None and not touched_since(root / source, started):
-        # Nothing of its tree written since the host started: the load's bytes are the
-        # tree's, and hashing it (a package holding a model of GBs) is every flow's cost.
+    if _Untouched(service.started_at)(root / source):
         return []
     changes = since_start(root, service, [i for i in flows if i.source == source])
     return [c for c in changes if c.source == source and c.change in ("edited", "unreadable")]

@@ -354,3 +354,64 @@ def test_flow_hashes_its_workflow_only_when_its_tree_was_touched_since_the_host_
     (root / "wf" / "__init__.py").write_text("# edited\n")
     changes = drift.workflow_since_start(root, _service(root), flows, "a")
     assert hashed == ["x"] and [c.change for c in changes] == ["edited"], changes
+
+
+# Audit events seen while ``_watching`` is set: an audit hook cannot be removed, so the one
+# this module installs (once, in whichever worker runs it) records nothing otherwise.
+_watching: list[bool] = []
+_seen: list[tuple[str, str]] = []
+_hooked: list[bool] = []
+
+
+def _audit(event: str, args: tuple[Any, ...]) -> None:
+    if _watching and event in ("open", "os.scandir") and args and args[0] is not None:
+        _seen.append((event, os.fspath(args[0]) if isinstance(args[0], (str, Path)) else ""))
+
+
+def _touches(call: Any) -> list[tuple[str, str]]:
+    """The files opened and directories listed while ``call()`` ran."""
+    import sys
+
+    if not _hooked:
+        sys.addaudithook(_audit)
+        _hooked.append(True)
+    _seen.clear()
+    _watching.append(True)
+    try:
+        call()
+    finally:
+        _watching.clear()
+    return list(_seen)
+
+
+def test_status_reads_no_tree_untouched_since_the_host_started(tmp_path: Path) -> None:
+    """status, flows, doctor and a reusing start read every file of every package tree
+    whole to hash it: a 2 GiB model beside the code cost each of them 2 GiB of memory and
+    seconds. A tree no file or directory of which was written since the host started holds
+    what the host loaded, and is not read; each directory of single-file sources is listed
+    once for all of them (1,000 such sources listed it 1,000 times). Touched, the tree is
+    hashed, and a data file's edit named."""
+    import msgspec
+
+    root = _project(tmp_path, "wf/pkg")
+    model = root / "wf" / "pkg" / "model.bin"
+    model.write_bytes(b"\0" * 4096)
+    for name in ("a", "b", "c"):
+        (root / "wf" / f"{name}.py").write_text(f"# {name}\n")
+    (root / "intloom.toml").write_text('workflows = ["wf/pkg", "wf/a.py", "wf/b.py", "wf/c.py"]\n')
+    flows = [_loaded(root, "wf/pkg", "p")] + [
+        _loaded(root, f"wf/{name}.py", name) for name in ("a", "b", "c")]
+    later = msgspec.structs.replace(_service(root), started_at="2999-01-01T00:00:00.000Z")
+    found: list[Any] = []
+    seen = _touches(lambda: found.extend(since_start(root, later, flows)))
+    assert found == []
+    tree = str(root / "wf")
+    assert not [path for event, path in seen if event == "open" and path.startswith(tree)], seen
+    listed = [path for event, path in seen if event == "os.scandir"]
+    # wf/ once for a.py, b.py and c.py (their tree, wf/pkg/ in it), and wf/pkg/ as a package.
+    assert sorted(listed) == [tree, str(root / "wf" / "pkg"), str(root / "wf" / "pkg")], listed
+    # Written since the start (the _service's, in the past): hashed, and the edit named.
+    model.write_bytes(b"\1" * 4096)
+    seen = _touches(lambda: found.extend(since_start(root, _service(root), flows)))
+    assert [(c.source, c.change) for c in found] == [("wf/pkg", "edited")], found
+    assert ("open", str(model)) in seen, seen
