@@ -547,6 +547,42 @@ def test_logs_render_filter_and_stream_raw_json(project: Project) -> None:
     assert [json.loads(line)["event"] for line in raw.stdout.splitlines()] == ["run_x"]
 
 
+def test_logs_tail_prints_only_the_last_records_it_would_print(project: Project) -> None:
+    """``--tail N``: the last N of the records ``logs`` would print, of the newest log, of
+    every log with ``--all``, of one Run's records with RUN. An unreadable line among them
+    keeps its own file and offset, though it is printed after the lines read past it."""
+    logs = project.state / "logs"
+    project.state.mkdir(mode=0o700)
+    _write_log(logs, "LOG-20260101T000000000Z.jsonl",
+               {"time": "T0", "level": "info", "event": "old_host", "runId": "RUN-a"})
+    newest = _write_log(logs, "LOG-20260102T000000000Z.jsonl",
+                        {"time": "T1", "level": "info", "event": "log_opened", "pid": 1})
+    torn_at = newest.stat().st_size
+    with open(newest, "a") as fh:
+        fh.write('{"time": "T2", "torn\n')
+    _write_log(logs, newest.name,
+               {"time": "T3", "level": "warning", "event": "run_x", "runId": "RUN-a"},
+               {"time": "T4", "level": "info", "event": "run_y", "runId": "RUN-b"})
+    assert project.cli("logs", "--tail", "2").stdout.splitlines() == [
+        "T3 warning run_x runId=RUN-a", "T4 info    run_y runId=RUN-b"]
+    every = project.cli("logs", "--all", "-n", "5", "--json")
+    assert every.code == 0, every.stderr
+    records = [json.loads(line) for line in every.stdout.splitlines()]
+    assert [r["event"] for r in records] == [
+        "old_host", "log_opened", "unreadable_line", "run_x", "run_y"], records
+    assert (records[2]["file"], records[2]["offset"]) == (
+        f".intloom/logs/{newest.name}", torn_at), records[2]
+    assert [r["event"] for r in records][-3:] == [
+        json.loads(line)["event"]
+        for line in project.cli("logs", "--tail", "3", "--json").stdout.splitlines()]
+    only = project.cli("logs", "RUN-a", "--all", "--tail", "1", "--json")
+    assert [json.loads(line)["event"] for line in only.stdout.splitlines()] == ["run_x"]
+    nothing = project.cli("logs", "--tail", "0")
+    assert (nothing.code, nothing.stdout, nothing.stderr) == (0, "", "")
+    refused = project.cli("logs", "--tail", "-1")
+    assert refused.code == 2 and "-1" in refused.stderr, refused.stderr
+
+
 def test_logs_report_a_fifo_or_a_link_among_the_logs_and_leave_them_untouched(
     project: Project,
 ) -> None:
@@ -609,11 +645,12 @@ class _Lines:
 
 
 @contextlib.contextmanager
-def _following(project: Project) -> Iterator[subprocess.Popen[bytes]]:
-    """``intloom logs --follow`` on ``project``, killed and reaped if still running."""
+def _following(project: Project, *more: str) -> Iterator[subprocess.Popen[bytes]]:
+    """``intloom logs --follow [MORE]`` on ``project``, killed and reaped if still running."""
     env = {**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(REPO)}
     with subprocess.Popen(
-        [sys.executable, "-m", "intloom", "--project", str(project.root), "logs", "--follow"],
+        [sys.executable, "-m", "intloom", "--project", str(project.root), "logs", "--follow",
+         *more],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
     ) as proc:
         try:
@@ -650,6 +687,23 @@ def test_logs_follow_survives_a_new_host_log_and_stops_on_sigterm(project: Proje
         # still new, and followed.
         _write_log(logs, "LOG-20250101T000000000Z.jsonl", {"time": "T4", "event": "back"})
         assert "back" in lines.next()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+
+
+def test_logs_follow_with_tail_starts_from_the_last_records_then_prints_every_new_one(
+    project: Project,
+) -> None:
+    logs = project.state / "logs"
+    project.state.mkdir(mode=0o700)
+    _write_log(logs, "LOG-20260101T000000000Z.jsonl",
+               *({"time": f"T{i}", "event": f"old_{i}"} for i in range(5)))
+    with _following(project, "--tail", "2") as proc:
+        lines = _Lines(proc)
+        assert "old_3" in lines.next() and "old_4" in lines.next()
+        _write_log(logs, "LOG-20260101T000000000Z.jsonl", {"time": "T5", "event": "new_5"},
+                   {"time": "T6", "event": "new_6"})
+        assert "new_5" in lines.next() and "new_6" in lines.next()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=10) == 0
 

@@ -1,9 +1,11 @@
-"""``intloom logs [RUN] [--follow]``: the host's structured log. Works offline.
+"""``intloom logs [RUN] [--follow] [--tail N]``: the host's structured log. Works offline.
 
 Text mode renders ``time level event key=value``; ``--json`` streams the raw JSONL lines (the
 one exception to "one JSON document": a stream of them), an unreadable line wrapped as a record
 (``unreadable_line``) so that every line of the stream is a JSON object. ``--follow`` keeps
 reading across host restarts, each of which starts a new log file, until Ctrl-C or SIGTERM.
+``--tail N`` prints only the last N of the records it would print (then, with ``--follow``,
+every new one).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import json
 import os
 import signal
 import threading
+from collections import deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Final
@@ -54,12 +57,40 @@ def _invalid_utf8(line: str) -> bytes | None:
     return None
 
 
+class _Printer:
+    """An ``emit`` for LogTail, the lines it chose (``printed``), and ``release``: with
+    ``keep`` (``--tail N``), the lines chosen are held, the last ``keep`` of them, until
+    ``release`` prints them; every line after is printed as it comes."""
+
+    def __init__(self, show: Callable[[str], Callable[[], None] | None],
+                 keep: int | None) -> None:
+        self.show = show
+        self.printed = 0
+        self.held: deque[Callable[[], None]] | None = (
+            None if keep is None else deque(maxlen=keep))
+
+    def emit(self, line: str) -> None:
+        shown = self.show(line)
+        if shown is None:
+            return
+        self.printed += 1
+        if self.held is None:
+            shown()
+        else:
+            # Only the last N are rendered: the rest of a long log is decoded and dropped.
+            self.held.append(shown)
+
+    def release(self) -> None:
+        held, self.held = self.held, None
+        for shown in held or ():
+            shown()
+
+
 def _printer(renderer: Renderer, run_id: str | None, root: Path,
-             where: Callable[[], tuple[Path, int] | None]
-             ) -> tuple[Callable[[str], None], list[int]]:
-    """An ``emit`` for LogTail, and a one-item counter of the lines it printed. ``where``
-    gives the file and byte offset of the line being emitted (``LogTail.line_at``)."""
-    printed = [0]
+             where: Callable[[], tuple[Path, int] | None], keep: int | None = None
+             ) -> _Printer:
+    """The ``_Printer`` of ``logs``. ``where`` gives the file and byte offset of the line
+    being emitted (``LogTail.line_at``)."""
     # Inside the traceback Python's fault handler wrote at a fatal signal (HostLog.
     # catch_faults): its plain text lines are the host's last words, not damage.
     dumping = [False]
@@ -72,7 +103,8 @@ def _printer(renderer: Renderer, run_id: str | None, root: Path,
         return {"file": str(path.relative_to(root)) if path.is_relative_to(root) else str(path),
                 "offset": offset}
 
-    def emit(line: str) -> None:
+    def show(line: str) -> Callable[[], None] | None:
+        """What prints ``line``, or None when it is not to be printed."""
         # LogTail decodes with surrogateescape: a byte that is not UTF-8 (damage, a foreign
         # writer) is a lone surrogate here, so the line's bytes are still known exactly.
         raw = _invalid_utf8(line)
@@ -89,8 +121,15 @@ def _printer(renderer: Renderer, run_id: str | None, root: Path,
             dumping[0] = True
         if run_id is not None and not (
                 _about(record, run_id) if isinstance(record, Mapping) else run_id in line):
-            return
-        printed[0] += 1
+            return None
+        # Where an unreadable line is, and whether it is in a fault dump, as of now: it may
+        # be printed after the lines that follow it are read.
+        at = place() if not isinstance(record, Mapping) else {}
+        fault = dumping[0]
+        return lambda: _print(line, raw, readable, record, fault, at)
+
+    def _print(line: str, raw: bytes | None, readable: str, record: Any, fault: bool,
+               at: dict[str, Any]) -> None:
         if renderer.json_mode:
             # Bytes that are not UTF-8 are shown as U+FFFD, so that every JSON reader takes
             # the line; lineBase64 keeps them as they are in the file and marks the line.
@@ -100,10 +139,10 @@ def _printer(renderer: Renderer, run_id: str | None, root: Path,
                 # JSONL reader of the stream. It is wrapped as one, its text kept.
                 # Its file and offset: with --all, or beside a good copy, "which line" is
                 # otherwise left to guess.
-                kind = ({"time": None, "level": "fatal", "event": "fault_dump"} if dumping[0]
+                kind = ({"time": None, "level": "fatal", "event": "fault_dump"} if fault
                         else {"time": None, "level": "error", "event": "unreadable_line"})
                 readable = msgspec.json.encode(
-                    {**kind, "line": readable, **exact, **place()}).decode()
+                    {**kind, "line": readable, **exact, **at}).decode()
             elif exact:
                 readable = msgspec.json.encode({**record, **exact}).decode()
             renderer.raw(readable + "\n")
@@ -114,14 +153,13 @@ def _printer(renderer: Renderer, run_id: str | None, root: Path,
                 with contextlib.suppress(ValueError):
                     record = json.loads(line)
             renderer.lines([log_line(record)])
-        elif dumping[0]:
+        elif fault:
             renderer.lines([f"- fatal   fault_dump {line[:200]}"])  # log_line's columns
         else:
-            at = place()
             shown = f" ({at['file']} at byte {at['offset']})" if at else ""
             renderer.lines([f"- ????? unreadable log line{shown}: {line[:200]}"])
 
-    return emit, printed
+    return _Printer(show, keep)
 
 
 def _skipped(renderer: Renderer, root: Path) -> Callable[[Path, str], None]:
@@ -300,6 +338,11 @@ def logs(
     all_files: Annotated[
         bool, typer.Option("--all", help="Every host's log, oldest first, not only the newest.")
     ] = False,
+    last: Annotated[
+        int | None,
+        typer.Option("--tail", "-n", min=0, metavar="N", show_default=False,
+                     help="Only the last N records (then, with --follow, every new one)."),
+    ] = None,
 ) -> None:
     """Show the host log (structured), optionally for one Run. Works offline."""
     from intloom.project import ProjectPaths
@@ -316,8 +359,8 @@ def logs(
     _refuse_links(paths.state, logs_dir)
     renderer = state.renderer
     tails: list[LogTail] = []  # the printer asks the tail where each line is
-    emit, printed = _printer(renderer, run_id, root,
-                             lambda: tails[0].line_at if tails else None)
+    printer = _printer(renderer, run_id, root, lambda: tails[0].line_at if tails else None,
+                       last)
     refused: list[tuple[str, str]] = []
 
     def on_refused(path: Path, exc: OSError) -> None:
@@ -343,7 +386,7 @@ def logs(
             f"{shown} is missing: service.json names it as its host's log, and it is not "
             "there (removed or moved). What follows is the newest log left, an earlier "
             "host's; intloom logs --all shows every log there is."))
-    tail = LogTail(logs_dir, emit, all_files=all_files, on_skipped=_skipped(renderer, root),
+    tail = LogTail(logs_dir, printer.emit, all_files=all_files, on_skipped=_skipped(renderer, root),
                    newest=named, on_reread=_reread(renderer, root),
                    on_refused=on_refused, on_foreign=_foreign(renderer, root))
     tails.append(tail)
@@ -362,12 +405,14 @@ def logs(
         try:
             with contextlib.suppress(KeyboardInterrupt), on_reader_gone(gone):
                 tail.pump()
+                printer.release()
                 _follow(tail, root, logs_dir, stop)
         finally:
             signal.signal(signal.SIGTERM, previous)
         return
     tail.pump()
     tail.finish()
+    printer.release()
     if refused:
         facts = "; ".join(fact for fact, _ in refused)
         fixes = "; ".join(dict.fromkeys(fix for _, fix in refused))
@@ -380,7 +425,7 @@ def logs(
             f"{'file was' if len(refused) == 1 else 'files were'} left as "
             f"{'it is' if len(refused) == 1 else 'they are'}.",
         )
-    if printed[0] == 0:
+    if printer.printed == 0:
         if not log_files(logs_dir):
             renderer.note(f"No host log yet under {logs_dir}; intloom start writes one.")
         elif run_id is not None:
