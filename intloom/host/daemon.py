@@ -1062,6 +1062,7 @@ class Host:
             if self._starved is not None:
                 raise self._starved
             if not self._stop.is_set():
+                self._keep_lock()
                 self._service_back()
                 if (self.log is not None and self.log.removed()
                         and self.ownership.moved_fix() is None):
@@ -1128,6 +1129,26 @@ class Host:
         if pruned.removed:
             log.info("logs_pruned", count=len(pruned.removed), freed=pruned.freed,
                      left=pruned.total, removed=pruned.removed[:_PRUNED_NAMED])
+
+    def _keep_lock(self) -> None:
+        """The OS lock on ``service.lock`` taken again when code running in the host closed
+        its descriptor (``Ownership.keep_lock``); when it cannot be, the host stops: nothing
+        would keep a second host off the project. Seen within ``_HOME_LOOK``; said in the
+        log."""
+        try:
+            kept = self.ownership.keep_lock()
+        except IntloomError as exc:
+            if self.log is not None:
+                self.log.error("service_lock_lost", path=str(self.paths.service_lock),
+                               message=exc.message)
+            self.request_stop("service.lock lost")
+            return
+        if kept == "retaken" and self.log is not None:
+            self.log.warning(
+                "service_lock_retaken", path=str(self.paths.service_lock),
+                message="Code running in the host (a Workflow's Step, Tool or on_complete) "
+                "closed the descriptor holding the OS lock on service.lock; the host took the "
+                "lock again. Descriptors belong to the host: close only those you opened.")
 
     def _service_back(self) -> None:
         """``service.json`` removed by hand while this host serves is written again (see

@@ -16,7 +16,7 @@ import os
 import secrets
 import time
 from pathlib import Path
-from typing import Final
+from typing import Final, Literal
 
 from intloom.errors import IntloomError
 from intloom.fsutil import (
@@ -127,6 +127,10 @@ class Ownership:
         self.identity = identity
         self.started_at = started_at
         self._lock_fd: int | None = None
+        # The (device, inode) of the service.lock this host created: its descriptor must go
+        # on naming it (``keep_lock``).
+        self._lock_id: tuple[int, int] | None = None
+        self._relock = False  # its descriptor was lost and the lock not yet taken again
         # .intloom/ itself, open: where it is now when the project directory was moved
         # (``elsewhere``); the lock's own descriptor cannot tell (it was made under a temp
         # name and linked into place, so /proc names that removed name).
@@ -168,12 +172,54 @@ class Ownership:
                 "CLI_SERVICE_BUSY", BUSY_MESSAGE.format(path=self.paths.service_lock)
             ) from None
         self._lock_fd = fd
+        self._lock_id = _fd_identity(fd)
         if not _flock(fd, self.paths.service_lock):
             raise IntloomError(
                 "CLI_SERVICE_BUSY",
                 f"Another process holds the OS lock on {self.paths.service_lock}. Run intloom "
                 "doctor to see who, then retry.",
             )
+
+    def keep_lock(self) -> Literal["held", "retaken", "waiting"]:
+        """Take the OS lock on ``service.lock`` again when code running in the host closed
+        the descriptor that held it (a Step's ``os.closerange``, a library that daemonises):
+        the host served on, every command then found the lock file's owner alive and its
+        OS lock free, refused it, and doctor called it another copy's host. ``held``: as
+        taken; ``retaken``: taken again now, on a new descriptor (the old number, closed or
+        another file's now, is not ours to close); ``waiting``: a probe holds it this instant.
+        Raises IntloomError when the lock file is no longer the one this host created (removed
+        or replaced meanwhile): nothing then keeps a second host off the project."""
+        fd, ours = self._lock_fd, self._lock_id
+        if ours is None or (fd is None and not self._relock):
+            return "held"  # never taken, or released
+        if fd is not None and _fd_identity(fd) == ours:
+            return "held"
+        self._lock_fd, self._relock = None, True
+        path = self.paths.service_lock
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as exc:
+            raise IntloomError(
+                "CLI_SERVICE_METADATA_INVALID",
+                f"Code running in the host closed the descriptor holding the OS lock on "
+                f"{path}, which cannot be opened again ({exc.strerror or exc}): nothing keeps "
+                "a second host off this project, so this host stops.") from None
+        try:
+            if _identity(os.fstat(fd)) != ours:
+                raise IntloomError(
+                    "CLI_SERVICE_METADATA_INVALID",
+                    f"Code running in the host closed the descriptor holding the OS lock on "
+                    f"{path}, and that file is another one now (removed or replaced): nothing "
+                    "keeps a second host off this project, so this host stops.")
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return "waiting"  # a probe's instant; the next look takes it
+        except BaseException:
+            os.close(fd)
+            raise
+        self._lock_fd, self._relock = fd, False
+        return "retaken"
 
     def saved_connection(self) -> Connection | None:
         """The previous ``connection.json`` (its port and token are reused). Strict."""
@@ -297,7 +343,7 @@ class Ownership:
         problems: list[str] = []
         checks = ((self.paths.service_json, self._wrote_service,
                    lambda: read_service(self.paths.service_json, self.paths.root)),
-                  (self.paths.service_lock, self._lock_fd is not None,
+                  (self.paths.service_lock, self._lock_id is not None,
                    lambda: read_lock(self.paths.service_lock)))
         for path, wrote, read in checks:
             if not wrote:
@@ -310,7 +356,7 @@ class Ownership:
             if not self._ours(value):
                 continue  # gone, or another instance's: not ours to remove anyway
             ours = (self._service_id if path == self.paths.service_json
-                    else _fd_identity(self._lock_fd))
+                    else self._lock_id)
             if not self._mine(path, ours):
                 # release keeps it, and stop guessed a crash or an immutable file.
                 problems.append(
@@ -342,11 +388,10 @@ class Ownership:
                 problems.append(_unreadable(self.paths.service_json, exc))
             except OSError as exc:
                 problems.append(_not_removed(self.paths.service_json, exc))
-        if self._lock_fd is not None:
+        if self._lock_id is not None:
             try:
                 if (moved is None and self._ours(read_lock(self.paths.service_lock))
-                        and self._mine(self.paths.service_lock,
-                                       _identity(os.fstat(self._lock_fd)))):
+                        and self._mine(self.paths.service_lock, self._lock_id)):
                     os.unlink(self.paths.service_lock)
             except FileNotFoundError:
                 pass
@@ -354,9 +399,14 @@ class Ownership:
                 problems.append(_unreadable(self.paths.service_lock, exc))
             except OSError as exc:
                 problems.append(_not_removed(self.paths.service_lock, exc))
-            fd, self._lock_fd = self._lock_fd, None
-            # Closing drops the OS lock; only now may a probe see the lock free.
-            os.close(fd)
+        fd, ours, self._lock_fd, self._lock_id = self._lock_fd, self._lock_id, None, None
+        self._relock = False
+        if fd is not None and (ours is None or _fd_identity(fd) == ours):
+            # Closing drops the OS lock; only now may a probe see the lock free. A number
+            # that names another file now (code in the host closed ours, and keep_lock has
+            # not looked since) is not ours to close.
+            with contextlib.suppress(OSError):
+                os.close(fd)
         if self._state_fd is not None:
             fd, self._state_fd = self._state_fd, None
             os.close(fd)
