@@ -22,6 +22,7 @@ that runs the identity of bytes that never ran.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -273,7 +274,7 @@ def workflow_identity(name: str, version: str, entry: Path,
     h.update(json.dumps([name, version, PROTOCOL_VERSION]).encode())
     for rel, path, data in _tree(entry, compiled, trees, reads):
         if reads is None:
-            h.update(json.dumps([rel, len(data)]).encode())
+            h.update(_head(rel, len(data)))
         else:
             head = reads.heads.get((rel, len(data)))
             if head is None:
@@ -290,6 +291,13 @@ def workflow_identity(name: str, version: str, entry: Path,
                     done = reads.digests[spelled] = (data, hashlib.sha256(data).digest())
                 hashed[spelled] = done[1]
     return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _head(rel: str, size: int) -> bytes:
+    # Each Workflow of a tree hashes every file of it: 1,000 single-file sources of one
+    # directory made status encode a million of these (8 s of its 12 s, profiled).
+    return json.dumps([rel, size]).encode()
 
 
 def _tree(entry: Path, compiled: Mapping[str, bytes] | None, trees: Trees | None,
