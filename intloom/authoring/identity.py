@@ -252,8 +252,24 @@ class Reads:
         return files
 
 
-# A source tree's files with the bytes taken for each, by (its root, Python files only).
-Trees = MutableMapping[tuple[str, bool], list[tuple[str, Path, bytes]]]
+# A file past this size is hashed a chunk at a time as it is read, when the caller keeps no
+# bytes (``reads`` None: status, flows, doctor, a start reusing its host): a 2 GiB model in a
+# package tree cost each of them 2 GiB of memory, read whole, and again for each Workflow.
+_STREAMED_OVER: Final = 8 << 20
+_CHUNK: Final = 1 << 20
+
+
+class _Streamed:
+    """A large file of a tree, read (and hashed) only when an identity is computed."""
+
+    __slots__ = ()
+
+
+_STREAMED: Final = _Streamed()
+
+# A source tree's files with the bytes taken for each (or ``_STREAMED``), by (its root,
+# Python files only).
+Trees = MutableMapping[tuple[str, bool], list[tuple[str, Path, bytes | _Streamed]]]
 
 
 def workflow_identity(name: str, version: str, entry: Path,
@@ -273,6 +289,11 @@ def workflow_identity(name: str, version: str, entry: Path,
     h = hashlib.sha256()
     h.update(json.dumps([name, version, PROTOCOL_VERSION]).encode())
     for rel, path, data in _tree(entry, compiled, trees, reads):
+        if isinstance(data, _Streamed):
+            digest = _stream(h, rel, path, entry)
+            if hashed is not None:
+                hashed[os.path.normpath(path)] = digest
+            continue
         if reads is None:
             h.update(_head(rel, len(data)))
         else:
@@ -300,32 +321,71 @@ def _head(rel: str, size: int) -> bytes:
     return json.dumps([rel, size]).encode()
 
 
+def _stream(h: hashlib._Hash, rel: str, path: Path, entry: Path) -> bytes:
+    """Hash ``path`` into ``h`` as its header and bytes, as read a chunk at a time; returns
+    its own sha256. Its size is taken from the open file, so a file written meanwhile (its
+    bytes no longer that size) is refused rather than hashed as what it never held."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise _unreadable_file(path, entry, exc) from None
+    try:
+        size = os.fstat(fd).st_size
+        h.update(_head(rel, size))
+        own = hashlib.sha256()
+        left = size
+        while left:
+            chunk = os.read(fd, min(_CHUNK, left))
+            if not chunk:
+                break
+            h.update(chunk)
+            own.update(chunk)
+            left -= len(chunk)
+        if left or os.read(fd, 1):
+            raise IntloomError(
+                "WORKFLOW_LOAD_FAILED",
+                f"{path} in the source tree {source_root(entry)} changed size while it was "
+                "read (being written); the Workflow's identity covers its source files there. "
+                "Try again once it is written.")
+    except OSError as exc:
+        raise _unreadable_file(path, entry, exc) from None
+    finally:
+        os.close(fd)
+    return own.digest()
+
+
+def _unreadable_file(path: Path, entry: Path, exc: OSError) -> IntloomError:
+    # The loader reports IntloomErrors per source; anything else would stop the host.
+    return IntloomError(
+        "WORKFLOW_LOAD_FAILED",
+        f"{path} in the source tree {source_root(entry)} cannot be read "
+        f"({exc.strerror or exc}); the Workflow's identity covers its source files there. "
+        "Make it readable, or move the Workflow into a directory of its own.",
+    )
+
+
 def _tree(entry: Path, compiled: Mapping[str, bytes] | None, trees: Trees | None,
-          reads: Reads | None = None) -> list[tuple[str, Path, bytes]]:
-    """(relative path, path, bytes) of every file in the entry's source tree, sorted."""
+          reads: Reads | None = None) -> list[tuple[str, Path, bytes | _Streamed]]:
+    """(relative path, path, bytes or ``_STREAMED``) of every file in the entry's source
+    tree, sorted."""
     if entry.is_symlink():
         raise _refuse_link(entry, entry.parent)  # whatever tree it would share
     root = source_root(entry)
     key = (os.path.normpath(root), root != entry)
     if trees is not None and key in trees:
         return trees[key]
-    out: list[tuple[str, Path, bytes]] = []
+    out: list[tuple[str, Path, bytes | _Streamed]] = []
     for rel, path, st in (_source_stats(entry) if reads is None else reads.listing(entry)):
+        data: bytes | _Streamed | None
         try:
             if reads is None:
                 data = _compiled(compiled, path) if compiled else None
                 if data is None:
-                    data = path.read_bytes()
+                    data = _STREAMED if st.st_size > _STREAMED_OVER else path.read_bytes()
             else:
                 data = _kept(reads, compiled, path, st)
         except OSError as exc:
-            # The loader reports IntloomErrors per source; anything else would stop the host.
-            raise IntloomError(
-                "WORKFLOW_LOAD_FAILED",
-                f"{path} in the source tree {source_root(entry)} cannot be read "
-                f"({exc.strerror or exc}); the Workflow's identity covers its source files there. "
-                "Make it readable, or move the Workflow into a directory of its own.",
-            ) from None
+            raise _unreadable_file(path, entry, exc) from None
         out.append((rel, path, data))
     if trees is not None:
         trees[key] = out

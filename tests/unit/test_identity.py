@@ -125,3 +125,41 @@ def test_concepts_describes_a_single_file_entry_s_tree_as_the_identity_hashes_it
     assert workflow_identity("flow", "1", entry) == before
     text = " ".join((REPO / "docs" / "concepts.md").read_text().split())
     assert "or the Python files of the directory holding its single-file entry" in text
+
+
+def test_a_large_data_file_is_hashed_as_it_is_read_and_names_the_same_identity(
+        tmp_path: Path) -> None:
+    """status, flows, doctor and a reusing start read every file of a tree whole to hash
+    it: a 2 GiB model beside the code cost each of them 2 GiB of memory. A file past 8 MiB
+    is hashed a chunk at a time, to the same identity (and digest) the loader's whole read
+    gives, which is what the host's journals hold."""
+    import hashlib
+    import tracemalloc
+
+    from intloom.authoring.identity import Reads
+
+    package = tmp_path / "workflows" / "model"
+    _write(package / "__init__.py")
+    size = 24 << 20
+    with open(package / "weights.bin", "wb") as fh:
+        for i in range(size >> 20):
+            fh.write(bytes([i]) * (1 << 20))
+    whole: dict[str, bytes] = {}
+    loaded = workflow_identity("m", "1", package, hashed=whole, reads=Reads())
+    streamed: dict[str, bytes] = {}
+    tracemalloc.start()
+    try:
+        got = workflow_identity("m", "1", package, hashed=streamed, trees={})
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert got == loaded
+    assert streamed == whole
+    assert streamed[str(package / "weights.bin")] == hashlib.sha256(
+        (package / "weights.bin").read_bytes()).digest()
+    assert peak < 4 << 20, f"peak {peak} bytes while hashing a {size}-byte file"
+    # The same file edited: another identity.
+    with open(package / "weights.bin", "r+b") as fh:
+        fh.seek(size // 2)
+        fh.write(b"\xff")
+    assert workflow_identity("m", "1", package, trees={}) != loaded
