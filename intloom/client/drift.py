@@ -79,9 +79,13 @@ class _Untouched:
     """Whether a source's tree is untouched since the host started: then the bytes the host
     loaded are still the tree's, and hashing it (a package holding a model of GBs, every
     file read whole) is no call's cost. Each tree is listed once per call, however many
-    single-file sources share its directory (1,000 of them listed it 1,000 times)."""
+    single-file sources share its directory (1,000 of them listed it 1,000 times). The
+    directories above the tree, up to the project, count too: an older copy renamed into
+    place (``mv wf.old wf`` for a source ``wf/pkg``) brings files whose times are all old,
+    but the rename moves the ctime of what it renamed and the mtime of where."""
 
-    def __init__(self, started_at: str) -> None:
+    def __init__(self, project: Path, started_at: str) -> None:
+        self.project = project
         try:
             self.since: float | None = (
                 datetime.fromisoformat(started_at).timestamp() - _TIME_SLACK_S)
@@ -98,8 +102,29 @@ class _Untouched:
         key = (os.path.normpath(root), root != entry)
         found = self.seen.get(key)
         if found is None:
-            found = self.seen[key] = not touched_since(entry, self.since)
+            found = self.seen[key] = (not self._above_touched(root)
+                                      and not touched_since(entry, self.since))
         return found
+
+    def _above_touched(self, root: Path) -> bool:
+        """Whether a directory (or link) from ``root``'s parent up to the project was
+        written, created or renamed since the host started; True when one cannot be told."""
+        assert self.since is not None
+        after = int(self.since * 1e9)
+        top = os.path.normpath(self.project)
+        at = os.path.normpath(root)
+        while at != top:
+            parent = os.path.dirname(at)
+            if parent == at:
+                return True  # not under the project (a source outside it): no bound
+            at = parent
+            try:
+                st = os.lstat(at)
+            except OSError:
+                return True
+            if max(st.st_mtime_ns, st.st_ctime_ns) > after:
+                return True
+        return False
 
 
 def since_start(root: Path, service: ServiceView, flows: list[WorkflowInfo]
@@ -181,7 +206,7 @@ def since_start(root: Path, service: ServiceView, flows: list[WorkflowInfo]
     elif service.package_version != __version__ or service.protocol_version != PROTOCOL:
         return out  # a host too old to say its Workflow protocol: identities not comparable
     trees: Trees = {}  # each source tree read once, for all the Workflows that share it
-    untouched = _Untouched(service.started_at)
+    untouched = _Untouched(root, service.started_at)
     for source, infos in loaded.items():
         if os.path.normpath(source) not in listed:
             continue
@@ -248,7 +273,7 @@ def workflow_since_start(root: Path, service: ServiceView, flows: list[WorkflowI
     source = next((i.source for i in flows if i.name == workflow), None)
     if source is None:
         return []
-    if _Untouched(service.started_at)(root / source):
+    if _Untouched(root, service.started_at)(root / source):
         return []
     changes = since_start(root, service, [i for i in flows if i.source == source])
     return [c for c in changes if c.source == source and c.change in ("edited", "unreadable")]

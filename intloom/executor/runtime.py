@@ -317,6 +317,10 @@ class HeldRun:
         self.problem = problem
         self.code = code
         self.dismissible = dismissible
+        # What the last host's log says of a Tool call (or an Agent's completion) its Agent
+        # task left unfinished: logged with run_needs_attention, so that the host that
+        # restores it later still names it, and recorded by a cancel.
+        self.tool_call: str | None = None
         self.ended: RunView | None = None  # cancelled by this host: its terminal view
         self.lock = asyncio.Lock()  # one cancel appends; a concurrent one waits for it
 
@@ -947,7 +951,13 @@ class Runtime:
                 message = problem or "nothing restorable was found in its journal"
                 self.attention.append((item.run_id, message))
                 attention.append(item.run_id)
-                self.held[item.run_id] = self._held(item, message)
+                held = self.held[item.run_id] = self._held(item, message)
+                if (state is not None and state.pending_agent_call is not None
+                        and tool_calls is not None):
+                    # Only the last host's log has it: held for one start, it was lost.
+                    if cut is None:
+                        cut = tool_calls()
+                    held.tool_call = cut.get(state.run_id)
                 continue
             lw = self.workflows[state.workflow]
             verdict = restart_verdict(state, lw.has_recover(state.cursor.stage, state.cursor.step))
@@ -1691,6 +1701,8 @@ class Runtime:
             verdicts = [restart_verdict(held.state, has_recover=has) for has in (False, True)]
             cut = (f" {verdicts[0].reason}." if all(v.row == "interrupted" for v in verdicts)
                    else "")
+            if held.tool_call is not None:
+                cut += f" Also, {held.tool_call}."
             record = Terminal(
                 at=clock.now(), status="failed",
                 error=error_view(

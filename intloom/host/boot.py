@@ -317,7 +317,9 @@ def boot(
         store.close_blocking()
         raise
     for run_id, problem in runtime.attention:
-        log.warning("run_needs_attention", runId=run_id, problem=problem)
+        held = runtime.held.get(run_id)
+        carried = {} if held is None or held.tool_call is None else {"toolCall": held.tool_call}
+        log.warning("run_needs_attention", runId=run_id, problem=problem, **carried)
     log.info(
         "restore_finished",
         resumed=len(summary.resumed),

@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Final, Literal
 
+import msgspec
+
 from intloom.errors import IntloomError
 from intloom.fsutil import (
     PrivacyError,
@@ -131,6 +133,7 @@ class Ownership:
         # on naming it (``keep_lock``).
         self._lock_id: tuple[int, int] | None = None
         self._relock = False  # its descriptor was lost and the lock not yet taken again
+        self._relock_since: float | None = None  # monotonic: the first look that found it busy
         # .intloom/ itself, open: where it is now when the project directory was moved
         # (``elsewhere``); the lock's own descriptor cannot tell (it was made under a temp
         # name and linked into place, so /proc names that removed name).
@@ -188,7 +191,9 @@ class Ownership:
         taken; ``retaken``: taken again now, on a new descriptor (the old number, closed or
         another file's now, is not ours to close); ``waiting``: a probe holds it this instant.
         Raises IntloomError when the lock file is no longer the one this host created (removed
-        or replaced meanwhile): nothing then keeps a second host off the project."""
+        or replaced meanwhile; a new file may get the freed inode number, so it must also
+        name this instance), or its lock stays held by another for ``_FLOCK_PATIENCE``:
+        nothing then keeps a second host off the project."""
         fd, ours = self._lock_fd, self._lock_id
         if ours is None or (fd is None and not self._relock):
             return "held"  # never taken, or released
@@ -205,7 +210,7 @@ class Ownership:
                 f"{path}, which cannot be opened again ({exc.strerror or exc}): nothing keeps "
                 "a second host off this project, so this host stops.") from None
         try:
-            if _identity(os.fstat(fd)) != ours:
+            if _identity(os.fstat(fd)) != ours or not self._names_us(os.pread(fd, 65536, 0)):
                 raise IntloomError(
                     "CLI_SERVICE_METADATA_INVALID",
                     f"Code running in the host closed the descriptor holding the OS lock on "
@@ -214,12 +219,28 @@ class Ownership:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            return "waiting"  # a probe's instant; the next look takes it
+            now = time.monotonic()
+            if self._relock_since is None:
+                self._relock_since = now
+            elif now - self._relock_since > _FLOCK_PATIENCE:
+                raise IntloomError(
+                    "CLI_SERVICE_METADATA_INVALID",
+                    f"Code running in the host closed the descriptor holding the OS lock on "
+                    f"{path}, and another process has held that lock since, for more than "
+                    f"{_FLOCK_PATIENCE:g} s: nothing keeps a second host off this project, so "
+                    "this host stops.") from None
+            return "waiting"  # a probe's instant; a later look takes it
         except BaseException:
             os.close(fd)
             raise
-        self._lock_fd, self._relock = fd, False
+        self._lock_fd, self._relock, self._relock_since = fd, False, None
         return "retaken"
+
+    def _names_us(self, data: bytes) -> bool:
+        try:
+            return self._ours(msgspec.json.decode(data, type=ServiceLock))
+        except (msgspec.DecodeError, RecursionError):
+            return False
 
     def saved_connection(self) -> Connection | None:
         """The previous ``connection.json`` (its port and token are reused). Strict."""

@@ -112,13 +112,13 @@ def _open_regular(path: Path | None) -> int | None:
 
 # The lines ``tool_calls_cut`` reads, found by these (a host writes its JSON compact).
 _EVIDENCE: Final = (b'"event":"run_tool_', b'"event":"run_completion_',
-                    b'"event":"run_restored"')
+                    b'"event":"run_restored"', b'"event":"run_needs_attention"')
 _CHUNK: Final = 1 << 20
 
 
 def evidence_log(logs: Path, *, before: str | None = None) -> tuple[str, bytes] | None:
     """``last_log``'s log, but only its lines of Tool calls, Agent completions and restored
-    Runs, from its last ``LOG_SCAN`` bytes rather than ``LOG_TAIL``: a host busy after a
+    or held Runs, from its last ``LOG_SCAN`` bytes rather than ``LOG_TAIL``: a host busy after a
     long Tool call began (other Runs' Steps and Tool calls, ~1,500 lines) had pushed that
     call's start out of the tail, and the restart no longer named it."""
     newest = _newest_log(logs, before)
@@ -205,11 +205,11 @@ def tool_calls_cut(found: tuple[str, bytes]) -> dict[str, str]:
     """Per Run, what the log ``found`` (name, tail) says of the Tool call its host left
     unfinished: a ``run_tool_started`` with no ``run_tool_ended`` after it (the host was
     killed during the call), one ended by the stop's grace (``CLI_SERVICE_CLOSING``), or
-    what that host itself named when it restored the Run (``run_restored``'s
-    ``toolCall``); and an Agent's completion never recorded (``run_completion_started``
-    with no ``run_completion_ended``: logged once its records are durable) or that a stop dropped
-    (ended ``CLI_SERVICE_CLOSING``). Each is a clause: "the
-    log of the host it ran on (...) says ..."."""
+    what that host itself named when it restored or held the Run (the ``toolCall`` of
+    ``run_restored`` or ``run_needs_attention``); and an Agent's completion never recorded
+    (``run_completion_started`` with no ``run_completion_ended``: logged once its records
+    are durable) or that a stop dropped (ended ``CLI_SERVICE_CLOSING``). Each is a clause:
+    "the log of the host it ran on (...) says ..."."""
     name, tail = found
     # Keyed (runId, kind, id): an Agent picks its Tool call ids, so one could read as any
     # other kind's if they shared a key's shape.
@@ -218,7 +218,8 @@ def tool_calls_cut(found: tuple[str, bytes]) -> dict[str, str]:
     carried: dict[str, str] = {}
     for record in log_records(tail):
         event = str(record.get("event", ""))
-        if event == "run_restored" and isinstance(record.get("toolCall"), str):
+        if (event in ("run_restored", "run_needs_attention")
+                and isinstance(record.get("toolCall"), str)):
             carried[str(record.get("runId"))] = record["toolCall"]
             continue
         if event.startswith("run_completion_"):

@@ -51,13 +51,17 @@ CLOSER = textwrap.dedent('''\
             except OSError:
                 continue
             # Its descriptor names the temp file it was made as: found by its inode.
-            if (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino):
+            if "close" in ctx.intent and (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino):
                 os.close(fd)
                 if "remove" in ctx.intent:
                     os.unlink(lock)
                 if "reuse" in ctx.intent:
                     # The number freed is the lowest: this file takes it.
                     KEPT.append(open(Path("kept.txt").resolve(), "w"))
+                    Path("numbers.txt").write_text(f"{fd} {KEPT[0].fileno()}")
+        if "write" in ctx.intent:
+            KEPT[0].write("still open")  # the host took its lock again, closing nothing
+            KEPT[0].flush()
         return "done"
 ''')
 
@@ -102,6 +106,12 @@ def test_a_lock_descriptor_closed_by_a_step_is_taken_again(tmp_path: Path, inten
             status.stdout, status.stderr)
         doctor = ok(project.cli("doctor", "--json"))
         assert doctor["status"] == "running", doctor
+        if "reuse" in intent:
+            closed, taken = (project.root / "numbers.txt").read_text().split()
+            assert closed == taken, "the Step's file did not get the lock's old number"
+            wrote = ok(project.cli("flow", "closer", "--intent", "write", "--json"))["run"]
+            assert wrote["status"] == "completed", wrote
+            assert (project.root / "kept.txt").read_text() == "still open"
         pid = project.host_pid()
         ok(project.cli("stop", "--json"))
         assert not pid_alive(pid)

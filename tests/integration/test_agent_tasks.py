@@ -980,6 +980,66 @@ def test_tool_calls_are_logged_and_doctor_names_the_one_a_kill_cut(
         previews[running.run.run_id]["verdict"]["reason"]), previews[running.run.run_id]
 
 
+def _killed_in_a_tool_call(project: Project, monkeypatch: pytest.MonkeyPatch
+                           ) -> tuple[_Running, str, Path, bytes]:
+    """A looping Run's Tool call cut by a kill -9, recovered, its Workflow's source then
+    edited so that the next start holds the Run: (the call, the killed host's log, the
+    source, its bytes as the Run began)."""
+    _looping_host(project, "10", monkeypatch)
+    with Client.connect(project.root) as client:
+        running = _running_tool(client, project, "slow",
+                                {"until": str(project.root / "release-tool")})
+    try:
+        project.kill_host()
+    finally:
+        (project.root / "release-tool").write_text("go")
+        running.caller.join(timeout=30)
+    killed_log = sorted((project.state / "logs").glob("LOG-*.jsonl"))[-1].name
+    ok(project.cli("recover", "--json"))
+    source = project.root / "workflows" / "looping.py"
+    original = source.read_bytes()
+    source.write_bytes(original + b"\n# edited: the Run is held\n")
+    return running, killed_log, source, original
+
+
+def test_a_tool_call_a_kill_cut_is_still_named_after_starts_that_held_its_run(
+        project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Tool call is known from the last host's log only, and a host passed it on only
+    for a Run it restored: held for one start (its Workflow edited, or failing to load),
+    the Run came back with no word of the call that never returned. A held Run's
+    run_needs_attention carries it, for the host after."""
+    running, killed_log, source, original = _killed_in_a_tool_call(project, monkeypatch)
+    said = (f"the log of the host it ran on (.intloom/logs/{killed_log}) says Tool call "
+            "tc-1 (Tool 'slow') started ")
+    for _ in range(2):
+        start(project)
+        ok(project.cli("stop", "--json"))
+        held = [r for r in _log_records(project, "run_needs_attention")
+                if r["runId"] == running.run.run_id]
+        assert said in held[-1].get("toolCall", ""), held[-1]
+    source.write_bytes(original)
+    start(project)
+    with Client.connect(project.root) as client:
+        cut_run = client.get_run(running.run.run_id)
+    assert cut_run.last_error is not None and cut_run.last_error.code == "RUN_INTERRUPTED"
+    assert said in cut_run.last_error.message, cut_run.last_error.message
+    ok(project.cli("stop", "--json"))
+
+
+def test_a_held_run_cancelled_records_the_tool_call_a_kill_cut(
+        project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
+    running, killed_log, _, _ = _killed_in_a_tool_call(project, monkeypatch)
+    start(project)
+    with Client.connect(project.root) as client:
+        cancelled, _ = client.cancel(running.run.run_id)
+    assert cancelled.last_error is not None and cancelled.last_error.code == "RUN_STOPPED"
+    message = cancelled.last_error.message
+    assert message.startswith("The Run was stopped while it was held, not restored: "), message
+    assert (f"Also, the log of the host it ran on (.intloom/logs/{killed_log}) says Tool "
+            "call tc-1 (Tool 'slow') started ") in message, message
+    ok(project.cli("stop", "--json"))
+
+
 def test_the_last_hosts_log_is_found_past_entries_no_host_wrote(
         project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
     """doctor and the next host took the newest entry named ``LOG-*.jsonl`` as the last

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -415,3 +416,47 @@ def test_status_reads_no_tree_untouched_since_the_host_started(tmp_path: Path) -
     seen = _touches(lambda: found.extend(since_start(root, _service(root), flows)))
     assert [(c.source, c.change) for c in found] == [("wf/pkg", "edited")], found
     assert ("open", str(model)) in seen, seen
+
+
+def _started_after(root: Path) -> str:
+    """A ``started_at`` later than every file time under ``root``, by the file system's own
+    clock: a file beside it is written again until its ctime passes the millisecond that
+    holds theirs (no sleep)."""
+    from datetime import UTC, datetime
+
+    latest = max(max(st.st_mtime_ns, st.st_ctime_ns)
+                 for st in [os.lstat(root), *(os.lstat(p) for p in root.rglob("*"))])
+    probe = root.parent / f".{root.name}.clock"
+    deadline = time.monotonic() + 10
+    while True:
+        probe.write_text("")
+        if os.lstat(probe).st_ctime_ns // 1_000_000 > latest // 1_000_000:
+            break
+        assert time.monotonic() < deadline, "the file system's clock did not move"
+    probe.unlink()
+    return datetime.fromtimestamp((latest // 1_000_000 + 1) / 1000, UTC).isoformat(
+        timespec="milliseconds").replace("+00:00", "Z")
+
+
+def test_an_older_copy_renamed_into_place_above_the_tree_is_hashed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``mv wf wf.bad && mv wf.old wf`` for a source ``wf/pkg`` (a rollback to a copy made
+    before the host started): no file or directory of the tree has a time after the start,
+    and status said nothing, though the next start held the Runs. The directories above
+    the tree, up to the project, count too."""
+    import msgspec
+
+    from intloom.client import drift
+
+    monkeypatch.setattr(drift, "_TIME_SLACK_S", 0.0)
+    root = _project(tmp_path, "wf/pkg")
+    (root / "wf.old" / "pkg").mkdir(parents=True)
+    (root / "wf.old" / "pkg" / "__init__.py").write_text("# the older copy\n")
+    flows = [_loaded(root, "wf/pkg", "p")]
+    service = msgspec.structs.replace(_service(root), started_at=_started_after(root))
+    seen = _touches(lambda: drift.since_start(root, service, flows))
+    assert not [path for event, path in seen if event == "open" and "wf" in path], seen
+    (root / "wf").rename(root / "wf.bad")
+    (root / "wf.old").rename(root / "wf")
+    changes = since_start(root, service, flows)
+    assert [(c.source, c.change) for c in changes] == [("wf/pkg", "edited")], changes

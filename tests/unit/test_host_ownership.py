@@ -93,3 +93,54 @@ def test_a_file_system_without_file_locks_is_named_not_an_internal_error(
         f"{ProjectPaths(root).service_lock} cannot be locked: its file system does not "
         "support file locks (flock: No locks available)"), refused.value.message
     assert "Put the project on a local file system" in refused.value.message
+
+
+def test_a_lock_whose_descriptor_was_closed_is_taken_again_only_if_it_is_still_ours(
+        tmp_path: Path) -> None:
+    """``keep_lock`` after code in the host closed the lock's descriptor: the same file is
+    locked again; a lock file removed meanwhile and created by a second host -- which on
+    ext4 often gets the freed inode number -- is not taken for ours (it answered "waiting"
+    for ever while both hosts served), nor is a lock another process keeps."""
+    owner = _owning(tmp_path / "a")
+    assert owner.keep_lock() == "held"
+    assert owner._lock_fd is not None
+    os.close(owner._lock_fd)
+    assert owner.keep_lock() == "retaken"
+    assert owner.keep_lock() == "held"
+    probe = os.open(owner.paths.service_lock, os.O_RDONLY)
+    try:
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(probe, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    finally:
+        os.close(probe)
+    assert owner.release() == []
+    assert not owner.paths.service_lock.exists()
+
+    for n in range(20):  # enough for the freed inode number to come back at least once
+        first = _owning(tmp_path / f"r{n}")
+        assert first._lock_fd is not None
+        os.close(first._lock_fd)
+        first.paths.service_lock.unlink()
+        second = Ownership(first.paths, str(uuid.uuid4()), current_identity(), utc_now())
+        second.take_lock()
+        with pytest.raises(IntloomError) as lost:
+            first.keep_lock()
+        assert lost.value.code == "CLI_SERVICE_METADATA_INVALID"
+        assert "that file is another one now" in lost.value.message, lost.value.message
+        assert first.release() == [] and second.paths.service_lock.exists()  # not ours
+        assert second.release() == []
+
+    held = _owning(tmp_path / "held")
+    assert held._lock_fd is not None
+    other = os.open(held.paths.service_lock, os.O_RDONLY)  # before: not the freed number
+    os.close(held._lock_fd)
+    try:
+        fcntl.flock(other, fcntl.LOCK_EX)  # another process's, as far as the host can tell
+        assert held.keep_lock() == "waiting"
+        held._relock_since = (held._relock_since or 0) - 10  # its patience spent
+        with pytest.raises(IntloomError) as busy:
+            held.keep_lock()
+        assert "another process has held that lock since" in busy.value.message
+    finally:
+        os.close(other)
+    held.release()
