@@ -57,33 +57,39 @@ def _invalid_utf8(line: str) -> bytes | None:
     return None
 
 
+# A line chosen to be printed: (its text, whether it is in a fault dump, its file and offset
+# when it is no record), and what decoding it gave (None once held: decoded again to print).
+_Chosen = tuple[str, bool, dict[str, Any], tuple[bytes | None, str, Any] | None]
+
+
 class _Printer:
     """An ``emit`` for LogTail, the lines it chose (``printed``), and ``release``: with
     ``keep`` (``--tail N``), the lines chosen are held, the last ``keep`` of them, until
     ``release`` prints them; every line after is printed as it comes."""
 
-    def __init__(self, show: Callable[[str], Callable[[], None] | None],
-                 keep: int | None) -> None:
+    def __init__(self, choose: Callable[[str], _Chosen | None],
+                 show: Callable[[_Chosen], None], keep: int | None) -> None:
+        self.choose = choose
         self.show = show
         self.printed = 0
-        self.held: deque[Callable[[], None]] | None = (
-            None if keep is None else deque(maxlen=keep))
+        self.held: deque[_Chosen] | None = None if keep is None else deque(maxlen=keep)
 
     def emit(self, line: str) -> None:
-        shown = self.show(line)
-        if shown is None:
+        chosen = self.choose(line)
+        if chosen is None:
             return
         self.printed += 1
         if self.held is None:
-            shown()
+            self.show(chosen)
         else:
-            # Only the last N are rendered: the rest of a long log is decoded and dropped.
-            self.held.append(shown)
+            # Only the last N are rendered, and held as their text alone (a decoded record
+            # is ~7x its line: --tail 200000 of a 50 MB log took 340 MB).
+            self.held.append((chosen[0], chosen[1], chosen[2], None))
 
     def release(self) -> None:
         held, self.held = self.held, None
-        for shown in held or ():
-            shown()
+        for chosen in held or ():
+            self.show(chosen)
 
 
 def _printer(renderer: Renderer, run_id: str | None, root: Path,
@@ -103,17 +109,10 @@ def _printer(renderer: Renderer, run_id: str | None, root: Path,
         return {"file": str(path.relative_to(root)) if path.is_relative_to(root) else str(path),
                 "offset": offset}
 
-    def show(line: str) -> Callable[[], None] | None:
-        """What prints ``line``, or None when it is not to be printed."""
-        # LogTail decodes with surrogateescape: a byte that is not UTF-8 (damage, a foreign
-        # writer) is a lone surrogate here, so the line's bytes are still known exactly.
-        raw = _invalid_utf8(line)
-        readable = line if raw is None else raw.decode("utf-8", errors="replace")
-        record: Any = None
-        try:
-            record = msgspec.json.decode(readable)
-        except (msgspec.DecodeError, RecursionError):  # nested past the decoder's stack
-            record = None
+    def choose(line: str) -> _Chosen | None:
+        """``line`` as ``_Chosen``, or None when it is not to be printed."""
+        decoded = _decoded(line)
+        record = decoded[2]
         # An unreadable line (a crashed host's torn last one) is kept when it names the Run.
         if isinstance(record, Mapping):
             dumping[0] = False
@@ -125,11 +124,11 @@ def _printer(renderer: Renderer, run_id: str | None, root: Path,
         # Where an unreadable line is, and whether it is in a fault dump, as of now: it may
         # be printed after the lines that follow it are read.
         at = place() if not isinstance(record, Mapping) else {}
-        fault = dumping[0]
-        return lambda: _print(line, raw, readable, record, fault, at)
+        return line, dumping[0], at, decoded
 
-    def _print(line: str, raw: bytes | None, readable: str, record: Any, fault: bool,
-               at: dict[str, Any]) -> None:
+    def show(chosen: _Chosen) -> None:
+        line, fault, at, decoded = chosen
+        raw, readable, record = _decoded(line) if decoded is None else decoded
         if renderer.json_mode:
             # Bytes that are not UTF-8 are shown as U+FFFD, so that every JSON reader takes
             # the line; lineBase64 keeps them as they are in the file and marks the line.
@@ -159,7 +158,21 @@ def _printer(renderer: Renderer, run_id: str | None, root: Path,
             shown = f" ({at['file']} at byte {at['offset']})" if at else ""
             renderer.lines([f"- ????? unreadable log line{shown}: {line[:200]}"])
 
-    return _Printer(show, keep)
+    return _Printer(choose, show, keep)
+
+
+def _decoded(line: str) -> tuple[bytes | None, str, Any]:
+    """(its bytes when they are not UTF-8, its text with those shown as U+FFFD, the JSON
+    value it holds or None)."""
+    # LogTail decodes with surrogateescape: a byte that is not UTF-8 (damage, a foreign
+    # writer) is a lone surrogate here, so the line's bytes are still known exactly.
+    raw = _invalid_utf8(line)
+    readable = line if raw is None else raw.decode("utf-8", errors="replace")
+    try:
+        record: Any = msgspec.json.decode(readable)
+    except (msgspec.DecodeError, RecursionError):  # nested past the decoder's stack
+        record = None
+    return raw, readable, record
 
 
 def _skipped(renderer: Renderer, root: Path) -> Callable[[Path, str], None]:
