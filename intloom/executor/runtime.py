@@ -968,7 +968,9 @@ class Runtime:
             if verdict.row == "interrupted":
                 slot.owned = False
                 also = None
-                if state.pending_agent_call is not None and tool_calls is not None:
+                if tool_calls is not None and (
+                        state.pending_agent_call is not None
+                        or (state.phase == "executing" and state.executing_kind == "agent")):
                     if cut is None:
                         cut = tool_calls()
                     also = cut.get(state.run_id)
@@ -1926,8 +1928,11 @@ class Runtime:
                                "running; a task runs one Tool call at a time. Retry once it "
                                "has returned.")
         if claim.completing is not None:
-            raise IntloomError("BUSY", f"Agent task {call_id} is being completed; it takes no "
-                               "more Tool calls.")
+            raise IntloomError("BUSY", f"Agent task {call_id} is being completed (its "
+                               f"on_complete runs); Tool call {tool_call_id} was not run. Once "
+                               "that completion is recorded the task has ended; if on_complete "
+                               "refuses it, the task stays claimed and this call can be sent "
+                               "again.")
         claim.tool_running = tool_call_id
         # Logged, not journaled (a receipt is not restored): after a kill during the call,
         # the log says which Tool was running, where the restart names only the task.
@@ -2128,7 +2133,8 @@ class Runtime:
                 raise IntloomError(
                     "INVALID_REQUEST",
                     f"Outcome {outcome!r} is not routed by {step.where}; routed: "
-                    f"{sorted(step.routes)}.",
+                    f"{sorted(step.routes)}. Nothing was recorded: the task stays claimed; "
+                    "complete it with one of those outcomes.",
                 )
             running = slot.agent.completing
             if not isinstance(running, _UnderWay) or not running.end.same(end):

@@ -536,6 +536,13 @@ def restart_verdict(state: RunState, has_recover: bool) -> Verdict:
         )
     # executing, effect_started, effect_done: user code was running.
     kind = state.executing_kind or "step"
+    if kind == "agent" and phase == "executing":
+        # The first of a completion's two records (executing kind=agent, then its
+        # step_result or terminal), flushed together: only a torn batch ends here. The
+        # Step's code was not running; the Agent's completion was being recorded.
+        return Verdict("interrupted", f"the completion of the client Agent task of {where} "
+                       "was being recorded when the host went, and was not: the Agent's work "
+                       "is lost (its Tools ran, once each)")
     # ``where`` already names the Step ("Step a/b") or the Stage ("Stage 'a'"): only the
     # initialiser and the recover entry need saying which part of it was running -- also of
     # an effect in flight, which its reader looks for in that code, not in the Step's.

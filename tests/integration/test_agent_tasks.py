@@ -780,6 +780,34 @@ def _completing(project: Project, run: RunView, call: str, token: str,
     return results, completer
 
 
+def test_a_tool_call_during_a_completion_is_told_it_may_come_again_if_that_is_refused(
+        looping: tuple[Client, Project]) -> None:
+    """A Tool call while the task's on_complete ran was told the task "takes no more Tool
+    calls", and the same call then ran once on_complete refused the completion."""
+    client, project = looping
+    run, call, token = _claimed(client, "looping")
+    release = project.root / "release-complete"
+    results, completer = _completing(project, run, call, token,
+                                     {"until": str(release), "refuse": True})
+    try:
+        busy = _refused(lambda: client.call_tool(run.run_id, call, token, "tc-9", "search",
+                                                 {"q": 9}), "BUSY")
+    finally:
+        release.write_text("go")
+        completer.join(timeout=30)
+    assert busy == (f"Agent task {call} is being completed (its on_complete runs); Tool call "
+                    "tc-9 was not run. Once that completion is recorded the task has ended; if "
+                    "on_complete refuses it, the task stays claimed and this call can be sent "
+                    "again."), busy
+    assert results[0] == "INVALID_REQUEST" and "on_complete refused" in str(results[1]), results
+    assert client.call_tool(run.run_id, call, token, "tc-9", "search", {"q": 9}) == (
+        {"found": {"q": 9}}, False)
+    unrouted = _refused(lambda: client.complete_agent_call(run.run_id, call, token, "nope",
+                                                           {}), "INVALID_REQUEST")
+    assert unrouted.endswith("Nothing was recorded: the task stays claimed; complete it with "
+                             "one of those outcomes."), unrouted
+
+
 def _looping_host(project: Project, grace: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("INTLOOM_TEST_SUSPEND_GRACE", grace)
     (project.root / "workflows" / "looping.py").write_text(LOOPING)

@@ -197,6 +197,24 @@ def test_what_was_running_without_an_effect_is_named_once() -> None:
         "the initialiser of Stage 'a' was running; no effect was in flight")
 
 
+def test_an_agents_completion_cut_between_its_two_records_is_named_as_such() -> None:
+    """A journal ending at ``executing kind=agent`` (the first of a completion's two records,
+    cut by a torn batch) said "Step a/s1 was running; no effect was in flight": the Step's
+    code was not running, the Agent's completion was being recorded."""
+    state = fold([header(), StagePending(at="t", stage="a"),
+                  StepReady(at="t", stage="a", step="s1"),
+                  Executing(at="t", stage="a", step="s1"),
+                  Waiting(at="t", agent_call=_agent(1)),
+                  Executing(at="t", stage="a", step="s1", kind="agent")])
+    assert state is not None
+    verdict = restart_verdict(state, has_recover=True)
+    assert verdict.row == "interrupted"
+    assert verdict.reason == (
+        "the completion of the client Agent task of Step a/s1 was being recorded when the "
+        "host went, and was not: the Agent's work is lost (its Tools ran, once each)")
+    assert "no effect was in flight" not in interrupted_message(state)
+
+
 def test_an_effect_cancelled_before_it_returned_is_not_called_over() -> None:
     """An async Step timed out its effect (``asyncio.wait_for`` around ``ctx.aeffect(...,
     asyncio.to_thread, call)``): its effect_done says "its outcome is unknown", the thread's
