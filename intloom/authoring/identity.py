@@ -22,6 +22,7 @@ that runs the identity of bytes that never ran.
 
 from __future__ import annotations
 
+import errno
 import functools
 import hashlib
 import json
@@ -326,11 +327,21 @@ def _stream(h: hashlib._Hash, rel: str, path: Path, entry: Path) -> bytes:
     its own sha256. Its size is taken from the open file, so a file written meanwhile (its
     bytes no longer that size) is refused rather than hashed as what it never held."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        # Non-blocking: a FIFO put in its place since the listing must not hang the command.
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as exc:
+        if exc.errno == errno.ELOOP:  # replaced by a link since the listing
+            raise _refuse_link(path, source_root(entry)) from None
         raise _unreadable_file(path, entry, exc) from None
     try:
-        size = os.fstat(fd).st_size
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise IntloomError(
+                "WORKFLOW_LOAD_FAILED",
+                f"{path} in the source tree {source_root(entry)} was replaced by something "
+                "that is not a regular file while it was read; the Workflow's identity covers "
+                "its source files there. Try again.")
+        size = st.st_size
         h.update(_head(rel, size))
         own = hashlib.sha256()
         left = size

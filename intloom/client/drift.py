@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import posixpath
+import stat
 from datetime import datetime
 from pathlib import Path
 from typing import Final, Literal
@@ -80,9 +81,11 @@ class _Untouched:
     loaded are still the tree's, and hashing it (a package holding a model of GBs, every
     file read whole) is no call's cost. Each tree is listed once per call, however many
     single-file sources share its directory (1,000 of them listed it 1,000 times). The
-    directories above the tree, up to the project, count too: an older copy renamed into
+    directories between the project and the tree count too: an older copy renamed into
     place (``mv wf.old wf`` for a source ``wf/pkg``) brings files whose times are all old,
-    but the rename moves the ctime of what it renamed and the mtime of where."""
+    but the rename moves the ctime of what it renamed. Not the project directory itself:
+    any file made there (a report a Step writes, ``.intloom/`` at a first start) moves its
+    mtime, and every tree was then hashed for the host's life."""
 
     def __init__(self, project: Path, started_at: str) -> None:
         self.project = project
@@ -107,23 +110,23 @@ class _Untouched:
         return found
 
     def _above_touched(self, root: Path) -> bool:
-        """Whether a directory (or link) from ``root``'s parent up to the project was
-        written, created or renamed since the host started; True when one cannot be told."""
+        """Whether a directory from ``root``'s parent down from the project (not the project
+        itself) was written, created or renamed since the host started; True when that
+        cannot be told, or one is a symbolic link (its target may have been swapped)."""
         assert self.since is not None
         after = int(self.since * 1e9)
         top = os.path.normpath(self.project)
-        at = os.path.normpath(root)
+        at = os.path.dirname(os.path.normpath(root))
         while at != top:
-            parent = os.path.dirname(at)
-            if parent == at:
+            if os.path.dirname(at) == at:
                 return True  # not under the project (a source outside it): no bound
-            at = parent
             try:
                 st = os.lstat(at)
             except OSError:
                 return True
-            if max(st.st_mtime_ns, st.st_ctime_ns) > after:
+            if stat.S_ISLNK(st.st_mode) or max(st.st_mtime_ns, st.st_ctime_ns) > after:
                 return True
+            at = os.path.dirname(at)
         return False
 
 

@@ -1216,7 +1216,11 @@ def _with_tool_calls(runs: list[RunPreview],
     evidence (``evidence_log``), read only when a Run waits on an Agent task."""
     tasks = [p for p in runs if p.verdict.row == "interrupted" and "Agent task" in
              p.verdict.reason]
-    if not tasks:
+    # A held Run too: it is the one a user is about to cancel, and its problem says what the
+    # restart table would do with it once its code is back, its Agent task named.
+    held = [p for p in runs if p.verdict.row == "needs_attention" and p.problem is not None
+            and "Agent task" in p.problem]
+    if not tasks and not held:
         return runs
     found = read()
     if found is None:
@@ -1227,6 +1231,9 @@ def _with_tool_calls(runs: list[RunPreview],
     said = {p.run_id: msgspec.structs.replace(p, verdict=msgspec.structs.replace(
                 p.verdict, reason=f"{p.verdict.reason}; {cut[p.run_id]}"))
             for p in tasks if p.run_id in cut}
+    said.update({p.run_id: msgspec.structs.replace(
+                     p, problem=f"{(p.problem or '').rstrip('.')}. Also, {cut[p.run_id]}.")
+                 for p in held if p.run_id in cut})
     return [said.get(p.run_id, p) for p in runs]
 
 

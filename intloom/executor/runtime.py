@@ -952,8 +952,9 @@ class Runtime:
                 self.attention.append((item.run_id, message))
                 attention.append(item.run_id)
                 held = self.held[item.run_id] = self._held(item, message)
-                if (state is not None and state.pending_agent_call is not None
-                        and tool_calls is not None):
+                if (state is not None and tool_calls is not None and (
+                        state.pending_agent_call is not None
+                        or (state.phase == "executing" and state.executing_kind == "agent"))):
                     # Only the last host's log has it: held for one start, it was lost.
                     if cut is None:
                         cut = tool_calls()
@@ -1709,7 +1710,8 @@ class Runtime:
                 at=clock.now(), status="failed",
                 error=error_view(
                     "RUN_STOPPED",
-                    f"The Run was stopped while it was held, not restored: {held.fact}.{cut}",
+                    clip(f"The Run was stopped while it was held, not restored: "
+                         f"{held.fact}.{cut}"),
                 ),
             )
             try:

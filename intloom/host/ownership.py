@@ -202,7 +202,8 @@ class Ownership:
         self._lock_fd, self._relock = None, True
         path = self.paths.service_lock
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            # Read-write, as the lock was made: NFS emulates flock with a write lock.
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError as exc:
             raise IntloomError(
                 "CLI_SERVICE_METADATA_INVALID",
@@ -230,6 +231,13 @@ class Ownership:
                     f"{_FLOCK_PATIENCE:g} s: nothing keeps a second host off this project, so "
                     "this host stops.") from None
             return "waiting"  # a probe's instant; a later look takes it
+        except OSError as exc:
+            os.close(fd)
+            raise IntloomError(
+                "CLI_SERVICE_METADATA_INVALID",
+                f"Code running in the host closed the descriptor holding the OS lock on "
+                f"{path}, which cannot be locked again ({exc.strerror or exc}): nothing keeps "
+                "a second host off this project, so this host stops.") from None
         except BaseException:
             os.close(fd)
             raise

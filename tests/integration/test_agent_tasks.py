@@ -1041,6 +1041,12 @@ def test_a_tool_call_a_kill_cut_is_still_named_after_starts_that_held_its_run(
             "tc-1 (Tool 'slow') started ")
     for _ in range(2):
         start(project)
+        # doctor names it too, for the held Run a user is about to cancel.
+        previews = {p["runId"]: p for p in json.loads(
+            project.cli("--json", "doctor").stdout)["runs"]}
+        preview = previews[running.run.run_id]
+        assert preview["verdict"]["row"] == "needs_attention", preview
+        assert f"Also, {said}" in preview["problem"], preview
         ok(project.cli("stop", "--json"))
         held = [r for r in _log_records(project, "run_needs_attention")
                 if r["runId"] == running.run.run_id]

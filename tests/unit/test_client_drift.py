@@ -454,6 +454,9 @@ def test_an_older_copy_renamed_into_place_above_the_tree_is_hashed(
     (root / "wf.old" / "pkg" / "__init__.py").write_text("# the older copy\n")
     flows = [_loaded(root, "wf/pkg", "p")]
     service = msgspec.structs.replace(_service(root), started_at=_started_after(root))
+    # A file made in the project directory itself (a report, .intloom/ at a first start)
+    # moves its mtime: that is no edit of any tree, and hashed them all for the host's life.
+    (root / "report.txt").write_text("a Step's output\n")
     seen = _touches(lambda: drift.since_start(root, service, flows))
     assert not [path for event, path in seen if event == "open" and "wf" in path], seen
     (root / "wf").rename(root / "wf.bad")

@@ -163,3 +163,29 @@ def test_a_large_data_file_is_hashed_as_it_is_read_and_names_the_same_identity(
         fh.seek(size // 2)
         fh.write(b"\xff")
     assert workflow_identity("m", "1", package, trees={}) != loaded
+
+
+def test_a_large_file_replaced_after_its_listing_is_refused_not_waited_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A streamed file is opened when an identity is computed, which for a tree shared by
+    several Workflows is after its listing: a FIFO put there since blocked the command for
+    ever, and a symbolic link was "cannot be read ... Make it readable"."""
+    from intloom.authoring import identity
+
+    monkeypatch.setattr(identity, "_STREAMED_OVER", 8)
+    package = tmp_path / "workflows" / "model"
+    _write(package / "__init__.py")
+    data = _write(package / "weights.bin", "0123456789abcdef")
+    trees: identity.Trees = {}
+    first = workflow_identity("m", "1", package, trees=trees)
+    assert first == workflow_identity("m", "1", package, reads=identity.Reads())
+    data.unlink()
+    os.mkfifo(data)
+    with pytest.raises(IntloomError) as fifo:
+        workflow_identity("m", "1", package, trees=trees)
+    assert "was replaced by something that is not a regular file" in fifo.value.message
+    data.unlink()
+    data.symlink_to(package / "__init__.py")
+    with pytest.raises(IntloomError) as link:
+        workflow_identity("m", "1", package, trees=trees)
+    assert f"{data} is a symbolic link" in link.value.message, link.value.message
