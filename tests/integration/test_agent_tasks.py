@@ -1008,11 +1008,8 @@ def test_tool_calls_are_logged_and_doctor_names_the_one_a_kill_cut(
         previews[running.run.run_id]["verdict"]["reason"]), previews[running.run.run_id]
 
 
-def _killed_in_a_tool_call(project: Project, monkeypatch: pytest.MonkeyPatch
-                           ) -> tuple[_Running, str, Path, bytes]:
-    """A looping Run's Tool call cut by a kill -9, recovered, its Workflow's source then
-    edited so that the next start holds the Run: (the call, the killed host's log, the
-    source, its bytes as the Run began)."""
+def _killed_in_slow_tool(project: Project, monkeypatch: pytest.MonkeyPatch) -> _Running:
+    """A looping Run's Tool call ``tc-1`` (Tool ``slow``) running when the host is killed."""
     _looping_host(project, "10", monkeypatch)
     with Client.connect(project.root) as client:
         running = _running_tool(client, project, "slow",
@@ -1022,6 +1019,15 @@ def _killed_in_a_tool_call(project: Project, monkeypatch: pytest.MonkeyPatch
     finally:
         (project.root / "release-tool").write_text("go")
         running.caller.join(timeout=30)
+    return running
+
+
+def _killed_in_a_tool_call(project: Project, monkeypatch: pytest.MonkeyPatch
+                           ) -> tuple[_Running, str, Path, bytes]:
+    """A looping Run's Tool call cut by a kill -9, recovered, its Workflow's source then
+    edited so that the next start holds the Run: (the call, the killed host's log, the
+    source, its bytes as the Run began)."""
+    running = _killed_in_slow_tool(project, monkeypatch)
     killed_log = sorted((project.state / "logs").glob("LOG-*.jsonl"))[-1].name
     ok(project.cli("recover", "--json"))
     source = project.root / "workflows" / "looping.py"
@@ -1081,15 +1087,7 @@ def test_the_last_hosts_log_is_found_past_entries_no_host_wrote(
     made them name no Tool call, or name one from the wrong file. They read the newest
     regular file under a name a host gives its log; the others are never opened (a FIFO
     would block) or followed, and are kept as they are."""
-    _looping_host(project, "10", monkeypatch)
-    with Client.connect(project.root) as client:
-        running = _running_tool(client, project, "slow",
-                                {"until": str(project.root / "release-tool")})
-    try:
-        project.kill_host()
-    finally:
-        (project.root / "release-tool").write_text("go")
-        running.caller.join(timeout=30)
+    running = _killed_in_slow_tool(project, monkeypatch)
     logs = project.state / "logs"
     (killed_log,) = (p.name for p in logs.glob("LOG-*.jsonl"))
     copy = logs / "LOG-copy.jsonl"
