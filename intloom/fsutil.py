@@ -586,6 +586,15 @@ def aside(path: Path, suffix: str) -> Path:
     return Path(f"{path}{suffix}")
 
 
+def _others_could_read(fact: str) -> bool:
+    """Whether a "has mode NNNN" fact gives the group or others read access."""
+    try:
+        mode = int(fact.removeprefix("has mode ").split(";")[0].split(":")[0].strip(), 8)
+    except ValueError:
+        return True
+    return bool(mode & 0o044)
+
+
 def privacy_fix(error: PrivacyError) -> str:
     """What to do about ``error``, by its fact: a wrong mode is fixed with chmod, but a
     link, a file of the wrong kind or another user's file is not."""
@@ -593,6 +602,13 @@ def privacy_fix(error: PrivacyError) -> str:
     if error.fix is not None:
         return error.fix
     if fact.startswith("has mode"):
+        if error.path.name == "connection.json" and _others_could_read(fact):
+            # chmod cannot take back a token others could read (or that came with a copy of
+            # the project): the next start mints a new one when the file is gone.
+            return (f"Others could read the token it holds, so it is no secret now: move it "
+                    f"aside (mv {path} {shell_arg(aside(error.path, '.exposed'))}); the next "
+                    "intloom start writes a new token (and, unless intloom.toml or --port "
+                    "sets one, takes a new port)")
         mode = "700" if "0700" in fact else "600"
         return f"Run chmod {mode} {path}, then try again"
     if fact.startswith("is owned by uid"):

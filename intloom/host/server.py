@@ -540,6 +540,17 @@ class Server:
                 f"A{a_an(type(first).__name__)[1:]} request arrived before the hello. Send the "
                 "hello first; the connection was closed.",
             ))
+        # The token first: a peer without it learns nothing of this host (its pid and
+        # version are in the protocol refusal).
+        if not hmac.compare_digest(first.token.encode("utf-8", "replace"), self._token):
+            # Rate-limited as the capacity refusals are: a peer retrying a wrong token (or
+            # a flood of them) wrote one line per connection, without end.
+            self._refused("unauthorized", client=first.client[:80])
+            raise _Refused(_error(
+                "UNAUTHORIZED",
+                "The connection token was not accepted. Read it from this project's "
+                ".intloom/connection.json.",
+            ))
         if first.protocol != PROTOCOL:
             raise _Refused(_error(
                 "PROTOCOL_MISMATCH",
@@ -549,15 +560,6 @@ class Server:
                 f"{PROTOCOL}, or restart this host with the client's intloom: stop it with "
                 f"the intloom that started it (intloom stop) or kill -TERM {self.hello.pid} "
                 "(a graceful stop), then run intloom start with the client's.",
-            ))
-        if not hmac.compare_digest(first.token.encode("utf-8", "replace"), self._token):
-            # Rate-limited as the capacity refusals are: a peer retrying a wrong token (or
-            # a flood of them) wrote one line per connection, without end.
-            self._refused("unauthorized", client=first.client[:80])
-            raise _Refused(_error(
-                "UNAUTHORIZED",
-                "The connection token was not accepted. Read it from this project's "
-                ".intloom/connection.json.",
             ))
         if self.closing:
             # The hello names no request, and no kind of client (the CLI and an Agent use the

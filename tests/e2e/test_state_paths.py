@@ -663,12 +663,21 @@ def test_the_fixes_messages_give_paste_into_a_shell_for_a_path_with_spaces(
         ok(project.cli("stop", "--json"))
         connection = project.state / "connection.json"
 
-        connection.chmod(0o644)
+        service = project.state / "service.json"
+        service.write_text("{}")
+        service.chmod(0o644)
         refused = project.cli("status", "--json")
         assert refused.code == 1, refused.stdout
         _pasted(refused.json["error"]["message"], r"Run (chmod .+?), then try again", tmp_path)
-        assert connection.stat().st_mode & 0o777 == 0o600
-        assert project.cli("status", "--json").code == 0
+        assert service.stat().st_mode & 0o777 == 0o600
+        service.unlink()
+        connection.chmod(0o644)  # a token others could read: moved aside, not chmod'ed
+        refused = project.cli("status", "--json")
+        assert refused.code == 1, refused.stdout
+        _pasted(refused.json["error"]["message"], r"\((mv .+?)\); the next", tmp_path)
+        assert (project.state / "connection.json.exposed").is_file()
+        ok(project.cli("start", "--json"))  # a new token
+        ok(project.cli("stop", "--json"))
 
         real = tmp_path / "elsewhere"
         project.state.rename(real)

@@ -75,6 +75,20 @@ def test_wrong_token_is_refused_and_closed_host_still_serves(project: Project) -
     assert serves(project.root, service.instance_id)
 
 
+def test_a_peer_without_the_token_learns_nothing_of_the_host(project: Project) -> None:
+    """A wrong protocol was answered before the token was checked, naming the host's pid
+    and intloom version to a peer that had no token."""
+    service = start(project).service
+    with raw(service.port) as sock:
+        sock.sendall(hello_frame("x" * 43, protocol=PROTOCOL + 1))
+        response = reply(sock)
+        assert error_code(response) == "UNAUTHORIZED"
+        assert closed(sock)
+    assert isinstance(response, ErrorReply)
+    assert str(service.pid) not in response.error.message, response.error.message
+    assert serves(project.root, service.instance_id)
+
+
 def test_wrong_protocol_is_refused(project: Project) -> None:
     service = start(project).service
     with raw(service.port) as sock:
