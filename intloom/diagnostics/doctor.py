@@ -1317,8 +1317,12 @@ def run_doctor(root: Path) -> DoctorReport:
     refused = (insp.here if insp is not None and insp.answered
                and insp.problem is not None else None)
     refused_code = insp.refused_code if refused is not None and insp is not None else None
+    # A serving host holds its lock: without one held, "serving" (and its advice to kill
+    # the pid) was said of whatever live process a service.json named.
     serving_silent = (not running and service_problem is None and refused is None
-                      and starting_since is None and _serving_silent(paths, root))
+                      and starting_since is None and lock_problem is None
+                      and lock_unheld is None and paths.service_lock.exists()
+                      and _serving_silent(paths, root))
 
     def context(other: str, other_problem: str | None) -> _Context:
         # recover refuses while any of the three metadata files is invalid, or

@@ -250,6 +250,33 @@ def test_a_lock_inherited_from_an_exited_process_names_the_heir(project: Project
     assert _ok(project.cli("recover", "--json"))["recovered"] is True
 
 
+def test_a_service_json_without_a_lock_naming_a_live_process_is_not_called_serving(
+        project: Project) -> None:
+    """A service.json with no service.lock beside it, naming a live process and its create
+    time (anyone may read both; pid 1's, say): doctor called it "the host serving this
+    project ... which is alive but does not answer" and advised kill -TERM, as a last resort
+    kill -9, of that process. A serving host holds its lock; without one, no kill is
+    advised."""
+    _crash(project)
+    (project.state / "service.lock").unlink()
+    with subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                          stdin=subprocess.PIPE) as other:
+        try:
+            path = project.state / "service.json"
+            data = json.loads(path.read_text())
+            data.update(pid=other.pid, createTime=round(psutil.Process(other.pid)
+                                                        .create_time(), 2))
+            path.write_text(json.dumps(data, separators=(",", ":")))
+            doctor = project.cli("doctor", "--json")
+            checks = {c["id"]: c for c in doctor.json["checks"]}
+            check = checks["owner.service_json"]
+            assert f"pid {other.pid}" in check["message"], check
+            assert "serving this project" not in check["message"], check
+            assert "kill" not in check["next"], check
+        finally:
+            other.kill()
+
+
 def test_metadata_naming_a_live_process_that_is_no_host_says_so(project: Project) -> None:
     """service.json and service.lock name a live process, with its create time, that holds
     neither the project's lock nor any descriptor on service.lock: a host keeps both for
