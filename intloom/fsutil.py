@@ -586,13 +586,13 @@ def aside(path: Path, suffix: str) -> Path:
     return Path(f"{path}{suffix}")
 
 
-def _others_could_read(fact: str) -> bool:
-    """Whether a "has mode NNNN" fact gives the group or others read access."""
+def _open_to_others(fact: str) -> bool:
+    """Whether a "has mode NNNN" fact gives the group or others read or write access."""
     try:
         mode = int(fact.removeprefix("has mode ").split(";")[0].split(":")[0].strip(), 8)
     except ValueError:
         return True
-    return bool(mode & 0o044)
+    return bool(mode & 0o066)
 
 
 def privacy_fix(error: PrivacyError) -> str:
@@ -602,13 +602,16 @@ def privacy_fix(error: PrivacyError) -> str:
     if error.fix is not None:
         return error.fix
     if fact.startswith("has mode"):
-        if error.path.name == "connection.json" and _others_could_read(fact):
-            # chmod cannot take back a token others could read (or that came with a copy of
-            # the project): the next start mints a new one when the file is gone.
-            return (f"Others could read the token it holds, so it is no secret now: move it "
-                    f"aside (mv {path} {shell_arg(aside(error.path, '.exposed'))}); the next "
-                    "intloom start writes a new token (and, unless intloom.toml or --port "
-                    "sets one, takes a new port)")
+        if error.path.name == "connection.json" and _open_to_others(fact):
+            # chmod cannot take back a token others could read or write (or that came with
+            # a copy of the project): the next start mints a new one when the file is gone.
+            # chmod first all the same: stop and recover read it to end what it names.
+            return (f"Others could read or write the token it holds, so it is no secret: "
+                    f"run chmod 600 {path} for now, then intloom stop (or, after a crash, "
+                    f"intloom recover); then move it aside (mv {path} "
+                    f"{shell_arg(aside(error.path, '.exposed'))}) before the next intloom "
+                    "start, which writes a new token (and, unless intloom.toml or --port sets "
+                    "one, takes a new port)")
         mode = "700" if "0700" in fact else "600"
         return f"Run chmod {mode} {path}, then try again"
     if fact.startswith("is owned by uid"):

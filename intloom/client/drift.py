@@ -116,6 +116,8 @@ class _Untouched:
         assert self.since is not None
         after = int(self.since * 1e9)
         top = os.path.normpath(self.project)
+        if os.path.normpath(root) == top:
+            return False  # the tree is the project's own (a single file at its root)
         at = os.path.dirname(os.path.normpath(root))
         while at != top:
             if os.path.dirname(at) == at:

@@ -500,10 +500,32 @@ class _Context(msgspec.Struct, frozen=True):
     # start-up: it served, and does not answer now (a Step holding the interpreter), where
     # "it may be starting or stopping; wait a moment" never came true.
     serving_silent: bool = False
+    # No service.lock, and the live pid service.json names has not the host log it names
+    # open (/proc/PID/fd): a host keeps both for its life, so such a pid (pid 1, say, named
+    # with its create time, which anyone may read) must not be signalled on the word of a
+    # service.json alone.
+    holds_nothing: bool = False
     # The diagnosis is a host on its way out (its log, or its reply, says its stop began):
     # the owner checks said it "does not answer ... (it may be starting or stopping)" under
     # a first line that says it is shutting down.
     stopping: bool = False
+
+
+def _holds_nothing(paths: ProjectPaths, root: Path) -> bool:
+    """Whether, with no ``service.lock`` at all, the live pid ``service.json`` names is
+    proved to hold nothing of the project (``_Context.holds_nothing``): not the host log
+    it names either. (A lock file nobody holds is ``lock_unheld``'s case.) False whenever
+    that cannot be told: another user's pid, no log named, or no log there."""
+    if os.path.lexists(paths.service_lock):
+        return False
+    try:
+        info = read_service(paths.service_json, root)
+        log = (os.stat(paths.logs / info.log_file, follow_symlinks=False)
+               if info is not None and info.log_file else None)
+    except (IntloomError, OSError):
+        return False
+    return (info is not None and log is not None
+            and holds_open(info.pid, (log.st_dev, log.st_ino)) is False)
 
 
 def _serving_silent(paths: ProjectPaths, root: Path) -> bool:
@@ -573,6 +595,18 @@ def _owner_check(
             "-o args, then move this project's service.json and service.lock aside by hand "
             "(intloom keeps them as they are) and run intloom doctor again.",
             _without_descriptor(owner),
+        )
+    if owner.status == "alive" and ctx.holds_nothing and not running:
+        return Check(
+            check_id, "attention",
+            f"{name} names pid {pid} ({_process_name(pid)}), which is alive but holds "
+            "nothing of this project: there is no service.lock, and the pid has not the host "
+            "log service.json names open (a host keeps both for its whole life), so it is "
+            "not this project's host.",
+            f"Do not signal pid {pid} on the word of {name}: confirm what it is with ps -p "
+            f"{pid} -o args, then move this project's service.json aside by hand (intloom "
+            "keeps it as it is) and run intloom doctor again.",
+            owner.evidence,
         )
     if owner.status == "alive" and ctx.invalid is not None and not paused(pid):
         return Check(
@@ -1317,11 +1351,11 @@ def run_doctor(root: Path) -> DoctorReport:
     refused = (insp.here if insp is not None and insp.answered
                and insp.problem is not None else None)
     refused_code = insp.refused_code if refused is not None and insp is not None else None
-    # A serving host holds its lock: without one held, "serving" (and its advice to kill
-    # the pid) was said of whatever live process a service.json named.
+    holds_nothing = not running and _holds_nothing(paths, root)
+    # "Serving" (and its advice to kill the pid) was said of whatever live process a
+    # service.json named, pid 1 included.
     serving_silent = (not running and service_problem is None and refused is None
-                      and starting_since is None and lock_problem is None
-                      and lock_unheld is None and paths.service_lock.exists()
+                      and starting_since is None and not holds_nothing
                       and _serving_silent(paths, root))
 
     def context(other: str, other_problem: str | None) -> _Context:
@@ -1337,7 +1371,7 @@ def run_doctor(root: Path) -> DoctorReport:
                         ports_differ=ports_differ, refused=refused,
                         refused_code=refused_code,
                         host_pid=diagnosis.service.pid if diagnosis.service else None,
-                        serving_silent=serving_silent,
+                        serving_silent=serving_silent, holds_nothing=holds_nothing,
                         stopping=diagnosis.message.startswith(SHUTTING_DOWN))
 
     config_check, config = _config_check(root)
@@ -1355,6 +1389,7 @@ def run_doctor(root: Path) -> DoctorReport:
                      context("service.lock", lock_problem)),
         _connection_check(root, bool(diagnosis.owners) or lock_problem is not None
                           or service_problem is not None, running, config,
+                          None if holds_nothing else
                           next((o.pid for o in diagnosis.owners if o.status == "alive"),
                                None)),
         _temp_files_check(paths),

@@ -81,6 +81,8 @@ class _Msg(msgspec.Struct, frozen=True, tag_field="op", rename="camel", omit_def
 
 
 class Hello(_Msg, tag="hello", frozen=True):
+    # ``token`` must stay in every protocol's hello: the host checks it before the protocol,
+    # so that a peer without it learns nothing (not even the host's pid and version).
     protocol: int
     token: str
     client: str = "intloom"

@@ -32,12 +32,17 @@ def test_a_token_others_could_read_is_moved_aside_not_kept(project: Project) -> 
     refused = project.cli("start", "--json")
     assert refused.code != 0, refused.stdout
     message = refused.json["error"]["message"]
-    assert "has mode 0644" in message and "chmod 600" not in message, message
-    assert "Others could read the token it holds, so it is no secret now: move it aside (mv " \
+    assert "has mode 0644" in message, message
+    assert "Others could read or write the token it holds, so it is no secret: run chmod " \
+        "600 " in message, message
+    assert "then intloom stop (or, after a crash, intloom recover); then move it aside (mv " \
         in message, message
-    assert "the next intloom start writes a new token" in message, message
+    assert "before the next intloom start, which writes a new token" in message, message
     assert connection.read_bytes() == planted  # refused, not changed
 
+    # The advice, step by step: chmod (so that stop can read it), stop, move it aside.
+    os.chmod(connection, 0o600)
+    ok(project.cli("stop", "--json"))
     advice = message.split("(mv ", 1)[1].split(")", 1)[0]
     subprocess.run(["mv", *shlex.split(advice)], check=True, cwd=project.root)
     exposed = project.state / "connection.json.exposed"

@@ -267,12 +267,20 @@ def test_a_service_json_without_a_lock_naming_a_live_process_is_not_called_servi
             data.update(pid=other.pid, createTime=round(psutil.Process(other.pid)
                                                         .create_time(), 2))
             path.write_text(json.dumps(data, separators=(",", ":")))
-            doctor = project.cli("doctor", "--json")
-            checks = {c["id"]: c for c in doctor.json["checks"]}
-            check = checks["owner.service_json"]
-            assert f"pid {other.pid}" in check["message"], check
-            assert "serving this project" not in check["message"], check
-            assert "kill" not in check["next"], check
+            connection = project.state / "connection.json"
+            for case in ("as it is", "connection.json readable by others",
+                         "connection.json gone"):
+                if case == "connection.json readable by others":
+                    connection.chmod(0o644)
+                if case == "connection.json gone":
+                    connection.unlink()
+                doctor = project.cli("doctor", "--json")
+                checks = {c["id"]: c for c in doctor.json["checks"]}
+                check = checks["owner.service_json"]
+                assert f"pid {other.pid}" in check["message"], (case, check)
+                assert "holds nothing of this project" in check["message"], (case, check)
+                for each in doctor.json["checks"]:
+                    assert "kill" not in (each.get("next") or ""), (case, each)
         finally:
             other.kill()
 

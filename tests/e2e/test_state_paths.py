@@ -674,7 +674,7 @@ def test_the_fixes_messages_give_paste_into_a_shell_for_a_path_with_spaces(
         connection.chmod(0o644)  # a token others could read: moved aside, not chmod'ed
         refused = project.cli("status", "--json")
         assert refused.code == 1, refused.stdout
-        _pasted(refused.json["error"]["message"], r"\((mv .+?)\); the next", tmp_path)
+        _pasted(refused.json["error"]["message"], r"\((mv .+?)\) before the next", tmp_path)
         assert (project.state / "connection.json.exposed").is_file()
         ok(project.cli("start", "--json"))  # a new token
         ok(project.cli("stop", "--json"))

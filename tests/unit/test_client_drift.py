@@ -463,3 +463,25 @@ def test_an_older_copy_renamed_into_place_above_the_tree_is_hashed(
     (root / "wf.old").rename(root / "wf")
     changes = since_start(root, service, flows)
     assert [(c.source, c.change) for c in changes] == [("wf/pkg", "edited")], changes
+
+
+def test_the_directories_between_the_project_and_a_tree_and_no_others_count(
+        tmp_path: Path) -> None:
+    """A single-file source at the project's root has the project for its tree: the walk
+    up from it climbed past the project to /, and called it touched at every call (every
+    tree hashed again). A symbolic link on the way counts as touched: its target may have
+    been swapped with no time of the tree moving."""
+    from intloom.client.drift import _Untouched
+
+    later = "2999-01-01T00:00:00.000Z"
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    (alone / "flow.py").write_text("x = 1\n")
+    assert _Untouched(alone, later)(alone / "flow.py")
+    root = tmp_path / "proj"
+    (root / "wf" / "real" / "pkg").mkdir(parents=True)
+    (root / "wf" / "real" / "pkg" / "__init__.py").write_text("x = 1\n")
+    (root / "wf" / "lnk").symlink_to(root / "wf" / "real")
+    untouched = _Untouched(root, later)
+    assert untouched(root / "wf" / "real" / "pkg")
+    assert not untouched(root / "wf" / "lnk" / "pkg")
