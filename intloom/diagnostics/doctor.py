@@ -41,6 +41,7 @@ from intloom.fsutil import (
     file_problem,
     no_inode_left,
     privacy_fix,
+    private_file_problem,
     read_refusal,
     search_refusal,
     shell_arg,
@@ -500,10 +501,10 @@ class _Context(msgspec.Struct, frozen=True):
     # start-up: it served, and does not answer now (a Step holding the interpreter), where
     # "it may be starting or stopping; wait a moment" never came true.
     serving_silent: bool = False
-    # No service.lock, and the live pid service.json names has not the host log it names
-    # open (/proc/PID/fd): a host keeps both for its life, so such a pid (pid 1, say, named
-    # with its create time, which anyone may read) must not be signalled on the word of a
-    # service.json alone.
+    # No service.lock, and the live pid service.json names has none of runtime/ and the
+    # host log it names open (/proc/PID/fd): a host keeps them for its life, so such a pid
+    # (pid 1, say, named with its create time, which anyone may read) must not be
+    # signalled on the word of a service.json alone.
     holds_nothing: bool = False
     # The diagnosis is a host on its way out (its log, or its reply, says its stop began):
     # the owner checks said it "does not answer ... (it may be starting or stopping)" under
@@ -511,21 +512,31 @@ class _Context(msgspec.Struct, frozen=True):
     stopping: bool = False
 
 
-def _holds_nothing(paths: ProjectPaths, root: Path) -> bool:
-    """Whether, with no ``service.lock`` at all, the live pid ``service.json`` names is
-    proved to hold nothing of the project (``_Context.holds_nothing``): not the host log
-    it names either. (A lock file nobody holds is ``lock_unheld``'s case.) False whenever
-    that cannot be told: another user's pid, no log named, or no log there."""
-    if os.path.lexists(paths.service_lock):
-        return False
+def _holding(paths: ProjectPaths, root: Path) -> list[bool | None]:
+    """For the pid ``service.json`` names, whether it has each file a host keeps open for
+    its whole life open (``holds_open``: None when that cannot be told): ``service.lock``,
+    ``runtime/`` (the store's lock, held from before the import to the end) and the host
+    log ``service.json`` names (a plain name in ``logs/`` only). Empty when there is no
+    valid ``service.json``."""
     try:
         info = read_service(paths.service_json, root)
-        log = (os.stat(paths.logs / info.log_file, follow_symlinks=False)
-               if info is not None and info.log_file else None)
-    except (IntloomError, OSError):
-        return False
-    return (info is not None and log is not None
-            and holds_open(info.pid, (log.st_dev, log.st_ino)) is False)
+    except IntloomError:
+        return []
+    if info is None:
+        return []
+    from intloom.client.hostlog import log_path
+
+    found: list[bool | None] = []
+    log = log_path(paths, info.log_file)
+    for path in (paths.service_lock, paths.runtime, log):
+        if path is None:
+            continue
+        try:
+            st = os.stat(path, follow_symlinks=False)
+        except OSError:
+            continue
+        found.append(holds_open(info.pid, (st.st_dev, st.st_ino)))
+    return found
 
 
 def _serving_silent(paths: ProjectPaths, root: Path) -> bool:
@@ -600,9 +611,9 @@ def _owner_check(
         return Check(
             check_id, "attention",
             f"{name} names pid {pid} ({_process_name(pid)}), which is alive but holds "
-            "nothing of this project: there is no service.lock, and the pid has not the host "
-            "log service.json names open (a host keeps both for its whole life), so it is "
-            "not this project's host.",
+            "nothing of this project: there is no service.lock, and the pid has neither "
+            ".intloom/runtime/ nor the host log service.json names open (a host keeps them "
+            "for its whole life), so it is not this project's host.",
             f"Do not signal pid {pid} on the word of {name}: confirm what it is with ps -p "
             f"{pid} -o args, then move this project's service.json aside by hand (intloom "
             "keeps it as it is) and run intloom doctor again.",
@@ -851,6 +862,11 @@ def _connection_check(root: Path, has_owners: bool, running: bool = False,
             + " and restores the Runs. Nothing of any Run is in it.",
         )
     except IntloomError as exc:
+        loose = private_file_problem(paths.connection_json)
+        if loose is not None and loose.fact.startswith("has mode"):
+            # Its own steps, in order (privacy_fix): "only once you are sure no host runs"
+            # left a user with a running host no way to stop it.
+            return Check("connection", "attention", exc.here, f"{privacy_fix(loose)}.")
         return Check("connection", "attention", exc.here, _keep_it(paths.connection_json))
     if conn is None and live_pid is not None:
         # "Then run intloom recover" of a live host: recover refuses it (the service is
@@ -1351,11 +1367,14 @@ def run_doctor(root: Path) -> DoctorReport:
     refused = (insp.here if insp is not None and insp.answered
                and insp.problem is not None else None)
     refused_code = insp.refused_code if refused is not None and insp is not None else None
-    holds_nothing = not running and _holds_nothing(paths, root)
+    holding = [] if running else _holding(paths, root)
+    # With no service.lock, proved to hold none of the files a host keeps open for life.
+    holds_nothing = (bool(holding) and all(h is False for h in holding)
+                     and not os.path.lexists(paths.service_lock))
     # "Serving" (and its advice to kill the pid) was said of whatever live process a
-    # service.json named, pid 1 included.
+    # service.json named, pid 1 included: only one proved to hold a file of the project.
     serving_silent = (not running and service_problem is None and refused is None
-                      and starting_since is None and not holds_nothing
+                      and starting_since is None and any(h is True for h in holding)
                       and _serving_silent(paths, root))
 
     def context(other: str, other_problem: str | None) -> _Context:

@@ -39,6 +39,9 @@ def test_a_token_others_could_read_is_moved_aside_not_kept(project: Project) -> 
         in message, message
     assert "before the next intloom start, which writes a new token" in message, message
     assert connection.read_bytes() == planted  # refused, not changed
+    doctor = project.cli("doctor", "--json")
+    [check] = [c for c in doctor.json["checks"] if c["id"] == "connection"]
+    assert check["next"].startswith("Others could read or write the token it holds"), check
 
     # The advice, step by step: chmod (so that stop can read it), stop, move it aside.
     os.chmod(connection, 0o600)

@@ -285,6 +285,37 @@ def test_a_service_json_without_a_lock_naming_a_live_process_is_not_called_servi
             other.kill()
 
 
+def test_no_kill_is_advised_of_a_pid_not_proved_to_hold_the_project(project: Project) -> None:
+    """The "serving host" verdict, with its advice to kill the pid, needs proof that the pid
+    holds a file of the project (service.lock, runtime/ or its log open): pid 1, whose
+    descriptors may not be readable, named with its create time by a planted service.json,
+    with or without a service.lock nobody holds; or a service.json whose logFile is no
+    plain name (/dev/null, which any process may have open) naming a live process."""
+    _crash(project)
+    lock = project.state / "service.lock"
+    path = project.state / "service.json"
+    data = json.loads(path.read_text())
+    with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                          stdin=subprocess.DEVNULL) as other:
+        try:
+            cases = [("pid 1, lock kept", 1, None, True), ("pid 1, no lock", 1, None, False),
+                     ("logFile /dev/null", other.pid, "/dev/null", False)]
+            for case, pid, log_file, keep_lock in cases:
+                if not keep_lock and lock.exists():
+                    lock.unlink()
+                planted = {**data, "pid": pid,
+                           "createTime": round(psutil.Process(pid).create_time(), 2)}
+                if log_file is not None:
+                    planted["logFile"] = log_file
+                path.write_text(json.dumps(planted, separators=(",", ":")))
+                doctor = project.cli("doctor", "--json")
+                for each in doctor.json["checks"]:
+                    assert "kill" not in (each.get("next") or ""), (case, each)
+                    assert "the host serving this project" not in each["message"], (case, each)
+        finally:
+            other.kill()
+
+
 def test_metadata_naming_a_live_process_that_is_no_host_says_so(project: Project) -> None:
     """service.json and service.lock name a live process, with its create time, that holds
     neither the project's lock nor any descriptor on service.lock: a host keeps both for
