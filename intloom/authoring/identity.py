@@ -226,7 +226,6 @@ class Reads:
                                                     list[tuple[str, Path, os.stat_result]]]] = {}
         self.files: dict[str, tuple[_Sig, bytes]] = {}
         self.real: dict[str, str] = {}  # a path's realpath, for ``compiled`` by its other name
-        self.heads: dict[tuple[str, int], bytes] = {}  # json.dumps([rel, size]), encoded
         self.digests: dict[str, tuple[bytes, bytes]] = {}  # path -> (bytes, their sha256)
 
     def listing(self, entry: Path) -> list[tuple[str, Path, os.stat_result]]:
@@ -295,13 +294,7 @@ def workflow_identity(name: str, version: str, entry: Path,
             if hashed is not None:
                 hashed[os.path.normpath(path)] = digest
             continue
-        if reads is None:
-            h.update(_head(rel, len(data)))
-        else:
-            head = reads.heads.get((rel, len(data)))
-            if head is None:
-                head = reads.heads[rel, len(data)] = json.dumps([rel, len(data)]).encode()
-            h.update(head)
+        h.update(_head(rel, len(data)))
         h.update(data)
         if hashed is not None:
             spelled = os.path.normpath(path)
@@ -318,7 +311,8 @@ def workflow_identity(name: str, version: str, entry: Path,
 @functools.lru_cache(maxsize=1 << 16)
 def _head(rel: str, size: int) -> bytes:
     # Each Workflow of a tree hashes every file of it: 1,000 single-file sources of one
-    # directory made status encode a million of these (8 s of its 12 s, profiled).
+    # directory made status encode a million of these (8 s of its 12 s, profiled). One
+    # cache for the loader and the comparisons alike.
     return json.dumps([rel, size]).encode()
 
 

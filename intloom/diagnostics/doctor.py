@@ -512,16 +512,21 @@ class _Context(msgspec.Struct, frozen=True):
     stopping: bool = False
 
 
-def _holding(paths: ProjectPaths, root: Path) -> list[bool | None]:
-    """For the pid ``service.json`` names, whether it has each file a host keeps open for
-    its whole life open (``holds_open``: None when that cannot be told): ``service.lock``,
-    ``runtime/`` (the store's lock, held from before the import to the end) and the host
-    log ``service.json`` names (a plain name in ``logs/`` only). Empty when there is no
-    valid ``service.json``."""
+def _service_info(paths: ProjectPaths, root: Path) -> ServiceInfo | None:
+    """``service.json``, or None when there is none or it cannot be read (its own check
+    says why)."""
     try:
-        info = read_service(paths.service_json, root)
+        return read_service(paths.service_json, root)
     except IntloomError:
-        return []
+        return None
+
+
+def _holding(paths: ProjectPaths, info: ServiceInfo | None) -> list[bool | None]:
+    """For the pid ``service.json`` (``info``) names, whether it has each file a host keeps
+    open for its whole life open (``holds_open``: None when that cannot be told):
+    ``service.lock``, ``runtime/`` (the store's lock, held from before the import to the
+    end) and the host log ``service.json`` names (a plain name in ``logs/`` only). Empty
+    when there is no valid ``service.json``."""
     if info is None:
         return []
     from intloom.client.hostlog import log_path
@@ -539,15 +544,12 @@ def _holding(paths: ProjectPaths, root: Path) -> list[bool | None]:
     return found
 
 
-def _serving_silent(paths: ProjectPaths, root: Path) -> bool:
-    """service.json is there and its host's log has no ``service_stopping``: a host that
-    served, not one starting or stopping (whether it lives is the owner check's to judge)."""
+def _serving_silent(paths: ProjectPaths, info: ServiceInfo | None) -> bool:
+    """service.json (``info``) is there and its host's log has no ``service_stopping``: a
+    host that served, not one starting or stopping (whether it lives is the owner check's
+    to judge)."""
     from intloom.client.hostlog import log_says_stopping
 
-    try:
-        info = read_service(paths.service_json, root)
-    except IntloomError:
-        return False
     return info is not None and not log_says_stopping(paths, info)
 
 
@@ -1367,7 +1369,8 @@ def run_doctor(root: Path) -> DoctorReport:
     refused = (insp.here if insp is not None and insp.answered
                and insp.problem is not None else None)
     refused_code = insp.refused_code if refused is not None and insp is not None else None
-    holding = [] if running else _holding(paths, root)
+    info = None if running else _service_info(paths, root)
+    holding = _holding(paths, info)
     # With no service.lock, proved to hold none of the files a host keeps open for life.
     holds_nothing = (bool(holding) and all(h is False for h in holding)
                      and not os.path.lexists(paths.service_lock))
@@ -1375,7 +1378,7 @@ def run_doctor(root: Path) -> DoctorReport:
     # service.json named, pid 1 included: only one proved to hold a file of the project.
     serving_silent = (not running and service_problem is None and refused is None
                       and starting_since is None and any(h is True for h in holding)
-                      and _serving_silent(paths, root))
+                      and _serving_silent(paths, info))
 
     def context(other: str, other_problem: str | None) -> _Context:
         # recover refuses while any of the three metadata files is invalid, or

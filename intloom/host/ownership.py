@@ -112,6 +112,13 @@ def _identity(st: os.stat_result) -> tuple[int, int]:
     return st.st_dev, st.st_ino
 
 
+def _lock_lost(path: Path, why: str) -> IntloomError:
+    return IntloomError(
+        "CLI_SERVICE_METADATA_INVALID",
+        f"Code running in the host closed the descriptor holding the OS lock on {path}, {why}: "
+        "nothing keeps a second host off this project, so this host stops.")
+
+
 def _fd_identity(fd: int | None) -> tuple[int, int] | None:
     try:
         return None if fd is None else _identity(os.fstat(fd))
@@ -132,7 +139,6 @@ class Ownership:
         # The (device, inode) of the service.lock this host created: its descriptor must go
         # on naming it (``keep_lock``).
         self._lock_id: tuple[int, int] | None = None
-        self._relock = False  # its descriptor was lost and the lock not yet taken again
         self._relock_since: float | None = None  # monotonic: the first look that found it busy
         # .intloom/ itself, open: where it is now when the project directory was moved
         # (``elsewhere``); the lock's own descriptor cannot tell (it was made under a temp
@@ -195,28 +201,23 @@ class Ownership:
         name this instance), or its lock stays held by another for ``_FLOCK_PATIENCE``:
         nothing then keeps a second host off the project."""
         fd, ours = self._lock_fd, self._lock_id
-        if ours is None or (fd is None and not self._relock):
+        if ours is None:
             return "held"  # never taken, or released
         if fd is not None and _fd_identity(fd) == ours:
             return "held"
-        self._lock_fd, self._relock = None, True
+        # Lost (a number of ours closed or reused), or lost at an earlier look: taken
+        # through a new descriptor, the old number forgotten.
+        self._lock_fd = None
         path = self.paths.service_lock
         try:
             # Read-write, as the lock was made: NFS emulates flock with a write lock.
             fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError as exc:
-            raise IntloomError(
-                "CLI_SERVICE_METADATA_INVALID",
-                f"Code running in the host closed the descriptor holding the OS lock on "
-                f"{path}, which cannot be opened again ({exc.strerror or exc}): nothing keeps "
-                "a second host off this project, so this host stops.") from None
+            raise _lock_lost(path, f"which cannot be opened again ({exc.strerror or exc})"
+                             ) from None
         try:
             if _identity(os.fstat(fd)) != ours or not self._names_us(os.pread(fd, 65536, 0)):
-                raise IntloomError(
-                    "CLI_SERVICE_METADATA_INVALID",
-                    f"Code running in the host closed the descriptor holding the OS lock on "
-                    f"{path}, and that file is another one now (removed or replaced): nothing "
-                    "keeps a second host off this project, so this host stops.")
+                raise _lock_lost(path, "and that file is another one now (removed or replaced)")
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
@@ -224,24 +225,17 @@ class Ownership:
             if self._relock_since is None:
                 self._relock_since = now
             elif now - self._relock_since > _FLOCK_PATIENCE:
-                raise IntloomError(
-                    "CLI_SERVICE_METADATA_INVALID",
-                    f"Code running in the host closed the descriptor holding the OS lock on "
-                    f"{path}, and another process has held that lock since, for more than "
-                    f"{_FLOCK_PATIENCE:g} s: nothing keeps a second host off this project, so "
-                    "this host stops.") from None
+                raise _lock_lost(path, "and another process has held that lock since, for "
+                                 f"more than {_FLOCK_PATIENCE:g} s") from None
             return "waiting"  # a probe's instant; a later look takes it
         except OSError as exc:
             os.close(fd)
-            raise IntloomError(
-                "CLI_SERVICE_METADATA_INVALID",
-                f"Code running in the host closed the descriptor holding the OS lock on "
-                f"{path}, which cannot be locked again ({exc.strerror or exc}): nothing keeps "
-                "a second host off this project, so this host stops.") from None
+            raise _lock_lost(path, f"which cannot be locked again ({exc.strerror or exc})"
+                             ) from None
         except BaseException:
             os.close(fd)
             raise
-        self._lock_fd, self._relock, self._relock_since = fd, False, None
+        self._lock_fd, self._relock_since = fd, None
         return "retaken"
 
     def _names_us(self, data: bytes) -> bool:
@@ -429,7 +423,6 @@ class Ownership:
             except OSError as exc:
                 problems.append(_not_removed(self.paths.service_lock, exc))
         fd, ours, self._lock_fd, self._lock_id = self._lock_fd, self._lock_id, None, None
-        self._relock = False
         if fd is not None and (ours is None or _fd_identity(fd) == ours):
             # Closing drops the OS lock; only now may a probe see the lock free. A number
             # that names another file now (code in the host closed ours, and keep_lock has
