@@ -82,13 +82,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """``-n auto``: two workers more than the CPUs this process may run on (pyproject.toml
+    """``-n auto``: one worker more than the CPUs this process may run on (pyproject.toml
     caps it): a worker mostly waits on a host, a subprocess or an fdatasync.
     ``PYTEST_XDIST_AUTO_NUM_WORKERS`` still decides when set, as in xdist's own hook."""
     chosen = os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS")
     if chosen:
         return int(chosen)
-    return len(os.sched_getaffinity(0)) + 2
+    return len(os.sched_getaffinity(0)) + 1
 
 
 # The signals whose handling the code under test changes (Ctrl-C, a stop, a hang-up, Ctrl-\\).
