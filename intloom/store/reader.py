@@ -1603,7 +1603,12 @@ def verify_run(runtime_dir: Path, run_id: str) -> StoreReport:
         if journal is None and not loaded.holding:
             # No segment holds its id and no snapshot names it: no Run of that id.
             return StoreReport([], list(loaded.files), loaded.stats, loaded.segments_read)
-        if journal is not None and journal.status == "ok" and (through_end or _ended(journal)):
+        # Its last segment the log's last: this read went through the end already, and a
+        # second one would read the same segments again (inspect of a live 180,000-record
+        # Run read its segments three times, twice here).
+        to_end = through_end or (bool(loaded.holding) and loaded.holding[-1]
+                                 >= max(loaded.segment_numbers, default=0))
+        if journal is not None and journal.status == "ok" and (to_end or _ended(journal)):
             return StoreReport([journal], list(loaded.files), loaded.stats,
                                loaded.segments_read)
         if journal is not None and journal.status != "ok":

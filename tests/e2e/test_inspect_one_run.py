@@ -116,6 +116,31 @@ def test_inspect_of_an_unfinished_run_reads_the_log_after_it(project: Project) -
     assert snapshot_files(project.state) == before
 
 
+def test_an_unfinished_run_in_the_logs_last_segment_is_scanned_once(
+        project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unfinished Run whose records reach the log's last segment: verify_run read its
+    segments, then read them all again "through the end of the log", which they already
+    were (inspect of a live 180,000-record Run: 10.2 s, 8.3 s without that second read).
+    A Run with a later segment after its own still reads on into it (the test above)."""
+    from intloom.store import reader
+
+    runtime = _runtime(project)
+    _host(runtime, {"RUN-E": 6})
+    _host(runtime, {"RUN-W": 9}, ended=False, crash=True)
+    scanned: list[str] = []
+    real = reader.scan_segment  # type: ignore[attr-defined]
+
+    def counted(name: str, *args: object, **kw: object) -> object:
+        scanned.append(name)
+        return real(name, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(reader, "scan_segment", counted)
+    report = verify_run(runtime, "RUN-W")
+    assert report.segments == [2], report.segments
+    assert [(j.run_id, j.status) for j in report.runs] == [("RUN-W", "ok")], report.runs
+    assert scanned == ["0000000002.seg"], scanned
+
+
 def test_inspect_names_a_missing_segment_that_may_hold_the_runs_next_record(
         project: Project) -> None:
     """A host killed while writing RUN-M's records, and its segment deleted since: the

@@ -8,6 +8,9 @@ twice). The store holds its own OS lock on ``runtime/`` for the host's life.
 
 from __future__ import annotations
 
+import os
+import signal
+
 import pytest
 
 from tests.helpers import Project, ok, pid_alive, snapshot_files
@@ -21,18 +24,26 @@ def test_a_second_host_cannot_open_a_live_hosts_store(project: Project) -> None:
     assert run["status"] == "waiting"
     runtime = project.state / "runtime"
     before = snapshot_files(runtime)
-    (project.state / "service.lock").unlink()
-    (project.state / "service.json").unlink()
+    # Paused while its files are missing: a serving host writes a removed service.json
+    # again at its next look (0.2 s, service_json_restored), and on a slow VM it did so
+    # before the second start read it (CLI_SERVICE_CONFLICT). Paused, it still holds the
+    # store's lock, which is what this test is about.
+    os.kill(first["pid"], signal.SIGSTOP)
+    try:
+        (project.state / "service.lock").unlink()
+        (project.state / "service.json").unlink()
 
-    second = project.cli("start", "--port", "0", "--json")
-    assert second.code != 0, second.stdout
-    error = second.json["error"]
-    assert error["code"] == "BUSY", error
-    assert "checkpoint store" in error["message"] and str(runtime) in error["message"]
-    assert "Nothing was written" in error["message"]
-    assert pid_alive(first["pid"])  # the live host is untouched...
-    assert snapshot_files(runtime) == before  # ...and so is its log: no new segment
-    assert not (project.state / "service.lock").exists()  # the failed start cleaned up
+        second = project.cli("start", "--port", "0", "--json")
+        assert second.code != 0, second.stdout
+        error = second.json["error"]
+        assert error["code"] == "BUSY", error
+        assert "checkpoint store" in error["message"] and str(runtime) in error["message"]
+        assert "Nothing was written" in error["message"]
+        assert pid_alive(first["pid"])  # the live host is untouched...
+        assert snapshot_files(runtime) == before  # ...and so is its log: no new segment
+        assert not (project.state / "service.lock").exists()  # the failed start cleaned up
+    finally:
+        os.kill(first["pid"], signal.SIGCONT)
 
 
 def test_a_start_names_each_temp_file_it_removes_in_its_log(project: Project) -> None:
