@@ -285,11 +285,13 @@ def _read(path: Path, kind: type[_T], root: Path | None) -> _T | None:
         if pid is not None:
             # service.json or service.lock: "belongs to another project ... run intloom
             # doctor" did not say what happened (connection.json's says), nor whose host.
-            raise _invalid(path, f"belongs to another project ({saved_root}): the project "
-                                 "directory was moved or copied since its host (pid "
-                                 f"{pid}) wrote it, and that host may still serve the old "
-                                 "path (intloom doctor says whether it runs, and how to "
-                                 "stop it)")
+            # What doctor says, not inside doctor's own report of the file (``here``).
+            kept = (f"{path} belongs to another project ({saved_root}): the project "
+                    f"directory was moved or copied since its host (pid {pid}) wrote it, "
+                    "and that host may still serve the old path. It was left as it is")
+            raise MetadataDamaged("CLI_SERVICE_METADATA_INVALID",
+                                  f"{kept}; run intloom doctor, which says whether that host "
+                                  "runs and how to stop it.", here=f"{kept}.")
         raise _invalid(path, f"belongs to another project ({saved_root})")
     return value
 

@@ -129,6 +129,13 @@ def test_a_start_in_a_project_moved_under_its_host_says_whose_service_json_it_fi
         assert said.startswith(
             f"{moved.state / 'service.json'} belongs to another project ({project.root}): the "
             f"project directory was moved or copied since its host (pid {pid}) wrote it"), said
+        assert said.endswith("run intloom doctor, which says whether that host runs and how "
+                             "to stop it."), said
+        # Inside doctor's own report the finding does not send the reader to doctor.
+        doctor = moved.cli("doctor")
+        lines = [ln for ln in doctor.stdout.splitlines()
+                 if "service.json belongs to another project" in ln]
+        assert lines and not any("intloom doctor" in ln for ln in lines), doctor.stdout
     finally:
         os.kill(pid, signal.SIGTERM)  # a graceful stop: the Run stays waiting
         eventually(lambda: not pid_alive(pid), timeout=30, what=f"host {pid} to stop")
