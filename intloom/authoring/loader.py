@@ -130,7 +130,9 @@ class _FromSource(importlib.machinery.SourceFileLoader):
             if code is not None:
                 return code
         code = self.source_to_code(source, self.path)
-        if cached is not None and not sys.dont_write_bytecode:
+        # Not for a file gone since the load (``_kept_spec``): set_data would make its
+        # directory again, where a rename took it away.
+        if cached is not None and not sys.dont_write_bytecode and os.path.lexists(self.path):
             _cache_dir(os.path.dirname(cached))
             # set_data writes atomically and gives up quietly where it may not write. Never
             # writable by others, whatever the umask (0o666 & ~umask): _cached_code takes no
@@ -271,6 +273,10 @@ class _SourceTrees(importlib.abc.MetaPathFinder):
         if not self.roots:
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
+        if spec is None:
+            spec = self._kept_spec(fullname, path)
+            if spec is not None:
+                return spec
         loader = spec.loader if spec is not None else None
         if (spec is None or type(loader) is not importlib.machinery.SourceFileLoader
                 or spec.origin is None):
@@ -285,6 +291,28 @@ class _SourceTrees(importlib.abc.MetaPathFinder):
                 return self._as_found(spec)
         spec.loader = _FromSource(fullname, spec.origin)
         return spec
+
+    def _kept_spec(self, fullname: str, path: Any) -> importlib.machinery.ModuleSpec | None:
+        """A module of a loaded tree whose file is gone since the load (removed, or renamed
+        by a checkout or a git pull), found where Python would have found it, from the bytes
+        the Workflow's identity took of it (``kept_source``): the path finder no longer
+        sees it, so a Step importing it failed its Run for good, where an edit of the same
+        file runs the loaded bytes. A package first, as Python's finder looks."""
+        if self.compiled is not None or not self.sources:
+            return None
+        name = fullname.rpartition(".")[2]
+        for entry in sys.path if path is None else path:
+            if not isinstance(entry, str):
+                continue
+            base = os.path.abspath(entry or os.curdir)
+            for file, package in ((os.path.join(base, name, "__init__.py"), True),
+                                  (os.path.join(base, f"{name}.py"), False)):
+                if os.path.normpath(file) not in self.sources or os.path.lexists(file):
+                    continue  # not a loaded tree's, or there: the path finder's to judge
+                return importlib.util.spec_from_file_location(
+                    fullname, file, loader=_FromSource(fullname, file),
+                    submodule_search_locations=[os.path.dirname(file)] if package else None)
+        return None
 
     def _as_found(self, spec: importlib.machinery.ModuleSpec | None
                   ) -> importlib.machinery.ModuleSpec | None:

@@ -235,6 +235,37 @@ def test_a_module_a_step_imports_after_an_edit_runs_the_bytes_the_host_loaded(
         ok(project.cli("stop", "--json"))
 
 
+@pytest.mark.parametrize("change", ["removed", "renamed", "package renamed"])
+def test_a_module_a_step_imports_after_its_file_is_gone_runs_the_bytes_the_host_loaded(
+    tmp_path: Path, change: str,
+) -> None:
+    """The same module removed, or renamed (a checkout, a git pull), while the host runs:
+    Python's finder no longer found it, so the kept bytes were never asked for, and the Run
+    failed for good with "cannot import name 'helper' from '_intloom_wf_...'", while status
+    said the host runs the code it loaded. It runs the bytes the host loaded."""
+    made, lazy = _lazy_project(tmp_path, None)
+    if change == "package renamed":
+        (lazy / "helper").mkdir()
+        (lazy / "helper" / "__init__.py").write_text("from .values import OUTCOME\n")
+        (lazy / "helper" / "values.py").write_text('OUTCOME = "old"\n')
+    else:
+        (lazy / "helper.py").write_text('OUTCOME = "old"\n')
+    for project in reaped(made):
+        ok(project.cli("start", "--json"))
+        if change == "removed":
+            (lazy / "helper.py").unlink()
+        elif change == "renamed":
+            (lazy / "helper.py").rename(lazy / "helper_values.py")
+        else:
+            (lazy / "helper").rename(lazy / "helper_pkg")
+        run = ok(project.cli("flow", "lazy", "--intent", "i", "--json"))["run"]
+        assert run["status"] == "completed", run
+        assert _outcome(project, run["runId"]) == "old"
+        # Nothing was written where the files were (no __pycache__ made again there).
+        assert not (lazy / "helper").exists() and not (lazy / "helper.py").exists()
+        ok(project.cli("stop", "--json"))
+
+
 def test_a_module_added_to_the_tree_after_the_load_is_not_imported(tmp_path: Path) -> None:
     """A tree module that was not there when the host loaded the Workflow has no bytes its
     identity took: its import is refused, naming the file and the restart that loads it."""
