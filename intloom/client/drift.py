@@ -359,16 +359,18 @@ def against_host(root: Path, service: ServiceView
 
 # How much of a stopped host's log is read for what it loaded: its start's lines come first.
 _LOG_HEAD: Final = 1 << 20
-# What holds a Run at the next start rather than resuming it.
-_HOLDS: Final = ("edited", "unreadable", "unlisted")
+# What holds a Run at the next start rather than resuming it, and an intloom.toml that
+# stops that start (the stop's "Run intloom start to resume them" was then said alone).
+_HOLDS: Final = ("edited", "unreadable", "unlisted", "config")
 
 
 def since_log(root: Path, log: Path | None) -> list[SourceChange]:
     """What changed on disk since a host that has stopped loaded its Workflows, as its log
     says (``workflow_loaded``, written at its start): the changes for which the next start
     holds a Workflow's unfinished Runs rather than resuming them (``edited``, ``unreadable``,
-    ``unlisted``). [] when the log cannot be read, or another intloom wrote it (the identity
-    hashes the version in)."""
+    ``unlisted``), or an ``intloom.toml`` it refuses (``config``, alone: which sources it
+    lists is not known then). [] when the log cannot be read, or another intloom wrote it
+    (the identity hashes the version in)."""
     from intloom.client.hostlog import read_log
 
     # Read as the stop's own lines are: a FIFO put in its place hung ``intloom stop``.

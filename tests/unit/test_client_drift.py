@@ -229,6 +229,27 @@ def test_a_stop_names_the_sources_changed_since_its_host_loaded_them(tmp_path: P
     assert since_log(root, _host_log(root, _loaded(root, "wf/a", "a"), version="0.0.1")) == []
 
 
+def test_a_stop_says_the_next_start_refuses_an_intloom_toml_broken_since(
+        tmp_path: Path) -> None:
+    """intloom.toml broken (a typo) after the host started: the stop said "Run intloom start
+    to resume it" alone, and that start refused the project (INVALID_REQUEST)."""
+    from intloom.cli.commands.service import stop_lines
+    from intloom.client.lifecycle import StopResult
+
+    root = _project(tmp_path, "wf/a")
+    log = _host_log(root, _loaded(root, "wf/a", "a"))
+    (root / "intloom.toml").write_text('workflows = ["wf/a"]\nprot = 1\n')
+    [change] = since_log(root, log)
+    assert (change.source, change.change) == ("intloom.toml", "config"), change
+    assert "unknown key 'prot'" in change.message, change
+    text = stop_lines(StopResult(stopped=True, cut=[], suspended=1, changed=[change]))
+    assert text[-1] == (
+        f"But the next intloom start refuses the project as it is: {change.message} Once it "
+        "is fixed, that start holds (needs attention) rather than resumes the unfinished "
+        "Runs of any Workflow changed since this host loaded it; intloom doctor lists them "
+        "and what a start would do."), text
+
+
 def test_file_sources_sharing_a_directory_name_their_tree_and_the_file_written(
     tmp_path: Path,
 ) -> None:

@@ -241,7 +241,14 @@ def stop_lines(result: StopResult,
 
 def _changed_since_load(changed: list[SourceChange]) -> str:
     """"Run intloom start to resume them" is not so for the Runs of a Workflow whose source
-    changed since the host loaded it: the next start holds them (needs attention)."""
+    changed since the host loaded it: the next start holds them (needs attention); nor
+    while intloom.toml is one the next start refuses."""
+    config = next((change for change in changed if change.change == "config"), None)
+    if config is not None:
+        return (f"But the next intloom start refuses the project as it is: {config.message} "
+                "Once it is fixed, that start holds (needs attention) rather than resumes "
+                "the unfinished Runs of any Workflow changed since this host loaded it; "
+                "intloom doctor lists them and what a start would do.")
     facts = []
     from intloom.client.drift import changed_tree, named_source
 
