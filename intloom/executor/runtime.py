@@ -895,6 +895,10 @@ class Runtime:
         # The last task each Run's Agent ended: a retry that repeats it gets the Run's view
         # again instead of CONFLICT (its reply may have been lost). Memory only, like claims.
         self._agent_ended: dict[str, _AgentEnd] = {}
+        # The Agent task each Run was waiting on when a cancel ended it: a request naming
+        # that task with another Run's id was told to "use" that other Run's task, one
+        # another Agent may hold, where it is told whose task it is (``_task_owner``).
+        self._agent_cancelled: dict[str, str] = {}
         # Agent work running in the host (a Tool call, an on_complete handler): a stop gives
         # it the Steps' grace, and names what is still running then. Done when it returns.
         self._agent_work: dict[asyncio.Future[None], tuple[str, str]] = {}
@@ -1212,6 +1216,7 @@ class Runtime:
             gone = self.runs.pop(oldest, None)
             self._position.pop(oldest, None)
             self._agent_ended.pop(oldest, None)
+            self._agent_cancelled.pop(oldest, None)
             if gone is not None:
                 status = gone.view().status
                 self._dropped[status] = self._dropped.get(status, 0) + 1
@@ -1652,11 +1657,14 @@ class Runtime:
         # restart does, instead of only "The Run was stopped.".
         error = error_view("RUN_STOPPED") if cut is None else error_view(
             "RUN_STOPPED", f"The Run was stopped while {cut}.")
+        task = slot.state.pending_agent_call
         self.append(
             slot,
             Terminal(at=clock.now(), status="failed", error=error),
             force=True,
         )
+        if task is not None:
+            self._agent_cancelled[run_id] = task.id
         slot.revoke(IntloomError("EXECUTION_OWNERSHIP_LOST"))
         await self._ended_with(slot, "failed", {"code": "RUN_STOPPED"}, self._cancel_saved)
         return slot.view(), False
@@ -1833,7 +1841,8 @@ class Runtime:
             if call is not None and call.id == call_id:
                 return rid
         return next((rid for rid, end in self._agent_ended.items() if end.call_id == call_id),
-                    None)
+                    next((rid for rid, task in self._agent_cancelled.items() if task == call_id),
+                         None))
 
     def _check_owner(self, slot: RunSlot, owner_token: str) -> None:
         call = slot.state.pending_agent_call

@@ -2617,6 +2617,14 @@ def test_a_task_sent_with_another_runs_id_names_the_run_it_belongs_to() -> None:
             "call_id is empty; give the id of the Run's Agent task (pendingAgentCall.id).")
         still = rt.get(second).pending_agent_call
         assert still is not None and still.id == second_call  # nothing was recorded
+        # A task that ended with its Run's cancel: told to "use" the other Run's task.
+        third, third_call, _ = await _claimed(rt, "z", "c3")
+        await rt.cancel(third)
+        with pytest.raises(IntloomError) as cancelled:
+            await rt.claim_agent_call(second, third_call, "c3")
+        assert cancelled.value.message == (
+            f"Agent task {third_call} is Run {third}'s task, not Run {second}'s; nothing was "
+            f"done. Send the request with run id {third}."), cancelled.value.message
 
     run(main)
 
