@@ -793,8 +793,11 @@ def changed_lines(changed: Sequence[Mapping[str, Any]], new_run: str | None = No
     lines.append(
         f"{runs} what the host loaded when it started. To load the change: intloom stop, "
         "then intloom start"
-        + (" (its unfinished Runs of a changed Workflow are then held: finish or cancel them "
-           "first, or keep the old code; intloom doctor lists them)." if edited else "."))
+        # Not "its unfinished Runs ... are then held": after an edit undone, those Runs
+        # began with the code on disk again, and the start restores them.
+        + (" (unfinished Runs of a changed Workflow that began with other code than what is "
+           "on disk then are held: finish or cancel them first, or keep the code they began "
+           "with; intloom doctor lists them)." if edited else "."))
     return lines
 
 

@@ -1003,8 +1003,9 @@ def _with_host(root: Path, service: ServiceView, check: Check,
     todo = ("The running host runs what it loaded at its start (new Runs too). To load the "
             "change: intloom stop, then intloom start")
     if any(c.change not in ("listed", "intloom") for c in changes):
-        todo += (" (the unfinished Runs of a changed Workflow are then held: finish or cancel "
-                 "them first, or keep the old code; the journals check lists them)")
+        todo += (" (unfinished Runs of a changed Workflow that began with other code than "
+                 "what is on disk then are held: finish or cancel them first, or keep the code "
+                 "they began with; the journals check lists them)")
     return Check("workflows", "attention",
                  f"{check.message} The running host (pid {service.pid}) differs: {found}",
                  todo + "." + (f" Also: {check.next}" if check.next else ""))

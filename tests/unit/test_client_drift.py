@@ -126,7 +126,15 @@ def test_another_intlooms_host_is_not_judged_by_identity(tmp_path: Path) -> None
     assert changed_lines([msgspec.structs.asdict(c) for c in changes])[-1] == (
         "New Runs use what the host loaded when it started. To load the change: intloom stop, "
         "then intloom start.")
-    assert [c.change for c in since_start(root, _service(root), flows)] == ["listed", "edited"]
+    edited = since_start(root, _service(root), flows)
+    assert [c.change for c in edited] == ["listed", "edited"]
+    # Not "its unfinished Runs ... are then held": after an edit undone, the Runs that began
+    # with the code on disk again are restored by that start.
+    assert changed_lines([msgspec.structs.asdict(c) for c in edited])[-1] == (
+        "New Runs use what the host loaded when it started. To load the change: intloom stop, "
+        "then intloom start (unfinished Runs of a changed Workflow that began with other code "
+        "than what is on disk then are held: finish or cancel them first, or keep the code "
+        "they began with; intloom doctor lists them).")
 
 
 def test_an_upgraded_intloom_of_the_same_workflow_protocol_still_tells_an_edit(
