@@ -1644,7 +1644,10 @@ class Runtime:
             return view, not slot.state.dismissed
         if not live:
             if slot.override is not None and slot.override.code == "RUN_INTERRUPTED":
-                # Dismiss: record it so the Run stops coming back; its evidence stays.
+                # Dismiss: record it so the Run stops coming back; its evidence stays. A
+                # restart interrupts every wait on an Agent task, whose Agent may still hold
+                # it: remembered as a live cancel's task is.
+                self._note_cancelled(slot)
                 self.append(
                     slot,
                     Terminal(at=clock.now(), status="failed", error=slot.override, dismissed=True),
@@ -1657,17 +1660,22 @@ class Runtime:
         # restart does, instead of only "The Run was stopped.".
         error = error_view("RUN_STOPPED") if cut is None else error_view(
             "RUN_STOPPED", f"The Run was stopped while {cut}.")
-        task = slot.state.pending_agent_call
+        self._note_cancelled(slot)
         self.append(
             slot,
             Terminal(at=clock.now(), status="failed", error=error),
             force=True,
         )
-        if task is not None:
-            self._agent_cancelled[run_id] = task.id
         slot.revoke(IntloomError("EXECUTION_OWNERSHIP_LOST"))
         await self._ended_with(slot, "failed", {"code": "RUN_STOPPED"}, self._cancel_saved)
         return slot.view(), False
+
+    def _note_cancelled(self, slot: RunSlot) -> None:
+        """Remember the Agent task a cancel (or a dismissal) ends with its Run, before its
+        ``terminal`` clears it from the state (``_task_owner``)."""
+        task = slot.state.pending_agent_call
+        if task is not None:
+            self._agent_cancelled[slot.run_id] = task.id
 
     @staticmethod
     async def _ended_with(slot: RunSlot, event: str, detail: Any,
@@ -1840,9 +1848,10 @@ class Runtime:
             call = slot.state.pending_agent_call
             if call is not None and call.id == call_id:
                 return rid
-        return next((rid for rid, end in self._agent_ended.items() if end.call_id == call_id),
-                    next((rid for rid, task in self._agent_cancelled.items() if task == call_id),
-                         None))
+        return (next((rid for rid, end in self._agent_ended.items() if end.call_id == call_id),
+                     None)
+                or next((rid for rid, task in self._agent_cancelled.items() if task == call_id),
+                        None))
 
     def _check_owner(self, slot: RunSlot, owner_token: str) -> None:
         call = slot.state.pending_agent_call

@@ -2654,6 +2654,15 @@ def test_a_task_of_a_run_interrupted_while_it_waited_says_what_is_lost_once() ->
         assert message.count("claims, owner tokens and Tool receipts are not restored") == 1
         assert message.endswith("are not restored.). Start a new Run for this work; intloom "
                                 f"cancel {run_id} dismisses it."), message
+        # Dismissed, its task is still named as its own to an Agent that pairs it with
+        # another Run's id (it was "use that one": the other Run's task).
+        other, _other_call, _ = await _claimed(rt, "y", "c2")
+        await rt.cancel(run_id)
+        with pytest.raises(IntloomError) as mixed:
+            await rt.claim_agent_call(other, call_id, "c1")
+        assert mixed.value.message == (
+            f"Agent task {call_id} is Run {run_id}'s task, not Run {other}'s; nothing was "
+            f"done. Send the request with run id {run_id}."), mixed.value.message
 
     run(second)
 
