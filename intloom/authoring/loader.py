@@ -105,6 +105,13 @@ class _FromSource(importlib.machinery.SourceFileLoader):
     (a checked hash-based .pyc, which this writes, and which Python itself also checks
     against the source): a large tree is not compiled again at every start."""
 
+    def get_source(self, fullname: str) -> str | None:
+        # What a traceback quotes of a module whose file is gone since the load (linecache
+        # asks the loader only then): its lines were empty.
+        kept = _TREES.kept_source(self.path)
+        return (importlib.util.decode_source(kept) if kept is not None
+                else super().get_source(fullname))
+
     def get_code(self, fullname: str) -> CodeType:
         # After the load, a module of a loaded tree is compiled from the bytes its identity
         # hashed, kept since: one a Step imports only once it runs was read from the disk
@@ -225,6 +232,9 @@ class _SourceTrees(importlib.abc.MetaPathFinder):
         # Python files only: a tree's other files (data, docs) are hashed, never imported.
         self.loaded_roots: dict[str, str] = {}
         self.sources: dict[str, bytes] = {}
+        # ``sources`` indexed for ``_kept_spec``, as of ``_kept_for`` files (it only grows).
+        self._kept_index: dict[str, dict[str, list[tuple[str, bool]]]] = {}
+        self._kept_for = 0
         # Each loaded tree's project root (resolved), which paths in Run errors are shown
         # relative to (``raised_at``).
         self.projects: dict[str, Path] = {}
@@ -273,10 +283,9 @@ class _SourceTrees(importlib.abc.MetaPathFinder):
         if not self.roots:
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
-        if spec is None:
-            spec = self._kept_spec(fullname, path)
-            if spec is not None:
-                return spec
+        kept = self._kept_spec(fullname, path, spec)
+        if kept is not None:
+            return kept
         loader = spec.loader if spec is not None else None
         if (spec is None or type(loader) is not importlib.machinery.SourceFileLoader
                 or spec.origin is None):
@@ -292,27 +301,61 @@ class _SourceTrees(importlib.abc.MetaPathFinder):
         spec.loader = _FromSource(fullname, spec.origin)
         return spec
 
-    def _kept_spec(self, fullname: str, path: Any) -> importlib.machinery.ModuleSpec | None:
+    def _kept_spec(self, fullname: str, path: Any,
+                   found: importlib.machinery.ModuleSpec | None
+                   ) -> importlib.machinery.ModuleSpec | None:
         """A module of a loaded tree whose file is gone since the load (removed, or renamed
-        by a checkout or a git pull), found where Python would have found it, from the bytes
-        the Workflow's identity took of it (``kept_source``): the path finder no longer
-        sees it, so a Step importing it failed its Run for good, where an edit of the same
-        file runs the loaded bytes. A package first, as Python's finder looks."""
+        by a checkout or a git pull), from the bytes the Workflow's identity took of it
+        (``kept_source``), as an edit of the file is: the path finder no longer saw it, and
+        a Step importing it failed its Run for good, or got what the name finds now (an
+        empty namespace package where a folder of that name is left, a stale ``.pyc``, a
+        module of that name further down ``sys.path``). Taken when it comes, in path order,
+        before what the path finder ``found``, a package before a module, as at the load."""
         if self.compiled is not None or not self.sources:
             return None
-        name = fullname.rpartition(".")[2]
+        kept = self._kept_files().get(fullname.rpartition(".")[2])
+        if kept is None:
+            return None  # no loaded tree has a file of that name: most imports
+        before = _entry_of(found)
         for entry in sys.path if path is None else path:
             if not isinstance(entry, str):
                 continue
-            base = os.path.abspath(entry or os.curdir)
-            for file, package in ((os.path.join(base, name, "__init__.py"), True),
-                                  (os.path.join(base, f"{name}.py"), False)):
-                if os.path.normpath(file) not in self.sources or os.path.lexists(file):
-                    continue  # not a loaded tree's, or there: the path finder's to judge
+            base = os.path.normpath(os.path.abspath(entry or os.curdir))
+            files = kept.get(base)
+            if files is None:
+                # A tree reached by another spelling (a linked directory, ``..``), as its
+                # module may put ``realpath`` of its own directory on sys.path.
+                files = kept.get(os.path.realpath(base))
+            for rel, package in files or ():
+                file = os.path.join(base, rel)
+                if os.path.lexists(file):
+                    return None  # there: the path finder's, whose loader takes kept bytes
                 return importlib.util.spec_from_file_location(
                     fullname, file, loader=_FromSource(fullname, file),
                     submodule_search_locations=[os.path.dirname(file)] if package else None)
+            if base == before:
+                return None  # what the path finder found comes first, as at the load
         return None
+
+    def _kept_files(self) -> dict[str, dict[str, list[tuple[str, bool]]]]:
+        """The kept Python files by module name, then by the directory a ``sys.path`` or
+        ``__path__`` entry names to find them (as spelled, and resolved), each as its path
+        there and whether it is a package's ``__init__.py``, a package first."""
+        if self._kept_for != len(self.sources):
+            index: dict[str, dict[str, list[tuple[str, bool]]]] = {}
+            for file in self.sources:
+                head, tail = os.path.split(file)
+                package = tail == "__init__.py"
+                base, name = os.path.split(head) if package else (head, tail[:-3])
+                rel = os.path.join(name, "__init__.py") if package else tail
+                for spelled in dict.fromkeys((base, os.path.realpath(base))):
+                    found = index.setdefault(name, {}).setdefault(spelled, [])
+                    if package:
+                        found.insert(0, (rel, True))
+                    else:
+                        found.append((rel, False))
+            self._kept_index, self._kept_for = index, len(self.sources)
+        return self._kept_index
 
     def _as_found(self, spec: importlib.machinery.ModuleSpec | None
                   ) -> importlib.machinery.ModuleSpec | None:
@@ -328,6 +371,17 @@ class _SourceTrees(importlib.abc.MetaPathFinder):
         if at + 1 < len(meta) and meta[at + 1] is importlib.machinery.PathFinder:
             return spec
         return None
+
+
+def _entry_of(spec: importlib.machinery.ModuleSpec | None) -> str | None:
+    """The path entry the path finder found ``spec`` in; None for nothing found, or for a
+    namespace package (a module file anywhere on the path comes before its portions)."""
+    if spec is None or spec.origin is None or not spec.has_location:
+        return None
+    where = os.path.dirname(spec.origin)
+    if spec.submodule_search_locations is not None:
+        where = os.path.dirname(where)
+    return os.path.normpath(os.path.abspath(where))
 
 
 _TREES: Final = _SourceTrees()

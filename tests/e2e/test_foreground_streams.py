@@ -125,7 +125,7 @@ def test_ctrl_c_before_a_foreground_host_serves_is_an_interrupted_command(
 
 
 def test_a_foreground_start_keeps_its_timeout(tmp_path: Path) -> None:
-    """``start --foreground --timeout 0.5`` with a Workflow that takes 30 s to import: the
+    """``start --foreground --timeout N`` with a Workflow that takes 30 s to import: the
     timeout bounded nothing, and the command waited the 30 s, then served."""
     project = one_source_project(tmp_path, "slow", SLOW_IMPORT)
     try:

@@ -235,14 +235,19 @@ def test_a_module_a_step_imports_after_an_edit_runs_the_bytes_the_host_loaded(
         ok(project.cli("stop", "--json"))
 
 
-@pytest.mark.parametrize("change", ["removed", "renamed", "package renamed"])
+@pytest.mark.parametrize("change", ["removed", "renamed", "package renamed",
+                                    "removed, a folder of its name left",
+                                    "removed, a .pyc left"])
 def test_a_module_a_step_imports_after_its_file_is_gone_runs_the_bytes_the_host_loaded(
     tmp_path: Path, change: str,
 ) -> None:
     """The same module removed, or renamed (a checkout, a git pull), while the host runs:
     Python's finder no longer found it, so the kept bytes were never asked for, and the Run
     failed for good with "cannot import name 'helper' from '_intloom_wf_...'", while status
-    said the host runs the code it loaded. It runs the bytes the host loaded."""
+    said the host runs the code it loaded; or the name found what is there now (an empty
+    namespace package, a stale .pyc). It runs the bytes the host loaded."""
+    import py_compile
+
     made, lazy = _lazy_project(tmp_path, None)
     if change == "package renamed":
         (lazy / "helper").mkdir()
@@ -250,19 +255,31 @@ def test_a_module_a_step_imports_after_its_file_is_gone_runs_the_bytes_the_host_
         (lazy / "helper" / "values.py").write_text('OUTCOME = "old"\n')
     else:
         (lazy / "helper.py").write_text('OUTCOME = "old"\n')
+    if change == "removed, a folder of its name left":
+        (lazy / "helper").mkdir()
+        (lazy / "helper" / "prompt.txt").write_text("a template\n")
     for project in reaped(made):
-        ok(project.cli("start", "--json"))
-        if change == "removed":
-            (lazy / "helper.py").unlink()
-        elif change == "renamed":
+        # Bytecode written (this VM's environment turns it off): nothing may be written
+        # where a file was.
+        ok(project.cli("start", "--json", env={"PYTHONDONTWRITEBYTECODE": ""}))
+        if change == "renamed":
             (lazy / "helper.py").rename(lazy / "helper_values.py")
-        else:
+        elif change == "package renamed":
             (lazy / "helper").rename(lazy / "helper_pkg")
+        else:
+            if change == "removed, a .pyc left":
+                stale = lazy / "stale.py"
+                stale.write_text('OUTCOME = "stale"\n')
+                py_compile.compile(str(stale), cfile=str(lazy / "helper.pyc"))
+                stale.unlink()
+            (lazy / "helper.py").unlink()
         run = ok(project.cli("flow", "lazy", "--intent", "i", "--json"))["run"]
         assert run["status"] == "completed", run
         assert _outcome(project, run["runId"]) == "old"
         # Nothing was written where the files were (no __pycache__ made again there).
-        assert not (lazy / "helper").exists() and not (lazy / "helper.py").exists()
+        assert not (lazy / "helper.py").exists()
+        if change == "package renamed":
+            assert not (lazy / "helper").exists()
         ok(project.cli("stop", "--json"))
 
 
