@@ -786,18 +786,15 @@ def changed_lines(changed: Sequence[Mapping[str, Any]], new_run: str | None = No
     do about it."""
     if not changed:
         return []
+    from intloom.client.drift import held_after  # only when something changed
+
     lines = [f"Changed  {c['message']}" for c in changed]
-    edited = any(c["change"] in ("edited", "unlisted", "unreadable") for c in changed)
+    held = held_after({str(c["change"]) for c in changed})
     runs = ("New Runs use" if new_run is None else
             f"Run {new_run}, like every new Run, uses")
     lines.append(
         f"{runs} what the host loaded when it started. To load the change: intloom stop, "
-        "then intloom start"
-        # Not "its unfinished Runs ... are then held": after an edit undone, those Runs
-        # began with the code on disk again, and the start restores them.
-        + (" (unfinished Runs of a changed Workflow that began with other code than what is "
-           "on disk then are held: finish or cancel them first, or keep the code they began "
-           "with; intloom doctor lists them)." if edited else "."))
+        "then intloom start" + (f"; {held} (intloom doctor lists them)." if held else "."))
     return lines
 
 

@@ -27,7 +27,8 @@ from intloom.project import link_loop, load_config
 from intloom.protocol.messages import PROTOCOL, ServiceView, WorkflowInfo
 from intloom.runtime.records import PROTOCOL_VERSION as WORKFLOW_PROTOCOL
 
-__all__ = ["SourceChange", "against_host", "changed_tree", "since_log", "since_start",
+__all__ = ["SourceChange", "against_host", "changed_tree", "held_after", "since_log",
+           "since_start",
            "workflow_since_start"]
 
 Change = Literal["listed", "unlisted", "moved", "edited", "retried", "unreadable", "config", "port",
@@ -355,6 +356,24 @@ def against_host(root: Path, service: ServiceView
     except IntloomError:
         return None
     return flows, since_start(root, service, flows)
+
+
+def held_after(kinds: set[str]) -> str | None:
+    """Which unfinished Runs the next start holds (needs attention) for changes of these
+    kinds, with what to do, or None when it holds none for them: every Run of a Workflow it
+    does not load (unlisted, unreadable), and of an edited one only those that began with
+    other code than the code on disk then ("its unfinished Runs are then held" was false
+    after an edit undone: that start restores the Runs that began with the code there)."""
+    held = []
+    if kinds & {"unlisted", "unreadable"}:
+        held.append("every unfinished Run of a Workflow it cannot load")
+    if "edited" in kinds:
+        held.append("the unfinished Runs of a changed Workflow that began with other code than "
+                    "the code on disk at that start")
+    if not held:
+        return None
+    return (f"that start holds {' and '.join(held)} (needs attention): finish or cancel them "
+            "first, or keep the code they began with")
 
 
 # How much of a stopped host's log is read for what it loaded: its start's lines come first.

@@ -1002,10 +1002,11 @@ def _with_host(root: Path, service: ServiceView, check: Check,
     found = " ".join([c.message for c in changes] + fixed)
     todo = ("The running host runs what it loaded at its start (new Runs too). To load the "
             "change: intloom stop, then intloom start")
-    if any(c.change not in ("listed", "intloom") for c in changes):
-        todo += (" (unfinished Runs of a changed Workflow that began with other code than "
-                 "what is on disk then are held: finish or cancel them first, or keep the code "
-                 "they began with; the journals check lists them)")
+    from intloom.client.drift import held_after
+
+    held = held_after({c.change for c in changes})
+    if held is not None:  # not for a source moved with its tree, a port, a retried source
+        todo += f"; {held} (the journals check lists them)"
     return Check("workflows", "attention",
                  f"{check.message} The running host (pid {service.pid}) differs: {found}",
                  todo + "." + (f" Also: {check.next}" if check.next else ""))

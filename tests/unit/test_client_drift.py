@@ -132,9 +132,15 @@ def test_another_intlooms_host_is_not_judged_by_identity(tmp_path: Path) -> None
     # with the code on disk again are restored by that start.
     assert changed_lines([msgspec.structs.asdict(c) for c in edited])[-1] == (
         "New Runs use what the host loaded when it started. To load the change: intloom stop, "
-        "then intloom start (unfinished Runs of a changed Workflow that began with other code "
-        "than what is on disk then are held: finish or cancel them first, or keep the code "
-        "they began with; intloom doctor lists them).")
+        "then intloom start; that start holds the unfinished Runs of a changed Workflow that "
+        "began with other code than the code on disk at that start (needs attention): finish "
+        "or cancel them first, or keep the code they began with (intloom doctor lists them).")
+    unlisted = [{"change": "unlisted"}, {"change": "edited"}]
+    assert ("that start holds every unfinished Run of a Workflow it cannot load and the "
+            "unfinished Runs of a changed Workflow that began with other code") in \
+        changed_lines([{**c, "message": "m"} for c in unlisted])[-1]
+    assert changed_lines([{"change": "moved", "message": "m"}])[-1].endswith(
+        "intloom stop, then intloom start."), "a move holds no Run"
 
 
 def test_an_upgraded_intloom_of_the_same_workflow_protocol_still_tells_an_edit(
@@ -253,9 +259,9 @@ def test_a_stop_says_the_next_start_refuses_an_intloom_toml_broken_since(
     text = stop_lines(StopResult(stopped=True, cut=[], suspended=1, changed=[change]))
     assert text[-1] == (
         f"But the next intloom start refuses the project as it is: {change.message} Once it "
-        "is fixed, that start holds (needs attention) rather than resumes the unfinished "
-        "Runs of any Workflow changed since this host loaded it; intloom doctor lists them "
-        "and what a start would do."), text
+        "is fixed, that start holds (needs attention) the unfinished Runs that began with "
+        "other code than what is on disk then, rather than restoring them by the restart "
+        "table; intloom doctor lists them and what a start would do."), text
 
 
 def test_file_sources_sharing_a_directory_name_their_tree_and_the_file_written(
