@@ -279,6 +279,17 @@ def _read(path: Path, kind: type[_T], root: Path | None) -> _T | None:
             fix = (f", move the file aside (mv {shell_arg(path)} "
                    f"{shell_arg(f'{path}.moved')}); the next intloom start saves a new port "
                    "and token and restores the Runs.")
+            if _a_project_still(saved_root):
+                # A copy: the same Runs (the same ids) in two stores. Restored here too,
+                # each would run on in both, its effects twice; "restores the Runs" was the
+                # advice for a move.
+                fix += (f" But {saved_root} is still a project with its own .intloom/, so "
+                        "this directory is most likely a copy of it, and its unfinished Runs "
+                        "are that project's: restored here as well, each would run again, "
+                        "effects included. To use this copy as a new project, move its state "
+                        f"aside instead (mv {shell_arg(path.parent)} "
+                        f"{shell_arg(f'{path.parent}.copied')}) before intloom start; that "
+                        f"project's Runs go on in {saved_root}.")
             raise IntloomError("CLI_SERVICE_METADATA_INVALID",
                                f"{fact} (intloom doctor){fix}", here=f"{fact}{fix}")
         pid = getattr(value, "pid", None)
@@ -294,6 +305,16 @@ def _read(path: Path, kind: type[_T], root: Path | None) -> _T | None:
                                   "runs and how to stop it.", here=f"{kept}.")
         raise _invalid(path, f"belongs to another project ({saved_root})")
     return value
+
+
+def _a_project_still(saved: str) -> bool:
+    """Whether the project a metadata file was written for is still where it names, with
+    its state directory: then this directory is a copy of it, not it moved."""
+    try:
+        return (os.path.isabs(saved) and os.path.isfile(os.path.join(saved, "intloom.toml"))
+                and os.path.isdir(os.path.join(saved, ".intloom", "runtime")))
+    except (OSError, ValueError):  # a NUL in a hand-edited file
+        return False
 
 
 def _same_directory(saved: str, root: Path) -> bool:

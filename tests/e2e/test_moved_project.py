@@ -53,6 +53,42 @@ def test_a_moved_project_says_how_to_go_on_and_restores_its_runs(project: Projec
     assert ok(moved.cli("stop", "--json"))["stopped"] is True
 
 
+def test_a_copied_project_is_told_its_runs_are_the_originals(project: Project) -> None:
+    """``cp -r`` of a project with a waiting Run: the copy's commands said to move its
+    connection.json aside, and that the next start "restores the Runs". Followed, the same
+    Run (the same id) waited in two stores, and answered in both, its effects ran twice.
+    The copy is told it is one, and how to start it as a new project without them."""
+    import shutil
+
+    ok(project.cli("start", "--json"))
+    run = ok(project.cli("flow", "example", "--intent", "copy me", "--json"))["run"]
+    ok(project.cli("stop", "--json"))
+    copy_root = project.root.parent / "copy"
+    shutil.copytree(project.root, copy_root, symlinks=True)
+    copy = Project(root=copy_root, pids=project.pids)
+    refused = copy.cli("status", "--json")
+    message = refused.json["error"]["message"]
+    state = copy.state
+    assert f"But {project.root} is still a project with its own .intloom/" in message, message
+    assert "restored here as well, each would run again, effects included" in message, message
+    assert f"(mv {state} {state}.copied) before intloom start" in message, message
+    state.rename(state.parent / ".intloom.copied")  # as advised: nothing is deleted
+    ok(copy.cli("start", "--json"))
+    assert ok(copy.cli("runs", "--json"))["runs"] == []
+    ok(copy.cli("stop", "--json"))
+    # A move (nothing left where it was) is still told its Runs are restored.
+    shutil.rmtree(copy_root)
+    moved_root = project.root.parent / "moved"
+    project.root.rename(moved_root)
+    moved = Project(root=moved_root, pids=project.pids)
+    said = moved.cli("status", "--json").json["error"]["message"]
+    assert "restores the Runs." in said and "is still a project" not in said, said
+    (moved.state / "connection.json").rename(moved.state / "connection.json.moved")
+    ok(moved.cli("start", "--json"))
+    assert [r["runId"] for r in ok(moved.cli("runs", "--json"))["runs"]] == [run["runId"]]
+    ok(moved.cli("stop", "--json"))
+
+
 def test_a_host_whose_state_directory_is_moved_away_stops_serving(project: Project) -> None:
     """``mv .intloom .intloom.moved`` under a running host: both its locks are on the moved
     files, so nothing kept a second ``intloom start`` from taking a new ``.intloom/`` and
