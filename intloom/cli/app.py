@@ -175,6 +175,14 @@ def _usage_pieces(pieces: list[str]) -> list[str]:
     return [re.sub(r"^\{([^{}]+)\}", r"\1", piece) for piece in pieces]
 
 
+def _no_trailing_spaces(text: str) -> str:
+    """Plain help as docs/cli.md promises piped output, without trailing spaces: below 52
+    columns Click writes the usage's prefix ("Usage: intloom flow ") on a line of its own,
+    keeping the space before the arguments it moved to the next. (Rich help is printed, and
+    this is then empty.)"""
+    return "\n".join(line.rstrip() for line in text.split("\n"))
+
+
 class _Command(TyperCommand):
     def get_params(self, ctx: Any) -> list[Any]:
         return _help_params(super().get_params(ctx))
@@ -182,10 +190,16 @@ class _Command(TyperCommand):
     def collect_usage_pieces(self, ctx: Any) -> list[str]:
         return _usage_pieces(super().collect_usage_pieces(ctx))
 
+    def get_help(self, ctx: Any) -> str:
+        return _no_trailing_spaces(super().get_help(ctx))
+
 
 class _Group(TyperGroup):
     def get_params(self, ctx: Any) -> list[Any]:
         return _help_params(super().get_params(ctx))
+
+    def get_help(self, ctx: Any) -> str:
+        return _no_trailing_spaces(super().get_help(ctx))
 
 
 def build_app(only: str | None = None, *, json_mode: bool = False) -> typer.Typer:

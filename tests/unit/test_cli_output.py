@@ -628,6 +628,9 @@ def test_a_narrow_terminal_gets_help_that_cuts_no_option_name(
         text = _help_on_a_terminal(monkeypatch, 40, *args)
         wide = [line for line in text.splitlines() if len(line) > 40]
         assert not wide, (args, wide)
+        # Nor a trailing space (docs/cli.md): the usage's prefix, alone on its line, kept one.
+        spaced = [line for line in text.splitlines() if line != line.rstrip()]
+        assert not spaced, (args, spaced)
 
 
 def test_every_commands_rich_help_fits_the_width_it_is_shown_at(
