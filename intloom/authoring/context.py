@@ -21,8 +21,8 @@ from intloom.authoring.workflow import callable_name
 from intloom.errors import IntloomError, a_an
 from intloom.runtime.model import PendingAction
 
-__all__ = ["ContextHooks", "Recovery", "StepContext", "finish", "left_behind", "running_here",
-           "unawaited"]
+__all__ = ["ContextHooks", "InitContext", "Recovery", "StepContext", "finish", "left_behind",
+           "running_here", "unawaited"]
 
 S = TypeVar("S")
 T = TypeVar("T")
@@ -509,6 +509,32 @@ class StepContext(Generic[S]):
             raise
         assert isinstance(answer, list)
         return answer
+
+
+class InitContext(StepContext[S]):
+    """A Stage initialiser's context: the Stage has no State yet (the initialiser returns
+    its first), and the State of the Stage before was released when the Run left it. Read,
+    ``ctx.state`` was None under a type that says otherwise: mypy passed ``ctx.state.n + 1``
+    and the Run failed with "'NoneType' object has no attribute 'n'". A Step's context pays
+    nothing for this (a subclass, made only for an initialiser)."""
+
+    @property
+    def state(self) -> S:
+        state_type = self._state_type
+        if state_type is None or state_type is _Over:
+            return self._state  # a Stage without State (None), or over: as any context
+        name = state_type.__name__
+        raise IntloomError(
+            "STEP_INTERACTION_INVALID",
+            f"{self.where} read ctx.state, which an initialiser does not have: it returns "
+            f"the Stage's first State (`return {name}(...)`), and the State of the Stage "
+            "before was released when the Run left that Stage. Build it from ctx.intent, or "
+            "from what earlier Steps stored outside their State (a file, a database).",
+        )
+
+    @state.setter
+    def state(self, value: S) -> None:
+        StepContext.state.fset(self, value)  # type: ignore[attr-defined]
 
 
 def _another_loop(where: str, call: str, example: str, code: str) -> IntloomError | None:

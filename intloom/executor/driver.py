@@ -23,6 +23,7 @@ import msgspec
 from intloom.authoring.agent import AgentResult
 from intloom.authoring.context import (
     ContextHooks,
+    InitContext,
     StepContext,
     abandoned,
     finish,
@@ -1691,7 +1692,8 @@ class Driver:
             await rt.sync(slot)
 
     def _ctx(self, slot: RunSlot, step: str | None, stage: Stage[Any] | None = None,
-             hooks: ContextHooks | None = None) -> StepContext[Any]:
+             hooks: ContextHooks | None = None,
+             kind: type[StepContext[Any]] = StepContext) -> StepContext[Any]:
         st = slot.state
         if stage is None:
             stage = slot.lw.workflow.stages[st.cursor.stage]
@@ -1706,7 +1708,7 @@ class Driver:
         # StepContext(...) without type.__call__, which hands __init__ its keywords as a new
         # dict (through tp_init); a method call passes them as they are (one per Step:
         # ~470 -> ~210 ns here).
-        ctx: StepContext[Any] = _new_object(StepContext)
+        ctx: StepContext[Any] = _new_object(kind)
         ctx.__init__(  # type: ignore[misc]
             run_id=st.run_id,
             intent=st.intent,
@@ -1758,7 +1760,7 @@ class Driver:
                 return False
             rt.append(slot, Executing(at=clock.now(), stage=stage.name, step=None, kind="init"))
             await rt.sync(slot)
-            ctx = self._ctx(slot, None)
+            ctx = self._ctx(slot, None, kind=InitContext)
             value = await self._user(slot, f"Stage {stage.name!r} initialiser", stage.init_fn, ctx)
             if stage.state_type is not None and not isinstance(value, stage.state_type):
                 name = stage.state_type.__name__

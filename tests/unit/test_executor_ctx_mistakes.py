@@ -447,6 +447,57 @@ def test_an_initialiser_returning_none_in_a_stage_without_state_is_fine(
     assert _settle(tmp_path / "runtime", wf).status == "completed"
 
 
+class Count(msgspec.Struct):
+    n: int = 0
+
+
+def test_an_initialiser_reading_ctx_state_is_told_it_has_none_yet(tmp_path: Path) -> None:
+    """ctx.state in an initialiser was None under the Stage's State type: mypy passed
+    ``ctx.state.n + 1`` and the Run failed with "'NoneType' object has no attribute 'n'".
+    It is told what an initialiser has, and where the value can come from. A Stage without
+    State still reads None there."""
+    wf = intloom.Workflow("inits", version="1")
+    first = wf.stage("first", state=Count)
+    second = wf.stage("second", state=Count)
+
+    @first.step("go", routes={"ok": intloom.ToStage("second")})
+    def go(ctx: StepContext[Count]) -> str:
+        ctx.state = Count(n=5)
+        return "ok"
+
+    @second.init
+    def init(ctx: StepContext[Count]) -> Count:
+        return Count(n=ctx.state.n + 1)
+
+    @second.step("end", routes={"ok": intloom.COMPLETE})
+    def end(ctx: StepContext[Count]) -> str:
+        return "ok"
+
+    view = _settle(tmp_path / "runtime", wf)
+    assert view.status == "failed" and view.last_error is not None, view
+    assert view.last_error.code == "STEP_INTERACTION_INVALID", view.last_error
+    assert ("Stage 'second' initialiser read ctx.state, which an initialiser does not have: it "
+            "returns the Stage's first State (`return Count(...)`), and the State of the Stage "
+            "before was released when the Run left that Stage. Build it from ctx.intent, or "
+            "from what earlier Steps stored outside their State (a file, a database)."
+            ) in view.last_error.message, view.last_error.message
+
+    seen: list[object] = []
+    bare = intloom.Workflow("bare", version="1")
+    only = bare.stage("only")
+
+    @only.init
+    def bare_init(ctx: StepContext[None]) -> None:
+        seen.append(ctx.state)
+
+    @only.step("x", routes={"ok": intloom.COMPLETE})
+    def x(ctx: StepContext[None]) -> str:
+        return "ok"
+
+    assert _settle(tmp_path / "runtime2", bare).status == "completed"
+    assert seen == [None]
+
+
 def test_ctx_effect_refuses_an_async_function_before_anything_is_recorded(
     tmp_path: Path, no_unawaited_warning: None,
 ) -> None:
