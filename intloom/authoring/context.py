@@ -513,7 +513,8 @@ class StepContext(Generic[S]):
 
 class InitContext(StepContext[S]):
     """A Stage initialiser's context: the Stage has no State yet (the initialiser returns
-    its first), and the State of the Stage before was released when the Run left it. Read,
+    its first), and an earlier Stage's State was released when the Run left it. Read
+    before the initialiser assigns one,
     ``ctx.state`` was None under a type that says otherwise: mypy passed ``ctx.state.n + 1``
     and the Run failed with "'NoneType' object has no attribute 'n'". A Step's context pays
     nothing for this (a subclass, made only for an initialiser)."""
@@ -521,15 +522,18 @@ class InitContext(StepContext[S]):
     @property
     def state(self) -> S:
         state_type = self._state_type
-        if state_type is None or state_type is _Over:
-            return self._state  # a Stage without State (None), or over: as any context
+        if state_type is None or state_type is _Over or self._state is not None:
+            # A Stage without State (None), a context that is over, or a State the
+            # initialiser assigned itself: as any context.
+            return self._state
         name = state_type.__name__
         raise IntloomError(
             "STEP_INTERACTION_INVALID",
-            f"{self.where} read ctx.state, which an initialiser does not have: it returns "
-            f"the Stage's first State (`return {name}(...)`), and the State of the Stage "
-            "before was released when the Run left that Stage. Build it from ctx.intent, or "
-            "from what earlier Steps stored outside their State (a file, a database).",
+            f"{self.where} read ctx.state before assigning it: an initialiser starts with "
+            f"no State, and returns the Stage's first (`return {name}(...)`); an earlier "
+            "Stage's State is released when the Run leaves that Stage. Build it from "
+            "ctx.intent, or from what earlier Steps stored outside their State (a file, a "
+            "database).",
         )
 
     @state.setter

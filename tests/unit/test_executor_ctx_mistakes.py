@@ -476,11 +476,28 @@ def test_an_initialiser_reading_ctx_state_is_told_it_has_none_yet(tmp_path: Path
     view = _settle(tmp_path / "runtime", wf)
     assert view.status == "failed" and view.last_error is not None, view
     assert view.last_error.code == "STEP_INTERACTION_INVALID", view.last_error
-    assert ("Stage 'second' initialiser read ctx.state, which an initialiser does not have: it "
-            "returns the Stage's first State (`return Count(...)`), and the State of the Stage "
-            "before was released when the Run left that Stage. Build it from ctx.intent, or "
-            "from what earlier Steps stored outside their State (a file, a database)."
-            ) in view.last_error.message, view.last_error.message
+    assert ("Stage 'second' initialiser read ctx.state before assigning it: an initialiser "
+            "starts with no State, and returns the Stage's first (`return Count(...)`); an "
+            "earlier Stage's State is released when the Run leaves that Stage. Build it from "
+            "ctx.intent, or from what earlier Steps stored outside their State (a file, a "
+            "database).") in view.last_error.message, view.last_error.message
+
+    # Assigned by the initialiser, it reads as in a Step (the review: this was refused).
+    assigned = intloom.Workflow("assigned", version="1")
+    counted = assigned.stage("counted", state=Count)
+
+    @counted.init
+    def assign(ctx: StepContext[Count]) -> Count:
+        ctx.state = Count(n=1)
+        ctx.state.n += 1
+        return ctx.state
+
+    @counted.step("check", routes={"ok": intloom.COMPLETE})
+    def check(ctx: StepContext[Count]) -> str:
+        assert ctx.state.n == 2, ctx.state
+        return "ok"
+
+    assert _settle(tmp_path / "runtime3", assigned).status == "completed"
 
     seen: list[object] = []
     bare = intloom.Workflow("bare", version="1")
