@@ -8,6 +8,7 @@ the file is left exactly as it is.
 from __future__ import annotations
 
 import contextlib
+import hmac
 import os
 import re
 from datetime import UTC, datetime
@@ -271,6 +272,9 @@ def _read(path: Path, kind: type[_T], root: Path | None) -> _T | None:
                 f"{shell_arg(saved_root)}, or change to that directory, then try again.",
             )
         if kind is Connection:
+            token = getattr(value, "token", "")
+            if _copied_from(saved_root, token):
+                raise _a_copy(path, saved_root)
             # The usual cause is a project directory moved (or copied) while its host was
             # stopped; the file is only a port and a token, so the fix is to set it aside.
             fact = (f"{path} belongs to another project ({saved_root}): the project "
@@ -279,17 +283,6 @@ def _read(path: Path, kind: type[_T], root: Path | None) -> _T | None:
             fix = (f", move the file aside (mv {shell_arg(path)} "
                    f"{shell_arg(f'{path}.moved')}); the next intloom start saves a new port "
                    "and token and restores the Runs.")
-            if _a_project_still(saved_root):
-                # A copy: the same Runs (the same ids) in two stores. Restored here too,
-                # each would run on in both, its effects twice; "restores the Runs" was the
-                # advice for a move.
-                fix += (f" But {saved_root} is still a project with its own .intloom/, so "
-                        "this directory is most likely a copy of it, and its unfinished Runs "
-                        "are that project's: restored here as well, each would run again, "
-                        "effects included. To use this copy as a new project, move its state "
-                        f"aside instead (mv {shell_arg(path.parent)} "
-                        f"{shell_arg(f'{path.parent}.copied')}) before intloom start; that "
-                        f"project's Runs go on in {saved_root}.")
             raise IntloomError("CLI_SERVICE_METADATA_INVALID",
                                f"{fact} (intloom doctor){fix}", here=f"{fact}{fix}")
         pid = getattr(value, "pid", None)
@@ -307,14 +300,48 @@ def _read(path: Path, kind: type[_T], root: Path | None) -> _T | None:
     return value
 
 
-def _a_project_still(saved: str) -> bool:
-    """Whether the project a metadata file was written for is still where it names, with
-    its state directory: then this directory is a copy of it, not it moved."""
+def _copied_from(saved: str, token: str) -> bool:
+    """Whether the project a ``connection.json`` was written for is still where it names,
+    holding the same token: this directory is then a copy of it (a move leaves nothing
+    there; a project made there since, or one whose state was reset, has a new token)."""
     try:
-        return (os.path.isabs(saved) and os.path.isfile(os.path.join(saved, "intloom.toml"))
-                and os.path.isdir(os.path.join(saved, ".intloom", "runtime")))
-    except (OSError, ValueError):  # a NUL in a hand-edited file
+        if not os.path.isabs(saved):
+            return False
+        original = read_connection(Path(saved) / ".intloom" / "connection.json", Path(saved))
+    except (IntloomError, OSError, ValueError):  # unreadable there: no verdict of a copy
         return False
+    return original is not None and bool(token) and hmac.compare_digest(original.token, token)
+
+
+def _a_copy(path: Path, saved_root: str) -> IntloomError:
+    """CLI_SERVICE_METADATA_INVALID for a copied project's ``connection.json``: its
+    ``runtime/`` holds the original's unfinished Runs under the same ids. The advice for a
+    move (set the file aside, and the next start "restores the Runs") ran each of them on
+    in both directories, effects twice."""
+    runtime = path.parent / "runtime"
+    fact = (f"{path} belongs to another project ({saved_root}), which still holds the same "
+            "token: this directory is a copy of it. It was left as it is. Its "
+            ".intloom/runtime/ holds that project's unfinished Runs under the same ids: "
+            "restored here, each would run again, effects included. If no intloom host runs "
+            "for this directory")
+    fix = (", set the copy's journal and token aside, inside .intloom/ (mv "
+           f"{shell_arg(runtime)} {shell_arg(_free(runtime, '.copied'))}; mv {shell_arg(path)} "
+           f"{shell_arg(_free(path, '.copied'))}): the next intloom start begins this copy "
+           f"as a new project, and that project's Runs go on in {saved_root}. To move the "
+           f"Runs here instead, first set {saved_root}/.intloom aside, then run intloom "
+           "doctor here again.")
+    return IntloomError("CLI_SERVICE_METADATA_INVALID", f"{fact} (intloom doctor){fix}",
+                        here=f"{fact}{fix}")
+
+
+def _free(path: Path, suffix: str) -> Path:
+    """``path`` + ``suffix``, or + ``suffix.N``, whichever is not there: ``mv`` onto an
+    existing directory moves into it."""
+    candidate, n = Path(f"{path}{suffix}"), 1
+    while os.path.lexists(candidate):
+        n += 1
+        candidate = Path(f"{path}{suffix}.{n}")
+    return candidate
 
 
 def _same_directory(saved: str, root: Path) -> bool:

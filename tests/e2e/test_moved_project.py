@@ -68,21 +68,34 @@ def test_a_copied_project_is_told_its_runs_are_the_originals(project: Project) -
     copy = Project(root=copy_root, pids=project.pids)
     refused = copy.cli("status", "--json")
     message = refused.json["error"]["message"]
-    state = copy.state
-    assert f"But {project.root} is still a project with its own .intloom/" in message, message
-    assert "restored here as well, each would run again, effects included" in message, message
-    assert f"(mv {state} {state}.copied) before intloom start" in message, message
-    state.rename(state.parent / ".intloom.copied")  # as advised: nothing is deleted
+    runtime, connection = copy.state / "runtime", copy.state / "connection.json"
+    assert message.startswith(
+        f"{connection} belongs to another project ({project.root}), which still holds the "
+        "same token: this directory is a copy of it."), message
+    assert "restored here, each would run again, effects included" in message, message
+    assert "restores the Runs" not in message, message  # the move's advice is not given
+    assert (f"(mv {runtime} {runtime}.copied; mv {connection} {connection}.copied)"
+            ) in message, message
+    runtime.rename(runtime.with_name("runtime.copied"))  # as advised: nothing is deleted
+    connection.rename(connection.with_name("connection.json.copied"))
     ok(copy.cli("start", "--json"))
     assert ok(copy.cli("runs", "--json"))["runs"] == []
     ok(copy.cli("stop", "--json"))
-    # A move (nothing left where it was) is still told its Runs are restored.
+    # A move (nothing left where it was) is still told its Runs are restored, and so is
+    # one whose old path holds a project made there since (a new token).
     shutil.rmtree(copy_root)
     moved_root = project.root.parent / "moved"
     project.root.rename(moved_root)
     moved = Project(root=moved_root, pids=project.pids)
     said = moved.cli("status", "--json").json["error"]["message"]
-    assert "restores the Runs." in said and "is still a project" not in said, said
+    assert "restores the Runs." in said and "is a copy" not in said, said
+    project.root.mkdir()
+    fresh = Project(root=project.root, pids=project.pids)
+    assert ok(fresh.cli("init", "--json"))
+    ok(fresh.cli("start", "--json"))
+    ok(fresh.cli("stop", "--json"))
+    said = moved.cli("status", "--json").json["error"]["message"]
+    assert "restores the Runs." in said and "is a copy" not in said, said
     (moved.state / "connection.json").rename(moved.state / "connection.json.moved")
     ok(moved.cli("start", "--json"))
     assert [r["runId"] for r in ok(moved.cli("runs", "--json"))["runs"]] == [run["runId"]]
