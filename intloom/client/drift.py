@@ -364,16 +364,18 @@ def held_after(kinds: set[str]) -> str | None:
     does not load (unlisted, unreadable), and of an edited one only those that began with
     other code than the code on disk then ("its unfinished Runs are then held" was false
     after an edit undone: that start restores the Runs that began with the code there)."""
-    held = []
+    held, keep = [], []
     if kinds & {"unlisted", "unreadable"}:
         held.append("every unfinished Run of a Workflow it cannot load")
+        keep.append("keep its source listed and readable")
     if "edited" in kinds:
         held.append("the unfinished Runs of a changed Workflow that began with other code than "
                     "the code on disk at that start")
+        keep.append("keep the code they began with")
     if not held:
         return None
     return (f"that start holds {' and '.join(held)} (needs attention): finish or cancel them "
-            "first, or keep the code they began with")
+            f"first, or {', or '.join(keep)}")
 
 
 # How much of a stopped host's log is read for what it loaded: its start's lines come first.

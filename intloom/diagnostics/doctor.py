@@ -1005,7 +1005,9 @@ def _with_host(root: Path, service: ServiceView, check: Check,
     from intloom.client.drift import held_after
 
     held = held_after({c.change for c in changes})
-    if held is not None:  # not for a source moved with its tree, a port, a retried source
+    # None for a source moved with its tree or a port (no Run held for them), and for a
+    # source that failed to load and was written since (its Runs are held already).
+    if held is not None:
         todo += f"; {held} (the journals check lists them)"
     return Check("workflows", "attention",
                  f"{check.message} The running host (pid {service.pid}) differs: {found}",

@@ -136,11 +136,19 @@ def test_another_intlooms_host_is_not_judged_by_identity(tmp_path: Path) -> None
         "began with other code than the code on disk at that start (needs attention): finish "
         "or cancel them first, or keep the code they began with (intloom doctor lists them).")
     unlisted = [{"change": "unlisted"}, {"change": "edited"}]
+    both = changed_lines([{**c, "message": "m"} for c in unlisted])[-1]
     assert ("that start holds every unfinished Run of a Workflow it cannot load and the "
-            "unfinished Runs of a changed Workflow that began with other code") in \
-        changed_lines([{**c, "message": "m"} for c in unlisted])[-1]
+            "unfinished Runs of a changed Workflow that began with other code") in both, both
+    assert both.endswith("finish or cancel them first, or keep its source listed and "
+                         "readable, or keep the code they began with (intloom doctor lists "
+                         "them)."), both
     assert changed_lines([{"change": "moved", "message": "m"}])[-1].endswith(
         "intloom stop, then intloom start."), "a move holds no Run"
+    from intloom.client.drift import held_after
+
+    # doctor adds the note by the same function: none for what holds no Run (more).
+    for kinds in ({"moved"}, {"port"}, {"retried"}, {"listed"}, {"intloom"}):
+        assert held_after(kinds) is None, kinds
 
 
 def test_an_upgraded_intloom_of_the_same_workflow_protocol_still_tells_an_edit(
@@ -259,9 +267,10 @@ def test_a_stop_says_the_next_start_refuses_an_intloom_toml_broken_since(
     text = stop_lines(StopResult(stopped=True, cut=[], suspended=1, changed=[change]))
     assert text[-1] == (
         f"But the next intloom start refuses the project as it is: {change.message} Once it "
-        "is fixed, that start holds (needs attention) the unfinished Runs that began with "
-        "other code than what is on disk then, rather than restoring them by the restart "
-        "table; intloom doctor lists them and what a start would do."), text
+        "is fixed, that start holds (needs attention) every unfinished Run of a Workflow it "
+        "cannot load and those that began with other code than the code on disk at that "
+        "start, rather than restoring them by the restart table; intloom doctor lists them "
+        "and what a start would do."), text
 
 
 def test_file_sources_sharing_a_directory_name_their_tree_and_the_file_written(

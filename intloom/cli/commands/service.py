@@ -246,9 +246,10 @@ def _changed_since_load(changed: list[SourceChange]) -> str:
     config = next((change for change in changed if change.change == "config"), None)
     if config is not None:
         return (f"But the next intloom start refuses the project as it is: {config.message} "
-                "Once it is fixed, that start holds (needs attention) the unfinished Runs that "
-                "began with other code than what is on disk then, rather than restoring them "
-                "by the restart table; intloom doctor lists them and what a start would do.")
+                "Once it is fixed, that start holds (needs attention) every unfinished Run of "
+                "a Workflow it cannot load and those that began with other code than the code "
+                "on disk at that start, rather than restoring them by the restart table; "
+                "intloom doctor lists them and what a start would do.")
     facts = []
     from intloom.client.drift import changed_tree, named_source
 
