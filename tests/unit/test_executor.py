@@ -2592,6 +2592,18 @@ def test_a_completion_that_differs_from_one_under_way_is_told_so_not_busy() -> N
     run(main)
 
 
+async def _cancelled_task_is_named(rt: Runtime, run_id: str, call_id: str,
+                                   other: str) -> None:
+    """Cancel ``run_id`` (waiting on Agent task ``call_id``), then claim that task with
+    ``other``'s id: told whose task it is, not to "use" ``other``'s own task."""
+    await rt.cancel(run_id)
+    with pytest.raises(IntloomError) as mixed:
+        await rt.claim_agent_call(other, call_id, "c9")
+    assert mixed.value.message == (
+        f"Agent task {call_id} is Run {run_id}'s task, not Run {other}'s; nothing was "
+        f"done. Send the request with run id {run_id}."), mixed.value.message
+
+
 def test_a_task_sent_with_another_runs_id_names_the_run_it_belongs_to() -> None:
     """An Agent that paired a task with the wrong Run id was told that Run "now waits on
     Agent task CALL-…; use that one": another Agent's task. It is told whose task it is."""
@@ -2619,12 +2631,7 @@ def test_a_task_sent_with_another_runs_id_names_the_run_it_belongs_to() -> None:
         assert still is not None and still.id == second_call  # nothing was recorded
         # A task that ended with its Run's cancel: told to "use" the other Run's task.
         third, third_call, _ = await _claimed(rt, "z", "c3")
-        await rt.cancel(third)
-        with pytest.raises(IntloomError) as cancelled:
-            await rt.claim_agent_call(second, third_call, "c3")
-        assert cancelled.value.message == (
-            f"Agent task {third_call} is Run {third}'s task, not Run {second}'s; nothing was "
-            f"done. Send the request with run id {third}."), cancelled.value.message
+        await _cancelled_task_is_named(rt, third, third_call, second)
 
     run(main)
 
@@ -2657,12 +2664,7 @@ def test_a_task_of_a_run_interrupted_while_it_waited_says_what_is_lost_once() ->
         # Dismissed, its task is still named as its own to an Agent that pairs it with
         # another Run's id (it was "use that one": the other Run's task).
         other, _other_call, _ = await _claimed(rt, "y", "c2")
-        await rt.cancel(run_id)
-        with pytest.raises(IntloomError) as mixed:
-            await rt.claim_agent_call(other, call_id, "c1")
-        assert mixed.value.message == (
-            f"Agent task {call_id} is Run {run_id}'s task, not Run {other}'s; nothing was "
-            f"done. Send the request with run id {run_id}."), mixed.value.message
+        await _cancelled_task_is_named(rt, run_id, call_id, other)
 
     run(second)
 
