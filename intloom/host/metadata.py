@@ -273,7 +273,7 @@ def _read(path: Path, kind: type[_T], root: Path | None) -> _T | None:
             )
         if kind is Connection:
             token = getattr(value, "token", "")
-            if _copied_from(saved_root, token):
+            if _copied_from(saved_root, token, path):
                 raise _a_copy(path, saved_root)
             # The usual cause is a project directory moved (or copied) while its host was
             # stopped; the file is only a port and a token, so the fix is to set it aside.
@@ -300,17 +300,21 @@ def _read(path: Path, kind: type[_T], root: Path | None) -> _T | None:
     return value
 
 
-def _copied_from(saved: str, token: str) -> bool:
-    """Whether the project a ``connection.json`` was written for is still where it names,
-    holding the same token: this directory is then a copy of it (a move leaves nothing
-    there; a project made there since, or one whose state was reset, has a new token)."""
+def _copied_from(saved: str, token: str, path: Path) -> bool:
+    """Whether the project a ``connection.json`` (at ``path``) was written for is still
+    where it names, holding the same token in another file: this directory is then a copy
+    of it (a move leaves nothing there; a project made there since, or one whose state was
+    reset, has a new token; the same file reached by another path is no copy)."""
     try:
         if not os.path.isabs(saved):
             return False
-        original = read_connection(Path(saved) / ".intloom" / "connection.json", Path(saved))
+        there = Path(saved) / ".intloom" / "connection.json"
+        original = read_connection(there, Path(saved))
+        if original is None or os.path.samefile(there, path):
+            return False
     except (IntloomError, OSError, ValueError):  # unreadable there: no verdict of a copy
         return False
-    return original is not None and bool(token) and hmac.compare_digest(original.token, token)
+    return bool(token) and hmac.compare_digest(original.token, token)
 
 
 def _a_copy(path: Path, saved_root: str) -> IntloomError:
