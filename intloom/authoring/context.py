@@ -513,11 +513,11 @@ class StepContext(Generic[S]):
 
 class InitContext(StepContext[S]):
     """A Stage initialiser's context: the Stage has no State yet (the initialiser returns
-    its first), and an earlier Stage's State was released when the Run left it. Read
-    before the initialiser assigns one,
-    ``ctx.state`` was None under a type that says otherwise: mypy passed ``ctx.state.n + 1``
-    and the Run failed with "'NoneType' object has no attribute 'n'". A Step's context pays
-    nothing for this (a subclass, made only for an initialiser)."""
+    its first), and an earlier Stage's State was released when the Run left it. Read before
+    the initialiser assigned one, ``ctx.state`` was None under a type that says otherwise:
+    mypy passed ``ctx.state.n + 1`` and the Run failed with "'NoneType' object has no
+    attribute 'n'". A Step's context pays nothing for this (a subclass, made only for an
+    initialiser)."""
 
     @property
     def state(self) -> S:
