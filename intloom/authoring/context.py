@@ -807,8 +807,8 @@ def unawaited(ctx: StepContext[Any], returned: bool
         facts.append(
             f"stopped waiting for its {kind} {action_id} before it was answered (its await "
             "was cancelled: a timeout such as asyncio.wait_for's, or a cancel of the task "
-            "awaiting it), and the Run still waits for that answer, so it cannot go on to an "
-            "outcome")
+            "awaiting it), while its journal held the Run at that wait, so no outcome could "
+            "follow it and the Run fails here, its wait closed with it")
         waited = "confirm" if kind == "confirmation" else "ask"
         fixes.append(f"Await ctx.{waited}(...) until it is answered: a wait has no timeout (a "
                      "person can decline it, or cancel the Run)")

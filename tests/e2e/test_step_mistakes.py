@@ -500,6 +500,8 @@ def test_waiting_alongside_another_wait_or_an_effect_names_the_step_and_the_fix(
     ("confirm_timed_out", [
         "Stage 'main', Step 'confirm_timed_out' stopped waiting for its confirmation ASK-",
         "before it was answered (its await was cancelled", "asyncio.wait_for",
+        # Not "the Run still waits for that answer": it fails here, with no wait left.
+        "so no outcome could follow it and the Run fails here, its wait closed with it",
         "Await ctx.confirm(...) until it is answered"]),
     ("ask_cancelled", [
         "Stage 'main', Step 'ask_cancelled' stopped waiting for its questions ASK-",
