@@ -28,8 +28,7 @@ from intloom.protocol.messages import PROTOCOL, ServiceView, WorkflowInfo
 from intloom.runtime.records import PROTOCOL_VERSION as WORKFLOW_PROTOCOL
 
 __all__ = ["SourceChange", "against_host", "changed_tree", "held_after", "since_log",
-           "since_start",
-           "workflow_since_start"]
+           "since_start", "workflow_since_start"]
 
 Change = Literal["listed", "unlisted", "moved", "edited", "retried", "unreadable", "config", "port",
                  "intloom"]
