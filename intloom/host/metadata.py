@@ -8,7 +8,6 @@ the file is left exactly as it is.
 from __future__ import annotations
 
 import contextlib
-import hmac
 import os
 import re
 from datetime import UTC, datetime
@@ -314,6 +313,8 @@ def _copied_from(saved: str, token: str, path: Path) -> bool:
             return False
     except (IntloomError, OSError, ValueError):  # unreadable there: no verdict of a copy
         return False
+    import hmac  # only on this refusal's path: not on every command's start-up
+
     return bool(token) and hmac.compare_digest(original.token, token)
 
 
