@@ -52,13 +52,19 @@ CLOSER = textwrap.dedent('''\
                 continue
             # Its descriptor names the temp file it was made as: found by its inode.
             if "close" in ctx.intent and (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino):
-                os.close(fd)
+                if "reuse" in ctx.intent:
+                    # Closed and its number given to this file at once (dup2): opened after
+                    # a close, the file lost that number to another host thread's open
+                    # under load (the CI's "8 != 4").
+                    kept = open(Path("kept.txt").resolve(), "w")
+                    os.dup2(kept.fileno(), fd)
+                    KEPT.append(os.fdopen(fd, "w"))
+                    kept.close()
+                    Path("numbers.txt").write_text(f"{fd} {KEPT[0].fileno()}")
+                else:
+                    os.close(fd)
                 if "remove" in ctx.intent:
                     os.unlink(lock)
-                if "reuse" in ctx.intent:
-                    # The number freed is the lowest: this file takes it.
-                    KEPT.append(open(Path("kept.txt").resolve(), "w"))
-                    Path("numbers.txt").write_text(f"{fd} {KEPT[0].fileno()}")
         if "write" in ctx.intent:
             KEPT[0].write("still open")  # the host took its lock again, closing nothing
             KEPT[0].flush()
