@@ -1340,4 +1340,6 @@ def _load_entry(root: Path, rel: str, entry: Path) -> dict[str, LoadedWorkflow]:
         _TREES.loaded_roots.setdefault(os.path.normpath(source_root(entry)),
                                        f"{wf.name} {wf.version}")
         _TREES.projects.setdefault(os.path.normpath(source_root(entry)), root.resolve())
+    for lw, _name in mine.values():
+        lw.workflow._loaded = True  # Runs execute it from here on (Workflow._refuse_if_loaded)
     return {wf_name: lw for wf_name, (lw, _name) in mine.items()}

@@ -312,7 +312,9 @@ class Step(Generic[S]):
         self.stage = stage
         self.name = name
         self.fn = fn
-        self.routes: dict[str, Target] = dict(routes)
+        # Read-only: a Step that changed a route while Runs ran (every later Run took it, a
+        # restart forgot it) wrote a cursor at a Step that does not exist.
+        self.routes: Mapping[str, Target] = types.MappingProxyType(dict(routes))
         self.is_async = inspect.iscoroutinefunction(fn)
         self.recover_fn: Callable[..., Any] | None = None
         self.__doc__ = fn.__doc__
@@ -325,6 +327,7 @@ class Step(Generic[S]):
     def recover(self, fn: RecoverFn[S]) -> RecoverFn[S]:
         """Declare the cross-process continuation of this Step's wait (used after a restart)."""
         wf = self.stage.workflow.name
+        self.stage.workflow._refuse_if_loaded(self.where, "@step.recover")
         if self.recover_fn is not None:
             raise _bad(wf, self.where, "recover is declared twice", "Keep one recover entry.")
         _check_fn(wf, self.where, "@step.recover", fn, "ctx, saved",
@@ -367,7 +370,7 @@ class AgentStep(Step[S]):
     ) -> None:
         super().__init__(stage, name, fn, routes)
         self.agent = agent
-        self.tools = {t.name: t for t in tools}
+        self.tools: Mapping[str, Tool] = types.MappingProxyType({t.name: t for t in tools})
         self.complete_fn: Callable[..., Any] | None = None
 
     def recover(self, fn: RecoverFn[S]) -> RecoverFn[S]:
@@ -387,6 +390,7 @@ class AgentStep(Step[S]):
         before anything is written: if it raises, the completion is refused (the task stays
         claimed) and the Agent is told why."""
         wf = self.stage.workflow.name
+        self.stage.workflow._refuse_if_loaded(self.where, "@step.on_complete")
         if self.complete_fn is not None:
             raise _bad(wf, self.where, "on_complete is declared twice",
                        "Keep one on_complete entry.")
@@ -405,7 +409,8 @@ class Stage(Generic[S]):
         self.workflow = workflow
         self.name = name
         self.state_type = state
-        self.steps: dict[str, Step[S]] = {}
+        self._steps: dict[str, Step[S]] = {}
+        self.steps: Mapping[str, Step[S]] = types.MappingProxyType(self._steps)
         self.init_fn: Callable[..., Any] | None = None
 
     @property
@@ -414,12 +419,13 @@ class Stage(Generic[S]):
         return next(iter(self.steps.values()))
 
     def _add(self, step: Step[S]) -> Step[S]:
+        self.workflow._refuse_if_loaded(step.where, "@stage.step(...)")
         if step.name in self.steps:
             raise _bad(
                 self.workflow.name, f"Stage {self.name!r}", f"Step {step.name!r} is defined twice",
                 "Give every Step in a Stage its own name.",
             )
-        self.steps[step.name] = step
+        self._steps[step.name] = step
         return step
 
     def _check_routes(self, step_name: str, routes: Mapping[str, Target]) -> dict[str, Target]:
@@ -576,6 +582,7 @@ class Stage(Generic[S]):
 
     def init(self, fn: InitFn[S]) -> InitFn[S]:
         """Declare the Stage initialiser: ``fn(ctx) -> State`` (runs as a durable boundary)."""
+        self.workflow._refuse_if_loaded(f"Stage {self.name!r}", "@stage.init")
         if self.init_fn is not None:
             raise _bad(
                 self.workflow.name, f"Stage {self.name!r}", "init is declared twice",
@@ -610,7 +617,11 @@ class Workflow:
         version = _plain(version)
         self.name = name
         self.version = version
-        self.stages: dict[str, Stage[Any]] = {}
+        self._stages: dict[str, Stage[Any]] = {}
+        self.stages: Mapping[str, Stage[Any]] = types.MappingProxyType(self._stages)
+        # Set by the host's loader once the Workflow is checked (loader.load_source): from
+        # then on Runs execute it, and the graph they run on must not change under them.
+        self._loaded = False
         # The file that declared it: the loader tells a source that defines a Workflow from
         # one that binds another source's by importing it (loader._register). The line is
         # for validate's errors (DefinitionError.at).
@@ -625,6 +636,7 @@ class Workflow:
     def stage(self, name: str, *, state: type[S] | None = None) -> Stage[S] | Stage[None]:
         """Declare a Stage; ``state`` is a msgspec.Struct type with defaults for every field."""
         name = _check_name(self.name, "definition", "Stage", name)
+        self._refuse_if_loaded(f"Stage {name!r}", "wf.stage(...)")
         if name in self.stages:
             raise _bad(self.name, f"Stage {name!r}", "the Stage is defined twice",
                        "Give every Stage its own name.")
@@ -638,8 +650,22 @@ class Workflow:
             )
         stage: Stage[S] = Stage(self, name, state)
         stage.declared_at = _caller(1)
-        self.stages[name] = stage
+        self._stages[name] = stage
         return stage
+
+    def _refuse_if_loaded(self, where: str, what: str) -> None:
+        """Refuse to change a Workflow the host has loaded. A Stage or Step added while
+        Runs ran was taken by the Runs after it and forgotten by the next restart (its Runs
+        then held at a Step the code no longer had); a ``recover`` added late changed what
+        a restart does for a wait begun before it."""
+        if self._loaded:
+            raise _bad(
+                self.name, where,
+                f"{what} was called after the host loaded the Workflow, while its Runs "
+                "run on it",
+                "Declare every Stage, Step, init, recover and on_complete at the top level "
+                "of the source, where the host loads them at its start.",
+            )
 
     @property
     def entry(self) -> Stage[Any]:

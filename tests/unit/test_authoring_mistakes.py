@@ -4,6 +4,7 @@ source raises, the loader names that source and loads the others."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import decimal
 import functools
@@ -1401,3 +1402,73 @@ def test_os_exit_is_contained_only_while_the_sources_import(tmp_path: Path) -> N
     [loaded] = done.stdout.splitlines()  # once: the forked child did not go on
     assert loaded == "loaded [] True", loaded  # the parent's os._exit: a load failure
     assert "went on out of its import; it ends here" in done.stderr, done.stderr
+
+
+CHANGES_ITSELF = textwrap.dedent('''
+    import intloom
+
+    wf = intloom.Workflow("changes", version="1")
+    s = wf.stage("s")
+
+
+    @s.step("a", routes={"go": "b"})
+    async def a(ctx):
+        if ctx.intent == "reroute":
+            wf.stages["s"].steps["a"].routes["go"] = "nowhere"
+        if ctx.intent == "add":
+            s.step("late", routes={"ok": intloom.COMPLETE})(lambda ctx: "ok")
+        if ctx.intent == "stage":
+            wf.stage("later")
+        return "go"
+
+
+    @s.step("b", routes={"ok": intloom.COMPLETE})
+    async def b(ctx):
+        return "ok"
+''')
+
+
+def test_a_loaded_workflow_cannot_be_changed_by_the_code_its_runs_run(tmp_path: Path) -> None:
+    # A Step that rerouted an outcome wrote a cursor at a Step that does not exist and
+    # failed with CLI_INTERNAL_ERROR (KeyError); one that added a Step or a Stage changed the
+    # graph every later Run took, and that the next restart forgot.
+    from intloom.executor.runtime import Runtime
+    from tests.unit.test_store_support import open_store
+
+    result = load_workflows(tmp_path, _project(tmp_path, {"changes": CHANGES_ITSELF}))
+    assert dict(result.problems) == {}
+    loaded = result.workflows["changes"]
+
+    async def main() -> list[Any]:
+        store = open_store(tmp_path / "runtime")
+        rt = Runtime({"changes": loaded}, store, package_version="0.1.0")
+        rt.restore([])
+        views = []
+        for intent in ("reroute", "add", "stage", "plain"):
+            views.append(await rt.wait_stable((await rt.create_run("changes", intent)).run_id))
+        await store.close()
+        return views
+
+    reroute, add, stage, plain = asyncio.run(asyncio.wait_for(main(), timeout=20))
+    assert reroute.status == "failed" and reroute.last_error is not None
+    assert reroute.last_error.code == "STEP_EXECUTION_FAILED", reroute.last_error
+    assert ("Stage 's', Step 'a' raised TypeError at line 11 of workflows/changes/wf.py"
+            in reroute.last_error.message), reroute.last_error.message
+    for view, what, where in ((add, "@stage.step(...)", "Stage 's', Step 'late'"),
+                              (stage, "wf.stage(...)", "Stage 'later'")):
+        assert view.status == "failed" and view.last_error is not None
+        assert view.last_error.code == "WORKFLOW_DEFINITION_INVALID", view.last_error
+        assert view.last_error.message.startswith(
+            f"Workflow 'changes', {where}: {what} was called after the host loaded the "
+            "Workflow"), view.last_error.message
+        assert "at the top level of the source" in view.last_error.message
+    # Nothing changed: a later Run routes as declared.
+    assert plain.status == "completed", plain
+    wf = loaded.workflow
+    assert list(wf.stages) == ["s"] and list(wf.stages["s"].steps) == ["a", "b"]
+    assert dict(wf.stages["s"].steps["a"].routes) == {"go": "b"}
+    # Before loading, declaring goes on as ever.
+    fresh = intloom.Workflow("fresh", version="1")
+    fresh.stage("s").step("a", routes={"ok": intloom.COMPLETE})(lambda ctx: "ok")
+    fresh.validate()
+    fresh.stage("t")
