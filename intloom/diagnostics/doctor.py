@@ -1281,7 +1281,8 @@ def _with_tool_calls(runs: list[RunPreview],
     found = read()
     if found is None:
         return runs
-    cut = tool_calls_cut(found)
+    cut = tool_calls_cut(found, {p.run_id: p.agent_task for p in [*tasks, *held]
+                                 if p.agent_task is not None})
     if not cut:
         return runs
     said = {p.run_id: msgspec.structs.replace(p, verdict=msgspec.structs.replace(

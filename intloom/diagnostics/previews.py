@@ -53,6 +53,8 @@ class RunPreview(msgspec.Struct, frozen=True, rename="camel", omit_defaults=True
     status: str | None = None
     problem: str | None = None
     torn_tail: bool = False
+    # The Agent task the Run waits on: the last host's log names the Tool calls it made.
+    agent_task: str | None = None
 
 
 def _back(state: RunState) -> str:
@@ -139,6 +141,8 @@ def _make(
         status=state.status if state else None,
         problem=problem,
         torn_tail=journal.torn_tail,
+        agent_task=(state.pending_agent_call.id
+                    if state is not None and state.pending_agent_call is not None else None),
     )
 
 

@@ -237,6 +237,13 @@ class _Halt(NamedTuple):
     why: str  # "" or " " + the reason the Runs were suspended
 
 
+def _agent_tasks(runs: list[RestoredRun]) -> dict[str, str]:
+    """Per restored Run waiting on an Agent task, that task's id: the log's Tool calls of it
+    are the ones its interruption names (``tool_calls_cut``)."""
+    return {item.run_id: item.state.pending_agent_call.id for item in runs
+            if item.state is not None and item.state.pending_agent_call is not None}
+
+
 def _halt(reason: str | None) -> _Halt:
     if reason is None:
         return _Halt("The host stopped", "the stop's grace", "while the host stops", "")
@@ -930,12 +937,13 @@ class Runtime:
     # ------------------------------------------------------------------ restore
 
     def restore(self, runs: list[RestoredRun], *, strict: bool = False,
-                tool_calls: Callable[[], Mapping[str, str]] | None = None) -> RestoreSummary:
+                tool_calls: Callable[[Mapping[str, str]], Mapping[str, str]] | None = None
+                ) -> RestoreSummary:
         """Classify restored Runs by the restart table. Once, before any Run exists.
 
         ``tool_calls``: per Run, what the last host's log says of a Tool call its Agent task
-        left running (not journaled); called at most once, and only for an interrupted Run
-        that waited on an Agent task."""
+        left running or had made (not journaled), given the task each Run waited on; called
+        at most once, and only for an interrupted Run that waited on an Agent task."""
         cut: Mapping[str, str] | None = None
         if self._restored or self.runs:
             raise IntloomError("CONFLICT", "restore runs once, before any Run is created.")
@@ -961,7 +969,7 @@ class Runtime:
                         or (state.phase == "executing" and state.executing_kind == "agent"))):
                     # Only the last host's log has it: held for one start, it was lost.
                     if cut is None:
-                        cut = tool_calls()
+                        cut = tool_calls(_agent_tasks(runs))
                     held.tool_call = cut.get(state.run_id)
                 continue
             lw = self.workflows[state.workflow]
@@ -977,7 +985,7 @@ class Runtime:
                         state.pending_agent_call is not None
                         or (state.phase == "executing" and state.executing_kind == "agent")):
                     if cut is None:
-                        cut = tool_calls()
+                        cut = tool_calls(_agent_tasks(runs))
                     also = cut.get(state.run_id)
                 if also is not None:
                     shown["toolCall"] = also  # logged, for the host after this one

@@ -13,7 +13,7 @@ import os
 import resource
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Final
@@ -312,7 +312,7 @@ def boot(
         runtime = Runtime(result.workflows, store, package_version=package_version,
                           on_event=on_event, withheld=result.withheld, failed=failed)
         summary = runtime.restore(restored, strict=strict,
-                                  tool_calls=lambda: _tool_calls_cut(paths, log))
+                                  tool_calls=lambda tasks: _tool_calls_cut(paths, log, tasks))
     except BaseException:
         store.close_blocking()
         raise
@@ -342,10 +342,12 @@ def boot(
     )
 
 
-def _tool_calls_cut(paths: ProjectPaths, log: HostLog) -> dict[str, str]:
-    """What the log of the host before this one says of the Tool calls it left running."""
+def _tool_calls_cut(paths: ProjectPaths, log: HostLog,
+                    tasks: Mapping[str, str]) -> dict[str, str]:
+    """What the log of the host before this one says of the Tool calls it left running, and
+    of those the Agent tasks in ``tasks`` had made."""
     found = evidence_log(paths.logs, before=log.path.name)
-    return {} if found is None else tool_calls_cut(found)
+    return {} if found is None else tool_calls_cut(found, tasks)
 
 
 def starved(exc: BaseException) -> str | None:

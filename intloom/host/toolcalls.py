@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -201,7 +201,12 @@ def log_records(tail: bytes) -> Iterator[dict[str, Any]]:
             yield record
 
 
-def tool_calls_cut(found: tuple[str, bytes]) -> dict[str, str]:
+# Tool calls of a task named as done, at most: a task may make hundreds.
+_DONE_SHOWN: Final = 5
+
+
+def tool_calls_cut(found: tuple[str, bytes],
+                   tasks: Mapping[str, str] | None = None) -> dict[str, str]:
     """Per Run, what the log ``found`` (name, tail) says of the Tool call its host left
     unfinished: a ``run_tool_started`` with no ``run_tool_ended`` after it (the host was
     killed during the call), one ended by the stop's grace (``CLI_SERVICE_CLOSING``), or
@@ -209,8 +214,15 @@ def tool_calls_cut(found: tuple[str, bytes]) -> dict[str, str]:
     ``run_restored`` or ``run_needs_attention``); and an Agent's completion never recorded
     (``run_completion_started`` with no ``run_completion_ended``: logged once its records
     are durable) or that a stop dropped (ended ``CLI_SERVICE_CLOSING``). Each is a clause:
-    "the log of the host it ran on (...) says ..."."""
+    "the log of the host it ran on (...) says ...".
+
+    ``tasks``: per Run, the Agent task it waited on when its host went. The Tool calls of
+    that task that had ended are named too: their effects happened, and the task that made
+    them is lost with its receipts, so a new Run's Agent would make them again. A call of
+    any other task is behind a recorded completion, and is not named."""
     name, tail = found
+    # (runId, callId) -> the Tool calls of that task that ended, as (id, Tool, outcome).
+    done: dict[tuple[str, str], list[tuple[str, Any, Any]]] = {}
     # Keyed (runId, kind, id): an Agent picks its Tool call ids, so one could read as any
     # other kind's if they shared a key's shape.
     started: dict[tuple[str, str, str], dict[str, Any]] = {}
@@ -248,6 +260,9 @@ def tool_calls_cut(found: tuple[str, bytes]) -> dict[str, str]:
                 cut[key] = (f"Tool call {key[2]} (Tool {begun.get('tool')!r}, started "
                             f"{begun.get('time', '?')}) was still running when the stop's "
                             "grace ran out, so check what that Tool did")
+            elif tasks is not None:
+                done.setdefault((key[0], str(begun.get("callId"))), []).append(
+                    (key[2], begun.get("tool"), record.get("outcome")))
     for key, begun in started.items():
         if key[1] == "completion":
             # on_complete runs no effect: nothing to check but that the Agent's work, done,
@@ -264,6 +279,25 @@ def tool_calls_cut(found: tuple[str, bytes]) -> dict[str, str]:
     said: dict[str, str] = {}
     for (run_id, _, _), text in cut.items():
         said[run_id] = f"{said[run_id]}; {text}" if run_id in said else text
+    for (run_id, call_id), calls in done.items():
+        if tasks is None or tasks.get(run_id) != call_id:
+            continue
+        text = _ended_calls(call_id, calls)
+        said[run_id] = f"{said[run_id]}; {text}" if run_id in said else text
     found_here = {run_id: f"the log of the host it ran on (.intloom/logs/{name}) says {text}"
                   for run_id, text in said.items()}
     return {**carried, **found_here}
+
+
+def _ended_calls(call_id: str, calls: list[tuple[str, Any, Any]]) -> str:
+    """The clause naming the Tool calls of task ``call_id`` that ended before its host went."""
+    shown = ", ".join(
+        f"{tool_call_id} (Tool {tool!r}, "
+        f"{outcome if outcome in ('returned', 'raised') else f'ended {outcome}'})"
+        for tool_call_id, tool, outcome in calls[:_DONE_SHOWN])
+    more = f" and {len(calls) - _DONE_SHOWN} more" if len(calls) > _DONE_SHOWN else ""
+    one = len(calls) == 1
+    it, they = ("it", "it") if one else ("each", "they")
+    return (f"task {call_id} had made Tool call{'' if one else 's'} {shown}{more} before "
+            f"the host went: {it} ran, and what {they} did stands, so check it before "
+            "starting new work")
