@@ -1466,7 +1466,12 @@ class Driver:
         # and wrote its outcome or its end during the stop.
         for slot in self.rt.runs.values():
             if slot.task in pending:
-                slot.owned = False
+                # Under the Run's lock, as a cancel takes it: a worker driving the Run checks
+                # ``owned`` and appends under it, and an append after the stop had named the
+                # Run cut mid-Step was made durable by the close (the restart then routed the
+                # outcome the stop's report had called interrupted).
+                with slot.lock:
+                    slot.owned = False
         return pending
 
     @staticmethod

@@ -629,10 +629,10 @@ class Store:
                         break  # nothing left to make durable (taken by sync_blocking)
                     if self._solo():
                         inline = self._inflight = self._take_batch()
-                        if (inline is not None and self._file_limit is not None
-                                and self._beyond_limit(len(inline.data))):
-                            # It rotates first, and the rotation after it waits for the
-                            # compaction that one began: on the store's thread, not the loop.
+                        if inline is not None and self._may_wait_for_compaction(inline):
+                            # It rotates while the last compaction runs (or rotates twice
+                            # under a file size limit), and the rotation waits for that
+                            # compaction: on the store's thread, not the loop.
                             self._submit(inline)
                             inline = None
                     else:
@@ -1080,8 +1080,7 @@ class Store:
         if self._file_limit is not None and self._beyond_limit(len(data)):
             # Rotating at half the limit leaves room for ordinary batches, not for one that
             # carries a State of megabytes: it would fail (EFBIG) where a new segment holds it.
-            with self._tracks_lock:
-                self._rotate()
+            self._rotate()
         offset = self._size
         armed = self._armed
         step = "write"
@@ -1126,6 +1125,10 @@ class Store:
             self._track(batch)
         finally:
             tracks_lock.release()
+        # Outside the tracks' lock: a rotation may wait for the last compaction, and the
+        # loop takes that lock (snapshots_due, at a stop) -- it waited as long, frozen.
+        if self._rotation_due(self._size, len(self._writers)):
+            self._rotate()
         return None
 
     def _track(self, batch: _Batch) -> None:
@@ -1168,8 +1171,6 @@ class Store:
             track.seq = seq
             track.dirty = True
         self._writers.update(batch.first_seq)
-        if self._rotation_due(self._size, len(self._writers)):
-            self._rotate()
 
     @staticmethod
     def _fold_batch(base: RunState | None, run_id: str,
@@ -1381,11 +1382,13 @@ class Store:
         self._join_compaction()
         if self._moved("rotation"):
             return
-        copies = {run_id: Track(base=t.base, seq=t.seq, status=t.status, problem=t.problem,
-                                reached=t.reached, dirty=True)
-                  for run_id, t in self._tracks.items() if t.dirty}
+        with self._tracks_lock:  # the last compaction's settle may be dropping tracks
+            copies = {run_id: Track(base=t.base, seq=t.seq, status=t.status,
+                                    problem=t.problem, reached=t.reached, dirty=True)
+                      for run_id, t in self._tracks.items() if t.dirty}
+            pinned, voids = list(self._pinned), list(self._voids)
         seqs = {run_id: t.seq for run_id, t in copies.items()}
-        pinned, voids, segment = list(self._pinned), list(self._voids), self._number
+        segment = self._number
 
         def work() -> None:
             planted: dict[str, FileProblem] = {}

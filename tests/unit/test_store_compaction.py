@@ -757,3 +757,105 @@ def test_segments_rotate_below_the_file_size_limit(tmp_path: Path, batches: str,
     assert int(count) > 2 and below == "True", printed
     if flush == "loop":  # never on the loop
         assert int(threaded) >= 3 and inline == "0", printed
+
+
+def test_a_lone_runs_flush_leaves_a_rotations_wait_for_compaction_to_the_stores_thread(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Run flushing alone, on the event loop (the disk being fast), that filled a segment
+    while the last rotation's compaction still ran joined that compaction on the loop: with
+    thousands of Runs to snapshot, every client, timer and stop froze for seconds. The
+    flushes of several Runs already sent such a batch to the store's thread; so now does a
+    lone Run's."""
+    import asyncio
+
+    release, started = threading.Event(), threading.Event()
+    real = writer.compact  # type: ignore[attr-defined]
+    real_join = writer.Store._join_compaction
+    joined: list[str] = []
+
+    def held(*args: Any, **kwargs: Any) -> None:
+        if threading.current_thread().name == "intloom-compact":
+            started.set()
+            assert release.wait(10)
+        real(*args, **kwargs)
+
+    def join(self: writer.Store) -> None:
+        compactor = self._compactor
+        if compactor is not None and compactor.is_alive() and not release.is_set():
+            # Who waits for the held compaction: the loop here would wait 10 s, then fail.
+            joined.append(threading.current_thread().name)
+            release.set()
+        real_join(self)
+
+    monkeypatch.setattr(writer, "compact", held)
+    monkeypatch.setattr(writer.Store, "_join_compaction", join)
+    # Every flush on the loop, however slow this disk: the path under test.
+    store = open_store(tmp_path, segment_bytes=SEGMENT, inline_max_sync_s=float("inf"))
+    records = walk("RUN-A", 4_000, 3)
+
+    async def main() -> None:
+        for record in records:
+            store.append("RUN-A", record)
+            await store.sync("RUN-A")
+            if joined:
+                return
+
+    try:
+        asyncio.run(asyncio.wait_for(main(), timeout=60))
+        assert started.is_set(), "no rotation started a compaction"
+        assert store.inline_flushes > 0, "no flush was made on the loop"
+        assert joined and "MainThread" not in joined, joined
+    finally:
+        release.set()
+        store.close_blocking()
+
+
+def test_a_rotation_waiting_for_a_compaction_leaves_the_tracks_lock_free(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker thread's flush (a crew's) that rotated while the last compaction ran waited
+    for it holding the tracks' lock, and a stop begun meanwhile counted the snapshots due
+    under that lock on the event loop: the loop froze until the compaction ended."""
+    release, started, joining = threading.Event(), threading.Event(), threading.Event()
+    real = writer.compact  # type: ignore[attr-defined]
+    real_join = writer.Store._join_compaction
+
+    def held(*args: Any, **kwargs: Any) -> None:
+        if threading.current_thread().name == "intloom-compact":
+            started.set()
+            assert release.wait(30)
+        real(*args, **kwargs)
+
+    def join(self: writer.Store) -> None:
+        compactor = self._compactor
+        if compactor is not None and compactor.is_alive():
+            joining.set()
+        real_join(self)
+
+    monkeypatch.setattr(writer, "compact", held)
+    monkeypatch.setattr(writer.Store, "_join_compaction", join)
+    store = open_store(tmp_path, segment_bytes=SEGMENT)
+    records = walk("RUN-A", 4_000, 3)
+
+    def flushes() -> None:
+        for record in records:
+            store.append("RUN-A", record)
+            store.sync_blocking()
+            if joining.is_set():
+                return
+
+    flusher = threading.Thread(target=flushes, name="flusher", daemon=True)
+    counted: list[int] = []
+    counter = threading.Thread(target=lambda: counted.append(store.snapshots_due()),
+                               daemon=True)
+    try:
+        flusher.start()
+        eventually(joining.is_set, timeout=30, what="a rotation to wait for the compaction")
+        assert started.is_set() and not release.is_set()
+        counter.start()
+        counter.join(10)
+        assert counted, "snapshots_due waited for the compaction"
+    finally:
+        release.set()
+        flusher.join(30)
+        counter.join(30)
+        store.close_blocking()
