@@ -272,7 +272,8 @@ def preview_runs(
                      "(find out what removed them: intloom never does).")
     lost = [f for f in store.files if f.kind == "missing" and f.path.startswith("wal/")]
     if lost:
-        nexts.append(f"{len(lost)} segment(s) are missing from wal/ "
+        nexts.append(f"{len(lost)} segment(s) are missing from wal/ or hold none of their "
+                     "records "
                      f"({', '.join(f.path for f in lost)}): the Runs whose records they may "
                      "hold are held, never resumed from an earlier point; put each file back "
                      "from a copy (a backup) and start again, and find out what removed it "

@@ -221,11 +221,12 @@ class _Gap(msgspec.Struct):
     where: str  # file and offset, with the damaged byte range
     place: str  # file and offset, as a hit names it
     missing: bool = False
+    gone: str = "is missing"  # how a lost segment is gone
 
     @property
     def said(self) -> str:
         """What may have held a Run's records, as a message names it."""
-        return f"{self.where}, which is missing," if self.missing else (
+        return f"{self.where}, which {self.gone}," if self.missing else (
             f"the damaged bytes at {self.where}")
 
 
@@ -975,8 +976,11 @@ def _judge_all(loaded: Loaded, scans: list[SegmentScan], live: dict[str, Snapsho
     # next host numbers its own after that one): nothing read says whose records they held,
     # so every held Run keeps them pinned, and a copy put back is read again.
     present, highest = set(loaded.segment_numbers), max(loaded.segment_numbers, default=0)
+    # Not a foreign one: a stray file under a segment's name is pinned too (and said as
+    # what it is); an empty or cut-short one is pinned only once a start held Runs for it.
+    wiped = {scan.number: scan for scan in scans if scan.status in ("empty", "torn_header")}
     gone_pinned = set() if loaded.manifest is None else {
-        n for n in loaded.manifest.pinned if n not in present and n < highest}
+        n for n in loaded.manifest.pinned if (n not in present or n in wiped) and n < highest}
     # Every Run read still takes part in telling whose frame damaged bytes were (_owner).
     for run_id in sorted(run_ids) if only is None else [only] if only in run_ids else []:
         if run_id in incompatible:
@@ -1080,7 +1084,7 @@ def _judge_all(loaded: Loaded, scans: list[SegmentScan], live: dict[str, Snapsho
         if journal.status != "ok":
             evidence |= loaded.gone.get(run_id, set()) | gone_pinned
         loaded.evidence[run_id] = evidence
-    _gone_pinned(loaded, gone_pinned)
+    _gone_pinned(loaded, gone_pinned, wiped)
     if only is None:
         _unnamed_snapshots(loaded, run_ids)
     else:
@@ -1163,6 +1167,15 @@ def _closing_segment_lost(manifest: Manifest, numbers: list[int]) -> bool:
             and manifest.start == max(numbers, default=0) + 2)
 
 
+# A segment file with nothing of a segment left to read, as each is said.
+_WIPED: Final = {
+    "empty": "has 0 bytes",
+    "torn_header": "ends inside its file header",
+    "foreign": "does not start with the intloom segment marker (overwritten: zeros, or "
+               "another file)",
+}
+
+
 def _lost(loaded: Loaded, scans: list[SegmentScan],
           gaps: list[tuple[_Gap, Damage]]) -> None:
     """Segments a host created that are gone: named by the manifest as the one its writer
@@ -1170,11 +1183,18 @@ def _lost(loaded: Loaded, scans: list[SegmentScan],
     the file naming it was written). Each is a file finding, stays pinned, and stands as a
     gap where any Run's next record may be (``_gap_before``), in log order with the others.
 
-    A gone segment nothing names (the manifest damaged, a seal that failed) is not seen."""
+    A gone segment nothing names (the manifest damaged, a seal that failed) is not seen.
+
+    So is one that is there with none of its bytes left to read (empty, its header cut
+    short, or overwritten: zeros, another file): a crash leaves such a file only while
+    creating a segment, before anything names it; named, it had been written, and read as
+    a harmless torn file it rolled its Runs back to their records before it."""
     present = set(loaded.segment_numbers)
+    wiped = {scan.number: scan for scan in scans if scan.status in _WIPED}
     named: dict[int, str] = {}
     manifest = loaded.manifest
-    if manifest is not None and manifest.open and manifest.open not in present:
+    if manifest is not None and manifest.open and (manifest.open not in present
+                                                   or manifest.open in wiped):
         named[manifest.open] = "manifest.json names it as the segment its host was writing"
     # Below the manifest's start, as a bounded read sees it even when this read takes the
     # whole log (a live/ snapshot moved aside, a verify): every Run's records there are in
@@ -1183,10 +1203,26 @@ def _lost(loaded: Loaded, scans: list[SegmentScan],
     floor = manifest.start if manifest is not None else loaded.start
     for scan in scans:
         number = scan.next_segment
-        if number and number not in present and number >= floor:
+        if number and (number not in present or number in wiped) and number >= floor:
             named.setdefault(number, f"wal/{scan.name} was sealed once it had been created")
     for number, why in sorted(named.items()):
         path = f"wal/{segment_name(number)}"
+        found = wiped.get(number)
+        if found is not None:
+            # Said once, as what it is: read alone it was called torn ("not corruption").
+            loaded.files = [f for f in loaded.files if f.path != path]
+            loaded.lost.add(number)
+            loaded.problem_segments.add(number)
+            loaded.files.append(FileProblem(
+                path, "missing",
+                f"holds none of its records: it {_WIPED[found.status]}, yet a host had "
+                f"written it ({why}, after its header was durable). The records it held are "
+                "lost, so every unfinished Run whose next record it may hold is held; put it "
+                "back from a copy if there is one (the file is kept as it is)"))
+            gaps.append((_Gap(number, 0, path, path, missing=True,
+                              gone="holds none of its records"),
+                         Damage(0, 0, False, False)))
+            continue
         if os.path.lexists(loaded.layout.wal / segment_name(number)):
             # Created after this read listed wal/: a host running beside a read-only one
             # (doctor, inspect) rotated meanwhile. Not lost; newer than this read, as any
@@ -1203,7 +1239,7 @@ def _lost(loaded: Loaded, scans: list[SegmentScan],
     gaps.sort(key=lambda entry: (entry[0].number, entry[0].offset))
 
 
-def _gone_pinned(loaded: Loaded, gone_pinned: set[int]) -> None:
+def _gone_pinned(loaded: Loaded, gone_pinned: set[int], wiped: dict[int, SegmentScan]) -> None:
     """Name the segments an earlier start pinned that are still gone (a lost segment, or one
     that may have held a held Run's records), while a Run is held for them: that Run's
     snapshot holds it, and its evidence keeps them pinned. One finding per run of
@@ -1211,10 +1247,23 @@ def _gone_pinned(loaded: Loaded, gone_pinned: set[int]) -> None:
 
     With no Run held, nothing is lost: the number was pinned for a file with nothing of a
     Run's in it (a foreign file under a segment's name, moved out as advised), and the next
-    host's manifest no longer pins it."""
+    host's manifest no longer pins it.
+
+    One there with none of its bytes left to read (``wiped``: the start that pinned it held
+    its Runs for it, ``_lost``) is named as the start that pinned it named it, not as a
+    harmless torn file."""
     if not any(j.status == "corrupt" for j in loaded.journals.values()):
         return
-    gone = sorted(gone_pinned - loaded.lost)
+    for number in sorted((gone_pinned & wiped.keys()) - loaded.lost):
+        path = f"wal/{segment_name(number)}"
+        loaded.files = [f for f in loaded.files if f.path != path]
+        loaded.files.append(FileProblem(
+            path, "missing",
+            f"holds none of its records: it {_WIPED[wiped[number].status]}, and a restore "
+            "must read it (an earlier start pinned it: it held, or may have held, records of "
+            "Runs held for it); put it back from a copy if there is one (the file is kept as "
+            "it is)"))
+    gone = sorted(gone_pinned - loaded.lost - wiped.keys())
     for _, numbers in itertools.groupby(enumerate(gone), lambda e: e[1] - e[0]):
         run = [n for _, n in numbers]
         more = (f", as are the {len(run) - 1} numbers after it up to "

@@ -442,3 +442,74 @@ def test_the_last_two_segments_lost_lose_no_run_a_later_host_wrote(tmp_path: Pat
     runs = by_id(read_runs_report(root).runs)
     assert runs["RUN-A"].state == fold(A[:6])
     assert runs["RUN-B"].state == fold(B) and runs["RUN-C"].state == fold(written["RUN-C"])
+
+
+@pytest.mark.parametrize("wipe", ["emptied", "header cut", "zeroed"])
+def test_a_segment_a_host_wrote_found_wiped_holds_its_runs_as_if_it_were_gone(
+    tmp_path: Path, wipe: str,
+) -> None:
+    """The segment the manifest names as its host's open one, there but with nothing of it
+    left to read (emptied, cut inside its header, overwritten with zeros), was read as a
+    harmless torn file ("not corruption") or a stray one: RUN-A came back at record 6, its
+    records 7..12 silently gone, while the same segment deleted held it. A crash leaves
+    such a file only while creating a segment, before anything names it."""
+    root = tmp_path / "runtime"
+    _clean_then_crashed(root)
+    wiped = root / SEG2
+    size = wiped.stat().st_size
+    with open(wiped, "r+b") as fh:
+        if wipe == "zeroed":
+            fh.write(bytes(size))
+        else:
+            fh.truncate(0 if wipe == "emptied" else 10)
+    left = wiped.read_bytes()
+
+    for instance in ("INST-3", "INST-4"):
+        report = read_runs_report(root)
+        findings = {f.path: (f.kind, f.problem) for f in report.files}
+        kind, problem = findings[SEG2]
+        if instance == "INST-3" or wipe != "zeroed":
+            assert kind == "missing" and "holds none of its records" in problem, findings
+            assert ("manifest.json names it as the segment its host was writing" if instance
+                    == "INST-3" else "an earlier start pinned it") in problem, problem
+        else:  # as any file under a segment's name that is none: never called harmless
+            assert kind == "foreign" and "does not start with the intloom segment" in problem
+        assert [f.path for f in report.files].count(SEG2) == 1, report.files
+        runs = by_id(report.runs)
+        assert runs["RUN-A"].status == "corrupt", runs["RUN-A"]
+        said = runs["RUN-A"].problem or ""
+        assert f"{SEG2}, which holds none of its records," in said and "record 7" in said, said
+        assert runs["RUN-B"].status == "corrupt"
+        assert by_id(verify_report(root).runs)["RUN-A"].status == "corrupt"
+        store = open_store(root, instance_id=instance)
+        assert store._number > 2
+        store.close_blocking()
+        assert wiped.read_bytes() == left  # kept as it was found
+
+
+def test_a_segment_a_seal_names_found_emptied_holds_its_run(tmp_path: Path) -> None:
+    """The same for a segment only a seal names (a rotation's, before its compaction wrote
+    the manifest): emptied, it was a torn file, and the Run came back at its seal."""
+    root = tmp_path / "runtime"
+    store = open_store(root, instance_id="INST-1")
+    store.close_blocking()
+    store = open_store(root, instance_id="INST-2", segment_bytes=1024)
+    before = (root / "manifest.json").read_bytes()
+    for record in walk("RUN-A", 60, 3):
+        store.append("RUN-A", record)
+        store.sync_blocking()
+    newest = store._number
+    abandon(store)
+    (root / "manifest.json").write_bytes(before)
+    emptied = f"wal/{segment_name(newest)}"
+    (root / emptied).write_bytes(b"")
+
+    report = read_runs_report(root)
+    findings = {f.path: (f.kind, f.problem) for f in report.files}
+    assert findings[emptied][0] == "missing", findings
+    assert "holds none of its records: it has 0 bytes" in findings[emptied][1]
+    assert "was sealed once it had been created" in findings[emptied][1]
+    run = by_id(report.runs)["RUN-A"]
+    assert run.status == "corrupt", run
+    assert f"{emptied}, which holds none of its records," in (run.problem or ""), run
+    assert (root / emptied).read_bytes() == b""

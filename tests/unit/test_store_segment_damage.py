@@ -14,6 +14,7 @@ from intloom.errors import IntloomError
 from intloom.runtime.machine import fold
 from intloom.store import read_history, read_runs_report, verify_report
 from intloom.store.framing import scan_segment, segment_name, segment_number
+from intloom.store.snapshots import decode_manifest, encode_manifest
 from tests.helpers import snapshot_files
 from tests.unit.test_store_support import abandon, by_id, frames_of, open_store, walk
 
@@ -84,11 +85,17 @@ def test_a_damaged_segment_header_holds_its_runs_at_every_start(
 
 
 def test_a_header_cut_short_by_a_crash_is_still_torn(tmp_path: Path) -> None:
+    """What a crash while the next host created its segment leaves: the manifest still the
+    last close's (a host names its segment only once the header is durable; named, a cut
+    header is a lost segment: test_store_lost_segment)."""
     root = tmp_path / "runtime"
     _crashed(root)
     path = root / SEG2
     whole = path.read_bytes()
     header_end = frames_of(path, "RUN-B")[0].offset
+    manifest = decode_manifest(root / "manifest.json", (root / "manifest.json").read_bytes())
+    (root / "manifest.json").write_bytes(encode_manifest(
+        msgspec.structs.replace(manifest, open=0)))
     for keep in (5, 20, header_end - 1):
         path.write_bytes(whole[:keep])
         assert scan_segment(path.name, 2, path.read_bytes()).status == "torn_header", keep
