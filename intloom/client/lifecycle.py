@@ -368,6 +368,13 @@ def _stop_outlasted(info: ServiceInfo, timeout: float) -> IntloomError:
 
 
 def _busy(paths: ProjectPaths) -> IntloomError:
+    try:
+        read_lock(paths.service_lock)
+    except IntloomError as exc:
+        # Not a lock at all (a directory, a link, bytes no host wrote): status, stop and
+        # doctor say so and how to move it aside, and recover refuses it; "locked, use
+        # recover once its owner has exited" sent the reader to a refusal, for no owner.
+        return exc
     message = (f"The project service is locked ({paths.service_lock} exists, and no live host "
                "answers). Run intloom doctor; use intloom recover only after its owner has "
                "exited.")

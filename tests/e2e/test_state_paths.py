@@ -737,3 +737,31 @@ def test_a_root_behind_a_directory_that_refuses_search_names_its_permissions(
     message = json.loads(cli.stdout)["error"]["message"]
     assert fact in message and f"chmod {bit} {locked}" in message, message
     assert "Pass the project's root" not in message, message
+
+
+@pytest.mark.parametrize("kind", ["directory", "symlink"])
+def test_start_names_a_service_lock_that_is_no_lock_as_status_does(
+        project: Project, kind: str) -> None:
+    """A directory (or a link) in service.lock's place: status, stop and doctor said it is
+    not a regular file and how to move it aside, but start said "locked, no live host
+    answers; use intloom recover only after its owner has exited" -- and recover refuses
+    it, for an owner there is none of."""
+    ok(project.cli("start", "--json"))
+    ok(project.cli("stop", "--json"))
+    lock = project.state / "service.lock"
+    if kind == "directory":
+        lock.mkdir(mode=0o700)
+    else:
+        lock.symlink_to(project.root / "nowhere")
+    planted = _as_is(lock)
+    said = {}
+    for command in ("start", "status", "stop"):
+        result = project.cli(command, "--json")
+        assert result.code != 0, (command, result.stdout)
+        error = json.loads(result.stdout)["error"]
+        said[command] = (error["code"], error["message"])
+    assert said["start"] == said["status"] == said["stop"], said
+    code, message = said["start"]
+    assert code == "CLI_SERVICE_METADATA_INVALID", said
+    assert "Move it aside (mv " in message and "locked" not in message, message
+    assert _as_is(lock) == planted
