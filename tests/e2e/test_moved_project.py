@@ -119,6 +119,7 @@ def test_a_host_whose_state_directory_is_moved_away_stops_serving(project: Proje
     assert line["level"] == "fatal" and f"{project.state}/runtime is gone" in line["message"]
     assert not project.state.exists()  # it wrote nothing by path once the path led elsewhere
     moved.rename(project.state)  # put back: as after a crash
+    project.wait_released(pid)  # a zombie leader's other threads may still hold its lock
     # Its log came back with it, still ending in state_dir_moved: doctor said "put the moved
     # .intloom/ back" of a project where it was back.
     checks = [c["id"] for c in project.cli("doctor", "--json").json["checks"]]
@@ -220,6 +221,7 @@ def test_doctor_names_why_the_last_host_stopped_when_its_runtime_was_deleted(
     pid = project.host_pid()
     shutil.rmtree(project.state / "runtime")
     eventually(lambda: not pid_alive(pid), timeout=10, what=f"host {pid} to stop serving")
+    project.wait_released(pid)
     doctor = project.cli("doctor", "--json")
     assert doctor.code == 3, doctor.stdout  # attention
     checks = {c["id"]: c for c in doctor.json["checks"]}
