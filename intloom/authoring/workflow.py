@@ -319,6 +319,20 @@ class Step(Generic[S]):
         self.recover_fn: Callable[..., Any] | None = None
         self.__doc__ = fn.__doc__
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Its attributes too, not only its mappings' entries: `step.routes = {...}` rewired
+        # every later Run as `step.routes[...] = ...` did (a cached ``where`` is written to
+        # the instance's dict directly, never through here).
+        stage = self.__dict__.get("stage")
+        if stage is not None and stage.workflow._loaded:
+            where = f"Stage {stage.name!r}, Step {self.__dict__.get('name', '?')!r}"
+            stage.workflow._refuse_if_loaded(where, f"{name} was assigned")
+        object.__setattr__(self, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        self.stage.workflow._refuse_if_loaded(self.where, f"{name} was deleted")
+        object.__delattr__(self, name)
+
     @functools.cached_property
     def where(self) -> str:  # asked on every run of the Step, used in its errors
         """The Step as errors name it: ``Stage 'draft', Step 'write'``."""
@@ -327,7 +341,7 @@ class Step(Generic[S]):
     def recover(self, fn: RecoverFn[S]) -> RecoverFn[S]:
         """Declare the cross-process continuation of this Step's wait (used after a restart)."""
         wf = self.stage.workflow.name
-        self.stage.workflow._refuse_if_loaded(self.where, "@step.recover")
+        self.stage.workflow._refuse_if_loaded(self.where, "@step.recover was called")
         if self.recover_fn is not None:
             raise _bad(wf, self.where, "recover is declared twice", "Keep one recover entry.")
         _check_fn(wf, self.where, "@step.recover", fn, "ctx, saved",
@@ -390,7 +404,7 @@ class AgentStep(Step[S]):
         before anything is written: if it raises, the completion is refused (the task stays
         claimed) and the Agent is told why."""
         wf = self.stage.workflow.name
-        self.stage.workflow._refuse_if_loaded(self.where, "@step.on_complete")
+        self.stage.workflow._refuse_if_loaded(self.where, "@step.on_complete was called")
         if self.complete_fn is not None:
             raise _bad(wf, self.where, "on_complete is declared twice",
                        "Keep one on_complete entry.")
@@ -413,13 +427,23 @@ class Stage(Generic[S]):
         self.steps: Mapping[str, Step[S]] = types.MappingProxyType(self._steps)
         self.init_fn: Callable[..., Any] | None = None
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        workflow = self.__dict__.get("workflow")
+        if workflow is not None and workflow._loaded:
+            workflow._refuse_if_loaded(f"Stage {self.name!r}", f"{name} was assigned")
+        object.__setattr__(self, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        self.workflow._refuse_if_loaded(f"Stage {self.name!r}", f"{name} was deleted")
+        object.__delattr__(self, name)
+
     @property
     def entry(self) -> Step[S]:
         """The first Step declared: where a Run entering the Stage starts."""
         return next(iter(self.steps.values()))
 
     def _add(self, step: Step[S]) -> Step[S]:
-        self.workflow._refuse_if_loaded(step.where, "@stage.step(...)")
+        self.workflow._refuse_if_loaded(step.where, "@stage.step(...) was called")
         if step.name in self.steps:
             raise _bad(
                 self.workflow.name, f"Stage {self.name!r}", f"Step {step.name!r} is defined twice",
@@ -525,6 +549,8 @@ class Stage(Generic[S]):
     ) -> Callable[[StepFn[S]], Step[S]]:
         """Declare a code Step. Its function returns an outcome string found in ``routes``."""
         name = _check_name(self.workflow.name, f"Stage {self.name!r}", "Step", name)
+        self.workflow._refuse_if_loaded(f"Stage {self.name!r}, Step {name!r}",
+                                        "@stage.step(...) was called")
         routes = self._check_routes(name, routes)
 
         def decorate(fn: StepFn[S]) -> Step[S]:
@@ -553,6 +579,8 @@ class Stage(Generic[S]):
     ) -> Callable[[AgentFn[S]], AgentStep[S]]:
         """Declare an Agent Step: its function returns the task for a client Agent."""
         name = _check_name(self.workflow.name, f"Stage {self.name!r}", "Step", name)
+        self.workflow._refuse_if_loaded(f"Stage {self.name!r}, Step {name!r}",
+                                        "@stage.agent_step(...) was called")
         routes = self._check_routes(name, routes)
         declared = self._check_tools(name, tools)
         # The Agent id is in every view of the Run (pendingAgentCall.agentId): one that is
@@ -582,7 +610,7 @@ class Stage(Generic[S]):
 
     def init(self, fn: InitFn[S]) -> InitFn[S]:
         """Declare the Stage initialiser: ``fn(ctx) -> State`` (runs as a durable boundary)."""
-        self.workflow._refuse_if_loaded(f"Stage {self.name!r}", "@stage.init")
+        self.workflow._refuse_if_loaded(f"Stage {self.name!r}", "@stage.init was called")
         if self.init_fn is not None:
             raise _bad(
                 self.workflow.name, f"Stage {self.name!r}", "init is declared twice",
@@ -636,7 +664,7 @@ class Workflow:
     def stage(self, name: str, *, state: type[S] | None = None) -> Stage[S] | Stage[None]:
         """Declare a Stage; ``state`` is a msgspec.Struct type with defaults for every field."""
         name = _check_name(self.name, "definition", "Stage", name)
-        self._refuse_if_loaded(f"Stage {name!r}", "wf.stage(...)")
+        self._refuse_if_loaded(f"Stage {name!r}", "wf.stage(...) was called")
         if name in self.stages:
             raise _bad(self.name, f"Stage {name!r}", "the Stage is defined twice",
                        "Give every Stage its own name.")
@@ -653,6 +681,15 @@ class Workflow:
         self._stages[name] = stage
         return stage
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self.__dict__.get("_loaded"):
+            self._refuse_if_loaded("definition", f"{name} was assigned")
+        object.__setattr__(self, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        self._refuse_if_loaded("definition", f"{name} was deleted")
+        object.__delattr__(self, name)
+
     def _refuse_if_loaded(self, where: str, what: str) -> None:
         """Refuse to change a Workflow the host has loaded. A Stage or Step added while
         Runs ran was taken by the Runs after it and forgotten by the next restart (its Runs
@@ -661,8 +698,7 @@ class Workflow:
         if self._loaded:
             raise _bad(
                 self.name, where,
-                f"{what} was called after the host loaded the Workflow, while its Runs "
-                "run on it",
+                f"{what} after the host loaded the Workflow, while its Runs run on it",
                 "Declare every Stage, Step, init, recover and on_complete at the top level "
                 "of the source, where the host loads them at its start.",
             )

@@ -761,7 +761,7 @@ def service_lines(service: Mapping[str, Any], title: str = "Service running") ->
             else None)
     if "wal" in missing:
         # "Those Runs are held" only when the restore held some: it was said of none.
-        lines.append("A missing segment may have held Runs' records"
+        lines.append("A missing or emptied segment may have held Runs' records"
                      + (": those Runs are held" if held != 0 else "")
                      + "; put the file back from a copy (intloom doctor).")
     if service.get("logFile"):

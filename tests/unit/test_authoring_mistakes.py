@@ -1419,6 +1419,10 @@ CHANGES_ITSELF = textwrap.dedent('''
             s.step("late", routes={"ok": intloom.COMPLETE})(lambda ctx: "ok")
         if ctx.intent == "stage":
             wf.stage("later")
+        if ctx.intent == "rebind":
+            wf.stages["s"].steps["a"].routes = {"go": "nowhere"}
+        if ctx.intent == "steps":
+            s.steps = {}
         return "go"
 
 
@@ -1444,22 +1448,26 @@ def test_a_loaded_workflow_cannot_be_changed_by_the_code_its_runs_run(tmp_path: 
         rt = Runtime({"changes": loaded}, store, package_version="0.1.0")
         rt.restore([])
         views = []
-        for intent in ("reroute", "add", "stage", "plain"):
+        for intent in ("reroute", "add", "stage", "rebind", "steps", "plain"):
             views.append(await rt.wait_stable((await rt.create_run("changes", intent)).run_id))
         await store.close()
         return views
 
-    reroute, add, stage, plain = asyncio.run(asyncio.wait_for(main(), timeout=20))
+    reroute, add, stage, rebind, steps, plain = asyncio.run(
+        asyncio.wait_for(main(), timeout=20))
     assert reroute.status == "failed" and reroute.last_error is not None
     assert reroute.last_error.code == "STEP_EXECUTION_FAILED", reroute.last_error
     assert ("Stage 's', Step 'a' raised TypeError at line 11 of workflows/changes/wf.py"
             in reroute.last_error.message), reroute.last_error.message
-    for view, what, where in ((add, "@stage.step(...)", "Stage 's', Step 'late'"),
-                              (stage, "wf.stage(...)", "Stage 'later'")):
+    # Rebinding an attribute, not only an entry: it rewired every later Run the same way.
+    for view, what, where in ((add, "@stage.step(...) was called", "Stage 's', Step 'late'"),
+                              (stage, "wf.stage(...) was called", "Stage 'later'"),
+                              (rebind, "routes was assigned", "Stage 's', Step 'a'"),
+                              (steps, "steps was assigned", "Stage 's'")):
         assert view.status == "failed" and view.last_error is not None
         assert view.last_error.code == "WORKFLOW_DEFINITION_INVALID", view.last_error
         assert view.last_error.message.startswith(
-            f"Workflow 'changes', {where}: {what} was called after the host loaded the "
+            f"Workflow 'changes', {where}: {what} after the host loaded the "
             "Workflow"), view.last_error.message
         assert "at the top level of the source" in view.last_error.message
     # Nothing changed: a later Run routes as declared.

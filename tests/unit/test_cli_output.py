@@ -448,7 +448,7 @@ def test_a_missing_segment_says_runs_are_held_only_when_the_restore_held_some() 
     base = {"projectRoot": "/p", "port": 1, "pid": 2, "instanceId": "i", "workflowCount": 1,
             "storeProblems": [{"path": "wal/0000000002.seg", "kind": "missing",
                                "problem": "is missing"}]}
-    held = "A missing segment may have held Runs' records: those Runs are held"
+    held = "A missing or emptied segment may have held Runs' records: those Runs are held"
 
     def said(restore: dict[str, Any] | None) -> bool:
         lines = render.service_lines({**base, "restore": restore} if restore else base)

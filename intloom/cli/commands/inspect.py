@@ -44,7 +44,8 @@ def _not_found(run_id: str, where: object, missing: list[str] | None = None,
         return IntloomError(
             "NOT_FOUND",
             f"No journal for Run {run_id!r} under {where}, and the log is incomplete: {gone} "
-            f"{'is' if len(missing) == 1 else 'are'} missing (intloom doctor names "
+            f"{'is' if len(missing) == 1 else 'are'} missing or hold none of their records "
+            f"(intloom doctor names "
             f"{'it' if len(missing) == 1 else 'them'}), and a Run whose records were only "
             "there has no journal left. Put the segment back from a copy if there is one, "
             f"then run intloom inspect again; otherwise check the Run id ({_LISTS}).",
