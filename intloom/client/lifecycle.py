@@ -358,13 +358,17 @@ def _stopping(paths: ProjectPaths, info: ServiceInfo) -> bool:
             and log_says_stopping(paths, info))
 
 
-def _stop_outlasted(info: ServiceInfo, timeout: float) -> IntloomError:
+def _stop_outlasted(info: ServiceInfo, timeout: float, *, listening: bool = False
+                    ) -> IntloomError:
+    where = ("it is still in its stop's grace, letting its running Steps reach a boundary "
+             "before it saves its Runs" if listening
+             else "it has stopped listening but not exited")
     return IntloomError(
         "CLI_SERVICE_TIMEOUT",
         f"intloom start waited its --timeout ({timeout:g} s) for the host (pid {info.pid}) to "
-        "finish shutting down: it has stopped listening but not exited. This command "
-        "launched nothing. Run intloom start again once intloom status says the service is "
-        "offline; if the host stays, intloom logs says what its stop is doing.")
+        f"finish shutting down: {where}. This command launched nothing. Run intloom start "
+        "again once intloom status says the service is offline (or with a longer --timeout); "
+        "if the host stays, intloom logs says what its stop is doing.")
 
 
 def _busy(paths: ProjectPaths) -> IntloomError:
@@ -612,9 +616,14 @@ def start_service(
         except IntloomError as exc:
             # A host that is stopping (suspending its Runs) releases the project in a few
             # seconds: wait for it, then launch, as for a host still starting.
-            if exc.code == "CLI_SERVICE_CLOSING" and time.monotonic() < deadline:
-                time.sleep(_POLL)
-                continue
+            if exc.code == "CLI_SERVICE_CLOSING":
+                if time.monotonic() < deadline:
+                    time.sleep(_POLL)
+                    continue
+                if seen is not None:
+                    # Its refusal is worded for a request about a Run ("intloom start waits
+                    # for that"): this start's own timeout is what ran out.
+                    raise _stop_outlasted(seen, timeout, listening=True) from None
             # A stopping host also closes every connection, ours mid-hello or mid-request
             # included, before it removes its files: that is no broken host either.
             if (exc.code in _CUT_OFF and seen is not None

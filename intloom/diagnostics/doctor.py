@@ -1217,6 +1217,28 @@ def _last_host_check(found: tuple[str, bytes] | None, root: Path, *,
             "Look at the code that traceback names first: the host runs the Workflows' "
             "code in its own process." if current else None,
         )
+    stopping = next((r for r in reversed(records) if r.get("event") == "service_stopping"),
+                    None)
+    if stopping is not None:
+        # "No stop after it ... its stop's lines are then missing" was said of a host whose
+        # log shows its stop begun: killed in the middle of it (a supervisor's SIGKILL once
+        # its own stop timeout ran out, say), which is what to look into.
+        reason = str(stopping.get("reason") or "").strip()
+        within = stopping.get("within")
+        return Check(
+            "last_host", status,
+            f"The last host began to stop at {stopping.get('time', '?')}"
+            f"{f' ({reason})' if reason else ''} and its log ({where}) ends at "
+            f"{last.get('time', '?')} with {doing}, before that stop ended: the host was "
+            "killed during its stop (a SIGKILL: a supervisor's, once its own stop timeout "
+            "ran out, or kill -9) or crashed in native code then, since Python errors are "
+            "logged. The Runs its stop had not saved are as their journals left them: the "
+            "restart previews below say what a start does with each.",
+            "Give a stop the time it asks for: intloom stop waits for it; a supervisor's stop "
+            "timeout must exceed the bound the host logs with service_stopping (`within`"
+            f"{f', {within} s here' if isinstance(within, (int, float)) else ''}). intloom "
+            "logs shows how far the stop got." if current else None,
+        )
     return Check(
         "last_host", status,
         f"The last host's log ({where}) ends at {last.get('time', '?')} with {doing}, and "

@@ -321,3 +321,43 @@ def _start_over_a_host_paused_in_its_grace(project: Project) -> None:
             stop.kill()
         stop.communicate(timeout=30)
     eventually(lambda: not pid_alive(pid), timeout=60, what="the host to exit")
+
+
+def test_start_whose_timeout_runs_out_in_a_stops_grace_says_so(tmp_path: Path) -> None:
+    """``intloom stop & intloom start --timeout N`` with a Step running: the host, still
+    listening in its stop's grace, refuses start's hello with CLI_SERVICE_CLOSING, and once
+    the timeout ran out start raised that refusal as it was, worded for a request about a
+    Run ("intloom start waits for that", Agent tasks, not retryable)."""
+    from tests.helpers import one_source_project, reaped
+
+    for project in reaped(one_source_project(tmp_path, "grace", IN_GRACE)):
+        _start_timing_out_in_a_stops_grace(project)
+
+
+def _start_timing_out_in_a_stops_grace(project: Project) -> None:
+    assert project.cli("start").code == 0
+    pid = project.host_pid()
+    assert project.cli("flow", "grace", "--intent", "i", "--detach").code == 0
+    eventually(lambda: (project.root / "started").exists(), timeout=30,
+               what="the Step to start")
+    stop = subprocess.Popen(
+        [sys.executable, "-m", "intloom", "--project", str(project.root), "--json",
+         "stop"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    logs = project.state / "logs"
+    try:
+        eventually(lambda: any(b'"service_stopping"' in log.read_bytes()
+                               for log in logs.glob("LOG-*.jsonl")),
+                   timeout=30, what="the host log's service_stopping")
+        # The Step waits on the gate: the grace (5 s) outlasts this start's timeout.
+        start = project.cli("--json", "start", "--timeout", "1", timeout=60)
+        assert start.code != 0, start
+        error = start.json["error"]
+        assert error["code"] == "CLI_SERVICE_TIMEOUT", error
+        assert error["message"].startswith(
+            f"intloom start waited its --timeout (1 s) for the host (pid {pid}) to finish "
+            "shutting down: it is still in its stop's grace"), error["message"]
+        assert "launched nothing" in error["message"], error["message"]
+    finally:
+        (project.root / "gate").touch()
+        stop.communicate(timeout=60)
+    eventually(lambda: not pid_alive(pid), timeout=60, what="the host to exit")

@@ -590,3 +590,21 @@ def test_a_fault_dump_is_a_line_of_its_own_not_text_inside_a_logged_message(
     assert _fault_dump(dump, tmp_path) == (
         "Aborted", 'File "/usr/lib/python3.11/ctypes/__init__.py", line 519 in string_at, '
         f'called from File "{own}", line 7 in crash')
+
+
+def test_a_host_killed_in_its_stop_is_said_to_have_been_killed_there(tmp_path: Path) -> None:
+    """Its log shows service_stopping: doctor said "no stop or fatal error after it: the
+    host ended without a word ... its stop's lines are then missing"."""
+    from intloom.diagnostics.doctor import _last_host_check
+
+    logged = (b'{"time":"T1","level":"info","event":"run_created","runId":"RUN-1"}\n'
+              b'{"time":"T2","level":"info","event":"service_stopping","reason":"SIGTERM",'
+              b'"within":12.5}\n'
+              b'{"time":"T3","level":"info","event":"run_suspended","runId":"RUN-1"}\n')
+    check = _last_host_check(("LOG-1.jsonl", logged), tmp_path, current=True)
+    assert check is not None and check.status == "attention", check
+    assert check.message.startswith(
+        "The last host began to stop at T2 (SIGTERM) and its log (.intloom/logs/LOG-1.jsonl) "
+        "ends at T3 with run_suspended of Run RUN-1, before that stop ended: the host was "
+        "killed during its stop"), check.message
+    assert "without a word" not in check.message and check.next is not None
