@@ -442,12 +442,16 @@ def test_ctrl_c_or_sigterm_while_answer_waits_names_the_run_to_attach(
     run_id, action = run["runId"], run["pendingAction"]["id"]
     with cli_child(proj, "answer", run_id, action, '{"isConfirmed": false}') as proc:
         eventually((gates / "step:fetch.entered").exists, timeout=15, what="the Step held")
-        eventually(lambda: connected(proc, port), timeout=20, what="answer to wait")
+        # The answer's reply (sent before the Step after it ran) read: it is recorded.
+        eventually(lambda: replies_read(proc, port), timeout=20, what="answer to wait")
         proc.send_signal(sig)
         out, err = proc.communicate(timeout=20)
     assert proc.returncode == code, (out, err)
     assert out == ""
     assert err.startswith(said), err
+    # Said for certain: "If the host took the answer, the Run goes on with it" left the
+    # person to find out by sending it again, of an answer recorded before the Step ran.
+    assert "The answer was recorded, and the Run goes on with it: " in err, err
     # --project, from a working directory outside the project: the command reaches it.
     assert f"intloom --project {shlex.quote(str(proj.root))} attach {run_id}" in err, err
     hold.unlink()

@@ -322,14 +322,28 @@ def answer(
     Exit 0 unless the Run then fails.
     """
     value = read_answer(answer_json, hint=not state.json_mode)
+    # Delivered, then waited for, in two requests: one that also waited left the person, at
+    # a Ctrl-C while the Steps after the answer ran, unable to tell whether it was recorded
+    # ("If the host took the answer ..."), under "Delivering the answer..." all along.
+    recorded = False
     try:
-        with (sigterm_as_ctrl_c(state), state.client(waits=True) as client,
-              state.renderer.spinner("Delivering the answer...")):
-            run = client.answer(run_id, action_id, value)
+        with sigterm_as_ctrl_c(state), state.client(waits=True) as client:
+            with state.renderer.spinner("Delivering the answer..."):
+                client.answer(run_id, action_id, value, wait=False)
+            recorded = True
+            with state.renderer.spinner("Answer recorded; waiting for the Run..."):
+                try:
+                    run = client.wait_run(run_id)
+                except IntloomError as exc:
+                    raise IntloomError(exc.code, f"The answer was recorded, and the Run goes "
+                                       f"on with it; then waiting for the Run failed: "
+                                       f"{exc.message}", retryable=exc.retryable) from None
     except KeyboardInterrupt:
+        said = ("The answer was recorded, and the Run goes on with it" if recorded else
+                "If the host took the answer, the Run goes on with it")
         raise Interrupted(
-            f"Stopped waiting ({state.stopped_by()}). If the host took the answer, the Run "
-            f"goes on with it: {state.intloom()} attach {run_id} shows where it is."
+            f"Stopped waiting ({state.stopped_by()}). {said}: {state.intloom()} attach "
+            f"{run_id} shows where it is."
         ) from None
     # The Run took this answer, so no start had restored it RUN_INTERRUPTED: a reply that
     # reads so is its host suspending it (intloom stop while it ran on), not its end.
