@@ -290,3 +290,24 @@ def test_a_stop_or_a_restart_is_shown_at_its_own_time_not_the_last_records() -> 
     assert suspended.startswith(f"{later}  suspended "), suspended
     assert record.startswith(f"{running.updated_at}  executing "), record
     assert running.updated_at != later
+
+
+def test_an_event_line_shows_a_step_results_outcome_and_an_answers_action() -> None:
+    """A Step that routed back to ask again (its code refused the answer) showed, in attach,
+    ``step_result main/ask running`` twice, with nothing to say why; inspect shows the
+    outcome, and so does the line now."""
+    from intloom.cli.commands.attach import event_line
+    from intloom.protocol.messages import RunEvent
+
+    running, _ = _views()
+    routed = event_line(RunEvent(run=running, event="step_result",
+                                 detail={"outcome": "invalid"}))
+    answered = event_line(RunEvent(run=running, event="answered",
+                                   detail={"actionId": "ASK-1"}))
+    effect = event_line(RunEvent(run=running, event="effect_done",
+                                 detail={"name": "charge", "key": "order-7"}))
+    assert routed.endswith("  outcome=invalid"), routed
+    assert answered.endswith("  actionId=ASK-1"), answered
+    assert effect.endswith("  name=charge key=order-7"), effect
+    assert not event_line(RunEvent(run=running, event="suspended",
+                                   detail={"at": running.updated_at})).endswith("=")

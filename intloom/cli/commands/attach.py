@@ -93,7 +93,18 @@ def event_line(event: RunEvent) -> str:
     line = f"{when}  {event.event:<16} {where:<24} {run.get('status', '')}"
     if isinstance(event.detail, str) and event.detail:
         line += f"  {event.detail}"
+    elif isinstance(detail, dict):
+        # What the record says, as inspect shows it: a Step that routed back to ask again
+        # (an answer its code refused) showed the same question twice with no outcome.
+        facts = [f"{key}={detail[key]}" for key in _SHOWN_FACTS if detail.get(key) is not None]
+        if facts:
+            line += "  " + " ".join(facts)
     return line.rstrip()
+
+
+# The facts of an event's detail an event line shows (outcome of a step_result, the action
+# an answer answered, an effect's name and key), in this order.
+_SHOWN_FACTS: Final = ("outcome", "actionId", "name", "key")
 
 
 def omitted_line(event: RunEvent, run_id: str) -> str | None:
