@@ -69,3 +69,31 @@ def test_every_python_example_in_the_docs_type_checks(tmp_path: Path) -> None:
     out, err, status = run_mypy(["--strict", "--config-file", str(tmp_path / "mypy.ini"),
                                 "--cache-dir", str(tmp_path / "cache"), *files])
     assert status == 0, out + err
+
+
+def test_the_ask_again_recipe_asks_again_with_why_then_completes() -> None:
+    """docs/authoring.md's recipe for checking an answer and asking again runs as written."""
+    text = (REPO / "docs" / "authoring.md").read_text()
+    [code] = [block for block in re.findall(r"```python\n(.*?)```", text, re.S)
+              if "class Count" in block]
+    namespace: dict[str, object] = {"__name__": "count_recipe"}
+    exec(compile(code, "count_recipe.py", "exec"), namespace)
+    wf = namespace["wf"]
+    wf.validate()  # type: ignore[attr-defined]
+
+    async def main() -> None:
+        rt = Runtime({"count": LoadedWorkflow(wf, "x", "id", wf.schemas())},  # type: ignore[arg-type, attr-defined]
+                     MemoryJournal(), package_version="0")
+        rt.restore([])
+        view = await rt.wait_stable((await rt.create_run("count", "go")).run_id)
+        assert view.pending_action is not None
+        view = await rt.answer(view.run_id, view.pending_action.id,
+                               [{"questionId": "n", "isSkipped": False, "answer": "abc"}])
+        assert view.pending_action is not None
+        assert view.pending_action.request[0]["description"] == (
+            "'abc' is not a number from 1 to 10; try again."), view.pending_action.request
+        view = await rt.answer(view.run_id, view.pending_action.id,
+                               [{"questionId": "n", "isSkipped": False, "answer": "7"}])
+        assert view.status == "completed", view
+
+    asyncio.run(asyncio.wait_for(main(), 10))
