@@ -275,21 +275,36 @@ def test_start_over_a_host_paused_in_its_stops_grace_says_it_finishes_its_stop(
         _start_over_a_host_paused_in_its_grace(project)
 
 
-def _start_over_a_host_paused_in_its_grace(project: Project) -> None:
+def _a_stop_in_its_grace(project: Project, *stop_args: str
+                         ) -> tuple[int, subprocess.Popen[str]]:
+    """A host started, its ``grace`` Step running (held by the gate), and an ``intloom
+    --json stop`` (with ``stop_args``) under way: its pid and the stop's process, once the
+    host's log says its stop began. The caller touches the gate and reaps the stop."""
     assert project.cli("start").code == 0
     pid = project.host_pid()
     assert project.cli("flow", "grace", "--intent", "i", "--detach").code == 0
     eventually(lambda: (project.root / "started").exists(), timeout=30,
                what="the Step to start")
-    # The stop, under way, meets the pause (it reads it at its next poll); so does start.
     stop = subprocess.Popen(
         [sys.executable, "-m", "intloom", "--project", str(project.root), "--json", "stop",
-         "--timeout", "6"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+         *stop_args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     logs = project.state / "logs"
     try:
         eventually(lambda: any(b'"service_stopping"' in log.read_bytes()
                                for log in logs.glob("LOG-*.jsonl")),
                    timeout=30, what="the host log's service_stopping")
+    except BaseException:
+        (project.root / "gate").touch()
+        stop.kill()
+        stop.communicate(timeout=30)
+        raise
+    return pid, stop
+
+
+def _start_over_a_host_paused_in_its_grace(project: Project) -> None:
+    # The stop, under way, meets the pause (it reads it at its next poll); so does start.
+    pid, stop = _a_stop_in_its_grace(project, "--timeout", "6")
+    try:
         os.kill(pid, signal.SIGSTOP)
         try:
             start = project.cli("--json", "start", "--timeout", "30", timeout=120)
@@ -335,19 +350,8 @@ def test_start_whose_timeout_runs_out_in_a_stops_grace_says_so(tmp_path: Path) -
 
 
 def _start_timing_out_in_a_stops_grace(project: Project) -> None:
-    assert project.cli("start").code == 0
-    pid = project.host_pid()
-    assert project.cli("flow", "grace", "--intent", "i", "--detach").code == 0
-    eventually(lambda: (project.root / "started").exists(), timeout=30,
-               what="the Step to start")
-    stop = subprocess.Popen(
-        [sys.executable, "-m", "intloom", "--project", str(project.root), "--json",
-         "stop"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    logs = project.state / "logs"
+    pid, stop = _a_stop_in_its_grace(project)
     try:
-        eventually(lambda: any(b'"service_stopping"' in log.read_bytes()
-                               for log in logs.glob("LOG-*.jsonl")),
-                   timeout=30, what="the host log's service_stopping")
         # The Step waits on the gate: the grace (5 s) outlasts this start's timeout.
         start = project.cli("--json", "start", "--timeout", "1", timeout=60)
         assert start.code != 0, start

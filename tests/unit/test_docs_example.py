@@ -9,10 +9,20 @@ import sys
 import textwrap
 from pathlib import Path
 
+from intloom import Workflow
 from intloom.authoring.loader import LoadedWorkflow
 from intloom.executor.runtime import Runtime
 from tests.helpers import REPO, run_mypy
 from tests.unit.memjournal import MemoryJournal
+
+
+def _runtime(wf: Workflow) -> Runtime:
+    """A Runtime of ``wf`` alone, over an in-memory journal, restored with nothing."""
+    wf.validate()
+    rt = Runtime({wf.name: LoadedWorkflow(wf, "x", "id", wf.schemas())}, MemoryJournal(),
+                 package_version="0")
+    rt.restore([])
+    return rt
 
 
 def test_authoring_example_runs(tmp_path: Path) -> None:
@@ -28,12 +38,10 @@ def test_authoring_example_runs(tmp_path: Path) -> None:
     finally:
         sys.path.remove(str(tmp_path))
     wf = namespace["wf"]
-    wf.validate()  # type: ignore[attr-defined]
+    assert isinstance(wf, Workflow)
 
     async def main() -> None:
-        rt = Runtime({"release-notes": LoadedWorkflow(wf, "x", "id", wf.schemas())},  # type: ignore[arg-type, attr-defined]
-                     MemoryJournal(), package_version="0")
-        rt.restore([])
+        rt = _runtime(wf)
         view = await rt.wait_stable((await rt.create_run("release-notes", "v1.2")).run_id)
         assert view.pending_action is not None
         assert view.pending_action.request == {"context": {"draft": "Notes for v1.2 (round 1)"}}
@@ -79,12 +87,10 @@ def test_the_ask_again_recipe_asks_again_with_why_then_completes() -> None:
     namespace: dict[str, object] = {"__name__": "count_recipe"}
     exec(compile(code, "count_recipe.py", "exec"), namespace)
     wf = namespace["wf"]
-    wf.validate()  # type: ignore[attr-defined]
+    assert isinstance(wf, Workflow)
 
     async def main() -> None:
-        rt = Runtime({"count": LoadedWorkflow(wf, "x", "id", wf.schemas())},  # type: ignore[arg-type, attr-defined]
-                     MemoryJournal(), package_version="0")
-        rt.restore([])
+        rt = _runtime(wf)
         view = await rt.wait_stable((await rt.create_run("count", "go")).run_id)
         assert view.pending_action is not None
         view = await rt.answer(view.run_id, view.pending_action.id,

@@ -186,20 +186,7 @@ def test_compaction_idle_waits_for_the_compaction_a_rotation_started(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``scripts/bench`` waits on it between measurements, so that one measurement's
     snapshots never run into the next one (its baseline)."""
-    import threading
-
-    import intloom.store.writer as writer
-
-    release, started = threading.Event(), threading.Event()
-    real = writer.compact  # type: ignore[attr-defined]
-
-    def held(*args: Any, **kwargs: Any) -> None:
-        if threading.current_thread().name == "intloom-compact":
-            started.set()
-            assert release.wait(10)
-        real(*args, **kwargs)
-
-    monkeypatch.setattr(writer, "compact", held)
+    release, started = _compactions_held(monkeypatch)
     store = open_store(tmp_path, segment_bytes=SEGMENT)
     try:
         assert store.compaction_idle(timeout=0)  # none yet
@@ -768,16 +755,9 @@ def test_a_lone_runs_flush_leaves_a_rotations_wait_for_compaction_to_the_stores_
     lone Run's."""
     import asyncio
 
-    release, started = threading.Event(), threading.Event()
-    real = writer.compact  # type: ignore[attr-defined]
+    release, started = _compactions_held(monkeypatch)
     real_join = writer.Store._join_compaction
     joined: list[str] = []
-
-    def held(*args: Any, **kwargs: Any) -> None:
-        if threading.current_thread().name == "intloom-compact":
-            started.set()
-            assert release.wait(10)
-        real(*args, **kwargs)
 
     def join(self: writer.Store) -> None:
         compactor = self._compactor
@@ -787,7 +767,6 @@ def test_a_lone_runs_flush_leaves_a_rotations_wait_for_compaction_to_the_stores_
             release.set()
         real_join(self)
 
-    monkeypatch.setattr(writer, "compact", held)
     monkeypatch.setattr(writer.Store, "_join_compaction", join)
     # Every flush on the loop, however slow this disk: the path under test.
     store = open_store(tmp_path, segment_bytes=SEGMENT, inline_max_sync_s=float("inf"))
@@ -815,15 +794,9 @@ def test_a_rotation_waiting_for_a_compaction_leaves_the_tracks_lock_free(
     """A worker thread's flush (a crew's) that rotated while the last compaction ran waited
     for it holding the tracks' lock, and a stop begun meanwhile counted the snapshots due
     under that lock on the event loop: the loop froze until the compaction ended."""
-    release, started, joining = threading.Event(), threading.Event(), threading.Event()
-    real = writer.compact  # type: ignore[attr-defined]
+    release, started = _compactions_held(monkeypatch)
+    joining = threading.Event()
     real_join = writer.Store._join_compaction
-
-    def held(*args: Any, **kwargs: Any) -> None:
-        if threading.current_thread().name == "intloom-compact":
-            started.set()
-            assert release.wait(30)
-        real(*args, **kwargs)
 
     def join(self: writer.Store) -> None:
         compactor = self._compactor
@@ -831,7 +804,6 @@ def test_a_rotation_waiting_for_a_compaction_leaves_the_tracks_lock_free(
             joining.set()
         real_join(self)
 
-    monkeypatch.setattr(writer, "compact", held)
     monkeypatch.setattr(writer.Store, "_join_compaction", join)
     store = open_store(tmp_path, segment_bytes=SEGMENT)
     records = walk("RUN-A", 4_000, 3)
@@ -859,3 +831,19 @@ def test_a_rotation_waiting_for_a_compaction_leaves_the_tracks_lock_free(
         flusher.join(30)
         counter.join(30)
         store.close_blocking()
+
+
+def _compactions_held(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event]:
+    """Every rotation's compaction held on its thread until the first event (``release``)
+    is set (at most 30 s); the second (``started``) is set once one is held."""
+    release, started = threading.Event(), threading.Event()
+    real = writer.compact  # type: ignore[attr-defined]
+
+    def held(*args: Any, **kwargs: Any) -> None:
+        if threading.current_thread().name == "intloom-compact":
+            started.set()
+            assert release.wait(30)
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(writer, "compact", held)
+    return release, started

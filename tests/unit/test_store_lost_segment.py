@@ -13,7 +13,7 @@ import pytest
 
 from intloom.runtime.machine import fold
 from intloom.runtime.records import Record
-from intloom.store import read_runs_report, verify_report
+from intloom.store import StoreReport, read_runs_report, verify_report
 from intloom.store import reader as reader_module
 from intloom.store.files import list_names
 from intloom.store.framing import segment_name
@@ -35,6 +35,39 @@ from tests.unit.test_store_support import (
 SEG2 = "wal/0000000002.seg"
 A = walk("RUN-A", 12, 1)
 B = walk("RUN-B", 4, 2)
+
+
+def _both_held(root: Path, report: StoreReport, gap: str, instance: str) -> None:
+    """RUN-A (records 7..12 in segment 2) and RUN-B held, RUN-A's problem naming ``gap``;
+    a host then opened as ``instance`` numbers its segment past segment 2."""
+    runs = by_id(report.runs)
+    assert runs["RUN-A"].status == "corrupt", runs["RUN-A"]
+    problem = runs["RUN-A"].problem or ""
+    assert gap in problem and "record 7" in problem, problem
+    # RUN-B wrote nothing there, but nothing left shows that: it is held too.
+    assert runs["RUN-B"].status == "corrupt"
+    assert by_id(verify_report(root).runs)["RUN-A"].status == "corrupt"
+    store = open_store(root, instance_id=instance)
+    # Its number is not taken again: a copy put back must not clash with a new file.
+    assert store._number > 2
+    store.close_blocking()
+
+
+def _rotated_then_killed(root: Path) -> int:
+    """A host (INST-2) whose segment rotated, killed before its rotation's compaction wrote
+    the manifest (put back as it was): only the seal names the newest segment, returned."""
+    store = open_store(root, instance_id="INST-1")
+    store.close_blocking()
+    store = open_store(root, instance_id="INST-2", segment_bytes=1024)
+    before = (root / "manifest.json").read_bytes()  # as it is until the rotation's compaction
+    for record in walk("RUN-A", 60, 3):
+        store.append("RUN-A", record)
+        store.sync_blocking()
+    newest = store._number
+    abandon(store)
+    assert newest > 2, "the segment should have rotated"
+    (root / "manifest.json").write_bytes(before)
+    return newest
 
 
 def _closed(root: Path, run_id: str, records: list[Record]) -> None:
@@ -77,18 +110,9 @@ def test_a_lost_segment_a_host_opened_holds_the_runs_it_may_have_moved_on(
         findings = {(f.path, f.kind): f.problem for f in report.files}
         assert (SEG2, "missing") in findings, findings
         assert "put it back from a copy" in findings[SEG2, "missing"]
-        runs = by_id(report.runs)
         # Before: RUN-A came back at record 6, as if records 7..12 had never been written.
-        assert runs["RUN-A"].status == "corrupt", runs["RUN-A"]
-        problem = runs["RUN-A"].problem or ""
-        assert f"{SEG2}, which is missing," in problem and "record 7" in problem, problem
-        # RUN-B wrote nothing there, but nothing left shows that: it is held too.
-        assert runs["RUN-B"].status == "corrupt"
-        assert by_id(verify_report(root).runs)["RUN-A"].status == "corrupt"
-        store = open_store(root, instance_id=instance)
-        # Its number is not taken again: a copy put back must not clash with a new file.
-        assert store._number > 2 and not lost.exists()
-        store.close_blocking()
+        _both_held(root, report, f"{SEG2}, which is missing,", instance)
+        assert not lost.exists()
 
     lost.write_bytes(kept)  # the copy, put back: RUN-A is read to its end
     lost.chmod(0o600)
@@ -156,18 +180,7 @@ def test_a_lost_segment_a_rotation_created_is_noticed_before_the_manifest_names_
     """A full segment is sealed once the next one exists; its compaction writes the manifest
     later, on its own thread. Killed in between, only the seal says the next one existed."""
     root = tmp_path / "runtime"
-    store = open_store(root, instance_id="INST-1")
-    store.close_blocking()
-    store = open_store(root, instance_id="INST-2", segment_bytes=1024)
-    before = (root / "manifest.json").read_bytes()  # as it is until the rotation's compaction
-    records = walk("RUN-A", 60, 3)
-    for record in records:
-        store.append("RUN-A", record)
-        store.sync_blocking()
-    newest = store._number
-    abandon(store)
-    assert newest > 2, "the segment should have rotated"
-    (root / "manifest.json").write_bytes(before)
+    newest = _rotated_then_killed(root)
     gone = f"wal/{segment_name(newest)}"
     (root / gone).unlink()
 
@@ -226,16 +239,7 @@ def test_moving_a_held_runs_snapshot_aside_accepts_a_loss_a_seal_named(
     again: the loss, already accepted, must not hold the Run again (the seal's segment is
     below the manifest's start, where a bounded read passes it over too)."""
     root = tmp_path / "runtime"
-    store = open_store(root, instance_id="INST-1")
-    store.close_blocking()
-    store = open_store(root, instance_id="INST-2", segment_bytes=1024)
-    before = (root / "manifest.json").read_bytes()  # as it is until the rotation's compaction
-    for record in walk("RUN-A", 60, 3):
-        store.append("RUN-A", record)
-        store.sync_blocking()
-    newest = store._number
-    abandon(store)
-    (root / "manifest.json").write_bytes(before)
+    newest = _rotated_then_killed(root)
     (root / "wal" / segment_name(newest)).unlink()
     open_store(root, instance_id="INST-3").close_blocking()
     open_store(root, instance_id="INST-4").close_blocking()
@@ -475,15 +479,7 @@ def test_a_segment_a_host_wrote_found_wiped_holds_its_runs_as_if_it_were_gone(
         else:  # as any file under a segment's name that is none: never called harmless
             assert kind == "foreign" and "does not start with the intloom segment" in problem
         assert [f.path for f in report.files].count(SEG2) == 1, report.files
-        runs = by_id(report.runs)
-        assert runs["RUN-A"].status == "corrupt", runs["RUN-A"]
-        said = runs["RUN-A"].problem or ""
-        assert f"{SEG2}, which holds none of its records," in said and "record 7" in said, said
-        assert runs["RUN-B"].status == "corrupt"
-        assert by_id(verify_report(root).runs)["RUN-A"].status == "corrupt"
-        store = open_store(root, instance_id=instance)
-        assert store._number > 2
-        store.close_blocking()
+        _both_held(root, report, f"{SEG2}, which holds none of its records,", instance)
         assert wiped.read_bytes() == left  # kept as it was found
 
 
@@ -491,16 +487,7 @@ def test_a_segment_a_seal_names_found_emptied_holds_its_run(tmp_path: Path) -> N
     """The same for a segment only a seal names (a rotation's, before its compaction wrote
     the manifest): emptied, it was a torn file, and the Run came back at its seal."""
     root = tmp_path / "runtime"
-    store = open_store(root, instance_id="INST-1")
-    store.close_blocking()
-    store = open_store(root, instance_id="INST-2", segment_bytes=1024)
-    before = (root / "manifest.json").read_bytes()
-    for record in walk("RUN-A", 60, 3):
-        store.append("RUN-A", record)
-        store.sync_blocking()
-    newest = store._number
-    abandon(store)
-    (root / "manifest.json").write_bytes(before)
+    newest = _rotated_then_killed(root)
     emptied = f"wal/{segment_name(newest)}"
     (root / emptied).write_bytes(b"")
 
