@@ -1341,5 +1341,8 @@ def _load_entry(root: Path, rel: str, entry: Path) -> dict[str, LoadedWorkflow]:
                                        f"{wf.name} {wf.version}")
         _TREES.projects.setdefault(os.path.normpath(source_root(entry)), root.resolve())
     for lw, _name in mine.values():
-        lw.workflow._loaded = True  # Runs execute it from here on (Workflow._refuse_if_loaded)
+        # Runs execute it from here on (Workflow._refuse_if_loaded). Set past its own
+        # refusal: one Workflow object bound by two sources (both import it from a module
+        # neither lists) is met twice, and _register then loads neither, as designed.
+        object.__setattr__(lw.workflow, "_loaded", True)
     return {wf_name: lw for wf_name, (lw, _name) in mine.items()}

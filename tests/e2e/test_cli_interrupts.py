@@ -636,3 +636,32 @@ def test_ctrl_c_on_a_start_says_it_stopped_the_host_it_launched(project: Project
                           "served yet, so it was stopped: the start did not happen."), err
     eventually(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status()
                == psutil.STATUS_ZOMBIE, timeout=10, what="the launched host to exit")
+
+
+def test_a_host_gone_after_an_answer_was_recorded_says_not_to_send_it_again(
+        proj: Project) -> None:
+    """``answer`` delivers, then waits for the Run: a host killed while the Step after the
+    answer ran gave the wait's own error (``retryable``, "safe to send again", naming a
+    WaitRun the person never sent), of an answer that is recorded and that sent again is
+    refused."""
+    ok(proj.cli("start", "--json"))
+    run = ok(proj.cli("flow", "reference", "--intent", "x", "--json"))["run"]
+    gates = proj.root / "gates"
+    gates.mkdir()
+    hold = gates / "step:fetch.hold"
+    hold.write_text("held")
+    port = host_port(proj)
+    run_id, action = run["runId"], run["pendingAction"]["id"]
+    with cli_child(proj, "--json", "answer", run_id, action, '{"isConfirmed": false}') as proc:
+        eventually((gates / "step:fetch.entered").exists, timeout=15, what="the Step held")
+        eventually(lambda: replies_read(proc, port), timeout=20, what="answer to wait")
+        proj.kill_host()
+        out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 1, (out, err)
+    error = json.loads(out)["error"]
+    assert error["retryable"] is False, error
+    assert error["message"].startswith("The answer was recorded, but following the Run "
+                                       "failed: "), error
+    assert "Do not send the answer again: it is recorded" in error["message"], error
+    assert f"attach {run_id}" in error["message"], error
+    hold.unlink()

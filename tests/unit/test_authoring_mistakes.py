@@ -1480,3 +1480,27 @@ def test_a_loaded_workflow_cannot_be_changed_by_the_code_its_runs_run(tmp_path: 
     fresh.stage("s").step("a", routes={"ok": intloom.COMPLETE})(lambda ctx: "ok")
     fresh.validate()
     fresh.stage("t")
+
+
+def test_one_workflow_bound_by_two_sources_loads_from_neither(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both listed sources import the Workflow of a module neither lists: the loader meets
+    one object twice. Marking it loaded the second time was refused as a change after the
+    load, so the first source loaded it and the second failed with that refusal, by the
+    order of intloom.toml; neither is loaded, each named, as for any two definitions."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "shared_wf", raising=False)
+    (tmp_path / "shared_wf.py").write_text(GOOD.replace('"good"', '"shared"'))
+    config = _project(tmp_path, {"a": "from shared_wf import wf\n",
+                                 "b": "from shared_wf import wf\n"})
+    try:
+        result = load_workflows(tmp_path, config)
+    finally:
+        sys.modules.pop("shared_wf", None)
+    assert "shared" not in result.workflows and "good" in result.workflows, result.workflows
+    problems = dict(result.problems)
+    for name in ("a", "b"):
+        view = problems[f"workflows/{name}/wf.py"]
+        assert view.code == "WORKFLOW_DEFINITION_INVALID", view
+        assert "Workflow 'shared' is defined in both" in view.message, view.message
+        assert "_loaded" not in view.message, view.message

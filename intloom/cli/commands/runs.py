@@ -170,6 +170,24 @@ def _usable(state: CliState, workflow: str) -> None:
         "report this. intloom runs lists it; intloom cancel RUN ends it.")
 
 
+def _answered_anyway(state: CliState, run_id: str, exc: IntloomError) -> IntloomError:
+    """``exc``, from waiting for Run ``run_id`` after its answer was recorded: a stop that
+    began between the two requests, or a host gone. Its own advice ("run it again", a
+    WaitRun the person never sent, "safe to send again") would send the answer again,
+    which is refused: it is recorded. Not retryable, as the answer itself is not."""
+    intloom = state.intloom()
+    why = ("its host began to stop before the Run could be followed" if exc.code ==
+           "CLI_SERVICE_CLOSING" else "following the Run failed")
+    return IntloomError(
+        exc.code,
+        f"The answer was recorded, but {why}: {exc.message} Do not send the answer again: "
+        f"it is recorded, and the Run goes on with it as the restart table allows once a host "
+        f"serves it ({intloom} status says whether one does; {intloom} attach {run_id} "
+        "follows the Run).",
+        retryable=False,
+    )
+
+
 def _created_anyway(state: CliState, run_id: str, exc: IntloomError) -> IntloomError:
     """``exc``, from waiting for Run ``run_id`` that this command created, saying so: the
     host's advice to send the request again (a stop began meanwhile) would, for ``flow``,
@@ -335,9 +353,7 @@ def answer(
                 try:
                     run = client.wait_run(run_id)
                 except IntloomError as exc:
-                    raise IntloomError(exc.code, f"The answer was recorded, and the Run goes "
-                                       f"on with it; then waiting for the Run failed: "
-                                       f"{exc.message}", retryable=exc.retryable) from None
+                    raise _answered_anyway(state, run_id, exc) from None
     except KeyboardInterrupt:
         said = ("The answer was recorded, and the Run goes on with it" if recorded else
                 "If the host took the answer, the Run goes on with it")
