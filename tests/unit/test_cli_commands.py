@@ -63,8 +63,10 @@ class FakeClient:
         self.calls.append(("create_run", workflow, intent, wait))
         return self.result
 
-    def answer(self, run_id: str, action_id: str, answer: Any) -> RunView:
+    def answer(self, run_id: str, action_id: str, answer: Any, *,
+               wait: bool = True) -> RunView:
         self.calls.append(("answer", run_id, action_id, answer))
+        self.calls.append(("answer_waits", wait))
         return self.result
 
     def cancel(self, run_id: str) -> tuple[RunView, bool]:
@@ -401,6 +403,10 @@ def test_answer_parses_json_and_reads_stdin(
     answers = [c[1:] for c in client.calls if c[0] == "answer"]
     assert answers == [("RUN-1", "ACT-1", {"isConfirmed": True}),
                        ("RUN-1", "ACT-2", [{"questionId": "q"}])]
+    # Delivered without waiting, then waited for in a request of its own: a Ctrl-C while it
+    # waits can say the answer was recorded.
+    sent = [c for c in client.calls if c[0] in ("answer_waits", "wait_run")]
+    assert sent == [("answer_waits", False), ("wait_run", "RUN-1")] * 2, sent
 
 
 def test_an_answer_file_saved_with_a_utf8_bom_is_read(
