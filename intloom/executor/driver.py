@@ -1223,8 +1223,12 @@ class _Hooks:
             # failure, never as done.
             if inspect.iscoroutine(value):
                 value.close()
+            # Its function was called, though: what it did before it returned (a charge
+            # sent, then a future of its reply) happened. "It never ran" said otherwise.
             problem = (f"effect {name!r} (key {key!r}) returned {type(value).__name__}, an "
-                       "awaitable that a sync Step cannot run, so it never ran")
+                       "awaitable that a sync Step cannot await: its function was called, "
+                       "so what it did before it returned may have happened, but the "
+                       "awaitable it returned was never awaited")
             self._on_loop(lambda: self._end(name, key, False, None, f"{problem}."))
             raise IntloomError(
                 "STEP_INTERACTION_INVALID",
@@ -2078,11 +2082,43 @@ class Driver:
         await rt.sync(slot)
         ctx = self._ctx(slot, step.name)
         ctx._part = " recover"  # what it does wrong is named as recover's, not the Step's
+        await self._keys_before_the_wait(slot, ctx)
         assert step.recover_fn is not None
         where = f"{step.where} recover"
         outcome = await self._user(slot, where, step.recover_fn, ctx, recovery)
         self._record_outcome(slot, step, outcome, ctx, where)
         slot.outcome_from = where
+
+    async def _keys_before_the_wait(self, slot: RunSlot, ctx: StepContext[Any]) -> None:
+        """Give ``recover``'s context the effect keys the Step took before its wait, from the
+        journal: recover continues that Step, whose code after the wait it stands in for.
+        Started afresh, a recover that called the Step's effect under its key again (an
+        order's id) ran it a second time, where the Step's own code was refused, and default
+        keys (``name#n``) counted from 1 again, two effects under one key in the journal."""
+        try:
+            records = await self.offload(self.rt.journal.history, slot.run_id,
+                                         slot.state.seq)
+        except (IntloomError, OSError):
+            return  # as before: recover runs; the journal's reader reports what is wrong
+        cursor = slot.state.cursor
+        done: dict[str, tuple[str, bool]] = {}
+        for record in records:
+            if (type(record) is Executing and record.kind == "step"
+                    and record.stage == cursor.stage and record.step == cursor.step):
+                done = {}  # the Step's last run is the one that waited
+            elif type(record) is EffectDone:
+                done[record.key] = (record.name, not record.ok)
+        if not done:
+            return
+        counts: dict[str, int] = {}
+        used: dict[str, tuple[str, bool, bool]] = {}
+        for key, (name, failed) in done.items():
+            number = key.removeprefix(f"{name}#")
+            defaulted = number != key and number.isdigit()
+            if defaulted:
+                counts[name] = max(counts.get(name, 0), int(number))
+            used[key] = (name, failed, defaulted)
+        ctx._effect_counts, ctx._used_keys = counts, used
 
     def _route(self, slot: RunSlot, step: Step[Any], at: str) -> bool:
         """Append where the Step's outcome leads (stamped ``at``); True when that record

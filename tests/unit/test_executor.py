@@ -2807,3 +2807,67 @@ def test_a_sync_step_returning_after_its_run_was_cancelled_leaves_no_state_with_
         assert slot.decoded is None
 
     run(main)
+
+
+def _effects_then_confirm(charged: list[str], key_in_recover: str | None) -> intloom.Workflow:
+    """A Step that charges (key ``order-1``) and posts (default key), then waits; its
+    recover charges under ``key_in_recover`` (or not at all) and posts again."""
+    wf = intloom.Workflow("pay", version="1")
+    st = wf.stage("main")
+
+    @st.step("pay", routes={"ok": intloom.COMPLETE})
+    async def pay(ctx: intloom.StepContext[None]) -> str:
+        await ctx.aeffect("charge", lambda: charged.append("step"), key="order-1")
+        await ctx.aeffect("post", lambda: charged.append("post-step"))
+        await ctx.confirm({"ship": True})
+        return "ok"
+
+    @pay.recover
+    def pay_recover(ctx: intloom.StepContext[None], saved: intloom.Recovery) -> str:
+        if key_in_recover is not None:
+            ctx.effect("charge", lambda: charged.append("recover"), key=key_in_recover)
+        ctx.effect("post", lambda: charged.append("post-recover"))
+        return "ok"
+
+    return wf
+
+
+@pytest.mark.parametrize("key", ["order-1", "order-2", None])
+def test_recover_continues_the_steps_effect_keys(key: str | None) -> None:
+    """recover stands in for the Step's code after its wait, but started with no keys: one
+    that charged under the Step's key (an order id) again ran the charge a second time,
+    where the Step's own code is refused, and its default keys counted from 1 again
+    (``post#1`` twice in the journal, ``post#2`` without the restart)."""
+    charged: list[str] = []
+    journal = MemoryJournal()
+    wf = _effects_then_confirm(charged, key)
+
+    async def first() -> tuple[str, str]:
+        rt = Runtime(loaded(wf), journal, package_version="0.1.0")
+        rt.restore([])
+        view = await rt.wait_stable((await rt.create_run("pay", "x")).run_id)
+        assert view.pending_action is not None
+        await rt.suspend(1)
+        return view.run_id, view.pending_action.id
+
+    run_id, action = run(first)
+
+    async def second() -> RunView:
+        rt = Runtime(loaded(_effects_then_confirm(charged, key)), journal,
+                     package_version="0.1.0")
+        assert rt.restore([RestoredRun(run_id, fold(journal.of(run_id)))]).waiting == [run_id]
+        rt.start_restored()
+        return await rt.answer(run_id, action, {"isConfirmed": True})
+
+    done = run(second)
+    keys = [r.key for r in journal.of(run_id) if type(r) is EffectDone]
+    if key == "order-1":
+        assert done.status == "failed" and done.last_error is not None, done
+        assert done.last_error.code == "STEP_INTERACTION_INVALID", done.last_error
+        assert "Step 'pay' recover" in done.last_error.message
+        assert "'order-1', already the key" in done.last_error.message, done.last_error
+        assert charged == ["step", "post-step"], charged  # the charge ran once
+        return
+    assert done.status == "completed", done
+    assert keys == ["order-1", "post#1", *([] if key is None else [key]), "post#2"], keys
+    assert charged.count("step") == 1 and charged.count("post-recover") == 1
