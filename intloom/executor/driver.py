@@ -570,7 +570,11 @@ class RunSlot:
                             # The host log said only "failed": why (a Step's exception, its
                             # file and line) was in the journal and the Run's view alone.
                             detail = {"code": error.code, "message": error.message}
-                        observer(ev.name, self.run_id, detail, view.status)
+                        # A suspended Run's view reads failed/RUN_INTERRUPTED to its clients
+                        # (the host is going); the log keeps what the Run was: every Run
+                        # waiting at a stop read as failed to a grep for failures.
+                        observer(ev.name, self.run_id, detail,
+                                 self.shown.status if ev.name == "suspended" else view.status)
         if not stable:
             return
         # Without an override the view's status is the shown state's: no view to build.

@@ -305,8 +305,13 @@ def boot(
     try:
         def on_event(event: str, run_id: str, detail: Any, status: str) -> bool:
             fields = detail if isinstance(detail, dict) else {}
-            # A failed checkpoint reports a fault of the machine, an internal error one of ours.
-            emit = log.error if event in ("checkpoint_failed", "internal_error") else log.info
+            # A failed checkpoint reports a fault of the machine, an internal error one of ours,
+            # a Run that failed (not by a cancel) its code's: `jq 'select(.level == "error")'`
+            # found none of a project's failed Runs, each logged at info.
+            failed_run = (event == "terminal" and status == "failed"
+                          and fields.get("code") != "RUN_STOPPED")
+            emit = (log.error if failed_run or event in ("checkpoint_failed", "internal_error")
+                    else log.info)
             return emit(f"run_{event}", runId=run_id, status=status, **fields)
 
         runtime = Runtime(result.workflows, store, package_version=package_version,

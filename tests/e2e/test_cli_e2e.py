@@ -581,6 +581,9 @@ def test_logs_tail_prints_only_the_last_records_it_would_print(project: Project)
     assert (nothing.code, nothing.stdout, nothing.stderr) == (0, "", "")
     refused = project.cli("logs", "--tail", "-1")
     assert refused.code == 2 and "-1" in refused.stderr, refused.stderr
+    # Past what a deque can hold: a usage error too, not CLI_INTERNAL_ERROR (exit 70).
+    huge = project.cli("logs", "--tail", str(2**63))
+    assert huge.code == 2 and "INVALID_REQUEST" in huge.stderr, huge.stderr
 
 
 def test_logs_report_a_fifo_or_a_link_among_the_logs_and_leave_them_untouched(

@@ -222,4 +222,6 @@ def test_the_host_log_says_why_a_run_failed(shop: Project) -> None:
     assert (terminal["status"], terminal["code"], terminal["message"]) == (
         "failed", "STEP_EXECUTION_FAILED", error["message"]), terminal
     assert "line 5 of workflows/shop/helpers.py" in terminal["message"]
+    # At error level, as jq 'select(.level == "error")' picks failures (it found none).
+    assert terminal["level"] == "error", terminal
     ok(shop.cli("stop", "--json"))

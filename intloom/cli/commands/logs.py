@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import signal
+import sys
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -353,7 +354,8 @@ def logs(
     ] = False,
     last: Annotated[
         int | None,
-        typer.Option("--tail", "-n", min=0, metavar="N", show_default=False,
+        # max: a deque's length is a C ssize_t; past it, CLI_INTERNAL_ERROR (exit 70).
+        typer.Option("--tail", "-n", min=0, max=sys.maxsize, metavar="N", show_default=False,
                      help="Only the last N records (then, with --follow, every new one)."),
     ] = None,
 ) -> None:
