@@ -25,6 +25,7 @@ __all__ = [
     "link_loop",
     "load_config",
     "locale_misreads",
+    "no_line_breaks",
     "removed_working_directory",
     "require_short_path",
     "require_utf8_path",
@@ -38,6 +39,22 @@ CONFIG_NAME = "intloom.toml"
 # an entry as a host's log by this one rule. ``LOG-<anything>.jsonl`` (a copy, a link) sorts
 # after every stamp ("LOG-copy" > "LOG-2026..."), so it was taken as the last host's log.
 LOG_NAME: Final = re.compile(r"LOG-[0-9]{8}T[0-9]{9}Z\.jsonl")
+
+# Valid JSON as they are, but U+2028, U+2029 and U+0085 end a line for readers that split
+# text on Unicode line breaks (str.splitlines, many log tools): one record read as several.
+# JSON strings are the only place they can occur, so their escapes read back the same.
+_LINE_BREAK: Final = re.compile(rb"\xe2\x80[\xa8\xa9]|\xc2\x85")
+
+
+def _line_break_escape(match: re.Match[bytes]) -> bytes:
+    return b"\\u%04x" % ord(match.group().decode("utf-8"))
+
+
+def no_line_breaks(line: bytes) -> bytes:
+    """``line`` (encoded JSON) with U+2028, U+2029 and U+0085 escaped (``_LINE_BREAK``)."""
+    if _LINE_BREAK.search(line) is None:
+        return line
+    return _LINE_BREAK.sub(_line_break_escape, line)
 _KNOWN_KEYS = {"workflows", "port"}
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import re
 import resource
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -29,6 +28,7 @@ import msgspec
 
 from intloom.errors import carried
 from intloom.fsutil import ensure_private_dir, fsync_dir, open_exclusive
+from intloom.project import no_line_breaks
 
 __all__ = ["LOG_SCHEMA_VERSION", "HostLog", "Level", "utc_now"]
 
@@ -60,16 +60,6 @@ def _escaped(value: Any, depth: int = 0) -> Any:
         return _escaped(str(value))
     except Exception:
         return f"({type(value).__name__})"
-# Valid JSON as they are, but U+2028, U+2029 and U+0085 end a line for readers that split
-# text on Unicode line breaks (str.splitlines, many log tools): one record read as several.
-# JSON strings are the only place they can occur, so their escapes read back the same.
-_LINE_BREAK: Final = re.compile(rb"\xe2\x80[\xa8\xa9]|\xc2\x85")
-
-
-def _line_break_escape(match: re.Match[bytes]) -> bytes:
-    return b"\\u%04x" % ord(match.group().decode("utf-8"))
-
-
 def utc_now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
@@ -163,8 +153,7 @@ class HostLog:
             # Text holding a lone surrogate (a Workflow's version or error message built
             # from os.fsdecode): the line failed, and with it the host's start.
             line = _encoder.encode(_escaped(record))
-        if _LINE_BREAK.search(line) is not None:  # rare: most lines are not copied again
-            line = _LINE_BREAK.sub(_line_break_escape, line)
+        line = no_line_breaks(line)
         # After a line cut short, the next one starts on a line of its own.
         data = (b"\n" if self._cut else b"") + line + b"\n"
         try:

@@ -1336,3 +1336,21 @@ def test_commands_printed_for_the_working_directorys_project_stay_as_they_are(
     client.result = run_view("completed")
     code, out, err = cli(capsys, "--project", str(proj), "flow", "example", "--intent", "n")
     assert code == 0 and "intloom" not in out + err
+
+
+def test_a_line_logs_encodes_again_escapes_unicode_line_breaks(
+    capsys: pytest.CaptureFixture[str], proj: Path
+) -> None:
+    """A line with bytes that are not UTF-8 is encoded again for ``--json``; U+2028 in it
+    came out raw, where the host writes ``\\u2028``: a reader that splits on Unicode line
+    breaks took that one record for two."""
+    logs = proj / ".intloom" / "logs"
+    logs.mkdir(parents=True, mode=0o700)
+    bad = (b'{"time":"T2","level":"error","event":"run_failed","runId":"RUN-1",'
+           b'"m":"a\\u2028b"}')
+    bad = bad.replace(b"\\u2028", "\u2028".encode()) + b"\xff"  # raw U+2028, then damage
+    (logs / "LOG-20260101T000000000Z.jsonl").write_bytes(bad + b"\n")
+    code, out, _ = cli(capsys, "logs", "--json", "RUN-1")
+    assert code == 0
+    assert "\u2028" not in out and "\\u2028" in out, out
+    assert len(out.splitlines()) == 1 and len(out.split("\n")) == 2, out

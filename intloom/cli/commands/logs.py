@@ -30,6 +30,7 @@ from intloom.cli.options import CliState, command
 from intloom.cli.readerwatch import on_reader_gone
 from intloom.cli.render import Renderer, log_line
 from intloom.errors import IntloomError, quoted
+from intloom.project import no_line_breaks
 
 __all__ = ["logs"]
 
@@ -141,10 +142,12 @@ def _printer(renderer: Renderer, run_id: str | None, root: Path,
                 # otherwise left to guess.
                 kind = ({"time": None, "level": "fatal", "event": "fault_dump"} if fault
                         else {"time": None, "level": "error", "event": "unreadable_line"})
-                readable = msgspec.json.encode(
-                    {**kind, "line": readable, **exact, **at}).decode()
+                readable = no_line_breaks(msgspec.json.encode(
+                    {**kind, "line": readable, **exact, **at})).decode()
             elif exact:
-                readable = msgspec.json.encode({**record, **exact}).decode()
+                # Encoded again: escaped as the host escapes a line it writes, since readers
+                # that split on Unicode line breaks took one record for several.
+                readable = no_line_breaks(msgspec.json.encode({**record, **exact})).decode()
             renderer.raw(readable + "\n")
         elif isinstance(record, Mapping):
             if raw is not None:
