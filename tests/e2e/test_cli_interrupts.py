@@ -364,6 +364,27 @@ def test_the_console_script_imports_little_before_its_ctrl_c_guard() -> None:
                    "gc", "collections.abc"}, sorted(new)
 
 
+def _waiting_with_the_next_step_held(proj: Project) -> tuple[str, str, Path, int]:
+    """A started host, a ``reference`` Run waiting on its confirmation, and the Step after
+    it held by its gate: the Run's id, its action's, the gate's file and the host's port."""
+    ok(proj.cli("start", "--json"))
+    run = ok(proj.cli("flow", "reference", "--intent", "x", "--json"))["run"]
+    assert run["status"] == "waiting", run
+    gates = proj.root / "gates"
+    gates.mkdir()
+    hold = gates / "step:fetch.hold"
+    hold.write_text("held")
+    return run["runId"], run["pendingAction"]["id"], hold, host_port(proj)
+
+
+def _answer_recorded(proj: Project, proc: subprocess.Popen[str], port: int) -> None:
+    """Until the Step after the answer runs and ``proc`` has read the answer's reply (sent
+    before that Step ran): the answer is recorded, and ``answer`` waits for the Run."""
+    entered = proj.root / "gates" / "step:fetch.entered"
+    eventually(entered.exists, timeout=15, what="the Step held")
+    eventually(lambda: replies_read(proc, port), timeout=20, what="answer to wait")
+
+
 @pytest.mark.parametrize(("sig", "code", "said"), [
     (signal.SIGINT, exit_codes.INTERRUPTED, ""),
     # SIGTERM (a supervisor, a timeout, kill) ended flow's wait with exit 143 and not a word.
@@ -431,19 +452,9 @@ def test_a_host_gone_while_flow_waits_names_the_run_it_created(proj: Project) ->
 ])
 def test_ctrl_c_or_sigterm_while_answer_waits_names_the_run_to_attach(
         proj: Project, sig: signal.Signals, code: int, said: str) -> None:
-    ok(proj.cli("start", "--json"))
-    run = ok(proj.cli("flow", "reference", "--intent", "x", "--json"))["run"]
-    assert run["status"] == "waiting", run
-    gates = proj.root / "gates"
-    gates.mkdir()
-    hold = gates / "step:fetch.hold"
-    hold.write_text("held")
-    port = host_port(proj)
-    run_id, action = run["runId"], run["pendingAction"]["id"]
+    run_id, action, hold, port = _waiting_with_the_next_step_held(proj)
     with cli_child(proj, "answer", run_id, action, '{"isConfirmed": false}') as proc:
-        eventually((gates / "step:fetch.entered").exists, timeout=15, what="the Step held")
-        # The answer's reply (sent before the Step after it ran) read: it is recorded.
-        eventually(lambda: replies_read(proc, port), timeout=20, what="answer to wait")
+        _answer_recorded(proj, proc, port)
         proc.send_signal(sig)
         out, err = proc.communicate(timeout=20)
     assert proc.returncode == code, (out, err)
@@ -644,17 +655,9 @@ def test_a_host_gone_after_an_answer_was_recorded_says_not_to_send_it_again(
     answer ran gave the wait's own error (``retryable``, "safe to send again", naming a
     WaitRun the person never sent), of an answer that is recorded and that sent again is
     refused."""
-    ok(proj.cli("start", "--json"))
-    run = ok(proj.cli("flow", "reference", "--intent", "x", "--json"))["run"]
-    gates = proj.root / "gates"
-    gates.mkdir()
-    hold = gates / "step:fetch.hold"
-    hold.write_text("held")
-    port = host_port(proj)
-    run_id, action = run["runId"], run["pendingAction"]["id"]
+    run_id, action, hold, port = _waiting_with_the_next_step_held(proj)
     with cli_child(proj, "--json", "answer", run_id, action, '{"isConfirmed": false}') as proc:
-        eventually((gates / "step:fetch.entered").exists, timeout=15, what="the Step held")
-        eventually(lambda: replies_read(proc, port), timeout=20, what="answer to wait")
+        _answer_recorded(proj, proc, port)
         proj.kill_host()
         out, err = proc.communicate(timeout=20)
     assert proc.returncode == 1, (out, err)
