@@ -2104,12 +2104,13 @@ class Driver:
                                          slot.state.seq)
         except (IntloomError, OSError):
             return  # as before: recover runs; the journal's reader reports what is wrong
-        cursor = slot.state.cursor
         done: dict[str, tuple[str, bool]] = {}
         for record in records:
-            if (type(record) is Executing and record.kind == "step"
-                    and record.stage == cursor.stage and record.step == cursor.step):
-                done = {}  # the Step's last run is the one that waited
+            if type(record) is StepReady:
+                # A Step's run begins here (its executing comes again after each answer it
+                # got in the same host, so that marks no new run): the last is the one that
+                # waited.
+                done = {}
             elif type(record) is EffectDone:
                 done[record.key] = (record.name, not record.ok)
         if not done:

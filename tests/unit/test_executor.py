@@ -2871,3 +2871,53 @@ def test_recover_continues_the_steps_effect_keys(key: str | None) -> None:
     assert done.status == "completed", done
     assert keys == ["order-1", "post#1", *([] if key is None else [key]), "post#2"], keys
     assert charged.count("step") == 1 and charged.count("post-recover") == 1
+
+
+def test_recover_keeps_the_keys_from_before_an_earlier_answered_wait() -> None:
+    """A Step that charged, waited, was answered in the same host (which journals its
+    ``executing`` again), then waited again: a restart's recover must still find the charge's
+    key taken, not only the keys after the last ``executing``."""
+    charged: list[str] = []
+    journal = MemoryJournal()
+
+    def workflow() -> intloom.Workflow:
+        wf = intloom.Workflow("twice", version="1")
+        st = wf.stage("main")
+
+        @st.step("pay", routes={"ok": intloom.COMPLETE})
+        async def pay(ctx: intloom.StepContext[None]) -> str:
+            await ctx.aeffect("charge", lambda: charged.append("step"), key="order-1")
+            await ctx.confirm({"first": True})
+            await ctx.confirm({"second": True})
+            return "ok"
+
+        @pay.recover
+        def pay_recover(ctx: intloom.StepContext[None], saved: intloom.Recovery) -> str:
+            ctx.effect("charge", lambda: charged.append("recover"), key="order-1")
+            return "ok"
+
+        return wf
+
+    async def first() -> tuple[str, str]:
+        rt = Runtime(loaded(workflow()), journal, package_version="0.1.0")
+        rt.restore([])
+        view = await rt.wait_stable((await rt.create_run("twice", "x")).run_id)
+        assert view.pending_action is not None
+        view = await rt.answer(view.run_id, view.pending_action.id, {"isConfirmed": True})
+        assert view.pending_action is not None and view.pending_action.request == {
+            "context": {"second": True}}, view
+        await rt.suspend(1)
+        return view.run_id, view.pending_action.id
+
+    run_id, action = run(first)
+
+    async def second() -> RunView:
+        rt = Runtime(loaded(workflow()), journal, package_version="0.1.0")
+        assert rt.restore([RestoredRun(run_id, fold(journal.of(run_id)))]).waiting == [run_id]
+        rt.start_restored()
+        return await rt.answer(run_id, action, {"isConfirmed": True})
+
+    done = run(second)
+    assert done.status == "failed" and done.last_error is not None, done
+    assert "'order-1', already the key" in done.last_error.message, done.last_error
+    assert charged == ["step"], charged
