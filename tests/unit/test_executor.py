@@ -2832,6 +2832,42 @@ def _effects_then_confirm(charged: list[str], key_in_recover: str | None) -> int
     return wf
 
 
+def _confirmed_after_a_restart(journal: MemoryJournal,
+                               workflow: Callable[[], intloom.Workflow],
+                               answered_before: int = 0,
+                               asked: list[Any] | None = None) -> RunView:
+    """A Run of ``workflow()`` (one Stage, waiting on confirmations) confirmed
+    ``answered_before`` times in its first host, suspended by a stop while it waits, restored
+    waiting by a second host, and confirmed there (its Step's recover runs): its view then.
+    ``asked``: filled with what each wait in the first host asked."""
+    async def first() -> tuple[str, str]:
+        rt = Runtime(loaded(workflow()), journal, package_version="0.1.0")
+        rt.restore([])
+        wf_name = next(iter(rt.workflows))
+        view = await rt.wait_stable((await rt.create_run(wf_name, "x")).run_id)
+        for _ in range(answered_before):
+            assert view.pending_action is not None, view
+            if asked is not None:
+                asked.append(view.pending_action.request)
+            view = await rt.answer(view.run_id, view.pending_action.id, {"isConfirmed": True})
+        assert view.pending_action is not None, view
+        if asked is not None:
+            asked.append(view.pending_action.request)
+        await rt.suspend(1)
+        return view.run_id, view.pending_action.id
+
+    run_id, action = run(first)
+
+    async def second() -> RunView:
+        rt = Runtime(loaded(workflow()), journal, package_version="0.1.0")
+        assert rt.restore([RestoredRun(run_id, fold(journal.of(run_id)))]).waiting == [run_id]
+        rt.start_restored()
+        return await rt.answer(run_id, action, {"isConfirmed": True})
+
+    done: RunView = run(second)
+    return done
+
+
 @pytest.mark.parametrize("key", ["order-1", "order-2", None])
 def test_recover_continues_the_steps_effect_keys(key: str | None) -> None:
     """recover stands in for the Step's code after its wait, but started with no keys: one
@@ -2840,27 +2876,8 @@ def test_recover_continues_the_steps_effect_keys(key: str | None) -> None:
     (``post#1`` twice in the journal, ``post#2`` without the restart)."""
     charged: list[str] = []
     journal = MemoryJournal()
-    wf = _effects_then_confirm(charged, key)
-
-    async def first() -> tuple[str, str]:
-        rt = Runtime(loaded(wf), journal, package_version="0.1.0")
-        rt.restore([])
-        view = await rt.wait_stable((await rt.create_run("pay", "x")).run_id)
-        assert view.pending_action is not None
-        await rt.suspend(1)
-        return view.run_id, view.pending_action.id
-
-    run_id, action = run(first)
-
-    async def second() -> RunView:
-        rt = Runtime(loaded(_effects_then_confirm(charged, key)), journal,
-                     package_version="0.1.0")
-        assert rt.restore([RestoredRun(run_id, fold(journal.of(run_id)))]).waiting == [run_id]
-        rt.start_restored()
-        return await rt.answer(run_id, action, {"isConfirmed": True})
-
-    done = run(second)
-    keys = [r.key for r in journal.of(run_id) if type(r) is EffectDone]
+    done = _confirmed_after_a_restart(journal, lambda: _effects_then_confirm(charged, key))
+    keys = [r.key for r in journal.of(done.run_id) if type(r) is EffectDone]
     if key == "order-1":
         assert done.status == "failed" and done.last_error is not None, done
         assert done.last_error.code == "STEP_INTERACTION_INVALID", done.last_error
@@ -2898,26 +2915,10 @@ def test_recover_keeps_the_keys_from_before_an_earlier_answered_wait() -> None:
 
         return wf
 
-    async def first() -> tuple[str, str]:
-        rt = Runtime(loaded(workflow()), journal, package_version="0.1.0")
-        rt.restore([])
-        view = await rt.wait_stable((await rt.create_run("twice", "x")).run_id)
-        assert view.pending_action is not None
-        view = await rt.answer(view.run_id, view.pending_action.id, {"isConfirmed": True})
-        assert view.pending_action is not None and view.pending_action.request == {
-            "context": {"second": True}}, view
-        await rt.suspend(1)
-        return view.run_id, view.pending_action.id
-
-    run_id, action = run(first)
-
-    async def second() -> RunView:
-        rt = Runtime(loaded(workflow()), journal, package_version="0.1.0")
-        assert rt.restore([RestoredRun(run_id, fold(journal.of(run_id)))]).waiting == [run_id]
-        rt.start_restored()
-        return await rt.answer(run_id, action, {"isConfirmed": True})
-
-    done = run(second)
+    asked: list[Any] = []
+    done = _confirmed_after_a_restart(journal, workflow, answered_before=1, asked=asked)
+    # The first wait answered in the first host; the second is the one the restart found.
+    assert asked == [{"context": {"first": True}}, {"context": {"second": True}}], asked
     assert done.status == "failed" and done.last_error is not None, done
     assert "'order-1', already the key" in done.last_error.message, done.last_error
     assert charged == ["step"], charged
