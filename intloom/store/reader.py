@@ -1087,6 +1087,7 @@ def _judge_all(loaded: Loaded, scans: list[SegmentScan], live: dict[str, Snapsho
     _gone_pinned(loaded, gone_pinned, wiped)
     if only is None:
         _unnamed_snapshots(loaded, run_ids)
+        _live_snapshots_gone(loaded, run_ids)
     else:
         # Another Run's damaged snapshot is that Run's finding (start and doctor give it):
         # this read left that Run's segments unread, so anything it said of it would guess
@@ -1095,6 +1096,42 @@ def _judge_all(loaded: Loaded, scans: list[SegmentScan], live: dict[str, Snapsho
         theirs = {_rel(loaded.layout, exc.path) for exc in loaded.snapshot_errors
                   if exc.path.name != mine}
         loaded.files = [f for f in loaded.files if f.path not in theirs]
+
+
+def _live_snapshots_gone(loaded: Loaded, run_ids: set[str]) -> None:
+    """Report ``live/`` snapshots the manifest relied on that are gone with every other
+    trace of their Runs. A snapshot gone whose Run the log still holds is that Run's own
+    finding (``_lost_snapshot``); one whose Run's records were in a segment damaged since
+    left nothing that names the Run, and the Run vanished without a word.
+
+    Every name the manifest counted is, unless a file was lost, still in ``live/``, or in
+    ``done/`` (its Run ended and a compaction moved it), or a Run the log names (segments
+    are never removed): more names counted than all of those together is proof of a loss.
+    A compaction cut short leaves fewer ``live/`` files only for Runs ``done/`` holds."""
+    manifest = loaded.manifest
+    if manifest is None or manifest.live is None:
+        return
+    live = loaded.live_names
+    if live_set(live) == manifest.live:
+        return
+    known = live | {snapshot_name(run_id) for run_id in run_ids}
+    if manifest.live.count <= len(known):
+        return
+    known |= {name for name in list_names(loaded.layout.done) if is_snapshot_name(name)}
+    gone = manifest.live.count - len(known)
+    if gone <= 0:
+        return
+    them, runs, it, its = (("1 snapshot is", "its Run", "it", "its") if gone == 1 else
+                           (f"{gone} snapshots are", "their Runs", "them", "their"))
+    loaded.files.append(FileProblem(
+        "snap/live", "missing",
+        f"holds {len(live)} snapshot{'' if len(live) == 1 else 's'}, where the manifest "
+        f"(written {manifest.updated_at or 'at an unknown time'}) relied on "
+        f"{manifest.live.count}: at least {them} gone with every trace of {runs} (no record "
+        f"in the log and no file in snap/done/ names {it}: the segments that held {its} "
+        f"records are damaged or missing), so {runs} {'is' if gone == 1 else 'are'} neither "
+        "restored nor held; put back snap/live/ from a copy made before the damage, or the "
+        f"segments that held {its} records"))
 
 
 def _named_by_odd_void(run_frames: list[tuple[SegmentScan, Frame]],

@@ -1257,3 +1257,56 @@ def test_a_segment_cut_short_after_its_host_went_on_is_damage_not_a_torn_tail(
     assert journal.status == "corrupt" and "may have held its record 12" in (journal.problem
                                                                              or ""), journal
     assert snapshot_files(root) == kept
+
+
+def _snapshotted_then_left_behind(root: Path) -> None:
+    """RUN-A's 12 records in segment 1, then RUN-B's until the manifest's start is segment
+    3: RUN-A lives on in its live/ snapshot, which the manifest counts."""
+    a, b = walk("RUN-A", 12, 1), walk("RUN-B", 5_000, 2)
+    store = open_store(root, instance_id="INST-1", segment_bytes=64 << 10)
+    for record in a:
+        store.append("RUN-A", record)
+    store.sync_blocking()
+    i = 0
+    while store._number < 3:  # a flush per 100 records: rotations come after a flush
+        for record in b[i : i + 100]:
+            store.append("RUN-B", record)
+        store.sync_blocking()
+        i += 100
+    assert store.compaction_idle(30)
+    abandon(store)
+
+
+@pytest.mark.parametrize("cut", [False, True])
+def test_a_live_snapshot_gone_with_the_segment_that_held_its_run_is_reported(
+        tmp_path: Path, cut: bool) -> None:
+    """A live/ snapshot deleted while the segment holding its Run's records was cut short:
+    nothing that was read names that Run any more, and a start restored the other Runs as if
+    it had never existed, the cut segment's finding the only word (of bytes, not of a Run).
+    The manifest counted the live/ files it relied on: one more than anything left names
+    is a Run lost. With that segment whole, the Run is read from it (its own finding)."""
+    root = tmp_path / "runtime"
+    _snapshotted_then_left_behind(root)
+    manifest = (root / "manifest.json").read_bytes()
+    assert b'"start":3' in manifest and b'"count":2' in manifest, manifest
+    (root / "snap" / "live" / snapshot_name("RUN-A")).unlink()
+    first = root / "wal" / "0000000001.seg"
+    if cut:
+        first.write_bytes(first.read_bytes()[:200])
+    kept = {p: p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+    report = verify_report(root)
+    gone = [f for f in report.files if f.path == "snap/live"]
+    runs = {j.run_id for j in read_runs(root)}
+    if not cut:
+        assert runs == {"RUN-A", "RUN-B"} and gone == [], report.files
+    else:
+        assert runs == {"RUN-B"}
+        [finding] = gone
+        assert finding.kind == "missing"
+        assert finding.problem.startswith(
+            "holds 1 snapshot, where the manifest (written "), finding.problem
+        assert ("relied on 2: at least 1 snapshot is gone with every trace of its Run (no "
+                "record in the log and no file in snap/done/ names it") in finding.problem
+        assert "so its Run is neither restored nor held; put back snap/live/" in finding.problem
+    assert {p: p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()} == kept
