@@ -1004,5 +1004,5 @@ def log_line(record: Mapping[str, Any]) -> str:
         if isinstance(value, Mapping | list | bool) or value is None:  # as the JSONL says
             value = _json_encoder.encode(value).decode("utf-8")
         rest.append(f"{key}={value}")
-    head = f"{time or '-'} {level or 'info'!s:<7} {event or '-'}"  # "warning" is 7
+    head = f"{time or '-'} {level or '-'!s:<7} {event or '-'}"  # "warning" is 7
     return f"{head} {' '.join(rest)}".rstrip()

@@ -235,6 +235,13 @@ def test_log_line_is_time_level_event_then_context() -> None:
     assert render.log_line(record) == "T info    run_created runId=RUN-1 n=[1]"
 
 
+def test_a_log_line_without_a_level_says_so_rather_than_info() -> None:
+    """A line some other program wrote into the log (no level) read as ``info``: the
+    level, like a missing time or event, is shown missing."""
+    assert render.log_line({"time": "T", "event": "e", "x": 1}) == "T -       e x=1"
+    assert render.log_line({}) == "- -       -"
+
+
 def test_a_long_cell_does_not_widen_every_row_of_a_piped_table(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
