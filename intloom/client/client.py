@@ -38,6 +38,7 @@ from intloom.protocol.framing import (
     FrameClosed,
     FrameError,
     decode_response,
+    from_socket,
     recv_frame,
     send_frame,
 )
@@ -836,6 +837,8 @@ class Client:
         try:
             sock = _dial(conn.port, timeout)
         except OSError as exc:
+            if not from_socket(exc):
+                raise  # a signal handler's (from_socket): the program's own
             unlistened = (_unlistened(paths, info, conn.port)
                           if isinstance(exc, ConnectionRefusedError) else None)
             if unlistened is not None:
@@ -862,6 +865,8 @@ class Client:
             reply = decode_response(recv_frame(sock, patience=timeout))
         except (OSError, FrameClosed, FrameError) as exc:
             sock.close()
+            if isinstance(exc, OSError) and not from_socket(exc):
+                raise
             if isinstance(exc, TimeoutError) and _paused(info.pid):
                 # Which of "hung, paused or busy" it is can be read: say it, and the fix.
                 fact = (f"The host (pid {info.pid}) is stopped by a signal (SIGSTOP, Ctrl-Z or "
@@ -1203,6 +1208,8 @@ class Client:
         except (ConnectionResetError, BrokenPipeError):
             raise self._reset(request) from None
         except OSError as exc:
+            if not from_socket(exc):
+                raise  # a signal handler's (from_socket): the program's, as Ctrl-C is
             raise self._broken(request, str(exc)) from None
         return sock
 
@@ -1318,10 +1325,14 @@ class Client:
                 raise self._broken(request, "the host reset the connection",
                                    stream=stream) from None
             raise self._reset(request) from None
-        except TimeoutError:
+        except TimeoutError as exc:
+            if not from_socket(exc):
+                raise  # a signal handler's: the program's own deadline (_interrupted)
             raise self._broken(request, f"no reply within {self.request_timeout} s",
                                timed_out=True) from None
         except (OSError, FrameClosed) as exc:
+            if isinstance(exc, OSError) and not from_socket(exc):
+                raise
             raise self._broken(request, str(exc), stream=stream) from None
         except FrameError as exc:
             self._shut("the host's reply to an earlier request was not a valid frame")

@@ -161,6 +161,19 @@ def send_frame(sock: socket.socket, message: msgspec.Struct) -> None:
     sock.sendall(encode_frame(message))
 
 
+def from_socket(exc: OSError) -> bool:
+    """Whether ``exc`` came from the socket call it interrupted: a system call's error (it
+    has an errno) or the socket's own timeout (``TimeoutError('timed out')``, no errno).
+
+    A signal handler's exception raised inside a blocking read or write has neither: a
+    deadline put on a call with ``signal.alarm`` and a handler raising TimeoutError (or
+    OSError, as Python's signal docs show) is the program's, and must reach it, not be read
+    as a slice's timeout or a broken connection."""
+    if exc.errno is not None:
+        return True
+    return type(exc) is TimeoutError and exc.args == ("timed out",)
+
+
 def _recv_exactly(sock: socket.socket, size: int, *, at_boundary: bool,
                   patience: float | None) -> bytes:
     buf = bytearray()
@@ -168,7 +181,9 @@ def _recv_exactly(sock: socket.socket, size: int, *, at_boundary: bool,
         want = min(size - len(buf), 1 << 20)
         try:
             chunk = sock.recv(want)
-        except TimeoutError:
+        except TimeoutError as exc:
+            if not from_socket(exc):
+                raise
             if patience is not None and patience <= (sock.gettimeout() or 0.0):
                 raise
             chunk = _recv_late(sock, want, patience)
@@ -188,8 +203,9 @@ def _recv_late(sock: socket.socket, want: int, patience: float | None) -> bytes:
         while True:
             try:
                 return sock.recv(want)
-            except TimeoutError:
-                pass
+            except TimeoutError as exc:
+                if not from_socket(exc):
+                    raise
     deadline = time.monotonic() + patience - slice_
     try:
         while True:
@@ -198,8 +214,8 @@ def _recv_late(sock: socket.socket, want: int, patience: float | None) -> bytes:
             sock.settimeout(max(min(slice_, deadline - time.monotonic()), 1e-3))
             try:
                 return sock.recv(want)
-            except TimeoutError:
-                if time.monotonic() >= deadline:
+            except TimeoutError as exc:
+                if not from_socket(exc) or time.monotonic() >= deadline:
                     raise
     finally:
         sock.settimeout(slice_)

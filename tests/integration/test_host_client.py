@@ -371,3 +371,108 @@ def test_a_client_closed_as_a_request_begins_stays_closed_and_sends_nothing(
     assert "it was closed (Client.close" in gone.value.message, gone.value.message
     assert "Nothing was sent" in gone.value.message, gone.value.message
     assert served[0] == 1 and not any(type(r).__name__ == "Answer" for r in host.received)
+
+
+@pytest.mark.parametrize("raised", [TimeoutError("my own deadline"),
+                                    OSError("Couldn't open device!")],
+                         ids=["TimeoutError", "OSError"])
+def test_a_signal_handlers_own_exception_in_a_wait_reaches_the_program(
+    project: Project, fake: Callable[[Script], FakeHost], raised: OSError
+) -> None:
+    """A deadline put on a call with ``signal.alarm`` and a handler that raises (Python's
+    signal docs raise OSError): the reads took its TimeoutError for their own slice's and
+    read on (the wait returned as if no deadline had come), and its OSError for a broken
+    connection (PROJECT_REQUEST_FAILED, "the host may have stopped or crashed", the Client
+    shut for good). The program's exception reaches it as it is, and the Client connects
+    again for the next request, as after Ctrl-C."""
+    import signal
+
+    from intloom.protocol.messages import GetRun, RunReply
+    from intloom.runtime.model import Cursor, RunView
+    from tests.helpers import eventually
+    from tests.unit.test_client_ctrl_c import _asleep_in_a_syscall
+
+    view = RunView(run_id="RUN-1", flow_name="f", cursor=Cursor(stage="s"),
+                   status="waiting", created_at="T0", updated_at="T1")
+    release = threading.Event()
+    served = [0]
+
+    def script(conn: socket.socket, received: list[object]) -> None:
+        served[0] += 1
+        with contextlib.suppress(Exception):  # the interrupted client closes its end
+            hello_then(lambda _c, _r: None)(conn, received)
+            request = recv_frame(conn)
+            if served[0] == 1:
+                release.wait(10)  # the wait goes on: no reply on this connection
+                return
+            received.append(decode_request(request))
+            send_frame(conn, RunReply(run=view))
+
+    host = fake(script)
+    publish(project.root, host.port)
+    main, main_ident = threading.get_native_id(), threading.get_ident()
+
+    def handler(_signum: int, _frame: object) -> None:
+        raise raised
+
+    def alarm() -> None:
+        eventually(lambda: _asleep_in_a_syscall(main), timeout=10, what="a read")
+        signal.pthread_kill(main_ident, signal.SIGALRM)
+
+    previous = signal.signal(signal.SIGALRM, handler)
+    try:
+        with Client.connect(project.root) as client:
+            sender = threading.Thread(target=alarm, daemon=True)
+            sender.start()
+            with pytest.raises(type(raised)) as caught:
+                client.wait_run("RUN-1")
+            sender.join(timeout=10)
+            assert caught.value is raised
+            release.set()
+            assert client.get_run("RUN-1") == view
+    finally:
+        release.set()
+        signal.signal(signal.SIGALRM, previous)
+    assert served[0] == 2 and isinstance(host.received[-1], GetRun)
+
+
+def test_a_signal_handlers_own_exception_while_connecting_reaches_the_program(
+    project: Project, fake: Callable[[Script], FakeHost]
+) -> None:
+    """The same deadline while the hello waits for a busy host's answer: it was reported as
+    the host's failure to answer (PROJECT_CONNECTION_FAILED or a paused host's words)."""
+    import signal
+
+    from tests.helpers import eventually
+    from tests.unit.test_client_ctrl_c import _asleep_in_a_syscall
+
+    release = threading.Event()
+
+    def script(conn: socket.socket, received: list[object]) -> None:
+        with contextlib.suppress(Exception):
+            recv_frame(conn)  # the hello, never answered
+            release.wait(10)
+
+    host = fake(script)
+    publish(project.root, host.port)
+    main, main_ident = threading.get_native_id(), threading.get_ident()
+    raised = TimeoutError("my own deadline")
+
+    def handler(_signum: int, _frame: object) -> None:
+        raise raised
+
+    def alarm() -> None:
+        eventually(lambda: _asleep_in_a_syscall(main), timeout=10, what="a read")
+        signal.pthread_kill(main_ident, signal.SIGALRM)
+
+    previous = signal.signal(signal.SIGALRM, handler)
+    try:
+        sender = threading.Thread(target=alarm, daemon=True)
+        sender.start()
+        with pytest.raises(TimeoutError) as caught:
+            Client.connect(project.root)
+        sender.join(timeout=10)
+        assert caught.value is raised
+    finally:
+        release.set()
+        signal.signal(signal.SIGALRM, previous)
