@@ -17,7 +17,14 @@ from pathlib import Path
 from typing import Any, Final, TypeVar
 
 from intloom.client.outgoing import frame_of
-from intloom.errors import IntloomError, a_an, error_view, starting_message, unlistened_message
+from intloom.errors import (
+    IntloomError,
+    a_an,
+    error_view,
+    quoted,
+    starting_message,
+    unlistened_message,
+)
 from intloom.fsutil import PrivacyError, check_private_dir, os_lock, search_refused
 from intloom.host.metadata import (
     CREATE_TIME_TOLERANCE,
@@ -452,6 +459,14 @@ def resolved_root(root: object, caller: str) -> Path:
             f"{caller}(''): the root is an empty path (a variable that is unset or empty, "
             "say); pass the project's root directory, the one holding intloom.toml. Nothing "
             "was sent.",
+        )
+    if "\x00" in os.fspath(root):
+        # No path holds one: the first system call raised a bare ValueError.
+        raise IntloomError(
+            "INVALID_REQUEST",
+            f"{caller}({str(root)!r}): the root holds a NUL character, which no path can "
+            "hold (a value read from a file or a C string, say); pass the project's root "
+            "directory, the one holding intloom.toml. Nothing was sent.",
         )
     try:
         return Path(root).resolve()
@@ -1473,7 +1488,7 @@ class Client:
                 "stop and intloom start)." if failed else "")
         raise IntloomError(
             "NOT_FOUND",
-            f"Workflow {flow!r} is not loaded by this host, so it has no Runs here. "
+            f"Workflow {quoted(flow)!r} is not loaded by this host, so it has no Runs here. "
             f"intloom flows lists the loaded Workflows.{hint}",
         )
 

@@ -197,6 +197,20 @@ def _checked_timeout(timeout: float) -> float:
     return float(timeout)
 
 
+def _checked_port(port: int | None) -> int | None:
+    """``port`` if it is None or a TCP port number; INVALID_REQUEST otherwise, before any
+    host is launched. The host's own check (its argv) comes after a process was started:
+    a bool or a float made it exit at once, said as "Run intloom start again", and a str
+    of digits went through and was saved for every later start."""
+    if port is None or (type(port) is int and 0 <= port <= 65535):
+        return port
+    raise IntloomError("INVALID_REQUEST",
+                       f"start_service(port={port!r}): a port is an int from 0 to 65535 (0: "
+                       "any free port; None: intloom.toml's, else the saved one), not "
+                       f"{'a bool' if isinstance(port, bool) else repr(port)}; no host was "
+                       "launched. Pass one such as 8765, or None.")
+
+
 def _live_service(root: Path) -> ServiceView | None:
     """The verified live host's status, or None when it is offline. Other errors propagate,
     ``ServiceUnlistened`` included: start waits for that host, and its log was searched."""
@@ -597,6 +611,7 @@ def start_service(
     host, still starting: whose, and how to stop waiting or stop that start.
     """
     deadline = time.monotonic() + _checked_timeout(timeout)
+    port = _checked_port(port)
     root = resolved_root(root, "start_service")
     paths = ProjectPaths(root)
     if not (root / CONFIG_NAME).is_file():

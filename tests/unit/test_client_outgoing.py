@@ -221,6 +221,15 @@ def test_runs_of_a_workflow_whose_package_failed_to_load_is_not_found() -> None:
         "Workflow 'triage' is not loaded by this host, so it has no Runs here. intloom flows "
         "lists the loaded Workflows. 1 Workflow source(s) failed to load and may define it: "
         "triage (intloom flows says why; fix the source, then intloom stop and intloom start).")
+    long = "w" * 3_000_000
+    with socket.socket() as sock:
+        client = Canned(sock, None, None, Path("/nowhere"),  # type: ignore[arg-type]
+                        request_timeout=None)
+        with pytest.raises(IntloomError) as info:
+            client.runs(long)  # quoted as the host quotes a name it does not know
+    assert info.value.message.startswith(
+        f"Workflow '{'w' * 200}… (3,000,000 characters)' is not loaded by this host"), \
+        info.value.message[:300]
 
 
 @pytest.mark.parametrize(("request_", "said"), [
@@ -500,3 +509,42 @@ def test_an_agent_tasks_end_cut_by_close_says_the_same_one_is_safe_to_send_again
             else "the same failure again (the same message)")
     assert f"Sending {same} is safe" in exc.message, exc.message
     assert "host may have acted on it" not in exc.message
+
+
+@pytest.mark.parametrize(("port", "said"), [(True, "a bool"), (2.5, "2.5"), ("80", "'80'"),
+                                            (-1, "-1"), (70_000, "70000")])
+def test_start_service_refuses_a_port_that_is_no_port_before_launching_a_host(
+        tmp_path: Path, port: object, said: str) -> None:
+    """``start_service(root, port=True)`` (or 2.5) launched a host whose argv check made it
+    exit at once: "the host exited during initialization ... Run intloom start again",
+    which failed the same way; ``port="80"`` went through and was saved for every later
+    start; -1 was refused in the CLI's words (``--port -1``) after a process had started."""
+    from intloom.client.lifecycle import start_service
+
+    (tmp_path / "intloom.toml").write_text('workflows = []\n')
+    with pytest.raises(IntloomError) as info:
+        start_service(tmp_path, port=port)  # type: ignore[arg-type]
+    assert info.value.code == "INVALID_REQUEST", info.value
+    assert info.value.message == (
+        f"start_service(port={port!r}): a port is an int from 0 to 65535 (0: any free port; "
+        f"None: intloom.toml's, else the saved one), not {said}; no host was launched. Pass "
+        "one such as 8765, or None.")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["intloom.toml"]
+
+
+@pytest.mark.parametrize("call", ["Client.connect", "start_service", "stop_service"])
+def test_a_root_holding_a_nul_character_is_refused_by_name(tmp_path: Path, call: str) -> None:
+    """``Client.connect("/p\\x00")`` raised a bare ValueError ("embedded null byte"), with no
+    code, where every other root that is no project's gets one."""
+    from intloom.client import lifecycle
+    from intloom.client.client import Client
+
+    fn = Client.connect if call == "Client.connect" else getattr(lifecycle, call)
+    root = f"{tmp_path}\x00"
+    with pytest.raises(IntloomError) as info:
+        fn(root)
+    assert info.value.code == "INVALID_REQUEST", info.value
+    assert info.value.message == (
+        f"{call}({root!r}): the root holds a NUL character, which no path can hold (a value "
+        "read from a file or a C string, say); pass the project's root directory, the one "
+        "holding intloom.toml. Nothing was sent.")
