@@ -88,11 +88,13 @@ def _incompatibility(state: RunState, loaded: LoadResult) -> str | None:
     withheld = loaded.withheld.get(state.workflow)
     if wf is None and withheld is not None:  # two sources define it (LoadResult.withheld)
         return (f"{withheld}: the Run cannot be restored (keep only the source the Run "
-                "started with in intloom.toml)")
+                f"started with in intloom.toml, or end it with intloom cancel {state.run_id})")
     if wf is None:
         note = failed_sources_note(loaded.failed)
         if note:
-            return f"Workflow {state.workflow!r} is not loaded, so the Run cannot be restored{note}"
+            # Its source may be gone on purpose: cancel is the way out then, as for the rest.
+            return (f"Workflow {state.workflow!r} is not loaded, so the Run cannot be "
+                    f"restored{note}; or end it with intloom cancel {state.run_id}")
         return (f"Workflow {state.workflow!r} is not loaded, so the Run cannot be restored"
                 f"{not_defined_note(loaded.workflows)} (put back the source that defined it, "
                 "under the name it had, and its entry in intloom.toml, to resume it, or end "

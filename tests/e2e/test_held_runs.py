@@ -181,6 +181,10 @@ def test_a_run_held_because_its_source_fails_to_load_names_that_source(
     problem = preview["problem"]
     assert "workflows/example.py (listed in intloom.toml) failed to load" in problem, problem
     assert "restore its source and its entry" not in problem, problem
+    # A source deleted on purpose is no source to fix: cancel ends the Run, as for the rest.
+    assert problem.endswith(f"; or end it with intloom cancel {run_id}"), problem
+    inspected = ok(project.cli("inspect", run_id, "--json"))["run"]
+    assert f"intloom cancel {run_id}" in inspected["problem"], inspected
     # Cancelled, it has ended: its record keeps the fact, not the advice to continue it.
     cancelled = ok(project.cli("cancel", run_id, "--json"))["run"]["lastError"]["message"]
     assert "workflows/example.py (listed in intloom.toml) failed to load" in cancelled

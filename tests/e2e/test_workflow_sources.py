@@ -173,6 +173,7 @@ def test_a_copy_defining_the_same_workflow_holds_its_runs_saying_so_until_one_re
     for problem in (preview["problem"], inspected["problem"]):
         assert problem.startswith(f"{both}, so neither is loaded: the Run cannot be "
                                   "restored"), problem
+        assert problem.endswith(f"or end it with intloom cancel {run_id})"), problem
     ok(acc.cli("stop", "--json"))
 
     # Unlisted but left beside the original, the copy is part of its tree: now the Run is
