@@ -34,7 +34,10 @@ class _Over:
 
 
 class Recovery(msgspec.Struct, frozen=True):
-    """What ``recover`` receives after a restart: the saved action and the accepted answer."""
+    """What ``recover`` receives after a restart: the saved action and the accepted answer.
+
+    ``action.request`` is what the client was shown: ``{"context": ...}`` (the value given
+    to ``ctx.confirm``) for a confirmation, the questions as plain dicts for ``ctx.ask``."""
 
     action: PendingAction
     answer: Any  # Confirmation for a confirmation, list[QuestionAnswer] for questions
