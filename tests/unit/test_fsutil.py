@@ -736,3 +736,25 @@ def test_a_directory_whose_file_system_ignores_chmod_is_said_so(
     assert said.fact.startswith("was just created by intloom, but its file system keeps mode "
                                 f"{shown:04o} after chmod 700"), said.fact
     assert said.fix is not None and "file system that keeps modes and owners" in said.fix
+
+
+def test_a_link_to_a_state_directory_is_put_back_in_its_place_not_moved_aside(
+        tmp_path: Path) -> None:
+    """.intloom/runtime moved to a bigger disk and linked back: "move it aside" was the fix,
+    and the next start began afresh in a new, empty directory, every Run left behind in the
+    one the link leads to, without a word (doctor: all well)."""
+    from intloom.fsutil import PrivacyError, privacy_fix
+
+    big = tmp_path / "big disk" / "rt"
+    big.mkdir(parents=True)
+    link = tmp_path / "runtime"
+    link.symlink_to(big)
+    fix = privacy_fix(PrivacyError(link, "is a symbolic link; intloom never follows links"))
+    assert fix == (
+        f"It leads to the directory '{big}': to use that directory, put it in the link's place (rm {link}; mv '{big}' {link}) or "
+        f"bind-mount it at {link}; then try again. Moved aside instead, the link is replaced "
+        f"by a new, empty directory, without what '{big}' holds")
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "nowhere")
+    assert privacy_fix(PrivacyError(dangling, "is a symbolic link")).startswith(
+        f"Move it aside (mv {dangling} {dangling}.bad)")
