@@ -629,7 +629,8 @@ def privacy_fix(error: PrivacyError) -> str:
         # A state directory moved to a bigger disk and linked back: "move it aside" made the
         # next start begin afresh without a word, every Run left in the directory it leads to.
         target = shell_arg(Path(os.path.realpath(error.path)))
-        return (f"It leads to the directory {target}: to use that directory, put it in the link's place (rm {path}; mv {target} "
+        return (f"It leads to the directory {target}: to use that directory, put it in the "
+                f"link's place (rm {path}; mv {target} "
                 f"{path}) or bind-mount it at {path}; then try again. Moved aside instead, "
                 f"the link is replaced by a new, empty directory, without what {target} holds")
     if fact.startswith(("is a symbolic link", "is not a")):

@@ -751,7 +751,8 @@ def test_a_link_to_a_state_directory_is_put_back_in_its_place_not_moved_aside(
     link.symlink_to(big)
     fix = privacy_fix(PrivacyError(link, "is a symbolic link; intloom never follows links"))
     assert fix == (
-        f"It leads to the directory '{big}': to use that directory, put it in the link's place (rm {link}; mv '{big}' {link}) or "
+        f"It leads to the directory '{big}': to use that directory, put it in the link's "
+        f"place (rm {link}; mv '{big}' {link}) or "
         f"bind-mount it at {link}; then try again. Moved aside instead, the link is replaced "
         f"by a new, empty directory, without what '{big}' holds")
     dangling = tmp_path / "dangling"
