@@ -1622,6 +1622,20 @@ class Runtime:
             # (it said True after a restart, for the same dismissal).
             return plain_view(ended_state), not ended_state.dismissed
         slot = self._slot(run_id)
+        if self.journal.failure(run_id) is not None:
+            # Nothing more of the Run is written in this process, so no cancel can be: a
+            # repeat after a cancel whose checkpoint failed said "The Run has ended; no stop
+            # is needed" (the end it holds is in memory only), and the next start brought it
+            # back all the same.
+            where = f" {slot.checkpoint_where}" if slot.checkpoint_where else ""
+            raise IntloomError(
+                "RUN_CHECKPOINT_FAILED",
+                f"The cancel of Run {run_id} cannot be saved on this host: a checkpoint of the "
+                "Run failed, so nothing more of it is written here and its cancel is not on "
+                "disk; the next start brings the Run back from its last saved record by the "
+                f"restart table.{where} Check the disk that holds .intloom/runtime (free "
+                "space, permissions), then run intloom stop and intloom start, and cancel it "
+                f"again (intloom cancel {run_id}).")
         # A worker driving the Run appends under this lock: whether the Run has ended and
         # taking it from that worker are decided at once (it may be appending its end).
         with slot.lock:

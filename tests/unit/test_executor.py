@@ -540,6 +540,13 @@ def test_a_cancel_whose_checkpoint_fails_says_the_run_comes_back_and_what_to_do(
                      f"intloom logs {view.run_id}", "free space",
                      f"intloom cancel {view.run_id}"):
             assert fact in message, (fact, message)
+        # Again: the cancel is still not on disk. The repeat said "The Run has ended; no stop
+        # is needed" (exit 0), and the next start brought the Run back all the same.
+        with pytest.raises(IntloomError) as again:
+            await rt.cancel(view.run_id)
+        assert again.value.code == "RUN_CHECKPOINT_FAILED", again.value
+        assert "cancel is not on disk" in again.value.message, again.value.message
+        assert f"intloom cancel {view.run_id}" in again.value.message
 
     run(main)
 
