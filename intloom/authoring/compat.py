@@ -242,8 +242,10 @@ def schema_problem(lw: LoadedWorkflow, state: RunState) -> str | None:
         return None
     return (f"since the Run started, {'; '.join(changes)}: the Workflow's source tree is as "
             "it was, so this changed outside it, which the identity does not cover (a State "
-            "class or Stage imported from another module, or another msgspec version, which "
-            "describes State types; docs/authoring.md, Changing a Workflow)")
+            "class or Stage imported from another module, another msgspec version, which "
+            "describes State types, or a field's default computed at import, such as "
+            "datetime.now() or uuid4(), which is new in every process: give that field "
+            "msgspec.field(default_factory=...); docs/authoring.md, Changing a Workflow)")
 
 
 def state_problem(lw: LoadedWorkflow, state: RunState) -> str | None:

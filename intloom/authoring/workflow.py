@@ -1050,12 +1050,37 @@ def _unkeyable(state: type[Any]) -> tuple[str, str] | None:
     return None
 
 
+def _sets_sorted(node: Any) -> Any:
+    """``node`` (a JSON Schema) with each default of a set field (``uniqueItems``) in a fixed
+    order. msgspec lists a ``frozenset`` default in its iteration order, which for strings
+    follows the process's hash seed: the fingerprint changed at every start, and every Run
+    waiting in the Stage was held as "the State schema changed" though nothing had."""
+    if isinstance(node, list):
+        return [_sets_sorted(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out = {key: _sets_sorted(value) for key, value in node.items()}
+    default = out.get("default")
+    if isinstance(default, list) and _is_set(out):
+        out["default"] = sorted(default, key=lambda item: msgspec.json.encode(item,
+                                                                             order="sorted"))
+    return out
+
+
+def _is_set(schema: dict[str, Any]) -> bool:
+    """Whether a property's schema is a set's (or a union holding one)."""
+    if schema.get("uniqueItems") is True:
+        return True
+    return any(isinstance(member, dict) and member.get("uniqueItems") is True
+               for member in schema.get("anyOf", ()))
+
+
 def _state_schema(workflow: str, where: str, state: type[Any]) -> bytes:
     """The State's JSON Schema, encoded for its fingerprint; a type without one is a
     definition mistake naming the field (the schema is what a restart checks a saved State
     against, so a State without one could never be restored)."""
     try:
-        return msgspec.json.encode(msgspec.json.schema(state), order="sorted")
+        return msgspec.json.encode(_sets_sorted(msgspec.json.schema(state)), order="sorted")
     except Exception as whole:
         # msgspec says which type, not which field: try the fields one by one.
         reason = f"{type(whole).__name__}: {clip(str(whole), 500)}"

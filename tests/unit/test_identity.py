@@ -189,3 +189,36 @@ def test_a_large_file_replaced_after_its_listing_is_refused_not_waited_on(
     with pytest.raises(IntloomError) as link:
         workflow_identity("m", "1", package, trees=trees)
     assert f"{data} is a symbolic link" in link.value.message, link.value.message
+
+
+_SET_DEFAULTS = """
+import msgspec, intloom
+class Review(msgspec.Struct):
+    reviewers: frozenset[str] = frozenset({"alice", "bob", "carol", "dave", "erin", "frank"})
+    maybe: frozenset[str] | None = frozenset({"x", "y", "z", "w"})
+    approved: bool = False
+wf = intloom.Workflow("fz", version="1")
+st = wf.stage("review", state=Review)
+@st.step("ask", routes={"ok": intloom.COMPLETE})
+def ask(ctx):
+    return "ok"
+print(wf.schemas()["review"])
+"""
+
+
+def test_a_set_default_gives_one_state_fingerprint_in_every_process() -> None:
+    """A ``frozenset[str]`` default was written into the State's schema in iteration order,
+    which follows the process's hash seed: its Stage's fingerprint differed at every start,
+    and every Run waiting there was held ("the State schema of Stage 'review' changed")
+    although nothing had."""
+    import subprocess
+    import sys
+
+    prints = set()
+    for seed in ("1", "2", "3", "4"):
+        done = subprocess.run([sys.executable, "-c", _SET_DEFAULTS], capture_output=True,
+                              text=True, timeout=60,
+                              env={**os.environ, "PYTHONHASHSEED": seed})
+        assert done.returncode == 0, done.stderr
+        prints.add(done.stdout.strip())
+    assert len(prints) == 1, prints
