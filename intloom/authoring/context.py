@@ -161,6 +161,21 @@ class StepContext(Generic[S]):
         def step(self, value: object) -> None:
             raise self._fixed("step", "the Step running")
 
+    def _twin_state(self, given: type[Any], declared: type[Any]) -> IntloomError:
+        """Two classes of one name: "assigned ctx.state a S; State is a S" contradicted
+        itself. Most often one module imported under two names."""
+        name = declared.__name__
+        return IntloomError(
+            "STAGE_STATE_INVALID",
+            f"{self.where} assigned ctx.state {a_an(name)} of module {given.__module__}, but "
+            f"Stage {self.stage!r} State is the {name} of module {declared.__module__}: two "
+            "classes of one name, most often one module imported under two names. intloom "
+            "loads a package entry under a private name, so a module of the package that "
+            "imports it by its own name (from mypkg.models import S) gets a second copy of "
+            "what its relative imports get (from .models import S): import within the "
+            "package relatively.",
+        )
+
     def _fixed(self, field: str, what: str) -> IntloomError:
         return IntloomError(
             "STEP_INTERACTION_INVALID",
@@ -184,6 +199,8 @@ class StepContext(Generic[S]):
                         return  # what a running Step of a Stage without State may assign
                     raise self._stale_state()
                 name = state_type.__name__
+                if type(value).__qualname__ == state_type.__qualname__:
+                    raise self._twin_state(type(value), state_type)
                 given = "None" if value is None else a_an(type(value).__name__)
                 raise IntloomError(
                     "STAGE_STATE_INVALID",

@@ -431,7 +431,8 @@ def _import(root: Path, entry: Path) -> ModuleType:
         spec.loader.exec_module(module)
     except IntloomError as exc:  # a definition mistake, raised by the call that made it
         sys.modules.pop(module_name, None)
-        raise _placed(root, exc, _innermost(root, exc.__traceback__)) from None
+        raise _told_of_copy(entry, _placed(root, exc, _innermost(root, exc.__traceback__))
+                            ) from None
     except LoadInterrupted:
         # The host's stop signal (host/daemon.py) or a real Ctrl-C here (_real_interrupts)
         # must end the import.
@@ -444,11 +445,47 @@ def _import(root: Path, entry: Path) -> ModuleType:
     except BaseException as exc:
         sys.modules.pop(module_name, None)
         starved = isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE)
+        twin = _second_copy(entry)
         raise (SourceStarved if starved else IntloomError)(
             "WORKFLOW_LOAD_FAILED", f"Importing {entry} failed: {_failure(root, exc)}. "
-            f"{_fix(exc, root)}",
+            f"{twin if twin is not None else _fix(exc, root)}",
         ) from None
     return module
+
+
+def _told_of_copy(entry: Path, exc: IntloomError) -> IntloomError:
+    """``exc``, a definition mistake of ``entry``, with ``_second_copy``'s words if they
+    apply: the mistake may be the copy's doing."""
+    twin = _second_copy(entry)
+    if twin is None:
+        return exc
+    return IntloomError(exc.code, f"{exc.message} {twin}", retryable=exc.retryable)
+
+
+def _second_copy(entry: Path) -> str | None:
+    """What to say when the package ``entry`` failed to load after a module of it imported
+    it by its own name: that import made a second copy of the package (it is loaded under a
+    private name, ``_import``), and the copy's Stages and classes are not the loaded ones.
+    The load then failed with a fact that reads as false ("the Stage has no Step": its Steps
+    were declared on the copy's Stage), or ``Step 'go' is defined twice``. None otherwise."""
+    if not entry.is_dir():
+        return None
+    copy = sys.modules.get(entry.name)
+    where = getattr(copy, "__file__", None)
+    if not isinstance(where, str):
+        return None
+    try:
+        inside = Path(os.path.realpath(where)).is_relative_to(os.path.realpath(entry))
+    except (OSError, ValueError):
+        return None
+    if not inside:
+        return None
+    name = entry.name
+    return (f"A module of {name}/ imports the package by its own name (import {name}, from "
+            f"{name}.x import y): intloom loads a package entry under a private name, so that "
+            "import ran a second copy of the package, whose Stages and classes are not the "
+            f"loaded ones. Import within the package relatively (from . import x, from .x "
+            "import y).")
 
 
 class SourceStarved(IntloomError):
@@ -1316,7 +1353,7 @@ def _load_entry(root: Path, rel: str, entry: Path) -> dict[str, LoadedWorkflow]:
         try:
             wf.validate()
         except DefinitionError as exc:
-            raise _placed(root, exc, exc.at) from None
+            raise _told_of_copy(entry, _placed(root, exc, exc.at)) from None
         if wf.name in mine:
             raise IntloomError(
                 "WORKFLOW_DEFINITION_INVALID",

@@ -2028,6 +2028,12 @@ def test_a_state_that_decodes_differently_is_saved_as_it_decodes_and_restores(
                       "`ctx.state = Count(...)`"]),
     (False, Count(n=1), ["assigned ctx.state a Count", "Stage 's' has no State",
                          "wf.stage('s', state=YourStruct)"]),
+    # A Count of a second copy of its module (a package that imports itself by its own
+    # name): "assigned ctx.state a Count; Stage 's' State is a Count" contradicted itself.
+    (True, msgspec.defstruct("Count", [("n", int)], module="mypkg.models")(n=1),
+     ["assigned ctx.state a Count of module mypkg.models, but Stage 's' State is the Count "
+      f"of module {__name__}: two classes of one name",
+      "import within the package relatively"]),
 ])
 def test_assigning_ctx_state_another_type_names_the_step_and_the_fix(
         sync_path: SyncPath, stage_state: bool, value: Any, facts: list[str]) -> None:

@@ -114,3 +114,38 @@ def test_a_module_beside_the_source_in_a_directory_no_package_can_name(tmp_path:
     said = problem.message
     assert "and my-flows/ is no Python package name: rename the directory" in said, said
     assert "my-flows.helpers" not in said and "pip install" not in said, said
+
+
+def test_a_package_that_imports_itself_by_its_own_name_is_told_to_import_relatively(
+        tmp_path: Path) -> None:
+    """A package entry whose module imports it by its own name (``from mypkg import main``):
+    the package is loaded under a private name, so that import ran a second copy of it, and
+    the load failed with a fact that read as false, "Stage 'main': the Stage has no Step"
+    (its Step was declared on the copy's Stage). It works in plain Python."""
+    import sys
+    import uuid
+
+    name = f"selfpkg{uuid.uuid4().hex[:8]}"
+    root = tmp_path / "proj"
+    package = root / name
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(
+        "import intloom\n\nwf = intloom.Workflow('w', version='1')\nmain = wf.stage('main')\n"
+        f"import {name}.steps\n")
+    (package / "steps.py").write_text(
+        f"import intloom\nfrom {name} import main\n\n\n"
+        "@main.step('go', routes={'ok': intloom.COMPLETE})\ndef go(ctx) -> str:\n"
+        "    return 'ok'\n")
+    try:
+        result = load_workflows(root, Config(workflows=(name,), port=None))
+        [(_source, problem)] = result.problems
+    finally:
+        for module in [m for m in sys.modules if m == name or m.startswith(f"{name}.")]:
+            del sys.modules[module]
+    assert problem.code == "WORKFLOW_DEFINITION_INVALID", problem
+    assert problem.message.endswith(
+        f"A module of {name}/ imports the package by its own name (import {name}, from "
+        f"{name}.x import y): intloom loads a package entry under a private name, so that "
+        "import ran a second copy of the package, whose Stages and classes are not the "
+        "loaded ones. Import within the package relatively (from . import x, from .x import "
+        "y)."), problem.message
