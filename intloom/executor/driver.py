@@ -1775,6 +1775,10 @@ class Driver:
             await rt.sync(slot)
             ctx = self._ctx(slot, None, kind=InitContext)
             value = await self._user(slot, f"Stage {stage.name!r} initialiser", stage.init_fn, ctx)
+            if value is None and stage.state_type is not None and ctx._state is not None:
+                # It assigned ctx.state (checked then) and returned nothing, as a Step does:
+                # the State it made was dropped, and the Run failed "returned NoneType".
+                value = ctx._state
             if stage.state_type is not None and not isinstance(value, stage.state_type):
                 name = stage.state_type.__name__
                 raise IntloomError(

@@ -447,6 +447,34 @@ def test_an_initialiser_returning_none_in_a_stage_without_state_is_fine(
     assert _settle(tmp_path / "runtime", wf).status == "completed"
 
 
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_an_initialiser_that_assigns_ctx_state_and_returns_none_gives_that_state(
+        tmp_path: Path, kind: str) -> None:
+    """docs/authoring.md: the Stage has State once the initialiser "returns (or assigns)"
+    it. One that assigned ctx.state, as a Step does, and returned None failed the Run with
+    "Stage 'draft' initialiser returned NoneType, not Draft", the State it made dropped."""
+    wf = intloom.Workflow("inits", version="1")
+    st = wf.stage("draft", state=Draft)
+    seen: list[Any] = []
+
+    if kind == "async":
+        async def init(ctx: Any) -> None:
+            ctx.state = Draft(text="hello")
+    else:
+        def init(ctx: Any) -> None:  # type: ignore[misc]
+            ctx.state = Draft(text="hello")
+    st.init(init)
+
+    @st.step("write", routes={"ok": intloom.COMPLETE})
+    def write(ctx: Any) -> str:
+        seen.append(ctx.state)
+        return "ok"
+
+    view = _settle(tmp_path / "runtime", wf)
+    assert view.status == "completed", view
+    assert seen == [Draft(text="hello")]
+
+
 class Count(msgspec.Struct):
     n: int = 0
 
