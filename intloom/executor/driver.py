@@ -2139,6 +2139,13 @@ class Driver:
         target = step.routes.get(outcome)
         by, slot.outcome_from = slot.outcome_from, None
         if target is None:
+            # The name of where an outcome leads, returned for the outcome: "add a route
+            # for it" sent the author to add a second route where the first was right.
+            leads = sorted(name for name, to in step.routes.items()
+                           if to == outcome or getattr(to, "stage", None) == outcome)
+            fix = (f"{outcome!r} is where outcome {leads[0]!r} leads: return {leads[0]!r}"
+                   if leads else
+                   f"Add a route for it{', or return one of them' if by else ''}")
             rt.append(
                 slot,
                 Terminal(
@@ -2147,8 +2154,7 @@ class Driver:
                     error=error_view(
                         "STEP_OUTCOME_NOT_HANDLED",
                         f"{by or step.where} returned outcome {outcome!r}, which the Step's "
-                        f"routes do not handle ({sorted(step.routes)}). Add a route for it"
-                        f"{', or return one of them' if by else ''}.",
+                        f"routes do not handle ({sorted(step.routes)}). {fix}.",
                     ),
                 ),
             )

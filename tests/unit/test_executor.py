@@ -311,7 +311,45 @@ def test_outcome_without_route_fails_the_run() -> None:
         view = await rt.wait_stable((await rt.create_run("noroute", "go")).run_id)
         assert view.status == "failed" and view.last_error is not None
         assert view.last_error.code == "STEP_OUTCOME_NOT_HANDLED"
-        assert "surprise" in view.last_error.message
+        assert view.last_error.message == (
+            "Stage 's', Step 'a' returned outcome 'surprise', which the Step's routes do not "
+            "handle (['ok']). Add a route for it.")
+
+    run(main)
+
+
+@pytest.mark.parametrize("returned", ["b", "other"])
+def test_an_outcome_that_names_where_a_route_leads_is_told_the_outcome_to_return(
+        returned: str) -> None:
+    """A Step with routes={"written": "b"} that returned "b", where its outcome leads, was
+    told to "add a route for it": a second route where the first was right."""
+    wf = intloom.Workflow("leads", version="1")
+    st = wf.stage("s")
+    wf.stage("other")
+
+    @st.step("a", routes={"written": "b", "away": intloom.ToStage("other"),
+                          "done": intloom.COMPLETE})
+    def a(ctx: Any) -> str:
+        return returned
+
+    @st.step("b", routes={"ok": intloom.COMPLETE})
+    def b(ctx: Any) -> str:
+        return "ok"
+
+    @wf.stages["other"].step("c", routes={"ok": intloom.COMPLETE})
+    def c(ctx: Any) -> str:
+        return "ok"
+
+    async def main() -> None:
+        rt = Runtime(loaded(wf), MemoryJournal(), package_version="0.1.0")
+        rt.restore([])
+        view = await rt.wait_stable((await rt.create_run("leads", "go")).run_id)
+        assert view.last_error is not None and view.status == "failed", view
+        outcome = "written" if returned == "b" else "away"
+        assert view.last_error.message == (
+            f"Stage 's', Step 'a' returned outcome {returned!r}, which the Step's routes do "
+            "not handle (['away', 'done', 'written']). "
+            f"{returned!r} is where outcome {outcome!r} leads: return {outcome!r}.")
 
     run(main)
 
