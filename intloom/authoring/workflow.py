@@ -1082,6 +1082,18 @@ def _state_schema(workflow: str, where: str, state: type[Any]) -> bytes:
     try:
         return msgspec.json.encode(_sets_sorted(msgspec.json.schema(state)), order="sorted")
     except Exception as whole:
+        if isinstance(whole, NameError):
+            # An annotation that names what the module does not hold at run time: "declare
+            # its fields with a JSON type" was said of a `datetime` imported for type checkers.
+            missing = f"{whole.name!r}" if whole.name else "a name"
+            raise _bad(
+                workflow, where,
+                f"State {_shown_type(state)}'s field annotations name {missing}, which its "
+                f"module does not define when it runs ({clip(str(whole), 300)})",
+                "Import it at the module's top level, not under `if TYPE_CHECKING:` (a State's "
+                "types are read at run time, to check and save it), and define the State class "
+                "at module level, not inside a function.",
+            ) from None
         # msgspec says which type, not which field: try the fields one by one.
         reason = f"{type(whole).__name__}: {clip(str(whole), 500)}"
         try:

@@ -1504,3 +1504,37 @@ def test_one_workflow_bound_by_two_sources_loads_from_neither(
         assert view.code == "WORKFLOW_DEFINITION_INVALID", view
         assert "Workflow 'shared' is defined in both" in view.message, view.message
         assert "_loaded" not in view.message, view.message
+
+
+_TYPE_CHECKING_ONLY = '''
+from __future__ import annotations
+from typing import TYPE_CHECKING
+import msgspec, intloom
+if TYPE_CHECKING:
+    from datetime import datetime
+class S(msgspec.Struct):
+    when: datetime | None = None
+wf = intloom.Workflow("w", version="1")
+st = wf.stage("s", state=S)
+@st.step("a", routes={"ok": intloom.COMPLETE})
+def a(ctx):
+    return "ok"
+'''
+
+
+def test_a_state_annotation_imported_only_for_type_checkers_is_named_with_its_fix() -> None:
+    """``datetime`` imported under ``if TYPE_CHECKING:`` (annotations as strings): the load
+    said "State S has no JSON Schema (NameError ...). Declare its fields with a JSON type:
+    ... datetime ...", advice to declare the very type the field had."""
+    namespace: dict[str, object] = {"__name__": "flows_tc"}
+    exec(compile(_TYPE_CHECKING_ONLY, "flows_tc.py", "exec"), namespace)
+    wf = namespace["wf"]
+    assert isinstance(wf, intloom.Workflow)
+    with pytest.raises(IntloomError) as info:
+        wf.validate()
+    assert info.value.code == "WORKFLOW_DEFINITION_INVALID"
+    message = info.value.message
+    assert "State flows_tc.S's field annotations name 'datetime', which its module does not " \
+        "define when it runs (name 'datetime' is not defined)" in message, message
+    assert "not under `if TYPE_CHECKING:`" in message, message
+    assert "Declare its fields" not in message, message
