@@ -101,7 +101,8 @@ Target = str | ToStage | Complete
 # another Stage's State, or returning no outcome string, was accepted (``Callable[..., Any]``)
 # and failed only at run time. Sync or async: the host awaits what an ``async def`` returns.
 StepFn = Callable[["StepContext[S]"], "str | Awaitable[str]"]
-InitFn = Callable[["StepContext[S]"], "S | Awaitable[S]"]
+# None: it assigned ctx.state instead (as a Step does), or its Stage has no State.
+InitFn = Callable[["StepContext[S]"], "S | None | Awaitable[S | None]"]
 RecoverFn = Callable[["StepContext[S]", "Recovery"], "str | Awaitable[str]"]
 CompleteFn = Callable[["StepContext[S]", "AgentResult"], "Awaitable[None] | None"]
 AgentFn = Callable[["StepContext[S]"], Any]
