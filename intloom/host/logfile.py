@@ -20,7 +20,7 @@ import errno
 import os
 import resource
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final, Literal
 
@@ -28,7 +28,7 @@ import msgspec
 
 from intloom.errors import carried
 from intloom.fsutil import ensure_private_dir, fsync_dir, open_exclusive
-from intloom.project import no_line_breaks
+from intloom.project import no_line_breaks, scan_logs
 
 __all__ = ["LOG_SCHEMA_VERSION", "HostLog", "Level", "utc_now"]
 
@@ -69,6 +69,28 @@ def _log_name(moment: datetime) -> str:
     return f"LOG-{moment.strftime('%Y%m%dT%H%M%S')}{moment.microsecond // 1000:03d}Z.jsonl"
 
 
+def _after_the_newest(logs_dir: Path, moment: datetime) -> datetime:
+    """``moment``, or a millisecond after the newest host log's name when that name sorts
+    after ``moment``'s (the clock went back since: corrected from a time ahead, a VM
+    restored). Readers take the newest name for the last host's log (doctor's ``last_host``,
+    a start's evidence of a crash): a name by the clock alone sorted before its
+    predecessor's, and the log of the host that crashed next was passed over for an older
+    one, its crash unexplained and the Tool call it cut left out of RUN_INTERRUPTED."""
+    try:
+        found, _, _ = scan_logs(logs_dir)
+    except OSError:
+        return moment
+    if not found or _log_name(moment) > found[-1].name:
+        return moment
+    newest = found[-1].name  # LOG_NAME: LOG-%Y%m%dT%H%M%S, milliseconds, Z.jsonl
+    try:
+        at = datetime.strptime(newest[4:19], "%Y%m%dT%H%M%S").replace(
+            microsecond=int(newest[19:22]) * 1000, tzinfo=UTC)
+        return at + timedelta(milliseconds=1)
+    except (ValueError, OverflowError):  # a name no clock gives (year 9999): the clock's
+        return moment
+
+
 def _discard(fd: int, path: Path) -> None:
     """Close and remove a log file that never became a log of anything (its directory's
     fsync or its first line failed), so that a failed start leaves no file behind."""
@@ -103,7 +125,7 @@ class HostLog:
         PrivacyError when ``logs_dir`` is not ours.
         """
         ensure_private_dir(logs_dir)
-        moment = datetime.now(UTC)
+        moment = _after_the_newest(logs_dir, datetime.now(UTC))
         for _ in range(1000):
             path = logs_dir / _log_name(moment)
             try:

@@ -78,3 +78,29 @@ def test_a_line_holding_a_lone_surrogate_is_written_with_it_escaped(tmp_path: Pa
     line = json.loads(log.path.read_bytes().splitlines()[1])
     assert (line["version"], line["nested"]) == ("1\\udcff", {"k\\udcfe": ["a\\udcfd", 2]})
     assert (line["path"], line["names"]) == ("p\\udcfc", ["s\\udcfb"])
+
+
+@pytest.mark.timeout(30)
+def test_a_log_opened_after_the_clock_went_back_sorts_after_the_newest(
+        tmp_path: Path) -> None:
+    """Readers take the newest name for the last host's log. A host started while the clock
+    was ahead (then corrected) named its log in the future, every later host's name sorted
+    before it, and the log of the next host that crashed was passed over: doctor explained
+    no crash, and the Tool call it cut was left out of RUN_INTERRUPTED."""
+    logs = tmp_path / "logs"
+    logs.mkdir(mode=0o700)
+    ahead = logs / "LOG-20991231T235959999Z.jsonl"  # a host whose clock was ahead
+    ahead.write_bytes(b"")
+    first = HostLog.open(logs)
+    second = HostLog.open(logs)
+    try:
+        names = [first.path.name, second.path.name]
+    finally:
+        first.close()
+        second.close()
+    assert names == ["LOG-21000101T000000000Z.jsonl", "LOG-21000101T000000001Z.jsonl"], names
+    stray = logs / "LOG-99991231T235959999Z.jsonl"  # no later name exists: the clock's
+    stray.write_bytes(b"")
+    third = HostLog.open(logs)
+    third.close()
+    assert third.path.name.startswith("LOG-20"), third.path.name
