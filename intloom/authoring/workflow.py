@@ -102,7 +102,7 @@ Target = str | ToStage | Complete
 # and failed only at run time. Sync or async: the host awaits what an ``async def`` returns.
 StepFn = Callable[["StepContext[S]"], "str | Awaitable[str]"]
 # None: it assigned ctx.state instead (as a Step does), or its Stage has no State.
-InitFn = Callable[["StepContext[S]"], "S | None | Awaitable[S | None]"]
+InitFn = Callable[["StepContext[S]"], "S | Awaitable[S | None] | None"]
 RecoverFn = Callable[["StepContext[S]", "Recovery"], "str | Awaitable[str]"]
 CompleteFn = Callable[["StepContext[S]", "AgentResult"], "Awaitable[None] | None"]
 AgentFn = Callable[["StepContext[S]"], Any]
