@@ -359,7 +359,10 @@ class StepContext(Generic[S]):
                 "stopped waiting for it: a cancel, or a stop's grace that ran out), while "
                 f"{during}", recorded)
 
-    def effect(self, name: str, fn: Callable[..., T], *args: Any, key: str | None = None,
+    # ``name`` and ``fn`` positional-only: a function taking its own ``name`` or ``fn``
+    # argument (``ctx.effect("create", create_user, name="bob")``) got "multiple values for
+    # argument 'name'" instead of it. ``key=`` stays intloom's own idempotency key.
+    def effect(self, name: str, fn: Callable[..., T], /, *args: Any, key: str | None = None,
                **kwargs: Any) -> T:
         """Run an external call as a journaled effect (sync Steps).
 
@@ -401,14 +404,15 @@ class StepContext(Generic[S]):
 
     # The value an awaited ``ctx.aeffect`` gives is what ``fn`` returns (awaited when it is
     # awaitable): typed Any, every use of it went unchecked.
+    # ``name`` and ``fn`` positional-only, as in ``effect``.
     @overload
-    def aeffect(self, name: str, fn: Callable[..., Awaitable[T]], *args: Any,
+    def aeffect(self, name: str, fn: Callable[..., Awaitable[T]], /, *args: Any,
                 key: str | None = None, **kwargs: Any) -> Coroutine[Any, Any, T]: ...
     @overload
-    def aeffect(self, name: str, fn: Callable[..., T], *args: Any,
+    def aeffect(self, name: str, fn: Callable[..., T], /, *args: Any,
                 key: str | None = None, **kwargs: Any) -> Coroutine[Any, Any, T]: ...
 
-    def aeffect(self, name: str, fn: Callable[..., Any], *args: Any,
+    def aeffect(self, name: str, fn: Callable[..., Any], /, *args: Any,
                 key: str | None = None, **kwargs: Any) -> Coroutine[Any, Any, Any]:
         """Run an external call as a journaled effect (async Steps); ``fn`` may be async.
 

@@ -636,6 +636,39 @@ def test_a_blocking_call_handed_to_a_thread_through_aeffect_is_journaled(
     assert done.ok and done.result == "posted u"
 
 
+def test_an_effects_function_gets_its_own_name_and_fn_keyword_arguments(
+    tmp_path: Path,
+) -> None:
+    """``ctx.effect("create", create_user, name="bob")`` failed with "got multiple values
+    for argument 'name'": the effect's own name and fn took every ``name=`` and ``fn=``."""
+    made: list[tuple[str, str]] = []
+
+    def create_user(name: str, fn: str) -> str:
+        made.append((name, fn))
+        return f"made {name}"
+
+    wf = intloom.Workflow("eff", version="1")
+    st = wf.stage("s")
+
+    @st.step("a", routes={"ok": "b"})
+    def a(ctx: Any) -> str:
+        assert ctx.effect("create", create_user, name="bob", fn="admin") == "made bob"
+        return "ok"
+
+    @st.step("b", routes={"ok": intloom.COMPLETE})
+    async def b(ctx: Any) -> str:
+        assert await ctx.aeffect("create", create_user, name="al", fn="x") == "made al"
+        return "ok"
+
+    root = tmp_path / "runtime"
+    view = _settle(root, wf)
+    assert view.status == "completed", view.last_error
+    assert made == [("bob", "admin"), ("al", "x")]
+    assert [(e.record.name, e.record.result) for e in read_history(root, view.run_id)
+            if isinstance(e.record, EffectDone)] == [("create", "made bob"),
+                                                     ("create", "made al")]
+
+
 def test_a_restored_runs_history_is_read_on_the_hosts_own_threads(tmp_path: Path) -> None:
     """The earlier host's history was read with asyncio.to_thread, on the loop's default
     executor: Steps that fill it (asyncio.to_thread of their own) made a follower of a
