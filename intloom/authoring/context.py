@@ -393,6 +393,9 @@ class StepContext(Generic[S]):
                 f"{self._code} `async def` and write `await ctx.aeffect(...)`, or pass a sync "
                 "function.",
             )
+        generator = _a_generator(self.where, "ctx.effect", fn)
+        if generator is not None:
+            raise generator
         key = self._key(name, key)
         try:
             return self._hooks.effect_sync(  # type: ignore[no-any-return]
@@ -437,6 +440,9 @@ class StepContext(Generic[S]):
             )
         if not callable(fn):
             raise _not_a_function(self.where, "await ctx.aeffect", name, fn)
+        generator = _a_generator(self.where, "ctx.aeffect", fn)
+        if generator is not None:
+            raise generator
         key = self._key(name, key)
         return self._track(_Unawaited(self._aeffect(name, key, lambda: fn(*args, **kwargs)),
                                       self, "aeffect", (name, key)))
@@ -607,6 +613,29 @@ def _not_a_function(where: str, call: str, name: str, fn: object) -> IntloomErro
         f"{where} passed {what} to {call}({name!r}, ...) as the effect's function. The effect "
         f"was not called and nothing was recorded. Pass the function and its arguments, "
         f"uncalled: `{call}({name!r}, fn, *args)`.",
+    )
+
+
+def _a_generator(where: str, call: str, fn: object) -> IntloomError | None:
+    """The refusal of a generator function (or an async one) as an effect's function, or
+    None. Calling one returns a generator, never what it yields: the effect was journaled
+    done with "<generator object ...>" before its body ever ran, and never ran it after."""
+    shown = callable_name(fn)
+    if inspect.isasyncgenfunction(fn):
+        kind = "an async generator"
+        consume = (f"an async function given to `await ctx.aeffect(...)` (`async def "
+                   f"collect(): return [x async for x in {shown}(...)]`)")
+    elif inspect.isgeneratorfunction(fn):
+        kind = "a generator"
+        consume = f"a normal function (`lambda: list({shown}(...))`)"
+    else:
+        return None
+    return IntloomError(
+        "STEP_INTERACTION_INVALID",
+        f"{where} passed {shown!r}, {kind} function (it has `yield`), to {call}, which "
+        f"calls it and records what it returns: {kind} object, whose body would never run. "
+        "The effect was not called and nothing was recorded. Return a list instead of "
+        f"yielding, or consume the generator inside {consume} and pass that.",
     )
 
 

@@ -128,6 +128,22 @@ class Tool:
             raise IntloomError("WORKFLOW_DEFINITION_INVALID", (
                 f"{where}: fn {_shown_value(self.fn)} is not callable. Pass the function the "
                 "Agent's calls run, e.g. intloom.Tool(\"search\", search)."))
+        if inspect.isgeneratorfunction(self.fn) or inspect.isasyncgenfunction(self.fn):
+            # Calling one returns a generator, never what it yields: every call the Agent
+            # made was refused at run time as "not plain JSON data", its body never run.
+            shown = callable_name(self.fn)
+            if inspect.isasyncgenfunction(self.fn):
+                kind = "an async generator"
+                consume = (f"an async function (`async def tool(input): return [x async for "
+                           f"x in {shown}(input)]`)")
+            else:
+                kind = "a generator"
+                consume = f"a normal function (`def tool(input): return list({shown}(input))`)"
+            raise IntloomError("WORKFLOW_DEFINITION_INVALID", (
+                f"{where}: {shown} is {kind} function (it has `yield`): calling it returns "
+                f"{kind} object, never its result, and its body would never run. Return a "
+                f"list instead of yielding, or consume the generator inside {consume} and "
+                "pass that."))
         if not _accepts(self.fn, 1):
             raise IntloomError("WORKFLOW_DEFINITION_INVALID", (
                 f"{where}: {callable_name(self.fn)}{_signature(self.fn)} cannot be called "

@@ -111,6 +111,27 @@ def test_a_tool_needs_a_valid_name_and_a_function_of_the_agents_input() -> None:
     intloom.Tool("web.search-2_x", lambda q: [q])  # what the name rule allows
 
 
+def test_a_tool_given_a_generator_function_is_refused_when_built() -> None:
+    """A Tool whose function yields was accepted: each call the Agent made got a generator,
+    refused as "not plain JSON data", and the Tool's body never ran."""
+    def pages(input: Any) -> Any:
+        yield input
+
+    async def stream(input: Any) -> Any:
+        yield input
+
+    with _refused(r"intloom\.Tool\('search', \.\.\.\): pages is a generator function \(it "
+                  r"has `yield`\): calling it returns a generator object, never its result.*"
+                  r"Return a list instead of yielding, or consume the generator inside a "
+                  r"normal function \(`def tool\(input\): return list\(pages\(input\)\)`\)"
+                  ) as info:
+        intloom.Tool("search", pages)
+    assert _code(info) == "WORKFLOW_DEFINITION_INVALID"
+    with _refused(r"stream is an async generator function .*inside an async function "
+                  r"\(`async def tool\(input\): return \[x async for x in stream\(input\)\]`\)"):
+        intloom.Tool("search", stream)
+
+
 class _Text(str):
     """A subclass of str, as a name's type: msgspec encodes none but enums."""
 

@@ -573,6 +573,51 @@ def test_ctx_effect_refuses_an_async_function_before_anything_is_recorded(
     assert "EffectStarted" not in _phases(root, view.run_id)
 
 
+@pytest.mark.parametrize("call", ["effect", "aeffect"])
+@pytest.mark.parametrize("kind", ["a generator", "an async generator"])
+def test_an_effect_refuses_a_generator_function_before_anything_is_recorded(
+    tmp_path: Path, call: str, kind: str,
+) -> None:
+    """An effect's function that yields was called, and the effect journaled done with
+    "<generator object ...>" before its body ever ran (and it never ran after)."""
+    ran: list[str] = []
+
+    def charges() -> Any:
+        ran.append("charged")
+        yield "paid"
+
+    async def acharges() -> Any:
+        ran.append("charged")
+        yield "paid"
+
+    fn = charges if kind == "a generator" else acharges
+    wf = intloom.Workflow("eff", version="1")
+    st = wf.stage("s")
+
+    if call == "effect":
+        @st.step("a", routes={"ok": intloom.COMPLETE})
+        def a(ctx: Any) -> str:
+            ctx.effect("charge", fn)
+            return "ok"
+    else:
+        @st.step("a", routes={"ok": intloom.COMPLETE})
+        async def a(ctx: Any) -> str:
+            await ctx.aeffect("charge", fn)
+            return "ok"
+
+    root = tmp_path / "runtime"
+    view = _settle(root, wf)
+    assert view.status == "failed" and view.last_error is not None
+    assert view.last_error.code == "STEP_INTERACTION_INVALID"
+    message = view.last_error.message
+    assert (f"Stage 's', Step 'a' passed {fn.__name__!r}, {kind} function (it has `yield`), "
+            f"to ctx.{call}, which calls it and records what it returns: {kind} object, whose "
+            "body would never run. The effect was not called and nothing was recorded. Return "
+            "a list instead of yielding, or consume the generator inside ") in message, message
+    assert ran == []
+    assert "EffectStarted" not in _phases(root, view.run_id)
+
+
 def test_ctx_effect_records_an_awaitable_result_as_never_run(
     tmp_path: Path, no_unawaited_warning: None,
 ) -> None:
