@@ -369,6 +369,8 @@ class StepContext(Generic[S]):
         ``effect_started`` is durable before ``fn`` is called, so if the host dies while it
         runs, the Run is reported RUN_INTERRUPTED naming this effect; it is never re-run.
         """
+        if not isinstance(name, str):
+            raise _not_a_name(self.where, "ctx.effect", name, (fn, *args), key, kwargs)
         if self._state_type is _Over:
             raise self._stale(f"ctx.effect({name!r}, ...)", "effect",
                               "the effect was not called")
@@ -424,6 +426,8 @@ class StepContext(Generic[S]):
         Refused at the call in a sync Step: there the coroutine would never be awaited and
         the effect would silently never run.
         """
+        if not isinstance(name, str):
+            raise _not_a_name(self.where, "await ctx.aeffect", name, (fn, *args), key, kwargs)
         if self._state_type is _Over:
             raise self._stale(f"ctx.aeffect({name!r}, ...)", "effect",
                               "the effect was not called")
@@ -614,6 +618,48 @@ def _not_a_function(where: str, call: str, name: str, fn: object) -> IntloomErro
         f"was not called and nothing was recorded. Pass the function and its arguments, "
         f"uncalled: `{call}({name!r}, fn, *args)`.",
     )
+
+
+def _not_a_name(where: str, call: str, name: object, args: tuple[Any, ...], key: object,
+                kwargs: dict[str, Any]) -> IntloomError:
+    """The refusal of an effect whose first argument is not its name, most often its
+    function with the name left out (``ctx.effect(create_user, "bob")``): that was told
+    "bob", a str, "cannot be called", and shown a fix with the function's repr as the name."""
+    if callable(name):
+        shown = callable_name(name)
+        label = getattr(name, "__name__", None)
+        if not isinstance(label, str) or not label.isidentifier():
+            label = "name"  # a lambda's "<lambda>", a callable object's missing __name__
+        given = [_arg_shown(arg) for arg in args]
+        given += [f"{k}={_arg_shown(v)}" for k, v in
+                  [*kwargs.items(), *([("key", key)] if key is not None else [])]]
+        rest = ", ".join(given)
+        if len(rest) > 80:  # a fix to copy, not the data: long arguments are elided
+            rest = "..."
+        what = f"the function {shown}"
+        example = f'{call}("{label}", {shown}{", " + rest if rest else ""})'
+    else:
+        what = "None" if name is None else f"{_arg_shown(name)} ({a_an(type(name).__name__)})"
+        example = f'{call}("charge-card", charge, order)'
+    return IntloomError(
+        "STEP_INTERACTION_INVALID",
+        f"{where} called {call} with {what} as its first argument, which is the effect's "
+        "name: what the journal and RUN_INTERRUPTED messages call it. The effect was not "
+        "called and nothing was recorded. Pass the name first, then the function and its "
+        f"arguments: `{example}`.",
+    )
+
+
+def _arg_shown(value: object) -> str:
+    """An argument as a fix shows it: a function by its name; anything else by its repr,
+    which is user code and may raise, or be long."""
+    if callable(value):
+        return callable_name(value)
+    try:
+        text = repr(value)
+    except Exception:
+        return "..."
+    return text if len(text) <= 40 else "..."
 
 
 def _a_generator(where: str, call: str, fn: object) -> IntloomError | None:

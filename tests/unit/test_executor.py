@@ -2106,6 +2106,11 @@ def _gathered(ctx: Any) -> Any:
     return asyncio.gather(ctx.aeffect("x", slow), ctx.aeffect("y", slow))
 
 
+def create_user(name: str) -> str:
+    """An effect's function, as a call that left out the effect's name passes it."""
+    return name
+
+
 # mistake -> (the Step's body, sync?, facts of the message, the effects journaled as started)
 EFFECT_MISTAKES: dict[str, tuple[Callable[[Any], Any], bool, list[str], list[tuple[str, str]]]] = {
     "nested_sync": (
@@ -2156,6 +2161,22 @@ EFFECT_MISTAKES: dict[str, tuple[Callable[[Any], Any], bool, list[str], list[tup
         ["gave effect 'one' the key 'two#1', already the default key of effect 'two' in this "
          "Step"],
         [("two", "two#1")]),
+    # Said: "passed a str, which cannot be called", with the function's repr as the name.
+    "name_left_out": (
+        lambda ctx: ctx.effect(create_user, "bob"), True,
+        ["called ctx.effect with the function create_user as its first argument, which is "
+         "the effect's name: what the journal and RUN_INTERRUPTED messages call it. The "
+         "effect was not called and nothing was recorded. Pass the name first, then the "
+         "function and its arguments: `ctx.effect(\"create_user\", create_user, 'bob')`."],
+        []),
+    "name_left_out_async": (
+        lambda ctx: ctx.aeffect(create_user, "al", key="k"), False,
+        ["called await ctx.aeffect with the function create_user as its first argument",
+         "`await ctx.aeffect(\"create_user\", create_user, 'al', key='k')`"], []),
+    "name_not_a_str": (
+        lambda ctx: ctx.effect(3, create_user, "bob"), True,
+        ["called ctx.effect with 3 (an int) as its first argument, which is the effect's "
+         "name", '`ctx.effect("charge-card", charge, order)`'], []),
     "empty_name": (
         lambda ctx: ctx.effect("", lambda: 1), True,
         ["started an effect named ''", "non-empty name"], []),
