@@ -88,6 +88,20 @@ class ToStage:
         # Built before it is given to a Step, so only the call itself can be named. A list
         # here failed the whole source at load with "TypeError: unhashable type: 'list'",
         # naming neither the route nor the fix.
+        # A Stage or Step object (a decorated function is a Step) was shown as
+        # "<intloom.authoring.workflow.Stage object at 0x...>", its name nowhere.
+        if isinstance(self.stage, Stage):
+            raise IntloomError("WORKFLOW_DEFINITION_INVALID", (
+                f"intloom.ToStage(...): the Stage name is Stage {self.stage.name!r} itself "
+                "(what wf.stage(...) returned), not a string. Pass its name: "
+                f'intloom.ToStage("{self.stage.name}").'))
+        if isinstance(self.stage, Step):
+            step, stage = self.stage.name, self.stage.stage.name
+            raise IntloomError("WORKFLOW_DEFINITION_INVALID", (
+                f"intloom.ToStage(...): the Stage name is Step {step!r} of Stage {stage!r} "
+                "itself (what its decorator returned), not a string. ToStage enters a Stage "
+                f'at its first Step: intloom.ToStage("{stage}"); within Stage {stage!r}, '
+                f'route to the Step by its name: "{step}".'))
         if not isinstance(self.stage, str):
             raise IntloomError("WORKFLOW_DEFINITION_INVALID", (
                 f"intloom.ToStage({self.stage!r}): the Stage name {_shown_value(self.stage)} "

@@ -96,6 +96,25 @@ def test_to_stage_given_no_string_names_the_call_not_a_python_error() -> None:
     assert _code(info) == "WORKFLOW_DEFINITION_INVALID"
 
 
+def test_to_stage_given_a_stage_or_a_step_names_it_and_the_call_to_write() -> None:
+    """``ToStage(publish)``, the Stage object, was told only that
+    "<intloom.authoring.workflow.Stage object at 0x...>" is not a string."""
+    wf = intloom.Workflow("notes", version="1")
+    publish = wf.stage("publish")
+    post = publish.step("post", routes={"ok": intloom.COMPLETE})(lambda ctx: "ok")
+    with _refused(r"^WORKFLOW_DEFINITION_INVALID: intloom\.ToStage\(\.\.\.\): the Stage name "
+                  r"is Stage 'publish' itself \(what wf\.stage\(\.\.\.\) returned\), not a "
+                  r'string\. Pass its name: intloom\.ToStage\("publish"\)\.$') as info:
+        intloom.ToStage(publish)  # type: ignore[arg-type]
+    assert _code(info) == "WORKFLOW_DEFINITION_INVALID"
+    with _refused(r"intloom\.ToStage\(\.\.\.\): the Stage name is Step 'post' of Stage "
+                  r"'publish' itself \(what its decorator returned\), not a string\. ToStage "
+                  r'enters a Stage at its first Step: intloom\.ToStage\("publish"\); within '
+                  r'Stage \'publish\', route to the Step by its name: "post"\.$') as info:
+        intloom.ToStage(post)  # type: ignore[arg-type]
+    assert "object at 0x" not in str(info.value)
+
+
 def test_a_tool_needs_a_valid_name_and_a_function_of_the_agents_input() -> None:
     with _refused(r"intloom\.Tool\('bad name!', \.\.\.\): the Tool name 'bad name!' is not "
                   r"valid\. Use 1-64 letters") as info:
