@@ -228,7 +228,9 @@ def _caller(depth: int) -> tuple[str, int]:
     return frame.f_code.co_filename, frame.f_lineno
 
 
-_NAME_RULE: Final = "Use 1-64 letters, digits, '_', '-' or '.', starting with a letter or digit."
+# ASCII, as _NAME is: "letters" let an author read "étape" as one, and be refused by it.
+_NAME_RULE: Final = ("Use 1-64 ASCII letters (A-Z, a-z), digits, '_', '-' or '.', starting with "
+                     "a letter or digit.")
 
 
 def _shown_value(value: object) -> str:

@@ -117,7 +117,7 @@ def test_to_stage_given_a_stage_or_a_step_names_it_and_the_call_to_write() -> No
 
 def test_a_tool_needs_a_valid_name_and_a_function_of_the_agents_input() -> None:
     with _refused(r"intloom\.Tool\('bad name!', \.\.\.\): the Tool name 'bad name!' is not "
-                  r"valid\. Use 1-64 letters") as info:
+                  r"valid\. Use 1-64 ASCII letters") as info:
         intloom.Tool("bad name!", len)
     assert _code(info) == "WORKFLOW_DEFINITION_INVALID"
     with _refused(r"the Tool name 3 \(an int\) is not a string"):
@@ -179,6 +179,16 @@ def test_names_of_a_str_subclass_are_kept_as_plain_text() -> None:
     assert msgspec.json.decode(msgspec.json.encode(texts)) == texts
 
 
+def test_a_name_with_a_letter_beyond_ascii_is_told_the_rule_is_ascii() -> None:
+    """``@st.step("étape")`` was told to "Use 1-64 letters", and é is a letter."""
+    st = intloom.Workflow("w", version="1").stage("s")
+    with _refused(r"Workflow 'w', Stage 's': Step name 'étape' is not valid\. Use 1-64 ASCII "
+                  r"letters \(A-Z, a-z\), digits, '_', '-' or '\.', starting with a letter or "
+                  r"digit\.$") as info:
+        st.step("étape", routes={"ok": intloom.COMPLETE})(lambda ctx: "ok")
+    assert _code(info) == "WORKFLOW_DEFINITION_INVALID"
+
+
 def _declare(kind: str, name: str) -> None:
     wf = intloom.Workflow(name if kind == "Workflow" else "w", version="1")
     st = wf.stage(name if kind == "Stage" else "s")
@@ -194,7 +204,7 @@ def _declare(kind: str, name: str) -> None:
 def test_a_name_ending_in_a_newline_is_refused_like_any_other_character(kind: str) -> None:
     """``$`` matches before a final newline: ``Workflow("notes\\n")`` loaded, its name broke
     every one-line view, and a Step returning "done" missed its route "done\\n"."""
-    with _refused(rf"{kind} name 'done\\n' is not valid\. Use 1-64 letters") as info:
+    with _refused(rf"{kind} name 'done\\n' is not valid\. Use 1-64 ASCII letters") as info:
         _declare(kind, "done\n")
     assert _code(info) == "WORKFLOW_DEFINITION_INVALID"
     _declare(kind, "done")  # the same name without the newline is fine
