@@ -24,10 +24,10 @@ import tempfile
 import textwrap
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from types import CodeType, FrameType, ModuleType, TracebackType
-from typing import IO, Any, Final, NoReturn
+from typing import IO, Any, Final, NoReturn, TypeGuard, cast
 
 import msgspec
 
@@ -1290,6 +1290,27 @@ def _near_miss(root: Path, rel: str) -> str:
         " (without the spaces)?" if meant == rel.strip() else "?")
 
 
+def _held(value: object) -> Iterable[object]:
+    """What a list, tuple or dict (its values) bound in a source holds, read as the built-in
+    type reads it: a subclass's own ``__iter__`` or ``values()`` is user code, and may
+    raise. Nothing for any other value."""
+    kind = type(value)
+    if issubclass(kind, dict):
+        return dict.values(cast("dict[object, object]", value))
+    if issubclass(kind, list):
+        return list.__iter__(cast("list[object]", value))
+    if issubclass(kind, tuple):
+        return tuple.__iter__(cast("tuple[object, ...]", value))
+    return ()
+
+
+def _is_workflow(value: object) -> TypeGuard[Workflow]:
+    """Whether ``value`` is a Workflow, judged by ``type()``, which reads no attribute of it:
+    isinstance consults ``__class__``, which a lazy proxy (Django's unconfigured settings)
+    raises from."""
+    return issubclass(type(value), Workflow)
+
+
 def _load_entry(root: Path, rel: str, entry: Path) -> dict[str, LoadedWorkflow]:
     """Import one entry and return its Workflows, all of them or none (an IntloomError)."""
     try:
@@ -1326,18 +1347,21 @@ def _load_entry(root: Path, rel: str, entry: Path) -> dict[str, LoadedWorkflow]:
             "of it was read. Name a .py file or a package in 'workflows' in intloom.toml.",
         )
     module = _import(root, entry)
+    # A copy, in one step: a thread the module started may bind names meanwhile. Each value
+    # is judged by _is_workflow and _held, which run none of its code: isinstance on a lazy
+    # proxy failed the whole source ("checking its Workflows raised ...").
+    bound = vars(module).copy()
     # One Workflow object may be bound to several names; the first names it.
     found: dict[Workflow, str] = {}
-    for name, value in vars(module).items():
-        if isinstance(value, Workflow):
+    for name, value in bound.items():
+        if _is_workflow(value):
             found.setdefault(value, name)
     if not found:
         # Made, and kept only in a list or a dict (ALL = [make("a"), make("b")]): named, so
         # that "defines no Workflow" does not send the author looking for a missing one.
-        held = {name: [v.name for v in (value.values() if isinstance(value, dict) else value)
-                       if isinstance(v, Workflow)]
-                for name, value in vars(module).items()
-                if isinstance(value, (list, tuple, dict)) and not name.startswith("__")}
+        held = {name: [v.name for v in _held(value) if _is_workflow(v)]
+                for name, value in bound.items()
+                if type(name) is str and not name.startswith("__")}
         kept = next(((name, names) for name, names in held.items() if names), None)
         inside = (f": {kept[0]} holds Workflows {', '.join(map(repr, kept[1]))}, which are "
                   "not bound to names of their own" if kept else "")

@@ -80,6 +80,65 @@ def test_workflows_kept_only_in_a_list_are_named(tmp_path: Path) -> None:
         problem.message
 
 
+LAZY = '''
+import intloom
+
+
+class _Unconfigured(Exception):
+    pass
+
+
+class Lazy:
+    """A lazy proxy, as Django's settings before they are configured: even its __class__
+    raises."""
+
+    @property  # type: ignore[misc]
+    def __class__(self):
+        raise _Unconfigured("settings are not configured")
+
+
+class Listed(list):
+    def __iter__(self):
+        raise _Unconfigured("not iterable yet")
+
+
+class Mapped(dict):
+    def values(self):
+        raise _Unconfigured("no values yet")
+
+
+settings = Lazy()
+HELD = [Lazy()]
+LISTED = Listed([Lazy()])
+MAPPED = Mapped(a=Lazy())
+globals()[1] = Lazy()  # a name that is not a str
+{workflow}
+'''
+
+
+@pytest.mark.parametrize("with_workflow", [True, False])
+def test_a_global_whose_class_attribute_raises_does_not_fail_its_source(
+        tmp_path: Path, with_workflow: bool) -> None:
+    """A module-level lazy proxy (Django's unconfigured ``settings``) whose ``__class__``
+    raises failed the whole source with "checking its Workflows raised ...": every global
+    was checked with isinstance, which reads ``__class__``."""
+    root = tmp_path / "proj"
+    (root / "flows").mkdir(parents=True)
+    workflow = ("wf = intloom.Workflow('w', version='1')\n"
+                "wf.stage('s').step('a', routes={'ok': intloom.COMPLETE})(lambda ctx: 'ok')\n")
+    (root / "flows" / "lazy.py").write_text(
+        LAZY.format(workflow=workflow if with_workflow else ""))
+    result = load_workflows(root, Config(workflows=("flows/lazy.py",), port=None))
+    if with_workflow:
+        assert result.problems == [] and list(result.workflows) == ["w"], result.problems
+        return
+    [(_source, problem)] = result.problems
+    assert problem.code == "WORKFLOW_LOAD_FAILED", problem
+    assert problem.message.startswith(
+        "flows/lazy.py defines no intloom.Workflow at module level. Bind each to a name"), \
+        problem.message
+
+
 @pytest.mark.parametrize(("decorator", "said"), [
     ("@s.step", 'Declare a Step as @stage.step("name", routes={"outcome": "next_step"})'),
     ('@s.step("a")', 'Declare a Step as @stage.step("name", routes={"outcome": "next_step"})'),
