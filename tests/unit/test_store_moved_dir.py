@@ -94,11 +94,14 @@ def test_a_wal_directory_swapped_for_a_link_gets_no_segment_through_it(
         store.close_blocking()
     assert [p.name for p in real.iterdir()] == ["0000000001.seg"]  # nothing through the link
     told = [(exc.what, exc.cause) for exc, when in store.unsummarised if when == "rotation"]
-    assert told == [("segment", f"Checkpoint store path {root / 'wal'} is a symbolic link; "
-                     "intloom never follows links in its state; move it aside "
-                     f"(mv {root / 'wal'} {root / 'wal'}.bad), or put the real file or "
-                     "directory there instead of it; then try again.")], told
-    (root / "wal").unlink()
+    wal = root / "wal"
+    assert told == [("segment", f"Checkpoint store path {wal} is a symbolic link; intloom "
+                     f"never follows links in its state; it leads to the directory {real}: "
+                     f"to use that directory, put it in the link's place (rm {wal}; mv "
+                     f"{real} {wal}) or bind-mount it at {wal}; then try again. Moved aside "
+                     "instead, the link is replaced by a new, empty directory, without what "
+                     f"{real} holds.")], told
+    (root / "wal").unlink()  # as told
     real.rename(root / "wal")
     report = read_runs_report(root)
     assert by_id(report.runs)["RUN-A"].state == fold(records)
