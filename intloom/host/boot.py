@@ -23,7 +23,7 @@ import msgspec
 from intloom.authoring.loader import LoadedWorkflow, load_workflows
 from intloom.errors import ErrorView, IntloomError
 from intloom.executor.runtime import RestoredRun, Runtime, incompatibility, strict_refusal
-from intloom.fsutil import PrivacyError, no_inode_left, plug_standard
+from intloom.fsutil import PrivacyError, limit_fix, no_inode_left, plug_standard
 from intloom.host.logfile import HostLog, utc_now
 from intloom.host.metadata import privacy_invalid
 from intloom.host.toolcalls import evidence_log, tool_calls_cut
@@ -132,10 +132,13 @@ def _watch_compactions(store: Store, log: HostLog, last: list[str]) -> None:
     delivers its end after it)."""
 
     def said(exc: NotSummarised, when: str) -> None:
-        # No inode left is ENOSPC too, and "free disk space" misleads where df shows plenty.
-        inodes = None if exc.fix else no_inode_left(
+        # No inode left is ENOSPC too, and "free disk space" misleads where df shows plenty;
+        # no descriptor left (a low ulimit -n) is no matter of the disk or its permissions.
+        limited = None if exc.fix else limit_fix(exc.errno)
+        inodes = None if exc.fix or limited else no_inode_left(
             store.layout.root, failed=exc.errno == errno.ENOSPC)
-        fix = f"{inodes[:1].upper()}{inodes[1:]}." if inodes else exc.fix or _DISK_FIX
+        told = inodes or limited
+        fix = f"{told[:1].upper()}{told[1:]}." if told else exc.fix or _DISK_FIX
         effect = exc.effect or f"{_NOT_SUMMARISED} {fix}"
         log.warning("store_compaction_failed", what=exc.what, when=when, cause=exc.cause,
                     effect=effect)

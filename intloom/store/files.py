@@ -330,8 +330,9 @@ def atomic_write_many(directory: Path, items: list[tuple[str, bytes]], *,
 
     Each file goes to an exclusive temp file beside its target, is fsynced, then renamed
     over the target -- up to ``_FILES_AT_ONCE`` files at a time, written and fsynced
-    together (``replace_files``). A symlinked target is refused (rename would replace the
-    link itself, silently hiding what it pointed at).
+    together (``replace_files``); fewer, down to one, while the process or the system has
+    no descriptor left for that many (EMFILE, ENFILE). A symlinked target is refused
+    (rename would replace the link itself, silently hiding what it pointed at).
 
     ``at_once``: up to ``_FSYNCS_AT_ONCE`` of a group's fsyncs in flight together, for a
     caller for whom nothing else waits on the disk meanwhile (a host's open and close).
@@ -344,11 +345,12 @@ def atomic_write_many(directory: Path, items: list[tuple[str, bytes]], *,
         return
     wrote = False
     fsyncs = _Fsyncs(_FSYNCS_AT_ONCE) if at_once and len(items) > 1 else None
+    at, size = 0, _FILES_AT_ONCE
     try:
-        for at in range(0, len(items), _FILES_AT_ONCE):
+        while at < len(items):
             if stop is not None and stop.is_set():
                 raise WritesStopped(directory)
-            group = items[at:at + _FILES_AT_ONCE]
+            group = items[at:at + size]
             try:
                 if fsyncs is None:
                     replace_files(directory, group)
@@ -356,7 +358,16 @@ def atomic_write_many(directory: Path, items: list[tuple[str, bytes]], *,
                     replace_files(directory, group, fsync_all=fsyncs)
             except PrivacyError as exc:
                 raise _from_privacy(exc) from None
+            except OSError as exc:
+                # Under a low ulimit -n (a start accepts ~30) a group of 64 never fit: every
+                # compaction failed EMFILE and each restart replayed more of the log. A
+                # failed group left every target as it was, so fewer at a time is safe.
+                if exc.errno not in (errno.EMFILE, errno.ENFILE) or len(group) == 1:
+                    raise
+                size = len(group) // 2
+                continue
             wrote = True
+            at += len(group)
     finally:
         if fsyncs is not None:
             fsyncs.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import shutil
 import subprocess
 import sys
@@ -744,6 +745,76 @@ def test_segments_rotate_below_the_file_size_limit(tmp_path: Path, batches: str,
     assert int(count) > 2 and below == "True", printed
     if flush == "loop":  # never on the loop
         assert int(threaded) >= 3 and inline == "0", printed
+
+
+# A store's close with exactly ``sys.argv[3]`` descriptors left to it (``ulimit -n``): every
+# number below the soft limit but those is taken, and the store's own lie above it, so the
+# ones its close lets go are no use to it either.
+_FEW_DESCRIPTORS = r"""
+import json, os, resource, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[2])
+from tests.unit.test_store_support import open_store, walk
+from intloom.host.boot import _watch_compactions
+from intloom.host.logfile import HostLog
+
+LIMIT = 64
+root = Path(sys.argv[1])
+low = []
+while (fd := os.open(os.devnull, os.O_RDONLY)) < LIMIT:
+    low.append(fd)
+os.close(fd)
+store = open_store(root)
+for n in range(100):
+    for record in walk(f"RUN-{n:03d}", 3, n):
+        store.append(f"RUN-{n:03d}", record)
+store.sync_blocking()
+hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+resource.setrlimit(resource.RLIMIT_NOFILE, (LIMIT, hard))
+left = int(sys.argv[3])
+for fd in low[len(low) - left:] if left else []:
+    os.close(fd)
+store.close_blocking()
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+for fd in low[:len(low) - left]:
+    os.close(fd)
+log = HostLog.open(root.parent / "logs")  # what the host logs of it, and status shows
+last: list[str] = []
+_watch_compactions(store, log, last)
+print(json.dumps([len(os.listdir(root / "snap" / "live")), last]))
+"""
+
+
+def _few_descriptors(tmp_path: Path, left: int) -> tuple[int, list[str]]:
+    """How many snapshots a close of 100 busy Runs wrote with ``left`` descriptors, and
+    the ``store_compaction_failed`` message (status's) if one failed."""
+    script = tmp_path / "few.py"
+    script.write_text(_FEW_DESCRIPTORS)
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "runtime"),
+                           str(Path(__file__).resolve().parents[2]), str(left)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    written, last = json.loads(done.stdout)
+    return written, last
+
+
+def test_a_compaction_with_few_descriptors_writes_its_snapshots_fewer_at_a_time(
+        tmp_path: Path) -> None:
+    """Under a low ``ulimit -n`` that a start accepts, the 64 snapshot files a compaction
+    held open together never fit: it failed EMFILE at every open, rotation and stop, and
+    each restart replayed more of the log."""
+    written, last = _few_descriptors(tmp_path, 12)
+    assert (written, last) == (100, []), last
+
+
+def test_a_compaction_with_no_descriptor_left_names_the_limit_not_the_disk(
+        tmp_path: Path) -> None:
+    """Said "Free disk space, or fix the permissions of .intloom/runtime" of a disk that
+    was fine."""
+    written, last = _few_descriptors(tmp_path, 0)
+    assert written == 0 and len(last) == 1, last
+    assert "Too many open files" in last[0] and "ulimit -n" in last[0], last
+    assert "Free disk space" not in last[0] and "permissions" not in last[0], last
 
 
 def test_a_lone_runs_flush_leaves_a_rotations_wait_for_compaction_to_the_stores_thread(
