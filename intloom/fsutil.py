@@ -462,11 +462,21 @@ def no_inode_left(directory: Path, *, failed: bool = False) -> str | None:
     so nearly none counts as none: by the time this looks, that write has removed its temp
     files (a compaction's snapshots), freeing a few, and a file system that ran out of them
     said "free disk space" with gigabytes free. Asked ahead of any write (status, doctor),
-    a few hundred free inodes are no reason to say a start will fail."""
-    try:
-        fs = os.statvfs(directory)
-    except OSError:
-        return None
+    a few hundred free inodes are no reason to say a start will fail.
+
+    ``directory`` may not exist yet (one a start failed to create): its nearest existing
+    parent is asked, and named, instead; asked of it, statvfs failed, and a start out of
+    inodes at the checkpoint store's directories said "free disk space"."""
+    while True:
+        try:
+            fs = os.statvfs(directory)
+            break
+        except (FileNotFoundError, NotADirectoryError):
+            if directory.parent == directory:
+                return None
+            directory = directory.parent
+        except OSError:
+            return None
     few = min(_FEW_INODES, fs.f_files // 100 + 1) if failed else 1
     if fs.f_files == 0 or fs.f_favail >= few:
         return None

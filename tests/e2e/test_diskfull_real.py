@@ -365,6 +365,36 @@ def test_a_compaction_out_of_inodes_says_so_not_free_disk_space(few_inodes: Path
         give_back(taken)
 
 
+def test_a_start_out_of_inodes_for_the_stores_directories_says_so(few_inodes: Path) -> None:
+    """A checkpoint store directory that could not be created for want of an inode said
+    "free disk space (or quota) for it" of a nearly empty disk: the inode count was asked
+    of the directory not created, and statvfs of it failed."""
+    project = basic_project(few_inodes / "proj")
+    taken: list[Path] = []
+    said: dict[int, str] = {}
+    try:
+        for free in range(1, 14):  # each start takes one more step before it runs out
+            shutil.rmtree(project.state, ignore_errors=True)
+            take_inodes(few_inodes, taken)
+            give_back(taken[len(taken) - free:])
+            del taken[len(taken) - free:]
+            started = project.cli("start", "--json")
+            if started.code == 0:
+                assert project.cli("stop").code == 0
+                continue
+            message = started.json["error"]["message"]
+            if "Checkpoint store path" in message and "cannot be created" in message:
+                said[free] = message
+            give_back(taken)
+    finally:
+        project.reap()
+        give_back(taken)
+    assert said, "no start ran out of inodes at the store's directories"
+    for free, message in said.items():
+        assert "no inode left" in message and "df -i" in message, (free, message)
+        assert "free disk space" not in message, (free, message)
+
+
 def test_a_run_a_full_disk_failed_by_a_checkpoint_is_not_said_to_be_over(
     full_project: Project, small_disk: Path,
 ) -> None:
