@@ -539,20 +539,28 @@ def storage_fix(exc: OSError, path: Path, *, replaced: bool = True,
     return f"Check the disk and {directory}{then}."
 
 
-def limit_fix(code: int | None) -> str | None:
+def limit_fix(code: int | None, *, command: bool = False) -> str | None:
     """What to do when a write or a create failed for a limit of the process or the system
     rather than of the disk (no descriptor left, the file size limit), a sentence without
     its end; None for any other errno. "Check the disk" sent the user to examine a disk
-    that was fine."""
+    that was fine. ``command``: met by whichever intloom process reads the store (verify,
+    doctor, or a host), not by a host alone, so it is run again rather than started."""
+    then = "then run it again" if command else "then start again"
     if code == errno.EMFILE:
+        if command:
+            return ("this process ran out of file descriptors (an intloom command, like a "
+                    "host, inherits the ulimit -n of the shell that ran it): raise the limit "
+                    f"(ulimit -n 1024), {then}")
         return ("the host ran out of file descriptors (it inherits the ulimit -n of the shell "
-                "that ran intloom start): raise the limit (ulimit -n 1024), then start again")
+                f"that ran intloom start): raise the limit (ulimit -n 1024), {then}")
     if code == errno.ENFILE:
         return ("the system's table of open files is full: close programs that hold many "
-                "files, then start again")
+                f"files, {then}")
     if code == errno.EFBIG:
-        return ("the host inherits the file size limit (ulimit -f) of the shell that ran "
-                "intloom start: raise it (ulimit -f unlimited), then start again")
+        whose = ("this process inherits the file size limit (ulimit -f) of the shell that "
+                 "ran it" if command else "the host inherits the file size limit (ulimit -f) "
+                 "of the shell that ran intloom start")
+        return f"{whose}: raise it (ulimit -f unlimited), {then}"
     return None
 
 

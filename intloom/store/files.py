@@ -239,7 +239,11 @@ def list_names(path: Path) -> list[str]:
     except FileNotFoundError:
         return []
     except OSError as exc:
-        raise storage_error(path, f"cannot be listed ({exc.strerror})") from None
+        # No descriptor left (verify under a low ulimit -n) is the process's limit: "move
+        # the offending path aside" would have moved the journal away.
+        limited = limit_fix(exc.errno, command=True)
+        raise storage_error(path, f"cannot be listed ({exc.strerror})",
+                            limited or _FIX) from None
 
 
 def read_file(path: Path) -> bytes | None:

@@ -7,6 +7,8 @@ import errno
 import os
 import re
 import stat
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -265,6 +267,43 @@ def test_many_snapshot_files_are_written_in_bounded_groups(
         data for _, data in newer[:_FILES_AT_ONCE]]
     assert [after[name] for name, _ in items[_FILES_AT_ONCE:]] == [
         data for _, data in items[_FILES_AT_ONCE:]]
+
+
+# verify's read of a store with no descriptor left to it (``ulimit -n``): every number below
+# the soft limit is taken once its modules are imported.
+_NO_DESCRIPTOR_LEFT = r"""
+import os, resource, sys
+from pathlib import Path
+from intloom.errors import IntloomError
+from intloom.store import verify_report
+
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+taken = []
+try:
+    while True:
+        taken.append(os.open(os.devnull, os.O_RDONLY))
+except OSError:
+    pass
+try:
+    verify_report(Path(sys.argv[1]))
+except IntloomError as exc:
+    print(exc.code, exc.message)
+"""
+
+
+def test_a_store_listed_with_no_descriptor_left_names_the_limit(tmp_path: Path) -> None:
+    """verify out of file descriptors said "move the offending path aside (or chmod it ...)"
+    of wal/: advice that would have moved the journal away."""
+    root = tmp_path / "runtime"
+    _fill(root)
+    done = subprocess.run([sys.executable, "-c", _NO_DESCRIPTOR_LEFT, str(root)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    said = done.stdout
+    assert said.startswith("STORAGE_ERROR ") and "Too many open files" in said, said
+    assert "ulimit -n" in said, said
+    assert "aside" not in said and "chmod" not in said, said
+    assert sorted(os.listdir(root / "wal")), "the journal is where it was"
 
 
 def _snapshot_temp(fd: int) -> bool:
