@@ -489,8 +489,9 @@ def _second_copy(entry: Path) -> str | None:
 
 
 class SourceStarved(IntloomError):
-    """WORKFLOW_LOAD_FAILED for want of file descriptors while a source was imported: the
-    process's limit, not the module (``LoadResult.starved``)."""
+    """WORKFLOW_LOAD_FAILED for want of file descriptors while a source was imported, or
+    while the import was set up (none was imported): the process's limit, not the module
+    (``LoadResult.starved``)."""
 
 
 def _beside(exc: ImportError, root: Path) -> str | None:
@@ -819,7 +820,8 @@ def load_workflows_offline(root: Path, config: Config) -> LoadResult:
             raise
         # Setting the import up (its output's spool, stdin on /dev/null) took descriptors
         # a low ulimit -n did not leave: CLI_INTERNAL_ERROR, exit 70, "report it", was said.
-        raise IntloomError(
+        # SourceStarved: doctor's next step is the limit, not "fix the Workflow sources".
+        raise SourceStarved(
             "WORKFLOW_LOAD_FAILED",
             f"The Workflow sources were not imported: {_out_of_descriptors(exc.errno)}.",
         ) from None

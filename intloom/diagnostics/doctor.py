@@ -934,8 +934,17 @@ def _workflows_check(root: Path, config: Config | None) -> tuple[Check, LoadResu
             "code as you.",
             f"Run doctor as that user to check the Workflows: sudo -u '#{owner}' intloom "
             f"--project {shell_arg(str(root))} doctor."), None
+    from intloom.authoring.loader import SourceStarved
+
     try:
         result = _load(root, config)
+    except SourceStarved as exc:
+        # Under a low ulimit -n the import could not be set up: "Fix the Workflow sources"
+        # sent the reader to sources nothing had looked at.
+        return Check("workflows", "attention", exc.message,
+                     "Give this process more file descriptors as said above (ulimit -n; "
+                     "for a full system table, fs.file-max), then run intloom doctor again; "
+                     "the sources themselves were not judged."), None
     except IntloomError as exc:
         return Check("workflows", "attention", exc.message,
                      "Fix the Workflow sources, then run intloom doctor again."), None

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import resource
 import shutil
 import stat
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -204,6 +209,32 @@ def test_a_source_doctor_could_not_import_for_want_of_descriptors_judges_no_run(
     assert workflows.next is not None and "Fix the Workflow sources" not in workflows.next
     (root / "workflows" / "example.py").write_text("raise RuntimeError('boom')\n")
     assert load_workflows_offline(root, load_config(root)).starved == []
+
+
+def test_a_doctor_that_could_not_set_the_import_up_gives_the_limits_fix(root: Path) -> None:
+    """``ulimit -n 10``: doctor named EMFILE (its spool and stdin for the import took the last
+    descriptors), and its next step was "Fix the Workflow sources", which nothing had read.
+    A real doctor process under the limit (set in it before it runs)."""
+    reached: dict[int, dict[str, Any]] = {}
+    for limit in range(8, 12):  # where this Python's imports leave none for the spool
+
+        def lower(limit: int = limit) -> None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+
+        done = subprocess.run(
+            [sys.executable, "-m", "intloom", "--project", str(root), "doctor", "--json"],
+            capture_output=True, text=True, timeout=60, preexec_fn=lower,
+            env={**os.environ, "NO_COLOR": "1"})
+        with contextlib.suppress(ValueError):
+            checks = {c["id"]: c for c in json.loads(done.stdout)["checks"]}
+            if "were not imported" in checks["workflows"]["message"]:
+                reached[limit] = checks["workflows"]
+    assert reached, "no limit stopped doctor where the import is set up"
+    for limit, workflows in reached.items():
+        assert "Too many open files" in workflows["message"] or "EMFILE" in workflows[
+            "message"], (limit, workflows)
+        assert "ulimit -n" in workflows["next"], (limit, workflows)
+        assert "Fix the Workflow sources" not in workflows["next"], (limit, workflows)
 
 
 def test_public_runtime_dir_is_attention(root: Path) -> None:
