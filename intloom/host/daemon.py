@@ -1313,13 +1313,16 @@ class Host:
         if self.server is None or self.booted is None or self._stop is None \
                 or self._stop.is_set():
             return  # startup reports it before ready; a stop is already under way
+        # What refused the write, as a failed start says it: "free disk space" was said of
+        # a log that reached ulimit -f (EFBIG), which the next start would reach again.
+        fix = storage_fix(OSError(self.log.failure_errno or 0, cause), self.log.path,
+                          replaced=False, then=", then run intloom start")
         self.server.refusal = ErrorView(
             code="LOG_WRITE_FAILED",
             message=f"{self.log_error} The host refuses new work and suspended its running "
             f"Runs at their last saved boundaries{self._checkpoint_stopped()}. Run intloom "
-            "stop, free disk space (or fix .intloom/logs), then intloom start: each unfinished "
-            "Run comes back from its last durable checkpoint by the restart table (intloom "
-            "doctor previews it).",
+            f"stop. {fix} Each unfinished Run comes back from its last durable checkpoint by "
+            "the restart table (intloom doctor previews it).",
             retryable=False,
         )
         self._log_suspend = asyncio.ensure_future(self.booted.runtime.suspend(

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from intloom.client.client import Client
+from intloom.errors import IntloomError
 from tests.helpers import Project, eventually, one_source_project, pid_alive
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
@@ -116,6 +118,42 @@ def test_a_start_that_reaches_the_file_size_limit_names_it(project: Project) -> 
     assert f"ulimit -f is {limit} bytes" in error["message"], error
     assert "disk full" not in error["message"] and "Free disk space" not in error["message"]
     assert not (project.state / "service.lock").exists()
+
+
+def test_a_log_that_reaches_the_file_size_limit_while_serving_names_it(
+        project: Project) -> None:
+    """A host serving under ``ulimit -f`` whose log reached the limit refused new work with
+    "Run intloom stop, free disk space (or fix .intloom/logs), then intloom start", of a
+    disk with room to spare: the start after it met the same limit."""
+    limit = 8_000
+
+    def lower() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    try:
+        started = subprocess.run(
+            [sys.executable, "-m", "intloom", "--project", str(project.root), "start",
+             "--json"],
+            capture_output=True, text=True, timeout=60, preexec_fn=lower,
+            env={**os.environ, "NO_COLOR": "1"},
+        )
+    finally:
+        project.track_host()
+    assert started.returncode == 0, started
+    refused: IntloomError | None = None
+    with Client.connect(project.root) as client:
+        for n in range(200):  # each Run logs a few lines: the log reaches the limit
+            try:
+                client.create_run("example", f"run {n}")
+            except IntloomError as exc:
+                refused = exc
+                break
+    assert refused is not None, "the log never reached the file size limit"
+    assert refused.code == "LOG_WRITE_FAILED", refused
+    assert f"ulimit -f is {limit} bytes" in refused.message, refused.message
+    assert "ulimit -f unlimited" in refused.message, refused.message
+    assert "free disk space" not in refused.message.lower(), refused.message
+    project.cli("stop")
 
 
 HOLDS_FILES = '''
