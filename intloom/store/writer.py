@@ -28,7 +28,7 @@ from zlib import crc32
 import msgspec
 
 from intloom.errors import IntloomError
-from intloom.fsutil import file_problem, fsync_dir, path_of, storage_fix
+from intloom.fsutil import file_problem, fsync_dir, limit_fix, path_of, storage_fix
 from intloom.runtime.machine import IllegalTransition, RunState, apply
 from intloom.runtime.ports import CheckpointFailed, JournalPort, RecordTooLarge
 from intloom.runtime.records import PROTOCOL_VERSION, Record, Terminal, encode_record
@@ -1115,8 +1115,11 @@ class Store:
             cause = (f"{step} of {where} failed at offset {offset}: "
                      f"{exc.strerror or exc} ({code})")
             self._cut_off(offset, done, armed and n in plan.keep_failed)
-            self._abandon(offset, cause)
-            return cause
+            self._abandon(offset, cause)  # the journal's void notice: the fact alone
+            # A batch bigger than ulimit -f allows fails EFBIG even in a fresh segment: "File
+            # too large" alone named neither the limit nor that the host inherits it.
+            limited = limit_fix(exc.errno)
+            return f"{cause}; {limited}" if limited is not None else cause
         self._size += len(data)
         self._frames += len(batch.entries)
         tracks_lock = self._tracks_lock

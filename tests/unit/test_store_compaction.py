@@ -729,6 +729,35 @@ def test_a_segment_keeps_room_for_its_seal_below_the_file_size_limit(tmp_path: P
     assert int(near) >= 3 and files.strip() == "[]", printed
 
 
+TOO_BIG_A_BATCH = r'''
+from intloom.runtime.ports import CheckpointFailed
+from intloom.runtime.records import Executing, StagePending, StepReady, StepResult
+from tests.unit.test_store_support import header
+
+big = b'"' + b"x" * 40_000 + b'"'  # two States of it: more than the limit in one batch
+for record in (header("RUN-A"), StagePending(at="t1", stage="draft"),
+               StepReady(at="t2", stage="draft", step="s1", state=big),
+               Executing(at="t3", stage="draft", step="s1", kind="step"),
+               StepResult(at="t4", stage="draft", step="s1", outcome="ok", state=big,
+                          output=None)):
+    store.append("RUN-A", record)
+try:
+    store.sync_blocking()
+except CheckpointFailed as exc:
+    print(exc.cause)
+store.close_blocking()
+'''
+
+
+def test_a_batch_bigger_than_the_file_size_limit_names_the_limit(tmp_path: Path) -> None:
+    """One checkpoint batch bigger than ``ulimit -f`` allows fails EFBIG even in a segment of
+    its own, and its cause said only "File too large (EFBIG)": not the limit, nor that the
+    host inherits it from the shell that started it."""
+    cause = _limited(tmp_path, TOO_BIG_A_BATCH)
+    assert "File too large (EFBIG)" in cause, cause
+    assert "ulimit -f" in cause and "raise it" in cause, cause
+
+
 @pytest.mark.parametrize(("batches", "flush"), [("10", "thread"), ("300,500", "thread"),
                                                ("300,500", "loop")])
 def test_segments_rotate_below_the_file_size_limit(tmp_path: Path, batches: str,
