@@ -684,10 +684,11 @@ def test_the_fixes_messages_give_paste_into_a_shell_for_a_path_with_spaces(
         project.state.symlink_to(real)
         doctor = project.cli("doctor", "--json")
         [check] = [c for c in doctor.json["checks"] if c["id"] == "runtime_dir"]
-        _pasted(check["next"], r"\((mv .+?)\)", tmp_path)
-        assert (root / ".intloom.bad").is_symlink() and not project.state.exists()
-        (root / ".intloom.bad").unlink()
-        real.rename(project.state)
+        # The directory it leads to is put in its place (moved aside, the link left the
+        # next start a new, empty .intloom/).
+        _pasted(check["next"], r"\((rm .+?; mv .+?)\)", tmp_path)
+        assert project.state.is_dir() and not project.state.is_symlink()
+        assert connection.is_file() and not real.exists()
 
         saved = json.loads(connection.read_text())
         connection.write_text(json.dumps({**saved, "projectRoot": str(tmp_path / "old")}))
