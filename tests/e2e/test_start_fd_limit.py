@@ -95,16 +95,14 @@ def test_a_start_refused_for_want_of_descriptors_releases_the_project(
     assert 8 in failures and 12 in failures and 24 in failures, failures
 
 
-def test_a_start_that_reaches_the_file_size_limit_names_it(project: Project) -> None:
-    """``ulimit -f``: a write that reaches the limit takes what fits, as a full disk does, so
-    the host's log said "(disk full?)" and "Free disk space" of a disk with room to spare."""
-    limit = 512
+def _start_under_fsize(project: Project, limit: int) -> subprocess.CompletedProcess[str]:
+    """``intloom start --json`` with ``ulimit -f`` at ``limit`` bytes (the host inherits it)."""
 
     def lower() -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
     try:
-        result = subprocess.run(
+        return subprocess.run(
             [sys.executable, "-m", "intloom", "--project", str(project.root), "start",
              "--json"],
             capture_output=True, text=True, timeout=60, preexec_fn=lower,
@@ -112,6 +110,13 @@ def test_a_start_that_reaches_the_file_size_limit_names_it(project: Project) -> 
         )
     finally:
         project.track_host()
+
+
+def test_a_start_that_reaches_the_file_size_limit_names_it(project: Project) -> None:
+    """``ulimit -f``: a write that reaches the limit takes what fits, as a full disk does, so
+    the host's log said "(disk full?)" and "Free disk space" of a disk with room to spare."""
+    limit = 512
+    result = _start_under_fsize(project, limit)
     assert result.returncode == 1, result
     error = json.loads(result.stdout)["error"]
     assert error["code"] == "LOG_WRITE_FAILED", error
@@ -126,19 +131,7 @@ def test_a_log_that_reaches_the_file_size_limit_while_serving_names_it(
     "Run intloom stop, free disk space (or fix .intloom/logs), then intloom start", of a
     disk with room to spare: the start after it met the same limit."""
     limit = 8_000
-
-    def lower() -> None:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-
-    try:
-        started = subprocess.run(
-            [sys.executable, "-m", "intloom", "--project", str(project.root), "start",
-             "--json"],
-            capture_output=True, text=True, timeout=60, preexec_fn=lower,
-            env={**os.environ, "NO_COLOR": "1"},
-        )
-    finally:
-        project.track_host()
+    started = _start_under_fsize(project, limit)
     assert started.returncode == 0, started
     refused: IntloomError | None = None
     with Client.connect(project.root) as client:

@@ -261,6 +261,31 @@ def test_a_hello_cap_that_is_no_positive_number_is_ignored(
         assert client.hello.instance_id == INSTANCE
 
 
+def _signalled_in_a_read(signum: int, call: Callable[[], object]) -> BaseException:
+    """What ``call`` raised when ``signum`` came to this thread while it waited in a read
+    (a Ctrl-C, or a deadline's SIGALRM)."""
+    import signal
+
+    from tests.helpers import eventually
+    from tests.unit.test_client_ctrl_c import _asleep_in_a_syscall
+
+    main, main_ident = threading.get_native_id(), threading.get_ident()
+
+    def send() -> None:
+        eventually(lambda: _asleep_in_a_syscall(main), timeout=10, what="a read")
+        signal.pthread_kill(main_ident, signum)
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    try:
+        call()
+    except BaseException as exc:
+        return exc
+    finally:
+        sender.join(timeout=10)
+    raise AssertionError(f"signal {signum} did not interrupt the call")
+
+
 def test_ctrl_c_while_connecting_again_leaves_the_client_able_to_connect(
     project: Project, fake: Callable[[Script], FakeHost]
 ) -> None:
@@ -272,8 +297,6 @@ def test_ctrl_c_while_connecting_again_leaves_the_client_able_to_connect(
 
     from intloom.protocol.messages import GetRun, RunReply
     from intloom.runtime.model import Cursor, RunView
-    from tests.helpers import eventually
-    from tests.unit.test_client_ctrl_c import _asleep_in_a_syscall
 
     view = RunView(run_id="RUN-1", flow_name="f", cursor=Cursor(stage="s"),
                    status="waiting", created_at="T0", updated_at="T1")
@@ -296,23 +319,14 @@ def test_ctrl_c_while_connecting_again_leaves_the_client_able_to_connect(
 
     host = fake(script)
     publish(project.root, host.port)
-    main, main_ident = threading.get_native_id(), threading.get_ident()
-
-    def ctrl_c() -> None:
-        eventually(lambda: _asleep_in_a_syscall(main), timeout=10, what="a read")
-        signal.pthread_kill(main_ident, signal.SIGINT)
-
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with Client.connect(project.root) as client:
             calls: list[Callable[[], object]] = [lambda: client.wait_run("RUN-1"),
                                                  lambda: client.get_run("RUN-1")]
             for call in calls:  # Ctrl-C in the wait, then in the connect the next one makes
-                sender = threading.Thread(target=ctrl_c, daemon=True)
-                sender.start()
-                with pytest.raises(KeyboardInterrupt):
-                    call()
-                sender.join(timeout=10)
+                assert isinstance(_signalled_in_a_read(signal.SIGINT, call),
+                                  KeyboardInterrupt)
             release.set()
             assert client.get_run("RUN-1") == view
     finally:
@@ -389,8 +403,6 @@ def test_a_signal_handlers_own_exception_in_a_wait_reaches_the_program(
 
     from intloom.protocol.messages import GetRun, RunReply
     from intloom.runtime.model import Cursor, RunView
-    from tests.helpers import eventually
-    from tests.unit.test_client_ctrl_c import _asleep_in_a_syscall
 
     view = RunView(run_id="RUN-1", flow_name="f", cursor=Cursor(stage="s"),
                    status="waiting", created_at="T0", updated_at="T1")
@@ -410,24 +422,15 @@ def test_a_signal_handlers_own_exception_in_a_wait_reaches_the_program(
 
     host = fake(script)
     publish(project.root, host.port)
-    main, main_ident = threading.get_native_id(), threading.get_ident()
 
     def handler(_signum: int, _frame: object) -> None:
         raise raised
 
-    def alarm() -> None:
-        eventually(lambda: _asleep_in_a_syscall(main), timeout=10, what="a read")
-        signal.pthread_kill(main_ident, signal.SIGALRM)
-
     previous = signal.signal(signal.SIGALRM, handler)
     try:
         with Client.connect(project.root) as client:
-            sender = threading.Thread(target=alarm, daemon=True)
-            sender.start()
-            with pytest.raises(type(raised)) as caught:
-                client.wait_run("RUN-1")
-            sender.join(timeout=10)
-            assert caught.value is raised
+            assert _signalled_in_a_read(signal.SIGALRM,
+                                        lambda: client.wait_run("RUN-1")) is raised
             release.set()
             assert client.get_run("RUN-1") == view
     finally:
@@ -443,8 +446,6 @@ def test_a_signal_handlers_own_exception_while_connecting_reaches_the_program(
     the host's failure to answer (PROJECT_CONNECTION_FAILED or a paused host's words)."""
     import signal
 
-    from tests.helpers import eventually
-    from tests.unit.test_client_ctrl_c import _asleep_in_a_syscall
 
     release = threading.Event()
 
@@ -455,24 +456,15 @@ def test_a_signal_handlers_own_exception_while_connecting_reaches_the_program(
 
     host = fake(script)
     publish(project.root, host.port)
-    main, main_ident = threading.get_native_id(), threading.get_ident()
     raised = TimeoutError("my own deadline")
 
     def handler(_signum: int, _frame: object) -> None:
         raise raised
 
-    def alarm() -> None:
-        eventually(lambda: _asleep_in_a_syscall(main), timeout=10, what="a read")
-        signal.pthread_kill(main_ident, signal.SIGALRM)
-
     previous = signal.signal(signal.SIGALRM, handler)
     try:
-        sender = threading.Thread(target=alarm, daemon=True)
-        sender.start()
-        with pytest.raises(TimeoutError) as caught:
-            Client.connect(project.root)
-        sender.join(timeout=10)
-        assert caught.value is raised
+        assert _signalled_in_a_read(signal.SIGALRM,
+                                    lambda: Client.connect(project.root)) is raised
     finally:
         release.set()
         signal.signal(signal.SIGALRM, previous)

@@ -563,14 +563,19 @@ def test_ctx_effect_refuses_an_async_function_before_anything_is_recorded(
         return "ok"
 
     root = tmp_path / "runtime"
-    view = _settle(root, wf)
-    assert view.status == "failed" and view.last_error is not None
-    assert view.last_error.code == "STEP_INTERACTION_INVALID"
-    message = view.last_error.message
+    run_id, message = _refused_interaction(root, wf)
     assert "passed 'charge', an async function, to ctx.effect" in message, message
     assert "`await ctx.aeffect(...)`" in message
     assert ran == []
-    assert "EffectStarted" not in _phases(root, view.run_id)
+    assert "EffectStarted" not in _phases(root, run_id)
+
+
+def _refused_interaction(root: Path, wf: intloom.Workflow) -> tuple[str, str]:
+    """The id of ``wf``'s Run and the message of the STEP_INTERACTION_INVALID it failed."""
+    view = _settle(root, wf)
+    assert view.status == "failed" and view.last_error is not None, view
+    assert view.last_error.code == "STEP_INTERACTION_INVALID", view.last_error
+    return view.run_id, view.last_error.message
 
 
 @pytest.mark.parametrize("call", ["effect", "aeffect"])
@@ -606,16 +611,13 @@ def test_an_effect_refuses_a_generator_function_before_anything_is_recorded(
             return "ok"
 
     root = tmp_path / "runtime"
-    view = _settle(root, wf)
-    assert view.status == "failed" and view.last_error is not None
-    assert view.last_error.code == "STEP_INTERACTION_INVALID"
-    message = view.last_error.message
+    run_id, message = _refused_interaction(root, wf)
     assert (f"Stage 's', Step 'a' passed {fn.__name__!r}, {kind} function (it has `yield`), "
             f"to ctx.{call}, which calls it and records what it returns: {kind} object, whose "
             "body would never run. The effect was not called and nothing was recorded. Return "
             "a list instead of yielding, or consume the generator inside ") in message, message
     assert ran == []
-    assert "EffectStarted" not in _phases(root, view.run_id)
+    assert "EffectStarted" not in _phases(root, run_id)
 
 
 def test_ctx_effect_records_an_awaitable_result_as_never_run(
