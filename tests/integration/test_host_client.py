@@ -446,7 +446,6 @@ def test_a_signal_handlers_own_exception_while_connecting_reaches_the_program(
     the host's failure to answer (PROJECT_CONNECTION_FAILED or a paused host's words)."""
     import signal
 
-
     release = threading.Event()
 
     def script(conn: socket.socket, received: list[object]) -> None:
