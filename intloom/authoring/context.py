@@ -666,12 +666,15 @@ def _a_generator(where: str, call: str, fn: object) -> IntloomError | None:
     """The refusal of a generator function (or an async one) as an effect's function, or
     None. Calling one returns a generator, never what it yields: the effect was journaled
     done with "<generator object ...>" before its body ever ran, and never ran it after."""
-    shown = callable_name(fn)
+    # Named only once refused: callable_name may fall back to repr(fn), user code that may
+    # be slow (a partial holding megabytes) or raise, on every effect that is no generator.
     if inspect.isasyncgenfunction(fn):
+        shown = callable_name(fn)
         kind = "an async generator"
         consume = (f"an async function given to `await ctx.aeffect(...)` (`async def "
                    f"collect(): return [x async for x in {shown}(...)]`)")
     elif inspect.isgeneratorfunction(fn):
+        shown = callable_name(fn)
         kind = "a generator"
         consume = f"a normal function (`lambda: list({shown}(...))`)"
     else:

@@ -1094,10 +1094,24 @@ def _sets_sorted(node: Any) -> Any:
         return node
     out = {key: _sets_sorted(value) for key, value in node.items()}
     default = out.get("default")
-    if isinstance(default, list) and _is_set(out):
+    if isinstance(default, list) and _is_set(out) and _seeded(default):
         out["default"] = sorted(default, key=lambda item: msgspec.json.encode(item,
                                                                              order="sorted"))
     return out
+
+
+def _seeded(value: Any) -> bool:
+    """Whether a set default's JSON holds text: its members hashed by the process's seed (a
+    str, bytes, a date), so their order changed from one process to the next. Numbers hash
+    to themselves, and a set of them kept its order, and its fingerprint, in every process:
+    sorted now, it would change once, holding every Run waiting in its Stage."""
+    if isinstance(value, str):
+        return True
+    if isinstance(value, list):
+        return any(_seeded(item) for item in value)
+    if isinstance(value, dict):
+        return any(_seeded(item) for item in value.values())
+    return False
 
 
 def _is_set(schema: dict[str, Any]) -> bool:

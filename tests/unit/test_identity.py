@@ -222,3 +222,28 @@ def test_a_set_default_gives_one_state_fingerprint_in_every_process() -> None:
         assert done.returncode == 0, done.stderr
         prints.add(done.stdout.strip())
     assert len(prints) == 1, prints
+
+
+def test_a_set_of_numbers_keeps_the_fingerprint_it_had() -> None:
+    """A set of ints hashes to itself: its default's order, and the fingerprint, were the same
+    in every process before sets were sorted. Sorting it too changed that fingerprint once,
+    and every Run waiting in its Stage was held after the upgrade."""
+    import hashlib
+
+    import msgspec
+
+    import intloom
+
+    class Ids(msgspec.Struct):
+        ids: frozenset[int] = frozenset({2, 10})
+
+    wf = intloom.Workflow("ids", version="1")
+    st = wf.stage("s", state=Ids)
+
+    @st.step("a", routes={"ok": intloom.COMPLETE})
+    def a(ctx: object) -> str:
+        return "ok"
+
+    as_before = msgspec.json.encode(msgspec.json.schema(Ids), order="sorted")
+    assert b'"default":[2,10]' in as_before, as_before
+    assert wf.schemas()["s"] == hashlib.sha256(as_before).hexdigest()
