@@ -1151,3 +1151,26 @@ def test_none_assigned_to_a_state_is_said_as_none(tmp_path: Path) -> None:
     assert view.last_error.message.startswith(
         "Stage 'draft', Step 'write' assigned ctx.state None; Stage 'draft' State is a "
         "Draft."), view.last_error.message
+
+
+def test_an_effects_callable_is_not_shown_unless_refused(tmp_path: Path) -> None:
+    """The generator check named every effect's function before judging it: a callable
+    object without a name was shown by its repr, user code that may be slow (a partial
+    holding megabytes) or raise, and one whose __repr__ raised failed the effect."""
+
+    class Charge:
+        def __call__(self) -> str:
+            return "paid"
+
+        def __repr__(self) -> str:
+            raise RuntimeError("repr is not for this object")
+
+    wf = intloom.Workflow("eff", version="1")
+    st = wf.stage("s")
+
+    @st.step("a", routes={"ok": intloom.COMPLETE})
+    def a(ctx: Any) -> str:
+        assert ctx.effect("charge", Charge()) == "paid"
+        return "ok"
+
+    assert _settle(tmp_path / "runtime", wf).status == "completed"
