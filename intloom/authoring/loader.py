@@ -405,8 +405,13 @@ def _from_source(entry: Path) -> None:
         sys.meta_path.insert(at, _TREES)
 
 
-def _import(root: Path, entry: Path) -> ModuleType:
+def _import(root: Path, entry: Path) -> tuple[ModuleType, bool]:
+    """The entry's module, and whether its import made a second copy of the package under
+    its own name (``_second_copy``)."""
     digest = hashlib.sha256(str(entry).encode()).hexdigest()[:12]
+    # Only a module of that name that this import made is a copy of its making: another
+    # entry may import the package by its name, from the project root, as it may.
+    there = entry.name in sys.modules
     if entry.is_dir():
         init = entry / "__init__.py"
         if not init.is_file():
@@ -431,8 +436,8 @@ def _import(root: Path, entry: Path) -> ModuleType:
         spec.loader.exec_module(module)
     except IntloomError as exc:  # a definition mistake, raised by the call that made it
         sys.modules.pop(module_name, None)
-        raise _told_of_copy(entry, _placed(root, exc, _innermost(root, exc.__traceback__))
-                            ) from None
+        raise _told_of_copy(entry, _placed(root, exc, _innermost(root, exc.__traceback__)),
+                            there) from None
     except LoadInterrupted:
         # The host's stop signal (host/daemon.py) or a real Ctrl-C here (_real_interrupts)
         # must end the import.
@@ -445,18 +450,19 @@ def _import(root: Path, entry: Path) -> ModuleType:
     except BaseException as exc:
         sys.modules.pop(module_name, None)
         starved = isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE)
-        twin = _second_copy(entry)
+        twin = None if there else _second_copy(entry)
         raise (SourceStarved if starved else IntloomError)(
             "WORKFLOW_LOAD_FAILED", f"Importing {entry} failed: {_failure(root, exc)}. "
-            f"{twin if twin is not None else _fix(exc, root)}",
+            f"{_fix(exc, root)}{'' if twin is None else f' {twin}'}",
         ) from None
-    return module
+    return module, not there and _second_copy(entry) is not None
 
 
-def _told_of_copy(entry: Path, exc: IntloomError) -> IntloomError:
+def _told_of_copy(entry: Path, exc: IntloomError, there: bool) -> IntloomError:
     """``exc``, a definition mistake of ``entry``, with ``_second_copy``'s words if they
-    apply: the mistake may be the copy's doing."""
-    twin = _second_copy(entry)
+    apply: the mistake may be the copy's doing. ``there``: a module of the package's name
+    was there before its import, so no copy is of its making."""
+    twin = None if there else _second_copy(entry)
     if twin is None:
         return exc
     return IntloomError(exc.code, f"{exc.message} {twin}", retryable=exc.retryable)
@@ -1348,7 +1354,7 @@ def _load_entry(root: Path, rel: str, entry: Path) -> dict[str, LoadedWorkflow]:
             "(its name ends in .py) or a package (a directory with __init__.py); nothing "
             "of it was read. Name a .py file or a package in 'workflows' in intloom.toml.",
         )
-    module = _import(root, entry)
+    module, copied = _import(root, entry)
     # A copy, in one step: a thread the module started may bind names meanwhile. Each value
     # is judged by _is_workflow and _held, which run none of its code: isinstance on a lazy
     # proxy failed the whole source ("checking its Workflows raised ...").
@@ -1379,7 +1385,7 @@ def _load_entry(root: Path, rel: str, entry: Path) -> dict[str, LoadedWorkflow]:
         try:
             wf.validate()
         except DefinitionError as exc:
-            raise _told_of_copy(entry, _placed(root, exc, exc.at)) from None
+            raise _told_of_copy(entry, _placed(root, exc, exc.at), not copied) from None
         if wf.name in mine:
             raise IntloomError(
                 "WORKFLOW_DEFINITION_INVALID",

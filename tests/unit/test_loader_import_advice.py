@@ -208,3 +208,32 @@ def test_a_package_that_imports_itself_by_its_own_name_is_told_to_import_relativ
         "import ran a second copy of the package, whose Stages and classes are not the "
         "loaded ones. Import within the package relatively (from . import x, from .x import "
         "y)."), problem.message
+
+
+def test_a_package_another_source_imports_by_its_name_is_not_told_it_imports_itself(
+        tmp_path: Path) -> None:
+    """Another source may import a package entry's module by its name (the project root is
+    on the path): the package's own mistake was then blamed on an import of itself it never
+    made ("A module of flows/ imports the package by its own name")."""
+    import sys
+    import uuid
+
+    name = f"flows{uuid.uuid4().hex[:8]}"
+    root = tmp_path / "proj"
+    package = root / name
+    package.mkdir(parents=True)
+    (package / "shared.py").write_text("LIMIT = 3\n")
+    (package / "__init__.py").write_text(
+        "import intloom\n\nwf = intloom.Workflow('w', version='1')\nmain = wf.stage('main')\n"
+        "\n\n@main.step('go', routes={'ok': 'nowhere'})\ndef go(ctx) -> str:\n"
+        "    return 'ok'\n")
+    (root / "other.py").write_text(
+        SOURCE.format(imports=f"from {name}.shared import LIMIT").replace('"w"', '"other"'))
+    try:
+        result = load_workflows(root, Config(workflows=("other.py", name), port=None))
+    finally:
+        for module in [m for m in sys.modules if m == name or m.startswith(f"{name}.")]:
+            del sys.modules[module]
+    [(_source, problem)] = result.problems
+    assert "nowhere" in problem.message, problem.message
+    assert "imports the package by its own name" not in problem.message, problem.message
