@@ -753,9 +753,12 @@ def service_lines(service: Mapping[str, Any], title: str = "Service running") ->
         lines.append("Damaged and unexpected files are kept byte-identical and read past; "
                      "intloom doctor says what each means and what to do.")
     missing = {str(p.get("path", "")).partition("/")[0] for p in store_problems
-               if p.get("kind") == "missing"}
+               if p.get("kind") == "missing" and p.get("path") != "snap/live"}
     if "snap" in missing:
         lines.append("A missing snapshot was rebuilt from the log and written again.")
+    if any(p.get("kind") == "missing" and p.get("path") == "snap/live" for p in store_problems):
+        lines.append("Snapshots were lost with every record of their Runs, which were not "
+                     "restored; intloom doctor says how to put them back.")
     restore = service.get("restore")
     held = (restore_count(restore, "needsAttention") if isinstance(restore, Mapping)
             else None)

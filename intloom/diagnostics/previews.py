@@ -267,7 +267,16 @@ def preview_runs(
             nexts.append(f"intloom start keeps {err.path} as it is and {instead} "
                          "instead, at every start; move the file out of the runtime directory "
                          "to let intloom write it again.")
-    missing = [f for f in store.files if f.kind == "missing" and f.path.startswith("snap/")]
+    # snap/live itself: snapshots gone with every record of their Runs (nothing rebuilds
+    # those); one file: a snapshot whose Run the log still holds.
+    gone = [f for f in store.files if f.kind == "missing" and f.path == "snap/live"]
+    if gone:
+        nexts.append("snap/live/ lost snapshots whose Runs nothing else names (their segments "
+                     "are damaged or missing): those Runs are neither restored nor held; "
+                     "copy back only the files missing from snap/live/ (cp -n from a copy "
+                     "made before the damage), or those segments.")
+    missing = [f for f in store.files if f.kind == "missing" and f.path.startswith("snap/")
+               and f.path != "snap/live"]
     if missing:
         nexts.append(f"{len(missing)} snapshot file(s) are missing from snap/live/: the next "
                      "start reads those Runs from the log and writes their snapshots again "

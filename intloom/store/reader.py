@@ -1117,7 +1117,11 @@ def _live_snapshots_gone(loaded: Loaded, run_ids: set[str]) -> None:
     known = live | {snapshot_name(run_id) for run_id in run_ids}
     if manifest.live.count <= len(known):
         return
-    known |= {name for name in list_names(loaded.layout.done) if is_snapshot_name(name)}
+    try:
+        done = list_names(loaded.layout.done)
+    except IntloomError:  # reported where done/ is read; unread, it proves no loss
+        return
+    known |= {name for name in done if is_snapshot_name(name)}
     gone = manifest.live.count - len(known)
     if gone <= 0:
         return
@@ -1130,8 +1134,9 @@ def _live_snapshots_gone(loaded: Loaded, run_ids: set[str]) -> None:
         f"{manifest.live.count}: at least {them} gone with every trace of {runs} (no record "
         f"in the log and no file in snap/done/ names {it}: the segments that held {its} "
         f"records are damaged or missing), so {runs} {'is' if gone == 1 else 'are'} neither "
-        "restored nor held; put back snap/live/ from a copy made before the damage, or the "
-        f"segments that held {its} records"))
+        "restored nor held; copy back only the files missing from snap/live/ (cp -n from a "
+        "copy made before the damage: an older copy of a file still there would roll its "
+        f"Run back), or the segments that held {its} records"))
 
 
 def _named_by_odd_void(run_frames: list[tuple[SegmentScan, Frame]],

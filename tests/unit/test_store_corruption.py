@@ -1308,5 +1308,34 @@ def test_a_live_snapshot_gone_with_the_segment_that_held_its_run_is_reported(
             "holds 1 snapshot, where the manifest (written "), finding.problem
         assert ("relied on 2: at least 1 snapshot is gone with every trace of its Run (no "
                 "record in the log and no file in snap/done/ names it") in finding.problem
-        assert "so its Run is neither restored nor held; put back snap/live/" in finding.problem
+        assert ("so its Run is neither restored nor held; copy back only the files missing "
+                "from snap/live/ (cp -n from a copy made before the damage") in finding.problem
     assert {p: p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()} == kept
+
+
+def test_doctor_and_status_do_not_call_runs_lost_with_their_snapshots_rebuilt(
+        tmp_path: Path) -> None:
+    """doctor's journals check and status said of every ``missing`` snapshot finding that
+    the next start "reads those Runs from the log and writes their snapshots again": not of
+    snapshots lost with every record of their Runs, which nothing rebuilds."""
+    from intloom.cli.render import service_lines
+    from intloom.diagnostics.previews import preview_runs
+    from intloom.project import ProjectPaths
+
+    state = tmp_path / ".intloom"
+    state.mkdir(mode=0o700)
+    root = state / "runtime"
+    _snapshotted_then_left_behind(root)
+    (root / "snap" / "live" / snapshot_name("RUN-A")).unlink()
+    first = root / "wal" / "0000000001.seg"
+    first.write_bytes(first.read_bytes()[:200])
+
+    check, _ = preview_runs(ProjectPaths(tmp_path), None, host_running=False)
+    assert check.next is not None and "snap/live/ lost snapshots whose Runs nothing else " \
+        "names" in check.next, check
+    assert "writes their snapshots again" not in check.next, check.next
+    [finding] = [f for f in verify_report(root).files if f.path == "snap/live"]
+    lines = service_lines({"storeProblems": [msgspec.to_builtins(finding)]})
+    assert "A missing snapshot was rebuilt from the log and written again." not in lines
+    assert ("Snapshots were lost with every record of their Runs, which were not restored; "
+            "intloom doctor says how to put them back.") in lines, lines
