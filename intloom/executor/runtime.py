@@ -1635,7 +1635,8 @@ class Runtime:
                 "disk; the next start brings the Run back from its last saved record by the "
                 f"restart table.{where} Check the disk that holds .intloom/runtime (free "
                 "space, permissions), then run intloom stop and intloom start, and cancel it "
-                f"again (intloom cancel {run_id}).")
+                f"again (intloom cancel {run_id}) at once: a Run that resumes at that start "
+                "may run a Step before the cancel comes.")
         # A worker driving the Run appends under this lock: whether the Run has ended and
         # taking it from that worker are decided at once (it may be appending its end).
         with slot.lock:
