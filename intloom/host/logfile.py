@@ -137,7 +137,9 @@ class HostLog:
                 )
             except FileExistsError:
                 # Another instance opened its log in the same millisecond; never share a file.
-                moment = moment.replace(microsecond=(moment.microsecond + 1000) % 1_000_000)
+                # A millisecond on, carried into the second: wrapped within it, the name
+                # could sort before the one taken, or before the newest (_after_the_newest).
+                moment += timedelta(milliseconds=1)
                 continue
             try:
                 fsync_dir(logs_dir)

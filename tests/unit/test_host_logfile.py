@@ -104,3 +104,23 @@ def test_a_log_opened_after_the_clock_went_back_sorts_after_the_newest(
     third = HostLog.open(logs)
     third.close()
     assert third.path.name.startswith("LOG-20"), third.path.name
+
+
+@pytest.mark.timeout(30)
+def test_a_name_taken_at_the_last_millisecond_of_a_second_moves_to_the_next_second(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two hosts that both took the newest name plus a millisecond collide, and the second
+    moved on within the second: ``.999`` to ``.000`` of the same second, a name sorting
+    before both."""
+    from datetime import UTC, datetime
+
+    from intloom.host import logfile
+
+    logs = tmp_path / "logs"
+    logs.mkdir(mode=0o700)
+    (logs / "LOG-20991231T235958999Z.jsonl").write_bytes(b"")  # the other host's, just taken
+    monkeypatch.setattr(logfile, "_after_the_newest",  # what both computed
+                        lambda _d, _m: datetime(2099, 12, 31, 23, 59, 58, 999_000, tzinfo=UTC))
+    opened = HostLog.open(logs)
+    opened.close()
+    assert opened.path.name == "LOG-20991231T235959000Z.jsonl", opened.path.name
