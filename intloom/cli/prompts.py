@@ -82,6 +82,9 @@ class Terminal:
                 self._closed = True
                 os.close(self._wake_r)
                 os.close(self._wake_w)
+                # What was typed at a prompt and not read (the rest of a paste) would reach
+                # the shell once intloom exits, and run there as a command.
+                self.fresh()
 
     def wake(self) -> None:
         """From any thread: the prompt should look again whether it is still wanted."""
@@ -140,7 +143,22 @@ class Terminal:
                     f"byte {exc.start + 1}), so nothing was taken from it: the terminal's "
                     f"encoding differs from the locale's ({encoding}). Type it again, set "
                     f"LANG to a {encoding} locale, or give it with {self.instead}.")
+        if self._pending() and self._canonical():
+            # More lines came with it, before any was read: a paste, not a person answering
+            # this prompt. Taken, its lines answered the next prompts of the action (and
+            # sent it) unread, or outlived the command and ran in the shell.
+            return ("That line is followed by more text pasted with it, so nothing was taken "
+                    "from it or from what followed: type the answer to this prompt alone, or "
+                    f"give text of several lines with {self.instead}.")
         return None
+
+    def _pending(self) -> bool:
+        """Whether more input is there to read now (after a whole line was read)."""
+        try:
+            ready, _, _ = select.select([self._fd], [], [], 0)
+        except (OSError, ValueError):
+            return False
+        return bool(ready)
 
     def _canonical(self) -> bool:
         """The terminal edits lines itself (ICANON): it then passes one of 4,095 bytes at

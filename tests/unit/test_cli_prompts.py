@@ -10,7 +10,8 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import pytest
 import typer
@@ -18,6 +19,7 @@ import typer
 from intloom.cli.prompts import Terminal
 
 pytestmark = pytest.mark.timeout(30)
+T = TypeVar("T")
 
 
 class Gone(Exception):
@@ -45,6 +47,38 @@ def echoed(leader: int, text: bytes) -> None:
         assert remaining > 0, seen
         if select.select([leader], [], [], remaining)[0]:
             seen += os.read(leader, 1024)
+
+
+def in_turn(leader: int, capsys: pytest.CaptureFixture[str], prompt: str,
+            lines: list[bytes], call: Callable[[], T]) -> tuple[list[T], list[BaseException],
+                                                                str]:
+    """``call`` on a thread, each of ``lines`` typed once ``prompt`` was shown for it, as a
+    person types (lines typed at once are a paste, which a prompt refuses): what it
+    returned, what it raised, and what it told on stderr. Nothing is on stdout, which
+    holds results only."""
+    got: list[T] = []
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            got.append(call())
+        except BaseException as exc:  # reported by the test, not lost in the thread
+            failures.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    told, out, deadline = "", "", time.monotonic() + 10
+    for n, line in enumerate(lines, 1):
+        while told.count(prompt) < n:
+            assert time.monotonic() < deadline and thread.is_alive(), (told, failures)
+            captured = capsys.readouterr()
+            told, out = told + captured.err, out + captured.out
+            time.sleep(0.01)  # a poll of the captured stderr
+        os.write(leader, line)
+    thread.join(10)
+    captured = capsys.readouterr()
+    assert out + captured.out == "", out + captured.out
+    return got, failures, told + captured.err
 
 
 def test_a_typed_line_is_the_answer(pty_pair: tuple[int, Terminal]) -> None:
@@ -106,9 +140,10 @@ def test_a_confirmation_typed_wrong_says_what_to_type(
     """"maybe" at ``Confirm? [y/n]`` said only "Error: invalid input": not what was
     refused, nor what to type instead."""
     leader, term = pty_pair
-    os.write(leader, b"Maybe\r" + b"x" * 500 + b"\rn\r")
-    assert term.confirm("Confirm?") is False
-    told = capsys.readouterr().err
+    got, failures, told = in_turn(leader, capsys, "Confirm? [y/n]: ",
+                                  [b"Maybe\r", b"x" * 500 + b"\r", b"n\r"],
+                                  lambda: term.confirm("Confirm?"))
+    assert got == [False] and not failures, (got, failures, told)
     assert "invalid input" not in told, told
     # As typed (it was shown lower-cased), and a long line only by its start.
     assert "'Maybe' is not an answer: type y (yes) or n (no)" in told, told
@@ -122,17 +157,17 @@ def test_a_confirmation_with_sigint_ignored_names_ctrl_d_not_ctrl_c(
     said "Ctrl-C detaches", and Ctrl-C did nothing however often it was pressed."""
     leader, term = pty_pair
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        os.write(leader, b"maybe\r\x04")  # then Ctrl-D: EOF at the prompt asked again
-        with pytest.raises(typer.Abort):
-            term.confirm("Confirm?")
+    try:  # then Ctrl-D: EOF at the prompt asked again
+        got, failures, told = in_turn(leader, capsys, "Confirm? [y/n]: ",
+                                      [b"maybe\r", b"\x04"], lambda: term.confirm("Confirm?"))
     finally:
         signal.signal(signal.SIGINT, previous)
-    told = capsys.readouterr().err
+    assert got == [] and [type(f) for f in failures] == [typer.Abort], (got, failures)
     assert "type y (yes) or n (no); Ctrl-D detaches and leaves the Run waiting." in told, told
-    os.write(leader, b"maybe\ry\r")
-    assert term.confirm("Confirm?") is True
-    assert "Ctrl-C detaches and leaves the Run waiting." in capsys.readouterr().err
+    got, failures, told = in_turn(leader, capsys, "Confirm? [y/n]: ", [b"maybe\r", b"y\r"],
+                                  lambda: term.confirm("Confirm?"))
+    assert got == [True] and not failures, (got, failures)
+    assert "Ctrl-C detaches and leaves the Run waiting." in told, told
 
 
 @pytest.mark.parametrize("blank", [b"   ", b""])
@@ -148,15 +183,15 @@ def test_a_blank_intent_at_the_prompt_is_asked_again_saying_why(
     stdin = os.fdopen(os.dup(term._fd), "r", encoding="utf-8")
     monkeypatch.setattr("sys.stdin", stdin)
     try:
-        os.write(leader, blank + b"\r" + b"fix the release\r")
-        assert read_intent(None, None, prompt=True) == "fix the release"
+        got, failures, told = in_turn(leader, capsys, "Intent: ",
+                                      [blank + b"\r", b"fix the release\r"],
+                                      lambda: read_intent(None, None, prompt=True))
     finally:
         stdin.close()
-    captured = capsys.readouterr()
-    told = captured.err
+    assert got == ["fix the release"] and not failures, (got, failures, told)
     assert told.count("Intent: ") == 2, told  # asked again
     assert "The intent is blank: say what the Run is for" in told, told
-    assert captured.out == ""  # stdout holds results only (it held the prompt's last space)
+    # (in_turn: stdout holds results only; it held the prompt's last space)
 
 
 def test_the_intent_prompt_given_up_ends_its_line(
@@ -210,7 +245,12 @@ def test_keys_typed_before_an_action_is_asked_do_not_answer_it(
         assert time.monotonic() < deadline and thread.is_alive(), (seen, failures)
         seen += capsys.readouterr().err
         time.sleep(0.01)  # a poll of the captured stderr
-    os.write(leader, b"n\r\r")
+    os.write(leader, b"n\r")
+    while "Feedback (optional, Enter to skip): " not in seen:  # typed once asked, as a person
+        assert time.monotonic() < deadline and thread.is_alive(), (seen, failures)
+        seen += capsys.readouterr().err
+        time.sleep(0.01)  # a poll of the captured stderr
+    os.write(leader, b"\r")
     thread.join(10)
     assert not failures and answers == [{"isConfirmed": False}], (answers, failures)
 
@@ -313,3 +353,34 @@ def test_options_whose_ids_are_numbers_are_picked_without_a_silent_guess() -> No
     for position in range(1, 6):
         answer, said = asked(bare, str(position))
         assert answer == str(6 - position), (position, said)
+
+
+def test_a_pasted_block_of_lines_answers_nothing(
+    pty_pair: tuple[int, Terminal], capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Three lines pasted at a question's prompt answered that question and the next two
+    of the same action, and sent the answer, none of the later prompts read: a line that
+    comes with more lines already typed after it is a paste, refused with the rest."""
+    leader, term = pty_pair
+    term.instead = "intloom answer RUN ACT -"
+    got, told = asked_again(leader, term, capsys, b"line one\rline two\rline three\r",
+                            b"line two\r")
+    assert got == "line two", told
+    assert ("That line is followed by more text pasted with it, so nothing was taken from it "
+            "or from what followed: type the answer to this prompt alone, or give text of "
+            "several lines with intloom answer RUN ACT -.") in told, told
+    assert told.count("Q: ") == 2, told
+
+
+def test_what_was_typed_and_not_read_is_gone_when_the_terminal_closes(
+    pty_pair: tuple[int, Terminal],
+) -> None:
+    """The rest of a paste at the intent prompt (or typed after the last prompt) reached the
+    shell once intloom exited, and ran there as a command."""
+    leader, term = pty_pair
+    follower = term._fd
+    os.write(leader, b"rm -rf oops\r")
+    echoed(leader, b"oops")
+    assert select.select([follower], [], [], 5)[0]  # waiting to be read
+    term.close()
+    assert not select.select([follower], [], [], 0)[0]
