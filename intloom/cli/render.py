@@ -134,6 +134,19 @@ def printable(text: str) -> str:
 _RICH_ROWS: Final = 500
 
 
+def _terminal_columns(stream: TextIO) -> int | None:
+    """How many columns the terminal ``stream`` writes to shows (``COLUMNS`` first, as Rich
+    reads it); None when it is no terminal: piped lines are never laid out for a width."""
+    try:
+        if not stream.isatty():
+            return None
+    except (AttributeError, ValueError):
+        return None
+    import shutil
+
+    return shutil.get_terminal_size().columns
+
+
 def _color_allowed(stream: TextIO) -> bool:
     if "NO_COLOR" in os.environ:
         return False
@@ -335,6 +348,16 @@ class Renderer:
             max((len(r[i]) for r in rows if len(r[i]) <= _ALIGN_MAX), default=0)
             for i in range(len(columns))
         ]
+        room = _terminal_columns(self.out)
+        if room is not None and sum(widths) + 2 * (len(widths) - 1) > room:
+            # A terminal without colour (NO_COLOR, TERM=dumb) or with a long table: rows
+            # wider than it were wrapped by it mid-id, mid-time. Laid out as Rich's path
+            # lays out a narrow table: the first cell on a line of its own, then the rest.
+            for row in rows:
+                self.out.write(row[0] + "\n")
+                self.out.write("  " + " · ".join(cell or "-" for cell in row[1:]) + "\n")
+            self.out.flush()
+            return
         for row in rows:
             cells = [cell.ljust(widths[i]) for i, cell in enumerate(row)]
             self.out.write("  ".join(cells).rstrip() + "\n")

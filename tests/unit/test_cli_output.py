@@ -710,3 +710,43 @@ def test_a_table_too_long_for_rich_is_aligned_lines_under_a_header_on_a_terminal
     assert lines[1].split() == ["RUN-0", "example", "waiting", "\\x1b[2J"]  # printable still
     assert lines[1].index("example") == lines[0].index("WORKFLOW")  # aligned
     assert "\x1b" not in out.getvalue()
+
+
+def test_a_table_wider_than_a_terminal_without_colour_is_not_wrapped_mid_id(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``NO_COLOR=1 intloom runs`` on a 40-column terminal printed the piped rows (107
+    characters each), which the terminal wrapped mid-id and mid-time: NO_COLOR is to take
+    the colour away, not the layout for the terminal's width."""
+    import os
+    import select
+
+    monkeypatch.setenv("NO_COLOR", "1")
+    monkeypatch.setenv("COLUMNS", "40")
+    leader, follower = os.openpty()
+    stream = os.fdopen(follower, "w", encoding="utf-8")
+    try:
+        renderer = Renderer()
+        renderer.stdout = stream
+        run_id = "RUN-20261205T202446976Z-WjGXcA3MiJz9t6DTxPBij"
+        renderer.table(["RUN", "WORKFLOW", "STATUS"],
+                       [[run_id, "slow", "completed"], ["RUN-2", "", "waiting"]])
+        shown = b""
+        while select.select([leader], [], [], 1)[0]:
+            shown += os.read(leader, 4096)
+            if shown.count(b"\n") >= 4:
+                break
+    finally:
+        stream.close()
+        os.close(leader)
+    assert shown.decode().splitlines() == [
+        run_id, "  slow · completed", "RUN-2", "  - · waiting"], shown
+    assert b"\x1b" not in shown
+
+
+def test_a_piped_table_is_never_laid_out_for_a_width(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("COLUMNS", "10")
+    Renderer().table(["RUN", "STATUS"], [["RUN-1234567890", "completed"]])
+    assert capsys.readouterr().out == "RUN-1234567890  completed\n"
