@@ -71,8 +71,9 @@ HELP: Final[dict[str, str]] = {
               "restart.\n\nExit 0 healthy, 3 when something needs attention, 4 when blocked.",
     "recover": "Remove stale service files (service.json, service.lock) once their owner is "
                "gone.",
-    "flow": "Create a Run and wait for its first question, confirmation or end.\n\nExit 0 "
-            "when it waits or completes, 1 when it fails.",
+    "flow": "Create a Run and wait for its first question, confirmation or end.\n\nOn a "
+            "terminal without --intent or --intent-file, the intent is asked for. Exit 0 "
+            "when\nit waits, completes or runs on (--detach), 1 when it fails.",
     "flows": "List the Workflows the host loaded, with their identity and readiness.",
     "runs": "List the Runs of the current host (new ones and restored unfinished ones).",
     "answer": "Answer a pending question or confirmation, then wait for the next stable "

@@ -79,7 +79,8 @@ def flow(
 ) -> int:
     """Create a Run and wait for its first question, confirmation or end.
 
-    Exit 0 when it waits or completes, 1 when it fails.
+    On a terminal without --intent or --intent-file, the intent is asked for. Exit 0 when
+    it waits, completes or runs on (--detach), 1 when it fails.
     """
     prompt = interactive(state.json_mode)
     if prompt and intent is None and intent_file is None:
