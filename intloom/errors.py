@@ -13,7 +13,8 @@ from typing import Final
 import msgspec
 
 __all__ = [
-    "CATALOGUE", "MAX_MESSAGE", "STARTING", "ErrorView", "IntloomError", "a_an", "as_call",
+    "CATALOGUE", "MAX_MESSAGE", "NO_CONNECTION_FIX", "STARTING", "ErrorView", "IntloomError",
+    "a_an", "as_call",
     "carried", "clip", "error_view", "message_of", "quoted", "quoting_bounded",
     "starting_message",
 ]
@@ -310,3 +311,14 @@ def _rebuilt(cls: type[IntloomError], args: tuple[object, ...]) -> IntloomError:
 def error_view(code: str, message: str | None = None) -> ErrorView:
     """A catalogue error view, optionally with a more specific message."""
     return IntloomError(code, message).view()
+
+
+# The way out when connection.json is gone and every owner has exited: recover will not run
+# without the saved port to check (DESIGN), so the user removes the stale files.
+NO_CONNECTION_FIX: Final[str] = (
+    "Put .intloom/connection.json back if you moved it, then run intloom recover. If it is "
+    "lost, or was never written (a first intloom start killed before its host saved it): "
+    "once intloom doctor shows every owner exited and the OS lock on service.lock free, "
+    "remove .intloom/service.lock and .intloom/service.json yourself, then run intloom "
+    "start (it writes a new connection.json)."
+)

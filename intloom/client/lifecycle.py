@@ -44,7 +44,7 @@ from intloom.client.hostlog import (
     log_says_stopping,
     read_log,
 )
-from intloom.errors import ErrorView, IntloomError, starting_message
+from intloom.errors import NO_CONNECTION_FIX, ErrorView, IntloomError, starting_message
 from intloom.fsutil import write_refusal
 from intloom.host.metadata import (
     Connection,
@@ -1120,7 +1120,19 @@ def _died_starting(proc: subprocess.Popen[bytes], importing: _Importing | None =
     # Which files it left, when they can be told: killed right after writing service.json,
     # it left both, and "the service.lock it may have left" named one.
     left = _left_by(proc, paths)
-    if left:
+    unsaved = paths is not None and not os.path.lexists(paths.connection_json)
+    if left and unsaved:
+        # Killed before it saved connection.json (a project's first start): recover checks
+        # the saved port with it and never runs without it, so "intloom recover removes it"
+        # sent the user to a refusal, and start's CLI_SERVICE_BUSY back to recover.
+        files = " and ".join(left)
+        it = "it" if len(left) == 1 else "them"
+        then = (f"The {files} it left {'is' if len(left) == 1 else 'are'} stale, but it had "
+                "not saved .intloom/connection.json yet, which intloom recover needs (it "
+                "checks the project's saved port with it): once intloom doctor shows the "
+                f"host exited (the OS lock on service.lock free), remove {it} yourself, then "
+                "run intloom start.")
+    elif left:
         files = " and ".join(left)
         then = (f"Run intloom doctor: the {files} it left {'is' if len(left) == 1 else 'are'} "
                 f"stale, and intloom recover removes {'it' if len(left) == 1 else 'them'} "
@@ -1534,11 +1546,8 @@ def _unmatched_connection(paths: ProjectPaths, info: ServiceInfo, conn: Connecti
     if _owner_gone(paths, target.pid, target.create_time, target.boot_id):
         # recover checks the saved port with connection.json and never runs without it.
         way = (f"That host (pid {target.pid}) has exited: it was killed or crashed. " + (
-            "Put .intloom/connection.json back if you moved it, then run intloom recover. "
-            "If it is lost: once intloom doctor shows every owner exited and the OS lock on "
-            "service.lock free, remove .intloom/service.lock and .intloom/service.json "
-            "yourself, then run intloom start (it writes a new connection.json)."
-            if conn is None else "Run intloom doctor: it says what to do with its files."))
+            NO_CONNECTION_FIX if conn is None
+            else "Run intloom doctor: it says what to do with its files."))
     elif (_owner_alive(paths, target.pid, target.create_time, target.boot_id)
           and _os_lock(paths) == "held"):
         way = ("Put back the connection.json that host wrote; or stop the host directly "

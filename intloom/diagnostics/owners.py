@@ -18,6 +18,7 @@ from typing import Final, Literal, NamedTuple
 import msgspec
 
 from intloom.errors import (
+    NO_CONNECTION_FIX,
     SHUTTING_DOWN,
     STARTING,
     IntloomError,
@@ -75,14 +76,6 @@ MESSAGES: Final[dict[str, str]] = {
     ),
 }
 
-# The way out when connection.json is gone and every owner has exited: recover will not run
-# without the saved port to check (DESIGN), so the user removes the stale files.
-NO_CONNECTION_FIX: Final = (
-    "Put .intloom/connection.json back if you moved it, then run intloom recover. If it is "
-    "lost: once intloom doctor shows every owner exited and the OS lock on service.lock "
-    "free, remove .intloom/service.lock and .intloom/service.json yourself, then run "
-    "intloom start (it writes a new connection.json)."
-)
 
 
 # An owner's status as ``status``, ``doctor`` and ``recover`` show it: IntLoom's words

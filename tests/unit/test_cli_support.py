@@ -1206,3 +1206,44 @@ def test_init_refuses_a_directory_another_user_owns(tmp_path: Path) -> None:
     assert refused.value.message.startswith(
         f"{target} belongs to another user (uid 65534, not 0)"), refused.value.message
     assert list(target.iterdir()) == []
+
+
+@pytest.mark.parametrize("saved", [False, True], ids=["first_start", "saved_before"])
+def test_a_host_killed_before_it_saved_connection_json_is_not_left_to_recover(
+        tmp_path: Path, saved: bool) -> None:
+    """A project's first start killed after service.lock and before connection.json: start
+    said "intloom recover removes it", recover refused (no connection.json: DESIGN section
+    3), and the next start's CLI_SERVICE_BUSY sent the user back to recover."""
+    import msgspec
+
+    from intloom.client.lifecycle import _died_starting
+    from intloom.host import metadata
+    from intloom.project import ProjectPaths
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        paths = ProjectPaths(tmp_path)
+        paths.state.mkdir(mode=0o700)
+        lock = metadata.ServiceLock(version=metadata.METADATA_VERSION, pid=proc.pid,
+                                    create_time=1_000_000.0, boot_id="b",
+                                    instance_id="0f0e0d0c-0b0a-4908-8706-050403020100",
+                                    started_at="2026-01-01T00:00:00Z")
+        paths.service_lock.write_bytes(msgspec.json.encode(lock))
+        paths.service_lock.chmod(0o600)
+        if saved:
+            paths.connection_json.write_text("{}")
+        os.kill(proc.pid, signal.SIGKILL)
+        message = _died_starting(proc, None, paths).message
+    finally:
+        proc.kill()
+        proc.wait()
+    if saved:
+        assert ("the service.lock it left is stale, and intloom recover removes it before the "
+                "next intloom start") in message, message
+    else:
+        assert ("The service.lock it left is stale, but it had not saved "
+                ".intloom/connection.json yet, which intloom recover needs (it checks the "
+                "project's saved port with it): once intloom doctor shows the host exited "
+                "(the OS lock on service.lock free), remove it yourself, then run intloom "
+                "start.") in message, message
+        assert "intloom recover removes" not in message, message
