@@ -16,7 +16,7 @@ import os
 import stat
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 
 import msgspec
 import psutil
@@ -227,6 +227,11 @@ def _locks(parts: list[str], want: tuple[int, int, int]) -> bool:
         return False
 
 
+# Two reads of one process's create time: equal but for psutil's float arithmetic (a start
+# time is counted in clock ticks, 10 ms), or whole seconds apart.
+_TICKS_APART: Final = 0.02
+
+
 def probe_process(
     pid: int, create_time: float, saved_boot_id: str | None, current_boot_id: str,
     lock_path: Path | None = None,
@@ -308,8 +313,24 @@ def probe_process(
             f"started at {_iso(create_time)}: the pid was reused",
         ))
         return ProcessProbe("gone", evidence)
+    drift = actual - create_time
+    if (abs(drift - round(drift)) > _TICKS_APART and lock_path is not None
+            and not holds_flock(pid, lock_path)):
+        # One process's create time, read twice, differs only by whole seconds (the boot
+        # time psutil adds is whole seconds, re-derived after a clock step): a fraction
+        # apart is another process, which a pid reused within the second of the owner's
+        # start got. Counted alive, it blocked recover until that stranger exited.
+        evidence.append(Evidence(
+            "create_time",
+            f"pid {pid} now belongs to a process started at {_iso(actual)}, {abs(drift):.2f} "
+            f"s {'after' if drift > 0 else 'before'} the owner started ({_iso(create_time)}), "
+            f"a fraction of a second that no re-reading of one process's start gives, and it "
+            f"holds no OS lock on {lock_path.name}: the pid was reused",
+        ))
+        return ProcessProbe("gone", evidence)
     evidence.append(Evidence(
         "process", f"process {pid} exists with the owner's create time {_iso(create_time)}"
+        + ("" if abs(drift) <= _TICKS_APART else f" (read now as {_iso(actual)})")
     ))
     return ProcessProbe("alive", evidence)
 

@@ -120,6 +120,36 @@ def test_an_owner_holding_its_lock_is_alive_when_the_clock_moved_its_create_time
                              lock_path).state == "gone"
 
 
+def test_a_pid_reused_within_a_second_of_the_owners_start_is_gone(tmp_path: Path) -> None:
+    """A host killed in its first second, its pid taken at once by another process (pid_max
+    32768 wraps fast): the create times were 0.43 s apart, inside the 1 s allowed for a boot
+    time re-derived, so the stranger counted as the owner, alive, and recover stayed blocked
+    until it exited. One process read twice differs by whole seconds only; a fraction apart,
+    holding no lock on service.lock, is another process. Holding it, it is the owner."""
+    root = make_root(tmp_path)
+    lock_path = ProjectPaths(root).service_lock
+    with live_process() as proc:
+        recorded = create_time(proc.pid) - 0.43  # the owner, started just before
+        write_lock(root, proc.pid, recorded)
+        write_connection_json(root, 4242)
+        diagnosis = diagnose(root, probe=False)
+        [owner] = diagnosis.owners
+        assert (diagnosis.status, owner.status) == ("recovery_required", "absent"), diagnosis
+        [found] = [e.found for e in owner.evidence if e.check == "create_time"]
+        assert "0.43 s after the owner started" in found and "the pid was reused" in found
+        # The same fraction with a whole second more: a clock step, never a reuse alone.
+        assert probe_process(proc.pid, create_time(proc.pid) - 1.0, None, boot_id(),
+                             lock_path).state == "alive"
+    me = os.getpid()
+    fd = os.open(lock_path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        assert probe_process(me, create_time(me) - 0.43, None, boot_id(),
+                             lock_path).state == "alive"
+    finally:
+        os.close(fd)
+
+
 def test_live_pid_with_matching_create_time_is_alive(tmp_path: Path) -> None:
     root = make_root(tmp_path)
     with live_process() as proc:
