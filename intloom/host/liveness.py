@@ -315,7 +315,7 @@ def probe_process(
         return ProcessProbe("gone", evidence)
     drift = actual - create_time
     if (abs(drift - round(drift)) > _TICKS_APART and lock_path is not None
-            and not holds_flock(pid, lock_path)):
+            and holds_flock(pid, lock_path) is False):  # None: not told, so not proven
         # One process's create time, read twice, differs only by whole seconds (the boot
         # time psutil adds is whole seconds, re-derived after a clock step): a fraction
         # apart is another process, which a pid reused within the second of the owner's
