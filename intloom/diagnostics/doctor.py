@@ -1488,11 +1488,15 @@ def run_doctor(root: Path) -> DoctorReport:
         left_home = _left_home_check(paths, last)
         if left_home is not None:
             checks.append(left_home)
-        if diagnosis.status in ("recovery_required", "offline"):
+        # Blocked with every owner proven gone (absent): no connection.json to recover
+        # with (a first start killed before it saved one), not a host still there.
+        gone = (diagnosis.status == "blocked" and bool(diagnosis.owners)
+                and all(o.status == "absent" for o in diagnosis.owners))
+        if diagnosis.status in ("recovery_required", "offline") or gone:
             # Only a host proven gone (or whose files recover removed) has ended: a paused or
             # hung one's log ends mid-way too.
             ended = _last_host_check(last, root,
-                                     current=diagnosis.status == "recovery_required")
+                                     current=diagnosis.status != "offline")
             if ended is not None:
                 checks.append(ended)
     return DoctorReport(

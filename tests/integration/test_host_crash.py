@@ -335,6 +335,19 @@ def test_doctor_says_a_host_killed_ended_without_a_word_and_what_it_did_last(
     assert "last_host" not in {c.id for c in run_doctor(project.root).checks}
 
 
+def test_doctor_says_how_the_last_host_ended_when_no_connection_json_blocks_recover(
+        project: Project) -> None:
+    """Blocked for want of connection.json (a first start killed before it saved one)
+    while every owner is proven gone: doctor left out how the host ended, though its log
+    said, as it says when recover may run."""
+    start(project)
+    project.kill_host()
+    (project.state / "connection.json").unlink()  # as a host killed before saving it
+    ended = _last_host(project)
+    assert ended.status == "attention", ended
+    assert "the host ended without a word. That is a SIGKILL" in ended.message, ended.message
+
+
 def test_a_lock_removed_by_its_exiting_owner_while_start_judges_it_is_not_stale(
     project: Project, monkeypatch: pytest.MonkeyPatch
 ) -> None:
