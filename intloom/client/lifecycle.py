@@ -1488,7 +1488,7 @@ def _unverified(paths: ProjectPaths, target: _Target, asked: _Asked,
         why = (f"it stopped as asked, and its log says: {'; '.join(kept)}. Fix that, then run "
                "intloom recover")
     elif asked.stopping:
-        why = _unremovable(left, them, paths.state.name)
+        why = _unremovable(left, them)
     else:
         why = "it was killed or crashed"
     names = " and ".join(f"{paths.state.name}/{path.name}" for path in left)
@@ -1500,7 +1500,7 @@ def _unverified(paths: ProjectPaths, target: _Target, asked: _Asked,
             + ("" if taken is None else f" {taken}"))
 
 
-def _unremovable(left: list[Path], them: str, state: str) -> str:
+def _unremovable(left: list[Path], them: str) -> str:
     """Why a host asked to stop exited without removing ``left``, its log silent (killed
     before it wrote why, or its log unreadable): what refuses their removal, read from the
     file system as recover and a failed start read it; a guess only when nothing does."""
@@ -1514,9 +1514,13 @@ def _unremovable(left: list[Path], them: str, state: str) -> str:
     if facts:
         return (f"it exited after it was asked to stop, without removing {them}: "
                 f"{'; '.join(facts)}. {'; '.join(fixes)}, then run intloom recover")
-    return (f"it exited after it was asked to stop, without removing {them}: it crashed "
-            f"meanwhile, or could not remove {them} (an immutable file, or a read-only "
-            f"{state} or filesystem: check `lsattr` and the permissions)")
+    # Nothing refuses their removal (an immutable file or a read-only file system would
+    # have been read above), and its log gave no reason: it was ended during its stop.
+    return (f"it exited after it was asked to stop, without removing {them}, and nothing "
+            f"refuses their removal: it was killed or crashed during its stop (a SIGKILL: a "
+            "supervisor's stop timeout shorter than the host's stop, or the kernel's "
+            "out-of-memory killer). intloom doctor's last_host check says what it did last; "
+            f"then run intloom recover")
 
 
 def _released(paths: ProjectPaths, target: _Target) -> bool:

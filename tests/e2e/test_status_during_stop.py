@@ -365,3 +365,26 @@ def _start_timing_out_in_a_stops_grace(project: Project) -> None:
         (project.root / "gate").touch()
         stop.communicate(timeout=60)
     eventually(lambda: not pid_alive(pid), timeout=60, what="the host to exit")
+
+
+def test_a_stop_whose_host_is_killed_in_its_stop_says_so_and_names_recover(
+        project: Project, tmp_path: Path) -> None:
+    """``intloom stop``, then its host killed (SIGKILL) in its stop: stop guessed "it crashed
+    meanwhile, or could not remove them (an immutable file, or a read-only .intloom ...)",
+    a cause it had just ruled out by finding nothing that refuses their removal, and named
+    no next step."""
+    gate = tmp_path / "go"
+    pid = started_with_the_hook(project, gate)
+    with ThreadPoolExecutor(1) as pool:
+        stopping = pool.submit(project.cli, "--json", "stop")
+        eventually(lambda: Path(f"{gate}.held").exists(), timeout=60,
+                   what="the stop to close its listener")
+        os.kill(pid, signal.SIGKILL)
+        result = stopping.result(timeout=90)
+    eventually(lambda: not pid_alive(pid), timeout=30, what="the host to exit")
+    assert result.code == 1, result
+    message = result.json["error"]["message"]
+    assert ("it exited after it was asked to stop, without removing them, and nothing "
+            "refuses their removal: it was killed or crashed during its stop (a SIGKILL") \
+        in message, message
+    assert "then run intloom recover" in message and "lsattr" not in message, message
