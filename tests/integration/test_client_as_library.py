@@ -376,17 +376,11 @@ def test_a_host_starting_over_a_crashed_hosts_service_json_is_said_to_be_startin
         assert client.status().pid == pid
 
 
-def test_a_client_closed_while_it_connects_again_stays_closed(
-        project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_client_closed_while_it_connects_again_stays_closed(project: Project) -> None:
     """A Client whose stream was closed early connects again before its next request; a
     close() from another thread while that hello waited (a busy host) was undone when it
     completed: the request went out, every later one too, and the new socket was never
     closed (a ResourceWarning at exit). The closed Client now stays closed, nothing sent."""
-    from intloom.client import client as client_module
-
-    # The pause below stands for a busy host, whose hello waits: not looked at as a pause
-    # (one is named after half a second: test_a_paused_host_is_named_without_waiting_...).
-    monkeypatch.setattr(client_module, "_paused", lambda _pid: False)
     service = start(project).service
     client = Client.connect(project.root, timeout=30)
     outcome: list[object] = []
