@@ -538,10 +538,6 @@ def _check_seconds(name: str, value: object, what: str, other: str) -> None:
 HELLO_CAP_ENV: Final = "INTLOOM_TEST_CLIENT_HELLO_TIMEOUT"
 
 
-# How long a hello's answer is waited for before the host is looked at for a pause.
-_PAUSE_LOOK: Final = 0.5
-
-
 def _paused(pid: int) -> bool:
     from intloom.host.liveness import paused  # psutil: only on this failure path
 
@@ -881,12 +877,6 @@ class Client:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             send_frame(sock, Hello(protocol=PROTOCOL, token=conn.token, client="intloom-python"))
             sock.settimeout(min(_SIGNAL_SLICE, timeout))
-            # A host answers a hello at once: one silent for a moment may be paused, which
-            # can be read, where waiting out the whole timeout first took status, doctor and
-            # recover ~5 s to say so (start and stop said it in 0.2 s).
-            quiet = not select.select([sock], [], [], min(timeout, _PAUSE_LOOK))[0]
-            if quiet and _paused(info.pid):
-                raise TimeoutError("timed out")  # the socket's own words: said below
             reply = decode_response(recv_frame(sock, patience=timeout))
         except (OSError, FrameClosed, FrameError) as exc:
             sock.close()

@@ -268,24 +268,6 @@ def test_a_hello_failure_keeps_its_words_across_processes(
     assert repr(got) == repr(sent)
 
 
-@pytest.mark.timeout(60)
-def test_a_paused_host_is_named_without_waiting_out_the_hello_timeout(project: Project) -> None:
-    """status, doctor and recover waited out the hello's whole timeout (~5 s, and a
-    Client.connect(timeout=...) all of it) before looking whether the host was paused, which
-    start and stop said in 0.2 s: a host answers a hello at once, so a moment's silence is
-    enough to look. This connect's timeout outlasts the test's own."""
-    from intloom.client.client import HelloFailed
-
-    service = start(project).service
-    os.kill(service.pid, signal.SIGSTOP)
-    try:
-        with pytest.raises(HelloFailed) as failed:
-            Client.connect(project.root, timeout=300)
-    finally:
-        os.kill(service.pid, signal.SIGCONT)
-    assert f"The host (pid {service.pid}) is stopped by a signal" in failed.value.message
-
-
 def test_a_request_a_paused_host_outwaits_says_it_is_paused(project: Project) -> None:
     """A host paused (SIGSTOP) under a connected Client: its request timed out with "the
     host did not reply in time" or "paused or hung", though Client.connect names the pause
