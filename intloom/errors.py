@@ -317,7 +317,7 @@ def error_view(code: str, message: str | None = None) -> ErrorView:
 # without the saved port to check (DESIGN), so the user removes the stale files.
 NO_CONNECTION_FIX: Final[str] = (
     "Put .intloom/connection.json back if you moved it, then run intloom recover. If it is "
-    "lost, or was never written (a first intloom start killed before its host saved it): "
+    "lost, or was never written (a project's first start ended before its host saved it): "
     "once intloom doctor shows every owner exited and the OS lock on service.lock free, "
     "remove .intloom/service.lock and .intloom/service.json yourself, then run intloom "
     "start (it writes a new connection.json)."
