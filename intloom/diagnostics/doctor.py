@@ -1248,6 +1248,27 @@ def _last_host_check(found: tuple[str, bytes] | None, root: Path, *,
             f"{f', {within} s here' if isinstance(within, (int, float)) else ''}). intloom "
             "logs shows how far the stop got." if current else None,
         )
+    events = {r.get("event") for r in records}
+    if "service_starting" in events and "service_ready" not in events:
+        # Ended before it served: which part of its start, as start said it to a terminal
+        # long closed ("It was importing ..."), is the first thing to look into.
+        restored = sum(1 for r in records if r.get("event") == "run_restored")
+        phase = (f"while it imported {last.get('source')}" if last.get("event") ==
+                 "source_importing" else
+                 f"while it restored its Runs ({restored} restored)" if restored else
+                 "before it served")
+        return Check(
+            "last_host", status,
+            f"The last host ended during its start, {phase}: its log ({where}) ends at "
+            f"{last.get('time', '?')} with {doing}, and no fatal error after it. That is a "
+            "SIGKILL (kill -9, the kernel's out-of-memory killer), a crash in native code "
+            "or os._exit in the Workflow code it imported, since Python errors are logged. "
+            "The restart previews below say what a start does with each Run.",
+            "To tell which: the kernel logs an out-of-memory kill and a segmentation fault "
+            "(journalctl -k, or dmesg, names the pid); an import that is killed each time "
+            "points at that source (python -c 'import ...' shows what it does)."
+            if current else None,
+        )
     return Check(
         "last_host", status,
         f"The last host's log ({where}) ends at {last.get('time', '?')} with {doing}, and "

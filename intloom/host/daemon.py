@@ -688,6 +688,10 @@ class Host:
 
     def _import_progress(self, source: str | None) -> None:
         self._importing_source = source
+        if source is not None and self.log is not None:
+            # Said only to the launcher (its readiness pipe) before: a host killed in an
+            # import left no word of which source, once that terminal's output was gone.
+            self.log.info("source_importing", source=source)
         self.ready.importing(source)
 
     def _on_signal(self, sig: signal.Signals) -> None:

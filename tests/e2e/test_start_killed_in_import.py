@@ -99,6 +99,12 @@ def test_a_first_start_killed_in_a_workflow_import_is_recovered_as_doctor_says(
 
     doctor = slow.cli("doctor", "--json").json
     assert doctor["status"] == "recovery_required", doctor["message"]
+    # Which source it died in, once start's terminal is gone: the log says (it said only
+    # "ends ... with service_starting").
+    [ended] = [c for c in doctor["checks"] if c["id"] == "last_host"]
+    assert ended["message"].startswith(
+        "The last host ended during its start, while it imported workflows/slow.py: its log "
+        "(.intloom/logs/LOG-"), ended
     assert ok(slow.cli("recover", "--json"))["recovered"] is True
     service = ok(slow.cli("start", "--json"))["service"]
     assert service["port"] == connection["port"]  # the port the killed start had saved

@@ -639,3 +639,25 @@ def test_a_host_killed_in_its_stop_is_said_to_have_been_killed_there(tmp_path: P
         "ends at T3 with run_suspended of Run RUN-1, before that stop ended: the host was "
         "killed during its stop"), check.message
     assert "without a word" not in check.message and check.next is not None
+
+
+def test_last_host_names_the_part_of_its_start_a_host_ended_in(tmp_path: Path) -> None:
+    """A host killed while it restored its Runs: doctor said its log "ends ... with
+    run_restored of Run X", not that it never served, nor how far the restore got."""
+    import json as _json
+
+    from intloom.diagnostics.doctor import _last_host_check
+
+    lines = [{"time": "T0", "level": "info", "event": "service_starting"},
+             {"time": "T1", "level": "info", "event": "source_importing", "source": "a.py"},
+             {"time": "T2", "level": "info", "event": "run_restored", "runId": "RUN-1"},
+             {"time": "T3", "level": "info", "event": "run_restored", "runId": "RUN-2"}]
+    tail = b"".join(_json.dumps(line).encode() + b"\n" for line in lines)
+    check = _last_host_check(("LOG-x.jsonl", tail), tmp_path, current=True)
+    assert check is not None and check.status == "attention", check
+    assert check.message.startswith(
+        "The last host ended during its start, while it restored its Runs (2 restored): its "
+        "log (.intloom/logs/LOG-x.jsonl) ends at T3 with run_restored of Run RUN-2"), check
+    served = tail + b'{"time": "T4", "level": "info", "event": "service_ready"}\n'
+    later = _last_host_check(("LOG-x.jsonl", served), tmp_path, current=True)
+    assert later is not None and "during its start" not in later.message, later
