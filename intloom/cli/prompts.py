@@ -82,9 +82,6 @@ class Terminal:
                 self._closed = True
                 os.close(self._wake_r)
                 os.close(self._wake_w)
-                # What was typed at a prompt and not read (the rest of a paste) would reach
-                # the shell once intloom exits, and run there as a command.
-                self.fresh()
 
     def wake(self) -> None:
         """From any thread: the prompt should look again whether it is still wanted."""
@@ -146,7 +143,9 @@ class Terminal:
         if self._pending() and self._canonical():
             # More lines came with it, before any was read: a paste, not a person answering
             # this prompt. Taken, its lines answered the next prompts of the action (and
-            # sent it) unread, or outlived the command and ran in the shell.
+            # sent it) unread, or outlived the command and ran in the shell. Refused, the
+            # rest is discarded with it (``line``), so none reaches the shell; what is typed
+            # after a line is taken is the person's own type-ahead, left to the shell.
             return ("That line is followed by more text pasted with it, so nothing was taken "
                     "from it or from what followed: type the answer to this prompt alone, or "
                     f"give text of several lines with {self.instead}.")

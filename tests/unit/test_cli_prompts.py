@@ -370,17 +370,3 @@ def test_a_pasted_block_of_lines_answers_nothing(
             "or from what followed: type the answer to this prompt alone, or give text of "
             "several lines with intloom answer RUN ACT -.") in told, told
     assert told.count("Q: ") == 2, told
-
-
-def test_what_was_typed_and_not_read_is_gone_when_the_terminal_closes(
-    pty_pair: tuple[int, Terminal],
-) -> None:
-    """The rest of a paste at the intent prompt (or typed after the last prompt) reached the
-    shell once intloom exited, and ran there as a command."""
-    leader, term = pty_pair
-    follower = term._fd
-    os.write(leader, b"rm -rf oops\r")
-    echoed(leader, b"oops")
-    assert select.select([follower], [], [], 5)[0]  # waiting to be read
-    term.close()
-    assert not select.select([follower], [], [], 0)[0]
