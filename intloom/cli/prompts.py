@@ -140,24 +140,34 @@ class Terminal:
                     f"byte {exc.start + 1}), so nothing was taken from it: the terminal's "
                     f"encoding differs from the locale's ({encoding}). Type it again, set "
                     f"LANG to a {encoding} locale, or give it with {self.instead}.")
-        if self._pending() and self._canonical():
+        if self._canonical() and self._pasted():
             # More lines came with it, before any was read: a paste, not a person answering
             # this prompt. Taken, its lines answered the next prompts of the action (and
             # sent it) unread, or outlived the command and ran in the shell. Refused, the
-            # rest is discarded with it (``line``), so none reaches the shell; what is typed
-            # after a line is taken is the person's own type-ahead, left to the shell.
+            # rest there now is discarded with it (``line``); a paste whose rest arrives
+            # only after this look (a slow link) is not seen as one.
             return ("That line is followed by more text pasted with it, so nothing was taken "
                     "from it or from what followed: type the answer to this prompt alone, or "
                     f"give text of several lines with {self.instead}.")
         return None
 
-    def _pending(self) -> bool:
-        """Whether more input is there to read now (after a whole line was read)."""
-        try:
-            ready, _, _ = select.select([self._fd], [], [], 0)
-        except (OSError, ValueError):
-            return False
-        return bool(ready)
+    def _pasted(self) -> bool:
+        """Whether more text is there to read now, after a whole line was read: the rest of
+        a paste. Empty lines there are read and let go: an Enter that sends CR LF (a
+        terminal in newline mode, a serial or telnet client) makes two line ends, and the
+        empty second one was taken for a paste at every answer."""
+        while True:
+            try:
+                ready, _, _ = select.select([self._fd], [], [], 0)
+                if not ready:
+                    return False
+                more = os.read(self._fd, 4096)
+            except (OSError, ValueError):
+                return False
+            if not more:
+                return False  # EOF: the next read says so
+            if more.strip(b"\r\n"):
+                return True
 
     def _canonical(self) -> bool:
         """The terminal edits lines itself (ICANON): it then passes one of 4,095 bytes at

@@ -142,9 +142,24 @@ def _terminal_columns(stream: TextIO) -> int | None:
             return None
     except (AttributeError, ValueError):
         return None
-    import shutil
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    try:
+        return os.get_terminal_size(stream.fileno()).columns
+    except (OSError, ValueError):
+        return None
 
-    return shutil.get_terminal_size().columns
+
+def _cells_wide(rows: Sequence[Sequence[str]]) -> int:
+    """How many terminal cells the widest aligned row takes: each column as wide as its
+    widest cell, counted in screen cells (a CJK character takes two), every cell counted
+    (one past the alignment limit lengthens its own row, and is wrapped just the same)."""
+    from rich.cells import cell_len  # on a terminal only: piped output never asks
+
+    widths = [max(cell_len(row[i]) for row in rows) for i in range(len(rows[0]))] if rows \
+        else []
+    return sum(widths) + 2 * (len(widths) - 1)
 
 
 def _color_allowed(stream: TextIO) -> bool:
@@ -349,7 +364,7 @@ class Renderer:
             for i in range(len(columns))
         ]
         room = _terminal_columns(self.out)
-        if room is not None and sum(widths) + 2 * (len(widths) - 1) > room:
+        if room is not None and _cells_wide(rows) > room:
             # A terminal without colour (NO_COLOR, TERM=dumb) or with a long table: rows
             # wider than it were wrapped by it mid-id, mid-time. Laid out as Rich's path
             # lays out a narrow table: the first cell on a line of its own, then the rest.

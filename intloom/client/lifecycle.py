@@ -1517,7 +1517,8 @@ def _unremovable(left: list[Path], them: str) -> str:
     # Nothing refuses their removal (an immutable file or a read-only file system would
     # have been read above), and its log gave no reason: it was ended during its stop.
     return (f"it exited after it was asked to stop, without removing {them}, and nothing "
-            f"refuses their removal: it was killed or crashed during its stop (a SIGKILL: a "
+            f"seen here refuses their removal: most likely it was killed or crashed during "
+            f"its stop (a SIGKILL: a "
             "supervisor's stop timeout shorter than the host's stop, or the kernel's "
             "out-of-memory killer). intloom doctor's last_host check says what it did last; "
             f"then run intloom recover")

@@ -1262,8 +1262,9 @@ def _last_host_check(found: tuple[str, bytes] | None, root: Path, *,
             f"The last host ended during its start, {phase}: its log ({where}) ends at "
             f"{last.get('time', '?')} with {doing}, and no fatal error after it. That is a "
             "SIGKILL (kill -9, the kernel's out-of-memory killer), a crash in native code "
-            "or os._exit in the Workflow code it imported, since Python errors are logged. "
-            "The restart previews below say what a start does with each Run.",
+            "or os._exit in the Workflow code it imported, since Python errors are logged "
+            "-- unless the host could no longer write its log (a full disk, a file size "
+            "limit). The restart previews below say what a start does with each Run.",
             "To tell which: the kernel logs an out-of-memory kill and a segmentation fault "
             "(journalctl -k, or dmesg, names the pid); an import that is killed each time "
             "points at that source (python -c 'import ...' shows what it does)."

@@ -320,12 +320,16 @@ def probe_process(
         # time psutil adds is whole seconds, re-derived after a clock step): a fraction
         # apart is another process, which a pid reused within the second of the owner's
         # start got. Counted alive, it blocked recover until that stranger exited.
+        # Older than the owner: no reuse (no pid goes to a process older than its first
+        # holder), but a pid recorded in another pid namespace, as said above for a larger gap.
+        how = ("the pid was reused" if drift > 0 else "it is not the owner, which recorded "
+               "its pid in another pid namespace (a container)")
         evidence.append(Evidence(
             "create_time",
-            f"pid {pid} now belongs to a process started at {_iso(actual)}, {abs(drift):.2f} "
-            f"s {'after' if drift > 0 else 'before'} the owner started ({_iso(create_time)}), "
+            f"pid {pid} belongs to a process started at {_iso(actual)}, {abs(drift):.2f} s "
+            f"{'after' if drift > 0 else 'before'} the owner started ({_iso(create_time)}), "
             f"a fraction of a second that no re-reading of one process's start gives, and it "
-            f"holds no OS lock on {lock_path.name}: the pid was reused",
+            f"holds no OS lock on {lock_path.name}: {how}",
         ))
         return ProcessProbe("gone", evidence)
     evidence.append(Evidence(

@@ -750,3 +750,12 @@ def test_a_piped_table_is_never_laid_out_for_a_width(
     monkeypatch.setenv("COLUMNS", "10")
     Renderer().table(["RUN", "STATUS"], [["RUN-1234567890", "completed"]])
     assert capsys.readouterr().out == "RUN-1234567890  completed\n"
+
+
+def test_a_tables_width_on_a_terminal_counts_screen_cells() -> None:
+    """Counted in code points, a row of CJK text (two cells a character) was judged to fit
+    a terminal it overflowed, and wrapped mid-id."""
+    from intloom.cli.render import _cells_wide
+
+    assert _cells_wide([["RUN-1", "概要を書く"]]) == 5 + 2 + 10
+    assert _cells_wide([["a", "b" * 300], ["cc", "d"]]) == 2 + 2 + 300  # past the alignment

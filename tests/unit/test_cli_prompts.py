@@ -370,3 +370,15 @@ def test_a_pasted_block_of_lines_answers_nothing(
             "or from what followed: type the answer to this prompt alone, or give text of "
             "several lines with intloom answer RUN ACT -.") in told, told
     assert told.count("Q: ") == 2, told
+
+
+def test_an_enter_that_sends_cr_lf_is_no_paste(
+    pty_pair: tuple[int, Terminal], capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A terminal whose Enter sends CR LF (newline mode, a serial or telnet client) gives two
+    line ends: the empty second line was always waiting, and every answer was refused as a
+    paste."""
+    leader, term = pty_pair
+    os.write(leader, b"y\r\n")
+    assert term.line("Q: ") == "y"
+    assert "pasted" not in capsys.readouterr().err

@@ -137,6 +137,13 @@ def test_a_pid_reused_within_a_second_of_the_owners_start_is_gone(tmp_path: Path
         assert (diagnosis.status, owner.status) == ("recovery_required", "absent"), diagnosis
         [found] = [e.found for e in owner.evidence if e.check == "create_time"]
         assert "0.43 s after the owner started" in found and "the pid was reused" in found
+        # Started a fraction before the owner: no reuse, another pid namespace.
+        older = probe_process(proc.pid, create_time(proc.pid) + 0.43, None, boot_id(),
+                              lock_path)
+        assert older.state == "gone", older
+        [said] = [e.found for e in older.evidence if e.check == "create_time"]
+        assert "0.43 s before the owner started" in said and "reused" not in said, said
+        assert "another pid namespace" in said, said
         # The same fraction with a whole second more: a clock step, never a reuse alone.
         assert probe_process(proc.pid, create_time(proc.pid) - 1.0, None, boot_id(),
                              lock_path).state == "alive"
