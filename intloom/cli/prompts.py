@@ -165,7 +165,7 @@ class Terminal:
             except (OSError, ValueError):
                 return False
             if not more:
-                return False  # EOF: the next read says so
+                return False  # an EOF (Ctrl-D) typed right behind the line: no paste
             if more.strip(b"\r\n"):
                 return True
 
