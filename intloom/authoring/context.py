@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Final, Generic, Protocol, TypeVar, overlo
 import msgspec
 
 from intloom.authoring.interaction import Confirmation, Question, QuestionAnswer
-from intloom.authoring.workflow import callable_name
+from intloom.authoring.workflow import callable_name, generator_kind
 from intloom.errors import IntloomError, a_an
 from intloom.runtime.model import PendingAction
 
@@ -668,17 +668,13 @@ def _a_generator(where: str, call: str, fn: object) -> IntloomError | None:
     done with "<generator object ...>" before its body ever ran, and never ran it after."""
     # Named only once refused: callable_name may fall back to repr(fn), user code that may
     # be slow (a partial holding megabytes) or raise, on every effect that is no generator.
-    if inspect.isasyncgenfunction(fn):
-        shown = callable_name(fn)
-        kind = "an async generator"
-        consume = (f"an async function given to `await ctx.aeffect(...)` (`async def "
-                   f"collect(): return [x async for x in {shown}(...)]`)")
-    elif inspect.isgeneratorfunction(fn):
-        shown = callable_name(fn)
-        kind = "a generator"
-        consume = f"a normal function (`lambda: list({shown}(...))`)"
-    else:
+    kind = generator_kind(fn)
+    if kind is None:
         return None
+    shown = callable_name(fn)
+    consume = (f"an async function given to `await ctx.aeffect(...)` (`async def collect(): "
+               f"return [x async for x in {shown}(...)]`)" if kind == "an async generator"
+               else f"a normal function (`lambda: list({shown}(...))`)")
     return IntloomError(
         "STEP_INTERACTION_INVALID",
         f"{where} passed {shown!r}, {kind} function (it has `yield`), to {call}, which "

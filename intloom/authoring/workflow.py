@@ -142,17 +142,14 @@ class Tool:
             raise IntloomError("WORKFLOW_DEFINITION_INVALID", (
                 f"{where}: fn {_shown_value(self.fn)} is not callable. Pass the function the "
                 "Agent's calls run, e.g. intloom.Tool(\"search\", search)."))
-        if inspect.isgeneratorfunction(self.fn) or inspect.isasyncgenfunction(self.fn):
+        kind = generator_kind(self.fn)
+        if kind is not None:
             # Calling one returns a generator, never what it yields: every call the Agent
             # made was refused at run time as "not plain JSON data", its body never run.
             shown = callable_name(self.fn)
-            if inspect.isasyncgenfunction(self.fn):
-                kind = "an async generator"
-                consume = (f"an async function (`async def tool(input): return [x async for "
-                           f"x in {shown}(input)]`)")
-            else:
-                kind = "a generator"
-                consume = f"a normal function (`def tool(input): return list({shown}(input))`)"
+            consume = (f"an async function (`async def tool(input): return [x async for x in "
+                       f"{shown}(input)]`)" if kind == "an async generator" else
+                       f"a normal function (`def tool(input): return list({shown}(input))`)")
             raise IntloomError("WORKFLOW_DEFINITION_INVALID", (
                 f"{where}: {shown} is {kind} function (it has `yield`): calling it returns "
                 f"{kind} object, never its result, and its body would never run. Return a "
@@ -273,6 +270,17 @@ def _check_label(workflow: str, where: str, what: str, text: str, fix: str) -> N
                    fix) from None
 
 
+def generator_kind(fn: object) -> str | None:
+    """"a generator" or "an async generator" when ``fn`` is such a function (it has
+    ``yield``: calling it returns a generator, never a result), else None. Named in the
+    refusals of one as a Step, a Tool or an effect."""
+    if inspect.isasyncgenfunction(fn):
+        return "an async generator"
+    if inspect.isgeneratorfunction(fn):
+        return "a generator"
+    return None
+
+
 def callable_name(fn: object) -> str:
     """A function as its author knows it (its name, without an enclosing function's)."""
     name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
@@ -314,10 +322,10 @@ def _check_fn(workflow: str, where: str, what: str, fn: object, params: str,
     if not callable(fn):
         raise _bad(workflow, where, f"{what} must decorate a function, not {_shown_value(fn)}",
                    f"Decorate a def: {example}.")
-    if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+    kind = generator_kind(fn)
+    if kind is not None:
         # Calling one returns a generator, never what it yields: every Run of the Workflow
         # failed at this Step with "returned <generator object ...>", not at load.
-        kind = "an async generator" if inspect.isasyncgenfunction(fn) else "a generator"
         raise _bad(workflow, where,
                    f"{what} decorates {callable_name(fn)}, which is {kind} function (it has "
                    "`yield`): calling it returns a generator, never its result",
