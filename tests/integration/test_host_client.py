@@ -261,6 +261,34 @@ def test_a_hello_cap_that_is_no_positive_number_is_ignored(
         assert client.hello.instance_id == INSTANCE
 
 
+def _a_wait_unanswered(release: threading.Event, served: list[int],
+                       silent_hello: int | None = None) -> tuple[Any, Script]:
+    """A fake host's script, and the Run view it serves: the first connection's request gets
+    no reply until ``release`` (a Step that goes on), the ``silent_hello``-th connection's
+    hello none at all, and every other request the view. ``served`` counts connections."""
+    from intloom.protocol.messages import RunReply
+    from intloom.runtime.model import Cursor, RunView
+
+    view = RunView(run_id="RUN-1", flow_name="f", cursor=Cursor(stage="s"),
+                   status="waiting", created_at="T0", updated_at="T1")
+
+    def script(conn: socket.socket, received: list[object]) -> None:
+        served[0] += 1
+        with contextlib.suppress(Exception):  # the interrupted client closes its ends
+            if served[0] == silent_hello:
+                recv_frame(conn)
+                return
+            hello_then(lambda _c, _r: None)(conn, received)
+            request = recv_frame(conn)
+            if served[0] == 1:
+                release.wait(10)
+                return
+            received.append(decode_request(request))
+            send_frame(conn, RunReply(run=view))
+
+    return view, script
+
+
 def _signalled_in_a_read(signum: int, call: Callable[[], object]) -> BaseException:
     """What ``call`` raised when ``signum`` came to this thread while it waited in a read
     (a Ctrl-C, or a deadline's SIGALRM)."""
@@ -295,28 +323,12 @@ def test_ctrl_c_while_connecting_again_leaves_the_client_able_to_connect(
     though nothing was in flight and connecting again was as safe as before."""
     import signal
 
-    from intloom.protocol.messages import GetRun, RunReply
-    from intloom.runtime.model import Cursor, RunView
+    from intloom.protocol.messages import GetRun
 
-    view = RunView(run_id="RUN-1", flow_name="f", cursor=Cursor(stage="s"),
-                   status="waiting", created_at="T0", updated_at="T1")
     release = threading.Event()
     served = [0]
-
-    def script(conn: socket.socket, received: list[object]) -> None:
-        served[0] += 1
-        with contextlib.suppress(Exception):  # the interrupted client closes its ends
-            if served[0] == 2:
-                recv_frame(conn)  # the hello of the connect that Ctrl-C ends: no answer
-                return
-            hello_then(lambda _c, _r: None)(conn, received)
-            request = recv_frame(conn)
-            if served[0] == 1:
-                release.wait(10)  # a Step that goes on: the connection after it, unserved
-                return
-            received.append(decode_request(request))
-            send_frame(conn, RunReply(run=view))
-
+    # The hello of the connect that Ctrl-C ends (the second): no answer.
+    view, script = _a_wait_unanswered(release, served, silent_hello=2)
     host = fake(script)
     publish(project.root, host.port)
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -401,25 +413,11 @@ def test_a_signal_handlers_own_exception_in_a_wait_reaches_the_program(
     again for the next request, as after Ctrl-C."""
     import signal
 
-    from intloom.protocol.messages import GetRun, RunReply
-    from intloom.runtime.model import Cursor, RunView
+    from intloom.protocol.messages import GetRun
 
-    view = RunView(run_id="RUN-1", flow_name="f", cursor=Cursor(stage="s"),
-                   status="waiting", created_at="T0", updated_at="T1")
     release = threading.Event()
     served = [0]
-
-    def script(conn: socket.socket, received: list[object]) -> None:
-        served[0] += 1
-        with contextlib.suppress(Exception):  # the interrupted client closes its end
-            hello_then(lambda _c, _r: None)(conn, received)
-            request = recv_frame(conn)
-            if served[0] == 1:
-                release.wait(10)  # the wait goes on: no reply on this connection
-                return
-            received.append(decode_request(request))
-            send_frame(conn, RunReply(run=view))
-
+    view, script = _a_wait_unanswered(release, served)
     host = fake(script)
     publish(project.root, host.port)
 
