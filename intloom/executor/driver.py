@@ -962,6 +962,16 @@ def _plain(value: Any, task_of: Step[Any] | None = None) -> Any:
     """A JSON/msgpack-safe copy of an effect's result, for the journal (evidence only), or
     of the Agent task ``task_of`` returned."""
     if task_of is not None:
+        if value is None:
+            # Almost always a forgotten ``return``: it was published as a task of null, which
+            # the Agent could only guess at, while a code Step returning None is refused.
+            raise IntloomError(
+                "STEP_INTERACTION_INVALID",
+                f"{task_of.where} returned None, not an Agent task; nothing was recorded and "
+                "no task was published. Return the task for the Agent: the JSON data it is to "
+                "work on (`return {\"topic\": ctx.intent}`); a function that ends without "
+                "`return` returns None.",
+            )
         gap = json_gap(value)
         if gap is not None:
             raise IntloomError(

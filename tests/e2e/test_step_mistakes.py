@@ -1223,3 +1223,56 @@ def test_an_effect_a_thread_still_ran_when_its_step_raised_ends_as_the_runs_lost
         report = ok(project.cli("inspect", run["runId"], "--json"))
         assert [r["phase"] for r in report["records"]][-2:] == ["effect_started", "terminal"]
         ok(project.cli("stop", "--json"))
+
+
+TASKLESS = textwrap.dedent('''
+    """Agent Steps that hand the host no task; the intent picks which one runs."""
+
+    from typing import Any
+
+    import intloom
+
+    wf = intloom.Workflow("taskless", version="1.0.0")
+    main = wf.stage("main")
+
+
+    @main.step("pick", routes={k: k for k in ("forgot", "forgot_async")})
+    def pick(ctx: intloom.StepContext[None]) -> str:
+        return ctx.intent
+
+
+    @main.agent_step("forgot", routes={"found": intloom.COMPLETE})
+    def forgot(ctx: intloom.StepContext[None]) -> Any:
+        {"topic": ctx.intent}  # the task built, and no return
+
+
+    @main.agent_step("forgot_async", routes={"found": intloom.COMPLETE})
+    async def forgot_async(ctx: intloom.StepContext[None]) -> Any:
+        {"topic": ctx.intent}
+''')
+
+
+@pytest.mark.parametrize(("kind", "facts"), [
+    ("forgot", ["returned None, not an Agent task", "Return the task for the Agent"]),
+    ("forgot_async", ["returned None, not an Agent task", "Return the task for the Agent"]),
+])
+def test_an_agent_step_returning_no_task_fails_its_run_naming_the_step_and_the_fix(
+        tmp_path: Path, kind: str, facts: list[str]) -> None:
+    """A forgotten ``return`` published a task of null to the Agent (a code Step returning
+    None is refused)."""
+    for project in reaped(one_source_project(tmp_path, "taskless", TASKLESS)):
+        ok(project.cli("start", "--json"))
+        result = project.cli("flow", "taskless", "--intent", kind, "--json")
+        assert result.code == 1, (result.code, result.stdout, result.stderr)
+        run = result.json["run"]
+        assert run["status"] == "failed" and "pendingAgentCall" not in run, run
+        error = run["lastError"]
+        assert error["code"] == "STEP_INTERACTION_INVALID", error
+        message = error["message"]
+        assert message.startswith(f"Stage 'main', Step '{kind}' returned "), message
+        for fact in [*facts, "nothing was recorded and no task was published"]:
+            assert fact in message, (fact, message)
+        phases = [r["phase"] for r in ok(project.cli("inspect", run["runId"], "--json"))[
+            "records"]]
+        assert "waiting" not in phases and phases[-2:] == ["executing", "terminal"], phases
+        ok(project.cli("stop", "--json"))

@@ -330,6 +330,62 @@ def test_an_agent_task_the_journal_cannot_hold_is_refused_not_published_as_its_r
     assert phases[-2:] == ["Executing", "Terminal"], phases
 
 
+# how an Agent Step hands the host no task -> the facts its refusal names
+NO_TASK: dict[str, list[str]] = {
+    "sync": ["returned None, not an Agent task", "Return the task for the Agent"],
+    "async": ["returned None, not an Agent task", "Return the task for the Agent"],
+}
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("how", sorted(NO_TASK))
+def test_an_agent_step_returning_no_task_is_refused_not_published(
+        tmp_path: Path, how: str) -> None:
+    """A forgotten ``return`` published a task of null, while a code Step returning None is
+    refused."""
+    wf = intloom.Workflow("taskless", version="1")
+    st = wf.stage("s")
+    if how == "sync":
+        @st.agent_step("a", routes={"ok": intloom.COMPLETE})
+        def forgot(ctx: Any) -> Any:
+            task = {"topic": ctx.intent}  # noqa: F841 -- built, and no return
+    else:
+        @st.agent_step("a", routes={"ok": intloom.COMPLETE})
+        async def forgot_async(ctx: Any) -> Any:
+            task = {"topic": ctx.intent}  # noqa: F841
+
+    wf.validate()
+    root = tmp_path / "runtime"
+    view = _settled(root, wf)
+    assert view.pending_agent_call is None, view.pending_agent_call
+    assert view.status == "failed" and view.last_error is not None, view
+    assert view.last_error.code == "STEP_INTERACTION_INVALID", view.last_error
+    message = view.last_error.message
+    assert message.startswith("Stage 's', Step 'a' returned "), message
+    for fact in [*NO_TASK[how], "nothing was recorded and no task was published"]:
+        assert fact in message, (fact, message)
+    phases = [type(e.record).__name__ for e in read_history(root, view.run_id)]
+    assert phases[-2:] == ["Executing", "Terminal"], phases
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("empty", ["", [], {}], ids=["str", "list", "dict"])
+def test_an_agent_task_that_is_empty_is_still_a_task(tmp_path: Path, empty: Any) -> None:
+    """Only None is refused: an empty string, list or dict is data the Agent can be given."""
+    wf = intloom.Workflow("empty", version="1")
+    st = wf.stage("s")
+
+    @st.agent_step("a", routes={"ok": intloom.COMPLETE})
+    def agent(ctx: Any) -> Any:
+        return empty
+
+    wf.validate()
+    view = _settled(tmp_path / "runtime", wf)
+    call = view.pending_agent_call
+    assert view.status == "waiting" and call is not None, view
+    assert call.request == empty, call
+
+
 class _Found(msgspec.Struct):
     tags: set[str]
 
