@@ -972,6 +972,18 @@ def _plain(value: Any, task_of: Step[Any] | None = None) -> Any:
                 "work on (`return {\"topic\": ctx.intent}`); a function that ends without "
                 "`return` returns None.",
             )
+        if inspect.isawaitable(value):
+            # ``return helper(ctx)`` in an ``async def`` one, for ``return await helper(ctx)``:
+            # refused as "$ is coroutine (TypeError)", as if the task held a strange value,
+            # and the "never awaited" warning went to the host's /dev/null (as _not_an_outcome).
+            if inspect.iscoroutine(value):
+                value.close()
+            raise IntloomError(
+                "STEP_INTERACTION_INVALID",
+                f"{task_of.where} returned {_shown(value, 200)} without awaiting it, so it "
+                "never ran; nothing was recorded and no task was published. Await it and "
+                "return the task it gives (`return await ...`).",
+            )
         gap = json_gap(value)
         if gap is not None:
             raise IntloomError(

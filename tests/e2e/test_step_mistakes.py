@@ -1236,7 +1236,7 @@ TASKLESS = textwrap.dedent('''
     main = wf.stage("main")
 
 
-    @main.step("pick", routes={k: k for k in ("forgot", "forgot_async")})
+    @main.step("pick", routes={k: k for k in ("forgot", "forgot_async", "unawaited")})
     def pick(ctx: intloom.StepContext[None]) -> str:
         return ctx.intent
 
@@ -1249,17 +1249,28 @@ TASKLESS = textwrap.dedent('''
     @main.agent_step("forgot_async", routes={"found": intloom.COMPLETE})
     async def forgot_async(ctx: intloom.StepContext[None]) -> Any:
         {"topic": ctx.intent}
+
+
+    async def build(ctx: intloom.StepContext[None]) -> Any:
+        return {"topic": ctx.intent}
+
+
+    @main.agent_step("unawaited", routes={"found": intloom.COMPLETE})
+    async def unawaited(ctx: intloom.StepContext[None]) -> Any:
+        return build(ctx)  # for: return await build(ctx)
 ''')
 
 
 @pytest.mark.parametrize(("kind", "facts"), [
     ("forgot", ["returned None, not an Agent task", "Return the task for the Agent"]),
     ("forgot_async", ["returned None, not an Agent task", "Return the task for the Agent"]),
+    ("unawaited", ["returned <coroutine object build at 0x",
+                   "without awaiting it, so it never ran", "`return await ...`"]),
 ])
 def test_an_agent_step_returning_no_task_fails_its_run_naming_the_step_and_the_fix(
         tmp_path: Path, kind: str, facts: list[str]) -> None:
     """A forgotten ``return`` published a task of null to the Agent (a code Step returning
-    None is refused)."""
+    None is refused); an un-awaited coroutine was refused as "$ is coroutine (TypeError)"."""
     for project in reaped(one_source_project(tmp_path, "taskless", TASKLESS)):
         ok(project.cli("start", "--json"))
         result = project.cli("flow", "taskless", "--intent", kind, "--json")

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import decimal
 import enum
+import gc
+import warnings
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from pathlib import Path
@@ -330,10 +332,16 @@ def test_an_agent_task_the_journal_cannot_hold_is_refused_not_published_as_its_r
     assert phases[-2:] == ["Executing", "Terminal"], phases
 
 
+async def _task(ctx: Any) -> Any:
+    return {"topic": ctx.intent}
+
+
 # how an Agent Step hands the host no task -> the facts its refusal names
 NO_TASK: dict[str, list[str]] = {
     "sync": ["returned None, not an Agent task", "Return the task for the Agent"],
     "async": ["returned None, not an Agent task", "Return the task for the Agent"],
+    "unawaited": ["returned <coroutine object _task at 0x", "without awaiting it, so it never "
+                  "ran", "`return await ...`"],
 }
 
 
@@ -342,21 +350,30 @@ NO_TASK: dict[str, list[str]] = {
 def test_an_agent_step_returning_no_task_is_refused_not_published(
         tmp_path: Path, how: str) -> None:
     """A forgotten ``return`` published a task of null, while a code Step returning None is
-    refused."""
+    refused; ``return _task(ctx)`` in an ``async def`` one was "$ is coroutine (TypeError)",
+    with Python's "never awaited" warning sent nowhere."""
     wf = intloom.Workflow("taskless", version="1")
     st = wf.stage("s")
     if how == "sync":
         @st.agent_step("a", routes={"ok": intloom.COMPLETE})
         def forgot(ctx: Any) -> Any:
             task = {"topic": ctx.intent}  # noqa: F841 -- built, and no return
-    else:
+    elif how == "async":
         @st.agent_step("a", routes={"ok": intloom.COMPLETE})
         async def forgot_async(ctx: Any) -> Any:
             task = {"topic": ctx.intent}  # noqa: F841
+    else:
+        @st.agent_step("a", routes={"ok": intloom.COMPLETE})
+        async def unawaited(ctx: Any) -> Any:
+            return _task(ctx)
 
     wf.validate()
     root = tmp_path / "runtime"
-    view = _settled(root, wf)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        view = _settled(root, wf)
+        gc.collect()  # a coroutine left unawaited warns once it is collected
+    assert not [w for w in said if "never awaited" in str(w.message)], said
     assert view.pending_agent_call is None, view.pending_agent_call
     assert view.status == "failed" and view.last_error is not None, view
     assert view.last_error.code == "STEP_INTERACTION_INVALID", view.last_error
