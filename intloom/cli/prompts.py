@@ -27,7 +27,7 @@ import typer
 
 from intloom.cli.render import CONFIRMATION, printable
 
-__all__ = ["Terminal", "ctrl_c_ignored", "prompt_answer"]
+__all__ = ["Terminal", "ctrl_c_ignored", "detach_hint", "prompt_answer"]
 
 
 def ctrl_c_ignored() -> bool:
@@ -35,6 +35,15 @@ def ctrl_c_ignored() -> bool:
     started with ``&``), and Python keeps it so: Ctrl-C does nothing, and a prompt that said
     "Ctrl-C detaches" sent the user pressing it in vain. EOF (Ctrl-D) still detaches."""
     return signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+
+
+def detach_hint() -> str:
+    """How to leave attach's prompts without answering, said above the first of them: only
+    a refused answer said it, and a person at the first prompt did not know that leaving
+    was possible, nor that the Run goes on waiting."""
+    if ctrl_c_ignored():
+        return "Ctrl-D detaches without answering and leaves the Run waiting."
+    return "Ctrl-C (or Ctrl-D) detaches without answering and leaves the Run waiting."
 
 
 # The longest a prompt sleeps before it looks whether Ctrl-C came: a SIGINT that lands just
@@ -75,6 +84,8 @@ class Terminal:
         # Where a line this terminal cannot pass whole (too long, or not text) is given
         # instead: set by the caller, which knows the command.
         self.instead = "a file given to the command instead of this prompt"
+        # Said once, above the first prompt shown (``detach_hint``), not at every prompt.
+        self.hint: str | None = None
 
     def close(self) -> None:
         with self._lock:
@@ -115,6 +126,9 @@ class Terminal:
         """Show ``prompt``; the line typed, without its newline. EOF raises ``typer.Abort``;
         whatever ``check`` raises drops the prompt. A line that may have lost its end, or
         that is not text in the terminal's encoding, is refused and asked for again."""
+        hint, self.hint = self.hint, None
+        if hint is not None and os.isatty(self._fd):
+            self.say(hint)
         while True:
             typed = self._typed(prompt)
             refusal = self._refusal(typed)

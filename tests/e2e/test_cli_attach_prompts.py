@@ -291,6 +291,38 @@ def test_eof_or_ctrl_c_at_a_prompt_detaches_and_leaves_the_run_waiting(
     assert (run["status"], run["pendingAction"]["id"]) == ("waiting", asked), run
 
 
+HINT = "Ctrl-C (or Ctrl-D) detaches without answering and leaves the Run waiting."
+
+
+def test_the_first_prompt_says_once_how_to_leave_without_answering(
+    asks_project: Project,
+) -> None:
+    """A person at attach's first prompt learned that Ctrl-C leaves it, and that the Run
+    keeps waiting, only from the refusal of a wrong answer (at a confirmation). It is said
+    once, above the first prompt, and not at the prompts after it; never with --json."""
+    project = asks_project
+    ok(project.cli("start", "--json"))
+    run_id = ok(project.cli("flow", "triage", "--intent", "ticket 13", "--json"))["run"]["runId"]
+    with Terminal(["--project", str(project.root), "attach", run_id], project.root,
+                  timeout=PROMPT_DEADLINE) as term:
+        first = term.expect("[a number or your own answer]: ")
+        assert f"3. duplicate\r\n{HINT}\r\n[a number" in first, first
+        term.type("1")
+        term.expect("[your answer; Enter skips]: ")
+        term.type("")
+        term.expect("Confirm? [y/n]: ")
+        term.type("y")
+        term.expect("Feedback (optional, Enter to skip): ")
+        term.type("")
+        assert term.finish() == 0, term.text()
+    assert term.text().count(HINT) == 1, term.text()
+    waiting = ok(project.cli("flow", "triage", "--intent", "ticket 14", "--json"))["run"]
+    with Terminal(["--project", str(project.root), "attach", waiting["runId"], "--json"],
+                  project.root, timeout=PROMPT_DEADLINE) as term:
+        assert term.finish() == 0, term.text()
+    assert "detaches" not in term.text() and '"waiting"' in term.text(), term.text()
+
+
 AGENT_THEN_CONFIRM = """
 from typing import Any
 

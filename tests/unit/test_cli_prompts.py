@@ -382,3 +382,64 @@ def test_an_enter_that_sends_cr_lf_is_no_paste(
     os.write(leader, b"y\r\n")
     assert term.line("Q: ") == "y"
     assert "pasted" not in capsys.readouterr().err
+
+
+# ----- how to leave without answering, said once ------------------------------------------
+
+HINT = "Ctrl-C (or Ctrl-D) detaches without answering and leaves the Run waiting."
+TWO_QUESTIONS = {"kind": "user_ask_questions",
+                 "request": [{"id": "a", "question": "First?"},
+                             {"id": "b", "question": "Second?"}]}
+
+
+def test_the_first_prompt_says_how_to_leave_and_no_later_one_does(
+    pty_pair: tuple[int, Terminal], capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A person at attach's first prompt learned that Ctrl-C leaves it, and that the Run
+    keeps waiting, only from the refusal of a wrong answer: it is said once, under what is
+    asked and above its prompt, and not at the next prompts, of this action or the next."""
+    from intloom.cli.prompts import detach_hint, prompt_answer
+
+    leader, term = pty_pair
+    term.hint = detach_hint()
+    got, failures, told = in_turn(
+        leader, capsys, "[your answer]: ", [b"one\r", b"two\r", b"three\r", b"four\r"],
+        lambda: [prompt_answer(TWO_QUESTIONS, term), prompt_answer(TWO_QUESTIONS, term)])
+    assert not failures and len(got) == 1, (got, failures, told)
+    assert [entry["answer"] for answer in got[0] for entry in answer] == [
+        "one", "two", "three", "four"]
+    assert told.count(HINT) == 1, told
+    assert told.index("First?") < told.index(HINT) < told.index("[your answer]: "), told
+
+
+def test_the_hint_with_sigint_ignored_names_ctrl_d_alone(
+    pty_pair: tuple[int, Terminal], capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Ctrl-C does nothing then (``ctrl_c_ignored``): naming it sent the person pressing it."""
+    from intloom.cli.prompts import detach_hint
+
+    leader, term = pty_pair
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        term.hint = detach_hint()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    got, failures, told = in_turn(leader, capsys, "Q: ", [b"y\r"], lambda: term.line("Q: "))
+    assert got == ["y"] and not failures, (got, failures, told)
+    assert told == "Ctrl-D detaches without answering and leaves the Run waiting.\nQ: ", told
+
+
+def test_no_hint_where_stdin_is_no_terminal(capsys: pytest.CaptureFixture[str]) -> None:
+    """No one there presses a key: the hint is for a person at a terminal."""
+    read, write = os.pipe()
+    term = Terminal(read)
+    try:
+        term.hint = HINT
+        os.write(write, b"y\n")
+        assert term.line("Q: ") == "y"
+    finally:
+        term.close()
+        os.close(read)
+        os.close(write)
+    assert capsys.readouterr().err == "Q: "
+

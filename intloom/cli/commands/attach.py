@@ -487,10 +487,12 @@ def _follow(state: CliState, client: Client, run_id: str,
     (without a terminal, no one answers here; on one, an Agent task is followed until the
     Agent completes or fails it). Returns the Run's view, and whether its host suspended it
     (``_Follower.suspended``)."""
-    from intloom.cli.prompts import Terminal, ctrl_c_ignored, prompt_answer
+    from intloom.cli.prompts import Terminal, ctrl_c_ignored, detach_hint, prompt_answer
 
     began = view
     term = Terminal() if interactive(state.json_mode) else None
+    if term is not None:
+        term.hint = detach_hint()
     follower = _Follower(state.root(), run_id, state.renderer, term)
     _start_without_sigint(follower)
     try:
