@@ -559,6 +559,7 @@ def _main(state: CliState, args: list[str]) -> int:
             return _reader_gone(state)  # its wait ended for that (readerwatch): no Ctrl-C
         # Once, whatever ended the command: Ctrl-C in it (Interrupted, with its own words
         # for flow and answer), a prompt given up (Abort) or Ctrl-C before it began.
+        state.after_ctrl_c(exc)
         state.renderer.note(exc.note if isinstance(exc, Interrupted) else "Interrupted.")
         _say_where(state)
         if state.terminated:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from intloom.cli.render import CopyableWatch, Renderer
+from intloom.cli.render import CopyableWatch, PromptInterrupted, Renderer
 
 if TYPE_CHECKING:
     from intloom.client.client import Client
@@ -129,6 +129,15 @@ class CliState:
         here = self._here_root[0]
         return here != self.resolved, here
 
+    def after_ctrl_c(self, exc: BaseException) -> None:
+        """Before what is said of ``exc``, which ended a wait: after a Ctrl-C, a line break
+        past the ``^C`` the terminal echoed (``Renderer.after_ctrl_c``). Not after what
+        echoes nothing: a SIGTERM, EOF at a prompt (an Abort that is no ``Interrupted``)."""
+        if self.terminated or (isinstance(exc, typer.Abort)
+                               and not isinstance(exc, Interrupted)):
+            return
+        self.renderer.after_ctrl_c(exc)
+
     def stopped_by(self) -> str:
         """What ended a wait, in the words a person used: ``Ctrl-C`` or ``SIGTERM``."""
         return "SIGTERM" if self.terminated else "Ctrl-C"
@@ -210,7 +219,9 @@ def command(fn: Callable[..., Any]) -> Callable[..., Any]:
         state.merge(json_mode=json_mode, project=project, debug=debug)
         try:
             return fn(state, *args, **kwargs)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
+            if isinstance(exc, PromptInterrupted):
+                state.renderer.ctrl_c_line_ended()  # Interrupted no longer says so
             raise Interrupted() from None
 
     parameters = [*own, *_SHARED]

@@ -25,7 +25,7 @@ from typing import Any
 import msgspec
 import typer
 
-from intloom.cli.render import CONFIRMATION, printable
+from intloom.cli.render import CONFIRMATION, PromptInterrupted, printable
 
 __all__ = ["Terminal", "ctrl_c_ignored", "detach_hint", "prompt_answer"]
 
@@ -194,13 +194,17 @@ class Terminal:
     def _typed(self, prompt: str) -> bytes:
         try:
             return self._line(prompt)
-        except (KeyboardInterrupt, typer.Abort):
+        except (KeyboardInterrupt, typer.Abort) as exc:
             # Ctrl-C or EOF at the prompt: what attach says next (it detached) starts a line
             # of its own, not "Confirm? [y/n]: Detached from ...".
             with self._lock:
-                if self._shown:
+                shown, self._shown = self._shown, False
+                if shown:
                     self._write("\n")
-                    self._shown = False
+            if shown and isinstance(exc, KeyboardInterrupt):
+                # That line held the ^C the terminal echoed: no second break (an empty
+                # line) before those words. Not shown, the ^C went on a line of its own.
+                raise PromptInterrupted from None
             raise
 
     def _line(self, prompt: str) -> bytes:
@@ -218,6 +222,8 @@ class Terminal:
                     os.read(self._wake_r, 4096)
                 try:
                     self.check()
+                except KeyboardInterrupt:
+                    raise  # leaving: _typed ends the prompt's line
                 except BaseException:
                     self._drop()
                     raise

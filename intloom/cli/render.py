@@ -29,10 +29,12 @@ from intloom.errors import CATALOGUE, STARTING, ErrorView
 __all__ = [
     "CopyableWatch",
     "OutputFailed",
+    "PromptInterrupted",
     "Renderer",
     "asked",
     "asked_lines",
     "changed_lines",
+    "ctrl_c_echoed",
     "diagnosis_lines",
     "doctor_lines",
     "history_rows",
@@ -162,6 +164,29 @@ def _cells_wide(rows: Sequence[Sequence[str]]) -> int:
     return sum(widths) + 2 * (len(widths) - 1)
 
 
+class PromptInterrupted(KeyboardInterrupt):
+    """Ctrl-C at a prompt, which ended its line after the ``^C`` the terminal echoed on it
+    (``prompts.Terminal``): what is said of the Ctrl-C needs no line break of its own."""
+
+
+def ctrl_c_echoed(stream: TextIO) -> bool:
+    """Whether a Ctrl-C typed for this process showed ``^C`` on the terminal ``stream``
+    writes to, where its cursor stood: ``stream`` is the controlling terminal, this process
+    is in its foreground (only that gets the keyboard's SIGINT), and it echoes control
+    characters (ECHO and ECHOCTL on). A pipe, a terminal that is not the controlling one, a
+    background job or ``stty -echoctl`` echo nothing there."""
+    import termios  # only once a Ctrl-C came
+
+    try:
+        fd = stream.fileno()
+        if not os.isatty(fd) or os.tcgetpgrp(fd) != os.getpgrp():
+            return False
+        lflag = termios.tcgetattr(fd)[3]
+    except (AttributeError, ValueError, OSError, termios.error):
+        return False
+    return bool(lflag & termios.ECHO and lflag & termios.ECHOCTL)
+
+
 def _color_allowed(stream: TextIO) -> bool:
     if "NO_COLOR" in os.environ:
         return False
@@ -240,6 +265,9 @@ class Renderer:
         # Where the document goes when not sys.stdout: a ``start --foreground --json``
         # keeps stdout for it alone (``intloom.cli.streams``).
         self.stdout: TextIO | None = None
+        # The line a Ctrl-C's ``^C`` was echoed on is ended (a prompt's) or drawn over (a
+        # spinner's): ``after_ctrl_c`` adds no line break, which would leave an empty line.
+        self._ctrl_c_line_ended = False
 
     # Streams are looked up at call time so that redirection (tests, pagers) is honoured.
     @property
@@ -292,6 +320,25 @@ class Renderer:
             self._watched(text)
             self.err.write(printable(text) + "\n")
             self.err.flush()
+
+    def after_ctrl_c(self, exc: BaseException | None = None) -> None:
+        """Before what is said of a Ctrl-C (``exc``, what it raised, when known): the
+        terminal echoed ``^C`` where the cursor stood, and the words went on after it on
+        that line ("^CDetached from ..."). A line break first, once, where a terminal
+        echoed it (``ctrl_c_echoed``); piped stderr and --json get nothing. The caller knows
+        it was a Ctrl-C: not EOF, not SIGTERM (nothing echoes either)."""
+        if isinstance(exc, PromptInterrupted):
+            self._ctrl_c_line_ended = True
+        if self.json_mode or self._ctrl_c_line_ended or not ctrl_c_echoed(self.err):
+            return
+        self._ctrl_c_line_ended = True
+        self.err.write("\n")
+        self.err.flush()
+
+    def ctrl_c_line_ended(self) -> None:
+        """A prompt ended the line a Ctrl-C was echoed on (``PromptInterrupted``), where
+        what it raised is no longer at hand."""
+        self._ctrl_c_line_ended = True
 
     def result(self, doc: Mapping[str, Any], text: Callable[[], Sequence[str]]) -> None:
         """``doc`` in JSON mode, else the lines ``text()`` builds."""
@@ -388,8 +435,14 @@ class Renderer:
         from rich.markup import escape
 
         console = Console(file=self.err, emoji=False)  # as in table()
-        with console.status(escape(printable(text))) as status:
-            yield lambda new: status.update(escape(printable(new)))
+        try:
+            with console.status(escape(printable(text))) as status:
+                yield lambda new: status.update(escape(printable(new)))
+        except BaseException:
+            # Rich's status draws over its line as it leaves, a ^C echoed on it too: what
+            # is said of the Ctrl-C starts a line already.
+            self._ctrl_c_line_ended = True
+            raise
 
 
 # ----- runs ------------------------------------------------------------------------------

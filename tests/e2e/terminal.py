@@ -16,11 +16,25 @@ from tests.helpers import REPO
 
 __all__ = ["Terminal"]
 
+# Run by the child before intloom: a new session (``start_new_session``) whose controlling
+# terminal is the pty on its stdin, with SIGINT at its default (a runner started in the
+# background has it ignored, and exec keeps that), as a shell starts a foreground command.
+_CONTROLLED = ("import fcntl, os, signal, sys, termios; "
+               "fcntl.ioctl(0, termios.TIOCSCTTY, 0); "
+               "signal.signal(signal.SIGINT, signal.SIG_DFL); "
+               "os.execv(sys.executable, [sys.executable, '-m', 'intloom', *sys.argv[1:]])")
+
 
 class Terminal:
-    """``intloom ARGS`` with stdin, stdout and stderr on one new pty (NO_COLOR set)."""
+    """``intloom ARGS`` with stdin, stdout and stderr on one new pty (NO_COLOR set).
 
-    def __init__(self, args: list[str], cwd: Path, *, timeout: float = 30.0) -> None:
+    ``controlling``: the pty is the CLI's controlling terminal, and the CLI its foreground
+    job, as under a shell: Ctrl-C typed (``keys("\\x03")``) is echoed as ``^C`` by the
+    terminal and sends SIGINT. Otherwise the pty only carries the CLI's streams, and a
+    SIGINT must be sent to ``proc`` (no ``^C`` then)."""
+
+    def __init__(self, args: list[str], cwd: Path, *, timeout: float = 30.0,
+                 controlling: bool = False) -> None:
         env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
         env.update({"TERM": "xterm-256color", "COLUMNS": "100", "PYTHONPATH": str(REPO),
                     "NO_COLOR": "1"})
@@ -29,9 +43,11 @@ class Terminal:
         self._seen = 0  # how much of ``output`` an expect has consumed
         self._leader, follower = pty.openpty()
         try:
-            self.proc = subprocess.Popen([sys.executable, "-m", "intloom", *args], cwd=cwd,
-                                         env=env, stdin=follower, stdout=follower,
-                                         stderr=follower)
+            command = ([sys.executable, "-c", _CONTROLLED, *args] if controlling else
+                       [sys.executable, "-m", "intloom", *args])
+            self.proc = subprocess.Popen(command, cwd=cwd, env=env, stdin=follower,
+                                         stdout=follower, stderr=follower,
+                                         start_new_session=controlling)
         finally:
             os.close(follower)  # the child holds it: EOF on the leader once it is gone
 

@@ -323,6 +323,37 @@ def test_the_first_prompt_says_once_how_to_leave_without_answering(
     assert "detaches" not in term.text() and '"waiting"' in term.text(), term.text()
 
 
+@pytest.mark.parametrize("where", ["prompt", "agent-task"])
+def test_ctrl_c_typed_on_the_terminal_leaves_the_detach_on_a_line_of_its_own(
+    asks_project: Project, where: str
+) -> None:
+    """Ctrl-C typed on a terminal shows ``^C`` where the cursor stands. While attach
+    followed an Agent task (any wait between prompts), that was the start of a line, and
+    the detach went on after it: "^CDetached from RUN-...". At a prompt, which ends its
+    line after the ``^C``, no empty line comes before it either."""
+    project = asks_project
+    if where == "agent-task":
+        (project.root / "workflows" / "handoff.py").write_text(AGENT_THEN_CONFIRM)
+        toml = project.root / "intloom.toml"
+        toml.write_text(toml.read_text().replace("]", ', "workflows/handoff.py"]'))
+    ok(project.cli("start", "--json"))
+    flow = "handoff" if where == "agent-task" else "triage"
+    run = ok(project.cli("flow", flow, "--intent", "ticket 15", "--json"))["run"]
+    run_id = run["runId"]
+    before = ("detaches.\n" if where == "agent-task" else
+              "[a number or your own answer]: ")
+    with Terminal(["--project", str(project.root), "attach", run_id], project.root,
+                  timeout=PROMPT_DEADLINE, controlling=True) as term:
+        term.expect(before.replace("\n", "\r\n"))
+        term.keys("\x03")  # Ctrl-C, as typed: the terminal echoes it and sends SIGINT
+        assert term.finish() == 0, term.text()
+    assert (f"{before}^C\nDetached from {run_id}; the Run is left as it was. intloom "
+            f"attach {run_id} attaches again.\n") in term.text(), term.text()
+    now = ok(project.cli("attach", run_id, "--json"))["run"]
+    pending = ("pendingAgentCall" if where == "agent-task" else "pendingAction")
+    assert (now["status"], now[pending]["id"]) == ("waiting", run[pending]["id"]), now
+
+
 AGENT_THEN_CONFIRM = """
 from typing import Any
 

@@ -5,10 +5,13 @@ intent is now found out before the prompt."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
 
 from tests.e2e.terminal import Terminal
-from tests.helpers import Project, ok
+from tests.helpers import Project, eventually, ok, one_source_project, reaped
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
@@ -63,3 +66,62 @@ def test_a_workflow_name_that_cannot_be_sent_is_said_before_the_intent_is_asked(
     assert "Intent:" not in term.text(), term.text()
     assert "not valid Unicode" in term.text().replace("\n", " "), term.text()
     assert runs_of(project) == []
+
+
+GATED = """
+import os
+import time
+
+import intloom
+
+wf = intloom.Workflow("gated", version="1")
+main = wf.stage("main")
+
+
+@main.step("work", routes={"done": intloom.COMPLETE})
+def work(ctx: intloom.StepContext[None]) -> str:
+    gate = ctx.intent
+    open(gate + ".working", "w").close()
+    deadline = time.monotonic() + 20  # the test opens the gate; this keeps a failure short
+    while not os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return "done"
+"""
+
+
+@pytest.fixture
+def gated_project(tmp_path: Path) -> Iterator[Project]:
+    yield from reaped(one_source_project(tmp_path, "gated", GATED))
+
+
+@pytest.mark.parametrize("where", ["wait", "intent"])
+def test_ctrl_c_typed_on_the_terminal_leaves_what_flow_says_on_a_line_of_its_own(
+    gated_project: Project, where: str
+) -> None:
+    """Ctrl-C typed while flow waits for its Run (no spinner to draw over it: NO_COLOR)
+    shows ``^C`` at the start of a line, and what flow said went on after it: "^CStopped
+    waiting (Ctrl-C). Run ...". At the intent prompt, which ends its line after the ``^C``,
+    no empty line comes before "Interrupted." either."""
+    project = gated_project
+    gate = project.root / "gate"
+    ok(project.cli("start", "--json"))
+    args = ["--project", str(project.root), "flow", "gated"]
+    if where == "wait":
+        args += ["--intent", str(gate)]
+    try:
+        with Terminal(args, project.root, controlling=True) as term:
+            if where == "wait":
+                eventually(Path(f"{gate}.working").exists, timeout=20,
+                           what="the Run's Step to start")
+            else:
+                term.expect("Intent: ")
+            term.keys("\x03")  # Ctrl-C, as typed: the terminal echoes it and sends SIGINT
+            assert term.finish() == 130, term.text()
+    finally:
+        gate.touch()  # the Step ends; the host is reaped all the same
+    said = term.text()
+    if where == "intent":
+        assert said.endswith("Intent: ^C\nInterrupted.\n"), said
+        assert runs_of(project) == []
+    else:
+        assert said.startswith("^C\nStopped waiting (Ctrl-C). Run RUN-"), said

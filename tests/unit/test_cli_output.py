@@ -759,3 +759,70 @@ def test_a_tables_width_on_a_terminal_counts_screen_cells() -> None:
 
     assert _cells_wide([["RUN-1", "概要を書く"]]) == 5 + 2 + 10
     assert _cells_wide([["a", "b" * 300], ["cc", "d"]]) == 2 + 2 + 300  # past the alignment
+
+
+# ----- a line break after the ^C a terminal echoed ----------------------------------------
+
+_ECHOED = """
+import sys, fcntl, termios
+from intloom.cli.render import ctrl_c_echoed
+fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+print(ctrl_c_echoed(sys.stderr), flush=True)
+"""
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("echoctl", [True, False])
+def test_ctrl_c_is_said_echoed_only_by_a_controlling_terminal_that_echoes_it(
+    echoctl: bool,
+) -> None:
+    """The ``^C`` shows where the cursor stands only on the terminal the keyboard's SIGINT
+    comes from, with ECHO and ECHOCTL on (``stty -echoctl`` shows nothing)."""
+    import os
+    import pty
+    import subprocess
+    import sys
+    import termios
+
+    from tests.helpers import REPO
+
+    leader, follower = pty.openpty()
+    try:
+        attrs = termios.tcgetattr(follower)
+        attrs[3] = attrs[3] | termios.ECHOCTL if echoctl else attrs[3] & ~termios.ECHOCTL
+        termios.tcsetattr(follower, termios.TCSANOW, attrs)
+        done = subprocess.run([sys.executable, "-c", _ECHOED], stdin=follower,
+                              stderr=follower, stdout=subprocess.PIPE, text=True,
+                              start_new_session=True, env={**os.environ, "PYTHONPATH": str(REPO)},
+                              timeout=20, check=True)
+    finally:
+        os.close(follower)
+        os.close(leader)
+    assert done.stdout.strip() == str(echoctl), done
+
+
+def test_no_line_break_after_ctrl_c_where_nothing_was_echoed(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Piped stderr (and a terminal that is not the controlling one, as here, which
+    a SIGINT sent by another process reaches with no ``^C``) stays exactly as it was."""
+    import os
+    import pty
+    import select
+    import sys
+
+    Renderer().after_ctrl_c(KeyboardInterrupt())
+    assert capsys.readouterr().err == ""
+    leader, follower = pty.openpty()
+    try:
+        with open(follower, "w", closefd=False) as tty:
+            assert not render.ctrl_c_echoed(tty)
+            saved, sys.stderr = sys.stderr, tty
+            try:
+                Renderer().after_ctrl_c(KeyboardInterrupt())
+            finally:
+                sys.stderr = saved
+        assert select.select([leader], [], [], 0)[0] == [], os.read(leader, 100)
+    finally:
+        os.close(follower)
+        os.close(leader)

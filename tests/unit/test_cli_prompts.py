@@ -443,3 +443,23 @@ def test_no_hint_where_stdin_is_no_terminal(capsys: pytest.CaptureFixture[str]) 
         os.close(write)
     assert capsys.readouterr().err == "Q: "
 
+
+def test_ctrl_c_at_a_shown_prompt_ends_its_line_once_and_says_so(
+    pty_pair: tuple[int, Terminal], capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The prompt's line held the ``^C`` a terminal echoes: the prompt ends it, and the
+    interrupt says so (PromptInterrupted), so that the words of the detach add no empty
+    line. A Ctrl-C that came while the prompt looked whether it was still wanted (its
+    check) ended the line twice: once as a dropped prompt, then as none shown."""
+    from intloom.cli.render import PromptInterrupted
+
+    _, term = pty_pair
+
+    def check() -> None:
+        raise KeyboardInterrupt
+
+    term.check = check
+    term.wake()
+    with pytest.raises(PromptInterrupted):
+        term.line("Q: ")
+    assert capsys.readouterr().err == "Q: \n"

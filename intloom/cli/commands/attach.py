@@ -677,17 +677,18 @@ def _attach_text(state: CliState, run_id: str) -> int:
                     state.verdict = exit_codes.for_run_status(view.status)
                 try:
                     followed = _follow(state, client, run_id, view)
-                except (KeyboardInterrupt, typer.Abort):
+                except (KeyboardInterrupt, typer.Abort) as exc:
                     detached = True
                     if state.reader_gone:
                         return _reached(state)  # main() ends it quietly
+                    state.after_ctrl_c(exc)
                     state.renderer.note(f"Detached from {run_id}; the Run is left as it "
                                         f"was. {state.intloom()} attach {run_id} attaches "
                                         "again.")
             except IntloomError as exc:
                 failed = exc
                 raise
-    except (KeyboardInterrupt, typer.Abort):
+    except (KeyboardInterrupt, typer.Abort) as exc:
         if failed is not None:
             # Ctrl-C while the connection closed on an error: the error stands.
             raise failed from None
@@ -696,6 +697,7 @@ def _attach_text(state: CliState, run_id: str) -> int:
         if not detached and followed is None:
             # Ctrl-C while connecting or asking for the first view: a detach all the same
             # (attach never touches the Run), not "Interrupted." and 130 a moment earlier.
+            state.after_ctrl_c(exc)
             state.renderer.note(f"Detached from {run_id} before its first view; nothing was "
                                 f"done to it. {state.intloom()} attach {run_id} attaches "
                                 "again.")
