@@ -7,10 +7,11 @@ are opened without following links and only ever read.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Final
 
@@ -18,7 +19,7 @@ from intloom.errors import IntloomError
 from intloom.fsutil import not_regular
 from intloom.project import scan_logs as project_scan_logs
 
-__all__ = ["LogTail", "log_files", "scan_logs", "unlistable"]
+__all__ = ["Line", "LogTail", "Start", "log_files", "scan_logs", "unlistable"]
 
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _CHUNK: Final = 1 << 16  # bytes read from a log at a time
@@ -31,6 +32,52 @@ Skipped = Callable[[Path, str], None]  # a log-named entry that is no log, and w
 Foreign = Callable[[Path], None]  # an entry under a name no host writes in logs/
 Refused = Callable[[Path, OSError], None]  # a log file the OS would not open, and its error
 Reread = Callable[[Path, str], None]  # a followed file read again from its start, and why
+Line = tuple[Path, int, str]  # a line of the logs: its file, the byte it starts at, its text
+# Given the lines of the logs last first, the line to read on from (None: from the first);
+# it may take as many of them as it needs, and stop.
+Start = Callable[[Iterator[Line]], tuple[Path, int] | None]
+
+
+def _pread(fd: int, size: int, offset: int) -> bytes:
+    """Every read of a log's bytes goes through here, so that a test can count them."""
+    return os.pread(fd, size, offset)
+
+
+def _lines_back(fd: int, end: int) -> Iterator[tuple[int, int, bytes]]:
+    """The lines of ``fd`` up to byte ``end``, last first, each as (the byte it starts at,
+    its length without the newline, its first ``_LINE_CAP`` bytes): first what follows the
+    last newline (b"" when the file ends with one). Stops early when the file shrinks
+    under it: its lines left out, the tail starts earlier than it needs, never later."""
+    cap = _LINE_CAP
+    stop = pos = end  # the line sought ends at ``stop``; the bytes from ``pos`` on are read
+    # Of that line, what was read so far, last first; None once past the cap (a zero-filled
+    # tail's hundreds of MB): its head is then read again from its start, once found.
+    pieces: list[bytes] | None = []
+    held = 0  # their length
+    while True:
+        size = min(_CHUNK, pos)
+        data = _pread(fd, size, pos - size) if size else b""
+        if len(data) != size:
+            return
+        pos -= size
+        right = size
+        while (newline := data.rfind(b"\n", 0, right)) >= 0 or pos == 0:
+            begin = pos + newline + 1  # 0 at the start of the file (rfind gives -1)
+            if pieces is not None:
+                head = (data[newline + 1:right] + b"".join(reversed(pieces)))[:cap]
+            else:
+                head = _pread(fd, cap, begin)
+                if len(head) != min(cap, stop - begin):
+                    return
+            yield begin, stop - begin, head
+            if newline < 0:
+                return
+            stop, right, pieces, held = pos + newline, newline, [], 0
+        if pieces is not None:
+            pieces.append(data[:right])
+            held += right
+            if held > cap:
+                pieces = None
 
 
 def scan_logs(logs_dir: Path) -> tuple[list[Path], list[tuple[Path, str]], list[Path]]:
@@ -142,6 +189,75 @@ class LogTail:
             self._cut = 0
             self._read_from(path)
 
+    def pump_last(self, start: Start, *, finishing: bool) -> None:
+        """The first ``pump`` of ``--tail N``, reading only the logs' ends: ``start`` is
+        handed the lines this pump would emit (and ``finish``, when ``finishing``; else a
+        last line with no newline yet is held back, and is no line of the tail), last first,
+        read backwards a block at a time, and names the line to read on from. The lines
+        before it are not read: a host's log grows for its life, and read whole for its
+        last 20 lines it took 35 ms a MB."""
+        paths = [] if self._current is None else [self._current]
+        for path in self._scan():  # the files ``pump`` would read, in its order
+            if path not in self._seen:
+                self._seen.add(path)
+                paths.append(path)
+        read: dict[Path, tuple[int, int]] = {}  # each file read backwards, as it was then
+        with contextlib.closing(self._backwards(paths, finishing, read)) as lines:
+            begin = start(lines)  # closed here: the file it stopped in is closed now
+        first, offset = (0, 0) if begin is None else (paths.index(begin[0]), begin[1])
+        for index, path in enumerate(paths):
+            if index < first:
+                # Wholly before the tail, so not read; but opened, as when it was read
+                # whole: one that may not be read (mode 0000) still fails the command, and
+                # one replaced by a FIFO is still named. Which records it held is not
+                # known, so that it held none of the last N is no reason to keep quiet.
+                fd = self._open(path)
+                if fd is not None:
+                    os.close(fd)
+                continue
+            if self._partial:  # the torn end of the file before, as ``pump`` shows it
+                self._emit_partial()
+            self._release()
+            self._current, self._offset, self._partial, self._file = path, 0, b"", None
+            self._cut = 0
+            if index == first and offset:
+                fd = self._open(path)
+                if fd is None:
+                    continue
+                self._held, self._file = fd, _identity(fd)
+                # Replaced, or shrunk, since it was read backwards: read whole, as before.
+                if self._file == read.get(path) and os.fstat(fd).st_size >= offset:
+                    self._offset = offset
+            self._read_from(path)
+
+    def _backwards(self, paths: list[Path], finishing: bool,
+                   read: dict[Path, tuple[int, int]]) -> Generator[Line, None, None]:
+        """The lines of ``paths`` ``pump`` and ``finish`` would emit, last first, each file
+        opened as it is reached (``read`` gets what it was) and closed once left. A file
+        that cannot be opened has none: ``pump_last`` names it, in the files' order."""
+        for index in range(len(paths) - 1, -1, -1):
+            path = paths[index]
+            try:
+                fd = os.open(path, _READ)
+            except OSError:
+                continue
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    continue
+                read[path] = (st.st_dev, st.st_ino)
+                for n, (at, length, head) in enumerate(_lines_back(fd, st.st_size)):
+                    whole = bool(head.strip()) or length > _LINE_CAP  # as _read_fd shows
+                    if n == 0:  # no newline after it: a torn line, or b""
+                        if index < len(paths) - 1:
+                            whole = length > 0  # ``pump`` shows it when the next file comes
+                        elif not finishing:
+                            whole = False  # held back until its newline comes
+                    if whole:
+                        yield path, at, head.decode("utf-8", errors="surrogateescape")
+            finally:
+                os.close(fd)
+
     def finish(self) -> None:
         """A last line with no newline yet, emitted as it is: called when not following, so
         a crashed host's torn last line is shown (marked by the printer) rather than held
@@ -210,8 +326,7 @@ class LogTail:
         # A chunk at a time, its whole lines emitted before the next is read: the rest of
         # the file read at once, joined and split, held a host's log several times over
         # (a 13 MB log took `intloom logs RUN` to 63 MB; a host's log grows for its life).
-        os.lseek(fd, self._offset, os.SEEK_SET)
-        while chunk := os.read(fd, _CHUNK):
+        while chunk := _pread(fd, _CHUNK, self._offset):
             at = self._offset - len(self._partial) - self._cut
             self._offset += len(chunk)
             end = chunk.find(b"\n")

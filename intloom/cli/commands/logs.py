@@ -18,14 +18,14 @@ import signal
 import sys
 import threading
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Final
 
 import msgspec
 import typer
 
-from intloom.cli.logtail import LogTail, log_files, unlistable
+from intloom.cli.logtail import Line, LogTail, log_files, unlistable
 from intloom.cli.options import CliState, command
 from intloom.cli.readerwatch import on_reader_gone
 from intloom.cli.render import Renderer, log_line
@@ -67,12 +67,15 @@ _Chosen = tuple[str, bool, dict[str, Any], tuple[bytes | None, str, Any] | None]
 class _Printer:
     """An ``emit`` for LogTail, the lines it chose (``printed``), and ``release``: with
     ``keep`` (``--tail N``), the lines chosen are held, the last ``keep`` of them, until
-    ``release`` prints them; every line after is printed as it comes."""
+    ``release`` prints them; every line after is printed as it comes. ``start`` is a
+    ``LogTail.pump_last`` start for them."""
 
     def __init__(self, choose: Callable[[str], _Chosen | None],
-                 show: Callable[[_Chosen], None], keep: int | None) -> None:
+                 show: Callable[[_Chosen], None], keep: int | None,
+                 start: Callable[[Iterator[Line], int], tuple[Path, int] | None]) -> None:
         self.choose = choose
         self.show = show
+        self.start = start
         self.printed = 0
         self.held: deque[_Chosen] | None = None if keep is None else deque(maxlen=keep)
 
@@ -111,17 +114,25 @@ def _printer(renderer: Renderer, run_id: str | None, root: Path,
         return {"file": str(path.relative_to(root)) if path.is_relative_to(root) else str(path),
                 "offset": offset}
 
+    def dump_state(line: str, record: Any) -> bool | None:
+        """Whether the lines after ``line`` are in a fault dump; None: as before it."""
+        if isinstance(record, Mapping):
+            return False
+        return True if line.startswith("Fatal Python error: ") else None
+
+    def wanted(line: str, record: Any) -> bool:
+        # An unreadable line (a crashed host's torn last one) is kept when it names the Run.
+        return run_id is None or (
+            _about(record, run_id) if isinstance(record, Mapping) else run_id in line)
+
     def choose(line: str) -> _Chosen | None:
         """``line`` as ``_Chosen``, or None when it is not to be printed."""
         decoded = _decoded(line)
         record = decoded[2]
-        # An unreadable line (a crashed host's torn last one) is kept when it names the Run.
-        if isinstance(record, Mapping):
-            dumping[0] = False
-        elif line.startswith("Fatal Python error: "):
-            dumping[0] = True
-        if run_id is not None and not (
-                _about(record, run_id) if isinstance(record, Mapping) else run_id in line):
+        state = dump_state(line, record)
+        if state is not None:
+            dumping[0] = state
+        if not wanted(line, record):
             return None
         # Where an unreadable line is, and whether it is in a fault dump, as of now: it may
         # be printed after the lines that follow it are read.
@@ -162,7 +173,26 @@ def _printer(renderer: Renderer, run_id: str | None, root: Path,
             shown = f" ({at['file']} at byte {at['offset']})" if at else ""
             renderer.lines([f"- ????? unreadable log line{shown}: {line[:200]}"])
 
-    return _Printer(choose, show, keep)
+    def start(lines: Iterator[Line], need: int) -> tuple[Path, int] | None:
+        """Where the last ``need`` lines ``choose`` takes begin (the last line at all when
+        ``need`` is 0), among ``lines``, the logs' last first; None when there are fewer,
+        and the logs are read whole. Sets whether that line is read inside a fault dump:
+        read from there, the dump's ``Fatal Python error`` line may be before it."""
+        found, begin = 0, None
+        for path, offset, line in lines:
+            if begin is None:
+                # Without RUN every line is taken: none is decoded to count it.
+                found += run_id is None or wanted(line, _decoded(line)[2])
+                if found >= need:
+                    begin = (path, offset)
+                continue
+            state = dump_state(line, _decoded(line)[2])
+            if state is not None:
+                dumping[0] = state
+                break
+        return begin
+
+    return _Printer(choose, show, keep, start)
 
 
 def _decoded(line: str) -> tuple[bytes | None, str, Any]:
@@ -342,6 +372,19 @@ def _refuse_links(*directories: Path) -> None:
             )
 
 
+def _backlog(tail: LogTail, printer: _Printer, last: int | None, *, follow: bool) -> None:
+    """What the logs hold now, into ``printer``; with ``--tail N`` (``last``), read from their
+    ends back to the last N records and no further (``finish`` and ``release`` are left to
+    the caller)."""
+    if last is None:
+        tail.pump()
+        return
+    # Without --follow one more is sought when N is 0: whether the logs hold any record at
+    # all decides the note printed when none is (a newest log still empty).
+    need = last if follow else max(last, 1)
+    tail.pump_last(lambda lines: printer.start(lines, need), finishing=not follow)
+
+
 @command
 def logs(
     state: CliState,
@@ -408,6 +451,7 @@ def logs(
                    newest=named, on_reread=_reread(renderer, root),
                    on_refused=on_refused, on_foreign=_foreign(renderer, root))
     tails.append(tail)
+
     if follow:
         # The backlog too: Ctrl-C while it still printed (a long log, a slow reader) ended
         # with 130 and "Interrupted.", not the 0 a follow stops with (docs/cli.md).
@@ -422,13 +466,13 @@ def logs(
         previous = signal.signal(signal.SIGTERM, _interrupt)
         try:
             with contextlib.suppress(KeyboardInterrupt), on_reader_gone(gone):
-                tail.pump()
+                _backlog(tail, printer, last, follow=True)
                 printer.release()
                 _follow(tail, root, logs_dir, stop)
         finally:
             signal.signal(signal.SIGTERM, previous)
         return
-    tail.pump()
+    _backlog(tail, printer, last, follow=False)
     tail.finish()
     printer.release()
     if refused:

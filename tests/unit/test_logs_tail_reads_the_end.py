@@ -1,0 +1,282 @@
+"""``intloom logs --tail N`` reads the logs' ends, not the logs: it read and decoded every
+line of a host's log (which grows for the host's life, 35 ms a MB) to keep its last N.
+
+What it shows is what reading them whole showed, for any contents (a property: torn and
+blank lines, CRLF, NUL tails, bytes that are not UTF-8, characters split across the reads,
+lines past the cap, fault dumps begun before the tail, several logs, RUN, --follow); and the
+bytes it reads, counted through the module's ``os``, are a read's worth, not the log's.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import json
+import os
+import tracemalloc
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+import intloom.cli.logtail as logtail
+from intloom.cli.app import main
+from intloom.cli.commands import logs as logs_command
+from intloom.cli.render import Renderer
+
+pytestmark = pytest.mark.timeout(120)
+
+RUN = "RUN-20260101T000000000Z-000000000000000000001"
+
+
+class _CountingOs:
+    """``logtail``'s ``os``: the bytes read from files (by ``read`` or ``pread``, whichever
+    the reader uses) are counted, and opening a path of ``refused`` fails as mode 0000 does
+    for a user (the tests run as root, whom modes do not bind)."""
+
+    def __init__(self, refused: tuple[Path, ...] = ()) -> None:
+        self.bytes_read = 0
+        self.refused = {str(path) for path in refused}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(os, name)
+
+    def read(self, fd: int, size: int) -> bytes:
+        data = os.read(fd, size)
+        self.bytes_read += len(data)
+        return data
+
+    def pread(self, fd: int, size: int, offset: int) -> bytes:
+        data = os.pread(fd, size, offset)
+        self.bytes_read += len(data)
+        return data
+
+    def open(self, path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if str(path) in self.refused:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return os.open(path, flags, *args, **kwargs)
+
+
+@pytest.fixture
+def proj(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    (tmp_path / "intloom.toml").write_text('workflows = ["workflows/example.py"]\n')
+    (tmp_path / ".intloom" / "logs").mkdir(parents=True, mode=0o700)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _record(n: int, run_id: str | None = None) -> bytes:
+    record = {"time": "2026-01-01T00:00:00.000Z", "level": "info", "event": f"e{n}",
+              **({"runId": run_id} if run_id else {})}
+    return json.dumps(record).encode() + b"\n"
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch, *refused: Path) -> _CountingOs:
+    counting = _CountingOs(refused)
+    monkeypatch.setattr(logtail, "os", counting)
+    return counting
+
+
+@pytest.mark.parametrize("args", [("--tail", "3"), ("--all", "-n", "3"), (RUN, "--tail", "2"),
+                                  ("--tail", "0")])
+def test_tail_reads_a_blocks_worth_of_a_long_log_not_the_log(
+    proj: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    args: tuple[str, ...],
+) -> None:
+    logs = proj / ".intloom" / "logs"
+    older = b"".join(_record(n) for n in range(20_000))
+    (logs / "LOG-20260101T000000000Z.jsonl").write_bytes(older)
+    newest = logs / "LOG-20260102T000000000Z.jsonl"
+    newest.write_bytes(older + _record(1, RUN) + _record(2) + _record(3, RUN) + _record(4))
+    assert newest.stat().st_size > 20 * logtail._CHUNK
+    whole = _cli(capsys, "--json", "logs", *[a for a in args if a not in ("--tail", "-n")
+                                             and not a.isdigit()])
+    counting = _counting(monkeypatch)
+    code, out, err = _cli(capsys, "--json", "logs", *args)
+    # The backwards read of the end, then the forward read from the first line shown.
+    assert counting.bytes_read <= 2 * logtail._CHUNK, counting.bytes_read
+    n = int(args[-1])
+    assert (code, out.splitlines(), err) == (
+        whole[0], whole[1].splitlines()[len(whole[1].splitlines()) - n:], whole[2])
+    assert out.splitlines()[-1:] == ([] if n == 0 else [_record(4 if RUN not in args else 3,
+                                                                None if RUN not in args
+                                                                else RUN).decode().strip()])
+
+
+def test_a_zero_filled_tail_is_shown_cut_without_being_held(
+    proj: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A power cut's tail of zeros, with no newline: its start is found by reading back
+    through it (there is no other way to know where it starts), a block at a time, and
+    what is held of it is its head, as when it is read forward."""
+    logs = proj / ".intloom" / "logs"
+    zeros = 16 * logtail._LINE_CAP
+    (logs / "LOG-20260101T000000000Z.jsonl").write_bytes(_record(1) + b"\0" * zeros)
+    code, out, _ = _cli(capsys, "--json", "logs", "--tail", "2")
+    first, torn = map(json.loads, out.splitlines())
+    assert code == 0 and first["event"] == "e1"
+    assert (torn["event"], torn["offset"], len(torn["line"])) == (
+        "unreadable_line", len(_record(1)), logtail._LINE_CAP)
+
+    def start(lines: Iterator[logtail.Line]) -> tuple[Path, int] | None:
+        for _ in range(2):
+            path, offset, _line = next(lines)
+        return path, offset
+
+    emitted: list[tuple[int, int]] = []
+    tail = logtail.LogTail(logs, lambda line: emitted.append(
+        (len(line), tail.line_at[1] if tail.line_at else -1)), all_files=False)
+    tracemalloc.start()
+    try:
+        tail.pump_last(start, finishing=True)
+        tail.finish()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert emitted == [(len(_record(1)) - 1, 0), (logtail._LINE_CAP, len(_record(1)))]
+    # Its head read back, its head read forward, and their text: not the 16 MiB.
+    assert peak < 4 * logtail._LINE_CAP, peak
+
+
+def test_an_older_log_that_cannot_be_read_still_fails_the_tail_of_every_log(
+    proj: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Wholly before the last N records, it is not read, but it is still opened: a log that
+    may not be read fails the command (STORAGE_ERROR) as when every log was read whole."""
+    logs = proj / ".intloom" / "logs"
+    refused = logs / "LOG-20260101T000000000Z.jsonl"
+    refused.write_bytes(_record(0))
+    (logs / "LOG-20260102T000000000Z.jsonl").write_bytes(_record(1) * 1000)
+    newest = _record(1) + _record(2)
+    (logs / "LOG-20260103T000000000Z.jsonl").write_bytes(newest)
+    counting = _counting(monkeypatch, refused)
+    code, out, _ = _cli(capsys, "--json", "logs", "--all", "--tail", "1")
+    assert (code, [json.loads(line).get("event") for line in out.splitlines()[:-1]]) == (
+        1, ["e2"])
+    assert json.loads(out.splitlines()[-1])["error"]["code"] == "STORAGE_ERROR"
+    assert str(refused.name) in out.splitlines()[-1]
+    # The newest log back to its last line, then that line: the log between is not read.
+    assert counting.bytes_read == len(newest) + len(_record(2))
+
+
+# ----- the property: what --tail shows is what reading the logs whole showed ------------------
+
+_PIECES = [
+    b'{"event": "x"}', b'{"event": "r", "runId": "RUN-a"}', b'{"runs": [{"runId": "RUN-a"}]}',
+    b"Fatal Python error: Aborted", b"Thread 0x1 (most recent call first):", b"RUN-a torn",
+    b"[1]", b"\n", b"\n", b"\n", b"\r\n", b" ", b" \t \r   ", b"\0\0\0", "\u00e9".encode(), b"\xff",
+    b"\xe2\x82", b"\xac",  # a euro sign, split: whole only where the pieces meet
+]
+_LOG = st.lists(st.sampled_from(_PIECES), max_size=40).map(b"".join)
+
+
+@settings(max_examples=300, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(files=st.lists(_LOG, min_size=1, max_size=3), finishing=st.booleans(),
+       chunk=st.sampled_from([1, 2, 3, 7, 64, 1 << 16]), cap=st.sampled_from([5, 17, 1 << 20]))
+def test_the_lines_read_backwards_are_the_lines_read_forward(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch,
+    files: list[bytes], finishing: bool, chunk: int, cap: int,
+) -> None:
+    """Each line ``pump`` (and ``finish``) emits, with its file and offset, and no other,
+    last first: the backwards reader skips none (which would start the tail too late) and
+    adds none (which would read more than the tail needs)."""
+    monkeypatch.setattr(logtail, "_CHUNK", chunk)
+    monkeypatch.setattr(logtail, "_LINE_CAP", cap)
+    logs = tmp_path_factory.mktemp("logs")
+    for n, data in enumerate(files):
+        (logs / f"LOG-2026010{n + 1}T000000000Z.jsonl").write_bytes(data)
+    forward: list[logtail.Line] = []
+
+    def emit(line: str) -> None:
+        assert tail.line_at is not None
+        forward.append((*tail.line_at, line))
+
+    tail = logtail.LogTail(logs, emit, all_files=True)
+    tail.pump()
+    if finishing:
+        tail.finish()
+    paths = logtail.log_files(logs)
+    backwards = logtail.LogTail(logs, emit, all_files=True)._backwards(paths, finishing, {})
+    assert list(backwards) == forward[::-1]
+
+
+def _shown(root: Path, files: list[bytes], more: bytes, *, tail: bool, keep: int,
+           run_id: str | None, all_files: bool, json_mode: bool, follow: bool
+           ) -> tuple[str, bool]:
+    """What ``logs`` prints of ``files`` with ``--tail keep`` (``tail``: read from the
+    ends; else whole, as before), then, following, of ``more`` appended to the newest; and
+    whether it found any record (the command's notes when it found none)."""
+    logs = root / ".intloom" / "logs"
+    logs.mkdir(parents=True)
+    for n, data in enumerate(files):
+        (logs / f"LOG-2026010{n + 1}T000000000Z.jsonl").write_bytes(data)
+    renderer = Renderer(json_mode=json_mode)
+    renderer.stdout = io.StringIO()
+    tails: list[logtail.LogTail] = []
+    printer = logs_command._printer(renderer, run_id, root,
+                                    lambda: tails[0].line_at if tails else None, keep)
+    tails.append(logtail.LogTail(logs, printer.emit, all_files=all_files))
+    if tail:
+        logs_command._backlog(tails[0], printer, keep, follow=follow)
+    else:
+        # The reading whole of before: ``pump``, unchanged, and the printer keeping N.
+        tails[0].pump()
+    if follow:
+        printer.release()
+        with open(logs / f"LOG-2026010{len(files)}T000000000Z.jsonl", "ab") as fh:
+            fh.write(more)
+        tails[0].pump()
+    else:
+        tails[0].finish()
+        printer.release()
+    assert isinstance(renderer.stdout, io.StringIO)
+    return renderer.stdout.getvalue(), printer.printed > 0
+
+
+@settings(max_examples=400, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+# Found none the less: a --tail 0 that looked at one line only, not for one about the Run.
+@example(files=[b'{"event": "r", "runId": "RUN-a"}\n{"event": "x"}\n'], more=b"", keep=0,
+         run_id="RUN-a", all_files=False, json_mode=True, follow=False, chunk=1 << 16,
+         cap=1 << 20)
+@given(files=st.lists(_LOG, min_size=1, max_size=3), more=_LOG,
+       keep=st.integers(min_value=0, max_value=6), run_id=st.sampled_from([None, "RUN-a"]),
+       all_files=st.booleans(), json_mode=st.booleans(), follow=st.booleans(),
+       chunk=st.sampled_from([1, 2, 3, 7, 64, 1 << 16]), cap=st.sampled_from([5, 17, 1 << 20]))
+def test_the_tail_read_from_the_end_is_the_tail_read_whole(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch,
+    files: list[bytes], more: bytes, keep: int, run_id: str | None, all_files: bool,
+    json_mode: bool, follow: bool, chunk: int, cap: int,
+) -> None:
+    monkeypatch.setattr(logtail, "_CHUNK", chunk)
+    monkeypatch.setattr(logtail, "_LINE_CAP", cap)
+    how: dict[str, Any] = {"keep": keep, "run_id": run_id, "all_files": all_files,
+                           "json_mode": json_mode, "follow": follow}
+    whole, any_whole = _shown(tmp_path_factory.mktemp("whole"), files, more, tail=False, **how)
+    end, any_end = _shown(tmp_path_factory.mktemp("end"), files, more, tail=True, **how)
+    assert end == whole
+    if not follow:  # followed, nothing is said of an empty log
+        assert any_end == any_whole
+
+
+def test_the_property_reaches_what_it_is_about(tmp_path: Path) -> None:
+    """The property's pieces make what it is about: a fault dump begun before the tail (its
+    lines after are fault_dump records only if that is known), a character split by a read."""
+    dump = b'{"event": "x"}\nFatal Python error: Aborted\n\nThread 0x1\n\xe2\x82\xac\n'
+    how: dict[str, Any] = {"run_id": None, "all_files": False, "json_mode": True,
+                           "follow": False}
+    one, _ = _shown(tmp_path / "one", [dump], b"", tail=True, keep=1, **how)
+    assert [(r["event"], r["line"]) for r in map(json.loads, one.splitlines())] == [
+        ("fault_dump", "\u20ac")]
+    every, _ = _shown(tmp_path / "every", [dump], b"", tail=True, keep=5, **how)
+    assert every.splitlines()[-1:] == one.splitlines()
