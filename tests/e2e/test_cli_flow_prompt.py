@@ -1,7 +1,8 @@
 """``intloom flow WORKFLOW`` on a terminal without --intent asks for the intent. It used to
 ask first and connect after: a person typed what the Run was for, then learned the host was
 offline or the Workflow's name misspelt, and the intent was lost. What can fail without the
-intent is now found out before the prompt."""
+intent is now found out before the prompt. Also: the line a Ctrl-C typed on the terminal
+leaves (flow waiting, flow's prompt, ``logs --follow``)."""
 
 from __future__ import annotations
 
@@ -125,3 +126,19 @@ def test_ctrl_c_typed_on_the_terminal_leaves_what_flow_says_on_a_line_of_its_own
         assert runs_of(project) == []
     else:
         assert said.startswith("^C\nStopped waiting (Ctrl-C). Run RUN-"), said
+
+
+def test_ctrl_c_typed_on_a_followed_log_ends_the_echoed_line(gated_project: Project) -> None:
+    """``logs --follow`` stopped by a Ctrl-C typed on its terminal exits 0 (it stops there),
+    so no shell ends the line after the ``^C`` the terminal echoed, as it does for a command
+    that SIGINT killed: the shell's prompt came on after ``^C``."""
+    project = gated_project
+    ok(project.cli("start", "--json"))
+    args = ["--project", str(project.root), "logs", "--follow"]
+    with Terminal(args, project.root, controlling=True) as term:
+        term.expect("service_ready")
+        term.keys("\x03")  # Ctrl-C, as typed: the terminal echoes it and sends SIGINT
+        assert term.finish() == 0, term.text()
+    said = term.text()
+    assert said.endswith("^C\n"), said
+    assert "\n\n" not in said[-4:], said

@@ -291,8 +291,13 @@ def _project_removed(root: Path) -> IntloomError:
     )
 
 
+class _Terminated(KeyboardInterrupt):
+    """A SIGTERM while the backlog printed: it stops ``logs`` as a Ctrl-C does, but nothing
+    was echoed on the terminal for a line break to end."""
+
+
 def _interrupt(_signo: int, _frame: object) -> None:
-    raise KeyboardInterrupt
+    raise _Terminated
 
 
 def _follow(tail: LogTail, root: Path, logs_dir: Path, stop: threading.Event) -> None:
@@ -465,10 +470,15 @@ def logs(
         # slow reader is left only by an exception); _follow then sets its own handler.
         previous = signal.signal(signal.SIGTERM, _interrupt)
         try:
-            with contextlib.suppress(KeyboardInterrupt), on_reader_gone(gone):
+            with on_reader_gone(gone):
                 _backlog(tail, printer, last, follow=True)
                 printer.release()
                 _follow(tail, root, logs_dir, stop)
+        except KeyboardInterrupt as exc:
+            # A follow ends 0 on Ctrl-C, so no shell ends the line after the ^C the terminal
+            # echoed (as for a command SIGINT killed): its prompt came on after it.
+            if not isinstance(exc, _Terminated):
+                renderer.after_ctrl_c(exc)
         finally:
             signal.signal(signal.SIGTERM, previous)
         return
