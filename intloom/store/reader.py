@@ -8,6 +8,7 @@ does not grow with a Run's age; ``verify`` reads every segment and cross-checks 
 from __future__ import annotations
 
 import contextlib
+import copy
 import itertools
 import os
 import re
@@ -74,6 +75,7 @@ __all__ = [
     "Loaded",
     "RunJournal",
     "ScanStats",
+    "SharedRead",
     "StoreReport",
     "load",
     "read_runs",
@@ -295,22 +297,26 @@ def _snapshot_of(layout: Layout, loaded: Loaded, run_id: str) -> dict[str, Snaps
     return {snap.run_id: snap}
 
 
-def _segments_of(layout: Layout, manifest: Manifest | None, numbers: list[int], run_id: str,
-                 through_end: bool, judged: Callable[[Layout, Manifest | None, int],
-                                                     FileProblem | None] | None,
-                 loaded: Loaded) -> set[int]:
-    """The segments a verify of ``run_id`` alone scans: every one from the first to the last
-    whose bytes hold its id (a damaged record of it lost its id only where its seqs then
-    jump, between two of them), through the end of the log with ``through_end`` (damage
-    after its last record may have held its next one), and any holding a void frame. Every
-    valid frame of a Run holds its id verbatim, so a segment without it holds none of its
-    records; scanning frame by frame is the cost, reading the bytes is not."""
+class _Search(msgspec.Struct):
+    """What the bytes of every segment say of one Run (``_search``): the segments holding its
+    id, in order, and those scanned for a verify of it whatever it holds (a void frame; a
+    file no start reads, whose finding the caller gives)."""
+
+    holding: list[int]
+    always: set[int]
+
+
+def _search(layout: Layout, manifest: Manifest | None, numbers: list[int], run_id: str,
+            judged: Callable[[Layout, Manifest | None, int], FileProblem | None] | None
+            ) -> _Search:
+    """Every valid frame of a Run holds its id verbatim, so a segment without it holds none
+    of its records; scanning frame by frame is the cost, reading the bytes is not."""
     key = run_id.encode()
     holding: list[int] = []
-    chosen: set[int] = set()
+    always: set[int] = set()
     for number in numbers:
         if judged is not None and judged(layout, manifest, number) is not None:
-            chosen.add(number)  # never read: the caller gives its finding
+            always.add(number)  # never read: the caller gives its finding
             continue
         data = read_file(layout.wal / segment_name(number))
         if data is None:
@@ -318,12 +324,21 @@ def _segments_of(layout: Layout, manifest: Manifest | None, numbers: list[int], 
         if key in data:
             holding.append(number)
         elif VOID_FRAME.search(data) is not None:
-            chosen.add(number)
+            always.add(number)
+    return _Search(holding, always)
+
+
+def _segments_of(numbers: list[int], found: _Search, through_end: bool) -> set[int]:
+    """The segments a verify of one Run alone scans: every one from the first to the last
+    whose bytes hold its id (a damaged record of it lost its id only where its seqs then
+    jump, between two of them), through the end of the log with ``through_end`` (damage
+    after its last record may have held its next one), and any holding a void frame."""
+    holding = found.holding
+    chosen = set(found.always)
     if holding or through_end:
         low = holding[0] if holding else min(numbers, default=0)
         high = max(numbers, default=0) if through_end else holding[-1]
         chosen.update(n for n in numbers if low <= n <= high)
-    loaded.holding = holding
     return chosen
 
 
@@ -376,26 +391,25 @@ def _list_wal(layout: Layout) -> tuple[list[int], list[FileProblem]]:
     return sorted(numbers), strays
 
 
-def load(root: Path, mode: Mode = "restore", *, whole: bool = False,
-         only: str | None = None, through_end: bool = False, hold: bool = False) -> Loaded:
-    """Read the store at ``root`` (restore: bounded; verify: everything). Read-only.
+class _Base(msgspec.Struct):
+    """What every read of the store begins with, whatever it then reads of the log: the
+    manifest, the listing of ``wal/``, the findings up to there, and every ``live/``
+    snapshot (what a restore reads to know the Runs; a verify to judge them). ``template``
+    holds what was found, for each read to start from a copy of it."""
 
-    A bounded read that finds a Run it cannot judge from what it read (``Loaded.partial``)
-    is done again over the whole log (``whole``). ``only`` (a verify of one Run,
-    ``verify_run``): judge that Run alone, from its own ``done/`` snapshot and the segments
-    ``_segments_of`` picks, not every Run of the log. A whole verify keeps where each
-    record is, not its payload, and reads it again as its Run is judged (``_Payloads``);
-    ``hold``: keep every payload instead, as a verify does again when a segment changed
-    between the two reads (a host writing beside it)."""
+    template: Loaded
+    live: dict[str, Snapshot]
+
+
+def _read_base(root: Path) -> _Base:
     layout = Layout(root)
     loaded = Loaded(layout=layout)
     if not check_dir(root):
-        return loaded
+        return _Base(loaded, {})
     loaded.exists = True
     for directory in (layout.wal, layout.snap):
         check_dir(directory)
 
-    full = mode == "verify" or whole
     numbers, strays = _list_wal(layout)
     manifest_finding: FileProblem | None = None
     closing_finding: FileProblem | None = None
@@ -439,7 +453,6 @@ def load(root: Path, mode: Mode = "restore", *, whole: bool = False,
             "manifest.json", kind,
             f"{exc.fact}; every segment was read instead and no new manifest is written over "
             f"it ({out if exc.fix is None else f'{exc.fix}, or {out}'})")
-        full = True
     loaded.segment_numbers = numbers
     loaded.files.extend(strays)
     if manifest_finding is not None:
@@ -448,7 +461,70 @@ def load(root: Path, mode: Mode = "restore", *, whole: bool = False,
         loaded.files.append(closing_finding)
 
     _unexpected_names(layout, loaded)
-    live = _snapshots(layout, layout.live, loaded)
+    return _Base(loaded, _snapshots(layout, layout.live, loaded))
+
+
+def _fresh(base: _Base) -> Loaded:
+    """A read's own copy of what ``base`` found: each read adds findings of its own, so
+    every container (and the read's costs) is copied; the files' contents are shared."""
+    found = base.template
+    return msgspec.structs.replace(found, **{
+        name: copy.copy(value) for name in found.__struct_fields__
+        for value in (getattr(found, name),) if isinstance(value, (list, set, dict, ScanStats))})
+
+
+class SharedRead:
+    """One read of the store that several judgements of it share (``inspect RUN`` judges one
+    Run as a verify does, then as a start reads it): the manifest, ``wal/``'s listing and
+    every ``live/`` snapshot are read once, not once per judgement. Each judgement is the
+    one a read of its own gives of the same files. Read-only.
+
+    For one command's judgements, made one after the other: a store that changes meanwhile
+    (a host writing beside it) is judged as of that first read, as one read judges it."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._base: _Base | None = None
+
+    def base(self) -> _Base:
+        if self._base is None:
+            self._base = _read_base(self.root)
+        return self._base
+
+
+class _Seen:
+    """What a verify of one Run read of the log (``verify_run``), for its read through the
+    log's end: which segments hold the Run's id, and each segment it scanned (other Runs'
+    frames without their payloads) with its size and the payload bytes it holds. Only that
+    read's later segments are then read."""
+
+    def __init__(self) -> None:
+        self.search: _Search | None = None
+        self.scans: dict[int, tuple[SegmentScan, int, int]] = {}
+
+
+def load(root: Path, mode: Mode = "restore", *, whole: bool = False,
+         only: str | None = None, through_end: bool = False, hold: bool = False,
+         shared: SharedRead | None = None, seen: _Seen | None = None) -> Loaded:
+    """Read the store at ``root`` (restore: bounded; verify: everything). Read-only.
+
+    A bounded read that finds a Run it cannot judge from what it read (``Loaded.partial``)
+    is done again over the whole log (``whole``). ``only`` (a verify of one Run,
+    ``verify_run``): judge that Run alone, from its own ``done/`` snapshot and the segments
+    ``_segments_of`` picks, not every Run of the log. A whole verify keeps where each
+    record is, not its payload, and reads it again as its Run is judged (``_Payloads``);
+    ``hold``: keep every payload instead, as a verify does again when a segment changed
+    between the two reads (a host writing beside it). ``shared``: what an earlier read of
+    the same command read is not read again; ``seen``: nor what an earlier verify of
+    ``only`` scanned (``verify_run``)."""
+    base = shared.base() if shared is not None else _read_base(root)
+    loaded = _fresh(base)
+    if not loaded.exists:
+        return loaded
+    layout = loaded.layout
+    live = base.live
+    numbers = loaded.segment_numbers
+    full = mode == "verify" or whole or loaded.manifest_error is not None
     done = ({} if mode != "verify" else _snapshots(layout, layout.done, loaded)
             if only is None else _snapshot_of(layout, loaded, only))
     if loaded.snapshot_errors:
@@ -480,8 +556,15 @@ def load(root: Path, mode: Mode = "restore", *, whole: bool = False,
     # Run's payloads at a time.
     lean = mode == "verify" and only is None and not hold
     names: dict[str, str] = {}  # one copy of each run id, not one per frame
-    chosen = (None if only is None else
-              _segments_of(layout, manifest, numbers, only, through_end, judged, loaded))
+    chosen: set[int] | None = None
+    if only is not None:
+        found = seen.search if seen is not None else None
+        if found is None:
+            found = _search(layout, manifest, numbers, only, judged)
+        if seen is not None:
+            seen.search = found
+        loaded.holding = found.holding
+        chosen = _segments_of(numbers, found, through_end)
     scans: list[SegmentScan] = []
     for number in numbers:
         if number < start and number not in pinned:
@@ -494,11 +577,22 @@ def load(root: Path, mode: Mode = "restore", *, whole: bool = False,
             loaded.files.append(unread)
             loaded.unread.append(number)
             continue
+        kept = seen.scans.get(number) if seen is not None else None
+        if kept is not None:
+            # Scanned by this Run's verify already (one that stopped short of the log's
+            # end): the same bytes, counted as this read's too.
+            scan, size, held = kept
+            loaded.stats.segments_read += 1
+            loaded.stats.bytes_read += size
+            loaded.stats.payload_bytes_held += held
+            scans.append(scan)
+            continue
         data = read_file(layout.wal / name)
         if data is None:
             continue
         loaded.stats.segments_read += 1
         loaded.stats.bytes_read += len(data)
+        size = len(data)
         scan = scan_segment(name, number, data)
         del data
         scan.written_this_boot = written_this_boot(layout.wal / name)
@@ -514,8 +608,12 @@ def load(root: Path, mode: Mode = "restore", *, whole: bool = False,
         elif lean:
             scan.frames = [_placed(f, names) if f.kind == KIND_RECORD else f
                            for f in scan.frames]
+        held = 0
         if mode != "restore":  # a start's read pays no pass over every frame for it
-            loaded.stats.payload_bytes_held += sum(len(f.payload) for f in scan.frames)
+            held = sum(len(f.payload) for f in scan.frames)
+            loaded.stats.payload_bytes_held += held
+        if seen is not None:
+            seen.scans[number] = (scan, size, held)
         scans.append(scan)
     loaded.segments_read = [s.number for s in scans]
 
@@ -530,7 +628,7 @@ def load(root: Path, mode: Mode = "restore", *, whole: bool = False,
         if payloads is not None:
             payloads.close()
     if loaded.partial and not full:
-        return load(root, mode, whole=True)
+        return load(root, mode, whole=True, shared=shared)
     return loaded
 
 
@@ -1648,9 +1746,9 @@ def _report(loaded: Loaded, *, include_terminal: bool) -> StoreReport:
     return StoreReport(runs=runs, files=list(loaded.files), stats=loaded.stats)
 
 
-def read_runs_report(runtime_dir: Path) -> StoreReport:
-    """``read_runs`` with file findings and read costs."""
-    return _report(load(runtime_dir, "restore"), include_terminal=False)
+def read_runs_report(runtime_dir: Path, *, shared: SharedRead | None = None) -> StoreReport:
+    """``read_runs`` with file findings and read costs (``shared``: see ``load``)."""
+    return _report(load(runtime_dir, "restore", shared=shared), include_terminal=False)
 
 
 def read_runs(runtime_dir: Path) -> list[RunJournal]:
@@ -1679,7 +1777,8 @@ def verify_report(runtime_dir: Path) -> StoreReport:
     return _report(load(runtime_dir, "verify"), include_terminal=True)
 
 
-def verify_run(runtime_dir: Path, run_id: str) -> StoreReport:
+def verify_run(runtime_dir: Path, run_id: str, *,
+               shared: SharedRead | None = None) -> StoreReport:
     """``verify_report`` for one Run (``inspect RUN``): its verdict as the whole verify gives
     it, with the findings of what it read, at the cost of that Run's segments, not the log's.
 
@@ -1687,9 +1786,14 @@ def verify_run(runtime_dir: Path, run_id: str) -> StoreReport:
     an unfinished one also from every segment after them (its next record may be in damage
     there). A Run that is not then found sound is judged by the whole verify instead, whose
     findings it returns: whose frame damaged bytes were can depend on other Runs' records
-    anywhere in the log, and a verdict against this Run must be the one ``verify`` gives."""
+    anywhere in the log, and a verdict against this Run must be the one ``verify`` gives.
+    Each of those reads shares what the one before it read (``shared``, ``_Seen``): the
+    store's snapshots were read once per read (three times for inspect of a waiting Run)."""
+    shared = shared if shared is not None else SharedRead(runtime_dir)
+    seen = _Seen()
     for through_end in (False, True):
-        loaded = load(runtime_dir, "verify", only=run_id, through_end=through_end)
+        loaded = load(runtime_dir, "verify", only=run_id, through_end=through_end,
+                      shared=shared, seen=seen)
         journal = loaded.journals.get(run_id)
         if journal is None and not loaded.holding:
             # No segment holds its id and no snapshot names it: no Run of that id.
@@ -1704,7 +1808,8 @@ def verify_run(runtime_dir: Path, run_id: str) -> StoreReport:
                                loaded.segments_read)
         if journal is not None and journal.status != "ok":
             break  # found unsound already: reading on to the log's end would not settle it
-    whole = load(runtime_dir, "verify")
+    del seen, loaded  # the whole verify holds one Run's payloads at a time, not these
+    whole = load(runtime_dir, "verify", shared=shared)
     return StoreReport([j for j in whole.journals.values() if j.run_id == run_id],
                        list(whole.files), whole.stats, whole.segments_read)
 

@@ -215,13 +215,7 @@ def _host_gone(root: Path, writer: str | None) -> dict[str, Any] | None:
 @command
 def inspect(state: CliState, run_id: RunArg) -> None:
     """Show a Run's journal, phase by phase, with verification results. Works offline."""
-    from intloom.diagnostics.journal import (
-        missing_segments,
-        read_journal,
-        restored_journal,
-        unreadable_snapshots,
-        written_by,
-    )
+    from intloom.diagnostics.journal import read_run, unreadable_snapshots, written_by
     from intloom.diagnostics.previews import check_journals_dir, journals_present
     from intloom.project import ProjectPaths
 
@@ -234,12 +228,10 @@ def inspect(state: CliState, run_id: RunArg) -> None:
     if not journals_present(paths):  # a .intloom/ that may not be searched: STORAGE_ERROR
         raise _not_found(run_id, runtime)
     # Text shows no Stage State (render._RECORD_SKIP): not read into memory for it.
-    entries, journal, found = read_journal(runtime, run_id,
-                                           states=state.renderer.json_mode)
+    read = read_run(runtime, run_id, states=state.renderer.json_mode)
+    entries, journal, found, restored = read.entries, read.journal, read.files, read.restored
     if not entries:
-        raise _not_found(run_id, runtime, missing_segments(runtime),
-                         unreadable_snapshots(runtime, run_id))
-    restored = restored_journal(runtime, run_id)
+        raise _not_found(run_id, runtime, read.missing, unreadable_snapshots(runtime, run_id))
     run = _summary(run_id, journal, restored, entries)
     # Judged on what a start reads, as doctor judges it; an ended Run is not loaded.
     restart = _restart(state.root(), restored if restored is not None else journal)
