@@ -34,7 +34,7 @@ class Terminal:
     SIGINT must be sent to ``proc`` (no ``^C`` then)."""
 
     def __init__(self, args: list[str], cwd: Path, *, timeout: float = 30.0,
-                 controlling: bool = False) -> None:
+                 controlling: bool = False, piped_stdout: bool = False) -> None:
         env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
         env.update({"TERM": "xterm-256color", "COLUMNS": "100", "PYTHONPATH": str(REPO),
                     "NO_COLOR": "1"})
@@ -45,8 +45,10 @@ class Terminal:
         try:
             command = ([sys.executable, "-c", _CONTROLLED, *args] if controlling else
                        [sys.executable, "-m", "intloom", *args])
+            # ``piped_stdout``: stdout is a pipe (``proc.stdout``), as in ``intloom ... | grep``.
             self.proc = subprocess.Popen(command, cwd=cwd, env=env, stdin=follower,
-                                         stdout=follower, stderr=follower,
+                                         stdout=subprocess.PIPE if piped_stdout else follower,
+                                         stderr=follower,
                                          start_new_session=controlling)
         finally:
             os.close(follower)  # the child holds it: EOF on the leader once it is gone
@@ -60,6 +62,8 @@ class Terminal:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(timeout=10)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
 
     def _read(self, deadline: float) -> bool:
         """Read what is there (waiting until ``deadline``); False at EOF."""

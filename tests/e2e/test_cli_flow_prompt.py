@@ -6,6 +6,9 @@ leaves (flow waiting, flow's prompt, ``logs --follow``)."""
 
 from __future__ import annotations
 
+import os
+import select
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -142,3 +145,29 @@ def test_ctrl_c_typed_on_a_followed_log_ends_the_echoed_line(gated_project: Proj
     said = term.text()
     assert said.endswith("^C\n"), said
     assert "\n\n" not in said[-4:], said
+
+
+def test_ctrl_c_on_a_followed_log_into_a_pipe_leaves_the_line_to_the_shell(
+    gated_project: Project
+) -> None:
+    """``logs --follow | grep ...``: the Ctrl-C goes to the whole pipeline, its reader dies of
+    it, and the shell ends the ``^C`` line itself; a break written here as well left an
+    empty line before the shell's prompt."""
+    project = gated_project
+    ok(project.cli("start", "--json"))
+    args = ["--project", str(project.root), "logs", "--follow"]
+    with Terminal(args, project.root, controlling=True, piped_stdout=True) as term:
+        out = term.proc.stdout
+        assert out is not None
+        seen = b""
+        deadline = time.monotonic() + 30
+        while b"service_ready" not in seen:  # the backlog is out: it follows now
+            assert time.monotonic() < deadline, seen
+            ready, _, _ = select.select([out], [], [], deadline - time.monotonic())
+            if ready:
+                chunk = os.read(out.fileno(), 65536)
+                assert chunk, f"logs ended: {seen!r}"
+                seen += chunk
+        term.keys("\x03")
+        assert term.finish() == 0, term.text()
+    assert term.text() == "^C", term.text()

@@ -280,3 +280,30 @@ def test_the_property_reaches_what_it_is_about(tmp_path: Path) -> None:
         ("fault_dump", "\u20ac")]
     every, _ = _shown(tmp_path / "every", [dump], b"", tail=True, keep=5, **how)
     assert every.splitlines()[-1:] == one.splitlines()
+
+
+def test_a_runs_tail_decodes_no_line_twice_that_cannot_be_about_it(
+    proj: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``logs RUN --tail N`` for a Run with fewer than N records (a short or ended Run among
+    busy ones) reads the logs backwards to their start, then whole, forward: deciding
+    backwards which lines were the Run's decoded every line, so the log was decoded twice
+    (2.3x the time a whole read took). A line without the id (nor any escape) is no record
+    of the Run: it need not be decoded to be counted out."""
+    logs = proj / ".intloom" / "logs"
+    others = 5_000
+    body = b"".join(_record(n) for n in range(others))
+    (logs / "LOG-20260101T000000000Z.jsonl").write_bytes(_record(0, RUN) + body)
+    decoded: list[str] = []
+    real = logs_command._decoded
+
+    def counting(line: str) -> tuple[bytes | None, str, Any]:
+        decoded.append(line)
+        return real(line)
+
+    monkeypatch.setattr(logs_command, "_decoded", counting)
+    code, out, _ = _cli(capsys, "--json", "logs", RUN, "--tail", "5")
+    assert code == 0 and [json.loads(line)["runId"] for line in out.splitlines()] == [RUN]
+    # The forward read decodes each line once, as a whole read does; backwards, only those
+    # that may be the Run's.
+    assert len(decoded) <= others + 10, len(decoded)

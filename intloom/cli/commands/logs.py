@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import signal
+import stat
 import sys
 import threading
 from collections import deque
@@ -173,6 +174,11 @@ def _printer(renderer: Renderer, run_id: str | None, root: Path,
             shown = f" ({at['file']} at byte {at['offset']})" if at else ""
             renderer.lines([f"- ????? unreadable log line{shown}: {line[:200]}"])
 
+    # An id the log's JSON writes as it is (no character it escapes): found in a line's text
+    # whenever a record of the line names it.
+    literal = run_id is not None and run_id.isascii() and run_id.isprintable() and not (
+        '"' in run_id or "\\" in run_id)
+
     def start(lines: Iterator[Line], need: int) -> tuple[Path, int] | None:
         """Where the last ``need`` lines ``choose`` takes begin (the last line at all when
         ``need`` is 0), among ``lines``, the logs' last first; None when there are fewer,
@@ -181,8 +187,13 @@ def _printer(renderer: Renderer, run_id: str | None, root: Path,
         found, begin = 0, None
         for path, offset, line in lines:
             if begin is None:
-                # Without RUN every line is taken: none is decoded to count it.
-                found += run_id is None or wanted(line, _decoded(line)[2])
+                # Without RUN every line is taken: none is decoded to count it. With it, a
+                # line holding neither the id nor an escape cannot be about the Run: a Run
+                # with fewer than N records had every line decoded here, then again read
+                # forward (twice the time a whole read took).
+                found += run_id is None or (
+                    not (literal and run_id not in line and "\\" not in line)
+                    and wanted(line, _decoded(line)[2]))
                 if found >= need:
                     begin = (path, offset)
                 continue
@@ -294,6 +305,14 @@ def _project_removed(root: Path) -> IntloomError:
 class _Terminated(KeyboardInterrupt):
     """A SIGTERM while the backlog printed: it stops ``logs`` as a Ctrl-C does, but nothing
     was echoed on the terminal for a line break to end."""
+
+
+def _into_a_pipe() -> bool:
+    """Whether what ``logs`` prints goes into a pipe (``intloom logs -f | grep ...``)."""
+    try:
+        return stat.S_ISFIFO(os.fstat(sys.stdout.fileno()).st_mode)
+    except (AttributeError, ValueError, OSError):  # no stdout, or one with no descriptor
+        return False
 
 
 def _interrupt(_signo: int, _frame: object) -> None:
@@ -477,7 +496,9 @@ def logs(
         except KeyboardInterrupt as exc:
             # A follow ends 0 on Ctrl-C, so no shell ends the line after the ^C the terminal
             # echoed (as for a command SIGINT killed): its prompt came on after it.
-            if not isinstance(exc, _Terminated):
+            # Not into a pipe: the Ctrl-C reached the pipeline's reader too, which died of
+            # it, and the shell ends that line itself (a break here left an empty line).
+            if not isinstance(exc, _Terminated) and not _into_a_pipe():
                 renderer.after_ctrl_c(exc)
         finally:
             signal.signal(signal.SIGTERM, previous)
