@@ -223,7 +223,11 @@ class Terminal:
                 try:
                     self.check()
                 except KeyboardInterrupt:
-                    raise  # leaving: _typed ends the prompt's line
+                    # Leaving: _typed ends the prompt's line. What was typed at it is
+                    # forgotten still (a SIGTERM taken as Ctrl-C flushes nothing itself),
+                    # or the shell would read it as a command.
+                    self.fresh()
+                    raise
                 except BaseException:
                     self._drop()
                     raise

@@ -444,13 +444,35 @@ def test_no_hint_where_stdin_is_no_terminal(capsys: pytest.CaptureFixture[str]) 
     assert capsys.readouterr().err == "Q: "
 
 
+def test_a_prompt_left_by_an_interrupt_forgets_what_was_typed_at_it(
+    pty_pair: tuple[int, Terminal],
+) -> None:
+    """A KeyboardInterrupt raised in the prompt's check (a SIGTERM taken as Ctrl-C, which
+    flushes nothing as a typed Ctrl-C does) left the half-typed answer in the terminal, for
+    the shell to read as a command once the CLI exited."""
+    leader, term = pty_pair
+    os.write(leader, b"rm")  # no Enter
+    echoed(leader, b"rm")
+
+    def check() -> None:
+        raise KeyboardInterrupt
+
+    term.check = check
+    term.wake()
+    with pytest.raises(KeyboardInterrupt):
+        term.line("Q: ")
+    term.check = lambda: None
+    os.write(leader, b"y\r")
+    assert term.line("Confirm? [y/n]: ") == "y"  # not "rmy"
+
+
 def test_ctrl_c_at_a_shown_prompt_ends_its_line_once_and_says_so(
     pty_pair: tuple[int, Terminal], capsys: pytest.CaptureFixture[str],
 ) -> None:
     """The prompt's line held the ``^C`` a terminal echoes: the prompt ends it, and the
     interrupt says so (PromptInterrupted), so that the words of the detach add no empty
-    line. A Ctrl-C that came while the prompt looked whether it was still wanted (its
-    check) ended the line twice: once as a dropped prompt, then as none shown."""
+    line. Here the Ctrl-C comes while the prompt looks whether it is still wanted (its
+    check): the line is ended once, and the interrupt still says so."""
     from intloom.cli.render import PromptInterrupted
 
     _, term = pty_pair
