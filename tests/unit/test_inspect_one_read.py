@@ -21,7 +21,7 @@ import pytest
 from intloom.cli.app import main
 from intloom.diagnostics.journal import read_journal
 from intloom.store import read_ended, read_runs, reader, verify_run
-from intloom.store.snapshots import read_manifest
+from intloom.store.snapshots import read_manifest, snapshot_name
 from tests.unit.test_store_support import open_store, walk
 
 pytestmark = pytest.mark.timeout(60)
@@ -127,6 +127,41 @@ def test_one_read_judges_as_the_reads_apart_do(runtime: Path, reads: Reads) -> N
         assert read.restored is not None and read.missing == []
     nobody = read_run(runtime, "RUN-NOBODY")
     assert (nobody.entries, nobody.journal, nobody.restored) == ([], None, None)
+
+
+def _damaged(root: Path, damage: str) -> None:
+    if damage == "flipped":  # a byte in the middle of the first segment
+        seg = root / "wal" / "0000000001.seg"
+        data = bytearray(seg.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        seg.write_bytes(bytes(data))
+    elif damage == "missing":  # the later host's segment gone
+        (root / "wal" / "0000000002.seg").unlink()
+    elif damage == "manifest":
+        (root / "manifest.json").write_bytes(b"{not json")
+    elif damage == "snapshot":  # one waiting Run's live/ snapshot
+        (root / "snap" / "live" / snapshot_name("RUN-O1")).write_bytes(b"\x00" * 16)
+
+
+@pytest.mark.parametrize("damage", ["flipped", "missing", "manifest", "snapshot"])
+def test_one_read_of_a_damaged_store_judges_as_the_reads_apart_do(
+        runtime: Path, damage: str) -> None:
+    """As above, where the reads find damage: what one read judges, the findings included,
+    is what each judgement read alone judges."""
+    from intloom.diagnostics.journal import read_run
+
+    _damaged(runtime, damage)
+    found = [f for run_id in ("RUN-W", "RUN-L", "RUN-O1")
+             for f in (*read_run(runtime, run_id).files, *read_run(runtime, run_id).missing)]
+    assert found, f"the {damage} store reads as undamaged"
+    for run_id in ("RUN-W", "RUN-E", "RUN-L", "RUN-O1", "RUN-O2"):
+        read = read_run(runtime, run_id)
+        entries, journal, files = read_journal(runtime, run_id)
+        assert (read.entries, read.journal, read.files) == (entries, journal, files), run_id
+        if not entries:
+            continue
+        alone = next((j for j in read_runs(runtime) if j.run_id == run_id), None)
+        assert read.restored == (alone if alone is not None else read_ended(runtime, run_id))
 
 
 def test_a_verify_of_one_run_reads_on_to_the_logs_end_without_reading_again(
