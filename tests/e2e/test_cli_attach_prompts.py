@@ -188,6 +188,7 @@ main = wf.stage("main")
 @main.step("work", routes={"done": intloom.COMPLETE})
 def work(ctx: intloom.StepContext[None]) -> str:
     gate = ctx.intent
+    open(gate + ".working", "w").close()  # for a test that waits for the Step to start
     deadline = time.monotonic() + 20  # the test opens the gate; this keeps a failure short
     while not os.path.exists(gate) and time.monotonic() < deadline:
         time.sleep(0.01)

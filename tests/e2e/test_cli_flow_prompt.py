@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.terminal import Terminal
+from tests.e2e.test_cli_attach_prompts import BUSY
 from tests.helpers import Project, eventually, ok, one_source_project, reaped
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
@@ -72,30 +73,9 @@ def test_a_workflow_name_that_cannot_be_sent_is_said_before_the_intent_is_asked(
     assert runs_of(project) == []
 
 
-GATED = """
-import os
-import time
-
-import intloom
-
-wf = intloom.Workflow("gated", version="1")
-main = wf.stage("main")
-
-
-@main.step("work", routes={"done": intloom.COMPLETE})
-def work(ctx: intloom.StepContext[None]) -> str:
-    gate = ctx.intent
-    open(gate + ".working", "w").close()
-    deadline = time.monotonic() + 20  # the test opens the gate; this keeps a failure short
-    while not os.path.exists(gate) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return "done"
-"""
-
-
 @pytest.fixture
 def gated_project(tmp_path: Path) -> Iterator[Project]:
-    yield from reaped(one_source_project(tmp_path, "gated", GATED))
+    yield from reaped(one_source_project(tmp_path, "busy", BUSY))
 
 
 @pytest.mark.parametrize("where", ["wait", "intent"])
@@ -109,7 +89,7 @@ def test_ctrl_c_typed_on_the_terminal_leaves_what_flow_says_on_a_line_of_its_own
     project = gated_project
     gate = project.root / "gate"
     ok(project.cli("start", "--json"))
-    args = ["--project", str(project.root), "flow", "gated"]
+    args = ["--project", str(project.root), "flow", "busy"]
     if where == "wait":
         args += ["--intent", str(gate)]
     try:

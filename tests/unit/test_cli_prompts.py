@@ -98,21 +98,27 @@ def test_a_wake_whose_check_passes_keeps_the_prompt(pty_pair: tuple[int, Termina
     assert checks == [1]
 
 
-def test_a_dropped_prompt_forgets_what_was_typed_at_it(pty_pair: tuple[int, Terminal]) -> None:
+@pytest.mark.parametrize("raised", [Gone, KeyboardInterrupt])
+def test_a_dropped_prompt_forgets_what_was_typed_at_it(
+    pty_pair: tuple[int, Terminal], raised: type[BaseException],
+) -> None:
+    """Whatever its check raises. A KeyboardInterrupt there (a SIGTERM taken as Ctrl-C, which
+    flushes nothing as a typed Ctrl-C does) left the half-typed answer in the terminal, for
+    the shell to read as a command once the CLI exited."""
     leader, term = pty_pair
-    os.write(leader, b"3")  # no Enter
-    echoed(leader, b"3")
+    os.write(leader, b"rm")  # no Enter
+    echoed(leader, b"rm")
 
     def check() -> None:
-        raise Gone
+        raise raised
 
     term.check = check
     term.wake()
-    with pytest.raises(Gone):
+    with pytest.raises(raised):
         term.line("Q: ")
     term.check = lambda: None
     os.write(leader, b"y\r")
-    assert term.line("Confirm? [y/n]: ") == "y"  # not "3y"
+    assert term.line("Confirm? [y/n]: ") == "y"  # not "rmy"
 
 
 def test_eof_aborts_ending_the_prompts_line(pty_pair: tuple[int, Terminal],
@@ -442,28 +448,6 @@ def test_no_hint_where_stdin_is_no_terminal(capsys: pytest.CaptureFixture[str]) 
         os.close(read)
         os.close(write)
     assert capsys.readouterr().err == "Q: "
-
-
-def test_a_prompt_left_by_an_interrupt_forgets_what_was_typed_at_it(
-    pty_pair: tuple[int, Terminal],
-) -> None:
-    """A KeyboardInterrupt raised in the prompt's check (a SIGTERM taken as Ctrl-C, which
-    flushes nothing as a typed Ctrl-C does) left the half-typed answer in the terminal, for
-    the shell to read as a command once the CLI exited."""
-    leader, term = pty_pair
-    os.write(leader, b"rm")  # no Enter
-    echoed(leader, b"rm")
-
-    def check() -> None:
-        raise KeyboardInterrupt
-
-    term.check = check
-    term.wake()
-    with pytest.raises(KeyboardInterrupt):
-        term.line("Q: ")
-    term.check = lambda: None
-    os.write(leader, b"y\r")
-    assert term.line("Confirm? [y/n]: ") == "y"  # not "rmy"
 
 
 def test_ctrl_c_at_a_shown_prompt_ends_its_line_once_and_says_so(

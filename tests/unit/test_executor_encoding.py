@@ -297,6 +297,19 @@ def test_a_value_too_deep_to_encode_handed_to_the_host_names_the_step(
     assert phases[-2:] == ["Executing", "Terminal"], phases
 
 
+def _agent_returning(name: str, value: Any) -> intloom.Workflow:
+    """A Workflow whose one Step, Stage 's' Step 'a', is an Agent Step handing ``value``."""
+    wf = intloom.Workflow(name, version="1")
+    st = wf.stage("s")
+
+    @st.agent_step("a", routes={"ok": intloom.COMPLETE})
+    def agent(ctx: Any) -> Any:
+        return value
+
+    wf.validate()
+    return wf
+
+
 # an Agent task the journal cannot hold -> what the refusal names
 UNSENDABLE_TASKS: dict[str, tuple[Any, str]] = {
     "huge": ({"n": [1, HUGE]}, "$.n[1] is an integer beyond 64 bits"),
@@ -311,16 +324,8 @@ def test_an_agent_task_the_journal_cannot_hold_is_refused_not_published_as_its_r
     """The Agent works on the task itself: it was published as {"repr": "{'n': ...}"}, a task
     the Step never returned, while the same value given to ctx.confirm failed the Run."""
     value, fact = UNSENDABLE_TASKS[task]
-    wf = intloom.Workflow("unsendable", version="1")
-    st = wf.stage("s")
-
-    @st.agent_step("a", routes={"ok": intloom.COMPLETE})
-    def agent(ctx: Any) -> Any:
-        return value
-
-    wf.validate()
     root = tmp_path / "runtime"
-    view = _settled(root, wf)
+    view = _settled(root, _agent_returning("unsendable", value))
     assert view.pending_agent_call is None, view.pending_agent_call
     assert view.status == "failed" and view.last_error is not None, view
     assert view.last_error.code == "STEP_INTERACTION_INVALID", view.last_error
@@ -389,15 +394,7 @@ def test_an_agent_step_returning_no_task_is_refused_not_published(
 @pytest.mark.parametrize("empty", ["", [], {}], ids=["str", "list", "dict"])
 def test_an_agent_task_that_is_empty_is_still_a_task(tmp_path: Path, empty: Any) -> None:
     """Only None is refused: an empty string, list or dict is data the Agent can be given."""
-    wf = intloom.Workflow("empty", version="1")
-    st = wf.stage("s")
-
-    @st.agent_step("a", routes={"ok": intloom.COMPLETE})
-    def agent(ctx: Any) -> Any:
-        return empty
-
-    wf.validate()
-    view = _settled(tmp_path / "runtime", wf)
+    view = _settled(tmp_path / "runtime", _agent_returning("empty", empty))
     call = view.pending_agent_call
     assert view.status == "waiting" and call is not None, view
     assert call.request == empty, call
