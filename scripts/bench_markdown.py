@@ -726,7 +726,13 @@ What is left, from profiles taken while building this harness (`py-spy`, `cProfi
   Handing each batch to the store's thread as soon as it forms, so that the loop runs
   other Runs' Steps during the fdatasync, measured worse with 64 async Runs (34,300-37,900
   Steps/s against 35,000-43,400 for the loop's own flush, alternating processes): more
-  flushes and thread wake-ups per Step.
+  flushes and thread wake-ups per Step. Measured again on 2026-12-05 (a throttled VM, so
+  as ratios): over zeros, a 604-byte `write`+`fdatasync` cost 142-219 µs against 211-318
+  appending, and one 64-Run round's ~38 KB 318-331 µs against 519-691, so the lone Run
+  would gain ~25 % and the 64 Runs (bound by the loop's CPU, the batch's fdatasync once a
+  round) ~10 %: the 64-Run ratio would fall to ~6.5-7.4×. The hand-off retried as the first
+  half of a round's Runs flushed while the loop ran the other half: 31.7 Steps per flush
+  against 63.6, but 136 against 124 µs of CPU per Step and ~10 % fewer Steps/s.
 - Faster solo Steps move the 64-Run ratio the other way (its baseline is one Run, bound by
   the fdatasync): only cuts in the loop's CPU per Step, or in what slows its flushes (the
   compactions' disk work, below), raise it. With 64 Runs the loop
