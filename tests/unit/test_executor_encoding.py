@@ -960,8 +960,15 @@ def test_an_effect_result_too_large_for_the_journal_fails_the_run_saying_the_eff
     view = _settled(root, wf)
     assert ran == ["fetch"]
     if step_kind != "async":  # told that the Run ended, not that 'fetch' was still running
-        assert [(e.code, "has ended" in e.message) for e in refused] == [
-            ("EXECUTION_OWNERSHIP_LOST", True)], refused
+        # Which words depends on a race the thread runs against the loop: before the loop
+        # lets go of the Step, its effect finds the Run ended; after, its ctx over (the
+        # words of a cancel's, tests/unit/test_executor.py). Either refuses, calling nothing.
+        [told] = refused
+        assert (told.code, "has ended" in told.message) == (
+            "EXECUTION_OWNERSHIP_LOST", True) or (
+            told.code, "which was over" in told.message) == (
+            "STEP_INTERACTION_INVALID", True), told
+        assert "still running" not in told.message and ran == ["fetch"], told
     assert view.status == "failed" and view.last_error is not None, view
     assert view.last_error.code == "RUN_STATE_INVALID", view.last_error
     message = view.last_error.message
