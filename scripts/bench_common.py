@@ -314,7 +314,8 @@ busy = intloom.Workflow("busy", version="1")
 spin = busy.stage("spin", state=Count)
 
 
-@spin.step("tick", routes={"again": "tick"})
+# "done" is never returned: a Workflow none of whose routes completes is refused.
+@spin.step("tick", routes={"again": "tick", "done": intloom.COMPLETE})
 async def spin_tick(ctx):
     ctx.state = Count(n=ctx.state.n + 1)
     return "again"

@@ -7,6 +7,7 @@ the Stage, the Step and the fix; an outcome with no route fails the Run at run t
 
 from __future__ import annotations
 
+import collections
 import functools
 import hashlib
 import inspect
@@ -764,6 +765,77 @@ class Workflow:
                 if exc.at is None:
                     exc.at = stage.declared_at
                 raise
+        self._check_completes()
+
+    def _reached(self) -> tuple[list[Step[Any]], bool]:
+        """The Steps a Run can reach from the entry (the first Stage's first Step), in the
+        order a walk of the routes finds them, and whether one of them routes to COMPLETE.
+
+        Routes are the only edges: ``recover`` and an Agent's completion are routed by the
+        Step's own routes, an answer reaches a Step only through the outcome that Step
+        returns, and an initialiser routes nothing. So the graph is all there is to see."""
+        first = self.entry.entry
+        found: dict[tuple[str, str], Step[Any]] = {(first.stage.name, first.name): first}
+        todo = collections.deque([first])
+        completes = False
+        while todo:
+            step = todo.popleft()
+            for target in step.routes.values():
+                if isinstance(target, Complete):
+                    completes = True
+                    continue
+                nxt = (self.stages[target.stage].entry if isinstance(target, ToStage)
+                       else step.stage.steps[target])
+                key = (nxt.stage.name, nxt.name)
+                if key not in found:
+                    found[key] = nxt
+                    todo.append(nxt)
+        return list(found.values()), completes
+
+    def _check_completes(self) -> None:
+        """Refuse a graph in which no route from the entry reaches COMPLETE: it loaded, and
+        each of its Runs could only go round, wait or fail, which no load said."""
+        reached, completes = self._reached()
+        if completes:
+            return
+        first = reached[0]
+        shown = _steps_shown(reached)
+        # A Step that does end the Run, but that nothing leads to: the fix is a route to it.
+        ending = [step for stage in self.stages.values() for step in stage.steps.values()
+                  if any(isinstance(t, Complete) for t in step.routes.values())]
+        many = len(reached) > 1
+        routes = "none of them routes an" if many else "it routes no"
+        fact = (f"no Run of it could ever complete: from its entry ({first.where}) the "
+                f"routes reach only {shown}, and {routes} outcome to intloom.COMPLETE (a Run "
+                "could only go round, wait or fail)")
+        fix = ('Route the outcome that ends the Run to intloom.COMPLETE (routes={"done": '
+               f"intloom.COMPLETE}}) in {'one of those Steps' if many else 'that Step'}")
+        if ending:
+            step = ending[0]
+            fact += (f"; {step.where} routes to intloom.COMPLETE, but no route from the "
+                     "entry leads to it")
+            # A plain name routes within a Stage; ToStage enters a Stage at its first Step.
+            if any(other.stage is step.stage for other in reached):
+                fix += (f', or route an outcome of a Step of Stage {step.stage.name!r} to '
+                        f'"{step.name}"')
+            elif step is step.stage.entry:
+                fix += f', or route an outcome to intloom.ToStage("{step.stage.name}")'
+        raise _bad(self.name, "definition", fact, fix + ".", self.declared_at)
+
+    def unreached(self) -> list[str]:
+        """What no route from the entry leads to, as ``Stage 'a' (no route enters it)`` or
+        ``Stage 'a', Step 'b'``: no Run ever runs it. Not refused, unlike a graph that cannot
+        complete: a Step may be kept for later, and the Runs run as declared. The host logs
+        it and doctor says it (``unreached_note``)."""
+        reached = {(step.stage.name, step.name) for step in self._reached()[0]}
+        out: list[str] = []
+        for stage in self.stages.values():
+            left = [name for name in stage.steps if (stage.name, name) not in reached]
+            if len(left) == len(stage.steps):
+                out.append(f"Stage {stage.name!r} (no route enters it)")
+            elif left:
+                out.extend(f"Stage {stage.name!r}, Step {name!r}" for name in left)
+        return out
 
     def _validate_stage(self, stage: Stage[Any]) -> None:
         if not stage.steps:
@@ -813,6 +885,18 @@ class Workflow:
                         "not exist",
                         f"Use one of {sorted(self.stages)}.", step.declared_at,
                     )
+
+    def unreached_note(self) -> str | None:
+        """``unreached`` as one sentence for the host log and doctor, or None."""
+        unreached = self.unreached()
+        if not unreached:
+            return None
+        shown = "; ".join(unreached[:12]) + (
+            f" ({len(unreached) - 12} more)" if len(unreached) > 12 else "")
+        return (f"Workflow {self.name!r}: no route from its entry ({self.entry.entry.where}) "
+                f"leads to {shown}, so no Run runs {'them' if len(unreached) > 1 else 'it'}. "
+                "Route an outcome there if it is meant to run (a Step by its name within "
+                "its Stage, a Stage by intloom.ToStage), or leave it if it is kept for later.")
 
     def has_recover(self, stage: str, step: str | None) -> bool:
         """Whether Step ``step`` of Stage ``stage`` declares a ``recover``."""
@@ -926,6 +1010,20 @@ _INSTEAD: Final[dict[type, str]] = {
     object: "typing.Any (any JSON data)",
     complex: "two float fields, or a str",
 }
+
+
+def _steps_shown(steps: Sequence[Step[Any]], limit: int = 12) -> str:
+    """``Stage 'a', Steps 'w' and 'r'; Stage 'b', Step 'p'``: Steps grouped by Stage, in the
+    order given, at most ``limit`` of them named."""
+    by_stage: dict[str, list[str]] = {}
+    for step in steps[:limit]:
+        by_stage.setdefault(step.stage.name, []).append(repr(step.name))
+    parts = []
+    for stage, names in by_stage.items():
+        listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+        parts.append(f"Stage {stage!r}, Step{'s' if len(names) > 1 else ''} {listed}")
+    more = f" ({len(steps) - limit} more)" if len(steps) > limit else ""
+    return "; ".join(parts) + more
 
 
 def _untagged(annotation: object) -> list[type]:

@@ -965,6 +965,12 @@ def _workflows_check(root: Path, config: Config | None) -> tuple[Check, LoadResu
         f"{wf.name} {wf.version} (identity {wf.identity[:12]})"
         for wf in result.workflows.values()
     )
+    # Said, not attention: a Step kept for later is no fault, and doctor would never be
+    # healthy (exit 0) while it is kept.
+    notes = [note for wf in result.workflows.values()
+             if (note := wf.workflow.unreached_note()) is not None]
+    if notes:
+        loaded += ". Note: " + " ".join(notes).removesuffix(".")
     if result.problems:
         problems = "; ".join(f"{source}: {view.code}: {view.message}"
                              for source, view in result.problems)

@@ -295,6 +295,11 @@ def boot(
     for lw in result.workflows.values():
         log.info("workflow_loaded", workflow=lw.name, version=lw.version, identity=lw.identity,
                  source=lw.source)
+        # Loaded all the same (a Step may be kept for later): a note, as doctor's.
+        unreached = lw.workflow.unreached_note()
+        if unreached is not None:
+            log.warning("workflow_unreached", workflow=lw.name, source=lw.source,
+                        message=unreached)
     failed = result.failed
     if strict:
         _refuse_before_writing(paths, result.workflows, package_version, result.withheld,

@@ -79,3 +79,16 @@ def test_route_mistake_sample_is_what_the_worked_example_with_the_typo_gives(
     workflows = next(check for check in checks if check["id"] == "workflows")
     assert workflows["status"] == "attention", workflows
     assert f"WORKFLOW_DEFINITION_INVALID: {sample}" in workflows["message"], workflows
+
+
+def test_no_complete_sample_is_what_the_worked_example_routed_round_gives(
+        tmp_path: Path) -> None:
+    """The page's sample of a Workflow no route of which completes, as doctor says it."""
+    sample = " ".join(_block("", 1).split())
+    assert "no Run of it could ever complete" in sample, sample
+    project = _worked_example(
+        tmp_path, ('"approved": intloom.ToStage("publish")', '"approved": "write"'))
+    checks = project.cli("doctor", "--json").json["checks"]
+    workflows = next(check for check in checks if check["id"] == "workflows")
+    assert workflows["status"] == "attention", workflows
+    assert f"WORKFLOW_DEFINITION_INVALID: {sample}" in workflows["message"], workflows

@@ -126,7 +126,8 @@ wf = intloom.Workflow("loops", version="1.0.0")
 main = wf.stage("main", state=Count)
 
 
-@main.step("again", routes={"again": "again"})
+# "done" is never returned: a Workflow none of whose routes completes is refused.
+@main.step("again", routes={"again": "again", "done": intloom.COMPLETE})
 def again(ctx: intloom.StepContext[Count]) -> str:
     if ctx.state.n >= 120:
         raise RuntimeError("gave up")

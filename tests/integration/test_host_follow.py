@@ -38,7 +38,8 @@ BUSY = textwrap.dedent('''
     spin = busy.stage("spin", state=Count)
 
 
-    @spin.step("tick", routes={"again": "tick"})
+    # "done" is never returned: a Workflow none of whose routes completes is refused.
+    @spin.step("tick", routes={"again": "tick", "done": intloom.COMPLETE})
     async def tick(ctx):
         await ctx.aeffect("tick" * 250, str, key=str(ctx.state.n))
         ctx.state = Count(n=ctx.state.n + 1)

@@ -1072,6 +1072,111 @@ def test_a_route_to_complete_as_text_says_to_use_intloom_complete() -> None:
         wf.validate()
 
 
+# ----- The route graph: a Run must be able to complete --------------------------------------
+
+
+def _ok(ctx: Any) -> str:
+    return "ok"
+
+
+def test_a_workflow_whose_routes_never_reach_complete_is_refused_naming_what_they_reach() -> None:
+    """Routes that only go round (``write`` -> ``review`` -> ``write``) loaded, and each Run
+    could only loop, wait or fail: no route from the entry ended it."""
+    wf = intloom.Workflow("notes", version="1")
+    draft = wf.stage("draft")
+    draft.step("write", routes={"written": "review"})(_ok)
+    draft.step("review", routes={"approved": "write", "rejected": "write"})(_ok)
+    with _refused("no Run of it could ever complete") as info:
+        wf.validate()
+    assert _code(info) == "WORKFLOW_DEFINITION_INVALID"
+    assert info.value.message == (
+        "Workflow 'notes', definition: no Run of it could ever complete: from its entry "
+        "(Stage 'draft', Step 'write') the routes reach only Stage 'draft', Steps 'write' and "
+        "'review', and none of them routes an outcome to intloom.COMPLETE (a Run could only "
+        "go round, wait or fail). Route the outcome that ends the Run to intloom.COMPLETE "
+        '(routes={"done": intloom.COMPLETE}) in one of those Steps.'), info.value.message
+    # The Workflow(...) call is what the loader names (file and line).
+    assert getattr(info.value, "at", None) == wf.declared_at
+
+    one = intloom.Workflow("spin", version="1")
+    one.stage("s").step("tick", routes={"again": "tick"})(_ok)
+    with _refused(r"from its entry \(Stage 's', Step 'tick'\) the routes reach only Stage "
+                  r"'s', Step 'tick', and it routes no outcome to intloom\.COMPLETE .* in "
+                  r"that Step\.$"):
+        one.validate()
+
+
+def test_a_complete_route_that_nothing_leads_to_is_named_with_the_route_to_add() -> None:
+    """A Step (or a Stage) that does end the Run, but that no route from the entry reaches:
+    the refusal names it and how to route there (by name within the Stage, ToStage to a
+    Stage's first Step)."""
+    wf = intloom.Workflow("w", version="1")
+    s = wf.stage("s")
+    s.step("a", routes={"again": "a"})(_ok)
+    s.step("end", routes={"ok": intloom.COMPLETE})(_ok)
+    with _refused(r"; Stage 's', Step 'end' routes to intloom\.COMPLETE, but no route from "
+                  r"the entry leads to it\. .*in that Step, or route an outcome of a Step of "
+                  r'Stage \'s\' to "end"\.$'):
+        wf.validate()
+
+    other = intloom.Workflow("w2", version="1")
+    other.stage("s").step("a", routes={"again": "a"})(_ok)
+    other.stage("publish").step("post", routes={"ok": intloom.COMPLETE})(_ok)
+    with _refused(r"Stage 'publish', Step 'post' routes to intloom\.COMPLETE, but no route "
+                  r"from the entry leads to it\. .*, or route an outcome to "
+                  r'intloom\.ToStage\("publish"\)\.$'):
+        other.validate()
+
+
+def test_complete_reached_through_another_stage_or_an_agent_step_loads() -> None:
+    """The walk follows ToStage into a Stage's first Step, and an Agent Step's routes as a
+    code Step's (its Agent picks one of them); a recover has no routes of its own."""
+    wf = intloom.Workflow("w", version="1")
+    draft, publish = wf.stage("draft"), wf.stage("publish")
+    write = draft.step("write", routes={"ok": "look", "no": "write"})(_ok)
+    write.recover(lambda ctx, saved: "ok")
+    draft.agent_step("look", routes={"found": intloom.ToStage("publish")})(_ok)
+    publish.step("post", routes={"again": "check"})(_ok)
+    publish.step("check", routes={"ok": intloom.COMPLETE, "no": "post"})(_ok)
+    wf.validate()
+    assert wf.unreached() == [] and wf.unreached_note() is None
+
+
+def test_steps_and_stages_no_route_reaches_load_and_are_named_as_unreached() -> None:
+    """Not refused: a Step may be kept for later, and the Runs run as declared. The host
+    logs it and doctor says it (the note both show)."""
+    wf = intloom.Workflow("w", version="1")
+    main, later = wf.stage("main"), wf.stage("later")
+    main.step("a", routes={"ok": intloom.COMPLETE})(_ok)
+    main.step("spare", routes={"ok": "a"})(_ok)
+    later.step("x", routes={"ok": intloom.COMPLETE})(_ok)
+    later.step("y", routes={"ok": "x"})(_ok)
+    wf.validate()
+    assert wf.unreached() == ["Stage 'main', Step 'spare'", "Stage 'later' (no route enters it)"]
+    assert wf.unreached_note() == (
+        "Workflow 'w': no route from its entry (Stage 'main', Step 'a') leads to Stage 'main', "
+        "Step 'spare'; Stage 'later' (no route enters it), so no Run runs them. Route an "
+        "outcome there if it is meant to run (a Step by its name within its Stage, a Stage by "
+        "intloom.ToStage), or leave it if it is kept for later.")
+
+
+def test_a_source_whose_workflow_cannot_complete_fails_to_load_named_at_its_workflow_line(
+    tmp_path: Path,
+) -> None:
+    source = ("import intloom\n\n"
+              'wf = intloom.Workflow("loops", version="1")\n'
+              'st = wf.stage("s")\n\n\n'
+              '@st.step("a", routes={"again": "a"})\n'
+              "def a(ctx):\n    return 'again'\n")
+    result = load_workflows(tmp_path, _project(tmp_path, {"loops": source}))
+    assert set(result.workflows) == {"good"}  # the others load
+    view = dict(result.problems)["workflows/loops/wf.py"]
+    assert view.code == "WORKFLOW_DEFINITION_INVALID", view
+    assert view.message.startswith(
+        "workflows/loops/wf.py, line 3: Workflow 'loops', definition: no Run of it could ever "
+        "complete"), view.message
+
+
 def test_a_real_ctrl_c_while_importing_still_interrupts(tmp_path: Path) -> None:
     # The module signals its own process, as a person's Ctrl-C would while doctor imports.
     config = _project(tmp_path, {"slow": (
