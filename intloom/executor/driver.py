@@ -1027,7 +1027,8 @@ def _plain(value: Any, task_of: Step[Any] | None = None) -> Any:
                 f"{task_of.where} returned an Agent task ({type(value).__name__}) that cannot "
                 f"be encoded: {_unencodable_at(value, exc)}; nothing was recorded and no task "
                 "was published. Return plain data: str (valid Unicode), integers within 64 "
-                "bits, floats, booleans, None, lists and dicts with str keys.",
+                "bits, floats, booleans, lists and dicts with str keys, and None inside a list "
+                "or dict (not as the whole task, which is refused as a forgotten return).",
             ) from None
         return {"repr": _shown(value)}
 

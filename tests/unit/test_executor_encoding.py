@@ -333,6 +333,12 @@ def test_an_agent_task_the_journal_cannot_hold_is_refused_not_published_as_its_r
     for part in ("Stage 's', Step 'a' returned an Agent task (dict) that cannot be encoded",
                  fact, "no task was published"):
         assert part in message, (part, message)
+    # None is plain data inside a task, but a task of None alone is refused (a forgotten
+    # return): the list of what to return said "None" as if it were a task like any other.
+    assert message.endswith(
+        "Return plain data: str (valid Unicode), integers within 64 bits, floats, booleans, "
+        "lists and dicts with str keys, and None inside a list or dict (not as the whole "
+        "task, which is refused as a forgotten return)."), message
     phases = [type(e.record).__name__ for e in read_history(root, view.run_id)]
     assert phases[-2:] == ["Executing", "Terminal"], phases
 
