@@ -7,7 +7,7 @@ from typing import Any, Final
 
 import msgspec
 
-from intloom.errors import IntloomError
+from intloom.errors import IntloomError, a_an, quoted
 from intloom.project import locale_misreads
 
 __all__ = ["MAX_INPUT", "interactive", "read_answer", "read_intent"]
@@ -348,24 +348,44 @@ def read_answer(answer: str, *, hint: bool = True) -> Any:
     return value
 
 
-def run_id_problem(run_id: str) -> IntloomError | None:
-    """INVALID_REQUEST for a RUN whose command-line bytes are not UTF-8 (they reach Python as
-    lone surrogates) or that is empty, else None. No Run's id holds such bytes (ids are
-    ASCII): reading the store with one failed CLI_INTERNAL_ERROR (exit 70) where attach and
-    cancel refuse it, and logs said it had "no log records about" it, exit 0."""
-    if not run_id:
-        return IntloomError("INVALID_REQUEST", "RUN is empty; nothing was read. Pass a Run's id "
-                            "(RUN-<UTC>-<random>; intloom runs lists the current host's Runs).")
+# Per id argument: what it names, its shape, and where to find one.
+_IDS: Final = {
+    "RUN": ("Run", "RUN-<UTC>-<random>", "intloom runs lists the current host's Runs"),
+    "ACTION": ("action", "ASK-<random>", "intloom runs shows what each waiting Run asks, with "
+               "the command that answers it"),
+}
+
+
+def run_id_problem(run_id: str, done: str = "nothing was read") -> IntloomError | None:
+    """INVALID_REQUEST for a RUN that is empty, blank, or whose command-line bytes are not
+    UTF-8 (they reach Python as lone surrogates), else None. ``done``: what that leaves
+    undone (``nothing was sent`` for a command that asks the host). An empty id was
+    NOT_FOUND from the host, "Run '' is not known", where an empty ACTION was a bad
+    argument; bytes that are not UTF-8 failed reading the store CLI_INTERNAL_ERROR (exit 70),
+    and logs said it had "no log records about" it, exit 0."""
+    return id_problem("RUN", run_id, done)
+
+
+def action_id_problem(action_id: str) -> IntloomError | None:
+    """``run_id_problem`` for ``answer``'s ACTION."""
+    return id_problem("ACTION", action_id, "nothing was sent")
+
+
+def id_problem(arg: str, value: str, done: str) -> IntloomError | None:
+    """INVALID_REQUEST naming id argument ``arg`` (RUN, ACTION) when ``value`` is empty,
+    blank or not UTF-8, which no id is, with what an id looks like and where to find one."""
+    noun, shape, where = _IDS[arg]
+    if not value.strip():
+        fact = "is empty" if not value else f"{quoted(value)!r} is blank (only whitespace)"
+        return IntloomError("INVALID_REQUEST", f"{arg} {fact}; {done}. Pass the {noun}'s id "
+                            f"({shape}; {where}).")
     try:
-        run_id.encode("utf-8")
+        value.encode("utf-8")
     except UnicodeEncodeError:
-        misread = locale_misreads(run_id)
+        misread = locale_misreads(value)
         fact = (f"cannot be read: {misread}" if misread is not None else
                 "holds bytes that are not UTF-8 text, as the command line passed them, and no "
-                "Run id does (a Run id is RUN-<UTC>-<random>, in ASCII)")
-        return IntloomError(
-            "INVALID_REQUEST",
-            f"RUN {run_id!r} {fact}; nothing was read. Check the Run id (intloom runs lists "
-            "the current host's Runs).",
-        )
+                f"{noun} id does ({a_an(noun)} id is {shape}, in ASCII)")
+        return IntloomError("INVALID_REQUEST", f"{arg} {quoted(value)!r} {fact}; {done}. Check the "
+                            f"{noun} id ({where}).")
     return None

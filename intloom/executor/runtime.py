@@ -419,6 +419,10 @@ def _plain_json(value: Any, what: str) -> None:
                            "and objects with string keys.")
 
 
+_RUN_ID_WANTED: Final = ("the id of a Run (RUN-<UTC>-<random>: Client.runs() lists them, as "
+                         "intloom runs does)")
+
+
 def _nonempty(value: str, name: str, what: str, limit: int | None = None) -> None:
     # Blank counts as empty: a claim id of spaces was taken, and the Agent that then sent
     # its real id was refused CONFLICT for a claim it never made.
@@ -1273,6 +1277,9 @@ class Runtime:
     def _slot(self, run_id: str) -> RunSlot:
         slot = self.runs.get(run_id)
         if slot is None:
+            # An empty id was NOT_FOUND, "Run '' is not known", where an empty action id is
+            # INVALID_REQUEST: a request that names no Run is malformed, not unlucky.
+            _nonempty(run_id, "run_id", _RUN_ID_WANTED)
             held = self.held.get(run_id)
             if held is not None:
                 raise held.error()
@@ -1491,6 +1498,8 @@ class Runtime:
         view, or (``wait`` False) the view once the answer is durable."""
         self._admit()
         # An empty id was CONFLICT, "Action  is not (or no longer) ...": a double space.
+        # The Run first, as the arguments come (and as _slot refuses it).
+        _nonempty(run_id, "run_id", _RUN_ID_WANTED)
         _nonempty(action_id, "action_id", "the id of the action the Run waits on "
                   "(pendingAction.id, ASK-...)")
         await self._refuse_if_ended(run_id, action_id, answer)

@@ -187,6 +187,41 @@ def test_a_huge_typed_id_is_quoted_by_its_start_and_length(basic: Project) -> No
     _still_waits(basic, run_id, action_id)
 
 
+def test_an_empty_run_or_action_id_is_a_bad_argument_not_a_run_not_found(
+        basic: Project) -> None:
+    """An empty RUN was the host's NOT_FOUND ("Run '' is not known to this host"), an empty
+    ACTION INVALID_REQUEST: the CLI now refuses either as the argument it is, before
+    anything is sent, and the host refuses a Client's request naming no Run the same way."""
+    from intloom.client import Client
+    from intloom.errors import IntloomError
+
+    run_id, action_id = started_waiting(basic)
+    yes = '{"isConfirmed": true}'
+    for args, said in (
+        (("answer", "", action_id, yes), "RUN is empty; nothing was sent. Pass the Run's id "
+                                         "(RUN-<UTC>-<random>; intloom runs lists"),
+        (("answer", run_id, "", yes), "ACTION is empty; nothing was sent. Pass the action's "
+                                      "id (ASK-<random>; intloom runs shows"),
+        (("attach", ""), "RUN is empty; nothing was sent."),
+        (("cancel", " "), "RUN ' ' is blank (only whitespace); nothing was sent."),
+        (("inspect", ""), "RUN is empty; nothing was read."),
+    ):
+        result = basic.cli(*args, "--json")
+        assert result.code == 1, (args, result)
+        error = json.loads(result.stdout)["error"]
+        assert error["code"] == "INVALID_REQUEST" and error["message"].startswith(said), \
+            (args, error)
+    with Client.connect(basic.root) as client:
+        for call in (lambda: client.get_run(""), lambda: client.cancel(""),
+                     lambda: client.answer(" ", action_id, {"isConfirmed": True})):
+            with pytest.raises(IntloomError) as refused:
+                call()
+            assert refused.value.code == "INVALID_REQUEST", refused.value
+            assert refused.value.message.startswith("run_id is "), refused.value
+            assert "give the id of a Run (RUN-<UTC>-<random>" in refused.value.message
+    _still_waits(basic, run_id, action_id)
+
+
 SLOW_AFTER_ANSWER = '''
 from __future__ import annotations
 

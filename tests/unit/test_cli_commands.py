@@ -409,6 +409,47 @@ def test_answer_parses_json_and_reads_stdin(
     assert sent == [("answer_waits", False), ("wait_run", "RUN-1")] * 2, sent
 
 
+_NO_RUN = "Pass the Run's id (RUN-<UTC>-<random>; intloom runs lists the current host's Runs)."
+_NO_ACTION = ("Pass the action's id (ASK-<random>; intloom runs shows what each waiting Run "
+              "asks, with the command that answers it).")
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["answer", "", "ACT-1", "-"], f"RUN is empty; nothing was sent. {_NO_RUN}"),
+    (["answer", "RUN-1", "", "-"], f"ACTION is empty; nothing was sent. {_NO_ACTION}"),
+    (["answer", " ", "ACT-1", "-"], f"RUN ' ' is blank (only whitespace); nothing was sent. "
+                                    f"{_NO_RUN}"),
+    (["answer", "RUN-1", "\t", "-"], f"ACTION '\\t' is blank (only whitespace); nothing was "
+                                     f"sent. {_NO_ACTION}"),
+    (["answer", "", "", "-"], f"RUN is empty; nothing was sent. {_NO_RUN}"),  # RUN first
+    (["attach", ""], f"RUN is empty; nothing was sent. {_NO_RUN}"),
+    (["cancel", ""], f"RUN is empty; nothing was sent. {_NO_RUN}"),
+    (["cancel", "  "], f"RUN '  ' is blank (only whitespace); nothing was sent. {_NO_RUN}"),
+    (["inspect", ""], f"RUN is empty; nothing was read. {_NO_RUN}"),
+    (["inspect", " "], f"RUN ' ' is blank (only whitespace); nothing was read. {_NO_RUN}"),
+])
+def test_an_empty_or_blank_id_is_a_bad_argument_named_not_a_run_not_found(
+    capsys: pytest.CaptureFixture[str], client: FakeClient, monkeypatch: pytest.MonkeyPatch,
+    argv: list[str], said: str,
+) -> None:
+    """An empty RUN reached the host, which said NOT_FOUND "Run '' is not known to this
+    host", where an empty ACTION was INVALID_REQUEST "action_id is empty": both are
+    arguments no id can be, refused before anything is sent (or ANSWER read from stdin),
+    naming the argument as the command line does and saying what an id looks like."""
+    stdin = io.TextIOWrapper(io.BytesIO(b'{"isConfirmed": true}'))
+    monkeypatch.setattr("sys.stdin", stdin)
+    for json_mode in (True, False):
+        code, out, err = cli(capsys, *argv, *(["--json"] if json_mode else []))
+        assert code == 1, (argv, code, out, err)
+        if json_mode:
+            assert json.loads(out) == {"error": {"code": "INVALID_REQUEST", "message": said,
+                                                 "retryable": False}}, out
+        else:
+            assert (out, err) == ("", f"Failure · INVALID_REQUEST: {said}\n"), err
+    assert client.calls == []  # not even connected
+    assert stdin.buffer.tell() == 0  # ANSWER was not read
+
+
 def test_an_answer_file_saved_with_a_utf8_bom_is_read(
     capsys: pytest.CaptureFixture[str], client: FakeClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Final
 import typer
 
 from intloom.cli import exit_codes
-from intloom.cli.commands.runs import RunArg, finish_run
+from intloom.cli.commands.runs import RunArg, finish_run, refuse_bad_ids
 from intloom.cli.inputs import interactive
 from intloom.cli.options import CliState, command, sigterm_as_ctrl_c
 from intloom.cli.readerwatch import READER_GONE_SIGNAL, ends_wait_when_reader_goes
@@ -644,6 +644,7 @@ def attach(state: CliState, run_id: RunArg) -> int:
     Ctrl-C detaches and leaves the Run as it is. Exit 0 when it completes or still waits,
     1 when it fails or was stopped.
     """
+    refuse_bad_ids(run_id)
     with sigterm_as_ctrl_c(state), ends_wait_when_reader_goes(partial(_reader_left, state)):
         if state.json_mode:
             return _attach_json(state, run_id)

@@ -8,7 +8,13 @@ from typing import TYPE_CHECKING, Annotated, Any, Final
 import typer
 
 from intloom.cli import exit_codes
-from intloom.cli.inputs import interactive, read_answer, read_intent
+from intloom.cli.inputs import (
+    action_id_problem,
+    interactive,
+    read_answer,
+    read_intent,
+    run_id_problem,
+)
 from intloom.cli.options import CliState, Interrupted, command, sigterm_as_ctrl_c
 from intloom.cli.render import asked_lines, changed_lines, named_runs, plain, run_lines, run_row
 from intloom.errors import BLANK_INTENT, IntloomError, error_view
@@ -325,6 +331,16 @@ def runs(
         renderer.lines(["", *held_lines])
 
 
+def refuse_bad_ids(run_id: str, action_id: str | None = None) -> None:
+    """INVALID_REQUEST, before anything is sent, for a RUN (or ACTION) that no id can be:
+    empty, blank, or not UTF-8 (``inputs.id_problem``)."""
+    bad = run_id_problem(run_id, "nothing was sent")
+    if bad is None and action_id is not None:
+        bad = action_id_problem(action_id)
+    if bad is not None:
+        raise bad
+
+
 @command
 def answer(
     state: CliState,
@@ -340,6 +356,9 @@ def answer(
 
     Exit 0 unless the Run then fails.
     """
+    # The ids first, before ANSWER is read (from stdin, perhaps): an empty RUN was the
+    # host's NOT_FOUND, "Run '' is not known", where an empty ACTION was a bad argument.
+    refuse_bad_ids(run_id, action_id)
     value = read_answer(answer_json, hint=not state.json_mode)
     # Delivered, then waited for, in two requests: one that also waited left the person, at
     # a Ctrl-C while the Steps after the answer ran, unable to tell whether it was recorded
@@ -370,6 +389,7 @@ def answer(
 @command
 def cancel(state: CliState, run_id: RunArg) -> None:
     """Stop a Run for good (failed/RUN_STOPPED). Repeating it returns the same snapshot."""
+    refuse_bad_ids(run_id)
     with state.client() as client:
         run, already_ended = client.cancel(run_id)
     prefix = []
