@@ -292,6 +292,19 @@ def test_a_native_crash_leaves_its_traceback_in_the_log_and_doctor_names_its_lin
     text = project.cli("logs").stdout.splitlines()
     assert "- fatal   fault_dump Fatal Python error: Segmentation fault" in text, text[-5:]
 
+    # The next host's log, torn in its first write (that host killed as it began): the
+    # dump ended with the log before, and --all showed this line as its fault_dump too.
+    ok(project.cli("recover", "--json"))
+    torn = '{"time": "2999-01-01T00:00:00.000Z", "lev'
+    (project.state / "logs" / "LOG-29990101T000000000Z.jsonl").write_text(torn)
+    for tail in ((), ("--tail", "1"), ("--tail", "1000")):
+        every = project.cli("logs", "--all", "--json", *tail)
+        assert every.code == 0, every.stderr
+        records = [json.loads(line) for line in every.stdout.splitlines()]
+        assert [(r["event"], r.get("line")) for r in records[-1:]] == [
+            ("unreadable_line", torn)], (tail, records[-3:])
+        assert tail == ("--tail", "1") or dump[0] in records, tail
+
 
 def _wait_dead(project: Project, pid: int) -> None:
     """Until the host has died and its OS lock on service.lock is free: a zombie's other

@@ -106,6 +106,10 @@ def _printer(renderer: Renderer, run_id: str | None, root: Path,
     # Inside the traceback Python's fault handler wrote at a fatal signal (HostLog.
     # catch_faults): its plain text lines are the host's last words, not damage.
     dumping = [False]
+    # Where the last line chosen from was: a dump ends with its log, and the next log (a
+    # new host's) starts outside one. Carried over, that log's first plain lines (a torn
+    # first write) were shown as the dead host's fault_dump.
+    last: list[tuple[Path, int] | None] = [None]
 
     def place() -> dict[str, Any]:
         at = where()
@@ -128,6 +132,11 @@ def _printer(renderer: Renderer, run_id: str | None, root: Path,
 
     def choose(line: str) -> _Chosen | None:
         """``line`` as ``_Chosen``, or None when it is not to be printed."""
+        now = where()
+        if now is not None and last[0] is not None and (
+                now[0] != last[0][0] or now[1] <= last[0][1]):
+            dumping[0] = False  # another log, or this one read again from its start
+        last[0] = now
         decoded = _decoded(line)
         record = decoded[2]
         state = dump_state(line, record)
@@ -186,6 +195,8 @@ def _printer(renderer: Renderer, run_id: str | None, root: Path,
         read from there, the dump's ``Fatal Python error`` line may be before it."""
         found, begin = 0, None
         for path, offset, line in lines:
+            if begin is not None and path != begin[0]:
+                break  # read from the start of its log: no dump carries into it
             if begin is None:
                 # Without RUN every line is taken: none is decoded to count it. With it, a
                 # line holding neither the id nor an escape cannot be about the Run: a Run

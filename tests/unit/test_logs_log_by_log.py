@@ -1,0 +1,107 @@
+"""``intloom logs --all`` reads each log as the log it is: a fault dump at the end of one
+log (its host killed by a fatal signal in native code) carried into the next: that log's
+first plain lines (a torn or damaged line) were shown as ``fault_dump``, not
+``unreadable_line``, read whole, from the end (``--tail``) or followed. Real files, the real
+CLI.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import intloom.cli.logtail as logtail
+from intloom.cli.app import main
+from intloom.cli.commands import logs as logs_command
+from intloom.cli.render import Renderer
+
+pytestmark = pytest.mark.timeout(60)
+
+OLDER = "LOG-20260101T000000000Z.jsonl"
+NEWER = "LOG-20260102T000000000Z.jsonl"
+DUMP = (b'{"time": "T0", "level": "info", "event": "run_started"}\n'
+        b"Fatal Python error: Segmentation fault\n\n"
+        b"Current thread 0x00007f (most recent call first):\n"
+        b'  File "/p/workflows/segv.py", line 11 in crash\n')
+# A new host's log whose first write was torn (a host killed as it wrote it), then a record.
+TORN_FIRST = b'{"time": "T1", "lev\n{"time": "T2", "level": "info", "event": "host_ready"}\n'
+
+
+@pytest.fixture
+def proj(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    (tmp_path / "intloom.toml").write_text('workflows = ["workflows/example.py"]\n')
+    (tmp_path / ".intloom" / "logs").mkdir(parents=True, mode=0o700)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _records(capsys: pytest.CaptureFixture[str], *args: str) -> list[dict[str, Any]]:
+    code = main(["--json", "logs", *args])
+    out, err = capsys.readouterr()
+    assert code == 0, (out, err)
+    return [json.loads(line) for line in out.splitlines()]
+
+
+def _events(records: list[dict[str, Any]]) -> list[tuple[str, str | None]]:
+    return [(r["event"], r.get("line")) for r in records]
+
+
+@pytest.mark.parametrize("args", [(), ("--tail", "2"), ("--tail", "6")])
+def test_a_fault_dump_ending_one_log_is_not_carried_into_the_next(
+    proj: Path, capsys: pytest.CaptureFixture[str], args: tuple[str, ...],
+) -> None:
+    logs = proj / ".intloom" / "logs"
+    (logs / OLDER).write_bytes(DUMP)
+    (logs / NEWER).write_bytes(TORN_FIRST)
+    shown = _events(_records(capsys, "--all", *args))
+    assert shown[-2:] == [("unreadable_line", '{"time": "T1", "lev'), ("host_ready", None)]
+    if args != ("--tail", "2"):  # the dump itself is still one
+        assert shown[-5:-2] == [
+            ("fault_dump", "Fatal Python error: Segmentation fault"),
+            ("fault_dump", "Current thread 0x00007f (most recent call first):"),
+            ("fault_dump", '  File "/p/workflows/segv.py", line 11 in crash')]
+    # In text, as in --json.
+    assert main(["logs", "--all", *args]) == 0
+    text = capsys.readouterr().out.splitlines()
+    assert text[-2].startswith("- ????? unreadable log line (.intloom/logs/"), text
+
+
+def test_a_newest_log_torn_as_it_began_is_no_fault_dump_of_the_log_before(
+    proj: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The newest log's only line a torn first write, shown as the torn end it is."""
+    logs = proj / ".intloom" / "logs"
+    (logs / OLDER).write_bytes(DUMP)
+    (logs / NEWER).write_bytes(b'{"time": "T1", "le')
+    for args in ((), ("--tail", "1"), ("--tail", "3")):
+        assert _events(_records(capsys, "--all", *args))[-1] == (
+            "unreadable_line", '{"time": "T1", "le'), args
+
+
+@pytest.mark.parametrize("keep", [None, 0, 2])
+def test_a_log_followed_into_after_a_fault_dump_starts_outside_one(
+    tmp_path: Path, keep: int | None,
+) -> None:
+    """``--follow`` (``--tail N``: ``keep``) moves on to the log of the host started after
+    the crash: its first lines are that log's, not the dump's."""
+    logs = tmp_path / ".intloom" / "logs"
+    logs.mkdir(parents=True)
+    (logs / OLDER).write_bytes(DUMP)
+    renderer = Renderer(json_mode=True)
+    renderer.stdout = io.StringIO()
+    tails: list[logtail.LogTail] = []
+    printer = logs_command._printer(renderer, None, tmp_path,
+                                    lambda: tails[0].line_at if tails else None, keep)
+    tails.append(logtail.LogTail(logs, printer.emit, all_files=False))
+    logs_command._backlog(tails[0], printer, keep, follow=True)
+    printer.release()
+    (logs / NEWER).write_bytes(TORN_FIRST)
+    tails[0].pump()
+    assert isinstance(renderer.stdout, io.StringIO)
+    shown = [json.loads(line) for line in renderer.stdout.getvalue().splitlines()]
+    assert _events(shown)[-2:] == [
+        ("unreadable_line", '{"time": "T1", "lev'), ("host_ready", None)]
