@@ -181,9 +181,8 @@ class LogTail:
             if path in self._seen:
                 continue
             self._seen.add(path)
-            if self._partial:
-                # A newer host exists, so the older file will not grow: show its torn end.
-                self._emit_partial()
+            # A newer host exists, so the older file will not grow: show its torn end.
+            self._torn_end()
             self._release()
             self._current, self._offset, self._partial, self._file = path, 0, b"", None
             self._cut = 0
@@ -215,8 +214,7 @@ class LogTail:
                 if fd is not None:
                     os.close(fd)
                 continue
-            if self._partial:  # the torn end of the file before, as ``pump`` shows it
-                self._emit_partial()
+            self._torn_end()  # of the file before, as ``pump`` shows it
             self._release()
             self._current, self._offset, self._partial, self._file = path, 0, b"", None
             self._cut = 0
@@ -248,11 +246,8 @@ class LogTail:
                 read[path] = (st.st_dev, st.st_ino)
                 for n, (at, length, head) in enumerate(_lines_back(fd, st.st_size)):
                     whole = bool(head.strip()) or length > _LINE_CAP  # as _read_fd shows
-                    if n == 0:  # no newline after it: a torn line, or b""
-                        if index < len(paths) - 1:
-                            whole = length > 0  # ``pump`` shows it when the next file comes
-                        elif not finishing:
-                            whole = False  # held back until its newline comes
+                    if n == 0 and index == len(paths) - 1 and not finishing:
+                        whole = False  # no newline after it yet: held back until it comes
                     if whole:
                         yield path, at, head.decode("utf-8", errors="surrogateescape")
             finally:
@@ -262,9 +257,16 @@ class LogTail:
         """A last line with no newline yet, emitted as it is: called when not following, so
         a crashed host's torn last line is shown (marked by the printer) rather than held
         back for ever."""
+        self._torn_end()
+        self._partial, self._cut = b"", 0
+
+    def _torn_end(self) -> None:
+        """The line being read, which will not be completed (its file is left, or read
+        again), shown as torn; one of only blanks (spaces, tabs, a CR: what a host killed
+        mid-write may leave) holds nothing, and is skipped as a blank line is. An older
+        log's such end was shown as an unreadable line, where the newest log's was skipped."""
         if self._partial.strip() or self._cut:
             self._emit_partial()
-        self._partial, self._cut = b"", 0
 
     def _emit_at(self, line: bytes, offset: int) -> None:
         self.line_at = None if self._current is None else (self._current, offset)
@@ -356,10 +358,7 @@ class LogTail:
         self._cut += max(0, len(more) - max(room, 0))
 
     def _restart(self, path: Path, fact: str) -> None:
-        if self._partial.strip() or self._cut:
-            # The end of a line that will not be completed here: shown as torn, as finish()
-            # shows one, rather than dropped.
-            self._emit_partial()
+        self._torn_end()  # the end of a line not completed here: shown, not dropped
         self._offset, self._partial, self._cut = 0, b"", 0
         if self._on_reread is not None:
             self._on_reread(path, fact)

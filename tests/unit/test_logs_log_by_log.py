@@ -1,8 +1,12 @@
-"""``intloom logs --all`` reads each log as the log it is: a fault dump at the end of one
-log (its host killed by a fatal signal in native code) carried into the next: that log's
-first plain lines (a torn or damaged line) were shown as ``fault_dump``, not
-``unreadable_line``, read whole, from the end (``--tail``) or followed. Real files, the real
-CLI.
+"""``intloom logs --all`` reads each log as the log it is: what one log's end left (a fault
+dump begun, a torn end of blanks) says nothing of the next log, which a new host began.
+
+A fault dump at the end of one log (its host killed by a fatal signal in native code)
+carried into the next: that log's first plain lines (a torn or damaged line) were shown as
+``fault_dump``, not ``unreadable_line``, read whole, from the end (``--tail``) or followed.
+And an older log's torn end of only blanks (a host killed mid-write) was shown as an
+unreadable line, where the same end of the newest log, or a blank line, is skipped.
+Real files, the real CLI.
 """
 
 from __future__ import annotations
@@ -105,3 +109,23 @@ def test_a_log_followed_into_after_a_fault_dump_starts_outside_one(
     shown = [json.loads(line) for line in renderer.stdout.getvalue().splitlines()]
     assert _events(shown)[-2:] == [
         ("unreadable_line", '{"time": "T1", "lev'), ("host_ready", None)]
+
+
+@pytest.mark.parametrize("end", [b"\n  ", b"   ", b" \t ", b"\n\n \r"])
+@pytest.mark.parametrize("args", [(), ("--tail", "5"), ("--tail", "1")])
+def test_an_older_logs_torn_end_of_blanks_is_skipped_as_a_blank_line_is(
+    proj: Path, capsys: pytest.CaptureFixture[str], end: bytes, args: tuple[str, ...],
+) -> None:
+    logs = proj / ".intloom" / "logs"
+    older = b'{"time": "T0", "level": "info", "event": "a"}\n' + end
+    (logs / OLDER).write_bytes(older)
+    (logs / NEWER).write_bytes(b'{"time": "T1", "level": "info", "event": "b"}\n')
+    shown = _events(_records(capsys, "--all", *args))
+    assert shown == [("a", None), ("b", None)][-int(args[-1]) if args else 0:], shown
+    # As the newest log's own such end is.
+    (logs / NEWER).write_bytes(b'{"time": "T1", "level": "info", "event": "b"}\n' + end)
+    assert _events(_records(capsys, "--all", *args)) == shown
+    # A torn end with anything else in it is still shown, where it is.
+    (logs / OLDER).write_bytes(older + b"x")
+    assert ("unreadable_line", end.rsplit(b"\n", 1)[-1].decode() + "x") in _events(
+        _records(capsys, "--all", "--tail", "5"))
