@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import os
 import stat
 from collections.abc import Callable, Generator, Iterator
@@ -19,7 +20,7 @@ from intloom.errors import IntloomError
 from intloom.fsutil import not_regular
 from intloom.project import scan_logs as project_scan_logs
 
-__all__ = ["Line", "LogTail", "Start", "log_files", "scan_logs", "unlistable"]
+__all__ = ["Line", "LogTail", "Take", "log_files", "scan_logs", "unlistable"]
 
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _CHUNK: Final = 1 << 16  # bytes read from a log at a time
@@ -33,9 +34,8 @@ Foreign = Callable[[Path], None]  # an entry under a name no host writes in logs
 Refused = Callable[[Path, OSError], None]  # a log file the OS would not open, and its error
 Reread = Callable[[Path, str], None]  # a followed file read again from its start, and why
 Line = tuple[Path, int, str]  # a line of the logs: its file, the byte it starts at, its text
-# Given the lines of the logs last first, the line to read on from (None: from the first);
-# it may take as many of them as it needs, and stop.
-Start = Callable[[Iterator[Line]], tuple[Path, int] | None]
+# Given the lines of the logs last first, takes as many of them as it needs, and stops.
+Take = Callable[[Iterator[Line]], None]
 
 
 def _pread(fd: int, size: int, offset: int) -> bytes:
@@ -188,68 +188,79 @@ class LogTail:
             self._cut = 0
             self._read_from(path)
 
-    def pump_last(self, start: Start, *, finishing: bool) -> None:
-        """The first ``pump`` of ``--tail N``, reading only the logs' ends: ``start`` is
+    def pump_last(self, take: Take, *, finishing: bool) -> None:
+        """The first ``pump`` of ``--tail N``, reading only the logs' ends: ``take`` is
         handed the lines this pump would emit (and ``finish``, when ``finishing``; else a
         last line with no newline yet is held back, and is no line of the tail), last first,
-        read backwards a block at a time, and names the line to read on from. The lines
-        before it are not read: a host's log grows for its life, and read whole for its
-        last 20 lines it took 35 ms a MB."""
+        read backwards a block at a time, and keeps what it needs of them. They, and the
+        lines before them, are then read: none is emitted, and the next ``pump`` reads on
+        from the newest file's end. A host's log grows for its life, and read whole for its
+        last 20 lines it took 35 ms a MB; read again forward from the first line ``take``
+        needed, a Run's few records among many were read twice."""
         paths = [] if self._current is None else [self._current]
         for path in self._scan():  # the files ``pump`` would read, in its order
             if path not in self._seen:
                 self._seen.add(path)
                 paths.append(path)
-        read: dict[Path, tuple[int, int]] = {}  # each file read backwards, as it was then
-        with contextlib.closing(self._backwards(paths, finishing, read)) as lines:
-            begin = start(lines)  # closed here: the file it stopped in is closed now
-        first, offset = (0, 0) if begin is None else (paths.index(begin[0]), begin[1])
-        for index, path in enumerate(paths):
-            if index < first:
+        if not paths:
+            return
+        newest = paths[-1]
+        fd = _open_regular(newest)
+        read: set[Path] = set()  # the files read backwards
+        partial, cut, size = b"", 0, 0
+        try:
+            ends: Iterator[tuple[int, int, bytes]] | None = None
+            if fd is not None:
+                size = os.fstat(fd).st_size
+                ends = _lines_back(fd, size)
+                last = next(ends, None)  # what follows its last newline: b"" when none
+                if last is not None and finishing:
+                    ends = itertools.chain([last], ends)
+                elif last is not None:  # held back until its newline comes, as ``pump`` does
+                    partial, cut = last[2], last[1] - len(last[2])
+                read.add(newest)
+            with contextlib.closing(self._backwards(paths, ends, read)) as lines:
+                take(lines)  # closed here: the file it stopped in is closed now
+        except BaseException:
+            if fd is not None:
+                os.close(fd)
+            raise
+        for path in paths[:-1]:
+            if path not in read:
                 # Wholly before the tail, so not read; but opened, as when it was read
                 # whole: one that may not be read (mode 0000) still fails the command, and
                 # one replaced by a FIFO is still named. Which records it held is not
                 # known, so that it held none of the last N is no reason to keep quiet.
-                fd = self._open(path)
-                if fd is not None:
-                    os.close(fd)
-                continue
-            self._torn_end()  # of the file before, as ``pump`` shows it
-            self._release()
-            self._current, self._offset, self._partial, self._file = path, 0, b"", None
-            self._cut = 0
-            if index == first and offset:
-                fd = self._open(path)
-                if fd is None:
-                    continue
-                self._held, self._file = fd, _identity(fd)
-                # Replaced, or shrunk, since it was read backwards: read whole, as before.
-                if self._file == read.get(path) and os.fstat(fd).st_size >= offset:
-                    self._offset = offset
-            self._read_from(path)
+                opened = self._open(path)
+                if opened is not None:
+                    os.close(opened)
+        self._release()
+        self._current, self._offset, self._partial, self._file = newest, 0, b"", None
+        self._cut = 0
+        if fd is None:
+            self._read_from(newest)  # named, when it still cannot be read; else read whole
+            return
+        self._held, self._file, self._offset = fd, _identity(fd), size
+        self._partial, self._cut = partial, cut
 
-    def _backwards(self, paths: list[Path], finishing: bool,
-                   read: dict[Path, tuple[int, int]]) -> Generator[Line, None, None]:
-        """The lines of ``paths`` ``pump`` and ``finish`` would emit, last first, each file
-        opened as it is reached (``read`` gets what it was) and closed once left. A file
-        that cannot be opened has none: ``pump_last`` names it, in the files' order."""
+    def _backwards(self, paths: list[Path], newest: Iterator[tuple[int, int, bytes]] | None,
+                   read: set[Path]) -> Generator[Line, None, None]:
+        """The lines of ``paths`` (those of the last, ``newest``: already open, and read by
+        ``_lines_back``) ``pump`` would emit, last first, each file opened as it is reached
+        (``read`` gets it) and closed once left. A file that cannot be opened has none:
+        ``pump_last`` names it, in the files' order."""
         for index in range(len(paths) - 1, -1, -1):
             path = paths[index]
-            try:
-                fd = os.open(path, _READ)
-            except OSError:
+            if index == len(paths) - 1:
+                if newest is not None:
+                    yield from _lines(path, newest)
+                continue
+            fd = _open_regular(path)
+            if fd is None:
                 continue
             try:
-                st = os.fstat(fd)
-                if not stat.S_ISREG(st.st_mode):
-                    continue
-                read[path] = (st.st_dev, st.st_ino)
-                for n, (at, length, head) in enumerate(_lines_back(fd, st.st_size)):
-                    whole = bool(head.strip()) or length > _LINE_CAP  # as _read_fd shows
-                    if n == 0 and index == len(paths) - 1 and not finishing:
-                        whole = False  # no newline after it yet: held back until it comes
-                    if whole:
-                        yield path, at, head.decode("utf-8", errors="surrogateescape")
+                read.add(path)
+                yield from _lines(path, _lines_back(fd, os.fstat(fd).st_size))
             finally:
                 os.close(fd)
 
@@ -362,6 +373,27 @@ class LogTail:
         self._offset, self._partial, self._cut = 0, b"", 0
         if self._on_reread is not None:
             self._on_reread(path, fact)
+
+
+def _open_regular(path: Path) -> int | None:
+    """``path`` opened for reading, or None: gone, refused, or no regular file (named by
+    ``LogTail._open``, which opens it again for that)."""
+    try:
+        fd = os.open(path, _READ)
+    except OSError:
+        return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return fd
+
+
+def _lines(path: Path, back: Iterator[tuple[int, int, bytes]]) -> Iterator[Line]:
+    """Of the lines ``_lines_back`` gives, those ``LogTail`` emits (as ``_read_fd`` and
+    ``_torn_end`` do: not blank, or past the cap), as ``Line``s of ``path``."""
+    for at, length, head in back:
+        if head.strip() or length > _LINE_CAP:
+            yield path, at, head.decode("utf-8", errors="surrogateescape")
 
 
 def _identity(fd: int) -> tuple[int, int]:

@@ -4,7 +4,8 @@ line of a host's log (which grows for the host's life, 35 ms a MB) to keep its l
 What it shows is what reading them whole showed, for any contents (a property: torn and
 blank lines, CRLF, NUL tails, bytes that are not UTF-8, characters split across the reads,
 lines past the cap, fault dumps begun before the tail, several logs, RUN, --follow); and the
-bytes it reads, counted through the module's ``os``, are a read's worth, not the log's.
+bytes it reads, counted through the module's ``os``, are a read's worth, not the log's, and
+none is read twice.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -102,8 +104,8 @@ def test_tail_reads_a_blocks_worth_of_a_long_log_not_the_log(
                                              and not a.isdigit()])
     counting = _counting(monkeypatch)
     code, out, err = _cli(capsys, "--json", "logs", *args)
-    # The backwards read of the end, then the forward read from the first line shown.
-    assert counting.bytes_read <= 2 * logtail._CHUNK, counting.bytes_read
+    # The backwards read of the end, a block: the lines shown are not read again.
+    assert counting.bytes_read <= logtail._CHUNK, counting.bytes_read
     n = int(args[-1])
     assert (code, out.splitlines(), err) == (
         whole[0], whole[1].splitlines()[len(whole[1].splitlines()) - n:], whole[2])
@@ -127,23 +129,24 @@ def test_a_zero_filled_tail_is_shown_cut_without_being_held(
     assert (torn["event"], torn["offset"], len(torn["line"])) == (
         "unreadable_line", len(_record(1)), logtail._LINE_CAP)
 
-    def start(lines: Iterator[logtail.Line]) -> tuple[Path, int] | None:
-        for _ in range(2):
-            path, offset, _line = next(lines)
-        return path, offset
+    taken: list[tuple[int, int]] = []
 
-    emitted: list[tuple[int, int]] = []
-    tail = logtail.LogTail(logs, lambda line: emitted.append(
-        (len(line), tail.line_at[1] if tail.line_at else -1)), all_files=False)
+    def take(lines: Iterator[logtail.Line]) -> None:
+        for _ in range(2):
+            _path, offset, line = next(lines)
+            taken.append((len(line), offset))
+
+    tail = logtail.LogTail(logs, lambda line: pytest.fail(f"emitted {line[:20]!r}"),
+                           all_files=False)
     tracemalloc.start()
     try:
-        tail.pump_last(start, finishing=True)
+        tail.pump_last(take, finishing=True)
         tail.finish()
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert emitted == [(len(_record(1)) - 1, 0), (logtail._LINE_CAP, len(_record(1)))]
-    # Its head read back, its head read forward, and their text: not the 16 MiB.
+    assert taken == [(logtail._LINE_CAP, len(_record(1))), (len(_record(1)) - 1, 0)]
+    # Its head read back, and its text: not the 16 MiB.
     assert peak < 4 * logtail._LINE_CAP, peak
 
 
@@ -164,8 +167,8 @@ def test_an_older_log_that_cannot_be_read_still_fails_the_tail_of_every_log(
         1, ["e2"])
     assert json.loads(out.splitlines()[-1])["error"]["code"] == "STORAGE_ERROR"
     assert str(refused.name) in out.splitlines()[-1]
-    # The newest log back to its last line, then that line: the log between is not read.
-    assert counting.bytes_read == len(newest) + len(_record(2))
+    # The newest log back to its last line, once: the log between is not read.
+    assert counting.bytes_read == len(newest)
 
 
 # ----- the property: what --tail shows is what reading the logs whole showed ------------------
@@ -205,17 +208,19 @@ def test_the_lines_read_backwards_are_the_lines_read_forward(
     tail.pump()
     if finishing:
         tail.finish()
-    paths = logtail.log_files(logs)
-    backwards = logtail.LogTail(logs, emit, all_files=True)._backwards(paths, finishing, {})
-    assert list(backwards) == forward[::-1]
+    backwards: list[logtail.Line] = []
+    logtail.LogTail(logs, emit, all_files=True).pump_last(backwards.extend,
+                                                          finishing=finishing)
+    assert backwards == forward[::-1]
 
 
 def _shown(root: Path, files: list[bytes], more: bytes, *, tail: bool, keep: int,
            run_id: str | None, all_files: bool, json_mode: bool, follow: bool
            ) -> tuple[str, bool]:
     """What ``logs`` prints of ``files`` with ``--tail keep`` (``tail``: read from the
-    ends; else whole, as before), then, following, of ``more`` appended to the newest; and
-    whether it found any record (the command's notes when it found none)."""
+    ends; else whole, as before), then, following, of ``more`` appended to the newest and
+    then written to a newer log; and whether it found any record (the command's notes when
+    it found none)."""
     logs = root / ".intloom" / "logs"
     logs.mkdir(parents=True)
     for n, data in enumerate(files):
@@ -236,6 +241,9 @@ def _shown(root: Path, files: list[bytes], more: bytes, *, tail: bool, keep: int
         with open(logs / f"LOG-2026010{len(files)}T000000000Z.jsonl", "ab") as fh:
             fh.write(more)
         tails[0].pump()
+        # A new host's log: the newest one's torn end shown, and its fault dump ended.
+        (logs / f"LOG-2026010{len(files) + 1}T000000000Z.jsonl").write_bytes(more)
+        tails[0].pump()
     else:
         tails[0].finish()
         printer.release()
@@ -248,6 +256,10 @@ def _shown(root: Path, files: list[bytes], more: bytes, *, tail: bool, keep: int
 # Found none the less: a --tail 0 that looked at one line only, not for one about the Run.
 @example(files=[b'{"event": "r", "runId": "RUN-a"}\n{"event": "x"}\n'], more=b"", keep=0,
          run_id="RUN-a", all_files=False, json_mode=True, follow=False, chunk=1 << 16,
+         cap=1 << 20)
+# Followed from the end of a fault dump: what is appended to it is still the dump's.
+@example(files=[b'{"event": "x"}\nFatal Python error: Aborted\n'], more=b"junk\n", keep=1,
+         run_id=None, all_files=False, json_mode=True, follow=True, chunk=1 << 16,
          cap=1 << 20)
 @given(files=st.lists(_LOG, min_size=1, max_size=3), more=_LOG,
        keep=st.integers(min_value=0, max_value=6), run_id=st.sampled_from([None, "RUN-a"]),
@@ -304,6 +316,81 @@ def test_a_runs_tail_decodes_no_line_twice_that_cannot_be_about_it(
     monkeypatch.setattr(logs_command, "_decoded", counting)
     code, out, _ = _cli(capsys, "--json", "logs", RUN, "--tail", "5")
     assert code == 0 and [json.loads(line)["runId"] for line in out.splitlines()] == [RUN]
-    # The forward read decodes each line once, as a whole read does; backwards, only those
-    # that may be the Run's.
-    assert len(decoded) <= others + 10, len(decoded)
+    # Only the one that may be the Run's (then once more to print it: it is held as its
+    # text), and the last (whether the logs end in a fault dump): none is read again.
+    assert len(decoded) == 3, decoded
+
+
+@pytest.mark.parametrize("kept", [1, 7])
+def test_a_runs_tail_reads_each_byte_of_the_logs_once(
+    proj: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, kept: int,
+) -> None:
+    """``logs RUN --tail 5`` for a Run with fewer than 5 records (``kept`` 1: a short or
+    ended Run among busy ones) read the logs backwards to their start, then read them whole
+    again, forward: twice the bytes a whole read takes. With 5 or more, far apart (``kept``
+    7), it read back to the fifth last, then everything after it again. What the backwards
+    read found is what is shown: each byte is read once."""
+    logs = proj / ".intloom" / "logs"
+    lines = [_record(n, RUN if n % (10_000 // kept) == 7 else None) for n in range(10_000)]
+    older, newer = b"".join(lines[:5_000]), b"".join(lines[5_000:])
+    (logs / "LOG-20260101T000000000Z.jsonl").write_bytes(older)
+    (logs / "LOG-20260102T000000000Z.jsonl").write_bytes(newer)
+    mine = [n for n, line in enumerate(lines) if RUN.encode() in line]
+    assert len(mine) == kept
+    # The bytes from the fifth last of the Run's records on (all, with fewer).
+    after = len(b"".join(lines[mine[-5] if kept >= 5 else 0:]))
+    assert after > 4 * logtail._CHUNK
+    whole = _cli(capsys, "--json", "logs", "--all", RUN)
+    counting = _counting(monkeypatch)
+    code, out, err = _cli(capsys, "--json", "logs", "--all", RUN, "--tail", "5")
+    assert (code, out.splitlines(), err) == (
+        0, whole[1].splitlines()[-5:], whole[2]), (out, err)
+    assert len(out.splitlines()) == min(kept, 5)
+    # Back to where the last 5 start: the block that line is in, and nothing twice.
+    assert counting.bytes_read <= after + (logtail._CHUNK if kept >= 5 else 0), (
+        counting.bytes_read, after)
+
+
+def _model(files: list[bytes]) -> list[tuple[str, str | None, int | None]]:
+    """What ``logs --all --json`` shows of ``files``, each line as (its event, and for a
+    line that is no record its file and offset): each log read from its start outside a
+    fault dump, a dump running from a ``Fatal Python error`` line to the next record or its
+    log's end; a blank line, or a torn end of blanks, skipped."""
+    shown: list[tuple[str, str | None, int | None]] = []
+    for n, data in enumerate(files):
+        name, at, dumping = f".intloom/logs/LOG-2026010{n + 1}T000000000Z.jsonl", 0, False
+        for line in data.split(b"\n"):
+            if line.strip():
+                try:
+                    record = msgspec.json.decode(line.decode("utf-8", errors="replace"))
+                except msgspec.DecodeError:
+                    record = None
+                if isinstance(record, dict):
+                    dumping = False
+                    shown.append(("record", None, None))
+                else:
+                    dumping = dumping or line.startswith(b"Fatal Python error: ")
+                    shown.append(("fault_dump" if dumping else "unreadable_line", name, at))
+            at += len(line) + 1
+    return shown
+
+
+@settings(max_examples=300, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(files=st.lists(_LOG, min_size=2, max_size=3), keep=st.integers(min_value=0, max_value=8),
+       tail=st.booleans(), chunk=st.sampled_from([1, 7, 1 << 16]))
+def test_each_log_is_read_from_its_start_outside_a_fault_dump(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch,
+    files: list[bytes], keep: int, tail: bool, chunk: int,
+) -> None:
+    """Several logs, fault dumps among them, read whole and from the end: a dump ended with
+    its log (it carried into the next one's first lines that were no record), and an older
+    log's torn end of only blanks was shown as an unreadable line."""
+    monkeypatch.setattr(logtail, "_CHUNK", chunk)
+    out, _ = _shown(tmp_path_factory.mktemp("logs"), files, b"", tail=tail, keep=keep,
+                    run_id=None, all_files=True, json_mode=True, follow=False)
+    records = [json.loads(line) for line in out.split("\n")[:-1]]  # a record keeps its CR
+    shown = [(r["event"], r["file"], r["offset"]) if r.get("time", "") is None
+             else ("record", None, None) for r in records]
+    every = _model(files)
+    assert shown == every[max(0, len(every) - keep):]

@@ -68,17 +68,25 @@ _Chosen = tuple[str, bool, dict[str, Any], tuple[bytes | None, str, Any] | None]
 class _Printer:
     """An ``emit`` for LogTail, the lines it chose (``printed``), and ``release``: with
     ``keep`` (``--tail N``), the lines chosen are held, the last ``keep`` of them, until
-    ``release`` prints them; every line after is printed as it comes. ``start`` is a
-    ``LogTail.pump_last`` start for them."""
+    ``release`` prints them; every line after is printed as it comes. ``take`` is a
+    ``LogTail.pump_last`` take for them, ``pick`` what it holds."""
 
     def __init__(self, choose: Callable[[str], _Chosen | None],
                  show: Callable[[_Chosen], None], keep: int | None,
-                 start: Callable[[Iterator[Line], int], tuple[Path, int] | None]) -> None:
+                 pick: Callable[[Iterator[Line], int], Iterator[_Chosen]]) -> None:
         self.choose = choose
         self.show = show
-        self.start = start
+        self.pick = pick
         self.printed = 0
         self.held: deque[_Chosen] | None = None if keep is None else deque(maxlen=keep)
+
+    def take(self, lines: Iterator[Line], need: int) -> None:
+        """The last ``need`` lines ``choose`` would take among ``lines`` (the logs' last
+        first), held as ``emit`` holds them."""
+        for chosen in self.pick(lines, need):
+            self.printed += 1
+            if self.held is not None:
+                self.held.append(chosen)
 
     def emit(self, line: str) -> None:
         chosen = self.choose(line)
@@ -111,8 +119,7 @@ def _printer(renderer: Renderer, run_id: str | None, root: Path,
     # first write) were shown as the dead host's fault_dump.
     last: list[tuple[Path, int] | None] = [None]
 
-    def place() -> dict[str, Any]:
-        at = where()
+    def place(at: tuple[Path, int] | None) -> dict[str, Any]:
         if at is None:
             return {}
         path, offset = at
@@ -146,7 +153,7 @@ def _printer(renderer: Renderer, run_id: str | None, root: Path,
             return None
         # Where an unreadable line is, and whether it is in a fault dump, as of now: it may
         # be printed after the lines that follow it are read.
-        at = place() if not isinstance(record, Mapping) else {}
+        at = place(now) if not isinstance(record, Mapping) else {}
         return line, dumping[0], at, decoded
 
     def show(chosen: _Chosen) -> None:
@@ -188,33 +195,57 @@ def _printer(renderer: Renderer, run_id: str | None, root: Path,
     literal = run_id is not None and run_id.isascii() and run_id.isprintable() and not (
         '"' in run_id or "\\" in run_id)
 
-    def start(lines: Iterator[Line], need: int) -> tuple[Path, int] | None:
-        """Where the last ``need`` lines ``choose`` takes begin (the last line at all when
-        ``need`` is 0), among ``lines``, the logs' last first; None when there are fewer,
-        and the logs are read whole. Sets whether that line is read inside a fault dump:
-        read from there, the dump's ``Fatal Python error`` line may be before it."""
-        found, begin = 0, None
-        for path, offset, line in lines:
-            if begin is not None and path != begin[0]:
-                break  # read from the start of its log: no dump carries into it
-            if begin is None:
-                # Without RUN every line is taken: none is decoded to count it. With it, a
-                # line holding neither the id nor an escape cannot be about the Run: a Run
-                # with fewer than N records had every line decoded here, then again read
-                # forward (twice the time a whole read took).
-                found += run_id is None or (
-                    not (literal and run_id not in line and "\\" not in line)
-                    and wanted(line, _decoded(line)[2]))
-                if found >= need:
-                    begin = (path, offset)
-                continue
-            state = dump_state(line, _decoded(line)[2])
-            if state is not None:
-                dumping[0] = state
-                break
-        return begin
+    def pick(lines: Iterator[Line], need: int) -> Iterator[_Chosen]:
+        """The last ``need`` lines ``choose`` takes, among ``lines`` (the logs' last first),
+        in the logs' order, each as ``choose`` gives it once held; and ``choose`` left as
+        at the logs' end. Whether a line that is no record is in a fault dump is known only
+        once a line before it is found that starts or ends one (or its log's start): the
+        lines are read back that far, and no further. Every line read is taken as read:
+        what they hold is found on the way back, and none is read again."""
+        found: list[list[Any]] = []  # last first: as _Chosen, its fault None while unknown
+        unknown: list[list[Any]] = []  # those whose fault is not known yet
+        end = [True]  # whether the state at the logs' end is not known yet
 
-    return _Printer(choose, show, keep, start)
+        def settle(state: bool) -> None:
+            for item in unknown:
+                item[1] = state
+            unknown.clear()
+            if end[0]:
+                dumping[0], end[0] = state, False
+
+        log = None
+        for path, offset, line in lines:
+            if path != log:
+                if log is None:
+                    last[0] = (path, offset)  # read on from here, as if chosen from
+                else:
+                    settle(False)  # its log's start: no dump carries into it
+                log = path
+            if len(found) >= need and not unknown and not end[0]:
+                break
+            # Without RUN every line is taken. With it, a line holding neither the id nor
+            # an escape cannot be about the Run: it is not decoded to be counted out (a Run
+            # with fewer than N records had the logs decoded twice).
+            maybe = len(found) < need and (run_id is None or not (
+                literal and run_id not in line and "\\" not in line))
+            if not (maybe or unknown or end[0]):
+                continue
+            decoded = _decoded(line)
+            record = decoded[2]
+            state = dump_state(line, record)
+            if maybe and wanted(line, record):
+                at = place((path, offset)) if not isinstance(record, Mapping) else {}
+                found.append([line, state, at, None])
+                if state is None:
+                    unknown.append(found[-1])
+            if state is not None:
+                settle(state)
+        settle(False)  # the first log's start (or nothing is unknown)
+        while found:  # each let go as it is held
+            line, fault, at, _ = found.pop()
+            yield line, bool(fault), at, None
+
+    return _Printer(choose, show, keep, pick)
 
 
 def _decoded(line: str) -> tuple[bytes | None, str, Any]:
@@ -417,7 +448,7 @@ def _backlog(tail: LogTail, printer: _Printer, last: int | None, *, follow: bool
     # Without --follow one more is sought when N is 0: whether the logs hold any record at
     # all decides the note printed when none is (a newest log still empty).
     need = last if follow else max(last, 1)
-    tail.pump_last(lambda lines: printer.start(lines, need), finishing=not follow)
+    tail.pump_last(lambda lines: printer.take(lines, need), finishing=not follow)
 
 
 @command
