@@ -305,6 +305,10 @@ class LogTail:
             return None
         return fd
 
+    def close(self) -> None:
+        """Close the file followed, which is kept open (``_read_from``) until then."""
+        self._release()
+
     def _release(self) -> None:
         if self._held is not None:
             os.close(self._held)

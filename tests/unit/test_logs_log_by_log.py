@@ -105,6 +105,7 @@ def test_a_log_followed_into_after_a_fault_dump_starts_outside_one(
     printer.release()
     (logs / NEWER).write_bytes(TORN_FIRST)
     tails[0].pump()
+    tails[0].close()
     assert isinstance(renderer.stdout, io.StringIO)
     shown = [json.loads(line) for line in renderer.stdout.getvalue().splitlines()]
     assert _events(shown)[-2:] == [

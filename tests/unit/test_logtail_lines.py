@@ -28,6 +28,7 @@ def _tail(directory: Path, data: bytes) -> list[tuple[str, int]]:
     tail = logtail.LogTail(directory, emit, all_files=True)
     tail.pump()
     tail.finish()
+    tail.close()
     return out
 
 

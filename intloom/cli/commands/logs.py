@@ -517,60 +517,62 @@ def logs(
                    newest=named, on_reread=_reread(renderer, root),
                    on_refused=on_refused, on_foreign=_foreign(renderer, root))
     tails.append(tail)
+    try:
+        if follow:
+            # The backlog too: Ctrl-C while it still printed (a long log, a slow reader) ended
+            # with 130 and "Interrupted.", not the 0 a follow stops with (docs/cli.md).
+            stop = threading.Event()
 
-    if follow:
-        # The backlog too: Ctrl-C while it still printed (a long log, a slow reader) ended
-        # with 130 and "Interrupted.", not the 0 a follow stops with (docs/cli.md).
-        stop = threading.Event()
+            def gone() -> None:  # ``logs -f | grep -m1 ...`` had its line: stop now, quietly
+                state.reader_gone = True
+                stop.set()
 
-        def gone() -> None:  # ``logs -f | grep -m1 ...`` had its line: stop now, quietly
-            state.reader_gone = True
-            stop.set()
-
-        # While the backlog prints, a SIGTERM stops it as Ctrl-C does (a write blocked on a
-        # slow reader is left only by an exception); _follow then sets its own handler.
-        previous = signal.signal(signal.SIGTERM, _interrupt)
-        try:
-            with on_reader_gone(gone):
-                _backlog(tail, printer, last, follow=True)
-                printer.release()
-                _follow(tail, root, logs_dir, stop)
-        except KeyboardInterrupt as exc:
-            # A follow ends 0 on Ctrl-C, so no shell ends the line after the ^C the terminal
-            # echoed (as for a command SIGINT killed): its prompt came on after it.
-            # Not into a pipe: the Ctrl-C reached the pipeline's reader too, which died of
-            # it, and the shell ends that line itself (a break here left an empty line).
-            if not isinstance(exc, _Terminated) and not _into_a_pipe():
-                renderer.after_ctrl_c(exc)
-        finally:
-            signal.signal(signal.SIGTERM, previous)
-        return
-    _backlog(tail, printer, last, follow=False)
-    tail.finish()
-    printer.release()
-    if refused:
-        facts = "; ".join(fact for fact, _ in refused)
-        fixes = "; ".join(dict.fromkeys(fix for _, fix in refused))
-        others = " (the other logs' records are)" if all_files else ""
-        raise IntloomError(
-            "STORAGE_ERROR",
-            f"{facts}: {'its' if len(refused) == 1 else 'their'} records are not shown"
-            f"{others}. {fixes}, then run intloom "
-            "logs again; the "
-            f"{'file was' if len(refused) == 1 else 'files were'} left as "
-            f"{'it is' if len(refused) == 1 else 'they are'}.",
-        )
-    if printer.printed == 0:
-        if not log_files(logs_dir):
-            renderer.note(f"No host log yet under {logs_dir}; intloom start writes one.")
-        elif run_id is not None:
-            where = ("in any log" if all_files
-                     else "in the newest log (try --all for the earlier hosts' logs)")
-            renderer.note(f"No log records about {quoted(run_id)} {where}.")
-        elif not all_files:
-            # A host killed between creating its log and writing a line leaves an empty
-            # file, which printed nothing at all, as if logs had failed.
-            newest = named or log_files(logs_dir)[-1]
-            renderer.note(f"The newest log, {newest.name}, has no record yet: its host wrote "
-                          "none (it ended, or was killed, as it started). intloom logs --all "
-                          "shows the earlier hosts' logs.")
+            # While the backlog prints, a SIGTERM stops it as Ctrl-C does (a write blocked on a
+            # slow reader is left only by an exception); _follow then sets its own handler.
+            previous = signal.signal(signal.SIGTERM, _interrupt)
+            try:
+                with on_reader_gone(gone):
+                    _backlog(tail, printer, last, follow=True)
+                    printer.release()
+                    _follow(tail, root, logs_dir, stop)
+            except KeyboardInterrupt as exc:
+                # A follow ends 0 on Ctrl-C, so no shell ends the line after the ^C the terminal
+                # echoed (as for a command SIGINT killed): its prompt came on after it.
+                # Not into a pipe: the Ctrl-C reached the pipeline's reader too, which died of
+                # it, and the shell ends that line itself (a break here left an empty line).
+                if not isinstance(exc, _Terminated) and not _into_a_pipe():
+                    renderer.after_ctrl_c(exc)
+            finally:
+                signal.signal(signal.SIGTERM, previous)
+            return
+        _backlog(tail, printer, last, follow=False)
+        tail.finish()
+        printer.release()
+        if refused:
+            facts = "; ".join(fact for fact, _ in refused)
+            fixes = "; ".join(dict.fromkeys(fix for _, fix in refused))
+            others = " (the other logs' records are)" if all_files else ""
+            raise IntloomError(
+                "STORAGE_ERROR",
+                f"{facts}: {'its' if len(refused) == 1 else 'their'} records are not shown"
+                f"{others}. {fixes}, then run intloom "
+                "logs again; the "
+                f"{'file was' if len(refused) == 1 else 'files were'} left as "
+                f"{'it is' if len(refused) == 1 else 'they are'}.",
+            )
+        if printer.printed == 0:
+            if not log_files(logs_dir):
+                renderer.note(f"No host log yet under {logs_dir}; intloom start writes one.")
+            elif run_id is not None:
+                where = ("in any log" if all_files
+                         else "in the newest log (try --all for the earlier hosts' logs)")
+                renderer.note(f"No log records about {quoted(run_id)} {where}.")
+            elif not all_files:
+                # A host killed between creating its log and writing a line leaves an empty
+                # file, which printed nothing at all, as if logs had failed.
+                newest = named or log_files(logs_dir)[-1]
+                renderer.note(f"The newest log, {newest.name}, has no record yet: its host wrote "
+                              "none (it ended, or was killed, as it started). intloom logs --all "
+                              "shows the earlier hosts' logs.")
+    finally:
+        tail.close()  # the newest log, kept open to be read on
