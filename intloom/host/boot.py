@@ -186,8 +186,9 @@ def _open_store(
 ) -> tuple[Store, list[RestoredRun]]:
     """Open the journal store (it reads itself back once) and hand its Runs to restore."""
     # The host holds the store's directory lock (lock_dir) from before the import on.
+    # Not begun: the host starts its segment once only a stop can end its start (daemon).
     store = Store.open(paths.runtime, instance_id=instance_id, package_version=package_version,
-                       locked=True)
+                       locked=True, begin=False)
     _watch_compactions(store, log, compactions)
     report = store.restored
     if store.removed_temps:

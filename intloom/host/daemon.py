@@ -875,17 +875,18 @@ class Host:
         # interruption): said now, before the host listens and its Runs resume.
         self._abort_if_asked(log, "restoring_runs")
         fds = descriptors()
-        # Counted with the readiness pipe, which closes once the start is reported.
-        if fds is not None and fds[1] - fds[0] < FD_RESERVE:
+        # Counted with the readiness pipe, which closes once the start is reported, and with
+        # the journal's segment, which the store opens only once the host listens (begin).
+        if fds is not None and fds[1] - (fds[0] + 1) < FD_RESERVE:
             # It would serve nobody: each connection is refused BUSY while fewer than the
             # reserve are free, and the start had said "Service started" of it.
             raise IntloomError(
                 "CLI_SERVICE_UNAVAILABLE",
                 f"The host has {fds[0]} of its {fds[1]} file descriptors open once started "
-                "(the ulimit -n of the shell that ran intloom start) and keeps "
-                f"{FD_RESERVE} free for its journal, its log and the Steps, so it could "
-                "serve no connection; it did not start. Raise the limit (ulimit -n 1024) "
-                "in that shell, then run intloom start again.",
+                "(the ulimit -n of the shell that ran intloom start), needs one more for its "
+                f"journal and keeps {FD_RESERVE} free beside them for its log and the Steps, "
+                "so it could serve no connection; it did not start. Raise the limit "
+                "(ulimit -n 1024) in that shell, then run intloom start again.",
             )
         self.ready.progress("listening")
         hello = HelloOk(instance_id=self.instance_id, pid=self.identity.pid,
@@ -911,6 +912,13 @@ class Host:
         if log.failed:
             raise _log_write_failed(log.path, log.failure or "unknown error",
                                     log.failure_errno)
+        # The store's first write, its segment (and the manifest naming it), only now that
+        # nothing but a stop can end the start: each start that failed before (a port taken
+        # in the import, too few descriptors) left a segment of a header and a seal, so a
+        # supervisor retrying a broken start filled wal/ without bound. No append can come
+        # first: restore appends nothing, and a request takes more loop iterations (its
+        # hello, then itself) than the one listen yields.
+        self.booted.store.begin()
         _start_hooks("listening")
         self._commit(log)
         self.ownership.publish_service(ServiceInfo(

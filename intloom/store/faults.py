@@ -29,7 +29,7 @@ class FaultPlan(msgspec.Struct, frozen=True):
     - ``stop_after_sync``: right after the batch's fdatasync the process sends itself SIGTERM:
       a host's graceful stop begins at that boundary (conformance sweeps).
     - ``fail_segment``: creating the N-th segment of this process fails with ENOSPC
-      (the first is the one ``Store.open`` creates).
+      (the first is the one ``Store.begin`` creates).
     - ``keep_failed``: when flush N fails, cutting the failed bytes off the segment is
       refused (EROFS, as on a file system the kernel remounted read-only): they stay on
       disk, and only the void notice says they never happened.

@@ -286,6 +286,10 @@ class Store:
         self._kept_told: set[str] = set()
         self._kept_lock = threading.Lock()  # told from the writer's and the compactor's threads
         self._sealed = False
+        # What ``begin`` needs of the read at open (the segments it read, whether to
+        # summarise them), until it is called; ``_begun`` once this host's segment exists.
+        self._opened: tuple[list[int], bool] | None = None
+        self._begun = False
         self._dir_lock = -1  # lock_dir's fd on the runtime directory, closed last
         # The runtime directory this store opened, held open: every write by path (a new
         # segment, snapshots, the manifest) first checks that the path still leads to it
@@ -299,11 +303,16 @@ class Store:
     def open(cls, runtime_dir: Path, *, instance_id: str, package_version: str,
              faults: FaultPlan | None = None,
              segment_bytes: int = DEFAULT_SEGMENT_BYTES,
-             inline_max_sync_s: float = _INLINE_MAX_SYNC_S, locked: bool = False) -> Store:
-        """Open the store for one host instance: read it, then start a new segment.
+             inline_max_sync_s: float = _INLINE_MAX_SYNC_S, locked: bool = False,
+             begin: bool = True) -> Store:
+        """Open the store for one host instance: read it, then (``begin``) start a new
+        segment.
 
         Leftovers of a crashed host (segments the manifest does not cover yet) are folded
-        into snapshots at once, so repeated crashes never make a restore read more.
+        into snapshots as the segment is started, so repeated crashes never make a restore
+        read more. ``begin=False`` leaves that, and every other write, to ``begin()``: the
+        host calls it only once nothing but a stop can end its start, so a start that fails
+        (a port taken, a full log) writes nothing under ``runtime_dir``.
 
         The store holds ``lock_dir`` on ``runtime_dir`` until it is closed; ``locked``: the
         caller already holds it for the store's whole life (the host takes it before it
@@ -316,10 +325,18 @@ class Store:
         # Before anything is read: nobody else may move the log under this read.
         held = -1 if locked else lock_dir(layout.root)
         try:
-            return cls._open_locked(layout, held, instance_id=instance_id,
-                                    package_version=package_version, plan=plan,
-                                    segment_bytes=segment_bytes,
-                                    inline_max_sync_s=inline_max_sync_s)
+            store = cls._open_locked(layout, held, instance_id=instance_id,
+                                     package_version=package_version, plan=plan,
+                                     segment_bytes=segment_bytes,
+                                     inline_max_sync_s=inline_max_sync_s)
+            if begin:
+                try:
+                    store.begin()
+                except BaseException:
+                    store._stop_worker()
+                    store._unhome()
+                    raise
+            return store
         except BaseException:
             if held >= 0:
                 os.close(held)
@@ -387,16 +404,33 @@ class Store:
         # with a new file (and it stays pinned, so the next restore reads it).
         store._next_number = max([highest, *loaded.lost, loaded.ahead_start - 1]) + 1
         store._manifest_kept = loaded.manifest_error is not None
+        store._opened = (list(loaded.segments_read), summarise)
+        return store
+
+    def begin(self) -> None:
+        """Start this host's segment, summarise a crashed host's leftovers and write the
+        manifest naming the segment: the store's first writes, before any ``append``.
+
+        STORAGE_ERROR when the segment cannot be created; the store is then of no further
+        use (close it). Until this is called, a close writes nothing: the log stays exactly
+        as the host before this one left it, which the next start reads again.
+        """
+        if self._closed:
+            raise self._closed_error()
+        if self._opened is None:
+            raise RuntimeError("Store.begin: the store's segment was begun already")
+        segments_read, summarise = self._opened
+        self._opened = None
+        layout = self.layout
         try:
-            store._new_segment(b"")
+            self._new_segment(b"")
         except OSError as exc:
-            store._stop_worker()
-            store._unhome()
-            raise create_failed(layout.wal, layout.wal / segment_name(store._next_number),
+            raise create_failed(layout.wal, layout.wal / segment_name(self._next_number),
                                 f"cannot hold a new segment ({exc.strerror})", exc) from None
+        self._begun = True
         # A crashed host's unsynced bytes were read from the page cache: make them as
         # durable as the snapshots about to summarise them.
-        for number in loaded.segments_read:
+        for number in segments_read:
             with contextlib.suppress(OSError):
                 fd = os.open(layout.wal / segment_name(number),
                              os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -413,22 +447,21 @@ class Store:
         if summarise:
             kept: dict[str, FileProblem] = {}
             try:
-                compact(layout, store._tracks, start=store._number,
-                        pinned=store._pinned, voids=store._voids, segment=store._number,
-                        held=store._held, open_segment=store._number,
-                        write_manifest=not store._manifest_kept, at_once=True, kept=kept,
-                        writer=store.package_version, written=store._live_written)
-                store._start = store._number
+                compact(layout, self._tracks, start=self._number,
+                        pinned=self._pinned, voids=self._voids, segment=self._number,
+                        held=self._held, open_segment=self._number,
+                        write_manifest=not self._manifest_kept, at_once=True, kept=kept,
+                        writer=self.package_version, written=self._live_written)
+                self._start = self._number
             except NotSummarised as exc:
-                store._not_summarised(exc, "open")
-                if exc.what == "snapshots" and not store._manifest_kept:
+                self._not_summarised(exc, "open")
+                if exc.what == "snapshots" and not self._manifest_kept:
                     with contextlib.suppress(NotSummarised):
-                        compact(layout, {}, start=store._start, pinned=store._pinned,
-                                voids=store._voids, segment=store._number,
-                                held=store._held, open_segment=store._number, kept=kept,
-                                writer=store.package_version)
-            store._tell_kept(kept)
-        return store
+                        compact(layout, {}, start=self._start, pinned=self._pinned,
+                                voids=self._voids, segment=self._number,
+                                held=self._held, open_segment=self._number, kept=kept,
+                                writer=self.package_version)
+            self._tell_kept(kept)
 
     def _tell_kept(self, kept: dict[str, FileProblem]) -> None:
         """Tell of the snapshot files a compaction left as they are (``compact``'s ``kept``)
@@ -502,6 +535,8 @@ class Store:
         """
         if self._closed:
             raise self._closed_error()
+        if not self._begun:
+            raise RuntimeError("Store.append before Store.begin: the store has no segment")
         # Encoded first: a record that cannot be encoded raises and changes nothing.
         payload = encode_record(record)
         rid = run_id.encode()
@@ -1485,6 +1520,8 @@ class Store:
         self._tell_kept(kept)
 
     def _close_job(self) -> None:
+        if not self._begun:
+            return  # nothing was written (``begin``): nothing to seal or summarise
         if self._poisoned is None:
             self._seal()
         elif self._fd >= 0:

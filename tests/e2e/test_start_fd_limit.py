@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import resource
 import signal
 import subprocess
@@ -170,22 +171,26 @@ def a(ctx: intloom.StepContext[None]) -> str:
 
 def test_a_journal_out_of_descriptors_names_the_limit_not_the_disk(tmp_path: Path) -> None:
     """With the descriptors left for the journal's directory or first segment but not for
-    both, STORAGE_ERROR said "check the disk and its directory"."""
+    both, STORAGE_ERROR said "check the disk and its directory". The descriptor check before
+    the host listens counts the segment the store opens after it (Store.begin), so these
+    limits now fail there (the store's own EMFILE is tests/unit/test_store_files.py's):
+    whatever refuses the start names the limit, never the disk."""
     project = one_source_project(tmp_path, "holds", HOLDS_FILES)
-    storage: dict[int, str] = {}
+    refused: dict[int, str] = {}
     try:
         for limit in range(14, 20):
             result = _start_limited(project, limit)
             if result.returncode == 0:
                 _stop_started(project)
                 continue
-            error = json.loads(result.stdout)["error"]
-            if error["code"] == "STORAGE_ERROR":
-                storage[limit] = error["message"]
+            refused[limit] = json.loads(result.stdout)["error"]["message"]
     finally:
         project.track_host()
         project.reap()
-    assert storage, "no start failed in the journal: the limits no longer reach it"
-    for limit, message in storage.items():
-        assert "Too many open files" in message, (limit, message)
-        assert "ulimit -n" in message and "check the disk" not in message, (limit, message)
+    assert refused, "no start was refused: the limits no longer reach the journal"
+    for limit, message in refused.items():
+        assert "Too many open files" in message or "ulimit -n" in message, (limit, message)
+        assert "check the disk" not in message.lower(), (limit, message)
+        # Never more descriptors open than the limit allows (the segment is counted apart).
+        counted = re.search(r"has (\d+) of its (\d+) file descriptors", message)
+        assert counted is None or int(counted[1]) <= int(counted[2]) == limit, (limit, message)

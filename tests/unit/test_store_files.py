@@ -488,3 +488,63 @@ def test_a_manifest_replaced_by_a_directory_while_the_writer_runs_is_told_and_ke
     report = read_runs_report(root)
     assert [f.path for f in report.files] == ["manifest.json"] and report.stats.full
     assert by_id(report.runs)["RUN-A"].state == fold(records)
+
+
+@pytest.mark.parametrize("closing", ["blocking", "async"])
+def test_a_store_never_begun_writes_nothing_and_leaves_a_crash_to_the_next(
+        tmp_path: Path, closing: str) -> None:
+    """The host opens its store before it listens and begins it (its segment, the manifest,
+    the crashed host's leftovers summarised) only once nothing but a stop can end its start:
+    a start that fails in between leaves the runtime directory byte for byte as it found it,
+    a crash's unsealed segment and all, for the next start to summarise."""
+    import asyncio
+
+    root = tmp_path / "runtime"
+    _fill(root, close=False)  # a crashed host's segment, not summarised yet
+    before = snapshot_files(root)
+    store = open_store(root, begin=False)
+    assert {r.run_id for r in store.restored.runs} == {"RUN-0", "RUN-1", "RUN-2"}
+    with pytest.raises(RuntimeError, match=r"before Store\.begin"):
+        store.append("RUN-9", walk("RUN-9", 1, 9)[0])
+    if closing == "blocking":
+        store.close_blocking()
+    else:
+        asyncio.run(store.close())
+    assert snapshot_files(root) == before
+    # The next store begins as after any crash: its own segment, the leftovers summarised.
+    nxt = open_store(root)
+    nxt.close_blocking()
+    assert sorted(p.name for p in (root / "wal").iterdir()) == ["0000000001.seg",
+                                                                "0000000002.seg"]
+    assert {p.name for p in (root / "snap" / "live").iterdir()} == {
+        snapshot_name(f"RUN-{i}") for i in range(3)}
+
+
+def test_a_segment_begun_with_no_descriptor_left_names_the_limit(tmp_path: Path) -> None:
+    """The host's check before it listens keeps a descriptor for the segment, but Workflow
+    threads may take it meanwhile: ``begin`` out of descriptors says so, not "check the
+    disk"."""
+    import resource
+
+    root = tmp_path / "runtime"
+    store = open_store(root, begin=False)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    taken: list[int] = []
+    try:
+        # No descriptor number left below the limit: each hole below it filled first.
+        highest = max(int(fd) for fd in os.listdir("/proc/self/fd"))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (highest + 1, hard))
+        with contextlib.suppress(OSError):
+            while True:
+                taken.append(os.open(os.devnull, os.O_RDONLY))
+        with pytest.raises(IntloomError) as refused:
+            store.begin()
+    finally:
+        for fd in taken:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    store.close_blocking()
+    assert refused.value.code == "STORAGE_ERROR", refused.value
+    assert "ulimit -n" in refused.value.message, refused.value.message
+    assert "check the disk" not in refused.value.message, refused.value.message
+    assert not list((root / "wal").iterdir())
