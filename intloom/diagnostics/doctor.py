@@ -1199,9 +1199,22 @@ def _last_host_check(found: tuple[str, bytes] | None, root: Path, *,
     status: Literal["ok", "attention"] = "attention" if current else "ok"
     name, tail = found
     records = list(log_records(tail))
+    where = f".intloom/logs/{name}"
+    if records and records[-1].get("event") == "log_closed":
+        # A start that failed and released everything: offline, and doctor said nothing of
+        # why, while a supervisor's retries each failed the same way. The start's own error.
+        refused = next((r for r in reversed(records)
+                        if r.get("event") == "service_start_failed"), None)
+        if refused is None:
+            return None
+        return Check(
+            "last_host", status,
+            f"The last start failed at {refused.get('time', '?')} ({where}): "
+            f"{refused.get('code', '?')}: {refused.get('message', '?')}",
+            None,
+        )
     if not records or records[-1].get("event") in _ENDS:
         return None
-    where = f".intloom/logs/{name}"
     failed = next((r for r in reversed(records) if r.get("event") == "process_failed"), None)
     if failed is not None:
         detail = str(failed.get("detail") or "").strip()
