@@ -73,16 +73,19 @@ HELP: Final[dict[str, str]] = {
                "gone.",
     "flow": "Create a Run and wait for its first question, confirmation or end.\n\nOn a "
             "terminal without --intent or --intent-file, the intent is asked for. Exit 0 "
-            "when\nit waits, completes or runs on (--detach), 1 when it fails.",
+            "when\nit waits, completes or runs on (--detach), 1 when it fails, 75 when its host "
+            "stopped\nand suspended it meanwhile (not ended).",
     "flows": "List the Workflows the host loaded, with their identity and readiness.",
     "runs": "List the Runs of the current host (new ones and restored unfinished ones).",
     "answer": "Answer a pending question or confirmation, then wait for the next stable "
-              "state.\n\nExit 0 unless the Run then fails.",
+              "state.\n\nExit 0 unless the Run then fails (1), or its host stops and suspends it "
+              "meanwhile (75).",
     "cancel": "Stop a Run for good (failed/RUN_STOPPED). Repeating it returns the same "
               "snapshot.",
     "attach": "Show a Run's history and live events; on a terminal, answer what it asks."
               "\n\nCtrl-C detaches and leaves the Run as it is. Exit 0 when it completes or "
-              "still waits,\n1 when it fails or was stopped.",
+              "still waits,\n1 when it fails or was stopped, 75 when its host stopped and "
+              "suspended it (it has not\nended: start the host, then attach again).",
     "inspect": "Show a Run's journal, phase by phase, with verification results. Works "
                "offline.",
     "verify": "Check every journal and file of the store, old segments too. Works offline."

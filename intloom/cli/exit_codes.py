@@ -23,6 +23,7 @@ __all__ = [
     "INTERRUPTED",
     "OK",
     "RUN_FAILED",
+    "RUN_SUSPENDED",
     "TERMINATED",
     "USAGE",
     "for_doctor",
@@ -44,6 +45,11 @@ DOCTOR_BLOCKED: Final = 4
 # A bug in intloom rather than a fact about the project (sysexits EX_SOFTWARE), including a
 # CLI_INTERNAL_ERROR that a host reported.
 INTERNAL: Final = 70
+# The Run the command followed was suspended by its host (intloom stop, a log it could not
+# write), not ended: its view reads failed/RUN_INTERRUPTED, but the next start continues it or
+# reports it, by the restart table (sysexits EX_TEMPFAIL: start the host, then look again).
+# Non-zero, as IntLoom's 1 for it, so ``$? -ne 0`` checks still stop there.
+RUN_SUSPENDED: Final = 75
 # Ctrl-C outside attach (128 + SIGINT, as shells report it).
 INTERRUPTED: Final = 130
 # SIGTERM to a command that waits on a Run (128 + SIGTERM): its wait ends, as for Ctrl-C.
@@ -69,9 +75,12 @@ def for_exception(exc: BaseException) -> int:
     return INTERNAL
 
 
-def for_run_status(status: str) -> int:
-    """flow / attach / answer mirror the Run: only a failed (or stopped) Run is non-zero."""
-    return RUN_FAILED if status == "failed" else OK
+def for_run_status(status: str, *, suspended: bool = False) -> int:
+    """flow / attach / answer mirror the Run: only a failed (or stopped) Run is non-zero, and
+    one its host ``suspended`` (failed/RUN_INTERRUPTED in its view, not over) is not failed."""
+    if status != "failed":
+        return OK
+    return RUN_SUSPENDED if suspended else RUN_FAILED
 
 
 def for_doctor(report: Mapping[str, Any]) -> int:

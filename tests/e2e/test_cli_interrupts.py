@@ -543,11 +543,40 @@ def test_attach_whose_stream_missed_the_suspend_says_the_run_goes_on(
         stopped = proj.cli("stop", "--json")
         assert stopped.code == 0 and stopped.json["stopped"] is True, stopped
         out, err = proc.communicate(timeout=30)
-    assert proc.returncode == exit_codes.RUN_FAILED, (out, err)
+    assert proc.returncode == exit_codes.RUN_SUSPENDED, (out, err)
     assert "Suspended by its host, not ended" in out, out
     assert "Failure does not undo committed data" not in out, out
-    assert f"The Run {run_id} was suspended by its host (RUN_INTERRUPTED), not ended" in err, err
+    assert f"Suspended · The Run {run_id} was suspended by its host, not ended" in err, err
     hold.unlink()
+
+
+def test_attach_json_at_a_run_a_stop_suspends_exits_75_and_1_once_a_start_decides(
+    proj: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """attach --json following a busy Run, then intloom stop: the Run is suspended, not
+    ended (its view failed/RUN_INTERRUPTED, its phase not terminal), and attach exits 75,
+    RUN_SUSPENDED, where it exited 1 as for a failed Run. Cut mid-Step by the stop's grace,
+    the next start reports it RUN_INTERRUPTED: attached again, it has failed (1)."""
+    monkeypatch.setenv("INTLOOM_TEST_SUSPEND_GRACE", "1")
+    run_id, hold = running_run(proj)
+    port = host_port(proj)
+    with cli_child(proj, "attach", run_id, "--json") as proc:
+        eventually(lambda: connected(proc, port), timeout=20, what="attach to connect")
+        ok(proj.cli("stop", "--json"))
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 75, (out, err)  # exit_codes.RUN_SUSPENDED
+    run = one_document(out)["run"]
+    assert (run["status"], run["lastError"]["code"]) == ("failed", "RUN_INTERRUPTED"), run
+    assert run["phase"] != "terminal" and "next start reports the Run" in \
+        run["lastError"]["message"], run
+    assert err == "", err
+    hold.unlink()
+    ok(proj.cli("start", "--json"))
+    again = proj.cli("attach", run_id, "--json")
+    assert again.code == exit_codes.RUN_FAILED, (again.stdout, again.stderr)
+    assert (again.json["run"]["phase"], again.json["run"]["lastError"]["code"]) == (
+        "terminal", "RUN_INTERRUPTED"), again.json
+    ok(proj.cli("stop", "--json"))
 
 
 def _stuck_project(project: Project, source: str, name: str) -> None:

@@ -20,6 +20,7 @@ import pytest
 
 import intloom.client
 import intloom.client.client
+from intloom.cli import exit_codes
 from intloom.cli.app import main
 from intloom.client.lifecycle import CutRun, StopResult
 from intloom.errors import ErrorView, IntloomError
@@ -308,11 +309,19 @@ def test_a_run_its_host_suspended_under_flow_or_answer_is_not_called_failed(
                              "last saved boundary on the next start, as the restart table "
                              "allows."))
     code, out, err = cli(capsys, *argv)
-    assert code == 1  # exit and --json stay those of any failed/RUN_INTERRUPTED view
+    # Not 1, a failed Run's: it exited 1 with CLI_RUN_FAILED, as IntLoom does, of a Run that
+    # had not failed (DESIGN: the exit code mirrors the Run's outcome; not decided yet).
+    assert code == exit_codes.RUN_SUSPENDED == 75
     assert "Suspended by its host, not ended" in out, out
     assert "Failure does not undo committed data" not in out, out
-    assert err.startswith("Failure · CLI_RUN_FAILED: The Run RUN-1 was suspended by its host "
-                          "(RUN_INTERRUPTED), not ended: The host stopped."), err
+    assert err.startswith("Suspended · The Run RUN-1 was suspended by its host, not ended (its "
+                          "view reads failed/RUN_INTERRUPTED until the next start): The host "
+                          "stopped."), err
+    assert "Failure" not in err and "CLI_RUN_FAILED" not in err, err
+    # --json: the same view, the same exit code.
+    code, out, err = cli(capsys, *argv, "--json")
+    assert code == 75 and err == "", err
+    assert json.loads(out)["run"]["lastError"]["code"] == "RUN_INTERRUPTED"
 
 
 def test_flow_intent_file_and_stdin(
@@ -383,10 +392,11 @@ def test_flow_failed_run_prints_run_once_and_exits_1(
     # A Run a host stop suspended has not ended: its own message says it continues.
     client.result = run_view("failed", "RUN_INTERRUPTED")
     code, _, err = cli(capsys, "flow", "example", "--intent", "x")
-    assert code == 1
-    assert err.startswith("Failure · CLI_RUN_FAILED: The Run RUN-1 was suspended by its host "
-                          "(RUN_INTERRUPTED), not ended: RUN_INTERRUPTED message Run intloom "
-                          "stop first if its host still serves")
+    assert code == exit_codes.RUN_SUSPENDED
+    assert err.startswith("Suspended · The Run RUN-1 was suspended by its host, not ended (its "
+                          "view reads failed/RUN_INTERRUPTED until the next start): "
+                          "RUN_INTERRUPTED message Run intloom stop first if its host still "
+                          "serves")
 
 
 # ----- answer, cancel, runs, flows, attach ----------------------------------------------------
@@ -637,6 +647,23 @@ def test_attach_json_waits_for_a_stable_view(
     code, out, _ = cli(capsys, "attach", "RUN-1", "--json")
     assert code == 1
     assert json.loads(out)["run"]["lastError"]["code"] == "RUN_STOPPED"
+
+
+@pytest.mark.parametrize(("phase", "expected"), [("waiting", 75), ("executing", 75),
+                                              ("terminal", 1), (None, 1)])
+def test_attach_at_a_run_by_its_phase_tells_suspended_from_interrupted(
+    capsys: pytest.CaptureFixture[str], client: FakeClient, phase: str | None, expected: int
+) -> None:
+    """attach begun at a failed/RUN_INTERRUPTED Run: one its host suspended (a host whose
+    log failed serves on) is not over, its ``phase`` that of its last record, and exits 75;
+    one a start restored RUN_INTERRUPTED (``phase`` terminal: nothing resumes it) failed."""
+    client.result = msgspec.structs.replace(run_view("failed", "RUN_INTERRUPTED"), phase=phase)
+    for mode in ([], ["--json"]):
+        code, out, err = cli(capsys, "attach", "RUN-1", *mode)
+        assert code == expected, (mode, out, err)
+        if not mode:
+            assert ("Suspended · " in err) == (expected == 75), err
+            assert ("Failure · CLI_RUN_FAILED" in err) == (expected == 1), err
 
 
 # ----- start / stop / status / doctor / recover (lifecycle and diagnostics faked) ------------

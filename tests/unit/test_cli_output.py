@@ -56,6 +56,20 @@ def test_doctor_exit_codes(report: dict[str, Any], code: int) -> None:
 def test_run_status_exit_codes() -> None:
     assert [exit_codes.for_run_status(s) for s in ("running", "waiting", "completed")] == [0] * 3
     assert exit_codes.for_run_status("failed") == exit_codes.RUN_FAILED == 1
+    # Suspended by its host: not ended, so not a failed Run's 1 (docs/cli.md, Exit codes).
+    assert exit_codes.for_run_status("failed", suspended=True) == exit_codes.RUN_SUSPENDED == 75
+    assert exit_codes.for_run_status("waiting", suspended=True) == 0
+
+
+def test_every_exit_code_is_in_the_docs_table() -> None:
+    from tests.helpers import REPO
+
+    text = (REPO / "docs" / "cli.md").read_text(encoding="utf-8")
+    table = text.split("\n## Exit codes\n", 1)[1].split("\n## ", 1)[0]
+    for name in exit_codes.__all__:
+        value = getattr(exit_codes, name)
+        if isinstance(value, int):
+            assert f"| {value} | `{name}` |" in table, name
 
 
 def test_error_in_text_mode_is_one_line_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
@@ -599,9 +613,10 @@ def test_a_suspended_runs_failure_says_to_stop_a_host_that_still_serves(
     run = msgspec.convert({**RUN, "status": "failed", "pendingAction": None,
                            "lastError": {"code": "RUN_INTERRUPTED", "message": said,
                                          "retryable": False}}, RunView)
-    assert finish_run(CliState(), run, suspended=True) == exit_codes.RUN_FAILED
+    assert finish_run(CliState(), run, suspended=True) == exit_codes.RUN_SUSPENDED
     err = capsys.readouterr().err
-    assert f"was suspended by its host (RUN_INTERRUPTED), not ended: {said}" in err, err
+    assert f"was suspended by its host, not ended (its view reads failed/RUN_INTERRUPTED until " \
+           f"the next start): {said}" in err, err
     assert ("Run intloom stop first if its host still serves (intloom status says; one "
             "whose log failed does), then intloom start, then intloom attach RUN-1.") in err, err
 

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Final
 import typer
 
 from intloom.cli import exit_codes
-from intloom.cli.commands.runs import RunArg, finish_run, refuse_bad_ids
+from intloom.cli.commands.runs import RunArg, finish_run, left_suspended, refuse_bad_ids
 from intloom.cli.inputs import interactive
 from intloom.cli.options import CliState, command, sigterm_as_ctrl_c
 from intloom.cli.readerwatch import READER_GONE_SIGNAL, ends_wait_when_reader_goes
@@ -642,7 +642,8 @@ def attach(state: CliState, run_id: RunArg) -> int:
     """Show a Run's history and live events; on a terminal, answer what it asks.
 
     Ctrl-C detaches and leaves the Run as it is. Exit 0 when it completes or still waits,
-    1 when it fails or was stopped.
+    1 when it fails or was stopped, 75 when its host stopped and suspended it (it has not
+    ended: start the host, then attach again).
     """
     refuse_bad_ids(run_id)
     with sigterm_as_ctrl_c(state), ends_wait_when_reader_goes(partial(_reader_left, state)):
@@ -675,7 +676,8 @@ def _attach_text(state: CliState, run_id: str) -> int:
                     # Its end is known before its history is printed: a reader that goes
                     # away meanwhile (``attach RUN | head -1``) leaves the exit code the
                     # Run's (1 for a failed one), as --json does, not a detach's 0.
-                    state.verdict = exit_codes.for_run_status(view.status)
+                    state.verdict = exit_codes.for_run_status(
+                        view.status, suspended=left_suspended(view))
                 try:
                     followed = _follow(state, client, run_id, view)
                 except (KeyboardInterrupt, typer.Abort) as exc:

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from intloom.client.drift import SourceChange
     from intloom.runtime.model import RunView
 
-__all__ = ["answer", "cancel", "finish_run", "flow", "flows", "runs"]
+__all__ = ["answer", "cancel", "finish_run", "flow", "flows", "left_suspended", "runs"]
 
 RunArg = Annotated[str, typer.Argument(metavar="RUN", help="The Run's id (RUN-...).")]
 # The waiting Runs whose question ``runs`` prints under its table; the rest are counted.
@@ -34,36 +34,54 @@ _ASKS_SHOWN: Final = 20
 def finish_run(state: CliState, run: RunView, *, prefix: list[str] | None = None,
                suspended: bool = False, extra: dict[str, Any] | None = None) -> int:
     """Print ``{run}`` once; a failed Run also says CLI_RUN_FAILED (text mode) and exits 1.
-    ``suspended``: the Run's event stream ended with ``suspended`` (attach saw its host
-    suspend it); the exit code and ``--json`` stay those of any failed/RUN_INTERRUPTED.
-    ``extra``: more keys of the JSON document."""
+    ``suspended``: the command saw the Run's host suspend it (attach: its event stream ended
+    with ``suspended``; flow, answer: a Run they created or answered cannot be one a start
+    restored interrupted). A Run its host suspended has not ended: it exits RUN_SUSPENDED,
+    and says so, not CLI_RUN_FAILED. ``extra``: more keys of the JSON document."""
     data = plain(run)
-    code = state.verdict = exit_codes.for_run_status(run.status)
+    held = left_suspended(run, suspended=suspended)
+    code = state.verdict = exit_codes.for_run_status(run.status, suspended=held)
     state.renderer.result({"run": run, **(extra or {})},
                           lambda: [*(prefix or []),
-                                   *run_lines(data, suspended=suspended,
-                                              intloom=state.intloom())])
-    if code != exit_codes.OK and not state.json_mode:
-        err = data.get("lastError") or {}
-        code_ = err.get("code", "an error")
-        # An interrupted Run has not necessarily ended: a host stop suspends a Run that the
-        # next start continues; its own message says which (executor RunSlot.view).
-        said = str(err.get("message") or "").strip()
-        then = f"Run {state.intloom()} inspect {run.run_id} for its journal."
-        if code_ == "RUN_INTERRUPTED" and suspended and not run.dismissed:
-            fact = f"was suspended by its host (RUN_INTERRUPTED), not ended: {said}"
-            # A stop suspends the Runs of a host that exits; a lost log, of one that serves
-            # on (refusing new work), which a start would only reuse.
-            then = ("Run intloom stop first if its host still serves (intloom status says; "
-                    "one whose log failed does), then intloom start, then intloom attach "
-                    f"{run.run_id}.")
-        elif code_ == "RUN_INTERRUPTED":
-            fact = (f"was interrupted (RUN_INTERRUPTED): {said}" if said else
-                    "was interrupted (RUN_INTERRUPTED).")
-        else:
-            fact = f"ended {run.status} with {code_}."
-        state.renderer.error(error_view("CLI_RUN_FAILED", f"The Run {run.run_id} {fact} {then}"))
+                                   *run_lines(data, suspended=held, intloom=state.intloom())])
+    if code == exit_codes.OK or state.json_mode:
+        return code
+    err = data.get("lastError") or {}
+    code_ = err.get("code", "an error")
+    # An interrupted Run has not necessarily ended: a host stop suspends a Run that the
+    # next start continues; its own message says which (executor RunSlot.view).
+    said = str(err.get("message") or "").strip()
+    if held:
+        # A stop suspends the Runs of a host that exits; a lost log, of one that serves on
+        # (refusing new work), which a start would only reuse.
+        state.renderer.note(
+            f"Suspended · The Run {run.run_id} was suspended by its host, not ended (its view "
+            f"reads failed/RUN_INTERRUPTED until the next start): {said} Run intloom stop "
+            "first if its host still serves (intloom status says; one whose log failed "
+            f"does), then intloom start, then intloom attach {run.run_id}.")
+        return code
+    if code_ == "RUN_INTERRUPTED":
+        fact = (f"was interrupted (RUN_INTERRUPTED): {said}" if said else
+                "was interrupted (RUN_INTERRUPTED).")
+    else:
+        fact = f"ended {run.status} with {code_}."
+    state.renderer.error(error_view(
+        "CLI_RUN_FAILED",
+        f"The Run {run.run_id} {fact} Run {state.intloom()} inspect {run.run_id} for its "
+        "journal."))
     return code
+
+
+def left_suspended(run: RunView, *, suspended: bool = False) -> bool:
+    """``run`` is as its host left it when it suspended it: failed/RUN_INTERRUPTED, not
+    dismissed, and either ``suspended`` (the caller saw it happen) or not over by its view:
+    ``phase`` is that of its last record, and ``terminal`` for a Run a start restored
+    RUN_INTERRUPTED (docs/cli.md, "A stop, seen from a program"). The view tells it when
+    attach begins at a Run a host whose log failed had suspended already."""
+    error = run.last_error
+    return (run.status == "failed" and error is not None and error.code == "RUN_INTERRUPTED"
+            and not run.dismissed
+            and (suspended or (run.phase is not None and run.phase != "terminal")))
 
 
 @command
@@ -86,7 +104,8 @@ def flow(
     """Create a Run and wait for its first question, confirmation or end.
 
     On a terminal without --intent or --intent-file, the intent is asked for. Exit 0 when
-    it waits, completes or runs on (--detach), 1 when it fails.
+    it waits, completes or runs on (--detach), 1 when it fails, 75 when its host stopped
+    and suspended it meanwhile (not ended).
     """
     prompt = interactive(state.json_mode)
     if prompt and intent is None and intent_file is None:
@@ -354,7 +373,7 @@ def answer(
 ) -> int:
     """Answer a pending question or confirmation, then wait for the next stable state.
 
-    Exit 0 unless the Run then fails.
+    Exit 0 unless the Run then fails (1), or its host stops and suspends it meanwhile (75).
     """
     # The ids first, before ANSWER is read (from stdin, perhaps): an empty RUN was the
     # host's NOT_FOUND, "Run '' is not known", where an empty ACTION was a bad argument.
