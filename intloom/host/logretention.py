@@ -78,7 +78,9 @@ def prune_logs(logs_dir: Path, own: str, *, now: float, root: Path,
     than ``keep_for`` seconds (by their last write), then, oldest first, more of them while
     the host logs hold over ``cap`` bytes; never ``own`` (the starting host's log) or the
     newest log before it. Raises OSError when the directory cannot be listed."""
-    found, _, _ = scan_logs(logs_dir)  # oldest first: their names are their start times
+    # Oldest first: names sort in start order (after a clock step back a name carries a
+    # later time than its start: logfile._after_the_newest), so age is the last write's.
+    found, _, _ = scan_logs(logs_dir)
     seen: list[tuple[Path, os.stat_result]] = []
     for path in found:
         try:
