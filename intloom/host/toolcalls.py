@@ -116,12 +116,24 @@ _EVIDENCE: Final = (b'"event":"run_tool_', b'"event":"run_completion_',
 _CHUNK: Final = 1 << 20
 
 
+# A host log this short without ``restore_finished`` is a start's that ended before it had
+# restored (it failed: a port taken, a log it could not write; or it was killed in its
+# imports): no Run ran on it and it carried no evidence forward (``run_restored``'s
+# ``toolCall``), so the evidence is in a log before it. Passed over, at most this many (a
+# supervisor retrying a broken start writes one each time).
+_UNRESTORED_MAX: Final = 64 * 1024
+_RESTORED: Final = b'"event":"restore_finished"'
+_PASSED_MAX: Final = 256
+
+
 def evidence_log(logs: Path, *, before: str | None = None) -> tuple[str, bytes] | None:
     """``last_log``'s log, but only its lines of Tool calls, Agent completions and restored
     or held Runs, from its last ``LOG_SCAN`` bytes rather than ``LOG_TAIL``: a host busy after a
     long Tool call began (other Runs' Steps and Tool calls, ~1,500 lines) had pushed that
-    call's start out of the tail, and the restart no longer named it."""
-    newest = _newest_log(logs, before)
+    call's start out of the tail, and the restart no longer named it. The logs of starts that
+    ended before they restored are passed over (``_UNRESTORED_MAX``): one failed start after
+    a crash left its log the newest, and the Tool call the crash cut went unnamed."""
+    newest = _evidence_name(logs, before)
     if newest is None:
         return None
     fd = _open_regular(logs / newest)
@@ -162,6 +174,30 @@ def _evidence_lines(data: bytes) -> list[bytes]:
         stop = data.find(b"\n", start)
         lines.append(data[start:] if stop < 0 else data[start:stop])
     return lines
+
+
+def _evidence_name(logs: Path, before: str | None) -> str | None:
+    """The newest host log before ``before`` whose host got as far as restoring its Runs
+    (``_unrestored``), past at most ``_PASSED_MAX`` that did not (more: the newest, as
+    before any was passed over); None when there is none."""
+    try:
+        found, _, _ = scan_logs(logs)
+    except OSError:
+        return None
+    names = sorted((p.name for p in found if before is None or p.name < before), reverse=True)
+    for passed, name in enumerate(names):
+        if passed > _PASSED_MAX:
+            return names[0]
+        if not _unrestored(logs / name):
+            return name
+    return None
+
+
+def _unrestored(path: Path) -> bool:
+    """The log at ``path`` is short and has no ``restore_finished``: its start ended before
+    it restored. An unreadable one is not passed over (nothing is known of it)."""
+    head = read_log(path, _UNRESTORED_MAX + 1, tail=False)
+    return head is not None and len(head) <= _UNRESTORED_MAX and _RESTORED not in head
 
 
 def _newest_log(logs: Path, before: str | None) -> str | None:

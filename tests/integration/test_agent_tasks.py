@@ -1651,3 +1651,32 @@ def _receipt(client: Client, run_id: str, call: str, token: str,
     except IntloomError as exc:
         assert exc.code == "BUSY", exc.message  # while the first call still runs
         return None
+
+
+def test_a_start_that_failed_before_it_restored_does_not_hide_the_crashed_hosts_log(
+        project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The next host reads the last host's log for the Tool call a crash cut. A start that
+    failed before it restored anything (the saved port taken) wrote a newer log, with none
+    of that: read instead, the Run came back RUN_INTERRUPTED without the Tool call named."""
+    running = _killed_in_slow_tool(project, monkeypatch)
+    logs = project.state / "logs"
+    (killed_log,) = (p.name for p in logs.glob("LOG-*.jsonl"))
+    ok(project.cli("recover", "--json"))
+    port = json.loads((project.state / "connection.json").read_text())["port"]
+    with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past the kill's TIME_WAIT
+        taken.bind(("127.0.0.1", port))
+        taken.listen(1)
+        refused = project.cli("start", "--json")
+    assert refused.code == 1 and refused.json["error"]["code"] == "CLI_SERVICE_UNAVAILABLE"
+    assert len(list(logs.glob("LOG-*.jsonl"))) == 2  # the failed start's log is kept
+    said = f"the log of the host it ran on (.intloom/logs/{killed_log}) says Tool call tc-1"
+    doctor = json.loads(project.cli("--json", "doctor", timeout=30).stdout)
+    reason = {p["runId"]: p for p in doctor["runs"]}[running.run.run_id]["verdict"]["reason"]
+    assert said in reason, reason
+    start(project)
+    with Client.connect(project.root) as client:
+        error = client.get_run(running.run.run_id).last_error
+    assert error is not None and error.code == "RUN_INTERRUPTED", error
+    assert said in error.message, error.message
+    ok(project.cli("stop", "--json"))

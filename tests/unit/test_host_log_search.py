@@ -119,3 +119,35 @@ def test_a_stop_of_thousands_of_runs_is_still_a_stop(tmp_path: Path) -> None:
     log.write_bytes(log.read_bytes().replace(STOPPING, b'"event":"service_ready"'))
     assert not log_says_stopping(paths, info)
     assert lifecycle._logged_until(log) is None
+
+
+def test_the_evidence_log_passes_over_starts_that_ended_before_they_restored(
+        tmp_path: Path) -> None:
+    """The Tool call a crash cut is named from the last host's log. Starts that failed (or
+    were killed) before they restored wrote newer logs with none of it: each is passed over,
+    up to 256 of them (a supervisor's retries), but never a log that restored, nor one too
+    long to be a bare start's."""
+    from intloom.host.toolcalls import _PASSED_MAX, evidence_log
+
+    logs = tmp_path / "logs"
+    logs.mkdir(mode=0o700)
+    tool = b'{"event":"run_tool_started","runId":"RUN-1","toolCallId":"tc-1"}\n'
+
+    def log(n: int, body: bytes) -> str:
+        name = f"LOG-20261206T{n // 60000:02d}{n // 1000 % 60:02d}00{n % 1000:03d}Z.jsonl"
+        (logs / name).write_bytes(b'{"event":"log_opened"}\n' + body)
+        return name
+
+    crashed = log(1, b'{"event":"restore_finished"}\n' + tool)
+    failed = b'{"event":"service_start_failed"}\n{"event":"log_closed"}\n'
+    for n in range(2, 2 + _PASSED_MAX - 1):
+        log(n, failed)
+    log(2 + _PASSED_MAX, b"")  # killed as it began: nothing after log_opened
+    found = evidence_log(logs)
+    assert found is not None and found[0] == crashed and b"tc-1" in found[1], found
+    newest = log(3 + _PASSED_MAX, failed)  # one more than it passes over: the newest
+    assert evidence_log(logs) == (newest, b"")
+    assert evidence_log(logs, before=newest)[0] == crashed  # type: ignore[index]
+    # Too long for a start that never restored (its imports logged much): taken.
+    long = log(4 + _PASSED_MAX, b'{"event":"workflow_load_failed"}\n' * 3000)
+    assert evidence_log(logs)[0] == long  # type: ignore[index]
