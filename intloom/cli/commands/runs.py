@@ -24,7 +24,9 @@ if TYPE_CHECKING:
     from intloom.client.drift import SourceChange
     from intloom.runtime.model import RunView
 
-__all__ = ["answer", "cancel", "finish_run", "flow", "flows", "left_suspended", "runs"]
+__all__ = [
+    "answer", "cancel", "finish_run", "flow", "flows", "left_suspended", "refuse_bad_ids", "runs",
+]
 
 RunArg = Annotated[str, typer.Argument(metavar="RUN", help="The Run's id (RUN-...).")]
 # The waiting Runs whose question ``runs`` prints under its table; the rest are counted.
