@@ -17,9 +17,9 @@ import re
 import shlex
 import sys
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any, Final, TextIO
+from typing import Any, Final, TextIO, overload
 
 import msgspec
 
@@ -251,6 +251,40 @@ def _writing() -> Iterator[None]:
         raise OutputFailed(exc.errno, exc.strerror) from exc
 
 
+class PrintedRows(Sequence[Sequence[str]]):
+    """A table's rows held as one string each, their cells made ``printable`` as they come
+    (what ``Renderer.table`` writes of them): held as lists of cells, each row took several
+    hundred bytes, and as much again for the table's printable copy (a 360,000-record
+    journal's table)."""
+
+    # ``printable`` escapes every C0 control: no cell holds this one.
+    _SEP: Final = "\x00"
+
+    def __init__(self, rows: Iterable[Sequence[str]] = ()) -> None:
+        self._lines = [self._SEP.join(printable(cell) for cell in row) for row in rows]
+
+    def headed(self, columns: Sequence[str]) -> PrintedRows:
+        """These rows under ``columns`` (written as they are, as a header is)."""
+        out = PrintedRows()
+        out._lines = [self._SEP.join(columns), *self._lines]
+        return out
+
+    def __len__(self) -> int:
+        return len(self._lines)
+
+    @overload
+    def __getitem__(self, index: int) -> Sequence[str]: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Sequence[str]]: ...
+    def __getitem__(self, index: int | slice) -> Sequence[str] | Sequence[Sequence[str]]:
+        if isinstance(index, slice):
+            return [line.split(self._SEP) for line in self._lines[index]]
+        return self._lines[index].split(self._SEP)
+
+    def __iter__(self) -> Iterator[Sequence[str]]:
+        return (line.split(self._SEP) for line in self._lines)
+
+
 class Renderer:
     """Writes documents, lines, tables, spinners and errors for one command invocation."""
 
@@ -292,6 +326,32 @@ class Renderer:
             self.out.write(_json_text(doc) + "\n")
             self.out.flush()
         self.documented = True
+
+    def streamed_document(self, head: Mapping[str, Any], key: str, items: Iterable[Any],
+                          tail: Mapping[str, Any]) -> None:
+        """``document({**head, key: list(items), **tail})``, the same bytes, written as each
+        of ``items`` comes (never all held: a journal of 360,000 records, the Run's states
+        included, took 840 MB as one document). ``key`` is in neither mapping."""
+        try:
+            ends = [_json_encoder.encode(part).decode("utf-8") for part in (head, tail)]
+        except UnicodeEncodeError:
+            # The rare document written escaped (_json_text): as one, as before.
+            self.document({**head, key: list(items), **tail})
+            return
+        self.documented = True  # an error from here on goes to stderr, not into this one
+        with _writing():
+            out = self.out
+            out.write(ends[0][:-1] + ("," if head else "")
+                      + _json_encoder.encode(key).decode("utf-8") + ":[")
+            first = True
+            for item in items:
+                # Each item is one JSON value, as in the whole document (msgpack, which the
+                # journal's records come from, holds no lone surrogate: _json_text's escaped
+                # form is needed for paths, which head and tail carry).
+                out.write(("" if first else ",") + _json_text(item))
+                first = False
+            out.write("]" + ("," + ends[1][1:] if tail else "}") + "\n")
+            out.flush()
 
     def raw(self, text: str) -> None:
         """Already-formatted output (a JSONL log record), written as is, flushed at once."""
@@ -365,11 +425,13 @@ class Renderer:
             self._table(columns, rows)
 
     def _table(self, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-        rows = [[printable(cell) for cell in row] for row in rows]
+        if not isinstance(rows, PrintedRows):
+            rows = [[printable(cell) for cell in row] for row in rows]
         if self.rich_out and len(rows) > _RICH_ROWS:
             # Rich lays out every row: 10,000 Runs took 11.9 s to print on a terminal (1.1 s
             # piped). Aligned plain lines under a header, as piped output is but for that.
-            rows = [list(columns), *rows]
+            rows = (rows.headed(columns) if isinstance(rows, PrintedRows)
+                    else [list(columns), *rows])
         elif self.rich_out:
             from rich.cells import cell_len
             from rich.console import Console
@@ -406,10 +468,11 @@ class Renderer:
             return
         # A cell longer than _ALIGN_MAX (a load error, say) overflows its own row rather than
         # padding every other row out to its width.
-        widths = [
-            max((len(r[i]) for r in rows if len(r[i]) <= _ALIGN_MAX), default=0)
-            for i in range(len(columns))
-        ]
+        widths = [0] * len(columns)
+        for row in rows:
+            for i, cell in enumerate(row):
+                if widths[i] < len(cell) <= _ALIGN_MAX:
+                    widths[i] = len(cell)
         room = _terminal_columns(self.out)
         if room is not None and _cells_wide(rows) > room:
             # A terminal without colour (NO_COLOR, TERM=dumb) or with a long table: rows
@@ -1051,26 +1114,26 @@ def _summary(record: Mapping[str, Any]) -> str:
     return text if len(text) <= _SUMMARY_MAX else text[: _SUMMARY_MAX - 3] + "..."
 
 
-def history_rows(entries: Sequence[Mapping[str, Any]]) -> list[list[str]]:
+def history_rows(entries: Iterable[Mapping[str, Any]]) -> list[list[str]]:
     """One row per journal entry: seq, phase, time, what it says, its checks, where it is."""
-    rows = []
-    for entry in entries:
-        record = entry.get("record")
-        record = record if isinstance(record, Mapping) else {}
-        what = _summary(record)
-        if entry.get("problem"):
-            what = f"{what} ({entry['problem']})".strip()
-        rows.append(
-            [
-                str(entry.get("seq", "?")),
-                str(entry.get("phase") or record.get("phase") or "?"),
-                str(entry.get("at") or record.get("at") or ""),
-                what,
-                f"{entry.get('checksum', '?')}/{entry.get('verdict', '?')}",
-                f"{entry.get('file', '?')}@{entry.get('offset', '?')}",
-            ]
-        )
-    return rows
+    return [history_row(entry) for entry in entries]
+
+
+def history_row(entry: Mapping[str, Any]) -> list[str]:
+    """``history_rows``'s row for one entry."""
+    record = entry.get("record")
+    record = record if isinstance(record, Mapping) else {}
+    what = _summary(record)
+    if entry.get("problem"):
+        what = f"{what} ({entry['problem']})".strip()
+    return [
+        str(entry.get("seq", "?")),
+        str(entry.get("phase") or record.get("phase") or "?"),
+        str(entry.get("at") or record.get("at") or ""),
+        what,
+        f"{entry.get('checksum', '?')}/{entry.get('verdict', '?')}",
+        f"{entry.get('file', '?')}@{entry.get('offset', '?')}",
+    ]
 
 
 _TIME_KEYS = ("time", "ts", "at", "timestamp")

@@ -5,6 +5,7 @@ Read-only, and needs no host: the CLI reaches the store only through here.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 import msgspec
@@ -15,12 +16,15 @@ from intloom.store import (
     RunJournal,
     SharedRead,
     StoreReport,
+    histories,
     read_ended,
     read_history,
     read_runs_report,
     read_summary,
+    scanned_history,
     verify_report,
     verify_run,
+    verify_run_scans,
 )
 from intloom.store.files import Layout, read_file
 from intloom.store.framing import segment_header
@@ -64,8 +68,11 @@ def _records(runtime: Path, run_id: str, report: StoreReport, states: bool
 class RunRead(msgspec.Struct):
     """All ``inspect RUN`` reads of the store (``read_run``)."""
 
-    entries: list[HistoryEntry]  # empty: the Run has no journal
-    journal: RunJournal | None  # these three as ``read_journal`` gives them
+    # The Run's records as ``read_journal`` gives them, made again at each iteration from
+    # the segments as they were read (never held: 380 MB for a 360,000-record Run); empty:
+    # the Run has no journal.
+    entries: Iterable[HistoryEntry]
+    journal: RunJournal | None  # these two as ``read_journal`` gives them
     files: list[FileProblem]
     # The Run as the next start reads it (its snapshot and the log after it: what doctor
     # judges); for an ended Run, its ``done/`` snapshot (a start does not load it). None
@@ -75,23 +82,33 @@ class RunRead(msgspec.Struct):
     missing: list[str]  # for a Run without entries, the segments gone (``_missing``)
 
 
-def read_run(runtime: Path, run_id: str, *, states: bool = True) -> RunRead:
+def read_run(runtime: Path, run_id: str) -> RunRead:
     """``read_journal``, and the Run as a start reads it, from one read of the store
     (``SharedRead``): read apart, each judgement read every live/ snapshot again (inspect
-    of one small Run among 5,000 waiting ones read them three times, 3.5 s)."""
+    of one small Run among 5,000 waiting ones read them three times, 3.5 s). The Run's
+    records are judged from the segments its verify scanned (``verify_run_scans``), not
+    read again; only a Run the whole verify judged (not sound) has its segments read again
+    for them."""
     shared = SharedRead(runtime)
-    report = verify_run(runtime, run_id, shared=shared)
+    report, scans = verify_run_scans(runtime, run_id, shared=shared)
     restore = read_runs_report(runtime, shared=shared)
     del shared  # its snapshots are not held while the Run's records are read
     restored = next((j for j in restore.runs if j.run_id == run_id), None)
     missing = _missing(restore)
     del restore
-    entries, journal, files = _records(runtime, run_id, report, states)
-    if not entries:
-        return RunRead([], None, [], None, missing)
+    entries: Iterable[HistoryEntry] = (
+        scanned_history(runtime, run_id, scans) if scans is not None
+        else histories(runtime, run_id, segments=set(report.segments)))
+    if next(iter(entries), None) is None:
+        # No record in the log: a Run its snapshot still names lost its records (damage,
+        # reported as such by verify); only a Run nothing names is unknown.
+        entries = read_summary(runtime, run_id)
+        if not entries:
+            return RunRead([], None, [], None, missing)
+    journal = next((j for j in report.runs if j.run_id == run_id), None)
     if restored is None:
         restored = read_ended(runtime, run_id)
-    return RunRead(entries, journal, files, restored, [])
+    return RunRead(entries, journal, list(report.files), restored, [])
 
 
 def _missing(restore: StoreReport) -> list[str]:
@@ -121,12 +138,14 @@ def unreadable_snapshots(runtime: Path, run_id: str) -> list[str]:
     return found
 
 
-def written_by(runtime: Path, entries: list[HistoryEntry]) -> str | None:
+def written_by(runtime: Path, entries: Iterable[HistoryEntry]) -> str | None:
     """The host instance that wrote the Run's last readable record: the instance id in the
     header of the segment holding it. None when that record is not in a segment (only a
     snapshot summarises it) or the segment's header does not check out."""
-    last = next((e for e in reversed(entries) if e.verdict == "ok"
-                 and e.file.startswith("wal/")), None)
+    last = None
+    for entry in entries:
+        if entry.verdict == "ok" and entry.file.startswith("wal/"):
+            last = entry
     if last is None:
         return None
     data = read_file(Layout(runtime).wal / last.file.removeprefix("wal/"))

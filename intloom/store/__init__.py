@@ -7,7 +7,14 @@ else here is read-only.
 from __future__ import annotations
 
 from intloom.store.faults import FaultPlan
-from intloom.store.history import HistoryEntry, read_history, read_summary
+from intloom.store.history import (
+    History,
+    HistoryEntry,
+    histories,
+    read_history,
+    read_summary,
+    scanned_history,
+)
 from intloom.store.reader import (
     FileProblem,
     RunJournal,
@@ -20,6 +27,7 @@ from intloom.store.reader import (
     verify,
     verify_report,
     verify_run,
+    verify_run_scans,
 )
 from intloom.store.writer import DEFAULT_SEGMENT_BYTES, Store
 
@@ -27,18 +35,22 @@ __all__ = [
     "DEFAULT_SEGMENT_BYTES",
     "FaultPlan",
     "FileProblem",
+    "History",
     "HistoryEntry",
     "RunJournal",
     "ScanStats",
     "SharedRead",
     "Store",
     "StoreReport",
+    "histories",
     "read_ended",
     "read_history",
     "read_runs",
     "read_runs_report",
     "read_summary",
+    "scanned_history",
     "verify",
     "verify_report",
     "verify_run",
+    "verify_run_scans",
 ]

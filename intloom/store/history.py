@@ -8,7 +8,7 @@ Run on demand, never for startup. Read-only.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Final, Literal
@@ -39,6 +39,7 @@ from intloom.store.reader import (
     written_this_boot,
 )
 from intloom.store.snapshots import (
+    Manifest,
     Snapshot,
     SnapshotError,
     read_manifest,
@@ -46,8 +47,8 @@ from intloom.store.snapshots import (
     snapshot_name,
 )
 
-__all__ = ["BULK", "HistoryEntry", "first_segment", "read_histories", "read_history",
-           "read_summary"]
+__all__ = ["BULK", "History", "HistoryEntry", "first_segment", "histories", "read_histories",
+           "read_history", "read_summary", "scanned_history"]
 
 Verdict = Literal[
     "ok",  # checksum valid, decodes, and follows the previous record
@@ -136,15 +137,27 @@ def read_histories(runtime_dir: Path, run_ids: Collection[str], *,
     ``without``: fields of the records read as None (``BULK``: their Stage States, Step
     outputs and effect results), so that memory holds one segment at a time and these
     Runs' records without them (``_lean``)."""
+    layout, scans, voids = _read(runtime_dir, run_ids, damage_elsewhere, segments, since,
+                                 without)
+    return {run_id: list(_judged(layout, scans, voids, run_id)) for run_id in run_ids}
+
+
+def histories(runtime_dir: Path, run_id: str, *, segments: Collection[int] | None = None
+              ) -> History:
+    """``read_history``, each iteration judging the records again from the segments read
+    once: memory holds the Run's records as they are in the log, not its entries."""
+    return History(*_read(runtime_dir, [run_id], True, segments, 0, ()), run_id)
+
+
+def _read(runtime_dir: Path, run_ids: Collection[str], damage_elsewhere: bool,
+          segments: Collection[int] | None, since: int, without: tuple[str, ...]
+          ) -> tuple[Layout, list[SegmentScan], dict[int, int]]:
+    """What ``read_histories`` judges from: the segments it reads, scanned and kept only
+    for these Runs, and the void cuts."""
     layout = Layout(runtime_dir)
     if not check_dir(runtime_dir) or not check_dir(layout.wal):
-        return {run_id: [] for run_id in run_ids}
-    notices: list[VoidNotice] = []
-    try:
-        manifest = read_manifest(layout)
-        notices.extend(manifest.voids if manifest else [])
-    except SnapshotError:
-        manifest = None  # a damaged manifest only loses void notices the segments repeat
+        return layout, [], {}
+    manifest, notices = _manifest(layout)
     scans = []
     ids = frozenset(run_ids)
     wanted = [run_id.encode() for run_id in ids]
@@ -174,8 +187,49 @@ def read_histories(runtime_dir: Path, run_ids: Collection[str], *,
             scans.append(scan)
             del data, scan
     scans.sort(key=lambda s: s.number)
-    voids = void_cuts(notices, scans)
-    return {run_id: _judged(layout, scans, voids, run_id) for run_id in ids}
+    return layout, scans, void_cuts(notices, scans)
+
+
+def _manifest(layout: Layout) -> tuple[Manifest | None, list[VoidNotice]]:
+    """The manifest as a history reads it (None when it does not read), and its void
+    notices."""
+    try:
+        manifest = read_manifest(layout)
+    except SnapshotError:
+        return None, []  # a damaged manifest only loses void notices the segments repeat
+    return manifest, list(manifest.voids) if manifest else []
+
+
+class History:
+    """One Run's ``read_history``, judged from segments scanned already, again at each
+    iteration: its entries are made one at a time, never all held (a 360,000-record Run's
+    took ~1 KB each, 380 MB, on top of the segments' bytes)."""
+
+    def __init__(self, layout: Layout, scans: list[SegmentScan], voids: dict[int, int],
+                 run_id: str) -> None:
+        self._layout = layout
+        self._scans = scans
+        self._voids = voids
+        self._run_id = run_id
+
+    def __iter__(self) -> Iterator[HistoryEntry]:
+        return _judged(self._layout, self._scans, self._voids, self._run_id)
+
+
+def scanned_history(runtime_dir: Path, run_id: str, scans: list[SegmentScan]) -> History:
+    """``read_history(segments=...)`` of ``run_id`` from ``scans``, those segments as a read
+    of them scanned (``reader.verify_run_scans``: the verify of the Run that picked them),
+    without reading them again. It takes of them what ``read_histories`` would read: none
+    where the runtime directory or ``wal/`` is not a directory of ours, none that no start
+    reads (``unread_segment``), and the manifest's void notices."""
+    layout = Layout(runtime_dir)
+    if not check_dir(runtime_dir) or not check_dir(layout.wal):
+        return History(layout, [], {}, run_id)
+    manifest, notices = _manifest(layout)
+    taken = sorted((scan for scan in scans
+                    if unread_segment(layout, manifest, scan.number) is None),
+                   key=lambda scan: scan.number)
+    return History(layout, taken, void_cuts(notices, taken), run_id)
 
 
 def first_segment(runtime_dir: Path, created_at: str) -> int:
@@ -222,9 +276,10 @@ def _created(layout: Layout, number: int) -> datetime | None:
 
 
 def _judged(layout: Layout, scans: list[SegmentScan], voids: dict[int, int],
-            run_id: str) -> list[HistoryEntry]:
-    """``run_id``'s records in ``scans``, judged one by one (``read_history``)."""
-    entries: list[HistoryEntry] = []
+            run_id: str) -> Iterator[HistoryEntry]:
+    """``run_id``'s records in ``scans``, judged one by one (``read_history``), each given
+    as it is judged."""
+    any_entry = False  # one given already
     state: RunState | None = None
     expected = 1
     for scan in scans:
@@ -270,7 +325,8 @@ def _judged(layout: Layout, scans: list[SegmentScan], voids: dict[int, int],
         found.sort(key=lambda item: item[0])
         for offset, ready, payload, seq in found:
             if ready is not None:
-                entries.append(ready)
+                any_entry = True
+                yield ready
                 if ready.verdict == "damaged" and ready.seq == expected:
                     # The record existed but cannot be read: later ones keep their places,
                     # and their transitions can no longer be checked. A torn or void one
@@ -281,39 +337,43 @@ def _judged(layout: Layout, scans: list[SegmentScan], voids: dict[int, int],
             try:
                 record: Record | None = decode_record(payload)
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                entries.append(HistoryEntry(seq=seq, file=file, offset=offset, checksum="ok",
-                                            verdict="undecodable", problem=str(exc)))
+                any_entry = True
+                yield HistoryEntry(seq=seq, file=file, offset=offset, checksum="ok",
+                                   verdict="undecodable", problem=str(exc))
                 continue
             assert record is not None
             base = HistoryEntry(seq=seq, file=file, offset=offset, checksum="ok",
                                 verdict="ok", phase=_phase(record), at=record.at, record=record)
             if cut is not None and offset >= cut:
-                entries.append(msgspec.structs.replace(
-                    base, verdict="void", problem="its batch's write or fsync failed"))
+                any_entry = True
+                yield msgspec.structs.replace(
+                    base, verdict="void", problem="its batch's write or fsync failed")
                 continue
             if seq != expected:
-                if not entries and seq > 1:
+                if not any_entry and seq > 1:
                     summary, state = _from_snapshot(layout, run_id, seq - 1)
-                    entries.extend(summary)
+                    any_entry = True
+                    yield from summary
                     expected = seq
                 else:
-                    entries.append(msgspec.structs.replace(
-                        base, verdict="out_of_order", problem=f"expected record {expected}"))
+                    any_entry = True
+                    yield msgspec.structs.replace(
+                        base, verdict="out_of_order", problem=f"expected record {expected}")
                     continue
             if state is not None or seq == 1:
                 try:
                     state = apply(state, record)
                 except IllegalTransition as exc:
-                    entries.append(msgspec.structs.replace(base, verdict="illegal",
-                                                          problem=exc.why))
+                    any_entry = True
+                    yield msgspec.structs.replace(base, verdict="illegal", problem=exc.why)
                     continue
             else:
                 base = msgspec.structs.replace(
                     base, problem="checksum valid; not checked against the state machine "
                     "because an earlier record is unreadable")
-            entries.append(base)
+            any_entry = True
+            yield base
             expected = seq + 1
-    return entries
 
 
 def read_summary(runtime_dir: Path, run_id: str) -> list[HistoryEntry]:

@@ -86,6 +86,7 @@ __all__ = [
     "verify",
     "verify_report",
     "verify_run",
+    "verify_run_scans",
 ]
 
 Status = Literal["ok", "corrupt", "incompatible"]
@@ -307,13 +308,17 @@ class _Search(msgspec.Struct):
 
 
 def _search(layout: Layout, manifest: Manifest | None, numbers: list[int], run_id: str,
-            judged: Callable[[Layout, Manifest | None, int], FileProblem | None] | None
-            ) -> _Search:
+            judged: Callable[[Layout, Manifest | None, int], FileProblem | None] | None,
+            seen: _Seen | None = None) -> _Search:
     """Every valid frame of a Run holds its id verbatim, so a segment without it holds none
-    of its records; scanning frame by frame is the cost, reading the bytes is not."""
+    of its records; scanning frame by frame is the cost, reading the bytes is not. With
+    ``seen``, a segment holding the id is scanned here, from the bytes in hand (a verify of
+    the Run scans it whatever else it reads): read again to be scanned, each of the Run's
+    segments was read twice, and once more by ``inspect``'s history of it."""
     key = run_id.encode()
     holding: list[int] = []
     always: set[int] = set()
+    names: dict[str, str] = {}
     for number in numbers:
         if judged is not None and judged(layout, manifest, number) is not None:
             always.add(number)  # never read: the caller gives its finding
@@ -323,9 +328,29 @@ def _search(layout: Layout, manifest: Manifest | None, numbers: list[int], run_i
             continue
         if key in data:
             holding.append(number)
+            if seen is not None:
+                seen.scans[number] = _scanned(layout, number, data, numbers, run_id, names)
         elif VOID_FRAME.search(data) is not None:
             always.add(number)
+        del data
     return _Search(holding, always)
+
+
+def _scanned(layout: Layout, number: int, data: bytes, numbers: list[int], only: str,
+             names: dict[str, str]) -> tuple[SegmentScan, int, int]:
+    """Segment ``number``'s bytes scanned for a verify of Run ``only`` (``load``): the scan,
+    the bytes read and the payload bytes it holds."""
+    name = segment_name(number)
+    scan = scan_segment(name, number, data)
+    scan.written_this_boot = written_this_boot(layout.wal / name)
+    scan.went_on = went_on(layout, scan, numbers)
+    # Another Run's frames count here only by their place (whose frame damaged bytes were:
+    # ``_owner``); their payloads are never decoded. Dropped as each segment is read,
+    # memory holds this Run's records, not every segment it spans (inspect of a 14-record
+    # Run across 573 MB of another Run's 1 MB States held all of it: 618 MB).
+    scan.frames = [_placed(f, names) if f.kind == KIND_RECORD and f.run_id != only
+                   else f for f in scan.frames]
+    return scan, len(data), sum(len(f.payload) for f in scan.frames)
 
 
 def _segments_of(numbers: list[int], found: _Search, through_end: bool) -> set[int]:
@@ -560,7 +585,7 @@ def load(root: Path, mode: Mode = "restore", *, whole: bool = False,
     if only is not None:
         found = seen.search if seen is not None else None
         if found is None:
-            found = _search(layout, manifest, numbers, only, judged)
+            found = _search(layout, manifest, numbers, only, judged, seen)
         if seen is not None:
             seen.search = found
         loaded.holding = found.holding
@@ -579,8 +604,8 @@ def load(root: Path, mode: Mode = "restore", *, whole: bool = False,
             continue
         kept = seen.scans.get(number) if seen is not None else None
         if kept is not None:
-            # Scanned by this Run's verify already (one that stopped short of the log's
-            # end): the same bytes, counted as this read's too.
+            # Scanned by this Run's verify already (its search, or a read that stopped
+            # short of the log's end): the same bytes, counted as this read's too.
             scan, size, held = kept
             loaded.stats.segments_read += 1
             loaded.stats.bytes_read += size
@@ -590,30 +615,27 @@ def load(root: Path, mode: Mode = "restore", *, whole: bool = False,
         data = read_file(layout.wal / name)
         if data is None:
             continue
+        if only is not None:
+            scan, size, held = _scanned(layout, number, data, numbers, only, names)
+            del data
+            loaded.stats.segments_read += 1
+            loaded.stats.bytes_read += size
+            loaded.stats.payload_bytes_held += held
+            if seen is not None:
+                seen.scans[number] = (scan, size, held)
+            scans.append(scan)
+            continue
         loaded.stats.segments_read += 1
         loaded.stats.bytes_read += len(data)
-        size = len(data)
         scan = scan_segment(name, number, data)
         del data
         scan.written_this_boot = written_this_boot(layout.wal / name)
         scan.went_on = went_on(layout, scan, numbers)
-        if only is not None:
-            # Another Run's frames count here only by their place (whose frame damaged
-            # bytes were: ``_owner``); their payloads are never decoded. Dropped as each
-            # segment is read, memory holds this Run's records, not every segment it
-            # spans (inspect of a 14-record Run across 573 MB of another Run's 1 MB
-            # States held all of it: 618 MB).
-            scan.frames = [_placed(f, names) if f.kind == KIND_RECORD and f.run_id != only
-                           else f for f in scan.frames]
-        elif lean:
+        if lean:
             scan.frames = [_placed(f, names) if f.kind == KIND_RECORD else f
                            for f in scan.frames]
-        held = 0
         if mode != "restore":  # a start's read pays no pass over every frame for it
-            held = sum(len(f.payload) for f in scan.frames)
-            loaded.stats.payload_bytes_held += held
-        if seen is not None:
-            seen.scans[number] = (scan, size, held)
+            loaded.stats.payload_bytes_held += sum(len(f.payload) for f in scan.frames)
         scans.append(scan)
     loaded.segments_read = [s.number for s in scans]
 
@@ -1789,6 +1811,15 @@ def verify_run(runtime_dir: Path, run_id: str, *,
     anywhere in the log, and a verdict against this Run must be the one ``verify`` gives.
     Each of those reads shares what the one before it read (``shared``, ``_Seen``): the
     store's snapshots were read once per read (three times for inspect of a waiting Run)."""
+    return verify_run_scans(runtime_dir, run_id, shared=shared)[0]
+
+
+def verify_run_scans(runtime_dir: Path, run_id: str, *, shared: SharedRead | None = None
+                     ) -> tuple[StoreReport, list[SegmentScan] | None]:
+    """``verify_run``, and the segments its report names (``segments``) as it scanned them,
+    in order, each with only the Run's record frames and the void notices: what the Run's
+    history is judged from (``history.scanned_history``) without reading them again. None
+    when the whole verify judged the Run: it keeps no segment's payloads."""
     shared = shared if shared is not None else SharedRead(runtime_dir)
     seen = _Seen()
     for through_end in (False, True):
@@ -1797,21 +1828,37 @@ def verify_run(runtime_dir: Path, run_id: str, *,
         journal = loaded.journals.get(run_id)
         if journal is None and not loaded.holding:
             # No segment holds its id and no snapshot names it: no Run of that id.
-            return StoreReport([], list(loaded.files), loaded.stats, loaded.segments_read)
+            return (StoreReport([], list(loaded.files), loaded.stats, loaded.segments_read),
+                    _kept(seen, loaded, run_id))
         # Its last segment the log's last: this read went through the end already, and a
         # second one would read the same segments again (inspect of a live 180,000-record
         # Run read its segments three times, twice here).
         to_end = through_end or (bool(loaded.holding) and loaded.holding[-1]
                                  >= max(loaded.segment_numbers, default=0))
         if journal is not None and journal.status == "ok" and (to_end or _ended(journal)):
-            return StoreReport([journal], list(loaded.files), loaded.stats,
-                               loaded.segments_read)
+            return (StoreReport([journal], list(loaded.files), loaded.stats,
+                                loaded.segments_read), _kept(seen, loaded, run_id))
         if journal is not None and journal.status != "ok":
             break  # found unsound already: reading on to the log's end would not settle it
     del seen, loaded  # the whole verify holds one Run's payloads at a time, not these
     whole = load(runtime_dir, "verify", shared=shared)
     return StoreReport([j for j in whole.journals.values() if j.run_id == run_id],
-                       list(whole.files), whole.stats, whole.segments_read)
+                       list(whole.files), whole.stats, whole.segments_read), None
+
+
+def _kept(seen: _Seen, loaded: Loaded, run_id: str) -> list[SegmentScan] | None:
+    """The scans ``loaded`` judged from (``verify_run_scans``), without other Runs' frames;
+    None when one was not kept (a read again after a segment changed keeps none)."""
+    scans = []
+    for number in loaded.segments_read:
+        kept = seen.scans.get(number)
+        if kept is None:
+            return None
+        scan = kept[0]
+        scan.frames = [f for f in scan.frames if f.kind == KIND_VOID
+                       or (f.kind == KIND_RECORD and f.run_id == run_id)]
+        scans.append(scan)
+    return scans
 
 
 def verify(runtime_dir: Path) -> list[RunJournal]:

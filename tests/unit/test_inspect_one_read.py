@@ -20,7 +20,7 @@ import pytest
 
 from intloom.cli.app import main
 from intloom.diagnostics.journal import read_journal
-from intloom.store import read_ended, read_runs, reader, verify_run
+from intloom.store import files, history, read_ended, read_runs, reader, verify_run
 from intloom.store.snapshots import read_manifest, snapshot_name
 from tests.unit.test_store_support import open_store, walk
 
@@ -51,13 +51,15 @@ def runtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 class Reads:
-    """Every file the store's reader opens, by path under the runtime directory."""
+    """Every file the store's reader and its history of a Run open, by path under the
+    runtime directory."""
 
     def __init__(self, root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         self.root = root
         self.files: Counter[str] = Counter()
         for name in ("read_snapshot", "read_file"):
             monkeypatch.setattr(reader, name, self._counted(getattr(reader, name)))
+        monkeypatch.setattr(history, "read_file", self._counted(files.read_file))
         def manifest(layout: Any) -> Any:
             self.files["manifest.json"] += 1
             return read_manifest(layout)
@@ -113,6 +115,25 @@ def test_inspect_reads_each_snapshot_and_the_manifest_once(
     assert max(segments.values()) <= 2, taken
 
 
+@pytest.mark.parametrize("run_id", ["RUN-W", "RUN-E", "RUN-L"])
+@pytest.mark.parametrize("mode", [[], ["--json"]])
+def test_inspect_reads_the_runs_own_segments_once(
+        capsys: pytest.CaptureFixture[str], runtime: Path, reads: Reads, run_id: str,
+        mode: list[str]) -> None:
+    """The segment holding the Run's records is read once: searched for its id and scanned
+    from the same bytes, and its records judged for the output from that scan. It was read
+    three times: searched, read again to be scanned, and read again by ``read_history``. A
+    later segment the verify reads on into (RUN-W's, unfinished) is read twice: searched,
+    then scanned."""
+    code, out = _inspect(capsys, run_id, *mode)
+    assert code == 0 and run_id in out, out
+    own = "wal/0000000002.seg" if run_id == "RUN-L" else "wal/0000000001.seg"
+    segments = reads.of(reads.take(), "wal/")
+    assert segments[own] == 1, segments
+    assert segments == {"wal/0000000001.seg": 1,
+                        "wal/0000000002.seg": 2 if run_id == "RUN-W" else 1}, segments
+
+
 def test_one_read_judges_as_the_reads_apart_do(runtime: Path, reads: Reads) -> None:
     """What the shared read gives is what each judgement read alone gives: the verify of the
     Run, the Run as a start reads it (``read_runs``, or an ended Run's done/ snapshot)."""
@@ -121,7 +142,7 @@ def test_one_read_judges_as_the_reads_apart_do(runtime: Path, reads: Reads) -> N
     for run_id in ("RUN-W", "RUN-E", "RUN-L", "RUN-O2"):
         read = read_run(runtime, run_id)
         entries, journal, files = read_journal(runtime, run_id)
-        assert (read.entries, read.journal, read.files) == (entries, journal, files)
+        assert (list(read.entries), read.journal, read.files) == (entries, journal, files)
         alone = next((j for j in read_runs(runtime) if j.run_id == run_id), None)
         assert read.restored == (alone if alone is not None else read_ended(runtime, run_id))
         assert read.restored is not None and read.missing == []
@@ -157,7 +178,8 @@ def test_one_read_of_a_damaged_store_judges_as_the_reads_apart_do(
     for run_id in ("RUN-W", "RUN-E", "RUN-L", "RUN-O1", "RUN-O2"):
         read = read_run(runtime, run_id)
         entries, journal, files = read_journal(runtime, run_id)
-        assert (read.entries, read.journal, read.files) == (entries, journal, files), run_id
+        assert (list(read.entries), read.journal, read.files) == (entries, journal, files), \
+            run_id
         if not entries:
             continue
         alone = next((j for j in read_runs(runtime) if j.run_id == run_id), None)
@@ -168,13 +190,14 @@ def test_a_verify_of_one_run_reads_on_to_the_logs_end_without_reading_again(
         runtime: Path, reads: Reads) -> None:
     """``verify_run`` of an unfinished Run before the log's last segment: its second read,
     through the end of the log, read the snapshots, searched every segment and scanned the
-    Run's own again; it now reads only the segment after it."""
+    Run's own again; it now reads only the segment after it. The Run's own is scanned as it
+    is searched, from the bytes read for that: read once."""
     report = verify_run(runtime, "RUN-W")
     assert report.segments == [1, 2], report.segments
     assert [(j.run_id, j.status) for j in report.runs] == [("RUN-W", "ok")], report.runs
     taken = reads.take()
     assert set(reads.of(taken, "snap/live/").values()) == {1}, taken
-    assert reads.of(taken, "wal/") == {"wal/0000000001.seg": 2, "wal/0000000002.seg": 2}
+    assert reads.of(taken, "wal/") == {"wal/0000000001.seg": 1, "wal/0000000002.seg": 2}
     # What it says it read is what a read through the end alone reads.
     alone = reader.load(runtime, "verify", only="RUN-W", through_end=True)
     assert (report.stats, report.files) == (alone.stats, alone.files)

@@ -6,14 +6,14 @@ needs no host and works the same whether one runs or not.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
 from intloom.cli.commands.runs import RunArg
 from intloom.cli.inputs import run_id_problem
 from intloom.cli.options import CliState, command
-from intloom.cli.render import history_rows, plain
+from intloom.cli.render import PrintedRows, history_row, plain
 from intloom.errors import IntloomError
 
 __all__ = ["inspect"]
@@ -56,17 +56,19 @@ def _not_found(run_id: str, where: object, missing: list[str] | None = None,
     )
 
 
-def _went_on(entries: list[Any], state: Any) -> Any:
+def _went_on(entries: Iterable[Any], state: Any) -> Any:
     """The last readable record past ``state`` (a corrupt journal's fold stops at the damage):
     records that could not be checked against the state machine, but that are the Run's."""
     seq = state.seq if state is not None else 0
-    later = [e for e in entries if e.seq > seq and e.checksum == "ok"
-             and e.verdict not in ("void", "torn")]
-    return later[-1] if later else None
+    last = None
+    for e in entries:
+        if e.seq > seq and e.checksum == "ok" and e.verdict not in ("void", "torn"):
+            last = e
+    return last
 
 
 def _summary(run_id: str, journal: Any, restored: Any = None,
-             entries: list[Any] | None = None) -> dict[str, Any]:
+             entries: Iterable[Any] | None = None) -> dict[str, Any]:
     """``{runId, status, verdict, problem?, ...}``: the verdict on the whole journal, the Run
     as the next start reads it (``restored``, when that differs: a snapshot covers damaged
     history)."""
@@ -227,10 +229,9 @@ def inspect(state: CliState, run_id: RunArg) -> None:
     runtime = paths.runtime
     if not journals_present(paths):  # a .intloom/ that may not be searched: STORAGE_ERROR
         raise _not_found(run_id, runtime)
-    # Text shows no Stage State (render._RECORD_SKIP): not read into memory for it.
-    read = read_run(runtime, run_id, states=state.renderer.json_mode)
+    read = read_run(runtime, run_id)
     entries, journal, found, restored = read.entries, read.journal, read.files, read.restored
-    if not entries:
+    if not entries:  # an empty list: a History is never empty (read_run)
         raise _not_found(run_id, runtime, read.missing, unreadable_snapshots(runtime, run_id))
     run = _summary(run_id, journal, restored, entries)
     # Judged on what a start reads, as doctor judges it; an ended Run is not loaded.
@@ -244,7 +245,10 @@ def inspect(state: CliState, run_id: RunArg) -> None:
             gone = _host_gone(state.root(), written_by(runtime, entries))
             if gone is not None:
                 run["hostGone"] = gone
-    records = [plain(entry) for entry in entries]
+    # The records are made one at a time as they are written (text: as the rows the table
+    # aligns), never all held; the summary above judged them again only for what it says of
+    # a corrupt Run or a host gone.
+    records = (plain(entry) for entry in entries)
     # Whole-file findings of what was read (the Run's segments and snapshot, or the whole
     # store for a Run found unsound): doctor and start read neither snap/done/ nor the
     # segments below the manifest's start, so this is where their damage and strays are
@@ -252,13 +256,10 @@ def inspect(state: CliState, run_id: RunArg) -> None:
     files = [{"path": f.path, "kind": f.kind, "problem": f.problem} for f in found]
     renderer = state.renderer
     if renderer.json_mode:
-        document: dict[str, Any] = {"run": run, "records": records}
-        if files:
-            document["files"] = files
-        renderer.document(document)
+        renderer.streamed_document({"run": run}, "records", records,
+                                   {"files": files} if files else {})
         return
+    rows = PrintedRows(history_row(record) for record in records)
     renderer.lines(_text(run))
     renderer.lines([f"File {f['path']} is {f['kind']}: {f['problem']}" for f in files])
-    renderer.table(
-        ["SEQ", "PHASE", "TIME", "RECORD", "CHECKSUM/VERDICT", "LOCATION"], history_rows(records)
-    )
+    renderer.table(["SEQ", "PHASE", "TIME", "RECORD", "CHECKSUM/VERDICT", "LOCATION"], rows)
