@@ -132,6 +132,12 @@ def printable(text: str) -> str:
     return _patterns()[0].sub(_escaped, text)
 
 
+# What ``Renderer.streamed_document`` writes at once: written item by item, the document
+# went out in ~8 KiB writes, and a pipe holds less of them than of one write (each write
+# begins a page of its own unless it fits in the last one's room): a reader waiting for
+# the pipe to fill (64 KiB) waited for ever.
+_STREAM_BATCH: Final = 1 << 20
+
 # Tables longer than this are not laid out by Rich on a terminal (``Renderer._table``).
 _RICH_ROWS: Final = 500
 
@@ -341,16 +347,23 @@ class Renderer:
         self.documented = True  # an error from here on goes to stderr, not into this one
         with _writing():
             out = self.out
-            out.write(ends[0][:-1] + ("," if head else "")
-                      + _json_encoder.encode(key).decode("utf-8") + ":[")
+            batch = [ends[0][:-1] + ("," if head else "")
+                     + _json_encoder.encode(key).decode("utf-8") + ":["]
+            size = len(batch[0])
             first = True
             for item in items:
                 # Each item is one JSON value, as in the whole document (msgpack, which the
                 # journal's records come from, holds no lone surrogate: _json_text's escaped
                 # form is needed for paths, which head and tail carry).
-                out.write(("" if first else ",") + _json_text(item))
+                text = ("" if first else ",") + _json_text(item)
                 first = False
-            out.write("]" + ("," + ends[1][1:] if tail else "}") + "\n")
+                batch.append(text)
+                size += len(text)
+                if size >= _STREAM_BATCH:
+                    out.write("".join(batch))
+                    batch, size = [], 0
+            batch.append("]" + ("," + ends[1][1:] if tail else "}") + "\n")
+            out.write("".join(batch))
             out.flush()
 
     def raw(self, text: str) -> None:
