@@ -8,7 +8,7 @@ Run on demand, never for startup. Read-only.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Final, Literal
@@ -18,10 +18,11 @@ import msgspec
 from intloom.runtime.machine import IllegalTransition, RunState, apply
 from intloom.runtime.records import Record, encode_record
 from intloom.store.depth import decode_record
-from intloom.store.files import Layout, check_dir, list_names, read_file
+from intloom.store.files import Layout, check_dir, list_names, read_file, storage_error
 from intloom.store.framing import (
     KIND_RECORD,
     KIND_VOID,
+    Frame,
     SegmentScan,
     VoidNotice,
     rebuilt_payload,
@@ -32,6 +33,8 @@ from intloom.store.framing import (
 )
 from intloom.store.reader import (
     VOID_FRAME,
+    Changed,
+    Payloads,
     read_head,
     unread_segment,
     void_cuts,
@@ -139,14 +142,14 @@ def read_histories(runtime_dir: Path, run_ids: Collection[str], *,
     Runs' records without them (``_lean``)."""
     layout, scans, voids = _read(runtime_dir, run_ids, damage_elsewhere, segments, since,
                                  without)
-    return {run_id: list(_judged(layout, scans, voids, run_id)) for run_id in run_ids}
+    return {run_id: list(_judged(layout, scans, voids, run_id, _held)) for run_id in run_ids}
 
 
 def histories(runtime_dir: Path, run_id: str, *, segments: Collection[int] | None = None
               ) -> History:
     """``read_history``, each iteration judging the records again from the segments read
     once: memory holds the Run's records as they are in the log, not its entries."""
-    return History(*_read(runtime_dir, [run_id], True, segments, 0, ()), run_id)
+    return History(*_read(runtime_dir, [run_id], True, segments, 0, ()), run_id, placed=False)
 
 
 def _read(runtime_dir: Path, run_ids: Collection[str], damage_elsewhere: bool,
@@ -203,17 +206,37 @@ def _manifest(layout: Layout) -> tuple[Manifest | None, list[VoidNotice]]:
 class History:
     """One Run's ``read_history``, judged from segments scanned already, again at each
     iteration: its entries are made one at a time, never all held (a 360,000-record Run's
-    took ~1 KB each, 380 MB, on top of the segments' bytes)."""
+    took ~1 KB each, 380 MB, on top of the segments' bytes). ``placed``: the scans keep
+    where some of the Run's records are, not their bytes, read again as each is judged."""
 
     def __init__(self, layout: Layout, scans: list[SegmentScan], voids: dict[int, int],
-                 run_id: str) -> None:
+                 run_id: str, *, placed: bool) -> None:
         self._layout = layout
         self._scans = scans
         self._voids = voids
         self._run_id = run_id
+        self._placed = placed
 
     def __iter__(self) -> Iterator[HistoryEntry]:
-        return _judged(self._layout, self._scans, self._voids, self._run_id)
+        payloads = Payloads(self._layout) if self._placed else None
+        try:
+            yield from _judged(self._layout, self._scans, self._voids, self._run_id,
+                               _held if payloads is None else payloads)
+        except Changed as exc:
+            # Segments are only appended to: something other than a host rewrote this one
+            # while it was read, and what was judged of it may no longer be there.
+            raise storage_error(
+                exc.path, "changed while it was read: a record read from it again is not "
+                "the one read there before (a host only ever appends to a segment)",
+                "run the command again, and intloom verify to see what is there now") from None
+        finally:
+            if payloads is not None:
+                payloads.close()
+
+
+def _held(scan: SegmentScan, frame: Frame) -> bytes:
+    """A record's payload, held since its segment was read."""
+    return frame.payload
 
 
 def scanned_history(runtime_dir: Path, run_id: str, scans: list[SegmentScan]) -> History:
@@ -224,12 +247,12 @@ def scanned_history(runtime_dir: Path, run_id: str, scans: list[SegmentScan]) ->
     reads (``unread_segment``), and the manifest's void notices."""
     layout = Layout(runtime_dir)
     if not check_dir(runtime_dir) or not check_dir(layout.wal):
-        return History(layout, [], {}, run_id)
+        return History(layout, [], {}, run_id, placed=False)
     manifest, notices = _manifest(layout)
     taken = sorted((scan for scan in scans
                     if unread_segment(layout, manifest, scan.number) is None),
                    key=lambda scan: scan.number)
-    return History(layout, taken, void_cuts(notices, taken), run_id)
+    return History(layout, taken, void_cuts(notices, taken), run_id, placed=True)
 
 
 def first_segment(runtime_dir: Path, created_at: str) -> int:
@@ -275,17 +298,17 @@ def _created(layout: Layout, number: int) -> datetime | None:
     return at if at.tzinfo is not None else None
 
 
-def _judged(layout: Layout, scans: list[SegmentScan], voids: dict[int, int],
-            run_id: str) -> Iterator[HistoryEntry]:
+def _judged(layout: Layout, scans: list[SegmentScan], voids: dict[int, int], run_id: str,
+            payload: Callable[[SegmentScan, Frame], bytes]) -> Iterator[HistoryEntry]:
     """``run_id``'s records in ``scans``, judged one by one (``read_history``), each given
-    as it is judged."""
+    as it is judged; ``payload`` gives a record's bytes."""
     any_entry = False  # one given already
     state: RunState | None = None
     expected = 1
     for scan in scans:
         file = f"wal/{scan.name}"
         cut = voids.get(scan.number)
-        found: list[tuple[int, HistoryEntry | None, bytes | None, int]] = []
+        found: list[tuple[int, HistoryEntry | None, Frame | None, int]] = []
         for frame in scan.frames:
             if frame.kind != KIND_RECORD or frame.run_id != run_id:
                 continue
@@ -305,7 +328,7 @@ def _judged(layout: Layout, scans: list[SegmentScan], voids: dict[int, int],
                     f"offset {scan.sealed_end}): a writer never appends after sealing"),
                     None, frame.seq))
                 continue
-            found.append((frame.offset, None, frame.payload, frame.seq))
+            found.append((frame.offset, None, frame, frame.seq))
         for damage in scan.damage:
             tail = scan.is_torn(damage)
             claims = [(c.offset, c.seq) for c in damage.candidates if c.run_id == run_id]
@@ -323,7 +346,7 @@ def _judged(layout: Layout, scans: list[SegmentScan], voids: dict[int, int],
                     seq=seq, file=file, offset=offset, checksum="bad",
                     verdict=verdict), None, seq))
         found.sort(key=lambda item: item[0])
-        for offset, ready, payload, seq in found:
+        for offset, ready, held, seq in found:
             if ready is not None:
                 any_entry = True
                 yield ready
@@ -333,9 +356,9 @@ def _judged(layout: Layout, scans: list[SegmentScan], voids: dict[int, int],
                     # never happened: the next host writes that seq again.
                     expected, state = expected + 1, None
                 continue
-            assert payload is not None
+            assert held is not None
             try:
-                record: Record | None = decode_record(payload)
+                record: Record | None = decode_record(payload(scan, held))
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                 any_entry = True
                 yield HistoryEntry(seq=seq, file=file, offset=offset, checksum="ok",

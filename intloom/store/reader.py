@@ -71,8 +71,10 @@ from intloom.store.snapshots import (
 )
 
 __all__ = [
+    "Changed",
     "FileProblem",
     "Loaded",
+    "Payloads",
     "RunJournal",
     "ScanStats",
     "SharedRead",
@@ -144,9 +146,9 @@ class ScanStats(msgspec.Struct):
     snapshots_read: int = 0
     full: bool = False
     # Payload bytes of the frames the read holds until it judges: no record's for a whole
-    # verify (each Run's are read again as it is judged, ``_Payloads``), one Run's own for
-    # ``verify_run`` (``load(only=)``). Not counted by a restore (a start's read), which
-    # would pay a pass over every frame for it.
+    # verify (each Run's are read again as it is judged, ``Payloads``), one Run's own small
+    # ones for ``verify_run`` (``load(only=)``; all of them until 2026-12-06). Not counted
+    # by a restore (a start's read), which would pay a pass over every frame for it.
     payload_bytes_held: int = 0
 
 
@@ -336,8 +338,14 @@ def _search(layout: Layout, manifest: Manifest | None, numbers: list[int], run_i
     return _Search(holding, always)
 
 
+# The payload size from which a verify of one Run keeps its record by place, not its bytes
+# (``_scanned``): reading a record again costs ~8 us, a small one held costs little more
+# memory than its place.
+_PLACED_FROM: Final = 1024
+
+
 def _scanned(layout: Layout, number: int, data: bytes, numbers: list[int], only: str,
-             names: dict[str, str]) -> tuple[SegmentScan, int, int]:
+             names: dict[str, str], hold: bool = False) -> tuple[SegmentScan, int, int]:
     """Segment ``number``'s bytes scanned for a verify of Run ``only`` (``load``): the scan,
     the bytes read and the payload bytes it holds."""
     name = segment_name(number)
@@ -347,9 +355,14 @@ def _scanned(layout: Layout, number: int, data: bytes, numbers: list[int], only:
     # Another Run's frames count here only by their place (whose frame damaged bytes were:
     # ``_owner``); their payloads are never decoded. Dropped as each segment is read,
     # memory holds this Run's records, not every segment it spans (inspect of a 14-record
-    # Run across 573 MB of another Run's 1 MB States held all of it: 618 MB).
-    scan.frames = [_placed(f, names) if f.kind == KIND_RECORD and f.run_id != only
-                   else f for f in scan.frames]
+    # Run across 573 MB of another Run's 1 MB States held all of it: 618 MB). Its own
+    # large ones are read again as it is judged (``Payloads``), as a whole verify reads
+    # every record: held, they took the Run's size in memory until inspect was done.
+    # ``hold``: all of its own kept, for a read again after a segment changed.
+    scan.frames = [
+        _placed(f, names) if f.kind == KIND_RECORD and (
+            f.run_id != only or (not hold and len(f.payload) >= _PLACED_FROM)) else f
+        for f in scan.frames]
     return scan, len(data), sum(len(f.payload) for f in scan.frames)
 
 
@@ -536,8 +549,9 @@ def load(root: Path, mode: Mode = "restore", *, whole: bool = False,
     A bounded read that finds a Run it cannot judge from what it read (``Loaded.partial``)
     is done again over the whole log (``whole``). ``only`` (a verify of one Run,
     ``verify_run``): judge that Run alone, from its own ``done/`` snapshot and the segments
-    ``_segments_of`` picks, not every Run of the log. A whole verify keeps where each
-    record is, not its payload, and reads it again as its Run is judged (``_Payloads``);
+    ``_segments_of`` picks, not every Run of the log. A verify keeps where each record is,
+    not its payload (a verify of one Run: its large ones), and reads it again as its Run is
+    judged (``Payloads``);
     ``hold``: keep every payload instead, as a verify does again when a segment changed
     between the two reads (a host writing beside it). ``shared``: what an earlier read of
     the same command read is not read again; ``seen``: nor what an earlier verify of
@@ -578,7 +592,8 @@ def load(root: Path, mode: Mode = "restore", *, whole: bool = False,
     judged = unread_segment if mode == "verify" and bounded else None
     # A whole verify that held every payload until it judged took 552 MB for 76k Runs and
     # 1.27 GB for a 1.2 GB log; by place only, memory holds the frames' places and one
-    # Run's payloads at a time.
+    # Run's payloads at a time. A verify of one Run (``only``) keeps its large records by
+    # place too (``_scanned``).
     lean = mode == "verify" and only is None and not hold
     names: dict[str, str] = {}  # one copy of each run id, not one per frame
     chosen: set[int] | None = None
@@ -616,7 +631,7 @@ def load(root: Path, mode: Mode = "restore", *, whole: bool = False,
         if data is None:
             continue
         if only is not None:
-            scan, size, held = _scanned(layout, number, data, numbers, only, names)
+            scan, size, held = _scanned(layout, number, data, numbers, only, names, hold)
             del data
             loaded.stats.segments_read += 1
             loaded.stats.bytes_read += size
@@ -639,10 +654,10 @@ def load(root: Path, mode: Mode = "restore", *, whole: bool = False,
         scans.append(scan)
     loaded.segments_read = [s.number for s in scans]
 
-    payloads = _Payloads(layout) if lean else None
+    payloads = Payloads(layout) if lean or (only is not None and not hold) else None
     try:
         _judge_all(loaded, scans, live, done, mode, unsummarised, only, payloads)
-    except _Changed:
+    except Changed:
         # Judged from what each read saw, a verdict could mix two versions of a file: judged
         # again from one read that keeps it all, as a verify did before reading twice.
         return load(root, mode, whole=whole, only=only, through_end=through_end, hold=True)
@@ -662,25 +677,34 @@ def _placed(frame: Frame, names: dict[str, str]) -> Frame:
     return Frame(frame.kind, frame.seq, run_id, b"", frame.offset, frame.end)
 
 
-class _Changed(Exception):
-    """A segment's bytes at a frame's place are no longer that frame."""
+class Changed(Exception):
+    """A segment's bytes at a frame's place are no longer that frame (``path``: the
+    segment)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.path = path
 
 
-# Segment files ``_Payloads`` keeps open at once: Runs are judged in id order, each reading
+# Segment files ``Payloads`` keeps open at once: Runs are judged in id order, each reading
 # from anywhere in the log, and a log of thousands of segments would pass the fd limit.
 _OPEN_SEGMENTS: Final = 32
 
 
-class _Payloads:
+class Payloads:
     """A record's payload read again from its segment, for a read that kept only where each
     frame is (``_placed``). Each frame is checked again as the scan checked it (its crc,
-    and the same kind, seq and Run at the same place); anything else raises ``_Changed``."""
+    and the same kind, seq and Run at the same place); anything else raises ``Changed``.
+    A frame that kept its payload (a verify of one Run keeps its small ones) gives it as
+    it is. ``close`` when done (it keeps segments open)."""
 
     def __init__(self, layout: Layout) -> None:
         self._wal = layout.wal
         self._fds: dict[int, int] = {}
 
     def __call__(self, scan: SegmentScan, frame: Frame) -> bytes:
+        if frame.payload:  # a record's payload is never empty: this one was kept
+            return frame.payload
         fd = self._fds.get(scan.number)
         if fd is None:
             if len(self._fds) >= _OPEN_SEGMENTS:
@@ -689,11 +713,11 @@ class _Payloads:
         try:
             data = os.pread(fd, frame.end - frame.offset, frame.offset)
         except OSError:
-            raise _Changed from None
+            raise Changed(self._wal / scan.name) from None
         again = frame_of(data)
         if again is None or (again.kind, again.seq, again.run_id) != (
                 frame.kind, frame.seq, frame.run_id):
-            raise _Changed
+            raise Changed(self._wal / scan.name)
         return again.payload
 
     def _open(self, name: str) -> int:
@@ -701,14 +725,14 @@ class _Payloads:
             fd = os.open(self._wal / name,
                          os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
         except OSError:
-            raise _Changed from None
+            raise Changed(self._wal / name) from None
         try:
             regular = stat.S_ISREG(os.fstat(fd).st_mode)
         except OSError:
             regular = False
         if not regular:
             os.close(fd)
-            raise _Changed
+            raise Changed(self._wal / name)
         return fd
 
     def close(self) -> None:
@@ -987,7 +1011,7 @@ def _voids(loaded: Loaded, scans: list[SegmentScan]
 
 def _judge_all(loaded: Loaded, scans: list[SegmentScan], live: dict[str, Snapshot],
                done: dict[str, Snapshot], mode: Mode, unsummarised: set[int],
-               only: str | None = None, payloads: _Payloads | None = None) -> None:
+               only: str | None = None, payloads: Payloads | None = None) -> None:
     voids, odd_voids = _voids(loaded, scans)
     frames: dict[str, list[tuple[SegmentScan, Frame]]] = defaultdict(list)
     hits: dict[str, list[_Hit]] = defaultdict(list)
