@@ -411,6 +411,9 @@ def test_on_complete_on_a_code_step_is_a_definition_mistake_naming_the_step(
     assert not hasattr(step, "tools") and getattr(step, "agent", "default") == "default"
     with pytest.raises(AttributeError, match="'Step' object has no attribute 'nope'"):
         step.nope  # type: ignore[attr-defined]  # noqa: B018
+    # Said by a property, not a __getattr__: with one, every read of a Step's attributes
+    # (~10 per Step run) went through the hook, never a specialised attribute read.
+    assert not hasattr(type(step), "__getattr__")
 
 
 def test_a_version_that_is_not_a_string_says_so_not_that_it_is_empty() -> None:
