@@ -170,6 +170,23 @@ class RunState(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     recover_effect: EffectRef | None = None
 
 
+# The folds of a Step's three records (step_ready, executing, step_result) build the next
+# state positionally, in this order, RunState's own: ``msgspec.structs.replace`` looks every
+# one of its 30 fields up in a dict of the keywords, ~2.2k instructions more per record
+# (callgrind; the constructor's keywords cost more still). A field added to RunState must be
+# added there too: this check refuses the import until it is.
+_STEP_FIELDS: Final = (
+    "run_id", "workflow", "workflow_version", "identity", "schemas", "intent", "format",
+    "package_version", "protocol", "created_at", "updated_at", "phase", "seq", "cursor",
+    "status", "executing_kind", "stage_state", "outcome", "output", "pending_action",
+    "pending_agent_call", "answered_action", "answer", "effect_in_flight", "last_effect",
+    "last_effect_unknown", "last_error", "dismissed", "recover_resumed", "recover_effect",
+)
+if RunState.__struct_fields__ != _STEP_FIELDS:
+    raise RuntimeError("RunState's fields changed: update _STEP_FIELDS and the positional "
+                       "folds of step_ready, executing and step_result in runtime/machine.py")
+
+
 def _illegal(state: RunState | None, record: Record, why: str) -> IllegalTransition:
     return IllegalTransition(
         state.run_id if state else "",
@@ -254,19 +271,18 @@ def _apply_step_ready(state: RunState, record: StepReady, seq: int) -> RunState:
         raise _illegal(state, record, "only a Stage initialiser ends in step_ready")
     if record.stage != state.cursor.stage:
         raise _illegal(state, record, f"the Run is in Stage {state.cursor.stage!r}")
-    return msgspec.structs.replace(
-        state,
-        phase="step_ready", seq=seq, updated_at=record.at,
-        cursor=Cursor(stage=record.stage, step=record.step),
-        status="running",
-        executing_kind=None,
-        recover_resumed=False,
-        recover_effect=None,
-        stage_state=record.state,
-        outcome=None,
-        output=None,
-        answered_action=None,
-        answer=None,
+    # msgspec.structs.replace(state, phase="step_ready", seq=seq, updated_at=record.at,
+    # cursor=Cursor(stage=record.stage, step=record.step), status="running",
+    # executing_kind=None, recover_resumed=False, recover_effect=None,
+    # stage_state=record.state, outcome=None, output=None, answered_action=None, answer=None),
+    # built positionally (``_STEP_FIELDS``).
+    return RunState(
+        state.run_id, state.workflow, state.workflow_version, state.identity, state.schemas,
+        state.intent, state.format, state.package_version, state.protocol, state.created_at,
+        record.at, "step_ready", seq, Cursor(stage=record.stage, step=record.step), "running",
+        None, record.state, None, None, state.pending_action, state.pending_agent_call,
+        None, None, state.effect_in_flight, state.last_effect, state.last_effect_unknown,
+        state.last_error, state.dismissed, False, None,
     )
 
 
@@ -292,22 +308,19 @@ def _apply_effect_done(state: RunState, record: EffectDone, seq: int) -> RunStat
 def _apply_step_result(state: RunState, record: StepResult, seq: int) -> RunState:
     if state.executing_kind not in ("step", "recover", "agent"):
         raise _illegal(state, record, "a Stage initialiser has no outcome")
-    return msgspec.structs.replace(
-        state,
-        phase="step_result", seq=seq, updated_at=record.at,
-        cursor=_cursor(state, record.stage, record.step),
-        status="running",
-        executing_kind=None,
-        recover_resumed=False,
-        recover_effect=None,
-        stage_state=record.state,
-        outcome=record.outcome,
-        output=record.output,
-        pending_action=None,
-        pending_agent_call=None,
-        answered_action=None,
-        answer=None,
-        effect_in_flight=None,
+    # msgspec.structs.replace(state, phase="step_result", seq=seq, updated_at=record.at,
+    # cursor=_cursor(state, record.stage, record.step), status="running",
+    # executing_kind=None, recover_resumed=False, recover_effect=None,
+    # stage_state=record.state, outcome=record.outcome, output=record.output,
+    # pending_action=None, pending_agent_call=None, answered_action=None, answer=None,
+    # effect_in_flight=None), built positionally (``_STEP_FIELDS``).
+    return RunState(
+        state.run_id, state.workflow, state.workflow_version, state.identity, state.schemas,
+        state.intent, state.format, state.package_version, state.protocol, state.created_at,
+        record.at, "step_result", seq, _cursor(state, record.stage, record.step), "running",
+        None, record.state, record.outcome, record.output, None, None,
+        None, None, None, state.last_effect, state.last_effect_unknown,
+        state.last_error, state.dismissed, False, None,
     )
 
 
@@ -362,15 +375,21 @@ def _apply_executing(state: RunState, record: Executing, seq: int) -> RunState:
     if record.stage != state.cursor.stage:
         raise _illegal(state, record, f"the Run is in Stage {state.cursor.stage!r}")
     resumed = kind == "step" and state.phase == "answered" and state.executing_kind == "recover"
-    return msgspec.structs.replace(
-        state,
-        phase="executing", seq=seq, updated_at=record.at,
-        cursor=_cursor(state, record.stage, record.step),
-        status="running",
-        executing_kind="recover" if resumed else kind,
-        recover_resumed=resumed,
-        recover_effect=state.recover_effect if resumed else None,
-        pending_agent_call=None if kind == "agent" else state.pending_agent_call,
+    # msgspec.structs.replace(state, phase="executing", seq=seq, updated_at=record.at,
+    # cursor=_cursor(state, record.stage, record.step), status="running",
+    # executing_kind="recover" if resumed else kind, recover_resumed=resumed,
+    # recover_effect=state.recover_effect if resumed else None,
+    # pending_agent_call=None if kind == "agent" else state.pending_agent_call),
+    # built positionally (``_STEP_FIELDS``).
+    return RunState(
+        state.run_id, state.workflow, state.workflow_version, state.identity, state.schemas,
+        state.intent, state.format, state.package_version, state.protocol, state.created_at,
+        record.at, "executing", seq, _cursor(state, record.stage, record.step), "running",
+        "recover" if resumed else kind, state.stage_state, state.outcome, state.output,
+        state.pending_action, None if kind == "agent" else state.pending_agent_call,
+        state.answered_action, state.answer, state.effect_in_flight, state.last_effect,
+        state.last_effect_unknown, state.last_error, state.dismissed, resumed,
+        state.recover_effect if resumed else None,
     )
 
 

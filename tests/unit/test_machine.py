@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from intloom.errors import ErrorView
 from intloom.runtime.machine import (
     ALLOWED,
     IllegalTransition,
@@ -18,7 +19,7 @@ from intloom.runtime.machine import (
     interrupted_message,
     restart_verdict,
 )
-from intloom.runtime.model import Cursor, PendingAgentCall, WaitingAction
+from intloom.runtime.model import Cursor, EffectRef, PendingAgentCall, WaitingAction
 from intloom.runtime.records import (
     Answered,
     EffectDone,
@@ -394,3 +395,57 @@ def test_routing_to_the_next_step_is_its_own_step_ready() -> None:
     ready = apply(done, StepReady(at="t", stage="a", step="s2", state=done.stage_state))
     assert (ready.phase, ready.cursor.step, ready.outcome) == ("step_ready", "s2", None)
     assert restart_verdict(ready, False).row == "resume"
+
+
+def _every_field_set(phase: str, executing_kind: str | None) -> RunState:
+    """A state whose every field holds a value of its own (none at its default), so that a
+    fold that put one field's value in another's place cannot go unseen."""
+    ref = msgspec.structs.replace
+    return RunState(
+        run_id="RUN-1", workflow="wf", workflow_version="1", identity="i", schemas={"a": "x"},
+        intent="go", format=7, package_version="p", protocol="q", created_at="c",
+        updated_at="u", phase=phase, seq=9, cursor=Cursor("a", "s1"), status="waiting",
+        executing_kind=executing_kind, stage_state=b'{"n":1}', outcome="o", output={"out": 1},
+        pending_action=_action("a", "s1", 1), pending_agent_call=_agent(2),
+        answered_action=ref(_action("a", "s1", 3), kind="question"), answer={"ans": 1},
+        effect_in_flight=EffectRef(name="e1", key="k1", started_at="t1"),
+        last_effect=EffectRef(name="e2", key="k2", started_at="t2"), last_effect_unknown=True,
+        last_error=ErrorView(code="X", message="m"), dismissed=True, recover_resumed=True,
+        recover_effect=EffectRef(name="e3", key="k3", started_at="t3"),
+    )
+
+
+@pytest.mark.parametrize(("phase", "kind", "record", "changed"), [
+    ("executing", "step", StepResult(at="t", stage="a", step="s2", outcome="ok",
+                                     state=b'{"n":2}', output=[1]),
+     dict(phase="step_result", cursor=Cursor("a", "s2"), status="running",
+          executing_kind=None, recover_resumed=False, recover_effect=None,
+          stage_state=b'{"n":2}', outcome="ok", output=[1], pending_action=None,
+          pending_agent_call=None, answered_action=None, answer=None, effect_in_flight=None)),
+    ("step_result", None, StepReady(at="t", stage="a", step="s2", state=b'{"n":3}'),
+     dict(phase="step_ready", cursor=Cursor("a", "s2"), status="running",
+          executing_kind=None, recover_resumed=False, recover_effect=None,
+          stage_state=b'{"n":3}', outcome=None, output=None, answered_action=None,
+          answer=None)),
+    ("step_ready", None, Executing(at="t", stage="a", step="s1"),
+     dict(phase="executing", status="running", executing_kind="step", recover_resumed=False,
+          recover_effect=None)),
+    ("answered", "recover", Executing(at="t", stage="a", step="s1"),
+     dict(phase="executing", status="running", executing_kind="recover",
+          recover_resumed=True)),
+    ("waiting", None, Executing(at="t", stage="a", step="s1", kind="agent"),
+     dict(phase="executing", status="running", executing_kind="agent",
+          recover_resumed=False, recover_effect=None, pending_agent_call=None)),
+])
+def test_a_steps_folds_change_exactly_their_fields(
+        phase: str, kind: str | None, record: Record, changed: dict[str, Any]) -> None:
+    """The folds of a Step's records build the next state field by field, positionally (a
+    replace cost ~2.2k instructions more per record): each must change what the table
+    says and keep every other field where it was."""
+    before = _every_field_set(phase, kind)
+    if phase == "step_result":  # a step_ready follows only a result (or an initialiser)
+        before = msgspec.structs.replace(before, effect_in_flight=None)
+        changed["effect_in_flight"] = None
+    after = apply(before, record)
+    expected = msgspec.structs.replace(before, seq=before.seq + 1, updated_at="t", **changed)
+    assert after == expected
