@@ -1733,6 +1733,12 @@ class Driver:
         st = slot.state
         if stage is None:
             stage = slot.lw.workflow.stages[st.cursor.stage]
+        if hooks is None:
+            # self._hooks(slot), without its frame when the Run's hooks are this loop's (the
+            # case of every Step but a Run's first here): one fewer call per Step.
+            mine, loop = slot.hooks, self.loop
+            hooks = (mine if mine is not None and loop is not None and mine.loop is loop
+                     else self._hooks(slot))
         value: Any = None
         if stage.state_type is not None and st.stage_state is not None:
             kept = slot.decoded
@@ -1752,7 +1758,7 @@ class Driver:
             step=step,
             state=value,
             state_type=stage.state_type,
-            hooks=self._hooks(slot) if hooks is None else hooks,
+            hooks=hooks,
         )
         return ctx
 
@@ -1840,7 +1846,8 @@ class Driver:
         _drive). This runs per Step: no _user or call_user frame, no turn of _drive."""
         rt = self.rt
         while True:
-            step = self._step(slot)
+            cursor = slot.state.cursor  # self._step(slot), without its frame (once per Step)
+            step = slot.lw.workflow.stages[cursor.stage].steps[cursor.step or ""]
             fn = step.fn
             is_async = _is_async(fn)
             awaiting: Any = None  # what the Step returned, when a thread ran it
@@ -1864,7 +1871,7 @@ class Driver:
                 # async Runs: ~1.0-1.6k fewer instructions per Step).
                 try:
                     upto = slot.mark()
-                    if slot.followed:
+                    if slot._subscribers:  # slot.followed, without the property's frame
                         # Shown as soon as the flush ends, not at this task's turn after it,
                         # which comes once the Runs woken before it have each run a Step.
                         rt.journal.when_durable(partial(rt.show_early, slot, upto))
@@ -1983,7 +1990,8 @@ class Driver:
         while True:
             if self.stopping:  # before each Step, and while the loop handed the Run over
                 return _BACK, None
-            step = self._step(slot)
+            cursor = slot.state.cursor  # self._step(slot), without its frame (once per Step)
+            step = slot.lw.workflow.stages[cursor.stage].steps[cursor.step or ""]
             fn = step.fn
             if step.kind == "agent" or _is_async(fn):
                 return _NEXT, None
