@@ -672,6 +672,24 @@ harness; the figures quoted here are from those sessions, not from this run):
   64 Runs driven by a thread of its own, group committing through the store (10,900
   Steps/s against 33,700 in the same session, 22.7 Steps per flush: 64 threads contending
   for the GIL).
+- **Fewer instructions per Step** (2026-12-06, every Step figure): a Step's three folds
+  build the next Run state with the constructor's positional arguments instead of
+  `msgspec.structs.replace`, which looks each of the state's 30 fields up in a dict of the
+  keywords (~5.9k against ~3.7k instructions per fold); a code Step says that it has no
+  `on_complete` with a property instead of a `__getattr__`, which had sent every read of a
+  Step's attributes (~10 per Step) through the hook, unspecialised; the Step at the cursor,
+  the Run's hooks and whether it is followed are read in place (three fewer Python calls per
+  Step). Callgrind (`valgrind --tool=callgrind`, in-process Runtime and Store, the disk's
+  fdatasync real, instructions per Step from runs of 150 and 50 Steps): 64 async Runs 151.3k
+  → 146.6k (−3.1 %; 150.4k and 148.4k after the first two), one async Run 185.9k →
+  180.9k (600 and 200 Steps, one run each). 64 sync Runs could not be judged so on a loaded VM: a crew's
+  rounds follow the clock, and two pairs of runs gave 156.3k and 240.1k for the old code,
+  160.2k and 272.0k for the new (the folds and look-ups cut run on the crew's thread as on
+  the loop, but nothing here shows what they saved there). The same harness gave
+  137.0k for 64 async Runs at the code of 2026-12-02 (6388b03, quoted at 130.9k above with
+  another harness): the growth since is real, spread over the Python of the Step path
+  (+3.6k in the bytecode loop), attribute reads (the `__getattr__` above, ~1k) and the
+  three fields the Run state gained (each replace dearer, +1.1k).
 
 What is left, from profiles taken while building this harness (`py-spy`, `cProfile`,
 `strace -c`, `-X importtime`; figures are from those sessions, not this run):
