@@ -400,6 +400,8 @@ class Step(Generic[S]):
         # attributes ~10 times per Step (callgrind: ~350 instructions each).
         @property
         def on_complete(self) -> Any:
+            """Not for a code Step: reading it raises ``WORKFLOW_DEFINITION_INVALID`` saying
+            that ``on_complete`` belongs to Agent Steps (``stage.agent_step(...)``)."""
             raise _bad(
                 self.stage.workflow.name, self.where,
                 "on_complete belongs to Agent Steps, and this is a code Step (declared "
