@@ -8,7 +8,6 @@ the Stage, the Step and the fix; an outcome with no route fails the Run at run t
 from __future__ import annotations
 
 import collections
-import functools
 import hashlib
 import inspect
 import pathlib
@@ -347,6 +346,7 @@ class Step(Generic[S]):
 
     kind = "code"
     declared_at: tuple[str, int] | None = None  # the decorator's file and line
+    where: str  # the Step as errors name it: ``Stage 'draft', Step 'write'``
 
     def __init__(
         self, stage: Stage[S], name: str, fn: Callable[..., Any], routes: Mapping[str, Target]
@@ -360,25 +360,24 @@ class Step(Generic[S]):
         self.is_async = inspect.iscoroutinefunction(fn)
         self.recover_fn: Callable[..., Any] | None = None
         self.__doc__ = fn.__doc__
+        # The Step as errors name it, asked on every run of the Step. Made here, not cached
+        # at its first read: a ``functools.cached_property`` writes to the instance's
+        # ``__dict__``, and touching that turns the attributes into a dict that CPython
+        # 3.11 reads through its generic path (~4x slower), ~10 reads per Step.
+        self.where = f"Stage {stage.name!r}, Step {name!r}"
 
     def __setattr__(self, name: str, value: Any) -> None:
         # Its attributes too, not only its mappings' entries: `step.routes = {...}` rewired
-        # every later Run as `step.routes[...] = ...` did (a cached ``where`` is written to
-        # the instance's dict directly, never through here).
-        stage = self.__dict__.get("stage")
+        # every later Run as `step.routes[...] = ...` did. ``getattr``, not
+        # ``self.__dict__.get``: reading ``__dict__`` slows every attribute read (``where``).
+        stage = getattr(self, "stage", None)
         if stage is not None and stage.workflow._loaded:
-            where = f"Stage {stage.name!r}, Step {self.__dict__.get('name', '?')!r}"
-            stage.workflow._refuse_if_loaded(where, f"{name} was assigned")
+            stage.workflow._refuse_if_loaded(self.where, f"{name} was assigned")
         object.__setattr__(self, name, value)
 
     def __delattr__(self, name: str) -> None:
         self.stage.workflow._refuse_if_loaded(self.where, f"{name} was deleted")
         object.__delattr__(self, name)
-
-    @functools.cached_property
-    def where(self) -> str:  # asked on every run of the Step, used in its errors
-        """The Step as errors name it: ``Stage 'draft', Step 'write'``."""
-        return f"Stage {self.stage.name!r}, Step {self.name!r}"
 
     def recover(self, fn: RecoverFn[S]) -> RecoverFn[S]:
         """Declare the cross-process continuation of this Step's wait (used after a restart)."""
@@ -471,7 +470,7 @@ class Stage(Generic[S]):
         self.init_fn: Callable[..., Any] | None = None
 
     def __setattr__(self, name: str, value: Any) -> None:
-        workflow = self.__dict__.get("workflow")
+        workflow = getattr(self, "workflow", None)  # not __dict__: see Step.where
         if workflow is not None and workflow._loaded:
             workflow._refuse_if_loaded(f"Stage {self.name!r}", f"{name} was assigned")
         object.__setattr__(self, name, value)
@@ -725,7 +724,7 @@ class Workflow:
         return stage
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if self.__dict__.get("_loaded"):
+        if getattr(self, "_loaded", False):  # not __dict__: see Step.where
             self._refuse_if_loaded("definition", f"{name} was assigned")
         object.__setattr__(self, name, value)
 
