@@ -682,14 +682,30 @@ harness; the figures quoted here are from those sessions, not from this run):
   Step). Callgrind (`valgrind --tool=callgrind`, in-process Runtime and Store, the disk's
   fdatasync real, instructions per Step from runs of 150 and 50 Steps): 64 async Runs 151.3k
   → 146.6k (−3.1 %; 150.4k and 148.4k after the first two), one async Run 185.9k →
-  180.9k (600 and 200 Steps, one run each). 64 sync Runs could not be judged so on a loaded VM: a crew's
-  rounds follow the clock, and two pairs of runs gave 156.3k and 240.1k for the old code,
-  160.2k and 272.0k for the new (the folds and look-ups cut run on the crew's thread as on
-  the loop, but nothing here shows what they saved there). The same harness gave
+  180.9k (600 and 200 Steps, one run each). 64 sync Runs could not be judged so on a
+  loaded VM: a crew's rounds follow the clock, and two pairs of runs gave 156.3k and 240.1k
+  for the old code, 160.2k and 272.0k for the new (the folds and look-ups cut run on the
+  crew's thread as on the loop, but nothing here shows what they saved there). The same
+  harness gave
   137.0k for 64 async Runs at the code of 2026-12-02 (6388b03, quoted at 130.9k above with
   another harness): the growth since is real, spread over the Python of the Step path
   (+3.6k in the bytecode loop), attribute reads (the `__getattr__` above, ~1k) and the
   three fields the Run state gained (each replace dearer, +1.1k).
+  Then, the same day and harness: a Step's, a Stage's and a Workflow's attributes are read
+  on CPython 3.11's fast path again. Each had its `__dict__` read (a Step's `where` was a
+  `functools.cached_property`, which writes there, and the refusal of an assignment after
+  loading asked `self.__dict__`), and in 3.11 that moves an instance's attributes into a
+  dict whose reads miss their specialisation (~4x slower in a micro-benchmark, ~15 reads
+  per Step; the `__getattr__` above was not the only cause). `where` is now made with the
+  Step and the refusal asks `getattr`: 64 async Runs 146.7k (146.4-147.0k, two runs) →
+  141.9k (141.6-142.1k, three runs), −3.3 %; one async Run 202.4k → 197.2k (one run
+  each). Measured and not kept: the table of record
+  folds as plain tuples instead of a NamedTuple (whose fields 3.11 reads unspecialised),
+  141.9k → 141.5k (−0.2 %). Not tried: `__slots__` for the store (76 attributes) and a
+  Run's slot (34), over 3.11's limit of 30 shared keys: their attributes are read through
+  a hint into their dict, measured as fast as an ordinary instance's (~26 against ~19-32
+  ns per read in a micro-benchmark); asyncio's `get_debug` (~2.4 Python calls per Step,
+  from each `Handle` and `Future` made).
 
 What is left, from profiles taken while building this harness (`py-spy`, `cProfile`,
 `strace -c`, `-X importtime`; figures are from those sessions, not this run):
