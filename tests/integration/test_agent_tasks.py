@@ -1089,6 +1089,25 @@ def test_a_held_run_cancelled_records_the_tool_call_a_kill_cut(
     ok(project.cli("stop", "--json"))
 
 
+def _doctor_and_restart_name(project: Project, run_id: str, said: str, *,
+                             recover: bool) -> None:
+    """doctor's verdict for the Run, and the Run's error after the next start (after
+    ``recover`` when a killed host's files are left), both say ``said``; the host is
+    stopped again."""
+    doctor = project.cli("--json", "doctor", timeout=30)  # a FIFO opened would block it
+    reason = {p["runId"]: p for p in json.loads(doctor.stdout)["runs"]}[run_id]["verdict"][
+        "reason"]
+    assert said in reason, reason
+    if recover:
+        ok(project.cli("recover", "--json"))
+    start(project)
+    with Client.connect(project.root) as client:
+        error = client.get_run(run_id).last_error
+    assert error is not None and error.code == "RUN_INTERRUPTED", error
+    assert said in error.message, error.message
+    ok(project.cli("stop", "--json"))
+
+
 def test_the_last_hosts_log_is_found_past_entries_no_host_wrote(
         project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
     """doctor and the next host took the newest entry named ``LOG-*.jsonl`` as the last
@@ -1112,17 +1131,7 @@ def test_the_last_hosts_log_is_found_past_entries_no_host_wrote(
     os.mkfifo(stamped[1], 0o600)
     said = f"the log of the host it ran on (.intloom/logs/{killed_log}) says Tool call tc-1"
 
-    doctor = project.cli("--json", "doctor", timeout=30)  # a FIFO opened would block it
-    reason = {p["runId"]: p for p in json.loads(doctor.stdout)["runs"]}[
-        running.run.run_id]["verdict"]["reason"]
-    assert said in reason, reason
-    ok(project.cli("recover", "--json"))
-    start(project)
-    with Client.connect(project.root) as client:
-        error = client.get_run(running.run.run_id).last_error
-    assert error is not None and error.code == "RUN_INTERRUPTED", error
-    assert said in error.message, error.message
-    ok(project.cli("stop", "--json"))
+    _doctor_and_restart_name(project, running.run.run_id, said, recover=True)
     assert copy.read_bytes().endswith(b"no host wrote it\"}\n")
     assert os.readlink(link) == killed_log and os.readlink(stamped[0]) == copy.name
     assert stat.S_ISFIFO(os.lstat(stamped[1]).st_mode)
@@ -1671,12 +1680,4 @@ def test_a_start_that_failed_before_it_restored_does_not_hide_the_crashed_hosts_
     assert refused.code == 1 and refused.json["error"]["code"] == "CLI_SERVICE_UNAVAILABLE"
     assert len(list(logs.glob("LOG-*.jsonl"))) == 2  # the failed start's log is kept
     said = f"the log of the host it ran on (.intloom/logs/{killed_log}) says Tool call tc-1"
-    doctor = json.loads(project.cli("--json", "doctor", timeout=30).stdout)
-    reason = {p["runId"]: p for p in doctor["runs"]}[running.run.run_id]["verdict"]["reason"]
-    assert said in reason, reason
-    start(project)
-    with Client.connect(project.root) as client:
-        error = client.get_run(running.run.run_id).last_error
-    assert error is not None and error.code == "RUN_INTERRUPTED", error
-    assert said in error.message, error.message
-    ok(project.cli("stop", "--json"))
+    _doctor_and_restart_name(project, running.run.run_id, said, recover=False)

@@ -35,14 +35,6 @@ DUMP = (b'{"time": "T0", "level": "info", "event": "run_started"}\n'
 TORN_FIRST = b'{"time": "T1", "lev\n{"time": "T2", "level": "info", "event": "host_ready"}\n'
 
 
-@pytest.fixture
-def proj(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    (tmp_path / "intloom.toml").write_text('workflows = ["workflows/example.py"]\n')
-    (tmp_path / ".intloom" / "logs").mkdir(parents=True, mode=0o700)
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
-
-
 def _records(capsys: pytest.CaptureFixture[str], *args: str) -> list[dict[str, Any]]:
     code = main(["--json", "logs", *args])
     out, err = capsys.readouterr()
@@ -56,9 +48,9 @@ def _events(records: list[dict[str, Any]]) -> list[tuple[str, str | None]]:
 
 @pytest.mark.parametrize("args", [(), ("--tail", "2"), ("--tail", "6")])
 def test_a_fault_dump_ending_one_log_is_not_carried_into_the_next(
-    proj: Path, capsys: pytest.CaptureFixture[str], args: tuple[str, ...],
+    logs_project: Path, capsys: pytest.CaptureFixture[str], args: tuple[str, ...],
 ) -> None:
-    logs = proj / ".intloom" / "logs"
+    logs = logs_project / ".intloom" / "logs"
     (logs / OLDER).write_bytes(DUMP)
     (logs / NEWER).write_bytes(TORN_FIRST)
     shown = _events(_records(capsys, "--all", *args))
@@ -75,10 +67,10 @@ def test_a_fault_dump_ending_one_log_is_not_carried_into_the_next(
 
 
 def test_a_newest_log_torn_as_it_began_is_no_fault_dump_of_the_log_before(
-    proj: Path, capsys: pytest.CaptureFixture[str],
+    logs_project: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:
     """The newest log's only line a torn first write, shown as the torn end it is."""
-    logs = proj / ".intloom" / "logs"
+    logs = logs_project / ".intloom" / "logs"
     (logs / OLDER).write_bytes(DUMP)
     (logs / NEWER).write_bytes(b'{"time": "T1", "le')
     for args in ((), ("--tail", "1"), ("--tail", "3")):
@@ -115,9 +107,9 @@ def test_a_log_followed_into_after_a_fault_dump_starts_outside_one(
 @pytest.mark.parametrize("end", [b"\n  ", b"   ", b" \t ", b"\n\n \r"])
 @pytest.mark.parametrize("args", [(), ("--tail", "5"), ("--tail", "1")])
 def test_an_older_logs_torn_end_of_blanks_is_skipped_as_a_blank_line_is(
-    proj: Path, capsys: pytest.CaptureFixture[str], end: bytes, args: tuple[str, ...],
+    logs_project: Path, capsys: pytest.CaptureFixture[str], end: bytes, args: tuple[str, ...],
 ) -> None:
-    logs = proj / ".intloom" / "logs"
+    logs = logs_project / ".intloom" / "logs"
     older = b'{"time": "T0", "level": "info", "event": "a"}\n' + end
     (logs / OLDER).write_bytes(older)
     (logs / NEWER).write_bytes(b'{"time": "T1", "level": "info", "event": "b"}\n')

@@ -63,14 +63,6 @@ class _CountingOs:
         return os.open(path, flags, *args, **kwargs)
 
 
-@pytest.fixture
-def proj(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    (tmp_path / "intloom.toml").write_text('workflows = ["workflows/example.py"]\n')
-    (tmp_path / ".intloom" / "logs").mkdir(parents=True, mode=0o700)
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
-
-
 def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     code = main(list(args))
     out, err = capsys.readouterr()
@@ -92,10 +84,10 @@ def _counting(monkeypatch: pytest.MonkeyPatch, *refused: Path) -> _CountingOs:
 @pytest.mark.parametrize("args", [("--tail", "3"), ("--all", "-n", "3"), (RUN, "--tail", "2"),
                                   ("--tail", "0")])
 def test_tail_reads_a_blocks_worth_of_a_long_log_not_the_log(
-    proj: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    logs_project: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
     args: tuple[str, ...],
 ) -> None:
-    logs = proj / ".intloom" / "logs"
+    logs = logs_project / ".intloom" / "logs"
     older = b"".join(_record(n) for n in range(20_000))
     (logs / "LOG-20260101T000000000Z.jsonl").write_bytes(older)
     newest = logs / "LOG-20260102T000000000Z.jsonl"
@@ -116,12 +108,12 @@ def test_tail_reads_a_blocks_worth_of_a_long_log_not_the_log(
 
 
 def test_a_zero_filled_tail_is_shown_cut_without_being_held(
-    proj: Path, capsys: pytest.CaptureFixture[str],
+    logs_project: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:
     """A power cut's tail of zeros, with no newline: its start is found by reading back
     through it (there is no other way to know where it starts), a block at a time, and
     what is held of it is its head, as when it is read forward."""
-    logs = proj / ".intloom" / "logs"
+    logs = logs_project / ".intloom" / "logs"
     zeros = 16 * logtail._LINE_CAP
     (logs / "LOG-20260101T000000000Z.jsonl").write_bytes(_record(1) + b"\0" * zeros)
     code, out, _ = _cli(capsys, "--json", "logs", "--tail", "2")
@@ -153,11 +145,11 @@ def test_a_zero_filled_tail_is_shown_cut_without_being_held(
 
 
 def test_an_older_log_that_cannot_be_read_still_fails_the_tail_of_every_log(
-    proj: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    logs_project: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Wholly before the last N records, it is not read, but it is still opened: a log that
     may not be read fails the command (STORAGE_ERROR) as when every log was read whole."""
-    logs = proj / ".intloom" / "logs"
+    logs = logs_project / ".intloom" / "logs"
     refused = logs / "LOG-20260101T000000000Z.jsonl"
     refused.write_bytes(_record(0))
     (logs / "LOG-20260102T000000000Z.jsonl").write_bytes(_record(1) * 1000)
@@ -299,14 +291,14 @@ def test_the_property_reaches_what_it_is_about(tmp_path: Path) -> None:
 
 
 def test_a_runs_tail_decodes_no_line_twice_that_cannot_be_about_it(
-    proj: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    logs_project: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """``logs RUN --tail N`` for a Run with fewer than N records (a short or ended Run among
     busy ones) reads the logs backwards to their start, then whole, forward: deciding
     backwards which lines were the Run's decoded every line, so the log was decoded twice
     (2.3x the time a whole read took). A line without the id (nor any escape) is no record
     of the Run: it need not be decoded to be counted out."""
-    logs = proj / ".intloom" / "logs"
+    logs = logs_project / ".intloom" / "logs"
     others = 5_000
     body = b"".join(_record(n) for n in range(others))
     (logs / "LOG-20260101T000000000Z.jsonl").write_bytes(_record(0, RUN) + body)
@@ -327,14 +319,15 @@ def test_a_runs_tail_decodes_no_line_twice_that_cannot_be_about_it(
 
 @pytest.mark.parametrize("kept", [1, 7])
 def test_a_runs_tail_reads_each_byte_of_the_logs_once(
-    proj: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, kept: int,
+    logs_project: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    kept: int,
 ) -> None:
     """``logs RUN --tail 5`` for a Run with fewer than 5 records (``kept`` 1: a short or
     ended Run among busy ones) read the logs backwards to their start, then read them whole
     again, forward: twice the bytes a whole read takes. With 5 or more, far apart (``kept``
     7), it read back to the fifth last, then everything after it again. What the backwards
     read found is what is shown: each byte is read once."""
-    logs = proj / ".intloom" / "logs"
+    logs = logs_project / ".intloom" / "logs"
     lines = [_record(n, RUN if n % (10_000 // kept) == 7 else None) for n in range(10_000)]
     older, newer = b"".join(lines[:5_000]), b"".join(lines[5_000:])
     (logs / "LOG-20260101T000000000Z.jsonl").write_bytes(older)
@@ -401,11 +394,11 @@ def test_each_log_is_read_from_its_start_outside_a_fault_dump(
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="lists descriptors by /proc")
-def test_logs_leaves_no_log_open(proj: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_logs_leaves_no_log_open(logs_project: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The newest log, kept open to be read on, was never closed: in a process that goes on
     after ``logs`` (a program calling ``main``; this suite, whose property tests left over
     1,000 open, and a worker's next tests failed in ``select()``), one more each time."""
-    logs = proj / ".intloom" / "logs"
+    logs = logs_project / ".intloom" / "logs"
     (logs / "LOG-20260101T000000000Z.jsonl").write_bytes(_record(1))
     (logs / "LOG-20260102T000000000Z.jsonl").write_bytes(_record(2) + b'{"torn')
     before = set(os.listdir("/proc/self/fd"))
