@@ -344,7 +344,6 @@ class Renderer:
             # The rare document written escaped (_json_text): as one, as before.
             self.document({**head, key: list(items), **tail})
             return
-        self.documented = True  # an error from here on goes to stderr, not into this one
         with _writing():
             out = self.out
             batch = [ends[0][:-1] + ("," if head else "")
@@ -360,9 +359,14 @@ class Renderer:
                 batch.append(text)
                 size += len(text)
                 if size >= _STREAM_BATCH:
+                    # From the first byte out, an error (an item that cannot be read) goes
+                    # to stderr, not into this document; before it, stdout is still free for
+                    # the {"error": ...} document (it went to stderr, stdout left empty).
+                    self.documented = True
                     out.write("".join(batch))
                     batch, size = [], 0
             batch.append("]" + ("," + ends[1][1:] if tail else "}") + "\n")
+            self.documented = True
             out.write("".join(batch))
             out.flush()
 

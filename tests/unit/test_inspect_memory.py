@@ -145,3 +145,31 @@ def test_a_segment_rewritten_while_its_records_are_read_again_is_refused(
     assert raised.value.code == "STORAGE_ERROR", raised.value
     assert segment.name in str(raised.value) and "changed while it was read" in str(
         raised.value), raised.value
+
+
+def test_inspect_json_refused_before_it_wrote_puts_its_error_on_stdout(
+        runtime: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A read that fails while ``inspect --json`` streams its records, before any byte of the
+    document went out (a record re-read no longer there as scanned), is the one
+    ``{"error": ...}`` document on stdout, as every --json refusal is. It went to stderr,
+    as if stdout held a document already, and stdout was left empty."""
+    from intloom.diagnostics import journal
+    from tests.unit.test_store_support import flip, frames_of
+
+    # The Run's first State: read again before the output's first MiB went out.
+    segment = sorted((runtime / "wal").iterdir())[0]
+    state = next(f for f in frames_of(segment, "RUN-BIG") if len(f.payload) > STATE)
+    read_run = journal.read_run
+
+    def read_then_rewritten(runtime_dir: Path, run_id: str) -> journal.RunRead:
+        read = read_run(runtime_dir, run_id)
+        flip(segment, (state.offset + state.end) // 2)  # after its scan, before its re-read
+        return read
+
+    monkeypatch.setattr(journal, "read_run", read_then_rewritten)
+    assert main(["inspect", "RUN-BIG", "--json"]) == 1
+    out, err = capsys.readouterr()
+    assert err == "", err
+    error = json.loads(out)["error"]
+    assert error["code"] == "STORAGE_ERROR" and segment.name in error["message"], error
