@@ -312,7 +312,8 @@ class Store:
         into snapshots as the segment is started, so repeated crashes never make a restore
         read more. ``begin=False`` leaves that, and every other write, to ``begin()``: the
         host calls it only once nothing but a stop can end its start, so a start that fails
-        (a port taken, a full log) writes nothing under ``runtime_dir``.
+        (a port taken, a full log) creates no file under ``runtime_dir`` (the read
+        removes the temp files of killed atomic writes, and makes missing directories).
 
         The store holds ``lock_dir`` on ``runtime_dir`` until it is closed; ``locked``: the
         caller already holds it for the store's whole life (the host takes it before it
