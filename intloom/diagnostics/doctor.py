@@ -1272,8 +1272,13 @@ def _last_host_check(found: tuple[str, bytes] | None, root: Path, *,
         # Ended before it served: which part of its start, as start said it to a terminal
         # long closed ("It was importing ..."), is the first thing to look into.
         restored = sum(1 for r in records if r.get("event") == "run_restored")
+        # Past its restore: listening, starting its journal segment (which summarises a
+        # crashed host's leftovers, at length on a long log) or writing service.json. Said
+        # "while it restored its Runs" of a log that says the restore had finished.
         phase = (f"while it imported {last.get('source')}" if last.get("event") ==
                  "source_importing" else
+                 f"after it had restored its Runs ({restored} restored), before it served"
+                 if "restore_finished" in events else
                  f"while it restored its Runs ({restored} restored)" if restored else
                  "before it served")
         return Check(

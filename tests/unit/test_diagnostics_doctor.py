@@ -661,3 +661,24 @@ def test_last_host_names_the_part_of_its_start_a_host_ended_in(tmp_path: Path) -
     served = tail + b'{"time": "T4", "level": "info", "event": "service_ready"}\n'
     later = _last_host_check(("LOG-x.jsonl", served), tmp_path, current=True)
     assert later is not None and "during its start" not in later.message, later
+
+
+def test_last_host_killed_past_its_restore_is_not_said_to_have_been_restoring(
+        tmp_path: Path) -> None:
+    """A host killed once its restore had finished (listening, starting its journal segment,
+    writing service.json) was said to have ended "while it restored its Runs", of a log
+    ending with restore_finished."""
+    import json as _json
+
+    from intloom.diagnostics.doctor import _last_host_check
+
+    lines = [{"time": "T0", "level": "info", "event": "service_starting"},
+             {"time": "T1", "level": "info", "event": "run_restored", "runId": "RUN-1"},
+             {"time": "T2", "level": "info", "event": "restore_finished", "resumed": 1}]
+    tail = b"".join(_json.dumps(line).encode() + b"\n" for line in lines)
+    check = _last_host_check(("LOG-x.jsonl", tail), tmp_path, current=True)
+    assert check is not None and check.status == "attention", check
+    assert check.message.startswith(
+        "The last host ended during its start, after it had restored its Runs (1 restored), "
+        "before it served: its log (.intloom/logs/LOG-x.jsonl) ends at T2 with "
+        "restore_finished"), check.message
