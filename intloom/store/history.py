@@ -223,11 +223,13 @@ class History:
             yield from _judged(self._layout, self._scans, self._voids, self._run_id,
                                _held if payloads is None else payloads)
         except Changed as exc:
-            # Segments are only appended to: something other than a host rewrote this one
-            # while it was read, and what was judged of it may no longer be there.
+            # A host appends to a segment and cuts off only a batch whose write failed:
+            # such a cut, or another process, changed this one while it was read, and
+            # what was judged of it may no longer be there.
             raise storage_error(
                 exc.path, "changed while it was read: a record read from it again is not "
-                "the one read there before (a host only ever appends to a segment)",
+                "the one read there before (a host appends to a segment, and cuts off only a "
+                "batch whose write failed)",
                 "run the command again, and intloom verify to see what is there now") from None
         finally:
             if payloads is not None:
