@@ -333,6 +333,19 @@ class RunSlot:
     would pay five round trips per Step for nothing.
     """
 
+    # Slots, not an instance dict: past 30 attributes, CPython 3.11 keeps an instance's in a
+    # dict of its own, and then never specialises a call of its methods (``slot.apply``,
+    # three per Step, went through the generic attribute lookup) and reads each attribute
+    # through a hint into that dict.
+    __slots__ = (
+        "_events", "_events_beside", "_events_published", "_packed", "_packing",
+        "_stable_waiters", "_subscribers", "after_end", "agent", "checkpoint_where",
+        "decoded", "history", "hooks", "last_answer", "lock", "lw", "observer",
+        "on_thread", "outcome_from", "override", "owned", "recalled", "recovering",
+        "restored_seq", "restored_wait", "run_id", "shown", "state", "steps_on_thread",
+        "suspend_reason", "suspended", "task", "thread_ctx", "waiter",
+    )
+
     def __init__(
         self, state: RunState, lw: LoadedWorkflow, observer: RunObserver | None = None
     ) -> None:

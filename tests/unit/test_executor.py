@@ -20,7 +20,7 @@ import intloom
 from intloom.authoring.interaction import validate_answer
 from intloom.authoring.loader import LoadedWorkflow
 from intloom.errors import IntloomError
-from intloom.executor.driver import Driver
+from intloom.executor.driver import Driver, RunSlot
 from intloom.executor.runtime import RestoredRun, Runtime
 from intloom.executor.updates import RunUpdate
 from intloom.runtime.machine import fold
@@ -814,7 +814,7 @@ class _HeldAtB(MemoryJournal):
 
 
 def test_a_sync_step_whose_executing_is_still_being_written_when_a_stop_cuts_is_never_called(
-        sync_path: SyncPath) -> None:
+        sync_path: SyncPath, monkeypatch: pytest.MonkeyPatch) -> None:
     """The next Step's ``executing`` still being made durable when a stop's grace ran out:
     on the loop, the cut ends that await and the Step is never called. Its Run's thread
     went on to call it -- its ctx live, the cut having found none to finish -- if its flush
@@ -840,19 +840,21 @@ def test_a_sync_step_whose_executing_is_still_being_written_when_a_stop_cuts_is_
         run_id = (await rt.create_run("cut", "go")).run_id
         assert await asyncio.to_thread(journal.holding.wait, 10)
         slot = rt.runs[run_id]
-        suspend = slot.suspend
+        suspend = RunSlot.suspend
 
-        def late(reason: str | None = None) -> None:
+        def late(self: RunSlot, reason: str | None = None) -> None:
             # The grace is over (``cutting``), the Run not yet taken nor its task cancelled
             # (the stop takes the Run first): the flush comes back now, and the stop takes
             # the Run only once the thread (if any) has let it go.
-            assert rt.driver.cutting and slot.task is not None and not slot.task.done()
-            journal.let_go.set()
-            # Polled on the loop, held on purpose: nothing of the loop's may run meanwhile.
-            eventually(lambda: not slot.on_thread, what="the thread to let the Run go")
-            suspend(reason)
+            if self is slot:
+                assert rt.driver.cutting and slot.task is not None and not slot.task.done()
+                journal.let_go.set()
+                # Polled on the loop, held on purpose: nothing of the loop's may run meanwhile.
+                eventually(lambda: not slot.on_thread, what="the thread to let the Run go")
+            suspend(self, reason)
 
-        slot.suspend = late  # type: ignore[method-assign]
+        # On the class: a RunSlot has slots, no instance dict to shadow a method in.
+        monkeypatch.setattr(RunSlot, "suspend", late)
         await rt.suspend(grace=0.05)
         return run_id
 

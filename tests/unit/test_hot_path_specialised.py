@@ -1,0 +1,57 @@
+"""The objects every Step reads are ones CPython 3.11 specialises its reads and calls on.
+
+Past 30 attributes an instance of an ordinary class keeps them in a dict of its own: its
+attribute reads then go through a hint into that dict, and a call of one of its methods
+(``LOAD_METHOD``) is never specialised, so each takes the generic lookup (the MRO, the
+instance dict, the descriptor). A Run's slot is read and called several times per Step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dis
+import sys
+from typing import Any
+
+import pytest
+
+import intloom
+from intloom.authoring.loader import LoadedWorkflow
+from intloom.executor.runtime import Runtime
+from tests.unit.memjournal import MemoryJournal
+
+pytestmark = pytest.mark.skipif(sys.version_info[:2] != (3, 11),
+                                reason="CPython 3.11's specialised instructions")
+
+
+def _ops(thing: object, source: str, prefixes: tuple[str, ...]) -> list[str]:
+    """The specialised forms of ``source``'s reads of ``o`` after it ran on ``thing``."""
+    scope: dict[str, Any] = {}
+    exec(f"def use(o):\n    {source}", scope)  # a code object of its own, cold
+    for _ in range(200):
+        scope["use"](thing)
+    return [i.opname for i in dis.get_instructions(scope["use"], adaptive=True)
+            if i.opname.startswith(prefixes)]
+
+
+def test_a_runs_slot_has_its_methods_called_and_attributes_read_specialised() -> None:
+    wf = intloom.Workflow("hot", version="1")
+
+    @wf.stage("s").step("a", routes={"ok": intloom.COMPLETE})
+    async def a(ctx: Any) -> str:
+        return "ok"
+
+    wf.validate()
+    flows = {wf.name: LoadedWorkflow(wf, "test.py", "id-hot", wf.schemas())}
+
+    async def main() -> None:
+        rt = Runtime(flows, MemoryJournal(), package_version="0.1.0")
+        rt.restore([])
+        view = await rt.wait_stable((await rt.create_run("hot", "go")).run_id)
+        assert view.status == "completed"
+        slot = rt.runs[view.run_id]
+        # Before: LOAD_METHOD_ADAPTIVE (it never specialises) and LOAD_ATTR_WITH_HINT.
+        assert _ops(slot, "return o.mark()", ("LOAD_METHOD",)) == ["LOAD_METHOD_NO_DICT"]
+        assert _ops(slot, "return o.state", ("LOAD_ATTR",)) == ["LOAD_ATTR_SLOT"]
+
+    asyncio.run(asyncio.wait_for(main(), timeout=20))
