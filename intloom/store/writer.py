@@ -163,6 +163,26 @@ class Store:
     ``restored`` is what the store read at open (the same as ``read_runs_report``).
     """
 
+    # Slots, not an instance dict: past 30 attributes, CPython 3.11 keeps an instance's in a
+    # dict of its own, and then never specialises a call of its methods (the executor's
+    # ``journal.append``, three per Step) and reads each attribute through a hint into it.
+    __slots__ = (
+        "_appended", "_armed", "_begun", "_closed", "_closing", "_compactor",
+        "_dir_lock", "_durable_calls", "_failed_runs", "_failures", "_faults", "_fd",
+        "_fd_id", "_file_limit", "_flush_no", "_flush_waits", "_flushed", "_frames",
+        "_held", "_history_lock", "_history_mutex", "_history_read", "_history_reads",
+        "_history_waiting", "_home_fd", "_inflight", "_inline_max_sync_s", "_jobs",
+        "_kept_lock", "_kept_told", "_kick", "_last_sync_s", "_live_written", "_lock",
+        "_loop", "_manifest_kept", "_next_number", "_next_seq", "_number", "_opened",
+        "_pending", "_pending_first", "_pending_frames", "_pinned", "_poisoned",
+        "_resolved", "_rotate_failing", "_rotate_retry_at", "_sealed", "_segment_bytes",
+        "_segments_made", "_shared", "_size", "_solo_count", "_solo_run", "_start",
+        "_taken", "_thread", "_tracks", "_tracks_lock", "_voids", "_waiters",
+        "_writers", "_yielded", "flushes", "inline_flushes", "instance_id",
+        "kept_files", "layout", "on_kept_file", "on_unsummarised", "package_version",
+        "records_flushed", "removed_temps", "restored", "unsummarised",
+    )
+
     def __init__(self, layout: Layout, *, instance_id: str, package_version: str,
                  faults: FaultPlan, segment_bytes: int, restored: StoreReport,
                  inline_max_sync_s: float = _INLINE_MAX_SYNC_S) -> None:

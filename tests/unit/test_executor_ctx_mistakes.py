@@ -1044,7 +1044,7 @@ def test_a_step_assigning_its_contexts_names_is_refused_and_its_errors_still_nam
 
 
 def test_a_wait_the_step_cancels_while_it_is_being_saved_names_the_wait_and_the_fix(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``asyncio.wait_for(ctx.confirm(...), t)`` whose ``t`` ran out while the host was still
     making the confirmation's waiting record durable (a slow disk) failed the Run with
     CLI_INTERNAL_ERROR "The host failed while driving the Run (IllegalTransition)": the Step
@@ -1065,24 +1065,25 @@ def test_a_wait_the_step_cancels_while_it_is_being_saved_names_the_wait_and_the_
 
     async def main() -> RunView:
         store = open_store(root)
-        real_append, real_sync = store.append, store.sync
+        real_append, real_sync = Store.append, Store.sync
         waits: list[str] = []
 
-        def append(run_id: str, record: Any, state: Any = None) -> None:
+        def append(self: Store, run_id: str, record: Any, state: Any = None) -> None:
             if isinstance(record, Waiting):
                 waits.append(run_id)
-            real_append(run_id, record, state)
+            real_append(self, run_id, record, state)
 
-        async def sync(run_id: str | None = None) -> None:
+        async def sync(self: Store, run_id: str | None = None) -> None:
             if waits:
                 waits.clear()
                 # The flush of the waiting record outlasts the Step's patience: only the
                 # Step's own timeout ends this wait (a later flush makes the record durable).
                 await asyncio.Event().wait()
-            await real_sync(run_id)
+            await real_sync(self, run_id)
 
-        store.append = append  # type: ignore[method-assign]
-        store.sync = sync  # type: ignore[method-assign]
+        # On the class: a Store has slots, no instance dict to shadow a method in.
+        monkeypatch.setattr(Store, "append", append)
+        monkeypatch.setattr(Store, "sync", sync)
         rt = _runtime(store, wf)
         view = await rt.wait_stable((await rt.create_run(wf.name, "go")).run_id)
         await store.close()

@@ -22,7 +22,7 @@ from intloom.authoring.loader import LoadedWorkflow
 from intloom.errors import IntloomError
 from intloom.executor.runtime import Runtime
 from intloom.runtime.records import Executing, Record, StepReady, StepResult, Terminal
-from intloom.store import read_history
+from intloom.store import Store, read_history
 from tests.unit.test_store_support import open_store
 
 
@@ -209,7 +209,8 @@ def test_a_step_that_blocks_holds_up_no_other_run_and_its_run_rejoins_the_crew(
 
 
 @pytest.mark.timeout(60)
-def test_a_cancel_during_the_threads_flush_keeps_the_step_from_running(tmp_path: Path) -> None:
+def test_a_cancel_during_the_threads_flush_keeps_the_step_from_running(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """On the loop, a cancel that lands while a Step's executing is being written ends the
     task in its await: the Step is never called. A worker driving the Run must agree."""
     root = tmp_path / "runtime"
@@ -219,19 +220,20 @@ def test_a_cancel_during_the_threads_flush_keeps_the_step_from_running(tmp_path:
 
     async def main() -> tuple[int, int, list[Record]]:
         store = open_store(root)
-        real_write = store._write_guarded
+        real_write = Store._write_guarded
         seen = 0
 
-        def held_write(batch: Any) -> str | None:
+        def held_write(self: Store, batch: Any) -> str | None:
             nonlocal seen
             if threading.current_thread().name == "intloom-step":
                 seen += 1
                 if seen == 5:  # an executing, written by the thread driving the Run
                     writing.set()
                     assert release.wait(20)
-            return real_write(batch)
+            return real_write(self, batch)
 
-        store._write_guarded = held_write  # type: ignore[method-assign]
+        # On the class: a Store has slots, no instance dict to shadow a method in.
+        monkeypatch.setattr(Store, "_write_guarded", held_write)
         rt = Runtime({lw.name: lw}, store, package_version="0.1.0")
         rt.restore([])
         view = await rt.create_run(lw.name, "test")
@@ -259,7 +261,7 @@ def test_a_cancel_during_the_threads_flush_keeps_the_step_from_running(tmp_path:
 
 @pytest.mark.timeout(60)
 def test_a_cancel_racing_the_threads_last_route_reports_the_end_it_lost_to(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The worker appends the Run's end while cancel decides: cancel either takes the Run
     first or sees it ended -- never a second terminal record (IllegalTransition)."""
     root = tmp_path / "runtime"
@@ -269,17 +271,18 @@ def test_a_cancel_racing_the_threads_last_route_reports_the_end_it_lost_to(
 
     async def main() -> tuple[bool, str]:
         store = open_store(root)
-        real_append = store.append
+        real_append = Store.append
 
-        def slow_end(run_id: str, record: Any, state: Any = None) -> None:
+        def slow_end(self: Store, run_id: str, record: Any, state: Any = None) -> None:
             if isinstance(record, Terminal) and threading.current_thread().name == "intloom-step":
                 inside.set()
                 # Holds the Run's lock a while (a GIL switch at the worst moment): the
                 # cancel below arrives inside this window. The outcome is checked either way.
                 threading.Event().wait(0.3)
-            real_append(run_id, record, state)
+            real_append(self, run_id, record, state)
 
-        store.append = slow_end  # type: ignore[method-assign]
+        # On the class: a Store has slots, no instance dict to shadow a method in.
+        monkeypatch.setattr(Store, "append", slow_end)
         rt = Runtime({lw.name: lw}, store, package_version="0.1.0")
         rt.restore([])
         view = await rt.create_run(lw.name, "test")

@@ -3,7 +3,8 @@
 Past 30 attributes an instance of an ordinary class keeps them in a dict of its own: its
 attribute reads then go through a hint into that dict, and a call of one of its methods
 (``LOAD_METHOD``) is never specialised, so each takes the generic lookup (the MRO, the
-instance dict, the descriptor). A Run's slot is read and called several times per Step.
+instance dict, the descriptor). A Run's slot and the store are read and called several times
+per Step.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dis
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +21,7 @@ import intloom
 from intloom.authoring.loader import LoadedWorkflow
 from intloom.executor.runtime import Runtime
 from tests.unit.memjournal import MemoryJournal
+from tests.unit.test_store_support import open_store
 
 pytestmark = pytest.mark.skipif(sys.version_info[:2] != (3, 11),
                                 reason="CPython 3.11's specialised instructions")
@@ -55,3 +58,16 @@ def test_a_runs_slot_has_its_methods_called_and_attributes_read_specialised() ->
         assert _ops(slot, "return o.state", ("LOAD_ATTR",)) == ["LOAD_ATTR_SLOT"]
 
     asyncio.run(asyncio.wait_for(main(), timeout=20))
+
+
+def test_the_store_has_its_methods_called_and_attributes_read_specialised(
+        tmp_path: Path) -> None:
+    store = open_store(tmp_path / "runtime")
+    try:
+        # The executor's ``journal.append`` (three per Step) and the store's reads of its own
+        # attributes. Before: LOAD_METHOD_ADAPTIVE and LOAD_ATTR_WITH_HINT.
+        assert _ops(store, "return o.snapshots_due()",
+                    ("LOAD_METHOD",)) == ["LOAD_METHOD_NO_DICT"]
+        assert _ops(store, "return o._pending", ("LOAD_ATTR",)) == ["LOAD_ATTR_SLOT"]
+    finally:
+        store.close_blocking()

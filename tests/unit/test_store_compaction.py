@@ -663,22 +663,24 @@ FILE_LIMITED = r'''
 records = walk("RUN-A", 3_000, 5)
 sizes = [int(size) for size in sys.argv[3].split(",")]
 threaded = inline = 0  # batches past the limit's room, written on the store's thread, inline
-submit, write_out = store._submit, store._write_out
+Store = type(store)
+submit, write_out = Store._submit, Store._write_out
 
 
-def submitted(batch):
+def submitted(self, batch):
     global threaded
-    threaded += store._beyond_limit(len(batch.data))
-    submit(batch)
+    threaded += self._beyond_limit(len(batch.data))
+    submit(self, batch)
 
 
-def written_out(batch):  # on the caller's thread: the loop, or sync_blocking's
+def written_out(self, batch):  # on the caller's thread: the loop, or sync_blocking's
     global inline
-    inline += store._beyond_limit(len(batch.data))
-    write_out(batch)
+    inline += self._beyond_limit(len(batch.data))
+    write_out(self, batch)
 
 
-store._submit, store._write_out = submitted, written_out
+# On the class: a Store has slots, no instance dict to shadow a method in.
+Store._submit, Store._write_out = submitted, written_out
 
 
 async def flushed() -> None:

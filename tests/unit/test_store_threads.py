@@ -125,7 +125,8 @@ def test_a_failed_flush_by_a_thread_fails_the_loop_runs_in_its_batch(tmp_path: P
 
 
 @pytest.mark.timeout(30)
-def test_a_loop_waiter_is_woken_by_a_thread_flush(tmp_path: Path) -> None:
+def test_a_loop_waiter_is_woken_by_a_thread_flush(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The loop's sync waits while a thread's batch is being written; that thread's flush
     (holding the loop's record or not) must wake it, or the Run would hang."""
     root = tmp_path / "runtime"
@@ -134,15 +135,16 @@ def test_a_loop_waiter_is_woken_by_a_thread_flush(tmp_path: Path) -> None:
 
     async def main() -> None:
         store = open_store(root)
-        real_write = store._write_guarded
+        real_write = Store._write_guarded
 
-        def slow_write(batch):  # type: ignore[no-untyped-def]
+        def slow_write(self, batch):  # type: ignore[no-untyped-def]
             if threading.current_thread() is not threading.main_thread():
                 writing.set()
                 assert release.wait(10)
-            return real_write(batch)
+            return real_write(self, batch)
 
-        store._write_guarded = slow_write  # type: ignore[method-assign]
+        # On the class: a Store has slots, no instance dict to shadow a method in.
+        monkeypatch.setattr(Store, "_write_guarded", slow_write)
         store.share()
 
         def on_thread() -> None:
