@@ -43,12 +43,11 @@ from intloom.authoring.workflow import AgentStep, Complete, Stage, Step, Tool, T
 from intloom.errors import CATALOGUE, ErrorView, IntloomError, as_call, clip, error_view, message_of
 from intloom.executor import clock
 from intloom.executor.crew import Crews
-from intloom.executor.history import FACTS as _FACTS
+from intloom.executor.history import FACTS, pack, shown, unpack
 from intloom.executor.history import Entry as _Entry
 from intloom.executor.history import Event as _Event
 from intloom.executor.history import detail as _detail
 from intloom.executor.history import kept as _kept
-from intloom.executor.history import pack, shown, unpack
 from intloom.executor.history import plain_view as _plain_view
 from intloom.executor.updates import RunUpdate
 from intloom.executor.workers import Inbox, NoThread, Workers
@@ -134,6 +133,10 @@ def _is_async(fn: Callable[..., Any]) -> bool:
 # names that effect, which ran and is journaled done with the error (inspect showed it; the
 # Run's error named only the Step).
 _FROM_EFFECT: Final = "_intloom_effect"
+# Assigned, not imported: Python 3.11 compiles ``name.method()`` on an imported name as an
+# attribute load, which never specialises and binds a new method object on every call (a
+# record's facts are looked up for each of the three records per Step).
+_FACTS: Final = FACTS
 
 
 def _user_failed(where: str, exc: BaseException) -> IntloomError:

@@ -130,6 +130,9 @@ def _within_file_limit(segment_bytes: int, limit: int | None) -> int:
 _BODY_HEAD: Final = framing._BODY_HEAD
 _FRAME_HEAD: Final = framing._FRAME_HEAD
 _LEN_CRC: Final = framing._LEN_CRC
+# A frame's body's room for a run id and a record (the Struct's ``size`` is a descriptor
+# 3.11 reads unspecialised).
+_BODY_ROOM: Final = MAX_BODY - _BODY_HEAD.size
 # loop.create_future() without its Python frame (once per Step): the host runs asyncio's
 # own event loop, whose create_future returns exactly this.
 _Future: Final = asyncio.Future
@@ -561,7 +564,7 @@ class Store:
         # Encoded first: a record that cannot be encoded raises and changes nothing.
         payload = encode_record(record)
         rid = run_id.encode()
-        if len(payload) > MAX_BODY - _BODY_HEAD.size - len(rid):
+        if len(payload) > _BODY_ROOM - len(rid):
             # Written, it would be read back as damage (the reader's bound on a frame's
             # length): the Run would be lost at the next restore from the log.
             raise RecordTooLarge(_BODY_HEAD.size + len(rid) + len(payload), MAX_BODY)

@@ -71,3 +71,12 @@ def test_the_store_has_its_methods_called_and_attributes_read_specialised(
         assert _ops(store, "return o._pending", ("LOAD_ATTR",)) == ["LOAD_ATTR_SLOT"]
     finally:
         store.close_blocking()
+
+
+def test_a_records_facts_are_looked_up_by_a_method_call_not_an_attribute_read() -> None:
+    # ``name.method()`` on an imported name compiles to LOAD_ATTR (never specialised for a
+    # dict's method, a new bound method per call); three records per Step are kept.
+    from intloom.executor.driver import RunSlot
+
+    gets = [i.opname for i in dis.get_instructions(RunSlot.apply) if i.argval == "get"]
+    assert gets == ["LOAD_METHOD"], gets
