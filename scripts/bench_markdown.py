@@ -701,11 +701,33 @@ harness; the figures quoted here are from those sessions, not from this run):
   141.9k (141.6-142.1k, three runs), −3.3 %; one async Run 202.4k → 197.2k (one run
   each). Measured and not kept: the table of record
   folds as plain tuples instead of a NamedTuple (whose fields 3.11 reads unspecialised),
-  141.9k → 141.5k (−0.2 %). Not tried: `__slots__` for the store (76 attributes) and a
-  Run's slot (34), over 3.11's limit of 30 shared keys: their attributes are read through
-  a hint into their dict, measured as fast as an ordinary instance's (~26 against ~19-32
-  ns per read in a micro-benchmark); asyncio's `get_debug` (~2.4 Python calls per Step,
-  from each `Handle` and `Future` made).
+  141.9k → 141.5k (−0.2 %). Not tried then: asyncio's `get_debug` (~2.4 Python calls per
+  Step, from each `Handle` and `Future` made).
+  A third round, the same day and harness: a Run's slot (34 attributes) and the store (76)
+  have `__slots__`. Past 3.11's limit of 30 shared keys an instance keeps its attributes in
+  a dict of its own; they are read through a hint into it, about as fast as an ordinary
+  instance's (~26 against ~19-32 ns per read, which is why the round above left them), but
+  a call of one of its methods is never specialised (`LOAD_METHOD` stays adaptive, the
+  generic lookup each time): `slot.apply` and `journal.append`, three each per Step, and
+  the store's calls of its own methods. 64 async Runs 142.1k (142.0k, 142.3k) → 139.1k
+  (139.4k, 138.8k) with the slot's, −2.1 %, → 136.4k (136.7k, 136.2k) with the store's,
+  −1.9 %. Then a record's facts are looked up by a method call: `name.method()` on an
+  imported name compiles to an attribute read, which 3.11 never specialises for a dict's
+  method and which binds a new method object per call (three per Step); and the frame's
+  room is a constant, not a `struct.Struct`'s `size` read per record: → 133.1k (132.9k,
+  133.3k), −2.4 % (−6.3 % for the round, −12.0 % since 151.3k). Measured with those and not
+  kept: a Step's `kind` asked with `isinstance` and a context's `_calls` set in `__init__`
+  (class attributes read through an instance, unspecialised), and a Step's result reading
+  `ctx._state` rather than through the property's frame: 132.8k (131.8-133.9k, four runs),
+  −0.3 %, inside the spread. Left: the two `MappingProxyType` look-ups of the Step at the
+  cursor (`stages[...]`, `steps[...]`, one each per Step: ~0.1 % estimated from their
+  count, not measured); a fold's two reads of its NamedTuple (three folds per Step,
+  measured above); a frame's three `bytes` concatenations (3.11 specialises `+` for `str`,
+  not `bytes`), the clock's integer division and comparisons of millisecond times (too
+  large for 3.11's fast integer compare), each a few per Step. The profile is now flat: the
+  bytecode loop is ~55k of the ~133k, then allocation and frames, crc32, msgspec's encoding
+  and `struct` packing, none over 3.5k. One async Run (600 and 200 Steps, one run each,
+  with the reads not kept): 176.6k → 161.3k.
 
 What is left, from profiles taken while building this harness (`py-spy`, `cProfile`,
 `strace -c`, `-X importtime`; figures are from those sessions, not this run):
