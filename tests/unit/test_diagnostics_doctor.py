@@ -641,20 +641,27 @@ def test_a_host_killed_in_its_stop_is_said_to_have_been_killed_there(tmp_path: P
     assert "without a word" not in check.message and check.next is not None
 
 
+def _start_cut(tmp_path: Path, lines: list[dict[str, Any]]) -> tuple[bytes, Any]:
+    """The log of a host that ended during its start, made of ``lines``, and doctor's
+    ``last_host`` check of it (status ``attention``)."""
+    from intloom.diagnostics.doctor import _last_host_check
+
+    tail = b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+    check = _last_host_check(("LOG-x.jsonl", tail), tmp_path, current=True)
+    assert check is not None and check.status == "attention", check
+    return tail, check
+
+
 def test_last_host_names_the_part_of_its_start_a_host_ended_in(tmp_path: Path) -> None:
     """A host killed while it restored its Runs: doctor said its log "ends ... with
     run_restored of Run X", not that it never served, nor how far the restore got."""
-    import json as _json
-
     from intloom.diagnostics.doctor import _last_host_check
 
-    lines = [{"time": "T0", "level": "info", "event": "service_starting"},
-             {"time": "T1", "level": "info", "event": "source_importing", "source": "a.py"},
-             {"time": "T2", "level": "info", "event": "run_restored", "runId": "RUN-1"},
-             {"time": "T3", "level": "info", "event": "run_restored", "runId": "RUN-2"}]
-    tail = b"".join(_json.dumps(line).encode() + b"\n" for line in lines)
-    check = _last_host_check(("LOG-x.jsonl", tail), tmp_path, current=True)
-    assert check is not None and check.status == "attention", check
+    tail, check = _start_cut(tmp_path, [
+        {"time": "T0", "level": "info", "event": "service_starting"},
+        {"time": "T1", "level": "info", "event": "source_importing", "source": "a.py"},
+        {"time": "T2", "level": "info", "event": "run_restored", "runId": "RUN-1"},
+        {"time": "T3", "level": "info", "event": "run_restored", "runId": "RUN-2"}])
     assert check.message.startswith(
         "The last host ended during its start, while it restored its Runs (2 restored): its "
         "log (.intloom/logs/LOG-x.jsonl) ends at T3 with run_restored of Run RUN-2"), check
@@ -668,16 +675,10 @@ def test_last_host_killed_past_its_restore_is_not_said_to_have_been_restoring(
     """A host killed once its restore had finished (listening, starting its journal segment,
     writing service.json) was said to have ended "while it restored its Runs", of a log
     ending with restore_finished."""
-    import json as _json
-
-    from intloom.diagnostics.doctor import _last_host_check
-
-    lines = [{"time": "T0", "level": "info", "event": "service_starting"},
-             {"time": "T1", "level": "info", "event": "run_restored", "runId": "RUN-1"},
-             {"time": "T2", "level": "info", "event": "restore_finished", "resumed": 1}]
-    tail = b"".join(_json.dumps(line).encode() + b"\n" for line in lines)
-    check = _last_host_check(("LOG-x.jsonl", tail), tmp_path, current=True)
-    assert check is not None and check.status == "attention", check
+    _, check = _start_cut(tmp_path, [
+        {"time": "T0", "level": "info", "event": "service_starting"},
+        {"time": "T1", "level": "info", "event": "run_restored", "runId": "RUN-1"},
+        {"time": "T2", "level": "info", "event": "restore_finished", "resumed": 1}])
     assert check.message.startswith(
         "The last host ended during its start, after it had restored its Runs (1 restored), "
         "before it served: its log (.intloom/logs/LOG-x.jsonl) ends at T2 with "
