@@ -727,7 +727,12 @@ harness; the figures quoted here are from those sessions, not from this run):
   large for 3.11's fast integer compare), each a few per Step. The profile is now flat: the
   bytecode loop is ~55k of the ~133k, then allocation and frames, crc32, msgspec's encoding
   and `struct` packing, none over 3.5k. One async Run (600 and 200 Steps, one run each,
-  with the reads not kept): 176.6k → 161.3k.
+  with the reads not kept): 176.6k → 161.3k. In time, on the throttled VM (the bench's gauge
+  at 37 ms, so as ratios, same process kind, alternating): 64 async Runs × 300 Steps in
+  process, four pairs, the code before the three rounds against after, 67.7-71.7 against
+  59.9-64.3 µs of CPU per Step (−13.6 % at the medians) and 11,994-12,899 against
+  12,979-14,390 Steps/s (63.6 Steps per flush in both); one Run × 1,500 Steps, three pairs,
+  3,038, 2,891 and 3,130 against 3,360, 3,105 and 2,960 Steps/s, within its noise.
 
 What is left, from profiles taken while building this harness (`py-spy`, `cProfile`,
 `strace -c`, `-X importtime`; figures are from those sessions, not this run):
