@@ -180,11 +180,7 @@ def _evidence_name(logs: Path, before: str | None) -> str | None:
     """The newest host log before ``before`` whose host got as far as restoring its Runs
     (``_unrestored``), past at most ``_PASSED_MAX`` that did not (more: the newest, as
     before any was passed over); None when there is none."""
-    try:
-        found, _, _ = scan_logs(logs)
-    except OSError:
-        return None
-    names = sorted((p.name for p in found if before is None or p.name < before), reverse=True)
+    names = _names_newest_first(logs, before)
     for passed, name in enumerate(names):
         if passed > _PASSED_MAX:
             return names[0]
@@ -200,12 +196,17 @@ def _unrestored(path: Path) -> bool:
     return head is not None and len(head) <= _UNRESTORED_MAX and _RESTORED not in head
 
 
-def _newest_log(logs: Path, before: str | None) -> str | None:
+def _names_newest_first(logs: Path, before: str | None) -> list[str]:
+    """The host logs' names before ``before``, newest first; none when unlistable."""
     try:
         found, _, _ = scan_logs(logs)
     except OSError:
-        return None
-    return max((p.name for p in found if before is None or p.name < before), default=None)
+        return []
+    return sorted((p.name for p in found if before is None or p.name < before), reverse=True)
+
+
+def _newest_log(logs: Path, before: str | None) -> str | None:
+    return next(iter(_names_newest_first(logs, before)), None)
 
 
 def last_log(logs: Path, *, before: str | None = None) -> tuple[str, bytes] | None:
