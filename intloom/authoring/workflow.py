@@ -1012,6 +1012,11 @@ _INSTEAD: Final[dict[type, str]] = {
 }
 
 
+def _and(names: Sequence[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
 def _steps_shown(steps: Sequence[Step[Any]], limit: int = 12) -> str:
     """``Stage 'a', Steps 'w' and 'r'; Stage 'b', Step 'p'``: Steps grouped by Stage, in the
     order given, at most ``limit`` of them named."""
@@ -1020,8 +1025,7 @@ def _steps_shown(steps: Sequence[Step[Any]], limit: int = 12) -> str:
         by_stage.setdefault(step.stage.name, []).append(repr(step.name))
     parts = []
     for stage, names in by_stage.items():
-        listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
-        parts.append(f"Stage {stage!r}, Step{'s' if len(names) > 1 else ''} {listed}")
+        parts.append(f"Stage {stage!r}, Step{'s' if len(names) > 1 else ''} {_and(names)}")
     more = f" ({len(steps) - limit} more)" if len(steps) > limit else ""
     return "; ".join(parts) + more
 
@@ -1049,8 +1053,7 @@ def _tag_fix(field: str, annotation: object) -> str | None:
     if not untagged:
         return None
     shown = [_shown_type(t) for t in untagged]
-    names = f"{', '.join(shown[:-1])} and {shown[-1]}"
-    return (f"Tag the Structs in {field!r}: msgspec tells {names} apart in JSON "
+    return (f"Tag the Structs in {field!r}: msgspec tells {_and(shown)} apart in JSON "
             f"only by a tag, so declare each with one (`class {untagged[0].__name__}("
             f"msgspec.Struct, tag=True)`), or declare {field!r} as a single Struct type.")
 
