@@ -560,6 +560,11 @@ def test_an_answer_whose_reply_a_kill_took_is_said_taken_when_the_stream_showed_
         term.type("y")
         term.expect("Feedback (optional, Enter to skip): ")
         term.type("")
+        # The kill waits until attach has shown the Run gone on: the Step can be running
+        # before attach has read the records that name it, and killed then, the host leaves
+        # attach at the answered Step (CI saw it stop at 'executing main/ask', and say,
+        # rightly, that main/ask went on with the answer).
+        term.expect("main/work")
         eventually(working.exists, timeout=20, what="the Step after the confirmation to run")
         project.kill_host()
         code = term.finish()
