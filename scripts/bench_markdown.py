@@ -36,6 +36,10 @@ def _summary(f: dict[str, Any]) -> list[list[str]]:
         s = f["steps"]
         for kind, k in s["kinds"].items():
             floor = _fmt(k["floor_us_per_step"], " µs")
+            if "prealloc_floor_us_per_step" in k:  # runs from 2026-12-06 on
+                floor += (f" (over preallocated zeros, as a segment is written: "
+                          f"{_fmt(k['prealloc_floor_us_per_step'], ' µs')}, "
+                          f"{_judged(k['prealloc_ratio'])}×)")
             rows.append([f"µs per durable Step, 1 Run ({kind} Step)",
                          _fmt(k["us_per_step"], " µs"),
                          f"write+fdatasync of the same bytes: {floor}",

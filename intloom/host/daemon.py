@@ -70,6 +70,7 @@ from intloom.protocol.messages import (
 )
 from intloom.runtime.records import PROTOCOL_VERSION as WORKFLOW_PROTOCOL
 from intloom.store.files import ensure_dir, lock_dir
+from intloom.store.segmentfile import SEGMENT_DESCRIPTORS
 
 __all__ = ["Host", "HostOptions"]
 
@@ -876,15 +877,17 @@ class Host:
         self._abort_if_asked(log, "restoring_runs")
         fds = descriptors()
         # Counted with the readiness pipe, which closes once the start is reported, and with
-        # the journal's segment, which the store opens only once the host listens (begin).
-        if fds is not None and fds[1] - (fds[0] + 1) < FD_RESERVE:
+        # the journal's segment (and its fdinfo entry), which the store opens only once the
+        # host listens (begin).
+        if fds is not None and fds[1] - (fds[0] + SEGMENT_DESCRIPTORS) < FD_RESERVE:
             # It would serve nobody: each connection is refused BUSY while fewer than the
             # reserve are free, and the start had said "Service started" of it.
             raise IntloomError(
                 "CLI_SERVICE_UNAVAILABLE",
                 f"The host has {fds[0]} of its {fds[1]} file descriptors open once started "
-                "(the ulimit -n of the shell that ran intloom start), needs one more for its "
-                f"journal and keeps {FD_RESERVE} free beside them for its log and the Steps, "
+                f"(the ulimit -n of the shell that ran intloom start), needs "
+                f"{SEGMENT_DESCRIPTORS} more for its journal and keeps {FD_RESERVE} free beside "
+                "them for its log and the Steps, "
                 "so it could serve no connection; it did not start. Raise the limit "
                 "(ulimit -n 1024) in that shell, then run intloom start again.",
             )

@@ -33,6 +33,9 @@ class FaultPlan(msgspec.Struct, frozen=True):
     - ``keep_failed``: when flush N fails, cutting the failed bytes off the segment is
       refused (EROFS, as on a file system the kernel remounted read-only): they stay on
       disk, and only the void notice says they never happened.
+    - ``no_preallocate``: from the N-th segment this process creates on, preallocating it
+      is refused (EOPNOTSUPP, as on a file system without ``fallocate``): those segments
+      grow with each batch, as format 1's did. The full-disk tests count bytes so.
     """
 
     fail_sync: frozenset[int] = msgspec.field(default_factory=frozenset)
@@ -43,6 +46,7 @@ class FaultPlan(msgspec.Struct, frozen=True):
     stop_after_sync: frozenset[int] = msgspec.field(default_factory=frozenset)
     fail_segment: frozenset[int] = msgspec.field(default_factory=frozenset)
     keep_failed: frozenset[int] = msgspec.field(default_factory=frozenset)
+    no_preallocate: frozenset[int] = msgspec.field(default_factory=frozenset)
 
     def armed(self) -> bool:
         """Whether any fault is planned at all (the writer skips every check otherwise)."""

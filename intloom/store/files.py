@@ -269,10 +269,11 @@ def read_own_file(path: Path) -> bytes | str | None:
 
 
 def open_new(path: Path) -> int:
-    """Create ``path`` exclusively (0600, no follow) for appending; FileExistsError if taken."""
+    """Create ``path`` exclusively (0600, no follow) for writing at offsets (a segment is
+    preallocated ahead of its writes) and reading back; FileExistsError if taken."""
     return open_exclusive(
         path,
-        os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_APPEND | os.O_CLOEXEC,
+        os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
         0o600,
     )
 

@@ -46,6 +46,8 @@ from intloom.store.framing import (
     KIND_RECORD,
     KIND_VOID,
     MAX_SEGMENT,
+    SEGMENT_FORMAT,
+    SEGMENT_FORMATS,
     Damage,
     Frame,
     SegmentScan,
@@ -872,8 +874,9 @@ def went_on(layout: Layout, scan: SegmentScan, numbers: list[int]) -> int:
     same instance id in its header -- wrote past its header, 0 if none (``SegmentScan.went_on``).
 
     Looked for only when ``scan`` ends in damage, so a read of a sound log opens nothing
-    more. A header-only segment does not count: a rotation whose directory fsync failed
-    leaves one, and its writer goes on appending to the segment before it. Only a file's
+    more. A header-only segment (with or without the zeros a format-2 writer preallocates)
+    does not count: a rotation whose directory fsync failed leaves one, and its writer goes
+    on appending to the segment before it. Only a file's
     first bytes are read, never through a link.
     """
     if scan.header is None or not scan.damage or not scan.damage[-1].at_tail:
@@ -887,7 +890,12 @@ def went_on(layout: Layout, scan: SegmentScan, numbers: list[int]) -> int:
             continue
         data, size = head
         found = segment_header_end(data)
-        if found is not None and found[0].instance_id == writer and size > found[1]:
+        if found is None or found[0].instance_id != writer:
+            continue
+        header, end = found
+        # A format-2 segment is preallocated from its creation: it holds more than its
+        # header once a byte after it is not one of those zeros.
+        if size > end and (header.format < SEGMENT_FORMAT or data[end:].strip(b"\0")):
             return number
     return 0
 
@@ -1047,8 +1055,8 @@ def _judge_all(loaded: Loaded, scans: list[SegmentScan], live: dict[str, Snapsho
             names = {f.run_id for f in scan.frames if f.kind == KIND_RECORD}
             names |= {c.run_id for d in scan.damage for c in d.candidates}
             for run_id in names:
-                incompatible[run_id] = (f"its records in {path}, which "
-                                        f"{format_problem(scan.format_found or 0)}")
+                problem = format_problem(scan.format_found or 0, SEGMENT_FORMATS)
+                incompatible[run_id] = f"its records in {path}, which {problem}"
                 incompatible_in[run_id].add(scan.number)
             if not names:
                 incompatible[f"({path})"] = f"{path} {scan.problem}; its Runs cannot be listed"

@@ -44,7 +44,6 @@ from intloom.store.files import (
     lock_dir,
     open_new,
     remove_temps,
-    write_all,
 )
 from intloom.store.framing import (
     FRAME_MAGIC,
@@ -62,6 +61,7 @@ from intloom.store.framing import (
 )
 from intloom.store.history import BULK, HistoryEntry, first_segment, read_histories
 from intloom.store.reader import FileProblem, StoreReport, load, numbering_refused, read_ended
+from intloom.store.segmentfile import PREALLOCATE_BYTES, FdIdentity, preallocate, pwrite_all
 from intloom.store.snapshots import snapshot_name
 
 __all__ = ["DEFAULT_SEGMENT_BYTES", "Store"]
@@ -162,7 +162,8 @@ class Store:
     """The checkpoint store of one host instance, used from one event loop and, through
     ``sync_threadsafe``, from the threads that drive sync Steps (see that method).
 
-    Counters for tests and benchmarks: ``flushes`` (batches written), ``records_flushed``.
+    Counters for tests and benchmarks: ``flushes`` (batches written), ``records_flushed``,
+    ``bytes_flushed`` (a segment file's size also counts the zeros preallocated ahead).
     ``restored`` is what the store read at open (the same as ``read_runs_report``).
     """
 
@@ -170,9 +171,9 @@ class Store:
     # dict of its own, and then never specialises a call of its methods (the executor's
     # ``journal.append``, three per Step) and reads each attribute through a hint into it.
     __slots__ = (
-        "_appended", "_armed", "_begun", "_closed", "_closing", "_compactor",
-        "_dir_lock", "_durable_calls", "_failed_runs", "_failures", "_faults", "_fd",
-        "_fd_id", "_file_limit", "_flush_no", "_flush_waits", "_flushed", "_frames",
+        "_allocated", "_appended", "_armed", "_begun", "_closed", "_closing", "_compactor",
+        "_dir_lock", "_durable_calls", "_failed_runs", "_failures", "_faults",
+        "_fd", "_fd_check", "_file_limit", "_flush_no", "_flush_waits", "_flushed", "_frames",
         "_held", "_history_lock", "_history_mutex", "_history_read", "_history_reads",
         "_history_waiting", "_home_fd", "_inflight", "_inline_max_sync_s", "_jobs",
         "_kept_lock", "_kept_told", "_kick", "_last_sync_s", "_live_written", "_lock",
@@ -181,7 +182,7 @@ class Store:
         "_resolved", "_rotate_failing", "_rotate_retry_at", "_sealed", "_segment_bytes",
         "_segments_made", "_shared", "_size", "_solo_count", "_solo_run", "_start",
         "_taken", "_thread", "_tracks", "_tracks_lock", "_voids", "_waiters",
-        "_writers", "_yielded", "flushes", "inline_flushes", "instance_id",
+        "_writers", "_yielded", "bytes_flushed", "flushes", "inline_flushes", "instance_id",
         "kept_files", "layout", "on_kept_file", "on_unsummarised", "package_version",
         "records_flushed", "removed_temps", "restored", "unsummarised",
     )
@@ -197,6 +198,7 @@ class Store:
         self.removed_temps: list[str] = []
         self.flushes = 0
         self.records_flushed = 0
+        self.bytes_flushed = 0
         self._faults = faults
         self._loop: asyncio.AbstractEventLoop | None = None
         # Guards what appends and flushes share (the pending records, the counters, the
@@ -264,14 +266,17 @@ class Store:
         self._history_reads = 0
         self._tracks: dict[str, Track] = {}
         self._fd = -1
-        # The open segment's file (device, inode), as opened: Workflow code that closed its
-        # descriptor, then opened a file that took its number, had every later record
-        # written into that file (a user's), and the Runs the host called saved were lost.
-        # Kept with the segment, not the number: a new segment may get the same number.
-        self._fd_id: tuple[int, int] | None = None
+        # The open segment's file, as opened: Workflow code that closed its descriptor,
+        # then opened a file that took its number, had every later record written into
+        # that file (a user's), and the Runs the host called saved were lost. Kept with the
+        # segment, not the number: a new segment may get the same number.
+        self._fd_check: FdIdentity | None = None
         self._number = 0
         self._next_number = 1
-        self._size = 0
+        self._size = 0  # where the segment's frames end: the next batch's offset
+        # The segment file's size as this host made it: ``_size`` plus the zeros
+        # preallocated past it (segmentfile.py), or ``_size`` when none could be.
+        self._allocated = 0
         self._frames = 0
         self._flush_no = 0
         self._segments_made = 0
@@ -530,23 +535,49 @@ class Store:
             number=number, instance_id=self.instance_id,
             package_version=self.package_version, protocol=PROTOCOL_VERSION, created_at=now(),
         ))
+        size = len(header) + len(first)
         try:
-            write_all(fd, header + first)
+            pwrite_all(fd, header + first, 0)
+            allocated = self._preallocate(fd, size, size)
             os.fdatasync(fd)
             fsync_dir(self.layout.wal)
+            st = os.fstat(fd)
         except BaseException:
             os.close(fd)  # the partial file stays: a torn header is evidence, not garbage
             self._next_number = number + 1
             raise
-        st = os.fstat(fd)
-        self._fd_id = (st.st_dev, st.st_ino)
-        self._fd, self._number, self._size = fd, number, len(header) + len(first)
+        self._fd_check = FdIdentity(fd, (st.st_dev, st.st_ino))
+        self._fd, self._number, self._size, self._allocated = fd, number, size, allocated
         self._writers = set()
         # A failed rotation's retry point counts the bytes of the segment it failed in; a new
         # segment rotates by its own size (kept, it grew as large as the failed one first).
         self._rotate_retry_at = 0
         self._frames = 1 if first else 0
         self._next_number = number + 1
+
+    def _preallocate(self, fd: int, allocated: int, end: int) -> int:
+        """Preallocate the segment of ``fd`` (``allocated`` bytes so far) well past ``end``,
+        within the file size limit; the size it then has. Refused (a full disk, no
+        ``fallocate``), the batch is written as format 1 wrote all of them: by growing the
+        file (the one that grows it failing on a full disk as it always did)."""
+        want = end + PREALLOCATE_BYTES
+        limit = self._file_limit
+        if limit is not None:
+            want = min(want, limit - _SEAL_ROOM)
+        if want <= allocated:
+            return allocated
+        try:
+            plan = self._faults
+            if self._armed and plan.no_preallocate and self._segments_made >= min(
+                    plan.no_preallocate):
+                raise OSError(errno.EOPNOTSUPP, "Operation not supported (injected)")
+            preallocate(fd, allocated, want)
+        except OSError:
+            # A refusal may still have allocated (and sized) part of it.
+            with contextlib.suppress(OSError):
+                return max(allocated, os.fstat(fd).st_size)
+            return allocated
+        return want
 
     # ------------------------------------------------------------------ appending
 
@@ -636,6 +667,7 @@ class Store:
             self._solo_run, self._solo_count = only, int(only is not None)
         if cause is None:
             self.records_flushed += len(batch.entries)
+            self.bytes_flushed += len(batch.data)
             return
         # The failed records never happened, but records of the same Runs appended while
         # this batch was on disk presume they did (and would take seqs after them): those
@@ -1133,7 +1165,7 @@ class Store:
                      "something else in the host (Workflow code that closed a descriptor it "
                      "did not open?) and no longer opens that segment: nothing more is "
                      "written through it")
-            self._fd = -1  # not ours to close: it may be another file's now
+            self._forget_fd()  # not ours to close: it may be another file's now
             self._abandon(self._size, cause)
             return cause
         if self._file_limit is not None and self._beyond_limit(len(data)):
@@ -1141,20 +1173,23 @@ class Store:
             # carries a State of megabytes: it would fail (EFBIG) where a new segment holds it.
             self._rotate()
         offset = self._size
+        fd = self._fd
+        if offset + len(data) > self._allocated:
+            self._allocated = self._preallocate(fd, self._allocated, offset + len(data))
         armed = self._armed
         step = "write"
         done = 0  # of ``data``, written: where the segment should end if the batch fails
         try:
             if armed and n in plan.torn_write:
-                write_all(self._fd, data[: len(data) // 2])
+                pwrite_all(fd, data[: len(data) // 2], offset)
                 _die()
             if armed and n in plan.enospc_sync:
-                write_all(self._fd, data[: len(data) // 2])
+                pwrite_all(fd, data[: len(data) // 2], offset)
                 done = len(data) // 2
                 raise OSError(errno.ENOSPC, "No space left on device (injected)")
-            done = os.write(self._fd, data)
-            while done < len(data):  # os.write may write fewer bytes than asked
-                done += os.write(self._fd, memoryview(data)[done:])
+            done = os.pwrite(fd, data, offset)
+            while done < len(data):  # os.pwrite may write fewer bytes than asked
+                done += os.pwrite(fd, memoryview(data)[done:], offset + done)
             if armed and n in plan.crash_before_sync:
                 _die()
             step = "fdatasync"
@@ -1179,7 +1214,9 @@ class Store:
             # too large" alone named neither the limit nor that the host inherits it.
             limited = limit_fix(exc.errno)
             return f"{cause}; {limited}" if limited is not None else cause
-        self._size += len(data)
+        self._size = end = offset + len(data)
+        if end > self._allocated:  # preallocation was refused: the write grew the file
+            self._allocated = end
         self._frames += len(batch.entries)
         tracks_lock = self._tracks_lock
         tracks_lock.acquire()  # not ``with``: see sync_threadsafe
@@ -1264,7 +1301,7 @@ class Store:
         try:
             if refused:
                 raise OSError(errno.EROFS, "Read-only file system (injected)")
-            if os.fstat(self._fd).st_size != offset + done:
+            if os.fstat(self._fd).st_size != max(self._allocated, offset + done):
                 return
             os.ftruncate(self._fd, offset)
             os.fdatasync(self._fd)
@@ -1272,12 +1309,16 @@ class Store:
             return
 
     def _owned(self, fd: int) -> bool:
-        """Whether ``fd`` (the open segment's) still opens that segment (one ``fstat``)."""
-        try:
-            st = os.fstat(fd)
-        except OSError:
-            return False
-        return self._fd_id == (st.st_dev, st.st_ino)
+        """Whether ``fd`` (the open segment's) still opens that segment."""
+        check = self._fd_check
+        return check is not None and check.holds(fd)
+
+    def _forget_fd(self) -> None:
+        """The segment's descriptor is closed (or was never ours to close): drop its check."""
+        self._fd = -1
+        check, self._fd_check = self._fd_check, None
+        if check is not None:
+            check.close()
 
     def _abandon(self, offset: int, cause: str) -> None:
         """Never write to this segment again; void its failed region in a fresh one."""
@@ -1286,7 +1327,7 @@ class Store:
             # Closing may report the same failure again; the segment is abandoned anyway.
             with contextlib.suppress(OSError):
                 os.close(self._fd)
-        self._fd = -1
+        self._forget_fd()
         notice = VoidNotice(segment=old, offset=offset, cause=cause)
         self._voids.append(notice)
         frame = encode_frame(KIND_VOID, 0, b"", msgspec.msgpack.encode(notice))
@@ -1325,57 +1366,91 @@ class Store:
         if self._fd < 0:
             return
         if not self._owned(self._fd):  # closed by another, its number another file's now
-            self._fd = -1
+            self._forget_fd()
             return
-        self._check_sealing()
+        intact = self._check_sealing()
         try:
             payload = msgspec.msgpack.encode(SealNotice(at=now(), frames=self._frames,
                                                         next=next_segment))
             seal = encode_frame(KIND_SEAL, 0, b"", payload)
+            if intact and self._allocated > self._size:
+                # The zeros preallocated past the last frame go first: a crash after the
+                # seal but before this would leave them after it, which a reader takes
+                # for bytes written after a seal (corruption).
+                os.ftruncate(self._fd, self._size)
+                self._allocated = self._size
             limit = self._file_limit
             if limit is None or self._size + len(seal) <= limit:
                 # Past the file size limit it would be cut short (EFBIG part-way): a
                 # damaged end, where no seal is only no clean-close mark.
-                write_all(self._fd, seal)
-                os.fdatasync(self._fd)
+                pwrite_all(self._fd, seal, self._size)
+            os.fdatasync(self._fd)
         except OSError:
             pass  # an unsealed segment only lacks the clean-close mark; its frames stand
         finally:
             os.close(self._fd)
-            self._fd = -1
+            self._forget_fd()
 
-    def _check_sealing(self) -> None:
+    def _check_sealing(self) -> bool:
         """Tell (as ``store_file_problem``) of the segment about to be sealed when another
         program changed it while this host wrote it: cut short or written to, removed, or
         opened to others. Judged once, from an ``fstat`` at its seal (a rotation, a close),
         never per flush: appending goes on by descriptor either way, and nothing else would
-        say that the log lost records that the Runs' snapshots still hold."""
+        say that the log lost records that the Runs' snapshots still hold. Whether its end
+        is as this host left it: only then are its preallocated zeros cut off."""
         try:
             st = os.fstat(self._fd)
         except OSError:
-            return
+            return False
         name = f"wal/{segment_name(self._number)}"
         facts = []
+        written: int | None = None
+        unread = False
         if st.st_nlink == 0:
             facts.append("was removed from wal/ while this host wrote it: the records it held "
                          "are gone from the log")
-        elif st.st_size != self._size:
+        elif st.st_size != self._allocated:
             facts.append(
-                f"is {st.st_size} bytes, but this host wrote {self._size} to it: another "
-                "program cut it short or wrote to it while the host ran, so records in it may "
-                "be lost from the log (the Runs' snapshots still hold their state; intloom "
-                "inspect shows which records are missing)")
+                f"is {st.st_size} bytes, but this host made it {self._allocated} (its frames "
+                f"end at {self._size}): another program cut it short or wrote to it while "
+                "the host ran, so records in it may be lost from the log (the Runs' snapshots "
+                "still hold their state; intloom inspect shows which records are missing)")
+        else:
+            try:
+                written = self._written_past_end()
+            except OSError:
+                unread = True  # not verified: its zeros stay, and nothing is claimed
+            if written is not None:
+                facts.append(
+                    f"has bytes at offset {written} that this host never wrote (its frames end "
+                    f"at {self._size}, and it preallocated zeros after them): another program "
+                    "wrote to it while the host ran; they are kept as they are")
         loose = file_problem(st)
         if loose is not None and st.st_nlink:
             facts.append(f"{loose} (changed while this host wrote it)")
         if facts:
             self._tell_kept({name: FileProblem(name, "corrupt", "; ".join(facts))})
+        return not facts and not unread
+
+    def _written_past_end(self) -> int | None:
+        """The first byte after the segment's frames that is not one of the zeros this host
+        preallocated (None: all are), read once per segment, at its seal."""
+        offset = self._size
+        while offset < self._allocated:
+            chunk = os.pread(self._fd, min(1 << 16, self._allocated - offset), offset)
+            if not chunk:
+                return offset
+            zeros = len(chunk) - len(chunk.lstrip(b"\0"))
+            if zeros < len(chunk):
+                return offset + zeros
+            offset += len(chunk)
+        return None
 
     def _rotate(self) -> None:
         if self._size < self._rotate_retry_at:
             return
         old_fd, old_number, old_frames, old_size = self._fd, self._number, self._frames, self._size
-        old_id = self._fd_id
+        old_check, old_allocated = self._fd_check, self._allocated
         moved = self._elsewhere()
         if moved is not None:
             # Appending goes on in the open segment (by its descriptor: it went along).
@@ -1419,14 +1494,14 @@ class Store:
             return
         self._rotate_failing = False
         new_fd, new_number, new_size, new_frames = self._fd, self._number, self._size, 0
-        new_id = self._fd_id
+        new_check, new_allocated = self._fd_check, self._allocated
         self._fd, self._number, self._frames, self._size = old_fd, old_number, old_frames, old_size
-        self._fd_id = old_id
+        self._fd_check, self._allocated = old_check, old_allocated
         # The new segment is durable: the seal names it, for a restore to notice if it is
         # lost before the compaction below moves the manifest to it.
         self._seal(new_number)
         self._fd, self._number, self._size, self._frames = new_fd, new_number, new_size, new_frames
-        self._fd_id = new_id
+        self._fd_check, self._allocated = new_check, new_allocated
         self._compact_behind(self._number)
 
     def _compact_behind(self, start: int) -> None:
@@ -1551,7 +1626,7 @@ class Store:
         elif self._fd >= 0:
             if self._owned(self._fd):
                 os.close(self._fd)
-            self._fd = -1
+            self._forget_fd()
         self._compact(self._next_number)
 
     # ------------------------------------------------------------------ closing

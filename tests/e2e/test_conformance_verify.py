@@ -23,6 +23,7 @@ from tests.e2e.conformance_harness import (
     project_with_runtime,
 )
 from tests.helpers import CliResult, Project, snapshot_files
+from tests.unit.test_store_support import frames_end as store_frames_end
 
 pytestmark = pytest.mark.e2e
 
@@ -161,9 +162,9 @@ def newer_format(baseline: Baseline) -> Callable[[Path], tuple[str, str]]:
     def damage(runtime: Path) -> tuple[str, str]:
         path = runtime / SEG2
         data = bytearray(path.read_bytes())
-        struct.pack_into(">H", data, 8, 2)  # the format sits at a fixed offset (format.md)
+        struct.pack_into(">H", data, 8, 3)  # the format sits at a fixed offset (format.md)
         path.write_bytes(bytes(data))
-        return SEG2, "format 2; this intloom reads 1"
+        return SEG2, "format 3; this intloom reads 1 and 2"
     return damage
 
 
@@ -188,7 +189,9 @@ def last_frame(baseline: Baseline) -> Callable[[Path], tuple[str, str]]:
         assert record.phase == "waiting"
         path = runtime / SEG2
         data = bytearray(path.read_bytes())
-        data[-5] ^= 0x01
+        end = store_frames_end(path)  # the zeros after it are the room preallocated
+        assert data[end - 1] != 0  # else its last bytes would read as cut short (format.md)
+        data[end - 5] ^= 0x01
         path.write_bytes(bytes(data))
         return SEG2, f"{SEG2} offset {record.offset} fails its checksum"
     return damage

@@ -62,8 +62,11 @@ def few_inodes() -> Iterator[Path]:
 def full_project(small_disk: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Project]:
     """fixtures/projects/basic on the small disk; its hosts are killed before the unmount.
     Each wrong-token connection is logged (no quiet period): how these tests make the host
-    write a log line and no checkpoint."""
+    write a log line and no checkpoint. Its segments are not preallocated (``no_preallocate``):
+    these tests count the bytes each checkpoint takes of the disk as it fills, and a MiB
+    taken ahead of them would move every count (one test below preallocates)."""
     monkeypatch.setenv("INTLOOM_TEST_REFUSED_QUIET", "0")
+    monkeypatch.setenv("INTLOOM_FAULT", "no_preallocate=1")
     yield from reaped(basic_project(small_disk / "proj"))
 
 
@@ -434,6 +437,34 @@ def test_a_run_a_full_disk_failed_by_a_checkpoint_is_not_said_to_be_over(
     restore = start(full_project).service.restore
     assert restore is not None and run_id in restore.interrupted + restore.waiting, restore
     assert full_project.cli("stop").code == 0
+
+
+def test_checkpoints_go_on_into_the_room_preallocated_once_the_disk_is_full(
+    full_project: Project, small_disk: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A format-2 segment holds its MiB before the disk fills: Runs go on checkpointing
+    into it with no byte left on the disk, and the stop's seal gives back what was not
+    used (it cuts the zeros off), so the stop's snapshots are written too."""
+    monkeypatch.delenv("INTLOOM_FAULT")  # this one preallocates, as every host does
+    start(full_project)
+    segment = full_project.root / ".intloom" / "runtime" / "wal" / "0000000001.seg"
+    assert segment.stat().st_size >= 1 << 20  # the room was taken at the start
+    filler = fill(small_disk)
+    assert os.statvfs(small_disk).f_bavail == 0
+    done = []
+    for n in range(5):
+        flowed = full_project.cli("flow", "example", "--intent", f"full {n}", "--json")
+        assert flowed.code == 0, flowed  # waiting for its confirmation, checkpointed
+        done.append(flowed.json["run"]["runId"])
+    status = full_project.cli("status", "--json").json["service"]
+    assert status["journalError"] is None and status["compactionError"] is None, status
+    assert full_project.cli("stop").code == 0
+    assert segment.stat().st_size < 1 << 20  # sealed: its zeros cut off, given back
+    restore = start(full_project).service
+    assert restore.compaction_error is None, restore
+    assert restore.restore is not None and sorted(restore.restore.waiting) == sorted(done)
+    assert full_project.cli("stop").code == 0
+    filler.unlink()
 
 
 def test_a_host_whose_log_the_full_disk_refused_does_not_say_it_suspended_failed_runs(

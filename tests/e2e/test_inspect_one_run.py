@@ -17,7 +17,14 @@ import pytest
 
 from intloom.store import verify_report, verify_run
 from tests.helpers import Project, make_project, ok, reaped, snapshot_files
-from tests.unit.test_store_support import abandon, frames_of, open_store, walk
+from tests.unit.test_store_support import (
+    abandon,
+    frames_end,
+    frames_of,
+    open_store,
+    walk,
+    write_after_frames,
+)
 
 
 @pytest.fixture
@@ -96,7 +103,7 @@ def test_inspect_of_an_unfinished_run_reads_the_log_after_it(project: Project) -
     _host(runtime, {"RUN-E": 6, "RUN-T": 9}, ended=False, crash=True)
     seg1 = runtime / "wal" / "0000000001.seg"
     last = frames_of(seg1, "RUN-T")[-1]
-    assert last.end == seg1.stat().st_size
+    assert last.end == frames_end(seg1)  # the zeros preallocated after it are unused room
     with seg1.open("r+b") as fh:
         fh.truncate(last.end - 5)
     _host(runtime, {"RUN-F": 5})
@@ -248,8 +255,8 @@ def test_verify_lists_what_a_crash_tears_and_exits_0(project: Project) -> None:
     seg1 = runtime / "wal" / "0000000001.seg"
     last = frames_of(seg1, "RUN-A")[-1]
     data = seg1.read_bytes()
-    # The next write cut short: the first half of a frame, its length past the file's end.
-    seg1.write_bytes(data + data[last.offset:(last.offset + last.end) // 2])
+    # The next write cut short: the first half of a frame, its length past the zeros' start.
+    write_after_frames(seg1, data[last.offset:(last.offset + last.end) // 2])
     empty = runtime / "wal" / "0000000002.seg"
     empty.touch(mode=0o600)
     before = snapshot_files(project.state)

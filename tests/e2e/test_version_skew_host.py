@@ -114,7 +114,7 @@ def test_strict_start_refuses_a_newer_intlooms_segment_as_incompatible_not_corru
     ok(project.cli("recover", "--json"))
     runtime = project.state / "runtime"
     [segment] = (runtime / "wal").iterdir()
-    _newer_segment(segment, 2)
+    _newer_segment(segment, 3)
     before = snapshot_files(runtime)
 
     strict = project.cli("start", "--strict", "--json")
@@ -122,8 +122,8 @@ def test_strict_start_refuses_a_newer_intlooms_segment_as_incompatible_not_corru
     assert strict.code == 1, (strict.stdout, strict.stderr)
     error = strict.json["error"]
     assert error["code"] == "JOURNAL_INCOMPATIBLE", error
-    assert (f"first: wal/{segment.name} (incompatible: is format 2; this intloom reads 1 (a "
-            "newer intloom wrote it") in error["message"], error["message"]
+    assert (f"first: wal/{segment.name} (incompatible: is format 3; this intloom reads 1 and "
+            "2 (a newer intloom wrote it") in error["message"], error["message"]
     assert snapshot_files(runtime) == before
     restore = ok(project.cli("start", "--json"))["service"]["restore"]
     assert restore["needsAttention"] == [run_id], restore

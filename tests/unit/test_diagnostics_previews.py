@@ -36,7 +36,7 @@ from intloom.store.writer import Store
 from tests.helpers import FIXTURES
 from tests.unit.diagnostics_support import tree, write_connection_json
 from tests.unit.test_store_lost_segment import SEG2, _clean_then_crashed
-from tests.unit.test_store_support import open_store
+from tests.unit.test_store_support import frames_end, open_store
 
 AT = "2026-11-30T00:00:00.000Z"
 
@@ -171,7 +171,8 @@ def test_damaged_log_is_reported_and_kept(root: Path, tmp_path: Path) -> None:
     _write_and_crash(root, {k: journals[k] for k in ("RUN-ready", "RUN-effect")}, tmp_path)
     [segment] = (ProjectPaths(root).runtime / "wal").iterdir()
     data = bytearray(segment.read_bytes())
-    data[len(data) // 2] ^= 0xFF  # inside some record of the crashed host's log
+    # Inside some record of the crashed host's log (not the zeros preallocated after it).
+    data[frames_end(segment) // 2] ^= 0xFF
     segment.write_bytes(bytes(data))
     before = tree(root)
     report = run_doctor(root)

@@ -3,6 +3,7 @@ every damaged file stays byte-identical through reads and through a new host's o
 
 from __future__ import annotations
 
+import re
 import shutil
 import struct
 import zlib
@@ -37,6 +38,7 @@ from tests.unit.test_store_support import (
     abandon,
     by_id,
     flip,
+    frames_end,
     frames_of,
     header,
     open_store,
@@ -397,7 +399,7 @@ def test_an_incompatible_segment_is_reported_and_untouched(tmp_path: Path) -> No
     root = tmp_path / "runtime"
     segment = _crashed_host(root)
     data = bytearray(segment.read_bytes())
-    struct.pack_into(">H", data, 8, 2)  # the format field of the file header
+    struct.pack_into(">H", data, 8, 3)  # the format field of the file header
     segment.write_bytes(bytes(data))
     frozen = segment.read_bytes()
 
@@ -405,12 +407,13 @@ def test_an_incompatible_segment_is_reported_and_untouched(tmp_path: Path) -> No
     assert set(runs) == set(RUNS)
     for journal in runs.values():
         assert journal.status == "incompatible" and journal.state is None
-        assert "format 2; this intloom reads 1" in (journal.problem or "")
+        assert "format 3; this intloom reads 1 and 2" in (journal.problem or "")
     # inspect's record list: another format's frames are not this intloom's records (they
     # were listed "ok", decoded as format 1).
     entries = read_history(root, "RUN-A")
     assert entries and {e.verdict for e in entries} == {"undecodable"}, entries
-    assert "wal/0000000001.seg is format 2; this intloom reads 1" in (entries[0].problem or "")
+    assert ("wal/0000000001.seg is format 3; this intloom reads 1 and 2"
+            in (entries[0].problem or ""))
 
     store = open_store(root, instance_id="INST-2")  # other Runs still work beside it
     for record in walk("RUN-D", 4, 9):
@@ -733,7 +736,9 @@ def test_store_history_passes_over_a_torn_record_the_next_host_wrote_again(
         first.sync_blocking()
     abandon(first)
     segment = root / "wal" / "0000000001.seg"
-    segment.write_bytes(segment.read_bytes()[:-10])  # a crash in the middle of record 6
+    data, end = segment.read_bytes(), frames_end(segment)
+    # A crash in the middle of record 6: its last bytes never replaced the zeros there.
+    segment.write_bytes(data[:end - 10] + bytes(len(data) - end + 10))
     second = open_store(root, instance_id="INST-2")  # another host: another instance id
     assert by_id(second.restored.runs)["RUN-A"].state.seq == 5
     for record in records[5:]:
@@ -1251,7 +1256,10 @@ def test_a_segment_cut_short_after_its_host_went_on_is_damage_not_a_torn_tail(
     report = verify_report(root)
     [finding] = [f for f in report.files if f.path == "wal/0000000001.seg"]
     assert finding.kind == "corrupt", finding
-    assert f"{last_a.offset}..{last_a.offset + 20}" in finding.problem
+    # The damage ends where its last non-zero byte does (zeros after it are the room a
+    # format-2 writer preallocates): at most the 20 bytes kept.
+    found = re.search(rf"bytes {last_a.offset}\.\.(\d+) at its end", finding.problem)
+    assert found is not None and last_a.offset < int(found[1]) <= last_a.offset + 20, finding
     assert "went on to write wal/0000000002.seg" in finding.problem
     journal = by_id(read_runs(root))["RUN-A"]
     assert journal.status == "corrupt" and "may have held its record 12" in (journal.problem

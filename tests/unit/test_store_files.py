@@ -453,8 +453,9 @@ def test_a_segment_changed_under_the_writer_is_told_at_its_seal(
     [told] = store.kept_files
     assert (told.path, told.kind) == (f"wal/{segment.name}", "corrupt")
     if change == "truncate":
-        found = re.match(r"is (\d+) bytes, but this host wrote (\d+) to it: another program "
-                         r"cut it short or wrote to it while the host ran", told.problem)
+        found = re.match(r"is (\d+) bytes, but this host made it (\d+) \(its frames end at "
+                         r"\d+\): another program cut it short or wrote to it while the host "
+                         r"ran", told.problem)
         assert found is not None, told
         assert int(found[2]) - int(found[1]) == 40
     else:

@@ -22,7 +22,15 @@ from intloom.runtime.records import (
 )
 from intloom.store import FaultPlan, read_history, read_runs, verify
 from intloom.store.faults import ENV
-from tests.unit.test_store_support import abandon, by_id, frames_of, header, open_store, walk
+from tests.unit.test_store_support import (
+    abandon,
+    by_id,
+    frames_end,
+    frames_of,
+    header,
+    open_store,
+    walk,
+)
 
 
 def test_concurrent_runs_share_flushes(tmp_path: Path) -> None:
@@ -328,7 +336,7 @@ def test_a_failed_batch_no_void_notice_could_name_is_cut_off_its_segment(
     store.append("RUN-X", x[0])
     store.sync_blocking()
     segment = root / "wal" / "0000000001.seg"
-    durable = segment.read_bytes()
+    durable = segment.read_bytes()[:frames_end(segment)]  # the zeros after it go too
     for record in x[1:5]:
         store.append("RUN-X", record)
     with pytest.raises(CheckpointFailed):
@@ -347,10 +355,11 @@ def test_a_failed_batch_no_void_notice_could_name_is_cut_off_its_segment(
 def test_a_failed_batch_is_not_cut_off_a_segment_another_program_wrote_to(
     tmp_path: Path,
 ) -> None:
-    """Segments are appended to (O_APPEND): bytes another program added to the open segment
-    put this host's batches after them, past its own count of the segment's size. A cut at
-    that count took the end of an acknowledged batch with it (the Run read back corrupt).
-    Such a segment is not cut: the void notice alone says the failed batch never happened."""
+    """Bytes another program added to the open segment make it another size than this host
+    made it. When segments were appended to (O_APPEND, format 1) they put this host's
+    batches after them, and a cut at its own count took the end of an acknowledged batch
+    with it (the Run read back corrupt). Such a segment is not cut: the void notice alone
+    says the failed batch never happened."""
     root = tmp_path / "runtime"
     x = walk("RUN-X", 8, 1)
     store = open_store(root, faults=FaultPlan(fail_sync=frozenset({3})))
@@ -361,8 +370,8 @@ def test_a_failed_batch_is_not_cut_off_a_segment_another_program_wrote_to(
         fh.write(b"\0" * 40)
     store.append("RUN-X", x[1])
     store.append("RUN-X", x[2])
-    store.sync_blocking()  # acknowledged: after the 40 bytes
-    acknowledged = segment.read_bytes()
+    store.sync_blocking()  # acknowledged
+    acknowledged = segment.read_bytes()[:frames_end(segment)]
     store.append("RUN-X", x[3])
     with pytest.raises(CheckpointFailed):
         store.sync_blocking("RUN-X")

@@ -16,7 +16,15 @@ from intloom.store import read_history, read_runs_report, verify_report
 from intloom.store.framing import scan_segment, segment_name, segment_number
 from intloom.store.snapshots import decode_manifest, encode_manifest
 from tests.helpers import snapshot_files
-from tests.unit.test_store_support import abandon, by_id, frames_of, open_store, walk
+from tests.unit.test_store_support import (
+    abandon,
+    by_id,
+    frames_end,
+    frames_of,
+    open_store,
+    walk,
+    write_after_frames,
+)
 
 SEG2 = "wal/0000000002.seg"
 MAX_SEGMENT = 9_999_999_999  # the highest number a ten-digit name holds
@@ -167,7 +175,8 @@ def test_segment_names_and_numbers_agree() -> None:
 
 def _flip_last_frame(root: Path) -> tuple[int, bytes]:
     last = frames_of(root / SEG2, "RUN-B")[-1]
-    assert last.end == (root / SEG2).stat().st_size  # its length ends exactly at EOF
+    # Its length ends exactly where the frames do (the zeros after them are unused room).
+    assert last.end == frames_end(root / SEG2)
     return last.offset, _flip(root / SEG2, last.end - 4, 0x01)
 
 
@@ -220,13 +229,13 @@ def test_a_complete_last_frame_failing_its_checksum_from_before_boot_is_named_ho
 
 @pytest.mark.parametrize("size", [200, (1 << 20) + 1])  # past what a Damage keeps of them
 def test_appended_bytes_that_are_no_frame_are_not_called_one(tmp_path: Path, size: int) -> None:
-    """200 zero bytes after a segment's last frame were reported as "its last frame has its
-    whole length but fails its checksum": there is no frame marker there at all."""
+    """200 bytes after a segment's last frame were reported as "its last frame has its
+    whole length but fails its checksum": there is no frame marker there at all. (Zeros
+    there are now the room a format-2 writer preallocates: these are not zeros.)"""
     root = tmp_path / "runtime"
     _crashed(root)
     seg = root / SEG2
-    end = seg.stat().st_size
-    seg.write_bytes(seg.read_bytes() + bytes(size))
+    end = write_after_frames(seg, b"\x01" * size)
     [finding] = read_runs_report(root).files
     assert finding.kind == "corrupt", finding
     assert finding.problem == (
@@ -290,8 +299,7 @@ def test_records_after_a_seal_hold_their_run_and_are_never_read_as_its_records(
     seal = encode_frame(KIND_SEAL, 0, b"", msgspec.msgpack.encode(SealNotice(at="t", frames=10)))
     late = b"".join(encode_frame(KIND_RECORD, seq, b"RUN-A", encode_record(record))
                     for seq, record in enumerate(records[6:], start=7))
-    sealed_end = seg.stat().st_size + len(seal)
-    seg.write_bytes(seg.read_bytes() + seal + late)
+    sealed_end = write_after_frames(seg, seal + late, end=True) + len(seal)
     kept = snapshot_files(root)
 
     for report in (read_runs_report(root), verify_report(root)):
@@ -327,9 +335,8 @@ def test_a_seal_that_names_a_run_is_reported(tmp_path: Path) -> None:
 
     root = tmp_path / "runtime"
     seg = _crashed_with_run_a(root, 4)
-    offset = seg.stat().st_size
     payload = msgspec.msgpack.encode(SealNotice(at="t", frames=4))
-    seg.write_bytes(seg.read_bytes() + encode_frame(KIND_SEAL, 5, b"RUN-A", payload))
+    offset = write_after_frames(seg, encode_frame(KIND_SEAL, 5, b"RUN-A", payload), end=True)
 
     report = verify_report(root)
     (finding,) = [f for f in report.files if f.kind == "corrupt"]
@@ -358,16 +365,16 @@ def test_a_header_whose_body_says_another_format_than_its_fixed_field_is_damaged
 ) -> None:
     """The header body's ``format`` is checksummed, the fixed field is not, and a writer
     makes them equal. A body saying format 2 behind a fixed field of 1 was read as format 1
-    without a word, its Runs resumed."""
+    without a word, its Runs resumed. (A writer's fixed field is 2 now: the body says 1.)"""
     root = tmp_path / "runtime"
     seg = _crashed_with_run_a(root, 5)
-    _reheader(seg, format=2)
+    _reheader(seg, format=1)
     kept = seg.read_bytes()
 
     for report in (read_runs_report(root), verify_report(root)):
         (finding,) = [f for f in report.files if f.kind == "corrupt"]
-        assert finding.problem == ("has a damaged file header (its body says format 2, its "
-                                   "fixed format field 1)"), finding
+        assert finding.problem == ("has a damaged file header (its body says format 1, its "
+                                   "fixed format field 2)"), finding
         a = by_id(report.runs)["RUN-A"]
         assert a.status == "corrupt" and "never resumed from" in (a.problem or ""), a
     _restart(root, "INST-2")
@@ -378,20 +385,20 @@ def test_a_header_whose_body_says_another_format_than_its_fixed_field_is_damaged
 def test_a_newer_format_segment_names_the_version_found_read_and_the_fix(
     tmp_path: Path,
 ) -> None:
-    """A segment a newer intloom wrote (fixed field and body both format 2) is refused with
+    """A segment a newer intloom wrote (fixed field and body both format 3) is refused with
     the versions and what to do; it said only "format 2; this intloom reads 1"."""
     import struct
 
     root = tmp_path / "runtime"
     seg = _crashed_with_run_a(root, 3)
-    _reheader(seg, format=2)
+    _reheader(seg, format=3)
     data = bytearray(seg.read_bytes())
-    struct.pack_into(">H", data, 8, 2)
+    struct.pack_into(">H", data, 8, 3)
     seg.write_bytes(bytes(data))
 
     report = read_runs_report(root)
-    fact = ("is format 2; this intloom reads 1 (a newer intloom wrote it: run an intloom "
-            "that reads format 2 to resume or end its Runs; the file is kept as it is)")
+    fact = ("is format 3; this intloom reads 1 and 2 (a newer intloom wrote it: run an "
+            "intloom that reads format 3 to resume or end its Runs; the file is kept as it is)")
     assert [(f.path, f.kind, f.problem) for f in report.files] == [
         ("wal/0000000001.seg", "incompatible", fact)]
     a = by_id(report.runs)["RUN-A"]
@@ -420,7 +427,7 @@ def test_a_void_notice_after_a_seal_voids_nothing(tmp_path: Path) -> None:
     seal = encode_frame(KIND_SEAL, 0, b"", msgspec.msgpack.encode(SealNotice(at="t", frames=8)))
     void = encode_frame(KIND_VOID, 0, b"", msgspec.msgpack.encode(
         VoidNotice(segment=1, offset=fifth, cause="a write failed")))
-    seg.write_bytes(data + seal + void)
+    write_after_frames(seg, seal + void, end=True)
 
     for report in (read_runs_report(root), verify_report(root)):
         a = by_id(report.runs)["RUN-A"]
@@ -448,10 +455,10 @@ def test_a_void_notice_no_writer_writes_is_reported_and_holds_the_runs_it_names(
     target = 1 if voided == "its own" else 2
     void = encode_frame(KIND_VOID, 0, b"", msgspec.msgpack.encode(
         VoidNotice(segment=target, offset=fifth, cause="forged")))
-    seg.write_bytes(data + void)
+    at = write_after_frames(seg, void)
     kept = seg.read_bytes()
 
-    fact = (f"its void notice at offset {len(data)} voids wal/{segment_name(target)} from "
+    fact = (f"its void notice at offset {at} voids wal/{segment_name(target)} from "
             f"offset {fifth}, which a writer never writes")
     for report in (read_runs_report(root), verify_report(root)):
         (finding,) = [f for f in report.files if f.kind == "corrupt"]
@@ -461,7 +468,7 @@ def test_a_void_notice_no_writer_writes_is_reported_and_holds_the_runs_it_names(
         if voided == "its own":
             assert a.status == "corrupt", a
             assert (f"its record at wal/0000000001.seg offset {fifth} seq 5 is in bytes that "
-                    f"the void notice at wal/0000000001.seg offset {len(data)} voids") in (
+                    f"the void notice at wal/0000000001.seg offset {at} voids") in (
                         a.problem or ""), a
         else:  # nothing of RUN-A's is in the bytes it names: read as written
             assert a.status == "ok" and a.state.seq == 8, a
@@ -521,7 +528,7 @@ def test_a_void_notice_after_other_runs_frames_is_not_obeyed_by_inspect_either(
     fifth = next(f.offset for f in scan_segment(seg1.name, 1, seg1.read_bytes()).frames
                  if f.seq == 5)
     seg2 = root / SEG2
-    seg2.write_bytes(seg2.read_bytes() + encode_frame(KIND_VOID, 0, b"", msgspec.msgpack.encode(
+    write_after_frames(seg2, encode_frame(KIND_VOID, 0, b"", msgspec.msgpack.encode(
         VoidNotice(segment=1, offset=fifth, cause="forged"))))
     (root / "manifest.json").unlink()  # every segment read: segment 1's records too
 

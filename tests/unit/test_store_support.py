@@ -114,9 +114,29 @@ def abandon(store: Store) -> None:
     store._stop_worker()
     if store._fd >= 0:
         os.close(store._fd)
-        store._fd = -1
+    store._forget_fd()
     store._unlock()  # the kernel drops a dead process's flock
     store._closed = True
+
+
+def frames_end(segment: Path) -> int:
+    """Where a segment's frames end: its size, less the zeros a format-2 writer
+    preallocated after them (a crashed host's segment ends in up to a MiB of those)."""
+    scan = scan_segment(segment.name, 0, segment.read_bytes())
+    return scan.size - scan.unused
+
+
+def write_after_frames(segment: Path, data: bytes, *, end: bool = False) -> int:
+    """Put ``data`` where a segment's frames end (over the zeros preallocated there, as a
+    writer or a write cut short would): the offset it starts at. ``end``: the file ends
+    with ``data``, as a writer leaves a segment it seals (it cuts its zeros off first)."""
+    at = frames_end(segment)
+    with open(segment, "r+b") as fh:
+        fh.seek(at)
+        fh.write(data)
+        if end:
+            fh.truncate(at + len(data))
+    return at
 
 
 def flip(path: Path, offset: int) -> None:
