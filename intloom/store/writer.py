@@ -19,8 +19,9 @@ import signal
 import sys
 import threading
 import time
+import types
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Any, Final, NoReturn
 from zlib import crc32
@@ -136,6 +137,13 @@ _BODY_ROOM: Final = MAX_BODY - _BODY_HEAD.size
 # loop.create_future() without its Python frame (once per Step): the host runs asyncio's
 # own event loop, whose create_future returns exactly this.
 _Future: Final = asyncio.Future
+
+
+@types.coroutine
+def _next_turn() -> Generator[None, None, None]:
+    """Await to resume at the next loop iteration (a bare yield, as ``asyncio.sleep(0)``
+    without its coroutine's frame)."""
+    yield
 
 
 class _Batch(msgspec.Struct):
@@ -732,12 +740,23 @@ class Store:
                         # fdatasync serves them all instead of one for the first caller and
                         # one for the rest.
                         self._kick = self._running_loop().call_soon(self._flush_next)
-                if inline is None:
+                if inline is None and (self._kick is None or self._inflight is not None
+                                       or self._last_sync_s >= self._inline_max_sync_s):
                     waiter = _Future(loop=self._running_loop())
                     self._waiters.append((high, waiter))
             finally:
                 if lock is not None:
                     lock.release()
+            if inline is None and waiter is None:
+                # The flush is queued for the next loop iteration, on the loop, ahead of this
+                # task's next turn: that turn finds its records durable, with no future to
+                # make, wait on and wake (one per Run per Step), and one loop iteration per
+                # round instead of two (the woken Runs ran in the iteration after the flush).
+                # What waits ``when_durable`` is called by the flush itself, before these
+                # turns (``_wake``). A flush that did not resolve these records (it went to
+                # the store's thread) is waited for with a future at the next turn.
+                await _next_turn()
+                continue
             if inline is not None:
                 self.inline_flushes += 1
                 self._write_out(inline)
@@ -1081,11 +1100,19 @@ class Store:
             if lock is not None:
                 lock.release()
         if due:
-            # Queued before the waiters' wake-ups (which set_result queues, below): they run
-            # first, and one that raises is the loop's to report, not this flush's.
+            # Called here, not queued: the Runs that wait for this flush resume after it in
+            # this very loop iteration when it runs on the loop (``sync``'s turn), so a
+            # callback queued now would run after all their next Steps. One that raises is
+            # the loop's to report, as from a callback it ran, not this flush's.
             loop = self._running_loop()
             for fn in due:
-                loop.call_soon(fn)
+                try:
+                    fn()
+                except Exception as exc:
+                    loop.call_exception_handler({
+                        "message": f"Exception in a when_durable callback {fn!r}",
+                        "exception": exc,
+                    })
         if start:
             # Records appended while the last batch was on disk: start their flush now.
             self._flush_next()

@@ -57,6 +57,82 @@ def test_concurrent_runs_share_flushes(tmp_path: Path) -> None:
     assert all(journals[r].state == fold(rs) for r, rs in records.items())
 
 
+def test_runs_woken_by_a_flush_on_the_loop_resume_in_the_iteration_that_flushed(
+        tmp_path: Path) -> None:
+    """A round of concurrent Runs costs one loop iteration: the flush queued in one runs
+    first in the next, and the Runs waiting for it resume after it in that same iteration.
+    Each used to wait on a future of its own, woken in the iteration after the flush: two
+    iterations per round, and a future made, awaited and woken per Run per Step."""
+    runs, per = 16, 20
+    records = {f"RUN-{i:02d}": walk(f"RUN-{i:02d}", per, i) for i in range(runs)}
+
+    async def main() -> tuple[int, int, int]:
+        # Every flush on the loop, as while the disk is fast.
+        store = open_store(tmp_path / "runtime", inline_max_sync_s=float("inf"))
+        loop = asyncio.get_running_loop()
+        turns = 0
+        handle: list[asyncio.Handle] = []
+
+        def turn() -> None:  # once per loop iteration
+            nonlocal turns
+            turns += 1
+            handle[:] = [loop.call_soon(turn)]
+
+        async def one(run_id: str) -> None:
+            for record in records[run_id]:
+                store.append(run_id, record)
+                await store.sync(run_id)
+
+        turn()
+        await asyncio.gather(*(one(r) for r in records))
+        handle[0].cancel()
+        flushes, inline = store.flushes, store.inline_flushes
+        await store.close()
+        return turns, flushes, inline
+
+    turns, flushes, inline = asyncio.run(main())
+    assert inline == flushes
+    turns -= 1  # the call that started the count
+    assert flushes <= per + 2, f"{flushes} flushes for {per} rounds"
+    assert turns <= flushes + 4, f"{turns} loop iterations for {flushes} flushes"
+    journals = by_id(read_runs(tmp_path / "runtime"))
+    assert all(journals[r].state == fold(rs) for r, rs in records.items())
+
+
+def test_a_when_durable_call_that_raises_is_the_loops_to_report_not_the_flushs(
+        tmp_path: Path) -> None:
+    """The flush calls what waits ``when_durable`` itself (before the Runs it wakes resume):
+    one that raises goes to the loop's exception handler, and the flush, the other calls
+    and the waiting Runs carry on."""
+    a, b = walk("RUN-A", 3, 1), walk("RUN-B", 3, 2)
+
+    async def main() -> tuple[list[str], list[dict[str, object]]]:
+        store = open_store(tmp_path / "runtime", inline_max_sync_s=float("inf"))
+        loop = asyncio.get_running_loop()
+        reported: list[dict[str, object]] = []
+        loop.set_exception_handler(lambda _loop, context: reported.append(context))
+        called: list[str] = []
+
+        def boom() -> None:
+            called.append("boom")
+            raise ValueError("a follower's sink failed")
+
+        store.append("RUN-A", a[0])
+        store.append("RUN-B", b[0])
+        store.when_durable(boom)
+        store.when_durable(lambda: called.append("after"))
+        await asyncio.gather(store.sync("RUN-A"), store.sync("RUN-B"))
+        called.append("resumed")
+        await store.close()
+        return called, reported
+
+    called, reported = asyncio.run(main())
+    assert called == ["boom", "after", "resumed"]
+    assert len(reported) == 1 and isinstance(reported[0]["exception"], ValueError)
+    assert "when_durable" in str(reported[0]["message"])
+    assert len(read_runs(tmp_path / "runtime")) == 2
+
+
 def test_sync_returns_only_once_its_records_are_durable(tmp_path: Path) -> None:
     root = tmp_path / "runtime"
     records = walk("RUN-A", 6, 0)
