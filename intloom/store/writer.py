@@ -16,6 +16,7 @@ import os
 import queue
 import resource
 import signal
+import struct
 import sys
 import threading
 import time
@@ -134,6 +135,18 @@ _LEN_CRC: Final = framing._LEN_CRC
 # A frame's body's room for a run id and a record (the Struct's ``size`` is a descriptor
 # 3.11 reads unspecialised).
 _BODY_ROOM: Final = MAX_BODY - _BODY_HEAD.size
+
+
+def _record_head(run_id: str) -> tuple[struct.Struct, bytes, int]:
+    """What ``Store.append`` frames each record of ``run_id`` with: a packer of the body up to
+    the payload (kind, seq, then ``tail``: the run id's length and the run id), ``tail``, and
+    the room left for a payload. Kept per Run: the run id encoded, then packed and joined to
+    the body for each record, was ~1.6 % of a Step (callgrind, 64 async Runs)."""
+    rid = run_id.encode()
+    tail = len(rid).to_bytes(2, "big") + rid
+    return struct.Struct(f">BQ{len(tail)}s"), tail, _BODY_ROOM - len(rid)
+
+
 # loop.create_future() without its Python frame (once per Step): the host runs asyncio's
 # own event loop, whose create_future returns exactly this.
 _Future: Final = asyncio.Future
@@ -186,7 +199,8 @@ class Store:
         "_allocated", "_appended", "_armed", "_begun", "_closed", "_closing", "_compactor",
         "_dir_lock", "_durable_calls", "_failed_runs", "_failures", "_faults",
         "_fd", "_fd_check", "_file_limit", "_flush_no", "_flush_waits", "_flushed", "_frames",
-        "_held", "_history_lock", "_history_mutex", "_history_read", "_history_reads",
+        "_heads", "_held", "_history_lock", "_history_mutex", "_history_read",
+        "_history_reads",
         "_history_waiting", "_home_fd", "_inflight", "_inline_max_sync_s", "_jobs",
         "_kept_lock", "_kept_told", "_kick", "_last_sync_s", "_live_written", "_lock",
         "_loop", "_manifest_kept", "_next_number", "_next_seq", "_number", "_opened",
@@ -243,6 +257,7 @@ class Store:
         self._pending_frames: list[bytes] = []
         self._pending_last: dict[str, _Entry] = {}
         self._next_seq: dict[str, int] = {}
+        self._heads: dict[str, tuple[struct.Struct, bytes, int]] = {}  # _record_head, by Run
         self._appended = 0
         self._taken = 0
         self._resolved = 0
@@ -607,11 +622,14 @@ class Store:
             raise RuntimeError("Store.append before Store.begin: the store has no segment")
         # Encoded first: a record that cannot be encoded raises and changes nothing.
         payload = encode_record(record)
-        rid = run_id.encode()
-        if len(payload) > _BODY_ROOM - len(rid):
+        head = self._heads.get(run_id)
+        if head is None:
+            head = self._heads[run_id] = _record_head(run_id)
+        packer, tail, room = head
+        if len(payload) > room:
             # Written, it would be read back as damage (the reader's bound on a frame's
             # length): the Run would be lost at the next restore from the log.
-            raise RecordTooLarge(_BODY_HEAD.size + len(rid) + len(payload), MAX_BODY)
+            raise RecordTooLarge(MAX_BODY - room + len(payload), MAX_BODY)
         lock = self._lock if self._shared else None
         if lock is not None:
             lock.acquire()
@@ -629,10 +647,11 @@ class Store:
                 # Nothing follows a Run's end (the machine refuses it), and a seq kept for
                 # each Run ever ended would grow, and pin memory, for the host's life.
                 self._next_seq.pop(run_id, None)
+                self._heads.pop(run_id, None)
             else:
                 self._next_seq[run_id] = seq + 1
             # framing.encode_frame(KIND_RECORD, seq, run_id.encode(), payload), inlined
-            body = _BODY_HEAD.pack(KIND_RECORD, seq, len(rid)) + rid + payload
+            body = packer.pack(KIND_RECORD, seq, tail) + payload
             size = len(body)
             crc = _LEN_CRC.get(size)
             if crc is None:

@@ -6,8 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, NoReturn
 
+import pytest
+
 from intloom.runtime.machine import fold
-from tests.unit.test_store_support import abandon, open_store, walk
+from intloom.runtime.records import encode_record
+from intloom.store import framing, writer
+from tests.unit.test_store_support import abandon, frames_of, open_store, walk
 
 
 class _Unwalked(list[Any]):
@@ -40,3 +44,35 @@ def test_a_flush_tracks_each_run_from_its_last_record_without_walking_the_batch(
             assert (track.base, track.seq, track.dirty) == (fold(records), 5, True)
     finally:
         abandon(store)
+
+
+def test_a_runs_frame_head_is_made_once_and_frames_its_records_as_encode_frame_does(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[str] = []
+    record_head = writer._record_head
+
+    def counted(run_id: str) -> Any:
+        made.append(run_id)
+        return record_head(run_id)
+
+    monkeypatch.setattr(writer, "_record_head", counted)
+    root = tmp_path / "runtime"
+    store = open_store(root)
+    runs = {"RUN-A": walk("RUN-A", 6, 1, terminal=True), "RUN-É-ü": walk("RUN-É-ü", 6, 2)}
+    try:
+        for i in range(6):
+            for run_id, records in runs.items():
+                store.append(run_id, records[i])
+        store.sync_blocking()
+        assert sorted(made) == sorted(runs)  # once per Run, not per record
+        assert list(store._heads) == ["RUN-É-ü"]  # an ended Run's is dropped, as its seq is
+    finally:
+        store.close_blocking()
+    segment = min((root / "wal").glob("*.seg"))
+    data = segment.read_bytes()
+    for run_id, records in runs.items():
+        frames = frames_of(segment, run_id)
+        assert [frame.seq for frame in frames] == [1, 2, 3, 4, 5, 6]
+        for frame, record in zip(frames, records, strict=True):
+            assert data[frame.offset:frame.end] == framing.encode_frame(
+                framing.KIND_RECORD, frame.seq, run_id.encode(), encode_record(record))
