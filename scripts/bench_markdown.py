@@ -497,7 +497,9 @@ harness; the figures quoted here are from those sessions, not from this run):
   one Run and the other 63 (two fdatasyncs per round). A flush is now scheduled for the end of
   the event loop's current iteration, after every Run woken with it has appended: ~1 flush
   per round (`steps_per_flush` ≈ the number of Runs). Waiters wait on their own future
-  instead of `asyncio.shield` over a shared one (two fewer callbacks per Step).
+  instead of `asyncio.shield` over a shared one (two fewer callbacks per Step); since
+  2026-12-06 one behind a flush queued on the loop yields once instead, and its next turn
+  comes right after that flush.
 - **Snapshots off the flush path** (`events`, `concurrency`): a segment rotation used to
   fold every record since the last snapshot and fsync one snapshot file per Run on the
   writer thread, holding up every Run's next flush for tens of ms. Records are now folded as
@@ -737,6 +739,31 @@ harness; the figures quoted here are from those sessions, not from this run):
   59.9-64.3 µs of CPU per Step (−13.6 % at the medians) and 11,994-12,899 against
   12,979-14,390 Steps/s (63.6 Steps per flush in both); one Run × 1,500 Steps, three pairs,
   3,038, 2,891 and 3,130 against 3,360, 3,105 and 2,960 Steps/s, within its noise.
+- **Preallocated segments** (2026-12-06 later, format 2, docs/format.md): a segment is
+  preallocated a MiB ahead and written over those zeros at its offset, and the per-flush
+  check that its descriptor is still the host's reads `/proc/self/fdinfo` instead of calling
+  `fstat`. Measured first with a raw loop (600 bytes, `fdatasync` each, 150 µs of CPU work
+  between, one process, three rounds): appending ~200 µs a flush, over preallocated zeros
+  ~135-150 µs, and over them with an `fstat` of the file before each write ~185-205 µs (the
+  `fstat` asks for the inode's change counter, whose next bump the `fdatasync` then
+  commits with the journal, as a size change). Then in process (Runtime and Store, the
+  bench's tick Workflow, the code before against after, alternating, on the throttled VM:
+  gauge 37 ms, so as ratios): one async Run × 3,000 Steps, six pairs, 309-381 against
+  263-310 µs per Step (medians ~334 and ~272, −18 %), the `fdatasync` itself 204-261 against
+  161-201 µs (−52 µs at the medians), 3,000 against 3,660 Steps/s; 64 async Runs × 300
+  Steps, four pairs (with the two CPU cuts below), 12,536-13,502 against 13,327-13,974
+  Steps/s (+5 %), 61.8-66.0 against 57.7-60.9 µs of CPU per Step (−8 %), 63.6 Steps per
+  flush in both. So the peers ratio gains what the lone Run's flush loses, and the 64-Run
+  ratio, against that faster lone Run, loses most of it: modelled from the last quoted run
+  (193 µs floor + 44 µs of CPU per Step for one Run, 28.5 µs per Step for 64), one Run
+  ~185 µs (~5.9× fewer than LangGraph's 1,092 µs) and 64 Runs ~7.0-7.5× one Run: below 8×
+  unless the loop's CPU per Step falls ~10-15 % more, or the loop works while a flush is on
+  disk (two cohorts of Runs, one flushing while the other runs its Steps; not built). The
+  `steps` figure keeps its issue's baseline, the append, and reports the preallocated floor
+  beside it. With it, two CPU cuts (callgrind, 64 async Runs, every flush on the loop): a
+  Run waiting for a flush queued on the loop yields once instead of awaiting a future of
+  its own (133.3k → 129.0-129.4k instructions per Step), and the store keeps each Run's
+  last record as it is appended and its frame head once per Run (133.4k → 129.6k).
 
 What is left, from profiles taken while building this harness (`py-spy`, `cProfile`,
 `strace -c`, `-X importtime`; figures are from those sessions, not this run):
