@@ -26,8 +26,8 @@ from intloom.store.reader import FileProblem
 from intloom.store.segmentfile import PREALLOCATE_BYTES, FdIdentity
 from tests.helpers import snapshot_files
 from tests.unit.test_store_support import (
-    abandon,
     by_id,
+    crashed_with_run_a,
     frames_end,
     open_store,
     run_child,
@@ -36,12 +36,7 @@ from tests.unit.test_store_support import (
 
 
 def _crashed(root: Path, records: int = 6) -> Path:
-    store = open_store(root)
-    for record in walk("RUN-A", records, 1):
-        store.append("RUN-A", record)
-    store.sync_blocking()
-    abandon(store)
-    return root / "wal" / segment_name(1)
+    return crashed_with_run_a(root, records)
 
 
 def test_a_crashed_hosts_segment_ends_in_unused_zeros_that_are_not_damage(
@@ -66,13 +61,7 @@ def test_a_crashed_hosts_segment_ends_in_unused_zeros_that_are_not_damage(
 
 
 def test_a_sealed_segment_ends_at_its_seal(tmp_path: Path) -> None:
-    root = tmp_path / "runtime"
-    store = open_store(root)
-    for record in walk("RUN-A", 6, 1):
-        store.append("RUN-A", record)
-    store.sync_blocking()
-    store.close_blocking()
-    segment = root / "wal" / segment_name(1)
+    segment = crashed_with_run_a(tmp_path / "runtime", 6, close=True)
     scan = scan_segment(segment.name, 1, segment.read_bytes())
     assert scan.sealed and scan.damage == [] and scan.unused == 0
     assert scan.frames[-1].kind == KIND_SEAL and scan.frames[-1].end == scan.size
@@ -154,13 +143,7 @@ def test_a_whole_last_frame_failing_its_checksum_before_the_zeros_is_still_damag
 def test_zeros_after_a_seal_are_bytes_after_a_seal(tmp_path: Path) -> None:
     """A writer cuts its zeros off before it seals: any bytes after a seal, zeros too,
     were put there by something else."""
-    root = tmp_path / "runtime"
-    store = open_store(root)
-    for record in walk("RUN-A", 4, 1):
-        store.append("RUN-A", record)
-    store.sync_blocking()
-    store.close_blocking()
-    segment = root / "wal" / segment_name(1)
+    segment = crashed_with_run_a(tmp_path / "runtime", 4, close=True)
     with open(segment, "ab") as fh:
         fh.write(bytes(4096))
     scan = scan_segment(segment.name, 1, segment.read_bytes())

@@ -19,6 +19,7 @@ from tests.helpers import snapshot_files
 from tests.unit.test_store_support import (
     abandon,
     by_id,
+    crashed_with_run_a,
     frames_end,
     frames_of,
     open_store,
@@ -317,24 +318,13 @@ def test_records_after_a_seal_hold_their_run_and_are_never_read_as_its_records(
     assert snapshot_files(root)["wal/0000000001.seg"] == kept["wal/0000000001.seg"]
 
 
-def _crashed_with_run_a(root: Path, records: int) -> Path:
-    """A store that wrote ``records`` of RUN-A into segment 1 and crashed (unsealed): the
-    segment, for a test to alter."""
-    store = open_store(root)
-    for record in walk("RUN-A", records, 1):
-        store.append("RUN-A", record)
-    store.sync_blocking()
-    abandon(store)
-    return root / "wal" / segment_name(1)
-
-
 def test_a_seal_that_names_a_run_is_reported(tmp_path: Path) -> None:
     """A seal's crc checks out but it names a Run and a seq, which no writer's seal does:
     it was taken as a clean seal without a word."""
     from intloom.store.framing import KIND_SEAL, SealNotice, encode_frame
 
     root = tmp_path / "runtime"
-    seg = _crashed_with_run_a(root, 4)
+    seg = crashed_with_run_a(root, 4)
     payload = msgspec.msgpack.encode(SealNotice(at="t", frames=4))
     offset = write_after_frames(seg, encode_frame(KIND_SEAL, 5, b"RUN-A", payload), end=True)
 
@@ -367,7 +357,7 @@ def test_a_header_whose_body_says_another_format_than_its_fixed_field_is_damaged
     makes them equal. A body saying format 2 behind a fixed field of 1 was read as format 1
     without a word, its Runs resumed. (A writer's fixed field is 2 now: the body says 1.)"""
     root = tmp_path / "runtime"
-    seg = _crashed_with_run_a(root, 5)
+    seg = crashed_with_run_a(root, 5)
     _reheader(seg, format=1)
     kept = seg.read_bytes()
 
@@ -390,7 +380,7 @@ def test_a_newer_format_segment_names_the_version_found_read_and_the_fix(
     import struct
 
     root = tmp_path / "runtime"
-    seg = _crashed_with_run_a(root, 3)
+    seg = crashed_with_run_a(root, 3)
     _reheader(seg, format=3)
     data = bytearray(seg.read_bytes())
     struct.pack_into(">H", data, 8, 3)
@@ -421,7 +411,7 @@ def test_a_void_notice_after_a_seal_voids_nothing(tmp_path: Path) -> None:
     )
 
     root = tmp_path / "runtime"
-    seg = _crashed_with_run_a(root, 8)  # unsealed: a restore reads it
+    seg = crashed_with_run_a(root, 8)  # unsealed: a restore reads it
     data = seg.read_bytes()
     fifth = next(f.offset for f in scan_segment(seg.name, 1, data).frames if f.seq == 5)
     seal = encode_frame(KIND_SEAL, 0, b"", msgspec.msgpack.encode(SealNotice(at="t", frames=8)))
@@ -449,7 +439,7 @@ def test_a_void_notice_no_writer_writes_is_reported_and_holds_the_runs_it_names(
     from intloom.store.framing import KIND_VOID, VoidNotice, encode_frame
 
     root = tmp_path / "runtime"
-    seg = _crashed_with_run_a(root, 8)
+    seg = crashed_with_run_a(root, 8)
     data = seg.read_bytes()
     fifth = next(f.offset for f in scan_segment(seg.name, 1, data).frames if f.seq == 5)
     target = 1 if voided == "its own" else 2

@@ -119,6 +119,20 @@ def abandon(store: Store) -> None:
     store._closed = True
 
 
+def crashed_with_run_a(root: Path, records: int, *, close: bool = False) -> Path:
+    """A store that wrote ``records`` of RUN-A into segment 1 and crashed (unsealed; or,
+    with ``close``, closed cleanly: sealed): the segment, for a test to alter."""
+    store = open_store(root)
+    for record in walk("RUN-A", records, 1):
+        store.append("RUN-A", record)
+    store.sync_blocking()
+    if close:
+        store.close_blocking()
+    else:
+        abandon(store)
+    return root / "wal" / "0000000001.seg"
+
+
 def frames_end(segment: Path) -> int:
     """Where a segment's frames end: its size, less the zeros a format-2 writer
     preallocated after them (a crashed host's segment ends in up to a MiB of those)."""
