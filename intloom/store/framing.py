@@ -100,15 +100,19 @@ class VoidNotice(msgspec.Struct, frozen=True):
     cause: str = ""
 
 
-class SealNotice(msgspec.Struct, frozen=True):
-    """The writer closed this segment cleanly; nothing follows."""
+class SealNotice(msgspec.Struct, frozen=True, kw_only=True):
+    """The writer closed this segment cleanly; nothing follows.
 
-    at: str
+    Encoded with ``at`` last (a reader takes the keys in any order): a close's ``next`` is
+    0, and a seal ending in a zero byte read, damaged, as a frame cut short where the
+    preallocated zeros begin (format 2), not as a whole frame failing its checksum."""
+
     frames: int
     # The segment a rotation created, durably, before sealing this one (0: a close, or a
     # writer from before this field). A reader that finds it gone knows records may be
     # lost with it; a reader without the field ignores the key.
     next: SegmentNumber = 0
+    at: str
 
 
 def segment_name(number: int) -> str:

@@ -1412,15 +1412,22 @@ class Store:
             return
         intact = self._check_sealing()
         try:
+            if not intact:
+                # Bytes another program changed stay as they are: a seal written at the
+                # frames' end would overwrite (or leave a hole before) what it said it kept.
+                # Unsealed, the segment only lacks its clean-close mark.
+                return
             payload = msgspec.msgpack.encode(SealNotice(at=now(), frames=self._frames,
                                                         next=next_segment))
             seal = encode_frame(KIND_SEAL, 0, b"", payload)
-            if intact and self._allocated > self._size:
-                # The zeros preallocated past the last frame go first: a crash after the
-                # seal but before this would leave them after it, which a reader takes
-                # for bytes written after a seal (corruption).
+            if self._allocated > self._size:
+                # The zeros preallocated past the last frame go first, durably: ext4 and
+                # XFS write a file's data before they commit its new size, so one
+                # fdatasync for both could leave, after a power loss, the seal followed by
+                # the old zeros, which a reader takes for bytes after a seal (corruption).
                 os.ftruncate(self._fd, self._size)
                 self._allocated = self._size
+                os.fdatasync(self._fd)
             limit = self._file_limit
             if limit is None or self._size + len(seal) <= limit:
                 # Past the file size limit it would be cut short (EFBIG part-way): a
@@ -1438,8 +1445,9 @@ class Store:
         program changed it while this host wrote it: cut short or written to, removed, or
         opened to others. Judged once, from an ``fstat`` at its seal (a rotation, a close),
         never per flush: appending goes on by descriptor either way, and nothing else would
-        say that the log lost records that the Runs' snapshots still hold. Whether its end
-        is as this host left it: only then are its preallocated zeros cut off."""
+        say that the log lost records that the Runs' snapshots still hold. Whether its bytes
+        are as this host left them (its mode aside): only then is it sealed, its preallocated
+        zeros cut off first."""
         try:
             st = os.fstat(self._fd)
         except OSError:
@@ -1467,12 +1475,13 @@ class Store:
                     f"has bytes at offset {written} that this host never wrote (its frames end "
                     f"at {self._size}, and it preallocated zeros after them): another program "
                     "wrote to it while the host ran; they are kept as they are")
+        intact = not facts and not unread
         loose = file_problem(st)
         if loose is not None and st.st_nlink:
             facts.append(f"{loose} (changed while this host wrote it)")
         if facts:
             self._tell_kept({name: FileProblem(name, "corrupt", "; ".join(facts))})
-        return not facts and not unread
+        return intact
 
     def _written_past_end(self) -> int | None:
         """The first byte after the segment's frames that is not one of the zeros this host

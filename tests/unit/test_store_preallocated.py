@@ -214,8 +214,11 @@ def test_a_refused_preallocation_writes_on_as_format_1_did(
     assert journal.state == fold(records)
 
 
+@pytest.mark.parametrize("past", [0, 1000])
 def test_bytes_another_program_wrote_into_the_zeros_are_told_and_kept_at_the_seal(
-        tmp_path: Path) -> None:
+        tmp_path: Path, past: int) -> None:
+    """Neither cut off with the zeros nor written over by the seal (at the frames' end, where
+    the seal would go, it overwrote them while the finding said they were kept)."""
     root = tmp_path / "runtime"
     store = open_store(root)
     told: list[FileProblem] = []
@@ -225,13 +228,76 @@ def test_bytes_another_program_wrote_into_the_zeros_are_told_and_kept_at_the_sea
     segment = root / "wal" / segment_name(1)
     end = frames_end(segment)
     with open(segment, "r+b") as fh:
-        fh.seek(end + 1000)
+        fh.seek(end + past)
         fh.write(b"not ours")
+    kept = segment.read_bytes()
     store.close_blocking()
     [problem] = told
-    assert problem.kind == "corrupt" and f"bytes at offset {end + 1000}" in problem.problem
-    data = segment.read_bytes()
-    assert data[end + 1000:end + 1008] == b"not ours"  # kept: the zeros were not cut off
+    assert problem.kind == "corrupt" and f"bytes at offset {end + past}" in problem.problem
+    assert segment.read_bytes() == kept  # unsealed: it only lacks its clean-close mark
+
+
+def test_a_seal_is_written_after_its_zeros_are_cut_off_durably(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One fdatasync for the cut and the seal: ext4 and XFS write the seal's block before
+    they commit the smaller size, so a power loss could leave the seal followed by the old
+    zeros, read as bytes after a seal (corruption)."""
+    root = tmp_path / "runtime"
+    store = open_store(root)
+    store.append("RUN-A", walk("RUN-A", 1, 1)[0])
+    store.sync_blocking()
+    calls: list[str] = []
+    for name in ("ftruncate", "fdatasync", "pwrite"):
+        real = getattr(os, name)
+
+        def traced(*args: object, _real: object = real, _name: str = name) -> object:
+            calls.append(_name)
+            return _real(*args)  # type: ignore[operator]
+
+        monkeypatch.setattr(os, name, traced)
+    store.close_blocking()
+    monkeypatch.undo()
+    cut = calls.index("ftruncate")
+    assert calls[cut:cut + 4] == ["ftruncate", "fdatasync", "pwrite", "fdatasync"], calls
+
+
+def test_a_damaged_seal_of_a_clean_close_is_damage_not_a_torn_tail(tmp_path: Path) -> None:
+    """A close's seal said ``next`` 0 last, so it ended in a zero byte: one flipped byte in
+    it read as a frame cut short where the zeros begin (torn, "a crash mid-append")."""
+    segment = crashed_with_run_a(tmp_path / "runtime", 4, close=True)
+    seal = scan_segment(segment.name, 1, segment.read_bytes()).frames[-1]
+    assert seal.kind == KIND_SEAL and segment.read_bytes()[seal.end - 1] != 0
+    data = bytearray(segment.read_bytes())
+    data[seal.offset + 16] ^= 0x01
+    segment.write_bytes(bytes(data))
+    [finding] = [f for f in verify_report(tmp_path / "runtime").files
+                 if f.path.startswith("wal/")]
+    assert finding.kind == "corrupt" and "whole length" in finding.problem, finding
+
+
+def test_an_fdinfo_entry_naming_no_inode_is_not_trusted(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before Linux 5.14 the entry has no ``ino:`` line: a database a Step opened read-write
+    on the same mount, under the segment's closed descriptor number, read the same bytes,
+    and records went into it."""
+    real = os.pread
+
+    def older_kernel(fd: int, n: int, offset: int) -> bytes:
+        return b"".join(line for line in real(fd, n, offset).splitlines(keepends=True)
+                        if not line.startswith(b"ino:"))
+
+    monkeypatch.setattr(os, "pread", older_kernel)
+    fd = os.open(tmp_path / "segment", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    st = os.fstat(fd)
+    check = FdIdentity(fd, (st.st_dev, st.st_ino))
+    assert check.holds(fd)
+    os.close(fd)
+    other = os.open(tmp_path / "user.db", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        assert other == fd and not check.holds(fd)
+    finally:
+        os.close(other)
+        check.close()
 
 
 def test_the_descriptor_check_falls_back_to_fstat_and_fails_closed(tmp_path: Path) -> None:
