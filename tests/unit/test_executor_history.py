@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import tracemalloc
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -148,3 +149,46 @@ def test_a_live_runs_history_does_not_keep_each_steps_state(tmp_path: Path, kind
     # One State is the Run's own (and the store's for its next snapshot); 120 of them were
     # ~3.9 MB more.
     assert grown < 20 * _STATE_BYTES, f"{grown} bytes kept for one waiting Run"
+
+
+_SHOWN_FIELDS = ("cursor", "status", "updated_at", "pending_action", "pending_agent_call",
+                 "last_error", "phase", "dismissed")
+
+
+def _kept_of(entry: Entry) -> tuple[Any, ...]:
+    """All an entry keeps that anyone reads: each event (its name, detail and own cursor),
+    the view it kept (or None), the view it showed, and, with no view kept, its state's
+    fields that view is made of."""
+    return (tuple((ev.name, detail(ev.name, ev.info), ev.cursor) for ev in entry.events),
+            entry.view, shown(entry), entry.view is None and
+            tuple(getattr(entry.state, name) for name in _SHOWN_FIELDS))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_unpacked_entries_keep_every_event_detail_cursor_view_and_shown_state(seed: int) -> None:
+    entries = _entries(f"RUN-{seed}", seed)
+    # Besides every record's event: the events a publish adds itself (a dict detail with
+    # numbers, bools and nesting, a claim's, after the end's), each with no cursor of its own.
+    extra = (Event("restored", {"n": 1, "ok": True, "ratio": 1.0, "nested": {"l": [1, "a"]}},
+                   None),
+             Event("claimed", {"callId": "CALL-1"}, None), Event("cancelled", None, None))
+    last = entries[-1]
+    entries.append(Entry((*last.events, *extra), last.state, last.view))
+    blob = pack(entries)
+    assert blob is not None
+    got = unpack(blob, entries[-1].state)
+    assert [_kept_of(e) for e in got] == [_kept_of(e) for e in entries]
+    # Exactly, not merely equal: 1, True and 1.0 compare equal but are sent differently.
+    restored = got[-1].events[-3].info
+    assert [type(restored[k]) for k in ("n", "ok", "ratio")] == [int, bool, float]
+
+
+def test_a_packed_history_is_raw_deflate_without_a_checksum() -> None:
+    # The blob never leaves memory: a zlib stream's Adler-32 (a pass over all ~36 KB of a
+    # long Run's input) and its header protect nothing, and its default 2^15-entry hash
+    # table, cleared for every pack, cost more than the matching (~7.1k -> ~6.1k
+    # instructions per entry, callgrind over 200 entries of the bench's tick Run).
+    blob = pack(_entries("RUN-raw", 3))
+    assert blob is not None
+    inflate = zlib.decompressobj(-15)
+    assert inflate.decompress(blob) and inflate.eof and not inflate.unused_data
