@@ -757,8 +757,11 @@ harness; the figures quoted here are from those sessions, not from this run):
   ratio, against that faster lone Run, loses most of it: modelled from the last quoted run
   (193 µs floor + 44 µs of CPU per Step for one Run, 28.5 µs per Step for 64), one Run
   ~185 µs (~5.9× fewer than LangGraph's 1,092 µs) and 64 Runs ~7.0-7.5× one Run: below 8×
-  unless the loop's CPU per Step falls ~10-15 % more, or the loop works while a flush is on
-  disk (two cohorts of Runs, one flushing while the other runs its Steps; not built). The
+  unless the loop's CPU per Step falls ~10-15 % more. Letting the loop work while a flush
+  is on disk does not: a prototype with two cohorts of Runs (flushes on the store's thread,
+  one started once half the Runs' records were pending) made 10,000-10,500 Steps/s in
+  process against 13,400-14,800, its CPU per Step up from 57-62 to 77-81 µs (two flushes
+  per round, thread hand-offs, a future per Run); the loop is what is busy. The
   `steps` figure keeps its issue's baseline, the append, and reports the preallocated floor
   beside it. With it, two CPU cuts (callgrind, 64 async Runs, every flush on the loop): a
   Run waiting for a flush queued on the loop yields once instead of awaiting a future of
