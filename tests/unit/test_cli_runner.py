@@ -153,10 +153,22 @@ def _descriptors(pid: int) -> list[str] | None:
     if _signal_lines(pid) is None:
         return None
     kinds = []
-    for fd in sorted(Path(f"/proc/{pid}/fd").iterdir(), key=lambda p: int(p.name)):
-        if int(fd.name) > 2:
-            kinds.append(re.sub(r"\[\d+\]$", "", os.readlink(fd)))
+    try:
+        for fd in sorted(Path(f"/proc/{pid}/fd").iterdir(), key=lambda p: int(p.name)):
+            if int(fd.name) > 2:
+                kinds.append(re.sub(r"\[\d+\]$", "", os.readlink(fd)))
+    except FileNotFoundError:
+        # A descriptor closed between the listing and its readlink (the command is still
+        # setting up its watch): not an answer yet, so the caller polls again.
+        return None
     return kinds
+
+
+def _both_read(look: Callable[[int], object], one: int, other: int) -> bool:
+    """Whether ``look`` reads the same of both pids, with an answer from each (two "not
+    yet" answers are not a match)."""
+    mine = look(one)
+    return mine is not None and mine == look(other)
 
 
 def _signal_lines(pid: int) -> dict[str, str] | None:
@@ -190,13 +202,13 @@ def test_signals_ignored_blocked_and_caught_are_as_after_an_exec(tmp_path: Path,
         eventually(lambda: _signal_lines(child.pid), what="the served command's")
         # Polled as well: a command blocks SIGINT and SIGTERM for a moment as it starts a
         # thread (readerwatch: the thread takes that mask), which one look can catch.
-        eventually(lambda: _signal_lines(child.pid) == _signal_lines(fresh.pid),
+        eventually(lambda: _both_read(_signal_lines, child.pid, fresh.pid),
                    what="the served command's signals to be the fresh one's")
         want = _signal_lines(fresh.pid) or want
         # And no descriptor of the server (its listener, selector, other commands' pidfds).
         # Polled: each opens its watch's descriptors a moment after its SIGTERM handler is
         # set (logs --follow sets it before printing the log's records), not at once.
-        eventually(lambda: _descriptors(child.pid) == _descriptors(fresh.pid),
+        eventually(lambda: _both_read(_descriptors, child.pid, fresh.pid),
                    what="the served command's descriptors to be the fresh one's")
         assert int(want["SigIgn"], 16) & (1 << (signal.SIGUSR1 - 1))
         assert int(want["SigBlk"], 16) & (1 << (signal.SIGUSR2 - 1))
