@@ -80,3 +80,29 @@ def test_a_records_facts_are_looked_up_by_a_method_call_not_an_attribute_read() 
 
     gets = [i.opname for i in dis.get_instructions(RunSlot.apply) if i.argval == "get"]
     assert gets == ["LOAD_METHOD"], gets
+
+
+def _reads(fn: Any, cold: tuple[str, ...] = ()) -> list[tuple[str, str]]:
+    """The forms ``fn``'s attribute reads and method loads have taken (it ran warm), but
+    for those of the names in ``cold`` (an error path's, never run)."""
+    return [(i.argval, i.opname) for i in dis.get_instructions(fn, adaptive=True)
+            if i.opname.startswith(("LOAD_ATTR", "LOAD_METHOD")) and i.argval not in cold]
+
+
+def test_a_records_fold_is_found_without_an_attribute_read_of_a_named_tuple() -> None:
+    # Three records per Step are folded. A NamedTuple's fields are read through a
+    # descriptor CPython 3.11 never specialises (LOAD_ATTR_ADAPTIVE, the generic lookup).
+    from intloom.runtime.machine import apply
+    from intloom.runtime.records import Executing, Header, StagePending, StepReady, StepResult
+
+    state = apply(None, Header(at="t", run_id="r", workflow="w", workflow_version="1",
+                               identity="i", schemas={}, intent="go"))
+    state = apply(state, StagePending(at="t", stage="s"))
+    state = apply(state, StepReady(at="t", stage="s", step="a"))
+    for _ in range(200):
+        state = apply(state, Executing(at="t", stage="s", step="a"))
+        state = apply(state, StepResult(at="t", stage="s", step="a", outcome="ok"))
+        state = apply(state, StepReady(at="t", stage="s", step="a"))
+    # Before: ("phase", "LOAD_ATTR_ADAPTIVE") and ("apply", "LOAD_METHOD_ADAPTIVE").
+    assert _reads(apply, cold=("__name__",)) == [("phase", "LOAD_ATTR_SLOT"),
+                                                 ("seq", "LOAD_ATTR_SLOT")]
