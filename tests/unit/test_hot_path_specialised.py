@@ -106,3 +106,24 @@ def test_a_records_fold_is_found_without_an_attribute_read_of_a_named_tuple() ->
     # Before: ("phase", "LOAD_ATTR_ADAPTIVE") and ("apply", "LOAD_METHOD_ADAPTIVE").
     assert _reads(apply, cold=("__name__",)) == [("phase", "LOAD_ATTR_SLOT"),
                                                  ("seq", "LOAD_ATTR_SLOT")]
+
+
+def test_a_step_reads_its_state_without_a_python_frame() -> None:
+    # A Step reads ctx.state at least once; a property's Python getter is a frame of its own.
+    from intloom.authoring.context import StepContext
+
+    ctx: StepContext[Any] = StepContext(run_id="r", intent="go", stage="s", step="a",
+                                        state=7, state_type=None, hooks=None)  # type: ignore[arg-type]
+    calls: list[str] = []
+
+    def seen(frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            calls.append(frame.f_code.co_name)
+
+    sys.setprofile(seen)
+    try:
+        value = ctx.state
+    finally:
+        sys.setprofile(None)
+    assert value == 7
+    assert calls == [], calls  # before: ["state"]
