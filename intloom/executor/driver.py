@@ -1865,7 +1865,10 @@ class Driver:
             cursor = slot.state.cursor  # self._step(slot), without its frame (once per Step)
             step = slot.lw.workflow.stages[cursor.stage].steps[cursor.step or ""]
             fn = step.fn
-            is_async = _is_async(fn)
+            try:  # _is_async(fn), without its frame (once per Step)
+                is_async = _ASYNC[fn]
+            except (KeyError, TypeError):
+                is_async = _is_async(fn)
             awaiting: Any = None  # what the Step returned, when a thread ran it
             if not is_async and step.kind != "agent":  # driven by a crew (_steps_here)
                 how, pending = await self._on_thread(slot)
@@ -2186,6 +2189,14 @@ class Driver:
         outcome = st.outcome or ""
         target = step.routes.get(outcome)
         by, slot.outcome_from = slot.outcome_from, None
+        if type(target) is str:  # the next Step of the Stage (the common case first)
+            # Tested before the isinstance tests below, each a lookup and a call of the
+            # class's __instancecheck__ (with _is_async's frame in _run_step, callgrind, 64
+            # async Runs: ~1.0k fewer instructions per Step).
+            # DESIGN §5: routing to the next Step of the Stage is its own boundary.
+            rt.append_boundary(slot, StepReady(at=at, stage=st.cursor.stage, step=target,
+                                               state=st.stage_state))
+            return False
         if target is None:
             # The name of where an outcome leads, returned for the outcome: "add a route
             # for it" sent the author to add a second route where the first was right.
@@ -2212,8 +2223,7 @@ class Driver:
             return True
         if isinstance(target, ToStage):
             rt.append(slot, StagePending(at=at, stage=target.stage))
-        else:
-            # DESIGN §5: routing to the next Step of the Stage is its own boundary.
+        else:  # a subclass of str
             rt.append_boundary(slot, StepReady(at=at, stage=st.cursor.stage, step=target,
                                                state=st.stage_state))
         return False

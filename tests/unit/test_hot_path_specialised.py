@@ -127,3 +127,47 @@ def test_a_step_reads_its_state_without_a_python_frame() -> None:
         sys.setprofile(None)
     assert value == 7
     assert calls == [], calls  # before: ["state"]
+
+
+def test_a_step_routed_to_the_next_one_makes_no_isinstance_test_and_no_async_check_call() -> None:
+    # Per Step: isinstance against a class not the value's own looks up and calls the
+    # class's __instancecheck__; the Step's function was asked about through a frame.
+    wf = intloom.Workflow("hot", version="1")
+    stage = wf.stage("s")
+
+    @stage.step("a", routes={"again": "b"})
+    async def a(ctx: Any) -> str:
+        return "again"
+
+    @stage.step("b", routes={"done": intloom.COMPLETE})
+    async def b(ctx: Any) -> str:
+        return "done"
+
+    wf.validate()
+    flows = {wf.name: LoadedWorkflow(wf, "test.py", "id-hot", wf.schemas())}
+    seen: list[str] = []
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        name = frame.f_code.co_name
+        if (event == "c_call" and name == "_route" and getattr(arg, "__name__", "") ==
+                "isinstance") or (event == "call" and name == "_is_async"):
+            seen.append(name)
+
+    async def main() -> None:
+        rt = Runtime(flows, MemoryJournal(), package_version="0.1.0")
+        rt.restore([])
+        first = await rt.wait_stable((await rt.create_run("hot", "go")).run_id)  # warm
+        assert first.status == "completed"
+        run_id = (await rt.create_run("hot", "go")).run_id
+        sys.setprofile(profile)
+        try:
+            view = await rt.wait_stable(run_id)
+        finally:
+            sys.setprofile(None)
+        assert view.status == "completed"
+
+    asyncio.run(asyncio.wait_for(main(), timeout=20))
+    # Before: ["_is_async", "_route", "_route", "_is_async", "_route"]: a's route to b made
+    # two isinstance tests; b's to the end, not the common case, still makes one.
+    assert seen.count("_is_async") == 0, seen
+    assert seen.count("_route") == 1, seen
