@@ -137,14 +137,23 @@ _LEN_CRC: Final = framing._LEN_CRC
 _BODY_ROOM: Final = MAX_BODY - _BODY_HEAD.size
 
 
-def _record_head(run_id: str) -> tuple[struct.Struct, bytes, int]:
-    """What ``Store.append`` frames each record of ``run_id`` with: a packer of the body up to
-    the payload (kind, seq, then ``tail``: the run id's length and the run id), ``tail``, and
-    the room left for a payload. Kept per Run: the run id encoded, then packed and joined to
-    the body for each record, was ~1.6 % of a Step (callgrind, 64 async Runs)."""
-    rid = run_id.encode()
-    tail = len(rid).to_bytes(2, "big") + rid
-    return struct.Struct(f">BQ{len(tail)}s"), tail, _BODY_ROOM - len(rid)
+class _RunHead:
+    """What ``Store.append`` keeps per Run it writes: a packer of a record's body up to the
+    payload (kind, seq, then ``tail``: the run id's length and the run id), ``tail``, the
+    room left for a payload, and the seq of the Run's last record (0: none yet).
+
+    Made once per Run: the run id encoded, then packed and joined to the body for each
+    record, was ~1.6 % of a Step (callgrind, 64 async Runs). The seq is kept here rather
+    than in a dict of its own: a second lookup and a store per record, ~1 % of a Step."""
+
+    __slots__ = ("packer", "room", "seq", "tail")
+
+    def __init__(self, run_id: str, seq: int = 0) -> None:
+        rid = run_id.encode()
+        self.tail = len(rid).to_bytes(2, "big") + rid
+        self.packer = struct.Struct(f">BQ{len(self.tail)}s")
+        self.room = _BODY_ROOM - len(rid)
+        self.seq = seq
 
 
 # loop.create_future() without its Python frame (once per Step): the host runs asyncio's
@@ -203,7 +212,7 @@ class Store:
         "_history_reads",
         "_history_waiting", "_home_fd", "_inflight", "_inline_max_sync_s", "_jobs",
         "_kept_lock", "_kept_told", "_kick", "_last_sync_s", "_live_written", "_lock",
-        "_loop", "_manifest_kept", "_next_number", "_next_seq", "_number", "_opened",
+        "_loop", "_manifest_kept", "_next_number", "_number", "_opened",
         "_pending", "_pending_frames", "_pending_last", "_pinned", "_poisoned",
         "_resolved", "_rotate_failing", "_rotate_retry_at", "_sealed", "_segment_bytes",
         "_segments_made", "_shared", "_size", "_solo_count", "_solo_run", "_start",
@@ -256,8 +265,8 @@ class Store:
         self._pending: list[_Entry] = []
         self._pending_frames: list[bytes] = []
         self._pending_last: dict[str, _Entry] = {}
-        self._next_seq: dict[str, int] = {}
-        self._heads: dict[str, tuple[struct.Struct, bytes, int]] = {}  # _record_head, by Run
+        # By Run: each unfinished Run's (restored or appended to since), none once it ended.
+        self._heads: dict[str, _RunHead] = {}
         self._appended = 0
         self._taken = 0
         self._resolved = 0
@@ -441,7 +450,7 @@ class Store:
                                           dirty=summarise and run_id in loaded.dirty
                                           and run_id not in loaded.held)
             if run_id in unfinished:
-                store._next_seq[run_id] = seq + 1
+                store._heads[run_id] = _RunHead(run_id, seq)
         # Pinned: segments a restore must keep reading whatever the manifest's start, so that
         # what they hold keeps being reported (incompatible or corrupt Runs, and any finding
         # that is not a torn tail: damaged or foreign files) or stays readable (held Runs:
@@ -624,12 +633,11 @@ class Store:
         payload = encode_record(record)
         head = self._heads.get(run_id)
         if head is None:
-            head = self._heads[run_id] = _record_head(run_id)
-        packer, tail, room = head
-        if len(payload) > room:
+            head = self._heads[run_id] = _RunHead(run_id)
+        if len(payload) > head.room:
             # Written, it would be read back as damage (the reader's bound on a frame's
             # length): the Run would be lost at the next restore from the log.
-            raise RecordTooLarge(MAX_BODY - room + len(payload), MAX_BODY)
+            raise RecordTooLarge(MAX_BODY - head.room + len(payload), MAX_BODY)
         lock = self._lock if self._shared else None
         if lock is not None:
             lock.acquire()
@@ -642,16 +650,13 @@ class Store:
                     raise CheckpointFailed(failed.run_ids, failed.cause)
             # The seq is taken now: if an earlier batch of this Run fails before this record
             # is written, it is dropped and the Run never writes again in this process.
-            seq = self._next_seq.get(run_id, 1)
+            head.seq = seq = head.seq + 1
             if type(record) is Terminal:
-                # Nothing follows a Run's end (the machine refuses it), and a seq kept for
+                # Nothing follows a Run's end (the machine refuses it), and a head kept for
                 # each Run ever ended would grow, and pin memory, for the host's life.
-                self._next_seq.pop(run_id, None)
                 self._heads.pop(run_id, None)
-            else:
-                self._next_seq[run_id] = seq + 1
             # framing.encode_frame(KIND_RECORD, seq, run_id.encode(), payload), inlined
-            body = packer.pack(KIND_RECORD, seq, tail) + payload
+            body = head.packer.pack(KIND_RECORD, seq, head.tail) + payload
             size = len(body)
             crc = _LEN_CRC.get(size)
             if crc is None:

@@ -169,12 +169,12 @@ def test_the_store_keeps_nothing_per_run_once_the_run_has_ended(tmp_path: Path) 
         for record in records:
             store.append(run_id, record)
     store.sync_blocking()
-    assert set(store._next_seq) == set(open_)
+    assert set(store._heads) == set(open_)
     abandon(store)  # a crash: the restore reads the ended Runs back from the log
 
     again = open_store(root)
     try:
-        assert set(again._next_seq) == set(open_)
+        assert set(again._heads) == set(open_)
         run_id = "RUN-OPEN-0"  # an unfinished Run continues where its journal ended
         again.append(run_id, walk(run_id, 13, seed=0)[12])
         again.sync_blocking()

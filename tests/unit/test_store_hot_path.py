@@ -49,13 +49,15 @@ def test_a_flush_tracks_each_run_from_its_last_record_without_walking_the_batch(
 def test_a_runs_frame_head_is_made_once_and_frames_its_records_as_encode_frame_does(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     made: list[str] = []
-    record_head = writer._record_head
 
-    def counted(run_id: str) -> Any:
-        made.append(run_id)
-        return record_head(run_id)
+    class Counted(writer._RunHead):
+        __slots__ = ()
 
-    monkeypatch.setattr(writer, "_record_head", counted)
+        def __init__(self, run_id: str, seq: int = 0) -> None:
+            made.append(run_id)
+            super().__init__(run_id, seq)
+
+    monkeypatch.setattr(writer, "_RunHead", Counted)
     root = tmp_path / "runtime"
     store = open_store(root)
     runs = {"RUN-A": walk("RUN-A", 6, 1, terminal=True), "RUN-É-ü": walk("RUN-É-ü", 6, 2)}
@@ -65,7 +67,9 @@ def test_a_runs_frame_head_is_made_once_and_frames_its_records_as_encode_frame_d
                 store.append(run_id, records[i])
         store.sync_blocking()
         assert sorted(made) == sorted(runs)  # once per Run, not per record
-        assert list(store._heads) == ["RUN-É-ü"]  # an ended Run's is dropped, as its seq is
+        assert list(store._heads) == ["RUN-É-ü"]  # an ended Run's is dropped
+        # Its seq is kept with it: a dict of seqs was a second lookup and a store per record.
+        assert store._heads["RUN-É-ü"].seq == 6
     finally:
         store.close_blocking()
     segment = min((root / "wal").glob("*.seg"))
