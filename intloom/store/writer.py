@@ -736,7 +736,9 @@ class Store:
         holding records that were not yet durable when the call was made; a caller whose Run
         is not in ``run_ids`` may treat its own records as durable.
         """
-        if run_id is not None and run_id in self._failed_runs:
+        # Every failed batch finished its Runs (``_finish_batch``): with none of those, nothing
+        # has failed, and there is nothing to check (twice per Step).
+        if self._failed_runs and run_id in self._failed_runs:
             with self._lock:
                 self._check(0, 0, run_id)
         # Two ints, each read atomically: a thread appending meanwhile only adds records
@@ -744,6 +746,15 @@ class Store:
         high = self._appended
         low = self._resolved
         while self._resolved < high:
+            if (self._kick is not None and self._inflight is None and not self._shared
+                    and self._last_sync_s < self._inline_max_sync_s):
+                # What the rest of this loop decides for all but the first Run of a round
+                # (it queued the flush): the flush runs on the loop ahead of this task's next
+                # turn (see below). Decided here without the lock (no thread appends or
+                # flushes: none is shared, no batch is in flight) in ~30 fewer bytecodes
+                # per Step: ~0.5 % of a Step (callgrind, 64 async Runs).
+                await _next_turn()
+                continue
             inline: _Batch | None = None
             waiter: asyncio.Future[None] | None = None
             lock = self._lock if self._shared else None
@@ -798,7 +809,7 @@ class Store:
                 continue
             assert waiter is not None
             await waiter
-        if self._failures or self._failed_runs:  # nothing has ever failed: nothing to check
+        if self._failed_runs:  # nothing has ever failed: nothing to check
             with self._lock:
                 self._check(low, high, run_id)
 
