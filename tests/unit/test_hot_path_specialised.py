@@ -75,6 +75,19 @@ def test_the_store_has_its_methods_called_and_attributes_read_specialised(
         store.close_blocking()
 
 
+def test_a_runs_track_has_its_attributes_set_specialised(tmp_path: Path) -> None:
+    # A flush sets three of them for each Run in it (``Store._track``). Before: a
+    # msgspec.Struct, whose own __setattr__ kept every store at STORE_ATTR_ADAPTIVE.
+    store = open_store(tmp_path / "runtime")
+    try:
+        store.append("RUN-A", walk("RUN-A", 1, 0)[0])
+        store.sync_blocking()
+        track = store._tracks["RUN-A"]
+        assert _ops(track, "o.dirty = True", ("STORE_ATTR",)) == ["STORE_ATTR_SLOT"]
+    finally:
+        store.close_blocking()
+
+
 def test_a_records_facts_are_looked_up_by_a_method_call_not_an_attribute_read() -> None:
     # ``name.method()`` on an imported name compiles to LOAD_ATTR (never specialised for a
     # dict's method, a new bound method per call); three records per Step are kept.
