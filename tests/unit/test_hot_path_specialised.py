@@ -70,7 +70,7 @@ def test_the_store_has_its_methods_called_and_attributes_read_specialised(
         # attributes. Before: LOAD_METHOD_ADAPTIVE and LOAD_ATTR_WITH_HINT.
         assert _ops(store, "return o.snapshots_due()",
                     ("LOAD_METHOD",)) == ["LOAD_METHOD_NO_DICT"]
-        assert _ops(store, "return o._pending", ("LOAD_ATTR",)) == ["LOAD_ATTR_SLOT"]
+        assert _ops(store, "return o._pending_frames", ("LOAD_ATTR",)) == ["LOAD_ATTR_SLOT"]
     finally:
         store.close_blocking()
 

@@ -3,8 +3,8 @@ Runs a flush holds ~190 records, and per-record work there is paid on every Step
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
-from typing import Any, NoReturn
 
 import pytest
 
@@ -14,18 +14,11 @@ from intloom.store import framing, writer
 from tests.unit.test_store_support import abandon, frames_of, open_store, walk
 
 
-class _Unwalked(list[Any]):
-    """A batch's records, which a flush's tracking must not walk."""
-
-    def __iter__(self) -> NoReturn:
-        raise AssertionError("the flush walked every record of its batch")
-
-    def __reversed__(self) -> NoReturn:
-        raise AssertionError("the flush walked every record of its batch")
-
-
-def test_a_flush_tracks_each_run_from_its_last_record_without_walking_the_batch(
+def test_a_flush_tracks_each_run_from_its_last_record_and_keeps_no_record_with_a_fold(
         tmp_path: Path) -> None:
+    """Each Run's last seq and fold are kept as it appends (its head), and nothing of a
+    record but its frame: a tuple per record, in a list and a dict until its batch was
+    written, cost ~0.8 % of a Step (64 async Runs, callgrind)."""
     store = open_store(tmp_path / "runtime")
     try:
         runs = {run_id: walk(run_id, 5, seed) for seed, run_id in enumerate(("RUN-A", "RUN-B"))}
@@ -35,15 +28,34 @@ def test_a_flush_tracks_each_run_from_its_last_record_without_walking_the_batch(
                 if i:
                     folds[run_id] = fold(records[i:i + 1], folds[run_id])
                 store.append(run_id, records[i], folds[run_id])
+        for records in runs.values():
+            for record in records:
+                assert gc.get_referrers(record) == [records]
         batch = store._take_batch()
         assert batch is not None
-        batch.entries = _Unwalked(batch.entries)
         store._track(batch)
         for run_id, records in runs.items():
             track = store._tracks[run_id]
             assert (track.base, track.seq, track.dirty) == (fold(records), 5, True)
     finally:
         abandon(store)
+
+
+def test_records_appended_without_a_fold_are_folded_onto_the_last_given_or_the_tracks(
+        tmp_path: Path) -> None:
+    records = walk("RUN-A", 12, 3)
+    given = {1, 2, 3, 7}  # appended with their fold; the others without
+    batches = [(0, 2), (2, 5), (5, 9), (9, 12)]  # mixed, none, given last, none given
+    store = open_store(tmp_path / "runtime")
+    try:
+        for start, end in batches:
+            for i in range(start, end):
+                store.append("RUN-A", records[i], fold(records[:i + 1]) if i in given else None)
+            store.sync_blocking()
+            track = store._tracks["RUN-A"]
+            assert (track.base, track.seq, track.status) == (fold(records[:end]), end, "ok")
+    finally:
+        store.close_blocking()
 
 
 def test_a_runs_frame_head_is_made_once_and_frames_its_records_as_encode_frame_does(
