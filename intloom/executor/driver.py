@@ -535,6 +535,36 @@ class RunSlot:
         flush was running are not covered by it: they stay unshown until their own flush.
         Loop thread only (subscribers and waiters are the loop's); see ``publish_here``.
         """
+        if (upto is not None and event is None and not self.on_thread and not self._subscribers
+                and self.override is None and not self.suspended and self.after_end is None):
+            # A Step's flush (one publish per Step) of a Run nobody follows, neither failed
+            # nor suspended: what the general path below does then, without its tests and
+            # locals for what cannot be (no lock, no event of its own, no view, no follower;
+            # callgrind, 64 async Runs: 118.2-118.4k -> 116.1-117.0k instructions per Step).
+            state, position = upto
+            events = self._events
+            if events and position - self._events_published == len(events):
+                # _advance's usual case (the flush covers everything appended), without its
+                # frame.
+                if state.seq > self.shown.seq:
+                    self.shown = state
+                self._events = []
+                self._events_published = position
+            else:
+                events = self._advance(upto)
+            stable = self._stable_waiters
+            if events:
+                self.history.append(_Entry(tuple(events), _kept(self.shown), None))
+                if self._packing:
+                    self._pack()
+                if self.observer is not None:
+                    for ev in events:  # a loop, not any() over a generator: once per Step
+                        if ev.name in _MILESTONES:
+                            self._observe(events, None)
+                            break
+            if stable and self.shown.status != "running":
+                self._wake_stable()
+            return
         lock = self.lock if self.on_thread else None
         if lock is not None:
             lock.acquire()
@@ -576,31 +606,43 @@ class RunSlot:
                 for sink in tuple(subscribers):  # a sink may unsubscribe (its stream ended)
                     sink(updates)
             if observer is not None:
-                for ev in events:
-                    if ev.name in _MILESTONES:
-                        if view is None:
-                            view = self.view()
-                        detail = _detail(ev.name, ev.info)
-                        error = view.last_error
-                        if ev.name == "terminal" and error is not None:
-                            # The host log said only "failed": why (a Step's exception, its
-                            # file and line) was in the journal and the Run's view alone.
-                            detail = {"code": error.code, "message": error.message}
-                        # A suspended Run's view reads failed/RUN_INTERRUPTED to its clients
-                        # (the host is going); the log keeps what the Run was: every Run
-                        # waiting at a stop read as failed to a grep for failures.
-                        observer(ev.name, self.run_id, detail,
-                                 self.shown.status if ev.name == "suspended" else view.status)
+                view = self._observe(events, view)
         if not stable:
             return
         # Without an override the view's status is the shown state's: no view to build.
         status = view.status if view is not None else shown.status
         if status != "running":
-            with self.lock:
-                stable, self._stable_waiters = self._stable_waiters, []
-            for waiter in stable:
-                if not waiter.done():
-                    waiter.set_result(None)
+            self._wake_stable()
+
+    def _observe(self, events: list[_Event], view: RunView | None) -> RunView | None:
+        """Tell the observer (the host log) the milestones among ``events``; returns the
+        view, built here if ``view`` was None and a milestone needed it."""
+        observer = self.observer
+        assert observer is not None
+        for ev in events:
+            if ev.name in _MILESTONES:
+                if view is None:
+                    view = self.view()
+                detail = _detail(ev.name, ev.info)
+                error = view.last_error
+                if ev.name == "terminal" and error is not None:
+                    # The host log said only "failed": why (a Step's exception, its file
+                    # and line) was in the journal and the Run's view alone.
+                    detail = {"code": error.code, "message": error.message}
+                # A suspended Run's view reads failed/RUN_INTERRUPTED to its clients (the
+                # host is going); the log keeps what the Run was: every Run waiting at a
+                # stop read as failed to a grep for failures.
+                observer(ev.name, self.run_id, detail,
+                         self.shown.status if ev.name == "suspended" else view.status)
+        return view
+
+    def _wake_stable(self) -> None:
+        """Wake whoever waits for the Run to be waiting or ended (it now is)."""
+        with self.lock:
+            stable, self._stable_waiters = self._stable_waiters, []
+        for waiter in stable:
+            if not waiter.done():
+                waiter.set_result(None)
 
     @property
     def followed(self) -> bool:

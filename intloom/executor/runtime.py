@@ -1159,7 +1159,7 @@ class Runtime:
     def show_durable(self, slot: RunSlot, upto: tuple[RunState, int]) -> None:
         """``sync``'s end, once the journal has made the Run durable up to ``upto`` (its
         ``mark()`` before the flush): show it, and retire the Run if that ended it."""
-        slot.publish(upto=upto)
+        slot.publish(None, None, upto)  # positional: a call CPython 3.11 specialises
         if slot.shown.phase == "terminal":
             self._retire(slot)
 
