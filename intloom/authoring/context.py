@@ -67,11 +67,12 @@ class StepContext(Generic[S]):
     """The Step's view of its Run. ``state`` is the Stage State; assign a new value to change it."""
 
     # The confirm/ask/aeffect calls this context made (``_Unawaited``), for ``unawaited`` to
-    # check once the Step is over. A class default, not set in __init__: a Step that makes
-    # none (most) pays nothing for it, and the driver's ``is not None`` is its only cost.
-    _calls: list[_Unawaited[Any]] | None = None
+    # check once the Step is over; None until the first (most Steps make none). Set in
+    # __init__, not a class default: the driver reads it once per Step, and CPython 3.11
+    # never specialises a read that finds a class attribute through an instance.
+    _calls: list[_Unawaited[Any]] | None
     # Whether the Stage had no State, once ``finish`` has put ``_Over`` in its place: read
-    # on the error path only, so a class default as ``_calls``.
+    # on the error path only, so a class default: a Step pays nothing for it.
     _stateless: bool = False
     # The calls of each effect name that took a default key, and, key -> (the effect's
     # name, whether it raised, whether the key was its default), the keys this Step's
@@ -81,20 +82,19 @@ class StepContext(Generic[S]):
     _used_keys: dict[str, tuple[str, bool, bool]]
     # " recover" in the context given to a Step's ``recover``: its mistakes are named as
     # recover's (the Step's body, where its author looked, did not run). A class default, as
-    # ``_calls``: a Step pays nothing for it.
+    # ``_stateless``: a Step pays nothing for it.
     _part: str = ""
     # The wait (its kind and action id) this context's code stopped awaiting before it was
-    # answered (``abandoned``), for ``unawaited``: a class default, as ``_calls``.
+    # answered (``abandoned``), for ``unawaited``: a class default, as ``_stateless``.
     _abandoned: tuple[str, str] | None = None
     # How many entries ``_calls`` may hold before the finished ones are dropped (``_track``).
     _prune_at: int = 256
     # The thread (not the host's loop) that was told, once, that this context is over
-    # (``_stale``): a class default, as ``_calls``.
+    # (``_stale``): a class default, as ``_stateless``.
     _refused_on: threading.Thread | None = None
 
-    def __init__(
+    def __init__(  # not keyword-only: see Driver._ctx
         self,
-        *,
         run_id: str,
         intent: str,
         stage: str,
@@ -117,6 +117,7 @@ class StepContext(Generic[S]):
         # running pays nothing for it (a flag of its own measured ~18 ns per assignment).
         self._state_type: type[Any] | None = state_type
         self._hooks = hooks
+        self._calls = None
 
     @property
     def run_id(self) -> str:

@@ -365,6 +365,10 @@ class Step(Generic[S]):
         # ``__dict__``, and touching that turns the attributes into a dict that CPython
         # 3.11 reads through its generic path (~4x slower), ~10 reads per Step.
         self.where = f"Stage {stage.name!r}, Step {name!r}"
+        # The class's kind, copied onto the instance: the executor reads it once per Step,
+        # and CPython 3.11 never specialises a read that finds a class attribute through
+        # an instance.
+        self.kind = self.kind
 
     def __setattr__(self, name: str, value: Any) -> None:
         # Its attributes too, not only its mappings' entries: `step.routes = {...}` rewired

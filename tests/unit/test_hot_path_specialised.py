@@ -276,3 +276,53 @@ def test_a_steps_publish_nobody_follows_takes_few_bytecodes() -> None:
     asyncio.run(asyncio.wait_for(main(), timeout=20))
     assert len(published) >= 40, len(published)
     assert len(counted) / len(published) <= 110, (len(counted), len(published))
+
+
+def test_a_steps_kind_and_its_contexts_calls_are_read_specialised() -> None:
+    # The driver reads ``step.kind`` and ``ctx._calls`` once per Step. Before: class
+    # attributes, read through the instance by LOAD_ATTR_ADAPTIVE (3.11 never specialises
+    # that) each time.
+    from intloom.authoring.context import StepContext
+
+    wf = intloom.Workflow("hot", version="1")
+
+    @wf.stage("s").step("a", routes={"ok": intloom.COMPLETE})
+    async def a(ctx: Any) -> str:
+        return "ok"
+
+    step = wf.stages["s"].steps["a"]
+    assert _ops(step, "return o.kind", ("LOAD_ATTR",)) == ["LOAD_ATTR_INSTANCE_VALUE"]
+    ctx: StepContext[Any] = StepContext(run_id="r", intent="go", stage="s", step="a",
+                                        state=None, state_type=None,
+                                        hooks=None)  # type: ignore[arg-type]
+    assert _ops(ctx, "return o._calls", ("LOAD_ATTR",)) == ["LOAD_ATTR_INSTANCE_VALUE"]
+
+
+def test_a_steps_context_is_built_by_a_specialised_call() -> None:
+    # Driver._ctx calls StepContext.__init__ once per Step. Before: with seven keywords, a
+    # call CPython 3.11 never specialises (CALL_ADAPTIVE, the generic path, every time).
+    from intloom.executor.driver import Driver
+
+    steps = 300
+    ran: list[None] = []
+    wf = intloom.Workflow("hot", version="1")
+
+    @wf.stage("s").step("a", routes={"again": "a", "done": intloom.COMPLETE})
+    async def a(ctx: Any) -> str:
+        ran.append(None)
+        return "done" if len(ran) >= steps else "again"
+
+    wf.validate()
+    flows = {wf.name: LoadedWorkflow(wf, "test.py", "id-hot", wf.schemas())}
+
+    async def main() -> None:
+        rt = Runtime(flows, MemoryJournal(), package_version="0.1.0")
+        rt.restore([])
+        view = await rt.wait_stable((await rt.create_run("hot", "go")).run_id)
+        assert view.status == "completed"
+
+    asyncio.run(asyncio.wait_for(main(), timeout=20))
+    assert len(ran) == steps
+    calls = [i.opname for i in dis.get_instructions(Driver._ctx, adaptive=True)
+             if i.opname.startswith("CALL")]
+    assert "CALL_PY_EXACT_ARGS" in calls, calls
