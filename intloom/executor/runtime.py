@@ -1161,7 +1161,7 @@ class Runtime:
         ``mark()`` before the flush): show it, and retire the Run if that ended it."""
         slot.publish(None, None, upto)  # positional: a call CPython 3.11 specialises
         if slot.shown.phase == "terminal":
-            self._retire(slot)
+            self.retire(slot)
 
     def sync_crew(self, slots: list[RunSlot]) -> list[BaseException | None]:
         """``sync`` from a crew's thread (``executor.crew``) for the Runs it advanced this
@@ -1209,7 +1209,7 @@ class Runtime:
         self.fail_checkpoint(slot, exc.strerror or str(exc))
         raise IntloomError("RUN_CHECKPOINT_FAILED") from None
 
-    def _retire(self, slot: RunSlot) -> None:
+    def retire(self, slot: RunSlot) -> None:
         """An ended Run: keep it listed, and drop the oldest ended ones past ``max_finished``.
 
         Its history keeps its last ``ENDED_HISTORY`` entries: a host lists up to

@@ -326,3 +326,45 @@ def test_a_steps_context_is_built_by_a_specialised_call() -> None:
     calls = [i.opname for i in dis.get_instructions(Driver._ctx, adaptive=True)
              if i.opname.startswith("CALL")]
     assert "CALL_PY_EXACT_ARGS" in calls, calls
+
+
+def test_an_async_steps_flush_is_marked_and_shown_without_two_frames() -> None:
+    # Each async Step's ``executing`` flush: before, RunSlot.mark and Runtime.show_durable
+    # were a frame each per Step; now only a Run's first and last flushes (through
+    # Runtime.sync) make them.
+    from intloom.executor.driver import RunSlot
+
+    ran: list[None] = []
+    wf = intloom.Workflow("hot", version="1")
+
+    @wf.stage("s").step("a", routes={"again": "a", "done": intloom.COMPLETE})
+    async def a(ctx: Any) -> str:
+        ran.append(None)
+        return "done" if len(ran) % 40 == 0 else "again"
+
+    wf.validate()
+    flows = {wf.name: LoadedWorkflow(wf, "test.py", "id-hot", wf.schemas())}
+    codes = {RunSlot.mark.__code__, Runtime.show_durable.__code__}
+    seen: list[str] = []
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code in codes:
+            seen.append(frame.f_code.co_name)
+
+    async def main() -> None:
+        rt = Runtime(flows, MemoryJournal(), package_version="0.1.0")
+        rt.restore([])
+        run_id = (await rt.create_run("hot", "go")).run_id
+        sys.setprofile(profile)
+        try:
+            view = await rt.wait_stable(run_id)
+        finally:
+            sys.setprofile(None)
+        assert view.status == "completed"
+        slot = rt.runs[run_id]
+        assert slot.shown.phase == "terminal"
+        assert slot.state is slot.shown  # retired: ended, everything shown
+
+    asyncio.run(asyncio.wait_for(main(), timeout=20))
+    assert len(ran) == 40
+    assert seen.count("mark") <= 4 and seen.count("show_durable") <= 4, seen
