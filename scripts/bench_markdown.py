@@ -770,26 +770,33 @@ harness; the figures quoted here are from those sessions, not from this run):
   ended Run's history packs as raw deflate at memory level 5 (~7.1k → ~6.1k instructions
   per entry, the same ~4.4 bytes; ~1k per Step with 64 Runs × 300 Steps, estimated).
 - **Fewer instructions per Step, again** (2026-12-06, a later session, every Step figure;
-  two helpers, one on the executor's side, one on the store's): callgrind, 64 async Runs in
-  process with every flush on the loop, 126.0-126.5k → 116.6-117.7k instructions per Step
-  (−7 %). The executor finds a record's fold as a plain tuple with the phases it may follow
+  three helpers, two on the executor's side, one on the store's): callgrind, 64 async Runs
+  in process with every flush on the loop, 126.1-126.5k → 114.5-114.6k instructions per Step
+  (−9 %). The executor finds a record's fold as a plain tuple with the phases it may follow
   (a NamedTuple's fields are read through a descriptor 3.11 never specialises), reads
   `ctx.state` through a C getter, and tests a route to the next Step before the `isinstance`
-  tests (~3.3 %); the store keeps a Run's seq, last fold and unfolded records on its frame
-  head instead of a tuple per record in a list and a dict, decides a wait behind a queued
-  flush first, and tracks Runs with a slots class (~2.8 %). In time (throttled VM,
-  alternating, three pairs, 64 async Runs × 300 Steps in process): 16,100-17,500 →
-  18,300-18,700 Steps/s, 48.5-53.8 → 44.6-47.4 µs of CPU per Step. The `concurrency` figure
-  itself, run on that VM (gauge 37 ms against the quoted run's 14.7), gave 3.84× (15,649
-  against 4,151 Steps/s): the 64 Runs are bound by the loop's CPU, which the throttle slows
-  ~2.5×, and the lone Run by its `fdatasync`, which it barely slows, so only an unthrottled
-  run can say whether the ratio is met. Measured and dropped (each under 0.5 %): positional
-  record constructors, `slot.apply` inlined into `append_boundary`, `_run_step`'s loop moved
-  into `_drive`, `publish` with `_advance` inlined when nobody follows, `encode_state`
-  without the `_builds` frame, the pending dict reused as the batch's. Left, per Step:
-  ~2,060 Python bytecodes (`sys.settrace`), most in `Store.append` (~385 for three records),
-  the three folds (~240, each rebuilding a 30-field `RunState`), `publish` and `_advance`
-  (~150), `clock.now` (~90 for two stamps) and building the Step's context (~135); msgpack
+  tests (~3.3 % together); a Step's publish of a Run nobody follows takes a path of its own
+  (−1.0 to −1.9 %); a Step's context is built by a call without keywords, with `step.kind`
+  and `ctx._calls` read off the instance (−0.8 to −1.1 %: alone, each half was inside the
+  noise, as an earlier round found for the attributes); an async Step's `executing` flush is
+  marked and shown without two frames (−0.5 to −1.0 %). The store keeps a Run's seq, last
+  fold and unfolded records on its frame head instead of a tuple per record in a list and a
+  dict, decides a wait behind a queued flush first, and tracks Runs with a slots class (~2.8
+  %). In time (throttled VM, alternating, three pairs, 64 async Runs × 300 Steps in
+  process): 13,908-15,448 → 16,028-16,414 Steps/s, 55.8-60.1 → 50.4-52.0 µs of CPU per Step;
+  one Run × 2,000 Steps, two pairs, within its noise. The `concurrency` figure itself, run
+  on that VM before the last three cuts (gauge 37 ms against the quoted run's 14.7), gave
+  3.84× (15,649 against 4,151 Steps/s): the 64 Runs are bound by the loop's CPU, which the
+  throttle slows ~2.5×, and the lone Run by its `fdatasync`, which it barely slows, so only
+  an unthrottled run can say whether the ratio is met. Measured and dropped (each under 0.5
+  %, or worse): positional record constructors, `slot.apply` inlined into `append_boundary`,
+  `_run_step`'s loop moved into `_drive`, the no-follower publish calling `_advance` rather
+  than inlining its usual case, `encode_state` without the `_builds` frame, the pending dict
+  reused as the batch's; `msgspec.structs.replace` in place of the positional `executing`
+  fold, with the same checks, measured 1,076 against 1,028 ns. Left, per Step: ~2,000 Python
+  bytecodes (`sys.settrace`; ~2,060 before the last three cuts), most in `Store.append`
+  (~385 for three records), the three folds (~240, each rebuilding a 30-field `RunState`),
+  `Runtime.append_boundary` (~45 each, three), `clock.now` and the Step's context; msgpack
   encoding ~5-6k and `crc32` ~2.5k instructions, both set by the format.
 
 What is left, from profiles taken while building this harness (`py-spy`, `cProfile`,
