@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import dis
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ import pytest
 
 import intloom
 from intloom.authoring.loader import LoadedWorkflow
+from intloom.executor.driver import RunSlot
 from intloom.executor.runtime import Runtime
 from intloom.store import Store
 from tests.unit.memjournal import MemoryJournal
@@ -39,6 +41,34 @@ def _ops(thing: object, source: str, prefixes: tuple[str, ...]) -> list[str]:
             if i.opname.startswith(prefixes)]
 
 
+def _run_hot(wf: intloom.Workflow, watch: Callable[[Any], object] | None = None,
+             watcher: Any = None, *, warm: bool = False) -> RunSlot:
+    """Run one Run of ``wf`` to its end in a Runtime with an in-memory journal, after a
+    first one to warm the code with ``warm``; ``watch(watcher)`` (``sys.settrace``,
+    ``sys.setprofile``) is set around that Run alone. Returns its slot."""
+    wf.validate()
+    flows = {wf.name: LoadedWorkflow(wf, "test.py", "id-hot", wf.schemas())}
+
+    async def main() -> RunSlot:
+        rt = Runtime(flows, MemoryJournal(), package_version="0.1.0")
+        rt.restore([])
+        if warm:
+            first = await rt.wait_stable((await rt.create_run(wf.name, "go")).run_id)
+            assert first.status == "completed"
+        run_id = (await rt.create_run(wf.name, "go")).run_id
+        if watch is not None:
+            watch(watcher)
+        try:
+            view = await rt.wait_stable(run_id)
+        finally:
+            if watch is not None:
+                watch(None)
+        assert view.status == "completed"
+        return rt.runs[run_id]
+
+    return asyncio.run(asyncio.wait_for(main(), timeout=20))
+
+
 def test_a_runs_slot_has_its_methods_called_and_attributes_read_specialised() -> None:
     wf = intloom.Workflow("hot", version="1")
 
@@ -46,20 +76,10 @@ def test_a_runs_slot_has_its_methods_called_and_attributes_read_specialised() ->
     async def a(ctx: Any) -> str:
         return "ok"
 
-    wf.validate()
-    flows = {wf.name: LoadedWorkflow(wf, "test.py", "id-hot", wf.schemas())}
-
-    async def main() -> None:
-        rt = Runtime(flows, MemoryJournal(), package_version="0.1.0")
-        rt.restore([])
-        view = await rt.wait_stable((await rt.create_run("hot", "go")).run_id)
-        assert view.status == "completed"
-        slot = rt.runs[view.run_id]
-        # Before: LOAD_METHOD_ADAPTIVE (it never specialises) and LOAD_ATTR_WITH_HINT.
-        assert _ops(slot, "return o.mark()", ("LOAD_METHOD",)) == ["LOAD_METHOD_NO_DICT"]
-        assert _ops(slot, "return o.state", ("LOAD_ATTR",)) == ["LOAD_ATTR_SLOT"]
-
-    asyncio.run(asyncio.wait_for(main(), timeout=20))
+    slot = _run_hot(wf)
+    # Before: LOAD_METHOD_ADAPTIVE (it never specialises) and LOAD_ATTR_WITH_HINT.
+    assert _ops(slot, "return o.mark()", ("LOAD_METHOD",)) == ["LOAD_METHOD_NO_DICT"]
+    assert _ops(slot, "return o.state", ("LOAD_ATTR",)) == ["LOAD_ATTR_SLOT"]
 
 
 def test_the_store_has_its_methods_called_and_attributes_read_specialised(
@@ -91,8 +111,6 @@ def test_a_runs_track_has_its_attributes_set_specialised(tmp_path: Path) -> None
 def test_a_records_facts_are_looked_up_by_a_method_call_not_an_attribute_read() -> None:
     # ``name.method()`` on an imported name compiles to LOAD_ATTR (never specialised for a
     # dict's method, a new bound method per call); three records per Step are kept.
-    from intloom.executor.driver import RunSlot
-
     gets = [i.opname for i in dis.get_instructions(RunSlot.apply) if i.argval == "get"]
     assert gets == ["LOAD_METHOD"], gets
 
@@ -158,8 +176,6 @@ def test_a_step_routed_to_the_next_one_makes_no_isinstance_test_and_no_async_che
     async def b(ctx: Any) -> str:
         return "done"
 
-    wf.validate()
-    flows = {wf.name: LoadedWorkflow(wf, "test.py", "id-hot", wf.schemas())}
     seen: list[str] = []
 
     def profile(frame: Any, event: str, arg: Any) -> None:
@@ -168,20 +184,7 @@ def test_a_step_routed_to_the_next_one_makes_no_isinstance_test_and_no_async_che
                 "isinstance") or (event == "call" and name == "_is_async"):
             seen.append(name)
 
-    async def main() -> None:
-        rt = Runtime(flows, MemoryJournal(), package_version="0.1.0")
-        rt.restore([])
-        first = await rt.wait_stable((await rt.create_run("hot", "go")).run_id)  # warm
-        assert first.status == "completed"
-        run_id = (await rt.create_run("hot", "go")).run_id
-        sys.setprofile(profile)
-        try:
-            view = await rt.wait_stable(run_id)
-        finally:
-            sys.setprofile(None)
-        assert view.status == "completed"
-
-    asyncio.run(asyncio.wait_for(main(), timeout=20))
+    _run_hot(wf, sys.setprofile, profile, warm=True)
     # Before: ["_is_async", "_route", "_route", "_is_async", "_route"]: a's route to b made
     # two isinstance tests; b's to the end, not the common case, still makes one.
     assert seen.count("_is_async") == 0, seen
@@ -230,8 +233,6 @@ def test_a_steps_publish_nobody_follows_takes_few_bytecodes() -> None:
     # One publish per Step (its flush); a busy Run nobody follows, neither failed nor
     # suspended, has no lock, event, view or follower to handle. Before: the general path
     # and _advance's frame, ~146 bytecodes per Step; now ~95.
-    from intloom.executor.driver import RunSlot
-
     wf = intloom.Workflow("hot", version="1")
     stage = wf.stage("s")
 
@@ -242,8 +243,6 @@ def test_a_steps_publish_nobody_follows_takes_few_bytecodes() -> None:
         ran.append(None)
         return "done" if len(ran) % 40 == 0 else "again"
 
-    wf.validate()
-    flows = {wf.name: LoadedWorkflow(wf, "test.py", "id-hot", wf.schemas())}
     counted: list[int] = []
     published: list[int] = []
 
@@ -257,23 +256,9 @@ def test_a_steps_publish_nobody_follows_takes_few_bytecodes() -> None:
             counted.append(frame.f_lasti)
         return trace
 
-    async def main() -> None:
-        rt = Runtime(flows, MemoryJournal(), package_version="0.1.0")
-        rt.restore([])
-        assert (await rt.wait_stable((await rt.create_run("hot", "go")).run_id)
-                ).status == "completed"  # warm
-        run_id = (await rt.create_run("hot", "go")).run_id
-        sys.settrace(trace)
-        try:
-            view = await rt.wait_stable(run_id)
-        finally:
-            sys.settrace(None)
-        assert view.status == "completed"
-        slot = rt.runs[run_id]
-        assert slot.shown is slot.state  # everything shown, as before
-        assert slot._events == []
-
-    asyncio.run(asyncio.wait_for(main(), timeout=20))
+    slot = _run_hot(wf, sys.settrace, trace, warm=True)
+    assert slot.shown is slot.state  # everything shown, as before
+    assert slot._events == []
     assert len(published) >= 40, len(published)
     assert len(counted) / len(published) <= 110, (len(counted), len(published))
 
@@ -312,28 +297,21 @@ def test_a_steps_context_is_built_by_a_specialised_call() -> None:
         ran.append(None)
         return "done" if len(ran) >= steps else "again"
 
-    wf.validate()
-    flows = {wf.name: LoadedWorkflow(wf, "test.py", "id-hot", wf.schemas())}
-
-    async def main() -> None:
-        rt = Runtime(flows, MemoryJournal(), package_version="0.1.0")
-        rt.restore([])
-        view = await rt.wait_stable((await rt.create_run("hot", "go")).run_id)
-        assert view.status == "completed"
-
-    asyncio.run(asyncio.wait_for(main(), timeout=20))
+    _run_hot(wf)
     assert len(ran) == steps
-    calls = [i.opname for i in dis.get_instructions(Driver._ctx, adaptive=True)
-             if i.opname.startswith("CALL")]
-    assert "CALL_PY_EXACT_ARGS" in calls, calls
+    # The call of __init__ itself: the first call after its method is loaded (another call
+    # of _ctx may specialise so too, depending on what ran before).
+    ops = [(i.opname, i.argval) for i in dis.get_instructions(Driver._ctx, adaptive=True)]
+    loaded = next(n for n, (op, arg) in enumerate(ops)
+                  if op.startswith("LOAD_METHOD") and arg == "__init__")
+    call = next(op for op, _ in ops[loaded:] if op.startswith("CALL"))
+    assert call == "CALL_PY_EXACT_ARGS", ops[loaded:]
 
 
 def test_an_async_steps_flush_is_marked_and_shown_without_two_frames() -> None:
     # Each async Step's ``executing`` flush: before, RunSlot.mark and Runtime.show_durable
     # were a frame each per Step; now only a Run's first and last flushes (through
     # Runtime.sync) make them.
-    from intloom.executor.driver import RunSlot
-
     ran: list[None] = []
     wf = intloom.Workflow("hot", version="1")
 
@@ -342,8 +320,6 @@ def test_an_async_steps_flush_is_marked_and_shown_without_two_frames() -> None:
         ran.append(None)
         return "done" if len(ran) % 40 == 0 else "again"
 
-    wf.validate()
-    flows = {wf.name: LoadedWorkflow(wf, "test.py", "id-hot", wf.schemas())}
     codes = {RunSlot.mark.__code__, Runtime.show_durable.__code__}
     seen: list[str] = []
 
@@ -351,20 +327,8 @@ def test_an_async_steps_flush_is_marked_and_shown_without_two_frames() -> None:
         if event == "call" and frame.f_code in codes:
             seen.append(frame.f_code.co_name)
 
-    async def main() -> None:
-        rt = Runtime(flows, MemoryJournal(), package_version="0.1.0")
-        rt.restore([])
-        run_id = (await rt.create_run("hot", "go")).run_id
-        sys.setprofile(profile)
-        try:
-            view = await rt.wait_stable(run_id)
-        finally:
-            sys.setprofile(None)
-        assert view.status == "completed"
-        slot = rt.runs[run_id]
-        assert slot.shown.phase == "terminal"
-        assert slot.state is slot.shown  # retired: ended, everything shown
-
-    asyncio.run(asyncio.wait_for(main(), timeout=20))
+    slot = _run_hot(wf, sys.setprofile, profile)
+    assert slot.shown.phase == "terminal"
+    assert slot.state is slot.shown  # retired: ended, everything shown
     assert len(ran) == 40
     assert seen.count("mark") <= 4 and seen.count("show_durable") <= 4, seen
