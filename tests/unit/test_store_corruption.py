@@ -41,6 +41,7 @@ from tests.unit.test_store_support import (
     frames_end,
     frames_of,
     header,
+    left_behind,
     open_store,
     walk,
     went_on_after_a_failed_write,
@@ -58,11 +59,7 @@ def _crashed_host(root: Path, *, close: bool = False) -> Path:
         for run in RUNS:
             store.append(run, records[run][i])
         store.sync_blocking()
-    if close:
-        store.close_blocking()
-    else:
-        abandon(store)
-    return root / "wal" / "0000000001.seg"
+    return left_behind(store, close=close)
 
 
 def _expected(run: str, n: int = N):  # type: ignore[no-untyped-def]

@@ -119,18 +119,24 @@ def abandon(store: Store) -> None:
     store._closed = True
 
 
-def crashed_with_run_a(root: Path, records: int, *, close: bool = False) -> Path:
-    """A store that wrote ``records`` of RUN-A into segment 1 and crashed (unsealed; or,
-    with ``close``, closed cleanly: sealed): the segment, for a test to alter."""
-    store = open_store(root)
-    for record in walk("RUN-A", records, 1):
-        store.append("RUN-A", record)
-    store.sync_blocking()
+def left_behind(store: Store, *, close: bool = False) -> Path:
+    """``store`` crashed (its segment unsealed; or, with ``close``, closed cleanly: sealed):
+    its first segment, for a test to alter."""
     if close:
         store.close_blocking()
     else:
         abandon(store)
-    return root / "wal" / "0000000001.seg"
+    return store.layout.root / "wal" / "0000000001.seg"
+
+
+def crashed_with_run_a(root: Path, records: int, *, close: bool = False) -> Path:
+    """A store that wrote ``records`` of RUN-A into segment 1 and crashed (or closed):
+    ``left_behind``."""
+    store = open_store(root)
+    for record in walk("RUN-A", records, 1):
+        store.append("RUN-A", record)
+    store.sync_blocking()
+    return left_behind(store, close=close)
 
 
 def frames_end(segment: Path) -> int:
