@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from scripts.bench_common import SLOW_CPU
+
 
 def _fmt(value: Any, unit: str = "") -> str:
     if isinstance(value, float):
@@ -295,7 +297,9 @@ def render(report: dict[str, Any], chart: str | None) -> str:
         f"A fixed pure-Python loop (`cpu_calibration_ms`) took "
         f"{_calibration(report)} ms before and after the run: the VM's CPU speed at the "
         "time, which the load average does not show; the CPU-bound figures move with it, so "
-        "compare runs by it. "
+        "compare runs by it. `scripts/bench all` refuses to replace this page when the "
+        f"gauge reads over {SLOW_CPU}× the fastest run on record (`--slow-cpu-ok` overrides "
+        "that, and the page then says so at the top). "
         "Raw results, with each figure's load average: `performance.json` beside this file.",
         "",
         "Every figure is a ratio against a baseline **measured in the same run, on the same "
@@ -308,6 +312,7 @@ def render(report: dict[str, Any], chart: str | None) -> str:
         "shared 2-vCPU VM: repeated runs of the same figure move by ±15-30 %, so only "
         "differences larger than that mean anything.",
         "",
+        *_slow_spell(report),
         "Run one figure with `scripts/bench FIGURE` (`scripts/bench --help` lists them; each "
         "prints one JSON object), or all of them, rewriting this page, with `scripts/bench all`.",
         "",
@@ -479,6 +484,26 @@ def render(report: dict[str, Any], chart: str | None) -> str:
     parts += unmet or ["Every target was met in this run."]
     parts += ["", ANALYSIS]
     return "\n".join(parts) + "\n"
+
+
+def _slow_spell(report: dict[str, Any]) -> list[str]:
+    """A warning, when the run's CPU gauge was well over the fastest on record: such a run
+    was made with ``--slow-cpu-ok``, and its CPU-bound ratios are off."""
+    reference = report.get("cpu_reference")
+    values = report.get("cpu_calibration_ms")
+    if not reference or not values:
+        return []
+    slower = min(values) / reference["ms"]
+    if slower <= SLOW_CPU:
+        return []
+    return [
+        f"**Made in a slow spell of the VM** (`--slow-cpu-ok`): its CPU gauge read "
+        f"{slower:.1f}× the fastest run on record ({_fmt(reference['ms'])} ms, "
+        f"{reference['when']}). The CPU-bound figures (64 Runs, the peers) slow far more "
+        "than their fsync-bound baselines in such a spell, so their ratios here are "
+        "misstated, not measured: the 64-Run ratio reads low and the peers ratio high.",
+        "",
+    ]
 
 
 def _calibration(report: dict[str, Any]) -> str:

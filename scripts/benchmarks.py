@@ -25,7 +25,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from scripts.bench_common import emit
+from scripts.bench_common import SLOW_CPU, emit
 
 
 def _steps(a: argparse.Namespace) -> dict[str, Any]:
@@ -164,6 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="directory for the report (default: docs/; with --quick a new temp dir)")
     p.add_argument("--skip", default="", help="comma list of figures to leave out")
     p.add_argument("--no-chart", action="store_true", help="leave the PNG out (no matplotlib)")
+    p.add_argument("--slow-cpu-ok", action="store_true",
+                   help=f"replace the report even when the CPU gauge is over {SLOW_CPU}x "
+                        "slower than the fastest run on record (a throttled VM)")
     return parser
 
 

@@ -194,3 +194,82 @@ def test_bench_all_exits_non_zero_naming_the_figure_that_failed(
         benchmarks.main(["all", "--out", str(tmp_path), "--no-chart"])
     assert str(ended.value).startswith("scripts/bench all: 1 figure(s) failed: restore;")
     assert (tmp_path / "performance.md").exists()
+
+
+def _gauge(monkeypatch: pytest.MonkeyPatch, ms: float) -> None:
+    """The CPU gauge reads ``ms``: the VM at that speed, without being it."""
+    from scripts import bench_report
+
+    monkeypatch.setattr(bench_report, "cpu_calibration_ms", lambda: ms)
+
+
+def _quoted(out: Path, gauge: list[float], reference: dict[str, Any] | None = None) -> bytes:
+    report: dict[str, Any] = {"when": "2026-12-05 08:38 UTC", "cpu_calibration_ms": gauge}
+    if reference is not None:
+        report["cpu_reference"] = reference
+    data = json.dumps(report).encode()
+    (out / "performance.json").write_bytes(data)
+    (out / "performance.md").write_bytes(b"# Performance\nthe quoted run\n")
+    return data
+
+
+@pytest.mark.timeout(30)
+def test_all_refuses_to_replace_the_report_when_the_cpu_is_much_slower(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A throttled VM (gauge 35-37 ms against 14-15) replaced the quoted figures with ones
+    whose CPU-bound ratios were misstated, and nothing in the report said so."""
+    data = _quoted(tmp_path, [14.7, 14.1])
+    _gauge(monkeypatch, 36.7)
+    seen: dict[str, argparse.Namespace] = {}
+    with pytest.raises(SystemExit) as refused:
+        bench_all(_all_args(["--out", str(tmp_path), "--no-chart"]), _recording(seen),
+                  _defaults)
+    said = str(refused.value)
+    assert "CPU is 2.6x slower than the fastest run on record" in said
+    assert "(cpu_calibration_ms 36.7 now, 14.1 on 2026-12-05 08:38 UTC)" in said
+    assert "--slow-cpu-ok" in said and "--out DIR" in said
+    assert seen == {}  # nothing ran
+    assert (tmp_path / "performance.json").read_bytes() == data
+    assert (tmp_path / "performance.md").read_bytes() == b"# Performance\nthe quoted run\n"
+
+
+@pytest.mark.timeout(30)
+def test_slow_cpu_ok_replaces_it_saying_so_and_keeps_the_fastest_reference(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _quoted(tmp_path, [14.7, 14.1])
+    _gauge(monkeypatch, 36.7)
+    seen: dict[str, argparse.Namespace] = {}
+    report = bench_all(_all_args(["--out", str(tmp_path), "--no-chart", "--slow-cpu-ok"]),
+                       _recording(seen), _defaults)
+    assert set(seen) == {"first", "second"}
+    assert report["cpu_calibration_ms"] == [36.7, 36.7]
+    # The next run is held to the fast machine, not to this slow one.
+    assert report["cpu_reference"] == {"ms": 14.1, "when": "2026-12-05 08:38 UTC"}
+    text = (tmp_path / "performance.md").read_text()
+    assert "**Made in a slow spell of the VM** (`--slow-cpu-ok`): its CPU gauge read 2.6×" in text
+    _gauge(monkeypatch, 30.0)  # still slow against 14.1, though faster than the last run
+    with pytest.raises(SystemExit, match="2.1x slower"):
+        bench_all(_all_args(["--out", str(tmp_path), "--no-chart"]), _recording({}), _defaults)
+
+
+@pytest.mark.timeout(30)
+def test_a_run_at_the_usual_speed_replaces_it_without_a_warning(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _quoted(tmp_path, [36.7, 37.0], reference={"ms": 14.1, "when": "2026-12-05 08:38 UTC"})
+    _gauge(monkeypatch, 13.9)
+    report = bench_all(_all_args(["--out", str(tmp_path), "--no-chart"]), _recording({}),
+                       _defaults)
+    assert report["cpu_reference"] == {"ms": 13.9, "when": report["when"]}  # a new fastest
+    assert "Made in a slow spell" not in (tmp_path / "performance.md").read_text()
+
+
+@pytest.mark.timeout(30)
+def test_a_quick_run_is_not_held_to_the_gauge(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A smoke run writes its own report elsewhere: a slow VM does not stop it."""
+    _quoted(tmp_path, [14.1, 14.1])
+    _gauge(monkeypatch, 40.0)
+    report = bench_all(_all_args(["--quick", "--out", str(tmp_path), "--no-chart"]), {},
+                       _defaults)
+    assert report["quick"] and report["cpu_calibration_ms"] == [40.0, 40.0]
+    assert json.loads((tmp_path / "performance.json").read_text())["quick"]
