@@ -57,6 +57,9 @@ from intloom.runtime.machine import (
     RunState,
     Verdict,
     apply,
+    fold_executing,
+    fold_step_ready,
+    fold_step_result,
     restart_verdict,
     to_view,
 )
@@ -1922,7 +1925,8 @@ class Driver:
                 step, ctx, awaiting = pending  # _AWAIT: its outcome is awaited here
             else:  # an async Step, or an Agent Step's task
                 rt.append_boundary(
-                    slot, Executing(at=clock.now(), stage=step.stage.name, step=step.name))
+                    slot, Executing(at=clock.now(), stage=step.stage.name, step=step.name),
+                    fold_executing)
                 # rt.sync(slot), without its coroutine: one fewer per Step, and one level
                 # fewer for every resumption of this task to pass through (callgrind, 64
                 # async Runs: ~1.0-1.6k fewer instructions per Step).
@@ -2059,7 +2063,8 @@ class Driver:
             if step.kind == "agent" or _is_async(fn):
                 return _NEXT, None
             rt.append_boundary(
-                slot, Executing(at=clock.now(), stage=step.stage.name, step=step.name))
+                slot, Executing(at=clock.now(), stage=step.stage.name, step=step.name),
+                fold_executing)
             yield slot  # the crew makes it durable and shows it (Runtime.sync_crew)
             # Shown to the loop before ownership and the cut are checked: a cancel or a cut
             # after the check finds this ctx to finish (_on_thread); one before it, the
@@ -2113,6 +2118,7 @@ class Driver:
             StepResult(at=at, stage=step.stage.name, step=step.name, outcome=outcome,
                        state=_encode_state(ctx._state, where or step, step.stage.state_type,
                                            slot)),
+            fold_step_result,
         )
         return at
 
@@ -2239,7 +2245,7 @@ class Driver:
             # async Runs: ~1.0k fewer instructions per Step).
             # DESIGN §5: routing to the next Step of the Stage is its own boundary.
             rt.append_boundary(slot, StepReady(at=at, stage=st.cursor.stage, step=target,
-                                               state=st.stage_state))
+                                               state=st.stage_state), fold_step_ready)
             return False
         if target is None:
             # The name of where an outcome leads, returned for the outcome: "add a route
@@ -2269,5 +2275,5 @@ class Driver:
             rt.append(slot, StagePending(at=at, stage=target.stage))
         else:  # a subclass of str
             rt.append_boundary(slot, StepReady(at=at, stage=st.cursor.stage, step=target,
-                                               state=st.stage_state))
+                                               state=st.stage_state), fold_step_ready)
         return False

@@ -1057,10 +1057,14 @@ class Runtime:
             record = self._bounded(slot, record)
         self.append_boundary(slot, record, force=force)
 
-    def append_boundary(self, slot: RunSlot, record: Any, *, force: bool = False) -> None:
+    def append_boundary(self, slot: RunSlot, record: Any,
+                        fold: Callable[[RunState, Any], RunState] = apply, *,
+                        force: bool = False) -> None:
         """``append`` for a Step's own boundaries (step_ready, executing, step_result), whose
         fields ``_bounded`` never checks: a chain of Steps appends three per Step, and the
-        check measured ~900 instructions per Step (callgrind, one sync Run)."""
+        check measured ~900 instructions per Step (callgrind, one sync Run). ``fold``: the
+        machine's fold of that kind of record (``fold_executing``...) when the caller knows
+        it, which checks what ``apply`` checks (callgrind, 64 async Runs: XXX)."""
         # Locked while a worker drives the Run: the loop may append (a cancel) meanwhile.
         # Released before a failure is handled: fail_checkpoint publishes, which locks.
         failed: CheckpointFailed | None = None
@@ -1076,7 +1080,7 @@ class Runtime:
                 )
             # Folded, then journaled, then kept: a record the machine refuses or the journal
             # cannot encode leaves the Run exactly as it was.
-            state = apply(slot.state, record)
+            state = fold(slot.state, record)
             self.journal.append(slot.run_id, record, state)
             slot.apply(record, state)
         except CheckpointFailed as exc:  # an earlier batch of this Run failed: it cannot write

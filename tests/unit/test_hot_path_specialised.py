@@ -136,9 +136,36 @@ def test_a_records_fold_is_found_without_an_attribute_read_of_a_named_tuple() ->
         state = apply(state, Executing(at="t", stage="s", step="a"))
         state = apply(state, StepResult(at="t", stage="s", step="a", outcome="ok"))
         state = apply(state, StepReady(at="t", stage="s", step="a"))
-    # Before: ("phase", "LOAD_ATTR_ADAPTIVE") and ("apply", "LOAD_METHOD_ADAPTIVE").
-    assert _reads(apply, cold=("__name__",)) == [("phase", "LOAD_ATTR_SLOT"),
-                                                 ("seq", "LOAD_ATTR_SLOT")]
+    # Before: ("phase", "LOAD_ATTR_ADAPTIVE") and ("apply", "LOAD_METHOD_ADAPTIVE"); then
+    # ("phase", "LOAD_ATTR_SLOT") and ("seq", "LOAD_ATTR_SLOT"), before each fold checked
+    # the phase itself.
+    assert _reads(apply, cold=("__name__",)) == []
+
+
+def test_a_steps_records_are_folded_without_the_machines_apply_frame() -> None:
+    # Three records per Step: the executor calls each one's fold (which checks what apply
+    # checks), not apply. Before: three apply frames per Step.
+    from intloom.runtime import machine
+
+    steps = 40
+    ran: list[None] = []
+    wf = intloom.Workflow("hot", version="1")
+
+    @wf.stage("s").step("a", routes={"again": "a", "done": intloom.COMPLETE})
+    async def a(ctx: Any) -> str:
+        ran.append(None)
+        return "done" if len(ran) >= steps else "again"
+
+    seen: list[str] = []
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code is machine.apply.__code__:
+            seen.append(type(frame.f_locals["record"]).__name__)
+
+    _run_hot(wf, sys.setprofile, profile)
+    assert len(ran) == steps
+    # The header, the Stage's start and the end go through apply (~3 for the Run).
+    assert len(seen) <= 5, seen
 
 
 def test_a_step_reads_its_state_without_a_python_frame() -> None:
