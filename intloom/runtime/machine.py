@@ -236,15 +236,6 @@ def _after(phase: str) -> frozenset[str]:
                      if previous is not None and phase in then)
 
 
-def _cursor(state: RunState, stage: str, step: str | None) -> Cursor:
-    """The Run's cursor at (stage, step): the one it has when it does not move (a Step's
-    result, a recover), a new one otherwise."""
-    cursor = state.cursor
-    if cursor.stage == stage and cursor.step == step:
-        return cursor
-    return Cursor(stage=stage, step=step)
-
-
 def _apply_header(record: Header) -> RunState:
     return RunState(
         run_id=record.run_id,
@@ -353,8 +344,14 @@ def fold_step_result(state: RunState, record: StepResult) -> RunState:
         raise _illegal(state, record, _FORBIDDEN)
     if state.executing_kind not in ("step", "recover", "agent"):
         raise _illegal(state, record, "a Stage initialiser has no outcome")
+    # The Run's cursor when it does not move (as it does not, after a Step's executing), a
+    # new one otherwise: tested here, not by a function of its own (a frame each in two of
+    # a Step's three folds; callgrind, 64 async Runs: 112.7-112.8k -> 111.8-111.9k).
+    cursor = state.cursor
+    if cursor.stage != record.stage or cursor.step != record.step:
+        cursor = Cursor(stage=record.stage, step=record.step)
     # msgspec.structs.replace(state, phase="step_result", seq=seq, updated_at=record.at,
-    # cursor=_cursor(state, record.stage, record.step), status="running",
+    # cursor=cursor, status="running",
     # executing_kind=None, recover_resumed=False, recover_effect=None,
     # stage_state=record.state, outcome=record.outcome, output=record.output,
     # pending_action=None, pending_agent_call=None, answered_action=None, answer=None,
@@ -362,10 +359,9 @@ def fold_step_result(state: RunState, record: StepResult) -> RunState:
     return RunState(
         state.run_id, state.workflow, state.workflow_version, state.identity, state.schemas,
         state.intent, state.format, state.package_version, state.protocol, state.created_at,
-        record.at, "step_result", state.seq + 1, _cursor(state, record.stage, record.step),
-        "running", None, record.state, record.outcome, record.output, None, None, None, None,
-        None, state.last_effect, state.last_effect_unknown,
-        state.last_error, state.dismissed, False, None,
+        record.at, "step_result", state.seq + 1, cursor, "running", None, record.state,
+        record.outcome, record.output, None, None, None, None, None, state.last_effect,
+        state.last_effect_unknown, state.last_error, state.dismissed, False, None,
     )
 
 
@@ -433,11 +429,14 @@ def fold_executing(state: RunState, record: Executing) -> RunState:
         raise _illegal(state, record, f"{kind} cannot start after {state.phase}")
     if state.phase == "waiting" and state.pending_agent_call is None:
         raise _illegal(state, record, "only an Agent task resumes from a wait")
-    if record.stage != state.cursor.stage:
-        raise _illegal(state, record, f"the Run is in Stage {state.cursor.stage!r}")
+    cursor = state.cursor
+    if record.stage != cursor.stage:
+        raise _illegal(state, record, f"the Run is in Stage {cursor.stage!r}")
+    if cursor.step != record.step:  # as in fold_step_result (the stage is the cursor's)
+        cursor = Cursor(stage=record.stage, step=record.step)
     resumed = kind == "step" and state.phase == "answered" and state.executing_kind == "recover"
     # msgspec.structs.replace(state, phase="executing", seq=seq, updated_at=record.at,
-    # cursor=_cursor(state, record.stage, record.step), status="running",
+    # cursor=cursor, status="running",
     # executing_kind="recover" if resumed else kind, recover_resumed=resumed,
     # recover_effect=state.recover_effect if resumed else None,
     # pending_agent_call=None if kind == "agent" else state.pending_agent_call),
@@ -445,8 +444,8 @@ def fold_executing(state: RunState, record: Executing) -> RunState:
     return RunState(
         state.run_id, state.workflow, state.workflow_version, state.identity, state.schemas,
         state.intent, state.format, state.package_version, state.protocol, state.created_at,
-        record.at, "executing", state.seq + 1, _cursor(state, record.stage, record.step),
-        "running", "recover" if resumed else kind, state.stage_state, state.outcome, state.output,
+        record.at, "executing", state.seq + 1, cursor, "running", "recover" if resumed else kind,
+        state.stage_state, state.outcome, state.output,
         state.pending_action, None if kind == "agent" else state.pending_agent_call,
         state.answered_action, state.answer, state.effect_in_flight, state.last_effect,
         state.last_effect_unknown, state.last_error, state.dismissed, resumed,

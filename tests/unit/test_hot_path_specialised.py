@@ -168,6 +168,32 @@ def test_a_steps_records_are_folded_without_the_machines_apply_frame() -> None:
     assert len(seen) <= 5, seen
 
 
+def test_a_steps_folds_call_no_other_function_of_the_machine() -> None:
+    # Per Step, the machine runs its three folds and nothing else. Before: two _cursor frames
+    # too (executing's and step_result's).
+    from intloom.runtime import machine
+
+    steps = 40
+    ran: list[None] = []
+    wf = intloom.Workflow("hot", version="1")
+
+    @wf.stage("s").step("a", routes={"again": "a", "done": intloom.COMPLETE})
+    async def a(ctx: Any) -> str:
+        ran.append(None)
+        return "done" if len(ran) >= steps else "again"
+
+    seen: list[str] = []
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code.co_filename == machine.__file__:
+            seen.append(frame.f_code.co_name)
+
+    _run_hot(wf, sys.setprofile, profile)
+    assert len(ran) == steps
+    # The header, the Stage's start and the end: a few more for the Run.
+    assert len(seen) <= 3 * steps + 8, sorted(set(seen))
+
+
 def test_a_step_reads_its_state_without_a_python_frame() -> None:
     # A Step reads ctx.state at least once; a property's Python getter is a frame of its own.
     from intloom.authoring.context import StepContext
