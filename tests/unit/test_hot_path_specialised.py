@@ -244,6 +244,32 @@ def test_a_step_routed_to_the_next_one_makes_no_isinstance_test_and_no_async_che
     assert seen.count("_route") == 1, seen
 
 
+def test_a_step_routed_to_the_next_one_records_and_routes_without_two_frames() -> None:
+    # The common case, once per Step. Before: a _record_outcome and a _route frame per Step.
+    from intloom.executor.driver import Driver
+
+    steps = 40
+    ran: list[None] = []
+    wf = intloom.Workflow("hot", version="1")
+
+    @wf.stage("s").step("a", routes={"again": "a", "done": intloom.COMPLETE})
+    async def a(ctx: Any) -> str:
+        ran.append(None)
+        return "done" if len(ran) >= steps else "again"
+
+    codes = {Driver._record_outcome.__code__, Driver._route.__code__}
+    seen: list[str] = []
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code in codes:
+            seen.append(frame.f_code.co_name)
+
+    _run_hot(wf, sys.setprofile, profile)
+    assert len(ran) == steps
+    # The last Step's outcome, to the end, takes the general path.
+    assert sorted(seen) == ["_record_outcome", "_route"], seen
+
+
 def test_a_sync_waiting_for_a_queued_flush_decides_so_in_few_bytecodes(tmp_path: Path) -> None:
     # All but the first of 64 Runs find the round's flush queued on the loop. Before: the
     # whole general decision (the lock's, the batch's, the waiter's), 69 bytecodes to its
