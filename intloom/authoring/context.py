@@ -22,8 +22,8 @@ from intloom.authoring.workflow import callable_name, generator_kind
 from intloom.errors import IntloomError, a_an
 from intloom.runtime.model import PendingAction
 
-__all__ = ["ContextHooks", "InitContext", "Recovery", "StepContext", "finish", "left_behind",
-           "running_here", "unawaited"]
+__all__ = ["OVER", "ContextHooks", "InitContext", "Recovery", "StepContext", "finish",
+           "left_behind", "running_here", "unawaited"]
 
 S = TypeVar("S")
 T = TypeVar("T")
@@ -32,6 +32,10 @@ T = TypeVar("T")
 class _Over:
     """The State type of a context that is over (``finish``): it has no instances, so an
     assignment through that context fails the check every assignment makes."""
+
+
+# For the driver, which finishes a Step's context as ``finish`` does, without its frame.
+OVER: Final = _Over
 
 
 class Recovery(msgspec.Struct, frozen=True):

@@ -24,7 +24,7 @@ from intloom.runtime.machine import RunState, to_view
 from intloom.runtime.model import Cursor, PendingAgentCall, RunView, WaitingAction
 from intloom.runtime.records import Answered, EffectDone, EffectStarted, StepResult
 
-__all__ = ["FACTS", "Entry", "Event", "detail", "kept", "pack", "plain_view", "shown",
+__all__ = ["FACTS", "STATE_KEPT", "Entry", "Event", "detail", "kept", "pack", "plain_view", "shown",
            "unpack"]
 
 
@@ -98,7 +98,7 @@ def detail(name: str, info: Any) -> Any:
 
 
 # The size of Stage State, in bytes, from which an entry keeps its state without it.
-_STATE_KEPT: Final = 1024
+STATE_KEPT: Final = 1024
 
 
 def kept(state: RunState) -> RunState:
@@ -108,7 +108,7 @@ def kept(state: RunState) -> RunState:
     only from a big one: a replace per Step would cost every Run for a saving of a few
     hundred bytes an entry."""
     stage_state = state.stage_state
-    if (stage_state is not None and len(stage_state) >= _STATE_KEPT) or (
+    if (stage_state is not None and len(stage_state) >= STATE_KEPT) or (
             state.output is not None):
         return msgspec.structs.replace(state, stage_state=None, output=None)
     return state

@@ -270,6 +270,32 @@ def test_a_step_routed_to_the_next_one_records_and_routes_without_two_frames() -
     assert sorted(seen) == ["_record_outcome", "_route"], seen
 
 
+def test_a_steps_context_is_finished_and_its_history_entry_kept_without_frames() -> None:
+    # Once per Step each. Before: a frame of context.finish and one of history.kept per Step.
+    from intloom.authoring import context
+    from intloom.executor import history
+
+    steps = 40
+    ran: list[None] = []
+    wf = intloom.Workflow("hot", version="1")
+
+    @wf.stage("s").step("a", routes={"again": "a", "done": intloom.COMPLETE})
+    async def a(ctx: Any) -> str:
+        ran.append(None)
+        return "done" if len(ran) >= steps else "again"
+
+    codes = {context.finish.__code__, history.kept.__code__}
+    seen: list[str] = []
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code in codes:
+            seen.append(frame.f_code.co_name)
+
+    _run_hot(wf, sys.setprofile, profile)
+    assert len(ran) == steps
+    assert len(seen) <= 4, seen
+
+
 def test_a_sync_waiting_for_a_queued_flush_decides_so_in_few_bytecodes(tmp_path: Path) -> None:
     # All but the first of 64 Runs find the round's flush queued on the loop. Before: the
     # whole general decision (the lock's, the batch's, the waiter's), 69 bytecodes to its
