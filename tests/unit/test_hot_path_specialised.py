@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 import intloom
@@ -294,6 +295,41 @@ def test_a_steps_context_is_finished_and_its_history_entry_kept_without_frames()
     _run_hot(wf, sys.setprofile, profile)
     assert len(ran) == steps
     assert len(seen) <= 4, seen
+
+
+def test_a_steps_context_is_built_without_the_ctx_frame() -> None:
+    # Once per Step, in a Stage with a State: the Run's hooks are the loop's and the State is
+    # the one the last Step left, kept decoded. Before: a Driver._ctx frame per Step.
+    from intloom.executor.driver import Driver
+
+    class Count(msgspec.Struct):
+        n: int = 0
+
+    steps = 40
+    wf = intloom.Workflow("hot", version="1")
+
+    @wf.stage("s", state=Count).step("a", routes={"again": "a", "done": intloom.COMPLETE})
+    async def a(ctx: Any) -> str:
+        ctx.state = Count(n=ctx.state.n + 1)
+        return "done" if ctx.state.n >= steps else "again"
+
+    seen: list[str] = []
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code is Driver._ctx.__code__:
+            seen.append(frame.f_code.co_name)
+
+    slot = _run_hot(wf, sys.setprofile, profile)
+    assert msgspec.json.decode(slot.state.stage_state or b"") == {"n": steps}
+    assert len(seen) <= 2, seen  # the Run's first Step
+    # And by a call CPython 3.11 specialises, as _ctx's (the next test): run again, unwatched
+    # (a profile function keeps the code from specialising).
+    _run_hot(wf)
+    ops = [(i.opname, i.argval) for i in dis.get_instructions(Driver._run_step, adaptive=True)]
+    loaded = next(n for n, (op, arg) in enumerate(ops)
+                  if op.startswith("LOAD_METHOD") and arg == "__init__")
+    call = next(op for op, _ in ops[loaded:] if op.startswith("CALL"))
+    assert call == "CALL_PY_EXACT_ARGS", ops[loaded:]
 
 
 def test_a_sync_waiting_for_a_queued_flush_decides_so_in_few_bytecodes(tmp_path: Path) -> None:
