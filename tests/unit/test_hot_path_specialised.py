@@ -332,6 +332,34 @@ def test_a_steps_context_is_built_without_the_ctx_frame() -> None:
     assert call == "CALL_PY_EXACT_ARGS", ops[loaded:]
 
 
+def test_a_steps_state_is_saved_by_encode_state_alone() -> None:
+    # Once per Step, for a State that re-encodes as is. Before: a frame of _builds too (whether
+    # its type's decode runs code of its own, asked per save).
+    from intloom.authoring import savecheck
+
+    class Count(msgspec.Struct):
+        n: int = 0
+
+    steps = 40
+    wf = intloom.Workflow("hot", version="1")
+
+    @wf.stage("s", state=Count).step("a", routes={"again": "a", "done": intloom.COMPLETE})
+    async def a(ctx: Any) -> str:
+        ctx.state = Count(n=ctx.state.n + 1)
+        return "done" if ctx.state.n >= steps else "again"
+
+    seen: list[str] = []
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code.co_filename == savecheck.__file__:
+            seen.append(frame.f_code.co_name)
+
+    slot = _run_hot(wf, sys.setprofile, profile, warm=True)
+    assert msgspec.json.decode(slot.state.stage_state or b"") == {"n": steps}
+    assert seen.count("encode_state") >= steps, seen
+    assert len(seen) - seen.count("encode_state") <= 2, sorted(set(seen))
+
+
 def test_a_sync_waiting_for_a_queued_flush_decides_so_in_few_bytecodes(tmp_path: Path) -> None:
     # All but the first of 64 Runs find the round's flush queued on the loop. Before: the
     # whole general decision (the lock's, the batch's, the waiter's), 69 bytecodes to its
