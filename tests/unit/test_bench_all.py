@@ -248,7 +248,7 @@ def test_slow_cpu_ok_replaces_it_saying_so_and_keeps_the_fastest_reference(
     text = (tmp_path / "performance.md").read_text()
     assert "**Made in a slow spell of the VM** (`--slow-cpu-ok`): its CPU gauge read 2.6×" in text
     _gauge(monkeypatch, 30.0)  # still slow against 14.1, though faster than the last run
-    with pytest.raises(SystemExit, match="2.1x slower"):
+    with pytest.raises(SystemExit, match=r"2\.1x slower"):
         bench_all(_all_args(["--out", str(tmp_path), "--no-chart"]), _recording({}), _defaults)
 
 
