@@ -3,6 +3,7 @@ Runs a flush holds ~190 records, and per-record work there is paid on every Step
 
 from __future__ import annotations
 
+import asyncio
 import gc
 from pathlib import Path
 
@@ -92,3 +93,29 @@ def test_a_runs_frame_head_is_made_once_and_frames_its_records_as_encode_frame_d
         for frame, record in zip(frames, records, strict=True):
             assert data[frame.offset:frame.end] == framing.encode_frame(
                 framing.KIND_RECORD, frame.seq, run_id.encode(), encode_record(record))
+
+
+def test_a_sync_waiting_for_a_queued_flush_suspends_in_its_own_frame(tmp_path: Path) -> None:
+    """All but the first of 64 Runs find the round's flush queued and wait one loop
+    iteration for it. Before: sync awaited a generator made for that (a bare yield), one
+    more frame per Step to make and to pass the Run's resumption through."""
+    store = open_store(tmp_path / "runtime")
+
+    async def main() -> None:
+        for run_id in ("RUN-A", "RUN-B"):
+            store.append(run_id, walk(run_id, 1, 0)[0])
+        first = asyncio.ensure_future(store.sync("RUN-A"))
+        await asyncio.sleep(0)  # it queued the flush
+        assert store._kick is not None
+        second = store.sync("RUN-B")
+        assert second.send(None) is None  # suspended: a bare yield, to the next iteration
+        # Nothing awaited beneath it: a coroutine's cr_await, a generator's gi_yieldfrom.
+        assert getattr(second, "cr_await", getattr(second, "gi_yieldfrom", None)) is None
+        await first  # the flush ran meanwhile: the second's records are durable too
+        with pytest.raises(StopIteration):
+            second.send(None)
+
+    try:
+        asyncio.run(asyncio.wait_for(main(), timeout=20))
+    finally:
+        store.close_blocking()
