@@ -713,7 +713,7 @@ for record in walk("RUN-A", 3_000, 5):
     if end >= limit - 90:  # a batch that ends closer to the limit than a seal frame takes
         near += 1  # the first, alone in its segment; then each after batches of 40
         store.sync_blocking()
-    elif near and len(store._pending_frames) >= 40:
+    elif near and len(store._pending_frames) >= 80:  # 40 records: a head and a body each
         store.sync_blocking()
 store.close_blocking()
 report = verify_report(root)

@@ -119,3 +119,25 @@ def test_a_sync_waiting_for_a_queued_flush_suspends_in_its_own_frame(tmp_path: P
         asyncio.run(asyncio.wait_for(main(), timeout=20))
     finally:
         store.close_blocking()
+
+
+def test_a_records_frame_is_kept_as_its_head_and_its_body_not_joined_per_record(
+        tmp_path: Path) -> None:
+    """The batch joins every frame at its flush: the frame's own concatenation (a copy of
+    the record) and its length, three records per Step, were ~0.8 % of a Step."""
+    store = open_store(tmp_path / "runtime")
+    try:
+        records = walk("RUN-A", 2, 0)
+        for record in records:
+            store.append("RUN-A", record)
+        frames = [framing.encode_frame(framing.KIND_RECORD, seq, b"RUN-A", encode_record(record))
+                  for seq, record in enumerate(records, 1)]
+        pending = store._pending_frames
+        assert len(pending) == 4  # before: 2, a frame each
+        assert [pending[0] + pending[1], pending[2] + pending[3]] == frames
+        assert pending[1].endswith(encode_record(records[0]))  # the body is one item
+        batch = store._take_batch()
+        assert batch is not None
+        assert (batch.data, batch.records) == (b"".join(frames), 2)
+    finally:
+        abandon(store)
