@@ -209,7 +209,8 @@ class Store:
     # dict of its own, and then never specialises a call of its methods (the executor's
     # ``journal.append``, three per Step) and reads each attribute through a hint into it.
     __slots__ = (
-        "_allocated", "_appended", "_armed", "_begun", "_closed", "_closing", "_compactor",
+        "_allocated", "_appended", "_appending", "_armed", "_begun", "_closed", "_closing",
+        "_compactor",
         "_dir_lock", "_durable_calls", "_failed_runs", "_failures", "_faults",
         "_fd", "_fd_check", "_file_limit", "_flush_no", "_flush_waits", "_flushed", "_frames",
         "_heads", "_held", "_history_lock", "_history_mutex", "_history_read",
@@ -287,6 +288,11 @@ class Store:
         # ``when_durable``'s callbacks, each with the count of records it waits for.
         self._durable_calls: list[tuple[int, Callable[[], None]]] = []
         self._closed = False
+        # Begun and not closed: what ``append`` checks first, in one read. With its head found
+        # by a subscript and the check of a close racing a thread's append made only while a
+        # thread shares the store, 8 bytecodes fewer per record: callgrind, 64 async Runs,
+        # 112.3-112.7k -> 111.6k instructions per Step.
+        self._appending = False
         # The Run that alone wrote the last ``_solo_count`` batches (None: several did).
         self._solo_run: str | None = None
         self._solo_count = 0
@@ -499,6 +505,7 @@ class Store:
             raise create_failed(layout.wal, layout.wal / segment_name(self._next_number),
                                 f"cannot hold a new segment ({exc.strerror})", exc) from None
         self._begun = True
+        self._appending = not self._closed
         # A crashed host's unsynced bytes were read from the page cache: make them as
         # durable as the snapshots about to summarise them.
         for number in segments_read:
@@ -630,14 +637,15 @@ class Store:
         executor does): the store then keeps it for the next snapshot instead of folding the
         record a second time.
         """
-        if self._closed:
-            raise self._closed_error()
-        if not self._begun:
+        if not self._appending:
+            if self._closed:
+                raise self._closed_error()
             raise RuntimeError("Store.append before Store.begin: the store has no segment")
         # Encoded first: a record that cannot be encoded raises and changes nothing.
         payload = encode_record(record)
-        head = self._heads.get(run_id)
-        if head is None:
+        try:  # a subscript, not ``get`` and a test: fewer bytecodes but for a Run's first
+            head = self._heads[run_id]
+        except KeyError:
             head = self._heads[run_id] = _RunHead(run_id)
         size = len(payload)
         if size > head.room:
@@ -648,9 +656,10 @@ class Store:
         lock = self._lock if self._shared else None
         if lock is not None:
             lock.acquire()
-        try:
             if self._closed:  # again: a thread's append may race the loop's close
+                lock.release()
                 raise self._closed_error()
+        try:
             if self._failed_runs:
                 failed = self._failed_runs.get(run_id)
                 if failed is not None:
@@ -1727,6 +1736,7 @@ class Store:
             if self._closed:
                 return
             self._closed = True
+            self._appending = False
         self._closing.set()
         # The failed batch's callers were told; closing still seals what is durable.
         with contextlib.suppress(CheckpointFailed):
@@ -1748,6 +1758,7 @@ class Store:
             if self._closed:
                 return
             self._closed = True
+            self._appending = False
         self._closing.set()
         try:
             with contextlib.suppress(CheckpointFailed):

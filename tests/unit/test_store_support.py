@@ -117,6 +117,7 @@ def abandon(store: Store) -> None:
     store._forget_fd()
     store._unlock()  # the kernel drops a dead process's flock
     store._closed = True
+    store._appending = False
 
 
 def left_behind(store: Store, *, close: bool = False) -> Path:
