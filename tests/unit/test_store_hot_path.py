@@ -186,3 +186,43 @@ def test_a_record_the_executor_appends_takes_few_bytecodes(tmp_path: Path) -> No
         assert counts[0] <= 134 and counts[1] <= 126, counts
     finally:
         store.close_blocking()
+
+
+def test_a_sync_finds_the_rounds_flush_queued_for_the_loop_in_one_read(
+        tmp_path: Path) -> None:
+    """All but the first of 64 Runs find the round's flush queued, to run on the loop: the
+    Run that queued it found what that takes (no thread shares the store, no batch is in
+    flight, the disk is fast). Before: each Run read those four facts again, 31 bytecodes to
+    its suspension; now 19."""
+    store = open_store(tmp_path / "runtime")
+    counted: list[int] = []
+
+    def trace(frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_code is not Store.sync.__code__:
+            return None
+        frame.f_trace_opcodes = True
+        if event == "opcode":
+            counted.append(frame.f_lasti)
+        return trace
+
+    async def main() -> None:
+        for run_id in ("RUN-A", "RUN-B"):
+            store.append(run_id, walk(run_id, 1, 0)[0])
+        first = asyncio.ensure_future(store.sync("RUN-A"))
+        await asyncio.sleep(0)  # it queued the flush
+        assert store._kick is not None
+        second = store.sync("RUN-B")
+        sys.settrace(trace)
+        try:
+            second.send(None)  # to its suspension
+        finally:
+            sys.settrace(None)
+        assert 0 < len(counted) <= 20, len(counted)
+        await first
+        with pytest.raises(StopIteration):
+            second.send(None)
+
+    try:
+        asyncio.run(asyncio.wait_for(main(), timeout=20))
+    finally:
+        store.close_blocking()
