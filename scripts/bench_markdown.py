@@ -823,6 +823,30 @@ harness; the figures quoted here are from those sessions, not from this run):
   (~385 for three records), the three folds (~240, each rebuilding a 30-field `RunState`),
   `Runtime.append_boundary` (~45 each, three), `clock.now` and the Step's context; msgpack
   encoding ~5-6k and `crc32` ~2.5k instructions, both set by the format.
+- **Fewer instructions per Step, a third time** (2026-12-06, a later session, every Step
+  figure; the VM was still in its slow spell, gauge 36-37 ms, so nothing above is from this
+  code): callgrind, 64 async Runs in process with every flush on the loop, the code before
+  and after run side by side, two pairs: 114.5-114.8k → 102.8-103.2k instructions per Step
+  (−10.1 to −10.5 %). In time, on the slow VM, three alternating pairs: 15.2-15.9k →
+  16.2-18.7k Steps/s, CPU per Step 51.0-54.3 → 44.6-50.0 µs; one Run, two pairs, within its
+  noise. The executor's part (−7.3 to −7.5 % alone): a Step's three records are folded by
+  their own folds (`fold_step_ready`, `fold_executing`, `fold_step_result`), each checking
+  first that its record may follow the Run's phase as `apply` did (−2.1 %); the cursor's
+  move is tested in place (−0.8 %); a Step's append for a Run no worker drives takes no lock
+  and no `finally` (−0.5 %); an outcome routed to the next Step of its Stage is recorded and
+  routed without `_record_outcome`'s and `_route`'s frames (−2.0 to −2.2 %); the Step's
+  context is built and finished, and its history entry kept, without `_ctx`'s, `finish`'s
+  and `kept`'s frames (−1.2 to −1.8 %); whether a State type's decode runs code of its own
+  is kept with its codec (−0.5 %). The store's part (−2.6 to −4.0 % alone): `Store.sync` is
+  a generator the loop runs as a coroutine (`types.coroutine`), suspending in its own frame
+  (−1.2 %); `append` keeps a frame's head and body apart until the batch joins them (−1.1 %)
+  and reads "begun and open" as one flag (−0.6 to −1.0 %); a Run behind the round's queued
+  flush decides so in one read (−0.6 to −0.8 %). Measured and dropped: a cached stamp looked
+  up through `time.time()` (+1.9 to +2.6 %: under callgrind most stamps miss the clock's
+  cache, so this harness measures the miss path), one struct pack and two `crc32` calls per
+  frame, three pieces per frame. Left, each under 0.5 %: the two `MappingProxyType` look-ups
+  per Step, a routed outcome's two appends in one call, asyncio's `call_soon` per Step (a
+  Run's task yields once per flush).
 
 What is left, from profiles taken while building this harness (`py-spy`, `cProfile`,
 `strace -c`, `-X importtime`; figures are from those sessions, not this run):
