@@ -10,7 +10,6 @@ per Step.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dis
 import sys
 from collections.abc import Callable
@@ -24,7 +23,6 @@ import intloom
 from intloom.authoring.loader import LoadedWorkflow
 from intloom.executor.driver import RunSlot
 from intloom.executor.runtime import Runtime
-from intloom.store import Store
 from tests.unit.memjournal import MemoryJournal
 from tests.unit.test_store_support import open_store, walk
 
@@ -68,6 +66,68 @@ def _run_hot(wf: intloom.Workflow, watch: Callable[[Any], object] | None = None,
         return rt.runs[run_id]
 
     return asyncio.run(asyncio.wait_for(main(), timeout=20))
+
+
+def _looping(steps: int = 40) -> tuple[intloom.Workflow, list[None]]:
+    """A Workflow whose one Step routes to itself, ``steps`` times a Run (then again, for a
+    second Run), and the list each of its Steps appends to."""
+    ran: list[None] = []
+    wf = intloom.Workflow("hot", version="1")
+
+    @wf.stage("s").step("a", routes={"again": "a", "done": intloom.COMPLETE})
+    async def a(ctx: Any) -> str:
+        ran.append(None)
+        return "done" if len(ran) % steps == 0 else "again"
+
+    return wf, ran
+
+
+class Count(msgspec.Struct):
+    n: int = 0
+
+
+def _counting(steps: int = 40) -> intloom.Workflow:
+    """As ``_looping``, its Stage with a State that counts the Steps."""
+    wf = intloom.Workflow("hot", version="1")
+
+    @wf.stage("s", state=Count).step("a", routes={"again": "a", "done": intloom.COMPLETE})
+    async def a(ctx: Any) -> str:
+        ctx.state = Count(n=ctx.state.n + 1)
+        return "done" if ctx.state.n >= steps else "again"
+
+    return wf
+
+
+def _calls(wf: intloom.Workflow, watched: Callable[[Any], bool],
+           named: Callable[[Any], str] = lambda frame: frame.f_code.co_name, *,
+           warm: bool = False) -> tuple[RunSlot, list[str]]:
+    """Run ``wf`` (``_run_hot``) and name each Python call whose code ``watched`` picks."""
+    seen: list[str] = []
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and watched(frame.f_code):
+            seen.append(named(frame))
+
+    return _run_hot(wf, sys.setprofile, profile, warm=warm), seen
+
+
+def _bytecodes(wf: intloom.Workflow, codes: tuple[Any, ...]) -> tuple[RunSlot, int, int]:
+    """Run ``wf`` warm and count the bytecodes run in ``codes`` and the calls of the first."""
+    counted: list[int] = []
+    calls: list[int] = []
+
+    def trace(frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_code not in codes:
+            return None
+        if event == "call" and frame.f_code is codes[0]:
+            calls.append(1)
+        frame.f_trace_opcodes = True
+        if event == "opcode":
+            counted.append(frame.f_lasti)
+        return trace
+
+    slot = _run_hot(wf, sys.settrace, trace, warm=True)
+    return slot, len(counted), len(calls)
 
 
 def test_a_runs_slot_has_its_methods_called_and_attributes_read_specialised() -> None:
@@ -148,23 +208,10 @@ def test_a_steps_records_are_folded_without_the_machines_apply_frame() -> None:
     # checks), not apply. Before: three apply frames per Step.
     from intloom.runtime import machine
 
-    steps = 40
-    ran: list[None] = []
-    wf = intloom.Workflow("hot", version="1")
-
-    @wf.stage("s").step("a", routes={"again": "a", "done": intloom.COMPLETE})
-    async def a(ctx: Any) -> str:
-        ran.append(None)
-        return "done" if len(ran) >= steps else "again"
-
-    seen: list[str] = []
-
-    def profile(frame: Any, event: str, arg: Any) -> None:
-        if event == "call" and frame.f_code is machine.apply.__code__:
-            seen.append(type(frame.f_locals["record"]).__name__)
-
-    _run_hot(wf, sys.setprofile, profile)
-    assert len(ran) == steps
+    wf, ran = _looping()
+    _, seen = _calls(wf, lambda code: code is machine.apply.__code__,
+                     lambda frame: type(frame.f_locals["record"]).__name__)
+    assert len(ran) == 40
     # The header, the Stage's start and the end go through apply (~3 for the Run).
     assert len(seen) <= 5, seen
 
@@ -174,25 +221,11 @@ def test_a_steps_folds_call_no_other_function_of_the_machine() -> None:
     # too (executing's and step_result's).
     from intloom.runtime import machine
 
-    steps = 40
-    ran: list[None] = []
-    wf = intloom.Workflow("hot", version="1")
-
-    @wf.stage("s").step("a", routes={"again": "a", "done": intloom.COMPLETE})
-    async def a(ctx: Any) -> str:
-        ran.append(None)
-        return "done" if len(ran) >= steps else "again"
-
-    seen: list[str] = []
-
-    def profile(frame: Any, event: str, arg: Any) -> None:
-        if event == "call" and frame.f_code.co_filename == machine.__file__:
-            seen.append(frame.f_code.co_name)
-
-    _run_hot(wf, sys.setprofile, profile)
-    assert len(ran) == steps
+    wf, ran = _looping()
+    _, seen = _calls(wf, lambda code: code.co_filename == machine.__file__)
+    assert len(ran) == 40
     # The header, the Stage's start and the end: a few more for the Run.
-    assert len(seen) <= 3 * steps + 8, sorted(set(seen))
+    assert len(seen) <= 3 * 40 + 8, sorted(set(seen))
 
 
 def test_a_step_reads_its_state_without_a_python_frame() -> None:
@@ -249,24 +282,10 @@ def test_a_step_routed_to_the_next_one_records_and_routes_without_two_frames() -
     # The common case, once per Step. Before: a _record_outcome and a _route frame per Step.
     from intloom.executor.driver import Driver
 
-    steps = 40
-    ran: list[None] = []
-    wf = intloom.Workflow("hot", version="1")
-
-    @wf.stage("s").step("a", routes={"again": "a", "done": intloom.COMPLETE})
-    async def a(ctx: Any) -> str:
-        ran.append(None)
-        return "done" if len(ran) >= steps else "again"
-
+    wf, ran = _looping()
     codes = {Driver._record_outcome.__code__, Driver._route.__code__}
-    seen: list[str] = []
-
-    def profile(frame: Any, event: str, arg: Any) -> None:
-        if event == "call" and frame.f_code in codes:
-            seen.append(frame.f_code.co_name)
-
-    _run_hot(wf, sys.setprofile, profile)
-    assert len(ran) == steps
+    _, seen = _calls(wf, codes.__contains__)
+    assert len(ran) == 40
     # The last Step's outcome, to the end, takes the general path.
     assert sorted(seen) == ["_record_outcome", "_route"], seen
 
@@ -276,24 +295,10 @@ def test_a_steps_context_is_finished_and_its_history_entry_kept_without_frames()
     from intloom.authoring import context
     from intloom.executor import history
 
-    steps = 40
-    ran: list[None] = []
-    wf = intloom.Workflow("hot", version="1")
-
-    @wf.stage("s").step("a", routes={"again": "a", "done": intloom.COMPLETE})
-    async def a(ctx: Any) -> str:
-        ran.append(None)
-        return "done" if len(ran) >= steps else "again"
-
+    wf, ran = _looping()
     codes = {context.finish.__code__, history.kept.__code__}
-    seen: list[str] = []
-
-    def profile(frame: Any, event: str, arg: Any) -> None:
-        if event == "call" and frame.f_code in codes:
-            seen.append(frame.f_code.co_name)
-
-    _run_hot(wf, sys.setprofile, profile)
-    assert len(ran) == steps
+    _, seen = _calls(wf, codes.__contains__)
+    assert len(ran) == 40
     assert len(seen) <= 4, seen
 
 
@@ -302,34 +307,14 @@ def test_a_steps_context_is_built_without_the_ctx_frame() -> None:
     # the one the last Step left, kept decoded. Before: a Driver._ctx frame per Step.
     from intloom.executor.driver import Driver
 
-    class Count(msgspec.Struct):
-        n: int = 0
-
-    steps = 40
-    wf = intloom.Workflow("hot", version="1")
-
-    @wf.stage("s", state=Count).step("a", routes={"again": "a", "done": intloom.COMPLETE})
-    async def a(ctx: Any) -> str:
-        ctx.state = Count(n=ctx.state.n + 1)
-        return "done" if ctx.state.n >= steps else "again"
-
-    seen: list[str] = []
-
-    def profile(frame: Any, event: str, arg: Any) -> None:
-        if event == "call" and frame.f_code is Driver._ctx.__code__:
-            seen.append(frame.f_code.co_name)
-
-    slot = _run_hot(wf, sys.setprofile, profile)
-    assert msgspec.json.decode(slot.state.stage_state or b"") == {"n": steps}
+    wf = _counting()
+    slot, seen = _calls(wf, lambda code: code is Driver._ctx.__code__)
+    assert msgspec.json.decode(slot.state.stage_state or b"") == {"n": 40}
     assert len(seen) <= 2, seen  # the Run's first Step
     # And by a call CPython 3.11 specialises, as _ctx's (the next test): run again, unwatched
     # (a profile function keeps the code from specialising).
     _run_hot(wf)
-    ops = [(i.opname, i.argval) for i in dis.get_instructions(Driver._run_step, adaptive=True)]
-    loaded = next(n for n, (op, arg) in enumerate(ops)
-                  if op.startswith("LOAD_METHOD") and arg == "__init__")
-    call = next(op for op, _ in ops[loaded:] if op.startswith("CALL"))
-    assert call == "CALL_PY_EXACT_ARGS", ops[loaded:]
+    assert _init_call(Driver._run_step) == "CALL_PY_EXACT_ARGS"
 
 
 def test_a_steps_state_is_saved_by_encode_state_alone() -> None:
@@ -337,129 +322,33 @@ def test_a_steps_state_is_saved_by_encode_state_alone() -> None:
     # its type's decode runs code of its own, asked per save).
     from intloom.authoring import savecheck
 
-    class Count(msgspec.Struct):
-        n: int = 0
-
-    steps = 40
-    wf = intloom.Workflow("hot", version="1")
-
-    @wf.stage("s", state=Count).step("a", routes={"again": "a", "done": intloom.COMPLETE})
-    async def a(ctx: Any) -> str:
-        ctx.state = Count(n=ctx.state.n + 1)
-        return "done" if ctx.state.n >= steps else "again"
-
-    seen: list[str] = []
-
-    def profile(frame: Any, event: str, arg: Any) -> None:
-        if event == "call" and frame.f_code.co_filename == savecheck.__file__:
-            seen.append(frame.f_code.co_name)
-
-    slot = _run_hot(wf, sys.setprofile, profile, warm=True)
-    assert msgspec.json.decode(slot.state.stage_state or b"") == {"n": steps}
-    assert seen.count("encode_state") >= steps, seen
+    slot, seen = _calls(_counting(), lambda code: code.co_filename == savecheck.__file__,
+                        warm=True)
+    assert msgspec.json.decode(slot.state.stage_state or b"") == {"n": 40}
+    assert seen.count("encode_state") >= 40, seen
     assert len(seen) - seen.count("encode_state") <= 2, sorted(set(seen))
-
-
-def test_a_sync_waiting_for_a_queued_flush_decides_so_in_few_bytecodes(tmp_path: Path) -> None:
-    # All but the first of 64 Runs find the round's flush queued on the loop. Before: the
-    # whole general decision (the lock's, the batch's, the waiter's), 69 bytecodes to its
-    # first suspension; now 36.
-    store = open_store(tmp_path / "runtime")
-    counted: list[int] = []
-
-    def trace(frame: Any, event: str, arg: Any) -> Any:
-        if frame.f_code is not Store.sync.__code__:
-            return None
-        frame.f_trace_opcodes = True
-        if event == "opcode":
-            counted.append(frame.f_lasti)
-        return trace
-
-    async def main() -> None:
-        for run_id in ("RUN-A", "RUN-B"):
-            store.append(run_id, walk(run_id, 1, 0)[0])
-        first = asyncio.ensure_future(store.sync("RUN-A"))
-        await asyncio.sleep(0)  # it queued the flush
-        assert store._kick is not None
-        second = store.sync("RUN-B")
-        sys.settrace(trace)
-        try:
-            second.send(None)  # to its first suspension
-        finally:
-            sys.settrace(None)
-        assert 0 < len(counted) <= 45, len(counted)
-        await first
-        with contextlib.suppress(StopIteration):
-            second.send(None)
-
-    try:
-        asyncio.run(asyncio.wait_for(main(), timeout=20))
-    finally:
-        store.close_blocking()
 
 
 def test_a_steps_publish_nobody_follows_takes_few_bytecodes() -> None:
     # One publish per Step (its flush); a busy Run nobody follows, neither failed nor
     # suspended, has no lock, event, view or follower to handle. Before: the general path
     # and _advance's frame, ~146 bytecodes per Step; now ~95.
-    wf = intloom.Workflow("hot", version="1")
-    stage = wf.stage("s")
-
-    ran: list[None] = []
-
-    @stage.step("a", routes={"again": "a", "done": intloom.COMPLETE})
-    async def a(ctx: Any) -> str:
-        ran.append(None)
-        return "done" if len(ran) % 40 == 0 else "again"
-
-    counted: list[int] = []
-    published: list[int] = []
-
-    def trace(frame: Any, event: str, arg: Any) -> Any:
-        if frame.f_code not in (RunSlot.publish.__code__, RunSlot._advance.__code__):
-            return None
-        if event == "call" and frame.f_code is RunSlot.publish.__code__:
-            published.append(1)
-        frame.f_trace_opcodes = True
-        if event == "opcode":
-            counted.append(frame.f_lasti)
-        return trace
-
-    slot = _run_hot(wf, sys.settrace, trace, warm=True)
+    wf, _ = _looping()
+    slot, counted, published = _bytecodes(
+        wf, (RunSlot.publish.__code__, RunSlot._advance.__code__))
     assert slot.shown is slot.state  # everything shown, as before
     assert slot._events == []
-    assert len(published) >= 40, len(published)
-    assert len(counted) / len(published) <= 110, (len(counted), len(published))
+    assert published >= 40, published
+    assert counted / published <= 110, (counted, published)
 
 
 def test_an_async_steps_appends_take_few_bytecodes() -> None:
     # Three appends per Step, of a Run no worker drives: no lock to test, take or release.
     # Before: the locked path's tests, locals and finally, 46 bytecodes per append; now 34.
-    wf = intloom.Workflow("hot", version="1")
-    ran: list[None] = []
-
-    @wf.stage("s").step("a", routes={"again": "a", "done": intloom.COMPLETE})
-    async def a(ctx: Any) -> str:
-        ran.append(None)
-        return "done" if len(ran) % 40 == 0 else "again"
-
-    counted: list[int] = []
-    calls: list[int] = []
-    code = Runtime.append_boundary.__code__
-
-    def trace(frame: Any, event: str, arg: Any) -> Any:
-        if frame.f_code is not code:
-            return None
-        if event == "call":
-            calls.append(1)
-        frame.f_trace_opcodes = True
-        if event == "opcode":
-            counted.append(frame.f_lasti)
-        return trace
-
-    _run_hot(wf, sys.settrace, trace, warm=True)
-    assert len(calls) >= 3 * 40, len(calls)
-    assert len(counted) / len(calls) <= 38, (len(counted), len(calls))
+    wf, _ = _looping()
+    _, counted, calls = _bytecodes(wf, (Runtime.append_boundary.__code__,))
+    assert calls >= 3 * 40, calls
+    assert counted / calls <= 38, (counted, calls)
 
 
 def test_a_steps_kind_and_its_contexts_calls_are_read_specialised() -> None:
@@ -487,46 +376,29 @@ def test_a_steps_context_is_built_by_a_specialised_call() -> None:
     # call CPython 3.11 never specialises (CALL_ADAPTIVE, the generic path, every time).
     from intloom.executor.driver import Driver
 
-    steps = 300
-    ran: list[None] = []
-    wf = intloom.Workflow("hot", version="1")
-
-    @wf.stage("s").step("a", routes={"again": "a", "done": intloom.COMPLETE})
-    async def a(ctx: Any) -> str:
-        ran.append(None)
-        return "done" if len(ran) >= steps else "again"
-
+    wf, ran = _looping(300)
     _run_hot(wf)
-    assert len(ran) == steps
-    # The call of __init__ itself: the first call after its method is loaded (another call
-    # of _ctx may specialise so too, depending on what ran before).
-    ops = [(i.opname, i.argval) for i in dis.get_instructions(Driver._ctx, adaptive=True)]
+    assert len(ran) == 300
+    assert _init_call(Driver._ctx) == "CALL_PY_EXACT_ARGS"
+
+
+def _init_call(fn: Any) -> str:
+    """The call of ``__init__`` itself in ``fn``, as specialised: the first call after its
+    method is loaded (another call of ``fn`` may specialise so too, depending on what ran
+    before)."""
+    ops = [(i.opname, i.argval) for i in dis.get_instructions(fn, adaptive=True)]
     loaded = next(n for n, (op, arg) in enumerate(ops)
                   if op.startswith("LOAD_METHOD") and arg == "__init__")
-    call = next(op for op, _ in ops[loaded:] if op.startswith("CALL"))
-    assert call == "CALL_PY_EXACT_ARGS", ops[loaded:]
+    return next(op for op, _ in ops[loaded:] if op.startswith("CALL"))
 
 
 def test_an_async_steps_flush_is_marked_and_shown_without_two_frames() -> None:
     # Each async Step's ``executing`` flush: before, RunSlot.mark and Runtime.show_durable
     # were a frame each per Step; now only a Run's first and last flushes (through
     # Runtime.sync) make them.
-    ran: list[None] = []
-    wf = intloom.Workflow("hot", version="1")
-
-    @wf.stage("s").step("a", routes={"again": "a", "done": intloom.COMPLETE})
-    async def a(ctx: Any) -> str:
-        ran.append(None)
-        return "done" if len(ran) % 40 == 0 else "again"
-
+    wf, ran = _looping()
     codes = {RunSlot.mark.__code__, Runtime.show_durable.__code__}
-    seen: list[str] = []
-
-    def profile(frame: Any, event: str, arg: Any) -> None:
-        if event == "call" and frame.f_code in codes:
-            seen.append(frame.f_code.co_name)
-
-    slot = _run_hot(wf, sys.setprofile, profile)
+    slot, seen = _calls(wf, codes.__contains__)
     assert slot.shown.phase == "terminal"
     assert slot.state is slot.shown  # retired: ended, everything shown
     assert len(ran) == 40

@@ -4,8 +4,10 @@ Runs a flush holds ~190 records, and per-record work there is paid on every Step
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -97,12 +99,32 @@ def test_a_runs_frame_head_is_made_once_and_frames_its_records_as_encode_frame_d
                 framing.KIND_RECORD, frame.seq, run_id.encode(), encode_record(record))
 
 
-def test_a_sync_waiting_for_a_queued_flush_suspends_in_its_own_frame(tmp_path: Path) -> None:
-    """All but the first of 64 Runs find the round's flush queued and wait one loop
-    iteration for it. Before: sync awaited a generator made for that (a bare yield), one
-    more frame per Step to make and to pass the Run's resumption through."""
-    store = open_store(tmp_path / "runtime")
+def _opcodes(code: Any) -> contextlib.AbstractContextManager[list[int]]:
+    """Inside the block, one item per bytecode run in ``code``."""
+    @contextlib.contextmanager
+    def counting() -> Iterator[list[int]]:
+        counted: list[int] = []
 
+        def trace(frame: Any, event: str, arg: Any) -> Any:
+            if frame.f_code is not code:
+                return None
+            frame.f_trace_opcodes = True
+            if event == "opcode":
+                counted.append(frame.f_lasti)
+            return trace
+
+        sys.settrace(trace)
+        try:
+            yield counted
+        finally:
+            sys.settrace(None)
+
+    return counting()
+
+
+def _behind_a_queued_flush(store: Store, step: Callable[[Any], None]) -> None:
+    """Two Runs append and the first one's sync queues the round's flush; ``step(sync)``
+    runs the second one's sync to its suspension, after which the flush ends it."""
     async def main() -> None:
         for run_id in ("RUN-A", "RUN-B"):
             store.append(run_id, walk(run_id, 1, 0)[0])
@@ -110,9 +132,7 @@ def test_a_sync_waiting_for_a_queued_flush_suspends_in_its_own_frame(tmp_path: P
         await asyncio.sleep(0)  # it queued the flush
         assert store._kick is not None
         second = store.sync("RUN-B")
-        assert second.send(None) is None  # suspended: a bare yield, to the next iteration
-        # Nothing awaited beneath it: a coroutine's cr_await, a generator's gi_yieldfrom.
-        assert getattr(second, "cr_await", getattr(second, "gi_yieldfrom", None)) is None
+        step(second)
         await first  # the flush ran meanwhile: the second's records are durable too
         with pytest.raises(StopIteration):
             second.send(None)
@@ -121,6 +141,18 @@ def test_a_sync_waiting_for_a_queued_flush_suspends_in_its_own_frame(tmp_path: P
         asyncio.run(asyncio.wait_for(main(), timeout=20))
     finally:
         store.close_blocking()
+
+
+def test_a_sync_waiting_for_a_queued_flush_suspends_in_its_own_frame(tmp_path: Path) -> None:
+    """All but the first of 64 Runs find the round's flush queued and wait one loop
+    iteration for it. Before: sync awaited a generator made for that (a bare yield), one
+    more frame per Step to make and to pass the Run's resumption through."""
+    def step(second: Any) -> None:
+        assert second.send(None) is None  # suspended: a bare yield, to the next iteration
+        # Nothing awaited beneath it: a coroutine's cr_await, a generator's gi_yieldfrom.
+        assert getattr(second, "cr_await", getattr(second, "gi_yieldfrom", None)) is None
+
+    _behind_a_queued_flush(open_store(tmp_path / "runtime"), step)
 
 
 def test_a_records_frame_is_kept_as_its_head_and_its_body_not_joined_per_record(
@@ -147,21 +179,8 @@ def test_a_records_frame_is_kept_as_its_head_and_its_body_not_joined_per_record(
 
 def _append_bytecodes(store: Store, run_id: str, record: Record, state: RunState | None) -> int:
     """How many bytecodes ``store.append`` runs for ``record``."""
-    counted: list[int] = []
-
-    def trace(frame: Any, event: str, arg: Any) -> Any:
-        if frame.f_code is not Store.append.__code__:
-            return None
-        frame.f_trace_opcodes = True
-        if event == "opcode":
-            counted.append(frame.f_lasti)
-        return trace
-
-    sys.settrace(trace)
-    try:
+    with _opcodes(Store.append.__code__) as counted:
         store.append(run_id, record, state)
-    finally:
-        sys.settrace(None)
     return len(counted)
 
 
@@ -193,36 +212,14 @@ def test_a_sync_finds_the_rounds_flush_queued_for_the_loop_in_one_read(
     """All but the first of 64 Runs find the round's flush queued, to run on the loop: the
     Run that queued it found what that takes (no thread shares the store, no batch is in
     flight, the disk is fast). Before: each Run read those four facts again, 31 bytecodes to
-    its suspension; now 19."""
-    store = open_store(tmp_path / "runtime")
+    its suspension; now 19. (Before the first round of cuts: the whole general decision,
+    the lock's, the batch's and the waiter's, 69.)"""
     counted: list[int] = []
 
-    def trace(frame: Any, event: str, arg: Any) -> Any:
-        if frame.f_code is not Store.sync.__code__:
-            return None
-        frame.f_trace_opcodes = True
-        if event == "opcode":
-            counted.append(frame.f_lasti)
-        return trace
-
-    async def main() -> None:
-        for run_id in ("RUN-A", "RUN-B"):
-            store.append(run_id, walk(run_id, 1, 0)[0])
-        first = asyncio.ensure_future(store.sync("RUN-A"))
-        await asyncio.sleep(0)  # it queued the flush
-        assert store._kick is not None
-        second = store.sync("RUN-B")
-        sys.settrace(trace)
-        try:
+    def step(second: Any) -> None:
+        with _opcodes(Store.sync.__code__) as ran:
             second.send(None)  # to its suspension
-        finally:
-            sys.settrace(None)
-        assert 0 < len(counted) <= 20, len(counted)
-        await first
-        with pytest.raises(StopIteration):
-            second.send(None)
+        counted.extend(ran)
 
-    try:
-        asyncio.run(asyncio.wait_for(main(), timeout=20))
-    finally:
-        store.close_blocking()
+    _behind_a_queued_flush(open_store(tmp_path / "runtime"), step)
+    assert 0 < len(counted) <= 20, len(counted)
