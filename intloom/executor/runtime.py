@@ -128,6 +128,8 @@ _QUOTED_REASON: Final = 600
 # Records that carry what user code handed over (an exception's text, an effect's name and
 # key, a request for a person or an Agent): ``Runtime.append`` bounds them (``_bounded``).
 _BOUNDED: Final = frozenset({Terminal, EffectStarted, EffectDone, Waiting})
+# What the journal refuses of a record (too large, or not encodable): RUN_STATE_INVALID.
+_UNJOURNALED: Final = (RecordTooLarge, *UNENCODABLE)
 # Runs a stop's suspension (``suspend``, ``outlook``) passes over between two yields to the
 # event loop: passing over 95,000 Runs in one go (14 s) left the host's bound on it
 # (``Host._release``) to a timeout that could not fire, and Status unanswered meanwhile.
@@ -1080,9 +1082,7 @@ class Runtime:
                 return
             except CheckpointFailed as exc:  # an earlier batch of this Run failed
                 failed = exc
-            except RecordTooLarge as exc:
-                raise self._unjournaled(slot, record, exc) from None
-            except UNENCODABLE as exc:
+            except _UNJOURNALED as exc:
                 raise self._unjournaled(slot, record, exc) from None
         else:
             # Locked while a worker drives the Run: the loop may append (a cancel) meanwhile.
@@ -1103,9 +1103,7 @@ class Runtime:
                 slot.apply(record, state)
             except CheckpointFailed as exc:
                 failed = exc
-            except RecordTooLarge as exc:
-                raise self._unjournaled(slot, record, exc) from None
-            except UNENCODABLE as exc:
+            except _UNJOURNALED as exc:
                 raise self._unjournaled(slot, record, exc) from None
             finally:
                 if lock is not None:
