@@ -136,7 +136,8 @@ def cpu_reference(report: Path) -> dict[str, Any] | None:
         return None
     known = old.get("cpu_reference")
     best = known if isinstance(known, dict) and _positive(known.get("ms")) else None
-    for value in old.get("cpu_calibration_ms") or []:
+    gauges = old.get("cpu_calibration_ms")
+    for value in gauges if isinstance(gauges, list) else []:  # a hand-edited one: no reference
         if _positive(value) and (best is None or value < best["ms"]):
             best = {"ms": value, "when": old.get("when", "?")}
     return best

@@ -273,3 +273,19 @@ def test_a_quick_run_is_not_held_to_the_gauge(
                        _defaults)
     assert report["quick"] and report["cpu_calibration_ms"] == [40.0, 40.0]
     assert json.loads((tmp_path / "performance.json").read_text())["quick"]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("gauge", [14.1, "fast", None, {"ms": 14.1}])
+def test_a_report_whose_gauge_is_not_a_list_gives_no_reference(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gauge: Any) -> None:
+    """A report with a malformed gauge (hand-edited) made ``all`` raise TypeError before it
+    ran anything; it is now read as one with no gauge on record."""
+    from scripts.bench_report import cpu_reference
+
+    (tmp_path / "performance.json").write_text(json.dumps({"cpu_calibration_ms": gauge}))
+    assert cpu_reference(tmp_path / "performance.json") is None
+    _gauge(monkeypatch, 36.7)
+    report = bench_all(_all_args(["--out", str(tmp_path), "--no-chart"]), _recording({}),
+                       _defaults)
+    assert report["cpu_reference"]["ms"] == 36.7
