@@ -413,6 +413,10 @@ class Store:
                     store.begin()
                 except BaseException:
                     store._stop_worker()
+                    if store._fd >= 0:  # made before the failure: nobody else closes it
+                        with contextlib.suppress(OSError):
+                            os.close(store._fd)
+                    store._forget_fd()
                     store._unhome()
                     raise
             return store

@@ -45,3 +45,29 @@ def test_a_closed_segment_descriptor_is_found_before_a_rotation_seals_through_it
     assert KIND_SEAL not in kinds[first]  # never sealed: its descriptor was not ours
     assert rest and all(frames[0] == KIND_VOID and KIND_SEAL not in frames[:-1]
                         for frames in (kinds[name] for name in rest)), kinds
+
+
+def test_a_store_whose_begin_fails_after_making_its_segment_leaves_no_descriptor_open(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Store.open`` begins the store; when something fails after the segment was created
+    (here the crash summary, with an error it does not expect), the open that raises must
+    close the segment's descriptor as well: it was left open until garbage collection."""
+    from intloom.store import Store, writer
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("summary broke")
+
+    monkeypatch.setattr(writer, "compact", broken)
+    runtime = tmp_path / "runtime"
+    with pytest.raises(RuntimeError, match="summary broke"):
+        Store.open(runtime, instance_id="i", package_version="0")
+    assert list((runtime / "wal").glob("*.seg")), "the segment was made before the failure"
+    held = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # the listing's own descriptor, closed by now
+            continue
+        if target.startswith(str(runtime)):
+            held.append(target)
+    assert held == [], held
