@@ -847,6 +847,20 @@ harness; the figures quoted here are from those sessions, not from this run):
   frame, three pieces per frame. Left, each under 0.5 %: the two `MappingProxyType` look-ups
   per Step, a routed outcome's two appends in one call, asyncio's `call_soon` per Step (a
   Run's task yields once per flush).
+- **The same cuts for a crew's sync Steps** (2026-12-06, a later session; still the slow
+  spell, gauge 22-36 ms): the crew's Step loop (`Driver._steps_here`) now finishes the
+  Step's context and records and routes an outcome that leads to the next Step of its Stage
+  as the loop's does (one `_to_next` frame, shared by both, instead of `finish`'s,
+  `_record_outcome`'s and `_route`'s), asks whether the Step is async through the cache
+  without `_is_async`'s frame, and `publish_here` tests the Run's override without
+  `_overridden`'s; the crew's flush is wrapped in `try` instead of `contextlib.suppress`
+  (three Python calls per round: per Step, for a lone Run). Callgrind, the code before and
+  after side by side, three or four pairs: 64 sync Runs 110.1-111.6k → 107.0-107.9k
+  instructions per Step (−2.4 to −3.7 %), one sync Run 133.2-137.1k → 126.1-128.5k (−4 to
+  −7 %); 64 async Runs 101.6-102.9k → 102.4-103.0k (the shared frame, +0.3 to +0.6 %: kept
+  so that the route is written once), one async Run within its noise. In time, one sync
+  Run (the `peers` child, 1,000 Steps, six alternating pairs) moved within the VM's noise
+  (medians 291 against 290 µs per Step).
 
 What is left, from profiles taken while building this harness (`py-spy`, `cProfile`,
 `strace -c`, `-X importtime`; figures are from those sessions, not this run):

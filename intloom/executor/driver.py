@@ -677,7 +677,8 @@ class RunSlot:
         # more (callgrind), and this runs once per sync Step.
         lock.acquire()
         try:
-            if self._subscribers or self._overridden() or self.after_end is not None:
+            if (self._subscribers or self.override is not None or self.suspended
+                    or self.after_end is not None):  # self._overridden(), without its frame
                 return False
             if self._stable_waiters and state.status != "running":
                 return False
@@ -2017,20 +2018,7 @@ class Driver:
                 await _left_behind(ctx, step, None)
             target = step.routes.get(outcome) if type(outcome) is str else None
             if type(target) is str:
-                # The common case, an outcome routed to the next Step of the Stage:
-                # _record_outcome and _route as they do it, without their frames and their
-                # tests for the other cases (a route's name is never empty; callgrind, 64
-                # async Runs: 110.5-110.9k -> 108.3-108.5k). Routing is its own boundary (its
-                # own record).
-                at = clock.now()
-                stage = step.stage
-                saved = _encode_state(ctx._state, step, stage.state_type, slot)
-                rt.append_boundary(slot, StepResult(at=at, stage=stage.name, step=step.name,
-                                                    outcome=outcome, state=saved),
-                                   fold_step_result)
-                slot.outcome_from = None
-                rt.append_boundary(slot, StepReady(at=at, stage=stage.name, step=target,
-                                                   state=saved), fold_step_ready)
+                self._to_next(slot, step, outcome, ctx, target)
                 if self.stopping or not slot.owned:
                     return
                 continue
@@ -2106,7 +2094,11 @@ class Driver:
             cursor = slot.state.cursor  # self._step(slot), without its frame (once per Step)
             step = slot.lw.workflow.stages[cursor.stage].steps[cursor.step or ""]
             fn = step.fn
-            if step.kind == "agent" or _is_async(fn):
+            try:  # _is_async(fn), without its frame (once per Step)
+                is_async = _ASYNC[fn]
+            except (KeyError, TypeError):
+                is_async = _is_async(fn)
+            if is_async or step.kind == "agent":
                 return _NEXT, None
             rt.append_boundary(
                 slot, Executing(at=clock.now(), stage=step.stage.name, step=step.name),
@@ -2133,11 +2125,36 @@ class Driver:
                 raise _user_failed(step.where, _contained(exc)) from None
             if type(outcome) is not str and inspect.isawaitable(outcome):
                 return _AWAIT, (step, ctx, outcome)  # finished once the loop has awaited it
-            finish(ctx)
+            # finish(ctx), and the route to the next Step of the Stage, as _run_step does
+            # them, without their frames (see there).
+            if ctx._state_type is None:
+                ctx._stateless = True
+            ctx._state_type = OVER
+            target = step.routes.get(outcome) if type(outcome) is str else None
+            if type(target) is str:
+                self._to_next(slot, step, outcome, ctx, target)
+                if not slot.owned:
+                    return _BACK, None
+                continue
             if self._route(slot, step, self._record_outcome(slot, step, outcome, ctx)):
                 return _SYNC, None
             if not slot.owned or slot.state.phase != "step_ready":
                 return _BACK, None  # (a stop is seen at the top of the next turn)
+
+    def _to_next(self, slot: RunSlot, step: Step[Any], outcome: str, ctx: StepContext[Any],
+                 target: str) -> None:
+        """The common case, an outcome routed to the next Step of the Stage:
+        _record_outcome and _route as they do it, without their frames and their tests for
+        the other cases (a route's name is never empty). Routing is its own boundary."""
+        rt = self.rt
+        at = clock.now()
+        stage = step.stage
+        saved = _encode_state(ctx._state, step, stage.state_type, slot)
+        rt.append_boundary(slot, StepResult(at=at, stage=stage.name, step=step.name,
+                                            outcome=outcome, state=saved), fold_step_result)
+        slot.outcome_from = None
+        rt.append_boundary(slot, StepReady(at=at, stage=stage.name, step=target, state=saved),
+                           fold_step_ready)
 
     def _record_outcome(self, slot: RunSlot, step: Step[Any], outcome: Any,
                         ctx: StepContext[Any], where: str | None = None) -> str:

@@ -403,3 +403,50 @@ def test_an_async_steps_flush_is_marked_and_shown_without_two_frames() -> None:
     assert slot.state is slot.shown  # retired: ended, everything shown
     assert len(ran) == 40
     assert seen.count("mark") <= 4 and seen.count("show_durable") <= 4, seen
+
+
+def test_a_crews_sync_step_records_routes_and_flushes_without_five_frames() -> None:
+    # A sync Step driven by a crew (Driver._steps_here, on a worker thread). Before, per
+    # Step: a frame each of _record_outcome, _route, context.finish, _is_async and
+    # RunSlot._overridden, and contextlib.suppress's three around the crew's flush.
+    import contextlib
+    import threading
+
+    from intloom.authoring import context
+    from intloom.executor import driver
+    from intloom.executor.driver import Driver
+
+    ran: list[None] = []
+    wf = intloom.Workflow("hot", version="1")
+
+    @wf.stage("s").step("a", routes={"again": "a", "done": intloom.COMPLETE})
+    def a(ctx: Any) -> str:
+        ran.append(None)
+        return "done" if len(ran) == 40 else "again"
+
+    codes = {Driver._record_outcome.__code__, Driver._route.__code__,
+             context.finish.__code__, driver._is_async.__code__,
+             RunSlot._overridden.__code__, contextlib.suppress.__enter__.__code__}
+    seen: list[str] = []
+    on_thread: list[str] = []
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            if frame.f_code is Driver._steps_here.__code__:
+                on_thread.append(threading.current_thread().name)
+            if frame.f_code in codes:
+                seen.append(frame.f_code.co_qualname)
+
+    def watch(fn: Any) -> None:  # the crew's thread starts after this: it is watched too
+        sys.setprofile(fn)
+        threading.setprofile(fn)
+
+    slot = _run_hot(wf, watch, profile)
+    assert slot.shown.status == "completed"
+    assert len(ran) == 40
+    assert on_thread and "MainThread" not in on_thread, on_thread  # a crew drove it
+    # The last Step's outcome, to the end, takes the general path; the first asks about
+    # the Step's function once.
+    for name in ("Driver._record_outcome", "Driver._route", "finish", "_is_async",
+                 "RunSlot._overridden", "suppress.__enter__"):
+        assert seen.count(name) <= 3, (name, seen)
