@@ -138,6 +138,15 @@ def raw_floor(directory: Path, writes: int, size: int, *, warmup: int = 50) -> t
 # ----- the machine -----------------------------------------------------------------------------
 
 
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), or "" when it cannot be read."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return ""
+
+
 def machine(scratch_dir: str | None = None) -> dict[str, Any]:
     """What the figures were measured on, for the report; ``scratch_dir``: where their
     scratch files went (``--dir``; default: the system temp dir)."""
@@ -146,11 +155,9 @@ def machine(scratch_dir: str | None = None) -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "kernel": platform.release(),
     }
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                info["cpu"] = line.split(":", 1)[1].strip()
-                break
+    cpu = cpu_model()
+    if cpu:
+        info["cpu"] = cpu
     with contextlib.suppress(OSError):
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemTotal"):
@@ -160,9 +167,11 @@ def machine(scratch_dir: str | None = None) -> dict[str, Any]:
     return info
 
 
-# How much slower the gauge below may read than the fastest run on record before ``all``
-# refuses to replace the report: it reads 14-15 ms on this machine kind, 35-37 ms in the
-# VM's slow spells, which lasted whole sessions (and moved the ratios, not just the times).
+# How much slower the gauge below may read than the fastest run on record on the same CPU
+# model before ``all`` refuses to replace the report: it read 14-15 ms on this machine kind's
+# Intel Xeon, 35-37 ms in the VM's slow spells, which lasted whole sessions (and moved the
+# ratios, not just the times), and 20-36 ms on the AMD EPYC the VM ran on from 2026-12-06:
+# a gauge says nothing of a spell against another model's.
 SLOW_CPU = 1.5
 
 

@@ -298,7 +298,8 @@ def render(report: dict[str, Any], chart: str | None) -> str:
         f"{_calibration(report)} ms before and after the run: the VM's CPU speed at the "
         "time, which the load average does not show; the CPU-bound figures move with it, so "
         "compare runs by it. `scripts/bench all` refuses to replace this page when the "
-        f"gauge reads over {SLOW_CPU}× the fastest run on record (`--slow-cpu-ok` overrides "
+        f"gauge reads over {SLOW_CPU}× the fastest run on record on the same CPU model "
+        "(`--slow-cpu-ok` overrides "
         "that, and the page then says so at the top). "
         "Raw results, with each figure's load average: `performance.json` beside this file.",
         "",

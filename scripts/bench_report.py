@@ -23,6 +23,7 @@ from scripts.bench_common import (
     SLOW_CPU,
     VENV_PY,
     cpu_calibration_ms,
+    cpu_model,
     load_average,
     machine,
     note,
@@ -69,11 +70,13 @@ def bench_all(args: argparse.Namespace, figures: dict[str, Figure],
     results: dict[str, Any] = {}
     load_before = load_average()
     calibration_before = cpu_calibration_ms()
-    reference = cpu_reference(out_dir / "performance.json")
+    cpu = cpu_model()
+    known = cpu_references(out_dir / "performance.json")
+    reference = _held_to(known, cpu)
     if reference is not None and not args.quick:
         slower = calibration_before / reference["ms"]
         if slower > SLOW_CPU and not args.slow_cpu_ok:
-            raise SystemExit(_refused(calibration_before, reference, slower, out_dir))
+            raise SystemExit(_refused(calibration_before, reference, slower, out_dir, cpu))
     started = time.perf_counter()
     for name, run in figures.items():
         if name in skip:
@@ -101,10 +104,11 @@ def bench_all(args: argparse.Namespace, figures: dict[str, Figure],
     failures = [name for name, got in results.items() if got.get("verdict") == "error"]
     calibration_after = cpu_calibration_ms()
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    mine = _new_reference(reference, calibration_before, calibration_after, when)
     report: dict[str, Any] = {"machine": machine(args.dir), "load_before": load_before,
               "cpu_calibration_ms": [calibration_before, calibration_after],
-              "cpu_reference": _new_reference(reference, calibration_before,
-                                              calibration_after, when),
+              "cpu_reference": {**mine, "cpu": cpu},
+              "cpu_references": {**known, cpu: mine},
               "total_seconds": round(total, 1),
               "when": when,
               "quick": bool(args.quick), "figures": results,
@@ -125,22 +129,50 @@ def bench_all(args: argparse.Namespace, figures: dict[str, Figure],
     return report
 
 
-def cpu_reference(report: Path) -> dict[str, Any] | None:
+def cpu_references(report: Path) -> dict[str, dict[str, Any]]:
     """The fastest CPU gauge (``cpu_calibration_ms``) on record in the report at ``report``
-    and the ones it replaced: ``{"ms", "when"}``, or None without a readable report."""
+    and the ones it replaced, per CPU model: ``{model: {"ms", "when"}}``, empty without a
+    readable report. A gauge read on one model says nothing of a slow spell on another. A
+    record whose model is not known (a report from before models were kept apart, with no
+    ``machine.cpu``) is under "": it holds any model to it, rather than none."""
     try:
         old = json.loads(report.read_text())
     except (OSError, ValueError):
-        return None
+        return {}
     if not isinstance(old, dict):
-        return None
-    known = old.get("cpu_reference")
-    best = known if isinstance(known, dict) and _positive(known.get("ms")) else None
+        return {}
+    out: dict[str, dict[str, Any]] = {}
+
+    def keep(model: Any, ms: Any, when: Any) -> None:
+        model = model if isinstance(model, str) else ""
+        if _positive(ms) and (model not in out or ms < out[model]["ms"]):
+            out[model] = {"ms": ms, "when": when if isinstance(when, str) else "?"}
+
+    known = old.get("cpu_references")
+    for model, ref in known.items() if isinstance(known, dict) else []:
+        if isinstance(ref, dict):
+            keep(model, ref.get("ms"), ref.get("when"))
+    machine_info = old.get("machine")
+    ran_on = machine_info.get("cpu") if isinstance(machine_info, dict) else None
+    single = old.get("cpu_reference")  # before 2026-12-06 the only one, with no model
+    if isinstance(single, dict):
+        keep(single.get("cpu", ran_on), single.get("ms"), single.get("when"))
     gauges = old.get("cpu_calibration_ms")
-    for value in gauges if isinstance(gauges, list) else []:  # a hand-edited one: no reference
-        if _positive(value) and (best is None or value < best["ms"]):
-            best = {"ms": value, "when": old.get("when", "?")}
-    return best
+    for value in gauges if isinstance(gauges, list) else []:  # a hand-edited one: no record
+        keep(ran_on, value, old.get("when", "?"))
+    return out
+
+
+def cpu_reference(report: Path, cpu: str = "") -> dict[str, Any] | None:
+    """The fastest gauge on record that holds CPU model ``cpu`` (``cpu_references``):
+    ``{"ms", "when"}``, or None."""
+    return _held_to(cpu_references(report), cpu)
+
+
+def _held_to(known: dict[str, dict[str, Any]], cpu: str) -> dict[str, Any] | None:
+    """The faster of model ``cpu``'s record and the record of no known model."""
+    found = [ref for ref in (known.get(cpu), known.get("")) if ref is not None]
+    return min(found, key=lambda ref: ref["ms"]) if found else None
 
 
 def _positive(value: Any) -> bool:
@@ -155,11 +187,13 @@ def _new_reference(reference: dict[str, Any] | None, before: float, after: float
     return {"ms": fastest, "when": when}
 
 
-def _refused(now: float, reference: dict[str, Any], slower: float, out_dir: Path) -> str:
+def _refused(now: float, reference: dict[str, Any], slower: float, out_dir: Path,
+             cpu: str) -> str:
     return (
-        f"scripts/bench all: this VM's CPU is {slower:.1f}x slower than the fastest run on "
-        f"record (cpu_calibration_ms {now:g} now, {reference['ms']:g} on "
-        f"{reference['when']}), so nothing was run and {out_dir / 'performance.md'} was "
+        f"scripts/bench all: this VM's CPU ({cpu or 'model unknown'}) is {slower:.1f}x "
+        f"slower than the fastest run on record on it (cpu_calibration_ms {now:g} now, "
+        f"{reference['ms']:g} on {reference['when']}), so nothing was run and "
+        f"{out_dir / 'performance.md'} was "
         "left as it is. A slow spell of the VM slows the CPU-bound figures (64 Runs, the "
         "peers) far more than their fsync-bound baselines, so their ratios would be "
         "misstated, not measured. Run it again once the gauge is back (`.venv/bin/python -c "

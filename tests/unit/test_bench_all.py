@@ -196,15 +196,20 @@ def test_bench_all_exits_non_zero_naming_the_figure_that_failed(
     assert (tmp_path / "performance.md").exists()
 
 
-def _gauge(monkeypatch: pytest.MonkeyPatch, ms: float) -> None:
-    """The CPU gauge reads ``ms``: the VM at that speed, without being it."""
+def _gauge(monkeypatch: pytest.MonkeyPatch, ms: float, cpu: str = "CPU A") -> None:
+    """The CPU gauge reads ``ms`` on a CPU of model ``cpu``: the VM at that speed, without
+    being it."""
     from scripts import bench_report
 
     monkeypatch.setattr(bench_report, "cpu_calibration_ms", lambda: ms)
+    monkeypatch.setattr(bench_report, "cpu_model", lambda: cpu)
 
 
-def _quoted(out: Path, gauge: list[float], reference: dict[str, Any] | None = None) -> bytes:
+def _quoted(out: Path, gauge: list[float], reference: dict[str, Any] | None = None,
+            cpu: str | None = "CPU A") -> bytes:
     report: dict[str, Any] = {"when": "2026-12-05 08:38 UTC", "cpu_calibration_ms": gauge}
+    if cpu is not None:
+        report["machine"] = {"cpu": cpu}
     if reference is not None:
         report["cpu_reference"] = reference
     data = json.dumps(report).encode()
@@ -225,7 +230,7 @@ def test_all_refuses_to_replace_the_report_when_the_cpu_is_much_slower(
         bench_all(_all_args(["--out", str(tmp_path), "--no-chart"]), _recording(seen),
                   _defaults)
     said = str(refused.value)
-    assert "CPU is 2.6x slower than the fastest run on record" in said
+    assert "CPU (CPU A) is 2.6x slower than the fastest run on record on it" in said
     assert "(cpu_calibration_ms 36.7 now, 14.1 on 2026-12-05 08:38 UTC)" in said
     assert "--slow-cpu-ok" in said and "--out DIR" in said
     assert seen == {}  # nothing ran
@@ -244,7 +249,8 @@ def test_slow_cpu_ok_replaces_it_saying_so_and_keeps_the_fastest_reference(
     assert set(seen) == {"first", "second"}
     assert report["cpu_calibration_ms"] == [36.7, 36.7]
     # The next run is held to the fast machine, not to this slow one.
-    assert report["cpu_reference"] == {"ms": 14.1, "when": "2026-12-05 08:38 UTC"}
+    assert report["cpu_reference"] == {"ms": 14.1, "when": "2026-12-05 08:38 UTC",
+                                       "cpu": "CPU A"}
     text = (tmp_path / "performance.md").read_text()
     assert "**Made in a slow spell of the VM** (`--slow-cpu-ok`): its CPU gauge read 2.6×" in text
     _gauge(monkeypatch, 30.0)  # still slow against 14.1, though faster than the last run
@@ -259,7 +265,8 @@ def test_a_run_at_the_usual_speed_replaces_it_without_a_warning(
     _gauge(monkeypatch, 13.9)
     report = bench_all(_all_args(["--out", str(tmp_path), "--no-chart"]), _recording({}),
                        _defaults)
-    assert report["cpu_reference"] == {"ms": 13.9, "when": report["when"]}  # a new fastest
+    assert report["cpu_reference"] == {"ms": 13.9, "when": report["when"],
+                                       "cpu": "CPU A"}  # a new fastest
     assert "Made in a slow spell" not in (tmp_path / "performance.md").read_text()
 
 
@@ -289,3 +296,39 @@ def test_a_report_whose_gauge_is_not_a_list_gives_no_reference(
     report = bench_all(_all_args(["--out", str(tmp_path), "--no-chart"]), _recording({}),
                        _defaults)
     assert report["cpu_reference"]["ms"] == 36.7
+
+
+@pytest.mark.timeout(30)
+def test_a_record_made_on_another_cpu_model_does_not_hold_a_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The VM moved from an Intel Xeon (gauge 14-15 ms) to an AMD EPYC (20-36 ms): every run
+    there was refused as a slow spell, though the gauge only measured another CPU. Each
+    model is held to its own record, and the other's is kept for when it comes back."""
+    _quoted(tmp_path, [14.7, 14.1], cpu="Intel(R) Xeon(R) Processor")
+    _gauge(monkeypatch, 23.0, cpu="AMD EPYC")  # 1.6x the Intel's record
+    report = bench_all(_all_args(["--out", str(tmp_path), "--no-chart"]), _recording({}),
+                       _defaults)
+    assert report["cpu_reference"] == {"ms": 23.0, "when": report["when"], "cpu": "AMD EPYC"}
+    assert report["cpu_references"] == {
+        "Intel(R) Xeon(R) Processor": {"ms": 14.1, "when": "2026-12-05 08:38 UTC"},
+        "AMD EPYC": {"ms": 23.0, "when": report["when"]},
+    }
+    assert "Made in a slow spell" not in (tmp_path / "performance.md").read_text()
+    # Each model is still held to its own record.
+    _gauge(monkeypatch, 36.0, cpu="AMD EPYC")
+    with pytest.raises(SystemExit, match=r"\(AMD EPYC\) is 1\.6x slower.* 23 on"):
+        bench_all(_all_args(["--out", str(tmp_path), "--no-chart"]), _recording({}), _defaults)
+    _gauge(monkeypatch, 30.0, cpu="Intel(R) Xeon(R) Processor")
+    with pytest.raises(SystemExit, match=r"Processor\) is 2\.1x slower.* 14\.1 on 2026-12-05"):
+        bench_all(_all_args(["--out", str(tmp_path), "--no-chart"]), _recording({}), _defaults)
+
+
+@pytest.mark.timeout(30)
+def test_a_record_of_no_known_cpu_model_holds_every_model(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A report with no ``machine.cpu`` cannot say which model its gauge was read on: it
+    holds any, rather than none (a slow spell is never waved through for want of a name)."""
+    _quoted(tmp_path, [14.7, 14.1], cpu=None)
+    _gauge(monkeypatch, 36.7, cpu="AMD EPYC")
+    with pytest.raises(SystemExit, match=r"2\.6x slower"):
+        bench_all(_all_args(["--out", str(tmp_path), "--no-chart"]), _recording({}), _defaults)
