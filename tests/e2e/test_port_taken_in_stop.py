@@ -121,3 +121,49 @@ def test_a_client_sends_no_token_to_another_users_listener_in_a_stops_gap(
             secret = __import__("json").loads(token)["token"]
             assert secret.encode().hex() not in out
     eventually(lambda: not pid_alive(pid), timeout=60, what="the host to exit")
+
+
+@pytest.mark.parametrize("family", ["v4", "v6"])
+def test_sock_diag_names_the_owners_the_kernels_tables_name(
+        family: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``owners`` asks ``sock_diag`` (reading ``/proc/net/tcp`` and ``tcp6`` took ~10 ms of
+    every command); its answer must be the tables', before and after the accept, for an
+    IPv4 listener and a dual-stack one. When it cannot be asked, the tables are read."""
+    from intloom.client import sockdiag
+
+    asked: list[int] = []
+    listener_uids = sockdiag.listener_uids
+
+    def counted(port: int) -> list[tuple[int, bytes, int]]:
+        asked.append(port)
+        return listener_uids(port)
+
+    monkeypatch.setattr(sockdiag, "listener_uids", counted)
+    server = (socket.socket() if family == "v4"
+              else socket.socket(socket.AF_INET6, socket.SOCK_STREAM))
+    server.bind(("127.0.0.1", 0) if family == "v4" else ("::", 0))
+    server.listen(1)
+    client = socket.create_connection(("127.0.0.1", server.getsockname()[1]), timeout=5)
+    accepted: socket.socket | None = None
+    try:
+        for _ in range(2):
+            seen = owners(client)
+            tables = {path: Path(path).read_text() for path in ("/proc/net/tcp",
+                                                                 "/proc/net/tcp6")}
+            assert seen == owners(client, tables), (seen, tables)
+            assert seen is not None and seen.listeners == {os.geteuid()}, seen
+            if accepted is None:
+                accepted, _ = server.accept()
+        assert asked == [server.getsockname()[1]] * 2  # sock_diag answered both times
+        assert seen is not None and seen.end == os.geteuid(), seen  # accepted: on any kernel
+
+        def unavailable(*args: object) -> None:
+            raise sockdiag.Unavailable
+
+        monkeypatch.setattr(sockdiag, "_ask", unavailable)
+        assert owners(client) == seen  # read from the tables instead
+    finally:
+        client.close()
+        server.close()
+        if accepted is not None:
+            accepted.close()
