@@ -60,7 +60,7 @@ def owners(sock: socket.socket, tables: dict[str, str] | None = None) -> Owners 
         from intloom.client import sockdiag
 
         try:
-            listening = sockdiag.listener_uids(theirs[1])
+            listening = sockdiag.listener_uids(theirs[1])  # first: see sockdiag._ask
             other_end = sockdiag.connection_uid(theirs, ours)
         except sockdiag.Unavailable:
             pass

@@ -5,7 +5,8 @@ sockets, sized by the machine's memory, not by what is in it: reading both took 
 2-vCPU VM with 24 GiB and ten sockets (2026-12-06), a twelfth of ``intloom runs --json``.
 ``sock_diag`` answers the same two questions without that walk: the listeners on one port
 (the kernel walks only its table of listeners) and one connection, by its four addresses.
-Linux only; any failure returns None, and the caller reads the tables instead.
+Linux only; when it cannot answer, ``Unavailable`` is raised and the caller reads the
+tables instead.
 """
 
 from __future__ import annotations
@@ -78,7 +79,10 @@ def _ask(request: bytes, dump: bool) -> list[tuple[int, int, int, bytes, int]]:
                     return found
                 if kind == _NLMSG_ERROR:
                     (error,) = struct.unpack_from("=i", data, body)
-                    if error == -errno.ENOENT:  # an exact lookup that found nothing
+                    # An exact lookup that found nothing. A dump finds nothing with DONE:
+                    # its ENOENT is a kernel without the TCP handler (tcp_diag), which an
+                    # exact lookup is only made after (listener_uids first).
+                    if error == -errno.ENOENT and not dump:
                         return found
                     raise Unavailable
                 if kind != _SOCK_DIAG_BY_FAMILY or length - _NLMSG_HDR.size < _MSG_SIZE:
@@ -88,7 +92,11 @@ def _ask(request: bytes, dump: bool) -> list[tuple[int, int, int, bytes, int]]:
                 (uid,) = struct.unpack_from("=I", data, body + _UID_AT)
                 found.append((family, state, sport, src, uid))
                 at += (length + 3) & ~3  # messages are 4-byte aligned
+            if at < len(data):  # a message cut short
+                raise Unavailable
             if not dump:  # an exact lookup answers with one message, no DONE after it
+                if not found:
+                    raise Unavailable
                 return found
     except OSError:
         raise Unavailable from None
