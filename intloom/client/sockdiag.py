@@ -63,7 +63,9 @@ def _ask(request: bytes, dump: bool) -> list[tuple[int, int, int, bytes, int]]:
         raise Unavailable from None
     found: list[tuple[int, int, int, bytes, int]] = []
     try:
-        nl.settimeout(1.0)
+        # The kernel answers while the request is sent (a dump's later parts, as they are
+        # read): this bounds only a kernel that never answers, before the tables are read.
+        nl.settimeout(0.25)
         nl.send(request)
         while True:
             data = nl.recv(1 << 16)
