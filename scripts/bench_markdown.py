@@ -848,8 +848,8 @@ harness; the figures quoted here are from those sessions, not from this run):
   frame, three pieces per frame. Left, each under 0.5 %: the two `MappingProxyType` look-ups
   per Step, a routed outcome's two appends in one call, asyncio's `call_soon` per Step (a
   Run's task yields once per flush).
-- **The same cuts for a crew's sync Steps** (2026-12-06, a later session; still the slow
-  spell, gauge 22-36 ms): the crew's Step loop (`Driver._steps_here`) now finishes the
+- **The same cuts for a crew's sync Steps** (2026-12-06, a later session, on the AMD EPYC
+  the VM then ran on, gauge 22-36 ms): the crew's Step loop (`Driver._steps_here`) now finishes the
   Step's context and records and routes an outcome that leads to the next Step of its Stage
   as the loop's does (one `_to_next` frame, shared by both, instead of `finish`'s,
   `_record_outcome`'s and `_route`'s), asks whether the Step is async through the cache

@@ -163,12 +163,6 @@ def cpu_references(report: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
-def cpu_reference(report: Path, cpu: str = "") -> dict[str, Any] | None:
-    """The fastest gauge on record that holds CPU model ``cpu`` (``cpu_references``):
-    ``{"ms", "when"}``, or None."""
-    return _held_to(cpu_references(report), cpu)
-
-
 def _held_to(known: dict[str, dict[str, Any]], cpu: str) -> dict[str, Any] | None:
     """The faster of model ``cpu``'s record and the record of no known model."""
     found = [ref for ref in (known.get(cpu), known.get("")) if ref is not None]

@@ -288,10 +288,10 @@ def test_a_report_whose_gauge_is_not_a_list_gives_no_reference(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gauge: Any) -> None:
     """A report with a malformed gauge (hand-edited) made ``all`` raise TypeError before it
     ran anything; it is now read as one with no gauge on record."""
-    from scripts.bench_report import cpu_reference
+    from scripts.bench_report import cpu_references
 
     (tmp_path / "performance.json").write_text(json.dumps({"cpu_calibration_ms": gauge}))
-    assert cpu_reference(tmp_path / "performance.json") is None
+    assert cpu_references(tmp_path / "performance.json") == {}
     _gauge(monkeypatch, 36.7)
     report = bench_all(_all_args(["--out", str(tmp_path), "--no-chart"]), _recording({}),
                        _defaults)
