@@ -894,9 +894,10 @@ class Client:
                 raise HelloFailed(held, None, here=held) from None
             # Closed unanswered by a host whose stop began meanwhile (it reads no hello once
             # its listener is closed): "a hung, paused or busy host, or another program on
-            # the port", and doctor, were the advice, as a refused port's once was.
+            # the port", and doctor, were the advice, as a refused port's once was. Closed
+            # with the hello unread, the connection is reset rather than ended.
             closing = (_unlistened(paths, info, conn.port)
-                       if isinstance(exc, FrameClosed) else None)
+                       if isinstance(exc, FrameClosed | ConnectionResetError) else None)
             if closing is not None:
                 raise closing from None
             fact = (f"The service at 127.0.0.1:{conn.port} did not complete the hello "

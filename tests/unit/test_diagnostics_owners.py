@@ -33,6 +33,7 @@ from intloom.host.liveness import (
 )
 from intloom.host.metadata import boot_id
 from intloom.project import ProjectPaths
+from intloom.protocol.framing import recv_frame
 from tests.helpers import eventually
 from tests.unit.diagnostics_support import (
     crash_leftovers,
@@ -333,9 +334,12 @@ def test_files_removed_while_their_owner_is_judged_are_read_again(
     assert len(probes) == 2, probes  # judged, then judged again from the files now there
 
 
-def _cuts_one_hello_then_stops_listening(port: int) -> Callable[[], None]:
+def _cuts_one_hello_then_stops_listening(port: int, cut: str = "at_once") -> Callable[[], None]:
     """A listener that accepts one connection, stops listening, then closes that connection
     unanswered: what a stop that closes its listener does to a hello it had not answered.
+    ``cut``: ``at_once`` (the client sees an end or a reset, as the hello had arrived or
+    not), ``reset`` (once the hello's first bytes arrived: closed unread, the kernel resets
+    the connection) or ``end`` (once the whole hello was read: the client sees its end).
     Returns what ends it: a diagnosis that never connects (no OS lock held: nothing to ask)
     left it in ``accept`` for the join's 10 s, and its socket open after the test."""
     sock = socket.socket()
@@ -351,7 +355,12 @@ def _cuts_one_hello_then_stops_listening(port: int) -> Callable[[], None]:
             except OSError:
                 return  # shut down by finish(): no connection came
             accepted.set()
-        conn.close()
+        with conn:
+            conn.settimeout(10)
+            if cut == "reset":
+                conn.recv(1, socket.MSG_PEEK)
+            elif cut == "end":
+                recv_frame(conn, patience=10)
 
     def finish() -> None:
         if not accepted.is_set():
@@ -406,19 +415,22 @@ def test_a_hello_cut_by_a_host_that_stopped_listening_on_its_way_out(
         assert diagnosis.message == MESSAGES["owner_exists"], diagnosis.message
 
 
+@pytest.mark.parametrize("cut", ["reset", "end"])
 @pytest.mark.parametrize("log_says", ["service_stopping", "service_ready"])
 def test_a_clients_hello_cut_by_a_host_whose_stop_began_is_told_it_is_closing(
-        tmp_path: Path, log_says: str) -> None:
+        tmp_path: Path, log_says: str, cut: str) -> None:
     """A client that connected just as the stop began: the host closed its connection
     without reading the hello, and the client said "whatever listens there ... did not
     answer as this project's host (a hung, paused or busy host, or another program on the
     port)", sending its user to doctor. Its log says it is stopping: CLI_SERVICE_CLOSING,
-    nothing sent, as for a port already closed. Without that line, the old words stand."""
+    nothing sent, as for a port already closed. Without that line, the old words stand.
+    Closed with the hello unread, the connection is reset, not ended: the client said the
+    old words for that one (this test failed about one run in three)."""
     from intloom.client import Client
 
     with (_host_files(tmp_path, log_says) as (root, port, proc),
           lock_holder(ProjectPaths(root).service_lock)):
-        finish = _cuts_one_hello_then_stops_listening(port)
+        finish = _cuts_one_hello_then_stops_listening(port, cut)
         with pytest.raises(IntloomError) as refused:
             Client.connect(root, timeout=10)
         finish()
