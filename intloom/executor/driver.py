@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import inspect
 import os
 import reprlib
@@ -51,6 +52,7 @@ from intloom.executor.history import Event as _Event
 from intloom.executor.history import detail as _detail
 from intloom.executor.history import kept as _kept
 from intloom.executor.history import plain_view as _plain_view
+from intloom.executor.rounds import Rounds
 from intloom.executor.updates import RunUpdate
 from intloom.executor.workers import Inbox, NoThread, Workers
 from intloom.runtime.limits import MAX_EFFECT_ID, MAX_OUTCOME, MAX_RECORD_BYTES
@@ -347,7 +349,7 @@ class RunSlot:
     # through a hint into that dict.
     __slots__ = (
         "_events", "_events_beside", "_events_published", "_packed", "_packing",
-        "_stable_waiters", "_subscribers", "after_end", "agent", "checkpoint_where",
+        "_stable_waiters", "_subscribers", "after_end", "agent", "checkpoint_where", "context",
         "decoded", "history", "hooks", "last_answer", "lock", "lw", "observer",
         "on_thread", "outcome_from", "override", "owned", "recalled", "recovering",
         "restored_seq", "restored_wait", "run_id", "shown", "state", "steps_on_thread",
@@ -388,6 +390,7 @@ class RunSlot:
         self.outcome_from: str | None = None
         self.waiter: asyncio.Future[Any] | None = None
         self.task: asyncio.Task[None] | None = None
+        self.context: contextvars.Context | None = None  # its task's
         self.agent = AgentClaim()
         # One _Entry per publish (its events, the shown state, and the view only when it
         # is not the plain view of that state: an override or a suspension; otherwise built
@@ -1543,13 +1546,20 @@ class Driver:
         self._inbox: Inbox | None = None
         # Drive the sync Steps of Runs on that loop, many Runs per worker thread (see Crews).
         self._crews: Crews | None = None
+        # Drive the async Steps of Runs on that loop a round at a time (see Rounds).
+        self._rounds: Rounds | None = None
 
     def launch(self, slot: RunSlot) -> None:
         self.loop_thread = threading.current_thread()
         loop = self.loop = asyncio.get_running_loop()
         if self._crews is None or self._crews.loop is not loop:
             self._crews = Crews(self.workers, loop, self.rt.sync_crew)
-        task = loop.create_task(self._drive(slot), name=f"{RUN_TASK_PREFIX}{slot.run_id}")
+        if self._rounds is None or self._rounds.loop is not loop:
+            self._rounds = Rounds(loop)
+        # Its own context, kept: the rounds run its Steps in it (Rounds).
+        slot.context = contextvars.copy_context()
+        task = loop.create_task(self._drive(slot), name=f"{RUN_TASK_PREFIX}{slot.run_id}",
+                                context=slot.context)
         slot.task = task
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
@@ -1669,7 +1679,11 @@ class Driver:
                     if self.stopping:
                         await rt.sync(slot)
                         return
-                    await self._run_step(slot)
+                    rounds = self._rounds
+                    if rounds is not None and slot.context is not None and self._in_rounds(slot):
+                        await rounds.drive(self._run_step(slot), slot.context)
+                    else:
+                        await self._run_step(slot)
                 elif phase == "step_result":
                     if self._route(slot, self._step(slot), clock.now()):
                         await rt.sync(slot)
@@ -1902,6 +1916,19 @@ class Driver:
                                           stage.state_type, slot)),
         )
         return True
+
+    @staticmethod
+    def _in_rounds(slot: RunSlot) -> bool:
+        """The Step at the cursor runs on the loop, by the rounds (Rounds): an async Step.
+        Not an Agent Step (its task is the Agent's), nor a sync Step (a crew drives it)."""
+        cursor = slot.state.cursor
+        step = slot.lw.workflow.stages[cursor.stage].steps[cursor.step or ""]
+        if step.kind == "agent":
+            return False
+        try:  # _is_async(fn), without its frame, as _run_step asks
+            return _ASYNC[step.fn]
+        except (KeyError, TypeError):
+            return _is_async(step.fn)
 
     def _step(self, slot: RunSlot) -> Step[Any]:
         cursor = slot.state.cursor

@@ -1,0 +1,229 @@
+"""Async Steps driven by the loop's rounds (executor.rounds), against the real Runtime and
+Store: one callback advances every busy Run per flush, yet each Step's code runs as its own
+task would run it -- that task current, that task's context, its cancellation thrown in
+where the Step waits."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+import intloom
+from intloom.authoring.loader import LoadedWorkflow
+from intloom.executor.driver import RUN_TASK_PREFIX
+from intloom.executor.runtime import Runtime
+from intloom.store import Store
+
+pytestmark = pytest.mark.timeout(60)
+
+_SEEN: contextvars.ContextVar[str] = contextvars.ContextVar("_SEEN", default="unset")
+
+
+class Count(msgspec.Struct):
+    n: int = 0
+
+
+async def _runtime(tmp_path: Path, *wfs: intloom.Workflow) -> tuple[Runtime, Store]:
+    loaded = {}
+    for wf in wfs:
+        wf.validate()
+        loaded[wf.name] = LoadedWorkflow(wf, "test", f"{wf.name}-identity", wf.schemas())
+    store = Store.open(tmp_path / f"runtime-{uuid.uuid4().hex}", instance_id=str(uuid.uuid4()),
+                       package_version="test")
+    rt = Runtime(loaded, store, package_version=intloom.__version__)
+    rt.restore([])
+    return rt, store
+
+
+async def _run_all(rt: Runtime, name: str, runs: int) -> list[Any]:
+    views = [await rt.create_run(name, "x") for _ in range(runs)]
+    return list(await asyncio.wait_for(
+        asyncio.gather(*(rt.wait_stable(v.run_id) for v in views)), 30))
+
+
+def test_a_step_runs_in_its_runs_task_and_context_before_and_after_it_awaits(
+        tmp_path: Path) -> None:
+    """The task current in a Step is its Run's, and a context variable it sets is there
+    after an await and in the Run's next Step, for every one of several Runs at once."""
+    seen: list[tuple[str, str, str, str]] = []
+    wf = intloom.Workflow("ctx", version="1")
+    stage = wf.stage("s", state=Count)
+
+    @stage.step("first", routes={"go": "second"})
+    async def first(ctx: intloom.StepContext[Count]) -> str:
+        task = asyncio.current_task()
+        assert task is not None
+        _SEEN.set(ctx.run_id)
+        await asyncio.sleep(0.001)  # a real future: the Step waits outside a round
+        after = asyncio.current_task()
+        assert after is not None
+        seen.append((ctx.run_id, task.get_name(), after.get_name(), _SEEN.get()))
+        return "go"
+
+    @stage.step("second", routes={"done": intloom.COMPLETE})
+    async def second(ctx: intloom.StepContext[Count]) -> str:
+        task = asyncio.current_task()
+        assert task is not None
+        seen.append((ctx.run_id, task.get_name(), task.get_name(), _SEEN.get()))
+        return "done"
+
+    async def main() -> list[Any]:
+        rt, store = await _runtime(tmp_path, wf)
+        try:
+            return await _run_all(rt, "ctx", 8)
+        finally:
+            await store.close()
+
+    ended = asyncio.run(main())
+    assert {v.status for v in ended} == {"completed"}, ended
+    assert len(seen) == 16, seen
+    for run_id, before, after, value in seen:
+        assert before == after == f"{RUN_TASK_PREFIX}{run_id}", (run_id, before, after)
+        assert value == run_id, (run_id, value)
+
+
+def test_a_timeout_in_a_step_cancels_that_steps_await_only(tmp_path: Path) -> None:
+    """``asyncio.timeout`` takes the current task: the Run's, whose await it cuts; the other
+    Runs, driven in the same rounds, go on."""
+    wf = intloom.Workflow("timed", version="1")
+    stage = wf.stage("s", state=Count)
+
+    @stage.step("wait", routes={"timed_out": "tick", "woke": intloom.COMPLETE})
+    async def wait(ctx: intloom.StepContext[Count]) -> str:
+        try:
+            async with asyncio.timeout(0.01):
+                await asyncio.sleep(30)
+        except TimeoutError:
+            return "timed_out"
+        return "woke"
+
+    @stage.step("tick", routes={"again": "tick", "done": intloom.COMPLETE})
+    async def tick(ctx: intloom.StepContext[Count]) -> str:
+        ctx.state = Count(n=ctx.state.n + 1)
+        return "done" if ctx.state.n >= 20 else "again"
+
+    async def main() -> list[Any]:
+        rt, store = await _runtime(tmp_path, wf)
+        try:
+            return await _run_all(rt, "timed", 6)
+        finally:
+            await store.close()
+
+    ended = asyncio.run(main())
+    assert {v.status for v in ended} == {"completed"}, ended
+
+
+def test_a_cancel_reaches_a_step_where_it_awaits(tmp_path: Path) -> None:
+    """A Run cancelled while its Step awaits an event that never comes: the cancellation is
+    raised at that await (its ``finally`` runs), and the other Runs complete."""
+    cut: list[str] = []
+    started: dict[str, asyncio.Event] = {}
+    wf = intloom.Workflow("cut", version="1")
+    stage = wf.stage("s", state=Count)
+
+    @stage.step("a", routes={"never": intloom.COMPLETE, "ok": "b"})
+    async def a(ctx: intloom.StepContext[Count]) -> str:
+        if ctx.intent == "hang":
+            started[ctx.run_id].set()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                cut.append(ctx.run_id)
+                raise
+            return "never"
+        return "ok"
+
+    @stage.step("b", routes={"again": "b", "done": intloom.COMPLETE})
+    async def b(ctx: intloom.StepContext[Count]) -> str:
+        ctx.state = Count(n=ctx.state.n + 1)
+        return "done" if ctx.state.n >= 30 else "again"
+
+    async def main() -> tuple[Any, list[Any]]:
+        rt, store = await _runtime(tmp_path, wf)
+        try:
+            views = [await rt.create_run("cut", "x") for _ in range(4)]
+            hung = await rt.create_run("cut", "hang")
+            started[hung.run_id] = asyncio.Event()
+            await asyncio.wait_for(started[hung.run_id].wait(), 10)
+            await rt.cancel(hung.run_id)
+            gone = await asyncio.wait_for(rt.wait_stable(hung.run_id), 10)
+            others = [await asyncio.wait_for(rt.wait_stable(v.run_id), 30) for v in views]
+            return gone, others
+        finally:
+            await store.close()
+
+    gone, others = asyncio.run(main())
+    assert gone.status == "failed" and gone.last_error is not None, gone
+    assert gone.last_error.code == "RUN_STOPPED", gone
+    assert cut == [gone.run_id], cut
+    assert {v.status for v in others} == {"completed"}, others
+
+
+def test_a_step_that_yields_to_the_loop_again_and_again_completes(tmp_path: Path) -> None:
+    """``await asyncio.sleep(0)`` is a bare yield: a round takes it up again at the next."""
+    wf = intloom.Workflow("yields", version="1")
+    stage = wf.stage("s", state=Count)
+
+    @stage.step("a", routes={"done": intloom.COMPLETE})
+    async def a(ctx: intloom.StepContext[Count]) -> str:
+        for _ in range(50):
+            await asyncio.sleep(0)
+        return "done"
+
+    async def main() -> list[Any]:
+        rt, store = await _runtime(tmp_path, wf)
+        try:
+            return await _run_all(rt, "yields", 5)
+        finally:
+            await store.close()
+
+    assert {v.status for v in asyncio.run(main())} == {"completed"}
+
+
+def test_busy_runs_take_a_step_each_per_round_without_their_tasks_waking(
+        tmp_path: Path) -> None:
+    """Eight Runs of 40 Steps each: their tasks (``_drive``) wake once or twice per Run, not
+    once per Step (each task's wake-up through asyncio was ~10 % of a Step's instructions);
+    one round per flush advances them all."""
+    wf = intloom.Workflow("busy", version="1")
+    stage = wf.stage("s", state=Count)
+
+    @stage.step("tick", routes={"again": "tick", "done": intloom.COMPLETE})
+    async def tick(ctx: intloom.StepContext[Count]) -> str:
+        ctx.state = Count(n=ctx.state.n + 1)
+        return "done" if ctx.state.n >= 40 else "again"
+
+    calls: dict[str, int] = {"_drive": 0, "_round": 0, "tick": 0}
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        name = frame.f_code.co_name
+        if event == "call" and name in calls:  # a coroutine's resumption is a call too
+            calls[name] += 1
+
+    async def main() -> list[Any]:
+        rt, store = await _runtime(tmp_path, wf)
+        try:
+            views = [await rt.create_run("busy", "x") for _ in range(8)]
+            sys.setprofile(profile)
+            try:
+                return list(await asyncio.wait_for(
+                    asyncio.gather(*(rt.wait_stable(v.run_id) for v in views)), 30))
+            finally:
+                sys.setprofile(None)
+        finally:
+            await store.close()
+
+    ended = asyncio.run(main())
+    assert {v.status for v in ended} == {"completed"}, ended
+    # Most Steps ran while it watched (the first ones may have run as the Runs were made).
+    assert calls["tick"] >= 8 * 30, calls
+    # Before: one _drive resumption per Run per Step (~300).
+    assert calls["_drive"] <= 8 * 3, calls
+    assert 30 <= calls["_round"] <= calls["tick"] // 2, calls
