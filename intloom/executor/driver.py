@@ -126,6 +126,17 @@ _Future = asyncio.Future
 _new_object = object.__new__
 
 
+def _at_cursor(slot: RunSlot) -> tuple[Step[Any], bool]:
+    """The Step at the Run's cursor, and whether it is async (asked through the cache first,
+    without _is_async's frame)."""
+    cursor = slot.state.cursor
+    step = slot.lw.workflow.stages[cursor.stage].steps[cursor.step or ""]
+    try:
+        return step, _ASYNC[step.fn]
+    except (KeyError, TypeError):
+        return step, _is_async(step.fn)
+
+
 def _is_async(fn: Callable[..., Any]) -> bool:
     try:
         found = _ASYNC.get(fn)
@@ -445,6 +456,24 @@ class RunSlot:
             facts = _FACTS.get(type(record))
             self._events.append(
                 _Event(state.phase, None if facts is None else facts(record), state.cursor))
+
+    def apply_routed(self, result: StepResult, ready: StepReady, executing: Executing | None,
+                     state: RunState) -> None:
+        """``apply`` of a routed Step's step_result, the next Step's step_ready and (when
+        given) its executing, ``state`` the fold after the last (``fold_routed``): their
+        events as ``apply`` makes them, each with the cursor its own fold left."""
+        cursor = self.state.cursor
+        if cursor.stage != result.stage or cursor.step != result.step:
+            cursor = Cursor(stage=result.stage, step=result.step)
+        events = self._events
+        events.append(_Event("step_result", result.outcome, cursor))
+        cursor = state.cursor  # the executing's, which left the step_ready's as it was
+        if executing is not None and (cursor.stage != ready.stage or cursor.step != ready.step):
+            cursor = Cursor(stage=ready.stage, step=ready.step)
+        events.append(_Event("step_ready", None, cursor))
+        if executing is not None:
+            events.append(_Event("executing", None, state.cursor))
+        self.state = state
 
     def view(self) -> RunView:
         st = self.shown
@@ -1921,14 +1950,8 @@ class Driver:
     def _in_rounds(slot: RunSlot) -> bool:
         """The Step at the cursor runs on the loop, by the rounds (Rounds): an async Step.
         Not an Agent Step (its task is the Agent's), nor a sync Step (a crew drives it)."""
-        cursor = slot.state.cursor
-        step = slot.lw.workflow.stages[cursor.stage].steps[cursor.step or ""]
-        if step.kind == "agent":
-            return False
-        try:  # _is_async(fn), without its frame, as _run_step asks
-            return _ASYNC[step.fn]
-        except (KeyError, TypeError):
-            return _is_async(step.fn)
+        step, is_async = _at_cursor(slot)
+        return is_async and step.kind != "agent"
 
     def _step(self, slot: RunSlot) -> Step[Any]:
         cursor = slot.state.cursor
@@ -1939,14 +1962,20 @@ class Driver:
         nothing else is due (a stop, a lost Run, a new Stage, a wait or the end go back to
         _drive). This runs per Step: no _user or call_user frame, no turn of _drive."""
         rt = self.rt
+        # The next Step, when the last one's route also appended its executing (_to_next).
+        begun: Step[Any] | None = None
         while True:
-            cursor = slot.state.cursor  # self._step(slot), without its frame (once per Step)
-            step = slot.lw.workflow.stages[cursor.stage].steps[cursor.step or ""]
-            fn = step.fn
-            try:  # _is_async(fn), without its frame (once per Step)
-                is_async = _ASYNC[fn]
-            except (KeyError, TypeError):
-                is_async = _is_async(fn)
+            if begun is not None:  # an async Step (not an Agent's): its executing is appended
+                step, begun = begun, None
+                fn = step.fn
+                is_async = True
+            else:  # the first Step here, or one after a route that appended no executing
+                step, is_async = _at_cursor(slot)
+                fn = step.fn
+                if is_async or step.kind == "agent":
+                    rt.append_boundary(
+                        slot, Executing(at=clock.now(), stage=step.stage.name, step=step.name),
+                        fold_executing)
             awaiting: Any = None  # what the Step returned, when a thread ran it
             if not is_async and step.kind != "agent":  # driven by a crew (_steps_here)
                 how, pending = await self._on_thread(slot)
@@ -1960,10 +1989,7 @@ class Driver:
                         return
                     continue
                 step, ctx, awaiting = pending  # _AWAIT: its outcome is awaited here
-            else:  # an async Step, or an Agent Step's task
-                rt.append_boundary(
-                    slot, Executing(at=clock.now(), stage=step.stage.name, step=step.name),
-                    fold_executing)
+            else:  # an async Step, or an Agent Step's task: its executing is appended
                 # rt.sync(slot), without its coroutine: one fewer per Step, and one level
                 # fewer for every resumption of this task to pass through (callgrind, 64
                 # async Runs: ~1.0-1.6k fewer instructions per Step).
@@ -2045,7 +2071,7 @@ class Driver:
                 await _left_behind(ctx, step, None)
             target = step.routes.get(outcome) if type(outcome) is str else None
             if type(target) is str:
-                self._to_next(slot, step, outcome, ctx, target)
+                begun = self._to_next(slot, step, outcome, ctx, target, True)
                 if self.stopping or not slot.owned:
                     return
                 continue
@@ -2115,21 +2141,23 @@ class Driver:
         loop: a Step that is not sync, a new Stage, the end, a stop or a lost Run.
         """
         rt = self.rt
+        # The next Step, when the last one's route also appended its executing (_to_next):
+        # a stop asked for since is seen at the next Step (the executing is there to keep).
+        begun: Step[Any] | None = None
         while True:
-            if self.stopping:  # before each Step, and while the loop handed the Run over
-                return _BACK, None
-            cursor = slot.state.cursor  # self._step(slot), without its frame (once per Step)
-            step = slot.lw.workflow.stages[cursor.stage].steps[cursor.step or ""]
-            fn = step.fn
-            try:  # _is_async(fn), without its frame (once per Step)
-                is_async = _ASYNC[fn]
-            except (KeyError, TypeError):
-                is_async = _is_async(fn)
-            if is_async or step.kind == "agent":
-                return _NEXT, None
-            rt.append_boundary(
-                slot, Executing(at=clock.now(), stage=step.stage.name, step=step.name),
-                fold_executing)
+            if begun is not None:  # a sync Step (not an Agent's): its executing is appended
+                step, begun = begun, None
+                fn = step.fn
+            else:
+                if self.stopping:  # before each Step, and while the loop handed the Run over
+                    return _BACK, None
+                step, is_async = _at_cursor(slot)
+                fn = step.fn
+                if is_async or step.kind == "agent":
+                    return _NEXT, None
+                rt.append_boundary(
+                    slot, Executing(at=clock.now(), stage=step.stage.name, step=step.name),
+                    fold_executing)
             yield slot  # the crew makes it durable and shows it (Runtime.sync_crew)
             # Shown to the loop before ownership and the cut are checked: a cancel or a cut
             # after the check finds this ctx to finish (_on_thread); one before it, the
@@ -2159,7 +2187,7 @@ class Driver:
             ctx._state_type = OVER
             target = step.routes.get(outcome) if type(outcome) is str else None
             if type(target) is str:
-                self._to_next(slot, step, outcome, ctx, target)
+                begun = self._to_next(slot, step, outcome, ctx, target, False)
                 if not slot.owned:
                     return _BACK, None
                 continue
@@ -2169,19 +2197,33 @@ class Driver:
                 return _BACK, None  # (a stop is seen at the top of the next turn)
 
     def _to_next(self, slot: RunSlot, step: Step[Any], outcome: str, ctx: StepContext[Any],
-                 target: str) -> None:
+                 target: str, on_loop: bool) -> Step[Any] | None:
         """The common case, an outcome routed to the next Step of the Stage:
         _record_outcome and _route as they do it, without their frames and their tests for
-        the other cases (a route's name is never empty). Routing is its own boundary."""
-        rt = self.rt
+        the other cases (a route's name is never empty). Routing is its own boundary.
+
+        Unless the host is stopping, the next Step's executing is appended with them when
+        that Step runs where this one did (``on_loop``: an async Step, else a sync one; not
+        an Agent Step): that Step is returned, to be called next. None: it was not."""
         at = clock.now()
         stage = step.stage
         saved = _encode_state(ctx._state, step, stage.state_type, slot)
-        rt.append_boundary(slot, StepResult(at=at, stage=stage.name, step=step.name,
-                                            outcome=outcome, state=saved), fold_step_result)
+        nxt = stage.steps[target]
+        following: Step[Any] | None = None
+        if not self.stopping and nxt.kind != "agent":
+            try:  # _is_async(fn), without its frame
+                here = _ASYNC[nxt.fn] is on_loop
+            except (KeyError, TypeError):
+                here = _is_async(nxt.fn) is on_loop
+            if here:
+                following = nxt
+        self.rt.append_routed(
+            slot, StepResult(at=at, stage=stage.name, step=step.name, outcome=outcome,
+                             state=saved),
+            StepReady(at=at, stage=stage.name, step=target, state=saved),
+            None if following is None else Executing(at=at, stage=stage.name, step=target))
         slot.outcome_from = None
-        rt.append_boundary(slot, StepReady(at=at, stage=stage.name, step=target, state=saved),
-                           fold_step_ready)
+        return following
 
     def _record_outcome(self, slot: RunSlot, step: Step[Any], outcome: Any,
                         ctx: StepContext[Any], where: str | None = None) -> str:

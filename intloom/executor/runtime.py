@@ -71,6 +71,7 @@ from intloom.runtime.machine import (
     RunState,
     Verdict,
     apply,
+    fold_routed,
     interrupted_message,
     restart_verdict,
     to_view,
@@ -470,6 +471,14 @@ def _phase(record: Any) -> str:
     """The record's phase as ``inspect`` shows it (``step_result``), not its class's name."""
     tag = type(record).__struct_config__.tag
     return tag if isinstance(tag, str) else type(record).__name__
+
+
+def _ownership_lost(slot: RunSlot) -> IntloomError:
+    return IntloomError(
+        "EXECUTION_OWNERSHIP_LOST",
+        f"Run {slot.run_id} no longer belongs to this execution (it was stopped, cancelled or "
+        "failed); its remaining work was discarded.",
+    )
 
 
 def _record_at(slot: RunSlot, record: Any) -> str:
@@ -1093,11 +1102,7 @@ class Runtime:
                 lock.acquire()
             try:
                 if not slot.owned and not force:
-                    raise IntloomError(
-                        "EXECUTION_OWNERSHIP_LOST",
-                        f"Run {slot.run_id} no longer belongs to this execution (it was "
-                        "stopped, cancelled or failed); its remaining work was discarded.",
-                    )
+                    raise _ownership_lost(slot)
                 state = fold(slot.state, record)  # as above
                 self.journal.append(slot.run_id, record, state)
                 slot.apply(record, state)
@@ -1109,6 +1114,40 @@ class Runtime:
                 if lock is not None:
                     lock.release()
         if failed is not None:  # the Run cannot write
+            if threading.current_thread() is not self.driver.loop_thread:
+                raise failed
+            self.fail_checkpoint(slot, failed.cause)
+            raise IntloomError("RUN_CHECKPOINT_FAILED") from None
+
+    def append_routed(self, slot: RunSlot, result: StepResult, ready: StepReady,
+                      executing: Executing | None) -> None:
+        """``append_boundary`` of a Step's routed ``step_result`` and the next Step's
+        ``step_ready``, then, when given, that Step's ``executing`` (it is called next): one
+        fold for all (``fold_routed``), one journal call for all, all or none of them kept.
+        On the loop or on the thread driving the Run, as ``append_boundary``."""
+        failed: CheckpointFailed | None = None
+        # Locked while a worker drives the Run: the loop may append (a cancel) meanwhile.
+        lock = slot.lock if slot.on_thread else None
+        if lock is not None:
+            lock.acquire()
+        try:
+            if not slot.owned:
+                raise _ownership_lost(slot)
+            state = fold_routed(slot.state, result, ready, executing)
+            if executing is None:
+                self.journal.append_many(slot.run_id, (result, ready), (None, state))
+            else:
+                self.journal.append_many(slot.run_id, (result, ready, executing),
+                                         (None, None, state))
+            slot.apply_routed(result, ready, executing, state)
+        except CheckpointFailed as exc:  # an earlier batch of this Run failed
+            failed = exc
+        except _UNJOURNALED as exc:  # the State, which step_result holds first
+            raise self._unjournaled(slot, result, exc) from None
+        finally:
+            if lock is not None:
+                lock.release()
+        if failed is not None:  # as append_boundary
             if threading.current_thread() is not self.driver.loop_thread:
                 raise failed
             self.fail_checkpoint(slot, failed.cause)

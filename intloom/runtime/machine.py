@@ -57,6 +57,7 @@ __all__ = [
     "apply",
     "fold",
     "fold_executing",
+    "fold_routed",
     "fold_step_ready",
     "fold_step_result",
     "interrupted_message",
@@ -361,6 +362,42 @@ def fold_step_result(state: RunState, record: StepResult) -> RunState:
         state.intent, state.format, state.package_version, state.protocol, state.created_at,
         record.at, "step_result", state.seq + 1, cursor, "running", None, record.state,
         record.outcome, record.output, None, None, None, None, None, state.last_effect,
+        state.last_effect_unknown, state.last_error, state.dismissed, False, None,
+    )
+
+
+# A Step's outcome routed to the next Step of its Stage, whose executing may follow at once:
+# each always may follow the one before (checked here, once).
+if not ("step_result" in _after("step_ready") and "step_ready" in _after("executing")):
+    raise RuntimeError("ALLOWED changed: fold_routed folds step_result, step_ready and "
+                       "executing in a row")
+
+
+def fold_routed(state: RunState, result: StepResult, ready: StepReady,
+                executing: Executing | None) -> RunState:
+    """``fold_step_result``, then ``fold_step_ready`` onto that, then (when given)
+    ``fold_executing`` onto that: the state after the last, without the states between (two
+    fewer built per Step of a chain; callgrind, 64 async Runs: ~3.5k fewer instructions per
+    Step). Raises as those would; anything but the chain's usual shape (the same Stage, the
+    executing of the Step made ready, a Step's) is folded one record at a time."""
+    if (result.stage != ready.stage or state.phase not in _AFTER_STEP_RESULT
+            or state.executing_kind not in ("step", "recover", "agent")
+            or (executing is not None
+                and (executing.kind != "step" or executing.stage != ready.stage
+                     or executing.step != ready.step))):
+        state = fold_step_ready(fold_step_result(state, result), ready)
+        return state if executing is None else fold_executing(state, executing)
+    # fold_step_result, fold_step_ready and fold_executing above, their fields taken through:
+    # nothing of the step_result outlives the step_ready, which clears what it set.
+    if executing is None:
+        at, phase, seq, kind = ready.at, "step_ready", state.seq + 2, None
+    else:
+        at, phase, seq, kind = executing.at, "executing", state.seq + 3, "step"
+    return RunState(
+        state.run_id, state.workflow, state.workflow_version, state.identity, state.schemas,
+        state.intent, state.format, state.package_version, state.protocol, state.created_at,
+        at, phase, seq, Cursor(stage=ready.stage, step=ready.step), "running", kind,
+        ready.state, None, None, None, None, None, None, None, state.last_effect,
         state.last_effect_unknown, state.last_error, state.dismissed, False, None,
     )
 

@@ -48,6 +48,12 @@ class JournalPort(Protocol):
         cannot hold."""
         ...
 
+    def append_many(self, run_id: str, records: tuple[Record, ...],
+                    states: tuple[RunState | None, ...]) -> None:
+        """``append`` each record in turn (with the state at the same place in ``states``):
+        all of them, or (raising as ``append`` does) none."""
+        ...
+
     async def sync(self, run_id: str | None = None) -> None: ...
 
     def failure(self, run_id: str) -> CheckpointFailed | None:

@@ -36,7 +36,9 @@ def test_a_service_json_removed_while_the_host_serves_is_written_again(
     service.unlink()
     eventually(service.exists, what="service.json written again")
     assert json.loads(service.read_text()) == written
-    [restored] = _logged(project, "service_json_restored")
+    # The line follows the write: read once written (under load the read came first).
+    [restored] = eventually(lambda: _logged(project, "service_json_restored"),
+                            what="service_json_restored logged")
     assert restored["path"] == str(service), restored
     status = _ok(project.cli("status", "--json"))
     assert status["service"]["pid"] == started["pid"], status  # running, not starting

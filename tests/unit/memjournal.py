@@ -27,6 +27,11 @@ class MemoryJournal:
         with self._lock:
             self.pending.append((run_id, record))
 
+    def append_many(self, run_id: str, records: tuple[Record, ...],
+                    states: tuple[object, ...]) -> None:
+        for record, state in zip(records, states, strict=True):
+            self.append(run_id, record, state)
+
     async def sync(self, run_id: str | None = None) -> None:
         await asyncio.sleep(0)  # yield like a real flush would
         try:

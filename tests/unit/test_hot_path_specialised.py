@@ -343,12 +343,14 @@ def test_a_steps_publish_nobody_follows_takes_few_bytecodes() -> None:
 
 
 def test_an_async_steps_appends_take_few_bytecodes() -> None:
-    # Three appends per Step, of a Run no worker drives: no lock to test, take or release.
-    # Before: the locked path's tests, locals and finally, 46 bytecodes per append; now 34.
+    # Three records per Step: a routed Step's step_result, the next Step's step_ready and
+    # its executing, appended in one call (Runtime.append_routed) with one fold. Before: one
+    # append_boundary each, 34 bytecodes apiece (46 with the locked path's tests, locals and
+    # finally, before that); now 57 for the three.
     wf, _ = _looping()
-    _, counted, calls = _bytecodes(wf, (Runtime.append_boundary.__code__,))
-    assert calls >= 3 * 40, calls
-    assert counted / calls <= 38, (counted, calls)
+    _, counted, calls = _bytecodes(wf, (Runtime.append_routed.__code__,))
+    assert calls >= 39, calls  # each Step's route but the last (the Run's end)
+    assert counted / calls <= 60, (counted, calls)
 
 
 def test_a_steps_kind_and_its_contexts_calls_are_read_specialised() -> None:
@@ -450,3 +452,44 @@ def test_a_crews_sync_step_records_routes_and_flushes_without_five_frames() -> N
     for name in ("Driver._record_outcome", "Driver._route", "finish", "_is_async",
                  "RunSlot._overridden", "suppress.__enter__"):
         assert seen.count(name) <= 3, (name, seen)
+
+
+@pytest.mark.parametrize("then_executing", [True, False])
+@pytest.mark.parametrize("same_step", [True, False])
+def test_a_routed_steps_records_leave_the_events_and_state_applied_one_by_one_leave(
+        then_executing: bool, same_step: bool) -> None:
+    # RunSlot.apply_routed with fold_routed (one call, one state built) against apply and
+    # the machine's apply for each record: the same events, cursors and state.
+    from intloom.runtime.machine import apply, fold_routed
+    from intloom.runtime.records import (
+        Executing,
+        Header,
+        StagePending,
+        StepReady,
+        StepResult,
+    )
+
+    wf, _ = _looping()
+    wf.validate()
+    lw = LoadedWorkflow(wf, "test.py", "id-hot", wf.schemas())
+    header = Header(at="t0", run_id="RUN-1", workflow="hot", workflow_version="1",
+                    identity="id-hot", schemas={}, intent="go")
+    one, each = RunSlot.new(header, lw, None), RunSlot.new(header, lw, None)
+    for record in (StagePending(at="t1", stage="s"),
+                   StepReady(at="t2", stage="s", step="a", state=None),
+                   Executing(at="t3", stage="s", step="a")):
+        for slot in (one, each):
+            slot.apply(record, apply(slot.state, record))
+    target = "a" if same_step else "b"
+    result = StepResult(at="t4", stage="s", step="a", outcome="again", state=b'{"n":1}')
+    ready = StepReady(at="t4", stage="s", step=target, state=b'{"n":1}')
+    executing = Executing(at="t4", stage="s", step=target) if then_executing else None
+    one.apply_routed(result, ready, executing, fold_routed(one.state, result, ready,
+                                                           executing))
+    for routed in (result, ready, executing):
+        if routed is not None:
+            each.apply(routed, apply(each.state, routed))
+    assert one.state == each.state
+    assert one._events == each._events
+    assert [event.cursor for event in one._events[-3:]] == [
+        event.cursor for event in each._events[-3:]]

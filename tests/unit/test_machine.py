@@ -16,6 +16,7 @@ from intloom.runtime.machine import (
     RunState,
     apply,
     fold,
+    fold_routed,
     interrupted_message,
     restart_verdict,
 )
@@ -449,3 +450,42 @@ def test_a_steps_folds_change_exactly_their_fields(
     after = apply(before, record)
     expected = msgspec.structs.replace(before, seq=before.seq + 1, updated_at="t", **changed)
     assert after == expected
+
+
+def _folded_each(state: RunState, result: StepResult, ready: StepReady,
+                 executing: Executing | None) -> RunState | str:
+    """The three records folded one at a time, or the refusal's message."""
+    try:
+        state = apply(apply(state, result), ready)
+        return state if executing is None else apply(state, executing)
+    except IllegalTransition as exc:
+        return str(exc)
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.sampled_from(["executing", "effect_done", "effect_started", "waiting", "answered",
+                        "step_result", "step_ready", "stage_pending", "terminal"]),
+       st.sampled_from(["init", "step", "recover", "agent", None]), st.booleans(),
+       st.sampled_from(STAGES), st.sampled_from(STAGES), st.sampled_from(STEPS),
+       st.sampled_from(STEPS), st.none() | st.tuples(
+           st.sampled_from(STAGES), st.sampled_from(STEPS),
+           st.sampled_from(["init", "step", "recover", "agent"])))
+def test_a_routed_steps_records_fold_as_one_as_they_fold_one_by_one(
+        phase: str, kind: str | None, in_flight: bool, result_stage: str, ready_stage: str,
+        result_step: str, ready_step: str, executing: tuple[str, str, str] | None) -> None:
+    """``fold_routed`` (step_result, step_ready, then maybe executing, in one fold) gives the
+    state, or the refusal, that folding them one by one gives, from any phase."""
+    before = _every_field_set(phase, kind)
+    if not in_flight:
+        before = msgspec.structs.replace(before, effect_in_flight=None)
+    result = StepResult(at="t1", stage=result_stage, step=result_step, outcome="ok",
+                        state=b'{"n":2}', output=[1])
+    ready = StepReady(at="t2", stage=ready_stage, step=ready_step, state=b'{"n":2}')
+    started = None if executing is None else Executing(
+        at="t3", stage=executing[0], step=executing[1], kind=executing[2])  # type: ignore[arg-type]
+    expected = _folded_each(before, result, ready, started)
+    try:
+        got: RunState | str = fold_routed(before, result, ready, started)
+    except IllegalTransition as exc:
+        got = str(exc)
+    assert got == expected

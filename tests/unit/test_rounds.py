@@ -48,6 +48,18 @@ async def _run_all(rt: Runtime, name: str, runs: int) -> list[Any]:
         asyncio.gather(*(rt.wait_stable(v.run_id) for v in views)), 30))
 
 
+def _ended(tmp_path: Path, wf: intloom.Workflow, runs: int) -> list[Any]:
+    """``runs`` Runs of ``wf`` at once, each to its stable view, in a store of their own."""
+    async def main() -> list[Any]:
+        rt, store = await _runtime(tmp_path, wf)
+        try:
+            return await _run_all(rt, wf.name, runs)
+        finally:
+            await store.close()
+
+    return asyncio.run(main())
+
+
 def test_a_step_runs_in_its_runs_task_and_context_before_and_after_it_awaits(
         tmp_path: Path) -> None:
     """The task current in a Step is its Run's, and a context variable it sets is there
@@ -74,14 +86,7 @@ def test_a_step_runs_in_its_runs_task_and_context_before_and_after_it_awaits(
         seen.append((ctx.run_id, task.get_name(), task.get_name(), _SEEN.get()))
         return "done"
 
-    async def main() -> list[Any]:
-        rt, store = await _runtime(tmp_path, wf)
-        try:
-            return await _run_all(rt, "ctx", 8)
-        finally:
-            await store.close()
-
-    ended = asyncio.run(main())
+    ended = _ended(tmp_path, wf, 8)
     assert {v.status for v in ended} == {"completed"}, ended
     assert len(seen) == 16, seen
     for run_id, before, after, value in seen:
@@ -109,14 +114,7 @@ def test_a_timeout_in_a_step_cancels_that_steps_await_only(tmp_path: Path) -> No
         ctx.state = Count(n=ctx.state.n + 1)
         return "done" if ctx.state.n >= 20 else "again"
 
-    async def main() -> list[Any]:
-        rt, store = await _runtime(tmp_path, wf)
-        try:
-            return await _run_all(rt, "timed", 6)
-        finally:
-            await store.close()
-
-    ended = asyncio.run(main())
+    ended = _ended(tmp_path, wf, 6)
     assert {v.status for v in ended} == {"completed"}, ended
 
 
@@ -177,14 +175,7 @@ def test_a_step_that_yields_to_the_loop_again_and_again_completes(tmp_path: Path
             await asyncio.sleep(0)
         return "done"
 
-    async def main() -> list[Any]:
-        rt, store = await _runtime(tmp_path, wf)
-        try:
-            return await _run_all(rt, "yields", 5)
-        finally:
-            await store.close()
-
-    assert {v.status for v in asyncio.run(main())} == {"completed"}
+    assert {v.status for v in _ended(tmp_path, wf, 5)} == {"completed"}
 
 
 def test_busy_runs_take_a_step_each_per_round_without_their_tasks_waking(

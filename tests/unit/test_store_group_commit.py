@@ -19,6 +19,8 @@ from intloom.runtime.records import (
     Record,
     StagePending,
     StepReady,
+    StepResult,
+    Terminal,
 )
 from intloom.store import FaultPlan, read_history, read_runs, verify
 from intloom.store.faults import ENV
@@ -545,3 +547,42 @@ def test_a_record_that_cannot_be_encoded_changes_nothing(tmp_path: Path) -> None
     assert runs["RUN-A"].status == "ok"
     assert runs["RUN-A"].state is not None and runs["RUN-A"].state.seq == len(a) + 1
     assert runs["RUN-A"].state.phase == "effect_done"
+
+
+def test_records_appended_together_are_kept_all_or_none(tmp_path: Path) -> None:
+    """``append_many``: when one of its records cannot be encoded, none of them is kept, the
+    Run's seqs included; then three together land as three appends one by one would."""
+    root = tmp_path / "runtime"
+    a: list[Record] = [
+        header("RUN-A"), StagePending(at="t", stage="draft"),
+        StepReady(at="t", stage="draft", step="s1", state=b"{}"),
+        Executing(at="t", stage="draft", step="s1"), EffectStarted(at="t", name="a", key="a#1"),
+    ]
+
+    async def main() -> None:
+        store = open_store(root)
+        for record in a:
+            store.append("RUN-A", record)
+        await store.sync()
+        appended = store._appended
+        with pytest.raises(OverflowError):
+            store.append_many("RUN-A", (
+                EffectDone(at="t", name="a", key="a#1", result="fits"),
+                StepResult(at="t", stage="draft", step="s1", outcome="ok", output=2**70),
+                Terminal(at="t", status="completed"),
+            ), (None, None, None))
+        assert store._appended == appended and not store._pending_frames
+        store.append_many("RUN-A", (
+            EffectDone(at="t", name="a", key="a#1", result="fits"),
+            StepResult(at="t", stage="draft", step="s1", outcome="ok", output="done"),
+            Terminal(at="t", status="completed"),
+        ), (None, None, None))
+        await store.sync("RUN-A")
+        await store.close()
+
+    asyncio.run(main())
+    runs = by_id(verify(root))
+    assert runs["RUN-A"].status == "ok"
+    assert runs["RUN-A"].state is not None and runs["RUN-A"].state.seq == len(a) + 3
+    assert runs["RUN-A"].state.phase == "terminal"
+    assert runs["RUN-A"].state.output == "done"
