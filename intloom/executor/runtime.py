@@ -1134,11 +1134,8 @@ class Runtime:
             if not slot.owned:
                 raise _ownership_lost(slot)
             state = fold_routed(slot.state, result, ready, executing)
-            if executing is None:
-                self.journal.append_many(slot.run_id, (result, ready), (None, state))
-            else:
-                self.journal.append_many(slot.run_id, (result, ready, executing),
-                                         (None, None, state))
+            self.journal.append_many(slot.run_id, (result, ready) if executing is None
+                                     else (result, ready, executing), state)
             slot.apply_routed(result, ready, executing, state)
         except CheckpointFailed as exc:  # an earlier batch of this Run failed
             failed = exc

@@ -49,9 +49,9 @@ class JournalPort(Protocol):
         ...
 
     def append_many(self, run_id: str, records: tuple[Record, ...],
-                    states: tuple[RunState | None, ...]) -> None:
-        """``append`` each record in turn (with the state at the same place in ``states``):
-        all of them, or (raising as ``append`` does) none."""
+                    state: RunState | None = None) -> None:
+        """``append`` each of ``records`` in turn, ``state`` the fold after the last: all of
+        them, or (raising as ``append`` does) none."""
         ...
 
     async def sync(self, run_id: str | None = None) -> None: ...

@@ -643,15 +643,15 @@ class Store:
         executor does): the store then keeps it for the next snapshot instead of folding the
         record a second time.
         """
-        self.append_many(run_id, (record,), (state,))
+        self.append_many(run_id, (record,), state)
 
     def append_many(self, run_id: str, records: tuple[Record, ...],
-                    states: tuple[RunState | None, ...]) -> None:
-        """``append`` each record of ``run_id`` in turn (with the state at the same place in
-        ``states``), in one call: all of them or, when one cannot be encoded (or is too
-        large), none. A routed Step appends
-        three (its step_result, the next Step's step_ready and executing): one call each
-        was ~3k instructions more per Step (callgrind, 64 async Runs)."""
+                    state: RunState | None = None) -> None:
+        """``append`` each of ``records`` of ``run_id`` in turn, in one call: all of them
+        or, when one cannot be encoded (or is too large), none. ``state``: the Run's fold
+        after the last of them, as ``append``'s. A routed Step appends three (its
+        step_result, the next Step's step_ready and executing): one call each was ~3k
+        instructions more per Step (callgrind, 64 async Runs)."""
         if not self._appending:
             if self._closed:
                 raise self._closed_error()
@@ -660,15 +660,29 @@ class Store:
             head = self._heads[run_id]
         except KeyError:
             head = self._heads[run_id] = _RunHead(run_id)
-        # Encoded first: a record that cannot be encoded raises and changes nothing.
-        payloads = []
+        # Framed first, outside the lock: a record that cannot be encoded raises and changes
+        # nothing. Only the thread driving the Run appends for it, so its seqs are its own
+        # until they are taken below.
+        seq = head.seq
+        framed: list[bytes] = []
         for record in records:
             payload = encode_record(record)
             if len(payload) > head.room:
                 # Written, it would be read back as damage (the reader's bound on a frame's
                 # length): the Run would be lost at the next restore from the log.
                 raise RecordTooLarge(MAX_BODY - head.room + len(payload), MAX_BODY)
-            payloads.append(payload)
+            seq += 1
+            # framing.encode_frame(KIND_RECORD, seq, run_id.encode(), payload), inlined, and
+            # its head and body kept apart: the batch joins every frame anyway, and the
+            # frame's own concatenation (a copy of the record) and its length were ~0.8 % of
+            # a Step (callgrind, 64 async Runs: 113.6-113.8k -> 112.2-112.3k).
+            body = head.packer.pack(KIND_RECORD, seq, head.tail) + payload
+            size = len(body)
+            crc = _LEN_CRC.get(size)
+            if crc is None:
+                crc = framing._len_crc(size)
+            framed.append(_FRAME_HEAD.pack(FRAME_MAGIC, size, crc32(body, crc)))
+            framed.append(body)
         lock = self._lock if self._shared else None
         if lock is not None:
             lock.acquire()
@@ -680,44 +694,28 @@ class Store:
                 failed = self._failed_runs.get(run_id)
                 if failed is not None:
                     raise CheckpointFailed(failed.run_ids, failed.cause)
-            frames = self._pending_frames
-            seq = head.seq
-            first = not head.pending  # its first record in this batch comes now
-            for record, state, payload in zip(records, states, payloads, strict=True):
-                # The seq is taken now: if an earlier batch of this Run fails before this
-                # record is written, it is dropped and the Run never writes again in this
-                # process.
-                seq += 1
-                if type(record) is Terminal:
-                    # Nothing follows a Run's end (the machine refuses it), and a head kept
-                    # for each Run ever ended would grow, and pin memory, for the host's life.
-                    self._heads.pop(run_id, None)
-                # framing.encode_frame(KIND_RECORD, seq, run_id.encode(), payload), inlined,
-                # and its head and body kept apart: the batch joins every frame anyway, and
-                # the frame's own concatenation (a copy of the record) and its length were
-                # ~0.8 % of a Step (callgrind, 64 async Runs: 113.6-113.8k -> 112.2-112.3k).
-                body = head.packer.pack(KIND_RECORD, seq, head.tail) + payload
-                size = len(body)
-                crc = _LEN_CRC.get(size)
-                if crc is None:
-                    crc = framing._len_crc(size)
-                frames.append(_FRAME_HEAD.pack(FRAME_MAGIC, size, crc32(body, crc)))
-                frames.append(body)
-                if state is not None:
-                    head.state = state
-                    head.unfolded = None
-                elif first:  # folded onto the track's fold
-                    head.state, head.unfolded = None, [record]
-                elif head.unfolded is None:
-                    head.unfolded = [record]
-                else:
-                    head.unfolded.append(record)
-                first = False
+            # The seqs are taken now: if an earlier batch of this Run fails before these
+            # records are written, they are dropped and the Run never writes again in this
+            # process.
             head.seq = seq
+            self._pending_frames += framed
+            if type(records[-1]) is Terminal:
+                # Nothing follows a Run's end (the machine refuses it), and a head kept for
+                # each Run ever ended would grow, and pin memory, for the host's life.
+                self._heads.pop(run_id, None)
+            if state is not None:
+                head.state = state
+                head.unfolded = None
+            elif not head.pending:  # its first in this batch: folded onto the track's fold
+                head.state, head.unfolded = None, list(records)
+            elif head.unfolded is None:
+                head.unfolded = list(records)
+            else:
+                head.unfolded += records
             if not head.pending:
                 head.pending = True
                 self._pending_runs[run_id] = head
-            self._appended += len(payloads)
+            self._appended += len(records)
         finally:
             if lock is not None:
                 lock.release()

@@ -28,8 +28,8 @@ class MemoryJournal:
             self.pending.append((run_id, record))
 
     def append_many(self, run_id: str, records: tuple[Record, ...],
-                    states: tuple[object, ...]) -> None:
-        for record, state in zip(records, states, strict=True):
+                    state: object = None) -> None:
+        for record in records:
             self.append(run_id, record, state)
 
     async def sync(self, run_id: str | None = None) -> None:

@@ -346,7 +346,7 @@ def test_an_async_steps_appends_take_few_bytecodes() -> None:
     # Three records per Step: a routed Step's step_result, the next Step's step_ready and
     # its executing, appended in one call (Runtime.append_routed) with one fold. Before: one
     # append_boundary each, 34 bytecodes apiece (46 with the locked path's tests, locals and
-    # finally, before that); now 57 for the three.
+    # finally, before that); now 54 for the three.
     wf, _ = _looping()
     _, counted, calls = _bytecodes(wf, (Runtime.append_routed.__code__,))
     assert calls >= 39, calls  # each Step's route but the last (the Run's end)

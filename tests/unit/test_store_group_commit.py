@@ -570,13 +570,13 @@ def test_records_appended_together_are_kept_all_or_none(tmp_path: Path) -> None:
                 EffectDone(at="t", name="a", key="a#1", result="fits"),
                 StepResult(at="t", stage="draft", step="s1", outcome="ok", output=2**70),
                 Terminal(at="t", status="completed"),
-            ), (None, None, None))
+            ))
         assert store._appended == appended and not store._pending_frames
         store.append_many("RUN-A", (
             EffectDone(at="t", name="a", key="a#1", result="fits"),
             StepResult(at="t", stage="draft", step="s1", outcome="ok", output="done"),
             Terminal(at="t", status="completed"),
-        ), (None, None, None))
+        ))
         await store.sync("RUN-A")
         await store.close()
 
