@@ -847,7 +847,8 @@ harness; the figures quoted here are from those sessions, not from this run):
   cache, so this harness measures the miss path), one struct pack and two `crc32` calls per
   frame, three pieces per frame. Left, each under 0.5 %: the two `MappingProxyType` look-ups
   per Step, a routed outcome's two appends in one call, asyncio's `call_soon` per Step (a
-  Run's task yields once per flush).
+  Run's task yields once per flush; wrongly estimated: the whole wake-up was ~10 %, see the
+  rounds below).
 - **The same cuts for a crew's sync Steps** (2026-12-06, a later session, on the AMD EPYC
   the VM then ran on, gauge 22-36 ms): the crew's Step loop (`Driver._steps_here`) now finishes the
   Step's context and records and routes an outcome that leads to the next Step of its Stage
@@ -862,6 +863,24 @@ harness; the figures quoted here are from those sessions, not from this run):
   so that the route is written once), one async Run within its noise. In time, one sync
   Run (the `peers` child, 1,000 Steps, six alternating pairs) moved within the VM's noise
   (medians 291 against 290 µs per Step).
+- **Rounds, and a routed Step's records in one call** (2026-12-06, a later session, AMD
+  EPYC): a busy Run's task woke through asyncio once per Step (`call_soon`, a `Handle`, the
+  loop's queue, the task's step): ~10.7k instructions per wake-up, against ~2.3k for a plain
+  `send` to the same coroutine (callgrind, 64 tasks yielding in turn). The loop now drives
+  async Steps in rounds (`intloom/executor/rounds.py`): one callback per flush `send`s to
+  every Run waiting for that flush, each Step still run in its task's context with its task
+  current, and a future it awaits takes it out of the rounds until done. Then a Step whose
+  outcome routes to the next Step of its Stage has its `step_result`, the next
+  `step_ready` and, when that Step runs where this one did, its `executing` folded at once
+  (`fold_routed`, the state three folds give without the two between) and appended in one
+  call (`Store.append_many`, its frames built before the store's lock), on the loop and in
+  crews. Callgrind, in process, the code before (aa584fad) and after side by side: 64 async
+  Runs 101.7-102.6k → 78.4-79.0k instructions per Step (−23 %; the rounds alone 96.2-96.4k,
+  with the one fold 85.6-87.2k), 64 sync Runs 107.2-107.9k → 84.6-85.2k (−21 %), one async
+  Run 104.2-112.5k → 92.5-96.7k, one sync Run 126.8-127.7k → 103.5-104.4k (−18 %). In
+  time, eight alternating pairs of 64 async Runs × 300 Steps in process (the VM's speed
+  swinging by a third within minutes): median 21.9k → 25.5k Steps/s, CPU per Step 38.9 →
+  33.5 µs.
 
 What is left, from profiles taken while building this harness (`py-spy`, `cProfile`,
 `strace -c`, `-X importtime`; figures are from those sessions, not this run):
